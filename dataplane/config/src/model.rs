@@ -1,0 +1,757 @@
+//! The config data model: listeners, TLS, virtual hosts, routes, filters, backends, limits.
+//!
+//! Field names are `snake_case` in YAML/JSON. Every struct rejects unknown fields so a typo is
+//! an error rather than a silently ignored setting. Defaults are chosen for a production edge.
+
+use crate::Duration;
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+fn default_true() -> bool {
+    true
+}
+fn is_true(b: &bool) -> bool {
+    *b
+}
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+fn default_weight() -> u32 {
+    1
+}
+fn is_default_weight(w: &u32) -> bool {
+    *w == 1
+}
+
+/// The whole dataplane configuration: one immutable snapshot.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Schema version; must equal [`crate::SCHEMA_VERSION`].
+    #[serde(default = "schema_version")]
+    pub version: u32,
+    /// Monotonically increasing generation, set by whoever produces the config.
+    #[serde(default)]
+    pub generation: u64,
+    /// Sockets to serve on.
+    #[serde(default)]
+    pub listeners: Vec<Listener>,
+    /// Hostname groups of routes, attached to listeners.
+    #[serde(default)]
+    pub virtual_hosts: Vec<VirtualHost>,
+    /// Named upstream backends that routes forward to.
+    #[serde(default)]
+    pub backends: Vec<Backend>,
+    /// Resource limits of the backpressure core.
+    #[serde(default)]
+    pub limits: Limits,
+    /// The admin listener (health, readiness, metrics, config).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admin: Option<Admin>,
+    /// Access log settings.
+    #[serde(default)]
+    pub access_log: AccessLog,
+}
+
+fn schema_version() -> u32 {
+    crate::SCHEMA_VERSION
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            version: crate::SCHEMA_VERSION,
+            generation: 0,
+            listeners: Vec::new(),
+            virtual_hosts: Vec::new(),
+            backends: Vec::new(),
+            limits: Limits::default(),
+            admin: None,
+            access_log: AccessLog::default(),
+        }
+    }
+}
+
+/// Wire protocol a listener speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ListenerProtocol {
+    /// Plain TCP carrying HTTP/1.1 and h2c (prior knowledge).
+    Http,
+    /// TLS terminated here, ALPN h2 and http/1.1 (and HTTP/3 on UDP when `http3` is on).
+    Https,
+    /// TLS passed through to a backend chosen by SNI, not terminated.
+    TlsPassthrough,
+    /// Raw TCP proxy.
+    Tcp,
+    /// Raw UDP proxy.
+    Udp,
+}
+
+/// One socket to serve on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Listener {
+    /// Unique name; virtual hosts attach to listeners by name.
+    pub name: String,
+    /// IP address to bind (`0.0.0.0`, `::`, `127.0.0.1`…).
+    #[serde(default = "default_address")]
+    pub address: String,
+    /// TCP (and for HTTP/3, UDP) port.
+    pub port: u16,
+    /// Wire protocol.
+    pub protocol: ListenerProtocol,
+    /// TLS settings; required for `https`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<ListenerTls>,
+    /// Serve HTTP/3 on UDP on the same port (HTTPS only; on by default).
+    #[serde(default = "default_true", skip_serializing_if = "is_true")]
+    pub http3: bool,
+    /// Per-listener cap of requests in flight (in addition to the global one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_requests_in_flight: Option<u32>,
+    /// For `tcp`/`udp`/`tls_passthrough` listeners: where to forward.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub l4_routes: Vec<L4Route>,
+}
+
+fn default_address() -> String {
+    "0.0.0.0".to_string()
+}
+
+/// A layer-4 forwarding rule (TCP, UDP, or TLS passthrough by SNI).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct L4Route {
+    /// Name for metrics and logs.
+    pub name: String,
+    /// SNI hostnames (TLS passthrough only; exact or `*.` wildcard). Empty matches any.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hostnames: Vec<String>,
+    /// Weighted backend references.
+    pub backends: Vec<WeightedBackend>,
+}
+
+/// TLS settings of an HTTPS listener.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListenerTls {
+    /// Certificates; one is chosen per handshake by SNI.
+    pub certificates: Vec<Certificate>,
+    /// Lowest TLS version accepted.
+    #[serde(default)]
+    pub min_version: TlsVersion,
+}
+
+/// TLS protocol version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum TlsVersion {
+    /// TLS 1.2 (and 1.3).
+    #[default]
+    #[serde(rename = "1.2")]
+    Tls12,
+    /// TLS 1.3 only.
+    #[serde(rename = "1.3")]
+    Tls13,
+}
+
+/// A certificate chain and key, selected by SNI.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Certificate {
+    /// SNI names this certificate serves (exact or `*.` wildcard). Empty: the names in the
+    /// certificate's SANs are used; the first certificate is also the fallback when no name
+    /// matches.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hostnames: Vec<String>,
+    /// PEM certificate chain.
+    pub cert: PemSource,
+    /// PEM private key.
+    pub key: PemSource,
+}
+
+/// PEM data given inline or by file path.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum PemSource {
+    /// The PEM text itself.
+    Pem(String),
+    /// A path to a PEM file, read when the config is applied.
+    File(PathBuf),
+}
+
+/// A group of hostnames and the routes that serve them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VirtualHost {
+    /// Unique name, used in metrics and logs.
+    pub name: String,
+    /// Exact (`example.com`) or wildcard (`*.example.com`) hostnames. Empty matches any host.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hostnames: Vec<String>,
+    /// Listener names this virtual host is served on. Empty: every HTTP/HTTPS listener.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub listeners: Vec<String>,
+    /// Routes, in creation order (the last tie-breaker of precedence).
+    #[serde(default)]
+    pub routes: Vec<Route>,
+}
+
+/// One routing rule with Gateway API HTTPRoute semantics.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Route {
+    /// Name for metrics and logs (e.g. `ns/httproute/rule-0`).
+    pub name: String,
+    /// Any of these matches selects the route. Empty: matches every request (prefix `/`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub matches: Vec<RouteMatch>,
+    /// Filters applied in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub filters: Vec<Filter>,
+    /// What serves the request. A `redirect` filter makes the action irrelevant.
+    pub action: Action,
+    /// Timeouts.
+    #[serde(default, skip_serializing_if = "Timeouts::is_empty")]
+    pub timeouts: Timeouts,
+    /// Retry policy for proxied requests.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<RetryPolicy>,
+}
+
+/// Conditions a request must meet, all of them (AND).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteMatch {
+    /// Path match; none means prefix `/`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<PathMatch>,
+    /// Header matches (case-insensitive names).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub headers: Vec<HeaderMatch>,
+    /// Query parameter matches (exact names).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub query: Vec<QueryMatch>,
+    /// HTTP method (`GET`, `POST`…).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub method: Option<String>,
+}
+
+/// A path match.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum PathMatch {
+    /// The path equals this value.
+    Exact(String),
+    /// The path starts with this value on a `/` segment boundary (`/foo` matches `/foo/bar`,
+    /// not `/foobar`).
+    Prefix(String),
+    /// The whole path matches this regular expression (RE2 syntax).
+    Regex(String),
+}
+
+/// How a string value is compared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MatchKind {
+    /// Byte-for-byte equality.
+    #[default]
+    Exact,
+    /// Whole-value regular expression.
+    Regex,
+}
+
+/// A header match.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HeaderMatch {
+    /// Header name, case-insensitive.
+    pub name: String,
+    /// Value to compare.
+    pub value: String,
+    /// Exact or regex.
+    #[serde(default, rename = "type")]
+    pub kind: MatchKind,
+}
+
+/// A query parameter match.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QueryMatch {
+    /// Parameter name, exact.
+    pub name: String,
+    /// Value to compare.
+    pub value: String,
+    /// Exact or regex.
+    #[serde(default, rename = "type")]
+    pub kind: MatchKind,
+}
+
+/// A filter applied to matching requests, in order.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum Filter {
+    /// Modify request headers before the handler.
+    RequestHeaders(HeaderModifier),
+    /// Modify response headers after the handler.
+    ResponseHeaders(HeaderModifier),
+    /// Answer with a redirect; the action is not run.
+    Redirect(Redirect),
+    /// Rewrite host and/or path before the handler.
+    Rewrite(UrlRewrite),
+    /// Copy the request to another backend, fire-and-forget.
+    Mirror(Mirror),
+    /// Answer CORS preflights and decorate responses.
+    Cors(Cors),
+}
+
+/// Header edits: set (replace), add (append), remove.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HeaderModifier {
+    /// Replace or create these headers.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub set: Vec<HeaderValue>,
+    /// Append these headers.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub add: Vec<HeaderValue>,
+    /// Remove these headers (names).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub remove: Vec<String>,
+}
+
+/// A header name and value.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HeaderValue {
+    /// Header name.
+    pub name: String,
+    /// Header value.
+    pub value: String,
+}
+
+/// A redirect reply.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Redirect {
+    /// `http` or `https`; default: the request's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheme: Option<String>,
+    /// Host; default: the request's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    /// Port; default: derived from the scheme (omitted when it is the scheme's default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<u16>,
+    /// Path replacement; default: the request's path.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<PathRewrite>,
+    /// 301, 302, 303, 307 or 308. Default 302.
+    #[serde(default = "default_redirect_status")]
+    pub status: u16,
+}
+
+fn default_redirect_status() -> u16 {
+    302
+}
+
+/// A path replacement for rewrites and redirects.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum PathRewrite {
+    /// Replace the whole path.
+    Full(String),
+    /// Replace the part of the path that the route's `prefix` match matched.
+    Prefix(String),
+}
+
+/// URL rewrite before the handler runs.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UrlRewrite {
+    /// New Host / :authority.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    /// New path.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<PathRewrite>,
+}
+
+/// Request mirroring.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Mirror {
+    /// Backend name to copy to.
+    pub backend: String,
+    /// Share of requests mirrored, 0–100. Default 100.
+    #[serde(default = "default_percent")]
+    pub percent: f64,
+}
+
+fn default_percent() -> f64 {
+    100.0
+}
+
+/// CORS policy.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Cors {
+    /// Allowed origins: exact, `*`, or with one `*` wildcard in the host (`https://*.example.com`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allow_origins: Vec<String>,
+    /// Allowed methods (`*` for any).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allow_methods: Vec<String>,
+    /// Allowed request headers (`*` for any).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allow_headers: Vec<String>,
+    /// Headers exposed to the page.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub expose_headers: Vec<String>,
+    /// Allow credentials.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub allow_credentials: bool,
+    /// Preflight cache lifetime in seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_age: Option<u64>,
+}
+
+/// What serves a matched request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum Action {
+    /// Reverse proxy to weighted backends.
+    Proxy(ProxyAction),
+    /// Serve files from a directory.
+    Static(StaticSite),
+    /// A fixed reply.
+    Fixed(FixedResponse),
+}
+
+/// Reverse proxy to one of several weighted backends.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProxyAction {
+    /// Weighted backend references. Weights of 0 disable a backend; all-zero answers 500.
+    pub backends: Vec<WeightedBackend>,
+}
+
+/// A reference to a named backend with a weight.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WeightedBackend {
+    /// Backend name.
+    pub backend: String,
+    /// Relative weight. Default 1.
+    #[serde(default = "default_weight", skip_serializing_if = "is_default_weight")]
+    pub weight: u32,
+    /// Filters applied only when this backend is chosen (header modifiers).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub filters: Vec<Filter>,
+}
+
+/// A fixed reply.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FixedResponse {
+    /// Status code.
+    pub status: u16,
+    /// Body text.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub body: String,
+    /// Content type of the body.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content_type: Option<String>,
+}
+
+/// Static file serving.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StaticSite {
+    /// Directory to serve from.
+    pub root: PathBuf,
+    /// Index files tried for a directory. Default `["index.html"]`.
+    #[serde(default = "default_index")]
+    pub index: Vec<String>,
+    /// Candidates tried in order, `$uri` standing for the request path (e.g.
+    /// `["$uri", "$uri/", "/index.html"]` for an SPA). Empty: just the path.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub try_files: Vec<String>,
+    /// Serve `.br`/`.gz` siblings when the client accepts them. Default on.
+    #[serde(default = "default_true", skip_serializing_if = "is_true")]
+    pub precompressed: bool,
+    /// `Cache-Control` header value for responses.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_control: Option<String>,
+    /// Strip this prefix from the request path before mapping it to `root`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strip_prefix: Option<String>,
+}
+
+fn default_index() -> Vec<String> {
+    vec!["index.html".to_string()]
+}
+
+/// Route timeouts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Timeouts {
+    /// Whole request, from headers received to response headers sent (504 after).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request: Option<Duration>,
+    /// Each try to a backend (504 after).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend: Option<Duration>,
+}
+
+impl Timeouts {
+    /// True when no timeout is set.
+    pub fn is_empty(&self) -> bool {
+        self.request.is_none() && self.backend.is_none()
+    }
+}
+
+/// Retry policy. Only idempotent requests (or requests whose body was never sent, on connect
+/// errors) are retried.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetryPolicy {
+    /// Extra attempts after the first.
+    pub attempts: u32,
+    /// Upstream status codes that trigger a retry (e.g. 502, 503, 504).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub codes: Vec<u16>,
+    /// Wait between attempts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backoff: Option<Duration>,
+}
+
+/// Upstream wire protocol.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BackendProtocol {
+    /// HTTP/1.1 over TCP, keep-alive pooled.
+    #[default]
+    Http1,
+    /// HTTP/2 over TCP with prior knowledge, multiplexed.
+    H2c,
+    /// HTTP/1.1 over TLS.
+    Https,
+    /// HTTP/2 over TLS, multiplexed.
+    H2,
+}
+
+/// Endpoint choice within a backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LbPolicy {
+    /// Weighted round robin.
+    #[default]
+    RoundRobin,
+    /// Power of two random choices, fewest requests in flight.
+    LeastRequest,
+}
+
+/// A named upstream: a set of endpoints and how to talk to them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Backend {
+    /// Unique name referenced by routes.
+    pub name: String,
+    /// Wire protocol.
+    #[serde(default)]
+    pub protocol: BackendProtocol,
+    /// TLS settings for `https`/`h2`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<BackendTls>,
+    /// Endpoint selection.
+    #[serde(default)]
+    pub lb: LbPolicy,
+    /// Endpoints (`ip:port` or `host:port`).
+    #[serde(default)]
+    pub endpoints: Vec<Endpoint>,
+    /// TCP connect timeout. Default 5s.
+    #[serde(default = "default_connect_timeout")]
+    pub connect_timeout: Duration,
+    /// Passive outlier ejection.
+    #[serde(default)]
+    pub outlier: OutlierDetection,
+    /// Idle pooled connections kept per endpoint. Default 64.
+    #[serde(default = "default_pool_idle")]
+    pub max_idle_per_endpoint: u32,
+}
+
+fn default_connect_timeout() -> Duration {
+    Duration::from_secs(5)
+}
+fn default_pool_idle() -> u32 {
+    64
+}
+
+/// One upstream address.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Endpoint {
+    /// `ip:port` or `host:port`.
+    pub address: String,
+    /// Relative weight. Default 1.
+    #[serde(default = "default_weight", skip_serializing_if = "is_default_weight")]
+    pub weight: u32,
+}
+
+/// TLS towards a backend.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BackendTls {
+    /// CA bundle to verify the backend with. None: the backend is not verified (insecure).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca: Option<PemSource>,
+    /// SNI and name to verify; default: the endpoint host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sni: Option<String>,
+    /// Extra subject alternative names accepted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub subject_alt_names: Vec<String>,
+    /// Client certificate for mTLS.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_cert: Option<PemSource>,
+    /// Client key for mTLS.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_key: Option<PemSource>,
+}
+
+/// Passive outlier ejection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutlierDetection {
+    /// Consecutive 5xx or connect errors that eject an endpoint; 0 disables. Default 5.
+    #[serde(default = "default_consecutive")]
+    pub consecutive_failures: u32,
+    /// First ejection time; doubles on each repeat. Default 10s.
+    #[serde(default = "default_ejection")]
+    pub base_ejection_time: Duration,
+    /// At most this share of endpoints ejected at once. Default 50.
+    #[serde(default = "default_max_ejection")]
+    pub max_ejection_percent: u32,
+}
+
+fn default_consecutive() -> u32 {
+    5
+}
+fn default_ejection() -> Duration {
+    Duration::from_secs(10)
+}
+fn default_max_ejection() -> u32 {
+    50
+}
+
+impl Default for OutlierDetection {
+    fn default() -> Self {
+        OutlierDetection {
+            consecutive_failures: default_consecutive(),
+            base_ejection_time: default_ejection(),
+            max_ejection_percent: default_max_ejection(),
+        }
+    }
+}
+
+/// The limits of the backpressure core. Every limit hit is counted in metrics.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    /// Open client connections, all listeners. The accept loop pauses while full.
+    pub max_connections: u32,
+    /// Requests in flight, all listeners and protocols.
+    pub max_requests_in_flight: u32,
+    /// How long a request waits for an in-flight slot before a 503.
+    pub queue_timeout: Duration,
+    /// `Retry-After` seconds on a 503 for overload.
+    pub retry_after_seconds: u32,
+    /// Concurrent HTTP/2 (and HTTP/3) streams per connection.
+    pub max_concurrent_streams: u32,
+    /// HTTP/2 streams reset by the client before being answered (rapid-reset flood guard,
+    /// CVE-2023-44487); past it the connection is closed.
+    pub max_pending_reset_streams: u32,
+    /// Time to receive a full request header (slowloris guard).
+    pub header_read_timeout: Duration,
+    /// Longest pause while reading a request body.
+    pub body_idle_timeout: Duration,
+    /// Idle keep-alive connection lifetime.
+    pub idle_timeout: Duration,
+    /// Largest request header block, bytes.
+    pub max_header_bytes: u32,
+    /// Largest request body, bytes (413 past it).
+    pub max_request_body_bytes: u64,
+    /// Time in-flight requests get to finish on shutdown or listener removal.
+    pub drain_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_connections: 25_000,
+            max_requests_in_flight: 10_000,
+            queue_timeout: Duration::from_millis(200),
+            retry_after_seconds: 1,
+            max_concurrent_streams: 128,
+            max_pending_reset_streams: 32,
+            header_read_timeout: Duration::from_secs(10),
+            body_idle_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(60),
+            max_header_bytes: 64 * 1024,
+            max_request_body_bytes: 64 * 1024 * 1024,
+            drain_timeout: Duration::from_secs(20),
+        }
+    }
+}
+
+/// The admin listener.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Admin {
+    /// Address to bind. Default `127.0.0.1`.
+    #[serde(default = "default_admin_address")]
+    pub address: String,
+    /// Port. Default 9901.
+    #[serde(default = "default_admin_port")]
+    pub port: u16,
+}
+
+fn default_admin_address() -> String {
+    "127.0.0.1".to_string()
+}
+fn default_admin_port() -> u16 {
+    9901
+}
+
+impl Default for Admin {
+    fn default() -> Self {
+        Admin {
+            address: default_admin_address(),
+            port: default_admin_port(),
+        }
+    }
+}
+
+/// Access log settings.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AccessLog {
+    /// Write access log lines.
+    pub enabled: bool,
+    /// File to append to; none means standard output.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path: Option<PathBuf>,
+    /// Lines queued for the writer; past it lines are dropped and counted.
+    pub buffer_lines: u32,
+}
+
+impl Default for AccessLog {
+    fn default() -> Self {
+        AccessLog {
+            enabled: true,
+            path: None,
+            buffer_lines: 8192,
+        }
+    }
+}

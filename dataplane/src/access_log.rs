@@ -1,0 +1,1 @@
+//! access_log (in progress).

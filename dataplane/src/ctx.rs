@@ -1,0 +1,64 @@
+//! Per-connection and per-request context handed through the pipeline.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// The client-facing protocol of a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Protocol {
+    /// HTTP/1.0 or HTTP/1.1.
+    Http1,
+    /// HTTP/2 (over TLS or h2c).
+    Http2,
+    /// HTTP/3 over QUIC.
+    Http3,
+}
+
+impl Protocol {
+    /// Label used in metrics and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Http1 => "HTTP/1.1",
+            Protocol::Http2 => "HTTP/2",
+            Protocol::Http3 => "HTTP/3",
+        }
+    }
+}
+
+/// Facts about the connection a request arrived on.
+#[derive(Debug, Clone)]
+pub struct ConnInfo {
+    /// Listener name from the config.
+    pub listener: Arc<str>,
+    /// Client address.
+    pub peer: SocketAddr,
+    /// Local address the client connected to.
+    pub local: SocketAddr,
+    /// True when TLS (or QUIC) was terminated here.
+    pub tls: bool,
+    /// SNI server name sent in the handshake, lower-cased.
+    pub sni: Option<Arc<str>>,
+}
+
+/// Per-request context.
+#[derive(Debug, Clone)]
+pub struct RequestCtx {
+    /// The connection.
+    pub conn: Arc<ConnInfo>,
+    /// Protocol of this request.
+    pub protocol: Protocol,
+    /// When the request head was received.
+    pub start: Instant,
+}
+
+impl RequestCtx {
+    /// `https` or `http`, as seen by the client.
+    pub fn scheme(&self) -> &'static str {
+        if self.conn.tls {
+            "https"
+        } else {
+            "http"
+        }
+    }
+}

@@ -1,0 +1,35 @@
+//! `sweety-dataplane`: one process that serves HTTP/1.1, HTTP/2 (and HTTP/3) through one
+//! request pipeline and one backpressure core, and swaps its config atomically.
+//!
+//! Module map (each does one thing; see docs/request-phases.md for the request flow):
+//! * [`body`]: the boxed body type every handler speaks, and small constructors.
+//! * [`ctx`]: per-connection and per-request context (listener, peer, protocol).
+//! * [`router`]: pure route table build and Gateway API precedence matching. No I/O.
+//! * [`filters`]: header modifiers, redirects, rewrites and CORS as pure functions.
+//! * [`static_files`]: the static-file handler (Range, conditionals, precompressed, cache).
+//! * [`proxy`]: upstream pools, load balancing, outlier ejection, forwarding, mirrors.
+//! * [`limits`]: the backpressure core: connection and in-flight limits, body limits.
+//! * [`pipeline`]: the single request path shared by all protocols.
+//! * [`tls`]: certificates, the SNI resolver, self-signed certificates.
+//! * [`server`]: listeners and connection serving (H1/h2c and TLS with ALPN).
+//! * [`runtime`]: the live config snapshot, hot reload and listener reconciliation.
+//! * [`admin`]: health, readiness, metrics and config endpoints.
+//! * [`metrics`]: counters and histograms, rendered in Prometheus text format.
+//! * [`access_log`]: JSON access log written off the request path.
+//! * [`defaults`]: the embedded default config used when no `--config` is given.
+
+pub mod access_log;
+pub mod admin;
+pub mod body;
+pub mod ctx;
+pub mod defaults;
+pub mod filters;
+pub mod limits;
+pub mod metrics;
+pub mod pipeline;
+pub mod proxy;
+pub mod router;
+pub mod runtime;
+pub mod server;
+pub mod static_files;
+pub mod tls;

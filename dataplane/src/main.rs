@@ -1,0 +1,2 @@
+//! `sweety-dataplane` binary (in progress).
+fn main() {}

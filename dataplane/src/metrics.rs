@@ -1,0 +1,345 @@
+//! Dataplane metrics: atomic counters, gauges and a latency histogram, rendered in the
+//! Prometheus text exposition format by [`Metrics::render`].
+//!
+//! Hot-path updates are lock-free atomics; labelled counters take a read lock on a small map
+//! and only a write lock the first time a label set is seen.
+
+use crate::ctx::Protocol;
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::hash::Hash;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+/// A counter family keyed by a label tuple.
+#[derive(Debug)]
+pub struct LabeledCounter<K> {
+    map: RwLock<HashMap<K, AtomicU64>>,
+}
+
+impl<K> Default for LabeledCounter<K> {
+    fn default() -> Self {
+        LabeledCounter {
+            map: RwLock::new(HashMap::new()),
+        }
+    }
+}
+
+impl<K: Eq + Hash + Clone + Ord> LabeledCounter<K> {
+    /// Adds `n` to the counter for `key`.
+    pub fn add(&self, key: &K, n: u64) {
+        if let Some(c) = self.map.read().unwrap_or_else(|e| e.into_inner()).get(key) {
+            c.fetch_add(n, Relaxed);
+            return;
+        }
+        let mut w = self.map.write().unwrap_or_else(|e| e.into_inner());
+        w.entry(key.clone()).or_default().fetch_add(n, Relaxed);
+    }
+
+    /// Adds one.
+    pub fn inc(&self, key: &K) {
+        self.add(key, 1)
+    }
+
+    /// Current value for `key` (0 when never counted).
+    pub fn get(&self, key: &K) -> u64 {
+        self.map
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(key)
+            .map_or(0, |c| c.load(Relaxed))
+    }
+
+    /// Snapshot sorted by key, for rendering.
+    pub fn snapshot(&self) -> Vec<(K, u64)> {
+        let r = self.map.read().unwrap_or_else(|e| e.into_inner());
+        let mut v: Vec<(K, u64)> = r
+            .iter()
+            .map(|(k, c)| (k.clone(), c.load(Relaxed)))
+            .collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    }
+}
+
+/// Upper bounds (seconds) of the request latency histogram buckets.
+pub const LATENCY_BUCKETS: [f64; 14] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// A fixed-bucket histogram.
+#[derive(Debug, Default)]
+pub struct Histogram {
+    buckets: [AtomicU64; LATENCY_BUCKETS.len()],
+    count: AtomicU64,
+    sum_micros: AtomicU64,
+}
+
+impl Histogram {
+    /// Records one observation.
+    pub fn observe(&self, d: Duration) {
+        let secs = d.as_secs_f64();
+        if let Some(i) = LATENCY_BUCKETS.iter().position(|b| secs <= *b) {
+            self.buckets[i].fetch_add(1, Relaxed);
+        }
+        self.count.fetch_add(1, Relaxed);
+        self.sum_micros.fetch_add(d.as_micros() as u64, Relaxed);
+    }
+    /// Observations so far.
+    pub fn count(&self) -> u64 {
+        self.count.load(Relaxed)
+    }
+}
+
+/// Key of the request counter: listener, route, status class (1–5), protocol.
+pub type RequestKey = (Arc<str>, Arc<str>, u8, &'static str);
+
+/// All dataplane metrics.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    /// Requests by listener, route, status class and protocol.
+    pub requests: LabeledCounter<RequestKey>,
+    /// Request latency by protocol (H1, H2, H3).
+    pub latency: [Histogram; 3],
+    /// Open client connections (TCP and QUIC).
+    pub active_connections: AtomicI64,
+    /// Requests (streams) being served.
+    pub active_requests: AtomicI64,
+    /// Request body bytes received from clients.
+    pub bytes_received: AtomicU64,
+    /// Response body bytes sent to clients.
+    pub bytes_sent: AtomicU64,
+    /// Backpressure rejections by limit name (`max_connections`, `max_requests_in_flight`,
+    /// `listener_requests_in_flight`, `header_timeout`, `body_idle_timeout`, `body_too_large`…).
+    pub limit_rejections: LabeledCounter<&'static str>,
+    /// Upstream errors by kind (`connect`, `timeout`, `protocol`, `no_endpoint`…).
+    pub upstream_errors: LabeledCounter<&'static str>,
+    /// Generation of the config being served.
+    pub config_generation: AtomicU64,
+    /// Successful config reloads.
+    pub reloads_ok: AtomicU64,
+    /// Rejected config reloads.
+    pub reloads_failed: AtomicU64,
+    /// Access log lines dropped because the writer fell behind.
+    pub access_log_dropped: AtomicU64,
+    /// Connections accepted, all time.
+    pub connections_total: AtomicU64,
+}
+
+fn proto_index(p: Protocol) -> usize {
+    match p {
+        Protocol::Http1 => 0,
+        Protocol::Http2 => 1,
+        Protocol::Http3 => 2,
+    }
+}
+
+impl Metrics {
+    /// Counts one finished request.
+    pub fn record_request(
+        &self,
+        listener: &Arc<str>,
+        route: &Arc<str>,
+        status: u16,
+        proto: Protocol,
+        elapsed: Duration,
+    ) {
+        let class = (status / 100).clamp(1, 5) as u8;
+        self.requests
+            .inc(&(listener.clone(), route.clone(), class, proto.as_str()));
+        self.latency[proto_index(proto)].observe(elapsed);
+    }
+
+    /// Counts one backpressure rejection.
+    pub fn limit_hit(&self, limit: &'static str) {
+        self.limit_rejections.inc(&limit);
+    }
+
+    /// Counts one upstream error.
+    pub fn upstream_error(&self, kind: &'static str) {
+        self.upstream_errors.inc(&kind);
+    }
+
+    /// Renders everything in Prometheus text format.
+    pub fn render(&self) -> String {
+        let mut out = String::with_capacity(4096);
+        let o = &mut out;
+        header(o, "sweety_requests_total", "counter", "Requests served.");
+        for ((l, r, c, p), v) in self.requests.snapshot() {
+            let _ = writeln!(
+                o,
+                "sweety_requests_total{{listener=\"{}\",route=\"{}\",status_class=\"{}xx\",protocol=\"{}\"}} {v}",
+                esc(&l),
+                esc(&r),
+                c,
+                p
+            );
+        }
+        header(
+            o,
+            "sweety_request_duration_seconds",
+            "histogram",
+            "Request latency until the response head.",
+        );
+        for (i, proto) in [Protocol::Http1, Protocol::Http2, Protocol::Http3]
+            .iter()
+            .enumerate()
+        {
+            let h = &self.latency[i];
+            let mut cum = 0;
+            for (b, le) in h.buckets.iter().zip(LATENCY_BUCKETS) {
+                cum += b.load(Relaxed);
+                let _ = writeln!(
+                    o,
+                    "sweety_request_duration_seconds_bucket{{protocol=\"{}\",le=\"{le}\"}} {cum}",
+                    proto.as_str()
+                );
+            }
+            let count = h.count.load(Relaxed);
+            let _ = writeln!(
+                o,
+                "sweety_request_duration_seconds_bucket{{protocol=\"{}\",le=\"+Inf\"}} {count}",
+                proto.as_str()
+            );
+            let _ = writeln!(
+                o,
+                "sweety_request_duration_seconds_sum{{protocol=\"{}\"}} {}",
+                proto.as_str(),
+                h.sum_micros.load(Relaxed) as f64 / 1e6
+            );
+            let _ = writeln!(
+                o,
+                "sweety_request_duration_seconds_count{{protocol=\"{}\"}} {count}",
+                proto.as_str()
+            );
+        }
+        gauge(
+            o,
+            "sweety_active_connections",
+            "Open client connections.",
+            self.active_connections.load(Relaxed),
+        );
+        gauge(
+            o,
+            "sweety_active_requests",
+            "Requests and streams in flight.",
+            self.active_requests.load(Relaxed),
+        );
+        counter(
+            o,
+            "sweety_connections_total",
+            "Client connections accepted.",
+            self.connections_total.load(Relaxed),
+        );
+        counter(
+            o,
+            "sweety_received_bytes_total",
+            "Request body bytes received.",
+            self.bytes_received.load(Relaxed),
+        );
+        counter(
+            o,
+            "sweety_sent_bytes_total",
+            "Response body bytes sent.",
+            self.bytes_sent.load(Relaxed),
+        );
+        header(
+            o,
+            "sweety_backpressure_rejections_total",
+            "counter",
+            "Requests or connections refused by a limit.",
+        );
+        for (k, v) in self.limit_rejections.snapshot() {
+            let _ = writeln!(
+                o,
+                "sweety_backpressure_rejections_total{{limit=\"{k}\"}} {v}"
+            );
+        }
+        header(
+            o,
+            "sweety_upstream_errors_total",
+            "counter",
+            "Upstream errors by kind.",
+        );
+        for (k, v) in self.upstream_errors.snapshot() {
+            let _ = writeln!(o, "sweety_upstream_errors_total{{kind=\"{k}\"}} {v}");
+        }
+        gauge(
+            o,
+            "sweety_config_generation",
+            "Generation of the config being served.",
+            self.config_generation.load(Relaxed) as i64,
+        );
+        header(
+            o,
+            "sweety_config_reloads_total",
+            "counter",
+            "Config reloads by result.",
+        );
+        let _ = writeln!(
+            o,
+            "sweety_config_reloads_total{{result=\"success\"}} {}",
+            self.reloads_ok.load(Relaxed)
+        );
+        let _ = writeln!(
+            o,
+            "sweety_config_reloads_total{{result=\"failure\"}} {}",
+            self.reloads_failed.load(Relaxed)
+        );
+        counter(
+            o,
+            "sweety_access_log_dropped_total",
+            "Access log lines dropped because the writer fell behind.",
+            self.access_log_dropped.load(Relaxed),
+        );
+        out
+    }
+}
+
+fn header(o: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
+}
+
+fn counter(o: &mut String, name: &str, help: &str, v: u64) {
+    header(o, name, "counter", help);
+    let _ = writeln!(o, "{name} {v}");
+}
+
+fn gauge(o: &mut String, name: &str, help: &str, v: i64) {
+    header(o, name, "gauge", help);
+    let _ = writeln!(o, "{name} {v}");
+}
+
+/// Escapes a label value.
+fn esc(s: &str) -> String {
+    s.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_labelled_requests_and_histogram() {
+        let m = Metrics::default();
+        let l: Arc<str> = "web".into();
+        let r: Arc<str> = "a\"b".into();
+        m.record_request(&l, &r, 204, Protocol::Http2, Duration::from_millis(3));
+        m.record_request(&l, &r, 503, Protocol::Http2, Duration::from_millis(30));
+        m.limit_hit("max_requests_in_flight");
+        let text = m.render();
+        assert!(text.contains(
+            "sweety_requests_total{listener=\"web\",route=\"a\\\"b\",status_class=\"2xx\",protocol=\"HTTP/2\"} 1"
+        ));
+        assert!(text.contains("status_class=\"5xx\""));
+        assert!(text.contains(
+            "sweety_request_duration_seconds_bucket{protocol=\"HTTP/2\",le=\"0.005\"} 1"
+        ));
+        assert!(text.contains("sweety_request_duration_seconds_count{protocol=\"HTTP/2\"} 2"));
+        assert!(text
+            .contains("sweety_backpressure_rejections_total{limit=\"max_requests_in_flight\"} 1"));
+    }
+}
