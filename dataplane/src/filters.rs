@@ -31,15 +31,17 @@ impl CompiledFilters {
     }
 
     /// Applies request-side filters in order: request header modifiers, URL rewrite (path and
-    /// Host / `:authority`), redirect and CORS preflight. `scheme` is the client's scheme and
-    /// `prefix` the prefix the route's path match matched.
+    /// Host / `:authority`), redirect and CORS preflight. `scheme` is the client's scheme,
+    /// `port` the listener port the request arrived on and `prefix` the prefix the route's
+    /// path match matched.
     pub fn on_request(
         &self,
         req: &mut http::request::Parts,
         scheme: &str,
+        port: u16,
         prefix: Option<&str>,
     ) -> RequestOutcome {
-        let _ = (req, scheme, prefix);
+        let _ = (req, scheme, port, prefix);
         RequestOutcome::Continue
     }
 
