@@ -1,2 +1,200 @@
-//! `sweety-dataplane` binary (in progress).
-fn main() {}
+//! `sweety-dataplane`: the Sweety dataplane binary. Thin: parses flags, sets up logging and the
+//! tokio runtime, and hands over to the library.
+//!
+//! * `sweety-dataplane` (or `run` with no `--config`): serve the embedded default config;
+//! * `sweety-dataplane run --config FILE`: serve FILE, reloading on change and on SIGHUP;
+//! * `sweety-dataplane validate FILE`: print every error in FILE, exit non-zero if any.
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use sweety_config::Config;
+use sweety_dataplane::runtime::{Runtime, RuntimeOptions};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "sweety-dataplane",
+    version,
+    about = "Sweety dataplane: HTTP/1.1, HTTP/2 and HTTP/3 edge server"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Serve a config file (or the embedded default when none is given).
+    Run(RunArgs),
+    /// Validate a config file and print every error.
+    Validate {
+        /// The config file (YAML or JSON).
+        file: PathBuf,
+    },
+}
+
+#[derive(Parser, Debug, Default)]
+struct RunArgs {
+    /// Config file (YAML or JSON). Reloaded when it changes and on SIGHUP.
+    #[arg(long, short, env = "SWEETY_CONFIG")]
+    config: Option<PathBuf>,
+    /// Admin listener address (overrides the config's `admin`).
+    #[arg(long, env = "SWEETY_ADMIN")]
+    admin: Option<SocketAddr>,
+    /// Worker threads (default: one per CPU).
+    #[arg(long, env = "SWEETY_WORKERS")]
+    workers: Option<usize>,
+}
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    match cli.command {
+        Some(Command::Validate { file }) => validate(&file),
+        Some(Command::Run(args)) => run(args),
+        None => run(RunArgs::default()),
+    }
+}
+
+fn read_config(path: &Path) -> anyhow::Result<Config> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    Ok(Config::from_yaml(&text)?)
+}
+
+fn validate(file: &Path) -> anyhow::Result<()> {
+    let cfg = read_config(file)?;
+    match cfg.validate() {
+        Ok(()) => {
+            println!("{}: ok", file.display());
+            Ok(())
+        }
+        Err(errs) => {
+            for e in &errs.0 {
+                println!("{}: {e}", file.display());
+            }
+            std::process::exit(1);
+        }
+    }
+}
+
+fn run(args: RunArgs) -> anyhow::Result<()> {
+    let mut rt = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = args.workers {
+        rt.worker_threads(n.max(1));
+    }
+    rt.max_blocking_threads(64)
+        .thread_keep_alive(Duration::from_secs(10))
+        .enable_all();
+    rt.build()?.block_on(serve(args))
+}
+
+async fn serve(args: RunArgs) -> anyhow::Result<()> {
+    let (config, demo_dir) = match &args.config {
+        Some(p) => (read_config(p)?, None),
+        None => {
+            let dir = std::env::temp_dir().join(format!("sweety-demo-{}", std::process::id()));
+            let root = sweety_dataplane::defaults::write_demo_site(&dir)?;
+            let (cert, key) = sweety_dataplane::tls::self_signed(&["localhost", "127.0.0.1"])?;
+            (
+                sweety_dataplane::defaults::default_config(&root, cert, key),
+                Some(dir),
+            )
+        }
+    };
+    let opts = RuntimeOptions {
+        access_log: config.access_log.clone(),
+        ..RuntimeOptions::default()
+    };
+    let runtime = Arc::new(Runtime::new(opts)?);
+    let admin_addr = match args.admin {
+        Some(a) => a,
+        None => {
+            let a = config.admin.clone().unwrap_or_default();
+            format!("{}:{}", a.address, a.port)
+                .parse()
+                .context("admin address")?
+        }
+    };
+    let admin = sweety_dataplane::admin::serve(runtime.shared.clone(), admin_addr)
+        .await
+        .with_context(|| format!("cannot bind the admin listener on {admin_addr}"))?;
+    runtime
+        .apply(config)
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    for (name, addr) in runtime.bound().await {
+        tracing::info!(listener = %name, %addr, "listening");
+    }
+    tracing::info!(%admin, "admin listening");
+    if let Some(p) = &args.config {
+        tokio::spawn(watch_file(runtime.clone(), p.clone()));
+    }
+
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    tracing::info!("shutting down: draining connections");
+    runtime.shutdown().await;
+    if let Some(d) = demo_dir {
+        let _ = std::fs::remove_dir_all(d);
+    }
+    Ok(())
+}
+
+/// Reloads `path` when its modification time or size changes (polled every second) and on
+/// SIGHUP. A bad file is reported and the running config keeps serving.
+async fn watch_file(runtime: Arc<Runtime>, path: PathBuf) {
+    let stamp = |p: &Path| {
+        std::fs::metadata(p)
+            .ok()
+            .map(|m| (m.modified().ok(), m.len()))
+    };
+    let mut last = stamp(&path);
+    let mut hup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot listen for SIGHUP");
+            return;
+        }
+    };
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        let forced = tokio::select! {
+            _ = tick.tick() => false,
+            _ = hup.recv() => true,
+        };
+        let now = stamp(&path);
+        if !forced && now == last {
+            continue;
+        }
+        last = now;
+        match read_config(&path) {
+            Ok(cfg) => {
+                let generation = cfg.generation;
+                match runtime.apply(cfg).await {
+                    Ok(()) => tracing::info!(generation, file = %path.display(), "config reloaded"),
+                    Err(e) => tracing::error!("{e}; keeping the previous config"),
+                }
+            }
+            Err(e) => {
+                runtime
+                    .shared
+                    .metrics
+                    .reloads_failed
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                tracing::error!("{e:#}; keeping the previous config");
+            }
+        }
+    }
+}

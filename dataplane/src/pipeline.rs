@@ -1,1 +1,442 @@
-//! pipeline (in progress).
+//! The one request pipeline every protocol goes through (see docs/request-phases.md):
+//!
+//! 1. **admit**: take a slot from the backpressure core (bounded wait, else 503 + Retry-After);
+//! 2. **snapshot**: pin the current config; the request finishes on it even if a reload swaps
+//!    in a newer one meanwhile;
+//! 3. **route**: host (421 on a misdirected request), then path/method/headers/query (404);
+//! 4. **request filters**: header modifiers, rewrites, redirects, CORS preflight, mirrors;
+//! 5. **action**: proxy, static files or a fixed reply, under the route's request timeout;
+//! 6. **response filters**: header modifiers, CORS, `Alt-Svc`;
+//! 7. **account**: metrics at the response head; the access log line and the release of the
+//!    request slot when the response body is finished or dropped.
+//!
+//! Protocol adapters (hyper for H1/H2, h3 for HTTP/3) only convert bodies and call [`handle`].
+
+use crate::access_log::{now_ms, LogLine};
+use crate::body::{text_response, Body, BoxError};
+use crate::ctx::{ConnInfo, Protocol, RequestCtx};
+use crate::filters::RequestOutcome;
+use crate::limits::{LimitedBody, RequestPermit};
+use crate::router::{Lookup, RequestHead};
+use crate::runtime::{ListenerView, Shared};
+use bytes::Bytes;
+use http::{header, HeaderValue, Request, Response, StatusCode};
+use http_body::{Frame, SizeHint};
+use std::borrow::Cow;
+use std::pin::Pin;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+use sweety_config::Action;
+
+/// Route label used when no route matched.
+pub const NO_ROUTE: &str = "-";
+
+/// Serves one request through every phase. Never fails: every problem becomes a response.
+pub async fn handle(
+    shared: Arc<Shared>,
+    conn: Arc<ConnInfo>,
+    protocol: Protocol,
+    req: Request<Body>,
+) -> Response<Body> {
+    let start = Instant::now();
+    let snap = shared.snapshot();
+    let view = snap.listener(&conn.listener);
+    let limits = &snap.config.limits;
+
+    // 1. admit
+    let permit = match shared
+        .backpressure
+        .admit(
+            view.and_then(|v| v.limit.as_deref()),
+            limits.queue_timeout.get(),
+        )
+        .await
+    {
+        Ok(p) => Some(p),
+        Err(_) => None,
+    };
+    let ctx = RequestCtx {
+        conn,
+        protocol,
+        start,
+    };
+    let log = shared.access_log.enabled().then(|| LogStart::new(&req));
+    let origin = req.headers().get(header::ORIGIN).cloned();
+
+    let (route_name, mut resp, filters_entry) = if permit.is_none() {
+        let mut r = text_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "503 Service Unavailable: server overloaded, retry later\n",
+        );
+        r.headers_mut().insert(
+            header::RETRY_AFTER,
+            HeaderValue::from(limits.retry_after_seconds),
+        );
+        (Arc::<str>::from(NO_ROUTE), r, None)
+    } else {
+        route_and_serve(&shared, &snap, view, &ctx, req).await
+    };
+
+    // 6. response filters
+    if let Some(entry) = filters_entry {
+        let (mut parts, body) = resp.into_parts();
+        entry.filters.on_response(origin.as_ref(), &mut parts);
+        resp = Response::from_parts(parts, body);
+    }
+    if let Some(alt) = view.and_then(|v| v.alt_svc.as_ref()) {
+        if protocol != Protocol::Http3 {
+            resp.headers_mut().insert(header::ALT_SVC, alt.clone());
+        }
+    }
+
+    // 7. account
+    let status = resp.status().as_u16();
+    shared.metrics.record_request(
+        &ctx.conn.listener,
+        &route_name,
+        status,
+        protocol,
+        start.elapsed(),
+    );
+    let finish = Finish {
+        shared: shared.clone(),
+        ctx,
+        status,
+        route: route_name,
+        log,
+        _permit: permit,
+    };
+    resp.map(|inner| {
+        crate::body::boxed(AccountedBody {
+            inner,
+            sent: 0,
+            finish: Some(finish),
+        })
+    })
+}
+
+type Served<'a> = (
+    Arc<str>,
+    Response<Body>,
+    Option<&'a crate::router::RouteEntry>,
+);
+
+/// Phases 2–5.
+async fn route_and_serve<'a>(
+    shared: &Shared,
+    snap: &'a crate::runtime::Snapshot,
+    view: Option<&ListenerView>,
+    ctx: &RequestCtx,
+    req: Request<Body>,
+) -> Served<'a> {
+    let no_route = || Arc::<str>::from(NO_ROUTE);
+    let Some(view) = view else {
+        return (
+            no_route(),
+            text_response(
+                StatusCode::NOT_FOUND,
+                "404 Not Found: listener is being removed\n",
+            ),
+            None,
+        );
+    };
+    let limits = &snap.config.limits;
+    if let Some(len) = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+    {
+        if len > limits.max_request_body_bytes {
+            shared.metrics.limit_hit("body_too_large");
+            return (
+                no_route(),
+                text_response(StatusCode::PAYLOAD_TOO_LARGE, "413 Payload Too Large\n"),
+                None,
+            );
+        }
+    }
+    let host = request_host(&req);
+    if ctx.conn.tls {
+        if let Some(sni) = ctx.conn.sni.as_deref() {
+            if sni != host
+                && snap.routes.vhost_index(&view.name, sni)
+                    != snap.routes.vhost_index(&view.name, &host)
+            {
+                return (
+                    no_route(),
+                    text_response(
+                        StatusCode::MISDIRECTED_REQUEST,
+                        "421 Misdirected Request: host does not match the TLS server name\n",
+                    ),
+                    None,
+                );
+            }
+        }
+    }
+    let head = RequestHead {
+        listener: &view.name,
+        host: &host,
+        method: req.method(),
+        path: req.uri().path(),
+        query: req.uri().query(),
+        headers: req.headers(),
+    };
+    let (entry, prefix) = match snap.routes.lookup(&head) {
+        Lookup::Matched(m) => (m.entry, m.prefix),
+        Lookup::NoHost | Lookup::NoRoute => {
+            return (
+                no_route(),
+                text_response(
+                    StatusCode::NOT_FOUND,
+                    "404 Not Found: no route matches this host and path\n",
+                ),
+                None,
+            );
+        }
+    };
+    let route_name = entry.name.clone();
+
+    // 4. request filters
+    let (mut parts, body) = req.into_parts();
+    if let RequestOutcome::Respond(r) =
+        entry
+            .filters
+            .on_request(&mut parts, ctx.scheme(), view.port, prefix)
+    {
+        return (route_name, r, Some(entry));
+    }
+    for m in entry.filters.mirrors() {
+        snap.upstreams.mirror(&parts, m, ctx);
+    }
+
+    // 5. action, under the route's request timeout
+    let route = &entry.route;
+    let action = async {
+        match &route.action {
+            Action::Proxy(p) => {
+                let body = crate::body::boxed(LimitedBody::new(
+                    body,
+                    limits.max_request_body_bytes,
+                    limits.body_idle_timeout.get(),
+                    shared.metrics.clone(),
+                ));
+                snap.upstreams
+                    .forward(Request::from_parts(parts, body), p, route, ctx)
+                    .await
+            }
+            Action::Static(site) => shared.static_files.serve(site, &parts).await,
+            Action::Fixed(f) => {
+                let mut r = Response::new(crate::body::full(Bytes::from(f.body.clone())));
+                *r.status_mut() = StatusCode::from_u16(f.status).unwrap_or(StatusCode::OK);
+                if let Some(ct) = f
+                    .content_type
+                    .as_deref()
+                    .and_then(|c| HeaderValue::from_str(c).ok())
+                {
+                    r.headers_mut().insert(header::CONTENT_TYPE, ct);
+                } else if !f.body.is_empty() {
+                    r.headers_mut().insert(
+                        header::CONTENT_TYPE,
+                        HeaderValue::from_static("text/plain; charset=utf-8"),
+                    );
+                }
+                r
+            }
+        }
+    };
+    let resp = match route.timeouts.request {
+        Some(t) => match tokio::time::timeout(t.get(), action).await {
+            Ok(r) => r,
+            Err(_) => {
+                shared.metrics.upstream_error("request_timeout");
+                text_response(
+                    StatusCode::GATEWAY_TIMEOUT,
+                    "504 Gateway Timeout: request timeout exceeded\n",
+                )
+            }
+        },
+        None => action.await,
+    };
+    (route_name, resp, Some(entry))
+}
+
+/// The request host: `:authority` or `Host`, lower-cased, without port or trailing dot.
+pub fn request_host<B>(req: &Request<B>) -> Cow<'_, str> {
+    let raw = req
+        .uri()
+        .authority()
+        .map(|a| a.as_str())
+        .or_else(|| {
+            req.headers()
+                .get(header::HOST)
+                .and_then(|h| h.to_str().ok())
+        })
+        .unwrap_or("");
+    let no_port = strip_port(raw);
+    let no_port = no_port.strip_suffix('.').unwrap_or(no_port);
+    if no_port.bytes().any(|b| b.is_ascii_uppercase()) {
+        Cow::Owned(no_port.to_ascii_lowercase())
+    } else {
+        Cow::Borrowed(no_port)
+    }
+}
+
+fn strip_port(authority: &str) -> &str {
+    let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    if host.starts_with('[') {
+        return host.find(']').map_or(host, |i| &host[..=i]);
+    }
+    match host.rsplit_once(':') {
+        Some((h, p)) if p.bytes().all(|b| b.is_ascii_digit()) => h,
+        _ => host,
+    }
+}
+
+/// What the access log needs from the request, captured before the request is consumed.
+struct LogStart {
+    ts_ms: u64,
+    method: String,
+    host: String,
+    path: String,
+    user_agent: Option<String>,
+}
+
+impl LogStart {
+    fn new(req: &Request<Body>) -> LogStart {
+        LogStart {
+            ts_ms: now_ms(),
+            method: req.method().as_str().to_owned(),
+            host: request_host(req).into_owned(),
+            path: req
+                .uri()
+                .path_and_query()
+                .map_or_else(|| req.uri().path().to_owned(), |p| p.as_str().to_owned()),
+            user_agent: req
+                .headers()
+                .get(header::USER_AGENT)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned),
+        }
+    }
+}
+
+/// Work done when the response body is finished or dropped.
+struct Finish {
+    shared: Arc<Shared>,
+    ctx: RequestCtx,
+    status: u16,
+    route: Arc<str>,
+    log: Option<LogStart>,
+    _permit: Option<RequestPermit>,
+}
+
+impl Finish {
+    fn done(self, sent: u64) {
+        if let Some(l) = self.log {
+            self.shared.access_log.log(LogLine {
+                ts_ms: l.ts_ms,
+                listener: self.ctx.conn.listener.clone(),
+                client: self.ctx.conn.peer,
+                protocol: self.ctx.protocol.as_str(),
+                method: l.method,
+                host: l.host,
+                path: l.path,
+                status: self.status,
+                route: self.route,
+                bytes: sent,
+                duration_us: self.ctx.start.elapsed().as_micros() as u64,
+                user_agent: l.user_agent,
+            });
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A response body that counts bytes sent and runs [`Finish`] when done or dropped,
+    /// releasing the request's backpressure slot.
+    struct AccountedBody {
+        #[pin]
+        inner: Body,
+        sent: u64,
+        finish: Option<Finish>,
+    }
+    impl PinnedDrop for AccountedBody {
+        fn drop(this: Pin<&mut Self>) {
+            let this = this.project();
+            if let Some(f) = this.finish.take() {
+                f.done(*this.sent);
+            }
+        }
+    }
+}
+
+impl http_body::Body for AccountedBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.project();
+        let r = this.inner.poll_frame(cx);
+        match &r {
+            Poll::Ready(Some(Ok(f))) => {
+                if let Some(d) = f.data_ref() {
+                    *this.sent += d.len() as u64;
+                    if let Some(fin) = this.finish.as_ref() {
+                        fin.shared
+                            .metrics
+                            .bytes_sent
+                            .fetch_add(d.len() as u64, Relaxed);
+                    }
+                }
+            }
+            Poll::Ready(None) | Poll::Ready(Some(Err(_))) => {
+                if let Some(f) = this.finish.take() {
+                    f.done(*this.sent);
+                }
+            }
+            Poll::Pending => {}
+        }
+        r
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_is_lowercased_without_port() {
+        let r = Request::builder()
+            .uri("/")
+            .header("host", "Example.COM:8443")
+            .body(())
+            .unwrap();
+        assert_eq!(request_host(&r), "example.com");
+        let r = Request::builder()
+            .uri("https://a.test./x")
+            .body(())
+            .unwrap();
+        assert_eq!(request_host(&r), "a.test");
+        let r = Request::builder()
+            .uri("/")
+            .header("host", "[::1]:80")
+            .body(())
+            .unwrap();
+        assert_eq!(request_host(&r), "[::1]");
+        let r = Request::builder().uri("/").body(()).unwrap();
+        assert_eq!(request_host(&r), "");
+    }
+}

@@ -1,1 +1,457 @@
-//! runtime (in progress).
+//! The live dataplane: the current config [`Snapshot`] behind an atomic pointer, the state
+//! that outlives reloads ([`Shared`]), and [`Runtime::apply`], which validates a new config,
+//! builds everything it needs, binds new listeners, swaps the snapshot and drains removed
+//! listeners.
+//!
+//! Hot reload guarantees:
+//! * a config is validated and fully built before anything changes; any error rejects it
+//!   whole, every error is reported, and the last good config keeps serving;
+//! * the swap is one atomic store: new requests use the new snapshot, in-flight requests
+//!   finish on the one they pinned;
+//! * listener sockets are keyed by bind address, so a listener kept across reloads keeps its
+//!   socket and its established connections; only removed listeners are closed, gracefully;
+//! * certificates are part of the snapshot, so changed ones apply to new handshakes.
+
+use crate::access_log::AccessLog;
+use crate::limits::{Backpressure, Limit};
+use crate::metrics::Metrics;
+use crate::proxy::Upstreams;
+use crate::router::RouteTable;
+use crate::static_files::StaticFiles;
+use arc_swap::ArcSwap;
+use http::HeaderValue;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use sweety_config::{Config, Limits, ListenerProtocol};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// What a request needs to know about the listener it arrived on.
+#[derive(Debug)]
+pub struct ListenerView {
+    /// Listener name.
+    pub name: Arc<str>,
+    /// Port the listener is bound to.
+    pub port: u16,
+    /// Protocol.
+    pub protocol: ListenerProtocol,
+    /// TLS server config for HTTPS listeners.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// The listener's own in-flight cap, if any.
+    pub limit: Option<Arc<Limit>>,
+    /// `Alt-Svc` value advertised on H1/H2 responses when HTTP/3 is served.
+    pub alt_svc: Option<HeaderValue>,
+}
+
+/// An immutable, fully built config.
+pub struct Snapshot {
+    /// The config it was built from.
+    pub config: Arc<Config>,
+    /// Content hash of the config.
+    pub hash: String,
+    /// Route table.
+    pub routes: RouteTable,
+    /// Upstream backends and pools.
+    pub upstreams: Arc<Upstreams>,
+    /// Listeners by name.
+    pub listeners: HashMap<Arc<str>, Arc<ListenerView>>,
+    /// Listener names by bind key.
+    by_key: HashMap<SocketAddr, Arc<ListenerView>>,
+    /// hyper connection builder configured from the limits.
+    pub http: hyper_util::server::conn::auto::Builder<TokioExecutor>,
+}
+
+impl std::fmt::Debug for Snapshot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Snapshot")
+            .field("generation", &self.config.generation)
+            .field("hash", &self.hash)
+            .finish()
+    }
+}
+
+impl Snapshot {
+    /// The listener with this name.
+    pub fn listener(&self, name: &str) -> Option<&ListenerView> {
+        self.listeners.get(name).map(|v| &**v)
+    }
+
+    /// The listener bound under this key.
+    pub fn listener_by_key(&self, key: &SocketAddr) -> Option<&Arc<ListenerView>> {
+        self.by_key.get(key)
+    }
+
+    fn empty(metrics: Arc<Metrics>) -> Snapshot {
+        let config = Config::default();
+        Snapshot {
+            http: http_builder(&config.limits),
+            config: Arc::new(config),
+            hash: String::new(),
+            routes: RouteTable::default(),
+            upstreams: Arc::new(
+                Upstreams::build(&[], None, metrics).expect("empty upstreams build"),
+            ),
+            listeners: HashMap::new(),
+            by_key: HashMap::new(),
+        }
+    }
+}
+
+/// State shared by every connection and request; outlives reloads.
+pub struct Shared {
+    current: ArcSwap<Snapshot>,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// The backpressure core.
+    pub backpressure: Backpressure,
+    /// The static-file handler and its cache.
+    pub static_files: StaticFiles,
+    /// The access log.
+    pub access_log: AccessLog,
+    /// True once a config has been applied.
+    pub ready: AtomicBool,
+    listener_limits: Mutex<HashMap<String, Arc<Limit>>>,
+}
+
+impl Shared {
+    /// The current snapshot (pin it for the duration of a request).
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        self.current.load_full()
+    }
+}
+
+/// Options fixed for the life of the process.
+#[derive(Debug, Clone)]
+pub struct RuntimeOptions {
+    /// Access log settings.
+    pub access_log: sweety_config::AccessLog,
+    /// Bytes of small static files kept in memory.
+    pub static_cache_bytes: usize,
+}
+
+impl Default for RuntimeOptions {
+    fn default() -> Self {
+        RuntimeOptions {
+            access_log: sweety_config::AccessLog::default(),
+            static_cache_bytes: 32 * 1024 * 1024,
+        }
+    }
+}
+
+/// Why a config was rejected. The running config is untouched in every case.
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    /// Validation or build errors, every one of them, each `path: message`.
+    #[error("config rejected:\n  {}", .0.join("\n  "))]
+    Invalid(Vec<String>),
+    /// A new listener could not be bound.
+    #[error("config rejected: listeners[{index}] ({name}): cannot bind {addr}: {source}")]
+    Bind {
+        /// Listener index.
+        index: usize,
+        /// Listener name.
+        name: String,
+        /// Address.
+        addr: SocketAddr,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl ApplyError {
+    /// Every error as `path: message` lines.
+    pub fn messages(&self) -> Vec<String> {
+        match self {
+            ApplyError::Invalid(v) => v.clone(),
+            other => vec![other.to_string()],
+        }
+    }
+}
+
+struct Running {
+    local: SocketAddr,
+    stop: watch::Sender<bool>,
+    task: JoinHandle<()>,
+}
+
+/// The dataplane runtime: applies configs and runs listeners.
+pub struct Runtime {
+    /// Shared state.
+    pub shared: Arc<Shared>,
+    running: tokio::sync::Mutex<HashMap<SocketAddr, Running>>,
+}
+
+impl Runtime {
+    /// Creates a runtime serving nothing until the first [`Runtime::apply`]. Must be called
+    /// inside a tokio runtime.
+    pub fn new(opts: RuntimeOptions) -> std::io::Result<Runtime> {
+        let metrics = Arc::new(Metrics::default());
+        let limits = Limits::default();
+        let access_log = if opts.access_log.enabled {
+            AccessLog::start(
+                opts.access_log.path.clone(),
+                opts.access_log.buffer_lines as usize,
+                metrics.clone(),
+            )?
+        } else {
+            AccessLog::disabled(metrics.clone())
+        };
+        let shared = Arc::new(Shared {
+            current: ArcSwap::from_pointee(Snapshot::empty(metrics.clone())),
+            backpressure: Backpressure::new(
+                limits.max_connections as usize,
+                limits.max_requests_in_flight as usize,
+                metrics.clone(),
+            ),
+            static_files: StaticFiles::new(opts.static_cache_bytes),
+            access_log,
+            ready: AtomicBool::new(false),
+            listener_limits: Mutex::new(HashMap::new()),
+            metrics,
+        });
+        Ok(Runtime {
+            shared,
+            running: tokio::sync::Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Validates, builds and applies `config`. On error nothing changes.
+    pub async fn apply(&self, config: Config) -> Result<(), ApplyError> {
+        let result = self.apply_inner(config).await;
+        let m = &self.shared.metrics;
+        match &result {
+            Ok(()) => m.reloads_ok.fetch_add(1, Relaxed),
+            Err(_) => m.reloads_failed.fetch_add(1, Relaxed),
+        };
+        result
+    }
+
+    async fn apply_inner(&self, config: Config) -> Result<(), ApplyError> {
+        if let Err(errs) = config.validate() {
+            return Err(ApplyError::Invalid(
+                errs.0.iter().map(|e| e.to_string()).collect(),
+            ));
+        }
+        let mut errors = Vec::new();
+        let routes = RouteTable::build(&config)
+            .map_err(|e| errors.push(e.to_string()))
+            .ok();
+        let prev = self.shared.snapshot();
+        let upstreams = Upstreams::build(
+            &config.backends,
+            Some(&prev.upstreams),
+            self.shared.metrics.clone(),
+        )
+        .map_err(|e| errors.push(e.to_string()))
+        .ok();
+        let mut views = Vec::new();
+        for (i, l) in config.listeners.iter().enumerate() {
+            let tls = match (&l.protocol, &l.tls) {
+                (ListenerProtocol::Https, Some(t)) => {
+                    match crate::tls::server_config(
+                        t,
+                        &format!("listeners[{i}].tls"),
+                        &[b"h2", b"http/1.1"],
+                    ) {
+                        Ok(c) => Some(c),
+                        Err(e) => {
+                            errors.push(e.to_string());
+                            None
+                        }
+                    }
+                }
+                _ => None,
+            };
+            views.push((i, l, tls));
+        }
+        let (Some(routes), Some(upstreams), true) = (routes, upstreams, errors.is_empty()) else {
+            return Err(ApplyError::Invalid(errors));
+        };
+
+        let mut running = self.running.lock().await;
+        // Bind listeners that are new, before anything is swapped.
+        let mut fresh = HashMap::new();
+        for (i, l, _) in &views {
+            if !matches!(l.protocol, ListenerProtocol::Http | ListenerProtocol::Https) {
+                continue; // L4 listeners arrive with the edge-features work.
+            }
+            let key = bind_key(l);
+            if running.contains_key(&key) || fresh.contains_key(&key) {
+                continue;
+            }
+            let sock = bind_tcp(key).map_err(|source| ApplyError::Bind {
+                index: *i,
+                name: l.name.clone(),
+                addr: key,
+                source,
+            })?;
+            fresh.insert(key, sock);
+        }
+
+        // Build the snapshot.
+        let mut listeners = HashMap::new();
+        let mut by_key = HashMap::new();
+        {
+            let mut limits = self
+                .shared
+                .listener_limits
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            for (_, l, tls) in views {
+                let key = bind_key(l);
+                let port = running
+                    .get(&key)
+                    .map(|r| r.local.port())
+                    .or_else(|| {
+                        fresh
+                            .get(&key)
+                            .and_then(|s| s.local_addr().ok())
+                            .map(|a| a.port())
+                    })
+                    .unwrap_or(l.port);
+                let limit = l.max_requests_in_flight.map(|max| {
+                    let lim = limits
+                        .entry(l.name.clone())
+                        .or_insert_with(|| Arc::new(Limit::new(max as usize)));
+                    lim.resize(max as usize);
+                    lim.clone()
+                });
+                let view = Arc::new(ListenerView {
+                    name: l.name.as_str().into(),
+                    port,
+                    protocol: l.protocol,
+                    tls,
+                    limit,
+                    // HTTP/3 is not served yet, so it is not advertised.
+                    alt_svc: None,
+                });
+                by_key.insert(key, view.clone());
+                listeners.insert(view.name.clone(), view);
+            }
+            limits.retain(|name, _| listeners.contains_key(name.as_str()));
+        }
+        let snapshot = Snapshot {
+            http: http_builder(&config.limits),
+            hash: config.content_hash(),
+            routes,
+            upstreams: Arc::new(upstreams),
+            listeners,
+            by_key,
+            config: Arc::new(config),
+        };
+        let limits = snapshot.config.limits.clone();
+        let generation = snapshot.config.generation;
+
+        // Swap.
+        self.shared.current.store(Arc::new(snapshot));
+        self.shared.backpressure.resize(
+            limits.max_connections as usize,
+            limits.max_requests_in_flight as usize,
+        );
+        self.shared
+            .metrics
+            .config_generation
+            .store(generation, Relaxed);
+        self.shared.ready.store(true, Relaxed);
+
+        // Start new listeners, stop removed ones.
+        for (key, sock) in fresh {
+            let local = sock.local_addr().unwrap_or(key);
+            let (stop, stop_rx) = watch::channel(false);
+            let task = tokio::spawn(crate::server::run_tcp(
+                self.shared.clone(),
+                sock,
+                key,
+                stop_rx,
+            ));
+            running.insert(key, Running { local, stop, task });
+        }
+        let keep: Vec<SocketAddr> = self.shared.snapshot().by_key.keys().copied().collect();
+        let removed: Vec<SocketAddr> = running
+            .keys()
+            .filter(|k| !keep.contains(k))
+            .copied()
+            .collect();
+        for key in removed {
+            if let Some(r) = running.remove(&key) {
+                let _ = r.stop.send(true);
+                tracing::info!(%key, "listener removed; draining");
+            }
+        }
+        Ok(())
+    }
+
+    /// Addresses the listeners are bound to, by listener name.
+    pub async fn bound(&self) -> HashMap<String, SocketAddr> {
+        let running = self.running.lock().await;
+        let snap = self.shared.snapshot();
+        snap.by_key
+            .iter()
+            .filter_map(|(k, v)| running.get(k).map(|r| (v.name.to_string(), r.local)))
+            .collect()
+    }
+
+    /// Stops accepting on every listener and waits (up to the drain timeout) for open
+    /// connections to finish their requests.
+    pub async fn shutdown(&self) {
+        let mut running = self.running.lock().await;
+        let mut tasks = Vec::new();
+        for (_, r) in running.drain() {
+            let _ = r.stop.send(true);
+            tasks.push(r.task);
+        }
+        let drain = self.shared.snapshot().config.limits.drain_timeout.get();
+        let _ = tokio::time::timeout(
+            drain + std::time::Duration::from_secs(1),
+            futures_util::future::join_all(tasks),
+        )
+        .await;
+    }
+}
+
+fn bind_key(l: &sweety_config::Listener) -> SocketAddr {
+    let ip: IpAddr = l.address.parse().unwrap_or(IpAddr::from([0, 0, 0, 0]));
+    SocketAddr::new(ip, l.port)
+}
+
+fn bind_tcp(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    let sock = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM,
+        Some(socket2::Protocol::TCP),
+    )?;
+    sock.set_reuse_address(true)?;
+    if addr.is_ipv6() {
+        sock.set_only_v6(true)?;
+    }
+    sock.set_nonblocking(true)?;
+    sock.bind(&addr.into())?;
+    sock.listen(4096)?;
+    tokio::net::TcpListener::from_std(sock.into())
+}
+
+/// A hyper connection builder configured from the limits.
+fn http_builder(limits: &Limits) -> hyper_util::server::conn::auto::Builder<TokioExecutor> {
+    let mut b = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    b.http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout.get())
+        .max_buf_size((limits.max_header_bytes as usize).max(8192))
+        .keep_alive(true);
+    b.http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(limits.max_concurrent_streams)
+        .max_pending_accept_reset_streams(limits.max_pending_reset_streams as usize)
+        .max_local_error_reset_streams(limits.max_pending_reset_streams as usize)
+        .max_header_list_size(limits.max_header_bytes)
+        .initial_stream_window_size(256 * 1024)
+        .initial_connection_window_size(1024 * 1024)
+        .max_send_buf_size(256 * 1024)
+        .keep_alive_interval(Some(limits.idle_timeout.get()))
+        .keep_alive_timeout(std::time::Duration::from_secs(20));
+    b
+}

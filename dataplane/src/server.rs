@@ -1,1 +1,162 @@
-//! server (in progress).
+//! TCP listeners and connection serving: the accept loop (gated by the backpressure core's
+//! connection limit), the TLS handshake with SNI and ALPN, and hyper serving HTTP/1.1 and
+//! HTTP/2 (h2 by ALPN on TLS, h2c by prior knowledge on plain TCP) into the shared pipeline.
+//!
+//! Each listener drains gracefully when stopped: it stops accepting, asks every connection
+//! to finish (HTTP/2 GOAWAY, HTTP/1.1 close after the current response) and waits up to the
+//! drain timeout.
+
+use crate::ctx::{ConnInfo, Protocol};
+use crate::runtime::{ListenerView, Shared};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use hyper_util::server::graceful::{GracefulShutdown, Watcher};
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+/// Runs the accept loop of one TCP listener until `stop` turns true, then drains.
+pub async fn run_tcp(
+    shared: Arc<Shared>,
+    listener: TcpListener,
+    key: SocketAddr,
+    mut stop: watch::Receiver<bool>,
+) {
+    let graceful = GracefulShutdown::new();
+    loop {
+        let permit = tokio::select! {
+            p = shared.backpressure.connection() => p,
+            _ = stop.changed() => break,
+        };
+        let (stream, peer) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(e) => {
+                    // Out of file descriptors and the like: back off briefly, keep serving.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                }
+            },
+            _ = stop.changed() => break,
+        };
+        let snap = shared.snapshot();
+        let Some(view) = snap.listener_by_key(&key).cloned() else {
+            continue;
+        };
+        let builder = snap.http.clone();
+        let handshake_timeout = snap.config.limits.header_read_timeout.get();
+        drop(snap);
+        let watcher = graceful.watcher();
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            serve_conn(
+                shared,
+                view,
+                builder,
+                handshake_timeout,
+                stream,
+                peer,
+                watcher,
+            )
+            .await;
+        });
+    }
+    drop(listener);
+    let drain = shared.snapshot().config.limits.drain_timeout.get();
+    if tokio::time::timeout(drain, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!(%key, "drain timeout: closing remaining connections");
+    }
+}
+
+async fn serve_conn(
+    shared: Arc<Shared>,
+    view: Arc<ListenerView>,
+    mut builder: hyper_util::server::conn::auto::Builder<hyper_util::rt::TokioExecutor>,
+    handshake_timeout: Duration,
+    stream: TcpStream,
+    peer: SocketAddr,
+    watcher: Watcher,
+) {
+    let _ = stream.set_nodelay(true);
+    let local = stream.local_addr().unwrap_or(peer);
+    match &view.tls {
+        None => {
+            let conn = Arc::new(ConnInfo {
+                listener: view.name.clone(),
+                peer,
+                local,
+                tls: false,
+                sni: None,
+            });
+            serve_http(shared, conn, builder, TokioIo::new(stream), watcher).await;
+        }
+        Some(cfg) => {
+            let acceptor = tokio_rustls::TlsAcceptor::from(cfg.clone());
+            let tls = match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => {
+                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                    return;
+                }
+                Err(_) => {
+                    shared.metrics.limit_hit("tls_handshake_timeout");
+                    return;
+                }
+            };
+            let (_, session) = tls.get_ref();
+            let sni = session
+                .server_name()
+                .map(|s| Arc::<str>::from(s.to_ascii_lowercase()));
+            match session.alpn_protocol() {
+                Some(b"h2") => builder = builder.http2_only(),
+                Some(b"http/1.1") => builder = builder.http1_only(),
+                _ => {}
+            }
+            let conn = Arc::new(ConnInfo {
+                listener: view.name.clone(),
+                peer,
+                local,
+                tls: true,
+                sni,
+            });
+            serve_http(shared, conn, builder, TokioIo::new(tls), watcher).await;
+        }
+    }
+}
+
+async fn serve_http<I>(
+    shared: Arc<Shared>,
+    conn: Arc<ConnInfo>,
+    builder: hyper_util::server::conn::auto::Builder<hyper_util::rt::TokioExecutor>,
+    io: TokioIo<I>,
+    watcher: Watcher,
+) where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let service = hyper::service::service_fn(move |req: http::Request<Incoming>| {
+        let shared = shared.clone();
+        let conn = conn.clone();
+        async move {
+            let protocol = if req.version() == http::Version::HTTP_2 {
+                Protocol::Http2
+            } else {
+                Protocol::Http1
+            };
+            Ok::<_, Infallible>(
+                crate::pipeline::handle(shared, conn, protocol, req.map(crate::body::boxed)).await,
+            )
+        }
+    });
+    let connection = builder.serve_connection(io, service).into_owned();
+    if let Err(e) = watcher.watch(connection).await {
+        tracing::debug!(error = %e, "connection ended with an error");
+    }
+}

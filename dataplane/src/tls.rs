@@ -1,1 +1,263 @@
-//! tls (in progress).
+//! TLS for client-facing listeners: loading PEM certificates and keys, an SNI resolver with
+//! exact and wildcard names, per-listener rustls server configs (ALPN h2 + http/1.1, TLS 1.2
+//! and 1.3, session resumption by tickets and a session cache), and self-signed certificates
+//! for the embedded default config.
+//!
+//! Certificates are resolved per handshake from the config snapshot that is current when the
+//! connection is accepted, so a changed certificate applies to new handshakes at once.
+
+use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use std::collections::HashMap;
+use std::sync::Arc;
+use sweety_config::{Certificate, ListenerTls, PemSource, TlsVersion};
+
+/// Errors loading TLS material.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    /// A PEM file could not be read.
+    #[error("{path}: cannot read {file}: {source}")]
+    Read {
+        /// Config path.
+        path: String,
+        /// File path.
+        file: String,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The PEM text holds no usable certificate or key.
+    #[error("{path}: {message}")]
+    Pem {
+        /// Config path.
+        path: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// rustls refused the material.
+    #[error("{path}: {source}")]
+    Rustls {
+        /// Config path.
+        path: String,
+        /// The rustls error.
+        #[source]
+        source: rustls::Error,
+    },
+}
+
+/// Reads the bytes of a PEM source (inline text or file).
+pub fn read_pem(src: &PemSource, path: &str) -> Result<Vec<u8>, TlsError> {
+    match src {
+        PemSource::Pem(text) => Ok(text.as_bytes().to_vec()),
+        PemSource::File(f) => std::fs::read(f).map_err(|source| TlsError::Read {
+            path: path.to_string(),
+            file: f.display().to_string(),
+            source,
+        }),
+    }
+}
+
+/// Parses a certificate chain from PEM.
+pub fn parse_certs(pem: &[u8], path: &str) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let certs: Vec<_> = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<_, _>>()
+        .map_err(|e| TlsError::Pem {
+            path: path.to_string(),
+            message: format!("bad certificate PEM: {e}"),
+        })?;
+    if certs.is_empty() {
+        return Err(TlsError::Pem {
+            path: path.to_string(),
+            message: "no CERTIFICATE block found".into(),
+        });
+    }
+    Ok(certs)
+}
+
+/// Parses a private key (PKCS#8, PKCS#1 or SEC1) from PEM.
+pub fn parse_key(pem: &[u8], path: &str) -> Result<PrivateKeyDer<'static>, TlsError> {
+    PrivateKeyDer::from_pem_slice(pem).map_err(|e| TlsError::Pem {
+        path: path.to_string(),
+        message: format!("no usable private key: {e}"),
+    })
+}
+
+/// Loads one certificate entry into a rustls [`CertifiedKey`].
+pub fn load_certified_key(cert: &Certificate, path: &str) -> Result<Arc<CertifiedKey>, TlsError> {
+    let chain = parse_certs(
+        &read_pem(&cert.cert, &format!("{path}.cert"))?,
+        &format!("{path}.cert"),
+    )?;
+    let key = parse_key(
+        &read_pem(&cert.key, &format!("{path}.key"))?,
+        &format!("{path}.key"),
+    )?;
+    let provider = rustls::crypto::ring::default_provider();
+    let ck = CertifiedKey::from_der(chain, key, &provider).map_err(|source| TlsError::Rustls {
+        path: path.to_string(),
+        source,
+    })?;
+    Ok(Arc::new(ck))
+}
+
+/// Chooses a certificate by SNI: exact name, then the longest matching `*.` wildcard, then the
+/// listener's first certificate (also used when the client sends no SNI).
+#[derive(Debug, Default)]
+pub struct SniResolver {
+    exact: HashMap<String, Arc<CertifiedKey>>,
+    wildcard: HashMap<String, Arc<CertifiedKey>>,
+    fallback: Option<Arc<CertifiedKey>>,
+}
+
+impl SniResolver {
+    /// Builds a resolver from a listener's certificates. `path` is the config path of the
+    /// listener's `tls` section, for errors.
+    pub fn new(certs: &[Certificate], path: &str) -> Result<SniResolver, TlsError> {
+        let mut r = SniResolver::default();
+        for (i, c) in certs.iter().enumerate() {
+            let ck = load_certified_key(c, &format!("{path}.certificates[{i}]"))?;
+            for name in &c.hostnames {
+                let name = name.to_ascii_lowercase();
+                match name.strip_prefix("*.") {
+                    Some(suffix) => r
+                        .wildcard
+                        .entry(suffix.to_string())
+                        .or_insert_with(|| ck.clone()),
+                    None => r.exact.entry(name).or_insert_with(|| ck.clone()),
+                };
+            }
+            if r.fallback.is_none() {
+                r.fallback = Some(ck);
+            }
+        }
+        Ok(r)
+    }
+
+    /// The certificate for a server name.
+    pub fn lookup(&self, sni: Option<&str>) -> Option<Arc<CertifiedKey>> {
+        if let Some(name) = sni {
+            let name = name.trim_end_matches('.').to_ascii_lowercase();
+            if let Some(ck) = self.exact.get(&name) {
+                return Some(ck.clone());
+            }
+            // Walk the labels: a.b.example.com tries b.example.com, example.com, com.
+            let mut rest = name.as_str();
+            while let Some(dot) = rest.find('.') {
+                rest = &rest[dot + 1..];
+                if let Some(ck) = self.wildcard.get(rest) {
+                    return Some(ck.clone());
+                }
+            }
+        }
+        self.fallback.clone()
+    }
+}
+
+impl ResolvesServerCert for SniResolver {
+    fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        self.lookup(hello.server_name())
+    }
+}
+
+/// Builds the rustls server config of an HTTPS listener. `alpn` lists the protocols offered
+/// (for TCP: h2 and http/1.1).
+pub fn server_config(
+    tls: &ListenerTls,
+    path: &str,
+    alpn: &[&[u8]],
+) -> Result<Arc<rustls::ServerConfig>, TlsError> {
+    let resolver = Arc::new(SniResolver::new(&tls.certificates, path)?);
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let versions: &[&rustls::SupportedProtocolVersion] = match tls.min_version {
+        TlsVersion::Tls12 => &[&rustls::version::TLS13, &rustls::version::TLS12],
+        TlsVersion::Tls13 => &[&rustls::version::TLS13],
+    };
+    let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
+        .with_protocol_versions(versions)
+        .map_err(|source| TlsError::Rustls {
+            path: path.to_string(),
+            source,
+        })?
+        .with_no_client_auth()
+        .with_cert_resolver(resolver);
+    cfg.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    cfg.session_storage = rustls::server::ServerSessionMemoryCache::new(4096);
+    cfg.ticketer = rustls::crypto::ring::Ticketer::new().map_err(|source| TlsError::Rustls {
+        path: path.to_string(),
+        source,
+    })?;
+    Ok(Arc::new(cfg))
+}
+
+/// A self-signed certificate and key (PEM) for `names` (DNS names or IP addresses).
+pub fn self_signed(names: &[&str]) -> Result<(String, String), rcgen::Error> {
+    let names: Vec<String> = names.iter().map(|s| s.to_string()).collect();
+    let ck = rcgen::generate_simple_self_signed(names)?;
+    Ok((ck.cert.pem(), ck.signing_key.serialize_pem()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cert(hostnames: &[&str], cn: &str) -> Certificate {
+        let (c, k) = self_signed(&[cn]).unwrap();
+        Certificate {
+            hostnames: hostnames.iter().map(|s| s.to_string()).collect(),
+            cert: PemSource::Pem(c),
+            key: PemSource::Pem(k),
+        }
+    }
+
+    #[test]
+    fn resolves_exact_then_longest_wildcard_then_fallback() {
+        let certs = vec![
+            cert(&["default.test"], "default.test"),
+            cert(&["*.example.com"], "wild.example.com"),
+            cert(&["*.a.example.com"], "deep.a.example.com"),
+            cert(&["www.example.com"], "www.example.com"),
+        ];
+        let r = SniResolver::new(&certs, "listeners[0].tls").unwrap();
+        let id = |ck: Arc<CertifiedKey>| ck.cert[0].clone();
+        let der = |i: usize| {
+            let pem = match &certs[i].cert {
+                PemSource::Pem(p) => p.clone(),
+                _ => unreachable!(),
+            };
+            parse_certs(pem.as_bytes(), "x").unwrap()[0].clone()
+        };
+        assert_eq!(id(r.lookup(Some("www.example.com")).unwrap()), der(3));
+        assert_eq!(id(r.lookup(Some("WWW.Example.com.")).unwrap()), der(3));
+        assert_eq!(id(r.lookup(Some("x.a.example.com")).unwrap()), der(2));
+        assert_eq!(id(r.lookup(Some("api.example.com")).unwrap()), der(1));
+        assert_eq!(id(r.lookup(Some("example.com")).unwrap()), der(0));
+        assert_eq!(id(r.lookup(None).unwrap()), der(0));
+    }
+
+    #[test]
+    fn reports_bad_pem_with_path() {
+        let c = Certificate {
+            hostnames: vec![],
+            cert: PemSource::Pem("not pem".into()),
+            key: PemSource::Pem("nope".into()),
+        };
+        let err = SniResolver::new(&[c], "listeners[2].tls")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("listeners[2].tls.certificates[0].cert"),
+            "{err}"
+        );
+        let c = Certificate {
+            hostnames: vec![],
+            cert: PemSource::File("/nonexistent/cert.pem".into()),
+            key: PemSource::Pem("nope".into()),
+        };
+        let err = SniResolver::new(&[c], "listeners[0].tls")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("cannot read /nonexistent/cert.pem"), "{err}");
+    }
+}
