@@ -59,7 +59,7 @@ pub struct Snapshot {
     /// Listeners by name.
     pub listeners: HashMap<Arc<str>, Arc<ListenerView>>,
     /// Listener names by bind key.
-    by_key: HashMap<SocketAddr, Arc<ListenerView>>,
+    by_key: HashMap<BindKey, Arc<ListenerView>>,
     /// hyper connection builder configured from the limits.
     pub http: hyper_util::server::conn::auto::Builder<TokioExecutor>,
 }
@@ -80,7 +80,7 @@ impl Snapshot {
     }
 
     /// The listener bound under this key.
-    pub fn listener_by_key(&self, key: &SocketAddr) -> Option<&Arc<ListenerView>> {
+    pub fn listener_by_key(&self, key: &BindKey) -> Option<&Arc<ListenerView>> {
         self.by_key.get(key)
     }
 
@@ -182,7 +182,7 @@ struct Running {
 pub struct Runtime {
     /// Shared state.
     pub shared: Arc<Shared>,
-    running: tokio::sync::Mutex<HashMap<SocketAddr, Running>>,
+    running: tokio::sync::Mutex<HashMap<BindKey, Running>>,
 }
 
 impl Runtime {
@@ -283,10 +283,10 @@ impl Runtime {
             if running.contains_key(&key) || fresh.contains_key(&key) {
                 continue;
             }
-            let sock = bind_tcp(key).map_err(|source| ApplyError::Bind {
+            let sock = bind_tcp(key.0).map_err(|source| ApplyError::Bind {
                 index: *i,
                 name: l.name.clone(),
-                addr: key,
+                addr: key.0,
                 source,
             })?;
             fresh.insert(key, sock);
@@ -329,7 +329,7 @@ impl Runtime {
                     // HTTP/3 is not served yet, so it is not advertised.
                     alt_svc: None,
                 });
-                by_key.insert(key, view.clone());
+                by_key.insert(key.clone(), view.clone());
                 listeners.insert(view.name.clone(), view);
             }
             limits.retain(|name, _| listeners.contains_key(name.as_str()));
@@ -360,28 +360,25 @@ impl Runtime {
 
         // Start new listeners, stop removed ones.
         for (key, sock) in fresh {
-            let local = sock.local_addr().unwrap_or(key);
+            let local = sock.local_addr().unwrap_or(key.0);
             let (stop, stop_rx) = watch::channel(false);
             let task = tokio::spawn(crate::server::run_tcp(
                 self.shared.clone(),
                 sock,
-                key,
+                key.clone(),
                 stop_rx,
             ));
             running.insert(key, Running { local, stop, task });
         }
-        let keep: Vec<SocketAddr> = self.shared.snapshot().by_key.keys().copied().collect();
-        let removed: Vec<SocketAddr> = running
-            .keys()
-            .filter(|k| !keep.contains(k))
-            .copied()
-            .collect();
-        for key in removed {
-            if let Some(r) = running.remove(&key) {
+        let snap = self.shared.snapshot();
+        running.retain(|key, r| {
+            let keep = snap.by_key.contains_key(key);
+            if !keep {
                 let _ = r.stop.send(true);
-                tracing::info!(%key, "listener removed; draining");
+                tracing::info!(addr = %r.local, "listener removed; draining");
             }
-        }
+            keep
+        });
         Ok(())
     }
 
@@ -413,9 +410,15 @@ impl Runtime {
     }
 }
 
-fn bind_key(l: &sweety_config::Listener) -> SocketAddr {
+/// Identifies a listening socket across reloads: its configured address and port, plus the
+/// listener name for port 0 (an ephemeral port, used by tests), where the address alone
+/// does not identify the socket.
+pub type BindKey = (SocketAddr, Option<Arc<str>>);
+
+fn bind_key(l: &sweety_config::Listener) -> BindKey {
     let ip: IpAddr = l.address.parse().unwrap_or(IpAddr::from([0, 0, 0, 0]));
-    SocketAddr::new(ip, l.port)
+    let name = (l.port == 0).then(|| Arc::<str>::from(l.name.as_str()));
+    (SocketAddr::new(ip, l.port), name)
 }
 
 fn bind_tcp(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {

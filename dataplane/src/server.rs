@@ -7,7 +7,7 @@
 //! drain timeout.
 
 use crate::ctx::{ConnInfo, Protocol};
-use crate::runtime::{ListenerView, Shared};
+use crate::runtime::{BindKey, ListenerView, Shared};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use hyper_util::server::graceful::{GracefulShutdown, Watcher};
@@ -22,7 +22,7 @@ use tokio::sync::watch;
 pub async fn run_tcp(
     shared: Arc<Shared>,
     listener: TcpListener,
-    key: SocketAddr,
+    key: BindKey,
     mut stop: watch::Receiver<bool>,
 ) {
     let graceful = GracefulShutdown::new();
@@ -72,7 +72,7 @@ pub async fn run_tcp(
         .await
         .is_err()
     {
-        tracing::warn!(%key, "drain timeout: closing remaining connections");
+        tracing::warn!(addr = %key.0, "drain timeout: closing remaining connections");
     }
 }
 

@@ -1,0 +1,255 @@
+//! Test harness shared by the dataplane integration tests: start a [`Runtime`] on ephemeral
+//! 127.0.0.1 ports, and small real clients (HTTP/1.1, h2c, TLS with ALPN and SNI).
+
+#![allow(dead_code)]
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use sweety_config::*;
+use sweety_dataplane::runtime::{Runtime, RuntimeOptions};
+
+/// A started runtime and the addresses of its listeners by name.
+pub struct Harness {
+    pub runtime: Arc<Runtime>,
+}
+
+impl Harness {
+    pub async fn start(cfg: Config) -> Harness {
+        let opts = RuntimeOptions {
+            access_log: AccessLog {
+                enabled: false,
+                ..AccessLog::default()
+            },
+            ..RuntimeOptions::default()
+        };
+        let runtime = Arc::new(Runtime::new(opts).unwrap());
+        runtime.apply(cfg).await.expect("config applies");
+        Harness { runtime }
+    }
+
+    pub async fn addr(&self, listener: &str) -> SocketAddr {
+        *self
+            .runtime
+            .bound()
+            .await
+            .get(listener)
+            .unwrap_or_else(|| panic!("listener {listener} bound"))
+    }
+}
+
+pub fn listener(name: &str, protocol: ListenerProtocol) -> Listener {
+    Listener {
+        name: name.into(),
+        address: "127.0.0.1".into(),
+        port: 0,
+        protocol,
+        tls: None,
+        http3: false,
+        max_requests_in_flight: None,
+        l4_routes: vec![],
+    }
+}
+
+pub fn fixed_route(name: &str, prefix: &str, body: &str) -> Route {
+    Route {
+        name: name.into(),
+        matches: vec![RouteMatch {
+            path: Some(PathMatch::Prefix(prefix.into())),
+            ..Default::default()
+        }],
+        filters: vec![],
+        action: Action::Fixed(FixedResponse {
+            status: 200,
+            body: body.into(),
+            content_type: None,
+        }),
+        timeouts: Timeouts::default(),
+        retry: None,
+    }
+}
+
+pub fn proxy_route(name: &str, prefix: &str, backend: &str) -> Route {
+    Route {
+        name: name.into(),
+        matches: vec![RouteMatch {
+            path: Some(PathMatch::Prefix(prefix.into())),
+            ..Default::default()
+        }],
+        filters: vec![],
+        action: Action::Proxy(ProxyAction {
+            backends: vec![WeightedBackend {
+                backend: backend.into(),
+                weight: 1,
+                filters: vec![],
+            }],
+        }),
+        timeouts: Timeouts::default(),
+        retry: None,
+    }
+}
+
+pub fn vhost(name: &str, hostnames: &[&str], routes: Vec<Route>) -> VirtualHost {
+    VirtualHost {
+        name: name.into(),
+        hostnames: hostnames.iter().map(|s| s.to_string()).collect(),
+        listeners: vec![],
+        routes,
+    }
+}
+
+pub fn backend(name: &str, addr: SocketAddr) -> Backend {
+    Backend {
+        name: name.into(),
+        protocol: BackendProtocol::Http1,
+        tls: None,
+        lb: LbPolicy::RoundRobin,
+        endpoints: vec![Endpoint {
+            address: addr.to_string(),
+            weight: 1,
+        }],
+        connect_timeout: Duration::from_secs(2),
+        outlier: OutlierDetection::default(),
+        max_idle_per_endpoint: 16,
+    }
+}
+
+/// A config with one plain HTTP listener and the given vhosts.
+pub fn http_config(vhosts: Vec<VirtualHost>) -> Config {
+    Config {
+        generation: 1,
+        listeners: vec![listener("web", ListenerProtocol::Http)],
+        virtual_hosts: vhosts,
+        ..Config::default()
+    }
+}
+
+pub type Client = hyper_util::client::legacy::Client<
+    hyper_util::client::legacy::connect::HttpConnector,
+    Full<Bytes>,
+>;
+
+/// An HTTP/1.1 keep-alive client.
+pub fn h1_client() -> Client {
+    hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build(hyper_util::client::legacy::connect::HttpConnector::new())
+}
+
+/// An h2c (prior knowledge) client.
+pub fn h2c_client() -> Client {
+    hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .http2_only(true)
+        .build(hyper_util::client::legacy::connect::HttpConnector::new())
+}
+
+/// GET `url` with an optional Host header; returns status and body.
+pub async fn get(client: &Client, url: &str, host: Option<&str>) -> Result<(u16, String), String> {
+    let mut b = http::Request::get(url);
+    if let Some(h) = host {
+        b = b.header("host", h);
+    }
+    let resp = client
+        .request(b.body(Full::new(Bytes::new())).unwrap())
+        .await
+        .map_err(|e| format!("{e:?}"))?;
+    let status = resp.status().as_u16();
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| e.to_string())?
+        .to_bytes();
+    Ok((status, String::from_utf8_lossy(&body).into_owned()))
+}
+
+/// A self-signed certificate for `name` as a config certificate, plus its PEM.
+pub fn cert_for(name: &str) -> (Certificate, String) {
+    let (c, k) = sweety_dataplane::tls::self_signed(&[name]).unwrap();
+    (
+        Certificate {
+            hostnames: vec![name.into()],
+            cert: PemSource::Pem(c.clone()),
+            key: PemSource::Pem(k),
+        },
+        c,
+    )
+}
+
+/// Opens TLS to `addr` with `sni`, trusting only `ca_pem`, offering `alpn`; sends GET `path`
+/// and returns (negotiated ALPN, status, body).
+pub async fn tls_get(
+    addr: SocketAddr,
+    sni: &str,
+    ca_pem: &str,
+    alpn: &[&[u8]],
+    path: &str,
+) -> Result<(Vec<u8>, u16, String), String> {
+    use rustls_pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    for c in rustls_pki_types::CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let mut cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    cfg.alpn_protocols = alpn.iter().map(|a| a.to_vec()).collect();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(cfg));
+    let tcp = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| e.to_string())?;
+    let name = rustls_pki_types::ServerName::try_from(sni.to_string()).unwrap();
+    let tls = connector
+        .connect(name, tcp)
+        .await
+        .map_err(|e| format!("handshake: {e}"))?;
+    let negotiated = tls.get_ref().1.alpn_protocol().unwrap_or_default().to_vec();
+    let io = TokioIo::new(tls);
+    let (status, body) = if negotiated == b"h2" {
+        let (mut send, conn) =
+            hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), io)
+                .await
+                .map_err(|e| e.to_string())?;
+        tokio::spawn(conn);
+        let req = http::Request::get(format!("https://{sni}{path}"))
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let resp = send.send_request(req).await.map_err(|e| e.to_string())?;
+        (
+            resp.status().as_u16(),
+            resp.into_body()
+                .collect()
+                .await
+                .map_err(|e| e.to_string())?
+                .to_bytes(),
+        )
+    } else {
+        let (mut send, conn) = hyper::client::conn::http1::handshake(io)
+            .await
+            .map_err(|e| e.to_string())?;
+        tokio::spawn(conn);
+        let req = http::Request::get(path)
+            .header("host", sni)
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let resp = send.send_request(req).await.map_err(|e| e.to_string())?;
+        (
+            resp.status().as_u16(),
+            resp.into_body()
+                .collect()
+                .await
+                .map_err(|e| e.to_string())?
+                .to_bytes(),
+        )
+    };
+    Ok((
+        negotiated,
+        status,
+        String::from_utf8_lossy(&body).into_owned(),
+    ))
+}
