@@ -65,7 +65,7 @@ async fn body(resp: Response<Body>) -> Bytes {
     resp.into_body().collect().await.unwrap().to_bytes()
 }
 
-fn hdr<'a>(resp: &'a Response<Body>, name: header::HeaderName) -> Option<&'a str> {
+fn hdr(resp: &Response<Body>, name: header::HeaderName) -> Option<&str> {
     resp.headers().get(name).map(|v| v.to_str().unwrap())
 }
 

@@ -10,7 +10,7 @@
 //! canonicalised and checked to be inside the root when it was inserted; hits therefore skip
 //! `canonicalize`, the most expensive part of a miss.
 //!
-//! Racy-timestamp guard: a file whose mtime is less than [`RACY_WINDOW`] old is served but
+//! Racy-timestamp guard: a file whose mtime is less than `RACY_WINDOW` old is served but
 //! not cached, because a second write within the same coarse timestamp tick could leave
 //! size and mtime unchanged.
 

@@ -11,7 +11,8 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use tokio::task::JoinHandle;
 
-/// Largest frame a [`FileBody`] yields.
+/// Largest body frame the handler yields when streaming a file (large files are read
+/// in chunks of this size; only small files are sent as one frame).
 pub const CHUNK_SIZE: usize = 128 * 1024;
 
 enum State {

@@ -2,20 +2,20 @@
 //! try_files/SPA fallback, traversal protection, bounded streaming and a small hot-file cache.
 //!
 //! Request flow ([`StaticFiles::serve`]):
-//! 1. Method check (GET/HEAD, else 405), prefix stripping and path sanitising ([`path`]).
-//! 2. Resolution: `try_files` candidates, directory redirect, index files ([`resolve`]);
+//! 1. Method check (GET/HEAD, else 405), prefix stripping and path sanitising (`path`).
+//! 2. Resolution: `try_files` candidates, directory redirect, index files (`resolve`);
 //!    this is a handful of synchronous `stat` calls.
-//! 3. Variant choice: a `.br` / `.gz` sibling when the client accepts it ([`encoding`]);
+//! 3. Variant choice: a `.br` / `.gz` sibling when the client accepts it (`encoding`);
 //!    `Vary: Accept-Encoding` whenever a sibling exists.
 //! 4. Cache lookup keyed by the joined path and variant, validated against the `stat` from
-//!    step 2/3 ([`cache`]). A hit does no further system call, no `spawn_blocking`, and builds
+//!    step 2/3 (`cache`). A hit does no further system call, no `spawn_blocking`, and builds
 //!    the response from precomputed header values.
 //! 5. On a miss, one blocking-pool hop canonicalises the path, refuses anything outside the
 //!    canonical root (symlink escapes), opens the file and `fstat`s it; small files are read
-//!    whole (and cached), large ones are streamed in [`CHUNK_SIZE`] frames ([`file_body`]).
+//!    whole (and cached), large ones are streamed in [`CHUNK_SIZE`] frames (`file_body`).
 //! 6. Conditionals (`If-None-Match`, then `If-Modified-Since`) and a single `Range`
-//!    (honouring `If-Range`) are evaluated against the chosen representation ([`conditional`],
-//!    [`range`]).
+//!    (honouring `If-Range`) are evaluated against the chosen representation (`conditional`,
+//!    `range`).
 //!
 //! Simplifications: multi-range requests get the full 200; `If-Match` and
 //! `If-Unmodified-Since` are not evaluated; precompressed variants are never range-served.
@@ -347,11 +347,7 @@ fn representation(stamp: Stamp, encoding: Encoding, type_path: &Path) -> Represe
         .mtime
         .and_then(|m| m.duration_since(UNIX_EPOCH).ok())
         .map_or((0, 0), |d| (d.as_secs(), d.subsec_nanos()));
-    let suffix = match encoding.token() {
-        Some(t) => t,
-        None => "",
-    };
-    let dash = if suffix.is_empty() { "" } else { "-" };
+    let (dash, suffix) = encoding.token().map_or(("", ""), |t| ("-", t));
     let etag = format!("\"{secs:x}.{nanos:x}-{:x}{dash}{suffix}\"", stamp.len);
     let mtime_secs = stamp.mtime.and_then(conditional::http_secs);
     Representation {
