@@ -34,8 +34,14 @@ pub enum ParseError {
 
 impl Config {
     /// Parses a YAML document (JSON is valid YAML, so this also accepts JSON).
+    ///
+    /// Enum values with data are written as single-key maps (`action: {proxy: {...}}`,
+    /// `cert: {file: /etc/tls/a.crt}`), exactly like the JSON form, rather than with YAML tags.
     pub fn from_yaml(text: &str) -> Result<Config, ParseError> {
-        serde_yaml::from_str(text).map_err(ParseError::Yaml)
+        serde_yaml::with::singleton_map_recursive::deserialize(serde_yaml::Deserializer::from_str(
+            text,
+        ))
+        .map_err(ParseError::Yaml)
     }
 
     /// Parses a JSON document.
@@ -43,9 +49,14 @@ impl Config {
         serde_json::from_slice(text).map_err(ParseError::Json)
     }
 
-    /// Serialises to YAML.
+    /// Serialises to YAML, writing enums as single-key maps (the form [`Config::from_yaml`]
+    /// reads and the JSON form uses).
     pub fn to_yaml(&self) -> String {
-        serde_yaml::to_string(self).expect("config always serialises")
+        let mut out = Vec::new();
+        let mut ser = serde_yaml::Serializer::new(&mut out);
+        serde_yaml::with::singleton_map_recursive::serialize(self, &mut ser)
+            .expect("config always serialises");
+        String::from_utf8(out).expect("YAML output is UTF-8")
     }
 
     /// Serialises to compact JSON.
