@@ -451,7 +451,7 @@ impl<'a> Validator<'a> {
             self.err(format!("{path}.timeouts.backend"), "must be greater than 0");
         }
         if let (Some(req), Some(be)) = (t.request, t.backend) {
-            if be > req {
+            if be > req && !req.is_zero() {
                 let msg = format!("backend timeout {be} exceeds the request timeout {req}");
                 self.err(format!("{path}.timeouts.backend"), msg);
             }
@@ -665,9 +665,6 @@ impl<'a> Validator<'a> {
             ("expose_headers", &c.expose_headers),
         ] {
             for (k, v) in entries.iter().enumerate() {
-                if v == "*" && list != "expose_headers" {
-                    continue;
-                }
                 if let Err(msg) = check_token(v, "token") {
                     self.err(format!("{path}.{list}[{k}]"), msg);
                 }
@@ -1092,5 +1089,1327 @@ fn check_pem_file(file: &Path, kind: PemKind) -> Result<(), String> {
             Err(format!("file not found: {}", file.display()))
         }
         Err(e) => Err(format!("cannot read {}: {e}", file.display())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        Admin, BackendTls, Duration, Endpoint, FixedResponse, HeaderValue, Limits, MatchKind,
+        Mirror, ProxyAction, RetryPolicy,
+    };
+    use std::path::PathBuf;
+
+    const CERT: &str =
+        "-----BEGIN CERTIFICATE-----\nMIIBszCCAVmgAwIBAgIU\n-----END CERTIFICATE-----\n";
+    const KEY: &str =
+        "-----BEGIN PRIVATE KEY-----\nMIGHAgEAMBMGByqGSM49\n-----END PRIVATE KEY-----\n";
+
+    /// A config using every feature. `@DIR@` is replaced by a directory holding `other.crt`,
+    /// `other.key`, `ca.crt` and `www/` (see [`TempDir`]).
+    const FULL: &str = r#"
+version: 1
+generation: 7
+listeners:
+  - name: http
+    port: 8080
+    protocol: http
+    max_requests_in_flight: 500
+  - name: https
+    address: "::"
+    port: 8443
+    protocol: https
+    tls:
+      min_version: "1.3"
+      certificates:
+        - hostnames: [example.com, "*.example.com"]
+          cert: {pem: "@CERT@"}
+          key: {pem: "@KEY@"}
+        - hostnames: [other.test]
+          cert: {file: "@DIR@/other.crt"}
+          key: {file: "@DIR@/other.key"}
+  - name: dns
+    address: 127.0.0.1
+    port: 5353
+    protocol: udp
+    l4_routes:
+      - name: dns
+        backends: [{backend: dns}]
+  - name: passthrough
+    port: 9443
+    protocol: tls_passthrough
+    l4_routes:
+      - name: db
+        hostnames: [db.example.com]
+        backends: [{backend: db, weight: 2}]
+virtual_hosts:
+  - name: site
+    hostnames: [example.com, "*.example.com"]
+    listeners: [http, https]
+    routes:
+      - name: health
+        matches:
+          - path: {exact: /healthz}
+            method: GET
+        action: {fixed: {status: 200, body: ok, content_type: text/plain}}
+      - name: api
+        matches:
+          - path: {prefix: /api}
+            headers: [{name: x-tenant, value: "^[a-z]+$", type: regex}]
+            query: [{name: debug, value: "1"}]
+        filters:
+          - request_headers:
+              set: [{name: x-from, value: sweety}]
+              add: [{name: x-trace, value: "1"}]
+              remove: [x-internal]
+          - response_headers: {remove: [server]}
+          - rewrite: {host: api.internal, path: {prefix: /v1}}
+          - mirror: {backend: shadow, percent: 5.5}
+          - cors:
+              allow_origins: ["https://*.example.com", "http://localhost:3000"]
+              allow_methods: [GET, POST]
+              allow_headers: ["*"]
+              expose_headers: [x-request-id]
+              allow_credentials: true
+              max_age: 600
+        action:
+          proxy:
+            backends:
+              - backend: api-v1
+                weight: 90
+              - backend: api-v2
+                weight: 10
+                filters:
+                  - request_headers: {set: [{name: x-canary, value: "true"}]}
+        timeouts: {request: 30s, backend: 10s}
+        retry: {attempts: 2, codes: [502, 503], backoff: 100ms}
+      - name: assets
+        matches: [{path: {regex: "^/assets/.+\\.(js|css)$"}}]
+        action:
+          static:
+            root: "@DIR@/www"
+            index: [index.html]
+            try_files: ["$uri", "$uri/", /index.html]
+            precompressed: false
+            cache_control: "public, max-age=3600"
+            strip_prefix: /assets
+      - name: old
+        matches: [{path: {prefix: /old}}]
+        filters:
+          - redirect: {scheme: https, host: example.com, port: 8443, path: {prefix: /new}, status: 301}
+        action: {fixed: {status: 404}}
+backends:
+  - name: api-v1
+    lb: least_request
+    endpoints: [{address: "10.0.0.1:8080"}, {address: "10.0.0.2:8080", weight: 3}]
+    connect_timeout: 2s
+    outlier: {consecutive_failures: 3, base_ejection_time: 5s, max_ejection_percent: 30}
+    max_idle_per_endpoint: 16
+  - name: api-v2
+    protocol: h2
+    tls:
+      ca: {file: "@DIR@/ca.crt"}
+      sni: api.internal
+      subject_alt_names: [api2.internal, 10.0.0.3]
+      client_cert: {pem: "@CERT@"}
+      client_key: {pem: "@KEY@"}
+    endpoints: [{address: "[fd00::3]:8443"}, {address: "api2.internal:8443"}]
+  - name: shadow
+    protocol: h2c
+    endpoints: [{address: "10.0.0.9:80"}]
+  - name: dns
+    endpoints: [{address: "10.0.0.53:53"}]
+  - name: db
+    endpoints: [{address: "10.0.0.5:5432"}]
+limits:
+  max_connections: 1000
+  queue_timeout: 50ms
+  max_header_bytes: 16384
+admin: {address: 127.0.0.1, port: 9901}
+access_log: {enabled: true, path: /var/log/sweety/access.log, buffer_lines: 1024}
+"#;
+
+    fn full_with_dir(dir: &str) -> Config {
+        let text = FULL
+            .replace("@DIR@", dir)
+            .replace("@CERT@", &CERT.replace('\n', "\\n"))
+            .replace("@KEY@", &KEY.replace('\n', "\\n"));
+        Config::from_yaml(&text).expect("FULL parses")
+    }
+
+    /// The full config with file paths that do not exist (fine for `validate_structure`).
+    fn full() -> Config {
+        full_with_dir("/nonexistent/sweety-config-test")
+    }
+
+    /// A scratch directory with the files FULL refers to, removed on drop.
+    struct TempDir(PathBuf);
+
+    impl TempDir {
+        fn new(tag: &str) -> TempDir {
+            let dir =
+                std::env::temp_dir().join(format!("sweety-config-{tag}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(dir.join("www")).unwrap();
+            std::fs::write(dir.join("other.crt"), CERT).unwrap();
+            std::fs::write(dir.join("other.key"), KEY).unwrap();
+            std::fs::write(dir.join("ca.crt"), CERT).unwrap();
+            TempDir(dir)
+        }
+        fn config(&self) -> Config {
+            full_with_dir(self.0.to_str().unwrap())
+        }
+    }
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn route(c: &mut Config, i: usize) -> &mut Route {
+        &mut c.virtual_hosts[0].routes[i]
+    }
+
+    fn proxy(c: &mut Config) -> &mut ProxyAction {
+        match &mut route(c, 1).action {
+            Action::Proxy(p) => p,
+            other => panic!("route 1 is not a proxy: {other:?}"),
+        }
+    }
+
+    fn static_site(c: &mut Config) -> &mut StaticSite {
+        match &mut route(c, 2).action {
+            Action::Static(s) => s,
+            other => panic!("route 2 is not static: {other:?}"),
+        }
+    }
+
+    fn headers(set: &[(&str, &str)], remove: &[&str]) -> HeaderModifier {
+        HeaderModifier {
+            set: set
+                .iter()
+                .map(|(n, v)| HeaderValue {
+                    name: n.to_string(),
+                    value: v.to_string(),
+                })
+                .collect(),
+            add: Vec::new(),
+            remove: remove.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    /// Applies `edit` to the full config and asserts `validate_structure` reports exactly
+    /// `expected` (path, message fragment) errors, in order.
+    #[track_caller]
+    fn expect(edit: impl FnOnce(&mut Config), expected: &[(&str, &str)]) {
+        let mut c = full();
+        edit(&mut c);
+        let errors = match c.validate_structure() {
+            Ok(()) => panic!("expected errors {expected:?}, config passed"),
+            Err(e) => e.0,
+        };
+        let paths: Vec<&str> = errors.iter().map(|e| e.path.as_str()).collect();
+        let want: Vec<&str> = expected.iter().map(|(p, _)| *p).collect();
+        assert_eq!(paths, want, "errors: {errors:#?}");
+        for (e, (_, msg)) in errors.iter().zip(expected) {
+            assert!(
+                e.message.contains(msg),
+                "message of {} is {:?}, expected it to contain {msg:?}",
+                e.path,
+                e.message
+            );
+        }
+    }
+
+    #[track_caller]
+    fn expect_one(edit: impl FnOnce(&mut Config), path: &str, msg: &str) {
+        expect(edit, &[(path, msg)]);
+    }
+
+    #[track_caller]
+    fn expect_ok(edit: impl FnOnce(&mut Config)) {
+        let mut c = full();
+        edit(&mut c);
+        if let Err(e) = c.validate_structure() {
+            panic!("expected the config to pass, got {e}");
+        }
+    }
+
+    // ------------------------------------------------------------ whole config
+
+    #[test]
+    fn full_config_passes_structure_and_file_checks() {
+        full().validate_structure().unwrap();
+        let dir = TempDir::new("full");
+        dir.config().validate().unwrap();
+        Config::default().validate().unwrap();
+    }
+
+    #[test]
+    fn file_checks_only_run_in_validate() {
+        // The paths in `full()` do not exist: structure passes, full validation does not.
+        let c = full();
+        c.validate_structure().unwrap();
+        let errors = c.validate().unwrap_err().0;
+        let paths: Vec<&str> = errors.iter().map(|e| e.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            [
+                "listeners[1].tls.certificates[1].cert",
+                "listeners[1].tls.certificates[1].key",
+                "virtual_hosts[0].routes[2].action.static.root",
+                "backends[1].tls.ca",
+            ]
+        );
+        assert!(errors[0]
+            .message
+            .starts_with("file not found: /nonexistent/"));
+        assert!(errors[2]
+            .message
+            .starts_with("directory not found: /nonexistent/"));
+        assert_eq!(
+            errors[0].to_string(),
+            "listeners[1].tls.certificates[1].cert: file not found: \
+             /nonexistent/sweety-config-test/other.crt"
+        );
+    }
+
+    #[test]
+    fn reports_every_error_in_document_order() {
+        let mut c = full();
+        c.version = 2;
+        c.listeners[0].port = 0;
+        c.listeners[1].tls = None;
+        route(&mut c, 0).matches[0].path = Some(PathMatch::Regex("(".into()));
+        route(&mut c, 3).filters[0] = Filter::Redirect(Redirect {
+            status: 200,
+            ..Redirect::default()
+        });
+        c.backends[0].connect_timeout = Duration::from_millis(0);
+        c.limits.max_header_bytes = 10;
+        c.admin = Some(Admin {
+            address: "nope".into(),
+            port: 1,
+        });
+        let errors = c.validate_structure().unwrap_err();
+        let paths: Vec<&str> = errors.0.iter().map(|e| e.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            [
+                "version",
+                "listeners[0].port",
+                "listeners[1].tls",
+                "virtual_hosts[0].routes[0].matches[0].path.regex",
+                "virtual_hosts[0].routes[3].filters[0].redirect.status",
+                "backends[0].connect_timeout",
+                "limits.max_header_bytes",
+                "admin.address",
+            ]
+        );
+        let text = errors.to_string();
+        assert!(text.starts_with("8 config error(s):\n"), "{text}");
+        assert!(text.contains("  version: unsupported schema version 2, expected 1\n"));
+    }
+
+    #[test]
+    fn version_must_match() {
+        expect_one(|c| c.version = 0, "version", "unsupported schema version 0");
+    }
+
+    // ------------------------------------------------------------ listeners
+
+    #[test]
+    fn listener_names() {
+        expect_one(
+            |c| c.listeners[2].name.clear(),
+            "listeners[2].name",
+            "must not be empty",
+        );
+        expect_one(
+            |c| c.listeners[3].name = "dns".into(),
+            "listeners[3].name",
+            "duplicate listener name \"dns\" (first used by listeners[2])",
+        );
+    }
+
+    #[test]
+    fn listener_address_and_port() {
+        expect_one(
+            |c| c.listeners[0].address = "localhost".into(),
+            "listeners[0].address",
+            "invalid IP address \"localhost\"",
+        );
+        expect_one(
+            |c| c.listeners[0].port = 0,
+            "listeners[0].port",
+            "must not be 0",
+        );
+    }
+
+    #[test]
+    fn listener_bind_collisions() {
+        // Same port, both on 0.0.0.0, both TCP.
+        expect_one(
+            |c| c.listeners[3].port = 8080,
+            "listeners[3].port",
+            "tcp port 8080 on 0.0.0.0 is already bound by listeners[0] (\"http\")",
+        );
+        // https with http3 takes UDP on its port, and :: covers 127.0.0.1.
+        expect_one(
+            |c| c.listeners[2].port = 8443,
+            "listeners[2].port",
+            "udp port 8443 on 127.0.0.1 is already bound by listeners[1] (\"https\")",
+        );
+        // Without http3 the same UDP port is free.
+        expect_ok(|c| {
+            c.listeners[1].http3 = false;
+            c.listeners[2].port = 8443;
+        });
+        // 0.0.0.0 covers every IPv4 address...
+        expect_one(
+            |c| {
+                let mut l = c.listeners[0].clone();
+                l.name = "local".into();
+                l.address = "127.0.0.1".into();
+                c.listeners.push(l);
+            },
+            "listeners[4].port",
+            "already bound by listeners[0]",
+        );
+        // ...but not IPv6 ones.
+        expect_ok(|c| {
+            let mut l = c.listeners[0].clone();
+            l.name = "local6".into();
+            l.address = "::1".into();
+            c.listeners.push(l);
+        });
+        // :: covers IPv4 addresses too.
+        expect_one(
+            |c| {
+                let mut l = c.listeners[3].clone();
+                l.name = "tcp".into();
+                l.protocol = ListenerProtocol::Tcp;
+                l.address = "10.1.2.3".into();
+                l.port = 8443;
+                l.l4_routes[0].hostnames.clear();
+                c.listeners.push(l);
+            },
+            "listeners[4].port",
+            "tcp port 8443 on 10.1.2.3 is already bound by listeners[1]",
+        );
+        // TCP and UDP on the same port do not collide.
+        expect_ok(|c| c.listeners[2].port = 8080);
+    }
+
+    #[test]
+    fn listener_tls_rules() {
+        expect_one(
+            |c| c.listeners[1].tls = None,
+            "listeners[1].tls",
+            "required for https listeners",
+        );
+        expect_one(
+            |c| c.listeners[1].tls.as_mut().unwrap().certificates.clear(),
+            "listeners[1].tls.certificates",
+            "at least one certificate is required",
+        );
+        expect_one(
+            |c| c.listeners[0].tls = c.listeners[1].tls.clone(),
+            "listeners[0].tls",
+            "only allowed on https and tls_passthrough listeners",
+        );
+        expect_ok(|c| c.listeners[3].tls = c.listeners[1].tls.clone());
+        expect_one(
+            |c| {
+                let tls = c.listeners[1].tls.as_mut().unwrap();
+                tls.certificates[0].hostnames[1] = "Example.COM".into();
+            },
+            "listeners[1].tls.certificates[0].hostnames[1]",
+            "invalid hostname \"Example.COM\": must be lower-case",
+        );
+    }
+
+    #[test]
+    fn listener_pem_content() {
+        fn cert0(c: &mut Config) -> &mut Certificate {
+            &mut c.listeners[1].tls.as_mut().unwrap().certificates[0]
+        }
+        expect_one(
+            |c| cert0(c).cert = PemSource::Pem("not pem".into()),
+            "listeners[1].tls.certificates[0].cert",
+            "no \"-----BEGIN CERTIFICATE-----\" PEM block found",
+        );
+        expect_one(
+            |c| cert0(c).key = PemSource::Pem(CERT.into()),
+            "listeners[1].tls.certificates[0].key",
+            "PRIVATE KEY-----\" PEM block found",
+        );
+        expect_one(
+            |c| {
+                cert0(c).key = PemSource::Pem(
+                    "-----BEGIN ENCRYPTED PRIVATE KEY-----\nAA\n-----END ENCRYPTED PRIVATE KEY-----"
+                        .into(),
+                )
+            },
+            "listeners[1].tls.certificates[0].key",
+            "encrypted private keys are not supported",
+        );
+        expect_one(
+            |c| cert0(c).cert = PemSource::Pem("-----BEGIN CERTIFICATE-----\nMIIB\n".into()),
+            "listeners[1].tls.certificates[0].cert",
+            "PEM block CERTIFICATE has no END line",
+        );
+        expect_one(
+            |c| cert0(c).cert = PemSource::File(PathBuf::new()),
+            "listeners[1].tls.certificates[0].cert",
+            "file path must not be empty",
+        );
+        expect_ok(|c| {
+            cert0(c).key = PemSource::Pem(
+                "-----BEGIN RSA PRIVATE KEY-----\nAA\n-----END RSA PRIVATE KEY-----\n".into(),
+            )
+        });
+        expect_ok(|c| {
+            cert0(c).key = PemSource::Pem(
+                "-----BEGIN EC PRIVATE KEY-----\nAA\n-----END EC PRIVATE KEY-----\n".into(),
+            )
+        });
+    }
+
+    #[test]
+    fn listener_limits_and_l4_routes() {
+        expect_one(
+            |c| c.listeners[0].max_requests_in_flight = Some(0),
+            "listeners[0].max_requests_in_flight",
+            "must be greater than 0",
+        );
+        expect_one(
+            |c| c.listeners[0].l4_routes = c.listeners[2].l4_routes.clone(),
+            "listeners[0].l4_routes",
+            "only allowed on tcp, udp and tls_passthrough listeners",
+        );
+        expect_one(
+            |c| c.listeners[2].l4_routes.clear(),
+            "listeners[2].l4_routes",
+            "at least one route is required on a udp listener",
+        );
+        expect_one(
+            |c| c.listeners[3].l4_routes[0].backends[0].backend = "nope".into(),
+            "listeners[3].l4_routes[0].backends[0].backend",
+            "unknown backend \"nope\"",
+        );
+        expect_one(
+            |c| c.listeners[3].l4_routes[0].backends.clear(),
+            "listeners[3].l4_routes[0].backends",
+            "at least one backend is required",
+        );
+        expect_one(
+            |c| c.listeners[2].l4_routes[0].hostnames = vec!["a.test".into()],
+            "listeners[2].l4_routes[0].hostnames",
+            "only allowed on tls_passthrough listeners",
+        );
+        expect_one(
+            |c| {
+                c.listeners[3].l4_routes[0]
+                    .hostnames
+                    .push("db.example.com".into())
+            },
+            "listeners[3].l4_routes[0].hostnames[1]",
+            "duplicate hostname",
+        );
+        expect_one(
+            |c| c.listeners[3].l4_routes[0].name.clear(),
+            "listeners[3].l4_routes[0].name",
+            "must not be empty",
+        );
+        expect_one(
+            |c| {
+                c.listeners[3].l4_routes[0].backends[0].filters =
+                    vec![Filter::RequestHeaders(HeaderModifier::default())]
+            },
+            "listeners[3].l4_routes[0].backends[0].filters",
+            "not allowed on l4 routes",
+        );
+    }
+
+    // ------------------------------------------------------------ admin
+
+    #[test]
+    fn admin_rules() {
+        expect_one(
+            |c| c.admin.as_mut().unwrap().address = "127.0.0.300".into(),
+            "admin.address",
+            "invalid IP address",
+        );
+        expect_one(
+            |c| c.admin.as_mut().unwrap().port = 8080,
+            "admin.port",
+            "tcp port 8080 on 127.0.0.1 is already bound by listeners[0] (\"http\")",
+        );
+        expect_one(
+            |c| c.admin.as_mut().unwrap().port = 0,
+            "admin.port",
+            "must not be 0",
+        );
+        // The UDP-only listener does not take the TCP port.
+        expect_ok(|c| c.admin.as_mut().unwrap().port = 5353);
+        expect_ok(|c| c.admin = None);
+    }
+
+    // ------------------------------------------------------------ virtual hosts
+
+    #[test]
+    fn virtual_host_names_and_listeners() {
+        expect_one(
+            |c| c.virtual_hosts[0].name.clear(),
+            "virtual_hosts[0].name",
+            "must not be empty",
+        );
+        expect_one(
+            |c| {
+                let mut vh = c.virtual_hosts[0].clone();
+                vh.hostnames = vec!["other.test".into()];
+                c.virtual_hosts.push(vh);
+            },
+            "virtual_hosts[1].name",
+            "duplicate virtual host name \"site\" (first used by virtual_hosts[0])",
+        );
+        expect_one(
+            |c| c.virtual_hosts[0].listeners.push("nope".into()),
+            "virtual_hosts[0].listeners[2]",
+            "unknown listener \"nope\"",
+        );
+        expect_one(
+            |c| c.virtual_hosts[0].listeners[0] = "passthrough".into(),
+            "virtual_hosts[0].listeners[0]",
+            "is a tls_passthrough listener; virtual hosts need http or https",
+        );
+    }
+
+    #[test]
+    fn virtual_host_hostnames() {
+        let cases = [
+            ("Example.com", "must be lower-case"),
+            ("example.com:8080", "must not include a port"),
+            (
+                "foo.*.example.com",
+                "wildcard is only allowed as the whole first label",
+            ),
+            ("*example.com", "wildcard is only allowed"),
+            ("10.0.0.1", "not an IP address"),
+            ("exa_mple.com", "only a-z, 0-9"),
+            ("-a.example.com", "must not start or end with \"-\""),
+            ("example.com.", "empty label"),
+            ("", "must not be empty"),
+        ];
+        for (name, msg) in cases {
+            expect_one(
+                |c| c.virtual_hosts[0].hostnames[1] = name.into(),
+                "virtual_hosts[0].hostnames[1]",
+                msg,
+            );
+        }
+        expect_one(
+            |c| c.virtual_hosts[0].hostnames.push("example.com".into()),
+            "virtual_hosts[0].hostnames[2]",
+            "duplicate hostname \"example.com\" (also at index 0)",
+        );
+        expect_ok(|c| c.virtual_hosts[0].hostnames = vec!["xn--bcher-kva.example".into()]);
+    }
+
+    // ------------------------------------------------------------ routes: matches
+
+    #[test]
+    fn route_matches() {
+        expect_one(
+            |c| route(c, 0).name.clear(),
+            "virtual_hosts[0].routes[0].name",
+            "must not be empty",
+        );
+        expect_one(
+            |c| route(c, 0).matches[0].path = Some(PathMatch::Exact("healthz".into())),
+            "virtual_hosts[0].routes[0].matches[0].path.exact",
+            "must start with \"/\"",
+        );
+        expect_one(
+            |c| route(c, 3).matches[0].path = Some(PathMatch::Prefix("old".into())),
+            "virtual_hosts[0].routes[3].matches[0].path.prefix",
+            "must start with \"/\"",
+        );
+        expect_one(
+            |c| route(c, 2).matches[0].path = Some(PathMatch::Regex("^/assets/(".into())),
+            "virtual_hosts[0].routes[2].matches[0].path.regex",
+            "invalid regex: ",
+        );
+        expect_one(
+            |c| route(c, 1).matches[0].headers[0].name = "x tenant".into(),
+            "virtual_hosts[0].routes[1].matches[0].headers[0].name",
+            "invalid header name \"x tenant\": not an HTTP token",
+        );
+        expect_one(
+            |c| route(c, 1).matches[0].headers[0].value = "[a-".into(),
+            "virtual_hosts[0].routes[1].matches[0].headers[0].value",
+            "invalid regex",
+        );
+        // An exact header value is not a regex.
+        expect_ok(|c| {
+            let h = &mut route(c, 1).matches[0].headers[0];
+            h.kind = MatchKind::Exact;
+            h.value = "[a-".into();
+        });
+        expect_one(
+            |c| {
+                let q = &mut route(c, 1).matches[0].query[0];
+                q.kind = MatchKind::Regex;
+                q.value = "(?P<".into();
+            },
+            "virtual_hosts[0].routes[1].matches[0].query[0].value",
+            "invalid regex",
+        );
+        expect_one(
+            |c| route(c, 1).matches[0].query[0].name.clear(),
+            "virtual_hosts[0].routes[1].matches[0].query[0].name",
+            "must not be empty",
+        );
+        for method in ["get", "GE T", ""] {
+            expect_one(
+                |c| route(c, 0).matches[0].method = Some(method.into()),
+                "virtual_hosts[0].routes[0].matches[0].method",
+                "must be an upper-case HTTP token",
+            );
+        }
+        expect_ok(|c| route(c, 0).matches[0].method = Some("PROPFIND".into()));
+    }
+
+    #[test]
+    fn regex_error_is_one_line() {
+        let c = {
+            let mut c = full();
+            route(&mut c, 2).matches[0].path = Some(PathMatch::Regex("a{2,1}".into()));
+            c
+        };
+        let e = &c.validate_structure().unwrap_err().0[0];
+        assert!(!e.message.contains('\n'), "{:?}", e.message);
+        assert!(e.message.starts_with("invalid regex: "), "{:?}", e.message);
+    }
+
+    // ------------------------------------------------------------ routes: filters
+
+    #[test]
+    fn header_modifier_rules() {
+        let p = "virtual_hosts[0].routes[1].filters[0].request_headers";
+        expect_one(
+            |c| route(c, 1).filters[0] = Filter::RequestHeaders(headers(&[("x:y", "1")], &[])),
+            &format!("{p}.set[0].name"),
+            "not an HTTP token",
+        );
+        expect_one(
+            |c| {
+                route(c, 1).filters[0] =
+                    Filter::RequestHeaders(headers(&[("x-a", "1\r\nx-evil: 1")], &[]))
+            },
+            &format!("{p}.set[0].value"),
+            "must not contain CR, LF or NUL",
+        );
+        expect_one(
+            |c| {
+                route(c, 1).filters[0] =
+                    Filter::RequestHeaders(headers(&[("x-a", "1"), ("X-A", "2")], &[]))
+            },
+            &format!("{p}.set[1].name"),
+            "header \"X-A\" is set more than once",
+        );
+        expect_one(
+            |c| route(c, 1).filters[0] = Filter::RequestHeaders(headers(&[("x-a", "1")], &["X-a"])),
+            &format!("{p}.remove[0]"),
+            "header \"X-a\" is both set and removed",
+        );
+        expect_one(
+            |c| {
+                let mut hm = HeaderModifier::default();
+                hm.add.push(HeaderValue {
+                    name: String::new(),
+                    value: "v".into(),
+                });
+                route(c, 1).filters[1] = Filter::ResponseHeaders(hm);
+            },
+            "virtual_hosts[0].routes[1].filters[1].response_headers.add[0].name",
+            "header name must not be empty",
+        );
+        // Adding a header that is also set is allowed (set wins, add appends).
+        expect_ok(|c| {
+            let mut hm = headers(&[("x-a", "1")], &[]);
+            hm.add = hm.set.clone();
+            route(c, 1).filters[0] = Filter::RequestHeaders(hm);
+        });
+    }
+
+    #[test]
+    fn redirect_rules() {
+        fn redirect(c: &mut Config) -> &mut Redirect {
+            match &mut route(c, 3).filters[0] {
+                Filter::Redirect(r) => r,
+                other => panic!("not a redirect: {other:?}"),
+            }
+        }
+        let p = "virtual_hosts[0].routes[3].filters[0].redirect";
+        expect_one(
+            |c| redirect(c).status = 300,
+            &format!("{p}.status"),
+            "must be 301, 302, 303, 307 or 308, got 300",
+        );
+        expect_one(
+            |c| redirect(c).scheme = Some("ftp".into()),
+            &format!("{p}.scheme"),
+            "must be \"http\" or \"https\"",
+        );
+        expect_one(
+            |c| redirect(c).port = Some(0),
+            &format!("{p}.port"),
+            "must not be 0",
+        );
+        expect_one(
+            |c| redirect(c).host = Some("*.example.com".into()),
+            &format!("{p}.host"),
+            "wildcards are not allowed here",
+        );
+        expect_one(
+            |c| redirect(c).path = Some(PathRewrite::Full("new".into())),
+            &format!("{p}.path.full"),
+            "must start with \"/\"",
+        );
+        expect_one(
+            |c| route(c, 3).matches[0].path = Some(PathMatch::Exact("/old".into())),
+            &format!("{p}.path.prefix"),
+            "requires every match of the route to use a prefix path match, but matches[0]",
+        );
+        // A full path replacement works with any match.
+        expect_ok(|c| {
+            route(c, 3).matches[0].path = Some(PathMatch::Exact("/old".into()));
+            redirect(c).path = Some(PathRewrite::Full("/new".into()));
+        });
+        // A match without a path is prefix "/", and so is a route without matches.
+        expect_ok(|c| route(c, 3).matches[0].path = None);
+        expect_ok(|c| route(c, 3).matches.clear());
+    }
+
+    #[test]
+    fn rewrite_rules() {
+        let p = "virtual_hosts[0].routes[1].filters[2].rewrite";
+        expect_one(
+            |c| {
+                route(c, 1).matches.push(RouteMatch {
+                    path: Some(PathMatch::Regex("^/x".into())),
+                    ..RouteMatch::default()
+                })
+            },
+            &format!("{p}.path.prefix"),
+            "but matches[1] does not",
+        );
+        expect_one(
+            |c| {
+                route(c, 1).filters[2] = Filter::Rewrite(UrlRewrite {
+                    host: Some("API.internal".into()),
+                    path: None,
+                })
+            },
+            &format!("{p}.host"),
+            "must be lower-case",
+        );
+    }
+
+    #[test]
+    fn at_most_one_redirect_or_rewrite() {
+        let redirect = Filter::Redirect(Redirect {
+            status: 302,
+            ..Redirect::default()
+        });
+        let rewrite = Filter::Rewrite(UrlRewrite::default());
+        let r = redirect.clone();
+        expect_one(
+            |c| route(c, 3).filters.push(r),
+            "virtual_hosts[0].routes[3].filters[1]",
+            "at most one redirect filter is allowed per route",
+        );
+        let r = rewrite.clone();
+        expect_one(
+            |c| route(c, 1).filters.push(r),
+            "virtual_hosts[0].routes[1].filters[5]",
+            "at most one rewrite filter is allowed per route",
+        );
+        let r = rewrite.clone();
+        expect_one(
+            |c| route(c, 3).filters.push(r),
+            "virtual_hosts[0].routes[3].filters[1]",
+            "cannot have both a redirect and a rewrite filter",
+        );
+        expect_one(
+            |c| route(c, 1).filters.push(redirect),
+            "virtual_hosts[0].routes[1].filters[5]",
+            "cannot have both a redirect and a rewrite filter",
+        );
+    }
+
+    #[test]
+    fn mirror_rules() {
+        let p = "virtual_hosts[0].routes[1].filters[3].mirror";
+        let mirror = |backend: &str, percent: f64| {
+            Filter::Mirror(Mirror {
+                backend: backend.into(),
+                percent,
+            })
+        };
+        let m = mirror("nope", 10.0);
+        expect_one(
+            |c| route(c, 1).filters[3] = m,
+            &format!("{p}.backend"),
+            "unknown backend \"nope\"",
+        );
+        for percent in [-1.0, 100.5, f64::NAN] {
+            let m = mirror("shadow", percent);
+            expect_one(
+                |c| route(c, 1).filters[3] = m,
+                &format!("{p}.percent"),
+                "must be between 0 and 100",
+            );
+        }
+        for percent in [0.0, 100.0] {
+            let m = mirror("shadow", percent);
+            expect_ok(|c| route(c, 1).filters[3] = m);
+        }
+    }
+
+    #[test]
+    fn cors_rules() {
+        fn cors(c: &mut Config) -> &mut Cors {
+            match &mut route(c, 1).filters[4] {
+                Filter::Cors(cors) => cors,
+                other => panic!("not cors: {other:?}"),
+            }
+        }
+        let p = "virtual_hosts[0].routes[1].filters[4].cors";
+        let bad = [
+            ("example.com", "expected \"*\" or \"scheme://host[:port]\""),
+            (
+                "https://*.*.example.com",
+                "at most one \"*\" is allowed in the host",
+            ),
+            ("https://example.com/path", "the host may only contain"),
+            ("https://example.com:0", "invalid port"),
+            ("https://", "missing host"),
+            ("HTTPS://example.com", "invalid scheme"),
+        ];
+        for (origin, msg) in bad {
+            expect_one(
+                |c| cors(c).allow_origins[1] = origin.into(),
+                &format!("{p}.allow_origins[1]"),
+                msg,
+            );
+        }
+        for origin in ["https://example.com:8443", "http://[::1]:3000", "app://*"] {
+            expect_ok(|c| cors(c).allow_origins[1] = origin.into());
+        }
+        expect_one(
+            |c| cors(c).allow_origins[1] = "*".into(),
+            &format!("{p}.allow_credentials"),
+            "cannot be combined with the \"*\" origin",
+        );
+        expect_ok(|c| {
+            cors(c).allow_origins[1] = "*".into();
+            cors(c).allow_credentials = false;
+        });
+        expect_one(
+            |c| cors(c).allow_methods.push("GET POST".into()),
+            &format!("{p}.allow_methods[2]"),
+            "not an HTTP token",
+        );
+        expect_ok(|c| cors(c).expose_headers.push("*".into()));
+        expect_one(
+            |c| cors(c).expose_headers.push("x header".into()),
+            &format!("{p}.expose_headers[1]"),
+            "not an HTTP token",
+        );
+    }
+
+    // ------------------------------------------------------------ routes: actions
+
+    #[test]
+    fn proxy_action_rules() {
+        let p = "virtual_hosts[0].routes[1].action.proxy.backends";
+        expect_one(
+            |c| proxy(c).backends.clear(),
+            p,
+            "at least one backend is required",
+        );
+        expect_one(
+            |c| proxy(c).backends[1].backend = "api-v3".into(),
+            &format!("{p}[1].backend"),
+            "unknown backend \"api-v3\"",
+        );
+        expect_one(
+            |c| proxy(c).backends[0].weight = 1_000_001,
+            &format!("{p}[0].weight"),
+            "must be at most 1000000",
+        );
+        // Weight 0 disables a backend; allowed.
+        expect_ok(|c| proxy(c).backends[0].weight = 0);
+        expect_one(
+            |c| {
+                proxy(c).backends[1]
+                    .filters
+                    .push(Filter::Redirect(Redirect {
+                        status: 301,
+                        ..Redirect::default()
+                    }))
+            },
+            &format!("{p}[1].filters[1]"),
+            "only request_headers and response_headers filters are allowed per backend",
+        );
+        expect_one(
+            |c| {
+                proxy(c).backends[1].filters[0] =
+                    Filter::ResponseHeaders(headers(&[("bad name", "x")], &[]))
+            },
+            &format!("{p}[1].filters[0].response_headers.set[0].name"),
+            "not an HTTP token",
+        );
+    }
+
+    #[test]
+    fn fixed_action_rules() {
+        for status in [99, 600] {
+            expect_one(
+                |c| {
+                    route(c, 0).action = Action::Fixed(FixedResponse {
+                        status,
+                        body: String::new(),
+                        content_type: None,
+                    })
+                },
+                "virtual_hosts[0].routes[0].action.fixed.status",
+                "must be in 100..=599",
+            );
+        }
+    }
+
+    #[test]
+    fn static_action_rules() {
+        let p = "virtual_hosts[0].routes[2].action.static";
+        expect_one(
+            |c| static_site(c).root = PathBuf::new(),
+            &format!("{p}.root"),
+            "must not be empty",
+        );
+        expect_one(
+            |c| static_site(c).index.push("docs/index.html".into()),
+            &format!("{p}.index[1]"),
+            "a plain file name, no \"/\"",
+        );
+        expect_one(
+            |c| static_site(c).try_files.push("index.html".into()),
+            &format!("{p}.try_files[3]"),
+            "must start with \"/\" or \"$uri\"",
+        );
+        expect_one(
+            |c| static_site(c).strip_prefix = Some("assets".into()),
+            &format!("{p}.strip_prefix"),
+            "must start with \"/\"",
+        );
+        expect_one(
+            |c| static_site(c).cache_control = Some("public\r\nx: y".into()),
+            &format!("{p}.cache_control"),
+            "control characters",
+        );
+    }
+
+    // ------------------------------------------------------------ routes: timeouts, retry
+
+    #[test]
+    fn timeout_and_retry_rules() {
+        let p = "virtual_hosts[0].routes[1]";
+        expect_one(
+            |c| route(c, 1).timeouts.request = Some(Duration::from_millis(0)),
+            &format!("{p}.timeouts.request"),
+            "must be greater than 0",
+        );
+        expect_one(
+            |c| route(c, 1).timeouts.backend = Some(Duration::from_millis(0)),
+            &format!("{p}.timeouts.backend"),
+            "must be greater than 0",
+        );
+        expect_one(
+            |c| route(c, 1).timeouts.backend = Some(Duration::from_secs(60)),
+            &format!("{p}.timeouts.backend"),
+            "backend timeout 1m exceeds the request timeout 30s",
+        );
+        expect_ok(|c| route(c, 1).timeouts.request = None);
+        expect_one(
+            |c| route(c, 1).retry.as_mut().unwrap().attempts = 11,
+            &format!("{p}.retry.attempts"),
+            "must be at most 10, got 11",
+        );
+        expect_one(
+            |c| {
+                route(c, 1).retry = Some(RetryPolicy {
+                    attempts: 1,
+                    codes: vec![503, 200],
+                    backoff: None,
+                })
+            },
+            &format!("{p}.retry.codes[1]"),
+            "must be in 400..=599, got 200",
+        );
+    }
+
+    // ------------------------------------------------------------ backends
+
+    #[test]
+    fn backend_names() {
+        expect(
+            |c| c.backends[4].name.clear(),
+            &[
+                (
+                    "listeners[3].l4_routes[0].backends[0].backend",
+                    "unknown backend \"db\"",
+                ),
+                ("backends[4].name", "must not be empty"),
+            ],
+        );
+        expect_one(
+            |c| {
+                let b = c.backends[0].clone();
+                c.backends.push(b);
+            },
+            "backends[5].name",
+            "duplicate backend name \"api-v1\" (first used by backends[0])",
+        );
+    }
+
+    #[test]
+    fn backend_endpoints() {
+        let bad = [
+            ("10.0.0.1", "expected \"host:port\""),
+            ("::1:80", "IPv6 addresses must be in brackets"),
+            ("[::1]:0", "port must not be 0"),
+            ("[::1]", "expected \"[ipv6]:port\""),
+            ("[fd00::zz]:80", "invalid IPv6 address"),
+            ("10.0.0.1:http", "invalid port"),
+            ("10.0.0.1:65536", "invalid port"),
+            ("bad_host:80", "neither an IP address nor a valid DNS name"),
+        ];
+        for (address, msg) in bad {
+            expect_one(
+                |c| c.backends[0].endpoints[0].address = address.into(),
+                "backends[0].endpoints[0].address",
+                msg,
+            );
+        }
+        for address in ["[::1]:80", "svc.ns.svc.cluster.local:8080", "127.0.0.1:1"] {
+            expect_ok(|c| c.backends[0].endpoints[0].address = address.into());
+        }
+        for weight in [0, 1_000_001] {
+            expect_one(
+                |c| {
+                    c.backends[0].endpoints[1] = Endpoint {
+                        address: "10.0.0.2:8080".into(),
+                        weight,
+                    }
+                },
+                "backends[0].endpoints[1].weight",
+                "must be in 1..=1000000",
+            );
+        }
+    }
+
+    #[test]
+    fn backend_tls_rules() {
+        expect_one(
+            |c| c.backends[0].tls = Some(BackendTls::default()),
+            "backends[0].tls",
+            "only allowed with the https or h2 protocol",
+        );
+        expect_ok(|c| {
+            c.backends[0].protocol = BackendProtocol::Https;
+            c.backends[0].tls = Some(BackendTls::default());
+        });
+        expect_one(
+            |c| c.backends[1].tls.as_mut().unwrap().client_key = None,
+            "backends[1].tls.client_key",
+            "required when client_cert is set",
+        );
+        expect_one(
+            |c| c.backends[1].tls.as_mut().unwrap().client_cert = None,
+            "backends[1].tls.client_cert",
+            "required when client_key is set",
+        );
+        expect_one(
+            |c| c.backends[1].tls.as_mut().unwrap().client_key = Some(PemSource::Pem(CERT.into())),
+            "backends[1].tls.client_key",
+            "PRIVATE KEY-----\" PEM block found",
+        );
+        expect_one(
+            |c| c.backends[1].tls.as_mut().unwrap().ca = Some(PemSource::Pem(KEY.into())),
+            "backends[1].tls.ca",
+            "no \"-----BEGIN CERTIFICATE-----\"",
+        );
+        expect_one(
+            |c| c.backends[1].tls.as_mut().unwrap().sni = Some("api internal".into()),
+            "backends[1].tls.sni",
+            "invalid hostname",
+        );
+        expect_one(
+            |c| c.backends[1].tls.as_mut().unwrap().subject_alt_names[0] = "A.b".into(),
+            "backends[1].tls.subject_alt_names[0]",
+            "must be lower-case",
+        );
+    }
+
+    #[test]
+    fn backend_timeouts_and_outlier() {
+        expect_one(
+            |c| c.backends[0].connect_timeout = Duration::from_millis(0),
+            "backends[0].connect_timeout",
+            "must be greater than 0",
+        );
+        expect_one(
+            |c| c.backends[0].outlier.max_ejection_percent = 101,
+            "backends[0].outlier.max_ejection_percent",
+            "must be at most 100, got 101",
+        );
+        expect_one(
+            |c| c.backends[0].outlier.base_ejection_time = Duration::from_millis(0),
+            "backends[0].outlier.base_ejection_time",
+            "must be greater than 0 when outlier detection is on",
+        );
+        expect_ok(|c| {
+            c.backends[0].outlier.consecutive_failures = 0;
+            c.backends[0].outlier.base_ejection_time = Duration::from_millis(0);
+        });
+    }
+
+    // ------------------------------------------------------------ limits, access log
+
+    #[test]
+    fn limits_counts_and_timeouts_must_be_positive() {
+        type Edit = fn(&mut Limits);
+        let cases: [(&str, Edit); 11] = [
+            ("max_connections", |l| l.max_connections = 0),
+            ("max_requests_in_flight", |l| l.max_requests_in_flight = 0),
+            ("queue_timeout", |l| {
+                l.queue_timeout = Duration::from_millis(0)
+            }),
+            ("retry_after_seconds", |l| l.retry_after_seconds = 0),
+            ("max_concurrent_streams", |l| l.max_concurrent_streams = 0),
+            ("max_pending_reset_streams", |l| {
+                l.max_pending_reset_streams = 0
+            }),
+            ("header_read_timeout", |l| {
+                l.header_read_timeout = Duration::from_millis(0)
+            }),
+            ("body_idle_timeout", |l| {
+                l.body_idle_timeout = Duration::from_millis(0)
+            }),
+            ("idle_timeout", |l| {
+                l.idle_timeout = Duration::from_millis(0)
+            }),
+            ("max_request_body_bytes", |l| l.max_request_body_bytes = 0),
+            ("drain_timeout", |l| {
+                l.drain_timeout = Duration::from_millis(0)
+            }),
+        ];
+        for (field, edit) in cases {
+            expect_one(
+                |c| edit(&mut c.limits),
+                &format!("limits.{field}"),
+                "must be greater than 0",
+            );
+        }
+        expect_one(
+            |c| c.limits.max_header_bytes = 1023,
+            "limits.max_header_bytes",
+            "must be at least 1024, got 1023",
+        );
+        expect_ok(|c| c.limits.max_header_bytes = 1024);
+    }
+
+    #[test]
+    fn access_log_rules() {
+        expect_one(
+            |c| c.access_log.buffer_lines = 0,
+            "access_log.buffer_lines",
+            "must be greater than 0",
+        );
+        expect_one(
+            |c| c.access_log.path = Some(PathBuf::new()),
+            "access_log.path",
+            "must not be empty when set",
+        );
+    }
+
+    // ------------------------------------------------------------ filesystem
+
+    #[test]
+    fn file_checks() {
+        let dir = TempDir::new("files");
+        let cert_path = "listeners[1].tls.certificates[1].cert";
+        let root_path = "virtual_hosts[0].routes[2].action.static.root";
+
+        // A PEM file without the expected block.
+        std::fs::write(dir.0.join("other.crt"), "hello").unwrap();
+        let errors = dir.config().validate().unwrap_err().0;
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert_eq!(errors[0].path, cert_path);
+        assert!(errors[0]
+            .message
+            .ends_with("other.crt: no \"-----BEGIN CERTIFICATE-----\" PEM block found"));
+
+        // Missing file.
+        std::fs::remove_file(dir.0.join("other.crt")).unwrap();
+        let errors = dir.config().validate().unwrap_err().0;
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert_eq!(errors[0].path, cert_path);
+        assert!(errors[0].message.starts_with("file not found: "));
+        std::fs::write(dir.0.join("other.crt"), CERT).unwrap();
+
+        // Static root that is a file, then missing.
+        std::fs::remove_dir(dir.0.join("www")).unwrap();
+        std::fs::write(dir.0.join("www"), "x").unwrap();
+        let errors = dir.config().validate().unwrap_err().0;
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert_eq!(errors[0].path, root_path);
+        assert!(errors[0].message.ends_with("www is not a directory"));
+        std::fs::remove_file(dir.0.join("www")).unwrap();
+        let errors = dir.config().validate().unwrap_err().0;
+        assert_eq!(errors[0].path, root_path);
+        assert!(errors[0].message.starts_with("directory not found: "));
+
+        // A cert path that is a directory cannot be read.
+        let mut c = dir.config();
+        c.listeners[1].tls.as_mut().unwrap().certificates[1].cert = PemSource::File(dir.0.clone());
+        std::fs::create_dir(dir.0.join("www")).unwrap();
+        let errors = c.validate().unwrap_err().0;
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert_eq!(errors[0].path, cert_path);
+        assert!(
+            errors[0].message.starts_with("cannot read "),
+            "{}",
+            errors[0].message
+        );
+    }
+
+    // ------------------------------------------------------------ helpers
+
+    #[test]
+    fn overlap_rules() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        assert!(overlaps(ip("0.0.0.0"), ip("10.0.0.1")));
+        assert!(overlaps(ip("10.0.0.1"), ip("0.0.0.0")));
+        assert!(overlaps(ip("::"), ip("10.0.0.1")));
+        assert!(overlaps(ip("::1"), ip("::")));
+        assert!(overlaps(ip("::"), ip("0.0.0.0")));
+        assert!(!overlaps(ip("0.0.0.0"), ip("::1")));
+        assert!(!overlaps(ip("10.0.0.1"), ip("10.0.0.2")));
     }
 }
