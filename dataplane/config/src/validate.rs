@@ -1093,7 +1093,7 @@ fn check_pem_file(file: &Path, kind: PemKind) -> Result<(), String> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::{
         Admin, BackendTls, Duration, Endpoint, FixedResponse, HeaderValue, Limits, MatchKind,
@@ -1239,7 +1239,8 @@ access_log: {enabled: true, path: /var/log/sweety/access.log, buffer_lines: 1024
     }
 
     /// The full config with file paths that do not exist (fine for `validate_structure`).
-    fn full() -> Config {
+    /// Also used by the parse/serialise tests in `lib.rs`.
+    pub(crate) fn full() -> Config {
         full_with_dir("/nonexistent/sweety-config-test")
     }
 
