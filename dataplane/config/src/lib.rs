@@ -7,7 +7,9 @@
 //!
 //! * [`Config`] and its parts describe listeners, TLS, virtual hosts, routes, backends and limits.
 //! * [`Config::from_yaml`] / [`Config::from_json`] parse, [`Config::validate`] reports *every*
-//!   error with its path (`listeners[1].tls.certificates[0].cert: file not found`).
+//!   error with its path (`listeners[1].tls.certificates[0].cert: file not found`), and
+//!   [`Config::validate_structure`] does the same without touching the filesystem.
+//! * `docs/config.md` is the field-by-field reference.
 //! * [`Duration`] is a human-friendly duration (`"250ms"`, `"5s"`, `"2m"`).
 
 mod duration;

@@ -831,51 +831,33 @@ impl<'a> Validator<'a> {
 
     fn limits(&mut self, cfg: &Config) {
         let l = &cfg.limits;
-        let counts: [(&str, u64); 6] = [
-            ("max_connections", l.max_connections.into()),
-            ("max_requests_in_flight", l.max_requests_in_flight.into()),
-            ("retry_after_seconds", l.retry_after_seconds.into()),
-            ("max_concurrent_streams", l.max_concurrent_streams.into()),
+        // (field, is zero), in the field order of `Limits`; max_header_bytes has its own floor.
+        let fields: [(&str, bool); 11] = [
+            ("max_connections", l.max_connections == 0),
+            ("max_requests_in_flight", l.max_requests_in_flight == 0),
+            ("queue_timeout", l.queue_timeout.is_zero()),
+            ("retry_after_seconds", l.retry_after_seconds == 0),
+            ("max_concurrent_streams", l.max_concurrent_streams == 0),
             (
                 "max_pending_reset_streams",
-                l.max_pending_reset_streams.into(),
+                l.max_pending_reset_streams == 0,
             ),
-            ("max_request_body_bytes", l.max_request_body_bytes),
+            ("header_read_timeout", l.header_read_timeout.is_zero()),
+            ("body_idle_timeout", l.body_idle_timeout.is_zero()),
+            ("idle_timeout", l.idle_timeout.is_zero()),
+            ("max_request_body_bytes", l.max_request_body_bytes == 0),
+            ("drain_timeout", l.drain_timeout.is_zero()),
         ];
-        let timeouts = [
-            ("queue_timeout", l.queue_timeout),
-            ("header_read_timeout", l.header_read_timeout),
-            ("body_idle_timeout", l.body_idle_timeout),
-            ("idle_timeout", l.idle_timeout),
-            ("drain_timeout", l.drain_timeout),
-        ];
-        // Report in the field order of `Limits`.
-        let order = [
-            "max_connections",
-            "max_requests_in_flight",
-            "queue_timeout",
-            "retry_after_seconds",
-            "max_concurrent_streams",
-            "max_pending_reset_streams",
-            "header_read_timeout",
-            "body_idle_timeout",
-            "idle_timeout",
-            "max_header_bytes",
-            "max_request_body_bytes",
-            "drain_timeout",
-        ];
-        for field in order {
-            let zero = counts.iter().any(|(n, v)| *n == field && *v == 0)
-                || timeouts.iter().any(|(n, d)| *n == field && d.is_zero());
-            if zero {
-                self.err(format!("limits.{field}"), "must be greater than 0");
-            }
-            if field == "max_header_bytes" && l.max_header_bytes < MIN_HEADER_BYTES {
+        for (field, zero) in fields {
+            if field == "max_request_body_bytes" && l.max_header_bytes < MIN_HEADER_BYTES {
                 let msg = format!(
                     "must be at least {MIN_HEADER_BYTES}, got {}",
                     l.max_header_bytes
                 );
                 self.err("limits.max_header_bytes", msg);
+            }
+            if zero {
+                self.err(format!("limits.{field}"), "must be greater than 0");
             }
         }
     }
