@@ -7,7 +7,9 @@
 //!
 //! * [`Config`] and its parts describe listeners, TLS, virtual hosts, routes, backends and limits.
 //! * [`Config::from_yaml`] / [`Config::from_json`] parse, [`Config::validate`] reports *every*
-//!   error with its path (`listeners[1].tls.certificates[0].cert: file not found`).
+//!   error with its path (`listeners[1].tls.certificates[0].cert: file not found`), and
+//!   [`Config::validate_structure`] does the same without touching the filesystem.
+//! * `docs/config.md` is the field-by-field reference.
 //! * [`Duration`] is a human-friendly duration (`"250ms"`, `"5s"`, `"2m"`).
 
 mod duration;
@@ -34,8 +36,14 @@ pub enum ParseError {
 
 impl Config {
     /// Parses a YAML document (JSON is valid YAML, so this also accepts JSON).
+    ///
+    /// Enum values with data are written as single-key maps (`action: {proxy: {...}}`,
+    /// `cert: {file: /etc/tls/a.crt}`), exactly like the JSON form, rather than with YAML tags.
     pub fn from_yaml(text: &str) -> Result<Config, ParseError> {
-        serde_yaml::from_str(text).map_err(ParseError::Yaml)
+        serde_yaml::with::singleton_map_recursive::deserialize(serde_yaml::Deserializer::from_str(
+            text,
+        ))
+        .map_err(ParseError::Yaml)
     }
 
     /// Parses a JSON document.
@@ -43,9 +51,14 @@ impl Config {
         serde_json::from_slice(text).map_err(ParseError::Json)
     }
 
-    /// Serialises to YAML.
+    /// Serialises to YAML, writing enums as single-key maps (the form [`Config::from_yaml`]
+    /// reads and the JSON form uses).
     pub fn to_yaml(&self) -> String {
-        serde_yaml::to_string(self).expect("config always serialises")
+        let mut out = Vec::new();
+        let mut ser = serde_yaml::Serializer::new(&mut out);
+        serde_yaml::with::singleton_map_recursive::serialize(self, &mut ser)
+            .expect("config always serialises");
+        String::from_utf8(out).expect("YAML output is UTF-8")
     }
 
     /// Serialises to compact JSON.
@@ -63,5 +76,108 @@ impl Config {
         copy.generation = 0;
         let digest = sha2::Sha256::digest(copy.to_json());
         digest.iter().map(|b| format!("{b:02x}")).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::validate::tests::full;
+
+    #[test]
+    fn yaml_round_trip_of_full_config() {
+        let config = full();
+        let yaml = config.to_yaml();
+        let again = Config::from_yaml(&yaml).unwrap();
+        assert_eq!(again, config);
+        assert_eq!(again.to_yaml(), yaml, "serialising is stable");
+        // Enums are written as single-key maps, not YAML tags.
+        assert!(!yaml.contains('!'), "{yaml}");
+        assert!(yaml.contains("proxy:\n"), "{yaml}");
+    }
+
+    #[test]
+    fn json_round_trip_of_full_config() {
+        let config = full();
+        let json = config.to_json();
+        assert_eq!(Config::from_json(&json).unwrap(), config);
+        // JSON is YAML: the YAML reader takes the JSON form as well.
+        let text = String::from_utf8(json).unwrap();
+        assert_eq!(Config::from_yaml(&text).unwrap(), config);
+    }
+
+    #[test]
+    fn minimal_config_gets_defaults() {
+        let c = Config::from_yaml("listeners: [{name: web, port: 80, protocol: http}]").unwrap();
+        assert_eq!(c.version, SCHEMA_VERSION);
+        assert_eq!(c.listeners[0].address, "0.0.0.0");
+        assert!(c.listeners[0].http3);
+        assert_eq!(c.limits, Limits::default());
+        assert_eq!(c.access_log, AccessLog::default());
+        assert_eq!(c.admin, None);
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn unknown_fields_are_rejected_with_their_location() {
+        let yaml = "listeners:\n  - name: web\n    port: 80\n    protocol: http\n    prot: x\n";
+        let err = Config::from_yaml(yaml).unwrap_err().to_string();
+        assert!(err.starts_with("invalid YAML config: "), "{err}");
+        assert!(err.contains("unknown field `prot`"), "{err}");
+        assert!(err.contains("listeners[0]"), "{err}");
+        assert!(err.contains("line 5"), "{err}");
+
+        let json = br#"{"listeners": [], "backend": []}"#;
+        let err = Config::from_json(json).unwrap_err().to_string();
+        assert!(err.starts_with("invalid JSON config: "), "{err}");
+        assert!(err.contains("unknown field `backend`"), "{err}");
+
+        let nested = "virtual_hosts:\n  - name: a\n    routes:\n      - name: r\n        \
+                      action: {fixed: {status: 200, bdy: x}}\n";
+        let err = Config::from_yaml(nested).unwrap_err().to_string();
+        assert!(err.contains("unknown field `bdy`"), "{err}");
+    }
+
+    #[test]
+    fn tls_min_version_accepts_quoted_and_unquoted() {
+        for (text, want) in [
+            ("\"1.3\"", TlsVersion::Tls13),
+            ("1.3", TlsVersion::Tls13),
+            ("1.2", TlsVersion::Tls12),
+        ] {
+            let yaml = format!(
+                "listeners:\n  - name: a\n    port: 443\n    protocol: https\n    tls:\n      \
+                 min_version: {text}\n      certificates: []\n"
+            );
+            let c = Config::from_yaml(&yaml).unwrap();
+            assert_eq!(
+                c.listeners[0].tls.as_ref().unwrap().min_version,
+                want,
+                "{text}"
+            );
+        }
+        let bad = "listeners: [{name: a, port: 443, protocol: https, tls: {min_version: 1.1, certificates: []}}]";
+        let err = Config::from_yaml(bad).unwrap_err().to_string();
+        assert!(err.contains("TLS version"), "{err}");
+    }
+
+    #[test]
+    fn content_hash_ignores_generation_only() {
+        let a = full();
+        let hash = a.content_hash();
+        assert_eq!(hash.len(), 64);
+        assert!(hash.bytes().all(|b| b.is_ascii_hexdigit()));
+
+        let mut b = a.clone();
+        b.generation += 100;
+        assert_eq!(b.content_hash(), hash);
+
+        let mut c = a.clone();
+        c.listeners[0].port += 1;
+        assert_ne!(c.content_hash(), hash);
+
+        let mut d = a.clone();
+        d.limits.max_connections -= 1;
+        assert_ne!(d.content_hash(), hash);
     }
 }

@@ -143,8 +143,8 @@ pub struct ListenerTls {
     pub min_version: TlsVersion,
 }
 
-/// TLS protocol version.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+/// TLS protocol version, written `"1.2"` or `"1.3"` (an unquoted YAML `1.3` is accepted too).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
 pub enum TlsVersion {
     /// TLS 1.2 (and 1.3).
     #[default]
@@ -153,6 +153,36 @@ pub enum TlsVersion {
     /// TLS 1.3 only.
     #[serde(rename = "1.3")]
     Tls13,
+}
+
+impl<'de> Deserialize<'de> for TlsVersion {
+    // Hand-written so that `min_version: 1.3` (a YAML float) works as well as `"1.3"`.
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = TlsVersion;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("TLS version \"1.2\" or \"1.3\"")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<TlsVersion, E> {
+                match v {
+                    "1.2" => Ok(TlsVersion::Tls12),
+                    "1.3" => Ok(TlsVersion::Tls13),
+                    _ => Err(E::invalid_value(serde::de::Unexpected::Str(v), &self)),
+                }
+            }
+            fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<TlsVersion, E> {
+                if v == 1.2 {
+                    Ok(TlsVersion::Tls12)
+                } else if v == 1.3 {
+                    Ok(TlsVersion::Tls13)
+                } else {
+                    Err(E::invalid_value(serde::de::Unexpected::Float(v), &self))
+                }
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 /// A certificate chain and key, selected by SNI.

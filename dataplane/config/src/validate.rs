@@ -1,8 +1,22 @@
 //! Validation of a whole [`Config`]: every problem is reported, each with the path of the
 //! offending field (`virtual_hosts[0].routes[2].matches[0].path.regex: …`).
+//!
+//! [`Config::validate_structure`] checks everything that can be checked from the document
+//! alone; the controller runs it, since cert files and static roots live only on the
+//! dataplane. [`Config::validate`] adds the filesystem checks (PEM files readable and holding
+//! the expected block, static roots being directories). Errors come in document order: the
+//! walk follows the field order of the types, and a cross-reference or duplicate is reported
+//! at the later of the two places.
 
-use crate::Config;
+use crate::{
+    Action, Backend, BackendProtocol, Certificate, Config, Cors, Filter, HeaderModifier, Listener,
+    ListenerProtocol, PathMatch, PathRewrite, PemSource, Redirect, Route, RouteMatch, StaticSite,
+    UrlRewrite, VirtualHost, WeightedBackend,
+};
+use std::collections::{HashMap, HashSet};
 use std::fmt;
+use std::net::IpAddr;
+use std::path::Path;
 
 /// One validation problem and where it is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,23 +48,2351 @@ impl fmt::Display for ValidationErrors {
 }
 
 impl Config {
-    /// Checks the whole config and returns every error found.
+    /// Checks the whole config, including the filesystem (PEM files exist, are readable and
+    /// hold PEM data; static roots are directories), and returns every error found.
     pub fn validate(&self) -> Result<(), ValidationErrors> {
-        let mut errors = Vec::new();
-        if self.version != crate::SCHEMA_VERSION {
-            errors.push(ValidationError {
-                path: "version".into(),
-                message: format!(
-                    "unsupported schema version {}, expected {}",
-                    self.version,
-                    crate::SCHEMA_VERSION
-                ),
-            });
+        Validator::run(self, true)
+    }
+
+    /// Checks everything [`Config::validate`] does except the filesystem, for processes (the
+    /// controller) where cert files and static roots do not exist.
+    pub fn validate_structure(&self) -> Result<(), ValidationErrors> {
+        Validator::run(self, false)
+    }
+}
+
+/// Largest weight of a backend reference or endpoint (the Gateway API bound).
+const MAX_WEIGHT: u32 = 1_000_000;
+/// Most retry attempts after the first.
+const MAX_RETRY_ATTEMPTS: u32 = 10;
+/// Smallest allowed `limits.max_header_bytes`.
+const MIN_HEADER_BYTES: u32 = 1024;
+
+/// The kind of PEM block a [`PemSource`] must contain.
+#[derive(Clone, Copy)]
+enum PemKind {
+    Certificate,
+    PrivateKey,
+}
+
+/// Socket transport, for bind-collision checks.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Transport {
+    Tcp,
+    Udp,
+}
+
+impl fmt::Display for Transport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Transport::Tcp => "tcp",
+            Transport::Udp => "udp",
+        })
+    }
+}
+
+/// A socket already claimed by an earlier listener.
+struct Bound {
+    ip: IpAddr,
+    port: u16,
+    transport: Transport,
+    listener: usize,
+}
+
+/// Walks the config in document order, collecting errors.
+struct Validator<'a> {
+    files: bool,
+    errors: Vec<ValidationError>,
+    /// Backend names (all of them, so references may point forward).
+    backends: HashSet<&'a str>,
+    /// Listener name to protocol (first occurrence of each name).
+    listeners: HashMap<&'a str, ListenerProtocol>,
+    /// Sockets bound by listeners seen so far.
+    bound: Vec<Bound>,
+}
+
+impl<'a> Validator<'a> {
+    fn run(cfg: &'a Config, files: bool) -> Result<(), ValidationErrors> {
+        let mut listeners = HashMap::new();
+        for l in &cfg.listeners {
+            listeners.entry(l.name.as_str()).or_insert(l.protocol);
         }
-        if errors.is_empty() {
+        let mut v = Validator {
+            files,
+            errors: Vec::new(),
+            backends: cfg.backends.iter().map(|b| b.name.as_str()).collect(),
+            listeners,
+            bound: Vec::new(),
+        };
+        v.config(cfg);
+        if v.errors.is_empty() {
             Ok(())
         } else {
-            Err(ValidationErrors(errors))
+            Err(ValidationErrors(v.errors))
         }
+    }
+
+    fn err(&mut self, path: impl Into<String>, message: impl Into<String>) {
+        self.errors.push(ValidationError {
+            path: path.into(),
+            message: message.into(),
+        });
+    }
+
+    fn config(&mut self, cfg: &'a Config) {
+        if cfg.version != crate::SCHEMA_VERSION {
+            self.err(
+                "version",
+                format!(
+                    "unsupported schema version {}, expected {}",
+                    cfg.version,
+                    crate::SCHEMA_VERSION
+                ),
+            );
+        }
+        let mut names = HashMap::new();
+        for (i, l) in cfg.listeners.iter().enumerate() {
+            self.listener(&format!("listeners[{i}]"), i, l, &cfg.listeners, &mut names);
+        }
+        let mut names = HashMap::new();
+        for (i, vh) in cfg.virtual_hosts.iter().enumerate() {
+            self.virtual_host(&format!("virtual_hosts[{i}]"), vh, &mut names);
+        }
+        let mut names = HashMap::new();
+        for (i, b) in cfg.backends.iter().enumerate() {
+            self.backend(&format!("backends[{i}]"), b, &mut names);
+        }
+        self.limits(cfg);
+        if let Some(admin) = &cfg.admin {
+            self.admin(admin, &cfg.listeners);
+        }
+        let log = &cfg.access_log;
+        if log.path.as_ref().is_some_and(|p| p.as_os_str().is_empty()) {
+            self.err("access_log.path", "must not be empty when set");
+        }
+        if log.buffer_lines == 0 {
+            self.err("access_log.buffer_lines", "must be greater than 0");
+        }
+    }
+
+    /// Checks a name is non-empty and unique within `seen` (name → path of first use).
+    fn unique_name(
+        &mut self,
+        path: &str,
+        what: &str,
+        name: &'a str,
+        seen: &mut HashMap<&'a str, String>,
+    ) {
+        if name.is_empty() {
+            self.err(format!("{path}.name"), "must not be empty");
+        } else if let Some(first) = seen.get(name) {
+            let msg = format!("duplicate {what} name {name:?} (first used by {first})");
+            self.err(format!("{path}.name"), msg);
+        } else {
+            seen.insert(name, path.to_string());
+        }
+    }
+
+    // ---------------------------------------------------------------- listeners
+
+    fn listener(
+        &mut self,
+        path: &str,
+        index: usize,
+        l: &'a Listener,
+        all: &[Listener],
+        names: &mut HashMap<&'a str, String>,
+    ) {
+        use ListenerProtocol as P;
+        self.unique_name(path, "listener", &l.name, names);
+        let ip = match l.address.parse::<IpAddr>() {
+            Ok(ip) => Some(ip),
+            Err(_) => {
+                let msg = format!("invalid IP address {:?}", l.address);
+                self.err(format!("{path}.address"), msg);
+                None
+            }
+        };
+        if l.port == 0 {
+            self.err(format!("{path}.port"), "must not be 0");
+        } else if let Some(ip) = ip {
+            let mut transports = vec![match l.protocol {
+                P::Udp => Transport::Udp,
+                _ => Transport::Tcp,
+            }];
+            if l.protocol == P::Https && l.http3 {
+                transports.push(Transport::Udp);
+            }
+            for t in transports {
+                if let Some(other) = self
+                    .bound
+                    .iter()
+                    .find(|b| b.port == l.port && b.transport == t && overlaps(b.ip, ip))
+                {
+                    let msg = format!(
+                        "{t} port {} on {ip} is already bound by listeners[{}] ({:?}){}",
+                        l.port,
+                        other.listener,
+                        all[other.listener].name,
+                        if t == Transport::Udp && l.protocol == P::Https {
+                            " (https with http3 also binds udp)"
+                        } else {
+                            ""
+                        }
+                    );
+                    self.err(format!("{path}.port"), msg);
+                } else {
+                    self.bound.push(Bound {
+                        ip,
+                        port: l.port,
+                        transport: t,
+                        listener: index,
+                    });
+                }
+            }
+        }
+        match (&l.tls, l.protocol) {
+            (None, P::Https) => self.err(format!("{path}.tls"), "required for https listeners"),
+            (Some(_), P::Http | P::Tcp | P::Udp) => self.err(
+                format!("{path}.tls"),
+                "only allowed on https and tls_passthrough listeners",
+            ),
+            (Some(tls), _) => {
+                let tpath = format!("{path}.tls.certificates");
+                if tls.certificates.is_empty() {
+                    self.err(&tpath, "at least one certificate is required");
+                }
+                for (k, c) in tls.certificates.iter().enumerate() {
+                    self.certificate(&format!("{tpath}[{k}]"), c);
+                }
+            }
+            (None, _) => {}
+        }
+        if l.max_requests_in_flight == Some(0) {
+            self.err(
+                format!("{path}.max_requests_in_flight"),
+                "must be greater than 0 when set",
+            );
+        }
+        let l4 = matches!(l.protocol, P::Tcp | P::Udp | P::TlsPassthrough);
+        if !l4 && !l.l4_routes.is_empty() {
+            self.err(
+                format!("{path}.l4_routes"),
+                "only allowed on tcp, udp and tls_passthrough listeners",
+            );
+        } else if l4 && l.l4_routes.is_empty() {
+            self.err(
+                format!("{path}.l4_routes"),
+                format!(
+                    "at least one route is required on a {} listener",
+                    proto_name(l.protocol)
+                ),
+            );
+        }
+        let mut route_names = HashMap::new();
+        for (r, route) in l.l4_routes.iter().enumerate() {
+            let rpath = format!("{path}.l4_routes[{r}]");
+            self.unique_name(&rpath, "l4 route", &route.name, &mut route_names);
+            if !route.hostnames.is_empty() && l.protocol != P::TlsPassthrough {
+                self.err(
+                    format!("{rpath}.hostnames"),
+                    "only allowed on tls_passthrough listeners",
+                );
+            } else {
+                self.hostnames(&format!("{rpath}.hostnames"), &route.hostnames);
+            }
+            if route.backends.is_empty() {
+                self.err(
+                    format!("{rpath}.backends"),
+                    "at least one backend is required",
+                );
+            }
+            for (b, wb) in route.backends.iter().enumerate() {
+                let bpath = format!("{rpath}.backends[{b}]");
+                self.backend_ref(&bpath, wb);
+                if !wb.filters.is_empty() {
+                    self.err(format!("{bpath}.filters"), "not allowed on l4 routes");
+                }
+            }
+        }
+    }
+
+    fn certificate(&mut self, path: &str, c: &Certificate) {
+        self.hostnames(&format!("{path}.hostnames"), &c.hostnames);
+        self.pem(&format!("{path}.cert"), &c.cert, PemKind::Certificate);
+        self.pem(&format!("{path}.key"), &c.key, PemKind::PrivateKey);
+    }
+
+    fn pem(&mut self, path: &str, src: &PemSource, kind: PemKind) {
+        match src {
+            PemSource::Pem(text) => {
+                if let Err(msg) = check_pem(text, kind) {
+                    self.err(path, msg);
+                }
+            }
+            PemSource::File(file) => {
+                if file.as_os_str().is_empty() {
+                    self.err(path, "file path must not be empty");
+                } else if self.files {
+                    if let Err(msg) = check_pem_file(file, kind) {
+                        self.err(path, msg);
+                    }
+                }
+            }
+        }
+    }
+
+    // ---------------------------------------------------------------- admin
+
+    fn admin(&mut self, admin: &crate::Admin, all: &[Listener]) {
+        let ip = match admin.address.parse::<IpAddr>() {
+            Ok(ip) => Some(ip),
+            Err(_) => {
+                let msg = format!("invalid IP address {:?}", admin.address);
+                self.err("admin.address", msg);
+                None
+            }
+        };
+        if admin.port == 0 {
+            self.err("admin.port", "must not be 0");
+        } else if let Some(ip) = ip {
+            if let Some(b) = self.bound.iter().find(|b| {
+                b.transport == Transport::Tcp && b.port == admin.port && overlaps(b.ip, ip)
+            }) {
+                let msg = format!(
+                    "tcp port {} on {ip} is already bound by listeners[{}] ({:?})",
+                    admin.port, b.listener, all[b.listener].name
+                );
+                self.err("admin.port", msg);
+            }
+        }
+    }
+
+    // ---------------------------------------------------------------- virtual hosts
+
+    fn virtual_host(
+        &mut self,
+        path: &str,
+        vh: &'a VirtualHost,
+        names: &mut HashMap<&'a str, String>,
+    ) {
+        self.unique_name(path, "virtual host", &vh.name, names);
+        self.hostnames(&format!("{path}.hostnames"), &vh.hostnames);
+        for (i, name) in vh.listeners.iter().enumerate() {
+            let lpath = format!("{path}.listeners[{i}]");
+            match self.listeners.get(name.as_str()) {
+                None => self.err(lpath, format!("unknown listener {name:?}")),
+                Some(ListenerProtocol::Http | ListenerProtocol::Https) => {}
+                Some(p) => {
+                    let msg = format!(
+                        "listener {name:?} is a {} listener; virtual hosts need http or https",
+                        proto_name(*p)
+                    );
+                    self.err(lpath, msg);
+                }
+            }
+        }
+        for (r, route) in vh.routes.iter().enumerate() {
+            self.route(&format!("{path}.routes[{r}]"), route);
+        }
+    }
+
+    /// Validates each hostname (wildcards allowed) and reports duplicates.
+    fn hostnames(&mut self, path: &str, names: &[String]) {
+        for (h, name) in names.iter().enumerate() {
+            if let Err(msg) = check_hostname(name, true) {
+                self.err(format!("{path}[{h}]"), msg);
+            } else if let Some(first) = names[..h].iter().position(|n| n == name) {
+                let msg = format!("duplicate hostname {name:?} (also at index {first})");
+                self.err(format!("{path}[{h}]"), msg);
+            }
+        }
+    }
+
+    // ---------------------------------------------------------------- routes
+
+    fn route(&mut self, path: &str, route: &Route) {
+        if route.name.is_empty() {
+            self.err(format!("{path}.name"), "must not be empty");
+        }
+        for (m, rm) in route.matches.iter().enumerate() {
+            self.route_match(&format!("{path}.matches[{m}]"), rm);
+        }
+        let (mut redirect, mut rewrite) = (None, None);
+        for (f, filter) in route.filters.iter().enumerate() {
+            let fpath = format!("{path}.filters[{f}]");
+            match filter {
+                Filter::Redirect(_) if redirect.is_some() => {
+                    self.err(&fpath, "at most one redirect filter is allowed per route");
+                }
+                Filter::Redirect(_) if rewrite.is_some() => self.err(
+                    &fpath,
+                    "a route cannot have both a redirect and a rewrite filter",
+                ),
+                Filter::Redirect(_) => redirect = Some(f),
+                Filter::Rewrite(_) if rewrite.is_some() => {
+                    self.err(&fpath, "at most one rewrite filter is allowed per route");
+                }
+                Filter::Rewrite(_) if redirect.is_some() => self.err(
+                    &fpath,
+                    "a route cannot have both a redirect and a rewrite filter",
+                ),
+                Filter::Rewrite(_) => rewrite = Some(f),
+                _ => {}
+            }
+            self.filter(&fpath, filter, Some(&route.matches));
+        }
+        self.action(&format!("{path}.action"), &route.action);
+        let t = &route.timeouts;
+        if t.request.is_some_and(|d| d.is_zero()) {
+            self.err(format!("{path}.timeouts.request"), "must be greater than 0");
+        }
+        if t.backend.is_some_and(|d| d.is_zero()) {
+            self.err(format!("{path}.timeouts.backend"), "must be greater than 0");
+        }
+        if let (Some(req), Some(be)) = (t.request, t.backend) {
+            if be > req && !req.is_zero() {
+                let msg = format!("backend timeout {be} exceeds the request timeout {req}");
+                self.err(format!("{path}.timeouts.backend"), msg);
+            }
+        }
+        if let Some(retry) = &route.retry {
+            if retry.attempts > MAX_RETRY_ATTEMPTS {
+                let msg = format!(
+                    "must be at most {MAX_RETRY_ATTEMPTS}, got {}",
+                    retry.attempts
+                );
+                self.err(format!("{path}.retry.attempts"), msg);
+            }
+            for (c, code) in retry.codes.iter().enumerate() {
+                if !(400..=599).contains(code) {
+                    let msg = format!("retry status code must be in 400..=599, got {code}");
+                    self.err(format!("{path}.retry.codes[{c}]"), msg);
+                }
+            }
+        }
+    }
+
+    fn route_match(&mut self, path: &str, m: &RouteMatch) {
+        match &m.path {
+            Some(PathMatch::Exact(p)) => self.path_value(&format!("{path}.path.exact"), p),
+            Some(PathMatch::Prefix(p)) => self.path_value(&format!("{path}.path.prefix"), p),
+            Some(PathMatch::Regex(re)) => self.regex(&format!("{path}.path.regex"), re),
+            None => {}
+        }
+        for (h, hm) in m.headers.iter().enumerate() {
+            let hpath = format!("{path}.headers[{h}]");
+            if let Err(msg) = check_token(&hm.name, "header name") {
+                self.err(format!("{hpath}.name"), msg);
+            }
+            if hm.kind == crate::MatchKind::Regex {
+                self.regex(&format!("{hpath}.value"), &hm.value);
+            }
+        }
+        for (q, qm) in m.query.iter().enumerate() {
+            let qpath = format!("{path}.query[{q}]");
+            if qm.name.is_empty() {
+                self.err(format!("{qpath}.name"), "must not be empty");
+            }
+            if qm.kind == crate::MatchKind::Regex {
+                self.regex(&format!("{qpath}.value"), &qm.value);
+            }
+        }
+        if let Some(method) = &m.method {
+            if check_token(method, "method").is_err()
+                || method.bytes().any(|b| b.is_ascii_lowercase())
+            {
+                let msg = format!(
+                    "invalid method {method:?}: must be an upper-case HTTP token such as GET"
+                );
+                self.err(format!("{path}.method"), msg);
+            }
+        }
+    }
+
+    fn path_value(&mut self, path: &str, value: &str) {
+        if !value.starts_with('/') {
+            self.err(path, format!("must start with \"/\", got {value:?}"));
+        } else if value.contains(['?', '#']) || has_ctl(value) {
+            self.err(
+                path,
+                format!("invalid path {value:?}: no query, fragment or control characters"),
+            );
+        }
+    }
+
+    fn regex(&mut self, path: &str, re: &str) {
+        if let Err(e) = regex::Regex::new(re) {
+            // The regex crate's message spans several lines; keep the error on one.
+            let msg = e
+                .to_string()
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" ");
+            self.err(path, format!("invalid regex: {msg}"));
+        }
+    }
+
+    /// Checks one filter. `matches` is the route's matches (`None` for per-backend filters,
+    /// where only header modifiers are allowed).
+    fn filter(&mut self, path: &str, filter: &Filter, matches: Option<&[RouteMatch]>) {
+        match filter {
+            Filter::RequestHeaders(hm) => {
+                self.header_modifier(&format!("{path}.request_headers"), hm)
+            }
+            Filter::ResponseHeaders(hm) => {
+                self.header_modifier(&format!("{path}.response_headers"), hm)
+            }
+            _ if matches.is_none() => self.err(
+                path,
+                "only request_headers and response_headers filters are allowed per backend",
+            ),
+            Filter::Redirect(r) => self.redirect(&format!("{path}.redirect"), r, matches),
+            Filter::Rewrite(r) => self.rewrite(&format!("{path}.rewrite"), r, matches),
+            Filter::Mirror(m) => {
+                if !self.backends.contains(m.backend.as_str()) {
+                    let msg = format!("unknown backend {:?}", m.backend);
+                    self.err(format!("{path}.mirror.backend"), msg);
+                }
+                if !(0.0..=100.0).contains(&m.percent) {
+                    let msg = format!("must be between 0 and 100, got {}", m.percent);
+                    self.err(format!("{path}.mirror.percent"), msg);
+                }
+            }
+            Filter::Cors(c) => self.cors(&format!("{path}.cors"), c),
+        }
+    }
+
+    fn header_modifier(&mut self, path: &str, hm: &HeaderModifier) {
+        let mut set_names: Vec<String> = Vec::new();
+        for (list, entries) in [("set", &hm.set), ("add", &hm.add)] {
+            for (k, hv) in entries.iter().enumerate() {
+                let epath = format!("{path}.{list}[{k}]");
+                if let Err(msg) = check_token(&hv.name, "header name") {
+                    self.err(format!("{epath}.name"), msg);
+                } else if list == "set" {
+                    let lower = hv.name.to_ascii_lowercase();
+                    if set_names.contains(&lower) {
+                        let msg = format!("header {:?} is set more than once", hv.name);
+                        self.err(format!("{epath}.name"), msg);
+                    } else {
+                        set_names.push(lower);
+                    }
+                }
+                if hv.value.contains(['\r', '\n', '\0']) {
+                    self.err(
+                        format!("{epath}.value"),
+                        "header values must not contain CR, LF or NUL",
+                    );
+                }
+            }
+        }
+        for (k, name) in hm.remove.iter().enumerate() {
+            let rpath = format!("{path}.remove[{k}]");
+            if let Err(msg) = check_token(name, "header name") {
+                self.err(rpath, msg);
+            } else if set_names.contains(&name.to_ascii_lowercase()) {
+                self.err(rpath, format!("header {name:?} is both set and removed"));
+            }
+        }
+    }
+
+    fn redirect(&mut self, path: &str, r: &Redirect, matches: Option<&[RouteMatch]>) {
+        if let Some(scheme) = &r.scheme {
+            if scheme != "http" && scheme != "https" {
+                let msg = format!("must be \"http\" or \"https\", got {scheme:?}");
+                self.err(format!("{path}.scheme"), msg);
+            }
+        }
+        if let Some(host) = &r.host {
+            if let Err(msg) = check_hostname(host, false) {
+                self.err(format!("{path}.host"), msg);
+            }
+        }
+        if r.port == Some(0) {
+            self.err(format!("{path}.port"), "must not be 0");
+        }
+        if let Some(p) = &r.path {
+            self.path_rewrite(&format!("{path}.path"), p, matches);
+        }
+        if ![301, 302, 303, 307, 308].contains(&r.status) {
+            let msg = format!("must be 301, 302, 303, 307 or 308, got {}", r.status);
+            self.err(format!("{path}.status"), msg);
+        }
+    }
+
+    fn rewrite(&mut self, path: &str, r: &UrlRewrite, matches: Option<&[RouteMatch]>) {
+        if let Some(host) = &r.host {
+            if let Err(msg) = check_hostname(host, false) {
+                self.err(format!("{path}.host"), msg);
+            }
+        }
+        if let Some(p) = &r.path {
+            self.path_rewrite(&format!("{path}.path"), p, matches);
+        }
+    }
+
+    fn path_rewrite(&mut self, path: &str, p: &PathRewrite, matches: Option<&[RouteMatch]>) {
+        match p {
+            PathRewrite::Full(v) => self.path_value(&format!("{path}.full"), v),
+            PathRewrite::Prefix(v) => {
+                let ppath = format!("{path}.prefix");
+                self.path_value(&ppath, v);
+                // No matches, or a match without a path, means prefix "/": allowed.
+                let bad = matches.unwrap_or_default().iter().position(|m| {
+                    matches!(m.path, Some(PathMatch::Exact(_) | PathMatch::Regex(_)))
+                });
+                if let Some(m) = bad {
+                    let msg = format!(
+                        "a prefix rewrite requires every match of the route to use a prefix \
+                         path match, but matches[{m}] does not"
+                    );
+                    self.err(ppath, msg);
+                }
+            }
+        }
+    }
+
+    fn cors(&mut self, path: &str, c: &Cors) {
+        for (o, origin) in c.allow_origins.iter().enumerate() {
+            if let Err(msg) = check_origin(origin) {
+                self.err(format!("{path}.allow_origins[{o}]"), msg);
+            }
+        }
+        for (list, entries) in [
+            ("allow_methods", &c.allow_methods),
+            ("allow_headers", &c.allow_headers),
+            ("expose_headers", &c.expose_headers),
+        ] {
+            for (k, v) in entries.iter().enumerate() {
+                if let Err(msg) = check_token(v, "token") {
+                    self.err(format!("{path}.{list}[{k}]"), msg);
+                }
+            }
+        }
+        if c.allow_credentials && c.allow_origins.iter().any(|o| o == "*") {
+            self.err(
+                format!("{path}.allow_credentials"),
+                "cannot be combined with the \"*\" origin (browsers reject it); list the origins",
+            );
+        }
+    }
+
+    // ---------------------------------------------------------------- actions
+
+    fn action(&mut self, path: &str, action: &Action) {
+        match action {
+            Action::Proxy(p) => {
+                let bpath = format!("{path}.proxy.backends");
+                if p.backends.is_empty() {
+                    self.err(&bpath, "at least one backend is required");
+                }
+                for (b, wb) in p.backends.iter().enumerate() {
+                    let path = format!("{bpath}[{b}]");
+                    self.backend_ref(&path, wb);
+                    for (f, filter) in wb.filters.iter().enumerate() {
+                        self.filter(&format!("{path}.filters[{f}]"), filter, None);
+                    }
+                }
+            }
+            Action::Static(s) => self.static_site(&format!("{path}.static"), s),
+            Action::Fixed(f) => {
+                if !(100..=599).contains(&f.status) {
+                    let msg = format!("must be in 100..=599, got {}", f.status);
+                    self.err(format!("{path}.fixed.status"), msg);
+                }
+                if f.content_type.as_ref().is_some_and(|t| has_ctl(t)) {
+                    self.err(
+                        format!("{path}.fixed.content_type"),
+                        "must not contain control characters",
+                    );
+                }
+            }
+        }
+    }
+
+    fn backend_ref(&mut self, path: &str, wb: &WeightedBackend) {
+        if !self.backends.contains(wb.backend.as_str()) {
+            self.err(
+                format!("{path}.backend"),
+                format!("unknown backend {:?}", wb.backend),
+            );
+        }
+        if wb.weight > MAX_WEIGHT {
+            let msg = format!("must be at most {MAX_WEIGHT}, got {}", wb.weight);
+            self.err(format!("{path}.weight"), msg);
+        }
+    }
+
+    fn static_site(&mut self, path: &str, s: &StaticSite) {
+        let root = format!("{path}.root");
+        if s.root.as_os_str().is_empty() {
+            self.err(&root, "must not be empty");
+        } else if self.files {
+            match std::fs::metadata(&s.root) {
+                Ok(md) if md.is_dir() => {}
+                Ok(_) => self.err(&root, format!("{} is not a directory", s.root.display())),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    self.err(&root, format!("directory not found: {}", s.root.display()))
+                }
+                Err(e) => self.err(&root, format!("cannot access {}: {e}", s.root.display())),
+            }
+        }
+        for (k, name) in s.index.iter().enumerate() {
+            if name.is_empty() || name.contains('/') || name == "." || name == ".." {
+                let msg = format!("invalid index file name {name:?}: a plain file name, no \"/\"");
+                self.err(format!("{path}.index[{k}]"), msg);
+            }
+        }
+        for (k, entry) in s.try_files.iter().enumerate() {
+            if !entry.starts_with('/') && !entry.starts_with("$uri") {
+                let msg = format!("must start with \"/\" or \"$uri\", got {entry:?}");
+                self.err(format!("{path}.try_files[{k}]"), msg);
+            }
+        }
+        if s.cache_control.as_ref().is_some_and(|v| has_ctl(v)) {
+            self.err(
+                format!("{path}.cache_control"),
+                "must not contain control characters",
+            );
+        }
+        if let Some(prefix) = &s.strip_prefix {
+            self.path_value(&format!("{path}.strip_prefix"), prefix);
+        }
+    }
+
+    // ---------------------------------------------------------------- backends
+
+    fn backend(&mut self, path: &str, b: &'a Backend, names: &mut HashMap<&'a str, String>) {
+        self.unique_name(path, "backend", &b.name, names);
+        if let Some(tls) = &b.tls {
+            let tpath = format!("{path}.tls");
+            if !matches!(b.protocol, BackendProtocol::Https | BackendProtocol::H2) {
+                self.err(&tpath, "only allowed with the https or h2 protocol");
+            }
+            if let Some(ca) = &tls.ca {
+                self.pem(&format!("{tpath}.ca"), ca, PemKind::Certificate);
+            }
+            if let Some(sni) = &tls.sni {
+                if let Err(msg) = check_hostname(sni, false) {
+                    self.err(format!("{tpath}.sni"), msg);
+                }
+            }
+            for (k, san) in tls.subject_alt_names.iter().enumerate() {
+                if san.parse::<IpAddr>().is_err() {
+                    if let Err(msg) = check_hostname(san, true) {
+                        self.err(format!("{tpath}.subject_alt_names[{k}]"), msg);
+                    }
+                }
+            }
+            match (&tls.client_cert, &tls.client_key) {
+                (Some(cert), Some(key)) => {
+                    self.pem(&format!("{tpath}.client_cert"), cert, PemKind::Certificate);
+                    self.pem(&format!("{tpath}.client_key"), key, PemKind::PrivateKey);
+                }
+                (Some(_), None) => self.err(
+                    format!("{tpath}.client_key"),
+                    "required when client_cert is set",
+                ),
+                (None, Some(_)) => self.err(
+                    format!("{tpath}.client_cert"),
+                    "required when client_key is set",
+                ),
+                (None, None) => {}
+            }
+        }
+        for (e, ep) in b.endpoints.iter().enumerate() {
+            let epath = format!("{path}.endpoints[{e}]");
+            if let Err(msg) = check_endpoint(&ep.address) {
+                self.err(format!("{epath}.address"), msg);
+            }
+            if ep.weight == 0 || ep.weight > MAX_WEIGHT {
+                let msg = format!("must be in 1..={MAX_WEIGHT}, got {}", ep.weight);
+                self.err(format!("{epath}.weight"), msg);
+            }
+        }
+        if b.connect_timeout.is_zero() {
+            self.err(format!("{path}.connect_timeout"), "must be greater than 0");
+        }
+        let o = &b.outlier;
+        if o.consecutive_failures > 0 && o.base_ejection_time.is_zero() {
+            self.err(
+                format!("{path}.outlier.base_ejection_time"),
+                "must be greater than 0 when outlier detection is on",
+            );
+        }
+        if o.max_ejection_percent > 100 {
+            let msg = format!("must be at most 100, got {}", o.max_ejection_percent);
+            self.err(format!("{path}.outlier.max_ejection_percent"), msg);
+        }
+    }
+
+    // ---------------------------------------------------------------- limits
+
+    fn limits(&mut self, cfg: &Config) {
+        let l = &cfg.limits;
+        // (field, is zero), in the field order of `Limits`; max_header_bytes has its own floor.
+        let fields: [(&str, bool); 11] = [
+            ("max_connections", l.max_connections == 0),
+            ("max_requests_in_flight", l.max_requests_in_flight == 0),
+            ("queue_timeout", l.queue_timeout.is_zero()),
+            ("retry_after_seconds", l.retry_after_seconds == 0),
+            ("max_concurrent_streams", l.max_concurrent_streams == 0),
+            (
+                "max_pending_reset_streams",
+                l.max_pending_reset_streams == 0,
+            ),
+            ("header_read_timeout", l.header_read_timeout.is_zero()),
+            ("body_idle_timeout", l.body_idle_timeout.is_zero()),
+            ("idle_timeout", l.idle_timeout.is_zero()),
+            ("max_request_body_bytes", l.max_request_body_bytes == 0),
+            ("drain_timeout", l.drain_timeout.is_zero()),
+        ];
+        for (field, zero) in fields {
+            if field == "max_request_body_bytes" && l.max_header_bytes < MIN_HEADER_BYTES {
+                let msg = format!(
+                    "must be at least {MIN_HEADER_BYTES}, got {}",
+                    l.max_header_bytes
+                );
+                self.err("limits.max_header_bytes", msg);
+            }
+            if zero {
+                self.err(format!("limits.{field}"), "must be greater than 0");
+            }
+        }
+    }
+}
+
+// -------------------------------------------------------------------- helpers
+
+fn proto_name(p: ListenerProtocol) -> &'static str {
+    match p {
+        ListenerProtocol::Http => "http",
+        ListenerProtocol::Https => "https",
+        ListenerProtocol::TlsPassthrough => "tls_passthrough",
+        ListenerProtocol::Tcp => "tcp",
+        ListenerProtocol::Udp => "udp",
+    }
+}
+
+/// Whether two bind addresses take a common socket: equal, or one is a wildcard covering the
+/// other (`0.0.0.0` covers IPv4, `::` covers everything since it is bound dual-stack).
+fn overlaps(a: IpAddr, b: IpAddr) -> bool {
+    fn covers(w: IpAddr, x: IpAddr) -> bool {
+        match w {
+            IpAddr::V6(v6) => v6.is_unspecified(),
+            IpAddr::V4(v4) => v4.is_unspecified() && x.is_ipv4(),
+        }
+    }
+    a == b || covers(a, b) || covers(b, a)
+}
+
+fn has_ctl(s: &str) -> bool {
+    s.chars().any(|c| c.is_control())
+}
+
+/// An HTTP token (RFC 9110 `tchar`s): header names, methods.
+fn check_token(s: &str, what: &str) -> Result<(), String> {
+    let tchar = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
+    if s.is_empty() {
+        Err(format!("{what} must not be empty"))
+    } else if !s.bytes().all(tchar) {
+        Err(format!("invalid {what} {s:?}: not an HTTP token"))
+    } else {
+        Ok(())
+    }
+}
+
+/// A lower-case DNS name, optionally with a leading `*.` when `wildcard` is allowed; no port,
+/// no trailing dot, not an IP address.
+fn check_hostname(name: &str, wildcard: bool) -> Result<(), String> {
+    let bad = |why: &str| Err(format!("invalid hostname {name:?}: {why}"));
+    if name.is_empty() {
+        return bad("must not be empty");
+    }
+    if name.contains(':') {
+        return bad("must not include a port");
+    }
+    if name.bytes().any(|b| b.is_ascii_uppercase()) {
+        return bad("must be lower-case");
+    }
+    if name.len() > 253 {
+        return bad("longer than 253 characters");
+    }
+    let rest = match name.strip_prefix("*.") {
+        Some(rest) if wildcard => rest,
+        Some(_) => return bad("wildcards are not allowed here"),
+        None => name,
+    };
+    if rest.contains('*') {
+        return bad("a wildcard is only allowed as the whole first label (\"*.example.com\")");
+    }
+    if rest.parse::<IpAddr>().is_ok() {
+        return bad("must be a DNS name, not an IP address");
+    }
+    for label in rest.split('.') {
+        if label.is_empty() {
+            return bad("empty label");
+        }
+        if label.len() > 63 {
+            return bad("label longer than 63 characters");
+        }
+        if !label
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        {
+            return bad("only a-z, 0-9, \"-\" and \".\" are allowed");
+        }
+        if label.starts_with('-') || label.ends_with('-') {
+            return bad("labels must not start or end with \"-\"");
+        }
+    }
+    Ok(())
+}
+
+/// `host:port`, with IPv6 hosts in brackets (`[::1]:80`) and a non-zero port.
+fn check_endpoint(addr: &str) -> Result<(), String> {
+    let bad = |why: &str| Err(format!("invalid endpoint {addr:?}: {why}"));
+    let (host, port) = if let Some(rest) = addr.strip_prefix('[') {
+        let Some((ip, port)) = rest.split_once("]:") else {
+            return bad("expected \"[ipv6]:port\"");
+        };
+        if ip.parse::<std::net::Ipv6Addr>().is_err() {
+            return bad("invalid IPv6 address");
+        }
+        (None, port)
+    } else {
+        let Some((host, port)) = addr.rsplit_once(':') else {
+            return bad("expected \"host:port\"");
+        };
+        if host.contains(':') {
+            return bad("IPv6 addresses must be in brackets, e.g. \"[::1]:80\"");
+        }
+        (Some(host), port)
+    };
+    match port.parse::<u16>() {
+        Ok(0) => return bad("port must not be 0"),
+        Ok(_) => {}
+        Err(_) => return bad("invalid port"),
+    }
+    if let Some(host) = host {
+        if host.parse::<std::net::Ipv4Addr>().is_err() && check_hostname(host, false).is_err() {
+            return bad("host is neither an IP address nor a valid DNS name");
+        }
+    }
+    Ok(())
+}
+
+/// A CORS origin: `*`, or `scheme://host[:port]` with at most one `*` in the host.
+fn check_origin(origin: &str) -> Result<(), String> {
+    if origin == "*" {
+        return Ok(());
+    }
+    let bad = |why: &str| Err(format!("invalid origin {origin:?}: {why}"));
+    let Some((scheme, rest)) = origin.split_once("://") else {
+        return bad("expected \"*\" or \"scheme://host[:port]\"");
+    };
+    let scheme_ok = scheme.starts_with(|c: char| c.is_ascii_lowercase())
+        && scheme
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"+-.".contains(&b));
+    if !scheme_ok {
+        return bad("invalid scheme");
+    }
+    let (host, port) = match rest.rsplit_once(':') {
+        Some((h, p)) if !rest.starts_with('[') || h.ends_with(']') => (h, Some(p)),
+        _ => (rest, None),
+    };
+    if let Some(p) = port {
+        if !matches!(p.parse::<u16>(), Ok(n) if n != 0) {
+            return bad("invalid port");
+        }
+    }
+    if host.is_empty() {
+        return bad("missing host");
+    }
+    if host.matches('*').count() > 1 {
+        return bad("at most one \"*\" is allowed in the host");
+    }
+    if let Some(ip6) = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        return match ip6.parse::<std::net::Ipv6Addr>() {
+            Ok(_) => Ok(()),
+            Err(_) => bad("invalid IPv6 address"),
+        };
+    }
+    let host_ok = host
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-.*".contains(&b));
+    if !host_ok {
+        return bad("the host may only contain a-z, 0-9, \"-\", \".\" and one \"*\"");
+    }
+    Ok(())
+}
+
+/// Finds the PEM block labels (`-----BEGIN <label>-----`) in `text`.
+fn pem_labels(text: &str) -> impl Iterator<Item = &str> {
+    text.lines().filter_map(|line| {
+        line.trim()
+            .strip_prefix("-----BEGIN ")
+            .and_then(|l| l.strip_suffix("-----"))
+    })
+}
+
+/// Checks that `text` holds a complete PEM block of the wanted kind.
+fn check_pem(text: &str, kind: PemKind) -> Result<(), String> {
+    let wanted = |label: &str| match kind {
+        PemKind::Certificate => label == "CERTIFICATE",
+        PemKind::PrivateKey => label.ends_with("PRIVATE KEY") && label != "ENCRYPTED PRIVATE KEY",
+    };
+    let label = pem_labels(text).find(|l| wanted(l));
+    match (label, kind) {
+        (Some(label), _) if text.contains(&format!("-----END {label}-----")) => Ok(()),
+        (Some(label), _) => Err(format!("PEM block {label} has no END line")),
+        (None, PemKind::Certificate) => {
+            Err("no \"-----BEGIN CERTIFICATE-----\" PEM block found".into())
+        }
+        (None, PemKind::PrivateKey) if pem_labels(text).any(|l| l == "ENCRYPTED PRIVATE KEY") => {
+            Err("encrypted private keys are not supported".into())
+        }
+        (None, PemKind::PrivateKey) => {
+            Err("no \"-----BEGIN … PRIVATE KEY-----\" PEM block found".into())
+        }
+    }
+}
+
+/// Reads a PEM file and checks its content.
+fn check_pem_file(file: &Path, kind: PemKind) -> Result<(), String> {
+    match std::fs::read(file) {
+        Ok(bytes) => {
+            let text = String::from_utf8_lossy(&bytes);
+            check_pem(&text, kind).map_err(|e| format!("{}: {e}", file.display()))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            Err(format!("file not found: {}", file.display()))
+        }
+        Err(e) => Err(format!("cannot read {}: {e}", file.display())),
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::{
+        Admin, BackendTls, Duration, Endpoint, FixedResponse, HeaderValue, Limits, MatchKind,
+        Mirror, ProxyAction, RetryPolicy,
+    };
+    use std::path::PathBuf;
+
+    const CERT: &str =
+        "-----BEGIN CERTIFICATE-----\nMIIBszCCAVmgAwIBAgIU\n-----END CERTIFICATE-----\n";
+    const KEY: &str =
+        "-----BEGIN PRIVATE KEY-----\nMIGHAgEAMBMGByqGSM49\n-----END PRIVATE KEY-----\n";
+
+    /// A config using every feature. `@DIR@` is replaced by a directory holding `other.crt`,
+    /// `other.key`, `ca.crt` and `www/` (see [`TempDir`]).
+    const FULL: &str = r#"
+version: 1
+generation: 7
+listeners:
+  - name: http
+    port: 8080
+    protocol: http
+    max_requests_in_flight: 500
+  - name: https
+    address: "::"
+    port: 8443
+    protocol: https
+    tls:
+      min_version: "1.3"
+      certificates:
+        - hostnames: [example.com, "*.example.com"]
+          cert: {pem: "@CERT@"}
+          key: {pem: "@KEY@"}
+        - hostnames: [other.test]
+          cert: {file: "@DIR@/other.crt"}
+          key: {file: "@DIR@/other.key"}
+  - name: dns
+    address: 127.0.0.1
+    port: 5353
+    protocol: udp
+    l4_routes:
+      - name: dns
+        backends: [{backend: dns}]
+  - name: passthrough
+    port: 9443
+    protocol: tls_passthrough
+    l4_routes:
+      - name: db
+        hostnames: [db.example.com]
+        backends: [{backend: db, weight: 2}]
+virtual_hosts:
+  - name: site
+    hostnames: [example.com, "*.example.com"]
+    listeners: [http, https]
+    routes:
+      - name: health
+        matches:
+          - path: {exact: /healthz}
+            method: GET
+        action: {fixed: {status: 200, body: ok, content_type: text/plain}}
+      - name: api
+        matches:
+          - path: {prefix: /api}
+            headers: [{name: x-tenant, value: "^[a-z]+$", type: regex}]
+            query: [{name: debug, value: "1"}]
+        filters:
+          - request_headers:
+              set: [{name: x-from, value: sweety}]
+              add: [{name: x-trace, value: "1"}]
+              remove: [x-internal]
+          - response_headers: {remove: [server]}
+          - rewrite: {host: api.internal, path: {prefix: /v1}}
+          - mirror: {backend: shadow, percent: 5.5}
+          - cors:
+              allow_origins: ["https://*.example.com", "http://localhost:3000"]
+              allow_methods: [GET, POST]
+              allow_headers: ["*"]
+              expose_headers: [x-request-id]
+              allow_credentials: true
+              max_age: 600
+        action:
+          proxy:
+            backends:
+              - backend: api-v1
+                weight: 90
+              - backend: api-v2
+                weight: 10
+                filters:
+                  - request_headers: {set: [{name: x-canary, value: "true"}]}
+        timeouts: {request: 30s, backend: 10s}
+        retry: {attempts: 2, codes: [502, 503], backoff: 100ms}
+      - name: assets
+        matches: [{path: {regex: "^/assets/.+\\.(js|css)$"}}]
+        action:
+          static:
+            root: "@DIR@/www"
+            index: [index.html]
+            try_files: ["$uri", "$uri/", /index.html]
+            precompressed: false
+            cache_control: "public, max-age=3600"
+            strip_prefix: /assets
+      - name: old
+        matches: [{path: {prefix: /old}}]
+        filters:
+          - redirect: {scheme: https, host: example.com, port: 8443, path: {prefix: /new}, status: 301}
+        action: {fixed: {status: 404}}
+backends:
+  - name: api-v1
+    lb: least_request
+    endpoints: [{address: "10.0.0.1:8080"}, {address: "10.0.0.2:8080", weight: 3}]
+    connect_timeout: 2s
+    outlier: {consecutive_failures: 3, base_ejection_time: 5s, max_ejection_percent: 30}
+    max_idle_per_endpoint: 16
+  - name: api-v2
+    protocol: h2
+    tls:
+      ca: {file: "@DIR@/ca.crt"}
+      sni: api.internal
+      subject_alt_names: [api2.internal, 10.0.0.3]
+      client_cert: {pem: "@CERT@"}
+      client_key: {pem: "@KEY@"}
+    endpoints: [{address: "[fd00::3]:8443"}, {address: "api2.internal:8443"}]
+  - name: shadow
+    protocol: h2c
+    endpoints: [{address: "10.0.0.9:80"}]
+  - name: dns
+    endpoints: [{address: "10.0.0.53:53"}]
+  - name: db
+    endpoints: [{address: "10.0.0.5:5432"}]
+limits:
+  max_connections: 1000
+  queue_timeout: 50ms
+  max_header_bytes: 16384
+admin: {address: 127.0.0.1, port: 9901}
+access_log: {enabled: true, path: /var/log/sweety/access.log, buffer_lines: 1024}
+"#;
+
+    fn full_with_dir(dir: &str) -> Config {
+        let text = FULL
+            .replace("@DIR@", dir)
+            .replace("@CERT@", &CERT.replace('\n', "\\n"))
+            .replace("@KEY@", &KEY.replace('\n', "\\n"));
+        Config::from_yaml(&text).expect("FULL parses")
+    }
+
+    /// The full config with file paths that do not exist (fine for `validate_structure`).
+    /// Also used by the parse/serialise tests in `lib.rs`.
+    pub(crate) fn full() -> Config {
+        full_with_dir("/nonexistent/sweety-config-test")
+    }
+
+    /// A scratch directory with the files FULL refers to, removed on drop.
+    struct TempDir(PathBuf);
+
+    impl TempDir {
+        fn new(tag: &str) -> TempDir {
+            let dir =
+                std::env::temp_dir().join(format!("sweety-config-{tag}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(dir.join("www")).unwrap();
+            std::fs::write(dir.join("other.crt"), CERT).unwrap();
+            std::fs::write(dir.join("other.key"), KEY).unwrap();
+            std::fs::write(dir.join("ca.crt"), CERT).unwrap();
+            TempDir(dir)
+        }
+        fn config(&self) -> Config {
+            full_with_dir(self.0.to_str().unwrap())
+        }
+    }
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn route(c: &mut Config, i: usize) -> &mut Route {
+        &mut c.virtual_hosts[0].routes[i]
+    }
+
+    fn proxy(c: &mut Config) -> &mut ProxyAction {
+        match &mut route(c, 1).action {
+            Action::Proxy(p) => p,
+            other => panic!("route 1 is not a proxy: {other:?}"),
+        }
+    }
+
+    fn static_site(c: &mut Config) -> &mut StaticSite {
+        match &mut route(c, 2).action {
+            Action::Static(s) => s,
+            other => panic!("route 2 is not static: {other:?}"),
+        }
+    }
+
+    fn headers(set: &[(&str, &str)], remove: &[&str]) -> HeaderModifier {
+        HeaderModifier {
+            set: set
+                .iter()
+                .map(|(n, v)| HeaderValue {
+                    name: n.to_string(),
+                    value: v.to_string(),
+                })
+                .collect(),
+            add: Vec::new(),
+            remove: remove.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    /// Applies `edit` to the full config and asserts `validate_structure` reports exactly
+    /// `expected` (path, message fragment) errors, in order.
+    #[track_caller]
+    fn expect(edit: impl FnOnce(&mut Config), expected: &[(&str, &str)]) {
+        let mut c = full();
+        edit(&mut c);
+        let errors = match c.validate_structure() {
+            Ok(()) => panic!("expected errors {expected:?}, config passed"),
+            Err(e) => e.0,
+        };
+        let paths: Vec<&str> = errors.iter().map(|e| e.path.as_str()).collect();
+        let want: Vec<&str> = expected.iter().map(|(p, _)| *p).collect();
+        assert_eq!(paths, want, "errors: {errors:#?}");
+        for (e, (_, msg)) in errors.iter().zip(expected) {
+            assert!(
+                e.message.contains(msg),
+                "message of {} is {:?}, expected it to contain {msg:?}",
+                e.path,
+                e.message
+            );
+        }
+    }
+
+    #[track_caller]
+    fn expect_one(edit: impl FnOnce(&mut Config), path: &str, msg: &str) {
+        expect(edit, &[(path, msg)]);
+    }
+
+    #[track_caller]
+    fn expect_ok(edit: impl FnOnce(&mut Config)) {
+        let mut c = full();
+        edit(&mut c);
+        if let Err(e) = c.validate_structure() {
+            panic!("expected the config to pass, got {e}");
+        }
+    }
+
+    // ------------------------------------------------------------ whole config
+
+    #[test]
+    fn full_config_passes_structure_and_file_checks() {
+        full().validate_structure().unwrap();
+        let dir = TempDir::new("full");
+        dir.config().validate().unwrap();
+        Config::default().validate().unwrap();
+    }
+
+    #[test]
+    fn file_checks_only_run_in_validate() {
+        // The paths in `full()` do not exist: structure passes, full validation does not.
+        let c = full();
+        c.validate_structure().unwrap();
+        let errors = c.validate().unwrap_err().0;
+        let paths: Vec<&str> = errors.iter().map(|e| e.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            [
+                "listeners[1].tls.certificates[1].cert",
+                "listeners[1].tls.certificates[1].key",
+                "virtual_hosts[0].routes[2].action.static.root",
+                "backends[1].tls.ca",
+            ]
+        );
+        assert!(errors[0]
+            .message
+            .starts_with("file not found: /nonexistent/"));
+        assert!(errors[2]
+            .message
+            .starts_with("directory not found: /nonexistent/"));
+        assert_eq!(
+            errors[0].to_string(),
+            "listeners[1].tls.certificates[1].cert: file not found: \
+             /nonexistent/sweety-config-test/other.crt"
+        );
+    }
+
+    #[test]
+    fn reports_every_error_in_document_order() {
+        let mut c = full();
+        c.version = 2;
+        c.listeners[0].port = 0;
+        c.listeners[1].tls = None;
+        route(&mut c, 0).matches[0].path = Some(PathMatch::Regex("(".into()));
+        route(&mut c, 3).filters[0] = Filter::Redirect(Redirect {
+            status: 200,
+            ..Redirect::default()
+        });
+        c.backends[0].connect_timeout = Duration::from_millis(0);
+        c.limits.max_header_bytes = 10;
+        c.admin = Some(Admin {
+            address: "nope".into(),
+            port: 1,
+        });
+        let errors = c.validate_structure().unwrap_err();
+        let paths: Vec<&str> = errors.0.iter().map(|e| e.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            [
+                "version",
+                "listeners[0].port",
+                "listeners[1].tls",
+                "virtual_hosts[0].routes[0].matches[0].path.regex",
+                "virtual_hosts[0].routes[3].filters[0].redirect.status",
+                "backends[0].connect_timeout",
+                "limits.max_header_bytes",
+                "admin.address",
+            ]
+        );
+        let text = errors.to_string();
+        assert!(text.starts_with("8 config error(s):\n"), "{text}");
+        assert!(text.contains("  version: unsupported schema version 2, expected 1\n"));
+    }
+
+    #[test]
+    fn version_must_match() {
+        expect_one(|c| c.version = 0, "version", "unsupported schema version 0");
+    }
+
+    // ------------------------------------------------------------ listeners
+
+    #[test]
+    fn listener_names() {
+        expect_one(
+            |c| c.listeners[2].name.clear(),
+            "listeners[2].name",
+            "must not be empty",
+        );
+        expect_one(
+            |c| c.listeners[3].name = "dns".into(),
+            "listeners[3].name",
+            "duplicate listener name \"dns\" (first used by listeners[2])",
+        );
+    }
+
+    #[test]
+    fn listener_address_and_port() {
+        expect_one(
+            |c| c.listeners[0].address = "localhost".into(),
+            "listeners[0].address",
+            "invalid IP address \"localhost\"",
+        );
+        expect_one(
+            |c| c.listeners[0].port = 0,
+            "listeners[0].port",
+            "must not be 0",
+        );
+    }
+
+    #[test]
+    fn listener_bind_collisions() {
+        // Same port, both on 0.0.0.0, both TCP.
+        expect_one(
+            |c| c.listeners[3].port = 8080,
+            "listeners[3].port",
+            "tcp port 8080 on 0.0.0.0 is already bound by listeners[0] (\"http\")",
+        );
+        // https with http3 takes UDP on its port, and :: covers 127.0.0.1.
+        expect_one(
+            |c| c.listeners[2].port = 8443,
+            "listeners[2].port",
+            "udp port 8443 on 127.0.0.1 is already bound by listeners[1] (\"https\")",
+        );
+        // Without http3 the same UDP port is free.
+        expect_ok(|c| {
+            c.listeners[1].http3 = false;
+            c.listeners[2].port = 8443;
+        });
+        // 0.0.0.0 covers every IPv4 address...
+        expect_one(
+            |c| {
+                let mut l = c.listeners[0].clone();
+                l.name = "local".into();
+                l.address = "127.0.0.1".into();
+                c.listeners.push(l);
+            },
+            "listeners[4].port",
+            "already bound by listeners[0]",
+        );
+        // ...but not IPv6 ones.
+        expect_ok(|c| {
+            let mut l = c.listeners[0].clone();
+            l.name = "local6".into();
+            l.address = "::1".into();
+            c.listeners.push(l);
+        });
+        // :: covers IPv4 addresses too.
+        expect_one(
+            |c| {
+                let mut l = c.listeners[3].clone();
+                l.name = "tcp".into();
+                l.protocol = ListenerProtocol::Tcp;
+                l.address = "10.1.2.3".into();
+                l.port = 8443;
+                l.l4_routes[0].hostnames.clear();
+                c.listeners.push(l);
+            },
+            "listeners[4].port",
+            "tcp port 8443 on 10.1.2.3 is already bound by listeners[1]",
+        );
+        // TCP and UDP on the same port do not collide.
+        expect_ok(|c| c.listeners[2].port = 8080);
+    }
+
+    #[test]
+    fn listener_tls_rules() {
+        expect_one(
+            |c| c.listeners[1].tls = None,
+            "listeners[1].tls",
+            "required for https listeners",
+        );
+        expect_one(
+            |c| c.listeners[1].tls.as_mut().unwrap().certificates.clear(),
+            "listeners[1].tls.certificates",
+            "at least one certificate is required",
+        );
+        expect_one(
+            |c| c.listeners[0].tls = c.listeners[1].tls.clone(),
+            "listeners[0].tls",
+            "only allowed on https and tls_passthrough listeners",
+        );
+        expect_ok(|c| c.listeners[3].tls = c.listeners[1].tls.clone());
+        expect_one(
+            |c| {
+                let tls = c.listeners[1].tls.as_mut().unwrap();
+                tls.certificates[0].hostnames[1] = "Example.COM".into();
+            },
+            "listeners[1].tls.certificates[0].hostnames[1]",
+            "invalid hostname \"Example.COM\": must be lower-case",
+        );
+    }
+
+    #[test]
+    fn listener_pem_content() {
+        fn cert0(c: &mut Config) -> &mut Certificate {
+            &mut c.listeners[1].tls.as_mut().unwrap().certificates[0]
+        }
+        expect_one(
+            |c| cert0(c).cert = PemSource::Pem("not pem".into()),
+            "listeners[1].tls.certificates[0].cert",
+            "no \"-----BEGIN CERTIFICATE-----\" PEM block found",
+        );
+        expect_one(
+            |c| cert0(c).key = PemSource::Pem(CERT.into()),
+            "listeners[1].tls.certificates[0].key",
+            "PRIVATE KEY-----\" PEM block found",
+        );
+        expect_one(
+            |c| {
+                cert0(c).key = PemSource::Pem(
+                    "-----BEGIN ENCRYPTED PRIVATE KEY-----\nAA\n-----END ENCRYPTED PRIVATE KEY-----"
+                        .into(),
+                )
+            },
+            "listeners[1].tls.certificates[0].key",
+            "encrypted private keys are not supported",
+        );
+        expect_one(
+            |c| cert0(c).cert = PemSource::Pem("-----BEGIN CERTIFICATE-----\nMIIB\n".into()),
+            "listeners[1].tls.certificates[0].cert",
+            "PEM block CERTIFICATE has no END line",
+        );
+        expect_one(
+            |c| cert0(c).cert = PemSource::File(PathBuf::new()),
+            "listeners[1].tls.certificates[0].cert",
+            "file path must not be empty",
+        );
+        expect_ok(|c| {
+            cert0(c).key = PemSource::Pem(
+                "-----BEGIN RSA PRIVATE KEY-----\nAA\n-----END RSA PRIVATE KEY-----\n".into(),
+            )
+        });
+        expect_ok(|c| {
+            cert0(c).key = PemSource::Pem(
+                "-----BEGIN EC PRIVATE KEY-----\nAA\n-----END EC PRIVATE KEY-----\n".into(),
+            )
+        });
+    }
+
+    #[test]
+    fn listener_limits_and_l4_routes() {
+        expect_one(
+            |c| c.listeners[0].max_requests_in_flight = Some(0),
+            "listeners[0].max_requests_in_flight",
+            "must be greater than 0",
+        );
+        expect_one(
+            |c| c.listeners[0].l4_routes = c.listeners[2].l4_routes.clone(),
+            "listeners[0].l4_routes",
+            "only allowed on tcp, udp and tls_passthrough listeners",
+        );
+        expect_one(
+            |c| c.listeners[2].l4_routes.clear(),
+            "listeners[2].l4_routes",
+            "at least one route is required on a udp listener",
+        );
+        expect_one(
+            |c| c.listeners[3].l4_routes[0].backends[0].backend = "nope".into(),
+            "listeners[3].l4_routes[0].backends[0].backend",
+            "unknown backend \"nope\"",
+        );
+        expect_one(
+            |c| c.listeners[3].l4_routes[0].backends.clear(),
+            "listeners[3].l4_routes[0].backends",
+            "at least one backend is required",
+        );
+        expect_one(
+            |c| c.listeners[2].l4_routes[0].hostnames = vec!["a.test".into()],
+            "listeners[2].l4_routes[0].hostnames",
+            "only allowed on tls_passthrough listeners",
+        );
+        expect_one(
+            |c| {
+                c.listeners[3].l4_routes[0]
+                    .hostnames
+                    .push("db.example.com".into())
+            },
+            "listeners[3].l4_routes[0].hostnames[1]",
+            "duplicate hostname",
+        );
+        expect_one(
+            |c| c.listeners[3].l4_routes[0].name.clear(),
+            "listeners[3].l4_routes[0].name",
+            "must not be empty",
+        );
+        expect_one(
+            |c| {
+                c.listeners[3].l4_routes[0].backends[0].filters =
+                    vec![Filter::RequestHeaders(HeaderModifier::default())]
+            },
+            "listeners[3].l4_routes[0].backends[0].filters",
+            "not allowed on l4 routes",
+        );
+    }
+
+    // ------------------------------------------------------------ admin
+
+    #[test]
+    fn admin_rules() {
+        expect_one(
+            |c| c.admin.as_mut().unwrap().address = "127.0.0.300".into(),
+            "admin.address",
+            "invalid IP address",
+        );
+        expect_one(
+            |c| c.admin.as_mut().unwrap().port = 8080,
+            "admin.port",
+            "tcp port 8080 on 127.0.0.1 is already bound by listeners[0] (\"http\")",
+        );
+        expect_one(
+            |c| c.admin.as_mut().unwrap().port = 0,
+            "admin.port",
+            "must not be 0",
+        );
+        // The UDP-only listener does not take the TCP port.
+        expect_ok(|c| c.admin.as_mut().unwrap().port = 5353);
+        expect_ok(|c| c.admin = None);
+    }
+
+    // ------------------------------------------------------------ virtual hosts
+
+    #[test]
+    fn virtual_host_names_and_listeners() {
+        expect_one(
+            |c| c.virtual_hosts[0].name.clear(),
+            "virtual_hosts[0].name",
+            "must not be empty",
+        );
+        expect_one(
+            |c| {
+                let mut vh = c.virtual_hosts[0].clone();
+                vh.hostnames = vec!["other.test".into()];
+                c.virtual_hosts.push(vh);
+            },
+            "virtual_hosts[1].name",
+            "duplicate virtual host name \"site\" (first used by virtual_hosts[0])",
+        );
+        expect_one(
+            |c| c.virtual_hosts[0].listeners.push("nope".into()),
+            "virtual_hosts[0].listeners[2]",
+            "unknown listener \"nope\"",
+        );
+        expect_one(
+            |c| c.virtual_hosts[0].listeners[0] = "passthrough".into(),
+            "virtual_hosts[0].listeners[0]",
+            "is a tls_passthrough listener; virtual hosts need http or https",
+        );
+    }
+
+    #[test]
+    fn virtual_host_hostnames() {
+        let cases = [
+            ("Example.com", "must be lower-case"),
+            ("example.com:8080", "must not include a port"),
+            (
+                "foo.*.example.com",
+                "wildcard is only allowed as the whole first label",
+            ),
+            ("*example.com", "wildcard is only allowed"),
+            ("10.0.0.1", "not an IP address"),
+            ("exa_mple.com", "only a-z, 0-9"),
+            ("-a.example.com", "must not start or end with \"-\""),
+            ("example.com.", "empty label"),
+            ("", "must not be empty"),
+        ];
+        for (name, msg) in cases {
+            expect_one(
+                |c| c.virtual_hosts[0].hostnames[1] = name.into(),
+                "virtual_hosts[0].hostnames[1]",
+                msg,
+            );
+        }
+        expect_one(
+            |c| c.virtual_hosts[0].hostnames.push("example.com".into()),
+            "virtual_hosts[0].hostnames[2]",
+            "duplicate hostname \"example.com\" (also at index 0)",
+        );
+        expect_ok(|c| c.virtual_hosts[0].hostnames = vec!["xn--bcher-kva.example".into()]);
+    }
+
+    // ------------------------------------------------------------ routes: matches
+
+    #[test]
+    fn route_matches() {
+        expect_one(
+            |c| route(c, 0).name.clear(),
+            "virtual_hosts[0].routes[0].name",
+            "must not be empty",
+        );
+        expect_one(
+            |c| route(c, 0).matches[0].path = Some(PathMatch::Exact("healthz".into())),
+            "virtual_hosts[0].routes[0].matches[0].path.exact",
+            "must start with \"/\"",
+        );
+        expect_one(
+            |c| route(c, 3).matches[0].path = Some(PathMatch::Prefix("old".into())),
+            "virtual_hosts[0].routes[3].matches[0].path.prefix",
+            "must start with \"/\"",
+        );
+        expect_one(
+            |c| route(c, 2).matches[0].path = Some(PathMatch::Regex("^/assets/(".into())),
+            "virtual_hosts[0].routes[2].matches[0].path.regex",
+            "invalid regex: ",
+        );
+        expect_one(
+            |c| route(c, 1).matches[0].headers[0].name = "x tenant".into(),
+            "virtual_hosts[0].routes[1].matches[0].headers[0].name",
+            "invalid header name \"x tenant\": not an HTTP token",
+        );
+        expect_one(
+            |c| route(c, 1).matches[0].headers[0].value = "[a-".into(),
+            "virtual_hosts[0].routes[1].matches[0].headers[0].value",
+            "invalid regex",
+        );
+        // An exact header value is not a regex.
+        expect_ok(|c| {
+            let h = &mut route(c, 1).matches[0].headers[0];
+            h.kind = MatchKind::Exact;
+            h.value = "[a-".into();
+        });
+        expect_one(
+            |c| {
+                let q = &mut route(c, 1).matches[0].query[0];
+                q.kind = MatchKind::Regex;
+                q.value = "(?P<".into();
+            },
+            "virtual_hosts[0].routes[1].matches[0].query[0].value",
+            "invalid regex",
+        );
+        expect_one(
+            |c| route(c, 1).matches[0].query[0].name.clear(),
+            "virtual_hosts[0].routes[1].matches[0].query[0].name",
+            "must not be empty",
+        );
+        for method in ["get", "GE T", ""] {
+            expect_one(
+                |c| route(c, 0).matches[0].method = Some(method.into()),
+                "virtual_hosts[0].routes[0].matches[0].method",
+                "must be an upper-case HTTP token",
+            );
+        }
+        expect_ok(|c| route(c, 0).matches[0].method = Some("PROPFIND".into()));
+    }
+
+    #[test]
+    fn regex_error_is_one_line() {
+        let c = {
+            let mut c = full();
+            route(&mut c, 2).matches[0].path = Some(PathMatch::Regex("a{2,1}".into()));
+            c
+        };
+        let e = &c.validate_structure().unwrap_err().0[0];
+        assert!(!e.message.contains('\n'), "{:?}", e.message);
+        assert!(e.message.starts_with("invalid regex: "), "{:?}", e.message);
+    }
+
+    // ------------------------------------------------------------ routes: filters
+
+    #[test]
+    fn header_modifier_rules() {
+        let p = "virtual_hosts[0].routes[1].filters[0].request_headers";
+        expect_one(
+            |c| route(c, 1).filters[0] = Filter::RequestHeaders(headers(&[("x:y", "1")], &[])),
+            &format!("{p}.set[0].name"),
+            "not an HTTP token",
+        );
+        expect_one(
+            |c| {
+                route(c, 1).filters[0] =
+                    Filter::RequestHeaders(headers(&[("x-a", "1\r\nx-evil: 1")], &[]))
+            },
+            &format!("{p}.set[0].value"),
+            "must not contain CR, LF or NUL",
+        );
+        expect_one(
+            |c| {
+                route(c, 1).filters[0] =
+                    Filter::RequestHeaders(headers(&[("x-a", "1"), ("X-A", "2")], &[]))
+            },
+            &format!("{p}.set[1].name"),
+            "header \"X-A\" is set more than once",
+        );
+        expect_one(
+            |c| route(c, 1).filters[0] = Filter::RequestHeaders(headers(&[("x-a", "1")], &["X-a"])),
+            &format!("{p}.remove[0]"),
+            "header \"X-a\" is both set and removed",
+        );
+        expect_one(
+            |c| {
+                let mut hm = HeaderModifier::default();
+                hm.add.push(HeaderValue {
+                    name: String::new(),
+                    value: "v".into(),
+                });
+                route(c, 1).filters[1] = Filter::ResponseHeaders(hm);
+            },
+            "virtual_hosts[0].routes[1].filters[1].response_headers.add[0].name",
+            "header name must not be empty",
+        );
+        // Adding a header that is also set is allowed (set wins, add appends).
+        expect_ok(|c| {
+            let mut hm = headers(&[("x-a", "1")], &[]);
+            hm.add = hm.set.clone();
+            route(c, 1).filters[0] = Filter::RequestHeaders(hm);
+        });
+    }
+
+    #[test]
+    fn redirect_rules() {
+        fn redirect(c: &mut Config) -> &mut Redirect {
+            match &mut route(c, 3).filters[0] {
+                Filter::Redirect(r) => r,
+                other => panic!("not a redirect: {other:?}"),
+            }
+        }
+        let p = "virtual_hosts[0].routes[3].filters[0].redirect";
+        expect_one(
+            |c| redirect(c).status = 300,
+            &format!("{p}.status"),
+            "must be 301, 302, 303, 307 or 308, got 300",
+        );
+        expect_one(
+            |c| redirect(c).scheme = Some("ftp".into()),
+            &format!("{p}.scheme"),
+            "must be \"http\" or \"https\"",
+        );
+        expect_one(
+            |c| redirect(c).port = Some(0),
+            &format!("{p}.port"),
+            "must not be 0",
+        );
+        expect_one(
+            |c| redirect(c).host = Some("*.example.com".into()),
+            &format!("{p}.host"),
+            "wildcards are not allowed here",
+        );
+        expect_one(
+            |c| redirect(c).path = Some(PathRewrite::Full("new".into())),
+            &format!("{p}.path.full"),
+            "must start with \"/\"",
+        );
+        expect_one(
+            |c| route(c, 3).matches[0].path = Some(PathMatch::Exact("/old".into())),
+            &format!("{p}.path.prefix"),
+            "requires every match of the route to use a prefix path match, but matches[0]",
+        );
+        // A full path replacement works with any match.
+        expect_ok(|c| {
+            route(c, 3).matches[0].path = Some(PathMatch::Exact("/old".into()));
+            redirect(c).path = Some(PathRewrite::Full("/new".into()));
+        });
+        // A match without a path is prefix "/", and so is a route without matches.
+        expect_ok(|c| route(c, 3).matches[0].path = None);
+        expect_ok(|c| route(c, 3).matches.clear());
+    }
+
+    #[test]
+    fn rewrite_rules() {
+        let p = "virtual_hosts[0].routes[1].filters[2].rewrite";
+        expect_one(
+            |c| {
+                route(c, 1).matches.push(RouteMatch {
+                    path: Some(PathMatch::Regex("^/x".into())),
+                    ..RouteMatch::default()
+                })
+            },
+            &format!("{p}.path.prefix"),
+            "but matches[1] does not",
+        );
+        expect_one(
+            |c| {
+                route(c, 1).filters[2] = Filter::Rewrite(UrlRewrite {
+                    host: Some("API.internal".into()),
+                    path: None,
+                })
+            },
+            &format!("{p}.host"),
+            "must be lower-case",
+        );
+    }
+
+    #[test]
+    fn at_most_one_redirect_or_rewrite() {
+        let redirect = Filter::Redirect(Redirect {
+            status: 302,
+            ..Redirect::default()
+        });
+        let rewrite = Filter::Rewrite(UrlRewrite::default());
+        let r = redirect.clone();
+        expect_one(
+            |c| route(c, 3).filters.push(r),
+            "virtual_hosts[0].routes[3].filters[1]",
+            "at most one redirect filter is allowed per route",
+        );
+        let r = rewrite.clone();
+        expect_one(
+            |c| route(c, 1).filters.push(r),
+            "virtual_hosts[0].routes[1].filters[5]",
+            "at most one rewrite filter is allowed per route",
+        );
+        let r = rewrite.clone();
+        expect_one(
+            |c| route(c, 3).filters.push(r),
+            "virtual_hosts[0].routes[3].filters[1]",
+            "cannot have both a redirect and a rewrite filter",
+        );
+        expect_one(
+            |c| route(c, 1).filters.push(redirect),
+            "virtual_hosts[0].routes[1].filters[5]",
+            "cannot have both a redirect and a rewrite filter",
+        );
+    }
+
+    #[test]
+    fn mirror_rules() {
+        let p = "virtual_hosts[0].routes[1].filters[3].mirror";
+        let mirror = |backend: &str, percent: f64| {
+            Filter::Mirror(Mirror {
+                backend: backend.into(),
+                percent,
+            })
+        };
+        let m = mirror("nope", 10.0);
+        expect_one(
+            |c| route(c, 1).filters[3] = m,
+            &format!("{p}.backend"),
+            "unknown backend \"nope\"",
+        );
+        for percent in [-1.0, 100.5, f64::NAN] {
+            let m = mirror("shadow", percent);
+            expect_one(
+                |c| route(c, 1).filters[3] = m,
+                &format!("{p}.percent"),
+                "must be between 0 and 100",
+            );
+        }
+        for percent in [0.0, 100.0] {
+            let m = mirror("shadow", percent);
+            expect_ok(|c| route(c, 1).filters[3] = m);
+        }
+    }
+
+    #[test]
+    fn cors_rules() {
+        fn cors(c: &mut Config) -> &mut Cors {
+            match &mut route(c, 1).filters[4] {
+                Filter::Cors(cors) => cors,
+                other => panic!("not cors: {other:?}"),
+            }
+        }
+        let p = "virtual_hosts[0].routes[1].filters[4].cors";
+        let bad = [
+            ("example.com", "expected \"*\" or \"scheme://host[:port]\""),
+            (
+                "https://*.*.example.com",
+                "at most one \"*\" is allowed in the host",
+            ),
+            ("https://example.com/path", "the host may only contain"),
+            ("https://example.com:0", "invalid port"),
+            ("https://", "missing host"),
+            ("HTTPS://example.com", "invalid scheme"),
+        ];
+        for (origin, msg) in bad {
+            expect_one(
+                |c| cors(c).allow_origins[1] = origin.into(),
+                &format!("{p}.allow_origins[1]"),
+                msg,
+            );
+        }
+        for origin in ["https://example.com:8443", "http://[::1]:3000", "app://*"] {
+            expect_ok(|c| cors(c).allow_origins[1] = origin.into());
+        }
+        expect_one(
+            |c| cors(c).allow_origins[1] = "*".into(),
+            &format!("{p}.allow_credentials"),
+            "cannot be combined with the \"*\" origin",
+        );
+        expect_ok(|c| {
+            cors(c).allow_origins[1] = "*".into();
+            cors(c).allow_credentials = false;
+        });
+        expect_one(
+            |c| cors(c).allow_methods.push("GET POST".into()),
+            &format!("{p}.allow_methods[2]"),
+            "not an HTTP token",
+        );
+        expect_ok(|c| cors(c).expose_headers.push("*".into()));
+        expect_one(
+            |c| cors(c).expose_headers.push("x header".into()),
+            &format!("{p}.expose_headers[1]"),
+            "not an HTTP token",
+        );
+    }
+
+    // ------------------------------------------------------------ routes: actions
+
+    #[test]
+    fn proxy_action_rules() {
+        let p = "virtual_hosts[0].routes[1].action.proxy.backends";
+        expect_one(
+            |c| proxy(c).backends.clear(),
+            p,
+            "at least one backend is required",
+        );
+        expect_one(
+            |c| proxy(c).backends[1].backend = "api-v3".into(),
+            &format!("{p}[1].backend"),
+            "unknown backend \"api-v3\"",
+        );
+        expect_one(
+            |c| proxy(c).backends[0].weight = 1_000_001,
+            &format!("{p}[0].weight"),
+            "must be at most 1000000",
+        );
+        // Weight 0 disables a backend; allowed.
+        expect_ok(|c| proxy(c).backends[0].weight = 0);
+        expect_one(
+            |c| {
+                proxy(c).backends[1]
+                    .filters
+                    .push(Filter::Redirect(Redirect {
+                        status: 301,
+                        ..Redirect::default()
+                    }))
+            },
+            &format!("{p}[1].filters[1]"),
+            "only request_headers and response_headers filters are allowed per backend",
+        );
+        expect_one(
+            |c| {
+                proxy(c).backends[1].filters[0] =
+                    Filter::ResponseHeaders(headers(&[("bad name", "x")], &[]))
+            },
+            &format!("{p}[1].filters[0].response_headers.set[0].name"),
+            "not an HTTP token",
+        );
+    }
+
+    #[test]
+    fn fixed_action_rules() {
+        for status in [99, 600] {
+            expect_one(
+                |c| {
+                    route(c, 0).action = Action::Fixed(FixedResponse {
+                        status,
+                        body: String::new(),
+                        content_type: None,
+                    })
+                },
+                "virtual_hosts[0].routes[0].action.fixed.status",
+                "must be in 100..=599",
+            );
+        }
+    }
+
+    #[test]
+    fn static_action_rules() {
+        let p = "virtual_hosts[0].routes[2].action.static";
+        expect_one(
+            |c| static_site(c).root = PathBuf::new(),
+            &format!("{p}.root"),
+            "must not be empty",
+        );
+        expect_one(
+            |c| static_site(c).index.push("docs/index.html".into()),
+            &format!("{p}.index[1]"),
+            "a plain file name, no \"/\"",
+        );
+        expect_one(
+            |c| static_site(c).try_files.push("index.html".into()),
+            &format!("{p}.try_files[3]"),
+            "must start with \"/\" or \"$uri\"",
+        );
+        expect_one(
+            |c| static_site(c).strip_prefix = Some("assets".into()),
+            &format!("{p}.strip_prefix"),
+            "must start with \"/\"",
+        );
+        expect_one(
+            |c| static_site(c).cache_control = Some("public\r\nx: y".into()),
+            &format!("{p}.cache_control"),
+            "control characters",
+        );
+    }
+
+    // ------------------------------------------------------------ routes: timeouts, retry
+
+    #[test]
+    fn timeout_and_retry_rules() {
+        let p = "virtual_hosts[0].routes[1]";
+        expect_one(
+            |c| route(c, 1).timeouts.request = Some(Duration::from_millis(0)),
+            &format!("{p}.timeouts.request"),
+            "must be greater than 0",
+        );
+        expect_one(
+            |c| route(c, 1).timeouts.backend = Some(Duration::from_millis(0)),
+            &format!("{p}.timeouts.backend"),
+            "must be greater than 0",
+        );
+        expect_one(
+            |c| route(c, 1).timeouts.backend = Some(Duration::from_secs(60)),
+            &format!("{p}.timeouts.backend"),
+            "backend timeout 1m exceeds the request timeout 30s",
+        );
+        expect_ok(|c| route(c, 1).timeouts.request = None);
+        expect_one(
+            |c| route(c, 1).retry.as_mut().unwrap().attempts = 11,
+            &format!("{p}.retry.attempts"),
+            "must be at most 10, got 11",
+        );
+        expect_one(
+            |c| {
+                route(c, 1).retry = Some(RetryPolicy {
+                    attempts: 1,
+                    codes: vec![503, 200],
+                    backoff: None,
+                })
+            },
+            &format!("{p}.retry.codes[1]"),
+            "must be in 400..=599, got 200",
+        );
+    }
+
+    // ------------------------------------------------------------ backends
+
+    #[test]
+    fn backend_names() {
+        expect(
+            |c| c.backends[4].name.clear(),
+            &[
+                (
+                    "listeners[3].l4_routes[0].backends[0].backend",
+                    "unknown backend \"db\"",
+                ),
+                ("backends[4].name", "must not be empty"),
+            ],
+        );
+        expect_one(
+            |c| {
+                let b = c.backends[0].clone();
+                c.backends.push(b);
+            },
+            "backends[5].name",
+            "duplicate backend name \"api-v1\" (first used by backends[0])",
+        );
+    }
+
+    #[test]
+    fn backend_endpoints() {
+        let bad = [
+            ("10.0.0.1", "expected \"host:port\""),
+            ("::1:80", "IPv6 addresses must be in brackets"),
+            ("[::1]:0", "port must not be 0"),
+            ("[::1]", "expected \"[ipv6]:port\""),
+            ("[fd00::zz]:80", "invalid IPv6 address"),
+            ("10.0.0.1:http", "invalid port"),
+            ("10.0.0.1:65536", "invalid port"),
+            ("bad_host:80", "neither an IP address nor a valid DNS name"),
+        ];
+        for (address, msg) in bad {
+            expect_one(
+                |c| c.backends[0].endpoints[0].address = address.into(),
+                "backends[0].endpoints[0].address",
+                msg,
+            );
+        }
+        for address in ["[::1]:80", "svc.ns.svc.cluster.local:8080", "127.0.0.1:1"] {
+            expect_ok(|c| c.backends[0].endpoints[0].address = address.into());
+        }
+        for weight in [0, 1_000_001] {
+            expect_one(
+                |c| {
+                    c.backends[0].endpoints[1] = Endpoint {
+                        address: "10.0.0.2:8080".into(),
+                        weight,
+                    }
+                },
+                "backends[0].endpoints[1].weight",
+                "must be in 1..=1000000",
+            );
+        }
+    }
+
+    #[test]
+    fn backend_tls_rules() {
+        expect_one(
+            |c| c.backends[0].tls = Some(BackendTls::default()),
+            "backends[0].tls",
+            "only allowed with the https or h2 protocol",
+        );
+        expect_ok(|c| {
+            c.backends[0].protocol = BackendProtocol::Https;
+            c.backends[0].tls = Some(BackendTls::default());
+        });
+        expect_one(
+            |c| c.backends[1].tls.as_mut().unwrap().client_key = None,
+            "backends[1].tls.client_key",
+            "required when client_cert is set",
+        );
+        expect_one(
+            |c| c.backends[1].tls.as_mut().unwrap().client_cert = None,
+            "backends[1].tls.client_cert",
+            "required when client_key is set",
+        );
+        expect_one(
+            |c| c.backends[1].tls.as_mut().unwrap().client_key = Some(PemSource::Pem(CERT.into())),
+            "backends[1].tls.client_key",
+            "PRIVATE KEY-----\" PEM block found",
+        );
+        expect_one(
+            |c| c.backends[1].tls.as_mut().unwrap().ca = Some(PemSource::Pem(KEY.into())),
+            "backends[1].tls.ca",
+            "no \"-----BEGIN CERTIFICATE-----\"",
+        );
+        expect_one(
+            |c| c.backends[1].tls.as_mut().unwrap().sni = Some("api internal".into()),
+            "backends[1].tls.sni",
+            "invalid hostname",
+        );
+        expect_one(
+            |c| c.backends[1].tls.as_mut().unwrap().subject_alt_names[0] = "A.b".into(),
+            "backends[1].tls.subject_alt_names[0]",
+            "must be lower-case",
+        );
+    }
+
+    #[test]
+    fn backend_timeouts_and_outlier() {
+        expect_one(
+            |c| c.backends[0].connect_timeout = Duration::from_millis(0),
+            "backends[0].connect_timeout",
+            "must be greater than 0",
+        );
+        expect_one(
+            |c| c.backends[0].outlier.max_ejection_percent = 101,
+            "backends[0].outlier.max_ejection_percent",
+            "must be at most 100, got 101",
+        );
+        expect_one(
+            |c| c.backends[0].outlier.base_ejection_time = Duration::from_millis(0),
+            "backends[0].outlier.base_ejection_time",
+            "must be greater than 0 when outlier detection is on",
+        );
+        expect_ok(|c| {
+            c.backends[0].outlier.consecutive_failures = 0;
+            c.backends[0].outlier.base_ejection_time = Duration::from_millis(0);
+        });
+    }
+
+    // ------------------------------------------------------------ limits, access log
+
+    #[test]
+    fn limits_counts_and_timeouts_must_be_positive() {
+        type Edit = fn(&mut Limits);
+        let cases: [(&str, Edit); 11] = [
+            ("max_connections", |l| l.max_connections = 0),
+            ("max_requests_in_flight", |l| l.max_requests_in_flight = 0),
+            ("queue_timeout", |l| {
+                l.queue_timeout = Duration::from_millis(0)
+            }),
+            ("retry_after_seconds", |l| l.retry_after_seconds = 0),
+            ("max_concurrent_streams", |l| l.max_concurrent_streams = 0),
+            ("max_pending_reset_streams", |l| {
+                l.max_pending_reset_streams = 0
+            }),
+            ("header_read_timeout", |l| {
+                l.header_read_timeout = Duration::from_millis(0)
+            }),
+            ("body_idle_timeout", |l| {
+                l.body_idle_timeout = Duration::from_millis(0)
+            }),
+            ("idle_timeout", |l| {
+                l.idle_timeout = Duration::from_millis(0)
+            }),
+            ("max_request_body_bytes", |l| l.max_request_body_bytes = 0),
+            ("drain_timeout", |l| {
+                l.drain_timeout = Duration::from_millis(0)
+            }),
+        ];
+        for (field, edit) in cases {
+            expect_one(
+                |c| edit(&mut c.limits),
+                &format!("limits.{field}"),
+                "must be greater than 0",
+            );
+        }
+        expect_one(
+            |c| c.limits.max_header_bytes = 1023,
+            "limits.max_header_bytes",
+            "must be at least 1024, got 1023",
+        );
+        expect_ok(|c| c.limits.max_header_bytes = 1024);
+    }
+
+    #[test]
+    fn access_log_rules() {
+        expect_one(
+            |c| c.access_log.buffer_lines = 0,
+            "access_log.buffer_lines",
+            "must be greater than 0",
+        );
+        expect_one(
+            |c| c.access_log.path = Some(PathBuf::new()),
+            "access_log.path",
+            "must not be empty when set",
+        );
+    }
+
+    // ------------------------------------------------------------ filesystem
+
+    #[test]
+    fn file_checks() {
+        let dir = TempDir::new("files");
+        let cert_path = "listeners[1].tls.certificates[1].cert";
+        let root_path = "virtual_hosts[0].routes[2].action.static.root";
+
+        // A PEM file without the expected block.
+        std::fs::write(dir.0.join("other.crt"), "hello").unwrap();
+        let errors = dir.config().validate().unwrap_err().0;
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert_eq!(errors[0].path, cert_path);
+        assert!(errors[0]
+            .message
+            .ends_with("other.crt: no \"-----BEGIN CERTIFICATE-----\" PEM block found"));
+
+        // Missing file.
+        std::fs::remove_file(dir.0.join("other.crt")).unwrap();
+        let errors = dir.config().validate().unwrap_err().0;
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert_eq!(errors[0].path, cert_path);
+        assert!(errors[0].message.starts_with("file not found: "));
+        std::fs::write(dir.0.join("other.crt"), CERT).unwrap();
+
+        // Static root that is a file, then missing.
+        std::fs::remove_dir(dir.0.join("www")).unwrap();
+        std::fs::write(dir.0.join("www"), "x").unwrap();
+        let errors = dir.config().validate().unwrap_err().0;
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert_eq!(errors[0].path, root_path);
+        assert!(errors[0].message.ends_with("www is not a directory"));
+        std::fs::remove_file(dir.0.join("www")).unwrap();
+        let errors = dir.config().validate().unwrap_err().0;
+        assert_eq!(errors[0].path, root_path);
+        assert!(errors[0].message.starts_with("directory not found: "));
+
+        // A cert path that is a directory cannot be read.
+        let mut c = dir.config();
+        c.listeners[1].tls.as_mut().unwrap().certificates[1].cert = PemSource::File(dir.0.clone());
+        std::fs::create_dir(dir.0.join("www")).unwrap();
+        let errors = c.validate().unwrap_err().0;
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert_eq!(errors[0].path, cert_path);
+        assert!(
+            errors[0].message.starts_with("cannot read "),
+            "{}",
+            errors[0].message
+        );
+    }
+
+    // ------------------------------------------------------------ helpers
+
+    #[test]
+    fn overlap_rules() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        assert!(overlaps(ip("0.0.0.0"), ip("10.0.0.1")));
+        assert!(overlaps(ip("10.0.0.1"), ip("0.0.0.0")));
+        assert!(overlaps(ip("::"), ip("10.0.0.1")));
+        assert!(overlaps(ip("::1"), ip("::")));
+        assert!(overlaps(ip("::"), ip("0.0.0.0")));
+        assert!(!overlaps(ip("0.0.0.0"), ip("::1")));
+        assert!(!overlaps(ip("10.0.0.1"), ip("10.0.0.2")));
     }
 }
