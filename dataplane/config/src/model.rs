@@ -97,7 +97,7 @@ pub struct Listener {
     /// IP address to bind (`0.0.0.0`, `::`, `127.0.0.1`…).
     #[serde(default = "default_address")]
     pub address: String,
-    /// TCP (and for HTTP/3, UDP) port.
+    /// TCP (and for HTTP/3, UDP) port. 0 asks the OS for a free port (used by tests).
     pub port: u16,
     /// Wire protocol.
     pub protocol: ListenerProtocol,

@@ -1,0 +1,466 @@
+#!/usr/bin/env python3
+"""Helper for e2e/bench/run.sh (Python 3 standard library only).
+
+Subcommands:
+  port-state PORT WANT TIMEOUT   wait until 127.0.0.1:PORT is "open" or "free"; exit 1 on timeout
+  mem PID                        print "VmRSS VmHWM" in kB, summed over PID and its descendants
+  measure [options] -- CMD...    run one load-generator command and append one JSON result line
+  report RESULTS [--out FILE]    print the markdown report (and write it to FILE)
+
+`measure` samples the server's CPU time (utime+stime from /proc/PID/stat, summed over the
+server process and its descendants, e.g. nginx master + worker) right before and right after
+the client runs, reads peak memory (VmHWM) at the end, parses the client's output (h2load or
+wrk), and appends everything as one JSON line to the results file.
+"""
+
+import argparse
+import json
+import math
+import os
+import re
+import signal
+import socket
+import sys
+import time
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+# --------------------------------------------------------------------------- /proc helpers
+
+
+def children_of(pid):
+    """Direct children of pid, from /proc/*/stat (the field after the command name is ppid)."""
+    kids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                rest = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(rest[1]) == pid:
+            kids.append(int(entry))
+    return kids
+
+
+def tree(pid):
+    """pid and all its descendants."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(children_of(p))
+    return out
+
+
+def cpu_ticks(pids):
+    """Sum of utime+stime (clock ticks) of pids; a vanished pid counts as 0."""
+    total = 0
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                rest = f.read().rsplit(")", 1)[1].split()
+            # after ")": state(0) ppid(1) ... utime is field 14 overall -> index 11, stime 12
+            total += int(rest[11]) + int(rest[12])
+        except (OSError, IndexError, ValueError):
+            pass
+    return total
+
+
+def mem_kb(pids):
+    """(VmRSS, VmHWM) in kB summed over pids."""
+    rss = hwm = 0
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        rss += int(line.split()[1])
+                    elif line.startswith("VmHWM:"):
+                        hwm += int(line.split()[1])
+        except OSError:
+            pass
+    return rss, hwm
+
+
+# --------------------------------------------------------------------------- ports
+
+
+def port_open(port):
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.settimeout(0.5)
+    try:
+        s.connect(("127.0.0.1", port))
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
+def cmd_port_state(a):
+    deadline = time.monotonic() + a.timeout
+    want_open = a.want == "open"
+    while True:
+        if port_open(a.port) == want_open:
+            return 0
+        if time.monotonic() > deadline:
+            return 1
+        time.sleep(0.1)
+
+
+def cmd_mem(a):
+    rss, hwm = mem_kb(tree(a.pid))
+    print(rss, hwm)
+    return 0
+
+
+# --------------------------------------------------------------------------- client output parsing
+
+UNIT_MS = {"us": 0.001, "ms": 1.0, "s": 1000.0, "m": 60000.0}
+
+
+def to_ms(text):
+    m = re.fullmatch(r"([\d.]+)(us|ms|s|m)", text.strip())
+    return float(m.group(1)) * UNIT_MS[m.group(2)] if m else None
+
+
+def parse_h2load(out, log_path):
+    r = {"rps": None, "done": 0, "failed": 0, "bad_status": 0, "p99_ms": None}
+    m = re.search(r"finished in ([\d.]+)s, ([\d.]+) req/s", out)
+    if m:
+        r["seconds"] = float(m.group(1))
+        r["rps"] = float(m.group(2))
+    m = re.search(
+        r"requests: (\d+) total, (\d+) started, (\d+) done, (\d+) succeeded, "
+        r"(\d+) failed, (\d+) errored, (\d+) timeout",
+        out,
+    )
+    if m:
+        r["done"] = int(m.group(3))
+        # "failed" already includes "errored" and "timeout" in h2load's accounting
+        r["failed"] = int(m.group(5))
+    m = re.search(r"status codes: (\d+) 2xx, (\d+) 3xx, (\d+) 4xx, (\d+) 5xx", out)
+    if m:
+        r["bad_status"] = int(m.group(2)) + int(m.group(3)) + int(m.group(4))
+    # p99 from the per-request log: start_us <TAB> status <TAB> elapsed_us
+    if log_path and os.path.exists(log_path):
+        lat = []
+        with open(log_path) as f:
+            for line in f:
+                cols = line.split("\t")
+                if len(cols) >= 3:
+                    try:
+                        lat.append(int(cols[2]))
+                    except ValueError:
+                        pass
+        if lat:
+            lat.sort()
+            r["p99_ms"] = lat[max(0, math.ceil(0.99 * len(lat)) - 1)] / 1000.0
+    return r
+
+
+def parse_wrk(out):
+    r = {"rps": None, "done": 0, "failed": 0, "bad_status": 0, "p99_ms": None}
+    m = re.search(r"Requests/sec:\s+([\d.]+)", out)
+    if m:
+        r["rps"] = float(m.group(1))
+    m = re.search(r"(\d+) requests in ([\d.]+)(\w+),", out)
+    if m:
+        r["done"] = int(m.group(1))
+    m = re.search(r"^\s+99%\s+(\S+)", out, re.M)
+    if m:
+        r["p99_ms"] = to_ms(m.group(1))
+    m = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    if m:
+        r["bad_status"] = int(m.group(1))
+    m = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
+    if m:
+        r["failed"] = sum(int(g) for g in m.groups())
+    return r
+
+
+# --------------------------------------------------------------------------- measure
+
+
+def run_bounded(cmd, stdout_path, timeout):
+    """Runs cmd with stdout+stderr to a file; returns (exit status, client CPU seconds, wall)."""
+    with open(stdout_path, "wb") as out:
+        t0 = time.monotonic()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.dup2(out.fileno(), 1)
+                os.dup2(out.fileno(), 2)
+                os.execvp(cmd[0], cmd)
+            finally:
+                os._exit(127)
+        killed = False
+        while True:
+            wpid, status, usage = os.wait4(pid, os.WNOHANG)
+            if wpid == pid:
+                break
+            if not killed and time.monotonic() - t0 > timeout:
+                os.kill(pid, signal.SIGKILL)
+                killed = True
+            time.sleep(0.05)
+    wall = time.monotonic() - t0
+    code = -1 if killed else os.waitstatus_to_exitcode(status)
+    return code, usage.ru_utime + usage.ru_stime, wall
+
+
+def cmd_measure(a):
+    pids = tree(a.server_pid)
+    t0 = cpu_ticks(pids)
+    code, client_cpu, wall = run_bounded(a.command, a.client_out, a.timeout)
+    t1 = cpu_ticks(pids)
+    alive = os.path.exists(f"/proc/{a.server_pid}")
+    rss, hwm = mem_kb(pids)
+    with open(a.client_out, errors="replace") as f:
+        out = f.read()
+    r = parse_h2load(out, a.log) if a.tool == "h2load" else parse_wrk(out)
+    if a.log and os.path.exists(a.log):
+        os.unlink(a.log)  # can be tens of MB
+    cpu_s = (t1 - t0) / CLK_TCK
+    r.update(
+        cell=a.cell,
+        server=a.server,
+        run=a.run,
+        client_exit=code,
+        server_alive=alive,
+        server_cpu_s=cpu_s,
+        server_cpu_pct=100.0 * cpu_s / wall if wall > 0 else None,
+        cpu_us_per_req=(cpu_s * 1e6 / r["done"]) if r["done"] else None,
+        client_cpu_pct=100.0 * client_cpu / wall if wall > 0 else None,
+        idle_rss_kb=a.idle_rss,
+        peak_rss_kb=hwm,
+        end_rss_kb=rss,
+        probe=a.probe,
+    )
+    with open(a.results, "a") as f:
+        f.write(json.dumps(r) + "\n")
+    print(
+        f"  {a.server:7s} {a.cell:8s} run {a.run}: {fmt_rps(r['rps'])} rps, "
+        f"p99 {fmt_ms(r['p99_ms'])}, {fmt_num(r['cpu_us_per_req'])} CPU-us/req, "
+        f"server CPU {fmt_num(r['server_cpu_pct'], 0)}%, client CPU "
+        f"{fmt_num(r['client_cpu_pct'], 0)}%, peak RSS {fmt_mb(hwm)}, "
+        f"failed {r['failed']}, non-2xx {r['bad_status']} (probe: {a.probe})",
+        file=sys.stderr,
+    )
+    if code != 0:
+        print(f"  client exited with {code}; output in {a.client_out}", file=sys.stderr)
+    return 0
+
+
+# --------------------------------------------------------------------------- report
+
+
+def fmt_num(v, digits=1):
+    return "—" if v is None else f"{v:,.{digits}f}"
+
+
+def fmt_rps(v):
+    if v is None:
+        return "—"
+    return f"{v / 1000:.1f}k" if v >= 10000 else f"{v:,.0f}"
+
+
+def fmt_ms(v):
+    return "—" if v is None else (f"{v:.2f} ms" if v < 100 else f"{v:,.0f} ms")
+
+
+def fmt_mb(kb):
+    return "—" if not kb else f"{kb / 1024:.1f} MiB"
+
+
+def fmt_ratio(a, b):
+    return "—" if not a or not b else f"{a / b:.2f}"
+
+
+def mean(xs):
+    xs = [x for x in xs if x is not None]
+    return sum(xs) / len(xs) if xs else None
+
+
+def md_table(header, rows):
+    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
+    line = lambda cells: "| " + " | ".join(str(c).ljust(w) for c, w in zip(cells, widths)) + " |"
+    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+    return "\n".join([line(header), sep] + [line(r) for r in rows])
+
+
+def cmd_report(a):
+    rows = []
+    with open(a.results) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    cells = list(dict.fromkeys(r["cell"] for r in rows))
+    by = {}
+    for r in rows:
+        by.setdefault((r["cell"], r["server"]), []).append(r)
+
+    def agg(cell, server):
+        rs = by.get((cell, server), [])
+        if not rs:
+            return None
+        return {
+            "rps": mean(r["rps"] for r in rs),
+            "p99": mean(r["p99_ms"] for r in rs),
+            "us": mean(r["cpu_us_per_req"] for r in rs),
+            "rss": max((r["peak_rss_kb"] or 0) for r in rs),
+            "fail": sum(r["failed"] + r["bad_status"] for r in rs),
+            "n": len(rs),
+        }
+
+    summary = []
+    for c in cells:
+        s, n = agg(c, "sweety"), agg(c, "nginx")
+        g = lambda d, k: d[k] if d else None
+        summary.append(
+            [
+                c,
+                fmt_rps(g(s, "rps")),
+                fmt_rps(g(n, "rps")),
+                fmt_ms(g(s, "p99")),
+                fmt_ms(g(n, "p99")),
+                fmt_num(g(s, "us")),
+                fmt_num(g(n, "us")),
+                fmt_ratio(g(s, "us"), g(n, "us")),
+                fmt_mb(g(s, "rss")),
+                fmt_mb(g(n, "rss")),
+                fmt_ratio(g(s, "rss"), g(n, "rss")),
+                "—" if s is None else s["fail"],
+                "—" if n is None else n["fail"],
+            ]
+        )
+    idle = {}
+    for r in rows:
+        if r.get("idle_rss_kb"):
+            idle.setdefault(r["server"], []).append(r["idle_rss_kb"])
+
+    def idle_txt(srv):
+        v = idle.get(srv)
+        if not v:
+            return "—"
+        lo, hi = min(v), max(v)
+        return fmt_mb(lo) if lo == hi else f"{fmt_mb(lo)}–{fmt_mb(hi)}"
+
+    si, ni = idle.get("sweety"), idle.get("nginx")
+    summary.append(
+        ["idle RSS", "", "", "", "", "", "", "", idle_txt("sweety"), idle_txt("nginx"),
+         fmt_ratio(mean(si or [None]), mean(ni or [None])), "", ""]
+    )
+
+    raw = []
+    for r in rows:
+        raw.append(
+            [
+                r["cell"],
+                r["server"],
+                r["run"],
+                fmt_rps(r["rps"]),
+                fmt_ms(r["p99_ms"]),
+                fmt_num(r["cpu_us_per_req"]),
+                fmt_num(r["server_cpu_pct"], 0),
+                fmt_num(r["client_cpu_pct"], 0),
+                fmt_mb(r["idle_rss_kb"]),
+                fmt_mb(r["peak_rss_kb"]),
+                r["done"],
+                r["failed"],
+                r["bad_status"],
+                r.get("probe", ""),
+            ]
+        )
+
+    meta = {}
+    for kv in a.meta or []:
+        k, _, v = kv.partition("=")
+        meta[k] = v
+    out = ["# Sweety vs nginx", ""]
+    out += [f"- {k}: {v}" for k, v in meta.items()]
+    out += [
+        "",
+        "Means over runs. µs = server CPU-microseconds per request (utime+stime of the server's "
+        "processes over the run / completed requests); lower is better, and it is the fair "
+        "figure when the load generator is the bottleneck (client CPU ≥ 90% in the raw table). "
+        "Ratios are Sweety / nginx (below 1.00: Sweety uses less). Peak RSS = VmHWM summed over "
+        "the server's processes (nginx: master + worker), each server started fresh for every "
+        "cell and run, so it is per cell. Idle RSS = VmRSS right after start (min–max over "
+        "starts). fail = failed requests + non-2xx responses (all runs).",
+        "",
+        md_table(
+            ["cell", "rps S", "rps N", "p99 S", "p99 N", "µs/req S", "µs/req N", "µs S/N",
+             "peak RSS S", "peak RSS N", "RSS S/N", "fail S", "fail N"],
+            summary,
+        ),
+        "",
+        "## Every run",
+        "",
+        "non-2xx: h2load counts 3xx/4xx/5xx, wrk counts 4xx/5xx. probe: status and size of one "
+        "curl request made before the load.",
+        "",
+        md_table(
+            ["cell", "server", "run", "rps", "p99", "µs/req", "server CPU %", "client CPU %",
+             "idle RSS", "peak RSS", "done", "failed", "non-2xx", "probe"],
+            raw,
+        ),
+        "",
+    ]
+    text = "\n".join(out)
+    print(text)
+    if a.out:
+        with open(a.out, "w") as f:
+            f.write(text)
+    return 0
+
+
+# --------------------------------------------------------------------------- main
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    sub = p.add_subparsers(dest="sub", required=True)
+
+    s = sub.add_parser("port-state")
+    s.add_argument("port", type=int)
+    s.add_argument("want", choices=["open", "free"])
+    s.add_argument("timeout", type=float)
+    s.set_defaults(fn=cmd_port_state)
+
+    s = sub.add_parser("mem")
+    s.add_argument("pid", type=int)
+    s.set_defaults(fn=cmd_mem)
+
+    s = sub.add_parser("measure")
+    s.add_argument("--results", required=True)
+    s.add_argument("--cell", required=True)
+    s.add_argument("--server", required=True)
+    s.add_argument("--run", type=int, default=1)
+    s.add_argument("--tool", choices=["h2load", "wrk"], required=True)
+    s.add_argument("--server-pid", type=int, required=True)
+    s.add_argument("--idle-rss", type=int, default=0)
+    s.add_argument("--probe", default="")
+    s.add_argument("--log", help="h2load --log-file path, for p99")
+    s.add_argument("--client-out", required=True)
+    s.add_argument("--timeout", type=float, required=True)
+    s.add_argument("command", nargs=argparse.REMAINDER, help="-- CLIENT COMMAND...")
+    s.set_defaults(fn=cmd_measure)
+
+    s = sub.add_parser("report")
+    s.add_argument("results")
+    s.add_argument("--out")
+    s.add_argument("--meta", action="append", help="KEY=VALUE shown in the header")
+    s.set_defaults(fn=cmd_report)
+
+    a = p.parse_args()
+    if a.sub == "measure":
+        if a.command[:1] == ["--"]:
+            a.command = a.command[1:]
+        if not a.command:
+            p.error("measure: missing client command after --")
+    sys.exit(a.fn(a))
+
+
+if __name__ == "__main__":
+    main()
