@@ -741,3 +741,71 @@ async fn reload_keeps_warm_connections() {
     })
     .await;
 }
+
+/// A raw HTTP/1.1 server that answers one request per connection with keep-alive, then closes
+/// the connection without answering when a second request arrives on it.
+async fn one_shot_keepalive_server() -> (SocketAddr, Arc<AtomicUsize>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let conns = Arc::new(AtomicUsize::new(0));
+    let c = conns.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            c.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 1024];
+                while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                }
+                let _ = s
+                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                    .await;
+                // Wait for the next request on this connection, then drop it unanswered.
+                let _ = s.read(&mut chunk).await;
+            });
+        }
+    });
+    (addr, conns)
+}
+
+#[tokio::test]
+async fn stale_pooled_connection_is_replaced_for_replayable_requests() {
+    bounded(async {
+        let (addr, conns) = one_shot_keepalive_server().await;
+        let (u, m) = upstreams(vec![backend(
+            json!({"name": "b", "endpoints": [{"address": addr.to_string()}]}),
+        )]);
+        for i in 0..3 {
+            let resp = u
+                .forward(get("/"), &action(&[("b", 1)]), &route(json!({})), &ctx())
+                .await;
+            assert_eq!(resp.status(), StatusCode::OK, "request {i}");
+            assert_eq!(text(resp).await, "ok");
+            for _ in 0..100 {
+                if u.idle_connections("b", &addr.to_string()) == Some(1) {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+        assert_eq!(conns.load(Ordering::SeqCst), 3);
+        assert_eq!(m.upstream_errors.get(&"protocol"), 0);
+        // A POST with a body on the stale connection is not replayed: 502.
+        let req = Request::builder()
+            .method("POST")
+            .uri("/")
+            .body(full("once"))
+            .unwrap();
+        let resp = u
+            .forward(req, &action(&[("b", 1)]), &route(json!({})), &ctx())
+            .await;
+        assert_eq!(resp.status(), StatusCode::BAD_GATEWAY);
+        assert_eq!(m.upstream_errors.get(&"protocol"), 1);
+    })
+    .await;
+}

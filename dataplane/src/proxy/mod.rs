@@ -242,7 +242,13 @@ impl Upstreams {
             tries += 1;
             let b = body.take().unwrap_or_else(empty);
             let (result, unsent) = backend
-                .try_once(idx, &head, b, route.timeouts.backend.map(|d| d.get()))
+                .try_once(
+                    idx,
+                    &head,
+                    b,
+                    route.timeouts.backend.map(|d| d.get()),
+                    replayable,
+                )
                 .await;
             body = unsent;
             match result {
@@ -319,7 +325,7 @@ impl Upstreams {
             let _permit = permit;
             let run = async {
                 let idx = backend.pick(&[])?;
-                let (res, _) = backend.try_once(idx, &head, empty(), None).await;
+                let (res, _) = backend.try_once(idx, &head, empty(), None, true).await;
                 let ok = match &res {
                     Ok(r) => r.status().as_u16() < 500,
                     Err(e) => !e.is_endpoint_failure(),
@@ -530,12 +536,17 @@ impl BackendRt {
 
     /// One try against endpoint `idx`. Returns the result and, when the request was not
     /// sent, the body back (so the caller may retry any request).
+    ///
+    /// A pooled connection may have been closed by the backend while idle. When hyper gives
+    /// the request back unsent, or when a `replayable` request (idempotent, no body) meets a
+    /// connection closed before any response, the try goes once more on a new connection.
     async fn try_once(
         &self,
         idx: usize,
         head: &Head,
         body: Body,
         backend_timeout: Option<Duration>,
+        replayable: bool,
     ) -> (Result<Response<Body>, ProxyError>, Option<Body>) {
         let ep = &self.endpoints[idx].state;
         let addr = ep.address.as_str();
@@ -620,6 +631,12 @@ impl BackendRt {
                     error,
                     request: None,
                 }) => {
+                    let stale = error.is_incomplete_message() || error.is_canceled();
+                    if reused && allow_fresh && replayable && stale {
+                        allow_fresh = false;
+                        body = empty();
+                        continue;
+                    }
                     let e = ProxyError::Protocol {
                         addr: addr.to_string(),
                         source: error.into(),
