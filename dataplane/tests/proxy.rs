@@ -809,3 +809,28 @@ async fn stale_pooled_connection_is_replaced_for_replayable_requests() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn mirrors_are_bounded_and_dropped_when_full() {
+    bounded(async {
+        let h = handler(|_req| async {
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            Response::new(empty())
+        });
+        let server = spawn_server(None, h).await;
+        let (u, m) = upstreams(vec![backend(
+            json!({"name": "shadow", "endpoints": [{"address": server.address()}]}),
+        )]);
+        let (parts, _) = get("/").into_parts();
+        let mirror = Mirror {
+            backend: "shadow".into(),
+            percent: 100.0,
+        };
+        let extra = 6;
+        for _ in 0..sweety_dataplane::proxy::MIRROR_IN_FLIGHT + extra {
+            u.mirror(&parts, &mirror, &ctx());
+        }
+        assert_eq!(m.upstream_errors.get(&"mirror_dropped"), extra as u64);
+    })
+    .await;
+}
