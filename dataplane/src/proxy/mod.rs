@@ -17,9 +17,11 @@
 //! request may be retried; after it was sent, only idempotent requests without a body are.
 //! The whole-request timeout is applied by the pipeline, not here. Bodies stream both ways.
 
+mod backend;
 pub mod balance;
 pub mod error;
 pub mod forward;
+mod head;
 pub mod outlier;
 pub mod pool;
 pub mod tls;
@@ -30,23 +32,18 @@ use crate::body::{empty, Body};
 use crate::ctx::RequestCtx;
 use crate::filters::modify_headers;
 use crate::metrics::Metrics;
-use bytes::Bytes;
-use http::header::{self, HeaderMap, HeaderValue};
-use http::{Method, Request, Response, Uri, Version};
-use http_body::Frame;
+use backend::{BackendRt, EndpointRt, EndpointState};
+use head::Head;
+use http::header;
+use http::{Request, Response};
 use http_body_util::BodyExt;
 use outlier::Health;
-use pool::{Connector, Pool, SendError, StreamGuard};
+use pool::{Connector, Pool};
 use std::collections::HashMap;
-use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
-use sweety_config::{
-    Backend, BackendProtocol, BackendTls, Filter, LbPolicy, Mirror, ProxyAction, Route,
-    WeightedBackend,
-};
+use std::time::Duration;
+use sweety_config::{Backend, BackendProtocol, BackendTls, Filter, Mirror, ProxyAction, Route};
 use tokio::sync::Semaphore;
 
 /// Mirrored requests in flight at most; more are dropped and counted as `mirror_dropped`.
@@ -62,31 +59,6 @@ pub struct BuildError {
     pub index: usize,
     /// What is wrong.
     pub message: String,
-}
-
-/// State of one endpoint that survives config reloads: its pool, health and load.
-#[derive(Debug)]
-struct EndpointState {
-    address: String,
-    pool: Arc<Pool>,
-    health: Mutex<Health>,
-    in_flight: AtomicUsize,
-}
-
-#[derive(Debug)]
-struct EndpointRt {
-    state: Arc<EndpointState>,
-    weight: u32,
-}
-
-/// One backend of the running config.
-#[derive(Debug)]
-struct BackendRt {
-    config: Backend,
-    endpoints: Vec<EndpointRt>,
-    connector: Connector,
-    wrr: balance::SmoothWrr,
-    eject_lock: Mutex<()>,
 }
 
 /// All upstream backends of one config, with their pools and endpoint health.
@@ -355,303 +327,11 @@ async fn backoff(policy: Option<&sweety_config::RetryPolicy>) {
     }
 }
 
-/// The rewritten request head, reused for every try.
-#[derive(Debug)]
-struct Head {
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
-    /// Host / :authority for the backend; `None`: the endpoint address.
-    host: Option<HeaderValue>,
-}
-
-impl Head {
-    fn prepare(
-        parts: http::request::Parts,
-        ctx: &RequestCtx,
-        wb: Option<&WeightedBackend>,
-    ) -> Head {
-        let original_host = forward::client_host(&parts.headers, &parts.uri);
-        let mut headers = parts.headers;
-        forward::strip_hop_by_hop(&mut headers);
-        forward::add_forwarding_headers(
-            &mut headers,
-            ctx.conn.peer.ip(),
-            ctx.scheme(),
-            original_host.as_ref(),
-        );
-        for f in wb.map(|w| w.filters.as_slice()).unwrap_or_default() {
-            if let Filter::RequestHeaders(m) = f {
-                modify_headers(&mut headers, m);
-            }
-        }
-        // A per-backend filter may have set Host; otherwise the client's host is kept.
-        let host = headers.get(header::HOST).cloned().or(original_host);
-        Head {
-            method: parts.method,
-            uri: parts.uri,
-            headers,
-            host,
-        }
-    }
-
-    /// The request for one try to `addr` over HTTP/1.1 (`h2 == false`) or HTTP/2.
-    fn build(&self, body: Body, addr: &str, h2: bool, tls: bool) -> Request<Body> {
-        let path = self.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
-        let host = self
-            .host
-            .clone()
-            .or_else(|| HeaderValue::from_str(addr).ok());
-        let mut req = Request::new(body);
-        *req.method_mut() = self.method.clone();
-        *req.headers_mut() = self.headers.clone();
-        if h2 {
-            *req.version_mut() = Version::HTTP_2;
-            req.headers_mut().remove(header::HOST);
-            let scheme = if tls { "https" } else { "http" };
-            let authority = host
-                .as_ref()
-                .and_then(|h| h.to_str().ok())
-                .filter(|h| h.parse::<http::uri::Authority>().is_ok())
-                .unwrap_or(addr);
-            *req.uri_mut() = format!("{scheme}://{authority}{path}")
-                .parse()
-                .unwrap_or_else(|_| Uri::from_static("/"));
-        } else {
-            *req.version_mut() = Version::HTTP_11;
-            *req.uri_mut() = path.parse().unwrap_or_else(|_| Uri::from_static("/"));
-            if let Some(h) = host {
-                req.headers_mut().insert(header::HOST, h);
-            }
-        }
-        req
-    }
-}
-
-/// Counts a request in flight on an endpoint until dropped (with the response body).
-#[derive(Debug)]
-struct InFlight(Arc<EndpointState>);
-
-impl InFlight {
-    fn new(s: Arc<EndpointState>) -> InFlight {
-        s.in_flight.fetch_add(1, Ordering::AcqRel);
-        InFlight(s)
-    }
-}
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-pin_project_lite::pin_project! {
-    /// The upstream response body, holding the endpoint's in-flight count and the HTTP/2
-    /// stream slot until it is finished or dropped.
-    struct Guarded<B> {
-        #[pin]
-        inner: B,
-        guards: (InFlight, Option<StreamGuard>),
-    }
-}
-
-impl<B: http_body::Body<Data = Bytes>> http_body::Body for Guarded<B> {
-    type Data = Bytes;
-    type Error = B::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
-        self.project().inner.poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.inner.size_hint()
-    }
-}
-
-impl BackendRt {
-    fn healths(&self) -> Vec<&Mutex<Health>> {
-        self.endpoints.iter().map(|e| &e.state.health).collect()
-    }
-
-    /// Picks an endpoint index: weight > 0, not ejected (or all in panic mode), preferring
-    /// endpoints not in `tried`.
-    fn pick(&self, tried: &[usize]) -> Option<usize> {
-        let weighted: Vec<usize> = (0..self.endpoints.len())
-            .filter(|&i| self.endpoints[i].weight > 0)
-            .collect();
-        if weighted.is_empty() {
-            return None;
-        }
-        let all = self.healths();
-        let subset: Vec<&Mutex<Health>> = weighted.iter().map(|&i| all[i]).collect();
-        let eligible: Vec<usize> = outlier::eligible(&subset, Instant::now())
-            .into_iter()
-            .map(|j| weighted[j])
-            .collect();
-        let fresh: Vec<usize> = eligible
-            .iter()
-            .copied()
-            .filter(|i| !tried.contains(i))
-            .collect();
-        let pool = if fresh.is_empty() { eligible } else { fresh };
-        let cands: Vec<(usize, u32)> = pool
-            .into_iter()
-            .map(|i| (i, self.endpoints[i].weight))
-            .collect();
-        match self.config.lb {
-            LbPolicy::RoundRobin => self.wrr.pick(&cands),
-            LbPolicy::LeastRequest => balance::p2c(
-                &cands,
-                |i| self.endpoints[i].state.in_flight.load(Ordering::Acquire),
-                &mut fastrand::Rng::new(),
-            ),
-        }
-    }
-
-    /// Records a try's outcome for outlier ejection.
-    fn record(&self, idx: usize, success: bool) {
-        let ejected = outlier::record(
-            &self.healths(),
-            idx,
-            success,
-            &self.config.outlier,
-            &self.eject_lock,
-            Instant::now(),
-        );
-        if ejected {
-            tracing::info!(
-                backend = %self.config.name,
-                endpoint = %self.endpoints[idx].state.address,
-                "endpoint ejected after consecutive failures"
-            );
-        }
-    }
-
-    /// One try against endpoint `idx`. Returns the result and, when the request was not
-    /// sent, the body back (so the caller may retry any request).
-    ///
-    /// A pooled connection may have been closed by the backend while idle. When hyper gives
-    /// the request back unsent, or when a `replayable` request (idempotent, no body) meets a
-    /// connection closed before any response, the try goes once more on a new connection.
-    async fn try_once(
-        &self,
-        idx: usize,
-        head: &Head,
-        body: Body,
-        backend_timeout: Option<Duration>,
-        replayable: bool,
-    ) -> (Result<Response<Body>, ProxyError>, Option<Body>) {
-        let ep = &self.endpoints[idx].state;
-        let addr = ep.address.as_str();
-        let in_flight = InFlight::new(ep.clone());
-        let deadline = backend_timeout.map(|t| Instant::now() + t);
-        let h2 = matches!(
-            self.config.protocol,
-            BackendProtocol::H2 | BackendProtocol::H2c
-        );
-        let mut body = body;
-        let mut allow_fresh = true;
-        loop {
-            let connect_limit = match deadline {
-                Some(d) => self
-                    .config
-                    .connect_timeout
-                    .get()
-                    .min(d.saturating_duration_since(Instant::now())),
-                None => self.config.connect_timeout.get(),
-            };
-            let conn =
-                match tokio::time::timeout(connect_limit, ep.pool.acquire(addr, &self.connector))
-                    .await
-                {
-                    Err(_) => {
-                        let e = ProxyError::ConnectTimeout {
-                            addr: addr.to_string(),
-                            after: connect_limit,
-                        };
-                        return (Err(e), Some(body));
-                    }
-                    Ok(Err(e)) => return (Err(e), Some(body)),
-                    Ok(Ok(c)) => c,
-                };
-            let reused = conn.reused;
-            let req = head.build(body, addr, h2, self.connector.tls.is_some());
-            let send = conn.send(&ep.pool, req);
-            let sent = match deadline {
-                Some(d) => match tokio::time::timeout_at(d.into(), send).await {
-                    Ok(r) => r,
-                    Err(_) => {
-                        let e = ProxyError::Timeout {
-                            addr: addr.to_string(),
-                            after: backend_timeout.unwrap_or_default(),
-                        };
-                        return (Err(e), None);
-                    }
-                },
-                None => send.await,
-            };
-            match sent {
-                Ok((resp, stream)) => {
-                    let (mut parts, incoming) = resp.into_parts();
-                    forward::strip_hop_by_hop(&mut parts.headers);
-                    parts.version = Version::HTTP_11;
-                    let guarded = Guarded {
-                        inner: incoming,
-                        guards: (in_flight, stream),
-                    };
-                    return (
-                        Ok(Response::from_parts(parts, crate::body::boxed(guarded))),
-                        None,
-                    );
-                }
-                Err(SendError {
-                    error,
-                    request: Some(req),
-                }) => {
-                    body = req.into_body();
-                    // A pooled connection that died while idle: try once on a new one.
-                    if reused && allow_fresh {
-                        allow_fresh = false;
-                        continue;
-                    }
-                    let e = ProxyError::Connect {
-                        addr: addr.to_string(),
-                        source: error.into(),
-                    };
-                    return (Err(e), Some(body));
-                }
-                Err(SendError {
-                    error,
-                    request: None,
-                }) => {
-                    let stale = error.is_incomplete_message() || error.is_canceled();
-                    if reused && allow_fresh && replayable && stale {
-                        allow_fresh = false;
-                        body = empty();
-                        continue;
-                    }
-                    let e = ProxyError::Protocol {
-                        addr: addr.to_string(),
-                        source: error.into(),
-                    };
-                    return (Err(e), None);
-                }
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::ctx::{ConnInfo, Protocol};
+    use std::time::Instant;
     use sweety_config::Endpoint;
 
     fn ctx() -> RequestCtx {
