@@ -2,14 +2,54 @@
 //! weighted backend choice, endpoint load balancing, passive outlier ejection, forwarding
 //! headers, retries, timeouts and mirrors.
 //!
-//! STUB: interface fixed, implementation pending (proxy helper).
+//! Request flow in [`Upstreams::forward`]:
+//! 1. pick a backend of the route by weight (all weights 0: 500 "no backend");
+//! 2. rewrite the head once: hop-by-hop headers out, forwarding headers in, per-backend header
+//!    filters ([`forward`]);
+//! 3. per try: pick an endpoint (round robin or least request over non-ejected endpoints,
+//!    preferring one not tried yet), get a pooled or new connection ([`pool`]), send, wait for
+//!    the response head within `route.timeouts.backend`;
+//! 4. record the outcome for outlier ejection ([`outlier`]) and decide on a retry
+//!    ([`forward::should_retry`]); errors become 502/504 replies ([`error`]).
+//!
+//! Retries happen only with a `route.retry` policy. The request body is handed to the
+//! connection only once a connection is ready, so on connect errors it is still owned and any
+//! request may be retried; after it was sent, only idempotent requests without a body are.
+//! The whole-request timeout is applied by the pipeline, not here. Bodies stream both ways.
 
-use crate::body::{text_response, Body};
+mod backend;
+pub mod balance;
+pub mod error;
+pub mod forward;
+mod head;
+pub mod outlier;
+pub mod pool;
+pub mod tls;
+
+pub use error::{ErrorOrigin, ProxyError};
+
+use crate::body::{empty, Body};
 use crate::ctx::RequestCtx;
+use crate::filters::modify_headers;
 use crate::metrics::Metrics;
-use http::{Request, Response, StatusCode};
-use std::sync::Arc;
-use sweety_config::{Backend, Mirror, ProxyAction, Route};
+use backend::{BackendRt, EndpointRt, EndpointState};
+use head::Head;
+use http::header;
+use http::{Request, Response};
+use http_body_util::BodyExt;
+use outlier::Health;
+use pool::{Connector, Pool};
+use std::collections::HashMap;
+use std::sync::atomic::AtomicUsize;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use sweety_config::{Backend, BackendProtocol, BackendTls, Filter, Mirror, ProxyAction, Route};
+use tokio::sync::Semaphore;
+
+/// Mirrored requests in flight at most; more are dropped and counted as `mirror_dropped`.
+pub const MIRROR_IN_FLIGHT: usize = 64;
+/// A mirrored request (connect, response and draining its body) is abandoned after this.
+pub const MIRROR_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Errors building upstreams from config.
 #[derive(Debug, thiserror::Error)]
@@ -24,19 +64,115 @@ pub struct BuildError {
 /// All upstream backends of one config, with their pools and endpoint health.
 #[derive(Debug)]
 pub struct Upstreams {
-    _metrics: Arc<Metrics>,
+    backends: HashMap<String, Arc<BackendRt>>,
+    metrics: Arc<Metrics>,
+    mirrors: Arc<Semaphore>,
+}
+
+fn valid_address(a: &str) -> bool {
+    let host = tls::host_of(a);
+    let port = a.rsplit_once(':').map(|(_, p)| p);
+    !host.is_empty() && port.is_some_and(|p| p.parse::<u16>().is_ok_and(|p| p != 0))
 }
 
 impl Upstreams {
     /// Builds upstreams for `backends`, reusing pools and endpoint state from `previous`
     /// (the running config's upstreams) where backend and endpoint are unchanged.
+    ///
+    /// A backend is "unchanged" when its name, protocol and TLS settings are equal; its
+    /// endpoints then keep their warm connections, health and load by address. Other settings
+    /// (weights, policy, timeouts, outlier thresholds, idle bound) take effect immediately.
+    /// For `https`/`h2` without `tls`, the backend certificate is not verified.
     pub fn build(
         backends: &[Backend],
         previous: Option<&Upstreams>,
         metrics: Arc<Metrics>,
     ) -> Result<Upstreams, BuildError> {
-        let _ = (backends, previous);
-        Ok(Upstreams { _metrics: metrics })
+        let mut out = HashMap::with_capacity(backends.len());
+        for (index, b) in backends.iter().enumerate() {
+            let err = |message: String| BuildError { index, message };
+            if out.contains_key(&b.name) {
+                return Err(err(format!("duplicate backend name {:?}", b.name)));
+            }
+            let tls_cfg = match b.protocol {
+                BackendProtocol::Http1 | BackendProtocol::H2c => None,
+                BackendProtocol::Https | BackendProtocol::H2 => {
+                    let t = b.tls.clone().unwrap_or_else(BackendTls::default);
+                    Some(
+                        tls::client_config(&t, b.protocol == BackendProtocol::H2)
+                            .map_err(|m| err(format!("tls: {m}")))?,
+                    )
+                }
+            };
+            let reuse = previous
+                .and_then(|p| p.backends.get(&b.name))
+                .filter(|p| p.config.protocol == b.protocol && p.config.tls == b.tls);
+            let max_idle = b.max_idle_per_endpoint as usize;
+            let mut endpoints = Vec::with_capacity(b.endpoints.len());
+            for (i, e) in b.endpoints.iter().enumerate() {
+                if !valid_address(&e.address) {
+                    return Err(err(format!(
+                        "endpoints[{i}]: address {:?} is not host:port",
+                        e.address
+                    )));
+                }
+                let old = reuse.and_then(|p| {
+                    p.endpoints
+                        .iter()
+                        .find(|x| x.state.address == e.address)
+                        .map(|x| x.state.clone())
+                });
+                let state = match old {
+                    Some(s) => {
+                        s.pool.set_max_idle(max_idle);
+                        s
+                    }
+                    None => Arc::new(EndpointState {
+                        address: e.address.clone(),
+                        pool: Arc::new(Pool::new(max_idle)),
+                        health: Mutex::new(Health::default()),
+                        in_flight: AtomicUsize::new(0),
+                    }),
+                };
+                endpoints.push(EndpointRt {
+                    state,
+                    weight: e.weight,
+                });
+            }
+            let rt = BackendRt {
+                config: b.clone(),
+                wrr: balance::SmoothWrr::new(endpoints.len()),
+                endpoints,
+                connector: Connector {
+                    protocol: b.protocol,
+                    tls: tls_cfg,
+                    sni: b.tls.as_ref().and_then(|t| t.sni.clone()),
+                },
+                eject_lock: Mutex::new(()),
+            };
+            out.insert(b.name.clone(), Arc::new(rt));
+        }
+        Ok(Upstreams {
+            backends: out,
+            metrics,
+            mirrors: previous
+                .map(|p| p.mirrors.clone())
+                .unwrap_or_else(|| Arc::new(Semaphore::new(MIRROR_IN_FLIGHT))),
+        })
+    }
+
+    /// Idle pooled HTTP/1.1 connections of `backend` at `address` (`None` when unknown).
+    /// Meant for tests and diagnostics.
+    pub fn idle_connections(&self, backend: &str, address: &str) -> Option<usize> {
+        let b = self.backends.get(backend)?;
+        let e = b.endpoints.iter().find(|e| e.state.address == address)?;
+        Some(e.state.pool.idle_count())
+    }
+
+    fn fail(&self, e: &ProxyError) -> Response<Body> {
+        self.metrics.upstream_error(e.metrics_label());
+        tracing::debug!(error = %e, source = ?std::error::Error::source(e), "proxy error");
+        e.to_response()
     }
 
     /// Forwards `req` to one of `action`'s backends, honouring `route`'s timeouts and retry
@@ -48,13 +184,238 @@ impl Upstreams {
         route: &Route,
         ctx: &RequestCtx,
     ) -> Response<Body> {
-        let _ = (req, action, route, ctx);
-        text_response(StatusCode::BAD_GATEWAY, "proxy not implemented\n")
+        let weights: Vec<u32> = action.backends.iter().map(|b| b.weight).collect();
+        let Some(wi) = balance::weighted_random(&weights, &mut fastrand::Rng::new()) else {
+            return self.fail(&ProxyError::NoBackend {
+                reason: "every backend has weight 0".into(),
+            });
+        };
+        let wb = &action.backends[wi];
+        let Some(backend) = self.backends.get(&wb.backend) else {
+            return self.fail(&ProxyError::NoBackend {
+                reason: format!("unknown backend {:?}", wb.backend),
+            });
+        };
+        let (parts, body) = req.into_parts();
+        let replayable =
+            forward::is_idempotent(&parts.method) && http_body::Body::is_end_stream(&body);
+        let head = Head::prepare(parts, ctx, Some(wb));
+        let policy = route.retry.as_ref();
+        let mut body = Some(body);
+        let mut tried: Vec<usize> = Vec::new();
+        let mut tries = 0u32;
+        loop {
+            let Some(idx) = backend.pick(&tried) else {
+                return self.fail(&ProxyError::NoEndpoint {
+                    backend: backend.config.name.clone(),
+                });
+            };
+            tried.push(idx);
+            tries += 1;
+            let b = body.take().unwrap_or_else(empty);
+            let (result, unsent) = backend
+                .try_once(
+                    idx,
+                    &head,
+                    b,
+                    route.timeouts.backend.map(|d| d.get()),
+                    replayable,
+                )
+                .await;
+            body = unsent;
+            match result {
+                Ok(mut resp) => {
+                    let status = resp.status().as_u16();
+                    backend.record(idx, status < 500);
+                    if forward::should_retry(
+                        policy,
+                        tries,
+                        forward::TryOutcome::Status(status),
+                        replayable,
+                    ) {
+                        tracing::debug!(status, tries, "retrying on upstream status");
+                        backoff(policy).await;
+                        continue;
+                    }
+                    for f in &wb.filters {
+                        if let Filter::ResponseHeaders(m) = f {
+                            modify_headers(resp.headers_mut(), m);
+                        }
+                    }
+                    return resp;
+                }
+                Err(e) => {
+                    if e.is_endpoint_failure() {
+                        backend.record(idx, false);
+                    }
+                    let retry = (body.is_some() || replayable)
+                        && forward::should_retry(
+                            policy,
+                            tries,
+                            forward::TryOutcome::Error(&e),
+                            replayable,
+                        );
+                    if !retry {
+                        return self.fail(&e);
+                    }
+                    self.metrics.upstream_error(e.metrics_label());
+                    tracing::debug!(error = %e, tries, "retrying after upstream error");
+                    backoff(policy).await;
+                }
+            }
+        }
     }
 
     /// Sends a copy of the request head (without body) to `mirror`'s backend, fire-and-forget
     /// and bounded: when too many mirrors are in flight the copy is dropped.
+    ///
+    /// Request bodies are never mirrored: the copy has an empty body (and no
+    /// `Content-Length`). The mirror's response is read and discarded. Must be called inside a
+    /// tokio runtime.
     pub fn mirror(&self, parts: &http::request::Parts, mirror: &Mirror, ctx: &RequestCtx) {
-        let _ = (parts, mirror, ctx);
+        if mirror.percent <= 0.0 || fastrand::f64() * 100.0 >= mirror.percent {
+            return;
+        }
+        let Some(backend) = self.backends.get(&mirror.backend).cloned() else {
+            self.metrics.upstream_error("no_backend");
+            return;
+        };
+        let Ok(permit) = self.mirrors.clone().try_acquire_owned() else {
+            self.metrics.upstream_error("mirror_dropped");
+            return;
+        };
+        let mut copy = Request::new(());
+        *copy.method_mut() = parts.method.clone();
+        *copy.uri_mut() = parts.uri.clone();
+        *copy.version_mut() = parts.version;
+        *copy.headers_mut() = parts.headers.clone();
+        copy.headers_mut().remove(header::CONTENT_LENGTH);
+        let (copy, ()) = copy.into_parts();
+        let head = Head::prepare(copy, ctx, None);
+        let metrics = self.metrics.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            let run = async {
+                let idx = backend.pick(&[])?;
+                let (res, _) = backend.try_once(idx, &head, empty(), None, true).await;
+                let ok = match &res {
+                    Ok(r) => r.status().as_u16() < 500,
+                    Err(e) => !e.is_endpoint_failure(),
+                };
+                backend.record(idx, ok);
+                let mut body = res.ok()?.into_body();
+                while let Some(frame) = body.frame().await {
+                    frame.ok()?;
+                }
+                Some(())
+            };
+            if tokio::time::timeout(MIRROR_TIMEOUT, run)
+                .await
+                .ok()
+                .flatten()
+                .is_none()
+            {
+                metrics.upstream_error("mirror_failed");
+            }
+        });
+    }
+}
+
+async fn backoff(policy: Option<&sweety_config::RetryPolicy>) {
+    if let Some(d) = policy.and_then(|p| p.backoff) {
+        tokio::time::sleep(d.get()).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ctx::{ConnInfo, Protocol};
+    use std::time::Instant;
+    use sweety_config::Endpoint;
+
+    fn ctx() -> RequestCtx {
+        RequestCtx {
+            conn: Arc::new(ConnInfo {
+                listener: "l".into(),
+                peer: "192.0.2.1:5555".parse().unwrap(),
+                local: "127.0.0.1:80".parse().unwrap(),
+                tls: false,
+                sni: None,
+            }),
+            protocol: Protocol::Http2,
+            start: Instant::now(),
+        }
+    }
+
+    fn backend(name: &str, addrs: &[&str]) -> Backend {
+        serde_json::from_value(serde_json::json!({
+            "name": name,
+            "endpoints": addrs.iter().map(|a| Endpoint { address: a.to_string(), weight: 1 }).collect::<Vec<_>>(),
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn build_validates_and_reuses_state() {
+        let m = Arc::new(Metrics::default());
+        let b = vec![backend("a", &["127.0.0.1:1", "127.0.0.1:2"])];
+        let first = Upstreams::build(&b, None, m.clone()).unwrap();
+        let again = Upstreams::build(&b, Some(&first), m.clone()).unwrap();
+        let same = |x: &Upstreams, y: &Upstreams, i: usize| {
+            Arc::ptr_eq(
+                &x.backends["a"].endpoints[i].state,
+                &y.backends["a"].endpoints[i].state,
+            )
+        };
+        assert!(same(&first, &again, 0) && same(&first, &again, 1));
+        let mut changed = b.clone();
+        changed[0].protocol = BackendProtocol::H2c;
+        let other = Upstreams::build(&changed, Some(&again), m.clone()).unwrap();
+        assert!(!same(&again, &other, 0));
+
+        let dup = vec![backend("a", &[]), backend("a", &[])];
+        assert_eq!(
+            Upstreams::build(&dup, None, m.clone()).unwrap_err().index,
+            1
+        );
+        let bad = vec![backend("a", &["nohost"])];
+        assert!(Upstreams::build(&bad, None, m).is_err());
+    }
+
+    #[test]
+    fn h2_client_host_becomes_authority_and_h1_host() {
+        let req = Request::builder()
+            .uri("https://app.example:8443/p?q=1")
+            .header("connection", "x-drop")
+            .header("x-drop", "1")
+            .body(())
+            .unwrap();
+        let (parts, ()) = req.into_parts();
+        let head = Head::prepare(parts, &ctx(), None);
+        let h1 = head.build(empty(), "10.0.0.1:80", false, false);
+        assert_eq!(h1.uri(), "/p?q=1");
+        assert_eq!(h1.headers()["host"], "app.example:8443");
+        assert_eq!(h1.headers()["x-forwarded-for"], "192.0.2.1");
+        assert_eq!(h1.headers()["x-forwarded-host"], "app.example:8443");
+        assert!(h1.headers().get("x-drop").is_none());
+        let h2 = head.build(empty(), "10.0.0.1:80", true, true);
+        assert_eq!(h2.uri(), "https://app.example:8443/p?q=1");
+        assert!(h2.headers().get("host").is_none());
+    }
+
+    #[test]
+    fn pick_skips_zero_weight_and_prefers_untried() {
+        let m = Arc::new(Metrics::default());
+        let mut b = backend("a", &["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"]);
+        b.endpoints[1].weight = 0;
+        let u = Upstreams::build(&[b], None, m).unwrap();
+        let rt = &u.backends["a"];
+        for _ in 0..20 {
+            assert_ne!(rt.pick(&[]), Some(1));
+            assert_eq!(rt.pick(&[0]), Some(2));
+        }
+        // Everything tried: any eligible endpoint again.
+        assert!(matches!(rt.pick(&[0, 2]), Some(0) | Some(2)));
     }
 }

@@ -1,0 +1,264 @@
+//! Runtime state of one backend: its endpoints (pool, health, load that survive reloads),
+//! endpoint choice, outcome recording for outlier ejection, and one try of a request.
+
+use super::balance;
+use super::error::ProxyError;
+use super::forward;
+use super::head::Head;
+use super::outlier::{self, Health};
+use super::pool::{Connector, Pool, SendError, StreamGuard};
+use crate::body::{empty, Body};
+use bytes::Bytes;
+use http::{Response, Version};
+use http_body::Frame;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+use sweety_config::{Backend, BackendProtocol, LbPolicy};
+
+/// State of one endpoint that survives config reloads: its pool, health and load.
+#[derive(Debug)]
+pub(super) struct EndpointState {
+    pub(super) address: String,
+    pub(super) pool: Arc<Pool>,
+    pub(super) health: Mutex<Health>,
+    pub(super) in_flight: AtomicUsize,
+}
+
+#[derive(Debug)]
+pub(super) struct EndpointRt {
+    pub(super) state: Arc<EndpointState>,
+    pub(super) weight: u32,
+}
+
+/// One backend of the running config.
+#[derive(Debug)]
+pub(super) struct BackendRt {
+    pub(super) config: Backend,
+    pub(super) endpoints: Vec<EndpointRt>,
+    pub(super) connector: Connector,
+    pub(super) wrr: balance::SmoothWrr,
+    pub(super) eject_lock: Mutex<()>,
+}
+
+/// Counts a request in flight on an endpoint until dropped (with the response body).
+#[derive(Debug)]
+struct InFlight(Arc<EndpointState>);
+
+impl InFlight {
+    fn new(s: Arc<EndpointState>) -> InFlight {
+        s.in_flight.fetch_add(1, Ordering::AcqRel);
+        InFlight(s)
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The upstream response body, holding the endpoint's in-flight count and the HTTP/2
+    /// stream slot until it is finished or dropped.
+    struct Guarded<B> {
+        #[pin]
+        inner: B,
+        guards: (InFlight, Option<StreamGuard>),
+    }
+}
+
+impl<B: http_body::Body<Data = Bytes>> http_body::Body for Guarded<B> {
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        self.project().inner.poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl BackendRt {
+    pub(super) fn healths(&self) -> Vec<&Mutex<Health>> {
+        self.endpoints.iter().map(|e| &e.state.health).collect()
+    }
+
+    /// Picks an endpoint index: weight > 0, not ejected (or all in panic mode), preferring
+    /// endpoints not in `tried`.
+    pub(super) fn pick(&self, tried: &[usize]) -> Option<usize> {
+        let weighted: Vec<usize> = (0..self.endpoints.len())
+            .filter(|&i| self.endpoints[i].weight > 0)
+            .collect();
+        if weighted.is_empty() {
+            return None;
+        }
+        let all = self.healths();
+        let subset: Vec<&Mutex<Health>> = weighted.iter().map(|&i| all[i]).collect();
+        let eligible: Vec<usize> = outlier::eligible(&subset, Instant::now())
+            .into_iter()
+            .map(|j| weighted[j])
+            .collect();
+        let fresh: Vec<usize> = eligible
+            .iter()
+            .copied()
+            .filter(|i| !tried.contains(i))
+            .collect();
+        let pool = if fresh.is_empty() { eligible } else { fresh };
+        let cands: Vec<(usize, u32)> = pool
+            .into_iter()
+            .map(|i| (i, self.endpoints[i].weight))
+            .collect();
+        match self.config.lb {
+            LbPolicy::RoundRobin => self.wrr.pick(&cands),
+            LbPolicy::LeastRequest => balance::p2c(
+                &cands,
+                |i| self.endpoints[i].state.in_flight.load(Ordering::Acquire),
+                &mut fastrand::Rng::new(),
+            ),
+        }
+    }
+
+    /// Records a try's outcome for outlier ejection.
+    pub(super) fn record(&self, idx: usize, success: bool) {
+        let ejected = outlier::record(
+            &self.healths(),
+            idx,
+            success,
+            &self.config.outlier,
+            &self.eject_lock,
+            Instant::now(),
+        );
+        if ejected {
+            tracing::info!(
+                backend = %self.config.name,
+                endpoint = %self.endpoints[idx].state.address,
+                "endpoint ejected after consecutive failures"
+            );
+        }
+    }
+
+    /// One try against endpoint `idx`. Returns the result and, when the request was not
+    /// sent, the body back (so the caller may retry any request).
+    ///
+    /// A pooled connection may have been closed by the backend while idle. When hyper gives
+    /// the request back unsent, or when a `replayable` request (idempotent, no body) meets a
+    /// connection closed before any response, the try goes once more on a new connection.
+    pub(super) async fn try_once(
+        &self,
+        idx: usize,
+        head: &Head,
+        body: Body,
+        backend_timeout: Option<Duration>,
+        replayable: bool,
+    ) -> (Result<Response<Body>, ProxyError>, Option<Body>) {
+        let ep = &self.endpoints[idx].state;
+        let addr = ep.address.as_str();
+        let in_flight = InFlight::new(ep.clone());
+        let deadline = backend_timeout.map(|t| Instant::now() + t);
+        let h2 = matches!(
+            self.config.protocol,
+            BackendProtocol::H2 | BackendProtocol::H2c
+        );
+        let mut body = body;
+        let mut allow_fresh = true;
+        loop {
+            let connect_limit = match deadline {
+                Some(d) => self
+                    .config
+                    .connect_timeout
+                    .get()
+                    .min(d.saturating_duration_since(Instant::now())),
+                None => self.config.connect_timeout.get(),
+            };
+            let conn =
+                match tokio::time::timeout(connect_limit, ep.pool.acquire(addr, &self.connector))
+                    .await
+                {
+                    Err(_) => {
+                        let e = ProxyError::ConnectTimeout {
+                            addr: addr.to_string(),
+                            after: connect_limit,
+                        };
+                        return (Err(e), Some(body));
+                    }
+                    Ok(Err(e)) => return (Err(e), Some(body)),
+                    Ok(Ok(c)) => c,
+                };
+            let reused = conn.reused;
+            let req = head.build(body, addr, h2, self.connector.tls.is_some());
+            let send = conn.send(&ep.pool, req);
+            let sent = match deadline {
+                Some(d) => match tokio::time::timeout_at(d.into(), send).await {
+                    Ok(r) => r,
+                    Err(_) => {
+                        let e = ProxyError::Timeout {
+                            addr: addr.to_string(),
+                            after: backend_timeout.unwrap_or_default(),
+                        };
+                        return (Err(e), None);
+                    }
+                },
+                None => send.await,
+            };
+            match sent {
+                Ok((resp, stream)) => {
+                    let (mut parts, incoming) = resp.into_parts();
+                    forward::strip_hop_by_hop(&mut parts.headers);
+                    parts.version = Version::HTTP_11;
+                    let guarded = Guarded {
+                        inner: incoming,
+                        guards: (in_flight, stream),
+                    };
+                    return (
+                        Ok(Response::from_parts(parts, crate::body::boxed(guarded))),
+                        None,
+                    );
+                }
+                Err(SendError {
+                    error,
+                    request: Some(req),
+                }) => {
+                    body = req.into_body();
+                    // A pooled connection that died while idle: try once on a new one.
+                    if reused && allow_fresh {
+                        allow_fresh = false;
+                        continue;
+                    }
+                    let e = ProxyError::Connect {
+                        addr: addr.to_string(),
+                        source: error.into(),
+                    };
+                    return (Err(e), Some(body));
+                }
+                Err(SendError {
+                    error,
+                    request: None,
+                }) => {
+                    let stale = error.is_incomplete_message() || error.is_canceled();
+                    if reused && allow_fresh && replayable && stale {
+                        allow_fresh = false;
+                        body = empty();
+                        continue;
+                    }
+                    let e = ProxyError::Protocol {
+                        addr: addr.to_string(),
+                        source: error.into(),
+                    };
+                    return (Err(e), None);
+                }
+            }
+        }
+    }
+}

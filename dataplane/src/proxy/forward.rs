@@ -1,0 +1,368 @@
+//! Pure request/response rewriting for forwarding, and the retry decision table.
+//!
+//! * Hop-by-hop headers are removed both ways: `Connection` and every header it names,
+//!   `Keep-Alive`, `Proxy-Connection`, `TE` (except the value `trailers`), `Trailer`,
+//!   `Transfer-Encoding` and `Upgrade`. Protocol upgrades (WebSocket) are therefore not
+//!   tunnelled by this module.
+//! * The client IP is appended to `X-Forwarded-For`; `X-Forwarded-Proto` and
+//!   `X-Forwarded-Host` are set; a `Forwarded: for=…;proto=…;host=…` element is appended
+//!   (RFC 7239, IPv6 quoted and bracketed).
+//! * The client's Host (after any rewrite) is kept: as `Host` for HTTP/1.1 backends and as
+//!   `:authority` for HTTP/2 backends. HTTP/2 clients send no Host; their URI authority is used.
+
+use super::error::ProxyError;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Uri};
+use std::net::IpAddr;
+use sweety_config::RetryPolicy;
+
+static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
+static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
+static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+
+/// Removes hop-by-hop headers (see the module docs). `TE: trailers` survives.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+        .collect();
+    for n in named {
+        if n != header::TE {
+            headers.remove(n);
+        }
+    }
+    let te_trailers = headers
+        .get_all(header::TE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| {
+            t.split(';')
+                .next()
+                .is_some_and(|t| t.trim().eq_ignore_ascii_case("trailers"))
+        });
+    for n in [
+        &header::CONNECTION,
+        &KEEP_ALIVE,
+        &PROXY_CONNECTION,
+        &header::TE,
+        &header::TRAILER,
+        &header::TRANSFER_ENCODING,
+        &header::UPGRADE,
+    ] {
+        headers.remove(n);
+    }
+    if te_trailers {
+        headers.insert(header::TE, HeaderValue::from_static("trailers"));
+    }
+}
+
+/// The host the client asked for: the Host header, else the URI authority (HTTP/2).
+pub fn client_host(headers: &HeaderMap, uri: &Uri) -> Option<HeaderValue> {
+    headers.get(header::HOST).cloned().or_else(|| {
+        uri.authority()
+            .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+    })
+}
+
+/// IPv4-mapped IPv6 addresses are shown as IPv4.
+fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6
+            .to_ipv4_mapped()
+            .map(IpAddr::V4)
+            .unwrap_or(IpAddr::V6(v6)),
+        v4 => v4,
+    }
+}
+
+fn is_token(s: &str) -> bool {
+    !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+}
+
+fn quote_if_needed(s: &str) -> String {
+    if is_token(s) {
+        s.to_string()
+    } else {
+        let escaped: String = s
+            .chars()
+            .flat_map(|c| match c {
+                '"' | '\\' => vec!['\\', c],
+                c => vec![c],
+            })
+            .collect();
+        format!("\"{escaped}\"")
+    }
+}
+
+/// One RFC 7239 `Forwarded` element.
+pub fn forwarded_element(client: IpAddr, proto: &str, host: Option<&str>) -> String {
+    let for_ = match canonical(client) {
+        IpAddr::V4(v4) => v4.to_string(),
+        IpAddr::V6(v6) => format!("\"[{v6}]\""),
+    };
+    let mut s = format!("for={for_};proto={proto}");
+    if let Some(h) = host {
+        s.push_str(";host=");
+        s.push_str(&quote_if_needed(h));
+    }
+    s
+}
+
+/// Adds `X-Forwarded-For` (appended), `X-Forwarded-Proto`, `X-Forwarded-Host` and a
+/// `Forwarded` element for a request from `client` over `scheme` for `host`.
+pub fn add_forwarding_headers(
+    headers: &mut HeaderMap,
+    client: IpAddr,
+    scheme: &str,
+    host: Option<&HeaderValue>,
+) {
+    let ip = canonical(client).to_string();
+    let prior: Vec<&str> = headers
+        .get_all(&X_FORWARDED_FOR)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
+        .collect();
+    let xff = if prior.is_empty() {
+        ip
+    } else {
+        format!("{}, {ip}", prior.join(", "))
+    };
+    if let Ok(v) = HeaderValue::from_str(&xff) {
+        headers.insert(&X_FORWARDED_FOR, v);
+    }
+    if let Ok(v) = HeaderValue::from_str(scheme) {
+        headers.insert(&X_FORWARDED_PROTO, v);
+    }
+    let host_str = host.and_then(|h| h.to_str().ok());
+    match host {
+        Some(h) => {
+            headers.insert(&X_FORWARDED_HOST, h.clone());
+        }
+        None => {
+            headers.remove(&X_FORWARDED_HOST);
+        }
+    }
+    if let Ok(v) = HeaderValue::from_str(&forwarded_element(client, scheme, host_str)) {
+        headers.append(header::FORWARDED, v);
+    }
+}
+
+/// GET, HEAD, OPTIONS, PUT, DELETE and TRACE.
+pub fn is_idempotent(m: &Method) -> bool {
+    matches!(
+        *m,
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::PUT | Method::DELETE | Method::TRACE
+    )
+}
+
+/// What one try produced.
+#[derive(Debug)]
+pub enum TryOutcome<'a> {
+    /// A response head with this status.
+    Status(u16),
+    /// An error.
+    Error(&'a ProxyError),
+}
+
+/// Whether to try again after `tries` tries (1 after the first). `replayable`: the method is
+/// idempotent and the request has no body. Without a policy nothing is retried.
+///
+/// | outcome                          | retried when                    |
+/// |----------------------------------|---------------------------------|
+/// | connect / connect timeout / TLS  | always (nothing was sent)       |
+/// | timeout, protocol error          | replayable                      |
+/// | status listed in `codes`         | replayable                      |
+/// | no endpoint / no backend / other | never                           |
+pub fn should_retry(
+    policy: Option<&RetryPolicy>,
+    tries: u32,
+    outcome: TryOutcome<'_>,
+    replayable: bool,
+) -> bool {
+    let Some(p) = policy else {
+        return false;
+    };
+    if tries > p.attempts {
+        return false;
+    }
+    match outcome {
+        TryOutcome::Status(s) => replayable && p.codes.contains(&s),
+        TryOutcome::Error(e) => e.retry_safe(replayable),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::{Ipv4Addr, Ipv6Addr};
+    use std::time::Duration;
+
+    fn hm(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(
+                HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        h
+    }
+
+    #[test]
+    fn hop_by_hop_stripped() {
+        let mut h = hm(&[
+            ("connection", "keep-alive, X-Secret"),
+            ("connection", "close"),
+            ("x-secret", "1"),
+            ("keep-alive", "timeout=5"),
+            ("proxy-connection", "keep-alive"),
+            ("te", "gzip"),
+            ("trailer", "x-checksum"),
+            ("transfer-encoding", "chunked"),
+            ("upgrade", "websocket"),
+            ("x-keep", "yes"),
+            ("host", "example.com"),
+        ]);
+        strip_hop_by_hop(&mut h);
+        let mut names: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        names.sort();
+        assert_eq!(names, vec!["host", "x-keep"]);
+    }
+
+    #[test]
+    fn te_trailers_kept() {
+        let mut h = hm(&[("te", "gzip, trailers;q=1"), ("connection", "te")]);
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.get("te").unwrap(), "trailers");
+        assert_eq!(h.len(), 1);
+    }
+
+    #[test]
+    fn xff_appended_and_forwarded_built() {
+        let mut h = hm(&[
+            ("x-forwarded-for", "1.1.1.1"),
+            ("x-forwarded-for", "2.2.2.2"),
+        ]);
+        let host = HeaderValue::from_static("example.com");
+        add_forwarding_headers(
+            &mut h,
+            IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)),
+            "https",
+            Some(&host),
+        );
+        assert_eq!(
+            h.get("x-forwarded-for").unwrap(),
+            "1.1.1.1, 2.2.2.2, 10.0.0.1"
+        );
+        assert_eq!(h.get_all("x-forwarded-for").iter().count(), 1);
+        assert_eq!(h.get("x-forwarded-proto").unwrap(), "https");
+        assert_eq!(h.get("x-forwarded-host").unwrap(), "example.com");
+        assert_eq!(
+            h.get("forwarded").unwrap(),
+            "for=10.0.0.1;proto=https;host=example.com"
+        );
+    }
+
+    #[test]
+    fn forwarded_quotes_ipv6_and_ports() {
+        assert_eq!(
+            forwarded_element(IpAddr::V6(Ipv6Addr::LOCALHOST), "http", Some("a.test:8080")),
+            "for=\"[::1]\";proto=http;host=\"a.test:8080\""
+        );
+        let mapped = IpAddr::V6(Ipv4Addr::new(192, 0, 2, 7).to_ipv6_mapped());
+        assert_eq!(
+            forwarded_element(mapped, "http", None),
+            "for=192.0.2.7;proto=http"
+        );
+        let mut h = HeaderMap::new();
+        add_forwarding_headers(&mut h, mapped, "http", None);
+        assert_eq!(h.get("x-forwarded-for").unwrap(), "192.0.2.7");
+        assert!(h.get("x-forwarded-host").is_none());
+    }
+
+    #[test]
+    fn client_host_prefers_header_then_authority() {
+        let uri: Uri = "https://h2.example/x".parse().unwrap();
+        assert_eq!(client_host(&HeaderMap::new(), &uri).unwrap(), "h2.example");
+        let h = hm(&[("host", "h1.example")]);
+        assert_eq!(client_host(&h, &uri).unwrap(), "h1.example");
+        assert!(client_host(&HeaderMap::new(), &"/x".parse().unwrap()).is_none());
+    }
+
+    #[test]
+    fn idempotent_methods() {
+        for m in ["GET", "HEAD", "OPTIONS", "PUT", "DELETE", "TRACE"] {
+            assert!(is_idempotent(&m.parse().unwrap()), "{m}");
+        }
+        for m in ["POST", "PATCH", "CONNECT"] {
+            assert!(!is_idempotent(&m.parse().unwrap()), "{m}");
+        }
+    }
+
+    #[test]
+    fn retry_decision_table() {
+        let p = RetryPolicy {
+            attempts: 2,
+            codes: vec![503],
+            backoff: None,
+        };
+        let connect = ProxyError::Connect {
+            addr: "a".into(),
+            source: "refused".into(),
+        };
+        let tls = ProxyError::Tls {
+            addr: "a".into(),
+            source: "bad".into(),
+        };
+        let timeout = ProxyError::Timeout {
+            addr: "a".into(),
+            after: Duration::from_secs(1),
+        };
+        let protocol = ProxyError::Protocol {
+            addr: "a".into(),
+            source: "reset".into(),
+        };
+        let no_ep = ProxyError::NoEndpoint {
+            backend: "b".into(),
+        };
+        use TryOutcome::*;
+        let rows: Vec<(TryOutcome, bool, bool)> = vec![
+            // outcome, replayable, expected
+            (Error(&connect), false, true),
+            (Error(&connect), true, true),
+            (Error(&tls), false, true),
+            (Error(&timeout), false, false),
+            (Error(&timeout), true, true),
+            (Error(&protocol), false, false),
+            (Error(&protocol), true, true),
+            (Error(&no_ep), true, false),
+            (Status(503), true, true),
+            (Status(503), false, false),
+            (Status(502), true, false),
+            (Status(200), true, false),
+        ];
+        for (i, (o, replayable, want)) in rows.into_iter().enumerate() {
+            let dbg = format!("{o:?}");
+            assert_eq!(
+                should_retry(Some(&p), 1, o, replayable),
+                want,
+                "row {i}: {dbg}"
+            );
+        }
+        // Attempts exhausted, or no policy at all.
+        assert!(should_retry(Some(&p), 2, Error(&connect), true));
+        assert!(!should_retry(Some(&p), 3, Error(&connect), true));
+        assert!(!should_retry(None, 1, Error(&connect), true));
+        assert!(!should_retry(None, 1, Status(503), true));
+    }
+}

@@ -1,0 +1,83 @@
+//! The rewritten request head of a proxied request, prepared once and turned into a request
+//! for each try (origin-form URI and Host for HTTP/1.1, absolute URI for HTTP/2).
+
+use super::forward;
+use crate::body::Body;
+use crate::ctx::RequestCtx;
+use crate::filters::modify_headers;
+use http::header::{self, HeaderMap, HeaderValue};
+use http::{Method, Request, Uri, Version};
+use sweety_config::{Filter, WeightedBackend};
+
+/// The rewritten request head, reused for every try.
+#[derive(Debug)]
+pub(super) struct Head {
+    pub(super) method: Method,
+    pub(super) uri: Uri,
+    pub(super) headers: HeaderMap,
+    /// Host / :authority for the backend; `None`: the endpoint address.
+    pub(super) host: Option<HeaderValue>,
+}
+
+impl Head {
+    pub(super) fn prepare(
+        parts: http::request::Parts,
+        ctx: &RequestCtx,
+        wb: Option<&WeightedBackend>,
+    ) -> Head {
+        let original_host = forward::client_host(&parts.headers, &parts.uri);
+        let mut headers = parts.headers;
+        forward::strip_hop_by_hop(&mut headers);
+        forward::add_forwarding_headers(
+            &mut headers,
+            ctx.conn.peer.ip(),
+            ctx.scheme(),
+            original_host.as_ref(),
+        );
+        for f in wb.map(|w| w.filters.as_slice()).unwrap_or_default() {
+            if let Filter::RequestHeaders(m) = f {
+                modify_headers(&mut headers, m);
+            }
+        }
+        // A per-backend filter may have set Host; otherwise the client's host is kept.
+        let host = headers.get(header::HOST).cloned().or(original_host);
+        Head {
+            method: parts.method,
+            uri: parts.uri,
+            headers,
+            host,
+        }
+    }
+
+    /// The request for one try to `addr` over HTTP/1.1 (`h2 == false`) or HTTP/2.
+    pub(super) fn build(&self, body: Body, addr: &str, h2: bool, tls: bool) -> Request<Body> {
+        let path = self.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
+        let host = self
+            .host
+            .clone()
+            .or_else(|| HeaderValue::from_str(addr).ok());
+        let mut req = Request::new(body);
+        *req.method_mut() = self.method.clone();
+        *req.headers_mut() = self.headers.clone();
+        if h2 {
+            *req.version_mut() = Version::HTTP_2;
+            req.headers_mut().remove(header::HOST);
+            let scheme = if tls { "https" } else { "http" };
+            let authority = host
+                .as_ref()
+                .and_then(|h| h.to_str().ok())
+                .filter(|h| h.parse::<http::uri::Authority>().is_ok())
+                .unwrap_or(addr);
+            *req.uri_mut() = format!("{scheme}://{authority}{path}")
+                .parse()
+                .unwrap_or_else(|_| Uri::from_static("/"));
+        } else {
+            *req.version_mut() = Version::HTTP_11;
+            *req.uri_mut() = path.parse().unwrap_or_else(|_| Uri::from_static("/"));
+            if let Some(h) = host {
+                req.headers_mut().insert(header::HOST, h);
+            }
+        }
+        req
+    }
+}

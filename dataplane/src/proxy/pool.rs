@@ -1,0 +1,360 @@
+//! Per-endpoint connection pools on hyper's low-level client connections.
+//!
+//! * HTTP/1.1 (`http1`, `https`): keep-alive connections. After a response head arrives a
+//!   small task waits until the connection is ready again (response body fully read) and puts
+//!   it back on the endpoint's idle list, which is bounded by `max_idle_per_endpoint` (the
+//!   oldest is closed first) and expires entries idle longer than [`IDLE_TIMEOUT`] (checked
+//!   lazily on checkout and checkin). The most recently used connection is reused first.
+//! * HTTP/2 (`h2c` prior knowledge, `h2` over TLS): one multiplexed connection per endpoint;
+//!   another is opened when every open one carries [`H2_MAX_STREAMS`] streams or has died.
+//!   Connection opening is serialised per endpoint so a burst shares one new connection.
+//!
+//! Upstream sockets get TCP_NODELAY and TCP keepalive. Host names in endpoint addresses are
+//! resolved on every new connection.
+
+use super::error::ProxyError;
+use crate::body::Body;
+use http::{Request, Response};
+use hyper::body::Incoming;
+use hyper::client::conn::{http1, http2};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use rustls::ClientConfig;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use sweety_config::BackendProtocol;
+use tokio::net::TcpStream;
+
+/// Idle HTTP/1.1 connections older than this are closed instead of reused.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+/// Streams we put on one HTTP/2 connection before opening another (the usual server limit).
+pub const H2_MAX_STREAMS: usize = 100;
+
+/// How to open connections to a backend's endpoints.
+#[derive(Debug, Clone)]
+pub struct Connector {
+    /// Wire protocol.
+    pub protocol: BackendProtocol,
+    /// TLS config for `https`/`h2`.
+    pub tls: Option<Arc<ClientConfig>>,
+    /// SNI override (`BackendTls.sni`).
+    pub sni: Option<String>,
+}
+
+impl Connector {
+    fn is_h2(&self) -> bool {
+        matches!(self.protocol, BackendProtocol::H2 | BackendProtocol::H2c)
+    }
+}
+
+#[derive(Debug)]
+struct Idle {
+    sender: http1::SendRequest<Body>,
+    since: Instant,
+}
+
+#[derive(Debug, Clone)]
+struct H2Conn {
+    sender: http2::SendRequest<Body>,
+    streams: Arc<AtomicUsize>,
+}
+
+/// Connections of one endpoint.
+#[derive(Debug)]
+pub struct Pool {
+    idle: Mutex<Vec<Idle>>,
+    h2: Mutex<Vec<H2Conn>>,
+    h2_connect: tokio::sync::Mutex<()>,
+    max_idle: AtomicUsize,
+}
+
+/// Decrements an HTTP/2 connection's stream count when dropped (with the response body).
+#[derive(Debug)]
+pub struct StreamGuard(Arc<AtomicUsize>);
+
+impl Drop for StreamGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+#[derive(Debug)]
+enum Sender {
+    H1(http1::SendRequest<Body>),
+    H2(http2::SendRequest<Body>, StreamGuard),
+}
+
+/// A connection checked out for one request.
+#[derive(Debug)]
+pub struct Conn {
+    sender: Sender,
+    /// True when it came from the pool (it may have died since).
+    pub reused: bool,
+}
+
+/// Why a send failed; `request` is given back when nothing was written.
+#[derive(Debug)]
+pub struct SendError {
+    /// The cause.
+    pub error: hyper::Error,
+    /// The unsent request.
+    pub request: Option<Request<Body>>,
+}
+
+impl Pool {
+    /// An empty pool keeping at most `max_idle` idle HTTP/1.1 connections.
+    pub fn new(max_idle: usize) -> Pool {
+        Pool {
+            idle: Mutex::new(Vec::new()),
+            h2: Mutex::new(Vec::new()),
+            h2_connect: tokio::sync::Mutex::new(()),
+            max_idle: AtomicUsize::new(max_idle),
+        }
+    }
+
+    /// Changes the idle bound (on config reload).
+    pub fn set_max_idle(&self, n: usize) {
+        self.max_idle.store(n, Ordering::Relaxed);
+    }
+
+    /// Idle HTTP/1.1 connections currently pooled.
+    pub fn idle_count(&self) -> usize {
+        self.idle.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    /// A connection to `addr`: pooled if one is usable, else a new one. The caller bounds the
+    /// time this takes (connect timeout).
+    pub async fn acquire(&self, addr: &str, c: &Connector) -> Result<Conn, ProxyError> {
+        if c.is_h2() {
+            return self.acquire_h2(addr, c).await;
+        }
+        if let Some(sender) = self.checkout_h1() {
+            return Ok(Conn {
+                sender: Sender::H1(sender),
+                reused: true,
+            });
+        }
+        match connect(addr, c).await? {
+            Opened::H1(s) => Ok(Conn {
+                sender: Sender::H1(s),
+                reused: false,
+            }),
+            Opened::H2(_) => unreachable!("h1 connector opened h2"),
+        }
+    }
+
+    fn checkout_h1(&self) -> Option<http1::SendRequest<Body>> {
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        while let Some(i) = idle.pop() {
+            if i.since.elapsed() < IDLE_TIMEOUT && !i.sender.is_closed() && i.sender.is_ready() {
+                return Some(i.sender);
+            }
+        }
+        None
+    }
+
+    fn checkin_h1(&self, sender: http1::SendRequest<Body>) {
+        let max = self.max_idle.load(Ordering::Relaxed);
+        if max == 0 || sender.is_closed() {
+            return;
+        }
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        idle.retain(|i| i.since.elapsed() < IDLE_TIMEOUT && !i.sender.is_closed());
+        while idle.len() >= max {
+            idle.remove(0);
+        }
+        idle.push(Idle {
+            sender,
+            since: Instant::now(),
+        });
+    }
+
+    fn take_h2_stream(&self) -> Option<Conn> {
+        let mut conns = self.h2.lock().unwrap_or_else(|p| p.into_inner());
+        conns.retain(|c| !c.sender.is_closed());
+        let c = conns
+            .iter()
+            .filter(|c| c.sender.is_ready())
+            .min_by_key(|c| c.streams.load(Ordering::Acquire))?;
+        if c.streams.load(Ordering::Acquire) >= H2_MAX_STREAMS {
+            return None;
+        }
+        c.streams.fetch_add(1, Ordering::AcqRel);
+        Some(Conn {
+            sender: Sender::H2(c.sender.clone(), StreamGuard(c.streams.clone())),
+            reused: true,
+        })
+    }
+
+    async fn acquire_h2(&self, addr: &str, c: &Connector) -> Result<Conn, ProxyError> {
+        if let Some(conn) = self.take_h2_stream() {
+            return Ok(conn);
+        }
+        let _opening = self.h2_connect.lock().await;
+        if let Some(conn) = self.take_h2_stream() {
+            return Ok(conn);
+        }
+        let Opened::H2(sender) = connect(addr, c).await? else {
+            unreachable!("h2 connector opened h1")
+        };
+        let streams = Arc::new(AtomicUsize::new(1));
+        self.h2
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(H2Conn {
+                sender: sender.clone(),
+                streams: streams.clone(),
+            });
+        Ok(Conn {
+            sender: Sender::H2(sender, StreamGuard(streams)),
+            reused: false,
+        })
+    }
+}
+
+impl Conn {
+    /// Sends `req` and waits for the response head. An HTTP/1.1 connection goes back to
+    /// `pool` once the response body has been read; the returned guard (HTTP/2) must live as
+    /// long as the response body.
+    pub async fn send(
+        self,
+        pool: &Arc<Pool>,
+        req: Request<Body>,
+    ) -> Result<(Response<Incoming>, Option<StreamGuard>), SendError> {
+        match self.sender {
+            Sender::H1(mut s) => {
+                if let Err(error) = s.ready().await {
+                    return Err(SendError {
+                        error,
+                        request: Some(req),
+                    });
+                }
+                let sent = s.try_send_request(req);
+                match sent.await {
+                    Ok(resp) => {
+                        let pool = pool.clone();
+                        tokio::spawn(async move {
+                            if s.ready().await.is_ok() {
+                                pool.checkin_h1(s);
+                            }
+                        });
+                        Ok((resp, None))
+                    }
+                    Err(mut e) => Err(SendError {
+                        request: e.take_message(),
+                        error: e.into_error(),
+                    }),
+                }
+            }
+            Sender::H2(mut s, guard) => {
+                if let Err(error) = s.ready().await {
+                    return Err(SendError {
+                        error,
+                        request: Some(req),
+                    });
+                }
+                match s.try_send_request(req).await {
+                    Ok(resp) => Ok((resp, Some(guard))),
+                    Err(mut e) => Err(SendError {
+                        request: e.take_message(),
+                        error: e.into_error(),
+                    }),
+                }
+            }
+        }
+    }
+}
+
+enum Opened {
+    H1(http1::SendRequest<Body>),
+    H2(http2::SendRequest<Body>),
+}
+
+async fn connect_tcp(addr: &str) -> std::io::Result<TcpStream> {
+    let mut last = None;
+    for sa in tokio::net::lookup_host(addr).await? {
+        match TcpStream::connect(sa).await {
+            Ok(s) => {
+                s.set_nodelay(true)?;
+                let ka = socket2::TcpKeepalive::new().with_time(Duration::from_secs(60));
+                let _ = socket2::SockRef::from(&s).set_tcp_keepalive(&ka);
+                return Ok(s);
+            }
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| {
+        std::io::Error::new(std::io::ErrorKind::NotFound, "no address resolved")
+    }))
+}
+
+async fn connect(addr: &str, c: &Connector) -> Result<Opened, ProxyError> {
+    let tcp = connect_tcp(addr).await.map_err(|e| ProxyError::Connect {
+        addr: addr.to_string(),
+        source: e.into(),
+    })?;
+    match &c.tls {
+        None => handshake(addr, TokioIo::new(tcp), c.is_h2()).await,
+        Some(cfg) => {
+            let tls_err = |e: String| ProxyError::Tls {
+                addr: addr.to_string(),
+                source: e.into(),
+            };
+            let name = super::tls::server_name(c.sni.as_deref(), addr).map_err(tls_err)?;
+            let stream = tokio_rustls::TlsConnector::from(cfg.clone())
+                .connect(name, tcp)
+                .await
+                .map_err(|e| ProxyError::Tls {
+                    addr: addr.to_string(),
+                    source: e.into(),
+                })?;
+            let alpn = stream.get_ref().1.alpn_protocol().map(<[u8]>::to_vec);
+            let want: &[u8] = if c.is_h2() { b"h2" } else { b"http/1.1" };
+            // No ALPN at all: assume the server speaks what we asked for.
+            if alpn.as_deref().is_some_and(|p| p != want) {
+                return Err(tls_err(format!(
+                    "backend negotiated ALPN {:?}, wanted {:?}",
+                    String::from_utf8_lossy(alpn.as_deref().unwrap_or_default()),
+                    String::from_utf8_lossy(want)
+                )));
+            }
+            handshake(addr, TokioIo::new(stream), c.is_h2()).await
+        }
+    }
+}
+
+async fn handshake<T>(addr: &str, io: T, h2: bool) -> Result<Opened, ProxyError>
+where
+    T: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let err = |e: hyper::Error| ProxyError::Connect {
+        addr: addr.to_string(),
+        source: e.into(),
+    };
+    if h2 {
+        let (sender, conn) = http2::Builder::new(TokioExecutor::new())
+            .timer(TokioTimer::new())
+            .keep_alive_interval(Duration::from_secs(30))
+            .keep_alive_timeout(Duration::from_secs(10))
+            .handshake::<_, Body>(io)
+            .await
+            .map_err(err)?;
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "upstream h2 connection ended");
+            }
+        });
+        Ok(Opened::H2(sender))
+    } else {
+        let (sender, conn) = http1::Builder::new()
+            .handshake::<_, Body>(io)
+            .await
+            .map_err(err)?;
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "upstream h1 connection ended");
+            }
+        });
+        Ok(Opened::H1(sender))
+    }
+}

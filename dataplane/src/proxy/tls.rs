@@ -1,0 +1,270 @@
+//! TLS towards backends (`https` and `h2`), with rustls and the ring provider.
+//!
+//! * With `BackendTls.ca` the backend certificate is verified against that CA bundle for the
+//!   name `tls.sni` (or the endpoint host), also accepting any of `subject_alt_names`.
+//! * **Without a CA the backend is not verified at all** (any certificate is accepted, the
+//!   handshake signatures are still checked). This suits in-cluster backends with self-signed
+//!   certificates but gives no protection against an active attacker; configure `ca` to get it.
+//! * An optional client certificate and key are presented for mTLS.
+//! * ALPN offers `h2` for the `h2` protocol and `http/1.1` for `https`.
+
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::client::WebPkiServerVerifier;
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::{
+    CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme,
+};
+use std::sync::Arc;
+use sweety_config::{BackendTls, PemSource};
+
+fn read_pem(src: &PemSource) -> Result<Vec<u8>, String> {
+    match src {
+        PemSource::Pem(s) => Ok(s.as_bytes().to_vec()),
+        PemSource::File(p) => std::fs::read(p).map_err(|e| format!("reading {}: {e}", p.display())),
+    }
+}
+
+fn certs(src: &PemSource, what: &str) -> Result<Vec<CertificateDer<'static>>, String> {
+    let pem = read_pem(src)?;
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("{what}: invalid PEM: {e}"))?;
+    if certs.is_empty() {
+        return Err(format!("{what}: no certificate found in PEM"));
+    }
+    Ok(certs)
+}
+
+/// Builds the rustls client config for a backend. `h2` selects the ALPN protocol.
+pub fn client_config(tls: &BackendTls, h2: bool) -> Result<Arc<ClientConfig>, String> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?;
+    let verifier: Arc<dyn ServerCertVerifier> = match &tls.ca {
+        Some(ca) => {
+            let mut roots = RootCertStore::empty();
+            for c in certs(ca, "ca")? {
+                roots
+                    .add(c)
+                    .map_err(|e| format!("ca: unusable certificate: {e}"))?;
+            }
+            let inner =
+                WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+                    .build()
+                    .map_err(|e| format!("ca: {e}"))?;
+            let extra = tls
+                .subject_alt_names
+                .iter()
+                .map(|n| {
+                    ServerName::try_from(n.clone())
+                        .map_err(|_| format!("subject_alt_names: invalid name {n:?}"))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            Arc::new(ExtraNamesVerifier { inner, extra })
+        }
+        None => Arc::new(NoVerifier(provider)),
+    };
+    let builder = builder
+        .dangerous()
+        .with_custom_certificate_verifier(verifier);
+    let mut cfg = match (&tls.client_cert, &tls.client_key) {
+        (Some(c), Some(k)) => {
+            let chain = certs(c, "client_cert")?;
+            let key = PrivateKeyDer::from_pem_slice(&read_pem(k)?)
+                .map_err(|e| format!("client_key: {e}"))?;
+            builder
+                .with_client_auth_cert(chain, key)
+                .map_err(|e| format!("client_cert: {e}"))?
+        }
+        (None, None) => builder.with_no_client_auth(),
+        _ => return Err("client_cert and client_key must be given together".into()),
+    };
+    cfg.alpn_protocols = vec![if h2 {
+        b"h2".to_vec()
+    } else {
+        b"http/1.1".to_vec()
+    }];
+    Ok(Arc::new(cfg))
+}
+
+/// The name to send as SNI and verify: `tls.sni`, else the host part of the endpoint address.
+pub fn server_name(sni: Option<&str>, endpoint: &str) -> Result<ServerName<'static>, String> {
+    let host = match sni {
+        Some(s) => s.to_string(),
+        None => host_of(endpoint).to_string(),
+    };
+    ServerName::try_from(host.clone()).map_err(|_| format!("invalid TLS server name {host:?}"))
+}
+
+/// `host` of `host:port` (`[v6]:port` gives `v6`).
+pub fn host_of(addr: &str) -> &str {
+    if let Some(rest) = addr.strip_prefix('[') {
+        return rest.split(']').next().unwrap_or(rest);
+    }
+    addr.rsplit_once(':').map(|(h, _)| h).unwrap_or(addr)
+}
+
+/// WebPKI verification that also accepts a certificate valid for any of `extra` names.
+#[derive(Debug)]
+struct ExtraNamesVerifier {
+    inner: Arc<WebPkiServerVerifier>,
+    extra: Vec<ServerName<'static>>,
+}
+
+fn is_name_error(e: &rustls::Error) -> bool {
+    matches!(
+        e,
+        rustls::Error::InvalidCertificate(
+            CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. }
+        )
+    )
+}
+
+impl ServerCertVerifier for ExtraNamesVerifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        let first =
+            self.inner
+                .verify_server_cert(end_entity, intermediates, server_name, ocsp, now);
+        match first {
+            Err(e) if is_name_error(&e) => {
+                for name in &self.extra {
+                    if let Ok(ok) =
+                        self.inner
+                            .verify_server_cert(end_entity, intermediates, name, ocsp, now)
+                    {
+                        return Ok(ok);
+                    }
+                }
+                Err(e)
+            }
+            other => other,
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
+}
+
+/// Accepts any backend certificate (no CA configured); handshake signatures are still checked.
+#[derive(Debug)]
+struct NoVerifier(Arc<CryptoProvider>);
+
+impl ServerCertVerifier for NoVerifier {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_parsing() {
+        assert_eq!(host_of("example.com:443"), "example.com");
+        assert_eq!(host_of("10.0.0.1:8443"), "10.0.0.1");
+        assert_eq!(host_of("[::1]:8443"), "::1");
+        assert!(matches!(
+            server_name(None, "[::1]:1").unwrap(),
+            ServerName::IpAddress(_)
+        ));
+        assert_eq!(
+            server_name(Some("api.internal"), "10.0.0.1:1").unwrap(),
+            ServerName::try_from("api.internal").unwrap()
+        );
+    }
+
+    #[test]
+    fn configs_build_and_reject_bad_input() {
+        let cfg = client_config(&BackendTls::default(), true).unwrap();
+        assert_eq!(cfg.alpn_protocols, vec![b"h2".to_vec()]);
+        let ck = rcgen::generate_simple_self_signed(vec!["backend.test".into()]).unwrap();
+        let tls = BackendTls {
+            ca: Some(PemSource::Pem(ck.cert.pem())),
+            subject_alt_names: vec!["alt.test".into()],
+            client_cert: Some(PemSource::Pem(ck.cert.pem())),
+            client_key: Some(PemSource::Pem(ck.signing_key.serialize_pem())),
+            ..Default::default()
+        };
+        let cfg = client_config(&tls, false).unwrap();
+        assert_eq!(cfg.alpn_protocols, vec![b"http/1.1".to_vec()]);
+        let bad = BackendTls {
+            ca: Some(PemSource::Pem("not pem".into())),
+            ..Default::default()
+        };
+        assert!(client_config(&bad, false).is_err());
+        let half = BackendTls {
+            client_cert: Some(PemSource::Pem(ck.cert.pem())),
+            ..Default::default()
+        };
+        assert!(client_config(&half, false).is_err());
+    }
+}

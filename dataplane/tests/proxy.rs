@@ -1,0 +1,836 @@
+//! Integration tests of the reverse proxy against real backend servers on 127.0.0.1:
+//! HTTP/1.1, h2c, HTTP/1.1 over TLS and h2 over TLS, pooling, streaming both ways, error
+//! replies, retries, outlier ejection, weighted splits, forwarding headers and mirrors.
+//!
+//! Every test is bounded by [`bounded`] and every load loop by a fixed count.
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body::Frame;
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use serde_json::json;
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+use sweety_config::{Backend, Mirror, ProxyAction, Route};
+use sweety_dataplane::body::{boxed, empty, full, Body};
+use sweety_dataplane::ctx::{ConnInfo, Protocol, RequestCtx};
+use sweety_dataplane::metrics::Metrics;
+use sweety_dataplane::proxy::Upstreams;
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+
+type Handler = Arc<
+    dyn Fn(Request<Incoming>) -> Pin<Box<dyn Future<Output = Response<Body>> + Send>> + Send + Sync,
+>;
+
+fn handler<F, Fut>(f: F) -> Handler
+where
+    F: Fn(Request<Incoming>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Response<Body>> + Send + 'static,
+{
+    Arc::new(move |r| Box::pin(f(r)))
+}
+
+/// A backend server counting connections and requests.
+struct Server {
+    addr: SocketAddr,
+    conns: Arc<AtomicUsize>,
+    hits: Arc<AtomicUsize>,
+}
+
+impl Server {
+    fn address(&self) -> String {
+        self.addr.to_string()
+    }
+    fn hits(&self) -> usize {
+        self.hits.load(Ordering::SeqCst)
+    }
+}
+
+async fn spawn_server(tls: Option<Arc<rustls::ServerConfig>>, h: Handler) -> Server {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let conns = Arc::new(AtomicUsize::new(0));
+    let hits = Arc::new(AtomicUsize::new(0));
+    let (c, hs) = (conns.clone(), hits.clone());
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                return;
+            };
+            c.fetch_add(1, Ordering::SeqCst);
+            let (h, hs, tls) = (h.clone(), hs.clone(), tls.clone());
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |req| {
+                    hs.fetch_add(1, Ordering::SeqCst);
+                    let h = h.clone();
+                    async move { Ok::<_, Infallible>(h(req).await) }
+                });
+                let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                match tls {
+                    None => {
+                        let _ = builder.serve_connection(TokioIo::new(tcp), svc).await;
+                    }
+                    Some(cfg) => {
+                        let Ok(s) = tokio_rustls::TlsAcceptor::from(cfg).accept(tcp).await else {
+                            return;
+                        };
+                        let _ = builder.serve_connection(TokioIo::new(s), svc).await;
+                    }
+                }
+            });
+        }
+    });
+    Server { addr, conns, hits }
+}
+
+/// A self-signed server certificate for `names` and its PEM (the CA to trust).
+fn tls_server(names: &[&str]) -> (Arc<rustls::ServerConfig>, String) {
+    let ck =
+        rcgen::generate_simple_self_signed(names.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+            .unwrap();
+    let key = rustls::pki_types::PrivateKeyDer::Pkcs8(ck.signing_key.serialize_der().into());
+    let mut cfg = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(vec![ck.cert.der().clone()], key)
+    .unwrap();
+    cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    (Arc::new(cfg), ck.cert.pem())
+}
+
+/// Echoes method, URI, version, the host (header or authority), headers and body.
+fn echo() -> Handler {
+    handler(|req: Request<Incoming>| async move {
+        let host = req
+            .headers()
+            .get("host")
+            .and_then(|h| h.to_str().ok())
+            .map(str::to_string)
+            .or_else(|| req.uri().authority().map(|a| a.to_string()))
+            .unwrap_or_default();
+        let mut s = format!(
+            "{} {} {:?}\nauthority={host}\n",
+            req.method(),
+            req.uri().path(),
+            req.version()
+        );
+        for (k, v) in req.headers() {
+            s.push_str(&format!("{k}: {}\n", v.to_str().unwrap_or("?")));
+        }
+        let body = req.into_body().collect().await.unwrap().to_bytes();
+        s.push_str(&format!("body={}\n", String::from_utf8_lossy(&body)));
+        Response::new(full(s))
+    })
+}
+
+fn status_handler(code: u16) -> Handler {
+    handler(move |_req| async move {
+        let mut r = Response::new(full("x"));
+        *r.status_mut() = StatusCode::from_u16(code).unwrap();
+        r
+    })
+}
+
+fn ctx() -> RequestCtx {
+    RequestCtx {
+        conn: Arc::new(ConnInfo {
+            listener: "test".into(),
+            peer: "192.0.2.9:40000".parse().unwrap(),
+            local: "127.0.0.1:8080".parse().unwrap(),
+            tls: false,
+            sni: None,
+        }),
+        protocol: Protocol::Http1,
+        start: Instant::now(),
+    }
+}
+
+fn backend(v: serde_json::Value) -> Backend {
+    serde_json::from_value(v).unwrap()
+}
+
+fn action(backends: &[(&str, u32)]) -> ProxyAction {
+    serde_json::from_value(json!({
+        "backends": backends.iter().map(|(b, w)| json!({"backend": b, "weight": w})).collect::<Vec<_>>()
+    }))
+    .unwrap()
+}
+
+fn route(extra: serde_json::Value) -> Route {
+    let mut v = json!({"name": "r", "action": {"fixed": {"status": 200}}});
+    for (k, x) in extra.as_object().unwrap() {
+        v[k] = x.clone();
+    }
+    serde_json::from_value(v).unwrap()
+}
+
+fn get(path: &str) -> Request<Body> {
+    Request::builder()
+        .uri(path)
+        .header("host", "app.example")
+        .body(empty())
+        .unwrap()
+}
+
+async fn text(resp: Response<Body>) -> String {
+    let b = resp.into_body().collect().await.unwrap().to_bytes();
+    String::from_utf8_lossy(&b).into_owned()
+}
+
+async fn bounded<F: Future>(f: F) -> F::Output {
+    tokio::time::timeout(Duration::from_secs(60), f)
+        .await
+        .expect("test took too long")
+}
+
+fn upstreams(backends: Vec<Backend>) -> (Upstreams, Arc<Metrics>) {
+    let m = Arc::new(Metrics::default());
+    (Upstreams::build(&backends, None, m.clone()).unwrap(), m)
+}
+
+/// A request body fed from a channel.
+struct ChanBody(mpsc::Receiver<Bytes>);
+
+impl http_body::Body for ChanBody {
+    type Data = Bytes;
+    type Error = Infallible;
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        self.0.poll_recv(cx).map(|o| o.map(|b| Ok(Frame::data(b))))
+    }
+}
+
+#[tokio::test]
+async fn proxies_over_every_protocol() {
+    bounded(async {
+        let (tls_cfg, ca) = tls_server(&["localhost"]);
+        let plain = spawn_server(None, echo()).await;
+        let secure = spawn_server(Some(tls_cfg), echo()).await;
+        let tls = json!({"ca": {"pem": ca}, "sni": "localhost"});
+        let cases = [
+            ("http1", &plain, None, "HTTP/1.1"),
+            ("h2c", &plain, None, "HTTP/2.0"),
+            ("https", &secure, Some(tls.clone()), "HTTP/1.1"),
+            ("h2", &secure, Some(tls.clone()), "HTTP/2.0"),
+        ];
+        for (proto, server, tls, version) in cases {
+            let mut b = json!({"name": "b", "protocol": proto, "endpoints": [{"address": server.address()}]});
+            if let Some(t) = tls {
+                b["tls"] = t;
+            }
+            let (u, _) = upstreams(vec![backend(b)]);
+            let resp = u.forward(get("/hello?x=1"), &action(&[("b", 1)]), &route(json!({})), &ctx()).await;
+            assert_eq!(resp.status(), StatusCode::OK, "{proto}");
+            let body = text(resp).await;
+            assert!(body.starts_with(&format!("GET /hello {version}\n")), "{proto}: {body}");
+            assert!(body.contains("authority=app.example\n"), "{proto}: {body}");
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn tls_verification_names_and_insecure_mode() {
+    bounded(async {
+        let (tls_cfg, ca) = tls_server(&["backend.internal"]);
+        let server = spawn_server(Some(tls_cfg), echo()).await;
+        let run = |tls: serde_json::Value| {
+            let b = backend(json!({"name": "b", "protocol": "h2", "tls": tls,
+                "endpoints": [{"address": server.address()}]}));
+            async move {
+                let (u, m) = upstreams(vec![b]);
+                let resp = u
+                    .forward(get("/"), &action(&[("b", 1)]), &route(json!({})), &ctx())
+                    .await;
+                (resp.status(), m.upstream_errors.get(&"tls"))
+            }
+        };
+        // Wrong name: rejected.
+        assert_eq!(
+            run(json!({"ca": {"pem": ca}, "sni": "other.internal"})).await,
+            (StatusCode::BAD_GATEWAY, 1)
+        );
+        // Accepted through subject_alt_names.
+        assert_eq!(
+            run(json!({"ca": {"pem": ca}, "sni": "other.internal",
+                "subject_alt_names": ["backend.internal"]}))
+            .await,
+            (StatusCode::OK, 0)
+        );
+        // Untrusted CA: rejected.
+        let (_, other_ca) = tls_server(&["backend.internal"]);
+        assert_eq!(
+            run(json!({"ca": {"pem": other_ca}, "sni": "backend.internal"})).await,
+            (StatusCode::BAD_GATEWAY, 1)
+        );
+        // No CA: not verified.
+        assert_eq!(run(json!({})).await, (StatusCode::OK, 0));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn keep_alive_reuses_one_connection() {
+    bounded(async {
+        for proto in ["http1", "h2c"] {
+            let server = spawn_server(None, echo()).await;
+            let (u, _) = upstreams(vec![backend(
+                json!({"name": "b", "protocol": proto, "endpoints": [{"address": server.address()}]}),
+            )]);
+            for _ in 0..20 {
+                let resp = u.forward(get("/"), &action(&[("b", 1)]), &route(json!({})), &ctx()).await;
+                assert_eq!(resp.status(), StatusCode::OK);
+                text(resp).await;
+                // Let the pool take the HTTP/1.1 connection back.
+                for _ in 0..100 {
+                    if proto == "h2c" || u.idle_connections("b", &server.address()) == Some(1) {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }
+            assert_eq!(server.hits(), 20);
+            assert_eq!(server.conns.load(Ordering::SeqCst), 1, "{proto}");
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn request_body_streams_to_backend() {
+    bounded(async {
+        let (first_tx, mut first_rx) = mpsc::channel::<Bytes>(1);
+        let h = handler(move |req: Request<Incoming>| {
+            let first_tx = first_tx.clone();
+            async move {
+                let mut body = req.into_body();
+                let mut total = Vec::new();
+                let mut first = true;
+                while let Some(f) = body.frame().await {
+                    if let Ok(d) = f.unwrap().into_data() {
+                        if first {
+                            first_tx.send(d.clone()).await.unwrap();
+                            first = false;
+                        }
+                        total.extend_from_slice(&d);
+                    }
+                }
+                Response::new(full(total))
+            }
+        });
+        let server = spawn_server(None, h).await;
+        let (u, _) = upstreams(vec![backend(
+            json!({"name": "b", "endpoints": [{"address": server.address()}]}),
+        )]);
+        let u = Arc::new(u);
+        let (tx, rx) = mpsc::channel::<Bytes>(4);
+        let req = Request::builder()
+            .method("POST")
+            .uri("/upload")
+            .header("host", "app.example")
+            .body(boxed(ChanBody(rx)))
+            .unwrap();
+        let u2 = u.clone();
+        let call = tokio::spawn(async move {
+            u2.forward(req, &action(&[("b", 1)]), &route(json!({})), &ctx())
+                .await
+        });
+        tx.send(Bytes::from_static(b"hello ")).await.unwrap();
+        // The backend sees the first chunk while the client still holds the rest.
+        assert_eq!(first_rx.recv().await.unwrap(), "hello ");
+        tx.send(Bytes::from_static(b"world")).await.unwrap();
+        drop(tx);
+        let resp = call.await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert_eq!(text(resp).await, "hello world");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn response_body_streams_back() {
+    bounded(async {
+        let (go_tx, go_rx) = mpsc::channel::<()>(1);
+        let go_rx = Arc::new(tokio::sync::Mutex::new(go_rx));
+        let h = handler(move |_req| {
+            let go_rx = go_rx.clone();
+            async move {
+                let (tx, rx) = mpsc::channel::<Bytes>(1);
+                tokio::spawn(async move {
+                    tx.send(Bytes::from_static(b"first")).await.unwrap();
+                    go_rx.lock().await.recv().await;
+                    let _ = tx.send(Bytes::from_static(b"second")).await;
+                });
+                Response::new(boxed(ChanBody(rx)))
+            }
+        });
+        for proto in ["http1", "h2c"] {
+            let server = spawn_server(None, h.clone()).await;
+            let (u, _) = upstreams(vec![backend(
+                json!({"name": "b", "protocol": proto, "endpoints": [{"address": server.address()}]}),
+            )]);
+            let resp = u.forward(get("/"), &action(&[("b", 1)]), &route(json!({})), &ctx()).await;
+            let mut body = resp.into_body();
+            let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
+            assert_eq!(first, "first", "{proto}");
+            // Only now does the backend produce the second chunk.
+            go_tx.send(()).await.unwrap();
+            let second = body.frame().await.unwrap().unwrap().into_data().unwrap();
+            assert_eq!(second, "second", "{proto}");
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn closed_port_is_502_with_clear_body() {
+    bounded(async {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        drop(l);
+        let (u, m) = upstreams(vec![backend(
+            json!({"name": "b", "endpoints": [{"address": addr}]}),
+        )]);
+        let resp = u
+            .forward(get("/"), &action(&[("b", 1)]), &route(json!({})), &ctx())
+            .await;
+        assert_eq!(resp.status(), StatusCode::BAD_GATEWAY);
+        assert_eq!(
+            text(resp).await,
+            "502 Bad Gateway: upstream connect error\n"
+        );
+        assert_eq!(m.upstream_errors.get(&"connect"), 1);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn silent_backend_is_504() {
+    bounded(async {
+        let h = handler(|_req| async {
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            Response::new(empty())
+        });
+        let server = spawn_server(None, h).await;
+        let (u, m) = upstreams(vec![backend(
+            json!({"name": "b", "endpoints": [{"address": server.address()}]}),
+        )]);
+        let r = route(json!({"timeouts": {"backend": "200ms"}}));
+        let resp = u.forward(get("/"), &action(&[("b", 1)]), &r, &ctx()).await;
+        assert_eq!(resp.status(), StatusCode::GATEWAY_TIMEOUT);
+        assert_eq!(
+            text(resp).await,
+            "504 Gateway Timeout: upstream did not answer in time\n"
+        );
+        assert_eq!(m.upstream_errors.get(&"timeout"), 1);
+    })
+    .await;
+}
+
+fn two_endpoints(a: &Server, b: &Server) -> Backend {
+    backend(
+        json!({"name": "b", "endpoints": [{"address": a.address()}, {"address": b.address()}],
+        "outlier": {"consecutive_failures": 0}}),
+    )
+}
+
+#[tokio::test]
+async fn get_retried_on_503_against_another_endpoint() {
+    bounded(async {
+        let bad = spawn_server(None, status_handler(503)).await;
+        let good = spawn_server(None, status_handler(200)).await;
+        let (u, _) = upstreams(vec![two_endpoints(&bad, &good)]);
+        let r = route(json!({"retry": {"attempts": 1, "codes": [503], "backoff": "1ms"}}));
+        for _ in 0..10 {
+            let resp = u.forward(get("/"), &action(&[("b", 1)]), &r, &ctx()).await;
+            assert_eq!(resp.status(), StatusCode::OK);
+        }
+        assert!(bad.hits() >= 1, "the failing endpoint was tried");
+        assert_eq!(good.hits(), 10);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn post_with_body_not_retried_on_503() {
+    bounded(async {
+        let bad = spawn_server(None, status_handler(503)).await;
+        let good = spawn_server(None, status_handler(200)).await;
+        let (u, _) = upstreams(vec![two_endpoints(&bad, &good)]);
+        let r = route(json!({"retry": {"attempts": 2, "codes": [503]}}));
+        // Round robin starts with the first (failing) endpoint.
+        let req = Request::builder()
+            .method("POST")
+            .uri("/")
+            .body(full("payload"))
+            .unwrap();
+        let resp = u.forward(req, &action(&[("b", 1)]), &r, &ctx()).await;
+        assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!((bad.hits(), good.hits()), (1, 0));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn connect_error_retried_for_post_with_body() {
+    bounded(async {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let closed = l.local_addr().unwrap().to_string();
+        drop(l);
+        let good = spawn_server(None, echo()).await;
+        let (u, m) = upstreams(vec![backend(json!({"name": "b",
+            "endpoints": [{"address": closed}, {"address": good.address()}]}))]);
+        let r = route(json!({"retry": {"attempts": 1}}));
+        let req = Request::builder()
+            .method("POST")
+            .uri("/")
+            .body(full("kept"))
+            .unwrap();
+        let resp = u.forward(req, &action(&[("b", 1)]), &r, &ctx()).await;
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert!(text(resp).await.contains("body=kept\n"));
+        assert_eq!(m.upstream_errors.get(&"connect"), 1);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn outlier_ejection_stops_traffic_to_failing_endpoint() {
+    bounded(async {
+        let bad = spawn_server(None, status_handler(500)).await;
+        let good = spawn_server(None, status_handler(200)).await;
+        let (u, _) = upstreams(vec![backend(json!({"name": "b",
+            "endpoints": [{"address": bad.address()}, {"address": good.address()}],
+            "outlier": {"consecutive_failures": 3, "base_ejection_time": "1m", "max_ejection_percent": 50}}))]);
+        let mut errors = 0;
+        for _ in 0..40 {
+            let resp = u.forward(get("/"), &action(&[("b", 1)]), &route(json!({})), &ctx()).await;
+            if resp.status() == StatusCode::INTERNAL_SERVER_ERROR {
+                errors += 1;
+            }
+        }
+        assert_eq!(bad.hits(), 3);
+        assert_eq!(errors, 3);
+        assert_eq!(good.hits(), 37);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn weighted_split_roughly_respects_weights() {
+    bounded(async {
+        let one = spawn_server(None, status_handler(200)).await;
+        let three = spawn_server(None, status_handler(200)).await;
+        let zero = spawn_server(None, status_handler(200)).await;
+        let (u, _) = upstreams(vec![
+            backend(json!({"name": "one", "endpoints": [{"address": one.address()}]})),
+            backend(json!({"name": "three", "endpoints": [{"address": three.address()}]})),
+            backend(json!({"name": "zero", "endpoints": [{"address": zero.address()}]})),
+        ]);
+        let a = action(&[("one", 1), ("three", 3), ("zero", 0)]);
+        for _ in 0..1_000 {
+            let resp = u.forward(get("/"), &a, &route(json!({})), &ctx()).await;
+            assert_eq!(resp.status(), StatusCode::OK);
+            text(resp).await;
+        }
+        let (n1, n3) = (one.hits(), three.hits());
+        assert_eq!(n1 + n3, 1_000);
+        assert_eq!(zero.hits(), 0);
+        assert!((150..350).contains(&n1), "one={n1} three={n3}");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn all_zero_weights_is_500() {
+    bounded(async {
+        let (u, m) = upstreams(vec![backend(json!({"name": "b", "endpoints": []}))]);
+        let resp = u
+            .forward(get("/"), &action(&[("b", 0)]), &route(json!({})), &ctx())
+            .await;
+        assert_eq!(resp.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(m.upstream_errors.get(&"no_backend"), 1);
+        let resp = u
+            .forward(get("/"), &action(&[("b", 1)]), &route(json!({})), &ctx())
+            .await;
+        assert_eq!(resp.status(), StatusCode::BAD_GATEWAY);
+        assert_eq!(m.upstream_errors.get(&"no_endpoint"), 1);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn hop_by_hop_stripped_and_forwarding_headers_set() {
+    bounded(async {
+        let h = handler(|req: Request<Incoming>| async move {
+            let mut s = String::new();
+            for (k, v) in req.headers() {
+                s.push_str(&format!("{k}: {}\n", v.to_str().unwrap_or("?")));
+            }
+            Response::builder()
+                .header("connection", "x-resp-secret")
+                .header("x-resp-secret", "1")
+                .header("keep-alive", "timeout=5")
+                .header("x-resp-kept", "1")
+                .body(full(s))
+                .unwrap()
+        });
+        let server = spawn_server(None, h).await;
+        let (u, _) = upstreams(vec![backend(
+            json!({"name": "b", "endpoints": [{"address": server.address()}]}),
+        )]);
+        let req = Request::builder()
+            .uri("/")
+            .header("host", "app.example")
+            .header("connection", "keep-alive, x-secret")
+            .header("x-secret", "s")
+            .header("keep-alive", "timeout=5")
+            .header("proxy-connection", "keep-alive")
+            .header("upgrade", "websocket")
+            .header("te", "trailers")
+            .header("x-forwarded-for", "203.0.113.1")
+            .header("x-kept", "k")
+            .body(empty())
+            .unwrap();
+        let resp = u
+            .forward(req, &action(&[("b", 1)]), &route(json!({})), &ctx())
+            .await;
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert!(resp.headers().get("x-resp-secret").is_none());
+        assert!(resp.headers().get("keep-alive").is_none());
+        assert!(resp.headers().get("connection").is_none());
+        assert_eq!(resp.headers()["x-resp-kept"], "1");
+        let seen = text(resp).await;
+        for gone in ["x-secret:", "keep-alive:", "proxy-connection:", "upgrade:"] {
+            assert!(!seen.contains(gone), "{gone} forwarded: {seen}");
+        }
+        for kept in [
+            "host: app.example\n",
+            "x-kept: k\n",
+            "te: trailers\n",
+            "x-forwarded-for: 203.0.113.1, 192.0.2.9\n",
+            "x-forwarded-proto: http\n",
+            "x-forwarded-host: app.example\n",
+            "forwarded: for=192.0.2.9;proto=http;host=app.example\n",
+        ] {
+            assert!(seen.contains(kept), "missing {kept:?}: {seen}");
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn h2_client_authority_becomes_host_and_backend_filters_apply() {
+    bounded(async {
+        let server = spawn_server(None, echo()).await;
+        let (u, _) = upstreams(vec![backend(
+            json!({"name": "b", "endpoints": [{"address": server.address()}]}),
+        )]);
+        let a: ProxyAction = serde_json::from_value(json!({"backends": [{"backend": "b",
+            "filters": [{"request_headers": {"set": [{"name": "x-backend", "value": "b"}]}},
+                        {"response_headers": {"add": [{"name": "x-served-by", "value": "b"}]}}]}]}))
+        .unwrap();
+        // An HTTP/2 client: no Host header, the authority is in the URI.
+        let req = Request::builder()
+            .uri("https://h2.example:8443/p")
+            .version(http::Version::HTTP_2)
+            .body(empty())
+            .unwrap();
+        let resp = u.forward(req, &a, &route(json!({})), &ctx()).await;
+        assert_eq!(resp.headers()["x-served-by"], "b");
+        let seen = text(resp).await;
+        assert!(seen.starts_with("GET /p HTTP/1.1\n"), "{seen}");
+        assert!(seen.contains("host: h2.example:8443\n"), "{seen}");
+        assert!(seen.contains("x-backend: b\n"), "{seen}");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn mirror_sends_head_without_body() {
+    bounded(async {
+        let seen = Arc::new(Mutex::new(Vec::<String>::new()));
+        let s2 = seen.clone();
+        let h = handler(move |req: Request<Incoming>| {
+            let seen = s2.clone();
+            async move {
+                let line = format!("{} {}", req.method(), req.uri().path());
+                let body = req.into_body().collect().await.unwrap().to_bytes();
+                seen.lock()
+                    .unwrap()
+                    .push(format!("{line} body={}", body.len()));
+                Response::new(full("ignored"))
+            }
+        });
+        let mirror_server = spawn_server(None, h).await;
+        let (u, m) = upstreams(vec![backend(
+            json!({"name": "shadow", "endpoints": [{"address": mirror_server.address()}]}),
+        )]);
+        let (parts, _) = Request::builder()
+            .method("POST")
+            .uri("/m")
+            .header("host", "app.example")
+            .header("content-length", "7")
+            .body(())
+            .unwrap()
+            .into_parts();
+        let mirror = Mirror {
+            backend: "shadow".into(),
+            percent: 100.0,
+        };
+        u.mirror(&parts, &mirror, &ctx());
+        let off = Mirror {
+            backend: "shadow".into(),
+            percent: 0.0,
+        };
+        u.mirror(&parts, &off, &ctx());
+        for _ in 0..500 {
+            if !seen.lock().unwrap().is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(*seen.lock().unwrap(), vec!["POST /m body=0".to_string()]);
+        assert_eq!(m.upstream_errors.get(&"mirror_dropped"), 0);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn reload_keeps_warm_connections() {
+    bounded(async {
+        let server = spawn_server(None, echo()).await;
+        let cfg = vec![backend(
+            json!({"name": "b", "endpoints": [{"address": server.address()}]}),
+        )];
+        let m = Arc::new(Metrics::default());
+        let first = Upstreams::build(&cfg, None, m.clone()).unwrap();
+        let resp = first
+            .forward(get("/"), &action(&[("b", 1)]), &route(json!({})), &ctx())
+            .await;
+        text(resp).await;
+        for _ in 0..100 {
+            if first.idle_connections("b", &server.address()) == Some(1) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let second = Upstreams::build(&cfg, Some(&first), m).unwrap();
+        drop(first);
+        assert_eq!(second.idle_connections("b", &server.address()), Some(1));
+        let resp = second
+            .forward(get("/"), &action(&[("b", 1)]), &route(json!({})), &ctx())
+            .await;
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert_eq!(server.conns.load(Ordering::SeqCst), 1);
+    })
+    .await;
+}
+
+/// A raw HTTP/1.1 server that answers one request per connection with keep-alive, then closes
+/// the connection without answering when a second request arrives on it.
+async fn one_shot_keepalive_server() -> (SocketAddr, Arc<AtomicUsize>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let conns = Arc::new(AtomicUsize::new(0));
+    let c = conns.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            c.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 1024];
+                while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                }
+                let _ = s
+                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                    .await;
+                // Wait for the next request on this connection, then drop it unanswered.
+                let _ = s.read(&mut chunk).await;
+            });
+        }
+    });
+    (addr, conns)
+}
+
+#[tokio::test]
+async fn stale_pooled_connection_is_replaced_for_replayable_requests() {
+    bounded(async {
+        let (addr, conns) = one_shot_keepalive_server().await;
+        let (u, m) = upstreams(vec![backend(
+            json!({"name": "b", "endpoints": [{"address": addr.to_string()}]}),
+        )]);
+        for i in 0..3 {
+            let resp = u
+                .forward(get("/"), &action(&[("b", 1)]), &route(json!({})), &ctx())
+                .await;
+            assert_eq!(resp.status(), StatusCode::OK, "request {i}");
+            assert_eq!(text(resp).await, "ok");
+            for _ in 0..100 {
+                if u.idle_connections("b", &addr.to_string()) == Some(1) {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+        assert_eq!(conns.load(Ordering::SeqCst), 3);
+        assert_eq!(m.upstream_errors.get(&"protocol"), 0);
+        // A POST with a body on the stale connection is not replayed: 502.
+        let req = Request::builder()
+            .method("POST")
+            .uri("/")
+            .body(full("once"))
+            .unwrap();
+        let resp = u
+            .forward(req, &action(&[("b", 1)]), &route(json!({})), &ctx())
+            .await;
+        assert_eq!(resp.status(), StatusCode::BAD_GATEWAY);
+        assert_eq!(m.upstream_errors.get(&"protocol"), 1);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn mirrors_are_bounded_and_dropped_when_full() {
+    bounded(async {
+        let h = handler(|_req| async {
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            Response::new(empty())
+        });
+        let server = spawn_server(None, h).await;
+        let (u, m) = upstreams(vec![backend(
+            json!({"name": "shadow", "endpoints": [{"address": server.address()}]}),
+        )]);
+        let (parts, _) = get("/").into_parts();
+        let mirror = Mirror {
+            backend: "shadow".into(),
+            percent: 100.0,
+        };
+        let extra = 6;
+        for _ in 0..sweety_dataplane::proxy::MIRROR_IN_FLIGHT + extra {
+            u.mirror(&parts, &mirror, &ctx());
+        }
+        assert_eq!(m.upstream_errors.get(&"mirror_dropped"), extra as u64);
+    })
+    .await;
+}
