@@ -529,3 +529,28 @@ async fn tls_get_host(
         String::from_utf8_lossy(&body).into_owned(),
     )
 }
+
+#[tokio::test]
+async fn idle_keep_alive_connections_are_closed() {
+    let mut cfg = http_config(vec![vhost("v", &[], vec![fixed_route("r", "/", "ok")])]);
+    cfg.limits.header_read_timeout = sweety_config::Duration::from_millis(300);
+    cfg.limits.idle_timeout = sweety_config::Duration::from_millis(400);
+    let h = Harness::start(cfg).await;
+    let mut s = tokio::net::TcpStream::connect(h.addr("web").await)
+        .await
+        .unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = [0u8; 1024];
+    let n = s.read(&mut buf).await.unwrap();
+    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+    // Now idle: the server closes the connection after the idle timeout.
+    let start = Instant::now();
+    let read = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf)).await;
+    assert!(
+        matches!(read, Ok(Ok(0)) | Ok(Err(_))),
+        "idle connection not closed: {read:?}"
+    );
+    assert!(start.elapsed() >= Duration::from_millis(250));
+}

@@ -1,0 +1,397 @@
+#!/usr/bin/env bash
+# Side-by-side benchmark of the Sweety dataplane and nginx on one machine.
+#
+# Usage:
+#   e2e/bench/run.sh [--out FILE]            # full run; markdown table on stdout (and in FILE)
+#   DUR=1 RUNS=1 CELLS="h1-1k proxy-h1" e2e/bench/run.sh     # quick smoke test
+#
+# Environment:
+#   DUR=8          seconds of load per cell (every load run is bounded by it)
+#   RUNS=2         passes over all cells (the machine is noisy; the report shows every run)
+#   CELLS=         space/comma separated glob filter over the cell names (default: all):
+#                  h1-1k h1-10k h1-100k h1-1m h2-1k h2-10k h2-100k h2-1m proxy-h1
+#   SERVERS="sweety nginx"   which servers to run
+#   SERVER_CPU=0 CLIENT_CPU=1 BACKEND_CPU=$CLIENT_CPU   taskset CPU of each role
+#   PORT_BASE=18440  ports used on 127.0.0.1: TLS = base, plain HTTP = base+1,
+#                    backend = base+2, Sweety admin = base+3
+#   SWEETY_BIN=    use this binary instead of building (else: cargo build --release into
+#                  $CARGO_TARGET_DIR, default ~/.cache/sweety/target)
+#   KEEP_WORK=1    keep the temporary work dir (configs, logs, client outputs)
+#
+# What it does (setup from /work/shared/notes/peers.md): builds sweety-dataplane in release
+# mode; makes a temp dir with an ECDSA P-256 self-signed cert (SAN IP:127.0.0.1) and random
+# files of 1 KB, 10 KB, 100 KB and 1 MB; writes an nginx config and a Sweety config serving
+# the same files over HTTPS (TLS 1.3, HTTP/1.1 and HTTP/2) and a /proxy route on a plain HTTP
+# port to a tiny backend (a separate nginx returning the 12-byte body "hello world\n", pinned
+# to BACKEND_CPU, so its CPU is billed to neither server). For every run, cell and server it
+# starts the server fresh, pinned to SERVER_CPU with one worker (Sweety: --workers 1, access
+# log off; nginx: worker_processes 1, access_log off), records its idle RSS, probes the URL
+# once with curl, runs the load generator pinned to CLIENT_CPU for DUR seconds, and records
+# RPS, p99 latency, failed and non-2xx counts, server CPU-µs per request (utime+stime delta
+# from /proc/PID/stat over the run) and peak RSS (VmHWM, summed over the server's processes).
+#
+# Cells: static files over TLS with h2load (H1: --h1 -c 100 -t 1; H2: -c 100 -m 10 -t 1;
+# 1 MB: -c 10), and proxy-h1 with wrk -t1 -c100 over plain HTTP. p99 of h2load cells comes
+# from h2load's --log-file (one line per request), of wrk from --latency.
+#
+# Everything listens on 127.0.0.1 only; every process started here is killed on exit.
+set -euo pipefail
+
+DUR=${DUR:-8}
+RUNS=${RUNS:-2}
+CELLS=${CELLS:-}
+SERVERS=${SERVERS:-sweety nginx}
+SERVER_CPU=${SERVER_CPU:-0}
+CLIENT_CPU=${CLIENT_CPU:-1}
+BACKEND_CPU=${BACKEND_CPU:-$CLIENT_CPU}
+PORT_BASE=${PORT_BASE:-18440}
+OUT=""
+
+ALL_CELLS="h1-1k h1-10k h1-100k h1-1m h2-1k h2-10k h2-100k h2-1m proxy-h1"
+
+usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
+
+while (($#)); do
+    case $1 in
+        --out) OUT=${2:?--out needs a file}; shift 2 ;;
+        --out=*) OUT=${1#--out=}; shift ;;
+        -h | --help) usage; exit 0 ;;
+        *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
+    esac
+done
+[[ $DUR =~ ^[1-9][0-9]*$ ]] || { echo "DUR must be a positive integer (seconds)" >&2; exit 2; }
+[[ $RUNS =~ ^[1-9][0-9]*$ ]] || { echo "RUNS must be a positive integer" >&2; exit 2; }
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$HERE/../.." && pwd)
+HELPER=(python3 "$HERE/bench_helper.py")
+TLS_PORT=$PORT_BASE
+PLAIN_PORT=$((PORT_BASE + 1))
+BACKEND_PORT=$((PORT_BASE + 2))
+ADMIN_PORT=$((PORT_BASE + 3))
+
+log() { printf '==> %s\n' "$*" >&2; }
+die() { printf 'error: %s\n' "$*" >&2; exit 1; }
+
+# ----------------------------------------------------------------------------- tools
+
+install_missing() {
+    local need=()
+    command -v nginx >/dev/null || [[ -x /usr/sbin/nginx ]] || need+=(nginx-light)
+    command -v h2load >/dev/null || need+=(nghttp2-client)
+    command -v wrk >/dev/null || need+=(wrk)
+    command -v openssl >/dev/null || need+=(openssl)
+    command -v curl >/dev/null || need+=(curl)
+    command -v taskset >/dev/null || need+=(util-linux)
+    command -v python3 >/dev/null || need+=(python3)
+    ((${#need[@]})) || return 0
+    log "installing ${need[*]}"
+    local sudo=()
+    ((EUID == 0)) || sudo=(sudo)
+    export DEBIAN_FRONTEND=noninteractive
+    "${sudo[@]}" apt-get install -y "${need[@]}" ||
+        { "${sudo[@]}" apt-get update && "${sudo[@]}" apt-get install -y "${need[@]}"; }
+}
+install_missing
+NGINX=$(command -v nginx || echo /usr/sbin/nginx)
+ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+
+# ----------------------------------------------------------------------------- build
+
+if [[ -z ${SWEETY_BIN:-} ]]; then
+    export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/sweety/target}
+    log "building sweety-dataplane (release, target dir $CARGO_TARGET_DIR)"
+    (cd "$REPO" && cargo build --release -p sweety-dataplane)
+    SWEETY_BIN=$CARGO_TARGET_DIR/release/sweety-dataplane
+fi
+[[ -x $SWEETY_BIN ]] || die "no sweety-dataplane binary at $SWEETY_BIN"
+
+# ----------------------------------------------------------------------------- process bookkeeping
+
+STARTED=() # pids of every long-running process this script started and has not reaped yet
+
+kill_tree() { # kill_tree SIGNAL PID: the process and its descendants (children first)
+    local sig=$1 pid=$2 child
+    for child in $(ps -o pid= --ppid "$pid" 2>/dev/null); do kill_tree "$sig" "$child"; done
+    kill "-$sig" "$pid" 2>/dev/null || true
+}
+
+forget() { # drop a reaped pid from STARTED
+    local p keep=()
+    for p in "${STARTED[@]}"; do [[ $p == "$1" ]] || keep+=("$p"); done
+    STARTED=("${keep[@]}")
+}
+
+stop() { # stop PID: SIGTERM, up to 5 s grace, then SIGKILL the tree; reap it
+    local pid=$1 i
+    kill_tree TERM "$pid"
+    for ((i = 0; i < 50; i++)); do
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    kill -0 "$pid" 2>/dev/null && kill_tree KILL "$pid"
+    wait "$pid" 2>/dev/null || true
+    forget "$pid"
+}
+
+cleanup() {
+    local p
+    trap - EXIT INT TERM
+    for p in "${STARTED[@]}"; do stop "$p"; done
+    if [[ -n ${WORK:-} && -d $WORK ]]; then
+        if [[ -n ${KEEP_WORK:-} ]]; then log "work dir kept: $WORK"; else rm -rf "$WORK"; fi
+    fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# ----------------------------------------------------------------------------- work dir
+
+WORK=$(mktemp -d -t sweety-bench.XXXXXX)
+chmod 755 "$WORK" # nginx workers run as an unprivileged user when started as root
+mkdir -p "$WORK/www" "$WORK/nginx/tmp" "$WORK/backend/tmp" "$WORK/out"
+RESULTS=$WORK/results.jsonl
+: >"$RESULTS"
+log "work dir $WORK"
+
+openssl ecparam -name prime256v1 -genkey -noout -out "$WORK/key.pem" 2>/dev/null
+openssl req -x509 -new -key "$WORK/key.pem" -out "$WORK/cert.pem" -days 30 \
+    -subj "/CN=127.0.0.1" -addext "subjectAltName=IP:127.0.0.1" 2>/dev/null
+
+for f in 1k:1 10k:10 100k:100 1m:1024; do
+    dd if=/dev/urandom of="$WORK/www/${f%%:*}.bin" bs=1024 count="${f#*:}" status=none
+done
+chmod -R a+rX "$WORK/www"
+
+# The backend: a separate single-worker nginx so its CPU is billed to neither server.
+cat >"$WORK/backend.conf" <<EOF
+worker_processes 1;
+daemon off;
+pid $WORK/backend/nginx.pid;
+error_log $WORK/backend/error.log warn;
+worker_rlimit_nofile 65536;
+events { worker_connections 8192; }
+http {
+    access_log off;
+    keepalive_requests 1000000000;
+    keepalive_timeout 75s;
+    client_body_temp_path $WORK/backend/tmp/body;
+    proxy_temp_path $WORK/backend/tmp/proxy;
+    fastcgi_temp_path $WORK/backend/tmp/fastcgi;
+    uwsgi_temp_path $WORK/backend/tmp/uwsgi;
+    scgi_temp_path $WORK/backend/tmp/scgi;
+    server {
+        listen 127.0.0.1:$BACKEND_PORT;
+        default_type text/plain;
+        location / { return 200 "hello world\n"; }
+    }
+}
+EOF
+
+# nginx under test: same files over HTTPS (TLS 1.3, h2), /proxy to the backend on both ports.
+proxy_location="location /proxy {
+            proxy_pass http://hello;
+            proxy_http_version 1.1;
+            proxy_set_header Connection \"\";
+        }"
+cat >"$WORK/nginx.conf" <<EOF
+worker_processes 1;
+daemon off;
+pid $WORK/nginx/nginx.pid;
+error_log $WORK/nginx/error.log warn;
+worker_rlimit_nofile 65536;
+events { worker_connections 16384; }
+http {
+    access_log off;
+    default_type application/octet-stream;
+    sendfile on;
+    tcp_nopush on;
+    tcp_nodelay on;
+    open_file_cache max=1024 inactive=60s;
+    open_file_cache_valid 60s;
+    open_file_cache_errors on;
+    keepalive_requests 1000000000;
+    keepalive_timeout 75s;
+    client_body_temp_path $WORK/nginx/tmp/body;
+    proxy_temp_path $WORK/nginx/tmp/proxy;
+    fastcgi_temp_path $WORK/nginx/tmp/fastcgi;
+    uwsgi_temp_path $WORK/nginx/tmp/uwsgi;
+    scgi_temp_path $WORK/nginx/tmp/scgi;
+    upstream hello {
+        server 127.0.0.1:$BACKEND_PORT;
+        keepalive 128;
+        keepalive_requests 1000000000;
+    }
+    server {
+        listen 127.0.0.1:$TLS_PORT ssl http2;
+        ssl_certificate $WORK/cert.pem;
+        ssl_certificate_key $WORK/key.pem;
+        ssl_protocols TLSv1.3;
+        root $WORK/www;
+        $proxy_location
+    }
+    server {
+        listen 127.0.0.1:$PLAIN_PORT;
+        root $WORK/www;
+        $proxy_location
+    }
+}
+EOF
+
+# Sweety: the same. precompressed off because nginx has no gzip_static here (h2load sends
+# accept-encoding); HTTP/3 off because nginx has none; a short drain so stops are quick.
+cat >"$WORK/sweety.yaml" <<EOF
+version: 1
+admin: {address: 127.0.0.1, port: $ADMIN_PORT}
+access_log: {enabled: false}
+limits: {drain_timeout: 1s}
+listeners:
+  - name: tls
+    address: 127.0.0.1
+    port: $TLS_PORT
+    protocol: https
+    http3: false
+    tls:
+      min_version: "1.3"
+      certificates:
+        - {cert: {file: $WORK/cert.pem}, key: {file: $WORK/key.pem}}
+  - {name: plain, address: 127.0.0.1, port: $PLAIN_PORT, protocol: http}
+virtual_hosts:
+  - name: bench
+    routes:
+      - name: proxy
+        matches: [{path: {prefix: /proxy}}]
+        action: {proxy: {backends: [{backend: hello}]}}
+      - name: files
+        action: {static: {root: $WORK/www, precompressed: false}}
+backends:
+  - name: hello
+    protocol: http1
+    endpoints: [{address: "127.0.0.1:$BACKEND_PORT"}]
+    max_idle_per_endpoint: 128
+EOF
+
+"$SWEETY_BIN" validate "$WORK/sweety.yaml" >&2 || die "the generated Sweety config is invalid"
+"$NGINX" -t -q -p "$WORK/nginx/" -c "$WORK/nginx.conf" -e "$WORK/nginx/error.log" ||
+    die "the generated nginx config is invalid"
+
+# ----------------------------------------------------------------------------- servers
+
+for port in "$TLS_PORT" "$PLAIN_PORT" "$BACKEND_PORT" "$ADMIN_PORT"; do
+    "${HELPER[@]}" port-state "$port" free 0 || die "127.0.0.1:$port is already in use (set PORT_BASE)"
+done
+
+taskset -c "$BACKEND_CPU" "$NGINX" -p "$WORK/backend/" -c "$WORK/backend.conf" \
+    -e "$WORK/backend/error.log" &
+STARTED+=($!)
+"${HELPER[@]}" port-state "$BACKEND_PORT" open 10 || die "backend did not start: $(tail -5 "$WORK/backend/error.log")"
+body=$(curl -s --max-time 5 "http://127.0.0.1:$BACKEND_PORT/")
+[[ $body == "hello world" ]] || die "backend answers '$body'"
+
+SERVER_PID=""
+start_server() { # start_server NAME: sets SERVER_PID; returns 1 if it does not come up
+    local name=$1 errlog
+    case $name in
+        sweety)
+            errlog=$WORK/sweety.log
+            RUST_LOG=${RUST_LOG:-warn} taskset -c "$SERVER_CPU" "$SWEETY_BIN" run \
+                --config "$WORK/sweety.yaml" --workers 1 >>"$WORK/sweety.out" 2>>"$errlog" &
+            ;;
+        nginx)
+            errlog=$WORK/nginx/error.log
+            taskset -c "$SERVER_CPU" "$NGINX" -p "$WORK/nginx/" -c "$WORK/nginx.conf" -e "$errlog" &
+            ;;
+        *) die "unknown server $name" ;;
+    esac
+    SERVER_PID=$!
+    STARTED+=("$SERVER_PID")
+    if "${HELPER[@]}" port-state "$TLS_PORT" open 15 && "${HELPER[@]}" port-state "$PLAIN_PORT" open 5 &&
+        kill -0 "$SERVER_PID" 2>/dev/null; then
+        sleep 0.3 # let nginx fork its worker / Sweety finish applying the config
+        return 0
+    fi
+    log "$name did not start; last log lines:"
+    tail -20 "$errlog" >&2 || true
+    stop "$SERVER_PID"
+    return 1
+}
+
+stop_server() {
+    stop "$SERVER_PID"
+    "${HELPER[@]}" port-state "$TLS_PORT" free 10 && "${HELPER[@]}" port-state "$PLAIN_PORT" free 10 ||
+        die "ports still busy after stopping the server"
+}
+
+# ----------------------------------------------------------------------------- cells
+
+selected() { # selected CELL: matches the CELLS filter?
+    [[ -z $CELLS ]] && return 0
+    local pat
+    for pat in ${CELLS//,/ }; do
+        # shellcheck disable=SC2053
+        [[ $1 == $pat ]] && return 0
+    done
+    return 1
+}
+
+run_cell() { # run_cell CELL SERVER RUN
+    local cell=$1 server=$2 run=$3 proto=${1%%-*} size=${1#*-} conns=100 url tool cmd idle probe
+    local tag=$WORK/out/$cell.$server.$run
+    if [[ $cell == proxy-h1 ]]; then
+        url=http://127.0.0.1:$PLAIN_PORT/proxy
+        tool=wrk
+        cmd=(wrk -t1 -c100 "-d${DUR}s" --timeout 5s --latency "$url")
+    else
+        url=https://127.0.0.1:$TLS_PORT/$size.bin
+        [[ $size == 1m ]] && conns=10
+        tool=h2load
+        cmd=(h2load -c "$conns" -t 1 -D "$DUR" --log-file "$tag.log")
+        [[ $proto == h1 ]] && cmd+=(--h1) || cmd+=(-m 10)
+        cmd+=("$url")
+    fi
+
+    start_server "$server" || {
+        printf '{"cell":"%s","server":"%s","run":%s,"rps":null,"p99_ms":null,"done":0,"failed":0,"bad_status":0,"cpu_us_per_req":null,"server_cpu_pct":null,"client_cpu_pct":null,"idle_rss_kb":0,"peak_rss_kb":0,"probe":"server did not start"}\n' \
+            "$cell" "$server" "$run" >>"$RESULTS"
+        return 0
+    }
+    read -r idle _ < <("${HELPER[@]}" mem "$SERVER_PID")
+    probe=$(curl -sk --max-time 5 -o /dev/null -w '%{http_code} %{size_download}B' \
+        $([[ $proto == h2 ]] && echo --http2 || echo --http1.1) "$url" || true)
+    # short warm-up so both servers start the measured window with warm caches and pools
+    taskset -c "$CLIENT_CPU" timeout 10 h2load -n 200 -c 10 -t 1 \
+        $([[ $proto == h2 ]] || echo --h1) "$url" >/dev/null 2>&1 || true
+    "${HELPER[@]}" measure --results "$RESULTS" --cell "$cell" \
+        --server "$server" --run "$run" --tool "$tool" --server-pid "$SERVER_PID" \
+        --idle-rss "${idle:-0}" --probe "${probe:-no answer}" --client-out "$tag.out" \
+        --timeout $((DUR + 30)) $([[ $tool == h2load ]] && echo --log "$tag.log") \
+        -- taskset -c "$CLIENT_CPU" "${cmd[@]}"
+    stop_server
+}
+
+cells=()
+for c in $ALL_CELLS; do selected "$c" && cells+=("$c"); done
+((${#cells[@]})) || die "CELLS='$CELLS' matches none of: $ALL_CELLS"
+log "cells: ${cells[*]}; servers: $SERVERS; DUR=${DUR}s, RUNS=$RUNS"
+
+for ((run = 1; run <= RUNS; run++)); do
+    for cell in "${cells[@]}"; do
+        for server in $SERVERS; do
+            run_cell "$cell" "$server" "$run"
+        done
+    done
+done
+
+# ----------------------------------------------------------------------------- report
+
+rev=$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)
+git -C "$REPO" diff --quiet HEAD 2>/dev/null || rev="$rev (dirty)"
+out_args=()
+[[ -n $OUT ]] && out_args=(--out "$OUT")
+"${HELPER[@]}" report "$RESULTS" "${out_args[@]}" \
+    --meta "date=$(date -u '+%Y-%m-%d %H:%M UTC')" \
+    --meta "machine=$(nproc) CPUs, $(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1), Linux $(uname -r)" \
+    --meta "sweety=$rev; nginx=$("$NGINX" -v 2>&1 | sed 's/.*\///'); h2load=$(h2load --version | sed 's/.*\///'); $(wrk -v 2>&1 | head -1 | cut -d' ' -f1-2)" \
+    --meta "setup=server on CPU $SERVER_CPU (one worker), load generator on CPU $CLIENT_CPU, backend on CPU $BACKEND_CPU; ${DUR}s per cell, $RUNS run(s)"
+[[ -n $OUT ]] && log "report written to $OUT"
+exit 0
