@@ -172,11 +172,13 @@ struct CompiledCors {
     max_age: Option<HeaderValue>,
 }
 
-fn joined(name: &str, items: &[String]) -> Result<Option<HeaderValue>, String> {
+/// `items` joined with `, ` as a header value, `None` when empty. With `skip_star`, `*` is
+/// left out (it is handled by echoing the request instead).
+fn joined(name: &str, items: &[String], skip_star: bool) -> Result<Option<HeaderValue>, String> {
     let items: Vec<&str> = items
         .iter()
         .map(String::as_str)
-        .filter(|i| *i != "*")
+        .filter(|i| !(skip_star && *i == "*"))
         .collect();
     if items.is_empty() {
         return Ok(None);
@@ -212,10 +214,10 @@ impl CompiledCors {
             any_origin,
             origins,
             any_method: c.allow_methods.iter().any(|m| m == "*"),
-            methods: joined("access-control-allow-methods", &c.allow_methods)?,
+            methods: joined("access-control-allow-methods", &c.allow_methods, true)?,
             any_header: c.allow_headers.iter().any(|h| h == "*"),
-            headers: joined("access-control-allow-headers", &c.allow_headers)?,
-            expose: joined("access-control-expose-headers", &c.expose_headers)?,
+            headers: joined("access-control-allow-headers", &c.allow_headers, true)?,
+            expose: joined("access-control-expose-headers", &c.expose_headers, false)?,
             credentials: c.allow_credentials,
             max_age: c.max_age.map(HeaderValue::from),
         })

@@ -240,12 +240,27 @@ static DEFAULT_MATCH: RouteMatch = RouteMatch {
     method: None,
 };
 
+/// The config path of a route match, formatted only when an error needs it.
+struct MatchPath {
+    vhost: usize,
+    route: usize,
+    index: usize,
+}
+
+impl std::fmt::Display for MatchPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "virtual_hosts[{}].routes[{}].matches[{}]",
+            self.vhost, self.route, self.index
+        )
+    }
+}
+
 fn compile_rule(
     entry: usize,
     m: &RouteMatch,
-    at: &str,
-    route_idx: usize,
-    match_idx: usize,
+    at: &MatchPath,
 ) -> Result<(RuleKey, Rule), BuildError> {
     let (kind, len, path) = match &m.path {
         None => (1, 1, prefix_rule("/")),
@@ -288,8 +303,8 @@ fn compile_rule(
         u8::from(m.method.is_none()),
         Reverse(headers.len()),
         Reverse(query.len()),
-        route_idx,
-        match_idx,
+        at.route,
+        at.index,
     );
     Ok((
         key,
@@ -422,19 +437,22 @@ impl RouteTable {
             let vhost_name: Arc<str> = vh.name.as_str().into();
             let mut keyed: Vec<(RuleKey, Rule)> = Vec::new();
             for (ri, r) in vh.routes.iter().enumerate() {
-                let at = format!("virtual_hosts[{vi}].routes[{ri}]");
                 let entry = entries.len();
                 let filters =
                     CompiledFilters::compile(&r.filters).map_err(|message| BuildError {
-                        path: format!("{at}.filters"),
+                        path: format!("virtual_hosts[{vi}].routes[{ri}].filters"),
                         message,
                     })?;
+                let at = |index| MatchPath {
+                    vhost: vi,
+                    route: ri,
+                    index,
+                };
                 if r.matches.is_empty() {
-                    keyed.push(compile_rule(entry, &DEFAULT_MATCH, &at, ri, 0)?);
+                    keyed.push(compile_rule(entry, &DEFAULT_MATCH, &at(0))?);
                 }
                 for (mi, m) in r.matches.iter().enumerate() {
-                    let at = format!("{at}.matches[{mi}]");
-                    keyed.push(compile_rule(entry, m, &at, ri, mi)?);
+                    keyed.push(compile_rule(entry, m, &at(mi))?);
                 }
                 entries.push(RouteEntry {
                     name: r.name.as_str().into(),

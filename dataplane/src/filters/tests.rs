@@ -981,3 +981,18 @@ fn cors_preflight_runs_in_config_order() {
     let resp = respond(f.on_request(&mut plain, "http", 80, None));
     assert_eq!(resp.status(), StatusCode::MOVED_PERMANENTLY);
 }
+
+#[test]
+fn cors_expose_star_is_passed_through() {
+    let f = compile(vec![Filter::Cors(Cors {
+        allow_origins: vec!["https://a.test".into()],
+        expose_headers: vec!["*".into()],
+        ..Default::default()
+    })]);
+    let mut resp = response_parts(&[]);
+    f.on_response(Some(&HeaderValue::from_static("https://a.test")), &mut resp);
+    assert_eq!(
+        header(&resp.headers, "access-control-expose-headers"),
+        Some("*")
+    );
+}
