@@ -1,0 +1,1127 @@
+//! Table-driven tests of the route table: each case is a config fragment, a request and the
+//! expected route name (or `NoHost` / `NoRoute`).
+
+use super::*;
+use sweety_config::{Action, FixedResponse, Listener, ListenerProtocol, VirtualHost};
+
+// ---- config builders ----
+
+fn route(name: &str, matches: Vec<RouteMatch>) -> Route {
+    Route {
+        name: name.into(),
+        matches,
+        filters: Vec::new(),
+        action: Action::Fixed(FixedResponse {
+            status: 200,
+            body: String::new(),
+            content_type: None,
+        }),
+        timeouts: Default::default(),
+        retry: None,
+    }
+}
+
+fn vh(name: &str, hosts: &[&str], routes: Vec<Route>) -> VirtualHost {
+    VirtualHost {
+        name: name.into(),
+        hostnames: hosts.iter().map(|h| h.to_string()).collect(),
+        listeners: Vec::new(),
+        routes,
+    }
+}
+
+fn on(mut v: VirtualHost, listeners: &[&str]) -> VirtualHost {
+    v.listeners = listeners.iter().map(|l| l.to_string()).collect();
+    v
+}
+
+/// A catch-all virtual host with these routes.
+fn any(routes: Vec<Route>) -> Vec<VirtualHost> {
+    vec![vh("any", &[], routes)]
+}
+
+fn prefix(p: &str) -> RouteMatch {
+    RouteMatch {
+        path: Some(PathMatch::Prefix(p.into())),
+        ..Default::default()
+    }
+}
+
+fn exact(p: &str) -> RouteMatch {
+    RouteMatch {
+        path: Some(PathMatch::Exact(p.into())),
+        ..Default::default()
+    }
+}
+
+fn regex(p: &str) -> RouteMatch {
+    RouteMatch {
+        path: Some(PathMatch::Regex(p.into())),
+        ..Default::default()
+    }
+}
+
+fn method(mut m: RouteMatch, method: &str) -> RouteMatch {
+    m.method = Some(method.into());
+    m
+}
+
+fn header(mut m: RouteMatch, name: &str, value: &str) -> RouteMatch {
+    m.headers.push(HeaderMatch {
+        name: name.into(),
+        value: value.into(),
+        kind: MatchKind::Exact,
+    });
+    m
+}
+
+fn header_re(mut m: RouteMatch, name: &str, value: &str) -> RouteMatch {
+    m.headers.push(HeaderMatch {
+        name: name.into(),
+        value: value.into(),
+        kind: MatchKind::Regex,
+    });
+    m
+}
+
+fn query(mut m: RouteMatch, name: &str, value: &str) -> RouteMatch {
+    m.query.push(QueryMatch {
+        name: name.into(),
+        value: value.into(),
+        kind: MatchKind::Exact,
+    });
+    m
+}
+
+fn query_re(mut m: RouteMatch, name: &str, value: &str) -> RouteMatch {
+    m.query.push(QueryMatch {
+        name: name.into(),
+        value: value.into(),
+        kind: MatchKind::Regex,
+    });
+    m
+}
+
+fn config(vhosts: Vec<VirtualHost>) -> Config {
+    let listener = |name: &str, port| Listener {
+        name: name.into(),
+        address: "0.0.0.0".into(),
+        port,
+        protocol: ListenerProtocol::Http,
+        tls: None,
+        http3: false,
+        max_requests_in_flight: None,
+        l4_routes: Vec::new(),
+    };
+    Config {
+        listeners: vec![listener("http", 80), listener("admin", 8080)],
+        virtual_hosts: vhosts,
+        ..Default::default()
+    }
+}
+
+// ---- requests ----
+
+#[derive(Clone, Copy)]
+struct Req {
+    listener: &'static str,
+    host: &'static str,
+    method: &'static str,
+    path: &'static str,
+    query: Option<&'static str>,
+    headers: &'static [(&'static str, &'static str)],
+}
+
+const GET: Req = Req {
+    listener: "http",
+    host: "example.com",
+    method: "GET",
+    path: "/",
+    query: None,
+    headers: &[],
+};
+
+fn get(path: &'static str) -> Req {
+    Req { path, ..GET }
+}
+
+fn get_host(host: &'static str) -> Req {
+    Req { host, ..GET }
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Want {
+    Route(&'static str),
+    NoHost,
+    NoRoute,
+}
+use Want::{NoHost, NoRoute};
+
+fn r(name: &'static str) -> Want {
+    Want::Route(name)
+}
+
+fn run(table: &RouteTable, req: Req) -> (Want, Option<String>) {
+    let mut headers = http::HeaderMap::new();
+    for (n, v) in req.headers {
+        headers.append(
+            http::HeaderName::from_bytes(n.as_bytes()).unwrap(),
+            http::HeaderValue::from_static(v),
+        );
+    }
+    let method = http::Method::from_bytes(req.method.as_bytes()).unwrap();
+    let head = RequestHead {
+        listener: req.listener,
+        host: req.host,
+        method: &method,
+        path: req.path,
+        query: req.query,
+        headers: &headers,
+    };
+    match table.lookup(&head) {
+        Lookup::Matched(m) => {
+            let name: &str = &m.entry.name;
+            let leaked: &'static str = Box::leak(name.to_string().into_boxed_str());
+            (Want::Route(leaked), m.prefix.map(str::to_string))
+        }
+        Lookup::NoHost => (NoHost, None),
+        Lookup::NoRoute => (NoRoute, None),
+    }
+}
+
+struct Case {
+    name: &'static str,
+    vhosts: Vec<VirtualHost>,
+    req: Req,
+    want: Want,
+}
+
+fn case(name: &'static str, vhosts: Vec<VirtualHost>, req: Req, want: Want) -> Case {
+    Case {
+        name,
+        vhosts,
+        req,
+        want,
+    }
+}
+
+fn check(cases: Vec<Case>) {
+    let mut failures = Vec::new();
+    for c in cases {
+        let table = RouteTable::build(&config(c.vhosts)).expect(c.name);
+        let (got, _) = run(&table, c.req);
+        if got != c.want {
+            failures.push(format!("{}: want {:?}, got {:?}", c.name, c.want, got));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+// ---- host selection ----
+
+#[test]
+fn host_selection() {
+    let hosts = || {
+        vec![
+            vh("catch-all", &[], vec![route("catch-all", vec![])]),
+            vh("wild-short", &["*.com"], vec![route("wild-short", vec![])]),
+            vh("wild", &["*.example.com"], vec![route("wild", vec![])]),
+            vh(
+                "wild-deep",
+                &["*.a.example.com"],
+                vec![route("wild-deep", vec![])],
+            ),
+            vh("exact", &["www.example.com"], vec![route("exact", vec![])]),
+            vh(
+                "upper",
+                &["Mixed.Example.ORG."],
+                vec![route("upper", vec![])],
+            ),
+        ]
+    };
+    check(vec![
+        case(
+            "exact beats wildcard",
+            hosts(),
+            get_host("www.example.com"),
+            r("exact"),
+        ),
+        case(
+            "wildcard one label",
+            hosts(),
+            get_host("foo.example.com"),
+            r("wild"),
+        ),
+        case(
+            "wildcard many labels",
+            hosts(),
+            get_host("x.y.example.com"),
+            r("wild"),
+        ),
+        case(
+            "longest suffix wins",
+            hosts(),
+            get_host("b.a.example.com"),
+            r("wild-deep"),
+        ),
+        case(
+            "deeper wildcard needs a label",
+            hosts(),
+            get_host("a.example.com"),
+            r("wild"),
+        ),
+        case(
+            "wildcard never matches apex",
+            hosts(),
+            get_host("example.com"),
+            r("wild-short"),
+        ),
+        case(
+            "catch-all last",
+            hosts(),
+            get_host("example.net"),
+            r("catch-all"),
+        ),
+        case(
+            "empty host to catch-all",
+            hosts(),
+            get_host(""),
+            r("catch-all"),
+        ),
+        case(
+            "host is case-insensitive",
+            hosts(),
+            get_host("WWW.Example.COM"),
+            r("exact"),
+        ),
+        case(
+            "trailing dot stripped",
+            hosts(),
+            get_host("www.example.com."),
+            r("exact"),
+        ),
+        case(
+            "config host normalized",
+            hosts(),
+            get_host("mixed.example.org"),
+            r("upper"),
+        ),
+        case(
+            "no catch-all: NoHost",
+            vec![vh(
+                "exact",
+                &["www.example.com"],
+                vec![route("exact", vec![])],
+            )],
+            get_host("other.example.com"),
+            NoHost,
+        ),
+        case(
+            "apex without catch-all: NoHost",
+            vec![vh("wild", &["*.example.com"], vec![route("wild", vec![])])],
+            get_host("example.com"),
+            NoHost,
+        ),
+        case(
+            "leading dot is not a label",
+            vec![vh("wild", &["*.example.com"], vec![route("wild", vec![])])],
+            get_host(".example.com"),
+            NoHost,
+        ),
+        case(
+            "star hostname is a catch-all",
+            vec![vh("star", &["*"], vec![route("star", vec![])])],
+            get_host("anything.test"),
+            r("star"),
+        ),
+        case(
+            "first vhost wins a duplicate hostname",
+            vec![
+                vh("one", &["dup.test"], vec![route("one", vec![])]),
+                vh("two", &["dup.test"], vec![route("two", vec![])]),
+            ],
+            get_host("dup.test"),
+            r("one"),
+        ),
+        case(
+            "no fall-through to catch-all",
+            vec![
+                vh(
+                    "exact",
+                    &["example.com"],
+                    vec![route("api", vec![prefix("/api")])],
+                ),
+                vh("catch-all", &[], vec![route("catch-all", vec![])]),
+            ],
+            get("/other"),
+            NoRoute,
+        ),
+        case(
+            "no fall-through to wildcard",
+            vec![
+                vh(
+                    "exact",
+                    &["www.example.com"],
+                    vec![route("api", vec![exact("/api")])],
+                ),
+                vh("wild", &["*.example.com"], vec![route("wild", vec![])]),
+            ],
+            Req {
+                host: "www.example.com",
+                ..get("/x")
+            },
+            NoRoute,
+        ),
+        case("no virtual hosts at all", vec![], GET, NoHost),
+    ]);
+}
+
+#[test]
+fn listener_attachment() {
+    let hosts = || {
+        vec![
+            on(
+                vh(
+                    "admin-only",
+                    &["example.com"],
+                    vec![route("admin-only", vec![])],
+                ),
+                &["admin"],
+            ),
+            vh(
+                "everywhere",
+                &["example.com"],
+                vec![route("everywhere", vec![])],
+            ),
+            on(
+                vh("http-catch", &[], vec![route("http-catch", vec![])]),
+                &["http"],
+            ),
+            on(
+                vh("both", &["both.test"], vec![route("both", vec![])]),
+                &["http", "admin"],
+            ),
+        ]
+    };
+    let at = |listener, host| Req {
+        listener,
+        host,
+        ..GET
+    };
+    check(vec![
+        case(
+            "attached listener",
+            hosts(),
+            at("admin", "example.com"),
+            r("admin-only"),
+        ),
+        case(
+            "not attached: next vhost",
+            hosts(),
+            at("http", "example.com"),
+            r("everywhere"),
+        ),
+        case(
+            "catch-all on its listener",
+            hosts(),
+            at("http", "x.test"),
+            r("http-catch"),
+        ),
+        case(
+            "catch-all not on other listener",
+            hosts(),
+            at("admin", "x.test"),
+            NoHost,
+        ),
+        case(
+            "several listeners (1)",
+            hosts(),
+            at("http", "both.test"),
+            r("both"),
+        ),
+        case(
+            "several listeners (2)",
+            hosts(),
+            at("admin", "both.test"),
+            r("both"),
+        ),
+        case(
+            "unknown listener: only global vhosts",
+            hosts(),
+            at("nope", "example.com"),
+            r("everywhere"),
+        ),
+        case(
+            "unknown listener: no catch-all",
+            hosts(),
+            at("nope", "x.test"),
+            NoHost,
+        ),
+        case(
+            "listener only named by a vhost",
+            vec![on(
+                vh("extra", &[], vec![route("extra", vec![])]),
+                &["extra"],
+            )],
+            at("extra", "x.test"),
+            r("extra"),
+        ),
+    ]);
+}
+
+// ---- path matching ----
+
+#[test]
+fn path_matching() {
+    check(vec![
+        case(
+            "prefix equal",
+            any(vec![route("foo", vec![prefix("/foo")])]),
+            get("/foo"),
+            r("foo"),
+        ),
+        case(
+            "prefix slash",
+            any(vec![route("foo", vec![prefix("/foo")])]),
+            get("/foo/"),
+            r("foo"),
+        ),
+        case(
+            "prefix child",
+            any(vec![route("foo", vec![prefix("/foo")])]),
+            get("/foo/bar"),
+            r("foo"),
+        ),
+        case(
+            "prefix not mid-segment",
+            any(vec![route("foo", vec![prefix("/foo")])]),
+            get("/foobar"),
+            NoRoute,
+        ),
+        case(
+            "prefix is case-sensitive",
+            any(vec![route("foo", vec![prefix("/foo")])]),
+            get("/FOO"),
+            NoRoute,
+        ),
+        case(
+            "trailing slash ignored",
+            any(vec![route("foo", vec![prefix("/foo/")])]),
+            get("/foo"),
+            r("foo"),
+        ),
+        case(
+            "trailing slash child",
+            any(vec![route("foo", vec![prefix("/foo/")])]),
+            get("/foo/x"),
+            r("foo"),
+        ),
+        case(
+            "trailing slash not mid-segment",
+            any(vec![route("foo", vec![prefix("/foo/")])]),
+            get("/foox"),
+            NoRoute,
+        ),
+        case(
+            "slash matches all",
+            any(vec![route("root", vec![prefix("/")])]),
+            get("/a/b/c"),
+            r("root"),
+        ),
+        case(
+            "no matches is prefix slash",
+            any(vec![route("all", vec![])]),
+            get("/anything"),
+            r("all"),
+        ),
+        case(
+            "no path is prefix slash",
+            any(vec![route(
+                "all",
+                vec![method(RouteMatch::default(), "GET")],
+            )]),
+            get("/x"),
+            r("all"),
+        ),
+        case(
+            "exact equal",
+            any(vec![route("e", vec![exact("/foo")])]),
+            get("/foo"),
+            r("e"),
+        ),
+        case(
+            "exact no trailing slash",
+            any(vec![route("e", vec![exact("/foo")])]),
+            get("/foo/"),
+            NoRoute,
+        ),
+        case(
+            "exact no child",
+            any(vec![route("e", vec![exact("/foo")])]),
+            get("/foo/bar"),
+            NoRoute,
+        ),
+        case(
+            "regex whole path",
+            any(vec![route("re", vec![regex("/v[0-9]+")])]),
+            get("/v12"),
+            r("re"),
+        ),
+        case(
+            "regex anchored at end",
+            any(vec![route("re", vec![regex("/v[0-9]+")])]),
+            get("/v12/x"),
+            NoRoute,
+        ),
+        case(
+            "regex anchored at start",
+            any(vec![route("re", vec![regex("/v[0-9]+")])]),
+            get("/x/v12"),
+            NoRoute,
+        ),
+        case(
+            "regex alternation anchored",
+            any(vec![route("re", vec![regex("/a|/b")])]),
+            get("/a/x"),
+            NoRoute,
+        ),
+        case(
+            "any match of a route",
+            any(vec![route("two", vec![exact("/a"), exact("/b")])]),
+            get("/b"),
+            r("two"),
+        ),
+    ]);
+}
+
+// ---- precedence ----
+
+#[test]
+fn precedence() {
+    check(vec![
+        case(
+            "exact beats prefix",
+            any(vec![
+                route("prefix", vec![prefix("/foo")]),
+                route("exact", vec![exact("/foo")]),
+            ]),
+            get("/foo"),
+            r("exact"),
+        ),
+        case(
+            "exact beats prefix with more conditions",
+            any(vec![
+                route(
+                    "prefix",
+                    vec![method(header(prefix("/foo"), "x", "1"), "GET")],
+                ),
+                route("exact", vec![exact("/foo")]),
+            ]),
+            Req {
+                headers: &[("x", "1")],
+                ..get("/foo")
+            },
+            r("exact"),
+        ),
+        case(
+            "exact beats regex",
+            any(vec![
+                route("re", vec![regex("/.*")]),
+                route("exact", vec![exact("/foo")]),
+            ]),
+            get("/foo"),
+            r("exact"),
+        ),
+        case(
+            "longest prefix wins",
+            any(vec![
+                route("short", vec![prefix("/a")]),
+                route("long", vec![prefix("/a/b")]),
+            ]),
+            get("/a/b/c"),
+            r("long"),
+        ),
+        case(
+            "longer prefix that does not match is skipped",
+            any(vec![
+                route("short", vec![prefix("/a")]),
+                route("long", vec![prefix("/a/b")]),
+            ]),
+            get("/a/bc"),
+            r("short"),
+        ),
+        case(
+            "prefix beats regex",
+            any(vec![
+                route("re", vec![regex("/a/.*")]),
+                route("prefix", vec![prefix("/a")]),
+            ]),
+            get("/a/x"),
+            r("prefix"),
+        ),
+        case(
+            "regex when nothing else matches",
+            any(vec![
+                route("re", vec![regex("/a/.*")]),
+                route("prefix", vec![prefix("/b")]),
+            ]),
+            get("/a/x"),
+            r("re"),
+        ),
+        case(
+            "longer prefix beats method",
+            any(vec![
+                route("method", vec![method(prefix("/a"), "GET")]),
+                route("long", vec![prefix("/a/b")]),
+            ]),
+            get("/a/b"),
+            r("long"),
+        ),
+        case(
+            "method beats no method",
+            any(vec![
+                route("plain", vec![prefix("/")]),
+                route("method", vec![method(prefix("/"), "GET")]),
+            ]),
+            get("/x"),
+            r("method"),
+        ),
+        case(
+            "method beats more headers",
+            any(vec![
+                route(
+                    "headers",
+                    vec![header(header(prefix("/"), "a", "1"), "b", "2")],
+                ),
+                route("method", vec![method(prefix("/"), "GET")]),
+            ]),
+            Req {
+                headers: &[("a", "1"), ("b", "2")],
+                ..get("/")
+            },
+            r("method"),
+        ),
+        case(
+            "wrong method falls to the next",
+            any(vec![
+                route("plain", vec![prefix("/")]),
+                route("post", vec![method(prefix("/"), "POST")]),
+            ]),
+            get("/x"),
+            r("plain"),
+        ),
+        case(
+            "method compare is exact",
+            any(vec![route("lower", vec![method(prefix("/"), "get")])]),
+            get("/x"),
+            NoRoute,
+        ),
+        case(
+            "more headers win",
+            any(vec![
+                route("one", vec![header(prefix("/"), "a", "1")]),
+                route("two", vec![header(header(prefix("/"), "a", "1"), "b", "2")]),
+            ]),
+            Req {
+                headers: &[("a", "1"), ("b", "2")],
+                ..get("/")
+            },
+            r("two"),
+        ),
+        case(
+            "more headers beat more query params",
+            any(vec![
+                route("query", vec![query(query(prefix("/"), "p", "1"), "q", "2")]),
+                route("header", vec![header(prefix("/"), "a", "1")]),
+            ]),
+            Req {
+                headers: &[("a", "1")],
+                query: Some("p=1&q=2"),
+                ..get("/")
+            },
+            r("header"),
+        ),
+        case(
+            "more query params win",
+            any(vec![
+                route("one", vec![query(prefix("/"), "p", "1")]),
+                route("two", vec![query(query(prefix("/"), "p", "1"), "q", "2")]),
+            ]),
+            Req {
+                query: Some("p=1&q=2"),
+                ..get("/")
+            },
+            r("two"),
+        ),
+        case(
+            "tie: route order",
+            any(vec![
+                route("first", vec![prefix("/a")]),
+                route("second", vec![prefix("/a")]),
+            ]),
+            get("/a"),
+            r("first"),
+        ),
+        case(
+            "tie: route order for exact",
+            any(vec![
+                route("first", vec![exact("/a")]),
+                route("second", vec![exact("/a")]),
+            ]),
+            get("/a"),
+            r("first"),
+        ),
+        case(
+            "tie: route order for regex",
+            any(vec![
+                route("first", vec![regex("/.*")]),
+                route("second", vec![regex("/a")]),
+            ]),
+            get("/a"),
+            r("first"),
+        ),
+        case(
+            "tie: match order within a route goes to the same route",
+            any(vec![
+                route("first", vec![prefix("/b"), prefix("/a")]),
+                route("second", vec![prefix("/a")]),
+            ]),
+            get("/a"),
+            r("first"),
+        ),
+        case(
+            "precedence is per match, not per route",
+            any(vec![
+                route("broad", vec![prefix("/"), prefix("/z")]),
+                route("specific", vec![prefix("/a/b")]),
+            ]),
+            get("/a/b"),
+            r("specific"),
+        ),
+        case(
+            "a later route's longer match beats an earlier route",
+            any(vec![
+                route("early", vec![prefix("/a")]),
+                route("late", vec![prefix("/x"), prefix("/a/b")]),
+            ]),
+            get("/a/b"),
+            r("late"),
+        ),
+        case(
+            "prefix length counts configured characters",
+            any(vec![
+                route("slash", vec![prefix("/a/")]),
+                route("plain", vec![prefix("/a")]),
+            ]),
+            get("/a/x"),
+            r("slash"),
+        ),
+        case(
+            "exact rule with unmatched header falls to prefix",
+            any(vec![
+                route("exact", vec![header(exact("/a"), "x", "1")]),
+                route("prefix", vec![prefix("/a")]),
+            ]),
+            get("/a"),
+            r("prefix"),
+        ),
+    ]);
+}
+
+// ---- header and query matching ----
+
+#[test]
+fn header_and_query_matching() {
+    let hdr = |headers| Req { headers, ..GET };
+    let q = |query| Req {
+        query: Some(query),
+        ..GET
+    };
+    check(vec![
+        case(
+            "header name case-insensitive",
+            any(vec![route("h", vec![header(prefix("/"), "X-Env", "prod")])]),
+            hdr(&[("x-env", "prod")]),
+            r("h"),
+        ),
+        case(
+            "header value is case-sensitive",
+            any(vec![route("h", vec![header(prefix("/"), "x-env", "prod")])]),
+            hdr(&[("x-env", "PROD")]),
+            NoRoute,
+        ),
+        case(
+            "header missing",
+            any(vec![route("h", vec![header(prefix("/"), "x-env", "prod")])]),
+            hdr(&[]),
+            NoRoute,
+        ),
+        case(
+            "header any value",
+            any(vec![route("h", vec![header(prefix("/"), "x-env", "prod")])]),
+            hdr(&[("x-env", "dev"), ("x-env", "prod")]),
+            r("h"),
+        ),
+        case(
+            "header all conditions",
+            any(vec![route(
+                "h",
+                vec![header(header(prefix("/"), "a", "1"), "b", "2")],
+            )]),
+            hdr(&[("a", "1")]),
+            NoRoute,
+        ),
+        case(
+            "header regex",
+            any(vec![route(
+                "h",
+                vec![header_re(prefix("/"), "x-ver", "v[0-9]+")],
+            )]),
+            hdr(&[("x-ver", "v42")]),
+            r("h"),
+        ),
+        case(
+            "header regex anchored",
+            any(vec![route(
+                "h",
+                vec![header_re(prefix("/"), "x-ver", "v[0-9]+")],
+            )]),
+            hdr(&[("x-ver", "v42-beta")]),
+            NoRoute,
+        ),
+        case(
+            "query exact",
+            any(vec![route("q", vec![query(prefix("/"), "env", "prod")])]),
+            q("a=b&env=prod"),
+            r("q"),
+        ),
+        case(
+            "query missing",
+            any(vec![route("q", vec![query(prefix("/"), "env", "prod")])]),
+            GET,
+            NoRoute,
+        ),
+        case(
+            "query name is case-sensitive",
+            any(vec![route("q", vec![query(prefix("/"), "env", "prod")])]),
+            q("ENV=prod"),
+            NoRoute,
+        ),
+        case(
+            "query decoded",
+            any(vec![route("q", vec![query(prefix("/"), "name", "a b/c")])]),
+            q("name=a%20b%2Fc"),
+            r("q"),
+        ),
+        case(
+            "query name decoded",
+            any(vec![route("q", vec![query(prefix("/"), "a b", "1")])]),
+            q("a%20b=1"),
+            r("q"),
+        ),
+        case(
+            "query first occurrence",
+            any(vec![route("q", vec![query(prefix("/"), "env", "prod")])]),
+            q("env=dev&env=prod"),
+            NoRoute,
+        ),
+        case(
+            "query first occurrence wins",
+            any(vec![route("q", vec![query(prefix("/"), "env", "dev")])]),
+            q("env=dev&env=prod"),
+            r("q"),
+        ),
+        case(
+            "query empty value",
+            any(vec![route("q", vec![query(prefix("/"), "flag", "")])]),
+            q("flag"),
+            r("q"),
+        ),
+        case(
+            "query regex",
+            any(vec![route(
+                "q",
+                vec![query_re(prefix("/"), "id", "[0-9]+")],
+            )]),
+            q("id=123"),
+            r("q"),
+        ),
+        case(
+            "query regex anchored",
+            any(vec![route(
+                "q",
+                vec![query_re(prefix("/"), "id", "[0-9]+")],
+            )]),
+            q("id=123abc"),
+            NoRoute,
+        ),
+        case(
+            "query regex on decoded",
+            any(vec![route("q", vec![query_re(prefix("/"), "p", "a b")])]),
+            q("p=a%20b"),
+            r("q"),
+        ),
+    ]);
+}
+
+// ---- reported prefix ----
+
+#[test]
+fn reported_prefix() {
+    let cases: Vec<(RouteMatch, &'static str, Option<&str>)> = vec![
+        (prefix("/foo"), "/foo/x", Some("/foo")),
+        (prefix("/foo/"), "/foo/x", Some("/foo")),
+        (prefix("/"), "/foo", Some("/")),
+        (RouteMatch::default(), "/foo", Some("/")),
+        (exact("/foo"), "/foo", None),
+        (regex("/f.*"), "/foo", None),
+    ];
+    for (m, path, want) in cases {
+        let label = format!("{m:?} on {path}");
+        let table = RouteTable::build(&config(any(vec![route("r", vec![m])]))).unwrap();
+        let (got, prefix) = run(&table, get(path));
+        assert_eq!(got, r("r"), "{label}");
+        assert_eq!(prefix.as_deref(), want, "{label}");
+    }
+    let table = RouteTable::build(&config(any(vec![route("r", vec![])]))).unwrap();
+    assert_eq!(run(&table, get("/x")).1.as_deref(), Some("/"));
+}
+
+// ---- vhost_index ----
+
+#[test]
+fn vhost_index_identifies_the_serving_vhost() {
+    let table = RouteTable::build(&config(vec![
+        vh("a", &["a.test"], vec![route("a", vec![])]),
+        vh("wild", &["*.b.test"], vec![route("wild", vec![])]),
+        on(vh("c", &["c.test"], vec![route("c", vec![])]), &["admin"]),
+        vh("catch", &[], vec![route("catch", vec![])]),
+    ]))
+    .unwrap();
+    assert_eq!(table.vhost_index("http", "a.test"), Some(0));
+    assert_eq!(table.vhost_index("http", "A.TEST."), Some(0));
+    assert_eq!(table.vhost_index("http", "x.b.test"), Some(1));
+    assert_eq!(table.vhost_index("http", "y.b.test"), Some(1));
+    assert_eq!(table.vhost_index("admin", "c.test"), Some(2));
+    assert_eq!(table.vhost_index("http", "c.test"), Some(3));
+    assert_eq!(table.vhost_index("http", "b.test"), Some(3));
+    let no_catch_all = RouteTable::build(&config(vec![vh("a", &["a.test"], vec![])])).unwrap();
+    assert_eq!(no_catch_all.vhost_index("http", "other.test"), None);
+}
+
+// ---- build errors ----
+
+#[test]
+fn build_errors_name_the_config_path() {
+    let bad = |m: RouteMatch| {
+        config(vec![vh(
+            "v",
+            &[],
+            vec![route("ok", vec![]), route("bad", vec![prefix("/"), m])],
+        )])
+    };
+    let cases = vec![
+        (
+            regex("/(unclosed"),
+            "virtual_hosts[0].routes[1].matches[1].path.regex",
+        ),
+        (
+            header_re(prefix("/"), "x", "(["),
+            "virtual_hosts[0].routes[1].matches[1].headers[0].value",
+        ),
+        (
+            header(prefix("/"), "bad name", "1"),
+            "virtual_hosts[0].routes[1].matches[1].headers[0].name",
+        ),
+        (
+            query_re(prefix("/"), "q", "*"),
+            "virtual_hosts[0].routes[1].matches[1].query[0].value",
+        ),
+    ];
+    for (m, path) in cases {
+        let err = RouteTable::build(&bad(m)).unwrap_err();
+        assert_eq!(err.path, path);
+        assert!(!err.message.is_empty());
+        assert!(err.to_string().starts_with(path));
+    }
+}
+
+#[test]
+fn build_error_for_invalid_filter() {
+    let mut bad = route("bad", vec![]);
+    bad.filters.push(sweety_config::Filter::RequestHeaders(
+        sweety_config::HeaderModifier {
+            set: vec![sweety_config::HeaderValue {
+                name: "bad name".into(),
+                value: "v".into(),
+            }],
+            ..Default::default()
+        },
+    ));
+    let err =
+        RouteTable::build(&config(vec![vh("v", &[], vec![route("ok", vec![]), bad])])).unwrap_err();
+    assert_eq!(err.path, "virtual_hosts[0].routes[1].filters");
+    assert!(err.message.contains("bad name"), "{}", err.message);
+}
+
+// ---- scale ----
+
+/// 5,000 routes over 500 hosts: every route is reachable, and build and lookups stay fast
+/// enough for a config reload (the bounds are loose to stay stable on a busy debug build).
+#[test]
+fn large_table() {
+    let hosts = 500;
+    let per_host = 10;
+    let vhosts: Vec<VirtualHost> = (0..hosts)
+        .map(|h| {
+            let host: &'static str = Box::leak(format!("h{h}.example.com").into_boxed_str());
+            let routes = (0..per_host)
+                .map(|i| {
+                    let name = format!("h{h}-r{i}");
+                    let m = match i % 3 {
+                        0 => exact(&format!("/svc{i}/exact")),
+                        1 => method(prefix(&format!("/svc{i}")), "GET"),
+                        _ => header(prefix(&format!("/svc{i}/api")), "x-tenant", "t"),
+                    };
+                    route(&name, vec![m])
+                })
+                .collect();
+            vh(host, &[host], routes)
+        })
+        .collect();
+    let cfg = config(vhosts);
+    let start = std::time::Instant::now();
+    let table = RouteTable::build(&cfg).unwrap();
+    let built = start.elapsed();
+    assert_eq!(table.len(), hosts * per_host);
+    assert!(
+        built < std::time::Duration::from_secs(2),
+        "build took {built:?}"
+    );
+
+    let mut headers = http::HeaderMap::new();
+    headers.insert("x-tenant", http::HeaderValue::from_static("t"));
+    let method = http::Method::GET;
+    for h in (0..hosts).step_by(7) {
+        for i in 0..per_host {
+            let host = format!("h{h}.example.com");
+            let path = match i % 3 {
+                0 => format!("/svc{i}/exact"),
+                1 => format!("/svc{i}/x"),
+                _ => format!("/svc{i}/api/v1"),
+            };
+            let head = RequestHead {
+                listener: "http",
+                host: &host,
+                method: &method,
+                path: &path,
+                query: None,
+                headers: &headers,
+            };
+            match table.lookup(&head) {
+                Lookup::Matched(m) => assert_eq!(&*m.entry.name, format!("h{h}-r{i}")),
+                other => panic!("{host}{path}: {other:?}"),
+            }
+        }
+    }
+}
