@@ -46,17 +46,14 @@ pub async fn handle(
     let limits = &snap.config.limits;
 
     // 1. admit
-    let permit = match shared
+    let permit = shared
         .backpressure
         .admit(
             view.and_then(|v| v.limit.as_deref()),
             limits.queue_timeout.get(),
         )
         .await
-    {
-        Ok(p) => Some(p),
-        Err(_) => None,
-    };
+        .ok();
     let ctx = RequestCtx {
         conn,
         protocol,
