@@ -238,6 +238,8 @@ def cmd_measure(a):
         peak_rss_kb=hwm,
         end_rss_kb=rss,
         probe=a.probe,
+        expect=a.expect,
+        probe_ok=(not a.expect) or a.probe == a.expect,
     )
     with open(a.results, "a") as f:
         f.write(json.dumps(r) + "\n")
@@ -246,7 +248,8 @@ def cmd_measure(a):
         f"p99 {fmt_ms(r['p99_ms'])}, {fmt_num(r['cpu_us_per_req'])} CPU-us/req, "
         f"server CPU {fmt_num(r['server_cpu_pct'], 0)}%, client CPU "
         f"{fmt_num(r['client_cpu_pct'], 0)}%, peak RSS {fmt_mb(hwm)}, "
-        f"failed {r['failed']}, non-2xx {r['bad_status']} (probe: {a.probe})",
+        f"failed {r['failed']}, non-2xx {r['bad_status']} (probe: {a.probe}"
+        f"{'' if r['probe_ok'] else ', UNEXPECTED: want ' + a.expect})",
         file=sys.stderr,
     )
     if code != 0:
@@ -344,7 +347,7 @@ def cmd_report(a):
         if not v:
             return "—"
         lo, hi = min(v), max(v)
-        return fmt_mb(lo) if lo == hi else f"{fmt_mb(lo)}–{fmt_mb(hi)}"
+        return fmt_mb(lo) if fmt_mb(lo) == fmt_mb(hi) else f"{fmt_mb(lo)}–{fmt_mb(hi)}"
 
     si, ni = idle.get("sweety"), idle.get("nginx")
     summary.append(
@@ -379,6 +382,12 @@ def cmd_report(a):
         meta[k] = v
     out = ["# Sweety vs nginx", ""]
     out += [f"- {k}: {v}" for k, v in meta.items()]
+    bad = [r for r in rows if not r.get("probe_ok", True)]
+    if bad:
+        out += ["", "**WARNING**: the probe before the load got an unexpected answer, so these "
+                "rows measure something else (an error page, another route):", ""]
+        out += [f"- {r['cell']} {r['server']} run {r['run']}: got `{r.get('probe')}`, expected "
+                f"`{r.get('expect')}`" for r in bad]
     out += [
         "",
         "Means over runs. µs = server CPU-microseconds per request (utime+stime of the server's "
@@ -441,6 +450,7 @@ def main():
     s.add_argument("--server-pid", type=int, required=True)
     s.add_argument("--idle-rss", type=int, default=0)
     s.add_argument("--probe", default="")
+    s.add_argument("--expect", default="", help="the probe answer expected, e.g. '200 1024B'")
     s.add_argument("--log", help="h2load --log-file path, for p99")
     s.add_argument("--client-out", required=True)
     s.add_argument("--timeout", type=float, required=True)

@@ -95,6 +95,8 @@ install_missing() {
 install_missing
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+NOFILE=$(ulimit -n) # servers' descriptor limit (nginx: worker_rlimit_nofile)
+[[ $NOFILE =~ ^[0-9]+$ ]] || NOFILE=65536
 
 # ----------------------------------------------------------------------------- build
 
@@ -103,6 +105,7 @@ if [[ -z ${SWEETY_BIN:-} ]]; then
     log "building sweety-dataplane (release, target dir $CARGO_TARGET_DIR)"
     (cd "$REPO" && cargo build --release -p sweety-dataplane)
     SWEETY_BIN=$CARGO_TARGET_DIR/release/sweety-dataplane
+    BUILT=1
 fi
 [[ -x $SWEETY_BIN ]] || die "no sweety-dataplane binary at $SWEETY_BIN"
 
@@ -169,7 +172,7 @@ worker_processes 1;
 daemon off;
 pid $WORK/backend/nginx.pid;
 error_log $WORK/backend/error.log warn;
-worker_rlimit_nofile 65536;
+worker_rlimit_nofile $NOFILE;
 events { worker_connections 8192; }
 http {
     access_log off;
@@ -199,7 +202,7 @@ worker_processes 1;
 daemon off;
 pid $WORK/nginx/nginx.pid;
 error_log $WORK/nginx/error.log warn;
-worker_rlimit_nofile 65536;
+worker_rlimit_nofile $NOFILE;
 events { worker_connections 16384; }
 http {
     access_log off;
@@ -335,24 +338,26 @@ selected() { # selected CELL: matches the CELLS filter?
 }
 
 run_cell() { # run_cell CELL SERVER RUN
-    local cell=$1 server=$2 run=$3 proto=${1%%-*} size=${1#*-} conns=100 url tool cmd idle probe
+    local cell=$1 server=$2 run=$3 proto=${1%%-*} size=${1#*-} conns=100 url tool cmd idle probe expect
     local tag=$WORK/out/$cell.$server.$run
     if [[ $cell == proxy-h1 ]]; then
         url=http://127.0.0.1:$PLAIN_PORT/proxy
         tool=wrk
         cmd=(wrk -t1 -c100 "-d${DUR}s" --timeout 5s --latency "$url")
+        expect="200 12B"
     else
         url=https://127.0.0.1:$TLS_PORT/$size.bin
         [[ $size == 1m ]] && conns=10
         tool=h2load
+        expect="200 $(stat -c %s "$WORK/www/$size.bin")B"
         cmd=(h2load -c "$conns" -t 1 -D "$DUR" --log-file "$tag.log")
         [[ $proto == h1 ]] && cmd+=(--h1) || cmd+=(-m 10)
         cmd+=("$url")
     fi
 
     start_server "$server" || {
-        printf '{"cell":"%s","server":"%s","run":%s,"rps":null,"p99_ms":null,"done":0,"failed":0,"bad_status":0,"cpu_us_per_req":null,"server_cpu_pct":null,"client_cpu_pct":null,"idle_rss_kb":0,"peak_rss_kb":0,"probe":"server did not start"}\n' \
-            "$cell" "$server" "$run" >>"$RESULTS"
+        printf '{"cell":"%s","server":"%s","run":%s,"rps":null,"p99_ms":null,"done":0,"failed":0,"bad_status":0,"cpu_us_per_req":null,"server_cpu_pct":null,"client_cpu_pct":null,"idle_rss_kb":0,"peak_rss_kb":0,"probe":"server did not start","expect":"%s","probe_ok":false}\n' \
+            "$cell" "$server" "$run" "$expect" >>"$RESULTS"
         return 0
     }
     read -r idle _ < <("${HELPER[@]}" mem "$SERVER_PID")
@@ -363,7 +368,7 @@ run_cell() { # run_cell CELL SERVER RUN
         $([[ $proto == h2 ]] || echo --h1) "$url" >/dev/null 2>&1 || true
     "${HELPER[@]}" measure --results "$RESULTS" --cell "$cell" \
         --server "$server" --run "$run" --tool "$tool" --server-pid "$SERVER_PID" \
-        --idle-rss "${idle:-0}" --probe "${probe:-no answer}" --client-out "$tag.out" \
+        --idle-rss "${idle:-0}" --probe "${probe:-no answer}" --expect "$expect" --client-out "$tag.out" \
         --timeout $((DUR + 30)) $([[ $tool == h2load ]] && echo --log "$tag.log") \
         -- taskset -c "$CLIENT_CPU" "${cmd[@]}"
     stop_server
@@ -384,8 +389,12 @@ done
 
 # ----------------------------------------------------------------------------- report
 
-rev=$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)
-git -C "$REPO" diff --quiet HEAD 2>/dev/null || rev="$rev (dirty)"
+if [[ -n ${BUILT:-} ]]; then
+    rev=$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)
+    git -C "$REPO" diff --quiet HEAD 2>/dev/null || rev="$rev (dirty tree)"
+else
+    rev="$SWEETY_BIN (prebuilt)"
+fi
 out_args=()
 [[ -n $OUT ]] && out_args=(--out "$OUT")
 "${HELPER[@]}" report "$RESULTS" "${out_args[@]}" \
