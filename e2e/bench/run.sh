@@ -64,7 +64,7 @@ done
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
-HELPER=(python3 "$HERE/bench_helper.py")
+HELPER=(python3 -B "$HERE/bench_helper.py") # -B: no __pycache__ in the tree
 TLS_PORT=$PORT_BASE
 PLAIN_PORT=$((PORT_BASE + 1))
 BACKEND_PORT=$((PORT_BASE + 2))
