@@ -22,10 +22,11 @@ fi
 failed=0 checked=0
 for example in deploy/examples/*.yaml; do
     missing=()
-    # values of `file:` and `root:` keys, in block or flow style
+    # values of `file:` and `root:` keys, block or flow style, comments stripped
     while read -r ref; do
         [[ -e $ref ]] || missing+=("$ref")
-    done < <(grep -oE '\b(file|root):[[:space:]]*[^,}[:space:]#]+' "$example" |
+    done < <(sed -E 's/(^|[[:space:]])#.*$//' "$example" |
+        grep -oE '\b(file|root):[[:space:]]*[^,}[:space:]]+' |
         sed -E 's/^(file|root):[[:space:]]*//; s/^["'\'']//; s/["'\'']$//')
     if ((${#missing[@]})); then
         echo "$example: skipped, missing ${missing[*]}"
