@@ -293,28 +293,35 @@ body=$(curl -s --max-time 5 "http://127.0.0.1:$BACKEND_PORT/")
 
 SERVER_PID=""
 start_server() { # start_server NAME: sets SERVER_PID; returns 1 if it does not come up
-    local name=$1 errlog
+    local name=$1 errlog logsize i
+    case $name in
+        sweety) errlog=$WORK/sweety.log ;;
+        nginx) errlog=$WORK/nginx/error.log ;;
+        *) die "unknown server $name" ;;
+    esac
+    touch "$errlog"
+    logsize=$(stat -c %s "$errlog")
     case $name in
         sweety)
-            errlog=$WORK/sweety.log
             RUST_LOG=${RUST_LOG:-warn} taskset -c "$SERVER_CPU" "$SWEETY_BIN" run \
                 --config "$WORK/sweety.yaml" --workers 1 >>"$WORK/sweety.out" 2>>"$errlog" &
             ;;
         nginx)
-            errlog=$WORK/nginx/error.log
             taskset -c "$SERVER_CPU" "$NGINX" -p "$WORK/nginx/" -c "$WORK/nginx.conf" -e "$errlog" &
             ;;
-        *) die "unknown server $name" ;;
     esac
     SERVER_PID=$!
     STARTED+=("$SERVER_PID")
-    if "${HELPER[@]}" port-state "$TLS_PORT" open 15 && "${HELPER[@]}" port-state "$PLAIN_PORT" open 5 &&
-        kill -0 "$SERVER_PID" 2>/dev/null; then
-        sleep 0.3 # let nginx fork its worker / Sweety finish applying the config
-        return 0
-    fi
-    log "$name did not start; last log lines:"
-    tail -20 "$errlog" >&2 || true
+    for ((i = 0; i < 150; i++)); do # up to ~15 s
+        kill -0 "$SERVER_PID" 2>/dev/null || break
+        if "${HELPER[@]}" port-state "$TLS_PORT" open 0 && "${HELPER[@]}" port-state "$PLAIN_PORT" open 0; then
+            sleep 0.3 # let nginx fork its worker / Sweety finish applying the config
+            return 0
+        fi
+        sleep 0.1
+    done
+    log "$name did not start; its log:"
+    tail -c "+$((logsize + 1))" "$errlog" | tail -20 >&2 || true
     stop "$SERVER_PID"
     return 1
 }
@@ -370,7 +377,12 @@ run_cell() { # run_cell CELL SERVER RUN
         --server "$server" --run "$run" --tool "$tool" --server-pid "$SERVER_PID" \
         --idle-rss "${idle:-0}" --probe "${probe:-no answer}" --expect "$expect" --client-out "$tag.out" \
         --timeout $((DUR + 30)) $([[ $tool == h2load ]] && echo --log "$tag.log") \
-        -- taskset -c "$CLIENT_CPU" "${cmd[@]}"
+        -- taskset -c "$CLIENT_CPU" "${cmd[@]}" &
+    # in the background so that Ctrl-C / SIGTERM run the cleanup trap at once
+    local helper=$!
+    STARTED+=("$helper")
+    wait "$helper" || true
+    forget "$helper"
     stop_server
 }
 
