@@ -118,7 +118,12 @@ impl SniResolver {
         let mut r = SniResolver::default();
         for (i, c) in certs.iter().enumerate() {
             let ck = load_certified_key(c, &format!("{path}.certificates[{i}]"))?;
-            for name in &c.hostnames {
+            let names = if c.hostnames.is_empty() {
+                san_dns_names(&ck.cert[0])
+            } else {
+                c.hostnames.clone()
+            };
+            for name in &names {
                 let name = name.to_ascii_lowercase();
                 match name.strip_prefix("*.") {
                     Some(suffix) => r
@@ -159,6 +164,13 @@ impl ResolvesServerCert for SniResolver {
     fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
         self.lookup(hello.server_name())
     }
+}
+
+/// The DNS names (exact and wildcard) in a certificate's subject alternative names.
+pub fn san_dns_names(der: &CertificateDer<'_>) -> Vec<String> {
+    webpki::EndEntityCert::try_from(der)
+        .map(|c| c.valid_dns_names().map(str::to_owned).collect())
+        .unwrap_or_default()
 }
 
 /// Builds the rustls server config of an HTTPS listener. `alpn` lists the protocols offered
@@ -234,6 +246,27 @@ mod tests {
         assert_eq!(id(r.lookup(Some("api.example.com")).unwrap()), der(1));
         assert_eq!(id(r.lookup(Some("example.com")).unwrap()), der(0));
         assert_eq!(id(r.lookup(None).unwrap()), der(0));
+    }
+
+    #[test]
+    fn names_come_from_the_certificate_when_none_are_given() {
+        let (c1, k1) = self_signed(&["fallback.test"]).unwrap();
+        let (c2, k2) = self_signed(&["san.test", "*.wild.test"]).unwrap();
+        let entry = |c: &str, k: &str| Certificate {
+            hostnames: vec![],
+            cert: PemSource::Pem(c.to_string()),
+            key: PemSource::Pem(k.to_string()),
+        };
+        let r = SniResolver::new(&[entry(&c1, &k1), entry(&c2, &k2)], "tls").unwrap();
+        let second = parse_certs(c2.as_bytes(), "x").unwrap()[0].clone();
+        let first = parse_certs(c1.as_bytes(), "x").unwrap()[0].clone();
+        assert_eq!(r.lookup(Some("san.test")).unwrap().cert[0], second);
+        assert_eq!(r.lookup(Some("a.wild.test")).unwrap().cert[0], second);
+        assert_eq!(r.lookup(Some("other.test")).unwrap().cert[0], first);
+        assert_eq!(
+            san_dns_names(&second),
+            vec!["san.test".to_string(), "*.wild.test".to_string()]
+        );
     }
 
     #[test]
