@@ -489,21 +489,8 @@ async fn tls_get_host(
 ) -> (Vec<u8>, u16, String) {
     // tls_get sends Host = SNI for HTTP/1.1; build the mismatched request by hand over h2.
     use http_body_util::BodyExt;
-    use rustls_pki_types::pem::PemObject;
-    let mut roots = rustls::RootCertStore::empty();
-    for c in rustls_pki_types::CertificateDer::pem_slice_iter(ca.as_bytes()) {
-        roots.add(c.unwrap()).unwrap();
-    }
-    let mut cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    cfg.alpn_protocols = vec![b"h2".to_vec()];
     let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let tls = tokio_rustls::TlsConnector::from(Arc::new(cfg))
+    let tls = tls_connector(ca, &[b"h2"])
         .connect(
             rustls_pki_types::ServerName::try_from(sni.to_string()).unwrap(),
             tcp,

@@ -177,15 +177,8 @@ pub fn cert_for(name: &str) -> (Certificate, String) {
     )
 }
 
-/// Opens TLS to `addr` with `sni`, trusting only `ca_pem`, offering `alpn`; sends GET `path`
-/// and returns (negotiated ALPN, status, body).
-pub async fn tls_get(
-    addr: SocketAddr,
-    sni: &str,
-    ca_pem: &str,
-    alpn: &[&[u8]],
-    path: &str,
-) -> Result<(Vec<u8>, u16, String), String> {
+/// A TLS connector trusting only `ca_pem` and offering `alpn`.
+pub fn tls_connector(ca_pem: &str, alpn: &[&[u8]]) -> tokio_rustls::TlsConnector {
     use rustls_pki_types::pem::PemObject;
     let mut roots = rustls::RootCertStore::empty();
     for c in rustls_pki_types::CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
@@ -199,7 +192,19 @@ pub async fn tls_get(
     .with_root_certificates(roots)
     .with_no_client_auth();
     cfg.alpn_protocols = alpn.iter().map(|a| a.to_vec()).collect();
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(cfg));
+    tokio_rustls::TlsConnector::from(Arc::new(cfg))
+}
+
+/// Opens TLS to `addr` with `sni`, trusting only `ca_pem`, offering `alpn`; sends GET `path`
+/// and returns (negotiated ALPN, status, body).
+pub async fn tls_get(
+    addr: SocketAddr,
+    sni: &str,
+    ca_pem: &str,
+    alpn: &[&[u8]],
+    path: &str,
+) -> Result<(Vec<u8>, u16, String), String> {
+    let connector = tls_connector(ca_pem, alpn);
     let tcp = tokio::net::TcpStream::connect(addr)
         .await
         .map_err(|e| e.to_string())?;
