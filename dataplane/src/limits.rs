@@ -14,6 +14,7 @@ use crate::body::{Body, BoxError};
 use crate::metrics::Metrics;
 use bytes::Bytes;
 use http_body::{Frame, SizeHint};
+use std::future::Future as _;
 use std::pin::Pin;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -283,8 +284,6 @@ impl http_body::Body for LimitedBody {
         self.inner.size_hint()
     }
 }
-
-use std::future::Future as _;
 
 #[cfg(test)]
 mod tests {

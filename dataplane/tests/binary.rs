@@ -114,19 +114,36 @@ fn run_reloads_on_file_change_and_sighup_and_keeps_the_last_good_config() {
             wait_for(port, "two", Duration::from_secs(10)),
             "file change not applied"
         );
-        // An invalid file is rejected; the last good config keeps serving.
-        std::fs::write(&file, "listeners: [{name: web, port: 1, protocol: nope}]\n").unwrap();
+        // SIGHUP reloads on its own: "six" has the same size as "two" and the file keeps its
+        // modification time, so the watcher sees no change and only the signal can apply it.
+        // Written beside it with the old stamp, then renamed over it in one step.
+        let next = dir.path().join("next.yaml");
+        std::fs::write(&next, config(port, "six")).unwrap();
+        assert!(Command::new("touch")
+            .arg("-r")
+            .arg(&file)
+            .arg(&next)
+            .status()
+            .unwrap()
+            .success());
+        std::fs::rename(&next, &file).unwrap();
         std::thread::sleep(Duration::from_millis(2500));
-        assert_eq!(get(port).as_deref(), Some("two"));
-        // SIGHUP reloads even when the watcher saw nothing new.
-        std::fs::write(&file, config(port, "three")).unwrap();
+        assert_eq!(
+            get(port).as_deref(),
+            Some("two"),
+            "watcher reloaded an unchanged stamp"
+        );
         let _ = Command::new("kill")
             .args(["-HUP", &child.id().to_string()])
             .status();
         assert!(
-            wait_for(port, "three", Duration::from_secs(10)),
+            wait_for(port, "six", Duration::from_secs(10)),
             "SIGHUP reload not applied"
         );
+        // An invalid file is rejected; the last good config keeps serving.
+        std::fs::write(&file, "listeners: [{name: web, port: 1, protocol: nope}]\n").unwrap();
+        std::thread::sleep(Duration::from_millis(2500));
+        assert_eq!(get(port).as_deref(), Some("six"));
     });
     let _ = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
