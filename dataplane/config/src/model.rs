@@ -611,6 +611,22 @@ pub struct Backend {
     pub max_idle_per_endpoint: u32,
 }
 
+impl Backend {
+    /// A backend with default settings (HTTP/1.1, round robin, default timeouts and pool).
+    pub fn new(name: impl Into<String>, endpoints: Vec<Endpoint>) -> Self {
+        Backend {
+            name: name.into(),
+            protocol: BackendProtocol::default(),
+            tls: None,
+            lb: LbPolicy::default(),
+            endpoints,
+            connect_timeout: default_connect_timeout(),
+            outlier: OutlierDetection::default(),
+            max_idle_per_endpoint: default_pool_idle(),
+        }
+    }
+}
+
 fn default_connect_timeout() -> Duration {
     Duration::from_secs(5)
 }

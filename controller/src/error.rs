@@ -1,0 +1,34 @@
+//! The controller's one error type. Binaries wrap it in `anyhow`; the library never does.
+
+/// Everything that can go wrong in the controller library.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A Kubernetes API call failed.
+    #[error("kubernetes API: {0}")]
+    Kube(#[source] kube::Error),
+    /// A snapshot or golden file could not be parsed.
+    #[error("parse {what}: {source}")]
+    Parse {
+        what: String,
+        #[source]
+        source: serde_yaml::Error,
+    },
+    /// Reading or writing a local file or socket failed.
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl Error {
+    /// A short, stable label for metrics (`error_kind`).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Error::Kube(_) => "kube",
+            Error::Parse { .. } => "parse",
+            Error::Io { .. } => "io",
+        }
+    }
+}

@@ -1,0 +1,12 @@
+//! Sweety's Kubernetes controller, as a library so tests can drive every part of it.
+//!
+//! - [`translate`]: the pure function from a snapshot of Kubernetes objects to the dataplane
+//!   config plus the status of every object. No I/O, no clock.
+//! - The runtime parts (watches, the push to the dataplane, the status writer, leader election)
+//!   live in their own modules and only move data in and out of `translate`.
+
+pub mod error;
+pub mod push;
+pub mod translate;
+
+pub use error::Error;

@@ -1,0 +1,225 @@
+//! `translate`: a pure function from a [`Snapshot`] of Kubernetes objects to the dataplane
+//! [`Config`] plus the status of every object it looked at.
+//!
+//! No I/O, no clock, no randomness: the same snapshot and [`Params`] always give the same
+//! output, in a deterministic order. Invalid objects get a status condition saying why and are
+//! left out; they never stop the rest from applying. Golden tests in `testdata/translate/`
+//! pin the behaviour (`SWEETY_BLESS=1` regenerates them).
+//!
+//! Layout: `snapshot` (the input), `status` (the status shapes), `backends` (Service and
+//! EndpointSlice resolution shared by every front end), `ingress`, `gateway` (Gateway API),
+//! `site` (SweetySite) and `addressing` (per-Gateway Services and their ports).
+
+pub mod addressing;
+pub mod backends;
+pub mod gateway;
+pub mod ingress;
+pub mod site;
+pub mod snapshot;
+pub mod status;
+
+#[cfg(test)]
+mod golden_tests;
+
+use backends::{Backends, ServiceIndex};
+use serde::{Deserialize, Serialize};
+pub use snapshot::Snapshot;
+use status::{ObjectKey, ObjectStatus, Statuses};
+use std::collections::BTreeMap;
+use sweety_config::{Config, Listener, VirtualHost};
+
+/// Settings of this controller installation that shape the output.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct Params {
+    /// GatewayClass `spec.controllerName` we own.
+    pub controller_name: String,
+    /// IngressClass name we serve (Ingresses naming it, or none when it is the default class).
+    pub ingress_class: String,
+    /// IngressClass `spec.controller` we own.
+    pub ingress_controller: String,
+    /// Namespace of the controller: per-Gateway Services are created here.
+    pub namespace: String,
+    /// The chart's Service that carries Ingress traffic; its load-balancer status becomes every
+    /// Ingress's `status.loadBalancer`.
+    pub ingress_service: Option<String>,
+    /// Dataplane container ports for Ingress (and SweetySite) HTTP and HTTPS.
+    pub ingress_http_port: u16,
+    pub ingress_https_port: u16,
+    /// Dataplane container ports handed out to Gateway listeners (inclusive range, ≥1024).
+    pub gateway_port_min: u16,
+    pub gateway_port_max: u16,
+    /// Address dataplane listeners bind.
+    pub listen_address: String,
+    /// Directory (shared with the dataplane) where ConfigMap static content is written.
+    pub content_dir: String,
+    /// Serve HTTP/3 on HTTPS listeners unless a SweetyProxyConfig or SweetySite says otherwise.
+    pub http3: bool,
+}
+
+impl Default for Params {
+    fn default() -> Self {
+        Params {
+            controller_name: "sweety.dev/gateway-controller".into(),
+            ingress_class: "sweety".into(),
+            ingress_controller: "sweety.dev/ingress-controller".into(),
+            namespace: "sweety".into(),
+            ingress_service: Some("sweety".into()),
+            ingress_http_port: 8080,
+            ingress_https_port: 8443,
+            gateway_port_min: 20000,
+            gateway_port_max: 29999,
+            listen_address: "0.0.0.0".into(),
+            content_dir: "/var/run/sweety/content".into(),
+            http3: true,
+        }
+    }
+}
+
+/// One port of a controller-owned per-Gateway Service.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ServicePort {
+    pub name: String,
+    /// `TCP` or `UDP`.
+    pub protocol: String,
+    /// The Gateway listener port clients use.
+    pub port: u16,
+    /// The dataplane container port it maps to.
+    pub target_port: u16,
+}
+
+/// The Service the controller owns for one Gateway (created in `Params::namespace`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GatewayService {
+    pub gateway_namespace: String,
+    pub gateway_name: String,
+    /// Service name in `Params::namespace`.
+    pub name: String,
+    /// `LoadBalancer` unless the GatewayClass parameters say otherwise.
+    pub service_type: String,
+    pub ports: Vec<ServicePort>,
+    /// Addresses requested through Gateway `spec.addresses` (IP values), if any.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub requested_addresses: Vec<String>,
+}
+
+/// A directory of static files built from a ConfigMap, to be written under
+/// `Params::content_dir` before the config that serves it is pushed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StaticContent {
+    /// Absolute directory path (inside `content_dir`, named by content hash).
+    pub dir: String,
+    /// File name → contents.
+    pub files: BTreeMap<String, String>,
+}
+
+/// Everything `translate` produces.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Output {
+    pub config: Config,
+    #[serde(with = "status_list")]
+    pub statuses: Statuses,
+    pub gateway_services: Vec<GatewayService>,
+    pub static_content: Vec<StaticContent>,
+}
+
+/// Translate a snapshot. Pure: see the module docs.
+pub fn translate(snapshot: &Snapshot, params: &Params) -> Output {
+    let mut b = Builder::new(snapshot, params);
+    gateway::translate(&mut b);
+    ingress::translate(&mut b);
+    site::translate(&mut b);
+    b.finish()
+}
+
+/// Shared state the front ends (`gateway`, `ingress`, `site`) add to.
+pub struct Builder<'a> {
+    pub snapshot: &'a Snapshot,
+    pub params: &'a Params,
+    pub services: ServiceIndex<'a>,
+    pub backends: Backends,
+    pub listeners: Vec<Listener>,
+    pub virtual_hosts: Vec<VirtualHost>,
+    pub statuses: Statuses,
+    pub gateway_services: Vec<GatewayService>,
+    pub static_content: Vec<StaticContent>,
+    /// Base config (limits, access log) that a SweetyProxyConfig may adjust.
+    pub config: Config,
+}
+
+impl<'a> Builder<'a> {
+    pub fn new(snapshot: &'a Snapshot, params: &'a Params) -> Self {
+        Builder {
+            snapshot,
+            params,
+            services: ServiceIndex::new(snapshot),
+            backends: Backends::new(),
+            listeners: Vec::new(),
+            virtual_hosts: Vec::new(),
+            statuses: Statuses::new(),
+            gateway_services: Vec::new(),
+            static_content: Vec::new(),
+            config: Config::default(),
+        }
+    }
+
+    /// Record the status of one object (last write wins).
+    pub fn status(&mut self, key: ObjectKey, status: ObjectStatus) {
+        self.statuses.insert(key, status);
+    }
+
+    /// Assemble the output in a deterministic order.
+    pub fn finish(self) -> Output {
+        let mut config = self.config;
+        let mut listeners = self.listeners;
+        listeners.sort_by(|a, b| a.name.cmp(&b.name));
+        let mut virtual_hosts = self.virtual_hosts;
+        virtual_hosts.sort_by(|a, b| a.name.cmp(&b.name));
+        config.listeners = listeners;
+        config.virtual_hosts = virtual_hosts;
+        config.backends = self.backends.into_config();
+        let mut gateway_services = self.gateway_services;
+        gateway_services.sort_by(|a, b| a.name.cmp(&b.name));
+        let mut static_content = self.static_content;
+        static_content.sort_by(|a, b| a.dir.cmp(&b.dir));
+        Output {
+            config,
+            statuses: self.statuses,
+            gateway_services,
+            static_content,
+        }
+    }
+}
+
+/// Statuses serialize as a list of `{kind, namespace, name, status}` (YAML maps need string keys).
+mod status_list {
+    use super::status::{ObjectKey, ObjectStatus, Statuses};
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    #[derive(Serialize, Deserialize)]
+    struct Entry {
+        #[serde(flatten)]
+        key: ObjectKey,
+        status: ObjectStatus,
+    }
+
+    pub fn serialize<S: Serializer>(s: &Statuses, ser: S) -> Result<S::Ok, S::Error> {
+        let v: Vec<Entry> = s
+            .iter()
+            .map(|(k, v)| Entry {
+                key: k.clone(),
+                status: v.clone(),
+            })
+            .collect();
+        v.serialize(ser)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(de: D) -> Result<Statuses, D::Error> {
+        let v = Vec::<Entry>::deserialize(de)?;
+        Ok(v.into_iter().map(|e| (e.key, e.status)).collect())
+    }
+}

@@ -1,0 +1,104 @@
+//! The input of `translate`: every object the controller watches, as plain lists.
+//!
+//! The watch layer fills it from reflector stores (cheap `Arc` clones); golden tests fill it from
+//! a multi-document YAML file with [`Snapshot::from_yaml`]. Order inside a list does not matter:
+//! `translate` sorts whatever it iterates.
+
+use crate::Error;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
+use serde::Deserialize;
+use std::sync::Arc;
+use sweety_crds::{SweetyProxyConfig, SweetySite};
+use sweety_gateway_api as gw;
+
+/// A consistent view of the cluster objects `translate` reads.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    pub ingress_classes: Vec<Arc<IngressClass>>,
+    pub ingresses: Vec<Arc<Ingress>>,
+    pub gateway_classes: Vec<Arc<gw::gatewayclasses::GatewayClass>>,
+    pub gateways: Vec<Arc<gw::gateways::Gateway>>,
+    pub http_routes: Vec<Arc<gw::httproutes::HttpRoute>>,
+    pub grpc_routes: Vec<Arc<gw::grpcroutes::GrpcRoute>>,
+    pub tls_routes: Vec<Arc<gw::tlsroutes::TlsRoute>>,
+    pub tcp_routes: Vec<Arc<gw::tcproutes::TcpRoute>>,
+    pub udp_routes: Vec<Arc<gw::udproutes::UdpRoute>>,
+    pub reference_grants: Vec<Arc<gw::referencegrants::ReferenceGrant>>,
+    pub backend_tls_policies: Vec<Arc<gw::backendtlspolicies::BackendTlsPolicy>>,
+    pub sites: Vec<Arc<SweetySite>>,
+    pub proxy_configs: Vec<Arc<SweetyProxyConfig>>,
+    pub services: Vec<Arc<Service>>,
+    pub endpoint_slices: Vec<Arc<EndpointSlice>>,
+    /// Only `kubernetes.io/tls` Secrets that something references.
+    pub secrets: Vec<Arc<Secret>>,
+    /// Only ConfigMaps that something references (static content, CA bundles).
+    pub config_maps: Vec<Arc<ConfigMap>>,
+}
+
+#[derive(Deserialize)]
+struct TypeMeta {
+    #[serde(default)]
+    kind: String,
+}
+
+impl Snapshot {
+    /// Parse a multi-document YAML stream of Kubernetes objects (golden inputs, examples).
+    /// Documents of kinds `translate` does not read are an error, so typos do not go unnoticed.
+    /// Returns the snapshot and any `kind: TranslateParams` document (test-only overrides).
+    pub fn from_yaml(text: &str) -> Result<(Snapshot, Option<serde_yaml::Value>), Error> {
+        let mut s = Snapshot::default();
+        let mut params = None;
+        for doc in serde_yaml::Deserializer::from_str(text) {
+            let value =
+                serde_yaml::Value::deserialize(doc).map_err(|e| parse_err("document", e))?;
+            if value.is_null() {
+                continue;
+            }
+            let meta: TypeMeta =
+                serde_yaml::from_value(value.clone()).map_err(|e| parse_err("kind", e))?;
+            macro_rules! push {
+                ($field:ident) => {
+                    s.$field.push(Arc::new(
+                        serde_yaml::from_value(value).map_err(|e| parse_err(&meta.kind, e))?,
+                    ))
+                };
+            }
+            match meta.kind.as_str() {
+                "IngressClass" => push!(ingress_classes),
+                "Ingress" => push!(ingresses),
+                "GatewayClass" => push!(gateway_classes),
+                "Gateway" => push!(gateways),
+                "HTTPRoute" => push!(http_routes),
+                "GRPCRoute" => push!(grpc_routes),
+                "TLSRoute" => push!(tls_routes),
+                "TCPRoute" => push!(tcp_routes),
+                "UDPRoute" => push!(udp_routes),
+                "ReferenceGrant" => push!(reference_grants),
+                "BackendTLSPolicy" => push!(backend_tls_policies),
+                "SweetySite" => push!(sites),
+                "SweetyProxyConfig" => push!(proxy_configs),
+                "Service" => push!(services),
+                "EndpointSlice" => push!(endpoint_slices),
+                "Secret" => push!(secrets),
+                "ConfigMap" => push!(config_maps),
+                "TranslateParams" => params = Some(value),
+                other => {
+                    return Err(Error::Parse {
+                        what: format!("unsupported kind {other:?}"),
+                        source: serde::de::Error::custom("not an input of translate"),
+                    })
+                }
+            }
+        }
+        Ok((s, params))
+    }
+}
+
+fn parse_err(what: &str, source: serde_yaml::Error) -> Error {
+    Error::Parse {
+        what: what.to_string(),
+        source,
+    }
+}

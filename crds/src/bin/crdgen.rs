@@ -1,0 +1,2 @@
+//! Writes the CRD YAML for every Sweety resource (placeholder until the CRD work lands).
+fn main() {}
