@@ -1116,8 +1116,8 @@ fn check_pem_file(file: &Path, kind: PemKind) -> Result<(), String> {
 pub(crate) mod tests {
     use super::*;
     use crate::{
-        Admin, BackendTls, Duration, Endpoint, FixedResponse, HeaderValue, Limits, MatchKind,
-        Mirror, ProxyAction, RetryPolicy,
+        Admin, BackendTls, Congestion, Duration, Endpoint, FixedResponse, HeaderValue, Limits,
+        MatchKind, Mirror, ProxyAction, RetryPolicy,
     };
     use std::path::PathBuf;
 
