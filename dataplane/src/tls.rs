@@ -196,11 +196,20 @@ pub fn listener_configs(
         TlsVersion::Tls12 => &[&rustls::version::TLS13, &rustls::version::TLS12],
         TlsVersion::Tls13 => &[&rustls::version::TLS13],
     };
-    let tcp = build(resolver.clone(), versions, &[b"h2", b"http/1.1"], path)?;
+    let tcp = build(
+        resolver.clone(),
+        versions,
+        &[b"h2", b"http/1.1"],
+        path,
+        true,
+    )?;
     let quic = match quic {
         None => None,
         Some(early_data) => {
-            let mut cfg = build(resolver, &[&rustls::version::TLS13], &[b"h3"], path)?;
+            // rustls offers early data only with stateful resumption: a ticket is then a
+            // single-use key into the session cache, which also stops replays to this server.
+            let tls13 = &[&rustls::version::TLS13];
+            let mut cfg = build(resolver, tls13, &[b"h3"], path, !early_data)?;
             // QUIC allows only 0 or u32::MAX here; the amount is bounded by flow control.
             cfg.max_early_data_size = if early_data { u32::MAX } else { 0 };
             Some(Arc::new(cfg))
@@ -224,7 +233,7 @@ pub fn server_config(
         TlsVersion::Tls12 => &[&rustls::version::TLS13, &rustls::version::TLS12],
         TlsVersion::Tls13 => &[&rustls::version::TLS13],
     };
-    Ok(Arc::new(build(resolver, versions, alpn, path)?))
+    Ok(Arc::new(build(resolver, versions, alpn, path, true)?))
 }
 
 fn build(
@@ -232,6 +241,7 @@ fn build(
     versions: &[&'static rustls::SupportedProtocolVersion],
     alpn: &[&[u8]],
     path: &str,
+    stateless_tickets: bool,
 ) -> Result<rustls::ServerConfig, TlsError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
@@ -244,10 +254,13 @@ fn build(
         .with_cert_resolver(resolver);
     cfg.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
     cfg.session_storage = rustls::server::ServerSessionMemoryCache::new(4096);
-    cfg.ticketer = rustls::crypto::ring::Ticketer::new().map_err(|source| TlsError::Rustls {
-        path: path.to_string(),
-        source,
-    })?;
+    if stateless_tickets {
+        cfg.ticketer =
+            rustls::crypto::ring::Ticketer::new().map_err(|source| TlsError::Rustls {
+                path: path.to_string(),
+                source,
+            })?;
+    }
     Ok(cfg)
 }
 
