@@ -161,7 +161,9 @@ pub fn certificate_from_secret(
     let key = field("tls.key")?;
     if !(cert.contains("-----BEGIN CERTIFICATE-----") && cert.contains("-----END CERTIFICATE-----"))
     {
-        return Err(SecretError::Invalid("tls.crt holds no PEM certificate".into()));
+        return Err(SecretError::Invalid(
+            "tls.crt holds no PEM certificate".into(),
+        ));
     }
     let key_ok = key.lines().any(|l| {
         l.starts_with("-----BEGIN ") && l.ends_with("PRIVATE KEY-----") && !l.contains("ENCRYPTED")
@@ -215,7 +217,11 @@ fn annotation<'a>(ing: &'a Ingress, key: &str) -> Option<&'a str> {
 /// Whether an Ingress belongs to this controller.
 pub fn is_ours(ing: &Ingress, class: Option<&IngressClass>, params: &super::Params) -> bool {
     let class_ok = class.is_some();
-    match ing.spec.as_ref().and_then(|s| s.ingress_class_name.as_deref()) {
+    match ing
+        .spec
+        .as_ref()
+        .and_then(|s| s.ingress_class_name.as_deref())
+    {
         Some(name) => name == params.ingress_class && class_ok,
         None => match annotation(ing, LEGACY_CLASS_ANNOTATION) {
             Some(name) => name == params.ingress_class,
@@ -396,6 +402,19 @@ pub fn translate(b: &mut Builder<'_>) {
                     _ if regex => PathMatch::Regex(nginx::anchor_regex(&path)),
                     _ => PathMatch::Prefix(path.clone()),
                 };
+                if let Some(first) = entry
+                    .iter()
+                    .find(|r| r.path == path && r.path_type == p.path_type)
+                {
+                    report.warn(
+                        "PathConflict",
+                        format!(
+                            "host {host:?} path {path:?} ({}) is already served by {}; ignored",
+                            p.path_type, first.route.name
+                        ),
+                    );
+                    continue;
+                }
                 let route_name = format!("ingress/{ns}/{name}/rule-{ri}/path-{pi}");
                 let mut route = route_for(
                     b,
@@ -407,6 +426,11 @@ pub fn translate(b: &mut Builder<'_>) {
                     &mut report,
                 );
                 ann.apply(&mut route, &mut report);
+                // The rewrite-target idiom may have turned a regex into a prefix.
+                let regex = matches!(
+                    route.matches.first().and_then(|m| m.path.as_ref()),
+                    Some(PathMatch::Regex(_))
+                );
                 entry.push(PathRoute {
                     http_redirect: (ann.ssl_redirect || ann.force_ssl_redirect)
                         .then(nginx::https_redirect),
@@ -425,7 +449,9 @@ pub fn translate(b: &mut Builder<'_>) {
     for (ing, ann) in &canaries {
         let ns = ing.metadata.namespace.clone().unwrap_or_default();
         let name = ing.metadata.name.clone().unwrap_or_default();
-        let mut report = reports.remove(&(ns.clone(), name.clone())).unwrap_or_default();
+        let mut report = reports
+            .remove(&(ns.clone(), name.clone()))
+            .unwrap_or_default();
         nginx::merge_canary(b, ing, ann, &mut hosts, &mut report);
         reports.insert((ns, name), report);
     }
@@ -528,7 +554,11 @@ fn host_list(hosts: &[String]) -> String {
     if hosts.is_empty() {
         "its hosts are".into()
     } else {
-        format!("{} {}", hosts.join(", "), if hosts.len() == 1 { "is" } else { "are" })
+        format!(
+            "{} {}",
+            hosts.join(", "),
+            if hosts.len() == 1 { "is" } else { "are" }
+        )
     }
 }
 

@@ -41,7 +41,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use sweety_config::{
-    Action, FixedResponse, Filter, HeaderModifier, HeaderValue, PathMatch, PathRewrite,
+    Action, Filter, FixedResponse, HeaderModifier, HeaderValue, PathMatch, PathRewrite,
     ProxyAction, Redirect, Route, RouteMatch, StaticSite, VirtualHost, WeightedBackend,
 };
 use sweety_crds::site::{PathType, Preset, SiteRoute, StaticAction};
@@ -500,12 +500,7 @@ fn strip(r: &SiteRoute) -> Option<String> {
 }
 
 /// SPA preset: hashed assets under `<path>/<sub>` cached for a year, no app-shell fallback.
-fn asset_route(
-    name: &str,
-    r: &SiteRoute,
-    sub: &str,
-    root: &std::path::Path,
-) -> Route {
+fn asset_route(name: &str, r: &SiteRoute, sub: &str, root: &std::path::Path) -> Route {
     let base = r.path.trim_end_matches('/');
     Route {
         name: name.into(),

@@ -21,7 +21,7 @@ use crate::translate::Builder;
 use k8s_openapi::api::networking::v1::Ingress;
 use std::collections::BTreeMap;
 use sweety_config::{
-    Action, BackendProtocol, Cors, Duration, FixedResponse, Filter, PathMatch, PathRewrite,
+    Action, BackendProtocol, Cors, Duration, Filter, FixedResponse, PathMatch, PathRewrite,
     Redirect, Route, RouteMatch, UrlRewrite, WeightedBackend,
 };
 
@@ -90,7 +90,8 @@ fn origin_ok(o: &str) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-.*".contains(&b))
 }
 
-/// Parse `http(s)://host[:port][/path]` into a redirect (the path replaces the whole path).
+/// Parse `http(s)://host[:port][/path]` into a redirect to exactly that URL (the path, `/`
+/// when absent, replaces the request's path).
 pub fn parse_redirect_url(url: &str, status: u16) -> Option<Redirect> {
     let (scheme, rest) = url.split_once("://")?;
     if scheme != "http" && scheme != "https" {
@@ -117,7 +118,7 @@ pub fn parse_redirect_url(url: &str, status: u16) -> Option<Redirect> {
         scheme: Some(scheme.into()),
         host: Some(host.to_ascii_lowercase()),
         port,
-        path: path.map(|p| PathRewrite::Full(p.into())),
+        path: Some(PathRewrite::Full(path.unwrap_or("/").into())),
         status,
     })
 }
@@ -178,8 +179,12 @@ impl Annotations {
                     }
                 }
                 "enable-cors" => cors_enabled = flag(report),
-                "cors-allow-origin" | "cors-allow-methods" | "cors-allow-headers"
-                | "cors-allow-credentials" | "cors-max-age" | "cors-expose-headers" => {}
+                "cors-allow-origin"
+                | "cors-allow-methods"
+                | "cors-allow-headers"
+                | "cors-allow-credentials"
+                | "cors-max-age"
+                | "cors-expose-headers" => {}
                 "permanent-redirect" | "temporal-redirect" => {}
                 "permanent-redirect-code" => match value.trim().parse::<u16>() {
                     Ok(c @ (301 | 302 | 303 | 307 | 308)) => redirect_code = Some(c),
@@ -270,7 +275,10 @@ impl Annotations {
                 }
             }
             if cors.allow_origins.is_empty() {
-                report.warn("InvalidAnnotation", "no valid CORS origin; CORS not enabled");
+                report.warn(
+                    "InvalidAnnotation",
+                    "no valid CORS origin; CORS not enabled",
+                );
             } else {
                 a.cors = Some(cors);
             }
@@ -290,7 +298,9 @@ impl Annotations {
                     ),
                     None => report.warn(
                         "InvalidAnnotation",
-                        format!("{PREFIX}{k}: {url:?} is not http(s)://host[:port][/path]; ignored"),
+                        format!(
+                            "{PREFIX}{k}: {url:?} is not http(s)://host[:port][/path]; ignored"
+                        ),
                     ),
                 }
             }
@@ -365,7 +375,10 @@ fn idiom(regex: &str, target: &str) -> Option<(String, String)> {
     if to.contains('$') {
         return None;
     }
-    Some((prefix.to_string(), if to.is_empty() { "/".into() } else { to.into() }))
+    Some((
+        prefix.to_string(),
+        if to.is_empty() { "/".into() } else { to.into() },
+    ))
 }
 
 /// The HTTP→HTTPS redirect of `ssl-redirect` (308, as ingress-nginx).
@@ -450,7 +463,11 @@ pub(crate) fn order_regex_host(routes: &mut [PathRoute]) {
         for m in &mut r.route.matches {
             if let Some(PathMatch::Prefix(p)) = &m.path {
                 let trimmed = p.trim_end_matches('/');
-                m.path = Some(PathMatch::Regex(format!("{}(/.*)?", regex_escape(trimmed))));
+                m.path = Some(PathMatch::Regex(if trimmed.is_empty() {
+                    "/.*".to_string()
+                } else {
+                    format!("{}(/.*)?", regex_escape(trimmed))
+                }));
                 r.regex = true;
             }
         }
@@ -472,7 +489,12 @@ pub(crate) fn merge_canary(
     let spec = ing.spec.clone().unwrap_or_default();
     for rule in spec.rules.as_deref().unwrap_or_default() {
         let host = rule.host.clone().unwrap_or_default();
-        for p in rule.http.as_ref().map(|h| h.paths.as_slice()).unwrap_or_default() {
+        for p in rule
+            .http
+            .as_ref()
+            .map(|h| h.paths.as_slice())
+            .unwrap_or_default()
+        {
             let path = p.path.clone().unwrap_or_else(|| "/".into());
             let primary = hosts.get_mut(&host).and_then(|routes| {
                 routes
@@ -534,8 +556,17 @@ mod tests {
         assert_eq!(r.path, Some(PathRewrite::Full("/x/y".into())));
         assert_eq!(r.status, 301);
         let r = parse_redirect_url("http://a.example", 302).unwrap();
-        assert_eq!((r.port, r.path), (None, None));
-        for bad in ["ftp://x", "https://", "https://a b", "https://x/?q=1", "https://x:0/"] {
+        assert_eq!(
+            (r.port, r.path),
+            (None, Some(PathRewrite::Full("/".into())))
+        );
+        for bad in [
+            "ftp://x",
+            "https://",
+            "https://a b",
+            "https://x/?q=1",
+            "https://x:0/",
+        ] {
             assert!(parse_redirect_url(bad, 302).is_none(), "{bad}");
         }
     }
