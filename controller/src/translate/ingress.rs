@@ -642,3 +642,113 @@ pub(crate) fn resolve_backend(
             e.to_string()
         })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::translate::{Params, Snapshot};
+
+    fn snapshot(text: &str) -> Snapshot {
+        Snapshot::from_yaml(text).unwrap().0
+    }
+
+    const CLASSES: &str = r#"
+apiVersion: networking.k8s.io/v1
+kind: IngressClass
+metadata: {name: sweety, annotations: {ingressclass.kubernetes.io/is-default-class: "true"}}
+spec: {controller: sweety.dev/ingress-controller}
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata: {name: named, namespace: a}
+spec: {ingressClassName: sweety}
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata: {name: other, namespace: a}
+spec: {ingressClassName: nginx}
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata: {name: none, namespace: a}
+spec: {}
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata: {name: legacy-other, namespace: a, annotations: {kubernetes.io/ingress.class: nginx}}
+spec: {}
+"#;
+
+    #[test]
+    fn class_selection() {
+        let s = snapshot(CLASSES);
+        let p = Params::default();
+        let class = s.ingress_classes.first().map(|c| c.as_ref());
+        let ours: Vec<&str> = s
+            .ingresses
+            .iter()
+            .filter(|i| is_ours(i, class, &p))
+            .map(|i| i.metadata.name.as_deref().unwrap())
+            .collect();
+        assert_eq!(ours, ["named", "none"]);
+        // Without our IngressClass, neither the named nor the class-less Ingress is ours.
+        let ours = s.ingresses.iter().filter(|i| is_ours(i, None, &p)).count();
+        assert_eq!(ours, 0);
+    }
+
+    #[test]
+    fn secret_checks() {
+        let s = snapshot(
+            r#"
+apiVersion: v1
+kind: Secret
+metadata: {name: opaque, namespace: a}
+type: Opaque
+data: {tls.crt: eA==, tls.key: eA==}
+---
+apiVersion: v1
+kind: Secret
+metadata: {name: garbage, namespace: a}
+type: kubernetes.io/tls
+data: {tls.crt: bm90IGEgY2VydA==, tls.key: bm90IGEga2V5}
+---
+apiVersion: v1
+kind: Secret
+metadata: {name: nokey, namespace: a}
+type: kubernetes.io/tls
+data: {tls.crt: eA==}
+"#,
+        );
+        let get = |name| certificate_from_secret(&s.secrets, "a", name, Vec::new()).unwrap_err();
+        assert_eq!(get("missing"), SecretError::NotFound);
+        assert!(matches!(get("opaque"), SecretError::Invalid(m) if m.contains("Opaque")));
+        assert!(matches!(get("garbage"), SecretError::Invalid(m) if m.contains("tls.crt")));
+        assert!(matches!(get("nokey"), SecretError::Invalid(m) if m.contains("no tls.key")));
+    }
+
+    #[test]
+    fn shared_listeners_dedupe_certificates() {
+        let s = Snapshot::default();
+        let p = Params::default();
+        let mut b = Builder::new(&s, &p);
+        front_listeners(&mut b, Vec::new());
+        assert_eq!(b.listeners.len(), 1);
+        assert!(!has_https(&b));
+        let cert = Certificate {
+            hostnames: vec!["a.example.com".into()],
+            cert: PemSource::Pem("c".into()),
+            key: PemSource::Pem("k".into()),
+        };
+        front_listeners(&mut b, vec![cert.clone()]);
+        front_listeners(&mut b, vec![cert]);
+        assert_eq!(b.listeners.len(), 2);
+        let https = b
+            .listeners
+            .iter()
+            .find(|l| l.name == HTTPS_LISTENER)
+            .unwrap();
+        assert_eq!(https.port, 8443);
+        assert!(https.http3);
+        assert_eq!(https.tls.as_ref().unwrap().certificates.len(), 1);
+    }
+}
