@@ -180,6 +180,58 @@ pub fn certificate_from_secret(
     })
 }
 
+/// Check one route on its own with the dataplane's validator (backend references aside), so a
+/// bad regex, header or CORS origin from one object never invalidates the whole config.
+/// Returns the route to use: itself, a 503 explaining the problem, or `None` when even its
+/// match is invalid (the route is then left out).
+pub(crate) fn checked_route(route: Route, report: &mut dyn FnMut(String)) -> Option<Route> {
+    fn check(route: &Route) -> Result<(), String> {
+        let mut r = route.clone();
+        if let Action::Proxy(_) = r.action {
+            r.action = Action::Fixed(FixedResponse {
+                status: 200,
+                body: String::new(),
+                content_type: None,
+            });
+        }
+        let cfg = sweety_config::Config {
+            virtual_hosts: vec![VirtualHost {
+                name: "check".into(),
+                hostnames: Vec::new(),
+                listeners: Vec::new(),
+                routes: vec![r],
+            }],
+            ..Default::default()
+        };
+        cfg.validate_structure().map_err(|e| {
+            e.0.iter()
+                .map(|e| e.message.clone())
+                .collect::<Vec<_>>()
+                .join("; ")
+        })
+    }
+    let Err(why) = check(&route) else {
+        return Some(route);
+    };
+    report(format!("route {}: {why}", route.name));
+    let fallback = Route {
+        filters: Vec::new(),
+        action: unavailable(&format!("invalid route: {why}")),
+        timeouts: Default::default(),
+        retry: None,
+        ..route
+    };
+    check(&fallback).is_ok().then_some(fallback)
+}
+
+/// Whether `host` is one of `names` or covered by a `*.` wildcard among them.
+fn covered(names: &BTreeMap<String, ()>, host: &str) -> bool {
+    names.contains_key(host)
+        || host
+            .split_once('.')
+            .is_some_and(|(_, rest)| names.contains_key(&format!("*.{rest}")))
+}
+
 /// Load-balancer addresses of the chart's ingress Service.
 pub fn load_balancer(b: &Builder<'_>) -> Vec<LoadBalancerIngress> {
     let Some(name) = b.params.ingress_service.as_deref() else {
@@ -426,6 +478,10 @@ pub fn translate(b: &mut Builder<'_>) {
                     &mut report,
                 );
                 ann.apply(&mut route, &mut report);
+                let Some(route) = checked_route(route, &mut |m| report.warn("InvalidPath", m))
+                else {
+                    continue;
+                };
                 // The rewrite-target idiom may have turned a regex into a prefix.
                 let regex = matches!(
                     route.matches.first().and_then(|m| m.path.as_ref()),
@@ -462,7 +518,7 @@ pub fn translate(b: &mut Builder<'_>) {
 
     for (host, mut routes) in hosts {
         nginx::order_regex_host(&mut routes);
-        let served_tls = https && (host.is_empty() || tls_hosts.contains_key(&host));
+        let served_tls = https && (host.is_empty() || covered(&tls_hosts, &host));
         let https_routes: Vec<Route> = routes
             .iter()
             .map(|r| r.route.clone())

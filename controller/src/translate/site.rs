@@ -31,8 +31,8 @@
 
 use super::backends::{BackendOptions, PortRef};
 use super::ingress::{
-    certificate_from_secret, front_listeners, load_balancer, nginx::parse_redirect_url,
-    unavailable, SecretError, HTTPS_LISTENER, HTTP_LISTENER,
+    certificate_from_secret, checked_route, front_listeners, load_balancer,
+    nginx::parse_redirect_url, unavailable, SecretError, HTTPS_LISTENER, HTTP_LISTENER,
 };
 use super::status::{Address, Condition, ObjectKey, ObjectStatus, SiteStatus};
 use super::{Builder, StaticContent};
@@ -298,8 +298,12 @@ pub fn translate(b: &mut Builder<'_>) {
                     r.filters.push(Filter::ResponseHeaders(e.clone()));
                 }
             }
-            routes.push(route);
-            routes.extend(extra);
+            let mut invalid = |m: String| notes.push(m);
+            routes.extend(
+                std::iter::once(route)
+                    .chain(extra)
+                    .filter_map(|r| checked_route(r, &mut invalid)),
+            );
         }
         let mut not_enforced = Vec::new();
         if site.spec.compression.as_ref().is_some_and(|c| c.enabled) {
