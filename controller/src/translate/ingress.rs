@@ -173,11 +173,45 @@ pub fn certificate_from_secret(
             "tls.key holds no unencrypted PEM private key".into(),
         ));
     }
-    Ok(Certificate {
-        hostnames,
+    let mut unique = Vec::new();
+    for h in hostnames {
+        let h = h.to_ascii_lowercase();
+        if !unique.contains(&h) {
+            unique.push(h);
+        }
+    }
+    let certificate = Certificate {
+        hostnames: unique,
         cert: PemSource::Pem(cert),
         key: PemSource::Pem(key),
-    })
+    };
+    // The dataplane's own checks, on a probe listener, so one bad Secret cannot invalidate
+    // the whole config.
+    let probe = sweety_config::Config {
+        listeners: vec![Listener {
+            name: "probe".into(),
+            address: "127.0.0.1".into(),
+            port: 8443,
+            protocol: ListenerProtocol::Https,
+            tls: Some(ListenerTls {
+                certificates: vec![certificate.clone()],
+                min_version: Default::default(),
+            }),
+            http3: false,
+            max_requests_in_flight: None,
+            l4_routes: Vec::new(),
+        }],
+        ..Default::default()
+    };
+    probe.validate_structure().map_err(|e| {
+        SecretError::Invalid(
+            e.0.iter()
+                .map(|e| e.message.clone())
+                .collect::<Vec<_>>()
+                .join("; "),
+        )
+    })?;
+    Ok(certificate)
 }
 
 /// Check one route on its own with the dataplane's validator (backend references aside), so a
@@ -704,6 +738,24 @@ mod tests {
     use super::*;
     use crate::translate::{Params, Snapshot};
 
+    fn b64(s: &str) -> String {
+        let t = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+        let mut out = String::new();
+        for c in s.as_bytes().chunks(3) {
+            let n = (u32::from(c[0]) << 16)
+                | (u32::from(*c.get(1).unwrap_or(&0)) << 8)
+                | u32::from(*c.get(2).unwrap_or(&0));
+            for i in 0..4 {
+                if i <= c.len() {
+                    out.push(t[((n >> (18 - 6 * i)) & 63) as usize] as char);
+                } else {
+                    out.push('=');
+                }
+            }
+        }
+        out
+    }
+
     fn snapshot(text: &str) -> Snapshot {
         Snapshot::from_yaml(text).unwrap().0
     }
@@ -780,6 +832,18 @@ data: {tls.crt: eA==}
         assert!(matches!(get("opaque"), SecretError::Invalid(m) if m.contains("Opaque")));
         assert!(matches!(get("garbage"), SecretError::Invalid(m) if m.contains("tls.crt")));
         assert!(matches!(get("nokey"), SecretError::Invalid(m) if m.contains("no tls.key")));
+        // A key block without its END line passes the quick look but not the dataplane's check.
+        let s = snapshot(&format!(
+            "apiVersion: v1\nkind: Secret\nmetadata: {{name: cut, namespace: a}}\n\
+             type: kubernetes.io/tls\ndata: {{tls.crt: {}, tls.key: {}}}\n",
+            b64("-----BEGIN CERTIFICATE-----\nAA==\n-----END CERTIFICATE-----\n"),
+            b64("-----BEGIN PRIVATE KEY-----\nAA==\n-----END RSA PRIVATE KEY-----\n"),
+        ));
+        let e = certificate_from_secret(&s.secrets, "a", "cut", vec!["A.example.com".into()]);
+        assert!(
+            matches!(&e, Err(SecretError::Invalid(m)) if m.contains("END")),
+            "{e:?}"
+        );
     }
 
     #[test]
