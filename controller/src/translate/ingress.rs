@@ -427,8 +427,19 @@ pub fn translate(b: &mut Builder<'_>) {
             match certificate_from_secret(&b.snapshot.secrets, &ns, secret, tls_names.clone()) {
                 Ok(c) => {
                     certificates.push(c);
-                    for h in &tls_names {
-                        tls_hosts.insert(h.clone(), ());
+                    // No hosts: the certificate covers every host of this Ingress.
+                    let covered: Vec<String> = if tls_names.is_empty() {
+                        spec.rules
+                            .as_deref()
+                            .unwrap_or_default()
+                            .iter()
+                            .filter_map(|r| r.host.clone())
+                            .collect()
+                    } else {
+                        tls_names.clone()
+                    };
+                    for h in covered {
+                        tls_hosts.insert(h, ());
                     }
                 }
                 Err(SecretError::NotFound) => report.warn(
