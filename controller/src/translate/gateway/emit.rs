@@ -190,10 +190,11 @@ pub fn emit(b: &mut Builder<'_>, gateways: &[GwState], _alloc: &Allocation, out:
                         let mut route = e.route.clone();
                         fix_redirect_port(&mut route, *port, proto == Proto::Https);
                         for h in hosts {
-                            by_host
-                                .entry(h)
-                                .or_default()
-                                .push((e.key.clone(), route.clone()));
+                            let list = by_host.entry(h).or_default();
+                            // The same rule reached through two listeners on this port once.
+                            if !list.iter().any(|(k, _)| *k == e.key) {
+                                list.push((e.key.clone(), route.clone()));
+                            }
                         }
                     }
                     for (host, routes) in by_host {

@@ -130,7 +130,10 @@ fn route(
     if parents.is_empty() {
         return;
     }
+    // Backends are registered in a scratch set and kept only if the route attaches somewhere.
+    let kept = std::mem::take(&mut b.backends);
     let rules = translate_rules(b, policies, kind, &ns, &name, spec);
+    let scratch = std::mem::replace(&mut b.backends, kept);
     let all_unsupported = !rules.rules.is_empty() && rules.unsupported.len() == rules.rules.len();
     let mut statuses = Vec::new();
     let mut attached_to: BTreeSet<(usize, usize)> = BTreeSet::new();
@@ -223,6 +226,11 @@ fn route(
                     _ => {}
                 }
             }
+        }
+    }
+    if !attached_to.is_empty() {
+        for backend in scratch.into_config() {
+            b.backends.insert(backend);
         }
     }
     for (g, l) in attached_to {
