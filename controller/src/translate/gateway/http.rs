@@ -172,7 +172,21 @@ impl RouteCtx<'_> {
                 Some(backend)
             }
             Err(p) => {
-                out.unresolved.push(p);
+                // Remember the Service anyway: a BackendTLSPolicy on it reports its status.
+                let service = (
+                    r.namespace
+                        .clone()
+                        .unwrap_or_else(|| self.namespace.clone()),
+                    r.name.clone(),
+                );
+                if r.kind.as_deref().unwrap_or("Service") == "Service"
+                    && !out.services.contains(&service)
+                {
+                    out.services.push(service);
+                }
+                if !out.unresolved.contains(&p) {
+                    out.unresolved.push(p);
+                }
                 None
             }
         }

@@ -298,7 +298,11 @@ fn translate_rules(
             };
             for (i, rule) in rules.iter().enumerate() {
                 let r = ctx.rule(b, i, rule);
-                out.unresolved.extend(r.unresolved.iter().cloned());
+                for p in &r.unresolved {
+                    if !out.unresolved.contains(p) {
+                        out.unresolved.push(p.clone());
+                    }
+                }
                 if let Some(why) = &r.unsupported {
                     out.unsupported.push(format!("rule {i} answers 500: {why}"));
                 }
