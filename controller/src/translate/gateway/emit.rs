@@ -16,7 +16,7 @@ use sweety_config::{
 /// Our Gateways (class ours and accepted), sorted by namespace/name, listeners validated.
 /// Gateways of our class that is not accepted get a status saying so.
 pub fn gateways(b: &mut Builder<'_>, classes: &BTreeMap<String, bool>) -> Vec<GwState> {
-    let mut list: Vec<_> = b.snapshot.gateways.iter().cloned().collect();
+    let mut list: Vec<_> = b.snapshot.gateways.to_vec();
     list.sort_by(|a, b| {
         (&a.metadata.namespace, &a.metadata.name).cmp(&(&b.metadata.namespace, &b.metadata.name))
     });
@@ -48,12 +48,14 @@ pub fn gateways(b: &mut Builder<'_>, classes: &BTreeMap<String, bool>) -> Vec<Gw
             Some(true) => {}
         }
         let listeners = listeners::validate(b.snapshot, &gw);
+        let rejected = requested_addresses(&gw).1;
         out.push(GwState {
             gateway: gw,
             namespace: ns,
             name,
             generation,
             listeners,
+            rejected,
         });
     }
     out
@@ -69,7 +71,7 @@ pub fn allocate(b: &Builder<'_>, gateways: &mut [GwState]) -> Allocation {
             ports: g
                 .listeners
                 .iter()
-                .filter(|l| l.usable())
+                .filter(|l| g.rejected.is_none() && l.usable())
                 .map(|l| l.port)
                 .collect(),
         })
@@ -77,6 +79,9 @@ pub fn allocate(b: &Builder<'_>, gateways: &mut [GwState]) -> Allocation {
     let allocation = addressing::allocate(b.snapshot, b.params, &requests);
     for (g, gw) in gateways.iter_mut().enumerate() {
         for l in gw.listeners.iter_mut().filter(|l| l.usable()) {
+            if gw.rejected.is_some() {
+                continue;
+            }
             l.container_port = allocation[g].get(&l.port).copied().flatten();
         }
     }
@@ -226,22 +231,37 @@ pub fn emit(b: &mut Builder<'_>, gateways: &[GwState], _alloc: &Allocation, out:
     }
 }
 
-fn status(b: &mut Builder<'_>, gw: &GwState, ports: Vec<ServicePort>) {
-    let generation = gw.generation;
-    let service = addressing::service_name(&gw.namespace, &gw.name);
+/// Gateway `spec.addresses`: the supported ones as (type, value), and why one is not.
+type Requested = (Vec<(String, String)>, Option<String>);
+
+fn requested_addresses(gw: &sweety_gateway_api::gateways::Gateway) -> Requested {
     let mut requested = Vec::new();
-    let mut bad_address = None;
-    for a in gw.gateway.spec.addresses.iter().flatten() {
+    let mut bad = None;
+    for a in gw.spec.addresses.iter().flatten() {
         let t = a.r#type.clone().unwrap_or_else(|| "IPAddress".into());
         let v = a.value.clone().unwrap_or_default();
         match t.as_str() {
             "IPAddress" if v.parse::<std::net::IpAddr>().is_ok() => requested.push((t, v)),
             "Hostname" if !v.is_empty() => requested.push((t, v)),
-            _ => bad_address = Some(format!("address {v:?} of type {t} is not supported")),
+            _ => bad = Some(format!("address {v:?} of type {t} is not supported")),
         }
     }
+    (requested, bad)
+}
+
+fn status(b: &mut Builder<'_>, gw: &GwState, ports: Vec<ServicePort>) {
+    let generation = gw.generation;
+    let service = addressing::service_name(&gw.namespace, &gw.name);
+    let (requested, bad_address) = requested_addresses(&gw.gateway);
     let addresses = addressing::addresses(b.snapshot, b.params, &requested, &service);
-    let listeners: Vec<_> = gw.listeners.iter().map(|l| l.status(generation)).collect();
+    let mut listeners: Vec<_> = gw.listeners.iter().map(|l| l.status(generation)).collect();
+    if bad_address.is_some() {
+        for l in &mut listeners {
+            for c in l.conditions.iter_mut().filter(|c| c.type_ == "Programmed") {
+                c.message = "the Gateway is not accepted".into();
+            }
+        }
+    }
     let invalid: Vec<&str> = gw
         .listeners
         .iter()

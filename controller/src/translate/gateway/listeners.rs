@@ -309,7 +309,7 @@ fn certificates(
         let group = r.group.as_deref().unwrap_or("");
         let kind = r.kind.as_deref().unwrap_or("Secret");
         let secret_ns = r.namespace.as_deref().unwrap_or(ns);
-        if group != "" || kind != "Secret" {
+        if !group.is_empty() || kind != "Secret" {
             return Some((
                 "InvalidCertificateRef",
                 format!("certificateRef {group}/{kind} {} is not a Secret", r.name),

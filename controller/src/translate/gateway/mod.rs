@@ -36,6 +36,8 @@ pub struct GwState {
     pub name: String,
     pub generation: i64,
     pub listeners: Vec<GwListener>,
+    /// Why the Gateway as a whole is not accepted (its listeners are then not programmed).
+    pub rejected: Option<String>,
 }
 
 /// Translate every Gateway API object in the snapshot.

@@ -45,7 +45,7 @@ pub struct Collected {
 
 /// A rule translated independently of where it attaches.
 pub enum Rule {
-    Http(http::RuleResult),
+    Http(Box<http::RuleResult>),
     L4(Option<L4Route>),
 }
 
@@ -140,7 +140,12 @@ fn route(
     let mut used_gateways: BTreeSet<(String, String)> = BTreeSet::new();
     for (p, g) in &parents {
         let gw = &gateways[*g];
-        let result = if all_unsupported {
+        let result = if let Some(why) = &gw.rejected {
+            Err((
+                "NoMatchingParent",
+                format!("the Gateway is not accepted: {why}"),
+            ))
+        } else if all_unsupported {
             Err((
                 "UnsupportedValue",
                 format!("no rule can be served: {}", rules.unsupported.join("; ")),
@@ -311,7 +316,7 @@ fn translate_rules(
                         out.services.push(s.clone());
                     }
                 }
-                out.rules.push(Rule::Http(r));
+                out.rules.push(Rule::Http(Box::new(r)));
             }
         }
         None => {
