@@ -124,6 +124,17 @@ pub fn intersect_one(listener: &str, route: &str) -> Option<String> {
     }
 }
 
+/// How specifically a listener hostname selects requests for `host` (exact or wildcard):
+/// `None` when it does not cover it, otherwise a score where a higher value wins (exact >
+/// longer wildcard > shorter wildcard > no hostname).
+pub fn specificity(listener: Option<&str>, host: &str) -> Option<usize> {
+    match listener {
+        None => Some(0),
+        Some(l) if l == host => Some(usize::MAX),
+        Some(l) => (intersect_one(l, host).as_deref() == Some(host)).then_some(l.len()),
+    }
+}
+
 /// Effective hostnames of a route on a listener. `None`: no intersection. `Some(empty)`:
 /// any hostname.
 pub fn intersect(listener: Option<&str>, route: &[String]) -> Option<Vec<String>> {
@@ -255,6 +266,24 @@ mod tests {
             Some(vec!["a.x.io".to_string(), "*.x.io".to_string()])
         );
         assert_eq!(intersect(Some("*.x.io"), &["b.y.io".into()]), None);
+    }
+
+    #[test]
+    fn most_specific_listener_wins() {
+        assert_eq!(specificity(None, "a.example.com"), Some(0));
+        assert_eq!(
+            specificity(Some("a.example.com"), "a.example.com"),
+            Some(usize::MAX)
+        );
+        let wide = specificity(Some("*.example.com"), "a.b.example.com").unwrap();
+        let narrow = specificity(Some("*.b.example.com"), "a.b.example.com").unwrap();
+        assert!(narrow > wide && wide > 0);
+        assert_eq!(
+            specificity(Some("*.example.com"), "*.b.example.com"),
+            Some(13)
+        );
+        assert_eq!(specificity(Some("*.b.example.com"), "*.example.com"), None);
+        assert_eq!(specificity(Some("x.example.com"), "a.example.com"), None);
     }
 
     #[test]

@@ -42,9 +42,16 @@ pub const SUPPORTED_FEATURES: &[&str] = &[
 const PROXY_CONFIG_GROUP: &str = "sweety.dev";
 const PROXY_CONFIG_KIND: &str = "SweetyProxyConfig";
 
-/// Set the status of our GatewayClasses; returns each of our class names and whether it is
-/// accepted.
-pub fn translate(b: &mut Builder<'_>) -> BTreeMap<String, bool> {
+/// One of our GatewayClasses.
+#[derive(Clone, Debug, Default)]
+pub struct ClassInfo {
+    pub accepted: bool,
+    /// HTTP/3 on HTTPS listeners, from the SweetyProxyConfig (None: `Params::http3`).
+    pub http3: Option<bool>,
+}
+
+/// Set the status of our GatewayClasses; returns each of our classes by name.
+pub fn translate(b: &mut Builder<'_>) -> BTreeMap<String, ClassInfo> {
     let mut accepted = BTreeMap::new();
     let mut classes: Vec<_> = b.snapshot.gateway_classes.iter().collect();
     classes.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
@@ -54,6 +61,7 @@ pub fn translate(b: &mut Builder<'_>) -> BTreeMap<String, bool> {
         }
         let name = class.metadata.name.clone().unwrap_or_default();
         let generation = class.metadata.generation.unwrap_or(0);
+        let mut http3 = None;
         let problem = class.spec.parameters_ref.as_ref().and_then(|p| {
             if p.group != PROXY_CONFIG_GROUP || p.kind != PROXY_CONFIG_KIND {
                 return Some(format!(
@@ -66,11 +74,17 @@ pub fn translate(b: &mut Builder<'_>) -> BTreeMap<String, bool> {
                     "parametersRef to {PROXY_CONFIG_KIND} needs a namespace"
                 ));
             };
-            let found = b.snapshot.proxy_configs.iter().any(|c| {
+            let found = b.snapshot.proxy_configs.iter().find(|c| {
                 c.metadata.namespace.as_deref() == Some(ns)
                     && c.metadata.name.as_deref() == Some(p.name.as_str())
             });
-            (!found).then(|| format!("{PROXY_CONFIG_KIND} {ns}/{} not found", p.name))
+            match found {
+                Some(c) => {
+                    http3 = c.spec.http3;
+                    None
+                }
+                None => Some(format!("{PROXY_CONFIG_KIND} {ns}/{} not found", p.name)),
+            }
         });
         let condition = match &problem {
             None => Condition::new(
@@ -82,7 +96,13 @@ pub fn translate(b: &mut Builder<'_>) -> BTreeMap<String, bool> {
             ),
             Some(why) => Condition::new("Accepted", false, "InvalidParameters", why, generation),
         };
-        accepted.insert(name.clone(), problem.is_none());
+        accepted.insert(
+            name.clone(),
+            ClassInfo {
+                accepted: problem.is_none(),
+                http3,
+            },
+        );
         b.status(
             ObjectKey::new("GatewayClass", "", &name),
             ObjectStatus::GatewayClass(GatewayClassStatus {

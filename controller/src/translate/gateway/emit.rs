@@ -2,6 +2,8 @@
 //! listeners (one per Gateway and port) with their virtual hosts or L4 routes, the
 //! per-Gateway Service and the Gateway status.
 
+use super::attach;
+use super::classes::ClassInfo;
 use super::listeners::{self, Proto};
 use super::routes::{Collected, HttpEntry, SortKey};
 use super::GwState;
@@ -15,7 +17,7 @@ use sweety_config::{
 
 /// Our Gateways (class ours and accepted), sorted by namespace/name, listeners validated.
 /// Gateways of our class that is not accepted get a status saying so.
-pub fn gateways(b: &mut Builder<'_>, classes: &BTreeMap<String, bool>) -> Vec<GwState> {
+pub fn gateways(b: &mut Builder<'_>, classes: &BTreeMap<String, ClassInfo>) -> Vec<GwState> {
     let mut list: Vec<_> = b.snapshot.gateways.to_vec();
     list.sort_by(|a, b| {
         (&a.metadata.namespace, &a.metadata.name).cmp(&(&b.metadata.namespace, &b.metadata.name))
@@ -25,27 +27,26 @@ pub fn gateways(b: &mut Builder<'_>, classes: &BTreeMap<String, bool>) -> Vec<Gw
         let ns = gw.metadata.namespace.clone().unwrap_or_default();
         let name = gw.metadata.name.clone().unwrap_or_default();
         let generation = gw.metadata.generation.unwrap_or(0);
-        match classes.get(&gw.spec.gateway_class_name) {
-            None => continue,
-            Some(false) => {
-                let msg = format!(
-                    "GatewayClass {} is not accepted",
-                    gw.spec.gateway_class_name
-                );
-                b.status(
-                    ObjectKey::new("Gateway", &ns, &name),
-                    ObjectStatus::Gateway(GatewayStatus {
-                        addresses: Vec::new(),
-                        conditions: vec![
-                            Condition::new("Accepted", false, "Invalid", &msg, generation),
-                            Condition::new("Programmed", false, "Invalid", &msg, generation),
-                        ],
-                        listeners: Vec::new(),
-                    }),
-                );
-                continue;
-            }
-            Some(true) => {}
+        let Some(class) = classes.get(&gw.spec.gateway_class_name) else {
+            continue;
+        };
+        if !class.accepted {
+            let msg = format!(
+                "GatewayClass {} is not accepted",
+                gw.spec.gateway_class_name
+            );
+            b.status(
+                ObjectKey::new("Gateway", &ns, &name),
+                ObjectStatus::Gateway(GatewayStatus {
+                    addresses: Vec::new(),
+                    conditions: vec![
+                        Condition::new("Accepted", false, "Invalid", &msg, generation),
+                        Condition::new("Programmed", false, "Invalid", &msg, generation),
+                    ],
+                    listeners: Vec::new(),
+                }),
+            );
+            continue;
         }
         let listeners = listeners::validate(b.snapshot, &gw);
         let rejected = requested_addresses(&gw).1;
@@ -56,6 +57,7 @@ pub fn gateways(b: &mut Builder<'_>, classes: &BTreeMap<String, bool>) -> Vec<Gw
             generation,
             listeners,
             rejected,
+            http3: class.http3.unwrap_or(b.params.http3),
         });
     }
     out
@@ -175,7 +177,7 @@ pub fn emit(b: &mut Builder<'_>, gateways: &[GwState], _alloc: &Allocation, out:
                                 .collect(),
                             min_version: TlsVersion::Tls12,
                         });
-                        listener.http3 = b.params.http3 && !udp_ports.contains(port);
+                        listener.http3 = gw.http3 && !udp_ports.contains(port);
                         if listener.http3 {
                             service_ports.push(ServicePort {
                                 name: format!("udp-{port}"),
@@ -195,6 +197,20 @@ pub fn emit(b: &mut Builder<'_>, gateways: &[GwState], _alloc: &Allocation, out:
                         let mut route = e.route.clone();
                         fix_redirect_port(&mut route, *port, proto == Proto::Https);
                         for h in hosts {
+                            // A request for `h` is served by the most specific listener on
+                            // this port; routes reach it only through that listener.
+                            let own = attach::specificity(
+                                gw.listeners[e.listener].hostname.as_deref(),
+                                &h,
+                            );
+                            let shadowed = !h.is_empty()
+                                && idx.iter().any(|&o| {
+                                    attach::specificity(gw.listeners[o].hostname.as_deref(), &h)
+                                        > own
+                                });
+                            if shadowed {
+                                continue;
+                            }
                             let list = by_host.entry(h).or_default();
                             // The same rule reached through two listeners on this port once.
                             if !list.iter().any(|(k, _)| *k == e.key) {

@@ -38,6 +38,8 @@ pub struct GwState {
     pub listeners: Vec<GwListener>,
     /// Why the Gateway as a whole is not accepted (its listeners are then not programmed).
     pub rejected: Option<String>,
+    /// Serve HTTP/3 on HTTPS listeners (class SweetyProxyConfig, else `Params::http3`).
+    pub http3: bool,
 }
 
 /// Translate every Gateway API object in the snapshot.
