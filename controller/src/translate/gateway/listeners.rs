@@ -363,7 +363,7 @@ fn certificates(
                 ),
             ));
         };
-        out.push(Certificate {
+        let certificate = Certificate {
             hostnames: l
                 .hostname
                 .iter()
@@ -372,9 +372,41 @@ fn certificates(
                 .collect(),
             cert: PemSource::Pem(cert),
             key: PemSource::Pem(key),
-        });
+        };
+        if let Err(why) = check_certificate(&certificate) {
+            return Some((
+                "InvalidCertificateRef",
+                format!("Secret {secret_ns}/{}: {why}", r.name),
+            ));
+        }
+        out.push(certificate);
     }
     None
+}
+
+/// Run sweety-config's own checks on a certificate, so a bad Secret only fails its listener
+/// instead of making the whole config invalid.
+fn check_certificate(c: &Certificate) -> Result<(), String> {
+    let mut cfg = sweety_config::Config::default();
+    cfg.listeners.push(sweety_config::Listener {
+        name: "check".into(),
+        address: "127.0.0.1".into(),
+        port: 0,
+        protocol: sweety_config::ListenerProtocol::Https,
+        tls: Some(sweety_config::ListenerTls {
+            certificates: vec![c.clone()],
+            min_version: Default::default(),
+        }),
+        http3: false,
+        max_requests_in_flight: None,
+        l4_routes: Vec::new(),
+    });
+    cfg.validate_structure().map_err(|e| {
+        e.0.iter()
+            .map(|e| e.to_string())
+            .collect::<Vec<_>>()
+            .join("; ")
+    })
 }
 
 /// Mark listeners that are not distinct from another one on the same port.

@@ -146,12 +146,28 @@ fn tls_of(b: &Builder<'_>, ns: &str, p: &BackendTlsPolicy) -> Result<BackendTls,
             }
         }
     }
-    Ok(BackendTls {
+    let tls = BackendTls {
         ca: Some(PemSource::Pem(bundle)),
         sni: Some(v.hostname.clone()),
         subject_alt_names: sans,
         ..Default::default()
-    })
+    };
+    // sweety-config's own checks (PEM blocks, SNI and SAN names): a bad policy fails alone.
+    let mut cfg = sweety_config::Config::default();
+    let mut backend = sweety_config::Backend::new("check", Vec::new());
+    backend.protocol = sweety_config::BackendProtocol::Https;
+    backend.tls = Some(tls.clone());
+    cfg.backends.push(backend);
+    if let Err(e) = cfg.validate_structure() {
+        let why: Vec<String> = e.0.iter().map(|e| e.to_string()).collect();
+        let reason = if why.iter().any(|w| w.contains(".ca")) {
+            "InvalidCACertificateRef"
+        } else {
+            "Invalid"
+        };
+        return Err((reason, why.join("; ")));
+    }
+    Ok(tls)
 }
 
 /// Write the status of every policy that a Gateway of ours reached.
