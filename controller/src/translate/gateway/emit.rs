@@ -270,18 +270,15 @@ fn status(b: &mut Builder<'_>, gw: &GwState, ports: Vec<ServicePort>) {
     let service = addressing::service_name(&gw.namespace, &gw.name);
     let (requested, bad_address) = requested_addresses(&gw.gateway);
     let addresses = addressing::addresses(b.snapshot, b.params, &requested, &service);
-    let mut listeners: Vec<_> = gw.listeners.iter().map(|l| l.status(generation)).collect();
-    if bad_address.is_some() {
-        for l in &mut listeners {
-            for c in l.conditions.iter_mut().filter(|c| c.type_ == "Programmed") {
-                c.message = "the Gateway is not accepted".into();
-            }
-        }
-    }
+    let listeners: Vec<_> = gw
+        .listeners
+        .iter()
+        .map(|l| l.status(generation, gw.rejected.is_some()))
+        .collect();
     let invalid: Vec<&str> = gw
         .listeners
         .iter()
-        .filter(|l| !l.usable())
+        .filter(|l| !l.programmed())
         .map(|l| l.name.as_str())
         .collect();
     let any_programmed = gw.listeners.iter().any(|l| l.programmed());

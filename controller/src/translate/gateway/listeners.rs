@@ -116,20 +116,30 @@ impl GwListener {
         self.usable() && self.container_port.is_some()
     }
 
-    /// The listener's status block.
-    pub fn status(&self, generation: i64) -> ListenerStatus {
-        let accepted = match &self.not_accepted {
-            None => match &self.conflicted {
-                None => Condition::new(
-                    "Accepted",
-                    true,
-                    "Accepted",
-                    "listener accepted",
-                    generation,
-                ),
-                Some((r, m)) => Condition::new("Accepted", false, r, m.clone(), generation),
-            },
-            Some((r, m)) => Condition::new("Accepted", false, r, m.clone(), generation),
+    /// The listener's status block. `gateway_rejected`: the Gateway as a whole is not
+    /// accepted, so nothing of it is programmed.
+    pub fn status(&self, generation: i64, gateway_rejected: bool) -> ListenerStatus {
+        let no_port = self.usable() && self.container_port.is_none() && !gateway_rejected;
+        let accepted = match (&self.not_accepted, &self.conflicted) {
+            (Some((r, m)), _) => Condition::new("Accepted", false, r, m.clone(), generation),
+            // Another listener of this Gateway claims the port in an incompatible way.
+            (None, Some((_, m))) => {
+                Condition::new("Accepted", false, "PortUnavailable", m.clone(), generation)
+            }
+            (None, None) if no_port => Condition::new(
+                "Accepted",
+                false,
+                "PortUnavailable",
+                "no free dataplane port in the gateway port range",
+                generation,
+            ),
+            (None, None) => Condition::new(
+                "Accepted",
+                true,
+                "Accepted",
+                "listener accepted",
+                generation,
+            ),
         };
         let conflicted = match &self.conflicted {
             None => Condition::new(
@@ -160,7 +170,9 @@ impl GwListener {
                 generation,
             )
         } else {
-            let why = if self.usable() {
+            let why = if gateway_rejected {
+                "the Gateway is not accepted"
+            } else if self.usable() {
                 "no dataplane port available in the gateway port range"
             } else {
                 "listener is not valid"
