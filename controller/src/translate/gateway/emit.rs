@@ -352,3 +352,56 @@ fn status(b: &mut Builder<'_>, gw: &GwState, ports: Vec<ServicePort>) {
         }),
     );
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sweety_config::{Action, FixedResponse, Redirect, Timeouts};
+
+    fn route(redirect: Redirect) -> Route {
+        Route {
+            name: "r".into(),
+            matches: Vec::new(),
+            filters: vec![Filter::Redirect(redirect)],
+            action: Action::Fixed(FixedResponse {
+                status: 500,
+                body: String::new(),
+                content_type: None,
+            }),
+            timeouts: Timeouts::default(),
+            retry: None,
+        }
+    }
+
+    fn port(r: &Route) -> Option<u16> {
+        match &r.filters[0] {
+            Filter::Redirect(r) => r.port,
+            _ => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn redirect_keeps_the_listener_port_only_without_scheme_and_port() {
+        let mut r = route(Redirect::default());
+        fix_redirect_port(&mut r, 8080, false);
+        assert_eq!(port(&r), Some(8080));
+        let mut r = route(Redirect::default());
+        fix_redirect_port(&mut r, 80, false);
+        assert_eq!(port(&r), None, "default port of the scheme stays implicit");
+        let mut r = route(Redirect::default());
+        fix_redirect_port(&mut r, 443, true);
+        assert_eq!(port(&r), None);
+        let mut r = route(Redirect {
+            scheme: Some("https".into()),
+            ..Redirect::default()
+        });
+        fix_redirect_port(&mut r, 8080, false);
+        assert_eq!(port(&r), None, "a scheme implies its well-known port");
+        let mut r = route(Redirect {
+            port: Some(9000),
+            ..Redirect::default()
+        });
+        fix_redirect_port(&mut r, 8080, false);
+        assert_eq!(port(&r), Some(9000));
+    }
+}

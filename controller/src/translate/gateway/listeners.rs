@@ -473,3 +473,56 @@ fn conflicts(listeners: &mut [GwListener]) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn listeners(yaml: &str) -> Vec<GwListener> {
+        let text = format!(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {{name: gw, namespace: app}}\nspec:\n  gatewayClassName: sweety\n  listeners:\n{yaml}"
+        );
+        let (s, _) = Snapshot::from_yaml(&text).unwrap();
+        validate(&s, &s.gateways[0])
+    }
+
+    fn conflict(l: &GwListener) -> Option<&'static str> {
+        l.conflicted.as_ref().map(|(r, _)| *r)
+    }
+
+    #[test]
+    fn conflicts_within_a_gateway() {
+        let l = listeners(
+            "  - {name: a, port: 80, protocol: HTTP, hostname: a.io}\n  - {name: b, port: 80, protocol: HTTP, hostname: a.io}\n  - {name: c, port: 80, protocol: HTTP}\n  - {name: d, port: 53, protocol: UDP}\n  - {name: e, port: 53, protocol: TCP}\n  - {name: f, port: 9000, protocol: TCP}\n  - {name: g, port: 9000, protocol: TCP}\n  - {name: h, port: 81, protocol: HTTP}\n  - {name: i, port: 81, protocol: TLS, tls: {mode: Passthrough}}\n",
+        );
+        let got: Vec<_> = l.iter().map(conflict).collect();
+        assert_eq!(
+            got,
+            vec![
+                Some("HostnameConflict"),
+                Some("HostnameConflict"),
+                None,
+                None,
+                None,
+                Some("HostnameConflict"),
+                Some("HostnameConflict"),
+                Some("ProtocolConflict"),
+                Some("ProtocolConflict"),
+            ],
+            "UDP and TCP on one port are distinct; two TCP listeners on one port are not"
+        );
+        assert!(l[2].usable() && !l[0].usable());
+    }
+
+    #[test]
+    fn kinds_default_by_protocol_and_invalid_kinds_reported() {
+        let l = listeners(
+            "  - {name: a, port: 80, protocol: HTTP}\n  - {name: b, port: 81, protocol: HTTP, allowedRoutes: {kinds: [{kind: TLSRoute}]}}\n  - {name: c, port: 82, protocol: SCTP}\n",
+        );
+        assert_eq!(l[0].kinds, vec![RouteKind::Http, RouteKind::Grpc]);
+        assert!(l[1].kinds.is_empty());
+        assert_eq!(l[1].unresolved.as_ref().unwrap().0, "InvalidRouteKinds");
+        assert!(!l[1].usable(), "no valid kind left");
+        assert_eq!(l[2].not_accepted.as_ref().unwrap().0, "UnsupportedProtocol");
+    }
+}
