@@ -192,7 +192,7 @@ fn route(
             parent_ref: ParentRef {
                 group: Some(GROUP.into()),
                 kind: Some("Gateway".into()),
-                namespace: Some(gw.namespace.clone()),
+                namespace: p.namespace.clone(),
                 name: p.name.clone(),
                 section_name: p.section_name.clone(),
                 port: p.port,
