@@ -10,10 +10,8 @@ use crate::translate::Builder;
 use sweety_config::{L4Route, WeightedBackend};
 
 /// Translate one L4 rule; hostnames are filled in per listener by the caller.
-#[allow(clippy::too_many_arguments)]
 pub fn rule(
     b: &mut Builder<'_>,
-    _policies: &Policies,
     kind: RouteKind,
     ns: &str,
     name: &str,

@@ -324,7 +324,7 @@ fn translate_rules(
                 .unwrap_or_default()
                 .rules;
             for (i, rule) in rules.iter().enumerate() {
-                let r = l4::rule(b, policies, kind, ns, name, i, rule, &mut out.unresolved);
+                let r = l4::rule(b, kind, ns, name, i, rule, &mut out.unresolved);
                 out.rules.push(Rule::L4(r));
             }
         }
