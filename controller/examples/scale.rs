@@ -72,7 +72,10 @@ async fn wait_acked(pusher: &Pusher, generation: u64) {
             }
         }
         let left = deadline.saturating_duration_since(Instant::now());
-        assert!(!left.is_zero(), "no Ack for generation {generation} within 30s");
+        assert!(
+            !left.is_zero(),
+            "no Ack for generation {generation} within 30s"
+        );
         let _ = tokio::time::timeout(left, state.changed()).await;
     }
 }
@@ -88,20 +91,31 @@ async fn main() {
     let pid = &args[2];
     let routes: usize = args.get(3).and_then(|v| v.parse().ok()).unwrap_or(5000);
     let changes: usize = args.get(4).and_then(|v| v.parse().ok()).unwrap_or(200);
-    let params = Params { listen_address: "127.0.0.1".into(), ..Params::default() };
+    let params = Params {
+        listen_address: "127.0.0.1".into(),
+        ..Params::default()
+    };
 
     let (mut snap, _): (Snapshot, _) = Snapshot::from_yaml(&objects(routes, 50)).expect("objects");
     let objects_total = 2 + routes + 100;
     let rss_idle = rss_kib(pid);
 
-    let pusher = Pusher::spawn(PushOptions { socket: socket.into(), ..PushOptions::default() });
+    let pusher = Pusher::spawn(PushOptions {
+        socket: socket.into(),
+        ..PushOptions::default()
+    });
     let t0 = Instant::now();
     let out = translate(&snap, &params);
     let t_translate = t0.elapsed();
     let t1 = Instant::now();
     let bytes = serde_json::to_vec(&out.config).expect("encode").len();
     let t_encode = t1.elapsed();
-    let routes_out: usize = out.config.virtual_hosts.iter().map(|v| v.routes.len()).sum();
+    let routes_out: usize = out
+        .config
+        .virtual_hosts
+        .iter()
+        .map(|v| v.routes.len())
+        .sum();
     let t2 = Instant::now();
     let generation = pusher.submit(out.config);
     wait_acked(&pusher, generation).await;
