@@ -14,6 +14,7 @@
 //! * [`server`]: listeners and connection serving (H1/h2c and TLS with ALPN).
 //! * [`runtime`]: the live config snapshot, hot reload and listener reconciliation.
 //! * [`admin`]: health, readiness, metrics and config endpoints.
+//! * [`control`]: the control socket the controller pushes configs on (`--control-socket`).
 //! * [`metrics`]: counters and histograms, rendered in Prometheus text format.
 //! * [`access_log`]: JSON access log written off the request path.
 //! * [`defaults`]: the embedded default config used when no `--config` is given.
@@ -21,6 +22,7 @@
 pub mod access_log;
 pub mod admin;
 pub mod body;
+pub mod control;
 pub mod ctx;
 pub mod defaults;
 pub mod filters;
