@@ -178,10 +178,7 @@ impl Message {
         let mut out = vec![0u8; HEADER_LEN];
         match self {
             Message::Hello(h) => serde_json::to_writer(&mut out, h),
-            Message::Apply { generation, config } => {
-                out.extend_from_slice(&generation.to_be_bytes());
-                serde_json::to_writer(&mut out, config)
-            }
+            Message::Apply { generation, config } => return encode_apply(*generation, config),
             Message::Ack { generation } => serde_json::to_writer(
                 &mut out,
                 &AckBody {
@@ -197,22 +194,26 @@ impl Message {
             ),
         }
         .expect("control messages always serialise");
-        let payload = out.len() - HEADER_LEN;
-        let len = u32::try_from(payload)
-            .ok()
-            .filter(|l| *l <= MAX_FRAME_BYTES)
-            .ok_or(ParseError::FrameTooLarge {
-                len: u32::try_from(payload).unwrap_or(u32::MAX),
-                max: MAX_FRAME_BYTES,
-            })?;
-        let header = FrameHeader {
-            kind: self.kind(),
-            len,
-        };
-        out[..HEADER_LEN].copy_from_slice(&header.encode());
-        Ok(out)
+        finish(self.kind(), out)
     }
+}
 
+/// Fills in the header of a frame whose payload follows `HEADER_LEN` placeholder bytes.
+fn finish(kind: FrameType, mut out: Vec<u8>) -> Result<Vec<u8>, ParseError> {
+    let payload = out.len() - HEADER_LEN;
+    let len = u32::try_from(payload)
+        .ok()
+        .filter(|l| *l <= MAX_FRAME_BYTES)
+        .ok_or(ParseError::FrameTooLarge {
+            len: u32::try_from(payload).unwrap_or(u32::MAX),
+            max: MAX_FRAME_BYTES,
+        })?;
+    let header = FrameHeader { kind, len };
+    out[..HEADER_LEN].copy_from_slice(&header.encode());
+    Ok(out)
+}
+
+impl Message {
     /// Decodes a payload of the given kind.
     pub fn decode(kind: FrameType, payload: &[u8]) -> Result<Message, ParseError> {
         let bad = |source| ParseError::FramePayload {
@@ -247,6 +248,14 @@ impl Message {
             }
         })
     }
+}
+
+/// An `Apply` frame for a borrowed config (no copy of the config is made).
+pub fn encode_apply(generation: u64, config: &Config) -> Result<Vec<u8>, ParseError> {
+    let mut out = vec![0u8; HEADER_LEN];
+    out.extend_from_slice(&generation.to_be_bytes());
+    serde_json::to_writer(&mut out, config).expect("configs always serialise");
+    finish(FrameType::Apply, out)
 }
 
 /// The generation of an `Apply` payload, readable even when its config is not.
@@ -373,11 +382,17 @@ mod tests {
         let err = Message::decode(FrameType::Ack, b"{\"gen\":1}").unwrap_err();
         assert!(err.to_string().starts_with("invalid Ack payload"), "{err}");
         let err = Message::decode(FrameType::Apply, b"\x00\x01").unwrap_err();
-        assert!(matches!(err, ParseError::FrameTruncated { len: 2, .. }), "{err}");
+        assert!(
+            matches!(err, ParseError::FrameTruncated { len: 2, .. }),
+            "{err}"
+        );
         let mut payload = 42u64.to_be_bytes().to_vec();
         payload.extend_from_slice(b"{\"listener\": []}");
         let err = Message::decode(FrameType::Apply, &payload).unwrap_err();
-        assert!(err.to_string().contains("unknown field `listener`"), "{err}");
+        assert!(
+            err.to_string().contains("unknown field `listener`"),
+            "{err}"
+        );
         assert_eq!(apply_generation(&payload), Some(42));
     }
 
