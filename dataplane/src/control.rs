@@ -317,7 +317,9 @@ mod tests {
 
         let file = dir.path().join("not-a-socket");
         std::fs::write(&file, "data").unwrap();
-        let err = ControlServer::bind(runtime(), &file).err().expect("refused");
+        let err = ControlServer::bind(runtime(), &file)
+            .err()
+            .expect("refused");
         assert!(err.to_string().contains("not a socket"), "{err}");
         assert_eq!(std::fs::read_to_string(&file).unwrap(), "data");
     }
@@ -343,10 +345,7 @@ mod tests {
             config: Box::new(cfg.clone()),
         };
         s.write_all(&apply.encode().unwrap()).await.unwrap();
-        assert_eq!(
-            read_msg(&mut s).await,
-            Some(Message::Ack { generation: 5 })
-        );
+        assert_eq!(read_msg(&mut s).await, Some(Message::Ack { generation: 5 }));
         assert_eq!(rt.shared.snapshot().config.generation, 5);
 
         let mut bad = cfg.clone();
@@ -360,7 +359,10 @@ mod tests {
             panic!("nack")
         };
         assert_eq!(generation, 6);
-        assert!(errors.iter().any(|e| e.starts_with("listeners[0].name")), "{errors:?}");
+        assert!(
+            errors.iter().any(|e| e.starts_with("listeners[0].name")),
+            "{errors:?}"
+        );
         assert_eq!(rt.shared.snapshot().config.generation, 5, "last good kept");
 
         // A payload that is not a config: Nack with the generation, connection stays open.
@@ -433,10 +435,7 @@ mod tests {
             config: Box::new(Config::default()),
         };
         b.write_all(&ack.encode().unwrap()).await.unwrap();
-        assert_eq!(
-            read_msg(&mut b).await,
-            Some(Message::Ack { generation: 1 })
-        );
+        assert_eq!(read_msg(&mut b).await, Some(Message::Ack { generation: 1 }));
         assert_eq!(server.stats().connections.load(Relaxed), 2);
     }
 

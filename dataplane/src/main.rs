@@ -128,14 +128,20 @@ async fn serve(args: RunArgs) -> anyhow::Result<()> {
         }
     };
     let opts = RuntimeOptions {
-        access_log: config.as_ref().map(|c| c.access_log.clone()).unwrap_or_default(),
+        access_log: config
+            .as_ref()
+            .map(|c| c.access_log.clone())
+            .unwrap_or_default(),
         ..RuntimeOptions::default()
     };
     let runtime = Arc::new(Runtime::new(opts)?);
     let admin_addr = match args.admin {
         Some(a) => a,
         None => {
-            let a = config.as_ref().and_then(|c| c.admin.clone()).unwrap_or_default();
+            let a = config
+                .as_ref()
+                .and_then(|c| c.admin.clone())
+                .unwrap_or_default();
             format!("{}:{}", a.address, a.port)
                 .parse()
                 .context("admin address")?
