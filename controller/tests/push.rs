@@ -312,3 +312,73 @@ async fn generations_continue_above_the_dataplanes_and_a_matching_hash_is_not_re
     assert_eq!(dp.get().await, (200, "newest".into()));
     dp.stop().await;
 }
+
+/// A config shaped like the translation of `n` HTTPRoutes: one virtual host per route, one
+/// prefix rule each.
+fn routes_config(n: usize, tag: &str) -> Config {
+    let mut c = config("base");
+    let template = c.virtual_hosts[0].clone();
+    c.virtual_hosts = (0..n)
+        .map(|i| {
+            let mut v = template.clone();
+            v.name = format!("ns-{}/route-{i}", i % 50);
+            v.hostnames = vec![format!("app-{i}.example.com")];
+            v.routes[0].name = format!("ns-{}/route-{i}/rule-0", i % 50);
+            v.routes[0].matches[0].path = Some(PathMatch::Prefix(format!("/api/v{}/", i % 7)));
+            v.routes[0].action = Action::Fixed(FixedResponse {
+                status: 200,
+                body: format!("{tag} {i}"),
+                content_type: None,
+            });
+            v
+        })
+        .collect();
+    c
+}
+
+/// Benchmark (not run by default): a 5,000-route config submitted, encoded, sent, decoded,
+/// validated and applied, then a one-route change of it. `cargo test -p sweety-controller
+/// --release --test push bench -- --ignored --nocapture`; results in docs/control-protocol.md.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore]
+async fn bench_push_5000_routes() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("control.sock");
+    let dp = Dataplane::start(&sock, None).await;
+    let pusher = Pusher::spawn(options(&sock));
+    let mut state = pusher.state();
+    wait_for(&mut state, "connected", |s| s.connected).await;
+    let mut full = Vec::new();
+    let mut change = Vec::new();
+    for round in 0..5 {
+        let big = routes_config(5000, &format!("r{round}"));
+        let t = Instant::now();
+        let g = pusher.submit(big.clone());
+        wait_for(&mut state, "ack", |s| s.acked == g).await;
+        full.push(t.elapsed());
+
+        let mut one = big;
+        one.virtual_hosts[1234].routes[0].action = Action::Fixed(FixedResponse {
+            status: 200,
+            body: "changed".into(),
+            content_type: None,
+        });
+        let t = Instant::now();
+        let g = pusher.submit(one);
+        wait_for(&mut state, "ack", |s| s.acked == g).await;
+        change.push(t.elapsed());
+    }
+    full.sort();
+    change.sort();
+    let m = pusher.metrics();
+    println!(
+        "5000 routes ({} bytes/frame): full config submit→ack p50 {:?}; one-route change \
+         submit→ack p50 {:?}; mean send→ack {:?}",
+        m.last_config_bytes,
+        full[2],
+        change[2],
+        m.push_latency_total / m.acks as u32
+    );
+    assert_eq!(dp.applies(), 10);
+    dp.stop().await;
+}

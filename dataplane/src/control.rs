@@ -470,4 +470,61 @@ mod tests {
         assert!(!text.contains(key_line), "{text}");
         rt.shutdown().await;
     }
+
+    /// Benchmark (not run by default): the dataplane side of a 5,000-route push (decode,
+    /// validate, build, swap) and of a one-route change of it, plus the controller-side
+    /// content hash and encode. `cargo test -p sweety-dataplane --release --lib
+    /// control::tests::bench -- --ignored --nocapture`; results in docs/control-protocol.md.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore]
+    async fn bench_apply_5000_routes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.sock");
+        let _server = ControlServer::bind(runtime(), &path).unwrap();
+        let mut s = UnixStream::connect(&path).await.unwrap();
+        assert!(matches!(read_msg(&mut s).await, Some(Message::Hello(_))));
+        let base = Config::from_yaml(
+            "listeners: [{name: web, address: 127.0.0.1, port: 0, protocol: http, http3: false}]\n\
+             virtual_hosts: [{name: app, routes: [{name: all, matches: [{path: {prefix: /}}], \
+             action: {fixed: {status: 200, body: x}}}]}]",
+        )
+        .unwrap();
+        let template = base.virtual_hosts[0].clone();
+        let mut times = Vec::new();
+        for round in 0..10u64 {
+            let mut c = base.clone();
+            c.virtual_hosts = (0..5000)
+                .map(|i| {
+                    let mut v = template.clone();
+                    v.name = format!("ns-{}/route-{i}", i % 50);
+                    v.hostnames = vec![format!("app-{i}.example.com")];
+                    v.routes[0].name = format!("ns-{}/route-{i}/rule-0", i % 50);
+                    v.routes[0].matches[0].path = Some(PathMatch::Prefix(format!(
+                        "/api/v{}/",
+                        (i + round as usize) % 7
+                    )));
+                    v
+                })
+                .collect();
+            let t = std::time::Instant::now();
+            let _hash = c.content_hash();
+            let hashed = t.elapsed();
+            let frame = wire::encode_apply(round + 1, &c).unwrap();
+            let encoded = t.elapsed();
+            s.write_all(&frame).await.unwrap();
+            assert_eq!(
+                read_msg(&mut s).await,
+                Some(Message::Ack {
+                    generation: round + 1
+                })
+            );
+            times.push((t.elapsed(), hashed, encoded));
+        }
+        times.sort();
+        let (total, hashed, encoded) = times[5];
+        println!(
+            "5000 routes: hash {hashed:?}, hash+encode {encoded:?}, hash+encode+send+decode+\
+             validate+apply+ack {total:?} (p50 of 10)"
+        );
+    }
 }
