@@ -202,7 +202,11 @@ async fn a_burst_of_submits_is_coalesced_into_one_apply() {
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("control.sock");
     let dp = Dataplane::start(&sock, None).await;
-    let pusher = Pusher::spawn(options(&sock));
+    // A wide window so that a busy test machine cannot split the burst.
+    let pusher = Pusher::spawn(PushOptions {
+        debounce: Duration::from_millis(400),
+        ..options(&sock)
+    });
     let mut state = pusher.state();
     wait_for(&mut state, "connected", |s| s.connected).await;
 
@@ -283,14 +287,15 @@ async fn a_restarted_dataplane_gets_the_latest_config_again() {
 async fn generations_continue_above_the_dataplanes_and_a_matching_hash_is_not_resent() {
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("control.sock");
-    // The dataplane already runs generation 50 (say, from a previous controller).
+    // Submitted before any dataplane is there: numbered 1.
+    let pusher = Pusher::spawn(options(&sock));
+    let mut state = pusher.state();
+    assert_eq!(pusher.submit(config("new")), 1);
+    // The dataplane already runs generation 50 (say, from a previous controller): the latest
+    // config is renumbered above it when the dataplane says Hello.
     let mut initial = config("old");
     initial.generation = 50;
     let dp = Dataplane::start(&sock, Some(initial)).await;
-    let pusher = Pusher::spawn(options(&sock));
-    let mut state = pusher.state();
-    // Submitted before the Hello: numbered 1, renumbered above 50 once the dataplane says Hello.
-    assert_eq!(pusher.submit(config("new")), 1);
     let s = wait_for(&mut state, "ack above 50", |s| s.acked > 50).await;
     assert_eq!((s.submitted, s.acked), (51, 51));
     assert_eq!(dp.get().await, (200, "new".into()));
