@@ -116,6 +116,8 @@ struct Queue {
     /// Highest generation used or seen (own submits and dataplane `Hello`s).
     highest: u64,
     latest: Option<Latest>,
+    /// Generation and hash from the last dataplane `Hello`.
+    dataplane: Option<(u64, String)>,
 }
 
 struct Shared {
@@ -168,8 +170,14 @@ impl Pusher {
                     return l.generation;
                 }
             }
-            let generation = q.highest + 1;
-            q.highest = generation;
+            // A fresh controller whose first config is what the dataplane already runs adopts
+            // the dataplane's generation (nothing is sent).
+            let adopt = match (&q.latest, &q.dataplane) {
+                (None, Some((g, h))) if *g > 0 && *h == hash => Some(*g),
+                _ => None,
+            };
+            let generation = adopt.unwrap_or(q.highest + 1);
+            q.highest = q.highest.max(generation);
             config.generation = generation;
             q.latest = Some(Latest {
                 generation,
@@ -314,6 +322,7 @@ impl Drop for AbortOnDrop {
 fn on_hello(shared: &Shared, hello: &Hello) -> Option<u64> {
     let mut q = shared.queue();
     q.highest = q.highest.max(hello.generation);
+    q.dataplane = Some((hello.generation, hello.hash.clone()));
     let highest = q.highest;
     let mut running = None;
     if let Some(l) = q.latest.as_mut() {
@@ -343,6 +352,7 @@ fn on_hello(shared: &Shared, hello: &Hello) -> Option<u64> {
 
 struct Inflight {
     generation: u64,
+    hash: String,
     sent: Instant,
 }
 
@@ -359,6 +369,8 @@ async fn session(
     changed.borrow_and_update();
     // The generation last sent on (or already running behind) this connection.
     let mut attempted = on_hello(shared, &hello).unwrap_or(0);
+    // Generation and hash the dataplane runs (from `Hello`, then from `Ack`s).
+    let mut running = (hello.generation, hello.hash);
     let (mut rd, mut wr) = stream.into_split();
     let (tx, mut rx) = mpsc::channel::<io::Result<Message>>(16);
     let _reader = AbortOnDrop(tokio::spawn(async move {
@@ -384,7 +396,8 @@ async fn session(
             q.latest
                 .as_ref()
                 .filter(|l| l.generation != attempted)
-                .map(|l| (l.generation, l.config.clone()))
+                .filter(|l| l.generation != running.0 || l.hash != running.1)
+                .map(|l| (l.generation, l.hash.clone(), l.config.clone()))
         };
         let now = Instant::now();
         let deadline = match (&pending, burst) {
@@ -398,7 +411,8 @@ async fn session(
                     io::ErrorKind::UnexpectedEof, "the dataplane closed the connection")),
                 Some(Err(e)) => return End::Closed(e),
                 Some(Ok(Message::Ack { generation })) => {
-                    if let Some(latency) = settle(&mut inflight, generation) {
+                    if let Some((latency, hash)) = settle(&mut inflight, generation) {
+                        running = (generation, hash);
                         let us = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
                         c.last_latency_us.store(us, Relaxed);
                         c.latency_total_us.fetch_add(us, Relaxed);
@@ -426,7 +440,7 @@ async fn session(
             _ = tokio::time::sleep_until(deadline.unwrap_or(now + Duration::from_secs(3600))),
                 if deadline.is_some() =>
             {
-                let Some((generation, config)) = pending else { continue };
+                let Some((generation, hash, config)) = pending else { continue };
                 burst = None;
                 let frame = match wire::encode_apply(generation, &config) {
                     Ok(f) => f,
@@ -448,7 +462,7 @@ async fn session(
                         io::ErrorKind::TimedOut, "writing to the dataplane timed out")),
                 }
                 attempted = generation;
-                inflight.push_back(Inflight { generation, sent: Instant::now() });
+                inflight.push_back(Inflight { generation, hash, sent: Instant::now() });
                 c.pushes.fetch_add(1, Relaxed);
                 c.bytes_sent.fetch_add(len, Relaxed);
                 c.last_config_bytes.store(len, Relaxed);
@@ -458,17 +472,18 @@ async fn session(
     }
 }
 
-/// Drops in-flight pushes up to `generation`; the send → reply time of that generation.
-fn settle(inflight: &mut VecDeque<Inflight>, generation: u64) -> Option<Duration> {
-    let mut latency = None;
-    while let Some(f) = inflight.front() {
+/// Drops in-flight pushes up to `generation`; the send → reply time and the hash of that
+/// generation.
+fn settle(inflight: &mut VecDeque<Inflight>, generation: u64) -> Option<(Duration, String)> {
+    let mut found = None;
+    while let Some(f) = inflight.pop_front() {
         if f.generation > generation {
+            inflight.push_front(f);
             break;
         }
         if f.generation == generation {
-            latency = Some(f.sent.elapsed());
+            found = Some((f.sent.elapsed(), f.hash));
         }
-        inflight.pop_front();
     }
-    latency
+    found
 }

@@ -315,6 +315,24 @@ async fn generations_continue_above_the_dataplanes_and_a_matching_hash_is_not_re
     assert_eq!(pusher.submit(config("newest")), 61);
     wait_for(&mut state, "ack of 61", |s| s.acked == 61).await;
     assert_eq!(dp.get().await, (200, "newest".into()));
+    assert_eq!(dp.applies(), 1);
+
+    // A restarted controller whose first config is what the dataplane runs adopts its
+    // generation and sends nothing; its next change continues above it.
+    drop(pusher);
+    let pusher = Pusher::spawn(options(&sock));
+    let mut state = pusher.state();
+    wait_for(&mut state, "new controller connected", |s| {
+        s.connected && s.acked == 61
+    })
+    .await;
+    assert_eq!(pusher.submit(config("newest")), 61);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(dp.applies(), 1, "same content: no push");
+    assert_eq!(pusher.submit(config("after restart")), 62);
+    wait_for(&mut state, "ack of 62", |s| s.acked == 62).await;
+    assert_eq!(dp.get().await, (200, "after restart".into()));
+    assert_eq!(dp.applies(), 2);
     dp.stop().await;
 }
 
