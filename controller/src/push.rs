@@ -39,7 +39,9 @@ const INITIAL_BACKOFF: Duration = Duration::from_millis(50);
 pub struct PushOptions {
     /// The dataplane's control socket (`sweety-dataplane --control-socket PATH`).
     pub socket: PathBuf,
-    /// Bursts of submits within this window are coalesced into one push (default 20 ms).
+    /// Bursts of submits within this window are coalesced into one push (default 20 ms). A
+    /// change is sent after a quiet period of a quarter of it, at most this long after the
+    /// burst's first change.
     pub debounce: Duration,
     /// Longest wait between reconnect attempts (backoff doubles up to this).
     pub max_backoff: Duration,

@@ -4,10 +4,10 @@
 //! Every frame is an 8-byte header followed by a payload:
 //!
 //! ```text
-//! 0      1      2          3       4               8
-//! +------+------+----------+-------+---------------+----------------------+
-//! | 'S'  | 'W'  | version  | type  | length (u32 BE) | payload (length bytes) |
-//! +------+------+----------+-------+---------------+----------------------+
+//!  byte 0     1     2         3        4   5   6   7     8 ...
+//!      +-----+-----+---------+--------+---------------+-----------------+
+//!      | 'S' | 'W' | version | type   | length u32 BE | payload         |
+//!      +-----+-----+---------+--------+---------------+-----------------+
 //! ```
 //!
 //! * `version` is [`PROTOCOL_VERSION`]; a frame with another version is rejected.
