@@ -15,6 +15,7 @@
 //! * [`h3`]: HTTP/3 over QUIC (quinn + h3): the UDP endpoint and the thin adapter.
 //! * [`runtime`]: the live config snapshot, hot reload and listener reconciliation.
 //! * [`admin`]: health, readiness, metrics and config endpoints.
+//! * [`control`]: the control socket the controller pushes configs on (`--control-socket`).
 //! * [`metrics`]: counters and histograms, rendered in Prometheus text format.
 //! * [`access_log`]: JSON access log written off the request path.
 //! * [`defaults`]: the embedded default config used when no `--config` is given.
@@ -22,6 +23,7 @@
 pub mod access_log;
 pub mod admin;
 pub mod body;
+pub mod control;
 pub mod ctx;
 pub mod defaults;
 pub mod filters;
