@@ -10,10 +10,11 @@ cd "$REPO"
 ROUTES=${1:-5000}
 CHANGES=${2:-200}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/sweety/target}
-cargo build --release -q -p sweety-dataplane -p sweety-controller --example scale
+cargo build --release -q -p sweety-dataplane --bin sweety-dataplane
+cargo build --release -q -p sweety-controller --example scale
 work=$(mktemp -d)
 trap 'kill "$dp" 2>/dev/null; wait "$dp" 2>/dev/null; rm -rf "$work"' EXIT
-"$CARGO_TARGET_DIR/release/sweety-dataplane" --control-socket "$work/control.sock" --admin 127.0.0.1:0 \
+"$CARGO_TARGET_DIR/release/sweety-dataplane" run --control-socket "$work/control.sock" --admin 127.0.0.1:0 \
   >"$work/dataplane.log" 2>&1 &
 dp=$!
 for _ in $(seq 1 100); do [ -S "$work/control.sock" ] && break; sleep 0.05; done
