@@ -165,6 +165,49 @@ else
     k wait --for=condition=Established --timeout=60s -f "$CHART/crds/" >/dev/null
     k get namespace sweety >/dev/null 2>&1 || k create namespace sweety >/dev/null
 
+    echo "== RBAC is least privilege (kubectl auth can-i as the chart's ServiceAccount)"
+    "$HELM" template sweety "$CHART" --namespace sweety --kube-version "$KUBE_VERSION" \
+        --show-only templates/serviceaccount.yaml --show-only templates/rbac.yaml >"$WORK/rbac.yaml"
+    k apply -f "$WORK/rbac.yaml" >/dev/null
+    can() { # can yes|no VERB RESOURCE [can-i args...]
+        local want=$1; shift
+        local got
+        got=$(k auth can-i --as=system:serviceaccount:sweety:sweety "$@" 2>/dev/null || true)
+        if [[ $got == "$want" ]]; then echo "ok: $want: $*"; else fail "can-i $*: got '$got', want '$want'"; fi
+    }
+    can yes watch secrets -A
+    can yes list secrets -n default
+    can no create secrets -n sweety
+    can no update secrets -n default
+    can no delete secrets -n sweety
+    for r in ingressclasses.networking.k8s.io ingresses.networking.k8s.io \
+        gatewayclasses.gateway.networking.k8s.io gateways.gateway.networking.k8s.io \
+        httproutes.gateway.networking.k8s.io grpcroutes.gateway.networking.k8s.io \
+        tlsroutes.gateway.networking.k8s.io tcproutes.gateway.networking.k8s.io \
+        udproutes.gateway.networking.k8s.io referencegrants.gateway.networking.k8s.io \
+        backendtlspolicies.gateway.networking.k8s.io sweetysites.sweety.dev \
+        sweetyproxyconfigs.sweety.dev services endpointslices.discovery.k8s.io configmaps namespaces; do
+        can yes watch "$r" -A
+        can no update "$r" -n default
+    done
+    for r in gateways.gateway.networking.k8s.io httproutes.gateway.networking.k8s.io \
+        gatewayclasses.gateway.networking.k8s.io backendtlspolicies.gateway.networking.k8s.io \
+        ingresses.networking.k8s.io sweetysites.sweety.dev; do
+        can yes patch "$r" --subresource=status -n default
+    done
+    can no patch sweetyproxyconfigs.sweety.dev --subresource=status -n default
+    can yes create events -n default
+    can yes create events.events.k8s.io -n default
+    can yes update leases.coordination.k8s.io -n sweety
+    can no update leases.coordination.k8s.io -n default
+    can yes create services -n sweety
+    can yes delete services -n sweety
+    can no create services -n default
+    can no delete services -n default
+    can no create pods -n sweety
+    can no create configmaps -n sweety
+    k delete -f "$WORK/rbac.yaml" --wait=false >/dev/null
+
     echo "== kubeconform -strict (schemas from the cluster's OpenAPI)"
     python3 e2e/chart/openapi-schemas.py "$kubeconfig" "$WORK/schemas"
     "$KUBECONFORM" -strict -summary -output text -kubernetes-version "$KUBE_VERSION" \
