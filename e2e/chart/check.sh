@@ -14,8 +14,12 @@
 #      schema there (ServiceMonitor: the Prometheus Operator CRD is not installed) are skipped
 #      with -ignore-missing-schemas, and the script says which;
 #   8. `kubectl apply --dry-run=server` of the same manifests against the cluster, which runs the
-#      apiserver's full validation (strict field validation, CEL rules of the CRDs).
-# Steps 7 and 8 need a cluster: SWEETY_KUBECONFIG (as .ci/run sets it) or KUBECONFIG, with the
+#      apiserver's full validation (strict field validation, CEL rules of the CRDs);
+#   9. RBAC: `kubectl auth can-i` as the chart's ServiceAccount, allowed and denied verbs;
+#  10. smoke run (e2e/chart/smoke.py): the controller and dataplane binaries
+#      ($CARGO_TARGET_DIR/debug, or SWEETY_CONTROLLER_BIN / SWEETY_DATAPLANE_BIN) started with
+#      each golden's rendered command lines must both report /healthz and /readyz 200.
+# Steps 7-10 need a cluster: SWEETY_KUBECONFIG (as .ci/run sets it) or KUBECONFIG, with the
 # Gateway API CRDs installed (e2e/cluster/gateway-api.sh crds standard); this script installs
 # our CRDs and creates the namespace `sweety` in it. Without a cluster they are skipped with a
 # note, unless SWEETY_REQUIRE_CLUSTER=1.
@@ -207,6 +211,22 @@ else
     can no create pods -n sweety
     can no create configmaps -n sweety
     k delete -f "$WORK/rbac.yaml" --wait=false >/dev/null
+
+    echo "== smoke run: both binaries with the rendered command lines (e2e/chart/smoke.py)"
+    target=${CARGO_TARGET_DIR:-$REPO/target}
+    controller_bin=${SWEETY_CONTROLLER_BIN:-$target/debug/sweety-controller}
+    dataplane_bin=${SWEETY_DATAPLANE_BIN:-$target/debug/sweety-dataplane}
+    if [[ -x $controller_bin && -x $dataplane_bin ]]; then
+        for out in "${cases[@]}"; do
+            echo "-- $out"
+            python3 e2e/chart/smoke.py "$out" "$kubeconfig" "$controller_bin" "$dataplane_bin" ||
+                fail "smoke run with $out"
+        done
+    elif [[ -n ${SWEETY_REQUIRE_CLUSTER:-} ]]; then
+        fail "no binaries at $controller_bin / $dataplane_bin (cargo build first)"
+    else
+        echo "NOTE: no binaries at $controller_bin / $dataplane_bin: skipping the smoke run"
+    fi
 
     echo "== kubeconform -strict (schemas from the cluster's OpenAPI)"
     python3 e2e/chart/openapi-schemas.py "$kubeconfig" "$WORK/schemas"
