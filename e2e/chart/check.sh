@@ -87,6 +87,8 @@ reject "additional properties 'replicas' not allowed" --set replicas=2
 reject "at '/controller/debounce'" --set controller.debounce=soon
 reject "controller.leaderElection must be true when more than one pod can run" \
     --set replicaCount=2,controller.leaderElection=false
+reject "autoscaling.minReplicas must not be greater than autoscaling.maxReplicas" \
+    --set autoscaling.enabled=true,autoscaling.minReplicas=5,autoscaling.maxReplicas=3
 reject "metrics.serviceMonitor.enabled needs metrics.service.enabled" \
     --set metrics.serviceMonitor.enabled=true,metrics.service.enabled=false
 
@@ -168,6 +170,15 @@ else
     k apply --server-side --force-conflicts -f "$CHART/crds/" >/dev/null
     k wait --for=condition=Established --timeout=60s -f "$CHART/crds/" >/dev/null
     k get namespace sweety >/dev/null 2>&1 || k create namespace sweety >/dev/null
+
+    echo "== helm install --dry-run=server (cluster checks, NOTES.txt)"
+    if "$HELM" install sweety "$CHART" --namespace sweety --kubeconfig "$kubeconfig" --dry-run=server \
+        >"$WORK/install.out" 2>&1 && grep -q "kubectl -n sweety get pods" "$WORK/install.out"; then
+        echo "ok: helm install --dry-run=server"
+    else
+        cat "$WORK/install.out" >&2
+        fail "helm install --dry-run=server"
+    fi
 
     echo "== RBAC is least privilege (kubectl auth can-i as the chart's ServiceAccount)"
     "$HELM" template sweety "$CHART" --namespace sweety --kube-version "$KUBE_VERSION" \
