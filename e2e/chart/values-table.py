@@ -64,7 +64,18 @@ def table():
     return "\n".join(rows)
 
 
+def undocumented():
+    """Top-level keys with no `# --` comment on themselves or on any key below them."""
+    text = VALUES.read_text()
+    documented = {path for path, _ in documented_keys(text)}
+    return [k for k in yaml.safe_load(text)
+            if not any(d == k or d.startswith(k + ".") for d in documented)]
+
+
 def main():
+    missing = undocumented()
+    if missing:
+        sys.exit(f"{VALUES}: keys without a '# -- ' comment: {', '.join(missing)}")
     readme = README.read_text()
     if START not in readme or END not in readme:
         sys.exit(f"{README}: markers {START} / {END} missing")
