@@ -9,12 +9,15 @@
 #   5. deploy/sweety.yaml equals the default render (namespace sweety, CRDs included)
 #      (SWEETY_BLESS=1 rewrites it);
 #   6. the README values table is current (e2e/chart/values-table.py; SWEETY_BLESS=1 rewrites it);
+#      the Grafana dashboard (deploy/grafana/sweety.json) queries only metric names the
+#      dataplane and controller sources export;
 #   7. kubeconform -strict on every rendered manifest and example, with JSON schemas generated
 #      from the cluster's own OpenAPI (built-in kinds, our CRDs, Gateway API CRDs); kinds with no
 #      schema there (ServiceMonitor: the Prometheus Operator CRD is not installed) are skipped
 #      with -ignore-missing-schemas, and the script says which;
 #   8. `kubectl apply --dry-run=server` of the same manifests against the cluster, which runs the
 #      apiserver's full validation (strict field validation, CEL rules of the CRDs);
+#      `helm install --dry-run=server` (also renders NOTES.txt);
 #   9. RBAC: `kubectl auth can-i` as the chart's ServiceAccount, allowed and denied verbs;
 #  10. smoke run (e2e/chart/smoke.py): the controller and dataplane binaries
 #      ($CARGO_TARGET_DIR/debug, or SWEETY_CONTROLLER_BIN / SWEETY_DATAPLANE_BIN) started with
