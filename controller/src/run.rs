@@ -91,17 +91,19 @@ pub async fn run(
     let mut last: Option<Translated> = None;
     let mut dirty = true;
     let mut retry_at: Option<tokio::time::Instant> = None;
+    // A closed channel (the pusher or the election task ended) disables its branch.
+    let (mut push_open, mut leader_open) = (true, true);
     loop {
         if dirty {
             dirty = false;
             let started = Instant::now();
             let t = reconcile(&watches, &options.params, &pusher, &metrics);
             last = Some(t);
-            if *is_leader.borrow() {
+            if leader_open && *is_leader.borrow() {
                 let t = last.as_ref().expect("just set");
                 let ok_services = sync_services(&services, t, &metrics).await;
-                let ok_status =
-                    write_statuses(&mut writer, t, &push_state.borrow(), &metrics).await;
+                let state = push_state.borrow().clone();
+                let ok_status = write_statuses(&mut writer, t, &state, &metrics).await;
                 retry_at = (!(ok_services && ok_status))
                     .then(|| tokio::time::Instant::now() + Duration::from_secs(2));
             }
@@ -124,9 +126,11 @@ pub async fn run(
                 changes.borrow_and_update();
                 dirty = true;
             }
-            changed = push_state.changed() => {
+            changed = push_state.changed(), if push_open => {
                 if changed.is_err() {
-                    break;
+                    tracing::warn!("the push task ended; statuses stay gated on its last state");
+                    push_open = false;
+                    continue;
                 }
                 let state = push_state.borrow_and_update().clone();
                 if state.acked > 0 {
@@ -137,15 +141,18 @@ pub async fn run(
                         t.latency_recorded = true;
                         metrics.push_latency.observe(t.submitted_at.elapsed());
                     }
-                    if *is_leader.borrow() {
+                    if leader_open && *is_leader.borrow() {
                         let ok = write_statuses(&mut writer, t, &state, &metrics).await;
                         retry_at = (!ok).then(|| tokio::time::Instant::now() + Duration::from_secs(2));
                     }
                 }
             }
-            changed = is_leader.changed() => {
+            changed = is_leader.changed(), if leader_open => {
                 if changed.is_err() {
-                    break;
+                    tracing::warn!("the leader election task ended; no longer writing");
+                    leader_open = false;
+                    writer.forget();
+                    continue;
                 }
                 let leading = *is_leader.borrow_and_update();
                 metrics.leader.store(leading as u64, Ordering::Relaxed);

@@ -858,3 +858,116 @@ async fn gateway_services_are_created_updated_and_deleted() {
     assert!(api.get_opt("sweety-gw-apps-web").await.unwrap().is_some());
     drop_namespace(&client, &ns).await;
 }
+
+#[tokio::test]
+async fn run_loop_leads_reconciles_on_changes_and_releases() {
+    use sweety_controller::health::Health;
+    use sweety_controller::metrics::Metrics;
+    use sweety_controller::push::{PushOptions, Pusher};
+    use sweety_controller::run::{run, RunOptions};
+    use sweety_controller::translate::Params;
+    let _guard = LOCK.lock().await;
+    let Some(client) = cluster().await else {
+        return;
+    };
+    let ns = namespace(&client, "run").await;
+    let services: Api<Service> = Api::namespaced(client.clone(), &ns);
+    // An owned per-Gateway Service no Gateway asks for any more: the leader deletes it.
+    create(&services, json!({
+        "metadata": {"name": "sweety-gw-stale", "labels": {MANAGED_BY_LABEL: "sweety", GATEWAY_NAME_LABEL: "gone"}},
+        "spec": {"ports": [{"port": 80}]}
+    })).await;
+    let dir = tempfile::tempdir().unwrap();
+    let options = RunOptions {
+        params: Params {
+            namespace: ns.clone(),
+            content_dir: dir.path().join("content").to_string_lossy().into_owned(),
+            ..Params::default()
+        },
+        watch: WatchOptions {
+            namespaces: vec![ns.clone()],
+        },
+        debounce: Duration::from_millis(50),
+        lease: Some(LeaseOptions {
+            namespace: ns.clone(),
+            name: "sweety-controller".into(),
+            identity: "run-test".into(),
+            lease_duration: Duration::from_secs(5),
+            renew_every: Duration::from_secs(1),
+        }),
+        dataplane_selector: BTreeMap::from([("app".to_string(), "sweety".to_string())]),
+        initial_sync_timeout: Duration::from_secs(20),
+    };
+    let pusher = Pusher::spawn(PushOptions {
+        socket: dir.path().join("control.sock"),
+        ..PushOptions::default()
+    });
+    let health = Health::new(Arc::new(Metrics::default()));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(run(
+        client.clone(),
+        options,
+        pusher,
+        health.clone(),
+        async {
+            let _ = stopped.await;
+        },
+    ));
+
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
+    wait_for("the run loop takes the lease", || async {
+        let l = leases.get_opt("sweety-controller").await.ok()??;
+        (l.spec?.holder_identity.as_deref() == Some("run-test")).then_some(())
+    })
+    .await;
+    wait_for("the stale per-Gateway Service is deleted", || async {
+        services
+            .get_opt("sweety-gw-stale")
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    let metrics = &health.metrics;
+    let before = metrics
+        .reconciles
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert!(before >= 1);
+    create(
+        &services,
+        json!({"metadata": {"name": "new"}, "spec": {"ports": [{"port": 80}]}}),
+    )
+    .await;
+    wait_for("a watch event triggers a reconcile", || async {
+        (metrics
+            .reconciles
+            .load(std::sync::atomic::Ordering::Relaxed)
+            > before)
+            .then_some(())
+    })
+    .await;
+    wait_for("the new Service is counted", || async {
+        metrics
+            .render()
+            .contains("sweety_controller_objects{kind=\"Service\"} 1\n")
+            .then_some(())
+    })
+    .await;
+    assert!(metrics.translate_duration.count() >= 2);
+    assert!(metrics.render().contains("sweety_controller_leader 1\n"));
+
+    stop.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("run stops")
+        .expect("join")
+        .expect("run ok");
+    let l = leases.get("sweety-controller").await.unwrap();
+    assert_eq!(
+        l.spec.unwrap().holder_identity,
+        None,
+        "lease released on shutdown"
+    );
+    drop_namespace(&client, &ns).await;
+}
