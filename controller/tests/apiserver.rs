@@ -395,13 +395,12 @@ async fn leader_election_with_two_candidates() {
 
     // Expiry: b stops renewing; a takes over once the 2 s lease ran out, not before.
     let mut tries = 0;
-    let took_over = wait_for("a takes over the expired lease", || {
+    wait_for("a takes over the expired lease", || {
         tries += 1;
         let a = a.clone();
         async move { a.try_acquire_or_renew().await.unwrap().then_some(()) }
     })
     .await;
-    let _ = took_over;
     assert!(tries > 5, "took over only after expiry ({tries} tries)");
 
     // The background loops: a leads; releasing hands over to b's loop.
