@@ -79,7 +79,8 @@ pub async fn run(
             (None, rx, Some(tx))
         }
     };
-    let mut writer = StatusWriter::new(client.clone(), &options.params.controller_name);
+    let mut writer = StatusWriter::new(client.clone(), &options.params.controller_name)
+        .with_leadership(is_leader.clone());
     let services = GatewayServices::new(
         client.clone(),
         &options.params.namespace,
@@ -97,7 +98,12 @@ pub async fn run(
         if dirty {
             dirty = false;
             let started = Instant::now();
-            let t = reconcile(&watches, &options.params, &pusher, &metrics);
+            let mut t = reconcile(&watches, &options.params, &pusher, &metrics);
+            if let Some(prev) = last.as_ref().filter(|p| p.generation == t.generation) {
+                // Same config, same generation: its push latency is already measured (or pending).
+                t.submitted_at = prev.submitted_at;
+                t.latency_recorded = prev.latency_recorded;
+            }
             last = Some(t);
             if leader_open && *is_leader.borrow() {
                 let t = last.as_ref().expect("just set");

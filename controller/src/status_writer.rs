@@ -72,6 +72,8 @@ pub struct WriteReport {
     pub written: Vec<ObjectKey>,
     pub unchanged: usize,
     pub errors: Vec<(ObjectKey, Error)>,
+    /// The pass stopped early because this replica no longer leads.
+    pub not_leader: bool,
 }
 
 /// Writes statuses; remembers what it wrote so unchanged statuses cost nothing.
@@ -79,6 +81,8 @@ pub struct StatusWriter {
     client: Client,
     controller_name: String,
     last: HashMap<ObjectKey, Value>,
+    /// While set, every write first checks that this replica still leads.
+    leading: Option<tokio::sync::watch::Receiver<bool>>,
 }
 
 impl StatusWriter {
@@ -89,7 +93,18 @@ impl StatusWriter {
             client,
             controller_name: controller_name.into(),
             last: HashMap::new(),
+            leading: None,
         }
+    }
+
+    /// Check leadership before every single write: losing the lease stops a write pass midway.
+    pub fn with_leadership(mut self, leading: tokio::sync::watch::Receiver<bool>) -> StatusWriter {
+        self.leading = Some(leading);
+        self
+    }
+
+    fn may_write(&self) -> bool {
+        self.leading.as_ref().is_none_or(|l| *l.borrow())
     }
 
     /// Forget what was written (after losing leadership: another replica may write meanwhile).
@@ -116,6 +131,10 @@ impl StatusWriter {
                 self.last.remove(key);
                 continue;
             };
+            if !self.may_write() {
+                report.not_leader = true;
+                return report;
+            }
             match self.write_one(key, Some(status), current, gate, &now).await {
                 Ok(true) => report.written.push(key.clone()),
                 Ok(false) => report.unchanged += 1,
@@ -127,6 +146,10 @@ impl StatusWriter {
             let key = ObjectKey::new(kind, ns, name);
             if statuses.contains_key(&key) || !self.has_our_entries(kind, &current.status()) {
                 continue;
+            }
+            if !self.may_write() {
+                report.not_leader = true;
+                return report;
             }
             match self.write_one(&key, None, current, gate, &now).await {
                 Ok(true) => report.written.push(key),
@@ -186,6 +209,9 @@ impl StatusWriter {
             self.last.insert(key.clone(), desired);
             return Ok(false);
         }
+        if !self.may_write() {
+            return Ok(false);
+        }
         let api: Api<DynamicObject> = if key.namespace.is_empty() {
             Api::all_with(self.client.clone(), &resource)
         } else {
@@ -206,6 +232,9 @@ impl StatusWriter {
                 return Ok(false);
             }
             metadata["resourceVersion"] = json!(live.metadata.resource_version);
+            if !self.may_write() {
+                return Ok(false);
+            }
             desired
         } else {
             desired

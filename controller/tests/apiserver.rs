@@ -705,6 +705,42 @@ async fn status_writer_writes_only_changes_and_keeps_foreign_parents() {
     let parents = serde_json::to_value(&route.status).unwrap()["parents"].clone();
     assert_eq!(parents, json!([foreign]));
 
+    // 5. A writer that lost the lease writes nothing, even with changes pending.
+    let (leading, follower) = tokio::sync::watch::channel(false);
+    let mut follower = StatusWriter::new(client.clone(), CONTROLLER).with_leadership(follower);
+    statuses.insert(
+        ObjectKey::new("Ingress", &ns, "ing"),
+        ObjectStatus::Ingress(IngressStatus {
+            load_balancer: vec![LoadBalancerIngress {
+                ip: Some("192.0.2.99".into()),
+                hostname: None,
+            }],
+        }),
+    );
+    let snap = snapshot(client.clone(), ns.clone(), class_name.clone()).await;
+    let report = follower.write(&statuses, &snap, &Gate::open()).await;
+    assert!(report.not_leader && report.written.is_empty(), "{report:?}");
+    let ing = get::<k8s_openapi::api::networking::v1::Ingress>(
+        &Api::namespaced(client.clone(), &ns),
+        "ing",
+    )
+    .await;
+    let lb = ing
+        .status
+        .as_ref()
+        .unwrap()
+        .load_balancer
+        .as_ref()
+        .unwrap()
+        .ingress
+        .as_ref()
+        .unwrap();
+    assert_eq!(lb[0].ip.as_deref(), Some("192.0.2.20"), "not written");
+    leading.send(true).unwrap();
+    let report = follower.write(&statuses, &snap, &Gate::open()).await;
+    assert!(!report.not_leader && report.errors.is_empty(), "{report:?}");
+    assert_eq!(report.written, [ObjectKey::new("Ingress", &ns, "ing")]);
+
     let classes: Api<gw::gatewayclasses::GatewayClass> = Api::all(client.clone());
     let _ = classes.delete(&class_name, &DeleteParams::default()).await;
     drop_namespace(&client, &ns).await;
