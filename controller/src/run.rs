@@ -8,7 +8,7 @@
 
 use crate::gateway_services::GatewayServices;
 use crate::health::Health;
-use crate::leader::{LeaderElector, LeaseOptions};
+use crate::leader::{default_identity, LeaderElector, LeaseOptions};
 use crate::metrics::Metrics;
 use crate::push::{PushState, Pusher};
 use crate::status_writer::{Gate, StatusWriter, FIELD_MANAGER};
@@ -16,6 +16,7 @@ use crate::translate::status::Statuses;
 use crate::translate::{translate, GatewayService, Params, Snapshot, StaticContent};
 use crate::watch::{object_counts, WatchOptions, Watches};
 use crate::Error;
+use kube::runtime::events::Reporter;
 use kube::Client;
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -80,7 +81,17 @@ pub async fn run(
         }
     };
     let mut writer = StatusWriter::new(client.clone(), &options.params.controller_name)
-        .with_leadership(is_leader.clone());
+        .with_leadership(is_leader.clone())
+        .with_events(Reporter {
+            controller: FIELD_MANAGER.into(),
+            instance: Some(
+                options
+                    .lease
+                    .as_ref()
+                    .map(|l| l.identity.clone())
+                    .unwrap_or_else(default_identity),
+            ),
+        });
     let services = GatewayServices::new(
         client.clone(),
         &options.params.namespace,

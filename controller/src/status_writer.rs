@@ -16,14 +16,18 @@
 //!   generation that contains the object ([`Gate`]); a rejected generation gives
 //!   `False`/`Invalid` with the dataplane's errors.
 //! - Ingress has no conditions: `ObjectStatus::Conditions` for an Ingress (and other kinds
-//!   without a status block we own) is logged once per change instead.
+//!   without a status block we own) is logged once per change instead and, with
+//!   [`StatusWriter::with_events`], published as Kubernetes Events on the object (`Warning` for
+//!   a `False` condition, `Normal` otherwise).
 
 use crate::push::PushState;
 use crate::translate::status::{Condition, ObjectKey, ObjectStatus, ParentRef, Statuses};
 use crate::translate::Snapshot;
 use crate::Error;
+use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Api, Client};
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
@@ -83,6 +87,7 @@ pub struct StatusWriter {
     last: HashMap<ObjectKey, Value>,
     /// While set, every write first checks that this replica still leads.
     leading: Option<tokio::sync::watch::Receiver<bool>>,
+    events: Option<Recorder>,
 }
 
 impl StatusWriter {
@@ -94,7 +99,15 @@ impl StatusWriter {
             controller_name: controller_name.into(),
             last: HashMap::new(),
             leading: None,
+            events: None,
         }
+    }
+
+    /// Publish conditions of kinds without a status block (Ingress, ...) as Events, reported
+    /// as `reporter` (the controller's name and this replica's identity).
+    pub fn with_events(mut self, reporter: Reporter) -> StatusWriter {
+        self.events = Some(Recorder::new(self.client.clone(), reporter));
+        self
     }
 
     /// Check leadership before every single write: losing the lease stops a write pass midway.
@@ -124,7 +137,13 @@ impl StatusWriter {
         let mut report = WriteReport::default();
         for (key, status) in statuses {
             if let ObjectStatus::Conditions(conditions) = status {
-                self.log_conditions(key, conditions);
+                if !self.may_write() {
+                    report.not_leader = true;
+                    return report;
+                }
+                if self.log_conditions(key, conditions).await {
+                    report.written.push(key.clone());
+                }
                 continue;
             }
             let Some(current) = index.get(key) else {
@@ -161,20 +180,42 @@ impl StatusWriter {
     }
 
     /// Kinds without a status block of ours (Ingress, IngressClass, SweetyProxyConfig): log
-    /// their conditions once per change.
-    fn log_conditions(&mut self, key: &ObjectKey, conditions: &[Condition]) {
+    /// their conditions once per change, and publish them as Events when enabled. `true` when
+    /// Events were published.
+    async fn log_conditions(&mut self, key: &ObjectKey, conditions: &[Condition]) -> bool {
         let v = serde_json::to_value(conditions).unwrap_or(Value::Null);
         if self.last.get(key) == Some(&v) {
-            return;
+            return false;
         }
+        let reference = event_reference(key);
+        let mut published = false;
         for c in conditions {
             tracing::warn!(
                 kind = %key.kind, namespace = %key.namespace, name = %key.name,
                 condition = %c.type_, status = %c.status, reason = %c.reason,
                 message = %c.message, "object condition"
             );
+            let (Some(recorder), Some(reference)) = (&self.events, &reference) else {
+                continue;
+            };
+            let event = Event {
+                type_: if c.status == "False" {
+                    EventType::Warning
+                } else {
+                    EventType::Normal
+                },
+                reason: c.reason.chars().take(128).collect(),
+                note: Some(format!("{}={}: {}", c.type_, c.status, c.message)),
+                action: "Translate".into(),
+                secondary: None,
+            };
+            match recorder.publish(&event, reference).await {
+                Ok(()) => published = true,
+                Err(e) => tracing::warn!(error = %e, "publishing an Event failed"),
+            }
         }
         self.last.insert(key.clone(), v);
+        published
     }
 
     fn has_our_entries(&self, kind: &str, status: &Value) -> bool {
@@ -405,6 +446,22 @@ impl Stamper<'_> {
             })
             .collect()
     }
+}
+
+/// The object an Event is about (kinds `translate` reports bare conditions for).
+fn event_reference(key: &ObjectKey) -> Option<ObjectReference> {
+    let api_version = match key.kind.as_str() {
+        "Ingress" | "IngressClass" => "networking.k8s.io/v1",
+        "SweetyProxyConfig" => "sweety.dev/v1alpha1",
+        _ => return None,
+    };
+    Some(ObjectReference {
+        api_version: Some(api_version.into()),
+        kind: Some(key.kind.clone()),
+        namespace: (!key.namespace.is_empty()).then(|| key.namespace.clone()),
+        name: Some(key.name.clone()),
+        ..Default::default()
+    })
 }
 
 /// A parent reference as the apiserver returns it (CRD defaults for group and kind filled).

@@ -741,6 +741,42 @@ async fn status_writer_writes_only_changes_and_keeps_foreign_parents() {
     assert!(!report.not_leader && report.errors.is_empty(), "{report:?}");
     assert_eq!(report.written, [ObjectKey::new("Ingress", &ns, "ing")]);
 
+    // 6. Conditions on an Ingress (it has no conditions field) become Events, once per change.
+    let mut events_writer = StatusWriter::new(client.clone(), CONTROLLER).with_events(
+        kube::runtime::events::Reporter {
+            controller: FIELD_MANAGER.into(),
+            instance: Some("test".into()),
+        },
+    );
+    let mut only_conditions = Statuses::new();
+    let bad = ObjectKey::new("Ingress", &ns, "ing-bad");
+    only_conditions.insert(
+        bad.clone(),
+        ObjectStatus::Conditions(vec![cond("Accepted", false, "InvalidBackend", 1)]),
+    );
+    let report = events_writer
+        .write(&only_conditions, &snap, &Gate::open())
+        .await;
+    assert_eq!(report.written, [bad.clone()], "{report:?}");
+    let report = events_writer
+        .write(&only_conditions, &snap, &Gate::open())
+        .await;
+    assert!(report.written.is_empty(), "published once: {report:?}");
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), &ns);
+    let list = events.list(&Default::default()).await.unwrap();
+    let ev = list
+        .items
+        .iter()
+        .find(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("ing-bad"))
+        .expect("an Event about ing-bad");
+    assert_eq!(ev.reason.as_deref(), Some("InvalidBackend"));
+    assert_eq!(ev.type_.as_deref(), Some("Warning"));
+    assert_eq!(ev.reporting_controller.as_deref(), Some(FIELD_MANAGER));
+    assert!(
+        ev.note.as_deref().unwrap_or("").contains("Accepted=False"),
+        "{ev:?}"
+    );
+
     let classes: Api<gw::gatewayclasses::GatewayClass> = Api::all(client.clone());
     let _ = classes.delete(&class_name, &DeleteParams::default()).await;
     drop_namespace(&client, &ns).await;
