@@ -757,7 +757,7 @@ async fn status_writer_writes_only_changes_and_keeps_foreign_parents() {
     let report = events_writer
         .write(&only_conditions, &snap, &Gate::open())
         .await;
-    assert_eq!(report.written, [bad.clone()], "{report:?}");
+    assert_eq!(report.written, std::slice::from_ref(&bad), "{report:?}");
     let report = events_writer
         .write(&only_conditions, &snap, &Gate::open())
         .await;
