@@ -176,6 +176,8 @@ impl StatusWriter {
                 Err(e) => report.errors.push((key, e)),
             }
         }
+        // Forget objects translate no longer reports (deleted, or no longer ours).
+        self.last.retain(|k, _| statuses.contains_key(k));
         report
     }
 
