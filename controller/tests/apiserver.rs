@@ -1042,3 +1042,92 @@ async fn run_loop_leads_reconciles_on_changes_and_releases() {
     );
     drop_namespace(&client, &ns).await;
 }
+
+#[tokio::test]
+async fn status_writer_policy_ancestors_keep_foreign_entries() {
+    let _guard = LOCK.lock().await;
+    let Some(client) = cluster().await else {
+        return;
+    };
+    let ns = namespace(&client, "policy").await;
+    let api: Api<gw::backendtlspolicies::BackendTlsPolicy> = Api::namespaced(client.clone(), &ns);
+    create(
+        &api,
+        json!({
+            "metadata": {"name": "btls"},
+            "spec": {"targetRefs": [{"group": "", "kind": "Service", "name": "svc"}],
+                     "validation": {"hostname": "svc.example", "wellKnownCACertificates": "System"}}
+        }),
+    )
+    .await;
+    let foreign = json!({
+        "ancestorRef": {"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "theirs"},
+        "controllerName": "example.com/other",
+        "conditions": [{"type": "Accepted", "status": "True", "reason": "Accepted", "message": "",
+                        "lastTransitionTime": "2020-01-01T00:00:00Z", "observedGeneration": 1}]
+    });
+    api.patch_status(
+        "btls",
+        &PatchParams::apply("other-controller"),
+        &Patch::Apply(json!({
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "BackendTLSPolicy",
+            "metadata": {"name": "btls"}, "status": {"ancestors": [foreign.clone()]}
+        })),
+    )
+    .await
+    .expect("foreign status");
+    let mut statuses = Statuses::new();
+    statuses.insert(
+        ObjectKey::new("BackendTLSPolicy", &ns, "btls"),
+        ObjectStatus::Policy(PolicyStatus {
+            ancestors: vec![RouteParentStatus {
+                parent_ref: ParentRef {
+                    name: "gw".into(),
+                    namespace: Some(ns.clone()),
+                    ..Default::default()
+                },
+                controller_name: CONTROLLER.into(),
+                conditions: vec![
+                    cond("Accepted", true, "Accepted", 1),
+                    cond("ResolvedRefs", true, "ResolvedRefs", 1),
+                ],
+            }],
+        }),
+    );
+    let mut writer = StatusWriter::new(client.clone(), CONTROLLER);
+    let snap = Snapshot {
+        backend_tls_policies: vec![get(&api, "btls").await],
+        ..Default::default()
+    };
+    let report = writer.write(&statuses, &snap, &Gate::open()).await;
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    assert_eq!(report.written.len(), 1);
+    let policy = get(&api, "btls").await;
+    let ancestors = serde_json::to_value(&policy.status).unwrap()["ancestors"].clone();
+    assert_eq!(ancestors.as_array().unwrap().len(), 2, "{ancestors}");
+    assert_eq!(
+        find(&ancestors, "controllerName", "example.com/other"),
+        &foreign
+    );
+    let ours = find(&ancestors, "controllerName", CONTROLLER);
+    assert_eq!(ours["ancestorRef"]["name"], "gw");
+    assert_eq!(ours["ancestorRef"]["namespace"], ns.as_str());
+
+    // A fresh writer over the current object finds nothing to do.
+    let snap = Snapshot {
+        backend_tls_policies: vec![policy.clone()],
+        ..Default::default()
+    };
+    let report = StatusWriter::new(client.clone(), CONTROLLER)
+        .write(&statuses, &snap, &Gate::open())
+        .await;
+    assert!(
+        report.written.is_empty() && report.errors.is_empty(),
+        "{report:?}"
+    );
+    assert_eq!(
+        get(&api, "btls").await.resource_version(),
+        policy.resource_version()
+    );
+    drop_namespace(&client, &ns).await;
+}
