@@ -49,6 +49,8 @@ struct Translated {
     generation: u64,
     submitted_at: Instant,
     latency_recorded: bool,
+    /// The gate of the last status write for this translation (skip rewrites on no change).
+    gate: Option<Gate>,
 }
 
 /// Run until `shutdown` resolves.
@@ -98,6 +100,9 @@ pub async fn run(
         options.dataplane_selector.clone(),
         FIELD_MANAGER,
     );
+    metrics
+        .leader
+        .store(u64::from(*is_leader.borrow()), Ordering::Relaxed);
     let mut shutdown = std::pin::pin!(shutdown);
     let mut tick = tokio::time::interval(Duration::from_secs(5));
     let mut last: Option<Translated> = None;
@@ -117,8 +122,8 @@ pub async fn run(
             }
             last = Some(t);
             if leader_open && *is_leader.borrow() {
-                let t = last.as_ref().expect("just set");
-                let ok_services = sync_services(&services, t, &metrics).await;
+                let t = last.as_mut().expect("just set");
+                let ok_services = sync_services(&services, &t.gateway_services, &metrics).await;
                 let state = push_state.borrow().clone();
                 let ok_status = write_statuses(&mut writer, t, &state, &metrics).await;
                 retry_at = (!(ok_services && ok_status))
@@ -158,7 +163,8 @@ pub async fn run(
                         t.latency_recorded = true;
                         metrics.push_latency.observe(t.submitted_at.elapsed());
                     }
-                    if leader_open && *is_leader.borrow() {
+                    let gate_changed = t.gate.as_ref() != Some(&Gate::new(&state, t.generation));
+                    if leader_open && *is_leader.borrow() && gate_changed {
                         let ok = write_statuses(&mut writer, t, &state, &metrics).await;
                         retry_at = (!ok).then(|| tokio::time::Instant::now() + Duration::from_secs(2));
                     }
@@ -180,6 +186,9 @@ pub async fn run(
                     tracing::info!("lost the leader lease; no longer writing");
                     writer.forget();
                     retry_at = None;
+                    if let Some(t) = last.as_mut() {
+                        t.gate = None;
+                    }
                 }
             }
             _ = retry => {
@@ -221,11 +230,16 @@ fn reconcile(watches: &Watches, params: &Params, pusher: &Pusher, metrics: &Metr
         generation,
         submitted_at: Instant::now(),
         latency_recorded: false,
+        gate: None,
     }
 }
 
-async fn sync_services(services: &GatewayServices, t: &Translated, metrics: &Metrics) -> bool {
-    match services.sync(&t.gateway_services).await {
+async fn sync_services(
+    services: &GatewayServices,
+    desired: &[GatewayService],
+    metrics: &Metrics,
+) -> bool {
+    match services.sync(desired).await {
         Ok(report) => {
             if !report.applied.is_empty() || !report.deleted.is_empty() {
                 tracing::info!(applied = ?report.applied, deleted = ?report.deleted, "per-Gateway Services synced");
@@ -242,12 +256,13 @@ async fn sync_services(services: &GatewayServices, t: &Translated, metrics: &Met
 
 async fn write_statuses(
     writer: &mut StatusWriter,
-    t: &Translated,
+    t: &mut Translated,
     state: &PushState,
     metrics: &Metrics,
 ) -> bool {
     let gate = Gate::new(state, t.generation);
     let report = writer.write(&t.statuses, &t.snapshot, &gate).await;
+    t.gate = (report.errors.is_empty() && !report.not_leader).then_some(gate);
     metrics
         .status_writes
         .fetch_add(report.written.len() as u64, Ordering::Relaxed);
