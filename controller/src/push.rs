@@ -1,19 +1,47 @@
 //! Pushes config snapshots to the dataplane over its Unix control socket and tracks which
-//! generation it has acknowledged. (Interface only; the implementation lands with the socket
-//! protocol work.)
+//! generation it has acknowledged. Frames are [`sweety_config::wire`]; the protocol is
+//! described in docs/control-protocol.md.
+//!
+//! * [`Pusher::submit`] numbers a config (the next generation) only when its content hash
+//!   changed; the background task sends full snapshots, never diffs.
+//! * Debounce: an isolated change is sent after a short quiet period (a quarter of
+//!   [`PushOptions::debounce`]); a burst of changes keeps extending it, but never past
+//!   `debounce` after the burst's first change. Only the latest config of a burst is sent.
+//! * On every connection the dataplane's `Hello` says which generation and hash it runs: a
+//!   matching hash is not resent; otherwise the latest config is sent at once, renumbered
+//!   above the dataplane's generation if needed, so generations keep increasing across
+//!   restarts of either side.
+//! * Connection failures are retried with exponential backoff up to
+//!   [`PushOptions::max_backoff`].
 
+use std::collections::VecDeque;
+use std::io;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use sweety_config::wire::{self, FrameHeader, Hello, Message, HEADER_LEN};
 use sweety_config::Config;
-use tokio::sync::watch;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::UnixStream;
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+
+/// How long the dataplane has to say `Hello` after the connection is accepted.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long writing one frame may take before the connection is considered dead.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+/// First reconnect delay (doubles up to `max_backoff`).
+const INITIAL_BACKOFF: Duration = Duration::from_millis(50);
 
 /// How to reach the dataplane.
 #[derive(Clone, Debug)]
 pub struct PushOptions {
     /// The dataplane's control socket (`sweety-dataplane --control-socket PATH`).
     pub socket: PathBuf,
-    /// Bursts of submits within this window are coalesced into one push (default 20 ms).
+    /// Bursts of submits within this window are coalesced into one push (default 20 ms). A
+    /// change is sent after a quiet period of a quarter of it, at most this long after the
+    /// burst's first change.
     pub debounce: Duration,
     /// Longest wait between reconnect attempts (backoff doubles up to this).
     pub max_backoff: Duration,
@@ -34,40 +62,430 @@ impl Default for PushOptions {
 pub struct PushState {
     /// Connected to the dataplane right now.
     pub connected: bool,
-    /// Highest generation submitted (assigned by `submit`).
+    /// Highest generation submitted (assigned by `submit`, or by renumbering above a
+    /// restarted dataplane's generation).
     pub submitted: u64,
-    /// Highest generation the dataplane acknowledged (applied).
+    /// The generation the dataplane last reported running: from its `Ack`s, or from its
+    /// `Hello` on (re)connect (which can be lower after a dataplane restart, until the latest
+    /// config is resent and acknowledged).
     pub acked: u64,
     /// The last rejection: generation and the dataplane's errors.
     pub last_nack: Option<(u64, Vec<String>)>,
 }
 
-/// Handle to the background push task.
+/// Push counters, for the controller's `/metrics`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PushMetrics {
+    /// Connections on which the dataplane said `Hello`.
+    pub connects: u64,
+    /// `Apply` frames sent.
+    pub pushes: u64,
+    /// `Ack`s received.
+    pub acks: u64,
+    /// `Nack`s received.
+    pub nacks: u64,
+    /// Bytes of all `Apply` frames sent.
+    pub bytes_sent: u64,
+    /// Size of the last `Apply` frame.
+    pub last_config_bytes: u64,
+    /// Send → `Ack` time of the last acknowledged push.
+    pub last_push_latency: Duration,
+    /// Sum of send → `Ack` times over all acknowledged pushes (with `acks`: the mean).
+    pub push_latency_total: Duration,
+}
+
+#[derive(Default)]
+struct Counters {
+    connects: AtomicU64,
+    pushes: AtomicU64,
+    acks: AtomicU64,
+    nacks: AtomicU64,
+    bytes_sent: AtomicU64,
+    last_config_bytes: AtomicU64,
+    last_latency_us: AtomicU64,
+    latency_total_us: AtomicU64,
+}
+
+/// The config to push, numbered.
+struct Latest {
+    generation: u64,
+    hash: String,
+    config: Arc<Config>,
+}
+
+#[derive(Default)]
+struct Queue {
+    /// Highest generation used or seen (own submits and dataplane `Hello`s).
+    highest: u64,
+    latest: Option<Latest>,
+    /// Generation and hash from the last dataplane `Hello`.
+    dataplane: Option<(u64, String)>,
+}
+
+struct Shared {
+    queue: Mutex<Queue>,
+    state: watch::Sender<PushState>,
+    counters: Counters,
+}
+
+impl Shared {
+    fn queue(&self) -> std::sync::MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Handle to the background push task. The task ends when every handle is dropped.
 #[derive(Clone)]
 pub struct Pusher {
-    latest: watch::Sender<Option<(u64, Arc<Config>)>>,
+    shared: Arc<Shared>,
+    changed: watch::Sender<u64>,
     state: watch::Receiver<PushState>,
 }
 
 impl Pusher {
     /// Start the push task (needs a tokio runtime).
     pub fn spawn(options: PushOptions) -> Pusher {
-        let _ = options;
-        let (latest, _) = watch::channel(None);
-        let (_, state) = watch::channel(PushState::default());
-        Pusher { latest, state }
+        let (state_tx, state) = watch::channel(PushState::default());
+        let (changed, changed_rx) = watch::channel(0u64);
+        let shared = Arc::new(Shared {
+            queue: Mutex::new(Queue::default()),
+            state: state_tx,
+            counters: Counters::default(),
+        });
+        tokio::spawn(run(shared.clone(), options, changed_rx));
+        Pusher {
+            shared,
+            changed,
+            state,
+        }
     }
 
     /// Offer a config. When its content hash differs from the last submitted one it gets the
     /// next generation and is pushed (debounced); otherwise the current generation is returned
     /// and nothing is sent.
-    pub fn submit(&self, config: Config) -> u64 {
-        let _ = (&self.latest, config);
-        0
+    pub fn submit(&self, mut config: Config) -> u64 {
+        let hash = config.content_hash();
+        let generation = {
+            let mut q = self.shared.queue();
+            if let Some(l) = &q.latest {
+                if l.hash == hash {
+                    return l.generation;
+                }
+            }
+            // A fresh controller whose first config is what the dataplane already runs adopts
+            // the dataplane's generation (nothing is sent).
+            let adopt = match (&q.latest, &q.dataplane) {
+                (None, Some((g, h))) if *g > 0 && *h == hash => Some(*g),
+                _ => None,
+            };
+            let generation = adopt.unwrap_or(q.highest + 1);
+            q.highest = q.highest.max(generation);
+            config.generation = generation;
+            q.latest = Some(Latest {
+                generation,
+                hash,
+                config: Arc::new(config),
+            });
+            generation
+        };
+        self.shared
+            .state
+            .send_modify(|s| s.submitted = s.submitted.max(generation));
+        self.changed.send_modify(|n| *n = n.wrapping_add(1));
+        generation
     }
 
     /// Watch the dataplane's state (connected, acked generation, last Nack).
     pub fn state(&self) -> watch::Receiver<PushState> {
         self.state.clone()
     }
+
+    /// The push counters.
+    pub fn metrics(&self) -> PushMetrics {
+        let c = &self.shared.counters;
+        PushMetrics {
+            connects: c.connects.load(Relaxed),
+            pushes: c.pushes.load(Relaxed),
+            acks: c.acks.load(Relaxed),
+            nacks: c.nacks.load(Relaxed),
+            bytes_sent: c.bytes_sent.load(Relaxed),
+            last_config_bytes: c.last_config_bytes.load(Relaxed),
+            last_push_latency: Duration::from_micros(c.last_latency_us.load(Relaxed)),
+            push_latency_total: Duration::from_micros(c.latency_total_us.load(Relaxed)),
+        }
+    }
+}
+
+/// Why a session ended.
+enum End {
+    /// Every `Pusher` handle is gone: stop.
+    Dropped,
+    /// The connection ended; reconnect.
+    Closed(io::Error),
+}
+
+async fn run(shared: Arc<Shared>, opts: PushOptions, mut changed: watch::Receiver<u64>) {
+    let max_backoff = opts.max_backoff.max(Duration::from_millis(1));
+    let mut backoff = INITIAL_BACKOFF.min(max_backoff);
+    let mut failing = false;
+    loop {
+        let end = match connect(&opts).await {
+            Ok((stream, hello)) => {
+                backoff = INITIAL_BACKOFF.min(max_backoff);
+                failing = false;
+                tracing::info!(
+                    socket = %opts.socket.display(),
+                    generation = hello.generation,
+                    "connected to the dataplane"
+                );
+                session(&shared, &opts, &mut changed, stream, hello).await
+            }
+            Err(e) => End::Closed(e),
+        };
+        shared.state.send_if_modified(|s| {
+            std::mem::replace(&mut s.connected, false) // modified when it was connected
+        });
+        match end {
+            End::Dropped => return,
+            End::Closed(e) if !failing => {
+                failing = true;
+                tracing::warn!(socket = %opts.socket.display(), error = %e, "dataplane control connection failed; retrying");
+            }
+            End::Closed(e) => {
+                tracing::debug!(socket = %opts.socket.display(), error = %e, "dataplane still unreachable");
+            }
+        }
+        let deadline = Instant::now() + backoff;
+        backoff = (backoff * 2).min(max_backoff);
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep_until(deadline) => break,
+                r = changed.changed() => if r.is_err() { return },
+            }
+        }
+    }
+}
+
+/// Connects and reads the dataplane's `Hello`.
+async fn connect(opts: &PushOptions) -> io::Result<(UnixStream, Hello)> {
+    let mut stream = UnixStream::connect(&opts.socket).await?;
+    let first = tokio::time::timeout(HELLO_TIMEOUT, read_frame(&mut stream))
+        .await
+        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "no Hello from the dataplane"))??;
+    match first {
+        Some(Message::Hello(h)) if h.version == wire::PROTOCOL_VERSION => Ok((stream, h)),
+        Some(Message::Hello(h)) => Err(invalid(format!(
+            "the dataplane speaks protocol version {}, this controller {}",
+            h.version,
+            wire::PROTOCOL_VERSION
+        ))),
+        Some(other) => Err(invalid(format!(
+            "expected Hello, the dataplane sent {:?}",
+            other.kind()
+        ))),
+        None => Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "the dataplane closed the connection before Hello",
+        )),
+    }
+}
+
+fn invalid(msg: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, msg)
+}
+
+/// Reads one frame; `None` on a clean end of stream between frames.
+async fn read_frame(r: &mut (impl tokio::io::AsyncRead + Unpin)) -> io::Result<Option<Message>> {
+    let mut hdr = [0u8; HEADER_LEN];
+    match r.read_exact(&mut hdr).await {
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
+        res => res?,
+    };
+    let header =
+        FrameHeader::parse(&hdr).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+    let mut payload = vec![0u8; header.len as usize];
+    r.read_exact(&mut payload).await?;
+    Message::decode(header.kind, &payload)
+        .map(Some)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Applies the dataplane's `Hello` to the queue: records its generation as used, renumbers
+/// the latest config above it, and returns the generation already running there when its
+/// hash matches the latest (nothing to send).
+fn on_hello(shared: &Shared, hello: &Hello) -> Option<u64> {
+    let mut q = shared.queue();
+    q.highest = q.highest.max(hello.generation);
+    q.dataplane = Some((hello.generation, hello.hash.clone()));
+    let highest = q.highest;
+    let mut running = None;
+    if let Some(l) = q.latest.as_mut() {
+        let renumber = if !hello.hash.is_empty() && l.hash == hello.hash {
+            running = Some(l.generation.max(hello.generation));
+            (l.generation < hello.generation).then_some(hello.generation)
+        } else {
+            (l.generation <= hello.generation).then_some(highest + 1)
+        };
+        if let Some(g) = renumber {
+            let mut config = (*l.config).clone();
+            config.generation = g;
+            l.config = Arc::new(config);
+            l.generation = g;
+        }
+    }
+    let latest = q.latest.as_ref().map(|l| l.generation).unwrap_or(0);
+    q.highest = q.highest.max(latest);
+    drop(q);
+    shared.state.send_modify(|s| {
+        s.connected = true;
+        s.submitted = s.submitted.max(latest);
+        s.acked = running.unwrap_or(hello.generation);
+    });
+    running
+}
+
+struct Inflight {
+    generation: u64,
+    hash: String,
+    sent: Instant,
+}
+
+async fn session(
+    shared: &Shared,
+    opts: &PushOptions,
+    changed: &mut watch::Receiver<u64>,
+    stream: UnixStream,
+    hello: Hello,
+) -> End {
+    let c = &shared.counters;
+    c.connects.fetch_add(1, Relaxed);
+    // Whatever was submitted before now is covered by the check below: send it at once.
+    changed.borrow_and_update();
+    // The generation last sent on (or already running behind) this connection.
+    let mut attempted = on_hello(shared, &hello).unwrap_or(0);
+    // Generation and hash the dataplane runs (from `Hello`, then from `Ack`s).
+    let mut running = (hello.generation, hello.hash);
+    let (mut rd, mut wr) = stream.into_split();
+    let (tx, mut rx) = mpsc::channel::<io::Result<Message>>(16);
+    let _reader = AbortOnDrop(tokio::spawn(async move {
+        loop {
+            let m = read_frame(&mut rd).await.transpose();
+            let stop = !matches!(m, Some(Ok(_)));
+            let sent = match m {
+                Some(m) => tx.send(m).await.is_ok(),
+                None => false,
+            };
+            if stop || !sent {
+                return;
+            }
+        }
+    }));
+    let quiet = opts.debounce / 4;
+    let mut inflight: VecDeque<Inflight> = VecDeque::new();
+    // First and last change of the current burst; none right after connecting (send at once).
+    let mut burst: Option<(Instant, Instant)> = None;
+    loop {
+        let pending = {
+            let q = shared.queue();
+            q.latest
+                .as_ref()
+                .filter(|l| l.generation != attempted)
+                .filter(|l| l.generation != running.0 || l.hash != running.1)
+                .map(|l| (l.generation, l.hash.clone(), l.config.clone()))
+        };
+        let now = Instant::now();
+        let deadline = match (&pending, burst) {
+            (None, _) => None,
+            (Some(_), None) => Some(now),
+            (Some(_), Some((first, last))) => Some((last + quiet).min(first + opts.debounce)),
+        };
+        tokio::select! {
+            m = rx.recv() => match m {
+                None => return End::Closed(io::Error::new(
+                    io::ErrorKind::UnexpectedEof, "the dataplane closed the connection")),
+                Some(Err(e)) => return End::Closed(e),
+                Some(Ok(Message::Ack { generation })) => {
+                    if let Some((latency, hash)) = settle(&mut inflight, generation) {
+                        running = (generation, hash);
+                        let us = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
+                        c.last_latency_us.store(us, Relaxed);
+                        c.latency_total_us.fetch_add(us, Relaxed);
+                    }
+                    c.acks.fetch_add(1, Relaxed);
+                    tracing::debug!(generation, "dataplane acknowledged");
+                    shared.state.send_modify(|s| s.acked = generation);
+                }
+                Some(Ok(Message::Nack { generation, errors })) => {
+                    settle(&mut inflight, generation);
+                    c.nacks.fetch_add(1, Relaxed);
+                    tracing::error!(generation, errors = ?errors, "dataplane rejected the config");
+                    shared.state.send_modify(|s| s.last_nack = Some((generation, errors)));
+                }
+                Some(Ok(other)) => return End::Closed(invalid(format!(
+                    "unexpected {:?} frame from the dataplane", other.kind()))),
+            },
+            r = changed.changed() => {
+                if r.is_err() {
+                    return End::Dropped;
+                }
+                let now = Instant::now();
+                burst = Some((burst.map_or(now, |b| b.0), now));
+            }
+            _ = tokio::time::sleep_until(deadline.unwrap_or(now + Duration::from_secs(3600))),
+                if deadline.is_some() =>
+            {
+                let Some((generation, hash, config)) = pending else { continue };
+                burst = None;
+                let frame = match wire::encode_apply(generation, &config) {
+                    Ok(f) => f,
+                    Err(e) => {
+                        // Too large to ever send: report it like a rejection.
+                        attempted = generation;
+                        tracing::error!(generation, error = %e, "config cannot be pushed");
+                        shared.state.send_modify(|s| {
+                            s.last_nack = Some((generation, vec![e.to_string()]));
+                        });
+                        continue;
+                    }
+                };
+                let len = frame.len() as u64;
+                match tokio::time::timeout(WRITE_TIMEOUT, wr.write_all(&frame)).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => return End::Closed(e),
+                    Err(_) => return End::Closed(io::Error::new(
+                        io::ErrorKind::TimedOut, "writing to the dataplane timed out")),
+                }
+                attempted = generation;
+                inflight.push_back(Inflight { generation, hash, sent: Instant::now() });
+                c.pushes.fetch_add(1, Relaxed);
+                c.bytes_sent.fetch_add(len, Relaxed);
+                c.last_config_bytes.store(len, Relaxed);
+                tracing::debug!(generation, bytes = len, "config pushed");
+            }
+        }
+    }
+}
+
+/// Drops in-flight pushes up to `generation`; the send → reply time and the hash of that
+/// generation.
+fn settle(inflight: &mut VecDeque<Inflight>, generation: u64) -> Option<(Duration, String)> {
+    let mut found = None;
+    while let Some(f) = inflight.pop_front() {
+        if f.generation > generation {
+            inflight.push_front(f);
+            break;
+        }
+        if f.generation == generation {
+            found = Some((f.sent.elapsed(), f.hash));
+        }
+    }
+    found
 }

@@ -1,20 +1,129 @@
-//! `SweetyProxyConfig`: dataplane settings referenced from a GatewayClass `parametersRef`.
+//! `SweetyProxyConfig`: dataplane settings referenced from a GatewayClass `parametersRef`
+//! (limits, timeouts, HTTP/3 default, logging, worker threads, the Gateway Service shape).
 
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-/// Placeholder: fleshed out by the CRD work.
+/// Dataplane settings for every Gateway of a GatewayClass that points here.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[kube(
     group = "sweety.dev",
     version = "v1alpha1",
     kind = "SweetyProxyConfig",
-    namespaced
+    namespaced,
+    shortname = "spc",
+    printcolumn = r#"{"name":"Service","type":"string","jsonPath":".spec.service.type"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
 pub struct SweetyProxyConfigSpec {
+    /// Connection, request and body limits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<ProxyLimits>,
     /// Serve HTTP/3 on HTTPS listeners unless a listener says otherwise.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub http3: Option<bool>,
+    /// Access log settings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logging: Option<Logging>,
+    /// Tokio worker threads of the dataplane; default: one per CPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 256))]
+    pub worker_threads: Option<i32>,
+    /// Shape of the Service created for each Gateway.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service: Option<GatewayServiceSpec>,
+}
+
+/// Dataplane limits. Durations are written `500ms`, `30s`, `5m`, `1h`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProxyLimits {
+    /// Open client connections, all listeners.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub max_connections: Option<i64>,
+    /// Requests in flight, all listeners.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub max_requests_in_flight: Option<i64>,
+    /// Largest request body, bytes (413 past it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub max_request_body_bytes: Option<i64>,
+    /// Time to receive a full request header.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("pattern" = "^[0-9]+(ms|s|m|h)$"))]
+    pub header_read_timeout: Option<String>,
+    /// Idle keep-alive connection lifetime.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("pattern" = "^[0-9]+(ms|s|m|h)$"))]
+    pub idle_timeout: Option<String>,
+    /// Longest pause while reading a request body.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("pattern" = "^[0-9]+(ms|s|m|h)$"))]
+    pub body_idle_timeout: Option<String>,
+    /// Time in-flight requests get to finish on shutdown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("pattern" = "^[0-9]+(ms|s|m|h)$"))]
+    pub drain_timeout: Option<String>,
+}
+
+/// Access log settings.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Logging {
+    /// Write an access log line per request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access_log: Option<bool>,
+    /// `json` (default) or `text`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub format: Option<LogFormat>,
+}
+
+/// Log line format.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// One JSON object per line.
+    Json,
+    /// Human-readable text.
+    Text,
+}
+
+/// Service created per Gateway.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {"rule": "!has(self.externalTrafficPolicy) || !has(self.type) || self.type != 'ClusterIP'",
+     "message": "externalTrafficPolicy needs a LoadBalancer or NodePort Service"}
+]))]
+pub struct GatewayServiceSpec {
+    /// `LoadBalancer` (default), `NodePort` or `ClusterIP`.
+    #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
+    pub type_: Option<ServiceType>,
+    /// `Cluster` (default) or `Local` (keeps client source addresses).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub external_traffic_policy: Option<ExternalTrafficPolicy>,
+}
+
+/// Kubernetes Service type.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum ServiceType {
+    /// An external load balancer (default).
+    LoadBalancer,
+    /// A port on every node.
+    NodePort,
+    /// Cluster-internal only.
+    ClusterIP,
+}
+
+/// Kubernetes `externalTrafficPolicy`.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum ExternalTrafficPolicy {
+    /// Spread over all nodes (client address lost).
+    Cluster,
+    /// Only nodes running the dataplane (client address kept).
+    Local,
 }

@@ -41,6 +41,22 @@ pub struct ConnInfo {
     pub sni: Option<Arc<str>>,
 }
 
+/// Request extension set by the HTTP/3 adapter on a request received in TLS early data
+/// (0-RTT), before the handshake completed. Such a request can be replayed by an attacker, so
+/// the pipeline serves it only for safe methods and answers anything else 425 Too Early.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EarlyData;
+
+/// Whether a request with this method may be served from early data (RFC 8470): the safe
+/// methods, which a replay cannot turn into a second side effect.
+pub fn early_data_allowed(method: &http::Method) -> bool {
+    use http::Method;
+    matches!(
+        *method,
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE
+    )
+}
+
 /// Per-request context.
 #[derive(Debug, Clone)]
 pub struct RequestCtx {
@@ -59,6 +75,21 @@ impl RequestCtx {
             "https"
         } else {
             "http"
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_safe_methods_are_served_from_early_data() {
+        for m in ["GET", "HEAD", "OPTIONS", "TRACE"] {
+            assert!(early_data_allowed(&m.parse().unwrap()), "{m}");
+        }
+        for m in ["POST", "PUT", "DELETE", "PATCH", "CONNECT", "PURGE"] {
+            assert!(!early_data_allowed(&m.parse().unwrap()), "{m}");
         }
     }
 }

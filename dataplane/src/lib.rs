@@ -1,4 +1,4 @@
-//! `sweety-dataplane`: one process that serves HTTP/1.1, HTTP/2 (and HTTP/3) through one
+//! `sweety-dataplane`: one process that serves HTTP/1.1, HTTP/2 and HTTP/3 through one
 //! request pipeline and one backpressure core, and swaps its config atomically.
 //!
 //! Module map (each does one thing; see docs/request-phases.md for the request flow):
@@ -12,8 +12,10 @@
 //! * [`pipeline`]: the single request path shared by all protocols.
 //! * [`tls`]: certificates, the SNI resolver, self-signed certificates.
 //! * [`server`]: listeners and connection serving (H1/h2c and TLS with ALPN).
+//! * [`h3`]: HTTP/3 over QUIC (quinn + h3): the UDP endpoint and the thin adapter.
 //! * [`runtime`]: the live config snapshot, hot reload and listener reconciliation.
 //! * [`admin`]: health, readiness, metrics and config endpoints.
+//! * [`control`]: the control socket the controller pushes configs on (`--control-socket`).
 //! * [`metrics`]: counters and histograms, rendered in Prometheus text format.
 //! * [`access_log`]: JSON access log written off the request path.
 //! * [`defaults`]: the embedded default config used when no `--config` is given.
@@ -21,9 +23,11 @@
 pub mod access_log;
 pub mod admin;
 pub mod body;
+pub mod control;
 pub mod ctx;
 pub mod defaults;
 pub mod filters;
+pub mod h3;
 pub mod limits;
 pub mod metrics;
 pub mod pipeline;

@@ -1,7 +1,8 @@
-//! The backpressure core shared by every protocol (H1, H2 and, later, H3):
+//! The backpressure core shared by every protocol (H1, H2 and H3):
 //!
-//! * a global cap on open connections: the accept loop waits for a [`ConnPermit`] before it
-//!   accepts, so a full server stops accepting instead of failing connections;
+//! * a global cap on open connections: the TCP accept loop waits for a [`ConnPermit`] before
+//!   it accepts, so a full server stops accepting instead of failing connections; QUIC takes
+//!   the same permit without waiting and refuses the connection attempt when none is free;
 //! * global and per-listener caps on requests in flight: a request waits a bounded time for a
 //!   slot ([`Backpressure::admit`]) and is answered 503 with `Retry-After` when none frees up;
 //! * request bodies limited in size and idle time ([`LimitedBody`]);
@@ -167,6 +168,22 @@ impl Backpressure {
             _permit: permit,
             metrics: self.metrics.clone(),
         }
+    }
+
+    /// Takes a connection slot now if one is free; otherwise counts a `max_connections` hit.
+    /// For QUIC, where a connection attempt that cannot be served is refused at once rather
+    /// than left queued.
+    pub fn try_connection(&self) -> Option<ConnPermit> {
+        let Some(permit) = self.connections.try_acquire() else {
+            self.metrics.limit_hit("max_connections");
+            return None;
+        };
+        self.metrics.active_connections.fetch_add(1, Relaxed);
+        self.metrics.connections_total.fetch_add(1, Relaxed);
+        Some(ConnPermit {
+            _permit: permit,
+            metrics: self.metrics.clone(),
+        })
     }
 
     /// Admits a request: takes a global slot and, if the listener has its own cap, a listener

@@ -4,6 +4,10 @@
 //! * `sweety-dataplane` (or `run` with no `--config`): serve the embedded default config;
 //! * `sweety-dataplane run --config FILE`: serve FILE, reloading on change and on SIGHUP;
 //! * `sweety-dataplane validate FILE`: print every error in FILE, exit non-zero if any.
+//! * `--control-socket PATH` (with either form of `run`): accept config pushes from the
+//!   controller on a Unix socket. `--config FILE` is then only the initial config (not
+//!   watched); without it the dataplane starts with no listeners and is not ready until the
+//!   first push.
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
@@ -23,6 +27,9 @@ use sweety_dataplane::runtime::{Runtime, RuntimeOptions};
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
+    /// Unix socket the controller pushes configs on (see docs/control-protocol.md).
+    #[arg(long, global = true, env = "SWEETY_CONTROL_SOCKET")]
+    control_socket: Option<PathBuf>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -47,6 +54,9 @@ struct RunArgs {
     /// Worker threads (default: one per CPU).
     #[arg(long, env = "SWEETY_WORKERS")]
     workers: Option<usize>,
+    /// Set from the global `--control-socket`.
+    #[arg(skip)]
+    control_socket: Option<PathBuf>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -59,8 +69,14 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Some(Command::Validate { file }) => validate(&file),
-        Some(Command::Run(args)) => run(args),
-        None => run(RunArgs::default()),
+        Some(Command::Run(args)) => run(RunArgs {
+            control_socket: cli.control_socket,
+            ..args
+        }),
+        None => run(RunArgs {
+            control_socket: cli.control_socket,
+            ..RunArgs::default()
+        }),
     }
 }
 
@@ -99,26 +115,33 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
 
 async fn serve(args: RunArgs) -> anyhow::Result<()> {
     let (config, demo_dir) = match &args.config {
-        Some(p) => (read_config(p)?, None),
+        Some(p) => (Some(read_config(p)?), None),
+        None if args.control_socket.is_some() => (None, None),
         None => {
             let dir = std::env::temp_dir().join(format!("sweety-demo-{}", std::process::id()));
             let root = sweety_dataplane::defaults::write_demo_site(&dir)?;
             let (cert, key) = sweety_dataplane::tls::self_signed(&["localhost", "127.0.0.1"])?;
             (
-                sweety_dataplane::defaults::default_config(&root, cert, key),
+                Some(sweety_dataplane::defaults::default_config(&root, cert, key)),
                 Some(dir),
             )
         }
     };
     let opts = RuntimeOptions {
-        access_log: config.access_log.clone(),
+        access_log: config
+            .as_ref()
+            .map(|c| c.access_log.clone())
+            .unwrap_or_default(),
         ..RuntimeOptions::default()
     };
     let runtime = Arc::new(Runtime::new(opts)?);
     let admin_addr = match args.admin {
         Some(a) => a,
         None => {
-            let a = config.admin.clone().unwrap_or_default();
+            let a = config
+                .as_ref()
+                .and_then(|c| c.admin.clone())
+                .unwrap_or_default();
             format!("{}:{}", a.address, a.port)
                 .parse()
                 .context("admin address")?
@@ -127,15 +150,24 @@ async fn serve(args: RunArgs) -> anyhow::Result<()> {
     let admin = sweety_dataplane::admin::serve(runtime.shared.clone(), admin_addr)
         .await
         .with_context(|| format!("cannot bind the admin listener on {admin_addr}"))?;
-    runtime
-        .apply(config)
-        .await
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    if let Some(config) = config {
+        runtime
+            .apply(config)
+            .await
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+    }
     for (name, addr) in runtime.bound().await {
         tracing::info!(listener = %name, %addr, "listening");
     }
     tracing::info!(%admin, "admin listening");
-    if let Some(p) = &args.config {
+    let _control = match &args.control_socket {
+        Some(path) => Some(
+            sweety_dataplane::control::ControlServer::bind(runtime.clone(), path)
+                .with_context(|| format!("cannot create the control socket {}", path.display()))?,
+        ),
+        None => None,
+    };
+    if let (Some(p), None) = (&args.config, &args.control_socket) {
         tokio::spawn(watch_file(runtime.clone(), p.clone()));
     }
 

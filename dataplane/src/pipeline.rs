@@ -1,6 +1,8 @@
 //! The one request pipeline every protocol goes through (see docs/request-phases.md):
 //!
-//! 1. **admit**: take a slot from the backpressure core (bounded wait, else 503 + Retry-After);
+//! 1. **admit**: a request from TLS early data (HTTP/3 0-RTT) with an unsafe method gets 425
+//!    Too Early; otherwise take a slot from the backpressure core (bounded wait, else 503 +
+//!    Retry-After);
 //! 2. **snapshot**: pin the current config; the request finishes on it even if a reload swaps
 //!    in a newer one meanwhile;
 //! 3. **route**: host (421 on a misdirected request), then path/method/headers/query (404);
@@ -14,7 +16,7 @@
 
 use crate::access_log::{now_ms, LogLine};
 use crate::body::{text_response, Body, BoxError};
-use crate::ctx::{ConnInfo, Protocol, RequestCtx};
+use crate::ctx::{ConnInfo, EarlyData, Protocol, RequestCtx};
 use crate::filters::RequestOutcome;
 use crate::limits::{LimitedBody, RequestPermit};
 use crate::router::{Lookup, RequestHead};
@@ -46,14 +48,20 @@ pub async fn handle(
     let limits = &snap.config.limits;
 
     // 1. admit
-    let permit = shared
-        .backpressure
-        .admit(
-            view.and_then(|v| v.limit.as_deref()),
-            limits.queue_timeout.get(),
-        )
-        .await
-        .ok();
+    let too_early = req.extensions().get::<EarlyData>().is_some()
+        && !crate::ctx::early_data_allowed(req.method());
+    let permit = if too_early {
+        None
+    } else {
+        shared
+            .backpressure
+            .admit(
+                view.and_then(|v| v.limit.as_deref()),
+                limits.queue_timeout.get(),
+            )
+            .await
+            .ok()
+    };
     let ctx = RequestCtx {
         conn,
         protocol,
@@ -62,7 +70,12 @@ pub async fn handle(
     let log = shared.access_log.enabled().then(|| LogStart::new(&req));
     let origin = req.headers().get(header::ORIGIN).cloned();
 
-    let (route_name, mut resp, filters_entry) = if permit.is_none() {
+    let (route_name, mut resp, filters_entry) = if too_early {
+        shared.metrics.limit_hit("early_data");
+        let status = StatusCode::from_u16(425).expect("425 is a valid status");
+        let r = text_response(status, "425 Too Early: retry after the handshake\n");
+        (Arc::<str>::from(NO_ROUTE), r, None)
+    } else if permit.is_none() {
         let mut r = text_response(
             StatusCode::SERVICE_UNAVAILABLE,
             "503 Service Unavailable: server overloaded, retry later\n",

@@ -10,7 +10,10 @@
 //!   finish on the one they pinned;
 //! * listener sockets are keyed by bind address, so a listener kept across reloads keeps its
 //!   socket and its established connections; only removed listeners are closed, gracefully;
-//! * certificates are part of the snapshot, so changed ones apply to new handshakes.
+//!   the same holds for the UDP (QUIC) socket of an HTTPS listener serving HTTP/3, which is
+//!   bound on the listener's TCP port and added or removed with the listener or its `http3`;
+//! * certificates are part of the snapshot, so changed ones apply to new handshakes; a kept
+//!   QUIC endpoint gets the new TLS and transport config for its new handshakes.
 
 use crate::access_log::AccessLog;
 use crate::limits::{Backpressure, Limit};
@@ -178,11 +181,25 @@ struct Running {
     task: JoinHandle<()>,
 }
 
+struct RunningQuic {
+    local: SocketAddr,
+    endpoint: quinn::Endpoint,
+    stop: watch::Sender<bool>,
+    task: JoinHandle<()>,
+}
+
+/// Every running listener socket: TCP, and UDP for HTTP/3, each by bind key.
+#[derive(Default)]
+struct Sockets {
+    tcp: HashMap<BindKey, Running>,
+    udp: HashMap<BindKey, RunningQuic>,
+}
+
 /// The dataplane runtime: applies configs and runs listeners.
 pub struct Runtime {
     /// Shared state.
     pub shared: Arc<Shared>,
-    running: tokio::sync::Mutex<HashMap<BindKey, Running>>,
+    running: tokio::sync::Mutex<Sockets>,
 }
 
 impl Runtime {
@@ -215,7 +232,7 @@ impl Runtime {
         });
         Ok(Runtime {
             shared,
-            running: tokio::sync::Mutex::new(HashMap::new()),
+            running: tokio::sync::Mutex::new(Sockets::default()),
         })
     }
 
@@ -250,46 +267,101 @@ impl Runtime {
         .ok();
         let mut views = Vec::new();
         for (i, l) in config.listeners.iter().enumerate() {
-            let tls = match (&l.protocol, &l.tls) {
+            let (tls, quic) = match (&l.protocol, &l.tls) {
                 (ListenerProtocol::Https, Some(t)) => {
-                    match crate::tls::server_config(
-                        t,
-                        &format!("listeners[{i}].tls"),
-                        &[b"h2", b"http/1.1"],
-                    ) {
-                        Ok(c) => Some(c),
+                    let path = format!("listeners[{i}].tls");
+                    let early = l.http3.then_some(config.http3.early_data);
+                    match crate::tls::listener_configs(t, &path, early) {
+                        Ok(c) => {
+                            let quic = c.quic.and_then(|q| {
+                                crate::h3::server_config(q, &config.http3, &config.limits, &path)
+                                    .map_err(|e| errors.push(e))
+                                    .ok()
+                            });
+                            (Some(c.tcp), quic)
+                        }
                         Err(e) => {
                             errors.push(e.to_string());
-                            None
+                            (None, None)
                         }
                     }
                 }
-                _ => None,
+                _ => (None, None),
             };
-            views.push((i, l, tls));
+            views.push((i, l, tls, quic));
         }
         let (Some(routes), Some(upstreams), true) = (routes, upstreams, errors.is_empty()) else {
             return Err(ApplyError::Invalid(errors));
         };
 
-        let mut running = self.running.lock().await;
-        // Bind listeners that are new, before anything is swapped.
+        let mut sockets = self.running.lock().await;
+        let running = &sockets.tcp;
+        // Bind listeners that are new, before anything is swapped: TCP, then UDP on the same
+        // port for HTTP/3 (a new ephemeral-port listener retries until both are free).
         let mut fresh = HashMap::new();
-        for (i, l, _) in &views {
+        let mut fresh_udp = HashMap::new();
+        for (i, l, _, quic) in &views {
             if !matches!(l.protocol, ListenerProtocol::Http | ListenerProtocol::Https) {
                 continue; // L4 listeners arrive with the edge-features work.
             }
             let key = bind_key(l);
-            if running.contains_key(&key) || fresh.contains_key(&key) {
-                continue;
-            }
-            let sock = bind_tcp(key.0).map_err(|source| ApplyError::Bind {
+            let bind_err = |addr, source| ApplyError::Bind {
                 index: *i,
                 name: l.name.clone(),
-                addr: key.0,
+                addr,
+                source,
+            };
+            let want_udp =
+                quic.is_some() && !sockets.udp.contains_key(&key) && !fresh_udp.contains_key(&key);
+            if running.contains_key(&key) || fresh.contains_key(&key) {
+                if want_udp {
+                    let port = running
+                        .get(&key)
+                        .map(|r| r.local.port())
+                        .or_else(|| fresh.get(&key).and_then(local_port))
+                        .unwrap_or(l.port);
+                    let addr = SocketAddr::new(key.0.ip(), port);
+                    let sock = crate::h3::bind_udp(addr).map_err(|e| bind_err(addr, e))?;
+                    fresh_udp.insert(key, sock);
+                }
+                continue;
+            }
+            let mut tries = 0;
+            let (tcp, udp) = loop {
+                let tcp = bind_tcp(key.0).map_err(|e| bind_err(key.0, e))?;
+                if !want_udp {
+                    break (tcp, None);
+                }
+                let addr = SocketAddr::new(key.0.ip(), local_port(&tcp).unwrap_or(l.port));
+                match crate::h3::bind_udp(addr) {
+                    Ok(u) => break (tcp, Some(u)),
+                    Err(e) if key.0.port() == 0 && tries < 8 => {
+                        tries += 1;
+                        tracing::debug!(%addr, error = %e, "UDP port taken; trying another");
+                    }
+                    Err(e) => return Err(bind_err(addr, e)),
+                }
+            };
+            if let Some(u) = udp {
+                fresh_udp.insert(key.clone(), u);
+            }
+            fresh.insert(key, tcp);
+        }
+        // Start the new QUIC endpoints (they queue handshakes until their loop runs).
+        let mut fresh_quic = HashMap::new();
+        for (i, l, _, quic) in &views {
+            let key = bind_key(l);
+            let (Some(sock), Some(cfg)) = (fresh_udp.remove(&key), quic) else {
+                continue;
+            };
+            let addr = sock.local_addr().unwrap_or(key.0);
+            let ep = crate::h3::endpoint(sock, cfg.clone()).map_err(|source| ApplyError::Bind {
+                index: *i,
+                name: l.name.clone(),
+                addr,
                 source,
             })?;
-            fresh.insert(key, sock);
+            fresh_quic.insert(key, ep);
         }
 
         // Build the snapshot.
@@ -301,17 +373,12 @@ impl Runtime {
                 .listener_limits
                 .lock()
                 .unwrap_or_else(|e| e.into_inner());
-            for (_, l, tls) in views {
+            for (_, l, tls, quic) in &views {
                 let key = bind_key(l);
                 let port = running
                     .get(&key)
                     .map(|r| r.local.port())
-                    .or_else(|| {
-                        fresh
-                            .get(&key)
-                            .and_then(|s| s.local_addr().ok())
-                            .map(|a| a.port())
-                    })
+                    .or_else(|| fresh.get(&key).and_then(local_port))
                     .unwrap_or(l.port);
                 let limit = l.max_requests_in_flight.map(|max| {
                     let lim = limits
@@ -320,20 +387,27 @@ impl Runtime {
                     lim.resize(max as usize);
                     lim.clone()
                 });
+                // Advertise HTTP/3 only where its UDP socket is up.
+                let h3_up = quic.is_some()
+                    && (sockets.udp.contains_key(&key) || fresh_quic.contains_key(&key));
                 let view = Arc::new(ListenerView {
                     name: l.name.as_str().into(),
                     port,
                     protocol: l.protocol,
-                    tls,
+                    tls: tls.clone(),
                     limit,
-                    // HTTP/3 is not served yet, so it is not advertised.
-                    alt_svc: None,
+                    alt_svc: h3_up
+                        .then(|| crate::h3::alt_svc(port, config.http3.alt_svc_max_age.get())),
                 });
                 by_key.insert(key.clone(), view.clone());
                 listeners.insert(view.name.clone(), view);
             }
             limits.retain(|name, _| listeners.contains_key(name.as_str()));
         }
+        let mut quic_configs: HashMap<BindKey, quinn::ServerConfig> = views
+            .into_iter()
+            .filter_map(|(_, l, _, q)| Some((bind_key(l), q?)))
+            .collect();
         let snapshot = Snapshot {
             http: http_builder(&config.limits),
             hash: config.content_hash(),
@@ -368,10 +442,40 @@ impl Runtime {
                 key.clone(),
                 stop_rx,
             ));
-            running.insert(key, Running { local, stop, task });
+            sockets.tcp.insert(key, Running { local, stop, task });
+        }
+        // HTTP/3 endpoints: new ones start, kept ones get the new config for new handshakes
+        // (established connections are untouched), removed ones drain.
+        sockets.udp.retain(|key, r| match quic_configs.remove(key) {
+            Some(cfg) => {
+                r.endpoint.set_server_config(Some(cfg));
+                true
+            }
+            None => {
+                let _ = r.stop.send(true);
+                tracing::info!(addr = %r.local, "HTTP/3 listener removed; draining");
+                false
+            }
+        });
+        for (key, endpoint) in fresh_quic {
+            let local = endpoint.local_addr().unwrap_or(key.0);
+            let (stop, stop_rx) = watch::channel(false);
+            let task = tokio::spawn(crate::h3::run_quic(
+                self.shared.clone(),
+                endpoint.clone(),
+                key.clone(),
+                stop_rx,
+            ));
+            let r = RunningQuic {
+                local,
+                endpoint,
+                stop,
+                task,
+            };
+            sockets.udp.insert(key, r);
         }
         let snap = self.shared.snapshot();
-        running.retain(|key, r| {
+        sockets.tcp.retain(|key, r| {
             let keep = snap.by_key.contains_key(key);
             if !keep {
                 let _ = r.stop.send(true);
@@ -388,7 +492,17 @@ impl Runtime {
         let snap = self.shared.snapshot();
         snap.by_key
             .iter()
-            .filter_map(|(k, v)| running.get(k).map(|r| (v.name.to_string(), r.local)))
+            .filter_map(|(k, v)| running.tcp.get(k).map(|r| (v.name.to_string(), r.local)))
+            .collect()
+    }
+
+    /// UDP addresses of the listeners serving HTTP/3, by listener name.
+    pub async fn bound_quic(&self) -> HashMap<String, SocketAddr> {
+        let running = self.running.lock().await;
+        let snap = self.shared.snapshot();
+        snap.by_key
+            .iter()
+            .filter_map(|(k, v)| running.udp.get(k).map(|r| (v.name.to_string(), r.local)))
             .collect()
     }
 
@@ -397,7 +511,11 @@ impl Runtime {
     pub async fn shutdown(&self) {
         let mut running = self.running.lock().await;
         let mut tasks = Vec::new();
-        for (_, r) in running.drain() {
+        for (_, r) in running.tcp.drain() {
+            let _ = r.stop.send(true);
+            tasks.push(r.task);
+        }
+        for (_, r) in running.udp.drain() {
             let _ = r.stop.send(true);
             tasks.push(r.task);
         }
@@ -419,6 +537,10 @@ fn bind_key(l: &sweety_config::Listener) -> BindKey {
     let ip: IpAddr = l.address.parse().unwrap_or(IpAddr::from([0, 0, 0, 0]));
     let name = (l.port == 0).then(|| Arc::<str>::from(l.name.as_str()));
     (SocketAddr::new(ip, l.port), name)
+}
+
+fn local_port(l: &tokio::net::TcpListener) -> Option<u16> {
+    l.local_addr().ok().map(|a| a.port())
 }
 
 fn bind_tcp(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {

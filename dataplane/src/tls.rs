@@ -1,7 +1,8 @@
 //! TLS for client-facing listeners: loading PEM certificates and keys, an SNI resolver with
-//! exact and wildcard names, per-listener rustls server configs (ALPN h2 + http/1.1, TLS 1.2
-//! and 1.3, session resumption by tickets and a session cache), and self-signed certificates
-//! for the embedded default config.
+//! exact and wildcard names, per-listener rustls server configs (TCP: ALPN h2 + http/1.1,
+//! TLS 1.2 and 1.3; QUIC: ALPN h3, TLS 1.3, optional early data; both with session resumption
+//! by tickets and a session cache, and one shared resolver), and self-signed certificates for
+//! the embedded default config.
 //!
 //! Certificates are resolved per handshake from the config snapshot that is current when the
 //! connection is accepted, so a changed certificate applies to new handshakes at once.
@@ -173,19 +174,76 @@ pub fn san_dns_names(der: &CertificateDer<'_>) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// Builds the rustls server config of an HTTPS listener. `alpn` lists the protocols offered
-/// (for TCP: h2 and http/1.1).
+/// The rustls server configs of an HTTPS listener: one for TCP (ALPN h2 and http/1.1, the
+/// listener's minimum TLS version) and, when HTTP/3 is on, one for QUIC (ALPN h3, TLS 1.3
+/// only, early data only when `early_data`). Both use the same [`SniResolver`].
+pub struct ListenerTlsConfigs {
+    /// For TCP.
+    pub tcp: Arc<rustls::ServerConfig>,
+    /// For QUIC, when HTTP/3 is served.
+    pub quic: Option<Arc<rustls::ServerConfig>>,
+}
+
+/// Builds the rustls server configs of an HTTPS listener (see [`ListenerTlsConfigs`]).
+/// `quic` is `Some(early_data)` when HTTP/3 is served.
+pub fn listener_configs(
+    tls: &ListenerTls,
+    path: &str,
+    quic: Option<bool>,
+) -> Result<ListenerTlsConfigs, TlsError> {
+    let resolver = Arc::new(SniResolver::new(&tls.certificates, path)?);
+    let versions: &[&rustls::SupportedProtocolVersion] = match tls.min_version {
+        TlsVersion::Tls12 => &[&rustls::version::TLS13, &rustls::version::TLS12],
+        TlsVersion::Tls13 => &[&rustls::version::TLS13],
+    };
+    let tcp = build(
+        resolver.clone(),
+        versions,
+        &[b"h2", b"http/1.1"],
+        path,
+        true,
+    )?;
+    let quic = match quic {
+        None => None,
+        Some(early_data) => {
+            // rustls offers early data only with stateful resumption: a ticket is then a
+            // single-use key into the session cache, which also stops replays to this server.
+            let tls13 = &[&rustls::version::TLS13];
+            let mut cfg = build(resolver, tls13, &[b"h3"], path, !early_data)?;
+            // QUIC allows only 0 or u32::MAX here; the amount is bounded by flow control.
+            cfg.max_early_data_size = if early_data { u32::MAX } else { 0 };
+            Some(Arc::new(cfg))
+        }
+    };
+    Ok(ListenerTlsConfigs {
+        tcp: Arc::new(tcp),
+        quic,
+    })
+}
+
+/// Builds the rustls server config of an HTTPS listener for TCP. `alpn` lists the protocols
+/// offered (for TCP: h2 and http/1.1).
 pub fn server_config(
     tls: &ListenerTls,
     path: &str,
     alpn: &[&[u8]],
 ) -> Result<Arc<rustls::ServerConfig>, TlsError> {
     let resolver = Arc::new(SniResolver::new(&tls.certificates, path)?);
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
     let versions: &[&rustls::SupportedProtocolVersion] = match tls.min_version {
         TlsVersion::Tls12 => &[&rustls::version::TLS13, &rustls::version::TLS12],
         TlsVersion::Tls13 => &[&rustls::version::TLS13],
     };
+    Ok(Arc::new(build(resolver, versions, alpn, path, true)?))
+}
+
+fn build(
+    resolver: Arc<SniResolver>,
+    versions: &[&'static rustls::SupportedProtocolVersion],
+    alpn: &[&[u8]],
+    path: &str,
+    stateless_tickets: bool,
+) -> Result<rustls::ServerConfig, TlsError> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
         .with_protocol_versions(versions)
         .map_err(|source| TlsError::Rustls {
@@ -196,11 +254,14 @@ pub fn server_config(
         .with_cert_resolver(resolver);
     cfg.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
     cfg.session_storage = rustls::server::ServerSessionMemoryCache::new(4096);
-    cfg.ticketer = rustls::crypto::ring::Ticketer::new().map_err(|source| TlsError::Rustls {
-        path: path.to_string(),
-        source,
-    })?;
-    Ok(Arc::new(cfg))
+    if stateless_tickets {
+        cfg.ticketer =
+            rustls::crypto::ring::Ticketer::new().map_err(|source| TlsError::Rustls {
+                path: path.to_string(),
+                source,
+            })?;
+    }
+    Ok(cfg)
 }
 
 /// A self-signed certificate and key (PEM) for `names` (DNS names or IP addresses).

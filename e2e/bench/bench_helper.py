@@ -5,12 +5,13 @@ Subcommands:
   port-state PORT WANT TIMEOUT   wait until 127.0.0.1:PORT is "open" or "free"; exit 1 on timeout
   mem PID                        print "VmRSS VmHWM" in kB, summed over PID and its descendants
   measure [options] -- CMD...    run one load-generator command and append one JSON result line
+  oha-probe                      read oha's JSON (one request) on stdin, print "STATUS SIZEB"
   report RESULTS [--out FILE]    print the markdown report (and write it to FILE)
 
 `measure` samples the server's CPU time (utime+stime from /proc/PID/stat, summed over the
 server process and its descendants, e.g. nginx master + worker) right before and right after
-the client runs, reads peak memory (VmHWM) at the end, parses the client's output (h2load or
-wrk), and appends everything as one JSON line to the results file.
+the client runs, reads peak memory (VmHWM) at the end, parses the client's output (h2load,
+wrk or oha's JSON), and appends everything as one JSON line to the results file.
 """
 
 import argparse
@@ -182,6 +183,39 @@ def parse_wrk(out):
     return r
 
 
+def parse_oha(out):
+    """oha --output-format json: requests/s, p99 (seconds in the JSON), status codes, errors."""
+    r = {"rps": None, "done": 0, "failed": 0, "bad_status": 0, "p99_ms": None}
+    start = out.find("{")
+    try:
+        j = json.loads(out[start:]) if start >= 0 else {}
+    except ValueError:
+        return r
+    r["rps"] = j.get("summary", {}).get("requestsPerSec")
+    p99 = j.get("latencyPercentiles", {}).get("p99")
+    r["p99_ms"] = p99 * 1000.0 if p99 is not None else None
+    codes = j.get("statusCodeDistribution", {}) or {}
+    r["done"] = sum(codes.values())
+    r["bad_status"] = sum(v for k, v in codes.items() if not k.startswith("2"))
+    # oha cancels the requests still in flight when -z runs out; those are not failures
+    errors = j.get("errorDistribution", {}) or {}
+    r["failed"] = sum(v for k, v in errors.items() if "aborted due to deadline" not in k)
+    r["errors"] = errors
+    return r
+
+
+def cmd_oha_probe(_a):
+    try:
+        j = json.loads(sys.stdin.read())
+    except ValueError:
+        print("no answer")
+        return 0
+    codes = j.get("statusCodeDistribution", {}) or {}
+    size = j.get("summary", {}).get("sizePerRequest")
+    print(f"{','.join(codes) or 'error'} {size if size is not None else 0}B")
+    return 0
+
+
 # --------------------------------------------------------------------------- measure
 
 
@@ -220,7 +254,12 @@ def cmd_measure(a):
     rss, hwm = mem_kb(pids)
     with open(a.client_out, errors="replace") as f:
         out = f.read()
-    r = parse_h2load(out, a.log) if a.tool == "h2load" else parse_wrk(out)
+    if a.tool == "h2load":
+        r = parse_h2load(out, a.log)
+    elif a.tool == "oha":
+        r = parse_oha(out)
+    else:
+        r = parse_wrk(out)
     if a.log and os.path.exists(a.log):
         os.unlink(a.log)  # can be tens of MB
     cpu_s = (t1 - t0) / CLK_TCK
@@ -403,11 +442,48 @@ def cmd_report(a):
              "peak RSS S", "peak RSS N", "RSS S/N", "fail S", "fail N"],
             summary,
         ),
+    ]
+    h3rows = []
+    for c in cells:
+        if not c.startswith("h3-"):
+            continue
+        h3, h2 = agg(c, "sweety"), agg("h2-" + c[3:], "sweety")
+        g = lambda d, k: d[k] if d else None
+        h3rows.append(
+            [
+                c[3:],
+                fmt_rps(g(h2, "rps")),
+                fmt_rps(g(h3, "rps")),
+                fmt_ms(g(h2, "p99")),
+                fmt_ms(g(h3, "p99")),
+                fmt_num(g(h2, "us")),
+                fmt_num(g(h3, "us")),
+                fmt_ratio(g(h3, "us"), g(h2, "us")),
+                fmt_mb(g(h2, "rss")),
+                fmt_mb(g(h3, "rss")),
+                "—" if h3 is None else h3["fail"],
+            ]
+        )
+    if h3rows:
+        out += [
+            "",
+            "## Sweety HTTP/3 vs HTTP/2",
+            "",
+            "Same files, same server settings; H2 load from h2load (-m 10), H3 load from oha "
+            "(-p 10). µs H3/H2 is the ratio of server CPU-µs per request.",
+            "",
+            md_table(
+                ["file", "rps H2", "rps H3", "p99 H2", "p99 H3", "µs/req H2", "µs/req H3",
+                 "µs H3/H2", "peak RSS H2", "peak RSS H3", "fail H3"],
+                h3rows,
+            ),
+        ]
+    out += [
         "",
         "## Every run",
         "",
-        "non-2xx: h2load counts 3xx/4xx/5xx, wrk counts 4xx/5xx. probe: status and size of one "
-        "curl request made before the load.",
+        "non-2xx: h2load and oha count 3xx/4xx/5xx, wrk counts 4xx/5xx. probe: status and size "
+        "of one request made before the load (curl; oha for h3).",
         "",
         md_table(
             ["cell", "server", "run", "rps", "p99", "µs/req", "server CPU %", "client CPU %",
@@ -446,7 +522,7 @@ def main():
     s.add_argument("--cell", required=True)
     s.add_argument("--server", required=True)
     s.add_argument("--run", type=int, default=1)
-    s.add_argument("--tool", choices=["h2load", "wrk"], required=True)
+    s.add_argument("--tool", choices=["h2load", "wrk", "oha"], required=True)
     s.add_argument("--server-pid", type=int, required=True)
     s.add_argument("--idle-rss", type=int, default=0)
     s.add_argument("--probe", default="")
@@ -456,6 +532,9 @@ def main():
     s.add_argument("--timeout", type=float, required=True)
     s.add_argument("command", nargs=argparse.REMAINDER, help="-- CLIENT COMMAND...")
     s.set_defaults(fn=cmd_measure)
+
+    s = sub.add_parser("oha-probe")
+    s.set_defaults(fn=cmd_oha_probe)
 
     s = sub.add_parser("report")
     s.add_argument("results")

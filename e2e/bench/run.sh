@@ -10,6 +10,7 @@
 #   RUNS=2         passes over all cells (the machine is noisy; the report shows every run)
 #   CELLS=         space/comma separated glob filter over the cell names (default: all):
 #                  h1-1k h1-10k h1-100k h1-1m h2-1k h2-10k h2-100k h2-1m proxy-h1
+#                  h3-1k h3-10k h3-100k h3-1m (Sweety only: this nginx has no HTTP/3)
 #   SERVERS="sweety nginx"   which servers to run
 #   SERVER_CPU=0 CLIENT_CPU=1 BACKEND_CPU=$CLIENT_CPU   taskset CPU of each role
 #   PORT_BASE=18440  ports used on 127.0.0.1: TLS = base, plain HTTP = base+1,
@@ -17,6 +18,9 @@
 #   SWEETY_BIN=    use this binary instead of building (else: cargo build --release into
 #                  $CARGO_TARGET_DIR, default ~/.cache/sweety/target)
 #   KEEP_WORK=1    keep the temporary work dir (configs, logs, client outputs)
+#   OHA=           oha binary with HTTP/3 for the h3 cells (default: oha on PATH, else
+#                  ~/.cache/sweety/tools/bin/oha; build it with
+#                  cargo install oha --locked --features http3 --root ~/.cache/sweety/tools)
 #
 # What it does (setup from /work/shared/notes/peers.md): builds sweety-dataplane in release
 # mode; makes a temp dir with an ECDSA P-256 self-signed cert (SAN IP:127.0.0.1) and random
@@ -32,7 +36,10 @@
 #
 # Cells: static files over TLS with h2load (H1: --h1 -c 100 -t 1; H2: -c 100 -m 10 -t 1;
 # 1 MB: -c 10), and proxy-h1 with wrk -t1 -c100 over plain HTTP. p99 of h2load cells comes
-# from h2load's --log-file (one line per request), of wrk from --latency.
+# from h2load's --log-file (one line per request), of wrk from --latency. The h3 cells serve
+# the same files over HTTP/3 (QUIC on the TLS port; Sweety started with http3 on) with oha
+# (-c 100 -p 10, 1 MB: -c 10 -p 10, like h2load -m 10; JSON output), Sweety only; the report then also compares Sweety's H3
+# with its H2 per file size.
 #
 # Everything listens on 127.0.0.1 only; every process started here is killed on exit.
 set -euo pipefail
@@ -47,7 +54,7 @@ BACKEND_CPU=${BACKEND_CPU:-$CLIENT_CPU}
 PORT_BASE=${PORT_BASE:-18440}
 OUT=""
 
-ALL_CELLS="h1-1k h1-10k h1-100k h1-1m h2-1k h2-10k h2-100k h2-1m proxy-h1"
+ALL_CELLS="h1-1k h1-10k h1-100k h1-1m h2-1k h2-10k h2-100k h2-1m proxy-h1 h3-1k h3-10k h3-100k h3-1m"
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 
@@ -94,6 +101,7 @@ install_missing() {
 }
 install_missing
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
+OHA=${OHA:-$(command -v oha || echo "$HOME/.cache/sweety/tools/bin/oha")}
 ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 NOFILE=$(ulimit -n) # servers' descriptor limit (nginx: worker_rlimit_nofile)
 [[ $NOFILE =~ ^[0-9]+$ ]] || NOFILE=65536
@@ -242,7 +250,8 @@ http {
 EOF
 
 # Sweety: the same. precompressed off because nginx has no gzip_static here (h2load sends
-# accept-encoding); HTTP/3 off because nginx has none; a short drain so stops are quick.
+# accept-encoding); HTTP/3 off because nginx has none, except in sweety-h3.yaml for the h3
+# cells; a short drain so stops are quick.
 cat >"$WORK/sweety.yaml" <<EOF
 version: 1
 admin: {address: 127.0.0.1, port: $ADMIN_PORT}
@@ -273,8 +282,10 @@ backends:
     endpoints: [{address: "127.0.0.1:$BACKEND_PORT"}]
     max_idle_per_endpoint: 128
 EOF
+sed 's/^    http3: false$/    http3: true/' "$WORK/sweety.yaml" >"$WORK/sweety-h3.yaml"
 
 "$SWEETY_BIN" validate "$WORK/sweety.yaml" >&2 || die "the generated Sweety config is invalid"
+"$SWEETY_BIN" validate "$WORK/sweety-h3.yaml" >&2 || die "the generated Sweety HTTP/3 config is invalid"
 "$NGINX" -t -q -p "$WORK/nginx/" -c "$WORK/nginx.conf" -e "$WORK/nginx/error.log" ||
     die "the generated nginx config is invalid"
 
@@ -292,8 +303,8 @@ body=$(curl -s --max-time 5 "http://127.0.0.1:$BACKEND_PORT/")
 [[ $body == "hello world" ]] || die "backend answers '$body'"
 
 SERVER_PID=""
-start_server() { # start_server NAME: sets SERVER_PID; returns 1 if it does not come up
-    local name=$1 errlog logsize i
+start_server() { # start_server NAME [CONFIG]: sets SERVER_PID; returns 1 if it does not come up
+    local name=$1 config=${2:-$WORK/sweety.yaml} errlog logsize i
     case $name in
         sweety) errlog=$WORK/sweety.log ;;
         nginx) errlog=$WORK/nginx/error.log ;;
@@ -304,7 +315,7 @@ start_server() { # start_server NAME: sets SERVER_PID; returns 1 if it does not 
     case $name in
         sweety)
             RUST_LOG=${RUST_LOG:-warn} taskset -c "$SERVER_CPU" "$SWEETY_BIN" run \
-                --config "$WORK/sweety.yaml" --workers 1 >>"$WORK/sweety.out" 2>>"$errlog" &
+                --config "$config" --workers 1 >>"$WORK/sweety.out" 2>>"$errlog" &
             ;;
         nginx)
             taskset -c "$SERVER_CPU" "$NGINX" -p "$WORK/nginx/" -c "$WORK/nginx.conf" -e "$errlog" &
@@ -346,8 +357,17 @@ selected() { # selected CELL: matches the CELLS filter?
 
 run_cell() { # run_cell CELL SERVER RUN
     local cell=$1 server=$2 run=$3 proto=${1%%-*} size=${1#*-} conns=100 url tool cmd idle probe expect
-    local tag=$WORK/out/$cell.$server.$run
-    if [[ $cell == proxy-h1 ]]; then
+    local tag=$WORK/out/$cell.$server.$run config=$WORK/sweety.yaml
+    if [[ $proto == h3 ]]; then
+        [[ $server == sweety ]] || return 0 # nginx here has no HTTP/3
+        url=https://127.0.0.1:$TLS_PORT/$size.bin
+        [[ $size == 1m ]] && conns=10
+        tool=oha
+        config=$WORK/sweety-h3.yaml
+        expect="200 $(stat -c %s "$WORK/www/$size.bin")B"
+        cmd=("$OHA" --http-version 3 --insecure --no-tui --output-format json
+            -c "$conns" -p 10 -z "${DUR}s" "$url")
+    elif [[ $cell == proxy-h1 ]]; then
         url=http://127.0.0.1:$PLAIN_PORT/proxy
         tool=wrk
         cmd=(wrk -t1 -c100 "-d${DUR}s" --timeout 5s --latency "$url")
@@ -362,17 +382,25 @@ run_cell() { # run_cell CELL SERVER RUN
         cmd+=("$url")
     fi
 
-    start_server "$server" || {
+    start_server "$server" "$config" || {
         printf '{"cell":"%s","server":"%s","run":%s,"rps":null,"p99_ms":null,"done":0,"failed":0,"bad_status":0,"cpu_us_per_req":null,"server_cpu_pct":null,"client_cpu_pct":null,"idle_rss_kb":0,"peak_rss_kb":0,"probe":"server did not start","expect":"%s","probe_ok":false}\n' \
             "$cell" "$server" "$run" "$expect" >>"$RESULTS"
         return 0
     }
     read -r idle _ < <("${HELPER[@]}" mem "$SERVER_PID")
-    probe=$(curl -sk --max-time 5 -o /dev/null -w '%{http_code} %{size_download}B' \
-        $([[ $proto == h2 ]] && echo --http2 || echo --http1.1) "$url" || true)
-    # short warm-up so both servers start the measured window with warm caches and pools
-    taskset -c "$CLIENT_CPU" timeout 10 h2load -n 200 -c 10 -t 1 \
-        $([[ $proto == h2 ]] || echo --h1) "$url" >/dev/null 2>&1 || true
+    if [[ $proto == h3 ]]; then
+        probe=$(timeout 10 "$OHA" --http-version 3 --insecure --no-tui --output-format json \
+            -n 1 -c 1 "$url" 2>/dev/null | "${HELPER[@]}" oha-probe || true)
+        # short warm-up, as for the other cells
+        taskset -c "$CLIENT_CPU" timeout 10 "$OHA" --http-version 3 --insecure --no-tui \
+            -n 200 -c 10 "$url" >/dev/null 2>&1 || true
+    else
+        probe=$(curl -sk --max-time 5 -o /dev/null -w '%{http_code} %{size_download}B' \
+            $([[ $proto == h2 ]] && echo --http2 || echo --http1.1) "$url" || true)
+        # short warm-up so both servers start the measured window with warm caches and pools
+        taskset -c "$CLIENT_CPU" timeout 10 h2load -n 200 -c 10 -t 1 \
+            $([[ $proto == h2 ]] || echo --h1) "$url" >/dev/null 2>&1 || true
+    fi
     "${HELPER[@]}" measure --results "$RESULTS" --cell "$cell" \
         --server "$server" --run "$run" --tool "$tool" --server-pid "$SERVER_PID" \
         --idle-rss "${idle:-0}" --probe "${probe:-no answer}" --expect "$expect" --client-out "$tag.out" \
@@ -412,7 +440,7 @@ out_args=()
 "${HELPER[@]}" report "$RESULTS" "${out_args[@]}" \
     --meta "date=$(date -u '+%Y-%m-%d %H:%M UTC')" \
     --meta "machine=$(nproc) CPUs, $(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1), Linux $(uname -r)" \
-    --meta "sweety=$rev; nginx=$("$NGINX" -v 2>&1 | sed 's/.*\///'); h2load=$(h2load --version | sed 's/.*\///'); $(wrk -v 2>&1 | head -1 | cut -d' ' -f1-2)" \
+    --meta "sweety=$rev; nginx=$("$NGINX" -v 2>&1 | sed 's/.*\///'); h2load=$(h2load --version | sed 's/.*\///'); $(wrk -v 2>&1 | head -1 | cut -d' ' -f1-2)$([[ -x $OHA ]] && echo "; $("$OHA" --version 2>/dev/null)")" \
     --meta "setup=server on CPU $SERVER_CPU (one worker), load generator on CPU $CLIENT_CPU, backend on CPU $BACKEND_CPU; ${DUR}s per cell, $RUNS run(s)"
 [[ -n $OUT ]] && log "report written to $OUT"
 exit 0

@@ -9,6 +9,8 @@ ROOT=${SWEETY_CLUSTER_DIR:-$HOME/.cache/sweety/cluster}
 GWBIN=${SWEETY_GWAPI_BIN:-$HOME/.cache/sweety/gwapi/${GATEWAY_API_VERSION:-v1.6.3}}
 V=${GATEWAY_API_VERSION:-v1.6.3}
 export KUBECONFIG=${KUBECONFIG:-$ROOT/run/kubeconfig}
+export PATH="${SWEETY_K8S_BIN:-$HOME/.cache/sweety/k8s/k8s-${K8S_VERSION:-1.34.4}-etcd-${ETCD_VERSION:-3.6.16}/bin}:$PATH"
+export GOFLAGS=${GOFLAGS:--buildvcs=false} GOTOOLCHAIN=${GOTOOLCHAIN:-local}
 moddir() { go mod download -json "sigs.k8s.io/gateway-api@$V" | python3 -c 'import json,sys;d=json.load(sys.stdin);print(d.get("Dir") or sys.exit(d.get("Error")))'; }
 
 case "${1:-}" in

@@ -44,6 +44,7 @@ START_KCM=${START_KCM:-1}
 START_SCHEDULER=${START_SCHEDULER:-1}
 
 mkdir -p "$BIN" "$SRC" "$RUN" "$LOG" "$PKI"
+export PATH="$BIN:$PATH"   # our kubectl (same version as the apiserver) first
 t0=$(date +%s.%N)
 log() { printf '[up %6.1fs] %s\n' "$(awk -v a="$(date +%s.%N)" -v b="$t0" 'BEGIN{print a-b}')" "$*"; }
 
@@ -51,7 +52,7 @@ log() { printf '[up %6.1fs] %s\n' "$(awk -v a="$(date +%s.%N)" -v b="$t0" 'BEGIN
 build_k8s() {
   local d=$SRC/k8s
   mkdir -p "$d"
-  if [ ! -f "$d/go.mod" ] || ! grep -q "k8s.io/kubernetes v$K8S_VERSION" "$d/go.mod"; then
+  if [ ! -f "$d/go.mod" ] || ! grep -q "k8s.io/kubernetes v$K8S_VERSION" "$d/go.mod" || ! grep -q cmd/kubectl "$d/tools.go"; then
     log "generating Go module for k8s.io/kubernetes v$K8S_VERSION in $d"
     ( cd "$d"
       rm -f go.mod go.sum
@@ -65,7 +66,7 @@ build_k8s() {
         echo "require k8s.io/kubernetes v$K8S_VERSION"
         for m in $mods; do echo "replace $m => $m v0.${K8S_VERSION#1.}"; done
       } > go.mod
-      printf '//go:build tools\n\npackage tools\n\nimport (\n\t_ "k8s.io/kubernetes/cmd/kube-apiserver"\n\t_ "k8s.io/kubernetes/cmd/kube-controller-manager"\n\t_ "k8s.io/kubernetes/cmd/kube-scheduler"\n)\n' > tools.go
+      printf '//go:build tools\n\npackage tools\n\nimport (\n\t_ "k8s.io/kubernetes/cmd/kube-apiserver"\n\t_ "k8s.io/kubernetes/cmd/kube-controller-manager"\n\t_ "k8s.io/kubernetes/cmd/kube-scheduler"\n\t_ "k8s.io/kubernetes/cmd/kubectl"\n)\n' > tools.go
       go mod tidy )
   fi
   local minor=${K8S_VERSION#1.}; minor=${minor%%.*}
@@ -75,7 +76,8 @@ build_k8s() {
   done
   log "building kube-apiserver kube-controller-manager kube-scheduler v$K8S_VERSION (measured: ~4.6 min with an empty GOCACHE on 2 idle cores, ~3 GB GOCACHE; seconds when cached)"
   ( cd "$d" && go build -ldflags "$ldf" -o "$BIN/" \
-      k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler )
+      k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler \
+      k8s.io/kubernetes/cmd/kubectl )
 }
 
 build_etcd() {
@@ -96,7 +98,7 @@ build_etcd() {
             && go build -ldflags "-s -w" -o "$BIN/etcdctl" go.etcd.io/etcd/etcdctl/v3 )
 }
 
-for b in kube-apiserver kube-controller-manager kube-scheduler; do
+for b in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
   [ -x "$BIN/$b" ] || { build_k8s; break; }
 done
 [ -x "$BIN/etcd" ] || build_etcd

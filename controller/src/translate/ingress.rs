@@ -1,8 +1,885 @@
-//! Ingress v1 front end: IngressClass selection, rules, default backend and TLS.
+//! Ingress v1 front end: IngressClass selection, rules, default backend, TLS and a safe subset
+//! of the ingress-nginx annotations (see [`nginx`]).
+//!
+//! **Which Ingresses are ours.** `spec.ingressClassName == Params::ingress_class` and that
+//! IngressClass's `spec.controller == Params::ingress_controller`; an Ingress without a class
+//! is ours when our IngressClass carries `ingressclass.kubernetes.io/is-default-class: "true"`;
+//! the legacy `kubernetes.io/ingress.class` annotation (used when no `ingressClassName` is set)
+//! is honoured when it names our class.
+//!
+//! **Listeners.** Every Ingress host is served on `ingress-http`
+//! (`Params::listen_address:Params::ingress_http_port`); hosts listed under `spec.tls` whose
+//! Secret resolves are also served on `ingress-https` (`ingress_https_port`, HTTP/3 per
+//! `Params::http3`), which exists only while it has at least one certificate. SweetySites share
+//! both listeners ([`front_listeners`]).
+//!
+//! **Merging.** Rules of every Ingress for the same host become one virtual host
+//! (`ingress/<host>`; `ingress/*` for rules without a host). Ingresses are taken oldest first,
+//! so for the same path the oldest Ingress wins. When HTTP and HTTPS need different routes (an
+//! `ssl-redirect`), the host gets two virtual hosts, `ingress/<host>` on HTTPS and
+//! `ingress/<host>@http` on HTTP.
+//!
+//! **Paths.** `Exact` → exact; `Prefix` → the dataplane's element-wise prefix (`/foo` matches
+//! `/foo` and `/foo/bar`, not `/foobar`; a trailing `/` is ignored, as the Ingress spec says);
+//! `ImplementationSpecific` → prefix, or a regex when `use-regex` (or a `rewrite-target` with
+//! capture groups) is set. ingress-nginx regex locations are anchored at the start only, so a
+//! regex path `p` becomes `p.*` (unless it ends in `$`); and, as in ingress-nginx, once a host
+//! has a regex path all its prefix paths become regexes too and the host's routes are ordered
+//! by path length, longest first (otherwise every prefix would beat every regex).
+//!
+//! **Default backend.** The `spec.defaultBackend` of the oldest Ingress serves the catch-all
+//! virtual host and is also the last route of every Ingress host (a request no rule of its
+//! host matches goes to the default backend, as the Ingress spec says). Younger Ingresses'
+//! default backends are reported and ignored.
+//!
+//! **Status and problems.** Ingress has no conditions. Every Ingress of ours gets
+//! `ObjectStatus::Ingress` (the load-balancer addresses of `Params::ingress_service`) under its
+//! `Ingress` key. An invalid part never removes the valid ones: a path whose backend does not
+//! resolve answers 503 with a body saying why, a host whose TLS Secret is missing is still
+//! served on HTTP, an unsupported annotation is ignored. Each problem is recorded as a
+//! `Warning` condition (reason + message) in `ObjectStatus::Conditions` under the key
+//! [`EVENT_KIND`]`/namespace/name`, which the status writer turns into Kubernetes Events on
+//! the Ingress (a separate key so the load-balancer status is not lost).
 
+pub mod nginx;
+
+use super::backends::{BackendOptions, PortRef};
+use super::status::{Condition, IngressStatus, LoadBalancerIngress, ObjectKey, ObjectStatus};
 use super::Builder;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::networking::v1::{Ingress, IngressBackend, IngressClass};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use sweety_config::{
+    Action, Certificate, FixedResponse, Listener, ListenerProtocol, ListenerTls, PathMatch,
+    PemSource, ProxyAction, Route, RouteMatch, VirtualHost, WeightedBackend,
+};
 
-/// Translate every Ingress of our class (not yet implemented: adds nothing).
+/// Shared HTTP listener of Ingresses and SweetySites.
+pub const HTTP_LISTENER: &str = "ingress-http";
+/// Shared HTTPS listener of Ingresses and SweetySites.
+pub const HTTPS_LISTENER: &str = "ingress-https";
+/// Status key kind under which problems with an Ingress are recorded (as Events to emit).
+pub const EVENT_KIND: &str = "IngressEvent";
+/// IngressClass annotation marking the cluster default class.
+pub const DEFAULT_CLASS_ANNOTATION: &str = "ingressclass.kubernetes.io/is-default-class";
+/// Legacy class annotation.
+pub const LEGACY_CLASS_ANNOTATION: &str = "kubernetes.io/ingress.class";
+
+/// Make sure the shared `ingress-http` listener exists, and add `certificates` to the shared
+/// `ingress-https` listener (created with the first certificate). Used by Ingress and
+/// SweetySite. Certificates already present (same hostnames and PEM) are not added twice.
+pub fn front_listeners(b: &mut Builder<'_>, certificates: Vec<Certificate>) {
+    let p = b.params;
+    if !b.listeners.iter().any(|l| l.name == HTTP_LISTENER) {
+        b.listeners.push(Listener {
+            name: HTTP_LISTENER.into(),
+            address: p.listen_address.clone(),
+            port: p.ingress_http_port,
+            protocol: ListenerProtocol::Http,
+            tls: None,
+            http3: false,
+            max_requests_in_flight: None,
+            l4_routes: Vec::new(),
+        });
+    }
+    if certificates.is_empty() {
+        return;
+    }
+    let idx = match b.listeners.iter().position(|l| l.name == HTTPS_LISTENER) {
+        Some(i) => i,
+        None => {
+            b.listeners.push(Listener {
+                name: HTTPS_LISTENER.into(),
+                address: p.listen_address.clone(),
+                port: p.ingress_https_port,
+                protocol: ListenerProtocol::Https,
+                tls: Some(ListenerTls {
+                    certificates: Vec::new(),
+                    min_version: Default::default(),
+                }),
+                http3: p.http3,
+                max_requests_in_flight: None,
+                l4_routes: Vec::new(),
+            });
+            b.listeners.len() - 1
+        }
+    };
+    if let Some(tls) = b.listeners[idx].tls.as_mut() {
+        for c in certificates {
+            if !tls.certificates.contains(&c) {
+                tls.certificates.push(c);
+            }
+        }
+    }
+}
+
+/// Whether the HTTPS listener exists (has at least one certificate).
+pub fn has_https(b: &Builder<'_>) -> bool {
+    b.listeners.iter().any(|l| l.name == HTTPS_LISTENER)
+}
+
+/// Why a TLS Secret could not be used.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SecretError {
+    NotFound,
+    Invalid(String),
+}
+
+/// A certificate from a `kubernetes.io/tls` Secret (`tls.crt`, `tls.key`), checked enough that
+/// the dataplane config stays valid.
+pub fn certificate_from_secret(
+    secrets: &[Arc<Secret>],
+    namespace: &str,
+    name: &str,
+    hostnames: Vec<String>,
+) -> Result<Certificate, SecretError> {
+    let secret = secrets
+        .iter()
+        .find(|s| {
+            s.metadata.namespace.as_deref() == Some(namespace)
+                && s.metadata.name.as_deref() == Some(name)
+        })
+        .ok_or(SecretError::NotFound)?;
+    if let Some(t) = secret.type_.as_deref() {
+        if t != "kubernetes.io/tls" {
+            return Err(SecretError::Invalid(format!(
+                "type is {t:?}, not kubernetes.io/tls"
+            )));
+        }
+    }
+    let field = |key: &str| -> Result<String, SecretError> {
+        let data = secret
+            .data
+            .as_ref()
+            .and_then(|d| d.get(key))
+            .ok_or_else(|| SecretError::Invalid(format!("no {key} in data")))?;
+        String::from_utf8(data.0.clone())
+            .map_err(|_| SecretError::Invalid(format!("{key} is not PEM text")))
+    };
+    let cert = field("tls.crt")?;
+    let key = field("tls.key")?;
+    if !(cert.contains("-----BEGIN CERTIFICATE-----") && cert.contains("-----END CERTIFICATE-----"))
+    {
+        return Err(SecretError::Invalid(
+            "tls.crt holds no PEM certificate".into(),
+        ));
+    }
+    let key_ok = key.lines().any(|l| {
+        l.starts_with("-----BEGIN ") && l.ends_with("PRIVATE KEY-----") && !l.contains("ENCRYPTED")
+    }) && key.contains("-----END ");
+    if !key_ok {
+        return Err(SecretError::Invalid(
+            "tls.key holds no unencrypted PEM private key".into(),
+        ));
+    }
+    let mut unique = Vec::new();
+    for h in hostnames {
+        let h = h.to_ascii_lowercase();
+        if !unique.contains(&h) {
+            unique.push(h);
+        }
+    }
+    let certificate = Certificate {
+        hostnames: unique,
+        cert: PemSource::Pem(cert),
+        key: PemSource::Pem(key),
+    };
+    // The dataplane's own checks, on a probe listener, so one bad Secret cannot invalidate
+    // the whole config.
+    let probe = sweety_config::Config {
+        listeners: vec![Listener {
+            name: "probe".into(),
+            address: "127.0.0.1".into(),
+            port: 8443,
+            protocol: ListenerProtocol::Https,
+            tls: Some(ListenerTls {
+                certificates: vec![certificate.clone()],
+                min_version: Default::default(),
+            }),
+            http3: false,
+            max_requests_in_flight: None,
+            l4_routes: Vec::new(),
+        }],
+        ..Default::default()
+    };
+    probe.validate_structure().map_err(|e| {
+        SecretError::Invalid(
+            e.0.iter()
+                .map(|e| e.message.clone())
+                .collect::<Vec<_>>()
+                .join("; "),
+        )
+    })?;
+    Ok(certificate)
+}
+
+/// Check one route on its own with the dataplane's validator (backend references aside), so a
+/// bad regex, header or CORS origin from one object never invalidates the whole config.
+/// Returns the route to use: itself, a 503 explaining the problem, or `None` when even its
+/// match is invalid (the route is then left out).
+pub(crate) fn checked_route(route: Route, report: &mut dyn FnMut(String)) -> Option<Route> {
+    fn check(route: &Route) -> Result<(), String> {
+        let mut r = route.clone();
+        if let Action::Proxy(_) = r.action {
+            r.action = Action::Fixed(FixedResponse {
+                status: 200,
+                body: String::new(),
+                content_type: None,
+            });
+        }
+        let cfg = sweety_config::Config {
+            virtual_hosts: vec![VirtualHost {
+                name: "check".into(),
+                hostnames: Vec::new(),
+                listeners: Vec::new(),
+                routes: vec![r],
+            }],
+            ..Default::default()
+        };
+        cfg.validate_structure().map_err(|e| {
+            e.0.iter()
+                .map(|e| e.message.clone())
+                .collect::<Vec<_>>()
+                .join("; ")
+        })
+    }
+    let Err(why) = check(&route) else {
+        return Some(route);
+    };
+    report(format!("route {}: {why}", route.name));
+    let fallback = Route {
+        filters: Vec::new(),
+        action: unavailable(&format!("invalid route: {why}")),
+        timeouts: Default::default(),
+        retry: None,
+        ..route
+    };
+    check(&fallback).is_ok().then_some(fallback)
+}
+
+/// Whether `host` is one of `names` or covered by a `*.` wildcard among them.
+fn covered(names: &BTreeMap<String, ()>, host: &str) -> bool {
+    names.contains_key(host)
+        || host
+            .split_once('.')
+            .is_some_and(|(_, rest)| names.contains_key(&format!("*.{rest}")))
+}
+
+/// Load-balancer addresses of the chart's ingress Service.
+pub fn load_balancer(b: &Builder<'_>) -> Vec<LoadBalancerIngress> {
+    let Some(name) = b.params.ingress_service.as_deref() else {
+        return Vec::new();
+    };
+    let Some(svc) = b.services.service(&b.params.namespace, name) else {
+        return Vec::new();
+    };
+    let mut out: Vec<LoadBalancerIngress> = svc
+        .status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_ref())
+        .map(|list| {
+            list.iter()
+                .map(|i| LoadBalancerIngress {
+                    ip: i.ip.clone(),
+                    hostname: i.hostname.clone(),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    out.sort_by(|a, b| (&a.ip, &a.hostname).cmp(&(&b.ip, &b.hostname)));
+    out
+}
+
+fn annotation<'a>(ing: &'a Ingress, key: &str) -> Option<&'a str> {
+    ing.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(key))
+        .map(String::as_str)
+}
+
+/// Whether an Ingress belongs to this controller.
+pub fn is_ours(ing: &Ingress, class: Option<&IngressClass>, params: &super::Params) -> bool {
+    let class_ok = class.is_some();
+    match ing
+        .spec
+        .as_ref()
+        .and_then(|s| s.ingress_class_name.as_deref())
+    {
+        Some(name) => name == params.ingress_class && class_ok,
+        None => match annotation(ing, LEGACY_CLASS_ANNOTATION) {
+            Some(name) => name == params.ingress_class,
+            None => class.is_some_and(|c| {
+                c.metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(DEFAULT_CLASS_ANNOTATION))
+                    .is_some_and(|v| v == "true")
+            }),
+        },
+    }
+}
+
+/// Problems found while translating one Ingress.
+#[derive(Default)]
+pub(crate) struct Report {
+    pub(crate) conditions: Vec<Condition>,
+    generation: i64,
+}
+
+impl Report {
+    pub(crate) fn warn(&mut self, reason: &str, message: impl Into<String>) {
+        let c = Condition::new("Warning", true, reason, message, self.generation);
+        if !self.conditions.contains(&c) {
+            self.conditions.push(c);
+        }
+    }
+}
+
+/// One translated path, before it is placed in a virtual host.
+#[derive(Clone)]
+pub(crate) struct PathRoute {
+    /// The route as served on HTTPS (and on HTTP unless `http_redirect`).
+    pub(crate) route: Route,
+    /// On HTTP this route redirects to HTTPS instead (ssl-redirect).
+    pub(crate) http_redirect: Option<sweety_config::Redirect>,
+    /// Redirect even when the host has no certificate here (force-ssl-redirect).
+    pub(crate) force_redirect: bool,
+    /// The Ingress path as written (for ordering regex hosts and canary matching).
+    pub(crate) path: String,
+    pub(crate) path_type: String,
+    pub(crate) regex: bool,
+}
+
+/// Translate every Ingress of our class.
 pub fn translate(b: &mut Builder<'_>) {
-    let _ = b;
+    let params = b.params;
+    let class = b
+        .snapshot
+        .ingress_classes
+        .iter()
+        .find(|c| {
+            c.metadata.name.as_deref() == Some(params.ingress_class.as_str())
+                && c.spec.as_ref().and_then(|s| s.controller.as_deref())
+                    == Some(params.ingress_controller.as_str())
+        })
+        .cloned();
+    let mut ours: Vec<Arc<Ingress>> = b
+        .snapshot
+        .ingresses
+        .iter()
+        .filter(|i| is_ours(i, class.as_deref(), params))
+        .cloned()
+        .collect();
+    if ours.is_empty() {
+        return;
+    }
+    // Oldest first; names break ties so the order is total.
+    ours.sort_by(|a, b| {
+        let key = |i: &Ingress| {
+            (
+                i.metadata.creation_timestamp.clone().map(|t| t.0),
+                i.metadata.namespace.clone().unwrap_or_default(),
+                i.metadata.name.clone().unwrap_or_default(),
+            )
+        };
+        key(a).cmp(&key(b))
+    });
+    let lb = load_balancer(b);
+
+    // host ("" = catch-all) → routes, and hosts with a usable certificate.
+    let mut hosts: BTreeMap<String, Vec<PathRoute>> = BTreeMap::new();
+    let mut tls_hosts: BTreeMap<String, ()> = BTreeMap::new();
+    let mut certificates = Vec::new();
+    let mut default_backend: Option<Route> = None;
+    let mut reports: BTreeMap<(String, String), Report> = BTreeMap::new();
+    let mut canaries = Vec::new();
+
+    for ing in &ours {
+        let ns = ing.metadata.namespace.clone().unwrap_or_default();
+        let name = ing.metadata.name.clone().unwrap_or_default();
+        let mut report = Report {
+            conditions: Vec::new(),
+            generation: ing.metadata.generation.unwrap_or(0),
+        };
+        let ann = nginx::Annotations::parse(ing, &mut report);
+        if ann.canary {
+            canaries.push((ing.clone(), ann));
+            reports.insert((ns, name), report);
+            continue;
+        }
+        let spec = ing.spec.clone().unwrap_or_default();
+        // TLS.
+        for t in spec.tls.as_deref().unwrap_or_default() {
+            let tls_names: Vec<String> = t.hosts.clone().unwrap_or_default();
+            let Some(secret) = t.secret_name.as_deref() else {
+                report.warn(
+                    "SecretNotFound",
+                    format!(
+                        "spec.tls for {:?} names no Secret; served on HTTP only",
+                        tls_names
+                    ),
+                );
+                continue;
+            };
+            match certificate_from_secret(&b.snapshot.secrets, &ns, secret, tls_names.clone()) {
+                Ok(c) => {
+                    certificates.push(c);
+                    // No hosts: the certificate covers every host of this Ingress.
+                    let covered: Vec<String> = if tls_names.is_empty() {
+                        spec.rules
+                            .as_deref()
+                            .unwrap_or_default()
+                            .iter()
+                            .filter_map(|r| r.host.clone())
+                            .collect()
+                    } else {
+                        tls_names.clone()
+                    };
+                    for h in covered {
+                        tls_hosts.insert(h, ());
+                    }
+                }
+                Err(SecretError::NotFound) => report.warn(
+                    "SecretNotFound",
+                    format!(
+                        "TLS Secret {ns}/{secret} not found; {} served on HTTP only",
+                        host_list(&tls_names)
+                    ),
+                ),
+                Err(SecretError::Invalid(why)) => report.warn(
+                    "InvalidSecret",
+                    format!(
+                        "TLS Secret {ns}/{secret}: {why}; {} served on HTTP only",
+                        host_list(&tls_names)
+                    ),
+                ),
+            }
+        }
+        // Default backend.
+        if let Some(db) = spec.default_backend.as_ref() {
+            if default_backend.is_some() {
+                report.warn(
+                    "DefaultBackendIgnored",
+                    "an older Ingress already sets the default backend; this one is ignored",
+                );
+            } else {
+                let mut r = route_for(
+                    b,
+                    &ns,
+                    db,
+                    &ann,
+                    format!("ingress/{ns}/{name}/default"),
+                    None,
+                    &mut report,
+                );
+                r.matches = Vec::new();
+                default_backend = Some(r);
+            }
+        }
+        // Rules.
+        for (ri, rule) in spec.rules.as_deref().unwrap_or_default().iter().enumerate() {
+            let host = rule.host.clone().unwrap_or_default();
+            let paths = rule
+                .http
+                .as_ref()
+                .map(|h| h.paths.as_slice())
+                .unwrap_or_default();
+            let entry = hosts.entry(host.clone()).or_default();
+            if let (Some(app_root), true) = (ann.app_root.as_deref(), !paths.is_empty()) {
+                entry.push(nginx::app_root_route(&ns, &name, ri, app_root));
+            }
+            for (pi, p) in paths.iter().enumerate() {
+                let path = p.path.clone().unwrap_or_else(|| "/".into());
+                let regex = p.path_type == "ImplementationSpecific" && ann.use_regex;
+                let path_match = match p.path_type.as_str() {
+                    "Exact" => PathMatch::Exact(path.clone()),
+                    _ if regex => PathMatch::Regex(nginx::anchor_regex(&path)),
+                    _ => PathMatch::Prefix(path.clone()),
+                };
+                if let Some(first) = entry
+                    .iter()
+                    .find(|r| r.path == path && r.path_type == p.path_type)
+                {
+                    report.warn(
+                        "PathConflict",
+                        format!(
+                            "host {host:?} path {path:?} ({}) is already served by {}; ignored",
+                            p.path_type, first.route.name
+                        ),
+                    );
+                    continue;
+                }
+                let route_name = format!("ingress/{ns}/{name}/rule-{ri}/path-{pi}");
+                let mut route = route_for(
+                    b,
+                    &ns,
+                    &p.backend,
+                    &ann,
+                    route_name,
+                    Some(path_match),
+                    &mut report,
+                );
+                ann.apply(&mut route, &mut report);
+                let Some(route) = checked_route(route, &mut |m| report.warn("InvalidPath", m))
+                else {
+                    continue;
+                };
+                // The rewrite-target idiom may have turned a regex into a prefix.
+                let regex = matches!(
+                    route.matches.first().and_then(|m| m.path.as_ref()),
+                    Some(PathMatch::Regex(_))
+                );
+                entry.push(PathRoute {
+                    http_redirect: (ann.ssl_redirect || ann.force_ssl_redirect)
+                        .then(nginx::https_redirect),
+                    force_redirect: ann.force_ssl_redirect,
+                    route,
+                    path: path.clone(),
+                    path_type: p.path_type.clone(),
+                    regex,
+                });
+            }
+        }
+        reports.insert((ns, name), report);
+    }
+
+    // Canaries join the primary route of the same host and path.
+    for (ing, ann) in &canaries {
+        let ns = ing.metadata.namespace.clone().unwrap_or_default();
+        let name = ing.metadata.name.clone().unwrap_or_default();
+        let mut report = reports
+            .remove(&(ns.clone(), name.clone()))
+            .unwrap_or_default();
+        nginx::merge_canary(b, ing, ann, &mut hosts, &mut report);
+        reports.insert((ns, name), report);
+    }
+
+    certificates.sort_by(|a, b| a.hostnames.cmp(&b.hostnames));
+    front_listeners(b, certificates);
+    let https = has_https(b);
+
+    for (host, mut routes) in hosts {
+        nginx::order_regex_host(&mut routes);
+        let served_tls = https && (host.is_empty() || covered(&tls_hosts, &host));
+        let https_routes: Vec<Route> = routes
+            .iter()
+            .map(|r| r.route.clone())
+            .chain(default_backend.clone())
+            .collect();
+        let http_routes: Vec<Route> = routes
+            .iter()
+            .map(|r| match &r.http_redirect {
+                Some(redirect) if served_tls || r.force_redirect => {
+                    let mut route = r.route.clone();
+                    route.filters = vec![sweety_config::Filter::Redirect(redirect.clone())];
+                    route
+                }
+                _ => r.route.clone(),
+            })
+            .chain(default_backend.clone())
+            .collect();
+        let hostnames = if host.is_empty() {
+            Vec::new()
+        } else {
+            vec![host.clone()]
+        };
+        let label = if host.is_empty() { "*" } else { host.as_str() };
+        if !served_tls {
+            b.virtual_hosts.push(VirtualHost {
+                name: format!("ingress/{label}"),
+                hostnames,
+                listeners: vec![HTTP_LISTENER.into()],
+                routes: http_routes,
+            });
+        } else if http_routes == https_routes {
+            b.virtual_hosts.push(VirtualHost {
+                name: format!("ingress/{label}"),
+                hostnames,
+                listeners: vec![HTTP_LISTENER.into(), HTTPS_LISTENER.into()],
+                routes: https_routes,
+            });
+        } else {
+            b.virtual_hosts.push(VirtualHost {
+                name: format!("ingress/{label}"),
+                hostnames: hostnames.clone(),
+                listeners: vec![HTTPS_LISTENER.into()],
+                routes: https_routes,
+            });
+            b.virtual_hosts.push(VirtualHost {
+                name: format!("ingress/{label}@http"),
+                hostnames,
+                listeners: vec![HTTP_LISTENER.into()],
+                routes: http_routes,
+            });
+        }
+    }
+    if let Some(db) = default_backend {
+        if !b.virtual_hosts.iter().any(|v| v.name == "ingress/*") {
+            let mut listeners = vec![HTTP_LISTENER.to_string()];
+            if https {
+                listeners.push(HTTPS_LISTENER.into());
+            }
+            b.virtual_hosts.push(VirtualHost {
+                name: "ingress/*".into(),
+                hostnames: Vec::new(),
+                listeners,
+                routes: vec![db],
+            });
+        }
+    }
+
+    for ing in &ours {
+        let ns = ing.metadata.namespace.clone().unwrap_or_default();
+        let name = ing.metadata.name.clone().unwrap_or_default();
+        b.status(
+            ObjectKey::new("Ingress", &ns, &name),
+            ObjectStatus::Ingress(IngressStatus {
+                load_balancer: lb.clone(),
+            }),
+        );
+        if let Some(r) = reports.remove(&(ns.clone(), name.clone())) {
+            if !r.conditions.is_empty() {
+                b.status(
+                    ObjectKey::new(EVENT_KIND, &ns, &name),
+                    ObjectStatus::Conditions(r.conditions),
+                );
+            }
+        }
+    }
+}
+
+fn host_list(hosts: &[String]) -> String {
+    if hosts.is_empty() {
+        "its hosts are".into()
+    } else {
+        format!(
+            "{} {}",
+            hosts.join(", "),
+            if hosts.len() == 1 { "is" } else { "are" }
+        )
+    }
+}
+
+/// A 503 route that says why its backend is unavailable.
+pub(crate) fn unavailable(why: &str) -> Action {
+    Action::Fixed(FixedResponse {
+        status: 503,
+        body: format!("backend unavailable: {why}\n"),
+        content_type: Some("text/plain; charset=utf-8".into()),
+    })
+}
+
+/// The route for one Ingress backend (proxy, or a 503 when it does not resolve).
+fn route_for(
+    b: &mut Builder<'_>,
+    ns: &str,
+    backend: &IngressBackend,
+    ann: &nginx::Annotations,
+    name: String,
+    path: Option<PathMatch>,
+    report: &mut Report,
+) -> Route {
+    let action = match resolve_backend(b, ns, backend, ann, report) {
+        Ok(backend) => Action::Proxy(ProxyAction {
+            backends: vec![WeightedBackend {
+                backend,
+                weight: 1,
+                filters: Vec::new(),
+            }],
+        }),
+        Err(why) => unavailable(&why),
+    };
+    Route {
+        name,
+        matches: path
+            .map(|p| {
+                vec![RouteMatch {
+                    path: Some(p),
+                    ..Default::default()
+                }]
+            })
+            .unwrap_or_default(),
+        filters: Vec::new(),
+        action,
+        timeouts: Default::default(),
+        retry: None,
+    }
+}
+
+/// Resolve an Ingress backend to a dataplane backend name; the error is the 503 body reason.
+pub(crate) fn resolve_backend(
+    b: &mut Builder<'_>,
+    ns: &str,
+    backend: &IngressBackend,
+    ann: &nginx::Annotations,
+    report: &mut Report,
+) -> Result<String, String> {
+    let Some(svc) = backend.service.as_ref() else {
+        let what = backend
+            .resource
+            .as_ref()
+            .map(|r| format!("{}/{}", r.kind, r.name))
+            .unwrap_or_else(|| "an empty backend".into());
+        let why = format!("resource backend {what} is not supported");
+        report.warn("UnsupportedBackend", why.clone());
+        return Err(why);
+    };
+    let port = svc.port.as_ref().and_then(|p| match (&p.number, &p.name) {
+        (Some(n), _) => Some(PortRef::Number(*n)),
+        (None, Some(n)) => Some(PortRef::Name(n.clone())),
+        _ => None,
+    });
+    let options = BackendOptions {
+        protocol: ann.backend_protocol,
+        tls: None,
+    };
+    b.backends
+        .service(&b.services, ns, &svc.name, port.as_ref(), &options)
+        .map_err(|e| {
+            report.warn(e.reason(), e.to_string());
+            e.to_string()
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::translate::{Params, Snapshot};
+
+    fn b64(s: &str) -> String {
+        let t = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+        let mut out = String::new();
+        for c in s.as_bytes().chunks(3) {
+            let n = (u32::from(c[0]) << 16)
+                | (u32::from(*c.get(1).unwrap_or(&0)) << 8)
+                | u32::from(*c.get(2).unwrap_or(&0));
+            for i in 0..4 {
+                if i <= c.len() {
+                    out.push(t[((n >> (18 - 6 * i)) & 63) as usize] as char);
+                } else {
+                    out.push('=');
+                }
+            }
+        }
+        out
+    }
+
+    fn snapshot(text: &str) -> Snapshot {
+        Snapshot::from_yaml(text).unwrap().0
+    }
+
+    const CLASSES: &str = r#"
+apiVersion: networking.k8s.io/v1
+kind: IngressClass
+metadata: {name: sweety, annotations: {ingressclass.kubernetes.io/is-default-class: "true"}}
+spec: {controller: sweety.dev/ingress-controller}
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata: {name: named, namespace: a}
+spec: {ingressClassName: sweety}
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata: {name: other, namespace: a}
+spec: {ingressClassName: nginx}
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata: {name: none, namespace: a}
+spec: {}
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata: {name: legacy-other, namespace: a, annotations: {kubernetes.io/ingress.class: nginx}}
+spec: {}
+"#;
+
+    #[test]
+    fn class_selection() {
+        let s = snapshot(CLASSES);
+        let p = Params::default();
+        let class = s.ingress_classes.first().map(|c| c.as_ref());
+        let ours: Vec<&str> = s
+            .ingresses
+            .iter()
+            .filter(|i| is_ours(i, class, &p))
+            .map(|i| i.metadata.name.as_deref().unwrap())
+            .collect();
+        assert_eq!(ours, ["named", "none"]);
+        // Without our IngressClass, neither the named nor the class-less Ingress is ours.
+        let ours = s.ingresses.iter().filter(|i| is_ours(i, None, &p)).count();
+        assert_eq!(ours, 0);
+    }
+
+    #[test]
+    fn secret_checks() {
+        let s = snapshot(
+            r#"
+apiVersion: v1
+kind: Secret
+metadata: {name: opaque, namespace: a}
+type: Opaque
+data: {tls.crt: eA==, tls.key: eA==}
+---
+apiVersion: v1
+kind: Secret
+metadata: {name: garbage, namespace: a}
+type: kubernetes.io/tls
+data: {tls.crt: bm90IGEgY2VydA==, tls.key: bm90IGEga2V5}
+---
+apiVersion: v1
+kind: Secret
+metadata: {name: nokey, namespace: a}
+type: kubernetes.io/tls
+data: {tls.crt: eA==}
+"#,
+        );
+        let get = |name| certificate_from_secret(&s.secrets, "a", name, Vec::new()).unwrap_err();
+        assert_eq!(get("missing"), SecretError::NotFound);
+        assert!(matches!(get("opaque"), SecretError::Invalid(m) if m.contains("Opaque")));
+        assert!(matches!(get("garbage"), SecretError::Invalid(m) if m.contains("tls.crt")));
+        assert!(matches!(get("nokey"), SecretError::Invalid(m) if m.contains("no tls.key")));
+        // A key block without its END line passes the quick look but not the dataplane's check.
+        let s = snapshot(&format!(
+            "apiVersion: v1\nkind: Secret\nmetadata: {{name: cut, namespace: a}}\n\
+             type: kubernetes.io/tls\ndata: {{tls.crt: {}, tls.key: {}}}\n",
+            b64("-----BEGIN CERTIFICATE-----\nAA==\n-----END CERTIFICATE-----\n"),
+            b64("-----BEGIN PRIVATE KEY-----\nAA==\n-----END RSA PRIVATE KEY-----\n"),
+        ));
+        let e = certificate_from_secret(&s.secrets, "a", "cut", vec!["A.example.com".into()]);
+        assert!(
+            matches!(&e, Err(SecretError::Invalid(m)) if m.contains("END")),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn shared_listeners_dedupe_certificates() {
+        let s = Snapshot::default();
+        let p = Params::default();
+        let mut b = Builder::new(&s, &p);
+        front_listeners(&mut b, Vec::new());
+        assert_eq!(b.listeners.len(), 1);
+        assert!(!has_https(&b));
+        let cert = Certificate {
+            hostnames: vec!["a.example.com".into()],
+            cert: PemSource::Pem("c".into()),
+            key: PemSource::Pem("k".into()),
+        };
+        front_listeners(&mut b, vec![cert.clone()]);
+        front_listeners(&mut b, vec![cert]);
+        assert_eq!(b.listeners.len(), 2);
+        let https = b
+            .listeners
+            .iter()
+            .find(|l| l.name == HTTPS_LISTENER)
+            .unwrap();
+        assert_eq!(https.port, 8443);
+        assert!(https.http3);
+        assert_eq!(https.tls.as_ref().unwrap().certificates.len(), 1);
+    }
 }

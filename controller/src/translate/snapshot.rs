@@ -5,7 +5,7 @@
 //! `translate` sorts whatever it iterates.
 
 use crate::Error;
-use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
 use serde::Deserialize;
@@ -35,6 +35,8 @@ pub struct Snapshot {
     pub secrets: Vec<Arc<Secret>>,
     /// Only ConfigMaps that something references (static content, CA bundles).
     pub config_maps: Vec<Arc<ConfigMap>>,
+    /// Namespaces (labels drive Gateway `allowedRoutes` namespace selectors).
+    pub namespaces: Vec<Arc<Namespace>>,
 }
 
 #[derive(Deserialize)]
@@ -83,6 +85,7 @@ impl Snapshot {
                 "EndpointSlice" => push!(endpoint_slices),
                 "Secret" => push!(secrets),
                 "ConfigMap" => push!(config_maps),
+                "Namespace" => push!(namespaces),
                 "TranslateParams" => params = Some(value),
                 other => {
                     return Err(Error::Parse {

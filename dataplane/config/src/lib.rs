@@ -11,10 +11,12 @@
 //!   [`Config::validate_structure`] does the same without touching the filesystem.
 //! * `docs/config.md` is the field-by-field reference.
 //! * [`Duration`] is a human-friendly duration (`"250ms"`, `"5s"`, `"2m"`).
+//! * [`wire`] encodes and decodes the frames of the controller → dataplane control protocol.
 
 mod duration;
 mod model;
 mod validate;
+pub mod wire;
 
 pub use duration::Duration;
 pub use model::*;
@@ -23,7 +25,7 @@ pub use validate::{ValidationError, ValidationErrors};
 /// Current schema version. A config with another `version` is rejected by validation.
 pub const SCHEMA_VERSION: u32 = 1;
 
-/// Errors from parsing a config document.
+/// Errors from parsing a config document or a control-protocol frame ([`wire`]).
 #[derive(Debug, thiserror::Error)]
 pub enum ParseError {
     /// The YAML document is malformed or does not match the schema.
@@ -32,6 +34,40 @@ pub enum ParseError {
     /// The JSON document is malformed or does not match the schema.
     #[error("invalid JSON config: {0}")]
     Json(#[source] serde_json::Error),
+    /// A control frame does not start with the protocol magic.
+    #[error("not a Sweety control frame (magic {0:02x?})")]
+    FrameMagic([u8; 2]),
+    /// A control frame of another protocol version.
+    #[error("unsupported control protocol version {0} (this side speaks {speaks})", speaks = wire::PROTOCOL_VERSION)]
+    FrameVersion(u8),
+    /// A control frame of an unknown type.
+    #[error("unknown control frame type {0}")]
+    FrameType(u8),
+    /// A control frame larger than the limit.
+    #[error("control frame too large: {len} bytes (limit {max})")]
+    FrameTooLarge {
+        /// Announced payload length.
+        len: u32,
+        /// The limit.
+        max: u32,
+    },
+    /// A control frame payload shorter than its fixed part.
+    #[error("truncated {kind} payload ({len} bytes)")]
+    FrameTruncated {
+        /// Frame type.
+        kind: &'static str,
+        /// Payload length.
+        len: usize,
+    },
+    /// A control frame payload that is not the expected JSON.
+    #[error("invalid {kind} payload: {source}")]
+    FramePayload {
+        /// Frame type.
+        kind: &'static str,
+        /// The JSON error.
+        #[source]
+        source: serde_json::Error,
+    },
 }
 
 impl Config {

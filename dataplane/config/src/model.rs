@@ -45,6 +45,9 @@ pub struct Config {
     /// Resource limits of the backpressure core.
     #[serde(default)]
     pub limits: Limits,
+    /// HTTP/3 (QUIC) settings of every HTTPS listener with `http3` on.
+    #[serde(default)]
+    pub http3: Http3,
     /// The admin listener (health, readiness, metrics, config).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub admin: Option<Admin>,
@@ -66,6 +69,7 @@ impl Default for Config {
             virtual_hosts: Vec::new(),
             backends: Vec::new(),
             limits: Limits::default(),
+            http3: Http3::default(),
             admin: None,
             access_log: AccessLog::default(),
         }
@@ -747,6 +751,57 @@ impl Default for Limits {
             max_header_bytes: 64 * 1024,
             max_request_body_bytes: 64 * 1024 * 1024,
             drain_timeout: Duration::from_secs(20),
+        }
+    }
+}
+
+/// QUIC congestion controller of HTTP/3 connections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Congestion {
+    /// CUBIC (RFC 9438).
+    #[default]
+    Cubic,
+    /// BBR (quinn's experimental implementation).
+    Bbr,
+    /// NewReno (RFC 9002).
+    NewReno,
+}
+
+/// HTTP/3 (QUIC) settings, shared by every HTTPS listener with `http3` on. Requests still go
+/// through [`Limits`]: the in-flight cap, body limits and timeouts apply to HTTP/3 too, and
+/// QUIC connections count against `limits.max_connections`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Http3 {
+    /// Concurrent request streams (bidirectional) a client may open per connection.
+    pub max_concurrent_bidi_streams: u32,
+    /// Flow-control window of one request stream, bytes (how much request body a client may
+    /// send ahead of the server reading it).
+    pub stream_receive_window: u32,
+    /// Flow-control window of a whole connection, bytes.
+    pub connection_receive_window: u32,
+    /// Bytes of response data buffered per connection ahead of the client's acknowledgements.
+    pub send_window: u32,
+    /// Congestion controller.
+    pub congestion: Congestion,
+    /// Accept TLS 1.3 early data (0-RTT). Off by default; when on, only safe methods (GET,
+    /// HEAD, OPTIONS, TRACE) are served from early data, anything else gets 425 Too Early.
+    pub early_data: bool,
+    /// `ma` (max age) of the `Alt-Svc` header advertising HTTP/3 on H1 and H2 responses.
+    pub alt_svc_max_age: Duration,
+}
+
+impl Default for Http3 {
+    fn default() -> Self {
+        Http3 {
+            max_concurrent_bidi_streams: 128,
+            stream_receive_window: 1024 * 1024,
+            connection_receive_window: 4 * 1024 * 1024,
+            send_window: 4 * 1024 * 1024,
+            congestion: Congestion::Cubic,
+            early_data: false,
+            alt_svc_max_age: Duration::from_secs(86_400),
         }
     }
 }

@@ -163,6 +163,7 @@ impl<'a> Validator<'a> {
             self.backend(&format!("backends[{i}]"), b, &mut names);
         }
         self.limits(cfg);
+        self.http3(cfg);
         if let Some(admin) = &cfg.admin {
             self.admin(admin, &cfg.listeners);
         }
@@ -862,6 +863,44 @@ impl<'a> Validator<'a> {
     }
 }
 
+impl Validator<'_> {
+    // ---------------------------------------------------------------- http3
+
+    fn http3(&mut self, cfg: &Config) {
+        let h = &cfg.http3;
+        if h.max_concurrent_bidi_streams == 0 {
+            self.err(
+                "http3.max_concurrent_bidi_streams",
+                "must be greater than 0",
+            );
+        }
+        let windows = [
+            ("stream_receive_window", h.stream_receive_window),
+            ("connection_receive_window", h.connection_receive_window),
+            ("send_window", h.send_window),
+        ];
+        for (field, v) in windows {
+            if v < MIN_QUIC_WINDOW {
+                let msg = format!("must be at least {MIN_QUIC_WINDOW}, got {v}");
+                self.err(format!("http3.{field}"), msg);
+            }
+        }
+        if h.connection_receive_window < h.stream_receive_window {
+            let msg = format!(
+                "must be at least stream_receive_window ({}), got {}",
+                h.stream_receive_window, h.connection_receive_window
+            );
+            self.err("http3.connection_receive_window", msg);
+        }
+        if h.alt_svc_max_age.get().as_secs() == 0 {
+            self.err("http3.alt_svc_max_age", "must be at least 1s");
+        }
+    }
+}
+
+/// Smallest allowed QUIC flow-control window, bytes.
+const MIN_QUIC_WINDOW: u32 = 16 * 1024;
+
 // -------------------------------------------------------------------- helpers
 
 fn proto_name(p: ListenerProtocol) -> &'static str {
@@ -1077,8 +1116,8 @@ fn check_pem_file(file: &Path, kind: PemKind) -> Result<(), String> {
 pub(crate) mod tests {
     use super::*;
     use crate::{
-        Admin, BackendTls, Duration, Endpoint, FixedResponse, HeaderValue, Limits, MatchKind,
-        Mirror, ProxyAction, RetryPolicy,
+        Admin, BackendTls, Congestion, Duration, Endpoint, FixedResponse, HeaderValue, Limits,
+        MatchKind, Mirror, ProxyAction, RetryPolicy,
     };
     use std::path::PathBuf;
 
@@ -2307,6 +2346,42 @@ access_log: {enabled: true, path: /var/log/sweety/access.log, buffer_lines: 1024
             "must be at least 1024, got 1023",
         );
         expect_ok(|c| c.limits.max_header_bytes = 1024);
+    }
+
+    #[test]
+    fn http3_settings_rules() {
+        expect_one(
+            |c| c.http3.max_concurrent_bidi_streams = 0,
+            "http3.max_concurrent_bidi_streams",
+            "must be greater than 0",
+        );
+        expect_one(
+            |c| c.http3.send_window = 100,
+            "http3.send_window",
+            "must be at least 16384, got 100",
+        );
+        expect_one(
+            |c| c.http3.connection_receive_window = 64 * 1024,
+            "http3.connection_receive_window",
+            "must be at least stream_receive_window (1048576), got 65536",
+        );
+        expect_one(
+            |c| c.http3.alt_svc_max_age = Duration::from_millis(10),
+            "http3.alt_svc_max_age",
+            "must be at least 1s",
+        );
+        expect_ok(|c| {
+            c.http3.congestion = Congestion::Bbr;
+            c.http3.early_data = true;
+        });
+        let cfg = Config::from_yaml(
+            "http3: {congestion: new_reno, early_data: true, stream_receive_window: 65536}\n",
+        )
+        .unwrap();
+        assert_eq!(cfg.http3.congestion, Congestion::NewReno);
+        assert!(cfg.http3.early_data);
+        assert_eq!(cfg.http3.stream_receive_window, 65536);
+        assert_eq!(cfg.http3.max_concurrent_bidi_streams, 128);
     }
 
     #[test]

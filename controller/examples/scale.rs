@@ -1,0 +1,169 @@
+//! Scale benchmark for the controller → dataplane path (not a test: it prints numbers).
+//!
+//! Builds a snapshot with one Gateway and N HTTPRoutes (plus Services and EndpointSlices),
+//! then measures, against a real `sweety-dataplane --control-socket` process:
+//! - translate, encode (JSON frame payload) and push-until-Ack of the whole config;
+//! - single-route changes: translate + push until Ack, p50/p99 over M changes;
+//! - dataplane RSS with N routes (from /proc/PID/status) and this process's RSS holding the
+//!   snapshot of every object.
+//!
+//! Usage: scale SOCKET DATAPLANE_PID [ROUTES=5000] [CHANGES=200]
+//! (e2e/bench/controller.sh starts the dataplane and runs this.)
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use sweety_controller::push::{PushOptions, Pusher};
+use sweety_controller::translate::{translate, Params, Snapshot};
+use sweety_gateway_api::httproutes::HttpRoute;
+
+fn objects(routes: usize, services: usize) -> String {
+    let mut y = String::new();
+    y.push_str(
+        "apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {name: sweety, generation: 1}\nspec: {controllerName: sweety.dev/gateway-controller}\n---\n\
+apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: gw, namespace: bench, generation: 1}\n\
+spec:\n  gatewayClassName: sweety\n  addresses: [{type: IPAddress, value: 127.0.0.1}]\n  listeners: [{name: http, port: 80, protocol: HTTP, allowedRoutes: {namespaces: {from: Same}}}]\n---\n",
+    );
+    for s in 0..services {
+        y.push_str(&format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{name: svc-{s}, namespace: bench}}\nspec: {{ports: [{{name: http, port: 80, targetPort: 8080}}]}}\n---\n\
+apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: svc-{s}-a, namespace: bench, labels: {{kubernetes.io/service-name: svc-{s}}}}}\n\
+addressType: IPv4\nports: [{{name: http, port: 8080}}]\nendpoints: [{{addresses: [10.244.{}.{}]}}, {{addresses: [10.244.{}.{}]}}]\n---\n",
+            s / 100, s % 100 + 1, s / 100 + 100, s % 100 + 1
+        ));
+    }
+    for r in 0..routes {
+        y.push_str(&format!(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{name: r-{r}, namespace: bench, generation: 1, creationTimestamp: \"2026-01-01T00:00:00Z\"}}\n\
+spec:\n  parentRefs: [{{name: gw}}]\n  hostnames: [r{r}.bench.test]\n  rules:\n  - matches: [{{path: {{type: PathPrefix, value: /api}}}}]\n    backendRefs: [{{name: svc-{}, port: 80}}]\n  - backendRefs: [{{name: svc-{}, port: 80}}]\n---\n",
+            r % services,
+            (r + 1) % services
+        ));
+    }
+    y
+}
+
+fn rss_kib(pid: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+fn pct(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+async fn wait_acked(pusher: &Pusher, generation: u64) {
+    let mut state = pusher.state();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        {
+            let s = state.borrow_and_update();
+            if s.acked >= generation {
+                return;
+            }
+            if let Some((g, errors)) = &s.last_nack {
+                if *g >= generation {
+                    panic!("dataplane rejected generation {g}: {errors:?}");
+                }
+            }
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        assert!(
+            !left.is_zero(),
+            "no Ack for generation {generation} within 30s"
+        );
+        let _ = tokio::time::timeout(left, state.changed()).await;
+    }
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.len() < 3 {
+        eprintln!("usage: scale SOCKET DATAPLANE_PID [ROUTES] [CHANGES]");
+        std::process::exit(2);
+    }
+    let socket = &args[1];
+    let pid = &args[2];
+    let routes: usize = args.get(3).and_then(|v| v.parse().ok()).unwrap_or(5000);
+    let changes: usize = args.get(4).and_then(|v| v.parse().ok()).unwrap_or(200);
+    let params = Params {
+        listen_address: "127.0.0.1".into(),
+        ..Params::default()
+    };
+
+    let (mut snap, _): (Snapshot, _) = Snapshot::from_yaml(&objects(routes, 50)).expect("objects");
+    let objects_total = 2 + routes + 100;
+    let rss_idle = rss_kib(pid);
+
+    let pusher = Pusher::spawn(PushOptions {
+        socket: socket.into(),
+        ..PushOptions::default()
+    });
+    let t0 = Instant::now();
+    let out = translate(&snap, &params);
+    let t_translate = t0.elapsed();
+    let t1 = Instant::now();
+    let bytes = serde_json::to_vec(&out.config).expect("encode").len();
+    let t_encode = t1.elapsed();
+    let routes_out: usize = out
+        .config
+        .virtual_hosts
+        .iter()
+        .map(|v| v.routes.len())
+        .sum();
+    let t2 = Instant::now();
+    let generation = pusher.submit(out.config);
+    wait_acked(&pusher, generation).await;
+    let t_push = t2.elapsed();
+    let total = t0.elapsed();
+    println!("objects={objects_total} httproutes={routes} dataplane_routes={routes_out} config_json_bytes={bytes}");
+    println!(
+        "full: translate={:.1}ms encode={:.1}ms push+apply+ack={:.1}ms total={:.1}ms (target < 200ms)",
+        ms(t_translate),
+        ms(t_encode),
+        ms(t_push),
+        ms(total)
+    );
+
+    // Single-route changes: edit one route's path, translate, push, wait for the Ack.
+    let mut lat = Vec::with_capacity(changes);
+    for i in 0..changes {
+        let idx = (i * 7919) % snap.http_routes.len();
+        let mut route: HttpRoute = (*snap.http_routes[idx]).clone();
+        if let Some(rules) = route.spec.rules.as_mut() {
+            if let Some(m) = rules[0].matches.as_mut().and_then(|m| m.first_mut()) {
+                if let Some(p) = m.path.as_mut() {
+                    p.value = Some(format!("/api/v{i}"));
+                }
+            }
+        }
+        snap.http_routes[idx] = Arc::new(route);
+        let t = Instant::now();
+        let out = translate(&snap, &params);
+        let generation = pusher.submit(out.config);
+        wait_acked(&pusher, generation).await;
+        lat.push(t.elapsed());
+    }
+    lat.sort();
+    println!(
+        "single route change → Ack over {changes} changes: p50={:.2}ms p99={:.2}ms max={:.2}ms (targets p50 < 10ms, p99 < 50ms)",
+        ms(pct(&lat, 0.5)),
+        ms(pct(&lat, 0.99)),
+        ms(*lat.last().unwrap())
+    );
+    println!(
+        "rss: dataplane idle={}KiB with {routes} routes={}KiB (target < 40MB); this process holding {objects_total} objects={}KiB",
+        rss_idle,
+        rss_kib(pid),
+        rss_kib("self")
+    );
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}

@@ -1,0 +1,128 @@
+//! GatewayClass acceptance: classes naming our controller get `Accepted` and the list of
+//! features the dataplane and `translate` really implement; other controllers' classes are
+//! left alone (no status).
+
+use crate::translate::status::{Condition, GatewayClassStatus, ObjectKey, ObjectStatus};
+use crate::translate::Builder;
+use std::collections::BTreeMap;
+
+/// Features we claim, conservatively: only what has a config mapping and a dataplane
+/// implementation. Sorted.
+pub const SUPPORTED_FEATURES: &[&str] = &[
+    "GRPCRoute",
+    "GRPCRouteNamedRouteRule",
+    "Gateway",
+    "HTTPRoute",
+    "HTTPRoute303RedirectStatusCode",
+    "HTTPRoute307RedirectStatusCode",
+    "HTTPRoute308RedirectStatusCode",
+    "HTTPRouteBackendProtocolH2C",
+    "HTTPRouteBackendRequestHeaderModification",
+    "HTTPRouteBackendTimeout",
+    "HTTPRouteCORS",
+    "HTTPRouteHostRewrite",
+    "HTTPRouteMethodMatching",
+    "HTTPRouteNamedRouteRule",
+    "HTTPRouteParentRefPort",
+    "HTTPRoutePathRedirect",
+    "HTTPRoutePathRewrite",
+    "HTTPRoutePortRedirect",
+    "HTTPRouteQueryParamMatching",
+    "HTTPRouteRequestMirror",
+    "HTTPRouteRequestMultipleMirrors",
+    "HTTPRouteRequestPercentageMirror",
+    "HTTPRouteRequestTimeout",
+    "HTTPRouteResponseHeaderModification",
+    "HTTPRouteRetry",
+    "HTTPRouteSchemeRedirect",
+    "ReferenceGrant",
+    "TLSRoute",
+];
+
+const PROXY_CONFIG_GROUP: &str = "sweety.dev";
+const PROXY_CONFIG_KIND: &str = "SweetyProxyConfig";
+
+/// One of our GatewayClasses.
+#[derive(Clone, Debug, Default)]
+pub struct ClassInfo {
+    pub accepted: bool,
+    /// HTTP/3 on HTTPS listeners, from the SweetyProxyConfig (None: `Params::http3`).
+    pub http3: Option<bool>,
+}
+
+/// Set the status of our GatewayClasses; returns each of our classes by name.
+pub fn translate(b: &mut Builder<'_>) -> BTreeMap<String, ClassInfo> {
+    let mut accepted = BTreeMap::new();
+    let mut classes: Vec<_> = b.snapshot.gateway_classes.iter().collect();
+    classes.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    for class in classes {
+        if class.spec.controller_name != b.params.controller_name {
+            continue;
+        }
+        let name = class.metadata.name.clone().unwrap_or_default();
+        let generation = class.metadata.generation.unwrap_or(0);
+        let mut http3 = None;
+        let problem = class.spec.parameters_ref.as_ref().and_then(|p| {
+            if p.group != PROXY_CONFIG_GROUP || p.kind != PROXY_CONFIG_KIND {
+                return Some(format!(
+                    "parametersRef must be a {PROXY_CONFIG_KIND}.{PROXY_CONFIG_GROUP}, got {}.{}",
+                    p.kind, p.group
+                ));
+            }
+            let Some(ns) = p.namespace.as_deref() else {
+                return Some(format!(
+                    "parametersRef to {PROXY_CONFIG_KIND} needs a namespace"
+                ));
+            };
+            let found = b.snapshot.proxy_configs.iter().find(|c| {
+                c.metadata.namespace.as_deref() == Some(ns)
+                    && c.metadata.name.as_deref() == Some(p.name.as_str())
+            });
+            match found {
+                Some(c) => {
+                    http3 = c.spec.http3;
+                    None
+                }
+                None => Some(format!("{PROXY_CONFIG_KIND} {ns}/{} not found", p.name)),
+            }
+        });
+        let condition = match &problem {
+            None => Condition::new(
+                "Accepted",
+                true,
+                "Accepted",
+                "handled by the sweety controller",
+                generation,
+            ),
+            Some(why) => Condition::new("Accepted", false, "InvalidParameters", why, generation),
+        };
+        accepted.insert(
+            name.clone(),
+            ClassInfo {
+                accepted: problem.is_none(),
+                http3,
+            },
+        );
+        b.status(
+            ObjectKey::new("GatewayClass", "", &name),
+            ObjectStatus::GatewayClass(GatewayClassStatus {
+                conditions: vec![condition],
+                supported_features: SUPPORTED_FEATURES.iter().map(|s| s.to_string()).collect(),
+            }),
+        );
+    }
+    accepted
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SUPPORTED_FEATURES;
+
+    #[test]
+    fn features_sorted_and_unique() {
+        let mut sorted = SUPPORTED_FEATURES.to_vec();
+        sorted.sort();
+        sorted.dedup();
+        assert_eq!(sorted, SUPPORTED_FEATURES);
+    }
+}

@@ -1,0 +1,407 @@
+//! Gateways into the output: which Gateways are ours, their container ports, the dataplane
+//! listeners (one per Gateway and port) with their virtual hosts or L4 routes, the
+//! per-Gateway Service and the Gateway status.
+
+use super::attach;
+use super::classes::ClassInfo;
+use super::listeners::{self, Proto};
+use super::routes::{Collected, HttpEntry, SortKey};
+use super::GwState;
+use crate::translate::addressing::{self, Allocation, PortRequest};
+use crate::translate::status::{Condition, GatewayStatus, ObjectKey, ObjectStatus};
+use crate::translate::{Builder, GatewayService, ServicePort};
+use std::collections::{BTreeMap, BTreeSet};
+use sweety_config::{
+    Filter, L4Route, Listener, ListenerProtocol, ListenerTls, Route, TlsVersion, VirtualHost,
+};
+
+/// Our Gateways (class ours and accepted), sorted by namespace/name, listeners validated.
+/// Gateways of our class that is not accepted get a status saying so.
+pub fn gateways(b: &mut Builder<'_>, classes: &BTreeMap<String, ClassInfo>) -> Vec<GwState> {
+    let mut list: Vec<_> = b.snapshot.gateways.to_vec();
+    list.sort_by(|a, b| {
+        (&a.metadata.namespace, &a.metadata.name).cmp(&(&b.metadata.namespace, &b.metadata.name))
+    });
+    let mut out = Vec::new();
+    for gw in list {
+        let ns = gw.metadata.namespace.clone().unwrap_or_default();
+        let name = gw.metadata.name.clone().unwrap_or_default();
+        let generation = gw.metadata.generation.unwrap_or(0);
+        let Some(class) = classes.get(&gw.spec.gateway_class_name) else {
+            continue;
+        };
+        if !class.accepted {
+            let msg = format!(
+                "GatewayClass {} is not accepted",
+                gw.spec.gateway_class_name
+            );
+            b.status(
+                ObjectKey::new("Gateway", &ns, &name),
+                ObjectStatus::Gateway(GatewayStatus {
+                    addresses: Vec::new(),
+                    conditions: vec![
+                        Condition::new("Accepted", false, "Invalid", &msg, generation),
+                        Condition::new("Programmed", false, "Invalid", &msg, generation),
+                    ],
+                    listeners: Vec::new(),
+                }),
+            );
+            continue;
+        }
+        let listeners = listeners::validate(b.snapshot, &gw);
+        let rejected = requested_addresses(&gw).1;
+        out.push(GwState {
+            gateway: gw,
+            namespace: ns,
+            name,
+            generation,
+            listeners,
+            rejected,
+            http3: class.http3.unwrap_or(b.params.http3),
+        });
+    }
+    out
+}
+
+/// Allocate container ports for every usable listener.
+pub fn allocate(b: &Builder<'_>, gateways: &mut [GwState]) -> Allocation {
+    let requests: Vec<PortRequest> = gateways
+        .iter()
+        .map(|g| PortRequest {
+            namespace: g.namespace.clone(),
+            name: g.name.clone(),
+            ports: g
+                .listeners
+                .iter()
+                .filter(|l| g.rejected.is_none() && l.usable())
+                .map(|l| l.port)
+                .collect(),
+        })
+        .collect();
+    let allocation = addressing::allocate(b.snapshot, b.params, &requests);
+    for (g, gw) in gateways.iter_mut().enumerate() {
+        for l in gw.listeners.iter_mut().filter(|l| l.usable()) {
+            if gw.rejected.is_some() {
+                continue;
+            }
+            l.container_port = allocation[g].get(&l.port).copied().flatten();
+        }
+    }
+    allocation
+}
+
+/// A redirect without scheme and port keeps the Gateway listener's port (the dataplane only
+/// knows its container port).
+fn fix_redirect_port(route: &mut Route, port: u16, https: bool) {
+    let default = if https { 443 } else { 80 };
+    for f in &mut route.filters {
+        if let Filter::Redirect(r) = f {
+            if r.scheme.is_none() && r.port.is_none() && port != default {
+                r.port = Some(port);
+            }
+        }
+    }
+}
+
+fn sort_routes(mut v: Vec<(SortKey, Route)>) -> Vec<Route> {
+    v.sort_by(|a, b| a.0.cmp(&b.0));
+    v.into_iter().map(|(_, r)| r).collect()
+}
+
+/// Emit dataplane listeners, virtual hosts, Services and Gateway statuses.
+pub fn emit(b: &mut Builder<'_>, gateways: &[GwState], _alloc: &Allocation, out: Collected) {
+    let mut http: BTreeMap<(usize, u16), Vec<HttpEntry>> = BTreeMap::new();
+    for e in out.http {
+        let port = gateways[e.gw].listeners[e.listener].port;
+        http.entry((e.gw, port)).or_default().push(e);
+    }
+    let mut l4: BTreeMap<(usize, u16, bool), Vec<(SortKey, L4Route)>> = BTreeMap::new();
+    for e in out.l4 {
+        let l = &gateways[e.gw].listeners[e.listener];
+        let udp = l.protocol.is_some_and(Proto::is_udp);
+        l4.entry((e.gw, l.port, udp))
+            .or_default()
+            .push((e.key, e.route));
+    }
+    for (g, gw) in gateways.iter().enumerate() {
+        let prefix = format!("gw/{}/{}", gw.namespace, gw.name);
+        // Programmed listeners by (port, udp).
+        let mut groups: BTreeMap<(u16, bool), Vec<usize>> = BTreeMap::new();
+        for (i, l) in gw.listeners.iter().enumerate() {
+            if let (true, Some(p)) = (l.programmed(), l.protocol) {
+                groups.entry((l.port, p.is_udp())).or_default().push(i);
+            }
+        }
+        let udp_ports: BTreeSet<u16> = groups.keys().filter(|k| k.1).map(|k| k.0).collect();
+        let mut service_ports = Vec::new();
+        for ((port, udp), idx) in &groups {
+            let first = &gw.listeners[idx[0]];
+            let (Some(proto), Some(cport)) = (first.protocol, first.container_port) else {
+                continue;
+            };
+            let name = if *udp {
+                format!("{prefix}/{port}/udp")
+            } else {
+                format!("{prefix}/{port}")
+            };
+            let transport = if *udp { "UDP" } else { "TCP" };
+            service_ports.push(ServicePort {
+                name: format!("{}-{port}", transport.to_lowercase()),
+                protocol: transport.into(),
+                port: *port,
+                target_port: cport,
+            });
+            let mut listener = Listener {
+                name: name.clone(),
+                address: b.params.listen_address.clone(),
+                port: cport,
+                protocol: match proto {
+                    Proto::Http => ListenerProtocol::Http,
+                    Proto::Https => ListenerProtocol::Https,
+                    Proto::TlsPassthrough => ListenerProtocol::TlsPassthrough,
+                    Proto::Tcp => ListenerProtocol::Tcp,
+                    Proto::Udp => ListenerProtocol::Udp,
+                },
+                tls: None,
+                http3: true,
+                max_requests_in_flight: None,
+                l4_routes: Vec::new(),
+            };
+            match proto {
+                Proto::Http | Proto::Https => {
+                    if proto == Proto::Https {
+                        listener.tls = Some(ListenerTls {
+                            certificates: idx
+                                .iter()
+                                .flat_map(|&i| gw.listeners[i].certificates.iter().cloned())
+                                .collect(),
+                            min_version: TlsVersion::Tls12,
+                        });
+                        listener.http3 = gw.http3 && !udp_ports.contains(port);
+                        if listener.http3 {
+                            service_ports.push(ServicePort {
+                                name: format!("udp-{port}"),
+                                protocol: "UDP".into(),
+                                port: *port,
+                                target_port: cport,
+                            });
+                        }
+                    }
+                    let mut by_host: BTreeMap<String, Vec<(SortKey, Route)>> = BTreeMap::new();
+                    for e in http.remove(&(g, *port)).unwrap_or_default() {
+                        let hosts = if e.hostnames.is_empty() {
+                            vec![String::new()]
+                        } else {
+                            e.hostnames.clone()
+                        };
+                        let mut route = e.route.clone();
+                        fix_redirect_port(&mut route, *port, proto == Proto::Https);
+                        for h in hosts {
+                            // A request for `h` is served by the most specific listener on
+                            // this port; routes reach it only through that listener.
+                            let own = attach::specificity(
+                                gw.listeners[e.listener].hostname.as_deref(),
+                                &h,
+                            );
+                            let shadowed = !h.is_empty()
+                                && idx.iter().any(|&o| {
+                                    attach::specificity(gw.listeners[o].hostname.as_deref(), &h)
+                                        > own
+                                });
+                            if shadowed {
+                                continue;
+                            }
+                            let list = by_host.entry(h).or_default();
+                            // The same rule reached through two listeners on this port once.
+                            if !list.iter().any(|(k, _)| *k == e.key) {
+                                list.push((e.key.clone(), route.clone()));
+                            }
+                        }
+                    }
+                    for (host, routes) in by_host {
+                        b.virtual_hosts.push(VirtualHost {
+                            name: format!(
+                                "{name}/{}",
+                                if host.is_empty() { "*" } else { host.as_str() }
+                            ),
+                            hostnames: if host.is_empty() { vec![] } else { vec![host] },
+                            listeners: vec![name.clone()],
+                            routes: sort_routes(routes),
+                        });
+                    }
+                    b.listeners.push(listener);
+                }
+                Proto::TlsPassthrough | Proto::Tcp | Proto::Udp => {
+                    let mut routes = l4.remove(&(g, *port, *udp)).unwrap_or_default();
+                    routes.sort_by(|a, b| a.0.cmp(&b.0));
+                    listener.l4_routes = routes.into_iter().map(|(_, r)| r).collect();
+                    // A listener with nothing to forward to is left out (the config requires
+                    // at least one route); it stays programmed in status.
+                    if !listener.l4_routes.is_empty() {
+                        b.listeners.push(listener);
+                    }
+                }
+            }
+        }
+        status(b, gw, service_ports);
+    }
+}
+
+/// Gateway `spec.addresses`: the supported ones as (type, value), and why one is not.
+type Requested = (Vec<(String, String)>, Option<String>);
+
+fn requested_addresses(gw: &sweety_gateway_api::gateways::Gateway) -> Requested {
+    let mut requested = Vec::new();
+    let mut bad = None;
+    for a in gw.spec.addresses.iter().flatten() {
+        let t = a.r#type.clone().unwrap_or_else(|| "IPAddress".into());
+        let v = a.value.clone().unwrap_or_default();
+        match t.as_str() {
+            "IPAddress" if v.parse::<std::net::IpAddr>().is_ok() => requested.push((t, v)),
+            "Hostname" if !v.is_empty() => requested.push((t, v)),
+            _ => bad = Some(format!("address {v:?} of type {t} is not supported")),
+        }
+    }
+    (requested, bad)
+}
+
+fn status(b: &mut Builder<'_>, gw: &GwState, ports: Vec<ServicePort>) {
+    let generation = gw.generation;
+    let service = addressing::service_name(&gw.namespace, &gw.name);
+    let (requested, bad_address) = requested_addresses(&gw.gateway);
+    let addresses = addressing::addresses(b.snapshot, b.params, &requested, &service);
+    let listeners: Vec<_> = gw
+        .listeners
+        .iter()
+        .map(|l| l.status(generation, gw.rejected.is_some()))
+        .collect();
+    let invalid: Vec<&str> = gw
+        .listeners
+        .iter()
+        .filter(|l| !l.programmed())
+        .map(|l| l.name.as_str())
+        .collect();
+    let any_programmed = gw.listeners.iter().any(|l| l.programmed());
+    let accepted = if let Some(msg) = &bad_address {
+        Condition::new(
+            "Accepted",
+            false,
+            "UnsupportedAddress",
+            msg.clone(),
+            generation,
+        )
+    } else if invalid.is_empty() {
+        Condition::new("Accepted", true, "Accepted", "gateway accepted", generation)
+    } else {
+        let msg = format!("invalid listeners: {}", invalid.join(", "));
+        let some_valid = invalid.len() < gw.listeners.len();
+        Condition::new("Accepted", some_valid, "ListenersNotValid", msg, generation)
+    };
+    let programmed = if bad_address.is_some() || !any_programmed {
+        Condition::new(
+            "Programmed",
+            false,
+            "Invalid",
+            "no listener could be programmed",
+            generation,
+        )
+    } else if addresses.is_empty() {
+        Condition::new(
+            "Programmed",
+            false,
+            "AddressNotAssigned",
+            format!(
+                "Service {}/{service} has no address yet",
+                b.params.namespace
+            ),
+            generation,
+        )
+    } else {
+        Condition::new(
+            "Programmed",
+            true,
+            "Programmed",
+            "gateway programmed",
+            generation,
+        )
+    };
+    if !ports.is_empty() {
+        b.gateway_services.push(GatewayService {
+            gateway_namespace: gw.namespace.clone(),
+            gateway_name: gw.name.clone(),
+            name: service,
+            service_type: "LoadBalancer".into(),
+            ports: {
+                let mut p = ports;
+                p.sort();
+                p
+            },
+            requested_addresses: requested
+                .iter()
+                .filter(|(t, _)| t == "IPAddress")
+                .map(|(_, v)| v.clone())
+                .collect(),
+        });
+    }
+    b.status(
+        ObjectKey::new("Gateway", &gw.namespace, &gw.name),
+        ObjectStatus::Gateway(GatewayStatus {
+            addresses,
+            conditions: vec![accepted, programmed],
+            listeners,
+        }),
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sweety_config::{Action, FixedResponse, Redirect, Timeouts};
+
+    fn route(redirect: Redirect) -> Route {
+        Route {
+            name: "r".into(),
+            matches: Vec::new(),
+            filters: vec![Filter::Redirect(redirect)],
+            action: Action::Fixed(FixedResponse {
+                status: 500,
+                body: String::new(),
+                content_type: None,
+            }),
+            timeouts: Timeouts::default(),
+            retry: None,
+        }
+    }
+
+    fn port(r: &Route) -> Option<u16> {
+        match &r.filters[0] {
+            Filter::Redirect(r) => r.port,
+            _ => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn redirect_keeps_the_listener_port_only_without_scheme_and_port() {
+        let mut r = route(Redirect::default());
+        fix_redirect_port(&mut r, 8080, false);
+        assert_eq!(port(&r), Some(8080));
+        let mut r = route(Redirect::default());
+        fix_redirect_port(&mut r, 80, false);
+        assert_eq!(port(&r), None, "default port of the scheme stays implicit");
+        let mut r = route(Redirect::default());
+        fix_redirect_port(&mut r, 443, true);
+        assert_eq!(port(&r), None);
+        let mut r = route(Redirect {
+            scheme: Some("https".into()),
+            ..Redirect::default()
+        });
+        fix_redirect_port(&mut r, 8080, false);
+        assert_eq!(port(&r), None, "a scheme implies its well-known port");
+        let mut r = route(Redirect {
+            port: Some(9000),
+            ..Redirect::default()
+        });
+        fix_redirect_port(&mut r, 8080, false);
+        assert_eq!(port(&r), Some(9000));
+    }
+}

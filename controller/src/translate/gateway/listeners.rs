@@ -1,0 +1,528 @@
+//! Gateway listeners: protocol support, allowed route kinds, conflicts within a Gateway
+//! (HostnameConflict, ProtocolConflict) and TLS certificate references (Secrets, with
+//! ReferenceGrant for other namespaces). The result says, per listener, whether it can be
+//! programmed and why not.
+
+use super::attach::{self, AllowedNamespaces};
+use super::refgrant::{self, Reference};
+use crate::translate::status::{Condition, ListenerStatus, RouteGroupKind};
+use crate::translate::Snapshot;
+use std::collections::BTreeMap;
+use sweety_config::{Certificate, PemSource};
+use sweety_gateway_api::gateways::{Gateway, GatewayListeners, GatewayListenersTlsMode};
+
+/// The Gateway API group.
+pub const GROUP: &str = "gateway.networking.k8s.io";
+
+/// Listener protocols this implementation knows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Proto {
+    Http,
+    Https,
+    TlsPassthrough,
+    Tcp,
+    Udp,
+}
+
+impl Proto {
+    /// UDP listeners use a UDP socket; everything else TCP.
+    pub fn is_udp(self) -> bool {
+        self == Proto::Udp
+    }
+    /// Protocols whose listeners are told apart by hostname on a shared port.
+    fn uses_hostname(self) -> bool {
+        matches!(self, Proto::Http | Proto::Https | Proto::TlsPassthrough)
+    }
+    fn kinds(self) -> &'static [RouteKind] {
+        match self {
+            Proto::Http | Proto::Https => &[RouteKind::Http, RouteKind::Grpc],
+            Proto::TlsPassthrough => &[RouteKind::Tls],
+            Proto::Tcp => &[RouteKind::Tcp],
+            Proto::Udp => &[RouteKind::Udp],
+        }
+    }
+}
+
+/// Route kinds a listener may accept.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum RouteKind {
+    Http,
+    Grpc,
+    Tls,
+    Tcp,
+    Udp,
+}
+
+impl RouteKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            RouteKind::Http => "HTTPRoute",
+            RouteKind::Grpc => "GRPCRoute",
+            RouteKind::Tls => "TLSRoute",
+            RouteKind::Tcp => "TCPRoute",
+            RouteKind::Udp => "UDPRoute",
+        }
+    }
+    fn from_name(kind: &str) -> Option<RouteKind> {
+        [
+            RouteKind::Http,
+            RouteKind::Grpc,
+            RouteKind::Tls,
+            RouteKind::Tcp,
+            RouteKind::Udp,
+        ]
+        .into_iter()
+        .find(|k| k.name() == kind)
+    }
+}
+
+/// A problem: condition reason and message.
+pub type Problem = (&'static str, String);
+
+/// One Gateway listener after validation.
+#[derive(Clone, Debug)]
+pub struct GwListener {
+    pub name: String,
+    pub port: u16,
+    pub protocol: Option<Proto>,
+    pub hostname: Option<String>,
+    pub kinds: Vec<RouteKind>,
+    pub allowed: AllowedNamespaces,
+    pub certificates: Vec<Certificate>,
+    /// Why the listener is not accepted (None: accepted).
+    pub not_accepted: Option<Problem>,
+    /// Conflict reason, if any.
+    pub conflicted: Option<Problem>,
+    /// Why references did not resolve (None: all resolved).
+    pub unresolved: Option<Problem>,
+    /// Set by addressing; None when no container port could be allocated.
+    pub container_port: Option<u16>,
+    /// Routes attached (counted while attaching).
+    pub attached: i32,
+}
+
+impl GwListener {
+    /// Routes may attach and the dataplane serves it.
+    pub fn usable(&self) -> bool {
+        self.not_accepted.is_none()
+            && self.conflicted.is_none()
+            && self.protocol.is_some()
+            && !self.kinds.is_empty()
+            && !matches!(self.unresolved, Some((r, _)) if r != "InvalidRouteKinds")
+    }
+
+    /// Usable and given a container port.
+    pub fn programmed(&self) -> bool {
+        self.usable() && self.container_port.is_some()
+    }
+
+    /// The listener's status block. `gateway_rejected`: the Gateway as a whole is not
+    /// accepted, so nothing of it is programmed.
+    pub fn status(&self, generation: i64, gateway_rejected: bool) -> ListenerStatus {
+        let no_port = self.usable() && self.container_port.is_none() && !gateway_rejected;
+        let accepted = match (&self.not_accepted, &self.conflicted) {
+            (Some((r, m)), _) => Condition::new("Accepted", false, r, m.clone(), generation),
+            // Another listener of this Gateway claims the port in an incompatible way.
+            (None, Some((_, m))) => {
+                Condition::new("Accepted", false, "PortUnavailable", m.clone(), generation)
+            }
+            (None, None) if no_port => Condition::new(
+                "Accepted",
+                false,
+                "PortUnavailable",
+                "no free dataplane port in the gateway port range",
+                generation,
+            ),
+            (None, None) => Condition::new(
+                "Accepted",
+                true,
+                "Accepted",
+                "listener accepted",
+                generation,
+            ),
+        };
+        let conflicted = match &self.conflicted {
+            None => Condition::new(
+                "Conflicted",
+                false,
+                "NoConflicts",
+                "no conflicts",
+                generation,
+            ),
+            Some((r, m)) => Condition::new("Conflicted", true, r, m.clone(), generation),
+        };
+        let resolved = match &self.unresolved {
+            None => Condition::new(
+                "ResolvedRefs",
+                true,
+                "ResolvedRefs",
+                "all references resolved",
+                generation,
+            ),
+            Some((r, m)) => Condition::new("ResolvedRefs", false, r, m.clone(), generation),
+        };
+        let programmed = if self.programmed() {
+            Condition::new(
+                "Programmed",
+                true,
+                "Programmed",
+                "listener programmed",
+                generation,
+            )
+        } else {
+            let why = if gateway_rejected {
+                "the Gateway is not accepted"
+            } else if self.usable() {
+                "no dataplane port available in the gateway port range"
+            } else {
+                "listener is not valid"
+            };
+            Condition::new("Programmed", false, "Invalid", why, generation)
+        };
+        ListenerStatus {
+            name: self.name.clone(),
+            supported_kinds: self
+                .kinds
+                .iter()
+                .map(|k| RouteGroupKind {
+                    group: GROUP.into(),
+                    kind: k.name().into(),
+                })
+                .collect(),
+            attached_routes: self.attached,
+            conditions: vec![accepted, conflicted, resolved, programmed],
+        }
+    }
+}
+
+/// Validate every listener of a Gateway, including conflicts between them.
+pub fn validate(snapshot: &Snapshot, gw: &Gateway) -> Vec<GwListener> {
+    let ns = gw.metadata.namespace.as_deref().unwrap_or_default();
+    let mut out: Vec<GwListener> = gw
+        .spec
+        .listeners
+        .iter()
+        .map(|l| listener(snapshot, ns, l))
+        .collect();
+    conflicts(&mut out);
+    out
+}
+
+fn listener(snapshot: &Snapshot, ns: &str, l: &GatewayListeners) -> GwListener {
+    let mut out = GwListener {
+        name: l.name.clone(),
+        port: u16::try_from(l.port).unwrap_or(0),
+        protocol: None,
+        hostname: l.hostname.clone().filter(|h| !h.is_empty()),
+        kinds: Vec::new(),
+        allowed: attach::allowed_namespaces(l.allowed_routes.as_ref()),
+        certificates: Vec::new(),
+        not_accepted: None,
+        conflicted: None,
+        unresolved: None,
+        container_port: None,
+        attached: 0,
+    };
+    if out.port == 0 {
+        out.not_accepted = Some(("UnsupportedValue", format!("invalid port {}", l.port)));
+        return out;
+    }
+    let mode = l
+        .tls
+        .as_ref()
+        .and_then(|t| t.mode.clone())
+        .unwrap_or(GatewayListenersTlsMode::Terminate);
+    let protocol = match (l.protocol.as_str(), mode) {
+        ("HTTP", _) => Proto::Http,
+        ("HTTPS", GatewayListenersTlsMode::Terminate) => Proto::Https,
+        ("TLS", GatewayListenersTlsMode::Passthrough) => Proto::TlsPassthrough,
+        ("TCP", _) => Proto::Tcp,
+        ("UDP", _) => Proto::Udp,
+        ("HTTPS", GatewayListenersTlsMode::Passthrough) => {
+            out.not_accepted = Some((
+                "UnsupportedValue",
+                "HTTPS listeners support only tls.mode Terminate".into(),
+            ));
+            return out;
+        }
+        ("TLS", GatewayListenersTlsMode::Terminate) => {
+            out.not_accepted = Some((
+                "UnsupportedValue",
+                "TLS listeners in Terminate mode are not supported; use Passthrough".into(),
+            ));
+            return out;
+        }
+        (other, _) => {
+            out.not_accepted = Some((
+                "UnsupportedProtocol",
+                format!("protocol {other:?} is not supported"),
+            ));
+            return out;
+        }
+    };
+    out.protocol = Some(protocol);
+    // Allowed route kinds.
+    let requested = l.allowed_routes.as_ref().and_then(|a| a.kinds.as_ref());
+    match requested {
+        None => out.kinds = protocol.kinds().to_vec(),
+        Some(kinds) => {
+            let mut invalid = Vec::new();
+            for k in kinds {
+                let group = k.group.as_deref().unwrap_or(GROUP);
+                match RouteKind::from_name(&k.kind) {
+                    Some(rk) if group == GROUP && protocol.kinds().contains(&rk) => {
+                        if !out.kinds.contains(&rk) {
+                            out.kinds.push(rk);
+                        }
+                    }
+                    _ => invalid.push(format!("{}/{}", group, k.kind)),
+                }
+            }
+            if !invalid.is_empty() {
+                out.unresolved = Some((
+                    "InvalidRouteKinds",
+                    format!(
+                        "route kinds not supported on a {} listener: {}",
+                        l.protocol,
+                        invalid.join(", ")
+                    ),
+                ));
+            }
+        }
+    }
+    if protocol == Proto::Https {
+        if let Some(problem) = certificates(snapshot, ns, l, &mut out.certificates) {
+            out.unresolved = Some(problem);
+            out.certificates.clear();
+        }
+    }
+    out
+}
+
+/// Load the listener's certificates; the first problem wins.
+fn certificates(
+    snapshot: &Snapshot,
+    ns: &str,
+    l: &GatewayListeners,
+    out: &mut Vec<Certificate>,
+) -> Option<Problem> {
+    let refs = l
+        .tls
+        .as_ref()
+        .and_then(|t| t.certificate_refs.as_deref())
+        .unwrap_or_default();
+    if refs.is_empty() {
+        return Some((
+            "InvalidCertificateRef",
+            "an HTTPS listener needs at least one certificateRef".into(),
+        ));
+    }
+    for r in refs {
+        let group = r.group.as_deref().unwrap_or("");
+        let kind = r.kind.as_deref().unwrap_or("Secret");
+        let secret_ns = r.namespace.as_deref().unwrap_or(ns);
+        if !group.is_empty() || kind != "Secret" {
+            return Some((
+                "InvalidCertificateRef",
+                format!("certificateRef {group}/{kind} {} is not a Secret", r.name),
+            ));
+        }
+        let grant = Reference {
+            from_group: GROUP,
+            from_kind: "Gateway",
+            from_namespace: ns,
+            to_group: "",
+            to_kind: "Secret",
+            to_namespace: secret_ns,
+            to_name: &r.name,
+        };
+        if !refgrant::permitted(snapshot, &grant) {
+            return Some((
+                "RefNotPermitted",
+                format!(
+                    "Secret {secret_ns}/{} is in another namespace and no ReferenceGrant allows it",
+                    r.name
+                ),
+            ));
+        }
+        let secret = snapshot.secrets.iter().find(|s| {
+            s.metadata.namespace.as_deref() == Some(secret_ns)
+                && s.metadata.name.as_deref() == Some(r.name.as_str())
+        });
+        let Some(secret) = secret else {
+            return Some((
+                "InvalidCertificateRef",
+                format!("Secret {secret_ns}/{} not found", r.name),
+            ));
+        };
+        let get = |key: &str| {
+            secret
+                .data
+                .as_ref()
+                .and_then(|d| d.get(key))
+                .and_then(|v| String::from_utf8(v.0.clone()).ok())
+        };
+        let cert = get("tls.crt").filter(|c| c.contains("-----BEGIN CERTIFICATE-----"));
+        let key = get("tls.key").filter(|k| {
+            k.contains("PRIVATE KEY-----") && !k.contains("BEGIN ENCRYPTED PRIVATE KEY")
+        });
+        let (Some(cert), Some(key)) = (cert, key) else {
+            return Some((
+                "InvalidCertificateRef",
+                format!(
+                    "Secret {secret_ns}/{} has no PEM certificate in tls.crt and key in tls.key",
+                    r.name
+                ),
+            ));
+        };
+        let certificate = Certificate {
+            hostnames: l
+                .hostname
+                .iter()
+                .filter(|h| !h.is_empty())
+                .cloned()
+                .collect(),
+            cert: PemSource::Pem(cert),
+            key: PemSource::Pem(key),
+        };
+        if let Err(why) = check_certificate(&certificate) {
+            return Some((
+                "InvalidCertificateRef",
+                format!("Secret {secret_ns}/{}: {why}", r.name),
+            ));
+        }
+        out.push(certificate);
+    }
+    None
+}
+
+/// Run sweety-config's own checks on a certificate, so a bad Secret only fails its listener
+/// instead of making the whole config invalid.
+fn check_certificate(c: &Certificate) -> Result<(), String> {
+    let mut cfg = sweety_config::Config::default();
+    cfg.listeners.push(sweety_config::Listener {
+        name: "check".into(),
+        address: "127.0.0.1".into(),
+        port: 0,
+        protocol: sweety_config::ListenerProtocol::Https,
+        tls: Some(sweety_config::ListenerTls {
+            certificates: vec![c.clone()],
+            min_version: Default::default(),
+        }),
+        http3: false,
+        max_requests_in_flight: None,
+        l4_routes: Vec::new(),
+    });
+    cfg.validate_structure().map_err(|e| {
+        e.0.iter()
+            .map(|e| e.to_string())
+            .collect::<Vec<_>>()
+            .join("; ")
+    })
+}
+
+/// Mark listeners that are not distinct from another one on the same port.
+fn conflicts(listeners: &mut [GwListener]) {
+    let mut by_port: BTreeMap<(u16, bool), Vec<usize>> = BTreeMap::new();
+    for (i, l) in listeners.iter().enumerate() {
+        if let (None, Some(p)) = (&l.not_accepted, l.protocol) {
+            by_port.entry((l.port, p.is_udp())).or_default().push(i);
+        }
+    }
+    for ((port, _), idx) in by_port {
+        let protocols: Vec<Proto> = idx.iter().filter_map(|&i| listeners[i].protocol).collect();
+        if protocols.iter().any(|p| *p != protocols[0]) {
+            for &i in &idx {
+                listeners[i].conflicted = Some((
+                    "ProtocolConflict",
+                    format!("other listeners on port {port} use a different protocol"),
+                ));
+            }
+            continue;
+        }
+        let mut by_host: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+        for &i in &idx {
+            let host = if protocols[0].uses_hostname() {
+                listeners[i].hostname.as_deref().unwrap_or("")
+            } else {
+                ""
+            };
+            by_host.entry(host).or_default().push(i);
+        }
+        let conflicted: Vec<(usize, String)> = by_host
+            .into_iter()
+            .filter(|(_, v)| v.len() > 1)
+            .flat_map(|(host, v)| {
+                let names: Vec<String> = v.iter().map(|&i| listeners[i].name.clone()).collect();
+                let msg = if host.is_empty() {
+                    format!(
+                        "listeners {} share port {port} without distinct hostnames",
+                        names.join(", ")
+                    )
+                } else {
+                    format!(
+                        "listeners {} share port {port} and hostname {host}",
+                        names.join(", ")
+                    )
+                };
+                v.into_iter().map(move |i| (i, msg.clone()))
+            })
+            .collect();
+        for (i, msg) in conflicted {
+            listeners[i].conflicted = Some(("HostnameConflict", msg));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn listeners(yaml: &str) -> Vec<GwListener> {
+        let text = format!(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {{name: gw, namespace: app}}\nspec:\n  gatewayClassName: sweety\n  listeners:\n{yaml}"
+        );
+        let (s, _) = Snapshot::from_yaml(&text).unwrap();
+        validate(&s, &s.gateways[0])
+    }
+
+    fn conflict(l: &GwListener) -> Option<&'static str> {
+        l.conflicted.as_ref().map(|(r, _)| *r)
+    }
+
+    #[test]
+    fn conflicts_within_a_gateway() {
+        let l = listeners(
+            "  - {name: a, port: 80, protocol: HTTP, hostname: a.io}\n  - {name: b, port: 80, protocol: HTTP, hostname: a.io}\n  - {name: c, port: 80, protocol: HTTP}\n  - {name: d, port: 53, protocol: UDP}\n  - {name: e, port: 53, protocol: TCP}\n  - {name: f, port: 9000, protocol: TCP}\n  - {name: g, port: 9000, protocol: TCP}\n  - {name: h, port: 81, protocol: HTTP}\n  - {name: i, port: 81, protocol: TLS, tls: {mode: Passthrough}}\n",
+        );
+        let got: Vec<_> = l.iter().map(conflict).collect();
+        assert_eq!(
+            got,
+            vec![
+                Some("HostnameConflict"),
+                Some("HostnameConflict"),
+                None,
+                None,
+                None,
+                Some("HostnameConflict"),
+                Some("HostnameConflict"),
+                Some("ProtocolConflict"),
+                Some("ProtocolConflict"),
+            ],
+            "UDP and TCP on one port are distinct; two TCP listeners on one port are not"
+        );
+        assert!(l[2].usable() && !l[0].usable());
+    }
+
+    #[test]
+    fn kinds_default_by_protocol_and_invalid_kinds_reported() {
+        let l = listeners(
+            "  - {name: a, port: 80, protocol: HTTP}\n  - {name: b, port: 81, protocol: HTTP, allowedRoutes: {kinds: [{kind: TLSRoute}]}}\n  - {name: c, port: 82, protocol: SCTP}\n",
+        );
+        assert_eq!(l[0].kinds, vec![RouteKind::Http, RouteKind::Grpc]);
+        assert!(l[1].kinds.is_empty());
+        assert_eq!(l[1].unresolved.as_ref().unwrap().0, "InvalidRouteKinds");
+        assert!(!l[1].usable(), "no valid kind left");
+        assert_eq!(l[2].not_accepted.as_ref().unwrap().0, "UnsupportedProtocol");
+    }
+}

@@ -1,0 +1,55 @@
+//! Gateway API front end: GatewayClass, Gateway, HTTPRoute, GRPCRoute, TLSRoute, TCPRoute,
+//! UDPRoute, ReferenceGrant and BackendTLSPolicy into listeners, virtual hosts and statuses.
+//!
+//! Order of work: classes → policies → Gateways and their listeners → container ports
+//! (`addressing`) → routes attach to listeners and become routes/L4 routes → dataplane
+//! listeners and virtual hosts → statuses. Every invalid object gets a condition saying why
+//! and is left out without stopping the rest.
+//!
+//! Modules: `model` (uniform route spec types), `classes`, `listeners`, `attach`, `refgrant`,
+//! `policy`, `backend` (backendRef resolution), `http` (HTTPRoute rules), `grpc` (GRPCRoute
+//! matches), `l4` (TLS/TCP/UDP routes), `routes` (attachment and route status), `emit`
+//! (dataplane listeners, virtual hosts, Gateway status).
+
+mod attach;
+mod backend;
+mod classes;
+mod emit;
+mod grpc;
+mod http;
+mod l4;
+mod listeners;
+mod model;
+mod policy;
+mod refgrant;
+mod routes;
+
+use super::Builder;
+use listeners::GwListener;
+use std::sync::Arc;
+use sweety_gateway_api::gateways::Gateway;
+
+/// A Gateway of ours with its validated listeners.
+pub struct GwState {
+    pub gateway: Arc<Gateway>,
+    pub namespace: String,
+    pub name: String,
+    pub generation: i64,
+    pub listeners: Vec<GwListener>,
+    /// Why the Gateway as a whole is not accepted (its listeners are then not programmed).
+    pub rejected: Option<String>,
+    /// Serve HTTP/3 on HTTPS listeners (class SweetyProxyConfig, else `Params::http3`).
+    pub http3: bool,
+}
+
+/// Translate every Gateway API object in the snapshot.
+pub fn translate(b: &mut Builder<'_>) {
+    let classes = classes::translate(b);
+    let mut policies = policy::collect(b);
+    let mut gateways = emit::gateways(b, &classes);
+    let allocation = emit::allocate(b, &mut gateways);
+    let mut out = routes::Collected::default();
+    routes::translate(b, &mut gateways, &mut policies, &mut out);
+    emit::emit(b, &gateways, &allocation, out);
+    policy::statuses(b, &policies);
+}

@@ -1,0 +1,600 @@
+//! ingress-nginx migration: a safe subset of `nginx.ingress.kubernetes.io/*` annotations
+//! mapped onto sweety-config.
+//!
+//! Supported: `use-regex`, `rewrite-target` (prefix rewrite; the `<prefix>(/|$)(.*)` + `/$2`
+//! idiom becomes a prefix match with a prefix rewrite; other capture groups are reported and
+//! the path is not rewritten), `ssl-redirect` (HTTP→HTTPS, 308, for hosts with TLS; unlike
+//! ingress-nginx it is off unless set), `force-ssl-redirect` (also for hosts without TLS here),
+//! `backend-protocol` (HTTP, HTTPS, GRPC→h2c, GRPCS→h2), `enable-cors` with `cors-allow-origin`,
+//! `-methods`, `-headers`, `-credentials`, `-max-age`, `-expose-headers`,
+//! `permanent-redirect`(`-code`), `temporal-redirect`, `app-root`, `proxy-read-timeout` and
+//! `proxy-connect-timeout` (their sum, in seconds, is the route's backend timeout), `canary` +
+//! `canary-weight` (+ `canary-weight-total`): a weighted split with the primary Ingress's route
+//! for the same host and path.
+//!
+//! Never applied: every `*-snippet` annotation (raw nginx configuration; reported as
+//! `SnippetIgnored` for security). Everything else (`proxy-body-size`: there is no per-route
+//! body limit, only the global one) is reported as `UnsupportedAnnotation` and ignored.
+
+use super::{PathRoute, Report};
+use crate::translate::Builder;
+use k8s_openapi::api::networking::v1::Ingress;
+use std::collections::BTreeMap;
+use sweety_config::{
+    Action, BackendProtocol, Cors, Duration, Filter, FixedResponse, PathMatch, PathRewrite,
+    Redirect, Route, RouteMatch, UrlRewrite, WeightedBackend,
+};
+
+/// Annotation prefix of ingress-nginx.
+pub const PREFIX: &str = "nginx.ingress.kubernetes.io/";
+
+/// The annotations of one Ingress that change its translation.
+#[derive(Clone, Debug, Default)]
+pub struct Annotations {
+    pub use_regex: bool,
+    pub rewrite_target: Option<String>,
+    pub ssl_redirect: bool,
+    pub force_ssl_redirect: bool,
+    pub backend_protocol: Option<BackendProtocol>,
+    pub cors: Option<Cors>,
+    pub redirect: Option<Redirect>,
+    pub app_root: Option<String>,
+    pub backend_timeout: Option<Duration>,
+    pub canary: bool,
+    pub canary_weight: u32,
+    pub canary_weight_total: u32,
+}
+
+const CORS_METHODS: &str = "GET, PUT, POST, DELETE, PATCH, OPTIONS";
+const CORS_HEADERS: &str = "DNT,Keep-Alive,User-Agent,X-Requested-With,If-Modified-Since,Cache-Control,Content-Type,Range,Authorization";
+
+fn truthy(v: &str) -> Option<bool> {
+    match v.trim() {
+        "true" | "True" | "TRUE" => Some(true),
+        "false" | "False" | "FALSE" => Some(false),
+        _ => None,
+    }
+}
+
+fn list(v: &str) -> Vec<String> {
+    v.split(',')
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .collect()
+}
+
+fn is_token(s: &str) -> bool {
+    !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+}
+
+/// A conservative check of a CORS origin (`*` or `scheme://host[:port]`, lower case).
+fn origin_ok(o: &str) -> bool {
+    if o == "*" {
+        return true;
+    }
+    let Some((scheme, rest)) = o.split_once("://") else {
+        return false;
+    };
+    let (host, port) = match rest.rsplit_once(':') {
+        Some((h, p)) => (h, Some(p)),
+        None => (rest, None),
+    };
+    matches!(scheme, "http" | "https")
+        && port.is_none_or(|p| matches!(p.parse::<u16>(), Ok(n) if n != 0))
+        && !host.is_empty()
+        && host.matches('*').count() <= 1
+        && host
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-.*".contains(&b))
+}
+
+/// Parse `http(s)://host[:port][/path]` into a redirect to exactly that URL (the path, `/`
+/// when absent, replaces the request's path).
+pub fn parse_redirect_url(url: &str, status: u16) -> Option<Redirect> {
+    let (scheme, rest) = url.split_once("://")?;
+    if scheme != "http" && scheme != "https" {
+        return None;
+    }
+    let (authority, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], Some(&rest[i..])),
+        None => (rest, None),
+    };
+    if authority.is_empty() || url.contains(['?', '#', ' ']) {
+        return None;
+    }
+    let (host, port) = match authority.rsplit_once(':') {
+        Some((h, p)) => (h, Some(p.parse::<u16>().ok().filter(|n| *n != 0)?)),
+        None => (authority, None),
+    };
+    let host_ok = host
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.');
+    if host.is_empty() || !host_ok {
+        return None;
+    }
+    Some(Redirect {
+        scheme: Some(scheme.into()),
+        host: Some(host.to_ascii_lowercase()),
+        port,
+        path: Some(PathRewrite::Full(path.unwrap_or("/").into())),
+        status,
+    })
+}
+
+impl Annotations {
+    /// Read the `nginx.ingress.kubernetes.io/*` annotations, reporting the ones not applied.
+    pub(crate) fn parse(ing: &Ingress, report: &mut Report) -> Annotations {
+        let mut a = Annotations {
+            canary_weight_total: 100,
+            ..Default::default()
+        };
+        let empty = BTreeMap::new();
+        let all = ing.metadata.annotations.as_ref().unwrap_or(&empty);
+        let get = |k: &str| all.get(&format!("{PREFIX}{k}")).map(String::as_str);
+        let mut cors_enabled = false;
+        let mut read_timeout = None;
+        let mut connect_timeout = None;
+        let mut redirect_code: Option<u16> = None;
+        for (key, value) in all {
+            let Some(name) = key.strip_prefix(PREFIX) else {
+                continue;
+            };
+            let bad = |report: &mut Report, why: &str| {
+                report.warn(
+                    "InvalidAnnotation",
+                    format!("{key}: {value:?} {why}; ignored"),
+                );
+            };
+            let flag = |report: &mut Report| {
+                let v = truthy(value);
+                if v.is_none() {
+                    bad(report, "is not \"true\" or \"false\"");
+                }
+                v.unwrap_or(false)
+            };
+            let seconds = |report: &mut Report| match value.trim().parse::<u64>() {
+                Ok(n) if n > 0 => Some(n),
+                _ => {
+                    bad(report, "is not a positive number of seconds");
+                    None
+                }
+            };
+            match name {
+                "use-regex" => a.use_regex = flag(report),
+                "rewrite-target" => a.rewrite_target = Some(value.clone()),
+                "ssl-redirect" => a.ssl_redirect = flag(report),
+                "force-ssl-redirect" => a.force_ssl_redirect = flag(report),
+                "backend-protocol" => {
+                    a.backend_protocol = match value.trim().to_ascii_uppercase().as_str() {
+                        "HTTP" => Some(BackendProtocol::Http1),
+                        "HTTPS" => Some(BackendProtocol::Https),
+                        "GRPC" | "H2C" => Some(BackendProtocol::H2c),
+                        "GRPCS" => Some(BackendProtocol::H2),
+                        _ => {
+                            bad(report, "is not HTTP, HTTPS, GRPC or GRPCS");
+                            None
+                        }
+                    }
+                }
+                "enable-cors" => cors_enabled = flag(report),
+                "cors-allow-origin"
+                | "cors-allow-methods"
+                | "cors-allow-headers"
+                | "cors-allow-credentials"
+                | "cors-max-age"
+                | "cors-expose-headers" => {}
+                "permanent-redirect" | "temporal-redirect" => {}
+                "permanent-redirect-code" => match value.trim().parse::<u16>() {
+                    Ok(c @ (301 | 302 | 303 | 307 | 308)) => redirect_code = Some(c),
+                    _ => bad(report, "is not 301, 302, 303, 307 or 308"),
+                },
+                "app-root" => {
+                    if value.starts_with('/') && !value.contains(['?', '#', ' ']) {
+                        a.app_root = Some(value.clone());
+                    } else {
+                        bad(report, "is not a path starting with \"/\"");
+                    }
+                }
+                "proxy-read-timeout" => read_timeout = seconds(report),
+                "proxy-connect-timeout" => connect_timeout = seconds(report),
+                "canary" => a.canary = flag(report),
+                "canary-weight" => match value.trim().parse::<u32>() {
+                    Ok(w) => a.canary_weight = w,
+                    Err(_) => bad(report, "is not a whole number"),
+                },
+                "canary-weight-total" => match value.trim().parse::<u32>() {
+                    Ok(w) if w > 0 => a.canary_weight_total = w,
+                    _ => bad(report, "is not a positive whole number"),
+                },
+                n if n.ends_with("snippet") => report.warn(
+                    "SnippetIgnored",
+                    format!(
+                        "{key} is never applied: snippets inject raw proxy configuration, \
+                         which Sweety does not run for security"
+                    ),
+                ),
+                "proxy-body-size" => report.warn(
+                    "UnsupportedAnnotation",
+                    format!(
+                        "{key} is not supported: there is no per-route body size limit, \
+                         only the dataplane-wide limits.max_request_body_bytes"
+                    ),
+                ),
+                _ => report.warn(
+                    "UnsupportedAnnotation",
+                    format!("{key} is not supported and is ignored"),
+                ),
+            }
+        }
+        if cors_enabled {
+            let mut cors = Cors {
+                allow_origins: list(get("cors-allow-origin").unwrap_or("*")),
+                allow_methods: list(get("cors-allow-methods").unwrap_or(CORS_METHODS)),
+                allow_headers: list(get("cors-allow-headers").unwrap_or(CORS_HEADERS)),
+                expose_headers: list(get("cors-expose-headers").unwrap_or("")),
+                allow_credentials: get("cors-allow-credentials")
+                    .and_then(truthy)
+                    .unwrap_or(true),
+                max_age: Some(1_728_000),
+            };
+            if let Some(v) = get("cors-max-age") {
+                match v.trim().parse::<u64>() {
+                    Ok(n) => cors.max_age = Some(n),
+                    Err(_) => report.warn(
+                        "InvalidAnnotation",
+                        format!("{PREFIX}cors-max-age: {v:?} is not a number of seconds; ignored"),
+                    ),
+                }
+            }
+            let (ok, bad): (Vec<_>, Vec<_>) =
+                cors.allow_origins.into_iter().partition(|o| origin_ok(o));
+            cors.allow_origins = ok;
+            if !bad.is_empty() {
+                report.warn(
+                    "InvalidAnnotation",
+                    format!("{PREFIX}cors-allow-origin: origins {bad:?} are not \"*\" or scheme://host[:port]; ignored"),
+                );
+            }
+            for l in [
+                &mut cors.allow_methods,
+                &mut cors.allow_headers,
+                &mut cors.expose_headers,
+            ] {
+                l.retain(|t| is_token(t));
+            }
+            if cors.allow_credentials && cors.allow_origins.iter().any(|o| o == "*") {
+                // Browsers refuse credentials with a wildcard origin anyway.
+                cors.allow_credentials = false;
+                if get("cors-allow-credentials").and_then(truthy) == Some(true) {
+                    report.warn(
+                        "InvalidAnnotation",
+                        format!("{PREFIX}cors-allow-credentials is ignored with origin \"*\""),
+                    );
+                }
+            }
+            if cors.allow_origins.is_empty() {
+                report.warn(
+                    "InvalidAnnotation",
+                    "no valid CORS origin; CORS not enabled",
+                );
+            } else {
+                a.cors = Some(cors);
+            }
+        }
+        for (k, default_code) in [("permanent-redirect", 301), ("temporal-redirect", 302)] {
+            if let Some(url) = get(k) {
+                let code = if k == "permanent-redirect" {
+                    redirect_code.unwrap_or(default_code)
+                } else {
+                    default_code
+                };
+                match parse_redirect_url(url.trim(), code) {
+                    Some(r) if a.redirect.is_none() => a.redirect = Some(r),
+                    Some(_) => report.warn(
+                        "InvalidAnnotation",
+                        format!("{PREFIX}{k} ignored: permanent-redirect is already set"),
+                    ),
+                    None => report.warn(
+                        "InvalidAnnotation",
+                        format!(
+                            "{PREFIX}{k}: {url:?} is not http(s)://host[:port][/path]; ignored"
+                        ),
+                    ),
+                }
+            }
+        }
+        let secs = read_timeout.unwrap_or(0) + connect_timeout.unwrap_or(0);
+        if secs > 0 {
+            a.backend_timeout = Some(Duration::from_secs(secs));
+        }
+        a
+    }
+
+    /// Apply rewrite, CORS, redirect and timeout to one path's route. A route whose match
+    /// is the `<prefix>(/|$)(.*)` idiom with target `…$2` becomes a prefix match.
+    pub(crate) fn apply(&self, route: &mut Route, report: &mut Report) {
+        if let Some(target) = &self.rewrite_target {
+            let m = route.matches.first_mut().and_then(|m| m.path.as_mut());
+            let rewrite = match m {
+                Some(PathMatch::Regex(r)) if target.contains('$') => idiom(r, target)
+                    .map(|(prefix, to)| (Some(PathMatch::Prefix(prefix)), PathRewrite::Prefix(to))),
+                _ if target.contains('$') => None,
+                Some(PathMatch::Exact(_) | PathMatch::Regex(_)) => {
+                    Some((None, PathRewrite::Full(target.clone())))
+                }
+                _ => Some((None, PathRewrite::Prefix(target.clone()))),
+            };
+            match rewrite {
+                Some((new_match, path)) => {
+                    if let Some(nm) = new_match {
+                        route.matches[0].path = Some(nm);
+                    }
+                    if target.starts_with('/') {
+                        route.filters.push(Filter::Rewrite(UrlRewrite {
+                            host: None,
+                            path: Some(path),
+                        }));
+                    } else {
+                        report.warn(
+                            "InvalidAnnotation",
+                            format!("{PREFIX}rewrite-target: {target:?} does not start with \"/\"; ignored"),
+                        );
+                    }
+                }
+                None => report.warn(
+                    "UnsupportedAnnotation",
+                    format!(
+                        "{PREFIX}rewrite-target {target:?} uses capture groups, which are not \
+                         supported (only the \"<prefix>(/|$)(.*)\" + \"/$2\" form is); the path \
+                         is not rewritten"
+                    ),
+                ),
+            }
+        }
+        if let Some(c) = &self.cors {
+            route.filters.push(Filter::Cors(c.clone()));
+        }
+        if let Some(r) = &self.redirect {
+            route.filters.push(Filter::Redirect(r.clone()));
+        }
+        route.timeouts.backend = self.backend_timeout;
+    }
+}
+
+/// `<prefix>(/|$)(.*)` with target `<to>$2` → (prefix, to), when `prefix` has no regex syntax.
+fn idiom(regex: &str, target: &str) -> Option<(String, String)> {
+    let body = regex.strip_suffix(".*").unwrap_or(regex);
+    let prefix = body.strip_suffix("(/|$)(.*)")?;
+    let prefix = prefix.strip_prefix('^').unwrap_or(prefix);
+    if !prefix.starts_with('/') || prefix.contains(|c: char| "\\.+*?()|[]{}^$".contains(c)) {
+        return None;
+    }
+    let to = target.strip_suffix("$2")?;
+    if to.contains('$') {
+        return None;
+    }
+    Some((
+        prefix.to_string(),
+        if to.is_empty() { "/".into() } else { to.into() },
+    ))
+}
+
+/// The HTTP→HTTPS redirect of `ssl-redirect` (308, as ingress-nginx).
+pub fn https_redirect() -> Redirect {
+    Redirect {
+        scheme: Some("https".into()),
+        status: 308,
+        ..Default::default()
+    }
+}
+
+/// ingress-nginx regex locations match from the start of the path only.
+pub fn anchor_regex(path: &str) -> String {
+    if path.ends_with('$') {
+        path.to_string()
+    } else {
+        format!("{path}.*")
+    }
+}
+
+fn regex_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if "\\.+*?()|[]{}^$".contains(c) {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// `app-root`: `/` redirects (302) to the application root.
+pub(crate) fn app_root_route(ns: &str, name: &str, rule: usize, root: &str) -> PathRoute {
+    PathRoute {
+        route: Route {
+            name: format!("ingress/{ns}/{name}/rule-{rule}/app-root"),
+            matches: vec![RouteMatch {
+                path: Some(PathMatch::Exact("/".into())),
+                ..Default::default()
+            }],
+            filters: vec![Filter::Redirect(Redirect {
+                path: Some(PathRewrite::Full(root.into())),
+                status: 302,
+                ..Default::default()
+            })],
+            action: Action::Fixed(FixedResponse {
+                status: 302,
+                body: String::new(),
+                content_type: None,
+            }),
+            timeouts: Default::default(),
+            retry: None,
+        },
+        http_redirect: None,
+        force_redirect: false,
+        path: "/".into(),
+        path_type: "Exact".into(),
+        regex: false,
+    }
+}
+
+/// In a host with a regex path, every prefix path becomes a regex too and routes are ordered
+/// by path length, longest first (ingress-nginx's order), so prefixes do not shadow regexes.
+pub(crate) fn order_regex_host(routes: &mut [PathRoute]) {
+    if !routes.iter().any(|r| r.regex) {
+        return;
+    }
+    for r in routes.iter_mut() {
+        // A prefix rewrite needs a prefix match: such a route keeps its prefix match.
+        let prefix_rewrite = r.route.filters.iter().any(|f| {
+            matches!(
+                f,
+                Filter::Rewrite(UrlRewrite {
+                    path: Some(PathRewrite::Prefix(_)),
+                    ..
+                })
+            )
+        });
+        if prefix_rewrite {
+            continue;
+        }
+        for m in &mut r.route.matches {
+            if let Some(PathMatch::Prefix(p)) = &m.path {
+                let trimmed = p.trim_end_matches('/');
+                m.path = Some(PathMatch::Regex(if trimmed.is_empty() {
+                    "/.*".to_string()
+                } else {
+                    format!("{}(/.*)?", regex_escape(trimmed))
+                }));
+                r.regex = true;
+            }
+        }
+    }
+    routes.sort_by_key(|r| std::cmp::Reverse(r.path.len()));
+}
+
+/// Merge a canary Ingress into the primary routes of the same host and path.
+pub(crate) fn merge_canary(
+    b: &mut Builder<'_>,
+    ing: &Ingress,
+    ann: &Annotations,
+    hosts: &mut BTreeMap<String, Vec<PathRoute>>,
+    report: &mut Report,
+) {
+    let ns = ing.metadata.namespace.clone().unwrap_or_default();
+    let total = ann.canary_weight_total;
+    let weight = ann.canary_weight.min(total);
+    let spec = ing.spec.clone().unwrap_or_default();
+    for rule in spec.rules.as_deref().unwrap_or_default() {
+        let host = rule.host.clone().unwrap_or_default();
+        for p in rule
+            .http
+            .as_ref()
+            .map(|h| h.paths.as_slice())
+            .unwrap_or_default()
+        {
+            let path = p.path.clone().unwrap_or_else(|| "/".into());
+            let primary = hosts.get_mut(&host).and_then(|routes| {
+                routes
+                    .iter_mut()
+                    .find(|r| r.path == path && r.path_type == p.path_type)
+            });
+            let Some(primary) = primary else {
+                report.warn(
+                    "CanaryWithoutPrimary",
+                    format!(
+                        "no primary Ingress serves host {host:?} path {path:?} ({}); canary ignored",
+                        p.path_type
+                    ),
+                );
+                continue;
+            };
+            let Action::Proxy(proxy) = &mut primary.route.action else {
+                report.warn(
+                    "CanaryWithoutPrimary",
+                    format!("the primary route for {host:?} {path:?} has no working backend; canary ignored"),
+                );
+                continue;
+            };
+            if proxy.backends.len() != 1 {
+                report.warn(
+                    "CanaryConflict",
+                    format!("{host:?} {path:?} already has a canary; this one is ignored"),
+                );
+                continue;
+            }
+            match super::resolve_backend(b, &ns, &p.backend, ann, report) {
+                Ok(name) => {
+                    proxy.backends[0].weight = total - weight;
+                    proxy.backends.push(WeightedBackend {
+                        backend: name,
+                        weight,
+                        filters: Vec::new(),
+                    });
+                }
+                Err(why) => report.warn(
+                    "CanaryIgnored",
+                    format!("canary for {host:?} {path:?} ignored: {why}"),
+                ),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redirect_urls() {
+        let r = parse_redirect_url("https://new.example.com:8443/x/y", 301).unwrap();
+        assert_eq!(r.scheme.as_deref(), Some("https"));
+        assert_eq!(r.host.as_deref(), Some("new.example.com"));
+        assert_eq!(r.port, Some(8443));
+        assert_eq!(r.path, Some(PathRewrite::Full("/x/y".into())));
+        assert_eq!(r.status, 301);
+        let r = parse_redirect_url("http://a.example", 302).unwrap();
+        assert_eq!(
+            (r.port, r.path),
+            (None, Some(PathRewrite::Full("/".into())))
+        );
+        for bad in [
+            "ftp://x",
+            "https://",
+            "https://a b",
+            "https://x/?q=1",
+            "https://x:0/",
+        ] {
+            assert!(parse_redirect_url(bad, 302).is_none(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn rewrite_idiom_and_anchoring() {
+        assert_eq!(
+            idiom("/app(/|$)(.*).*", "/$2"),
+            Some(("/app".into(), "/".into()))
+        );
+        assert_eq!(
+            idiom("/app(/|$)(.*)", "/v2/$2"),
+            Some(("/app".into(), "/v2/".into()))
+        );
+        assert_eq!(idiom("/a.b(/|$)(.*)", "/$2"), None);
+        assert_eq!(idiom("/app(/|$)(.*)", "/$1"), None);
+        assert_eq!(anchor_regex("/api/v[0-9]+"), "/api/v[0-9]+.*");
+        assert_eq!(anchor_regex("/exact$"), "/exact$");
+        assert_eq!(regex_escape("/a.b"), "/a\\.b");
+    }
+
+    #[test]
+    fn origins() {
+        assert!(origin_ok("*"));
+        assert!(origin_ok("https://*.example.com"));
+        assert!(origin_ok("http://localhost:3000"));
+        assert!(!origin_ok("example.com"));
+        assert!(!origin_ok("https://Example.com"));
+        assert!(!origin_ok("https://a.example/path"));
+    }
+}

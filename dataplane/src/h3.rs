@@ -1,0 +1,604 @@
+//! HTTP/3 over QUIC: the thin adapter between quinn + h3 and the one request pipeline.
+//!
+//! Everything protocol-independent (routing, filters, handlers, the backpressure core,
+//! metrics and the access log) lives in [`crate::pipeline::handle`]; this module only:
+//!
+//! * binds UDP next to an HTTPS listener's TCP port and runs a quinn endpoint on it, whose
+//!   rustls config shares the listener's SNI resolver (ALPN `h3`, TLS 1.3);
+//! * takes a connection slot from the backpressure core for every QUIC connection (refusing
+//!   the attempt when none is free), bounds concurrent request streams and flow-control
+//!   windows per connection, and times out idle connections;
+//! * turns each request stream into an `http::Request<Body>` whose body streams from the QUIC
+//!   stream, calls the pipeline with [`Protocol::Http3`], and streams the response back,
+//!   awaiting every frame so QUIC flow control paces the handler (a static file is read
+//!   chunk by chunk as the client acknowledges it, never buffered whole);
+//! * marks requests received in 0-RTT early data (only possible when `http3.early_data` is
+//!   on) so the pipeline answers unsafe methods 425 Too Early;
+//! * drains on stop: GOAWAY on every connection, in-flight requests get the drain timeout.
+//!
+//! quinn-udp uses UDP GSO (segmentation offload) and GRO where the kernel supports them.
+
+use crate::body::{Body, BoxError};
+use crate::ctx::{ConnInfo, EarlyData, Protocol};
+use crate::limits::ConnPermit;
+use crate::runtime::{BindKey, ListenerView, Shared};
+use bytes::{Buf, Bytes};
+use h3::server::RequestStream;
+use http::{header, Request, Response};
+use http_body::{Frame, SizeHint};
+use http_body_util::BodyExt;
+use std::future::Future as _;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+use sweety_config::{Congestion, Http3, Limits};
+use tokio::sync::watch;
+
+type QuicConn = h3_quinn::Connection;
+type H3Conn = h3::server::Connection<QuicConn, Bytes>;
+type Resolver = h3::server::RequestResolver<QuicConn, Bytes>;
+type SendHalf = RequestStream<h3_quinn::SendStream<Bytes>, Bytes>;
+type RecvHalf = RequestStream<h3_quinn::RecvStream, Bytes>;
+
+/// The HTTP/3 application error code for a clean close.
+const H3_NO_ERROR: quinn::VarInt = quinn::VarInt::from_u32(0x100);
+
+/// The `Alt-Svc` value advertising HTTP/3 on `port`.
+pub fn alt_svc(port: u16, max_age: Duration) -> http::HeaderValue {
+    http::HeaderValue::from_str(&format!("h3=\":{port}\"; ma={}", max_age.as_secs()))
+        .expect("Alt-Svc value is ASCII")
+}
+
+/// QUIC transport settings from the config.
+pub fn transport_config(h3: &Http3, limits: &Limits) -> quinn::TransportConfig {
+    let mut t = quinn::TransportConfig::default();
+    t.max_concurrent_bidi_streams(h3.max_concurrent_bidi_streams.into())
+        // The peer's control and QPACK streams; HTTP/3 needs three.
+        .max_concurrent_uni_streams(8u32.into())
+        .stream_receive_window(h3.stream_receive_window.into())
+        .receive_window(h3.connection_receive_window.into())
+        .send_window(h3.send_window.into())
+        .max_idle_timeout(limits.idle_timeout.get().try_into().ok());
+    match h3.congestion {
+        Congestion::Cubic => {
+            t.congestion_controller_factory(Arc::new(quinn::congestion::CubicConfig::default()))
+        }
+        Congestion::Bbr => {
+            t.congestion_controller_factory(Arc::new(quinn::congestion::BbrConfig::default()))
+        }
+        Congestion::NewReno => {
+            t.congestion_controller_factory(Arc::new(quinn::congestion::NewRenoConfig::default()))
+        }
+    };
+    t
+}
+
+/// The quinn server config of a listener: its QUIC rustls config plus the transport settings.
+/// `path` is the config path of the listener's `tls` section, for errors.
+pub fn server_config(
+    tls: Arc<rustls::ServerConfig>,
+    h3: &Http3,
+    limits: &Limits,
+    path: &str,
+) -> Result<quinn::ServerConfig, String> {
+    let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(tls)
+        .map_err(|e| format!("{path}: cannot serve QUIC: {e}"))?;
+    let mut cfg = quinn::ServerConfig::with_crypto(Arc::new(crypto));
+    cfg.transport_config(Arc::new(transport_config(h3, limits)));
+    Ok(cfg)
+}
+
+/// Binds a UDP socket for QUIC on `addr` (IPv6 sockets are v6-only, as for TCP).
+pub fn bind_udp(addr: SocketAddr) -> std::io::Result<std::net::UdpSocket> {
+    let sock = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::DGRAM,
+        Some(socket2::Protocol::UDP),
+    )?;
+    if addr.is_ipv6() {
+        sock.set_only_v6(true)?;
+    }
+    // Larger buffers absorb bursts; the kernel caps them at net.core.*mem_max.
+    let _ = sock.set_recv_buffer_size(2 * 1024 * 1024);
+    let _ = sock.set_send_buffer_size(2 * 1024 * 1024);
+    sock.bind(&addr.into())?;
+    sock.set_nonblocking(true)?;
+    Ok(sock.into())
+}
+
+/// Starts a quinn endpoint on a bound UDP socket.
+pub fn endpoint(
+    sock: std::net::UdpSocket,
+    config: quinn::ServerConfig,
+) -> std::io::Result<quinn::Endpoint> {
+    let runtime = quinn::default_runtime()
+        .ok_or_else(|| std::io::Error::other("no async runtime for quinn"))?;
+    quinn::Endpoint::new(
+        quinn::EndpointConfig::default(),
+        Some(config),
+        sock,
+        runtime,
+    )
+}
+
+/// Runs the accept loop of one QUIC endpoint until `stop` turns true, then drains: GOAWAY on
+/// every connection, up to the drain timeout for in-flight requests, then close.
+pub async fn run_quic(
+    shared: Arc<Shared>,
+    endpoint: quinn::Endpoint,
+    key: BindKey,
+    mut stop: watch::Receiver<bool>,
+) {
+    let (drain_tx, drain_rx) = watch::channel(false);
+    let mut conns = tokio::task::JoinSet::new();
+    loop {
+        let incoming = tokio::select! {
+            i = endpoint.accept() => match i {
+                Some(i) => i,
+                None => break,
+            },
+            _ = stop.changed() => break,
+        };
+        while conns.try_join_next().is_some() {}
+        let Some(permit) = shared.backpressure.try_connection() else {
+            incoming.refuse();
+            continue;
+        };
+        let snap = shared.snapshot();
+        let Some(view) = snap.listener_by_key(&key).cloned() else {
+            incoming.refuse();
+            continue;
+        };
+        let settings = ConnSettings {
+            early_data: snap.config.http3.early_data,
+            handshake_timeout: snap.config.limits.header_read_timeout.get(),
+            max_header_bytes: snap.config.limits.max_header_bytes.into(),
+        };
+        drop(snap);
+        conns.spawn(serve_conn(
+            shared.clone(),
+            view,
+            incoming,
+            settings,
+            permit,
+            drain_rx.clone(),
+        ));
+    }
+    let _ = drain_tx.send(true);
+    let drain = shared.snapshot().config.limits.drain_timeout.get();
+    let all = async { while conns.join_next().await.is_some() {} };
+    if tokio::time::timeout(drain, all).await.is_err() {
+        tracing::warn!(addr = %key.0, "drain timeout: closing remaining QUIC connections");
+        conns.abort_all();
+    }
+    endpoint.close(0u32.into(), b"shutdown");
+    let _ = tokio::time::timeout(Duration::from_secs(1), endpoint.wait_idle()).await;
+}
+
+#[derive(Clone, Copy)]
+struct ConnSettings {
+    early_data: bool,
+    handshake_timeout: Duration,
+    max_header_bytes: u64,
+}
+
+/// Whether the handshake of a connection that accepted 0-RTT has completed. Requests that
+/// arrive before it are early data.
+struct Handshake {
+    done: AtomicBool,
+    pending: Mutex<Option<quinn::ZeroRttAccepted>>,
+}
+
+impl Handshake {
+    fn complete() -> Handshake {
+        Handshake {
+            done: AtomicBool::new(true),
+            pending: Mutex::new(None),
+        }
+    }
+
+    /// True while the handshake is still in progress. quinn resolves the future in the same
+    /// step that processes the client's Finished, before it surfaces any 1-RTT stream, so a
+    /// request seen here while it is unresolved really did arrive in early data.
+    fn in_early_data(&self) -> bool {
+        if self.done.load(Ordering::Acquire) {
+            return false;
+        }
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        let finished = match pending.as_mut() {
+            None => true,
+            Some(f) => {
+                let waker = futures_util::task::noop_waker();
+                let mut cx = Context::from_waker(&waker);
+                Pin::new(f).poll(&mut cx).is_ready()
+            }
+        };
+        if finished {
+            *pending = None;
+            self.done.store(true, Ordering::Release);
+        }
+        !finished
+    }
+}
+
+async fn serve_conn(
+    shared: Arc<Shared>,
+    view: Arc<ListenerView>,
+    incoming: quinn::Incoming,
+    settings: ConnSettings,
+    permit: ConnPermit,
+    mut drain: watch::Receiver<bool>,
+) {
+    let _permit = permit;
+    let peer = incoming.remote_address();
+    let connecting = match incoming.accept() {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::debug!(%peer, error = %e, "QUIC connection attempt failed");
+            return;
+        }
+    };
+    let (conn, handshake) = if settings.early_data {
+        match connecting.into_0rtt() {
+            Ok((conn, accepted)) => (
+                conn,
+                Handshake {
+                    done: AtomicBool::new(false),
+                    pending: Mutex::new(Some(accepted)),
+                },
+            ),
+            Err(connecting) => match handshake(&shared, connecting, &settings).await {
+                Some(c) => (c, Handshake::complete()),
+                None => return,
+            },
+        }
+    } else {
+        match handshake(&shared, connecting, &settings).await {
+            Some(c) => (c, Handshake::complete()),
+            None => return,
+        }
+    };
+    let handshake = Arc::new(handshake);
+    let sni = conn
+        .handshake_data()
+        .and_then(|d| d.downcast::<quinn::crypto::rustls::HandshakeData>().ok())
+        .and_then(|d| d.server_name)
+        .map(|s| Arc::<str>::from(s.to_ascii_lowercase()));
+    let local = SocketAddr::new(
+        conn.local_ip()
+            .unwrap_or(std::net::IpAddr::from([0, 0, 0, 0])),
+        view.port,
+    );
+    let info = Arc::new(ConnInfo {
+        listener: view.name.clone(),
+        peer,
+        local,
+        tls: true,
+        sni,
+    });
+    let quic = conn.clone();
+    let mut h3: H3Conn = match h3::server::builder()
+        .max_field_section_size(settings.max_header_bytes)
+        .build(h3_quinn::Connection::new(conn))
+        .await
+    {
+        Ok(h) => h,
+        Err(e) => {
+            tracing::debug!(%peer, error = %e, "HTTP/3 connection setup failed");
+            return;
+        }
+    };
+    let mut requests = tokio::task::JoinSet::new();
+    let mut draining = *drain.borrow();
+    if draining {
+        let _ = h3.shutdown(1).await;
+        quic.close(H3_NO_ERROR, b"");
+        return;
+    }
+    loop {
+        let accepted = tokio::select! {
+            a = h3.accept() => a,
+            _ = drain.changed(), if !draining => {
+                draining = true;
+                // GOAWAY: no new requests; those already accepted finish.
+                let _ = h3.shutdown(1).await;
+                if requests.is_empty() {
+                    break;
+                }
+                continue;
+            }
+            // Once draining, the connection ends when its last request does.
+            Some(_) = requests.join_next(), if draining => {
+                if requests.is_empty() {
+                    break;
+                }
+                continue;
+            }
+        };
+        match accepted {
+            Ok(Some(resolver)) => {
+                while requests.try_join_next().is_some() {}
+                requests.spawn(serve_request(
+                    shared.clone(),
+                    info.clone(),
+                    handshake.clone(),
+                    settings.handshake_timeout,
+                    resolver,
+                ));
+            }
+            Ok(None) => break,
+            Err(e) => {
+                if !e.is_h3_no_error() {
+                    tracing::debug!(%peer, error = %e, "HTTP/3 connection ended with an error");
+                }
+                break;
+            }
+        }
+    }
+    while requests.join_next().await.is_some() {}
+    quic.close(H3_NO_ERROR, b"");
+}
+
+async fn handshake(
+    shared: &Shared,
+    connecting: quinn::Connecting,
+    settings: &ConnSettings,
+) -> Option<quinn::Connection> {
+    match tokio::time::timeout(settings.handshake_timeout, connecting).await {
+        Ok(Ok(c)) => Some(c),
+        Ok(Err(e)) => {
+            tracing::debug!(error = %e, "QUIC handshake failed");
+            None
+        }
+        Err(_) => {
+            shared.metrics.limit_hit("tls_handshake_timeout");
+            None
+        }
+    }
+}
+
+/// One request stream: read the head, build the request, run the pipeline, send the response.
+async fn serve_request(
+    shared: Arc<Shared>,
+    conn: Arc<ConnInfo>,
+    handshake: Arc<Handshake>,
+    header_timeout: Duration,
+    resolver: Resolver,
+) {
+    let (req, stream) = match tokio::time::timeout(header_timeout, resolver.resolve_request()).await
+    {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => {
+            tracing::debug!(peer = %conn.peer, error = %e, "bad HTTP/3 request");
+            return;
+        }
+        Err(_) => {
+            shared.metrics.limit_hit("header_read_timeout");
+            return;
+        }
+    };
+    let early = handshake.in_early_data();
+    let (send, recv) = stream.split();
+    let (mut parts, ()) = req.into_parts();
+    parts.version = http::Version::HTTP_3;
+    if early {
+        parts.extensions.insert(EarlyData);
+    }
+    let body = RecvBody::new(recv, &parts.headers).primed().await;
+    let req = Request::from_parts(parts, crate::body::boxed(body));
+    let resp = crate::pipeline::handle(shared, conn, Protocol::Http3, req).await;
+    send_response(send, resp).await;
+}
+
+/// Sends the head, then every body frame, awaiting each so QUIC flow control paces the body.
+async fn send_response(mut send: SendHalf, resp: Response<Body>) {
+    let (mut parts, mut body) = resp.into_parts();
+    strip_connection_headers(&mut parts.headers);
+    if let Err(e) = send.send_response(Response::from_parts(parts, ())).await {
+        tracing::debug!(error = %e, "HTTP/3 response head not sent");
+        return;
+    }
+    while let Some(frame) = body.frame().await {
+        let frame = match frame {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::debug!(error = %e, "response body failed; resetting the stream");
+                send.stop_stream(h3::error::Code::H3_INTERNAL_ERROR);
+                return;
+            }
+        };
+        let sent = match frame.into_data() {
+            Ok(data) if data.is_empty() => Ok(()),
+            Ok(data) => send.send_data(data).await,
+            Err(frame) => match frame.into_trailers() {
+                Ok(trailers) => send.send_trailers(trailers).await,
+                Err(_) => Ok(()),
+            },
+        };
+        if let Err(e) = sent {
+            // The client went away or reset the stream; dropping the body releases the slot.
+            tracing::debug!(error = %e, "HTTP/3 response body not sent");
+            return;
+        }
+    }
+    let _ = send.finish().await;
+}
+
+/// Connection-specific headers are not allowed in HTTP/3 (RFC 9114 §4.2).
+fn strip_connection_headers(h: &mut http::HeaderMap) {
+    for name in [
+        header::CONNECTION,
+        header::TRANSFER_ENCODING,
+        header::UPGRADE,
+        http::HeaderName::from_static("keep-alive"),
+        http::HeaderName::from_static("proxy-connection"),
+    ] {
+        h.remove(name);
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RecvState {
+    Data,
+    Trailers,
+    Done,
+}
+
+/// A request body streaming from an HTTP/3 request stream: DATA frames, then trailers. QUIC
+/// flow control (`http3.stream_receive_window`) bounds what the client sends ahead; the
+/// pipeline's body limits (size, idle time) apply on top, as for H1 and H2.
+pub struct RecvBody {
+    recv: RecvHalf,
+    state: RecvState,
+    peeked: Option<Option<Result<Frame<Bytes>, BoxError>>>,
+    remaining: Option<u64>,
+}
+
+impl RecvBody {
+    fn new(recv: RecvHalf, headers: &http::HeaderMap) -> RecvBody {
+        let remaining = headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok()?.parse().ok());
+        RecvBody {
+            recv,
+            state: RecvState::Data,
+            peeked: None,
+            remaining,
+        }
+    }
+
+    /// Polls once without waiting, so a request whose stream already ended (a GET, usually)
+    /// reports `is_end_stream`, which proxy retries and H1 framing rely on.
+    async fn primed(mut self) -> RecvBody {
+        std::future::poll_fn(|cx| {
+            if let Poll::Ready(f) = self.poll_next(cx) {
+                self.peeked = Some(f);
+            }
+            Poll::Ready(())
+        })
+        .await;
+        self
+    }
+
+    fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        loop {
+            match self.state {
+                RecvState::Data => match self.recv.poll_recv_data(cx) {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(Ok(Some(mut buf))) => {
+                        let data = buf.copy_to_bytes(buf.remaining());
+                        if let Some(r) = self.remaining.as_mut() {
+                            *r = r.saturating_sub(data.len() as u64);
+                        }
+                        return Poll::Ready(Some(Ok(Frame::data(data))));
+                    }
+                    Poll::Ready(Ok(None)) => self.state = RecvState::Trailers,
+                    Poll::Ready(Err(e)) => {
+                        self.state = RecvState::Done;
+                        return Poll::Ready(Some(Err(Box::new(e))));
+                    }
+                },
+                RecvState::Trailers => {
+                    let r = self.recv.poll_recv_trailers(cx);
+                    if r.is_ready() {
+                        self.state = RecvState::Done;
+                    }
+                    return match r {
+                        Poll::Pending => Poll::Pending,
+                        Poll::Ready(Ok(Some(t))) => Poll::Ready(Some(Ok(Frame::trailers(t)))),
+                        Poll::Ready(Ok(None)) => Poll::Ready(None),
+                        Poll::Ready(Err(e)) => Poll::Ready(Some(Err(Box::new(e)))),
+                    };
+                }
+                RecvState::Done => return Poll::Ready(None),
+            }
+        }
+    }
+}
+
+impl http_body::Body for RecvBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        if let Some(f) = this.peeked.take() {
+            return Poll::Ready(f);
+        }
+        this.poll_next(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.peeked {
+            Some(None) => true,
+            Some(Some(_)) => false,
+            None => self.state == RecvState::Done,
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        if self.is_end_stream() {
+            return SizeHint::with_exact(0);
+        }
+        match (self.remaining, &self.peeked) {
+            (Some(n), Some(Some(Ok(f)))) => {
+                SizeHint::with_exact(n + f.data_ref().map_or(0, |d| d.len() as u64))
+            }
+            (Some(n), None) => SizeHint::with_exact(n),
+            _ => SizeHint::default(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn alt_svc_names_the_port_and_max_age() {
+        assert_eq!(
+            alt_svc(8443, Duration::from_secs(86_400)),
+            "h3=\":8443\"; ma=86400"
+        );
+    }
+
+    #[test]
+    fn transport_follows_the_config() {
+        let h3 = Http3 {
+            congestion: Congestion::Bbr,
+            ..Http3::default()
+        };
+        // Every congestion choice builds.
+        for c in [Congestion::Cubic, Congestion::Bbr, Congestion::NewReno] {
+            let _ = transport_config(
+                &Http3 {
+                    congestion: c,
+                    ..h3.clone()
+                },
+                &Limits::default(),
+            );
+        }
+    }
+
+    #[test]
+    fn connection_headers_are_stripped() {
+        let mut h = http::HeaderMap::new();
+        h.insert(header::CONNECTION, "close".parse().unwrap());
+        h.insert(header::TRANSFER_ENCODING, "chunked".parse().unwrap());
+        h.insert("keep-alive", "5".parse().unwrap());
+        h.insert(header::CONTENT_TYPE, "text/plain".parse().unwrap());
+        strip_connection_headers(&mut h);
+        assert_eq!(h.len(), 1);
+    }
+
+    #[test]
+    fn handshake_complete_is_never_early() {
+        assert!(!Handshake::complete().in_early_data());
+    }
+}

@@ -1,0 +1,757 @@
+//! Integration tests of HTTP/3 over QUIC against real UDP sockets on 127.0.0.1, with a quinn +
+//! h3 client: static files (small, 1 MB, Range), proxying to HTTP/1.1 and h2c backends with
+//! bodies streamed both ways, 404, 503 under overload shared with HTTP/1.1, Alt-Svc on H1 and
+//! H2 responses, reloads during traffic (certificate swap, HTTP/3 removed and re-added) and
+//! graceful shutdown.
+//!
+//! Every test is bounded in time and every load loop in count.
+
+mod common;
+
+use bytes::{Buf, Bytes, BytesMut};
+use common::*;
+use http::{HeaderMap, Method, Request, Response};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use sweety_config::*;
+use sweety_dataplane::body::full;
+
+/// Runs `f` with a deadline so a hang fails the test instead of the whole suite.
+async fn bounded<F: Future>(secs: u64, f: F) -> F::Output {
+    tokio::time::timeout(Duration::from_secs(secs), f)
+        .await
+        .expect("test finished within its time bound")
+}
+
+/// An HTTP/3 client connection.
+struct H3 {
+    _endpoint: quinn::Endpoint,
+    conn: quinn::Connection,
+    send: h3::client::SendRequest<h3_quinn::OpenStreams, Bytes>,
+    sni: String,
+}
+
+/// A reply: status, headers, body.
+type Reply = (u16, HeaderMap, Bytes);
+
+impl H3 {
+    /// Connects to `addr` with `sni`, trusting only `ca_pem`, ALPN h3.
+    async fn connect(addr: SocketAddr, sni: &str, ca_pem: &str) -> Result<H3, String> {
+        H3::connect_with(addr, sni, client_config(ca_pem, false)).await
+    }
+
+    /// Connects with a given client config (full handshake).
+    async fn connect_with(
+        addr: SocketAddr,
+        sni: &str,
+        cfg: quinn::ClientConfig,
+    ) -> Result<H3, String> {
+        let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+        endpoint.set_default_client_config(cfg);
+        let connecting = endpoint.connect(addr, sni).map_err(|e| e.to_string())?;
+        let conn = tokio::time::timeout(Duration::from_secs(5), connecting)
+            .await
+            .map_err(|_| "handshake timed out".to_string())?
+            .map_err(|e| format!("handshake: {e}"))?;
+        H3::over(endpoint, conn, sni).await
+    }
+
+    /// HTTP/3 over an established (or 0-RTT) QUIC connection.
+    async fn over(
+        endpoint: quinn::Endpoint,
+        conn: quinn::Connection,
+        sni: &str,
+    ) -> Result<H3, String> {
+        let (mut driver, send) = h3::client::new(h3_quinn::Connection::new(conn.clone()))
+            .await
+            .map_err(|e| e.to_string())?;
+        tokio::spawn(async move {
+            let _ = driver.wait_idle().await;
+        });
+        Ok(H3 {
+            _endpoint: endpoint,
+            conn,
+            send,
+            sni: sni.to_string(),
+        })
+    }
+
+    /// Sends a request with `body` as separate DATA frames; returns the whole reply.
+    async fn request(
+        &self,
+        method: Method,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Vec<Bytes>,
+    ) -> Result<Reply, String> {
+        let mut b = Request::builder()
+            .method(method)
+            .uri(format!("https://{}{path}", self.sni));
+        for (k, v) in headers {
+            b = b.header(*k, *v);
+        }
+        let mut send = self.send.clone();
+        let mut s = send
+            .send_request(b.body(()).unwrap())
+            .await
+            .map_err(|e| format!("send_request: {e}"))?;
+        for chunk in body {
+            s.send_data(chunk).await.map_err(|e| e.to_string())?;
+        }
+        s.finish().await.map_err(|e| e.to_string())?;
+        let resp = s.recv_response().await.map_err(|e| e.to_string())?;
+        let mut out = BytesMut::new();
+        while let Some(mut d) = s.recv_data().await.map_err(|e| e.to_string())? {
+            out.extend_from_slice(&d.copy_to_bytes(d.remaining()));
+        }
+        Ok((resp.status().as_u16(), resp.headers().clone(), out.freeze()))
+    }
+
+    async fn get(&self, path: &str) -> Result<Reply, String> {
+        self.request(Method::GET, path, &[], vec![]).await
+    }
+}
+
+/// A QUIC client config trusting only `ca_pem`, ALPN h3, TLS 1.3, with an in-memory session
+/// store (so a second connection with the same config resumes) and optionally early data.
+fn client_config(ca_pem: &str, early_data: bool) -> quinn::ClientConfig {
+    use rustls_pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    for c in rustls_pki_types::CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let mut tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_protocol_versions(&[&rustls::version::TLS13])
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    tls.alpn_protocols = vec![b"h3".to_vec()];
+    tls.enable_early_data = early_data;
+    let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(tls).unwrap();
+    quinn::ClientConfig::new(Arc::new(crypto))
+}
+
+fn https_listener(name: &str, cert: Certificate) -> Listener {
+    Listener {
+        tls: Some(ListenerTls {
+            certificates: vec![cert],
+            min_version: TlsVersion::Tls12,
+        }),
+        http3: true,
+        ..listener(name, ListenerProtocol::Https)
+    }
+}
+
+fn static_route(name: &str, prefix: &str, root: &Path) -> Route {
+    Route {
+        action: Action::Static(StaticSite {
+            root: root.to_path_buf(),
+            index: vec!["index.html".into()],
+            try_files: vec![],
+            precompressed: false,
+            cache_control: None,
+            strip_prefix: Some(prefix.into()),
+        }),
+        ..fixed_route(name, prefix, "")
+    }
+}
+
+/// A site with `index.html` and a 1 MB `big.bin` of a known pattern.
+fn site() -> (tempfile::TempDir, Vec<u8>) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("index.html"), b"<h1>hello h3</h1>\n").unwrap();
+    let big: Vec<u8> = (0..1024 * 1024u32).map(|i| (i % 251) as u8).collect();
+    std::fs::write(dir.path().join("big.bin"), &big).unwrap();
+    (dir, big)
+}
+
+/// A config with one HTTPS listener "tls" (http3 on) for `localhost` and the given routes.
+fn h3_config(routes: Vec<Route>) -> (Config, String) {
+    let (cert, ca) = cert_for("localhost");
+    let cfg = Config {
+        generation: 1,
+        listeners: vec![https_listener("tls", cert)],
+        virtual_hosts: vec![vhost("v", &[], routes)],
+        ..Config::default()
+    };
+    (cfg, ca)
+}
+
+#[tokio::test]
+async fn static_files_small_1mb_and_range_over_h3() {
+    bounded(30, async {
+        let (dir, big) = site();
+        let (cfg, ca) = h3_config(vec![static_route("site", "/", dir.path())]);
+        let h = Harness::start(cfg).await;
+        let addr = h.runtime.bound_quic().await["tls"];
+        assert_eq!(addr, h.addr("tls").await, "UDP shares the TCP port");
+        let c = H3::connect(addr, "localhost", &ca).await.unwrap();
+
+        let (status, headers, body) = c.get("/").await.unwrap();
+        assert_eq!(status, 200);
+        assert_eq!(&body[..], b"<h1>hello h3</h1>\n");
+        assert!(headers.get("alt-svc").is_none(), "no Alt-Svc on HTTP/3");
+
+        let (status, headers, body) = c.get("/big.bin").await.unwrap();
+        assert_eq!(status, 200);
+        assert_eq!(headers["content-length"], "1048576");
+        assert_eq!(body.len(), big.len());
+        assert!(body[..] == big[..], "1 MB body intact");
+
+        let (status, headers, body) = c
+            .request(
+                Method::GET,
+                "/big.bin",
+                &[("range", "bytes=1000-1999")],
+                vec![],
+            )
+            .await
+            .unwrap();
+        assert_eq!(status, 206);
+        assert_eq!(headers["content-range"], "bytes 1000-1999/1048576");
+        assert!(body[..] == big[1000..2000]);
+
+        // HEAD: headers only.
+        let (status, headers, body) = c
+            .request(Method::HEAD, "/big.bin", &[], vec![])
+            .await
+            .unwrap();
+        assert_eq!(status, 200);
+        assert_eq!(headers["content-length"], "1048576");
+        assert!(body.is_empty());
+
+        // Several large transfers at once on one connection.
+        let mut tasks = Vec::new();
+        let c = Arc::new(c);
+        for _ in 0..4 {
+            let c = c.clone();
+            tasks.push(tokio::spawn(async move { c.get("/big.bin").await }));
+        }
+        for t in tasks {
+            let (status, _, body) = t.await.unwrap().unwrap();
+            assert_eq!(status, 200);
+            assert_eq!(body.len(), big.len());
+        }
+
+        // Metrics label these requests HTTP/3.
+        let metrics = h.runtime.shared.metrics.render();
+        assert!(
+            metrics.contains("status_class=\"2xx\",protocol=\"HTTP/3\""),
+            "{metrics}"
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn unknown_path_is_404_over_h3() {
+    bounded(20, async {
+        let (cfg, ca) = h3_config(vec![fixed_route("only", "/only", "yes")]);
+        let h = Harness::start(cfg).await;
+        let c = H3::connect(h.addr("tls").await, "localhost", &ca)
+            .await
+            .unwrap();
+        let (status, _, body) = c.get("/only").await.unwrap();
+        assert_eq!((status, &body[..]), (200, &b"yes"[..]));
+        let (status, _, body) = c.get("/nope").await.unwrap();
+        assert_eq!(status, 404);
+        assert!(String::from_utf8_lossy(&body).contains("no route"));
+    })
+    .await;
+}
+
+/// A backend serving HTTP/1.1 and h2c that echoes the request: protocol, method, path, body
+/// length and body.
+async fn echo_backend() -> SocketAddr {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = l.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(|req: Request<Incoming>| async move {
+                    let head = format!(
+                        "{:?} {} {}\n",
+                        req.version(),
+                        req.method(),
+                        req.uri().path()
+                    );
+                    let body = req.into_body().collect().await.unwrap().to_bytes();
+                    let mut out = head.into_bytes();
+                    out.extend_from_slice(format!("len={}\n", body.len()).as_bytes());
+                    out.extend_from_slice(&body);
+                    Ok::<_, Infallible>(Response::new(full(out)))
+                });
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(tcp), svc)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn proxies_to_h1_and_h2c_backends_streaming_bodies_both_ways() {
+    bounded(30, async {
+        let be = echo_backend().await;
+        let (mut cfg, ca) = h3_config(vec![
+            proxy_route("to-h1", "/h1", "h1"),
+            proxy_route("to-h2c", "/h2c", "h2c"),
+        ]);
+        let mut h2c = backend("h2c", be);
+        h2c.protocol = BackendProtocol::H2c;
+        cfg.backends = vec![backend("h1", be), h2c];
+        let h = Harness::start(cfg).await;
+        let c = H3::connect(h.addr("tls").await, "localhost", &ca)
+            .await
+            .unwrap();
+
+        let (status, _, body) = c.get("/h1/get").await.unwrap();
+        assert_eq!(status, 200);
+        assert_eq!(
+            String::from_utf8_lossy(&body),
+            "HTTP/1.1 GET /h1/get\nlen=0\n"
+        );
+
+        // A 300 KB request body in 64 KB frames, echoed back, for both backend protocols.
+        let chunk: Vec<u8> = (0..64 * 1024u32).map(|i| (i % 199) as u8).collect();
+        let chunks: Vec<Bytes> = (0..5).map(|_| Bytes::from(chunk.clone())).collect();
+        let total: usize = chunks.iter().map(|c| c.len()).sum();
+        for (path, version) in [("/h1/up", "HTTP/1.1"), ("/h2c/up", "HTTP/2.0")] {
+            let (status, _, body) = c
+                .request(Method::POST, path, &[], chunks.clone())
+                .await
+                .unwrap();
+            assert_eq!(status, 200, "{path}");
+            let head = format!("{version} POST {path}\nlen={total}\n");
+            assert_eq!(String::from_utf8_lossy(&body[..head.len()]), head);
+            let echoed = &body[head.len()..];
+            assert_eq!(echoed.len(), total);
+            assert!(echoed.chunks(chunk.len()).all(|c| c == &chunk[..]));
+        }
+
+        // With a content-length too.
+        let (status, _, body) = c
+            .request(
+                Method::PUT,
+                "/h1/cl",
+                &[("content-length", "5")],
+                vec![Bytes::from_static(b"hello")],
+            )
+            .await
+            .unwrap();
+        assert_eq!(status, 200);
+        assert_eq!(
+            String::from_utf8_lossy(&body),
+            "HTTP/1.1 PUT /h1/cl\nlen=5\nhello"
+        );
+    })
+    .await;
+}
+
+/// A backend that answers every HTTP/1.1 request after `delay`.
+async fn slow_backend(delay: Duration) -> SocketAddr {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = l.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |_req: Request<Incoming>| async move {
+                    tokio::time::sleep(delay).await;
+                    Ok::<_, Infallible>(Response::new(full("slow")))
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(tcp), svc)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn h3_and_h1_share_the_in_flight_limit_and_overload_is_503() {
+    bounded(30, async {
+        let be = slow_backend(Duration::from_millis(1500)).await;
+        let (mut cfg, ca) = h3_config(vec![proxy_route("slow", "/", "slow")]);
+        cfg.listeners.push(listener("web", ListenerProtocol::Http));
+        cfg.backends = vec![backend("slow", be)];
+        cfg.limits.max_requests_in_flight = 2;
+        cfg.limits.queue_timeout = sweety_config::Duration::from_millis(100);
+        cfg.limits.retry_after_seconds = 3;
+        let h = Harness::start(cfg).await;
+        let c = Arc::new(
+            H3::connect(h.addr("tls").await, "localhost", &ca)
+                .await
+                .unwrap(),
+        );
+        let url = format!("http://{}/", h.addr("web").await);
+        let mut tasks = Vec::new();
+        for i in 0..6 {
+            let (c, url) = (c.clone(), url.clone());
+            tasks.push(tokio::spawn(async move {
+                let start = Instant::now();
+                let r = if i % 2 == 0 {
+                    let (s, hd, _) = c.get("/").await.unwrap();
+                    (s, hd.get("retry-after").cloned())
+                } else {
+                    let resp = h1_client()
+                        .request(Request::get(url).body(Full::new(Bytes::new())).unwrap())
+                        .await
+                        .unwrap();
+                    (
+                        resp.status().as_u16(),
+                        resp.headers().get("retry-after").cloned(),
+                    )
+                };
+                (r, start.elapsed())
+            }));
+        }
+        let (mut ok, mut rejected) = (0, 0);
+        for t in tasks {
+            let ((status, retry_after), elapsed) = t.await.unwrap();
+            match status {
+                200 => ok += 1,
+                503 => {
+                    rejected += 1;
+                    assert_eq!(retry_after.unwrap(), "3");
+                    assert!(elapsed < Duration::from_millis(1200), "{elapsed:?}");
+                }
+                s => panic!("unexpected status {s}"),
+            }
+        }
+        assert_eq!((ok, rejected), (2, 4), "one in-flight cap across protocols");
+        let m = &h.runtime.shared.metrics;
+        assert_eq!(m.limit_rejections.get(&"max_requests_in_flight"), 4);
+        assert!(m
+            .render()
+            .contains("status_class=\"5xx\",protocol=\"HTTP/3\""));
+    })
+    .await;
+}
+
+/// GET `path` over TLS with ALPN `alpn`; returns (negotiated ALPN, status, Alt-Svc).
+async fn tls_alt_svc(addr: SocketAddr, ca: &str, alpn: &[u8]) -> (Vec<u8>, u16, Option<String>) {
+    let connector = tls_connector(ca, &[alpn]);
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let name = rustls_pki_types::ServerName::try_from("localhost".to_string()).unwrap();
+    let tls = connector.connect(name, tcp).await.unwrap();
+    let negotiated = tls.get_ref().1.alpn_protocol().unwrap_or_default().to_vec();
+    let io = TokioIo::new(tls);
+    let resp = if negotiated == b"h2" {
+        let (mut send, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        let req = Request::get("https://localhost/")
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        send.send_request(req).await.unwrap()
+    } else {
+        let (mut send, conn) = hyper::client::conn::http1::handshake(io).await.unwrap();
+        tokio::spawn(conn);
+        let req = Request::get("/")
+            .header("host", "localhost")
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        send.send_request(req).await.unwrap()
+    };
+    let alt = resp
+        .headers()
+        .get("alt-svc")
+        .map(|v| v.to_str().unwrap().to_string());
+    (negotiated, resp.status().as_u16(), alt)
+}
+
+#[tokio::test]
+async fn alt_svc_is_advertised_on_h1_and_h2_only_where_h3_is_served() {
+    bounded(20, async {
+        let (mut cfg, ca) = h3_config(vec![fixed_route("r", "/", "ok")]);
+        cfg.listeners
+            .push(listener("plain", ListenerProtocol::Http));
+        let h = Harness::start(cfg).await;
+        let addr = h.addr("tls").await;
+        let port = addr.port();
+        let want = format!("h3=\":{port}\"; ma=86400");
+        for alpn in [&b"h2"[..], b"http/1.1"] {
+            let (negotiated, status, alt) = tls_alt_svc(addr, &ca, alpn).await;
+            assert_eq!(negotiated, alpn);
+            assert_eq!(status, 200);
+            assert_eq!(alt.as_deref(), Some(want.as_str()), "{alpn:?}");
+        }
+        // Plain HTTP does not serve HTTP/3, so it does not advertise it.
+        let (status, _) = get(
+            &h1_client(),
+            &format!("http://{}/", h.addr("plain").await),
+            None,
+        )
+        .await
+        .unwrap();
+        assert_eq!(status, 200);
+        let resp = h1_client()
+            .request(
+                Request::get(format!("http://{}/", h.addr("plain").await))
+                    .body(Full::new(Bytes::new()))
+                    .unwrap(),
+            )
+            .await
+            .unwrap();
+        assert!(resp.headers().get("alt-svc").is_none());
+
+        // With http3 off on the HTTPS listener: no UDP socket and no Alt-Svc.
+        let (mut cfg2, ca2) = h3_config(vec![fixed_route("r", "/", "ok")]);
+        cfg2.listeners[0].http3 = false;
+        let h2 = Harness::start(cfg2).await;
+        assert!(h2.runtime.bound_quic().await.is_empty());
+        let (_, status, alt) = tls_alt_svc(h2.addr("tls").await, &ca2, b"h2").await;
+        assert_eq!((status, alt), (200, None));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn reloads_during_h3_traffic_keep_connections_and_swap_certificates() {
+    bounded(60, async {
+        let (cert1, ca1) = cert_for("localhost");
+        let gen = |generation: u64, cert: Certificate, http3: bool, body: &str| Config {
+            generation,
+            listeners: vec![Listener {
+                http3,
+                ..https_listener("tls", cert)
+            }],
+            virtual_hosts: vec![vhost("v", &[], vec![fixed_route("r", "/", body)])],
+            ..Config::default()
+        };
+        let h = Harness::start(gen(1, cert1.clone(), true, "gen1")).await;
+        let addr = h.addr("tls").await;
+        let c = Arc::new(H3::connect(addr, "localhost", &ca1).await.unwrap());
+
+        // Traffic on one connection while the config is reloaded 20 times.
+        let load = {
+            let c = c.clone();
+            tokio::spawn(async move {
+                let deadline = Instant::now() + Duration::from_secs(20);
+                let mut n = 0;
+                while n < 400 && Instant::now() < deadline {
+                    let (status, _, body) =
+                        c.get("/").await.expect("request on the kept connection");
+                    assert_eq!(status, 200);
+                    assert!(body.starts_with(b"gen"), "{body:?}");
+                    n += 1;
+                }
+                n
+            })
+        };
+        for g in 2..=21 {
+            h.runtime
+                .apply(gen(g, cert1.clone(), true, &format!("gen{g}")))
+                .await
+                .unwrap();
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let n = load.await.unwrap();
+        assert!(n > 0);
+        let (_, _, body) = c.get("/").await.unwrap();
+        assert_eq!(&body[..], b"gen21");
+
+        // A new certificate applies to new handshakes; the established connection stays.
+        let (cert2, ca2) = cert_for("localhost");
+        h.runtime
+            .apply(gen(30, cert2.clone(), true, "gen30"))
+            .await
+            .unwrap();
+        let fresh = H3::connect(addr, "localhost", &ca2).await.unwrap();
+        assert_eq!(fresh.get("/").await.unwrap().0, 200);
+        assert!(
+            H3::connect(addr, "localhost", &ca1).await.is_err(),
+            "old certificate no longer served to new handshakes"
+        );
+        assert_eq!(&c.get("/").await.unwrap().2[..], b"gen30");
+
+        // Turning http3 off removes the UDP listener; turning it on again brings it back.
+        h.runtime
+            .apply(gen(31, cert2.clone(), false, "gen31"))
+            .await
+            .unwrap();
+        assert!(h.runtime.bound_quic().await.is_empty());
+        let (_, status, alt) = tls_alt_svc(addr, &ca2, b"h2").await;
+        assert_eq!((status, alt), (200, None));
+        // The removed endpoint frees its UDP port once its connections have drained; until
+        // then a re-add is rejected whole (bind error) and the last good config keeps serving.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while let Err(e) = h.runtime.apply(gen(32, cert2.clone(), true, "gen32")).await {
+            assert!(Instant::now() < deadline, "{e}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let again = H3::connect(addr, "localhost", &ca2).await.unwrap();
+        assert_eq!(&again.get("/").await.unwrap().2[..], b"gen32");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn shutdown_sends_goaway_and_lets_in_flight_requests_finish() {
+    bounded(30, async {
+        let be = slow_backend(Duration::from_millis(400)).await;
+        let (mut cfg, ca) = h3_config(vec![proxy_route("slow", "/", "slow")]);
+        cfg.backends = vec![backend("slow", be)];
+        let h = Harness::start(cfg).await;
+        let c = Arc::new(
+            H3::connect(h.addr("tls").await, "localhost", &ca)
+                .await
+                .unwrap(),
+        );
+        let inflight = {
+            let c = c.clone();
+            tokio::spawn(async move { c.get("/").await })
+        };
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let started = Instant::now();
+        h.runtime.shutdown().await;
+        let (status, _, body) = inflight.await.unwrap().unwrap();
+        assert_eq!((status, &body[..]), (200, &b"slow"[..]));
+        assert!(started.elapsed() < Duration::from_secs(5));
+        // The connection is closed gracefully (HTTP/3 no-error), not timed out.
+        let reason = tokio::time::timeout(Duration::from_secs(5), c.conn.closed())
+            .await
+            .expect("connection closed after the drain");
+        assert!(
+            matches!(reason, quinn::ConnectionError::ApplicationClosed(ref a) if a.error_code == quinn::VarInt::from_u32(0x100)),
+            "{reason:?}"
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn quic_connections_count_against_max_connections() {
+    bounded(20, async {
+        let (mut cfg, ca) = h3_config(vec![fixed_route("r", "/", "ok")]);
+        // One slot is held by the idle TCP accept loop (it takes a slot before accepting),
+        // which leaves exactly one for QUIC.
+        cfg.limits.max_connections = 2;
+        let h = Harness::start(cfg).await;
+        let addr = h.addr("tls").await;
+        let first = H3::connect(addr, "localhost", &ca).await.unwrap();
+        assert_eq!(first.get("/").await.unwrap().0, 200);
+        let second = H3::connect(addr, "localhost", &ca).await;
+        assert!(second.is_err(), "second connection refused while full");
+        let m = &h.runtime.shared.metrics;
+        assert!(m.limit_rejections.get(&"max_connections") >= 1);
+        first.conn.close(0u32.into(), b"done");
+        // Once the first is closed, a new one is accepted.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            if let Ok(c) = H3::connect(addr, "localhost", &ca).await {
+                assert_eq!(c.get("/").await.unwrap().0, 200);
+                break;
+            }
+            assert!(Instant::now() < deadline, "slot never freed");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+}
+
+/// Tries a 0-RTT connection with `cfg` (which must hold a session ticket from an earlier
+/// connection). `None` when the client may not send early data.
+async fn connect_0rtt(
+    addr: SocketAddr,
+    cfg: quinn::ClientConfig,
+) -> Option<(H3, quinn::ZeroRttAccepted)> {
+    let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+    endpoint.set_default_client_config(cfg);
+    let connecting = endpoint.connect(addr, "localhost").unwrap();
+    let (conn, accepted) = connecting.into_0rtt().ok()?;
+    Some((
+        H3::over(endpoint, conn, "localhost").await.unwrap(),
+        accepted,
+    ))
+}
+
+#[tokio::test]
+async fn early_data_is_opt_in_and_unsafe_methods_in_it_get_425() {
+    bounded(30, async {
+        // Off (the default): tickets allow no early data, so a resumed client cannot send 0-RTT.
+        let (cfg, ca) = h3_config(vec![fixed_route("r", "/", "ok")]);
+        let h = Harness::start(cfg).await;
+        let addr = h.addr("tls").await;
+        let client = client_config(&ca, true);
+        let first = H3::connect_with(addr, "localhost", client.clone())
+            .await
+            .unwrap();
+        assert_eq!(first.get("/").await.unwrap().0, 200);
+        tokio::time::sleep(Duration::from_millis(50)).await; // ticket delivered
+        assert!(connect_0rtt(addr, client).await.is_none());
+
+        // On: a resumed connection sends its request in 0-RTT and the server accepts it.
+        let (mut cfg, ca) = h3_config(vec![fixed_route("r", "/", "ok")]);
+        cfg.http3.early_data = true;
+        let h = Harness::start(cfg).await;
+        let addr = h.addr("tls").await;
+        let client = client_config(&ca, true);
+        let first = H3::connect_with(addr, "localhost", client.clone())
+            .await
+            .unwrap();
+        assert_eq!(first.get("/").await.unwrap().0, 200);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let (c, accepted) = connect_0rtt(addr, client)
+            .await
+            .expect("the client may send early data");
+        let (status, _, body) = c.get("/").await.unwrap();
+        assert_eq!((status, &body[..]), (200, &b"ok"[..]));
+        assert!(accepted.await, "the server accepted 0-RTT");
+
+        // The rule the pipeline applies to a request the adapter marked as early data (whether
+        // a given request is still early when it is read depends on packet timing, so the
+        // rule is checked on the pipeline directly).
+        let conn = Arc::new(sweety_dataplane::ctx::ConnInfo {
+            listener: "tls".into(),
+            peer: "127.0.0.1:1".parse().unwrap(),
+            local: addr,
+            tls: true,
+            sni: Some("localhost".into()),
+        });
+        for (method, want) in [
+            (Method::GET, 200),
+            (Method::HEAD, 200),
+            (Method::POST, 425),
+            (Method::DELETE, 425),
+            (Method::PUT, 425),
+        ] {
+            let mut req = Request::builder()
+                .method(method.clone())
+                .uri("https://localhost/")
+                .body(sweety_dataplane::body::empty())
+                .unwrap();
+            req.extensions_mut()
+                .insert(sweety_dataplane::ctx::EarlyData);
+            let resp = sweety_dataplane::pipeline::handle(
+                h.runtime.shared.clone(),
+                conn.clone(),
+                sweety_dataplane::ctx::Protocol::Http3,
+                req,
+            )
+            .await;
+            assert_eq!(resp.status().as_u16(), want, "{method}");
+        }
+        let m = &h.runtime.shared.metrics;
+        assert_eq!(m.limit_rejections.get(&"early_data"), 3);
+    })
+    .await;
+}
