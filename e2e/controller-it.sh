@@ -12,7 +12,8 @@ export APISERVER_PORT=${APISERVER_PORT:-16443} ETCD_PORT=${ETCD_PORT:-12379} ETC
 export KCM_PORT=${KCM_PORT:-20257} SCHED_PORT=${SCHED_PORT:-20259} START_SCHEDULER=${START_SCHEDULER:-0}
 export KUBECONFIG=$SWEETY_CLUSTER_DIR/run/kubeconfig
 
-cleanup() { e2e/cluster/down.sh >/dev/null || true; }
+# Purged afterwards: every run starts from an empty etcd.
+cleanup() { e2e/cluster/down.sh --purge >/dev/null || true; }
 trap cleanup EXIT
 e2e/cluster/up.sh
 e2e/cluster/gateway-api.sh crds standard

@@ -5,11 +5,12 @@
 //! - Kinds whose CRD is not installed (e.g. TCPRoute, or the Sweety CRDs) are detected through
 //!   API discovery at start and skipped with a log line; they never block startup.
 //! - Namespaced kinds are watched cluster-wide or in each configured namespace (one reflector
-//!   per namespace); cluster-scoped kinds (IngressClass, GatewayClass) are always watched.
+//!   per namespace); cluster-scoped kinds (IngressClass, GatewayClass, Namespace) are always
+//!   watched cluster-wide.
 //! - Secrets are watched with the field selector `type=kubernetes.io/tls`, and only Secrets that
 //!   an Ingress (`spec.tls[].secretName`), a Gateway listener (`tls.certificateRefs`), a
-//!   BackendTLSPolicy (`validation.caCertificateRefs`) or a SweetySite references reach the
-//!   snapshot. ConfigMaps have no natural selector, so they are all watched (in the watched
+//!   BackendTLSPolicy (`validation.caCertificateRefs`) or a SweetySite (`tls.secretName`,
+//!   `routes[].static.configMap`) references reach the snapshot. ConfigMaps have no natural selector, so they are all watched (in the watched
 //!   namespaces) and filtered the same way into the snapshot: users need not label them, at the
 //!   cost of caching them. Secret data is never logged.
 //! - `managedFields` is stripped from every cached object to keep the stores small.
@@ -17,7 +18,7 @@
 use crate::translate::Snapshot;
 use crate::Error;
 use futures_util::StreamExt;
-use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
 use kube::runtime::reflector::{self, Store};
@@ -104,6 +105,8 @@ pub struct Stores {
     pub endpoint_slices: Stored<EndpointSlice>,
     pub secrets: Stored<Secret>,
     pub config_maps: Stored<ConfigMap>,
+    /// Always cluster-wide: their labels drive Gateway `allowedRoutes` selectors.
+    pub namespaces: Stored<Namespace>,
 }
 
 impl Stores {
@@ -128,6 +131,7 @@ impl Stores {
             endpoint_slices: self.endpoint_slices.state(),
             secrets: Vec::new(),
             config_maps: Vec::new(),
+            namespaces: self.namespaces.state(),
         };
         let refs = References::of(&s);
         s.secrets = self
@@ -203,39 +207,20 @@ impl References {
         }
         for site in &s.sites {
             let ns = site.metadata.namespace.clone().unwrap_or_default();
-            if let Ok(spec) = serde_json::to_value(&site.spec) {
-                site_refs(&spec, &ns, &mut r);
+            if let Some(tls) = &site.spec.tls {
+                r.secrets.insert((ns.clone(), tls.secret_name.clone()));
             }
-        }
-        r
-    }
-}
-
-/// SweetySite references, found by field name anywhere in the spec so the watch layer does not
-/// depend on the exact site schema: `secretName` (a TLS Secret) and `configMap` /
-/// `configMapName` / `configMapRef` (a string or an object with `name`).
-fn site_refs(v: &serde_json::Value, ns: &str, r: &mut References) {
-    match v {
-        serde_json::Value::Object(map) => {
-            for (k, v) in map {
-                let name = match v {
-                    serde_json::Value::String(s) => Some(s.as_str()),
-                    serde_json::Value::Object(o) => o.get("name").and_then(|n| n.as_str()),
-                    _ => None,
-                };
-                match (k.as_str(), name) {
-                    ("secretName", Some(n)) => {
-                        r.secrets.insert((ns.to_string(), n.to_string()));
-                    }
-                    ("configMap" | "configMapName" | "configMapRef", Some(n)) => {
-                        r.config_maps.insert((ns.to_string(), n.to_string()));
-                    }
-                    _ => site_refs(v, ns, r),
+            for route in &site.spec.routes {
+                if let Some(cm) = route
+                    .r#static
+                    .as_ref()
+                    .and_then(|st| st.config_map.as_ref())
+                {
+                    r.config_maps.insert((ns.clone(), cm.name.clone()));
                 }
             }
         }
-        serde_json::Value::Array(items) => items.iter().for_each(|v| site_refs(v, ns, r)),
-        _ => {}
+        r
     }
 }
 
@@ -280,6 +265,7 @@ impl Watches {
             endpoint_slices: w.namespaced(watcher::Config::default()),
             secrets: w.namespaced(watcher::Config::default().fields("type=kubernetes.io/tls")),
             config_maps: w.namespaced(watcher::Config::default()),
+            namespaces: w.cluster(watcher::Config::default()),
         };
         Ok(Watches {
             stores,
@@ -335,7 +321,8 @@ impl Watches {
                 services,
                 endpoint_slices,
                 secrets,
-                config_maps
+                config_maps,
+                namespaces
             );
             true
         };
@@ -477,7 +464,7 @@ impl Starter {
 }
 
 /// Object counts per kind, for the `objects` metric.
-pub fn object_counts(s: &Snapshot) -> [(&'static str, usize); 17] {
+pub fn object_counts(s: &Snapshot) -> [(&'static str, usize); 18] {
     [
         ("IngressClass", s.ingress_classes.len()),
         ("Ingress", s.ingresses.len()),
@@ -496,6 +483,7 @@ pub fn object_counts(s: &Snapshot) -> [(&'static str, usize); 17] {
         ("EndpointSlice", s.endpoint_slices.len()),
         ("Secret", s.secrets.len()),
         ("ConfigMap", s.config_maps.len()),
+        ("Namespace", s.namespaces.len()),
     ]
 }
 
@@ -553,16 +541,26 @@ spec:
     }
 
     #[test]
-    fn site_references_are_found_by_field_name() {
-        let mut r = References::default();
-        let spec = serde_json::json!({
-            "tls": {"secretName": "site-cert"},
-            "routes": [{"static": {"configMap": {"name": "pages"}}}, {"configMapName": "more"}]
-        });
-        site_refs(&spec, "ns", &mut r);
+    fn site_references_cover_tls_and_static_config_maps() {
+        let (s, _) = Snapshot::from_yaml(
+            r#"
+apiVersion: sweety.dev/v1alpha1
+kind: SweetySite
+metadata: {name: site, namespace: ns}
+spec:
+  hostnames: [s.example]
+  tls: {secretName: site-cert}
+  routes:
+  - {path: /, static: {configMap: {name: pages}}}
+  - {path: /docs, static: {directory: /srv/docs}}
+  - {path: /api, proxy: {backends: [{service: api, port: 80}]}}
+"#,
+        )
+        .unwrap();
+        let r = References::of(&s);
         assert!(r.secrets.contains(&("ns".into(), "site-cert".into())));
+        assert_eq!(r.secrets.len(), 1);
         assert!(r.config_maps.contains(&("ns".into(), "pages".into())));
-        assert!(r.config_maps.contains(&("ns".into(), "more".into())));
-        assert_eq!(r.config_maps.len(), 2);
+        assert_eq!(r.config_maps.len(), 1);
     }
 }

@@ -160,6 +160,7 @@ async fn watch_layer_sees_created_objects_and_filters_secrets() {
     create::<Secret>(&Api::namespaced(client.clone(), &ns), tls("gw-cert")).await;
     create::<Secret>(&Api::namespaced(client.clone(), &ns), tls("ing-cert")).await;
     create::<Secret>(&Api::namespaced(client.clone(), &ns), tls("unreferenced")).await;
+    create::<Secret>(&Api::namespaced(client.clone(), &ns), tls("site-cert")).await;
     create::<Secret>(
         &Api::namespaced(client.clone(), &ns),
         json!({"metadata": {"name": "opaque"}, "stringData": {"a": "b"}}),
@@ -173,6 +174,11 @@ async fn watch_layer_sees_created_objects_and_filters_secrets() {
     create::<k8s_openapi::api::core::v1::ConfigMap>(
         &Api::namespaced(client.clone(), &ns),
         json!({"metadata": {"name": "other"}, "data": {"a": "b"}}),
+    )
+    .await;
+    create::<k8s_openapi::api::core::v1::ConfigMap>(
+        &Api::namespaced(client.clone(), &ns),
+        json!({"metadata": {"name": "pages"}, "data": {"index.html": "hi"}}),
     )
     .await;
     create::<gw::gateways::Gateway>(&Api::namespaced(client.clone(), &ns), json!({
@@ -218,7 +224,9 @@ async fn watch_layer_sees_created_objects_and_filters_secrets() {
         &Api::namespaced(client.clone(), &ns),
         json!({
             "apiVersion": "sweety.dev/v1alpha1", "kind": "SweetySite",
-            "metadata": {"name": "site"}, "spec": {"hostnames": ["s.example"]}
+            "metadata": {"name": "site"},
+        "spec": {"hostnames": ["s.example"], "tls": {"secretName": "site-cert"},
+                 "routes": [{"path": "/", "static": {"configMap": {"name": "pages"}}}]}
         }),
     )
     .await;
@@ -240,8 +248,8 @@ async fn watch_layer_sees_created_objects_and_filters_secrets() {
             && s.backend_tls_policies.len() == 1
             && s.sites.len() == 1
             && s.endpoint_slices.len() == 1
-            && s.secrets.len() == 2
-            && s.config_maps.len() == 1;
+            && s.secrets.len() == 3
+            && s.config_maps.len() == 2;
         if !done {
             eprintln!(
                 "waiting: gateways {} routes {} ingresses {} policies {} sites {} slices {} secrets {} config maps {}",
@@ -252,8 +260,8 @@ async fn watch_layer_sees_created_objects_and_filters_secrets() {
         done.then_some(s)
     })
     .await;
-    assert_eq!(names(&snap.secrets), ["gw-cert", "ing-cert"]);
-    assert_eq!(names(&snap.config_maps), ["ca"]);
+    assert_eq!(names(&snap.secrets), ["gw-cert", "ing-cert", "site-cert"]);
+    assert_eq!(names(&snap.config_maps), ["ca", "pages"]);
     assert_eq!(names(&snap.services), ["svc"], "only the watched namespace");
     assert_eq!(names(&snap.sites), ["site"]);
     assert_eq!(snap.sites[0].spec.hostnames, ["s.example"]);
