@@ -1139,3 +1139,260 @@ async fn status_writer_policy_ancestors_keep_foreign_entries() {
     );
     drop_namespace(&client, &ns).await;
 }
+
+/// GET / with a Host header over a fresh connection: (status, body).
+async fn http_get(port: u16, host: &str) -> Option<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let fut = async {
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .ok()?;
+        let req = format!("GET / HTTP/1.1\r\nhost: {host}\r\nconnection: close\r\n\r\n");
+        s.write_all(req.as_bytes()).await.ok()?;
+        let mut out = Vec::new();
+        s.read_to_end(&mut out).await.ok()?;
+        let text = String::from_utf8_lossy(&out).into_owned();
+        let status = text.get(9..12)?.parse().ok()?;
+        Some((status, text.split_once("\r\n\r\n")?.1.to_string()))
+    };
+    tokio::time::timeout(Duration::from_secs(5), fut)
+        .await
+        .ok()?
+}
+
+#[tokio::test]
+async fn end_to_end_gateway_is_programmed_after_the_dataplane_acks() {
+    use sweety_controller::health::Health;
+    use sweety_controller::metrics::Metrics;
+    use sweety_controller::push::{PushOptions, Pusher};
+    use sweety_controller::run::{run, RunOptions};
+    use sweety_controller::translate::Params;
+    use sweety_dataplane::control::ControlServer;
+    use sweety_dataplane::runtime::{Runtime, RuntimeOptions};
+    let _guard = LOCK.lock().await;
+    let Some(client) = cluster().await else {
+        return;
+    };
+    let ns = namespace(&client, "e2e").await;
+    let ctl = namespace(&client, "e2e-ctl").await;
+    let class_name = format!("{ns}-class");
+    // EndpointSlices may not name loopback addresses, and test servers bind only 127.0.0.1, so
+    // the backend is a documentation address: the test checks the config reached the dataplane
+    // and its listener answers, not the proxying itself (the dataplane's own tests cover that).
+    let backend_port = 8080;
+    // A free port for the one Gateway listener (the allocation range is that single port).
+    let gw_port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+
+    create::<gw::gatewayclasses::GatewayClass>(
+        &Api::all(client.clone()),
+        json!({
+            "metadata": {"name": class_name}, "spec": {"controllerName": CONTROLLER}
+        }),
+    )
+    .await;
+    let nsapi = |c: &Client| -> Api<Service> { Api::namespaced(c.clone(), &ns) };
+    create(&nsapi(&client), json!({
+        "metadata": {"name": "web"}, "spec": {"ports": [{"name": "http", "port": 80, "targetPort": backend_port}]}
+    }))
+    .await;
+    create::<k8s_openapi::api::discovery::v1::EndpointSlice>(
+        &Api::namespaced(client.clone(), &ns),
+        json!({
+            "metadata": {"name": "web-1", "labels": {"kubernetes.io/service-name": "web"}},
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": ["192.0.2.1"], "conditions": {"ready": true}}],
+            "ports": [{"name": "http", "port": backend_port, "protocol": "TCP"}]
+        }),
+    )
+    .await;
+    create::<gw::gateways::Gateway>(&Api::namespaced(client.clone(), &ns), json!({
+        "metadata": {"name": "gw"},
+        "spec": {"gatewayClassName": class_name, "listeners": [{"name": "http", "port": 80, "protocol": "HTTP"}]}
+    }))
+    .await;
+    create::<gw::httproutes::HttpRoute>(
+        &Api::namespaced(client.clone(), &ns),
+        json!({
+            "metadata": {"name": "web"},
+            "spec": {"parentRefs": [{"name": "gw"}], "hostnames": ["app.test"],
+                     "rules": [{"backendRefs": [{"name": "web", "port": 80}]}]}
+        }),
+    )
+    .await;
+
+    // The dataplane, in process, with its control socket.
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("control.sock");
+    let runtime = Arc::new(
+        Runtime::new(RuntimeOptions {
+            access_log: sweety_config::AccessLog {
+                enabled: false,
+                ..Default::default()
+            },
+            ..RuntimeOptions::default()
+        })
+        .unwrap(),
+    );
+    let control = ControlServer::bind(runtime.clone(), &socket).unwrap();
+
+    let options = RunOptions {
+        params: Params {
+            namespace: ctl.clone(),
+            listen_address: "127.0.0.1".into(),
+            gateway_port_min: gw_port,
+            gateway_port_max: gw_port,
+            content_dir: dir.path().join("content").to_string_lossy().into_owned(),
+            ingress_service: None,
+            ..Params::default()
+        },
+        watch: WatchOptions {
+            namespaces: vec![ns.clone(), ctl.clone()],
+        },
+        debounce: Duration::from_millis(50),
+        lease: None,
+        dataplane_selector: BTreeMap::from([("app".to_string(), "sweety".to_string())]),
+        initial_sync_timeout: Duration::from_secs(20),
+    };
+    let pusher = Pusher::spawn(PushOptions {
+        socket: socket.clone(),
+        ..PushOptions::default()
+    });
+    let health = Health::new(Arc::new(Metrics::default()));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(run(
+        client.clone(),
+        options,
+        pusher,
+        health.clone(),
+        async {
+            let _ = stopped.await;
+        },
+    ));
+
+    // The dataplane runs the pushed config: the Gateway listener is bound on the allocated port
+    // and answers (404 for a host no route claims).
+    wait_for("the Gateway listener is bound", || async {
+        runtime
+            .bound()
+            .await
+            .values()
+            .any(|a| a.port() == gw_port)
+            .then_some(())
+    })
+    .await;
+    let (status, _) = wait_for("the listener answers", || async {
+        http_get(gw_port, "nobody.test").await
+    })
+    .await;
+    assert_eq!(status, 404);
+
+    // The per-Gateway Service maps listener port 80 to the allocated container port.
+    let owned: Api<Service> = Api::namespaced(client.clone(), &ctl);
+    let svc = wait_for("per-Gateway Service", || async {
+        let list = owned
+            .list(&kube::api::ListParams::default().labels(GATEWAY_NAME_LABEL))
+            .await
+            .ok()?;
+        list.items.into_iter().next()
+    })
+    .await;
+    let port = &svc.spec.as_ref().unwrap().ports.as_ref().unwrap()[0];
+    assert_eq!(port.port, 80);
+    assert_eq!(
+        port.target_port,
+        Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(gw_port.into()))
+    );
+
+    // Without a load-balancer address the Gateway is not Programmed yet.
+    let gateways: Api<gw::gateways::Gateway> = Api::namespaced(client.clone(), &ns);
+    wait_for("Gateway Programmed=False AddressNotAssigned", || async {
+        let g = gateways.get("gw").await.ok()?;
+        let v = serde_json::to_value(&g.status).ok()?;
+        let p = v["conditions"]
+            .as_array()?
+            .iter()
+            .find(|c| c["type"] == "Programmed")?
+            .clone();
+        (p["status"] == "False" && p["reason"] == "AddressNotAssigned").then_some(())
+    })
+    .await;
+    // A load balancer assigns the Service an address: the Gateway gets it and is Programmed.
+    let svc_name = svc.metadata.name.clone().unwrap();
+    owned
+        .patch_status(
+            &svc_name,
+            &PatchParams::apply("fake-cloud-lb"),
+            &Patch::Apply(json!({
+                "apiVersion": "v1", "kind": "Service", "metadata": {"name": svc_name},
+                "status": {"loadBalancer": {"ingress": [{"ip": "192.0.2.50", "ipMode": "VIP"}]}}
+            })),
+        )
+        .await
+        .expect("load-balancer status");
+    let gw_status = wait_for("Gateway Programmed=True", || async {
+        let g = gateways.get("gw").await.ok()?;
+        let v = serde_json::to_value(&g.status).ok()?;
+        let p = v["conditions"]
+            .as_array()?
+            .iter()
+            .find(|c| c["type"] == "Programmed")?
+            .clone();
+        (p["status"] == "True").then_some(v)
+    })
+    .await;
+    assert_eq!(
+        gw_status["addresses"],
+        json!([{"type": "IPAddress", "value": "192.0.2.50"}])
+    );
+    let listener = find(&gw_status["listeners"], "name", "http");
+    assert_eq!(listener["attachedRoutes"], 1);
+    assert_eq!(
+        find(&listener["conditions"], "type", "Programmed")["status"],
+        "True"
+    );
+    assert!(find(&gw_status["conditions"], "type", "Accepted")["lastTransitionTime"].is_string());
+    let classes: Api<gw::gatewayclasses::GatewayClass> = Api::all(client.clone());
+    let class = classes.get(&class_name).await.unwrap();
+    let class_status = serde_json::to_value(&class.status).unwrap();
+    assert_eq!(
+        find(&class_status["conditions"], "type", "Accepted")["status"],
+        "True"
+    );
+    let routes: Api<gw::httproutes::HttpRoute> = Api::namespaced(client.clone(), &ns);
+    let route_status = wait_for("HTTPRoute status", || async {
+        let r = routes.get("web").await.ok()?;
+        let v = serde_json::to_value(&r.status).ok()?;
+        (!v["parents"].as_array()?.is_empty()).then_some(v)
+    })
+    .await;
+    let ours = find(&route_status["parents"], "controllerName", CONTROLLER);
+    assert_eq!(
+        find(&ours["conditions"], "type", "Accepted")["status"],
+        "True"
+    );
+    assert_eq!(
+        find(&ours["conditions"], "type", "ResolvedRefs")["status"],
+        "True"
+    );
+
+    assert!(
+        health.ready.load(std::sync::atomic::Ordering::Relaxed),
+        "ready after the first Ack"
+    );
+    assert!(health.metrics.push_latency.count() >= 1);
+
+    stop.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("run stops")
+        .unwrap()
+        .unwrap();
+    drop(control);
+    runtime.shutdown().await;
+    let _ = classes.delete(&class_name, &DeleteParams::default()).await;
+    drop_namespace(&client, &ns).await;
+    drop_namespace(&client, &ctl).await;
+}
