@@ -302,7 +302,7 @@ pub fn write_static_content(content_dir: &str, content: &[StaticContent]) -> Res
         if dir.exists() {
             continue;
         }
-        let tmp = dir.with_extension(format!("tmp{}", std::process::id()));
+        let tmp = std::path::PathBuf::from(format!("{}.tmp{}", c.dir, std::process::id()));
         let _ = std::fs::remove_dir_all(&tmp);
         std::fs::create_dir_all(&tmp).map_err(|e| io_err(&c.dir, e))?;
         for (name, body) in &c.files {
@@ -339,7 +339,7 @@ mod tests {
     fn static_content_is_written_once_and_confined() {
         let root = tempfile::tempdir().unwrap();
         let base = root.path().to_str().unwrap();
-        let dir = format!("{base}/abc123");
+        let dir = format!("{base}/web/pages.v1-abc123");
         let content = vec![StaticContent {
             dir: dir.clone(),
             files: BTreeMap::from([("index.html".to_string(), "<h1>hi</h1>".to_string())]),

@@ -1396,3 +1396,75 @@ async fn end_to_end_gateway_is_programmed_after_the_dataplane_acks() {
     drop_namespace(&client, &ns).await;
     drop_namespace(&client, &ctl).await;
 }
+
+#[tokio::test]
+async fn status_writer_sweety_site_conditions_and_addresses() {
+    let _guard = LOCK.lock().await;
+    let Some(client) = cluster().await else {
+        return;
+    };
+    let ns = namespace(&client, "site").await;
+    let api: Api<sweety_crds::SweetySite> = Api::namespaced(client.clone(), &ns);
+    create(&api, json!({
+        "apiVersion": "sweety.dev/v1alpha1", "kind": "SweetySite",
+        "metadata": {"name": "site"},
+        "spec": {"hostnames": ["s.example"], "routes": [{"path": "/", "static": {"directory": "/srv/www"}}]}
+    }))
+    .await;
+    let mut statuses = Statuses::new();
+    statuses.insert(
+        ObjectKey::new("SweetySite", &ns, "site"),
+        ObjectStatus::Site(SiteStatus {
+            conditions: vec![
+                cond("Accepted", true, "Accepted", 1),
+                cond("Programmed", true, "Programmed", 1),
+            ],
+            addresses: vec![Address {
+                type_: "IPAddress".into(),
+                value: "192.0.2.7".into(),
+            }],
+        }),
+    );
+    let mut writer = StatusWriter::new(client.clone(), CONTROLLER);
+    let snap = Snapshot {
+        sites: vec![get(&api, "site").await],
+        ..Default::default()
+    };
+    let report = writer.write(&statuses, &snap, &Gate::default()).await;
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    let site = get(&api, "site").await;
+    let v = serde_json::to_value(&site.status).unwrap();
+    assert_eq!(
+        find(&v["conditions"], "type", "Programmed")["reason"],
+        "Pending"
+    );
+    assert_eq!(
+        v["addresses"],
+        json!([{"type": "IPAddress", "value": "192.0.2.7"}])
+    );
+    // The dataplane acked: Programmed=True; a fresh writer then finds nothing to change.
+    let snap = Snapshot {
+        sites: vec![site],
+        ..Default::default()
+    };
+    let report = writer.write(&statuses, &snap, &Gate::open()).await;
+    assert_eq!(report.written.len(), 1, "{report:?}");
+    let site = get(&api, "site").await;
+    let v = serde_json::to_value(&site.status).unwrap();
+    assert_eq!(
+        find(&v["conditions"], "type", "Programmed")["status"],
+        "True"
+    );
+    let snap = Snapshot {
+        sites: vec![site],
+        ..Default::default()
+    };
+    let report = StatusWriter::new(client.clone(), CONTROLLER)
+        .write(&statuses, &snap, &Gate::open())
+        .await;
+    assert!(
+        report.written.is_empty() && report.errors.is_empty(),
+        "{report:?}"
+    );
+    drop_namespace(&client, &ns).await;
+}
