@@ -121,7 +121,9 @@ pub async fn run(
                 t.latency_recorded = prev.latency_recorded;
             }
             last = Some(t);
-            if leader_open && *is_leader.borrow() {
+            let leading = leader_open && *is_leader.borrow();
+            metrics.leader.store(u64::from(leading), Ordering::Relaxed);
+            if leading {
                 let t = last.as_mut().expect("just set");
                 let ok_services = sync_services(&services, &t.gateway_services, &metrics).await;
                 let state = push_state.borrow().clone();

@@ -1034,7 +1034,13 @@ async fn run_loop_leads_reconciles_on_changes_and_releases() {
     })
     .await;
     assert!(metrics.translate_duration.count() >= 2);
-    assert!(metrics.render().contains("sweety_controller_leader 1\n"));
+    wait_for("the leader gauge", || async {
+        metrics
+            .render()
+            .contains("sweety_controller_leader 1\n")
+            .then_some(())
+    })
+    .await;
 
     stop.send(()).unwrap();
     tokio::time::timeout(Duration::from_secs(10), task)
