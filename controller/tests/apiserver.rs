@@ -1384,11 +1384,17 @@ async fn end_to_end_gateway_is_programmed_after_the_dataplane_acks() {
         "True"
     );
 
-    assert!(
-        health.ready.load(std::sync::atomic::Ordering::Relaxed),
-        "ready after the first Ack"
-    );
-    assert!(health.metrics.push_latency.count() >= 1);
+    wait_for("ready after the first Ack", || async {
+        health
+            .ready
+            .load(std::sync::atomic::Ordering::Relaxed)
+            .then_some(())
+    })
+    .await;
+    wait_for("push latency measured", || async {
+        (health.metrics.push_latency.count() >= 1).then_some(())
+    })
+    .await;
 
     stop.send(()).unwrap();
     tokio::time::timeout(Duration::from_secs(10), task)
