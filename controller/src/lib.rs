@@ -6,7 +6,14 @@
 //!   live in their own modules and only move data in and out of `translate`.
 
 pub mod error;
+pub mod gateway_services;
+pub mod health;
+pub mod leader;
+pub mod metrics;
 pub mod push;
+pub mod run;
+pub mod status_writer;
 pub mod translate;
+pub mod watch;
 
 pub use error::Error;

@@ -1,5 +1,220 @@
-//! `sweety-controller`: watches the cluster and drives the dataplane (placeholder `main`; the
-//! runtime lands with the watch, push and status modules).
-fn main() -> anyhow::Result<()> {
+//! `sweety-controller`: watches the cluster, translates Ingress, Gateway API and SweetySite
+//! objects into dataplane config, pushes it over the dataplane's control socket and (as the
+//! elected leader) writes statuses and per-Gateway Services. Thin: flags, logging, wiring.
+
+use anyhow::{bail, Context};
+use clap::Parser;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use sweety_controller::health::{self, Health};
+use sweety_controller::leader::LeaseOptions;
+use sweety_controller::metrics::Metrics;
+use sweety_controller::push::{PushOptions, Pusher};
+use sweety_controller::run::{run, RunOptions};
+use sweety_controller::translate::Params;
+use sweety_controller::watch::WatchOptions;
+
+#[derive(Parser, Debug)]
+#[command(name = "sweety-controller", version, about)]
+struct Args {
+    /// Kubeconfig file; without it the in-cluster config (or the default kubeconfig) is used.
+    #[arg(long, env = "SWEETY_KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+    /// GatewayClass `spec.controllerName` this controller owns.
+    #[arg(
+        long,
+        env = "SWEETY_CONTROLLER_NAME",
+        default_value = "sweety.dev/gateway-controller"
+    )]
+    controller_name: String,
+    /// IngressClass name served.
+    #[arg(long, env = "SWEETY_INGRESS_CLASS", default_value = "sweety")]
+    ingress_class: String,
+    /// IngressClass `spec.controller` this controller owns.
+    #[arg(
+        long,
+        env = "SWEETY_INGRESS_CONTROLLER",
+        default_value = "sweety.dev/ingress-controller"
+    )]
+    ingress_controller: String,
+    /// The controller's namespace: lease and per-Gateway Services live here.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "sweety")]
+    namespace: String,
+    /// Namespaces to watch, comma-separated; empty watches all.
+    #[arg(
+        long,
+        env = "SWEETY_WATCH_NAMESPACES",
+        value_delimiter = ',',
+        default_value = ""
+    )]
+    watch_namespaces: Vec<String>,
+    /// The dataplane's control socket.
+    #[arg(
+        long,
+        env = "SWEETY_CONTROL_SOCKET",
+        default_value = "/var/run/sweety/control.sock"
+    )]
+    control_socket: PathBuf,
+    /// The chart's Service carrying Ingress traffic (its load-balancer status goes to every
+    /// Ingress); empty for none.
+    #[arg(long, env = "SWEETY_INGRESS_SERVICE", default_value = "sweety")]
+    ingress_service: String,
+    /// Elect a leader through a Lease; only the leader writes statuses and Services.
+    #[arg(long, env = "SWEETY_LEADER_ELECT", default_value_t = false)]
+    leader_elect: bool,
+    /// Name of the leader Lease.
+    #[arg(long, env = "SWEETY_LEASE_NAME", default_value = "sweety-controller")]
+    lease_name: String,
+    /// Address of /metrics, /healthz and /readyz.
+    #[arg(long, env = "SWEETY_METRICS_ADDRESS", default_value = "127.0.0.1:9090")]
+    metrics_address: SocketAddr,
+    /// Dataplane container ports for Gateway listeners, `MIN-MAX`.
+    #[arg(long, env = "SWEETY_GATEWAY_PORT_RANGE", default_value = "20000-29999")]
+    gateway_port_range: String,
+    /// Directory shared with the dataplane for static content.
+    #[arg(
+        long,
+        env = "SWEETY_CONTENT_DIR",
+        default_value = "/var/run/sweety/content"
+    )]
+    content_dir: String,
+    /// Coalescing window for watch events, e.g. `100ms` or `1s`.
+    #[arg(long, env = "SWEETY_DEBOUNCE", default_value = "100ms")]
+    debounce: String,
+    /// Labels of the dataplane pods (`k=v,k=v`): the selector of per-Gateway Services.
+    #[arg(
+        long,
+        env = "SWEETY_DATAPLANE_SELECTOR",
+        default_value = "app.kubernetes.io/name=sweety"
+    )]
+    dataplane_selector: String,
+}
+
+fn parse_duration(s: &str) -> anyhow::Result<Duration> {
+    let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+    let n: u64 = num.parse().with_context(|| format!("duration {s:?}"))?;
+    Ok(match unit {
+        "ms" => Duration::from_millis(n),
+        "s" | "" => Duration::from_secs(n),
+        _ => bail!("duration {s:?}: use ms or s"),
+    })
+}
+
+fn parse_port_range(s: &str) -> anyhow::Result<(u16, u16)> {
+    let (a, b) = s.split_once('-').context("port range must be MIN-MAX")?;
+    let (a, b): (u16, u16) = (a.trim().parse()?, b.trim().parse()?);
+    if a < 1024 || a > b {
+        bail!("port range {s:?}: need 1024 <= MIN <= MAX");
+    }
+    Ok((a, b))
+}
+
+fn parse_labels(s: &str) -> anyhow::Result<BTreeMap<String, String>> {
+    s.split(',')
+        .filter(|p| !p.trim().is_empty())
+        .map(|p| {
+            let (k, v) = p.split_once('=').context("labels must be k=v")?;
+            Ok((k.trim().to_string(), v.trim().to_string()))
+        })
+        .collect()
+}
+
+async fn client(kubeconfig: Option<&PathBuf>) -> anyhow::Result<kube::Client> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("read kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?
+        }
+        None => kube::Config::infer().await?,
+    };
+    Ok(kube::Client::try_from(config)?)
+}
+
+async fn shutdown_signal() {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(_) => return std::future::pending().await,
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .init();
+    let args = Args::parse();
+    let (gateway_port_min, gateway_port_max) = parse_port_range(&args.gateway_port_range)?;
+    let debounce = parse_duration(&args.debounce)?;
+    let params = Params {
+        controller_name: args.controller_name,
+        ingress_class: args.ingress_class,
+        ingress_controller: args.ingress_controller,
+        namespace: args.namespace.clone(),
+        ingress_service: Some(args.ingress_service).filter(|s| !s.is_empty()),
+        gateway_port_min,
+        gateway_port_max,
+        content_dir: args.content_dir,
+        ..Params::default()
+    };
+    let options = RunOptions {
+        params,
+        watch: WatchOptions {
+            namespaces: args
+                .watch_namespaces
+                .into_iter()
+                .filter(|n| !n.is_empty())
+                .collect(),
+        },
+        debounce,
+        lease: args
+            .leader_elect
+            .then(|| LeaseOptions::new(&args.namespace, &args.lease_name)),
+        dataplane_selector: parse_labels(&args.dataplane_selector)?,
+        initial_sync_timeout: Duration::from_secs(60),
+    };
+    let client = client(args.kubeconfig.as_ref()).await?;
+    let health = Health::new(Arc::new(Metrics::default()));
+    let (addr, _server) = health::serve(args.metrics_address, health.clone()).await?;
+    tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
+    let pusher = Pusher::spawn(PushOptions {
+        socket: args.control_socket,
+        ..PushOptions::default()
+    });
+    run(client, options, pusher, health, shutdown_signal()).await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flag_parsers() {
+        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        assert_eq!(parse_duration("2s").unwrap(), Duration::from_secs(2));
+        assert!(parse_duration("2h").is_err());
+        assert_eq!(parse_port_range("20000-20010").unwrap(), (20000, 20010));
+        assert!(parse_port_range("80-90").is_err());
+        assert_eq!(
+            parse_labels("a=b, c=d").unwrap(),
+            BTreeMap::from([("a".into(), "b".into()), ("c".into(), "d".into())])
+        );
+        Args::try_parse_from([
+            "sweety-controller",
+            "--leader-elect",
+            "--watch-namespaces",
+            "a,b",
+        ])
+        .unwrap();
+    }
 }

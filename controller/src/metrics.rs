@@ -1,0 +1,219 @@
+//! The controller's Prometheus metrics: a small fixed set of counters, gauges and histograms,
+//! rendered in the text exposition format by [`Metrics::render`] (served on `/metrics`).
+//!
+//! Hand-rolled on atomics and one mutex for labelled series: the set is small and known, and the
+//! hot path only bumps numbers.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// Upper bounds (seconds) of the duration histograms.
+const BUCKETS: [f64; 12] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
+];
+
+/// A latency histogram with fixed buckets.
+#[derive(Default)]
+pub struct Histogram {
+    counts: [AtomicU64; BUCKETS.len()],
+    count: AtomicU64,
+    /// Sum in microseconds.
+    sum_us: AtomicU64,
+}
+
+impl Histogram {
+    /// Record one observation.
+    pub fn observe(&self, d: Duration) {
+        let secs = d.as_secs_f64();
+        for (i, le) in BUCKETS.iter().enumerate() {
+            if secs <= *le {
+                self.counts[i].fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.sum_us.fetch_add(
+            d.as_micros().min(u64::MAX as u128) as u64,
+            Ordering::Relaxed,
+        );
+    }
+
+    /// Number of observations so far.
+    pub fn count(&self) -> u64 {
+        self.count.load(Ordering::Relaxed)
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        for (i, le) in BUCKETS.iter().enumerate() {
+            let _ = writeln!(
+                out,
+                "{name}_bucket{{le=\"{le}\"}} {}",
+                self.counts[i].load(Ordering::Relaxed)
+            );
+        }
+        let count = self.count.load(Ordering::Relaxed);
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
+        let sum = self.sum_us.load(Ordering::Relaxed) as f64 / 1e6;
+        let _ = writeln!(out, "{name}_sum {sum}\n{name}_count {count}");
+    }
+}
+
+/// Every metric the controller exports.
+#[derive(Default)]
+pub struct Metrics {
+    /// Reconciles run (snapshot → translate → push → Services → status).
+    pub reconciles: AtomicU64,
+    pub reconcile_duration: Histogram,
+    /// Calls of the pure `translate`.
+    pub translates: AtomicU64,
+    pub translate_duration: Histogram,
+    /// Time from `submit` to the dataplane's Ack of that generation.
+    pub push_latency: Histogram,
+    /// Size of the last config submitted, JSON-encoded.
+    pub config_bytes: AtomicU64,
+    /// Status subresources written (server-side apply calls).
+    pub status_writes: AtomicU64,
+    /// 1 while this replica holds the leader lease.
+    pub leader: AtomicU64,
+    /// Objects in the last snapshot, by kind.
+    objects: Mutex<BTreeMap<&'static str, u64>>,
+    /// Errors by `Error::kind()`.
+    errors: Mutex<BTreeMap<&'static str, u64>>,
+}
+
+impl Metrics {
+    /// Count one error of this kind (`Error::kind()`).
+    pub fn error(&self, kind: &'static str) {
+        let mut m = self.errors.lock().unwrap_or_else(|e| e.into_inner());
+        *m.entry(kind).or_default() += 1;
+    }
+
+    /// Errors counted so far for one kind.
+    pub fn errors_of(&self, kind: &str) -> u64 {
+        let m = self.errors.lock().unwrap_or_else(|e| e.into_inner());
+        m.get(kind).copied().unwrap_or(0)
+    }
+
+    /// Replace the per-kind object counts.
+    pub fn set_objects(&self, counts: &[(&'static str, usize)]) {
+        let mut m = self.objects.lock().unwrap_or_else(|e| e.into_inner());
+        for (kind, n) in counts {
+            m.insert(kind, *n as u64);
+        }
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut out = String::with_capacity(4096);
+        let counter = |out: &mut String, name: &str, help: &str, v: &AtomicU64, ty: &str| {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} {ty}\n{name} {}",
+                v.load(Ordering::Relaxed)
+            );
+        };
+        counter(
+            &mut out,
+            "sweety_controller_reconciles_total",
+            "Reconciles run.",
+            &self.reconciles,
+            "counter",
+        );
+        self.reconcile_duration.render(
+            &mut out,
+            "sweety_controller_reconcile_duration_seconds",
+            "Duration of one reconcile.",
+        );
+        counter(
+            &mut out,
+            "sweety_controller_translates_total",
+            "Translations run.",
+            &self.translates,
+            "counter",
+        );
+        self.translate_duration.render(
+            &mut out,
+            "sweety_controller_translate_duration_seconds",
+            "Duration of one translate.",
+        );
+        self.push_latency.render(
+            &mut out,
+            "sweety_controller_push_latency_seconds",
+            "Time from submitting a config to the dataplane's Ack.",
+        );
+        counter(
+            &mut out,
+            "sweety_controller_config_bytes",
+            "Size of the last submitted config (JSON).",
+            &self.config_bytes,
+            "gauge",
+        );
+        counter(
+            &mut out,
+            "sweety_controller_status_writes_total",
+            "Status subresource writes.",
+            &self.status_writes,
+            "counter",
+        );
+        counter(
+            &mut out,
+            "sweety_controller_leader",
+            "1 while this replica holds the leader lease.",
+            &self.leader,
+            "gauge",
+        );
+        let _ = writeln!(
+            out,
+            "# HELP sweety_controller_objects Objects in the last snapshot.\n# TYPE sweety_controller_objects gauge"
+        );
+        for (kind, n) in self
+            .objects
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+        {
+            let _ = writeln!(out, "sweety_controller_objects{{kind=\"{kind}\"}} {n}");
+        }
+        let _ = writeln!(
+            out,
+            "# HELP sweety_controller_errors_total Errors by kind.\n# TYPE sweety_controller_errors_total counter"
+        );
+        for (kind, n) in self.errors.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+            let _ = writeln!(out, "sweety_controller_errors_total{{kind=\"{kind}\"}} {n}");
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_counters_histograms_and_labels() {
+        let m = Metrics::default();
+        m.reconciles.fetch_add(2, Ordering::Relaxed);
+        m.translate_duration.observe(Duration::from_millis(3));
+        m.error("kube");
+        m.error("kube");
+        m.set_objects(&[("Gateway", 4)]);
+        let text = m.render();
+        assert!(
+            text.contains("sweety_controller_reconciles_total 2\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("sweety_controller_translate_duration_seconds_bucket{le=\"0.0025\"} 0\n")
+        );
+        assert!(
+            text.contains("sweety_controller_translate_duration_seconds_bucket{le=\"0.005\"} 1\n")
+        );
+        assert!(text.contains("sweety_controller_translate_duration_seconds_count 1\n"));
+        assert!(text.contains("sweety_controller_errors_total{kind=\"kube\"} 2\n"));
+        assert!(text.contains("sweety_controller_objects{kind=\"Gateway\"} 4\n"));
+        assert_eq!(m.errors_of("kube"), 2);
+    }
+}

@@ -1,0 +1,697 @@
+//! The status writer: turns `translate`'s statuses into `status` subresource writes.
+//!
+//! - One field manager (`sweety-controller`), server-side apply of `status` only.
+//! - Written only when changed: compared with what this writer last wrote for the object and
+//!   with the object's current status in the snapshot (a subset match, so fields the apiserver
+//!   defaults or other writers add do not count as a change).
+//! - `lastTransitionTime` is added here from the clock: the previous time is kept when a
+//!   condition's type, status and reason are unchanged.
+//! - Route `status.parents` and BackendTLSPolicy `status.ancestors` are `atomic` lists in the
+//!   Gateway API CRDs, so server-side apply would replace other controllers' entries. For those
+//!   kinds the writer reads the live object, keeps every entry whose `controllerName` is not
+//!   ours, puts ours after them, and applies with the read `resourceVersion` as a precondition
+//!   (a conflict is retried on the next reconcile). Entries of ours for parents `translate` no
+//!   longer reports are removed, also from routes `translate` no longer reports at all.
+//! - `Programmed=True` is held back as `Unknown`/`Pending` until the dataplane acknowledged the
+//!   generation that contains the object ([`Gate`]); a rejected generation gives
+//!   `False`/`Invalid` with the dataplane's errors.
+//! - Ingress has no conditions: `ObjectStatus::Conditions` for an Ingress (and other kinds
+//!   without a status block we own) is logged once per change instead and, with
+//!   [`StatusWriter::with_events`], published as Kubernetes Events on the object (`Warning` for
+//!   a `False` condition, `Normal` otherwise).
+
+use crate::push::PushState;
+use crate::translate::status::{Condition, ObjectKey, ObjectStatus, ParentRef, Statuses};
+use crate::translate::Snapshot;
+use crate::Error;
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::{Api, Client};
+use serde_json::{json, Map, Value};
+use std::collections::HashMap;
+use std::sync::Arc;
+use sweety_gateway_api as gw;
+
+/// The field manager of every status write.
+pub const FIELD_MANAGER: &str = "sweety-controller";
+
+/// Whether the dataplane applied the generation a set of statuses belongs to.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Gate {
+    /// The dataplane acknowledged that generation (or a later one).
+    pub acked: bool,
+    /// The dataplane rejected that generation: its errors, joined.
+    pub nack: Option<String>,
+}
+
+impl Gate {
+    /// The gate for statuses computed with the config submitted as `generation`.
+    pub fn new(state: &PushState, generation: u64) -> Gate {
+        let nack = match &state.last_nack {
+            Some((g, errors)) if *g >= generation && state.acked < generation => {
+                Some(errors.join("; "))
+            }
+            _ => None,
+        };
+        Gate {
+            acked: state.acked >= generation,
+            nack,
+        }
+    }
+
+    /// A gate that lets `Programmed=True` through (tests, or no dataplane to wait for).
+    pub fn open() -> Gate {
+        Gate {
+            acked: true,
+            nack: None,
+        }
+    }
+}
+
+/// What one [`StatusWriter::write`] did.
+#[derive(Debug, Default)]
+pub struct WriteReport {
+    pub written: Vec<ObjectKey>,
+    pub unchanged: usize,
+    pub errors: Vec<(ObjectKey, Error)>,
+    /// The pass stopped early because this replica no longer leads.
+    pub not_leader: bool,
+}
+
+/// Writes statuses; remembers what it wrote so unchanged statuses cost nothing.
+pub struct StatusWriter {
+    client: Client,
+    controller_name: String,
+    last: HashMap<ObjectKey, Value>,
+    /// While set, every write first checks that this replica still leads.
+    leading: Option<tokio::sync::watch::Receiver<bool>>,
+    events: Option<Recorder>,
+}
+
+impl StatusWriter {
+    /// `controller_name` is the GatewayClass controller name: route parent and policy ancestor
+    /// entries carrying it are ours.
+    pub fn new(client: Client, controller_name: &str) -> StatusWriter {
+        StatusWriter {
+            client,
+            controller_name: controller_name.into(),
+            last: HashMap::new(),
+            leading: None,
+            events: None,
+        }
+    }
+
+    /// Publish conditions of kinds without a status block (Ingress, ...) as Events, reported
+    /// as `reporter` (the controller's name and this replica's identity).
+    pub fn with_events(mut self, reporter: Reporter) -> StatusWriter {
+        self.events = Some(Recorder::new(self.client.clone(), reporter));
+        self
+    }
+
+    /// Check leadership before every single write: losing the lease stops a write pass midway.
+    pub fn with_leadership(mut self, leading: tokio::sync::watch::Receiver<bool>) -> StatusWriter {
+        self.leading = Some(leading);
+        self
+    }
+
+    fn may_write(&self) -> bool {
+        self.leading.as_ref().is_none_or(|l| *l.borrow())
+    }
+
+    /// Forget what was written (after losing leadership: another replica may write meanwhile).
+    pub fn forget(&mut self) {
+        self.last.clear();
+    }
+
+    /// Write every status that changed. Errors are per object and do not stop the others.
+    pub async fn write(
+        &mut self,
+        statuses: &Statuses,
+        snapshot: &Snapshot,
+        gate: &Gate,
+    ) -> WriteReport {
+        let now = Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
+        let index = Index::new(snapshot);
+        let mut report = WriteReport::default();
+        for (key, status) in statuses {
+            if let ObjectStatus::Conditions(conditions) = status {
+                if !self.may_write() {
+                    report.not_leader = true;
+                    return report;
+                }
+                if self.log_conditions(key, conditions).await {
+                    report.written.push(key.clone());
+                }
+                continue;
+            }
+            let Some(current) = index.get(key) else {
+                self.last.remove(key);
+                continue;
+            };
+            if !self.may_write() {
+                report.not_leader = true;
+                return report;
+            }
+            match self.write_one(key, Some(status), current, gate, &now).await {
+                Ok(true) => report.written.push(key.clone()),
+                Ok(false) => report.unchanged += 1,
+                Err(e) => report.errors.push((key.clone(), e)),
+            }
+        }
+        // Our entries on routes translate no longer reports (e.g. detached from our Gateways).
+        for (kind, ns, name, current) in index.routes() {
+            let key = ObjectKey::new(kind, ns, name);
+            if statuses.contains_key(&key) || !self.has_our_entries(kind, &current.status()) {
+                continue;
+            }
+            if !self.may_write() {
+                report.not_leader = true;
+                return report;
+            }
+            match self.write_one(&key, None, current, gate, &now).await {
+                Ok(true) => report.written.push(key),
+                Ok(false) => report.unchanged += 1,
+                Err(e) => report.errors.push((key, e)),
+            }
+        }
+        // Forget objects translate no longer reports (deleted, or no longer ours).
+        self.last.retain(|k, _| statuses.contains_key(k));
+        report
+    }
+
+    /// Kinds without a status block of ours (Ingress, IngressClass, SweetyProxyConfig): log
+    /// their conditions once per change, and publish them as Events when enabled. `true` when
+    /// Events were published.
+    async fn log_conditions(&mut self, key: &ObjectKey, conditions: &[Condition]) -> bool {
+        let v = serde_json::to_value(conditions).unwrap_or(Value::Null);
+        if self.last.get(key) == Some(&v) {
+            return false;
+        }
+        let reference = event_reference(key);
+        let mut published = false;
+        for c in conditions {
+            tracing::warn!(
+                kind = %key.kind, namespace = %key.namespace, name = %key.name,
+                condition = %c.type_, status = %c.status, reason = %c.reason,
+                message = %c.message, "object condition"
+            );
+            let (Some(recorder), Some(reference)) = (&self.events, &reference) else {
+                continue;
+            };
+            let event = Event {
+                type_: if c.status == "False" {
+                    EventType::Warning
+                } else {
+                    EventType::Normal
+                },
+                reason: c.reason.chars().take(128).collect(),
+                note: Some(format!("{}={}: {}", c.type_, c.status, c.message)),
+                action: "Translate".into(),
+                secondary: None,
+            };
+            match recorder.publish(&event, reference).await {
+                Ok(()) => published = true,
+                Err(e) => tracing::warn!(error = %e, "publishing an Event failed"),
+            }
+        }
+        self.last.insert(key.clone(), v);
+        published
+    }
+
+    fn has_our_entries(&self, kind: &str, status: &Value) -> bool {
+        status
+            .get(list_field(kind))
+            .and_then(Value::as_array)
+            .is_some_and(|l| l.iter().any(|e| self.is_ours(e)))
+    }
+
+    fn is_ours(&self, entry: &Value) -> bool {
+        entry.get("controllerName").and_then(Value::as_str) == Some(self.controller_name.as_str())
+    }
+
+    /// Write one object's status if it changed; `Ok(true)` when written. `status: None` removes
+    /// our route/policy entries.
+    async fn write_one(
+        &mut self,
+        key: &ObjectKey,
+        status: Option<&ObjectStatus>,
+        current: &dyn Current,
+        gate: &Gate,
+        now: &str,
+    ) -> Result<bool, Error> {
+        let Some(resource) = api_resource(&key.kind) else {
+            return Ok(false);
+        };
+        let cur_status = current.status();
+        let atomic = is_atomic_kind(&key.kind);
+        let stamp_src = self.last.get(key).unwrap_or(&cur_status);
+        let desired = self.desired(key, status, stamp_src, &cur_status, gate, now);
+        if self.last.get(key) == Some(&desired) || subset(&desired, &cur_status) {
+            self.last.insert(key.clone(), desired);
+            return Ok(false);
+        }
+        if !self.may_write() {
+            return Ok(false);
+        }
+        let api: Api<DynamicObject> = if key.namespace.is_empty() {
+            Api::all_with(self.client.clone(), &resource)
+        } else {
+            Api::namespaced_with(self.client.clone(), &key.namespace, &resource)
+        };
+        let mut metadata = json!({"name": key.name});
+        if !key.namespace.is_empty() {
+            metadata["namespace"] = json!(key.namespace);
+        }
+        let desired = if atomic {
+            // Read-modify-write: foreign entries from the live object, under its resourceVersion.
+            let live = api.get_status(&key.name).await.map_err(Error::Kube)?;
+            let live_status = live.data.get("status").cloned().unwrap_or(Value::Null);
+            let stamp_src = self.last.get(key).unwrap_or(&live_status);
+            let desired = self.desired(key, status, stamp_src, &live_status, gate, now);
+            if subset(&desired, &live_status) {
+                self.last.insert(key.clone(), desired);
+                return Ok(false);
+            }
+            metadata["resourceVersion"] = json!(live.metadata.resource_version);
+            if !self.may_write() {
+                return Ok(false);
+            }
+            desired
+        } else {
+            desired
+        };
+        let body = json!({
+            "apiVersion": resource.api_version,
+            "kind": resource.kind,
+            "metadata": metadata,
+            "status": desired,
+        });
+        api.patch_status(
+            &key.name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&body),
+        )
+        .await
+        .map_err(Error::Kube)?;
+        self.last.insert(key.clone(), desired);
+        Ok(true)
+    }
+
+    /// The status to apply. `prev` supplies earlier `lastTransitionTime`s; `live` supplies other
+    /// controllers' route/policy entries.
+    fn desired(
+        &self,
+        key: &ObjectKey,
+        status: Option<&ObjectStatus>,
+        prev: &Value,
+        live: &Value,
+        gate: &Gate,
+        now: &str,
+    ) -> Value {
+        let st = Stamper { gate, now };
+        match status {
+            Some(ObjectStatus::GatewayClass(s)) => json!({
+                "conditions": st.conditions(&s.conditions, prev.get("conditions")),
+                "supportedFeatures": s.supported_features.iter().map(|n| json!({"name": n})).collect::<Vec<_>>(),
+            }),
+            Some(ObjectStatus::Gateway(s)) => {
+                let prev_listeners = prev.get("listeners").and_then(Value::as_array);
+                let listeners: Vec<Value> = s
+                    .listeners
+                    .iter()
+                    .map(|l| {
+                        let prev_l = prev_listeners.and_then(|pl| {
+                            pl.iter()
+                                .find(|p| p.get("name").and_then(Value::as_str) == Some(&l.name))
+                        });
+                        json!({
+                            "name": l.name,
+                            "supportedKinds": l.supported_kinds,
+                            "attachedRoutes": l.attached_routes,
+                            "conditions": st.conditions(&l.conditions, prev_l.and_then(|p| p.get("conditions"))),
+                        })
+                    })
+                    .collect();
+                json!({
+                    "addresses": s.addresses,
+                    "conditions": st.conditions(&s.conditions, prev.get("conditions")),
+                    "listeners": listeners,
+                })
+            }
+            Some(ObjectStatus::Route(s)) => {
+                json!({"parents": self.merge_entries(key, &s.parents, "parentRef", prev, live, &st)})
+            }
+            Some(ObjectStatus::Policy(s)) => {
+                json!({"ancestors": self.merge_entries(key, &s.ancestors, "ancestorRef", prev, live, &st)})
+            }
+            Some(ObjectStatus::Ingress(s)) => json!({"loadBalancer": {"ingress": s.load_balancer}}),
+            Some(ObjectStatus::Site(s)) => json!({
+                "conditions": st.conditions(&s.conditions, prev.get("conditions")),
+                "addresses": s.addresses,
+            }),
+            Some(ObjectStatus::Conditions(_)) => Value::Null,
+            None => {
+                let field = list_field(&key.kind);
+                let reference = if field == "ancestors" {
+                    "ancestorRef"
+                } else {
+                    "parentRef"
+                };
+                json!({ field: self.merge_entries(key, &[], reference, prev, live, &st) })
+            }
+        }
+    }
+
+    /// Other controllers' entries from `live`, then ours (stamped against `prev`).
+    fn merge_entries(
+        &self,
+        key: &ObjectKey,
+        ours: &[crate::translate::status::RouteParentStatus],
+        reference: &str,
+        prev: &Value,
+        live: &Value,
+        st: &Stamper<'_>,
+    ) -> Vec<Value> {
+        let field = list_field(&key.kind);
+        let mut out: Vec<Value> = live
+            .get(field)
+            .and_then(Value::as_array)
+            .map(|l| l.iter().filter(|e| !self.is_ours(e)).cloned().collect())
+            .unwrap_or_default();
+        let prev_entries = prev.get(field).and_then(Value::as_array);
+        for p in ours {
+            let r = parent_ref_value(&p.parent_ref);
+            let prev_e = prev_entries.and_then(|l| {
+                l.iter()
+                    .find(|e| self.is_ours(e) && e.get(reference) == Some(&r))
+            });
+            out.push(json!({
+                reference: r,
+                "controllerName": p.controller_name,
+                "conditions": st.conditions(&p.conditions, prev_e.and_then(|e| e.get("conditions"))),
+            }));
+        }
+        out
+    }
+}
+
+/// Adds `lastTransitionTime` and applies the Programmed gate.
+struct Stamper<'a> {
+    gate: &'a Gate,
+    now: &'a str,
+}
+
+impl Stamper<'_> {
+    fn conditions(&self, conditions: &[Condition], prev: Option<&Value>) -> Vec<Value> {
+        let prev = prev.and_then(Value::as_array);
+        conditions
+            .iter()
+            .map(|c| {
+                let (status, reason, message) =
+                    if c.type_ == "Programmed" && c.status == "True" && !self.gate.acked {
+                        match &self.gate.nack {
+                            Some(errors) => (
+                                "False",
+                                "Invalid",
+                                format!("the dataplane rejected the configuration: {errors}"),
+                            ),
+                            None => (
+                                "Unknown",
+                                "Pending",
+                                "Waiting for the dataplane to apply the configuration".to_string(),
+                            ),
+                        }
+                    } else {
+                        (c.status.as_str(), c.reason.as_str(), c.message.clone())
+                    };
+                let kept = prev.and_then(|p| {
+                    p.iter().find(|o| {
+                        o.get("type").and_then(Value::as_str) == Some(&c.type_)
+                            && o.get("status").and_then(Value::as_str) == Some(status)
+                            && o.get("reason").and_then(Value::as_str) == Some(reason)
+                    })
+                });
+                let time = kept
+                    .and_then(|o| o.get("lastTransitionTime"))
+                    .and_then(Value::as_str)
+                    .unwrap_or(self.now);
+                json!({
+                    "type": c.type_,
+                    "status": status,
+                    "reason": reason,
+                    "message": message,
+                    "observedGeneration": c.observed_generation,
+                    "lastTransitionTime": time,
+                })
+            })
+            .collect()
+    }
+}
+
+/// The object an Event is about (kinds `translate` reports bare conditions for).
+fn event_reference(key: &ObjectKey) -> Option<ObjectReference> {
+    let api_version = match key.kind.as_str() {
+        "Ingress" | "IngressClass" => "networking.k8s.io/v1",
+        "SweetyProxyConfig" => "sweety.dev/v1alpha1",
+        _ => return None,
+    };
+    Some(ObjectReference {
+        api_version: Some(api_version.into()),
+        kind: Some(key.kind.clone()),
+        namespace: (!key.namespace.is_empty()).then(|| key.namespace.clone()),
+        name: Some(key.name.clone()),
+        ..Default::default()
+    })
+}
+
+/// A parent reference as the apiserver returns it (CRD defaults for group and kind filled).
+fn parent_ref_value(p: &ParentRef) -> Value {
+    let mut m = Map::new();
+    m.insert(
+        "group".into(),
+        json!(p.group.as_deref().unwrap_or("gateway.networking.k8s.io")),
+    );
+    m.insert("kind".into(), json!(p.kind.as_deref().unwrap_or("Gateway")));
+    if let Some(ns) = &p.namespace {
+        m.insert("namespace".into(), json!(ns));
+    }
+    m.insert("name".into(), json!(p.name));
+    if let Some(s) = &p.section_name {
+        m.insert("sectionName".into(), json!(s));
+    }
+    if let Some(port) = p.port {
+        m.insert("port".into(), json!(port));
+    }
+    Value::Object(m)
+}
+
+/// Whether `want` is contained in `have`: objects key by key (extra keys in `have` are fine),
+/// arrays element by element, empty arrays equal to absent.
+fn subset(want: &Value, have: &Value) -> bool {
+    match (want, have) {
+        (Value::Object(w), Value::Object(h)) => w.iter().all(|(k, v)| match h.get(k) {
+            Some(hv) => subset(v, hv),
+            None => is_empty(v),
+        }),
+        (Value::Object(w), Value::Null) => w.values().all(is_empty),
+        (Value::Array(w), Value::Array(h)) => {
+            w.len() == h.len() && w.iter().zip(h).all(|(a, b)| subset(a, b))
+        }
+        (Value::Array(w), Value::Null) => w.is_empty(),
+        (w, h) => w == h,
+    }
+}
+
+fn is_empty(v: &Value) -> bool {
+    match v {
+        Value::Null => true,
+        Value::Array(a) => a.is_empty(),
+        Value::Object(o) => o.values().all(is_empty),
+        _ => false,
+    }
+}
+
+const ROUTE_KINDS: [&str; 5] = ["HTTPRoute", "GRPCRoute", "TLSRoute", "TCPRoute", "UDPRoute"];
+
+fn is_atomic_kind(kind: &str) -> bool {
+    ROUTE_KINDS.contains(&kind) || kind == "BackendTLSPolicy"
+}
+
+fn list_field(kind: &str) -> &'static str {
+    if kind == "BackendTLSPolicy" {
+        "ancestors"
+    } else {
+        "parents"
+    }
+}
+
+/// The API resource of a kind the writer writes status for.
+pub fn api_resource(kind: &str) -> Option<ApiResource> {
+    use gw::*;
+    Some(match kind {
+        "GatewayClass" => ApiResource::erase::<gatewayclasses::GatewayClass>(&()),
+        "Gateway" => ApiResource::erase::<gateways::Gateway>(&()),
+        "HTTPRoute" => ApiResource::erase::<httproutes::HttpRoute>(&()),
+        "GRPCRoute" => ApiResource::erase::<grpcroutes::GrpcRoute>(&()),
+        "TLSRoute" => ApiResource::erase::<tlsroutes::TlsRoute>(&()),
+        "TCPRoute" => ApiResource::erase::<tcproutes::TcpRoute>(&()),
+        "UDPRoute" => ApiResource::erase::<udproutes::UdpRoute>(&()),
+        "BackendTLSPolicy" => ApiResource::erase::<backendtlspolicies::BackendTlsPolicy>(&()),
+        "Ingress" => ApiResource::erase::<k8s_openapi::api::networking::v1::Ingress>(&()),
+        "SweetySite" => ApiResource::erase::<sweety_crds::SweetySite>(&()),
+        _ => return None,
+    })
+}
+
+/// An object whose status the writer compares against.
+trait Current: Send + Sync {
+    fn status(&self) -> Value;
+}
+
+macro_rules! impl_current {
+    ($($t:ty),*) => {$(
+        impl Current for $t {
+            fn status(&self) -> Value {
+                serde_json::to_value(&self.status).unwrap_or(Value::Null)
+            }
+        }
+    )*};
+}
+
+impl_current!(
+    gw::gatewayclasses::GatewayClass,
+    gw::gateways::Gateway,
+    gw::httproutes::HttpRoute,
+    gw::grpcroutes::GrpcRoute,
+    gw::tlsroutes::TlsRoute,
+    gw::tcproutes::TcpRoute,
+    gw::udproutes::UdpRoute,
+    gw::backendtlspolicies::BackendTlsPolicy,
+    k8s_openapi::api::networking::v1::Ingress,
+    sweety_crds::SweetySite
+);
+
+const INDEXED_KINDS: [&str; 10] = [
+    "GatewayClass",
+    "Gateway",
+    "HTTPRoute",
+    "GRPCRoute",
+    "TLSRoute",
+    "TCPRoute",
+    "UDPRoute",
+    "BackendTLSPolicy",
+    "Ingress",
+    "SweetySite",
+];
+
+type IndexKey<'a> = (&'static str, &'a str, &'a str);
+
+/// The snapshot's objects by (kind, namespace, name).
+struct Index<'a> {
+    map: HashMap<IndexKey<'a>, &'a dyn Current>,
+}
+
+impl<'a> Index<'a> {
+    fn new(s: &'a Snapshot) -> Index<'a> {
+        let mut map: HashMap<IndexKey<'a>, &'a dyn Current> = HashMap::new();
+        fn add<'a, K: Current + kube::Resource + 'static>(
+            map: &mut HashMap<IndexKey<'a>, &'a dyn Current>,
+            kind: &'static str,
+            list: &'a [Arc<K>],
+        ) {
+            for o in list {
+                let m = kube::Resource::meta(o.as_ref());
+                let ns = m.namespace.as_deref().unwrap_or("");
+                let name = m.name.as_deref().unwrap_or("");
+                map.insert((kind, ns, name), o.as_ref());
+            }
+        }
+        add(&mut map, "GatewayClass", &s.gateway_classes);
+        add(&mut map, "Gateway", &s.gateways);
+        add(&mut map, "HTTPRoute", &s.http_routes);
+        add(&mut map, "GRPCRoute", &s.grpc_routes);
+        add(&mut map, "TLSRoute", &s.tls_routes);
+        add(&mut map, "TCPRoute", &s.tcp_routes);
+        add(&mut map, "UDPRoute", &s.udp_routes);
+        add(&mut map, "BackendTLSPolicy", &s.backend_tls_policies);
+        add(&mut map, "Ingress", &s.ingresses);
+        add(&mut map, "SweetySite", &s.sites);
+        Index { map }
+    }
+
+    fn get(&self, key: &ObjectKey) -> Option<&'a dyn Current> {
+        let kind = *INDEXED_KINDS.iter().find(|k| **k == key.kind)?;
+        self.map
+            .get(&(kind, key.namespace.as_str(), key.name.as_str()))
+            .copied()
+    }
+
+    /// Every route and BackendTLSPolicy, sorted.
+    fn routes(&self) -> Vec<(&'static str, &'a str, &'a str, &'a dyn Current)> {
+        let mut v: Vec<_> = self
+            .map
+            .iter()
+            .filter(|(k, _)| is_atomic_kind(k.0))
+            .map(|(k, c)| (k.0, k.1, k.2, *c))
+            .collect();
+        v.sort_by_key(|e| (e.0, e.1, e.2));
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subset_ignores_extra_fields_and_empty_lists() {
+        let want = json!({"a": [{"x": 1}], "b": [], "c": {"d": []}});
+        let have = json!({"a": [{"x": 1, "y": 2}], "z": true});
+        assert!(subset(&want, &have));
+        assert!(!subset(&json!({"a": [{"x": 2}]}), &have));
+        assert!(!subset(&json!({"a": []}), &have));
+    }
+
+    #[test]
+    fn programmed_is_held_until_ack_and_times_are_kept() {
+        let conds = vec![
+            Condition::new("Accepted", true, "Accepted", "ok", 3),
+            Condition::new("Programmed", true, "Programmed", "ok", 3),
+        ];
+        let prev = json!([{"type": "Accepted", "status": "True", "reason": "Accepted",
+            "lastTransitionTime": "2020-01-01T00:00:00Z"}]);
+        let pending = Gate::default();
+        let st = Stamper {
+            gate: &pending,
+            now: "2026-01-01T00:00:00Z",
+        };
+        let out = st.conditions(&conds, Some(&prev));
+        assert_eq!(out[0]["lastTransitionTime"], "2020-01-01T00:00:00Z");
+        assert_eq!(out[1]["status"], "Unknown");
+        assert_eq!(out[1]["reason"], "Pending");
+        assert_eq!(out[1]["lastTransitionTime"], "2026-01-01T00:00:00Z");
+        assert_eq!(out[1]["observedGeneration"], 3);
+        let open = Gate::open();
+        let st = Stamper {
+            gate: &open,
+            now: "2026-01-01T00:00:00Z",
+        };
+        assert_eq!(st.conditions(&conds, None)[1]["status"], "True");
+    }
+
+    #[test]
+    fn gate_follows_acks_and_nacks() {
+        let mut s = PushState {
+            submitted: 5,
+            acked: 4,
+            ..Default::default()
+        };
+        assert!(!Gate::new(&s, 5).acked);
+        assert!(Gate::new(&s, 4).acked);
+        s.last_nack = Some((5, vec!["bad listener".into()]));
+        assert_eq!(Gate::new(&s, 5).nack.as_deref(), Some("bad listener"));
+        assert_eq!(Gate::new(&s, 4).nack, None);
+    }
+}

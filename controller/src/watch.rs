@@ -1,0 +1,566 @@
+//! The watch layer: one shared reflector per watched kind, a debounce-free change counter that
+//! the reconcile loop coalesces, and [`Stores::snapshot`] to build a [`Snapshot`] from the
+//! reflector stores with cheap `Arc` clones.
+//!
+//! - Kinds whose CRD is not installed (e.g. TCPRoute, or the Sweety CRDs) are detected through
+//!   API discovery at start and skipped with a log line; they never block startup.
+//! - Namespaced kinds are watched cluster-wide or in each configured namespace (one reflector
+//!   per namespace); cluster-scoped kinds (IngressClass, GatewayClass, Namespace) are always
+//!   watched cluster-wide.
+//! - Secrets are watched with the field selector `type=kubernetes.io/tls`, and only Secrets that
+//!   an Ingress (`spec.tls[].secretName`), a Gateway listener (`tls.certificateRefs`), a
+//!   BackendTLSPolicy (`validation.caCertificateRefs`) or a SweetySite (`tls.secretName`,
+//!   `routes[].static.configMap`) references reach the snapshot. ConfigMaps have no natural selector, so they are all watched (in the watched
+//!   namespaces) and filtered the same way into the snapshot: users need not label them, at the
+//!   cost of caching them. Secret data is never logged.
+//! - `managedFields` is stripped from every cached object to keep the stores small.
+
+use crate::translate::Snapshot;
+use crate::Error;
+use futures_util::StreamExt;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Api, Client, Resource};
+use serde::de::DeserializeOwned;
+use std::collections::{BTreeSet, HashSet};
+use std::fmt::Debug;
+use std::sync::Arc;
+use std::time::Duration;
+use sweety_crds::{SweetyProxyConfig, SweetySite};
+use sweety_gateway_api as gw;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// Which namespaces to watch.
+#[derive(Clone, Debug, Default)]
+pub struct WatchOptions {
+    /// Empty: every namespace. Otherwise only these.
+    pub namespaces: Vec<String>,
+}
+
+/// The reader halves of every reflector of one kind (one per watched namespace); empty when the
+/// kind is not served by the cluster.
+pub struct Stored<K: Resource + 'static>
+where
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    stores: Vec<Store<K>>,
+}
+
+impl<K: Resource + Clone + 'static> Clone for Stored<K>
+where
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    fn clone(&self) -> Self {
+        Stored {
+            stores: self.stores.clone(),
+        }
+    }
+}
+
+impl<K: Resource + Clone + 'static> Stored<K>
+where
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    fn state(&self) -> Vec<Arc<K>> {
+        match self.stores.as_slice() {
+            [one] => one.state(),
+            many => many.iter().flat_map(|s| s.state()).collect(),
+        }
+    }
+
+    fn state_filter(&self, keep: impl Fn(&K) -> bool) -> Vec<Arc<K>> {
+        self.stores
+            .iter()
+            .flat_map(|s| s.state_filter(&keep))
+            .collect()
+    }
+
+    /// Whether this kind is watched at all.
+    pub fn watched(&self) -> bool {
+        !self.stores.is_empty()
+    }
+}
+
+/// Every reflector store the controller reads.
+#[derive(Clone)]
+pub struct Stores {
+    pub ingress_classes: Stored<IngressClass>,
+    pub ingresses: Stored<Ingress>,
+    pub gateway_classes: Stored<gw::gatewayclasses::GatewayClass>,
+    pub gateways: Stored<gw::gateways::Gateway>,
+    pub http_routes: Stored<gw::httproutes::HttpRoute>,
+    pub grpc_routes: Stored<gw::grpcroutes::GrpcRoute>,
+    pub tls_routes: Stored<gw::tlsroutes::TlsRoute>,
+    pub tcp_routes: Stored<gw::tcproutes::TcpRoute>,
+    pub udp_routes: Stored<gw::udproutes::UdpRoute>,
+    pub reference_grants: Stored<gw::referencegrants::ReferenceGrant>,
+    pub backend_tls_policies: Stored<gw::backendtlspolicies::BackendTlsPolicy>,
+    pub sites: Stored<SweetySite>,
+    pub proxy_configs: Stored<SweetyProxyConfig>,
+    pub services: Stored<Service>,
+    pub endpoint_slices: Stored<EndpointSlice>,
+    pub secrets: Stored<Secret>,
+    pub config_maps: Stored<ConfigMap>,
+    /// Always cluster-wide: their labels drive Gateway `allowedRoutes` selectors.
+    pub namespaces: Stored<Namespace>,
+}
+
+impl Stores {
+    /// A consistent-enough view of every store: each list is one store read. Secrets and
+    /// ConfigMaps are filtered to those something references.
+    pub fn snapshot(&self) -> Snapshot {
+        let mut s = Snapshot {
+            ingress_classes: self.ingress_classes.state(),
+            ingresses: self.ingresses.state(),
+            gateway_classes: self.gateway_classes.state(),
+            gateways: self.gateways.state(),
+            http_routes: self.http_routes.state(),
+            grpc_routes: self.grpc_routes.state(),
+            tls_routes: self.tls_routes.state(),
+            tcp_routes: self.tcp_routes.state(),
+            udp_routes: self.udp_routes.state(),
+            reference_grants: self.reference_grants.state(),
+            backend_tls_policies: self.backend_tls_policies.state(),
+            sites: self.sites.state(),
+            proxy_configs: self.proxy_configs.state(),
+            services: self.services.state(),
+            endpoint_slices: self.endpoint_slices.state(),
+            secrets: Vec::new(),
+            config_maps: Vec::new(),
+            namespaces: self.namespaces.state(),
+        };
+        let refs = References::of(&s);
+        s.secrets = self
+            .secrets
+            .state_filter(|o| refs.secrets.contains(&key(o)));
+        s.config_maps = self
+            .config_maps
+            .state_filter(|o| refs.config_maps.contains(&key(o)));
+        s
+    }
+}
+
+fn key<K: Resource>(o: &K) -> (String, String) {
+    let m = o.meta();
+    (
+        m.namespace.clone().unwrap_or_default(),
+        m.name.clone().unwrap_or_default(),
+    )
+}
+
+/// Secrets and ConfigMaps (namespace, name) that objects in a snapshot reference.
+#[derive(Debug, Default, PartialEq)]
+pub struct References {
+    pub secrets: HashSet<(String, String)>,
+    pub config_maps: HashSet<(String, String)>,
+}
+
+impl References {
+    /// Collect the references of every Ingress, Gateway, BackendTLSPolicy and SweetySite.
+    pub fn of(s: &Snapshot) -> References {
+        let mut r = References::default();
+        for ing in &s.ingresses {
+            let ns = ing.metadata.namespace.clone().unwrap_or_default();
+            for tls in ing.spec.iter().flat_map(|sp| sp.tls.iter().flatten()) {
+                if let Some(name) = &tls.secret_name {
+                    r.secrets.insert((ns.clone(), name.clone()));
+                }
+            }
+        }
+        for g in &s.gateways {
+            let ns = g.metadata.namespace.clone().unwrap_or_default();
+            for l in &g.spec.listeners {
+                let refs = l
+                    .tls
+                    .iter()
+                    .flat_map(|t| t.certificate_refs.iter().flatten());
+                for c in refs {
+                    let core = c.group.as_deref().unwrap_or("").is_empty();
+                    let secret = c.kind.as_deref().unwrap_or("Secret") == "Secret";
+                    if core && secret {
+                        let ns = c.namespace.clone().unwrap_or_else(|| ns.clone());
+                        r.secrets.insert((ns, c.name.clone()));
+                    }
+                }
+            }
+        }
+        for p in &s.backend_tls_policies {
+            let ns = p.metadata.namespace.clone().unwrap_or_default();
+            for c in p.spec.validation.ca_certificate_refs.iter().flatten() {
+                if !c.group.is_empty() {
+                    continue;
+                }
+                match c.kind.as_str() {
+                    "ConfigMap" => {
+                        r.config_maps.insert((ns.clone(), c.name.clone()));
+                    }
+                    "Secret" => {
+                        r.secrets.insert((ns.clone(), c.name.clone()));
+                    }
+                    _ => {}
+                }
+            }
+        }
+        for site in &s.sites {
+            let ns = site.metadata.namespace.clone().unwrap_or_default();
+            if let Some(tls) = &site.spec.tls {
+                r.secrets.insert((ns.clone(), tls.secret_name.clone()));
+            }
+            for route in &site.spec.routes {
+                if let Some(cm) = route
+                    .r#static
+                    .as_ref()
+                    .and_then(|st| st.config_map.as_ref())
+                {
+                    r.config_maps.insert((ns.clone(), cm.name.clone()));
+                }
+            }
+        }
+        r
+    }
+}
+
+/// The running watches.
+pub struct Watches {
+    pub stores: Stores,
+    changes: watch::Receiver<u64>,
+    tasks: Vec<JoinHandle<()>>,
+    /// Kinds skipped because the cluster does not serve them.
+    pub skipped: Vec<String>,
+}
+
+impl Watches {
+    /// Start every reflector. Kinds the cluster does not serve are skipped (logged).
+    pub async fn start(client: Client, options: &WatchOptions) -> Result<Watches, Error> {
+        let served = Served::discover(&client).await?;
+        let (tx, changes) = watch::channel(0u64);
+        let tx = Arc::new(tx);
+        let mut w = Starter {
+            client,
+            namespaces: options.namespaces.clone(),
+            served,
+            tx,
+            tasks: Vec::new(),
+            skipped: Vec::new(),
+        };
+        let stores = Stores {
+            ingress_classes: w.cluster(watcher::Config::default()),
+            ingresses: w.namespaced(watcher::Config::default()),
+            gateway_classes: w.cluster(watcher::Config::default()),
+            gateways: w.namespaced(watcher::Config::default()),
+            http_routes: w.namespaced(watcher::Config::default()),
+            grpc_routes: w.namespaced(watcher::Config::default()),
+            tls_routes: w.namespaced(watcher::Config::default()),
+            tcp_routes: w.namespaced(watcher::Config::default()),
+            udp_routes: w.namespaced(watcher::Config::default()),
+            reference_grants: w.namespaced(watcher::Config::default()),
+            backend_tls_policies: w.namespaced(watcher::Config::default()),
+            sites: w.namespaced(watcher::Config::default()),
+            proxy_configs: w.namespaced(watcher::Config::default()),
+            services: w.namespaced(watcher::Config::default()),
+            endpoint_slices: w.namespaced(watcher::Config::default()),
+            secrets: w.namespaced(watcher::Config::default().fields("type=kubernetes.io/tls")),
+            config_maps: w.namespaced(watcher::Config::default()),
+            namespaces: w.cluster(watcher::Config::default()),
+        };
+        Ok(Watches {
+            stores,
+            changes,
+            tasks: w.tasks,
+            skipped: w.skipped,
+        })
+    }
+
+    /// A receiver that changes on every watch event after the initial lists.
+    pub fn changes(&self) -> watch::Receiver<u64> {
+        self.changes.clone()
+    }
+
+    /// Whether every reflector task is still running (for `/healthz`).
+    pub fn running(&self) -> bool {
+        self.tasks.iter().all(|t| !t.is_finished())
+    }
+
+    /// A cheap probe of [`Watches::running`] that can be moved into another task.
+    pub fn liveness(&self) -> impl Fn() -> bool + Send + Sync + 'static {
+        let handles: Vec<_> = self.tasks.iter().map(|t| t.abort_handle()).collect();
+        move || handles.iter().all(|h| !h.is_finished())
+    }
+
+    /// Wait until every store has seen its initial list, or the timeout passes.
+    pub async fn wait_ready(&self, timeout: Duration) -> bool {
+        let s = &self.stores;
+        let all = async {
+            macro_rules! ready {
+                ($($f:ident),*) => {$(
+                    for st in &s.$f.stores {
+                        if st.wait_until_ready().await.is_err() {
+                            return false;
+                        }
+                    }
+                )*};
+            }
+            ready!(
+                ingress_classes,
+                ingresses,
+                gateway_classes,
+                gateways,
+                http_routes,
+                grpc_routes,
+                tls_routes,
+                tcp_routes,
+                udp_routes,
+                reference_grants,
+                backend_tls_policies,
+                sites,
+                proxy_configs,
+                services,
+                endpoint_slices,
+                secrets,
+                config_maps,
+                namespaces
+            );
+            true
+        };
+        tokio::time::timeout(timeout, all).await.unwrap_or(false)
+    }
+}
+
+impl Drop for Watches {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+/// Resource plurals the cluster serves, per group/version.
+struct Served {
+    plurals: BTreeSet<(String, String)>,
+}
+
+impl Served {
+    async fn discover(client: &Client) -> Result<Served, Error> {
+        let mut plurals = BTreeSet::new();
+        for gv in [
+            "gateway.networking.k8s.io/v1",
+            &format!("{}/v1alpha1", sweety_crds::GROUP),
+        ] {
+            match client.list_api_group_resources(gv).await {
+                Ok(list) => {
+                    for r in list.resources {
+                        plurals.insert((gv.to_string(), r.name));
+                    }
+                }
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => return Err(Error::Kube(e)),
+            }
+        }
+        Ok(Served { plurals })
+    }
+
+    fn serves<K: Resource<DynamicType = ()>>(&self) -> bool {
+        let group = K::group(&());
+        if group.is_empty() || group == "networking.k8s.io" || group == "discovery.k8s.io" {
+            return true;
+        }
+        let gv = K::api_version(&()).to_string();
+        self.plurals.contains(&(gv, K::plural(&()).to_string()))
+    }
+}
+
+struct Starter {
+    client: Client,
+    namespaces: Vec<String>,
+    served: Served,
+    tx: Arc<watch::Sender<u64>>,
+    tasks: Vec<JoinHandle<()>>,
+    skipped: Vec<String>,
+}
+
+trait Watchable:
+    Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static
+{
+}
+impl<K> Watchable for K where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static
+{
+}
+
+impl Starter {
+    fn cluster<K: Watchable>(&mut self, config: watcher::Config) -> Stored<K> {
+        if !self.check::<K>() {
+            return Stored { stores: Vec::new() };
+        }
+        let api = Api::<K>::all(self.client.clone());
+        Stored {
+            stores: vec![self.spawn(api, config)],
+        }
+    }
+
+    fn namespaced<K: Watchable + Resource<Scope = kube::core::NamespaceResourceScope>>(
+        &mut self,
+        config: watcher::Config,
+    ) -> Stored<K> {
+        if !self.check::<K>() {
+            return Stored { stores: Vec::new() };
+        }
+        let stores = if self.namespaces.is_empty() {
+            vec![self.spawn(Api::<K>::all(self.client.clone()), config)]
+        } else {
+            let apis: Vec<_> = self
+                .namespaces
+                .iter()
+                .map(|ns| Api::<K>::namespaced(self.client.clone(), ns))
+                .collect();
+            apis.into_iter()
+                .map(|api| self.spawn(api, config.clone()))
+                .collect()
+        };
+        Stored { stores }
+    }
+
+    fn check<K: Watchable>(&mut self) -> bool {
+        if self.served.serves::<K>() {
+            return true;
+        }
+        let kind = K::kind(&()).to_string();
+        tracing::info!(
+            kind = %kind,
+            api_version = %K::api_version(&()),
+            "not served by the cluster (CRD not installed); not watching it"
+        );
+        self.skipped.push(kind);
+        false
+    }
+
+    fn spawn<K: Watchable>(&mut self, api: Api<K>, config: watcher::Config) -> Store<K> {
+        let (reader, writer) = reflector::store();
+        let tx = self.tx.clone();
+        let kind = K::kind(&()).to_string();
+        let stream = watcher(api, config)
+            .default_backoff()
+            .modify(|o: &mut K| o.meta_mut().managed_fields = None)
+            .reflect(writer);
+        self.tasks.push(tokio::spawn(async move {
+            let mut stream = std::pin::pin!(stream);
+            while let Some(event) = stream.next().await {
+                match event {
+                    Ok(watcher::Event::Init) | Ok(watcher::Event::InitApply(_)) => {}
+                    Ok(_) => {
+                        tx.send_modify(|n| *n = n.wrapping_add(1));
+                    }
+                    // The error says which request failed; it never carries object data.
+                    Err(e) => tracing::warn!(kind = %kind, error = %e, "watch error; retrying"),
+                }
+            }
+        }));
+        reader
+    }
+}
+
+/// Object counts per kind, for the `objects` metric.
+pub fn object_counts(s: &Snapshot) -> [(&'static str, usize); 18] {
+    [
+        ("IngressClass", s.ingress_classes.len()),
+        ("Ingress", s.ingresses.len()),
+        ("GatewayClass", s.gateway_classes.len()),
+        ("Gateway", s.gateways.len()),
+        ("HTTPRoute", s.http_routes.len()),
+        ("GRPCRoute", s.grpc_routes.len()),
+        ("TLSRoute", s.tls_routes.len()),
+        ("TCPRoute", s.tcp_routes.len()),
+        ("UDPRoute", s.udp_routes.len()),
+        ("ReferenceGrant", s.reference_grants.len()),
+        ("BackendTLSPolicy", s.backend_tls_policies.len()),
+        ("SweetySite", s.sites.len()),
+        ("SweetyProxyConfig", s.proxy_configs.len()),
+        ("Service", s.services.len()),
+        ("EndpointSlice", s.endpoint_slices.len()),
+        ("Secret", s.secrets.len()),
+        ("ConfigMap", s.config_maps.len()),
+        ("Namespace", s.namespaces.len()),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn references_cover_ingress_gateway_policy_and_site() {
+        let (s, _) = Snapshot::from_yaml(
+            r#"
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata: {name: i, namespace: a}
+spec:
+  tls: [{secretName: ing-cert}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: g, namespace: b}
+spec:
+  gatewayClassName: sweety
+  listeners:
+  - name: https
+    port: 443
+    protocol: HTTPS
+    tls:
+      certificateRefs:
+      - {name: gw-cert}
+      - {name: other-ns, namespace: c}
+      - {name: not-a-secret, group: example.com, kind: Vault}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: BackendTLSPolicy
+metadata: {name: p, namespace: d}
+spec:
+  targetRefs: [{group: "", kind: Service, name: s}]
+  validation:
+    hostname: s.example
+    caCertificateRefs: [{group: "", kind: ConfigMap, name: ca}]
+"#,
+        )
+        .unwrap();
+        let r = References::of(&s);
+        let set = |v: &[(&str, &str)]| -> HashSet<(String, String)> {
+            v.iter()
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+                .collect()
+        };
+        assert_eq!(
+            r.secrets,
+            set(&[("a", "ing-cert"), ("b", "gw-cert"), ("c", "other-ns")])
+        );
+        assert_eq!(r.config_maps, set(&[("d", "ca")]));
+    }
+
+    #[test]
+    fn site_references_cover_tls_and_static_config_maps() {
+        let (s, _) = Snapshot::from_yaml(
+            r#"
+apiVersion: sweety.dev/v1alpha1
+kind: SweetySite
+metadata: {name: site, namespace: ns}
+spec:
+  hostnames: [s.example]
+  tls: {secretName: site-cert}
+  routes:
+  - {path: /, static: {configMap: {name: pages}}}
+  - {path: /docs, static: {directory: /srv/docs}}
+  - {path: /api, proxy: {backends: [{service: api, port: 80}]}}
+"#,
+        )
+        .unwrap();
+        let r = References::of(&s);
+        assert!(r.secrets.contains(&("ns".into(), "site-cert".into())));
+        assert_eq!(r.secrets.len(), 1);
+        assert!(r.config_maps.contains(&("ns".into(), "pages".into())));
+        assert_eq!(r.config_maps.len(), 1);
+    }
+}

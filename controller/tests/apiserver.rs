@@ -1,0 +1,1482 @@
+//! The controller runtime against a real kube-apiserver + etcd (`e2e/controller-it.sh` starts
+//! one, installs the Gateway API CRDs and sets `SWEETY_KUBECONFIG`). Without that variable every
+//! test prints why it is skipped and passes.
+//!
+//! Tests run one at a time (a process-wide lock): one of them removes and restores a CRD.
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client, CustomResourceExt, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+use sweety_controller::gateway_services::{GatewayServices, GATEWAY_NAME_LABEL, MANAGED_BY_LABEL};
+use sweety_controller::leader::{LeaderElector, LeaseOptions};
+use sweety_controller::status_writer::{Gate, StatusWriter, FIELD_MANAGER};
+use sweety_controller::translate::status::*;
+use sweety_controller::translate::{GatewayService, ServicePort, Snapshot};
+use sweety_controller::watch::{WatchOptions, Watches};
+use sweety_gateway_api as gw;
+
+static LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+const CONTROLLER: &str = "sweety.dev/gateway-controller";
+
+/// A client for the test cluster with our CRDs installed, or `None` (after saying why).
+async fn cluster() -> Option<Client> {
+    let Some(path) = std::env::var_os("SWEETY_KUBECONFIG") else {
+        eprintln!(
+            "SKIPPED: SWEETY_KUBECONFIG is not set; run e2e/controller-it.sh to test against a real kube-apiserver"
+        );
+        return None;
+    };
+    let kc = kube::config::Kubeconfig::read_from(&path).expect("read SWEETY_KUBECONFIG");
+    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .expect("kubeconfig");
+    let client = Client::try_from(config).expect("client");
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in [
+        sweety_crds::SweetySite::crd(),
+        sweety_crds::SweetyProxyConfig::crd(),
+    ] {
+        let name = crd.name_any();
+        crds.patch(
+            &name,
+            &PatchParams::apply("sweety-test").force(),
+            &Patch::Apply(&crd),
+        )
+        .await
+        .expect("apply CRD");
+        wait_for(&format!("CRD {name} established"), || async {
+            let c = crds.get(&name).await.ok()?;
+            let ok = c
+                .status?
+                .conditions?
+                .iter()
+                .any(|c| c.type_ == "Established" && c.status == "True");
+            ok.then_some(())
+        })
+        .await;
+    }
+    Some(client)
+}
+
+/// Poll `f` every 100 ms until it returns `Some`, for at most 20 s.
+async fn wait_for<T, F, Fut>(what: &str, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    for _ in 0..200 {
+        if let Some(v) = f().await {
+            return v;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+/// A fresh namespace for one test.
+async fn namespace(client: &Client, prefix: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    let name = format!("{prefix}-{nanos:x}");
+    let api: Api<Namespace> = Api::all(client.clone());
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
+    api.create(&PostParams::default(), &ns)
+        .await
+        .expect("create namespace");
+    name
+}
+
+async fn drop_namespace(client: &Client, name: &str) {
+    let api: Api<Namespace> = Api::all(client.clone());
+    let _ = api.delete(name, &DeleteParams::default()).await;
+}
+
+async fn create<K>(api: &Api<K>, value: Value) -> Arc<K>
+where
+    K: Resource + Clone + DeserializeOwned + serde::Serialize + std::fmt::Debug,
+{
+    let obj: K = serde_json::from_value(value).expect("object");
+    Arc::new(
+        api.create(&PostParams::default(), &obj)
+            .await
+            .expect("create"),
+    )
+}
+
+async fn get<K>(api: &Api<K>, name: &str) -> Arc<K>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    Arc::new(api.get(name).await.expect("get"))
+}
+
+fn names<K: Resource>(list: &[Arc<K>]) -> Vec<String> {
+    let mut v: Vec<String> = list
+        .iter()
+        .map(|o| o.meta().name.clone().unwrap_or_default())
+        .collect();
+    v.sort();
+    v
+}
+
+#[tokio::test]
+async fn watch_layer_sees_created_objects_and_filters_secrets() {
+    let _guard = LOCK.lock().await;
+    let Some(client) = cluster().await else {
+        return;
+    };
+    let ns = namespace(&client, "watch").await;
+    let watches = Watches::start(
+        client.clone(),
+        &WatchOptions {
+            namespaces: vec![ns.clone()],
+        },
+    )
+    .await
+    .expect("start watches");
+    assert!(watches.skipped.is_empty(), "skipped: {:?}", watches.skipped);
+    assert!(
+        watches.wait_ready(Duration::from_secs(20)).await,
+        "initial lists"
+    );
+    assert!(watches.running());
+    let mut changes = watches.changes();
+    let before = *changes.borrow_and_update();
+
+    let tls = |name: &str| {
+        json!({"metadata": {"name": name}, "type": "kubernetes.io/tls",
+               "data": {"tls.crt": "Y3J0", "tls.key": "a2V5"}})
+    };
+    create::<Secret>(&Api::namespaced(client.clone(), &ns), tls("gw-cert")).await;
+    create::<Secret>(&Api::namespaced(client.clone(), &ns), tls("ing-cert")).await;
+    create::<Secret>(&Api::namespaced(client.clone(), &ns), tls("unreferenced")).await;
+    create::<Secret>(&Api::namespaced(client.clone(), &ns), tls("site-cert")).await;
+    create::<Secret>(
+        &Api::namespaced(client.clone(), &ns),
+        json!({"metadata": {"name": "opaque"}, "stringData": {"a": "b"}}),
+    )
+    .await;
+    create::<k8s_openapi::api::core::v1::ConfigMap>(
+        &Api::namespaced(client.clone(), &ns),
+        json!({"metadata": {"name": "ca"}, "data": {"ca.crt": "x"}}),
+    )
+    .await;
+    create::<k8s_openapi::api::core::v1::ConfigMap>(
+        &Api::namespaced(client.clone(), &ns),
+        json!({"metadata": {"name": "other"}, "data": {"a": "b"}}),
+    )
+    .await;
+    create::<k8s_openapi::api::core::v1::ConfigMap>(
+        &Api::namespaced(client.clone(), &ns),
+        json!({"metadata": {"name": "pages"}, "data": {"index.html": "hi"}}),
+    )
+    .await;
+    create::<gw::gateways::Gateway>(&Api::namespaced(client.clone(), &ns), json!({
+        "metadata": {"name": "gw"},
+        "spec": {"gatewayClassName": "sweety", "listeners": [
+            {"name": "https", "port": 443, "protocol": "HTTPS", "tls": {"certificateRefs": [{"name": "gw-cert"}]}}
+        ]}
+    })).await;
+    create::<gw::httproutes::HttpRoute>(&Api::namespaced(client.clone(), &ns), json!({
+        "metadata": {"name": "route"},
+        "spec": {"parentRefs": [{"name": "gw"}], "rules": [{"backendRefs": [{"name": "svc", "port": 80}]}]}
+    })).await;
+    create::<gw::backendtlspolicies::BackendTlsPolicy>(&Api::namespaced(client.clone(), &ns), json!({
+        "metadata": {"name": "btls"},
+        "spec": {"targetRefs": [{"group": "", "kind": "Service", "name": "svc"}],
+                 "validation": {"hostname": "svc.example", "caCertificateRefs": [{"group": "", "kind": "ConfigMap", "name": "ca"}]}}
+    })).await;
+    create::<k8s_openapi::api::networking::v1::Ingress>(&Api::namespaced(client.clone(), &ns), json!({
+        "metadata": {"name": "ing"},
+        "spec": {"ingressClassName": "sweety", "tls": [{"secretName": "ing-cert"}],
+                 "rules": [{"host": "a.example", "http": {"paths": [{"path": "/", "pathType": "Prefix",
+                   "backend": {"service": {"name": "svc", "port": {"number": 80}}}}]}}]}
+    })).await;
+    create::<Service>(
+        &Api::namespaced(client.clone(), &ns),
+        json!({
+            // No selector: the EndpointSlice below is the only one (kube-controller-manager runs).
+            "metadata": {"name": "svc"}, "spec": {"ports": [{"port": 80}]}
+        }),
+    )
+    .await;
+    create::<k8s_openapi::api::discovery::v1::EndpointSlice>(
+        &Api::namespaced(client.clone(), &ns),
+        json!({
+            "metadata": {"name": "svc-1", "labels": {"kubernetes.io/service-name": "svc"}},
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": ["10.1.2.3"], "conditions": {"ready": true}}],
+            "ports": [{"port": 8080, "protocol": "TCP"}]
+        }),
+    )
+    .await;
+    create::<sweety_crds::SweetySite>(
+        &Api::namespaced(client.clone(), &ns),
+        json!({
+            "apiVersion": "sweety.dev/v1alpha1", "kind": "SweetySite",
+            "metadata": {"name": "site"},
+        "spec": {"hostnames": ["s.example"], "tls": {"secretName": "site-cert"},
+                 "routes": [{"path": "/", "static": {"configMap": {"name": "pages"}}}]}
+        }),
+    )
+    .await;
+    // Outside the watched namespace: never seen.
+    let other = namespace(&client, "unwatched").await;
+    create::<Service>(
+        &Api::namespaced(client.clone(), &other),
+        json!({
+            "metadata": {"name": "elsewhere"}, "spec": {"ports": [{"port": 80}]}
+        }),
+    )
+    .await;
+
+    let snap: Snapshot = wait_for("snapshot with every object", || async {
+        let s = watches.stores.snapshot();
+        let done = s.gateways.len() == 1
+            && s.http_routes.len() == 1
+            && s.ingresses.len() == 1
+            && s.backend_tls_policies.len() == 1
+            && s.sites.len() == 1
+            && s.endpoint_slices.len() == 1
+            && s.secrets.len() == 3
+            && s.config_maps.len() == 2;
+        if !done {
+            eprintln!(
+                "waiting: gateways {} routes {} ingresses {} policies {} sites {} slices {} secrets {} config maps {}",
+                s.gateways.len(), s.http_routes.len(), s.ingresses.len(), s.backend_tls_policies.len(),
+                s.sites.len(), s.endpoint_slices.len(), s.secrets.len(), s.config_maps.len()
+            );
+        }
+        done.then_some(s)
+    })
+    .await;
+    assert_eq!(names(&snap.secrets), ["gw-cert", "ing-cert", "site-cert"]);
+    assert_eq!(names(&snap.config_maps), ["ca", "pages"]);
+    assert_eq!(names(&snap.services), ["svc"], "only the watched namespace");
+    assert_eq!(names(&snap.sites), ["site"]);
+    assert_eq!(snap.sites[0].spec.hostnames, ["s.example"]);
+    let eps = &snap.endpoint_slices[0].endpoints[0].addresses;
+    assert_eq!(eps, &["10.1.2.3".to_string()]);
+    assert!(
+        snap.gateways[0].metadata.managed_fields.is_none(),
+        "managedFields stripped"
+    );
+    assert!(
+        *changes.borrow_and_update() > before,
+        "watch events bumped the change counter"
+    );
+
+    // A deletion reaches the snapshot too.
+    let routes: Api<gw::httproutes::HttpRoute> = Api::namespaced(client.clone(), &ns);
+    routes
+        .delete("route", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_for("route deletion seen", || async {
+        watches
+            .stores
+            .snapshot()
+            .http_routes
+            .is_empty()
+            .then_some(())
+    })
+    .await;
+    drop_namespace(&client, &ns).await;
+    drop_namespace(&client, &other).await;
+}
+
+#[tokio::test]
+async fn missing_optional_crd_is_skipped_not_fatal() {
+    let _guard = LOCK.lock().await;
+    let Some(client) = cluster().await else {
+        return;
+    };
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let name = "udproutes.gateway.networking.k8s.io";
+    let mut saved = crds.get(name).await.expect("UDPRoute CRD installed");
+    crds.delete(name, &DeleteParams::default()).await.unwrap();
+    wait_for("UDPRoute CRD gone", || async {
+        crds.get_opt(name).await.ok()?.is_none().then_some(())
+    })
+    .await;
+    let result = async {
+        let watches = Watches::start(client.clone(), &WatchOptions::default())
+            .await
+            .expect("start");
+        let ready = watches.wait_ready(Duration::from_secs(20)).await;
+        (
+            watches.skipped.clone(),
+            ready,
+            watches.stores.udp_routes.watched(),
+            watches.stores.tcp_routes.watched(),
+        )
+    }
+    .await;
+    // Restore the CRD before asserting.
+    // Labels and annotations stay: Gateway API's admission policy checks the bundle version.
+    saved.metadata = kube::api::ObjectMeta {
+        name: Some(name.into()),
+        labels: saved.metadata.labels.take(),
+        annotations: saved.metadata.annotations.take(),
+        ..Default::default()
+    };
+    saved.status = None;
+    wait_for("UDPRoute CRD restored", || async {
+        match crds.create(&PostParams::default(), &saved).await {
+            Ok(_) => Some(()),
+            Err(e) => {
+                eprintln!("restoring the UDPRoute CRD: {e}");
+                None
+            }
+        }
+    })
+    .await;
+    wait_for("UDPRoute served again", || async {
+        let list = client
+            .list_api_group_resources("gateway.networking.k8s.io/v1")
+            .await
+            .ok()?;
+        list.resources
+            .iter()
+            .any(|r| r.name == "udproutes")
+            .then_some(())
+    })
+    .await;
+    let (skipped, ready, udp, tcp) = result;
+    assert_eq!(skipped, ["UDPRoute"]);
+    assert!(ready, "the other watches start");
+    assert!(!udp && tcp);
+}
+
+#[tokio::test]
+async fn leader_election_with_two_candidates() {
+    let _guard = LOCK.lock().await;
+    let Some(client) = cluster().await else {
+        return;
+    };
+    let ns = namespace(&client, "lease").await;
+    let opts = |id: &str| LeaseOptions {
+        namespace: ns.clone(),
+        name: "sweety-controller".into(),
+        identity: id.into(),
+        lease_duration: Duration::from_secs(2),
+        renew_every: Duration::from_millis(300),
+    };
+    let a = LeaderElector::new(client.clone(), opts("a"));
+    let b = LeaderElector::new(client.clone(), opts("b"));
+    assert!(
+        a.try_acquire_or_renew().await.unwrap(),
+        "a acquires the new lease"
+    );
+    assert!(!b.try_acquire_or_renew().await.unwrap(), "b must wait");
+    assert!(a.try_acquire_or_renew().await.unwrap(), "a renews");
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
+    let l = leases.get("sweety-controller").await.unwrap();
+    assert_eq!(
+        l.spec.as_ref().unwrap().holder_identity.as_deref(),
+        Some("a")
+    );
+
+    // Release: b takes over at once.
+    a.release().await.unwrap();
+    assert!(
+        b.try_acquire_or_renew().await.unwrap(),
+        "b takes the released lease"
+    );
+    assert!(!a.try_acquire_or_renew().await.unwrap());
+    let l = leases.get("sweety-controller").await.unwrap();
+    assert_eq!(
+        l.spec.as_ref().unwrap().holder_identity.as_deref(),
+        Some("b")
+    );
+    assert_eq!(l.spec.as_ref().unwrap().lease_transitions, Some(1));
+
+    // Expiry: b stops renewing; a takes over once the 2 s lease ran out, not before.
+    let mut tries = 0;
+    wait_for("a takes over the expired lease", || {
+        tries += 1;
+        let a = a.clone();
+        async move { a.try_acquire_or_renew().await.unwrap().then_some(()) }
+    })
+    .await;
+    assert!(tries > 5, "took over only after expiry ({tries} tries)");
+
+    // The background loops: a leads; releasing hands over to b's loop.
+    let la = a.clone().spawn();
+    let wa = la.watch();
+    wait_for("a's loop leads", || async { (*wa.borrow()).then_some(()) }).await;
+    let lb = b.clone().spawn();
+    let wb = lb.watch();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert!(!*wb.borrow(), "b does not lead while a renews");
+    la.release().await.unwrap();
+    wait_for("b's loop leads after a's release", || async {
+        (*wb.borrow()).then_some(())
+    })
+    .await;
+    assert!(lb.is_leader());
+    lb.release().await.unwrap();
+    let l = leases.get("sweety-controller").await.unwrap();
+    assert_eq!(l.spec.as_ref().unwrap().holder_identity, None, "released");
+    drop_namespace(&client, &ns).await;
+}
+
+fn cond(t: &str, ok: bool, reason: &str, generation: i64) -> Condition {
+    Condition::new(t, ok, reason, format!("{t} {reason}"), generation)
+}
+
+fn find<'a>(list: &'a Value, field: &str, value: &str) -> &'a Value {
+    list.as_array()
+        .and_then(|l| l.iter().find(|e| e[field] == value))
+        .unwrap_or_else(|| panic!("no {field}={value} in {list}"))
+}
+
+#[tokio::test]
+async fn status_writer_writes_only_changes_and_keeps_foreign_parents() {
+    let _guard = LOCK.lock().await;
+    let Some(client) = cluster().await else {
+        return;
+    };
+    let ns = namespace(&client, "status").await;
+    let class_name = format!("{ns}-class");
+    create::<gw::gatewayclasses::GatewayClass>(
+        &Api::all(client.clone()),
+        json!({
+            "metadata": {"name": class_name}, "spec": {"controllerName": CONTROLLER}
+        }),
+    )
+    .await;
+    create::<gw::gateways::Gateway>(&Api::namespaced(client.clone(), &ns), json!({
+        "metadata": {"name": "gw"},
+        "spec": {"gatewayClassName": class_name, "listeners": [{"name": "http", "port": 80, "protocol": "HTTP"}]}
+    })).await;
+    create::<gw::httproutes::HttpRoute>(
+        &Api::namespaced(client.clone(), &ns),
+        json!({
+            "metadata": {"name": "route"},
+            "spec": {"parentRefs": [{"name": "gw"}, {"name": "theirs"}]}
+        }),
+    )
+    .await;
+    create::<k8s_openapi::api::networking::v1::Ingress>(
+        &Api::namespaced(client.clone(), &ns),
+        json!({
+            "metadata": {"name": "ing"},
+            "spec": {"defaultBackend": {"service": {"name": "svc", "port": {"number": 80}}}}
+        }),
+    )
+    .await;
+
+    // Another controller already reports on the route.
+    let routes: Api<gw::httproutes::HttpRoute> = Api::namespaced(client.clone(), &ns);
+    let foreign = json!({
+        "parentRef": {"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "theirs"},
+        "controllerName": "example.com/other",
+        "conditions": [{"type": "Accepted", "status": "True", "reason": "Accepted", "message": "theirs",
+                        "lastTransitionTime": "2020-01-01T00:00:00Z", "observedGeneration": 1}]
+    });
+    routes
+        .patch_status(
+            "route",
+            &PatchParams::apply("other-controller"),
+            &Patch::Apply(json!({
+                "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+                "metadata": {"name": "route"}, "status": {"parents": [foreign.clone()]}
+            })),
+        )
+        .await
+        .expect("foreign status");
+
+    let snapshot = |client: Client, ns: String, class: String| async move {
+        Snapshot {
+            gateway_classes: vec![get(&Api::all(client.clone()), &class).await],
+            gateways: vec![get(&Api::namespaced(client.clone(), &ns), "gw").await],
+            http_routes: vec![get(&Api::namespaced(client.clone(), &ns), "route").await],
+            ingresses: vec![get(&Api::namespaced(client.clone(), &ns), "ing").await],
+            ..Default::default()
+        }
+    };
+    let mut statuses = Statuses::new();
+    statuses.insert(
+        ObjectKey::new("GatewayClass", "", &class_name),
+        ObjectStatus::GatewayClass(GatewayClassStatus {
+            conditions: vec![cond("Accepted", true, "Accepted", 1)],
+            supported_features: vec!["Gateway".into(), "HTTPRoute".into()],
+        }),
+    );
+    statuses.insert(
+        ObjectKey::new("Gateway", &ns, "gw"),
+        ObjectStatus::Gateway(GatewayStatus {
+            addresses: vec![Address {
+                type_: "IPAddress".into(),
+                value: "192.0.2.10".into(),
+            }],
+            conditions: vec![
+                cond("Accepted", true, "Accepted", 1),
+                cond("Programmed", true, "Programmed", 1),
+            ],
+            listeners: vec![ListenerStatus {
+                name: "http".into(),
+                supported_kinds: vec![RouteGroupKind {
+                    group: "gateway.networking.k8s.io".into(),
+                    kind: "HTTPRoute".into(),
+                }],
+                attached_routes: 1,
+                conditions: vec![
+                    cond("Accepted", true, "Accepted", 1),
+                    cond("Programmed", true, "Programmed", 1),
+                ],
+            }],
+        }),
+    );
+    statuses.insert(
+        ObjectKey::new("HTTPRoute", &ns, "route"),
+        ObjectStatus::Route(RouteStatus {
+            parents: vec![RouteParentStatus {
+                parent_ref: ParentRef {
+                    name: "gw".into(),
+                    ..Default::default()
+                },
+                controller_name: CONTROLLER.into(),
+                conditions: vec![
+                    cond("Accepted", true, "Accepted", 1),
+                    cond("ResolvedRefs", false, "BackendNotFound", 1),
+                ],
+            }],
+        }),
+    );
+    statuses.insert(
+        ObjectKey::new("Ingress", &ns, "ing"),
+        ObjectStatus::Ingress(IngressStatus {
+            load_balancer: vec![LoadBalancerIngress {
+                ip: Some("192.0.2.20".into()),
+                hostname: None,
+            }],
+        }),
+    );
+
+    // 1. Dataplane has not acked yet: Programmed is held as Unknown/Pending.
+    let mut writer = StatusWriter::new(client.clone(), CONTROLLER);
+    let snap = snapshot(client.clone(), ns.clone(), class_name.clone()).await;
+    let report = writer.write(&statuses, &snap, &Gate::default()).await;
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    assert_eq!(report.written.len(), 4, "{:?}", report.written);
+
+    let gw_obj = get::<gw::gateways::Gateway>(&Api::namespaced(client.clone(), &ns), "gw").await;
+    let gw_status = serde_json::to_value(&gw_obj.status).unwrap();
+    let programmed = find(&gw_status["conditions"], "type", "Programmed");
+    assert_eq!(programmed["status"], "Unknown");
+    assert_eq!(programmed["reason"], "Pending");
+    let accepted_time =
+        find(&gw_status["conditions"], "type", "Accepted")["lastTransitionTime"].clone();
+    assert!(accepted_time.as_str().unwrap().ends_with('Z'));
+    assert_eq!(
+        find(&gw_status["conditions"], "type", "Accepted")["observedGeneration"],
+        1
+    );
+    assert_eq!(
+        gw_status["addresses"],
+        json!([{"type": "IPAddress", "value": "192.0.2.10"}])
+    );
+    let listener = find(&gw_status["listeners"], "name", "http");
+    assert_eq!(listener["attachedRoutes"], 1);
+    assert_eq!(
+        find(&listener["conditions"], "type", "Programmed")["status"],
+        "Unknown"
+    );
+
+    let class =
+        get::<gw::gatewayclasses::GatewayClass>(&Api::all(client.clone()), &class_name).await;
+    let class_status = serde_json::to_value(&class.status).unwrap();
+    assert_eq!(
+        class_status["supportedFeatures"],
+        json!([{"name": "Gateway"}, {"name": "HTTPRoute"}])
+    );
+    assert_eq!(
+        find(&class_status["conditions"], "type", "Accepted")["status"],
+        "True"
+    );
+
+    let route =
+        get::<gw::httproutes::HttpRoute>(&Api::namespaced(client.clone(), &ns), "route").await;
+    let parents = serde_json::to_value(&route.status).unwrap()["parents"].clone();
+    assert_eq!(parents.as_array().unwrap().len(), 2, "{parents}");
+    assert_eq!(
+        find(&parents, "controllerName", "example.com/other"),
+        &foreign
+    );
+    let ours = find(&parents, "controllerName", CONTROLLER);
+    assert_eq!(ours["parentRef"]["name"], "gw");
+    assert_eq!(
+        find(&ours["conditions"], "type", "ResolvedRefs")["reason"],
+        "BackendNotFound"
+    );
+
+    let ing = get::<k8s_openapi::api::networking::v1::Ingress>(
+        &Api::namespaced(client.clone(), &ns),
+        "ing",
+    )
+    .await;
+    let lb = ing
+        .status
+        .as_ref()
+        .unwrap()
+        .load_balancer
+        .as_ref()
+        .unwrap()
+        .ingress
+        .as_ref()
+        .unwrap();
+    assert_eq!(lb[0].ip.as_deref(), Some("192.0.2.20"));
+
+    // 2. Unchanged: nothing written (same writer, and a fresh writer that only sees the
+    // objects' current status); resourceVersions stay.
+    let rvs = |s: &Snapshot| {
+        (
+            s.gateway_classes[0].resource_version(),
+            s.gateways[0].resource_version(),
+            s.http_routes[0].resource_version(),
+            s.ingresses[0].resource_version(),
+        )
+    };
+    let snap = snapshot(client.clone(), ns.clone(), class_name.clone()).await;
+    let before = rvs(&snap);
+    let report = writer.write(&statuses, &snap, &Gate::default()).await;
+    assert!(
+        report.written.is_empty() && report.errors.is_empty(),
+        "{report:?}"
+    );
+    let mut fresh = StatusWriter::new(client.clone(), CONTROLLER);
+    let report = fresh.write(&statuses, &snap, &Gate::default()).await;
+    assert!(
+        report.written.is_empty() && report.errors.is_empty(),
+        "fresh writer: {report:?}"
+    );
+    assert_eq!(report.unchanged, 4);
+    let snap = snapshot(client.clone(), ns.clone(), class_name.clone()).await;
+    assert_eq!(rvs(&snap), before, "no write happened");
+
+    // 3. The dataplane acked: Programmed flips to True with a new time; Accepted keeps its time.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let report = writer.write(&statuses, &snap, &Gate::open()).await;
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    let mut written: Vec<_> = report.written.iter().map(|k| k.kind.as_str()).collect();
+    written.sort();
+    assert_eq!(
+        written,
+        ["Gateway"],
+        "only the Gateway has Programmed conditions"
+    );
+    let gw_obj = get::<gw::gateways::Gateway>(&Api::namespaced(client.clone(), &ns), "gw").await;
+    let gw_status = serde_json::to_value(&gw_obj.status).unwrap();
+    let programmed = find(&gw_status["conditions"], "type", "Programmed");
+    assert_eq!(programmed["status"], "True");
+    assert_ne!(programmed["lastTransitionTime"], accepted_time);
+    assert_eq!(
+        find(&gw_status["conditions"], "type", "Accepted")["lastTransitionTime"],
+        accepted_time
+    );
+    assert_eq!(
+        gw_obj
+            .meta()
+            .managed_fields
+            .iter()
+            .flatten()
+            .filter(|m| m.manager.as_deref() == Some(FIELD_MANAGER))
+            .count(),
+        1
+    );
+
+    // 4. The route no longer attaches to our Gateway: our entry goes, the foreign one stays.
+    statuses.remove(&ObjectKey::new("HTTPRoute", &ns, "route"));
+    let snap = snapshot(client.clone(), ns.clone(), class_name.clone()).await;
+    let report = writer.write(&statuses, &snap, &Gate::open()).await;
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    assert!(
+        report
+            .written
+            .contains(&ObjectKey::new("HTTPRoute", &ns, "route")),
+        "{report:?}"
+    );
+    let route =
+        get::<gw::httproutes::HttpRoute>(&Api::namespaced(client.clone(), &ns), "route").await;
+    let parents = serde_json::to_value(&route.status).unwrap()["parents"].clone();
+    assert_eq!(parents, json!([foreign]));
+
+    // 5. A writer that lost the lease writes nothing, even with changes pending.
+    let (leading, follower) = tokio::sync::watch::channel(false);
+    let mut follower = StatusWriter::new(client.clone(), CONTROLLER).with_leadership(follower);
+    statuses.insert(
+        ObjectKey::new("Ingress", &ns, "ing"),
+        ObjectStatus::Ingress(IngressStatus {
+            load_balancer: vec![LoadBalancerIngress {
+                ip: Some("192.0.2.99".into()),
+                hostname: None,
+            }],
+        }),
+    );
+    let snap = snapshot(client.clone(), ns.clone(), class_name.clone()).await;
+    let report = follower.write(&statuses, &snap, &Gate::open()).await;
+    assert!(report.not_leader && report.written.is_empty(), "{report:?}");
+    let ing = get::<k8s_openapi::api::networking::v1::Ingress>(
+        &Api::namespaced(client.clone(), &ns),
+        "ing",
+    )
+    .await;
+    let lb = ing
+        .status
+        .as_ref()
+        .unwrap()
+        .load_balancer
+        .as_ref()
+        .unwrap()
+        .ingress
+        .as_ref()
+        .unwrap();
+    assert_eq!(lb[0].ip.as_deref(), Some("192.0.2.20"), "not written");
+    leading.send(true).unwrap();
+    let report = follower.write(&statuses, &snap, &Gate::open()).await;
+    assert!(!report.not_leader && report.errors.is_empty(), "{report:?}");
+    assert_eq!(report.written, [ObjectKey::new("Ingress", &ns, "ing")]);
+
+    // 6. Conditions on an Ingress (it has no conditions field) become Events, once per change.
+    let mut events_writer = StatusWriter::new(client.clone(), CONTROLLER).with_events(
+        kube::runtime::events::Reporter {
+            controller: FIELD_MANAGER.into(),
+            instance: Some("test".into()),
+        },
+    );
+    let mut only_conditions = Statuses::new();
+    let bad = ObjectKey::new("Ingress", &ns, "ing-bad");
+    only_conditions.insert(
+        bad.clone(),
+        ObjectStatus::Conditions(vec![cond("Accepted", false, "InvalidBackend", 1)]),
+    );
+    let report = events_writer
+        .write(&only_conditions, &snap, &Gate::open())
+        .await;
+    assert_eq!(report.written, std::slice::from_ref(&bad), "{report:?}");
+    let report = events_writer
+        .write(&only_conditions, &snap, &Gate::open())
+        .await;
+    assert!(report.written.is_empty(), "published once: {report:?}");
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), &ns);
+    let list = events.list(&Default::default()).await.unwrap();
+    let ev = list
+        .items
+        .iter()
+        .find(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("ing-bad"))
+        .expect("an Event about ing-bad");
+    assert_eq!(ev.reason.as_deref(), Some("InvalidBackend"));
+    assert_eq!(ev.type_.as_deref(), Some("Warning"));
+    assert_eq!(ev.reporting_controller.as_deref(), Some(FIELD_MANAGER));
+    assert!(
+        ev.note.as_deref().unwrap_or("").contains("Accepted=False"),
+        "{ev:?}"
+    );
+
+    let classes: Api<gw::gatewayclasses::GatewayClass> = Api::all(client.clone());
+    let _ = classes.delete(&class_name, &DeleteParams::default()).await;
+    drop_namespace(&client, &ns).await;
+}
+
+#[tokio::test]
+async fn gateway_services_are_created_updated_and_deleted() {
+    let _guard = LOCK.lock().await;
+    let Some(client) = cluster().await else {
+        return;
+    };
+    let ns = namespace(&client, "gwsvc").await;
+    let selector = BTreeMap::from([("app.kubernetes.io/name".to_string(), "sweety".to_string())]);
+    let services = GatewayServices::new(client.clone(), &ns, selector.clone(), FIELD_MANAGER);
+    // Someone else's Service in the same namespace is never touched.
+    create::<Service>(
+        &Api::namespaced(client.clone(), &ns),
+        json!({
+            "metadata": {"name": "unrelated", "labels": {MANAGED_BY_LABEL: "sweety"}},
+            "spec": {"ports": [{"port": 80}]}
+        }),
+    )
+    .await;
+    let mut desired = vec![
+        GatewayService {
+            gateway_namespace: "apps".into(),
+            gateway_name: "web".into(),
+            name: "sweety-gw-apps-web".into(),
+            service_type: "ClusterIP".into(),
+            ports: vec![
+                ServicePort {
+                    name: "http".into(),
+                    protocol: "TCP".into(),
+                    port: 80,
+                    target_port: 20000,
+                },
+                ServicePort {
+                    name: "quic".into(),
+                    protocol: "UDP".into(),
+                    port: 443,
+                    target_port: 20001,
+                },
+            ],
+            requested_addresses: vec![],
+        },
+        GatewayService {
+            gateway_namespace: "apps".into(),
+            gateway_name: "lb".into(),
+            name: "sweety-gw-apps-lb".into(),
+            service_type: "LoadBalancer".into(),
+            ports: vec![ServicePort {
+                name: "tcp".into(),
+                protocol: "TCP".into(),
+                port: 5432,
+                target_port: 20002,
+            }],
+            requested_addresses: vec![],
+        },
+    ];
+    let report = services.sync(&desired).await.expect("sync");
+    assert_eq!(report.applied.len(), 2);
+    let api: Api<Service> = Api::namespaced(client.clone(), &ns);
+    let web = api.get("sweety-gw-apps-web").await.unwrap();
+    let labels = web.labels();
+    assert_eq!(
+        labels.get(MANAGED_BY_LABEL).map(String::as_str),
+        Some("sweety")
+    );
+    assert_eq!(
+        labels.get(GATEWAY_NAME_LABEL).map(String::as_str),
+        Some("web")
+    );
+    assert_eq!(
+        labels
+            .get("sweety.dev/gateway-namespace")
+            .map(String::as_str),
+        Some("apps")
+    );
+    let spec = web.spec.as_ref().unwrap();
+    assert_eq!(spec.type_.as_deref(), Some("ClusterIP"));
+    assert_eq!(spec.selector.as_ref(), Some(&selector));
+    let ports: Vec<_> = spec
+        .ports
+        .iter()
+        .flatten()
+        .map(|p| {
+            (
+                p.protocol.clone().unwrap(),
+                p.port,
+                p.target_port.clone().unwrap(),
+            )
+        })
+        .collect();
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int;
+    assert_eq!(
+        ports,
+        [
+            ("TCP".to_string(), 80, Int(20000)),
+            ("UDP".to_string(), 443, Int(20001))
+        ]
+    );
+    let lb = api.get("sweety-gw-apps-lb").await.unwrap();
+    assert_eq!(
+        lb.spec.as_ref().unwrap().type_.as_deref(),
+        Some("LoadBalancer")
+    );
+
+    // Unchanged: no writes.
+    let rv = web.resource_version();
+    let report = services.sync(&desired).await.unwrap();
+    assert!(
+        report.applied.is_empty() && report.deleted.is_empty(),
+        "{report:?}"
+    );
+    assert_eq!(report.unchanged, 2);
+    assert_eq!(
+        api.get("sweety-gw-apps-web")
+            .await
+            .unwrap()
+            .resource_version(),
+        rv
+    );
+
+    // Update: a listener moved to another container port, one removed.
+    desired[0].ports = vec![ServicePort {
+        name: "http".into(),
+        protocol: "TCP".into(),
+        port: 80,
+        target_port: 20005,
+    }];
+    let report = services.sync(&desired).await.unwrap();
+    assert_eq!(report.applied, ["sweety-gw-apps-web"]);
+    let web = api.get("sweety-gw-apps-web").await.unwrap();
+    let ports: Vec<_> = web
+        .spec
+        .unwrap()
+        .ports
+        .unwrap()
+        .into_iter()
+        .map(|p| (p.port, p.target_port.unwrap()))
+        .collect();
+    assert_eq!(ports, [(80, Int(20005))]);
+
+    // The lb Gateway is gone: its Service is deleted; the unrelated one stays.
+    desired.truncate(1);
+    let report = services.sync(&desired).await.unwrap();
+    assert_eq!(report.deleted, ["sweety-gw-apps-lb"]);
+    assert!(api.get_opt("sweety-gw-apps-lb").await.unwrap().is_none());
+    assert!(api.get_opt("unrelated").await.unwrap().is_some());
+    assert!(api.get_opt("sweety-gw-apps-web").await.unwrap().is_some());
+    drop_namespace(&client, &ns).await;
+}
+
+#[tokio::test]
+async fn run_loop_leads_reconciles_on_changes_and_releases() {
+    use sweety_controller::health::Health;
+    use sweety_controller::metrics::Metrics;
+    use sweety_controller::push::{PushOptions, Pusher};
+    use sweety_controller::run::{run, RunOptions};
+    use sweety_controller::translate::Params;
+    let _guard = LOCK.lock().await;
+    let Some(client) = cluster().await else {
+        return;
+    };
+    let ns = namespace(&client, "run").await;
+    let services: Api<Service> = Api::namespaced(client.clone(), &ns);
+    // An owned per-Gateway Service no Gateway asks for any more: the leader deletes it.
+    create(&services, json!({
+        "metadata": {"name": "sweety-gw-stale", "labels": {MANAGED_BY_LABEL: "sweety", GATEWAY_NAME_LABEL: "gone"}},
+        "spec": {"ports": [{"port": 80}]}
+    })).await;
+    let dir = tempfile::tempdir().unwrap();
+    let options = RunOptions {
+        params: Params {
+            namespace: ns.clone(),
+            content_dir: dir.path().join("content").to_string_lossy().into_owned(),
+            ..Params::default()
+        },
+        watch: WatchOptions {
+            namespaces: vec![ns.clone()],
+        },
+        debounce: Duration::from_millis(50),
+        lease: Some(LeaseOptions {
+            namespace: ns.clone(),
+            name: "sweety-controller".into(),
+            identity: "run-test".into(),
+            lease_duration: Duration::from_secs(5),
+            renew_every: Duration::from_secs(1),
+        }),
+        dataplane_selector: BTreeMap::from([("app".to_string(), "sweety".to_string())]),
+        initial_sync_timeout: Duration::from_secs(20),
+    };
+    let pusher = Pusher::spawn(PushOptions {
+        socket: dir.path().join("control.sock"),
+        ..PushOptions::default()
+    });
+    let health = Health::new(Arc::new(Metrics::default()));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(run(
+        client.clone(),
+        options,
+        pusher,
+        health.clone(),
+        async {
+            let _ = stopped.await;
+        },
+    ));
+
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
+    wait_for("the run loop takes the lease", || async {
+        let l = leases.get_opt("sweety-controller").await.ok()??;
+        (l.spec?.holder_identity.as_deref() == Some("run-test")).then_some(())
+    })
+    .await;
+    wait_for("the stale per-Gateway Service is deleted", || async {
+        services
+            .get_opt("sweety-gw-stale")
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    let metrics = &health.metrics;
+    let before = metrics
+        .reconciles
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert!(before >= 1);
+    create(
+        &services,
+        json!({"metadata": {"name": "new"}, "spec": {"ports": [{"port": 80}]}}),
+    )
+    .await;
+    wait_for("a watch event triggers a reconcile", || async {
+        (metrics
+            .reconciles
+            .load(std::sync::atomic::Ordering::Relaxed)
+            > before)
+            .then_some(())
+    })
+    .await;
+    wait_for("the new Service is counted", || async {
+        metrics
+            .render()
+            .contains("sweety_controller_objects{kind=\"Service\"} 1\n")
+            .then_some(())
+    })
+    .await;
+    assert!(metrics.translate_duration.count() >= 2);
+    wait_for("the leader gauge", || async {
+        metrics
+            .render()
+            .contains("sweety_controller_leader 1\n")
+            .then_some(())
+    })
+    .await;
+
+    stop.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("run stops")
+        .expect("join")
+        .expect("run ok");
+    let l = leases.get("sweety-controller").await.unwrap();
+    assert_eq!(
+        l.spec.unwrap().holder_identity,
+        None,
+        "lease released on shutdown"
+    );
+    drop_namespace(&client, &ns).await;
+}
+
+#[tokio::test]
+async fn status_writer_policy_ancestors_keep_foreign_entries() {
+    let _guard = LOCK.lock().await;
+    let Some(client) = cluster().await else {
+        return;
+    };
+    let ns = namespace(&client, "policy").await;
+    let api: Api<gw::backendtlspolicies::BackendTlsPolicy> = Api::namespaced(client.clone(), &ns);
+    create(
+        &api,
+        json!({
+            "metadata": {"name": "btls"},
+            "spec": {"targetRefs": [{"group": "", "kind": "Service", "name": "svc"}],
+                     "validation": {"hostname": "svc.example", "wellKnownCACertificates": "System"}}
+        }),
+    )
+    .await;
+    let foreign = json!({
+        "ancestorRef": {"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "theirs"},
+        "controllerName": "example.com/other",
+        "conditions": [{"type": "Accepted", "status": "True", "reason": "Accepted", "message": "",
+                        "lastTransitionTime": "2020-01-01T00:00:00Z", "observedGeneration": 1}]
+    });
+    api.patch_status(
+        "btls",
+        &PatchParams::apply("other-controller"),
+        &Patch::Apply(json!({
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "BackendTLSPolicy",
+            "metadata": {"name": "btls"}, "status": {"ancestors": [foreign.clone()]}
+        })),
+    )
+    .await
+    .expect("foreign status");
+    let mut statuses = Statuses::new();
+    statuses.insert(
+        ObjectKey::new("BackendTLSPolicy", &ns, "btls"),
+        ObjectStatus::Policy(PolicyStatus {
+            ancestors: vec![RouteParentStatus {
+                parent_ref: ParentRef {
+                    name: "gw".into(),
+                    namespace: Some(ns.clone()),
+                    ..Default::default()
+                },
+                controller_name: CONTROLLER.into(),
+                conditions: vec![
+                    cond("Accepted", true, "Accepted", 1),
+                    cond("ResolvedRefs", true, "ResolvedRefs", 1),
+                ],
+            }],
+        }),
+    );
+    let mut writer = StatusWriter::new(client.clone(), CONTROLLER);
+    let snap = Snapshot {
+        backend_tls_policies: vec![get(&api, "btls").await],
+        ..Default::default()
+    };
+    let report = writer.write(&statuses, &snap, &Gate::open()).await;
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    assert_eq!(report.written.len(), 1);
+    let policy = get(&api, "btls").await;
+    let ancestors = serde_json::to_value(&policy.status).unwrap()["ancestors"].clone();
+    assert_eq!(ancestors.as_array().unwrap().len(), 2, "{ancestors}");
+    assert_eq!(
+        find(&ancestors, "controllerName", "example.com/other"),
+        &foreign
+    );
+    let ours = find(&ancestors, "controllerName", CONTROLLER);
+    assert_eq!(ours["ancestorRef"]["name"], "gw");
+    assert_eq!(ours["ancestorRef"]["namespace"], ns.as_str());
+
+    // A fresh writer over the current object finds nothing to do.
+    let snap = Snapshot {
+        backend_tls_policies: vec![policy.clone()],
+        ..Default::default()
+    };
+    let report = StatusWriter::new(client.clone(), CONTROLLER)
+        .write(&statuses, &snap, &Gate::open())
+        .await;
+    assert!(
+        report.written.is_empty() && report.errors.is_empty(),
+        "{report:?}"
+    );
+    assert_eq!(
+        get(&api, "btls").await.resource_version(),
+        policy.resource_version()
+    );
+    drop_namespace(&client, &ns).await;
+}
+
+/// GET / with a Host header over a fresh connection: (status, body).
+async fn http_get(port: u16, host: &str) -> Option<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let fut = async {
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .ok()?;
+        let req = format!("GET / HTTP/1.1\r\nhost: {host}\r\nconnection: close\r\n\r\n");
+        s.write_all(req.as_bytes()).await.ok()?;
+        let mut out = Vec::new();
+        s.read_to_end(&mut out).await.ok()?;
+        let text = String::from_utf8_lossy(&out).into_owned();
+        let status = text.get(9..12)?.parse().ok()?;
+        Some((status, text.split_once("\r\n\r\n")?.1.to_string()))
+    };
+    tokio::time::timeout(Duration::from_secs(5), fut)
+        .await
+        .ok()?
+}
+
+#[tokio::test]
+async fn end_to_end_gateway_is_programmed_after_the_dataplane_acks() {
+    use sweety_controller::health::Health;
+    use sweety_controller::metrics::Metrics;
+    use sweety_controller::push::{PushOptions, Pusher};
+    use sweety_controller::run::{run, RunOptions};
+    use sweety_controller::translate::Params;
+    use sweety_dataplane::control::ControlServer;
+    use sweety_dataplane::runtime::{Runtime, RuntimeOptions};
+    let _guard = LOCK.lock().await;
+    let Some(client) = cluster().await else {
+        return;
+    };
+    let ns = namespace(&client, "e2e").await;
+    let ctl = namespace(&client, "e2e-ctl").await;
+    let class_name = format!("{ns}-class");
+    // EndpointSlices may not name loopback addresses, and test servers bind only 127.0.0.1, so
+    // the backend is a documentation address: the test checks the config reached the dataplane
+    // and its listener answers, not the proxying itself (the dataplane's own tests cover that).
+    let backend_port = 8080;
+    // A free port for the one Gateway listener (the allocation range is that single port).
+    let gw_port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+
+    create::<gw::gatewayclasses::GatewayClass>(
+        &Api::all(client.clone()),
+        json!({
+            "metadata": {"name": class_name}, "spec": {"controllerName": CONTROLLER}
+        }),
+    )
+    .await;
+    let nsapi = |c: &Client| -> Api<Service> { Api::namespaced(c.clone(), &ns) };
+    create(&nsapi(&client), json!({
+        "metadata": {"name": "web"}, "spec": {"ports": [{"name": "http", "port": 80, "targetPort": backend_port}]}
+    }))
+    .await;
+    create::<k8s_openapi::api::discovery::v1::EndpointSlice>(
+        &Api::namespaced(client.clone(), &ns),
+        json!({
+            "metadata": {"name": "web-1", "labels": {"kubernetes.io/service-name": "web"}},
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": ["192.0.2.1"], "conditions": {"ready": true}}],
+            "ports": [{"name": "http", "port": backend_port, "protocol": "TCP"}]
+        }),
+    )
+    .await;
+    create::<gw::gateways::Gateway>(&Api::namespaced(client.clone(), &ns), json!({
+        "metadata": {"name": "gw"},
+        "spec": {"gatewayClassName": class_name, "listeners": [{"name": "http", "port": 80, "protocol": "HTTP"}]}
+    }))
+    .await;
+    create::<gw::httproutes::HttpRoute>(
+        &Api::namespaced(client.clone(), &ns),
+        json!({
+            "metadata": {"name": "web"},
+            "spec": {"parentRefs": [{"name": "gw"}], "hostnames": ["app.test"],
+                     "rules": [{"backendRefs": [{"name": "web", "port": 80}]}]}
+        }),
+    )
+    .await;
+
+    // The dataplane, in process, with its control socket.
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("control.sock");
+    let runtime = Arc::new(
+        Runtime::new(RuntimeOptions {
+            access_log: sweety_config::AccessLog {
+                enabled: false,
+                ..Default::default()
+            },
+            ..RuntimeOptions::default()
+        })
+        .unwrap(),
+    );
+    let control = ControlServer::bind(runtime.clone(), &socket).unwrap();
+
+    let options = RunOptions {
+        params: Params {
+            namespace: ctl.clone(),
+            listen_address: "127.0.0.1".into(),
+            gateway_port_min: gw_port,
+            gateway_port_max: gw_port,
+            content_dir: dir.path().join("content").to_string_lossy().into_owned(),
+            ingress_service: None,
+            ..Params::default()
+        },
+        watch: WatchOptions {
+            namespaces: vec![ns.clone(), ctl.clone()],
+        },
+        debounce: Duration::from_millis(50),
+        lease: None,
+        dataplane_selector: BTreeMap::from([("app".to_string(), "sweety".to_string())]),
+        initial_sync_timeout: Duration::from_secs(20),
+    };
+    let pusher = Pusher::spawn(PushOptions {
+        socket: socket.clone(),
+        ..PushOptions::default()
+    });
+    let health = Health::new(Arc::new(Metrics::default()));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(run(
+        client.clone(),
+        options,
+        pusher,
+        health.clone(),
+        async {
+            let _ = stopped.await;
+        },
+    ));
+
+    // The dataplane runs the pushed config: the Gateway listener is bound on the allocated port
+    // and answers (404 for a host no route claims).
+    wait_for("the Gateway listener is bound", || async {
+        runtime
+            .bound()
+            .await
+            .values()
+            .any(|a| a.port() == gw_port)
+            .then_some(())
+    })
+    .await;
+    let (status, _) = wait_for("the listener answers", || async {
+        http_get(gw_port, "nobody.test").await
+    })
+    .await;
+    assert_eq!(status, 404);
+
+    // The per-Gateway Service maps listener port 80 to the allocated container port.
+    let owned: Api<Service> = Api::namespaced(client.clone(), &ctl);
+    let svc = wait_for("per-Gateway Service", || async {
+        let list = owned
+            .list(&kube::api::ListParams::default().labels(GATEWAY_NAME_LABEL))
+            .await
+            .ok()?;
+        list.items.into_iter().next()
+    })
+    .await;
+    let port = &svc.spec.as_ref().unwrap().ports.as_ref().unwrap()[0];
+    assert_eq!(port.port, 80);
+    assert_eq!(
+        port.target_port,
+        Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(gw_port.into()))
+    );
+
+    // Without a load-balancer address the Gateway is not Programmed yet.
+    let gateways: Api<gw::gateways::Gateway> = Api::namespaced(client.clone(), &ns);
+    wait_for("Gateway Programmed=False AddressNotAssigned", || async {
+        let g = gateways.get("gw").await.ok()?;
+        let v = serde_json::to_value(&g.status).ok()?;
+        let p = v["conditions"]
+            .as_array()?
+            .iter()
+            .find(|c| c["type"] == "Programmed")?
+            .clone();
+        (p["status"] == "False" && p["reason"] == "AddressNotAssigned").then_some(())
+    })
+    .await;
+    // A load balancer assigns the Service an address: the Gateway gets it and is Programmed.
+    let svc_name = svc.metadata.name.clone().unwrap();
+    owned
+        .patch_status(
+            &svc_name,
+            &PatchParams::apply("fake-cloud-lb"),
+            &Patch::Apply(json!({
+                "apiVersion": "v1", "kind": "Service", "metadata": {"name": svc_name},
+                "status": {"loadBalancer": {"ingress": [{"ip": "192.0.2.50", "ipMode": "VIP"}]}}
+            })),
+        )
+        .await
+        .expect("load-balancer status");
+    let gw_status = wait_for("Gateway Programmed=True", || async {
+        let g = gateways.get("gw").await.ok()?;
+        let v = serde_json::to_value(&g.status).ok()?;
+        let p = v["conditions"]
+            .as_array()?
+            .iter()
+            .find(|c| c["type"] == "Programmed")?
+            .clone();
+        (p["status"] == "True").then_some(v)
+    })
+    .await;
+    assert_eq!(
+        gw_status["addresses"],
+        json!([{"type": "IPAddress", "value": "192.0.2.50"}])
+    );
+    let listener = find(&gw_status["listeners"], "name", "http");
+    assert_eq!(listener["attachedRoutes"], 1);
+    assert_eq!(
+        find(&listener["conditions"], "type", "Programmed")["status"],
+        "True"
+    );
+    assert!(find(&gw_status["conditions"], "type", "Accepted")["lastTransitionTime"].is_string());
+    let classes: Api<gw::gatewayclasses::GatewayClass> = Api::all(client.clone());
+    let class = classes.get(&class_name).await.unwrap();
+    let class_status = serde_json::to_value(&class.status).unwrap();
+    assert_eq!(
+        find(&class_status["conditions"], "type", "Accepted")["status"],
+        "True"
+    );
+    let routes: Api<gw::httproutes::HttpRoute> = Api::namespaced(client.clone(), &ns);
+    let route_status = wait_for("HTTPRoute status", || async {
+        let r = routes.get("web").await.ok()?;
+        let v = serde_json::to_value(&r.status).ok()?;
+        (!v["parents"].as_array()?.is_empty()).then_some(v)
+    })
+    .await;
+    let ours = find(&route_status["parents"], "controllerName", CONTROLLER);
+    assert_eq!(
+        find(&ours["conditions"], "type", "Accepted")["status"],
+        "True"
+    );
+    assert_eq!(
+        find(&ours["conditions"], "type", "ResolvedRefs")["status"],
+        "True"
+    );
+
+    wait_for("ready after the first Ack", || async {
+        health
+            .ready
+            .load(std::sync::atomic::Ordering::Relaxed)
+            .then_some(())
+    })
+    .await;
+    wait_for("push latency measured", || async {
+        (health.metrics.push_latency.count() >= 1).then_some(())
+    })
+    .await;
+
+    stop.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("run stops")
+        .unwrap()
+        .unwrap();
+    drop(control);
+    runtime.shutdown().await;
+    let _ = classes.delete(&class_name, &DeleteParams::default()).await;
+    drop_namespace(&client, &ns).await;
+    drop_namespace(&client, &ctl).await;
+}
+
+#[tokio::test]
+async fn status_writer_sweety_site_conditions_and_addresses() {
+    let _guard = LOCK.lock().await;
+    let Some(client) = cluster().await else {
+        return;
+    };
+    let ns = namespace(&client, "site").await;
+    let api: Api<sweety_crds::SweetySite> = Api::namespaced(client.clone(), &ns);
+    create(&api, json!({
+        "apiVersion": "sweety.dev/v1alpha1", "kind": "SweetySite",
+        "metadata": {"name": "site"},
+        "spec": {"hostnames": ["s.example"], "routes": [{"path": "/", "static": {"directory": "/srv/www"}}]}
+    }))
+    .await;
+    let mut statuses = Statuses::new();
+    statuses.insert(
+        ObjectKey::new("SweetySite", &ns, "site"),
+        ObjectStatus::Site(SiteStatus {
+            conditions: vec![
+                cond("Accepted", true, "Accepted", 1),
+                cond("Programmed", true, "Programmed", 1),
+            ],
+            addresses: vec![Address {
+                type_: "IPAddress".into(),
+                value: "192.0.2.7".into(),
+            }],
+        }),
+    );
+    let mut writer = StatusWriter::new(client.clone(), CONTROLLER);
+    let snap = Snapshot {
+        sites: vec![get(&api, "site").await],
+        ..Default::default()
+    };
+    let report = writer.write(&statuses, &snap, &Gate::default()).await;
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    let site = get(&api, "site").await;
+    let v = serde_json::to_value(&site.status).unwrap();
+    assert_eq!(
+        find(&v["conditions"], "type", "Programmed")["reason"],
+        "Pending"
+    );
+    assert_eq!(
+        v["addresses"],
+        json!([{"type": "IPAddress", "value": "192.0.2.7"}])
+    );
+    // The dataplane acked: Programmed=True; a fresh writer then finds nothing to change.
+    let snap = Snapshot {
+        sites: vec![site],
+        ..Default::default()
+    };
+    let report = writer.write(&statuses, &snap, &Gate::open()).await;
+    assert_eq!(report.written.len(), 1, "{report:?}");
+    let site = get(&api, "site").await;
+    let v = serde_json::to_value(&site.status).unwrap();
+    assert_eq!(
+        find(&v["conditions"], "type", "Programmed")["status"],
+        "True"
+    );
+    let snap = Snapshot {
+        sites: vec![site],
+        ..Default::default()
+    };
+    let report = StatusWriter::new(client.clone(), CONTROLLER)
+        .write(&statuses, &snap, &Gate::open())
+        .await;
+    assert!(
+        report.written.is_empty() && report.errors.is_empty(),
+        "{report:?}"
+    );
+    drop_namespace(&client, &ns).await;
+}
