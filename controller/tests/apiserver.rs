@@ -1166,6 +1166,25 @@ async fn http_get(port: u16, host: &str) -> Option<(u16, String)> {
         .ok()?
 }
 
+/// The response head (status line and headers) of `GET /` with that Host, if any.
+async fn http_head(port: u16, host: &str) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let fut = async {
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .ok()?;
+        let req = format!("GET / HTTP/1.1\r\nhost: {host}\r\nconnection: close\r\n\r\n");
+        s.write_all(req.as_bytes()).await.ok()?;
+        let mut out = Vec::new();
+        s.read_to_end(&mut out).await.ok()?;
+        let text = String::from_utf8_lossy(&out).into_owned();
+        Some(text.split_once("\r\n\r\n")?.0.to_string())
+    };
+    tokio::time::timeout(Duration::from_secs(5), fut)
+        .await
+        .ok()?
+}
+
 #[tokio::test]
 async fn end_to_end_gateway_is_programmed_after_the_dataplane_acks() {
     use sweety_controller::health::Health;
@@ -1395,6 +1414,56 @@ async fn end_to_end_gateway_is_programmed_after_the_dataplane_acks() {
         (health.metrics.push_latency.count() >= 1).then_some(())
     })
     .await;
+
+    // A route created now is served by the dataplane: a redirect needs no backend, so the
+    // response proves the route itself reached the dataplane through translate and the push.
+    create::<gw::httproutes::HttpRoute>(
+        &Api::namespaced(client.clone(), &ns),
+        json!({
+            "metadata": {"name": "moved"},
+            "spec": {"parentRefs": [{"name": "gw"}], "hostnames": ["moved.test"],
+                     "rules": [{"filters": [{"type": "RequestRedirect",
+                        "requestRedirect": {"hostname": "new.test", "statusCode": 301}}]}]}
+        }),
+    )
+    .await;
+    let head = wait_for("the new route is served", || async {
+        let head = http_head(gw_port, "moved.test").await?;
+        head.starts_with("HTTP/1.1 301").then_some(head)
+    })
+    .await;
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("\r\nlocation: http://new.test/"),
+        "{head}"
+    );
+    // Changing the route changes what is served.
+    let started = std::time::Instant::now();
+    routes
+        .patch(
+            "moved",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"spec": {"rules": [{"filters": [{"type": "RequestRedirect",
+                "requestRedirect": {"hostname": "newer.test", "statusCode": 302}}]}]}}),
+            ),
+        )
+        .await
+        .expect("patch route");
+    let head = wait_for("the changed route is served", || async {
+        let head = http_head(gw_port, "moved.test").await?;
+        head.starts_with("HTTP/1.1 302").then_some(head)
+    })
+    .await;
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("location: http://newer.test/"),
+        "{head}"
+    );
+    eprintln!(
+        "route change served {:?} after the patch",
+        started.elapsed()
+    );
 
     stop.send(()).unwrap();
     tokio::time::timeout(Duration::from_secs(10), task)

@@ -90,13 +90,13 @@ pub fn allocate(b: &Builder<'_>, gateways: &mut [GwState]) -> Allocation {
     allocation
 }
 
-/// A redirect without scheme and port keeps the Gateway listener's port (the dataplane only
-/// knows its container port).
-fn fix_redirect_port(route: &mut Route, port: u16, https: bool) {
-    let default = if https { 443 } else { 80 };
+/// A redirect without scheme and port keeps the Gateway listener's port. It is always written
+/// out: the dataplane listens on an allocated container port, which is what it would use
+/// otherwise. (The dataplane leaves a scheme's well-known port out of `Location`.)
+fn fix_redirect_port(route: &mut Route, port: u16) {
     for f in &mut route.filters {
         if let Filter::Redirect(r) = f {
-            if r.scheme.is_none() && r.port.is_none() && port != default {
+            if r.scheme.is_none() && r.port.is_none() {
                 r.port = Some(port);
             }
         }
@@ -195,7 +195,7 @@ pub fn emit(b: &mut Builder<'_>, gateways: &[GwState], _alloc: &Allocation, out:
                             e.hostnames.clone()
                         };
                         let mut route = e.route.clone();
-                        fix_redirect_port(&mut route, *port, proto == Proto::Https);
+                        fix_redirect_port(&mut route, *port);
                         for h in hosts {
                             // A request for `h` is served by the most specific listener on
                             // this port; routes reach it only through that listener.
@@ -383,25 +383,27 @@ mod tests {
     #[test]
     fn redirect_keeps_the_listener_port_only_without_scheme_and_port() {
         let mut r = route(Redirect::default());
-        fix_redirect_port(&mut r, 8080, false);
+        fix_redirect_port(&mut r, 8080);
         assert_eq!(port(&r), Some(8080));
+        // Written out even when it is the scheme's default: the dataplane's own port is the
+        // allocated container port, not the Gateway listener's.
         let mut r = route(Redirect::default());
-        fix_redirect_port(&mut r, 80, false);
-        assert_eq!(port(&r), None, "default port of the scheme stays implicit");
+        fix_redirect_port(&mut r, 80);
+        assert_eq!(port(&r), Some(80));
         let mut r = route(Redirect::default());
-        fix_redirect_port(&mut r, 443, true);
-        assert_eq!(port(&r), None);
+        fix_redirect_port(&mut r, 443);
+        assert_eq!(port(&r), Some(443));
         let mut r = route(Redirect {
             scheme: Some("https".into()),
             ..Redirect::default()
         });
-        fix_redirect_port(&mut r, 8080, false);
+        fix_redirect_port(&mut r, 8080);
         assert_eq!(port(&r), None, "a scheme implies its well-known port");
         let mut r = route(Redirect {
             port: Some(9000),
             ..Redirect::default()
         });
-        fix_redirect_port(&mut r, 8080, false);
+        fix_redirect_port(&mut r, 8080);
         assert_eq!(port(&r), Some(9000));
     }
 }
