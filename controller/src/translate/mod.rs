@@ -127,6 +127,18 @@ pub struct Output {
     pub static_content: Vec<StaticContent>,
 }
 
+/// Escape regex metacharacters so a literal can sit inside a dataplane regex.
+pub(crate) fn regex_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if "\\.+*?()|[]{}^$".contains(c) {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
 /// Translate a snapshot. Pure: see the module docs.
 pub fn translate(snapshot: &Snapshot, params: &Params) -> Output {
     let mut b = Builder::new(snapshot, params);

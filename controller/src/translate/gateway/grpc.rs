@@ -4,17 +4,7 @@
 
 use super::model::{GrpcRuleSpec, HttpMatchSpec, HttpRuleSpec, PathMatchSpec};
 
-/// Escape RE2 metacharacters so a literal can sit inside a regex.
-fn escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        if "\\.+*?()|[]{}^$".contains(c) {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-    out
-}
+use crate::translate::regex_escape as escape;
 
 /// Convert a GRPCRoute rule into the HTTPRoute rule shape.
 pub fn to_http(rule: &GrpcRuleSpec) -> HttpRuleSpec {

@@ -17,6 +17,7 @@
 //! body limit, only the global one) is reported as `UnsupportedAnnotation` and ignored.
 
 use super::{PathRoute, Report};
+use crate::translate::regex_escape;
 use crate::translate::Builder;
 use k8s_openapi::api::networking::v1::Ingress;
 use std::collections::BTreeMap;
@@ -397,17 +398,6 @@ pub fn anchor_regex(path: &str) -> String {
     } else {
         format!("{path}.*")
     }
-}
-
-fn regex_escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        if "\\.+*?()|[]{}^$".contains(c) {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-    out
 }
 
 /// `app-root`: `/` redirects (302) to the application root.
