@@ -16,12 +16,16 @@
 //!   on) so the pipeline answers unsafe methods 425 Too Early;
 //! * drains on stop: GOAWAY on every connection, in-flight requests get the drain timeout.
 //!
-//! quinn-udp uses UDP GSO (segmentation offload) and GRO where the kernel supports them.
+//! quinn-udp uses UDP GSO (segmentation offload) and GRO where the kernel supports them; the
+//! first endpoint logs what it found (info level). Static files are read in
+//! `http3.static_chunk_size` chunks for HTTP/3 (a [`ReadChunk`] request extension), so a
+//! stream waiting for the send window holds one small chunk, not 128 KiB.
 
 use crate::body::{Body, BoxError};
 use crate::ctx::{ConnInfo, EarlyData, Protocol};
 use crate::limits::ConnPermit;
 use crate::runtime::{BindKey, ListenerView, Shared};
+use crate::static_files::ReadChunk;
 use bytes::{Buf, Bytes};
 use h3::server::RequestStream;
 use http::{header, Request, Response};
@@ -61,7 +65,17 @@ pub fn transport_config(h3: &Http3, limits: &Limits) -> quinn::TransportConfig {
         .stream_receive_window(h3.stream_receive_window.into())
         .receive_window(h3.connection_receive_window.into())
         .send_window(h3.send_window.into())
-        .max_idle_timeout(limits.idle_timeout.get().try_into().ok());
+        .max_idle_timeout(limits.idle_timeout.get().try_into().ok())
+        .initial_mtu(h3.initial_mtu)
+        .send_fairness(h3.send_fairness);
+    let mut mtu = quinn::MtuDiscoveryConfig::default();
+    mtu.upper_bound(h3.mtu_discovery_upper_bound.max(h3.initial_mtu));
+    t.mtu_discovery_config(Some(mtu));
+    if h3.ack_eliciting_threshold > 1 {
+        let mut ack = quinn::AckFrequencyConfig::default();
+        ack.ack_eliciting_threshold(h3.ack_eliciting_threshold.into());
+        t.ack_frequency_config(Some(ack));
+    }
     match h3.congestion {
         Congestion::Cubic => {
             t.congestion_controller_factory(Arc::new(quinn::congestion::CubicConfig::default()))
@@ -116,6 +130,15 @@ pub fn endpoint(
 ) -> std::io::Result<quinn::Endpoint> {
     let runtime = quinn::default_runtime()
         .ok_or_else(|| std::io::Error::other("no async runtime for quinn"))?;
+    static LOGGED: std::sync::Once = std::sync::Once::new();
+    LOGGED.call_once(|| match quinn::udp::UdpSocketState::new((&sock).into()) {
+        Ok(state) => tracing::info!(
+            gso_segments = state.max_gso_segments(),
+            gro_segments = state.gro_segments(),
+            "QUIC UDP offload (1 = not available)"
+        ),
+        Err(e) => tracing::info!(error = %e, "QUIC UDP offload unknown"),
+    });
     quinn::Endpoint::new(
         quinn::EndpointConfig::default(),
         Some(config),
@@ -156,6 +179,7 @@ pub async fn run_quic(
             early_data: snap.config.http3.early_data,
             handshake_timeout: snap.config.limits.header_read_timeout.get(),
             max_header_bytes: snap.config.limits.max_header_bytes.into(),
+            static_chunk: snap.config.http3.static_chunk_size as usize,
         };
         drop(snap);
         conns.spawn(serve_conn(
@@ -183,6 +207,7 @@ struct ConnSettings {
     early_data: bool,
     handshake_timeout: Duration,
     max_header_bytes: u64,
+    static_chunk: usize,
 }
 
 /// Whether the handshake of a connection that accepted 0-RTT has completed. Requests that
@@ -325,7 +350,7 @@ async fn serve_conn(
                     shared.clone(),
                     info.clone(),
                     handshake.clone(),
-                    settings.handshake_timeout,
+                    settings,
                     resolver,
                 ));
             }
@@ -365,11 +390,11 @@ async fn serve_request(
     shared: Arc<Shared>,
     conn: Arc<ConnInfo>,
     handshake: Arc<Handshake>,
-    header_timeout: Duration,
+    settings: ConnSettings,
     resolver: Resolver,
 ) {
-    let (req, stream) = match tokio::time::timeout(header_timeout, resolver.resolve_request()).await
-    {
+    let head = resolver.resolve_request();
+    let (req, stream) = match tokio::time::timeout(settings.handshake_timeout, head).await {
         Ok(Ok(r)) => r,
         Ok(Err(e)) => {
             tracing::debug!(peer = %conn.peer, error = %e, "bad HTTP/3 request");
@@ -387,6 +412,7 @@ async fn serve_request(
     if early {
         parts.extensions.insert(EarlyData);
     }
+    parts.extensions.insert(ReadChunk(settings.static_chunk));
     let body = RecvBody::new(recv, &parts.headers).primed().await;
     let req = Request::from_parts(parts, crate::body::boxed(body));
     let resp = crate::pipeline::handle(shared, conn, Protocol::Http3, req).await;
@@ -574,7 +600,18 @@ mod tests {
             congestion: Congestion::Bbr,
             ..Http3::default()
         };
-        // Every congestion choice builds.
+        // Every congestion choice builds, with and without the ACK frequency request and a
+        // loopback-sized MTU bound.
+        let _ = transport_config(
+            &Http3 {
+                ack_eliciting_threshold: 9,
+                initial_mtu: 9000,
+                mtu_discovery_upper_bound: 65527,
+                send_fairness: false,
+                ..Http3::default()
+            },
+            &Limits::default(),
+        );
         for c in [Congestion::Cubic, Congestion::Bbr, Congestion::NewReno] {
             let _ = transport_config(
                 &Http3 {

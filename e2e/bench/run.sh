@@ -18,6 +18,9 @@
 #   SWEETY_BIN=    use this binary instead of building (else: cargo build --release into
 #                  $CARGO_TARGET_DIR, default ~/.cache/sweety/target)
 #   KEEP_WORK=1    keep the temporary work dir (configs, logs, client outputs)
+#   SWEETY_HTTP3=  extra `http3:` settings for the h3 cells, as YAML flow-mapping entries,
+#                  e.g. "send_window: 262144, static_chunk_size: 16384" (default: none, the
+#                  documented defaults of docs/config.md apply)
 #   OHA=           oha binary with HTTP/3 for the h3 cells (default: oha on PATH, else
 #                  ~/.cache/sweety/tools/bin/oha; build it with
 #                  cargo install oha --locked --features http3 --root ~/.cache/sweety/tools)
@@ -283,6 +286,7 @@ backends:
     max_idle_per_endpoint: 128
 EOF
 sed 's/^    http3: false$/    http3: true/' "$WORK/sweety.yaml" >"$WORK/sweety-h3.yaml"
+[[ -n ${SWEETY_HTTP3:-} ]] && printf 'http3: {%s}\n' "$SWEETY_HTTP3" >>"$WORK/sweety-h3.yaml"
 
 "$SWEETY_BIN" validate "$WORK/sweety.yaml" >&2 || die "the generated Sweety config is invalid"
 "$SWEETY_BIN" validate "$WORK/sweety-h3.yaml" >&2 || die "the generated Sweety HTTP/3 config is invalid"

@@ -781,10 +781,29 @@ pub struct Http3 {
     pub stream_receive_window: u32,
     /// Flow-control window of a whole connection, bytes.
     pub connection_receive_window: u32,
-    /// Bytes of response data buffered per connection ahead of the client's acknowledgements.
+    /// Bytes of response data buffered per connection ahead of the client's acknowledgements:
+    /// the per-connection memory budget for responses (memory scales with connections × this).
     pub send_window: u32,
     /// Congestion controller.
     pub congestion: Congestion,
+    /// UDP payload size, bytes, of the first packets of a connection, before path MTU
+    /// discovery (at least 1200, the size every QUIC path must carry).
+    pub initial_mtu: u16,
+    /// Largest UDP payload, bytes, path MTU discovery probes for (1452 fits Ethernet for IPv4
+    /// and IPv6; up to 65527 on loopback or jumbo-frame networks). The client's advertised
+    /// `max_udp_payload_size` caps it too.
+    pub mtu_discovery_upper_bound: u16,
+    /// Ack-eliciting packets the client may receive before it must acknowledge, requested
+    /// with the QUIC ACK frequency extension when the client supports it. 1 is the QUIC
+    /// default (an ACK for every second packet) and sends no request.
+    pub ack_eliciting_threshold: u32,
+    /// Interleave the data of concurrent streams of a connection packet by packet (fair) or
+    /// send streams one after another (fewer frames per packet).
+    pub send_fairness: bool,
+    /// Size, bytes, of the chunks a static file is read in for an HTTP/3 response. Each
+    /// stream holds at most one chunk while QUIC flow control paces it, so this bounds memory
+    /// per stream (HTTP/1.1 and HTTP/2 read 128 KiB chunks).
+    pub static_chunk_size: u32,
     /// Accept TLS 1.3 early data (0-RTT). Off by default; when on, only safe methods (GET,
     /// HEAD, OPTIONS, TRACE) are served from early data, anything else gets 425 Too Early.
     pub early_data: bool,
@@ -798,8 +817,13 @@ impl Default for Http3 {
             max_concurrent_bidi_streams: 128,
             stream_receive_window: 1024 * 1024,
             connection_receive_window: 4 * 1024 * 1024,
-            send_window: 4 * 1024 * 1024,
+            send_window: 512 * 1024,
             congestion: Congestion::Cubic,
+            initial_mtu: 1200,
+            mtu_discovery_upper_bound: 1452,
+            ack_eliciting_threshold: 1,
+            send_fairness: true,
+            static_chunk_size: 32 * 1024,
             early_data: false,
             alt_svc_max_age: Duration::from_secs(86_400),
         }

@@ -895,6 +895,25 @@ impl Validator<'_> {
         if h.alt_svc_max_age.get().as_secs() == 0 {
             self.err("http3.alt_svc_max_age", "must be at least 1s");
         }
+        if !(1200..=65527).contains(&h.initial_mtu) {
+            let msg = format!("must be 1200-65527, got {}", h.initial_mtu);
+            self.err("http3.initial_mtu", msg);
+        }
+        if h.mtu_discovery_upper_bound < h.initial_mtu || h.mtu_discovery_upper_bound > 65527 {
+            let msg = format!(
+                "must be between initial_mtu ({}) and 65527, got {}",
+                h.initial_mtu, h.mtu_discovery_upper_bound
+            );
+            self.err("http3.mtu_discovery_upper_bound", msg);
+        }
+        if !(1..=1000).contains(&h.ack_eliciting_threshold) {
+            let msg = format!("must be 1-1000, got {}", h.ack_eliciting_threshold);
+            self.err("http3.ack_eliciting_threshold", msg);
+        }
+        if !(4096..=131_072).contains(&h.static_chunk_size) {
+            let msg = format!("must be 4096-131072, got {}", h.static_chunk_size);
+            self.err("http3.static_chunk_size", msg);
+        }
     }
 }
 
@@ -2370,9 +2389,34 @@ access_log: {enabled: true, path: /var/log/sweety/access.log, buffer_lines: 1024
             "http3.alt_svc_max_age",
             "must be at least 1s",
         );
+        expect_one(
+            |c| c.http3.initial_mtu = 1000,
+            "http3.initial_mtu",
+            "must be 1200-65527, got 1000",
+        );
+        expect_one(
+            |c| c.http3.mtu_discovery_upper_bound = 1100,
+            "http3.mtu_discovery_upper_bound",
+            "must be between initial_mtu (1200) and 65527, got 1100",
+        );
+        expect_one(
+            |c| c.http3.ack_eliciting_threshold = 0,
+            "http3.ack_eliciting_threshold",
+            "must be 1-1000, got 0",
+        );
+        expect_one(
+            |c| c.http3.static_chunk_size = 1024,
+            "http3.static_chunk_size",
+            "must be 4096-131072, got 1024",
+        );
         expect_ok(|c| {
             c.http3.congestion = Congestion::Bbr;
             c.http3.early_data = true;
+            c.http3.initial_mtu = 9000;
+            c.http3.mtu_discovery_upper_bound = 65527;
+            c.http3.ack_eliciting_threshold = 9;
+            c.http3.send_fairness = false;
+            c.http3.static_chunk_size = 16384;
         });
         let cfg = Config::from_yaml(
             "http3: {congestion: new_reno, early_data: true, stream_receive_window: 65536}\n",

@@ -15,6 +15,11 @@ use tokio::task::JoinHandle;
 /// in chunks of this size; only small files are sent as one frame).
 pub const CHUNK_SIZE: usize = 128 * 1024;
 
+/// A request extension asking for smaller file chunks than [`CHUNK_SIZE`] (HTTP/3 sets it
+/// from `http3.static_chunk_size`: each stream holds one chunk while QUIC paces it).
+#[derive(Debug, Clone, Copy)]
+pub struct ReadChunk(pub usize);
+
 enum State {
     /// Waiting for the next poll; `Some(offset)` when a seek is still due.
     Idle(File, Option<u64>),
@@ -27,11 +32,13 @@ enum State {
 pub(crate) struct FileBody {
     state: State,
     remaining: u64,
+    chunk: usize,
 }
 
 impl FileBody {
-    /// A body of `len` bytes of `file` starting at `offset`.
-    pub(crate) fn new(file: File, offset: u64, len: u64) -> FileBody {
+    /// A body of `len` bytes of `file` starting at `offset`, read `chunk` bytes at a time
+    /// (clamped to 1..=[`CHUNK_SIZE`]).
+    pub(crate) fn new(file: File, offset: u64, len: u64, chunk: usize) -> FileBody {
         let state = if len == 0 {
             State::Done
         } else {
@@ -40,6 +47,7 @@ impl FileBody {
         FileBody {
             state,
             remaining: len,
+            chunk: chunk.clamp(1, CHUNK_SIZE),
         }
     }
 }
@@ -74,7 +82,7 @@ impl http_body::Body for FileBody {
             match std::mem::replace(&mut this.state, State::Done) {
                 State::Done => return Poll::Ready(None),
                 State::Idle(file, seek) => {
-                    let n = this.remaining.min(CHUNK_SIZE as u64) as usize;
+                    let n = this.remaining.min(this.chunk as u64) as usize;
                     let handle = tokio::task::spawn_blocking(move || read_chunk(file, seek, n));
                     this.state = State::Reading(handle);
                 }
@@ -108,5 +116,37 @@ impl http_body::Body for FileBody {
 
     fn size_hint(&self) -> SizeHint {
         SizeHint::with_exact(self.remaining)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+    use std::io::Write;
+
+    /// Reads `body` to the end, returning the size of every data frame.
+    async fn frame_sizes(mut body: FileBody) -> Vec<usize> {
+        let mut sizes = Vec::new();
+        // Bounded: a 40,000-byte body yields at most 40,000 frames.
+        for _ in 0..40_000 {
+            match body.frame().await {
+                Some(f) => sizes.push(f.unwrap().into_data().unwrap().len()),
+                None => break,
+            }
+        }
+        sizes
+    }
+
+    #[tokio::test]
+    async fn reads_in_the_requested_chunk_size_capped_at_chunk_size() {
+        let mut tmp = tempfile::NamedTempFile::new().unwrap();
+        tmp.write_all(&vec![7u8; 40_000]).unwrap();
+        let open = || File::open(tmp.path()).unwrap();
+        let small = FileBody::new(open(), 0, 40_000, 16 * 1024);
+        assert_eq!(frame_sizes(small).await, vec![16_384, 16_384, 7_232]);
+        // From an offset, and a chunk above CHUNK_SIZE is clamped (the whole range fits one).
+        let big = FileBody::new(open(), 1_000, 39_000, 10 * CHUNK_SIZE);
+        assert_eq!(frame_sizes(big).await, vec![39_000]);
     }
 }

@@ -28,7 +28,7 @@ mod path;
 mod range;
 mod resolve;
 
-pub use file_body::CHUNK_SIZE;
+pub use file_body::{ReadChunk, CHUNK_SIZE};
 
 use crate::body::{boxed, empty, full, text_response, Body};
 use arc_swap::ArcSwapOption;
@@ -261,7 +261,13 @@ impl StaticFiles {
             match source {
                 Source::Bytes(b) if status == StatusCode::OK => full(b),
                 Source::Bytes(b) => full(b.slice(start as usize..(start + count) as usize)),
-                Source::File(f) => boxed(FileBody::new(f, start, count)),
+                Source::File(f) => {
+                    let chunk = req
+                        .extensions
+                        .get::<ReadChunk>()
+                        .map_or(CHUNK_SIZE, |c| c.0);
+                    boxed(FileBody::new(f, start, count, chunk))
+                }
             }
         };
         build(status, h, body)
