@@ -247,7 +247,7 @@ impl Runtime {
         result
     }
 
-    async fn apply_inner(&self, config: Config) -> Result<(), ApplyError> {
+    async fn apply_inner(&self, mut config: Config) -> Result<(), ApplyError> {
         if let Err(errs) = config.validate() {
             return Err(ApplyError::Invalid(
                 errs.0.iter().map(|e| e.to_string()).collect(),
@@ -410,7 +410,7 @@ impl Runtime {
             .collect();
         let snapshot = Snapshot {
             http: http_builder(&config.limits),
-            hash: config.content_hash(),
+            hash: config.content_hash_mut(),
             routes,
             upstreams: Arc::new(upstreams),
             listeners,
