@@ -164,7 +164,7 @@ impl Pusher {
     /// next generation and is pushed (debounced); otherwise the current generation is returned
     /// and nothing is sent.
     pub fn submit(&self, mut config: Config) -> u64 {
-        let hash = config.content_hash();
+        let hash = config.content_hash_mut();
         let generation = {
             let mut q = self.shared.queue();
             if let Some(l) = &q.latest {

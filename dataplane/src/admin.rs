@@ -43,8 +43,8 @@ pub fn respond<B>(shared: &Shared, req: &Request<B>) -> Response<Body> {
                 "generation": snap.config.generation,
                 "hash": snap.hash,
                 "listeners": snap.config.listeners.len(),
-                "virtual_hosts": snap.config.virtual_hosts.len(),
-                "backends": snap.config.backends.len(),
+                "virtual_hosts": snap.virtual_host_count,
+                "backends": snap.backend_count,
             });
             let mut r = Response::new(full(body.to_string()));
             r.headers_mut().insert(

@@ -51,8 +51,14 @@ pub struct ListenerView {
 
 /// An immutable, fully built config.
 pub struct Snapshot {
-    /// The config it was built from.
+    /// The config it was built from, without its virtual hosts and backends: those live on
+    /// compiled in `routes` and `upstreams`, and keeping a second copy of thousands of routes
+    /// only cost memory. Their counts are in `virtual_host_count` / `backend_count`.
     pub config: Arc<Config>,
+    /// Number of virtual hosts of the applied config.
+    pub virtual_host_count: usize,
+    /// Number of backends of the applied config.
+    pub backend_count: usize,
     /// Content hash of the config.
     pub hash: String,
     /// Route table.
@@ -92,6 +98,8 @@ impl Snapshot {
         Snapshot {
             http: http_builder(&config.limits),
             config: Arc::new(config),
+            virtual_host_count: 0,
+            backend_count: 0,
             hash: String::new(),
             routes: RouteTable::default(),
             upstreams: Arc::new(
@@ -247,7 +255,7 @@ impl Runtime {
         result
     }
 
-    async fn apply_inner(&self, config: Config) -> Result<(), ApplyError> {
+    async fn apply_inner(&self, mut config: Config) -> Result<(), ApplyError> {
         if let Err(errs) = config.validate() {
             return Err(ApplyError::Invalid(
                 errs.0.iter().map(|e| e.to_string()).collect(),
@@ -408,9 +416,14 @@ impl Runtime {
             .into_iter()
             .filter_map(|(_, l, _, q)| Some((bind_key(l), q?)))
             .collect();
+        let hash = config.content_hash_mut();
+        let virtual_host_count = std::mem::take(&mut config.virtual_hosts).len();
+        let backend_count = std::mem::take(&mut config.backends).len();
         let snapshot = Snapshot {
             http: http_builder(&config.limits),
-            hash: config.content_hash(),
+            hash,
+            virtual_host_count,
+            backend_count,
             routes,
             upstreams: Arc::new(upstreams),
             listeners,

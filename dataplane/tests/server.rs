@@ -377,6 +377,8 @@ async fn admin_reports_health_readiness_metrics_and_config() {
         503
     );
     let cfg = gen_config(7, false);
+    let (vhosts, backends) = (cfg.virtual_hosts.len(), cfg.backends.len());
+    assert!(vhosts > 0);
     let hash = cfg.content_hash();
     runtime.apply(cfg).await.unwrap();
     assert_eq!(
@@ -403,6 +405,9 @@ async fn admin_reports_health_readiness_metrics_and_config() {
     let v: serde_json::Value = serde_json::from_str(&config).unwrap();
     assert_eq!(v["generation"], 7);
     assert_eq!(v["hash"], hash);
+    // The snapshot drops its copy of virtual hosts and backends but keeps their counts.
+    assert_eq!(v["virtual_hosts"], vhosts);
+    assert_eq!(v["backends"], backends);
 }
 
 #[tokio::test]

@@ -106,12 +106,38 @@ impl Config {
     ///
     /// Two configs that would serve the same way hash the same, so the controller can skip
     /// pushes that change nothing and the dataplane can report what it runs.
+    ///
+    /// Cheapest with `generation == 0` (no copy); owners of a config can use
+    /// [`Config::content_hash_mut`].
     pub fn content_hash(&self) -> String {
         use sha2::Digest;
-        let mut copy = self.clone();
-        copy.generation = 0;
-        let digest = sha2::Sha256::digest(copy.to_json());
-        digest.iter().map(|b| format!("{b:02x}")).collect()
+        let json = if self.generation == 0 {
+            self.to_json()
+        } else {
+            let mut copy = self.clone();
+            copy.generation = 0;
+            copy.to_json()
+        };
+        let digest = sha2::Sha256::digest(json);
+        let mut hex = String::with_capacity(64);
+        for b in digest {
+            hex.push(char::from(HEX[usize::from(b >> 4)]));
+            hex.push(char::from(HEX[usize::from(b & 15)]));
+        }
+        hex
+    }
+}
+
+const HEX: &[u8; 16] = b"0123456789abcdef";
+
+impl Config {
+    /// [`Config::content_hash`] without copying the config: `generation` is zeroed for the
+    /// hash and restored.
+    pub fn content_hash_mut(&mut self) -> String {
+        let generation = std::mem::take(&mut self.generation);
+        let hash = self.content_hash();
+        self.generation = generation;
+        hash
     }
 }
 
@@ -206,6 +232,10 @@ mod tests {
 
         let mut b = a.clone();
         b.generation += 100;
+        assert_eq!(b.content_hash(), hash);
+        assert_eq!(b.content_hash_mut(), hash);
+        assert_eq!(b.generation, a.generation + 100, "generation is restored");
+        b.generation = 0;
         assert_eq!(b.content_hash(), hash);
 
         let mut c = a.clone();

@@ -13,6 +13,11 @@ pub fn convert<S: Serialize, T: DeserializeOwned>(spec: &S) -> Result<T, String>
     serde_json::from_value(value).map_err(|e| e.to_string())
 }
 
+/// Read one of the uniform types below from an already converted spec (no copy of `value`).
+pub fn from_value<T: DeserializeOwned>(value: &serde_json::Value) -> Result<T, String> {
+    T::deserialize(value).map_err(|e| e.to_string())
+}
+
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
 pub struct ParentRefSpec {

@@ -113,7 +113,7 @@ fn route(
 ) {
     let (created, ns, name) = meta_key(meta);
     let generation = meta.generation.unwrap_or(0);
-    let head: RouteSpec<serde::de::IgnoredAny> = model::convert(spec).unwrap_or_default();
+    let head: RouteSpec<serde::de::IgnoredAny> = model::from_value(spec).unwrap_or_default();
     // Parents that are our Gateways.
     let parents: Vec<(&ParentRefSpec, usize)> = head
         .parent_refs
@@ -272,12 +272,12 @@ fn translate_rules(
     };
     let http_rules: Option<Vec<HttpRuleSpec>> = match kind {
         RouteKind::Http => Some(
-            model::convert::<_, RouteSpec<HttpRuleSpec>>(spec)
+            model::from_value::<RouteSpec<HttpRuleSpec>>(spec)
                 .unwrap_or_default()
                 .rules,
         ),
         RouteKind::Grpc => Some(
-            model::convert::<_, RouteSpec<GrpcRuleSpec>>(spec)
+            model::from_value::<RouteSpec<GrpcRuleSpec>>(spec)
                 .unwrap_or_default()
                 .rules
                 .iter()
@@ -320,7 +320,7 @@ fn translate_rules(
             }
         }
         None => {
-            let rules = model::convert::<_, RouteSpec<L4RuleSpec>>(spec)
+            let rules = model::from_value::<RouteSpec<L4RuleSpec>>(spec)
                 .unwrap_or_default()
                 .rules;
             for (i, rule) in rules.iter().enumerate() {
