@@ -13,7 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret, Service, ServiceAccount};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client};
@@ -23,6 +23,13 @@ const NODE: &str = "sweety-node-agent-it";
 const BRIDGE: &str = "sweetyit0";
 const MOUNT: &str = "/run/sweety-node-agent-it/www";
 const CONTENT: &str = "hello from a configmap volume\n";
+const SECRET_MOUNT: &str = "/run/sweety-node-agent-it/secret";
+/// The crashing container's program (a fixed string, not user input).
+const CRASHER: &str = "import os, sys
+print('env', os.environ['MY_NAME'], os.environ['MY_NS'], os.environ['SECRET_VAL'])
+print('token', len(open('/var/run/secrets/kubernetes.io/serviceaccount/token').read()) > 100)
+print('secretfile', open('/run/sweety-node-agent-it/secret/key').read(), flush=True)
+sys.exit(3)";
 
 fn is_root() -> bool {
     std::fs::read_to_string("/proc/self/status")
@@ -333,6 +340,62 @@ async fn runs_deployment_pods_as_processes() {
         );
     }
     let _ = victim_ip;
+
+    // A crashing Pod (bound directly to the node): env from the downward API and a Secret, a Secret volume
+    // and the auto-injected service-account token are visible to the process (checked through its log
+    // file), and it is restarted with its exit code in lastState.
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns_name);
+    let secret: Secret = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "creds"}, "stringData": {"key": "filedata", "env": "s3cret"}
+    }))
+    .unwrap();
+    secrets
+        .create(&PostParams::default(), &secret)
+        .await
+        .expect("create secret");
+    let crasher: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "crasher"},
+        "spec": {
+            "nodeName": NODE,
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{
+                "name": "c",
+                "image": "example.test/python-http:1",
+                "args": ["-c", CRASHER],
+                "env": [
+                    {"name": "MY_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                    {"name": "MY_NS", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+                    {"name": "SECRET_VAL", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "env"}}}
+                ],
+                "volumeMounts": [{"name": "creds", "mountPath": SECRET_MOUNT}]
+            }],
+            "volumes": [{"name": "creds", "secret": {"secretName": "creds"}}]
+        }
+    }))
+    .unwrap();
+    let crasher = pods
+        .create(&PostParams::default(), &crasher)
+        .await
+        .expect("create crasher");
+    let uid = crasher.metadata.uid.clone().unwrap_or_default();
+    eventually(
+        "crasher restarted with exit code 3",
+        Duration::from_secs(40),
+        || async {
+            let p = pods.get_opt("crasher").await.ok()??;
+            let cs = p.status?.container_statuses?.into_iter().next()?;
+            let code = cs.last_state?.terminated?.exit_code;
+            (cs.restart_count >= 1 && code == 3).then_some(())
+        },
+    )
+    .await;
+    let log = root_dir
+        .join("logs")
+        .join(format!("{ns_name}_crasher_{uid}"))
+        .join("c.log");
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    let expected = format!("env crasher {ns_name} s3cret\ntoken True\nsecretfile filedata\n");
+    assert!(text.starts_with(&expected), "{}: {text:?}", log.display());
 
     // Cleanup: deleting the namespace removes the Pods; the agent tears down their namespaces.
     nss.delete(&ns_name, &DeleteParams::default())
