@@ -37,7 +37,8 @@ struct Running {
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
     dir: PathBuf,
-    created_mount_points: Vec<PathBuf>,
+    /// Mount points this Pod holds a reference on (see `Agent::mount_points`).
+    mount_points: Vec<PathBuf>,
 }
 
 enum Entry {
@@ -52,6 +53,10 @@ pub struct Agent {
     cfg: Config,
     net: Network,
     pods: Mutex<HashMap<String, Entry>>,
+    /// Mount points the agent created on the host → number of Pods using them. A mount point is removed only
+    /// when its last user stops: removing a directory that is a mount point in another mount namespace
+    /// detaches that mount there (Linux >= 3.18), which would pull the volume from under a running Pod.
+    mount_points: Mutex<HashMap<PathBuf, usize>>,
 }
 
 fn key(pod: &Pod) -> String {
@@ -71,6 +76,7 @@ impl Agent {
             cfg,
             net,
             pods: Mutex::new(HashMap::new()),
+            mount_points: Mutex::new(HashMap::new()),
         }))
     }
 
@@ -189,7 +195,7 @@ impl Agent {
             stop: stop_tx,
             tasks: Vec::new(),
             dir: dir.clone(),
-            created_mount_points: Vec::new(),
+            mount_points: Vec::new(),
         };
         // The status writer runs from the start so waiting reasons become visible.
         running.tasks.push(tokio::spawn(status_writer(
@@ -220,7 +226,11 @@ impl Agent {
                     tokio::time::sleep(Duration::from_secs(1)).await;
                 }
             }
-            if *stop_rx.borrow() {
+            // Deleted while starting: stop retrying (on_pod's task tears down what exists).
+            if !matches!(
+                self.pods.lock().expect("pods lock").get(&uid),
+                Some(Entry::Starting)
+            ) {
                 break;
             }
         }
@@ -291,8 +301,8 @@ impl Agent {
                     None => src.clone(),
                 };
                 let dst = PathBuf::from(&m.mount_path);
-                match ensure_mount_point(&src, &dst) {
-                    Ok(true) => running.created_mount_points.push(dst.clone()),
+                match self.hold_mount_point(&src, &dst) {
+                    Ok(true) => running.mount_points.push(dst.clone()),
                     Ok(false) => {}
                     Err(e) => {
                         bad_mount = Some(e.to_string());
@@ -397,8 +407,8 @@ impl Agent {
                 tracing::warn!("container task did not stop in time");
             }
         }
-        for mp in r.created_mount_points.iter().rev() {
-            remove_mount_point(mp);
+        for mp in r.mount_points.iter().rev() {
+            self.release_mount_point(mp);
         }
         if let Some(net) = &r.net {
             self.net.remove_pod_net(net).await;
@@ -415,6 +425,34 @@ impl Agent {
             }
         }
         self.net.teardown().await;
+    }
+}
+
+impl Agent {
+    /// Creates `dst` if missing (then tracked) and takes a reference on it if the agent created it.
+    /// Returns true when the caller must release it later.
+    fn hold_mount_point(&self, src: &Path, dst: &Path) -> Result<bool> {
+        let mut mps = self.mount_points.lock().expect("mount points lock");
+        if let Some(n) = mps.get_mut(dst) {
+            *n += 1;
+            return Ok(true);
+        }
+        if ensure_mount_point(src, dst)? {
+            mps.insert(dst.to_path_buf(), 1);
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    fn release_mount_point(&self, dst: &Path) {
+        let mut mps = self.mount_points.lock().expect("mount points lock");
+        if let Some(n) = mps.get_mut(dst) {
+            *n -= 1;
+            if *n == 0 {
+                mps.remove(dst);
+                remove_mount_point(dst);
+            }
+        }
     }
 }
 

@@ -21,6 +21,10 @@ pub enum Error {
     ImageMap(String),
     #[error("no free Pod IP left in 10.244.0.2-10.244.0.199")]
     NoFreeIp,
+    #[error("generating the kubelet API certificate")]
+    Cert(#[source] rcgen::Error),
+    #[error("kubelet API TLS setup")]
+    Tls(#[source] rustls::Error),
     #[error("volume {volume}: {message}")]
     Volume { volume: String, message: String },
     #[error("container {container}: {message}")]

@@ -11,6 +11,7 @@ pub mod error;
 pub mod imagemap;
 pub mod net;
 pub mod node;
+pub mod server;
 pub mod status;
 pub mod volumes;
 

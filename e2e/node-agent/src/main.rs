@@ -52,6 +52,9 @@ struct RunArgs {
     memory: String,
     #[arg(long, default_value = "110")]
     max_pods: String,
+    /// Port of the kubelet-style logs API on 10.244.0.1 (0 disables it).
+    #[arg(long, default_value_t = 10250)]
+    kubelet_port: u16,
 }
 
 #[derive(clap::Args)]
@@ -115,6 +118,7 @@ async fn run(a: RunArgs) -> anyhow::Result<()> {
         cpu: a.cpu,
         memory: a.memory,
         pods: a.max_pods,
+        kubelet_port: (a.kubelet_port != 0).then_some(a.kubelet_port),
     };
     let agent_exe = std::env::current_exe().context("locating the agent binary")?;
     let agent = Agent::new(
@@ -122,12 +126,21 @@ async fn run(a: RunArgs) -> anyhow::Result<()> {
         Config {
             node_name: a.node.clone(),
             images,
-            root_dir: a.root_dir,
+            root_dir: a.root_dir.clone(),
             agent_exe,
         },
         &a.bridge,
     )
     .await?;
+    let server = (a.kubelet_port != 0).then(|| {
+        let addr = std::net::SocketAddr::from((sweety_node_agent::net::GATEWAY, a.kubelet_port));
+        let logs = a.root_dir.join("logs");
+        tokio::spawn(async move {
+            if let Err(e) = sweety_node_agent::server::serve(addr, logs).await {
+                tracing::error!(error = %e, "kubelet API");
+            }
+        })
+    });
     node::register(&client, &ncfg).await?;
     tracing::info!(node = %a.node, "node registered");
     let hb = tokio::spawn(node::heartbeat(client.clone(), ncfg));
@@ -138,6 +151,9 @@ async fn run(a: RunArgs) -> anyhow::Result<()> {
         _ = term.recv() => tracing::info!("SIGTERM"),
     }
     hb.abort();
+    if let Some(s) = server {
+        s.abort();
+    }
     agent.shutdown().await;
     Ok(())
 }

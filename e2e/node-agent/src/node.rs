@@ -6,7 +6,10 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeCondition, NodeStatus, NodeSystemInfo};
+use k8s_openapi::api::core::v1::{
+    DaemonEndpoint, Node, NodeAddress, NodeCondition, NodeDaemonEndpoints, NodeStatus,
+    NodeSystemInfo,
+};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, OwnerReference};
 use kube::api::{Patch, PatchParams, PostParams};
@@ -24,6 +27,8 @@ pub struct NodeConfig {
     pub cpu: String,
     pub memory: String,
     pub pods: String,
+    /// Port of the kubelet-style API on the node address, if served.
+    pub kubelet_port: Option<u16>,
 }
 
 fn status(cfg: &NodeConfig) -> NodeStatus {
@@ -54,16 +59,17 @@ fn status(cfg: &NodeConfig) -> NodeStatus {
             cond("DiskPressure", "False", "KubeletHasNoDiskPressure"),
             cond("PIDPressure", "False", "KubeletHasSufficientPID"),
         ]),
-        addresses: Some(vec![
-            NodeAddress {
-                type_: "InternalIP".into(),
-                address: crate::net::GATEWAY.to_string(),
-            },
-            NodeAddress {
-                type_: "Hostname".into(),
-                address: cfg.name.clone(),
-            },
-        ]),
+        addresses: Some(vec![NodeAddress {
+            type_: "InternalIP".into(),
+            address: crate::net::GATEWAY.to_string(),
+        }]),
+        // No Hostname address: the apiserver prefers Hostname when contacting the kubelet API, and the node
+        // name does not resolve here.
+        daemon_endpoints: cfg.kubelet_port.map(|port| NodeDaemonEndpoints {
+            kubelet_endpoint: Some(DaemonEndpoint {
+                port: i32::from(port),
+            }),
+        }),
         node_info: Some(NodeSystemInfo {
             architecture: std::env::consts::ARCH.into(),
             operating_system: "linux".into(),

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret, Service, ServiceAccount};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::api::{DeleteParams, ListParams, LogParams, PostParams};
 use kube::{Api, Client};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -169,6 +169,18 @@ async fn runs_deployment_pods_as_processes() {
     let client = Client::try_default().await.expect("kube client");
     let ns_name = format!("node-agent-it-{}", std::process::id());
     let nss: Api<Namespace> = Api::all(client.clone());
+    // Namespaces left by an earlier failed run: their Pods are bound to this node and would keep netns.
+    for old in nss
+        .list(&ListParams::default())
+        .await
+        .expect("list namespaces")
+        .items
+    {
+        let name = old.metadata.name.unwrap_or_default();
+        if name.starts_with("node-agent-it-") && old.metadata.deletion_timestamp.is_none() {
+            let _ = nss.delete(&name, &DeleteParams::default()).await;
+        }
+    }
     let ns: Namespace =
         serde_json::from_value(serde_json::json!({"metadata": {"name": ns_name}})).unwrap();
     nss.create(&PostParams::default(), &ns)
@@ -396,6 +408,16 @@ async fn runs_deployment_pods_as_processes() {
     let text = std::fs::read_to_string(&log).unwrap_or_default();
     let expected = format!("env crasher {ns_name} s3cret\ntoken True\nsecretfile filedata\n");
     assert!(text.starts_with(&expected), "{}: {text:?}", log.display());
+    // The same log through the apiserver (pods/log → the agent's kubelet API on 10.244.0.1:10250).
+    let lp = LogParams {
+        container: Some("c".into()),
+        ..Default::default()
+    };
+    let via_api = pods
+        .logs("crasher", &lp)
+        .await
+        .expect("pods/log via the apiserver");
+    assert!(via_api.starts_with(&expected), "kubectl logs: {via_api:?}");
 
     // Cleanup: deleting the namespace removes the Pods; the agent tears down their namespaces.
     nss.delete(&ns_name, &DeleteParams::default())
