@@ -447,6 +447,8 @@ async fn runs_deployment_pods_as_processes() {
         .unwrap_or(false);
     assert!(bridge_gone, "the agent removes the bridge it created");
     let _ = std::fs::remove_dir_all(&root_dir);
+    // Parent of the mount points, created by the agent (the leaves are removed by the agent).
+    let _ = std::fs::remove_dir("/run/sweety-node-agent-it");
 }
 
 fn tempfile_dir() -> std::path::PathBuf {
