@@ -1,0 +1,159 @@
+//! `sweety-node-agent run ...`: register a Node and run its Pods as local processes (needs root).
+//! `sweety-node-agent exec-container ...`: internal helper the agent runs inside a Pod's namespaces.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use sweety_node_agent::agent::{Agent, Config};
+use sweety_node_agent::imagemap::ImageMap;
+use sweety_node_agent::node::{self, NodeConfig};
+
+#[derive(Parser)]
+#[command(
+    version,
+    about = "Docker-less test kubelet: runs Pods as local processes in per-Pod netns"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Register the Node and run the Pods bound to it (KUBECONFIG selects the cluster).
+    Run(RunArgs),
+    /// Internal: bind-mount volumes, then exec the container program (run by the agent via `ip netns exec`).
+    #[command(hide = true)]
+    ExecContainer(ExecArgs),
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// Node name.
+    #[arg(long, default_value = "sweety-node-1")]
+    node: String,
+    /// Extra Node label KEY=VALUE (repeatable).
+    #[arg(long = "node-label")]
+    node_labels: Vec<String>,
+    /// IMAGE_SUBSTRING=/path/to/binary (repeatable); see README for the matching rule.
+    #[arg(long = "image-map")]
+    image_map: Vec<String>,
+    /// Bridge carrying 10.244.0.1/24 (created if missing, and then deleted on exit).
+    #[arg(long, default_value = "sweetybr0")]
+    bridge: String,
+    /// State directory (per-Pod volumes, container logs).
+    #[arg(long, default_value = "/run/sweety-node-agent")]
+    root_dir: PathBuf,
+    #[arg(long, default_value = "16")]
+    cpu: String,
+    #[arg(long, default_value = "64Gi")]
+    memory: String,
+    #[arg(long, default_value = "110")]
+    max_pods: String,
+    /// Port of the kubelet-style logs API on 10.244.0.1 (0 disables it).
+    #[arg(long, default_value_t = 10250)]
+    kubelet_port: u16,
+}
+
+#[derive(clap::Args)]
+struct ExecArgs {
+    /// SRC DST bind mount (repeatable).
+    #[arg(long, num_args = 2, value_names = ["SRC", "DST"])]
+    bind: Vec<String>,
+    #[arg(long)]
+    workdir: Option<String>,
+    program: String,
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+    args: Vec<String>,
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Cmd::ExecContainer(a) => {
+            let binds: Vec<(String, String)> = a
+                .bind
+                .chunks(2)
+                .map(|c| (c[0].clone(), c[1].clone()))
+                .collect();
+            let err = sweety_node_agent::container::exec_container(
+                &binds,
+                a.workdir.as_deref(),
+                &a.program,
+                &a.args,
+            );
+            Err(anyhow::Error::new(err).context("exec-container"))
+        }
+        Cmd::Run(a) => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .context("tokio runtime")?
+            .block_on(run(a)),
+    }
+}
+
+async fn run(a: RunArgs) -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,kube=warn".into()),
+        )
+        .init();
+    let images = ImageMap::parse(&a.image_map)?;
+    let mut labels = BTreeMap::new();
+    for l in &a.node_labels {
+        let (k, v) = l
+            .split_once('=')
+            .with_context(|| format!("--node-label {l:?}: expected KEY=VALUE"))?;
+        labels.insert(k.to_string(), v.to_string());
+    }
+    let client = kube::Client::try_default()
+        .await
+        .context("kube client (KUBECONFIG)")?;
+    let ncfg = NodeConfig {
+        name: a.node.clone(),
+        labels,
+        cpu: a.cpu,
+        memory: a.memory,
+        pods: a.max_pods,
+        kubelet_port: (a.kubelet_port != 0).then_some(a.kubelet_port),
+    };
+    let agent_exe = std::env::current_exe().context("locating the agent binary")?;
+    let agent = Agent::new(
+        client.clone(),
+        Config {
+            node_name: a.node.clone(),
+            images,
+            root_dir: a.root_dir.clone(),
+            agent_exe,
+        },
+        &a.bridge,
+    )
+    .await?;
+    let server = (a.kubelet_port != 0).then(|| {
+        let addr = std::net::SocketAddr::from((sweety_node_agent::net::GATEWAY, a.kubelet_port));
+        let logs = a.root_dir.join("logs");
+        tokio::spawn(async move {
+            if let Err(e) = sweety_node_agent::server::serve(addr, logs).await {
+                tracing::error!(error = %e, "kubelet API");
+            }
+        })
+    });
+    node::register(&client, &ncfg).await?;
+    tracing::info!(node = %a.node, "node registered");
+    let hb = tokio::spawn(node::heartbeat(client.clone(), ncfg));
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = agent.run() => tracing::warn!("pod watch ended"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT"),
+        _ = term.recv() => tracing::info!("SIGTERM"),
+    }
+    hb.abort();
+    if let Some(s) = server {
+        s.abort();
+    }
+    agent.shutdown().await;
+    Ok(())
+}
