@@ -9,6 +9,7 @@ pub mod container;
 pub mod env;
 pub mod error;
 pub mod imagemap;
+pub mod lb;
 pub mod net;
 pub mod node;
 pub mod server;

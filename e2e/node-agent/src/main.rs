@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -55,6 +56,9 @@ struct RunArgs {
     /// Port of the kubelet-style logs API on 10.244.0.1 (0 disables it).
     #[arg(long, default_value_t = 10250)]
     kubelet_port: u16,
+    /// Assign LoadBalancer Service addresses from 10.244.0.200-250 and forward their TCP ports.
+    #[arg(long)]
+    load_balancer: bool,
 }
 
 #[derive(clap::Args)]
@@ -144,6 +148,15 @@ async fn run(a: RunArgs) -> anyhow::Result<()> {
     node::register(&client, &ncfg).await?;
     tracing::info!(node = %a.node, "node registered");
     let hb = tokio::spawn(node::heartbeat(client.clone(), ncfg));
+    let lb_state: Arc<tokio::sync::Mutex<std::collections::HashMap<String, std::net::Ipv4Addr>>> =
+        Default::default();
+    let lb = a.load_balancer.then(|| {
+        tokio::spawn(sweety_node_agent::lb::run(
+            client.clone(),
+            a.bridge.clone(),
+            Arc::clone(&lb_state),
+        ))
+    });
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
         _ = agent.run() => tracing::warn!("pod watch ended"),
@@ -151,6 +164,10 @@ async fn run(a: RunArgs) -> anyhow::Result<()> {
         _ = term.recv() => tracing::info!("SIGTERM"),
     }
     hb.abort();
+    if let Some(lb) = lb {
+        lb.abort();
+        sweety_node_agent::lb::release_all(&a.bridge, &lb_state).await;
+    }
     if let Some(s) = server {
         s.abort();
     }

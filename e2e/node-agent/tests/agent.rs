@@ -152,6 +152,7 @@ async fn runs_deployment_pods_as_processes() {
                 BRIDGE,
                 "--node-label",
                 "sweety.dev/test=node-agent",
+                "--load-balancer",
             ])
             .arg("--image-map")
             .arg(format!("python-http={python}"))
@@ -269,7 +270,7 @@ async fn runs_deployment_pods_as_processes() {
         .expect("create deployment");
     let svc: Service = serde_json::from_value(serde_json::json!({
         "metadata": {"name": "web"},
-        "spec": {"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]}
+        "spec": {"type": "LoadBalancer", "selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]}
     }))
     .unwrap();
     let svcs: Api<Service> = Api::namespaced(client.clone(), &ns_name);
@@ -321,6 +322,29 @@ async fn runs_deployment_pods_as_processes() {
             "volume content served by {ip}: {body:?}"
         );
     }
+    // The LoadBalancer allocator gave the Service an address on the bridge that forwards to the Pods.
+    let lb_ip = eventually(
+        "Service load balancer address",
+        Duration::from_secs(30),
+        || async {
+            let s = svcs.get("web").await.ok()?;
+            let ip = s.status?.load_balancer?.ingress?.into_iter().next()?.ip?;
+            ip.starts_with("10.244.0.2").then_some(ip)
+        },
+    )
+    .await;
+    let via_lb = eventually(
+        "GET through the load balancer",
+        Duration::from_secs(20),
+        || async {
+            http_get(&lb_ip, 80, "/index.html")
+                .await
+                .filter(|b| b.ends_with(CONTENT))
+        },
+    )
+    .await;
+    assert!(via_lb.starts_with("HTTP/1.0 200"), "{via_lb:?}");
+
     // The bind mount is private to the Pods' mount namespaces: the host's mount point stays empty.
     assert!(
         std::fs::read_dir(MOUNT)
