@@ -110,7 +110,9 @@ struct Counters {
 struct Latest {
     generation: u64,
     hash: String,
-    config: Arc<Config>,
+    /// The config serialized once with `generation` 0: hashed, and sent as the Apply payload
+    /// (the frame carries the generation), so renumbering never touches it.
+    json: Arc<[u8]>,
 }
 
 #[derive(Default)]
@@ -164,7 +166,10 @@ impl Pusher {
     /// next generation and is pushed (debounced); otherwise the current generation is returned
     /// and nothing is sent.
     pub fn submit(&self, mut config: Config) -> u64 {
-        let hash = config.content_hash_mut();
+        config.generation = 0;
+        let json: Arc<[u8]> = config.to_json().into();
+        drop(config);
+        let hash = sweety_config::content_hash_of_json(&json);
         let generation = {
             let mut q = self.shared.queue();
             if let Some(l) = &q.latest {
@@ -180,11 +185,10 @@ impl Pusher {
             };
             let generation = adopt.unwrap_or(q.highest + 1);
             q.highest = q.highest.max(generation);
-            config.generation = generation;
             q.latest = Some(Latest {
                 generation,
                 hash,
-                config: Arc::new(config),
+                json,
             });
             generation
         };
@@ -335,9 +339,7 @@ fn on_hello(shared: &Shared, hello: &Hello) -> Option<u64> {
             (l.generation <= hello.generation).then_some(highest + 1)
         };
         if let Some(g) = renumber {
-            let mut config = (*l.config).clone();
-            config.generation = g;
-            l.config = Arc::new(config);
+            // The payload has no generation of its own: renumbering is free.
             l.generation = g;
         }
     }
@@ -399,7 +401,7 @@ async fn session(
                 .as_ref()
                 .filter(|l| l.generation != attempted)
                 .filter(|l| l.generation != running.0 || l.hash != running.1)
-                .map(|l| (l.generation, l.hash.clone(), l.config.clone()))
+                .map(|l| (l.generation, l.hash.clone(), l.json.clone()))
         };
         let now = Instant::now();
         let deadline = match (&pending, burst) {
@@ -442,9 +444,9 @@ async fn session(
             _ = tokio::time::sleep_until(deadline.unwrap_or(now + Duration::from_secs(3600))),
                 if deadline.is_some() =>
             {
-                let Some((generation, hash, config)) = pending else { continue };
+                let Some((generation, hash, json)) = pending else { continue };
                 burst = None;
-                let frame = match wire::encode_apply(generation, &config) {
+                let frame = match wire::encode_apply_json(generation, &json) {
                     Ok(f) => f,
                     Err(e) => {
                         // Too large to ever send: report it like a rejection.

@@ -110,7 +110,6 @@ impl Config {
     /// Cheapest with `generation == 0` (no copy); owners of a config can use
     /// [`Config::content_hash_mut`].
     pub fn content_hash(&self) -> String {
-        use sha2::Digest;
         let json = if self.generation == 0 {
             self.to_json()
         } else {
@@ -118,14 +117,21 @@ impl Config {
             copy.generation = 0;
             copy.to_json()
         };
-        let digest = sha2::Sha256::digest(json);
-        let mut hex = String::with_capacity(64);
-        for b in digest {
-            hex.push(char::from(HEX[usize::from(b >> 4)]));
-            hex.push(char::from(HEX[usize::from(b & 15)]));
-        }
-        hex
+        content_hash_of_json(&json)
     }
+}
+
+/// The content hash of a config already serialized with `generation` 0 (what
+/// [`Config::content_hash`] computes, without serializing again).
+pub fn content_hash_of_json(json: &[u8]) -> String {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(json);
+    let mut hex = String::with_capacity(64);
+    for b in digest {
+        hex.push(char::from(HEX[usize::from(b >> 4)]));
+        hex.push(char::from(HEX[usize::from(b & 15)]));
+    }
+    hex
 }
 
 const HEX: &[u8; 16] = b"0123456789abcdef";

@@ -258,6 +258,16 @@ pub fn encode_apply(generation: u64, config: &Config) -> Result<Vec<u8>, ParseEr
     finish(FrameType::Apply, out)
 }
 
+/// An `Apply` frame from a config already serialized as JSON (the pusher serializes once for
+/// both the content hash and the frame).
+pub fn encode_apply_json(generation: u64, config_json: &[u8]) -> Result<Vec<u8>, ParseError> {
+    let mut out = Vec::with_capacity(HEADER_LEN + 8 + config_json.len());
+    out.resize(HEADER_LEN, 0);
+    out.extend_from_slice(&generation.to_be_bytes());
+    out.extend_from_slice(config_json);
+    finish(FrameType::Apply, out)
+}
+
 /// The generation of an `Apply` payload, readable even when its config is not.
 pub fn apply_generation(payload: &[u8]) -> Option<u64> {
     let g: [u8; 8] = payload.get(..8)?.try_into().ok()?;
@@ -475,5 +485,17 @@ mod tests {
             dec[rounds / 2],
             hash[rounds / 2]
         );
+    }
+
+    #[test]
+    fn apply_from_json_matches_apply_from_config_and_hash() {
+        let mut cfg = crate::Config::default();
+        cfg.generation = 0;
+        let json = cfg.to_json();
+        assert_eq!(
+            encode_apply_json(9, &json).unwrap(),
+            encode_apply(9, &cfg).unwrap()
+        );
+        assert_eq!(crate::content_hash_of_json(&json), cfg.content_hash());
     }
 }
