@@ -489,8 +489,8 @@ mod tests {
 
     #[test]
     fn apply_from_json_matches_apply_from_config_and_hash() {
-        let mut cfg = crate::Config::default();
-        cfg.generation = 0;
+        let cfg = crate::Config::default();
+        assert_eq!(cfg.generation, 0);
         let json = cfg.to_json();
         assert_eq!(
             encode_apply_json(9, &json).unwrap(),
