@@ -671,6 +671,89 @@ mod tests {
     }
 
     #[test]
+    fn edge_settings_are_validated_with_paths() {
+        let cfg = crate::Config::from_yaml(
+            r#"
+listeners:
+  - {name: web, port: 80, protocol: http}
+  - {name: dns, port: 53, protocol: udp, l4_routes: [{name: r, backends: [{backend: b}]}]}
+client_ip:
+  trusted_proxies: [10.0.0.0/8, 10.0.0.1/8]
+  forwarded_for_depth: 0
+  proxy_protocol: [web, dns, nope]
+l4: {max_peek_bytes: 10, udp_max_sessions: 0}
+virtual_hosts:
+  - name: v
+    routes:
+      - name: r
+        filters:
+          - rate_limit: {key: {header: "a b"}, requests: 0, period: 0ms, max_keys: 0, zone: ""}
+          - ip_access: {}
+          - ip_access: {deny: [300.0.0.1]}
+        action: {proxy: {backends: [{backend: b}]}}
+backends:
+  - name: b
+    protocol: https
+    tls: {subject_alt_names: ["spiffe://x/y", "bad name"]}
+    endpoints: [{address: "10.0.0.1:80"}]
+    session_persistence: {name: "a;b", path: x, same_site: lax, ttl: 0s}
+    hash: {on: {cookie: ""}}
+    health_check: {path: health, interval: 0s, timeout: 0s, healthy_threshold: 0,
+                   unhealthy_threshold: 0, expected_status_min: 99, expected_status_max: 600}
+"#,
+        )
+        .unwrap();
+        let errs = cfg.validate_structure().unwrap_err().0;
+        let paths: Vec<&str> = errs.iter().map(|e| e.path.as_str()).collect();
+        for want in [
+            "virtual_hosts[0].routes[0].filters[0].rate_limit.key.header",
+            "virtual_hosts[0].routes[0].filters[0].rate_limit.requests",
+            "virtual_hosts[0].routes[0].filters[0].rate_limit.period",
+            "virtual_hosts[0].routes[0].filters[0].rate_limit.max_keys",
+            "virtual_hosts[0].routes[0].filters[0].rate_limit.zone",
+            "virtual_hosts[0].routes[0].filters[1].ip_access",
+            "virtual_hosts[0].routes[0].filters[2].ip_access.deny[0]",
+            "backends[0].tls.subject_alt_names",
+            "backends[0].tls.subject_alt_names[1]",
+            "backends[0].session_persistence.name",
+            "backends[0].session_persistence.path",
+            "backends[0].session_persistence.same_site",
+            "backends[0].session_persistence.ttl",
+            "backends[0].hash.on",
+            "backends[0].health_check.path",
+            "backends[0].health_check.interval",
+            "backends[0].health_check.timeout",
+            "backends[0].health_check.healthy_threshold",
+            "backends[0].health_check.unhealthy_threshold",
+            "backends[0].health_check.expected_status_min",
+            "backends[0].health_check.expected_status_max",
+            "client_ip.trusted_proxies[1]",
+            "client_ip.forwarded_for_depth",
+            "client_ip.proxy_protocol[1]",
+            "client_ip.proxy_protocol[2]",
+            "l4.max_peek_bytes",
+            "l4.udp_max_sessions",
+        ] {
+            assert!(paths.contains(&want), "{want} missing from {paths:?}");
+        }
+        assert!(
+            !paths.iter().any(|p| p.starts_with("listeners")),
+            "{paths:?}"
+        );
+        assert!(
+            !paths.contains(&"backends[0].tls.subject_alt_names[0]"),
+            "URI SANs are fine"
+        );
+        // Defaults serialize to nothing: configs without edge features look as before.
+        let plain = crate::Config::default();
+        let yaml = serde_yaml::to_string(&plain).unwrap();
+        assert!(
+            !yaml.contains("client_ip") && !yaml.contains("l4:"),
+            "{yaml}"
+        );
+    }
+
+    #[test]
     fn cidr_parse_errors() {
         for bad in [
             "",

@@ -800,6 +800,12 @@ impl<'a> Validator<'a> {
                     self.err(format!("{tpath}.sni"), msg);
                 }
             }
+            if !tls.subject_alt_names.is_empty() && tls.ca.is_none() {
+                self.err(
+                    format!("{tpath}.subject_alt_names"),
+                    "requires ca (without a CA the backend certificate is not verified)",
+                );
+            }
             for (k, san) in tls.subject_alt_names.iter().enumerate() {
                 // A URI SAN (`spiffe://…`): scheme, `://`, no spaces or controls.
                 let uri = san.split_once("://").is_some_and(|(scheme, rest)| {
