@@ -10,7 +10,10 @@
 //! `permanent-redirect`(`-code`), `temporal-redirect`, `app-root`, `proxy-read-timeout` and
 //! `proxy-connect-timeout` (their sum, in seconds, is the route's backend timeout), `canary` +
 //! `canary-weight` (+ `canary-weight-total`): a weighted split with the primary Ingress's route
-//! for the same host and path.
+//! for the same host and path. `limit-rps` / `limit-rpm` (× `limit-burst-multiplier`, default
+//! 5) become per-client-IP `rate_limit` filters whose zone is shared by the Ingress's paths,
+//! `whitelist-source-range` (or `allowlist-source-range`) and `denylist-source-range` an
+//! `ip_access` filter; invalid CIDRs are reported and left out.
 //!
 //! Never applied: every `*-snippet` annotation (raw nginx configuration; reported as
 //! `SnippetIgnored` for security). Everything else (`proxy-body-size`: there is no per-route
@@ -22,8 +25,8 @@ use crate::translate::Builder;
 use k8s_openapi::api::networking::v1::Ingress;
 use std::collections::BTreeMap;
 use sweety_config::{
-    Action, BackendProtocol, Cors, Duration, Filter, FixedResponse, PathMatch, PathRewrite,
-    Redirect, Route, RouteMatch, UrlRewrite, WeightedBackend,
+    Action, BackendProtocol, Cidr, Cors, Duration, Filter, FixedResponse, IpAccess, PathMatch,
+    PathRewrite, RateLimit, RateLimitKey, Redirect, Route, RouteMatch, UrlRewrite, WeightedBackend,
 };
 
 /// Annotation prefix of ingress-nginx.
@@ -44,6 +47,10 @@ pub struct Annotations {
     pub canary: bool,
     pub canary_weight: u32,
     pub canary_weight_total: u32,
+    /// `limit-rps` / `limit-rpm`, per client IP.
+    pub rate_limits: Vec<RateLimit>,
+    /// `whitelist-source-range` / `denylist-source-range`.
+    pub ip_access: Option<IpAccess>,
 }
 
 const CORS_METHODS: &str = "GET, PUT, POST, DELETE, PATCH, OPTIONS";
@@ -138,6 +145,10 @@ impl Annotations {
         let mut read_timeout = None;
         let mut connect_timeout = None;
         let mut redirect_code: Option<u16> = None;
+        let mut rps: Option<u32> = None;
+        let mut rpm: Option<u32> = None;
+        let mut burst_multiplier: u32 = 5;
+        let mut access = IpAccess::default();
         for (key, value) in all {
             let Some(name) = key.strip_prefix(PREFIX) else {
                 continue;
@@ -200,6 +211,33 @@ impl Annotations {
                 }
                 "proxy-read-timeout" => read_timeout = seconds(report),
                 "proxy-connect-timeout" => connect_timeout = seconds(report),
+                "limit-rps" | "limit-rpm" | "limit-burst-multiplier" => {
+                    match value.trim().parse::<u32>() {
+                        Ok(n) if n > 0 => match name {
+                            "limit-rps" => rps = Some(n),
+                            "limit-rpm" => rpm = Some(n),
+                            _ => burst_multiplier = n,
+                        },
+                        _ => bad(report, "is not a positive whole number"),
+                    }
+                }
+                "whitelist-source-range" | "allowlist-source-range" | "denylist-source-range" => {
+                    let mut ok = Vec::new();
+                    for c in list(value) {
+                        match Cidr::parse(&c) {
+                            Ok(_) => ok.push(c),
+                            Err(e) => report.warn(
+                                "InvalidAnnotation",
+                                format!("{key}: {e}; this entry is ignored"),
+                            ),
+                        }
+                    }
+                    if name == "denylist-source-range" {
+                        access.deny.extend(ok);
+                    } else {
+                        access.allow.extend(ok);
+                    }
+                }
                 "canary" => a.canary = flag(report),
                 "canary-weight" => match value.trim().parse::<u32>() {
                     Ok(w) => a.canary_weight = w,
@@ -306,6 +344,23 @@ impl Annotations {
                 }
             }
         }
+        let ns = ing.metadata.namespace.as_deref().unwrap_or("default");
+        let ing_name = ing.metadata.name.as_deref().unwrap_or("");
+        for (n, period, unit) in [(rps, 1, "rps"), (rpm, 60, "rpm")] {
+            let Some(n) = n else { continue };
+            a.rate_limits.push(RateLimit {
+                key: RateLimitKey::ClientIp,
+                requests: n,
+                period: Duration::from_secs(period),
+                // ingress-nginx allows a burst of rate × multiplier, without delay.
+                burst: n.saturating_mul(burst_multiplier).saturating_sub(n),
+                max_keys: 65_536,
+                zone: Some(format!("ingress-nginx/{ns}/{ing_name}/{unit}")),
+            });
+        }
+        if !access.allow.is_empty() || !access.deny.is_empty() {
+            a.ip_access = Some(access);
+        }
         let secs = read_timeout.unwrap_or(0) + connect_timeout.unwrap_or(0);
         if secs > 0 {
             a.backend_timeout = Some(Duration::from_secs(secs));
@@ -313,9 +368,15 @@ impl Annotations {
         a
     }
 
-    /// Apply rewrite, CORS, redirect and timeout to one path's route. A route whose match
+    /// Apply IP lists, rate limits, rewrite, CORS, redirect and timeout to one path's route. A route whose match
     /// is the `<prefix>(/|$)(.*)` idiom with target `…$2` becomes a prefix match.
     pub(crate) fn apply(&self, route: &mut Route, report: &mut Report) {
+        if let Some(a) = &self.ip_access {
+            route.filters.push(Filter::IpAccess(a.clone()));
+        }
+        for r in &self.rate_limits {
+            route.filters.push(Filter::RateLimit(r.clone()));
+        }
         if let Some(target) = &self.rewrite_target {
             let m = route.matches.first_mut().and_then(|m| m.path.as_mut());
             let rewrite = match m {
