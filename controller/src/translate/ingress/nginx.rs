@@ -13,7 +13,12 @@
 //! for the same host and path. `limit-rps` / `limit-rpm` (× `limit-burst-multiplier`, default
 //! 5) become per-client-IP `rate_limit` filters whose zone is shared by the Ingress's paths,
 //! `whitelist-source-range` (or `allowlist-source-range`) and `denylist-source-range` an
-//! `ip_access` filter; invalid CIDRs are reported and left out.
+//! `ip_access` filter; invalid CIDRs are reported and left out. `affinity: cookie` (with
+//! `session-cookie-name`, default `INGRESSCOOKIE`, `-path`, `-max-age`/`-expires`, `-secure`,
+//! `-samesite`) becomes cookie session persistence, and `upstream-hash-by` (`$remote_addr`,
+//! `$binary_remote_addr`, `$http_<header>`, `$cookie_<name>`) a ring hash, each on a variant
+//! of the backend (named `<backend>~affinity…` / `~hash…`) so other Ingresses of the same
+//! Service are unaffected.
 //!
 //! Never applied: every `*-snippet` annotation (raw nginx configuration; reported as
 //! `SnippetIgnored` for security). Everything else (`proxy-body-size`: there is no per-route
@@ -25,8 +30,9 @@ use crate::translate::Builder;
 use k8s_openapi::api::networking::v1::Ingress;
 use std::collections::BTreeMap;
 use sweety_config::{
-    Action, BackendProtocol, Cidr, Cors, Duration, Filter, FixedResponse, IpAccess, PathMatch,
-    PathRewrite, RateLimit, RateLimitKey, Redirect, Route, RouteMatch, UrlRewrite, WeightedBackend,
+    Action, BackendProtocol, Cidr, Cors, Duration, Filter, FixedResponse, HashAlgorithm, HashOn,
+    HashPolicy, IpAccess, PathMatch, PathRewrite, RateLimit, RateLimitKey, Redirect, Route,
+    RouteMatch, SessionKind, SessionPersistence, UrlRewrite, WeightedBackend,
 };
 
 /// Annotation prefix of ingress-nginx.
@@ -51,6 +57,10 @@ pub struct Annotations {
     pub rate_limits: Vec<RateLimit>,
     /// `whitelist-source-range` / `denylist-source-range`.
     pub ip_access: Option<IpAccess>,
+    /// `affinity: cookie` and its `session-cookie-*` settings.
+    pub session: Option<SessionPersistence>,
+    /// `upstream-hash-by`.
+    pub hash: Option<HashPolicy>,
 }
 
 const CORS_METHODS: &str = "GET, PUT, POST, DELETE, PATCH, OPTIONS";
@@ -149,6 +159,7 @@ impl Annotations {
         let mut rpm: Option<u32> = None;
         let mut burst_multiplier: u32 = 5;
         let mut access = IpAccess::default();
+        let mut affinity = false;
         for (key, value) in all {
             let Some(name) = key.strip_prefix(PREFIX) else {
                 continue;
@@ -236,6 +247,49 @@ impl Annotations {
                         access.deny.extend(ok);
                     } else {
                         access.allow.extend(ok);
+                    }
+                }
+                "affinity" => match value.trim() {
+                    "cookie" => affinity = true,
+                    "" | "none" => {}
+                    _ => bad(report, "is not \"cookie\""),
+                },
+                "affinity-mode"
+                | "session-cookie-name"
+                | "session-cookie-path"
+                | "session-cookie-max-age"
+                | "session-cookie-expires"
+                | "session-cookie-secure"
+                | "session-cookie-samesite" => {}
+                "upstream-hash-by" => {
+                    let v = value.trim();
+                    let on = match v {
+                        "$remote_addr" | "$binary_remote_addr" => Some(HashOn::ClientIp),
+                        _ => v
+                            .strip_prefix("$http_")
+                            .map(|h| HashOn::Header(h.replace('_', "-").to_ascii_lowercase()))
+                            .or_else(|| {
+                                v.strip_prefix("$cookie_")
+                                    .map(|c| HashOn::Cookie(c.to_string()))
+                            }),
+                    };
+                    match on {
+                        Some(HashOn::Header(n) | HashOn::Cookie(n)) if !is_token(&n) => {
+                            bad(report, "does not name a valid header or cookie")
+                        }
+                        Some(on) => {
+                            a.hash = Some(HashPolicy {
+                                on,
+                                algorithm: HashAlgorithm::RingHash,
+                            })
+                        }
+                        None => report.warn(
+                            "UnsupportedAnnotation",
+                            format!(
+                                "{key}: {v:?} is not supported (only $remote_addr, \
+                                 $binary_remote_addr, $http_<header> and $cookie_<name>); ignored"
+                            ),
+                        ),
                     }
                 }
                 "canary" => a.canary = flag(report),
@@ -361,6 +415,9 @@ impl Annotations {
         if !access.allow.is_empty() || !access.deny.is_empty() {
             a.ip_access = Some(access);
         }
+        if affinity {
+            a.session = Some(session_cookie(&get, report));
+        }
         let secs = read_timeout.unwrap_or(0) + connect_timeout.unwrap_or(0);
         if secs > 0 {
             a.backend_timeout = Some(Duration::from_secs(secs));
@@ -422,6 +479,95 @@ impl Annotations {
             route.filters.push(Filter::Redirect(r.clone()));
         }
         route.timeouts.backend = self.backend_timeout;
+    }
+}
+
+/// The cookie session persistence of `affinity: cookie` from the `session-cookie-*`
+/// annotations (read through `get`); invalid values are reported and left at the default.
+fn session_cookie<'a>(
+    get: &impl Fn(&str) -> Option<&'a str>,
+    report: &mut Report,
+) -> SessionPersistence {
+    let mut s = SessionPersistence {
+        kind: SessionKind::Cookie,
+        name: "INGRESSCOOKIE".into(),
+        ttl: None,
+        path: None,
+        secure: false,
+        http_only: true,
+        same_site: None,
+    };
+    let mut warn = |k: &str, v: &str, why: &str| {
+        report.warn(
+            "InvalidAnnotation",
+            format!("{PREFIX}{k}: {v:?} {why}; ignored"),
+        )
+    };
+    if let Some(v) = get("session-cookie-name") {
+        if is_token(v.trim()) {
+            s.name = v.trim().to_string();
+        } else {
+            warn("session-cookie-name", v, "is not a valid cookie name");
+        }
+    }
+    if let Some(v) = get("session-cookie-path") {
+        if v.starts_with('/') && !v.contains([';', ' ', ',']) {
+            s.path = Some(v.to_string());
+        } else {
+            warn("session-cookie-path", v, "is not a path");
+        }
+    }
+    for k in ["session-cookie-max-age", "session-cookie-expires"] {
+        if let Some(v) = get(k) {
+            match v.trim().parse::<u64>() {
+                Ok(n) if n > 0 => s.ttl = s.ttl.or(Some(Duration::from_secs(n))),
+                _ => warn(k, v, "is not a positive number of seconds"),
+            }
+        }
+    }
+    if let Some(v) = get("session-cookie-secure") {
+        s.secure = truthy(v).unwrap_or(false);
+    }
+    if let Some(v) = get("session-cookie-samesite") {
+        match v.trim() {
+            "None" | "Lax" | "Strict" => s.same_site = Some(v.trim().to_string()),
+            _ => warn("session-cookie-samesite", v, "is not None, Lax or Strict"),
+        }
+    }
+    s
+}
+
+impl Annotations {
+    /// The backend to use for `name` given the affinity and hash annotations: `name` itself,
+    /// or a variant of it registered with session persistence (preferred) or a hash policy.
+    /// Variants differing in cookie settings get distinct names.
+    pub(crate) fn balanced_backend(&self, b: &mut Builder<'_>, name: String) -> String {
+        if self.session.is_none() && self.hash.is_none() {
+            return name;
+        }
+        let Some(base) = b.backends.get(&name) else {
+            return name;
+        };
+        let mut variant = base.clone();
+        let variant_name = if let Some(s) = &self.session {
+            variant.session_persistence = Some(s.clone());
+            let attrs = format!("{:?}", (s.ttl, &s.path, s.secure, &s.same_site));
+            let h = attrs
+                .bytes()
+                .fold(0u32, |h, c| h.wrapping_mul(31).wrapping_add(u32::from(c)));
+            format!("{name}~affinity={}~{h:08x}", s.name)
+        } else {
+            let h = self.hash.as_ref().expect("checked above");
+            variant.hash = Some(h.clone());
+            match &h.on {
+                HashOn::ClientIp => format!("{name}~hash=client-ip"),
+                HashOn::Header(n) => format!("{name}~hash=header:{n}"),
+                HashOn::Cookie(n) => format!("{name}~hash=cookie:{n}"),
+            }
+        };
+        variant.name = variant_name.clone();
+        b.backends.insert(variant);
+        variant_name
     }
 }
 
