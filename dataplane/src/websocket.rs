@@ -36,6 +36,9 @@ static SEC_WEBSOCKET_VERSION: HeaderName = HeaderName::from_static("sec-websocke
 static SEC_WEBSOCKET_PROTOCOL: HeaderName = HeaderName::from_static("sec-websocket-protocol");
 static SEC_WEBSOCKET_EXTENSIONS: HeaderName = HeaderName::from_static("sec-websocket-extensions");
 
+/// After one side of a tunnel closed, how long the other direction may still drain.
+pub const HALF_CLOSE_GRACE: Duration = Duration::from_secs(2);
+
 /// Bytes read at a time in each direction of a tunnel.
 pub const TUNNEL_BUFFER: usize = 16 * 1024;
 
@@ -219,11 +222,32 @@ where
     let touch = || last.store(start.elapsed().as_millis() as u64, Relaxed);
     let (mut ar, mut aw) = tokio::io::split(a);
     let (mut br, mut bw) = tokio::io::split(b);
+    let up = pump(&mut ar, &mut bw, &touch);
+    let down = pump(&mut br, &mut aw, &touch);
+    tokio::pin!(up, down);
+    // When one side closes, the other direction gets a short grace to drain, then the
+    // tunnel ends (a WebSocket is over once either peer has closed its connection).
     let copy = async {
-        tokio::try_join!(
-            pump(&mut ar, &mut bw, &touch),
-            pump(&mut br, &mut aw, &touch)
-        )
+        let (first, up_first) = tokio::select! {
+            r = &mut up => (r, true),
+            r = &mut down => (r, false),
+        };
+        let first = first?;
+        let grace = idle.min(HALF_CLOSE_GRACE);
+        let second = if up_first {
+            tokio::time::timeout(grace, &mut down).await
+        } else {
+            tokio::time::timeout(grace, &mut up).await
+        };
+        let second = match second {
+            Ok(r) => r?,
+            Err(_) => 0,
+        };
+        Ok::<_, std::io::Error>(if up_first {
+            (first, second)
+        } else {
+            (second, first)
+        })
     };
     let watchdog = async {
         loop {
