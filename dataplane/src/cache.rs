@@ -615,20 +615,26 @@ impl Cache {
         let (parts, body) = resp.into_parts();
         let mut stored_headers = parts.headers.clone();
         stored_headers.remove(&X_CACHE);
+        let pending = Pending {
+            cache: self.clone(),
+            key: key.clone(),
+            req_headers,
+            status: parts.status,
+            headers: stored_headers,
+            fresh,
+            stale,
+            _guard: guard,
+        };
+        if http_body::Body::is_end_stream(&body) {
+            // An empty body is never polled: store it now.
+            pending.store(BytesMut::new());
+            return Response::from_parts(parts, body);
+        }
         let tee = TeeBody {
             inner: body,
             buf: Some(BytesMut::new()),
             max: max_entry as usize,
-            done: Some(Pending {
-                cache: self.clone(),
-                key: key.clone(),
-                req_headers,
-                status: parts.status,
-                headers: stored_headers,
-                fresh,
-                stale,
-                _guard: guard,
-            }),
+            done: Some(pending),
         };
         Response::from_parts(parts, crate::body::boxed(tee))
     }
@@ -677,6 +683,20 @@ pin_project_lite::pin_project! {
     }
 }
 
+impl Pending {
+    fn store(self, body: BytesMut) {
+        self.cache.insert(
+            &self.key,
+            &self.req_headers,
+            self.status,
+            self.headers,
+            body.freeze(),
+            self.fresh,
+            self.stale,
+        );
+    }
+}
+
 impl http_body::Body for TeeBody {
     type Data = Bytes;
     type Error = BoxError;
@@ -685,8 +705,8 @@ impl http_body::Body for TeeBody {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let this = self.project();
-        let r = this.inner.poll_frame(cx);
+        let mut this = self.project();
+        let r = this.inner.as_mut().poll_frame(cx);
         match &r {
             Poll::Ready(Some(Ok(f))) => match f.data_ref() {
                 Some(d) => {
@@ -699,21 +719,20 @@ impl http_body::Body for TeeBody {
                     } else if let Some(b) = this.buf.as_mut() {
                         b.extend_from_slice(d);
                     }
+                    // HTTP/1.1 stops polling once Content-Length bytes are out: store as soon
+                    // as the inner body knows it is complete.
+                    if this.inner.is_end_stream() {
+                        if let (Some(p), Some(b)) = (this.done.take(), this.buf.take()) {
+                            p.store(b);
+                        }
+                    }
                 }
                 // Trailers are not stored: a response that has them is not cached.
                 None => *this.buf = None,
             },
             Poll::Ready(None) => {
                 if let (Some(p), Some(b)) = (this.done.take(), this.buf.take()) {
-                    p.cache.insert(
-                        &p.key,
-                        &p.req_headers,
-                        p.status,
-                        p.headers,
-                        b.freeze(),
-                        p.fresh,
-                        p.stale,
-                    );
+                    p.store(b);
                 }
             }
             Poll::Ready(Some(Err(_))) => {
@@ -726,8 +745,7 @@ impl http_body::Body for TeeBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        // Report the end only through `poll_frame`, so the entry is stored.
-        false
+        self.done.is_none() && self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
