@@ -75,7 +75,7 @@ impl CompressPolicy {
             .unwrap_or("")
             .trim()
             .to_ascii_lowercase();
-        self.exact.iter().any(|e| *e == essence)
+        self.exact.contains(&essence)
             || self
                 .prefixes
                 .iter()

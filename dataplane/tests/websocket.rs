@@ -17,6 +17,8 @@ use tokio_tungstenite::tungstenite::protocol::Role;
 use tokio_tungstenite::tungstenite::Message;
 
 /// An echo WebSocket server that accepts the `chat` subprotocol when offered.
+// The handshake callback's error type is tungstenite's.
+#[allow(clippy::result_large_err)]
 async fn echo_backend() -> SocketAddr {
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
