@@ -22,15 +22,22 @@
 //! * [`access`]: real client IP behind trusted proxies, IP allow/deny lists, rate limits.
 //! * [`proxy_protocol`]: PROXY protocol v1/v2 headers, read on listeners and sent to backends.
 //! * [`l4`]: layer-4 listeners: TLS passthrough by SNI, TCP and UDP proxying.
+//! * [`compress`]: on-the-fly gzip/brotli/zstd of responses (`compress` filter).
+//! * [`cache`]: the in-memory response cache (`cache` filter), purged through admin.
+//! * [`websocket`]: HTTP/1.1 Upgrade and HTTP/2 extended CONNECT tunnels to backends.
+//! * [`grpc`]: gRPC-shaped errors and gRPC-Web translation.
 
 pub mod access;
 pub mod access_log;
 pub mod admin;
 pub mod body;
+pub mod cache;
+pub mod compress;
 pub mod control;
 pub mod ctx;
 pub mod defaults;
 pub mod filters;
+pub mod grpc;
 pub mod h3;
 pub mod l4;
 pub mod limits;
@@ -43,3 +50,4 @@ pub mod runtime;
 pub mod server;
 pub mod static_files;
 pub mod tls;
+pub mod websocket;

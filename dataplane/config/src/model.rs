@@ -3,7 +3,7 @@
 //! Field names are `snake_case` in YAML/JSON. Every struct rejects unknown fields so a typo is
 //! an error rather than a silently ignored setting. Defaults are chosen for a production edge.
 
-use crate::edge::{
+use crate::edgenet::{
     ClientIp, HashPolicy, HealthCheck, IpAccess, L4Settings, RateLimit, SessionPersistence,
 };
 use crate::Duration;
@@ -63,6 +63,9 @@ pub struct Config {
     /// Settings of the layer-4 (`tcp`, `udp`, `tls_passthrough`) listeners.
     #[serde(default, skip_serializing_if = "L4Settings::is_default")]
     pub l4: L4Settings,
+    /// Bounds of the in-memory response cache (used by routes with a `cache` filter).
+    #[serde(default, skip_serializing_if = "crate::CacheSettings::is_default")]
+    pub cache: crate::CacheSettings,
 }
 
 fn schema_version() -> u32 {
@@ -83,6 +86,7 @@ impl Default for Config {
             access_log: AccessLog::default(),
             client_ip: ClientIp::default(),
             l4: L4Settings::default(),
+            cache: crate::CacheSettings::default(),
         }
     }
 }
@@ -352,6 +356,12 @@ pub enum Filter {
     RateLimit(RateLimit),
     /// IP allow and deny lists (403). Checked before the other request filters.
     IpAccess(IpAccess),
+    /// Compress responses (gzip, br, zstd) by the client's Accept-Encoding.
+    Compress(crate::Compression),
+    /// Cache responses in memory.
+    Cache(crate::CachePolicy),
+    /// gRPC options (gRPC-Web translation).
+    Grpc(crate::GrpcOptions),
 }
 
 /// Header edits: set (replace), add (append), remove.
@@ -765,6 +775,9 @@ pub struct Limits {
     pub max_request_body_bytes: u64,
     /// Time in-flight requests get to finish on shutdown or listener removal.
     pub drain_timeout: Duration,
+    /// A WebSocket tunnel with no byte either way for this long is closed. Default 5m.
+    #[serde(skip_serializing_if = "crate::is_default_websocket_idle_timeout")]
+    pub websocket_idle_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -782,6 +795,7 @@ impl Default for Limits {
             max_header_bytes: 64 * 1024,
             max_request_body_bytes: 64 * 1024 * 1024,
             drain_timeout: Duration::from_secs(20),
+            websocket_idle_timeout: crate::default_websocket_idle_timeout(),
         }
     }
 }

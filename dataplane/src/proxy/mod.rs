@@ -27,6 +27,7 @@ mod health;
 pub mod outlier;
 pub mod pool;
 pub mod tls;
+mod upgrade;
 
 pub use error::{ErrorOrigin, ProxyError};
 
