@@ -1,6 +1,7 @@
-//! Config types of the edge network features: rate limits and IP access rules (route filters), the
-//! real client address (trusted proxies, `X-Forwarded-For` depth, PROXY protocol), session
-//! affinity and consistent hashing, active health checks, and layer-4 proxy settings.
+//! Config types of the edge network features: rate limits and IP access rules (route
+//! filters), the real client address (trusted proxies, `X-Forwarded-For` depth, PROXY
+//! protocol), session affinity and consistent hashing, active health checks, and layer-4 proxy
+//! settings; plus CIDR parsing and the checks `validate` runs on them.
 //!
 //! Everything here is off by default and skipped when serialized at its default, so configs
 //! that do not use these features look exactly as before.
