@@ -225,12 +225,26 @@ pub struct HashPolicy {
 
 // ------------------------------------------------------------------ health checks
 
+/// How a health check probes an endpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HealthCheckKind {
+    /// `GET path` over the backend's protocol; passes on an expected status.
+    #[default]
+    Http,
+    /// A TCP connect; passes when it succeeds (for layer-4 backends).
+    Tcp,
+}
+
 /// Active HTTP health checks of every endpoint of a backend. An endpoint that fails
 /// `unhealthy_threshold` checks in a row is skipped until it passes `healthy_threshold` in a
 /// row; passive outlier ejection applies on top.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HealthCheck {
+    /// HTTP (default) or a plain TCP connect.
+    #[serde(default, rename = "type")]
+    pub kind: HealthCheckKind,
     /// Path requested (GET). Default `/`.
     #[serde(default = "default_hc_path")]
     pub path: String,
@@ -282,6 +296,7 @@ fn default_hc_max() -> u16 {
 impl Default for HealthCheck {
     fn default() -> Self {
         HealthCheck {
+            kind: HealthCheckKind::Http,
             path: default_hc_path(),
             host: None,
             interval: default_hc_interval(),
