@@ -401,3 +401,105 @@ async fn edge_config_errors_are_reported_with_paths() {
         );
     }
 }
+
+/// A backend whose responses wait until `gate` is opened.
+async fn gated_backend(gate: std::sync::Arc<tokio::sync::Semaphore>) -> std::net::SocketAddr {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((s, _)) = l.accept().await else { return };
+            let gate = gate.clone();
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |_req| {
+                    let gate = gate.clone();
+                    async move {
+                        gate.acquire().await.unwrap().forget();
+                        Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(
+                            Bytes::from_static(b"done"),
+                        )))
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(s), svc)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn concurrency_limit_counts_requests_in_flight_per_client() {
+    bounded(async {
+        let gate = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
+        let be = gated_backend(gate.clone()).await;
+        let mut cfg = http_config(vec![vhost(
+            "v",
+            &[],
+            vec![with_filters(
+                proxy_route("r", "/", "be"),
+                vec![Filter::ConcurrencyLimit(ConcurrencyLimit {
+                    key: RateLimitKey::Header("x-user".into()),
+                    max: 2,
+                })],
+            )],
+        )]);
+        cfg.backends = vec![backend("be", be)];
+        let h = Harness::start(cfg).await;
+        let url = format!("http://{}/", h.addr("web").await);
+        let c = h1_client();
+        let alice = [("x-user", "alice")];
+        // Two requests of alice in flight (held at the backend)…
+        let first = tokio::spawn({
+            let (c, url) = (c.clone(), url.clone());
+            async move { get_with(&c, &url, &alice).await.0 }
+        });
+        let second = tokio::spawn({
+            let (c, url) = (c.clone(), url.clone());
+            async move { get_with(&c, &url, &alice).await.0 }
+        });
+        // …wait until both reached the backend (bounded polling).
+        let active = || {
+            h.runtime
+                .shared
+                .metrics
+                .active_requests
+                .load(std::sync::atomic::Ordering::SeqCst)
+        };
+        for _ in 0..500 {
+            if active() >= 2 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(active(), 2);
+        // A third of alice's is refused at once.
+        let (s, ra, _) = get_with(&c, &url, &alice).await;
+        assert_eq!((s, ra.as_deref()), (429, Some("1")));
+        // Bob is admitted meanwhile.
+        let bob = tokio::spawn({
+            let (c, url) = (c.clone(), url.clone());
+            async move { get_with(&c, &url, &[("x-user", "bob")]).await.0 }
+        });
+        for _ in 0..500 {
+            if active() >= 3 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(
+            active(),
+            3,
+            "bob's request is in flight next to alice's two"
+        );
+        // Release everything: all succeed, and alice gets through again afterwards.
+        gate.add_permits(3);
+        assert_eq!(first.await.unwrap(), 200);
+        assert_eq!(second.await.unwrap(), 200);
+        assert_eq!(bob.await.unwrap(), 200);
+        gate.add_permits(1);
+        assert_eq!(get_with(&c, &url, &alice).await.0, 200);
+    })
+    .await;
+}

@@ -59,6 +59,18 @@ pub struct RateLimit {
     pub zone: Option<String>,
 }
 
+/// At most `max` requests in flight per key (ingress-nginx `limit-connections`); more get
+/// 429 with `Retry-After: 1`. A key is tracked only while it has requests in flight.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConcurrencyLimit {
+    /// What requests are counted by. Default: the client IP.
+    #[serde(default)]
+    pub key: RateLimitKey,
+    /// Requests in flight per key at most.
+    pub max: u32,
+}
+
 fn is_zero(n: &u32) -> bool {
     *n == 0
 }
@@ -471,6 +483,19 @@ pub(crate) fn check_rate_limit(r: &RateLimit) -> Problems {
     }
     if r.zone.as_deref() == Some("") {
         out.push(("zone".into(), "must not be empty when set".into()));
+    }
+    out
+}
+
+pub(crate) fn check_concurrency_limit(c: &ConcurrencyLimit) -> Problems {
+    let mut out = Vec::new();
+    if let RateLimitKey::Header(h) = &c.key {
+        if http_token(h).is_err() {
+            out.push(("key.header".into(), format!("invalid header name {h:?}")));
+        }
+    }
+    if c.max == 0 {
+        out.push(("max".into(), "must be greater than 0".into()));
     }
     out
 }

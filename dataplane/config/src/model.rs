@@ -356,6 +356,8 @@ pub enum Filter {
     RateLimit(RateLimit),
     /// IP allow and deny lists (403). Checked before the other request filters.
     IpAccess(IpAccess),
+    /// Requests in flight per key at most (429 past it). Checked with the rate limits.
+    ConcurrencyLimit(crate::edgenet::ConcurrencyLimit),
     /// Compress responses (gzip, br, zstd) by the client's Accept-Encoding.
     Compress(crate::Compression),
     /// Cache responses in memory.

@@ -579,6 +579,10 @@ impl<'a> Validator<'a> {
                 &format!("{path}.rate_limit"),
                 crate::edgenet::check_rate_limit(r),
             ),
+            Filter::ConcurrencyLimit(c) => self.problems(
+                &format!("{path}.concurrency_limit"),
+                crate::edgenet::check_concurrency_limit(c),
+            ),
             Filter::IpAccess(a) => self.problems(
                 &format!("{path}.ip_access"),
                 crate::edgenet::check_ip_access(a),
