@@ -518,6 +518,8 @@ impl CompiledFilters {
                 }
                 Filter::Cache(c) => out.edge.cache = Some(c.clone()),
                 Filter::Grpc(g) => out.edge.grpc = Some(g.clone()),
+                // Applied by the pipeline before every other filter (see `crate::access`).
+                Filter::RateLimit(_) | Filter::IpAccess(_) => {}
             }
         }
         Ok(out)
@@ -616,6 +618,8 @@ fn filter_kind(f: &Filter) -> &'static str {
         Filter::Compress(_) => "compress",
         Filter::Cache(_) => "cache",
         Filter::Grpc(_) => "grpc",
+        Filter::RateLimit(_) => "rate_limit",
+        Filter::IpAccess(_) => "ip_access",
     }
 }
 

@@ -186,6 +186,9 @@ impl<'a> Validator<'a> {
                 "must be greater than 0 and at most cache.max_bytes",
             );
         }
+        let found = crate::edge::check_client_ip(&cfg.client_ip, &cfg.listeners);
+        self.problems("client_ip", found);
+        self.problems("l4", crate::edge::check_l4(&cfg.l4));
     }
 
     /// Checks a name is non-empty and unique within `seen` (name → path of first use).
@@ -575,6 +578,14 @@ impl<'a> Validator<'a> {
             Filter::Compress(c) => self.compress(&format!("{path}.compress"), c),
             Filter::Cache(c) => self.cache_policy(&format!("{path}.cache"), c),
             Filter::Grpc(_) => {}
+            Filter::RateLimit(r) => self.problems(
+                &format!("{path}.rate_limit"),
+                crate::edge::check_rate_limit(r),
+            ),
+            Filter::IpAccess(a) => self.problems(
+                &format!("{path}.ip_access"),
+                crate::edge::check_ip_access(a),
+            ),
         }
     }
 
@@ -609,6 +620,17 @@ impl<'a> Validator<'a> {
         for (k, h) in c.key_headers.iter().enumerate() {
             if let Err(msg) = check_token(h, "header name") {
                 self.err(format!("{path}.key_headers[{k}]"), msg);
+            }
+        }
+    }
+
+    /// Reports problems found by the edge-feature checks under `path`.
+    fn problems(&mut self, path: &str, found: crate::edge::Problems) {
+        for (field, msg) in found {
+            if field.is_empty() {
+                self.err(path, msg);
+            } else {
+                self.err(format!("{path}.{field}"), msg);
             }
         }
     }
@@ -828,8 +850,23 @@ impl<'a> Validator<'a> {
                     self.err(format!("{tpath}.sni"), msg);
                 }
             }
+            if !tls.subject_alt_names.is_empty() && tls.ca.is_none() {
+                self.err(
+                    format!("{tpath}.subject_alt_names"),
+                    "requires ca (without a CA the backend certificate is not verified)",
+                );
+            }
             for (k, san) in tls.subject_alt_names.iter().enumerate() {
-                if san.parse::<IpAddr>().is_err() {
+                // A URI SAN (`spiffe://…`): scheme, `://`, no spaces or controls.
+                let uri = san.split_once("://").is_some_and(|(scheme, rest)| {
+                    !scheme.is_empty()
+                        && scheme
+                            .bytes()
+                            .all(|b| b.is_ascii_alphanumeric() || b"+-.".contains(&b))
+                        && !rest.is_empty()
+                        && !rest.bytes().any(|b| b <= 0x20 || b == 0x7f)
+                });
+                if !uri && san.parse::<IpAddr>().is_err() {
                     if let Err(msg) = check_hostname(san, true) {
                         self.err(format!("{tpath}.subject_alt_names[{k}]"), msg);
                     }
@@ -875,6 +912,7 @@ impl<'a> Validator<'a> {
             let msg = format!("must be at most 100, got {}", o.max_ejection_percent);
             self.err(format!("{path}.outlier.max_ejection_percent"), msg);
         }
+        self.problems(path, crate::edge::check_backend_edge(b));
     }
 
     // ---------------------------------------------------------------- limits
