@@ -195,7 +195,8 @@ spec:
       terminationGracePeriodSeconds: 2
       containers:
         - name: echo
-          image: gcr.io/k8s-staging-gateway-api/echo-basic:v20240412-v1.0.0-394-g40c666fd
+          # A local name: the node agent maps images containing echo-basic to the binary.
+          image: sweety-e2e/echo-basic:v1.6.3
           env:
             - {name: POD_NAME, valueFrom: {fieldRef: {fieldPath: metadata.name}}}
             - {name: NAMESPACE, valueFrom: {fieldRef: {fieldPath: metadata.namespace}}}

@@ -13,6 +13,8 @@
 //!   (SIGKILL to the container's process on this host: the e2e node agent runs containers as local
 //!   processes; needs root) or `kind` (`crictl stop` inside the kind node container `SWEETY_E2E_KIND_NODE`,
 //!   default `sweety-e2e-control-plane`, through `docker exec`).
+//! * `SWEETY_E2E_ECHO_IMAGE`: image of the echo backends (Gateway API's echo-basic); the default is a local
+//!   name the e2e node agent maps to the binary.
 
 pub mod client;
 pub mod cluster;

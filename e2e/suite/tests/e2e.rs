@@ -18,7 +18,11 @@ use sweety_e2e::{eventually, Error, Result};
 /// Serialises the tests: the restart test must not overlap the others.
 static LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-const ECHO_IMAGE: &str = "gcr.io/k8s-staging-gateway-api/echo-basic:v20240412-v1.0.0-394-g40c666fd";
+/// The echo backend's image: `SWEETY_E2E_ECHO_IMAGE`, default a local name the e2e node agent maps to the
+/// echo-basic binary (e2e/kind/run.sh passes the conformance suite's image reference).
+fn echo_image() -> String {
+    std::env::var("SWEETY_E2E_ECHO_IMAGE").unwrap_or_else(|_| "sweety-e2e/echo-basic:v1.6.3".into())
+}
 const INGRESS_NS: &str = "e2e-ingress";
 const INGRESS_HOST: &str = "ingress.e2e.test";
 const GATEWAY_NS: &str = "e2e-gateway";
@@ -114,7 +118,7 @@ async fn echo(env: &Env, ns: &str) -> Result<()> {
                     "spec": {
                         "terminationGracePeriodSeconds": 2,
                         "containers": [{
-                            "name": "echo", "image": ECHO_IMAGE,
+                            "name": "echo", "image": echo_image(),
                             "env": [
                                 {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
                                 {"name": "NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}
