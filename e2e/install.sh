@@ -25,6 +25,8 @@
 #   SWEETY_POD_CIDR [10.246.0.0/24]      Pod network: node/bridge .1, Pods .2-.199, LoadBalancers .200-.250
 #   SWEETY_NODE [sweety-e2e-node]        Node name
 #   SWEETY_KUBELET_PORT [10250]          the agent's logs API on the bridge address
+#   SWEETY_IMAGE_MAP []                  extra --image-map KEY=PATH entries for the agent, space-separated
+#                                        (e.g. coredns=/path/to/coredns for the conformance suite's UDP tests)
 #   SWEETY_NAMESPACE [sweety] SWEETY_RELEASE [sweety]   helm namespace and release
 #   SWEETY_PROFILE [debug]               cargo profile of the binaries (debug or release)
 #   CARGO_TARGET_DIR [<repo>/target]     where cargo builds
@@ -139,10 +141,15 @@ if running node-agent; then
   log "node agent already running (pid $(cat "$RUN/node-agent.pid"))"
 else
   mkdir -p "$AGENT_DIR" "$LOG"
+  extra_maps=() maps=()
+  read -r -a maps <<< "${SWEETY_IMAGE_MAP:-}"
+  for m in "${maps[@]}"; do
+    case $m in *=/*) extra_maps+=(--image-map "$m") ;; *) die "SWEETY_IMAGE_MAP entry '$m': expected KEY=/absolute/path" ;; esac
+  done
   nohup "$BIN/sweety-node-agent" run --node "$NODE" --bridge "$BRIDGE" --pod-cidr "$POD_CIDR" \
     --root-dir "$AGENT_DIR" --kubelet-port "$KUBELET_PORT" --load-balancer \
     --node-label sweety.dev/e2e=true \
-    --image-map "sweety/sweety=$IMAGE_DIR" --image-map "echo-basic=$GWBIN/echo-basic" \
+    --image-map "sweety/sweety=$IMAGE_DIR" --image-map "echo-basic=$GWBIN/echo-basic" "${extra_maps[@]}" \
     > "$LOG/node-agent.log" 2>&1 &
   echo $! > "$RUN/node-agent.pid"
   log "started node agent pid $! (log $LOG/node-agent.log)"
