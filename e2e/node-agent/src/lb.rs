@@ -224,29 +224,9 @@ async fn sync(
                 Err(e) => tracing::warn!(service = %svc_name, error = %e, "load balancer port"),
             }
         }
-        let current = svc
-            .status
-            .as_ref()
-            .and_then(|s| s.load_balancer.as_ref())
-            .and_then(|l| l.ingress.as_ref())
-            .and_then(|i| i.first())
-            .and_then(|i| i.ip.clone());
-        if current.as_deref() != Some(a.ip.to_string().as_str()) {
-            let api: Api<Service> = Api::namespaced(client.clone(), &ns);
-            let body = serde_json::json!({"status": {"loadBalancer": {"ingress": [{"ip": a.ip.to_string(), "ipMode": "VIP"}]}}});
-            api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&body))
-                .await
-                .map_err(Error::kube("patching Service status"))?;
-        }
-        // Backends from the ready endpoints of the Service's EndpointSlices.
-        let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), &ns);
-        let lp = ListParams::default().labels(&format!("kubernetes.io/service-name={name}"));
-        let slices = slices
-            .list(&lp)
-            .await
-            .map_err(Error::kube("list EndpointSlices"))?;
-        for f in a.ports.values() {
-            *f.backends.write().expect("backends lock") = ready_backends(&slices.items, &f.name);
+        // Errors here concern this Service only: the others are still served.
+        if let Err(e) = publish(client, &svc, &ns, &name, a).await {
+            tracing::warn!(service = %svc_name, error = %e, "load balancer status/backends");
         }
     }
     let gone: Vec<String> = allocated
@@ -263,6 +243,41 @@ async fn sync(
             state.lock().await.remove(&uid);
             tracing::info!(ip = %a.ip, "load balancer address released");
         }
+    }
+    Ok(())
+}
+
+/// Writes the Service's load-balancer status (if it differs) and refreshes the backends of its ports.
+async fn publish(
+    client: &Client,
+    svc: &Service,
+    ns: &str,
+    name: &str,
+    a: &Allocated,
+) -> Result<()> {
+    let current = svc
+        .status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|l| l.ingress.as_ref())
+        .and_then(|i| i.first())
+        .and_then(|i| i.ip.clone());
+    if current.as_deref() != Some(a.ip.to_string().as_str()) {
+        let api: Api<Service> = Api::namespaced(client.clone(), ns);
+        let body = serde_json::json!({"status": {"loadBalancer": {"ingress": [{"ip": a.ip.to_string(), "ipMode": "VIP"}]}}});
+        api.patch_status(name, &PatchParams::default(), &Patch::Merge(&body))
+            .await
+            .map_err(Error::kube("patching Service status"))?;
+    }
+    // Backends from the ready endpoints of the Service's EndpointSlices.
+    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), ns);
+    let lp = ListParams::default().labels(&format!("kubernetes.io/service-name={name}"));
+    let slices = slices
+        .list(&lp)
+        .await
+        .map_err(Error::kube("list EndpointSlices"))?;
+    for f in a.ports.values() {
+        *f.backends.write().expect("backends lock") = ready_backends(&slices.items, &f.name);
     }
     Ok(())
 }
