@@ -63,7 +63,22 @@ esac
 
 t0=$(date +%s)
 log() { echo "[install $(( $(date +%s) - t0 ))s] $*"; }
-die() { echo "install: $*" >&2; exit 1; }
+# On failure after the agent started: what the cluster and the agent say (for CI logs).
+diag=0
+diagnose() {
+  [ "$diag" = 1 ] || return 0
+  diag=0
+  echo "---- diagnostics: pods, recent events, node agent log tail" >&2
+  kubectl get pods -A -o wide >&2 || true
+  kubectl get events -A --sort-by=.lastTimestamp 2>/dev/null | tail -15 >&2 || true
+  tail -20 "$LOG/node-agent.log" >&2 || true
+  for f in "$AGENT_DIR"/logs/"$NS"_*/*.log; do
+    [ -f "$f" ] && { echo "-- $f" >&2; tail -10 "$f" >&2; }
+  done
+  return 0
+}
+trap diagnose ERR
+die() { echo "install: $*" >&2; diagnose; exit 1; }
 
 running() { [ -f "$RUN/$1.pid" ] && kill -0 "$(cat "$RUN/$1.pid")" 2>/dev/null; }
 
@@ -160,6 +175,7 @@ for _ in $(seq 1 60); do
   sleep 0.5
 done
 kubectl get node "$NODE" >/dev/null || die "node $NODE did not register"
+diag=1
 log "node $NODE Ready"
 
 # ------------------------------------------------------------------ 4. helm install
