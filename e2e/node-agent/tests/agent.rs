@@ -24,9 +24,9 @@ const NODE: &str = "sweety-node-agent-it";
 const BRIDGE: &str = "sweetyit0";
 /// The test's Pod network (not the default one, so it can run next to another agent). The cluster must be
 /// started with the same `POD_CIDR` (its apiserver certificate then names the relay address .1).
-const POD_CIDR: &str = "10.247.0.0/24";
-const POD_NET: &str = "10.247.0.";
-const NODE_IP: &str = "10.247.0.1";
+const POD_CIDR: &str = "10.250.0.0/24";
+const POD_NET: &str = "10.250.0.";
+const NODE_IP: &str = "10.250.0.1";
 const MOUNT: &str = "/run/sweety-node-agent-it/www";
 const CONTENT: &str = "hello from a configmap volume\n";
 const SECRET_MOUNT: &str = "/run/sweety-node-agent-it/secret";
@@ -497,14 +497,15 @@ async fn runs_deployment_pods_as_processes() {
         },
     )
     .await;
-    // The restarted instance runs and passes its startup probe again (`started`).
+    // The restarted instance runs and passes its startup probe again (`started`; with no readinessProbe
+    // that also makes it ready).
     eventually(
-        "restarted instance started",
+        "restarted instance started and ready",
         Duration::from_secs(60),
         || async {
             let p = pods.get_opt("unhealthy").await.ok()??;
             let cs = p.status?.container_statuses?.into_iter().next()?;
-            (cs.state?.running.is_some() && cs.started == Some(true)).then_some(())
+            (cs.state?.running.is_some() && cs.started == Some(true) && cs.ready).then_some(())
         },
     )
     .await;
