@@ -141,7 +141,7 @@ if [ ! -f "$PKI/ca.crt" ]; then
       echo "$KCM_TOKEN,system:kube-controller-manager,uid-kcm,\"system:masters\""
       echo "$SCHED_TOKEN,system:kube-scheduler,uid-sched,\"system:masters\""
     } > tokens.csv
-    chmod 600 *.key tokens.csv )
+    chmod 600 ./*.key tokens.csv )
 fi
 # apiserver serving cert (a proper leaf cert: rustls/webpki rejects self-signed CA-as-leaf certs); remade
 # when its SANs change (e.g. other POD_CIDRS). The apiserver reloads it from disk.
