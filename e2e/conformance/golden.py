@@ -47,6 +47,17 @@ def load(path):
     return [d for d in yaml.safe_load_all(text) if d]
 
 
+def service_name(ns, name):
+    """addressing::service_name of the controller: sweety-gw-<ns>-<name>, hashed when too long."""
+    import hashlib
+    plain = f"sweety-gw-{ns}-{name}"
+    cleaned = "".join(c if (c.islower() and c.isascii()) or c.isdigit() or c == "-" else "-" for c in plain)
+    if cleaned == plain and len(plain) <= 63:
+        return plain
+    h = hashlib.sha256(f"{ns}/{name}".encode()).hexdigest()[:8]
+    return cleaned[:63 - 9].rstrip("-") + "-" + h
+
+
 def cert():
     with tempfile.TemporaryDirectory() as d:
         subprocess.run(
@@ -118,21 +129,23 @@ def main():
             ns, name = o["metadata"]["namespace"], o["metadata"]["name"]
             ports = sorted({l["port"] for l in o["spec"].get("listeners", [])})
             extra.append({"apiVersion": "v1", "kind": "Service",
-                          "metadata": {"name": f"sweety-gw-{ns}-{name}"[:63], "namespace": "sweety"},
+                          "metadata": {"name": service_name(ns, name), "namespace": "sweety"},
                           "spec": {"type": "LoadBalancer",
                                    "ports": [{"name": f"tcp-{p}", "port": p, "targetPort": 20000 + i}
                                              for i, p in enumerate(ports)]},
                           "status": {"loadBalancer": {"ingress": [{"ip": f"10.244.0.{200 + ip % 50}"}]}}})
     have = {(o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]) for o in out}
     c, k = cert()
+    text = yaml.safe_dump_all(out)
+    # Only the suite-made Secrets and ConfigMaps that the included objects name.
     for ns, name in SUITE_SECRETS:
-        if ("Secret", ns, name) not in have:
+        if ("Secret", ns, name) not in have and name in text:
             extra.append({"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
                           "metadata": {"name": name, "namespace": ns},
                           "data": {"tls.crt": base64.b64encode(c.encode()).decode(),
                                    "tls.key": base64.b64encode(k.encode()).decode()}})
     for ns, name in SUITE_CA_CONFIGMAPS:
-        if ("ConfigMap", ns, name) not in have:
+        if ("ConfigMap", ns, name) not in have and name in text:
             extra.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": ns},
                           "data": {"ca.crt": c}})
     what = a.what or f"the objects of conformance test {os.path.basename(test_path)}"
