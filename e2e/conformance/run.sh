@@ -16,7 +16,8 @@
 # Supported features are inferred by the suite from GatewayClass sweety's status.supportedFeatures,
 # so the report claims exactly what the controller advertises.
 # The cluster is our own: state in $SWEETY_CLUSTER_DIR (default ~/.cache/sweety/cluster-conf), its
-# own apiserver/etcd/KCM ports and node bridge sweetybr3 on 10.247.0.0/24 (see the env defaults below).
+# own apiserver/etcd/KCM ports and node bridge sweetybr3 on 10.247.0.0/24 (see the env defaults below);
+# e2e/install.sh brings it up (control plane, Gateway API CRDs, node agent, helm install of charts/sweety).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
@@ -40,10 +41,10 @@ done
 export SWEETY_CLUSTER_DIR=${SWEETY_CLUSTER_DIR:-$HOME/.cache/sweety/cluster-conf}
 export APISERVER_PORT=${APISERVER_PORT:-16643} ETCD_PORT=${ETCD_PORT:-16679} ETCD_PEER_PORT=${ETCD_PEER_PORT:-16680}
 export KCM_PORT=${KCM_PORT:-16657} SCHED_PORT=${SCHED_PORT:-16659}
-export SWEETY_NODE_BRIDGE=${SWEETY_NODE_BRIDGE:-sweetybr3} SWEETY_POD_CIDR=${SWEETY_POD_CIDR:-10.247.0.0/24}
-export CLUSTER_CIDR=${CLUSTER_CIDR:-10.247.0.0/16}
-export SWEETY_GATEWAY_API_CHANNEL=${SWEETY_GATEWAY_API_CHANNEL:-experimental}
-export KUBECONFIG=${KUBECONFIG:-$SWEETY_CLUSTER_DIR/run/kubeconfig}
+export SWEETY_BRIDGE=${SWEETY_BRIDGE:-sweetybr3} SWEETY_POD_CIDR=${SWEETY_POD_CIDR:-10.247.0.0/24}
+export SWEETY_NODE=${SWEETY_NODE:-sweety-conf-node}
+# With --no-install the suite uses $KUBECONFIG as given; otherwise always our own cluster's.
+if [ "$install" = 1 ] || [ -z "${KUBECONFIG:-}" ]; then export KUBECONFIG=$SWEETY_CLUSTER_DIR/run/kubeconfig; fi
 export PATH="${SWEETY_K8S_BIN:-$HOME/.cache/sweety/k8s/k8s-${K8S_VERSION:-1.34.4}-etcd-${ETCD_VERSION:-3.6.16}/bin}:$PATH"
 
 GWBIN=$("$HERE/build.sh")
@@ -54,8 +55,8 @@ mkdir -p "$out"
 log=$out/suite.log
 
 if [ "$install" = 1 ]; then
-  "$REPO/e2e/install.sh"
-  if [ "$keep" = 0 ]; then trap '"$REPO/e2e/install.sh" --down || true' EXIT; fi
+  "$REPO/e2e/install.sh" --no-smoke
+  if [ "$keep" = 0 ]; then trap '"$REPO/e2e/install.sh" down || true' EXIT; fi
 fi
 kubectl wait --for=condition=Accepted gatewayclass/sweety --timeout=120s
 
