@@ -19,14 +19,21 @@
 //! * [`metrics`]: counters and histograms, rendered in Prometheus text format.
 //! * [`access_log`]: JSON access log written off the request path.
 //! * [`defaults`]: the embedded default config used when no `--config` is given.
+//! * [`compress`]: on-the-fly gzip/brotli/zstd of responses (`compress` filter).
+//! * [`cache`]: the in-memory response cache (`cache` filter), purged through admin.
+//! * [`websocket`]: HTTP/1.1 Upgrade and HTTP/2 extended CONNECT tunnels to backends.
+//! * [`grpc`]: gRPC-shaped errors and gRPC-Web translation.
 
 pub mod access_log;
 pub mod admin;
 pub mod body;
+pub mod cache;
+pub mod compress;
 pub mod control;
 pub mod ctx;
 pub mod defaults;
 pub mod filters;
+pub mod grpc;
 pub mod h3;
 pub mod limits;
 pub mod metrics;
@@ -37,3 +44,4 @@ pub mod runtime;
 pub mod server;
 pub mod static_files;
 pub mod tls;
+pub mod websocket;

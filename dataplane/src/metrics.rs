@@ -125,6 +125,81 @@ pub struct Metrics {
     pub access_log_dropped: AtomicU64,
     /// Connections accepted, all time.
     pub connections_total: AtomicU64,
+    /// Response cache and WebSocket tunnel figures.
+    pub edge: EdgeMetrics,
+    /// Open WebSocket (upgrade) tunnels.
+    pub websocket_tunnels: AtomicI64,
+}
+
+/// Response cache counters (see `cache`).
+#[derive(Debug, Default)]
+pub struct EdgeMetrics {
+    /// Fresh cache hits.
+    pub cache_hits: AtomicU64,
+    /// Stale entries served while revalidating.
+    pub cache_stale: AtomicU64,
+    /// Cacheable requests that went to the backend.
+    pub cache_misses: AtomicU64,
+    /// Entries evicted to stay within `cache.max_bytes`.
+    pub cache_evictions: AtomicU64,
+    /// Entries removed by purge requests.
+    pub cache_purged: AtomicU64,
+    /// Bytes held by the cache.
+    pub cache_bytes: AtomicI64,
+    /// Entries held by the cache.
+    pub cache_entries: AtomicI64,
+}
+
+impl EdgeMetrics {
+    fn render(&self, o: &mut String, websocket_tunnels: i64) {
+        header(
+            o,
+            "sweety_cache_requests_total",
+            "counter",
+            "Cacheable requests by result (hit, stale, miss).",
+        );
+        for (k, v) in [
+            ("hit", &self.cache_hits),
+            ("stale", &self.cache_stale),
+            ("miss", &self.cache_misses),
+        ] {
+            let _ = writeln!(
+                o,
+                "sweety_cache_requests_total{{result=\"{k}\"}} {}",
+                v.load(Relaxed)
+            );
+        }
+        counter(
+            o,
+            "sweety_cache_evictions_total",
+            "Cache entries evicted to stay within the byte bound.",
+            self.cache_evictions.load(Relaxed),
+        );
+        counter(
+            o,
+            "sweety_cache_purged_total",
+            "Cache entries removed by purge requests.",
+            self.cache_purged.load(Relaxed),
+        );
+        gauge(
+            o,
+            "sweety_cache_bytes",
+            "Bytes held by the response cache.",
+            self.cache_bytes.load(Relaxed),
+        );
+        gauge(
+            o,
+            "sweety_cache_entries",
+            "Entries held by the response cache.",
+            self.cache_entries.load(Relaxed),
+        );
+        gauge(
+            o,
+            "sweety_websocket_tunnels",
+            "Open WebSocket (upgrade) tunnels.",
+            websocket_tunnels,
+        );
+    }
 }
 
 fn proto_index(p: Protocol) -> usize {
@@ -293,6 +368,7 @@ impl Metrics {
             "Access log lines dropped because the writer fell behind.",
             self.access_log_dropped.load(Relaxed),
         );
+        self.edge.render(o, self.websocket_tunnels.load(Relaxed));
         out
     }
 }

@@ -124,6 +124,8 @@ pub struct Shared {
     pub access_log: AccessLog,
     /// True once a config has been applied.
     pub ready: AtomicBool,
+    /// The response cache (routes with a `cache` filter); bounds follow `config.cache`.
+    pub cache: Arc<crate::cache::Cache>,
     listener_limits: Mutex<HashMap<String, Arc<Limit>>>,
 }
 
@@ -235,6 +237,10 @@ impl Runtime {
             static_files: StaticFiles::new(opts.static_cache_bytes),
             access_log,
             ready: AtomicBool::new(false),
+            cache: Arc::new(crate::cache::Cache::new(
+                sweety_config::CacheSettings::default(),
+                metrics.clone(),
+            )),
             listener_limits: Mutex::new(HashMap::new()),
             metrics,
         });
@@ -434,6 +440,7 @@ impl Runtime {
         let generation = snapshot.config.generation;
 
         // Swap.
+        self.shared.cache.configure(&snapshot.config.cache);
         self.shared.current.store(Arc::new(snapshot));
         self.shared.backpressure.resize(
             limits.max_connections as usize,
@@ -590,6 +597,8 @@ fn http_builder(limits: &Limits) -> hyper_util::server::conn::auto::Builder<Toki
         .initial_connection_window_size(1024 * 1024)
         .max_send_buf_size(256 * 1024)
         .keep_alive_interval(Some(limits.idle_timeout.get()))
-        .keep_alive_timeout(std::time::Duration::from_secs(20));
+        .keep_alive_timeout(std::time::Duration::from_secs(20))
+        // RFC 8441 extended CONNECT, for WebSocket over HTTP/2.
+        .enable_connect_protocol();
     b
 }

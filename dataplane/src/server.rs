@@ -155,7 +155,10 @@ async fn serve_http<I>(
             )
         }
     });
-    let connection = builder.serve_connection(io, service).into_owned();
+    // With upgrades: WebSocket (HTTP/1.1 Upgrade and HTTP/2 extended CONNECT) is tunnelled.
+    let connection = builder
+        .serve_connection_with_upgrades(io, service)
+        .into_owned();
     if let Err(e) = watcher.watch(connection).await {
         tracing::debug!(error = %e, "connection ended with an error");
     }

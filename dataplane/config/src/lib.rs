@@ -14,11 +14,13 @@
 //! * [`wire`] encodes and decodes the frames of the controller → dataplane control protocol.
 
 mod duration;
+mod edge;
 mod model;
 mod validate;
 pub mod wire;
 
 pub use duration::Duration;
+pub use edge::*;
 pub use model::*;
 pub use validate::{ValidationError, ValidationErrors};
 

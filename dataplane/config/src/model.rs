@@ -54,6 +54,9 @@ pub struct Config {
     /// Access log settings.
     #[serde(default)]
     pub access_log: AccessLog,
+    /// Bounds of the in-memory response cache (used by routes with a `cache` filter).
+    #[serde(default, skip_serializing_if = "crate::CacheSettings::is_default")]
+    pub cache: crate::CacheSettings,
 }
 
 fn schema_version() -> u32 {
@@ -72,6 +75,7 @@ impl Default for Config {
             http3: Http3::default(),
             admin: None,
             access_log: AccessLog::default(),
+            cache: crate::CacheSettings::default(),
         }
     }
 }
@@ -337,6 +341,12 @@ pub enum Filter {
     Mirror(Mirror),
     /// Answer CORS preflights and decorate responses.
     Cors(Cors),
+    /// Compress responses (gzip, br, zstd) by the client's Accept-Encoding.
+    Compress(crate::Compression),
+    /// Cache responses in memory.
+    Cache(crate::CachePolicy),
+    /// gRPC options (gRPC-Web translation).
+    Grpc(crate::GrpcOptions),
 }
 
 /// Header edits: set (replace), add (append), remove.
@@ -734,6 +744,9 @@ pub struct Limits {
     pub max_request_body_bytes: u64,
     /// Time in-flight requests get to finish on shutdown or listener removal.
     pub drain_timeout: Duration,
+    /// A WebSocket tunnel with no byte either way for this long is closed. Default 5m.
+    #[serde(skip_serializing_if = "crate::is_default_websocket_idle_timeout")]
+    pub websocket_idle_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -751,6 +764,7 @@ impl Default for Limits {
             max_header_bytes: 64 * 1024,
             max_request_body_bytes: 64 * 1024 * 1024,
             drain_timeout: Duration::from_secs(20),
+            websocket_idle_timeout: crate::default_websocket_idle_timeout(),
         }
     }
 }

@@ -163,6 +163,9 @@ impl<'a> Validator<'a> {
             self.backend(&format!("backends[{i}]"), b, &mut names);
         }
         self.limits(cfg);
+        if cfg.limits.websocket_idle_timeout.is_zero() {
+            self.err("limits.websocket_idle_timeout", "must be greater than 0");
+        }
         self.http3(cfg);
         if let Some(admin) = &cfg.admin {
             self.admin(admin, &cfg.listeners);
@@ -173,6 +176,15 @@ impl<'a> Validator<'a> {
         }
         if log.buffer_lines == 0 {
             self.err("access_log.buffer_lines", "must be greater than 0");
+        }
+        if cfg.cache.max_bytes == 0 {
+            self.err("cache.max_bytes", "must be greater than 0");
+        }
+        if cfg.cache.max_entry_bytes == 0 || cfg.cache.max_entry_bytes > cfg.cache.max_bytes {
+            self.err(
+                "cache.max_entry_bytes",
+                "must be greater than 0 and at most cache.max_bytes",
+            );
         }
     }
 
@@ -560,6 +572,44 @@ impl<'a> Validator<'a> {
                 }
             }
             Filter::Cors(c) => self.cors(&format!("{path}.cors"), c),
+            Filter::Compress(c) => self.compress(&format!("{path}.compress"), c),
+            Filter::Cache(c) => self.cache_policy(&format!("{path}.cache"), c),
+            Filter::Grpc(_) => {}
+        }
+    }
+
+    fn compress(&mut self, path: &str, c: &crate::Compression) {
+        if c.enabled && c.algorithms.is_empty() {
+            self.err(
+                format!("{path}.algorithms"),
+                "must list at least one algorithm",
+            );
+        }
+        for (k, a) in c.algorithms.iter().enumerate() {
+            if c.algorithms[..k].contains(a) {
+                let msg = format!("{:?} is listed more than once", a.token());
+                self.err(format!("{path}.algorithms[{k}]"), msg);
+            }
+        }
+        for (k, m) in c.mime_types.iter().enumerate() {
+            let ok = m.split_once('/').is_some_and(|(t, s)| {
+                check_token(t, "type").is_ok() && (s == "*" || check_token(s, "subtype").is_ok())
+            });
+            if !ok {
+                let msg = format!("{m:?} is not a media type (type/subtype or type/*)");
+                self.err(format!("{path}.mime_types[{k}]"), msg);
+            }
+        }
+    }
+
+    fn cache_policy(&mut self, path: &str, c: &crate::CachePolicy) {
+        if c.ttl.is_some_and(|t| t.is_zero()) {
+            self.err(format!("{path}.ttl"), "must be greater than 0 when set");
+        }
+        for (k, h) in c.key_headers.iter().enumerate() {
+            if let Err(msg) = check_token(h, "header name") {
+                self.err(format!("{path}.key_headers[{k}]"), msg);
+            }
         }
     }
 
@@ -2497,5 +2547,76 @@ access_log: {enabled: true, path: /var/log/sweety/access.log, buffer_lines: 1024
         assert!(overlaps(ip("::"), ip("0.0.0.0")));
         assert!(!overlaps(ip("0.0.0.0"), ip("::1")));
         assert!(!overlaps(ip("10.0.0.1"), ip("10.0.0.2")));
+    }
+
+    // ------------------------------------------------------------ edge filters (compress, cache, grpc)
+
+    #[test]
+    fn edge_filters_and_cache_bounds_report_paths() {
+        use crate::{CachePolicy, Compression, CompressionAlgorithm, GrpcOptions};
+        expect_ok(|c| {
+            route(c, 1)
+                .filters
+                .push(Filter::Compress(Compression::default()));
+            route(c, 1).filters.push(Filter::Cache(CachePolicy {
+                ttl: Some(Duration::from_secs(5)),
+                key_headers: vec!["x-tenant".into()],
+                stale_while_revalidate: None,
+            }));
+            route(c, 1)
+                .filters
+                .push(Filter::Grpc(GrpcOptions { web: true }));
+        });
+        expect(
+            |c| {
+                route(c, 1).filters = vec![
+                    Filter::Compress(Compression {
+                        algorithms: vec![CompressionAlgorithm::Gzip, CompressionAlgorithm::Gzip],
+                        mime_types: vec!["text/*".into(), "json".into()],
+                        ..Compression::default()
+                    }),
+                    Filter::Cache(CachePolicy {
+                        ttl: Some(Duration::from_millis(0)),
+                        key_headers: vec!["bad header".into()],
+                        stale_while_revalidate: None,
+                    }),
+                ];
+                c.limits.websocket_idle_timeout = Duration::from_millis(0);
+                c.cache.max_entry_bytes = c.cache.max_bytes + 1;
+            },
+            &[
+                (
+                    "virtual_hosts[0].routes[1].filters[0].compress.algorithms[1]",
+                    "\"gzip\" is listed more than once",
+                ),
+                (
+                    "virtual_hosts[0].routes[1].filters[0].compress.mime_types[1]",
+                    "\"json\" is not a media type (type/subtype or type/*)",
+                ),
+                (
+                    "virtual_hosts[0].routes[1].filters[1].cache.ttl",
+                    "must be greater than 0 when set",
+                ),
+                (
+                    "virtual_hosts[0].routes[1].filters[1].cache.key_headers[0]",
+                    "invalid header name \"bad header\": not an HTTP token",
+                ),
+                ("limits.websocket_idle_timeout", "must be greater than 0"),
+                (
+                    "cache.max_entry_bytes",
+                    "must be greater than 0 and at most cache.max_bytes",
+                ),
+            ],
+        );
+        // Per-backend filters stay header modifiers only.
+        expect_one(
+            |c| {
+                proxy(c).backends[0]
+                    .filters
+                    .push(Filter::Compress(Compression::default()))
+            },
+            "virtual_hosts[0].routes[1].action.proxy.backends[0].filters[0]",
+            "only request_headers and response_headers filters are allowed per backend",
+        );
     }
 }

@@ -25,6 +25,7 @@ mod head;
 pub mod outlier;
 pub mod pool;
 pub mod tls;
+mod upgrade;
 
 pub use error::{ErrorOrigin, ProxyError};
 
