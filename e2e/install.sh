@@ -29,6 +29,7 @@
 #   SWEETY_PROFILE [debug]               cargo profile of the binaries (debug or release)
 #   CARGO_TARGET_DIR [<repo>/target]     where cargo builds
 #   SWEETY_HELM [built into ~/.cache/sweety/tools like e2e/chart/check.sh]
+#   SWEETY_IMAGE_MAPS []                 extra node agent image maps, space-separated KEY=/path
 # Extra helm arguments may follow `--`, e.g. e2e/install.sh -- --set controller.logLevel=debug
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -139,10 +140,13 @@ if running node-agent; then
   log "node agent already running (pid $(cat "$RUN/node-agent.pid"))"
 else
   mkdir -p "$AGENT_DIR" "$LOG"
+  # SWEETY_IMAGE_MAPS: extra space-separated KEY=/path image maps (e.g. coredns for the conformance suite).
+  extra_maps=()
+  for m in ${SWEETY_IMAGE_MAPS:-}; do extra_maps+=(--image-map "$m"); done
   nohup "$BIN/sweety-node-agent" run --node "$NODE" --bridge "$BRIDGE" --pod-cidr "$POD_CIDR" \
     --root-dir "$AGENT_DIR" --kubelet-port "$KUBELET_PORT" --load-balancer \
     --node-label sweety.dev/e2e=true \
-    --image-map "sweety/sweety=$IMAGE_DIR" --image-map "echo-basic=$GWBIN/echo-basic" \
+    --image-map "sweety/sweety=$IMAGE_DIR" --image-map "echo-basic=$GWBIN/echo-basic" "${extra_maps[@]}" \
     > "$LOG/node-agent.log" 2>&1 &
   echo $! > "$RUN/node-agent.pid"
   log "started node agent pid $! (log $LOG/node-agent.log)"

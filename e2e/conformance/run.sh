@@ -49,6 +49,11 @@ export PATH="${SWEETY_K8S_BIN:-$HOME/.cache/sweety/k8s/k8s-${K8S_VERSION:-1.34.4
 
 GWBIN=$("$HERE/build.sh")
 export SWEETY_GWAPI_BIN=$GWBIN
+# The UDPRoute tests' DNS server (base manifests' coredns Deployment) runs as a real CoreDNS.
+# Built when UDP tests run; mapped whenever it is there (a running node agent keeps its first maps).
+coredns=$HOME/.cache/sweety/tools/coredns-v1.12.2/coredns
+case "$profiles,$test" in *UDP*) coredns=$("$HERE/build.sh" --coredns) ;; esac
+[ -x "$coredns" ] && export SWEETY_IMAGE_MAPS="${SWEETY_IMAGE_MAPS:-} coredns/coredns=$coredns"
 version=$(sed -n 's/^version *= *"\(.*\)"/\1/p' "$REPO/Cargo.toml" | head -1)
 out=${SWEETY_CONF_OUT:-$SWEETY_CLUSTER_DIR/conformance}
 mkdir -p "$out"
@@ -64,19 +69,22 @@ flags=(-gateway-class=sweety -cleanup-base-resources=false -allow-crds-mismatch=
   -organization=sweety-dev -project=sweety -url=https://github.com/sweety-dev/sweety
   -version="v$version" -contact=@sweety-dev/maintainers -mode=default)
 case "$mode" in
-  test) flags+=(-run-test="$test" -all-features) ;;
+  # -run-test turns off the inference: pass the class's features (a later -supported-features after
+  # `--` overrides them, to try a feature not claimed yet).
+  test) flags+=(-run-test="$test" -supported-features="$(kubectl get gatewayclass sweety \
+          -o jsonpath='{.status.supportedFeatures[*].name}' | tr ' ' ,)") ;;
   *) flags+=(-conformance-profiles="$profiles" -report-output="$out/report.yaml") ;;
 esac
 if [ -f "$HERE/skip-tests.txt" ] && [ "$mode" != test ]; then
-  skips=$(grep -v '^#' "$HERE/skip-tests.txt" | awk -F'|' 'NF{gsub(/ /,"",$1); print $1}' | paste -sd, -)
+  skips=$(awk -F'|' '!/^#/ && NF{gsub(/ /,"",$1); print $1}' "$HERE/skip-tests.txt" | paste -sd, -)
   [ -n "$skips" ] && flags+=(-skip-tests="$skips")
 fi
 
 echo "conformance $GWAPI_VERSION: $mode ${test:-$profiles}, log $log"
 rc=0
-( cd "$out" && timeout "${SWEETY_CONF_TIMEOUT:-5400}" "$GWBIN/gwconf.test" -test.run TestConformance -test.v \
+( cd "$out" && timeout "${SWEETY_CONF_TIMEOUT:-5400}" "$GWBIN/sweety-conformance.test" -test.run TestConformance -test.v \
     -test.timeout 90m "${flags[@]}" "${extra[@]}" ) > "$log" 2>&1 || rc=$?
-grep -E '^\s*--- (PASS|FAIL|SKIP)' "$log" | sed 's/^ *//' | sort | uniq -c | awk '{print $2, $3}' | sort | uniq -c || true
+grep -oE '^ {0,4}--- (PASS|FAIL|SKIP): TestConformance/[A-Za-z0-9]+ ' "$log" | awk '{print $2}' | sort | uniq -c || true
 echo "suite exit $rc"
 
 if [ "$mode" = full ] && [ -f "$out/report.yaml" ]; then
