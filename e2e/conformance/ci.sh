@@ -6,7 +6,7 @@
 # Writes no report into the repo: results go to $SWEETY_CONF_OUT (default $SWEETY_CLUSTER_DIR/conformance).
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
-export SWEETY_CLUSTER_DIR=${SWEETY_CLUSTER_DIR:-$HOME/.cache/sweety/cluster-conf-ci}
+export SWEETY_CLUSTER_DIR=${SWEETY_CLUSTER_DIR:-/var/tmp/sweety/cluster-conf-ci}
 export SWEETY_CONF_OUT=${SWEETY_CONF_OUT:-$SWEETY_CLUSTER_DIR/conformance}
 export SWEETY_CONF_TIMEOUT=${SWEETY_CONF_TIMEOUT:-1500}
 "$HERE/run.sh" --subset "$@"

@@ -38,7 +38,9 @@ while [ $# -gt 0 ]; do
   shift
 done
 
-export SWEETY_CLUSTER_DIR=${SWEETY_CLUSTER_DIR:-$HOME/.cache/sweety/cluster-conf}
+# Not under /root: the suite's coredns Pod mounts a volume at /root, which would hide the node agent's
+# volume sources below it (its root dir is inside the cluster dir).
+export SWEETY_CLUSTER_DIR=${SWEETY_CLUSTER_DIR:-/var/tmp/sweety/cluster-conf}
 export APISERVER_PORT=${APISERVER_PORT:-16643} ETCD_PORT=${ETCD_PORT:-16679} ETCD_PEER_PORT=${ETCD_PEER_PORT:-16680}
 export KCM_PORT=${KCM_PORT:-16657} SCHED_PORT=${SCHED_PORT:-16659}
 export SWEETY_BRIDGE=${SWEETY_BRIDGE:-sweetybr3} SWEETY_POD_CIDR=${SWEETY_POD_CIDR:-10.247.0.0/24}
