@@ -45,6 +45,8 @@ export APISERVER_PORT=${APISERVER_PORT:-16643} ETCD_PORT=${ETCD_PORT:-16679} ETC
 export KCM_PORT=${KCM_PORT:-16657} SCHED_PORT=${SCHED_PORT:-16659}
 export SWEETY_BRIDGE=${SWEETY_BRIDGE:-sweetybr3} SWEETY_POD_CIDR=${SWEETY_POD_CIDR:-10.247.0.0/24}
 export SWEETY_NODE=${SWEETY_NODE:-sweety-conf-node}
+# Experimental CRDs: Retry, the TLSRoute modes etc. are experimental fields (standard CRDs drop them).
+export SWEETY_GATEWAY_API_CHANNEL=${SWEETY_GATEWAY_API_CHANNEL:-experimental}
 # With --no-install the suite uses $KUBECONFIG as given; otherwise always our own cluster's.
 if [ "$install" = 1 ] || [ -z "${KUBECONFIG:-}" ]; then export KUBECONFIG=$SWEETY_CLUSTER_DIR/run/kubeconfig; fi
 export PATH="${SWEETY_K8S_BIN:-$HOME/.cache/sweety/k8s/k8s-${K8S_VERSION:-1.34.4}-etcd-${ETCD_VERSION:-3.6.16}/bin}:$PATH"
