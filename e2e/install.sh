@@ -25,10 +25,14 @@
 #   SWEETY_POD_CIDR [10.246.0.0/24]      Pod network: node/bridge .1, Pods .2-.199, LoadBalancers .200-.250
 #   SWEETY_NODE [sweety-e2e-node]        Node name
 #   SWEETY_KUBELET_PORT [10250]          the agent's logs API on the bridge address
+#   SWEETY_IMAGE_MAP []                  extra --image-map KEY=PATH entries for the agent, space-separated
+#                                        (e.g. coredns=/path/to/coredns for the conformance suite's UDP tests)
 #   SWEETY_NAMESPACE [sweety] SWEETY_RELEASE [sweety]   helm namespace and release
 #   SWEETY_PROFILE [debug]               cargo profile of the binaries (debug or release)
 #   CARGO_TARGET_DIR [<repo>/target]     where cargo builds
 #   SWEETY_HELM [built into ~/.cache/sweety/tools like e2e/chart/check.sh]
+#   SWEETY_IMAGE_MAPS []                 extra node agent image maps, space-separated KEY=/path
+#   SWEETY_GATEWAY_API_CHANNEL [standard]  Gateway API CRD channel (experimental for the conformance suite)
 # Extra helm arguments may follow `--`, e.g. e2e/install.sh -- --set controller.logLevel=debug
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -61,7 +65,22 @@ esac
 
 t0=$(date +%s)
 log() { echo "[install $(( $(date +%s) - t0 ))s] $*"; }
-die() { echo "install: $*" >&2; exit 1; }
+# On failure after the agent started: what the cluster and the agent say (for CI logs).
+diag=0
+diagnose() {
+  [ "$diag" = 1 ] || return 0
+  diag=0
+  echo "---- diagnostics: pods, recent events, node agent log tail" >&2
+  kubectl get pods -A -o wide >&2 || true
+  kubectl get events -A --sort-by=.lastTimestamp 2>/dev/null | tail -15 >&2 || true
+  tail -20 "$LOG/node-agent.log" >&2 || true
+  for f in "$AGENT_DIR"/logs/"$NS"_*/*.log; do
+    [ -f "$f" ] && { echo "-- $f" >&2; tail -10 "$f" >&2; }
+  done
+  return 0
+}
+trap diagnose ERR
+die() { echo "install: $*" >&2; diagnose; exit 1; }
 
 running() { [ -f "$RUN/$1.pid" ] && kill -0 "$(cat "$RUN/$1.pid")" 2>/dev/null; }
 
@@ -112,7 +131,7 @@ done
 # ------------------------------------------------------------------ 1. control plane + CRDs
 POD_CIDRS=$POD_CIDR CLUSTER_CIDR=$NET.0/16 bash e2e/cluster/up.sh
 export PATH="$K8S_BIN:$PATH"
-bash e2e/cluster/gateway-api.sh crds standard >/dev/null
+bash e2e/cluster/gateway-api.sh crds "${SWEETY_GATEWAY_API_CHANNEL:-standard}" >/dev/null
 log "Gateway API CRDs established"
 
 # ------------------------------------------------------------------ 2. binaries
@@ -139,10 +158,15 @@ if running node-agent; then
   log "node agent already running (pid $(cat "$RUN/node-agent.pid"))"
 else
   mkdir -p "$AGENT_DIR" "$LOG"
+  extra_maps=() maps=()
+  read -r -a maps <<< "${SWEETY_IMAGE_MAP:-${SWEETY_IMAGE_MAPS:-}}"
+  for m in "${maps[@]}"; do
+    case $m in *=/*) extra_maps+=(--image-map "$m") ;; *) die "SWEETY_IMAGE_MAP entry '$m': expected KEY=/absolute/path" ;; esac
+  done
   nohup "$BIN/sweety-node-agent" run --node "$NODE" --bridge "$BRIDGE" --pod-cidr "$POD_CIDR" \
     --root-dir "$AGENT_DIR" --kubelet-port "$KUBELET_PORT" --load-balancer \
     --node-label sweety.dev/e2e=true \
-    --image-map "sweety/sweety=$IMAGE_DIR" --image-map "echo-basic=$GWBIN/echo-basic" \
+    --image-map "sweety/sweety=$IMAGE_DIR" --image-map "echo-basic=$GWBIN/echo-basic" "${extra_maps[@]}" \
     > "$LOG/node-agent.log" 2>&1 &
   echo $! > "$RUN/node-agent.pid"
   log "started node agent pid $! (log $LOG/node-agent.log)"
@@ -153,6 +177,7 @@ for _ in $(seq 1 60); do
   sleep 0.5
 done
 kubectl get node "$NODE" >/dev/null || die "node $NODE did not register"
+diag=1
 log "node $NODE Ready"
 
 # ------------------------------------------------------------------ 4. helm install
@@ -195,7 +220,8 @@ spec:
       terminationGracePeriodSeconds: 2
       containers:
         - name: echo
-          image: gcr.io/k8s-staging-gateway-api/echo-basic:v20240412-v1.0.0-394-g40c666fd
+          # A local name: the node agent maps images containing echo-basic to the binary.
+          image: sweety-e2e/echo-basic:v1.6.3
           env:
             - {name: POD_NAME, valueFrom: {fieldRef: {fieldPath: metadata.name}}}
             - {name: NAMESPACE, valueFrom: {fieldRef: {fieldPath: metadata.namespace}}}

@@ -42,9 +42,9 @@ SERVICE_API_IP=${SERVICE_API_IP:-10.96.0.1}
 CLUSTER_CIDR=${CLUSTER_CIDR:-10.244.0.0/16}
 # The node agents' Pod networks (comma-separated /24s; each agent's bridge gets .1). Pods reach the apiserver
 # through the agent's relay on that .1 address, so the serving certificate names each of them (it is remade
-# when this list changes). The default covers the agent's default network and the one of its integration
-# test (e2e/node-agent/tests/agent.rs).
-POD_CIDRS=${POD_CIDRS:-10.244.0.0/24,10.247.0.0/24}
+# when this list changes). The default covers 10.244.0.0/24 ... 10.251.0.0/24, the networks the e2e
+# harnesses use (see e2e/README.md: the agent's default, install.sh, conformance, CI, the agent's own test).
+POD_CIDRS=${POD_CIDRS:-10.244.0.0/24,10.245.0.0/24,10.246.0.0/24,10.247.0.0/24,10.248.0.0/24,10.249.0.0/24,10.250.0.0/24,10.251.0.0/24}
 NODE_IP_SANS=""
 IFS=, read -r -a _cidrs <<< "$POD_CIDRS"
 for c in "${_cidrs[@]}"; do
@@ -141,7 +141,7 @@ if [ ! -f "$PKI/ca.crt" ]; then
       echo "$KCM_TOKEN,system:kube-controller-manager,uid-kcm,\"system:masters\""
       echo "$SCHED_TOKEN,system:kube-scheduler,uid-sched,\"system:masters\""
     } > tokens.csv
-    chmod 600 *.key tokens.csv )
+    chmod 600 ./*.key tokens.csv )
 fi
 # apiserver serving cert (a proper leaf cert: rustls/webpki rejects self-signed CA-as-leaf certs); remade
 # when its SANs change (e.g. other POD_CIDRS). The apiserver reloads it from disk.

@@ -21,9 +21,9 @@
 //!   the split (`ResolvedRefs=False`, `BackendNotFound`); with none left the route answers 503.
 //! - **Redirect**: a full `url`, or scheme/host/path replacing the request's.
 //! - **responseHeaders** → a response-header filter on every route; `cache.ttlSeconds` sets
-//!   `Cache-Control: public, max-age=<ttl>` on static routes. `compression` and `cache` on
-//!   proxy routes have no dataplane knob yet: they are accepted and the `Accepted` message
-//!   says they are not enforced.
+//!   `Cache-Control: public, max-age=<ttl>` on static routes and a `cache` filter (ttl) on proxy
+//!   routes; `compression.enabled` → a `compress` filter on every route (`minimumSize` →
+//!   `min_size`).
 //! - **rateLimit** → a per-client-IP `rate_limit` filter on every route of the site, all in one
 //!   zone (`site/<ns>/<name>`), so the limit is per client across the whole site:
 //!   `requestsPerSecond` per second with `burst` extra.
@@ -229,13 +229,6 @@ pub fn translate(b: &mut Builder<'_>) {
                 };
                 (action, Vec::new())
             } else if let Some(p) = &r.proxy {
-                if cache.is_some() && !notes.iter().any(|n| n.starts_with("cache")) {
-                    notes.push(
-                        "cache is applied to static routes only (no response cache for proxied \
-                         routes yet)"
-                            .into(),
-                    );
-                }
                 let mut backends = Vec::new();
                 for be in &p.backends {
                     match b.backends.service(
@@ -258,7 +251,20 @@ pub fn translate(b: &mut Builder<'_>) {
                 } else {
                     unavailable("no proxy backend resolves")
                 };
-                (action, Vec::new())
+                // cache.ttlSeconds: the dataplane's response cache for proxied routes.
+                let filters = site
+                    .spec
+                    .cache
+                    .as_ref()
+                    .filter(|c| c.ttl_seconds > 0)
+                    .map(|c| {
+                        vec![Filter::Cache(sweety_config::CachePolicy {
+                            ttl: Some(sweety_config::Duration::from_secs(c.ttl_seconds as u64)),
+                            ..Default::default()
+                        })]
+                    })
+                    .unwrap_or_default();
+                (action, filters)
             } else if let Some(rd) = &r.redirect {
                 let status = rd.status_code.unwrap_or(302).clamp(0, 999) as u16;
                 let redirect = match &rd.url {
@@ -314,6 +320,16 @@ pub fn translate(b: &mut Builder<'_>) {
                 if let Some(e) = &edits {
                     r.filters.push(Filter::ResponseHeaders(e.clone()));
                 }
+                if let Some(c) = site.spec.compression.as_ref().filter(|c| c.enabled) {
+                    r.filters.push(Filter::Compress(sweety_config::Compression {
+                        min_size: c
+                            .minimum_size
+                            .map_or(sweety_config::Compression::default().min_size, |n| {
+                                n.max(0) as u64
+                            }),
+                        ..Default::default()
+                    }));
+                }
             }
             let mut invalid = |m: String| notes.push(m);
             routes.extend(
@@ -321,16 +337,6 @@ pub fn translate(b: &mut Builder<'_>) {
                     .chain(extra)
                     .filter_map(|r| checked_route(r, &mut invalid)),
             );
-        }
-        let mut not_enforced = Vec::new();
-        if site.spec.compression.as_ref().is_some_and(|c| c.enabled) {
-            not_enforced.push("compression");
-        }
-        if !not_enforced.is_empty() {
-            notes.push(format!(
-                "{} accepted but not yet enforced by the dataplane",
-                not_enforced.join(" and ")
-            ));
         }
         let mut listeners = vec![HTTP_LISTENER.to_string()];
         if tls_ok {

@@ -746,12 +746,8 @@ impl<'a> Validator<'a> {
                 }
             }
         }
-        if c.allow_credentials && c.allow_origins.iter().any(|o| o == "*") {
-            self.err(
-                format!("{path}.allow_credentials"),
-                "cannot be combined with the \"*\" origin (browsers reject it); list the origins",
-            );
-        }
+        // `*` with credentials is allowed: the dataplane then echoes the request's origin
+        // instead of `*` (browsers reject `*` with credentials), as Gateway API's CORS asks.
     }
 
     // ---------------------------------------------------------------- actions
@@ -2136,11 +2132,7 @@ access_log: {enabled: true, path: /var/log/sweety/access.log, buffer_lines: 1024
         for origin in ["https://example.com:8443", "http://[::1]:3000", "app://*"] {
             expect_ok(|c| cors(c).allow_origins[1] = origin.into());
         }
-        expect_one(
-            |c| cors(c).allow_origins[1] = "*".into(),
-            &format!("{p}.allow_credentials"),
-            "cannot be combined with the \"*\" origin",
-        );
+        expect_ok(|c| cors(c).allow_origins[1] = "*".into());
         expect_ok(|c| {
             cors(c).allow_origins[1] = "*".into();
             cors(c).allow_credentials = false;

@@ -323,6 +323,7 @@ impl Agent {
                         c.name.clone(),
                         c.startup_probe.clone(),
                         c.liveness_probe.clone(),
+                        c.readiness_probe.is_some(),
                         ip,
                         c.ports.clone().unwrap_or_default(),
                         state.clone(),

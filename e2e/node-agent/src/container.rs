@@ -384,7 +384,8 @@ impl Timing {
 
 /// Runs the startupProbe and livenessProbe of one container until `stop`. For each instance of the
 /// container (a new restartCount): the startupProbe runs first (after its initialDelay, every period);
-/// success sets `started`, `failureThreshold` failures in a row kill the instance. Then the livenessProbe
+/// success sets `started` (and `ready` when there is no readinessProbe), `failureThreshold` failures in a
+/// row kill the instance. Then the livenessProbe
 /// runs the same way; its failures kill the instance too. Kills go through `kill` to the supervisor, which
 /// restarts per restartPolicy.
 #[allow(clippy::too_many_arguments)]
@@ -392,6 +393,7 @@ pub async fn startup_and_liveness(
     name: String,
     startup: Option<Probe>,
     liveness: Option<Probe>,
+    has_readiness_probe: bool,
     ip: Ipv4Addr,
     ports: Vec<ContainerPort>,
     state: Arc<Mutex<PodState>>,
@@ -439,6 +441,10 @@ pub async fn startup_and_liveness(
                             {
                                 if c.restart_count == instance {
                                     c.started = true;
+                                    // Without a readinessProbe, started means ready.
+                                    if !has_readiness_probe {
+                                        c.ready = true;
+                                    }
                                 }
                             }
                             changed.notify_one();

@@ -115,11 +115,11 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(
-            m.lookup("ghcr.io/x/sweety-dataplane:1", "dp"),
+            m.lookup("example.test/x/sweety-dataplane:1", "dp"),
             Some(Path::new("/bin/b"))
         );
         assert_eq!(
-            m.lookup("ghcr.io/x/sweety:1", "dp"),
+            m.lookup("example.test/x/sweety:1", "dp"),
             Some(Path::new("/bin/a"))
         );
         assert_eq!(m.lookup("busybox", "controller"), Some(Path::new("/bin/c")));

@@ -3,7 +3,8 @@
 //! to the bridge as a /32, writes `status.loadBalancer.ingress`, and forwards every TCP and UDP port of the
 //! Service to its ready EndpointSlice endpoints (round robin per connection / per UDP flow). Services and
 //! EndpointSlices are polled once a second; ports added to or removed from a Service are picked up on the next
-//! poll. SCTP ports are not forwarded.
+//! poll. A Service keeps the address its status already has when that is in the range (so an agent restart
+//! does not move addresses). SCTP ports are not forwarded.
 //!
 //! UDP: one socket per Service port bound to the load-balancer address; each client address gets a flow with
 //! its own socket (bound to the load-balancer address, connected to one backend), so replies leave from the
@@ -161,6 +162,11 @@ async fn sync(
         .await
         .map_err(Error::kube("list Services"))?;
     let mut live = BTreeSet::new();
+    let claimed: BTreeSet<Ipv4Addr> = list
+        .items
+        .iter()
+        .filter_map(|svc| status_ip(svc, cidr))
+        .collect();
     for svc in list.items {
         let spec = svc.spec.clone().unwrap_or_default();
         if spec.type_.as_deref() != Some("LoadBalancer") || spec.load_balancer_class.is_some() {
@@ -177,9 +183,15 @@ async fn sync(
         live.insert(uid.clone());
         if !allocated.contains_key(&uid) {
             let used: BTreeSet<Ipv4Addr> = allocated.values().map(|a| a.ip).collect();
-            let Some(ip) = (LB_FIRST..=LB_LAST)
-                .map(|n| cidr.host(n))
-                .find(|i| !used.contains(i))
+            // Keep the address the Service already has (e.g. after an agent restart) when it is ours and
+            // free; new addresses avoid those other Services still hold.
+            let Some(ip) = status_ip(&svc, cidr)
+                .filter(|i| !used.contains(i))
+                .or_else(|| {
+                    (LB_FIRST..=LB_LAST)
+                        .map(|n| cidr.host(n))
+                        .find(|i| !used.contains(i) && !claimed.contains(i))
+                })
             else {
                 tracing::warn!(service = %svc_name, "load balancer range exhausted");
                 continue;
@@ -224,29 +236,9 @@ async fn sync(
                 Err(e) => tracing::warn!(service = %svc_name, error = %e, "load balancer port"),
             }
         }
-        let current = svc
-            .status
-            .as_ref()
-            .and_then(|s| s.load_balancer.as_ref())
-            .and_then(|l| l.ingress.as_ref())
-            .and_then(|i| i.first())
-            .and_then(|i| i.ip.clone());
-        if current.as_deref() != Some(a.ip.to_string().as_str()) {
-            let api: Api<Service> = Api::namespaced(client.clone(), &ns);
-            let body = serde_json::json!({"status": {"loadBalancer": {"ingress": [{"ip": a.ip.to_string(), "ipMode": "VIP"}]}}});
-            api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&body))
-                .await
-                .map_err(Error::kube("patching Service status"))?;
-        }
-        // Backends from the ready endpoints of the Service's EndpointSlices.
-        let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), &ns);
-        let lp = ListParams::default().labels(&format!("kubernetes.io/service-name={name}"));
-        let slices = slices
-            .list(&lp)
-            .await
-            .map_err(Error::kube("list EndpointSlices"))?;
-        for f in a.ports.values() {
-            *f.backends.write().expect("backends lock") = ready_backends(&slices.items, &f.name);
+        // Errors here concern this Service only: the others are still served.
+        if let Err(e) = publish(client, &svc, &ns, &name, a).await {
+            tracing::warn!(service = %svc_name, error = %e, "load balancer status/backends");
         }
     }
     let gone: Vec<String> = allocated
@@ -263,6 +255,59 @@ async fn sync(
             state.lock().await.remove(&uid);
             tracing::info!(ip = %a.ip, "load balancer address released");
         }
+    }
+    Ok(())
+}
+
+/// The load-balancer address in a Service's status, if it is one of `cidr`'s load-balancer range.
+fn status_ip(svc: &Service, cidr: PodCidr) -> Option<Ipv4Addr> {
+    let ip: Ipv4Addr = svc
+        .status
+        .as_ref()?
+        .load_balancer
+        .as_ref()?
+        .ingress
+        .as_ref()?
+        .first()?
+        .ip
+        .as_deref()?
+        .parse()
+        .ok()?;
+    let host = ip.octets()[3];
+    (cidr.contains(ip) && (LB_FIRST..=LB_LAST).contains(&host)).then_some(ip)
+}
+
+/// Writes the Service's load-balancer status (if it differs) and refreshes the backends of its ports.
+async fn publish(
+    client: &Client,
+    svc: &Service,
+    ns: &str,
+    name: &str,
+    a: &Allocated,
+) -> Result<()> {
+    let current = svc
+        .status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|l| l.ingress.as_ref())
+        .and_then(|i| i.first())
+        .and_then(|i| i.ip.clone());
+    if current.as_deref() != Some(a.ip.to_string().as_str()) {
+        let api: Api<Service> = Api::namespaced(client.clone(), ns);
+        let body = serde_json::json!({"status": {"loadBalancer": {"ingress": [{"ip": a.ip.to_string(), "ipMode": "VIP"}]}}});
+        api.patch_status(name, &PatchParams::default(), &Patch::Merge(&body))
+            .await
+            .map_err(Error::kube("patching Service status"))?;
+    }
+    // Backends from the ready endpoints of the Service's EndpointSlices.
+    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), ns);
+    let lp = ListParams::default().labels(&format!("kubernetes.io/service-name={name}"));
+    let slices = slices
+        .list(&lp)
+        .await
+        .map_err(Error::kube("list EndpointSlices"))?;
+    for f in a.ports.values() {
+        *f.backends.write().expect("backends lock") = ready_backends(&slices.items, &f.name);
     }
     Ok(())
 }
@@ -359,6 +404,24 @@ async fn udp_replies(sock: Arc<UdpSocket>, up: Arc<UdpSocket>, client: SocketAdd
 mod tests {
     use super::*;
     use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort};
+
+    #[test]
+    fn status_address_is_kept_only_inside_the_range() {
+        let svc = |ip: &str| -> Service {
+            serde_json::from_value(serde_json::json!({
+                "status": {"loadBalancer": {"ingress": [{"ip": ip}]}}
+            }))
+            .unwrap()
+        };
+        let cidr = PodCidr::parse("10.246.0.0/24").unwrap();
+        assert_eq!(
+            status_ip(&svc("10.246.0.203"), cidr),
+            Some(Ipv4Addr::new(10, 246, 0, 203))
+        );
+        assert_eq!(status_ip(&svc("10.246.0.5"), cidr), None);
+        assert_eq!(status_ip(&svc("10.247.0.203"), cidr), None);
+        assert_eq!(status_ip(&Service::default(), cidr), None);
+    }
 
     #[test]
     fn wanted_ports_by_protocol() {

@@ -137,6 +137,23 @@ pub struct Network {
     free: Mutex<BTreeSet<u8>>,
 }
 
+/// The first interface other than `bridge` with an IPv4 address inside `cidr`, from `ip -o -4 addr show`
+/// output (`<index>: <device> inet <addr>/<len> ...`).
+fn other_user_of<'a>(ip_addr_output: &'a str, bridge: &str, cidr: PodCidr) -> Option<&'a str> {
+    ip_addr_output.lines().find_map(|line| {
+        let mut words = line.split_whitespace();
+        let dev = words.nth(1)?;
+        let addr = words
+            .skip_while(|w| *w != "inet")
+            .nth(1)?
+            .split('/')
+            .next()?
+            .parse::<Ipv4Addr>()
+            .ok()?;
+        (dev != bridge && cidr.contains(addr)).then_some(dev)
+    })
+}
+
 /// Namespace name of Pod index `n` on `bridge`.
 pub fn netns_name(bridge: &str, n: u8) -> String {
     format!("{bridge}-{n}")
@@ -156,6 +173,15 @@ impl Network {
     /// of an agent on the same bridge. Namespaces of other bridges are left alone.
     pub async fn setup(bridge: &str, cidr: PodCidr) -> Result<Self> {
         check_bridge_name(bridge)?;
+        // Another interface with an address in this network (another agent's bridge): sharing it would
+        // break that cluster's routing, so refuse.
+        let addrs = ip(&["-o", "-4", "addr", "show"]).await?;
+        if let Some(dev) = other_user_of(&addrs, bridge, cidr) {
+            return Err(Error::CidrInUse {
+                cidr,
+                device: dev.to_string(),
+            });
+        }
         let created_bridge = ip(&["link", "show", bridge]).await.is_err();
         if created_bridge {
             ip(&["link", "add", bridge, "type", "bridge"]).await?;
@@ -299,6 +325,23 @@ mod tests {
             let e = PodCidr::parse(s).unwrap_err().to_string();
             assert!(e.contains(why), "{s}: {e}");
         }
+    }
+
+    #[test]
+    fn finds_another_interface_in_the_network() {
+        let out = "1: lo    inet 127.0.0.1/8 scope host lo\\       valid_lft forever
+2: eth0    inet 10.0.2.15/24 brd 10.0.2.255 scope global eth0
+7: sweetybr3    inet 10.247.0.1/24 scope global sweetybr3
+7: sweetybr3    inet 10.247.0.200/32 scope global sweetybr3
+9: sweetybr2    inet 10.246.0.1/24 scope global sweetybr2
+";
+        let c247 = PodCidr::parse("10.247.0.0/24").unwrap();
+        assert_eq!(other_user_of(out, "sweetyit0", c247), Some("sweetybr3"));
+        assert_eq!(other_user_of(out, "sweetybr3", c247), None);
+        let c246 = PodCidr::parse("10.246.0.0/24").unwrap();
+        assert_eq!(other_user_of(out, "sweetybr2", c246), None);
+        let c250 = PodCidr::parse("10.250.0.0/24").unwrap();
+        assert_eq!(other_user_of(out, "sweetyit0", c250), None);
     }
 
     #[test]

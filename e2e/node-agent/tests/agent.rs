@@ -5,8 +5,9 @@
 //! It starts the agent binary as a child, creates a 2-replica Deployment of `python3 -m http.server` (through
 //! `--image-map`) serving a ConfigMap volume with a readinessProbe, and checks: both Pods Ready with
 //! IPs from its `--pod-cidr`, the Service's EndpointSlice lists them, each Pod IP serves the ConfigMap file over HTTP
-//! from the host (so the volume is visible to the process), a deleted Pod is replaced, and the network
-//! namespaces are cleaned up.
+//! from the host (so the volume is visible to the process), a deleted Pod is replaced, a Pod reaches the
+//! apiserver, a failing livenessProbe kills and restarts a container, and the network namespaces are cleaned
+//! up.
 
 use std::collections::BTreeSet;
 use std::process::{Child, Command, Stdio};
@@ -23,9 +24,9 @@ const NODE: &str = "sweety-node-agent-it";
 const BRIDGE: &str = "sweetyit0";
 /// The test's Pod network (not the default one, so it can run next to another agent). The cluster must be
 /// started with the same `POD_CIDR` (its apiserver certificate then names the relay address .1).
-const POD_CIDR: &str = "10.247.0.0/24";
-const POD_NET: &str = "10.247.0.";
-const NODE_IP: &str = "10.247.0.1";
+const POD_CIDR: &str = "10.250.0.0/24";
+const POD_NET: &str = "10.250.0.";
+const NODE_IP: &str = "10.250.0.1";
 const MOUNT: &str = "/run/sweety-node-agent-it/www";
 const CONTENT: &str = "hello from a configmap volume\n";
 const SECRET_MOUNT: &str = "/run/sweety-node-agent-it/secret";
@@ -460,6 +461,54 @@ async fn runs_deployment_pods_as_processes() {
         .await
         .expect("pods/log via the apiserver");
     assert!(via_api.starts_with(&expected), "kubectl logs: {via_api:?}");
+
+    // Startup and liveness probes: the startupProbe (TCP) passes once the server listens, then the
+    // livenessProbe (a 404 path) fails twice and the agent kills the container (SIGKILL: exit 137) and
+    // restarts it (restartPolicy Always), which then serves again.
+    let unhealthy: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "unhealthy"},
+        "spec": {
+            "nodeName": NODE,
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{
+                "name": "web",
+                "image": "example.test/python-http:1",
+                "args": ["-m", "http.server", "8080", "--bind", "$(POD_IP)", "--directory", "/"],
+                "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
+                "ports": [{"name": "http", "containerPort": 8080}],
+                "startupProbe": {"tcpSocket": {"port": "http"}, "periodSeconds": 1, "failureThreshold": 120},
+                "livenessProbe": {"httpGet": {"path": "/no-such-file", "port": "http"},
+                                  "periodSeconds": 1, "failureThreshold": 2}
+            }]
+        }
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &unhealthy)
+        .await
+        .expect("create unhealthy pod");
+    eventually(
+        "unhealthy pod killed by its liveness probe and restarted",
+        Duration::from_secs(90),
+        || async {
+            let p = pods.get_opt("unhealthy").await.ok()??;
+            let cs = p.status?.container_statuses?.into_iter().next()?;
+            let code = cs.last_state?.terminated?.exit_code;
+            (cs.restart_count >= 1 && code == 137).then_some(())
+        },
+    )
+    .await;
+    // The restarted instance runs and passes its startup probe again (`started`; with no readinessProbe
+    // that also makes it ready).
+    eventually(
+        "restarted instance started and ready",
+        Duration::from_secs(60),
+        || async {
+            let p = pods.get_opt("unhealthy").await.ok()??;
+            let cs = p.status?.container_statuses?.into_iter().next()?;
+            (cs.state?.running.is_some() && cs.started == Some(true) && cs.ready).then_some(())
+        },
+    )
+    .await;
 
     // Cleanup: deleting the namespace removes the Pods; the agent tears down their namespaces.
     nss.delete(&ns_name, &DeleteParams::default())
