@@ -711,6 +711,10 @@ pub struct BackendTls {
     /// Client key for mTLS.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_key: Option<PemSource>,
+    /// Also trust the well-known public CAs (Mozilla's root program, compiled in), as for
+    /// BackendTLSPolicy `wellKnownCACertificates: System`.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub well_known_ca: bool,
 }
 
 /// Passive outlier ejection.

@@ -850,10 +850,11 @@ impl<'a> Validator<'a> {
                     self.err(format!("{tpath}.sni"), msg);
                 }
             }
-            if !tls.subject_alt_names.is_empty() && tls.ca.is_none() {
+            if !tls.subject_alt_names.is_empty() && tls.ca.is_none() && !tls.well_known_ca {
                 self.err(
                     format!("{tpath}.subject_alt_names"),
-                    "requires ca (without a CA the backend certificate is not verified)",
+                    "requires ca or well_known_ca (without them the backend certificate is \
+                     not verified)",
                 );
             }
             for (k, san) in tls.subject_alt_names.iter().enumerate() {
