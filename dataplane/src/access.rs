@@ -567,7 +567,7 @@ fn route_concurrency(
         },
         key: c.key.clone(),
         max: c.max.max(1),
-        table: zones.in_flight((name, c.key.clone()), keep),
+        table: zones.in_flight((c.zone.clone().unwrap_or(name), c.key.clone()), keep),
     }
 }
 

@@ -442,6 +442,7 @@ async fn concurrency_limit_counts_requests_in_flight_per_client() {
                 vec![Filter::ConcurrencyLimit(ConcurrencyLimit {
                     key: RateLimitKey::Header("x-user".into()),
                     max: 2,
+                    zone: None,
                 })],
             )],
         )]);

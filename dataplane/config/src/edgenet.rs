@@ -69,6 +69,10 @@ pub struct ConcurrencyLimit {
     pub key: RateLimitKey,
     /// Requests in flight per key at most.
     pub max: u32,
+    /// Counts are shared by every concurrency-limit filter with the same zone name and key
+    /// (a limit across several routes). Default: one zone per route and filter.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -496,6 +500,9 @@ pub(crate) fn check_concurrency_limit(c: &ConcurrencyLimit) -> Problems {
     }
     if c.max == 0 {
         out.push(("max".into(), "must be greater than 0".into()));
+    }
+    if c.zone.as_deref() == Some("") {
+        out.push(("zone".into(), "must not be empty when set".into()));
     }
     out
 }

@@ -56,8 +56,8 @@ pub struct Annotations {
     pub canary_weight_total: u32,
     /// `limit-rps` / `limit-rpm`, per client IP.
     pub rate_limits: Vec<RateLimit>,
-    /// `limit-connections`, per client IP.
-    pub concurrency: Option<u32>,
+    /// `limit-connections`, per client IP, shared by the Ingress's paths.
+    pub concurrency: Option<ConcurrencyLimit>,
     /// `whitelist-source-range` / `denylist-source-range`.
     pub ip_access: Option<IpAccess>,
     /// `affinity: cookie` and its `session-cookie-*` settings.
@@ -163,6 +163,7 @@ impl Annotations {
         let mut burst_multiplier: u32 = 5;
         let mut access = IpAccess::default();
         let mut affinity = false;
+        let mut connections: Option<u32> = None;
         for (key, value) in all {
             let Some(name) = key.strip_prefix(PREFIX) else {
                 continue;
@@ -230,7 +231,7 @@ impl Annotations {
                         Ok(n) if n > 0 => match name {
                             "limit-rps" => rps = Some(n),
                             "limit-rpm" => rpm = Some(n),
-                            "limit-connections" => a.concurrency = Some(n),
+                            "limit-connections" => connections = Some(n),
                             _ => burst_multiplier = n,
                         },
                         _ => bad(report, "is not a positive whole number"),
@@ -419,6 +420,11 @@ impl Annotations {
         if !access.allow.is_empty() || !access.deny.is_empty() {
             a.ip_access = Some(access);
         }
+        a.concurrency = connections.map(|max| ConcurrencyLimit {
+            key: RateLimitKey::ClientIp,
+            max,
+            zone: Some(format!("ingress-nginx/{ns}/{ing_name}/connections")),
+        });
         if affinity {
             a.session = Some(session_cookie(&get, report));
         }
@@ -438,13 +444,8 @@ impl Annotations {
         for r in &self.rate_limits {
             route.filters.push(Filter::RateLimit(r.clone()));
         }
-        if let Some(max) = self.concurrency {
-            route
-                .filters
-                .push(Filter::ConcurrencyLimit(ConcurrencyLimit {
-                    key: RateLimitKey::ClientIp,
-                    max,
-                }));
+        if let Some(c) = &self.concurrency {
+            route.filters.push(Filter::ConcurrencyLimit(c.clone()));
         }
         if let Some(target) = &self.rewrite_target {
             let m = route.matches.first_mut().and_then(|m| m.path.as_mut());
