@@ -504,3 +504,56 @@ async fn concurrency_limit_counts_requests_in_flight_per_client() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn proxy_protocol_comes_before_tls_on_https_listeners() {
+    bounded(async {
+        let (cert, pem) = cert_for("a.test");
+        let mut https = listener("tls", ListenerProtocol::Https);
+        https.tls = Some(ListenerTls {
+            certificates: vec![cert],
+            min_version: TlsVersion::Tls12,
+        });
+        let mut cfg = Config {
+            listeners: vec![https],
+            virtual_hosts: vec![vhost(
+                "a",
+                &["a.test"],
+                vec![with_filters(
+                    fixed_route("r", "/", "secure ok"),
+                    vec![Filter::IpAccess(IpAccess {
+                        allow: vec![],
+                        deny: vec!["198.51.100.0/24".into()],
+                    })],
+                )],
+            )],
+            ..Config::default()
+        };
+        cfg.client_ip.proxy_protocol = vec!["tls".into()];
+        let h = Harness::start(cfg).await;
+        let addr = h.addr("tls").await;
+        let run = |source: &'static str| {
+            let pem = pem.clone();
+            async move {
+                let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+                let header = encode_v2(source.parse().unwrap(), addr, false);
+                tcp.write_all(&header).await.unwrap();
+                let name = rustls_pki_types::ServerName::try_from("a.test").unwrap();
+                let mut tls = tls_connector(&pem, &[b"http/1.1"])
+                    .connect(name, tcp)
+                    .await
+                    .expect("TLS after the PROXY header");
+                tls.write_all(b"GET / HTTP/1.1\r\nhost: a.test\r\nconnection: close\r\n\r\n")
+                    .await
+                    .unwrap();
+                let mut out = Vec::new();
+                let _ = tls.read_to_end(&mut out).await;
+                let text = String::from_utf8_lossy(&out).into_owned();
+                text.lines().next().unwrap_or_default().to_string()
+            }
+        };
+        assert_eq!(run("198.51.100.20:1000").await, "HTTP/1.1 403 Forbidden");
+        assert_eq!(run("203.0.113.20:1000").await, "HTTP/1.1 200 OK");
+    })
+    .await;
+}
