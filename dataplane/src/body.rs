@@ -44,5 +44,7 @@ pub fn text_response(status: http::StatusCode, text: &'static str) -> http::Resp
         http::header::CONTENT_TYPE,
         http::HeaderValue::from_static("text/plain; charset=utf-8"),
     );
+    // Marks the reply as Sweety's own, so gRPC requests get it as grpc-status instead.
+    resp.extensions_mut().insert(crate::grpc::Generated(text));
     resp
 }

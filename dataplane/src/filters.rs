@@ -48,6 +48,20 @@ pub struct CompiledFilters {
     cors: Option<CompiledCors>,
     /// Mirror filters, in config order.
     mirrors: Vec<Mirror>,
+    /// Edge features: compression, response cache, gRPC options (the last filter of each kind
+    /// wins).
+    edge: EdgeFilters,
+}
+
+/// The compiled `compress`, `cache` and `grpc` filters of a route.
+#[derive(Debug, Default, Clone)]
+pub struct EdgeFilters {
+    /// Response compression (`None`: off).
+    pub compress: Option<crate::compress::CompressPolicy>,
+    /// Response caching (`None`: off).
+    pub cache: Option<sweety_config::CachePolicy>,
+    /// gRPC options.
+    pub grpc: Option<sweety_config::GrpcOptions>,
 }
 
 #[derive(Debug)]
@@ -499,6 +513,13 @@ impl CompiledFilters {
                     out.cors = Some(CompiledCors::compile(c).map_err(err)?);
                     out.request.push(RequestFilter::CorsPreflight);
                 }
+                // Applied by the pipeline before every other filter (see `crate::access`).
+                Filter::RateLimit(_) | Filter::IpAccess(_) => {}
+                Filter::Compress(c) => {
+                    out.edge.compress = crate::compress::CompressPolicy::compile(c)
+                }
+                Filter::Cache(c) => out.edge.cache = Some(c.clone()),
+                Filter::Grpc(g) => out.edge.grpc = Some(g.clone()),
             }
         }
         Ok(out)
@@ -510,6 +531,14 @@ impl CompiledFilters {
             && self.response.is_empty()
             && self.cors.is_none()
             && self.mirrors.is_empty()
+            && self.edge.compress.is_none()
+            && self.edge.cache.is_none()
+            && self.edge.grpc.is_none()
+    }
+
+    /// The route's compression, cache and gRPC settings.
+    pub fn edge(&self) -> &EdgeFilters {
+        &self.edge
     }
 
     /// Applies request-side filters in order: request header modifiers, URL rewrite (path and
@@ -586,6 +615,11 @@ fn filter_kind(f: &Filter) -> &'static str {
         Filter::Rewrite(_) => "rewrite",
         Filter::Mirror(_) => "mirror",
         Filter::Cors(_) => "cors",
+        Filter::RateLimit(_) => "rate_limit",
+        Filter::IpAccess(_) => "ip_access",
+        Filter::Compress(_) => "compress",
+        Filter::Cache(_) => "cache",
+        Filter::Grpc(_) => "grpc",
     }
 }
 

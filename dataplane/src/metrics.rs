@@ -125,6 +125,87 @@ pub struct Metrics {
     pub access_log_dropped: AtomicU64,
     /// Connections accepted, all time.
     pub connections_total: AtomicU64,
+    /// Edge features: active health check results by backend and result (`pass`, `fail`),
+    /// and endpoint state changes (`down`, `up`).
+    pub health_checks: LabeledCounter<(Arc<str>, &'static str)>,
+    /// Edge features: requests refused by access rules (`ip_denied`, `rate_limited`) and
+    /// layer-4 events (`l4_no_route`, `udp_session_limit`, `proxy_protocol_error`…).
+    pub edge_events: LabeledCounter<&'static str>,
+    /// Response cache and WebSocket tunnel figures.
+    pub edge: EdgeMetrics,
+    /// Open WebSocket (upgrade) tunnels.
+    pub websocket_tunnels: AtomicI64,
+}
+
+/// Response cache counters (see `cache`).
+#[derive(Debug, Default)]
+pub struct EdgeMetrics {
+    /// Fresh cache hits.
+    pub cache_hits: AtomicU64,
+    /// Stale entries served while revalidating.
+    pub cache_stale: AtomicU64,
+    /// Cacheable requests that went to the backend.
+    pub cache_misses: AtomicU64,
+    /// Entries evicted to stay within `cache.max_bytes`.
+    pub cache_evictions: AtomicU64,
+    /// Entries removed by purge requests.
+    pub cache_purged: AtomicU64,
+    /// Bytes held by the cache.
+    pub cache_bytes: AtomicI64,
+    /// Entries held by the cache.
+    pub cache_entries: AtomicI64,
+}
+
+impl EdgeMetrics {
+    fn render(&self, o: &mut String, websocket_tunnels: i64) {
+        header(
+            o,
+            "sweety_cache_requests_total",
+            "counter",
+            "Cacheable requests by result (hit, stale, miss).",
+        );
+        for (k, v) in [
+            ("hit", &self.cache_hits),
+            ("stale", &self.cache_stale),
+            ("miss", &self.cache_misses),
+        ] {
+            let _ = writeln!(
+                o,
+                "sweety_cache_requests_total{{result=\"{k}\"}} {}",
+                v.load(Relaxed)
+            );
+        }
+        counter(
+            o,
+            "sweety_cache_evictions_total",
+            "Cache entries evicted to stay within the byte bound.",
+            self.cache_evictions.load(Relaxed),
+        );
+        counter(
+            o,
+            "sweety_cache_purged_total",
+            "Cache entries removed by purge requests.",
+            self.cache_purged.load(Relaxed),
+        );
+        gauge(
+            o,
+            "sweety_cache_bytes",
+            "Bytes held by the response cache.",
+            self.cache_bytes.load(Relaxed),
+        );
+        gauge(
+            o,
+            "sweety_cache_entries",
+            "Entries held by the response cache.",
+            self.cache_entries.load(Relaxed),
+        );
+        gauge(
+            o,
+            "sweety_websocket_tunnels",
+            "Open WebSocket (upgrade) tunnels.",
+            websocket_tunnels,
+        );
+    }
 }
 
 fn proto_index(p: Protocol) -> usize {
@@ -293,6 +374,29 @@ impl Metrics {
             "Access log lines dropped because the writer fell behind.",
             self.access_log_dropped.load(Relaxed),
         );
+        header(
+            o,
+            "sweety_health_checks_total",
+            "counter",
+            "Active health check results and endpoint state changes by backend.",
+        );
+        for ((b, r), v) in self.health_checks.snapshot() {
+            let _ = writeln!(
+                o,
+                "sweety_health_checks_total{{backend=\"{}\",result=\"{r}\"}} {v}",
+                esc(&b)
+            );
+        }
+        header(
+            o,
+            "sweety_edge_events_total",
+            "counter",
+            "Access-rule refusals and layer-4 events by kind.",
+        );
+        for (k, v) in self.edge_events.snapshot() {
+            let _ = writeln!(o, "sweety_edge_events_total{{kind=\"{k}\"}} {v}");
+        }
+        self.edge.render(o, self.websocket_tunnels.load(Relaxed));
         out
     }
 }

@@ -6,7 +6,7 @@
 //! 2. **snapshot**: pin the current config; the request finishes on it even if a reload swaps
 //!    in a newer one meanwhile;
 //! 3. **route**: host (421 on a misdirected request), then path/method/headers/query (404);
-//! 4. **request filters**: header modifiers, rewrites, redirects, CORS preflight, mirrors;
+//! 4. **request filters**: IP access lists and rate limits first, then header modifiers, rewrites, redirects, CORS preflight, mirrors;
 //! 5. **action**: proxy, static files or a fixed reply, under the route's request timeout;
 //! 6. **response filters**: header modifiers, CORS, `Alt-Svc`;
 //! 7. **account**: metrics at the response head; the access log line and the release of the
@@ -45,6 +45,13 @@ pub async fn handle(
     let start = Instant::now();
     let snap = shared.snapshot();
     let view = snap.listener(&conn.listener);
+    // The real client behind trusted proxies (see `crate::access`).
+    let mut req = req;
+    let conn = if snap.edge.client_ip.is_empty() {
+        conn
+    } else {
+        snap.edge.client_ip.resolve(&conn, req.headers_mut())
+    };
     let limits = &snap.config.limits;
 
     // 1. admit
@@ -69,6 +76,7 @@ pub async fn handle(
     };
     let log = shared.access_log.enabled().then(|| LogStart::new(&req));
     let origin = req.headers().get(header::ORIGIN).cloned();
+    let edge_req = EdgeRequest::new(&req);
 
     let (route_name, mut resp, filters_entry) = if too_early {
         shared.metrics.limit_hit("early_data");
@@ -94,6 +102,12 @@ pub async fn handle(
         let (mut parts, body) = resp.into_parts();
         entry.filters.on_response(origin.as_ref(), &mut parts);
         resp = Response::from_parts(parts, body);
+        if let Some(c) = &entry.filters.edge().compress {
+            resp = crate::compress::apply(c, &edge_req.method, &edge_req.accept_encoding, resp);
+        }
+    }
+    if let Some(kind) = edge_req.grpc {
+        resp = crate::grpc::rewrite_generated(resp, kind);
     }
     if let Some(alt) = view.and_then(|v| v.alt_svc.as_ref()) {
         if protocol != Protocol::Http3 {
@@ -110,6 +124,16 @@ pub async fn handle(
         protocol,
         start.elapsed(),
     );
+    let mut permit = permit;
+    if let Some(slot) = resp
+        .extensions_mut()
+        .remove::<crate::websocket::PermitSlot>()
+    {
+        // An upgraded tunnel holds the request slot for its whole life.
+        if let Some(p) = permit.take() {
+            slot.hand_over(p);
+        }
+    }
     let finish = Finish {
         shared: shared.clone(),
         ctx,
@@ -208,6 +232,21 @@ async fn route_and_serve<'a>(
     };
     let route_name = entry.name.clone();
 
+    // 4a. access rules: IP allow/deny lists (403), then rate limits (429).
+    if let Some(rules) = snap.edge.route(&entry.route) {
+        if let Err(refusal) = rules.check(ctx.conn.peer.ip(), req.headers(), Instant::now()) {
+            let r = crate::access::refusal_response(refusal, &shared.metrics);
+            return (route_name, r, Some(entry));
+        }
+    }
+    let upgrade = crate::websocket::upgrade_request(&req);
+    let cache_host: Option<String> = entry
+        .filters
+        .edge()
+        .cache
+        .as_ref()
+        .map(|_| host.to_string());
+
     // 4. request filters
     let (mut parts, body) = req.into_parts();
     if let RequestOutcome::Respond(r) =
@@ -226,15 +265,78 @@ async fn route_and_serve<'a>(
     let action = async {
         match &route.action {
             Action::Proxy(p) => {
+                if let Some(kind) = upgrade {
+                    return crate::websocket::proxy(
+                        &snap.upstreams,
+                        shared.metrics.clone(),
+                        Request::from_parts(parts, body),
+                        kind,
+                        p,
+                        route,
+                        ctx,
+                        limits.websocket_idle_timeout.get(),
+                    )
+                    .await;
+                }
                 let body = crate::body::boxed(LimitedBody::new(
                     body,
                     limits.max_request_body_bytes,
                     limits.body_idle_timeout.get(),
                     shared.metrics.clone(),
                 ));
-                snap.upstreams
-                    .forward(Request::from_parts(parts, body), p, route, ctx)
-                    .await
+                let edge = entry.filters.edge();
+                let web = edge
+                    .grpc
+                    .as_ref()
+                    .filter(|g| g.web)
+                    .and_then(|_| crate::grpc::kind(&parts.headers))
+                    .filter(|k| *k != crate::grpc::GrpcKind::Grpc);
+                if let Some(kind) = web {
+                    crate::grpc::web_request_head(&mut parts.headers, kind);
+                    let body = crate::grpc::web_request_body(body, kind);
+                    let resp = snap
+                        .upstreams
+                        .forward(Request::from_parts(parts, body), p, route, ctx)
+                        .await;
+                    return crate::grpc::web_response(resp, kind);
+                }
+                let cache_key = edge.cache.as_ref().zip(cache_host).and_then(|(cp, host)| {
+                    let key = crate::cache::request_key(
+                        cp,
+                        &parts.method,
+                        &host,
+                        &parts.uri,
+                        &parts.headers,
+                    )?;
+                    Some((cp, key))
+                });
+                match cache_key {
+                    Some((cp, key)) => {
+                        shared
+                            .cache
+                            .serve(
+                                cp,
+                                key,
+                                parts,
+                                body,
+                                |parts, body| {
+                                    snap.upstreams.forward(
+                                        Request::from_parts(parts, body),
+                                        p,
+                                        route,
+                                        ctx,
+                                    )
+                                },
+                                |parts| refresher(snap, entry, ctx, parts)(),
+                            )
+                            .await
+                    }
+                    None => {
+                        snap.upstreams
+                            .forward(Request::from_parts(parts, body), p, route, ctx)
+                            .await
+                    }
+                }
             }
             Action::Static(site) => shared.static_files.serve(site, &parts).await,
             Action::Fixed(f) => {
@@ -270,6 +372,59 @@ async fn route_and_serve<'a>(
         None => action.await,
     };
     (route_name, resp, Some(entry))
+}
+
+/// What the edge features (compression, gRPC) need from the request, captured before it is
+/// consumed. Costs nothing for requests without `Accept-Encoding`.
+struct EdgeRequest {
+    method: http::Method,
+    accept_encoding: Vec<HeaderValue>,
+    grpc: Option<crate::grpc::GrpcKind>,
+}
+
+impl EdgeRequest {
+    fn new(req: &Request<Body>) -> EdgeRequest {
+        EdgeRequest {
+            method: req.method().clone(),
+            accept_encoding: req
+                .headers()
+                .get_all(header::ACCEPT_ENCODING)
+                .iter()
+                .cloned()
+                .collect(),
+            grpc: crate::grpc::kind(req.headers()),
+        }
+    }
+}
+
+/// A `'static` re-fetch of a GET request (no body) for the cache's stale-while-revalidate.
+fn refresher(
+    snap: &crate::runtime::Snapshot,
+    entry: &crate::router::RouteEntry,
+    ctx: &RequestCtx,
+    parts: &http::request::Parts,
+) -> impl FnOnce() -> Pin<Box<dyn std::future::Future<Output = Response<Body>> + Send>> {
+    let upstreams = snap.upstreams.clone();
+    let route = entry.route.clone();
+    let ctx = RequestCtx {
+        conn: ctx.conn.clone(),
+        protocol: ctx.protocol,
+        start: ctx.start,
+    };
+    let mut req = Request::new(crate::body::empty());
+    *req.method_mut() = http::Method::GET;
+    *req.uri_mut() = parts.uri.clone();
+    *req.version_mut() = parts.version;
+    *req.headers_mut() = parts.headers.clone();
+    req.headers_mut().remove(header::CONTENT_LENGTH);
+    move || {
+        Box::pin(async move {
+            match &route.action {
+                Action::Proxy(p) => upstreams.forward(req, p, &route, &ctx).await,
+                _ => text_response(StatusCode::NOT_FOUND, "not a proxy route\n"),
+            }
+        })
+    }
 }
 
 /// The request host: `:authority` or `Host`, lower-cased, without port or trailing dot.

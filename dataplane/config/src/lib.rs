@@ -14,11 +14,15 @@
 //! * [`wire`] encodes and decodes the frames of the controller → dataplane control protocol.
 
 mod duration;
+mod edge;
+mod edgenet;
 mod model;
 mod validate;
 pub mod wire;
 
 pub use duration::Duration;
+pub use edge::*;
+pub use edgenet::*;
 pub use model::*;
 pub use validate::{ValidationError, ValidationErrors};
 

@@ -3,6 +3,9 @@
 //! Field names are `snake_case` in YAML/JSON. Every struct rejects unknown fields so a typo is
 //! an error rather than a silently ignored setting. Defaults are chosen for a production edge.
 
+use crate::edgenet::{
+    ClientIp, HashPolicy, HealthCheck, IpAccess, L4Settings, RateLimit, SessionPersistence,
+};
 use crate::Duration;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -54,6 +57,15 @@ pub struct Config {
     /// Access log settings.
     #[serde(default)]
     pub access_log: AccessLog,
+    /// Where the real client address comes from (trusted proxies, PROXY protocol).
+    #[serde(default, skip_serializing_if = "ClientIp::is_default")]
+    pub client_ip: ClientIp,
+    /// Settings of the layer-4 (`tcp`, `udp`, `tls_passthrough`) listeners.
+    #[serde(default, skip_serializing_if = "L4Settings::is_default")]
+    pub l4: L4Settings,
+    /// Bounds of the in-memory response cache (used by routes with a `cache` filter).
+    #[serde(default, skip_serializing_if = "crate::CacheSettings::is_default")]
+    pub cache: crate::CacheSettings,
 }
 
 fn schema_version() -> u32 {
@@ -72,6 +84,9 @@ impl Default for Config {
             http3: Http3::default(),
             admin: None,
             access_log: AccessLog::default(),
+            client_ip: ClientIp::default(),
+            l4: L4Settings::default(),
+            cache: crate::CacheSettings::default(),
         }
     }
 }
@@ -337,6 +352,16 @@ pub enum Filter {
     Mirror(Mirror),
     /// Answer CORS preflights and decorate responses.
     Cors(Cors),
+    /// Token-bucket rate limit (429 past it). Checked before the other request filters.
+    RateLimit(RateLimit),
+    /// IP allow and deny lists (403). Checked before the other request filters.
+    IpAccess(IpAccess),
+    /// Compress responses (gzip, br, zstd) by the client's Accept-Encoding.
+    Compress(crate::Compression),
+    /// Cache responses in memory.
+    Cache(crate::CachePolicy),
+    /// gRPC options (gRPC-Web translation).
+    Grpc(crate::GrpcOptions),
 }
 
 /// Header edits: set (replace), add (append), remove.
@@ -613,6 +638,18 @@ pub struct Backend {
     /// Idle pooled connections kept per endpoint. Default 64.
     #[serde(default = "default_pool_idle")]
     pub max_idle_per_endpoint: u32,
+    /// Session affinity by cookie or header (takes precedence over `hash`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_persistence: Option<SessionPersistence>,
+    /// Consistent hashing of requests onto endpoints (replaces `lb` when the key is present).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hash: Option<HashPolicy>,
+    /// Active health checks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health_check: Option<HealthCheck>,
+    /// Send a PROXY protocol v2 header on each new connection (layer-4 listeners only).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub send_proxy_protocol: bool,
 }
 
 impl Backend {
@@ -627,6 +664,10 @@ impl Backend {
             connect_timeout: default_connect_timeout(),
             outlier: OutlierDetection::default(),
             max_idle_per_endpoint: default_pool_idle(),
+            session_persistence: None,
+            hash: None,
+            health_check: None,
+            send_proxy_protocol: false,
         }
     }
 }
@@ -734,6 +775,9 @@ pub struct Limits {
     pub max_request_body_bytes: u64,
     /// Time in-flight requests get to finish on shutdown or listener removal.
     pub drain_timeout: Duration,
+    /// A WebSocket tunnel with no byte either way for this long is closed. Default 5m.
+    #[serde(skip_serializing_if = "crate::is_default_websocket_idle_timeout")]
+    pub websocket_idle_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -751,6 +795,7 @@ impl Default for Limits {
             max_header_bytes: 64 * 1024,
             max_request_body_bytes: 64 * 1024 * 1024,
             drain_timeout: Duration::from_secs(20),
+            websocket_idle_timeout: crate::default_websocket_idle_timeout(),
         }
     }
 }

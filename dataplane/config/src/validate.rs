@@ -163,6 +163,9 @@ impl<'a> Validator<'a> {
             self.backend(&format!("backends[{i}]"), b, &mut names);
         }
         self.limits(cfg);
+        if cfg.limits.websocket_idle_timeout.is_zero() {
+            self.err("limits.websocket_idle_timeout", "must be greater than 0");
+        }
         self.http3(cfg);
         if let Some(admin) = &cfg.admin {
             self.admin(admin, &cfg.listeners);
@@ -173,6 +176,18 @@ impl<'a> Validator<'a> {
         }
         if log.buffer_lines == 0 {
             self.err("access_log.buffer_lines", "must be greater than 0");
+        }
+        let found = crate::edgenet::check_client_ip(&cfg.client_ip, &cfg.listeners);
+        self.problems("client_ip", found);
+        self.problems("l4", crate::edgenet::check_l4(&cfg.l4));
+        if cfg.cache.max_bytes == 0 {
+            self.err("cache.max_bytes", "must be greater than 0");
+        }
+        if cfg.cache.max_entry_bytes == 0 || cfg.cache.max_entry_bytes > cfg.cache.max_bytes {
+            self.err(
+                "cache.max_entry_bytes",
+                "must be greater than 0 and at most cache.max_bytes",
+            );
         }
     }
 
@@ -560,6 +575,63 @@ impl<'a> Validator<'a> {
                 }
             }
             Filter::Cors(c) => self.cors(&format!("{path}.cors"), c),
+            Filter::RateLimit(r) => self.problems(
+                &format!("{path}.rate_limit"),
+                crate::edgenet::check_rate_limit(r),
+            ),
+            Filter::IpAccess(a) => self.problems(
+                &format!("{path}.ip_access"),
+                crate::edgenet::check_ip_access(a),
+            ),
+            Filter::Compress(c) => self.compress(&format!("{path}.compress"), c),
+            Filter::Cache(c) => self.cache_policy(&format!("{path}.cache"), c),
+            Filter::Grpc(_) => {}
+        }
+    }
+
+    fn compress(&mut self, path: &str, c: &crate::Compression) {
+        if c.enabled && c.algorithms.is_empty() {
+            self.err(
+                format!("{path}.algorithms"),
+                "must list at least one algorithm",
+            );
+        }
+        for (k, a) in c.algorithms.iter().enumerate() {
+            if c.algorithms[..k].contains(a) {
+                let msg = format!("{:?} is listed more than once", a.token());
+                self.err(format!("{path}.algorithms[{k}]"), msg);
+            }
+        }
+        for (k, m) in c.mime_types.iter().enumerate() {
+            let ok = m.split_once('/').is_some_and(|(t, s)| {
+                check_token(t, "type").is_ok() && (s == "*" || check_token(s, "subtype").is_ok())
+            });
+            if !ok {
+                let msg = format!("{m:?} is not a media type (type/subtype or type/*)");
+                self.err(format!("{path}.mime_types[{k}]"), msg);
+            }
+        }
+    }
+
+    fn cache_policy(&mut self, path: &str, c: &crate::CachePolicy) {
+        if c.ttl.is_some_and(|t| t.is_zero()) {
+            self.err(format!("{path}.ttl"), "must be greater than 0 when set");
+        }
+        for (k, h) in c.key_headers.iter().enumerate() {
+            if let Err(msg) = check_token(h, "header name") {
+                self.err(format!("{path}.key_headers[{k}]"), msg);
+            }
+        }
+    }
+
+    /// Reports problems found by the edge-feature checks under `path`.
+    fn problems(&mut self, path: &str, found: crate::edgenet::Problems) {
+        for (field, msg) in found {
+            if field.is_empty() {
+                self.err(path, msg);
+            } else {
+                self.err(format!("{path}.{field}"), msg);
+            }
         }
     }
 
@@ -670,12 +742,8 @@ impl<'a> Validator<'a> {
                 }
             }
         }
-        if c.allow_credentials && c.allow_origins.iter().any(|o| o == "*") {
-            self.err(
-                format!("{path}.allow_credentials"),
-                "cannot be combined with the \"*\" origin (browsers reject it); list the origins",
-            );
-        }
+        // `*` with credentials is allowed: the dataplane then echoes the request's origin
+        // instead of `*` (browsers reject `*` with credentials), as Gateway API's CORS asks.
     }
 
     // ---------------------------------------------------------------- actions
@@ -778,8 +846,23 @@ impl<'a> Validator<'a> {
                     self.err(format!("{tpath}.sni"), msg);
                 }
             }
+            if !tls.subject_alt_names.is_empty() && tls.ca.is_none() {
+                self.err(
+                    format!("{tpath}.subject_alt_names"),
+                    "requires ca (without a CA the backend certificate is not verified)",
+                );
+            }
             for (k, san) in tls.subject_alt_names.iter().enumerate() {
-                if san.parse::<IpAddr>().is_err() {
+                // A URI SAN (`spiffe://…`): scheme, `://`, no spaces or controls.
+                let uri = san.split_once("://").is_some_and(|(scheme, rest)| {
+                    !scheme.is_empty()
+                        && scheme
+                            .bytes()
+                            .all(|b| b.is_ascii_alphanumeric() || b"+-.".contains(&b))
+                        && !rest.is_empty()
+                        && !rest.bytes().any(|b| b <= 0x20 || b == 0x7f)
+                });
+                if !uri && san.parse::<IpAddr>().is_err() {
                     if let Err(msg) = check_hostname(san, true) {
                         self.err(format!("{tpath}.subject_alt_names[{k}]"), msg);
                     }
@@ -825,6 +908,7 @@ impl<'a> Validator<'a> {
             let msg = format!("must be at most 100, got {}", o.max_ejection_percent);
             self.err(format!("{path}.outlier.max_ejection_percent"), msg);
         }
+        self.problems(path, crate::edgenet::check_backend_edge(b));
     }
 
     // ---------------------------------------------------------------- limits
@@ -2044,11 +2128,7 @@ access_log: {enabled: true, path: /var/log/sweety/access.log, buffer_lines: 1024
         for origin in ["https://example.com:8443", "http://[::1]:3000", "app://*"] {
             expect_ok(|c| cors(c).allow_origins[1] = origin.into());
         }
-        expect_one(
-            |c| cors(c).allow_origins[1] = "*".into(),
-            &format!("{p}.allow_credentials"),
-            "cannot be combined with the \"*\" origin",
-        );
+        expect_ok(|c| cors(c).allow_origins[1] = "*".into());
         expect_ok(|c| {
             cors(c).allow_origins[1] = "*".into();
             cors(c).allow_credentials = false;
@@ -2505,5 +2585,76 @@ access_log: {enabled: true, path: /var/log/sweety/access.log, buffer_lines: 1024
         assert!(overlaps(ip("::"), ip("0.0.0.0")));
         assert!(!overlaps(ip("0.0.0.0"), ip("::1")));
         assert!(!overlaps(ip("10.0.0.1"), ip("10.0.0.2")));
+    }
+
+    // ------------------------------------------------------------ edge filters (compress, cache, grpc)
+
+    #[test]
+    fn edge_filters_and_cache_bounds_report_paths() {
+        use crate::{CachePolicy, Compression, CompressionAlgorithm, GrpcOptions};
+        expect_ok(|c| {
+            route(c, 1)
+                .filters
+                .push(Filter::Compress(Compression::default()));
+            route(c, 1).filters.push(Filter::Cache(CachePolicy {
+                ttl: Some(Duration::from_secs(5)),
+                key_headers: vec!["x-tenant".into()],
+                stale_while_revalidate: None,
+            }));
+            route(c, 1)
+                .filters
+                .push(Filter::Grpc(GrpcOptions { web: true }));
+        });
+        expect(
+            |c| {
+                route(c, 1).filters = vec![
+                    Filter::Compress(Compression {
+                        algorithms: vec![CompressionAlgorithm::Gzip, CompressionAlgorithm::Gzip],
+                        mime_types: vec!["text/*".into(), "json".into()],
+                        ..Compression::default()
+                    }),
+                    Filter::Cache(CachePolicy {
+                        ttl: Some(Duration::from_millis(0)),
+                        key_headers: vec!["bad header".into()],
+                        stale_while_revalidate: None,
+                    }),
+                ];
+                c.limits.websocket_idle_timeout = Duration::from_millis(0);
+                c.cache.max_entry_bytes = c.cache.max_bytes + 1;
+            },
+            &[
+                (
+                    "virtual_hosts[0].routes[1].filters[0].compress.algorithms[1]",
+                    "\"gzip\" is listed more than once",
+                ),
+                (
+                    "virtual_hosts[0].routes[1].filters[0].compress.mime_types[1]",
+                    "\"json\" is not a media type (type/subtype or type/*)",
+                ),
+                (
+                    "virtual_hosts[0].routes[1].filters[1].cache.ttl",
+                    "must be greater than 0 when set",
+                ),
+                (
+                    "virtual_hosts[0].routes[1].filters[1].cache.key_headers[0]",
+                    "invalid header name \"bad header\": not an HTTP token",
+                ),
+                ("limits.websocket_idle_timeout", "must be greater than 0"),
+                (
+                    "cache.max_entry_bytes",
+                    "must be greater than 0 and at most cache.max_bytes",
+                ),
+            ],
+        );
+        // Per-backend filters stay header modifiers only.
+        expect_one(
+            |c| {
+                proxy(c).backends[0]
+                    .filters
+                    .push(Filter::Compress(Compression::default()))
+            },
+            "virtual_hosts[0].routes[1].action.proxy.backends[0].filters[0]",
+            "only request_headers and response_headers filters are allowed per backend",
+        );
     }
 }

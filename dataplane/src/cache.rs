@@ -1,0 +1,1046 @@
+//! The in-memory response cache behind the `cache` route filter.
+//!
+//! * **Key**: method (HEAD is looked up as GET), host, path and query, plus the route's
+//!   `key_headers`; responses with `Vary` are stored per value of the named request headers
+//!   (a secondary key), `Vary: *` is never stored.
+//! * **Freshness**: the route's `ttl` when set, else `s-maxage`, `max-age`, then
+//!   `Expires − Date`. Responses with `no-store`, `private`, `no-cache` or `Set-Cookie`, other
+//!   statuses than 200/203/204/301/404/410, and requests with `Authorization` or
+//!   `Cache-Control: no-store` bypass the cache; a request's `no-cache`/`max-age=0` skips the
+//!   lookup but may refresh the entry.
+//! * **Bounded**: total bytes (`cache.max_bytes`) and per entry (`cache.max_entry_bytes`);
+//!   past the bound the least recently used entries are evicted, in one pass down to 90%.
+//!   Responses are streamed to the client while being copied; a body that outgrows the entry
+//!   bound, fails, or ends with trailers is simply not stored.
+//! * **Coalescing**: while one request fetches a key, concurrent misses for it wait (bounded)
+//!   for that fetch and are then served from the cache.
+//! * **Stale-while-revalidate**: an expired entry within its stale window is served with
+//!   `X-Cache: STALE` while one background request refreshes it.
+//! * Every cacheable response carries `X-Cache: HIT`, `MISS` or `STALE` and hits an `Age`.
+//! * [`Cache::purge`] drops entries by host and path prefix (admin `POST /cache/purge`).
+
+use crate::body::{Body, BoxError};
+use crate::metrics::Metrics;
+use bytes::{Bytes, BytesMut};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Response, StatusCode};
+use http_body::{Frame, SizeHint};
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant, SystemTime};
+use sweety_config::{CachePolicy, CacheSettings};
+use tokio::sync::watch;
+
+static X_CACHE: HeaderName = HeaderName::from_static("x-cache");
+/// How long a request waits for a concurrent fetch of the same key before fetching itself.
+pub const COALESCE_WAIT: Duration = Duration::from_secs(30);
+/// Most `Vary` variants kept per key; older ones are replaced.
+pub const MAX_VARIANTS: usize = 16;
+
+/// A stored response.
+#[derive(Debug)]
+pub struct Entry {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Bytes,
+    stored: Instant,
+    /// `Age` the response already had when stored, seconds.
+    initial_age: u64,
+    fresh_for: Duration,
+    stale_for: Duration,
+    size: u64,
+    host: String,
+    path: String,
+}
+
+impl Entry {
+    fn age(&self, now: Instant) -> Duration {
+        now.saturating_duration_since(self.stored) + Duration::from_secs(self.initial_age)
+    }
+}
+
+struct Slot {
+    entry: Arc<Entry>,
+    used: u64,
+}
+
+#[derive(Default)]
+struct Store {
+    entries: HashMap<String, Slot>,
+    /// Primary key → the request headers its responses vary on.
+    vary: HashMap<String, Arc<[HeaderName]>>,
+    tick: u64,
+    bytes: u64,
+}
+
+/// What a lookup found.
+#[derive(Debug)]
+pub enum Found {
+    /// A fresh entry.
+    Fresh(Arc<Entry>),
+    /// An expired entry still inside its stale-while-revalidate window.
+    Stale(Arc<Entry>),
+    /// Nothing usable.
+    Miss,
+}
+
+/// The process-wide response cache; survives config reloads.
+pub struct Cache {
+    store: Mutex<Store>,
+    limits: Mutex<CacheSettings>,
+    inflight: Mutex<HashMap<String, watch::Receiver<bool>>>,
+    metrics: Arc<Metrics>,
+}
+
+impl std::fmt::Debug for Cache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cache").finish_non_exhaustive()
+    }
+}
+
+/// Releases a key's in-flight mark (waking waiters) when dropped.
+pub struct Inflight {
+    cache: Arc<Cache>,
+    key: String,
+    tx: watch::Sender<bool>,
+}
+
+impl Drop for Inflight {
+    fn drop(&mut self) {
+        self.cache
+            .inflight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.key);
+        let _ = self.tx.send(true);
+    }
+}
+
+/// A cacheable request's identity.
+#[derive(Debug, Clone)]
+pub struct RequestKey {
+    primary: String,
+    host: String,
+    path: String,
+    head: bool,
+    lookup: bool,
+}
+
+/// Whether the request may use the cache, and its key. `None`: bypass.
+pub fn request_key(
+    policy: &CachePolicy,
+    method: &Method,
+    host: &str,
+    uri: &http::Uri,
+    headers: &HeaderMap,
+) -> Option<RequestKey> {
+    let head = *method == Method::HEAD;
+    if *method != Method::GET && !head {
+        return None;
+    }
+    if headers.contains_key(header::AUTHORIZATION) {
+        return None;
+    }
+    let mut lookup = true;
+    for d in directives(headers.get_all(header::CACHE_CONTROL).iter()) {
+        match d.0.as_str() {
+            "no-store" => return None,
+            "no-cache" => lookup = false,
+            "max-age" if d.1.as_deref() == Some("0") => lookup = false,
+            _ => {}
+        }
+    }
+    if headers
+        .get(header::PRAGMA)
+        .is_some_and(|p| p.as_bytes().eq_ignore_ascii_case(b"no-cache"))
+    {
+        lookup = false;
+    }
+    let path = uri.path_and_query().map_or("/", |p| p.as_str());
+    let mut primary = String::with_capacity(8 + host.len() + path.len());
+    primary.push_str("GET\0");
+    primary.push_str(host);
+    primary.push('\0');
+    primary.push_str(path);
+    for name in &policy.key_headers {
+        primary.push('\0');
+        primary.push_str(name);
+        primary.push('=');
+        for v in headers.get_all(name.as_str()) {
+            primary.push_str(&String::from_utf8_lossy(v.as_bytes()));
+            primary.push(',');
+        }
+    }
+    Some(RequestKey {
+        primary,
+        host: host.to_string(),
+        path: uri.path().to_string(),
+        head,
+        lookup,
+    })
+}
+
+/// Cache-Control directives (lower-case name, optional unquoted value).
+fn directives<'a>(
+    values: impl Iterator<Item = &'a HeaderValue>,
+) -> impl Iterator<Item = (String, Option<String>)> {
+    values
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|d| {
+            let d = d.trim();
+            if d.is_empty() {
+                return None;
+            }
+            let (n, v) = match d.split_once('=') {
+                Some((n, v)) => (n.trim(), Some(v.trim().trim_matches('"').to_string())),
+                None => (d, None),
+            };
+            Some((n.to_ascii_lowercase(), v))
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+}
+
+/// How long a response may be stored and served fresh, and its stale window; `None` when it
+/// must not be stored.
+pub fn storable(
+    policy: &CachePolicy,
+    status: StatusCode,
+    headers: &HeaderMap,
+    now: SystemTime,
+) -> Option<(Duration, Duration)> {
+    if !matches!(status.as_u16(), 200 | 203 | 204 | 301 | 404 | 410) {
+        return None;
+    }
+    if headers.contains_key(header::SET_COOKIE) {
+        return None;
+    }
+    if headers
+        .get_all(header::VARY)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim() == "*")
+    {
+        return None;
+    }
+    let mut max_age = None;
+    let mut s_maxage = None;
+    let mut swr = None;
+    for (n, v) in directives(headers.get_all(header::CACHE_CONTROL).iter()) {
+        let secs = || v.as_deref().and_then(|s| s.parse::<u64>().ok());
+        match n.as_str() {
+            "no-store" | "private" | "no-cache" => return None,
+            "max-age" => max_age = secs(),
+            "s-maxage" => s_maxage = secs(),
+            "stale-while-revalidate" => swr = secs(),
+            _ => {}
+        }
+    }
+    let fresh = match policy.ttl {
+        Some(t) => t.get(),
+        None => match s_maxage.or(max_age) {
+            Some(s) => Duration::from_secs(s),
+            None => {
+                let expires = headers
+                    .get(header::EXPIRES)
+                    .and_then(|v| httpdate::parse_http_date(v.to_str().ok()?).ok())?;
+                let date = headers
+                    .get(header::DATE)
+                    .and_then(|v| httpdate::parse_http_date(v.to_str().ok()?).ok())
+                    .unwrap_or(now);
+                expires.duration_since(date).unwrap_or(Duration::ZERO)
+            }
+        },
+    };
+    let stale = policy
+        .stale_while_revalidate
+        .map(|d| d.get())
+        .unwrap_or_default()
+        .max(Duration::from_secs(swr.unwrap_or(0)));
+    if fresh.is_zero() && stale.is_zero() {
+        return None;
+    }
+    Some((fresh, stale))
+}
+
+fn entry_size(key: &str, headers: &HeaderMap, body: usize) -> u64 {
+    let h: usize = headers
+        .iter()
+        .map(|(k, v)| k.as_str().len() + v.len() + 32)
+        .sum();
+    (key.len() * 2 + h + body + 256) as u64
+}
+
+fn vary_names(headers: &HeaderMap) -> Vec<HeaderName> {
+    let mut v: Vec<HeaderName> = headers
+        .get_all(header::VARY)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+        .collect();
+    v.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+    v.dedup();
+    v
+}
+
+fn full_key(primary: &str, vary: &[HeaderName], req: &HeaderMap) -> String {
+    if vary.is_empty() {
+        return primary.to_string();
+    }
+    let mut k = String::with_capacity(primary.len() + 32);
+    k.push_str(primary);
+    k.push_str("\0vary");
+    for n in vary {
+        k.push('\0');
+        for v in req.get_all(n) {
+            k.push_str(&String::from_utf8_lossy(v.as_bytes()));
+            k.push(',');
+        }
+    }
+    k
+}
+
+impl Cache {
+    /// An empty cache with the given bounds.
+    pub fn new(settings: CacheSettings, metrics: Arc<Metrics>) -> Cache {
+        Cache {
+            store: Mutex::new(Store::default()),
+            limits: Mutex::new(settings),
+            inflight: Mutex::new(HashMap::new()),
+            metrics,
+        }
+    }
+
+    /// Applies new bounds (on config reload), evicting at once if the cache is now too big.
+    pub fn configure(&self, settings: &CacheSettings) {
+        *self.limits.lock().unwrap_or_else(|p| p.into_inner()) = settings.clone();
+        let mut s = self.store.lock().unwrap_or_else(|p| p.into_inner());
+        self.evict(&mut s, settings.max_bytes);
+    }
+
+    fn settings(&self) -> CacheSettings {
+        self.limits
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Looks `key` up for a request with headers `req`.
+    pub fn lookup(&self, key: &RequestKey, req: &HeaderMap, now: Instant) -> Found {
+        let mut s = self.store.lock().unwrap_or_else(|p| p.into_inner());
+        let full = match s.vary.get(&key.primary) {
+            Some(v) => full_key(&key.primary, v, req),
+            None => key.primary.clone(),
+        };
+        s.tick += 1;
+        let tick = s.tick;
+        let Some(slot) = s.entries.get_mut(&full) else {
+            return Found::Miss;
+        };
+        let age = now.saturating_duration_since(slot.entry.stored);
+        if age < slot.entry.fresh_for {
+            slot.used = tick;
+            Found::Fresh(slot.entry.clone())
+        } else if age < slot.entry.fresh_for + slot.entry.stale_for {
+            slot.used = tick;
+            Found::Stale(slot.entry.clone())
+        } else {
+            let gone = s.entries.remove(&full).map(|sl| sl.entry.size).unwrap_or(0);
+            s.bytes -= gone;
+            self.sync_gauges(&s);
+            Found::Miss
+        }
+    }
+
+    /// Stores a response under `key` (for a request with headers `req`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn insert(
+        &self,
+        key: &RequestKey,
+        req: &HeaderMap,
+        status: StatusCode,
+        headers: HeaderMap,
+        body: Bytes,
+        fresh_for: Duration,
+        stale_for: Duration,
+    ) -> bool {
+        let limits = self.settings();
+        let vary = vary_names(&headers);
+        let full = full_key(&key.primary, &vary, req);
+        let size = entry_size(&full, &headers, body.len());
+        if size > limits.max_entry_bytes {
+            return false;
+        }
+        let initial_age = headers
+            .get(header::AGE)
+            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+            .unwrap_or(0);
+        let entry = Arc::new(Entry {
+            status,
+            headers,
+            body,
+            stored: Instant::now(),
+            initial_age,
+            fresh_for,
+            stale_for,
+            size,
+            host: key.host.clone(),
+            path: key.path.clone(),
+        });
+        let mut s = self.store.lock().unwrap_or_else(|p| p.into_inner());
+        // A change of the Vary set makes the older variants unreachable: drop them.
+        let old_vary = s.vary.get(&key.primary).cloned();
+        if old_vary.as_deref() != Some(vary.as_slice()) {
+            if old_vary.is_some() {
+                self.remove_where(&mut s, |k, _| {
+                    k.starts_with(key.primary.as_str())
+                        && k.as_bytes().get(key.primary.len()..key.primary.len() + 5)
+                            == Some(b"\0vary")
+                });
+            }
+            if vary.is_empty() {
+                s.vary.remove(&key.primary);
+            } else {
+                s.vary.insert(key.primary.clone(), vary.into());
+            }
+        }
+        if s.vary.contains_key(&key.primary) {
+            let prefix = format!("{}\0vary", key.primary);
+            let variants = s.entries.keys().filter(|k| k.starts_with(&prefix)).count();
+            if variants >= MAX_VARIANTS {
+                self.remove_where(&mut s, |k, _| k.starts_with(&prefix));
+            }
+        }
+        s.tick += 1;
+        let used = s.tick;
+        if let Some(old) = s.entries.insert(full, Slot { entry, used }) {
+            s.bytes -= old.entry.size;
+        }
+        s.bytes += size;
+        self.evict(&mut s, limits.max_bytes);
+        self.sync_gauges(&s);
+        true
+    }
+
+    fn remove_where(&self, s: &mut Store, pred: impl Fn(&str, &Entry) -> bool) -> u64 {
+        let doomed: Vec<String> = s
+            .entries
+            .iter()
+            .filter(|(k, slot)| pred(k, &slot.entry))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in &doomed {
+            if let Some(slot) = s.entries.remove(k) {
+                s.bytes -= slot.entry.size;
+            }
+        }
+        doomed.len() as u64
+    }
+
+    /// Evicts least recently used entries until at most 90% of `max` is used (only when
+    /// over `max`).
+    fn evict(&self, s: &mut Store, max: u64) {
+        if s.bytes <= max {
+            return;
+        }
+        let target = max / 10 * 9;
+        let mut order: Vec<(u64, String)> = s
+            .entries
+            .iter()
+            .map(|(k, slot)| (slot.used, k.clone()))
+            .collect();
+        order.sort_unstable();
+        for (_, k) in order {
+            if s.bytes <= target {
+                break;
+            }
+            if let Some(slot) = s.entries.remove(&k) {
+                s.bytes -= slot.entry.size;
+                self.metrics.edge.cache_evictions.fetch_add(1, Relaxed);
+            }
+        }
+        self.sync_gauges(s);
+    }
+
+    fn sync_gauges(&self, s: &Store) {
+        self.metrics.edge.cache_bytes.store(s.bytes as i64, Relaxed);
+        self.metrics
+            .edge
+            .cache_entries
+            .store(s.entries.len() as i64, Relaxed);
+    }
+
+    /// Removes entries whose host equals `host` (any when `None`) and whose path starts with
+    /// `path_prefix` (any when `None`). Returns how many were removed.
+    pub fn purge(&self, host: Option<&str>, path_prefix: Option<&str>) -> u64 {
+        let mut s = self.store.lock().unwrap_or_else(|p| p.into_inner());
+        let n = self.remove_where(&mut s, |_, e| {
+            host.is_none_or(|h| e.host.eq_ignore_ascii_case(h))
+                && path_prefix.is_none_or(|p| e.path.starts_with(p))
+        });
+        self.sync_gauges(&s);
+        self.metrics.edge.cache_purged.fetch_add(n, Relaxed);
+        n
+    }
+
+    /// Entries and bytes held.
+    pub fn usage(&self) -> (usize, u64) {
+        let s = self.store.lock().unwrap_or_else(|p| p.into_inner());
+        (s.entries.len(), s.bytes)
+    }
+
+    /// Marks `key` as being fetched. `Err(rx)`: someone else is; wait on `rx`.
+    fn begin(self: &Arc<Self>, primary: &str) -> Result<Inflight, watch::Receiver<bool>> {
+        let mut m = self.inflight.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(rx) = m.get(primary) {
+            return Err(rx.clone());
+        }
+        let (tx, rx) = watch::channel(false);
+        m.insert(primary.to_string(), rx);
+        Ok(Inflight {
+            cache: self.clone(),
+            key: primary.to_string(),
+            tx,
+        })
+    }
+
+    /// Serves a cacheable request: from the cache, or through `fetch` (storing the
+    /// response while streaming it). `refresh` fetches the same request again in the
+    /// background for stale-while-revalidate.
+    pub async fn serve<F, Fut, R, RFut>(
+        self: &Arc<Self>,
+        policy: &CachePolicy,
+        key: RequestKey,
+        parts: http::request::Parts,
+        body: Body,
+        fetch: F,
+        refresh: R,
+    ) -> Response<Body>
+    where
+        F: FnOnce(http::request::Parts, Body) -> Fut,
+        Fut: Future<Output = Response<Body>>,
+        R: FnOnce(&http::request::Parts) -> RFut,
+        RFut: Future<Output = Response<Body>> + Send + 'static,
+    {
+        let mut waited = false;
+        let guard = loop {
+            if key.lookup {
+                match self.lookup(&key, &parts.headers, Instant::now()) {
+                    Found::Fresh(e) => {
+                        self.metrics.edge.cache_hits.fetch_add(1, Relaxed);
+                        return respond(&e, key.head, "HIT");
+                    }
+                    Found::Stale(e) => {
+                        self.metrics.edge.cache_stale.fetch_add(1, Relaxed);
+                        if let Ok(g) = self.begin(&key.primary) {
+                            let this = self.clone();
+                            let policy = policy.clone();
+                            let key = key.clone();
+                            let fut = refresh(&parts);
+                            let req_headers = parts.headers.clone();
+                            tokio::spawn(async move {
+                                let resp = fut.await;
+                                let resp = this.store_streamed(&policy, &key, req_headers, resp, g);
+                                let mut body = resp.into_body();
+                                while let Some(Ok(_)) =
+                                    http_body_util::BodyExt::frame(&mut body).await
+                                {
+                                }
+                            });
+                        }
+                        return respond(&e, key.head, "STALE");
+                    }
+                    Found::Miss => {}
+                }
+            }
+            if key.head {
+                // HEAD misses are passed through: there is no body to store.
+                self.metrics.edge.cache_misses.fetch_add(1, Relaxed);
+                let mut r = fetch(parts, body).await;
+                r.headers_mut()
+                    .insert(&X_CACHE, HeaderValue::from_static("MISS"));
+                return r;
+            }
+            match self.begin(&key.primary) {
+                Ok(g) => break Some(g),
+                Err(mut rx) if !waited => {
+                    waited = true;
+                    let _ = tokio::time::timeout(COALESCE_WAIT, rx.wait_for(|done| *done)).await;
+                }
+                Err(_) => break None,
+            }
+        };
+        self.metrics.edge.cache_misses.fetch_add(1, Relaxed);
+        let req_headers = guard.as_ref().map(|_| parts.headers.clone());
+        let resp = fetch(parts, body).await;
+        let mut resp = match (guard, req_headers) {
+            (Some(g), Some(h)) => self.store_streamed(policy, &key, h, resp, g),
+            _ => resp,
+        };
+        resp.headers_mut()
+            .insert(&X_CACHE, HeaderValue::from_static("MISS"));
+        resp
+    }
+
+    /// Wraps the response body so that it is stored when complete (if storable).
+    fn store_streamed(
+        self: &Arc<Self>,
+        policy: &CachePolicy,
+        key: &RequestKey,
+        req_headers: HeaderMap,
+        resp: Response<Body>,
+        guard: Inflight,
+    ) -> Response<Body> {
+        let Some((fresh, stale)) =
+            storable(policy, resp.status(), resp.headers(), SystemTime::now())
+        else {
+            return resp;
+        };
+        let max_entry = self.settings().max_entry_bytes;
+        if resp
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+            .is_some_and(|n| n > max_entry)
+        {
+            return resp;
+        }
+        let (parts, body) = resp.into_parts();
+        let mut stored_headers = parts.headers.clone();
+        stored_headers.remove(&X_CACHE);
+        let pending = Pending {
+            cache: self.clone(),
+            key: key.clone(),
+            req_headers,
+            status: parts.status,
+            headers: stored_headers,
+            fresh,
+            stale,
+            _guard: guard,
+        };
+        if http_body::Body::is_end_stream(&body) {
+            // An empty body is never polled: store it now.
+            pending.store(BytesMut::new());
+            return Response::from_parts(parts, body);
+        }
+        let tee = TeeBody {
+            inner: body,
+            buf: Some(BytesMut::new()),
+            max: max_entry as usize,
+            done: Some(pending),
+        };
+        Response::from_parts(parts, crate::body::boxed(tee))
+    }
+}
+
+/// A response built from an entry.
+fn respond(e: &Entry, head: bool, how: &'static str) -> Response<Body> {
+    let mut r = Response::new(if head {
+        crate::body::empty()
+    } else {
+        crate::body::full(e.body.clone())
+    });
+    *r.status_mut() = e.status;
+    *r.headers_mut() = e.headers.clone();
+    let h = r.headers_mut();
+    h.insert(
+        header::AGE,
+        HeaderValue::from(e.age(Instant::now()).as_secs()),
+    );
+    h.insert(&X_CACHE, HeaderValue::from_static(how));
+    if head {
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from(e.body.len()));
+    }
+    r
+}
+
+struct Pending {
+    cache: Arc<Cache>,
+    key: RequestKey,
+    req_headers: HeaderMap,
+    status: StatusCode,
+    headers: HeaderMap,
+    fresh: Duration,
+    stale: Duration,
+    _guard: Inflight,
+}
+
+pin_project_lite::pin_project! {
+    /// Passes a response body through while copying it (up to the entry bound) for the cache.
+    struct TeeBody {
+        #[pin]
+        inner: Body,
+        buf: Option<BytesMut>,
+        max: usize,
+        done: Option<Pending>,
+    }
+}
+
+impl Pending {
+    fn store(self, body: BytesMut) {
+        self.cache.insert(
+            &self.key,
+            &self.req_headers,
+            self.status,
+            self.headers,
+            body.freeze(),
+            self.fresh,
+            self.stale,
+        );
+    }
+}
+
+impl http_body::Body for TeeBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let mut this = self.project();
+        let r = this.inner.as_mut().poll_frame(cx);
+        match &r {
+            Poll::Ready(Some(Ok(f))) => match f.data_ref() {
+                Some(d) => {
+                    let over = this
+                        .buf
+                        .as_ref()
+                        .is_some_and(|b| b.len() + d.len() > *this.max);
+                    if over {
+                        *this.buf = None;
+                    } else if let Some(b) = this.buf.as_mut() {
+                        b.extend_from_slice(d);
+                    }
+                    // HTTP/1.1 stops polling once Content-Length bytes are out: store as soon
+                    // as the inner body knows it is complete.
+                    if this.inner.is_end_stream() {
+                        if let (Some(p), Some(b)) = (this.done.take(), this.buf.take()) {
+                            p.store(b);
+                        }
+                    }
+                }
+                // Trailers are not stored: a response that has them is not cached.
+                None => *this.buf = None,
+            },
+            Poll::Ready(None) => {
+                if let (Some(p), Some(b)) = (this.done.take(), this.buf.take()) {
+                    p.store(b);
+                }
+            }
+            Poll::Ready(Some(Err(_))) => {
+                *this.buf = None;
+                this.done.take();
+            }
+            Poll::Pending => {}
+        }
+        r
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done.is_none() && self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+    use std::sync::atomic::AtomicUsize;
+
+    fn hm(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(
+                HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        h
+    }
+
+    fn key(path: &str, req: &HeaderMap) -> RequestKey {
+        request_key(
+            &CachePolicy::default(),
+            &Method::GET,
+            "a.test",
+            &path.parse().unwrap(),
+            req,
+        )
+        .unwrap()
+    }
+
+    fn cache(max: u64, entry: u64) -> Arc<Cache> {
+        Arc::new(Cache::new(
+            CacheSettings {
+                max_bytes: max,
+                max_entry_bytes: entry,
+            },
+            Arc::new(Metrics::default()),
+        ))
+    }
+
+    #[test]
+    fn storable_honours_cache_control_and_expires() {
+        let p = CachePolicy::default();
+        let now = SystemTime::now();
+        let s = |h: &[(&str, &str)]| storable(&p, StatusCode::OK, &hm(h), now);
+        assert_eq!(
+            s(&[("cache-control", "public, max-age=60")]),
+            Some((Duration::from_secs(60), Duration::ZERO))
+        );
+        assert_eq!(
+            s(&[(
+                "cache-control",
+                "max-age=60, s-maxage=5, stale-while-revalidate=7"
+            )]),
+            Some((Duration::from_secs(5), Duration::from_secs(7)))
+        );
+        assert_eq!(s(&[("cache-control", "max-age=60, private")]), None);
+        assert_eq!(s(&[("cache-control", "no-store")]), None);
+        assert_eq!(s(&[("cache-control", "no-cache, max-age=60")]), None);
+        assert_eq!(s(&[]), None);
+        assert_eq!(s(&[("cache-control", "max-age=60"), ("vary", "*")]), None);
+        assert_eq!(
+            s(&[("cache-control", "max-age=60"), ("set-cookie", "a=b")]),
+            None
+        );
+        let date = httpdate::fmt_http_date(now);
+        let exp = httpdate::fmt_http_date(now + Duration::from_secs(120));
+        assert_eq!(
+            s(&[("date", &date), ("expires", &exp)]),
+            Some((Duration::from_secs(120), Duration::ZERO))
+        );
+        assert_eq!(
+            storable(
+                &p,
+                StatusCode::INTERNAL_SERVER_ERROR,
+                &hm(&[("cache-control", "max-age=9")]),
+                now
+            ),
+            None
+        );
+        // The route TTL overrides, but never no-store / private.
+        let ttl = CachePolicy {
+            ttl: Some(sweety_config::Duration::from_secs(3)),
+            stale_while_revalidate: Some(sweety_config::Duration::from_secs(10)),
+            ..CachePolicy::default()
+        };
+        assert_eq!(
+            storable(
+                &ttl,
+                StatusCode::OK,
+                &hm(&[("cache-control", "max-age=600")]),
+                now
+            ),
+            Some((Duration::from_secs(3), Duration::from_secs(10)))
+        );
+        assert_eq!(
+            storable(
+                &ttl,
+                StatusCode::OK,
+                &hm(&[("cache-control", "private")]),
+                now
+            ),
+            None
+        );
+    }
+
+    #[test]
+    fn request_side_bypass_and_keys() {
+        let p = CachePolicy {
+            key_headers: vec!["x-tenant".into()],
+            ..CachePolicy::default()
+        };
+        let uri: http::Uri = "/a?b=1".parse().unwrap();
+        let k = |m: Method, h: &[(&str, &str)]| request_key(&p, &m, "a.test", &uri, &hm(h));
+        assert!(k(Method::POST, &[]).is_none());
+        assert!(k(Method::GET, &[("authorization", "x")]).is_none());
+        assert!(k(Method::GET, &[("cache-control", "no-store")]).is_none());
+        assert!(
+            !k(Method::GET, &[("cache-control", "no-cache")])
+                .unwrap()
+                .lookup
+        );
+        assert!(
+            !k(Method::GET, &[("cache-control", "max-age=0")])
+                .unwrap()
+                .lookup
+        );
+        let a = k(Method::GET, &[("x-tenant", "a")]).unwrap();
+        let b = k(Method::GET, &[("x-tenant", "b")]).unwrap();
+        assert_ne!(a.primary, b.primary);
+        let head = k(Method::HEAD, &[("x-tenant", "a")]).unwrap();
+        assert_eq!(head.primary, a.primary);
+        assert!(head.head);
+    }
+
+    #[test]
+    fn vary_variants_lru_eviction_and_purge() {
+        let c = cache(4000, 2000);
+        let gzip = hm(&[("accept-encoding", "gzip")]);
+        let plain = hm(&[]);
+        let k = key("/v", &gzip);
+        let vary = hm(&[("vary", "Accept-Encoding")]);
+        let d = Duration::from_secs(60);
+        assert!(c.insert(
+            &k,
+            &gzip,
+            StatusCode::OK,
+            vary.clone(),
+            Bytes::from_static(b"G"),
+            d,
+            Duration::ZERO
+        ));
+        assert!(matches!(c.lookup(&k, &gzip, Instant::now()), Found::Fresh(e) if e.body == "G"));
+        assert!(matches!(c.lookup(&k, &plain, Instant::now()), Found::Miss));
+        assert!(c.insert(
+            &k,
+            &plain,
+            StatusCode::OK,
+            vary,
+            Bytes::from_static(b"P"),
+            d,
+            Duration::ZERO
+        ));
+        assert!(matches!(c.lookup(&k, &plain, Instant::now()), Found::Fresh(e) if e.body == "P"));
+        assert!(matches!(c.lookup(&k, &gzip, Instant::now()), Found::Fresh(e) if e.body == "G"));
+
+        // Too large for one entry.
+        let big = Bytes::from(vec![b'x'; 2500]);
+        assert!(!c.insert(
+            &key("/big", &plain),
+            &plain,
+            StatusCode::OK,
+            HeaderMap::new(),
+            big,
+            d,
+            Duration::ZERO
+        ));
+
+        // Fill: the least recently used go first.
+        let body = Bytes::from(vec![b'y'; 700]);
+        for i in 0..5 {
+            let kk = key(&format!("/f{i}"), &plain);
+            c.insert(
+                &kk,
+                &plain,
+                StatusCode::OK,
+                HeaderMap::new(),
+                body.clone(),
+                d,
+                Duration::ZERO,
+            );
+            // Keep /f0 hot.
+            let _ = c.lookup(&key("/f0", &plain), &plain, Instant::now());
+        }
+        let (_, bytes) = c.usage();
+        assert!(bytes <= 4000, "{bytes}");
+        assert!(matches!(
+            c.lookup(&key("/f0", &plain), &plain, Instant::now()),
+            Found::Fresh(_)
+        ));
+        assert!(matches!(
+            c.lookup(&key("/f1", &plain), &plain, Instant::now()),
+            Found::Miss
+        ));
+        assert!(c.metrics.edge.cache_evictions.load(Relaxed) > 0);
+
+        // Purge by prefix.
+        let n = c.purge(Some("A.TEST"), Some("/f"));
+        assert!(n >= 1);
+        assert!(matches!(
+            c.lookup(&key("/f0", &plain), &plain, Instant::now()),
+            Found::Miss
+        ));
+        assert_eq!(c.purge(Some("other.test"), None), 0);
+    }
+
+    #[test]
+    fn expiry_and_stale_window() {
+        let c = cache(1 << 20, 1 << 16);
+        let h = HeaderMap::new();
+        let k = key("/s", &h);
+        c.insert(
+            &k,
+            &h,
+            StatusCode::OK,
+            HeaderMap::new(),
+            Bytes::from_static(b"s"),
+            Duration::from_secs(10),
+            Duration::from_secs(10),
+        );
+        let t0 = Instant::now();
+        assert!(matches!(c.lookup(&k, &h, t0), Found::Fresh(_)));
+        assert!(matches!(
+            c.lookup(&k, &h, t0 + Duration::from_secs(15)),
+            Found::Stale(_)
+        ));
+        assert!(matches!(
+            c.lookup(&k, &h, t0 + Duration::from_secs(25)),
+            Found::Miss
+        ));
+        assert_eq!(c.usage().0, 0);
+    }
+
+    fn origin(n: &Arc<AtomicUsize>, cc: &'static str) -> Response<Body> {
+        n.fetch_add(1, Relaxed);
+        Response::builder()
+            .header("cache-control", cc)
+            .body(crate::body::full("hello world!"))
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn concurrent_misses_make_one_fetch() {
+        let c = cache(1 << 20, 1 << 16);
+        let calls = Arc::new(AtomicUsize::new(0));
+        let p = CachePolicy::default();
+        let mut tasks = Vec::new();
+        for _ in 0..20 {
+            let c = c.clone();
+            let calls = calls.clone();
+            let p = p.clone();
+            tasks.push(tokio::spawn(async move {
+                let k = key("/co", &HeaderMap::new());
+                let calls2 = calls.clone();
+                let (parts, body) = http::Request::new(crate::body::empty()).into_parts();
+                let r = c
+                    .serve(
+                        &p,
+                        k,
+                        parts,
+                        body,
+                        |_, _| async move {
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                            origin(&calls, "max-age=60")
+                        },
+                        move |_| async move { origin(&calls2, "max-age=60") },
+                    )
+                    .await;
+                let x = r.headers()["x-cache"].to_str().unwrap().to_string();
+                let b = r.into_body().collect().await.unwrap().to_bytes();
+                assert_eq!(b, "hello world!");
+                x
+            }));
+        }
+        let mut results = Vec::new();
+        for t in tasks {
+            results.push(t.await.unwrap());
+        }
+        assert_eq!(calls.load(Relaxed), 1, "{results:?}");
+        assert_eq!(results.iter().filter(|x| *x == "MISS").count(), 1);
+        assert_eq!(results.iter().filter(|x| *x == "HIT").count(), 19);
+    }
+}

@@ -1,0 +1,181 @@
+//! The upstream half of a protocol upgrade (WebSocket): one fresh HTTP/1.1 connection (plain or
+//! TLS) per upgrade, never pooled, carrying the client's `Upgrade` request. The caller gets the
+//! backend's response head; on `101` it takes the upgraded stream with `hyper::upgrade::on`.
+//!
+//! Endpoint choice, outlier accounting and the backend's connect timeout are the same as for
+//! ordinary requests; the route's backend timeout bounds the wait for the `101`.
+
+use super::error::ProxyError;
+use super::head::Head;
+use super::{balance, Upstreams};
+use crate::body::Body;
+use crate::ctx::RequestCtx;
+use http::header::{self, HeaderValue};
+use http::{Request, Response};
+use hyper::body::Incoming;
+use hyper::client::conn::http1;
+use hyper_util::rt::TokioIo;
+use std::time::Duration;
+use sweety_config::{BackendProtocol, ProxyAction, Route};
+
+async fn connect_tcp(addr: &str) -> std::io::Result<tokio::net::TcpStream> {
+    let mut last = None;
+    for sa in tokio::net::lookup_host(addr).await? {
+        match tokio::net::TcpStream::connect(sa).await {
+            Ok(s) => {
+                s.set_nodelay(true)?;
+                return Ok(s);
+            }
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| {
+        std::io::Error::new(std::io::ErrorKind::NotFound, "no address resolved")
+    }))
+}
+
+async fn open(
+    addr: &str,
+    connector: &super::pool::Connector,
+) -> Result<http1::SendRequest<Body>, ProxyError> {
+    let tcp = connect_tcp(addr).await.map_err(|e| ProxyError::Connect {
+        addr: addr.to_string(),
+        source: e.into(),
+    })?;
+    let hs_err = |e: hyper::Error| ProxyError::Connect {
+        addr: addr.to_string(),
+        source: e.into(),
+    };
+    match &connector.tls {
+        None => {
+            let (send, conn) = http1::Builder::new()
+                .handshake::<_, Body>(TokioIo::new(tcp))
+                .await
+                .map_err(hs_err)?;
+            tokio::spawn(async move {
+                let _ = conn.with_upgrades().await;
+            });
+            Ok(send)
+        }
+        Some(cfg) => {
+            let tls_err = |e: String| ProxyError::Tls {
+                addr: addr.to_string(),
+                source: e.into(),
+            };
+            let name = super::tls::server_name(connector.sni.as_deref(), addr).map_err(tls_err)?;
+            // The backend config offers h2 for `h2` backends only; upgrades need HTTP/1.1.
+            let stream = tokio_rustls::TlsConnector::from(cfg.clone())
+                .connect(name, tcp)
+                .await
+                .map_err(|e| ProxyError::Tls {
+                    addr: addr.to_string(),
+                    source: e.into(),
+                })?;
+            let (send, conn) = http1::Builder::new()
+                .handshake::<_, Body>(TokioIo::new(stream))
+                .await
+                .map_err(hs_err)?;
+            tokio::spawn(async move {
+                let _ = conn.with_upgrades().await;
+            });
+            Ok(send)
+        }
+    }
+}
+
+impl Upstreams {
+    /// Sends an upgrade request (`parts` already carries the client's `Upgrade` value in
+    /// `upgrade`) to one of `action`'s HTTP/1.1 backends and returns the response head.
+    pub async fn upgrade(
+        &self,
+        parts: http::request::Parts,
+        upgrade: HeaderValue,
+        action: &ProxyAction,
+        route: &Route,
+        ctx: &RequestCtx,
+    ) -> Result<Response<Incoming>, ProxyError> {
+        let weights: Vec<u32> = action.backends.iter().map(|b| b.weight).collect();
+        let wi =
+            balance::weighted_random(&weights, &mut fastrand::Rng::new()).ok_or_else(|| {
+                ProxyError::NoBackend {
+                    reason: "every backend has weight 0".into(),
+                }
+            })?;
+        let wb = &action.backends[wi];
+        let backend = self
+            .backends
+            .get(&wb.backend)
+            .ok_or_else(|| ProxyError::NoBackend {
+                reason: format!("unknown backend {:?}", wb.backend),
+            })?;
+        if !matches!(
+            backend.config.protocol,
+            BackendProtocol::Http1 | BackendProtocol::Https
+        ) {
+            return Err(ProxyError::NoBackend {
+                reason: format!(
+                    "backend {:?} is not HTTP/1.1: upgrades need an http1 or https backend",
+                    wb.backend
+                ),
+            });
+        }
+        let head = Head::prepare(parts, ctx, Some(wb));
+        let idx = backend.pick(&[]).ok_or_else(|| ProxyError::NoEndpoint {
+            backend: backend.config.name.clone(),
+        })?;
+        let addr = backend.endpoints[idx].state.address.clone();
+        let connect_limit = backend.config.connect_timeout.get();
+        let mut sender =
+            match tokio::time::timeout(connect_limit, open(&addr, &backend.connector)).await {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => {
+                    backend.record(idx, false);
+                    return Err(e);
+                }
+                Err(_) => {
+                    backend.record(idx, false);
+                    return Err(ProxyError::ConnectTimeout {
+                        addr,
+                        after: connect_limit,
+                    });
+                }
+            };
+        let mut req: Request<Body> = head.build(
+            crate::body::empty(),
+            &addr,
+            false,
+            backend.connector.tls.is_some(),
+        );
+        req.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        req.headers_mut().insert(header::UPGRADE, upgrade);
+        let wait = route
+            .timeouts
+            .backend
+            .map(|d| d.get())
+            .unwrap_or(Duration::from_secs(60));
+        let sent = tokio::time::timeout(wait, sender.send_request(req)).await;
+        match sent {
+            Ok(Ok(resp)) => {
+                backend.record(idx, resp.status().as_u16() < 500);
+                Ok(resp)
+            }
+            Ok(Err(e)) => {
+                backend.record(idx, false);
+                Err(ProxyError::Protocol {
+                    addr,
+                    source: e.into(),
+                })
+            }
+            Err(_) => {
+                backend.record(idx, false);
+                Err(ProxyError::Timeout { addr, after: wait })
+            }
+        }
+    }
+
+    /// The reply for a proxy error (counted in metrics), as [`Upstreams::forward`] sends it.
+    pub fn error_reply(&self, e: &ProxyError) -> Response<Body> {
+        self.fail(e)
+    }
+}

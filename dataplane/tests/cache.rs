@@ -1,0 +1,309 @@
+//! The response cache end to end: a counting HTTP/1.1 backend behind Sweety, h2c and
+//! HTTP/1.1 clients, the admin purge endpoint on a real socket, and metrics.
+
+mod common;
+
+use bytes::Bytes;
+use common::*;
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use sweety_config::*;
+
+type Hits = Arc<Mutex<HashMap<String, usize>>>;
+
+/// A backend counting requests per path. Bodies name the path, the hit number and the
+/// request's `accept-language` / `x-tenant`, so tests see which fetch they got.
+async fn origin() -> (SocketAddr, Hits) {
+    let hits: Hits = Arc::default();
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let h = hits.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((s, _)) = l.accept().await else { return };
+            let h = h.clone();
+            tokio::spawn(async move {
+                let svc =
+                    hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                        let h = h.clone();
+                        async move {
+                            let path = req.uri().path().to_string();
+                            let n = {
+                                let mut m = h.lock().unwrap();
+                                let e = m.entry(path.clone()).or_default();
+                                *e += 1;
+                                *e
+                            };
+                            let hv = |k: &str| {
+                                req.headers()
+                                    .get(k)
+                                    .and_then(|v| v.to_str().ok())
+                                    .unwrap_or("-")
+                                    .to_string()
+                            };
+                            let body =
+                                format!("{path} #{n} {} {}", hv("accept-language"), hv("x-tenant"));
+                            let mut b =
+                                http::Response::builder().header("content-type", "text/plain");
+                            b = match path.as_str() {
+                                "/private" => b.header("cache-control", "private, max-age=60"),
+                                "/nostore" => b.header("cache-control", "no-store"),
+                                "/vary" => b
+                                    .header("cache-control", "max-age=60")
+                                    .header("vary", "Accept-Language"),
+                                "/swr" => b.header("cache-control", "no-transform"),
+                                "/slow" => {
+                                    tokio::time::sleep(Duration::from_millis(300)).await;
+                                    b.header("cache-control", "max-age=60")
+                                }
+                                _ => b.header("cache-control", "public, max-age=60"),
+                            };
+                            Ok::<_, Infallible>(b.body(Full::new(Bytes::from(body))).unwrap())
+                        }
+                    });
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(s), svc)
+                    .await;
+            });
+        }
+    });
+    (addr, hits)
+}
+
+async fn start() -> (Harness, SocketAddr, Hits) {
+    let (up, hits) = origin().await;
+    let mut swr = proxy_route("swr", "/swr", "up");
+    swr.filters.push(Filter::Cache(CachePolicy {
+        ttl: Some(sweety_config::Duration::from_millis(500)),
+        key_headers: vec![],
+        stale_while_revalidate: Some(sweety_config::Duration::from_secs(30)),
+    }));
+    let mut all = proxy_route("all", "/", "up");
+    all.filters.push(Filter::Cache(CachePolicy {
+        key_headers: vec!["x-tenant".into()],
+        ..CachePolicy::default()
+    }));
+    let cfg = Config {
+        backends: vec![backend("up", up)],
+        ..http_config(vec![vhost("c", &[], vec![swr, all])])
+    };
+    let h = Harness::start(cfg).await;
+    let addr = h.addr("web").await;
+    (h, addr, hits)
+}
+
+struct Got {
+    status: u16,
+    x_cache: String,
+    age: Option<String>,
+    body: String,
+}
+
+async fn fetch(c: &Client, addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Got {
+    let mut b = http::Request::get(format!("http://{addr}{path}")).header("host", "c.test");
+    for (k, v) in headers {
+        b = b.header(*k, *v);
+    }
+    let resp = tokio::time::timeout(
+        Duration::from_secs(10),
+        c.request(b.body(Full::new(Bytes::new())).unwrap()),
+    )
+    .await
+    .expect("in time")
+    .unwrap();
+    let status = resp.status().as_u16();
+    let x_cache = resp
+        .headers()
+        .get("x-cache")
+        .map(|v| v.to_str().unwrap().to_string())
+        .unwrap_or_default();
+    let age = resp
+        .headers()
+        .get("age")
+        .map(|v| v.to_str().unwrap().to_string());
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    Got {
+        status,
+        x_cache,
+        age,
+        body: String::from_utf8_lossy(&body).into_owned(),
+    }
+}
+
+fn hits(h: &Hits, path: &str) -> usize {
+    h.lock().unwrap().get(path).copied().unwrap_or(0)
+}
+
+#[tokio::test]
+async fn hits_misses_and_bypasses_over_h2c_and_h1() {
+    let (h, addr, origin_hits) = start().await;
+    for c in [h2c_client(), h1_client()] {
+        let path = if origin_hits.lock().unwrap().is_empty() {
+            "/a?x=1"
+        } else {
+            "/b?x=1"
+        };
+        let first = fetch(&c, addr, path, &[]).await;
+        assert_eq!((first.status, first.x_cache.as_str()), (200, "MISS"));
+        for _ in 0..5 {
+            let again = fetch(&c, addr, path, &[]).await;
+            assert_eq!(again.x_cache, "HIT");
+            assert_eq!(again.body, first.body);
+            assert!(again.age.is_some());
+        }
+        // Another query string is another key.
+        let other = fetch(&c, addr, &path.replace("x=1", "x=2"), &[]).await;
+        assert_eq!(other.x_cache, "MISS");
+    }
+    assert_eq!(hits(&origin_hits, "/a"), 2);
+    assert_eq!(hits(&origin_hits, "/b"), 2);
+
+    let c = h2c_client();
+    // private and no-store responses are never stored.
+    for p in ["/private", "/nostore"] {
+        assert_eq!(fetch(&c, addr, p, &[]).await.x_cache, "MISS");
+        assert_eq!(fetch(&c, addr, p, &[]).await.x_cache, "MISS");
+        assert_eq!(hits(&origin_hits, p), 2);
+    }
+    // Request-side: Authorization bypasses (no X-Cache), no-cache refetches.
+    let g = fetch(&c, addr, "/a?x=1", &[("authorization", "Bearer t")]).await;
+    assert_eq!(g.x_cache, "");
+    let g = fetch(&c, addr, "/a?x=1", &[("cache-control", "no-cache")]).await;
+    assert_eq!(g.x_cache, "MISS");
+    assert_eq!(hits(&origin_hits, "/a"), 4);
+    // Configured key headers split entries.
+    let t1 = fetch(&c, addr, "/k", &[("x-tenant", "one")]).await;
+    let t2 = fetch(&c, addr, "/k", &[("x-tenant", "two")]).await;
+    assert_eq!((t1.x_cache.as_str(), t2.x_cache.as_str()), ("MISS", "MISS"));
+    let t1b = fetch(&c, addr, "/k", &[("x-tenant", "one")]).await;
+    assert_eq!(t1b.x_cache, "HIT");
+    assert!(t1b.body.ends_with(" one"), "{}", t1b.body);
+    // Vary: one entry per Accept-Language.
+    let en = fetch(&c, addr, "/vary", &[("accept-language", "en")]).await;
+    let fr = fetch(&c, addr, "/vary", &[("accept-language", "fr")]).await;
+    assert_eq!((en.x_cache.as_str(), fr.x_cache.as_str()), ("MISS", "MISS"));
+    let en2 = fetch(&c, addr, "/vary", &[("accept-language", "en")]).await;
+    let fr2 = fetch(&c, addr, "/vary", &[("accept-language", "fr")]).await;
+    assert_eq!((en2.x_cache.as_str(), fr2.x_cache.as_str()), ("HIT", "HIT"));
+    assert!(en2.body.contains(" en ") && fr2.body.contains(" fr "));
+
+    let text = h.runtime.shared.metrics.render();
+    assert!(
+        text.contains("sweety_cache_requests_total{result=\"hit\"}"),
+        "{text}"
+    );
+    let e = &h.runtime.shared.metrics.edge;
+    assert!(e.cache_hits.load(std::sync::atomic::Ordering::Relaxed) >= 13);
+    assert!(e.cache_bytes.load(std::sync::atomic::Ordering::Relaxed) > 0);
+}
+
+#[tokio::test]
+async fn concurrent_misses_coalesce_into_one_fetch() {
+    let (_h, addr, origin_hits) = start().await;
+    let c = h2c_client();
+    let mut tasks = Vec::new();
+    for _ in 0..30 {
+        let c = c.clone();
+        tasks.push(tokio::spawn(
+            async move { fetch(&c, addr, "/slow", &[]).await },
+        ));
+    }
+    let mut miss = 0;
+    for t in tasks {
+        let g = t.await.unwrap();
+        assert_eq!(g.body, "/slow #1 - -");
+        if g.x_cache == "MISS" {
+            miss += 1;
+        } else {
+            assert_eq!(g.x_cache, "HIT");
+        }
+    }
+    assert_eq!(hits(&origin_hits, "/slow"), 1);
+    assert_eq!(miss, 1);
+}
+
+#[tokio::test]
+async fn stale_while_revalidate_serves_stale_then_refreshed() {
+    let (_h, addr, origin_hits) = start().await;
+    let c = h2c_client();
+    // The backend sends no freshness at all; the route's TTL (500ms) applies.
+    let a = fetch(&c, addr, "/swr", &[]).await;
+    assert_eq!(
+        (a.x_cache.as_str(), a.body.as_str()),
+        ("MISS", "/swr #1 - -")
+    );
+    assert_eq!(fetch(&c, addr, "/swr", &[]).await.x_cache, "HIT");
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let s = fetch(&c, addr, "/swr", &[]).await;
+    assert_eq!(
+        (s.x_cache.as_str(), s.body.as_str()),
+        ("STALE", "/swr #1 - -")
+    );
+    // The background refresh lands shortly (bounded poll).
+    let mut refreshed = None;
+    for _ in 0..50 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let g = fetch(&c, addr, "/swr", &[]).await;
+        if g.body == "/swr #2 - -" {
+            refreshed = Some(g);
+            break;
+        }
+    }
+    let r = refreshed.expect("refreshed entry served");
+    assert_eq!(r.x_cache, "HIT");
+    assert_eq!(hits(&origin_hits, "/swr"), 2);
+}
+
+#[tokio::test]
+async fn admin_purge_by_host_and_prefix() {
+    let (h, addr, origin_hits) = start().await;
+    let admin =
+        sweety_dataplane::admin::serve(h.runtime.shared.clone(), "127.0.0.1:0".parse().unwrap())
+            .await
+            .unwrap();
+    let c = h1_client();
+    for p in ["/img/1", "/img/2", "/css/1"] {
+        assert_eq!(fetch(&c, addr, p, &[]).await.x_cache, "MISS");
+        assert_eq!(fetch(&c, addr, p, &[]).await.x_cache, "HIT");
+    }
+    let purge = |q: &'static str, method: &'static str| {
+        let c = c.clone();
+        async move {
+            let req = http::Request::builder()
+                .method(method)
+                .uri(format!("http://{admin}/cache/purge{q}"))
+                .body(Full::new(Bytes::new()))
+                .unwrap();
+            let resp = c.request(req).await.unwrap();
+            let status = resp.status().as_u16();
+            let body = resp.into_body().collect().await.unwrap().to_bytes();
+            (status, String::from_utf8_lossy(&body).into_owned())
+        }
+    };
+    assert_eq!(
+        purge("?host=other.test", "POST").await,
+        (200, r#"{"purged":0}"#.into())
+    );
+    assert_eq!(
+        purge("?host=c.test&prefix=/img/", "POST").await,
+        (200, r#"{"purged":2}"#.into())
+    );
+    assert_eq!(fetch(&c, addr, "/img/1", &[]).await.x_cache, "MISS");
+    assert_eq!(fetch(&c, addr, "/css/1", &[]).await.x_cache, "HIT");
+    assert_eq!(purge("", "DELETE").await.0, 200);
+    assert_eq!(fetch(&c, addr, "/css/1", &[]).await.x_cache, "MISS");
+    assert_eq!(purge("", "GET").await.0, 405);
+    assert_eq!(purge("?prefix=img", "POST").await.0, 400);
+    assert_eq!(hits(&origin_hits, "/img/1"), 2);
+    assert!(h
+        .runtime
+        .shared
+        .metrics
+        .render()
+        .contains("sweety_cache_purged_total"));
+}

@@ -1,0 +1,327 @@
+//! gRPC end to end with a hand-rolled gRPC backend (hyper h2c, trailers) and a hyper h2c
+//! client: trailers pass through; Sweety's own errors (no route, upstream down, timeout,
+//! overload) arrive as HTTP 200 trailers-only replies with `grpc-status`, never a text body;
+//! gRPC-Web (binary and text) is translated on routes with the `grpc` filter.
+
+mod common;
+
+use base64::Engine as _;
+use bytes::Bytes;
+use common::*;
+use http_body::Frame;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::time::Duration;
+use sweety_config::*;
+
+/// One length-prefixed gRPC message.
+fn grpc_frame(msg: &[u8]) -> Bytes {
+    let mut v = vec![0u8];
+    v.extend_from_slice(&(msg.len() as u32).to_be_bytes());
+    v.extend_from_slice(msg);
+    Bytes::from(v)
+}
+
+/// A gRPC backend over h2c: `/echo.Echo/Say` echoes the request body with trailers
+/// `grpc-status: 0`, `grpc-message: ok`, `x-trailer: yes`; paths under `/slow.` answer after
+/// 1.5 s.
+async fn grpc_backend() -> SocketAddr {
+    grpc_backend_on(None).await
+}
+
+/// The same backend, over TLS (ALPN h2) when `tls` is given.
+async fn grpc_backend_on(tls: Option<std::sync::Arc<rustls::ServerConfig>>) -> SocketAddr {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((s, _)) = l.accept().await else { return };
+            let tls = tls.clone();
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(
+                    |req: http::Request<hyper::body::Incoming>| async move {
+                        let ct = req.headers()["content-type"].to_str().unwrap().to_string();
+                        assert!(
+                            ct == "application/grpc+proto" || ct == "application/grpc",
+                            "{ct}"
+                        );
+                        assert_eq!(req.headers()["te"], "trailers");
+                        if req.uri().path().starts_with("/slow.") {
+                            tokio::time::sleep(Duration::from_millis(1500)).await;
+                        }
+                        let body = req.into_body().collect().await.unwrap().to_bytes();
+                        let mut t = http::HeaderMap::new();
+                        t.insert("grpc-status", "0".parse().unwrap());
+                        t.insert("grpc-message", "ok".parse().unwrap());
+                        t.insert("x-trailer", "yes".parse().unwrap());
+                        let frames: Vec<Result<Frame<Bytes>, Infallible>> =
+                            vec![Ok(Frame::data(body)), Ok(Frame::trailers(t))];
+                        Ok::<_, Infallible>(
+                            http::Response::builder()
+                                .header("content-type", "application/grpc+proto")
+                                .body(StreamBody::new(futures_util::stream::iter(frames)))
+                                .unwrap(),
+                        )
+                    },
+                );
+                let builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+                match tls {
+                    None => {
+                        let _ = builder.serve_connection(TokioIo::new(s), svc).await;
+                    }
+                    Some(cfg) => {
+                        let Ok(s) = tokio_rustls::TlsAcceptor::from(cfg).accept(s).await else {
+                            return;
+                        };
+                        let _ = builder.serve_connection(TokioIo::new(s), svc).await;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+fn h2c_backend(name: &str, addr: SocketAddr) -> Backend {
+    Backend {
+        protocol: BackendProtocol::H2c,
+        ..backend(name, addr)
+    }
+}
+
+async fn start() -> (Harness, SocketAddr) {
+    let up = grpc_backend().await;
+    // A closed port for the "backend down" case.
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let mut timed = proxy_route("timed", "/slow.Slow/", "g");
+    timed.timeouts.request = Some(sweety_config::Duration::from_millis(300));
+    let mut web = proxy_route("web", "/", "g");
+    web.filters.push(Filter::Grpc(GrpcOptions { web: true }));
+    let mut cfg = Config {
+        backends: vec![h2c_backend("g", up), h2c_backend("down", closed)],
+        ..http_config(vec![
+            vhost(
+                "g",
+                &["g.test"],
+                vec![
+                    proxy_route("echo", "/echo.Echo/", "g"),
+                    proxy_route("down", "/down.Down/", "down"),
+                    timed,
+                    proxy_route("slow", "/slow.Untimed/", "g"),
+                ],
+            ),
+            vhost("web", &["web.test"], vec![web]),
+        ])
+    };
+    cfg.listeners[0].max_requests_in_flight = Some(2);
+    cfg.limits.queue_timeout = sweety_config::Duration::from_millis(50);
+    let h = Harness::start(cfg).await;
+    let addr = h.addr("web").await;
+    (h, addr)
+}
+
+struct Reply {
+    status: u16,
+    headers: http::HeaderMap,
+    body: Bytes,
+    trailers: Option<http::HeaderMap>,
+}
+
+async fn h2c_call(addr: SocketAddr, host: &str, path: &str, body: Bytes) -> Reply {
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut send, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let req = http::Request::builder()
+        .method("POST")
+        .version(http::Version::HTTP_2)
+        .uri(format!("http://{host}{path}"))
+        .header("content-type", "application/grpc+proto")
+        .header("te", "trailers")
+        .body(Full::new(body))
+        .unwrap();
+    let resp = tokio::time::timeout(Duration::from_secs(10), send.send_request(req))
+        .await
+        .expect("answered in time")
+        .unwrap();
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    let collected = tokio::time::timeout(Duration::from_secs(10), resp.into_body().collect())
+        .await
+        .expect("body in time")
+        .unwrap();
+    let trailers = collected.trailers().cloned();
+    Reply {
+        status,
+        headers,
+        body: collected.to_bytes(),
+        trailers,
+    }
+}
+
+#[tokio::test]
+async fn trailers_pass_through_h2c() {
+    let (_h, addr) = start().await;
+    let msg = grpc_frame(b"hello grpc");
+    let r = h2c_call(addr, "g.test", "/echo.Echo/Say", msg.clone()).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.headers["content-type"], "application/grpc+proto");
+    assert_eq!(r.body, msg);
+    let t = r.trailers.expect("trailers relayed");
+    assert_eq!(t["grpc-status"], "0");
+    assert_eq!(t["grpc-message"], "ok");
+    assert_eq!(t["x-trailer"], "yes");
+}
+
+fn assert_grpc_error(r: &Reply, code: &str) {
+    assert_eq!(r.status, 200, "gRPC errors are HTTP 200");
+    assert_eq!(r.headers["grpc-status"], code, "{:?}", r.headers);
+    assert!(r.headers.contains_key("grpc-message"));
+    assert_eq!(r.headers["content-type"], "application/grpc");
+    assert!(r.body.is_empty(), "no body, got {:?}", r.body);
+}
+
+#[tokio::test]
+async fn sweety_errors_are_trailers_only_grpc_statuses() {
+    let (_h, addr) = start().await;
+    let m = grpc_frame(b"x");
+    // No route: UNIMPLEMENTED.
+    let r = h2c_call(addr, "g.test", "/nope.Nope/Call", m.clone()).await;
+    assert_grpc_error(&r, "12");
+    assert_eq!(
+        r.headers["grpc-message"],
+        "404 Not Found: no route matches this host and path"
+    );
+    // Backend down: UNAVAILABLE.
+    let r = h2c_call(addr, "g.test", "/down.Down/Call", m.clone()).await;
+    assert_grpc_error(&r, "14");
+    // Request timeout: DEADLINE_EXCEEDED.
+    let r = h2c_call(addr, "g.test", "/slow.Slow/Call", m.clone()).await;
+    assert_grpc_error(&r, "4");
+}
+
+#[tokio::test]
+async fn overload_is_unavailable_with_retry_after() {
+    let (_h, addr) = start().await;
+    let m = grpc_frame(b"x");
+    // Two slow calls fill the listener's two in-flight slots (`/slow.Untimed/` has no
+    // timeout).
+    let a = tokio::spawn(h2c_call(addr, "g.test", "/slow.Untimed/Call", m.clone()));
+    let b = tokio::spawn(h2c_call(addr, "g.test", "/slow.Untimed/Call", m.clone()));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let r = h2c_call(addr, "g.test", "/echo.Echo/Say", m.clone()).await;
+    assert_grpc_error(&r, "14");
+    assert_eq!(r.headers["retry-after"], "1");
+    // The slow calls themselves succeed (the backend answers 200 with trailers).
+    for t in [a, b] {
+        let r = t.await.unwrap();
+        assert_eq!(r.status, 200);
+    }
+}
+
+#[tokio::test]
+async fn grpc_web_binary_and_text_are_translated() {
+    let (_h, addr) = start().await;
+    let client = h1_client();
+    let msg = grpc_frame(b"from the browser");
+    let trailer_block = b"grpc-status: 0\r\ngrpc-message: ok\r\nx-trailer: yes\r\n";
+    let mut want = msg.to_vec();
+    want.push(0x80);
+    want.extend_from_slice(&(trailer_block.len() as u32).to_be_bytes());
+    want.extend_from_slice(trailer_block);
+
+    let req = http::Request::builder()
+        .method("POST")
+        .uri(format!("http://{addr}/echo.Echo/Say"))
+        .header("host", "web.test")
+        .header("content-type", "application/grpc-web+proto")
+        .header("x-grpc-web", "1")
+        .body(Full::new(msg.clone()))
+        .unwrap();
+    let resp = client.request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["content-type"], "application/grpc-web+proto");
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(body, want);
+
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let req = http::Request::builder()
+        .method("POST")
+        .uri(format!("http://{addr}/echo.Echo/Say"))
+        .header("host", "web.test")
+        .header("content-type", "application/grpc-web-text")
+        .body(Full::new(Bytes::from(b64.encode(&msg))))
+        .unwrap();
+    let resp = client.request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(
+        resp.headers()["content-type"],
+        "application/grpc-web-text+proto"
+    );
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(b64.decode(&body).unwrap(), want);
+
+    // A gRPC-Web error from Sweety itself is gRPC-shaped too.
+    let req = http::Request::builder()
+        .method("POST")
+        .uri(format!("http://{addr}/x"))
+        .header("host", "nowhere.test")
+        .header("content-type", "application/grpc-web+proto")
+        .body(Full::new(msg))
+        .unwrap();
+    let resp = client.request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["grpc-status"], "12");
+    assert_eq!(resp.headers()["content-type"], "application/grpc-web+proto");
+}
+
+/// A self-signed certificate for `name` (ALPN h2 only) and its PEM.
+fn tls_server(name: &str) -> (std::sync::Arc<rustls::ServerConfig>, String) {
+    let ck = rcgen::generate_simple_self_signed(vec![name.to_string()]).unwrap();
+    let key = rustls::pki_types::PrivateKeyDer::Pkcs8(ck.signing_key.serialize_der().into());
+    let mut cfg = rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(vec![ck.cert.der().clone()], key)
+    .unwrap();
+    cfg.alpn_protocols = vec![b"h2".to_vec()];
+    (std::sync::Arc::new(cfg), ck.cert.pem())
+}
+
+#[tokio::test]
+async fn trailers_pass_through_tls_h2_backend() {
+    let (tls, ca) = tls_server("grpc.internal");
+    let up = grpc_backend_on(Some(tls)).await;
+    let b = Backend {
+        protocol: BackendProtocol::H2,
+        tls: Some(BackendTls {
+            ca: Some(PemSource::Pem(ca)),
+            sni: Some("grpc.internal".into()),
+            ..BackendTls::default()
+        }),
+        ..backend("gs", up)
+    };
+    let cfg = Config {
+        backends: vec![b],
+        ..http_config(vec![vhost("g", &[], vec![proxy_route("echo", "/", "gs")])])
+    };
+    let h = Harness::start(cfg).await;
+    let addr = h.addr("web").await;
+    let msg = grpc_frame(b"over tls");
+    let r = h2c_call(addr, "g.test", "/echo.Echo/Say", msg.clone()).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body, msg);
+    let t = r.trailers.expect("trailers relayed from the h2 backend");
+    assert_eq!(t["grpc-status"], "0");
+    assert_eq!(t["x-trailer"], "yes");
+}

@@ -1,0 +1,240 @@
+//! WebSocket tunnelling end to end: a tokio-tungstenite echo backend behind Sweety, reached
+//! by a tokio-tungstenite client over HTTP/1.1 Upgrade and over HTTP/2 extended CONNECT
+//! (RFC 8441, hyper's h2c client); subprotocols pass both ways, the idle timeout closes
+//! silent tunnels and open tunnels are counted in metrics and hold a request slot.
+
+mod common;
+
+use common::*;
+use futures_util::{SinkExt, StreamExt};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
+use sweety_config::*;
+use tokio_tungstenite::tungstenite::handshake::server::{Request as WsReq, Response as WsResp};
+use tokio_tungstenite::tungstenite::protocol::Role;
+use tokio_tungstenite::tungstenite::Message;
+
+/// An echo WebSocket server that accepts the `chat` subprotocol when offered.
+// The handshake callback's error type is tungstenite's.
+#[allow(clippy::result_large_err)]
+async fn echo_backend() -> SocketAddr {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((s, _)) = l.accept().await else { return };
+            tokio::spawn(async move {
+                let cb = |req: &WsReq, mut resp: WsResp| {
+                    let offered = req
+                        .headers()
+                        .get("sec-websocket-protocol")
+                        .and_then(|v| v.to_str().ok())
+                        .is_some_and(|v| v.split(',').any(|p| p.trim() == "chat"));
+                    if offered {
+                        resp.headers_mut()
+                            .insert("sec-websocket-protocol", "chat".parse().unwrap());
+                    }
+                    Ok(resp)
+                };
+                let Ok(mut ws) = tokio_tungstenite::accept_hdr_async(s, cb).await else {
+                    return;
+                };
+                while let Some(Ok(m)) = ws.next().await {
+                    if m.is_text() || m.is_binary() {
+                        if ws.send(m).await.is_err() {
+                            return;
+                        }
+                    } else if m.is_close() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+async fn start(idle: Duration) -> (Harness, SocketAddr) {
+    let up = echo_backend().await;
+    let mut cfg = Config {
+        backends: vec![backend("ws", up)],
+        ..http_config(vec![vhost("v", &[], vec![proxy_route("ws", "/", "ws")])])
+    };
+    cfg.limits.websocket_idle_timeout = sweety_config::Duration(idle);
+    let h = Harness::start(cfg).await;
+    let addr = h.addr("web").await;
+    (h, addr)
+}
+
+async fn ws_connect(
+    addr: SocketAddr,
+) -> Result<
+    (
+        tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>,
+        tokio_tungstenite::tungstenite::handshake::client::Response,
+    ),
+    tokio_tungstenite::tungstenite::Error,
+> {
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    tokio_tungstenite::client_async(format!("ws://{addr}/x"), tcp).await
+}
+
+async fn bounded<F: std::future::Future>(f: F) -> F::Output {
+    tokio::time::timeout(Duration::from_secs(10), f)
+        .await
+        .expect("finished in time")
+}
+
+#[tokio::test]
+async fn http1_upgrade_echoes_and_passes_subprotocol() {
+    let (h, addr) = start(Duration::from_secs(30)).await;
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let req = http::Request::builder()
+        .uri(format!("ws://{addr}/chat"))
+        .header("host", addr.to_string())
+        .header("connection", "Upgrade")
+        .header("upgrade", "websocket")
+        .header("sec-websocket-version", "13")
+        .header(
+            "sec-websocket-key",
+            tokio_tungstenite::tungstenite::handshake::client::generate_key(),
+        )
+        .header("sec-websocket-protocol", "chat, other")
+        .body(())
+        .unwrap();
+    let (mut ws, resp) = bounded(tokio_tungstenite::client_async(req, tcp))
+        .await
+        .expect("handshake through sweety");
+    assert_eq!(resp.status(), 101);
+    assert_eq!(resp.headers()["sec-websocket-protocol"], "chat");
+    for i in 0..20 {
+        let msg = format!("hello {i}");
+        bounded(ws.send(Message::text(msg.clone()))).await.unwrap();
+        let back = bounded(ws.next()).await.unwrap().unwrap();
+        assert_eq!(back.into_text().unwrap().as_str(), msg);
+    }
+    let big = vec![9u8; 200_000];
+    bounded(ws.send(Message::binary(big.clone())))
+        .await
+        .unwrap();
+    let back = bounded(ws.next()).await.unwrap().unwrap();
+    assert_eq!(back.into_data().as_ref(), big.as_slice());
+
+    // The open tunnel is counted and holds a request slot.
+    let m = &h.runtime.shared.metrics;
+    assert_eq!(m.websocket_tunnels.load(Relaxed), 1);
+    assert_eq!(m.active_requests.load(Relaxed), 1);
+    assert!(m.render().contains("sweety_websocket_tunnels 1"));
+    bounded(ws.close(None)).await.unwrap();
+    // Both slots are released once the tunnel ends (bounded poll).
+    for _ in 0..250 {
+        if m.websocket_tunnels.load(Relaxed) == 0 && m.active_requests.load(Relaxed) == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(m.websocket_tunnels.load(Relaxed), 0);
+    assert_eq!(m.active_requests.load(Relaxed), 0);
+}
+
+#[tokio::test]
+async fn idle_tunnel_is_closed() {
+    let (_h, addr) = start(Duration::from_millis(300)).await;
+    let (mut ws, _) = bounded(ws_connect(addr)).await.unwrap();
+    bounded(ws.send(Message::text("ping"))).await.unwrap();
+    assert_eq!(
+        bounded(ws.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .into_text()
+            .unwrap()
+            .as_str(),
+        "ping"
+    );
+    // Silence for longer than the idle timeout: the stream ends (EOF or an error).
+    let end = bounded(ws.next()).await;
+    assert!(
+        !matches!(end, Some(Ok(Message::Text(_)))),
+        "unexpected message {end:?}"
+    );
+}
+
+#[tokio::test]
+async fn non_websocket_backend_answer_is_relayed() {
+    // A backend that answers the upgrade with 403 (a plain HTTP server).
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let up = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        let Ok((s, _)) = l.accept().await else { return };
+        let svc = hyper::service::service_fn(|_req| async {
+            Ok::<_, std::convert::Infallible>(
+                http::Response::builder()
+                    .status(403)
+                    .body(http_body_util::Full::new(bytes::Bytes::from_static(
+                        b"nope",
+                    )))
+                    .unwrap(),
+            )
+        });
+        let _ = hyper::server::conn::http1::Builder::new()
+            .serve_connection(TokioIo::new(s), svc)
+            .await;
+    });
+    let cfg = Config {
+        backends: vec![backend("ws", up)],
+        ..http_config(vec![vhost("v", &[], vec![proxy_route("ws", "/", "ws")])])
+    };
+    let h = Harness::start(cfg).await;
+    let addr = h.addr("web").await;
+    let err = bounded(ws_connect(addr)).await.unwrap_err();
+    match err {
+        tokio_tungstenite::tungstenite::Error::Http(resp) => assert_eq!(resp.status(), 403),
+        other => panic!("expected an HTTP 403, got {other:?}"),
+    }
+    assert_eq!(h.runtime.shared.metrics.websocket_tunnels.load(Relaxed), 0);
+}
+
+#[tokio::test]
+async fn http2_extended_connect_reaches_http1_backend() {
+    let (h, addr) = start(Duration::from_secs(30)).await;
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut send, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+        .handshake::<_, http_body_util::Empty<bytes::Bytes>>(TokioIo::new(tcp))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    // The server's SETTINGS_ENABLE_CONNECT_PROTOCOL arrives with its first SETTINGS frame.
+    bounded(send.ready()).await.unwrap();
+    let mut req = http::Request::builder()
+        .method("CONNECT")
+        .version(http::Version::HTTP_2)
+        .uri(format!("http://{addr}/chat"))
+        .header("sec-websocket-version", "13")
+        .header("sec-websocket-protocol", "chat")
+        .body(http_body_util::Empty::new())
+        .unwrap();
+    req.extensions_mut()
+        .insert(hyper::ext::Protocol::from_static("websocket"));
+    let resp = bounded(send.send_request(req)).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["sec-websocket-protocol"], "chat");
+    assert!(resp.headers().get("sec-websocket-accept").is_none());
+    let upgraded = bounded(hyper::upgrade::on(resp)).await.unwrap();
+    let mut ws = tokio_tungstenite::WebSocketStream::from_raw_socket(
+        TokioIo::new(upgraded),
+        Role::Client,
+        None,
+    )
+    .await;
+    for i in 0..10 {
+        let msg = format!("over h2 {i}");
+        bounded(ws.send(Message::text(msg.clone()))).await.unwrap();
+        let back = bounded(ws.next()).await.unwrap().unwrap();
+        assert_eq!(back.into_text().unwrap().as_str(), msg);
+    }
+    assert_eq!(h.runtime.shared.metrics.websocket_tunnels.load(Relaxed), 1);
+    bounded(ws.close(None)).await.unwrap();
+}
