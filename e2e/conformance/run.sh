@@ -98,7 +98,8 @@ if [ "$mode" = full ] && [ -f "$out/report.yaml" ]; then
   # The official file name: <channel>-<version>-<mode>-report.yaml
   rep=$dest/$channel-v$version-default-report.yaml
   cp "$out/report.yaml" "$rep"
-  python3 "$HERE/gen-docs.py" --report "$rep" --log "$log" --skips "$HERE/skip-tests.txt" --out "$REPO/docs/conformance.md"
+  python3 "$HERE/gen-docs.py" --report "$rep" --log "$log" --skips "$HERE/skip-tests.txt" \
+    --features-why "$HERE/unclaimed-features.txt" --out "$REPO/docs/conformance.md"
   echo "report: $rep; docs/conformance.md regenerated"
 fi
 exit $rc
