@@ -12,6 +12,7 @@ import sys
 
 import yaml
 
+GATEWAY_PROFILES = ["GATEWAY-HTTP", "GATEWAY-GRPC", "GATEWAY-TLS", "GATEWAY-TCP", "GATEWAY-UDP"]
 LOG_LINE = re.compile(r"^\s*--- (PASS|FAIL|SKIP): TestConformance/([A-Za-z0-9]+)(?:/\S+)? \(")
 
 
@@ -77,7 +78,8 @@ def main():
     rel = ("e2e/conformance/reports/" + a.report.split("/reports/", 1)[-1]) if "/reports/" in a.report \
         else a.report.rsplit("/", 1)[-1]
     w("Official report: `" + rel + "`. "
-      "Regenerate both with `e2e/conformance/run.sh --full` (see e2e/conformance/README.md).")
+      "Regenerate both with `e2e/conformance/run.sh --full` or `--profiles ...` "
+      "(see e2e/conformance/README.md).")
     w("")
     w("## Results per profile")
     w("")
@@ -90,6 +92,14 @@ def main():
         ee = "%d / %d / %d" % stats(ext) if ext else "–"
         w(f"| {p['name']} | {core.get('result')} | {ce} | {ext.get('result', '–')} | {ee} |")
     w("")
+    ran = {p["name"] for p in report.get("profiles", [])}
+    missing = [n for n in GATEWAY_PROFILES if n not in ran]
+    if missing:
+        w("Gateway profiles not in this report, and why:")
+        w("")
+        for n in missing:
+            w(f"- {n}: {why_unclaimed.get(n, 'not run')}")
+        w("")
     for p in report.get("profiles", []):
         core = p.get("core", {})
         ext = p.get("extended") or {}
