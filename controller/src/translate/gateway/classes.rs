@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 /// TCPRoute and UDPRoute are translated but not claimed until the dataplane serves layer-4
 /// listeners; the other unclaimed features and why are in e2e/conformance/unclaimed-features.txt.
 pub const SUPPORTED_FEATURES: &[&str] = &[
+    "BackendTLSPolicy",
     "GRPCRoute",
     "GRPCRouteNamedRouteRule",
     "Gateway",
