@@ -85,6 +85,8 @@ pub struct StatusWriter {
     client: Client,
     controller_name: String,
     last: HashMap<ObjectKey, Value>,
+    /// The `metadata.uid` of the object each `last` entry was written for.
+    uids: HashMap<ObjectKey, String>,
     /// While set, every write first checks that this replica still leads.
     leading: Option<tokio::sync::watch::Receiver<bool>>,
     events: Option<Recorder>,
@@ -98,6 +100,7 @@ impl StatusWriter {
             client,
             controller_name: controller_name.into(),
             last: HashMap::new(),
+            uids: HashMap::new(),
             leading: None,
             events: None,
         }
@@ -123,6 +126,7 @@ impl StatusWriter {
     /// Forget what was written (after losing leadership: another replica may write meanwhile).
     pub fn forget(&mut self) {
         self.last.clear();
+        self.uids.clear();
     }
 
     /// Write every status that changed. Errors are per object and do not stop the others.
@@ -178,6 +182,7 @@ impl StatusWriter {
         }
         // Forget objects translate no longer reports (deleted, or no longer ours).
         self.last.retain(|k, _| statuses.contains_key(k));
+        self.uids.retain(|k, _| statuses.contains_key(k));
         report
     }
 
@@ -245,6 +250,16 @@ impl StatusWriter {
             return Ok(false);
         };
         let cur_status = current.status();
+        // An object deleted and created again under the same name starts without our status:
+        // what was written for the old one says nothing about it.
+        let uid = current.uid();
+        if self.uids.get(key) != uid.as_ref() {
+            self.last.remove(key);
+            match uid {
+                Some(u) => self.uids.insert(key.clone(), u),
+                None => self.uids.remove(key),
+            };
+        }
         let atomic = is_atomic_kind(&key.kind);
         let stamp_src = self.last.get(key).unwrap_or(&cur_status);
         let desired = self.desired(key, status, stamp_src, &cur_status, gate, now);
@@ -561,6 +576,8 @@ pub fn api_resource(kind: &str) -> Option<ApiResource> {
 /// An object whose status the writer compares against.
 trait Current: Send + Sync {
     fn status(&self) -> Value;
+    /// `metadata.uid`: tells a re-created object (same name) from the one written before.
+    fn uid(&self) -> Option<String>;
 }
 
 macro_rules! impl_current {
@@ -568,6 +585,9 @@ macro_rules! impl_current {
         impl Current for $t {
             fn status(&self) -> Value {
                 serde_json::to_value(&self.status).unwrap_or(Value::Null)
+            }
+            fn uid(&self) -> Option<String> {
+                self.metadata.uid.clone()
             }
         }
     )*};

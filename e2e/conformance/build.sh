@@ -4,12 +4,13 @@
 # v1.6.3) into the cache, once per go.sum: $SWEETY_GWAPI_BIN (default ~/.cache/sweety/gwapi/v1.6.3).
 # Prints the directory holding both binaries. Cold build ~2 min on 2 cores; cached: nothing.
 #   build.sh --coredns   instead builds CoreDNS v1.12.2 (the UDPRoute tests' DNS backend, the version the
-#                        suite's base manifests name) into ~/.cache/sweety/tools/coredns-v1.12.2 and prints
+#                        suite's base manifests name) into /var/tmp/sweety/tools/coredns-v1.12.2 and prints
 #                        its path (cold ~5.5 min, ~107 MB).
 set -euo pipefail
 if [ "${1:-}" = --coredns ]; then
   V=v1.12.2
-  D=${SWEETY_COREDNS_DIR:-$HOME/.cache/sweety/tools/coredns-$V}
+  # Outside /root: the coredns Pod mounts its ConfigMap at /root, which would hide a binary there.
+  D=${SWEETY_COREDNS_DIR:-/var/tmp/sweety/tools/coredns-$V}
   if [ ! -x "$D/coredns" ]; then
     echo "building CoreDNS $V into $D" >&2
     mkdir -p "$D"

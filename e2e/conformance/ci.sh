@@ -7,6 +7,11 @@
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 export SWEETY_CLUSTER_DIR=${SWEETY_CLUSTER_DIR:-/var/tmp/sweety/cluster-conf-ci}
+# Its own ports, bridge and Pod network, apart from run.sh's defaults (a developer's cluster may be up).
+export APISERVER_PORT=${APISERVER_PORT:-17643} ETCD_PORT=${ETCD_PORT:-17679} ETCD_PEER_PORT=${ETCD_PEER_PORT:-17680}
+export KCM_PORT=${KCM_PORT:-17657} SCHED_PORT=${SCHED_PORT:-17659}
+export SWEETY_BRIDGE=${SWEETY_BRIDGE:-sweetybr4} SWEETY_POD_CIDR=${SWEETY_POD_CIDR:-10.248.0.0/24}
+export SWEETY_NODE=${SWEETY_NODE:-sweety-conf-ci-node}
 export SWEETY_CONF_OUT=${SWEETY_CONF_OUT:-$SWEETY_CLUSTER_DIR/conformance}
 export SWEETY_CONF_TIMEOUT=${SWEETY_CONF_TIMEOUT:-1500}
 "$HERE/run.sh" --subset "$@"
@@ -15,7 +20,7 @@ log=$SWEETY_CONF_OUT/suite.log
 [ -f "$log" ] || { echo "ci: no suite log (run.sh exit $rc)"; exit 1; }
 failed=$(sed -n 's/^ *--- FAIL: TestConformance\/\([A-Za-z0-9]*\) .*/\1/p' "$log" | sort -u)
 passed=$(sed -n 's/^ *--- PASS: TestConformance\/\([A-Za-z0-9]*\) .*/\1/p' "$log" | sort -u)
-known=$(grep -v '^#' "$HERE/known-failures.txt" 2>/dev/null | awk -F'|' 'NF{gsub(/ /,"",$1); print $1}' | sort -u)
+known=$(awk -F'|' '!/^#/ && NF{gsub(/ /,"",$1); print $1}' "$HERE/known-failures.txt" 2>/dev/null | sort -u)
 new=$(comm -23 <(echo "$failed" | sed '/^$/d') <(echo "$known" | sed '/^$/d'))
 fixed=$(comm -12 <(echo "$passed" | sed '/^$/d') <(echo "$known" | sed '/^$/d'))
 echo "ci: $(echo "$passed" | sed '/^$/d' | wc -l) passed, $(echo "$failed" | sed '/^$/d' | wc -l) failed ($(echo "$known" | sed '/^$/d' | wc -l) known)"

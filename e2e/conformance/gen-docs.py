@@ -12,6 +12,7 @@ import sys
 
 import yaml
 
+GATEWAY_PROFILES = ["GATEWAY-HTTP", "GATEWAY-GRPC", "GATEWAY-TLS", "GATEWAY-TCP", "GATEWAY-UDP"]
 LOG_LINE = re.compile(r"^\s*--- (PASS|FAIL|SKIP): TestConformance/([A-Za-z0-9]+)(?:/\S+)? \(")
 
 
@@ -56,10 +57,12 @@ def main():
     ap.add_argument("--log", required=True)
     ap.add_argument("--skips", required=True)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--features-why", default="", help="unclaimed-features.txt: `Feature | why`")
     a = ap.parse_args()
     with open(a.report, encoding="utf-8") as f:
         report = yaml.safe_load(f)
     reasons = read_skips(a.skips)
+    why_unclaimed = read_skips(a.features_why) if a.features_why else {}
     tests = read_log(a.log)
     impl = report.get("implementation", {})
     out = []
@@ -72,8 +75,11 @@ def main():
       f"mode `{report.get('mode')}`, run {report.get('date')}, "
       f"implementation {impl.get('organization')}/{impl.get('project')} {impl.get('version')}.")
     w("")
-    w("Official report: `e2e/conformance/reports/" + a.report.split("/reports/", 1)[-1] + "`. "
-      "Regenerate both with `e2e/conformance/run.sh --full` (see e2e/conformance/README.md).")
+    rel = ("e2e/conformance/reports/" + a.report.split("/reports/", 1)[-1]) if "/reports/" in a.report \
+        else a.report.rsplit("/", 1)[-1]
+    w("Official report: `" + rel + "`. "
+      "Regenerate both with `e2e/conformance/run.sh --full` or `--profiles ...` "
+      "(see e2e/conformance/README.md).")
     w("")
     w("## Results per profile")
     w("")
@@ -86,6 +92,14 @@ def main():
         ee = "%d / %d / %d" % stats(ext) if ext else "–"
         w(f"| {p['name']} | {core.get('result')} | {ce} | {ext.get('result', '–')} | {ee} |")
     w("")
+    ran = {p["name"] for p in report.get("profiles", [])}
+    missing = [n for n in GATEWAY_PROFILES if n not in ran]
+    if missing:
+        w("Gateway profiles not in this report, and why:")
+        w("")
+        for n in missing:
+            w(f"- {n}: {why_unclaimed.get(n, 'not run')}")
+        w("")
     for p in report.get("profiles", []):
         core = p.get("core", {})
         ext = p.get("extended") or {}
@@ -97,8 +111,11 @@ def main():
             w("Extended features claimed: " + ", ".join(f"`{x}`" for x in ext["supportedFeatures"]) + ".")
             w("")
         if ext.get("unsupportedFeatures"):
-            w("Extended features not claimed (their tests do not run): "
-              + ", ".join(f"`{x}`" for x in ext["unsupportedFeatures"]) + ".")
+            w("Extended features not claimed (GatewayClass `sweety` does not list them, so the suite "
+              "skips their tests), and why:")
+            w("")
+            for x in ext["unsupportedFeatures"]:
+                w(f"- `{x}`: {why_unclaimed.get(x, 'not implemented yet')}")
             w("")
         for label, part in (("core", core), ("extended", ext)):
             failed = part.get("failedTests") or []

@@ -55,7 +55,7 @@ GWBIN=$("$HERE/build.sh")
 export SWEETY_GWAPI_BIN=$GWBIN
 # The UDPRoute tests' DNS server (base manifests' coredns Deployment) runs as a real CoreDNS.
 # Built when UDP tests run; mapped whenever it is there (a running node agent keeps its first maps).
-coredns=$HOME/.cache/sweety/tools/coredns-v1.12.2/coredns
+coredns=/var/tmp/sweety/tools/coredns-v1.12.2/coredns
 case "$profiles,$test" in *UDP*) coredns=$("$HERE/build.sh" --coredns) ;; esac
 [ -x "$coredns" ] && export SWEETY_IMAGE_MAPS="${SWEETY_IMAGE_MAPS:-} coredns/coredns=$coredns"
 version=$(sed -n 's/^version *= *"\(.*\)"/\1/p' "$REPO/Cargo.toml" | head -1)
@@ -98,7 +98,8 @@ if [ "$mode" = full ] && [ -f "$out/report.yaml" ]; then
   # The official file name: <channel>-<version>-<mode>-report.yaml
   rep=$dest/$channel-v$version-default-report.yaml
   cp "$out/report.yaml" "$rep"
-  python3 "$HERE/gen-docs.py" --report "$rep" --log "$log" --skips "$HERE/skip-tests.txt" --out "$REPO/docs/conformance.md"
+  python3 "$HERE/gen-docs.py" --report "$rep" --log "$log" --skips "$HERE/skip-tests.txt" \
+    --features-why "$HERE/unclaimed-features.txt" --out "$REPO/docs/conformance.md"
   echo "report: $rep; docs/conformance.md regenerated"
 fi
 exit $rc

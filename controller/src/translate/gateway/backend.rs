@@ -58,7 +58,15 @@ pub fn resolve(
         .port(ns, &r.name, port.as_ref())
         .map_err(|e| (e.reason(), e.to_string()))?;
     let mut options = BackendOptions::default();
-    match sp.app_protocol.as_deref() {
+    // IANA service names are case-insensitive (`HTTPS` appears in the wild and in the suite).
+    let app_protocol = sp.app_protocol.as_deref().map(|p| {
+        if p.contains('/') {
+            p.to_string()
+        } else {
+            p.to_ascii_lowercase()
+        }
+    });
+    match app_protocol.as_deref() {
         None
         | Some("http")
         | Some("kubernetes.io/h2c")

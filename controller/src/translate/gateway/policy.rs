@@ -22,6 +22,9 @@ pub struct Target {
     pub section: Option<String>,
     /// The TLS settings, or why the policy cannot be applied.
     pub tls: Result<BackendTls, Problem>,
+    /// An older policy (creation time, then namespace/name) already targets the same Service
+    /// and section: this one is not applied.
+    pub conflicted: bool,
 }
 
 /// Policies by target Service `(namespace, name)`, plus the Gateways each policy reached.
@@ -46,9 +49,10 @@ impl Policies {
     /// among equals the oldest-named (sorted) policy wins.
     pub fn lookup(&self, ns: &str, svc: &str, port_name: Option<&str>) -> Option<&Target> {
         let list = self.targets.get(&(ns.to_string(), svc.to_string()))?;
-        list.iter()
+        let list = || list.iter().filter(|t| !t.conflicted);
+        list()
             .find(|t| t.section.is_some() && t.section.as_deref() == port_name)
-            .or_else(|| list.iter().find(|t| t.section.is_none()))
+            .or_else(|| list().find(|t| t.section.is_none()))
     }
 }
 
@@ -61,8 +65,21 @@ pub fn collect(b: &Builder<'_>) -> Policies {
         .iter()
         .map(|p| &**p)
         .collect();
+    // Oldest first: on a conflict the older policy wins (then namespace/name order).
+    let created = |p: &BackendTlsPolicy| {
+        p.metadata
+            .creation_timestamp
+            .as_ref()
+            .and_then(|t| serde_json::to_value(t).ok())
+            .and_then(|v| v.as_str().map(String::from))
+            .unwrap_or_default()
+    };
     policies.sort_by(|a, b| {
-        (&a.metadata.namespace, &a.metadata.name).cmp(&(&b.metadata.namespace, &b.metadata.name))
+        (created(a), &a.metadata.namespace, &a.metadata.name).cmp(&(
+            created(b),
+            &b.metadata.namespace,
+            &b.metadata.name,
+        ))
     });
     for p in policies {
         let ns = p.metadata.namespace.clone().unwrap_or_default();
@@ -72,14 +89,16 @@ pub fn collect(b: &Builder<'_>) -> Policies {
             if !t.group.is_empty() || t.kind != "Service" {
                 continue;
             }
-            out.targets
-                .entry((ns.clone(), t.name.clone()))
-                .or_default()
-                .push(Target {
-                    policy: (ns.clone(), name.clone()),
-                    section: t.section_name.clone(),
-                    tls: tls.clone(),
-                });
+            let list = out.targets.entry((ns.clone(), t.name.clone())).or_default();
+            let conflicted = list
+                .iter()
+                .any(|o| !o.conflicted && o.section == t.section_name);
+            list.push(Target {
+                policy: (ns.clone(), name.clone()),
+                section: t.section_name.clone(),
+                tls: tls.clone(),
+                conflicted,
+            });
         }
     }
     out
@@ -176,7 +195,12 @@ pub fn statuses(b: &mut Builder<'_>, policies: &Policies) {
     for list in policies.targets.values() {
         for t in list {
             let entry = by_policy.entry(t.policy.clone()).or_insert(Ok(()));
-            if let (Ok(()), Err(e)) = (&entry, &t.tls) {
+            if t.conflicted {
+                *entry = Err((
+                    "Conflicted",
+                    "an older BackendTLSPolicy targets the same Service and section".into(),
+                ));
+            } else if let (Ok(()), Err(e)) = (&entry, &t.tls) {
                 *entry = Err(e.clone());
             }
         }
@@ -203,6 +227,16 @@ pub fn statuses(b: &mut Builder<'_>, policies: &Policies) {
                     true,
                     "ResolvedRefs",
                     "CA certificates resolved",
+                    generation,
+                ),
+            ],
+            Err((reason, msg)) if *reason == "Conflicted" => vec![
+                Condition::new("Accepted", false, "Conflicted", msg.clone(), generation),
+                Condition::new(
+                    "ResolvedRefs",
+                    true,
+                    "ResolvedRefs",
+                    "not applied: conflicted",
                     generation,
                 ),
             ],
