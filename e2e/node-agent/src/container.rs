@@ -82,9 +82,6 @@ fn spawn(spec: &Spec) -> Result<tokio::process::Child> {
         .append(true)
         .open(&spec.log_file)
         .map_err(Error::io(format!("opening {}", spec.log_file.display())))?;
-    let log2 = log
-        .try_clone()
-        .map_err(Error::io("cloning log file handle"))?;
     let mut cmd = tokio::process::Command::new("ip");
     cmd.arg("netns")
         .arg("exec")
@@ -101,12 +98,18 @@ fn spawn(spec: &Spec) -> Result<tokio::process::Child> {
     cmd.env_clear()
         .envs(spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
         .stdin(std::process::Stdio::null())
-        .stdout(log)
-        .stderr(log2)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
         .process_group(0)
         .kill_on_drop(true);
-    cmd.spawn()
-        .map_err(Error::io(format!("spawning container {}", spec.name)))
+    let mut child = cmd
+        .spawn()
+        .map_err(Error::io(format!("spawning container {}", spec.name)))?;
+    // The log writer ends when every process holding the pipes has exited.
+    if let (Some(out), Some(err)) = (child.stdout.take(), child.stderr.take()) {
+        tokio::spawn(crate::logs::write(out, err, tokio::fs::File::from_std(log)));
+    }
+    Ok(child)
 }
 
 fn signal_group(pid: u32, signal: &str) {

@@ -444,7 +444,13 @@ async fn runs_deployment_pods_as_processes() {
         .join("logs")
         .join(format!("{ns_name}_crasher_{uid}"))
         .join("c.log");
-    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    // The file is in the kubelet's CRI format (time, stream, F/P, text); render it as `kubectl logs` does.
+    let raw = std::fs::read(&log).unwrap_or_default();
+    let text = String::from_utf8(sweety_node_agent::logs::render(
+        &raw,
+        &sweety_node_agent::logs::Query::default(),
+    ))
+    .unwrap_or_default();
     // The last line: the apiserver answered over TLS (certificate verified against the projected CA, so
     // it names the relay address) with the projected token, at KUBERNETES_SERVICE_HOST = the node address.
     let expected = format!(
@@ -461,6 +467,41 @@ async fn runs_deployment_pods_as_processes() {
         .await
         .expect("pods/log via the apiserver");
     assert!(via_api.starts_with(&expected), "kubectl logs: {via_api:?}");
+    // timestamps: every line starts with its RFC 3339 time; sinceTime in the future: nothing.
+    let stamped = pods
+        .logs(
+            "crasher",
+            &LogParams {
+                container: Some("c".into()),
+                timestamps: true,
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("pods/log with timestamps");
+    let first = stamped.lines().next().unwrap_or_default();
+    let (ts, rest) = first.split_once(' ').unwrap_or_default();
+    assert!(
+        ts.parse::<k8s_openapi::jiff::Timestamp>().is_ok()
+            && rest == format!("env crasher {ns_name} s3cret"),
+        "timestamped line: {first:?}"
+    );
+    let future = pods
+        .logs(
+            "crasher",
+            &LogParams {
+                container: Some("c".into()),
+                since_time: Some(
+                    k8s_openapi::jiff::Timestamp::now()
+                        .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(3600))
+                        .expect("time"),
+                ),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("pods/log since a future time");
+    assert_eq!(future, "", "sinceTime in the future returns nothing");
 
     // Startup and liveness probes: the startupProbe (TCP) passes once the server listens, then the
     // livenessProbe (a 404 path) fails twice and the agent kills the container (SIGKILL: exit 137) and
