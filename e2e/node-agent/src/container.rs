@@ -77,11 +77,6 @@ pub struct Spec {
 }
 
 fn spawn(spec: &Spec) -> Result<tokio::process::Child> {
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&spec.log_file)
-        .map_err(Error::io(format!("opening {}", spec.log_file.display())))?;
     let mut cmd = tokio::process::Command::new("ip");
     cmd.arg("netns")
         .arg("exec")
@@ -107,7 +102,7 @@ fn spawn(spec: &Spec) -> Result<tokio::process::Child> {
         .map_err(Error::io(format!("spawning container {}", spec.name)))?;
     // The log writer ends when every process holding the pipes has exited.
     if let (Some(out), Some(err)) = (child.stdout.take(), child.stderr.take()) {
-        tokio::spawn(crate::logs::write(out, err, tokio::fs::File::from_std(log)));
+        tokio::spawn(crate::logs::write(out, err, spec.log_file.clone()));
     }
     Ok(child)
 }

@@ -4,7 +4,8 @@
 //! Writing: a container's stdout and stderr are pipes; each is read line by line and appended to the log
 //! file as `<RFC 3339 time> <stdout|stderr> <F|P> <text>`: `F` ends a line, `P` is a piece of a line longer
 //! than [`MAX_LINE`] (or cut off at the end of the stream). Reading: [`render`] turns such a file back into
-//! what `kubectl logs` shows; lines in another format (older files) pass through unchanged.
+//! what `kubectl logs` shows; lines in another format (older files) pass through unchanged. Files are
+//! rotated at [`MAX_FILE`] (one old file kept), and a request reads at most the last [`MAX_READ`] bytes.
 
 use k8s_openapi::jiff::Timestamp;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWriteExt, BufReader};
@@ -14,6 +15,8 @@ use tokio::sync::mpsc;
 pub const MAX_LINE: usize = 16 * 1024;
 /// Most of a log file read to answer one request (its end).
 pub const MAX_READ: u64 = 32 * 1024 * 1024;
+/// Size at which a log file is rotated (one old file is kept as `<name>.1`).
+pub const MAX_FILE: u64 = 64 * 1024 * 1024;
 
 /// Formats one record.
 pub fn record(ts: Timestamp, stream: &str, full: bool, text: &[u8]) -> Vec<u8> {
@@ -69,8 +72,17 @@ async fn pump<R: AsyncRead + Unpin>(src: R, stream: &'static str, tx: mpsc::Send
     }
 }
 
-/// Appends the records of `stdout` and `stderr` to `file` until both streams end.
-pub async fn write<O, E>(stdout: O, stderr: E, mut file: tokio::fs::File)
+/// Appends the records of `stdout` and `stderr` to the file `path` until both streams end. A file that grows
+/// past [`MAX_FILE`] is renamed to `<path>.1` (replacing the previous one) and a new one started.
+pub async fn write<O, E>(stdout: O, stderr: E, path: std::path::PathBuf)
+where
+    O: AsyncRead + Unpin + Send + 'static,
+    E: AsyncRead + Unpin + Send + 'static,
+{
+    write_rotating(stdout, stderr, path, MAX_FILE).await
+}
+
+async fn write_rotating<O, E>(stdout: O, stderr: E, path: std::path::PathBuf, max_file: u64)
 where
     O: AsyncRead + Unpin + Send + 'static,
     E: AsyncRead + Unpin + Send + 'static,
@@ -78,13 +90,48 @@ where
     let (tx, mut rx) = mpsc::channel::<Vec<u8>>(256);
     tokio::spawn(pump(stdout, "stdout", tx.clone()));
     tokio::spawn(pump(stderr, "stderr", tx));
+    let mut file = open(&path).await;
+    let mut size = match &file {
+        Some(f) => f.metadata().await.map(|m| m.len()).unwrap_or(0),
+        None => 0,
+    };
     while let Some(rec) = rx.recv().await {
-        if file.write_all(&rec).await.is_err() {
-            // Keep draining so the container never blocks on a full pipe.
-            continue;
+        if size + rec.len() as u64 > max_file {
+            if let Some(mut f) = file.take() {
+                let _ = f.flush().await;
+            }
+            let mut rotated = path.clone().into_os_string();
+            rotated.push(".1");
+            let _ = tokio::fs::rename(&path, &rotated).await;
+            file = open(&path).await;
+            size = 0;
+        }
+        // On a write error the records are dropped, but the pipes keep being drained so the container never
+        // blocks on a full pipe.
+        if let Some(f) = file.as_mut() {
+            if f.write_all(&rec).await.is_ok() {
+                size += rec.len() as u64;
+            }
         }
     }
-    let _ = file.flush().await;
+    if let Some(mut f) = file {
+        let _ = f.flush().await;
+    }
+}
+
+async fn open(path: &std::path::Path) -> Option<tokio::fs::File> {
+    match tokio::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .await
+    {
+        Ok(f) => Some(f),
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "container log file");
+            None
+        }
+    }
 }
 
 /// What a log request asks for.
@@ -202,11 +249,39 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn rotates_at_the_size_limit_keeping_one_old_file() {
+        let dir = std::env::temp_dir().join(format!("sweety-logs-rot-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("c.log");
+        let lines: String = (0..100).map(|i| format!("line {i:03}\n")).collect();
+        // Each record is about 45 bytes: a 1000-byte limit rotates several times.
+        write_rotating(
+            std::io::Cursor::new(lines.into_bytes()),
+            std::io::Cursor::new(Vec::new()),
+            path.clone(),
+            1000,
+        )
+        .await;
+        let cur = std::fs::read(&path).unwrap();
+        let old = std::fs::read(dir.join("c.log.1")).unwrap();
+        assert!(
+            cur.len() <= 1000 && old.len() <= 1000,
+            "{} {}",
+            cur.len(),
+            old.len()
+        );
+        let rendered = String::from_utf8(render(&cur, &Query::default())).unwrap();
+        assert!(rendered.ends_with("line 099\n"), "{rendered}");
+        let older = String::from_utf8(render(&old, &Query::default())).unwrap();
+        assert!(!older.is_empty() && !older.contains("line 099"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[tokio::test]
     async fn writes_records_of_both_streams_and_splits_long_lines() {
         let dir = std::env::temp_dir().join(format!("sweety-logs-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("c.log");
-        let file = tokio::fs::File::create(&path).await.unwrap();
         let long = vec![b'x'; MAX_LINE + 10];
         let mut out_data = b"hello\n".to_vec();
         out_data.extend_from_slice(&long);
@@ -214,7 +289,7 @@ mod tests {
         write(
             std::io::Cursor::new(out_data),
             std::io::Cursor::new(b"oops\n".to_vec()),
-            file,
+            path.clone(),
         )
         .await;
         let text = std::fs::read(&path).unwrap();
