@@ -31,6 +31,8 @@
 #   SWEETY_PROFILE [debug]               cargo profile of the binaries (debug or release)
 #   CARGO_TARGET_DIR [<repo>/target]     where cargo builds
 #   SWEETY_HELM [built into ~/.cache/sweety/tools like e2e/chart/check.sh]
+#   SWEETY_IMAGE_MAPS []                 the same as SWEETY_IMAGE_MAP (older name; used when SWEETY_IMAGE_MAP is unset)
+#   SWEETY_GATEWAY_API_CHANNEL [standard]  Gateway API CRD channel (experimental for the conformance suite)
 # Extra helm arguments may follow `--`, e.g. e2e/install.sh -- --set controller.logLevel=debug
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -129,7 +131,7 @@ done
 # ------------------------------------------------------------------ 1. control plane + CRDs
 POD_CIDRS=$POD_CIDR CLUSTER_CIDR=$NET.0/16 bash e2e/cluster/up.sh
 export PATH="$K8S_BIN:$PATH"
-bash e2e/cluster/gateway-api.sh crds standard >/dev/null
+bash e2e/cluster/gateway-api.sh crds "${SWEETY_GATEWAY_API_CHANNEL:-standard}" >/dev/null
 log "Gateway API CRDs established"
 
 # ------------------------------------------------------------------ 2. binaries
@@ -157,7 +159,7 @@ if running node-agent; then
 else
   mkdir -p "$AGENT_DIR" "$LOG"
   extra_maps=() maps=()
-  read -r -a maps <<< "${SWEETY_IMAGE_MAP:-}"
+  read -r -a maps <<< "${SWEETY_IMAGE_MAP:-${SWEETY_IMAGE_MAPS:-}}"
   for m in "${maps[@]}"; do
     case $m in *=/*) extra_maps+=(--image-map "$m") ;; *) die "SWEETY_IMAGE_MAP entry '$m': expected KEY=/absolute/path" ;; esac
   done

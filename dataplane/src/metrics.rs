@@ -374,7 +374,6 @@ impl Metrics {
             "Access log lines dropped because the writer fell behind.",
             self.access_log_dropped.load(Relaxed),
         );
-        self.edge.render(o, self.websocket_tunnels.load(Relaxed));
         header(
             o,
             "sweety_health_checks_total",
@@ -397,6 +396,7 @@ impl Metrics {
         for (k, v) in self.edge_events.snapshot() {
             let _ = writeln!(o, "sweety_edge_events_total{{kind=\"{k}\"}} {v}");
         }
+        self.edge.render(o, self.websocket_tunnels.load(Relaxed));
         out
     }
 }

@@ -131,10 +131,10 @@ pub struct Shared {
     pub access_log: AccessLog,
     /// True once a config has been applied.
     pub ready: AtomicBool,
-    /// The response cache (routes with a `cache` filter); bounds follow `config.cache`.
-    pub cache: Arc<crate::cache::Cache>,
     /// Rate-limit buckets, kept across reloads.
     pub rate_zones: crate::access::Zones,
+    /// The response cache (routes with a `cache` filter); bounds follow `config.cache`.
+    pub cache: Arc<crate::cache::Cache>,
     listener_limits: Mutex<HashMap<String, Arc<Limit>>>,
 }
 
@@ -248,11 +248,11 @@ impl Runtime {
             static_files: StaticFiles::new(opts.static_cache_bytes),
             access_log,
             ready: AtomicBool::new(false),
+            rate_zones: crate::access::Zones::default(),
             cache: Arc::new(crate::cache::Cache::new(
                 sweety_config::CacheSettings::default(),
                 metrics.clone(),
             )),
-            rate_zones: crate::access::Zones::default(),
             listener_limits: Mutex::new(HashMap::new()),
             metrics,
         });

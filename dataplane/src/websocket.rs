@@ -1,4 +1,4 @@
-//! WebSocket (and other HTTP/1.1 `Upgrade`) tunnelling for proxy routes.
+//! WebSocket tunnelling for proxy routes.
 //!
 //! * HTTP/1.1: a request with `Connection: upgrade` and an `Upgrade` header is sent to an
 //!   HTTP/1.1 backend on a fresh connection with the same `Upgrade`; on `101 Switching
@@ -42,7 +42,7 @@ pub const HALF_CLOSE_GRACE: Duration = Duration::from_secs(2);
 /// Bytes read at a time in each direction of a tunnel.
 pub const TUNNEL_BUFFER: usize = 16 * 1024;
 
-/// How a request asks to upgrade.
+/// How a request asks for a WebSocket.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum UpgradeRequest {
     /// HTTP/1.1 `Upgrade` with this value.
@@ -73,10 +73,15 @@ pub fn upgrade_request<B>(req: &Request<B>) -> Option<UpgradeRequest> {
     if !wants {
         return None;
     }
-    req.headers()
-        .get(header::UPGRADE)
-        .cloned()
-        .map(UpgradeRequest::Http1)
+    // Only WebSocket is tunnelled; other upgrades (`h2c` from curl --http2…) are dropped as
+    // hop-by-hop and the request is proxied normally.
+    let v = req.headers().get(header::UPGRADE)?;
+    let websocket = v
+        .to_str()
+        .ok()?
+        .split(',')
+        .any(|p| p.trim().eq_ignore_ascii_case("websocket"));
+    websocket.then(|| UpgradeRequest::Http1(v.clone()))
 }
 
 /// A response extension through which the pipeline hands the request's backpressure slot to
@@ -306,6 +311,12 @@ mod tests {
         );
         let r = Request::builder()
             .header("upgrade", "websocket")
+            .body(())
+            .unwrap();
+        assert_eq!(upgrade_request(&r), None);
+        let r = Request::builder()
+            .header("connection", "Upgrade, HTTP2-Settings")
+            .header("upgrade", "h2c")
             .body(())
             .unwrap();
         assert_eq!(upgrade_request(&r), None);

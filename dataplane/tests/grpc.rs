@@ -28,11 +28,17 @@ fn grpc_frame(msg: &[u8]) -> Bytes {
 /// `grpc-status: 0`, `grpc-message: ok`, `x-trailer: yes`; paths under `/slow.` answer after
 /// 1.5 s.
 async fn grpc_backend() -> SocketAddr {
+    grpc_backend_on(None).await
+}
+
+/// The same backend, over TLS (ALPN h2) when `tls` is given.
+async fn grpc_backend_on(tls: Option<std::sync::Arc<rustls::ServerConfig>>) -> SocketAddr {
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
     tokio::spawn(async move {
         loop {
             let Ok((s, _)) = l.accept().await else { return };
+            let tls = tls.clone();
             tokio::spawn(async move {
                 let svc = hyper::service::service_fn(
                     |req: http::Request<hyper::body::Incoming>| async move {
@@ -60,9 +66,18 @@ async fn grpc_backend() -> SocketAddr {
                         )
                     },
                 );
-                let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-                    .serve_connection(TokioIo::new(s), svc)
-                    .await;
+                let builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+                match tls {
+                    None => {
+                        let _ = builder.serve_connection(TokioIo::new(s), svc).await;
+                    }
+                    Some(cfg) => {
+                        let Ok(s) = tokio_rustls::TlsAcceptor::from(cfg).accept(s).await else {
+                            return;
+                        };
+                        let _ = builder.serve_connection(TokioIo::new(s), svc).await;
+                    }
+                }
             });
         }
     });
@@ -265,4 +280,48 @@ async fn grpc_web_binary_and_text_are_translated() {
     assert_eq!(resp.status(), 200);
     assert_eq!(resp.headers()["grpc-status"], "12");
     assert_eq!(resp.headers()["content-type"], "application/grpc-web+proto");
+}
+
+/// A self-signed certificate for `name` (ALPN h2 only) and its PEM.
+fn tls_server(name: &str) -> (std::sync::Arc<rustls::ServerConfig>, String) {
+    let ck = rcgen::generate_simple_self_signed(vec![name.to_string()]).unwrap();
+    let key = rustls::pki_types::PrivateKeyDer::Pkcs8(ck.signing_key.serialize_der().into());
+    let mut cfg = rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(vec![ck.cert.der().clone()], key)
+    .unwrap();
+    cfg.alpn_protocols = vec![b"h2".to_vec()];
+    (std::sync::Arc::new(cfg), ck.cert.pem())
+}
+
+#[tokio::test]
+async fn trailers_pass_through_tls_h2_backend() {
+    let (tls, ca) = tls_server("grpc.internal");
+    let up = grpc_backend_on(Some(tls)).await;
+    let b = Backend {
+        protocol: BackendProtocol::H2,
+        tls: Some(BackendTls {
+            ca: Some(PemSource::Pem(ca)),
+            sni: Some("grpc.internal".into()),
+            ..BackendTls::default()
+        }),
+        ..backend("gs", up)
+    };
+    let cfg = Config {
+        backends: vec![b],
+        ..http_config(vec![vhost("g", &[], vec![proxy_route("echo", "/", "gs")])])
+    };
+    let h = Harness::start(cfg).await;
+    let addr = h.addr("web").await;
+    let msg = grpc_frame(b"over tls");
+    let r = h2c_call(addr, "g.test", "/echo.Echo/Say", msg.clone()).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body, msg);
+    let t = r.trailers.expect("trailers relayed from the h2 backend");
+    assert_eq!(t["grpc-status"], "0");
+    assert_eq!(t["x-trailer"], "yes");
 }

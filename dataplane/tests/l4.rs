@@ -370,3 +370,37 @@ async fn udp_sessions_expire_when_idle_and_are_bounded() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn idle_tcp_proxy_connections_are_closed() {
+    bounded(async {
+        let a = tcp_echo("A", false).await;
+        let mut cfg = Config {
+            generation: 1,
+            listeners: vec![l4_listener(
+                "tcp",
+                ListenerProtocol::Tcp,
+                vec![route("r", &[], vec![wb("a", 1)])],
+            )],
+            backends: vec![backend("a", a)],
+            ..Config::default()
+        };
+        cfg.l4.tcp_idle_timeout = sweety_config::Duration::from_millis(300);
+        let h = Harness::start(cfg).await;
+        let mut s = TcpStream::connect(h.addr("tcp").await).await.unwrap();
+        // Activity keeps it open past the idle timeout…
+        for i in 0..4 {
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            assert_eq!(roundtrip(&mut s, &i.to_string()).await, format!("A:{i}"));
+        }
+        // …silence closes it.
+        let started = std::time::Instant::now();
+        let mut buf = [0u8; 16];
+        let n = tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf))
+            .await
+            .expect("closed by the idle timeout");
+        assert!(matches!(n, Ok(0) | Err(_)));
+        assert!(started.elapsed() >= Duration::from_millis(200));
+    })
+    .await;
+}

@@ -204,6 +204,21 @@ def parse_oha(out):
     return r
 
 
+def parse_wsbench(out):
+    """dataplane/examples/ws_bench.rs client: one JSON line (messages/s as rps)."""
+    r = {"rps": None, "done": 0, "failed": 0, "bad_status": 0, "p99_ms": None}
+    for line in out.splitlines():
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            j = json.loads(line)
+        except ValueError:
+            continue
+        r.update({k: j.get(k, r[k]) for k in ("rps", "done", "failed", "p99_ms")})
+    return r
+
+
 def cmd_oha_probe(_a):
     try:
         j = json.loads(sys.stdin.read())
@@ -258,6 +273,8 @@ def cmd_measure(a):
         r = parse_h2load(out, a.log)
     elif a.tool == "oha":
         r = parse_oha(out)
+    elif a.tool == "wsbench":
+        r = parse_wsbench(out)
     else:
         r = parse_wrk(out)
     if a.log and os.path.exists(a.log):
@@ -522,7 +539,7 @@ def main():
     s.add_argument("--cell", required=True)
     s.add_argument("--server", required=True)
     s.add_argument("--run", type=int, default=1)
-    s.add_argument("--tool", choices=["h2load", "wrk", "oha"], required=True)
+    s.add_argument("--tool", choices=["h2load", "wrk", "oha", "wsbench"], required=True)
     s.add_argument("--server-pid", type=int, required=True)
     s.add_argument("--idle-rss", type=int, default=0)
     s.add_argument("--probe", default="")

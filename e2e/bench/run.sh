@@ -11,10 +11,11 @@
 #   CELLS=         space/comma separated glob filter over the cell names (default: all):
 #                  h1-1k h1-10k h1-100k h1-1m h2-1k h2-10k h2-100k h2-1m proxy-h1
 #                  h3-1k h3-10k h3-100k h3-1m (Sweety only: this nginx has no HTTP/3)
+#                  cache-h2 gzip-h2 ws-h1 (edge features, see below)
 #   SERVERS="sweety nginx"   which servers to run
 #   SERVER_CPU=0 CLIENT_CPU=1 BACKEND_CPU=$CLIENT_CPU   taskset CPU of each role
 #   PORT_BASE=18440  ports used on 127.0.0.1: TLS = base, plain HTTP = base+1,
-#                    backend = base+2, Sweety admin = base+3
+#                    backend = base+2, Sweety admin = base+3, WebSocket echo backend = base+4
 #   SWEETY_BIN=    use this binary instead of building (else: cargo build --release into
 #                  $CARGO_TARGET_DIR, default ~/.cache/sweety/target)
 #   KEEP_WORK=1    keep the temporary work dir (configs, logs, client outputs)
@@ -44,6 +45,16 @@
 # (-c 100 -p 10, 1 MB: -c 10 -p 10, like h2load -m 10; JSON output), Sweety only; the report then also compares Sweety's H3
 # with its H2 per file size.
 #
+# Edge cells (both servers, same backend): cache-h2 is HTTP/2 (h2load -m 10) over TLS to
+# /cached, answered from the proxy cache (Sweety: `cache` filter with ttl 10m; nginx:
+# proxy_cache with proxy_cache_valid 200 10m) after the warm-up, 12-byte body. gzip-h2 is
+# HTTP/2 GETs of a 100 KB compressible text file (log-like lines) with accept-encoding: gzip,
+# compressed on the fly (Sweety: `compress` filter, gzip only, level 5; nginx: gzip on,
+# gzip_comp_level 5). ws-h1 is WebSocket echo through each proxy (HTTP/1.1 Upgrade on the
+# plain port) to an echo backend on BACKEND_CPU: 50 connections each sending a 64-byte
+# message and waiting for its echo (dataplane/examples/ws_bench.rs; messages/s in the rps
+# column). WS_BENCH= uses a prebuilt ws_bench binary.
+#
 # Everything listens on 127.0.0.1 only; every process started here is killed on exit.
 set -euo pipefail
 
@@ -57,7 +68,7 @@ BACKEND_CPU=${BACKEND_CPU:-$CLIENT_CPU}
 PORT_BASE=${PORT_BASE:-18440}
 OUT=""
 
-ALL_CELLS="h1-1k h1-10k h1-100k h1-1m h2-1k h2-10k h2-100k h2-1m proxy-h1 h3-1k h3-10k h3-100k h3-1m"
+ALL_CELLS="h1-1k h1-10k h1-100k h1-1m h2-1k h2-10k h2-100k h2-1m proxy-h1 h3-1k h3-10k h3-100k h3-1m cache-h2 gzip-h2 ws-h1"
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 
@@ -79,6 +90,7 @@ TLS_PORT=$PORT_BASE
 PLAIN_PORT=$((PORT_BASE + 1))
 BACKEND_PORT=$((PORT_BASE + 2))
 ADMIN_PORT=$((PORT_BASE + 3))
+WS_PORT=$((PORT_BASE + 4))
 
 log() { printf '==> %s\n' "$*" >&2; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
@@ -119,6 +131,13 @@ if [[ -z ${SWEETY_BIN:-} ]]; then
     BUILT=1
 fi
 [[ -x $SWEETY_BIN ]] || die "no sweety-dataplane binary at $SWEETY_BIN"
+WS_BENCH=${WS_BENCH:-}
+if [[ -z $WS_BENCH ]] && { [[ -z $CELLS ]] || [[ $CELLS == *ws* ]]; }; then
+    export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/sweety/target}
+    log "building the WebSocket bench tool (release example ws_bench)"
+    (cd "$REPO" && cargo build --release -q -p sweety-dataplane --example ws_bench)
+    WS_BENCH=$CARGO_TARGET_DIR/release/examples/ws_bench
+fi
 
 # ----------------------------------------------------------------------------- process bookkeeping
 
@@ -175,6 +194,13 @@ openssl req -x509 -new -key "$WORK/key.pem" -out "$WORK/cert.pem" -days 30 \
 for f in 1k:1 10k:10 100k:100 1m:1024; do
     dd if=/dev/urandom of="$WORK/www/${f%%:*}.bin" bs=1024 count="${f#*:}" status=none
 done
+# gzip-h2: 100 KB of log-like text (compresses about 4-6x), the same file for both servers.
+mkdir -p "$WORK/www/gz"
+awk 'BEGIN { srand(7); for (i = 0; i < 2000; i++)
+    printf "2026-11-22T12:%02d:%02d.%03dZ INFO request id=%08x method=GET path=/api/v1/items/%d status=200 bytes=%d ms=%.3f\n",
+        int(i / 60) % 60, i % 60, int(rand() * 1000), int(rand() * 4294967295), int(rand() * 100000), int(rand() * 50000), rand() * 40 }' \
+    >"$WORK/gz-lines.txt"
+head -c 102400 "$WORK/gz-lines.txt" >"$WORK/www/gz/100k.txt"
 chmod -R a+rX "$WORK/www"
 
 # The backend: a separate single-worker nginx so its CPU is billed to neither server.
@@ -207,6 +233,27 @@ proxy_location="location /proxy {
             proxy_pass http://hello;
             proxy_http_version 1.1;
             proxy_set_header Connection \"\";
+        }
+        location /cached {
+            proxy_pass http://hello;
+            proxy_http_version 1.1;
+            proxy_set_header Connection \"\";
+            proxy_cache bench;
+            proxy_cache_valid 200 10m;
+        }
+        location /gz/ {
+            default_type text/plain;
+            gzip on;
+            gzip_comp_level 5;
+            gzip_types text/plain;
+            gzip_min_length 256;
+        }
+        location /ws {
+            proxy_pass http://wsecho;
+            proxy_http_version 1.1;
+            proxy_set_header Upgrade \$http_upgrade;
+            proxy_set_header Connection upgrade;
+            proxy_read_timeout 300s;
         }"
 cat >"$WORK/nginx.conf" <<EOF
 worker_processes 1;
@@ -236,6 +283,10 @@ http {
         keepalive 128;
         keepalive_requests 1000000000;
     }
+    upstream wsecho {
+        server 127.0.0.1:$WS_PORT;
+    }
+    proxy_cache_path $WORK/nginx/cache keys_zone=bench:10m max_size=256m;
     server {
         listen 127.0.0.1:$TLS_PORT ssl http2;
         ssl_certificate $WORK/cert.pem;
@@ -277,6 +328,17 @@ virtual_hosts:
       - name: proxy
         matches: [{path: {prefix: /proxy}}]
         action: {proxy: {backends: [{backend: hello}]}}
+      - name: cached
+        matches: [{path: {prefix: /cached}}]
+        filters: [{cache: {ttl: 10m}}]
+        action: {proxy: {backends: [{backend: hello}]}}
+      - name: gzip
+        matches: [{path: {prefix: /gz/}}]
+        filters: [{compress: {algorithms: [gzip]}}]
+        action: {static: {root: $WORK/www, precompressed: false}}
+      - name: ws
+        matches: [{path: {prefix: /ws}}]
+        action: {proxy: {backends: [{backend: wsecho}]}}
       - name: files
         action: {static: {root: $WORK/www, precompressed: false}}
 backends:
@@ -284,6 +346,9 @@ backends:
     protocol: http1
     endpoints: [{address: "127.0.0.1:$BACKEND_PORT"}]
     max_idle_per_endpoint: 128
+  - name: wsecho
+    protocol: http1
+    endpoints: [{address: "127.0.0.1:$WS_PORT"}]
 EOF
 sed 's/^    http3: false$/    http3: true/' "$WORK/sweety.yaml" >"$WORK/sweety-h3.yaml"
 [[ -n ${SWEETY_HTTP3:-} ]] && printf 'http3: {%s}\n' "$SWEETY_HTTP3" >>"$WORK/sweety-h3.yaml"
@@ -295,7 +360,7 @@ sed 's/^    http3: false$/    http3: true/' "$WORK/sweety.yaml" >"$WORK/sweety-h
 
 # ----------------------------------------------------------------------------- servers
 
-for port in "$TLS_PORT" "$PLAIN_PORT" "$BACKEND_PORT" "$ADMIN_PORT"; do
+for port in "$TLS_PORT" "$PLAIN_PORT" "$BACKEND_PORT" "$ADMIN_PORT" "$WS_PORT"; do
     "${HELPER[@]}" port-state "$port" free 0 || die "127.0.0.1:$port is already in use (set PORT_BASE)"
 done
 
@@ -305,6 +370,11 @@ STARTED+=($!)
 "${HELPER[@]}" port-state "$BACKEND_PORT" open 10 || die "backend did not start: $(tail -5 "$WORK/backend/error.log")"
 body=$(curl -s --max-time 5 "http://127.0.0.1:$BACKEND_PORT/")
 [[ $body == "hello world" ]] || die "backend answers '$body'"
+if [[ -n $WS_BENCH ]]; then
+    taskset -c "$BACKEND_CPU" "$WS_BENCH" server "127.0.0.1:$WS_PORT" &
+    STARTED+=($!)
+    "${HELPER[@]}" port-state "$WS_PORT" open 10 || die "WebSocket echo backend did not start"
+fi
 
 SERVER_PID=""
 start_server() { # start_server NAME [CONFIG]: sets SERVER_PID; returns 1 if it does not come up
@@ -371,6 +441,23 @@ run_cell() { # run_cell CELL SERVER RUN
         expect="200 $(stat -c %s "$WORK/www/$size.bin")B"
         cmd=("$OHA" --http-version 3 --insecure --no-tui --output-format json
             -c "$conns" -p 10 -z "${DUR}s" "$url")
+    elif [[ $cell == cache-h2 || $cell == gzip-h2 ]]; then
+        tool=h2load
+        if [[ $cell == cache-h2 ]]; then
+            url=https://127.0.0.1:$TLS_PORT/cached
+            expect="200 12B"
+        else
+            url=https://127.0.0.1:$TLS_PORT/gz/100k.txt
+            expect="200 $(stat -c %s "$WORK/www/gz/100k.txt")B" # the probe asks for no coding
+        fi
+        [[ $cell == gzip-h2 ]] && conns=10 # like the 1 MB cells: fewer large responses in flight
+        cmd=(h2load -c "$conns" -m 10 -t 1 -D "$DUR" -H "accept-encoding: gzip" --log-file "$tag.log" "$url")
+    elif [[ $cell == ws-h1 ]]; then
+        [[ -n $WS_BENCH ]] || return 0
+        url=ws://127.0.0.1:$PLAIN_PORT/ws
+        tool=wsbench
+        expect="101 64B"
+        cmd=("$WS_BENCH" client "$url" 50 "$DUR" 64)
     elif [[ $cell == proxy-h1 ]]; then
         url=http://127.0.0.1:$PLAIN_PORT/proxy
         tool=wrk
@@ -398,12 +485,14 @@ run_cell() { # run_cell CELL SERVER RUN
         # short warm-up, as for the other cells
         taskset -c "$CLIENT_CPU" timeout 10 "$OHA" --http-version 3 --insecure --no-tui \
             -n 200 -c 10 "$url" >/dev/null 2>&1 || true
+    elif [[ $tool == wsbench ]]; then
+        probe=$(timeout 10 "$WS_BENCH" probe "$url" || true)
     else
         probe=$(curl -sk --max-time 5 -o /dev/null -w '%{http_code} %{size_download}B' \
-            $([[ $proto == h2 ]] && echo --http2 || echo --http1.1) "$url" || true)
+            $([[ $proto == h2 || $cell == cache-h2 || $cell == gzip-h2 ]] && echo --http2 || echo --http1.1) "$url" || true)
         # short warm-up so both servers start the measured window with warm caches and pools
         taskset -c "$CLIENT_CPU" timeout 10 h2load -n 200 -c 10 -t 1 \
-            $([[ $proto == h2 ]] || echo --h1) "$url" >/dev/null 2>&1 || true
+            $([[ $proto == h2 || $cell == cache-h2 || $cell == gzip-h2 ]] || echo --h1) "$url" >/dev/null 2>&1 || true
     fi
     "${HELPER[@]}" measure --results "$RESULTS" --cell "$cell" \
         --server "$server" --run "$run" --tool "$tool" --server-pid "$SERVER_PID" \

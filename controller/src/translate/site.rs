@@ -21,9 +21,12 @@
 //!   the split (`ResolvedRefs=False`, `BackendNotFound`); with none left the route answers 503.
 //! - **Redirect**: a full `url`, or scheme/host/path replacing the request's.
 //! - **responseHeaders** → a response-header filter on every route; `cache.ttlSeconds` sets
-//!   `Cache-Control: public, max-age=<ttl>` on static routes. `compression`, `rateLimit`, and
-//!   `cache` on proxy routes have no dataplane knob yet: they are accepted and the `Accepted`
-//!   message says they are not enforced.
+//!   `Cache-Control: public, max-age=<ttl>` on static routes and a `cache` filter (ttl) on proxy
+//!   routes; `compression.enabled` → a `compress` filter on every route (`minimumSize` →
+//!   `min_size`).
+//! - **rateLimit** → a per-client-IP `rate_limit` filter on every route of the site, all in one
+//!   zone (`site/<ns>/<name>`), so the limit is per client across the whole site:
+//!   `requestsPerSecond` per second with `burst` extra.
 //! - **Status**: `Accepted`, `ResolvedRefs` (`BackendNotFound`, `SecretNotFound`,
 //!   `ConfigMapNotFound`), `Programmed=True` (the status writer holds it back until the
 //!   dataplane acknowledges the config), and `addresses` from the ingress Service's load
@@ -42,7 +45,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use sweety_config::{
     Action, Filter, FixedResponse, HeaderModifier, HeaderValue, PathMatch, PathRewrite,
-    ProxyAction, Redirect, Route, RouteMatch, StaticSite, VirtualHost, WeightedBackend,
+    ProxyAction, RateLimit, RateLimitKey, Redirect, Route, RouteMatch, StaticSite, VirtualHost,
+    WeightedBackend,
 };
 use sweety_crds::site::{PathType, Preset, SiteRoute, StaticAction};
 use sweety_crds::SweetySite;
@@ -225,13 +229,6 @@ pub fn translate(b: &mut Builder<'_>) {
                 };
                 (action, Vec::new())
             } else if let Some(p) = &r.proxy {
-                if cache.is_some() && !notes.iter().any(|n| n.starts_with("cache")) {
-                    notes.push(
-                        "cache is applied to static routes only (no response cache for proxied \
-                         routes yet)"
-                            .into(),
-                    );
-                }
                 let mut backends = Vec::new();
                 for be in &p.backends {
                     match b.backends.service(
@@ -254,7 +251,20 @@ pub fn translate(b: &mut Builder<'_>) {
                 } else {
                     unavailable("no proxy backend resolves")
                 };
-                (action, Vec::new())
+                // cache.ttlSeconds: the dataplane's response cache for proxied routes.
+                let filters = site
+                    .spec
+                    .cache
+                    .as_ref()
+                    .filter(|c| c.ttl_seconds > 0)
+                    .map(|c| {
+                        vec![Filter::Cache(sweety_config::CachePolicy {
+                            ttl: Some(sweety_config::Duration::from_secs(c.ttl_seconds as u64)),
+                            ..Default::default()
+                        })]
+                    })
+                    .unwrap_or_default();
+                (action, filters)
             } else if let Some(rd) = &r.redirect {
                 let status = rd.status_code.unwrap_or(302).clamp(0, 999) as u16;
                 let redirect = match &rd.url {
@@ -294,8 +304,31 @@ pub fn translate(b: &mut Builder<'_>) {
                 retry: None,
             };
             for r in extra.iter_mut().chain(std::iter::once(&mut route)) {
+                if let Some(rl) = &site.spec.rate_limit {
+                    r.filters.insert(
+                        0,
+                        Filter::RateLimit(RateLimit {
+                            key: RateLimitKey::ClientIp,
+                            requests: rl.requests_per_second.max(1) as u32,
+                            period: sweety_config::Duration::from_secs(1),
+                            burst: rl.burst.unwrap_or(0).max(0) as u32,
+                            max_keys: 65_536,
+                            zone: Some(format!("site/{ns}/{name}")),
+                        }),
+                    );
+                }
                 if let Some(e) = &edits {
                     r.filters.push(Filter::ResponseHeaders(e.clone()));
+                }
+                if let Some(c) = site.spec.compression.as_ref().filter(|c| c.enabled) {
+                    r.filters.push(Filter::Compress(sweety_config::Compression {
+                        min_size: c
+                            .minimum_size
+                            .map_or(sweety_config::Compression::default().min_size, |n| {
+                                n.max(0) as u64
+                            }),
+                        ..Default::default()
+                    }));
                 }
             }
             let mut invalid = |m: String| notes.push(m);
@@ -304,19 +337,6 @@ pub fn translate(b: &mut Builder<'_>) {
                     .chain(extra)
                     .filter_map(|r| checked_route(r, &mut invalid)),
             );
-        }
-        let mut not_enforced = Vec::new();
-        if site.spec.compression.as_ref().is_some_and(|c| c.enabled) {
-            not_enforced.push("compression");
-        }
-        if site.spec.rate_limit.is_some() {
-            not_enforced.push("rateLimit");
-        }
-        if !not_enforced.is_empty() {
-            notes.push(format!(
-                "{} accepted but not yet enforced by the dataplane",
-                not_enforced.join(" and ")
-            ));
         }
         let mut listeners = vec![HTTP_LISTENER.to_string()];
         if tls_ok {

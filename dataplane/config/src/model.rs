@@ -3,7 +3,7 @@
 //! Field names are `snake_case` in YAML/JSON. Every struct rejects unknown fields so a typo is
 //! an error rather than a silently ignored setting. Defaults are chosen for a production edge.
 
-use crate::edge::{
+use crate::edgenet::{
     ClientIp, HashPolicy, HealthCheck, IpAccess, L4Settings, RateLimit, SessionPersistence,
 };
 use crate::Duration;
@@ -57,15 +57,15 @@ pub struct Config {
     /// Access log settings.
     #[serde(default)]
     pub access_log: AccessLog,
-    /// Bounds of the in-memory response cache (used by routes with a `cache` filter).
-    #[serde(default, skip_serializing_if = "crate::CacheSettings::is_default")]
-    pub cache: crate::CacheSettings,
     /// Where the real client address comes from (trusted proxies, PROXY protocol).
     #[serde(default, skip_serializing_if = "ClientIp::is_default")]
     pub client_ip: ClientIp,
     /// Settings of the layer-4 (`tcp`, `udp`, `tls_passthrough`) listeners.
     #[serde(default, skip_serializing_if = "L4Settings::is_default")]
     pub l4: L4Settings,
+    /// Bounds of the in-memory response cache (used by routes with a `cache` filter).
+    #[serde(default, skip_serializing_if = "crate::CacheSettings::is_default")]
+    pub cache: crate::CacheSettings,
 }
 
 fn schema_version() -> u32 {
@@ -84,9 +84,9 @@ impl Default for Config {
             http3: Http3::default(),
             admin: None,
             access_log: AccessLog::default(),
-            cache: crate::CacheSettings::default(),
             client_ip: ClientIp::default(),
             l4: L4Settings::default(),
+            cache: crate::CacheSettings::default(),
         }
     }
 }
@@ -352,16 +352,16 @@ pub enum Filter {
     Mirror(Mirror),
     /// Answer CORS preflights and decorate responses.
     Cors(Cors),
+    /// Token-bucket rate limit (429 past it). Checked before the other request filters.
+    RateLimit(RateLimit),
+    /// IP allow and deny lists (403). Checked before the other request filters.
+    IpAccess(IpAccess),
     /// Compress responses (gzip, br, zstd) by the client's Accept-Encoding.
     Compress(crate::Compression),
     /// Cache responses in memory.
     Cache(crate::CachePolicy),
     /// gRPC options (gRPC-Web translation).
     Grpc(crate::GrpcOptions),
-    /// Token-bucket rate limit (429 past it). Checked before the other request filters.
-    RateLimit(RateLimit),
-    /// IP allow and deny lists (403). Checked before the other request filters.
-    IpAccess(IpAccess),
 }
 
 /// Header edits: set (replace), add (append), remove.

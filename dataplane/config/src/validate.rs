@@ -177,6 +177,9 @@ impl<'a> Validator<'a> {
         if log.buffer_lines == 0 {
             self.err("access_log.buffer_lines", "must be greater than 0");
         }
+        let found = crate::edgenet::check_client_ip(&cfg.client_ip, &cfg.listeners);
+        self.problems("client_ip", found);
+        self.problems("l4", crate::edgenet::check_l4(&cfg.l4));
         if cfg.cache.max_bytes == 0 {
             self.err("cache.max_bytes", "must be greater than 0");
         }
@@ -186,9 +189,6 @@ impl<'a> Validator<'a> {
                 "must be greater than 0 and at most cache.max_bytes",
             );
         }
-        let found = crate::edge::check_client_ip(&cfg.client_ip, &cfg.listeners);
-        self.problems("client_ip", found);
-        self.problems("l4", crate::edge::check_l4(&cfg.l4));
     }
 
     /// Checks a name is non-empty and unique within `seen` (name → path of first use).
@@ -575,17 +575,17 @@ impl<'a> Validator<'a> {
                 }
             }
             Filter::Cors(c) => self.cors(&format!("{path}.cors"), c),
-            Filter::Compress(c) => self.compress(&format!("{path}.compress"), c),
-            Filter::Cache(c) => self.cache_policy(&format!("{path}.cache"), c),
-            Filter::Grpc(_) => {}
             Filter::RateLimit(r) => self.problems(
                 &format!("{path}.rate_limit"),
-                crate::edge::check_rate_limit(r),
+                crate::edgenet::check_rate_limit(r),
             ),
             Filter::IpAccess(a) => self.problems(
                 &format!("{path}.ip_access"),
-                crate::edge::check_ip_access(a),
+                crate::edgenet::check_ip_access(a),
             ),
+            Filter::Compress(c) => self.compress(&format!("{path}.compress"), c),
+            Filter::Cache(c) => self.cache_policy(&format!("{path}.cache"), c),
+            Filter::Grpc(_) => {}
         }
     }
 
@@ -625,7 +625,7 @@ impl<'a> Validator<'a> {
     }
 
     /// Reports problems found by the edge-feature checks under `path`.
-    fn problems(&mut self, path: &str, found: crate::edge::Problems) {
+    fn problems(&mut self, path: &str, found: crate::edgenet::Problems) {
         for (field, msg) in found {
             if field.is_empty() {
                 self.err(path, msg);
@@ -742,12 +742,8 @@ impl<'a> Validator<'a> {
                 }
             }
         }
-        if c.allow_credentials && c.allow_origins.iter().any(|o| o == "*") {
-            self.err(
-                format!("{path}.allow_credentials"),
-                "cannot be combined with the \"*\" origin (browsers reject it); list the origins",
-            );
-        }
+        // `*` with credentials is allowed: the dataplane then echoes the request's origin
+        // instead of `*` (browsers reject `*` with credentials), as Gateway API's CORS asks.
     }
 
     // ---------------------------------------------------------------- actions
@@ -912,7 +908,7 @@ impl<'a> Validator<'a> {
             let msg = format!("must be at most 100, got {}", o.max_ejection_percent);
             self.err(format!("{path}.outlier.max_ejection_percent"), msg);
         }
-        self.problems(path, crate::edge::check_backend_edge(b));
+        self.problems(path, crate::edgenet::check_backend_edge(b));
     }
 
     // ---------------------------------------------------------------- limits
@@ -2132,11 +2128,7 @@ access_log: {enabled: true, path: /var/log/sweety/access.log, buffer_lines: 1024
         for origin in ["https://example.com:8443", "http://[::1]:3000", "app://*"] {
             expect_ok(|c| cors(c).allow_origins[1] = origin.into());
         }
-        expect_one(
-            |c| cors(c).allow_origins[1] = "*".into(),
-            &format!("{p}.allow_credentials"),
-            "cannot be combined with the \"*\" origin",
-        );
+        expect_ok(|c| cors(c).allow_origins[1] = "*".into());
         expect_ok(|c| {
             cors(c).allow_origins[1] = "*".into();
             cors(c).allow_credentials = false;

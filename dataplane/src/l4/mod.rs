@@ -233,39 +233,62 @@ pub async fn serve_tcp(
     pipe(stream, upstream, settings.tcp_idle_timeout.get()).await;
 }
 
-/// Copies both ways until both directions are closed, or nothing moved for `idle`. A side
-/// that closes has its write half shut down on the other side (half-close is kept).
+/// Copies both ways, concurrently, until both directions are closed or nothing moved for
+/// `idle`. A side that closes has its write half shut down on the other side (half-close is
+/// kept); an error in one direction ends that direction.
 pub async fn pipe(mut a: TcpStream, mut b: TcpStream, idle: Duration) {
+    let epoch = std::time::Instant::now();
+    let last = std::sync::atomic::AtomicU64::new(0);
+    let touch = || {
+        last.store(
+            epoch.elapsed().as_millis() as u64,
+            std::sync::atomic::Ordering::Relaxed,
+        )
+    };
     let (mut ar, mut aw) = a.split();
     let (mut br, mut bw) = b.split();
-    let mut abuf = vec![0u8; COPY_BUF];
-    let mut bbuf = vec![0u8; COPY_BUF];
-    let (mut a_open, mut b_open) = (true, true);
-    while a_open || b_open {
-        tokio::select! {
-            r = ar.read(&mut abuf), if a_open => match r {
-                Ok(0) | Err(_) => {
-                    a_open = false;
-                    let _ = bw.shutdown().await;
+    let both = async {
+        tokio::join!(
+            one_way(&mut ar, &mut bw, &touch),
+            one_way(&mut br, &mut aw, &touch)
+        )
+    };
+    let watchdog = async {
+        loop {
+            let quiet = epoch.elapsed().saturating_sub(Duration::from_millis(
+                last.load(std::sync::atomic::Ordering::Relaxed),
+            ));
+            if quiet >= idle {
+                return;
+            }
+            tokio::time::sleep(idle - quiet).await;
+        }
+    };
+    tokio::select! {
+        _ = both => {}
+        _ = watchdog => {}
+    }
+}
+
+async fn one_way<R, W>(r: &mut R, w: &mut W, touch: &impl Fn())
+where
+    R: tokio::io::AsyncRead + Unpin,
+    W: tokio::io::AsyncWrite + Unpin,
+{
+    let mut buf = vec![0u8; COPY_BUF];
+    loop {
+        match r.read(&mut buf).await {
+            Ok(0) | Err(_) => {
+                let _ = w.shutdown().await;
+                return;
+            }
+            Ok(n) => {
+                touch();
+                if w.write_all(&buf[..n]).await.is_err() {
+                    return;
                 }
-                Ok(n) => {
-                    if bw.write_all(&abuf[..n]).await.is_err() {
-                        return;
-                    }
-                }
-            },
-            r = br.read(&mut bbuf), if b_open => match r {
-                Ok(0) | Err(_) => {
-                    b_open = false;
-                    let _ = aw.shutdown().await;
-                }
-                Ok(n) => {
-                    if aw.write_all(&bbuf[..n]).await.is_err() {
-                        return;
-                    }
-                }
-            },
-            _ = tokio::time::sleep(idle) => return,
+                touch();
+            }
         }
     }
 }

@@ -46,6 +46,7 @@ pub async fn run_udp(
                 Err(e) => {
                     // ICMP errors surface here on some systems; keep serving.
                     tracing::debug!(error = %e, "UDP receive failed");
+                    tokio::time::sleep(Duration::from_millis(5)).await;
                     continue;
                 }
             },

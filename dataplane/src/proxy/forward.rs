@@ -2,8 +2,8 @@
 //!
 //! * Hop-by-hop headers are removed both ways: `Connection` and every header it names,
 //!   `Keep-Alive`, `Proxy-Connection`, `TE` (except the value `trailers`), `Trailer`,
-//!   `Transfer-Encoding` and `Upgrade`. Protocol upgrades (WebSocket) are therefore not
-//!   tunnelled by this module.
+//!   `Transfer-Encoding` and `Upgrade`. Protocol upgrades are therefore not tunnelled by this
+//!   module: the pipeline hands WebSocket upgrades to `crate::websocket` instead.
 //! * The client IP is appended to `X-Forwarded-For`; `X-Forwarded-Proto` and
 //!   `X-Forwarded-Host` are set; a `Forwarded: for=…;proto=…;host=…` element is appended
 //!   (RFC 7239, IPv6 quoted and bracketed).
