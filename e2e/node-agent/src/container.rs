@@ -24,15 +24,44 @@ use crate::{Error, Result};
 
 /// The `exec-container` helper: bind-mounts each (src, dst), changes directory and execs the program.
 /// Only returns on failure.
+///
+/// Every source is opened before the first mount and mounted through `/proc/<pid>/fd/<n>`, so a mount over a
+/// directory that contains later sources (e.g. an emptyDir at `/tmp` or `/root` while the agent's volume
+/// directories live below it) cannot hide them. A destination missing in the container's view (inside an
+/// earlier mount) is created there.
 pub fn exec_container(
     binds: &[(String, String)],
     workdir: Option<&str>,
     program: &str,
     args: &[String],
 ) -> Error {
-    for (src, dst) in binds {
+    use std::os::fd::AsRawFd;
+    let mut held = Vec::with_capacity(binds.len());
+    for (src, _) in binds {
+        match std::fs::File::open(src) {
+            Ok(f) => held.push(f),
+            Err(e) => return Error::io(format!("opening volume source {src}"))(e),
+        }
+    }
+    let pid = std::process::id();
+    for ((src, dst), f) in binds.iter().zip(&held) {
+        let dst_path = std::path::Path::new(dst);
+        if !dst_path.exists() {
+            let made = if f.metadata().map(|m| m.is_dir()).unwrap_or(false) {
+                std::fs::create_dir_all(dst_path)
+            } else {
+                dst_path
+                    .parent()
+                    .map_or(Ok(()), std::fs::create_dir_all)
+                    .and_then(|_| std::fs::write(dst_path, b""))
+            };
+            if let Err(e) = made {
+                return Error::io(format!("creating mount point {dst}"))(e);
+            }
+        }
+        let via = format!("/proc/{pid}/fd/{}", f.as_raw_fd());
         let status = std::process::Command::new("mount")
-            .args(["--bind", src, dst])
+            .args(["--bind", &via, dst])
             .status();
         match status {
             Ok(s) if s.success() => {}
@@ -45,6 +74,7 @@ pub fn exec_container(
             Err(e) => return Error::io("running mount")(e),
         }
     }
+    drop(held);
     let mut cmd = std::process::Command::new(program);
     cmd.args(args);
     if let Some(dir) = workdir {

@@ -6,7 +6,8 @@
 //! `--image-map`) serving a ConfigMap volume with a readinessProbe, and checks: both Pods Ready with
 //! IPs from its `--pod-cidr`, the Service's EndpointSlice lists them, each Pod IP serves the ConfigMap file over HTTP
 //! from the host (so the volume is visible to the process), a deleted Pod is replaced, a Pod reaches the
-//! apiserver, a failing livenessProbe kills and restarts a container, and the network namespaces are cleaned
+//! apiserver, volumes mount below an emptyDir that covers the agent's own directory, a failing livenessProbe
+//! kills and restarts a container, and the network namespaces are cleaned
 //! up.
 
 use std::collections::BTreeSet;
@@ -418,9 +419,14 @@ async fn runs_deployment_pods_as_processes() {
                     {"name": "MY_NS", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
                     {"name": "SECRET_VAL", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "env"}}}
                 ],
-                "volumeMounts": [{"name": "creds", "mountPath": SECRET_MOUNT}]
+                // An emptyDir over /tmp first: the agent's volume directories (its --root-dir) are below
+                // /tmp here, and the later mounts must still find their sources.
+                "volumeMounts": [
+                    {"name": "tmp", "mountPath": "/tmp"},
+                    {"name": "creds", "mountPath": SECRET_MOUNT}
+                ]
             }],
-            "volumes": [{"name": "creds", "secret": {"secretName": "creds"}}]
+            "volumes": [{"name": "tmp", "emptyDir": {}}, {"name": "creds", "secret": {"secretName": "creds"}}]
         }
     }))
     .unwrap();
