@@ -1,6 +1,7 @@
 //! Access rules of the request path: the real client IP behind trusted proxies
-//! (`X-Forwarded-For` walked to a configured depth), IP allow/deny lists (403) and local
-//! token-bucket rate limits per key (429 with `Retry-After`).
+//! (`X-Forwarded-For` walked to a configured depth), IP allow/deny lists (403), local
+//! token-bucket rate limits per key and limits of requests in flight per key (429 with
+//! `Retry-After`).
 //!
 //! [`Edge`] is built with each config snapshot: the client-IP rules and, for every route with
 //! `rate_limit` or `ip_access` filters, its compiled rules. Rate-limit buckets live in
@@ -18,7 +19,8 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use sweety_config::{
-    any_contains, parse_cidrs, Cidr, ClientIp, Filter, IpAccess, RateLimit, RateLimitKey,
+    any_contains, parse_cidrs, Cidr, ClientIp, ConcurrencyLimit, Filter, IpAccess, RateLimit,
+    RateLimitKey,
 };
 
 /// `X-Forwarded-For`.
@@ -301,10 +303,63 @@ struct ZoneKey {
     max_keys: u32,
 }
 
-/// Rate-limit zones by identity; outlives config reloads.
+/// Counts of requests in flight per key, for concurrency limits. A key is present only
+/// while it has requests in flight, so the table is bounded by the requests in flight.
+#[derive(Debug, Default)]
+pub struct InFlightTable {
+    counts: Mutex<HashMap<u64, u32>>,
+    hasher: std::collections::hash_map::RandomState,
+}
+
+/// A request counted in an [`InFlightTable`] until dropped.
+#[derive(Debug)]
+pub struct InFlightGuard {
+    table: Arc<InFlightTable>,
+    key: u64,
+}
+
+impl Drop for InFlightGuard {
+    fn drop(&mut self) {
+        let mut c = self.table.counts.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = c.get_mut(&self.key) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                c.remove(&self.key);
+            }
+        }
+    }
+}
+
+impl InFlightTable {
+    /// Counts a request for `key` unless `max` are already in flight.
+    pub fn try_acquire(self: &Arc<Self>, key: &[u8], max: u32) -> Option<InFlightGuard> {
+        let mut h = self.hasher.build_hasher();
+        key[..key.len().min(MAX_KEY_BYTES)].hash(&mut h);
+        key.len().hash(&mut h);
+        let k = h.finish();
+        let mut c = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        let n = c.entry(k).or_insert(0);
+        if *n >= max {
+            return None;
+        }
+        *n += 1;
+        Some(InFlightGuard {
+            table: self.clone(),
+            key: k,
+        })
+    }
+
+    /// Keys with requests in flight.
+    pub fn keys(&self) -> usize {
+        self.counts.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+}
+
+/// Rate-limit zones and in-flight tables by identity; outlives config reloads.
 #[derive(Debug, Default)]
 pub struct Zones {
     map: Mutex<HashMap<ZoneKey, Arc<Limiter>>>,
+    in_flight: Mutex<HashMap<(String, RateLimitKey), Arc<InFlightTable>>>,
 }
 
 impl Zones {
@@ -323,10 +378,26 @@ impl Zones {
             .clone()
     }
 
-    /// Forgets every zone not in `keep` (called after a config is applied).
-    fn retain(&self, keep: &[ZoneKey]) {
+    fn in_flight(
+        &self,
+        key: (String, RateLimitKey),
+        keep: &mut Vec<(String, RateLimitKey)>,
+    ) -> Arc<InFlightTable> {
+        keep.push(key.clone());
+        self.in_flight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(key)
+            .or_default()
+            .clone()
+    }
+
+    /// Forgets every zone and table not kept (called after a config is applied).
+    fn retain(&self, keep: &[ZoneKey], keep_in_flight: &[(String, RateLimitKey)]) {
         let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
         map.retain(|k, _| keep.contains(k));
+        let mut t = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+        t.retain(|k, _| keep_in_flight.contains(k));
     }
 
     /// Number of zones.
@@ -348,11 +419,43 @@ struct RouteLimit {
     limiter: Arc<Limiter>,
 }
 
+/// One compiled concurrency limit of a route.
+#[derive(Debug)]
+struct RouteConcurrency {
+    key: RateLimitKey,
+    header: Option<HeaderName>,
+    max: u32,
+    table: Arc<InFlightTable>,
+}
+
 /// The access rules of one route, in filter order.
 #[derive(Debug, Default)]
 pub struct RouteRules {
     ip: Vec<IpRules>,
     limits: Vec<RouteLimit>,
+    concurrency: Vec<RouteConcurrency>,
+}
+
+/// The bytes a limit counts a request by.
+fn key_bytes<'h>(
+    key: &RateLimitKey,
+    header: Option<&HeaderName>,
+    client: IpAddr,
+    headers: &'h HeaderMap,
+) -> std::borrow::Cow<'h, [u8]> {
+    use std::borrow::Cow;
+    match key {
+        RateLimitKey::ClientIp => Cow::Owned(match client {
+            IpAddr::V4(v) => v.octets().to_vec(),
+            IpAddr::V6(v) => v.octets().to_vec(),
+        }),
+        RateLimitKey::Header(_) => Cow::Borrowed(
+            header
+                .and_then(|h| headers.get(h))
+                .map_or(&[][..], |v| v.as_bytes()),
+        ),
+        RateLimitKey::Route => Cow::Borrowed(b""),
+    }
 }
 
 /// Why a request was refused.
@@ -365,35 +468,35 @@ pub enum Refusal {
 }
 
 impl RouteRules {
-    /// Checks IP rules, then rate limits, for a request from `client`.
-    pub fn check(&self, client: IpAddr, headers: &HeaderMap, now: Instant) -> Result<(), Refusal> {
+    /// Checks IP rules, then rate limits, then concurrency limits, for a request from
+    /// `client`. On success the returned guards count the request in flight until dropped
+    /// (hold them with [`hold`]).
+    pub fn check(
+        &self,
+        client: IpAddr,
+        headers: &HeaderMap,
+        now: Instant,
+    ) -> Result<Vec<InFlightGuard>, Refusal> {
         if self.ip.iter().any(|r| !r.permits(client)) {
             return Err(Refusal::Forbidden);
         }
         for l in &self.limits {
-            let ipkey;
-            let key: &[u8] = match &l.key {
-                RateLimitKey::ClientIp => {
-                    ipkey = match client {
-                        IpAddr::V4(v) => v.octets().to_vec(),
-                        IpAddr::V6(v) => v.octets().to_vec(),
-                    };
-                    &ipkey
-                }
-                RateLimitKey::Header(_) => l
-                    .header
-                    .as_ref()
-                    .and_then(|h| headers.get(h))
-                    .map_or(&[][..], |v| v.as_bytes()),
-                RateLimitKey::Route => b"",
-            };
-            if let Err(wait) = l.limiter.take(key, now) {
+            let key = key_bytes(&l.key, l.header.as_ref(), client, headers);
+            if let Err(wait) = l.limiter.take(&key, now) {
                 return Err(Refusal::RateLimited(
                     wait.as_secs_f64().ceil().max(1.0) as u64
                 ));
             }
         }
-        Ok(())
+        let mut guards = Vec::with_capacity(self.concurrency.len());
+        for c in &self.concurrency {
+            let key = key_bytes(&c.key, c.header.as_ref(), client, headers);
+            match c.table.try_acquire(&key, c.max) {
+                Some(g) => guards.push(g),
+                None => return Err(Refusal::RateLimited(1)),
+            }
+        }
+        Ok(guards)
     }
 }
 
@@ -410,6 +513,7 @@ impl Edge {
     pub fn build(client_ip: &ClientIp, routes: &RouteTable, zones: &Zones) -> Edge {
         let mut out = HashMap::new();
         let mut keep = Vec::new();
+        let mut keep_in_flight = Vec::new();
         for e in routes.entries() {
             let mut rules = RouteRules::default();
             for (i, f) in e.route.filters.iter().enumerate() {
@@ -421,14 +525,20 @@ impl Edge {
                         zones,
                         &mut keep,
                     )),
+                    Filter::ConcurrencyLimit(c) => rules.concurrency.push(route_concurrency(
+                        c,
+                        format!("{}/{}#{i}", e.vhost, e.name),
+                        zones,
+                        &mut keep_in_flight,
+                    )),
                     _ => {}
                 }
             }
-            if !rules.ip.is_empty() || !rules.limits.is_empty() {
+            if !rules.ip.is_empty() || !rules.limits.is_empty() || !rules.concurrency.is_empty() {
                 out.insert(Arc::as_ptr(&e.route) as usize, rules);
             }
         }
-        zones.retain(&keep);
+        zones.retain(&keep, &keep_in_flight);
         Edge {
             client_ip: ClientIpRules::new(client_ip),
             routes: out,
@@ -442,6 +552,68 @@ impl Edge {
         }
         self.routes.get(&(Arc::as_ptr(route) as usize))
     }
+}
+
+fn route_concurrency(
+    c: &ConcurrencyLimit,
+    name: String,
+    zones: &Zones,
+    keep: &mut Vec<(String, RateLimitKey)>,
+) -> RouteConcurrency {
+    RouteConcurrency {
+        header: match &c.key {
+            RateLimitKey::Header(h) => HeaderName::from_bytes(h.as_bytes()).ok(),
+            _ => None,
+        },
+        key: c.key.clone(),
+        max: c.max.max(1),
+        table: zones.in_flight((c.zone.clone().unwrap_or(name), c.key.clone()), keep),
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A response body holding in-flight guards until it is finished or dropped.
+    struct Held {
+        #[pin]
+        inner: crate::body::Body,
+        guards: Vec<InFlightGuard>,
+    }
+}
+
+impl http_body::Body for Held {
+    type Data = bytes::Bytes;
+    type Error = crate::body::BoxError;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
+        let this = self.project();
+        let r = this.inner.poll_frame(cx);
+        if let std::task::Poll::Ready(None) = r {
+            this.guards.clear();
+        }
+        r
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Keeps `guards` (requests counted in flight) until the response body is done.
+pub fn hold(
+    resp: http::Response<crate::body::Body>,
+    guards: Vec<InFlightGuard>,
+) -> http::Response<crate::body::Body> {
+    if guards.is_empty() {
+        return resp;
+    }
+    resp.map(|inner| crate::body::boxed(Held { inner, guards }))
 }
 
 fn route_limit(
@@ -634,6 +806,20 @@ mod tests {
         let recent = 9_999u32.to_be_bytes();
         assert!(l.take(&recent, t).is_err());
         assert_eq!(l.take(&0u32.to_be_bytes(), t), Ok(()));
+    }
+
+    #[test]
+    fn in_flight_table_counts_and_forgets() {
+        let t = Arc::new(InFlightTable::default());
+        let a1 = t.try_acquire(b"a", 2).unwrap();
+        let a2 = t.try_acquire(b"a", 2).unwrap();
+        assert!(t.try_acquire(b"a", 2).is_none());
+        let b = t.try_acquire(b"b", 2).unwrap();
+        assert_eq!(t.keys(), 2);
+        drop(a1);
+        let a3 = t.try_acquire(b"a", 2).unwrap();
+        drop((a2, a3, b));
+        assert_eq!(t.keys(), 0, "keys without requests in flight are forgotten");
     }
 
     #[test]

@@ -514,7 +514,7 @@ impl CompiledFilters {
                     out.request.push(RequestFilter::CorsPreflight);
                 }
                 // Applied by the pipeline before every other filter (see `crate::access`).
-                Filter::RateLimit(_) | Filter::IpAccess(_) => {}
+                Filter::RateLimit(_) | Filter::IpAccess(_) | Filter::ConcurrencyLimit(_) => {}
                 Filter::Compress(c) => {
                     out.edge.compress = crate::compress::CompressPolicy::compile(c)
                 }
@@ -617,6 +617,7 @@ fn filter_kind(f: &Filter) -> &'static str {
         Filter::Cors(_) => "cors",
         Filter::RateLimit(_) => "rate_limit",
         Filter::IpAccess(_) => "ip_access",
+        Filter::ConcurrencyLimit(_) => "concurrency_limit",
         Filter::Compress(_) => "compress",
         Filter::Cache(_) => "cache",
         Filter::Grpc(_) => "grpc",

@@ -232,11 +232,15 @@ async fn route_and_serve<'a>(
     };
     let route_name = entry.name.clone();
 
-    // 4a. access rules: IP allow/deny lists (403), then rate limits (429).
+    // 4a. access rules: IP allow/deny lists (403), then rate and concurrency limits (429).
+    let mut in_flight = Vec::new();
     if let Some(rules) = snap.edge.route(&entry.route) {
-        if let Err(refusal) = rules.check(ctx.conn.peer.ip(), req.headers(), Instant::now()) {
-            let r = crate::access::refusal_response(refusal, &shared.metrics);
-            return (route_name, r, Some(entry));
+        match rules.check(ctx.conn.peer.ip(), req.headers(), Instant::now()) {
+            Ok(guards) => in_flight = guards,
+            Err(refusal) => {
+                let r = crate::access::refusal_response(refusal, &shared.metrics);
+                return (route_name, r, Some(entry));
+            }
         }
     }
     let upgrade = crate::websocket::upgrade_request(&req);
@@ -371,6 +375,7 @@ async fn route_and_serve<'a>(
         },
         None => action.await,
     };
+    let resp = crate::access::hold(resp, in_flight);
     (route_name, resp, Some(entry))
 }
 

@@ -401,3 +401,159 @@ async fn edge_config_errors_are_reported_with_paths() {
         );
     }
 }
+
+/// A backend whose responses wait until `gate` is opened.
+async fn gated_backend(gate: std::sync::Arc<tokio::sync::Semaphore>) -> std::net::SocketAddr {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((s, _)) = l.accept().await else { return };
+            let gate = gate.clone();
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |_req| {
+                    let gate = gate.clone();
+                    async move {
+                        gate.acquire().await.unwrap().forget();
+                        Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(
+                            Bytes::from_static(b"done"),
+                        )))
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(s), svc)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn concurrency_limit_counts_requests_in_flight_per_client() {
+    bounded(async {
+        let gate = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
+        let be = gated_backend(gate.clone()).await;
+        let mut cfg = http_config(vec![vhost(
+            "v",
+            &[],
+            vec![with_filters(
+                proxy_route("r", "/", "be"),
+                vec![Filter::ConcurrencyLimit(ConcurrencyLimit {
+                    key: RateLimitKey::Header("x-user".into()),
+                    max: 2,
+                    zone: None,
+                })],
+            )],
+        )]);
+        cfg.backends = vec![backend("be", be)];
+        let h = Harness::start(cfg).await;
+        let url = format!("http://{}/", h.addr("web").await);
+        let c = h1_client();
+        let alice = [("x-user", "alice")];
+        // Two requests of alice in flight (held at the backend)…
+        let first = tokio::spawn({
+            let (c, url) = (c.clone(), url.clone());
+            async move { get_with(&c, &url, &alice).await.0 }
+        });
+        let second = tokio::spawn({
+            let (c, url) = (c.clone(), url.clone());
+            async move { get_with(&c, &url, &alice).await.0 }
+        });
+        // …wait until both reached the backend (bounded polling).
+        let active = || {
+            h.runtime
+                .shared
+                .metrics
+                .active_requests
+                .load(std::sync::atomic::Ordering::SeqCst)
+        };
+        for _ in 0..500 {
+            if active() >= 2 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(active(), 2);
+        // A third of alice's is refused at once.
+        let (s, ra, _) = get_with(&c, &url, &alice).await;
+        assert_eq!((s, ra.as_deref()), (429, Some("1")));
+        // Bob is admitted meanwhile.
+        let bob = tokio::spawn({
+            let (c, url) = (c.clone(), url.clone());
+            async move { get_with(&c, &url, &[("x-user", "bob")]).await.0 }
+        });
+        for _ in 0..500 {
+            if active() >= 3 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(
+            active(),
+            3,
+            "bob's request is in flight next to alice's two"
+        );
+        // Release everything: all succeed, and alice gets through again afterwards.
+        gate.add_permits(3);
+        assert_eq!(first.await.unwrap(), 200);
+        assert_eq!(second.await.unwrap(), 200);
+        assert_eq!(bob.await.unwrap(), 200);
+        gate.add_permits(1);
+        assert_eq!(get_with(&c, &url, &alice).await.0, 200);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn proxy_protocol_comes_before_tls_on_https_listeners() {
+    bounded(async {
+        let (cert, pem) = cert_for("a.test");
+        let mut https = listener("tls", ListenerProtocol::Https);
+        https.tls = Some(ListenerTls {
+            certificates: vec![cert],
+            min_version: TlsVersion::Tls12,
+        });
+        let mut cfg = Config {
+            listeners: vec![https],
+            virtual_hosts: vec![vhost(
+                "a",
+                &["a.test"],
+                vec![with_filters(
+                    fixed_route("r", "/", "secure ok"),
+                    vec![Filter::IpAccess(IpAccess {
+                        allow: vec![],
+                        deny: vec!["198.51.100.0/24".into()],
+                    })],
+                )],
+            )],
+            ..Config::default()
+        };
+        cfg.client_ip.proxy_protocol = vec!["tls".into()];
+        let h = Harness::start(cfg).await;
+        let addr = h.addr("tls").await;
+        let run = |source: &'static str| {
+            let pem = pem.clone();
+            async move {
+                let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+                let header = encode_v2(source.parse().unwrap(), addr, false);
+                tcp.write_all(&header).await.unwrap();
+                let name = rustls_pki_types::ServerName::try_from("a.test").unwrap();
+                let mut tls = tls_connector(&pem, &[b"http/1.1"])
+                    .connect(name, tcp)
+                    .await
+                    .expect("TLS after the PROXY header");
+                tls.write_all(b"GET / HTTP/1.1\r\nhost: a.test\r\nconnection: close\r\n\r\n")
+                    .await
+                    .unwrap();
+                let mut out = Vec::new();
+                let _ = tls.read_to_end(&mut out).await;
+                let text = String::from_utf8_lossy(&out).into_owned();
+                text.lines().next().unwrap_or_default().to_string()
+            }
+        };
+        assert_eq!(run("198.51.100.20:1000").await, "HTTP/1.1 403 Forbidden");
+        assert_eq!(run("203.0.113.20:1000").await, "HTTP/1.1 200 OK");
+    })
+    .await;
+}

@@ -1,7 +1,7 @@
 //! Backend TLS (BackendTLSPolicy) against real rustls backends on 127.0.0.1 with rcgen
 //! certificates signed by a test CA: verification by CA bundle, the SNI/hostname check,
-//! subject alternative names (DNS and URI) replacing the hostname check, and mTLS to a
-//! backend that requires a client certificate.
+//! subject alternative names (DNS and URI) replacing the hostname check, the well-known public
+//! CAs, and mTLS to a backend that requires a client certificate.
 
 mod common;
 
@@ -180,6 +180,19 @@ async fn backend_tls_verification_sans_and_mtls() {
             ..ok.clone()
         };
         assert_eq!(through(addr, san_mismatch).await.0, 502);
+        // The public CAs alone do not trust a private CA's certificate; with the private CA
+        // added as well, it is served.
+        let public_only = BackendTls {
+            ca: None,
+            well_known_ca: true,
+            ..ok.clone()
+        };
+        assert_eq!(through(addr, public_only).await.0, 502);
+        let both = BackendTls {
+            well_known_ca: true,
+            ..ok.clone()
+        };
+        assert_eq!(through(addr, both).await.0, 200);
         // A URI SAN does not rescue a certificate from an untrusted CA.
         let uri_wrong_ca = BackendTls {
             ca: pem(&ca_b.pem),

@@ -404,3 +404,63 @@ async fn idle_tcp_proxy_connections_are_closed() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn tcp_health_checks_keep_connections_off_a_dead_endpoint() {
+    bounded(async {
+        let a = tcp_echo("A", false).await;
+        // A port with nothing listening.
+        let dead = {
+            let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            l.local_addr().unwrap()
+        };
+        let mut be = backend("a", a);
+        be.endpoints.push(Endpoint {
+            address: dead.to_string(),
+            weight: 1,
+        });
+        be.outlier.consecutive_failures = 0;
+        be.health_check = Some(HealthCheck {
+            kind: HealthCheckKind::Tcp,
+            interval: sweety_config::Duration::from_millis(50),
+            timeout: sweety_config::Duration::from_millis(500),
+            unhealthy_threshold: 1,
+            ..HealthCheck::default()
+        });
+        let cfg = Config {
+            generation: 1,
+            listeners: vec![l4_listener(
+                "tcp",
+                ListenerProtocol::Tcp,
+                vec![route("r", &[], vec![wb("a", 1)])],
+            )],
+            backends: vec![be],
+            ..Config::default()
+        };
+        let h = Harness::start(cfg).await;
+        let mut down = false;
+        for _ in 0..200 {
+            let snap = h.runtime.shared.snapshot();
+            if snap.upstreams.endpoint_up("a", &dead.to_string()) == Some(false) {
+                down = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        assert!(down, "the dead endpoint was never marked down");
+        assert_eq!(
+            h.runtime
+                .shared
+                .snapshot()
+                .upstreams
+                .endpoint_up("a", &a.to_string()),
+            Some(true)
+        );
+        let addr = h.addr("tcp").await;
+        for i in 0..10 {
+            let mut s = TcpStream::connect(addr).await.unwrap();
+            assert_eq!(roundtrip(&mut s, &i.to_string()).await, format!("A:{i}"));
+        }
+    })
+    .await;
+}

@@ -59,6 +59,22 @@ pub struct RateLimit {
     pub zone: Option<String>,
 }
 
+/// At most `max` requests in flight per key (ingress-nginx `limit-connections`); more get
+/// 429 with `Retry-After: 1`. A key is tracked only while it has requests in flight.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConcurrencyLimit {
+    /// What requests are counted by. Default: the client IP.
+    #[serde(default)]
+    pub key: RateLimitKey,
+    /// Requests in flight per key at most.
+    pub max: u32,
+    /// Counts are shared by every concurrency-limit filter with the same zone name and key
+    /// (a limit across several routes). Default: one zone per route and filter.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
+}
+
 fn is_zero(n: &u32) -> bool {
     *n == 0
 }
@@ -225,12 +241,26 @@ pub struct HashPolicy {
 
 // ------------------------------------------------------------------ health checks
 
+/// How a health check probes an endpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HealthCheckKind {
+    /// `GET path` over the backend's protocol; passes on an expected status.
+    #[default]
+    Http,
+    /// A TCP connect; passes when it succeeds (for layer-4 backends).
+    Tcp,
+}
+
 /// Active HTTP health checks of every endpoint of a backend. An endpoint that fails
 /// `unhealthy_threshold` checks in a row is skipped until it passes `healthy_threshold` in a
 /// row; passive outlier ejection applies on top.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HealthCheck {
+    /// HTTP (default) or a plain TCP connect.
+    #[serde(default, rename = "type")]
+    pub kind: HealthCheckKind,
     /// Path requested (GET). Default `/`.
     #[serde(default = "default_hc_path")]
     pub path: String,
@@ -282,6 +312,7 @@ fn default_hc_max() -> u16 {
 impl Default for HealthCheck {
     fn default() -> Self {
         HealthCheck {
+            kind: HealthCheckKind::Http,
             path: default_hc_path(),
             host: None,
             interval: default_hc_interval(),
@@ -455,6 +486,22 @@ pub(crate) fn check_rate_limit(r: &RateLimit) -> Problems {
         out.push(("max_keys".into(), "must be greater than 0".into()));
     }
     if r.zone.as_deref() == Some("") {
+        out.push(("zone".into(), "must not be empty when set".into()));
+    }
+    out
+}
+
+pub(crate) fn check_concurrency_limit(c: &ConcurrencyLimit) -> Problems {
+    let mut out = Vec::new();
+    if let RateLimitKey::Header(h) = &c.key {
+        if http_token(h).is_err() {
+            out.push(("key.header".into(), format!("invalid header name {h:?}")));
+        }
+    }
+    if c.max == 0 {
+        out.push(("max".into(), "must be greater than 0".into()));
+    }
+    if c.zone.as_deref() == Some("") {
         out.push(("zone".into(), "must not be empty when set".into()));
     }
     out

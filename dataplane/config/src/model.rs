@@ -356,6 +356,8 @@ pub enum Filter {
     RateLimit(RateLimit),
     /// IP allow and deny lists (403). Checked before the other request filters.
     IpAccess(IpAccess),
+    /// Requests in flight per key at most (429 past it). Checked with the rate limits.
+    ConcurrencyLimit(crate::edgenet::ConcurrencyLimit),
     /// Compress responses (gzip, br, zstd) by the client's Accept-Encoding.
     Compress(crate::Compression),
     /// Cache responses in memory.
@@ -709,6 +711,10 @@ pub struct BackendTls {
     /// Client key for mTLS.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_key: Option<PemSource>,
+    /// Also trust the well-known public CAs (Mozilla's root program, compiled in), as for
+    /// BackendTLSPolicy `wellKnownCACertificates: System`.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub well_known_ca: bool,
 }
 
 /// Passive outlier ejection.

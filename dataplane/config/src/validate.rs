@@ -579,6 +579,10 @@ impl<'a> Validator<'a> {
                 &format!("{path}.rate_limit"),
                 crate::edgenet::check_rate_limit(r),
             ),
+            Filter::ConcurrencyLimit(c) => self.problems(
+                &format!("{path}.concurrency_limit"),
+                crate::edgenet::check_concurrency_limit(c),
+            ),
             Filter::IpAccess(a) => self.problems(
                 &format!("{path}.ip_access"),
                 crate::edgenet::check_ip_access(a),
@@ -846,10 +850,11 @@ impl<'a> Validator<'a> {
                     self.err(format!("{tpath}.sni"), msg);
                 }
             }
-            if !tls.subject_alt_names.is_empty() && tls.ca.is_none() {
+            if !tls.subject_alt_names.is_empty() && tls.ca.is_none() && !tls.well_known_ca {
                 self.err(
                     format!("{tpath}.subject_alt_names"),
-                    "requires ca (without a CA the backend certificate is not verified)",
+                    "requires ca or well_known_ca (without them the backend certificate is \
+                     not verified)",
                 );
             }
             for (k, san) in tls.subject_alt_names.iter().enumerate() {

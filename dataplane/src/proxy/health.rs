@@ -1,5 +1,6 @@
-//! Active HTTP health checks: one task per endpoint of a backend with `health_check`, sending
-//! `GET path` over the backend's own protocol and pool every `interval`. An endpoint failing
+//! Active health checks: one task per endpoint of a backend with `health_check`, sending
+//! `GET path` over the backend's own protocol and pool (or, for `type: tcp`, connecting) every
+//! `interval`. An endpoint failing
 //! `unhealthy_threshold` checks in a row is marked down (skipped by endpoint choice) until it
 //! passes `healthy_threshold` in a row. Passive outlier ejection keeps working on top.
 //!
@@ -114,9 +115,17 @@ async fn run(weak: Weak<BackendRt>, idx: usize, hc: Arc<HealthCheck>, metrics: A
     }
 }
 
-/// One check: a GET within `timeout`, passing when the status is in the expected range.
+/// One check within `timeout`: a GET passing when the status is in the expected range, or a
+/// TCP connect.
 async fn check_once(b: &BackendRt, idx: usize, hc: &HealthCheck, ctx: &RequestCtx) -> bool {
     let timeout = hc.timeout.get();
+    if hc.kind == sweety_config::HealthCheckKind::Tcp {
+        let addr = b.endpoints[idx].state.address.as_str();
+        return matches!(
+            tokio::time::timeout(timeout, tokio::net::TcpStream::connect(addr)).await,
+            Ok(Ok(_))
+        );
+    }
     let mut req = http::Request::get(hc.path.as_str());
     if let Some(h) = hc
         .host

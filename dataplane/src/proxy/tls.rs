@@ -6,6 +6,8 @@
 //!   them instead: DNS names and IP addresses are matched by webpki, URI SANs
 //!   (`spiffe://…`) exactly against the certificate's URI SAN entries. The SNI is sent either
 //!   way.
+//! * `well_known_ca` adds the public CAs of Mozilla's root program (compiled in, from
+//!   `webpki-root-certs`) to the trusted roots.
 //! * **Without a CA the backend is not verified at all** (any certificate is accepted, the
 //!   handshake signatures are still checked). This suits in-cluster backends with self-signed
 //!   certificates but gives no protection against an active attacker; configure `ca` to get it.
@@ -47,10 +49,25 @@ pub fn client_config(tls: &BackendTls, h2: bool) -> Result<Arc<ClientConfig>, St
     let builder = ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
         .map_err(|e| e.to_string())?;
-    let verifier: Arc<dyn ServerCertVerifier> = match &tls.ca {
-        Some(ca) => {
+    let verifier: Arc<dyn ServerCertVerifier> = match (&tls.ca, tls.well_known_ca) {
+        (None, false) => Arc::new(NoVerifier(provider)),
+        (ca, well_known) => {
             let mut roots = RootCertStore::empty();
-            for c in certs(ca, "ca")? {
+            if well_known {
+                let (added, _) = roots.add_parsable_certificates(
+                    webpki_root_certs::TLS_SERVER_ROOT_CERTS.iter().cloned(),
+                );
+                if added == 0 {
+                    return Err("well_known_ca: no usable root certificate".into());
+                }
+            }
+            for c in ca
+                .iter()
+                .map(|ca| certs(ca, "ca"))
+                .collect::<Result<Vec<_>, _>>()?
+                .into_iter()
+                .flatten()
+            {
                 roots
                     .add(c)
                     .map_err(|e| format!("ca: unusable certificate: {e}"))?;
@@ -73,7 +90,6 @@ pub fn client_config(tls: &BackendTls, h2: bool) -> Result<Arc<ClientConfig>, St
             }
             Arc::new(SanVerifier { inner, names, uris })
         }
-        None => Arc::new(NoVerifier(provider)),
     };
     let builder = builder
         .dangerous()

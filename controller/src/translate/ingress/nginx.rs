@@ -12,6 +12,7 @@
 //! `canary-weight` (+ `canary-weight-total`): a weighted split with the primary Ingress's route
 //! for the same host and path. `limit-rps` / `limit-rpm` (× `limit-burst-multiplier`, default
 //! 5) become per-client-IP `rate_limit` filters whose zone is shared by the Ingress's paths,
+//! `limit-connections` a per-client-IP `concurrency_limit` (requests in flight),
 //! `whitelist-source-range` (or `allowlist-source-range`) and `denylist-source-range` an
 //! `ip_access` filter; invalid CIDRs are reported and left out. `affinity: cookie` (with
 //! `session-cookie-name`, default `INGRESSCOOKIE`, `-path`, `-max-age`/`-expires`, `-secure`,
@@ -30,9 +31,9 @@ use crate::translate::Builder;
 use k8s_openapi::api::networking::v1::Ingress;
 use std::collections::BTreeMap;
 use sweety_config::{
-    Action, BackendProtocol, Cidr, Cors, Duration, Filter, FixedResponse, HashAlgorithm, HashOn,
-    HashPolicy, IpAccess, PathMatch, PathRewrite, RateLimit, RateLimitKey, Redirect, Route,
-    RouteMatch, SessionKind, SessionPersistence, UrlRewrite, WeightedBackend,
+    Action, BackendProtocol, Cidr, ConcurrencyLimit, Cors, Duration, Filter, FixedResponse,
+    HashAlgorithm, HashOn, HashPolicy, IpAccess, PathMatch, PathRewrite, RateLimit, RateLimitKey,
+    Redirect, Route, RouteMatch, SessionKind, SessionPersistence, UrlRewrite, WeightedBackend,
 };
 
 /// Annotation prefix of ingress-nginx.
@@ -55,6 +56,8 @@ pub struct Annotations {
     pub canary_weight_total: u32,
     /// `limit-rps` / `limit-rpm`, per client IP.
     pub rate_limits: Vec<RateLimit>,
+    /// `limit-connections`, per client IP, shared by the Ingress's paths.
+    pub concurrency: Option<ConcurrencyLimit>,
     /// `whitelist-source-range` / `denylist-source-range`.
     pub ip_access: Option<IpAccess>,
     /// `affinity: cookie` and its `session-cookie-*` settings.
@@ -160,6 +163,7 @@ impl Annotations {
         let mut burst_multiplier: u32 = 5;
         let mut access = IpAccess::default();
         let mut affinity = false;
+        let mut connections: Option<u32> = None;
         for (key, value) in all {
             let Some(name) = key.strip_prefix(PREFIX) else {
                 continue;
@@ -222,11 +226,12 @@ impl Annotations {
                 }
                 "proxy-read-timeout" => read_timeout = seconds(report),
                 "proxy-connect-timeout" => connect_timeout = seconds(report),
-                "limit-rps" | "limit-rpm" | "limit-burst-multiplier" => {
+                "limit-rps" | "limit-rpm" | "limit-burst-multiplier" | "limit-connections" => {
                     match value.trim().parse::<u32>() {
                         Ok(n) if n > 0 => match name {
                             "limit-rps" => rps = Some(n),
                             "limit-rpm" => rpm = Some(n),
+                            "limit-connections" => connections = Some(n),
                             _ => burst_multiplier = n,
                         },
                         _ => bad(report, "is not a positive whole number"),
@@ -415,6 +420,11 @@ impl Annotations {
         if !access.allow.is_empty() || !access.deny.is_empty() {
             a.ip_access = Some(access);
         }
+        a.concurrency = connections.map(|max| ConcurrencyLimit {
+            key: RateLimitKey::ClientIp,
+            max,
+            zone: Some(format!("ingress-nginx/{ns}/{ing_name}/connections")),
+        });
         if affinity {
             a.session = Some(session_cookie(&get, report));
         }
@@ -433,6 +443,9 @@ impl Annotations {
         }
         for r in &self.rate_limits {
             route.filters.push(Filter::RateLimit(r.clone()));
+        }
+        if let Some(c) = &self.concurrency {
+            route.filters.push(Filter::ConcurrencyLimit(c.clone()));
         }
         if let Some(target) = &self.rewrite_target {
             let m = route.matches.first_mut().and_then(|m| m.path.as_mut());
