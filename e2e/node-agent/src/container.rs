@@ -24,15 +24,44 @@ use crate::{Error, Result};
 
 /// The `exec-container` helper: bind-mounts each (src, dst), changes directory and execs the program.
 /// Only returns on failure.
+///
+/// Every source is opened before the first mount and mounted through `/proc/<pid>/fd/<n>`, so a mount over a
+/// directory that contains later sources (e.g. an emptyDir at `/tmp` or `/root` while the agent's volume
+/// directories live below it) cannot hide them. A destination missing in the container's view (inside an
+/// earlier mount) is created there.
 pub fn exec_container(
     binds: &[(String, String)],
     workdir: Option<&str>,
     program: &str,
     args: &[String],
 ) -> Error {
-    for (src, dst) in binds {
+    use std::os::fd::AsRawFd;
+    let mut held = Vec::with_capacity(binds.len());
+    for (src, _) in binds {
+        match std::fs::File::open(src) {
+            Ok(f) => held.push(f),
+            Err(e) => return Error::io(format!("opening volume source {src}"))(e),
+        }
+    }
+    let pid = std::process::id();
+    for ((src, dst), f) in binds.iter().zip(&held) {
+        let dst_path = std::path::Path::new(dst);
+        if !dst_path.exists() {
+            let made = if f.metadata().map(|m| m.is_dir()).unwrap_or(false) {
+                std::fs::create_dir_all(dst_path)
+            } else {
+                dst_path
+                    .parent()
+                    .map_or(Ok(()), std::fs::create_dir_all)
+                    .and_then(|_| std::fs::write(dst_path, b""))
+            };
+            if let Err(e) = made {
+                return Error::io(format!("creating mount point {dst}"))(e);
+            }
+        }
+        let via = format!("/proc/{pid}/fd/{}", f.as_raw_fd());
         let status = std::process::Command::new("mount")
-            .args(["--bind", src, dst])
+            .args(["--bind", &via, dst])
             .status();
         match status {
             Ok(s) if s.success() => {}
@@ -45,6 +74,7 @@ pub fn exec_container(
             Err(e) => return Error::io("running mount")(e),
         }
     }
+    drop(held);
     let mut cmd = std::process::Command::new(program);
     cmd.args(args);
     if let Some(dir) = workdir {
@@ -77,14 +107,6 @@ pub struct Spec {
 }
 
 fn spawn(spec: &Spec) -> Result<tokio::process::Child> {
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&spec.log_file)
-        .map_err(Error::io(format!("opening {}", spec.log_file.display())))?;
-    let log2 = log
-        .try_clone()
-        .map_err(Error::io("cloning log file handle"))?;
     let mut cmd = tokio::process::Command::new("ip");
     cmd.arg("netns")
         .arg("exec")
@@ -101,12 +123,18 @@ fn spawn(spec: &Spec) -> Result<tokio::process::Child> {
     cmd.env_clear()
         .envs(spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
         .stdin(std::process::Stdio::null())
-        .stdout(log)
-        .stderr(log2)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
         .process_group(0)
         .kill_on_drop(true);
-    cmd.spawn()
-        .map_err(Error::io(format!("spawning container {}", spec.name)))
+    let mut child = cmd
+        .spawn()
+        .map_err(Error::io(format!("spawning container {}", spec.name)))?;
+    // The log writer ends when every process holding the pipes has exited.
+    if let (Some(out), Some(err)) = (child.stdout.take(), child.stderr.take()) {
+        tokio::spawn(crate::logs::write(out, err, spec.log_file.clone()));
+    }
+    Ok(child)
 }
 
 fn signal_group(pid: u32, signal: &str) {

@@ -11,6 +11,7 @@ pub mod env;
 pub mod error;
 pub mod imagemap;
 pub mod lb;
+pub mod logs;
 pub mod net;
 pub mod node;
 pub mod server;

@@ -1,8 +1,8 @@
 //! A minimal kubelet-style HTTPS endpoint (default 10.244.0.1:10250) so the apiserver can proxy
-//! `kubectl logs`: only `GET /containerLogs/{namespace}/{pod}/{container}` (query `tailLines`, `limitBytes`),
-//! served from the agent's log files. Self-signed certificate (the apiserver does not verify kubelet certs
+//! `kubectl logs`: only `GET /containerLogs/{namespace}/{pod}/{container}` (query `tailLines`, `limitBytes`,
+//! `sinceTime`, `sinceSeconds`, `timestamps`), served from the agent's log files (see [`crate::logs`]). Self-signed certificate (the apiserver does not verify kubelet certs
 //! unless started with --kubelet-certificate-authority); NO client authentication or authorisation: anything
-//! that can reach the bridge address can read logs. `follow`, `previous` and timestamps are not supported.
+//! that can reach the bridge address can read logs. `follow` and `previous` are not supported.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -15,6 +15,7 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
+use k8s_openapi::jiff::Timestamp;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 
 use crate::{Error, Result};
@@ -86,27 +87,31 @@ fn handle(req: &Request<Incoming>, root: &Path) -> Response<Full<Bytes>> {
             "only /containerLogs/{namespace}/{pod}/{container}\n",
         );
     };
-    let query: Vec<(&str, &str)> = req
+    let query: Vec<(&str, String)> = req
         .uri()
         .query()
         .unwrap_or("")
         .split('&')
         .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k, percent_decode(v)))
         .collect();
-    let num = |k: &str| {
-        query
-            .iter()
-            .find(|(n, _)| *n == k)
-            .and_then(|(_, v)| v.parse::<usize>().ok())
+    let get = |k: &str| query.iter().find(|(n, _)| *n == k).map(|(_, v)| v.as_str());
+    let num = |k: &str| get(k).and_then(|v| v.parse::<usize>().ok());
+    let since_time = get("sinceTime").and_then(|v| v.parse::<Timestamp>().ok());
+    let since_seconds = get("sinceSeconds")
+        .and_then(|v| v.parse::<i64>().ok())
+        .and_then(|s| {
+            Timestamp::now()
+                .checked_sub(k8s_openapi::jiff::SignedDuration::from_secs(s))
+                .ok()
+        });
+    let q = crate::logs::Query {
+        tail_lines: num("tailLines"),
+        limit_bytes: num("limitBytes"),
+        since: since_time.or(since_seconds),
+        timestamps: get("timestamps") == Some("true"),
     };
-    match read_log(
-        root,
-        ns,
-        pod,
-        container,
-        num("tailLines"),
-        num("limitBytes"),
-    ) {
+    match read_log(root, ns, pod, container, &q) {
         Some(body) => text(StatusCode::OK, body),
         None => text(
             StatusCode::NOT_FOUND,
@@ -115,19 +120,46 @@ fn handle(req: &Request<Incoming>, root: &Path) -> Response<Full<Bytes>> {
     }
 }
 
+/// Decodes `%XX` escapes and `+` (a query value); invalid escapes stay as written.
+fn percent_decode(v: &str) -> String {
+    let b = v.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'%' if i + 2 < b.len() => {
+                let hex = std::str::from_utf8(&b[i + 1..i + 3]).ok();
+                match hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
+                    Some(c) => {
+                        out.push(c);
+                        i += 3;
+                        continue;
+                    }
+                    None => out.push(b'%'),
+                }
+            }
+            b'+' => out.push(b' '),
+            c => out.push(c),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 fn safe(s: &str) -> bool {
     !s.is_empty() && s != "." && s != ".." && !s.contains(['/', '\\'])
 }
 
-/// The log of the newest Pod instance `<ns>_<pod>_<uid>` under `root`.
+/// The log of the newest Pod instance `<ns>_<pod>_<uid>` under `root`, rendered for `q` (at most the last
+/// [`crate::logs::MAX_READ`] bytes of the file are read).
 pub fn read_log(
     root: &Path,
     ns: &str,
     pod: &str,
     container: &str,
-    tail_lines: Option<usize>,
-    limit_bytes: Option<usize>,
+    q: &crate::logs::Query,
 ) -> Option<Vec<u8>> {
+    use std::io::{Read, Seek, SeekFrom};
     if !(safe(ns) && safe(pod) && safe(container)) {
         return None;
     }
@@ -137,29 +169,21 @@ pub fn read_log(
         .filter_map(|e| e.ok())
         .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
         .max_by_key(|e| e.metadata().and_then(|m| m.modified()).ok())?;
-    let mut data = std::fs::read(dir.path().join(format!("{container}.log"))).ok()?;
-    if let Some(n) = tail_lines {
-        let mut seen = 0;
-        let mut cut = 0;
-        let body = data.strip_suffix(b"\n").unwrap_or(&data);
-        for (i, b) in body.iter().enumerate().rev() {
-            if *b == b'\n' {
-                seen += 1;
-                if seen == n {
-                    cut = i + 1;
-                    break;
-                }
-            }
-        }
-        if n == 0 {
-            cut = data.len();
-        }
+    let mut f = std::fs::File::open(dir.path().join(format!("{container}.log"))).ok()?;
+    let len = f.metadata().ok()?.len();
+    let start = len.saturating_sub(crate::logs::MAX_READ);
+    f.seek(SeekFrom::Start(start)).ok()?;
+    let mut data = Vec::new();
+    f.take(crate::logs::MAX_READ).read_to_end(&mut data).ok()?;
+    if start > 0 {
+        // Drop the partial first line.
+        let cut = data
+            .iter()
+            .position(|b| *b == b'\n')
+            .map_or(data.len(), |i| i + 1);
         data.drain(..cut);
     }
-    if let Some(l) = limit_bytes {
-        data.truncate(l);
-    }
-    Some(data)
+    Some(crate::logs::render(&data, q))
 }
 
 #[cfg(test)]
@@ -168,29 +192,56 @@ mod tests {
 
     #[test]
     fn reads_newest_instance_with_tail_and_limit() {
+        use crate::logs::{record, Query};
         let root =
             std::env::temp_dir().join(format!("sweety-node-agent-logs-{}", std::process::id()));
         let d = root.join("ns_web_uid1");
         std::fs::create_dir_all(&d).unwrap();
-        std::fs::write(d.join("c.log"), "a\nb\nc\n").unwrap();
+        let t = |s: &str| s.parse::<Timestamp>().unwrap();
+        let mut f = record(t("2026-01-01T00:00:01Z"), "stdout", true, b"a");
+        f.extend(record(t("2026-01-01T00:00:02Z"), "stdout", true, b"b"));
+        f.extend(record(t("2026-01-01T00:00:03Z"), "stderr", true, b"c"));
+        std::fs::write(d.join("c.log"), f).unwrap();
+        let q = |tail, limit| Query {
+            tail_lines: tail,
+            limit_bytes: limit,
+            ..Default::default()
+        };
         assert_eq!(
-            read_log(&root, "ns", "web", "c", None, None).unwrap(),
+            read_log(&root, "ns", "web", "c", &q(None, None)).unwrap(),
             b"a\nb\nc\n"
         );
         assert_eq!(
-            read_log(&root, "ns", "web", "c", Some(2), None).unwrap(),
+            read_log(&root, "ns", "web", "c", &q(Some(2), None)).unwrap(),
             b"b\nc\n"
         );
         assert_eq!(
-            read_log(&root, "ns", "web", "c", Some(9), None).unwrap(),
+            read_log(&root, "ns", "web", "c", &q(Some(9), None)).unwrap(),
             b"a\nb\nc\n"
         );
         assert_eq!(
-            read_log(&root, "ns", "web", "c", None, Some(3)).unwrap(),
+            read_log(&root, "ns", "web", "c", &q(None, Some(3))).unwrap(),
             b"a\nb"
         );
-        assert!(read_log(&root, "ns", "web", "..", None, None).is_none());
-        assert!(read_log(&root, "ns", "we", "c", None, None).is_none());
+        let since = Query {
+            since: Some(t("2026-01-01T00:00:02Z")),
+            ..Default::default()
+        };
+        assert_eq!(
+            read_log(&root, "ns", "web", "c", &since).unwrap(),
+            b"b\nc\n"
+        );
+        assert!(read_log(&root, "ns", "web", "..", &q(None, None)).is_none());
+        assert!(read_log(&root, "ns", "we", "c", &q(None, None)).is_none());
         std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn decodes_query_values() {
+        assert_eq!(
+            percent_decode("2026-01-01T00%3A00%3A02Z"),
+            "2026-01-01T00:00:02Z"
+        );
+        assert_eq!(percent_decode("a+b%zz%4"), "a b%zz%4");
     }
 }

@@ -6,7 +6,8 @@
 //! `--image-map`) serving a ConfigMap volume with a readinessProbe, and checks: both Pods Ready with
 //! IPs from its `--pod-cidr`, the Service's EndpointSlice lists them, each Pod IP serves the ConfigMap file over HTTP
 //! from the host (so the volume is visible to the process), a deleted Pod is replaced, a Pod reaches the
-//! apiserver, a failing livenessProbe kills and restarts a container, and the network namespaces are cleaned
+//! apiserver, volumes mount below an emptyDir that covers the agent's own directory, a failing livenessProbe
+//! kills and restarts a container, and the network namespaces are cleaned
 //! up.
 
 use std::collections::BTreeSet;
@@ -418,9 +419,14 @@ async fn runs_deployment_pods_as_processes() {
                     {"name": "MY_NS", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
                     {"name": "SECRET_VAL", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "env"}}}
                 ],
-                "volumeMounts": [{"name": "creds", "mountPath": SECRET_MOUNT}]
+                // An emptyDir over /tmp first: the agent's volume directories (its --root-dir) are below
+                // /tmp here, and the later mounts must still find their sources.
+                "volumeMounts": [
+                    {"name": "tmp", "mountPath": "/tmp"},
+                    {"name": "creds", "mountPath": SECRET_MOUNT}
+                ]
             }],
-            "volumes": [{"name": "creds", "secret": {"secretName": "creds"}}]
+            "volumes": [{"name": "tmp", "emptyDir": {}}, {"name": "creds", "secret": {"secretName": "creds"}}]
         }
     }))
     .unwrap();
@@ -444,7 +450,13 @@ async fn runs_deployment_pods_as_processes() {
         .join("logs")
         .join(format!("{ns_name}_crasher_{uid}"))
         .join("c.log");
-    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    // The file is in the kubelet's CRI format (time, stream, F/P, text); render it as `kubectl logs` does.
+    let raw = std::fs::read(&log).unwrap_or_default();
+    let text = String::from_utf8(sweety_node_agent::logs::render(
+        &raw,
+        &sweety_node_agent::logs::Query::default(),
+    ))
+    .unwrap_or_default();
     // The last line: the apiserver answered over TLS (certificate verified against the projected CA, so
     // it names the relay address) with the projected token, at KUBERNETES_SERVICE_HOST = the node address.
     let expected = format!(
@@ -461,6 +473,41 @@ async fn runs_deployment_pods_as_processes() {
         .await
         .expect("pods/log via the apiserver");
     assert!(via_api.starts_with(&expected), "kubectl logs: {via_api:?}");
+    // timestamps: every line starts with its RFC 3339 time; sinceTime in the future: nothing.
+    let stamped = pods
+        .logs(
+            "crasher",
+            &LogParams {
+                container: Some("c".into()),
+                timestamps: true,
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("pods/log with timestamps");
+    let first = stamped.lines().next().unwrap_or_default();
+    let (ts, rest) = first.split_once(' ').unwrap_or_default();
+    assert!(
+        ts.parse::<k8s_openapi::jiff::Timestamp>().is_ok()
+            && rest == format!("env crasher {ns_name} s3cret"),
+        "timestamped line: {first:?}"
+    );
+    let future = pods
+        .logs(
+            "crasher",
+            &LogParams {
+                container: Some("c".into()),
+                since_time: Some(
+                    k8s_openapi::jiff::Timestamp::now()
+                        .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(3600))
+                        .expect("time"),
+                ),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("pods/log since a future time");
+    assert_eq!(future, "", "sinceTime in the future returns nothing");
 
     // Startup and liveness probes: the startupProbe (TCP) passes once the server listens, then the
     // livenessProbe (a 404 path) fails twice and the agent kills the container (SIGKILL: exit 137) and
