@@ -85,8 +85,8 @@ struct Args {
         default_value = "/var/run/sweety/content"
     )]
     content_dir: String,
-    /// Coalescing window for watch events, e.g. `100ms` or `1s`.
-    #[arg(long, env = "SWEETY_DEBOUNCE", default_value = "100ms")]
+    /// Coalescing window for watch events (bursts within it make one reconcile; a lone event after a quiet period is reconciled at once), e.g. `20ms` or `1s`.
+    #[arg(long, env = "SWEETY_DEBOUNCE", default_value = "20ms")]
     debounce: String,
     /// Labels of the dataplane pods (`k=v,k=v`): the selector of per-Gateway Services.
     #[arg(
