@@ -409,23 +409,36 @@ impl Stamper<'_> {
         conditions
             .iter()
             .map(|c| {
-                let (status, reason, message) =
-                    if c.type_ == "Programmed" && c.status == "True" && !self.gate.acked {
-                        match &self.gate.nack {
-                            Some(errors) => (
-                                "False",
-                                "Invalid",
-                                format!("the dataplane rejected the configuration: {errors}"),
-                            ),
-                            None => (
-                                "Unknown",
-                                "Pending",
-                                "Waiting for the dataplane to apply the configuration".to_string(),
-                            ),
-                        }
-                    } else {
-                        (c.status.as_str(), c.reason.as_str(), c.message.clone())
-                    };
+                // Already written as programmed for this generation of the object: a later
+                // config (another object's change) being applied does not unprogram it.
+                let programmed_before = prev.is_some_and(|p| {
+                    p.iter().any(|o| {
+                        o.get("type").and_then(Value::as_str) == Some("Programmed")
+                            && o.get("status").and_then(Value::as_str) == Some("True")
+                            && o.get("observedGeneration").and_then(Value::as_i64)
+                                == Some(c.observed_generation)
+                    })
+                });
+                let held = c.type_ == "Programmed"
+                    && c.status == "True"
+                    && !self.gate.acked
+                    && (self.gate.nack.is_some() || !programmed_before);
+                let (status, reason, message) = if held {
+                    match &self.gate.nack {
+                        Some(errors) => (
+                            "False",
+                            "Invalid",
+                            format!("the dataplane rejected the configuration: {errors}"),
+                        ),
+                        None => (
+                            "Unknown",
+                            "Pending",
+                            "Waiting for the dataplane to apply the configuration".to_string(),
+                        ),
+                    }
+                } else {
+                    (c.status.as_str(), c.reason.as_str(), c.message.clone())
+                };
                 let kept = prev.and_then(|p| {
                     p.iter().find(|o| {
                         o.get("type").and_then(Value::as_str) == Some(&c.type_)
@@ -679,6 +692,34 @@ mod tests {
             now: "2026-01-01T00:00:00Z",
         };
         assert_eq!(st.conditions(&conds, None)[1]["status"], "True");
+    }
+
+    #[test]
+    fn programmed_stays_true_while_a_later_config_is_pending() {
+        let conds = vec![Condition::new("Programmed", true, "Programmed", "ok", 3)];
+        let prev = json!([{"type": "Programmed", "status": "True", "reason": "Programmed",
+            "observedGeneration": 3, "lastTransitionTime": "2020-01-01T00:00:00Z"}]);
+        let pending = Gate::default();
+        let st = Stamper {
+            gate: &pending,
+            now: "2026-01-01T00:00:00Z",
+        };
+        let out = st.conditions(&conds, Some(&prev));
+        assert_eq!(out[0]["status"], "True");
+        assert_eq!(out[0]["lastTransitionTime"], "2020-01-01T00:00:00Z");
+        // A new generation of the object waits for the dataplane again.
+        let newer = vec![Condition::new("Programmed", true, "Programmed", "ok", 4)];
+        assert_eq!(st.conditions(&newer, Some(&prev))[0]["status"], "Unknown");
+        // A rejected config still says so.
+        let nack = Gate {
+            acked: false,
+            nack: Some("bad".into()),
+        };
+        let st = Stamper {
+            gate: &nack,
+            now: "2026-01-01T00:00:00Z",
+        };
+        assert_eq!(st.conditions(&conds, Some(&prev))[0]["status"], "False");
     }
 
     #[test]

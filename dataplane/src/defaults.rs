@@ -124,6 +124,7 @@ pub fn default_config(site_root: &Path, cert_pem: String, key_pem: String) -> Co
             connect_timeout: Duration::from_secs(2),
             outlier: OutlierDetection::default(),
             max_idle_per_endpoint: 8,
+            ..Backend::new("admin", Vec::new())
         }],
         admin: Some(admin),
         ..Config::default()

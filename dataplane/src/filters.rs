@@ -513,6 +513,8 @@ impl CompiledFilters {
                     out.cors = Some(CompiledCors::compile(c).map_err(err)?);
                     out.request.push(RequestFilter::CorsPreflight);
                 }
+                // Applied by the pipeline before every other filter (see `crate::access`).
+                Filter::RateLimit(_) | Filter::IpAccess(_) => {}
                 Filter::Compress(c) => {
                     out.edge.compress = crate::compress::CompressPolicy::compile(c)
                 }
@@ -613,6 +615,8 @@ fn filter_kind(f: &Filter) -> &'static str {
         Filter::Rewrite(_) => "rewrite",
         Filter::Mirror(_) => "mirror",
         Filter::Cors(_) => "cors",
+        Filter::RateLimit(_) => "rate_limit",
+        Filter::IpAccess(_) => "ip_access",
         Filter::Compress(_) => "compress",
         Filter::Cache(_) => "cache",
         Filter::Grpc(_) => "grpc",

@@ -19,11 +19,15 @@
 //! * [`metrics`]: counters and histograms, rendered in Prometheus text format.
 //! * [`access_log`]: JSON access log written off the request path.
 //! * [`defaults`]: the embedded default config used when no `--config` is given.
+//! * [`access`]: real client IP behind trusted proxies, IP allow/deny lists, rate limits.
+//! * [`proxy_protocol`]: PROXY protocol v1/v2 headers, read on listeners and sent to backends.
+//! * [`l4`]: layer-4 listeners: TLS passthrough by SNI, TCP and UDP proxying.
 //! * [`compress`]: on-the-fly gzip/brotli/zstd of responses (`compress` filter).
 //! * [`cache`]: the in-memory response cache (`cache` filter), purged through admin.
 //! * [`websocket`]: HTTP/1.1 Upgrade and HTTP/2 extended CONNECT tunnels to backends.
 //! * [`grpc`]: gRPC-shaped errors and gRPC-Web translation.
 
+pub mod access;
 pub mod access_log;
 pub mod admin;
 pub mod body;
@@ -35,10 +39,12 @@ pub mod defaults;
 pub mod filters;
 pub mod grpc;
 pub mod h3;
+pub mod l4;
 pub mod limits;
 pub mod metrics;
 pub mod pipeline;
 pub mod proxy;
+pub mod proxy_protocol;
 pub mod router;
 pub mod runtime;
 pub mod server;

@@ -125,6 +125,12 @@ pub struct Metrics {
     pub access_log_dropped: AtomicU64,
     /// Connections accepted, all time.
     pub connections_total: AtomicU64,
+    /// Edge features: active health check results by backend and result (`pass`, `fail`),
+    /// and endpoint state changes (`down`, `up`).
+    pub health_checks: LabeledCounter<(Arc<str>, &'static str)>,
+    /// Edge features: requests refused by access rules (`ip_denied`, `rate_limited`) and
+    /// layer-4 events (`l4_no_route`, `udp_session_limit`, `proxy_protocol_error`…).
+    pub edge_events: LabeledCounter<&'static str>,
     /// Response cache and WebSocket tunnel figures.
     pub edge: EdgeMetrics,
     /// Open WebSocket (upgrade) tunnels.
@@ -368,6 +374,28 @@ impl Metrics {
             "Access log lines dropped because the writer fell behind.",
             self.access_log_dropped.load(Relaxed),
         );
+        header(
+            o,
+            "sweety_health_checks_total",
+            "counter",
+            "Active health check results and endpoint state changes by backend.",
+        );
+        for ((b, r), v) in self.health_checks.snapshot() {
+            let _ = writeln!(
+                o,
+                "sweety_health_checks_total{{backend=\"{}\",result=\"{r}\"}} {v}",
+                esc(&b)
+            );
+        }
+        header(
+            o,
+            "sweety_edge_events_total",
+            "counter",
+            "Access-rule refusals and layer-4 events by kind.",
+        );
+        for (k, v) in self.edge_events.snapshot() {
+            let _ = writeln!(o, "sweety_edge_events_total{{kind=\"{k}\"}} {v}");
+        }
         self.edge.render(o, self.websocket_tunnels.load(Relaxed));
         out
     }

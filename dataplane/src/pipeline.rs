@@ -6,7 +6,7 @@
 //! 2. **snapshot**: pin the current config; the request finishes on it even if a reload swaps
 //!    in a newer one meanwhile;
 //! 3. **route**: host (421 on a misdirected request), then path/method/headers/query (404);
-//! 4. **request filters**: header modifiers, rewrites, redirects, CORS preflight, mirrors;
+//! 4. **request filters**: IP access lists and rate limits first, then header modifiers, rewrites, redirects, CORS preflight, mirrors;
 //! 5. **action**: proxy, static files or a fixed reply, under the route's request timeout;
 //! 6. **response filters**: header modifiers, CORS, `Alt-Svc`;
 //! 7. **account**: metrics at the response head; the access log line and the release of the
@@ -45,6 +45,13 @@ pub async fn handle(
     let start = Instant::now();
     let snap = shared.snapshot();
     let view = snap.listener(&conn.listener);
+    // The real client behind trusted proxies (see `crate::access`).
+    let mut req = req;
+    let conn = if snap.edge.client_ip.is_empty() {
+        conn
+    } else {
+        snap.edge.client_ip.resolve(&conn, req.headers_mut())
+    };
     let limits = &snap.config.limits;
 
     // 1. admit
@@ -225,6 +232,13 @@ async fn route_and_serve<'a>(
     };
     let route_name = entry.name.clone();
 
+    // 4a. access rules: IP allow/deny lists (403), then rate limits (429).
+    if let Some(rules) = snap.edge.route(&entry.route) {
+        if let Err(refusal) = rules.check(ctx.conn.peer.ip(), req.headers(), Instant::now()) {
+            let r = crate::access::refusal_response(refusal, &shared.metrics);
+            return (route_name, r, Some(entry));
+        }
+    }
     let upgrade = crate::websocket::upgrade_request(&req);
     let cache_host: Option<String> = entry
         .filters

@@ -47,6 +47,10 @@ pub struct ListenerView {
     pub limit: Option<Arc<Limit>>,
     /// `Alt-Svc` value advertised on H1/H2 responses when HTTP/3 is served.
     pub alt_svc: Option<HeaderValue>,
+    /// Routes of a layer-4 (`tcp`, `udp`, `tls_passthrough`) listener.
+    pub l4: Option<Arc<crate::l4::L4Listener>>,
+    /// Set when connections start with a PROXY protocol header.
+    pub proxy_protocol: Option<Arc<crate::proxy_protocol::Expect>>,
 }
 
 /// An immutable, fully built config.
@@ -71,6 +75,8 @@ pub struct Snapshot {
     by_key: HashMap<BindKey, Arc<ListenerView>>,
     /// hyper connection builder configured from the limits.
     pub http: hyper_util::server::conn::auto::Builder<TokioExecutor>,
+    /// Client-IP rules, IP access lists and rate limits.
+    pub edge: crate::access::Edge,
 }
 
 impl std::fmt::Debug for Snapshot {
@@ -107,6 +113,7 @@ impl Snapshot {
             ),
             listeners: HashMap::new(),
             by_key: HashMap::new(),
+            edge: crate::access::Edge::default(),
         }
     }
 }
@@ -124,6 +131,8 @@ pub struct Shared {
     pub access_log: AccessLog,
     /// True once a config has been applied.
     pub ready: AtomicBool,
+    /// Rate-limit buckets, kept across reloads.
+    pub rate_zones: crate::access::Zones,
     /// The response cache (routes with a `cache` filter); bounds follow `config.cache`.
     pub cache: Arc<crate::cache::Cache>,
     listener_limits: Mutex<HashMap<String, Arc<Limit>>>,
@@ -198,11 +207,13 @@ struct RunningQuic {
     task: JoinHandle<()>,
 }
 
-/// Every running listener socket: TCP, and UDP for HTTP/3, each by bind key.
+/// Every running listener socket: TCP, UDP for HTTP/3, and UDP of layer-4 listeners, each
+/// by bind key.
 #[derive(Default)]
 struct Sockets {
     tcp: HashMap<BindKey, Running>,
     udp: HashMap<BindKey, RunningQuic>,
+    l4udp: HashMap<BindKey, Running>,
 }
 
 /// The dataplane runtime: applies configs and runs listeners.
@@ -237,6 +248,7 @@ impl Runtime {
             static_files: StaticFiles::new(opts.static_cache_bytes),
             access_log,
             ready: AtomicBool::new(false),
+            rate_zones: crate::access::Zones::default(),
             cache: Arc::new(crate::cache::Cache::new(
                 sweety_config::CacheSettings::default(),
                 metrics.clone(),
@@ -314,9 +326,33 @@ impl Runtime {
         // port for HTTP/3 (a new ephemeral-port listener retries until both are free).
         let mut fresh = HashMap::new();
         let mut fresh_udp = HashMap::new();
+        let mut fresh_l4udp = HashMap::new();
+        for (i, l, _, _) in &views {
+            if l.protocol != ListenerProtocol::Udp {
+                continue;
+            }
+            let key = bind_key(l);
+            if sockets.l4udp.contains_key(&key) || fresh_l4udp.contains_key(&key) {
+                continue;
+            }
+            let sock = crate::h3::bind_udp(key.0).map_err(|source| ApplyError::Bind {
+                index: *i,
+                name: l.name.clone(),
+                addr: key.0,
+                source,
+            })?;
+            let sock =
+                tokio::net::UdpSocket::from_std(sock).map_err(|source| ApplyError::Bind {
+                    index: *i,
+                    name: l.name.clone(),
+                    addr: key.0,
+                    source,
+                })?;
+            fresh_l4udp.insert(key, sock);
+        }
         for (i, l, _, quic) in &views {
-            if !matches!(l.protocol, ListenerProtocol::Http | ListenerProtocol::Https) {
-                continue; // L4 listeners arrive with the edge-features work.
+            if l.protocol == ListenerProtocol::Udp {
+                continue; // Bound above.
             }
             let key = bind_key(l);
             let bind_err = |addr, source| ApplyError::Bind {
@@ -393,6 +429,13 @@ impl Runtime {
                     .get(&key)
                     .map(|r| r.local.port())
                     .or_else(|| fresh.get(&key).and_then(local_port))
+                    .or_else(|| sockets.l4udp.get(&key).map(|r| r.local.port()))
+                    .or_else(|| {
+                        fresh_l4udp
+                            .get(&key)
+                            .and_then(|u| u.local_addr().ok())
+                            .map(|a| a.port())
+                    })
                     .unwrap_or(l.port);
                 let limit = l.max_requests_in_flight.map(|max| {
                     let lim = limits
@@ -412,6 +455,11 @@ impl Runtime {
                     limit,
                     alt_svc: h3_up
                         .then(|| crate::h3::alt_svc(port, config.http3.alt_svc_max_age.get())),
+                    l4: crate::l4::L4Listener::compile(l),
+                    proxy_protocol: crate::proxy_protocol::Expect::for_listener(
+                        &config.client_ip,
+                        &l.name,
+                    ),
                 });
                 by_key.insert(key.clone(), view.clone());
                 listeners.insert(view.name.clone(), view);
@@ -422,6 +470,7 @@ impl Runtime {
             .into_iter()
             .filter_map(|(_, l, _, q)| Some((bind_key(l), q?)))
             .collect();
+        let edge = crate::access::Edge::build(&config.client_ip, &routes, &self.shared.rate_zones);
         let hash = config.content_hash_mut();
         let virtual_host_count = std::mem::take(&mut config.virtual_hosts).len();
         let backend_count = std::mem::take(&mut config.backends).len();
@@ -435,6 +484,7 @@ impl Runtime {
             listeners,
             by_key,
             config: Arc::new(config),
+            edge,
         };
         let limits = snapshot.config.limits.clone();
         let generation = snapshot.config.generation;
@@ -494,9 +544,34 @@ impl Runtime {
             };
             sockets.udp.insert(key, r);
         }
+        for (key, sock) in fresh_l4udp {
+            let local = sock.local_addr().unwrap_or(key.0);
+            let (stop, stop_rx) = watch::channel(false);
+            let task = tokio::spawn(crate::l4::udp::run_udp(
+                self.shared.clone(),
+                Arc::new(sock),
+                key.clone(),
+                stop_rx,
+            ));
+            sockets.l4udp.insert(key, Running { local, stop, task });
+        }
         let snap = self.shared.snapshot();
+        snap.upstreams.start_health_checks();
+        let udp_l4 = |k: &BindKey| {
+            snap.by_key
+                .get(k)
+                .is_some_and(|v| v.protocol == ListenerProtocol::Udp)
+        };
+        sockets.l4udp.retain(|key, r| {
+            let keep = udp_l4(key);
+            if !keep {
+                let _ = r.stop.send(true);
+                tracing::info!(addr = %r.local, "UDP listener removed");
+            }
+            keep
+        });
         sockets.tcp.retain(|key, r| {
-            let keep = snap.by_key.contains_key(key);
+            let keep = snap.by_key.contains_key(key) && !udp_l4(key);
             if !keep {
                 let _ = r.stop.send(true);
                 tracing::info!(addr = %r.local, "listener removed; draining");
@@ -512,7 +587,13 @@ impl Runtime {
         let snap = self.shared.snapshot();
         snap.by_key
             .iter()
-            .filter_map(|(k, v)| running.tcp.get(k).map(|r| (v.name.to_string(), r.local)))
+            .filter_map(|(k, v)| {
+                running
+                    .tcp
+                    .get(k)
+                    .or_else(|| running.l4udp.get(k))
+                    .map(|r| (v.name.to_string(), r.local))
+            })
             .collect()
     }
 
@@ -536,6 +617,10 @@ impl Runtime {
             tasks.push(r.task);
         }
         for (_, r) in running.udp.drain() {
+            let _ = r.stop.send(true);
+            tasks.push(r.task);
+        }
+        for (_, r) in running.l4udp.drain() {
             let _ = r.stop.send(true);
             tasks.push(r.task);
         }

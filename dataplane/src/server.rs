@@ -2,6 +2,9 @@
 //! connection limit), the TLS handshake with SNI and ALPN, and hyper serving HTTP/1.1 and
 //! HTTP/2 (h2 by ALPN on TLS, h2c by prior knowledge on plain TCP) into the shared pipeline.
 //!
+//! Connections of a listener that expects PROXY protocol headers read one first (bounded by
+//! its timeout); layer-4 listeners (TCP, TLS passthrough) hand the connection to [`crate::l4`].
+//!
 //! Each listener drains gracefully when stopped: it stops accepting, asks every connection
 //! to finish (HTTP/2 GOAWAY, HTTP/1.1 close after the current response) and waits up to the
 //! drain timeout.
@@ -54,6 +57,34 @@ pub async fn run_tcp(
         let shared = shared.clone();
         tokio::spawn(async move {
             let _permit = permit;
+            let mut stream = stream;
+            let mut peer = peer;
+            // PROXY protocol header first, when the listener expects one from this peer.
+            if let Some(pp) = view
+                .proxy_protocol
+                .as_ref()
+                .filter(|p| p.applies_to(peer.ip()))
+            {
+                let read = crate::proxy_protocol::read_header(&mut stream);
+                match tokio::time::timeout(pp.timeout, read).await {
+                    Ok(Ok(Some(a))) => peer = a.source,
+                    Ok(Ok(None)) => {}
+                    Ok(Err(e)) => {
+                        tracing::debug!(%peer, error = %e, "PROXY protocol header refused");
+                        shared.metrics.edge_events.inc(&"proxy_protocol_error");
+                        return;
+                    }
+                    Err(_) => {
+                        shared.metrics.edge_events.inc(&"proxy_protocol_timeout");
+                        return;
+                    }
+                }
+            }
+            if view.l4.is_some() {
+                let local = stream.local_addr().unwrap_or(peer);
+                crate::l4::serve_tcp(shared, view, stream, peer, local).await;
+                return;
+            }
             serve_conn(
                 shared,
                 view,

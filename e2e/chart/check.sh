@@ -212,6 +212,7 @@ else
         gatewayclasses.gateway.networking.k8s.io backendtlspolicies.gateway.networking.k8s.io \
         ingresses.networking.k8s.io sweetysites.sweety.dev; do
         can yes patch "$r" --subresource=status -n default
+        can yes get "$r" --subresource=status -n default
     done
     can no patch sweetyproxyconfigs.sweety.dev --subresource=status -n default
     can yes create events -n default

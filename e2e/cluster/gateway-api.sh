@@ -2,6 +2,7 @@
 # e2e/cluster/gateway-api.sh — Gateway API helpers for the local control plane started by up.sh.
 #   ./gateway-api.sh crds [standard|experimental]   install the CRDs (+ safe-upgrades VAP) from the Go module
 #   ./gateway-api.sh build                          build bin/gwconf.test (conformance suite) and bin/echo-basic
+#   ./gateway-api.sh build-echo                     build only bin/echo-basic (skipped when it exists)
 #   ./gateway-api.sh run [conformance flags...]     run bin/gwconf.test against $KUBECONFIG
 # GATEWAY_API_VERSION defaults to v1.6.3 (v1.7.0 needs Go >= 1.27).
 set -euo pipefail
@@ -22,9 +23,13 @@ crds)
   for f in "$D"/*.yaml; do [ "$(basename "$f")" = kustomization.yaml ] || echo "-f=$f"; done | xargs kubectl apply --server-side
   kubectl wait --for=condition=Established crd --all --timeout=60s
   ;;
-build)
+build|build-echo)
   d=$GWBIN/src
   mkdir -p "$d" "$GWBIN"
+  # Several checkouts share this cache: one build at a time.
+  exec 9>"$GWBIN/.lock"
+  flock 9
+  if [ "$1" = build-echo ] && [ -x "$GWBIN/echo-basic" ]; then echo "$GWBIN/echo-basic"; exit 0; fi
   if [ ! -f "$d/go.mod" ] || ! grep -q "sigs.k8s.io/gateway-api/conformance $V" "$d/go.mod"; then
     rm -f "$d/go.mod" "$d/go.sum"
     # The conformance package is its own module since v1.5 (with `replace sigs.k8s.io/gateway-api => ../`,
@@ -34,8 +39,15 @@ build)
     printf '//go:build tools\n\npackage gwconf\n\nimport _ "sigs.k8s.io/gateway-api/conformance/echo-basic"\n' > "$d/tools.go"
     (cd "$d" && go mod tidy)
   fi
-  (cd "$d" && go test -c -o "$GWBIN/gwconf.test" . && go build -o "$GWBIN/echo-basic" sigs.k8s.io/gateway-api/conformance/echo-basic)
-  ls -la "$GWBIN/gwconf.test" "$GWBIN/echo-basic"
+  # Built under a temporary name and renamed, so a reader never sees a half-written binary.
+  (cd "$d" && go build -o "$GWBIN/.echo-basic.tmp" sigs.k8s.io/gateway-api/conformance/echo-basic)
+  mv -f "$GWBIN/.echo-basic.tmp" "$GWBIN/echo-basic"
+  if [ "$1" = build ]; then
+    (cd "$d" && go test -c -o "$GWBIN/.gwconf.test.tmp" .)
+    mv -f "$GWBIN/.gwconf.test.tmp" "$GWBIN/gwconf.test"
+    ls -la "$GWBIN/gwconf.test"
+  fi
+  ls -la "$GWBIN/echo-basic"
   ;;
 run)
   shift

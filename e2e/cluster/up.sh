@@ -12,6 +12,10 @@
 #         export KUBECONFIG=$SWEETY_CLUSTER_DIR/run/kubeconfig   (default ~/.cache/sweety/cluster)
 #
 # Binaries are cached under ~/.cache/sweety/k8s/<versions>/bin, keyed by version (K8S_VERSION, ETCD_VERSION).
+# Knobs (env): SWEETY_CLUSTER_DIR (state: PKI, etcd data, logs, pid files), ETCD_PORT, ETCD_PEER_PORT,
+# APISERVER_PORT, KCM_PORT, SCHED_PORT (give each concurrent cluster its own), POD_CIDRS (node-agent networks
+# whose .1 the apiserver certificate names), SERVICE_CIDR, CLUSTER_CIDR, AUTHZ_MODE, KCM_CONTROLLERS,
+# START_KCM, START_SCHEDULER, ETCD_DATA_DIR.
 #
 # Requirements: go (>=1.24; 1.26 tested), openssl, curl, python3 (only for parsing `go mod download -json`).
 set -euo pipefail
@@ -36,6 +40,19 @@ SCHED_PORT=${SCHED_PORT:-10259}
 SERVICE_CIDR=${SERVICE_CIDR:-10.96.0.0/16}
 SERVICE_API_IP=${SERVICE_API_IP:-10.96.0.1}
 CLUSTER_CIDR=${CLUSTER_CIDR:-10.244.0.0/16}
+# The node agents' Pod networks (comma-separated /24s; each agent's bridge gets .1). Pods reach the apiserver
+# through the agent's relay on that .1 address, so the serving certificate names each of them (it is remade
+# when this list changes). The default covers 10.244.0.0/24 ... 10.251.0.0/24, the networks the e2e
+# harnesses use (see e2e/README.md: the agent's default, install.sh, conformance, CI, the agent's own test).
+POD_CIDRS=${POD_CIDRS:-10.244.0.0/24,10.245.0.0/24,10.246.0.0/24,10.247.0.0/24,10.248.0.0/24,10.249.0.0/24,10.250.0.0/24,10.251.0.0/24}
+NODE_IP_SANS=""
+IFS=, read -r -a _cidrs <<< "$POD_CIDRS"
+for c in "${_cidrs[@]}"; do
+  case $c in
+    *.0/24) NODE_IP_SANS="$NODE_IP_SANS,IP:${c%.0/24}.1" ;;
+    *) echo "POD_CIDRS: each entry must be a.b.c.0/24, got '$c'" >&2; exit 2 ;;
+  esac
+done
 AUTHZ_MODE=${AUTHZ_MODE:-Node,RBAC}                # or AlwaysAllow
 # node-lifecycle-controller would mark heartbeat-less fake Nodes NotReady/unreachable after ~50s and
 # taint them (then evict pods). Disabled by default; set KCM_CONTROLLERS='*' when using kwok (it heartbeats).
@@ -111,10 +128,6 @@ if [ ! -f "$PKI/ca.crt" ]; then
     openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days 3650 \
       -subj "/CN=k8slocal-ca" -addext "basicConstraints=critical,CA:TRUE" \
       -addext "keyUsage=critical,keyCertSign,cRLSign,digitalSignature" 2>/dev/null
-    # apiserver serving cert (a proper leaf cert: rustls/webpki rejects self-signed CA-as-leaf certs)
-    openssl req -newkey rsa:2048 -nodes -keyout apiserver.key -out apiserver.csr -subj "/CN=kube-apiserver" 2>/dev/null
-    printf 'basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1,IP:%s,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local\n' "$SERVICE_API_IP" > apiserver.ext
-    openssl x509 -req -in apiserver.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out apiserver.crt -days 3650 -extfile apiserver.ext 2>/dev/null
     # admin client cert (O=system:masters) for client-cert auth
     openssl req -newkey rsa:2048 -nodes -keyout admin.key -out admin.csr -subj "/O=system:masters/CN=kubernetes-admin" 2>/dev/null
     printf 'basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=clientAuth\n' > client.ext
@@ -128,7 +141,19 @@ if [ ! -f "$PKI/ca.crt" ]; then
       echo "$KCM_TOKEN,system:kube-controller-manager,uid-kcm,\"system:masters\""
       echo "$SCHED_TOKEN,system:kube-scheduler,uid-sched,\"system:masters\""
     } > tokens.csv
-    chmod 600 *.key tokens.csv )
+    chmod 600 ./*.key tokens.csv )
+fi
+# apiserver serving cert (a proper leaf cert: rustls/webpki rejects self-signed CA-as-leaf certs); remade
+# when its SANs change (e.g. other POD_CIDRS). The apiserver reloads it from disk.
+san="IP:127.0.0.1,IP:$SERVICE_API_IP$NODE_IP_SANS,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
+ext=$(printf 'basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\nsubjectAltName=%s' "$san")
+if [ ! -f "$PKI/apiserver.crt" ] || [ "$(cat "$PKI/apiserver.ext" 2>/dev/null)" != "$ext" ]; then
+  log "generating apiserver serving certificate (SANs $san)"
+  ( cd "$PKI"
+    printf '%s\n' "$ext" > apiserver.ext
+    openssl req -newkey rsa:2048 -nodes -keyout apiserver.key -out apiserver.csr -subj "/CN=kube-apiserver" 2>/dev/null
+    openssl x509 -req -in apiserver.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out apiserver.crt -days 3650 -extfile apiserver.ext 2>/dev/null
+    chmod 600 apiserver.key )
 fi
 
 token_of() { grep ",$1," "$PKI/tokens.csv" | cut -d, -f1; }

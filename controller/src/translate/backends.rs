@@ -261,6 +261,11 @@ impl Backends {
         self.by_name.entry(backend.name.clone()).or_insert(backend);
     }
 
+    /// The backend registered under `name`, if any.
+    pub fn get(&self, name: &str) -> Option<&Backend> {
+        self.by_name.get(name)
+    }
+
     /// All backends, sorted by name.
     pub fn into_config(self) -> Vec<Backend> {
         self.by_name.into_values().collect()

@@ -738,6 +738,7 @@ pub(crate) fn resolve_backend(
     };
     b.backends
         .service(&b.services, ns, &svc.name, port.as_ref(), &options)
+        .map(|name| ann.balanced_backend(b, name))
         .map_err(|e| {
             report.warn(e.reason(), e.to_string());
             e.to_string()

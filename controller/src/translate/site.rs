@@ -23,8 +23,10 @@
 //! - **responseHeaders** → a response-header filter on every route; `cache.ttlSeconds` sets
 //!   `Cache-Control: public, max-age=<ttl>` on static routes and a `cache` filter (ttl) on proxy
 //!   routes; `compression.enabled` → a `compress` filter on every route (`minimumSize` →
-//!   `min_size`). `rateLimit` has no dataplane knob yet: it is accepted and the `Accepted`
-//!   message says it is not enforced.
+//!   `min_size`).
+//! - **rateLimit** → a per-client-IP `rate_limit` filter on every route of the site, all in one
+//!   zone (`site/<ns>/<name>`), so the limit is per client across the whole site:
+//!   `requestsPerSecond` per second with `burst` extra.
 //! - **Status**: `Accepted`, `ResolvedRefs` (`BackendNotFound`, `SecretNotFound`,
 //!   `ConfigMapNotFound`), `Programmed=True` (the status writer holds it back until the
 //!   dataplane acknowledges the config), and `addresses` from the ingress Service's load
@@ -43,7 +45,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use sweety_config::{
     Action, Filter, FixedResponse, HeaderModifier, HeaderValue, PathMatch, PathRewrite,
-    ProxyAction, Redirect, Route, RouteMatch, StaticSite, VirtualHost, WeightedBackend,
+    ProxyAction, RateLimit, RateLimitKey, Redirect, Route, RouteMatch, StaticSite, VirtualHost,
+    WeightedBackend,
 };
 use sweety_crds::site::{PathType, Preset, SiteRoute, StaticAction};
 use sweety_crds::SweetySite;
@@ -301,6 +304,19 @@ pub fn translate(b: &mut Builder<'_>) {
                 retry: None,
             };
             for r in extra.iter_mut().chain(std::iter::once(&mut route)) {
+                if let Some(rl) = &site.spec.rate_limit {
+                    r.filters.insert(
+                        0,
+                        Filter::RateLimit(RateLimit {
+                            key: RateLimitKey::ClientIp,
+                            requests: rl.requests_per_second.max(1) as u32,
+                            period: sweety_config::Duration::from_secs(1),
+                            burst: rl.burst.unwrap_or(0).max(0) as u32,
+                            max_keys: 65_536,
+                            zone: Some(format!("site/{ns}/{name}")),
+                        }),
+                    );
+                }
                 if let Some(e) = &edits {
                     r.filters.push(Filter::ResponseHeaders(e.clone()));
                 }
@@ -321,16 +337,6 @@ pub fn translate(b: &mut Builder<'_>) {
                     .chain(extra)
                     .filter_map(|r| checked_route(r, &mut invalid)),
             );
-        }
-        let mut not_enforced = Vec::new();
-        if site.spec.rate_limit.is_some() {
-            not_enforced.push("rateLimit");
-        }
-        if !not_enforced.is_empty() {
-            notes.push(format!(
-                "{} accepted but not yet enforced by the dataplane",
-                not_enforced.join(" and ")
-            ));
         }
         let mut listeners = vec![HTTP_LISTENER.to_string()];
         if tls_ok {

@@ -15,12 +15,14 @@
 
 mod duration;
 mod edge;
+mod edgenet;
 mod model;
 mod validate;
 pub mod wire;
 
 pub use duration::Duration;
 pub use edge::*;
+pub use edgenet::*;
 pub use model::*;
 pub use validate::{ValidationError, ValidationErrors};
 

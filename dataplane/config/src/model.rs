@@ -3,6 +3,9 @@
 //! Field names are `snake_case` in YAML/JSON. Every struct rejects unknown fields so a typo is
 //! an error rather than a silently ignored setting. Defaults are chosen for a production edge.
 
+use crate::edgenet::{
+    ClientIp, HashPolicy, HealthCheck, IpAccess, L4Settings, RateLimit, SessionPersistence,
+};
 use crate::Duration;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -54,6 +57,12 @@ pub struct Config {
     /// Access log settings.
     #[serde(default)]
     pub access_log: AccessLog,
+    /// Where the real client address comes from (trusted proxies, PROXY protocol).
+    #[serde(default, skip_serializing_if = "ClientIp::is_default")]
+    pub client_ip: ClientIp,
+    /// Settings of the layer-4 (`tcp`, `udp`, `tls_passthrough`) listeners.
+    #[serde(default, skip_serializing_if = "L4Settings::is_default")]
+    pub l4: L4Settings,
     /// Bounds of the in-memory response cache (used by routes with a `cache` filter).
     #[serde(default, skip_serializing_if = "crate::CacheSettings::is_default")]
     pub cache: crate::CacheSettings,
@@ -75,6 +84,8 @@ impl Default for Config {
             http3: Http3::default(),
             admin: None,
             access_log: AccessLog::default(),
+            client_ip: ClientIp::default(),
+            l4: L4Settings::default(),
             cache: crate::CacheSettings::default(),
         }
     }
@@ -341,6 +352,10 @@ pub enum Filter {
     Mirror(Mirror),
     /// Answer CORS preflights and decorate responses.
     Cors(Cors),
+    /// Token-bucket rate limit (429 past it). Checked before the other request filters.
+    RateLimit(RateLimit),
+    /// IP allow and deny lists (403). Checked before the other request filters.
+    IpAccess(IpAccess),
     /// Compress responses (gzip, br, zstd) by the client's Accept-Encoding.
     Compress(crate::Compression),
     /// Cache responses in memory.
@@ -623,6 +638,18 @@ pub struct Backend {
     /// Idle pooled connections kept per endpoint. Default 64.
     #[serde(default = "default_pool_idle")]
     pub max_idle_per_endpoint: u32,
+    /// Session affinity by cookie or header (takes precedence over `hash`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_persistence: Option<SessionPersistence>,
+    /// Consistent hashing of requests onto endpoints (replaces `lb` when the key is present).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hash: Option<HashPolicy>,
+    /// Active health checks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health_check: Option<HealthCheck>,
+    /// Send a PROXY protocol v2 header on each new connection (layer-4 listeners only).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub send_proxy_protocol: bool,
 }
 
 impl Backend {
@@ -637,6 +664,10 @@ impl Backend {
             connect_timeout: default_connect_timeout(),
             outlier: OutlierDetection::default(),
             max_idle_per_endpoint: default_pool_idle(),
+            session_persistence: None,
+            hash: None,
+            health_check: None,
+            send_proxy_protocol: false,
         }
     }
 }

@@ -177,6 +177,9 @@ impl<'a> Validator<'a> {
         if log.buffer_lines == 0 {
             self.err("access_log.buffer_lines", "must be greater than 0");
         }
+        let found = crate::edgenet::check_client_ip(&cfg.client_ip, &cfg.listeners);
+        self.problems("client_ip", found);
+        self.problems("l4", crate::edgenet::check_l4(&cfg.l4));
         if cfg.cache.max_bytes == 0 {
             self.err("cache.max_bytes", "must be greater than 0");
         }
@@ -572,6 +575,14 @@ impl<'a> Validator<'a> {
                 }
             }
             Filter::Cors(c) => self.cors(&format!("{path}.cors"), c),
+            Filter::RateLimit(r) => self.problems(
+                &format!("{path}.rate_limit"),
+                crate::edgenet::check_rate_limit(r),
+            ),
+            Filter::IpAccess(a) => self.problems(
+                &format!("{path}.ip_access"),
+                crate::edgenet::check_ip_access(a),
+            ),
             Filter::Compress(c) => self.compress(&format!("{path}.compress"), c),
             Filter::Cache(c) => self.cache_policy(&format!("{path}.cache"), c),
             Filter::Grpc(_) => {}
@@ -609,6 +620,17 @@ impl<'a> Validator<'a> {
         for (k, h) in c.key_headers.iter().enumerate() {
             if let Err(msg) = check_token(h, "header name") {
                 self.err(format!("{path}.key_headers[{k}]"), msg);
+            }
+        }
+    }
+
+    /// Reports problems found by the edge-feature checks under `path`.
+    fn problems(&mut self, path: &str, found: crate::edgenet::Problems) {
+        for (field, msg) in found {
+            if field.is_empty() {
+                self.err(path, msg);
+            } else {
+                self.err(format!("{path}.{field}"), msg);
             }
         }
     }
@@ -720,12 +742,8 @@ impl<'a> Validator<'a> {
                 }
             }
         }
-        if c.allow_credentials && c.allow_origins.iter().any(|o| o == "*") {
-            self.err(
-                format!("{path}.allow_credentials"),
-                "cannot be combined with the \"*\" origin (browsers reject it); list the origins",
-            );
-        }
+        // `*` with credentials is allowed: the dataplane then echoes the request's origin
+        // instead of `*` (browsers reject `*` with credentials), as Gateway API's CORS asks.
     }
 
     // ---------------------------------------------------------------- actions
@@ -828,8 +846,23 @@ impl<'a> Validator<'a> {
                     self.err(format!("{tpath}.sni"), msg);
                 }
             }
+            if !tls.subject_alt_names.is_empty() && tls.ca.is_none() {
+                self.err(
+                    format!("{tpath}.subject_alt_names"),
+                    "requires ca (without a CA the backend certificate is not verified)",
+                );
+            }
             for (k, san) in tls.subject_alt_names.iter().enumerate() {
-                if san.parse::<IpAddr>().is_err() {
+                // A URI SAN (`spiffe://…`): scheme, `://`, no spaces or controls.
+                let uri = san.split_once("://").is_some_and(|(scheme, rest)| {
+                    !scheme.is_empty()
+                        && scheme
+                            .bytes()
+                            .all(|b| b.is_ascii_alphanumeric() || b"+-.".contains(&b))
+                        && !rest.is_empty()
+                        && !rest.bytes().any(|b| b <= 0x20 || b == 0x7f)
+                });
+                if !uri && san.parse::<IpAddr>().is_err() {
                     if let Err(msg) = check_hostname(san, true) {
                         self.err(format!("{tpath}.subject_alt_names[{k}]"), msg);
                     }
@@ -875,6 +908,7 @@ impl<'a> Validator<'a> {
             let msg = format!("must be at most 100, got {}", o.max_ejection_percent);
             self.err(format!("{path}.outlier.max_ejection_percent"), msg);
         }
+        self.problems(path, crate::edgenet::check_backend_edge(b));
     }
 
     // ---------------------------------------------------------------- limits
@@ -2094,11 +2128,7 @@ access_log: {enabled: true, path: /var/log/sweety/access.log, buffer_lines: 1024
         for origin in ["https://example.com:8443", "http://[::1]:3000", "app://*"] {
             expect_ok(|c| cors(c).allow_origins[1] = origin.into());
         }
-        expect_one(
-            |c| cors(c).allow_origins[1] = "*".into(),
-            &format!("{p}.allow_credentials"),
-            "cannot be combined with the \"*\" origin",
-        );
+        expect_ok(|c| cors(c).allow_origins[1] = "*".into());
         expect_ok(|c| {
             cors(c).allow_origins[1] = "*".into();
             cors(c).allow_credentials = false;

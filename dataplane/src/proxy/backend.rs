@@ -25,6 +25,8 @@ pub(super) struct EndpointState {
     pub(super) pool: Arc<Pool>,
     pub(super) health: Mutex<Health>,
     pub(super) in_flight: AtomicUsize,
+    /// False while active health checks find the endpoint down.
+    pub(super) hc_up: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Debug)]
@@ -41,6 +43,16 @@ pub(super) struct BackendRt {
     pub(super) connector: Connector,
     pub(super) wrr: balance::SmoothWrr,
     pub(super) eject_lock: Mutex<()>,
+    /// Consistent-hash table when `config.hash` is set.
+    pub(super) hash_table: Option<balance::HashTable>,
+    /// Active health check tasks, stopped when this backend is dropped.
+    pub(super) checks: super::health::Checks,
+}
+
+/// The opaque session-affinity token naming an endpoint: a stable hash of its address, so
+/// every replica issues and understands the same tokens and no address is revealed.
+pub(super) fn session_token(address: &str) -> String {
+    format!("{:016x}", balance::stable_hash(address.as_bytes()))
 }
 
 /// Counts a request in flight on an endpoint until dropped (with the response body).
@@ -95,21 +107,53 @@ impl BackendRt {
         self.endpoints.iter().map(|e| &e.state.health).collect()
     }
 
-    /// Picks an endpoint index: weight > 0, not ejected (or all in panic mode), preferring
-    /// endpoints not in `tried`.
-    pub(super) fn pick(&self, tried: &[usize]) -> Option<usize> {
+    /// Endpoints that may take traffic: weight > 0, not down by active health checks, and
+    /// not ejected (or all of those, in panic mode).
+    pub(super) fn eligible(&self) -> Vec<usize> {
         let weighted: Vec<usize> = (0..self.endpoints.len())
-            .filter(|&i| self.endpoints[i].weight > 0)
+            .filter(|&i| {
+                self.endpoints[i].weight > 0
+                    && self.endpoints[i].state.hc_up.load(Ordering::Acquire)
+            })
             .collect();
         if weighted.is_empty() {
-            return None;
+            return weighted;
         }
         let all = self.healths();
         let subset: Vec<&Mutex<Health>> = weighted.iter().map(|&i| all[i]).collect();
-        let eligible: Vec<usize> = outlier::eligible(&subset, Instant::now())
+        outlier::eligible(&subset, Instant::now())
             .into_iter()
             .map(|j| weighted[j])
-            .collect();
+            .collect()
+    }
+
+    /// The eligible endpoint `key` hashes to (preferring endpoints not in `tried`); `None`
+    /// without a hash table or when nothing is eligible.
+    pub(super) fn pick_hashed(&self, key: &[u8], tried: &[usize]) -> Option<usize> {
+        let table = self.hash_table.as_ref()?;
+        let eligible = self.eligible();
+        let h = balance::stable_hash(key);
+        table
+            .lookup(h, |i| eligible.contains(&i) && !tried.contains(&i))
+            .or_else(|| table.lookup(h, |i| eligible.contains(&i)))
+    }
+
+    /// The endpoint whose session token is `token`, when it is eligible.
+    pub(super) fn by_token(&self, token: &str) -> Option<usize> {
+        let idx = self
+            .endpoints
+            .iter()
+            .position(|e| session_token(&e.state.address) == token)?;
+        self.eligible().contains(&idx).then_some(idx)
+    }
+
+    /// Picks an endpoint index: weight > 0, healthy, not ejected (or all in panic mode),
+    /// preferring endpoints not in `tried`.
+    pub(super) fn pick(&self, tried: &[usize]) -> Option<usize> {
+        let eligible = self.eligible();
+        if eligible.is_empty() {
+            return None;
+        }
         let fresh: Vec<usize> = eligible
             .iter()
             .copied()

@@ -89,9 +89,229 @@ pub fn p2c(
     Some(if lb < la { ib } else { ia })
 }
 
+/// A stable 64-bit hash (FNV-1a, then the splitmix64 finalizer for good bit spread): the same
+/// on every replica and every run, so replicas agree on where a key goes.
+pub fn stable_hash(data: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in data {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h ^= h >> 30;
+    h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    h ^= h >> 27;
+    h = h.wrapping_mul(0x94d0_49bb_1331_11eb);
+    h ^ (h >> 31)
+}
+
+/// Virtual nodes per unit of weight on a hash ring.
+const RING_NODES_PER_WEIGHT: u64 = 100;
+/// Most virtual nodes on one ring (weights are scaled down to fit).
+const RING_MAX_NODES: u64 = 100_000;
+/// Maglev lookup table size (a prime; much larger than any endpoint count we expect).
+pub const MAGLEV_SIZE: usize = 65_537;
+
+/// A consistent-hash table over a backend's endpoints: ketama-style ring or Maglev.
+#[derive(Debug)]
+pub enum HashTable {
+    /// Sorted `(point, endpoint index)`; a key goes to the first point at or after its hash.
+    Ring(Vec<(u64, usize)>),
+    /// Maglev table: slot to endpoint index.
+    Maglev(Vec<u32>),
+}
+
+impl HashTable {
+    /// A ring over `(endpoint index, name, weight)`; weight-0 endpoints get no nodes.
+    pub fn ring(endpoints: &[(usize, &str, u32)]) -> HashTable {
+        let total: u64 = endpoints.iter().map(|e| u64::from(e.2)).sum();
+        let per = RING_MAX_NODES
+            .checked_div(total)
+            .map_or(0, |cap| RING_NODES_PER_WEIGHT.min(cap).max(1));
+        let mut points = Vec::new();
+        for &(idx, name, w) in endpoints {
+            for k in 0..u64::from(w) * per {
+                points.push((stable_hash(format!("{name}#{k}").as_bytes()), idx));
+            }
+        }
+        points.sort_unstable();
+        HashTable::Ring(points)
+    }
+
+    /// A Maglev table over `(endpoint index, name, weight)` (Eisenbud et al., NSDI 2016),
+    /// weighted by giving each endpoint `weight` turns per round (weights reduced by their
+    /// greatest common divisor).
+    pub fn maglev(endpoints: &[(usize, &str, u32)]) -> HashTable {
+        let live: Vec<&(usize, &str, u32)> = endpoints.iter().filter(|e| e.2 > 0).collect();
+        if live.is_empty() {
+            return HashTable::Maglev(Vec::new());
+        }
+        let g = live.iter().fold(0u32, |g, e| gcd(g, e.2)).max(1);
+        let m = MAGLEV_SIZE as u64;
+        let perms: Vec<(u64, u64)> = live
+            .iter()
+            .map(|e| {
+                let offset = stable_hash(format!("{}#offset", e.1).as_bytes()) % m;
+                let skip = stable_hash(format!("{}#skip", e.1).as_bytes()) % (m - 1) + 1;
+                (offset, skip)
+            })
+            .collect();
+        let mut next = vec![0u64; live.len()];
+        let mut table = vec![u32::MAX; MAGLEV_SIZE];
+        let mut filled = 0;
+        'fill: loop {
+            for (i, e) in live.iter().enumerate() {
+                // Bounded: each turn fills one empty slot, and there are MAGLEV_SIZE of them.
+                for _ in 0..(e.2 / g).min(1_000) {
+                    let (offset, skip) = perms[i];
+                    let mut c = (offset + next[i] * skip) % m;
+                    while table[c as usize] != u32::MAX {
+                        next[i] += 1;
+                        c = (offset + next[i] * skip) % m;
+                    }
+                    table[c as usize] = e.0 as u32;
+                    next[i] += 1;
+                    filled += 1;
+                    if filled == MAGLEV_SIZE {
+                        break 'fill;
+                    }
+                }
+            }
+        }
+        HashTable::Maglev(table)
+    }
+
+    /// The endpoint for `hash` among those `ok` accepts. The ring walks on clockwise past
+    /// endpoints that are not accepted (only their keys move); Maglev rehashes up to 32 times.
+    pub fn lookup(&self, hash: u64, ok: impl Fn(usize) -> bool) -> Option<usize> {
+        match self {
+            HashTable::Ring(points) => {
+                if points.is_empty() {
+                    return None;
+                }
+                let start = points.partition_point(|p| p.0 < hash);
+                (0..points.len())
+                    .map(|k| points[(start + k) % points.len()].1)
+                    .find(|&i| ok(i))
+            }
+            HashTable::Maglev(table) => {
+                if table.is_empty() {
+                    return None;
+                }
+                let mut h = hash;
+                for _ in 0..32 {
+                    let i = table[(h % table.len() as u64) as usize] as usize;
+                    if ok(i) {
+                        return Some(i);
+                    }
+                    h = stable_hash(&h.to_le_bytes());
+                }
+                None
+            }
+        }
+    }
+}
+
+fn gcd(a: u32, b: u32) -> u32 {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn keys(n: u32) -> Vec<u64> {
+        (0..n)
+            .map(|i| stable_hash(format!("client-{i}").as_bytes()))
+            .collect()
+    }
+
+    fn spread(t: &HashTable, n: usize, ok: impl Fn(usize) -> bool + Copy) -> Vec<usize> {
+        let mut counts = vec![0; n];
+        for k in keys(10_000) {
+            counts[t.lookup(k, ok).unwrap()] += 1;
+        }
+        counts
+    }
+
+    #[test]
+    fn stable_hash_is_fixed() {
+        // Replicas must agree: the value is part of the contract.
+        assert_ne!(stable_hash(b"a"), stable_hash(b"b"));
+        // Pinned values (FNV-1a 64 + splitmix64 finalizer, computed independently).
+        assert_eq!(stable_hash(b"10.0.0.1:80"), 0xdbbc907f21531a73);
+        assert_eq!(stable_hash(b""), 0xf52a15e9a9b5e89b);
+    }
+
+    fn eps() -> Vec<(usize, &'static str, u32)> {
+        vec![
+            (0, "10.0.0.1:80", 1),
+            (1, "10.0.0.2:80", 1),
+            (2, "10.0.0.3:80", 1),
+            (3, "10.0.0.4:80", 1),
+        ]
+    }
+
+    #[test]
+    fn ring_hash_is_stable_and_balanced() {
+        for t in [HashTable::ring(&eps()), HashTable::maglev(&eps())] {
+            let counts = spread(&t, 4, |_| true);
+            assert!(
+                counts.iter().all(|&c| (1_800..3_200).contains(&c)),
+                "{counts:?}"
+            );
+            // Same key, same endpoint, every time and for a table built again.
+            let again = match &t {
+                HashTable::Ring(_) => HashTable::ring(&eps()),
+                HashTable::Maglev(_) => HashTable::maglev(&eps()),
+            };
+            for k in keys(1_000) {
+                assert_eq!(t.lookup(k, |_| true), again.lookup(k, |_| true));
+            }
+        }
+    }
+
+    #[test]
+    fn only_the_lost_endpoints_keys_move() {
+        for t in [HashTable::ring(&eps()), HashTable::maglev(&eps())] {
+            let mut moved = 0;
+            for k in keys(10_000) {
+                let before = t.lookup(k, |_| true).unwrap();
+                let after = t.lookup(k, |i| i != 2).unwrap();
+                assert_ne!(after, 2);
+                if before != 2 {
+                    assert_eq!(before, after, "a key of a surviving endpoint moved");
+                } else {
+                    moved += 1;
+                }
+            }
+            assert!((1_800..3_200).contains(&moved), "{moved}");
+        }
+        // Removing an endpoint from the config moves about a quarter of the keys on a ring.
+        let full = HashTable::ring(&eps());
+        let less = HashTable::ring(&eps()[..3]);
+        let changed = keys(10_000)
+            .into_iter()
+            .filter(|&k| full.lookup(k, |_| true) != less.lookup(k, |_| true))
+            .count();
+        assert!((1_800..3_200).contains(&changed), "{changed}");
+    }
+
+    #[test]
+    fn weights_and_empty_tables() {
+        let w = vec![(0, "a:1", 3), (1, "b:1", 1)];
+        for t in [HashTable::ring(&w), HashTable::maglev(&w)] {
+            let c = spread(&t, 2, |_| true);
+            assert!((6_800..8_200).contains(&c[0]), "{c:?}");
+        }
+        assert_eq!(HashTable::ring(&[]).lookup(1, |_| true), None);
+        assert_eq!(HashTable::maglev(&[]).lookup(1, |_| true), None);
+        assert_eq!(HashTable::ring(&eps()).lookup(1, |_| false), None);
+        assert_eq!(HashTable::maglev(&eps()).lookup(1, |_| false), None);
+    }
 
     #[test]
     fn weighted_random_respects_weights_and_zero() {

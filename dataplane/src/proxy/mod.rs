@@ -17,11 +17,13 @@
 //! request may be retried; after it was sent, only idempotent requests without a body are.
 //! The whole-request timeout is applied by the pipeline, not here. Bodies stream both ways.
 
+pub mod affinity;
 mod backend;
 pub mod balance;
 pub mod error;
 pub mod forward;
 mod head;
+mod health;
 pub mod outlier;
 pub mod pool;
 pub mod tls;
@@ -126,6 +128,10 @@ impl Upstreams {
                 let state = match old {
                     Some(s) => {
                         s.pool.set_max_idle(max_idle);
+                        if b.health_check.is_none() {
+                            // Checks turned off: nothing will ever mark it up again.
+                            s.hc_up.store(true, std::sync::atomic::Ordering::Release);
+                        }
                         s
                     }
                     None => Arc::new(EndpointState {
@@ -133,6 +139,7 @@ impl Upstreams {
                         pool: Arc::new(Pool::new(max_idle)),
                         health: Mutex::new(Health::default()),
                         in_flight: AtomicUsize::new(0),
+                        hc_up: std::sync::atomic::AtomicBool::new(true),
                     }),
                 };
                 endpoints.push(EndpointRt {
@@ -140,7 +147,21 @@ impl Upstreams {
                     weight: e.weight,
                 });
             }
+            let hash_table = b.hash.as_ref().map(|h| {
+                let eps: Vec<(usize, &str, u32)> = b
+                    .endpoints
+                    .iter()
+                    .enumerate()
+                    .map(|(i, e)| (i, e.address.as_str(), e.weight))
+                    .collect();
+                match h.algorithm {
+                    sweety_config::HashAlgorithm::RingHash => balance::HashTable::ring(&eps),
+                    sweety_config::HashAlgorithm::Maglev => balance::HashTable::maglev(&eps),
+                }
+            });
             let rt = BackendRt {
+                hash_table,
+                checks: health::Checks::default(),
                 config: b.clone(),
                 wrr: balance::SmoothWrr::new(endpoints.len()),
                 endpoints,
@@ -168,6 +189,53 @@ impl Upstreams {
         let b = self.backends.get(backend)?;
         let e = b.endpoints.iter().find(|e| e.state.address == address)?;
         Some(e.state.pool.idle_count())
+    }
+
+    /// Starts the active health checks of every backend that has them and has not started
+    /// yet. Must be called inside a tokio runtime (the runtime does, after each apply).
+    pub fn start_health_checks(&self) {
+        for b in self.backends.values() {
+            health::start(b, &self.metrics);
+        }
+    }
+
+    /// True when `backend`'s endpoint at `address` is up by active health checks (`None`
+    /// when unknown). Meant for tests and diagnostics.
+    pub fn endpoint_up(&self, backend: &str, address: &str) -> Option<bool> {
+        let b = self.backends.get(backend)?;
+        let e = b.endpoints.iter().find(|e| e.state.address == address)?;
+        Some(e.state.hc_up.load(std::sync::atomic::Ordering::Acquire))
+    }
+
+    /// Chooses an endpoint for a layer-4 connection from `client`: a backend of `backends`
+    /// by weight, then an eligible endpoint (by the backend's client-IP hash when it has one,
+    /// else its balancing policy). `None` when nothing is eligible.
+    pub fn l4_target(
+        &self,
+        backends: &[sweety_config::WeightedBackend],
+        client: std::net::IpAddr,
+    ) -> Option<L4Target> {
+        let weights: Vec<u32> = backends
+            .iter()
+            .map(|b| {
+                if self.backends.contains_key(&b.backend) {
+                    b.weight
+                } else {
+                    0
+                }
+            })
+            .collect();
+        let wi = balance::weighted_random(&weights, &mut fastrand::Rng::new())?;
+        let backend = self.backends.get(&backends[wi].backend)?.clone();
+        let key = backend
+            .config
+            .hash
+            .as_ref()
+            .and_then(|h| affinity::hash_key(h, &http::HeaderMap::new(), client));
+        let idx = key
+            .and_then(|k| backend.pick_hashed(&k, &[]))
+            .or_else(|| backend.pick(&[]))?;
+        Some(L4Target { backend, idx })
     }
 
     fn fail(&self, e: &ProxyError) -> Response<Body> {
@@ -200,13 +268,25 @@ impl Upstreams {
         let (parts, body) = req.into_parts();
         let replayable =
             forward::is_idempotent(&parts.method) && http_body::Body::is_end_stream(&body);
+        let session = backend.config.session_persistence.as_ref();
+        let token_in = session.and_then(|sp| affinity::token_from(&parts.headers, sp));
+        let sticky = token_in.as_deref().and_then(|t| backend.by_token(t));
+        let hash_key = match (&backend.config.hash, sticky) {
+            (Some(h), None) => affinity::hash_key(h, &parts.headers, ctx.conn.peer.ip()),
+            _ => None,
+        };
         let head = Head::prepare(parts, ctx, Some(wb));
         let policy = route.retry.as_ref();
         let mut body = Some(body);
         let mut tried: Vec<usize> = Vec::new();
         let mut tries = 0u32;
         loop {
-            let Some(idx) = backend.pick(&tried) else {
+            let preferred = if tries == 0 { sticky } else { None }.or_else(|| {
+                hash_key
+                    .as_deref()
+                    .and_then(|k| backend.pick_hashed(k, &tried))
+            });
+            let Some(idx) = preferred.or_else(|| backend.pick(&tried)) else {
                 return self.fail(&ProxyError::NoEndpoint {
                     backend: backend.config.name.clone(),
                 });
@@ -241,6 +321,12 @@ impl Upstreams {
                     for f in &wb.filters {
                         if let Filter::ResponseHeaders(m) = f {
                             modify_headers(resp.headers_mut(), m);
+                        }
+                    }
+                    if let Some(sp) = session {
+                        let token = backend::session_token(&backend.endpoints[idx].state.address);
+                        if token_in.as_deref() != Some(token.as_str()) {
+                            affinity::set_token(resp.headers_mut(), sp, &token);
                         }
                     }
                     return resp;
@@ -319,6 +405,35 @@ impl Upstreams {
                 metrics.upstream_error("mirror_failed");
             }
         });
+    }
+}
+
+/// An endpoint chosen for a layer-4 connection.
+#[derive(Debug)]
+pub struct L4Target {
+    backend: Arc<BackendRt>,
+    idx: usize,
+}
+
+impl L4Target {
+    /// The endpoint address (`host:port`).
+    pub fn address(&self) -> &str {
+        &self.backend.endpoints[self.idx].state.address
+    }
+
+    /// The backend's connect timeout.
+    pub fn connect_timeout(&self) -> Duration {
+        self.backend.config.connect_timeout.get()
+    }
+
+    /// Whether the backend wants a PROXY protocol v2 header.
+    pub fn send_proxy_protocol(&self) -> bool {
+        self.backend.config.send_proxy_protocol
+    }
+
+    /// Records a connection attempt's outcome for outlier ejection.
+    pub fn record(&self, ok: bool) {
+        self.backend.record(self.idx, ok);
     }
 }
 

@@ -1,7 +1,11 @@
 //! TLS towards backends (`https` and `h2`), with rustls and the ring provider.
 //!
-//! * With `BackendTls.ca` the backend certificate is verified against that CA bundle for the
-//!   name `tls.sni` (or the endpoint host), also accepting any of `subject_alt_names`.
+//! * With `BackendTls.ca` the backend certificate chain is verified against that CA bundle.
+//!   Without `subject_alt_names` it must be valid for the name `tls.sni` (or the endpoint
+//!   host); with them (Gateway API BackendTLSPolicy semantics) it must carry at least one of
+//!   them instead: DNS names and IP addresses are matched by webpki, URI SANs
+//!   (`spiffe://…`) exactly against the certificate's URI SAN entries. The SNI is sent either
+//!   way.
 //! * **Without a CA the backend is not verified at all** (any certificate is accepted, the
 //!   handshake signatures are still checked). This suits in-cluster backends with self-signed
 //!   certificates but gives no protection against an active attacker; configure `ca` to get it.
@@ -55,15 +59,19 @@ pub fn client_config(tls: &BackendTls, h2: bool) -> Result<Arc<ClientConfig>, St
                 WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone())
                     .build()
                     .map_err(|e| format!("ca: {e}"))?;
-            let extra = tls
-                .subject_alt_names
-                .iter()
-                .map(|n| {
-                    ServerName::try_from(n.clone())
-                        .map_err(|_| format!("subject_alt_names: invalid name {n:?}"))
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            Arc::new(ExtraNamesVerifier { inner, extra })
+            let mut names = Vec::new();
+            let mut uris = Vec::new();
+            for n in &tls.subject_alt_names {
+                if n.contains("://") {
+                    uris.push(n.clone());
+                } else {
+                    names.push(
+                        ServerName::try_from(n.clone())
+                            .map_err(|_| format!("subject_alt_names: invalid name {n:?}"))?,
+                    );
+                }
+            }
+            Arc::new(SanVerifier { inner, names, uris })
         }
         None => Arc::new(NoVerifier(provider)),
     };
@@ -107,11 +115,33 @@ pub fn host_of(addr: &str) -> &str {
     addr.rsplit_once(':').map(|(h, _)| h).unwrap_or(addr)
 }
 
-/// WebPKI verification that also accepts a certificate valid for any of `extra` names.
+/// WebPKI verification; with subject alt names configured the certificate must be valid for
+/// one of them (DNS/IP `names` or exact `uris`) rather than for the server name.
 #[derive(Debug)]
-struct ExtraNamesVerifier {
+struct SanVerifier {
     inner: Arc<WebPkiServerVerifier>,
-    extra: Vec<ServerName<'static>>,
+    names: Vec<ServerName<'static>>,
+    uris: Vec<String>,
+}
+
+/// The URI subject alternative names of a DER certificate (empty when it has none or does
+/// not parse; the chain itself is verified by webpki).
+pub fn uri_sans(der: &[u8]) -> Vec<String> {
+    use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
+    let Ok((_, cert)) = X509Certificate::from_der(der) else {
+        return Vec::new();
+    };
+    let Ok(Some(san)) = cert.subject_alternative_name() else {
+        return Vec::new();
+    };
+    san.value
+        .general_names
+        .iter()
+        .filter_map(|g| match g {
+            GeneralName::URI(u) => Some((*u).to_string()),
+            _ => None,
+        })
+        .collect()
 }
 
 fn is_name_error(e: &rustls::Error) -> bool {
@@ -123,7 +153,7 @@ fn is_name_error(e: &rustls::Error) -> bool {
     )
 }
 
-impl ServerCertVerifier for ExtraNamesVerifier {
+impl ServerCertVerifier for SanVerifier {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,
@@ -132,23 +162,47 @@ impl ServerCertVerifier for ExtraNamesVerifier {
         ocsp: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        let first =
-            self.inner
-                .verify_server_cert(end_entity, intermediates, server_name, ocsp, now);
-        match first {
-            Err(e) if is_name_error(&e) => {
-                for name in &self.extra {
-                    if let Ok(ok) =
-                        self.inner
-                            .verify_server_cert(end_entity, intermediates, name, ocsp, now)
-                    {
-                        return Ok(ok);
-                    }
-                }
-                Err(e)
-            }
-            other => other,
+        if self.names.is_empty() && self.uris.is_empty() {
+            return self.inner.verify_server_cert(
+                end_entity,
+                intermediates,
+                server_name,
+                ocsp,
+                now,
+            );
         }
+        let mut chain_error = None;
+        for name in &self.names {
+            match self
+                .inner
+                .verify_server_cert(end_entity, intermediates, name, ocsp, now)
+            {
+                Ok(ok) => return Ok(ok),
+                Err(e) if is_name_error(&e) => {}
+                Err(e) => chain_error = Some(e),
+            }
+        }
+        if let Some(e) = chain_error {
+            return Err(e);
+        }
+        if !self.uris.is_empty() {
+            // webpki checks the chain before the name: a name error means the chain is good.
+            match self
+                .inner
+                .verify_server_cert(end_entity, intermediates, server_name, ocsp, now)
+            {
+                Ok(_) => {}
+                Err(e) if is_name_error(&e) => {}
+                Err(e) => return Err(e),
+            }
+            let have = uri_sans(end_entity.as_ref());
+            if self.uris.iter().any(|u| have.iter().any(|h| h == u)) {
+                return Ok(ServerCertVerified::assertion());
+            }
+        }
+        Err(rustls::Error::InvalidCertificate(
+            CertificateError::NotValidForName,
+        ))
     }
 
     fn verify_tls12_signature(

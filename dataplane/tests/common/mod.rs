@@ -113,6 +113,7 @@ pub fn backend(name: &str, addr: SocketAddr) -> Backend {
         connect_timeout: Duration::from_secs(2),
         outlier: OutlierDetection::default(),
         max_idle_per_endpoint: 16,
+        ..Backend::new(name, Vec::new())
     }
 }
 

@@ -30,6 +30,8 @@ pub struct Config {
     pub root_dir: PathBuf,
     /// The agent binary, re-executed as the `exec-container` helper.
     pub agent_exe: PathBuf,
+    /// Variables every container gets first (e.g. where the apiserver is, [`crate::env::apiserver_env`]).
+    pub base_env: Vec<(String, String)>,
 }
 
 struct Running {
@@ -37,8 +39,6 @@ struct Running {
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
     dir: PathBuf,
-    /// Mount points this Pod holds a reference on (see `Agent::mount_points`).
-    mount_points: Vec<PathBuf>,
 }
 
 enum Entry {
@@ -53,10 +53,6 @@ pub struct Agent {
     cfg: Config,
     net: Network,
     pods: Mutex<HashMap<String, Entry>>,
-    /// Mount points the agent created on the host → number of Pods using them. A mount point is removed only
-    /// when its last user stops: removing a directory that is a mount point in another mount namespace
-    /// detaches that mount there (Linux >= 3.18), which would pull the volume from under a running Pod.
-    mount_points: Mutex<HashMap<PathBuf, usize>>,
 }
 
 fn key(pod: &Pod) -> String {
@@ -69,14 +65,18 @@ fn key(pod: &Pod) -> String {
 
 impl Agent {
     /// Sets up the bridge; does not register the Node (see [`crate::node::register`]).
-    pub async fn new(client: Client, cfg: Config, bridge: &str) -> Result<Arc<Self>> {
-        let net = Network::setup(bridge).await?;
+    pub async fn new(
+        client: Client,
+        cfg: Config,
+        bridge: &str,
+        cidr: crate::net::PodCidr,
+    ) -> Result<Arc<Self>> {
+        let net = Network::setup(bridge, cidr).await?;
         Ok(Arc::new(Agent {
             client,
             cfg,
             net,
             pods: Mutex::new(HashMap::new()),
-            mount_points: Mutex::new(HashMap::new()),
         }))
     }
 
@@ -187,6 +187,7 @@ impl Agent {
                 .iter()
                 .map(|c| (c.name.clone(), c.image.clone().unwrap_or_default()))
                 .collect::<Vec<_>>(),
+            self.net.cidr().gateway(),
         )));
         let changed = Arc::new(Notify::new());
         let (stop_tx, stop_rx) = watch::channel(false);
@@ -195,7 +196,6 @@ impl Agent {
             stop: stop_tx,
             tasks: Vec::new(),
             dir: dir.clone(),
-            mount_points: Vec::new(),
         };
         // The status writer runs from the start so waiting reasons become visible.
         running.tasks.push(tokio::spawn(status_writer(
@@ -213,10 +213,11 @@ impl Agent {
         tracing::info!(pod = %name, %ip, netns = %net.netns, "pod network ready");
 
         // Volumes: referenced objects may appear a little later (e.g. kube-root-ca.crt), so retry (bounded).
+        let (ip_s, host_s) = (ip.to_string(), self.net.cidr().gateway().to_string());
         let mut volumes = None;
         let mut last_err = None;
         for _ in 0..30 {
-            match crate::volumes::materialise(&self.client, pod, &dir, &ip.to_string()).await {
+            match crate::volumes::materialise(&self.client, pod, &dir, (&ip_s, &host_s)).await {
                 Ok(v) => {
                     volumes = Some(v);
                     break;
@@ -262,13 +263,16 @@ impl Agent {
                 }
                 changed.notify_one();
             };
-            let env = match crate::env::build(&self.client, pod, c, &ip.to_string()).await {
-                Ok(e) => e,
-                Err(e) => {
-                    fail("CreateContainerConfigError", e.to_string());
-                    continue;
-                }
-            };
+            let env =
+                match crate::env::build(&self.client, pod, c, &self.cfg.base_env, (&ip_s, &host_s))
+                    .await
+                {
+                    Ok(e) => e,
+                    Err(e) => {
+                        fail("CreateContainerConfigError", e.to_string());
+                        continue;
+                    }
+                };
             let expand = |v: &Option<Vec<String>>| -> Vec<String> {
                 v.iter()
                     .flatten()
@@ -301,19 +305,32 @@ impl Agent {
                     None => src.clone(),
                 };
                 let dst = PathBuf::from(&m.mount_path);
-                match self.hold_mount_point(&src, &dst) {
-                    Ok(true) => running.mount_points.push(dst.clone()),
-                    Ok(false) => {}
-                    Err(e) => {
-                        bad_mount = Some(e.to_string());
-                        break;
-                    }
+                if let Err(e) = ensure_mount_point(&src, &dst) {
+                    bad_mount = Some(e.to_string());
+                    break;
                 }
                 binds.push((src, dst));
             }
             if let Some(msg) = bad_mount {
                 fail("CreateContainerConfigError", msg);
                 continue;
+            }
+            let (kill_tx, kill_rx) = watch::channel(None);
+            if c.startup_probe.is_some() || c.liveness_probe.is_some() {
+                running
+                    .tasks
+                    .push(tokio::spawn(container::startup_and_liveness(
+                        c.name.clone(),
+                        c.startup_probe.clone(),
+                        c.liveness_probe.clone(),
+                        c.readiness_probe.is_some(),
+                        ip,
+                        c.ports.clone().unwrap_or_default(),
+                        state.clone(),
+                        changed.clone(),
+                        kill_tx,
+                        stop_rx.clone(),
+                    )));
             }
             let cspec = Spec {
                 name: c.name.clone(),
@@ -328,6 +345,8 @@ impl Agent {
                 restart_policy: restart_policy.clone(),
                 grace,
                 has_readiness_probe: c.readiness_probe.is_some(),
+                has_startup_probe: c.startup_probe.is_some(),
+                kill: kill_rx,
             };
             running.tasks.push(tokio::spawn(container::supervise(
                 cspec,
@@ -407,52 +426,22 @@ impl Agent {
                 tracing::warn!("container task did not stop in time");
             }
         }
-        for mp in r.mount_points.iter().rev() {
-            self.release_mount_point(mp);
-        }
         if let Some(net) = &r.net {
             self.net.remove_pod_net(net).await;
         }
         let _ = std::fs::remove_dir_all(&r.dir);
     }
 
-    /// Stops every Pod (without deleting them) and removes the bridge if the agent created it.
+    /// Stops every Pod (without deleting them, all at once) and removes the bridge if the agent created it.
     pub async fn shutdown(self: &Arc<Self>) {
         let all: Vec<(String, Entry)> = self.pods.lock().expect("pods lock").drain().collect();
-        for (_, e) in all {
-            if let Entry::Running(r) = e {
-                self.teardown(*r).await;
-            }
-        }
+        // In parallel: each Pod may take its (clamped) grace period.
+        let stops = all.into_iter().filter_map(|(_, e)| match e {
+            Entry::Running(r) => Some(self.teardown(*r)),
+            _ => None,
+        });
+        futures_util::future::join_all(stops).await;
         self.net.teardown().await;
-    }
-}
-
-impl Agent {
-    /// Creates `dst` if missing (then tracked) and takes a reference on it if the agent created it.
-    /// Returns true when the caller must release it later.
-    fn hold_mount_point(&self, src: &Path, dst: &Path) -> Result<bool> {
-        let mut mps = self.mount_points.lock().expect("mount points lock");
-        if let Some(n) = mps.get_mut(dst) {
-            *n += 1;
-            return Ok(true);
-        }
-        if ensure_mount_point(src, dst)? {
-            mps.insert(dst.to_path_buf(), 1);
-            return Ok(true);
-        }
-        Ok(false)
-    }
-
-    fn release_mount_point(&self, dst: &Path) {
-        let mut mps = self.mount_points.lock().expect("mount points lock");
-        if let Some(n) = mps.get_mut(dst) {
-            *n -= 1;
-            if *n == 0 {
-                mps.remove(dst);
-                remove_mount_point(dst);
-            }
-        }
     }
 }
 
@@ -465,10 +454,13 @@ fn set_waiting_all(state: &Mutex<PodState>, reason: &str, msg: &str) {
     }
 }
 
-/// Makes sure `dst` exists (a directory, or an empty file when `src` is a file). Returns true if created.
-fn ensure_mount_point(src: &Path, dst: &Path) -> Result<bool> {
+/// Makes sure the mount point `dst` exists on the host (a directory, or an empty file when `src` is a file).
+/// Created mount points are never removed: removing a directory that is a mount point in another mount
+/// namespace detaches that mount there (Linux >= 3.18), which would pull the volume from under a running
+/// Pod, possibly one of another agent on this host. They stay empty on the host (the mounts are private).
+fn ensure_mount_point(src: &Path, dst: &Path) -> Result<()> {
     if dst.exists() {
-        return Ok(false);
+        return Ok(());
     }
     if src.is_dir() {
         std::fs::create_dir_all(dst)
@@ -480,16 +472,7 @@ fn ensure_mount_point(src: &Path, dst: &Path) -> Result<bool> {
         std::fs::write(dst, b"")
             .map_err(Error::io(format!("creating mount point {}", dst.display())))?;
     }
-    Ok(true)
-}
-
-/// Removes a mount point created by [`ensure_mount_point`] if it is still empty.
-fn remove_mount_point(p: &Path) {
-    if p.is_dir() {
-        let _ = std::fs::remove_dir(p);
-    } else if p.metadata().map(|m| m.len() == 0).unwrap_or(false) {
-        let _ = std::fs::remove_file(p);
-    }
+    Ok(())
 }
 
 async fn status_writer(

@@ -1,6 +1,8 @@
 //! Running one container as a local process: the `exec-container` helper (bind mounts inside the Pod's mount
 //! namespace, then exec), the supervisor (spawn inside the netns, restart per restartPolicy with backoff,
-//! kill the process group on stop) and the readiness prober (HTTP GET / TCP socket against the Pod IP).
+//! kill the process group on stop or when the liveness prober asks) and the probers (HTTP GET / TCP socket
+//! against the Pod IP): readiness sets `ready`; startup sets `started` (readiness and liveness wait for it);
+//! liveness and a failed startup kill the container, which is then restarted per its restartPolicy.
 //!
 //! Process chain: `ip netns exec <netns> <agent exe> exec-container --bind SRC DST ... --workdir D -- PROGRAM
 //! ARGS`. `ip netns exec` already gives the process its own mount namespace (with `/` made a slave), so the
@@ -68,6 +70,10 @@ pub struct Spec {
     pub grace: Duration,
     /// True when the container has a readinessProbe (readiness is then set by the prober).
     pub has_readiness_probe: bool,
+    /// True when the container has a startupProbe (`started` is then set by the prober).
+    pub has_startup_probe: bool,
+    /// The probers' kill requests: `Some(n)` kills the instance whose restartCount is n.
+    pub kill: watch::Receiver<Option<i32>>,
 }
 
 fn spawn(spec: &Spec) -> Result<tokio::process::Child> {
@@ -135,17 +141,25 @@ pub async fn supervise(
         }
         let started = Instant::now();
         let started_at = crate::now();
+        let instance = state
+            .lock()
+            .expect("pod state lock")
+            .container_mut(&spec.name)
+            .map(|c| c.restart_count)
+            .unwrap_or(0);
+        let mut kill = spec.kill.clone();
         let exit_code = match spawn(&spec) {
             Ok(mut child) => {
                 let pid = child.id();
                 let sa = started_at.clone();
                 let probe = spec.has_readiness_probe;
+                let startup = spec.has_startup_probe;
                 update(&|c| {
                     c.state = CState::Running {
                         started_at: sa.clone(),
                     };
-                    c.started = true;
-                    c.ready = !probe;
+                    c.started = !startup;
+                    c.ready = !probe && !startup;
                 });
                 tracing::info!(container = %spec.name, netns = %spec.netns, ?pid, "container started");
                 tokio::select! {
@@ -154,9 +168,19 @@ pub async fn supervise(
                         if let Some(pid) = pid {
                             signal_group(pid, "KILL");
                         }
-                        res.ok()
-                            .and_then(|s| s.code().or_else(|| std::os::unix::process::ExitStatusExt::signal(&s).map(|n| 128 + n)))
-                            .unwrap_or(-1)
+                        exit_code(res)
+                    }
+                    _ = async {
+                        // No prober (sender gone): never.
+                        if kill.wait_for(|k| *k == Some(instance)).await.is_err() {
+                            std::future::pending::<()>().await;
+                        }
+                    } => {
+                        tracing::info!(container = %spec.name, "killing container (probe failed)");
+                        if let Some(pid) = pid {
+                            signal_group(pid, "KILL");
+                        }
+                        exit_code(child.wait().await)
                     }
                     _ = crate::stopped(&mut stop) => {
                         if let Some(pid) = pid {
@@ -221,6 +245,15 @@ pub async fn supervise(
     }
 }
 
+fn exit_code(res: std::io::Result<std::process::ExitStatus>) -> i32 {
+    res.ok()
+        .and_then(|s| {
+            s.code()
+                .or_else(|| std::os::unix::process::ExitStatusExt::signal(&s).map(|n| 128 + n))
+        })
+        .unwrap_or(-1)
+}
+
 /// Resolves a probe port (number or named container port).
 fn probe_port(port: &IntOrString, ports: &[ContainerPort]) -> Option<u16> {
     match port {
@@ -273,7 +306,8 @@ pub async fn probe_once(probe: &Probe, ip: Ipv4Addr, ports: &[ContainerPort]) ->
     matches!(tokio::time::timeout(timeout, attempt).await, Ok(Some(true)))
 }
 
-/// Runs a readinessProbe until `stop`, setting the container's `ready` (only while it is running).
+/// Runs a readinessProbe until `stop`, setting the container's `ready` (only while it is running and
+/// started, i.e. past its startupProbe).
 pub async fn readiness(
     name: String,
     probe: Probe,
@@ -298,7 +332,7 @@ pub async fn readiness(
             .expect("pod state lock")
             .containers
             .iter()
-            .any(|c| c.name == name && matches!(c.state, CState::Running { .. }));
+            .any(|c| c.name == name && c.started && matches!(c.state, CState::Running { .. }));
         if running {
             let ok = probe_once(&probe, ip, &ports).await;
             if ok {
@@ -326,6 +360,116 @@ pub async fn readiness(
         }
         tokio::select! {
             _ = tokio::time::sleep(period) => {}
+            _ = crate::stopped(&mut stop) => return,
+        }
+    }
+}
+
+/// Probe settings with the Kubernetes defaults.
+struct Timing {
+    delay: Duration,
+    period: Duration,
+    failures: i32,
+}
+
+impl Timing {
+    fn of(p: &Probe) -> Self {
+        Timing {
+            delay: Duration::from_secs(p.initial_delay_seconds.unwrap_or(0).max(0) as u64),
+            period: Duration::from_secs(p.period_seconds.unwrap_or(10).max(1) as u64),
+            failures: p.failure_threshold.unwrap_or(3).max(1),
+        }
+    }
+}
+
+/// Runs the startupProbe and livenessProbe of one container until `stop`. For each instance of the
+/// container (a new restartCount): the startupProbe runs first (after its initialDelay, every period);
+/// success sets `started` (and `ready` when there is no readinessProbe), `failureThreshold` failures in a
+/// row kill the instance. Then the livenessProbe
+/// runs the same way; its failures kill the instance too. Kills go through `kill` to the supervisor, which
+/// restarts per restartPolicy.
+#[allow(clippy::too_many_arguments)]
+pub async fn startup_and_liveness(
+    name: String,
+    startup: Option<Probe>,
+    liveness: Option<Probe>,
+    has_readiness_probe: bool,
+    ip: Ipv4Addr,
+    ports: Vec<ContainerPort>,
+    state: Arc<Mutex<PodState>>,
+    changed: Arc<Notify>,
+    kill: watch::Sender<Option<i32>>,
+    mut stop: watch::Receiver<bool>,
+) {
+    // (instance, when it was first seen running, failures in a row, killed)
+    let mut current: Option<(i32, Instant, i32, bool)> = None;
+    loop {
+        let snapshot = state
+            .lock()
+            .expect("pod state lock")
+            .containers
+            .iter()
+            .find(|c| c.name == name)
+            .map(|c| {
+                (
+                    matches!(c.state, CState::Running { .. }),
+                    c.started,
+                    c.restart_count,
+                )
+            });
+        let mut wait = Duration::from_millis(500);
+        if let Some((true, started, instance)) = snapshot {
+            if current.map(|c| c.0) != Some(instance) {
+                current = Some((instance, Instant::now(), 0, false));
+            }
+            let (_, since, fails, killed) = current.as_mut().expect("set above");
+            let probe = if started {
+                liveness.as_ref()
+            } else {
+                startup.as_ref()
+            };
+            if let (Some(p), false) = (probe, *killed) {
+                let t = Timing::of(p);
+                if since.elapsed() >= t.delay {
+                    let ok = probe_once(p, ip, &ports).await;
+                    let kind = if started { "liveness" } else { "startup" };
+                    if ok {
+                        *fails = 0;
+                        if !started {
+                            if let Some(c) =
+                                state.lock().expect("pod state lock").container_mut(&name)
+                            {
+                                if c.restart_count == instance {
+                                    c.started = true;
+                                    // Without a readinessProbe, started means ready.
+                                    if !has_readiness_probe {
+                                        c.ready = true;
+                                    }
+                                }
+                            }
+                            changed.notify_one();
+                            // Liveness starts counting its initialDelay now.
+                            *since = Instant::now();
+                        }
+                    } else {
+                        *fails += 1;
+                        tracing::info!(container = %name, kind, failures = *fails, "probe failed");
+                        if *fails >= t.failures {
+                            tracing::warn!(container = %name, kind, "probe failed {} times: killing the container", *fails);
+                            *killed = true;
+                            let _ = kill.send(Some(instance));
+                        }
+                    }
+                    wait = if ok && !started {
+                        Duration::from_millis(100)
+                    } else {
+                        t.period
+                    };
+                }
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
             _ = crate::stopped(&mut stop) => return,
         }
     }

@@ -9,8 +9,8 @@ use crate::{Error, Result};
 /// PATH given to containers that do not set one.
 pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
-/// The value of a downward-API `fieldPath` for a Pod (None if unsupported).
-pub fn field_value(pod: &Pod, path: &str, pod_ip: &str) -> Option<String> {
+/// The value of a downward-API `fieldPath` for a Pod (None if unsupported); `host_ip` is the node address.
+pub fn field_value(pod: &Pod, path: &str, pod_ip: &str, host_ip: &str) -> Option<String> {
     let meta = &pod.metadata;
     let spec = pod.spec.as_ref();
     if let Some(rest) = path.strip_prefix("metadata.labels['") {
@@ -41,7 +41,7 @@ pub fn field_value(pod: &Pod, path: &str, pod_ip: &str) -> Option<String> {
             .unwrap_or_else(|| "default".into()),
         "status.podIP" => pod_ip.to_string(),
         "status.podIPs" => pod_ip.to_string(),
-        "status.hostIP" | "status.hostIPs" => crate::net::GATEWAY.to_string(),
+        "status.hostIP" | "status.hostIPs" => host_ip.to_string(),
         _ => return None,
     })
 }
@@ -81,17 +81,43 @@ pub fn expand(s: &str, env: &[(String, String)]) -> String {
     out
 }
 
-/// The environment of one container (without the agent's own environment).
+/// Where Pods reach the apiserver: the kubelet's `KUBERNETES_SERVICE_*` / `KUBERNETES_PORT*` variables.
+pub fn apiserver_env(host: &str, port: u16) -> Vec<(String, String)> {
+    let url = format!("tcp://{host}:{port}");
+    [
+        ("KUBERNETES_SERVICE_HOST", host.to_string()),
+        ("KUBERNETES_SERVICE_PORT", port.to_string()),
+        ("KUBERNETES_SERVICE_PORT_HTTPS", port.to_string()),
+        ("KUBERNETES_PORT", url.clone()),
+        (&format!("KUBERNETES_PORT_{port}_TCP"), url),
+        (&format!("KUBERNETES_PORT_{port}_TCP_PROTO"), "tcp".into()),
+        (
+            &format!("KUBERNETES_PORT_{port}_TCP_PORT"),
+            port.to_string(),
+        ),
+        (
+            &format!("KUBERNETES_PORT_{port}_TCP_ADDR"),
+            host.to_string(),
+        ),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect()
+}
+
+/// The environment of one container (without the agent's own environment): `base` (e.g.
+/// [`apiserver_env`]) first, then envFrom and env, which may override it, as with the kubelet.
 pub async fn build(
     client: &Client,
     pod: &Pod,
     container: &Container,
-    pod_ip: &str,
+    base: &[(String, String)],
+    (pod_ip, host_ip): (&str, &str),
 ) -> Result<Vec<(String, String)>> {
     let ns = pod.metadata.namespace.clone().unwrap_or_default();
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
-    let mut env: Vec<(String, String)> = Vec::new();
+    let mut env: Vec<(String, String)> = base.to_vec();
     for from in container.env_from.iter().flatten() {
         let prefix = from.prefix.clone().unwrap_or_default();
         if let Some(r) = &from.config_map_ref {
@@ -135,9 +161,11 @@ pub async fn build(
             expand(v, &env)
         } else if let Some(src) = &e.value_from {
             if let Some(f) = &src.field_ref {
-                field_value(pod, &f.field_path, pod_ip).ok_or_else(|| Error::Container {
-                    container: container.name.clone(),
-                    message: format!("unsupported fieldRef {}", f.field_path),
+                field_value(pod, &f.field_path, pod_ip, host_ip).ok_or_else(|| {
+                    Error::Container {
+                        container: container.name.clone(),
+                        message: format!("unsupported fieldRef {}", f.field_path),
+                    }
                 })?
             } else if let Some(r) = &src.config_map_key_ref {
                 let cm = cms
@@ -223,33 +251,47 @@ mod tests {
         }))
         .unwrap();
         assert_eq!(
-            field_value(&pod, "metadata.name", "10.244.0.2").as_deref(),
+            field_value(&pod, "metadata.name", "10.244.0.2", "10.244.0.1").as_deref(),
             Some("p")
         );
         assert_eq!(
-            field_value(&pod, "metadata.namespace", "").as_deref(),
+            field_value(&pod, "metadata.namespace", "", "").as_deref(),
             Some("n")
         );
         assert_eq!(
-            field_value(&pod, "status.podIP", "10.244.0.2").as_deref(),
+            field_value(&pod, "status.podIP", "10.244.0.2", "10.244.0.1").as_deref(),
             Some("10.244.0.2")
         );
         assert_eq!(
-            field_value(&pod, "spec.nodeName", "").as_deref(),
+            field_value(&pod, "spec.nodeName", "", "").as_deref(),
             Some("node-1")
         );
         assert_eq!(
-            field_value(&pod, "spec.serviceAccountName", "").as_deref(),
+            field_value(&pod, "spec.serviceAccountName", "", "").as_deref(),
             Some("default")
         );
         assert_eq!(
-            field_value(&pod, "metadata.labels['app']", "").as_deref(),
+            field_value(&pod, "metadata.labels['app']", "", "").as_deref(),
             Some("a")
         );
         assert_eq!(
-            field_value(&pod, "metadata.labels", "").as_deref(),
+            field_value(&pod, "metadata.labels", "", "").as_deref(),
             Some("app=\"a\"\n")
         );
-        assert_eq!(field_value(&pod, "spec.bogus", ""), None);
+        assert_eq!(
+            field_value(&pod, "status.hostIP", "", "10.246.0.1").as_deref(),
+            Some("10.246.0.1")
+        );
+        assert_eq!(field_value(&pod, "spec.bogus", "", ""), None);
+    }
+
+    #[test]
+    fn apiserver_env_names_the_reachable_address() {
+        let env = apiserver_env("10.246.0.1", 26443);
+        let get = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+        assert_eq!(get("KUBERNETES_SERVICE_HOST"), Some("10.246.0.1"));
+        assert_eq!(get("KUBERNETES_SERVICE_PORT"), Some("26443"));
+        assert_eq!(get("KUBERNETES_PORT"), Some("tcp://10.246.0.1:26443"));
+        assert_eq!(get("KUBERNETES_PORT_26443_TCP_ADDR"), Some("10.246.0.1"));
     }
 }

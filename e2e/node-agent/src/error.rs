@@ -19,8 +19,19 @@ pub enum Error {
     },
     #[error("invalid --image-map entry {0:?} (expected SUBSTRING=/path/to/binary)")]
     ImageMap(String),
-    #[error("no free Pod IP left in 10.244.0.2-10.244.0.199")]
-    NoFreeIp,
+    #[error("no free Pod IP left in {0} (.2-.199)")]
+    NoFreeIp(crate::net::PodCidr),
+    #[error("Pod CIDR {cidr} is already used by interface {device} (another agent's bridge?): choose another --pod-cidr")]
+    CidrInUse {
+        cidr: crate::net::PodCidr,
+        device: String,
+    },
+    #[error("invalid --pod-cidr {0}")]
+    PodCidr(String),
+    #[error("invalid bridge name {0:?}: use 1-11 characters a-z and 0-9 (derived names must fit 15 bytes)")]
+    BridgeName(String),
+    #[error("apiserver relay: {0}")]
+    Apiserver(String),
     #[error("generating the kubelet API certificate")]
     Cert(#[source] rcgen::Error),
     #[error("kubelet API TLS setup")]

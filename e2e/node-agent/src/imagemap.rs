@@ -8,6 +8,12 @@
 //!   that command as written, plus `args`;
 //! * it has a `command` whose first element does not exist on the host (e.g. `/sweety-controller` from an
 //!   image) and the image is mapped: the mapped binary replaces `command[0]`, the rest is kept.
+//!
+//! A KEY may also map to a DIRECTORY, standing for an image that holds several programs (our image holds
+//! `sweety-controller` and `sweety-dataplane`): `command[0]`'s file name is looked up in that directory
+//! first (so `command: [sweety-controller]` runs `<dir>/sweety-controller`); a container without a
+//! `command`, or whose program is not in the directory, falls back to the rules above (a directory is never
+//! run itself).
 
 use std::path::{Path, PathBuf};
 
@@ -55,7 +61,20 @@ pub fn resolve_command(
     command: &[String],
     args: &[String],
 ) -> Option<(PathBuf, Vec<String>)> {
-    let mapped = map.lookup(image, name);
+    let mut mapped = map.lookup(image, name);
+    if let Some(dir) = mapped.filter(|p| p.is_dir()) {
+        if let Some((first, rest)) = command.split_first() {
+            if let Some(file) = Path::new(first).file_name() {
+                let candidate = dir.join(file);
+                if candidate.is_file() {
+                    let mut all: Vec<String> = rest.to_vec();
+                    all.extend(args.iter().cloned());
+                    return Some((candidate, all));
+                }
+            }
+        }
+        mapped = None;
+    }
     match command.split_first() {
         None => mapped.map(|b| (b.to_path_buf(), args.to_vec())),
         Some((first, rest)) => {
@@ -96,11 +115,11 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(
-            m.lookup("ghcr.io/x/sweety-dataplane:1", "dp"),
+            m.lookup("example.test/x/sweety-dataplane:1", "dp"),
             Some(Path::new("/bin/b"))
         );
         assert_eq!(
-            m.lookup("ghcr.io/x/sweety:1", "dp"),
+            m.lookup("example.test/x/sweety:1", "dp"),
             Some(Path::new("/bin/a"))
         );
         assert_eq!(m.lookup("busybox", "controller"), Some(Path::new("/bin/c")));
@@ -133,5 +152,36 @@ mod tests {
             Some((PathBuf::from("/opt/echo"), s(&["--x", "y"])))
         );
         assert_eq!(resolve_command(&m, "other", "c", &[], &[]), None);
+    }
+
+    #[test]
+    fn directory_maps_commands_by_file_name() {
+        let dir = std::env::temp_dir().join(format!("sweety-imagemap-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("sweety-controller"), b"").unwrap();
+        let m = ImageMap::parse(&[format!("sweety/sweety={}", dir.display())]).unwrap();
+        let img = "sweety/sweety:0.1.0";
+        assert_eq!(
+            resolve_command(
+                &m,
+                img,
+                "controller",
+                &s(&["sweety-controller"]),
+                &s(&["--a"])
+            ),
+            Some((dir.join("sweety-controller"), s(&["--a"])))
+        );
+        assert_eq!(
+            resolve_command(&m, img, "c", &s(&["/bin/sweety-controller", "x"]), &[]),
+            Some((dir.join("sweety-controller"), s(&["x"])))
+        );
+        // Not in the directory: host rule; never the directory itself.
+        assert_eq!(
+            resolve_command(&m, img, "c", &s(&["/bin/sh"]), &[]),
+            Some((PathBuf::from("/bin/sh"), vec![]))
+        );
+        assert_eq!(resolve_command(&m, img, "c", &s(&["nope-xyz"]), &[]), None);
+        assert_eq!(resolve_command(&m, img, "c", &[], &[]), None);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

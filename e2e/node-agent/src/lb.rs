@@ -1,42 +1,73 @@
-//! LoadBalancer allocator (TCP only): gives each `type: LoadBalancer` Service without a loadBalancerClass an
-//! address from 10.244.0.200-250, adds it to the bridge as a /32, writes `status.loadBalancer.ingress`, and
-//! forwards every TCP port of the Service to its ready EndpointSlice endpoints (round robin). Services and
-//! EndpointSlices are polled once a second. UDP/SCTP ports are not forwarded.
+//! LoadBalancer allocator (a stand-in for a cloud provider, like cloud-provider-kind): gives each
+//! `type: LoadBalancer` Service without a loadBalancerClass an address from .200-.250 of the Pod CIDR, adds it
+//! to the bridge as a /32, writes `status.loadBalancer.ingress`, and forwards every TCP and UDP port of the
+//! Service to its ready EndpointSlice endpoints (round robin per connection / per UDP flow). Services and
+//! EndpointSlices are polled once a second; ports added to or removed from a Service are picked up on the next
+//! poll. A Service keeps the address its status already has when that is in the range (so an agent restart
+//! does not move addresses). SCTP ports are not forwarded.
+//!
+//! UDP: one socket per Service port bound to the load-balancer address; each client address gets a flow with
+//! its own socket (bound to the load-balancer address, connected to one backend), so replies leave from the
+//! address the client sent to (what QUIC needs). Flows end after [`UDP_IDLE`] without traffic; at most
+//! [`MAX_UDP_FLOWS`] per port, [`MAX_TCP_CONNECTIONS`] TCP connections per port.
 
 use std::collections::{BTreeSet, HashMap};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, Client};
+use tokio::net::{TcpListener, UdpSocket};
+use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 
+use crate::net::{PodCidr, LB_FIRST, LB_LAST};
 use crate::{Error, Result};
 
-const FIRST: u8 = 200;
-const LAST: u8 = 250;
+/// A UDP flow without traffic in either direction for this long is dropped.
+pub const UDP_IDLE: Duration = Duration::from_secs(60);
+/// Most UDP flows per forwarded port.
+pub const MAX_UDP_FLOWS: usize = 256;
+/// Most concurrent TCP connections per forwarded port.
+pub const MAX_TCP_CONNECTIONS: usize = 1024;
+/// Largest UDP datagram relayed (bigger ones are truncated by the kernel; none are that big here).
+const UDP_BUF: usize = 65_535;
 
 type Backends = Arc<RwLock<Vec<SocketAddr>>>;
 
+/// Protocol and port of one Service port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Proto {
+    Tcp,
+    Udp,
+}
+
+struct Forwarded {
+    /// The Service port's name (EndpointSlice ports are matched by it).
+    name: String,
+    backends: Backends,
+    task: JoinHandle<()>,
+}
+
 struct Allocated {
     ip: Ipv4Addr,
-    /// (service port name, port) → backends + listener task.
-    ports: Vec<(String, u16, Backends, JoinHandle<()>)>,
+    ports: HashMap<(Proto, u16), Forwarded>,
 }
 
 /// Runs the allocator until the task is dropped; addresses are removed by [`release_all`].
 pub async fn run(
     client: Client,
     bridge: String,
+    cidr: PodCidr,
     state: Arc<tokio::sync::Mutex<HashMap<String, Ipv4Addr>>>,
 ) {
     let mut allocated: HashMap<String, Allocated> = HashMap::new();
     loop {
-        if let Err(e) = sync(&client, &bridge, &mut allocated, &state).await {
+        if let Err(e) = sync(&client, &bridge, cidr, &mut allocated, &state).await {
             tracing::warn!(error = %e, "load balancer sync");
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -50,9 +81,78 @@ pub async fn release_all(bridge: &str, state: &tokio::sync::Mutex<HashMap<String
     }
 }
 
+/// The (protocol, port) → port name the Service asks for (SCTP and out-of-range ports skipped).
+fn wanted_ports(svc: &Service) -> HashMap<(Proto, u16), String> {
+    let mut out = HashMap::new();
+    for p in svc.spec.iter().flat_map(|s| s.ports.iter().flatten()) {
+        let proto = match p.protocol.as_deref().unwrap_or("TCP") {
+            "TCP" => Proto::Tcp,
+            "UDP" => Proto::Udp,
+            _ => continue,
+        };
+        let Ok(port) = u16::try_from(p.port) else {
+            continue;
+        };
+        out.insert((proto, port), p.name.clone().unwrap_or_default());
+    }
+    out
+}
+
+/// Ready endpoints of `slices` for the Service port named `port_name` (sorted).
+fn ready_backends(slices: &[EndpointSlice], port_name: &str) -> Vec<SocketAddr> {
+    let mut addrs = Vec::new();
+    for s in slices {
+        let Some(port) = s
+            .ports
+            .iter()
+            .flatten()
+            .find(|p| p.name.as_deref().unwrap_or("") == port_name)
+            .and_then(|p| p.port)
+            .and_then(|p| u16::try_from(p).ok())
+        else {
+            continue;
+        };
+        for e in &s.endpoints {
+            if e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(false) {
+                for addr in &e.addresses {
+                    if let Ok(ip) = addr.parse::<Ipv4Addr>() {
+                        addrs.push(SocketAddr::from((ip, port)));
+                    }
+                }
+            }
+        }
+    }
+    addrs.sort();
+    addrs.dedup();
+    addrs
+}
+
+async fn listen(
+    ip: Ipv4Addr,
+    proto: Proto,
+    port: u16,
+    backends: Backends,
+) -> Result<JoinHandle<()>> {
+    Ok(match proto {
+        Proto::Tcp => {
+            let l = TcpListener::bind((ip, port))
+                .await
+                .map_err(Error::io(format!("binding {ip}:{port}/TCP")))?;
+            tokio::spawn(forward_tcp(l, backends))
+        }
+        Proto::Udp => {
+            let s = UdpSocket::bind((ip, port))
+                .await
+                .map_err(Error::io(format!("binding {ip}:{port}/UDP")))?;
+            tokio::spawn(forward_udp(Arc::new(s), ip, backends))
+        }
+    })
+}
+
 async fn sync(
     client: &Client,
     bridge: &str,
+    cidr: PodCidr,
     allocated: &mut HashMap<String, Allocated>,
     state: &tokio::sync::Mutex<HashMap<String, Ipv4Addr>>,
 ) -> Result<()> {
@@ -62,6 +162,11 @@ async fn sync(
         .await
         .map_err(Error::kube("list Services"))?;
     let mut live = BTreeSet::new();
+    let claimed: BTreeSet<Ipv4Addr> = list
+        .items
+        .iter()
+        .filter_map(|svc| status_ip(svc, cidr))
+        .collect();
     for svc in list.items {
         let spec = svc.spec.clone().unwrap_or_default();
         if spec.type_.as_deref() != Some("LoadBalancer") || spec.load_balancer_class.is_some() {
@@ -74,83 +179,66 @@ async fn sync(
         ) else {
             continue;
         };
+        let svc_name = format!("{ns}/{name}");
         live.insert(uid.clone());
         if !allocated.contains_key(&uid) {
             let used: BTreeSet<Ipv4Addr> = allocated.values().map(|a| a.ip).collect();
-            let Some(ip) = (FIRST..=LAST)
-                .map(|n| Ipv4Addr::new(10, 244, 0, n))
-                .find(|i| !used.contains(i))
+            // Keep the address the Service already has (e.g. after an agent restart) when it is ours and
+            // free; new addresses avoid those other Services still hold.
+            let Some(ip) = status_ip(&svc, cidr)
+                .filter(|i| !used.contains(i))
+                .or_else(|| {
+                    (LB_FIRST..=LB_LAST)
+                        .map(|n| cidr.host(n))
+                        .find(|i| !used.contains(i) && !claimed.contains(i))
+                })
             else {
-                tracing::warn!(service = %format!("{ns}/{name}"), "load balancer range exhausted");
+                tracing::warn!(service = %svc_name, "load balancer range exhausted");
                 continue;
             };
             crate::net::ip(&["addr", "replace", &format!("{ip}/32"), "dev", bridge]).await?;
             state.lock().await.insert(uid.clone(), ip);
-            let mut ports = Vec::new();
-            for p in spec.ports.iter().flatten() {
-                if p.protocol.as_deref().unwrap_or("TCP") != "TCP" {
-                    continue;
-                }
-                let Ok(port) = u16::try_from(p.port) else {
-                    continue;
-                };
-                let backends: Backends = Arc::new(RwLock::new(Vec::new()));
-                let listener = tokio::net::TcpListener::bind((ip, port))
-                    .await
-                    .map_err(Error::io(format!("binding {ip}:{port}")))?;
-                let task = tokio::spawn(forward(listener, backends.clone()));
-                ports.push((p.name.clone().unwrap_or_default(), port, backends, task));
-            }
-            tracing::info!(service = %format!("{ns}/{name}"), %ip, "load balancer address assigned");
-            allocated.insert(uid.clone(), Allocated { ip, ports });
+            tracing::info!(service = %svc_name, %ip, "load balancer address assigned");
+            allocated.insert(
+                uid.clone(),
+                Allocated {
+                    ip,
+                    ports: HashMap::new(),
+                },
+            );
         }
-        let a = &allocated[&uid];
-        let current = svc
-            .status
-            .as_ref()
-            .and_then(|s| s.load_balancer.as_ref())
-            .and_then(|l| l.ingress.as_ref())
-            .and_then(|i| i.first())
-            .and_then(|i| i.ip.clone());
-        if current.as_deref() != Some(a.ip.to_string().as_str()) {
-            let api: Api<Service> = Api::namespaced(client.clone(), &ns);
-            let body = serde_json::json!({"status": {"loadBalancer": {"ingress": [{"ip": a.ip.to_string(), "ipMode": "VIP"}]}}});
-            api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&body))
-                .await
-                .map_err(Error::kube("patching Service status"))?;
-        }
-        // Backends from the ready endpoints of the Service's EndpointSlices.
-        let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), &ns);
-        let lp = ListParams::default().labels(&format!("kubernetes.io/service-name={name}"));
-        let slices = slices
-            .list(&lp)
-            .await
-            .map_err(Error::kube("list EndpointSlices"))?;
-        for (pname, _, backends, _) in &a.ports {
-            let mut addrs = Vec::new();
-            for s in &slices.items {
-                let Some(port) = s
-                    .ports
-                    .iter()
-                    .flatten()
-                    .find(|p| p.name.as_deref().unwrap_or("") == pname)
-                    .and_then(|p| p.port)
-                    .and_then(|p| u16::try_from(p).ok())
-                else {
-                    continue;
-                };
-                for e in &s.endpoints {
-                    if e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(false) {
-                        for addr in &e.addresses {
-                            if let Ok(ip) = addr.parse::<Ipv4Addr>() {
-                                addrs.push(SocketAddr::from((ip, port)));
-                            }
-                        }
-                    }
-                }
+        let a = allocated.get_mut(&uid).expect("allocated above");
+        // Ports: stop forwarding removed ones, start new ones (a failed bind is retried next poll).
+        let wanted = wanted_ports(&svc);
+        a.ports.retain(|key, f| {
+            let keep = wanted.get(key) == Some(&f.name);
+            if !keep {
+                f.task.abort();
             }
-            addrs.sort();
-            *backends.write().expect("backends lock") = addrs;
+            keep
+        });
+        for (key, pname) in &wanted {
+            if a.ports.contains_key(key) {
+                continue;
+            }
+            let backends: Backends = Arc::new(RwLock::new(Vec::new()));
+            match listen(a.ip, key.0, key.1, backends.clone()).await {
+                Ok(task) => {
+                    a.ports.insert(
+                        *key,
+                        Forwarded {
+                            name: pname.clone(),
+                            backends,
+                            task,
+                        },
+                    );
+                }
+                Err(e) => tracing::warn!(service = %svc_name, error = %e, "load balancer port"),
+            }
+        }
+        // Errors here concern this Service only: the others are still served.
+        if let Err(e) = publish(client, &svc, &ns, &name, a).await {
+            tracing::warn!(service = %svc_name, error = %e, "load balancer status/backends");
         }
     }
     let gone: Vec<String> = allocated
@@ -160,8 +248,8 @@ async fn sync(
         .collect();
     for uid in gone {
         if let Some(a) = allocated.remove(&uid) {
-            for (_, _, _, task) in a.ports {
-                task.abort();
+            for f in a.ports.values() {
+                f.task.abort();
             }
             let _ = crate::net::ip(&["addr", "del", &format!("{}/32", a.ip), "dev", bridge]).await;
             state.lock().await.remove(&uid);
@@ -171,21 +259,260 @@ async fn sync(
     Ok(())
 }
 
-async fn forward(listener: tokio::net::TcpListener, backends: Backends) {
-    let next = Arc::new(AtomicUsize::new(0));
+/// The load-balancer address in a Service's status, if it is one of `cidr`'s load-balancer range.
+fn status_ip(svc: &Service, cidr: PodCidr) -> Option<Ipv4Addr> {
+    let ip: Ipv4Addr = svc
+        .status
+        .as_ref()?
+        .load_balancer
+        .as_ref()?
+        .ingress
+        .as_ref()?
+        .first()?
+        .ip
+        .as_deref()?
+        .parse()
+        .ok()?;
+    let host = ip.octets()[3];
+    (cidr.contains(ip) && (LB_FIRST..=LB_LAST).contains(&host)).then_some(ip)
+}
+
+/// Writes the Service's load-balancer status (if it differs) and refreshes the backends of its ports.
+async fn publish(
+    client: &Client,
+    svc: &Service,
+    ns: &str,
+    name: &str,
+    a: &Allocated,
+) -> Result<()> {
+    let current = svc
+        .status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|l| l.ingress.as_ref())
+        .and_then(|i| i.first())
+        .and_then(|i| i.ip.clone());
+    if current.as_deref() != Some(a.ip.to_string().as_str()) {
+        let api: Api<Service> = Api::namespaced(client.clone(), ns);
+        let body = serde_json::json!({"status": {"loadBalancer": {"ingress": [{"ip": a.ip.to_string(), "ipMode": "VIP"}]}}});
+        api.patch_status(name, &PatchParams::default(), &Patch::Merge(&body))
+            .await
+            .map_err(Error::kube("patching Service status"))?;
+    }
+    // Backends from the ready endpoints of the Service's EndpointSlices.
+    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), ns);
+    let lp = ListParams::default().labels(&format!("kubernetes.io/service-name={name}"));
+    let slices = slices
+        .list(&lp)
+        .await
+        .map_err(Error::kube("list EndpointSlices"))?;
+    for f in a.ports.values() {
+        *f.backends.write().expect("backends lock") = ready_backends(&slices.items, &f.name);
+    }
+    Ok(())
+}
+
+fn pick(backends: &Backends, next: &AtomicUsize) -> Option<SocketAddr> {
+    let b = backends.read().expect("backends lock");
+    (!b.is_empty()).then(|| b[next.fetch_add(1, Ordering::Relaxed) % b.len()])
+}
+
+async fn forward_tcp(listener: TcpListener, backends: Backends) {
+    let next = AtomicUsize::new(0);
+    let permits = Arc::new(Semaphore::new(MAX_TCP_CONNECTIONS));
     loop {
+        let Ok(permit) = permits.clone().acquire_owned().await else {
+            return;
+        };
         let Ok((mut inbound, _)) = listener.accept().await else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
             continue;
         };
-        let target = {
-            let b = backends.read().expect("backends lock");
-            (!b.is_empty()).then(|| b[next.fetch_add(1, Ordering::Relaxed) % b.len()])
+        let Some(target) = pick(&backends, &next) else {
+            continue;
         };
-        let Some(target) = target else { continue };
         tokio::spawn(async move {
+            let _permit = permit;
             if let Ok(mut out) = tokio::net::TcpStream::connect(target).await {
                 let _ = tokio::io::copy_bidirectional(&mut inbound, &mut out).await;
             }
         });
+    }
+}
+
+/// Client address → the flow's upstream socket (connected to one backend).
+type Flows = Arc<Mutex<HashMap<SocketAddr, Arc<UdpSocket>>>>;
+
+async fn forward_udp(sock: Arc<UdpSocket>, ip: Ipv4Addr, backends: Backends) {
+    let next = AtomicUsize::new(0);
+    let flows: Flows = Arc::default();
+    let mut buf = vec![0u8; UDP_BUF];
+    loop {
+        let (n, client) = match sock.recv_from(&mut buf).await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::debug!(error = %e, "udp recv");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        let existing = flows.lock().expect("flows lock").get(&client).cloned();
+        let upstream = match existing {
+            Some(u) => u,
+            None => {
+                if flows.lock().expect("flows lock").len() >= MAX_UDP_FLOWS {
+                    tracing::warn!(%client, "udp flow limit reached; datagram dropped");
+                    continue;
+                }
+                let Some(target) = pick(&backends, &next) else {
+                    continue;
+                };
+                let up = match new_flow(ip, target).await {
+                    Ok(u) => Arc::new(u),
+                    Err(e) => {
+                        tracing::warn!(%target, error = %e, "udp flow");
+                        continue;
+                    }
+                };
+                flows.lock().expect("flows lock").insert(client, up.clone());
+                tokio::spawn(udp_replies(sock.clone(), up.clone(), client, flows.clone()));
+                up
+            }
+        };
+        let _ = upstream.send(&buf[..n]).await;
+    }
+}
+
+async fn new_flow(ip: Ipv4Addr, target: SocketAddr) -> std::io::Result<UdpSocket> {
+    let s = UdpSocket::bind((ip, 0)).await?;
+    s.connect(target).await?;
+    Ok(s)
+}
+
+/// Relays a flow's replies to its client until it is idle for [`UDP_IDLE`], then forgets the flow.
+async fn udp_replies(sock: Arc<UdpSocket>, up: Arc<UdpSocket>, client: SocketAddr, flows: Flows) {
+    let mut buf = vec![0u8; UDP_BUF];
+    while let Ok(Ok(n)) = tokio::time::timeout(UDP_IDLE, up.recv(&mut buf)).await {
+        if sock.send_to(&buf[..n], client).await.is_err() {
+            break;
+        }
+    }
+    flows.lock().expect("flows lock").remove(&client);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort};
+
+    #[test]
+    fn status_address_is_kept_only_inside_the_range() {
+        let svc = |ip: &str| -> Service {
+            serde_json::from_value(serde_json::json!({
+                "status": {"loadBalancer": {"ingress": [{"ip": ip}]}}
+            }))
+            .unwrap()
+        };
+        let cidr = PodCidr::parse("10.246.0.0/24").unwrap();
+        assert_eq!(
+            status_ip(&svc("10.246.0.203"), cidr),
+            Some(Ipv4Addr::new(10, 246, 0, 203))
+        );
+        assert_eq!(status_ip(&svc("10.246.0.5"), cidr), None);
+        assert_eq!(status_ip(&svc("10.247.0.203"), cidr), None);
+        assert_eq!(status_ip(&Service::default(), cidr), None);
+    }
+
+    #[test]
+    fn wanted_ports_by_protocol() {
+        let svc: Service = serde_json::from_value(serde_json::json!({
+            "spec": {"type": "LoadBalancer", "ports": [
+                {"name": "https", "port": 443, "protocol": "TCP"},
+                {"name": "http3", "port": 443, "protocol": "UDP"},
+                {"name": "http", "port": 80},
+                {"name": "s", "port": 9, "protocol": "SCTP"}
+            ]}
+        }))
+        .unwrap();
+        let w = wanted_ports(&svc);
+        assert_eq!(w.len(), 3);
+        assert_eq!(w[&(Proto::Tcp, 443)], "https");
+        assert_eq!(w[&(Proto::Udp, 443)], "http3");
+        assert_eq!(w[&(Proto::Tcp, 80)], "http");
+    }
+
+    #[test]
+    fn only_ready_endpoints_of_the_named_port() {
+        let ep = |ip: &str, ready: bool| Endpoint {
+            addresses: vec![ip.into()],
+            conditions: Some(EndpointConditions {
+                ready: Some(ready),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let slice = EndpointSlice {
+            address_type: "IPv4".into(),
+            endpoints: vec![ep("10.246.0.3", true), ep("10.246.0.4", false)],
+            ports: Some(vec![
+                EndpointPort {
+                    name: Some("http3".into()),
+                    port: Some(8443),
+                    protocol: Some("UDP".into()),
+                    ..Default::default()
+                },
+                EndpointPort {
+                    name: Some("http".into()),
+                    port: Some(8080),
+                    ..Default::default()
+                },
+            ]),
+            metadata: Default::default(),
+        };
+        assert_eq!(
+            ready_backends(std::slice::from_ref(&slice), "http3"),
+            vec!["10.246.0.3:8443".parse().unwrap()]
+        );
+        assert_eq!(
+            ready_backends(std::slice::from_ref(&slice), "http"),
+            vec!["10.246.0.3:8080".parse().unwrap()]
+        );
+        assert!(ready_backends(&[slice], "nope").is_empty());
+    }
+
+    /// A UDP flow through the forwarder on 127.0.0.1 reaches the backend and the reply comes back from the
+    /// forwarder's address; two clients get their own flows.
+    #[tokio::test]
+    async fn udp_flows_relay_both_ways() {
+        let backend = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let backend_addr = backend.local_addr().unwrap();
+        tokio::spawn(async move {
+            let mut buf = [0u8; 64];
+            for _ in 0..4 {
+                let (n, from) = backend.recv_from(&mut buf).await.unwrap();
+                let mut reply = b"echo:".to_vec();
+                reply.extend_from_slice(&buf[..n]);
+                backend.send_to(&reply, from).await.unwrap();
+            }
+        });
+        let front = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let front_addr = front.local_addr().unwrap();
+        let backends: Backends = Arc::new(RwLock::new(vec![backend_addr]));
+        let task = tokio::spawn(forward_udp(Arc::new(front), Ipv4Addr::LOCALHOST, backends));
+        for name in ["a", "b"] {
+            let c = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+            c.connect(front_addr).await.unwrap();
+            for i in 0..2 {
+                let msg = format!("{name}{i}");
+                c.send(msg.as_bytes()).await.unwrap();
+                let mut buf = [0u8; 64];
+                let n = tokio::time::timeout(Duration::from_secs(5), c.recv(&mut buf))
+                    .await
+                    .expect("reply in time")
+                    .unwrap();
+                assert_eq!(&buf[..n], format!("echo:{msg}").as_bytes());
+            }
+        }
+        task.abort();
     }
 }

@@ -1,10 +1,11 @@
 //! sweety-node-agent: a small, test-only "kubelet" for the Docker-less e2e cluster (e2e/cluster/up.sh).
 //!
 //! It registers a Node, watches the Pods bound to it and runs each container as a local process inside a
-//! per-Pod network namespace whose veth is attached to a host bridge (10.244.0.0/24, gateway 10.244.0.1),
-//! so Pod IPs are real, host-reachable and accepted by EndpointSlices. See README.md for what is missing.
+//! per-Pod network namespace whose veth is attached to a host bridge (`--pod-cidr`, default
+//! 10.244.0.0/24, gateway .1), so Pod IPs are real, host-reachable and accepted by EndpointSlices. See README.md for what is missing.
 
 pub mod agent;
+pub mod apiserver;
 pub mod container;
 pub mod env;
 pub mod error;

@@ -41,9 +41,16 @@ struct RunArgs {
     /// IMAGE_SUBSTRING=/path/to/binary (repeatable); see README for the matching rule.
     #[arg(long = "image-map")]
     image_map: Vec<String>,
-    /// Bridge carrying 10.244.0.1/24 (created if missing, and then deleted on exit).
+    /// Bridge carrying the first address of --pod-cidr (created if missing, and then deleted on exit).
+    /// Pod namespaces and veths are named after it, so agents on different bridges do not collide.
     #[arg(long, default_value = "sweetybr0")]
     bridge: String,
+    /// Pod network, a /24: the bridge gets .1, Pods .2-.199, LoadBalancer addresses .200-.250.
+    #[arg(long, default_value = "10.244.0.0/24")]
+    pod_cidr: String,
+    /// Do not relay the apiserver onto the bridge address (Pods then cannot reach it).
+    #[arg(long)]
+    no_apiserver_relay: bool,
     /// State directory (per-Pod volumes, container logs).
     #[arg(long, default_value = "/run/sweety-node-agent")]
     root_dir: PathBuf,
@@ -53,10 +60,10 @@ struct RunArgs {
     memory: String,
     #[arg(long, default_value = "110")]
     max_pods: String,
-    /// Port of the kubelet-style logs API on 10.244.0.1 (0 disables it).
+    /// Port of the kubelet-style logs API on the bridge address (0 disables it).
     #[arg(long, default_value_t = 10250)]
     kubelet_port: u16,
-    /// Assign LoadBalancer Service addresses from 10.244.0.200-250 and forward their TCP ports.
+    /// Assign LoadBalancer Service addresses from .200-.250 of --pod-cidr and forward their ports.
     #[arg(long)]
     load_balancer: bool,
 }
@@ -106,6 +113,9 @@ async fn run(a: RunArgs) -> anyhow::Result<()> {
         )
         .init();
     let images = ImageMap::parse(&a.image_map)?;
+    let cidr = sweety_node_agent::net::PodCidr::parse(&a.pod_cidr)?;
+    sweety_node_agent::net::check_bridge_name(&a.bridge)?;
+    let gateway = cidr.gateway();
     let mut labels = BTreeMap::new();
     for l in &a.node_labels {
         let (k, v) = l
@@ -113,18 +123,27 @@ async fn run(a: RunArgs) -> anyhow::Result<()> {
             .with_context(|| format!("--node-label {l:?}: expected KEY=VALUE"))?;
         labels.insert(k.to_string(), v.to_string());
     }
-    let client = kube::Client::try_default()
+    let kube_config = kube::Config::infer()
         .await
-        .context("kube client (KUBECONFIG)")?;
+        .context("kube client config (KUBECONFIG)")?;
+    let cluster_url = kube_config.cluster_url.clone();
+    let client = kube::Client::try_from(kube_config).context("kube client")?;
     let ncfg = NodeConfig {
         name: a.node.clone(),
         labels,
         cpu: a.cpu,
         memory: a.memory,
         pods: a.max_pods,
+        address: gateway,
         kubelet_port: (a.kubelet_port != 0).then_some(a.kubelet_port),
     };
     let agent_exe = std::env::current_exe().context("locating the agent binary")?;
+    let api_target = sweety_node_agent::apiserver::target_of(&cluster_url).await?;
+    let base_env = if a.no_apiserver_relay {
+        Vec::new()
+    } else {
+        sweety_node_agent::env::apiserver_env(&gateway.to_string(), api_target.port())
+    };
     let agent = Agent::new(
         client.clone(),
         Config {
@@ -132,12 +151,27 @@ async fn run(a: RunArgs) -> anyhow::Result<()> {
             images,
             root_dir: a.root_dir.clone(),
             agent_exe,
+            base_env,
         },
         &a.bridge,
+        cidr,
     )
     .await?;
+    // After the bridge exists: its address is where the relay listens.
+    let relay = if a.no_apiserver_relay {
+        None
+    } else {
+        let listen = std::net::SocketAddr::from((gateway, api_target.port()));
+        match sweety_node_agent::apiserver::relay(listen, api_target).await {
+            Ok(t) => Some(t),
+            Err(e) => {
+                agent.shutdown().await;
+                return Err(e.into());
+            }
+        }
+    };
     let server = (a.kubelet_port != 0).then(|| {
-        let addr = std::net::SocketAddr::from((sweety_node_agent::net::GATEWAY, a.kubelet_port));
+        let addr = std::net::SocketAddr::from((gateway, a.kubelet_port));
         let logs = a.root_dir.join("logs");
         tokio::spawn(async move {
             if let Err(e) = sweety_node_agent::server::serve(addr, logs).await {
@@ -154,6 +188,7 @@ async fn run(a: RunArgs) -> anyhow::Result<()> {
         tokio::spawn(sweety_node_agent::lb::run(
             client.clone(),
             a.bridge.clone(),
+            cidr,
             Arc::clone(&lb_state),
         ))
     });
@@ -170,6 +205,9 @@ async fn run(a: RunArgs) -> anyhow::Result<()> {
     }
     if let Some(s) = server {
         s.abort();
+    }
+    if let Some(r) = relay {
+        r.abort();
     }
     agent.shutdown().await;
     Ok(())

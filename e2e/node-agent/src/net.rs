@@ -1,8 +1,11 @@
-//! Pod networking with iproute2: a host bridge carrying 10.244.0.1/24 and, per Pod, a network namespace
-//! `sweety-<n>` with a veth pair (`swh<n>` on the bridge, `eth0` inside) and the address 10.244.0.<n>.
+//! Pod networking with iproute2: a host bridge carrying the first address of the Pod CIDR (a /24, default
+//! 10.244.0.0/24) and, per Pod, a network namespace `<bridge>-<n>` with a veth pair (`<bridge>h<n>` on the
+//! bridge, `eth0` inside) and the address `<cidr>.<n>`.
 //!
-//! Only addresses on the bridge this module manages are used: packets to other 10.x addresses may leave the VM.
-//! Pod indices 2..=199 are allocated (.1 is the gateway, .200-.254 are left for a future LoadBalancer range).
+//! Every name is derived from the bridge name, so two agents with different bridges and CIDRs (two clusters)
+//! can run on one host without touching each other's namespaces or links. Only addresses on the bridge this
+//! module manages are used: packets to other 10.x addresses may leave the VM.
+//! Layout of the /24: .1 is the bridge (node address), Pods get .2-.199, LoadBalancer addresses .200-.250.
 
 use std::collections::BTreeSet;
 use std::net::Ipv4Addr;
@@ -12,12 +15,88 @@ use tokio::process::Command;
 
 use crate::{Error, Result};
 
-/// The bridge / node address.
-pub const GATEWAY: Ipv4Addr = Ipv4Addr::new(10, 244, 0, 1);
 /// Prefix length of the Pod network.
 pub const PREFIX: u8 = 24;
 const FIRST: u8 = 2;
 const LAST: u8 = 199;
+/// First and last host number of the LoadBalancer range.
+pub const LB_FIRST: u8 = 200;
+pub const LB_LAST: u8 = 250;
+/// Longest bridge name: derived link names (`<bridge>h<n>`, n <= 199) must fit IFNAMSIZ - 1 = 15 bytes.
+pub const MAX_BRIDGE_NAME: usize = 11;
+
+/// A /24 Pod network: `a.b.c.0/24`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PodCidr {
+    base: [u8; 3],
+}
+
+impl PodCidr {
+    /// Parses `a.b.c.0/24` (only /24 networks are supported).
+    pub fn parse(s: &str) -> Result<Self> {
+        let bad = |why: &str| Error::PodCidr(format!("{s:?}: {why}"));
+        let (addr, len) = s
+            .split_once('/')
+            .ok_or_else(|| bad("expected a.b.c.0/24"))?;
+        if len != "24" {
+            return Err(bad("only /24 networks are supported"));
+        }
+        let ip: Ipv4Addr = addr.parse().map_err(|_| bad("not an IPv4 address"))?;
+        let o = ip.octets();
+        if o[3] != 0 {
+            return Err(bad("the host part must be 0"));
+        }
+        if ip.is_loopback() || ip.is_unspecified() || ip.is_multicast() || ip.is_broadcast() {
+            return Err(bad(
+                "loopback, unspecified, multicast and broadcast ranges are not usable",
+            ));
+        }
+        Ok(PodCidr {
+            base: [o[0], o[1], o[2]],
+        })
+    }
+
+    /// Address `<network>.<n>`.
+    pub fn host(&self, n: u8) -> Ipv4Addr {
+        Ipv4Addr::new(self.base[0], self.base[1], self.base[2], n)
+    }
+
+    /// The bridge (node) address, `.1`.
+    pub fn gateway(&self) -> Ipv4Addr {
+        self.host(1)
+    }
+
+    /// Whether `ip` is inside this network.
+    pub fn contains(&self, ip: Ipv4Addr) -> bool {
+        ip.octets()[..3] == self.base
+    }
+}
+
+impl Default for PodCidr {
+    fn default() -> Self {
+        PodCidr { base: [10, 244, 0] }
+    }
+}
+
+impl std::fmt::Display for PodCidr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{PREFIX}", self.host(0))
+    }
+}
+
+/// Checks a bridge name: 1..=11 bytes of `[a-z0-9]`, so derived names are valid interface names.
+pub fn check_bridge_name(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= MAX_BRIDGE_NAME
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::BridgeName(name.to_string()))
+    }
+}
 
 /// Runs `ip ARGS`, returning stdout or an error carrying stderr.
 pub async fn ip(args: &[&str]) -> Result<String> {
@@ -53,52 +132,106 @@ pub struct PodNet {
 #[derive(Debug)]
 pub struct Network {
     bridge: String,
+    cidr: PodCidr,
     created_bridge: bool,
     free: Mutex<BTreeSet<u8>>,
 }
 
+/// The first interface other than `bridge` with an IPv4 address inside `cidr`, from `ip -o -4 addr show`
+/// output (`<index>: <device> inet <addr>/<len> ...`).
+fn other_user_of<'a>(ip_addr_output: &'a str, bridge: &str, cidr: PodCidr) -> Option<&'a str> {
+    ip_addr_output.lines().find_map(|line| {
+        let mut words = line.split_whitespace();
+        let dev = words.nth(1)?;
+        let addr = words
+            .skip_while(|w| *w != "inet")
+            .nth(1)?
+            .split('/')
+            .next()?
+            .parse::<Ipv4Addr>()
+            .ok()?;
+        (dev != bridge && cidr.contains(addr)).then_some(dev)
+    })
+}
+
+/// Namespace name of Pod index `n` on `bridge`.
+pub fn netns_name(bridge: &str, n: u8) -> String {
+    format!("{bridge}-{n}")
+}
+
+fn host_veth_name(bridge: &str, n: u8) -> String {
+    format!("{bridge}h{n}")
+}
+
+fn peer_veth_name(bridge: &str, n: u8) -> String {
+    format!("{bridge}p{n}")
+}
+
 impl Network {
-    /// Creates the bridge (or reuses an existing one of that name, making sure it has 10.244.0.1/24 and is up)
-    /// and removes stale `sweety-<n>` namespaces and `swh<n>` links left by an earlier run.
-    pub async fn setup(bridge: &str) -> Result<Self> {
+    /// Creates the bridge (or reuses an existing one of that name, making sure it carries the gateway address
+    /// and is up) and removes stale `<bridge>-<n>` namespaces and `<bridge>h<n>` links left by an earlier run
+    /// of an agent on the same bridge. Namespaces of other bridges are left alone.
+    pub async fn setup(bridge: &str, cidr: PodCidr) -> Result<Self> {
+        check_bridge_name(bridge)?;
+        // Another interface with an address in this network (another agent's bridge): sharing it would
+        // break that cluster's routing, so refuse.
+        let addrs = ip(&["-o", "-4", "addr", "show"]).await?;
+        if let Some(dev) = other_user_of(&addrs, bridge, cidr) {
+            return Err(Error::CidrInUse {
+                cidr,
+                device: dev.to_string(),
+            });
+        }
         let created_bridge = ip(&["link", "show", bridge]).await.is_err();
         if created_bridge {
             ip(&["link", "add", bridge, "type", "bridge"]).await?;
         }
-        let cidr = format!("{GATEWAY}/{PREFIX}");
-        ip(&["addr", "replace", &cidr, "dev", bridge]).await?;
+        let gw = format!("{}/{PREFIX}", cidr.gateway());
+        ip(&["addr", "replace", &gw, "dev", bridge]).await?;
         ip(&["link", "set", bridge, "up"]).await?;
         let listed = ip(&["netns", "list"]).await.unwrap_or_default();
+        let prefix = format!("{bridge}-");
         for line in listed.lines() {
             let name = line.split_whitespace().next().unwrap_or("");
-            if let Some(n) = name.strip_prefix("sweety-") {
-                if n.parse::<u8>().is_ok() {
+            if let Some(n) = name.strip_prefix(&prefix) {
+                if let Ok(n) = n.parse::<u8>() {
                     tracing::info!(netns = name, "removing stale network namespace");
                     let _ = ip(&["netns", "del", name]).await;
-                    let _ = ip(&["link", "del", &format!("swh{n}")]).await;
+                    let _ = ip(&["link", "del", &host_veth_name(bridge, n)]).await;
                 }
             }
         }
         Ok(Network {
             bridge: bridge.to_string(),
+            cidr,
             created_bridge,
             free: Mutex::new((FIRST..=LAST).collect()),
         })
+    }
+
+    /// The Pod network.
+    pub fn cidr(&self) -> PodCidr {
+        self.cidr
+    }
+
+    /// The bridge name.
+    pub fn bridge(&self) -> &str {
+        &self.bridge
     }
 
     /// Creates the network of a new Pod.
     pub async fn create_pod_net(&self) -> Result<PodNet> {
         let index = {
             let mut free = self.free.lock().expect("allocator lock");
-            let n = *free.iter().next().ok_or(Error::NoFreeIp)?;
+            let n = *free.iter().next().ok_or(Error::NoFreeIp(self.cidr))?;
             free.remove(&n);
             n
         };
         let net = PodNet {
             index,
-            netns: format!("sweety-{index}"),
-            host_veth: format!("swh{index}"),
-            ip: Ipv4Addr::new(10, 244, 0, index),
+            netns: netns_name(&self.bridge, index),
+            host_veth: host_veth_name(&self.bridge, index),
+            ip: self.cidr.host(index),
         };
         if let Err(e) = self.plumb(&net).await {
             self.remove_pod_net(&net).await;
@@ -108,10 +241,11 @@ impl Network {
     }
 
     async fn plumb(&self, net: &PodNet) -> Result<()> {
-        let peer = format!("swp{}", net.index);
+        let peer = peer_veth_name(&self.bridge, net.index);
         let ns = net.netns.as_str();
         let _ = ip(&["netns", "del", ns]).await;
         let _ = ip(&["link", "del", &net.host_veth]).await;
+        let _ = ip(&["link", "del", &peer]).await;
         ip(&["netns", "add", ns]).await?;
         ip(&[
             "link",
@@ -139,7 +273,7 @@ impl Network {
             "add",
             "default",
             "via",
-            &GATEWAY.to_string(),
+            &self.cidr.gateway().to_string(),
         ])
         .await?;
         Ok(())
@@ -161,5 +295,66 @@ impl Network {
                 tracing::warn!(error = %e, "deleting bridge");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_a_slash_24() {
+        let c = PodCidr::parse("10.246.0.0/24").unwrap();
+        assert_eq!(c.gateway(), Ipv4Addr::new(10, 246, 0, 1));
+        assert_eq!(c.host(200), Ipv4Addr::new(10, 246, 0, 200));
+        assert_eq!(c.to_string(), "10.246.0.0/24");
+        assert!(c.contains(Ipv4Addr::new(10, 246, 0, 77)));
+        assert!(!c.contains(Ipv4Addr::new(10, 244, 0, 77)));
+        assert_eq!(PodCidr::default().gateway(), Ipv4Addr::new(10, 244, 0, 1));
+    }
+
+    #[test]
+    fn rejects_other_networks_with_the_reason() {
+        for (s, why) in [
+            ("10.246.0.0/16", "only /24"),
+            ("10.246.0.5/24", "host part"),
+            ("10.246.0.0", "expected a.b.c.0/24"),
+            ("banana/24", "not an IPv4"),
+            ("127.0.0.0/24", "loopback"),
+        ] {
+            let e = PodCidr::parse(s).unwrap_err().to_string();
+            assert!(e.contains(why), "{s}: {e}");
+        }
+    }
+
+    #[test]
+    fn finds_another_interface_in_the_network() {
+        let out = "1: lo    inet 127.0.0.1/8 scope host lo\\       valid_lft forever
+2: eth0    inet 10.0.2.15/24 brd 10.0.2.255 scope global eth0
+7: sweetybr3    inet 10.247.0.1/24 scope global sweetybr3
+7: sweetybr3    inet 10.247.0.200/32 scope global sweetybr3
+9: sweetybr2    inet 10.246.0.1/24 scope global sweetybr2
+";
+        let c247 = PodCidr::parse("10.247.0.0/24").unwrap();
+        assert_eq!(other_user_of(out, "sweetyit0", c247), Some("sweetybr3"));
+        assert_eq!(other_user_of(out, "sweetybr3", c247), None);
+        let c246 = PodCidr::parse("10.246.0.0/24").unwrap();
+        assert_eq!(other_user_of(out, "sweetybr2", c246), None);
+        let c250 = PodCidr::parse("10.250.0.0/24").unwrap();
+        assert_eq!(other_user_of(out, "sweetyit0", c250), None);
+    }
+
+    #[test]
+    fn derives_names_from_the_bridge() {
+        assert_eq!(netns_name("sweetybr2", 7), "sweetybr2-7");
+        assert_eq!(host_veth_name("sweetybr2", 199), "sweetybr2h199");
+        check_bridge_name("sweetybr2").unwrap();
+        check_bridge_name("abcdefghijk").unwrap();
+        assert!(check_bridge_name("abcdefghijkl").is_err());
+        assert!(check_bridge_name("").is_err());
+        assert!(check_bridge_name("br;rm").is_err());
+        assert!(check_bridge_name("Br0").is_err());
+        // The longest derived link name fits IFNAMSIZ - 1.
+        assert!(peer_veth_name("abcdefghijk", 199).len() <= 15);
     }
 }

@@ -27,6 +27,8 @@ pub struct NodeConfig {
     pub cpu: String,
     pub memory: String,
     pub pods: String,
+    /// The node address (InternalIP): the bridge address.
+    pub address: std::net::Ipv4Addr,
     /// Port of the kubelet-style API on the node address, if served.
     pub kubelet_port: Option<u16>,
 }
@@ -61,7 +63,7 @@ fn status(cfg: &NodeConfig) -> NodeStatus {
         ]),
         addresses: Some(vec![NodeAddress {
             type_: "InternalIP".into(),
-            address: crate::net::GATEWAY.to_string(),
+            address: cfg.address.to_string(),
         }]),
         // No Hostname address: the apiserver prefers Hostname when contacting the kubelet API, and the node
         // name does not resolve here.

@@ -44,6 +44,8 @@ pub struct ContainerRecord {
 #[derive(Debug, Clone)]
 pub struct PodState {
     pub ip: Option<Ipv4Addr>,
+    /// The node address (status.hostIP).
+    pub host_ip: Ipv4Addr,
     pub start_time: Time,
     pub containers: Vec<ContainerRecord>,
     transitions: BTreeMap<&'static str, (bool, Time)>,
@@ -51,9 +53,10 @@ pub struct PodState {
 
 impl PodState {
     /// A Pod whose containers are all waiting in ContainerCreating.
-    pub fn new(containers: &[(String, String)]) -> Self {
+    pub fn new(containers: &[(String, String)], host_ip: Ipv4Addr) -> Self {
         PodState {
             ip: None,
+            host_ip,
             start_time: crate::now(),
             containers: containers
                 .iter()
@@ -151,7 +154,7 @@ impl PodState {
                 ..Default::default()
             })
             .collect();
-        let gw = crate::net::GATEWAY.to_string();
+        let gw = self.host_ip.to_string();
         PodStatus {
             phase: Some(phase.into()),
             pod_ip: self.ip.map(|i| i.to_string()),
@@ -161,7 +164,7 @@ impl PodState {
             start_time: Some(self.start_time.clone()),
             conditions: Some(conditions),
             container_statuses: Some(statuses),
-            qos_class: Some("BestEffort".into()),
+            // qosClass is not written: the apiserver sets it at creation and it is immutable.
             ..Default::default()
         }
     }
@@ -201,7 +204,7 @@ mod tests {
 
     #[test]
     fn ready_running_and_failed_phases() {
-        let mut s = PodState::new(&[("a".into(), "img".into())]);
+        let mut s = PodState::new(&[("a".into(), "img".into())], Ipv4Addr::new(10, 244, 0, 1));
         let st = s.render();
         assert_eq!(st.phase.as_deref(), Some("Pending"));
         s.ip = Some(Ipv4Addr::new(10, 244, 0, 2));

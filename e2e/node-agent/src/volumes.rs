@@ -18,12 +18,12 @@ use crate::{Error, Result};
 /// Volume name → host directory (or file, for hostPath) holding its content.
 pub type Volumes = BTreeMap<String, PathBuf>;
 
-/// Writes all volumes of `pod` below `pod_dir`.
+/// Writes all volumes of `pod` below `pod_dir`; `ips` is (Pod IP, node IP) for the downward API.
 pub async fn materialise(
     client: &Client,
     pod: &Pod,
     pod_dir: &Path,
-    pod_ip: &str,
+    ips: (&str, &str),
 ) -> Result<Volumes> {
     let mut out = Volumes::new();
     let ns = pod.metadata.namespace.clone().unwrap_or_default();
@@ -68,7 +68,7 @@ pub async fn materialise(
             .await
             .map_err(|e| err(e.to_string()))?;
         } else if let Some(d) = &vol.downward_api {
-            write_downward(pod, d.items.as_deref().unwrap_or_default(), pod_ip, &dir)
+            write_downward(pod, d.items.as_deref().unwrap_or_default(), ips, &dir)
                 .map_err(|e| err(e.to_string()))?;
         } else if let Some(p) = &vol.projected {
             for src in p.sources.iter().flatten() {
@@ -95,7 +95,7 @@ pub async fn materialise(
                     .await
                     .map_err(|e| err(e.to_string()))?;
                 } else if let Some(d) = &src.downward_api {
-                    write_downward(pod, d.items.as_deref().unwrap_or_default(), pod_ip, &dir)
+                    write_downward(pod, d.items.as_deref().unwrap_or_default(), ips, &dir)
                         .map_err(|e| err(e.to_string()))?;
                 } else if let Some(t) = &src.service_account_token {
                     let token =
@@ -231,17 +231,19 @@ async fn write_config_map(
 fn write_downward(
     pod: &Pod,
     items: &[DownwardAPIVolumeFile],
-    pod_ip: &str,
+    ips: (&str, &str),
     dir: &Path,
 ) -> Result<()> {
     for it in items {
         let value = match &it.field_ref {
-            Some(f) => crate::env::field_value(pod, &f.field_path, pod_ip).ok_or_else(|| {
-                Error::Volume {
-                    volume: dir.display().to_string(),
-                    message: format!("unsupported fieldRef {}", f.field_path),
-                }
-            })?,
+            Some(f) => {
+                crate::env::field_value(pod, &f.field_path, ips.0, ips.1).ok_or_else(|| {
+                    Error::Volume {
+                        volume: dir.display().to_string(),
+                        message: format!("unsupported fieldRef {}", f.field_path),
+                    }
+                })?
+            }
             None => {
                 return Err(Error::Volume {
                     volume: dir.display().to_string(),

@@ -4,9 +4,10 @@
 //!
 //! It starts the agent binary as a child, creates a 2-replica Deployment of `python3 -m http.server` (through
 //! `--image-map`) serving a ConfigMap volume with a readinessProbe, and checks: both Pods Ready with
-//! 10.244.0.x IPs, the Service's EndpointSlice lists them, each Pod IP serves the ConfigMap file over HTTP
-//! from the host (so the volume is visible to the process), a deleted Pod is replaced, and the network
-//! namespaces are cleaned up.
+//! IPs from its `--pod-cidr`, the Service's EndpointSlice lists them, each Pod IP serves the ConfigMap file over HTTP
+//! from the host (so the volume is visible to the process), a deleted Pod is replaced, a Pod reaches the
+//! apiserver, a failing livenessProbe kills and restarts a container, and the network namespaces are cleaned
+//! up.
 
 use std::collections::BTreeSet;
 use std::process::{Child, Command, Stdio};
@@ -21,6 +22,11 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const NODE: &str = "sweety-node-agent-it";
 const BRIDGE: &str = "sweetyit0";
+/// The test's Pod network (not the default one, so it can run next to another agent). The cluster must be
+/// started with the same `POD_CIDR` (its apiserver certificate then names the relay address .1).
+const POD_CIDR: &str = "10.250.0.0/24";
+const POD_NET: &str = "10.250.0.";
+const NODE_IP: &str = "10.250.0.1";
 const MOUNT: &str = "/run/sweety-node-agent-it/www";
 const CONTENT: &str = "hello from a configmap volume\n";
 const SECRET_MOUNT: &str = "/run/sweety-node-agent-it/secret";
@@ -29,6 +35,13 @@ const CRASHER: &str = "import os, sys
 print('env', os.environ['MY_NAME'], os.environ['MY_NS'], os.environ['SECRET_VAL'])
 print('token', len(open('/var/run/secrets/kubernetes.io/serviceaccount/token').read()) > 100)
 print('secretfile', open('/run/sweety-node-agent-it/secret/key').read(), flush=True)
+import ssl, http.client
+sa = '/var/run/secrets/kubernetes.io/serviceaccount/'
+ctx = ssl.create_default_context(cafile=sa + 'ca.crt')
+host, port = os.environ['KUBERNETES_SERVICE_HOST'], int(os.environ['KUBERNETES_SERVICE_PORT'])
+c = http.client.HTTPSConnection(host, port, context=ctx, timeout=10)
+c.request('GET', '/api', headers={'Authorization': 'Bearer ' + open(sa + 'token').read()})
+print('apiserver', host, c.getresponse().status, flush=True)
 sys.exit(3)";
 
 fn is_root() -> bool {
@@ -153,6 +166,8 @@ async fn runs_deployment_pods_as_processes() {
                 "--node-label",
                 "sweety.dev/test=node-agent",
                 "--load-balancer",
+                "--pod-cidr",
+                POD_CIDR,
             ])
             .arg("--image-map")
             .arg(format!("python-http={python}"))
@@ -215,7 +230,7 @@ async fn runs_deployment_pods_as_processes() {
                 .addresses
                 .iter()
                 .flatten()
-                .any(|a| a.type_ == "InternalIP" && a.address == "10.244.0.1");
+                .any(|a| a.type_ == "InternalIP" && a.address == NODE_IP);
             (ready && !tainted && ip_ok).then_some(())
         },
     )
@@ -285,7 +300,7 @@ async fn runs_deployment_pods_as_processes() {
     })
     .await;
     for (name, ip) in &first {
-        assert!(ip.starts_with("10.244.0."), "pod {name} has IP {ip}");
+        assert!(ip.starts_with(POD_NET), "pod {name} has IP {ip}");
     }
     let ips: BTreeSet<String> = first.iter().map(|(_, ip)| ip.clone()).collect();
     assert_eq!(ips.len(), 2, "distinct pod IPs: {ips:?}");
@@ -329,7 +344,7 @@ async fn runs_deployment_pods_as_processes() {
         || async {
             let s = svcs.get("web").await.ok()?;
             let ip = s.status?.load_balancer?.ingress?.into_iter().next()?.ip?;
-            ip.starts_with("10.244.0.2").then_some(ip)
+            ip.starts_with(&format!("{POD_NET}2")).then_some(ip)
         },
     )
     .await;
@@ -430,9 +445,13 @@ async fn runs_deployment_pods_as_processes() {
         .join(format!("{ns_name}_crasher_{uid}"))
         .join("c.log");
     let text = std::fs::read_to_string(&log).unwrap_or_default();
-    let expected = format!("env crasher {ns_name} s3cret\ntoken True\nsecretfile filedata\n");
+    // The last line: the apiserver answered over TLS (certificate verified against the projected CA, so
+    // it names the relay address) with the projected token, at KUBERNETES_SERVICE_HOST = the node address.
+    let expected = format!(
+        "env crasher {ns_name} s3cret\ntoken True\nsecretfile filedata\napiserver {NODE_IP} 200\n"
+    );
     assert!(text.starts_with(&expected), "{}: {text:?}", log.display());
-    // The same log through the apiserver (pods/log → the agent's kubelet API on 10.244.0.1:10250).
+    // The same log through the apiserver (pods/log → the agent's kubelet API on the node address).
     let lp = LogParams {
         container: Some("c".into()),
         ..Default::default()
@@ -442,6 +461,54 @@ async fn runs_deployment_pods_as_processes() {
         .await
         .expect("pods/log via the apiserver");
     assert!(via_api.starts_with(&expected), "kubectl logs: {via_api:?}");
+
+    // Startup and liveness probes: the startupProbe (TCP) passes once the server listens, then the
+    // livenessProbe (a 404 path) fails twice and the agent kills the container (SIGKILL: exit 137) and
+    // restarts it (restartPolicy Always), which then serves again.
+    let unhealthy: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "unhealthy"},
+        "spec": {
+            "nodeName": NODE,
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{
+                "name": "web",
+                "image": "example.test/python-http:1",
+                "args": ["-m", "http.server", "8080", "--bind", "$(POD_IP)", "--directory", "/"],
+                "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
+                "ports": [{"name": "http", "containerPort": 8080}],
+                "startupProbe": {"tcpSocket": {"port": "http"}, "periodSeconds": 1, "failureThreshold": 120},
+                "livenessProbe": {"httpGet": {"path": "/no-such-file", "port": "http"},
+                                  "periodSeconds": 1, "failureThreshold": 2}
+            }]
+        }
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &unhealthy)
+        .await
+        .expect("create unhealthy pod");
+    eventually(
+        "unhealthy pod killed by its liveness probe and restarted",
+        Duration::from_secs(90),
+        || async {
+            let p = pods.get_opt("unhealthy").await.ok()??;
+            let cs = p.status?.container_statuses?.into_iter().next()?;
+            let code = cs.last_state?.terminated?.exit_code;
+            (cs.restart_count >= 1 && code == 137).then_some(())
+        },
+    )
+    .await;
+    // The restarted instance runs and passes its startup probe again (`started`; with no readinessProbe
+    // that also makes it ready).
+    eventually(
+        "restarted instance started and ready",
+        Duration::from_secs(60),
+        || async {
+            let p = pods.get_opt("unhealthy").await.ok()??;
+            let cs = p.status?.container_statuses?.into_iter().next()?;
+            (cs.state?.running.is_some() && cs.started == Some(true) && cs.ready).then_some(())
+        },
+    )
+    .await;
 
     // Cleanup: deleting the namespace removes the Pods; the agent tears down their namespaces.
     nss.delete(&ns_name, &DeleteParams::default())
@@ -457,7 +524,8 @@ async fn runs_deployment_pods_as_processes() {
     })
     .await;
     eventually("pod netns removed", Duration::from_secs(30), || async {
-        (!netns_list().lines().any(|l| l.starts_with("sweety-"))).then_some(())
+        let prefix = format!("{BRIDGE}-");
+        (!netns_list().lines().any(|l| l.starts_with(&prefix))).then_some(())
     })
     .await;
     drop(agent);

@@ -182,7 +182,7 @@ pub fn attach(
             return Err(("NoMatchingParent", format!("no listener on port {port}")));
         }
     }
-    candidates.retain(|&i| listeners[i].programmed());
+    candidates.retain(|&i| listeners[i].attachable());
     if candidates.is_empty() {
         return Err((
             "NoMatchingParent",

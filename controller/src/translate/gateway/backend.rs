@@ -64,7 +64,9 @@ pub fn resolve(
         | Some("kubernetes.io/h2c")
         | Some("h2c")
         | Some("https")
-        | Some("kubernetes.io/https") => {}
+        | Some("kubernetes.io/https")
+        // WebSocket over HTTP/1.1: the dataplane tunnels `Upgrade` requests on any proxy route.
+        | Some("kubernetes.io/ws") => {}
         Some(other) => {
             return Err((
                 "UnsupportedProtocol",

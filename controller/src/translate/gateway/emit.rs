@@ -257,6 +257,8 @@ fn requested_addresses(gw: &sweety_gateway_api::gateways::Gateway) -> Requested 
         let t = a.r#type.clone().unwrap_or_else(|| "IPAddress".into());
         let v = a.value.clone().unwrap_or_default();
         match t.as_str() {
+            // An IPAddress without a value asks for any address: the Service's, as without one.
+            "IPAddress" if v.is_empty() => {}
             "IPAddress" if v.parse::<std::net::IpAddr>().is_ok() => requested.push((t, v)),
             "Hostname" if !v.is_empty() => requested.push((t, v)),
             _ => bad = Some(format!("address {v:?} of type {t} is not supported")),

@@ -111,6 +111,18 @@ impl GwListener {
             && !matches!(self.unresolved, Some((r, _)) if r != "InvalidRouteKinds")
     }
 
+    /// Routes may attach (and are counted in `attachedRoutes`): the listener is accepted
+    /// (also not left without a container port), not conflicted and allows some route kind,
+    /// even when a reference (e.g. its certificate) did not resolve. Only programmed
+    /// listeners serve the routes.
+    pub fn attachable(&self) -> bool {
+        self.not_accepted.is_none()
+            && self.conflicted.is_none()
+            && self.protocol.is_some()
+            && !self.kinds.is_empty()
+            && (self.container_port.is_some() || !self.usable())
+    }
+
     /// Usable and given a container port.
     pub fn programmed(&self) -> bool {
         self.usable() && self.container_port.is_some()

@@ -206,6 +206,10 @@ fn route(
             if !attached_to.insert((*g, l)) {
                 continue;
             }
+            // Attached and counted, but a listener that is not programmed serves nothing.
+            if !gw.listeners[l].programmed() {
+                continue;
+            }
             for (i, rule) in rules.rules.iter().enumerate() {
                 let key = (created.clone(), ns.clone(), name.clone(), i);
                 match rule {

@@ -10,7 +10,15 @@
 //! `permanent-redirect`(`-code`), `temporal-redirect`, `app-root`, `proxy-read-timeout` and
 //! `proxy-connect-timeout` (their sum, in seconds, is the route's backend timeout), `canary` +
 //! `canary-weight` (+ `canary-weight-total`): a weighted split with the primary Ingress's route
-//! for the same host and path.
+//! for the same host and path. `limit-rps` / `limit-rpm` (× `limit-burst-multiplier`, default
+//! 5) become per-client-IP `rate_limit` filters whose zone is shared by the Ingress's paths,
+//! `whitelist-source-range` (or `allowlist-source-range`) and `denylist-source-range` an
+//! `ip_access` filter; invalid CIDRs are reported and left out. `affinity: cookie` (with
+//! `session-cookie-name`, default `INGRESSCOOKIE`, `-path`, `-max-age`/`-expires`, `-secure`,
+//! `-samesite`) becomes cookie session persistence, and `upstream-hash-by` (`$remote_addr`,
+//! `$binary_remote_addr`, `$http_<header>`, `$cookie_<name>`) a ring hash, each on a variant
+//! of the backend (named `<backend>~affinity…` / `~hash…`) so other Ingresses of the same
+//! Service are unaffected.
 //!
 //! Never applied: every `*-snippet` annotation (raw nginx configuration; reported as
 //! `SnippetIgnored` for security). Everything else (`proxy-body-size`: there is no per-route
@@ -22,8 +30,9 @@ use crate::translate::Builder;
 use k8s_openapi::api::networking::v1::Ingress;
 use std::collections::BTreeMap;
 use sweety_config::{
-    Action, BackendProtocol, Cors, Duration, Filter, FixedResponse, PathMatch, PathRewrite,
-    Redirect, Route, RouteMatch, UrlRewrite, WeightedBackend,
+    Action, BackendProtocol, Cidr, Cors, Duration, Filter, FixedResponse, HashAlgorithm, HashOn,
+    HashPolicy, IpAccess, PathMatch, PathRewrite, RateLimit, RateLimitKey, Redirect, Route,
+    RouteMatch, SessionKind, SessionPersistence, UrlRewrite, WeightedBackend,
 };
 
 /// Annotation prefix of ingress-nginx.
@@ -44,6 +53,14 @@ pub struct Annotations {
     pub canary: bool,
     pub canary_weight: u32,
     pub canary_weight_total: u32,
+    /// `limit-rps` / `limit-rpm`, per client IP.
+    pub rate_limits: Vec<RateLimit>,
+    /// `whitelist-source-range` / `denylist-source-range`.
+    pub ip_access: Option<IpAccess>,
+    /// `affinity: cookie` and its `session-cookie-*` settings.
+    pub session: Option<SessionPersistence>,
+    /// `upstream-hash-by`.
+    pub hash: Option<HashPolicy>,
 }
 
 const CORS_METHODS: &str = "GET, PUT, POST, DELETE, PATCH, OPTIONS";
@@ -138,6 +155,11 @@ impl Annotations {
         let mut read_timeout = None;
         let mut connect_timeout = None;
         let mut redirect_code: Option<u16> = None;
+        let mut rps: Option<u32> = None;
+        let mut rpm: Option<u32> = None;
+        let mut burst_multiplier: u32 = 5;
+        let mut access = IpAccess::default();
+        let mut affinity = false;
         for (key, value) in all {
             let Some(name) = key.strip_prefix(PREFIX) else {
                 continue;
@@ -200,6 +222,76 @@ impl Annotations {
                 }
                 "proxy-read-timeout" => read_timeout = seconds(report),
                 "proxy-connect-timeout" => connect_timeout = seconds(report),
+                "limit-rps" | "limit-rpm" | "limit-burst-multiplier" => {
+                    match value.trim().parse::<u32>() {
+                        Ok(n) if n > 0 => match name {
+                            "limit-rps" => rps = Some(n),
+                            "limit-rpm" => rpm = Some(n),
+                            _ => burst_multiplier = n,
+                        },
+                        _ => bad(report, "is not a positive whole number"),
+                    }
+                }
+                "whitelist-source-range" | "allowlist-source-range" | "denylist-source-range" => {
+                    let mut ok = Vec::new();
+                    for c in list(value) {
+                        match Cidr::parse(&c) {
+                            Ok(_) => ok.push(c),
+                            Err(e) => report.warn(
+                                "InvalidAnnotation",
+                                format!("{key}: {e}; this entry is ignored"),
+                            ),
+                        }
+                    }
+                    if name == "denylist-source-range" {
+                        access.deny.extend(ok);
+                    } else {
+                        access.allow.extend(ok);
+                    }
+                }
+                "affinity" => match value.trim() {
+                    "cookie" => affinity = true,
+                    "" | "none" => {}
+                    _ => bad(report, "is not \"cookie\""),
+                },
+                "affinity-mode"
+                | "session-cookie-name"
+                | "session-cookie-path"
+                | "session-cookie-max-age"
+                | "session-cookie-expires"
+                | "session-cookie-secure"
+                | "session-cookie-samesite" => {}
+                "upstream-hash-by" => {
+                    let v = value.trim();
+                    let on = match v {
+                        "$remote_addr" | "$binary_remote_addr" => Some(HashOn::ClientIp),
+                        _ => v
+                            .strip_prefix("$http_")
+                            .map(|h| HashOn::Header(h.replace('_', "-").to_ascii_lowercase()))
+                            .or_else(|| {
+                                v.strip_prefix("$cookie_")
+                                    .map(|c| HashOn::Cookie(c.to_string()))
+                            }),
+                    };
+                    match on {
+                        Some(HashOn::Header(n) | HashOn::Cookie(n)) if !is_token(&n) => {
+                            bad(report, "does not name a valid header or cookie")
+                        }
+                        Some(on) => {
+                            a.hash = Some(HashPolicy {
+                                on,
+                                algorithm: HashAlgorithm::RingHash,
+                            })
+                        }
+                        None => report.warn(
+                            "UnsupportedAnnotation",
+                            format!(
+                                "{key}: {v:?} is not supported (only $remote_addr, \
+                                 $binary_remote_addr, $http_<header> and $cookie_<name>); ignored"
+                            ),
+                        ),
+                    }
+                }
                 "canary" => a.canary = flag(report),
                 "canary-weight" => match value.trim().parse::<u32>() {
                     Ok(w) => a.canary_weight = w,
@@ -306,6 +398,26 @@ impl Annotations {
                 }
             }
         }
+        let ns = ing.metadata.namespace.as_deref().unwrap_or("default");
+        let ing_name = ing.metadata.name.as_deref().unwrap_or("");
+        for (n, period, unit) in [(rps, 1, "rps"), (rpm, 60, "rpm")] {
+            let Some(n) = n else { continue };
+            a.rate_limits.push(RateLimit {
+                key: RateLimitKey::ClientIp,
+                requests: n,
+                period: Duration::from_secs(period),
+                // ingress-nginx allows a burst of rate × multiplier, without delay.
+                burst: n.saturating_mul(burst_multiplier).saturating_sub(n),
+                max_keys: 65_536,
+                zone: Some(format!("ingress-nginx/{ns}/{ing_name}/{unit}")),
+            });
+        }
+        if !access.allow.is_empty() || !access.deny.is_empty() {
+            a.ip_access = Some(access);
+        }
+        if affinity {
+            a.session = Some(session_cookie(&get, report));
+        }
         let secs = read_timeout.unwrap_or(0) + connect_timeout.unwrap_or(0);
         if secs > 0 {
             a.backend_timeout = Some(Duration::from_secs(secs));
@@ -313,9 +425,15 @@ impl Annotations {
         a
     }
 
-    /// Apply rewrite, CORS, redirect and timeout to one path's route. A route whose match
+    /// Apply IP lists, rate limits, rewrite, CORS, redirect and timeout to one path's route. A route whose match
     /// is the `<prefix>(/|$)(.*)` idiom with target `…$2` becomes a prefix match.
     pub(crate) fn apply(&self, route: &mut Route, report: &mut Report) {
+        if let Some(a) = &self.ip_access {
+            route.filters.push(Filter::IpAccess(a.clone()));
+        }
+        for r in &self.rate_limits {
+            route.filters.push(Filter::RateLimit(r.clone()));
+        }
         if let Some(target) = &self.rewrite_target {
             let m = route.matches.first_mut().and_then(|m| m.path.as_mut());
             let rewrite = match m {
@@ -361,6 +479,95 @@ impl Annotations {
             route.filters.push(Filter::Redirect(r.clone()));
         }
         route.timeouts.backend = self.backend_timeout;
+    }
+}
+
+/// The cookie session persistence of `affinity: cookie` from the `session-cookie-*`
+/// annotations (read through `get`); invalid values are reported and left at the default.
+fn session_cookie<'a>(
+    get: &impl Fn(&str) -> Option<&'a str>,
+    report: &mut Report,
+) -> SessionPersistence {
+    let mut s = SessionPersistence {
+        kind: SessionKind::Cookie,
+        name: "INGRESSCOOKIE".into(),
+        ttl: None,
+        path: None,
+        secure: false,
+        http_only: true,
+        same_site: None,
+    };
+    let mut warn = |k: &str, v: &str, why: &str| {
+        report.warn(
+            "InvalidAnnotation",
+            format!("{PREFIX}{k}: {v:?} {why}; ignored"),
+        )
+    };
+    if let Some(v) = get("session-cookie-name") {
+        if is_token(v.trim()) {
+            s.name = v.trim().to_string();
+        } else {
+            warn("session-cookie-name", v, "is not a valid cookie name");
+        }
+    }
+    if let Some(v) = get("session-cookie-path") {
+        if v.starts_with('/') && !v.contains([';', ' ', ',']) {
+            s.path = Some(v.to_string());
+        } else {
+            warn("session-cookie-path", v, "is not a path");
+        }
+    }
+    for k in ["session-cookie-max-age", "session-cookie-expires"] {
+        if let Some(v) = get(k) {
+            match v.trim().parse::<u64>() {
+                Ok(n) if n > 0 => s.ttl = s.ttl.or(Some(Duration::from_secs(n))),
+                _ => warn(k, v, "is not a positive number of seconds"),
+            }
+        }
+    }
+    if let Some(v) = get("session-cookie-secure") {
+        s.secure = truthy(v).unwrap_or(false);
+    }
+    if let Some(v) = get("session-cookie-samesite") {
+        match v.trim() {
+            "None" | "Lax" | "Strict" => s.same_site = Some(v.trim().to_string()),
+            _ => warn("session-cookie-samesite", v, "is not None, Lax or Strict"),
+        }
+    }
+    s
+}
+
+impl Annotations {
+    /// The backend to use for `name` given the affinity and hash annotations: `name` itself,
+    /// or a variant of it registered with session persistence (preferred) or a hash policy.
+    /// Variants differing in cookie settings get distinct names.
+    pub(crate) fn balanced_backend(&self, b: &mut Builder<'_>, name: String) -> String {
+        if self.session.is_none() && self.hash.is_none() {
+            return name;
+        }
+        let Some(base) = b.backends.get(&name) else {
+            return name;
+        };
+        let mut variant = base.clone();
+        let variant_name = if let Some(s) = &self.session {
+            variant.session_persistence = Some(s.clone());
+            let attrs = format!("{:?}", (s.ttl, &s.path, s.secure, &s.same_site));
+            let h = attrs
+                .bytes()
+                .fold(0u32, |h, c| h.wrapping_mul(31).wrapping_add(u32::from(c)));
+            format!("{name}~affinity={}~{h:08x}", s.name)
+        } else {
+            let h = self.hash.as_ref().expect("checked above");
+            variant.hash = Some(h.clone());
+            match &h.on {
+                HashOn::ClientIp => format!("{name}~hash=client-ip"),
+                HashOn::Header(n) => format!("{name}~hash=header:{n}"),
+                HashOn::Cookie(n) => format!("{name}~hash=cookie:{n}"),
+            }
+        };
+        variant.name = variant_name.clone();
+        b.backends.insert(variant);
+        variant_name
     }
 }
 

@@ -1,0 +1,189 @@
+//! UDP proxy listeners: a session per client address, each with its own connected upstream
+//! socket, forgotten after `l4.udp_idle_timeout` without a datagram either way. The session
+//! table is bounded by `l4.udp_max_sessions` and every session holds a slot of
+//! `limits.max_connections`; datagrams from new clients past either bound are dropped and
+//! counted.
+
+use crate::limits::ConnPermit;
+use crate::runtime::{BindKey, Shared};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::net::UdpSocket;
+use tokio::sync::watch;
+
+/// Largest datagram relayed, bytes.
+const MAX_DATAGRAM: usize = 65_535;
+
+struct Session {
+    upstream: UdpSocket,
+    /// Milliseconds since `epoch` of the last datagram either way.
+    last: AtomicU64,
+    /// PROXY v2 header prepended to each datagram to the backend, when it wants one.
+    header: Option<Vec<u8>>,
+    _permit: ConnPermit,
+}
+
+type Table = Arc<Mutex<HashMap<SocketAddr, Arc<Session>>>>;
+
+/// Runs a UDP proxy listener on `socket` until `stop` turns true.
+pub async fn run_udp(
+    shared: Arc<Shared>,
+    socket: Arc<UdpSocket>,
+    key: BindKey,
+    mut stop: watch::Receiver<bool>,
+) {
+    let epoch = Instant::now();
+    let table: Table = Arc::default();
+    let mut buf = vec![0u8; MAX_DATAGRAM];
+    let local = socket.local_addr().ok();
+    loop {
+        let (n, client) = tokio::select! {
+            r = socket.recv_from(&mut buf) => match r {
+                Ok(x) => x,
+                Err(e) => {
+                    // ICMP errors surface here on some systems; keep serving.
+                    tracing::debug!(error = %e, "UDP receive failed");
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    continue;
+                }
+            },
+            _ = stop.changed() => break,
+        };
+        let existing = table
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&client)
+            .cloned();
+        let session = match existing {
+            Some(s) => s,
+            None => match open(&shared, &key, &table, client, local, epoch, &socket, &stop).await {
+                Some(s) => s,
+                None => continue,
+            },
+        };
+        session
+            .last
+            .store(epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
+        let sent = match &session.header {
+            Some(h) => {
+                let mut d = Vec::with_capacity(h.len() + n);
+                d.extend_from_slice(h);
+                d.extend_from_slice(&buf[..n]);
+                session.upstream.send(&d).await
+            }
+            None => session.upstream.send(&buf[..n]).await,
+        };
+        if let Err(e) = sent {
+            tracing::debug!(%client, error = %e, "UDP send to backend failed");
+        }
+    }
+}
+
+/// Opens a session for a new client: checks the bounds, picks an endpoint, connects an
+/// upstream socket and spawns the task relaying replies until the session goes idle.
+#[allow(clippy::too_many_arguments)]
+async fn open(
+    shared: &Arc<Shared>,
+    key: &BindKey,
+    table: &Table,
+    client: SocketAddr,
+    local: Option<SocketAddr>,
+    epoch: Instant,
+    socket: &Arc<UdpSocket>,
+    stop: &watch::Receiver<bool>,
+) -> Option<Arc<Session>> {
+    let snap = shared.snapshot();
+    let view = snap.listener_by_key(key)?.clone();
+    let l4 = view.l4.as_ref()?;
+    let settings = snap.config.l4.clone();
+    if table.lock().unwrap_or_else(|p| p.into_inner()).len() >= settings.udp_max_sessions as usize {
+        shared.metrics.edge_events.inc(&"udp_session_limit");
+        return None;
+    }
+    let permit = shared.backpressure.try_connection()?;
+    let Some(route) = l4.route(None) else {
+        shared.metrics.edge_events.inc(&"l4_no_route");
+        return None;
+    };
+    let Some(target) = snap.upstreams.l4_target(&route.backends, client.ip()) else {
+        shared.metrics.upstream_error("no_endpoint");
+        return None;
+    };
+    drop(snap);
+    let bind: SocketAddr = if client.is_ipv6() {
+        (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+    } else {
+        (std::net::Ipv4Addr::UNSPECIFIED, 0).into()
+    };
+    let upstream = UdpSocket::bind(bind).await.ok()?;
+    if let Err(e) = upstream.connect(target.address()).await {
+        target.record(false);
+        shared.metrics.upstream_error("connect");
+        tracing::debug!(addr = %target.address(), error = %e, "UDP connect failed");
+        return None;
+    }
+    let header = target
+        .send_proxy_protocol()
+        .then(|| crate::proxy_protocol::encode_v2(client, local.unwrap_or(client), true));
+    drop(target);
+    let session = Arc::new(Session {
+        upstream,
+        last: AtomicU64::new(epoch.elapsed().as_millis() as u64),
+        header,
+        _permit: permit,
+    });
+    table
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(client, session.clone());
+    tokio::spawn(relay(
+        session.clone(),
+        table.clone(),
+        socket.clone(),
+        client,
+        epoch,
+        settings.udp_idle_timeout.get(),
+        stop.clone(),
+    ));
+    Some(session)
+}
+
+/// Relays the backend's replies to `client` until the session is idle or the listener stops,
+/// then removes the session.
+async fn relay(
+    session: Arc<Session>,
+    table: Table,
+    socket: Arc<UdpSocket>,
+    client: SocketAddr,
+    epoch: Instant,
+    idle: Duration,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut buf = vec![0u8; MAX_DATAGRAM];
+    loop {
+        let last = Duration::from_millis(session.last.load(Ordering::Relaxed));
+        let idle_for = epoch.elapsed().saturating_sub(last);
+        if idle_for >= idle {
+            break;
+        }
+        tokio::select! {
+            r = session.upstream.recv(&mut buf) => match r {
+                Ok(n) => {
+                    session.last.store(epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
+                    let _ = socket.send_to(&buf[..n], client).await;
+                }
+                // Connection refused by the backend (ICMP): wait for more client traffic.
+                Err(_) => tokio::time::sleep(Duration::from_millis(10).min(idle)).await,
+            },
+            _ = tokio::time::sleep(idle - idle_for) => {}
+            _ = stop.changed() => break,
+        }
+    }
+    let mut t = table.lock().unwrap_or_else(|p| p.into_inner());
+    if t.get(&client).is_some_and(|s| Arc::ptr_eq(s, &session)) {
+        t.remove(&client);
+    }
+}

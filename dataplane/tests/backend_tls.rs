@@ -1,0 +1,230 @@
+//! Backend TLS (BackendTLSPolicy) against real rustls backends on 127.0.0.1 with rcgen
+//! certificates signed by a test CA: verification by CA bundle, the SNI/hostname check,
+//! subject alternative names (DNS and URI) replacing the hostname check, and mTLS to a
+//! backend that requires a client certificate.
+
+mod common;
+
+use common::*;
+use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, SanType};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use sweety_config::*;
+
+struct Ca {
+    pem: String,
+    der: CertificateDer<'static>,
+    issuer: Issuer<'static, KeyPair>,
+}
+
+fn ca(name: &str) -> Ca {
+    let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+    p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    p.distinguished_name.push(rcgen::DnType::CommonName, name);
+    let key = KeyPair::generate().unwrap();
+    let cert = p.self_signed(&key).unwrap();
+    Ca {
+        pem: cert.pem(),
+        der: cert.der().clone(),
+        issuer: Issuer::new(p, key),
+    }
+}
+
+/// A leaf signed by `ca` with these DNS names and URI SANs: (cert PEM, key PEM, DER, key DER).
+fn leaf(
+    ca: &Ca,
+    dns: &[&str],
+    uris: &[&str],
+) -> (
+    String,
+    String,
+    CertificateDer<'static>,
+    PrivateKeyDer<'static>,
+) {
+    let mut p =
+        CertificateParams::new(dns.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
+    for u in uris {
+        p.subject_alt_names
+            .push(SanType::URI((*u).try_into().unwrap()));
+    }
+    let key = KeyPair::generate().unwrap();
+    let cert = p.signed_by(&key, &ca.issuer).unwrap();
+    let key_der = PrivateKeyDer::Pkcs8(key.serialize_der().into());
+    (cert.pem(), key.serialize_pem(), cert.der().clone(), key_der)
+}
+
+/// An HTTPS backend answering "secure" (and the client certificate's presence), optionally
+/// requiring client certificates signed by `client_ca`.
+async fn tls_backend(
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+    client_ca: Option<&Ca>,
+) -> SocketAddr {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .unwrap();
+    let builder = match client_ca {
+        None => builder.with_no_client_auth(),
+        Some(ca) => {
+            let mut roots = rustls::RootCertStore::empty();
+            roots.add(ca.der.clone()).unwrap();
+            let v = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                Arc::new(roots),
+                provider,
+            )
+            .build()
+            .unwrap();
+            builder.with_client_cert_verifier(v)
+        }
+    };
+    let mut cfg = builder.with_single_cert(chain, key).unwrap();
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(cfg));
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((s, _)) = l.accept().await else { return };
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(s).await else {
+                    return;
+                };
+                let client_cert = tls.get_ref().1.peer_certificates().is_some();
+                let svc = hyper::service::service_fn(move |_req| async move {
+                    let body = format!("secure client_cert={client_cert}");
+                    Ok::<_, std::convert::Infallible>(http::Response::new(
+                        http_body_util::Full::new(bytes::Bytes::from(body)),
+                    ))
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(tls), svc)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+/// Serves a proxy route to an `https` backend with `tls` and returns (status, body) of a GET.
+async fn through(addr: SocketAddr, tls: BackendTls) -> (u16, String) {
+    let mut b = backend("be", addr);
+    b.protocol = BackendProtocol::Https;
+    b.tls = Some(tls);
+    b.outlier.consecutive_failures = 0;
+    let mut cfg = http_config(vec![vhost("v", &[], vec![proxy_route("r", "/", "be")])]);
+    cfg.backends = vec![b];
+    let h = Harness::start(cfg).await;
+    let url = format!("http://{}/", h.addr("web").await);
+    let out = get(&h1_client(), &url, None).await.unwrap();
+    h.runtime.shutdown().await;
+    out
+}
+
+fn pem(s: &str) -> Option<PemSource> {
+    Some(PemSource::Pem(s.to_string()))
+}
+
+#[tokio::test]
+async fn backend_tls_verification_sans_and_mtls() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let ca_a = ca("ca a");
+        let ca_b = ca("ca b");
+        let spiffe = "spiffe://cluster.local/ns/shop/sa/api";
+        let (_, _, der, key) = leaf(&ca_a, &["backend.internal"], &[spiffe]);
+        let addr = tls_backend(vec![der], key, None).await;
+
+        // Right CA and hostname: served.
+        let ok = BackendTls {
+            ca: pem(&ca_a.pem),
+            sni: Some("backend.internal".into()),
+            ..Default::default()
+        };
+        let (s, body) = through(addr, ok.clone()).await;
+        assert_eq!((s, body.as_str()), (200, "secure client_cert=false"));
+        // Wrong CA: 502.
+        let wrong_ca = BackendTls {
+            ca: pem(&ca_b.pem),
+            ..ok.clone()
+        };
+        assert_eq!(through(addr, wrong_ca).await.0, 502);
+        // Hostname not in the certificate: 502.
+        let wrong_name = BackendTls {
+            sni: Some("other.internal".into()),
+            ..ok.clone()
+        };
+        assert_eq!(through(addr, wrong_name).await.0, 502);
+        // With subject_alt_names, they replace the hostname check (BackendTLSPolicy): a SAN
+        // that matches serves even with another SNI…
+        let by_dns_san = BackendTls {
+            sni: Some("other.internal".into()),
+            subject_alt_names: vec!["backend.internal".into()],
+            ..ok.clone()
+        };
+        assert_eq!(through(addr, by_dns_san).await.0, 200);
+        let by_uri_san = BackendTls {
+            sni: Some("other.internal".into()),
+            subject_alt_names: vec![spiffe.into()],
+            ..ok.clone()
+        };
+        assert_eq!(through(addr, by_uri_san).await.0, 200);
+        // …and SANs that do not match refuse it even though the hostname matches.
+        let san_mismatch = BackendTls {
+            subject_alt_names: vec![
+                "nothere.internal".into(),
+                "spiffe://cluster.local/ns/shop/sa/other".into(),
+            ],
+            ..ok.clone()
+        };
+        assert_eq!(through(addr, san_mismatch).await.0, 502);
+        // A URI SAN does not rescue a certificate from an untrusted CA.
+        let uri_wrong_ca = BackendTls {
+            ca: pem(&ca_b.pem),
+            subject_alt_names: vec![spiffe.into()],
+            ..ok.clone()
+        };
+        assert_eq!(through(addr, uri_wrong_ca).await.0, 502);
+    })
+    .await
+    .expect("test took too long");
+}
+
+#[tokio::test]
+async fn mtls_backend_requires_the_client_certificate() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let server_ca = ca("server ca");
+        let client_ca = ca("client ca");
+        let (_, _, der, key) = leaf(&server_ca, &["mtls.internal"], &[]);
+        let addr = tls_backend(vec![der], key, Some(&client_ca)).await;
+        let (client_cert, client_key, _, _) = leaf(&client_ca, &["sweety.client"], &[]);
+        let base = BackendTls {
+            ca: pem(&server_ca.pem),
+            sni: Some("mtls.internal".into()),
+            ..Default::default()
+        };
+        // Without a client certificate the backend refuses the handshake: 502.
+        assert_eq!(through(addr, base.clone()).await.0, 502);
+        // With one signed by the CA it trusts: served, and it saw the certificate.
+        let with_cert = BackendTls {
+            client_cert: pem(&client_cert),
+            client_key: pem(&client_key),
+            ..base.clone()
+        };
+        let (s, body) = through(addr, with_cert).await;
+        assert_eq!((s, body.as_str()), (200, "secure client_cert=true"));
+        // A client certificate from another CA: refused.
+        let other = ca("other client ca");
+        let (oc, ok, _, _) = leaf(&other, &["sweety.client"], &[]);
+        let wrong = BackendTls {
+            client_cert: pem(&oc),
+            client_key: pem(&ok),
+            ..base
+        };
+        assert_eq!(through(addr, wrong).await.0, 502);
+    })
+    .await
+    .expect("test took too long");
+}

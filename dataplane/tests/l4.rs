@@ -1,0 +1,406 @@
+//! Layer-4 listeners with real sockets on 127.0.0.1: TCP proxying (weighted backends,
+//! half-close, PROXY v2 to the backend, the connection limit), TLS passthrough routed by SNI
+//! (the backend's own certificate reaches the client), UDP sessions with idle expiry and a
+//! bounded table, and hot reload keeping the socket and established connections.
+
+mod common;
+
+use common::*;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use sweety_config::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream, UdpSocket};
+
+async fn bounded<F: std::future::Future>(f: F) -> F::Output {
+    tokio::time::timeout(Duration::from_secs(60), f)
+        .await
+        .expect("test took too long")
+}
+
+/// A TCP server that answers each chunk with `<tag>:<chunk>` and closes after EOF. With
+/// `proxy_protocol` it first reads a PROXY header and answers `<tag>:from=<source>` to it.
+async fn tcp_echo(tag: &'static str, proxy_protocol: bool) -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = l.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                if proxy_protocol {
+                    let a = sweety_dataplane::proxy_protocol::read_header(&mut s)
+                        .await
+                        .unwrap()
+                        .unwrap();
+                    let _ = s
+                        .write_all(format!("{tag}:from={}|", a.source).as_bytes())
+                        .await;
+                }
+                let mut buf = [0u8; 1024];
+                for _ in 0..1000 {
+                    match s.read(&mut buf).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => {
+                            let mut out = format!("{tag}:").into_bytes();
+                            out.extend_from_slice(&buf[..n]);
+                            if s.write_all(&out).await.is_err() {
+                                break;
+                            }
+                        }
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+fn wb(name: &str, weight: u32) -> WeightedBackend {
+    WeightedBackend {
+        backend: name.into(),
+        weight,
+        filters: vec![],
+    }
+}
+
+fn l4_listener(name: &str, protocol: ListenerProtocol, routes: Vec<L4Route>) -> Listener {
+    let mut l = listener(name, protocol);
+    l.l4_routes = routes;
+    l
+}
+
+fn route(name: &str, hostnames: &[&str], backends: Vec<WeightedBackend>) -> L4Route {
+    L4Route {
+        name: name.into(),
+        hostnames: hostnames.iter().map(|s| s.to_string()).collect(),
+        backends,
+    }
+}
+
+/// Sends `msg` and reads one reply chunk.
+async fn roundtrip(s: &mut TcpStream, msg: &str) -> String {
+    s.write_all(msg.as_bytes()).await.unwrap();
+    let mut buf = [0u8; 1024];
+    let n = tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf))
+        .await
+        .expect("reply in time")
+        .unwrap();
+    String::from_utf8_lossy(&buf[..n]).into_owned()
+}
+
+#[tokio::test]
+async fn tcp_proxy_weights_half_close_and_hot_reload() {
+    bounded(async {
+        let a = tcp_echo("A", false).await;
+        let b = tcp_echo("B", false).await;
+        let gen = |generation, backends| Config {
+            generation,
+            listeners: vec![l4_listener(
+                "tcp",
+                ListenerProtocol::Tcp,
+                vec![route("r", &[], backends)],
+            )],
+            backends: vec![backend("a", a), backend("b", b)],
+            ..Config::default()
+        };
+        let h = Harness::start(gen(1, vec![wb("a", 1), wb("b", 0)])).await;
+        let addr = h.addr("tcp").await;
+        // Weight 0 never gets traffic.
+        for _ in 0..5 {
+            let mut s = TcpStream::connect(addr).await.unwrap();
+            assert_eq!(roundtrip(&mut s, "hi").await, "A:hi");
+        }
+        // Half-close: our EOF reaches the backend, which closes; we read to the end.
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"bye").await.unwrap();
+        s.shutdown().await.unwrap();
+        let mut all = String::new();
+        s.read_to_string(&mut all).await.unwrap();
+        assert_eq!(all, "A:bye");
+
+        // Reload to backend b: the socket is kept, an established connection stays on a, new
+        // connections go to b.
+        let mut kept = TcpStream::connect(addr).await.unwrap();
+        assert_eq!(roundtrip(&mut kept, "1").await, "A:1");
+        h.runtime.apply(gen(2, vec![wb("b", 1)])).await.unwrap();
+        assert_eq!(h.addr("tcp").await, addr);
+        assert_eq!(roundtrip(&mut kept, "2").await, "A:2");
+        let mut fresh = TcpStream::connect(addr).await.unwrap();
+        assert_eq!(roundtrip(&mut fresh, "3").await, "B:3");
+        // Weighted split over many connections.
+        h.runtime
+            .apply(gen(3, vec![wb("a", 1), wb("b", 1)]))
+            .await
+            .unwrap();
+        let mut seen = std::collections::HashSet::new();
+        for _ in 0..40 {
+            let mut s = TcpStream::connect(addr).await.unwrap();
+            seen.insert(roundtrip(&mut s, "x").await);
+        }
+        assert_eq!(seen.len(), 2, "{seen:?}");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn tcp_proxy_sends_proxy_v2_and_respects_the_connection_limit() {
+    bounded(async {
+        let pp = tcp_echo("P", true).await;
+        let mut be = backend("pp", pp);
+        be.send_proxy_protocol = true;
+        let mut cfg = Config {
+            generation: 1,
+            listeners: vec![l4_listener(
+                "tcp",
+                ListenerProtocol::Tcp,
+                vec![route("r", &[], vec![wb("pp", 1)])],
+            )],
+            backends: vec![be],
+            ..Config::default()
+        };
+        cfg.limits.max_connections = 1;
+        let h = Harness::start(cfg).await;
+        let addr = h.addr("tcp").await;
+        let mut first = TcpStream::connect(addr).await.unwrap();
+        let local = first.local_addr().unwrap();
+        let mut buf = [0u8; 256];
+        let n = first.read(&mut buf).await.unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&buf[..n]),
+            format!("P:from={local}|"),
+            "the backend learns the client address"
+        );
+        // A second connection waits for the slot held by the first.
+        let mut second = TcpStream::connect(addr).await.unwrap();
+        let waiting = tokio::time::timeout(Duration::from_millis(300), second.read(&mut buf)).await;
+        assert!(waiting.is_err(), "served beyond max_connections");
+        drop(first);
+        let n = tokio::time::timeout(Duration::from_secs(10), second.read(&mut buf))
+            .await
+            .expect("served once the slot frees")
+            .unwrap();
+        assert!(String::from_utf8_lossy(&buf[..n]).starts_with("P:from="));
+    })
+    .await;
+}
+
+/// A TLS backend for `name` with its own self-signed certificate; answers "<tag>".
+async fn tls_backend(name: &str, tag: &'static str) -> (SocketAddr, String) {
+    let (cert, pem) = cert_for(name);
+    let (PemSource::Pem(c), PemSource::Pem(k)) = (cert.cert, cert.key) else {
+        unreachable!()
+    };
+    use rustls_pki_types::pem::PemObject;
+    let chain = vec![rustls_pki_types::CertificateDer::from_pem_slice(c.as_bytes()).unwrap()];
+    let key = rustls_pki_types::PrivateKeyDer::from_pem_slice(k.as_bytes()).unwrap();
+    let cfg = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(chain, key)
+    .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(cfg));
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((s, _)) = l.accept().await else { return };
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                if let Ok(mut tls) = acceptor.accept(s).await {
+                    let mut buf = [0u8; 64];
+                    if let Ok(n) = tls.read(&mut buf).await {
+                        let mut out = format!("{tag}:").into_bytes();
+                        out.extend_from_slice(&buf[..n]);
+                        let _ = tls.write_all(&out).await;
+                        let _ = tls.shutdown().await;
+                    }
+                }
+            });
+        }
+    });
+    (addr, pem)
+}
+
+async fn tls_roundtrip(addr: SocketAddr, sni: &str, ca: &str) -> Result<String, String> {
+    let connector = tls_connector(ca, &[]);
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let name = rustls_pki_types::ServerName::try_from(sni.to_string()).unwrap();
+    let mut tls = tokio::time::timeout(Duration::from_secs(10), connector.connect(name, tcp))
+        .await
+        .map_err(|_| "handshake timeout".to_string())?
+        .map_err(|e| format!("handshake: {e}"))?;
+    tls.write_all(b"ping").await.map_err(|e| e.to_string())?;
+    let mut out = String::new();
+    let _ = tls.read_to_string(&mut out).await;
+    Ok(out)
+}
+
+#[tokio::test]
+async fn tls_passthrough_routes_by_sni_without_terminating() {
+    bounded(async {
+        let (a, pem_a) = tls_backend("a.test", "A").await;
+        let (b, pem_b) = tls_backend("api.b.test", "B").await;
+        let cfg = Config {
+            generation: 1,
+            listeners: vec![l4_listener(
+                "pass",
+                ListenerProtocol::TlsPassthrough,
+                vec![
+                    route("a", &["a.test"], vec![wb("a", 1)]),
+                    route("b", &["*.b.test"], vec![wb("b", 1)]),
+                ],
+            )],
+            backends: vec![backend("a", a), backend("b", b)],
+            ..Config::default()
+        };
+        let h = Harness::start(cfg).await;
+        let addr = h.addr("pass").await;
+        // Each client verifies its backend's own certificate: TLS went end to end.
+        assert_eq!(
+            tls_roundtrip(addr, "a.test", &pem_a).await.unwrap(),
+            "A:ping"
+        );
+        assert_eq!(
+            tls_roundtrip(addr, "api.b.test", &pem_b).await.unwrap(),
+            "B:ping"
+        );
+        // A's certificate does not verify for b: the handshake reached B, not A.
+        assert!(tls_roundtrip(addr, "api.b.test", &pem_a).await.is_err());
+        // No route for this SNI: closed without a handshake.
+        assert!(tls_roundtrip(addr, "c.test", &pem_a).await.is_err());
+        // Not TLS at all: closed.
+        let mut raw = TcpStream::connect(addr).await.unwrap();
+        raw.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+        let mut buf = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(10), raw.read_to_end(&mut buf)).await;
+        assert!(buf.is_empty());
+        let text = h.runtime.shared.metrics.render();
+        assert!(text.contains("kind=\"l4_no_route\"} 1"), "{text}");
+        assert!(text.contains("kind=\"tls_peek_invalid\"} 1"), "{text}");
+    })
+    .await;
+}
+
+/// A UDP server answering `<tag>:<sender port>:<data>`.
+async fn udp_echo(tag: &'static str) -> SocketAddr {
+    let s = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let addr = s.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut buf = [0u8; 2048];
+        loop {
+            let Ok((n, from)) = s.recv_from(&mut buf).await else {
+                return;
+            };
+            let out = format!(
+                "{tag}:{}:{}",
+                from.port(),
+                String::from_utf8_lossy(&buf[..n])
+            );
+            let _ = s.send_to(out.as_bytes(), from).await;
+        }
+    });
+    addr
+}
+
+async fn udp_ask(s: &UdpSocket, to: SocketAddr, msg: &str, wait: Duration) -> Option<String> {
+    s.send_to(msg.as_bytes(), to).await.unwrap();
+    let mut buf = [0u8; 2048];
+    let (n, _) = tokio::time::timeout(wait, s.recv_from(&mut buf))
+        .await
+        .ok()?
+        .ok()?;
+    Some(String::from_utf8_lossy(&buf[..n]).into_owned())
+}
+
+#[tokio::test]
+async fn udp_sessions_expire_when_idle_and_are_bounded() {
+    bounded(async {
+        let u = udp_echo("U").await;
+        let mut cfg = Config {
+            generation: 1,
+            listeners: vec![l4_listener(
+                "udp",
+                ListenerProtocol::Udp,
+                vec![route("r", &[], vec![wb("u", 1)])],
+            )],
+            backends: vec![backend("u", u)],
+            ..Config::default()
+        };
+        cfg.l4.udp_idle_timeout = sweety_config::Duration::from_millis(300);
+        cfg.l4.udp_max_sessions = 1;
+        let h = Harness::start(cfg.clone()).await;
+        let addr = h.addr("udp").await;
+        let client = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let long = Duration::from_secs(5);
+        let r1 = udp_ask(&client, addr, "one", long).await.unwrap();
+        let r2 = udp_ask(&client, addr, "two", long).await.unwrap();
+        let port = |r: &str| r.split(':').nth(1).unwrap().to_string();
+        assert!(r1.starts_with("U:") && r1.ends_with(":one"), "{r1}");
+        assert_eq!(port(&r1), port(&r2), "one session, one upstream socket");
+        // The table holds one session: another client is dropped meanwhile.
+        let other = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        assert_eq!(
+            udp_ask(&other, addr, "x", Duration::from_millis(200)).await,
+            None
+        );
+        // After the idle timeout the session is gone; the next datagram opens a new one.
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        let r3 = udp_ask(&other, addr, "three", long).await.unwrap();
+        assert!(r3.ends_with(":three"), "{r3}");
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        let r4 = udp_ask(&client, addr, "four", long).await.unwrap();
+        assert_ne!(
+            port(&r1),
+            port(&r4),
+            "a new session has a new upstream socket"
+        );
+        let text = h.runtime.shared.metrics.render();
+        assert!(text.contains("kind=\"udp_session_limit\"} 1"), "{text}");
+        // Hot reload keeps the UDP socket.
+        cfg.generation = 2;
+        h.runtime.apply(cfg).await.unwrap();
+        assert_eq!(h.addr("udp").await, addr);
+        assert!(udp_ask(&client, addr, "five", long).await.is_some());
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn idle_tcp_proxy_connections_are_closed() {
+    bounded(async {
+        let a = tcp_echo("A", false).await;
+        let mut cfg = Config {
+            generation: 1,
+            listeners: vec![l4_listener(
+                "tcp",
+                ListenerProtocol::Tcp,
+                vec![route("r", &[], vec![wb("a", 1)])],
+            )],
+            backends: vec![backend("a", a)],
+            ..Config::default()
+        };
+        cfg.l4.tcp_idle_timeout = sweety_config::Duration::from_millis(300);
+        let h = Harness::start(cfg).await;
+        let mut s = TcpStream::connect(h.addr("tcp").await).await.unwrap();
+        // Activity keeps it open past the idle timeout…
+        for i in 0..4 {
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            assert_eq!(roundtrip(&mut s, &i.to_string()).await, format!("A:{i}"));
+        }
+        // …silence closes it.
+        let started = std::time::Instant::now();
+        let mut buf = [0u8; 16];
+        let n = tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf))
+            .await
+            .expect("closed by the idle timeout");
+        assert!(matches!(n, Ok(0) | Err(_)));
+        assert!(started.elapsed() >= Duration::from_millis(200));
+    })
+    .await;
+}

@@ -1,0 +1,217 @@
+//! HTTP clients the tests use against the load-balancer address: curl for HTTP/1.1 and HTTP/2 (a real,
+//! independent client; `--resolve` pins the name to the address, `--cacert` trusts only the test CA) and a
+//! quinn + h3 client for HTTP/3 (the same construction as the dataplane's tests/h3.rs).
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Buf, BytesMut};
+
+use crate::{Error, Result};
+
+/// Largest response body read by the HTTP/3 client (curl gets `--max-filesize`).
+pub const MAX_BODY: usize = 1 << 20;
+/// Per-request time limit.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Which HTTP version to use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Version {
+    H1,
+    H2,
+    H3,
+}
+
+impl Version {
+    /// All three, for loops.
+    pub const ALL: [Version; 3] = [Version::H1, Version::H2, Version::H3];
+}
+
+/// A response: status, the HTTP version the client reports ("1.1", "2", "3"), body.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    pub status: u16,
+    pub version: String,
+    pub body: String,
+}
+
+/// One request target.
+#[derive(Debug, Clone)]
+pub struct Target<'a> {
+    /// The load-balancer address.
+    pub addr: IpAddr,
+    pub host: &'a str,
+    pub path: &'a str,
+    /// Some(CA PEM) for https on port 443, None for http on port 80.
+    pub ca_pem: Option<&'a str>,
+}
+
+/// GET `target` with `version` (H3 needs `ca_pem`; H2 is only used over TLS).
+pub async fn get(
+    allowed: &crate::cluster::Cidr,
+    version: Version,
+    t: &Target<'_>,
+) -> Result<Reply> {
+    if !allowed.contains(t.addr) {
+        return Err(Error::NotAllowed(t.addr));
+    }
+    match version {
+        Version::H1 | Version::H2 => curl(version, t).await,
+        Version::H3 => {
+            let ca = t.ca_pem.ok_or_else(|| Error::Request {
+                client: "h3",
+                message: "HTTP/3 needs TLS (a CA)".into(),
+            })?;
+            tokio::time::timeout(
+                REQUEST_TIMEOUT,
+                h3_get(SocketAddr::new(t.addr, 443), t.host, t.path, ca),
+            )
+            .await
+            .map_err(|_| Error::Request {
+                client: "h3",
+                message: format!("no answer in {REQUEST_TIMEOUT:?}"),
+            })?
+        }
+    }
+}
+
+async fn curl(version: Version, t: &Target<'_>) -> Result<Reply> {
+    let (scheme, port) = if t.ca_pem.is_some() {
+        ("https", 443)
+    } else {
+        ("http", 80)
+    };
+    let mut cmd = tokio::process::Command::new("curl");
+    cmd.args([
+        "-sS",
+        "--max-time",
+        "10",
+        "--max-filesize",
+        &MAX_BODY.to_string(),
+    ])
+    .arg(if version == Version::H2 {
+        "--http2"
+    } else {
+        "--http1.1"
+    })
+    .arg("--resolve")
+    .arg(format!("{}:{port}:{}", t.host, t.addr))
+    .args(["-w", "\n%{http_code} %{http_version}"]);
+    let ca_file = match t.ca_pem {
+        Some(pem) => {
+            let f = std::env::temp_dir().join(format!(
+                "sweety-e2e-ca-{}-{}.pem",
+                std::process::id(),
+                NEXT_FILE.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            ));
+            std::fs::write(&f, pem).map_err(Error::io("writing the CA file for curl"))?;
+            cmd.arg("--cacert").arg(&f);
+            Some(f)
+        }
+        None => None,
+    };
+    cmd.arg(format!("{scheme}://{}:{port}{}", t.host, t.path));
+    let out = cmd.output().await;
+    if let Some(f) = ca_file {
+        let _ = std::fs::remove_file(f);
+    }
+    let out = out.map_err(Error::io("running curl"))?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    if !out.status.success() {
+        return Err(Error::Request {
+            client: "curl",
+            message: format!(
+                "{}: {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+        });
+    }
+    let (body, tail) = text.rsplit_once('\n').unwrap_or(("", &text));
+    let mut it = tail.split_whitespace();
+    let status = it.next().and_then(|s| s.parse().ok()).unwrap_or(0);
+    let version = it.next().unwrap_or("").to_string();
+    Ok(Reply {
+        status,
+        version,
+        body: body.to_string(),
+    })
+}
+
+/// Numbers temporary CA files (with the pid, unique on the host).
+static NEXT_FILE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+fn quic_client_config(ca_pem: &str) -> Result<quinn::ClientConfig> {
+    use rustls_pki_types::pem::PemObject;
+    let err = |m: String| Error::Request {
+        client: "h3",
+        message: m,
+    };
+    let mut roots = rustls::RootCertStore::empty();
+    for c in rustls_pki_types::CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+        let c = c.map_err(|e| err(format!("CA PEM: {e}")))?;
+        roots.add(c).map_err(|e| err(format!("CA: {e}")))?;
+    }
+    let mut tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_protocol_versions(&[&rustls::version::TLS13])
+    .map_err(|e| err(e.to_string()))?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    tls.alpn_protocols = vec![b"h3".to_vec()];
+    let crypto =
+        quinn::crypto::rustls::QuicClientConfig::try_from(tls).map_err(|e| err(e.to_string()))?;
+    Ok(quinn::ClientConfig::new(Arc::new(crypto)))
+}
+
+/// One HTTP/3 GET on a fresh QUIC connection to `addr` with SNI/authority `host`, trusting only `ca_pem`.
+pub async fn h3_get(addr: SocketAddr, host: &str, path: &str, ca_pem: &str) -> Result<Reply> {
+    let err = |m: String| Error::Request {
+        client: "h3",
+        message: m,
+    };
+    let mut endpoint = quinn::Endpoint::client(SocketAddr::from(([0, 0, 0, 0], 0)))
+        .map_err(Error::io("binding the QUIC client socket"))?;
+    endpoint.set_default_client_config(quic_client_config(ca_pem)?);
+    let conn = endpoint
+        .connect(addr, host)
+        .map_err(|e| err(e.to_string()))?
+        .await
+        .map_err(|e| err(format!("QUIC handshake with {addr}: {e}")))?;
+    let (mut driver, mut send) = h3::client::new(h3_quinn::Connection::new(conn.clone()))
+        .await
+        .map_err(|e| err(e.to_string()))?;
+    let drive = tokio::spawn(async move {
+        let _ = driver.wait_idle().await;
+    });
+    let req = http::Request::builder()
+        .uri(format!("https://{host}{path}"))
+        .body(())
+        .map_err(|e| err(e.to_string()))?;
+    let mut stream = send
+        .send_request(req)
+        .await
+        .map_err(|e| err(format!("send_request: {e}")))?;
+    stream.finish().await.map_err(|e| err(e.to_string()))?;
+    let resp = stream
+        .recv_response()
+        .await
+        .map_err(|e| err(format!("response: {e}")))?;
+    let mut body = BytesMut::new();
+    while let Some(mut d) = stream.recv_data().await.map_err(|e| err(e.to_string()))? {
+        if body.len() + d.remaining() > MAX_BODY {
+            return Err(err(format!("body larger than {MAX_BODY} bytes")));
+        }
+        body.extend_from_slice(&d.copy_to_bytes(d.remaining()));
+    }
+    conn.close(0u32.into(), b"done");
+    drive.abort();
+    endpoint.wait_idle().await;
+    Ok(Reply {
+        status: resp.status().as_u16(),
+        version: "3".into(),
+        body: String::from_utf8_lossy(&body).into_owned(),
+    })
+}
