@@ -31,7 +31,7 @@
 #   SWEETY_PROFILE [debug]               cargo profile of the binaries (debug or release)
 #   CARGO_TARGET_DIR [<repo>/target]     where cargo builds
 #   SWEETY_HELM [built into ~/.cache/sweety/tools like e2e/chart/check.sh]
-#   SWEETY_IMAGE_MAPS []                 extra node agent image maps, space-separated KEY=/path
+#   SWEETY_IMAGE_MAPS []                 the same as SWEETY_IMAGE_MAP (older name; used when SWEETY_IMAGE_MAP is unset)
 #   SWEETY_GATEWAY_API_CHANNEL [standard]  Gateway API CRD channel (experimental for the conformance suite)
 # Extra helm arguments may follow `--`, e.g. e2e/install.sh -- --set controller.logLevel=debug
 set -euo pipefail

@@ -17,6 +17,10 @@ use sweety_controller::run::{run, RunOptions};
 use sweety_controller::translate::Params;
 use sweety_controller::watch::WatchOptions;
 
+/// mimalloc: less fragmentation and lower RSS across config reloads (docs/benchmarks.md).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser, Debug)]
 #[command(name = "sweety-controller", version, about)]
 struct Args {

@@ -7,6 +7,7 @@
 //! * Debounce: an isolated change is sent after a short quiet period (a quarter of
 //!   [`PushOptions::debounce`]); a burst of changes keeps extending it, but never past
 //!   `debounce` after the burst's first change. Only the latest config of a burst is sent.
+//!   [`Pusher::submit_now`] skips the wait, for callers that coalesce bursts themselves.
 //! * On every connection the dataplane's `Hello` says which generation and hash it runs: a
 //!   matching hash is not resent; otherwise the latest config is sent at once, renumbered
 //!   above the dataplane's generation if needed, so generations keep increasing across
@@ -113,6 +114,8 @@ struct Latest {
     /// The config serialized once with `generation` 0: hashed, and sent as the Apply payload
     /// (the frame carries the generation), so renumbering never touches it.
     json: Arc<[u8]>,
+    /// Submitted with [`Pusher::submit_now`]: sent without waiting for a quiet period.
+    urgent: bool,
 }
 
 #[derive(Default)]
@@ -165,7 +168,17 @@ impl Pusher {
     /// Offer a config. When its content hash differs from the last submitted one it gets the
     /// next generation and is pushed (debounced); otherwise the current generation is returned
     /// and nothing is sent.
-    pub fn submit(&self, mut config: Config) -> u64 {
+    pub fn submit(&self, config: Config) -> u64 {
+        self.offer(config, false)
+    }
+
+    /// Like [`Pusher::submit`], but a changed config is sent at once, without the debounce:
+    /// for callers that coalesce their own bursts (the reconcile loop does).
+    pub fn submit_now(&self, config: Config) -> u64 {
+        self.offer(config, true)
+    }
+
+    fn offer(&self, mut config: Config, urgent: bool) -> u64 {
         config.generation = 0;
         let json: Arc<[u8]> = config.to_json().into();
         drop(config);
@@ -189,6 +202,7 @@ impl Pusher {
                 generation,
                 hash,
                 json,
+                urgent,
             });
             generation
         };
@@ -401,12 +415,12 @@ async fn session(
                 .as_ref()
                 .filter(|l| l.generation != attempted)
                 .filter(|l| l.generation != running.0 || l.hash != running.1)
-                .map(|l| (l.generation, l.hash.clone(), l.json.clone()))
+                .map(|l| (l.generation, l.hash.clone(), l.json.clone(), l.urgent))
         };
         let now = Instant::now();
         let deadline = match (&pending, burst) {
             (None, _) => None,
-            (Some(_), None) => Some(now),
+            (Some((_, _, _, true)), _) | (Some(_), None) => Some(now),
             (Some(_), Some((first, last))) => Some((last + quiet).min(first + opts.debounce)),
         };
         tokio::select! {
@@ -444,7 +458,7 @@ async fn session(
             _ = tokio::time::sleep_until(deadline.unwrap_or(now + Duration::from_secs(3600))),
                 if deadline.is_some() =>
             {
-                let Some((generation, hash, json)) = pending else { continue };
+                let Some((generation, hash, json, _)) = pending else { continue };
                 burst = None;
                 let frame = match wire::encode_apply_json(generation, &json) {
                     Ok(f) => f,
@@ -490,4 +504,76 @@ fn settle(inflight: &mut VecDeque<Inflight>, generation: u64) -> Option<(Duratio
         }
     }
     found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sweety_config::wire::decode_frame;
+
+    /// Reads frames from a fake dataplane connection until one satisfies `want` (10 s cap).
+    async fn next_apply(s: &mut UnixStream, buf: &mut Vec<u8>) -> u64 {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some((m, used)) = decode_frame(buf).unwrap() {
+                buf.drain(..used);
+                match m {
+                    Message::Apply { generation, .. } => return generation,
+                    other => panic!("unexpected {:?}", other.kind()),
+                }
+            }
+            let mut chunk = vec![0u8; 64 * 1024];
+            let n = tokio::time::timeout_at(deadline, s.read(&mut chunk))
+                .await
+                .expect("an Apply within 10 s")
+                .unwrap();
+            assert!(n > 0, "the pusher closed the connection");
+            buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+
+    fn config(body: &str) -> Config {
+        Config::from_yaml(&format!(
+            "virtual_hosts: [{{name: v, routes: [{{name: r, action: {{fixed: {{status: 200, body: {body}}}}}}}]}}]"
+        ))
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn submit_now_is_sent_without_waiting_for_the_debounce() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.sock");
+        let listener = tokio::net::UnixListener::bind(&path).unwrap();
+        // A debounce far longer than the 10 s the test waits: only an urgent submit arrives.
+        let pusher = Pusher::spawn(PushOptions {
+            socket: path.clone(),
+            debounce: Duration::from_secs(600),
+            max_backoff: Duration::from_millis(100),
+        });
+        let (mut s, _) = listener.accept().await.unwrap();
+        let hello = Message::Hello(Hello {
+            version: wire::PROTOCOL_VERSION,
+            generation: 0,
+            hash: String::new(),
+        });
+        s.write_all(&hello.encode().unwrap()).await.unwrap();
+        let mut buf = Vec::new();
+
+        assert_eq!(pusher.submit_now(config("one")), 1);
+        assert_eq!(next_apply(&mut s, &mut buf).await, 1);
+        let ack = Message::Ack { generation: 1 }.encode().unwrap();
+        s.write_all(&ack).await.unwrap();
+
+        // A debounced submit followed by an urgent one: the urgent (latest) config goes out
+        // at once, inside what would otherwise be a 600 s burst window.
+        assert_eq!(pusher.submit(config("two")), 2);
+        assert_eq!(pusher.submit_now(config("three")), 3);
+        let mut got = next_apply(&mut s, &mut buf).await;
+        if got == 2 {
+            // The task may have sent `two` before `three` was submitted (no burst yet).
+            got = next_apply(&mut s, &mut buf).await;
+        }
+        assert_eq!(got, 3);
+        assert_eq!(pusher.state().borrow().submitted, 3);
+    }
 }

@@ -1,4 +1,5 @@
-//! The reconcile loop: watch events (debounced) → snapshot → `translate` → static content on
+//! The reconcile loop: watch events (leading-edge debounced) → snapshot → `translate_incremental`
+//! (per-route cache) → static content on
 //! disk → `Pusher::submit` → (leader only) per-Gateway Services and statuses, the latter gated
 //! by the dataplane's Ack of the submitted generation.
 //!
@@ -13,7 +14,9 @@ use crate::metrics::Metrics;
 use crate::push::{PushState, Pusher};
 use crate::status_writer::{Gate, StatusWriter, FIELD_MANAGER};
 use crate::translate::status::Statuses;
-use crate::translate::{translate, GatewayService, Params, Snapshot, StaticContent};
+use crate::translate::{
+    translate_incremental, GatewayService, Params, Snapshot, StaticContent, TranslateCache,
+};
 use crate::watch::{object_counts, WatchOptions, Watches};
 use crate::Error;
 use kube::runtime::events::Reporter;
@@ -107,6 +110,10 @@ pub async fn run(
     let mut tick = tokio::time::interval(Duration::from_secs(5));
     let mut last: Option<Translated> = None;
     let mut dirty = true;
+    // Earliest time the next watch event may reconcile (debounce after the last reconcile).
+    let mut next_allowed: Option<Instant> = None;
+    // Per-route translations reused across reconciles (see `translate_incremental`).
+    let mut cache = TranslateCache::default();
     let mut retry_at: Option<tokio::time::Instant> = None;
     // A closed channel (the pusher or the election task ended) disables its branch.
     let (mut push_open, mut leader_open) = (true, true);
@@ -114,7 +121,8 @@ pub async fn run(
         if dirty {
             dirty = false;
             let started = Instant::now();
-            let mut t = reconcile(&watches, &options.params, &pusher, &metrics);
+            next_allowed = Some(started + options.debounce);
+            let mut t = reconcile(&watches, &options.params, &pusher, &metrics, &mut cache);
             if let Some(prev) = last.as_ref().filter(|p| p.generation == t.generation) {
                 // Same config, same generation: its push latency is already measured (or pending).
                 t.submitted_at = prev.submitted_at;
@@ -149,7 +157,12 @@ pub async fn run(
                 if changed.is_err() {
                     break;
                 }
-                tokio::time::sleep(options.debounce).await;
+                // Leading edge: a change after a quiet period is translated at once (the
+                // single-change latency); changes within `debounce` of the last reconcile wait
+                // for the end of that window, so a burst costs at most one reconcile per window.
+                if let Some(at) = next_allowed.filter(|at| *at > Instant::now()) {
+                    tokio::time::sleep_until(at.into()).await;
+                }
                 changes.borrow_and_update();
                 dirty = true;
             }
@@ -212,11 +225,17 @@ pub async fn run(
 }
 
 /// Snapshot → translate → static content → submit.
-fn reconcile(watches: &Watches, params: &Params, pusher: &Pusher, metrics: &Metrics) -> Translated {
+fn reconcile(
+    watches: &Watches,
+    params: &Params,
+    pusher: &Pusher,
+    metrics: &Metrics,
+    cache: &mut TranslateCache,
+) -> Translated {
     let snapshot = watches.stores.snapshot();
     metrics.set_objects(&object_counts(&snapshot));
     let started = Instant::now();
-    let output = translate(&snapshot, params);
+    let output = translate_incremental(&snapshot, params, cache);
     metrics.translate_duration.observe(started.elapsed());
     metrics.translates.fetch_add(1, Ordering::Relaxed);
     if let Err(e) = write_static_content(&params.content_dir, &output.static_content) {
@@ -227,7 +246,8 @@ fn reconcile(watches: &Watches, params: &Params, pusher: &Pusher, metrics: &Metr
     if serde_json::to_writer(&mut counter, &output.config).is_ok() {
         metrics.config_bytes.store(counter.0, Ordering::Relaxed);
     }
-    let generation = pusher.submit(output.config);
+    // Bursts are already coalesced by the reconcile loop: no second debounce in the pusher.
+    let generation = pusher.submit_now(output.config);
     Translated {
         snapshot,
         statuses: output.statuses,

@@ -8,10 +8,12 @@
 //!
 //! Layout: `snapshot` (the input), `status` (the status shapes), `backends` (Service and
 //! EndpointSlice resolution shared by every front end), `ingress`, `gateway` (Gateway API),
-//! `site` (SweetySite) and `addressing` (per-Gateway Services and their ports).
+//! `site` (SweetySite) and `addressing` (per-Gateway Services and their ports); `cache`
+//! (`translate_incremental`: the same output, reusing unchanged routes' translations).
 
 pub mod addressing;
 pub mod backends;
+pub mod cache;
 pub mod gateway;
 pub mod ingress;
 pub mod site;
@@ -22,6 +24,7 @@ pub mod status;
 mod golden_tests;
 
 use backends::{Backends, ServiceIndex};
+pub use cache::{translate_incremental, CacheStats, TranslateCache};
 use serde::{Deserialize, Serialize};
 pub use snapshot::Snapshot;
 use status::{ObjectKey, ObjectStatus, Statuses};
@@ -161,6 +164,8 @@ pub struct Builder<'a> {
     pub static_content: Vec<StaticContent>,
     /// Base config (limits, access log) that a SweetyProxyConfig may adjust.
     pub config: Config,
+    /// Per-route memo of [`translate_incremental`] (None: translate every route).
+    pub route_cache: Option<&'a mut gateway::RouteCache>,
 }
 
 impl<'a> Builder<'a> {
@@ -176,6 +181,7 @@ impl<'a> Builder<'a> {
             gateway_services: Vec::new(),
             static_content: Vec::new(),
             config: Config::default(),
+            route_cache: None,
         }
     }
 

@@ -194,7 +194,7 @@ pub fn emit(b: &mut Builder<'_>, gateways: &[GwState], _alloc: &Allocation, out:
                         } else {
                             e.hostnames.clone()
                         };
-                        let mut route = e.route.clone();
+                        let mut route = e.route;
                         fix_redirect_port(&mut route, *port);
                         for h in hosts {
                             // A request for `h` is served by the most specific listener on

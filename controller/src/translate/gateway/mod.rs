@@ -22,7 +22,10 @@ mod listeners;
 mod model;
 mod policy;
 mod refgrant;
+mod route_cache;
 mod routes;
+
+pub use route_cache::RouteCache;
 
 use super::Builder;
 use listeners::GwListener;

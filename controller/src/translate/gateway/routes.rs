@@ -7,6 +7,7 @@ use super::l4;
 use super::listeners::{RouteKind, GROUP};
 use super::model::{self, GrpcRuleSpec, HttpRuleSpec, L4RuleSpec, ParentRefSpec, RouteSpec};
 use super::policy::Policies;
+use super::route_cache::Object;
 use super::{grpc, GwState};
 use crate::translate::status::{
     Condition, ObjectKey, ObjectStatus, ParentRef, RouteParentStatus, RouteStatus,
@@ -79,15 +80,11 @@ pub fn translate(
     out: &mut Collected,
 ) {
     let snapshot = b.snapshot;
-    let mut items: Vec<(RouteKind, &ObjectMeta, serde_json::Value)> = Vec::new();
+    let mut items: Vec<(RouteKind, &ObjectMeta, Object<'_>)> = Vec::new();
     macro_rules! add {
         ($list:expr, $kind:expr) => {
             for r in &$list {
-                items.push((
-                    $kind,
-                    &r.metadata,
-                    serde_json::to_value(&r.spec).unwrap_or_default(),
-                ));
+                items.push(($kind, &r.metadata, Object::new(r, &r.spec)));
             }
         };
     }
@@ -97,9 +94,24 @@ pub fn translate(
     add!(snapshot.tcp_routes, RouteKind::Tcp);
     add!(snapshot.udp_routes, RouteKind::Udp);
     items.sort_by(|a, b| (a.0, &a.1.namespace, &a.1.name).cmp(&(b.0, &b.1.namespace, &b.1.name)));
-    for (kind, meta, spec) in items {
-        route(b, gateways, policies, out, kind, meta, &spec);
+    // With a memo (`translate_incremental`), unchanged routes are replayed.
+    let mut cache = b.route_cache.take();
+    for (kind, meta, object) in items {
+        match cache.as_deref_mut() {
+            Some(c) => c.route(
+                b,
+                gateways,
+                policies,
+                out,
+                kind,
+                meta,
+                object,
+                |b, g, p, o, s| route(b, g, p, o, kind, meta, s),
+            ),
+            None => route(b, gateways, policies, out, kind, meta, &object.spec()),
+        }
     }
+    b.route_cache = cache;
 }
 
 fn route(

@@ -1,0 +1,228 @@
+//! Per-route memo for [`crate::translate::translate_incremental`]: what translating one
+//! route object contributed (dataplane route entries, backends, attachment counts, policy
+//! use, its status), so an unchanged route is replayed instead of translated again.
+//!
+//! Identity: an entry is keyed by the address of the route's `Arc` in the snapshot and holds
+//! a clone of that `Arc`. While the entry lives the allocation cannot be freed or reused, and
+//! an object behind a shared `Arc` cannot change, so the same address means the same object
+//! (the reflector stores hand out the same `Arc` until the object changes). Everything else a
+//! route's translation reads (Gateways, classes, Services, ReferenceGrants, policies, params…)
+//! is checked by the caller, which clears the whole memo when any of it changed.
+//!
+//! Replaying must give exactly what translating gives: `translate_incremental_matches_translate`
+//! in `translate::cache_tests` checks it over every golden input and random edit sequences.
+
+use super::policy::Policies;
+use super::routes::{Collected, HttpEntry, L4Entry};
+use super::{listeners::RouteKind, GwState};
+use crate::translate::status::{ObjectKey, ObjectStatus};
+use crate::translate::Builder;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::Serialize;
+use std::any::Any;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use sweety_config::Backend;
+
+/// A route object of the snapshot: its identity and its spec, converted only when needed.
+pub struct Object<'a> {
+    keep: Arc<dyn Any + Send + Sync>,
+    spec: Box<dyn Fn() -> serde_json::Value + 'a>,
+}
+
+impl<'a> Object<'a> {
+    pub fn new<T: Any + Send + Sync, S: Serialize>(object: &Arc<T>, spec: &'a S) -> Self {
+        Object {
+            keep: object.clone(),
+            spec: Box::new(move || serde_json::to_value(spec).unwrap_or_default()),
+        }
+    }
+
+    /// The spec as a JSON value (the route front end reads its uniform model from it).
+    pub fn spec(&self) -> serde_json::Value {
+        (self.spec)()
+    }
+
+    fn addr(&self) -> usize {
+        Arc::as_ptr(&self.keep) as *const () as usize
+    }
+}
+
+type UsedBy = BTreeMap<(String, String), BTreeSet<(String, String)>>;
+
+/// What translating one route added to the shared state.
+struct Effects {
+    http: Vec<HttpEntry>,
+    l4: Vec<L4Entry>,
+    backends: Vec<Backend>,
+    /// (gateway, listener) attachment increments.
+    attached: Vec<(usize, usize)>,
+    used_by: UsedBy,
+    status: Option<(ObjectKey, ObjectStatus)>,
+}
+
+struct Entry {
+    _keep: Arc<dyn Any + Send + Sync>,
+    effects: Effects,
+    /// The `RouteCache::epoch` of the last translate that saw this object.
+    seen: u64,
+}
+
+/// The memo: route object address → effects.
+#[derive(Default)]
+pub struct RouteCache {
+    entries: HashMap<usize, Entry>,
+    epoch: u64,
+    /// Routes replayed / translated by the last call.
+    pub hits: usize,
+    pub misses: usize,
+}
+
+fn clone_http(e: &HttpEntry) -> HttpEntry {
+    HttpEntry {
+        gw: e.gw,
+        listener: e.listener,
+        hostnames: e.hostnames.clone(),
+        key: e.key.clone(),
+        route: e.route.clone(),
+    }
+}
+
+fn clone_l4(e: &L4Entry) -> L4Entry {
+    L4Entry {
+        gw: e.gw,
+        listener: e.listener,
+        key: e.key.clone(),
+        route: e.route.clone(),
+    }
+}
+
+fn attached(gateways: &[GwState]) -> Vec<i32> {
+    gateways
+        .iter()
+        .flat_map(|g| g.listeners.iter().map(|l| l.attached))
+        .collect()
+}
+
+fn merge_used_by(into: &mut UsedBy, from: &UsedBy) {
+    for (k, v) in from {
+        into.entry(k.clone()).or_default().extend(v.iter().cloned());
+    }
+}
+
+impl RouteCache {
+    /// Forget every entry (something a route's translation depends on changed).
+    pub fn clear(&mut self) {
+        self.entries.clear();
+    }
+
+    /// Starts one translate pass.
+    pub fn begin(&mut self) {
+        self.epoch += 1;
+        self.hits = 0;
+        self.misses = 0;
+    }
+
+    /// Ends a pass: entries of objects that were not in the snapshot are dropped.
+    pub fn end(&mut self) {
+        let epoch = self.epoch;
+        self.entries.retain(|_, e| e.seen == epoch);
+    }
+
+    /// Replays the memoized effects of `object`, or runs `translate` (the route front end)
+    /// and memoizes what it added.
+    #[allow(clippy::too_many_arguments)]
+    pub fn route(
+        &mut self,
+        b: &mut Builder<'_>,
+        gateways: &mut [GwState],
+        policies: &mut Policies,
+        out: &mut Collected,
+        kind: RouteKind,
+        meta: &ObjectMeta,
+        object: Object<'_>,
+        translate: impl FnOnce(
+            &mut Builder<'_>,
+            &mut [GwState],
+            &mut Policies,
+            &mut Collected,
+            &serde_json::Value,
+        ),
+    ) {
+        let addr = object.addr();
+        if let Some(e) = self.entries.get_mut(&addr) {
+            e.seen = self.epoch;
+            self.hits += 1;
+            replay(&e.effects, b, gateways, policies, out);
+            return;
+        }
+        self.misses += 1;
+        let (http_len, l4_len) = (out.http.len(), out.l4.len());
+        let backends = std::mem::take(&mut b.backends);
+        let used_by = std::mem::take(&mut policies.used_by);
+        let before = attached(gateways);
+
+        translate(b, gateways, policies, out, &object.spec());
+
+        let added = std::mem::replace(&mut b.backends, backends).into_config();
+        let used = std::mem::replace(&mut policies.used_by, used_by);
+        let mut increments = Vec::new();
+        let mut i = 0;
+        for (g, gw) in gateways.iter().enumerate() {
+            for (l, listener) in gw.listeners.iter().enumerate() {
+                for _ in before[i]..listener.attached {
+                    increments.push((g, l));
+                }
+                i += 1;
+            }
+        }
+        let key = ObjectKey::new(
+            kind.name(),
+            meta.namespace.as_deref().unwrap_or_default(),
+            meta.name.as_deref().unwrap_or_default(),
+        );
+        let status = b.statuses.get(&key).cloned().map(|s| (key, s));
+        let effects = Effects {
+            http: out.http[http_len..].iter().map(clone_http).collect(),
+            l4: out.l4[l4_len..].iter().map(clone_l4).collect(),
+            backends: added,
+            attached: increments,
+            used_by: used,
+            status,
+        };
+        // Merge what this route added, exactly as a replay would.
+        for backend in &effects.backends {
+            b.backends.insert(backend.clone());
+        }
+        merge_used_by(&mut policies.used_by, &effects.used_by);
+        self.entries.insert(
+            addr,
+            Entry {
+                _keep: object.keep,
+                effects,
+                seen: self.epoch,
+            },
+        );
+    }
+}
+
+fn replay(
+    fx: &Effects,
+    b: &mut Builder<'_>,
+    gateways: &mut [GwState],
+    policies: &mut Policies,
+    out: &mut Collected,
+) {
+    out.http.extend(fx.http.iter().map(clone_http));
+    out.l4.extend(fx.l4.iter().map(clone_l4));
+    for backend in &fx.backends {
+        b.backends.insert(backend.clone());
+    }
+    for &(g, l) in &fx.attached {
+        gateways[g].listeners[l].attached += 1;
+    }
+    merge_used_by(&mut policies.used_by, &fx.used_by);
+    if let Some((key, status)) = &fx.status {
+        b.status(key.clone(), status.clone());
+    }
+}
