@@ -65,6 +65,20 @@ fn status_kib(pid: &str, field: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// CPU time (user + system) a process has used so far, from /proc/PID/stat (clock ticks of
+/// 10 ms: meaningful summed over many changes, not for one).
+fn cpu_ms(pid: &str) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name (which may contain spaces) start at `) `.
+    let rest = stat.rsplit_once(") ").map(|(_, r)| r).unwrap_or("");
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = [11, 12]
+        .iter()
+        .filter_map(|&i| f.get(i).and_then(|v| v.parse::<u64>().ok()))
+        .sum();
+    ticks as f64 * 10.0
+}
+
 fn pct(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
@@ -160,6 +174,7 @@ async fn main() {
     // cache, `submit_now`, and the dataplane applies and acknowledges.
     let mut lat = Vec::with_capacity(changes);
     let mut parts = [Vec::new(), Vec::new(), Vec::new()];
+    let (cpu_self, cpu_dp) = (cpu_ms("self"), cpu_ms(pid));
     for i in 0..changes {
         let idx = (i * 7919) % snap.http_routes.len();
         let mut route: HttpRoute = (*snap.http_routes[idx]).clone();
@@ -185,6 +200,11 @@ async fn main() {
         parts[1].push(t_sub - t_tr);
         parts[2].push(total - t_sub);
     }
+    let per_change = |before: f64, now: f64| (now - before) / changes.max(1) as f64;
+    let (cpu_self, cpu_dp) = (
+        per_change(cpu_self, cpu_ms("self")),
+        per_change(cpu_dp, cpu_ms(pid)),
+    );
     lat.sort();
     for p in parts.iter_mut() {
         p.sort();
@@ -200,6 +220,11 @@ async fn main() {
         ms(pct(&parts[0], 0.5)),
         ms(pct(&parts[1], 0.5)),
         ms(pct(&parts[2], 0.5))
+    );
+    // CPU per change does not grow with other load on the machine, wall-clock latency does.
+    println!(
+        "  CPU per change: controller (translate + encode + hash + send)={cpu_self:.1}ms dataplane (decode + validate + build + swap)={cpu_dp:.1}ms; load average {}",
+        std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim()
     );
     println!(
         "rss: dataplane idle={}KiB after the full push={}KiB after {changes} changes={}KiB peak={}KiB (target < 40MB at 5,000 routes); \

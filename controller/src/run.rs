@@ -1,7 +1,7 @@
-//! The reconcile loop: watch events (leading-edge debounced) → snapshot → `translate_incremental`
-//! (per-route cache) → static content on
-//! disk → `Pusher::submit` → (leader only) per-Gateway Services and statuses, the latter gated
-//! by the dataplane's Ack of the submitted generation.
+//! The reconcile loop: watch events (leading-edge debounced) → snapshot →
+//! `translate_incremental` (per-route cache) → static content on disk → `Pusher::submit_now`
+//! → (leader only) per-Gateway Services and statuses, the latter gated by the dataplane's Ack
+//! of the submitted generation.
 //!
 //! Every replica translates and pushes to its own dataplane; only the lease holder writes to the
 //! API. A change in the push state (an Ack or a Nack) or in leadership re-runs the status write

@@ -7,8 +7,10 @@
 //!   path is removed; anything else at the path is refused.
 //! * On connect the dataplane sends `Hello` with the generation and content hash it runs, so a
 //!   controller can skip a resend or resend after a dataplane restart.
-//! * `Apply` is validated in full and applied with [`Runtime::apply`]; on any error the last
-//!   good config keeps serving and every error (with its path) goes back in the `Nack`.
+//! * `Apply` is validated in full and applied with [`Runtime::apply_with_hash`]; on any error
+//!   the last good config keeps serving and every error (with its path) goes back in the
+//!   `Nack`. The hash reported in `Hello` is the SHA-256 of the payload's JSON as received
+//!   (the content hash when the sender serializes canonically, as the controller does).
 //! * One controller connection at a time: a new connection *replaces* the previous one, which
 //!   is closed. A restarted (or newly elected) controller must never be locked out by a
 //!   half-dead old connection.
@@ -209,8 +211,12 @@ async fn session(runtime: &Runtime, stats: &ControlStats, stream: UnixStream) ->
                 generation,
                 mut config,
             }) => {
+                // The controller sends the canonical JSON with generation 0, whose SHA-256 is
+                // the content hash: no need to serialize the config again to compute it.
+                let hash = (config.generation == 0)
+                    .then(|| sweety_config::content_hash_of_json(&payload[8..]));
                 config.generation = generation;
-                match runtime.apply(*config).await {
+                match runtime.apply_with_hash(*config, hash).await {
                     Ok(()) => {
                         tracing::info!(generation, "pushed config applied");
                         Message::Ack { generation }

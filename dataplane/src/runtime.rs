@@ -264,7 +264,18 @@ impl Runtime {
 
     /// Validates, builds and applies `config`. On error nothing changes.
     pub async fn apply(&self, config: Config) -> Result<(), ApplyError> {
-        let result = self.apply_inner(config).await;
+        self.apply_with_hash(config, None).await
+    }
+
+    /// [`Runtime::apply`] with the config's content hash when the caller already has it (the
+    /// control socket hashes the `Apply` payload as received), which saves serializing the
+    /// whole config again; `None` computes it.
+    pub async fn apply_with_hash(
+        &self,
+        config: Config,
+        hash: Option<String>,
+    ) -> Result<(), ApplyError> {
+        let result = self.apply_inner(config, hash).await;
         let m = &self.shared.metrics;
         match &result {
             Ok(()) => m.reloads_ok.fetch_add(1, Relaxed),
@@ -273,7 +284,11 @@ impl Runtime {
         result
     }
 
-    async fn apply_inner(&self, mut config: Config) -> Result<(), ApplyError> {
+    async fn apply_inner(
+        &self,
+        mut config: Config,
+        hash: Option<String>,
+    ) -> Result<(), ApplyError> {
         if let Err(errs) = config.validate() {
             return Err(ApplyError::Invalid(
                 errs.0.iter().map(|e| e.to_string()).collect(),
@@ -471,7 +486,7 @@ impl Runtime {
             .filter_map(|(_, l, _, q)| Some((bind_key(l), q?)))
             .collect();
         let edge = crate::access::Edge::build(&config.client_ip, &routes, &self.shared.rate_zones);
-        let hash = config.content_hash_mut();
+        let hash = hash.unwrap_or_else(|| config.content_hash_mut());
         let virtual_host_count = std::mem::take(&mut config.virtual_hosts).len();
         let backend_count = std::mem::take(&mut config.backends).len();
         let snapshot = Snapshot {

@@ -9,7 +9,8 @@
 //! Modules: `model` (uniform route spec types), `classes`, `listeners`, `attach`, `refgrant`,
 //! `policy`, `backend` (backendRef resolution), `http` (HTTPRoute rules), `grpc` (GRPCRoute
 //! matches), `l4` (TLS/TCP/UDP routes), `routes` (attachment and route status), `emit`
-//! (dataplane listeners, virtual hosts, Gateway status).
+//! (dataplane listeners, virtual hosts, Gateway status), `route_cache` (per-route memo of
+//! `translate_incremental`).
 
 mod attach;
 mod backend;
