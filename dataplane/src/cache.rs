@@ -395,16 +395,16 @@ impl Cache {
             path: key.path.clone(),
         });
         let mut s = self.store.lock().unwrap_or_else(|p| p.into_inner());
-        // A change of the Vary set makes the older variants unreachable: drop them.
+        // A change of the Vary set makes the older entries of this key unreachable (the plain
+        // one or the variants): drop them.
         let old_vary = s.vary.get(&key.primary).cloned();
-        if old_vary.as_deref() != Some(vary.as_slice()) {
-            if old_vary.is_some() {
-                self.remove_where(&mut s, |k, _| {
-                    k.starts_with(key.primary.as_str())
+        if old_vary.as_deref().unwrap_or_default() != vary.as_slice() {
+            self.remove_where(&mut s, |k, _| {
+                k == key.primary
+                    || (k.starts_with(key.primary.as_str())
                         && k.as_bytes().get(key.primary.len()..key.primary.len() + 5)
-                            == Some(b"\0vary")
-                });
-            }
+                            == Some(b"\0vary"))
+            });
             if vary.is_empty() {
                 s.vary.remove(&key.primary);
             } else {
@@ -916,6 +916,31 @@ mod tests {
         ));
         assert!(matches!(c.lookup(&k, &plain, Instant::now()), Found::Fresh(e) if e.body == "P"));
         assert!(matches!(c.lookup(&k, &gzip, Instant::now()), Found::Fresh(e) if e.body == "G"));
+
+        // The key stops varying: the variants go, the plain entry replaces them.
+        let k2 = key("/v2", &plain);
+        c.insert(
+            &k2,
+            &gzip,
+            StatusCode::OK,
+            hm(&[("vary", "accept-encoding")]),
+            Bytes::from_static(b"V"),
+            d,
+            Duration::ZERO,
+        );
+        let (n_before, _) = c.usage();
+        c.insert(
+            &k2,
+            &plain,
+            StatusCode::OK,
+            HeaderMap::new(),
+            Bytes::from_static(b"N"),
+            d,
+            Duration::ZERO,
+        );
+        assert_eq!(c.usage().0, n_before);
+        assert!(matches!(c.lookup(&k2, &gzip, Instant::now()), Found::Fresh(e) if e.body == "N"));
+        c.purge(None, Some("/v2"));
 
         // Too large for one entry.
         let big = Bytes::from(vec![b'x'; 2500]);

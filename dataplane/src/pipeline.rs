@@ -269,8 +269,10 @@ async fn route_and_serve<'a>(
     let action = async {
         match &route.action {
             Action::Proxy(p) => {
+                // The edge features' futures are boxed so that the common path's state machine
+                // (moved into a task per request) stays small.
                 if let Some(kind) = upgrade {
-                    return crate::websocket::proxy(
+                    return Box::pin(crate::websocket::proxy(
                         &snap.upstreams,
                         shared.metrics.clone(),
                         Request::from_parts(parts, body),
@@ -279,7 +281,7 @@ async fn route_and_serve<'a>(
                         route,
                         ctx,
                         limits.websocket_idle_timeout.get(),
-                    )
+                    ))
                     .await;
                 }
                 let body = crate::body::boxed(LimitedBody::new(
@@ -298,10 +300,13 @@ async fn route_and_serve<'a>(
                 if let Some(kind) = web {
                     crate::grpc::web_request_head(&mut parts.headers, kind);
                     let body = crate::grpc::web_request_body(body, kind);
-                    let resp = snap
-                        .upstreams
-                        .forward(Request::from_parts(parts, body), p, route, ctx)
-                        .await;
+                    let resp = Box::pin(snap.upstreams.forward(
+                        Request::from_parts(parts, body),
+                        p,
+                        route,
+                        ctx,
+                    ))
+                    .await;
                     return crate::grpc::web_response(resp, kind);
                 }
                 let cache_key = edge.cache.as_ref().zip(cache_host).and_then(|(cp, host)| {
@@ -316,24 +321,22 @@ async fn route_and_serve<'a>(
                 });
                 match cache_key {
                     Some((cp, key)) => {
-                        shared
-                            .cache
-                            .serve(
-                                cp,
-                                key,
-                                parts,
-                                body,
-                                |parts, body| {
-                                    snap.upstreams.forward(
-                                        Request::from_parts(parts, body),
-                                        p,
-                                        route,
-                                        ctx,
-                                    )
-                                },
-                                |parts| refresher(snap, entry, ctx, parts)(),
-                            )
-                            .await
+                        Box::pin(shared.cache.serve(
+                            cp,
+                            key,
+                            parts,
+                            body,
+                            |parts, body| {
+                                snap.upstreams.forward(
+                                    Request::from_parts(parts, body),
+                                    p,
+                                    route,
+                                    ctx,
+                                )
+                            },
+                            |parts| refresher(snap, entry, ctx, parts)(),
+                        ))
+                        .await
                     }
                     None => {
                         snap.upstreams

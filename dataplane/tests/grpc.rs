@@ -1,7 +1,8 @@
-//! gRPC end to end with a hand-rolled gRPC backend (hyper h2c, trailers) and a hyper h2c
-//! client: trailers pass through; Sweety's own errors (no route, upstream down, timeout,
-//! overload) arrive as HTTP 200 trailers-only replies with `grpc-status`, never a text body;
-//! gRPC-Web (binary and text) is translated on routes with the `grpc` filter.
+//! gRPC end to end with a hand-rolled gRPC backend (hyper, h2c or TLS h2, trailers) and real
+//! clients (hyper h2c, quinn + h3 for HTTP/3): trailers pass through on HTTP/2 and HTTP/3;
+//! Sweety's own errors (no route, upstream down, timeout, overload) arrive as HTTP 200
+//! trailers-only replies with `grpc-status`, never a text body; gRPC-Web (binary and text) is
+//! translated on routes with the `grpc` filter.
 
 mod common;
 
@@ -324,4 +325,106 @@ async fn trailers_pass_through_tls_h2_backend() {
     let t = r.trailers.expect("trailers relayed from the h2 backend");
     assert_eq!(t["grpc-status"], "0");
     assert_eq!(t["x-trailer"], "yes");
+}
+
+/// One gRPC call over HTTP/3 (quinn + h3, trusting `ca_pem`): status, headers, body, trailers.
+async fn h3_call(addr: SocketAddr, ca_pem: &str, path: &str, body: Bytes) -> Reply {
+    use bytes::Buf;
+    use rustls_pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    for c in rustls_pki_types::CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let mut tls = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_protocol_versions(&[&rustls::version::TLS13])
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    tls.alpn_protocols = vec![b"h3".to_vec()];
+    let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(tls).unwrap();
+    let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+    endpoint.set_default_client_config(quinn::ClientConfig::new(std::sync::Arc::new(crypto)));
+    let conn = tokio::time::timeout(
+        Duration::from_secs(5),
+        endpoint.connect(addr, "localhost").unwrap(),
+    )
+    .await
+    .expect("QUIC handshake in time")
+    .unwrap();
+    let (mut driver, mut send) = h3::client::new(h3_quinn::Connection::new(conn))
+        .await
+        .unwrap();
+    tokio::spawn(async move {
+        let _ = driver.wait_idle().await;
+    });
+    let req = http::Request::builder()
+        .method("POST")
+        .uri(format!("https://localhost{path}"))
+        .header("content-type", "application/grpc+proto")
+        .header("te", "trailers")
+        .body(())
+        .unwrap();
+    let call = async {
+        let mut s = send.send_request(req).await.unwrap();
+        s.send_data(body).await.unwrap();
+        s.finish().await.unwrap();
+        let resp = s.recv_response().await.unwrap();
+        let mut out = bytes::BytesMut::new();
+        while let Some(mut d) = s.recv_data().await.unwrap() {
+            out.extend_from_slice(&d.copy_to_bytes(d.remaining()));
+        }
+        let trailers = s.recv_trailers().await.unwrap();
+        Reply {
+            status: resp.status().as_u16(),
+            headers: resp.headers().clone(),
+            body: out.freeze(),
+            trailers,
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), call)
+        .await
+        .expect("HTTP/3 call in time")
+}
+
+#[tokio::test]
+async fn trailers_and_errors_over_http3() {
+    let up = grpc_backend().await;
+    let (cert, ca) = cert_for("localhost");
+    let cfg = Config {
+        generation: 1,
+        listeners: vec![Listener {
+            tls: Some(ListenerTls {
+                certificates: vec![cert],
+                min_version: TlsVersion::Tls13,
+            }),
+            http3: true,
+            ..listener("tls", ListenerProtocol::Https)
+        }],
+        virtual_hosts: vec![vhost(
+            "g",
+            &[],
+            vec![proxy_route("echo", "/echo.Echo/", "g")],
+        )],
+        backends: vec![h2c_backend("g", up)],
+        ..Config::default()
+    };
+    let h = Harness::start(cfg).await;
+    let quic = *h
+        .runtime
+        .bound_quic()
+        .await
+        .get("tls")
+        .expect("QUIC endpoint bound");
+    let msg = grpc_frame(b"over h3");
+    let r = h3_call(quic, &ca, "/echo.Echo/Say", msg.clone()).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body, msg);
+    let t = r.trailers.expect("trailers relayed over HTTP/3");
+    assert_eq!(t["grpc-status"], "0");
+    assert_eq!(t["x-trailer"], "yes");
+    // No route: a trailers-only gRPC error over HTTP/3 too.
+    let r = h3_call(quic, &ca, "/none.None/X", msg).await;
+    assert_grpc_error(&r, "12");
 }
