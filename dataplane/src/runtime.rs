@@ -475,8 +475,12 @@ impl Runtime {
                         .filter(|_| tls.is_some())
                         .map(|t| Arc::new(crate::tls::SniScopes::new(&t.certificates))),
                     limit,
-                    alt_svc: h3_up
-                        .then(|| crate::h3::alt_svc(port, config.http3.alt_svc_max_age.get())),
+                    alt_svc: h3_up.then(|| {
+                        crate::h3::alt_svc(
+                            l.advertised_port.unwrap_or(port),
+                            config.http3.alt_svc_max_age.get(),
+                        )
+                    }),
                     l4: crate::l4::L4Listener::compile(l),
                     proxy_protocol: crate::proxy_protocol::Expect::for_listener(
                         &config.client_ip,

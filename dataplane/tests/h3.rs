@@ -555,6 +555,28 @@ async fn tls_alt_svc(addr: SocketAddr, ca: &str, alpn: &[u8]) -> (Vec<u8>, u16, 
     (negotiated, resp.status().as_u16(), alt)
 }
 
+/// Behind a Service the public port differs from the bound one: `advertised_port` is what
+/// Alt-Svc names, while HTTP/3 is still served on the bound port.
+#[tokio::test]
+async fn alt_svc_names_the_advertised_port_when_set() {
+    bounded(20, async {
+        let (mut cfg, ca) = h3_config(vec![fixed_route("r", "/", "ok")]);
+        cfg.listeners[0].advertised_port = Some(443);
+        let h = Harness::start(cfg).await;
+        let addr = h.addr("tls").await;
+        assert_ne!(addr.port(), 443);
+        for alpn in [&b"h2"[..], b"http/1.1"] {
+            let (negotiated, status, alt) = tls_alt_svc(addr, &ca, alpn).await;
+            assert_eq!((negotiated.as_slice(), status), (alpn, 200));
+            assert_eq!(alt.as_deref(), Some("h3=\":443\"; ma=86400"), "{alpn:?}");
+        }
+        let c = H3::connect(addr, "localhost", &ca).await.unwrap();
+        let (status, _, body) = c.get("/").await.unwrap();
+        assert_eq!((status, &body[..]), (200, &b"ok"[..]));
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn alt_svc_is_advertised_on_h1_and_h2_only_where_h3_is_served() {
     bounded(20, async {
