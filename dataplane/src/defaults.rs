@@ -50,6 +50,7 @@ pub fn default_config(site_root: &Path, cert_pem: String, key_pem: String) -> Co
                 tls: None,
                 http3: true,
                 max_requests_in_flight: None,
+                advertised_port: None,
                 l4_routes: vec![],
             },
             Listener {
@@ -67,6 +68,7 @@ pub fn default_config(site_root: &Path, cert_pem: String, key_pem: String) -> Co
                 }),
                 http3: true,
                 max_requests_in_flight: None,
+                advertised_port: None,
                 l4_routes: vec![],
             },
         ],

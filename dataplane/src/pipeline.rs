@@ -194,9 +194,12 @@ async fn route_and_serve<'a>(
     let host = request_host(&req);
     if ctx.conn.tls {
         if let Some(sni) = ctx.conn.sni.as_deref() {
-            if sni != host
-                && snap.routes.vhost_index(&view.name, sni)
-                    != snap.routes.vhost_index(&view.name, &host)
+            // 421 only when the Host falls into another certificate scope (Gateway
+            // listener) than the SNI chose; the same scope's other names are served.
+            if view
+                .sni_scopes
+                .as_ref()
+                .is_some_and(|s| s.misdirected(sni, &host))
             {
                 return (
                     no_route(),

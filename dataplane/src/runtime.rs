@@ -43,6 +43,8 @@ pub struct ListenerView {
     pub protocol: ListenerProtocol,
     /// TLS server config for HTTPS listeners.
     pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// Certificate scopes of HTTPS listeners, for 421 Misdirected Request.
+    pub sni_scopes: Option<Arc<crate::tls::SniScopes>>,
     /// The listener's own in-flight cap, if any.
     pub limit: Option<Arc<Limit>>,
     /// `Alt-Svc` value advertised on H1/H2 responses when HTTP/3 is served.
@@ -467,9 +469,18 @@ impl Runtime {
                     port,
                     protocol: l.protocol,
                     tls: tls.clone(),
+                    sni_scopes: l
+                        .tls
+                        .as_ref()
+                        .filter(|_| tls.is_some())
+                        .map(|t| Arc::new(crate::tls::SniScopes::new(&t.certificates))),
                     limit,
-                    alt_svc: h3_up
-                        .then(|| crate::h3::alt_svc(port, config.http3.alt_svc_max_age.get())),
+                    alt_svc: h3_up.then(|| {
+                        crate::h3::alt_svc(
+                            l.advertised_port.unwrap_or(port),
+                            config.http3.alt_svc_max_age.get(),
+                        )
+                    }),
                     l4: crate::l4::L4Listener::compile(l),
                     proxy_protocol: crate::proxy_protocol::Expect::for_listener(
                         &config.client_ip,

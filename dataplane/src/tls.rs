@@ -167,6 +167,60 @@ impl ResolvesServerCert for SniResolver {
     }
 }
 
+/// Which certificate entry ("scope") a server name falls into, by the entries' configured
+/// `hostnames` only: exact name, then the longest `*.` wildcard, then the first entry without
+/// hostnames (a catch-all, like a Gateway listener without a hostname). Used to answer 421
+/// Misdirected Request when a request's Host falls into another scope than its TLS SNI.
+/// Entries with the same name share the scope of the first of them.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct SniScopes {
+    exact: HashMap<String, usize>,
+    wildcard: HashMap<String, usize>,
+    any: Option<usize>,
+}
+
+impl SniScopes {
+    /// Scopes of a listener's certificates.
+    pub fn new(certs: &[Certificate]) -> SniScopes {
+        let mut s = SniScopes::default();
+        for (i, c) in certs.iter().enumerate() {
+            if c.hostnames.is_empty() {
+                s.any.get_or_insert(i);
+            }
+            for name in &c.hostnames {
+                let name = name.trim_end_matches('.').to_ascii_lowercase();
+                match name.strip_prefix("*.") {
+                    Some(suffix) => s.wildcard.entry(suffix.to_string()).or_insert(i),
+                    None => s.exact.entry(name).or_insert(i),
+                };
+            }
+        }
+        s
+    }
+
+    /// The scope of `name`, or `None` when no entry covers it.
+    pub fn scope(&self, name: &str) -> Option<usize> {
+        let name = name.trim_end_matches('.').to_ascii_lowercase();
+        if let Some(&i) = self.exact.get(&name) {
+            return Some(i);
+        }
+        let mut rest = name.as_str();
+        while let Some(dot) = rest.find('.') {
+            rest = &rest[dot + 1..];
+            if let Some(&i) = self.wildcard.get(rest) {
+                return Some(i);
+            }
+        }
+        self.any
+    }
+
+    /// True when a request for `host` on a connection whose TLS SNI was `sni` must be answered
+    /// 421: the two names fall into different scopes.
+    pub fn misdirected(&self, sni: &str, host: &str) -> bool {
+        !sni.eq_ignore_ascii_case(host) && self.scope(sni) != self.scope(host)
+    }
+}
+
 /// The DNS names (exact and wildcard) in a certificate's subject alternative names.
 pub fn san_dns_names(der: &CertificateDer<'_>) -> Vec<String> {
     webpki::EndEntityCert::try_from(der)
@@ -328,6 +382,36 @@ mod tests {
             san_dns_names(&second),
             vec!["san.test".to_string(), "*.wild.test".to_string()]
         );
+    }
+
+    #[test]
+    fn scopes_follow_the_gateway_misdirected_request_table() {
+        let c = |h: &[&str]| Certificate {
+            hostnames: h.iter().map(|s| s.to_string()).collect(),
+            cert: PemSource::Pem(String::new()),
+            key: PemSource::Pem(String::new()),
+        };
+        let s = SniScopes::new(&[
+            c(&[]),
+            c(&["second-example.org"]),
+            c(&["*.wildcard.org"]),
+            c(&["fourth-example.wildcard.org"]),
+        ]);
+        assert_eq!(s.scope("example.org"), Some(0));
+        assert_eq!(s.scope("Second-Example.org."), Some(1));
+        assert_eq!(s.scope("fith-example.wildcard.org"), Some(2));
+        assert_eq!(s.scope("fourth-example.wildcard.org"), Some(3));
+        assert!(!s.misdirected("example.org", "unknown-example.org"));
+        assert!(!s.misdirected("unknown-example.org", "example.org"));
+        assert!(s.misdirected("example.org", "second-example.org"));
+        assert!(s.misdirected("second-example.org", "unknown-example.org"));
+        assert!(!s.misdirected("third-example.wildcard.org", "fith-example.wildcard.org"));
+        assert!(s.misdirected("third-example.wildcard.org", "fourth-example.wildcard.org"));
+        assert!(s.misdirected("fourth-example.wildcard.org", "fith-example.wildcard.org"));
+        // Without a catch-all entry an unknown name has no scope.
+        let s = SniScopes::new(&[c(&["a.test"]), c(&["b.test"])]);
+        assert_eq!(s.scope("c.test"), None);
+        assert!(s.misdirected("a.test", "c.test"));
     }
 
     #[test]

@@ -117,6 +117,22 @@ impl H3 {
     async fn get(&self, path: &str) -> Result<Reply, String> {
         self.request(Method::GET, path, &[], vec![]).await
     }
+
+    /// GET with an `:authority` other than the SNI.
+    async fn get_host(&self, host: &str, path: &str) -> Result<Reply, String> {
+        let req = Request::get(format!("https://{host}{path}"))
+            .body(())
+            .unwrap();
+        let mut send = self.send.clone();
+        let mut s = send.send_request(req).await.map_err(|e| e.to_string())?;
+        s.finish().await.map_err(|e| e.to_string())?;
+        let resp = s.recv_response().await.map_err(|e| e.to_string())?;
+        let mut out = BytesMut::new();
+        while let Some(mut d) = s.recv_data().await.map_err(|e| e.to_string())? {
+            out.extend_from_slice(&d.copy_to_bytes(d.remaining()));
+        }
+        Ok((resp.status().as_u16(), resp.headers().clone(), out.freeze()))
+    }
 }
 
 /// A QUIC client config trusting only `ca_pem`, ALPN h3, TLS 1.3, with an in-memory session
@@ -265,6 +281,67 @@ async fn unknown_path_is_404_over_h3() {
         let (status, _, body) = c.get("/nope").await.unwrap();
         assert_eq!(status, 404);
         assert!(String::from_utf8_lossy(&body).contains("no route"));
+    })
+    .await;
+}
+
+/// 421 over HTTP/3 follows the same rule as over TCP: only a Host in another certificate
+/// scope (Gateway listener) than the SNI is misdirected.
+#[tokio::test]
+async fn misdirected_requests_over_h3_follow_the_listener_chosen_by_sni() {
+    bounded(20, async {
+        let (c, k) = sweety_dataplane::tls::self_signed(&[
+            "example.org",
+            "second-example.org",
+            "unknown-example.org",
+        ])
+        .unwrap();
+        let cert = |h: &[&str]| Certificate {
+            hostnames: h.iter().map(|s| s.to_string()).collect(),
+            cert: PemSource::Pem(c.clone()),
+            key: PemSource::Pem(k.clone()),
+        };
+        let mut l = https_listener("tls", cert(&[]));
+        l.tls
+            .as_mut()
+            .unwrap()
+            .certificates
+            .push(cert(&["second-example.org"]));
+        let cfg = Config {
+            generation: 1,
+            listeners: vec![l],
+            virtual_hosts: vec![
+                vhost(
+                    "v1",
+                    &["example.org"],
+                    vec![fixed_route("r1", "/app", "V1")],
+                ),
+                vhost(
+                    "v2",
+                    &["second-example.org"],
+                    vec![fixed_route("r2", "/app", "V2")],
+                ),
+            ],
+            ..Config::default()
+        };
+        let h = Harness::start(cfg).await;
+        let addr = h.addr("tls").await;
+        let cases: &[(&str, &str, u16, &str)] = &[
+            ("example.org", "example.org", 200, "V1"),
+            ("example.org", "second-example.org", 421, ""),
+            ("example.org", "unknown-example.org", 404, ""),
+            ("second-example.org", "example.org", 421, ""),
+            ("second-example.org", "unknown-example.org", 421, ""),
+            ("unknown-example.org", "example.org", 200, "V1"),
+        ];
+        for &(sni, host, want, body) in cases {
+            let conn = H3::connect(addr, sni, &c).await.unwrap();
+            let (status, _, got) = conn.get_host(host, "/app").await.unwrap();
+            assert_eq!(status, want, "SNI {sni}, Host {host}");
+            if want == 200 {
+                assert_eq!(&got[..], body.as_bytes(), "SNI {sni}, Host {host}");
+            }
+        }
     })
     .await;
 }
@@ -476,6 +553,28 @@ async fn tls_alt_svc(addr: SocketAddr, ca: &str, alpn: &[u8]) -> (Vec<u8>, u16, 
         .get("alt-svc")
         .map(|v| v.to_str().unwrap().to_string());
     (negotiated, resp.status().as_u16(), alt)
+}
+
+/// Behind a Service the public port differs from the bound one: `advertised_port` is what
+/// Alt-Svc names, while HTTP/3 is still served on the bound port.
+#[tokio::test]
+async fn alt_svc_names_the_advertised_port_when_set() {
+    bounded(20, async {
+        let (mut cfg, ca) = h3_config(vec![fixed_route("r", "/", "ok")]);
+        cfg.listeners[0].advertised_port = Some(443);
+        let h = Harness::start(cfg).await;
+        let addr = h.addr("tls").await;
+        assert_ne!(addr.port(), 443);
+        for alpn in [&b"h2"[..], b"http/1.1"] {
+            let (negotiated, status, alt) = tls_alt_svc(addr, &ca, alpn).await;
+            assert_eq!((negotiated.as_slice(), status), (alpn, 200));
+            assert_eq!(alt.as_deref(), Some("h3=\":443\"; ma=86400"), "{alpn:?}");
+        }
+        let c = H3::connect(addr, "localhost", &ca).await.unwrap();
+        let (status, _, body) = c.get("/").await.unwrap();
+        assert_eq!((status, &body[..]), (200, &b"ok"[..]));
+    })
+    .await;
 }
 
 #[tokio::test]

@@ -486,6 +486,111 @@ async fn unknown_hosts_and_paths_get_404_and_misdirected_requests_421() {
     assert_eq!((status, body.as_str()), (200, "A"));
 }
 
+/// The table of the Gateway API conformance test
+/// HTTPRouteHTTPSListenerDetectMisdirectedRequests: four HTTPS listeners on one port (no
+/// hostname, `second-example.org`, `*.wildcard.org`, `fourth-example.wildcard.org`), one
+/// certificate entry each. 421 only when the Host falls into another listener than the SNI.
+#[tokio::test]
+async fn misdirected_requests_follow_the_listener_chosen_by_sni() {
+    let names = [
+        "example.org",
+        "second-example.org",
+        "unknown-example.org",
+        "*.wildcard.org",
+    ];
+    let (c, k) = sweety_dataplane::tls::self_signed(&names).unwrap();
+    let cert = |h: &[&str]| Certificate {
+        hostnames: h.iter().map(|s| s.to_string()).collect(),
+        cert: PemSource::Pem(c.clone()),
+        key: PemSource::Pem(k.clone()),
+    };
+    let mut https = listener("tls", ListenerProtocol::Https);
+    https.http3 = false;
+    https.tls = Some(ListenerTls {
+        certificates: vec![
+            cert(&[]),
+            cert(&["second-example.org"]),
+            cert(&["*.wildcard.org"]),
+            cert(&["fourth-example.wildcard.org"]),
+        ],
+        min_version: TlsVersion::Tls12,
+    });
+    let mut cfg = http_config(vec![
+        vhost(
+            "v1",
+            &["example.org"],
+            vec![fixed_route("r1", "/app", "V1")],
+        ),
+        vhost(
+            "v2",
+            &["second-example.org"],
+            vec![fixed_route("r2", "/app", "V2")],
+        ),
+        vhost(
+            "v3",
+            &["*.wildcard.org"],
+            vec![fixed_route("r3", "/app", "V3")],
+        ),
+        vhost(
+            "v4",
+            &["fourth-example.wildcard.org"],
+            vec![fixed_route("r4", "/app", "V4")],
+        ),
+    ]);
+    cfg.listeners.push(https);
+    let h = Harness::start(cfg).await;
+    let tls = h.addr("tls").await;
+    let cases: &[(&str, &str, u16, &str)] = &[
+        ("example.org", "example.org", 200, "V1"),
+        ("example.org", "second-example.org", 421, ""),
+        ("example.org", "unknown-example.org", 404, ""),
+        ("second-example.org", "second-example.org", 200, "V2"),
+        ("second-example.org", "example.org", 421, ""),
+        ("second-example.org", "unknown-example.org", 421, ""),
+        (
+            "third-example.wildcard.org",
+            "third-example.wildcard.org",
+            200,
+            "V3",
+        ),
+        (
+            "third-example.wildcard.org",
+            "fith-example.wildcard.org",
+            200,
+            "V3",
+        ),
+        (
+            "third-example.wildcard.org",
+            "fourth-example.wildcard.org",
+            421,
+            "",
+        ),
+        ("third-example.wildcard.org", "second-example.org", 421, ""),
+        ("third-example.wildcard.org", "unknown-example.org", 421, ""),
+        (
+            "fourth-example.wildcard.org",
+            "fourth-example.wildcard.org",
+            200,
+            "V4",
+        ),
+        (
+            "fourth-example.wildcard.org",
+            "fith-example.wildcard.org",
+            421,
+            "",
+        ),
+        ("unknown-example.org", "example.org", 200, "V1"),
+        ("unknown-example.org", "unknown-example.org", 404, ""),
+    ];
+    for &(sni, host, want, body) in cases {
+        let (_, status, got) = tls_get_host(tls, sni, host, &c).await;
+        assert_eq!(status, want, "SNI {sni}, Host {host}: {got}");
+        if want == 200 {
+            assert_eq!(got, body, "SNI {sni}, Host {host}");
+        }
+    }
+}
+
 async fn tls_get_host(
     addr: std::net::SocketAddr,
     sni: &str,

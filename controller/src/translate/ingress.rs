@@ -59,6 +59,9 @@ use sweety_config::{
 pub const HTTP_LISTENER: &str = "ingress-http";
 /// Shared HTTPS listener of Ingresses and SweetySites.
 pub const HTTPS_LISTENER: &str = "ingress-https";
+/// Port of the chart's Service in front of the `ingress-https` container port; advertised in
+/// `Alt-Svc`.
+pub const PUBLIC_HTTPS_PORT: u16 = 443;
 /// Status key kind under which problems with an Ingress are recorded (as Events to emit).
 pub const EVENT_KIND: &str = "IngressEvent";
 /// IngressClass annotation marking the cluster default class.
@@ -80,6 +83,7 @@ pub fn front_listeners(b: &mut Builder<'_>, certificates: Vec<Certificate>) {
             tls: None,
             http3: false,
             max_requests_in_flight: None,
+            advertised_port: None,
             l4_routes: Vec::new(),
         });
     }
@@ -100,6 +104,8 @@ pub fn front_listeners(b: &mut Builder<'_>, certificates: Vec<Certificate>) {
                 }),
                 http3: p.http3,
                 max_requests_in_flight: None,
+                // Clients reach it through the chart's Service on 443, not the container port.
+                advertised_port: Some(PUBLIC_HTTPS_PORT),
                 l4_routes: Vec::new(),
             });
             b.listeners.len() - 1
@@ -199,6 +205,7 @@ pub fn certificate_from_secret(
             }),
             http3: false,
             max_requests_in_flight: None,
+            advertised_port: None,
             l4_routes: Vec::new(),
         }],
         ..Default::default()
@@ -880,6 +887,8 @@ data: {tls.crt: eA==}
             .find(|l| l.name == HTTPS_LISTENER)
             .unwrap();
         assert_eq!(https.port, 8443);
+        // Alt-Svc names the Service port clients use, not the container port.
+        assert_eq!(https.advertised_port, Some(443));
         assert!(https.http3);
         assert_eq!(https.tls.as_ref().unwrap().certificates.len(), 1);
     }

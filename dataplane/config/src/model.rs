@@ -129,6 +129,10 @@ pub struct Listener {
     /// Per-listener cap of requests in flight (in addition to the global one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_requests_in_flight: Option<u32>,
+    /// Port clients reach this listener on (e.g. a Service's port in front of a container
+    /// port), advertised in `Alt-Svc` instead of `port` when set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub advertised_port: Option<u16>,
     /// For `tcp`/`udp`/`tls_passthrough` listeners: where to forward.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub l4_routes: Vec<L4Route>,

@@ -290,6 +290,12 @@ impl<'a> Validator<'a> {
                 "must be greater than 0 when set",
             );
         }
+        if l.advertised_port == Some(0) {
+            self.err(
+                format!("{path}.advertised_port"),
+                "must be between 1 and 65535 when set",
+            );
+        }
         let l4 = matches!(l.protocol, P::Tcp | P::Udp | P::TlsPassthrough);
         if !l4 && !l.l4_routes.is_empty() {
             self.err(
@@ -1711,6 +1717,12 @@ access_log: {enabled: true, path: /var/log/sweety/access.log, buffer_lines: 1024
             "listeners[0].max_requests_in_flight",
             "must be greater than 0",
         );
+        expect_one(
+            |c| c.listeners[0].advertised_port = Some(0),
+            "listeners[0].advertised_port",
+            "between 1 and 65535",
+        );
+        expect_ok(|c| c.listeners[0].advertised_port = Some(443));
         expect_one(
             |c| c.listeners[0].l4_routes = c.listeners[2].l4_routes.clone(),
             "listeners[0].l4_routes",

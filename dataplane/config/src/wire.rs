@@ -419,6 +419,7 @@ mod tests {
                 tls: None,
                 http3: false,
                 max_requests_in_flight: None,
+                advertised_port: None,
                 l4_routes: vec![],
             }],
             virtual_hosts: (0..routes)

@@ -111,6 +111,7 @@ fn config(vhosts: Vec<VirtualHost>) -> Config {
         tls: None,
         http3: false,
         max_requests_in_flight: None,
+        advertised_port: None,
         l4_routes: Vec::new(),
     };
     Config {

@@ -49,6 +49,7 @@ pub fn listener(name: &str, protocol: ListenerProtocol) -> Listener {
         tls: None,
         http3: false,
         max_requests_in_flight: None,
+        advertised_port: None,
         l4_routes: vec![],
     }
 }

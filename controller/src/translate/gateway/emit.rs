@@ -165,6 +165,9 @@ pub fn emit(b: &mut Builder<'_>, gateways: &[GwState], _alloc: &Allocation, out:
                 tls: None,
                 http3: true,
                 max_requests_in_flight: None,
+                // Clients reach the Gateway on its listener port, not the container port;
+                // only HTTPS advertises it (in Alt-Svc).
+                advertised_port: (proto == Proto::Https).then_some(*port),
                 l4_routes: Vec::new(),
             };
             match proto {

@@ -423,6 +423,7 @@ fn check_certificate(c: &Certificate) -> Result<(), String> {
         }),
         http3: false,
         max_requests_in_flight: None,
+        advertised_port: None,
         l4_routes: Vec::new(),
     });
     cfg.validate_structure().map_err(|e| {
