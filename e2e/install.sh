@@ -82,7 +82,14 @@ diagnose() {
 trap diagnose ERR
 die() { echo "install: $*" >&2; diagnose; exit 1; }
 
-running() { [ -f "$RUN/$1.pid" ] && kill -0 "$(cat "$RUN/$1.pid")" 2>/dev/null; }
+# A pid file counts only while its process is alive AND is the named program (a stale pid file from an
+# earlier run may name a pid that the kernel has since given to something else).
+running() {
+  local pid
+  [ -f "$RUN/$1.pid" ] || return 1
+  pid=$(cat "$RUN/$1.pid")
+  kill -0 "$pid" 2>/dev/null && tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -q -- "$1"
+}
 
 # Stops the agent (SIGTERM: it stops its Pods in parallel, removes their namespaces and its bridge), then
 # removes whatever a killed agent may have left on this bridge only.

@@ -7,7 +7,8 @@ for name in node-agent kube-scheduler kube-controller-manager kube-apiserver etc
   f=$RUN/$name.pid
   [ -f "$f" ] || continue
   pid=$(cat "$f")
-  if kill -0 "$pid" 2>/dev/null; then
+  # Only a live process that is the named program: a stale pid file may name a reused pid.
+  if kill -0 "$pid" 2>/dev/null && tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -q -- "$name"; then
     kill "$pid"
     for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
     kill -0 "$pid" 2>/dev/null && { echo "$name ($pid) did not exit, sending SIGKILL"; kill -9 "$pid"; }

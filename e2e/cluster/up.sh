@@ -189,7 +189,14 @@ write_kubeconfig "$RUN/kcm.kubeconfig" system:kube-controller-manager "$(token_o
 write_kubeconfig "$RUN/scheduler.kubeconfig" system:kube-scheduler "$(token_of system:kube-scheduler)"
 
 # ---------------------------------------------------------------- start
-running() { [ -f "$RUN/$1.pid" ] && kill -0 "$(cat "$RUN/$1.pid")" 2>/dev/null; }
+# A pid file counts only while its process is alive AND is the named program (a stale pid file from an
+# earlier run may name a pid that the kernel has since given to something else).
+running() {
+  local pid
+  [ -f "$RUN/$1.pid" ] || return 1
+  pid=$(cat "$RUN/$1.pid")
+  kill -0 "$pid" 2>/dev/null && tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -q -- "$1"
+}
 start() { # name cmd...
   local name=$1; shift
   if running "$name"; then log "$name already running (pid $(cat "$RUN/$name.pid"))"; return; fi

@@ -14,6 +14,8 @@ export SWEETY_BRIDGE=${SWEETY_BRIDGE:-sweetybr4} SWEETY_POD_CIDR=${SWEETY_POD_CI
 export SWEETY_NODE=${SWEETY_NODE:-sweety-conf-ci-node}
 export SWEETY_CONF_OUT=${SWEETY_CONF_OUT:-$SWEETY_CLUSTER_DIR/conformance}
 export SWEETY_CONF_TIMEOUT=${SWEETY_CONF_TIMEOUT:-1500}
+# Start from nothing: a previous run's state (pid files, etcd data) must not leak into this one.
+bash "$HERE/../install.sh" down --purge >/dev/null 2>&1 || true
 "$HERE/run.sh" --subset "$@"
 rc=$?
 log=$SWEETY_CONF_OUT/suite.log
