@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# e2e/conformance/ci.sh — the CI conformance subset: the GATEWAY-HTTP profile (core + the extended
+# e2e/conformance/ci.sh — the CI conformance subset: the GATEWAY-HTTP and GATEWAY-TLS profiles (core + the extended
 # features GatewayClass sweety advertises) on a fresh local cluster, bounded by SWEETY_CONF_TIMEOUT
 # (default 1500 s). Fails when a test fails that is not listed in known-failures.txt (regressions),
 # and also when a listed test now passes (so the list is kept honest and shrinks).

@@ -6,7 +6,7 @@
 #
 #   --full       every gateway profile (GATEWAY-HTTP,GATEWAY-GRPC,GATEWAY-TLS,GATEWAY-TCP,GATEWAY-UDP),
 #                official report + docs/conformance.md (default)
-#   --subset     the CI subset: GATEWAY-HTTP only, report under $SWEETY_CONF_OUT, docs untouched
+#   --subset     the CI subset: GATEWAY-HTTP and GATEWAY-TLS, report under $SWEETY_CONF_OUT, docs untouched
 #   --profiles   these profiles (comma-separated); report and docs like --full
 #   --test NAME  one test (the suite's -run-test; features then come from the suite flags, so
 #                nothing is inferred from the GatewayClass and no report is written)
@@ -27,7 +27,7 @@ extra=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --full) mode=full ;;
-    --subset) mode=subset; profiles=GATEWAY-HTTP ;;
+    --subset) mode=subset; profiles=GATEWAY-HTTP,GATEWAY-TLS ;;
     --profiles) shift; profiles=${1:?--profiles needs a list}; mode=full ;;
     --test) shift; test=${1:?--test needs a name}; mode=test ;;
     --keep) keep=1 ;;
