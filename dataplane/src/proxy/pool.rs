@@ -270,7 +270,9 @@ enum Opened {
     H2(http2::SendRequest<Body>),
 }
 
-async fn connect_tcp(addr: &str) -> std::io::Result<TcpStream> {
+/// TCP to the first address of `addr` that answers (nodelay, keep-alive): the transport every
+/// upstream connection starts with, pooled or not (see `upgrade`).
+pub(super) async fn connect_tcp(addr: &str) -> std::io::Result<TcpStream> {
     let mut last = None;
     for sa in tokio::net::lookup_host(addr).await? {
         match TcpStream::connect(sa).await {
@@ -296,18 +298,11 @@ async fn connect(addr: &str, c: &Connector) -> Result<Opened, ProxyError> {
     match &c.tls {
         None => handshake(addr, TokioIo::new(tcp), c.is_h2()).await,
         Some(cfg) => {
+            let stream = connect_tls(addr, c, cfg, tcp).await?;
             let tls_err = |e: String| ProxyError::Tls {
                 addr: addr.to_string(),
                 source: e.into(),
             };
-            let name = super::tls::server_name(c.sni.as_deref(), addr).map_err(tls_err)?;
-            let stream = tokio_rustls::TlsConnector::from(cfg.clone())
-                .connect(name, tcp)
-                .await
-                .map_err(|e| ProxyError::Tls {
-                    addr: addr.to_string(),
-                    source: e.into(),
-                })?;
             let alpn = stream.get_ref().1.alpn_protocol().map(<[u8]>::to_vec);
             let want: &[u8] = if c.is_h2() { b"h2" } else { b"http/1.1" };
             // No ALPN at all: assume the server speaks what we asked for.
@@ -321,6 +316,28 @@ async fn connect(addr: &str, c: &Connector) -> Result<Opened, ProxyError> {
             handshake(addr, TokioIo::new(stream), c.is_h2()).await
         }
     }
+}
+
+/// The TLS handshake with a backend over `tcp`: SNI from the connector (or `addr`'s host) and the
+/// connector's verification. Shared by pooled connections and upgrade tunnels.
+pub(super) async fn connect_tls(
+    addr: &str,
+    c: &Connector,
+    cfg: &Arc<ClientConfig>,
+    tcp: TcpStream,
+) -> Result<tokio_rustls::client::TlsStream<TcpStream>, ProxyError> {
+    let tls_err = |e: String| ProxyError::Tls {
+        addr: addr.to_string(),
+        source: e.into(),
+    };
+    let name = super::tls::server_name(c.sni.as_deref(), addr).map_err(tls_err)?;
+    tokio_rustls::TlsConnector::from(cfg.clone())
+        .connect(name, tcp)
+        .await
+        .map_err(|e| ProxyError::Tls {
+            addr: addr.to_string(),
+            source: e.into(),
+        })
 }
 
 async fn handshake<T>(addr: &str, io: T, h2: bool) -> Result<Opened, ProxyError>

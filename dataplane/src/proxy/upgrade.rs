@@ -18,69 +18,43 @@ use hyper_util::rt::TokioIo;
 use std::time::Duration;
 use sweety_config::{BackendProtocol, ProxyAction, Route};
 
-async fn connect_tcp(addr: &str) -> std::io::Result<tokio::net::TcpStream> {
-    let mut last = None;
-    for sa in tokio::net::lookup_host(addr).await? {
-        match tokio::net::TcpStream::connect(sa).await {
-            Ok(s) => {
-                s.set_nodelay(true)?;
-                return Ok(s);
-            }
-            Err(e) => last = Some(e),
-        }
-    }
-    Err(last.unwrap_or_else(|| {
-        std::io::Error::new(std::io::ErrorKind::NotFound, "no address resolved")
-    }))
-}
-
+/// One fresh HTTP/1.1 connection to `addr` (TLS when the backend has it) whose sender can upgrade.
 async fn open(
     addr: &str,
     connector: &super::pool::Connector,
 ) -> Result<http1::SendRequest<Body>, ProxyError> {
-    let tcp = connect_tcp(addr).await.map_err(|e| ProxyError::Connect {
-        addr: addr.to_string(),
-        source: e.into(),
-    })?;
-    let hs_err = |e: hyper::Error| ProxyError::Connect {
-        addr: addr.to_string(),
-        source: e.into(),
-    };
+    let tcp = super::pool::connect_tcp(addr)
+        .await
+        .map_err(|e| ProxyError::Connect {
+            addr: addr.to_string(),
+            source: e.into(),
+        })?;
     match &connector.tls {
-        None => {
-            let (send, conn) = http1::Builder::new()
-                .handshake::<_, Body>(TokioIo::new(tcp))
-                .await
-                .map_err(hs_err)?;
-            tokio::spawn(async move {
-                let _ = conn.with_upgrades().await;
-            });
-            Ok(send)
-        }
+        None => handshake(addr, TokioIo::new(tcp)).await,
+        // The backend config offers h2 for `h2` backends only; upgrades need HTTP/1.1.
         Some(cfg) => {
-            let tls_err = |e: String| ProxyError::Tls {
-                addr: addr.to_string(),
-                source: e.into(),
-            };
-            let name = super::tls::server_name(connector.sni.as_deref(), addr).map_err(tls_err)?;
-            // The backend config offers h2 for `h2` backends only; upgrades need HTTP/1.1.
-            let stream = tokio_rustls::TlsConnector::from(cfg.clone())
-                .connect(name, tcp)
-                .await
-                .map_err(|e| ProxyError::Tls {
-                    addr: addr.to_string(),
-                    source: e.into(),
-                })?;
-            let (send, conn) = http1::Builder::new()
-                .handshake::<_, Body>(TokioIo::new(stream))
-                .await
-                .map_err(hs_err)?;
-            tokio::spawn(async move {
-                let _ = conn.with_upgrades().await;
-            });
-            Ok(send)
+            let stream = super::pool::connect_tls(addr, connector, cfg, tcp).await?;
+            handshake(addr, TokioIo::new(stream)).await
         }
     }
+}
+
+/// The HTTP/1.1 handshake, with the connection driven (upgrades allowed) on its own task.
+async fn handshake<T>(addr: &str, io: T) -> Result<http1::SendRequest<Body>, ProxyError>
+where
+    T: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let (send, conn) = http1::Builder::new()
+        .handshake::<_, Body>(io)
+        .await
+        .map_err(|e| ProxyError::Connect {
+            addr: addr.to_string(),
+            source: e.into(),
+        })?;
+    tokio::spawn(async move {
+        let _ = conn.with_upgrades().await;
+    });
+    Ok(send)
 }
 
 impl Upstreams {
