@@ -135,9 +135,6 @@ pub async fn run(
                 let t = last.as_mut().expect("just set");
                 let ok_services = sync_services(&services, &t.gateway_services, &metrics).await;
                 let state = push_state.borrow().clone();
-                if state.acked > 0 {
-                    health.ready.store(true, Ordering::Relaxed);
-                }
                 let ok_status = write_statuses(&mut writer, t, &state, &metrics).await;
                 retry_at = (!(ok_services && ok_status))
                     .then(|| tokio::time::Instant::now() + Duration::from_secs(2));

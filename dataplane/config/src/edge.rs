@@ -5,15 +5,7 @@
 use crate::Duration;
 use serde::{Deserialize, Serialize};
 
-fn default_true() -> bool {
-    true
-}
-fn is_true(b: &bool) -> bool {
-    *b
-}
-fn is_false(b: &bool) -> bool {
-    !*b
-}
+use crate::model::{default_true, is_false, is_true};
 
 /// A content coding Sweety can compress responses with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

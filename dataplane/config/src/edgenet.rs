@@ -9,15 +9,7 @@
 use crate::Duration;
 use serde::{Deserialize, Serialize};
 
-fn is_false(b: &bool) -> bool {
-    !*b
-}
-fn default_true() -> bool {
-    true
-}
-fn is_true(b: &bool) -> bool {
-    *b
-}
+use crate::model::{default_true, is_false, is_true};
 
 // ------------------------------------------------------------------ rate limits
 
@@ -472,7 +464,7 @@ fn cidr_list(field: &str, list: &[String], out: &mut Problems) {
 pub(crate) fn check_rate_limit(r: &RateLimit) -> Problems {
     let mut out = Vec::new();
     if let RateLimitKey::Header(h) = &r.key {
-        if http_token(h).is_err() {
+        if crate::validate::check_token(h, "token").is_err() {
             out.push(("key.header".into(), format!("invalid header name {h:?}")));
         }
     }
@@ -494,7 +486,7 @@ pub(crate) fn check_rate_limit(r: &RateLimit) -> Problems {
 pub(crate) fn check_concurrency_limit(c: &ConcurrencyLimit) -> Problems {
     let mut out = Vec::new();
     if let RateLimitKey::Header(h) = &c.key {
-        if http_token(h).is_err() {
+        if crate::validate::check_token(h, "token").is_err() {
             out.push(("key.header".into(), format!("invalid header name {h:?}")));
         }
     }
@@ -554,7 +546,7 @@ pub(crate) fn check_client_ip(c: &ClientIp, listeners: &[crate::Listener]) -> Pr
 pub(crate) fn check_backend_edge(b: &crate::Backend) -> Problems {
     let mut out = Vec::new();
     if let Some(s) = &b.session_persistence {
-        if http_token(&s.name).is_err() {
+        if crate::validate::check_token(&s.name, "token").is_err() {
             out.push((
                 "session_persistence.name".into(),
                 format!(
@@ -593,7 +585,9 @@ pub(crate) fn check_backend_edge(b: &crate::Backend) -> Problems {
     }
     if let Some(h) = &b.hash {
         match &h.on {
-            HashOn::Header(n) | HashOn::Cookie(n) if http_token(n).is_err() => {
+            HashOn::Header(n) | HashOn::Cookie(n)
+                if crate::validate::check_token(n, "token").is_err() =>
+            {
                 out.push(("hash.on".into(), format!("invalid name {n:?}")));
             }
             _ => {}
@@ -677,17 +671,6 @@ pub(crate) fn check_l4(l: &L4Settings) -> Problems {
 }
 
 /// An HTTP token (header or cookie name).
-fn http_token(s: &str) -> Result<(), ()> {
-    let ok = !s.is_empty()
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
-    if ok {
-        Ok(())
-    } else {
-        Err(())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -10,13 +10,13 @@ use crate::Duration;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
-fn default_true() -> bool {
+pub(crate) fn default_true() -> bool {
     true
 }
-fn is_true(b: &bool) -> bool {
+pub(crate) fn is_true(b: &bool) -> bool {
     *b
 }
-fn is_false(b: &bool) -> bool {
+pub(crate) fn is_false(b: &bool) -> bool {
     !*b
 }
 fn default_weight() -> u32 {

@@ -1044,7 +1044,7 @@ fn has_ctl(s: &str) -> bool {
 }
 
 /// An HTTP token (RFC 9110 `tchar`s): header names, methods.
-fn check_token(s: &str, what: &str) -> Result<(), String> {
+pub(crate) fn check_token(s: &str, what: &str) -> Result<(), String> {
     let tchar = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
     if s.is_empty() {
         Err(format!("{what} must not be empty"))

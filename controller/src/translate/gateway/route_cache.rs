@@ -78,25 +78,6 @@ pub struct RouteCache {
     pub misses: usize,
 }
 
-fn clone_http(e: &HttpEntry) -> HttpEntry {
-    HttpEntry {
-        gw: e.gw,
-        listener: e.listener,
-        hostnames: e.hostnames.clone(),
-        key: e.key.clone(),
-        route: e.route.clone(),
-    }
-}
-
-fn clone_l4(e: &L4Entry) -> L4Entry {
-    L4Entry {
-        gw: e.gw,
-        listener: e.listener,
-        key: e.key.clone(),
-        route: e.route.clone(),
-    }
-}
-
 fn attached(gateways: &[GwState]) -> Vec<i32> {
     gateways
         .iter()
@@ -183,8 +164,8 @@ impl RouteCache {
         );
         let status = b.statuses.get(&key).cloned().map(|s| (key, s));
         let effects = Effects {
-            http: out.http[http_len..].iter().map(clone_http).collect(),
-            l4: out.l4[l4_len..].iter().map(clone_l4).collect(),
+            http: out.http[http_len..].to_vec(),
+            l4: out.l4[l4_len..].to_vec(),
             backends: added,
             attached: increments,
             used_by: used,
@@ -213,8 +194,8 @@ fn replay(
     policies: &mut Policies,
     out: &mut Collected,
 ) {
-    out.http.extend(fx.http.iter().map(clone_http));
-    out.l4.extend(fx.l4.iter().map(clone_l4));
+    out.http.extend_from_slice(&fx.http);
+    out.l4.extend_from_slice(&fx.l4);
     for backend in &fx.backends {
         b.backends.insert(backend.clone());
     }

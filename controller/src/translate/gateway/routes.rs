@@ -21,6 +21,7 @@ use sweety_config::{L4Route, Route};
 pub type SortKey = (String, String, String, usize);
 
 /// An HTTP route placed on one Gateway listener.
+#[derive(Clone)]
 pub struct HttpEntry {
     pub gw: usize,
     pub listener: usize,
@@ -30,6 +31,7 @@ pub struct HttpEntry {
 }
 
 /// An L4 route placed on one Gateway listener.
+#[derive(Clone)]
 pub struct L4Entry {
     pub gw: usize,
     pub listener: usize,
