@@ -164,8 +164,8 @@ fn eligible(
     if status != StatusCode::OK || *method == Method::HEAD {
         return false;
     }
-    if headers.contains_key(header::CONTENT_ENCODING) || headers.contains_key(header::CONTENT_RANGE)
-    {
+    // (Content-Encoding is handled by the caller, before this, so coded variants keep Vary.)
+    if headers.contains_key(header::CONTENT_RANGE) {
         return false;
     }
     let no_transform = headers

@@ -130,17 +130,26 @@ async fn tcp_proxy_weights_half_close_and_hot_reload() {
         assert_eq!(roundtrip(&mut kept, "2").await, "A:2");
         let mut fresh = TcpStream::connect(addr).await.unwrap();
         assert_eq!(roundtrip(&mut fresh, "3").await, "B:3");
-        // Weighted split over many connections.
+        // Weighted split over many connections: 1:3, so b gets about 60 of 80 (the bounds are
+        // about 4 standard deviations from the expected split; uniform picking gives 40).
         h.runtime
-            .apply(gen(3, vec![wb("a", 1), wb("b", 1)]))
+            .apply(gen(3, vec![wb("a", 1), wb("b", 3)]))
             .await
             .unwrap();
-        let mut seen = std::collections::HashSet::new();
-        for _ in 0..40 {
+        let mut counts = std::collections::HashMap::new();
+        for _ in 0..80 {
             let mut s = TcpStream::connect(addr).await.unwrap();
-            seen.insert(roundtrip(&mut s, "x").await);
+            *counts.entry(roundtrip(&mut s, "x").await).or_insert(0u32) += 1;
         }
-        assert_eq!(seen.len(), 2, "{seen:?}");
+        let (a, b) = (
+            counts.get("A:x").copied().unwrap_or(0),
+            counts.get("B:x").copied().unwrap_or(0),
+        );
+        assert_eq!(a + b, 80, "{counts:?}");
+        assert!(
+            (5..=35).contains(&a) && b >= 45,
+            "not a 1:3 split: {counts:?}"
+        );
     })
     .await;
 }

@@ -154,10 +154,17 @@ async fn idle_tunnel_is_closed() {
             .as_str(),
         "ping"
     );
-    // Silence for longer than the idle timeout: the stream ends (EOF or an error).
+    // Silence for longer than the idle timeout (300 ms): the stream ends (EOF, Close or an
+    // error), and not before the timeout.
+    let quiet = std::time::Instant::now();
     let end = bounded(ws.next()).await;
     assert!(
-        !matches!(end, Some(Ok(Message::Text(_)))),
+        quiet.elapsed() >= Duration::from_millis(250),
+        "closed after {:?}, before the idle timeout",
+        quiet.elapsed()
+    );
+    assert!(
+        matches!(end, None | Some(Ok(Message::Close(_))) | Some(Err(_))),
         "unexpected message {end:?}"
     );
 }

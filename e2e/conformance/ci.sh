@@ -29,5 +29,8 @@ echo "ci: $(echo "$passed" | sed '/^$/d' | wc -l) passed, $(echo "$failed" | sed
 status=0
 if [ -n "$new" ]; then echo "ci: new failures:"; echo "$new" | sed 's/^/  /'; status=1; fi
 if [ -n "$fixed" ]; then echo "ci: now passing, remove from known-failures.txt:"; echo "$fixed" | sed 's/^/  /'; status=1; fi
+# A suite killed partway (go test timeout, SWEETY_CONF_TIMEOUT) leaves no FAIL line for what never ran.
+if [ "$rc" -ne 0 ] && [ -z "$failed" ]; then echo "ci: suite aborted (exit $rc) without a FAIL line"; status=1; fi
+if grep -q "panic: test timed out" "$log"; then echo "ci: suite timed out"; status=1; fi
 if [ -z "$passed" ]; then echo "ci: nothing passed (setup failure?), suite exit $rc"; status=1; fi
 exit $status
