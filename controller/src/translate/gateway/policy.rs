@@ -66,21 +66,7 @@ pub fn collect(b: &Builder<'_>) -> Policies {
         .map(|p| &**p)
         .collect();
     // Oldest first: on a conflict the older policy wins (then namespace/name order).
-    let created = |p: &BackendTlsPolicy| {
-        p.metadata
-            .creation_timestamp
-            .as_ref()
-            .and_then(|t| serde_json::to_value(t).ok())
-            .and_then(|v| v.as_str().map(String::from))
-            .unwrap_or_default()
-    };
-    policies.sort_by(|a, b| {
-        (created(a), &a.metadata.namespace, &a.metadata.name).cmp(&(
-            created(b),
-            &b.metadata.namespace,
-            &b.metadata.name,
-        ))
-    });
+    policies.sort_by_cached_key(|p| super::routes::meta_key(&p.metadata));
     for p in policies {
         let ns = p.metadata.namespace.clone().unwrap_or_default();
         let name = p.metadata.name.clone().unwrap_or_default();

@@ -60,7 +60,8 @@ pub struct Rules {
     pub services: Vec<(String, String)>,
 }
 
-fn meta_key(m: &ObjectMeta) -> (String, String, String) {
+/// Gateway API's age order: creation time (RFC 3339 text), namespace, name.
+pub(super) fn meta_key(m: &ObjectMeta) -> (String, String, String) {
     let created = m
         .creation_timestamp
         .as_ref()
