@@ -1,6 +1,7 @@
 //! Layer-4 listeners with real sockets on 127.0.0.1: TCP proxying (weighted backends,
 //! half-close, PROXY v2 to the backend, the connection limit), TLS passthrough routed by SNI
-//! (the backend's own certificate reaches the client), UDP sessions with idle expiry and a
+//! (the backend's own certificate reaches the client), TLS terminated by route beside
+//! passthrough on one `tls` listener (plaintext to the backend), UDP sessions with idle expiry and a
 //! bounded table, and hot reload keeping the socket and established connections.
 
 mod common;
@@ -76,6 +77,7 @@ fn route(name: &str, hostnames: &[&str], backends: Vec<WeightedBackend>) -> L4Ro
     L4Route {
         name: name.into(),
         hostnames: hostnames.iter().map(|s| s.to_string()).collect(),
+        terminate: false,
         backends,
     }
 }
@@ -292,6 +294,99 @@ async fn tls_passthrough_routes_by_sni_without_terminating() {
         let text = h.runtime.shared.metrics.render();
         assert!(text.contains("kind=\"l4_no_route\"} 1"), "{text}");
         assert!(text.contains("kind=\"tls_peek_invalid\"} 1"), "{text}");
+    })
+    .await;
+}
+
+/// Connects with TLS (trusting `ca`, SNI `sni`), sends `msg`, reads `want` bytes, then closes
+/// its sending side and reads on to the end: the proxy must pass the half-close through.
+async fn tls_ask(
+    addr: SocketAddr,
+    sni: &str,
+    ca: &str,
+    msg: &str,
+    want: usize,
+) -> Result<(String, String), String> {
+    let connector = tls_connector(ca, &[]);
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let name = rustls_pki_types::ServerName::try_from(sni.to_string()).unwrap();
+    let mut tls = tokio::time::timeout(Duration::from_secs(10), connector.connect(name, tcp))
+        .await
+        .map_err(|_| "handshake timeout".to_string())?
+        .map_err(|e| format!("handshake: {e}"))?;
+    tls.write_all(msg.as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut got = vec![0u8; want];
+    tls.read_exact(&mut got).await.map_err(|e| e.to_string())?;
+    tls.shutdown().await.map_err(|e| e.to_string())?;
+    let mut rest = Vec::new();
+    let _ = tls.read_to_end(&mut rest).await;
+    Ok((
+        String::from_utf8_lossy(&got).into_owned(),
+        String::from_utf8_lossy(&rest).into_owned(),
+    ))
+}
+
+/// A `tls` listener (Gateway API TLSRoute modes Terminate and Mixed): per SNI, one route
+/// terminates TLS with the listener's certificate and hands the plaintext to a TCP backend,
+/// another passes the TLS bytes through to a backend that completes its own handshake.
+#[tokio::test]
+async fn tls_listener_terminates_or_passes_through_by_sni() {
+    bounded(async {
+        let plain = tcp_echo("P", false).await;
+        let (pass, pem_pass) = tls_backend("pass.test", "T").await;
+        let (gw_cert, pem_gw) = cert_for("term.test");
+        let mut terminate = route("term", &["term.test"], vec![wb("plain", 1)]);
+        terminate.terminate = true;
+        let mut l = l4_listener(
+            "tls",
+            ListenerProtocol::Tls,
+            vec![
+                terminate,
+                route("pass", &["pass.test"], vec![wb("pass", 1)]),
+            ],
+        );
+        l.tls = Some(ListenerTls {
+            certificates: vec![gw_cert],
+            min_version: TlsVersion::Tls12,
+        });
+        let cfg = Config {
+            generation: 1,
+            listeners: vec![l],
+            backends: vec![backend("plain", plain), backend("pass", pass)],
+            ..Config::default()
+        };
+        let h = Harness::start(cfg).await;
+        let addr = h.addr("tls").await;
+        // Terminated with the listener's certificate; the backend read the plaintext "ping"
+        // (its answer "P:ping" came back encrypted), and the client's close_notify reached it
+        // as EOF, so it closed and the client read to the end.
+        let (got, rest) = tls_ask(addr, "term.test", &pem_gw, "ping", 6)
+            .await
+            .unwrap();
+        assert_eq!(got, "P:ping");
+        assert_eq!(rest, "");
+        // Two exchanges on one terminated connection.
+        let (got, _) = tls_ask(addr, "term.test", &pem_gw, "abc", 5).await.unwrap();
+        assert_eq!(got, "P:abc");
+        // The terminating route presents the listener's certificate, not a backend's.
+        assert!(tls_ask(addr, "term.test", &pem_pass, "x", 3).await.is_err());
+        // Passthrough on the same listener: the backend's own certificate reaches the client.
+        assert_eq!(
+            tls_roundtrip(addr, "pass.test", &pem_pass).await.unwrap(),
+            "T:ping"
+        );
+        assert!(tls_roundtrip(addr, "pass.test", &pem_gw).await.is_err());
+        // No route for the name: closed before any handshake.
+        assert!(tls_ask(addr, "other.test", &pem_gw, "x", 3).await.is_err());
+        let text = h.runtime.shared.metrics.render();
+        assert!(text.contains("kind=\"l4_no_route\"} 1"), "{text}");
+        // The failed handshake (client not trusting the listener certificate) is counted.
+        assert!(
+            text.contains("kind=\"l4_tls_handshake_failed\"} 1"),
+            "{text}"
+        );
     })
     .await;
 }
