@@ -1,5 +1,6 @@
 //! Layer-4 listeners with real sockets on 127.0.0.1: TCP proxying (weighted backends,
-//! half-close, PROXY v2 to the backend, the connection limit), TLS passthrough routed by SNI
+//! half-close, PROXY v2 to the backend (also on UDP, and forwarding a received PROXY
+//! header's addresses), the connection limit), TLS passthrough routed by SNI
 //! (the backend's own certificate reaches the client), TLS terminated by route beside
 //! passthrough on one `tls` listener (plaintext to the backend), UDP sessions with idle expiry and a
 //! bounded table, and hot reload keeping the socket and established connections.
@@ -21,7 +22,8 @@ async fn bounded<F: std::future::Future>(f: F) -> F::Output {
 }
 
 /// A TCP server that answers each chunk with `<tag>:<chunk>` and closes after EOF. With
-/// `proxy_protocol` it first reads a PROXY header and answers `<tag>:from=<source>` to it.
+/// `proxy_protocol` it first reads a PROXY header and answers
+/// `<tag>:from=<source>,to=<destination>|` to it.
 async fn tcp_echo(tag: &'static str, proxy_protocol: bool) -> SocketAddr {
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
@@ -37,7 +39,9 @@ async fn tcp_echo(tag: &'static str, proxy_protocol: bool) -> SocketAddr {
                         .unwrap()
                         .unwrap();
                     let _ = s
-                        .write_all(format!("{tag}:from={}|", a.source).as_bytes())
+                        .write_all(
+                            format!("{tag}:from={},to={}|", a.source, a.destination).as_bytes(),
+                        )
                         .await;
                 }
                 let mut buf = [0u8; 1024];
@@ -181,8 +185,8 @@ async fn tcp_proxy_sends_proxy_v2_and_respects_the_connection_limit() {
         let n = first.read(&mut buf).await.unwrap();
         assert_eq!(
             String::from_utf8_lossy(&buf[..n]),
-            format!("P:from={local}|"),
-            "the backend learns the client address"
+            format!("P:from={local},to={addr}|"),
+            "the backend learns the client address and the address it connected to"
         );
         // A second connection waits for the slot held by the first.
         let mut second = TcpStream::connect(addr).await.unwrap();
@@ -194,6 +198,43 @@ async fn tcp_proxy_sends_proxy_v2_and_respects_the_connection_limit() {
             .expect("served once the slot frees")
             .unwrap();
         assert!(String::from_utf8_lossy(&buf[..n]).starts_with("P:from="));
+    })
+    .await;
+}
+
+/// Behind a proxy that sends PROXY headers, the L4 backend's PROXY v2 header carries the
+/// addresses from the received header: the real client and the address it connected to
+/// (the front proxy's), not the front proxy's connection to us.
+#[tokio::test]
+async fn tcp_proxy_forwards_the_addresses_of_a_received_proxy_header() {
+    bounded(async {
+        let pp = tcp_echo("P", true).await;
+        let mut be = backend("pp", pp);
+        be.send_proxy_protocol = true;
+        let mut cfg = Config {
+            generation: 1,
+            listeners: vec![l4_listener(
+                "tcp",
+                ListenerProtocol::Tcp,
+                vec![route("r", &[], vec![wb("pp", 1)])],
+            )],
+            backends: vec![be],
+            ..Config::default()
+        };
+        cfg.client_ip.proxy_protocol = vec!["tcp".into()];
+        let h = Harness::start(cfg).await;
+        let addr = h.addr("tcp").await;
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"PROXY TCP4 192.0.2.7 198.51.100.9 40000 443\r\n")
+            .await
+            .unwrap();
+        let mut buf = [0u8; 256];
+        let n = s.read(&mut buf).await.unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&buf[..n]),
+            "P:from=192.0.2.7:40000,to=198.51.100.9:443|"
+        );
+        assert_eq!(roundtrip(&mut s, "x").await, "P:x");
     })
     .await;
 }
@@ -410,6 +451,53 @@ async fn udp_echo(tag: &'static str) -> SocketAddr {
         }
     });
     addr
+}
+
+/// Every datagram to a UDP backend with `send_proxy_protocol` starts with a PROXY v2 header
+/// carrying the client's address; the reply goes back to the client without it.
+#[tokio::test]
+async fn udp_datagrams_carry_a_proxy_v2_header() {
+    bounded(async {
+        let s = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let be_addr = s.local_addr().unwrap();
+        tokio::spawn(async move {
+            let mut buf = [0u8; 2048];
+            loop {
+                let Ok((n, from)) = s.recv_from(&mut buf).await else {
+                    return;
+                };
+                let mut cur = std::io::Cursor::new(buf[..n].to_vec());
+                let a = sweety_dataplane::proxy_protocol::read_header(&mut cur)
+                    .await
+                    .unwrap()
+                    .unwrap();
+                let rest = &buf[cur.position() as usize..n];
+                let out = format!("from={}:{}", a.source, String::from_utf8_lossy(rest));
+                let _ = s.send_to(out.as_bytes(), from).await;
+            }
+        });
+        let mut be = backend("u", be_addr);
+        be.send_proxy_protocol = true;
+        let cfg = Config {
+            generation: 1,
+            listeners: vec![l4_listener(
+                "udp",
+                ListenerProtocol::Udp,
+                vec![route("r", &[], vec![wb("u", 1)])],
+            )],
+            backends: vec![be],
+            ..Config::default()
+        };
+        let h = Harness::start(cfg).await;
+        let addr = h.addr("udp").await;
+        let c = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let me = c.local_addr().unwrap();
+        for msg in ["one", "two"] {
+            let got = udp_ask(&c, addr, msg, Duration::from_secs(10)).await;
+            assert_eq!(got, Some(format!("from={me}:{msg}")));
+        }
+    })
+    .await;
 }
 
 async fn udp_ask(s: &UdpSocket, to: SocketAddr, msg: &str, wait: Duration) -> Option<String> {
