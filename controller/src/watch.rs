@@ -8,7 +8,8 @@
 //!   per namespace); cluster-scoped kinds (IngressClass, GatewayClass, Namespace) are always
 //!   watched cluster-wide.
 //! - Secrets are watched with the field selector `type=kubernetes.io/tls`, and only Secrets that
-//!   an Ingress (`spec.tls[].secretName`), a Gateway listener (`tls.certificateRefs`), a
+//!   an Ingress (`spec.tls[].secretName`), a Gateway listener (`tls.certificateRefs`) or its
+//!   client certificate validation (`spec.tls.frontend` CA refs), a
 //!   BackendTLSPolicy (`validation.caCertificateRefs`) or a SweetySite (`tls.secretName`,
 //!   `routes[].static.configMap`) references reach the snapshot. ConfigMaps have no natural selector, so they are all watched (in the watched
 //!   namespaces) and filtered the same way into the snapshot: users need not label them, at the
@@ -173,6 +174,35 @@ impl References {
         }
         for g in &s.gateways {
             let ns = g.metadata.namespace.clone().unwrap_or_default();
+            // Client certificate validation CAs (spec.tls.frontend), ConfigMaps or Secrets.
+            let frontend = g.spec.tls.as_ref().and_then(|t| t.frontend.as_ref());
+            let mut ca_refs: Vec<(&str, &str, &str, Option<&String>)> = Vec::new();
+            if let Some(f) = frontend {
+                for v in f.default.validation.iter() {
+                    for c in &v.ca_certificate_refs {
+                        ca_refs.push((&c.group, &c.kind, &c.name, c.namespace.as_ref()));
+                    }
+                }
+                for p in f.per_port.iter().flatten() {
+                    for v in p.tls.validation.iter() {
+                        for c in &v.ca_certificate_refs {
+                            ca_refs.push((&c.group, &c.kind, &c.name, c.namespace.as_ref()));
+                        }
+                    }
+                }
+            }
+            for (group, kind, name, cns) in ca_refs {
+                let key = (cns.cloned().unwrap_or_else(|| ns.clone()), name.to_string());
+                match (group, kind) {
+                    ("", "ConfigMap") => {
+                        r.config_maps.insert(key);
+                    }
+                    ("", "Secret") => {
+                        r.secrets.insert(key);
+                    }
+                    _ => {}
+                }
+            }
             for l in &g.spec.listeners {
                 let refs = l
                     .tls

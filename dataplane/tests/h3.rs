@@ -161,6 +161,7 @@ fn https_listener(name: &str, cert: Certificate) -> Listener {
         tls: Some(ListenerTls {
             certificates: vec![cert],
             min_version: TlsVersion::Tls12,
+            client_auth: None,
         }),
         http3: true,
         ..listener(name, ListenerProtocol::Https)

@@ -35,6 +35,7 @@ SUITE_SECRETS = [
 SUITE_CA_CONFIGMAPS = [
     ("gateway-conformance-web-backend", "web-backend-cm"),
     ("gateway-conformance-infra", "tls-validity-checks-ca-certificate"),
+    ("gateway-conformance-infra", "tls-validity-checks-per-port-ca-certificate"),
     ("gateway-conformance-infra", "tls-checks-ca-certificate"),
     ("gateway-conformance-infra", "mismatch-ca-certificate"),
 ]

@@ -4,6 +4,7 @@
 
 use super::attach;
 use super::classes::ClassInfo;
+use super::frontend;
 use super::listeners::{self, Proto};
 use super::routes::{Collected, HttpEntry, SortKey};
 use super::GwState;
@@ -179,6 +180,8 @@ pub fn emit(b: &mut Builder<'_>, gateways: &[GwState], _alloc: &Allocation, out:
                                 .flat_map(|&i| gw.listeners[i].certificates.iter().cloned())
                                 .collect(),
                             min_version: TlsVersion::Tls12,
+                            // Per port: the same for every listener of the group.
+                            client_auth: first.client_auth.clone(),
                         });
                         listener.http3 = gw.http3 && !udp_ports.contains(port);
                         if listener.http3 {
@@ -348,11 +351,32 @@ fn status(b: &mut Builder<'_>, gw: &GwState, ports: Vec<ServicePort>) {
                 .collect(),
         });
     }
+    let mut conditions = vec![accepted, programmed];
+    let insecure: BTreeSet<u16> = gw
+        .listeners
+        .iter()
+        .filter(|l| l.protocol == Some(Proto::Https))
+        .map(|l| l.port)
+        .filter(|&p| frontend::insecure_fallback(&gw.gateway, p))
+        .collect();
+    if !insecure.is_empty() {
+        let ports: Vec<String> = insecure.iter().map(u16::to_string).collect();
+        conditions.push(Condition::new(
+            "InsecureFrontendValidationMode",
+            true,
+            "ConfigurationChanged",
+            format!(
+                "client certificate validation on port(s) {} is AllowInsecureFallback: clients without a valid certificate are served",
+                ports.join(", ")
+            ),
+            generation,
+        ));
+    }
     b.status(
         ObjectKey::new("Gateway", &gw.namespace, &gw.name),
         ObjectStatus::Gateway(GatewayStatus {
             addresses,
-            conditions: vec![accepted, programmed],
+            conditions,
             listeners,
         }),
     );

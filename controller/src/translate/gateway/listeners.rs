@@ -1,14 +1,15 @@
 //! Gateway listeners: protocol support, allowed route kinds, conflicts within a Gateway
-//! (HostnameConflict, ProtocolConflict) and TLS certificate references (Secrets, with
-//! ReferenceGrant for other namespaces). The result says, per listener, whether it can be
-//! programmed and why not.
+//! (HostnameConflict, ProtocolConflict), TLS certificate references (Secrets, with
+//! ReferenceGrant for other namespaces) and client certificate validation (`frontend`). The
+//! result says, per listener, whether it can be programmed and why not.
 
 use super::attach::{self, AllowedNamespaces};
+use super::frontend;
 use super::refgrant::{self, Reference};
 use crate::translate::status::{Condition, ListenerStatus, RouteGroupKind};
 use crate::translate::Snapshot;
 use std::collections::BTreeMap;
-use sweety_config::{Certificate, PemSource};
+use sweety_config::{Certificate, ClientAuth, PemSource};
 use sweety_gateway_api::gateways::{Gateway, GatewayListeners, GatewayListenersTlsMode};
 
 /// The Gateway API group.
@@ -89,6 +90,11 @@ pub struct GwListener {
     pub kinds: Vec<RouteKind>,
     pub allowed: AllowedNamespaces,
     pub certificates: Vec<Certificate>,
+    /// Client certificate validation of the listener's port (HTTPS only).
+    pub client_auth: Option<ClientAuth>,
+    /// A client CA reference that did not resolve while others did (`ResolvedRefs: False`,
+    /// the listener still served with the valid ones).
+    pub ca_problem: Option<Problem>,
     /// Why the listener is not accepted (None: accepted).
     pub not_accepted: Option<Problem>,
     /// Conflict reason, if any.
@@ -163,7 +169,7 @@ impl GwListener {
             ),
             Some((r, m)) => Condition::new("Conflicted", true, r, m.clone(), generation),
         };
-        let resolved = match &self.unresolved {
+        let resolved = match self.unresolved.as_ref().or(self.ca_problem.as_ref()) {
             None => Condition::new(
                 "ResolvedRefs",
                 true,
@@ -216,6 +222,26 @@ pub fn validate(snapshot: &Snapshot, gw: &Gateway) -> Vec<GwListener> {
         .iter()
         .map(|l| listener(snapshot, ns, l))
         .collect();
+    let mut by_port: BTreeMap<u16, frontend::Frontend> = BTreeMap::new();
+    for l in out.iter_mut() {
+        if l.protocol != Some(Proto::Https) || l.not_accepted.is_some() {
+            continue;
+        }
+        let f = by_port
+            .entry(l.port)
+            .or_insert_with(|| frontend::resolve(snapshot, gw, ns, l.port));
+        if f.none_valid {
+            let (reason, msg) = f.invalid_ref.clone().unwrap_or_default();
+            l.not_accepted = Some((
+                "NoValidCACertificate",
+                format!("no valid client CA certificate for port {}: {msg}", l.port),
+            ));
+            l.unresolved.get_or_insert((reason, msg));
+        } else {
+            l.client_auth = f.auth.clone();
+            l.ca_problem = f.invalid_ref.clone();
+        }
+    }
     conflicts(&mut out);
     out
 }
@@ -229,6 +255,8 @@ fn listener(snapshot: &Snapshot, ns: &str, l: &GatewayListeners) -> GwListener {
         kinds: Vec::new(),
         allowed: attach::allowed_namespaces(l.allowed_routes.as_ref()),
         certificates: Vec::new(),
+        client_auth: None,
+        ca_problem: None,
         not_accepted: None,
         conflicted: None,
         unresolved: None,
@@ -420,6 +448,7 @@ fn check_certificate(c: &Certificate) -> Result<(), String> {
         tls: Some(sweety_config::ListenerTls {
             certificates: vec![c.clone()],
             min_version: Default::default(),
+            client_auth: None,
         }),
         http3: false,
         max_requests_in_flight: None,

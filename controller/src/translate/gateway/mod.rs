@@ -6,7 +6,8 @@
 //! listeners and virtual hosts → statuses. Every invalid object gets a condition saying why
 //! and is left out without stopping the rest.
 //!
-//! Modules: `model` (uniform route spec types), `classes`, `listeners`, `attach`, `refgrant`,
+//! Modules: `model` (uniform route spec types), `classes`, `listeners`, `frontend` (client
+//! certificate validation), `attach`, `refgrant`,
 //! `policy`, `backend` (backendRef resolution), `http` (HTTPRoute rules), `grpc` (GRPCRoute
 //! matches), `l4` (TLS/TCP/UDP routes), `routes` (attachment and route status), `emit`
 //! (dataplane listeners, virtual hosts, Gateway status), `route_cache` (per-route memo of
@@ -16,6 +17,7 @@ mod attach;
 mod backend;
 mod classes;
 mod emit;
+mod frontend;
 mod grpc;
 mod http;
 mod l4;
