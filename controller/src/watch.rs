@@ -9,7 +9,8 @@
 //!   watched cluster-wide.
 //! - Secrets are watched with the field selector `type=kubernetes.io/tls`, and only Secrets that
 //!   an Ingress (`spec.tls[].secretName`), a Gateway listener (`tls.certificateRefs`) or its
-//!   client certificate validation (`spec.tls.frontend` CA refs), a
+//!   client certificate validation (`spec.tls.frontend` CA refs) or backend client certificate
+//!   (`spec.tls.backend.clientCertificateRef`), a
 //!   BackendTLSPolicy (`validation.caCertificateRefs`) or a SweetySite (`tls.secretName`,
 //!   `routes[].static.configMap`) references reach the snapshot. ConfigMaps have no natural selector, so they are all watched (in the watched
 //!   namespaces) and filtered the same way into the snapshot: users need not label them, at the
@@ -189,6 +190,20 @@ impl References {
                             ca_refs.push((&c.group, &c.kind, &c.name, c.namespace.as_ref()));
                         }
                     }
+                }
+            }
+            // The backend client certificate (spec.tls.backend.clientCertificateRef).
+            if let Some(c) = g
+                .spec
+                .tls
+                .as_ref()
+                .and_then(|t| t.backend.as_ref())
+                .and_then(|b| b.client_certificate_ref.as_ref())
+            {
+                let core = c.group.as_deref().unwrap_or("").is_empty();
+                if core && c.kind.as_deref().unwrap_or("Secret") == "Secret" {
+                    let cns = c.namespace.clone().unwrap_or_else(|| ns.clone());
+                    r.secrets.insert((cns, c.name.clone()));
                 }
             }
             for (group, kind, name, cns) in ca_refs {

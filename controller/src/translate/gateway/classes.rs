@@ -16,6 +16,7 @@ pub const SUPPORTED_FEATURES: &[&str] = &[
     "GRPCRouteNamedRouteRule",
     "Gateway",
     "GatewayAddressEmpty",
+    "GatewayBackendClientCertificate",
     "GatewayFrontendClientCertificateValidation",
     "GatewayFrontendClientCertificateValidationInsecureFallback",
     "GatewayHTTPListenerIsolation",

@@ -4,6 +4,7 @@
 
 use super::attach;
 use super::classes::ClassInfo;
+use super::client_cert;
 use super::frontend;
 use super::listeners::{self, Proto};
 use super::routes::{Collected, HttpEntry, SortKey};
@@ -51,7 +52,9 @@ pub fn gateways(b: &mut Builder<'_>, classes: &BTreeMap<String, ClassInfo>) -> V
         }
         let listeners = listeners::validate(b.snapshot, &gw);
         let rejected = requested_addresses(&gw).1;
+        let backend_client_cert = client_cert::resolve(b.snapshot, &gw, &ns);
         out.push(GwState {
+            backend_client_cert,
             gateway: gw,
             namespace: ns,
             name,
@@ -112,7 +115,10 @@ fn sort_routes(mut v: Vec<(SortKey, Route)>) -> Vec<Route> {
 /// Emit dataplane listeners, virtual hosts, Services and Gateway statuses.
 pub fn emit(b: &mut Builder<'_>, gateways: &[GwState], _alloc: &Allocation, out: Collected) {
     let mut http: BTreeMap<(usize, u16), Vec<HttpEntry>> = BTreeMap::new();
-    for e in out.http {
+    for mut e in out.http {
+        if let Ok(Some(cc)) = &gateways[e.gw].backend_client_cert {
+            client_cert::apply(&mut b.backends, &mut e.route, cc);
+        }
         let port = gateways[e.gw].listeners[e.listener].port;
         http.entry((e.gw, port)).or_default().push(e);
     }
@@ -351,7 +357,36 @@ fn status(b: &mut Builder<'_>, gw: &GwState, ports: Vec<ServicePort>) {
                 .collect(),
         });
     }
-    let mut conditions = vec![accepted, programmed];
+    // Gateway-level references (the backend client certificate), summarising the listeners'.
+    let unresolved_listeners: Vec<&str> = gw
+        .listeners
+        .iter()
+        .filter(|l| l.unresolved.is_some() || l.ca_problem.is_some())
+        .map(|l| l.name.as_str())
+        .collect();
+    let resolved = match &gw.backend_client_cert {
+        Err((reason, msg)) => {
+            Condition::new("ResolvedRefs", false, reason, msg.clone(), generation)
+        }
+        Ok(_) if !unresolved_listeners.is_empty() => Condition::new(
+            "ResolvedRefs",
+            false,
+            "ListenersNotResolved",
+            format!(
+                "listeners with unresolved references: {}",
+                unresolved_listeners.join(", ")
+            ),
+            generation,
+        ),
+        Ok(_) => Condition::new(
+            "ResolvedRefs",
+            true,
+            "ResolvedRefs",
+            "all references resolved",
+            generation,
+        ),
+    };
+    let mut conditions = vec![accepted, programmed, resolved];
     let insecure: BTreeSet<u16> = gw
         .listeners
         .iter()

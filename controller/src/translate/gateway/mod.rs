@@ -7,7 +7,7 @@
 //! and is left out without stopping the rest.
 //!
 //! Modules: `model` (uniform route spec types), `classes`, `listeners`, `frontend` (client
-//! certificate validation), `attach`, `refgrant`,
+//! certificate validation), `client_cert` (the Gateway's certificate towards backends), `attach`, `refgrant`,
 //! `policy`, `backend` (backendRef resolution), `http` (HTTPRoute rules), `grpc` (GRPCRoute
 //! matches), `l4` (TLS/TCP/UDP routes), `routes` (attachment and route status), `emit`
 //! (dataplane listeners, virtual hosts, Gateway status), `route_cache` (per-route memo of
@@ -16,6 +16,7 @@
 mod attach;
 mod backend;
 mod classes;
+mod client_cert;
 mod emit;
 mod frontend;
 mod grpc;
@@ -46,6 +47,8 @@ pub struct GwState {
     pub rejected: Option<String>,
     /// Serve HTTP/3 on HTTPS listeners (class SweetyProxyConfig, else `Params::http3`).
     pub http3: bool,
+    /// `spec.tls.backend.clientCertificateRef`, resolved (Err: why not, for `ResolvedRefs`).
+    pub backend_client_cert: Result<Option<client_cert::ClientCert>, listeners::Problem>,
 }
 
 /// Translate every Gateway API object in the snapshot.
