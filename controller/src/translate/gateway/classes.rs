@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 /// GATEWAY-TCP/UDP profile run); unclaimed features and why: e2e/conformance/unclaimed-features.txt.
 pub const SUPPORTED_FEATURES: &[&str] = &[
     "BackendTLSPolicy",
+    "BackendTLSPolicySANValidation",
     "GRPCRoute",
     "GRPCRouteNamedRouteRule",
     "Gateway",
