@@ -537,6 +537,7 @@ async fn status_writer_writes_only_changes_and_keeps_foreign_parents() {
                     cond("Programmed", true, "Programmed", 1),
                 ],
             }],
+            attached_listener_sets: 0,
         }),
     );
     statuses.insert(

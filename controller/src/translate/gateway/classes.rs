@@ -49,6 +49,7 @@ pub const SUPPORTED_FEATURES: &[&str] = &[
     "HTTPRouteRetryBackendTimeout",
     "HTTPRouteRetryConnectionError",
     "HTTPRouteSchemeRedirect",
+    "ListenerSet",
     "ReferenceGrant",
     "TLSRoute",
 ];

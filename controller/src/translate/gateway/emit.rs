@@ -7,6 +7,7 @@ use super::classes::ClassInfo;
 use super::client_cert;
 use super::frontend;
 use super::listeners::{self, Proto};
+use super::listenersets;
 use super::routes::{Collected, HttpEntry, SortKey};
 use super::GwState;
 use crate::translate::addressing::{self, Allocation, PortRequest};
@@ -46,15 +47,18 @@ pub fn gateways(b: &mut Builder<'_>, classes: &BTreeMap<String, ClassInfo>) -> V
                         Condition::new("Programmed", false, "Invalid", &msg, generation),
                     ],
                     listeners: Vec::new(),
+                    attached_listener_sets: 0,
                 }),
             );
             continue;
         }
-        let listeners = listeners::validate(b.snapshot, &gw);
+        let mut listeners = listeners::validate(b.snapshot, &gw);
+        let listener_sets = listenersets::attach_sets(b.snapshot, &gw, &ns, &mut listeners);
         let rejected = requested_addresses(&gw).1;
         let backend_client_cert = client_cert::resolve(b.snapshot, &gw, &ns);
         out.push(GwState {
             backend_client_cert,
+            listener_sets,
             gateway: gw,
             namespace: ns,
             name,
@@ -284,13 +288,14 @@ fn status(b: &mut Builder<'_>, gw: &GwState, ports: Vec<ServicePort>) {
     let service = addressing::service_name(&gw.namespace, &gw.name);
     let (requested, bad_address) = requested_addresses(&gw.gateway);
     let addresses = addressing::addresses(b.snapshot, b.params, &requested, &service);
-    let listeners: Vec<_> = gw
-        .listeners
+    // The Gateway's own listeners; ListenerSet listeners report in their set's status.
+    let own: Vec<&listeners::GwListener> =
+        gw.listeners.iter().filter(|l| l.owner.is_none()).collect();
+    let listeners: Vec<_> = own
         .iter()
         .map(|l| l.status(generation, gw.rejected.is_some()))
         .collect();
-    let invalid: Vec<&str> = gw
-        .listeners
+    let invalid: Vec<&str> = own
         .iter()
         .filter(|l| !l.programmed())
         .map(|l| l.name.as_str())
@@ -308,7 +313,7 @@ fn status(b: &mut Builder<'_>, gw: &GwState, ports: Vec<ServicePort>) {
         Condition::new("Accepted", true, "Accepted", "gateway accepted", generation)
     } else {
         let msg = format!("invalid listeners: {}", invalid.join(", "));
-        let some_valid = invalid.len() < gw.listeners.len();
+        let some_valid = invalid.len() < own.len();
         Condition::new("Accepted", some_valid, "ListenersNotValid", msg, generation)
     };
     let programmed = if bad_address.is_some() || !any_programmed {
@@ -358,8 +363,7 @@ fn status(b: &mut Builder<'_>, gw: &GwState, ports: Vec<ServicePort>) {
         });
     }
     // Gateway-level references (the backend client certificate), summarising the listeners'.
-    let unresolved_listeners: Vec<&str> = gw
-        .listeners
+    let unresolved_listeners: Vec<&str> = own
         .iter()
         .filter(|l| l.unresolved.is_some() || l.ca_problem.is_some())
         .map(|l| l.name.as_str())
@@ -413,8 +417,12 @@ fn status(b: &mut Builder<'_>, gw: &GwState, ports: Vec<ServicePort>) {
             addresses,
             conditions,
             listeners,
+            attached_listener_sets: (0..gw.listener_sets.len())
+                .filter(|&i| gw.listener_sets[i].accepted(&gw.listeners, i))
+                .count() as i32,
         }),
     );
+    listenersets::statuses(b, &gw.listener_sets, &gw.listeners, gw.rejected.is_some());
 }
 
 #[cfg(test)]

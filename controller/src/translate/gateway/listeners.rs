@@ -31,7 +31,7 @@ impl Proto {
         self == Proto::Udp
     }
     /// Protocols whose listeners are told apart by hostname on a shared port.
-    fn uses_hostname(self) -> bool {
+    pub fn uses_hostname(self) -> bool {
         matches!(self, Proto::Http | Proto::Https | Proto::TlsPassthrough)
     }
     fn kinds(self) -> &'static [RouteKind] {
@@ -105,6 +105,14 @@ pub struct GwListener {
     pub container_port: Option<u16>,
     /// Routes attached (counted while attaching).
     pub attached: i32,
+    /// The ListenerSet (index into `GwState::listener_sets`) that contributed this listener;
+    /// None for the Gateway's own listeners.
+    pub owner: Option<usize>,
+    /// The namespace of the ListenerSet (for `allowedRoutes` `Same`); None: the Gateway's.
+    pub home_ns: Option<String>,
+    /// `conflicted` came from listener precedence (a Gateway listener or an older ListenerSet's
+    /// won): Accepted and Programmed then carry the conflict reason.
+    pub lost_precedence: bool,
 }
 
 impl GwListener {
@@ -140,6 +148,9 @@ impl GwListener {
         let no_port = self.usable() && self.container_port.is_none() && !gateway_rejected;
         let accepted = match (&self.not_accepted, &self.conflicted) {
             (Some((r, m)), _) => Condition::new("Accepted", false, r, m.clone(), generation),
+            (None, Some((r, m))) if self.lost_precedence => {
+                Condition::new("Accepted", false, r, m.clone(), generation)
+            }
             // Another listener of this Gateway claims the port in an incompatible way.
             (None, Some((_, m))) => {
                 Condition::new("Accepted", false, "PortUnavailable", m.clone(), generation)
@@ -187,6 +198,8 @@ impl GwListener {
                 "listener programmed",
                 generation,
             )
+        } else if let (true, Some((r, m))) = (self.lost_precedence, &self.conflicted) {
+            Condition::new("Programmed", false, r, m.clone(), generation)
         } else {
             let why = if gateway_rejected {
                 "the Gateway is not accepted"
@@ -220,8 +233,76 @@ pub fn validate(snapshot: &Snapshot, gw: &Gateway) -> Vec<GwListener> {
         .spec
         .listeners
         .iter()
-        .map(|l| listener(snapshot, ns, l))
+        .map(|l| listener(snapshot, ns, l, "Gateway"))
         .collect();
+    apply_frontend(snapshot, gw, ns, &mut out);
+    conflicts(&mut out);
+    out
+}
+
+/// Validate the listeners of a ListenerSet (namespace `ls_ns`) attached to `gw` (namespace
+/// `gw_ns`): certificates resolve from the ListenerSet's namespace (ReferenceGrants from
+/// ListenerSets), client certificate validation comes from the Gateway's port settings.
+/// Conflicts with the listeners before them are settled by [`precedence_conflict`].
+pub fn validate_set(
+    snapshot: &Snapshot,
+    gw: &Gateway,
+    gw_ns: &str,
+    ls_ns: &str,
+    listeners: &[GatewayListeners],
+) -> Vec<GwListener> {
+    let mut out: Vec<GwListener> = listeners
+        .iter()
+        .map(|l| listener(snapshot, ls_ns, l, "ListenerSet"))
+        .collect();
+    apply_frontend(snapshot, gw, gw_ns, &mut out);
+    out
+}
+
+/// Marks `new` conflicted when an earlier listener (`before`, in precedence order) that is
+/// accepted and not conflicted claims its port in an incompatible way: another protocol
+/// (ProtocolConflict), or the same hostname (HostnameConflict; on TCP/UDP any listener).
+pub fn precedence_conflict(before: &[GwListener], new: &mut GwListener) {
+    let (None, Some(p)) = (&new.not_accepted, new.protocol) else {
+        return;
+    };
+    for e in before {
+        let (None, None, Some(ep)) = (&e.not_accepted, &e.conflicted, e.protocol) else {
+            continue;
+        };
+        if e.port != new.port || ep.is_udp() != p.is_udp() {
+            continue;
+        }
+        let problem = if ep != p {
+            (
+                "ProtocolConflict",
+                format!(
+                    "listener {} already uses port {} with another protocol",
+                    e.name, e.port
+                ),
+            )
+        } else if !p.uses_hostname() || e.hostname == new.hostname {
+            (
+                "HostnameConflict",
+                format!(
+                    "listener {} already uses port {} and hostname {}",
+                    e.name,
+                    e.port,
+                    e.hostname.as_deref().unwrap_or("(none)")
+                ),
+            )
+        } else {
+            continue;
+        };
+        new.conflicted = Some(problem);
+        new.lost_precedence = true;
+        return;
+    }
+}
+
+/// Client certificate validation (the Gateway's `spec.tls.frontend`, per port) for HTTPS
+/// listeners.
+fn apply_frontend(snapshot: &Snapshot, gw: &Gateway, ns: &str, out: &mut [GwListener]) {
     let mut by_port: BTreeMap<u16, frontend::Frontend> = BTreeMap::new();
     for l in out.iter_mut() {
         if l.protocol != Some(Proto::Https) || l.not_accepted.is_some() {
@@ -242,11 +323,10 @@ pub fn validate(snapshot: &Snapshot, gw: &Gateway) -> Vec<GwListener> {
             l.ca_problem = f.invalid_ref.clone();
         }
     }
-    conflicts(&mut out);
-    out
 }
 
-fn listener(snapshot: &Snapshot, ns: &str, l: &GatewayListeners) -> GwListener {
+/// One listener of a Gateway or ListenerSet (`from_kind`, for ReferenceGrants) in `ns`.
+fn listener(snapshot: &Snapshot, ns: &str, l: &GatewayListeners, from_kind: &str) -> GwListener {
     let mut out = GwListener {
         name: l.name.clone(),
         port: u16::try_from(l.port).unwrap_or(0),
@@ -262,6 +342,9 @@ fn listener(snapshot: &Snapshot, ns: &str, l: &GatewayListeners) -> GwListener {
         unresolved: None,
         container_port: None,
         attached: 0,
+        owner: None,
+        home_ns: None,
+        lost_precedence: false,
     };
     if out.port == 0 {
         out.not_accepted = Some(("UnsupportedValue", format!("invalid port {}", l.port)));
@@ -331,7 +414,7 @@ fn listener(snapshot: &Snapshot, ns: &str, l: &GatewayListeners) -> GwListener {
         }
     }
     if protocol == Proto::Https {
-        if let Some(problem) = certificates(snapshot, ns, l, &mut out.certificates) {
+        if let Some(problem) = certificates(snapshot, ns, l, from_kind, &mut out.certificates) {
             out.unresolved = Some(problem);
             out.certificates.clear();
         }
@@ -344,6 +427,7 @@ fn certificates(
     snapshot: &Snapshot,
     ns: &str,
     l: &GatewayListeners,
+    from_kind: &str,
     out: &mut Vec<Certificate>,
 ) -> Option<Problem> {
     let refs = l
@@ -369,7 +453,7 @@ fn certificates(
         }
         let grant = Reference {
             from_group: GROUP,
-            from_kind: "Gateway",
+            from_kind,
             from_namespace: ns,
             to_group: "",
             to_kind: "Secret",

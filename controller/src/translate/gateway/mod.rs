@@ -7,7 +7,7 @@
 //! and is left out without stopping the rest.
 //!
 //! Modules: `model` (uniform route spec types), `classes`, `listeners`, `frontend` (client
-//! certificate validation), `client_cert` (the Gateway's certificate towards backends), `attach`, `refgrant`,
+//! certificate validation), `listenersets`, `client_cert` (the Gateway's certificate towards backends), `attach`, `refgrant`,
 //! `policy`, `backend` (backendRef resolution), `http` (HTTPRoute rules), `grpc` (GRPCRoute
 //! matches), `l4` (TLS/TCP/UDP routes), `routes` (attachment and route status), `emit`
 //! (dataplane listeners, virtual hosts, Gateway status), `route_cache` (per-route memo of
@@ -23,6 +23,7 @@ mod grpc;
 mod http;
 mod l4;
 mod listeners;
+mod listenersets;
 mod model;
 mod policy;
 mod refgrant;
@@ -47,6 +48,9 @@ pub struct GwState {
     pub rejected: Option<String>,
     /// Serve HTTP/3 on HTTPS listeners (class SweetyProxyConfig, else `Params::http3`).
     pub http3: bool,
+    /// ListenerSets naming this Gateway, in precedence order (their listeners are in
+    /// `listeners` with `owner` set).
+    pub listener_sets: Vec<listenersets::LsState>,
     /// `spec.tls.backend.clientCertificateRef`, resolved (Err: why not, for `ResolvedRefs`).
     pub backend_client_cert: Result<Option<client_cert::ClientCert>, listeners::Problem>,
 }
