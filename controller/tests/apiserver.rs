@@ -807,6 +807,8 @@ async fn gateway_services_are_created_updated_and_deleted() {
                 },
             ],
             requested_addresses: vec![],
+            labels: Default::default(),
+            annotations: Default::default(),
         },
         GatewayService {
             gateway_namespace: "apps".into(),
@@ -820,6 +822,8 @@ async fn gateway_services_are_created_updated_and_deleted() {
                 target_port: 20002,
             }],
             requested_addresses: vec![],
+            labels: Default::default(),
+            annotations: Default::default(),
         },
     ];
     let report = services.sync(&desired).await.expect("sync");

@@ -54,7 +54,7 @@ pub fn gateways(b: &mut Builder<'_>, classes: &BTreeMap<String, ClassInfo>) -> V
         }
         let mut listeners = listeners::validate(b.snapshot, &gw);
         let listener_sets = listenersets::attach_sets(b.snapshot, &gw, &ns, &mut listeners);
-        let rejected = requested_addresses(&gw).1;
+        let rejected = invalid_parameters(&gw).or(requested_addresses(&gw).1);
         let backend_client_cert = client_cert::resolve(b.snapshot, &gw, &ns);
         out.push(GwState {
             backend_client_cert,
@@ -283,6 +283,16 @@ fn requested_addresses(gw: &sweety_gateway_api::gateways::Gateway) -> Requested 
     (requested, bad)
 }
 
+/// Gateway `spec.infrastructure.parametersRef`: this implementation has no per-Gateway
+/// parameters kind, so any reference is one to an unsupported kind.
+fn invalid_parameters(gw: &sweety_gateway_api::gateways::Gateway) -> Option<String> {
+    let p = gw.spec.infrastructure.as_ref()?.parameters_ref.as_ref()?;
+    Some(format!(
+        "infrastructure.parametersRef {}.{} {:?}: sweety has no per-Gateway parameters kind",
+        p.kind, p.group, p.name
+    ))
+}
+
 fn status(b: &mut Builder<'_>, gw: &GwState, ports: Vec<ServicePort>) {
     let generation = gw.generation;
     let service = addressing::service_name(&gw.namespace, &gw.name);
@@ -301,7 +311,16 @@ fn status(b: &mut Builder<'_>, gw: &GwState, ports: Vec<ServicePort>) {
         .map(|l| l.name.as_str())
         .collect();
     let any_programmed = gw.listeners.iter().any(|l| l.programmed());
-    let accepted = if let Some(msg) = &bad_address {
+    let bad_parameters = invalid_parameters(&gw.gateway);
+    let accepted = if let Some(msg) = &bad_parameters {
+        Condition::new(
+            "Accepted",
+            false,
+            "InvalidParameters",
+            msg.clone(),
+            generation,
+        )
+    } else if let Some(msg) = &bad_address {
         Condition::new(
             "Accepted",
             false,
@@ -316,7 +335,7 @@ fn status(b: &mut Builder<'_>, gw: &GwState, ports: Vec<ServicePort>) {
         let some_valid = invalid.len() < own.len();
         Condition::new("Accepted", some_valid, "ListenersNotValid", msg, generation)
     };
-    let programmed = if bad_address.is_some() || !any_programmed {
+    let programmed = if bad_address.is_some() || bad_parameters.is_some() || !any_programmed {
         Condition::new(
             "Programmed",
             false,
@@ -344,6 +363,8 @@ fn status(b: &mut Builder<'_>, gw: &GwState, ports: Vec<ServicePort>) {
             generation,
         )
     };
+    // Gateway `spec.infrastructure` labels and annotations go on the Service we create.
+    let infra = gw.gateway.spec.infrastructure.as_ref();
     if !ports.is_empty() {
         b.gateway_services.push(GatewayService {
             gateway_namespace: gw.namespace.clone(),
@@ -360,6 +381,10 @@ fn status(b: &mut Builder<'_>, gw: &GwState, ports: Vec<ServicePort>) {
                 .filter(|(t, _)| t == "IPAddress")
                 .map(|(_, v)| v.clone())
                 .collect(),
+            labels: infra.and_then(|i| i.labels.clone()).unwrap_or_default(),
+            annotations: infra
+                .and_then(|i| i.annotations.clone())
+                .unwrap_or_default(),
         });
     }
     // Gateway-level references (the backend client certificate), summarising the listeners'.
