@@ -655,24 +655,6 @@ async fn idle_keep_alive_connections_are_closed() {
     assert!(start.elapsed() >= Duration::from_millis(250));
 }
 
-/// A CA (certificate PEM) and a client certificate it signed (certificate PEM, key PEM).
-fn client_ca_and_cert(ca_name: &str) -> (String, String, String) {
-    use rcgen::{
-        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-    };
-    let ca_key = KeyPair::generate().unwrap();
-    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca.distinguished_name.push(DnType::CommonName, ca_name);
-    let ca_pem = ca.self_signed(&ca_key).unwrap().pem();
-    let issuer = Issuer::new(ca, ca_key);
-    let key = KeyPair::generate().unwrap();
-    let mut leaf = CertificateParams::new(vec!["client.test".to_string()]).unwrap();
-    leaf.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-    let cert = leaf.signed_by(&key, &issuer).unwrap().pem();
-    (ca_pem, cert, key.serialize_pem())
-}
-
 /// GET / over TLS (HTTP/1.1) to `addr` with SNI `sni`, trusting `server_ca`, presenting
 /// `client` (certificate and key PEM) when given. Returns the status or the error.
 async fn mtls_get(
