@@ -1,8 +1,8 @@
 //! Integration tests of HTTP/3 over QUIC against real UDP sockets on 127.0.0.1, with a quinn +
 //! h3 client: static files (small, 1 MB, Range), proxying to HTTP/1.1 and h2c backends with
 //! bodies streamed both ways, 404, 503 under overload shared with HTTP/1.1, Alt-Svc on H1 and
-//! H2 responses, reloads during traffic (certificate swap, HTTP/3 removed and re-added) and
-//! graceful shutdown.
+//! H2 responses, reloads during traffic (certificate swap, HTTP/3 removed and re-added),
+//! client certificate validation and graceful shutdown.
 //!
 //! Every test is bounded in time and every load loop in count.
 
