@@ -674,6 +674,93 @@ async fn get_retried_after_backend_timeout_with_backoff_and_bounded_attempts() {
     .await;
 }
 
+fn put(body: &str) -> Request<Body> {
+    Request::builder()
+        .method("PUT")
+        .uri("/doc")
+        .header("content-length", body.len())
+        .body(full(body.to_string()))
+        .unwrap()
+}
+
+#[tokio::test]
+async fn small_put_bodies_are_kept_for_retries_large_and_unsized_ones_stream() {
+    bounded(async {
+        let r = route(json!({"retry": {"attempts": 1, "codes": [503]}}));
+        // A small PUT with Content-Length: read into memory, sent again to the good endpoint.
+        let bad = spawn_server(None, status_handler(503)).await;
+        let good = spawn_server(None, echo()).await;
+        let (u, _) = upstreams(vec![two_endpoints(&bad, &good)]);
+        let resp = u
+            .forward(put("version 2"), &action(&[("b", 1)]), &r, &ctx())
+            .await;
+        assert_eq!(resp.status(), StatusCode::OK);
+        let body = text(resp).await;
+        assert!(body.starts_with("PUT /doc"), "{body}");
+        assert!(body.contains("body=version 2\n"), "{body}");
+        assert_eq!((bad.hits(), good.hits()), (1, 1));
+
+        // Larger than the limit: streamed, so never sent twice.
+        let bad = spawn_server(None, status_handler(503)).await;
+        let good = spawn_server(None, echo()).await;
+        let (u, _) = upstreams(vec![two_endpoints(&bad, &good)]);
+        let big = "x".repeat(sweety_dataplane::proxy::RETRY_BODY_LIMIT as usize + 1);
+        let resp = u.forward(put(&big), &action(&[("b", 1)]), &r, &ctx()).await;
+        assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!((bad.hits(), good.hits()), (1, 0));
+
+        // No Content-Length (a streamed body): not buffered, not retried.
+        let bad = spawn_server(None, status_handler(503)).await;
+        let good = spawn_server(None, echo()).await;
+        let (u, _) = upstreams(vec![two_endpoints(&bad, &good)]);
+        let (tx, rx) = mpsc::channel(2);
+        tx.send(Bytes::from_static(b"chunk")).await.unwrap();
+        drop(tx);
+        let req = Request::builder()
+            .method("PUT")
+            .uri("/doc")
+            .body(boxed(ChanBody(rx)))
+            .unwrap();
+        let resp = u.forward(req, &action(&[("b", 1)]), &r, &ctx()).await;
+        assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!((bad.hits(), good.hits()), (1, 0));
+
+        // A small PUT whose body is shorter than announced is refused before any backend.
+        let good = spawn_server(None, echo()).await;
+        let (u, _) = upstreams(vec![backend(
+            json!({"name": "b", "endpoints": [{"address": good.address()}]}),
+        )]);
+        let req = Request::builder()
+            .method("PUT")
+            .uri("/doc")
+            .header("content-length", "10")
+            .body(full("short"))
+            .unwrap();
+        let resp = u.forward(req, &action(&[("b", 1)]), &r, &ctx()).await;
+        assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+        assert_eq!(good.hits(), 0);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn small_put_retried_after_the_backend_broke_the_connection() {
+    bounded(async {
+        let (addr, conns) = flaky_server(1, true).await;
+        let (u, _) = upstreams(vec![backend(
+            json!({"name": "b", "endpoints": [{"address": addr.to_string()}],
+            "outlier": {"consecutive_failures": 0}}),
+        )]);
+        let r = route(json!({"retry": {"attempts": 2}}));
+        let resp = u
+            .forward(put("same twice"), &action(&[("b", 1)]), &r, &ctx())
+            .await;
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert_eq!(conns.load(Ordering::SeqCst), 2);
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn outlier_ejection_stops_traffic_to_failing_endpoint() {
     bounded(async {
