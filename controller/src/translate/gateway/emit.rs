@@ -345,6 +345,20 @@ fn status(b: &mut Builder<'_>, gw: &GwState, ports: Vec<ServicePort>) {
         let some_valid = invalid.len() < gw.listeners.len();
         Condition::new("Accepted", some_valid, "ListenersNotValid", msg, generation)
     };
+    let static_ips: Vec<&str> = requested
+        .iter()
+        .filter(|(t, _)| t == "IPAddress")
+        .map(|(_, v)| v.as_str())
+        .collect();
+    let unusable = match static_ips.as_slice() {
+        [] => None,
+        // The Service asks its load balancer for the one address.
+        [_] => addressing::address_unusable(b.snapshot, b.params, &service),
+        many => Some(format!(
+            "a Gateway's Service gets one load-balancer address; {} IP addresses were requested",
+            many.len()
+        )),
+    };
     let programmed = if bad_address.is_some() || !any_programmed {
         Condition::new(
             "Programmed",
@@ -353,15 +367,27 @@ fn status(b: &mut Builder<'_>, gw: &GwState, ports: Vec<ServicePort>) {
             "no listener could be programmed",
             generation,
         )
-    } else if addresses.is_empty() {
+    } else if let Some(why) = unusable {
+        Condition::new("Programmed", false, "AddressNotUsable", why, generation)
+    } else if addresses.is_empty()
+        || static_ips
+            .iter()
+            .any(|ip| !addresses.iter().any(|a| a.value == *ip))
+    {
         Condition::new(
             "Programmed",
             false,
             "AddressNotAssigned",
-            format!(
-                "Service {}/{service} has no address yet",
-                b.params.namespace
-            ),
+            match static_ips.first() {
+                None => format!(
+                    "Service {}/{service} has no address yet",
+                    b.params.namespace
+                ),
+                Some(ip) => format!(
+                    "Service {}/{service} has not been given the requested address {ip} yet",
+                    b.params.namespace
+                ),
+            },
             generation,
         )
     } else {
