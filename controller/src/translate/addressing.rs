@@ -195,8 +195,10 @@ pub fn addresses(
 }
 
 /// Why the load balancer cannot give the Gateway's Service its requested address: the
-/// message of its [`ADDRESS_USABLE_CONDITION`] when that is False and about the Service's
-/// current spec (same generation).
+/// message of its [`ADDRESS_USABLE_CONDITION`] when that is False. The condition must be
+/// about the current spec when both carry a generation; the API server sets none on
+/// Services, so after the requested address changes a stale condition can show until the
+/// load balancer rewrites it (the node agent's: within its one-second poll).
 pub fn address_unusable(snapshot: &Snapshot, params: &Params, service: &str) -> Option<String> {
     let svc = gateway_service(snapshot, params, service)?;
     let generation = svc.metadata.generation;
