@@ -115,7 +115,7 @@ pub fn emit(b: &mut Builder<'_>, gateways: &[GwState], _alloc: &Allocation, out:
         let port = gateways[e.gw].listeners[e.listener].port;
         http.entry((e.gw, port)).or_default().push(e);
     }
-    let mut l4: BTreeMap<(usize, u16, bool), Vec<(SortKey, L4Route)>> = BTreeMap::new();
+    let mut l4: BTreeMap<(usize, u16, bool), Vec<(SortKey, usize, L4Route)>> = BTreeMap::new();
     for e in out.l4 {
         let l = &gateways[e.gw].listeners[e.listener];
         let udp = l.protocol.is_some_and(Proto::is_udp);
@@ -124,7 +124,7 @@ pub fn emit(b: &mut Builder<'_>, gateways: &[GwState], _alloc: &Allocation, out:
         route.terminate = l.protocol == Some(Proto::TlsTerminate);
         l4.entry((e.gw, l.port, udp))
             .or_default()
-            .push((e.key, route));
+            .push((e.key, e.listener, route));
     }
     for (g, gw) in gateways.iter().enumerate() {
         let prefix = format!("gw/{}/{}", gw.namespace, gw.name);
@@ -253,7 +253,26 @@ pub fn emit(b: &mut Builder<'_>, gateways: &[GwState], _alloc: &Allocation, out:
                 Proto::TlsPassthrough | Proto::TlsTerminate | Proto::Tcp | Proto::Udp => {
                     let mut routes = l4.remove(&(g, *port, *udp)).unwrap_or_default();
                     routes.sort_by(|a, b| a.0.cmp(&b.0));
-                    listener.l4_routes = routes.into_iter().map(|(_, r)| r).collect();
+                    for (_, li, mut r) in routes {
+                        // As for HTTP: a name is served through the most specific listener on
+                        // the port, so a copy of the route reached through a less specific one
+                        // (e.g. Passthrough `*.example.com` beside Terminate `a.example.com`)
+                        // does not take it.
+                        if !r.hostnames.is_empty() {
+                            let own = gw.listeners[li].hostname.as_deref();
+                            r.hostnames.retain(|h| {
+                                let mine = attach::specificity(own, h);
+                                !idx.iter().any(|&o| {
+                                    attach::specificity(gw.listeners[o].hostname.as_deref(), h)
+                                        > mine
+                                })
+                            });
+                            if r.hostnames.is_empty() {
+                                continue;
+                            }
+                        }
+                        listener.l4_routes.push(r);
+                    }
                     unique_l4_names(&mut listener.l4_routes);
                     if proto == Proto::TlsTerminate {
                         listener.tls = Some(ListenerTls {
