@@ -103,6 +103,9 @@ fn fix_redirect_port(route: &mut Route, port: u16) {
     }
 }
 
+/// An L4 route of a Gateway port: its sort key, the listener it came through, the route.
+type PortL4Route = (SortKey, usize, L4Route);
+
 fn sort_routes(mut v: Vec<(SortKey, Route)>) -> Vec<Route> {
     v.sort_by(|a, b| a.0.cmp(&b.0));
     v.into_iter().map(|(_, r)| r).collect()
@@ -115,7 +118,7 @@ pub fn emit(b: &mut Builder<'_>, gateways: &[GwState], _alloc: &Allocation, out:
         let port = gateways[e.gw].listeners[e.listener].port;
         http.entry((e.gw, port)).or_default().push(e);
     }
-    let mut l4: BTreeMap<(usize, u16, bool), Vec<(SortKey, usize, L4Route)>> = BTreeMap::new();
+    let mut l4: BTreeMap<(usize, u16, bool), Vec<PortL4Route>> = BTreeMap::new();
     for e in out.l4 {
         let l = &gateways[e.gw].listeners[e.listener];
         let udp = l.protocol.is_some_and(Proto::is_udp);
