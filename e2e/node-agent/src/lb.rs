@@ -217,7 +217,6 @@ async fn sync(
             }
         }
         if let Err(why) = &requested {
-            tracing::warn!(service = %svc_name, why, "requested load balancer address not usable");
             if let Err(e) = publish_unusable(client, &svc, &ns, &name, why).await {
                 tracing::warn!(service = %svc_name, error = %e, "load balancer status");
             }
@@ -381,6 +380,7 @@ async fn publish_unusable(
     if !has_ingress && usable_condition(svc) == Some(("False".into(), why.into(), generation)) {
         return Ok(());
     }
+    tracing::warn!(service = %format!("{ns}/{name}"), why, "requested load balancer address not usable");
     let api: Api<Service> = Api::namespaced(client.clone(), ns);
     let body = serde_json::json!({"status": {
         "loadBalancer": {"ingress": null},
