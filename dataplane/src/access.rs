@@ -128,11 +128,13 @@ impl ClientIpRules {
 }
 
 /// An `X-Forwarded-For` entry: `ip`, `ip:port` or `[v6]:port`.
+/// IPv4-mapped IPv6 entries are turned into the plain IPv4 address.
 fn parse_xff_entry(s: &str) -> Option<IpAddr> {
-    if let Ok(ip) = s.parse::<IpAddr>() {
-        return Some(ip);
-    }
-    s.parse::<SocketAddr>().ok().map(|a| a.ip())
+    let ip = match s.parse::<IpAddr>() {
+        Ok(ip) => ip,
+        Err(_) => s.parse::<SocketAddr>().ok()?.ip(),
+    };
+    Some(ip.to_canonical())
 }
 
 /// The reply to a refused request: 403, or 429 with `Retry-After`. Counted in
@@ -445,7 +447,8 @@ fn key_bytes<'h>(
 ) -> std::borrow::Cow<'h, [u8]> {
     use std::borrow::Cow;
     match key {
-        RateLimitKey::ClientIp => Cow::Owned(match client {
+        // IPv4-mapped IPv6 counts as the IPv4 address: one client, one bucket.
+        RateLimitKey::ClientIp => Cow::Owned(match client.to_canonical() {
             IpAddr::V4(v) => v.octets().to_vec(),
             IpAddr::V6(v) => v.octets().to_vec(),
         }),
@@ -730,6 +733,46 @@ mod tests {
         assert_eq!(
             r.client(ip("127.0.0.1"), &xff(&[&long])),
             (ip("127.0.0.1"), 0)
+        );
+    }
+
+    #[test]
+    fn ipv4_mapped_clients_share_the_ipv4_key() {
+        let mapped = ip("::ffff:192.0.2.1");
+        let plain = ip("192.0.2.1");
+        let h = HeaderMap::new();
+        assert_eq!(
+            key_bytes(&RateLimitKey::ClientIp, None, mapped, &h),
+            key_bytes(&RateLimitKey::ClientIp, None, plain, &h)
+        );
+        assert_ne!(
+            key_bytes(&RateLimitKey::ClientIp, None, ip("2001:db8::1"), &h),
+            key_bytes(&RateLimitKey::ClientIp, None, plain, &h)
+        );
+        // One bucket: the mapped address exhausts the plain address's limit.
+        let route = RouteRules {
+            limits: vec![RouteLimit {
+                key: RateLimitKey::ClientIp,
+                header: None,
+                limiter: Arc::new(Limiter::new(1, Duration::from_secs(60), 0, 100)),
+            }],
+            ..RouteRules::default()
+        };
+        let t = Instant::now();
+        assert!(route.check(plain, &h, t).is_ok());
+        assert_eq!(
+            route.check(mapped, &h, t).unwrap_err(),
+            Refusal::RateLimited(60)
+        );
+        // X-Forwarded-For entries are normalized the same way.
+        let r = rules(&["127.0.0.1"], 1);
+        assert_eq!(
+            r.client(ip("127.0.0.1"), &xff(&["::ffff:198.51.100.7"])),
+            (ip("198.51.100.7"), 1)
+        );
+        assert_eq!(
+            crate::ctx::canonical_addr("[::ffff:192.0.2.1]:80".parse().unwrap()),
+            "192.0.2.1:80".parse().unwrap()
         );
     }
 
