@@ -76,7 +76,9 @@ pub async fn handle(
     };
     let log = shared.access_log.enabled().then(|| LogStart::new(&req));
     let origin = req.headers().get(header::ORIGIN).cloned();
-    let edge_req = EdgeRequest::new(&req);
+    // What the response phase needs from the request (compression captures its own).
+    let method = req.method().clone();
+    let grpc = crate::grpc::kind(req.headers());
 
     let (route_name, mut resp, filters_entry) = if too_early {
         shared.metrics.limit_hit("early_data");
@@ -98,15 +100,15 @@ pub async fn handle(
     };
 
     // 6. response filters
-    if let Some(entry) = filters_entry {
+    if let Some(m) = filters_entry {
         let (mut parts, body) = resp.into_parts();
-        entry.filters.on_response(origin.as_ref(), &mut parts);
+        m.entry.filters.on_response(origin.as_ref(), &mut parts);
         resp = Response::from_parts(parts, body);
-        if let Some(c) = &entry.filters.edge().compress {
-            resp = crate::compress::apply(c, &edge_req.method, &edge_req.accept_encoding, resp);
+        if let Some(c) = &m.entry.filters.edge().compress {
+            resp = crate::compress::apply(c, &method, &m.accept_encoding, resp);
         }
     }
-    if let Some(kind) = edge_req.grpc {
+    if let Some(kind) = grpc {
         resp = crate::grpc::rewrite_generated(resp, kind);
     }
     if let Some(alt) = view.and_then(|v| v.alt_svc.as_ref()) {
@@ -151,11 +153,14 @@ pub async fn handle(
     })
 }
 
-type Served<'a> = (
-    Arc<str>,
-    Response<Body>,
-    Option<&'a crate::router::RouteEntry>,
-);
+type Served<'a> = (Arc<str>, Response<Body>, Option<Matched<'a>>);
+
+/// The route a request matched, for the response filters.
+struct Matched<'a> {
+    entry: &'a crate::router::RouteEntry,
+    /// The request's `Accept-Encoding` values when the route compresses (else empty).
+    accept_encoding: Vec<HeaderValue>,
+}
 
 /// Phases 2–5.
 async fn route_and_serve<'a>(
@@ -234,6 +239,20 @@ async fn route_and_serve<'a>(
         }
     };
     let route_name = entry.name.clone();
+    // What compression needs from the request, kept only for routes that compress.
+    let accept_encoding: Vec<HeaderValue> = match entry.filters.edge().compress {
+        Some(_) => req
+            .headers()
+            .get_all(header::ACCEPT_ENCODING)
+            .iter()
+            .cloned()
+            .collect(),
+        None => Vec::new(),
+    };
+    let matched = Matched {
+        entry,
+        accept_encoding,
+    };
 
     // 4a. access rules: IP allow/deny lists (403), then rate and concurrency limits (429).
     let mut in_flight = Vec::new();
@@ -242,7 +261,7 @@ async fn route_and_serve<'a>(
             Ok(guards) => in_flight = guards,
             Err(refusal) => {
                 let r = crate::access::refusal_response(refusal, &shared.metrics);
-                return (route_name, r, Some(entry));
+                return (route_name, r, Some(matched));
             }
         }
     }
@@ -261,7 +280,7 @@ async fn route_and_serve<'a>(
             .filters
             .on_request(&mut parts, ctx.scheme(), view.port, prefix)
     {
-        return (route_name, r, Some(entry));
+        return (route_name, r, Some(matched));
     }
     for m in entry.filters.mirrors() {
         snap.upstreams.mirror(&parts, m, ctx);
@@ -287,12 +306,6 @@ async fn route_and_serve<'a>(
                     ))
                     .await;
                 }
-                let body = crate::body::boxed(LimitedBody::new(
-                    body,
-                    limits.max_request_body_bytes,
-                    limits.body_idle_timeout.get(),
-                    shared.metrics.clone(),
-                ));
                 let edge = entry.filters.edge();
                 let web = edge
                     .grpc
@@ -300,6 +313,34 @@ async fn route_and_serve<'a>(
                     .filter(|g| g.web)
                     .and_then(|_| crate::grpc::kind(&parts.headers))
                     .filter(|k| *k != crate::grpc::GrpcKind::Grpc);
+                let cache_key = edge
+                    .cache
+                    .as_ref()
+                    .filter(|_| web.is_none())
+                    .zip(cache_host)
+                    .and_then(|(cp, host)| {
+                        let key = crate::cache::request_key(
+                            cp,
+                            &parts.method,
+                            &host,
+                            &parts.uri,
+                            &parts.headers,
+                        )?;
+                        Some((cp, key))
+                    });
+                // A fresh cache hit is answered here, before the upstream path is built.
+                if let Some(hit) = cache_key
+                    .as_ref()
+                    .and_then(|(_, key)| shared.cache.fresh_hit(key, &parts.headers))
+                {
+                    return hit;
+                }
+                let body = crate::body::boxed(LimitedBody::new(
+                    body,
+                    limits.max_request_body_bytes,
+                    limits.body_idle_timeout.get(),
+                    shared.metrics.clone(),
+                ));
                 if let Some(kind) = web {
                     crate::grpc::web_request_head(&mut parts.headers, kind);
                     let body = crate::grpc::web_request_body(body, kind);
@@ -312,16 +353,6 @@ async fn route_and_serve<'a>(
                     .await;
                     return crate::grpc::web_response(resp, kind);
                 }
-                let cache_key = edge.cache.as_ref().zip(cache_host).and_then(|(cp, host)| {
-                    let key = crate::cache::request_key(
-                        cp,
-                        &parts.method,
-                        &host,
-                        &parts.uri,
-                        &parts.headers,
-                    )?;
-                    Some((cp, key))
-                });
                 match cache_key {
                     Some((cp, key)) => {
                         Box::pin(shared.cache.serve(
@@ -382,30 +413,7 @@ async fn route_and_serve<'a>(
         None => action.await,
     };
     let resp = crate::access::hold(resp, in_flight);
-    (route_name, resp, Some(entry))
-}
-
-/// What the edge features (compression, gRPC) need from the request, captured before it is
-/// consumed. Costs nothing for requests without `Accept-Encoding`.
-struct EdgeRequest {
-    method: http::Method,
-    accept_encoding: Vec<HeaderValue>,
-    grpc: Option<crate::grpc::GrpcKind>,
-}
-
-impl EdgeRequest {
-    fn new(req: &Request<Body>) -> EdgeRequest {
-        EdgeRequest {
-            method: req.method().clone(),
-            accept_encoding: req
-                .headers()
-                .get_all(header::ACCEPT_ENCODING)
-                .iter()
-                .cloned()
-                .collect(),
-            grpc: crate::grpc::kind(req.headers()),
-        }
-    }
+    (route_name, resp, Some(matched))
 }
 
 /// A `'static` re-fetch of a GET request (no body) for the cache's stale-while-revalidate.
