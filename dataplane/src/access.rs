@@ -68,16 +68,23 @@ impl ClientIpRules {
     /// trusted proxy. An entry that is not an IP address stops the walk (the last good address
     /// stays the client). Every `X-Forwarded-For` header line counts, in order.
     pub fn client(&self, peer: IpAddr, headers: &HeaderMap) -> (IpAddr, usize) {
+        match self.walk(peer, headers) {
+            Some((client, used, _)) => (client, used),
+            None => (peer, 0),
+        }
+    }
+
+    /// [`ClientIpRules::client`] with the joined `X-Forwarded-For` value it walked; `None`
+    /// when the header is not consulted (untrusted peer, unreadable or oversized header).
+    fn walk(&self, peer: IpAddr, headers: &HeaderMap) -> Option<(IpAddr, usize, String)> {
         if self.trusted.is_empty() || !self.is_trusted(peer) {
-            return (peer, 0);
+            return None;
         }
         let mut joined = String::new();
         for v in headers.get_all(&XFF) {
-            let Ok(s) = v.to_str() else {
-                return (peer, 0);
-            };
+            let s = v.to_str().ok()?;
             if joined.len() + s.len() > MAX_XFF_BYTES {
-                return (peer, 0);
+                return None;
             }
             if !joined.is_empty() {
                 joined.push(',');
@@ -96,25 +103,22 @@ impl ClientIpRules {
                 break;
             }
         }
-        (client, used)
+        Some((client, used, joined))
     }
 
     /// Resolves the client of a request: returns the connection info to use for it (a copy
     /// with `peer` replaced when the client is not the TCP peer) and drops the consumed
-    /// entries from `X-Forwarded-For`, so the proxy appends the client once.
+    /// entries from `X-Forwarded-For`, so the proxy appends the client once. The header is
+    /// parsed once, by the walk.
     pub fn resolve(&self, conn: &Arc<ConnInfo>, headers: &mut HeaderMap) -> Arc<ConnInfo> {
-        let (client, used) = self.client(conn.peer.ip(), headers);
+        let Some((client, used, joined)) = self.walk(conn.peer.ip(), headers) else {
+            return conn.clone();
+        };
         if used == 0 {
             return conn.clone();
         }
-        let entries: Vec<String> = headers
-            .get_all(&XFF)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|s| s.split(','))
-            .map(|s| s.trim().to_string())
-            .collect();
         headers.remove(&XFF);
+        let entries: Vec<&str> = joined.split(',').map(str::trim).collect();
         let keep = entries.len().saturating_sub(used);
         if keep > 0 {
             if let Ok(v) = HeaderValue::from_str(&entries[..keep].join(", ")) {

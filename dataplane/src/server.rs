@@ -234,3 +234,42 @@ where
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hyper::rt::Executor;
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+
+    #[tokio::test]
+    async fn ready_tasks_run_inline_and_waiting_ones_are_spawned() {
+        let done = Arc::new(AtomicUsize::new(0));
+        let d = done.clone();
+        StreamExecutor.execute(async move {
+            d.fetch_add(1, SeqCst);
+        });
+        assert_eq!(done.load(SeqCst), 1, "a ready task finishes inside execute");
+
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let d = done.clone();
+        StreamExecutor.execute(async move {
+            let _ = rx.await;
+            d.fetch_add(1, SeqCst);
+        });
+        assert_eq!(done.load(SeqCst), 1, "a waiting task is not finished yet");
+        tx.send(()).unwrap();
+        // The spawned task registered its real waker on its first poll and completes.
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while done.load(SeqCst) != 2 {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("the spawned task completes");
+
+        // A panic in the first poll ends that task only.
+        StreamExecutor.execute(async {
+            panic!("boom");
+        });
+    }
+}
