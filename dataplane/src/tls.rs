@@ -182,12 +182,18 @@ pub struct SniScopes {
 impl SniScopes {
     /// Scopes of a listener's certificates.
     pub fn new(certs: &[Certificate]) -> SniScopes {
+        SniScopes::from_hostnames(certs.iter().map(|c| c.hostnames.as_slice()))
+    }
+
+    /// Scopes of entries given by their hostnames (entry `i` is scope `i`; an entry without
+    /// hostnames is a catch-all). Also used to pick a layer-4 route by SNI.
+    pub fn from_hostnames<'h>(entries: impl IntoIterator<Item = &'h [String]>) -> SniScopes {
         let mut s = SniScopes::default();
-        for (i, c) in certs.iter().enumerate() {
-            if c.hostnames.is_empty() {
+        for (i, hostnames) in entries.into_iter().enumerate() {
+            if hostnames.is_empty() {
                 s.any.get_or_insert(i);
             }
-            for name in &c.hostnames {
+            for name in hostnames {
                 let name = name.trim_end_matches('.').to_ascii_lowercase();
                 match name.strip_prefix("*.") {
                     Some(suffix) => s.wildcard.entry(suffix.to_string()).or_insert(i),
@@ -196,6 +202,11 @@ impl SniScopes {
             }
         }
         s
+    }
+
+    /// The catch-all scope (the first entry without hostnames), for a name-less lookup.
+    pub fn any(&self) -> Option<usize> {
+        self.any
     }
 
     /// The scope of `name`, or `None` when no entry covers it.

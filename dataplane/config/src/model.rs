@@ -60,7 +60,7 @@ pub struct Config {
     /// Where the real client address comes from (trusted proxies, PROXY protocol).
     #[serde(default, skip_serializing_if = "ClientIp::is_default")]
     pub client_ip: ClientIp,
-    /// Settings of the layer-4 (`tcp`, `udp`, `tls_passthrough`) listeners.
+    /// Settings of the layer-4 (`tcp`, `udp`, `tls_passthrough`, `tls`) listeners.
     #[serde(default, skip_serializing_if = "L4Settings::is_default")]
     pub l4: L4Settings,
     /// Bounds of the in-memory response cache (used by routes with a `cache` filter).
@@ -101,10 +101,29 @@ pub enum ListenerProtocol {
     Https,
     /// TLS passed through to a backend chosen by SNI, not terminated.
     TlsPassthrough,
+    /// TLS routed by SNI, per route: passed through unterminated like `tls_passthrough`, or
+    /// (routes with `terminate: true`) terminated here with the listener's certificates and
+    /// the decrypted bytes forwarded to the backend over plain TCP. Both kinds may share one
+    /// listener (Gateway API TLSRoute modes Terminate and Mixed).
+    Tls,
     /// Raw TCP proxy.
     Tcp,
     /// Raw UDP proxy.
     Udp,
+}
+
+impl ListenerProtocol {
+    /// Layer-4 listeners (`tcp`, `udp`, `tls_passthrough`, `tls`): they forward by
+    /// `l4_routes`, not virtual hosts.
+    pub fn is_l4(self) -> bool {
+        matches!(
+            self,
+            ListenerProtocol::Tcp
+                | ListenerProtocol::Udp
+                | ListenerProtocol::TlsPassthrough
+                | ListenerProtocol::Tls
+        )
+    }
 }
 
 /// One socket to serve on.
@@ -133,7 +152,7 @@ pub struct Listener {
     /// port), advertised in `Alt-Svc` instead of `port` when set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub advertised_port: Option<u16>,
-    /// For `tcp`/`udp`/`tls_passthrough` listeners: where to forward.
+    /// For `tcp`/`udp`/`tls_passthrough`/`tls` listeners: where to forward.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub l4_routes: Vec<L4Route>,
 }
@@ -148,9 +167,14 @@ fn default_address() -> String {
 pub struct L4Route {
     /// Name for metrics and logs.
     pub name: String,
-    /// SNI hostnames (TLS passthrough only; exact or `*.` wildcard). Empty matches any.
+    /// SNI hostnames (`tls_passthrough` and `tls` only; exact or `*.` wildcard). Empty
+    /// matches any.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub hostnames: Vec<String>,
+    /// `tls` listeners only: terminate TLS here (with the listener's certificates) and forward
+    /// the plaintext, instead of passing the TLS bytes through.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub terminate: bool,
     /// Weighted backend references.
     pub backends: Vec<WeightedBackend>,
 }

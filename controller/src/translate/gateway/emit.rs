@@ -119,9 +119,12 @@ pub fn emit(b: &mut Builder<'_>, gateways: &[GwState], _alloc: &Allocation, out:
     for e in out.l4 {
         let l = &gateways[e.gw].listeners[e.listener];
         let udp = l.protocol.is_some_and(Proto::is_udp);
+        let mut route = e.route;
+        // Reached through a Terminate listener: the dataplane terminates TLS for it.
+        route.terminate = l.protocol == Some(Proto::TlsTerminate);
         l4.entry((e.gw, l.port, udp))
             .or_default()
-            .push((e.key, e.route));
+            .push((e.key, route));
     }
     for (g, gw) in gateways.iter().enumerate() {
         let prefix = format!("gw/{}/{}", gw.namespace, gw.name);
@@ -138,6 +141,18 @@ pub fn emit(b: &mut Builder<'_>, gateways: &[GwState], _alloc: &Allocation, out:
             let first = &gw.listeners[idx[0]];
             let (Some(proto), Some(cport)) = (first.protocol, first.container_port) else {
                 continue;
+            };
+            // TLS listeners on one port share a dataplane listener: `tls` (per-route
+            // passthrough or terminate) when one of them terminates, else `tls_passthrough`.
+            let terminating: Vec<usize> = idx
+                .iter()
+                .copied()
+                .filter(|&i| gw.listeners[i].protocol == Some(Proto::TlsTerminate))
+                .collect();
+            let proto = match proto {
+                p if p.is_tls_route() && !terminating.is_empty() => Proto::TlsTerminate,
+                p if p.is_tls_route() => Proto::TlsPassthrough,
+                p => p,
             };
             let name = if *udp {
                 format!("{prefix}/{port}/udp")
@@ -159,6 +174,7 @@ pub fn emit(b: &mut Builder<'_>, gateways: &[GwState], _alloc: &Allocation, out:
                     Proto::Http => ListenerProtocol::Http,
                     Proto::Https => ListenerProtocol::Https,
                     Proto::TlsPassthrough => ListenerProtocol::TlsPassthrough,
+                    Proto::TlsTerminate => ListenerProtocol::Tls,
                     Proto::Tcp => ListenerProtocol::Tcp,
                     Proto::Udp => ListenerProtocol::Udp,
                 },
@@ -234,10 +250,20 @@ pub fn emit(b: &mut Builder<'_>, gateways: &[GwState], _alloc: &Allocation, out:
                     }
                     b.listeners.push(listener);
                 }
-                Proto::TlsPassthrough | Proto::Tcp | Proto::Udp => {
+                Proto::TlsPassthrough | Proto::TlsTerminate | Proto::Tcp | Proto::Udp => {
                     let mut routes = l4.remove(&(g, *port, *udp)).unwrap_or_default();
                     routes.sort_by(|a, b| a.0.cmp(&b.0));
                     listener.l4_routes = routes.into_iter().map(|(_, r)| r).collect();
+                    unique_l4_names(&mut listener.l4_routes);
+                    if proto == Proto::TlsTerminate {
+                        listener.tls = Some(ListenerTls {
+                            certificates: terminating
+                                .iter()
+                                .flat_map(|&i| gw.listeners[i].certificates.iter().cloned())
+                                .collect(),
+                            min_version: TlsVersion::Tls12,
+                        });
+                    }
                     // A listener with nothing to forward to is left out (the config requires
                     // at least one route); it stays programmed in status.
                     if !listener.l4_routes.is_empty() {
@@ -247,6 +273,23 @@ pub fn emit(b: &mut Builder<'_>, gateways: &[GwState], _alloc: &Allocation, out:
             }
         }
         status(b, gw, service_ports);
+    }
+}
+
+/// A rule reached through two listeners on one port (e.g. a TLSRoute attached to a
+/// passthrough and a terminating listener) appears twice; later copies get a numbered name,
+/// as route names must be unique within a dataplane listener.
+fn unique_l4_names(routes: &mut [L4Route]) {
+    let mut seen = BTreeSet::new();
+    for r in routes.iter_mut() {
+        if !seen.insert(r.name.clone()) {
+            let mut n = 2;
+            while seen.contains(&format!("{}#{n}", r.name)) {
+                n += 1;
+            }
+            r.name = format!("{}#{n}", r.name);
+            seen.insert(r.name.clone());
+        }
     }
 }
 

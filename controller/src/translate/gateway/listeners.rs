@@ -20,6 +20,8 @@ pub enum Proto {
     Http,
     Https,
     TlsPassthrough,
+    /// TLS terminated by the dataplane, the plaintext forwarded to TLSRoute backends.
+    TlsTerminate,
     Tcp,
     Udp,
 }
@@ -31,12 +33,28 @@ impl Proto {
     }
     /// Protocols whose listeners are told apart by hostname on a shared port.
     fn uses_hostname(self) -> bool {
-        matches!(self, Proto::Http | Proto::Https | Proto::TlsPassthrough)
+        matches!(
+            self,
+            Proto::Http | Proto::Https | Proto::TlsPassthrough | Proto::TlsTerminate
+        )
+    }
+    /// TLS listeners, passthrough or terminating: both route TLSRoutes by SNI and may share
+    /// a port (Gateway API "mixed" mode).
+    pub fn is_tls_route(self) -> bool {
+        matches!(self, Proto::TlsPassthrough | Proto::TlsTerminate)
+    }
+    /// Listeners on one port must agree on this (TLS passthrough and terminate mix).
+    fn port_family(self) -> Proto {
+        if self.is_tls_route() {
+            Proto::TlsPassthrough
+        } else {
+            self
+        }
     }
     fn kinds(self) -> &'static [RouteKind] {
         match self {
             Proto::Http | Proto::Https => &[RouteKind::Http, RouteKind::Grpc],
-            Proto::TlsPassthrough => &[RouteKind::Tls],
+            Proto::TlsPassthrough | Proto::TlsTerminate => &[RouteKind::Tls],
             Proto::Tcp => &[RouteKind::Tcp],
             Proto::Udp => &[RouteKind::Udp],
         }
@@ -248,19 +266,13 @@ fn listener(snapshot: &Snapshot, ns: &str, l: &GatewayListeners) -> GwListener {
         ("HTTP", _) => Proto::Http,
         ("HTTPS", GatewayListenersTlsMode::Terminate) => Proto::Https,
         ("TLS", GatewayListenersTlsMode::Passthrough) => Proto::TlsPassthrough,
+        ("TLS", GatewayListenersTlsMode::Terminate) => Proto::TlsTerminate,
         ("TCP", _) => Proto::Tcp,
         ("UDP", _) => Proto::Udp,
         ("HTTPS", GatewayListenersTlsMode::Passthrough) => {
             out.not_accepted = Some((
                 "UnsupportedValue",
                 "HTTPS listeners support only tls.mode Terminate".into(),
-            ));
-            return out;
-        }
-        ("TLS", GatewayListenersTlsMode::Terminate) => {
-            out.not_accepted = Some((
-                "UnsupportedValue",
-                "TLS listeners in Terminate mode are not supported; use Passthrough".into(),
             ));
             return out;
         }
@@ -302,7 +314,7 @@ fn listener(snapshot: &Snapshot, ns: &str, l: &GatewayListeners) -> GwListener {
             }
         }
     }
-    if protocol == Proto::Https {
+    if matches!(protocol, Proto::Https | Proto::TlsTerminate) {
         if let Some(problem) = certificates(snapshot, ns, l, &mut out.certificates) {
             out.unresolved = Some(problem);
             out.certificates.clear();
@@ -326,7 +338,10 @@ fn certificates(
     if refs.is_empty() {
         return Some((
             "InvalidCertificateRef",
-            "an HTTPS listener needs at least one certificateRef".into(),
+            format!(
+                "a {} listener terminating TLS needs at least one certificateRef",
+                l.protocol
+            ),
         ));
     }
     for r in refs {
@@ -444,7 +459,10 @@ fn conflicts(listeners: &mut [GwListener]) {
     }
     for ((port, _), idx) in by_port {
         let protocols: Vec<Proto> = idx.iter().filter_map(|&i| listeners[i].protocol).collect();
-        if protocols.iter().any(|p| *p != protocols[0]) {
+        if protocols
+            .iter()
+            .any(|p| p.port_family() != protocols[0].port_family())
+        {
             for &i in &idx {
                 listeners[i].conflicted = Some((
                     "ProtocolConflict",
@@ -537,5 +555,45 @@ mod tests {
         assert_eq!(l[1].unresolved.as_ref().unwrap().0, "InvalidRouteKinds");
         assert!(!l[1].usable(), "no valid kind left");
         assert_eq!(l[2].not_accepted.as_ref().unwrap().0, "UnsupportedProtocol");
+    }
+
+    #[test]
+    fn tls_passthrough_and_terminate_share_a_port_by_hostname() {
+        let l = listeners(
+            "  - {name: t, port: 8883, protocol: TLS, hostname: t.io, tls: {mode: Terminate}}
+  - {name: p, port: 8883, protocol: TLS, hostname: p.io, tls: {mode: Passthrough}}
+  - {name: q, port: 8883, protocol: TLS, hostname: p.io, tls: {mode: Terminate}}
+  - {name: h, port: 8883, protocol: HTTPS, hostname: h.io}
+",
+        );
+        assert_eq!(l[0].protocol, Some(Proto::TlsTerminate));
+        assert_eq!(l[0].kinds, vec![RouteKind::Tls]);
+        // Terminate and Passthrough mix on one port (told apart by hostname); HTTPS does not.
+        let got: Vec<_> = l.iter().map(conflict).collect();
+        assert_eq!(
+            got,
+            vec![
+                Some("ProtocolConflict"),
+                Some("ProtocolConflict"),
+                Some("ProtocolConflict"),
+                Some("ProtocolConflict")
+            ]
+        );
+        let l = listeners(
+            "  - {name: t, port: 8883, protocol: TLS, hostname: t.io, tls: {mode: Terminate}}
+  - {name: p, port: 8883, protocol: TLS, hostname: p.io, tls: {mode: Passthrough}}
+  - {name: q, port: 8883, protocol: TLS, hostname: p.io, tls: {mode: Terminate}}
+",
+        );
+        let got: Vec<_> = l.iter().map(conflict).collect();
+        assert_eq!(
+            got,
+            vec![None, Some("HostnameConflict"), Some("HostnameConflict")]
+        );
+        // Terminating needs a certificate, like HTTPS.
+        let (reason, msg) = l[0].unresolved.clone().unwrap();
+        assert_eq!(reason, "InvalidCertificateRef");
+        assert!(msg.contains("needs at least one certificateRef"), "{msg}");
+        assert!(l[1].unresolved.is_none(), "passthrough needs none");
     }
 }
