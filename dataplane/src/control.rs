@@ -1,6 +1,7 @@
 //! The dataplane end of the control protocol (`--control-socket PATH`): a Unix socket on which
-//! the controller pushes full config snapshots (`Apply`), answered with `Ack` or `Nack`.
-//! Frames are encoded by [`sweety_config::wire`]; docs/control-protocol.md has the protocol.
+//! the controller pushes config snapshots (`Apply`) and deltas (`ApplyDelta`), answered with
+//! `Ack` or `Nack`. Frames are encoded by [`sweety_config::wire`]; docs/control-protocol.md
+//! has the protocol.
 //!
 //! * The socket file is created with mode 0600 before it becomes reachable under its name
 //!   (bound under a temporary name, chmod-ed, then renamed into place). A stale socket at the
@@ -9,8 +10,13 @@
 //!   controller can skip a resend or resend after a dataplane restart.
 //! * `Apply` is validated in full and applied with [`Runtime::apply_with_hash`]; on any error
 //!   the last good config keeps serving and every error (with its path) goes back in the
-//!   `Nack`. The hash reported in `Hello` is the SHA-256 of the payload's JSON as received
-//!   (the content hash when the sender serializes canonically, as the controller does).
+//!   `Nack`. Its per-item digests ([`Digests`]) are kept with it as the base of the next
+//!   `ApplyDelta`.
+//! * `ApplyDelta` names its base generation. It is applied onto the last config applied here
+//!   when that is the base and still serving; the result must hash to what the delta says,
+//!   then it is validated, built and swapped exactly like a full `Apply`. A base mismatch, a
+//!   delta that does not apply or an invalid result is `Nack`ed and the last good config keeps
+//!   serving; the controller then sends the full config.
 //! * One controller connection at a time: a new connection *replaces* the previous one, which
 //!   is closed. A restarted (or newly elected) controller must never be locked out by a
 //!   half-dead old connection.
@@ -21,7 +27,9 @@ use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _, PermissionsExt as _}
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
+use sweety_config::delta::Digests;
 use sweety_config::wire::{self, FrameHeader, FrameType, Hello, Message, HEADER_LEN};
+use sweety_config::Config;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::UnixStream;
 use tokio::task::JoinHandle;
@@ -37,7 +45,19 @@ pub struct ControlStats {
     pub acks: AtomicU64,
     /// `Nack`s sent (rejected configs and protocol errors).
     pub nacks: AtomicU64,
+    /// `ApplyDelta` frames received (also counted in `applies`).
+    pub deltas: AtomicU64,
 }
+
+/// The config last applied through this socket with its digests: the base of an
+/// `ApplyDelta`. The config is the serving snapshot's own (shared, not a copy).
+struct Base {
+    generation: u64,
+    config: Arc<Config>,
+    digests: Arc<Digests>,
+}
+
+type BaseSlot = std::sync::Mutex<Option<Base>>;
 
 /// A running control socket. Dropping it stops accepting, closes the controller connection
 /// and removes the socket file (if it is still the one this server created).
@@ -140,6 +160,7 @@ async fn accept_loop(
 ) {
     // Aborted together with this task (the guard is dropped with it).
     let mut current: Option<AbortOnDrop> = None;
+    let base: Arc<BaseSlot> = Arc::default();
     loop {
         let stream = match listener.accept().await {
             Ok((s, _)) => s,
@@ -153,9 +174,9 @@ async fn accept_loop(
         if current.take().is_some() {
             tracing::info!("a new controller connection replaces the previous one");
         }
-        let (rt, st) = (runtime.clone(), stats.clone());
+        let (rt, st, b) = (runtime.clone(), stats.clone(), base.clone());
         current = Some(AbortOnDrop(tokio::spawn(async move {
-            match session(&rt, &st, stream).await {
+            match session(&rt, &st, &b, stream).await {
                 Ok(()) => tracing::info!("controller disconnected"),
                 Err(e) => tracing::warn!(error = %e, "controller connection closed"),
             }
@@ -171,7 +192,12 @@ async fn send(w: &mut (impl tokio::io::AsyncWrite + Unpin), m: &Message) -> io::
     w.write_all(&m.encode().map_err(invalid)?).await
 }
 
-async fn session(runtime: &Runtime, stats: &ControlStats, stream: UnixStream) -> io::Result<()> {
+async fn session(
+    runtime: &Runtime,
+    stats: &ControlStats,
+    base: &BaseSlot,
+    stream: UnixStream,
+) -> io::Result<()> {
     let (mut rd, mut wr) = stream.into_split();
     let hello = if runtime.shared.ready.load(Relaxed) {
         let snap = runtime.shared.snapshot();
@@ -195,7 +221,7 @@ async fn session(runtime: &Runtime, stats: &ControlStats, stream: UnixStream) ->
             r => r?,
         };
         let header = match FrameHeader::parse(&hdr) {
-            Ok(h) if h.kind == FrameType::Apply => h,
+            Ok(h) if matches!(h.kind, FrameType::Apply | FrameType::ApplyDelta) => h,
             Ok(h) => {
                 let msg = format!("unexpected {:?} frame from the controller", h.kind);
                 return Err(protocol_error(stats, &mut wr, msg).await);
@@ -206,42 +232,22 @@ async fn session(runtime: &Runtime, stats: &ControlStats, stream: UnixStream) ->
         let mut payload = vec![0u8; header.len as usize];
         rd.read_exact(&mut payload).await?;
         stats.applies.fetch_add(1, Relaxed);
-        let reply = match Message::decode(FrameType::Apply, &payload) {
-            Ok(Message::Apply {
-                generation,
-                mut config,
-            }) => {
-                // The controller sends the canonical JSON with generation 0, whose SHA-256 is
-                // the content hash: no need to serialize the config again to compute it.
-                let hash = (config.generation == 0)
-                    .then(|| sweety_config::content_hash_of_json(&payload[8..]));
-                config.generation = generation;
-                match runtime.apply_with_hash(*config, hash).await {
-                    Ok(()) => {
-                        tracing::info!(generation, "pushed config applied");
-                        Message::Ack { generation }
-                    }
-                    Err(e) => {
-                        tracing::error!(generation, "{e}; keeping the previous config");
-                        Message::Nack {
-                            generation,
-                            errors: e.messages(),
-                        }
-                    }
-                }
+        if header.kind == FrameType::ApplyDelta {
+            stats.deltas.fetch_add(1, Relaxed);
+        }
+        let generation = wire::apply_generation(&payload).unwrap_or(0);
+        let reply = match apply_frame(runtime, base, header.kind, &payload).await {
+            Ok(()) => {
+                tracing::info!(generation, "pushed config applied");
+                Message::Ack { generation }
             }
-            other => {
-                let error = match other {
-                    Err(e) => e.to_string(),
-                    Ok(m) => format!("unexpected {:?} payload", m.kind()),
-                };
-                let generation = wire::apply_generation(&payload).unwrap_or(0);
-                runtime.shared.metrics.reloads_failed.fetch_add(1, Relaxed);
-                tracing::error!(generation, "{error}; keeping the previous config");
-                Message::Nack {
+            Err(errors) => {
+                tracing::error!(
                     generation,
-                    errors: vec![error],
-                }
+                    ?errors,
+                    "pushed config rejected; keeping the previous config"
+                );
+                Message::Nack { generation, errors }
             }
         };
         match &reply {
@@ -250,6 +256,87 @@ async fn session(runtime: &Runtime, stats: &ControlStats, stream: UnixStream) ->
         };
         send(&mut wr, &reply).await?;
     }
+}
+
+/// Decodes and applies an `Apply` or `ApplyDelta` payload; the errors for the `Nack`.
+async fn apply_frame(
+    runtime: &Runtime,
+    slot: &BaseSlot,
+    kind: FrameType,
+    payload: &[u8],
+) -> Result<(), Vec<String>> {
+    let (generation, config, digests) = match prepare(runtime, slot, kind, payload) {
+        Ok(p) => p,
+        Err(e) => {
+            // Rejected before the runtime saw it (which counts its own failures).
+            runtime.shared.metrics.reloads_failed.fetch_add(1, Relaxed);
+            return Err(e);
+        }
+    };
+    let hash = digests.hash();
+    runtime
+        .apply_with_hash(config, Some(hash))
+        .await
+        .map_err(|e| e.messages())?;
+    let serving = runtime.shared.snapshot();
+    if serving.config.generation == generation {
+        *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(Base {
+            generation,
+            config: serving.config.clone(),
+            digests: Arc::new(digests),
+        });
+    }
+    Ok(())
+}
+
+/// The config an `Apply` or `ApplyDelta` payload asks for, with its digests.
+fn prepare(
+    runtime: &Runtime,
+    slot: &BaseSlot,
+    kind: FrameType,
+    payload: &[u8],
+) -> Result<(u64, Config, Digests), Vec<String>> {
+    let message = Message::decode(kind, payload).map_err(|e| vec![e.to_string()])?;
+    let (generation, config, digests) = match message {
+        Message::Apply {
+            generation,
+            mut config,
+        } => {
+            config.generation = generation;
+            let digests = Digests::of(&config);
+            (generation, *config, digests)
+        }
+        Message::ApplyDelta {
+            generation,
+            base,
+            delta,
+        } => {
+            // The base must be the config serving now, applied over this socket (not merely
+            // one with the same generation number).
+            let serving = runtime.shared.snapshot().config.clone();
+            let running = serving.generation;
+            let start = {
+                let slot = slot.lock().unwrap_or_else(|e| e.into_inner());
+                slot.as_ref()
+                    .filter(|b| b.generation == base && Arc::ptr_eq(&b.config, &serving))
+                    .map(|b| (b.config.clone(), b.digests.clone()))
+            };
+            drop(serving);
+            let Some((config, digests)) = start else {
+                return Err(vec![format!(
+                    "delta against generation {base}, but generation {running} is serving \
+                     (or was not applied over this socket); send the full config"
+                )]);
+            };
+            let (mut config, digests) = delta
+                .apply(Config::clone(&config), &digests)
+                .map_err(|e| vec![format!("delta: {e}")])?;
+            config.generation = generation;
+            (generation, config, digests)
+        }
+        other => return Err(vec![format!("unexpected {:?} payload", other.kind())]),
+    };
+    Ok((generation, config, digests))
 }
 
 /// Sends a `Nack` for generation 0 explaining a protocol error, and returns the error that

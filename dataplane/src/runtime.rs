@@ -57,9 +57,8 @@ pub struct ListenerView {
 
 /// An immutable, fully built config.
 pub struct Snapshot {
-    /// The config it was built from, without its virtual hosts and backends: those live on
-    /// compiled in `routes` and `upstreams`, and keeping a second copy of thousands of routes
-    /// only cost memory. Their counts are in `virtual_host_count` / `backend_count`.
+    /// The config it was built from, whole: the control socket applies the next `ApplyDelta`
+    /// onto it (see `control.rs`).
     pub config: Arc<Config>,
     /// Number of virtual hosts of the applied config.
     pub virtual_host_count: usize,
@@ -286,11 +285,7 @@ impl Runtime {
         result
     }
 
-    async fn apply_inner(
-        &self,
-        mut config: Config,
-        hash: Option<String>,
-    ) -> Result<(), ApplyError> {
+    async fn apply_inner(&self, config: Config, hash: Option<String>) -> Result<(), ApplyError> {
         if let Err(errs) = config.validate() {
             return Err(ApplyError::Invalid(
                 errs.0.iter().map(|e| e.to_string()).collect(),
@@ -497,9 +492,9 @@ impl Runtime {
             .filter_map(|(_, l, _, q)| Some((bind_key(l), q?)))
             .collect();
         let edge = crate::access::Edge::build(&config.client_ip, &routes, &self.shared.rate_zones);
-        let hash = hash.unwrap_or_else(|| config.content_hash_mut());
-        let virtual_host_count = std::mem::take(&mut config.virtual_hosts).len();
-        let backend_count = std::mem::take(&mut config.backends).len();
+        let hash = hash.unwrap_or_else(|| config.content_hash());
+        let virtual_host_count = config.virtual_hosts.len();
+        let backend_count = config.backends.len();
         let snapshot = Snapshot {
             http: http_builder(&config.limits),
             hash,
