@@ -391,11 +391,13 @@ async fn deltas_give_exactly_what_a_full_apply_gives() {
         assert!(state.borrow().last_nack.is_none(), "edit {i}");
         // What the dataplane runs is the submitted config, item for item, and it reports its
         // content hash.
-        let snap = dp.runtime.shared.snapshot();
         let mut want = c.clone();
         want.generation = g;
-        assert_eq!(*snap.config, want, "edit {i}");
+        assert_eq!(dp.control.applied_config(), Some(want), "edit {i}");
+        let snap = dp.runtime.shared.snapshot();
+        assert_eq!(snap.config.generation, g);
         assert_eq!(snap.hash, c.content_hash(), "edit {i}");
+        assert_eq!(snap.routes.len(), c.virtual_hosts.len(), "edit {i}");
         assert!(
             pusher.metrics().last_config_bytes < full_bytes / 10,
             "edit {i}: a delta frame is small"
@@ -414,9 +416,12 @@ async fn deltas_give_exactly_what_a_full_apply_gives() {
     assert_eq!(pusher2.metrics().deltas, 0);
     let (a, b) = (dp.runtime.shared.snapshot(), dp2.runtime.shared.snapshot());
     assert_eq!(a.hash, b.hash);
-    let mut same = (*b.config).clone();
-    same.generation = a.config.generation;
-    assert_eq!(*a.config, same);
+    let (a, mut b) = (
+        dp.control.applied_config().unwrap(),
+        dp2.control.applied_config().unwrap(),
+    );
+    b.generation = a.generation;
+    assert_eq!(a, b);
     for host in [
         "changed.example.com",
         "front.example.com",

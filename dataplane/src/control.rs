@@ -49,12 +49,15 @@ pub struct ControlStats {
     pub deltas: AtomicU64,
 }
 
-/// The config last applied through this socket with its digests: the base of an
-/// `ApplyDelta`. The config is the serving snapshot's own (shared, not a copy).
+/// The config last applied through this socket, whole, with its digests: the base of an
+/// `ApplyDelta`, which consumes it (unchanged items are moved into the result, not copied).
 struct Base {
     generation: u64,
-    config: Arc<Config>,
-    digests: Arc<Digests>,
+    config: Config,
+    digests: Digests,
+    /// The serving snapshot's config when this one was applied: the base is only used while
+    /// that is still what serves.
+    serving: Arc<Config>,
 }
 
 type BaseSlot = std::sync::Mutex<Option<Base>>;
@@ -65,6 +68,7 @@ pub struct ControlServer {
     path: PathBuf,
     inode: (u64, u64),
     stats: Arc<ControlStats>,
+    base: Arc<BaseSlot>,
     task: JoinHandle<()>,
 }
 
@@ -121,12 +125,14 @@ impl ControlServer {
         std_listener.set_nonblocking(true)?;
         let listener = tokio::net::UnixListener::from_std(std_listener)?;
         let stats = Arc::new(ControlStats::default());
-        let task = tokio::spawn(accept_loop(runtime, listener, stats.clone()));
+        let base: Arc<BaseSlot> = Arc::default();
+        let task = tokio::spawn(accept_loop(runtime, listener, stats.clone(), base.clone()));
         tracing::info!(path = %path.display(), "control socket listening");
         Ok(ControlServer {
             path: path.to_path_buf(),
             inode: (meta.dev(), meta.ino()),
             stats,
+            base,
             task,
         })
     }
@@ -139,6 +145,13 @@ impl ControlServer {
     /// The counters.
     pub fn stats(&self) -> &ControlStats {
         &self.stats
+    }
+
+    /// A copy of the whole config last applied over the socket (the base of the next delta),
+    /// with its generation; `None` before the first one or after a rejected delta.
+    pub fn applied_config(&self) -> Option<Config> {
+        let slot = self.base.lock().unwrap_or_else(|e| e.into_inner());
+        slot.as_ref().map(|b| b.config.clone())
     }
 }
 
@@ -157,10 +170,10 @@ async fn accept_loop(
     runtime: Arc<Runtime>,
     listener: tokio::net::UnixListener,
     stats: Arc<ControlStats>,
+    base: Arc<BaseSlot>,
 ) {
     // Aborted together with this task (the guard is dropped with it).
     let mut current: Option<AbortOnDrop> = None;
-    let base: Arc<BaseSlot> = Arc::default();
     loop {
         let stream = match listener.accept().await {
             Ok((s, _)) => s,
@@ -265,38 +278,13 @@ async fn apply_frame(
     kind: FrameType,
     payload: &[u8],
 ) -> Result<(), Vec<String>> {
-    let (generation, config, digests) = match prepare(runtime, slot, kind, payload) {
-        Ok(p) => p,
-        Err(e) => {
-            // Rejected before the runtime saw it (which counts its own failures).
-            runtime.shared.metrics.reloads_failed.fetch_add(1, Relaxed);
-            return Err(e);
-        }
+    let lock = || slot.lock().unwrap_or_else(|e| e.into_inner());
+    // Rejected before the runtime saw it (which counts its own failures).
+    let early = |errors: Vec<String>| {
+        runtime.shared.metrics.reloads_failed.fetch_add(1, Relaxed);
+        errors
     };
-    let hash = digests.hash();
-    runtime
-        .apply_with_hash(config, Some(hash))
-        .await
-        .map_err(|e| e.messages())?;
-    let serving = runtime.shared.snapshot();
-    if serving.config.generation == generation {
-        *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(Base {
-            generation,
-            config: serving.config.clone(),
-            digests: Arc::new(digests),
-        });
-    }
-    Ok(())
-}
-
-/// The config an `Apply` or `ApplyDelta` payload asks for, with its digests.
-fn prepare(
-    runtime: &Runtime,
-    slot: &BaseSlot,
-    kind: FrameType,
-    payload: &[u8],
-) -> Result<(u64, Config, Digests), Vec<String>> {
-    let message = Message::decode(kind, payload).map_err(|e| vec![e.to_string()])?;
+    let message = Message::decode(kind, payload).map_err(|e| early(vec![e.to_string()]))?;
     let (generation, config, digests) = match message {
         Message::Apply {
             generation,
@@ -304,6 +292,11 @@ fn prepare(
         } => {
             config.generation = generation;
             let digests = Digests::of(&config);
+            let hash = digests.hash();
+            runtime
+                .apply_reusing(&config, Some(hash), None)
+                .await
+                .map_err(|e| e.messages())?;
             (generation, *config, digests)
         }
         Message::ApplyDelta {
@@ -314,29 +307,71 @@ fn prepare(
             // The base must be the config serving now, applied over this socket (not merely
             // one with the same generation number).
             let serving = runtime.shared.snapshot().config.clone();
-            let running = serving.generation;
-            let start = {
-                let slot = slot.lock().unwrap_or_else(|e| e.into_inner());
-                slot.as_ref()
-                    .filter(|b| b.generation == base && Arc::ptr_eq(&b.config, &serving))
-                    .map(|b| (b.config.clone(), b.digests.clone()))
+            let taken = {
+                let mut slot = lock();
+                let usable = slot
+                    .as_ref()
+                    .is_some_and(|b| b.generation == base && Arc::ptr_eq(&b.serving, &serving));
+                if usable {
+                    slot.take()
+                } else {
+                    None
+                }
             };
-            drop(serving);
-            let Some((config, digests)) = start else {
-                return Err(vec![format!(
-                    "delta against generation {base}, but generation {running} is serving \
-                     (or was not applied over this socket); send the full config"
-                )]);
+            let Some(b) = taken else {
+                return Err(early(vec![format!(
+                    "delta against generation {base}, but the serving config (generation {}) \
+                     is not that one as applied over this socket; send the full config",
+                    serving.generation
+                )]));
             };
+            // From here the delta consumes the base: if anything below fails, the next delta
+            // is refused too, and the controller sends the full config after this Nack.
+            let backend_names = || b.config.backends.iter().map(|x| x.name.as_str());
+            let same_context = delta.listeners.is_empty()
+                && delta.backends.remove.is_empty()
+                && delta
+                    .backends
+                    .upsert
+                    .iter()
+                    .all(|u| backend_names().any(|n| n == u.name));
+            let changed: std::collections::HashSet<String> = delta
+                .virtual_hosts
+                .upsert
+                .iter()
+                .map(|v| v.name.clone())
+                .collect();
             let (mut config, digests) = delta
-                .apply(Config::clone(&config), &digests)
-                .map_err(|e| vec![format!("delta: {e}")])?;
+                .apply(b.config, &b.digests)
+                .map_err(|e| early(vec![format!("delta: {e}")]))?;
             config.generation = generation;
+            let reuse = crate::runtime::Reuse {
+                changed_vhost: &|name| changed.contains(name),
+                same_context,
+            };
+            runtime
+                .apply_reusing(&config, Some(digests.hash()), Some(reuse))
+                .await
+                .map_err(|e| e.messages())?;
             (generation, config, digests)
         }
-        other => return Err(vec![format!("unexpected {:?} payload", other.kind())]),
+        other => {
+            return Err(early(vec![format!(
+                "unexpected {:?} payload",
+                other.kind()
+            )]))
+        }
     };
-    Ok((generation, config, digests))
+    let serving = runtime.shared.snapshot().config.clone();
+    if serving.generation == generation {
+        *lock() = Some(Base {
+            generation,
+            config,
+            digests,
+            serving,
+        });
+    }
+    Ok(())
 }
 
 /// Sends a `Nack` for generation 0 explaining a protocol error, and returns the error that
