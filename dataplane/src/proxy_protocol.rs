@@ -187,10 +187,13 @@ pub async fn read_header<R: AsyncRead + Unpin>(io: &mut R) -> Result<Option<Addr
     parse_v2(&head, &payload)
 }
 
+/// Longest header [`encode_v2`] writes: 16 bytes, then two IPv6 addresses and two ports.
+pub const V2_MAX_LEN: usize = 16 + 36;
+
 /// Encodes a v2 `PROXY` header for a stream (`udp == false`) or datagram connection from
 /// `source` to `destination`. Mixed families are sent as IPv6 (IPv4-mapped).
 pub fn encode_v2(source: SocketAddr, destination: SocketAddr, udp: bool) -> Vec<u8> {
-    let mut out = Vec::with_capacity(16 + 36);
+    let mut out = Vec::with_capacity(V2_MAX_LEN);
     out.extend_from_slice(&V2_SIG);
     out.push(0x21);
     let transport = if udp { 0x02 } else { 0x01 };
@@ -321,6 +324,7 @@ mod tests {
         // Mixed families go as v4-mapped v6.
         let b = encode_v2(sa("192.0.2.1:1"), sa("[2001:db8::2]:2"), true);
         assert_eq!(b[13], 0x22);
+        assert_eq!(b.len(), V2_MAX_LEN, "the longest header");
         let (r, _) = read(&b).await;
         assert_eq!(r.unwrap().unwrap().source, sa("[::ffff:192.0.2.1]:1"));
     }

@@ -49,7 +49,7 @@ pub struct ListenerView {
     pub limit: Option<Arc<Limit>>,
     /// `Alt-Svc` value advertised on H1/H2 responses when HTTP/3 is served.
     pub alt_svc: Option<HeaderValue>,
-    /// Routes of a layer-4 (`tcp`, `udp`, `tls_passthrough`) listener.
+    /// Routes of a layer-4 (`tcp`, `udp`, `tls_passthrough`, `tls`) listener.
     pub l4: Option<Arc<crate::l4::L4Listener>>,
     /// Set when connections start with a PROXY protocol header.
     pub proxy_protocol: Option<Arc<crate::proxy_protocol::Expect>>,
@@ -364,6 +364,18 @@ impl Runtime {
                         }
                     }
                 }
+                // Terminating routes of a `tls` listener: no ALPN (the bytes inside are not
+                // HTTP to us), the listener's certificates chosen by SNI as for HTTPS.
+                (ListenerProtocol::Tls, Some(t)) => {
+                    let path = format!("listeners[{i}].tls");
+                    match crate::tls::server_config(t, &path, &[]) {
+                        Ok(c) => (Some(c), None),
+                        Err(e) => {
+                            errors.push(e.to_string());
+                            (None, None)
+                        }
+                    }
+                }
                 _ => (None, None),
             };
             views.push((i, l, tls, quic));
@@ -507,7 +519,7 @@ impl Runtime {
                     sni_scopes: l
                         .tls
                         .as_ref()
-                        .filter(|_| tls.is_some())
+                        .filter(|_| tls.is_some() && l.protocol == ListenerProtocol::Https)
                         .map(|t| Arc::new(crate::tls::SniScopes::new(&t.certificates))),
                     limit,
                     alt_svc: h3_up.then(|| {

@@ -59,6 +59,9 @@ pub async fn run_tcp(
             let _permit = permit;
             let mut stream = stream;
             let mut peer = peer;
+            // The address the client connected to: the PROXY header's destination when one
+            // came in (the front proxy's address, forwarded as such to L4 backends).
+            let mut dest = None;
             // PROXY protocol header first, when the listener expects one from this peer.
             if let Some(pp) = view
                 .proxy_protocol
@@ -67,7 +70,10 @@ pub async fn run_tcp(
             {
                 let read = crate::proxy_protocol::read_header(&mut stream);
                 match tokio::time::timeout(pp.timeout, read).await {
-                    Ok(Ok(Some(a))) => peer = a.source,
+                    Ok(Ok(Some(a))) => {
+                        peer = a.source;
+                        dest = Some(a.destination);
+                    }
                     Ok(Ok(None)) => {}
                     Ok(Err(e)) => {
                         tracing::debug!(%peer, error = %e, "PROXY protocol header refused");
@@ -81,7 +87,7 @@ pub async fn run_tcp(
                 }
             }
             if view.l4.is_some() {
-                let local = stream.local_addr().unwrap_or(peer);
+                let local = dest.unwrap_or_else(|| stream.local_addr().unwrap_or(peer));
                 crate::l4::serve_tcp(shared, view, stream, peer, local).await;
                 return;
             }

@@ -1,6 +1,8 @@
 //! Layer-4 listeners with real sockets on 127.0.0.1: TCP proxying (weighted backends,
-//! half-close, PROXY v2 to the backend, the connection limit), TLS passthrough routed by SNI
-//! (the backend's own certificate reaches the client), UDP sessions with idle expiry and a
+//! half-close, PROXY v2 to the backend (also on UDP, and forwarding a received PROXY
+//! header's addresses), the connection limit), TLS passthrough routed by SNI
+//! (the backend's own certificate reaches the client), TLS terminated by route beside
+//! passthrough on one `tls` listener (plaintext to the backend), UDP sessions with idle expiry and a
 //! bounded table, and hot reload keeping the socket and established connections.
 
 mod common;
@@ -20,7 +22,8 @@ async fn bounded<F: std::future::Future>(f: F) -> F::Output {
 }
 
 /// A TCP server that answers each chunk with `<tag>:<chunk>` and closes after EOF. With
-/// `proxy_protocol` it first reads a PROXY header and answers `<tag>:from=<source>` to it.
+/// `proxy_protocol` it first reads a PROXY header and answers
+/// `<tag>:from=<source>,to=<destination>|` to it.
 async fn tcp_echo(tag: &'static str, proxy_protocol: bool) -> SocketAddr {
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
@@ -36,7 +39,9 @@ async fn tcp_echo(tag: &'static str, proxy_protocol: bool) -> SocketAddr {
                         .unwrap()
                         .unwrap();
                     let _ = s
-                        .write_all(format!("{tag}:from={}|", a.source).as_bytes())
+                        .write_all(
+                            format!("{tag}:from={},to={}|", a.source, a.destination).as_bytes(),
+                        )
                         .await;
                 }
                 let mut buf = [0u8; 1024];
@@ -76,6 +81,7 @@ fn route(name: &str, hostnames: &[&str], backends: Vec<WeightedBackend>) -> L4Ro
     L4Route {
         name: name.into(),
         hostnames: hostnames.iter().map(|s| s.to_string()).collect(),
+        terminate: false,
         backends,
     }
 }
@@ -179,8 +185,8 @@ async fn tcp_proxy_sends_proxy_v2_and_respects_the_connection_limit() {
         let n = first.read(&mut buf).await.unwrap();
         assert_eq!(
             String::from_utf8_lossy(&buf[..n]),
-            format!("P:from={local}|"),
-            "the backend learns the client address"
+            format!("P:from={local},to={addr}|"),
+            "the backend learns the client address and the address it connected to"
         );
         // A second connection waits for the slot held by the first.
         let mut second = TcpStream::connect(addr).await.unwrap();
@@ -192,6 +198,43 @@ async fn tcp_proxy_sends_proxy_v2_and_respects_the_connection_limit() {
             .expect("served once the slot frees")
             .unwrap();
         assert!(String::from_utf8_lossy(&buf[..n]).starts_with("P:from="));
+    })
+    .await;
+}
+
+/// Behind a proxy that sends PROXY headers, the L4 backend's PROXY v2 header carries the
+/// addresses from the received header: the real client and the address it connected to
+/// (the front proxy's), not the front proxy's connection to us.
+#[tokio::test]
+async fn tcp_proxy_forwards_the_addresses_of_a_received_proxy_header() {
+    bounded(async {
+        let pp = tcp_echo("P", true).await;
+        let mut be = backend("pp", pp);
+        be.send_proxy_protocol = true;
+        let mut cfg = Config {
+            generation: 1,
+            listeners: vec![l4_listener(
+                "tcp",
+                ListenerProtocol::Tcp,
+                vec![route("r", &[], vec![wb("pp", 1)])],
+            )],
+            backends: vec![be],
+            ..Config::default()
+        };
+        cfg.client_ip.proxy_protocol = vec!["tcp".into()];
+        let h = Harness::start(cfg).await;
+        let addr = h.addr("tcp").await;
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"PROXY TCP4 192.0.2.7 198.51.100.9 40000 443\r\n")
+            .await
+            .unwrap();
+        let mut buf = [0u8; 256];
+        let n = s.read(&mut buf).await.unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&buf[..n]),
+            "P:from=192.0.2.7:40000,to=198.51.100.9:443|"
+        );
+        assert_eq!(roundtrip(&mut s, "x").await, "P:x");
     })
     .await;
 }
@@ -296,6 +339,100 @@ async fn tls_passthrough_routes_by_sni_without_terminating() {
     .await;
 }
 
+/// Connects with TLS (trusting `ca`, SNI `sni`), sends `msg`, reads `want` bytes, then closes
+/// its sending side and reads on to the end: the proxy must pass the half-close through.
+async fn tls_ask(
+    addr: SocketAddr,
+    sni: &str,
+    ca: &str,
+    msg: &str,
+    want: usize,
+) -> Result<(String, String), String> {
+    let connector = tls_connector(ca, &[]);
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let name = rustls_pki_types::ServerName::try_from(sni.to_string()).unwrap();
+    let mut tls = tokio::time::timeout(Duration::from_secs(10), connector.connect(name, tcp))
+        .await
+        .map_err(|_| "handshake timeout".to_string())?
+        .map_err(|e| format!("handshake: {e}"))?;
+    tls.write_all(msg.as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut got = vec![0u8; want];
+    tls.read_exact(&mut got).await.map_err(|e| e.to_string())?;
+    tls.shutdown().await.map_err(|e| e.to_string())?;
+    let mut rest = Vec::new();
+    let _ = tls.read_to_end(&mut rest).await;
+    Ok((
+        String::from_utf8_lossy(&got).into_owned(),
+        String::from_utf8_lossy(&rest).into_owned(),
+    ))
+}
+
+/// A `tls` listener (Gateway API TLSRoute modes Terminate and Mixed): per SNI, one route
+/// terminates TLS with the listener's certificate and hands the plaintext to a TCP backend,
+/// another passes the TLS bytes through to a backend that completes its own handshake.
+#[tokio::test]
+async fn tls_listener_terminates_or_passes_through_by_sni() {
+    bounded(async {
+        let plain = tcp_echo("P", false).await;
+        let (pass, pem_pass) = tls_backend("pass.test", "T").await;
+        let (gw_cert, pem_gw) = cert_for("term.test");
+        let mut terminate = route("term", &["term.test"], vec![wb("plain", 1)]);
+        terminate.terminate = true;
+        let mut l = l4_listener(
+            "tls",
+            ListenerProtocol::Tls,
+            vec![
+                terminate,
+                route("pass", &["pass.test"], vec![wb("pass", 1)]),
+            ],
+        );
+        l.tls = Some(ListenerTls {
+            certificates: vec![gw_cert],
+            min_version: TlsVersion::Tls12,
+            client_auth: None,
+        });
+        let cfg = Config {
+            generation: 1,
+            listeners: vec![l],
+            backends: vec![backend("plain", plain), backend("pass", pass)],
+            ..Config::default()
+        };
+        let h = Harness::start(cfg).await;
+        let addr = h.addr("tls").await;
+        // Terminated with the listener's certificate; the backend read the plaintext "ping"
+        // (its answer "P:ping" came back encrypted), and the client's close_notify reached it
+        // as EOF, so it closed and the client read to the end.
+        let (got, rest) = tls_ask(addr, "term.test", &pem_gw, "ping", 6)
+            .await
+            .unwrap();
+        assert_eq!(got, "P:ping");
+        assert_eq!(rest, "");
+        // Two exchanges on one terminated connection.
+        let (got, _) = tls_ask(addr, "term.test", &pem_gw, "abc", 5).await.unwrap();
+        assert_eq!(got, "P:abc");
+        // The terminating route presents the listener's certificate, not a backend's.
+        assert!(tls_ask(addr, "term.test", &pem_pass, "x", 3).await.is_err());
+        // Passthrough on the same listener: the backend's own certificate reaches the client.
+        assert_eq!(
+            tls_roundtrip(addr, "pass.test", &pem_pass).await.unwrap(),
+            "T:ping"
+        );
+        assert!(tls_roundtrip(addr, "pass.test", &pem_gw).await.is_err());
+        // No route for the name: closed before any handshake.
+        assert!(tls_ask(addr, "other.test", &pem_gw, "x", 3).await.is_err());
+        let text = h.runtime.shared.metrics.render();
+        assert!(text.contains("kind=\"l4_no_route\"} 1"), "{text}");
+        // The failed handshake (client not trusting the listener certificate) is counted.
+        assert!(
+            text.contains("kind=\"l4_tls_handshake_failed\"} 1"),
+            "{text}"
+        );
+    })
+    .await;
+}
+
 /// A UDP server answering `<tag>:<sender port>:<data>`.
 async fn udp_echo(tag: &'static str) -> SocketAddr {
     let s = UdpSocket::bind("127.0.0.1:0").await.unwrap();
@@ -315,6 +452,53 @@ async fn udp_echo(tag: &'static str) -> SocketAddr {
         }
     });
     addr
+}
+
+/// Every datagram to a UDP backend with `send_proxy_protocol` starts with a PROXY v2 header
+/// carrying the client's address; the reply goes back to the client without it.
+#[tokio::test]
+async fn udp_datagrams_carry_a_proxy_v2_header() {
+    bounded(async {
+        let s = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let be_addr = s.local_addr().unwrap();
+        tokio::spawn(async move {
+            let mut buf = [0u8; 2048];
+            loop {
+                let Ok((n, from)) = s.recv_from(&mut buf).await else {
+                    return;
+                };
+                let mut cur = std::io::Cursor::new(buf[..n].to_vec());
+                let a = sweety_dataplane::proxy_protocol::read_header(&mut cur)
+                    .await
+                    .unwrap()
+                    .unwrap();
+                let rest = &buf[cur.position() as usize..n];
+                let out = format!("from={}:{}", a.source, String::from_utf8_lossy(rest));
+                let _ = s.send_to(out.as_bytes(), from).await;
+            }
+        });
+        let mut be = backend("u", be_addr);
+        be.send_proxy_protocol = true;
+        let cfg = Config {
+            generation: 1,
+            listeners: vec![l4_listener(
+                "udp",
+                ListenerProtocol::Udp,
+                vec![route("r", &[], vec![wb("u", 1)])],
+            )],
+            backends: vec![be],
+            ..Config::default()
+        };
+        let h = Harness::start(cfg).await;
+        let addr = h.addr("udp").await;
+        let c = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let me = c.local_addr().unwrap();
+        for msg in ["one", "two"] {
+            let got = udp_ask(&c, addr, msg, Duration::from_secs(10)).await;
+            assert_eq!(got, Some(format!("from={me}:{msg}")));
+        }
+    })
+    .await;
 }
 
 async fn udp_ask(s: &UdpSocket, to: SocketAddr, msg: &str, wait: Duration) -> Option<String> {

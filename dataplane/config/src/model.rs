@@ -60,7 +60,7 @@ pub struct Config {
     /// Where the real client address comes from (trusted proxies, PROXY protocol).
     #[serde(default, skip_serializing_if = "ClientIp::is_default")]
     pub client_ip: ClientIp,
-    /// Settings of the layer-4 (`tcp`, `udp`, `tls_passthrough`) listeners.
+    /// Settings of the layer-4 (`tcp`, `udp`, `tls_passthrough`, `tls`) listeners.
     #[serde(default, skip_serializing_if = "L4Settings::is_default")]
     pub l4: L4Settings,
     /// Bounds of the in-memory response cache (used by routes with a `cache` filter).
@@ -101,10 +101,29 @@ pub enum ListenerProtocol {
     Https,
     /// TLS passed through to a backend chosen by SNI, not terminated.
     TlsPassthrough,
+    /// TLS routed by SNI, per route: passed through unterminated like `tls_passthrough`, or
+    /// (routes with `terminate: true`) terminated here with the listener's certificates and
+    /// the decrypted bytes forwarded to the backend over plain TCP. Both kinds may share one
+    /// listener (Gateway API TLSRoute modes Terminate and Mixed).
+    Tls,
     /// Raw TCP proxy.
     Tcp,
     /// Raw UDP proxy.
     Udp,
+}
+
+impl ListenerProtocol {
+    /// Layer-4 listeners (`tcp`, `udp`, `tls_passthrough`, `tls`): they forward by
+    /// `l4_routes`, not virtual hosts.
+    pub fn is_l4(self) -> bool {
+        matches!(
+            self,
+            ListenerProtocol::Tcp
+                | ListenerProtocol::Udp
+                | ListenerProtocol::TlsPassthrough
+                | ListenerProtocol::Tls
+        )
+    }
 }
 
 /// One socket to serve on.
@@ -133,7 +152,7 @@ pub struct Listener {
     /// port), advertised in `Alt-Svc` instead of `port` when set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub advertised_port: Option<u16>,
-    /// For `tcp`/`udp`/`tls_passthrough` listeners: where to forward.
+    /// For `tcp`/`udp`/`tls_passthrough`/`tls` listeners: where to forward.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub l4_routes: Vec<L4Route>,
 }
@@ -148,9 +167,14 @@ fn default_address() -> String {
 pub struct L4Route {
     /// Name for metrics and logs.
     pub name: String,
-    /// SNI hostnames (TLS passthrough only; exact or `*.` wildcard). Empty matches any.
+    /// SNI hostnames (`tls_passthrough` and `tls` only; exact or `*.` wildcard). Empty
+    /// matches any.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub hostnames: Vec<String>,
+    /// `tls` listeners only: terminate TLS here (with the listener's certificates) and forward
+    /// the plaintext, instead of passing the TLS bytes through.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub terminate: bool,
     /// Weighted backend references.
     pub backends: Vec<WeightedBackend>,
 }
@@ -164,6 +188,39 @@ pub struct ListenerTls {
     /// Lowest TLS version accepted.
     #[serde(default)]
     pub min_version: TlsVersion,
+    /// Ask clients for a certificate and verify it (mutual TLS), as for a Gateway's
+    /// `spec.tls.frontend` validation. None: no client certificate is requested.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_auth: Option<ClientAuth>,
+}
+
+/// Client certificate verification on an HTTPS listener.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClientAuth {
+    /// CA bundle (one or more PEM certificates) client certificates must chain to.
+    pub ca: PemSource,
+    /// What happens to a client without a valid certificate.
+    #[serde(default, skip_serializing_if = "is_default_client_auth_mode")]
+    pub mode: ClientAuthMode,
+}
+
+fn is_default_client_auth_mode(m: &ClientAuthMode) -> bool {
+    *m == ClientAuthMode::default()
+}
+
+/// How strictly [`ClientAuth`] applies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ClientAuthMode {
+    /// The handshake fails unless the client presents a certificate that chains to the CA
+    /// (Gateway API `AllowValidOnly`).
+    #[default]
+    Require,
+    /// A certificate is requested and checked, but a client without one, or with one that
+    /// does not verify, is served anyway (Gateway API `AllowInsecureFallback`; authorization is
+    /// left to the backend).
+    AllowInsecureFallback,
 }
 
 /// TLS protocol version, written `"1.2"` or `"1.3"` (an unquoted YAML `1.3` is accepted too).

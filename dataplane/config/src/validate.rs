@@ -305,7 +305,11 @@ impl<'a> Validator<'a> {
             (None, P::Https) => self.err(format!("{path}.tls"), "required for https listeners"),
             (Some(_), P::Http | P::Tcp | P::Udp) => self.err(
                 format!("{path}.tls"),
-                "only allowed on https and tls_passthrough listeners",
+                "only allowed on https, tls and tls_passthrough listeners",
+            ),
+            (None, P::Tls) if l.l4_routes.iter().any(|r| r.terminate) => self.err(
+                format!("{path}.tls"),
+                "required on a tls listener with terminating routes",
             ),
             (Some(tls), _) => {
                 let tpath = format!("{path}.tls.certificates");
@@ -314,6 +318,13 @@ impl<'a> Validator<'a> {
                 }
                 for (k, c) in tls.certificates.iter().enumerate() {
                     self.certificate(&format!("{tpath}[{k}]"), c);
+                }
+                if let Some(ca) = &tls.client_auth {
+                    let cpath = format!("{path}.tls.client_auth");
+                    if l.protocol != P::Https {
+                        self.err(&cpath, "only allowed on https listeners");
+                    }
+                    self.pem(&format!("{cpath}.ca"), &ca.ca, PemKind::Certificate);
                 }
             }
             (None, _) => {}
@@ -330,11 +341,12 @@ impl<'a> Validator<'a> {
                 "must be between 1 and 65535 when set",
             );
         }
-        let l4 = matches!(l.protocol, P::Tcp | P::Udp | P::TlsPassthrough);
+        let l4 = l.protocol.is_l4();
+        let by_sni = matches!(l.protocol, P::TlsPassthrough | P::Tls);
         if !l4 && !l.l4_routes.is_empty() {
             self.err(
                 format!("{path}.l4_routes"),
-                "only allowed on tcp, udp and tls_passthrough listeners",
+                "only allowed on tcp, udp, tls_passthrough and tls listeners",
             );
         } else if l4 && l.l4_routes.is_empty() {
             self.err(
@@ -349,13 +361,19 @@ impl<'a> Validator<'a> {
         for (r, route) in l.l4_routes.iter().enumerate() {
             let rpath = format!("{path}.l4_routes[{r}]");
             self.unique_name(&rpath, "l4 route", &route.name, &mut route_names);
-            if !route.hostnames.is_empty() && l.protocol != P::TlsPassthrough {
+            if !route.hostnames.is_empty() && !by_sni {
                 self.err(
                     format!("{rpath}.hostnames"),
-                    "only allowed on tls_passthrough listeners",
+                    "only allowed on tls_passthrough and tls listeners",
                 );
             } else {
                 self.hostnames(&format!("{rpath}.hostnames"), &route.hostnames);
+            }
+            if route.terminate && l.protocol != P::Tls {
+                self.err(
+                    format!("{rpath}.terminate"),
+                    "only allowed on tls listeners",
+                );
             }
             if route.backends.is_empty() {
                 self.err(
@@ -1056,6 +1074,7 @@ fn proto_name(p: ListenerProtocol) -> &'static str {
         ListenerProtocol::Http => "http",
         ListenerProtocol::Https => "https",
         ListenerProtocol::TlsPassthrough => "tls_passthrough",
+        ListenerProtocol::Tls => "tls",
         ListenerProtocol::Tcp => "tcp",
         ListenerProtocol::Udp => "udp",
     }
@@ -1684,7 +1703,7 @@ access_log: {enabled: true, path: /var/log/sweety/access.log, buffer_lines: 1024
         expect_one(
             |c| c.listeners[0].tls = c.listeners[1].tls.clone(),
             "listeners[0].tls",
-            "only allowed on https and tls_passthrough listeners",
+            "only allowed on https, tls and tls_passthrough listeners",
         );
         expect_ok(|c| c.listeners[3].tls = c.listeners[1].tls.clone());
         expect_one(
@@ -1760,7 +1779,7 @@ access_log: {enabled: true, path: /var/log/sweety/access.log, buffer_lines: 1024
         expect_one(
             |c| c.listeners[0].l4_routes = c.listeners[2].l4_routes.clone(),
             "listeners[0].l4_routes",
-            "only allowed on tcp, udp and tls_passthrough listeners",
+            "only allowed on tcp, udp, tls_passthrough and tls listeners",
         );
         expect_one(
             |c| c.listeners[2].l4_routes.clear(),
@@ -1780,7 +1799,7 @@ access_log: {enabled: true, path: /var/log/sweety/access.log, buffer_lines: 1024
         expect_one(
             |c| c.listeners[2].l4_routes[0].hostnames = vec!["a.test".into()],
             "listeners[2].l4_routes[0].hostnames",
-            "only allowed on tls_passthrough listeners",
+            "only allowed on tls_passthrough and tls listeners",
         );
         expect_one(
             |c| {
@@ -1804,6 +1823,32 @@ access_log: {enabled: true, path: /var/log/sweety/access.log, buffer_lines: 1024
             "listeners[3].l4_routes[0].backends[0].filters",
             "not allowed on l4 routes",
         );
+        // Terminating routes: only on `tls` listeners, which then need certificates.
+        expect_one(
+            |c| c.listeners[3].l4_routes[0].terminate = true,
+            "listeners[3].l4_routes[0].terminate",
+            "only allowed on tls listeners",
+        );
+        expect_one(
+            |c| {
+                c.listeners[3].protocol = ListenerProtocol::Tls;
+                c.listeners[3].l4_routes[0].terminate = true;
+            },
+            "listeners[3].tls",
+            "required on a tls listener with terminating routes",
+        );
+        expect_ok(|c| c.listeners[3].protocol = ListenerProtocol::Tls);
+        expect_ok(|c| {
+            let tls = c.listeners[1].tls.clone();
+            let l = &mut c.listeners[3];
+            l.protocol = ListenerProtocol::Tls;
+            l.tls = tls;
+            let mut plain = l.l4_routes[0].clone();
+            plain.name = "plain".into();
+            plain.hostnames = vec!["app.example.com".into()];
+            plain.terminate = true;
+            l.l4_routes.push(plain);
+        });
     }
 
     // ------------------------------------------------------------ admin

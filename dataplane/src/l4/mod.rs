@@ -1,5 +1,6 @@
-//! Layer-4 listeners: TLS passthrough routed by SNI (the ClientHello is peeked, never
-//! terminated), TCP proxying and UDP proxying with a bounded session table.
+//! Layer-4 listeners: TLS routed by SNI (the ClientHello is peeked; a route either passes
+//! the TLS bytes through untouched or terminates TLS here with the listener's certificates
+//! and forwards the plaintext), TCP proxying and UDP proxying with a bounded session table.
 //!
 //! TCP and TLS-passthrough connections come through the same accept loop as HTTP
 //! ([`crate::server::run_tcp`]), so they hold a slot of `limits.max_connections` and follow
@@ -11,11 +12,14 @@ pub mod sni;
 pub mod udp;
 
 use crate::runtime::{ListenerView, Shared};
+use crate::tls::SniScopes;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 use sweety_config::{Listener, ListenerProtocol, WeightedBackend};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 
 /// Copy buffer per direction of a TCP proxy connection, bytes.
@@ -26,10 +30,8 @@ const COPY_BUF: usize = 16 * 1024;
 pub struct L4RouteRt {
     /// Route name.
     pub name: Arc<str>,
-    /// Exact SNI names (lower-case).
-    exact: Vec<String>,
-    /// Wildcard suffixes (`.example.com` for `*.example.com`).
-    wildcard: Vec<String>,
+    /// Terminate TLS here and forward the plaintext (`tls` listeners).
+    pub terminate: bool,
     /// Backends by weight.
     pub backends: Vec<WeightedBackend>,
 }
@@ -37,82 +39,57 @@ pub struct L4RouteRt {
 /// The layer-4 part of a listener.
 #[derive(Debug)]
 pub struct L4Listener {
-    /// Protocol (`tcp`, `udp` or `tls_passthrough`).
+    /// Protocol (`tcp`, `udp`, `tls_passthrough` or `tls`).
     pub protocol: ListenerProtocol,
     /// Routes in config order.
     pub routes: Vec<L4RouteRt>,
+    /// Route index by SNI (the same exact / longest-wildcard / catch-all matching as the
+    /// certificate scopes of HTTPS listeners).
+    by_sni: SniScopes,
 }
 
 impl L4Listener {
     /// Compiles the routes of an L4 listener; `None` for HTTP(S) listeners.
     pub fn compile(l: &Listener) -> Option<Arc<L4Listener>> {
-        if !matches!(
-            l.protocol,
-            ListenerProtocol::Tcp | ListenerProtocol::Udp | ListenerProtocol::TlsPassthrough
-        ) {
+        if !l.protocol.is_l4() {
             return None;
         }
         let routes = l
             .l4_routes
             .iter()
-            .map(|r| {
-                let (mut exact, mut wildcard) = (Vec::new(), Vec::new());
-                for h in &r.hostnames {
-                    let h = h.trim_end_matches('.').to_ascii_lowercase();
-                    match h.strip_prefix('*') {
-                        Some(suffix) => wildcard.push(suffix.to_string()),
-                        None => exact.push(h),
-                    }
-                }
-                L4RouteRt {
-                    name: r.name.as_str().into(),
-                    exact,
-                    wildcard,
-                    backends: r.backends.clone(),
-                }
+            .map(|r| L4RouteRt {
+                name: r.name.as_str().into(),
+                terminate: r.terminate && l.protocol == ListenerProtocol::Tls,
+                backends: r.backends.clone(),
             })
             .collect();
         Some(Arc::new(L4Listener {
             protocol: l.protocol,
             routes,
+            by_sni: SniScopes::from_hostnames(l.l4_routes.iter().map(|r| r.hostnames.as_slice())),
         }))
+    }
+
+    /// Whether connections start with a ClientHello that picks the route.
+    pub fn routes_by_sni(&self) -> bool {
+        matches!(
+            self.protocol,
+            ListenerProtocol::TlsPassthrough | ListenerProtocol::Tls
+        )
     }
 
     /// The route for a connection with this SNI: an exact name first, then the longest
     /// matching wildcard, then a route without hostnames. TCP and UDP listeners use their
     /// first route.
     pub fn route(&self, sni: Option<&str>) -> Option<&L4RouteRt> {
-        if self.protocol != ListenerProtocol::TlsPassthrough {
+        if !self.routes_by_sni() {
             return self.routes.first();
         }
-        let any = || {
-            self.routes
-                .iter()
-                .find(|r| r.exact.is_empty() && r.wildcard.is_empty())
-        };
-        let Some(sni) = sni else {
-            return any();
-        };
-        if let Some(r) = self
-            .routes
-            .iter()
-            .find(|r| r.exact.iter().any(|e| e == sni))
-        {
-            return Some(r);
-        }
-        let mut best: Option<(&L4RouteRt, usize)> = None;
-        for r in &self.routes {
-            for w in &r.wildcard {
-                // `*.example.com` matches `a.example.com` and `a.b.example.com`, not the apex.
-                if sni.len() > w.len()
-                    && sni.ends_with(w.as_str())
-                    && best.is_none_or(|b| w.len() > b.1)
-                {
-                    best = Some((r, w.len()));
-                }
-            }
-        }
-        best.map(|b| b.0).or_else(any)
+        let i = match sni {
+            Some(name) => self.by_sni.scope(name),
+            None => self.by_sni.any(),
+        }?;
+        self.routes.get(i)
     }
 }
 
@@ -145,9 +122,10 @@ pub async fn read_client_hello(
     }
 }
 
-/// Serves one accepted TCP connection of a `tcp` or `tls_passthrough` listener: pick the
-/// route (by SNI for passthrough), an endpoint, connect, optionally send a PROXY v2 header,
-/// replay the peeked bytes and copy both ways until both sides close or the idle timeout.
+/// Serves one accepted TCP connection of a `tcp`, `tls_passthrough` or `tls` listener: pick
+/// the route (by SNI for the TLS kinds), terminate TLS when the route says so, pick an
+/// endpoint, connect, optionally send a PROXY v2 header, replay the peeked bytes (passthrough)
+/// and copy both ways until both sides close or the idle timeout.
 pub async fn serve_tcp(
     shared: Arc<Shared>,
     view: Arc<ListenerView>,
@@ -161,9 +139,12 @@ pub async fn serve_tcp(
     let _ = stream.set_nodelay(true);
     let snap = shared.snapshot();
     let settings = snap.config.l4.clone();
+    let handshake_timeout = snap.config.limits.header_read_timeout.get();
+    let upstreams = snap.upstreams.clone();
+    drop(snap);
     let metrics = shared.metrics.clone();
     let mut first = Vec::new();
-    let route = if l4.protocol == ListenerProtocol::TlsPassthrough {
+    let route = if l4.routes_by_sni() {
         let max = settings.max_peek_bytes as usize;
         match tokio::time::timeout(
             settings.peek_timeout.get(),
@@ -176,7 +157,7 @@ pub async fn serve_tcp(
                 l4.route(name.as_deref())
             }
             Ok(Err(why)) => {
-                tracing::debug!(%peer, why, "TLS passthrough: no usable ClientHello");
+                tracing::debug!(%peer, why, "TLS listener: no usable ClientHello");
                 metrics.edge_events.inc(&"tls_peek_invalid");
                 return;
             }
@@ -192,11 +173,35 @@ pub async fn serve_tcp(
         metrics.edge_events.inc(&"l4_no_route");
         return;
     };
-    let Some(target) = snap.upstreams.l4_target(&route.backends, peer.ip()) else {
+    // A terminating route: finish the handshake (the ClientHello already read is replayed to
+    // rustls) before a backend connection is spent on the client.
+    let client = if route.terminate {
+        let Some(cfg) = view.tls.clone() else {
+            metrics.edge_events.inc(&"l4_no_certificate");
+            return;
+        };
+        let replay = Replay::new(std::mem::take(&mut first), stream);
+        let accept = tokio_rustls::TlsAcceptor::from(cfg).accept(replay);
+        match tokio::time::timeout(handshake_timeout, accept).await {
+            Ok(Ok(tls)) => Client::Tls(Box::new(tls)),
+            Ok(Err(e)) => {
+                tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                metrics.edge_events.inc(&"l4_tls_handshake_failed");
+                return;
+            }
+            Err(_) => {
+                metrics.edge_events.inc(&"l4_tls_handshake_timeout");
+                return;
+            }
+        }
+    } else {
+        Client::Plain(stream)
+    };
+    let Some(target) = upstreams.l4_target(&route.backends, peer.ip()) else {
         metrics.upstream_error("no_endpoint");
         return;
     };
-    drop(snap);
+    drop(upstreams);
     let addr = target.address().to_string();
     let upstream =
         match tokio::time::timeout(target.connect_timeout(), TcpStream::connect(&addr)).await {
@@ -230,13 +235,100 @@ pub async fn serve_tcp(
         return;
     }
     drop(first);
-    pipe(stream, upstream, settings.tcp_idle_timeout.get()).await;
+    let idle = settings.tcp_idle_timeout.get();
+    match client {
+        Client::Plain(mut stream) => {
+            let (ar, aw) = stream.split();
+            pipe(ar, aw, upstream, idle).await;
+        }
+        Client::Tls(tls) => {
+            let (ar, aw) = tokio::io::split(*tls);
+            pipe(ar, aw, upstream, idle).await;
+        }
+    }
 }
 
-/// Copies both ways, concurrently, until both directions are closed or nothing moved for
-/// `idle`. A side that closes has its write half shut down on the other side (half-close is
-/// kept); an error in one direction ends that direction.
-pub async fn pipe(mut a: TcpStream, mut b: TcpStream, idle: Duration) {
+/// The client side of a layer-4 connection: as accepted, or with TLS terminated here.
+enum Client {
+    Plain(TcpStream),
+    Tls(Box<tokio_rustls::server::TlsStream<Replay<TcpStream>>>),
+}
+
+/// A stream that first yields bytes already read from it (the peeked ClientHello), then
+/// reads on; writes go straight through.
+pub struct Replay<S> {
+    head: Vec<u8>,
+    pos: usize,
+    inner: S,
+}
+
+impl<S> Replay<S> {
+    /// `head` is returned by the first reads, before anything from `inner`.
+    pub fn new(head: Vec<u8>, inner: S) -> Replay<S> {
+        Replay {
+            head,
+            pos: 0,
+            inner,
+        }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Replay<S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        if this.pos < this.head.len() {
+            let n = (this.head.len() - this.pos).min(buf.remaining());
+            buf.put_slice(&this.head[this.pos..this.pos + n]);
+            this.pos += n;
+            if this.pos == this.head.len() {
+                this.head = Vec::new();
+                this.pos = 0;
+            }
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut this.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Replay<S> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+    }
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
+/// Copies both ways between the client (its read and write halves) and `upstream`,
+/// concurrently, until both directions are closed or nothing moved for `idle`. A side that
+/// closes has its write half shut down on the other side (half-close is kept); an error in
+/// one direction ends that direction.
+pub async fn pipe<R, W>(mut ar: R, mut aw: W, mut upstream: TcpStream, idle: Duration)
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
     let epoch = std::time::Instant::now();
     let last = std::sync::atomic::AtomicU64::new(0);
     let touch = || {
@@ -245,8 +337,7 @@ pub async fn pipe(mut a: TcpStream, mut b: TcpStream, idle: Duration) {
             std::sync::atomic::Ordering::Relaxed,
         )
     };
-    let (mut ar, mut aw) = a.split();
-    let (mut br, mut bw) = b.split();
+    let (mut br, mut bw) = upstream.split();
     let both = async {
         tokio::join!(
             one_way(&mut ar, &mut bw, &touch),

@@ -16,6 +16,10 @@ use tokio::sync::watch;
 
 /// Largest datagram relayed, bytes.
 const MAX_DATAGRAM: usize = 65_535;
+/// Room kept in front of each received datagram for a PROXY v2 header, so the header is
+/// written in place in front of the datagram instead of both being copied into a new buffer
+/// per datagram.
+const HEADROOM: usize = crate::proxy_protocol::V2_MAX_LEN;
 
 struct Session {
     upstream: UdpSocket,
@@ -37,11 +41,11 @@ pub async fn run_udp(
 ) {
     let epoch = Instant::now();
     let table: Table = Arc::default();
-    let mut buf = vec![0u8; MAX_DATAGRAM];
+    let mut buf = vec![0u8; HEADROOM + MAX_DATAGRAM];
     let local = socket.local_addr().ok();
     loop {
         let (n, client) = tokio::select! {
-            r = socket.recv_from(&mut buf) => match r {
+            r = socket.recv_from(&mut buf[HEADROOM..]) => match r {
                 Ok(x) => x,
                 Err(e) => {
                     // ICMP errors surface here on some systems; keep serving.
@@ -67,15 +71,16 @@ pub async fn run_udp(
         session
             .last
             .store(epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
-        let sent = match &session.header {
+        let start = match &session.header {
             Some(h) => {
-                let mut d = Vec::with_capacity(h.len() + n);
-                d.extend_from_slice(h);
-                d.extend_from_slice(&buf[..n]);
-                session.upstream.send(&d).await
+                // encode_v2 writes at most V2_MAX_LEN bytes.
+                let start = HEADROOM - h.len();
+                buf[start..HEADROOM].copy_from_slice(h);
+                start
             }
-            None => session.upstream.send(&buf[..n]).await,
+            None => HEADROOM,
         };
+        let sent = session.upstream.send(&buf[start..HEADROOM + n]).await;
         if let Err(e) = sent {
             tracing::debug!(%client, error = %e, "UDP send to backend failed");
         }

@@ -8,14 +8,17 @@
 //!
 //! UDP: one socket per Service port bound to the load-balancer address; each client address gets a flow with
 //! its own socket (bound to the load-balancer address, connected to one backend), so replies leave from the
-//! address the client sent to (what QUIC needs). Flows end after [`UDP_IDLE`] without traffic; at most
-//! [`MAX_UDP_FLOWS`] per port, [`MAX_TCP_CONNECTIONS`] TCP connections per port.
+//! address the client sent to (what QUIC needs). Flows end after [`UDP_IDLE`] without a datagram either way
+//! (or at once on an ICMP error from the backend); at most [`MAX_UDP_FLOWS`] per port, and a new client's flow
+//! evicts the idlest one when the table is full (clients that open a socket per datagram, like DNS resolvers
+//! and the conformance suite, would otherwise lock new clients out). At most [`MAX_TCP_CONNECTIONS`] TCP
+//! connections per port.
 
 use std::collections::{BTreeSet, HashMap};
 use std::net::{Ipv4Addr, SocketAddr};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -28,10 +31,12 @@ use tokio::task::JoinHandle;
 use crate::net::{PodCidr, LB_FIRST, LB_LAST};
 use crate::{Error, Result};
 
-/// A UDP flow without traffic in either direction for this long is dropped.
-pub const UDP_IDLE: Duration = Duration::from_secs(60);
-/// Most UDP flows per forwarded port.
-pub const MAX_UDP_FLOWS: usize = 256;
+/// A UDP flow without a datagram in either direction for this long is forgotten: conntrack's default for
+/// UDP (`nf_conntrack_udp_timeout`, 30 s), what kube-proxy's Service forwarding relies on.
+pub const UDP_IDLE: Duration = Duration::from_secs(30);
+/// Most UDP flows per forwarded port. When the table is full, a new client's flow replaces the flow idle the
+/// longest (instead of its datagrams being dropped); each flow holds one socket.
+pub const MAX_UDP_FLOWS: usize = 2048;
 /// Most concurrent TCP connections per forwarded port.
 pub const MAX_TCP_CONNECTIONS: usize = 1024;
 /// Largest UDP datagram relayed (bigger ones are truncated by the kernel; none are that big here).
@@ -340,12 +345,75 @@ async fn forward_tcp(listener: TcpListener, backends: Backends) {
     }
 }
 
-/// Client address → the flow's upstream socket (connected to one backend).
-type Flows = Arc<Mutex<HashMap<SocketAddr, Arc<UdpSocket>>>>;
+/// One UDP flow: its upstream socket (connected to one backend), when it last carried a datagram either way,
+/// and the task relaying its replies (aborted when the flow is evicted).
+struct Flow {
+    up: Arc<UdpSocket>,
+    /// Milliseconds since the port's epoch of the last datagram in either direction.
+    last: AtomicU64,
+    relay: Mutex<Option<tokio::task::AbortHandle>>,
+}
+
+impl Flow {
+    fn touch(&self, epoch: Instant) {
+        self.last.store(millis(epoch), Ordering::Relaxed);
+    }
+}
+
+fn millis(epoch: Instant) -> u64 {
+    u64::try_from(epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Client address → its flow.
+type Flows = Arc<Mutex<HashMap<SocketAddr, Arc<Flow>>>>;
+
+/// Makes room for one more flow when the table is full: the flow idle longest is dropped (its socket closed,
+/// its relay stopped), like conntrack dropping an old entry rather than refusing new traffic.
+fn evict_oldest(flows: &mut HashMap<SocketAddr, Arc<Flow>>) -> Option<SocketAddr> {
+    let oldest = flows
+        .iter()
+        .min_by_key(|(_, f)| f.last.load(Ordering::Relaxed))
+        .map(|(c, _)| *c)?;
+    if let Some(f) = flows.remove(&oldest) {
+        if let Some(task) = f.relay.lock().expect("relay lock").take() {
+            task.abort();
+        }
+    }
+    Some(oldest)
+}
+
+/// Ends every flow of a port when its forwarder stops (port removed, Service gone). The relay tasks hold the
+/// port's socket to send replies from it; left running, they would keep `ip:port` bound until they idle out,
+/// and a new Service given the same address could not bind the port meanwhile (seen as a UDPRoute test's
+/// first ~30 s of probes going unanswered after the previous test's Gateway released that address).
+struct EndFlows(Flows);
+
+impl Drop for EndFlows {
+    fn drop(&mut self) {
+        let mut table = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        for (_, f) in table.drain() {
+            if let Some(task) = f.relay.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                task.abort();
+            }
+        }
+    }
+}
 
 async fn forward_udp(sock: Arc<UdpSocket>, ip: Ipv4Addr, backends: Backends) {
+    forward_udp_with(sock, ip, backends, MAX_UDP_FLOWS, UDP_IDLE).await
+}
+
+async fn forward_udp_with(
+    sock: Arc<UdpSocket>,
+    ip: Ipv4Addr,
+    backends: Backends,
+    max_flows: usize,
+    idle: Duration,
+) {
     let next = AtomicUsize::new(0);
+    let epoch = Instant::now();
     let flows: Flows = Arc::default();
+    let _end = EndFlows(flows.clone());
     let mut buf = vec![0u8; UDP_BUF];
     loop {
         let (n, client) = match sock.recv_from(&mut buf).await {
@@ -357,13 +425,9 @@ async fn forward_udp(sock: Arc<UdpSocket>, ip: Ipv4Addr, backends: Backends) {
             }
         };
         let existing = flows.lock().expect("flows lock").get(&client).cloned();
-        let upstream = match existing {
-            Some(u) => u,
+        let flow = match existing {
+            Some(f) => f,
             None => {
-                if flows.lock().expect("flows lock").len() >= MAX_UDP_FLOWS {
-                    tracing::warn!(%client, "udp flow limit reached; datagram dropped");
-                    continue;
-                }
                 let Some(target) = pick(&backends, &next) else {
                     continue;
                 };
@@ -374,12 +438,34 @@ async fn forward_udp(sock: Arc<UdpSocket>, ip: Ipv4Addr, backends: Backends) {
                         continue;
                     }
                 };
-                flows.lock().expect("flows lock").insert(client, up.clone());
-                tokio::spawn(udp_replies(sock.clone(), up.clone(), client, flows.clone()));
-                up
+                let flow = Arc::new(Flow {
+                    up,
+                    last: AtomicU64::new(millis(epoch)),
+                    relay: Mutex::new(None),
+                });
+                let task = tokio::spawn(udp_replies(
+                    sock.clone(),
+                    flow.clone(),
+                    client,
+                    flows.clone(),
+                    epoch,
+                    idle,
+                ));
+                *flow.relay.lock().expect("relay lock") = Some(task.abort_handle());
+                let mut table = flows.lock().expect("flows lock");
+                while table.len() >= max_flows {
+                    let Some(gone) = evict_oldest(&mut table) else {
+                        break;
+                    };
+                    tracing::debug!(client = %gone, "udp flow table full; idlest flow evicted");
+                }
+                table.insert(client, flow.clone());
+                drop(table);
+                flow
             }
         };
-        let _ = upstream.send(&buf[..n]).await;
+        flow.touch(epoch);
+        let _ = flow.up.send(&buf[..n]).await;
     }
 }
 
@@ -389,15 +475,40 @@ async fn new_flow(ip: Ipv4Addr, target: SocketAddr) -> std::io::Result<UdpSocket
     Ok(s)
 }
 
-/// Relays a flow's replies to its client until it is idle for [`UDP_IDLE`], then forgets the flow.
-async fn udp_replies(sock: Arc<UdpSocket>, up: Arc<UdpSocket>, client: SocketAddr, flows: Flows) {
+/// Relays a flow's replies to its client until no datagram went either way for `idle`, then forgets the flow.
+/// An ICMP error from the backend (nothing listening yet) ends the flow at once, so the client's next
+/// datagram opens a new one (possibly to another backend).
+async fn udp_replies(
+    sock: Arc<UdpSocket>,
+    flow: Arc<Flow>,
+    client: SocketAddr,
+    flows: Flows,
+    epoch: Instant,
+    idle: Duration,
+) {
     let mut buf = vec![0u8; UDP_BUF];
-    while let Ok(Ok(n)) = tokio::time::timeout(UDP_IDLE, up.recv(&mut buf)).await {
-        if sock.send_to(&buf[..n], client).await.is_err() {
+    loop {
+        let quiet =
+            Duration::from_millis(millis(epoch).saturating_sub(flow.last.load(Ordering::Relaxed)));
+        let Some(left) = idle.checked_sub(quiet).filter(|d| !d.is_zero()) else {
             break;
+        };
+        match tokio::time::timeout(left, flow.up.recv(&mut buf)).await {
+            Ok(Ok(n)) => {
+                flow.touch(epoch);
+                if sock.send_to(&buf[..n], client).await.is_err() {
+                    break;
+                }
+            }
+            Ok(Err(_)) => break,
+            // Quiet for `left`: loop to check whether the client sent meanwhile.
+            Err(_) => {}
         }
     }
-    flows.lock().expect("flows lock").remove(&client);
+    let mut table = flows.lock().expect("flows lock");
+    if table.get(&client).is_some_and(|f| Arc::ptr_eq(f, &flow)) {
+        table.remove(&client);
+    }
 }
 
 #[cfg(test)]
@@ -514,5 +625,124 @@ mod tests {
             }
         }
         task.abort();
+    }
+
+    /// A full flow table takes new clients by evicting the idlest flow: with room for 2 flows, 6 clients that
+    /// each send one datagram from a fresh socket (what the conformance suite and DNS resolvers do) all get
+    /// their answer through a flow of its own.
+    #[tokio::test]
+    async fn full_flow_table_evicts_the_idlest_flow() {
+        let backend = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let backend_addr = backend.local_addr().unwrap();
+        let peers = Arc::new(Mutex::new(BTreeSet::new()));
+        let seen = peers.clone();
+        tokio::spawn(async move {
+            let mut buf = [0u8; 64];
+            loop {
+                let (n, from) = backend.recv_from(&mut buf).await.unwrap();
+                seen.lock().unwrap().insert(from);
+                backend.send_to(&buf[..n], from).await.unwrap();
+            }
+        });
+        let front = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let front_addr = front.local_addr().unwrap();
+        let backends: Backends = Arc::new(RwLock::new(vec![backend_addr]));
+        let task = tokio::spawn(forward_udp_with(
+            Arc::new(front),
+            Ipv4Addr::LOCALHOST,
+            backends,
+            2,
+            Duration::from_secs(600),
+        ));
+        for i in 0..6 {
+            let c = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+            c.connect(front_addr).await.unwrap();
+            let msg = format!("probe{i}");
+            c.send(msg.as_bytes()).await.unwrap();
+            let mut buf = [0u8; 64];
+            let n = tokio::time::timeout(Duration::from_secs(5), c.recv(&mut buf))
+                .await
+                .expect("every new client is answered")
+                .unwrap();
+            assert_eq!(&buf[..n], msg.as_bytes());
+        }
+        // Six flows, each with its own upstream socket.
+        assert_eq!(peers.lock().unwrap().len(), 6);
+        task.abort();
+    }
+
+    /// Stopping a port's forwarder (as when its Service goes) closes the flows' sockets with it, so the
+    /// address and port can be bound again at once (for the next Service given that address).
+    #[tokio::test]
+    async fn stopping_the_forwarder_frees_the_port() {
+        let backend = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let backend_addr = backend.local_addr().unwrap();
+        tokio::spawn(async move {
+            let mut buf = [0u8; 64];
+            loop {
+                let (n, from) = backend.recv_from(&mut buf).await.unwrap();
+                backend.send_to(&buf[..n], from).await.unwrap();
+            }
+        });
+        let front = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let front_addr = front.local_addr().unwrap();
+        let backends: Backends = Arc::new(RwLock::new(vec![backend_addr]));
+        let task = tokio::spawn(forward_udp(Arc::new(front), Ipv4Addr::LOCALHOST, backends));
+        let c = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        c.connect(front_addr).await.unwrap();
+        c.send(b"x").await.unwrap();
+        let mut buf = [0u8; 8];
+        tokio::time::timeout(Duration::from_secs(5), c.recv(&mut buf))
+            .await
+            .expect("reply in time")
+            .unwrap();
+        task.abort();
+        let _ = task.await;
+        // The relay task is aborted too; its socket closes once the runtime drops it.
+        let mut rebound = None;
+        for _ in 0..100 {
+            match UdpSocket::bind(front_addr).await {
+                Ok(s) => {
+                    rebound = Some(s);
+                    break;
+                }
+                Err(_) => tokio::task::yield_now().await,
+            }
+        }
+        assert!(
+            rebound.is_some(),
+            "{front_addr} still bound after the forwarder stopped"
+        );
+    }
+
+    #[test]
+    fn eviction_takes_the_flow_idle_longest() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let mut table = HashMap::new();
+            for (port, last) in [(1u16, 300u64), (2, 100), (3, 200)] {
+                let up = Arc::new(UdpSocket::bind("127.0.0.1:0").await.unwrap());
+                table.insert(
+                    SocketAddr::from(([127, 0, 0, 1], port)),
+                    Arc::new(Flow {
+                        up,
+                        last: AtomicU64::new(last),
+                        relay: Mutex::new(None),
+                    }),
+                );
+            }
+            assert_eq!(
+                evict_oldest(&mut table),
+                Some(SocketAddr::from(([127, 0, 0, 1], 2)))
+            );
+            assert_eq!(
+                evict_oldest(&mut table),
+                Some(SocketAddr::from(([127, 0, 0, 1], 3)))
+            );
+            assert_eq!(table.len(), 1);
+        });
     }
 }

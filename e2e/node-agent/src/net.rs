@@ -2,6 +2,12 @@
 //! 10.244.0.0/24) and, per Pod, a network namespace `<bridge>-<n>` with a veth pair (`<bridge>h<n>` on the
 //! bridge, `eth0` inside) and the address `<cidr>.<n>`.
 //!
+//! A Pod's `eth0` gets a MAC address derived from its IP ([`pod_mac`], `0a:58:` and the four address bytes,
+//! as the CNI bridge plugin does): Pod addresses are reused as soon as a Pod is gone, and with a random MAC
+//! the neighbour (ARP) entries other Pods and the host still hold for the address would point at the old
+//! Pod's MAC. Linux keeps such an entry REACHABLE for up to ~45 s, during which connections to the new Pod
+//! time out (seen as the first TCPRoute connections hanging ~30 s after a test replaced its Pods).
+//!
 //! Every name is derived from the bridge name, so two agents with different bridges and CIDRs (two clusters)
 //! can run on one host without touching each other's namespaces or links. Only addresses on the bridge this
 //! module manages are used: packets to other 10.x addresses may leave the VM.
@@ -117,6 +123,12 @@ pub async fn run(program: &str, args: &[&str]) -> Result<String> {
         });
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The MAC address of the Pod with address `ip`: locally administered, unicast, `0a:58:` then the address.
+pub fn pod_mac(ip: Ipv4Addr) -> String {
+    let [a, b, c, d] = ip.octets();
+    format!("0a:58:{a:02x}:{b:02x}:{c:02x}:{d:02x}")
 }
 
 /// One Pod's network.
@@ -262,6 +274,7 @@ impl Network {
         ip(&["link", "set", &net.host_veth, "up"]).await?;
         ip(&["link", "set", &peer, "netns", ns]).await?;
         ip(&["-n", ns, "link", "set", &peer, "name", "eth0"]).await?;
+        ip(&["-n", ns, "link", "set", "eth0", "address", &pod_mac(net.ip)]).await?;
         let addr = format!("{}/{PREFIX}", net.ip);
         ip(&["-n", ns, "addr", "add", &addr, "dev", "eth0"]).await?;
         ip(&["-n", ns, "link", "set", "eth0", "up"]).await?;
@@ -342,6 +355,13 @@ mod tests {
         assert_eq!(other_user_of(out, "sweetybr2", c246), None);
         let c250 = PodCidr::parse("10.250.0.0/24").unwrap();
         assert_eq!(other_user_of(out, "sweetyit0", c250), None);
+    }
+
+    #[test]
+    fn pod_mac_follows_the_address() {
+        assert_eq!(pod_mac(Ipv4Addr::new(10, 250, 0, 26)), "0a:58:0a:fa:00:1a");
+        // Locally administered (bit 1) and unicast (bit 0 clear) in the first octet.
+        assert_eq!(0x0a & 0b11, 0b10);
     }
 
     #[test]

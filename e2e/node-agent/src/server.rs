@@ -87,30 +87,7 @@ fn handle(req: &Request<Incoming>, root: &Path) -> Response<Full<Bytes>> {
             "only /containerLogs/{namespace}/{pod}/{container}\n",
         );
     };
-    let query: Vec<(&str, String)> = req
-        .uri()
-        .query()
-        .unwrap_or("")
-        .split('&')
-        .filter_map(|kv| kv.split_once('='))
-        .map(|(k, v)| (k, percent_decode(v)))
-        .collect();
-    let get = |k: &str| query.iter().find(|(n, _)| *n == k).map(|(_, v)| v.as_str());
-    let num = |k: &str| get(k).and_then(|v| v.parse::<usize>().ok());
-    let since_time = get("sinceTime").and_then(|v| v.parse::<Timestamp>().ok());
-    let since_seconds = get("sinceSeconds")
-        .and_then(|v| v.parse::<i64>().ok())
-        .and_then(|s| {
-            Timestamp::now()
-                .checked_sub(k8s_openapi::jiff::SignedDuration::from_secs(s))
-                .ok()
-        });
-    let q = crate::logs::Query {
-        tail_lines: num("tailLines"),
-        limit_bytes: num("limitBytes"),
-        since: since_time.or(since_seconds),
-        timestamps: get("timestamps") == Some("true"),
-    };
+    let q = log_query(req.uri().query());
     match read_log(root, ns, pod, container, &q) {
         Some(body) => text(StatusCode::OK, body),
         None => text(
@@ -118,32 +95,6 @@ fn handle(req: &Request<Incoming>, root: &Path) -> Response<Full<Bytes>> {
             format!("no log for {ns}/{pod}/{container}\n"),
         ),
     }
-}
-
-/// Decodes `%XX` escapes and `+` (a query value); invalid escapes stay as written.
-fn percent_decode(v: &str) -> String {
-    let b = v.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        match b[i] {
-            b'%' if i + 2 < b.len() => {
-                let hex = std::str::from_utf8(&b[i + 1..i + 3]).ok();
-                match hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
-                    Some(c) => {
-                        out.push(c);
-                        i += 3;
-                        continue;
-                    }
-                    None => out.push(b'%'),
-                }
-            }
-            b'+' => out.push(b' '),
-            c => out.push(c),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 fn safe(s: &str) -> bool {
@@ -184,6 +135,30 @@ pub fn read_log(
         data.drain(..cut);
     }
     Some(crate::logs::render(&data, q))
+}
+
+/// The `kubectl logs` options of a request's query string (form-encoded, as the apiserver sends
+/// them); unknown keys and unparsable values are ignored.
+fn log_query(query: Option<&str>) -> crate::logs::Query {
+    let query: Vec<(String, String)> = form_urlencoded::parse(query.unwrap_or("").as_bytes())
+        .into_owned()
+        .collect();
+    let get = |k: &str| query.iter().find(|(n, _)| *n == k).map(|(_, v)| v.as_str());
+    let num = |k: &str| get(k).and_then(|v| v.parse::<usize>().ok());
+    let since_time = get("sinceTime").and_then(|v| v.parse::<Timestamp>().ok());
+    let since_seconds = get("sinceSeconds")
+        .and_then(|v| v.parse::<i64>().ok())
+        .and_then(|s| {
+            Timestamp::now()
+                .checked_sub(k8s_openapi::jiff::SignedDuration::from_secs(s))
+                .ok()
+        });
+    crate::logs::Query {
+        tail_lines: num("tailLines"),
+        limit_bytes: num("limitBytes"),
+        since: since_time.or(since_seconds),
+        timestamps: get("timestamps") == Some("true"),
+    }
 }
 
 #[cfg(test)]
@@ -237,11 +212,18 @@ mod tests {
     }
 
     #[test]
-    fn decodes_query_values() {
+    fn reads_log_options_from_the_query() {
+        let q = log_query(Some(
+            "sinceTime=2026-01-01T00%3A00%3A02Z&tailLines=5&timestamps=true&x=%zz",
+        ));
+        assert_eq!(q.since, Some("2026-01-01T00:00:02Z".parse().unwrap()));
+        assert_eq!(q.tail_lines, Some(5));
+        assert_eq!(q.limit_bytes, None);
+        assert!(q.timestamps);
+        let none = log_query(None);
         assert_eq!(
-            percent_decode("2026-01-01T00%3A00%3A02Z"),
-            "2026-01-01T00:00:02Z"
+            (none.since, none.tail_lines, none.timestamps),
+            (None, None, false)
         );
-        assert_eq!(percent_decode("a+b%zz%4"), "a b%zz%4");
     }
 }

@@ -633,9 +633,17 @@ async fn changed_route_is_served() {
                     let r = client::get(&env.allowed, Version::H1, &t)
                         .await
                         .map_err(|e| e.to_string())?;
-                    (!r.body.contains("X-E2e-Change") && r.status == 200)
+                    // An echo of this very request (echo-basic names the path it saw) without the header.
+                    let j: Value = serde_json::from_str(&r.body)
+                        .map_err(|e| format!("{} {e}: {:?}", r.status, r.body))?;
+                    let echoed = j.pointer("/path").and_then(Value::as_str) == Some(s.path);
+                    let header = j.pointer("/headers/X-E2e-Change");
+                    (r.status == 200 && echoed && header.is_none())
                         .then_some(())
-                        .ok_or(format!("{} {:?}", r.status, r.body))
+                        .ok_or(format!(
+                            "{} path echoed: {echoed}, header {header:?}",
+                            r.status
+                        ))
                 },
             )
             .await

@@ -7,16 +7,20 @@ use crate::translate::Builder;
 use std::collections::BTreeMap;
 
 /// Features we claim: exactly those whose conformance tests pass against the local cluster
-/// (e2e/conformance/run.sh; docs/conformance.md has the latest report). Sorted. TCPRoute and
-/// UDPRoute are translated and served but not claimed yet (one test each failed in the
-/// GATEWAY-TCP/UDP profile run); unclaimed features and why: e2e/conformance/unclaimed-features.txt.
+/// (e2e/conformance/run.sh; docs/conformance.md has the latest report). Sorted. Unclaimed
+/// features and why: e2e/conformance/unclaimed-features.txt.
 pub const SUPPORTED_FEATURES: &[&str] = &[
     "BackendTLSPolicy",
+    "BackendTLSPolicySANValidation",
     "GRPCRoute",
     "GRPCRouteNamedRouteRule",
     "Gateway",
     "GatewayAddressEmpty",
+    "GatewayBackendClientCertificate",
+    "GatewayFrontendClientCertificateValidation",
+    "GatewayFrontendClientCertificateValidationInsecureFallback",
     "GatewayHTTPListenerIsolation",
+    "GatewayHTTPSListenerDetectMisdirectedRequests",
     "GatewayPort8080",
     "HTTPRoute",
     "HTTPRoute303RedirectStatusCode",
@@ -42,9 +46,16 @@ pub const SUPPORTED_FEATURES: &[&str] = &[
     "HTTPRouteRequestTimeout",
     "HTTPRouteResponseHeaderModification",
     "HTTPRouteRetry",
+    "HTTPRouteRetryBackendTimeout",
+    "HTTPRouteRetryConnectionError",
     "HTTPRouteSchemeRedirect",
+    "ListenerSet",
     "ReferenceGrant",
+    "TCPRoute",
     "TLSRoute",
+    "TLSRouteModeMixed",
+    "TLSRouteModeTerminate",
+    "UDPRoute",
 ];
 
 const PROXY_CONFIG_GROUP: &str = "sweety.dev";

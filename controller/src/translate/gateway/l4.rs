@@ -39,6 +39,7 @@ pub fn rule(
     Some(L4Route {
         name: format!("{}/{ns}/{name}/{label}", kind.name().to_lowercase()),
         hostnames: Vec::new(),
+        terminate: false,
         backends,
     })
 }

@@ -1,14 +1,15 @@
 //! Gateway listeners: protocol support, allowed route kinds, conflicts within a Gateway
-//! (HostnameConflict, ProtocolConflict) and TLS certificate references (Secrets, with
-//! ReferenceGrant for other namespaces). The result says, per listener, whether it can be
-//! programmed and why not.
+//! (HostnameConflict, ProtocolConflict), TLS certificate references (Secrets, with
+//! ReferenceGrant for other namespaces) and client certificate validation (`frontend`). The
+//! result says, per listener, whether it can be programmed and why not.
 
 use super::attach::{self, AllowedNamespaces};
+use super::frontend;
 use super::refgrant::{self, Reference};
 use crate::translate::status::{Condition, ListenerStatus, RouteGroupKind};
 use crate::translate::Snapshot;
 use std::collections::BTreeMap;
-use sweety_config::{Certificate, PemSource};
+use sweety_config::{Certificate, ClientAuth, PemSource};
 use sweety_gateway_api::gateways::{Gateway, GatewayListeners, GatewayListenersTlsMode};
 
 /// The Gateway API group.
@@ -20,6 +21,8 @@ pub enum Proto {
     Http,
     Https,
     TlsPassthrough,
+    /// TLS terminated by the dataplane, the plaintext forwarded to TLSRoute backends.
+    TlsTerminate,
     Tcp,
     Udp,
 }
@@ -30,13 +33,29 @@ impl Proto {
         self == Proto::Udp
     }
     /// Protocols whose listeners are told apart by hostname on a shared port.
-    fn uses_hostname(self) -> bool {
-        matches!(self, Proto::Http | Proto::Https | Proto::TlsPassthrough)
+    pub fn uses_hostname(self) -> bool {
+        matches!(
+            self,
+            Proto::Http | Proto::Https | Proto::TlsPassthrough | Proto::TlsTerminate
+        )
+    }
+    /// TLS listeners, passthrough or terminating: both route TLSRoutes by SNI and may share
+    /// a port (Gateway API "mixed" mode).
+    pub fn is_tls_route(self) -> bool {
+        matches!(self, Proto::TlsPassthrough | Proto::TlsTerminate)
+    }
+    /// Listeners on one port must agree on this (TLS passthrough and terminate mix).
+    fn port_family(self) -> Proto {
+        if self.is_tls_route() {
+            Proto::TlsPassthrough
+        } else {
+            self
+        }
     }
     fn kinds(self) -> &'static [RouteKind] {
         match self {
             Proto::Http | Proto::Https => &[RouteKind::Http, RouteKind::Grpc],
-            Proto::TlsPassthrough => &[RouteKind::Tls],
+            Proto::TlsPassthrough | Proto::TlsTerminate => &[RouteKind::Tls],
             Proto::Tcp => &[RouteKind::Tcp],
             Proto::Udp => &[RouteKind::Udp],
         }
@@ -89,6 +108,11 @@ pub struct GwListener {
     pub kinds: Vec<RouteKind>,
     pub allowed: AllowedNamespaces,
     pub certificates: Vec<Certificate>,
+    /// Client certificate validation of the listener's port (HTTPS only).
+    pub client_auth: Option<ClientAuth>,
+    /// A client CA reference that did not resolve while others did (`ResolvedRefs: False`,
+    /// the listener still served with the valid ones).
+    pub ca_problem: Option<Problem>,
     /// Why the listener is not accepted (None: accepted).
     pub not_accepted: Option<Problem>,
     /// Conflict reason, if any.
@@ -99,6 +123,14 @@ pub struct GwListener {
     pub container_port: Option<u16>,
     /// Routes attached (counted while attaching).
     pub attached: i32,
+    /// The ListenerSet (index into `GwState::listener_sets`) that contributed this listener;
+    /// None for the Gateway's own listeners.
+    pub owner: Option<usize>,
+    /// The namespace of the ListenerSet (for `allowedRoutes` `Same`); None: the Gateway's.
+    pub home_ns: Option<String>,
+    /// `conflicted` came from listener precedence (a Gateway listener or an older ListenerSet's
+    /// won): Accepted and Programmed then carry the conflict reason.
+    pub lost_precedence: bool,
 }
 
 impl GwListener {
@@ -134,6 +166,9 @@ impl GwListener {
         let no_port = self.usable() && self.container_port.is_none() && !gateway_rejected;
         let accepted = match (&self.not_accepted, &self.conflicted) {
             (Some((r, m)), _) => Condition::new("Accepted", false, r, m.clone(), generation),
+            (None, Some((r, m))) if self.lost_precedence => {
+                Condition::new("Accepted", false, r, m.clone(), generation)
+            }
             // Another listener of this Gateway claims the port in an incompatible way.
             (None, Some((_, m))) => {
                 Condition::new("Accepted", false, "PortUnavailable", m.clone(), generation)
@@ -163,7 +198,7 @@ impl GwListener {
             ),
             Some((r, m)) => Condition::new("Conflicted", true, r, m.clone(), generation),
         };
-        let resolved = match &self.unresolved {
+        let resolved = match self.unresolved.as_ref().or(self.ca_problem.as_ref()) {
             None => Condition::new(
                 "ResolvedRefs",
                 true,
@@ -181,6 +216,8 @@ impl GwListener {
                 "listener programmed",
                 generation,
             )
+        } else if let (true, Some((r, m))) = (self.lost_precedence, &self.conflicted) {
+            Condition::new("Programmed", false, r, m.clone(), generation)
         } else {
             let why = if gateway_rejected {
                 "the Gateway is not accepted"
@@ -214,13 +251,100 @@ pub fn validate(snapshot: &Snapshot, gw: &Gateway) -> Vec<GwListener> {
         .spec
         .listeners
         .iter()
-        .map(|l| listener(snapshot, ns, l))
+        .map(|l| listener(snapshot, ns, l, "Gateway"))
         .collect();
+    apply_frontend(snapshot, gw, ns, &mut out);
     conflicts(&mut out);
     out
 }
 
-fn listener(snapshot: &Snapshot, ns: &str, l: &GatewayListeners) -> GwListener {
+/// Validate the listeners of a ListenerSet (namespace `ls_ns`) attached to `gw` (namespace
+/// `gw_ns`): certificates resolve from the ListenerSet's namespace (ReferenceGrants from
+/// ListenerSets), client certificate validation comes from the Gateway's port settings.
+/// Conflicts with the listeners before them are settled by [`precedence_conflict`].
+pub fn validate_set(
+    snapshot: &Snapshot,
+    gw: &Gateway,
+    gw_ns: &str,
+    ls_ns: &str,
+    listeners: &[GatewayListeners],
+) -> Vec<GwListener> {
+    let mut out: Vec<GwListener> = listeners
+        .iter()
+        .map(|l| listener(snapshot, ls_ns, l, "ListenerSet"))
+        .collect();
+    apply_frontend(snapshot, gw, gw_ns, &mut out);
+    out
+}
+
+/// Marks `new` conflicted when an earlier listener (`before`, in precedence order) that is
+/// accepted and not conflicted claims its port in an incompatible way: another protocol
+/// (ProtocolConflict), or the same hostname (HostnameConflict; on TCP/UDP any listener).
+pub fn precedence_conflict(before: &[GwListener], new: &mut GwListener) {
+    let (None, Some(p)) = (&new.not_accepted, new.protocol) else {
+        return;
+    };
+    for e in before {
+        let (None, None, Some(ep)) = (&e.not_accepted, &e.conflicted, e.protocol) else {
+            continue;
+        };
+        if e.port != new.port || ep.is_udp() != p.is_udp() {
+            continue;
+        }
+        let problem = if ep.port_family() != p.port_family() {
+            (
+                "ProtocolConflict",
+                format!(
+                    "listener {} already uses port {} with another protocol",
+                    e.name, e.port
+                ),
+            )
+        } else if !p.uses_hostname() || e.hostname == new.hostname {
+            (
+                "HostnameConflict",
+                format!(
+                    "listener {} already uses port {} and hostname {}",
+                    e.name,
+                    e.port,
+                    e.hostname.as_deref().unwrap_or("(none)")
+                ),
+            )
+        } else {
+            continue;
+        };
+        new.conflicted = Some(problem);
+        new.lost_precedence = true;
+        return;
+    }
+}
+
+/// Client certificate validation (the Gateway's `spec.tls.frontend`, per port) for HTTPS
+/// listeners.
+fn apply_frontend(snapshot: &Snapshot, gw: &Gateway, ns: &str, out: &mut [GwListener]) {
+    let mut by_port: BTreeMap<u16, frontend::Frontend> = BTreeMap::new();
+    for l in out.iter_mut() {
+        if l.protocol != Some(Proto::Https) || l.not_accepted.is_some() {
+            continue;
+        }
+        let f = by_port
+            .entry(l.port)
+            .or_insert_with(|| frontend::resolve(snapshot, gw, ns, l.port));
+        if f.none_valid {
+            let (reason, msg) = f.invalid_ref.clone().unwrap_or_default();
+            l.not_accepted = Some((
+                "NoValidCACertificate",
+                format!("no valid client CA certificate for port {}: {msg}", l.port),
+            ));
+            l.unresolved.get_or_insert((reason, msg));
+        } else {
+            l.client_auth = f.auth.clone();
+            l.ca_problem = f.invalid_ref.clone();
+        }
+    }
+}
+
+/// One listener of a Gateway or ListenerSet (`from_kind`, for ReferenceGrants) in `ns`.
+fn listener(snapshot: &Snapshot, ns: &str, l: &GatewayListeners, from_kind: &str) -> GwListener {
     let mut out = GwListener {
         name: l.name.clone(),
         port: u16::try_from(l.port).unwrap_or(0),
@@ -229,11 +353,16 @@ fn listener(snapshot: &Snapshot, ns: &str, l: &GatewayListeners) -> GwListener {
         kinds: Vec::new(),
         allowed: attach::allowed_namespaces(l.allowed_routes.as_ref()),
         certificates: Vec::new(),
+        client_auth: None,
+        ca_problem: None,
         not_accepted: None,
         conflicted: None,
         unresolved: None,
         container_port: None,
         attached: 0,
+        owner: None,
+        home_ns: None,
+        lost_precedence: false,
     };
     if out.port == 0 {
         out.not_accepted = Some(("UnsupportedValue", format!("invalid port {}", l.port)));
@@ -248,19 +377,13 @@ fn listener(snapshot: &Snapshot, ns: &str, l: &GatewayListeners) -> GwListener {
         ("HTTP", _) => Proto::Http,
         ("HTTPS", GatewayListenersTlsMode::Terminate) => Proto::Https,
         ("TLS", GatewayListenersTlsMode::Passthrough) => Proto::TlsPassthrough,
+        ("TLS", GatewayListenersTlsMode::Terminate) => Proto::TlsTerminate,
         ("TCP", _) => Proto::Tcp,
         ("UDP", _) => Proto::Udp,
         ("HTTPS", GatewayListenersTlsMode::Passthrough) => {
             out.not_accepted = Some((
                 "UnsupportedValue",
                 "HTTPS listeners support only tls.mode Terminate".into(),
-            ));
-            return out;
-        }
-        ("TLS", GatewayListenersTlsMode::Terminate) => {
-            out.not_accepted = Some((
-                "UnsupportedValue",
-                "TLS listeners in Terminate mode are not supported; use Passthrough".into(),
             ));
             return out;
         }
@@ -302,8 +425,8 @@ fn listener(snapshot: &Snapshot, ns: &str, l: &GatewayListeners) -> GwListener {
             }
         }
     }
-    if protocol == Proto::Https {
-        if let Some(problem) = certificates(snapshot, ns, l, &mut out.certificates) {
+    if matches!(protocol, Proto::Https | Proto::TlsTerminate) {
+        if let Some(problem) = certificates(snapshot, ns, l, from_kind, &mut out.certificates) {
             out.unresolved = Some(problem);
             out.certificates.clear();
         }
@@ -316,6 +439,7 @@ fn certificates(
     snapshot: &Snapshot,
     ns: &str,
     l: &GatewayListeners,
+    from_kind: &str,
     out: &mut Vec<Certificate>,
 ) -> Option<Problem> {
     let refs = l
@@ -326,7 +450,10 @@ fn certificates(
     if refs.is_empty() {
         return Some((
             "InvalidCertificateRef",
-            "an HTTPS listener needs at least one certificateRef".into(),
+            format!(
+                "a {} listener terminating TLS needs at least one certificateRef",
+                l.protocol
+            ),
         ));
     }
     for r in refs {
@@ -341,7 +468,7 @@ fn certificates(
         }
         let grant = Reference {
             from_group: GROUP,
-            from_kind: "Gateway",
+            from_kind,
             from_namespace: ns,
             to_group: "",
             to_kind: "Secret",
@@ -420,6 +547,7 @@ fn check_certificate(c: &Certificate) -> Result<(), String> {
         tls: Some(sweety_config::ListenerTls {
             certificates: vec![c.clone()],
             min_version: Default::default(),
+            client_auth: None,
         }),
         http3: false,
         max_requests_in_flight: None,
@@ -444,7 +572,10 @@ fn conflicts(listeners: &mut [GwListener]) {
     }
     for ((port, _), idx) in by_port {
         let protocols: Vec<Proto> = idx.iter().filter_map(|&i| listeners[i].protocol).collect();
-        if protocols.iter().any(|p| *p != protocols[0]) {
+        if protocols
+            .iter()
+            .any(|p| p.port_family() != protocols[0].port_family())
+        {
             for &i in &idx {
                 listeners[i].conflicted = Some((
                     "ProtocolConflict",
@@ -537,5 +668,45 @@ mod tests {
         assert_eq!(l[1].unresolved.as_ref().unwrap().0, "InvalidRouteKinds");
         assert!(!l[1].usable(), "no valid kind left");
         assert_eq!(l[2].not_accepted.as_ref().unwrap().0, "UnsupportedProtocol");
+    }
+
+    #[test]
+    fn tls_passthrough_and_terminate_share_a_port_by_hostname() {
+        let l = listeners(
+            "  - {name: t, port: 8883, protocol: TLS, hostname: t.io, tls: {mode: Terminate}}
+  - {name: p, port: 8883, protocol: TLS, hostname: p.io, tls: {mode: Passthrough}}
+  - {name: q, port: 8883, protocol: TLS, hostname: p.io, tls: {mode: Terminate}}
+  - {name: h, port: 8883, protocol: HTTPS, hostname: h.io}
+",
+        );
+        assert_eq!(l[0].protocol, Some(Proto::TlsTerminate));
+        assert_eq!(l[0].kinds, vec![RouteKind::Tls]);
+        // Terminate and Passthrough mix on one port (told apart by hostname); HTTPS does not.
+        let got: Vec<_> = l.iter().map(conflict).collect();
+        assert_eq!(
+            got,
+            vec![
+                Some("ProtocolConflict"),
+                Some("ProtocolConflict"),
+                Some("ProtocolConflict"),
+                Some("ProtocolConflict")
+            ]
+        );
+        let l = listeners(
+            "  - {name: t, port: 8883, protocol: TLS, hostname: t.io, tls: {mode: Terminate}}
+  - {name: p, port: 8883, protocol: TLS, hostname: p.io, tls: {mode: Passthrough}}
+  - {name: q, port: 8883, protocol: TLS, hostname: p.io, tls: {mode: Terminate}}
+",
+        );
+        let got: Vec<_> = l.iter().map(conflict).collect();
+        assert_eq!(
+            got,
+            vec![None, Some("HostnameConflict"), Some("HostnameConflict")]
+        );
+        // Terminating needs a certificate, like HTTPS.
+        let (reason, msg) = l[0].unresolved.clone().unwrap();
+        assert_eq!(reason, "InvalidCertificateRef");
+        assert!(msg.contains("needs at least one certificateRef"), "{msg}");
+        assert!(l[1].unresolved.is_none(), "passthrough needs none");
     }
 }
