@@ -122,9 +122,11 @@ fn sort_routes(mut v: Vec<(SortKey, Route)>) -> Vec<Route> {
 /// Emit dataplane listeners, virtual hosts, Services and Gateway statuses.
 pub fn emit(b: &mut Builder<'_>, gateways: &[GwState], _alloc: &Allocation, out: Collected) {
     let mut http: BTreeMap<(usize, u16), Vec<HttpEntry>> = BTreeMap::new();
+    // Backends replaced by a client-certificate variant somewhere (maybe unused afterwards).
+    let mut replaced = BTreeSet::new();
     for mut e in out.http {
         if let Ok(Some(cc)) = &gateways[e.gw].backend_client_cert {
-            client_cert::apply(&mut b.backends, &mut e.route, cc);
+            replaced.extend(client_cert::apply(&mut b.backends, &mut e.route, cc));
         }
         let port = gateways[e.gw].listeners[e.listener].port;
         http.entry((e.gw, port)).or_default().push(e);
@@ -311,6 +313,7 @@ pub fn emit(b: &mut Builder<'_>, gateways: &[GwState], _alloc: &Allocation, out:
         }
         status(b, gw, service_ports);
     }
+    client_cert::drop_unused(b, &replaced);
 }
 
 /// A rule reached through two listeners on one port (e.g. a TLSRoute attached to a
