@@ -4,7 +4,10 @@
 //! when they differ from what the cluster has); owned Services whose Gateway is gone are deleted.
 //!
 //! Ownership is by label: `app.kubernetes.io/managed-by: sweety` plus the Gateway's namespace
-//! and name labels (values longer than 63 characters are shortened with a hash suffix).
+//! and name labels (values longer than 63 characters are shortened with a hash suffix). The
+//! Service also carries the standard `gateway.networking.k8s.io/gateway-name` label and the
+//! Gateway's `spec.infrastructure` labels and annotations (e.g. load-balancer annotations of a
+//! cloud provider); ours win where a key clashes.
 
 use crate::translate::GatewayService;
 use crate::Error;
@@ -20,6 +23,10 @@ pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 pub const MANAGED_BY: &str = "sweety";
 pub const GATEWAY_NAMESPACE_LABEL: &str = "sweety.dev/gateway-namespace";
 pub const GATEWAY_NAME_LABEL: &str = "sweety.dev/gateway-name";
+/// Annotation listing the Gateway `spec.infrastructure` keys set on the Service.
+pub const INFRASTRUCTURE_KEYS: &str = "sweety.dev/infrastructure-keys";
+/// The Gateway API's own label for resources created for a Gateway.
+pub const STANDARD_GATEWAY_NAME_LABEL: &str = "gateway.networking.k8s.io/gateway-name";
 
 /// What one sync did.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -96,14 +103,33 @@ impl GatewayServices {
 
     /// The Service we want for one Gateway.
     pub fn service(&self, d: &GatewayService) -> Service {
-        let labels = BTreeMap::from([
+        let mut labels = d.labels.clone();
+        labels.extend([
             (MANAGED_BY_LABEL.to_string(), MANAGED_BY.to_string()),
             (
                 GATEWAY_NAMESPACE_LABEL.to_string(),
                 label_value(&d.gateway_namespace),
             ),
             (GATEWAY_NAME_LABEL.to_string(), label_value(&d.gateway_name)),
+            (
+                STANDARD_GATEWAY_NAME_LABEL.to_string(),
+                label_value(&d.gateway_name),
+            ),
         ]);
+        let mut annotations = d.annotations.clone();
+        // Which infrastructure keys this apply sets: a key removed from the Gateway changes
+        // this value, so the Service is applied again and server-side apply drops the key.
+        let keys: Vec<String> = d
+            .labels
+            .keys()
+            .map(|k| format!("label:{k}"))
+            .chain(d.annotations.keys().map(|k| format!("annotation:{k}")))
+            .collect();
+        annotations.insert(INFRASTRUCTURE_KEYS.to_string(), keys.join(","));
+        annotations.insert(
+            "sweety.dev/gateway".to_string(),
+            format!("{}/{}", d.gateway_namespace, d.gateway_name),
+        );
         let load_balancer_ip = match d.requested_addresses.as_slice() {
             [one] if d.service_type == "LoadBalancer" => Some(one.clone()),
             _ => None,
@@ -112,10 +138,7 @@ impl GatewayServices {
             metadata: ObjectMeta {
                 name: Some(d.name.clone()),
                 labels: Some(labels),
-                annotations: Some(BTreeMap::from([(
-                    "sweety.dev/gateway".to_string(),
-                    format!("{}/{}", d.gateway_namespace, d.gateway_name),
-                )])),
+                annotations: Some(annotations),
                 ..Default::default()
             },
             spec: Some(ServiceSpec {
@@ -143,14 +166,15 @@ impl GatewayServices {
 
 /// Whether the cluster's Service already matches what we would apply (the fields we set).
 fn same(current: &Service, want: &Service) -> bool {
-    let labels_match = want.metadata.labels.iter().flatten().all(|(k, v)| {
-        current
-            .metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(k))
-            .is_some_and(|c| c == v)
-    });
+    let subset = |want: &Option<BTreeMap<String, String>>,
+                  have: &Option<BTreeMap<String, String>>| {
+        want.iter()
+            .flatten()
+            .all(|(k, v)| have.as_ref().and_then(|l| l.get(k)).is_some_and(|c| c == v))
+    };
+    // Keys we no longer set show up as a changed INFRASTRUCTURE_KEYS annotation.
+    let labels_match = subset(&want.metadata.labels, &current.metadata.labels)
+        && subset(&want.metadata.annotations, &current.metadata.annotations);
     let (Some(c), Some(w)) = (&current.spec, &want.spec) else {
         return false;
     };
@@ -174,7 +198,8 @@ fn same(current: &Service, want: &Service) -> bool {
     labels_match
         && c.type_.as_deref().unwrap_or("ClusterIP") == w.type_.as_deref().unwrap_or("ClusterIP")
         && c.selector == w.selector
-        && (w.load_balancer_ip.is_none() || c.load_balancer_ip == w.load_balancer_ip)
+        // Also when no address is wanted any more: the old request must go.
+        && c.load_balancer_ip == w.load_balancer_ip
         && ports(c) == ports(w)
 }
 
@@ -201,5 +226,49 @@ mod tests {
         assert!(v.len() <= 63, "{v}");
         assert_eq!(v, label_value(&long));
         assert_ne!(v, label_value(&"a".repeat(99)));
+    }
+
+    fn desired(labels: &[(&str, &str)], annotations: &[(&str, &str)]) -> GatewayService {
+        let map = |kv: &[(&str, &str)]| {
+            kv.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        GatewayService {
+            gateway_namespace: "apps".into(),
+            gateway_name: "web".into(),
+            name: "sweety-gw-apps-web".into(),
+            service_type: "LoadBalancer".into(),
+            ports: Vec::new(),
+            requested_addresses: Vec::new(),
+            labels: map(labels),
+            annotations: map(annotations),
+        }
+    }
+
+    #[tokio::test]
+    async fn infrastructure_metadata_lands_on_the_service_and_removals_reapply() {
+        // The client is never used: `service` and `same` are pure.
+        let cfg = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
+        let client = Client::try_from(cfg).unwrap();
+        let gs = GatewayServices::new(client, "sweety", BTreeMap::new(), "test");
+        let with = gs.service(&desired(
+            &[("team", "a"), (MANAGED_BY_LABEL, "someone-else")],
+            &[("lb.example/internal", "true")],
+        ));
+        let labels = with.metadata.labels.clone().unwrap();
+        assert_eq!(labels["team"], "a");
+        assert_eq!(labels[MANAGED_BY_LABEL], MANAGED_BY, "ours win");
+        assert_eq!(labels[STANDARD_GATEWAY_NAME_LABEL], "web");
+        let ann = with.metadata.annotations.clone().unwrap();
+        assert_eq!(ann["lb.example/internal"], "true");
+        assert_eq!(
+            ann[INFRASTRUCTURE_KEYS],
+            "label:app.kubernetes.io/managed-by,label:team,annotation:lb.example/internal"
+        );
+        assert!(same(&with, &with));
+        // The Gateway dropped its infrastructure metadata: the cluster's copy no longer matches.
+        let without = gs.service(&desired(&[], &[]));
+        assert!(!same(&with, &without));
     }
 }

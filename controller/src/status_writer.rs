@@ -332,29 +332,20 @@ impl StatusWriter {
                 "supportedFeatures": s.supported_features.iter().map(|n| json!({"name": n})).collect::<Vec<_>>(),
             }),
             Some(ObjectStatus::Gateway(s)) => {
-                let prev_listeners = prev.get("listeners").and_then(Value::as_array);
-                let listeners: Vec<Value> = s
-                    .listeners
-                    .iter()
-                    .map(|l| {
-                        let prev_l = prev_listeners.and_then(|pl| {
-                            pl.iter()
-                                .find(|p| p.get("name").and_then(Value::as_str) == Some(&l.name))
-                        });
-                        json!({
-                            "name": l.name,
-                            "supportedKinds": l.supported_kinds,
-                            "attachedRoutes": l.attached_routes,
-                            "conditions": st.conditions(&l.conditions, prev_l.and_then(|p| p.get("conditions"))),
-                        })
-                    })
-                    .collect();
-                json!({
+                let mut v = json!({
                     "addresses": s.addresses,
                     "conditions": st.conditions(&s.conditions, prev.get("conditions")),
-                    "listeners": listeners,
-                })
+                    "listeners": listener_statuses(&s.listeners, prev, &st),
+                });
+                if s.attached_listener_sets > 0 {
+                    v["attachedListenerSets"] = json!(s.attached_listener_sets);
+                }
+                v
             }
+            Some(ObjectStatus::ListenerSet(s)) => json!({
+                "conditions": st.conditions(&s.conditions, prev.get("conditions")),
+                "listeners": listener_statuses(&s.listeners, prev, &st),
+            }),
             Some(ObjectStatus::Route(s)) => {
                 json!({"parents": self.merge_entries(key, &s.parents, "parentRef", prev, live, &st)})
             }
@@ -410,6 +401,30 @@ impl StatusWriter {
         }
         out
     }
+}
+
+/// `status.listeners` of a Gateway or ListenerSet, keeping earlier `lastTransitionTime`s.
+fn listener_statuses(
+    listeners: &[crate::translate::status::ListenerStatus],
+    prev: &Value,
+    st: &Stamper<'_>,
+) -> Vec<Value> {
+    let prev_listeners = prev.get("listeners").and_then(Value::as_array);
+    listeners
+        .iter()
+        .map(|l| {
+            let prev_l = prev_listeners.and_then(|pl| {
+                pl.iter()
+                    .find(|p| p.get("name").and_then(Value::as_str) == Some(&l.name))
+            });
+            json!({
+                "name": l.name,
+                "supportedKinds": l.supported_kinds,
+                "attachedRoutes": l.attached_routes,
+                "conditions": st.conditions(&l.conditions, prev_l.and_then(|p| p.get("conditions"))),
+            })
+        })
+        .collect()
 }
 
 /// Adds `lastTransitionTime` and applies the Programmed gate.
@@ -561,6 +576,7 @@ pub fn api_resource(kind: &str) -> Option<ApiResource> {
     Some(match kind {
         "GatewayClass" => ApiResource::erase::<gatewayclasses::GatewayClass>(&()),
         "Gateway" => ApiResource::erase::<gateways::Gateway>(&()),
+        "ListenerSet" => ApiResource::erase::<listenersets::ListenerSet>(&()),
         "HTTPRoute" => ApiResource::erase::<httproutes::HttpRoute>(&()),
         "GRPCRoute" => ApiResource::erase::<grpcroutes::GrpcRoute>(&()),
         "TLSRoute" => ApiResource::erase::<tlsroutes::TlsRoute>(&()),
@@ -596,6 +612,7 @@ macro_rules! impl_current {
 impl_current!(
     gw::gatewayclasses::GatewayClass,
     gw::gateways::Gateway,
+    gw::listenersets::ListenerSet,
     gw::httproutes::HttpRoute,
     gw::grpcroutes::GrpcRoute,
     gw::tlsroutes::TlsRoute,
@@ -606,9 +623,10 @@ impl_current!(
     sweety_crds::SweetySite
 );
 
-const INDEXED_KINDS: [&str; 10] = [
+const INDEXED_KINDS: [&str; 11] = [
     "GatewayClass",
     "Gateway",
+    "ListenerSet",
     "HTTPRoute",
     "GRPCRoute",
     "TLSRoute",
@@ -643,6 +661,7 @@ impl<'a> Index<'a> {
         }
         add(&mut map, "GatewayClass", &s.gateway_classes);
         add(&mut map, "Gateway", &s.gateways);
+        add(&mut map, "ListenerSet", &s.listener_sets);
         add(&mut map, "HTTPRoute", &s.http_routes);
         add(&mut map, "GRPCRoute", &s.grpc_routes);
         add(&mut map, "TLSRoute", &s.tls_routes);

@@ -8,7 +8,10 @@
 //!   per namespace); cluster-scoped kinds (IngressClass, GatewayClass, Namespace) are always
 //!   watched cluster-wide.
 //! - Secrets are watched with the field selector `type=kubernetes.io/tls`, and only Secrets that
-//!   an Ingress (`spec.tls[].secretName`), a Gateway listener (`tls.certificateRefs`), a
+//!   an Ingress (`spec.tls[].secretName`), a Gateway or ListenerSet listener
+//!   (`tls.certificateRefs`), a Gateway's
+//!   client certificate validation (`spec.tls.frontend` CA refs) or backend client certificate
+//!   (`spec.tls.backend.clientCertificateRef`), a
 //!   BackendTLSPolicy (`validation.caCertificateRefs`) or a SweetySite (`tls.secretName`,
 //!   `routes[].static.configMap`) references reach the snapshot. ConfigMaps have no natural selector, so they are all watched (in the watched
 //!   namespaces) and filtered the same way into the snapshot: users need not label them, at the
@@ -99,6 +102,7 @@ pub struct Stores {
     pub udp_routes: Stored<gw::udproutes::UdpRoute>,
     pub reference_grants: Stored<gw::referencegrants::ReferenceGrant>,
     pub backend_tls_policies: Stored<gw::backendtlspolicies::BackendTlsPolicy>,
+    pub listener_sets: Stored<gw::listenersets::ListenerSet>,
     pub sites: Stored<SweetySite>,
     pub proxy_configs: Stored<SweetyProxyConfig>,
     pub services: Stored<Service>,
@@ -125,6 +129,7 @@ impl Stores {
             udp_routes: self.udp_routes.state(),
             reference_grants: self.reference_grants.state(),
             backend_tls_policies: self.backend_tls_policies.state(),
+            listener_sets: self.listener_sets.state(),
             sites: self.sites.state(),
             proxy_configs: self.proxy_configs.state(),
             services: self.services.state(),
@@ -173,6 +178,49 @@ impl References {
         }
         for g in &s.gateways {
             let ns = g.metadata.namespace.clone().unwrap_or_default();
+            // Client certificate validation CAs (spec.tls.frontend), ConfigMaps or Secrets.
+            let frontend = g.spec.tls.as_ref().and_then(|t| t.frontend.as_ref());
+            let mut ca_refs: Vec<(&str, &str, &str, Option<&String>)> = Vec::new();
+            if let Some(f) = frontend {
+                for v in f.default.validation.iter() {
+                    for c in &v.ca_certificate_refs {
+                        ca_refs.push((&c.group, &c.kind, &c.name, c.namespace.as_ref()));
+                    }
+                }
+                for p in f.per_port.iter().flatten() {
+                    for v in p.tls.validation.iter() {
+                        for c in &v.ca_certificate_refs {
+                            ca_refs.push((&c.group, &c.kind, &c.name, c.namespace.as_ref()));
+                        }
+                    }
+                }
+            }
+            // The backend client certificate (spec.tls.backend.clientCertificateRef).
+            if let Some(c) = g
+                .spec
+                .tls
+                .as_ref()
+                .and_then(|t| t.backend.as_ref())
+                .and_then(|b| b.client_certificate_ref.as_ref())
+            {
+                let core = c.group.as_deref().unwrap_or("").is_empty();
+                if core && c.kind.as_deref().unwrap_or("Secret") == "Secret" {
+                    let cns = c.namespace.clone().unwrap_or_else(|| ns.clone());
+                    r.secrets.insert((cns, c.name.clone()));
+                }
+            }
+            for (group, kind, name, cns) in ca_refs {
+                let key = (cns.cloned().unwrap_or_else(|| ns.clone()), name.to_string());
+                match (group, kind) {
+                    ("", "ConfigMap") => {
+                        r.config_maps.insert(key);
+                    }
+                    ("", "Secret") => {
+                        r.secrets.insert(key);
+                    }
+                    _ => {}
+                }
+            }
             for l in &g.spec.listeners {
                 let refs = l
                     .tls
@@ -182,6 +230,22 @@ impl References {
                     let core = c.group.as_deref().unwrap_or("").is_empty();
                     let secret = c.kind.as_deref().unwrap_or("Secret") == "Secret";
                     if core && secret {
+                        let ns = c.namespace.clone().unwrap_or_else(|| ns.clone());
+                        r.secrets.insert((ns, c.name.clone()));
+                    }
+                }
+            }
+        }
+        for ls in &s.listener_sets {
+            let ns = ls.metadata.namespace.clone().unwrap_or_default();
+            for l in &ls.spec.listeners {
+                for c in l
+                    .tls
+                    .iter()
+                    .flat_map(|t| t.certificate_refs.iter().flatten())
+                {
+                    let core = c.group.as_deref().unwrap_or("").is_empty();
+                    if core && c.kind.as_deref().unwrap_or("Secret") == "Secret" {
                         let ns = c.namespace.clone().unwrap_or_else(|| ns.clone());
                         r.secrets.insert((ns, c.name.clone()));
                     }
@@ -259,6 +323,7 @@ impl Watches {
             udp_routes: w.namespaced(watcher::Config::default()),
             reference_grants: w.namespaced(watcher::Config::default()),
             backend_tls_policies: w.namespaced(watcher::Config::default()),
+            listener_sets: w.namespaced(watcher::Config::default()),
             sites: w.namespaced(watcher::Config::default()),
             proxy_configs: w.namespaced(watcher::Config::default()),
             services: w.namespaced(watcher::Config::default()),
@@ -464,7 +529,7 @@ impl Starter {
 }
 
 /// Object counts per kind, for the `objects` metric.
-pub fn object_counts(s: &Snapshot) -> [(&'static str, usize); 18] {
+pub fn object_counts(s: &Snapshot) -> [(&'static str, usize); 19] {
     [
         ("IngressClass", s.ingress_classes.len()),
         ("Ingress", s.ingresses.len()),
@@ -476,6 +541,7 @@ pub fn object_counts(s: &Snapshot) -> [(&'static str, usize); 18] {
         ("TCPRoute", s.tcp_routes.len()),
         ("UDPRoute", s.udp_routes.len()),
         ("ReferenceGrant", s.reference_grants.len()),
+        ("ListenerSet", s.listener_sets.len()),
         ("BackendTLSPolicy", s.backend_tls_policies.len()),
         ("SweetySite", s.sites.len()),
         ("SweetyProxyConfig", s.proxy_configs.len()),

@@ -537,6 +537,7 @@ async fn status_writer_writes_only_changes_and_keeps_foreign_parents() {
                     cond("Programmed", true, "Programmed", 1),
                 ],
             }],
+            attached_listener_sets: 0,
         }),
     );
     statuses.insert(
@@ -806,6 +807,8 @@ async fn gateway_services_are_created_updated_and_deleted() {
                 },
             ],
             requested_addresses: vec![],
+            labels: Default::default(),
+            annotations: Default::default(),
         },
         GatewayService {
             gateway_namespace: "apps".into(),
@@ -819,6 +822,8 @@ async fn gateway_services_are_created_updated_and_deleted() {
                 target_port: 20002,
             }],
             requested_addresses: vec![],
+            labels: Default::default(),
+            annotations: Default::default(),
         },
     ];
     let report = services.sync(&desired).await.expect("sync");

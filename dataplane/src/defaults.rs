@@ -65,6 +65,7 @@ pub fn default_config(site_root: &Path, cert_pem: String, key_pem: String) -> Co
                         key: PemSource::Pem(key_pem),
                     }],
                     min_version: TlsVersion::Tls12,
+                    client_auth: None,
                 }),
                 http3: true,
                 max_requests_in_flight: None,

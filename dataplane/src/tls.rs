@@ -6,14 +6,22 @@
 //!
 //! Certificates are resolved per handshake from the config snapshot that is current when the
 //! connection is accepted, so a changed certificate applies to new handshakes at once.
+//!
+//! A listener with `client_auth` asks clients for a certificate and verifies it against its CA
+//! bundle (mutual TLS): `require` fails the handshake without a valid one; in
+//! `allow_insecure_fallback` a missing or unverifiable certificate is let through
+//! ([`InsecureFallback`]).
 
-use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::client::danger::HandshakeSignatureValid;
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
 use rustls::sign::CertifiedKey;
+use rustls::{DigitallySignedStruct, DistinguishedName, SignatureScheme};
 use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
 use std::collections::HashMap;
 use std::sync::Arc;
-use sweety_config::{Certificate, ListenerTls, PemSource, TlsVersion};
+use sweety_config::{Certificate, ClientAuth, ClientAuthMode, ListenerTls, PemSource, TlsVersion};
 
 /// Errors loading TLS material.
 #[derive(Debug, thiserror::Error)]
@@ -257,12 +265,14 @@ pub fn listener_configs(
     quic: Option<bool>,
 ) -> Result<ListenerTlsConfigs, TlsError> {
     let resolver = Arc::new(SniResolver::new(&tls.certificates, path)?);
+    let verifier = client_verifier(tls.client_auth.as_ref(), path)?;
     let versions: &[&rustls::SupportedProtocolVersion] = match tls.min_version {
         TlsVersion::Tls12 => &[&rustls::version::TLS13, &rustls::version::TLS12],
         TlsVersion::Tls13 => &[&rustls::version::TLS13],
     };
     let tcp = build(
         resolver.clone(),
+        verifier.clone(),
         versions,
         &[b"h2", b"http/1.1"],
         path,
@@ -274,7 +284,7 @@ pub fn listener_configs(
             // rustls offers early data only with stateful resumption: a ticket is then a
             // single-use key into the session cache, which also stops replays to this server.
             let tls13 = &[&rustls::version::TLS13];
-            let mut cfg = build(resolver, tls13, &[b"h3"], path, !early_data)?;
+            let mut cfg = build(resolver, verifier, tls13, &[b"h3"], path, !early_data)?;
             // QUIC allows only 0 or u32::MAX here; the amount is bounded by flow control.
             cfg.max_early_data_size = if early_data { u32::MAX } else { 0 };
             Some(Arc::new(cfg))
@@ -294,29 +304,36 @@ pub fn server_config(
     alpn: &[&[u8]],
 ) -> Result<Arc<rustls::ServerConfig>, TlsError> {
     let resolver = Arc::new(SniResolver::new(&tls.certificates, path)?);
+    let verifier = client_verifier(tls.client_auth.as_ref(), path)?;
     let versions: &[&rustls::SupportedProtocolVersion] = match tls.min_version {
         TlsVersion::Tls12 => &[&rustls::version::TLS13, &rustls::version::TLS12],
         TlsVersion::Tls13 => &[&rustls::version::TLS13],
     };
-    Ok(Arc::new(build(resolver, versions, alpn, path, true)?))
+    Ok(Arc::new(build(
+        resolver, verifier, versions, alpn, path, true,
+    )?))
 }
 
 fn build(
     resolver: Arc<SniResolver>,
+    verifier: Option<Arc<dyn ClientCertVerifier>>,
     versions: &[&'static rustls::SupportedProtocolVersion],
     alpn: &[&[u8]],
     path: &str,
     stateless_tickets: bool,
 ) -> Result<rustls::ServerConfig, TlsError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
+    let builder = rustls::ServerConfig::builder_with_provider(provider)
         .with_protocol_versions(versions)
         .map_err(|source| TlsError::Rustls {
             path: path.to_string(),
             source,
-        })?
-        .with_no_client_auth()
-        .with_cert_resolver(resolver);
+        })?;
+    let builder = match verifier {
+        Some(v) => builder.with_client_cert_verifier(v),
+        None => builder.with_no_client_auth(),
+    };
+    let mut cfg = builder.with_cert_resolver(resolver);
     cfg.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
     cfg.session_storage = rustls::server::ServerSessionMemoryCache::new(4096);
     if stateless_tickets {
@@ -327,6 +344,101 @@ fn build(
             })?;
     }
     Ok(cfg)
+}
+
+/// The client certificate verifier of a listener's `client_auth` (None: clients are not asked
+/// for a certificate). `path` is the listener's `tls` config path, for errors.
+pub fn client_verifier(
+    auth: Option<&ClientAuth>,
+    path: &str,
+) -> Result<Option<Arc<dyn ClientCertVerifier>>, TlsError> {
+    let Some(auth) = auth else {
+        return Ok(None);
+    };
+    let cpath = format!("{path}.client_auth.ca");
+    let mut roots = rustls::RootCertStore::empty();
+    for der in parse_certs(&read_pem(&auth.ca, &cpath)?, &cpath)? {
+        roots.add(der).map_err(|source| TlsError::Rustls {
+            path: cpath.clone(),
+            source,
+        })?;
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider);
+    let verifier: Arc<dyn ClientCertVerifier> = match auth.mode {
+        ClientAuthMode::Require => builder.build().map_err(|e| TlsError::Pem {
+            path: cpath.clone(),
+            message: format!("unusable CA bundle: {e}"),
+        })?,
+        ClientAuthMode::AllowInsecureFallback => Arc::new(InsecureFallback(
+            builder
+                .allow_unauthenticated()
+                .build()
+                .map_err(|e| TlsError::Pem {
+                    path: cpath.clone(),
+                    message: format!("unusable CA bundle: {e}"),
+                })?,
+        )),
+    };
+    Ok(Some(verifier))
+}
+
+/// `allow_insecure_fallback`: asks for a client certificate (hinting the CA names) and checks
+/// it, but accepts the handshake when the client sends none or one that does not chain to the
+/// CA. The handshake signature is still verified against the certificate the client sent, so a
+/// client cannot present a certificate whose key it does not hold.
+#[derive(Debug)]
+pub struct InsecureFallback(Arc<dyn ClientCertVerifier>);
+
+impl ClientCertVerifier for InsecureFallback {
+    fn offer_client_auth(&self) -> bool {
+        true
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        false
+    }
+
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        self.0.root_hint_subjects()
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        match self.0.verify_client_cert(end_entity, intermediates, now) {
+            Ok(v) => Ok(v),
+            Err(e) => {
+                tracing::debug!(error = %e, "client certificate not verified; insecure fallback accepts it");
+                Ok(ClientCertVerified::assertion())
+            }
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.supported_verify_schemes()
+    }
 }
 
 /// A self-signed certificate and key (PEM) for `names` (DNS names or IP addresses).

@@ -513,6 +513,7 @@ async fn proxy_protocol_comes_before_tls_on_https_listeners() {
         https.tls = Some(ListenerTls {
             certificates: vec![cert],
             min_version: TlsVersion::Tls12,
+            client_auth: None,
         });
         let mut cfg = Config {
             listeners: vec![https],

@@ -398,6 +398,7 @@ async fn trailers_and_errors_over_http3() {
             tls: Some(ListenerTls {
                 certificates: vec![cert],
                 min_version: TlsVersion::Tls13,
+                client_auth: None,
             }),
             http3: true,
             ..listener("tls", ListenerProtocol::Https)

@@ -1,8 +1,8 @@
 //! Integration tests of HTTP/3 over QUIC against real UDP sockets on 127.0.0.1, with a quinn +
 //! h3 client: static files (small, 1 MB, Range), proxying to HTTP/1.1 and h2c backends with
 //! bodies streamed both ways, 404, 503 under overload shared with HTTP/1.1, Alt-Svc on H1 and
-//! H2 responses, reloads during traffic (certificate swap, HTTP/3 removed and re-added) and
-//! graceful shutdown.
+//! H2 responses, reloads during traffic (certificate swap, HTTP/3 removed and re-added),
+//! client certificate validation and graceful shutdown.
 //!
 //! Every test is bounded in time and every load loop in count.
 
@@ -138,18 +138,37 @@ impl H3 {
 /// A QUIC client config trusting only `ca_pem`, ALPN h3, TLS 1.3, with an in-memory session
 /// store (so a second connection with the same config resumes) and optionally early data.
 fn client_config(ca_pem: &str, early_data: bool) -> quinn::ClientConfig {
+    client_config_with_cert(ca_pem, early_data, None)
+}
+
+/// [`client_config`] presenting a client certificate (certificate PEM, key PEM) when given.
+fn client_config_with_cert(
+    ca_pem: &str,
+    early_data: bool,
+    client: Option<(&str, &str)>,
+) -> quinn::ClientConfig {
     use rustls_pki_types::pem::PemObject;
     let mut roots = rustls::RootCertStore::empty();
     for c in rustls_pki_types::CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
         roots.add(c.unwrap()).unwrap();
     }
-    let mut tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+    let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
     ))
     .with_protocol_versions(&[&rustls::version::TLS13])
     .unwrap()
-    .with_root_certificates(roots)
-    .with_no_client_auth();
+    .with_root_certificates(roots);
+    let mut tls = match client {
+        Some((cert, key)) => tls
+            .with_client_auth_cert(
+                rustls_pki_types::CertificateDer::pem_slice_iter(cert.as_bytes())
+                    .map(|c| c.unwrap())
+                    .collect(),
+                rustls_pki_types::PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap(),
+            )
+            .unwrap(),
+        None => tls.with_no_client_auth(),
+    };
     tls.alpn_protocols = vec![b"h3".to_vec()];
     tls.enable_early_data = early_data;
     let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(tls).unwrap();
@@ -161,6 +180,7 @@ fn https_listener(name: &str, cert: Certificate) -> Listener {
         tls: Some(ListenerTls {
             certificates: vec![cert],
             min_version: TlsVersion::Tls12,
+            client_auth: None,
         }),
         http3: true,
         ..listener(name, ListenerProtocol::Https)
@@ -851,6 +871,43 @@ async fn early_data_is_opt_in_and_unsafe_methods_in_it_get_425() {
         }
         let m = &h.runtime.shared.metrics;
         assert_eq!(m.limit_rejections.get(&"early_data"), 3);
+    })
+    .await;
+}
+
+/// Client certificate validation applies to HTTP/3 too: a client with a certificate from the
+/// listener's CA is served, one without is refused during the QUIC handshake or at its first
+/// request; in insecure-fallback mode both are served.
+#[tokio::test]
+async fn client_certificates_are_verified_over_h3() {
+    bounded(30, async {
+        let (trusted_ca, cert, key) = client_ca_and_cert("h3 client CA");
+        for mode in [
+            ClientAuthMode::Require,
+            ClientAuthMode::AllowInsecureFallback,
+        ] {
+            let (mut cfg, ca) = h3_config(vec![fixed_route("r", "/", "mtls")]);
+            cfg.listeners[0].tls.as_mut().unwrap().client_auth = Some(ClientAuth {
+                ca: PemSource::Pem(trusted_ca.clone()),
+                mode,
+            });
+            let h = Harness::start(cfg).await;
+            let addr = h.addr("tls").await;
+            let with = client_config_with_cert(&ca, false, Some((&cert, &key)));
+            let c = H3::connect_with(addr, "localhost", with).await.unwrap();
+            let (status, _, body) = c.get("/").await.unwrap();
+            assert_eq!((status, &body[..]), (200, &b"mtls"[..]), "{mode:?}");
+            let without = H3::connect_with(addr, "localhost", client_config(&ca, false)).await;
+            let served = match without {
+                Err(_) => false,
+                Ok(c) => c.get("/").await.is_ok_and(|(s, _, _)| s == 200),
+            };
+            assert_eq!(
+                served,
+                mode == ClientAuthMode::AllowInsecureFallback,
+                "{mode:?}"
+            );
+        }
     })
     .await;
 }

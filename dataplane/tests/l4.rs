@@ -391,6 +391,7 @@ async fn tls_listener_terminates_or_passes_through_by_sni() {
         l.tls = Some(ListenerTls {
             certificates: vec![gw_cert],
             min_version: TlsVersion::Tls12,
+            client_auth: None,
         });
         let cfg = Config {
             generation: 1,

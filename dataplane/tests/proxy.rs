@@ -508,6 +508,259 @@ async fn connect_error_retried_for_post_with_body() {
     .await;
 }
 
+/// A raw HTTP/1.1 backend: the first `fail` connections read the request head and then break
+/// the connection (`reset`: RST by SO_LINGER 0; else a plain close), later ones answer 200
+/// "ok". Counts connections.
+async fn flaky_server(fail: usize, reset: bool) -> (SocketAddr, Arc<AtomicUsize>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let conns = Arc::new(AtomicUsize::new(0));
+    let c = conns.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            let n = c.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < 65_536 {
+                    match s.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(k) => buf.extend_from_slice(&chunk[..k]),
+                    }
+                }
+                if n < fail {
+                    if reset {
+                        let s = s.into_std().unwrap();
+                        socket2::SockRef::from(&s)
+                            .set_linger(Some(Duration::ZERO))
+                            .unwrap();
+                        drop(s);
+                    }
+                    return;
+                }
+                let _ = s
+                    .write_all(
+                        b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok",
+                    )
+                    .await;
+            });
+        }
+    });
+    (addr, conns)
+}
+
+#[tokio::test]
+async fn get_retried_after_backend_resets_or_closes_the_connection() {
+    bounded(async {
+        for reset in [true, false] {
+            // Two broken tries, then an answer: attempts 2 (three tries) succeeds.
+            let (addr, conns) = flaky_server(2, reset).await;
+            let (u, m) = upstreams(vec![backend(
+                json!({"name": "b", "endpoints": [{"address": addr.to_string()}],
+                "outlier": {"consecutive_failures": 0}}),
+            )]);
+            let r = route(json!({"retry": {"attempts": 2, "backoff": "1ms"}}));
+            let resp = u.forward(get("/"), &action(&[("b", 1)]), &r, &ctx()).await;
+            assert_eq!(resp.status(), StatusCode::OK, "reset={reset}");
+            assert_eq!(text(resp).await, "ok");
+            assert_eq!(conns.load(Ordering::SeqCst), 3, "reset={reset}");
+            assert_eq!(m.upstream_errors.get(&"protocol"), 2, "reset={reset}");
+
+            // Bounded: one retry is not enough for two broken tries; the error surfaces.
+            let (addr, conns) = flaky_server(2, reset).await;
+            let (u, _) = upstreams(vec![backend(
+                json!({"name": "b", "endpoints": [{"address": addr.to_string()}],
+                "outlier": {"consecutive_failures": 0}}),
+            )]);
+            let r = route(json!({"retry": {"attempts": 1}}));
+            let resp = u.forward(get("/"), &action(&[("b", 1)]), &r, &ctx()).await;
+            assert_eq!(resp.status(), StatusCode::BAD_GATEWAY, "reset={reset}");
+            assert_eq!(conns.load(Ordering::SeqCst), 2, "reset={reset}");
+
+            // Without a retry stanza nothing is retried.
+            let (addr, conns) = flaky_server(1, reset).await;
+            let (u, _) = upstreams(vec![backend(
+                json!({"name": "b", "endpoints": [{"address": addr.to_string()}]}),
+            )]);
+            let resp = u
+                .forward(get("/"), &action(&[("b", 1)]), &route(json!({})), &ctx())
+                .await;
+            assert_eq!(resp.status(), StatusCode::BAD_GATEWAY, "reset={reset}");
+            assert_eq!(conns.load(Ordering::SeqCst), 1, "reset={reset}");
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn post_with_body_not_retried_after_the_backend_broke_the_connection() {
+    bounded(async {
+        let (addr, conns) = flaky_server(1, true).await;
+        let (u, _) = upstreams(vec![backend(
+            json!({"name": "b", "endpoints": [{"address": addr.to_string()}]}),
+        )]);
+        let r = route(json!({"retry": {"attempts": 3}}));
+        let req = Request::builder()
+            .method("POST")
+            .uri("/")
+            .body(full("order #1"))
+            .unwrap();
+        let resp = u.forward(req, &action(&[("b", 1)]), &r, &ctx()).await;
+        // The body reached the backend: sending it again could apply it twice.
+        assert_eq!(resp.status(), StatusCode::BAD_GATEWAY);
+        assert_eq!(conns.load(Ordering::SeqCst), 1);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn get_retried_after_backend_timeout_with_backoff_and_bounded_attempts() {
+    bounded(async {
+        // The first `slow` requests hang (longer than the test); later ones answer at once.
+        let slow_server = |slow: usize| {
+            let n = Arc::new(AtomicUsize::new(0));
+            handler(move |_req| {
+                let i = n.fetch_add(1, Ordering::SeqCst);
+                async move {
+                    if i < slow {
+                        tokio::time::sleep(Duration::from_secs(120)).await;
+                    }
+                    Response::new(full("fast"))
+                }
+            })
+        };
+        let server = spawn_server(None, slow_server(2)).await;
+        let (u, m) = upstreams(vec![backend(
+            json!({"name": "b", "endpoints": [{"address": server.address()}],
+            "outlier": {"consecutive_failures": 0}}),
+        )]);
+        let r = route(json!({"timeouts": {"backend": "100ms"},
+            "retry": {"attempts": 2, "backoff": "50ms"}}));
+        let t0 = Instant::now();
+        let resp = u.forward(get("/"), &action(&[("b", 1)]), &r, &ctx()).await;
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert_eq!(text(resp).await, "fast");
+        assert_eq!(server.hits(), 3);
+        assert_eq!(m.upstream_errors.get(&"timeout"), 2);
+        // A lower bound only: two timed-out tries and two backoffs must have passed.
+        assert!(t0.elapsed() >= Duration::from_millis(300));
+
+        // Every try times out: exactly 1 + attempts tries, then 504.
+        let server = spawn_server(None, slow_server(usize::MAX)).await;
+        let (u, _) = upstreams(vec![backend(
+            json!({"name": "b", "endpoints": [{"address": server.address()}],
+            "outlier": {"consecutive_failures": 0}}),
+        )]);
+        let r = route(json!({"timeouts": {"backend": "100ms"}, "retry": {"attempts": 2}}));
+        let resp = u.forward(get("/"), &action(&[("b", 1)]), &r, &ctx()).await;
+        assert_eq!(resp.status(), StatusCode::GATEWAY_TIMEOUT);
+        assert_eq!(server.hits(), 3);
+
+        // A POST with a body is not sent twice after a timeout.
+        let server = spawn_server(None, slow_server(usize::MAX)).await;
+        let (u, _) = upstreams(vec![backend(
+            json!({"name": "b", "endpoints": [{"address": server.address()}]}),
+        )]);
+        let req = Request::builder()
+            .method("POST")
+            .uri("/")
+            .body(full("once"))
+            .unwrap();
+        let resp = u.forward(req, &action(&[("b", 1)]), &r, &ctx()).await;
+        assert_eq!(resp.status(), StatusCode::GATEWAY_TIMEOUT);
+        assert_eq!(server.hits(), 1);
+    })
+    .await;
+}
+
+fn put(body: &str) -> Request<Body> {
+    Request::builder()
+        .method("PUT")
+        .uri("/doc")
+        .header("content-length", body.len())
+        .body(full(body.to_string()))
+        .unwrap()
+}
+
+#[tokio::test]
+async fn small_put_bodies_are_kept_for_retries_large_and_unsized_ones_stream() {
+    bounded(async {
+        let r = route(json!({"retry": {"attempts": 1, "codes": [503]}}));
+        // A small PUT with Content-Length: read into memory, sent again to the good endpoint.
+        let bad = spawn_server(None, status_handler(503)).await;
+        let good = spawn_server(None, echo()).await;
+        let (u, _) = upstreams(vec![two_endpoints(&bad, &good)]);
+        let resp = u
+            .forward(put("version 2"), &action(&[("b", 1)]), &r, &ctx())
+            .await;
+        assert_eq!(resp.status(), StatusCode::OK);
+        let body = text(resp).await;
+        assert!(body.starts_with("PUT /doc"), "{body}");
+        assert!(body.contains("body=version 2\n"), "{body}");
+        assert_eq!((bad.hits(), good.hits()), (1, 1));
+
+        // Larger than the limit: streamed, so never sent twice.
+        let bad = spawn_server(None, status_handler(503)).await;
+        let good = spawn_server(None, echo()).await;
+        let (u, _) = upstreams(vec![two_endpoints(&bad, &good)]);
+        let big = "x".repeat(sweety_dataplane::proxy::RETRY_BODY_LIMIT as usize + 1);
+        let resp = u.forward(put(&big), &action(&[("b", 1)]), &r, &ctx()).await;
+        assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!((bad.hits(), good.hits()), (1, 0));
+
+        // No Content-Length (a streamed body): not buffered, not retried.
+        let bad = spawn_server(None, status_handler(503)).await;
+        let good = spawn_server(None, echo()).await;
+        let (u, _) = upstreams(vec![two_endpoints(&bad, &good)]);
+        let (tx, rx) = mpsc::channel(2);
+        tx.send(Bytes::from_static(b"chunk")).await.unwrap();
+        drop(tx);
+        let req = Request::builder()
+            .method("PUT")
+            .uri("/doc")
+            .body(boxed(ChanBody(rx)))
+            .unwrap();
+        let resp = u.forward(req, &action(&[("b", 1)]), &r, &ctx()).await;
+        assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!((bad.hits(), good.hits()), (1, 0));
+
+        // A small PUT whose body is shorter than announced is refused before any backend.
+        let good = spawn_server(None, echo()).await;
+        let (u, _) = upstreams(vec![backend(
+            json!({"name": "b", "endpoints": [{"address": good.address()}]}),
+        )]);
+        let req = Request::builder()
+            .method("PUT")
+            .uri("/doc")
+            .header("content-length", "10")
+            .body(full("short"))
+            .unwrap();
+        let resp = u.forward(req, &action(&[("b", 1)]), &r, &ctx()).await;
+        assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+        assert_eq!(good.hits(), 0);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn small_put_retried_after_the_backend_broke_the_connection() {
+    bounded(async {
+        let (addr, conns) = flaky_server(1, true).await;
+        let (u, _) = upstreams(vec![backend(
+            json!({"name": "b", "endpoints": [{"address": addr.to_string()}],
+            "outlier": {"consecutive_failures": 0}}),
+        )]);
+        let r = route(json!({"retry": {"attempts": 2}}));
+        let resp = u
+            .forward(put("same twice"), &action(&[("b", 1)]), &r, &ctx())
+            .await;
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert_eq!(conns.load(Ordering::SeqCst), 2);
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn outlier_ejection_stops_traffic_to_failing_endpoint() {
     bounded(async {

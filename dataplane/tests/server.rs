@@ -19,6 +19,7 @@ async fn tls_selects_the_certificate_by_sni_and_negotiates_alpn() {
     https.tls = Some(ListenerTls {
         certificates: vec![cert_a, cert_b],
         min_version: TlsVersion::Tls12,
+        client_auth: None,
     });
     let cfg = Config {
         listeners: vec![https],
@@ -449,6 +450,7 @@ async fn unknown_hosts_and_paths_get_404_and_misdirected_requests_421() {
     https.tls = Some(ListenerTls {
         certificates: vec![cert_a, cert_b],
         min_version: TlsVersion::Tls12,
+        client_auth: None,
     });
     let mut cfg = http_config(vec![
         vhost("a", &["a.test"], vec![fixed_route("a", "/app", "A")]),
@@ -514,6 +516,7 @@ async fn misdirected_requests_follow_the_listener_chosen_by_sni() {
             cert(&["fourth-example.wildcard.org"]),
         ],
         min_version: TlsVersion::Tls12,
+        client_auth: None,
     });
     let mut cfg = http_config(vec![
         vhost(
@@ -650,4 +653,161 @@ async fn idle_keep_alive_connections_are_closed() {
         "idle connection not closed: {read:?}"
     );
     assert!(start.elapsed() >= Duration::from_millis(250));
+}
+
+/// GET / over TLS (HTTP/1.1) to `addr` with SNI `sni`, trusting `server_ca`, presenting
+/// `client` (certificate and key PEM) when given. Returns the status or the error.
+async fn mtls_get(
+    addr: std::net::SocketAddr,
+    sni: &str,
+    server_ca: &str,
+    client: Option<(&str, &str)>,
+) -> Result<u16, String> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_slice_iter(server_ca.as_bytes()) {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots);
+    let cfg = match client {
+        Some((cert, key)) => builder
+            .with_client_auth_cert(
+                CertificateDer::pem_slice_iter(cert.as_bytes())
+                    .map(|c| c.unwrap())
+                    .collect(),
+                PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap(),
+            )
+            .unwrap(),
+        None => builder.with_no_client_auth(),
+    };
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(cfg));
+    let tcp = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| e.to_string())?;
+    let name = ServerName::try_from(sni.to_string()).unwrap();
+    let mut tls = connector
+        .connect(name, tcp)
+        .await
+        .map_err(|e| format!("handshake: {e}"))?;
+    // With TLS 1.3 the server judges the client certificate after the client finished its
+    // side of the handshake: a rejection arrives as an alert on the first read.
+    tls.write_all(format!("GET / HTTP/1.1\r\nhost: {sni}\r\nconnection: close\r\n\r\n").as_bytes())
+        .await
+        .map_err(|e| format!("write: {e}"))?;
+    let mut buf = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), tls.read_to_end(&mut buf)).await;
+    match read {
+        Err(_) => return Err("no answer within 10 s".into()),
+        Ok(Err(e)) if buf.is_empty() => return Err(format!("read: {e}")),
+        Ok(_) => {}
+    }
+    let text = String::from_utf8_lossy(&buf);
+    text.strip_prefix("HTTP/1.1 ")
+        .and_then(|t| t.get(..3))
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| format!("not an HTTP answer: {text:?}"))
+}
+
+#[tokio::test]
+async fn client_certificates_required_or_insecure_fallback() {
+    let (trusted_ca, good_cert, good_key) = client_ca_and_cert("trusted client CA");
+    let (_, other_cert, other_key) = client_ca_and_cert("unknown client CA");
+    let (server_cert, server_ca) = cert_for("mtls.test");
+    let https = |name: &str, mode: ClientAuthMode| {
+        let mut l = listener(name, ListenerProtocol::Https);
+        l.http3 = false;
+        l.tls = Some(ListenerTls {
+            certificates: vec![server_cert.clone()],
+            min_version: TlsVersion::Tls12,
+            client_auth: Some(ClientAuth {
+                ca: PemSource::Pem(trusted_ca.clone()),
+                mode,
+            }),
+        });
+        l
+    };
+    let mut v = vhost("v", &[], vec![fixed_route("r", "/", "served")]);
+    v.listeners = vec!["require".into(), "fallback".into()];
+    let cfg = Config {
+        listeners: vec![
+            https("require", ClientAuthMode::Require),
+            https("fallback", ClientAuthMode::AllowInsecureFallback),
+        ],
+        virtual_hosts: vec![v],
+        ..Config::default()
+    };
+    let h = Harness::start(cfg).await;
+    let require = h.addr("require").await;
+    let fallback = h.addr("fallback").await;
+    let good = Some((good_cert.as_str(), good_key.as_str()));
+    let other = Some((other_cert.as_str(), other_key.as_str()));
+
+    assert_eq!(
+        mtls_get(require, "mtls.test", &server_ca, good).await,
+        Ok(200)
+    );
+    let err = mtls_get(require, "mtls.test", &server_ca, other)
+        .await
+        .unwrap_err();
+    assert!(
+        err.contains("UnknownIssuer") || err.contains("alert"),
+        "{err}"
+    );
+    let err = mtls_get(require, "mtls.test", &server_ca, None)
+        .await
+        .unwrap_err();
+    assert!(
+        err.contains("CertificateRequired") || err.contains("alert"),
+        "{err}"
+    );
+    for client in [good, other, None] {
+        assert_eq!(
+            mtls_get(fallback, "mtls.test", &server_ca, client).await,
+            Ok(200),
+            "fallback serves every client"
+        );
+    }
+
+    // A real curl client: with the trusted certificate it is served, without it refused.
+    let dir = tempfile::tempdir().unwrap();
+    let write = |n: &str, text: &str| {
+        let p = dir.path().join(n);
+        std::fs::write(&p, text).unwrap();
+        p.to_string_lossy().into_owned()
+    };
+    let (ca, crt, key) = (
+        write("server-ca.pem", &server_ca),
+        write("client.pem", &good_cert),
+        write("client.key", &good_key),
+    );
+    let url = format!("https://mtls.test:{}/", require.port());
+    let resolve = format!("mtls.test:{}:127.0.0.1", require.port());
+    let curl = |with_cert: bool| {
+        let mut c = tokio::process::Command::new("curl");
+        c.args(["-sS", "--max-time", "5", "-o", "-", "-w", " %{http_code}"])
+            .args(["--cacert", &ca, "--resolve", &resolve]);
+        if with_cert {
+            c.args(["--cert", &crt, "--key", &key]);
+        }
+        c.arg(&url);
+        c
+    };
+    let out = curl(true).output().await.expect("curl runs");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "served 200",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = curl(false).output().await.expect("curl runs");
+    assert!(
+        !out.status.success(),
+        "curl without a certificate is refused"
+    );
 }

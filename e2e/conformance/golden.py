@@ -31,10 +31,14 @@ SUITE_SECRETS = [
     ("gateway-conformance-infra", "tls-passthrough-checks-certificate"),
     ("gateway-conformance-app-backend", "tls-passthrough-checks-certificate"),
     ("gateway-conformance-infra", "tls-terminate-checks-certificate"),
+    ("gateway-conformance-infra", "tls-checks-client-certificate"),
+    ("gateway-conformance-infra", "tls-validity-checks-client-certificate"),
+    ("gateway-conformance-infra", "tls-validity-checks-per-port-client-certificate"),
 ]
 SUITE_CA_CONFIGMAPS = [
     ("gateway-conformance-web-backend", "web-backend-cm"),
     ("gateway-conformance-infra", "tls-validity-checks-ca-certificate"),
+    ("gateway-conformance-infra", "tls-validity-checks-per-port-ca-certificate"),
     ("gateway-conformance-infra", "tls-checks-ca-certificate"),
     ("gateway-conformance-infra", "mismatch-ca-certificate"),
 ]

@@ -261,6 +261,11 @@ impl Backends {
         self.by_name.entry(backend.name.clone()).or_insert(backend);
     }
 
+    /// Forget the backend registered under `name`.
+    pub fn remove(&mut self, name: &str) {
+        self.by_name.remove(name);
+    }
+
     /// The backend registered under `name`, if any.
     pub fn get(&self, name: &str) -> Option<&Backend> {
         self.by_name.get(name)

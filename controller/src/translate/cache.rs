@@ -8,7 +8,7 @@
 //!
 //! What is reused, and when:
 //! * the world of a route: every object that is not a route (GatewayClasses, Gateways,
-//!   ReferenceGrants, BackendTLSPolicies, Services, EndpointSlices, Secrets, ConfigMaps,
+//!   ReferenceGrants, BackendTLSPolicies, ListenerSets, Services, EndpointSlices, Secrets, ConfigMaps,
 //!   Namespaces, SweetyProxyConfigs, Ingress objects, SweetySites) and the [`Params`]. When any
 //!   of them changed (compared by `Arc` identity, in any order) every route is translated
 //!   again;
@@ -74,6 +74,7 @@ fn world(s: &Snapshot) -> (Vec<Vec<usize>>, Snapshot) {
         udp_routes: Vec::new(),
         reference_grants: s.reference_grants.clone(),
         backend_tls_policies: s.backend_tls_policies.clone(),
+        listener_sets: s.listener_sets.clone(),
         sites: s.sites.clone(),
         proxy_configs: s.proxy_configs.clone(),
         services: s.services.clone(),
@@ -89,6 +90,7 @@ fn world(s: &Snapshot) -> (Vec<Vec<usize>>, Snapshot) {
         addrs(&s.gateways),
         addrs(&s.reference_grants),
         addrs(&s.backend_tls_policies),
+        addrs(&s.listener_sets),
         addrs(&s.sites),
         addrs(&s.proxy_configs),
         addrs(&s.services),

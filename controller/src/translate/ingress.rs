@@ -101,6 +101,7 @@ pub fn front_listeners(b: &mut Builder<'_>, certificates: Vec<Certificate>) {
                 tls: Some(ListenerTls {
                     certificates: Vec::new(),
                     min_version: Default::default(),
+                    client_auth: None,
                 }),
                 http3: p.http3,
                 max_requests_in_flight: None,
@@ -202,6 +203,7 @@ pub fn certificate_from_secret(
             tls: Some(ListenerTls {
                 certificates: vec![certificate.clone()],
                 min_version: Default::default(),
+                client_auth: None,
             }),
             http3: false,
             max_requests_in_flight: None,

@@ -106,6 +106,12 @@ pub struct GatewayService {
     /// Addresses requested through Gateway `spec.addresses` (IP values), if any.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub requested_addresses: Vec<String>,
+    /// Gateway `spec.infrastructure.labels` for the Service (ours win on a clash).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// Gateway `spec.infrastructure.annotations` for the Service (ours win on a clash).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
 }
 
 /// A directory of static files built from a ConfigMap, to be written under

@@ -128,6 +128,21 @@ pub struct GatewayStatus {
     pub addresses: Vec<Address>,
     pub conditions: Vec<Condition>,
     pub listeners: Vec<ListenerStatus>,
+    /// ListenerSets attached and accepted (left out when 0).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub attached_listener_sets: i32,
+}
+
+fn is_zero(n: &i32) -> bool {
+    *n == 0
+}
+
+/// Status of a ListenerSet: its conditions and its listeners (as a Gateway's).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct SetStatus {
+    pub conditions: Vec<Condition>,
+    pub listeners: Vec<ListenerStatus>,
 }
 
 /// Status of a GatewayClass.
@@ -177,6 +192,7 @@ pub struct SiteStatus {
 pub enum ObjectStatus {
     GatewayClass(GatewayClassStatus),
     Gateway(GatewayStatus),
+    ListenerSet(SetStatus),
     Route(RouteStatus),
     Policy(PolicyStatus),
     Ingress(IngressStatus),

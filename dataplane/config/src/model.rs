@@ -188,6 +188,39 @@ pub struct ListenerTls {
     /// Lowest TLS version accepted.
     #[serde(default)]
     pub min_version: TlsVersion,
+    /// Ask clients for a certificate and verify it (mutual TLS), as for a Gateway's
+    /// `spec.tls.frontend` validation. None: no client certificate is requested.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_auth: Option<ClientAuth>,
+}
+
+/// Client certificate verification on an HTTPS listener.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClientAuth {
+    /// CA bundle (one or more PEM certificates) client certificates must chain to.
+    pub ca: PemSource,
+    /// What happens to a client without a valid certificate.
+    #[serde(default, skip_serializing_if = "is_default_client_auth_mode")]
+    pub mode: ClientAuthMode,
+}
+
+fn is_default_client_auth_mode(m: &ClientAuthMode) -> bool {
+    *m == ClientAuthMode::default()
+}
+
+/// How strictly [`ClientAuth`] applies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ClientAuthMode {
+    /// The handshake fails unless the client presents a certificate that chains to the CA
+    /// (Gateway API `AllowValidOnly`).
+    #[default]
+    Require,
+    /// A certificate is requested and checked, but a client without one, or with one that
+    /// does not verify, is served anyway (Gateway API `AllowInsecureFallback`; authorization is
+    /// left to the backend).
+    AllowInsecureFallback,
 }
 
 /// TLS protocol version, written `"1.2"` or `"1.3"` (an unquoted YAML `1.3` is accepted too).

@@ -285,6 +285,13 @@ impl<'a> Validator<'a> {
                 for (k, c) in tls.certificates.iter().enumerate() {
                     self.certificate(&format!("{tpath}[{k}]"), c);
                 }
+                if let Some(ca) = &tls.client_auth {
+                    let cpath = format!("{path}.tls.client_auth");
+                    if l.protocol != P::Https {
+                        self.err(&cpath, "only allowed on https listeners");
+                    }
+                    self.pem(&format!("{cpath}.ca"), &ca.ca, PemKind::Certificate);
+                }
             }
             (None, _) => {}
         }

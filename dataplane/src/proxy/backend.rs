@@ -196,15 +196,16 @@ impl BackendRt {
     /// sent, the body back (so the caller may retry any request).
     ///
     /// A pooled connection may have been closed by the backend while idle. When hyper gives
-    /// the request back unsent, or when a `replayable` request (idempotent, no body) meets a
-    /// connection closed before any response, the try goes once more on a new connection.
+    /// the request back unsent, or when a replayable request (`replay`: idempotent, and the
+    /// whole body, possibly empty, is in memory) meets a connection closed before any response,
+    /// the try goes once more on a new connection.
     pub(super) async fn try_once(
         &self,
         idx: usize,
         head: &Head,
         body: Body,
         backend_timeout: Option<Duration>,
-        replayable: bool,
+        replay: Option<&Bytes>,
     ) -> (Result<Response<Body>, ProxyError>, Option<Body>) {
         let ep = &self.endpoints[idx].state;
         let addr = ep.address.as_str();
@@ -290,9 +291,13 @@ impl BackendRt {
                     request: None,
                 }) => {
                     let stale = error.is_incomplete_message() || error.is_canceled();
-                    if reused && allow_fresh && replayable && stale {
+                    if let (true, true, true, Some(again)) = (reused, allow_fresh, stale, replay) {
                         allow_fresh = false;
-                        body = empty();
+                        body = if again.is_empty() {
+                            empty()
+                        } else {
+                            crate::body::full(again.clone())
+                        };
                         continue;
                     }
                     let e = ProxyError::Protocol {

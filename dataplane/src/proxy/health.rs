@@ -140,7 +140,10 @@ async fn check_once(b: &BackendRt, idx: usize, hc: &HealthCheck, ctx: &RequestCt
     let (parts, ()) = req.into_parts();
     let head = Head::prepare(parts, ctx, None);
     let run = async {
-        let (res, _) = b.try_once(idx, &head, empty(), Some(timeout), true).await;
+        let none = bytes::Bytes::new();
+        let (res, _) = b
+            .try_once(idx, &head, empty(), Some(timeout), Some(&none))
+            .await;
         let Ok(resp) = res else {
             return false;
         };

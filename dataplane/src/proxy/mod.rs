@@ -14,8 +14,10 @@
 //!
 //! Retries happen only with a `route.retry` policy. The request body is handed to the
 //! connection only once a connection is ready, so on connect errors it is still owned and any
-//! request may be retried; after it was sent, only idempotent requests without a body are.
-//! The whole-request timeout is applied by the pipeline, not here. Bodies stream both ways.
+//! request may be retried; after it was sent, only idempotent requests whose whole body is in
+//! memory are: those without a body, and (with a retry policy) those with a `Content-Length`
+//! of at most [`RETRY_BODY_LIMIT`], which are read before the first try. The whole-request
+//! timeout is applied by the pipeline, not here. Other bodies stream both ways.
 
 pub mod affinity;
 mod backend;
@@ -282,11 +284,25 @@ impl Upstreams {
             Err(e) => return self.fail(&e),
         };
         let (parts, body) = req.into_parts();
-        let replayable =
-            forward::is_idempotent(&parts.method) && http_body::Body::is_end_stream(&body);
+        let policy = route.retry.as_ref();
+        // With a retry policy, a small body of an idempotent request is read into memory first
+        // so that it can be sent again; other bodies stream and are never sent twice.
+        let (body, buffered) = match retry_buffer(&parts, body, policy.is_some()).await {
+            Ok(b) => b,
+            Err(resp) => return resp,
+        };
+        let replay: Option<bytes::Bytes> = match buffered {
+            Some(b) => Some(b),
+            None if forward::is_idempotent(&parts.method)
+                && http_body::Body::is_end_stream(&body) =>
+            {
+                Some(bytes::Bytes::new())
+            }
+            None => None,
+        };
+        let replayable = replay.is_some();
         let affinity = Affinity::of(backend, &parts.headers, ctx);
         let head = Head::prepare(parts, ctx, Some(wb));
-        let policy = route.retry.as_ref();
         let mut body = Some(body);
         let mut tried: Vec<usize> = Vec::new();
         let mut tries = 0u32;
@@ -298,14 +314,17 @@ impl Upstreams {
             };
             tried.push(idx);
             tries += 1;
-            let b = body.take().unwrap_or_else(empty);
+            let b = match replay.as_ref().filter(|r| !r.is_empty()) {
+                Some(r) => crate::body::full(r.clone()),
+                None => body.take().unwrap_or_else(empty),
+            };
             let (result, unsent) = backend
                 .try_once(
                     idx,
                     &head,
                     b,
                     route.timeouts.backend.map(|d| d.get()),
-                    replayable,
+                    replay.as_ref(),
                 )
                 .await;
             body = unsent;
@@ -384,7 +403,10 @@ impl Upstreams {
             let _permit = permit;
             let run = async {
                 let idx = backend.pick(&[])?;
-                let (res, _) = backend.try_once(idx, &head, empty(), None, true).await;
+                let none = bytes::Bytes::new();
+                let (res, _) = backend
+                    .try_once(idx, &head, empty(), None, Some(&none))
+                    .await;
                 let ok = match &res {
                     Ok(r) => r.status().as_u16() < 500,
                     Err(e) => !e.is_endpoint_failure(),
@@ -489,6 +511,56 @@ impl L4Target {
     pub fn record(&self, ok: bool) {
         self.backend.record(self.idx, ok);
     }
+}
+
+/// Largest request body read into memory so that an idempotent request with a body can be
+/// retried (only with a retry policy, and only with a `Content-Length` this small).
+pub const RETRY_BODY_LIMIT: u64 = 64 * 1024;
+
+/// With a retry policy (`retry`), reads the body of an idempotent request whose
+/// `Content-Length` is at most [`RETRY_BODY_LIMIT`] into memory: returns an empty body and the
+/// bytes. Other requests keep their streaming body. A client that breaks off or sends more than
+/// it announced gets 400.
+async fn retry_buffer(
+    parts: &http::request::Parts,
+    body: Body,
+    retry: bool,
+) -> Result<(Body, Option<bytes::Bytes>), Response<Body>> {
+    if !retry || !forward::is_idempotent(&parts.method) || http_body::Body::is_end_stream(&body) {
+        return Ok((body, None));
+    }
+    let len = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    let Some(len) = len.filter(|&n| n > 0 && n <= RETRY_BODY_LIMIT) else {
+        return Ok((body, None));
+    };
+    // `len` is at most 64 KiB, so the casts cannot truncate.
+    let mut buf = bytes::BytesMut::with_capacity(len as usize);
+    let mut body = body;
+    let bad = |why: &'static str| crate::body::text_response(http::StatusCode::BAD_REQUEST, why);
+    while let Some(frame) = body.frame().await {
+        let Ok(frame) = frame else {
+            return Err(bad("400 Bad Request: request body could not be read\n"));
+        };
+        // Trailers of an idempotent request with a small body are not kept.
+        if let Ok(data) = frame.into_data() {
+            if (buf.len() + data.len()) as u64 > len {
+                return Err(bad(
+                    "400 Bad Request: request body longer than its Content-Length\n",
+                ));
+            }
+            buf.extend_from_slice(&data);
+        }
+    }
+    if buf.len() as u64 != len {
+        return Err(bad(
+            "400 Bad Request: request body shorter than its Content-Length\n",
+        ));
+    }
+    Ok((empty(), Some(buf.freeze())))
 }
 
 async fn backoff(policy: Option<&sweety_config::RetryPolicy>) {

@@ -260,3 +260,21 @@ pub async fn tls_get(
         String::from_utf8_lossy(&body).into_owned(),
     ))
 }
+
+/// A CA (certificate PEM) and a client certificate it signed (certificate PEM, key PEM).
+pub fn client_ca_and_cert(ca_name: &str) -> (String, String, String) {
+    use rcgen::{
+        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    };
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.distinguished_name.push(DnType::CommonName, ca_name);
+    let ca_pem = ca.self_signed(&ca_key).unwrap().pem();
+    let issuer = Issuer::new(ca, ca_key);
+    let key = KeyPair::generate().unwrap();
+    let mut leaf = CertificateParams::new(vec!["client.test".to_string()]).unwrap();
+    leaf.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    let cert = leaf.signed_by(&key, &issuer).unwrap().pem();
+    (ca_pem, cert, key.serialize_pem())
+}

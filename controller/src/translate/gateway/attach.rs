@@ -160,16 +160,22 @@ pub fn intersect(listener: Option<&str>, route: &[String]) -> Option<Vec<String>
 pub type Attachment = Result<Vec<(usize, Vec<String>)>, (&'static str, String)>;
 
 /// Attach a route of `kind` in `route_ns` through one parentRef to a Gateway's listeners.
+/// `owner`: the listeners the parentRef can reach: the Gateway's own (None) or one
+/// ListenerSet's (`Some(index)`).
+#[allow(clippy::too_many_arguments)]
 pub fn attach(
     snapshot: &Snapshot,
     gw_ns: &str,
     listeners: &[GwListener],
+    owner: Option<usize>,
     parent: &ParentRefSpec,
     kind: RouteKind,
     route_ns: &str,
     hostnames: &[String],
 ) -> Attachment {
-    let mut candidates: Vec<usize> = (0..listeners.len()).collect();
+    let mut candidates: Vec<usize> = (0..listeners.len())
+        .filter(|&i| listeners[i].owner == owner)
+        .collect();
     if let Some(section) = &parent.section_name {
         candidates.retain(|&i| &listeners[i].name == section);
         if candidates.is_empty() {
@@ -190,8 +196,10 @@ pub fn attach(
         ));
     }
     candidates.retain(|&i| {
+        // `Same` means the namespace of the Gateway, or of the ListenerSet.
+        let home = listeners[i].home_ns.as_deref().unwrap_or(gw_ns);
         listeners[i].kinds.contains(&kind)
-            && namespace_allowed(snapshot, &listeners[i].allowed, gw_ns, route_ns)
+            && namespace_allowed(snapshot, &listeners[i].allowed, home, route_ns)
     });
     if candidates.is_empty() {
         return Err((
@@ -225,6 +233,11 @@ pub fn attach(
 pub fn is_gateway_ref(p: &ParentRefSpec) -> bool {
     p.group.as_deref().unwrap_or(GROUP) == GROUP
         && p.kind.as_deref().unwrap_or("Gateway") == "Gateway"
+}
+
+/// Is the parentRef a ListenerSet?
+pub fn is_listener_set_ref(p: &ParentRefSpec) -> bool {
+    p.group.as_deref().unwrap_or(GROUP) == GROUP && p.kind.as_deref() == Some("ListenerSet")
 }
 
 #[cfg(test)]

@@ -4,7 +4,10 @@
 
 use super::attach;
 use super::classes::ClassInfo;
+use super::client_cert;
+use super::frontend;
 use super::listeners::{self, Proto};
+use super::listenersets;
 use super::routes::{Collected, HttpEntry, SortKey};
 use super::GwState;
 use crate::translate::addressing::{self, Allocation, PortRequest};
@@ -44,13 +47,18 @@ pub fn gateways(b: &mut Builder<'_>, classes: &BTreeMap<String, ClassInfo>) -> V
                         Condition::new("Programmed", false, "Invalid", &msg, generation),
                     ],
                     listeners: Vec::new(),
+                    attached_listener_sets: 0,
                 }),
             );
             continue;
         }
-        let listeners = listeners::validate(b.snapshot, &gw);
-        let rejected = requested_addresses(&gw).1;
+        let mut listeners = listeners::validate(b.snapshot, &gw);
+        let listener_sets = listenersets::attach_sets(b.snapshot, &gw, &ns, &mut listeners);
+        let rejected = invalid_parameters(&gw).or(requested_addresses(&gw).1);
+        let backend_client_cert = client_cert::resolve(b.snapshot, &gw, &ns);
         out.push(GwState {
+            backend_client_cert,
+            listener_sets,
             gateway: gw,
             namespace: ns,
             name,
@@ -103,6 +111,9 @@ fn fix_redirect_port(route: &mut Route, port: u16) {
     }
 }
 
+/// An L4 route of a Gateway port: its sort key, the listener it came through, the route.
+type PortL4Route = (SortKey, usize, L4Route);
+
 fn sort_routes(mut v: Vec<(SortKey, Route)>) -> Vec<Route> {
     v.sort_by(|a, b| a.0.cmp(&b.0));
     v.into_iter().map(|(_, r)| r).collect()
@@ -111,11 +122,16 @@ fn sort_routes(mut v: Vec<(SortKey, Route)>) -> Vec<Route> {
 /// Emit dataplane listeners, virtual hosts, Services and Gateway statuses.
 pub fn emit(b: &mut Builder<'_>, gateways: &[GwState], _alloc: &Allocation, out: Collected) {
     let mut http: BTreeMap<(usize, u16), Vec<HttpEntry>> = BTreeMap::new();
-    for e in out.http {
+    // Backends replaced by a client-certificate variant somewhere (maybe unused afterwards).
+    let mut replaced = BTreeSet::new();
+    for mut e in out.http {
+        if let Ok(Some(cc)) = &gateways[e.gw].backend_client_cert {
+            replaced.extend(client_cert::apply(&mut b.backends, &mut e.route, cc));
+        }
         let port = gateways[e.gw].listeners[e.listener].port;
         http.entry((e.gw, port)).or_default().push(e);
     }
-    let mut l4: BTreeMap<(usize, u16, bool), Vec<(SortKey, L4Route)>> = BTreeMap::new();
+    let mut l4: BTreeMap<(usize, u16, bool), Vec<PortL4Route>> = BTreeMap::new();
     for e in out.l4 {
         let l = &gateways[e.gw].listeners[e.listener];
         let udp = l.protocol.is_some_and(Proto::is_udp);
@@ -124,7 +140,7 @@ pub fn emit(b: &mut Builder<'_>, gateways: &[GwState], _alloc: &Allocation, out:
         route.terminate = l.protocol == Some(Proto::TlsTerminate);
         l4.entry((e.gw, l.port, udp))
             .or_default()
-            .push((e.key, route));
+            .push((e.key, e.listener, route));
     }
     for (g, gw) in gateways.iter().enumerate() {
         let prefix = format!("gw/{}/{}", gw.namespace, gw.name);
@@ -195,6 +211,8 @@ pub fn emit(b: &mut Builder<'_>, gateways: &[GwState], _alloc: &Allocation, out:
                                 .flat_map(|&i| gw.listeners[i].certificates.iter().cloned())
                                 .collect(),
                             min_version: TlsVersion::Tls12,
+                            // Per port: the same for every listener of the group.
+                            client_auth: first.client_auth.clone(),
                         });
                         listener.http3 = gw.http3 && !udp_ports.contains(port);
                         if listener.http3 {
@@ -253,7 +271,26 @@ pub fn emit(b: &mut Builder<'_>, gateways: &[GwState], _alloc: &Allocation, out:
                 Proto::TlsPassthrough | Proto::TlsTerminate | Proto::Tcp | Proto::Udp => {
                     let mut routes = l4.remove(&(g, *port, *udp)).unwrap_or_default();
                     routes.sort_by(|a, b| a.0.cmp(&b.0));
-                    listener.l4_routes = routes.into_iter().map(|(_, r)| r).collect();
+                    for (_, li, mut r) in routes {
+                        // As for HTTP: a name is served through the most specific listener on
+                        // the port, so a copy of the route reached through a less specific one
+                        // (e.g. Passthrough `*.example.com` beside Terminate `a.example.com`)
+                        // does not take it.
+                        if !r.hostnames.is_empty() {
+                            let own = gw.listeners[li].hostname.as_deref();
+                            r.hostnames.retain(|h| {
+                                let mine = attach::specificity(own, h);
+                                !idx.iter().any(|&o| {
+                                    attach::specificity(gw.listeners[o].hostname.as_deref(), h)
+                                        > mine
+                                })
+                            });
+                            if r.hostnames.is_empty() {
+                                continue;
+                            }
+                        }
+                        listener.l4_routes.push(r);
+                    }
                     unique_l4_names(&mut listener.l4_routes);
                     if proto == Proto::TlsTerminate {
                         listener.tls = Some(ListenerTls {
@@ -262,6 +299,8 @@ pub fn emit(b: &mut Builder<'_>, gateways: &[GwState], _alloc: &Allocation, out:
                                 .flat_map(|&i| gw.listeners[i].certificates.iter().cloned())
                                 .collect(),
                             min_version: TlsVersion::Tls12,
+                            // Gateway spec.tls.frontend covers HTTPS listeners only.
+                            client_auth: None,
                         });
                     }
                     // A listener with nothing to forward to is left out (the config requires
@@ -274,6 +313,7 @@ pub fn emit(b: &mut Builder<'_>, gateways: &[GwState], _alloc: &Allocation, out:
         }
         status(b, gw, service_ports);
     }
+    client_cert::drop_unused(b, &replaced);
 }
 
 /// A rule reached through two listeners on one port (e.g. a TLSRoute attached to a
@@ -313,24 +353,44 @@ fn requested_addresses(gw: &sweety_gateway_api::gateways::Gateway) -> Requested 
     (requested, bad)
 }
 
+/// Gateway `spec.infrastructure.parametersRef`: this implementation has no per-Gateway
+/// parameters kind, so any reference is one to an unsupported kind.
+fn invalid_parameters(gw: &sweety_gateway_api::gateways::Gateway) -> Option<String> {
+    let p = gw.spec.infrastructure.as_ref()?.parameters_ref.as_ref()?;
+    Some(format!(
+        "infrastructure.parametersRef {}.{} {:?}: sweety has no per-Gateway parameters kind",
+        p.kind, p.group, p.name
+    ))
+}
+
 fn status(b: &mut Builder<'_>, gw: &GwState, ports: Vec<ServicePort>) {
     let generation = gw.generation;
     let service = addressing::service_name(&gw.namespace, &gw.name);
     let (requested, bad_address) = requested_addresses(&gw.gateway);
     let addresses = addressing::addresses(b.snapshot, b.params, &requested, &service);
-    let listeners: Vec<_> = gw
-        .listeners
+    // The Gateway's own listeners; ListenerSet listeners report in their set's status.
+    let own: Vec<&listeners::GwListener> =
+        gw.listeners.iter().filter(|l| l.owner.is_none()).collect();
+    let listeners: Vec<_> = own
         .iter()
         .map(|l| l.status(generation, gw.rejected.is_some()))
         .collect();
-    let invalid: Vec<&str> = gw
-        .listeners
+    let invalid: Vec<&str> = own
         .iter()
         .filter(|l| !l.programmed())
         .map(|l| l.name.as_str())
         .collect();
     let any_programmed = gw.listeners.iter().any(|l| l.programmed());
-    let accepted = if let Some(msg) = &bad_address {
+    let bad_parameters = invalid_parameters(&gw.gateway);
+    let accepted = if let Some(msg) = &bad_parameters {
+        Condition::new(
+            "Accepted",
+            false,
+            "InvalidParameters",
+            msg.clone(),
+            generation,
+        )
+    } else if let Some(msg) = &bad_address {
         Condition::new(
             "Accepted",
             false,
@@ -342,10 +402,24 @@ fn status(b: &mut Builder<'_>, gw: &GwState, ports: Vec<ServicePort>) {
         Condition::new("Accepted", true, "Accepted", "gateway accepted", generation)
     } else {
         let msg = format!("invalid listeners: {}", invalid.join(", "));
-        let some_valid = invalid.len() < gw.listeners.len();
+        let some_valid = invalid.len() < own.len();
         Condition::new("Accepted", some_valid, "ListenersNotValid", msg, generation)
     };
-    let programmed = if bad_address.is_some() || !any_programmed {
+    let static_ips: Vec<&str> = requested
+        .iter()
+        .filter(|(t, _)| t == "IPAddress")
+        .map(|(_, v)| v.as_str())
+        .collect();
+    let unusable = match static_ips.as_slice() {
+        [] => None,
+        // The Service asks its load balancer for the one address.
+        [_] => addressing::address_unusable(b.snapshot, b.params, &service),
+        many => Some(format!(
+            "a Gateway's Service gets one load-balancer address; {} IP addresses were requested",
+            many.len()
+        )),
+    };
+    let programmed = if bad_address.is_some() || bad_parameters.is_some() || !any_programmed {
         Condition::new(
             "Programmed",
             false,
@@ -353,15 +427,27 @@ fn status(b: &mut Builder<'_>, gw: &GwState, ports: Vec<ServicePort>) {
             "no listener could be programmed",
             generation,
         )
-    } else if addresses.is_empty() {
+    } else if let Some(why) = unusable {
+        Condition::new("Programmed", false, "AddressNotUsable", why, generation)
+    } else if addresses.is_empty()
+        || static_ips
+            .iter()
+            .any(|ip| !addresses.iter().any(|a| a.value == *ip))
+    {
         Condition::new(
             "Programmed",
             false,
             "AddressNotAssigned",
-            format!(
-                "Service {}/{service} has no address yet",
-                b.params.namespace
-            ),
+            match static_ips.first() {
+                None => format!(
+                    "Service {}/{service} has no address yet",
+                    b.params.namespace
+                ),
+                Some(ip) => format!(
+                    "Service {}/{service} has not been given the requested address {ip} yet",
+                    b.params.namespace
+                ),
+            },
             generation,
         )
     } else {
@@ -373,6 +459,8 @@ fn status(b: &mut Builder<'_>, gw: &GwState, ports: Vec<ServicePort>) {
             generation,
         )
     };
+    // Gateway `spec.infrastructure` labels and annotations go on the Service we create.
+    let infra = gw.gateway.spec.infrastructure.as_ref();
     if !ports.is_empty() {
         b.gateway_services.push(GatewayService {
             gateway_namespace: gw.namespace.clone(),
@@ -389,16 +477,73 @@ fn status(b: &mut Builder<'_>, gw: &GwState, ports: Vec<ServicePort>) {
                 .filter(|(t, _)| t == "IPAddress")
                 .map(|(_, v)| v.clone())
                 .collect(),
+            labels: infra.and_then(|i| i.labels.clone()).unwrap_or_default(),
+            annotations: infra
+                .and_then(|i| i.annotations.clone())
+                .unwrap_or_default(),
         });
+    }
+    // Gateway-level references (the backend client certificate), summarising the listeners'.
+    let unresolved_listeners: Vec<&str> = own
+        .iter()
+        .filter(|l| l.unresolved.is_some() || l.ca_problem.is_some())
+        .map(|l| l.name.as_str())
+        .collect();
+    let resolved = match &gw.backend_client_cert {
+        Err((reason, msg)) => {
+            Condition::new("ResolvedRefs", false, reason, msg.clone(), generation)
+        }
+        Ok(_) if !unresolved_listeners.is_empty() => Condition::new(
+            "ResolvedRefs",
+            false,
+            "ListenersNotResolved",
+            format!(
+                "listeners with unresolved references: {}",
+                unresolved_listeners.join(", ")
+            ),
+            generation,
+        ),
+        Ok(_) => Condition::new(
+            "ResolvedRefs",
+            true,
+            "ResolvedRefs",
+            "all references resolved",
+            generation,
+        ),
+    };
+    let mut conditions = vec![accepted, programmed, resolved];
+    let insecure: BTreeSet<u16> = gw
+        .listeners
+        .iter()
+        .filter(|l| l.protocol == Some(Proto::Https))
+        .map(|l| l.port)
+        .filter(|&p| frontend::insecure_fallback(&gw.gateway, p))
+        .collect();
+    if !insecure.is_empty() {
+        let ports: Vec<String> = insecure.iter().map(u16::to_string).collect();
+        conditions.push(Condition::new(
+            "InsecureFrontendValidationMode",
+            true,
+            "ConfigurationChanged",
+            format!(
+                "client certificate validation on port(s) {} is AllowInsecureFallback: clients without a valid certificate are served",
+                ports.join(", ")
+            ),
+            generation,
+        ));
     }
     b.status(
         ObjectKey::new("Gateway", &gw.namespace, &gw.name),
         ObjectStatus::Gateway(GatewayStatus {
             addresses,
-            conditions: vec![accepted, programmed],
+            conditions,
             listeners,
+            attached_listener_sets: (0..gw.listener_sets.len())
+                .filter(|&i| gw.listener_sets[i].accepted(&gw.listeners, i))
+                .count() as i32,
         }),
     );
+    listenersets::statuses(b, &gw.listener_sets, &gw.listeners, gw.rejected.is_some());
 }
 
 #[cfg(test)]

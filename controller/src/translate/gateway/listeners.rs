@@ -1,14 +1,15 @@
 //! Gateway listeners: protocol support, allowed route kinds, conflicts within a Gateway
-//! (HostnameConflict, ProtocolConflict) and TLS certificate references (Secrets, with
-//! ReferenceGrant for other namespaces). The result says, per listener, whether it can be
-//! programmed and why not.
+//! (HostnameConflict, ProtocolConflict), TLS certificate references (Secrets, with
+//! ReferenceGrant for other namespaces) and client certificate validation (`frontend`). The
+//! result says, per listener, whether it can be programmed and why not.
 
 use super::attach::{self, AllowedNamespaces};
+use super::frontend;
 use super::refgrant::{self, Reference};
 use crate::translate::status::{Condition, ListenerStatus, RouteGroupKind};
 use crate::translate::Snapshot;
 use std::collections::BTreeMap;
-use sweety_config::{Certificate, PemSource};
+use sweety_config::{Certificate, ClientAuth, PemSource};
 use sweety_gateway_api::gateways::{Gateway, GatewayListeners, GatewayListenersTlsMode};
 
 /// The Gateway API group.
@@ -32,7 +33,7 @@ impl Proto {
         self == Proto::Udp
     }
     /// Protocols whose listeners are told apart by hostname on a shared port.
-    fn uses_hostname(self) -> bool {
+    pub fn uses_hostname(self) -> bool {
         matches!(
             self,
             Proto::Http | Proto::Https | Proto::TlsPassthrough | Proto::TlsTerminate
@@ -107,6 +108,11 @@ pub struct GwListener {
     pub kinds: Vec<RouteKind>,
     pub allowed: AllowedNamespaces,
     pub certificates: Vec<Certificate>,
+    /// Client certificate validation of the listener's port (HTTPS only).
+    pub client_auth: Option<ClientAuth>,
+    /// A client CA reference that did not resolve while others did (`ResolvedRefs: False`,
+    /// the listener still served with the valid ones).
+    pub ca_problem: Option<Problem>,
     /// Why the listener is not accepted (None: accepted).
     pub not_accepted: Option<Problem>,
     /// Conflict reason, if any.
@@ -117,6 +123,14 @@ pub struct GwListener {
     pub container_port: Option<u16>,
     /// Routes attached (counted while attaching).
     pub attached: i32,
+    /// The ListenerSet (index into `GwState::listener_sets`) that contributed this listener;
+    /// None for the Gateway's own listeners.
+    pub owner: Option<usize>,
+    /// The namespace of the ListenerSet (for `allowedRoutes` `Same`); None: the Gateway's.
+    pub home_ns: Option<String>,
+    /// `conflicted` came from listener precedence (a Gateway listener or an older ListenerSet's
+    /// won): Accepted and Programmed then carry the conflict reason.
+    pub lost_precedence: bool,
 }
 
 impl GwListener {
@@ -152,6 +166,9 @@ impl GwListener {
         let no_port = self.usable() && self.container_port.is_none() && !gateway_rejected;
         let accepted = match (&self.not_accepted, &self.conflicted) {
             (Some((r, m)), _) => Condition::new("Accepted", false, r, m.clone(), generation),
+            (None, Some((r, m))) if self.lost_precedence => {
+                Condition::new("Accepted", false, r, m.clone(), generation)
+            }
             // Another listener of this Gateway claims the port in an incompatible way.
             (None, Some((_, m))) => {
                 Condition::new("Accepted", false, "PortUnavailable", m.clone(), generation)
@@ -181,7 +198,7 @@ impl GwListener {
             ),
             Some((r, m)) => Condition::new("Conflicted", true, r, m.clone(), generation),
         };
-        let resolved = match &self.unresolved {
+        let resolved = match self.unresolved.as_ref().or(self.ca_problem.as_ref()) {
             None => Condition::new(
                 "ResolvedRefs",
                 true,
@@ -199,6 +216,8 @@ impl GwListener {
                 "listener programmed",
                 generation,
             )
+        } else if let (true, Some((r, m))) = (self.lost_precedence, &self.conflicted) {
+            Condition::new("Programmed", false, r, m.clone(), generation)
         } else {
             let why = if gateway_rejected {
                 "the Gateway is not accepted"
@@ -232,13 +251,100 @@ pub fn validate(snapshot: &Snapshot, gw: &Gateway) -> Vec<GwListener> {
         .spec
         .listeners
         .iter()
-        .map(|l| listener(snapshot, ns, l))
+        .map(|l| listener(snapshot, ns, l, "Gateway"))
         .collect();
+    apply_frontend(snapshot, gw, ns, &mut out);
     conflicts(&mut out);
     out
 }
 
-fn listener(snapshot: &Snapshot, ns: &str, l: &GatewayListeners) -> GwListener {
+/// Validate the listeners of a ListenerSet (namespace `ls_ns`) attached to `gw` (namespace
+/// `gw_ns`): certificates resolve from the ListenerSet's namespace (ReferenceGrants from
+/// ListenerSets), client certificate validation comes from the Gateway's port settings.
+/// Conflicts with the listeners before them are settled by [`precedence_conflict`].
+pub fn validate_set(
+    snapshot: &Snapshot,
+    gw: &Gateway,
+    gw_ns: &str,
+    ls_ns: &str,
+    listeners: &[GatewayListeners],
+) -> Vec<GwListener> {
+    let mut out: Vec<GwListener> = listeners
+        .iter()
+        .map(|l| listener(snapshot, ls_ns, l, "ListenerSet"))
+        .collect();
+    apply_frontend(snapshot, gw, gw_ns, &mut out);
+    out
+}
+
+/// Marks `new` conflicted when an earlier listener (`before`, in precedence order) that is
+/// accepted and not conflicted claims its port in an incompatible way: another protocol
+/// (ProtocolConflict), or the same hostname (HostnameConflict; on TCP/UDP any listener).
+pub fn precedence_conflict(before: &[GwListener], new: &mut GwListener) {
+    let (None, Some(p)) = (&new.not_accepted, new.protocol) else {
+        return;
+    };
+    for e in before {
+        let (None, None, Some(ep)) = (&e.not_accepted, &e.conflicted, e.protocol) else {
+            continue;
+        };
+        if e.port != new.port || ep.is_udp() != p.is_udp() {
+            continue;
+        }
+        let problem = if ep.port_family() != p.port_family() {
+            (
+                "ProtocolConflict",
+                format!(
+                    "listener {} already uses port {} with another protocol",
+                    e.name, e.port
+                ),
+            )
+        } else if !p.uses_hostname() || e.hostname == new.hostname {
+            (
+                "HostnameConflict",
+                format!(
+                    "listener {} already uses port {} and hostname {}",
+                    e.name,
+                    e.port,
+                    e.hostname.as_deref().unwrap_or("(none)")
+                ),
+            )
+        } else {
+            continue;
+        };
+        new.conflicted = Some(problem);
+        new.lost_precedence = true;
+        return;
+    }
+}
+
+/// Client certificate validation (the Gateway's `spec.tls.frontend`, per port) for HTTPS
+/// listeners.
+fn apply_frontend(snapshot: &Snapshot, gw: &Gateway, ns: &str, out: &mut [GwListener]) {
+    let mut by_port: BTreeMap<u16, frontend::Frontend> = BTreeMap::new();
+    for l in out.iter_mut() {
+        if l.protocol != Some(Proto::Https) || l.not_accepted.is_some() {
+            continue;
+        }
+        let f = by_port
+            .entry(l.port)
+            .or_insert_with(|| frontend::resolve(snapshot, gw, ns, l.port));
+        if f.none_valid {
+            let (reason, msg) = f.invalid_ref.clone().unwrap_or_default();
+            l.not_accepted = Some((
+                "NoValidCACertificate",
+                format!("no valid client CA certificate for port {}: {msg}", l.port),
+            ));
+            l.unresolved.get_or_insert((reason, msg));
+        } else {
+            l.client_auth = f.auth.clone();
+            l.ca_problem = f.invalid_ref.clone();
+        }
+    }
+}
+
+/// One listener of a Gateway or ListenerSet (`from_kind`, for ReferenceGrants) in `ns`.
+fn listener(snapshot: &Snapshot, ns: &str, l: &GatewayListeners, from_kind: &str) -> GwListener {
     let mut out = GwListener {
         name: l.name.clone(),
         port: u16::try_from(l.port).unwrap_or(0),
@@ -247,11 +353,16 @@ fn listener(snapshot: &Snapshot, ns: &str, l: &GatewayListeners) -> GwListener {
         kinds: Vec::new(),
         allowed: attach::allowed_namespaces(l.allowed_routes.as_ref()),
         certificates: Vec::new(),
+        client_auth: None,
+        ca_problem: None,
         not_accepted: None,
         conflicted: None,
         unresolved: None,
         container_port: None,
         attached: 0,
+        owner: None,
+        home_ns: None,
+        lost_precedence: false,
     };
     if out.port == 0 {
         out.not_accepted = Some(("UnsupportedValue", format!("invalid port {}", l.port)));
@@ -315,7 +426,7 @@ fn listener(snapshot: &Snapshot, ns: &str, l: &GatewayListeners) -> GwListener {
         }
     }
     if matches!(protocol, Proto::Https | Proto::TlsTerminate) {
-        if let Some(problem) = certificates(snapshot, ns, l, &mut out.certificates) {
+        if let Some(problem) = certificates(snapshot, ns, l, from_kind, &mut out.certificates) {
             out.unresolved = Some(problem);
             out.certificates.clear();
         }
@@ -328,6 +439,7 @@ fn certificates(
     snapshot: &Snapshot,
     ns: &str,
     l: &GatewayListeners,
+    from_kind: &str,
     out: &mut Vec<Certificate>,
 ) -> Option<Problem> {
     let refs = l
@@ -356,7 +468,7 @@ fn certificates(
         }
         let grant = Reference {
             from_group: GROUP,
-            from_kind: "Gateway",
+            from_kind,
             from_namespace: ns,
             to_group: "",
             to_kind: "Secret",
@@ -435,6 +547,7 @@ fn check_certificate(c: &Certificate) -> Result<(), String> {
         tls: Some(sweety_config::ListenerTls {
             certificates: vec![c.clone()],
             min_version: Default::default(),
+            client_auth: None,
         }),
         http3: false,
         max_requests_in_flight: None,
@@ -595,5 +708,57 @@ mod tests {
         assert_eq!(reason, "InvalidCertificateRef");
         assert!(msg.contains("needs at least one certificateRef"), "{msg}");
         assert!(l[1].unresolved.is_none(), "passthrough needs none");
+    }
+
+    #[test]
+    fn listener_set_listeners_lose_to_earlier_ones() {
+        let before = listeners(
+            "  - {name: gw, port: 80, protocol: HTTP, hostname: a.io}\n  - {name: tcp, port: 9000, protocol: TCP}\n",
+        );
+        // Each candidate validated on its own (a ListenerSet's listeners are checked against
+        // the ones before them, not by the Gateway's intra-listener rules).
+        let mut cand: Vec<GwListener> = [
+            "{name: same-host, port: 80, protocol: HTTP, hostname: a.io}",
+            "{name: other-host, port: 80, protocol: HTTP, hostname: b.io}",
+            "{name: other-proto, port: 80, protocol: TCP}",
+            "{name: tcp-again, port: 9000, protocol: TCP}",
+            "{name: udp, port: 9000, protocol: UDP}",
+        ]
+        .iter()
+        .map(|l| listeners(&format!("  - {l}\n")).remove(0))
+        .collect();
+        for c in cand.iter_mut() {
+            precedence_conflict(&before, c);
+        }
+        let got: Vec<_> = cand
+            .iter()
+            .map(|l| (l.conflicted.as_ref().map(|c| c.0), l.lost_precedence))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (Some("HostnameConflict"), true),
+                (None, false),
+                (Some("ProtocolConflict"), true),
+                (Some("HostnameConflict"), true),
+                (None, false),
+            ]
+        );
+        // The loser reports the conflict reason in Accepted and Programmed.
+        let st = cand[0].status(1, false);
+        let reason = |t: &str| {
+            st.conditions
+                .iter()
+                .find(|c| c.type_ == t)
+                .map(|c| (c.status.clone(), c.reason.clone()))
+        };
+        assert_eq!(
+            reason("Accepted"),
+            Some(("False".into(), "HostnameConflict".into()))
+        );
+        assert_eq!(
+            reason("Programmed"),
+            Some(("False".into(), "HostnameConflict".into()))
+        );
     }
 }

@@ -6,7 +6,8 @@
 //! listeners and virtual hosts → statuses. Every invalid object gets a condition saying why
 //! and is left out without stopping the rest.
 //!
-//! Modules: `model` (uniform route spec types), `classes`, `listeners`, `attach`, `refgrant`,
+//! Modules: `model` (uniform route spec types), `classes`, `listeners`, `frontend` (client
+//! certificate validation), `listenersets`, `client_cert` (the Gateway's certificate towards backends), `attach`, `refgrant`,
 //! `policy`, `backend` (backendRef resolution), `http` (HTTPRoute rules), `grpc` (GRPCRoute
 //! matches), `l4` (TLS/TCP/UDP routes), `routes` (attachment and route status), `emit`
 //! (dataplane listeners, virtual hosts, Gateway status), `route_cache` (per-route memo of
@@ -15,11 +16,14 @@
 mod attach;
 mod backend;
 mod classes;
+mod client_cert;
 mod emit;
+mod frontend;
 mod grpc;
 mod http;
 mod l4;
 mod listeners;
+mod listenersets;
 mod model;
 mod policy;
 mod refgrant;
@@ -44,6 +48,11 @@ pub struct GwState {
     pub rejected: Option<String>,
     /// Serve HTTP/3 on HTTPS listeners (class SweetyProxyConfig, else `Params::http3`).
     pub http3: bool,
+    /// ListenerSets naming this Gateway, in precedence order (their listeners are in
+    /// `listeners` with `owner` set).
+    pub listener_sets: Vec<listenersets::LsState>,
+    /// `spec.tls.backend.clientCertificateRef`, resolved (Err: why not, for `ResolvedRefs`).
+    pub backend_client_cert: Result<Option<client_cert::ClientCert>, listeners::Problem>,
 }
 
 /// Translate every Gateway API object in the snapshot.

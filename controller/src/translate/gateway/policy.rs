@@ -1,5 +1,5 @@
 //! BackendTLSPolicy: TLS towards Services (CA bundle from ConfigMaps `ca.crt`, SNI from
-//! `validation.hostname`, extra SANs), and the policy's status per Gateway it takes effect
+//! `validation.hostname`, subjectAltNames of type Hostname and URI), and the policy's status per Gateway it takes effect
 //! through.
 
 use super::listeners::{Problem, GROUP};
@@ -141,12 +141,24 @@ fn tls_of(b: &Builder<'_>, ns: &str, p: &BackendTlsPolicy) -> Result<BackendTls,
     }
     let mut sans = Vec::new();
     for san in p.spec.validation.subject_alt_names.iter().flatten() {
-        match (&san.r#type, &san.hostname) {
+        let value = match san.r#type {
+            SanType::Hostname => &san.hostname,
+            SanType::Uri => &san.uri,
+        };
+        match (&san.r#type, value) {
             (SanType::Hostname, Some(h)) => sans.push(h.clone()),
-            _ => {
+            // The dataplane tells URI SANs (`spiffe://…`) from names by their `://`.
+            (SanType::Uri, Some(u)) if u.contains("://") => sans.push(u.clone()),
+            (SanType::Hostname, None) => {
                 return Err((
                     "Invalid",
-                    "only Hostname subjectAltNames are supported".into(),
+                    "a subjectAltName of type Hostname needs hostname".into(),
+                ))
+            }
+            (SanType::Uri, _) => {
+                return Err((
+                    "Invalid",
+                    "a subjectAltName of type URI needs an absolute uri (scheme://…)".into(),
                 ))
             }
         }

@@ -129,17 +129,27 @@ fn route(
     let (created, ns, name) = meta_key(meta);
     let generation = meta.generation.unwrap_or(0);
     let head: RouteSpec<serde::de::IgnoredAny> = model::from_value(spec).unwrap_or_default();
-    // Parents that are our Gateways.
-    let parents: Vec<(&ParentRefSpec, usize)> = head
+    // Parents that are our Gateways, or ListenerSets attached to them (the set's index).
+    let parents: Vec<(&ParentRefSpec, usize, Option<usize>)> = head
         .parent_refs
         .iter()
-        .filter(|p| attach::is_gateway_ref(p))
         .filter_map(|p| {
-            let gns = p.namespace.as_deref().unwrap_or(&ns);
-            gateways
-                .iter()
-                .position(|g| g.namespace == gns && g.name == p.name)
-                .map(|g| (p, g))
+            let pns = p.namespace.as_deref().unwrap_or(&ns);
+            if attach::is_gateway_ref(p) {
+                return gateways
+                    .iter()
+                    .position(|g| g.namespace == pns && g.name == p.name)
+                    .map(|g| (p, g, None));
+            }
+            if !attach::is_listener_set_ref(p) {
+                return None;
+            }
+            gateways.iter().enumerate().find_map(|(g, gw)| {
+                gw.listener_sets
+                    .iter()
+                    .position(|s| s.namespace == pns && s.name == p.name)
+                    .map(|s| (p, g, Some(s)))
+            })
         })
         .collect();
     if parents.is_empty() {
@@ -153,13 +163,24 @@ fn route(
     let mut statuses = Vec::new();
     let mut attached_to: BTreeSet<(usize, usize)> = BTreeSet::new();
     let mut used_gateways: BTreeSet<(String, String)> = BTreeSet::new();
-    for (p, g) in &parents {
+    for (p, g, set) in &parents {
         let gw = &gateways[*g];
+        let set_problem = set.and_then(|s| {
+            let ls = &gw.listener_sets[s];
+            (!ls.accepted(&gw.listeners, s)).then(|| {
+                format!(
+                    "the ListenerSet {}/{} is not accepted by its Gateway",
+                    ls.namespace, ls.name
+                )
+            })
+        });
         let result = if let Some(why) = &gw.rejected {
             Err((
                 "NoMatchingParent",
                 format!("the Gateway is not accepted: {why}"),
             ))
+        } else if let Some(why) = set_problem {
+            Err(("NoMatchingParent", why))
         } else if all_unsupported {
             Err((
                 "UnsupportedValue",
@@ -170,6 +191,7 @@ fn route(
                 b.snapshot,
                 &gw.namespace,
                 &gw.listeners,
+                *set,
                 p,
                 kind,
                 &ns,
@@ -206,7 +228,14 @@ fn route(
         statuses.push(RouteParentStatus {
             parent_ref: ParentRef {
                 group: Some(GROUP.into()),
-                kind: Some("Gateway".into()),
+                kind: Some(
+                    if set.is_some() {
+                        "ListenerSet"
+                    } else {
+                        "Gateway"
+                    }
+                    .into(),
+                ),
                 namespace: p.namespace.clone(),
                 name: p.name.clone(),
                 section_name: p.section_name.clone(),
