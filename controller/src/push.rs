@@ -3,7 +3,11 @@
 //! described in docs/control-protocol.md.
 //!
 //! * [`Pusher::submit`] numbers a config (the next generation) only when its content hash
-//!   changed; the background task sends full snapshots, never diffs.
+//!   changed. The hash is the per-item tree hash ([`Digests`]): only listeners, virtual hosts
+//!   and backends that differ from the previous submit are serialized for it.
+//! * The first push on a connection is a full `Apply`; later ones are `ApplyDelta`s against
+//!   the config last sent on the connection, carrying only changed items. A `Nack`ed delta
+//!   (base mismatch, or a result the dataplane rejects) is followed by the full config.
 //! * Debounce: an isolated change is sent after a short quiet period (a quarter of
 //!   [`PushOptions::debounce`]); a burst of changes keeps extending it, but never past
 //!   `debounce` after the burst's first change. Only the latest config of a burst is sent.
@@ -21,6 +25,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use sweety_config::delta::{ConfigDelta, Digests};
 use sweety_config::wire::{self, FrameHeader, Hello, Message, HEADER_LEN};
 use sweety_config::Config;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -85,9 +90,11 @@ pub struct PushMetrics {
     pub acks: u64,
     /// `Nack`s received.
     pub nacks: u64,
-    /// Bytes of all `Apply` frames sent.
+    /// `ApplyDelta` frames sent (also counted in `pushes`).
+    pub deltas: u64,
+    /// Bytes of all `Apply` and `ApplyDelta` frames sent.
     pub bytes_sent: u64,
-    /// Size of the last `Apply` frame.
+    /// Size of the last `Apply` or `ApplyDelta` frame.
     pub last_config_bytes: u64,
     /// Send → `Ack` time of the last acknowledged push.
     pub last_push_latency: Duration,
@@ -101,19 +108,26 @@ struct Counters {
     pushes: AtomicU64,
     acks: AtomicU64,
     nacks: AtomicU64,
+    deltas: AtomicU64,
     bytes_sent: AtomicU64,
     last_config_bytes: AtomicU64,
     last_latency_us: AtomicU64,
     latency_total_us: AtomicU64,
 }
 
+/// A config with `generation` 0 (the frame carries the generation, so renumbering never
+/// touches it) and its digests.
+#[derive(Clone)]
+struct Hashed {
+    config: Arc<Config>,
+    digests: Arc<Digests>,
+}
+
 /// The config to push, numbered.
 struct Latest {
     generation: u64,
     hash: String,
-    /// The config serialized once with `generation` 0: hashed, and sent as the Apply payload
-    /// (the frame carries the generation), so renumbering never touches it.
-    json: Arc<[u8]>,
+    body: Hashed,
     /// Submitted with [`Pusher::submit_now`]: sent without waiting for a quiet period.
     urgent: bool,
 }
@@ -180,9 +194,18 @@ impl Pusher {
 
     fn offer(&self, mut config: Config, urgent: bool) -> u64 {
         config.generation = 0;
-        let json: Arc<[u8]> = config.to_json().into();
-        drop(config);
-        let hash = sweety_config::content_hash_of_json(&json);
+        // Digests of unchanged items come from the previous submit.
+        let prev = self.shared.queue().latest.as_ref().map(|l| l.body.clone());
+        let digests = match &prev {
+            Some(p) => Digests::reuse(&config, &p.config, &p.digests),
+            None => Digests::of(&config),
+        };
+        drop(prev);
+        let hash = digests.hash();
+        let body = Hashed {
+            config: Arc::new(config),
+            digests: Arc::new(digests),
+        };
         let generation = {
             let mut q = self.shared.queue();
             if let Some(l) = &q.latest {
@@ -201,7 +224,7 @@ impl Pusher {
             q.latest = Some(Latest {
                 generation,
                 hash,
-                json,
+                body,
                 urgent,
             });
             generation
@@ -226,6 +249,7 @@ impl Pusher {
             pushes: c.pushes.load(Relaxed),
             acks: c.acks.load(Relaxed),
             nacks: c.nacks.load(Relaxed),
+            deltas: c.deltas.load(Relaxed),
             bytes_sent: c.bytes_sent.load(Relaxed),
             last_config_bytes: c.last_config_bytes.load(Relaxed),
             last_push_latency: Duration::from_micros(c.last_latency_us.load(Relaxed)),
@@ -372,6 +396,8 @@ struct Inflight {
     generation: u64,
     hash: String,
     sent: Instant,
+    /// Sent as an `ApplyDelta`.
+    delta: bool,
 }
 
 async fn session(
@@ -404,6 +430,9 @@ async fn session(
             }
         }
     }));
+    // The config last sent on this connection (the base of the next delta); `None` until
+    // the first full `Apply`, and again after a `Nack`ed delta.
+    let mut base: Option<(u64, Hashed)> = None;
     let quiet = opts.debounce / 4;
     let mut inflight: VecDeque<Inflight> = VecDeque::new();
     // First and last change of the current burst; none right after connecting (send at once).
@@ -415,7 +444,7 @@ async fn session(
                 .as_ref()
                 .filter(|l| l.generation != attempted)
                 .filter(|l| l.generation != running.0 || l.hash != running.1)
-                .map(|l| (l.generation, l.hash.clone(), l.json.clone(), l.urgent))
+                .map(|l| (l.generation, l.hash.clone(), l.body.clone(), l.urgent))
         };
         let now = Instant::now();
         let deadline = match (&pending, burst) {
@@ -429,7 +458,7 @@ async fn session(
                     io::ErrorKind::UnexpectedEof, "the dataplane closed the connection")),
                 Some(Err(e)) => return End::Closed(e),
                 Some(Ok(Message::Ack { generation })) => {
-                    if let Some((latency, hash)) = settle(&mut inflight, generation) {
+                    if let Some((latency, hash, _)) = settle(&mut inflight, generation) {
                         running = (generation, hash);
                         let us = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
                         c.last_latency_us.store(us, Relaxed);
@@ -440,7 +469,16 @@ async fn session(
                     shared.state.send_modify(|s| s.acked = generation);
                 }
                 Some(Ok(Message::Nack { generation, errors })) => {
-                    settle(&mut inflight, generation);
+                    // The dataplane kept its previous config: no base to build deltas on.
+                    base = None;
+                    if settle(&mut inflight, generation).is_some_and(|s| s.2) {
+                        // The delta did not apply (another base, or a rejected result): the
+                        // same generation goes again as a full config.
+                        if attempted == generation {
+                            attempted = 0;
+                        }
+                        tracing::info!(generation, errors = ?errors, "dataplane rejected a delta; sending the full config");
+                    }
                     c.nacks.fetch_add(1, Relaxed);
                     tracing::error!(generation, errors = ?errors, "dataplane rejected the config");
                     shared.state.send_modify(|s| s.last_nack = Some((generation, errors)));
@@ -458,9 +496,17 @@ async fn session(
             _ = tokio::time::sleep_until(deadline.unwrap_or(now + Duration::from_secs(3600))),
                 if deadline.is_some() =>
             {
-                let Some((generation, hash, json, _)) = pending else { continue };
+                let Some((generation, hash, body, _)) = pending else { continue };
                 burst = None;
-                let frame = match wire::encode_apply_json(generation, &json) {
+                let delta = base.as_ref().and_then(|(g, b)| {
+                    ConfigDelta::between(&b.config, &b.digests, &body.config, &body.digests)
+                        .map(|d| (*g, d))
+                });
+                let encoded = match &delta {
+                    Some((g, d)) => wire::encode_apply_delta(generation, *g, d),
+                    None => wire::encode_apply(generation, &body.config),
+                };
+                let frame = match encoded {
                     Ok(f) => f,
                     Err(e) => {
                         // Too large to ever send: report it like a rejection.
@@ -480,8 +526,13 @@ async fn session(
                         io::ErrorKind::TimedOut, "writing to the dataplane timed out")),
                 }
                 attempted = generation;
-                inflight.push_back(Inflight { generation, hash, sent: Instant::now() });
+                let is_delta = delta.is_some();
+                inflight.push_back(Inflight { generation, hash, sent: Instant::now(), delta: is_delta });
+                base = Some((generation, body));
                 c.pushes.fetch_add(1, Relaxed);
+                if is_delta {
+                    c.deltas.fetch_add(1, Relaxed);
+                }
                 c.bytes_sent.fetch_add(len, Relaxed);
                 c.last_config_bytes.store(len, Relaxed);
                 tracing::debug!(generation, bytes = len, "config pushed");
@@ -490,9 +541,9 @@ async fn session(
     }
 }
 
-/// Drops in-flight pushes up to `generation`; the send → reply time and the hash of that
-/// generation.
-fn settle(inflight: &mut VecDeque<Inflight>, generation: u64) -> Option<(Duration, String)> {
+/// Drops in-flight pushes up to `generation`; the send → reply time, the hash of that
+/// generation and whether it was sent as a delta.
+fn settle(inflight: &mut VecDeque<Inflight>, generation: u64) -> Option<(Duration, String, bool)> {
     let mut found = None;
     while let Some(f) = inflight.pop_front() {
         if f.generation > generation {
@@ -500,7 +551,7 @@ fn settle(inflight: &mut VecDeque<Inflight>, generation: u64) -> Option<(Duratio
             break;
         }
         if f.generation == generation {
-            found = Some((f.sent.elapsed(), f.hash));
+            found = Some((f.sent.elapsed(), f.hash, f.delta));
         }
     }
     found
@@ -511,14 +562,16 @@ mod tests {
     use super::*;
     use sweety_config::wire::decode_frame;
 
-    /// Reads frames from a fake dataplane connection until one satisfies `want` (10 s cap).
+    /// Reads the next Apply or ApplyDelta from a fake dataplane connection (10 s cap).
     async fn next_apply(s: &mut UnixStream, buf: &mut Vec<u8>) -> u64 {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             if let Some((m, used)) = decode_frame(buf).unwrap() {
                 buf.drain(..used);
                 match m {
-                    Message::Apply { generation, .. } => return generation,
+                    Message::Apply { generation, .. } | Message::ApplyDelta { generation, .. } => {
+                        return generation
+                    }
                     other => panic!("unexpected {:?}", other.kind()),
                 }
             }

@@ -151,6 +151,11 @@ async fn apply_is_acked_and_served_and_a_change_is_visible_quickly() {
 
     let m = pusher.metrics();
     assert_eq!((m.connects, m.pushes, m.acks, m.nacks), (1, 6, 6, 0));
+    assert_eq!(
+        m.deltas, 5,
+        "the first push is full, the changes are deltas"
+    );
+    assert_eq!(dp.control.stats().deltas.load(Relaxed), 5);
     assert!(m.last_config_bytes > 100 && m.bytes_sent >= 6 * m.last_config_bytes / 2);
     assert!(m.push_latency_total >= m.last_push_latency);
     assert_eq!(dp.control.stats().acks.load(Relaxed), 6);
@@ -188,12 +193,17 @@ async fn invalid_config_is_nacked_with_its_path_and_the_old_config_keeps_serving
     assert_eq!(dp.runtime.shared.snapshot().config.generation, 1);
     assert_eq!(dp.get().await, (200, "good".into()));
 
-    // The rejected config is not retried on the same connection; a fixed one goes through.
+    // It went as a delta (Nacked: the result is invalid), then once more as the full config
+    // (Nacked with the same errors); it is not retried again on the same connection, and a
+    // fixed one goes through.
+    let s = wait_for(&mut state, "second nack", |_| pusher.metrics().nacks == 2).await;
+    assert_eq!(s.last_nack.unwrap().1, errors);
+    assert_eq!(dp.control.stats().deltas.load(Relaxed), 1);
     pusher.submit(config("fixed"));
     wait_for(&mut state, "ack of 3", |s| s.acked == 3).await;
     assert_eq!(dp.get().await, (200, "fixed".into()));
-    assert_eq!(dp.applies(), 3);
-    assert_eq!(pusher.metrics().nacks, 1);
+    assert_eq!(dp.applies(), 4);
+    assert_eq!(pusher.metrics().nacks, 2);
     dp.stop().await;
 }
 
@@ -334,6 +344,153 @@ async fn generations_continue_above_the_dataplanes_and_a_matching_hash_is_not_re
     assert_eq!(dp.get().await, (200, "after restart".into()));
     assert_eq!(dp.applies(), 2);
     dp.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deltas_give_exactly_what_a_full_apply_gives() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("control.sock");
+    let dp = Dataplane::start(&sock, None).await;
+    let pusher = Pusher::spawn(options(&sock));
+    let mut state = pusher.state();
+    let mut c = routes_config(300, "v0");
+    let g = pusher.submit_now(c.clone());
+    wait_for(&mut state, "first ack", |s| s.acked == g).await;
+    let full_bytes = pusher.metrics().last_config_bytes;
+    // Changes of every kind: a route, an insert at the front, a removal, a reorder, a
+    // setting, a backend and a listener.
+    type Edit = fn(&mut Config);
+    let edits: [Edit; 7] = [
+        |c| c.virtual_hosts[7].hostnames = vec!["changed.example.com".into()],
+        |c| {
+            let mut v = c.virtual_hosts[3].clone();
+            v.name = "front".into();
+            v.hostnames = vec!["front.example.com".into()];
+            c.virtual_hosts.insert(0, v);
+        },
+        |c| {
+            c.virtual_hosts.remove(10);
+        },
+        |c| c.virtual_hosts.swap(20, 30),
+        |c| c.limits.max_connections -= 1,
+        |c| {
+            c.backends.push(Backend::new(
+                "extra",
+                vec![Endpoint {
+                    address: "127.0.0.1:9".into(),
+                    weight: 1,
+                }],
+            ))
+        },
+        |c| c.listeners[0].max_requests_in_flight = Some(1000),
+    ];
+    for (i, edit) in edits.iter().enumerate() {
+        edit(&mut c);
+        let g = pusher.submit_now(c.clone());
+        wait_for(&mut state, "ack", |s| s.acked == g).await;
+        assert!(state.borrow().last_nack.is_none(), "edit {i}");
+        // What the dataplane runs is the submitted config, item for item, and it reports its
+        // content hash.
+        let mut want = c.clone();
+        want.generation = g;
+        assert_eq!(dp.control.applied_config(), Some(want), "edit {i}");
+        let snap = dp.runtime.shared.snapshot();
+        assert_eq!(snap.config.generation, g);
+        assert_eq!(snap.hash, c.content_hash(), "edit {i}");
+        assert_eq!(snap.routes.len(), c.virtual_hosts.len(), "edit {i}");
+        assert!(
+            pusher.metrics().last_config_bytes < full_bytes / 10,
+            "edit {i}: a delta frame is small"
+        );
+    }
+    assert_eq!(pusher.metrics().deltas, edits.len() as u64);
+    assert_eq!(dp.control.stats().nacks.load(Relaxed), 0);
+    // The same final config applied in full to a second dataplane serves the same way.
+    let dir2 = tempfile::tempdir().unwrap();
+    let sock2 = dir2.path().join("control.sock");
+    let dp2 = Dataplane::start(&sock2, None).await;
+    let pusher2 = Pusher::spawn(options(&sock2));
+    let mut state2 = pusher2.state();
+    let g2 = pusher2.submit_now(c.clone());
+    wait_for(&mut state2, "ack", |s| s.acked == g2).await;
+    assert_eq!(pusher2.metrics().deltas, 0);
+    let (a, b) = (dp.runtime.shared.snapshot(), dp2.runtime.shared.snapshot());
+    assert_eq!(a.hash, b.hash);
+    let (a, mut b) = (
+        dp.control.applied_config().unwrap(),
+        dp2.control.applied_config().unwrap(),
+    );
+    b.generation = a.generation;
+    assert_eq!(a, b);
+    for host in [
+        "changed.example.com",
+        "front.example.com",
+        "app-5.example.com",
+    ] {
+        let path = "/api/v5/x";
+        assert_eq!(
+            get_host(*dp.runtime.bound().await.get("web").unwrap(), host, path).await,
+            get_host(*dp2.runtime.bound().await.get("web").unwrap(), host, path).await,
+            "{host}"
+        );
+    }
+    dp.stop().await;
+    dp2.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delta_against_another_base_is_nacked_and_the_full_config_follows() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("control.sock");
+    let dp = Dataplane::start(&sock, None).await;
+    let pusher = Pusher::spawn(options(&sock));
+    let mut state = pusher.state();
+    let g = pusher.submit_now(config("one"));
+    wait_for(&mut state, "ack", |s| s.acked == g).await;
+    // Someone else changes what the dataplane runs: the pusher's next delta names a base
+    // that is no longer serving.
+    let mut other = config("other");
+    other.generation = 1;
+    dp.runtime.apply(other).await.unwrap();
+    assert_eq!(dp.get().await, (200, "other".into()));
+
+    let g = pusher.submit_now(config("two"));
+    wait_for(&mut state, "ack after the full resend", |s| s.acked == g).await;
+    assert_eq!(dp.get().await, (200, "two".into()));
+    let st = dp.control.stats();
+    assert_eq!(st.deltas.load(Relaxed), 1);
+    assert_eq!(st.nacks.load(Relaxed), 1, "the delta was rejected");
+    assert_eq!(st.acks.load(Relaxed), 2, "the full config was applied");
+    let m = pusher.metrics();
+    assert_eq!((m.pushes, m.deltas, m.nacks, m.acks), (3, 1, 1, 2));
+    let (generation, errors) = state.borrow().last_nack.clone().unwrap();
+    assert_eq!(generation, g);
+    assert!(
+        errors[0].contains("delta against generation 1"),
+        "{errors:?}"
+    );
+    // The next change is a delta again, on the full config's base.
+    let g = pusher.submit_now(config("three"));
+    wait_for(&mut state, "ack", |s| s.acked == g).await;
+    assert_eq!(dp.get().await, (200, "three".into()));
+    assert_eq!(pusher.metrics().deltas, 2);
+    dp.stop().await;
+}
+
+/// GET `path` with a `Host` header over a fresh connection: status and body.
+async fn get_host(addr: std::net::SocketAddr, host: &str, path: &str) -> (u16, String) {
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let req = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut out = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out))
+        .await
+        .expect("response within 5 s")
+        .unwrap();
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let status = text.get(9..12).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
+    (status, body.to_string())
 }
 
 /// A config shaped like the translation of `n` HTTPRoutes: one virtual host per route, one

@@ -1,6 +1,7 @@
 //! The dataplane end of the control protocol (`--control-socket PATH`): a Unix socket on which
-//! the controller pushes full config snapshots (`Apply`), answered with `Ack` or `Nack`.
-//! Frames are encoded by [`sweety_config::wire`]; docs/control-protocol.md has the protocol.
+//! the controller pushes config snapshots (`Apply`) and deltas (`ApplyDelta`), answered with
+//! `Ack` or `Nack`. Frames are encoded by [`sweety_config::wire`]; docs/control-protocol.md
+//! has the protocol.
 //!
 //! * The socket file is created with mode 0600 before it becomes reachable under its name
 //!   (bound under a temporary name, chmod-ed, then renamed into place). A stale socket at the
@@ -9,8 +10,13 @@
 //!   controller can skip a resend or resend after a dataplane restart.
 //! * `Apply` is validated in full and applied with [`Runtime::apply_with_hash`]; on any error
 //!   the last good config keeps serving and every error (with its path) goes back in the
-//!   `Nack`. The hash reported in `Hello` is the SHA-256 of the payload's JSON as received
-//!   (the content hash when the sender serializes canonically, as the controller does).
+//!   `Nack`. Its per-item digests ([`Digests`]) are kept with it as the base of the next
+//!   `ApplyDelta`.
+//! * `ApplyDelta` names its base generation. It is applied onto the last config applied here
+//!   when that is the base and still serving; the result must hash to what the delta says,
+//!   then it is validated, built and swapped exactly like a full `Apply`. A base mismatch, a
+//!   delta that does not apply or an invalid result is `Nack`ed and the last good config keeps
+//!   serving; the controller then sends the full config.
 //! * One controller connection at a time: a new connection *replaces* the previous one, which
 //!   is closed. A restarted (or newly elected) controller must never be locked out by a
 //!   half-dead old connection.
@@ -21,7 +27,9 @@ use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _, PermissionsExt as _}
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
+use sweety_config::delta::Digests;
 use sweety_config::wire::{self, FrameHeader, FrameType, Hello, Message, HEADER_LEN};
+use sweety_config::Config;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::UnixStream;
 use tokio::task::JoinHandle;
@@ -37,7 +45,22 @@ pub struct ControlStats {
     pub acks: AtomicU64,
     /// `Nack`s sent (rejected configs and protocol errors).
     pub nacks: AtomicU64,
+    /// `ApplyDelta` frames received (also counted in `applies`).
+    pub deltas: AtomicU64,
 }
+
+/// The config last applied through this socket, whole, with its digests: the base of an
+/// `ApplyDelta`, which consumes it (unchanged items are moved into the result, not copied).
+struct Base {
+    generation: u64,
+    config: Config,
+    digests: Digests,
+    /// The serving snapshot's config when this one was applied: the base is only used while
+    /// that is still what serves.
+    serving: Arc<Config>,
+}
+
+type BaseSlot = std::sync::Mutex<Option<Base>>;
 
 /// A running control socket. Dropping it stops accepting, closes the controller connection
 /// and removes the socket file (if it is still the one this server created).
@@ -45,6 +68,7 @@ pub struct ControlServer {
     path: PathBuf,
     inode: (u64, u64),
     stats: Arc<ControlStats>,
+    base: Arc<BaseSlot>,
     task: JoinHandle<()>,
 }
 
@@ -101,12 +125,14 @@ impl ControlServer {
         std_listener.set_nonblocking(true)?;
         let listener = tokio::net::UnixListener::from_std(std_listener)?;
         let stats = Arc::new(ControlStats::default());
-        let task = tokio::spawn(accept_loop(runtime, listener, stats.clone()));
+        let base: Arc<BaseSlot> = Arc::default();
+        let task = tokio::spawn(accept_loop(runtime, listener, stats.clone(), base.clone()));
         tracing::info!(path = %path.display(), "control socket listening");
         Ok(ControlServer {
             path: path.to_path_buf(),
             inode: (meta.dev(), meta.ino()),
             stats,
+            base,
             task,
         })
     }
@@ -119,6 +145,13 @@ impl ControlServer {
     /// The counters.
     pub fn stats(&self) -> &ControlStats {
         &self.stats
+    }
+
+    /// A copy of the whole config last applied over the socket (the base of the next delta),
+    /// with its generation; `None` before the first one or after a rejected delta.
+    pub fn applied_config(&self) -> Option<Config> {
+        let slot = self.base.lock().unwrap_or_else(|e| e.into_inner());
+        slot.as_ref().map(|b| b.config.clone())
     }
 }
 
@@ -137,6 +170,7 @@ async fn accept_loop(
     runtime: Arc<Runtime>,
     listener: tokio::net::UnixListener,
     stats: Arc<ControlStats>,
+    base: Arc<BaseSlot>,
 ) {
     // Aborted together with this task (the guard is dropped with it).
     let mut current: Option<AbortOnDrop> = None;
@@ -153,9 +187,9 @@ async fn accept_loop(
         if current.take().is_some() {
             tracing::info!("a new controller connection replaces the previous one");
         }
-        let (rt, st) = (runtime.clone(), stats.clone());
+        let (rt, st, b) = (runtime.clone(), stats.clone(), base.clone());
         current = Some(AbortOnDrop(tokio::spawn(async move {
-            match session(&rt, &st, stream).await {
+            match session(&rt, &st, &b, stream).await {
                 Ok(()) => tracing::info!("controller disconnected"),
                 Err(e) => tracing::warn!(error = %e, "controller connection closed"),
             }
@@ -171,7 +205,12 @@ async fn send(w: &mut (impl tokio::io::AsyncWrite + Unpin), m: &Message) -> io::
     w.write_all(&m.encode().map_err(invalid)?).await
 }
 
-async fn session(runtime: &Runtime, stats: &ControlStats, stream: UnixStream) -> io::Result<()> {
+async fn session(
+    runtime: &Runtime,
+    stats: &ControlStats,
+    base: &BaseSlot,
+    stream: UnixStream,
+) -> io::Result<()> {
     let (mut rd, mut wr) = stream.into_split();
     let hello = if runtime.shared.ready.load(Relaxed) {
         let snap = runtime.shared.snapshot();
@@ -195,7 +234,7 @@ async fn session(runtime: &Runtime, stats: &ControlStats, stream: UnixStream) ->
             r => r?,
         };
         let header = match FrameHeader::parse(&hdr) {
-            Ok(h) if h.kind == FrameType::Apply => h,
+            Ok(h) if matches!(h.kind, FrameType::Apply | FrameType::ApplyDelta) => h,
             Ok(h) => {
                 let msg = format!("unexpected {:?} frame from the controller", h.kind);
                 return Err(protocol_error(stats, &mut wr, msg).await);
@@ -206,42 +245,22 @@ async fn session(runtime: &Runtime, stats: &ControlStats, stream: UnixStream) ->
         let mut payload = vec![0u8; header.len as usize];
         rd.read_exact(&mut payload).await?;
         stats.applies.fetch_add(1, Relaxed);
-        let reply = match Message::decode(FrameType::Apply, &payload) {
-            Ok(Message::Apply {
-                generation,
-                mut config,
-            }) => {
-                // The controller sends the canonical JSON with generation 0, whose SHA-256 is
-                // the content hash: no need to serialize the config again to compute it.
-                let hash = (config.generation == 0)
-                    .then(|| sweety_config::content_hash_of_json(&payload[8..]));
-                config.generation = generation;
-                match runtime.apply_with_hash(*config, hash).await {
-                    Ok(()) => {
-                        tracing::info!(generation, "pushed config applied");
-                        Message::Ack { generation }
-                    }
-                    Err(e) => {
-                        tracing::error!(generation, "{e}; keeping the previous config");
-                        Message::Nack {
-                            generation,
-                            errors: e.messages(),
-                        }
-                    }
-                }
+        if header.kind == FrameType::ApplyDelta {
+            stats.deltas.fetch_add(1, Relaxed);
+        }
+        let generation = wire::apply_generation(&payload).unwrap_or(0);
+        let reply = match apply_frame(runtime, base, header.kind, &payload).await {
+            Ok(()) => {
+                tracing::info!(generation, "pushed config applied");
+                Message::Ack { generation }
             }
-            other => {
-                let error = match other {
-                    Err(e) => e.to_string(),
-                    Ok(m) => format!("unexpected {:?} payload", m.kind()),
-                };
-                let generation = wire::apply_generation(&payload).unwrap_or(0);
-                runtime.shared.metrics.reloads_failed.fetch_add(1, Relaxed);
-                tracing::error!(generation, "{error}; keeping the previous config");
-                Message::Nack {
+            Err(errors) => {
+                tracing::error!(
                     generation,
-                    errors: vec![error],
-                }
+                    ?errors,
+                    "pushed config rejected; keeping the previous config"
+                );
+                Message::Nack { generation, errors }
             }
         };
         match &reply {
@@ -250,6 +269,109 @@ async fn session(runtime: &Runtime, stats: &ControlStats, stream: UnixStream) ->
         };
         send(&mut wr, &reply).await?;
     }
+}
+
+/// Decodes and applies an `Apply` or `ApplyDelta` payload; the errors for the `Nack`.
+async fn apply_frame(
+    runtime: &Runtime,
+    slot: &BaseSlot,
+    kind: FrameType,
+    payload: &[u8],
+) -> Result<(), Vec<String>> {
+    let lock = || slot.lock().unwrap_or_else(|e| e.into_inner());
+    // Rejected before the runtime saw it (which counts its own failures).
+    let early = |errors: Vec<String>| {
+        runtime.shared.metrics.reloads_failed.fetch_add(1, Relaxed);
+        errors
+    };
+    let message = Message::decode(kind, payload).map_err(|e| early(vec![e.to_string()]))?;
+    let (generation, config, digests) = match message {
+        Message::Apply {
+            generation,
+            mut config,
+        } => {
+            config.generation = generation;
+            let digests = Digests::of(&config);
+            let hash = digests.hash();
+            runtime
+                .apply_reusing(&config, Some(hash), None)
+                .await
+                .map_err(|e| e.messages())?;
+            (generation, *config, digests)
+        }
+        Message::ApplyDelta {
+            generation,
+            base,
+            delta,
+        } => {
+            // The base must be the config serving now, applied over this socket (not merely
+            // one with the same generation number).
+            let serving = runtime.shared.snapshot().config.clone();
+            let taken = {
+                let mut slot = lock();
+                let usable = slot
+                    .as_ref()
+                    .is_some_and(|b| b.generation == base && Arc::ptr_eq(&b.serving, &serving));
+                if usable {
+                    slot.take()
+                } else {
+                    None
+                }
+            };
+            let Some(b) = taken else {
+                return Err(early(vec![format!(
+                    "delta against generation {base}, but the serving config (generation {}) \
+                     is not that one as applied over this socket; send the full config",
+                    serving.generation
+                )]));
+            };
+            // From here the delta consumes the base: if anything below fails, the next delta
+            // is refused too, and the controller sends the full config after this Nack.
+            let backend_names = || b.config.backends.iter().map(|x| x.name.as_str());
+            let same_context = delta.listeners.is_empty()
+                && delta.backends.remove.is_empty()
+                && delta
+                    .backends
+                    .upsert
+                    .iter()
+                    .all(|u| backend_names().any(|n| n == u.name));
+            let changed: std::collections::HashSet<String> = delta
+                .virtual_hosts
+                .upsert
+                .iter()
+                .map(|v| v.name.clone())
+                .collect();
+            let (mut config, digests) = delta
+                .apply(b.config, &b.digests)
+                .map_err(|e| early(vec![format!("delta: {e}")]))?;
+            config.generation = generation;
+            let reuse = crate::runtime::Reuse {
+                changed_vhost: &|name| changed.contains(name),
+                same_context,
+            };
+            runtime
+                .apply_reusing(&config, Some(digests.hash()), Some(reuse))
+                .await
+                .map_err(|e| e.messages())?;
+            (generation, config, digests)
+        }
+        other => {
+            return Err(early(vec![format!(
+                "unexpected {:?} payload",
+                other.kind()
+            )]))
+        }
+    };
+    let serving = runtime.shared.snapshot().config.clone();
+    if serving.generation == generation {
+        *lock() = Some(Base {
+            generation,
+            config,
+            digests,
+            serving,
+        });
+    }
+    Ok(())
 }
 
 /// Sends a `Nack` for generation 0 explaining a protocol error, and returns the error that

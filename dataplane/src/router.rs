@@ -13,13 +13,19 @@
 //!    route order in the config; then match order within the route. Exact paths are found by
 //!    a hash lookup; the rest is a scan of a list sorted by that precedence at build time, so
 //!    the first pair that matches wins.
+//!
+//! Each virtual host is compiled on its own (shared behind an `Arc`), so
+//! [`RouteTable::build_reusing`] can take unchanged ones from the previous table: a config
+//! delta that changes one route recompiles one virtual host, not all of them.
 
 use crate::filters::CompiledFilters;
 use std::borrow::Cow;
 use std::cmp::Reverse;
 use std::collections::HashMap;
 use std::sync::Arc;
-use sweety_config::{Config, HeaderMatch, MatchKind, PathMatch, QueryMatch, Route, RouteMatch};
+use sweety_config::{
+    Config, HeaderMatch, MatchKind, PathMatch, QueryMatch, Route, RouteMatch, VirtualHost,
+};
 
 /// One route of the table, with its compiled filters.
 #[derive(Debug)]
@@ -84,12 +90,16 @@ pub struct BuildError {
     pub message: String,
 }
 
+/// Says whether the virtual host of this name is unchanged since the previous build.
+pub type Unchanged<'a> = &'a (dyn Fn(&str) -> bool + Sync);
+
 /// The immutable route table.
 #[derive(Debug, Default)]
 pub struct RouteTable {
-    entries: Vec<RouteEntry>,
     /// Compiled routes of each virtual host, indexed like `Config::virtual_hosts`.
-    vhosts: Vec<VhostRoutes>,
+    vhosts: Vec<Arc<CompiledVhost>>,
+    /// Number of routes over all virtual hosts.
+    len: usize,
     /// Host selection per listener name.
     listeners: HashMap<Box<str>, HostIndex>,
     /// Host selection for a listener name the config does not mention: only the virtual hosts
@@ -144,7 +154,17 @@ impl HostIndex {
     }
 }
 
-/// The compiled routes of one virtual host.
+/// One virtual host, compiled: its routes and their rules.
+#[derive(Debug)]
+struct CompiledVhost {
+    /// Its name (the key under which the next build may reuse it).
+    name: Arc<str>,
+    /// Its routes, in config order.
+    entries: Vec<RouteEntry>,
+    routes: VhostRoutes,
+}
+
+/// The compiled rules of one virtual host.
 #[derive(Debug, Default)]
 struct VhostRoutes {
     /// Exact-path rules by path, each list in precedence order.
@@ -156,7 +176,7 @@ struct VhostRoutes {
 /// One (route, match) pair, compiled.
 #[derive(Debug)]
 struct Rule {
-    /// Index into `RouteTable::entries`.
+    /// Index into the virtual host's `entries`.
     entry: usize,
     path: PathRule,
     method: Option<Box<str>>,
@@ -431,47 +451,34 @@ impl VhostRoutes {
 impl RouteTable {
     /// Builds the table from a (validated) config.
     pub fn build(cfg: &Config) -> Result<RouteTable, BuildError> {
-        let mut entries = Vec::new();
-        let mut vhosts = Vec::with_capacity(cfg.virtual_hosts.len());
-        for (vi, vh) in cfg.virtual_hosts.iter().enumerate() {
-            let vhost_name: Arc<str> = vh.name.as_str().into();
-            let mut keyed: Vec<(RuleKey, Rule)> = Vec::new();
-            for (ri, r) in vh.routes.iter().enumerate() {
-                let entry = entries.len();
-                let filters =
-                    CompiledFilters::compile(&r.filters).map_err(|message| BuildError {
-                        path: format!("virtual_hosts[{vi}].routes[{ri}].filters"),
-                        message,
-                    })?;
-                let at = |index| MatchPath {
-                    vhost: vi,
-                    route: ri,
-                    index,
-                };
-                if r.matches.is_empty() {
-                    keyed.push(compile_rule(entry, &DEFAULT_MATCH, &at(0))?);
-                }
-                for (mi, m) in r.matches.iter().enumerate() {
-                    keyed.push(compile_rule(entry, m, &at(mi))?);
-                }
-                entries.push(RouteEntry {
-                    name: r.name.as_str().into(),
-                    vhost: vhost_name.clone(),
-                    route: Arc::new(r.clone()),
-                    filters,
-                });
-            }
-            keyed.sort_by_key(|(k, _)| *k);
-            let mut routes = VhostRoutes::default();
-            for (_, rule) in keyed {
-                match &rule.path {
-                    PathRule::Exact(p) => routes.exact.entry(p.clone()).or_default().push(rule),
-                    _ => routes.scan.push(rule),
-                }
-            }
-            vhosts.push(routes);
-        }
+        Self::build_reusing(cfg, None)
+    }
 
+    /// Builds the table, taking the compiled virtual host of the same name from `previous`
+    /// for every virtual host for which `unchanged(name)` is true (the caller knows it is
+    /// equal to the one `previous` was built from).
+    pub fn build_reusing(
+        cfg: &Config,
+        previous: Option<(&RouteTable, Unchanged<'_>)>,
+    ) -> Result<RouteTable, BuildError> {
+        let old: HashMap<&str, &Arc<CompiledVhost>> = match previous {
+            Some((prev, _)) => prev.vhosts.iter().map(|v| (&*v.name, v)).collect(),
+            None => HashMap::new(),
+        };
+        let mut vhosts = Vec::with_capacity(cfg.virtual_hosts.len());
+        let mut len = 0;
+        for (vi, vh) in cfg.virtual_hosts.iter().enumerate() {
+            let reused = previous
+                .filter(|(_, unchanged)| unchanged(&vh.name))
+                .and_then(|_| old.get(vh.name.as_str()))
+                .map(|v| Arc::clone(v));
+            let compiled = match reused {
+                Some(v) => v,
+                None => Arc::new(compile_vhost(vi, vh)?),
+            };
+            len += compiled.entries.len();
+            vhosts.push(compiled);
+        }
         let mut listener_names: Vec<&str> = cfg.listeners.iter().map(|l| l.name.as_str()).collect();
         listener_names.extend(
             cfg.virtual_hosts
@@ -499,8 +506,8 @@ impl RouteTable {
         }
 
         Ok(RouteTable {
-            entries,
             vhosts,
+            len,
             listeners,
             any_listener,
         })
@@ -511,9 +518,10 @@ impl RouteTable {
         let Some(vi) = self.vhost_index(req.listener, req.host) else {
             return Lookup::NoHost;
         };
-        match self.vhosts[vi].lookup(req) {
+        let vhost = &self.vhosts[vi];
+        match vhost.routes.lookup(req) {
             Some(rule) => Lookup::Matched(Matched {
-                entry: &self.entries[rule.entry],
+                entry: &vhost.entries[rule.entry],
                 prefix: rule.prefix(),
             }),
             None => Lookup::NoRoute,
@@ -531,18 +539,62 @@ impl RouteTable {
 
     /// Number of routes in the table.
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.len
     }
 
     /// True when the table has no routes.
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.len == 0
     }
 
     /// All routes, in config order (virtual hosts, then routes).
-    pub fn entries(&self) -> &[RouteEntry] {
-        &self.entries
+    pub fn entries(&self) -> impl Iterator<Item = &RouteEntry> {
+        self.vhosts.iter().flat_map(|v| v.entries.iter())
     }
+}
+
+/// Compiles the routes of the virtual host at `vi`.
+fn compile_vhost(vi: usize, vh: &VirtualHost) -> Result<CompiledVhost, BuildError> {
+    let vhost_name: Arc<str> = vh.name.as_str().into();
+    let mut entries = Vec::with_capacity(vh.routes.len());
+    let mut keyed: Vec<(RuleKey, Rule)> = Vec::new();
+    for (ri, r) in vh.routes.iter().enumerate() {
+        let entry = entries.len();
+        let filters = CompiledFilters::compile(&r.filters).map_err(|message| BuildError {
+            path: format!("virtual_hosts[{vi}].routes[{ri}].filters"),
+            message,
+        })?;
+        let at = |index| MatchPath {
+            vhost: vi,
+            route: ri,
+            index,
+        };
+        if r.matches.is_empty() {
+            keyed.push(compile_rule(entry, &DEFAULT_MATCH, &at(0))?);
+        }
+        for (mi, m) in r.matches.iter().enumerate() {
+            keyed.push(compile_rule(entry, m, &at(mi))?);
+        }
+        entries.push(RouteEntry {
+            name: r.name.as_str().into(),
+            vhost: vhost_name.clone(),
+            route: Arc::new(r.clone()),
+            filters,
+        });
+    }
+    keyed.sort_by_key(|(k, _)| *k);
+    let mut routes = VhostRoutes::default();
+    for (_, rule) in keyed {
+        match &rule.path {
+            PathRule::Exact(p) => routes.exact.entry(p.clone()).or_default().push(rule),
+            _ => routes.scan.push(rule),
+        }
+    }
+    Ok(CompiledVhost {
+        name: vhost_name,
+        entries,
+        routes,
+    })
 }
 
 #[cfg(test)]

@@ -166,6 +166,17 @@ impl Default for RuntimeOptions {
     }
 }
 
+/// What the caller of [`Runtime::apply_reusing`] knows about the new config relative to the
+/// one serving now, so that unchanged parts are neither validated nor compiled again.
+pub struct Reuse<'a> {
+    /// True for the name of a virtual host that is new or changed; every other virtual host
+    /// is equal to the serving one of the same name.
+    pub changed_vhost: &'a (dyn Fn(&str) -> bool + Sync),
+    /// Listeners and backend names are those of the serving config: unchanged virtual hosts
+    /// (checked against them) need no validation.
+    pub same_context: bool,
+}
+
 /// Why a config was rejected. The running config is untouched in every case.
 #[derive(Debug, thiserror::Error)]
 pub enum ApplyError {
@@ -278,7 +289,19 @@ impl Runtime {
         config: Config,
         hash: Option<String>,
     ) -> Result<(), ApplyError> {
-        let result = self.apply_inner(config, hash).await;
+        self.apply_reusing(&config, hash, None).await
+    }
+
+    /// [`Runtime::apply_with_hash`] for a borrowed config (the runtime keeps a copy of its
+    /// settings and listeners only), taking compiled virtual hosts that `reuse` says are
+    /// unchanged from the serving snapshot.
+    pub async fn apply_reusing(
+        &self,
+        config: &Config,
+        hash: Option<String>,
+        reuse: Option<Reuse<'_>>,
+    ) -> Result<(), ApplyError> {
+        let result = self.apply_inner(config, hash, reuse).await;
         let m = &self.shared.metrics;
         match &result {
             Ok(()) => m.reloads_ok.fetch_add(1, Relaxed),
@@ -289,19 +312,31 @@ impl Runtime {
 
     async fn apply_inner(
         &self,
-        mut config: Config,
+        config: &Config,
         hash: Option<String>,
+        reuse: Option<Reuse<'_>>,
     ) -> Result<(), ApplyError> {
-        if let Err(errs) = config.validate() {
+        let validated = match &reuse {
+            Some(r) if r.same_context => {
+                let changed = r.changed_vhost;
+                config.validate_trusting(&|i| !changed(&config.virtual_hosts[i].name))
+            }
+            _ => config.validate(),
+        };
+        if let Err(errs) = validated {
             return Err(ApplyError::Invalid(
                 errs.0.iter().map(|e| e.to_string()).collect(),
             ));
         }
         let mut errors = Vec::new();
-        let routes = RouteTable::build(&config)
+        let prev = self.shared.snapshot();
+        let unchanged = |name: &str| reuse.as_ref().is_some_and(|r| !(r.changed_vhost)(name));
+        let previous: Option<(&RouteTable, crate::router::Unchanged<'_>)> = reuse
+            .as_ref()
+            .map(|_| (&prev.routes, &unchanged as crate::router::Unchanged<'_>));
+        let routes = RouteTable::build_reusing(config, previous)
             .map_err(|e| errors.push(e.to_string()))
             .ok();
-        let prev = self.shared.snapshot();
         let upstreams = Upstreams::build(
             &config.backends,
             Some(&prev.upstreams),
@@ -510,9 +545,12 @@ impl Runtime {
             .filter_map(|(_, l, _, q)| Some((bind_key(l), q?)))
             .collect();
         let edge = crate::access::Edge::build(&config.client_ip, &routes, &self.shared.rate_zones);
-        let hash = hash.unwrap_or_else(|| config.content_hash_mut());
-        let virtual_host_count = std::mem::take(&mut config.virtual_hosts).len();
-        let backend_count = std::mem::take(&mut config.backends).len();
+        let hash = hash.unwrap_or_else(|| config.content_hash());
+        let virtual_host_count = config.virtual_hosts.len();
+        let backend_count = config.backends.len();
+        let mut kept = sweety_config::delta::settings_of(config);
+        kept.generation = config.generation;
+        kept.listeners = config.listeners.clone();
         let snapshot = Snapshot {
             http: http_builder(&config.limits),
             hash,
@@ -522,7 +560,7 @@ impl Runtime {
             upstreams: Arc::new(upstreams),
             listeners,
             by_key,
-            config: Arc::new(config),
+            config: Arc::new(kept),
             edge,
         };
         let limits = snapshot.config.limits.clone();

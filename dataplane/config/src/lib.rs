@@ -13,6 +13,7 @@
 //! * [`Duration`] is a human-friendly duration (`"250ms"`, `"5s"`, `"2m"`).
 //! * [`wire`] encodes and decodes the frames of the controller → dataplane control protocol.
 
+pub mod delta;
 mod duration;
 mod edge;
 mod edgenet;
@@ -106,32 +107,21 @@ impl Config {
         serde_json::to_vec(self).expect("config always serialises")
     }
 
-    /// A stable content hash (hex SHA-256 of the canonical JSON), ignoring `generation`.
+    /// A stable content hash, ignoring `generation`: the hex SHA-256 over the SHA-256 of the
+    /// settings and of each listener, virtual host and backend ([`delta::Digests::hash`]), so
+    /// that it can be updated for a changed item without serializing the whole config.
     ///
     /// Two configs that would serve the same way hash the same, so the controller can skip
     /// pushes that change nothing and the dataplane can report what it runs.
-    ///
-    /// Cheapest with `generation == 0` (no copy); owners of a config can use
-    /// [`Config::content_hash_mut`].
     pub fn content_hash(&self) -> String {
-        let json = if self.generation == 0 {
-            self.to_json()
-        } else {
-            let mut copy = self.clone();
-            copy.generation = 0;
-            copy.to_json()
-        };
-        content_hash_of_json(&json)
+        delta::Digests::of(self).hash()
     }
 }
 
-/// The content hash of a config already serialized with `generation` 0 (what
-/// [`Config::content_hash`] computes, without serializing again).
-pub fn content_hash_of_json(json: &[u8]) -> String {
-    use sha2::Digest;
-    let digest = sha2::Sha256::digest(json);
-    let mut hex = String::with_capacity(64);
-    for b in digest {
+/// Lower-case hex of `bytes`.
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    let mut hex = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
         hex.push(char::from(HEX[usize::from(b >> 4)]));
         hex.push(char::from(HEX[usize::from(b & 15)]));
     }
@@ -139,17 +129,6 @@ pub fn content_hash_of_json(json: &[u8]) -> String {
 }
 
 const HEX: &[u8; 16] = b"0123456789abcdef";
-
-impl Config {
-    /// [`Config::content_hash`] without copying the config: `generation` is zeroed for the
-    /// hash and restored.
-    pub fn content_hash_mut(&mut self) -> String {
-        let generation = std::mem::take(&mut self.generation);
-        let hash = self.content_hash();
-        self.generation = generation;
-        hash
-    }
-}
 
 #[cfg(test)]
 mod tests {
@@ -242,10 +221,6 @@ mod tests {
 
         let mut b = a.clone();
         b.generation += 100;
-        assert_eq!(b.content_hash(), hash);
-        assert_eq!(b.content_hash_mut(), hash);
-        assert_eq!(b.generation, a.generation + 100, "generation is restored");
-        b.generation = 0;
         assert_eq!(b.content_hash(), hash);
 
         let mut c = a.clone();

@@ -59,6 +59,26 @@ impl Config {
     pub fn validate_structure(&self) -> Result<(), ValidationErrors> {
         Validator::run(self, false)
     }
+
+    /// [`Config::validate`], except that a virtual host for which `known_good(index)` is true
+    /// only has its name checked for uniqueness. For a config built from one that validated
+    /// (the dataplane applying a delta): the caller says which virtual hosts are unchanged,
+    /// and must pass `|_| false` when listeners or backend names changed, because virtual
+    /// hosts are checked against those. An unchanged static root is not checked on disk again.
+    pub fn validate_trusting(
+        &self,
+        known_good: &dyn Fn(usize) -> bool,
+    ) -> Result<(), ValidationErrors> {
+        Validator::run_trusting(self, true, known_good)
+    }
+
+    #[cfg(test)]
+    fn validate_trusting_structure(
+        &self,
+        known_good: &dyn Fn(usize) -> bool,
+    ) -> Result<(), ValidationErrors> {
+        Validator::run_trusting(self, false, known_good)
+    }
 }
 
 /// Largest weight of a backend reference or endpoint (the Gateway API bound).
@@ -113,6 +133,14 @@ struct Validator<'a> {
 
 impl<'a> Validator<'a> {
     fn run(cfg: &'a Config, files: bool) -> Result<(), ValidationErrors> {
+        Self::run_trusting(cfg, files, &|_| false)
+    }
+
+    fn run_trusting(
+        cfg: &'a Config,
+        files: bool,
+        known_good: &dyn Fn(usize) -> bool,
+    ) -> Result<(), ValidationErrors> {
         let mut listeners = HashMap::new();
         for l in &cfg.listeners {
             listeners.entry(l.name.as_str()).or_insert(l.protocol);
@@ -124,7 +152,7 @@ impl<'a> Validator<'a> {
             listeners,
             bound: Vec::new(),
         };
-        v.config(cfg);
+        v.config(cfg, known_good);
         if v.errors.is_empty() {
             Ok(())
         } else {
@@ -139,7 +167,7 @@ impl<'a> Validator<'a> {
         });
     }
 
-    fn config(&mut self, cfg: &'a Config) {
+    fn config(&mut self, cfg: &'a Config, known_good: &dyn Fn(usize) -> bool) {
         if cfg.version != crate::SCHEMA_VERSION {
             self.err(
                 "version",
@@ -156,6 +184,12 @@ impl<'a> Validator<'a> {
         }
         let mut names = HashMap::new();
         for (i, vh) in cfg.virtual_hosts.iter().enumerate() {
+            if known_good(i) {
+                // Valid before, in the same context: only its uniqueness can have changed.
+                let path = format!("virtual_hosts[{i}]");
+                self.unique_name(&path, "virtual host", &vh.name, &mut names);
+                continue;
+            }
             self.virtual_host(&format!("virtual_hosts[{i}]"), vh, &mut names);
         }
         let mut names = HashMap::new();
@@ -1865,6 +1899,34 @@ access_log: {enabled: true, path: /var/log/sweety/access.log, buffer_lines: 1024
             "virtual_hosts[0].listeners[0]",
             "is a tls_passthrough listener; virtual hosts need http or https",
         );
+    }
+
+    #[test]
+    fn validate_trusting_skips_known_good_virtual_hosts_but_not_their_names() {
+        let mut c = full();
+        c.virtual_hosts[0].listeners.push("nope".into());
+        let path_err = |r: Result<(), ValidationErrors>| {
+            r.err()
+                .map(|e| e.0.iter().map(|e| e.path.clone()).collect::<Vec<_>>())
+        };
+        // Trusted: the (broken) virtual host is not checked again; untrusted, it is.
+        assert_eq!(path_err(c.validate_trusting_structure(&|_| true)), None);
+        assert_eq!(
+            path_err(c.validate_trusting_structure(&|_| false)),
+            Some(vec!["virtual_hosts[0].listeners[2]".to_string()])
+        );
+        // A duplicate name is reported whether trusted or not.
+        let mut d = full();
+        let mut dup = d.virtual_hosts[0].clone();
+        dup.hostnames = vec!["other.test".into()];
+        d.virtual_hosts.push(dup);
+        for trust in [true, false] {
+            assert_eq!(
+                path_err(d.validate_trusting_structure(&|_| trust)),
+                Some(vec!["virtual_hosts[1].name".to_string()]),
+                "trusted {trust}"
+            );
+        }
     }
 
     #[test]

@@ -16,8 +16,11 @@
 //!
 //! Payloads: `Hello`, `Ack` and `Nack` are JSON objects. `Apply` is the generation as a u64
 //! (big endian) followed by the config as compact JSON, so a receiver that cannot parse the
-//! config still knows which generation to reject. See `docs/control-protocol.md`.
+//! config still knows which generation to reject. `ApplyDelta` is the generation and the base
+//! generation (u64 big endian each) followed by a [`ConfigDelta`] as compact JSON. See
+//! `docs/control-protocol.md`.
 
+use crate::delta::ConfigDelta;
 use crate::{Config, ParseError};
 use serde::{Deserialize, Serialize};
 
@@ -44,6 +47,8 @@ pub enum FrameType {
     Ack = 3,
     /// Dataplane → controller: the generation was rejected; the old config keeps serving.
     Nack = 4,
+    /// Controller → dataplane: changes relative to the config of a base generation.
+    ApplyDelta = 5,
 }
 
 impl FrameType {
@@ -53,6 +58,7 @@ impl FrameType {
             2 => FrameType::Apply,
             3 => FrameType::Ack,
             4 => FrameType::Nack,
+            5 => FrameType::ApplyDelta,
             other => return Err(ParseError::FrameType(other)),
         })
     }
@@ -63,6 +69,7 @@ impl FrameType {
             FrameType::Apply => "Apply",
             FrameType::Ack => "Ack",
             FrameType::Nack => "Nack",
+            FrameType::ApplyDelta => "ApplyDelta",
         }
     }
 }
@@ -136,6 +143,16 @@ pub enum Message {
         /// The full config snapshot.
         config: Box<Config>,
     },
+    /// Controller → dataplane: apply `delta` to the config of generation `base` (the one the
+    /// dataplane serves) and serve the result as `generation`.
+    ApplyDelta {
+        /// The generation of the result.
+        generation: u64,
+        /// The generation the delta was computed against.
+        base: u64,
+        /// The changes.
+        delta: Box<ConfigDelta>,
+    },
     /// Dataplane → controller: `generation` is live.
     Ack {
         /// The applied generation.
@@ -167,6 +184,7 @@ impl Message {
         match self {
             Message::Hello(_) => FrameType::Hello,
             Message::Apply { .. } => FrameType::Apply,
+            Message::ApplyDelta { .. } => FrameType::ApplyDelta,
             Message::Ack { .. } => FrameType::Ack,
             Message::Nack { .. } => FrameType::Nack,
         }
@@ -179,6 +197,11 @@ impl Message {
         match self {
             Message::Hello(h) => serde_json::to_writer(&mut out, h),
             Message::Apply { generation, config } => return encode_apply(*generation, config),
+            Message::ApplyDelta {
+                generation,
+                base,
+                delta,
+            } => return encode_apply_delta(*generation, *base, delta),
             Message::Ack { generation } => serde_json::to_writer(
                 &mut out,
                 &AckBody {
@@ -233,6 +256,27 @@ impl Message {
                     config: Box::new(config),
                 }
             }
+            FrameType::ApplyDelta => {
+                let truncated = ParseError::FrameTruncated {
+                    kind: kind.name(),
+                    len: payload.len(),
+                };
+                let generation = apply_generation(payload).ok_or(truncated)?;
+                let base = payload
+                    .get(8..16)
+                    .and_then(|b| <[u8; 8]>::try_from(b).ok())
+                    .map(u64::from_be_bytes)
+                    .ok_or(ParseError::FrameTruncated {
+                        kind: kind.name(),
+                        len: payload.len(),
+                    })?;
+                let delta = serde_json::from_slice(&payload[16..]).map_err(bad)?;
+                Message::ApplyDelta {
+                    generation,
+                    base,
+                    delta: Box::new(delta),
+                }
+            }
             FrameType::Ack => {
                 let b: AckBody = serde_json::from_slice(payload).map_err(bad)?;
                 Message::Ack {
@@ -258,6 +302,19 @@ pub fn encode_apply(generation: u64, config: &Config) -> Result<Vec<u8>, ParseEr
     finish(FrameType::Apply, out)
 }
 
+/// An `ApplyDelta` frame: `delta` turns the config of generation `base` into `generation`.
+pub fn encode_apply_delta(
+    generation: u64,
+    base: u64,
+    delta: &ConfigDelta,
+) -> Result<Vec<u8>, ParseError> {
+    let mut out = vec![0u8; HEADER_LEN];
+    out.extend_from_slice(&generation.to_be_bytes());
+    out.extend_from_slice(&base.to_be_bytes());
+    serde_json::to_writer(&mut out, delta).expect("deltas always serialise");
+    finish(FrameType::ApplyDelta, out)
+}
+
 /// An `Apply` frame from a config already serialized as JSON (the pusher serializes once for
 /// both the content hash and the frame).
 pub fn encode_apply_json(generation: u64, config_json: &[u8]) -> Result<Vec<u8>, ParseError> {
@@ -268,7 +325,7 @@ pub fn encode_apply_json(generation: u64, config_json: &[u8]) -> Result<Vec<u8>,
     finish(FrameType::Apply, out)
 }
 
-/// The generation of an `Apply` payload, readable even when its config is not.
+/// The generation of an `Apply` or `ApplyDelta` payload, readable even when the rest is not.
 pub fn apply_generation(payload: &[u8]) -> Option<u64> {
     let g: [u8; 8] = payload.get(..8)?.try_into().ok()?;
     Some(u64::from_be_bytes(g))
@@ -290,8 +347,9 @@ pub fn decode_frame(buf: &[u8]) -> Result<Option<(Message, usize)>, ParseError> 
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+    use crate::delta::Digests;
     use crate::validate::tests::full;
     use crate::{
         Action, FixedResponse, Listener, ListenerProtocol, PathMatch, Route, RouteMatch, Timeouts,
@@ -308,6 +366,18 @@ mod tests {
             Message::Apply {
                 generation: 8,
                 config: Box::new(full()),
+            },
+            Message::ApplyDelta {
+                generation: 9,
+                base: 8,
+                delta: Box::new({
+                    let (a, mut b) = (full(), full());
+                    b.virtual_hosts.reverse();
+                    b.virtual_hosts[0].name = "renamed".into();
+                    b.limits.max_connections += 1;
+                    let (da, db) = (Digests::of(&a), Digests::of(&b));
+                    ConfigDelta::between(&a, &da, &b, &db).unwrap()
+                }),
             },
             Message::Ack { generation: 8 },
             Message::Nack {
@@ -497,6 +567,5 @@ mod tests {
             encode_apply_json(9, &json).unwrap(),
             encode_apply(9, &cfg).unwrap()
         );
-        assert_eq!(crate::content_hash_of_json(&json), cfg.content_hash());
     }
 }

@@ -1126,3 +1126,65 @@ fn large_table() {
         }
     }
 }
+
+#[test]
+fn build_reusing_shares_unchanged_vhosts_and_routes_like_a_full_build() {
+    let base = config(vec![
+        vh("a", &["a.test"], vec![route("a1", vec![prefix("/x")])]),
+        vh("b", &["b.test"], vec![route("b1", vec![prefix("/")])]),
+        vh("c", &["c.test"], vec![route("c1", vec![exact("/c")])]),
+    ]);
+    let old = RouteTable::build(&base).unwrap();
+    // `b` changes, `c` moves to the front, `d` is new, `a` is unchanged.
+    let new = config(vec![
+        vh("c", &["c.test"], vec![route("c1", vec![exact("/c")])]),
+        vh("a", &["a.test"], vec![route("a1", vec![prefix("/x")])]),
+        vh("b", &["b.test"], vec![route("b2", vec![prefix("/y")])]),
+        vh("d", &["d.test", "a.test"], vec![route("d1", vec![])]),
+    ]);
+    let unchanged = |n: &str| n != "b" && n != "d";
+    let reused = RouteTable::build_reusing(&new, Some((&old, &unchanged))).unwrap();
+    let full = RouteTable::build(&new).unwrap();
+    let by_name = |t: &RouteTable, n: &str| t.vhosts.iter().find(|v| &*v.name == n).cloned();
+    for n in ["a", "c"] {
+        assert!(Arc::ptr_eq(
+            &by_name(&reused, n).unwrap(),
+            &by_name(&old, n).unwrap()
+        ));
+    }
+    assert!(!Arc::ptr_eq(
+        &by_name(&reused, "b").unwrap(),
+        &by_name(&old, "b").unwrap()
+    ));
+    assert_eq!(reused.len(), full.len());
+    for (host, path) in [
+        ("a.test", "/x"),
+        ("b.test", "/y"),
+        ("b.test", "/"),
+        ("c.test", "/c"),
+        ("d.test", "/"),
+        ("e.test", "/"),
+    ] {
+        let req = |host, path| Req { host, path, ..GET };
+        assert_eq!(
+            run(&reused, req(host, path)),
+            run(&full, req(host, path)),
+            "{host}{path}"
+        );
+    }
+    assert_eq!(run(&reused, get_host("b.test")).0, NoRoute);
+    assert_eq!(
+        run(
+            &reused,
+            Req {
+                host: "c.test",
+                path: "/c",
+                ..GET
+            }
+        )
+        .0,
+        r("c1")
+    );
+    let names: Vec<&str> = reused.entries().map(|e| &*e.name).collect();
+    assert_eq!(names, ["c1", "a1", "b2", "d1"]);
+}

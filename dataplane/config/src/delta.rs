@@ -1,0 +1,733 @@
+//! Config deltas and the per-item ("tree") content hash: what lets the controller push a
+//! one-route change as a small `ApplyDelta` frame instead of a full snapshot (see
+//! docs/control-protocol.md).
+//!
+//! * [`Digests`] are the SHA-256 of each listener, virtual host and backend (their compact
+//!   JSON) and of the *settings* (every other field, `generation` left out). The config's
+//!   content hash ([`Digests::hash`]) is the SHA-256 of those digests, so a changed item costs
+//!   serializing that item, not the whole config. [`Digests::reuse`] takes the digests of
+//!   unchanged items (compared with `==`, by name) from the previous config.
+//! * A [`ConfigDelta`] holds, per keyed list (listeners, virtual hosts, backends, keyed by
+//!   name), the items to insert or replace, the names to remove and, only when the default
+//!   does not give it, the new order; the settings when they changed; and the content hash of
+//!   the result, which the receiver checks after applying it.
+//! * Order rule of a list without `order`: the base order, replaced items in place, removed
+//!   ones dropped, new ones appended in `upsert` order. List order is significant (the first
+//!   virtual host claiming a hostname wins), so a delta always reproduces it exactly.
+
+use crate::{
+    AccessLog, Admin, Backend, CacheSettings, ClientIp, Config, Http3, L4Settings, Limits,
+    Listener, VirtualHost,
+};
+use serde::{Deserialize, Serialize};
+use sha2::Digest as _;
+use std::collections::{HashMap, HashSet};
+
+/// SHA-256 of one item's compact JSON.
+pub type Digest = [u8; 32];
+
+/// Why a delta cannot be applied to a base config.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum DeltaError {
+    /// A removed name is not in the base.
+    #[error("{section}: cannot remove {name:?}: not in the base config")]
+    UnknownName {
+        /// `listeners`, `virtual_hosts` or `backends`.
+        section: &'static str,
+        /// The name.
+        name: String,
+    },
+    /// A name appears twice among the upserts and removals, or twice in the base.
+    #[error("{section}: name {name:?} appears more than once")]
+    DuplicateName {
+        /// The list.
+        section: &'static str,
+        /// The name.
+        name: String,
+    },
+    /// `order` is not a permutation of the resulting names.
+    #[error("{section}: order does not list every resulting item exactly once")]
+    BadOrder {
+        /// The list.
+        section: &'static str,
+    },
+    /// `settings` carries listeners, virtual hosts or backends (those travel in their lists).
+    #[error("settings must not carry listeners, virtual_hosts or backends")]
+    SettingsWithLists,
+    /// The result does not hash to what the sender computed.
+    #[error("content hash of the result is {got}, the sender expected {expected}")]
+    HashMismatch {
+        /// Hash of the applied result.
+        got: String,
+        /// Hash in the delta.
+        expected: String,
+    },
+}
+
+/// Content digests of a config's parts, aligned with its lists.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Digests {
+    /// Every field that is not one of the lists, `generation` excluded.
+    pub settings: Digest,
+    /// One per listener, in order.
+    pub listeners: Vec<Digest>,
+    /// One per virtual host, in order.
+    pub virtual_hosts: Vec<Digest>,
+    /// One per backend, in order.
+    pub backends: Vec<Digest>,
+}
+
+fn digest_of<T: Serialize>(item: &T) -> Digest {
+    let mut h = sha2::Sha256::new();
+    serde_json::to_writer(HashWriter(&mut h), item).expect("configs always serialise");
+    h.finalize().into()
+}
+
+/// Feeds serde_json's output straight into the hasher (no intermediate buffer).
+struct HashWriter<'a>(&'a mut sha2::Sha256);
+
+impl std::io::Write for HashWriter<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.update(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The settings of a config: every field except the three lists, `generation` 0. Written as
+/// an exhaustive destructuring so that a new `Config` field cannot be forgotten here.
+pub fn settings_of(c: &Config) -> Config {
+    let Config {
+        version,
+        generation: _,
+        listeners: _,
+        virtual_hosts: _,
+        backends: _,
+        limits,
+        http3,
+        admin,
+        access_log,
+        client_ip,
+        l4,
+        cache,
+    } = c;
+    Config {
+        version: *version,
+        generation: 0,
+        listeners: Vec::new(),
+        virtual_hosts: Vec::new(),
+        backends: Vec::new(),
+        limits: Limits::clone(limits),
+        http3: Http3::clone(http3),
+        admin: Option::<Admin>::clone(admin),
+        access_log: AccessLog::clone(access_log),
+        client_ip: ClientIp::clone(client_ip),
+        l4: L4Settings::clone(l4),
+        cache: CacheSettings::clone(cache),
+    }
+}
+
+/// Replaces every setting of `c` with those of `settings` (its lists are left alone).
+fn set_settings(c: &mut Config, settings: Config) {
+    let Config {
+        version,
+        generation: _,
+        listeners: _,
+        virtual_hosts: _,
+        backends: _,
+        limits,
+        http3,
+        admin,
+        access_log,
+        client_ip,
+        l4,
+        cache,
+    } = settings;
+    c.version = version;
+    c.limits = limits;
+    c.http3 = http3;
+    c.admin = admin;
+    c.access_log = access_log;
+    c.client_ip = client_ip;
+    c.l4 = l4;
+    c.cache = cache;
+}
+
+/// An item of a keyed list.
+pub trait Named {
+    /// Its key.
+    fn name(&self) -> &str;
+}
+
+impl Named for Listener {
+    fn name(&self) -> &str {
+        &self.name
+    }
+}
+impl Named for VirtualHost {
+    fn name(&self) -> &str {
+        &self.name
+    }
+}
+impl Named for Backend {
+    fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+/// Digests of `new`, reusing `prev_d[i]` when `new[j] == prev[i]` for the item of the same
+/// name (same position first, then by name).
+fn reuse_list<T: Named + PartialEq + Serialize>(
+    new: &[T],
+    prev: &[T],
+    prev_d: &[Digest],
+) -> Vec<Digest> {
+    let mut by_name: Option<HashMap<&str, usize>> = None;
+    new.iter()
+        .enumerate()
+        .map(|(j, item)| {
+            let same_pos = prev.get(j).filter(|p| p.name() == item.name()).map(|_| j);
+            let i = same_pos.or_else(|| {
+                by_name
+                    .get_or_insert_with(|| {
+                        prev.iter()
+                            .enumerate()
+                            .map(|(i, p)| (p.name(), i))
+                            .collect()
+                    })
+                    .get(item.name())
+                    .copied()
+            });
+            match i {
+                Some(i) if prev[i] == *item && i < prev_d.len() => prev_d[i],
+                _ => digest_of(item),
+            }
+        })
+        .collect()
+}
+
+impl Digests {
+    /// Digests of every part of `config` (serializes all of it once).
+    pub fn of(config: &Config) -> Digests {
+        Digests {
+            settings: digest_of(&settings_of(config)),
+            listeners: config.listeners.iter().map(digest_of).collect(),
+            virtual_hosts: config.virtual_hosts.iter().map(digest_of).collect(),
+            backends: config.backends.iter().map(digest_of).collect(),
+        }
+    }
+
+    /// Digests of `config`, computing only those of items that differ from the item of the
+    /// same name in `prev` (whose digests are `prev_d`).
+    pub fn reuse(config: &Config, prev: &Config, prev_d: &Digests) -> Digests {
+        let settings = settings_of(config);
+        Digests {
+            settings: if settings == settings_of(prev) {
+                prev_d.settings
+            } else {
+                digest_of(&settings)
+            },
+            listeners: reuse_list(&config.listeners, &prev.listeners, &prev_d.listeners),
+            virtual_hosts: reuse_list(
+                &config.virtual_hosts,
+                &prev.virtual_hosts,
+                &prev_d.virtual_hosts,
+            ),
+            backends: reuse_list(&config.backends, &prev.backends, &prev_d.backends),
+        }
+    }
+
+    /// The config's content hash: hex SHA-256 over the settings digest and each list's
+    /// length and digests, in order.
+    pub fn hash(&self) -> String {
+        let mut h = sha2::Sha256::new();
+        h.update(b"sweety-config-tree-v1");
+        h.update(self.settings);
+        for list in [&self.listeners, &self.virtual_hosts, &self.backends] {
+            h.update((list.len() as u64).to_be_bytes());
+            for d in list {
+                h.update(d);
+            }
+        }
+        crate::hex(&h.finalize())
+    }
+}
+
+/// Changes to one keyed list.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Section<T> {
+    /// Items inserted or replacing the item of the same name.
+    #[serde(default = "Vec::new", skip_serializing_if = "Vec::is_empty")]
+    pub upsert: Vec<T>,
+    /// Names removed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub remove: Vec<String>,
+    /// Every resulting name in order, when the default order rule does not give it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub order: Option<Vec<String>>,
+}
+
+impl<T> Default for Section<T> {
+    fn default() -> Self {
+        Section {
+            upsert: Vec::new(),
+            remove: Vec::new(),
+            order: None,
+        }
+    }
+}
+
+impl<T> Section<T> {
+    /// Nothing changes in this list.
+    pub fn is_empty(&self) -> bool {
+        self.upsert.is_empty() && self.remove.is_empty() && self.order.is_none()
+    }
+}
+
+/// The changes that turn a base config into another.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigDelta {
+    /// New settings (a config whose lists are empty), when they changed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settings: Option<Box<Config>>,
+    /// Listener changes.
+    #[serde(default, skip_serializing_if = "Section::is_empty")]
+    pub listeners: Section<Listener>,
+    /// Virtual host changes.
+    #[serde(default, skip_serializing_if = "Section::is_empty")]
+    pub virtual_hosts: Section<VirtualHost>,
+    /// Backend changes.
+    #[serde(default, skip_serializing_if = "Section::is_empty")]
+    pub backends: Section<Backend>,
+    /// [`Digests::hash`] of the result.
+    pub hash: String,
+}
+
+/// The changes from `base` to `new` given their digests; `None` when a list of either has a
+/// duplicate name (not expressible by name: send the full config).
+fn section_between<T: Named + Clone>(
+    base: &[T],
+    base_d: &[Digest],
+    new: &[T],
+    new_d: &[Digest],
+) -> Option<Section<T>> {
+    let base_idx: HashMap<&str, usize> = base
+        .iter()
+        .enumerate()
+        .map(|(i, b)| (b.name(), i))
+        .collect();
+    if base_idx.len() != base.len() {
+        return None;
+    }
+    let mut seen: HashSet<&str> = HashSet::with_capacity(new.len());
+    let mut out = Section::default();
+    for (j, item) in new.iter().enumerate() {
+        if !seen.insert(item.name()) {
+            return None;
+        }
+        let same = base_idx
+            .get(item.name())
+            .is_some_and(|&i| base_d.get(i) == new_d.get(j));
+        if !same {
+            out.upsert.push(item.clone());
+        }
+    }
+    out.remove = base
+        .iter()
+        .filter(|b| !seen.contains(b.name()))
+        .map(|b| b.name().to_string())
+        .collect();
+    // Does the default order rule give `new`'s order?
+    let removed: HashSet<&str> = out.remove.iter().map(String::as_str).collect();
+    let kept = base
+        .iter()
+        .map(Named::name)
+        .filter(|n| !removed.contains(n));
+    let appended = out
+        .upsert
+        .iter()
+        .map(Named::name)
+        .filter(|n| !base_idx.contains_key(n));
+    if !kept.chain(appended).eq(new.iter().map(Named::name)) {
+        out.order = Some(new.iter().map(|n| n.name().to_string()).collect());
+    }
+    Some(out)
+}
+
+/// Applies one list's changes; `base` is consumed (unchanged items are moved, not copied).
+fn section_apply<T: Named>(
+    section: &'static str,
+    base: Vec<T>,
+    changes: Section<T>,
+) -> Result<Vec<T>, DeltaError> {
+    let Section {
+        upsert,
+        remove,
+        order,
+    } = changes;
+    let dup = |name: &str| DeltaError::DuplicateName {
+        section,
+        name: name.to_string(),
+    };
+    let mut touched: HashSet<String> = HashSet::with_capacity(upsert.len() + remove.len());
+    for n in upsert
+        .iter()
+        .map(Named::name)
+        .chain(remove.iter().map(|s| s.as_str()))
+    {
+        if !touched.insert(n.to_string()) {
+            return Err(dup(n));
+        }
+    }
+    let mut upserts: HashMap<String, T> = HashMap::with_capacity(upsert.len());
+    let mut appended = Vec::new();
+    let base_names: HashSet<&str> = base.iter().map(Named::name).collect();
+    if base_names.len() != base.len() {
+        let mut seen = HashSet::new();
+        let d = base.iter().map(Named::name).find(|n| !seen.insert(*n));
+        return Err(dup(d.unwrap_or_default()));
+    }
+    if let Some(r) = remove.iter().find(|r| !base_names.contains(r.as_str())) {
+        return Err(DeltaError::UnknownName {
+            section,
+            name: r.clone(),
+        });
+    }
+    let mut new_names = Vec::new();
+    for item in upsert {
+        if base_names.contains(item.name()) {
+            upserts.insert(item.name().to_string(), item);
+        } else {
+            new_names.push(item.name().to_string());
+            appended.push(item);
+        }
+    }
+    drop(base_names);
+    let removed: HashSet<String> = remove.into_iter().collect();
+    let mut out: Vec<T> = Vec::with_capacity(base.len() + appended.len());
+    for item in base {
+        if removed.contains(item.name()) {
+            continue;
+        }
+        match upserts.remove(item.name()) {
+            Some(new) => out.push(new),
+            None => out.push(item),
+        }
+    }
+    out.extend(appended);
+    if let Some(order) = order {
+        if order.len() != out.len() {
+            return Err(DeltaError::BadOrder { section });
+        }
+        let mut slots: HashMap<String, T> =
+            out.into_iter().map(|t| (t.name().to_string(), t)).collect();
+        let mut sorted = Vec::with_capacity(order.len());
+        for n in &order {
+            sorted.push(slots.remove(n).ok_or(DeltaError::BadOrder { section })?);
+        }
+        out = sorted;
+    }
+    Ok(out)
+}
+
+impl ConfigDelta {
+    /// The delta that turns `base` into `new`, from their digests: only items whose digest
+    /// changed are carried. `None` when a list has a duplicate name (send the full config).
+    pub fn between(base: &Config, base_d: &Digests, new: &Config, new_d: &Digests) -> Option<Self> {
+        Some(ConfigDelta {
+            settings: (base_d.settings != new_d.settings).then(|| Box::new(settings_of(new))),
+            listeners: section_between(
+                &base.listeners,
+                &base_d.listeners,
+                &new.listeners,
+                &new_d.listeners,
+            )?,
+            virtual_hosts: section_between(
+                &base.virtual_hosts,
+                &base_d.virtual_hosts,
+                &new.virtual_hosts,
+                &new_d.virtual_hosts,
+            )?,
+            backends: section_between(
+                &base.backends,
+                &base_d.backends,
+                &new.backends,
+                &new_d.backends,
+            )?,
+            hash: new_d.hash(),
+        })
+    }
+
+    /// Applies the delta to `base` (consumed) whose digests are `base_d`; the result and its
+    /// digests, after checking that the result hashes to [`ConfigDelta::hash`]. Only the
+    /// changed items are serialized (for their digests).
+    pub fn apply(self, base: Config, base_d: &Digests) -> Result<(Config, Digests), DeltaError> {
+        let ConfigDelta {
+            settings,
+            listeners,
+            virtual_hosts,
+            backends,
+            hash,
+        } = self;
+        let mut out = base;
+        let mut digests = Digests {
+            settings: base_d.settings,
+            ..Digests::default()
+        };
+        if let Some(s) = settings {
+            if !(s.listeners.is_empty() && s.virtual_hosts.is_empty() && s.backends.is_empty()) {
+                return Err(DeltaError::SettingsWithLists);
+            }
+            digests.settings = digest_of(&*s);
+            set_settings(&mut out, *s);
+        }
+        // Digests of kept items come from the base, by name; upserted items are hashed.
+        fn list<T: Named + Serialize>(
+            section: &'static str,
+            base: Vec<T>,
+            base_d: &[Digest],
+            changes: Section<T>,
+        ) -> Result<(Vec<T>, Vec<Digest>), DeltaError> {
+            let old: HashMap<String, Digest> = base
+                .iter()
+                .zip(base_d)
+                .map(|(b, d)| (b.name().to_string(), *d))
+                .collect();
+            let fresh: HashSet<String> = changes
+                .upsert
+                .iter()
+                .map(|u| u.name().to_string())
+                .collect();
+            let items = section_apply(section, base, changes)?;
+            let digests = items
+                .iter()
+                .map(|i| match old.get(i.name()) {
+                    Some(d) if !fresh.contains(i.name()) => *d,
+                    _ => digest_of(i),
+                })
+                .collect();
+            Ok((items, digests))
+        }
+        let (l, ld) = list(
+            "listeners",
+            std::mem::take(&mut out.listeners),
+            &base_d.listeners,
+            listeners,
+        )?;
+        let (v, vd) = list(
+            "virtual_hosts",
+            std::mem::take(&mut out.virtual_hosts),
+            &base_d.virtual_hosts,
+            virtual_hosts,
+        )?;
+        let (b, bd) = list(
+            "backends",
+            std::mem::take(&mut out.backends),
+            &base_d.backends,
+            backends,
+        )?;
+        (out.listeners, out.virtual_hosts, out.backends) = (l, v, b);
+        (digests.listeners, digests.virtual_hosts, digests.backends) = (ld, vd, bd);
+        let got = digests.hash();
+        if got != hash {
+            return Err(DeltaError::HashMismatch {
+                got,
+                expected: hash,
+            });
+        }
+        Ok((out, digests))
+    }
+
+    /// Number of items carried (upserts and removals), for logs and metrics.
+    pub fn items(&self) -> usize {
+        self.listeners.upsert.len()
+            + self.listeners.remove.len()
+            + self.virtual_hosts.upsert.len()
+            + self.virtual_hosts.remove.len()
+            + self.backends.upsert.len()
+            + self.backends.remove.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::validate::tests::full;
+    use crate::wire::tests::big_config;
+
+    /// `between` then `apply` gives `new` and the digests computed from scratch.
+    fn round_trip(base: &Config, new: &Config) -> ConfigDelta {
+        let (bd, nd) = (Digests::of(base), Digests::of(new));
+        assert_eq!(Digests::reuse(new, base, &bd), nd, "reused digests");
+        let delta = ConfigDelta::between(base, &bd, new, &nd).expect("expressible");
+        // Through JSON, as on the wire.
+        let json = serde_json::to_vec(&delta).unwrap();
+        let back: ConfigDelta = serde_json::from_slice(&json).unwrap();
+        assert_eq!(back, delta);
+        let (got, gd) = back.apply(base.clone(), &bd).unwrap();
+        let mut want = new.clone();
+        want.generation = base.generation;
+        assert_eq!(got, want);
+        assert_eq!(gd, nd);
+        assert_eq!(gd.hash(), new.content_hash());
+        delta
+    }
+
+    #[test]
+    fn unchanged_config_is_an_empty_delta() {
+        let c = big_config(50);
+        let d = round_trip(&c, &c);
+        assert_eq!(d.items(), 0);
+        assert!(d.settings.is_none());
+        assert_eq!(
+            serde_json::to_string(&d).unwrap(),
+            format!("{{\"hash\":\"{}\"}}", c.content_hash())
+        );
+    }
+
+    #[test]
+    fn one_changed_item_is_the_only_one_carried() {
+        let base = big_config(200);
+        let mut new = base.clone();
+        new.virtual_hosts[17]
+            .hostnames
+            .push("more.example.com".into());
+        let d = round_trip(&base, &new);
+        assert_eq!(d.items(), 1);
+        assert_eq!(d.virtual_hosts.upsert[0].name, base.virtual_hosts[17].name);
+        assert!(d.virtual_hosts.order.is_none());
+    }
+
+    #[test]
+    fn inserts_removals_reorders_and_settings() {
+        let base = big_config(30);
+        // Removal in the middle and an append keep the default order.
+        let mut new = base.clone();
+        new.virtual_hosts.remove(3);
+        let mut extra = new.virtual_hosts[0].clone();
+        extra.name = "extra".into();
+        new.virtual_hosts.push(extra.clone());
+        let d = round_trip(&base, &new);
+        assert_eq!(
+            (d.virtual_hosts.upsert.len(), d.virtual_hosts.remove.len()),
+            (1, 1)
+        );
+        assert!(d.virtual_hosts.order.is_none());
+        // An insert at the front needs the order.
+        let mut new = base.clone();
+        new.virtual_hosts.insert(0, extra);
+        let d = round_trip(&base, &new);
+        assert_eq!(d.virtual_hosts.upsert.len(), 1);
+        assert_eq!(d.virtual_hosts.order.as_ref().map(Vec::len), Some(31));
+        // A pure reorder carries no items, only the order.
+        let mut new = base.clone();
+        new.virtual_hosts.swap(1, 2);
+        let d = round_trip(&base, &new);
+        assert_eq!(d.items(), 0);
+        assert!(d.virtual_hosts.order.is_some());
+        // Settings, listeners and backends.
+        let base = full();
+        let mut new = base.clone();
+        new.limits.max_connections += 1;
+        new.listeners[0].port += 1;
+        new.backends.remove(0);
+        let d = round_trip(&base, &new);
+        assert!(d.settings.is_some());
+        assert_eq!(d.listeners.upsert.len(), 1);
+        assert_eq!(d.backends.remove.len(), 1);
+        // Everything removed, then everything back.
+        let empty = Config::default();
+        round_trip(&base, &empty);
+        round_trip(&empty, &base);
+    }
+
+    #[test]
+    fn random_edit_sequences_round_trip() {
+        let mut rng = 0x2545_f491_4f6c_dd1d_u64;
+        let mut below = |n: usize| {
+            rng ^= rng >> 12;
+            rng ^= rng << 25;
+            rng ^= rng >> 27;
+            (rng.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 33) as usize % n.max(1)
+        };
+        let mut base = big_config(40);
+        for step in 0..200 {
+            let mut new = base.clone();
+            for k in 0..=below(3) {
+                let n = new.virtual_hosts.len();
+                match below(5) {
+                    0 if n > 0 => {
+                        new.virtual_hosts.remove(below(n));
+                    }
+                    1 => {
+                        let mut v = base.virtual_hosts[below(base.virtual_hosts.len())].clone();
+                        v.name = format!("new-{step}-{k}");
+                        new.virtual_hosts.insert(below(n + 1), v);
+                    }
+                    2 if n > 1 => new.virtual_hosts.swap(below(n), below(n)),
+                    3 if n > 0 => {
+                        new.virtual_hosts[below(n)].hostnames = vec![format!("h{step}.test")]
+                    }
+                    _ => new.limits.max_connections = below(1000) as u32 + 1,
+                }
+            }
+            round_trip(&base, &new);
+            base = new;
+        }
+    }
+
+    #[test]
+    fn bad_deltas_are_errors() {
+        let base = big_config(5);
+        let bd = Digests::of(&base);
+        let new = base.clone();
+        let good = ConfigDelta::between(&base, &bd, &new, &Digests::of(&new)).unwrap();
+
+        let mut d = good.clone();
+        d.virtual_hosts.remove.push("nope".into());
+        assert_eq!(
+            d.apply(base.clone(), &bd).unwrap_err(),
+            DeltaError::UnknownName {
+                section: "virtual_hosts",
+                name: "nope".into()
+            }
+        );
+        let mut d = good.clone();
+        d.virtual_hosts.upsert.push(base.virtual_hosts[1].clone());
+        d.virtual_hosts
+            .remove
+            .push(base.virtual_hosts[1].name.clone());
+        assert!(matches!(
+            d.apply(base.clone(), &bd).unwrap_err(),
+            DeltaError::DuplicateName { .. }
+        ));
+        let mut d = good.clone();
+        d.virtual_hosts.order = Some(vec!["x".into(); 5]);
+        assert_eq!(
+            d.apply(base.clone(), &bd).unwrap_err(),
+            DeltaError::BadOrder {
+                section: "virtual_hosts"
+            }
+        );
+        let mut d = good.clone();
+        d.settings = Some(Box::new(base.clone()));
+        assert_eq!(
+            d.apply(base.clone(), &bd).unwrap_err(),
+            DeltaError::SettingsWithLists
+        );
+        // A delta computed against another base applies but does not hash as announced.
+        let mut other = base.clone();
+        other.virtual_hosts[0].hostnames = vec!["other.test".into()];
+        let d = good.clone();
+        let err = d.apply(other.clone(), &Digests::of(&other)).unwrap_err();
+        assert!(matches!(err, DeltaError::HashMismatch { .. }), "{err}");
+        // Duplicate names cannot be expressed: the caller sends the full config.
+        let mut dup = base.clone();
+        dup.virtual_hosts[1].name = dup.virtual_hosts[0].name.clone();
+        assert!(ConfigDelta::between(&base, &bd, &dup, &Digests::of(&dup)).is_none());
+    }
+}
