@@ -282,6 +282,13 @@ impl Backends {
         self.by_name.entry(backend.name.clone()).or_insert(backend);
     }
 
+    /// [`Backends::insert`] for a borrowed backend: copied only when its name is new.
+    pub fn insert_ref(&mut self, backend: &Backend) {
+        if !self.by_name.contains_key(&backend.name) {
+            self.by_name.insert(backend.name.clone(), backend.clone());
+        }
+    }
+
     /// The backend registered under `name`, if any.
     pub fn get(&self, name: &str) -> Option<&Backend> {
         self.by_name.get(name)

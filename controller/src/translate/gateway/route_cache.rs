@@ -186,7 +186,7 @@ impl RouteCache {
         };
         // Merge what this route added, exactly as a replay would.
         for backend in &effects.backends {
-            b.backends.insert(backend.clone());
+            b.backends.insert_ref(backend);
         }
         merge_used_by(&mut policies.used_by, &effects.used_by);
         self.entries.insert(
@@ -211,7 +211,8 @@ fn replay(
     out.http.extend_from_slice(&fx.http);
     out.l4.extend_from_slice(&fx.l4);
     for backend in &fx.backends {
-        b.backends.insert(backend.clone());
+        // Most routes share their backends: copy only the first occurrence.
+        b.backends.insert_ref(backend);
     }
     for &(g, l) in &fx.attached {
         gateways[g].listeners[l].attached += 1;
