@@ -198,7 +198,8 @@ fn same(current: &Service, want: &Service) -> bool {
     labels_match
         && c.type_.as_deref().unwrap_or("ClusterIP") == w.type_.as_deref().unwrap_or("ClusterIP")
         && c.selector == w.selector
-        && (w.load_balancer_ip.is_none() || c.load_balancer_ip == w.load_balancer_ip)
+        // Also when no address is wanted any more: the old request must go.
+        && c.load_balancer_ip == w.load_balancer_ip
         && ports(c) == ports(w)
 }
 

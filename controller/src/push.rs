@@ -562,14 +562,16 @@ mod tests {
     use super::*;
     use sweety_config::wire::decode_frame;
 
-    /// Reads frames from a fake dataplane connection until one satisfies `want` (10 s cap).
+    /// Reads the next Apply or ApplyDelta from a fake dataplane connection (10 s cap).
     async fn next_apply(s: &mut UnixStream, buf: &mut Vec<u8>) -> u64 {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             if let Some((m, used)) = decode_frame(buf).unwrap() {
                 buf.drain(..used);
                 match m {
-                    Message::Apply { generation, .. } => return generation,
+                    Message::Apply { generation, .. } | Message::ApplyDelta { generation, .. } => {
+                        return generation
+                    }
                     other => panic!("unexpected {:?}", other.kind()),
                 }
             }

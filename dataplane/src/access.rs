@@ -68,16 +68,23 @@ impl ClientIpRules {
     /// trusted proxy. An entry that is not an IP address stops the walk (the last good address
     /// stays the client). Every `X-Forwarded-For` header line counts, in order.
     pub fn client(&self, peer: IpAddr, headers: &HeaderMap) -> (IpAddr, usize) {
+        match self.walk(peer, headers) {
+            Some((client, used, _)) => (client, used),
+            None => (peer, 0),
+        }
+    }
+
+    /// [`ClientIpRules::client`] with the joined `X-Forwarded-For` value it walked; `None`
+    /// when the header is not consulted (untrusted peer, unreadable or oversized header).
+    fn walk(&self, peer: IpAddr, headers: &HeaderMap) -> Option<(IpAddr, usize, String)> {
         if self.trusted.is_empty() || !self.is_trusted(peer) {
-            return (peer, 0);
+            return None;
         }
         let mut joined = String::new();
         for v in headers.get_all(&XFF) {
-            let Ok(s) = v.to_str() else {
-                return (peer, 0);
-            };
+            let s = v.to_str().ok()?;
             if joined.len() + s.len() > MAX_XFF_BYTES {
-                return (peer, 0);
+                return None;
             }
             if !joined.is_empty() {
                 joined.push(',');
@@ -96,25 +103,22 @@ impl ClientIpRules {
                 break;
             }
         }
-        (client, used)
+        Some((client, used, joined))
     }
 
     /// Resolves the client of a request: returns the connection info to use for it (a copy
     /// with `peer` replaced when the client is not the TCP peer) and drops the consumed
-    /// entries from `X-Forwarded-For`, so the proxy appends the client once.
+    /// entries from `X-Forwarded-For`, so the proxy appends the client once. The header is
+    /// parsed once, by the walk.
     pub fn resolve(&self, conn: &Arc<ConnInfo>, headers: &mut HeaderMap) -> Arc<ConnInfo> {
-        let (client, used) = self.client(conn.peer.ip(), headers);
+        let Some((client, used, joined)) = self.walk(conn.peer.ip(), headers) else {
+            return conn.clone();
+        };
         if used == 0 {
             return conn.clone();
         }
-        let entries: Vec<String> = headers
-            .get_all(&XFF)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|s| s.split(','))
-            .map(|s| s.trim().to_string())
-            .collect();
         headers.remove(&XFF);
+        let entries: Vec<&str> = joined.split(',').map(str::trim).collect();
         let keep = entries.len().saturating_sub(used);
         if keep > 0 {
             if let Ok(v) = HeaderValue::from_str(&entries[..keep].join(", ")) {
@@ -128,11 +132,13 @@ impl ClientIpRules {
 }
 
 /// An `X-Forwarded-For` entry: `ip`, `ip:port` or `[v6]:port`.
+/// IPv4-mapped IPv6 entries are turned into the plain IPv4 address.
 fn parse_xff_entry(s: &str) -> Option<IpAddr> {
-    if let Ok(ip) = s.parse::<IpAddr>() {
-        return Some(ip);
-    }
-    s.parse::<SocketAddr>().ok().map(|a| a.ip())
+    let ip = match s.parse::<IpAddr>() {
+        Ok(ip) => ip,
+        Err(_) => s.parse::<SocketAddr>().ok()?.ip(),
+    };
+    Some(ip.to_canonical())
 }
 
 /// The reply to a refused request: 403, or 429 with `Retry-After`. Counted in
@@ -445,7 +451,8 @@ fn key_bytes<'h>(
 ) -> std::borrow::Cow<'h, [u8]> {
     use std::borrow::Cow;
     match key {
-        RateLimitKey::ClientIp => Cow::Owned(match client {
+        // IPv4-mapped IPv6 counts as the IPv4 address: one client, one bucket.
+        RateLimitKey::ClientIp => Cow::Owned(match client.to_canonical() {
             IpAddr::V4(v) => v.octets().to_vec(),
             IpAddr::V6(v) => v.octets().to_vec(),
         }),
@@ -730,6 +737,46 @@ mod tests {
         assert_eq!(
             r.client(ip("127.0.0.1"), &xff(&[&long])),
             (ip("127.0.0.1"), 0)
+        );
+    }
+
+    #[test]
+    fn ipv4_mapped_clients_share_the_ipv4_key() {
+        let mapped = ip("::ffff:192.0.2.1");
+        let plain = ip("192.0.2.1");
+        let h = HeaderMap::new();
+        assert_eq!(
+            key_bytes(&RateLimitKey::ClientIp, None, mapped, &h),
+            key_bytes(&RateLimitKey::ClientIp, None, plain, &h)
+        );
+        assert_ne!(
+            key_bytes(&RateLimitKey::ClientIp, None, ip("2001:db8::1"), &h),
+            key_bytes(&RateLimitKey::ClientIp, None, plain, &h)
+        );
+        // One bucket: the mapped address exhausts the plain address's limit.
+        let route = RouteRules {
+            limits: vec![RouteLimit {
+                key: RateLimitKey::ClientIp,
+                header: None,
+                limiter: Arc::new(Limiter::new(1, Duration::from_secs(60), 0, 100)),
+            }],
+            ..RouteRules::default()
+        };
+        let t = Instant::now();
+        assert!(route.check(plain, &h, t).is_ok());
+        assert_eq!(
+            route.check(mapped, &h, t).unwrap_err(),
+            Refusal::RateLimited(60)
+        );
+        // X-Forwarded-For entries are normalized the same way.
+        let r = rules(&["127.0.0.1"], 1);
+        assert_eq!(
+            r.client(ip("127.0.0.1"), &xff(&["::ffff:198.51.100.7"])),
+            (ip("198.51.100.7"), 1)
+        );
+        assert_eq!(
+            crate::ctx::canonical_addr("[::ffff:192.0.2.1]:80".parse().unwrap()),
+            "192.0.2.1:80".parse().unwrap()
         );
     }
 

@@ -123,11 +123,26 @@ impl Drop for Inflight {
 /// A cacheable request's identity.
 #[derive(Debug, Clone)]
 pub struct RequestKey {
+    /// `GET\0host\0path?query` and the key headers.
     primary: String,
-    host: String,
-    path: String,
+    /// End of the host in `primary` (it starts at 4).
+    host_end: usize,
+    /// End of the path (without query) in `primary`.
+    path_end: usize,
     head: bool,
     lookup: bool,
+}
+
+impl RequestKey {
+    /// The request host.
+    fn host(&self) -> &str {
+        &self.primary[4..self.host_end]
+    }
+
+    /// The request path, without the query.
+    fn path(&self) -> &str {
+        &self.primary[self.host_end + 1..self.path_end]
+    }
 }
 
 /// Whether the request may use the cache, and its key. `None`: bypass.
@@ -146,12 +161,14 @@ pub fn request_key(
         return None;
     }
     let mut lookup = true;
-    for d in directives(headers.get_all(header::CACHE_CONTROL).iter()) {
-        match d.0.as_str() {
-            "no-store" => return None,
-            "no-cache" => lookup = false,
-            "max-age" if d.1.as_deref() == Some("0") => lookup = false,
-            _ => {}
+    for (name, value) in directives(headers.get_all(header::CACHE_CONTROL).iter()) {
+        if name.eq_ignore_ascii_case("no-store") {
+            return None;
+        }
+        if name.eq_ignore_ascii_case("no-cache")
+            || (name.eq_ignore_ascii_case("max-age") && value == Some("0"))
+        {
+            lookup = false;
         }
     }
     if headers
@@ -164,8 +181,10 @@ pub fn request_key(
     let mut primary = String::with_capacity(8 + host.len() + path.len());
     primary.push_str("GET\0");
     primary.push_str(host);
+    let host_end = primary.len();
     primary.push('\0');
     primary.push_str(path);
+    let path_end = host_end + 1 + path.find('?').unwrap_or(path.len());
     for name in &policy.key_headers {
         primary.push('\0');
         primary.push_str(name);
@@ -177,17 +196,18 @@ pub fn request_key(
     }
     Some(RequestKey {
         primary,
-        host: host.to_string(),
-        path: uri.path().to_string(),
+        host_end,
+        path_end,
         head,
         lookup,
     })
 }
 
-/// Cache-Control directives (lower-case name, optional unquoted value).
+/// Cache-Control directives: name (compare without regard to case) and optional unquoted
+/// value, borrowed from the header values (nothing is allocated).
 fn directives<'a>(
     values: impl Iterator<Item = &'a HeaderValue>,
-) -> impl Iterator<Item = (String, Option<String>)> {
+) -> impl Iterator<Item = (&'a str, Option<&'a str>)> {
     values
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
@@ -196,14 +216,11 @@ fn directives<'a>(
             if d.is_empty() {
                 return None;
             }
-            let (n, v) = match d.split_once('=') {
-                Some((n, v)) => (n.trim(), Some(v.trim().trim_matches('"').to_string())),
+            Some(match d.split_once('=') {
+                Some((n, v)) => (n.trim(), Some(v.trim().trim_matches('"'))),
                 None => (d, None),
-            };
-            Some((n.to_ascii_lowercase(), v))
+            })
         })
-        .collect::<Vec<_>>()
-        .into_iter()
 }
 
 /// How long a response may be stored and served fresh, and its stale window; `None` when it
@@ -233,13 +250,16 @@ pub fn storable(
     let mut s_maxage = None;
     let mut swr = None;
     for (n, v) in directives(headers.get_all(header::CACHE_CONTROL).iter()) {
-        let secs = || v.as_deref().and_then(|s| s.parse::<u64>().ok());
-        match n.as_str() {
-            "no-store" | "private" | "no-cache" => return None,
-            "max-age" => max_age = secs(),
-            "s-maxage" => s_maxage = secs(),
-            "stale-while-revalidate" => swr = secs(),
-            _ => {}
+        let secs = || v.and_then(|s| s.parse::<u64>().ok());
+        let is = |name: &str| n.eq_ignore_ascii_case(name);
+        if is("no-store") || is("private") || is("no-cache") {
+            return None;
+        } else if is("max-age") {
+            max_age = secs();
+        } else if is("s-maxage") {
+            s_maxage = secs();
+        } else if is("stale-while-revalidate") {
+            swr = secs();
         }
     }
     let fresh = match policy.ttl {
@@ -335,13 +355,13 @@ impl Cache {
     /// Looks `key` up for a request with headers `req`.
     pub fn lookup(&self, key: &RequestKey, req: &HeaderMap, now: Instant) -> Found {
         let mut s = self.store.lock().unwrap_or_else(|p| p.into_inner());
-        let full = match s.vary.get(&key.primary) {
-            Some(v) => full_key(&key.primary, v, req),
-            None => key.primary.clone(),
+        let full: std::borrow::Cow<'_, str> = match s.vary.get(&key.primary) {
+            Some(v) => full_key(&key.primary, v, req).into(),
+            None => key.primary.as_str().into(),
         };
         s.tick += 1;
         let tick = s.tick;
-        let Some(slot) = s.entries.get_mut(&full) else {
+        let Some(slot) = s.entries.get_mut(&*full) else {
             return Found::Miss;
         };
         let age = now.saturating_duration_since(slot.entry.stored);
@@ -352,7 +372,11 @@ impl Cache {
             slot.used = tick;
             Found::Stale(slot.entry.clone())
         } else {
-            let gone = s.entries.remove(&full).map(|sl| sl.entry.size).unwrap_or(0);
+            let gone = s
+                .entries
+                .remove(&*full)
+                .map(|sl| sl.entry.size)
+                .unwrap_or(0);
             s.bytes -= gone;
             self.sync_gauges(&s);
             Found::Miss
@@ -391,8 +415,8 @@ impl Cache {
             fresh_for,
             stale_for,
             size,
-            host: key.host.clone(),
-            path: key.path.clone(),
+            host: key.host().to_string(),
+            path: key.path().to_string(),
         });
         let mut s = self.store.lock().unwrap_or_else(|p| p.into_inner());
         // A change of the Vary set makes the older entries of this key unreachable (the plain
@@ -587,6 +611,23 @@ impl Cache {
         resp.headers_mut()
             .insert(&X_CACHE, HeaderValue::from_static("MISS"));
         resp
+    }
+
+    /// The answer from a fresh entry for `key` (`X-Cache: HIT`, counted as a hit), or `None`
+    /// when there is none or the request skips the lookup; then [`Cache::serve`] handles it
+    /// (stale entries, coalescing, the fetch). Lets the pipeline answer a hit before it builds
+    /// anything for the upstream path.
+    pub fn fresh_hit(&self, key: &RequestKey, req: &HeaderMap) -> Option<Response<Body>> {
+        if !key.lookup {
+            return None;
+        }
+        match self.lookup(key, req, Instant::now()) {
+            Found::Fresh(e) => {
+                self.metrics.edge.cache_hits.fetch_add(1, Relaxed);
+                Some(respond(&e, key.head, "HIT"))
+            }
+            Found::Stale(_) | Found::Miss => None,
+        }
     }
 
     /// Wraps the response body so that it is stored when complete (if storable).
@@ -884,6 +925,16 @@ mod tests {
         let head = k(Method::HEAD, &[("x-tenant", "a")]).unwrap();
         assert_eq!(head.primary, a.primary);
         assert!(head.head);
+        assert_eq!((a.host(), a.path()), ("a.test", "/a"));
+        let bare = request_key(
+            &p,
+            &Method::GET,
+            "b.test",
+            &"/x/y".parse().unwrap(),
+            &hm(&[]),
+        );
+        let bare = bare.unwrap();
+        assert_eq!((bare.host(), bare.path()), ("b.test", "/x/y"));
     }
 
     #[test]

@@ -83,6 +83,48 @@ impl CompressPolicy {
     }
 }
 
+/// The codings of one `Accept-Encoding` value with their q-values in thousandths, in order
+/// (the one parser of the header: compression here and precompressed static files use it).
+///
+/// A coding without `q` weighs 1000; an element with a malformed q-value is skipped, as if
+/// absent; empty elements are skipped. Codings are returned as written (compare them without
+/// regard to case).
+pub(crate) fn accept_codings(value: &str) -> impl Iterator<Item = (&str, u16)> {
+    value.split(',').filter_map(|element| {
+        let mut parts = element.split(';');
+        let coding = parts.next().unwrap_or("").trim();
+        if coding.is_empty() {
+            return None;
+        }
+        let mut q = Some(1000);
+        for param in parts {
+            if let Some((name, val)) = param.split_once('=') {
+                if name.trim().eq_ignore_ascii_case("q") {
+                    q = parse_q(val.trim());
+                }
+            }
+        }
+        Some((coding, q?))
+    })
+}
+
+/// Parses an RFC 9110 qvalue (`0`, `0.5`, `1.000`) into thousandths; `None` when malformed.
+pub(crate) fn parse_q(s: &str) -> Option<u16> {
+    let (int, frac) = s.split_once('.').unwrap_or((s, ""));
+    if frac.len() > 3 || !frac.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let mut thousandths: u16 = 0;
+    for (i, b) in frac.bytes().enumerate() {
+        thousandths += u16::from(b - b'0') * [100, 10, 1][i];
+    }
+    match int {
+        "0" => Some(thousandths),
+        "1" if thousandths == 0 => Some(1000),
+        _ => None,
+    }
+}
+
 /// The coding to use for a request's `Accept-Encoding` values, among `offered` (in server
 /// preference order). `None`: send the response as is.
 pub fn negotiate<'a>(
@@ -94,19 +136,7 @@ pub fn negotiate<'a>(
     let mut star: Option<u16> = None;
     for v in accept {
         let Ok(s) = v.to_str() else { continue };
-        for item in s.split(',') {
-            let mut parts = item.split(';');
-            let coding = parts.next().unwrap_or("").trim();
-            if coding.is_empty() {
-                continue;
-            }
-            let mut qv = 1000u16;
-            for p in parts {
-                let p = p.trim();
-                if let Some(val) = p.strip_prefix("q=").or_else(|| p.strip_prefix("Q=")) {
-                    qv = parse_qvalue(val.trim()).unwrap_or(0);
-                }
-            }
+        for (coding, qv) in accept_codings(s) {
             if coding == "*" {
                 star = Some(qv);
                 continue;
@@ -127,31 +157,6 @@ pub fn negotiate<'a>(
         }
     }
     best.map(|(i, _)| offered[i])
-}
-
-/// An RFC 9110 qvalue in thousandths.
-fn parse_qvalue(s: &str) -> Option<u16> {
-    let (int, frac) = s.split_once('.').unwrap_or((s, ""));
-    if frac.len() > 3 || !frac.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    let whole: u16 = match int {
-        "0" => 0,
-        "1" => 1,
-        _ => return None,
-    };
-    let mut f: u16 = 0;
-    for (k, b) in frac
-        .bytes()
-        .chain(std::iter::repeat(b'0'))
-        .take(3)
-        .enumerate()
-    {
-        let _ = k;
-        f = f * 10 + u16::from(b - b'0');
-    }
-    let v = whole * 1000 + f;
-    (v <= 1000).then_some(v)
 }
 
 /// Whether the response may be compressed at all (independently of the client).
@@ -486,7 +491,10 @@ mod tests {
         assert_eq!(n("identity"), None);
         assert_eq!(n("deflate"), None);
         assert_eq!(n(""), None);
+        // A malformed q-value drops the element (then `*` may cover the coding).
         assert_eq!(n("gzip;q=bogus"), None);
+        assert_eq!(n("gzip;q=bogus, *;q=0.1"), Some(Zstd));
+        assert_eq!(n("gzip; Q = 0.5"), Some(Gzip));
         assert_eq!(n("GZIP"), Some(Gzip));
         assert_eq!(
             negotiate([hv("br"), hv("gzip")].iter(), &[Gzip]),
@@ -497,13 +505,22 @@ mod tests {
 
     #[test]
     fn qvalues_parse() {
-        assert_eq!(parse_qvalue("1"), Some(1000));
-        assert_eq!(parse_qvalue("0.5"), Some(500));
-        assert_eq!(parse_qvalue("0.125"), Some(125));
-        assert_eq!(parse_qvalue("1.000"), Some(1000));
-        assert_eq!(parse_qvalue("1.5"), None);
-        assert_eq!(parse_qvalue("0.1234"), None);
-        assert_eq!(parse_qvalue("2"), None);
+        assert_eq!(parse_q("0"), Some(0));
+        assert_eq!(parse_q("0.25"), Some(250));
+        assert_eq!(parse_q("0.125"), Some(125));
+        assert_eq!(parse_q("1"), Some(1000));
+        assert_eq!(parse_q("1.000"), Some(1000));
+        assert_eq!(parse_q("1.001"), None);
+        assert_eq!(parse_q("1.5"), None);
+        assert_eq!(parse_q("0.1234"), None);
+        assert_eq!(parse_q("2"), None);
+        assert_eq!(parse_q(""), None);
+    }
+
+    #[test]
+    fn accept_codings_in_order_with_weights() {
+        let v: Vec<_> = accept_codings("gzip, br;q=0.5 , ,zstd;q=x, *;q=0").collect();
+        assert_eq!(v, vec![("gzip", 1000), ("br", 500), ("*", 0)]);
     }
 
     fn policy() -> CompressPolicy {

@@ -26,6 +26,13 @@ impl Protocol {
     }
 }
 
+/// `addr` with an IPv4-mapped IPv6 address (`::ffff:a.b.c.d`, what a dual-stack socket
+/// reports for an IPv4 client) turned into the plain IPv4 address, so one client has one
+/// address everywhere: rate-limit and hash keys, access lists, logs and forwarding headers.
+pub fn canonical_addr(addr: SocketAddr) -> SocketAddr {
+    SocketAddr::new(addr.ip().to_canonical(), addr.port())
+}
+
 /// Facts about the connection a request arrived on.
 #[derive(Debug, Clone)]
 pub struct ConnInfo {

@@ -258,7 +258,7 @@ async fn serve_conn(
     mut drain: watch::Receiver<bool>,
 ) {
     let _permit = permit;
-    let peer = incoming.remote_address();
+    let peer = crate::ctx::canonical_addr(incoming.remote_address());
     let connecting = match incoming.accept() {
         Ok(c) => c,
         Err(e) => {

@@ -51,7 +51,7 @@ struct RunArgs {
     /// Admin listener address (overrides the config's `admin`).
     #[arg(long, env = "SWEETY_ADMIN")]
     admin: Option<SocketAddr>,
-    /// Worker threads (default: one per CPU).
+    /// Worker threads (default: one per CPU; with one, a single-threaded runtime).
     #[arg(long, env = "SWEETY_WORKERS")]
     workers: Option<usize>,
     /// Set from the global `--control-socket`.
@@ -129,10 +129,20 @@ fn validate(file: &Path) -> anyhow::Result<()> {
 }
 
 fn run(args: RunArgs) -> anyhow::Result<()> {
-    let mut rt = tokio::runtime::Builder::new_multi_thread();
-    if let Some(n) = args.workers {
-        rt.worker_threads(n.max(1));
-    }
+    let workers = args
+        .workers
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        .max(1);
+    // One worker: a current-thread runtime. Every task then runs on the thread that accepted
+    // its connection, with no work stealing, no cross-thread wake-ups and cheaper task
+    // queues; blocking file reads still go to the blocking pool.
+    let mut rt = if workers == 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        b.worker_threads(workers);
+        b
+    };
     rt.max_blocking_threads(64)
         .thread_keep_alive(Duration::from_secs(10))
         .enable_all();

@@ -76,7 +76,9 @@ pub async fn handle(
     };
     let log = shared.access_log.enabled().then(|| LogStart::new(&req));
     let origin = req.headers().get(header::ORIGIN).cloned();
-    let edge_req = EdgeRequest::new(&req);
+    // What the response phase needs from the request (compression captures its own).
+    let method = req.method().clone();
+    let grpc = crate::grpc::kind(req.headers());
 
     let (route_name, mut resp, filters_entry) = if too_early {
         shared.metrics.limit_hit("early_data");
@@ -98,15 +100,15 @@ pub async fn handle(
     };
 
     // 6. response filters
-    if let Some(entry) = filters_entry {
+    if let Some(m) = filters_entry {
         let (mut parts, body) = resp.into_parts();
-        entry.filters.on_response(origin.as_ref(), &mut parts);
+        m.entry.filters.on_response(origin.as_ref(), &mut parts);
         resp = Response::from_parts(parts, body);
-        if let Some(c) = &entry.filters.edge().compress {
-            resp = crate::compress::apply(c, &edge_req.method, &edge_req.accept_encoding, resp);
+        if let Some(c) = &m.entry.filters.edge().compress {
+            resp = crate::compress::apply(c, &method, &m.accept_encoding, resp);
         }
     }
-    if let Some(kind) = edge_req.grpc {
+    if let Some(kind) = grpc {
         resp = crate::grpc::rewrite_generated(resp, kind);
     }
     if let Some(alt) = view.and_then(|v| v.alt_svc.as_ref()) {
@@ -151,11 +153,14 @@ pub async fn handle(
     })
 }
 
-type Served<'a> = (
-    Arc<str>,
-    Response<Body>,
-    Option<&'a crate::router::RouteEntry>,
-);
+type Served<'a> = (Arc<str>, Response<Body>, Option<Matched<'a>>);
+
+/// The route a request matched, for the response filters.
+struct Matched<'a> {
+    entry: &'a crate::router::RouteEntry,
+    /// The request's `Accept-Encoding` values when the route compresses (else empty).
+    accept_encoding: Vec<HeaderValue>,
+}
 
 /// Phases 2–5.
 async fn route_and_serve<'a>(
@@ -234,6 +239,20 @@ async fn route_and_serve<'a>(
         }
     };
     let route_name = entry.name.clone();
+    // What compression needs from the request, kept only for routes that compress.
+    let accept_encoding: Vec<HeaderValue> = match entry.filters.edge().compress {
+        Some(_) => req
+            .headers()
+            .get_all(header::ACCEPT_ENCODING)
+            .iter()
+            .cloned()
+            .collect(),
+        None => Vec::new(),
+    };
+    let matched = Matched {
+        entry,
+        accept_encoding,
+    };
 
     // 4a. access rules: IP allow/deny lists (403), then rate and concurrency limits (429).
     let mut in_flight = Vec::new();
@@ -242,7 +261,7 @@ async fn route_and_serve<'a>(
             Ok(guards) => in_flight = guards,
             Err(refusal) => {
                 let r = crate::access::refusal_response(refusal, &shared.metrics);
-                return (route_name, r, Some(entry));
+                return (route_name, r, Some(matched));
             }
         }
     }
@@ -261,7 +280,7 @@ async fn route_and_serve<'a>(
             .filters
             .on_request(&mut parts, ctx.scheme(), view.port, prefix)
     {
-        return (route_name, r, Some(entry));
+        return (route_name, r, Some(matched));
     }
     for m in entry.filters.mirrors() {
         snap.upstreams.mirror(&parts, m, ctx);
@@ -287,12 +306,6 @@ async fn route_and_serve<'a>(
                     ))
                     .await;
                 }
-                let body = crate::body::boxed(LimitedBody::new(
-                    body,
-                    limits.max_request_body_bytes,
-                    limits.body_idle_timeout.get(),
-                    shared.metrics.clone(),
-                ));
                 let edge = entry.filters.edge();
                 let web = edge
                     .grpc
@@ -300,6 +313,34 @@ async fn route_and_serve<'a>(
                     .filter(|g| g.web)
                     .and_then(|_| crate::grpc::kind(&parts.headers))
                     .filter(|k| *k != crate::grpc::GrpcKind::Grpc);
+                let cache_key = edge
+                    .cache
+                    .as_ref()
+                    .filter(|_| web.is_none())
+                    .zip(cache_host)
+                    .and_then(|(cp, host)| {
+                        let key = crate::cache::request_key(
+                            cp,
+                            &parts.method,
+                            &host,
+                            &parts.uri,
+                            &parts.headers,
+                        )?;
+                        Some((cp, key))
+                    });
+                // A fresh cache hit is answered here, before the upstream path is built.
+                if let Some(hit) = cache_key
+                    .as_ref()
+                    .and_then(|(_, key)| shared.cache.fresh_hit(key, &parts.headers))
+                {
+                    return hit;
+                }
+                let body = crate::body::boxed(LimitedBody::new(
+                    body,
+                    limits.max_request_body_bytes,
+                    limits.body_idle_timeout.get(),
+                    shared.metrics.clone(),
+                ));
                 if let Some(kind) = web {
                     crate::grpc::web_request_head(&mut parts.headers, kind);
                     let body = crate::grpc::web_request_body(body, kind);
@@ -312,16 +353,6 @@ async fn route_and_serve<'a>(
                     .await;
                     return crate::grpc::web_response(resp, kind);
                 }
-                let cache_key = edge.cache.as_ref().zip(cache_host).and_then(|(cp, host)| {
-                    let key = crate::cache::request_key(
-                        cp,
-                        &parts.method,
-                        &host,
-                        &parts.uri,
-                        &parts.headers,
-                    )?;
-                    Some((cp, key))
-                });
                 match cache_key {
                     Some((cp, key)) => {
                         Box::pin(shared.cache.serve(
@@ -330,25 +361,31 @@ async fn route_and_serve<'a>(
                             parts,
                             body,
                             |parts, body| {
-                                snap.upstreams.forward(
+                                let coding = StoreCoding::of(edge.compress.as_ref(), &parts);
+                                let fetch = snap.upstreams.forward(
                                     Request::from_parts(parts, body),
                                     p,
                                     route,
                                     ctx,
-                                )
+                                );
+                                async move { StoreCoding::apply(coding, fetch.await) }
                             },
                             |parts| refresher(snap, entry, ctx, parts)(),
                         ))
                         .await
                     }
                     None => {
-                        snap.upstreams
-                            .forward(Request::from_parts(parts, body), p, route, ctx)
-                            .await
+                        Box::pin(snap.upstreams.forward(
+                            Request::from_parts(parts, body),
+                            p,
+                            route,
+                            ctx,
+                        ))
+                        .await
                     }
                 }
             }
-            Action::Static(site) => shared.static_files.serve(site, &parts).await,
+            Action::Static(site) => Box::pin(shared.static_files.serve(site, &parts)).await,
             Action::Fixed(f) => {
                 let mut r = Response::new(crate::body::full(Bytes::from(f.body.clone())));
                 *r.status_mut() = StatusCode::from_u16(f.status).unwrap_or(StatusCode::OK);
@@ -382,28 +419,41 @@ async fn route_and_serve<'a>(
         None => action.await,
     };
     let resp = crate::access::hold(resp, in_flight);
-    (route_name, resp, Some(entry))
+    (route_name, resp, Some(matched))
 }
 
-/// What the edge features (compression, gRPC) need from the request, captured before it is
-/// consumed. Costs nothing for requests without `Accept-Encoding`.
-struct EdgeRequest {
+/// Compression of a fetched response before the cache stores it, on routes that cache and
+/// compress: the coded variant is stored (the `Vary: Accept-Encoding` that compression adds
+/// keys variants by the request's `Accept-Encoding`), so a hit is sent as stored instead of
+/// being compressed again on every hit. The response phase's own compression then finds
+/// `Content-Encoding` set (or the client accepting no offered coding) and leaves it alone.
+struct StoreCoding<'a> {
+    policy: &'a crate::compress::CompressPolicy,
     method: http::Method,
-    accept_encoding: Vec<HeaderValue>,
-    grpc: Option<crate::grpc::GrpcKind>,
+    accept: Vec<HeaderValue>,
 }
 
-impl EdgeRequest {
-    fn new(req: &Request<Body>) -> EdgeRequest {
-        EdgeRequest {
-            method: req.method().clone(),
-            accept_encoding: req
-                .headers()
+impl<'a> StoreCoding<'a> {
+    fn of(
+        policy: Option<&'a crate::compress::CompressPolicy>,
+        parts: &http::request::Parts,
+    ) -> Option<StoreCoding<'a>> {
+        Some(StoreCoding {
+            policy: policy?,
+            method: parts.method.clone(),
+            accept: parts
+                .headers
                 .get_all(header::ACCEPT_ENCODING)
                 .iter()
                 .cloned()
                 .collect(),
-            grpc: crate::grpc::kind(req.headers()),
+        })
+    }
+
+    fn apply(coding: Option<StoreCoding<'_>>, resp: Response<Body>) -> Response<Body> {
+        match coding {
+            Some(c) => crate::compress::apply(c.policy, &c.method, &c.accept, resp),
+            None => resp,
         }
     }
 }
@@ -422,6 +472,8 @@ fn refresher(
         protocol: ctx.protocol,
         start: ctx.start,
     };
+    let coding = StoreCoding::of(entry.filters.edge().compress.as_ref(), parts)
+        .map(|c| (c.policy.clone(), c.accept));
     let mut req = Request::new(crate::body::empty());
     *req.method_mut() = http::Method::GET;
     *req.uri_mut() = parts.uri.clone();
@@ -431,7 +483,15 @@ fn refresher(
     move || {
         Box::pin(async move {
             match &route.action {
-                Action::Proxy(p) => upstreams.forward(req, p, &route, &ctx).await,
+                Action::Proxy(p) => {
+                    let resp = upstreams.forward(req, p, &route, &ctx).await;
+                    match &coding {
+                        Some((policy, accept)) => {
+                            crate::compress::apply(policy, &http::Method::GET, accept, resp)
+                        }
+                        None => resp,
+                    }
+                }
                 _ => text_response(StatusCode::NOT_FOUND, "not a proxy route\n"),
             }
         })
@@ -614,5 +674,27 @@ mod tests {
         assert_eq!(request_host(&r), "[::1]");
         let r = Request::builder().uri("/").body(()).unwrap();
         assert_eq!(request_host(&r), "");
+    }
+}
+#[cfg(test)]
+mod size_tests {
+    /// The request future is moved (copied) a few times per request on its way into
+    /// hyper's stream task: it must stay small. The upstream, static-file, cache, gRPC-Web and
+    /// WebSocket futures are boxed on the paths that need them; unboxed, `forward` alone
+    /// made it ~11.5 KB (debug build), ~2.3 KB without.
+    #[tokio::test]
+    async fn handle_future_stays_small() {
+        let rt = crate::runtime::Runtime::new(crate::runtime::RuntimeOptions::default()).unwrap();
+        let conn = std::sync::Arc::new(crate::ctx::ConnInfo {
+            listener: "x".into(),
+            peer: "127.0.0.1:1".parse().unwrap(),
+            local: "127.0.0.1:2".parse().unwrap(),
+            tls: false,
+            sni: None,
+        });
+        let req = http::Request::new(crate::body::empty());
+        let f = super::handle(rt.shared.clone(), conn, crate::ctx::Protocol::Http2, req);
+        let size = std::mem::size_of_val(&f);
+        assert!(size <= 3072, "the request future grew to {size} bytes");
     }
 }

@@ -20,10 +20,11 @@ use crate::limits::{Backpressure, Limit};
 use crate::metrics::Metrics;
 use crate::proxy::Upstreams;
 use crate::router::RouteTable;
+use crate::server::StreamExecutor;
 use crate::static_files::StaticFiles;
 use arc_swap::ArcSwap;
 use http::HeaderValue;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
+use hyper_util::rt::TokioTimer;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
@@ -76,7 +77,7 @@ pub struct Snapshot {
     /// Listener names by bind key.
     by_key: HashMap<BindKey, Arc<ListenerView>>,
     /// hyper connection builder configured from the limits.
-    pub http: hyper_util::server::conn::auto::Builder<TokioExecutor>,
+    pub http: hyper_util::server::conn::auto::Builder<StreamExecutor>,
     /// Client-IP rules, IP access lists and rate limits.
     pub edge: crate::access::Edge,
 }
@@ -741,8 +742,8 @@ fn bind_tcp(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
 }
 
 /// A hyper connection builder configured from the limits.
-fn http_builder(limits: &Limits) -> hyper_util::server::conn::auto::Builder<TokioExecutor> {
-    let mut b = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+fn http_builder(limits: &Limits) -> hyper_util::server::conn::auto::Builder<StreamExecutor> {
+    let mut b = hyper_util::server::conn::auto::Builder::new(StreamExecutor);
     b.http1()
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_read_timeout.get())

@@ -5,6 +5,9 @@
 //! Connections of a listener that expects PROXY protocol headers read one first (bounded by
 //! its timeout); layer-4 listeners (TCP, TLS passthrough) hand the connection to [`crate::l4`].
 //!
+//! hyper runs each HTTP/2 stream through [`StreamExecutor`]: polled once on the connection's
+//! own task first, spawned only when it has to wait.
+//!
 //! Each listener drains gracefully when stopped: it stops accepting, asks every connection
 //! to finish (HTTP/2 GOAWAY, HTTP/1.1 close after the current response) and waits up to the
 //! drain timeout.
@@ -15,8 +18,10 @@ use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use std::convert::Infallible;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::task::{Context, Waker};
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -58,7 +63,7 @@ pub async fn run_tcp(
         tokio::spawn(async move {
             let _permit = permit;
             let mut stream = stream;
-            let mut peer = peer;
+            let mut peer = crate::ctx::canonical_addr(peer);
             // The address the client connected to: the PROXY header's destination when one
             // came in (the front proxy's address, forwarded as such to L4 backends).
             let mut dest = None;
@@ -71,7 +76,7 @@ pub async fn run_tcp(
                 let read = crate::proxy_protocol::read_header(&mut stream);
                 match tokio::time::timeout(pp.timeout, read).await {
                     Ok(Ok(Some(a))) => {
-                        peer = a.source;
+                        peer = crate::ctx::canonical_addr(a.source);
                         dest = Some(a.destination);
                     }
                     Ok(Ok(None)) => {}
@@ -116,7 +121,7 @@ pub async fn run_tcp(
 async fn serve_conn(
     shared: Arc<Shared>,
     view: Arc<ListenerView>,
-    mut builder: hyper_util::server::conn::auto::Builder<hyper_util::rt::TokioExecutor>,
+    mut builder: hyper_util::server::conn::auto::Builder<StreamExecutor>,
     handshake_timeout: Duration,
     stream: TcpStream,
     peer: SocketAddr,
@@ -172,7 +177,7 @@ async fn serve_conn(
 async fn serve_http<I>(
     shared: Arc<Shared>,
     conn: Arc<ConnInfo>,
-    builder: hyper_util::server::conn::auto::Builder<hyper_util::rt::TokioExecutor>,
+    builder: hyper_util::server::conn::auto::Builder<StreamExecutor>,
     io: TokioIo<I>,
     watcher: Watcher,
 ) where
@@ -198,5 +203,79 @@ async fn serve_http<I>(
         .into_owned();
     if let Err(e) = watcher.watch(connection).await {
         tracing::debug!(error = %e, "connection ended with an error");
+    }
+}
+
+/// hyper's executor for the tasks of a connection (one per HTTP/2 stream; upgrade pipes).
+///
+/// The task is polled once at once, inside the connection task that hands it over, with a
+/// no-op waker; only when it is not finished then (it waits for a backend, a file, a request
+/// body or flow-control window) is it spawned on the runtime, where its first poll registers
+/// the real waker (a future re-checks its state on every poll, so nothing that happened in
+/// between is missed). A response that is ready at once (cache hit, cached static file, fixed
+/// reply, refusal) is answered without a task, a scheduler round trip or a cross-task wake-up;
+/// its frames are queued on the connection, which writes them in the same poll. The limits
+/// are unchanged: hyper accepts the stream (bounded by `max_concurrent_streams`) before
+/// calling this, and the request pipeline takes its backpressure slot inside the task.
+///
+/// A panic in that first poll is caught and ends only that stream (as in a spawned task).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StreamExecutor;
+
+impl<F> hyper::rt::Executor<F> for StreamExecutor
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    fn execute(&self, fut: F) {
+        let mut fut = Box::pin(fut);
+        let mut cx = Context::from_waker(Waker::noop());
+        let first = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            fut.as_mut().poll(&mut cx).is_pending()
+        }));
+        match first {
+            Ok(true) => drop(tokio::spawn(fut)),
+            Ok(false) => {}
+            Err(_) => tracing::error!("a connection task panicked in its first poll"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hyper::rt::Executor;
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+
+    #[tokio::test]
+    async fn ready_tasks_run_inline_and_waiting_ones_are_spawned() {
+        let done = Arc::new(AtomicUsize::new(0));
+        let d = done.clone();
+        StreamExecutor.execute(async move {
+            d.fetch_add(1, SeqCst);
+        });
+        assert_eq!(done.load(SeqCst), 1, "a ready task finishes inside execute");
+
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let d = done.clone();
+        StreamExecutor.execute(async move {
+            let _ = rx.await;
+            d.fetch_add(1, SeqCst);
+        });
+        assert_eq!(done.load(SeqCst), 1, "a waiting task is not finished yet");
+        tx.send(()).unwrap();
+        // The spawned task registered its real waker on its first poll and completes.
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while done.load(SeqCst) != 2 {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("the spawned task completes");
+
+        // A panic in the first poll ends that task only.
+        StreamExecutor.execute(async {
+            panic!("boom");
+        });
     }
 }

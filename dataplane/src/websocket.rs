@@ -33,8 +33,6 @@ use tokio::sync::oneshot;
 static SEC_WEBSOCKET_KEY: HeaderName = HeaderName::from_static("sec-websocket-key");
 static SEC_WEBSOCKET_ACCEPT: HeaderName = HeaderName::from_static("sec-websocket-accept");
 static SEC_WEBSOCKET_VERSION: HeaderName = HeaderName::from_static("sec-websocket-version");
-static SEC_WEBSOCKET_PROTOCOL: HeaderName = HeaderName::from_static("sec-websocket-protocol");
-static SEC_WEBSOCKET_EXTENSIONS: HeaderName = HeaderName::from_static("sec-websocket-extensions");
 
 /// After one side of a tunnel closed, how long the other direction may still drain.
 pub const HALF_CLOSE_GRACE: Duration = Duration::from_secs(2);
@@ -185,13 +183,22 @@ pub async fn proxy(
     out
 }
 
-/// Copies the handshake headers of the backend's 101 to the client's reply. `h1`: the client
-/// speaks HTTP/1.1 and gets `Connection`/`Upgrade`/`Sec-WebSocket-Accept` too.
+/// Copies the backend's 101 headers to the client's reply: every end-to-end header (the
+/// subprotocol and extensions, and `Set-Cookie` and the like, e.g. a session-affinity token),
+/// without hop-by-hop and framing headers. `h1`: the client speaks HTTP/1.1 and gets
+/// `Connection`/`Upgrade`/`Sec-WebSocket-Accept` too.
 fn copy_upgrade_headers(from: &HeaderMap, to: &mut HeaderMap, h1: bool) {
-    for name in [&SEC_WEBSOCKET_PROTOCOL, &SEC_WEBSOCKET_EXTENSIONS] {
-        for v in from.get_all(name) {
-            to.append(name.clone(), v.clone());
-        }
+    let mut end_to_end = from.clone();
+    crate::proxy::forward::strip_hop_by_hop(&mut end_to_end);
+    for name in [
+        &header::CONTENT_LENGTH,
+        &header::TRANSFER_ENCODING,
+        &SEC_WEBSOCKET_ACCEPT,
+    ] {
+        end_to_end.remove(name);
+    }
+    for (name, v) in end_to_end.iter() {
+        to.append(name.clone(), v.clone());
     }
     if h1 {
         to.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));

@@ -309,3 +309,101 @@ async fn admin_purge_by_host_and_prefix() {
         .render()
         .contains("sweety_cache_purged_total"));
 }
+
+/// GET `path` with `accept-encoding` (when given): status, `X-Cache`, `Content-Encoding`,
+/// `Vary` and the raw body bytes.
+async fn fetch_coded(
+    c: &Client,
+    addr: SocketAddr,
+    path: &str,
+    accept: Option<&str>,
+) -> (u16, String, Option<String>, String, Bytes) {
+    let mut b = http::Request::get(format!("http://{addr}{path}")).header("host", "c.test");
+    if let Some(a) = accept {
+        b = b.header("accept-encoding", a);
+    }
+    let resp = tokio::time::timeout(
+        Duration::from_secs(10),
+        c.request(b.body(Full::new(Bytes::new())).unwrap()),
+    )
+    .await
+    .expect("in time")
+    .unwrap();
+    let h = |n: &str| {
+        resp.headers()
+            .get(n)
+            .map(|v| v.to_str().unwrap().to_string())
+    };
+    let (status, x_cache, coding, vary) = (
+        resp.status().as_u16(),
+        h("x-cache").unwrap_or_default(),
+        h("content-encoding"),
+        h("vary").unwrap_or_default(),
+    );
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    (status, x_cache, coding, vary, body)
+}
+
+fn gunzip(b: &[u8]) -> String {
+    use std::io::Read;
+    let mut out = String::new();
+    flate2::read::GzDecoder::new(b)
+        .read_to_string(&mut out)
+        .unwrap();
+    out
+}
+
+/// A route that caches and compresses stores the coded variant: a hit is sent as stored (the
+/// same gzip bytes, not compressed again), and a client accepting no coding gets its own
+/// variant (the stored response varies on Accept-Encoding).
+#[tokio::test]
+async fn coded_variants_are_stored_and_hits_are_sent_as_stored() {
+    let (up, origin_hits) = origin().await;
+    let mut r = proxy_route("z", "/", "up");
+    r.filters.push(Filter::Cache(CachePolicy::default()));
+    r.filters.push(Filter::Compress(Compression {
+        algorithms: vec![CompressionAlgorithm::Gzip],
+        min_size: 0,
+        ..Compression::default()
+    }));
+    let cfg = Config {
+        backends: vec![backend("up", up)],
+        ..http_config(vec![vhost("c", &[], vec![r])])
+    };
+    let h = Harness::start(cfg).await;
+    let addr = h.addr("web").await;
+    let c = h2c_client();
+
+    let (s, x, coding, vary, first) = fetch_coded(&c, addr, "/z", Some("gzip")).await;
+    assert_eq!(
+        (s, x.as_str(), coding.as_deref()),
+        (200, "MISS", Some("gzip"))
+    );
+    assert!(
+        vary.to_ascii_lowercase().contains("accept-encoding"),
+        "{vary}"
+    );
+    assert_eq!(gunzip(&first), "/z #1 - -");
+    for _ in 0..3 {
+        let (_, x, coding, _, again) = fetch_coded(&c, addr, "/z", Some("gzip")).await;
+        assert_eq!((x.as_str(), coding.as_deref()), ("HIT", Some("gzip")));
+        assert_eq!(again, first, "the stored gzip bytes, as stored");
+    }
+    // No coding accepted: another variant, fetched and stored uncoded.
+    let (_, x, coding, _, plain) = fetch_coded(&c, addr, "/z", None).await;
+    assert_eq!((x.as_str(), coding), ("MISS", None));
+    assert_eq!(&plain[..], b"/z #2 - -");
+    let (_, x, coding, _, plain) = fetch_coded(&c, addr, "/z", None).await;
+    assert_eq!((x.as_str(), coding), ("HIT", None));
+    assert_eq!(&plain[..], b"/z #2 - -");
+    assert_eq!(hits(&origin_hits, "/z"), 2);
+    assert_eq!(
+        h.runtime
+            .shared
+            .metrics
+            .edge
+            .cache_hits
+            .load(std::sync::atomic::Ordering::Relaxed),
+        4
+    );
+}

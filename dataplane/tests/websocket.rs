@@ -245,3 +245,135 @@ async fn http2_extended_connect_reaches_http1_backend() {
     assert_eq!(h.runtime.shared.metrics.websocket_tunnels.load(Relaxed), 1);
     bounded(ws.close(None)).await.unwrap();
 }
+
+/// A WebSocket backend that sends its `tag` as the first message, then echoes.
+async fn tagged_backend(tag: &'static str) -> SocketAddr {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((s, _)) = l.accept().await else { return };
+            tokio::spawn(async move {
+                let Ok(mut ws) = tokio_tungstenite::accept_async(s).await else {
+                    return;
+                };
+                if ws.send(Message::text(tag)).await.is_err() {
+                    return;
+                }
+                while let Some(Ok(m)) = ws.next().await {
+                    if m.is_close() || ws.send(m).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// Opens a WebSocket through Sweety with `headers`; returns the backend's tag and the
+/// handshake response's `Set-Cookie`.
+async fn tagged_connect(addr: SocketAddr, headers: &[(&str, &str)]) -> (String, Option<String>) {
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut req = http::Request::builder()
+        .uri(format!("ws://{addr}/x"))
+        .header("host", addr.to_string())
+        .header("connection", "Upgrade")
+        .header("upgrade", "websocket")
+        .header("sec-websocket-version", "13")
+        .header(
+            "sec-websocket-key",
+            tokio_tungstenite::tungstenite::handshake::client::generate_key(),
+        );
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let (mut ws, resp) = bounded(tokio_tungstenite::client_async(req.body(()).unwrap(), tcp))
+        .await
+        .expect("handshake through sweety");
+    assert_eq!(resp.status(), 101);
+    let cookie = resp
+        .headers()
+        .get("set-cookie")
+        .map(|v| v.to_str().unwrap().to_string());
+    let tag = bounded(ws.next()).await.unwrap().unwrap();
+    let _ = bounded(ws.close(None)).await;
+    (tag.into_text().unwrap().to_string(), cookie)
+}
+
+/// Upgrades choose their endpoint like ordinary requests: the session cookie sticks (and is
+/// issued on the 101), and consistent hashing by header keeps a key on one endpoint.
+#[tokio::test]
+async fn upgrades_follow_session_affinity_and_hashing() {
+    let mut addrs = Vec::new();
+    for tag in ["A", "B", "C"] {
+        addrs.push(tagged_backend(tag).await);
+    }
+    let mut b = backend("ws", addrs[0]);
+    b.endpoints = addrs
+        .iter()
+        .map(|a| Endpoint {
+            address: a.to_string(),
+            weight: 1,
+        })
+        .collect();
+    b.session_persistence = Some(SessionPersistence {
+        kind: SessionKind::Cookie,
+        name: "route".into(),
+        ttl: None,
+        path: None,
+        secure: false,
+        http_only: false,
+        same_site: None,
+    });
+    let cfg = Config {
+        backends: vec![b.clone()],
+        ..http_config(vec![vhost("v", &[], vec![proxy_route("ws", "/", "ws")])])
+    };
+    let h = Harness::start(cfg).await;
+    let addr = h.addr("web").await;
+
+    let (first, set) = tagged_connect(addr, &[]).await;
+    let set = set.expect("the 101 carries the session cookie");
+    let cookie = set.split(';').next().unwrap().to_string();
+    assert!(cookie.starts_with("route="), "{set}");
+    for _ in 0..9 {
+        let (who, again) = tagged_connect(addr, &[("cookie", &cookie)]).await;
+        assert_eq!(who, first, "the session cookie picks the endpoint");
+        assert_eq!(again, None, "no new cookie for a valid session");
+    }
+    // Without the cookie, round robin reaches every endpoint.
+    let mut seen = std::collections::HashSet::new();
+    for _ in 0..6 {
+        seen.insert(tagged_connect(addr, &[]).await.0);
+    }
+    assert_eq!(seen.len(), 3, "{seen:?}");
+    h.runtime.shutdown().await;
+
+    // Consistent hashing by header: each key stays on one endpoint, keys spread.
+    b.session_persistence = None;
+    b.hash = Some(HashPolicy {
+        on: HashOn::Header("x-user".into()),
+        algorithm: HashAlgorithm::Maglev,
+    });
+    let cfg = Config {
+        backends: vec![b],
+        ..http_config(vec![vhost("v", &[], vec![proxy_route("ws", "/", "ws")])])
+    };
+    let h = Harness::start(cfg).await;
+    let addr = h.addr("web").await;
+    let mut owner = std::collections::HashMap::new();
+    for round in 0..2 {
+        for u in 0..12 {
+            let user = format!("user-{u}");
+            let (who, _) = tagged_connect(addr, &[("x-user", &user)]).await;
+            let prev = owner.insert(user, who.clone());
+            if round > 0 {
+                assert_eq!(prev, Some(who), "a hashed key moved");
+            }
+        }
+    }
+    let used: std::collections::HashSet<_> = owner.values().collect();
+    assert!(used.len() > 1, "keys spread over endpoints: {used:?}");
+    h.runtime.shutdown().await;
+}

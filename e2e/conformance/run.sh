@@ -69,9 +69,14 @@ if [ "$install" = 1 ]; then
 fi
 kubectl wait --for=condition=Accepted gatewayclass/sweety --timeout=120s
 
+# GatewayStaticAddresses: the node agent's load balancer gives a Service the address it asks for when that is
+# in the load-balancer range (.200-.250 of the Pod CIDR) and free, so the last one of the range is usable
+# (dynamic addresses are handed out from the bottom) and TEST-NET-1's 192.0.2.1 is not.
+lb_usable=${SWEETY_POD_CIDR%.*/*}.250
 flags=(-gateway-class=sweety -cleanup-base-resources=false -allow-crds-mismatch=false
   -organization=sweety-dev -project=sweety -url=https://github.com/sweety-dev/sweety
-  -version="v$version" -contact=@sweety-dev/maintainers -mode=default)
+  -version="v$version" -contact=@sweety-dev/maintainers -mode=default
+  -usable-address="$lb_usable" -unusable-address=192.0.2.1)
 case "$mode" in
   # -run-test turns off the inference: pass the class's features (a later -supported-features after
   # `--` overrides them, to try a feature not claimed yet).

@@ -127,38 +127,55 @@ pub fn allocate(snapshot: &Snapshot, params: &Params, requests: &[PortRequest]) 
     out
 }
 
-/// Gateway `status.addresses`: the requested static addresses, else the load-balancer
-/// ingress of the Gateway's Service.
+/// Service status condition a load balancer sets (status False) when it cannot give the
+/// Service the address requested in `spec.loadBalancerIP` (the e2e node agent's allocator
+/// does; other load balancers leave the Gateway `AddressNotAssigned` instead).
+pub const ADDRESS_USABLE_CONDITION: &str = "sweety.dev/LoadBalancerAddressUsable";
+
+fn gateway_service<'s>(
+    snapshot: &'s Snapshot,
+    params: &Params,
+    service: &str,
+) -> Option<&'s k8s_openapi::api::core::v1::Service> {
+    snapshot
+        .services
+        .iter()
+        .find(|s| {
+            s.metadata.namespace.as_deref() == Some(params.namespace.as_str())
+                && s.metadata.name.as_deref() == Some(service)
+        })
+        .map(|s| s.as_ref())
+}
+
+/// Gateway `status.addresses`: what the Gateway's Service was given (its load-balancer
+/// ingress; with static IP addresses requested, only those of them it got), plus requested
+/// Hostname addresses.
 pub fn addresses(
     snapshot: &Snapshot,
     params: &Params,
     requested: &[(String, String)],
     service: &str,
 ) -> Vec<Address> {
-    if !requested.is_empty() {
-        return requested
-            .iter()
-            .map(|(t, v)| Address {
-                type_: t.clone(),
-                value: v.clone(),
-            })
-            .collect();
-    }
-    let svc = snapshot.services.iter().find(|s| {
-        s.metadata.namespace.as_deref() == Some(params.namespace.as_str())
-            && s.metadata.name.as_deref() == Some(service)
-    });
-    let ingress = svc
+    let ingress = gateway_service(snapshot, params, service)
         .and_then(|s| s.status.as_ref())
         .and_then(|s| s.load_balancer.as_ref())
         .and_then(|lb| lb.ingress.as_ref());
+    let wanted_ips: Vec<&str> = requested
+        .iter()
+        .filter(|(t, _)| t == "IPAddress")
+        .map(|(_, v)| v.as_str())
+        .collect();
     let mut out = Vec::new();
     for i in ingress.into_iter().flatten() {
         if let Some(ip) = &i.ip {
-            out.push(Address {
-                type_: "IPAddress".into(),
-                value: ip.clone(),
-            });
+            // Until the load balancer moves to the requested address, the one it had is not
+            // the Gateway's.
+            if wanted_ips.is_empty() || wanted_ips.contains(&ip.as_str()) {
+                out.push(Address {
+                    type_: "IPAddress".into(),
+                    value: ip.clone(),
+                });
+            }
         } else if let Some(h) = &i.hostname {
             out.push(Address {
                 type_: "Hostname".into(),
@@ -166,7 +183,36 @@ pub fn addresses(
             });
         }
     }
+    for (t, v) in requested {
+        if t == "Hostname" && !out.iter().any(|a| &a.value == v) {
+            out.push(Address {
+                type_: t.clone(),
+                value: v.clone(),
+            });
+        }
+    }
     out
+}
+
+/// Why the load balancer cannot give the Gateway's Service its requested address: the
+/// message of its [`ADDRESS_USABLE_CONDITION`] when that is False. The condition must be
+/// about the current spec when both carry a generation; the API server sets none on
+/// Services, so after the requested address changes a stale condition can show until the
+/// load balancer rewrites it (the node agent's: within its one-second poll).
+pub fn address_unusable(snapshot: &Snapshot, params: &Params, service: &str) -> Option<String> {
+    let svc = gateway_service(snapshot, params, service)?;
+    let generation = svc.metadata.generation;
+    svc.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| {
+            c.type_ == ADDRESS_USABLE_CONDITION
+                && c.status == "False"
+                && (generation.is_none() || c.observed_generation == generation)
+        })
+        .map(|c| c.message.clone())
 }
 
 #[cfg(test)]

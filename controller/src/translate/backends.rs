@@ -289,6 +289,11 @@ impl Backends {
         }
     }
 
+    /// Forget the backend registered under `name`.
+    pub fn remove(&mut self, name: &str) {
+        self.by_name.remove(name);
+    }
+
     /// The backend registered under `name`, if any.
     pub fn get(&self, name: &str) -> Option<&Backend> {
         self.by_name.get(name)

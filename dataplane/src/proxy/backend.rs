@@ -33,6 +33,8 @@ pub(super) struct EndpointState {
 pub(super) struct EndpointRt {
     pub(super) state: Arc<EndpointState>,
     pub(super) weight: u32,
+    /// Its session-affinity token ([`session_token`] of the address), computed once.
+    pub(super) token: String,
 }
 
 /// One backend of the running config.
@@ -140,10 +142,7 @@ impl BackendRt {
 
     /// The endpoint whose session token is `token`, when it is eligible.
     pub(super) fn by_token(&self, token: &str) -> Option<usize> {
-        let idx = self
-            .endpoints
-            .iter()
-            .position(|e| session_token(&e.state.address) == token)?;
+        let idx = self.endpoints.iter().position(|e| e.token == token)?;
         self.eligible().contains(&idx).then_some(idx)
     }
 

@@ -48,7 +48,10 @@ use std::collections::HashMap;
 use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use sweety_config::{Backend, BackendProtocol, BackendTls, Filter, Mirror, ProxyAction, Route};
+use sweety_config::{
+    Backend, BackendProtocol, BackendTls, Filter, Mirror, ProxyAction, Route, SessionPersistence,
+    WeightedBackend,
+};
 use tokio::sync::Semaphore;
 
 /// Mirrored requests in flight at most; more are dropped and counted as `mirror_dropped`.
@@ -145,6 +148,7 @@ impl Upstreams {
                     }),
                 };
                 endpoints.push(EndpointRt {
+                    token: backend::session_token(&e.address),
                     state,
                     weight: e.weight,
                 });
@@ -246,6 +250,26 @@ impl Upstreams {
         e.to_response()
     }
 
+    /// The backend of `action` for one request, chosen at random by weight.
+    fn choose_backend<'a>(
+        &'a self,
+        action: &'a ProxyAction,
+    ) -> Result<(&'a WeightedBackend, &'a Arc<BackendRt>), ProxyError> {
+        let weights: Vec<u32> = action.backends.iter().map(|b| b.weight).collect();
+        let Some(wi) = balance::weighted_random(&weights, &mut fastrand::Rng::new()) else {
+            return Err(ProxyError::NoBackend {
+                reason: "every backend has weight 0".into(),
+            });
+        };
+        let wb = &action.backends[wi];
+        match self.backends.get(&wb.backend) {
+            Some(b) => Ok((wb, b)),
+            None => Err(ProxyError::NoBackend {
+                reason: format!("unknown backend {:?}", wb.backend),
+            }),
+        }
+    }
+
     /// Forwards `req` to one of `action`'s backends, honouring `route`'s timeouts and retry
     /// policy. Never fails: upstream errors become 502 (connect) or 504 (timeout) replies.
     pub async fn forward(
@@ -255,17 +279,9 @@ impl Upstreams {
         route: &Route,
         ctx: &RequestCtx,
     ) -> Response<Body> {
-        let weights: Vec<u32> = action.backends.iter().map(|b| b.weight).collect();
-        let Some(wi) = balance::weighted_random(&weights, &mut fastrand::Rng::new()) else {
-            return self.fail(&ProxyError::NoBackend {
-                reason: "every backend has weight 0".into(),
-            });
-        };
-        let wb = &action.backends[wi];
-        let Some(backend) = self.backends.get(&wb.backend) else {
-            return self.fail(&ProxyError::NoBackend {
-                reason: format!("unknown backend {:?}", wb.backend),
-            });
+        let (wb, backend) = match self.choose_backend(action) {
+            Ok(x) => x,
+            Err(e) => return self.fail(&e),
         };
         let (parts, body) = req.into_parts();
         let policy = route.retry.as_ref();
@@ -285,24 +301,13 @@ impl Upstreams {
             None => None,
         };
         let replayable = replay.is_some();
-        let session = backend.config.session_persistence.as_ref();
-        let token_in = session.and_then(|sp| affinity::token_from(&parts.headers, sp));
-        let sticky = token_in.as_deref().and_then(|t| backend.by_token(t));
-        let hash_key = match (&backend.config.hash, sticky) {
-            (Some(h), None) => affinity::hash_key(h, &parts.headers, ctx.conn.peer.ip()),
-            _ => None,
-        };
+        let affinity = Affinity::of(backend, &parts.headers, ctx);
         let head = Head::prepare(parts, ctx, Some(wb));
         let mut body = Some(body);
         let mut tried: Vec<usize> = Vec::new();
         let mut tries = 0u32;
         loop {
-            let preferred = if tries == 0 { sticky } else { None }.or_else(|| {
-                hash_key
-                    .as_deref()
-                    .and_then(|k| backend.pick_hashed(k, &tried))
-            });
-            let Some(idx) = preferred.or_else(|| backend.pick(&tried)) else {
+            let Some(idx) = affinity.pick(backend, tries, &tried) else {
                 return self.fail(&ProxyError::NoEndpoint {
                     backend: backend.config.name.clone(),
                 });
@@ -342,12 +347,7 @@ impl Upstreams {
                             modify_headers(resp.headers_mut(), m);
                         }
                     }
-                    if let Some(sp) = session {
-                        let token = backend::session_token(&backend.endpoints[idx].state.address);
-                        if token_in.as_deref() != Some(token.as_str()) {
-                            affinity::set_token(resp.headers_mut(), sp, &token);
-                        }
-                    }
+                    affinity.issue(backend, idx, resp.headers_mut());
                     return resp;
                 }
                 Err(e) => {
@@ -427,6 +427,60 @@ impl Upstreams {
                 metrics.upstream_error("mirror_failed");
             }
         });
+    }
+}
+
+/// A request's session affinity towards one backend: the endpoint its session token names
+/// (when still eligible) and its consistent-hash key. Shared by [`Upstreams::forward`] and
+/// upgrades, so a WebSocket lands where the client's session (or hash) says.
+struct Affinity<'a> {
+    session: Option<&'a SessionPersistence>,
+    token_in: Option<String>,
+    sticky: Option<usize>,
+    hash_key: Option<Vec<u8>>,
+}
+
+impl<'a> Affinity<'a> {
+    fn of(backend: &'a BackendRt, headers: &http::HeaderMap, ctx: &RequestCtx) -> Affinity<'a> {
+        let session = backend.config.session_persistence.as_ref();
+        let token_in = session.and_then(|sp| affinity::token_from(headers, sp));
+        let sticky = token_in.as_deref().and_then(|t| backend.by_token(t));
+        let hash_key = match (&backend.config.hash, sticky) {
+            (Some(h), None) => affinity::hash_key(h, headers, ctx.conn.peer.ip()),
+            _ => None,
+        };
+        Affinity {
+            session,
+            token_in,
+            sticky,
+            hash_key,
+        }
+    }
+
+    /// The endpoint for try number `tries` (0 first): the session's on the first try, else
+    /// the hashed one, else the backend's balancing policy; preferring endpoints not in
+    /// `tried`.
+    fn pick(&self, backend: &BackendRt, tries: u32, tried: &[usize]) -> Option<usize> {
+        if tries == 0 {
+            if let Some(i) = self.sticky {
+                return Some(i);
+            }
+        }
+        self.hash_key
+            .as_deref()
+            .and_then(|k| backend.pick_hashed(k, tried))
+            .or_else(|| backend.pick(tried))
+    }
+
+    /// Issues the session token of endpoint `idx` on the response, unless the client already
+    /// sent that one.
+    fn issue(&self, backend: &BackendRt, idx: usize, headers: &mut http::HeaderMap) {
+        if let Some(sp) = self.session {
+            let token = &backend.endpoints[idx].token;
+            if self.token_in.as_deref() != Some(token.as_str()) {
+                affinity::set_token(headers, sp, token);
+            }
+        }
     }
 }
 

@@ -7,7 +7,7 @@
 
 use super::error::ProxyError;
 use super::head::Head;
-use super::{balance, Upstreams};
+use super::{Affinity, Upstreams};
 use crate::body::Body;
 use crate::ctx::RequestCtx;
 use http::header::{self, HeaderValue};
@@ -68,20 +68,7 @@ impl Upstreams {
         route: &Route,
         ctx: &RequestCtx,
     ) -> Result<Response<Incoming>, ProxyError> {
-        let weights: Vec<u32> = action.backends.iter().map(|b| b.weight).collect();
-        let wi =
-            balance::weighted_random(&weights, &mut fastrand::Rng::new()).ok_or_else(|| {
-                ProxyError::NoBackend {
-                    reason: "every backend has weight 0".into(),
-                }
-            })?;
-        let wb = &action.backends[wi];
-        let backend = self
-            .backends
-            .get(&wb.backend)
-            .ok_or_else(|| ProxyError::NoBackend {
-                reason: format!("unknown backend {:?}", wb.backend),
-            })?;
+        let (wb, backend) = self.choose_backend(action)?;
         if !matches!(
             backend.config.protocol,
             BackendProtocol::Http1 | BackendProtocol::Https
@@ -93,10 +80,13 @@ impl Upstreams {
                 ),
             });
         }
+        let affinity = Affinity::of(backend, &parts.headers, ctx);
         let head = Head::prepare(parts, ctx, Some(wb));
-        let idx = backend.pick(&[]).ok_or_else(|| ProxyError::NoEndpoint {
-            backend: backend.config.name.clone(),
-        })?;
+        let idx = affinity
+            .pick(backend, 0, &[])
+            .ok_or_else(|| ProxyError::NoEndpoint {
+                backend: backend.config.name.clone(),
+            })?;
         let addr = backend.endpoints[idx].state.address.clone();
         let connect_limit = backend.config.connect_timeout.get();
         let mut sender =
@@ -130,8 +120,9 @@ impl Upstreams {
             .unwrap_or(Duration::from_secs(60));
         let sent = tokio::time::timeout(wait, sender.send_request(req)).await;
         match sent {
-            Ok(Ok(resp)) => {
+            Ok(Ok(mut resp)) => {
                 backend.record(idx, resp.status().as_u16() < 500);
+                affinity.issue(backend, idx, resp.headers_mut());
                 Ok(resp)
             }
             Ok(Err(e)) => {

@@ -31,23 +31,6 @@ impl Encoding {
     }
 }
 
-/// Parses a qvalue (`0`, `0.5`, `1.000`) into thousandths; `None` when malformed.
-fn parse_q(s: &str) -> Option<u16> {
-    let (int, frac) = s.split_once('.').unwrap_or((s, ""));
-    if frac.len() > 3 || !frac.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    let mut thousandths: u16 = 0;
-    for (i, b) in frac.bytes().enumerate() {
-        thousandths += u16::from(b - b'0') * [100, 10, 1][i];
-    }
-    match int {
-        "0" => Some(thousandths),
-        "1" if thousandths == 0 => Some(1000),
-        _ => None,
-    }
-}
-
 /// The precompressed codings the client accepts, best first (br before gzip at equal q).
 ///
 /// A coding with `q=0` is refused; `*` covers codings not named explicitly; `x-gzip` is an
@@ -57,21 +40,7 @@ pub(crate) fn preferred(accept_encoding: &[u8]) -> [Option<Encoding>; 2] {
         return [None, None];
     };
     let (mut br, mut gz, mut star): (Option<u16>, Option<u16>, Option<u16>) = (None, None, None);
-    for element in value.split(',') {
-        let mut parts = element.split(';');
-        let coding = parts.next().unwrap_or("").trim();
-        if coding.is_empty() {
-            continue;
-        }
-        let mut q = Some(1000);
-        for param in parts {
-            if let Some((name, val)) = param.split_once('=') {
-                if name.trim().eq_ignore_ascii_case("q") {
-                    q = parse_q(val.trim());
-                }
-            }
-        }
-        let Some(q) = q else { continue };
+    for (coding, q) in crate::compress::accept_codings(value) {
         let slot = if coding.eq_ignore_ascii_case("br") {
             &mut br
         } else if coding.eq_ignore_ascii_case("gzip") || coding.eq_ignore_ascii_case("x-gzip") {
@@ -136,16 +105,5 @@ mod tests {
         // Malformed q: the element is skipped.
         assert_eq!(pref("br;q=2, gzip;q=abc"), [None, None]);
         assert_eq!(pref("br;q=1.5"), [None, None]);
-    }
-
-    #[test]
-    fn qvalue_parser() {
-        assert_eq!(parse_q("0"), Some(0));
-        assert_eq!(parse_q("0.25"), Some(250));
-        assert_eq!(parse_q("1"), Some(1000));
-        assert_eq!(parse_q("1.000"), Some(1000));
-        assert_eq!(parse_q("1.001"), None);
-        assert_eq!(parse_q("0.1234"), None);
-        assert_eq!(parse_q(""), None);
     }
 }

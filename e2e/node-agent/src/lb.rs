@@ -6,6 +6,12 @@
 //! poll. A Service keeps the address its status already has when that is in the range (so an agent restart
 //! does not move addresses). SCTP ports are not forwarded.
 //!
+//! Requested addresses: a Service with `spec.loadBalancerIP` gets exactly that address when it is in the
+//! range and no other Service holds it (moving off any address it had); otherwise it gets none, and the
+//! Service status carries the condition [`ADDRESS_USABLE_CONDITION`] (False, `AddressNotUsable`, saying why),
+//! which the Sweety controller turns into the Gateway's `Programmed=False AddressNotUsable` (Gateway API
+//! static addresses). Dynamic addresses avoid addresses other Services ask for.
+//!
 //! UDP: one socket per Service port bound to the load-balancer address; each client address gets a flow with
 //! its own socket (bound to the load-balancer address, connected to one backend), so replies leave from the
 //! address the client sent to (what QUIC needs). Flows end after [`UDP_IDLE`] without a datagram either way
@@ -167,10 +173,16 @@ async fn sync(
         .await
         .map_err(Error::kube("list Services"))?;
     let mut live = BTreeSet::new();
+    // Addresses Services have or ask for: new dynamic addresses avoid them.
     let claimed: BTreeSet<Ipv4Addr> = list
         .items
         .iter()
         .filter_map(|svc| status_ip(svc, cidr))
+        .chain(
+            list.items
+                .iter()
+                .filter_map(|svc| svc.spec.as_ref()?.load_balancer_ip.as_deref()?.parse().ok()),
+        )
         .collect();
     for svc in list.items {
         let spec = svc.spec.clone().unwrap_or_default();
@@ -186,18 +198,43 @@ async fn sync(
         };
         let svc_name = format!("{ns}/{name}");
         live.insert(uid.clone());
+        // A requested address (spec.loadBalancerIP) is honoured when it is in the range and free; the Service
+        // moves to it (or off an address it may no longer have).
+        let held_by_others: BTreeSet<Ipv4Addr> = allocated
+            .iter()
+            .filter(|(u, _)| **u != uid)
+            .map(|(_, a)| a.ip)
+            .collect();
+        let requested = requested_ip(&svc, cidr, &held_by_others);
+        let keep = match (&requested, allocated.get(&uid)) {
+            (Ok(Some(want)), Some(a)) => a.ip == *want,
+            (Err(_), Some(_)) => false,
+            _ => true,
+        };
+        if !keep {
+            if let Some(a) = allocated.remove(&uid) {
+                release(bridge, state, &uid, a).await;
+            }
+        }
+        if let Err(why) = &requested {
+            if let Err(e) = publish_unusable(client, &svc, &ns, &name, why).await {
+                tracing::warn!(service = %svc_name, error = %e, "load balancer status");
+            }
+            continue;
+        }
         if !allocated.contains_key(&uid) {
             let used: BTreeSet<Ipv4Addr> = allocated.values().map(|a| a.ip).collect();
-            // Keep the address the Service already has (e.g. after an agent restart) when it is ours and
-            // free; new addresses avoid those other Services still hold.
-            let Some(ip) = status_ip(&svc, cidr)
-                .filter(|i| !used.contains(i))
-                .or_else(|| {
-                    (LB_FIRST..=LB_LAST)
-                        .map(|n| cidr.host(n))
-                        .find(|i| !used.contains(i) && !claimed.contains(i))
-                })
-            else {
+            // The requested address; else keep the address the Service already has (e.g. after an agent
+            // restart) when it is ours and free; new addresses avoid those other Services hold or ask for.
+            let Some(ip) = requested.clone().ok().flatten().or_else(|| {
+                status_ip(&svc, cidr)
+                    .filter(|i| !used.contains(i))
+                    .or_else(|| {
+                        (LB_FIRST..=LB_LAST)
+                            .map(|n| cidr.host(n))
+                            .find(|i| !used.contains(i) && !claimed.contains(i))
+                    })
+            }) else {
                 tracing::warn!(service = %svc_name, "load balancer range exhausted");
                 continue;
             };
@@ -253,14 +290,112 @@ async fn sync(
         .collect();
     for uid in gone {
         if let Some(a) = allocated.remove(&uid) {
-            for f in a.ports.values() {
-                f.task.abort();
-            }
-            let _ = crate::net::ip(&["addr", "del", &format!("{}/32", a.ip), "dev", bridge]).await;
-            state.lock().await.remove(&uid);
-            tracing::info!(ip = %a.ip, "load balancer address released");
+            release(bridge, state, &uid, a).await;
         }
     }
+    Ok(())
+}
+
+/// Stops forwarding a Service's ports and removes its address from the bridge.
+async fn release(
+    bridge: &str,
+    state: &tokio::sync::Mutex<HashMap<String, Ipv4Addr>>,
+    uid: &str,
+    a: Allocated,
+) {
+    for f in a.ports.values() {
+        f.task.abort();
+    }
+    let _ = crate::net::ip(&["addr", "del", &format!("{}/32", a.ip), "dev", bridge]).await;
+    state.lock().await.remove(uid);
+    tracing::info!(ip = %a.ip, "load balancer address released");
+}
+
+/// Service status condition telling the Sweety controller that the address asked for in `spec.loadBalancerIP`
+/// cannot be given (status False, reason `AddressNotUsable`); it then reports the Gateway `AddressNotUsable`.
+pub const ADDRESS_USABLE_CONDITION: &str = "sweety.dev/LoadBalancerAddressUsable";
+
+/// A Service's `spec.loadBalancerIP`: `Ok(None)` when none is asked for, `Ok(Some(ip))` when it is in the
+/// load-balancer range and not held by another Service, else why it cannot be given.
+fn requested_ip(
+    svc: &Service,
+    cidr: PodCidr,
+    held_by_others: &BTreeSet<Ipv4Addr>,
+) -> std::result::Result<Option<Ipv4Addr>, String> {
+    let Some(want) = svc
+        .spec
+        .as_ref()
+        .and_then(|s| s.load_balancer_ip.as_deref())
+        .filter(|s| !s.is_empty())
+    else {
+        return Ok(None);
+    };
+    let Ok(ip) = want.parse::<Ipv4Addr>() else {
+        return Err(format!("{want:?} is not an IPv4 address"));
+    };
+    if !in_lb_range(ip, cidr) {
+        return Err(format!(
+            "{ip} is outside the load-balancer range {}-{}",
+            cidr.host(LB_FIRST),
+            cidr.host(LB_LAST)
+        ));
+    }
+    if held_by_others.contains(&ip) {
+        return Err(format!("{ip} is already used by another Service"));
+    }
+    Ok(Some(ip))
+}
+
+fn in_lb_range(ip: Ipv4Addr, cidr: PodCidr) -> bool {
+    cidr.contains(ip) && (LB_FIRST..=LB_LAST).contains(&ip.octets()[3])
+}
+
+/// Our condition on a Service (type [`ADDRESS_USABLE_CONDITION`]), if it has one: (status, message).
+fn usable_condition(svc: &Service) -> Option<(String, String, Option<i64>)> {
+    svc.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == ADDRESS_USABLE_CONDITION)
+        .map(|c| (c.status.clone(), c.message.clone(), c.observed_generation))
+}
+
+/// Writes (when it differs) the Service's status for an address that cannot be given: no ingress, our
+/// condition False with `why`.
+async fn publish_unusable(
+    client: &Client,
+    svc: &Service,
+    ns: &str,
+    name: &str,
+    why: &str,
+) -> Result<()> {
+    let generation = svc.metadata.generation;
+    let has_ingress = svc
+        .status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|l| l.ingress.as_ref())
+        .is_some_and(|i| !i.is_empty());
+    if !has_ingress && usable_condition(svc) == Some(("False".into(), why.into(), generation)) {
+        return Ok(());
+    }
+    tracing::warn!(service = %format!("{ns}/{name}"), why, "requested load balancer address not usable");
+    let api: Api<Service> = Api::namespaced(client.clone(), ns);
+    let body = serde_json::json!({"status": {
+        "loadBalancer": {"ingress": null},
+        "conditions": [{
+            "type": ADDRESS_USABLE_CONDITION,
+            "status": "False",
+            "reason": "AddressNotUsable",
+            "message": why,
+            "observedGeneration": generation,
+            "lastTransitionTime": crate::now(),
+        }],
+    }});
+    api.patch_status(name, &PatchParams::default(), &Patch::Merge(&body))
+        .await
+        .map_err(Error::kube("patching Service status"))?;
     Ok(())
 }
 
@@ -278,8 +413,7 @@ fn status_ip(svc: &Service, cidr: PodCidr) -> Option<Ipv4Addr> {
         .as_deref()?
         .parse()
         .ok()?;
-    let host = ip.octets()[3];
-    (cidr.contains(ip) && (LB_FIRST..=LB_LAST).contains(&host)).then_some(ip)
+    in_lb_range(ip, cidr).then_some(ip)
 }
 
 /// Writes the Service's load-balancer status (if it differs) and refreshes the backends of its ports.
@@ -297,9 +431,14 @@ async fn publish(
         .and_then(|l| l.ingress.as_ref())
         .and_then(|i| i.first())
         .and_then(|i| i.ip.clone());
-    if current.as_deref() != Some(a.ip.to_string().as_str()) {
+    let stale_condition = usable_condition(svc).is_some();
+    if current.as_deref() != Some(a.ip.to_string().as_str()) || stale_condition {
         let api: Api<Service> = Api::namespaced(client.clone(), ns);
-        let body = serde_json::json!({"status": {"loadBalancer": {"ingress": [{"ip": a.ip.to_string(), "ipMode": "VIP"}]}}});
+        let mut body = serde_json::json!({"status": {"loadBalancer": {"ingress": [{"ip": a.ip.to_string(), "ipMode": "VIP"}]}}});
+        if stale_condition {
+            // The address is given now: our "not usable" condition goes.
+            body["status"]["conditions"] = serde_json::Value::Null;
+        }
         api.patch_status(name, &PatchParams::default(), &Patch::Merge(&body))
             .await
             .map_err(Error::kube("patching Service status"))?;
@@ -532,6 +671,35 @@ mod tests {
         assert_eq!(status_ip(&svc("10.246.0.5"), cidr), None);
         assert_eq!(status_ip(&svc("10.247.0.203"), cidr), None);
         assert_eq!(status_ip(&Service::default(), cidr), None);
+    }
+
+    #[test]
+    fn requested_address_must_be_in_range_and_free() {
+        let svc = |ip: Option<&str>| -> Service {
+            serde_json::from_value(
+                serde_json::json!({"spec": {"type": "LoadBalancer", "loadBalancerIP": ip}}),
+            )
+            .unwrap()
+        };
+        let cidr = PodCidr::parse("10.246.0.0/24").unwrap();
+        let none = BTreeSet::new();
+        assert_eq!(requested_ip(&svc(None), cidr, &none), Ok(None));
+        assert_eq!(requested_ip(&svc(Some("")), cidr, &none), Ok(None));
+        assert_eq!(
+            requested_ip(&svc(Some("10.246.0.250")), cidr, &none),
+            Ok(Some(Ipv4Addr::new(10, 246, 0, 250)))
+        );
+        let outside = requested_ip(&svc(Some("192.0.2.1")), cidr, &none).unwrap_err();
+        assert!(
+            outside.contains("outside the load-balancer range 10.246.0.200-10.246.0.250"),
+            "{outside}"
+        );
+        // In the Pod CIDR but not the load-balancer part of it.
+        assert!(requested_ip(&svc(Some("10.246.0.5")), cidr, &none).is_err());
+        assert!(requested_ip(&svc(Some("not-an-ip")), cidr, &none).is_err());
+        let held = BTreeSet::from([Ipv4Addr::new(10, 246, 0, 250)]);
+        let taken = requested_ip(&svc(Some("10.246.0.250")), cidr, &held).unwrap_err();
+        assert!(taken.contains("another Service"), "{taken}");
     }
 
     #[test]

@@ -3,7 +3,8 @@
 //! bridge, `eth0` inside) and the address `<cidr>.<n>`.
 //!
 //! A Pod's `eth0` gets a MAC address derived from its IP ([`pod_mac`], `0a:58:` and the four address bytes,
-//! as the CNI bridge plugin does): Pod addresses are reused as soon as a Pod is gone, and with a random MAC
+//! as the CNI bridge plugin does), and so does the bridge from the node address (a bridge's own MAC otherwise
+//! follows its ports as Pods come and go): Pod addresses are reused as soon as a Pod is gone, and with a random MAC
 //! the neighbour (ARP) entries other Pods and the host still hold for the address would point at the old
 //! Pod's MAC. Linux keeps such an entry REACHABLE for up to ~45 s, during which connections to the new Pod
 //! time out (seen as the first TCPRoute connections hanging ~30 s after a test replaced its Pods).
@@ -198,6 +199,11 @@ impl Network {
         if created_bridge {
             ip(&["link", "add", bridge, "type", "bridge"]).await?;
         }
+        // A fixed MAC: a bridge without one takes the lowest MAC of its ports and changes it whenever Pods
+        // (veths) come and go, leaving every Pod's neighbour entry for the node and load-balancer addresses
+        // pointing at a MAC the bridge no longer has until it expires (up to ~45 s of lost replies, seen as
+        // UDPRoute probes through the load balancer going unanswered for 10-40 s).
+        ip(&["link", "set", bridge, "address", &pod_mac(cidr.gateway())]).await?;
         let gw = format!("{}/{PREFIX}", cidr.gateway());
         ip(&["addr", "replace", &gw, "dev", bridge]).await?;
         ip(&["link", "set", bridge, "up"]).await?;

@@ -15,7 +15,8 @@
 use super::listeners::{Problem, GROUP};
 use super::refgrant::{self, Reference};
 use crate::translate::backends::Backends;
-use crate::translate::Snapshot;
+use crate::translate::{Builder, Snapshot};
+use std::collections::BTreeSet;
 use sweety_config::{Action, BackendProtocol, BackendTls, Filter, PemSource, Route};
 use sweety_gateway_api::gateways::Gateway;
 
@@ -128,22 +129,61 @@ fn check(cc: &ClientCert) -> Result<(), String> {
 }
 
 /// Point every TLS backend of `route` (proxy targets and mirrors) at a variant presenting
-/// `cc`, registering the variants in `backends`. Plain-text backends are left alone.
-pub fn apply(backends: &mut Backends, route: &mut Route, cc: &ClientCert) {
-    for f in &mut route.filters {
-        if let Filter::Mirror(m) = f {
-            m.backend = variant(backends, &m.backend, cc);
+/// `cc`, registering the variants in `backends`. Plain-text backends are left alone. Returns
+/// the names of the backends that were replaced.
+pub fn apply(backends: &mut Backends, route: &mut Route, cc: &ClientCert) -> Vec<String> {
+    let mut replaced = Vec::new();
+    let mut swap = |name: &mut String| {
+        let v = variant(backends, name, cc);
+        if v != *name {
+            replaced.push(std::mem::replace(name, v));
+        }
+    };
+    for_each_backend(route, &mut swap);
+    replaced
+}
+
+/// Calls `f` with every backend name `route` sends to (proxy targets and mirrors).
+fn for_each_backend(route: &mut Route, f: &mut impl FnMut(&mut String)) {
+    for flt in &mut route.filters {
+        if let Filter::Mirror(m) = flt {
+            f(&mut m.backend);
         }
     }
     if let Action::Proxy(p) = &mut route.action {
         for wb in &mut p.backends {
-            wb.backend = variant(backends, &wb.backend, cc);
-            for f in &mut wb.filters {
-                if let Filter::Mirror(m) = f {
-                    m.backend = variant(backends, &m.backend, cc);
+            f(&mut wb.backend);
+            for flt in &mut wb.filters {
+                if let Filter::Mirror(m) = flt {
+                    f(&mut m.backend);
                 }
             }
         }
+    }
+}
+
+/// Removes the backends in `replaced` that no Gateway route or L4 route uses any more (their
+/// routes all went to client-certificate variants). Ingress and SweetySite translation run
+/// later and register what they need again.
+pub fn drop_unused(b: &mut Builder<'_>, replaced: &BTreeSet<String>) {
+    if replaced.is_empty() {
+        return;
+    }
+    let mut used = BTreeSet::new();
+    for vh in &mut b.virtual_hosts {
+        for r in &mut vh.routes {
+            for_each_backend(r, &mut |n: &mut String| {
+                used.insert(n.clone());
+            });
+        }
+    }
+    for l in &b.listeners {
+        for r in &l.l4_routes {
+            used.extend(r.backends.iter().map(|w| w.backend.clone()));
+        }
+    }
+    for name in replaced.difference(&used) {
+        b.backends.remove(name);
     }
 }
 
@@ -205,7 +245,12 @@ mod tests {
             timeouts: Timeouts::default(),
             retry: None,
         };
-        apply(&mut backends, &mut route, &cc());
+        let replaced = apply(&mut backends, &mut route, &cc());
+        assert_eq!(
+            replaced,
+            vec!["app/secure:443~https"; 2],
+            "the mirror and the target"
+        );
         let want = "app/secure:443~https~client=infra/client";
         let Action::Proxy(p) = &route.action else {
             unreachable!()

@@ -111,6 +111,9 @@ fn fix_redirect_port(route: &mut Route, port: u16) {
     }
 }
 
+/// An L4 route of a Gateway port: its sort key, the listener it came through, the route.
+type PortL4Route = (SortKey, usize, L4Route);
+
 fn sort_routes(mut v: Vec<(SortKey, Route)>) -> Vec<Route> {
     v.sort_by(|a, b| a.0.cmp(&b.0));
     v.into_iter().map(|(_, r)| r).collect()
@@ -119,14 +122,16 @@ fn sort_routes(mut v: Vec<(SortKey, Route)>) -> Vec<Route> {
 /// Emit dataplane listeners, virtual hosts, Services and Gateway statuses.
 pub fn emit(b: &mut Builder<'_>, gateways: &[GwState], _alloc: &Allocation, out: Collected) {
     let mut http: BTreeMap<(usize, u16), Vec<HttpEntry>> = BTreeMap::new();
+    // Backends replaced by a client-certificate variant somewhere (maybe unused afterwards).
+    let mut replaced = BTreeSet::new();
     for mut e in out.http {
         if let Ok(Some(cc)) = &gateways[e.gw].backend_client_cert {
-            client_cert::apply(&mut b.backends, &mut e.route, cc);
+            replaced.extend(client_cert::apply(&mut b.backends, &mut e.route, cc));
         }
         let port = gateways[e.gw].listeners[e.listener].port;
         http.entry((e.gw, port)).or_default().push(e);
     }
-    let mut l4: BTreeMap<(usize, u16, bool), Vec<(SortKey, L4Route)>> = BTreeMap::new();
+    let mut l4: BTreeMap<(usize, u16, bool), Vec<PortL4Route>> = BTreeMap::new();
     for e in out.l4 {
         let l = &gateways[e.gw].listeners[e.listener];
         let udp = l.protocol.is_some_and(Proto::is_udp);
@@ -135,7 +140,7 @@ pub fn emit(b: &mut Builder<'_>, gateways: &[GwState], _alloc: &Allocation, out:
         route.terminate = l.protocol == Some(Proto::TlsTerminate);
         l4.entry((e.gw, l.port, udp))
             .or_default()
-            .push((e.key, route));
+            .push((e.key, e.listener, route));
     }
     for (g, gw) in gateways.iter().enumerate() {
         let prefix = format!("gw/{}/{}", gw.namespace, gw.name);
@@ -266,7 +271,26 @@ pub fn emit(b: &mut Builder<'_>, gateways: &[GwState], _alloc: &Allocation, out:
                 Proto::TlsPassthrough | Proto::TlsTerminate | Proto::Tcp | Proto::Udp => {
                     let mut routes = l4.remove(&(g, *port, *udp)).unwrap_or_default();
                     routes.sort_by(|a, b| a.0.cmp(&b.0));
-                    listener.l4_routes = routes.into_iter().map(|(_, r)| r).collect();
+                    for (_, li, mut r) in routes {
+                        // As for HTTP: a name is served through the most specific listener on
+                        // the port, so a copy of the route reached through a less specific one
+                        // (e.g. Passthrough `*.example.com` beside Terminate `a.example.com`)
+                        // does not take it.
+                        if !r.hostnames.is_empty() {
+                            let own = gw.listeners[li].hostname.as_deref();
+                            r.hostnames.retain(|h| {
+                                let mine = attach::specificity(own, h);
+                                !idx.iter().any(|&o| {
+                                    attach::specificity(gw.listeners[o].hostname.as_deref(), h)
+                                        > mine
+                                })
+                            });
+                            if r.hostnames.is_empty() {
+                                continue;
+                            }
+                        }
+                        listener.l4_routes.push(r);
+                    }
                     unique_l4_names(&mut listener.l4_routes);
                     if proto == Proto::TlsTerminate {
                         listener.tls = Some(ListenerTls {
@@ -289,6 +313,7 @@ pub fn emit(b: &mut Builder<'_>, gateways: &[GwState], _alloc: &Allocation, out:
         }
         status(b, gw, service_ports);
     }
+    client_cert::drop_unused(b, &replaced);
 }
 
 /// A rule reached through two listeners on one port (e.g. a TLSRoute attached to a
@@ -380,6 +405,20 @@ fn status(b: &mut Builder<'_>, gw: &GwState, ports: Vec<ServicePort>) {
         let some_valid = invalid.len() < own.len();
         Condition::new("Accepted", some_valid, "ListenersNotValid", msg, generation)
     };
+    let static_ips: Vec<&str> = requested
+        .iter()
+        .filter(|(t, _)| t == "IPAddress")
+        .map(|(_, v)| v.as_str())
+        .collect();
+    let unusable = match static_ips.as_slice() {
+        [] => None,
+        // The Service asks its load balancer for the one address.
+        [_] => addressing::address_unusable(b.snapshot, b.params, &service),
+        many => Some(format!(
+            "a Gateway's Service gets one load-balancer address; {} IP addresses were requested",
+            many.len()
+        )),
+    };
     let programmed = if bad_address.is_some() || bad_parameters.is_some() || !any_programmed {
         Condition::new(
             "Programmed",
@@ -388,15 +427,27 @@ fn status(b: &mut Builder<'_>, gw: &GwState, ports: Vec<ServicePort>) {
             "no listener could be programmed",
             generation,
         )
-    } else if addresses.is_empty() {
+    } else if let Some(why) = unusable {
+        Condition::new("Programmed", false, "AddressNotUsable", why, generation)
+    } else if addresses.is_empty()
+        || static_ips
+            .iter()
+            .any(|ip| !addresses.iter().any(|a| a.value == *ip))
+    {
         Condition::new(
             "Programmed",
             false,
             "AddressNotAssigned",
-            format!(
-                "Service {}/{service} has no address yet",
-                b.params.namespace
-            ),
+            match static_ips.first() {
+                None => format!(
+                    "Service {}/{service} has no address yet",
+                    b.params.namespace
+                ),
+                Some(ip) => format!(
+                    "Service {}/{service} has not been given the requested address {ip} yet",
+                    b.params.namespace
+                ),
+            },
             generation,
         )
     } else {

@@ -709,4 +709,56 @@ mod tests {
         assert!(msg.contains("needs at least one certificateRef"), "{msg}");
         assert!(l[1].unresolved.is_none(), "passthrough needs none");
     }
+
+    #[test]
+    fn listener_set_listeners_lose_to_earlier_ones() {
+        let before = listeners(
+            "  - {name: gw, port: 80, protocol: HTTP, hostname: a.io}\n  - {name: tcp, port: 9000, protocol: TCP}\n",
+        );
+        // Each candidate validated on its own (a ListenerSet's listeners are checked against
+        // the ones before them, not by the Gateway's intra-listener rules).
+        let mut cand: Vec<GwListener> = [
+            "{name: same-host, port: 80, protocol: HTTP, hostname: a.io}",
+            "{name: other-host, port: 80, protocol: HTTP, hostname: b.io}",
+            "{name: other-proto, port: 80, protocol: TCP}",
+            "{name: tcp-again, port: 9000, protocol: TCP}",
+            "{name: udp, port: 9000, protocol: UDP}",
+        ]
+        .iter()
+        .map(|l| listeners(&format!("  - {l}\n")).remove(0))
+        .collect();
+        for c in cand.iter_mut() {
+            precedence_conflict(&before, c);
+        }
+        let got: Vec<_> = cand
+            .iter()
+            .map(|l| (l.conflicted.as_ref().map(|c| c.0), l.lost_precedence))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (Some("HostnameConflict"), true),
+                (None, false),
+                (Some("ProtocolConflict"), true),
+                (Some("HostnameConflict"), true),
+                (None, false),
+            ]
+        );
+        // The loser reports the conflict reason in Accepted and Programmed.
+        let st = cand[0].status(1, false);
+        let reason = |t: &str| {
+            st.conditions
+                .iter()
+                .find(|c| c.type_ == t)
+                .map(|c| (c.status.clone(), c.reason.clone()))
+        };
+        assert_eq!(
+            reason("Accepted"),
+            Some(("False".into(), "HostnameConflict".into()))
+        );
+        assert_eq!(
+            reason("Programmed"),
+            Some(("False".into(), "HostnameConflict".into()))
+        );
+    }
 }
