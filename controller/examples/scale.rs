@@ -4,7 +4,8 @@
 //! then measures, against a real `sweety-dataplane --control-socket` process:
 //! - translate, encode + hash (`Pusher::submit_now`) and push-until-Ack of the whole config;
 //! - single-route changes: incremental translate (`translate_incremental`, the reconcile
-//!   loop's path) + submit + push until Ack, p50/p99 over M changes;
+//!   loop's path) + submit (per-item digests) + push as an `ApplyDelta` until Ack, p50/p99
+//!   over M changes;
 //! - dataplane RSS with N routes (from /proc/PID/status) and this process's RSS holding the
 //!   snapshot of every object.
 //!
@@ -161,7 +162,7 @@ async fn main() {
     let bytes = pusher.metrics().last_config_bytes;
     println!("objects={objects_total} httproutes={routes} dataplane_routes={routes_out} apply_frame_bytes={bytes}");
     println!(
-        "full: translate={:.1}ms encode+hash={:.1}ms push+decode+validate+apply+ack={:.1}ms total={:.1}ms (target < 200ms)",
+        "full: translate={:.1}ms digests+hash={:.1}ms encode+push+decode+validate+apply+ack={:.1}ms total={:.1}ms (target < 200ms)",
         ms(t_translate),
         ms(t_encode),
         ms(t_push),
@@ -215,15 +216,20 @@ async fn main() {
         ms(pct(&lat, 0.99)),
         ms(*lat.last().unwrap())
     );
+    let m = pusher.metrics();
     println!(
-        "  p50 parts: translate={:.2}ms encode+hash={:.2}ms push+apply+ack={:.2}ms",
+        "  pushes={} of which ApplyDelta={}; last frame {} bytes",
+        m.pushes, m.deltas, m.last_config_bytes
+    );
+    println!(
+        "  p50 parts: translate={:.2}ms digests+hash={:.2}ms delta+encode+push+apply+ack={:.2}ms",
         ms(pct(&parts[0], 0.5)),
         ms(pct(&parts[1], 0.5)),
         ms(pct(&parts[2], 0.5))
     );
     // CPU per change does not grow with other load on the machine, wall-clock latency does.
     println!(
-        "  CPU per change: controller (translate + encode + hash + send)={cpu_self:.1}ms dataplane (decode + validate + build + swap)={cpu_dp:.1}ms; load average {}",
+        "  CPU per change: controller (translate + digests + delta + send)={cpu_self:.1}ms dataplane (decode + apply delta + validate + build + swap)={cpu_dp:.1}ms; load average {}",
         std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim()
     );
     println!(

@@ -477,6 +477,51 @@ async fn a_delta_against_another_base_is_nacked_and_the_full_config_follows() {
     dp.stop().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delta_that_breaks_an_unchanged_virtual_host_is_nacked() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("control.sock");
+    let dp = Dataplane::start(&sock, None).await;
+    let pusher = Pusher::spawn(options(&sock));
+    let mut state = pusher.state();
+    let mut good = config("good");
+    good.backends.push(Backend::new(
+        "api",
+        vec![Endpoint {
+            address: "127.0.0.1:9".into(),
+            weight: 1,
+        }],
+    ));
+    let mut proxied = good.virtual_hosts[0].clone();
+    proxied.name = "api".into();
+    proxied.hostnames = vec!["api.test".into()];
+    proxied.routes[0].action = Action::Proxy(ProxyAction {
+        backends: vec![WeightedBackend {
+            backend: "api".into(),
+            weight: 1,
+            filters: vec![],
+        }],
+    });
+    good.virtual_hosts.push(proxied);
+    let g = pusher.submit_now(good.clone());
+    wait_for(&mut state, "ack", |s| s.acked == g).await;
+    // Only the backend goes away; the virtual host that uses it is unchanged, yet the delta's
+    // result is validated against it.
+    let mut bad = good.clone();
+    bad.backends.clear();
+    let g = pusher.submit_now(bad);
+    let s = wait_for(&mut state, "nack", |s| s.last_nack.is_some()).await;
+    let (generation, errors) = s.last_nack.unwrap();
+    assert_eq!(generation, g);
+    assert!(
+        errors.iter().any(|e| e.contains("unknown backend \"api\"")),
+        "{errors:?}"
+    );
+    assert_eq!(dp.control.stats().deltas.load(Relaxed), 1);
+    assert_eq!(dp.get().await, (200, "good".into()));
+    dp.stop().await;
+}
+
 /// GET `path` with a `Host` header over a fresh connection: status and body.
 async fn get_host(addr: std::net::SocketAddr, host: &str, path: &str) -> (u16, String) {
     let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();

@@ -29,7 +29,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use sweety_config::delta::Digests;
 use sweety_config::wire::{self, FrameHeader, FrameType, Hello, Message, HEADER_LEN};
-use sweety_config::Config;
+use sweety_config::{Config, Route};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::UnixStream;
 use tokio::task::JoinHandle;
@@ -49,8 +49,11 @@ pub struct ControlStats {
     pub deltas: AtomicU64,
 }
 
-/// The config last applied through this socket, whole, with its digests: the base of an
+/// The config last applied through this socket with its digests: the base of an
 /// `ApplyDelta`, which consumes it (unchanged items are moved into the result, not copied).
+/// Its virtual hosts carry no routes: the serving route table holds those (compiled, with the
+/// route itself), so keeping a second copy of thousands of routes would only cost memory; they
+/// are taken back from the table when a whole config is needed ([`with_routes`]).
 struct Base {
     generation: u64,
     config: Config,
@@ -69,6 +72,7 @@ pub struct ControlServer {
     inode: (u64, u64),
     stats: Arc<ControlStats>,
     base: Arc<BaseSlot>,
+    runtime: Arc<Runtime>,
     task: JoinHandle<()>,
 }
 
@@ -126,13 +130,19 @@ impl ControlServer {
         let listener = tokio::net::UnixListener::from_std(std_listener)?;
         let stats = Arc::new(ControlStats::default());
         let base: Arc<BaseSlot> = Arc::default();
-        let task = tokio::spawn(accept_loop(runtime, listener, stats.clone(), base.clone()));
+        let task = tokio::spawn(accept_loop(
+            runtime.clone(),
+            listener,
+            stats.clone(),
+            base.clone(),
+        ));
         tracing::info!(path = %path.display(), "control socket listening");
         Ok(ControlServer {
             path: path.to_path_buf(),
             inode: (meta.dev(), meta.ino()),
             stats,
             base,
+            runtime,
             task,
         })
     }
@@ -151,7 +161,11 @@ impl ControlServer {
     /// with its generation; `None` before the first one or after a rejected delta.
     pub fn applied_config(&self) -> Option<Config> {
         let slot = self.base.lock().unwrap_or_else(|e| e.into_inner());
-        slot.as_ref().map(|b| b.config.clone())
+        let b = slot.as_ref()?;
+        let serving = self.runtime.shared.snapshot();
+        let mut config = b.config.clone();
+        with_routes(&mut config, &serving.routes, &|_| true);
+        Some(config)
     }
 }
 
@@ -345,6 +359,13 @@ async fn apply_frame(
                 .apply(b.config, &b.digests)
                 .map_err(|e| early(vec![format!("delta: {e}")]))?;
             config.generation = generation;
+            if !same_context {
+                // Every virtual host is validated again: give the unchanged ones their routes.
+                let serving = runtime.shared.snapshot();
+                with_routes(&mut config, &serving.routes, &|name| {
+                    !changed.contains(name)
+                });
+            }
             let reuse = crate::runtime::Reuse {
                 changed_vhost: &|name| changed.contains(name),
                 same_context,
@@ -362,6 +383,10 @@ async fn apply_frame(
             )]))
         }
     };
+    let mut config = config;
+    for v in &mut config.virtual_hosts {
+        v.routes = Vec::new();
+    }
     let serving = runtime.shared.snapshot().config.clone();
     if serving.generation == generation {
         *lock() = Some(Base {
@@ -372,6 +397,22 @@ async fn apply_frame(
         });
     }
     Ok(())
+}
+
+/// Fills in the routes of the virtual hosts for which `fill(name)` is true from the compiled
+/// virtual host of the same name in `table`.
+fn with_routes(
+    config: &mut Config,
+    table: &crate::router::RouteTable,
+    fill: &dyn Fn(&str) -> bool,
+) {
+    let compiled: std::collections::HashMap<&str, &[crate::router::RouteEntry]> =
+        table.vhost_entries().collect();
+    for v in &mut config.virtual_hosts {
+        if let Some(entries) = compiled.get(v.name.as_str()).filter(|_| fill(&v.name)) {
+            v.routes = entries.iter().map(|e| Route::clone(&e.route)).collect();
+        }
+    }
 }
 
 /// Sends a `Nack` for generation 0 explaining a protocol error, and returns the error that

@@ -547,6 +547,11 @@ impl RouteTable {
         self.len == 0
     }
 
+    /// Each virtual host's name and compiled routes, in config order.
+    pub fn vhost_entries(&self) -> impl Iterator<Item = (&str, &[RouteEntry])> {
+        self.vhosts.iter().map(|v| (&*v.name, v.entries.as_slice()))
+    }
+
     /// All routes, in config order (virtual hosts, then routes).
     pub fn entries(&self) -> impl Iterator<Item = &RouteEntry> {
         self.vhosts.iter().flat_map(|v| v.entries.iter())

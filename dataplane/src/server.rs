@@ -6,7 +6,8 @@
 //! its timeout); layer-4 listeners (TCP, TLS passthrough) hand the connection to [`crate::l4`].
 //!
 //! hyper runs each HTTP/2 stream through [`StreamExecutor`]: polled once on the connection's
-//! own task first, spawned only when it has to wait.
+//! own task first (after the connection's poll, see [`Batched`], so one write carries the
+//! responses of all the streams of one read), spawned only when it has to wait.
 //!
 //! Each listener drains gracefully when stopped: it stops accepting, asks every connection
 //! to finish (HTTP/2 GOAWAY, HTTP/1.1 close after the current response) and waits up to the
@@ -17,11 +18,13 @@ use crate::runtime::{BindKey, ListenerView, Shared};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use hyper_util::server::graceful::{GracefulShutdown, Watcher};
+use std::cell::RefCell;
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Waker};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -201,22 +204,34 @@ async fn serve_http<I>(
     let connection = builder
         .serve_connection_with_upgrades(io, service)
         .into_owned();
-    if let Err(e) = watcher.watch(connection).await {
+    if let Err(e) = Batched::new(watcher.watch(connection)).await {
         tracing::debug!(error = %e, "connection ended with an error");
     }
 }
 
+/// A connection task's stream futures, not yet polled.
+type Deferred = Vec<Pin<Box<dyn Future<Output = ()> + Send>>>;
+
+thread_local! {
+    /// Stream futures handed to [`StreamExecutor`] while a [`Batched`] connection is polled
+    /// on this thread; `None` outside such a poll.
+    static DEFERRED: RefCell<Option<Deferred>> = const { RefCell::new(None) };
+}
+
 /// hyper's executor for the tasks of a connection (one per HTTP/2 stream; upgrade pipes).
 ///
-/// The task is polled once at once, inside the connection task that hands it over, with a
-/// no-op waker; only when it is not finished then (it waits for a backend, a file, a request
-/// body or flow-control window) is it spawned on the runtime, where its first poll registers
-/// the real waker (a future re-checks its state on every poll, so nothing that happened in
-/// between is missed). A response that is ready at once (cache hit, cached static file, fixed
-/// reply, refusal) is answered without a task, a scheduler round trip or a cross-task wake-up;
-/// its frames are queued on the connection, which writes them in the same poll. The limits
-/// are unchanged: hyper accepts the stream (bounded by `max_concurrent_streams`) before
-/// calling this, and the request pipeline takes its backpressure slot inside the task.
+/// The task is polled once at once on the connection's own task, with a no-op waker; only
+/// when it is not finished then (it waits for a backend, a file, a request body or
+/// flow-control window) is it spawned on the runtime, where its first poll registers the real
+/// waker (a future re-checks its state on every poll, so nothing that happened in between is
+/// missed). A response that is ready at once (cache hit, cached static file, fixed reply,
+/// refusal) is answered without a task, a scheduler round trip or a cross-task wake-up.
+///
+/// Inside a [`Batched`] connection the first polls wait until the connection's poll returns,
+/// so that every stream that arrived in one read is answered before the connection writes:
+/// one write (and one TLS record run) for the batch instead of one per stream. The limits
+/// are unchanged: hyper accepts a stream (bounded by `max_concurrent_streams`) before
+/// handing it over, and the request pipeline takes its backpressure slot inside it.
 ///
 /// A panic in that first poll is caught and ends only that stream (as in a spawned task).
 #[derive(Clone, Copy, Debug, Default)]
@@ -224,20 +239,78 @@ pub struct StreamExecutor;
 
 impl<F> hyper::rt::Executor<F> for StreamExecutor
 where
-    F: Future + Send + 'static,
-    F::Output: Send + 'static,
+    F: Future<Output = ()> + Send + 'static,
 {
     fn execute(&self, fut: F) {
-        let mut fut = Box::pin(fut);
-        let mut cx = Context::from_waker(Waker::noop());
-        let first = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            fut.as_mut().poll(&mut cx).is_pending()
-        }));
-        match first {
-            Ok(true) => drop(tokio::spawn(fut)),
-            Ok(false) => {}
-            Err(_) => tracing::error!("a connection task panicked in its first poll"),
+        let fut: Pin<Box<dyn Future<Output = ()> + Send>> = Box::pin(fut);
+        let fut = DEFERRED.with(|d| match d.borrow_mut().as_mut() {
+            Some(batch) => {
+                batch.push(fut);
+                None
+            }
+            None => Some(fut),
+        });
+        if let Some(fut) = fut {
+            first_poll(fut);
         }
+    }
+}
+
+/// Polls a stream future once with a no-op waker; spawns it when it is not finished.
+fn first_poll(mut fut: Pin<Box<dyn Future<Output = ()> + Send>>) {
+    let mut cx = Context::from_waker(Waker::noop());
+    let first = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        fut.as_mut().poll(&mut cx).is_pending()
+    }));
+    match first {
+        Ok(true) => drop(tokio::spawn(fut)),
+        Ok(false) => {}
+        Err(_) => tracing::error!("a connection task panicked in its first poll"),
+    }
+}
+
+/// Most rounds (connection poll, then its new streams' first polls) in one poll of
+/// [`Batched`] before it yields to the runtime.
+const BATCH_ROUNDS: usize = 8;
+
+pin_project_lite::pin_project! {
+    /// Drives a connection future so that the streams it hands to [`StreamExecutor`] during a
+    /// poll get their first poll after it, then polls the connection again to write their
+    /// responses together.
+    pub struct Batched<F> {
+        #[pin]
+        inner: F,
+    }
+}
+
+impl<F> Batched<F> {
+    /// Wraps a connection future.
+    pub fn new(inner: F) -> Batched<F> {
+        Batched { inner }
+    }
+}
+
+impl<F: Future> Future for Batched<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let mut this = self.project();
+        for _ in 0..BATCH_ROUNDS {
+            let outer = DEFERRED.with(|d| d.borrow_mut().replace(Vec::new()));
+            let polled = this.inner.as_mut().poll(cx);
+            let batch = DEFERRED.with(|d| std::mem::replace(&mut *d.borrow_mut(), outer));
+            let batch = batch.unwrap_or_default();
+            let ran = !batch.is_empty();
+            for fut in batch {
+                first_poll(fut);
+            }
+            if polled.is_ready() || !ran {
+                return polled;
+            }
+            // Responses were queued: poll the connection again so it writes them now.
+        }
+        cx.waker().wake_by_ref();
+        Poll::Pending
     }
 }
 
@@ -277,5 +350,41 @@ mod tests {
         StreamExecutor.execute(async {
             panic!("boom");
         });
+    }
+
+    #[tokio::test]
+    async fn batched_connections_answer_their_streams_then_poll_again() {
+        let log = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let l = log.clone();
+        let mut polls = 0;
+        let conn = std::future::poll_fn(move |_| {
+            polls += 1;
+            l.lock().unwrap().push(format!("conn {polls}"));
+            if polls > 1 {
+                return Poll::Ready(());
+            }
+            for name in ["a", "b"] {
+                let l = l.clone();
+                StreamExecutor.execute(async move {
+                    l.lock().unwrap().push(format!("stream {name}"));
+                });
+            }
+            l.lock().unwrap().push("conn 1 returns".into());
+            Poll::Pending
+        });
+        tokio::time::timeout(Duration::from_secs(10), Batched::new(conn))
+            .await
+            .expect("the connection is polled again at once and finishes");
+        assert_eq!(
+            *log.lock().unwrap(),
+            ["conn 1", "conn 1 returns", "stream a", "stream b", "conn 2"]
+        );
+        // Outside a batched connection, tasks run at once again.
+        let done = Arc::new(AtomicUsize::new(0));
+        let d = done.clone();
+        StreamExecutor.execute(async move {
+            d.fetch_add(1, SeqCst);
+        });
+        assert_eq!(done.load(SeqCst), 1);
     }
 }

@@ -557,9 +557,23 @@ async fn udp_sessions_expire_when_idle_and_are_bounded() {
         assert!(text.contains("kind=\"udp_session_limit\"} 1"), "{text}");
         // Hot reload keeps the UDP socket.
         cfg.generation = 2;
-        h.runtime.apply(cfg).await.unwrap();
+        h.runtime.apply(cfg.clone()).await.unwrap();
         assert_eq!(h.addr("udp").await, addr);
         assert!(udp_ask(&client, addr, "five", long).await.is_some());
+        // Each session holds a connection slot: with one slot (taken by `client`'s session)
+        // a new client is dropped and counted even though the table has room.
+        cfg.generation = 3;
+        cfg.l4.udp_max_sessions = 10;
+        cfg.limits.max_connections = 1;
+        h.runtime.apply(cfg).await.unwrap();
+        assert!(udp_ask(&client, addr, "six", long).await.is_some());
+        let third = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        assert_eq!(
+            udp_ask(&third, addr, "y", Duration::from_millis(200)).await,
+            None
+        );
+        let text = h.runtime.shared.metrics.render();
+        assert!(text.contains("kind=\"udp_connection_limit\"} 1"), "{text}");
     })
     .await;
 }

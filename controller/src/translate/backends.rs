@@ -76,6 +76,10 @@ pub struct BackendOptions {
 pub struct ServiceIndex<'a> {
     services: BTreeMap<(&'a str, &'a str), &'a Arc<Service>>,
     slices: BTreeMap<(&'a str, &'a str), Vec<&'a Arc<EndpointSlice>>>,
+    /// While recording ([`ServiceIndex::record`]): every (namespace, name) looked up, found
+    /// or not. The route cache keeps them as the route's dependencies on Services and their
+    /// EndpointSlices (whose endpoints are only read through a Service found here).
+    recorded: std::cell::RefCell<Option<BTreeSet<(String, String)>>>,
 }
 
 impl<'a> ServiceIndex<'a> {
@@ -98,12 +102,29 @@ impl<'a> ServiceIndex<'a> {
                 slices.entry((ns, svc.as_str())).or_default().push(es);
             }
         }
-        ServiceIndex { services, slices }
+        ServiceIndex {
+            services,
+            slices,
+            recorded: Default::default(),
+        }
     }
 
     /// The Service, if it exists.
     pub fn service(&self, namespace: &str, name: &str) -> Option<&'a Arc<Service>> {
+        if let Some(r) = self.recorded.borrow_mut().as_mut() {
+            r.insert((namespace.to_string(), name.to_string()));
+        }
         self.services.get(&(namespace, name)).copied()
+    }
+
+    /// Starts recording the Services looked up.
+    pub fn record(&self) {
+        *self.recorded.borrow_mut() = Some(BTreeSet::new());
+    }
+
+    /// Stops recording: the Services looked up since [`ServiceIndex::record`].
+    pub fn recorded(&self) -> BTreeSet<(String, String)> {
+        self.recorded.borrow_mut().take().unwrap_or_default()
     }
 
     /// Find the Service port a reference names.
@@ -264,6 +285,13 @@ impl Backends {
     /// Forget the backend registered under `name`.
     pub fn remove(&mut self, name: &str) {
         self.by_name.remove(name);
+    }
+
+    /// [`Backends::insert`] for a borrowed backend: copied only when its name is new.
+    pub fn insert_ref(&mut self, backend: &Backend) {
+        if !self.by_name.contains_key(&backend.name) {
+            self.by_name.insert(backend.name.clone(), backend.clone());
+        }
     }
 
     /// The backend registered under `name`, if any.

@@ -11,7 +11,10 @@
 //!   ReferenceGrants, BackendTLSPolicies, ListenerSets, Services, EndpointSlices, Secrets, ConfigMaps,
 //!   Namespaces, SweetyProxyConfigs, Ingress objects, SweetySites) and the [`Params`]. When any
 //!   of them changed (compared by `Arc` identity, in any order) every route is translated
-//!   again;
+//!   again, except for Services and EndpointSlices: when only those changed, only the routes
+//!   whose translation looked up a changed Service (or the Service of a changed
+//!   EndpointSlice) are translated again. Services in the controller's own namespace (where
+//!   the per-Gateway Services live, which port allocation reads) still clear everything;
 //! * otherwise a route object whose `Arc` is the one seen last time is replayed from
 //!   [`gateway::RouteCache`] (see there why `Arc` identity is sound); a new or changed object
 //!   is translated and memoized. Objects that left the snapshot are forgotten.
@@ -20,6 +23,8 @@
 //! run in full; they are linear in the number of routes and cheap next to route translation.
 
 use super::{gateway, ingress, site, Builder, Output, Params, Snapshot};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;
 
 /// What [`translate_incremental`] carries from one call to the next.
@@ -51,7 +56,48 @@ impl TranslateCache {
 struct World {
     addrs: Vec<Vec<usize>>,
     params: Params,
-    _held: Snapshot,
+    held: Snapshot,
+}
+
+/// Positions of the Service and EndpointSlice lists in `World::addrs`.
+const SERVICES: usize = 9;
+const ENDPOINT_SLICES: usize = 10;
+
+/// (namespace, name) of the Services whose object or EndpointSlices differ between `old` and
+/// `new` (by `Arc` identity).
+fn changed_services(old: &Snapshot, new: &Snapshot) -> BTreeSet<(String, String)> {
+    fn diff<'a, T>(old: &'a [Arc<T>], new: &'a [Arc<T>]) -> impl Iterator<Item = &'a Arc<T>> {
+        let o: HashSet<usize> = old.iter().map(|a| Arc::as_ptr(a) as usize).collect();
+        let n: HashSet<usize> = new.iter().map(|a| Arc::as_ptr(a) as usize).collect();
+        let gone = old
+            .iter()
+            .filter(move |a| !n.contains(&(Arc::as_ptr(a) as usize)));
+        let came = new
+            .iter()
+            .filter(move |a| !o.contains(&(Arc::as_ptr(a) as usize)));
+        gone.chain(came)
+    }
+    let key = |m: &ObjectMeta, name: Option<&String>| {
+        (
+            m.namespace.clone().unwrap_or_default(),
+            name.cloned().unwrap_or_default(),
+        )
+    };
+    let mut out = BTreeSet::new();
+    for s in diff(&old.services, &new.services) {
+        out.insert(key(&s.metadata, s.metadata.name.as_ref()));
+    }
+    for es in diff(&old.endpoint_slices, &new.endpoint_slices) {
+        let svc = es
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(super::backends::SERVICE_NAME_LABEL));
+        if let Some(svc) = svc {
+            out.insert(key(&es.metadata, Some(svc)));
+        }
+    }
+    out
 }
 
 fn addrs<T>(list: &[Arc<T>]) -> Vec<usize> {
@@ -115,11 +161,27 @@ pub fn translate_incremental(
         .as_ref()
         .is_some_and(|w| w.addrs == addrs && w.params == *params);
     if !same {
-        cache.routes.clear();
+        // Only Services or EndpointSlices changed: forget the routes that use them.
+        let scoped = cache.world.as_ref().and_then(|w| {
+            let others_same = w.params == *params
+                && w.addrs.len() == addrs.len()
+                && (0..addrs.len())
+                    .filter(|&i| i != SERVICES && i != ENDPOINT_SLICES)
+                    .all(|i| w.addrs[i] == addrs[i]);
+            let changed = others_same.then(|| changed_services(&w.held, &held))?;
+            let own = changed.iter().any(|(ns, _)| *ns == params.namespace);
+            (!own).then_some(changed)
+        });
+        match scoped {
+            Some(changed) => {
+                cache.routes.invalidate_services(&changed);
+            }
+            None => cache.routes.clear(),
+        }
         cache.world = Some(World {
             addrs,
             params: params.clone(),
-            _held: held,
+            held,
         });
     }
     cache.routes.begin();
@@ -207,7 +269,7 @@ mod tests {
         s: &mut Snapshot,
         removed: &mut Vec<Arc<sweety_gateway_api::httproutes::HttpRoute>>,
     ) -> &'static str {
-        match rng.below(10) {
+        match rng.below(12) {
             0 | 1 => {
                 if touch(rng, &mut s.http_routes) {
                     "touch HTTPRoute"
@@ -279,6 +341,46 @@ mod tests {
                 } else {
                     "none"
                 }
+            }
+            10 => {
+                // A content change of an EndpointSlice: its first endpoint moves, or it loses
+                // its endpoints.
+                if s.endpoint_slices.is_empty() {
+                    return "none";
+                }
+                let i = rng.below(s.endpoint_slices.len());
+                let mut es = (*s.endpoint_slices[i]).clone();
+                match es
+                    .endpoints
+                    .first_mut()
+                    .and_then(|e| e.addresses.first_mut())
+                {
+                    Some(a) if rng.below(3) > 0 => {
+                        *a = format!("10.99.{}.{}", rng.below(250), rng.below(250))
+                    }
+                    _ => es.endpoints.clear(),
+                }
+                s.endpoint_slices[i] = Arc::new(es);
+                "edit EndpointSlice"
+            }
+            11 => {
+                // A content change of a Service: its first port changes number.
+                if s.services.is_empty() {
+                    return "none";
+                }
+                let i = rng.below(s.services.len());
+                let mut svc = (*s.services[i]).clone();
+                let port = svc
+                    .spec
+                    .as_mut()
+                    .and_then(|sp| sp.ports.as_mut())
+                    .and_then(|p| p.first_mut());
+                match port {
+                    Some(p) => p.port += 1,
+                    None => return "none",
+                }
+                s.services[i] = Arc::new(svc);
+                "edit Service"
             }
             _ => {
                 s.http_routes.reverse();
@@ -393,7 +495,7 @@ spec:\n  parentRefs: [{{name: gw}}]\n  hostnames: [r{r}.example.com]\n  rules: [
         assert!(hosts.contains(&"changed.example.com"), "{hosts:?}");
         assert!(!hosts.contains(&"r7.example.com"), "{hosts:?}");
 
-        // A Service change can change any route: all are translated again.
+        // A Service change re-translates the routes that use it: here, all of them.
         s.services[0] = Arc::new((*s.services[0]).clone());
         assert_eq!(
             translate_incremental(&s, &params, &mut cache),
@@ -417,5 +519,80 @@ spec:\n  parentRefs: [{{name: gw}}]\n  hostnames: [r{r}.example.com]\n  rules: [
             translate(&s, &other)
         );
         assert_eq!(cache.stats().translated, 50);
+    }
+
+    #[test]
+    fn an_endpoint_slice_change_translates_only_the_routes_of_its_service() {
+        let mut y = String::from(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {name: sweety}\nspec: {controllerName: sweety.dev/gateway-controller}\n---\n\
+apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: gw, namespace: app}\n\
+spec:\n  gatewayClassName: sweety\n  listeners: [{name: http, port: 80, protocol: HTTP}]\n---\n",
+        );
+        for s in 0..3 {
+            y.push_str(&format!(
+                "apiVersion: v1\nkind: Service\nmetadata: {{name: svc{s}, namespace: app}}\nspec: {{ports: [{{name: http, port: 80}}]}}\n---\n\
+apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: svc{s}-a, namespace: app, labels: {{kubernetes.io/service-name: svc{s}}}}}\n\
+addressType: IPv4\nports: [{{name: http, port: 8080}}]\nendpoints: [{{addresses: [10.0.0.{s}]}}]\n---\n"
+            ));
+        }
+        for r in 0..30 {
+            y.push_str(&format!(
+                "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{name: r{r}, namespace: app}}\n\
+spec:\n  parentRefs: [{{name: gw}}]\n  hostnames: [r{r}.example.com]\n  rules: [{{backendRefs: [{{name: svc{}, port: 80}}]}}]\n---\n",
+                r % 3
+            ));
+        }
+        let (mut s, _) = Snapshot::from_yaml(&y).unwrap();
+        let params = Params::default();
+        let mut cache = TranslateCache::default();
+        translate_incremental(&s, &params, &mut cache);
+        assert_eq!(cache.stats().translated, 30);
+
+        // svc1's endpoints change: its 10 routes are translated again, the rest replayed.
+        let i = s
+            .endpoint_slices
+            .iter()
+            .position(|e| e.metadata.name.as_deref() == Some("svc1-a"))
+            .unwrap();
+        let mut es = (*s.endpoint_slices[i]).clone();
+        es.endpoints[0].addresses = vec!["10.0.9.9".into()];
+        s.endpoint_slices[i] = Arc::new(es);
+        let out = translate_incremental(&s, &params, &mut cache);
+        assert_eq!(
+            cache.stats(),
+            CacheStats {
+                replayed: 20,
+                translated: 10
+            }
+        );
+        assert_eq!(out, translate(&s, &params));
+        let addrs: Vec<&str> = out
+            .config
+            .backends
+            .iter()
+            .flat_map(|b| b.endpoints.iter().map(|e| e.address.as_str()))
+            .collect();
+        assert!(addrs.contains(&"10.0.9.9:8080"), "{addrs:?}");
+
+        // A new Service nobody references yet: nothing is translated again.
+        let mut svc = (*s.services[0]).clone();
+        svc.metadata.name = Some("unused".into());
+        s.services.push(Arc::new(svc));
+        assert_eq!(
+            translate_incremental(&s, &params, &mut cache),
+            translate(&s, &params)
+        );
+        assert_eq!(cache.stats().translated, 0);
+
+        // A Service in the controller's namespace (per-Gateway Services, read by port
+        // allocation) clears everything.
+        let mut own = (*s.services[0]).clone();
+        own.metadata.namespace = Some(params.namespace.clone());
+        s.services.push(Arc::new(own));
+        assert_eq!(
+            translate_incremental(&s, &params, &mut cache),
+            translate(&s, &params)
+        );
+        assert_eq!(cache.stats().translated, 30);
     }
 }

@@ -2,7 +2,7 @@
 //! socket, forgotten after `l4.udp_idle_timeout` without a datagram either way. The session
 //! table is bounded by `l4.udp_max_sessions` and every session holds a slot of
 //! `limits.max_connections`; datagrams from new clients past either bound are dropped and
-//! counted.
+//! counted (`udp_session_limit`, `udp_connection_limit` in `sweety_edge_events_total`).
 
 use crate::limits::ConnPermit;
 use crate::runtime::{BindKey, Shared};
@@ -108,7 +108,10 @@ async fn open(
         shared.metrics.edge_events.inc(&"udp_session_limit");
         return None;
     }
-    let permit = shared.backpressure.try_connection()?;
+    let Some(permit) = shared.backpressure.try_connection() else {
+        shared.metrics.edge_events.inc(&"udp_connection_limit");
+        return None;
+    };
     let Some(route) = l4.route(None) else {
         shared.metrics.edge_events.inc(&"l4_no_route");
         return None;
@@ -123,7 +126,14 @@ async fn open(
     } else {
         (std::net::Ipv4Addr::UNSPECIFIED, 0).into()
     };
-    let upstream = UdpSocket::bind(bind).await.ok()?;
+    let upstream = match UdpSocket::bind(bind).await {
+        Ok(u) => u,
+        Err(e) => {
+            shared.metrics.upstream_error("bind");
+            tracing::debug!(error = %e, "UDP upstream socket");
+            return None;
+        }
+    };
     if let Err(e) = upstream.connect(target.address()).await {
         target.record(false);
         shared.metrics.upstream_error("connect");

@@ -79,7 +79,10 @@ pub fn resolve(snapshot: &Snapshot, gw: &Gateway, ns: &str) -> Result<Option<Cli
     let Some(secret) = secret else {
         return Err((
             "InvalidClientCertificateRef",
-            format!("Secret {secret_ns}/{} not found", r.name),
+            format!(
+                "Secret {secret_ns}/{} not found (only kubernetes.io/tls Secrets are read)",
+                r.name
+            ),
         ));
     };
     let get = |key: &str| {

@@ -186,7 +186,14 @@ fn ca_pem(snapshot: &Snapshot, ns: &str, r: &CaRef) -> Result<String, Problem> {
         None => {
             return Err((
                 "InvalidCACertificateRef",
-                format!("{kind} {target_ns}/{} not found", r.name),
+                if kind == "Secret" {
+                    format!(
+                        "Secret {target_ns}/{} not found (only kubernetes.io/tls Secrets are read)",
+                        r.name
+                    )
+                } else {
+                    format!("{kind} {target_ns}/{} not found", r.name)
+                },
             ))
         }
         Some(None) => {

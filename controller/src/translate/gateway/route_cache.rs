@@ -64,6 +64,8 @@ struct Effects {
 struct Entry {
     _keep: Arc<dyn Any + Send + Sync>,
     effects: Effects,
+    /// Services (namespace, name) its translation looked up.
+    services: BTreeSet<(String, String)>,
     /// The `RouteCache::epoch` of the last translate that saw this object.
     seen: u64,
 }
@@ -95,6 +97,15 @@ impl RouteCache {
     /// Forget every entry (something a route's translation depends on changed).
     pub fn clear(&mut self) {
         self.entries.clear();
+    }
+
+    /// Forget the entries whose translation looked up one of these Services (namespace,
+    /// name); how many were dropped.
+    pub fn invalidate_services(&mut self, changed: &BTreeSet<(String, String)>) -> usize {
+        let before = self.entries.len();
+        self.entries
+            .retain(|_, e| e.services.iter().all(|s| !changed.contains(s)));
+        before - self.entries.len()
     }
 
     /// Starts one translate pass.
@@ -143,7 +154,9 @@ impl RouteCache {
         let used_by = std::mem::take(&mut policies.used_by);
         let before = attached(gateways);
 
+        b.services.record();
         translate(b, gateways, policies, out, &object.spec());
+        let services = b.services.recorded();
 
         let added = std::mem::replace(&mut b.backends, backends).into_config();
         let used = std::mem::replace(&mut policies.used_by, used_by);
@@ -173,7 +186,7 @@ impl RouteCache {
         };
         // Merge what this route added, exactly as a replay would.
         for backend in &effects.backends {
-            b.backends.insert(backend.clone());
+            b.backends.insert_ref(backend);
         }
         merge_used_by(&mut policies.used_by, &effects.used_by);
         self.entries.insert(
@@ -181,6 +194,7 @@ impl RouteCache {
             Entry {
                 _keep: object.keep,
                 effects,
+                services,
                 seen: self.epoch,
             },
         );
@@ -197,7 +211,8 @@ fn replay(
     out.http.extend_from_slice(&fx.http);
     out.l4.extend_from_slice(&fx.l4);
     for backend in &fx.backends {
-        b.backends.insert(backend.clone());
+        // Most routes share their backends: copy only the first occurrence.
+        b.backends.insert_ref(backend);
     }
     for &(g, l) in &fx.attached {
         gateways[g].listeners[l].attached += 1;
