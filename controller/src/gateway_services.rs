@@ -1,17 +1,31 @@
-//! Per-Gateway Services: each Gateway gets a controller-owned Service in the controller's
-//! namespace that maps its listener ports to the dataplane container ports `translate`
-//! allocated, selecting the dataplane pods. Created and updated with server-side apply (only
-//! when they differ from what the cluster has); owned Services whose Gateway is gone are deleted.
+//! Per-Gateway Services: each Gateway gets a controller-owned Service in the Gateway's own
+//! namespace (next to the Gateway, where users look for it) that maps its listener ports to the
+//! dataplane container ports `translate` allocated. The dataplane Pods live in the controller's
+//! namespace, which a Service selector cannot reach, so the Service has no selector and the
+//! controller writes its EndpointSlices: they mirror the endpoints (addresses, readiness, node,
+//! Pod reference) of the EndpointSlices of the chart's dataplane Service (`--ingress-service`,
+//! in the controller's namespace) with the Gateway's container ports. Services and slices are
+//! created and updated with server-side apply, only when they differ from what the cluster has;
+//! owned ones whose Gateway is gone are deleted, and so are the Services an older release
+//! created in the controller's namespace.
 //!
-//! Ownership is by label: `app.kubernetes.io/managed-by: sweety` plus the Gateway's namespace
-//! and name labels (values longer than 63 characters are shortened with a hash suffix). The
-//! Service also carries the standard `gateway.networking.k8s.io/gateway-name` label and the
-//! Gateway's `spec.infrastructure` labels and annotations (e.g. load-balancer annotations of a
-//! cloud provider); ours win where a key clashes.
+//! Ownership is by label: `app.kubernetes.io/managed-by: sweety`, the Gateway's namespace and
+//! name labels (values longer than 63 characters are shortened with a hash suffix) and
+//! [`OWNER_LABEL`] = the controller's namespace (so two installations never delete each other's
+//! objects). The Service also carries the standard `gateway.networking.k8s.io/gateway-name`
+//! label and the Gateway's `spec.infrastructure` labels and annotations (e.g. load-balancer
+//! annotations of a cloud provider); ours win where a key clashes. The EndpointSlices carry
+//! `kubernetes.io/service-name` and `endpointslice.kubernetes.io/managed-by:
+//! controller.sweety.dev`, so the cluster's EndpointSlice controller leaves them alone.
+//!
+//! Readiness changes of the dataplane Pods reach the mirrored slices on the next reconcile,
+//! which the controller's EndpointSlice watch triggers (the controller's namespace must be
+//! among the watched namespaces).
 
 use crate::translate::GatewayService;
 use crate::Error;
 use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
+use k8s_openapi::api::discovery::v1::{Endpoint, EndpointPort, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
@@ -23,12 +37,23 @@ pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 pub const MANAGED_BY: &str = "sweety";
 pub const GATEWAY_NAMESPACE_LABEL: &str = "sweety.dev/gateway-namespace";
 pub const GATEWAY_NAME_LABEL: &str = "sweety.dev/gateway-name";
+/// The namespace of the controller installation that owns the object.
+pub const OWNER_LABEL: &str = "sweety.dev/owner";
 /// Annotation listing the Gateway `spec.infrastructure` keys set on the Service.
 pub const INFRASTRUCTURE_KEYS: &str = "sweety.dev/infrastructure-keys";
 /// The Gateway API's own label for resources created for a Gateway.
 pub const STANDARD_GATEWAY_NAME_LABEL: &str = "gateway.networking.k8s.io/gateway-name";
+/// The label tying an EndpointSlice to its Service.
+pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+/// The label saying who manages an EndpointSlice.
+pub const SLICE_MANAGED_BY_LABEL: &str = "endpointslice.kubernetes.io/managed-by";
+/// Our value of [`SLICE_MANAGED_BY_LABEL`].
+pub const SLICE_MANAGED_BY: &str = "controller.sweety.dev";
+/// The API's limit of endpoints in one EndpointSlice; more dataplane Pods are left out (with a
+/// warning).
+pub const MAX_ENDPOINTS: usize = 1000;
 
-/// What one sync did.
+/// What one sync did. Names are `namespace/name`; slices are prefixed `EndpointSlice `.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct SyncReport {
     pub applied: Vec<String>,
@@ -36,69 +61,194 @@ pub struct SyncReport {
     pub deleted: Vec<String>,
 }
 
-/// Keeps the per-Gateway Services in one namespace in line with `Output::gateway_services`.
+/// Keeps the per-Gateway Services and their EndpointSlices in line with
+/// `Output::gateway_services`.
 pub struct GatewayServices {
-    api: Api<Service>,
-    selector: BTreeMap<String, String>,
+    client: Client,
+    /// The controller's namespace (owner label value, home of the dataplane Service).
+    namespace: String,
+    /// The dataplane Service whose EndpointSlices are mirrored.
+    dataplane_service: Option<String>,
     field_manager: String,
 }
 
+type Key = (String, String);
+
+fn key_of(m: &ObjectMeta) -> Option<Key> {
+    Some((m.namespace.clone()?, m.name.clone()?))
+}
+
 impl GatewayServices {
-    /// `selector` picks the dataplane pods (e.g. `app.kubernetes.io/name: sweety`).
+    /// `dataplane_service` is the Service in `namespace` that selects the dataplane Pods; with
+    /// `None` the per-Gateway Services get no endpoints.
     pub fn new(
         client: Client,
         namespace: &str,
-        selector: BTreeMap<String, String>,
+        dataplane_service: Option<String>,
         field_manager: &str,
     ) -> Self {
         GatewayServices {
-            api: Api::namespaced(client, namespace),
-            selector,
+            client,
+            namespace: namespace.into(),
+            dataplane_service,
             field_manager: field_manager.into(),
         }
     }
 
-    /// Apply every desired Service that differs from the cluster's and delete owned ones that
-    /// are no longer desired.
+    fn owned_selector(&self) -> String {
+        format!(
+            "{MANAGED_BY_LABEL}={MANAGED_BY},{GATEWAY_NAME_LABEL},{OWNER_LABEL}={}",
+            label_value(&self.namespace)
+        )
+    }
+
+    /// Apply every desired Service and EndpointSlice that differs from the cluster's and delete
+    /// owned ones that are no longer desired (and the Services of an older release in the
+    /// controller's namespace).
     pub async fn sync(&self, desired: &[GatewayService]) -> Result<SyncReport, Error> {
-        let owned = self
-            .api
+        let services: Api<Service> = Api::all(self.client.clone());
+        let slices: Api<EndpointSlice> = Api::all(self.client.clone());
+        let owned = ListParams::default().labels(&self.owned_selector());
+        let mut existing: BTreeMap<Key, Service> = services
+            .list(&owned)
+            .await
+            .map_err(Error::Kube)?
+            .items
+            .into_iter()
+            .filter_map(|s| Some((key_of(&s.metadata)?, s)))
+            .collect();
+        // An older release's Services: in the controller's namespace, without the owner label.
+        let legacy = Api::<Service>::namespaced(self.client.clone(), &self.namespace)
             .list(&ListParams::default().labels(&format!(
-                "{MANAGED_BY_LABEL}={MANAGED_BY},{GATEWAY_NAME_LABEL}"
+                "{MANAGED_BY_LABEL}={MANAGED_BY},{GATEWAY_NAME_LABEL},!{OWNER_LABEL}"
             )))
             .await
             .map_err(Error::Kube)?;
-        let mut existing: BTreeMap<String, Service> = owned
+        for s in legacy.items {
+            if let Some(k) = key_of(&s.metadata) {
+                existing.entry(k).or_insert(s);
+            }
+        }
+        let mut existing_slices: BTreeMap<Key, EndpointSlice> = slices
+            .list(&owned)
+            .await
+            .map_err(Error::Kube)?
             .items
             .into_iter()
-            .filter_map(|s| Some((s.metadata.name.clone()?, s)))
+            .filter_map(|s| Some((key_of(&s.metadata)?, s)))
             .collect();
+        let source = self.dataplane_endpoints().await?;
         let mut report = SyncReport::default();
         for d in desired {
             let want = self.service(d);
-            let current = existing.remove(&d.name);
+            let k = (d.gateway_namespace.clone(), d.name.clone());
+            let current = existing.remove(&k);
             if current.as_ref().is_some_and(|c| same(c, &want)) {
                 report.unchanged += 1;
-                continue;
+            } else {
+                Api::<Service>::namespaced(self.client.clone(), &d.gateway_namespace)
+                    .patch(
+                        &d.name,
+                        &PatchParams::apply(&self.field_manager).force(),
+                        &Patch::Apply(&want),
+                    )
+                    .await
+                    .map_err(Error::Kube)?;
+                report.applied.push(format!("{}/{}", k.0, k.1));
             }
-            self.api
-                .patch(
-                    &d.name,
-                    &PatchParams::apply(&self.field_manager).force(),
-                    &Patch::Apply(&want),
-                )
-                .await
-                .map_err(Error::Kube)?;
-            report.applied.push(d.name.clone());
+            for slice in self.endpoint_slices(d, &source) {
+                let Some(sk) = key_of(&slice.metadata) else {
+                    continue;
+                };
+                let current = existing_slices.remove(&sk);
+                if current.as_ref().is_some_and(|c| same_slice(c, &slice)) {
+                    report.unchanged += 1;
+                    continue;
+                }
+                Api::<EndpointSlice>::namespaced(self.client.clone(), &sk.0)
+                    .patch(
+                        &sk.1,
+                        &PatchParams::apply(&self.field_manager).force(),
+                        &Patch::Apply(&slice),
+                    )
+                    .await
+                    .map_err(Error::Kube)?;
+                report
+                    .applied
+                    .push(format!("EndpointSlice {}/{}", sk.0, sk.1));
+            }
         }
-        for name in existing.into_keys() {
-            match self.api.delete(&name, &DeleteParams::default()).await {
-                Ok(_) => report.deleted.push(name),
-                Err(kube::Error::Api(s)) if s.code == 404 => {}
-                Err(e) => return Err(Error::Kube(e)),
+        for (ns, name) in existing_slices.into_keys() {
+            let api = Api::<EndpointSlice>::namespaced(self.client.clone(), &ns);
+            if delete(&api, &name).await? {
+                report.deleted.push(format!("EndpointSlice {ns}/{name}"));
+            }
+        }
+        for (ns, name) in existing.into_keys() {
+            let api = Api::<Service>::namespaced(self.client.clone(), &ns);
+            if delete(&api, &name).await? {
+                report.deleted.push(format!("{ns}/{name}"));
             }
         }
         Ok(report)
+    }
+
+    /// The endpoints of the dataplane Service's EndpointSlices, by address type.
+    async fn dataplane_endpoints(&self) -> Result<BTreeMap<String, Vec<Endpoint>>, Error> {
+        let Some(svc) = &self.dataplane_service else {
+            return Ok(BTreeMap::new());
+        };
+        let list = Api::<EndpointSlice>::namespaced(self.client.clone(), &self.namespace)
+            .list(&ListParams::default().labels(&format!("{SERVICE_NAME_LABEL}={svc}")))
+            .await
+            .map_err(Error::Kube)?;
+        Ok(mirror_endpoints(&list.items))
+    }
+
+    /// The EndpointSlices of one Gateway's Service: one per address type of the dataplane's.
+    pub fn endpoint_slices(
+        &self,
+        d: &GatewayService,
+        source: &BTreeMap<String, Vec<Endpoint>>,
+    ) -> Vec<EndpointSlice> {
+        let labels = BTreeMap::from([
+            (MANAGED_BY_LABEL.to_string(), MANAGED_BY.to_string()),
+            (
+                GATEWAY_NAMESPACE_LABEL.to_string(),
+                label_value(&d.gateway_namespace),
+            ),
+            (GATEWAY_NAME_LABEL.to_string(), label_value(&d.gateway_name)),
+            (OWNER_LABEL.to_string(), label_value(&self.namespace)),
+            (SERVICE_NAME_LABEL.to_string(), d.name.clone()),
+            (
+                SLICE_MANAGED_BY_LABEL.to_string(),
+                SLICE_MANAGED_BY.to_string(),
+            ),
+        ]);
+        let ports: Vec<EndpointPort> = d
+            .ports
+            .iter()
+            .map(|p| EndpointPort {
+                name: Some(p.name.clone()),
+                protocol: Some(p.protocol.clone()),
+                port: Some(p.target_port.into()),
+                ..Default::default()
+            })
+            .collect();
+        source
+            .iter()
+            .map(|(address_type, endpoints)| EndpointSlice {
+                metadata: ObjectMeta {
+                    name: Some(format!("{}-{}", d.name, address_type.to_ascii_lowercase())),
+                    namespace: Some(d.gateway_namespace.clone()),
+                    labels: Some(labels.clone()),
+                    ..Default::default()
+                },
+                address_type: address_type.clone(),
+                endpoints: endpoints.clone(),
+                ports: Some(ports.clone()),
+            })
+            .collect()
     }
 
     /// The Service we want for one Gateway.
@@ -115,6 +265,7 @@ impl GatewayServices {
                 STANDARD_GATEWAY_NAME_LABEL.to_string(),
                 label_value(&d.gateway_name),
             ),
+            (OWNER_LABEL.to_string(), label_value(&self.namespace)),
         ]);
         let mut annotations = d.annotations.clone();
         // Which infrastructure keys this apply sets: a key removed from the Gateway changes
@@ -137,13 +288,15 @@ impl GatewayServices {
         Service {
             metadata: ObjectMeta {
                 name: Some(d.name.clone()),
+                namespace: Some(d.gateway_namespace.clone()),
                 labels: Some(labels),
                 annotations: Some(annotations),
                 ..Default::default()
             },
             spec: Some(ServiceSpec {
                 type_: Some(d.service_type.clone()),
-                selector: Some(self.selector.clone()),
+                // No selector: the controller writes the endpoints (see the module docs).
+                selector: None,
                 load_balancer_ip,
                 ports: Some(
                     d.ports
@@ -162,6 +315,69 @@ impl GatewayServices {
             status: None,
         }
     }
+}
+
+/// Delete one object; `false` when it was already gone.
+async fn delete<K>(api: &Api<K>, name: &str) -> Result<bool, Error>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    match api.delete(name, &DeleteParams::default()).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
+        Err(e) => Err(Error::Kube(e)),
+    }
+}
+
+/// The endpoints of the dataplane's EndpointSlices by address type (deduplicated by address,
+/// sorted, at most [`MAX_ENDPOINTS`] each), with the fields a mirror keeps: addresses,
+/// conditions, node, zone and the Pod reference.
+pub fn mirror_endpoints(slices: &[EndpointSlice]) -> BTreeMap<String, Vec<Endpoint>> {
+    let mut out: BTreeMap<String, BTreeMap<Vec<String>, Endpoint>> = BTreeMap::new();
+    for s in slices {
+        let by_address = out.entry(s.address_type.clone()).or_default();
+        for e in &s.endpoints {
+            if e.addresses.is_empty() {
+                continue;
+            }
+            by_address
+                .entry(e.addresses.clone())
+                .or_insert_with(|| Endpoint {
+                    addresses: e.addresses.clone(),
+                    conditions: e.conditions.clone(),
+                    node_name: e.node_name.clone(),
+                    zone: e.zone.clone(),
+                    target_ref: e.target_ref.clone(),
+                    ..Default::default()
+                });
+        }
+    }
+    out.into_iter()
+        .map(|(t, eps)| {
+            if eps.len() > MAX_ENDPOINTS {
+                tracing::warn!(
+                    address_type = %t,
+                    endpoints = eps.len(),
+                    "more dataplane endpoints than one EndpointSlice holds; the rest are left out"
+                );
+            }
+            (t, eps.into_values().take(MAX_ENDPOINTS).collect())
+        })
+        .collect()
+}
+
+/// Whether the cluster's EndpointSlice already matches what we would apply.
+fn same_slice(current: &EndpointSlice, want: &EndpointSlice) -> bool {
+    let labels_match = want
+        .metadata
+        .labels
+        .iter()
+        .flatten()
+        .all(|(k, v)| current.metadata.labels.as_ref().and_then(|l| l.get(k)) == Some(v));
+    labels_match
+        && current.address_type == want.address_type
+        && current.endpoints == want.endpoints
+        && current.ports == want.ports
 }
 
 /// Whether the cluster's Service already matches what we would apply (the fields we set).
@@ -251,7 +467,7 @@ mod tests {
         // The client is never used: `service` and `same` are pure.
         let cfg = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
         let client = Client::try_from(cfg).unwrap();
-        let gs = GatewayServices::new(client, "sweety", BTreeMap::new(), "test");
+        let gs = GatewayServices::new(client, "sweety", Some("sweety".into()), "test");
         let with = gs.service(&desired(
             &[("team", "a"), (MANAGED_BY_LABEL, "someone-else")],
             &[("lb.example/internal", "true")],
@@ -270,5 +486,59 @@ mod tests {
         // The Gateway dropped its infrastructure metadata: the cluster's copy no longer matches.
         let without = gs.service(&desired(&[], &[]));
         assert!(!same(&with, &without));
+    }
+
+    #[tokio::test]
+    async fn mirrored_slices_carry_the_gateway_ports_and_every_dataplane_endpoint() {
+        let cfg = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
+        let client = Client::try_from(cfg).unwrap();
+        let gs = GatewayServices::new(client, "sweety", Some("sweety".into()), "test");
+        let source: Vec<EndpointSlice> = serde_json::from_value(serde_json::json!([
+            {"metadata": {"name": "a"}, "addressType": "IPv4", "endpoints": [
+                {"addresses": ["10.0.0.2"], "conditions": {"ready": true}, "nodeName": "n1"},
+                {"addresses": ["10.0.0.1"], "conditions": {"ready": false}}]},
+            // The same Pod again (slices overlap while the endpoint controller moves it).
+            {"metadata": {"name": "b"}, "addressType": "IPv4", "endpoints": [
+                {"addresses": ["10.0.0.2"], "conditions": {"ready": true}}, {"addresses": []}]},
+            {"metadata": {"name": "c"}, "addressType": "IPv6", "endpoints": [
+                {"addresses": ["fd00::1"], "conditions": {"ready": true}}]}
+        ]))
+        .unwrap();
+        let mirrored = mirror_endpoints(&source);
+        let addrs = |t: &str| -> Vec<String> {
+            mirrored[t].iter().map(|e| e.addresses[0].clone()).collect()
+        };
+        assert_eq!(addrs("IPv4"), ["10.0.0.1", "10.0.0.2"]);
+        assert_eq!(addrs("IPv6"), ["fd00::1"]);
+        assert_eq!(mirrored["IPv4"][1].node_name.as_deref(), Some("n1"));
+        let mut d = desired(&[], &[]);
+        d.ports = vec![crate::translate::ServicePort {
+            name: "tcp-80".into(),
+            protocol: "TCP".into(),
+            port: 80,
+            target_port: 20003,
+        }];
+        let slices = gs.endpoint_slices(&d, &mirrored);
+        assert_eq!(slices.len(), 2);
+        let v4 = &slices[0];
+        assert_eq!(v4.metadata.name.as_deref(), Some("sweety-gw-apps-web-ipv4"));
+        assert_eq!(v4.metadata.namespace.as_deref(), Some("apps"));
+        let labels = v4.metadata.labels.as_ref().unwrap();
+        assert_eq!(labels[SERVICE_NAME_LABEL], "sweety-gw-apps-web");
+        assert_eq!(labels[SLICE_MANAGED_BY_LABEL], SLICE_MANAGED_BY);
+        assert_eq!(labels[OWNER_LABEL], "sweety");
+        let port = &v4.ports.as_ref().unwrap()[0];
+        assert_eq!(
+            (port.name.as_deref(), port.port),
+            (Some("tcp-80"), Some(20003))
+        );
+        assert!(same_slice(v4, v4));
+        let mut fewer = v4.clone();
+        fewer.endpoints.pop();
+        assert!(!same_slice(&fewer, v4));
+        // The Service itself: in the Gateway's namespace, no selector.
+        let svc = gs.service(&d);
+        assert_eq!(svc.metadata.namespace.as_deref(), Some("apps"));
+        assert!(svc.spec.unwrap().selector.is_none());
     }
 }

@@ -4,7 +4,6 @@
 
 use anyhow::{bail, Context};
 use clap::Parser;
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -63,7 +62,8 @@ struct Args {
     )]
     control_socket: PathBuf,
     /// The chart's Service carrying Ingress traffic (its load-balancer status goes to every
-    /// Ingress); empty for none.
+    /// Ingress, and the per-Gateway Services mirror its endpoints, the dataplane Pods); empty
+    /// for none.
     #[arg(long, env = "SWEETY_INGRESS_SERVICE", default_value = "sweety")]
     ingress_service: String,
     /// Elect a leader through a Lease; only the leader writes statuses and Services.
@@ -88,13 +88,6 @@ struct Args {
     /// Coalescing window for watch events (bursts within it make one reconcile; a lone event after a quiet period is reconciled at once), e.g. `20ms` or `1s`.
     #[arg(long, env = "SWEETY_DEBOUNCE", default_value = "20ms")]
     debounce: String,
-    /// Labels of the dataplane pods (`k=v,k=v`): the selector of per-Gateway Services.
-    #[arg(
-        long,
-        env = "SWEETY_DATAPLANE_SELECTOR",
-        default_value = "app.kubernetes.io/name=sweety"
-    )]
-    dataplane_selector: String,
 }
 
 fn parse_duration(s: &str) -> anyhow::Result<Duration> {
@@ -114,16 +107,6 @@ fn parse_port_range(s: &str) -> anyhow::Result<(u16, u16)> {
         bail!("port range {s:?}: need 1024 <= MIN <= MAX");
     }
     Ok((a, b))
-}
-
-fn parse_labels(s: &str) -> anyhow::Result<BTreeMap<String, String>> {
-    s.split(',')
-        .filter(|p| !p.trim().is_empty())
-        .map(|p| {
-            let (k, v) = p.split_once('=').context("labels must be k=v")?;
-            Ok((k.trim().to_string(), v.trim().to_string()))
-        })
-        .collect()
 }
 
 async fn client(kubeconfig: Option<&PathBuf>) -> anyhow::Result<kube::Client> {
@@ -183,7 +166,6 @@ async fn main() -> anyhow::Result<()> {
         lease: args
             .leader_elect
             .then(|| LeaseOptions::new(&args.namespace, &args.lease_name)),
-        dataplane_selector: parse_labels(&args.dataplane_selector)?,
         initial_sync_timeout: Duration::from_secs(60),
     };
     let client = client(args.kubeconfig.as_ref()).await?;
@@ -209,10 +191,6 @@ mod tests {
         assert!(parse_duration("2h").is_err());
         assert_eq!(parse_port_range("20000-20010").unwrap(), (20000, 20010));
         assert!(parse_port_range("80-90").is_err());
-        assert_eq!(
-            parse_labels("a=b, c=d").unwrap(),
-            BTreeMap::from([("a".into(), "b".into()), ("c".into(), "d".into())])
-        );
         Args::try_parse_from([
             "sweety-controller",
             "--leader-elect",

@@ -21,7 +21,6 @@ use crate::watch::{object_counts, WatchOptions, Watches};
 use crate::Error;
 use kube::runtime::events::Reporter;
 use kube::Client;
-use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::Path;
 use std::sync::atomic::Ordering;
@@ -38,8 +37,6 @@ pub struct RunOptions {
     pub debounce: Duration,
     /// Leader election; `None` means this replica always writes.
     pub lease: Option<LeaseOptions>,
-    /// Labels of the dataplane pods, the selector of every per-Gateway Service.
-    pub dataplane_selector: BTreeMap<String, String>,
     /// Longest wait for the initial lists of every watch before the first translate.
     pub initial_sync_timeout: Duration,
 }
@@ -100,7 +97,7 @@ pub async fn run(
     let services = GatewayServices::new(
         client.clone(),
         &options.params.namespace,
-        options.dataplane_selector.clone(),
+        options.params.ingress_service.clone(),
         FIELD_MANAGER,
     );
     metrics
@@ -356,6 +353,7 @@ fn io_err(what: &str, source: std::io::Error) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeMap;
 
     #[test]
     fn static_content_is_written_once_and_confined() {

@@ -6,15 +6,18 @@
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, CustomResourceExt, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
-use sweety_controller::gateway_services::{GatewayServices, GATEWAY_NAME_LABEL, MANAGED_BY_LABEL};
+use sweety_controller::gateway_services::{
+    GatewayServices, GATEWAY_NAME_LABEL, MANAGED_BY_LABEL, OWNER_LABEL,
+};
 use sweety_controller::leader::{LeaderElector, LeaseOptions};
 use sweety_controller::status_writer::{Gate, StatusWriter, FIELD_MANAGER};
 use sweety_controller::translate::status::*;
@@ -768,29 +771,78 @@ async fn status_writer_writes_only_changes_and_keeps_foreign_parents() {
     drop_namespace(&client, &ns).await;
 }
 
+/// An EndpointSlice of the dataplane Service `sweety` in `ns`: `ready` per Pod address.
+fn dataplane_slice(ns: &str, endpoints: &[(&str, bool)]) -> EndpointSlice {
+    serde_json::from_value(json!({
+        "metadata": {"name": "sweety-abcde", "namespace": ns, "labels": {
+            "kubernetes.io/service-name": "sweety",
+            "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"}},
+        "addressType": "IPv4",
+        "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+        "endpoints": endpoints.iter().enumerate().map(|(i, (ip, ready))| json!({
+            "addresses": [ip],
+            "conditions": {"ready": ready, "serving": ready, "terminating": false},
+            "nodeName": "node-1",
+            "targetRef": {"kind": "Pod", "namespace": ns, "name": format!("sweety-{i}")},
+        })).collect::<Vec<_>>(),
+    }))
+    .unwrap()
+}
+
 #[tokio::test]
 async fn gateway_services_are_created_updated_and_deleted() {
     let _guard = LOCK.lock().await;
     let Some(client) = cluster().await else {
         return;
     };
-    let ns = namespace(&client, "gwsvc").await;
-    let selector = BTreeMap::from([("app.kubernetes.io/name".to_string(), "sweety".to_string())]);
-    let services = GatewayServices::new(client.clone(), &ns, selector.clone(), FIELD_MANAGER);
-    // Someone else's Service in the same namespace is never touched.
+    // The controller's namespace (dataplane Service, an older release's Services) and the
+    // Gateways' namespace (where the per-Gateway Services and EndpointSlices go now).
+    let ctl = namespace(&client, "gwsvc").await;
+    let apps = namespace(&client, "gwapps").await;
+    let services = GatewayServices::new(client.clone(), &ctl, Some("sweety".into()), FIELD_MANAGER);
+    let source: Api<EndpointSlice> = Api::namespaced(client.clone(), &ctl);
+    source
+        .create(
+            &PostParams::default(),
+            &dataplane_slice(&ctl, &[("10.1.0.5", true), ("10.1.0.6", false)]),
+        )
+        .await
+        .unwrap();
+    // An older release's Service in the controller's namespace: replaced, so deleted.
+    let legacy = format!("sweety-gw-{apps}-web");
     create::<Service>(
-        &Api::namespaced(client.clone(), &ns),
+        &Api::namespaced(client.clone(), &ctl),
+        json!({
+            "metadata": {"name": legacy, "labels": {MANAGED_BY_LABEL: "sweety", GATEWAY_NAME_LABEL: "web"}},
+            "spec": {"selector": {"app": "sweety"}, "ports": [{"port": 80, "targetPort": 20000}]}
+        }),
+    )
+    .await;
+    // Someone else's Service, and another installation's, are never touched.
+    create::<Service>(
+        &Api::namespaced(client.clone(), &apps),
         json!({
             "metadata": {"name": "unrelated", "labels": {MANAGED_BY_LABEL: "sweety"}},
             "spec": {"ports": [{"port": 80}]}
         }),
     )
     .await;
+    create::<Service>(
+        &Api::namespaced(client.clone(), &apps),
+        json!({
+            "metadata": {"name": "other-install", "labels": {
+                MANAGED_BY_LABEL: "sweety", GATEWAY_NAME_LABEL: "x", OWNER_LABEL: "elsewhere"}},
+            "spec": {"ports": [{"port": 80}]}
+        }),
+    )
+    .await;
+    let web = format!("sweety-gw-{apps}-web");
+    let lbname = format!("sweety-gw-{apps}-lb");
     let mut desired = vec![
         GatewayService {
-            gateway_namespace: "apps".into(),
+            gateway_namespace: apps.clone(),
             gateway_name: "web".into(),
-            name: "sweety-gw-apps-web".into(),
+            name: web.clone(),
             service_type: "ClusterIP".into(),
             ports: vec![
                 ServicePort {
@@ -807,13 +859,13 @@ async fn gateway_services_are_created_updated_and_deleted() {
                 },
             ],
             requested_addresses: vec![],
-            labels: Default::default(),
+            labels: BTreeMap::from([("team".to_string(), "a".to_string())]),
             annotations: Default::default(),
         },
         GatewayService {
-            gateway_namespace: "apps".into(),
+            gateway_namespace: apps.clone(),
             gateway_name: "lb".into(),
-            name: "sweety-gw-apps-lb".into(),
+            name: lbname.clone(),
             service_type: "LoadBalancer".into(),
             ports: vec![ServicePort {
                 name: "tcp".into(),
@@ -827,27 +879,37 @@ async fn gateway_services_are_created_updated_and_deleted() {
         },
     ];
     let report = services.sync(&desired).await.expect("sync");
-    assert_eq!(report.applied.len(), 2);
-    let api: Api<Service> = Api::namespaced(client.clone(), &ns);
-    let web = api.get("sweety-gw-apps-web").await.unwrap();
-    let labels = web.labels();
+    let mut applied = report.applied.clone();
+    applied.sort();
     assert_eq!(
-        labels.get(MANAGED_BY_LABEL).map(String::as_str),
-        Some("sweety")
+        applied,
+        [
+            format!("EndpointSlice {apps}/{lbname}-ipv4"),
+            format!("EndpointSlice {apps}/{web}-ipv4"),
+            format!("{apps}/{lbname}"),
+            format!("{apps}/{web}"),
+        ]
     );
-    assert_eq!(
-        labels.get(GATEWAY_NAME_LABEL).map(String::as_str),
-        Some("web")
-    );
-    assert_eq!(
-        labels
-            .get("sweety.dev/gateway-namespace")
-            .map(String::as_str),
-        Some("apps")
-    );
-    let spec = web.spec.as_ref().unwrap();
+    assert_eq!(report.deleted, [format!("{ctl}/{legacy}")], "old location");
+    let old: Api<Service> = Api::namespaced(client.clone(), &ctl);
+    assert!(old.get_opt(&legacy).await.unwrap().is_none());
+
+    let api: Api<Service> = Api::namespaced(client.clone(), &apps);
+    let svc = api.get(&web).await.unwrap();
+    let labels = svc.labels();
+    assert_eq!(labels[MANAGED_BY_LABEL], "sweety");
+    assert_eq!(labels[GATEWAY_NAME_LABEL], "web");
+    assert_eq!(labels["gateway.networking.k8s.io/gateway-name"], "web");
+    assert_eq!(labels["team"], "a", "infrastructure label");
+    assert_eq!(labels[OWNER_LABEL], ctl);
+    assert_eq!(labels["sweety.dev/gateway-namespace"], apps);
+    let spec = svc.spec.as_ref().unwrap();
     assert_eq!(spec.type_.as_deref(), Some("ClusterIP"));
-    assert_eq!(spec.selector.as_ref(), Some(&selector));
+    assert!(
+        spec.selector.is_none(),
+        "selector-less: {:?}",
+        spec.selector
+    );
     let ports: Vec<_> = spec
         .ports
         .iter()
@@ -868,27 +930,104 @@ async fn gateway_services_are_created_updated_and_deleted() {
             ("UDP".to_string(), 443, Int(20001))
         ]
     );
-    let lb = api.get("sweety-gw-apps-lb").await.unwrap();
+    let lb = api.get(&lbname).await.unwrap();
     assert_eq!(
         lb.spec.as_ref().unwrap().type_.as_deref(),
         Some("LoadBalancer")
     );
 
+    // The mirrored EndpointSlice: the dataplane Pods with the Gateway's container ports.
+    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), &apps);
+    let found = slices
+        .list(&ListParams::default().labels(&format!("kubernetes.io/service-name={web}")))
+        .await
+        .unwrap()
+        .items;
+    assert_eq!(found.len(), 1);
+    let slice = &found[0];
+    assert_eq!(
+        slice.labels()["endpointslice.kubernetes.io/managed-by"],
+        "controller.sweety.dev"
+    );
+    assert_eq!(slice.address_type, "IPv4");
+    let ports: Vec<_> = slice
+        .ports
+        .iter()
+        .flatten()
+        .map(|p| {
+            (
+                p.name.clone().unwrap(),
+                p.protocol.clone().unwrap(),
+                p.port.unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        ports,
+        [
+            ("http".to_string(), "TCP".to_string(), 20000),
+            ("quic".to_string(), "UDP".to_string(), 20001)
+        ]
+    );
+    let eps = |s: &EndpointSlice| -> Vec<(String, bool, String)> {
+        s.endpoints
+            .iter()
+            .map(|e| {
+                (
+                    e.addresses[0].clone(),
+                    e.conditions.as_ref().unwrap().ready.unwrap(),
+                    e.target_ref.as_ref().unwrap().name.clone().unwrap(),
+                )
+            })
+            .collect()
+    };
+    assert_eq!(
+        eps(slice),
+        [
+            ("10.1.0.5".to_string(), true, "sweety-0".to_string()),
+            ("10.1.0.6".to_string(), false, "sweety-1".to_string())
+        ]
+    );
+
     // Unchanged: no writes.
-    let rv = web.resource_version();
+    let rv = svc.resource_version();
+    let slice_rv = slice.resource_version();
     let report = services.sync(&desired).await.unwrap();
     assert!(
         report.applied.is_empty() && report.deleted.is_empty(),
         "{report:?}"
     );
-    assert_eq!(report.unchanged, 2);
+    assert_eq!(report.unchanged, 4);
+    assert_eq!(api.get(&web).await.unwrap().resource_version(), rv);
     assert_eq!(
-        api.get("sweety-gw-apps-web")
+        slices
+            .get(&format!("{web}-ipv4"))
             .await
             .unwrap()
             .resource_version(),
-        rv
+        slice_rv
     );
+
+    // A dataplane Pod became ready: both mirrors follow, the Services stay.
+    let mut changed = dataplane_slice(&ctl, &[("10.1.0.5", true), ("10.1.0.6", true)]);
+    changed.metadata.resource_version =
+        source.get("sweety-abcde").await.unwrap().resource_version();
+    source
+        .replace("sweety-abcde", &PostParams::default(), &changed)
+        .await
+        .unwrap();
+    let report = services.sync(&desired).await.unwrap();
+    let mut applied = report.applied.clone();
+    applied.sort();
+    assert_eq!(
+        applied,
+        [
+            format!("EndpointSlice {apps}/{lbname}-ipv4"),
+            format!("EndpointSlice {apps}/{web}-ipv4"),
+        ]
+    );
+    let slice = slices.get(&format!("{web}-ipv4")).await.unwrap();
+    assert!(eps(&slice).iter().all(|e| e.1), "{:?}", eps(&slice));
 
     // Update: a listener moved to another container port, one removed.
     desired[0].ports = vec![ServicePort {
@@ -898,9 +1037,15 @@ async fn gateway_services_are_created_updated_and_deleted() {
         target_port: 20005,
     }];
     let report = services.sync(&desired).await.unwrap();
-    assert_eq!(report.applied, ["sweety-gw-apps-web"]);
-    let web = api.get("sweety-gw-apps-web").await.unwrap();
-    let ports: Vec<_> = web
+    assert_eq!(
+        report.applied,
+        [
+            format!("{apps}/{web}"),
+            format!("EndpointSlice {apps}/{web}-ipv4")
+        ]
+    );
+    let svc = api.get(&web).await.unwrap();
+    let ports: Vec<_> = svc
         .spec
         .unwrap()
         .ports
@@ -909,15 +1054,30 @@ async fn gateway_services_are_created_updated_and_deleted() {
         .map(|p| (p.port, p.target_port.unwrap()))
         .collect();
     assert_eq!(ports, [(80, Int(20005))]);
+    let slice = slices.get(&format!("{web}-ipv4")).await.unwrap();
+    assert_eq!(slice.ports.unwrap()[0].port, Some(20005));
 
-    // The lb Gateway is gone: its Service is deleted; the unrelated one stays.
+    // The lb Gateway is gone: its Service and EndpointSlice are deleted; the others stay.
     desired.truncate(1);
     let report = services.sync(&desired).await.unwrap();
-    assert_eq!(report.deleted, ["sweety-gw-apps-lb"]);
-    assert!(api.get_opt("sweety-gw-apps-lb").await.unwrap().is_none());
+    assert_eq!(
+        report.deleted,
+        [
+            format!("EndpointSlice {apps}/{lbname}-ipv4"),
+            format!("{apps}/{lbname}")
+        ]
+    );
+    assert!(api.get_opt(&lbname).await.unwrap().is_none());
+    assert!(slices
+        .get_opt(&format!("{lbname}-ipv4"))
+        .await
+        .unwrap()
+        .is_none());
     assert!(api.get_opt("unrelated").await.unwrap().is_some());
-    assert!(api.get_opt("sweety-gw-apps-web").await.unwrap().is_some());
-    drop_namespace(&client, &ns).await;
+    assert!(api.get_opt("other-install").await.unwrap().is_some());
+    assert!(api.get_opt(&web).await.unwrap().is_some());
+    drop_namespace(&client, &apps).await;
+    drop_namespace(&client, &ctl).await;
 }
 
 #[tokio::test]
@@ -956,7 +1116,6 @@ async fn run_loop_leads_reconciles_on_changes_and_releases() {
             lease_duration: Duration::from_secs(5),
             renew_every: Duration::from_secs(1),
         }),
-        dataplane_selector: BTreeMap::from([("app".to_string(), "sweety".to_string())]),
         initial_sync_timeout: Duration::from_secs(20),
     };
     let pusher = Pusher::spawn(PushOptions {
@@ -1278,7 +1437,6 @@ async fn end_to_end_gateway_is_programmed_after_the_dataplane_acks() {
         },
         debounce: Duration::from_millis(50),
         lease: None,
-        dataplane_selector: BTreeMap::from([("app".to_string(), "sweety".to_string())]),
         initial_sync_timeout: Duration::from_secs(20),
     };
     let pusher = Pusher::spawn(PushOptions {
@@ -1314,8 +1472,9 @@ async fn end_to_end_gateway_is_programmed_after_the_dataplane_acks() {
     .await;
     assert_eq!(status, 404);
 
-    // The per-Gateway Service maps listener port 80 to the allocated container port.
-    let owned: Api<Service> = Api::namespaced(client.clone(), &ctl);
+    // The per-Gateway Service (in the Gateway's namespace) maps listener port 80 to the
+    // allocated container port.
+    let owned: Api<Service> = Api::namespaced(client.clone(), &ns);
     let svc = wait_for("per-Gateway Service", || async {
         let list = owned
             .list(&kube::api::ListParams::default().labels(GATEWAY_NAME_LABEL))

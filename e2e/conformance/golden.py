@@ -133,7 +133,9 @@ def main():
             ns, name = o["metadata"]["namespace"], o["metadata"]["name"]
             ports = sorted({l["port"] for l in o["spec"].get("listeners", [])})
             extra.append({"apiVersion": "v1", "kind": "Service",
-                          "metadata": {"name": service_name(ns, name), "namespace": "sweety"},
+                          "metadata": {"name": service_name(ns, name), "namespace": ns,
+                                       "labels": {"app.kubernetes.io/managed-by": "sweety",
+                                                  "sweety.dev/gateway-name": name}},
                           "spec": {"type": "LoadBalancer",
                                    "ports": [{"name": f"tcp-{p}", "port": p, "targetPort": 20000 + i}
                                              for i, p in enumerate(ports)]},

@@ -23,11 +23,6 @@ app.kubernetes.io/name: {{ include "sweety.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
-{{/* The same labels in the controller's `k=v,k=v` flag form. */}}
-{{- define "sweety.selectorFlag" -}}
-{{- printf "app.kubernetes.io/name=%s,app.kubernetes.io/instance=%s" (include "sweety.name" .) .Release.Name -}}
-{{- end -}}
-
 {{/* Labels of every object. */}}
 {{- define "sweety.labels" -}}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}

@@ -1,6 +1,8 @@
-//! Gateway addressing: each Gateway gets a controller-owned Service whose ports map the
-//! Gateway's listener ports onto dataplane container ports allocated here, stable across
-//! restarts (existing Services are read back) and never colliding.
+//! Gateway addressing: each Gateway gets a controller-owned Service in the Gateway's own
+//! namespace whose ports map the Gateway's listener ports onto dataplane container ports
+//! allocated here, stable across restarts (existing Services are read back) and never colliding.
+//! Services of an older release, which lived in the controller's namespace, are read back too
+//! so an upgrade keeps each Gateway's container ports.
 //!
 //! Allocation is deterministic: first every Gateway keeps the container ports its existing
 //! Service already maps (when still free and in range), then the remaining ports take the
@@ -8,6 +10,7 @@
 
 use super::status::Address;
 use super::{Params, Snapshot};
+use crate::gateway_services::{GATEWAY_NAME_LABEL, MANAGED_BY, MANAGED_BY_LABEL};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, BTreeSet};
@@ -60,21 +63,38 @@ fn target_port(p: &k8s_openapi::api::core::v1::ServicePort) -> Option<u16> {
 /// Allocate container ports for `requests` (any order; sorted here by namespace/name).
 pub fn allocate(snapshot: &Snapshot, params: &Params, requests: &[PortRequest]) -> Allocation {
     let range = params.gateway_port_min..=params.gateway_port_max;
+    // (namespace, name) of every Service we own: those in Gateway namespaces (labelled) and
+    // those an older release left in the controller's namespace (named by prefix).
     let owned: Vec<_> = snapshot
         .services
         .iter()
-        .filter(|s| s.metadata.namespace.as_deref() == Some(params.namespace.as_str()))
         .filter(|s| {
-            s.metadata
-                .name
-                .as_deref()
-                .is_some_and(|n| n.starts_with(SERVICE_PREFIX))
+            let name = s.metadata.name.as_deref().unwrap_or("");
+            let labelled = s.metadata.labels.as_ref().is_some_and(|l| {
+                l.get(MANAGED_BY_LABEL).map(String::as_str) == Some(MANAGED_BY)
+                    && l.contains_key(GATEWAY_NAME_LABEL)
+            });
+            name.starts_with(SERVICE_PREFIX)
+                && (labelled || s.metadata.namespace.as_deref() == Some(params.namespace.as_str()))
         })
         .collect();
-    let ports_of = |name: &str| -> Vec<(u16, u16)> {
-        owned
-            .iter()
-            .filter(|s| s.metadata.name.as_deref() == Some(name))
+    let names: Vec<String> = requests
+        .iter()
+        .map(|r| service_name(&r.namespace, &r.name))
+        .collect();
+    // Whether Service `s` is (or was, before the move) the Service of request `g`.
+    let belongs = |s: &k8s_openapi::api::core::v1::Service, g: usize| {
+        s.metadata.name.as_deref() == Some(names[g].as_str())
+            && (s.metadata.namespace.as_deref() == Some(requests[g].namespace.as_str())
+                || s.metadata.namespace.as_deref() == Some(params.namespace.as_str()))
+    };
+    // The current-location Service first, then the old one.
+    let ports_of = |g: usize| -> Vec<(u16, u16)> {
+        let mut mine: Vec<_> = owned.iter().filter(|s| belongs(s, g)).collect();
+        mine.sort_by_key(|s| {
+            s.metadata.namespace.as_deref() != Some(requests[g].namespace.as_str())
+        });
+        mine.iter()
             .flat_map(|s| s.spec.iter().flat_map(|sp| sp.ports.iter().flatten()))
             .filter_map(|p| Some((u16::try_from(p.port).ok()?, target_port(p)?)))
             .collect()
@@ -84,15 +104,11 @@ pub fn allocate(snapshot: &Snapshot, params: &Params, requests: &[PortRequest]) 
         (&requests[a].namespace, &requests[a].name)
             .cmp(&(&requests[b].namespace, &requests[b].name))
     });
-    let names: Vec<String> = requests
-        .iter()
-        .map(|r| service_name(&r.namespace, &r.name))
-        .collect();
     // Ports held by owned Services that belong to none of the requesting Gateways (stale or
     // other Gateways) stay reserved.
     let mut used: BTreeSet<u16> = owned
         .iter()
-        .filter(|s| !names.iter().any(|n| s.metadata.name.as_deref() == Some(n)))
+        .filter(|s| !(0..requests.len()).any(|g| belongs(s, g)))
         .flat_map(|s| s.spec.iter().flat_map(|sp| sp.ports.iter().flatten()))
         .filter_map(target_port)
         .collect();
@@ -102,7 +118,7 @@ pub fn allocate(snapshot: &Snapshot, params: &Params, requests: &[PortRequest]) 
         .collect();
     // Pass 1: keep what existing Services map.
     for &g in &order {
-        for (port, target) in ports_of(&names[g]) {
+        for (port, target) in ports_of(g) {
             if let Some(slot) = out[g].get_mut(&port) {
                 if slot.is_none() && range.contains(&target) && !used.contains(&target) {
                     *slot = Some(target);
@@ -132,16 +148,17 @@ pub fn allocate(snapshot: &Snapshot, params: &Params, requests: &[PortRequest]) 
 /// does; other load balancers leave the Gateway `AddressNotAssigned` instead).
 pub const ADDRESS_USABLE_CONDITION: &str = "sweety.dev/LoadBalancerAddressUsable";
 
+/// The Gateway's Service `service` in the Gateway's namespace `namespace`.
 fn gateway_service<'s>(
     snapshot: &'s Snapshot,
-    params: &Params,
+    namespace: &str,
     service: &str,
 ) -> Option<&'s k8s_openapi::api::core::v1::Service> {
     snapshot
         .services
         .iter()
         .find(|s| {
-            s.metadata.namespace.as_deref() == Some(params.namespace.as_str())
+            s.metadata.namespace.as_deref() == Some(namespace)
                 && s.metadata.name.as_deref() == Some(service)
         })
         .map(|s| s.as_ref())
@@ -152,11 +169,11 @@ fn gateway_service<'s>(
 /// Hostname addresses.
 pub fn addresses(
     snapshot: &Snapshot,
-    params: &Params,
+    namespace: &str,
     requested: &[(String, String)],
     service: &str,
 ) -> Vec<Address> {
-    let ingress = gateway_service(snapshot, params, service)
+    let ingress = gateway_service(snapshot, namespace, service)
         .and_then(|s| s.status.as_ref())
         .and_then(|s| s.load_balancer.as_ref())
         .and_then(|lb| lb.ingress.as_ref());
@@ -199,8 +216,8 @@ pub fn addresses(
 /// about the current spec when both carry a generation; the API server sets none on
 /// Services, so after the requested address changes a stale condition can show until the
 /// load balancer rewrites it (the node agent's: within its one-second poll).
-pub fn address_unusable(snapshot: &Snapshot, params: &Params, service: &str) -> Option<String> {
-    let svc = gateway_service(snapshot, params, service)?;
+pub fn address_unusable(snapshot: &Snapshot, namespace: &str, service: &str) -> Option<String> {
+    let svc = gateway_service(snapshot, namespace, service)?;
     let generation = svc.metadata.generation;
     svc.status
         .as_ref()?

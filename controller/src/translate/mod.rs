@@ -98,7 +98,7 @@ pub struct ServicePort {
 pub struct GatewayService {
     pub gateway_namespace: String,
     pub gateway_name: String,
-    /// Service name in `Params::namespace`.
+    /// Service name in the Gateway's namespace.
     pub name: String,
     /// `LoadBalancer` unless the GatewayClass parameters say otherwise.
     pub service_type: String,

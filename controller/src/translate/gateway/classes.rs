@@ -21,6 +21,7 @@ pub const SUPPORTED_FEATURES: &[&str] = &[
     "GatewayFrontendClientCertificateValidationInsecureFallback",
     "GatewayHTTPListenerIsolation",
     "GatewayHTTPSListenerDetectMisdirectedRequests",
+    "GatewayInfrastructure",
     "GatewayPort8080",
     "GatewayStaticAddresses",
     "HTTPRoute",

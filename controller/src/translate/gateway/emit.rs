@@ -367,7 +367,7 @@ fn status(b: &mut Builder<'_>, gw: &GwState, ports: Vec<ServicePort>) {
     let generation = gw.generation;
     let service = addressing::service_name(&gw.namespace, &gw.name);
     let (requested, bad_address) = requested_addresses(&gw.gateway);
-    let addresses = addressing::addresses(b.snapshot, b.params, &requested, &service);
+    let addresses = addressing::addresses(b.snapshot, &gw.namespace, &requested, &service);
     // The Gateway's own listeners; ListenerSet listeners report in their set's status.
     let own: Vec<&listeners::GwListener> =
         gw.listeners.iter().filter(|l| l.owner.is_none()).collect();
@@ -413,7 +413,7 @@ fn status(b: &mut Builder<'_>, gw: &GwState, ports: Vec<ServicePort>) {
     let unusable = match static_ips.as_slice() {
         [] => None,
         // The Service asks its load balancer for the one address.
-        [_] => addressing::address_unusable(b.snapshot, b.params, &service),
+        [_] => addressing::address_unusable(b.snapshot, &gw.namespace, &service),
         many => Some(format!(
             "a Gateway's Service gets one load-balancer address; {} IP addresses were requested",
             many.len()
@@ -439,13 +439,10 @@ fn status(b: &mut Builder<'_>, gw: &GwState, ports: Vec<ServicePort>) {
             false,
             "AddressNotAssigned",
             match static_ips.first() {
-                None => format!(
-                    "Service {}/{service} has no address yet",
-                    b.params.namespace
-                ),
+                None => format!("Service {}/{service} has no address yet", gw.namespace),
                 Some(ip) => format!(
                     "Service {}/{service} has not been given the requested address {ip} yet",
-                    b.params.namespace
+                    gw.namespace
                 ),
             },
             generation,
