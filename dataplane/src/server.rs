@@ -273,6 +273,53 @@ fn first_poll(mut fut: Pin<Box<dyn Future<Output = ()> + Send>>) {
 /// [`Batched`] before it yields to the runtime.
 const BATCH_ROUNDS: usize = 8;
 
+/// Most stream first polls run inline in one poll of [`Batched`]; later streams of that poll
+/// are spawned, so one connection sending cheap requests (cache hits, refusals) cannot hold a
+/// single-threaded worker away from the accept loop and the other connections.
+const INLINE_FIRST_POLLS: usize = 64;
+
+/// Collects the stream futures handed to [`StreamExecutor`] during one poll of a [`Batched`]
+/// connection. Restores the thread's previous collector when dropped, also while a panic
+/// unwinds out of the connection's poll (hyper runs HTTP/1 requests inside it): streams
+/// collected by then are spawned rather than lost, and the thread is never left deferring.
+struct Collecting {
+    outer: Option<Deferred>,
+    restored: bool,
+}
+
+impl Collecting {
+    fn start() -> Collecting {
+        let outer = DEFERRED.with(|d| d.borrow_mut().replace(Vec::new()));
+        Collecting {
+            outer,
+            restored: false,
+        }
+    }
+
+    /// Ends the collection; the streams collected.
+    fn finish(mut self) -> Deferred {
+        self.restore()
+    }
+
+    fn restore(&mut self) -> Deferred {
+        self.restored = true;
+        let outer = self.outer.take();
+        DEFERRED
+            .with(|d| std::mem::replace(&mut *d.borrow_mut(), outer))
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for Collecting {
+    fn drop(&mut self) {
+        if !self.restored {
+            for fut in self.restore() {
+                drop(tokio::spawn(fut));
+            }
+        }
+    }
+}
+
 pin_project_lite::pin_project! {
     /// Drives a connection future so that the streams it hands to [`StreamExecutor`] during a
     /// poll get their first poll after it, then polls the connection again to write their
@@ -295,14 +342,19 @@ impl<F: Future> Future for Batched<F> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let mut this = self.project();
+        let mut inline = 0usize;
         for _ in 0..BATCH_ROUNDS {
-            let outer = DEFERRED.with(|d| d.borrow_mut().replace(Vec::new()));
+            let collecting = Collecting::start();
             let polled = this.inner.as_mut().poll(cx);
-            let batch = DEFERRED.with(|d| std::mem::replace(&mut *d.borrow_mut(), outer));
-            let batch = batch.unwrap_or_default();
+            let batch = collecting.finish();
             let ran = !batch.is_empty();
             for fut in batch {
-                first_poll(fut);
+                if inline < INLINE_FIRST_POLLS {
+                    inline += 1;
+                    first_poll(fut);
+                } else {
+                    drop(tokio::spawn(fut));
+                }
             }
             if polled.is_ready() || !ran {
                 return polled;
@@ -346,10 +398,82 @@ mod tests {
         .await
         .expect("the spawned task completes");
 
-        // A panic in the first poll ends that task only.
+        // A panic in the first poll ends that task only; later tasks still run inline.
         StreamExecutor.execute(async {
             panic!("boom");
         });
+        let d = done.clone();
+        StreamExecutor.execute(async move {
+            d.fetch_add(1, SeqCst);
+        });
+        assert_eq!(done.load(SeqCst), 3, "execute runs inline after a panic");
+    }
+
+    #[tokio::test]
+    async fn a_panicking_connection_poll_loses_no_stream_and_stops_deferring() {
+        let done = Arc::new(AtomicUsize::new(0));
+        let d = done.clone();
+        let conn = std::future::poll_fn(move |_| -> Poll<()> {
+            let d = d.clone();
+            StreamExecutor.execute(async move {
+                d.fetch_add(1, SeqCst);
+            });
+            panic!("the request pipeline panicked inside the connection poll");
+        });
+        let mut batched = std::pin::pin!(Batched::new(conn));
+        let mut cx = Context::from_waker(Waker::noop());
+        let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _ = batched.as_mut().poll(&mut cx);
+        }));
+        assert!(unwound.is_err());
+        assert!(
+            DEFERRED.with(|d| d.borrow().is_none()),
+            "the thread is no longer collecting"
+        );
+        // The stream queued before the panic was spawned, not dropped.
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while done.load(SeqCst) != 1 {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("the collected stream runs");
+    }
+
+    #[tokio::test]
+    async fn first_polls_inline_are_capped_per_connection_poll() {
+        let inline = Arc::new(AtomicUsize::new(0));
+        let i = inline.clone();
+        let mut polls = 0;
+        let conn = std::future::poll_fn(move |_| {
+            polls += 1;
+            if polls > 1 {
+                return Poll::Ready(());
+            }
+            for _ in 0..INLINE_FIRST_POLLS + 10 {
+                let i = i.clone();
+                // Counts only when its first poll runs before the connection is polled again.
+                StreamExecutor.execute(async move {
+                    i.fetch_add(1, SeqCst);
+                });
+            }
+            Poll::Pending
+        });
+        tokio::time::timeout(Duration::from_secs(10), Batched::new(conn))
+            .await
+            .expect("the connection finishes");
+        assert_eq!(
+            inline.load(SeqCst),
+            INLINE_FIRST_POLLS,
+            "the rest are spawned"
+        );
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while inline.load(SeqCst) != INLINE_FIRST_POLLS + 10 {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("the spawned streams run");
     }
 
     #[tokio::test]
