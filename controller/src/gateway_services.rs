@@ -59,6 +59,9 @@ pub struct SyncReport {
     pub applied: Vec<String>,
     pub unchanged: usize,
     pub deleted: Vec<String>,
+    /// Services left alone because a Service of that name exists that is not ours (a user's
+    /// own, or another installation's): never taken over.
+    pub refused: Vec<String>,
 }
 
 /// Keeps the per-Gateway Services and their EndpointSlices in line with
@@ -143,17 +146,25 @@ impl GatewayServices {
             let want = self.service(d);
             let k = (d.gateway_namespace.clone(), d.name.clone());
             let current = existing.remove(&k);
+            let api = Api::<Service>::namespaced(self.client.clone(), &d.gateway_namespace);
             if current.as_ref().is_some_and(|c| same(c, &want)) {
                 report.unchanged += 1;
             } else {
-                Api::<Service>::namespaced(self.client.clone(), &d.gateway_namespace)
-                    .patch(
-                        &d.name,
-                        &PatchParams::apply(&self.field_manager).force(),
-                        &Patch::Apply(&want),
-                    )
-                    .await
-                    .map_err(Error::Kube)?;
+                if current.is_none() && api.get_opt(&d.name).await.map_err(Error::Kube)?.is_some() {
+                    tracing::warn!(
+                        service = %format!("{}/{}", k.0, k.1),
+                        "a Service with this name exists and is not ours; not taking it over"
+                    );
+                    report.refused.push(format!("{}/{}", k.0, k.1));
+                    continue;
+                }
+                api.patch(
+                    &d.name,
+                    &PatchParams::apply(&self.field_manager).force(),
+                    &Patch::Apply(&want),
+                )
+                .await
+                .map_err(Error::Kube)?;
                 report.applied.push(format!("{}/{}", k.0, k.1));
             }
             for slice in self.endpoint_slices(d, &source) {

@@ -1076,6 +1076,41 @@ async fn gateway_services_are_created_updated_and_deleted() {
     assert!(api.get_opt("unrelated").await.unwrap().is_some());
     assert!(api.get_opt("other-install").await.unwrap().is_some());
     assert!(api.get_opt(&web).await.unwrap().is_some());
+
+    // A Gateway whose Service name is taken by a Service that is not ours: refused, the
+    // user's Service (selector, ports, no labels of ours) and its endpoints are left alone.
+    let taken = format!("sweety-gw-{apps}-taken");
+    create::<Service>(
+        &api,
+        json!({
+            "metadata": {"name": taken},
+            "spec": {"selector": {"app": "mine"}, "ports": [{"port": 8080}]}
+        }),
+    )
+    .await;
+    let mut t = desired[0].clone();
+    t.gateway_name = "taken".into();
+    t.name = taken.clone();
+    desired.push(t);
+    let report = services.sync(&desired).await.unwrap();
+    assert_eq!(report.refused, [format!("{apps}/{taken}")]);
+    assert!(
+        !report.applied.iter().any(|a| a.contains("taken")),
+        "{report:?}"
+    );
+    let theirs = api.get(&taken).await.unwrap();
+    assert!(theirs.labels().get(MANAGED_BY_LABEL).is_none());
+    let spec = theirs.spec.unwrap();
+    assert_eq!(
+        spec.selector.unwrap().get("app").map(String::as_str),
+        Some("mine")
+    );
+    assert_eq!(spec.ports.unwrap()[0].port, 8080);
+    assert!(slices
+        .get_opt(&format!("{taken}-ipv4"))
+        .await
+        .unwrap()
+        .is_none());
     drop_namespace(&client, &apps).await;
     drop_namespace(&client, &ctl).await;
 }

@@ -92,7 +92,7 @@ pub struct ServicePort {
     pub target_port: u16,
 }
 
-/// The Service the controller owns for one Gateway (created in `Params::namespace`).
+/// The Service the controller owns for one Gateway (created in the Gateway's namespace).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct GatewayService {
