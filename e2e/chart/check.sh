@@ -172,7 +172,10 @@ else
     echo "== our CRDs and namespace sweety in the cluster"
     k apply --server-side --force-conflicts -f "$CHART/crds/" >/dev/null
     k wait --for=condition=Established --timeout=60s -f "$CHART/crds/" >/dev/null
-    k get namespace sweety >/dev/null 2>&1 || k create namespace sweety >/dev/null
+    # sweety, and the namespaces the ha case watches (its Roles live there).
+    for ns in sweety web api; do
+        k get namespace "$ns" >/dev/null 2>&1 || k create namespace "$ns" >/dev/null
+    done
 
     echo "== helm install --dry-run=server (cluster checks, NOTES.txt)"
     if "$HELM" install sweety "$CHART" --namespace sweety --kubeconfig "$kubeconfig" --dry-run=server \
@@ -204,9 +207,16 @@ else
         tlsroutes.gateway.networking.k8s.io tcproutes.gateway.networking.k8s.io \
         udproutes.gateway.networking.k8s.io referencegrants.gateway.networking.k8s.io \
         backendtlspolicies.gateway.networking.k8s.io sweetysites.sweety.dev \
-        sweetyproxyconfigs.sweety.dev services endpointslices.discovery.k8s.io configmaps namespaces; do
+        sweetyproxyconfigs.sweety.dev configmaps namespaces; do
         can yes watch "$r" -A
         can no update "$r" -n default
+    done
+    # Per-Gateway Services and their EndpointSlices go in the Gateways' namespaces: with every
+    # namespace watched they are written cluster-wide.
+    for r in services endpointslices.discovery.k8s.io; do
+        can yes watch "$r" -A
+        can yes create "$r" -n default
+        can yes delete "$r" -n default
     done
     for r in gateways.gateway.networking.k8s.io httproutes.gateway.networking.k8s.io \
         gatewayclasses.gateway.networking.k8s.io backendtlspolicies.gateway.networking.k8s.io \
@@ -219,12 +229,23 @@ else
     can yes create events.events.k8s.io -n default
     can yes update leases.coordination.k8s.io -n sweety
     can no update leases.coordination.k8s.io -n default
-    can yes create services -n sweety
-    can yes delete services -n sweety
-    can no create services -n default
-    can no delete services -n default
     can no create pods -n sweety
     can no create configmaps -n sweety
+    k delete -f "$WORK/rbac.yaml" --wait=false >/dev/null
+
+    echo "== RBAC with watchNamespaces: Services and EndpointSlices written only there"
+    "$HELM" template sweety "$CHART" --namespace sweety --kube-version "$KUBE_VERSION" \
+        --set 'controller.watchNamespaces={web}' \
+        --show-only templates/serviceaccount.yaml --show-only templates/rbac.yaml >"$WORK/rbac.yaml"
+    k apply -f "$WORK/rbac.yaml" >/dev/null
+    for r in services endpointslices.discovery.k8s.io; do
+        can yes watch "$r" -A
+        can yes create "$r" -n web
+        can yes delete "$r" -n web
+        can yes delete "$r" -n sweety
+        can no create "$r" -n default
+        can no delete "$r" -n api
+    done
     k delete -f "$WORK/rbac.yaml" --wait=false >/dev/null
 
     echo "== smoke run: both binaries with the rendered command lines (e2e/chart/smoke.py)"
