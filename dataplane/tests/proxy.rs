@@ -739,6 +739,27 @@ async fn small_put_bodies_are_kept_for_retries_large_and_unsized_ones_stream() {
         let resp = u.forward(req, &action(&[("b", 1)]), &r, &ctx()).await;
         assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
         assert_eq!(good.hits(), 0);
+
+        // A client that stalls while its small body is being read for retries hits the body
+        // idle limit: 408, as the limit answers, and no backend sees the request.
+        let (tx, rx) = mpsc::channel(2);
+        tx.send(Bytes::from_static(b"part")).await.unwrap();
+        let stalled = sweety_dataplane::limits::LimitedBody::new(
+            boxed(ChanBody(rx)),
+            1 << 20,
+            Duration::from_millis(50),
+            Arc::new(Metrics::default()),
+        );
+        let req = Request::builder()
+            .method("PUT")
+            .uri("/doc")
+            .header("content-length", "10")
+            .body(boxed(stalled))
+            .unwrap();
+        let resp = u.forward(req, &action(&[("b", 1)]), &r, &ctx()).await;
+        assert_eq!(resp.status(), StatusCode::REQUEST_TIMEOUT);
+        assert_eq!(good.hits(), 0);
+        drop(tx);
     })
     .await;
 }

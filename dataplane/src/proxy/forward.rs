@@ -70,17 +70,6 @@ pub fn client_host(headers: &HeaderMap, uri: &Uri) -> Option<HeaderValue> {
     })
 }
 
-/// IPv4-mapped IPv6 addresses are shown as IPv4.
-fn canonical(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V6(v6) => v6
-            .to_ipv4_mapped()
-            .map(IpAddr::V4)
-            .unwrap_or(IpAddr::V6(v6)),
-        v4 => v4,
-    }
-}
-
 fn is_token(s: &str) -> bool {
     !s.is_empty()
         && s.bytes()
@@ -104,7 +93,7 @@ fn quote_if_needed(s: &str) -> String {
 
 /// One RFC 7239 `Forwarded` element.
 pub fn forwarded_element(client: IpAddr, proto: &str, host: Option<&str>) -> String {
-    let for_ = match canonical(client) {
+    let for_ = match client.to_canonical() {
         IpAddr::V4(v4) => v4.to_string(),
         IpAddr::V6(v6) => format!("\"[{v6}]\""),
     };
@@ -124,7 +113,7 @@ pub fn add_forwarding_headers(
     scheme: &str,
     host: Option<&HeaderValue>,
 ) {
-    let ip = canonical(client).to_string();
+    let ip = client.to_canonical().to_string();
     let prior: Vec<&str> = headers
         .get_all(&X_FORWARDED_FOR)
         .iter()

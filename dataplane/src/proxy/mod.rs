@@ -542,8 +542,23 @@ async fn retry_buffer(
     let mut body = body;
     let bad = |why: &'static str| crate::body::text_response(http::StatusCode::BAD_REQUEST, why);
     while let Some(frame) = body.frame().await {
-        let Ok(frame) = frame else {
-            return Err(bad("400 Bad Request: request body could not be read\n"));
+        let frame = match frame {
+            Ok(f) => f,
+            // The body limits answer as they do elsewhere (the pipeline already refused a
+            // Content-Length over max_request_body_bytes with 413).
+            Err(e) => {
+                return Err(match e.downcast_ref::<crate::limits::BodyLimitError>() {
+                    Some(crate::limits::BodyLimitError::IdleTimeout) => crate::body::text_response(
+                        http::StatusCode::REQUEST_TIMEOUT,
+                        "408 Request Timeout\n",
+                    ),
+                    Some(crate::limits::BodyLimitError::TooLarge) => crate::body::text_response(
+                        http::StatusCode::PAYLOAD_TOO_LARGE,
+                        "413 Payload Too Large\n",
+                    ),
+                    None => bad("400 Bad Request: request body could not be read\n"),
+                });
+            }
         };
         // Trailers of an idempotent request with a small body are not kept.
         if let Ok(data) = frame.into_data() {
