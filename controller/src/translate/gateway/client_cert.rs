@@ -12,8 +12,8 @@
 //! Gateways with different certificates never share a backend and Gateways with the same one
 //! do.
 
-use super::listeners::{Problem, GROUP};
-use super::refgrant::{self, Reference};
+use super::listeners::Problem;
+use super::tls_secret::{self, RefError, SecretRef, TlsPair};
 use crate::translate::backends::Backends;
 use crate::translate::{Builder, Snapshot};
 use std::collections::BTreeSet;
@@ -42,62 +42,41 @@ pub fn resolve(snapshot: &Snapshot, gw: &Gateway, ns: &str) -> Result<Option<Cli
     else {
         return Ok(None);
     };
-    let group = r.group.as_deref().unwrap_or("");
-    let kind = r.kind.as_deref().unwrap_or("Secret");
     let secret_ns = r.namespace.as_deref().unwrap_or(ns);
-    if !group.is_empty() || kind != "Secret" {
-        return Err((
-            "InvalidClientCertificateRef",
-            format!(
-                "clientCertificateRef {kind}.{group} {secret_ns}/{} is not a Secret",
-                r.name
+    let secret_ref = SecretRef {
+        group: r.group.as_deref(),
+        kind: r.kind.as_deref(),
+        namespace: r.namespace.as_deref(),
+        name: &r.name,
+    };
+    let TlsPair { cert, key } =
+        tls_secret::resolve(snapshot, "Gateway", ns, &secret_ref).map_err(|e| match e {
+            RefError::NotASecret { group, kind } => (
+                "InvalidClientCertificateRef",
+                format!(
+                    "clientCertificateRef {kind}.{group} {secret_ns}/{} is not a Secret",
+                    r.name
+                ),
             ),
-        ));
-    }
-    let grant = Reference {
-        from_group: GROUP,
-        from_kind: "Gateway",
-        from_namespace: ns,
-        to_group: "",
-        to_kind: "Secret",
-        to_namespace: secret_ns,
-        to_name: &r.name,
-    };
-    if !refgrant::permitted(snapshot, &grant) {
-        return Err((
-            "RefNotPermitted",
-            format!(
-                "Secret {secret_ns}/{} is in another namespace and no ReferenceGrant allows it",
-                r.name
+            RefError::NotPermitted => (
+                "RefNotPermitted",
+                format!(
+                    "Secret {secret_ns}/{} is in another namespace and no ReferenceGrant allows it",
+                    r.name
+                ),
             ),
-        ));
-    }
-    let secret = snapshot.secrets.iter().find(|s| {
-        s.metadata.namespace.as_deref() == Some(secret_ns)
-            && s.metadata.name.as_deref() == Some(r.name.as_str())
-    });
-    let Some(secret) = secret else {
-        return Err((
-            "InvalidClientCertificateRef",
-            format!(
-                "Secret {secret_ns}/{} not found (only kubernetes.io/tls Secrets are read)",
-                r.name
+            RefError::NotFound => (
+                "InvalidClientCertificateRef",
+                format!(
+                    "Secret {secret_ns}/{} not found (only kubernetes.io/tls Secrets are read)",
+                    r.name
+                ),
             ),
-        ));
-    };
-    let get = |key: &str| {
-        secret
-            .data
-            .as_ref()
-            .and_then(|d| d.get(key))
-            .and_then(|v| String::from_utf8(v.0.clone()).ok())
-    };
-    let (Some(cert), Some(key)) = (get("tls.crt"), get("tls.key")) else {
-        return Err((
-            "InvalidClientCertificateRef",
-            format!("Secret {secret_ns}/{} has no tls.crt and tls.key", r.name),
-        ));
-    };
+            RefError::NoKeyPair => (
+                "InvalidClientCertificateRef",
+                format!("Secret {secret_ns}/{} has no tls.crt and tls.key", r.name),
+            ),
+        })?;
     let cc = ClientCert {
         secret: format!("{secret_ns}/{}", r.name),
         cert,

@@ -5,7 +5,7 @@
 
 use super::attach::{self, AllowedNamespaces};
 use super::frontend;
-use super::refgrant::{self, Reference};
+use super::tls_secret::{self, RefError, SecretRef};
 use crate::translate::status::{Condition, ListenerStatus, RouteGroupKind};
 use crate::translate::Snapshot;
 use std::collections::BTreeMap;
@@ -457,52 +457,41 @@ fn certificates(
         ));
     }
     for r in refs {
-        let group = r.group.as_deref().unwrap_or("");
-        let kind = r.kind.as_deref().unwrap_or("Secret");
         let secret_ns = r.namespace.as_deref().unwrap_or(ns);
-        if !group.is_empty() || kind != "Secret" {
-            return Some((
-                "InvalidCertificateRef",
-                format!("certificateRef {group}/{kind} {} is not a Secret", r.name),
-            ));
-        }
-        let grant = Reference {
-            from_group: GROUP,
-            from_kind,
-            from_namespace: ns,
-            to_group: "",
-            to_kind: "Secret",
-            to_namespace: secret_ns,
-            to_name: &r.name,
+        let secret_ref = SecretRef {
+            group: r.group.as_deref(),
+            kind: r.kind.as_deref(),
+            namespace: r.namespace.as_deref(),
+            name: &r.name,
         };
-        if !refgrant::permitted(snapshot, &grant) {
-            return Some((
-                "RefNotPermitted",
-                format!(
-                    "Secret {secret_ns}/{} is in another namespace and no ReferenceGrant allows it",
-                    r.name
-                ),
-            ));
-        }
-        let secret = snapshot.secrets.iter().find(|s| {
-            s.metadata.namespace.as_deref() == Some(secret_ns)
-                && s.metadata.name.as_deref() == Some(r.name.as_str())
-        });
-        let Some(secret) = secret else {
-            return Some((
-                "InvalidCertificateRef",
-                format!("Secret {secret_ns}/{} not found", r.name),
-            ));
+        let pair = match tls_secret::resolve(snapshot, from_kind, ns, &secret_ref) {
+            Ok(p) => Some(p),
+            Err(RefError::NotASecret { group, kind }) => {
+                return Some((
+                    "InvalidCertificateRef",
+                    format!("certificateRef {group}/{kind} {} is not a Secret", r.name),
+                ));
+            }
+            Err(RefError::NotPermitted) => {
+                return Some((
+                    "RefNotPermitted",
+                    format!(
+                        "Secret {secret_ns}/{} is in another namespace and no ReferenceGrant allows it",
+                        r.name
+                    ),
+                ));
+            }
+            Err(RefError::NotFound) => {
+                return Some((
+                    "InvalidCertificateRef",
+                    format!("Secret {secret_ns}/{} not found", r.name),
+                ));
+            }
+            Err(RefError::NoKeyPair) => None,
         };
-        let get = |key: &str| {
-            secret
-                .data
-                .as_ref()
-                .and_then(|d| d.get(key))
-                .and_then(|v| String::from_utf8(v.0.clone()).ok())
-        };
-        let cert = get("tls.crt").filter(|c| c.contains("-----BEGIN CERTIFICATE-----"));
-        let key = get("tls.key").filter(|k| {
+        let (cert, key) = pair.map_or((None, None), |p| (Some(p.cert), Some(p.key)));
+        let cert = cert.filter(|c| c.contains("-----BEGIN CERTIFICATE-----"));
+        let key = key.filter(|k| {
             k.contains("PRIVATE KEY-----") && !k.contains("BEGIN ENCRYPTED PRIVATE KEY")
         });
         let (Some(cert), Some(key)) = (cert, key) else {

@@ -29,6 +29,7 @@ mod policy;
 mod refgrant;
 mod route_cache;
 mod routes;
+mod tls_secret;
 
 pub use route_cache::RouteCache;
 
