@@ -319,6 +319,26 @@ fn full_key(primary: &str, vary: &[HeaderName], req: &HeaderMap) -> String {
     k.push_str("\0vary");
     for n in vary {
         k.push('\0');
+        if *n == header::ACCEPT_ENCODING {
+            // The codings and their weights, not the header's spelling: clients that accept
+            // the same codings share a variant ("gzip, br" and "br,gzip" are one).
+            let mut codings: Vec<(String, u16)> = req
+                .get_all(n)
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .flat_map(crate::compress::accept_codings)
+                .map(|(c, q)| (c.to_ascii_lowercase(), q))
+                .collect();
+            codings.sort();
+            codings.dedup();
+            for (c, q) in codings {
+                k.push_str(&c);
+                k.push('=');
+                k.push_str(&q.to_string());
+                k.push(',');
+            }
+            continue;
+        }
         for v in req.get_all(n) {
             k.push_str(&String::from_utf8_lossy(v.as_bytes()));
             k.push(',');
@@ -797,6 +817,23 @@ impl http_body::Body for TeeBody {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn accept_encoding_variants_are_keyed_on_codings_not_spelling() {
+        let vary = [header::ACCEPT_ENCODING];
+        let key = |values: &[&str]| {
+            let mut h = HeaderMap::new();
+            for v in values {
+                h.append(header::ACCEPT_ENCODING, HeaderValue::from_str(v).unwrap());
+            }
+            full_key("GET h /", &vary, &h)
+        };
+        assert_eq!(key(&["gzip, deflate, br"]), key(&["br,GZIP ,deflate"]));
+        assert_eq!(key(&["gzip", "br"]), key(&["br, gzip"]));
+        assert_ne!(key(&["gzip, br"]), key(&["gzip"]));
+        assert_ne!(key(&["gzip;q=0.5, br"]), key(&["gzip, br"]));
+        assert_ne!(key(&["gzip"]), key(&[]));
+    }
     use http_body_util::BodyExt;
     use std::sync::atomic::AtomicUsize;
 
