@@ -81,6 +81,21 @@ fn key_of(m: &ObjectMeta) -> Option<Key> {
     Some((m.namespace.clone()?, m.name.clone()?))
 }
 
+/// The objects `params` selects, by namespace and name.
+async fn list_by_key<K>(api: &Api<K>, params: &ListParams) -> Result<BTreeMap<Key, K>, Error>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    Ok(api
+        .list(params)
+        .await
+        .map_err(Error::Kube)?
+        .items
+        .into_iter()
+        .filter_map(|o| Some((key_of(o.meta())?, o)))
+        .collect())
+}
+
 impl GatewayServices {
     /// `dataplane_service` is the Service in `namespace` that selects the dataplane Pods; with
     /// `None` the per-Gateway Services get no endpoints.
@@ -112,34 +127,20 @@ impl GatewayServices {
         let services: Api<Service> = Api::all(self.client.clone());
         let slices: Api<EndpointSlice> = Api::all(self.client.clone());
         let owned = ListParams::default().labels(&self.owned_selector());
-        let mut existing: BTreeMap<Key, Service> = services
-            .list(&owned)
-            .await
-            .map_err(Error::Kube)?
-            .items
-            .into_iter()
-            .filter_map(|s| Some((key_of(&s.metadata)?, s)))
-            .collect();
+        let mut existing: BTreeMap<Key, Service> = list_by_key(&services, &owned).await?;
         // An older release's Services: in the controller's namespace, without the owner label.
-        let legacy = Api::<Service>::namespaced(self.client.clone(), &self.namespace)
-            .list(&ListParams::default().labels(&format!(
+        let legacy = list_by_key(
+            &Api::<Service>::namespaced(self.client.clone(), &self.namespace),
+            &ListParams::default().labels(&format!(
                 "{MANAGED_BY_LABEL}={MANAGED_BY},{GATEWAY_NAME_LABEL},!{OWNER_LABEL}"
-            )))
-            .await
-            .map_err(Error::Kube)?;
-        for s in legacy.items {
-            if let Some(k) = key_of(&s.metadata) {
-                existing.entry(k).or_insert(s);
-            }
+            )),
+        )
+        .await?;
+        for (k, s) in legacy {
+            existing.entry(k).or_insert(s);
         }
-        let mut existing_slices: BTreeMap<Key, EndpointSlice> = slices
-            .list(&owned)
-            .await
-            .map_err(Error::Kube)?
-            .items
-            .into_iter()
-            .filter_map(|s| Some((key_of(&s.metadata)?, s)))
-            .collect();
+        let mut existing_slices: BTreeMap<Key, EndpointSlice> =
+            list_by_key(&slices, &owned).await?;
         let source = self.dataplane_endpoints().await?;
         let mut report = SyncReport::default();
         for d in desired {
