@@ -26,6 +26,7 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Response, StatusCode};
 use http_body::{Frame, SizeHint};
 use std::collections::HashMap;
+use std::fmt::Write as _;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::Ordering::Relaxed;
@@ -322,20 +323,18 @@ fn full_key(primary: &str, vary: &[HeaderName], req: &HeaderMap) -> String {
         if *n == header::ACCEPT_ENCODING {
             // The codings and their weights, not the header's spelling: clients that accept
             // the same codings share a variant ("gzip, br" and "br,gzip" are one).
-            let mut codings: Vec<(String, u16)> = req
+            let mut codings: Vec<(&str, u16)> = req
                 .get_all(n)
                 .iter()
                 .filter_map(|v| v.to_str().ok())
                 .flat_map(crate::compress::accept_codings)
-                .map(|(c, q)| (c.to_ascii_lowercase(), q))
                 .collect();
-            codings.sort();
-            codings.dedup();
+            codings.sort_by(|a, b| lower(a.0).cmp(lower(b.0)).then(a.1.cmp(&b.1)));
+            codings.dedup_by(|a, b| a.0.eq_ignore_ascii_case(b.0) && a.1 == b.1);
             for (c, q) in codings {
-                k.push_str(&c);
-                k.push('=');
-                k.push_str(&q.to_string());
-                k.push(',');
+                k.extend(lower(c).map(char::from));
+                // Writing into a String cannot fail.
+                let _ = write!(k, "={q},");
             }
             continue;
         }
@@ -345,6 +344,11 @@ fn full_key(primary: &str, vary: &[HeaderName], req: &HeaderMap) -> String {
         }
     }
     k
+}
+
+/// `s` in ASCII lower case, without allocating.
+fn lower(s: &str) -> impl Iterator<Item = u8> + '_ {
+    s.bytes().map(|b| b.to_ascii_lowercase())
 }
 
 impl Cache {

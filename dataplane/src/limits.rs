@@ -227,6 +227,22 @@ pub enum BodyLimitError {
     IdleTimeout,
 }
 
+impl BodyLimitError {
+    /// The answer to a request that broke this limit: 413 or 408.
+    pub fn response(self) -> http::Response<Body> {
+        match self {
+            BodyLimitError::TooLarge => crate::body::text_response(
+                http::StatusCode::PAYLOAD_TOO_LARGE,
+                "413 Payload Too Large\n",
+            ),
+            BodyLimitError::IdleTimeout => crate::body::text_response(
+                http::StatusCode::REQUEST_TIMEOUT,
+                "408 Request Timeout\n",
+            ),
+        }
+    }
+}
+
 pin_project_lite::pin_project! {
     /// A request body with a size cap and an idle timeout between frames; counts bytes
     /// received in metrics.

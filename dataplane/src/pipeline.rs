@@ -191,7 +191,7 @@ async fn route_and_serve<'a>(
             shared.metrics.limit_hit("body_too_large");
             return (
                 no_route(),
-                text_response(StatusCode::PAYLOAD_TOO_LARGE, "413 Payload Too Large\n"),
+                crate::limits::BodyLimitError::TooLarge.response(),
                 None,
             );
         }

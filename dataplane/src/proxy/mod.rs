@@ -548,14 +548,7 @@ async fn retry_buffer(
             // Content-Length over max_request_body_bytes with 413).
             Err(e) => {
                 return Err(match e.downcast_ref::<crate::limits::BodyLimitError>() {
-                    Some(crate::limits::BodyLimitError::IdleTimeout) => crate::body::text_response(
-                        http::StatusCode::REQUEST_TIMEOUT,
-                        "408 Request Timeout\n",
-                    ),
-                    Some(crate::limits::BodyLimitError::TooLarge) => crate::body::text_response(
-                        http::StatusCode::PAYLOAD_TOO_LARGE,
-                        "413 Payload Too Large\n",
-                    ),
+                    Some(limit) => limit.response(),
                     None => bad("400 Bad Request: request body could not be read\n"),
                 });
             }
