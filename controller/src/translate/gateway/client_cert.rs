@@ -13,7 +13,7 @@
 //! do.
 
 use super::listeners::Problem;
-use super::tls_secret::{self, RefError, SecretRef, TlsPair};
+use super::tls_secret::{self, SecretRef, TlsPair};
 use crate::translate::backends::Backends;
 use crate::translate::{Builder, Snapshot};
 use std::collections::BTreeSet;
@@ -50,32 +50,13 @@ pub fn resolve(snapshot: &Snapshot, gw: &Gateway, ns: &str) -> Result<Option<Cli
         name: &r.name,
     };
     let TlsPair { cert, key } =
-        tls_secret::resolve(snapshot, "Gateway", ns, &secret_ref).map_err(|e| match e {
-            RefError::NotASecret { group, kind } => (
+        tls_secret::resolve(snapshot, "Gateway", ns, &secret_ref).map_err(|e| {
+            e.problem(
+                "clientCertificateRef",
                 "InvalidClientCertificateRef",
-                format!(
-                    "clientCertificateRef {kind}.{group} {secret_ns}/{} is not a Secret",
-                    r.name
-                ),
-            ),
-            RefError::NotPermitted => (
-                "RefNotPermitted",
-                format!(
-                    "Secret {secret_ns}/{} is in another namespace and no ReferenceGrant allows it",
-                    r.name
-                ),
-            ),
-            RefError::NotFound => (
-                "InvalidClientCertificateRef",
-                format!(
-                    "Secret {secret_ns}/{} not found (only kubernetes.io/tls Secrets are read)",
-                    r.name
-                ),
-            ),
-            RefError::NoKeyPair => (
-                "InvalidClientCertificateRef",
-                format!("Secret {secret_ns}/{} has no tls.crt and tls.key", r.name),
-            ),
+                secret_ns,
+                &r.name,
+            )
         })?;
     let cc = ClientCert {
         secret: format!("{secret_ns}/{}", r.name),

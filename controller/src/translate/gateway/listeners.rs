@@ -464,45 +464,26 @@ fn certificates(
             namespace: r.namespace.as_deref(),
             name: &r.name,
         };
-        let pair = match tls_secret::resolve(snapshot, from_kind, ns, &secret_ref) {
-            Ok(p) => Some(p),
-            Err(RefError::NotASecret { group, kind }) => {
-                return Some((
-                    "InvalidCertificateRef",
-                    format!("certificateRef {group}/{kind} {} is not a Secret", r.name),
-                ));
-            }
-            Err(RefError::NotPermitted) => {
-                return Some((
-                    "RefNotPermitted",
-                    format!(
-                        "Secret {secret_ns}/{} is in another namespace and no ReferenceGrant allows it",
-                        r.name
-                    ),
-                ));
-            }
-            Err(RefError::NotFound) => {
-                return Some((
-                    "InvalidCertificateRef",
-                    format!("Secret {secret_ns}/{} not found", r.name),
-                ));
-            }
-            Err(RefError::NoKeyPair) => None,
-        };
-        let (cert, key) = pair.map_or((None, None), |p| (Some(p.cert), Some(p.key)));
-        let cert = cert.filter(|c| c.contains("-----BEGIN CERTIFICATE-----"));
-        let key = key.filter(|k| {
-            k.contains("PRIVATE KEY-----") && !k.contains("BEGIN ENCRYPTED PRIVATE KEY")
-        });
-        let (Some(cert), Some(key)) = (cert, key) else {
-            return Some((
+        let problem = |e: RefError| {
+            e.problem(
+                "certificateRef",
                 "InvalidCertificateRef",
-                format!(
-                    "Secret {secret_ns}/{} has no PEM certificate in tls.crt and key in tls.key",
-                    r.name
-                ),
-            ));
+                secret_ns,
+                &r.name,
+            )
         };
+        let pair = match tls_secret::resolve(snapshot, from_kind, ns, &secret_ref) {
+            Ok(p) => p,
+            Err(e) => return Some(problem(e)),
+        };
+        // PEM texts that can be a certificate chain and an unencrypted key.
+        let pem_ok = pair.cert.contains("-----BEGIN CERTIFICATE-----")
+            && pair.key.contains("PRIVATE KEY-----")
+            && !pair.key.contains("BEGIN ENCRYPTED PRIVATE KEY");
+        if !pem_ok {
+            return Some(problem(RefError::NoKeyPair));
+        }
+        let (cert, key) = (pair.cert, pair.key);
         let certificate = Certificate {
             hostnames: l
                 .hostname

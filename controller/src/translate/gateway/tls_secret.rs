@@ -3,7 +3,7 @@
 //! namespace, the lookup, and the `tls.crt`/`tls.key` pair. Callers turn a [`RefError`] into
 //! the condition reason and message of their field.
 
-use super::listeners::GROUP;
+use super::listeners::{Problem, GROUP};
 use super::refgrant::{self, Reference};
 use crate::translate::Snapshot;
 
@@ -26,6 +26,48 @@ pub enum RefError {
     NotFound,
     /// The Secret lacks `tls.crt` or `tls.key` (or they are not UTF-8).
     NoKeyPair,
+}
+
+impl RefError {
+    /// The condition reason and message for the reference `field` (e.g. `certificateRef`) to
+    /// Secret `namespace/name`; `invalid` is the field's reason for a bad reference.
+    pub fn problem(
+        &self,
+        field: &str,
+        invalid: &'static str,
+        namespace: &str,
+        name: &str,
+    ) -> Problem {
+        match self {
+            RefError::NotASecret { group, kind } => {
+                let gk = if group.is_empty() {
+                    kind.clone()
+                } else {
+                    format!("{kind}.{group}")
+                };
+                (
+                    invalid,
+                    format!("{field} {gk} {namespace}/{name} is not a Secret"),
+                )
+            }
+            RefError::NotPermitted => (
+                "RefNotPermitted",
+                format!(
+                    "Secret {namespace}/{name} is in another namespace and no ReferenceGrant allows it"
+                ),
+            ),
+            RefError::NotFound => (
+                invalid,
+                format!("Secret {namespace}/{name} not found (only kubernetes.io/tls Secrets are read)"),
+            ),
+            RefError::NoKeyPair => (
+                invalid,
+                format!(
+                    "Secret {namespace}/{name} has no PEM certificate in tls.crt and key in tls.key"
+                ),
+            ),
+        }
+    }
 }
 
 /// A resolved Secret: the PEM texts of its `tls.crt` and `tls.key`.
