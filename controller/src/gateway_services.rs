@@ -217,13 +217,10 @@ impl GatewayServices {
         Ok(mirror_endpoints(&list.items))
     }
 
-    /// The EndpointSlices of one Gateway's Service: one per address type of the dataplane's.
-    pub fn endpoint_slices(
-        &self,
-        d: &GatewayService,
-        source: &BTreeMap<String, Vec<Endpoint>>,
-    ) -> Vec<EndpointSlice> {
-        let labels = BTreeMap::from([
+    /// The labels that make a Service or EndpointSlice ours: managed by us, for this Gateway,
+    /// owned by this installation (what [`GatewayServices::owned_selector`] selects).
+    fn owned_labels(&self, d: &GatewayService) -> impl Iterator<Item = (String, String)> {
+        [
             (MANAGED_BY_LABEL.to_string(), MANAGED_BY.to_string()),
             (
                 GATEWAY_NAMESPACE_LABEL.to_string(),
@@ -231,6 +228,18 @@ impl GatewayServices {
             ),
             (GATEWAY_NAME_LABEL.to_string(), label_value(&d.gateway_name)),
             (OWNER_LABEL.to_string(), label_value(&self.namespace)),
+        ]
+        .into_iter()
+    }
+
+    /// The EndpointSlices of one Gateway's Service: one per address type of the dataplane's.
+    pub fn endpoint_slices(
+        &self,
+        d: &GatewayService,
+        source: &BTreeMap<String, Vec<Endpoint>>,
+    ) -> Vec<EndpointSlice> {
+        let mut labels: BTreeMap<String, String> = self.owned_labels(d).collect();
+        labels.extend([
             (SERVICE_NAME_LABEL.to_string(), d.name.clone()),
             (
                 SLICE_MANAGED_BY_LABEL.to_string(),
@@ -266,19 +275,11 @@ impl GatewayServices {
     /// The Service we want for one Gateway.
     pub fn service(&self, d: &GatewayService) -> Service {
         let mut labels = d.labels.clone();
-        labels.extend([
-            (MANAGED_BY_LABEL.to_string(), MANAGED_BY.to_string()),
-            (
-                GATEWAY_NAMESPACE_LABEL.to_string(),
-                label_value(&d.gateway_namespace),
-            ),
-            (GATEWAY_NAME_LABEL.to_string(), label_value(&d.gateway_name)),
-            (
-                STANDARD_GATEWAY_NAME_LABEL.to_string(),
-                label_value(&d.gateway_name),
-            ),
-            (OWNER_LABEL.to_string(), label_value(&self.namespace)),
-        ]);
+        labels.extend(self.owned_labels(d));
+        labels.insert(
+            STANDARD_GATEWAY_NAME_LABEL.to_string(),
+            label_value(&d.gateway_name),
+        );
         let mut annotations = d.annotations.clone();
         // Which infrastructure keys this apply sets: a key removed from the Gateway changes
         // this value, so the Service is applied again and server-side apply drops the key.
