@@ -25,7 +25,7 @@ pub use duration::Duration;
 pub use edge::*;
 pub use edgenet::*;
 pub use model::*;
-pub use validate::{ValidationError, ValidationErrors};
+pub use validate::{check_pem, PemKind, ValidationError, ValidationErrors};
 
 /// Current schema version. A config with another `version` is rejected by validation.
 pub const SCHEMA_VERSION: u32 = 1;

@@ -89,8 +89,8 @@ const MAX_RETRY_ATTEMPTS: u32 = 10;
 const MIN_HEADER_BYTES: u32 = 1024;
 
 /// The kind of PEM block a [`PemSource`] must contain.
-#[derive(Clone, Copy)]
-enum PemKind {
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PemKind {
     Certificate,
     PrivateKey,
 }
@@ -1243,8 +1243,9 @@ fn pem_labels(text: &str) -> impl Iterator<Item = &str> {
     })
 }
 
-/// Checks that `text` holds a complete PEM block of the wanted kind.
-fn check_pem(text: &str, kind: PemKind) -> Result<(), String> {
+/// Checks that `text` holds a complete PEM block of the wanted kind (the check the config's
+/// inline PEM sources get; the controller runs it on Secret and ConfigMap contents).
+pub fn check_pem(text: &str, kind: PemKind) -> Result<(), String> {
     let wanted = |label: &str| match kind {
         PemKind::Certificate => label == "CERTIFICATE",
         PemKind::PrivateKey => label.ends_with("PRIVATE KEY") && label != "ENCRYPTED PRIVATE KEY",

@@ -17,7 +17,7 @@ use super::tls_secret::{self, SecretRef, TlsPair};
 use crate::translate::backends::Backends;
 use crate::translate::{Builder, Snapshot};
 use std::collections::BTreeSet;
-use sweety_config::{Action, BackendProtocol, BackendTls, Filter, PemSource, Route};
+use sweety_config::{check_pem, Action, BackendProtocol, Filter, PemKind, PemSource, Route};
 use sweety_gateway_api::gateways::Gateway;
 
 /// A resolved client certificate.
@@ -72,23 +72,10 @@ pub fn resolve(snapshot: &Snapshot, gw: &Gateway, ns: &str) -> Result<Option<Cli
     Ok(Some(cc))
 }
 
-/// sweety-config's own checks on the PEM blocks, so a bad Secret only fails this Gateway.
+/// sweety-config's own PEM checks, so a bad Secret only fails this Gateway.
 fn check(cc: &ClientCert) -> Result<(), String> {
-    let mut cfg = sweety_config::Config::default();
-    let mut b = sweety_config::Backend::new("check", Vec::new());
-    b.protocol = BackendProtocol::Https;
-    b.tls = Some(BackendTls {
-        client_cert: Some(PemSource::Pem(cc.cert.clone())),
-        client_key: Some(PemSource::Pem(cc.key.clone())),
-        ..Default::default()
-    });
-    cfg.backends.push(b);
-    cfg.validate_structure().map_err(|e| {
-        e.0.iter()
-            .map(|e| e.to_string())
-            .collect::<Vec<_>>()
-            .join("; ")
-    })
+    check_pem(&cc.cert, PemKind::Certificate).map_err(|e| format!("tls.crt: {e}"))?;
+    check_pem(&cc.key, PemKind::PrivateKey).map_err(|e| format!("tls.key: {e}"))
 }
 
 /// Point every TLS backend of `route` (proxy targets and mirrors) at a variant presenting

@@ -213,47 +213,9 @@ fn ca_pem(snapshot: &Snapshot, ns: &str, r: &CaRef) -> Result<String, Problem> {
     Ok(pem)
 }
 
-/// sweety-config's own PEM checks, so a bad CA fails only its listeners.
+/// sweety-config's own PEM check, so a bad CA fails only its listeners.
 fn check_ca(pem: &str) -> Result<(), String> {
-    if !pem.contains("-----BEGIN CERTIFICATE-----") {
-        return Err("no PEM certificate".into());
-    }
-    let mut cfg = sweety_config::Config::default();
-    let mut l = sweety_config::Listener {
-        name: "check".into(),
-        address: "127.0.0.1".into(),
-        port: 0,
-        protocol: sweety_config::ListenerProtocol::Https,
-        tls: None,
-        http3: false,
-        max_requests_in_flight: None,
-        advertised_port: None,
-        l4_routes: Vec::new(),
-    };
-    l.tls = Some(sweety_config::ListenerTls {
-        certificates: Vec::new(),
-        min_version: Default::default(),
-        client_auth: Some(ClientAuth {
-            ca: PemSource::Pem(pem.to_string()),
-            mode: ClientAuthMode::Require,
-        }),
-    });
-    cfg.listeners.push(l);
-    match cfg.validate_structure() {
-        Ok(()) => Ok(()),
-        Err(e) => {
-            let why: Vec<String> =
-                e.0.iter()
-                    .map(|e| e.to_string())
-                    .filter(|w| w.contains("client_auth"))
-                    .collect();
-            if why.is_empty() {
-                Ok(())
-            } else {
-                Err(why.join("; "))
-            }
-        }
-    }
+    sweety_config::check_pem(pem, sweety_config::PemKind::Certificate)
 }
 
 #[cfg(test)]
