@@ -7,6 +7,7 @@
 //!
 //! * `decode-literal`: a 7-field request (h2load-like) of literals without indexing, values
 //!   Huffman-coded where that is shorter (what [`Encoder::field`] writes);
+//! * `decode-raw`: the same literals with literal names and raw (not Huffman) values;
 //! * `decode-indexed`: the same request once its fields are in the dynamic table: the steady
 //!   state of a client that indexes (nghttp2, browsers), one octet per field;
 //! * `encode-response`: `:status 200` plus content-type, content-length, date and server.
@@ -52,6 +53,15 @@ fn main() {
         priming.push(v.len() as u8);
         priming.extend_from_slice(v.as_bytes());
     }
+    // The same literals without indexing and without Huffman coding (name index or literal name).
+    let mut raw = Vec::new();
+    for (n, v) in REQUEST {
+        raw.push(0x00);
+        raw.push(n.len() as u8);
+        raw.extend_from_slice(n.as_bytes());
+        raw.push(v.len() as u8);
+        raw.extend_from_slice(v.as_bytes());
+    }
     let indexed: Vec<u8> = (0..REQUEST.len())
         .map(|i| 0x80 | (62 + REQUEST.len() - 1 - i) as u8)
         .collect();
@@ -82,6 +92,15 @@ fn main() {
 
         let start = Instant::now();
         for _ in 0..iterations {
+            d.decode(black_box(&raw), 1 << 16, |f| {
+                octets += f.name.len() + f.value.len()
+            })
+            .unwrap();
+        }
+        report("decode-raw", iterations, start);
+
+        let start = Instant::now();
+        for _ in 0..iterations {
             d.decode(black_box(&indexed), 1 << 16, |f| {
                 octets += f.name.len() + f.value.len()
             })
@@ -104,8 +123,9 @@ fn main() {
         report("encode-response", iterations, start);
     }
     println!(
-        "(block sizes: literal {} B, indexed {} B, request fields {})",
+        "(block sizes: literal {} B, raw {} B, indexed {} B, request fields {})",
         literal.len(),
+        raw.len(),
         indexed.len(),
         REQUEST.len()
     );
