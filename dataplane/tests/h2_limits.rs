@@ -413,12 +413,19 @@ async fn control_flood(ty: u8, payload: &[u8]) {
     for _ in 0..COUNT {
         all.extend_from_slice(&one);
     }
-    // A server that stops reading while its ACKs are not read makes this write wait: that is
-    // backpressure, fine too; the bound stops the wait and the reads below drain it.
-    let write = timeout(PHASE, wr.write_all(&all)).await;
     let marker = *b"sweety!!";
-    let _ = wr.write_all(&frame(PING, 0, 0, &marker)).await;
+    all.extend(frame(PING, 0, 0, &marker));
+    // Written whole by a task (never cut mid-frame). Not reading for up to 5 s: a server that
+    // stops reading while its ACKs go unread (backpressure, fine too) keeps the write
+    // waiting, and the reads below then let it finish.
+    let mut writer = tokio::spawn(async move {
+        let r = wr.write_all(&all).await;
+        (wr, r)
+    });
+    let early = timeout(Duration::from_secs(5), &mut writer).await.ok();
+    let backpressure = early.is_none();
     let mut acks = 0usize;
+    let mut server_settings = false;
     let deadline = Instant::now() + PHASE;
     loop {
         match rd.next(deadline).await {
@@ -438,10 +445,10 @@ async fn control_flood(ty: u8, payload: &[u8]) {
                 }
                 acks += 1;
             }
-            Event::Frame(f) if f.ty == SETTINGS && f.flags & ACK == 0 => {}
+            Event::Frame(f) if f.ty == SETTINGS && f.flags & ACK == 0 => server_settings = true,
             Event::Frame(_) => {}
             Event::Closed => {
-                println!("flood of type {ty}: closed after {acks} ACKs (write {write:?})");
+                println!("flood of type {ty}: closed after {acks} ACKs");
                 fresh_request_succeeds(addr).await;
                 return;
             }
@@ -450,8 +457,16 @@ async fn control_flood(ty: u8, payload: &[u8]) {
             }
         }
     }
-    println!("flood of type {ty}: answered, {acks} ACKs for {COUNT} frames");
-    // SETTINGS ACKs: one per SETTINGS (RFC 9113 §6.5.3), plus ours for the server's first.
+    println!("flood of type {ty}: answered, {acks} ACKs for {COUNT} frames (backpressure: {backpressure})");
+    let (mut wr, written) = match early {
+        Some(done) => done.unwrap(),
+        None => writer.await.unwrap(),
+    };
+    written.expect("the flood was written whole");
+    if server_settings {
+        wr.write_all(&frame(SETTINGS, ACK, 0, &[])).await.unwrap();
+    }
+    // SETTINGS ACKs: one per SETTINGS (RFC 9113 §6.5.3), plus one for our opening SETTINGS.
     // PING: one per PING is what the RFC asks; a server may drop some under load, but not
     // answer more than were sent.
     assert!(acks <= COUNT + 1, "{acks} ACKs for {COUNT} frames");
