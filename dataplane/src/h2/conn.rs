@@ -168,6 +168,35 @@ impl Stream {
     }
 }
 
+/// Hashing of stream ids: a multiplicative hash (the ids are a client's choice, but a
+/// connection holds at most `max_concurrent_streams` of them, so collisions cost little).
+#[derive(Default, Clone, Copy)]
+struct StreamIds;
+
+impl std::hash::BuildHasher for StreamIds {
+    type Hasher = IdHasher;
+    fn build_hasher(&self) -> IdHasher {
+        IdHasher(0)
+    }
+}
+
+struct IdHasher(u64);
+
+impl std::hash::Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        // The product's high bits are well mixed: fold them into the low ones too.
+        self.0 ^ (self.0 >> 29)
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 << 8 | *b as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+    fn write_u32(&mut self, n: u32) {
+        self.0 = (n as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
 /// A header block being received over HEADERS and CONTINUATION frames.
 struct Continuation {
     stream: u32,
@@ -235,7 +264,7 @@ struct Driver<I> {
     preface_done: bool,
     got_settings: bool,
     read_closed: bool,
-    streams: HashMap<u32, Stream>,
+    streams: HashMap<u32, Stream, StreamIds>,
     queue: VecDeque<u32>,
     blocked: Vec<u32>,
     last_stream: u32,
@@ -305,7 +334,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
             preface_done: false,
             got_settings: false,
             read_closed: false,
-            streams: HashMap::new(),
+            streams: HashMap::default(),
             queue: VecDeque::new(),
             blocked: Vec::new(),
             last_stream: 0,
@@ -1173,6 +1202,10 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
                 self.conn_release += s.unreleased;
                 self.remember_closed(id);
             }
+            if self.streams.is_empty() {
+                // The idle timeout counts from the last stream's end.
+                self.last_active = Instant::now();
+            }
         } else if matches!(s.resp, Resp::Done) && s.recv_open {
             let dropped = s.recv.as_ref().is_none_or(|r| r.dropped());
             if dropped {
@@ -1254,7 +1287,15 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
         self.scratch.clear();
         self.encoder.begin_block(&mut self.scratch);
         Encoder::status(&mut self.scratch, parts.status.as_u16());
-        for (name, value) in parts.headers.iter() {
+        // A cached response's stored fields come pre-encoded (same bytes as encoding them).
+        let mut skip = 0;
+        if let Some(pre) = parts.extensions.get::<super::Encoded>() {
+            if let Some((block, n)) = pre.prefix_of(&parts.headers) {
+                self.scratch.extend_from_slice(block);
+                skip = n;
+            }
+        }
+        for (name, value) in parts.headers.iter().skip(skip) {
             Encoder::field(
                 &mut self.scratch,
                 name.as_str().as_bytes(),
@@ -1502,6 +1543,18 @@ impl<I> Drop for Driver<I> {
 
 /// Headers that are connection-specific in HTTP/1.1 and not allowed in HTTP/2.
 fn strip_connection_headers(h: &mut HeaderMap) {
+    // One pass over the names first: most responses have none of them.
+    let any = h.keys().any(|n| {
+        n == header::CONNECTION
+            || n == header::TRANSFER_ENCODING
+            || n == header::UPGRADE
+            || n == header::TE
+            || n.as_str() == "keep-alive"
+            || n.as_str() == "proxy-connection"
+    });
+    if !any {
+        return;
+    }
     if let Some(c) = h.remove(header::CONNECTION) {
         if let Ok(list) = c.to_str() {
             for name in list.split(',') {

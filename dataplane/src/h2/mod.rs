@@ -16,6 +16,117 @@ pub mod frame;
 
 pub use body::{Upgrade, Upgraded};
 pub use conn::{serve, H2Error, Settings};
+pub use encoded::Encoded;
+
+mod encoded {
+    //! Pre-encoded response headers: a stored response's header fields HPACK-encoded once
+    //! (the encoder never uses the dynamic table, so an encoding is valid on every
+    //! connection), attached to responses as an extension.
+
+    use bytes::{Bytes, BytesMut};
+    use http::HeaderMap;
+    use std::sync::Arc;
+
+    /// The HPACK encoding of a header map's fields, in its iteration order, and what it was
+    /// made from. The engine uses it only when the response's first fields are still these
+    /// very values (the same allocations, which `values` keeps alive, so equal addresses mean
+    /// equal bytes), in the same order, with the same sensitivity.
+    #[derive(Clone, Debug)]
+    pub struct Encoded(Arc<Inner>);
+
+    #[derive(Debug)]
+    struct Inner {
+        block: Bytes,
+        /// (name, value address, value length, sensitive) per field.
+        fields: Vec<(http::HeaderName, usize, usize, bool)>,
+        /// Keeps the values alive.
+        _values: HeaderMap,
+    }
+
+    impl Encoded {
+        /// Encodes `headers` (a clone shares their values).
+        pub fn new(headers: &HeaderMap) -> Encoded {
+            let mut block = BytesMut::new();
+            let mut fields = Vec::with_capacity(headers.len());
+            for (n, v) in headers.iter() {
+                crate::hpack::Encoder::field(
+                    &mut block,
+                    n.as_str().as_bytes(),
+                    v.as_bytes(),
+                    v.is_sensitive(),
+                );
+                fields.push((
+                    n.clone(),
+                    v.as_bytes().as_ptr() as usize,
+                    v.len(),
+                    v.is_sensitive(),
+                ));
+            }
+            Encoded(Arc::new(Inner {
+                block: block.freeze(),
+                fields,
+                _values: headers.clone(),
+            }))
+        }
+
+        /// If `headers` starts with exactly the encoded fields: their encoding and count.
+        pub fn prefix_of(&self, headers: &HeaderMap) -> Option<(&[u8], usize)> {
+            let mut it = headers.iter();
+            for (name, addr, len, sensitive) in &self.0.fields {
+                let (n, v) = it.next()?;
+                let same = n == name
+                    && v.as_bytes().as_ptr() as usize == *addr
+                    && v.len() == *len
+                    && v.is_sensitive() == *sensitive;
+                if !same {
+                    return None;
+                }
+            }
+            Some((&self.0.block, self.0.fields.len()))
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+        use http::HeaderValue;
+
+        #[test]
+        fn the_encoding_is_used_only_for_the_same_values_in_the_same_order() {
+            let mut stored = HeaderMap::new();
+            stored.insert("content-type", HeaderValue::from_static("text/plain"));
+            stored.append("x-a", HeaderValue::from_str("1").unwrap());
+            stored.append("x-a", HeaderValue::from_str("2").unwrap());
+            let enc = Encoded::new(&stored);
+            let mut expect = BytesMut::new();
+            for (n, v) in stored.iter() {
+                crate::hpack::Encoder::field(
+                    &mut expect,
+                    n.as_str().as_bytes(),
+                    v.as_bytes(),
+                    false,
+                );
+            }
+            let mut resp = stored.clone();
+            resp.insert("age", HeaderValue::from_static("3"));
+            let (block, n) = enc.prefix_of(&resp).expect("a clone plus more fields");
+            assert_eq!((block, n), (&expect[..], 3));
+            // An equal value in a new allocation, a removed field, a sensitive flag: no.
+            let mut changed = stored.clone();
+            changed.insert("content-type", HeaderValue::from_str("text/plain").unwrap());
+            assert!(enc.prefix_of(&changed).is_none());
+            let mut removed = stored.clone();
+            removed.remove("content-type");
+            assert!(enc.prefix_of(&removed).is_none());
+            let mut sensitive = stored.clone();
+            sensitive
+                .get_mut("content-type")
+                .unwrap()
+                .set_sensitive(true);
+            assert!(enc.prefix_of(&sensitive).is_none());
+        }
+    }
+}
 
 /// The `date` response header value, formatted once per second per thread.
 pub(crate) mod date {
