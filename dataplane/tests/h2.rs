@@ -281,6 +281,11 @@ async fn bodies_larger_than_both_windows_go_both_ways() {
 #[tokio::test]
 async fn trailers_pass_both_ways() {
     let (_h, addr) = start(|_| {}).await;
+    trailers_round_trip(addr).await;
+}
+
+/// A POST with request trailers to the h2c backend; its response trailers echo them.
+async fn trailers_round_trip(addr: SocketAddr) {
     let mut send = h2c_sender(addr).await;
     let mut t = http::HeaderMap::new();
     t.insert(
@@ -681,4 +686,18 @@ async fn header_read_and_idle_timeouts_close_connections() {
     assert_eq!(&p[..], b"fixed reply");
     assert_eq!(raw.goaway().await, Some(Reason::NO_ERROR));
     assert!(raw.frame().await.is_none(), "then closed");
+}
+
+#[tokio::test]
+async fn the_hyper_engine_still_serves_http2_when_chosen() {
+    let (_h, addr) = start(|c| c.limits.http2_engine = Http2Engine::Hyper).await;
+    let (out, err) = curl(&[
+        "--http2-prior-knowledge",
+        "-w",
+        " %{http_version} %{http_code}",
+        &format!("http://{addr}/fixed"),
+    ])
+    .await;
+    assert_eq!(out, "fixed reply 2 200", "{err}");
+    trailers_round_trip(addr).await;
 }

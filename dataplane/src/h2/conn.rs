@@ -279,8 +279,6 @@ struct Driver<I> {
 
     /// GOAWAY sent: no new streams; close when the streams are done.
     going_away: bool,
-    /// The client sent GOAWAY.
-    peer_going_away: bool,
     /// A connection error: write the GOAWAY, then close.
     closing: Option<H2Error>,
     settings_sent_at: Instant,
@@ -302,7 +300,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
         mut stop: tokio::sync::watch::Receiver<bool>,
     ) -> Driver<I> {
         let now = Instant::now();
-        let mut write_buf = BytesMut::with_capacity(WRITE_HIGH);
+        let mut write_buf = BytesMut::with_capacity(4096);
         frame::put_settings(
             &mut write_buf,
             &[
@@ -346,7 +344,6 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
             conn_recv_window: cfg.conn_window as i64,
             conn_release: 0,
             going_away: false,
-            peer_going_away: false,
             closing: None,
             settings_sent_at: now,
             settings_acked: false,
@@ -421,8 +418,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
             }
             // Finished?
             let done = self.closing.is_some()
-                || ((self.going_away || self.peer_going_away || self.read_closed)
-                    && self.streams.is_empty());
+                || ((self.going_away || self.read_closed) && self.streams.is_empty());
             if done && self.write_buf.is_empty() {
                 self.set_close_deadline();
                 let expired = self.close_deadline.is_some_and(|d| Instant::now() >= d);
@@ -646,7 +642,8 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
                 if payload.len() < 8 {
                     return Err(Fault::Conn(Reason::FRAME_SIZE_ERROR, "GOAWAY length"));
                 }
-                self.peer_going_away = true;
+                // The client closes the connection when its streams are done (the idle
+                // timeout bounds the wait); nothing to change here.
                 let code = u32::from_be_bytes([payload[4], payload[5], payload[6], payload[7]]);
                 if code != 0 {
                     tracing::debug!(reason = %Reason(code), "client sent GOAWAY");
@@ -895,7 +892,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
             self.maybe_close(id);
             return Ok(());
         }
-        if id % 2 == 0 {
+        if id.is_multiple_of(2) {
             return Err(Fault::Conn(Reason::PROTOCOL_ERROR, "even stream id"));
         }
         if id <= self.last_stream {
@@ -1057,7 +1054,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
             self.settings_acked = true;
             return Ok(());
         }
-        if payload.len() % 6 != 0 {
+        if !payload.len().is_multiple_of(6) {
             return Err(Fault::Conn(Reason::FRAME_SIZE_ERROR, "SETTINGS length"));
         }
         self.control_flood()?;
@@ -1862,6 +1859,137 @@ mod tests {
         strip_connection_headers(&mut h);
         assert_eq!(h.len(), 1);
         assert!(h.contains_key("x-end"));
+    }
+
+    /// A driver over an in-memory pipe, with the default runtime (no listeners: every request
+    /// gets the pipeline's 404 text reply), and the client end.
+    async fn pipe_driver() -> (tokio::io::DuplexStream, crate::runtime::Runtime) {
+        let rt = crate::runtime::Runtime::new(crate::runtime::RuntimeOptions::default()).unwrap();
+        let (client, server) = tokio::io::duplex(1 << 20);
+        let conn = Arc::new(ConnInfo {
+            listener: "x".into(),
+            peer: "127.0.0.1:1".parse().unwrap(),
+            local: "127.0.0.1:2".parse().unwrap(),
+            tls: false,
+            sni: None,
+        });
+        let (_tx, stop) = tokio::sync::watch::channel(false);
+        let settings = Settings::from_limits(&sweety_config::Limits::default());
+        let shared = rt.shared.clone();
+        tokio::spawn(async move {
+            let _tx = _tx;
+            let _ = serve(server, shared, conn, settings, stop).await;
+        });
+        (client, rt)
+    }
+
+    async fn read_frame(
+        c: &mut tokio::io::DuplexStream,
+        buf: &mut BytesMut,
+    ) -> Option<(Head, Bytes)> {
+        loop {
+            if buf.len() >= HEADER_LEN {
+                let h = Head::parse(buf);
+                if buf.len() >= HEADER_LEN + h.len as usize {
+                    let mut f = buf.split_to(HEADER_LEN + h.len as usize);
+                    f.advance(HEADER_LEN);
+                    return Some((h, f.freeze()));
+                }
+            }
+            let read = tokio::time::timeout(Duration::from_secs(10), c.read_buf(buf));
+            if read.await.expect("a frame in time").ok()? == 0 {
+                return None;
+            }
+        }
+    }
+
+    fn request(id: u32, end_stream: bool) -> BytesMut {
+        let mut block = BytesMut::new();
+        for (n, v) in [(":method", "GET"), (":scheme", "http"), (":path", "/")] {
+            Encoder::field(&mut block, n.as_bytes(), v.as_bytes(), false);
+        }
+        let mut out = BytesMut::new();
+        frame::put_headers(&mut out, id, &block, end_stream, 16_384);
+        out
+    }
+
+    #[tokio::test]
+    async fn response_data_follows_the_peers_stream_window() {
+        use tokio::io::AsyncWriteExt;
+        let (mut c, _rt) = pipe_driver().await;
+        let mut out = BytesMut::from(&frame::PREFACE[..]);
+        // A 5-byte initial stream window.
+        frame::put_settings(&mut out, &[(setting::INITIAL_WINDOW_SIZE, 5)]);
+        out.extend_from_slice(&request(1, true));
+        c.write_all(&out).await.unwrap();
+        let mut buf = BytesMut::new();
+        let mut data = Vec::new();
+        let mut granted = 5;
+        loop {
+            let (h, p) = read_frame(&mut c, &mut buf).await.expect("frames");
+            if h.kind != kind::DATA {
+                continue;
+            }
+            assert!(
+                p.len() <= 5,
+                "a DATA frame within the 5-byte window: {}",
+                p.len()
+            );
+            data.extend_from_slice(&p);
+            if h.has(flag::END_STREAM) {
+                break;
+            }
+            if data.len() == granted {
+                // Exhausted: nothing more until the window grows.
+                let mut wu = BytesMut::new();
+                frame::put_window_update(&mut wu, 1, 5);
+                c.write_all(&wu).await.unwrap();
+                granted += 5;
+            }
+        }
+        assert!(String::from_utf8_lossy(&data).starts_with("404 Not Found"));
+    }
+
+    #[tokio::test]
+    async fn frames_on_closed_or_even_streams_get_the_right_errors() {
+        use tokio::io::AsyncWriteExt;
+        let (mut c, _rt) = pipe_driver().await;
+        let mut out = BytesMut::from(&frame::PREFACE[..]);
+        frame::put_settings(&mut out, &[]);
+        out.extend_from_slice(&request(1, true));
+        c.write_all(&out).await.unwrap();
+        let mut buf = BytesMut::new();
+        loop {
+            let (h, _) = read_frame(&mut c, &mut buf).await.unwrap();
+            if h.kind == kind::DATA && h.has(flag::END_STREAM) {
+                break;
+            }
+        }
+        // DATA on the finished stream: a stream error.
+        let mut out = BytesMut::new();
+        frame::put_data(&mut out, 1, b"x", false);
+        c.write_all(&out).await.unwrap();
+        let (h, p) = loop {
+            let f = read_frame(&mut c, &mut buf).await.unwrap();
+            if f.0.kind == kind::RST_STREAM {
+                break f;
+            }
+        };
+        assert_eq!(
+            (h.stream, &p[..]),
+            (1, &Reason::STREAM_CLOSED.0.to_be_bytes()[..])
+        );
+        // A request on an even stream id: a connection error.
+        c.write_all(&request(2, true)).await.unwrap();
+        let (_, p) = loop {
+            let f = read_frame(&mut c, &mut buf).await.unwrap();
+            if f.0.kind == kind::GOAWAY {
+                break f;
+            }
+        };
+        assert_eq!(&p[4..8], &Reason::PROTOCOL_ERROR.0.to_be_bytes());
+        assert_eq!(&p[..4], &1u32.to_be_bytes(), "last stream processed");
+        assert!(read_frame(&mut c, &mut buf).await.is_none(), "then closed");
     }
 
     #[test]
