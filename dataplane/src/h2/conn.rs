@@ -135,7 +135,7 @@ struct Stream {
     pending: Bytes,
     /// The body has no more data (trailers may follow in `trailers`).
     body_done: bool,
-    trailers: Option<HeaderMap>,
+    trailers: Option<Box<HeaderMap>>,
     waker: Option<Waker>,
     queued: bool,
     /// Extended CONNECT: the tunnel's response body, sent instead of the response's on a 2xx.
@@ -615,16 +615,30 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
             if self.read_buf.len() < total {
                 break;
             }
-            let mut raw = self.read_buf.split_to(total);
-            raw.advance(HEADER_LEN);
-            let payload = raw.freeze();
             if !self.got_settings {
                 if head.kind != kind::SETTINGS || head.has(flag::ACK) {
                     return Err(Fault::Conn(Reason::PROTOCOL_ERROR, "expected SETTINGS"));
                 }
                 self.got_settings = true;
             }
-            match self.frame(head, payload) {
+            let r = if head.kind == kind::DATA {
+                // DATA payloads go to request bodies as they are (no copy).
+                let mut raw = self.read_buf.split_to(total);
+                raw.advance(HEADER_LEN);
+                if self.cont.is_some() {
+                    Err(Fault::Conn(Reason::PROTOCOL_ERROR, "expected CONTINUATION"))
+                } else {
+                    self.on_data(head, raw.freeze())
+                }
+            } else {
+                // Other frames are handled in place in the read buffer.
+                let buf = std::mem::take(&mut self.read_buf);
+                let r = self.frame(head, &buf[HEADER_LEN..total]);
+                self.read_buf = buf;
+                self.read_buf.advance(total);
+                r
+            };
+            match r {
                 Ok(()) => {}
                 Err(Fault::Stream(id, reason)) => {
                     // Stream errors the client provokes count like its own resets.
@@ -637,14 +651,13 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
         Ok(())
     }
 
-    fn frame(&mut self, head: Head, payload: Bytes) -> FResult {
+    fn frame(&mut self, head: Head, payload: &[u8]) -> FResult {
         if let Some((c, _)) = &self.cont {
             if head.kind != kind::CONTINUATION || head.stream != c.stream {
                 return Err(Fault::Conn(Reason::PROTOCOL_ERROR, "expected CONTINUATION"));
             }
         }
         match head.kind {
-            kind::DATA => self.on_data(head, payload),
             kind::HEADERS => self.on_headers(head, payload),
             kind::PRIORITY => {
                 if head.stream == 0 {
@@ -818,7 +831,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
         Ok(())
     }
 
-    fn on_headers(&mut self, head: Head, payload: Bytes) -> FResult {
+    fn on_headers(&mut self, head: Head, payload: &[u8]) -> FResult {
         let id = head.stream;
         if id == 0 {
             return Err(Fault::Conn(Reason::PROTOCOL_ERROR, "HEADERS on stream 0"));
@@ -862,7 +875,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
         Ok(())
     }
 
-    fn on_continuation(&mut self, head: Head, payload: Bytes) -> FResult {
+    fn on_continuation(&mut self, head: Head, payload: &[u8]) -> FResult {
         let max_block = self.max_block();
         let Some((c, _)) = self.cont.as_mut() else {
             return Err(Fault::Conn(
@@ -1034,12 +1047,12 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
             }
         };
         let req = Request::from_parts(parts, body);
-        let fut =
-            crate::pipeline::handle(self.shared.clone(), self.conn.clone(), Protocol::Http2, req);
+        let (shared, conn) = (self.shared.clone(), self.conn.clone());
+        let mut fut =
+            box_in_place(move || crate::pipeline::handle(shared, conn, Protocol::Http2, req));
         self.streams.insert(id, s);
         // First poll inline: ready responses (cache hits, fixed replies, refusals) are
         // answered in this read's write without a task.
-        let mut fut = Box::pin(fut);
         let mut cx = Context::from_waker(Waker::noop());
         let first =
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| fut.as_mut().poll(&mut cx)));
@@ -1454,7 +1467,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
                         }
                         Err(f) => {
                             if let Ok(t) = f.into_trailers() {
-                                s.trailers = Some(t);
+                                s.trailers = Some(Box::new(t));
                             }
                             s.body_done = true;
                         }
@@ -1584,6 +1597,13 @@ impl<I> Drop for Driver<I> {
             }
         }
     }
+}
+
+/// Boxes the value `make` returns, allocating first so that the optimizer can build it in
+/// its heap slot (the request future is a few KiB; built on the stack, it is copied).
+fn box_in_place<F>(make: impl FnOnce() -> F) -> Pin<Box<F>> {
+    let slot = Box::<F>::new_uninit();
+    Box::into_pin(Box::write(slot, make()))
 }
 
 /// Headers that are connection-specific in HTTP/1.1 and not allowed in HTTP/2.
