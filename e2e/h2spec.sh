@@ -4,23 +4,25 @@
 # Builds h2spec (pinned with all its modules by e2e/h2spec/go.mod and go.sum, cached in
 # ~/.cache/sweety/tools/bin per go.sum) and the dataplane (cargo; or SWEETY_BIN), starts the
 # dataplane on free 127.0.0.1 ports in front of a small body-reading backend (python3), and
-# runs every h2spec case twice: h2c with prior knowledge, and TLS with ALPN h2. Prints h2spec's summary and writes
-# <out>/{h2c,tls}.{txt,xml} (plain and JUnit reports) plus the dataplane's log.
+# runs every h2spec case twice: h2c with prior knowledge, and TLS with ALPN h2. Prints
+# h2spec's summary and writes <out>/{h2c,tls}.{txt,xml} (plain and JUnit reports), the
+# failed case ids (<out>/failed.txt) and the dataplane's log.
 #
 #   e2e/h2spec.sh [out-dir]          # default out-dir: a fresh temporary directory
 #
 # Exit status: 0 when every failing case is listed in e2e/h2spec-known-failures.txt and every
 # listed case still fails; 1 otherwise (a new failure, or a fixed one whose line must go).
 #
-# Why h2spec v2.2.1: later tags (v2.3.0+) have a go.mod that declares the module without the
-# /v2 suffix their major version needs, so the Go module proxy refuses them (`go install
-# ...@v2.6.0` fails with "invalid version"); v2.2.1 is the last tag without a go.mod
-# (v2.2.1+incompatible). Without a go.mod its dependencies would float to their latest
-# versions, so e2e/h2spec/go.mod pins them (it builds with Go 1.26).
+# Why h2spec v2.2.1: the later tags (up to v2.6.0) come with a go.mod that declares the module
+# without the /v2 suffix a v2 tag needs, so Go rejects them as invalid versions and the module
+# proxy does not serve them (`go install github.com/summerwind/h2spec/cmd/h2spec@v2.6.0`: "This
+# module version is not available"; `go list -m -versions` lists only v1.5.0 and
+# v2.2.1+incompatible). v2.2.1 is the last tag without a go.mod; its dependencies would then
+# float to their latest versions, so e2e/h2spec/go.mod pins them (it builds with Go 1.26).
 #
 # Environment: SWEETY_BIN (dataplane binary; default: cargo build into CARGO_TARGET_DIR),
 # H2SPEC_TIMEOUT (seconds per case, default 2), H2SPEC_ARGS (extra h2spec arguments, e.g. a
-# spec section such as "http2/6.5" to run only those cases).
+# spec section such as "http2/6.5" to run only those cases, or -S for the strict cases too).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)

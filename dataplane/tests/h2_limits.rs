@@ -34,7 +34,9 @@ const ACK: u8 = 0x1;
 const END_HEADERS: u8 = 0x4;
 
 const NO_ERROR: u32 = 0x0;
+const PROTOCOL_ERROR: u32 = 0x1;
 const FLOW_CONTROL_ERROR: u32 = 0x3;
+const REFUSED_STREAM: u32 = 0x7;
 const CANCEL: u32 = 0x8;
 
 /// The request header list limit the tests configure (`limits.max_header_bytes`).
@@ -252,6 +254,11 @@ async fn silent_backend() -> SocketAddr {
 }
 
 async fn start() -> (Harness, SocketAddr) {
+    start_with(|_| {}).await
+}
+
+/// [`start`] with some limits changed.
+async fn start_with(limits: impl FnOnce(&mut sweety_config::Limits)) -> (Harness, SocketAddr) {
     let silent = silent_backend().await;
     let mut cfg = http_config(vec![vhost(
         "any",
@@ -263,6 +270,7 @@ async fn start() -> (Harness, SocketAddr) {
     )]);
     cfg.backends = vec![backend("silent", silent)];
     cfg.limits.max_header_bytes = MAX_HEADER_BYTES;
+    limits(&mut cfg.limits);
     let h = Harness::start(cfg).await;
     let addr = h.addr("web").await;
     (h, addr)
@@ -413,12 +421,19 @@ async fn control_flood(ty: u8, payload: &[u8]) {
     for _ in 0..COUNT {
         all.extend_from_slice(&one);
     }
-    // A server that stops reading while its ACKs are not read makes this write wait: that is
-    // backpressure, fine too; the bound stops the wait and the reads below drain it.
-    let write = timeout(PHASE, wr.write_all(&all)).await;
     let marker = *b"sweety!!";
-    let _ = wr.write_all(&frame(PING, 0, 0, &marker)).await;
+    all.extend(frame(PING, 0, 0, &marker));
+    // Written whole by a task (never cut mid-frame). Not reading for up to 5 s: a server that
+    // stops reading while its ACKs go unread (backpressure, fine too) keeps the write
+    // waiting, and the reads below then let it finish.
+    let mut writer = tokio::spawn(async move {
+        let r = wr.write_all(&all).await;
+        (wr, r)
+    });
+    let early = timeout(Duration::from_secs(5), &mut writer).await.ok();
+    let backpressure = early.is_none();
     let mut acks = 0usize;
+    let mut server_settings = false;
     let deadline = Instant::now() + PHASE;
     loop {
         match rd.next(deadline).await {
@@ -438,10 +453,10 @@ async fn control_flood(ty: u8, payload: &[u8]) {
                 }
                 acks += 1;
             }
-            Event::Frame(f) if f.ty == SETTINGS && f.flags & ACK == 0 => {}
+            Event::Frame(f) if f.ty == SETTINGS && f.flags & ACK == 0 => server_settings = true,
             Event::Frame(_) => {}
             Event::Closed => {
-                println!("flood of type {ty}: closed after {acks} ACKs (write {write:?})");
+                println!("flood of type {ty}: closed after {acks} ACKs");
                 fresh_request_succeeds(addr).await;
                 return;
             }
@@ -450,8 +465,16 @@ async fn control_flood(ty: u8, payload: &[u8]) {
             }
         }
     }
-    println!("flood of type {ty}: answered, {acks} ACKs for {COUNT} frames");
-    // SETTINGS ACKs: one per SETTINGS (RFC 9113 §6.5.3), plus ours for the server's first.
+    println!("flood of type {ty}: answered, {acks} ACKs for {COUNT} frames (backpressure: {backpressure})");
+    let (mut wr, written) = match early {
+        Some(done) => done.unwrap(),
+        None => writer.await.unwrap(),
+    };
+    written.expect("the flood was written whole");
+    if server_settings {
+        wr.write_all(&frame(SETTINGS, ACK, 0, &[])).await.unwrap();
+    }
+    // SETTINGS ACKs: one per SETTINGS (RFC 9113 §6.5.3), plus one for our opening SETTINGS.
     // PING: one per PING is what the RFC asks; a server may drop some under load, but not
     // answer more than were sent.
     assert!(acks <= COUNT + 1, "{acks} ACKs for {COUNT} frames");
@@ -624,6 +647,134 @@ async fn stream_window_overflow_is_a_stream_error() {
         other => panic!("expected RST_STREAM(FLOW_CONTROL_ERROR) on stream 1: {other:?}"),
     }
     assert_eq!(request_on(&mut rd, &mut wr, 3, "/").await, 200);
+    fresh_request_succeeds(addr).await;
+}
+
+/// With `max_concurrent_streams: 8`, the server advertises 8 and refuses streams past it
+/// (RST_STREAM with REFUSED_STREAM or PROTOCOL_ERROR, RFC 9113 §5.1.2) while 8 are open
+/// (their responses wait for a silent backend).
+#[tokio::test]
+async fn streams_past_the_concurrency_limit_are_refused() {
+    let (_h, addr) = start_with(|l| l.max_concurrent_streams = 8).await;
+    let (mut rd, mut wr) = open(addr).await;
+    let ev = rd
+        .until(
+            &mut wr,
+            "the server's SETTINGS",
+            |e| matches!(e, Event::Frame(f) if f.ty == SETTINGS && f.flags & ACK == 0),
+        )
+        .await;
+    let Event::Frame(settings) = ev else {
+        unreachable!()
+    };
+    let advertised = settings
+        .payload
+        .chunks(6)
+        .find(|p| p[..2] == [0, 3])
+        .map(|p| u32::from_be_bytes(p[2..6].try_into().unwrap()));
+    assert_eq!(
+        advertised,
+        Some(8),
+        "SETTINGS_MAX_CONCURRENT_STREAMS in {settings:?}"
+    );
+    let mut out = Vec::new();
+    for i in 0..12u32 {
+        out.extend(frame(
+            HEADERS,
+            END_STREAM | END_HEADERS,
+            2 * i + 1,
+            &request_block("/hang"),
+        ));
+    }
+    wr.write_all(&out).await.unwrap();
+    let mut refused = Vec::new();
+    while refused.len() < 4 {
+        let ev = rd
+            .until(
+                &mut wr,
+                "RST_STREAM for the streams past 8",
+                |e| matches!(e, Event::Frame(f) if f.ty == RST_STREAM || f.ty == GOAWAY),
+            )
+            .await;
+        let Event::Frame(f) = ev else { unreachable!() };
+        assert_eq!(
+            f.ty, RST_STREAM,
+            "a stream error, not a connection error: {f:?}"
+        );
+        assert!(
+            [REFUSED_STREAM, PROTOCOL_ERROR].contains(&f.error_code()),
+            "{f:?}"
+        );
+        refused.push(f.stream);
+    }
+    refused.sort_unstable();
+    assert_eq!(
+        refused,
+        [17, 19, 21, 23],
+        "the streams past the 8th are the refused ones"
+    );
+    fresh_request_succeeds(addr).await;
+}
+
+/// A connection that sends nothing at all (not even the preface) is closed once
+/// `header_read_timeout` (here 1 s) has passed.
+#[tokio::test]
+#[ignore = "fails on the hyper server: hyper-util's auto builder waits for the first bytes (to tell HTTP/1.1 from h2c) without a timeout, so a silent connection holds its slot; still open after 20 s, also with idle_timeout 2 s"]
+async fn silent_connection_is_closed() {
+    let (_h, addr) =
+        start_with(|l| l.header_read_timeout = sweety_config::Duration::from_secs(1)).await;
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let (rd, mut wr) = tcp.into_split();
+    let mut rd = Reader {
+        rd,
+        hpack: Decoder::new(),
+    };
+    let end = until_goaway_or_close(&mut rd, &mut wr, "the close of a silent connection").await;
+    assert!(
+        end.is_none(),
+        "nothing was sent, so no GOAWAY is expected either: {end:?}"
+    );
+    fresh_request_succeeds(addr).await;
+}
+
+/// A header block that is started (HEADERS without END_HEADERS) and never finished is cut
+/// off once `header_read_timeout` (here 1 s) has passed: GOAWAY or close (slowloris over
+/// HTTP/2).
+#[tokio::test]
+#[ignore = "fails on the hyper server: h2 has no timeout for an unfinished header block; still open after 20 s with header_read_timeout 1 s"]
+async fn unfinished_header_block_is_cut_off() {
+    let (_h, addr) =
+        start_with(|l| l.header_read_timeout = sweety_config::Duration::from_secs(1)).await;
+    let (mut rd, mut wr) = open(addr).await;
+    // Settle SETTINGS first: nothing but CONTINUATION may follow the HEADERS frame (§6.10),
+    // so the wait below writes nothing, and leaves PINGs unanswered (a server's keep-alive
+    // could end the connection too, but only after its own, longer timeout).
+    rd.until(
+        &mut wr,
+        "the server's SETTINGS",
+        |e| matches!(e, Event::Frame(f) if f.ty == SETTINGS && f.flags & ACK == 0),
+    )
+    .await;
+    wr.write_all(&frame(HEADERS, 0, 1, &request_block("/")))
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let deadline = started + PHASE;
+    let end = loop {
+        match rd.next(deadline).await {
+            Event::Frame(f) if f.ty == GOAWAY => break Some(f),
+            Event::Frame(_) => {}
+            Event::Closed => break None,
+            Event::Timeout => panic!("a stalled header block still holds the connection"),
+        }
+    };
+    println!(
+        "unfinished header block: {end:?} after {:?}",
+        started.elapsed()
+    );
+    if let Some(g) = &end {
+        assert_ne!(g.error_code(), NO_ERROR, "{g:?}");
+    }
     fresh_request_succeeds(addr).await;
 }
 
