@@ -741,3 +741,17 @@ async fn provoked_stream_errors_count_as_resets() {
     raw.send(&out).await;
     assert_eq!(raw.goaway().await, Some(Reason::ENHANCE_YOUR_CALM));
 }
+
+#[test]
+fn the_engine_setting_is_parsed_and_checked() {
+    let c = Config::from_yaml("version: 1\nlimits: {http2_engine: hyper}\n").unwrap();
+    assert_eq!(c.limits.http2_engine, Http2Engine::Hyper);
+    let c = Config::from_yaml("version: 1\n").unwrap();
+    assert_eq!(c.limits.http2_engine, Http2Engine::Sweety, "the default");
+    assert!(
+        !c.to_yaml().contains("http2_engine"),
+        "the default is left out when written"
+    );
+    let err = Config::from_yaml("version: 1\nlimits: {http2_engine: h2}\n").unwrap_err();
+    assert!(err.to_string().contains("http2_engine"), "{err}");
+}
