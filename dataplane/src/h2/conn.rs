@@ -667,13 +667,13 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
                 if payload.len() != 5 {
                     return Err(Fault::Stream(head.stream, Reason::FRAME_SIZE_ERROR));
                 }
-                if frame::priority_dependency(&payload) == head.stream {
+                if frame::priority_dependency(payload) == head.stream {
                     return Err(Fault::Stream(head.stream, Reason::PROTOCOL_ERROR));
                 }
                 Ok(())
             }
-            kind::RST_STREAM => self.on_rst(head, &payload),
-            kind::SETTINGS => self.on_settings(head, &payload),
+            kind::RST_STREAM => self.on_rst(head, payload),
+            kind::SETTINGS => self.on_settings(head, payload),
             kind::PUSH_PROMISE => Err(Fault::Conn(
                 Reason::PROTOCOL_ERROR,
                 "PUSH_PROMISE from a client",
@@ -687,7 +687,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
                 }
                 if !head.has(flag::ACK) {
                     self.control_flood()?;
-                    frame::put_ping_ack(&mut self.write_buf, &payload);
+                    frame::put_ping_ack(&mut self.write_buf, payload);
                 }
                 Ok(())
             }
@@ -706,7 +706,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
                 }
                 Ok(())
             }
-            kind::WINDOW_UPDATE => self.on_window_update(head, &payload),
+            kind::WINDOW_UPDATE => self.on_window_update(head, payload),
             kind::CONTINUATION => self.on_continuation(head, payload),
             // Unknown frame types are ignored (RFC 9113 §4.1).
             _ => Ok(()),
@@ -836,7 +836,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
         if id == 0 {
             return Err(Fault::Conn(Reason::PROTOCOL_ERROR, "HEADERS on stream 0"));
         }
-        let mut block = &payload[..];
+        let mut block = payload;
         if head.has(flag::PADDED) {
             block =
                 frame::unpad(block).ok_or(Fault::Conn(Reason::PROTOCOL_ERROR, "bad padding"))?;
@@ -890,7 +890,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
                 "header block too large",
             ));
         }
-        c.block.extend_from_slice(&payload);
+        c.block.extend_from_slice(payload);
         if !head.has(flag::END_HEADERS) {
             if payload.is_empty() {
                 self.empty_flood()?;
