@@ -192,6 +192,20 @@ async fn curl_and_h2load_get_answers_over_h2c_and_tls() {
     .await;
     assert_eq!(out, "site A 2 200", "{err}");
 
+    // nghttp (h2c, prior knowledge), with its frame log: our SETTINGS, then the answer.
+    let out = bounded(
+        tokio::process::Command::new("nghttp")
+            .args(["-v", "-t", "10", &format!("http://{addr}/fixed")])
+            .output(),
+    )
+    .await
+    .expect("nghttp runs");
+    let log = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{log}");
+    assert!(log.contains("SETTINGS_ENABLE_CONNECT_PROTOCOL"), "{log}");
+    assert!(log.contains(":status: 200"), "{log}");
+    assert!(log.contains("fixed reply"), "{log}");
+
     // Many concurrent streams on few connections, h2c and TLS.
     for url in [
         format!("http://{addr}/fixed"),
