@@ -1398,7 +1398,18 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
             s.queued = false;
             self.grant_stream(id);
             if self.step(id) {
-                self.enqueue(id);
+                // A stream in the middle of a body chunk goes on first: its chunk is freed
+                // before other streams' bodies are read (round-robin per write would hold one
+                // chunk per stream at once: 1,000 streams x 128 KiB).
+                let mid_chunk = self.streams.get(&id).is_some_and(|s| !s.pending.is_empty());
+                if let Some(s) = self.streams.get_mut(&id) {
+                    s.queued = true;
+                    if mid_chunk {
+                        self.queue.push_front(id);
+                    } else {
+                        self.queue.push_back(id);
+                    }
+                }
             }
         }
     }
