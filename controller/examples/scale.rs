@@ -2,10 +2,11 @@
 //!
 //! Builds a snapshot with one Gateway and N HTTPRoutes (plus Services and EndpointSlices),
 //! then measures, against a real `sweety-dataplane --control-socket` process:
-//! - translate, encode + hash (`Pusher::submit_now`) and push-until-Ack of the whole config;
-//! - single-route changes: incremental translate (`translate_incremental`, the reconcile
-//!   loop's path) + submit (per-item digests) + push as an `ApplyDelta` until Ack, p50/p99
-//!   over M changes;
+//! - translate (`TranslateCache::update`, empty cache), hash (`Pusher::submit_items_now`) and
+//!   push-until-Ack of the whole config;
+//! - single-route changes: incremental translate (`TranslateCache::update`, the reconcile
+//!   loop's path) + submit (tree hash over the items' digests) + push as an `ApplyDelta` until
+//!   Ack, p50/p99 over M changes;
 //! - dataplane RSS with N routes (from /proc/PID/status) and this process's RSS holding the
 //!   snapshot of every object.
 //!
@@ -15,7 +16,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use sweety_controller::push::{PushOptions, Pusher};
-use sweety_controller::translate::{translate_incremental, Params, Snapshot, TranslateCache};
+use sweety_controller::translate::{Params, Snapshot, TranslateCache};
 use sweety_gateway_api::httproutes::HttpRoute;
 
 /// The same allocator as the controller binary.
@@ -144,16 +145,16 @@ async fn main() {
     // `submit_now` (serialize once, hash, queue), then the push until the dataplane's Ack.
     let mut cache = TranslateCache::default();
     let t0 = Instant::now();
-    let out = translate_incremental(&snap, &params, &mut cache);
+    let out = cache.update(&snap, &params);
     let t_translate = t0.elapsed();
     let routes_out: usize = out
         .config
         .virtual_hosts
         .iter()
-        .map(|v| v.routes.len())
+        .map(|v| v.value.routes.len())
         .sum();
     let t1 = Instant::now();
-    let generation = pusher.submit_now(out.config);
+    let generation = pusher.submit_items_now(out.config.clone());
     let t_encode = t1.elapsed();
     let t2 = Instant::now();
     wait_acked(&pusher, generation).await;
@@ -189,10 +190,10 @@ async fn main() {
         route.metadata.resource_version = Some(format!("{}", i + 2));
         snap.http_routes[idx] = Arc::new(route);
         let t = Instant::now();
-        let out = translate_incremental(&snap, &params, &mut cache);
+        let config = cache.update(&snap, &params).config.clone();
         let t_tr = t.elapsed();
         assert_eq!(cache.stats().translated, 1, "one route translated again");
-        let generation = pusher.submit_now(out.config);
+        let generation = pusher.submit_items_now(config);
         let t_sub = t.elapsed();
         wait_acked(&pusher, generation).await;
         let total = t.elapsed();

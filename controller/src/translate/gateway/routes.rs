@@ -117,7 +117,9 @@ pub fn translate(
     b.route_cache = cache;
 }
 
-fn route(
+/// Translate one route object: its entries into `out`, its backends, attachment counts,
+/// policy use and status into `b`, `gateways` and `policies`.
+pub(super) fn route(
     b: &mut Builder<'_>,
     gateways: &mut [GwState],
     policies: &mut Policies,
