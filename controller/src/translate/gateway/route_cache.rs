@@ -27,19 +27,19 @@ use sweety_config::Backend;
 /// A route object of the snapshot: its identity and its spec, converted only when needed.
 pub struct Object<'a> {
     keep: Arc<dyn Any + Send + Sync>,
-    spec: Box<dyn Fn() -> serde_json::Value + 'a>,
+    spec: Box<dyn Fn() -> Vec<u8> + 'a>,
 }
 
 impl<'a> Object<'a> {
     pub fn new<T: Any + Send + Sync, S: Serialize>(object: &Arc<T>, spec: &'a S) -> Self {
         Object {
             keep: object.clone(),
-            spec: Box::new(move || serde_json::to_value(spec).unwrap_or_default()),
+            spec: Box::new(move || serde_json::to_vec(spec).unwrap_or_default()),
         }
     }
 
-    /// The spec as a JSON value (the route front end reads its uniform model from it).
-    pub fn spec(&self) -> serde_json::Value {
+    /// The spec as JSON (the route front end reads its uniform model from it).
+    pub fn spec(&self) -> Vec<u8> {
         (self.spec)()
     }
 
@@ -139,13 +139,7 @@ impl RouteCache {
         kind: RouteKind,
         meta: &ObjectMeta,
         object: Object<'_>,
-        translate: impl FnOnce(
-            &mut Builder<'_>,
-            &mut [GwState],
-            &mut Policies,
-            &mut Collected,
-            &serde_json::Value,
-        ),
+        translate: impl FnOnce(&mut Builder<'_>, &mut [GwState], &mut Policies, &mut Collected, &[u8]),
     ) {
         let addr = object.addr();
         if let Some(e) = self.entries.get_mut(&addr) {

@@ -107,20 +107,24 @@ pub struct VhostMemo {
     pub reused: usize,
 }
 
-/// Every route object of the snapshot.
-fn objects<'s>(b: &Builder<'s>) -> Vec<(RouteKind, &'s ObjectMeta, Object<'s>)> {
+/// The route objects of the snapshot that `known` does not know (with `known` marking the
+/// others), and how many it knew.
+fn unknown<'s>(
+    b: &Builder<'s>,
+    mut known: impl FnMut(usize) -> bool,
+) -> (Vec<(RouteKind, &'s ObjectMeta, Object<'s>)>, usize) {
     let s = b.snapshot;
-    let mut items: Vec<(RouteKind, &ObjectMeta, Object<'_>)> = Vec::with_capacity(
-        s.http_routes.len()
-            + s.grpc_routes.len()
-            + s.tls_routes.len()
-            + s.tcp_routes.len()
-            + s.udp_routes.len(),
-    );
+    let mut new = Vec::new();
+    let mut seen = 0;
     macro_rules! add {
         ($list:expr, $kind:expr) => {
             for r in &$list {
-                items.push(($kind, &r.metadata, Object::new(r, &r.spec)));
+                // The address `Object::addr` gives, without building the object.
+                if known(Arc::as_ptr(r) as *const () as usize) {
+                    seen += 1;
+                } else {
+                    new.push(($kind, &r.metadata, Object::new(r, &r.spec)));
+                }
             }
         };
     }
@@ -129,7 +133,7 @@ fn objects<'s>(b: &Builder<'s>) -> Vec<(RouteKind, &'s ObjectMeta, Object<'s>)> 
     add!(s.tls_routes, RouteKind::Tls);
     add!(s.tcp_routes, RouteKind::Tcp);
     add!(s.udp_routes, RouteKind::Udp);
-    items
+    (new, seen)
 }
 
 /// Dirty parts of one sync.
@@ -231,16 +235,15 @@ impl VhostMemo {
             }
         }
         let epoch = self.epoch;
-        let mut new = Vec::new();
-        for (kind, meta, object) in objects(b) {
-            match self.routes.get_mut(&object.addr()) {
-                Some(m) => {
-                    m.seen = epoch;
-                    self.reused += 1;
-                }
-                None => new.push((kind, meta, object)),
+        let routes = &mut self.routes;
+        let (new, seen) = unknown(b, |addr| match routes.get_mut(&addr) {
+            Some(m) => {
+                m.seen = epoch;
+                true
             }
-        }
+            None => false,
+        });
+        self.reused = seen;
         // Take out what left before adding what came, so a replaced object's backends are
         // never compared with its successor's.
         let gone: Vec<usize> = self
