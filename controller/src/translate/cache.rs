@@ -368,9 +368,9 @@ impl Front {
 }
 
 /// `value` as an item: the previous item of its name when equal (no digest computed).
-fn reuse<T: serde::Serialize + PartialEq>(prev: &BTreeMap<String, Item<T>>, value: T) -> Item<T>
+fn reuse<T>(prev: &BTreeMap<String, Item<T>>, value: T) -> Item<T>
 where
-    T: Named,
+    T: serde::Serialize + PartialEq + Named,
 {
     match prev.get(value.name()) {
         Some(p) if *p.value == value => p.clone(),
