@@ -450,34 +450,23 @@ impl VhostMemo {
 
     /// Emits the dirty virtual hosts, L4 listeners and statuses.
     fn emit(&mut self, b: &mut Builder<'_>, dirty: Dirty, first: bool, changes: &mut Changes) {
-        let hosts: Vec<HostKey> = if dirty.all_hosts {
-            self.hosts.keys().cloned().collect()
+        if dirty.all_hosts {
+            // The first sync: every virtual host, and the caller assembles everything (no
+            // names to record).
+            for (hk, rules) in &self.hosts {
+                let (name, vh) = host(&self.layout, hk, Some(rules));
+                set(&mut self.virtual_hosts, name, vh, &mut BTreeSet::new());
+            }
         } else {
-            dirty.hosts.into_iter().collect()
-        };
-        for hk in hosts {
-            let (g, gi, host) = hk.clone();
-            let group = &self.layout[g].groups[gi];
-            let name = emit::virtual_host_name(group, &host);
-            let vh = self.hosts.get(&hk).map(|rules| {
-                let mut routes = Vec::with_capacity(rules.len());
-                let mut last: Option<&SortKey> = None;
-                for ((key, _), route) in rules {
-                    // The same sort key from two kinds: the first kind's rule (translate's
-                    // order) is the one kept.
-                    if last != Some(key) {
-                        routes.push(route.clone());
-                    }
-                    last = Some(key);
-                }
-                emit::virtual_host(group, host, routes)
-            });
-            set(
-                &mut self.virtual_hosts,
-                name,
-                vh,
-                &mut changes.virtual_hosts,
-            );
+            for hk in dirty.hosts {
+                let (name, vh) = host(&self.layout, &hk, self.hosts.get(&hk));
+                set(
+                    &mut self.virtual_hosts,
+                    name,
+                    vh,
+                    &mut changes.virtual_hosts,
+                );
+            }
         }
         for (g, gi) in dirty.l4 {
             let gw = &self.world.gateways[g];
@@ -527,6 +516,31 @@ impl VhostMemo {
             changes.statuses.push((key, Some(status)));
         }
     }
+}
+
+/// The name and (None: no rules left) the virtual host of `hk` with `rules`.
+fn host(
+    layout: &[GwLayout],
+    hk: &HostKey,
+    rules: Option<&BTreeMap<(SortKey, RouteKind), Route>>,
+) -> (String, Option<VirtualHost>) {
+    let (g, gi, host) = hk;
+    let group = &layout[*g].groups[*gi];
+    let name = emit::virtual_host_name(group, host);
+    let vh = rules.map(|rules| {
+        let mut routes = Vec::with_capacity(rules.len());
+        let mut last: Option<&SortKey> = None;
+        for ((key, _), route) in rules {
+            // The same sort key from two kinds: the first kind's rule (translate's order) is
+            // the one kept.
+            if last != Some(key) {
+                routes.push(route.clone());
+            }
+            last = Some(key);
+        }
+        emit::virtual_host(group, host.clone(), routes)
+    });
+    (name, vh)
 }
 
 /// Sets (Some) or removes (None) the item `name` of `map`, recording the name when the
