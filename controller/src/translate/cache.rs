@@ -607,7 +607,7 @@ mod tests {
         s: &mut Snapshot,
         removed: &mut Vec<Arc<sweety_gateway_api::httproutes::HttpRoute>>,
     ) -> &'static str {
-        match rng.below(16) {
+        match rng.below(18) {
             0 | 1 => {
                 if touch(rng, &mut s.http_routes) {
                     "touch HTTPRoute"
@@ -793,6 +793,21 @@ mod tests {
                 s.http_routes.push(Arc::new(r));
                 "add HTTPRoute"
             }
+            16 => {
+                // Ingress and SweetySite objects (translated in full beside the routes' memo):
+                // one goes away, or one is touched.
+                match rng.below(3) {
+                    0 => remove(rng, &mut s.ingresses).map_or("none", |_| "remove Ingress"),
+                    1 => remove(rng, &mut s.sites).map_or("none", |_| "remove SweetySite"),
+                    _ => {
+                        if touch(rng, &mut s.ingresses) | touch(rng, &mut s.sites) {
+                            "touch Ingress/SweetySite"
+                        } else {
+                            "none"
+                        }
+                    }
+                }
+            }
             _ => {
                 s.http_routes.reverse();
                 s.grpc_routes.reverse();
@@ -870,6 +885,62 @@ mod tests {
             vhost_memo < total,
             "no golden used the per-route memo: {vhost_memo} of {total}"
         );
+    }
+
+    #[test]
+    fn ingresses_beside_gateway_routes_match_translate_through_edits() {
+        // No golden mixes them: Ingress translation runs in full beside the routes' memo,
+        // registering the same backends (first the Gateway API's), so check that mix here.
+        let mut y = String::from(
+            "apiVersion: networking.k8s.io/v1\nkind: IngressClass\nmetadata: {name: sweety}\nspec: {controller: sweety.dev/ingress-controller}\n---\n\
+apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {name: sweety}\nspec: {controllerName: sweety.dev/gateway-controller}\n---\n\
+apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: gw, namespace: app}\n\
+spec:\n  gatewayClassName: sweety\n  listeners: [{name: http, port: 80, protocol: HTTP}]\n---\n",
+        );
+        for s in 0..3 {
+            y.push_str(&format!(
+                "apiVersion: v1\nkind: Service\nmetadata: {{name: svc{s}, namespace: app}}\nspec: {{ports: [{{name: http, port: 80, targetPort: 8080}}]}}\n---\n\
+apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: svc{s}-a, namespace: app, labels: {{kubernetes.io/service-name: svc{s}}}}}\n\
+addressType: IPv4\nports: [{{name: http, port: 8080}}]\nendpoints: [{{addresses: [10.0.0.{s}]}}]\n---\n\
+apiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {{name: ing{s}, namespace: app, creationTimestamp: \"2026-01-01T00:00:0{s}Z\"{}}}\n\
+spec:\n  ingressClassName: sweety\n  rules:\n  - host: i{s}.example.com\n    http:\n      paths: [{{path: /, pathType: Prefix, backend: {{service: {{name: svc{s}, port: {{number: 80}}}}}}}}]\n---\n",
+                if s == 1 {
+                    ", annotations: {nginx.ingress.kubernetes.io/affinity: cookie}"
+                } else {
+                    ""
+                }
+            ));
+        }
+        for r in 0..9 {
+            y.push_str(&format!(
+                "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{name: r{r}, namespace: app}}\n\
+spec:\n  parentRefs: [{{name: gw}}]\n  hostnames: [h{}.example.com]\n  rules: [{{backendRefs: [{{name: svc{}, port: 80}}]}}]\n---\n",
+                r % 4,
+                r % 3
+            ));
+        }
+        let (mut s, _) = Snapshot::from_yaml(&y).unwrap();
+        let params = Params::default();
+        let mut cache = TranslateCache::default();
+        let first = translate_incremental(&s, &params, &mut cache);
+        assert_eq!(first, translate(&s, &params));
+        assert!(cache.vhosts.is_some(), "the per-virtual-host memo is used");
+        assert!(first
+            .config
+            .virtual_hosts
+            .iter()
+            .any(|v| v.name.starts_with("ingress/")));
+        let mut rng = Rng(0x5eed);
+        let mut removed = Vec::new();
+        let mut done = Vec::new();
+        for step in 0..80 {
+            done.push(edit(&mut rng, &mut s, &mut removed));
+            let incremental = translate_incremental(&s, &params, &mut cache);
+            assert!(
+                incremental == translate(&s, &params),
+                "step {step}, after {done:?}: incremental output differs"
+            );
+        }
     }
 
     #[test]
