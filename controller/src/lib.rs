@@ -5,6 +5,7 @@
 //! - The runtime parts (watches, the push to the dataplane, the status writer, leader election)
 //!   live in their own modules and only move data in and out of `translate`.
 
+pub mod config_items;
 pub mod error;
 pub mod gateway_services;
 pub mod health;

@@ -3,8 +3,12 @@
 //! described in docs/control-protocol.md.
 //!
 //! * [`Pusher::submit`] numbers a config (the next generation) only when its content hash
-//!   changed. The hash is the per-item tree hash ([`Digests`]): only listeners, virtual hosts
-//!   and backends that differ from the previous submit are serialized for it.
+//!   changed. The hash is the per-item tree hash ([`sweety_config::delta::Digests`]): only
+//!   listeners, virtual hosts and backends that differ from the previous submit are
+//!   serialized for it. [`Pusher::submit_items_now`] takes the config as [`ConfigItems`]
+//!   (the translate cache's): items that did not change are the same allocations with their
+//!   digests, so nothing is compared or serialized for them, and the pusher keeps no copy of
+//!   the config (its latest and base configs share the translate cache's items).
 //! * The first push on a connection is a full `Apply`; later ones are `ApplyDelta`s against
 //!   the config last sent on the connection, carrying only changed items. A `Nack`ed delta
 //!   (base mismatch, or a result the dataplane rejects) is followed by the full config.
@@ -19,13 +23,13 @@
 //! * Connection failures are retried with exponential backoff up to
 //!   [`PushOptions::max_backoff`].
 
+use crate::config_items::ConfigItems;
 use std::collections::VecDeque;
 use std::io;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use sweety_config::delta::{ConfigDelta, Digests};
 use sweety_config::wire::{self, FrameHeader, Hello, Message, HEADER_LEN};
 use sweety_config::Config;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -115,19 +119,12 @@ struct Counters {
     latency_total_us: AtomicU64,
 }
 
-/// A config with `generation` 0 (the frame carries the generation, so renumbering never
-/// touches it) and its digests.
-#[derive(Clone)]
-struct Hashed {
-    config: Arc<Config>,
-    digests: Arc<Digests>,
-}
-
-/// The config to push, numbered.
+/// The config to push, numbered. The items have `generation` 0 (the frame carries the
+/// generation, so renumbering never touches them).
 struct Latest {
     generation: u64,
     hash: String,
-    body: Hashed,
+    body: Arc<ConfigItems>,
     /// Submitted with [`Pusher::submit_now`]: sent without waiting for a quiet period.
     urgent: bool,
 }
@@ -192,20 +189,27 @@ impl Pusher {
         self.offer(config, true)
     }
 
-    fn offer(&self, mut config: Config, urgent: bool) -> u64 {
-        config.generation = 0;
-        // Digests of unchanged items come from the previous submit.
+    /// Like [`Pusher::submit_now`] for a config given as items: unchanged items are the same
+    /// allocations as in the previous submit (the translate cache keeps them), so only the
+    /// changed ones cost anything here and in the delta.
+    pub fn submit_items_now(&self, items: ConfigItems) -> u64 {
+        let hash = items.hash();
+        self.queue_items(Arc::new(items), hash, true)
+    }
+
+    fn offer(&self, config: Config, urgent: bool) -> u64 {
+        // Items (and digests) of unchanged items come from the previous submit.
         let prev = self.shared.queue().latest.as_ref().map(|l| l.body.clone());
-        let digests = match &prev {
-            Some(p) => Digests::reuse(&config, &p.config, &p.digests),
-            None => Digests::of(&config),
+        let items = match &prev {
+            Some(p) => ConfigItems::from_config_reusing(config, p),
+            None => ConfigItems::from_config(config),
         };
         drop(prev);
-        let hash = digests.hash();
-        let body = Hashed {
-            config: Arc::new(config),
-            digests: Arc::new(digests),
-        };
+        let hash = items.hash();
+        self.queue_items(Arc::new(items), hash, urgent)
+    }
+
+    fn queue_items(&self, body: Arc<ConfigItems>, hash: String, urgent: bool) -> u64 {
         let generation = {
             let mut q = self.shared.queue();
             if let Some(l) = &q.latest {
@@ -432,7 +436,7 @@ async fn session(
     }));
     // The config last sent on this connection (the base of the next delta); `None` until
     // the first full `Apply`, and again after a `Nack`ed delta.
-    let mut base: Option<(u64, Hashed)> = None;
+    let mut base: Option<(u64, Arc<ConfigItems>)> = None;
     let quiet = opts.debounce / 4;
     let mut inflight: VecDeque<Inflight> = VecDeque::new();
     // First and last change of the current burst; none right after connecting (send at once).
@@ -498,13 +502,12 @@ async fn session(
             {
                 let Some((generation, hash, body, _)) = pending else { continue };
                 burst = None;
-                let delta = base.as_ref().and_then(|(g, b)| {
-                    ConfigDelta::between(&b.config, &b.digests, &body.config, &body.digests)
-                        .map(|d| (*g, d))
-                });
+                let delta = base
+                    .as_ref()
+                    .and_then(|(g, b)| body.delta_from(b, &hash).map(|d| (*g, d)));
                 let encoded = match &delta {
                     Some((g, d)) => wire::encode_apply_delta(generation, *g, d),
-                    None => wire::encode_apply(generation, &body.config),
+                    None => wire::encode_apply_json(generation, &body.to_json()),
                 };
                 let frame = match encoded {
                     Ok(f) => f,

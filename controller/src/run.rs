@@ -1,5 +1,6 @@
 //! The reconcile loop: watch events (leading-edge debounced) → snapshot →
-//! `translate_incremental` (per-route cache) → static content on disk → `Pusher::submit_now`
+//! `TranslateCache::update` (incremental translate) → static content on disk →
+//! `Pusher::submit_items_now`
 //! → (leader only) per-Gateway Services and statuses, the latter gated by the dataplane's Ack
 //! of the submitted generation.
 //!
@@ -14,9 +15,7 @@ use crate::metrics::Metrics;
 use crate::push::{PushState, Pusher};
 use crate::status_writer::{Gate, StatusWriter, FIELD_MANAGER};
 use crate::translate::status::Statuses;
-use crate::translate::{
-    translate_incremental, GatewayService, Params, Snapshot, StaticContent, TranslateCache,
-};
+use crate::translate::{GatewayService, Params, Snapshot, StaticContent, TranslateCache};
 use crate::watch::{object_counts, WatchOptions, Watches};
 use crate::Error;
 use kube::runtime::events::Reporter;
@@ -44,7 +43,9 @@ pub struct RunOptions {
 /// The last translation, kept for status rewrites on Ack and leadership changes.
 struct Translated {
     snapshot: Snapshot,
-    statuses: Statuses,
+    /// Shared with the translate cache, which updates it in place (dropped before the next
+    /// translate so that no copy is made).
+    statuses: Arc<Statuses>,
     gateway_services: Vec<GatewayService>,
     generation: u64,
     submitted_at: Instant,
@@ -119,11 +120,17 @@ pub async fn run(
             dirty = false;
             let started = Instant::now();
             next_allowed = Some(started + options.debounce);
+            // The last translation's statuses are shared with the cache: let go of them so
+            // that the cache updates them in place.
+            let prev = last
+                .take()
+                .map(|p| (p.generation, p.submitted_at, p.latency_recorded));
             let mut t = reconcile(&watches, &options.params, &pusher, &metrics, &mut cache);
-            if let Some(prev) = last.as_ref().filter(|p| p.generation == t.generation) {
+            if let Some((_, submitted_at, latency_recorded)) = prev.filter(|p| p.0 == t.generation)
+            {
                 // Same config, same generation: its push latency is already measured (or pending).
-                t.submitted_at = prev.submitted_at;
-                t.latency_recorded = prev.latency_recorded;
+                t.submitted_at = submitted_at;
+                t.latency_recorded = latency_recorded;
             }
             last = Some(t);
             let leading = leader_open && *is_leader.borrow();
@@ -229,23 +236,22 @@ fn reconcile(
     let snapshot = watches.stores.snapshot();
     metrics.set_objects(&object_counts(&snapshot));
     let started = Instant::now();
-    let output = translate_incremental(&snapshot, params, cache);
+    let output = cache.update(&snapshot, params);
     metrics.translate_duration.observe(started.elapsed());
     metrics.translates.fetch_add(1, Ordering::Relaxed);
     if let Err(e) = write_static_content(&params.content_dir, &output.static_content) {
         tracing::warn!(error = %e, "writing static content failed");
         metrics.error(e.kind());
     }
-    let mut counter = ByteCounter(0);
-    if serde_json::to_writer(&mut counter, &output.config).is_ok() {
-        metrics.config_bytes.store(counter.0, Ordering::Relaxed);
-    }
+    metrics
+        .config_bytes
+        .store(output.config.json_len() as u64, Ordering::Relaxed);
     // Bursts are already coalesced by the reconcile loop: no second debounce in the pusher.
-    let generation = pusher.submit_now(output.config);
+    let generation = pusher.submit_items_now(output.config.clone());
     Translated {
         snapshot,
-        statuses: output.statuses,
-        gateway_services: output.gateway_services,
+        statuses: output.statuses.clone(),
+        gateway_services: output.gateway_services.clone(),
         generation,
         submitted_at: Instant::now(),
         latency_recorded: false,
@@ -290,19 +296,6 @@ async fn write_statuses(
         metrics.error(e.kind());
     }
     report.errors.is_empty()
-}
-
-/// Counts bytes written to it (the config size without keeping the JSON).
-struct ByteCounter(u64);
-
-impl std::io::Write for ByteCounter {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0 += buf.len() as u64;
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
 }
 
 /// Write each static content directory that does not exist yet (directories are named by

@@ -1,52 +1,429 @@
 //! Incremental translation: [`translate_incremental`] gives exactly what [`super::translate`] gives,
-//! but reuses the translation of every route object that did not change since the previous
-//! call with the same [`TranslateCache`]. One changed HTTPRoute among thousands then costs
-//! the translation of that route plus assembling the output, not a translation of all of them.
+//! but reuses what did not change since the previous call with the same [`TranslateCache`].
+//! One changed HTTPRoute among thousands then costs the translation of that route and the
+//! emission of the virtual hosts it touches, not a pass over all of them.
 //!
 //! The cache is an explicit input and output, so translation stays pure: no I/O, no clock,
 //! and the output depends only on the snapshot and the params (the cache only saves work).
 //!
 //! What is reused, and when:
-//! * the world of a route: every object that is not a route (GatewayClasses, Gateways,
-//!   ReferenceGrants, BackendTLSPolicies, ListenerSets, Services, EndpointSlices, Secrets, ConfigMaps,
-//!   Namespaces, SweetyProxyConfigs, Ingress objects, SweetySites) and the [`Params`]. When any
-//!   of them changed (compared by `Arc` identity, in any order) every route is translated
-//!   again, except for Services and EndpointSlices: when only those changed, only the routes
-//!   whose translation looked up a changed Service (or the Service of a changed
-//!   EndpointSlice) are translated again. Services in the controller's own namespace (where
-//!   the per-Gateway Services live, which port allocation reads) still clear everything;
-//! * otherwise a route object whose `Arc` is the one seen last time is replayed from
-//!   [`gateway::RouteCache`] (see there why `Arc` identity is sound); a new or changed object
-//!   is translated and memoized. Objects that left the snapshot are forgotten.
+//! * the world of the routes: every object that is not a route, an Ingress, an IngressClass
+//!   or a SweetySite (GatewayClasses, Gateways, ReferenceGrants, BackendTLSPolicies,
+//!   ListenerSets, Services, EndpointSlices, Secrets, ConfigMaps, Namespaces,
+//!   SweetyProxyConfigs) and the [`Params`]. When any of them changed (compared by `Arc`
+//!   identity, in any order) every route is translated again, except for Services and
+//!   EndpointSlices: when only those changed, only the routes whose translation looked up a
+//!   changed Service (or the Service of a changed EndpointSlice) are translated again.
+//!   Services in the controller's own namespace or named like a per-Gateway Service (which
+//!   port allocation and Gateway status read) still count as a change of the world;
+//! * otherwise a route object whose `Arc` is the one seen last time is not translated again;
+//!   a new or changed object is translated, objects that left the snapshot are forgotten.
+//!   With [`gateway::VhostMemo`] (the usual case) the memo works per virtual host: only the
+//!   virtual hosts, L4 listeners, Gateway and policy statuses a changed route touches are
+//!   emitted again, and the output is updated in place. Where that memo does not apply (see
+//!   its docs) the per-route memo [`gateway::RouteCache`] replays every unchanged route into a
+//!   full assembly instead;
+//! * Ingress and SweetySite translation runs in full on every call (it is not memoized); its
+//!   items and statuses are compared with the previous call's.
 //!
-//! Ingress and SweetySite translation and the assembly of listeners and virtual hosts always
-//! run in full; they are linear in the number of routes and cheap next to route translation.
+//! [`TranslateCache::update`] returns the output as a [`Translation`] whose config is
+//! [`ConfigItems`]: items that did not change keep their allocation and digest, which is what
+//! the pusher builds deltas from without comparing or serializing them again.
 
-use super::{gateway, ingress, site, Builder, Output, Params, Snapshot};
+use super::status::Statuses;
+use super::{
+    addressing, gateway, ingress, site, Builder, GatewayService, Output, Params, Snapshot,
+    StaticContent,
+};
+use crate::config_items::{ConfigItems, Item};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
+use sweety_config::delta::{settings_of, Named};
+use sweety_config::{Backend, Config, Listener, VirtualHost};
 
 /// What [`translate_incremental`] carries from one call to the next.
 #[derive(Default)]
 pub struct TranslateCache {
     world: Option<World>,
+    /// Per-virtual-host memo (None: not built yet, or not usable for this world).
+    vhosts: Option<gateway::VhostMemo>,
+    /// The world cannot use `vhosts`: the per-route memo serves until the world changes.
+    vhosts_unsupported: bool,
+    /// Per-route memo (used when `vhosts` is not).
     routes: gateway::RouteCache,
+    /// What Ingress and SweetySite translation gave last time (with `vhosts`).
+    front: Front,
+    out: Option<Translation>,
+    stats: CacheStats,
 }
 
-/// Routes replayed and translated by the last [`translate_incremental`] call.
+/// Routes reused and translated by the last [`translate_incremental`] call.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CacheStats {
     pub replayed: usize,
     pub translated: usize,
 }
 
+/// The output of [`TranslateCache::update`]: [`Output`] with the config as shared items.
+#[derive(Clone, Debug)]
+pub struct Translation {
+    pub config: ConfigItems,
+    pub statuses: Arc<Statuses>,
+    pub gateway_services: Vec<GatewayService>,
+    pub static_content: Vec<StaticContent>,
+}
+
+impl Translation {
+    /// The same as an [`Output`] (copies everything).
+    pub fn to_output(&self) -> Output {
+        Output {
+            config: self.config.to_config(),
+            statuses: (*self.statuses).clone(),
+            gateway_services: self.gateway_services.clone(),
+            static_content: self.static_content.clone(),
+        }
+    }
+}
+
 impl TranslateCache {
     /// What the last call reused.
     pub fn stats(&self) -> CacheStats {
-        CacheStats {
+        self.stats
+    }
+
+    /// Translates `snapshot` (exactly what [`super::translate`] gives), reusing what did not
+    /// change since the last call. See the module docs.
+    pub fn update(&mut self, snapshot: &Snapshot, params: &Params) -> &Translation {
+        let change = self.world_change(snapshot, params);
+        if matches!(change, Change::All) {
+            self.vhosts = None;
+            self.vhosts_unsupported = false;
+            self.routes.clear();
+        }
+        if !self.vhosts_unsupported {
+            if self.update_vhosts(snapshot, params, &change).is_ok() {
+                return self.out.as_ref().expect("just set");
+            }
+            // This world is not for the per-virtual-host memo: start the per-route memo.
+            self.vhosts = None;
+            self.vhosts_unsupported = true;
+            self.front = Front::default();
+            self.routes.clear();
+        }
+        self.update_routes(snapshot, params, &change);
+        self.out.as_ref().expect("just set")
+    }
+
+    /// Compares the world with the last call's and remembers the new one.
+    fn world_change(&mut self, snapshot: &Snapshot, params: &Params) -> Change {
+        let (addrs, held) = world(snapshot);
+        let Some(w) = self.world.as_ref() else {
+            self.world = Some(World {
+                addrs,
+                params: params.clone(),
+                held,
+            });
+            return Change::All;
+        };
+        if w.addrs == addrs && w.params == *params {
+            return Change::None;
+        }
+        let others_same = w.params == *params
+            && w.addrs.len() == addrs.len()
+            && (0..addrs.len())
+                .filter(|&i| i != SERVICES && i != ENDPOINT_SLICES)
+                .all(|i| w.addrs[i] == addrs[i]);
+        let change = match others_same.then(|| changed_services(&w.held, &held)) {
+            // Port allocation and Gateway status read the per-Gateway Services.
+            Some(changed)
+                if !changed.iter().any(|(ns, name)| {
+                    *ns == params.namespace || name.starts_with(addressing::SERVICE_PREFIX)
+                }) =>
+            {
+                Change::Services(changed)
+            }
+            _ => Change::All,
+        };
+        self.world = Some(World {
+            addrs,
+            params: params.clone(),
+            held,
+        });
+        change
+    }
+
+    /// With the per-virtual-host memo; `Err` when this world is not for it.
+    fn update_vhosts(
+        &mut self,
+        snapshot: &Snapshot,
+        params: &Params,
+        change: &Change,
+    ) -> Result<(), gateway::vhost_cache::Unsupported> {
+        let mut b = Builder::new(snapshot, params);
+        let mut ch = gateway::Changes::default();
+        let first = self.vhosts.is_none() || self.out.is_none();
+        if first {
+            self.vhosts = None;
+            let mut memo = gateway::VhostMemo::new(&mut b)?;
+            memo.sync(&mut b, None, true, &mut ch)?;
+            self.vhosts = Some(memo);
+        } else {
+            let stale = match change {
+                Change::Services(s) => Some(s),
+                _ => None,
+            };
+            let memo = self.vhosts.as_mut().expect("checked");
+            if let Err(e) = memo.sync(&mut b, stale, false, &mut ch) {
+                self.vhosts = None;
+                return Err(e);
+            }
+        }
+        drop(b);
+        let memo = self.vhosts.as_ref().expect("just set");
+        self.stats = CacheStats {
+            replayed: memo.reused,
+            translated: memo.translated,
+        };
+        // A first sync assembles everything: the front's items and statuses all count as new.
+        let prev_front = std::mem::take(&mut self.front);
+        let prev_front = if first { Front::default() } else { prev_front };
+        self.front = Front::translate(snapshot, params, memo, &prev_front, &mut ch)?;
+        let (memo, front) = (self.vhosts.as_ref().expect("just set"), &self.front);
+        match self.out.as_mut().filter(|_| !first) {
+            Some(out) => {
+                apply(&mut out.config.listeners, &ch.listeners, |n| {
+                    memo.listeners.get(n).or_else(|| front.listeners.get(n))
+                });
+                apply(&mut out.config.virtual_hosts, &ch.virtual_hosts, |n| {
+                    memo.virtual_hosts
+                        .get(n)
+                        .or_else(|| front.virtual_hosts.get(n))
+                });
+                apply(&mut out.config.backends, &ch.backends, |n| {
+                    memo.backend(n).or_else(|| front.backends.get(n))
+                });
+                if !ch.statuses.is_empty() {
+                    let statuses = Arc::make_mut(&mut out.statuses);
+                    for (key, status) in ch.statuses {
+                        match status {
+                            Some(s) => statuses.insert(key, s),
+                            None => statuses.remove(&key),
+                        };
+                    }
+                }
+                if out.static_content != front.static_content {
+                    out.static_content = front.static_content.clone();
+                }
+            }
+            None => {
+                let listeners = merged(memo.listeners.values(), front.listeners.values())?;
+                let virtual_hosts =
+                    merged(memo.virtual_hosts.values(), front.virtual_hosts.values())?;
+                let backends = merged(memo.backends().map(|(_, i)| i), front.backends.values())?;
+                let mut statuses = Statuses::new();
+                for (key, status) in ch.statuses {
+                    match status {
+                        Some(s) => statuses.insert(key, s),
+                        None => statuses.remove(&key),
+                    };
+                }
+                let settings = Item::new(settings_of(&Config::default()));
+                self.out = Some(Translation {
+                    config: ConfigItems {
+                        settings,
+                        listeners,
+                        virtual_hosts,
+                        backends,
+                    },
+                    statuses: Arc::new(statuses),
+                    gateway_services: memo.gateway_services.clone(),
+                    static_content: front.static_content.clone(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// With the per-route memo: every route replayed or translated, the output assembled in
+    /// full, its items reused from the previous output where equal.
+    fn update_routes(&mut self, snapshot: &Snapshot, params: &Params, change: &Change) {
+        match change {
+            Change::None => {}
+            Change::Services(changed) => {
+                self.routes.invalidate_services(changed);
+            }
+            Change::All => self.routes.clear(),
+        }
+        self.routes.begin();
+        let mut b = Builder::new(snapshot, params);
+        b.route_cache = Some(&mut self.routes);
+        gateway::translate(&mut b);
+        ingress::translate(&mut b);
+        site::translate(&mut b);
+        let out = b.finish();
+        self.routes.end();
+        self.stats = CacheStats {
             replayed: self.routes.hits,
             translated: self.routes.misses,
+        };
+        let config = match &self.out {
+            Some(prev) => ConfigItems::from_config_reusing(out.config, &prev.config),
+            None => ConfigItems::from_config(out.config),
+        };
+        self.out = Some(Translation {
+            config,
+            statuses: Arc::new(out.statuses),
+            gateway_services: out.gateway_services,
+            static_content: out.static_content,
+        });
+    }
+}
+
+/// How the world changed since the last call.
+enum Change {
+    None,
+    /// Only these Services (namespace, name), or their EndpointSlices.
+    Services(BTreeSet<(String, String)>),
+    All,
+}
+
+/// Ingress and SweetySite output (translated in full every call, after the Gateway API).
+#[derive(Default)]
+struct Front {
+    listeners: BTreeMap<String, Item<Listener>>,
+    virtual_hosts: BTreeMap<String, Item<VirtualHost>>,
+    /// Backends that the Gateway API routes did not register.
+    backends: BTreeMap<String, Item<Backend>>,
+    statuses: Statuses,
+    static_content: Vec<StaticContent>,
+}
+
+impl Front {
+    /// Translates the Ingresses and SweetySites of `snapshot` as `translate` does after the
+    /// Gateway API (which registered `memo`'s backends first), recording what differs from
+    /// `prev` in `ch`.
+    fn translate(
+        snapshot: &Snapshot,
+        params: &Params,
+        memo: &gateway::VhostMemo,
+        prev: &Front,
+        ch: &mut gateway::Changes,
+    ) -> Result<Front, gateway::vhost_cache::Unsupported> {
+        let active = !snapshot.ingresses.is_empty() || !snapshot.sites.is_empty();
+        let mut next = Front::default();
+        if active {
+            let mut b = Builder::new(snapshot, params);
+            for (_, item) in memo.backends() {
+                b.backends.insert((*item.value).clone());
+            }
+            ingress::translate(&mut b);
+            site::translate(&mut b);
+            let unsupported = gateway::vhost_cache::Unsupported;
+            for l in b.listeners {
+                if memo.listeners.contains_key(&l.name) || next.listeners.contains_key(&l.name) {
+                    return Err(unsupported);
+                }
+                next.listeners
+                    .insert(l.name.clone(), reuse(&prev.listeners, l));
+            }
+            for v in b.virtual_hosts {
+                if memo.virtual_hosts.contains_key(&v.name)
+                    || next.virtual_hosts.contains_key(&v.name)
+                {
+                    return Err(unsupported);
+                }
+                next.virtual_hosts
+                    .insert(v.name.clone(), reuse(&prev.virtual_hosts, v));
+            }
+            for bk in b.backends.into_config() {
+                if memo.backend(&bk.name).is_none() {
+                    next.backends
+                        .insert(bk.name.clone(), reuse(&prev.backends, bk));
+                }
+            }
+            next.statuses = b.statuses;
+            next.static_content = b.static_content;
+            next.static_content.sort_by(|a, b| a.dir.cmp(&b.dir));
+        }
+        changed_names(&prev.listeners, &next.listeners, &mut ch.listeners);
+        changed_names(
+            &prev.virtual_hosts,
+            &next.virtual_hosts,
+            &mut ch.virtual_hosts,
+        );
+        changed_names(&prev.backends, &next.backends, &mut ch.backends);
+        for key in prev.statuses.keys() {
+            if !next.statuses.contains_key(key) {
+                ch.statuses.push((key.clone(), None));
+            }
+        }
+        for (key, status) in &next.statuses {
+            if prev.statuses.get(key) != Some(status) {
+                ch.statuses.push((key.clone(), Some(status.clone())));
+            }
+        }
+        Ok(next)
+    }
+}
+
+/// `value` as an item: the previous item of its name when equal (no digest computed).
+fn reuse<T>(prev: &BTreeMap<String, Item<T>>, value: T) -> Item<T>
+where
+    T: serde::Serialize + PartialEq + Named,
+{
+    match prev.get(value.name()) {
+        Some(p) if *p.value == value => p.clone(),
+        _ => Item::new(value),
+    }
+}
+
+/// Names whose item differs between `a` and `b` (added, removed or changed).
+fn changed_names<T>(
+    a: &BTreeMap<String, Item<T>>,
+    b: &BTreeMap<String, Item<T>>,
+    out: &mut BTreeSet<String>,
+) {
+    for (n, i) in a {
+        if !b.get(n).is_some_and(|j| j.same(i)) {
+            out.insert(n.clone());
+        }
+    }
+    for n in b.keys() {
+        if !a.contains_key(n) {
+            out.insert(n.clone());
+        }
+    }
+}
+
+/// Two name-sorted item sets as one list sorted by name; `Err` on a name in both.
+fn merged<'a, T: Named + 'a>(
+    a: impl Iterator<Item = &'a Item<T>>,
+    b: impl Iterator<Item = &'a Item<T>>,
+) -> Result<Vec<Item<T>>, gateway::vhost_cache::Unsupported> {
+    let mut v: Vec<Item<T>> = a.chain(b).cloned().collect();
+    v.sort_by(|x, y| x.value.name().cmp(y.value.name()));
+    if v.windows(2).any(|w| w[0].value.name() == w[1].value.name()) {
+        return Err(gateway::vhost_cache::Unsupported);
+    }
+    Ok(v)
+}
+
+/// Updates the name-sorted `list` for the `changed` names from `get` (None: removed).
+fn apply<'a, T: Named + 'a>(
+    list: &mut Vec<Item<T>>,
+    changed: &BTreeSet<String>,
+    get: impl Fn(&str) -> Option<&'a Item<T>>,
+) {
+    for name in changed {
+        let pos = list.binary_search_by(|i| i.value.name().cmp(name.as_str()));
+        match (pos, get(name)) {
+            (Ok(i), Some(item)) => list[i] = item.clone(),
+            (Ok(i), None) => {
+                list.remove(i);
+            }
+            (Err(i), Some(item)) => list.insert(i, item.clone()),
+            (Err(_), None) => {}
         }
     }
 }
@@ -60,8 +437,8 @@ struct World {
 }
 
 /// Positions of the Service and EndpointSlice lists in `World::addrs`.
-const SERVICES: usize = 9;
-const ENDPOINT_SLICES: usize = 10;
+const SERVICES: usize = 6;
+const ENDPOINT_SLICES: usize = 7;
 
 /// (namespace, name) of the Services whose object or EndpointSlices differ between `old` and
 /// `new` (by `Arc` identity).
@@ -106,11 +483,12 @@ fn addrs<T>(list: &[Arc<T>]) -> Vec<usize> {
     v
 }
 
-/// Every list of the snapshot except the routes: (addresses per list, the lists themselves).
+/// Every list of the snapshot that the routes' translation reads (not the routes, Ingresses,
+/// IngressClasses and SweetySites): (addresses per list, the lists themselves).
 fn world(s: &Snapshot) -> (Vec<Vec<usize>>, Snapshot) {
     let held = Snapshot {
-        ingress_classes: s.ingress_classes.clone(),
-        ingresses: s.ingresses.clone(),
+        ingress_classes: Vec::new(),
+        ingresses: Vec::new(),
         gateway_classes: s.gateway_classes.clone(),
         gateways: s.gateways.clone(),
         http_routes: Vec::new(),
@@ -121,7 +499,7 @@ fn world(s: &Snapshot) -> (Vec<Vec<usize>>, Snapshot) {
         reference_grants: s.reference_grants.clone(),
         backend_tls_policies: s.backend_tls_policies.clone(),
         listener_sets: s.listener_sets.clone(),
-        sites: s.sites.clone(),
+        sites: Vec::new(),
         proxy_configs: s.proxy_configs.clone(),
         services: s.services.clone(),
         endpoint_slices: s.endpoint_slices.clone(),
@@ -130,14 +508,11 @@ fn world(s: &Snapshot) -> (Vec<Vec<usize>>, Snapshot) {
         namespaces: s.namespaces.clone(),
     };
     let a = vec![
-        addrs(&s.ingress_classes),
-        addrs(&s.ingresses),
         addrs(&s.gateway_classes),
         addrs(&s.gateways),
         addrs(&s.reference_grants),
         addrs(&s.backend_tls_policies),
         addrs(&s.listener_sets),
-        addrs(&s.sites),
         addrs(&s.proxy_configs),
         addrs(&s.services),
         addrs(&s.endpoint_slices),
@@ -155,44 +530,7 @@ pub fn translate_incremental(
     params: &Params,
     cache: &mut TranslateCache,
 ) -> Output {
-    let (addrs, held) = world(snapshot);
-    let same = cache
-        .world
-        .as_ref()
-        .is_some_and(|w| w.addrs == addrs && w.params == *params);
-    if !same {
-        // Only Services or EndpointSlices changed: forget the routes that use them.
-        let scoped = cache.world.as_ref().and_then(|w| {
-            let others_same = w.params == *params
-                && w.addrs.len() == addrs.len()
-                && (0..addrs.len())
-                    .filter(|&i| i != SERVICES && i != ENDPOINT_SLICES)
-                    .all(|i| w.addrs[i] == addrs[i]);
-            let changed = others_same.then(|| changed_services(&w.held, &held))?;
-            let own = changed.iter().any(|(ns, _)| *ns == params.namespace);
-            (!own).then_some(changed)
-        });
-        match scoped {
-            Some(changed) => {
-                cache.routes.invalidate_services(&changed);
-            }
-            None => cache.routes.clear(),
-        }
-        cache.world = Some(World {
-            addrs,
-            params: params.clone(),
-            held,
-        });
-    }
-    cache.routes.begin();
-    let mut b = Builder::new(snapshot, params);
-    b.route_cache = Some(&mut cache.routes);
-    gateway::translate(&mut b);
-    ingress::translate(&mut b);
-    site::translate(&mut b);
-    let out = b.finish();
-    cache.routes.end();
-    out
+    cache.update(snapshot, params).to_output()
 }
 
 #[cfg(test)]
@@ -269,7 +607,7 @@ mod tests {
         s: &mut Snapshot,
         removed: &mut Vec<Arc<sweety_gateway_api::httproutes::HttpRoute>>,
     ) -> &'static str {
-        match rng.below(12) {
+        match rng.below(18) {
             0 | 1 => {
                 if touch(rng, &mut s.http_routes) {
                     "touch HTTPRoute"
@@ -382,6 +720,94 @@ mod tests {
                 s.services[i] = Arc::new(svc);
                 "edit Service"
             }
+            12 => {
+                // A route moves to another Gateway (every parentRef names it), or to a
+                // section of it.
+                if s.http_routes.is_empty() || s.gateways.is_empty() {
+                    return "none";
+                }
+                let i = rng.below(s.http_routes.len());
+                let gw = s.gateways[rng.below(s.gateways.len())].clone();
+                let section = match rng.below(3) {
+                    0 => gw.spec.listeners.first().map(|l| l.name.clone()),
+                    _ => None,
+                };
+                let mut r = (*s.http_routes[i]).clone();
+                for p in r.spec.parent_refs.iter_mut().flatten() {
+                    p.name = gw.metadata.name.clone().unwrap_or_default();
+                    p.namespace = gw.metadata.namespace.clone();
+                    p.section_name = section.clone();
+                }
+                s.http_routes[i] = Arc::new(r);
+                "move HTTPRoute to another Gateway"
+            }
+            13 => {
+                // A route takes another route's hostnames (now sharing its virtual hosts),
+                // or none (every hostname of its listeners).
+                if s.http_routes.is_empty() {
+                    return "none";
+                }
+                let i = rng.below(s.http_routes.len());
+                let j = rng.below(s.http_routes.len());
+                let mut r = (*s.http_routes[i]).clone();
+                r.spec.hostnames = if rng.below(4) == 0 {
+                    None
+                } else {
+                    s.http_routes[j].spec.hostnames.clone()
+                };
+                s.http_routes[i] = Arc::new(r);
+                "move HTTPRoute to other hostnames"
+            }
+            14 => {
+                // A Gateway listener changes hostname or port.
+                if s.gateways.is_empty() {
+                    return "none";
+                }
+                let i = rng.below(s.gateways.len());
+                let mut gw = (*s.gateways[i]).clone();
+                let Some(l) = gw.spec.listeners.first_mut() else {
+                    return "none";
+                };
+                match rng.below(3) {
+                    0 => l.hostname = None,
+                    1 => l.hostname = Some("*.example.com".into()),
+                    _ => l.port += 1,
+                }
+                s.gateways[i] = Arc::new(gw);
+                "change Gateway listener"
+            }
+            15 => {
+                // A new HTTPRoute: a copy of another under a new name.
+                if s.http_routes.is_empty() {
+                    return "none";
+                }
+                let i = rng.below(s.http_routes.len());
+                let mut r = (*s.http_routes[i]).clone();
+                r.metadata.name = Some(format!("added-{}", rng.below(1_000_000)));
+                if s.http_routes.iter().any(|x| {
+                    x.metadata.name == r.metadata.name
+                        && x.metadata.namespace == r.metadata.namespace
+                }) {
+                    return "none";
+                }
+                s.http_routes.push(Arc::new(r));
+                "add HTTPRoute"
+            }
+            16 => {
+                // Ingress and SweetySite objects (translated in full beside the routes' memo):
+                // one goes away, or one is touched.
+                match rng.below(3) {
+                    0 => remove(rng, &mut s.ingresses).map_or("none", |_| "remove Ingress"),
+                    1 => remove(rng, &mut s.sites).map_or("none", |_| "remove SweetySite"),
+                    _ => {
+                        if touch(rng, &mut s.ingresses) | touch(rng, &mut s.sites) {
+                            "touch Ingress/SweetySite"
+                        } else {
+                            "none"
+                        }
+                    }
+                }
+            }
             _ => {
                 s.http_routes.reverse();
                 s.grpc_routes.reverse();
@@ -394,7 +820,8 @@ mod tests {
     fn translate_incremental_matches_translate() {
         let cases = goldens();
         assert!(cases.len() >= 60, "golden inputs: {}", cases.len());
-        let (mut replayed_total, mut edit_replays) = (0, 0);
+        let total = cases.len();
+        let (mut replayed_total, mut edit_replays, mut vhost_memo) = (0, 0, 0);
         for (n, (path, snapshot, params)) in cases.into_iter().enumerate() {
             let name = path.file_name().unwrap().to_string_lossy().to_string();
             let mut cache = TranslateCache::default();
@@ -404,6 +831,9 @@ mod tests {
                 translate(&s, &params),
                 "{name}: first run"
             );
+            if cache.vhosts.is_some() {
+                vhost_memo += 1;
+            }
             // Nothing changed: every route is replayed, the output is the same.
             assert_eq!(
                 translate_incremental(&s, &params, &mut cache),
@@ -422,7 +852,7 @@ mod tests {
             let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ (n as u64 + 1));
             let mut removed = Vec::new();
             let mut done = Vec::new();
-            for step in 0..24 {
+            for step in 0..40 {
                 let what = edit(&mut rng, &mut s, &mut removed);
                 done.push(what);
                 let incremental = translate_incremental(&s, &params, &mut cache);
@@ -445,6 +875,144 @@ mod tests {
             edit_replays >= 500,
             "replays during edit sequences: {edit_replays}"
         );
+        // Both memos were compared: most goldens use the per-virtual-host one, those with a
+        // backend client certificate (and the like) the per-route one.
+        assert!(
+            vhost_memo >= 60,
+            "goldens with the vhost memo: {vhost_memo}"
+        );
+        assert!(
+            vhost_memo < total,
+            "no golden used the per-route memo: {vhost_memo} of {total}"
+        );
+    }
+
+    #[test]
+    fn ingresses_beside_gateway_routes_match_translate_through_edits() {
+        // No golden mixes them: Ingress translation runs in full beside the routes' memo,
+        // registering the same backends (first the Gateway API's), so check that mix here.
+        let mut y = String::from(
+            "apiVersion: networking.k8s.io/v1\nkind: IngressClass\nmetadata: {name: sweety}\nspec: {controller: sweety.dev/ingress-controller}\n---\n\
+apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {name: sweety}\nspec: {controllerName: sweety.dev/gateway-controller}\n---\n\
+apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: gw, namespace: app}\n\
+spec:\n  gatewayClassName: sweety\n  listeners: [{name: http, port: 80, protocol: HTTP}]\n---\n",
+        );
+        for s in 0..3 {
+            y.push_str(&format!(
+                "apiVersion: v1\nkind: Service\nmetadata: {{name: svc{s}, namespace: app}}\nspec: {{ports: [{{name: http, port: 80, targetPort: 8080}}]}}\n---\n\
+apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: svc{s}-a, namespace: app, labels: {{kubernetes.io/service-name: svc{s}}}}}\n\
+addressType: IPv4\nports: [{{name: http, port: 8080}}]\nendpoints: [{{addresses: [10.0.0.{s}]}}]\n---\n\
+apiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {{name: ing{s}, namespace: app, creationTimestamp: \"2026-01-01T00:00:0{s}Z\"{}}}\n\
+spec:\n  ingressClassName: sweety\n  rules:\n  - host: i{s}.example.com\n    http:\n      paths: [{{path: /, pathType: Prefix, backend: {{service: {{name: svc{s}, port: {{number: 80}}}}}}}}]\n---\n",
+                if s == 1 {
+                    ", annotations: {nginx.ingress.kubernetes.io/affinity: cookie}"
+                } else {
+                    ""
+                }
+            ));
+        }
+        for r in 0..9 {
+            y.push_str(&format!(
+                "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{name: r{r}, namespace: app}}\n\
+spec:\n  parentRefs: [{{name: gw}}]\n  hostnames: [h{}.example.com]\n  rules: [{{backendRefs: [{{name: svc{}, port: 80}}]}}]\n---\n",
+                r % 4,
+                r % 3
+            ));
+        }
+        let (mut s, _) = Snapshot::from_yaml(&y).unwrap();
+        let params = Params::default();
+        let mut cache = TranslateCache::default();
+        let first = translate_incremental(&s, &params, &mut cache);
+        assert_eq!(first, translate(&s, &params));
+        assert!(cache.vhosts.is_some(), "the per-virtual-host memo is used");
+        assert!(first
+            .config
+            .virtual_hosts
+            .iter()
+            .any(|v| v.name.starts_with("ingress/")));
+        let mut rng = Rng(0x5eed);
+        let mut removed = Vec::new();
+        let mut done = Vec::new();
+        for step in 0..80 {
+            done.push(edit(&mut rng, &mut s, &mut removed));
+            let incremental = translate_incremental(&s, &params, &mut cache);
+            assert!(
+                incremental == translate(&s, &params),
+                "step {step}, after {done:?}: incremental output differs"
+            );
+        }
+    }
+
+    #[test]
+    fn a_route_change_emits_only_its_virtual_hosts_again() {
+        let mut y = String::from(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {name: sweety}\nspec: {controllerName: sweety.dev/gateway-controller}\n---\n\
+apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: gw, namespace: app}\n\
+spec:\n  gatewayClassName: sweety\n  listeners: [{name: http, port: 80, protocol: HTTP}]\n---\n\
+apiVersion: v1\nkind: Service\nmetadata: {name: svc, namespace: app}\nspec: {ports: [{name: http, port: 80}]}\n---\n",
+        );
+        for r in 0..40 {
+            y.push_str(&format!(
+                "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{name: r{r}, namespace: app}}\n\
+spec:\n  parentRefs: [{{name: gw}}]\n  hostnames: [h{}.example.com]\n  rules: [{{backendRefs: [{{name: svc, port: 80}}]}}]\n---\n",
+                r % 20
+            ));
+        }
+        let (mut s, _) = Snapshot::from_yaml(&y).unwrap();
+        let params = Params::default();
+        let mut cache = TranslateCache::default();
+        let before = cache.update(&s, &params).clone();
+        assert!(cache.vhosts.is_some(), "the per-virtual-host memo is used");
+        assert_eq!(before.config.virtual_hosts.len(), 20);
+
+        // r3 (on h3 with r23) moves to h7 (with r7 and r27): h3 and h7 change, nothing else.
+        let mut r = (*s.http_routes[3]).clone();
+        r.spec.hostnames = Some(vec!["h7.example.com".into()]);
+        s.http_routes[3] = Arc::new(r);
+        let after = cache.update(&s, &params).clone();
+        assert_eq!(
+            cache.stats(),
+            CacheStats {
+                replayed: 39,
+                translated: 1
+            }
+        );
+        assert_eq!(after.to_output(), translate(&s, &params));
+        let mut changed = Vec::new();
+        for (a, b) in before
+            .config
+            .virtual_hosts
+            .iter()
+            .zip(&after.config.virtual_hosts)
+        {
+            assert_eq!(a.value.name, b.value.name);
+            if !Arc::ptr_eq(&a.value, &b.value) {
+                changed.push(b.value.name.clone());
+            }
+        }
+        assert_eq!(
+            changed,
+            ["gw/app/gw/80/h3.example.com", "gw/app/gw/80/h7.example.com"]
+        );
+        for (a, b) in before.config.backends.iter().zip(&after.config.backends) {
+            assert!(Arc::ptr_eq(&a.value, &b.value), "backends are unchanged");
+        }
+        // No status changed (a route's status does not name its hostnames).
+        assert_eq!(*after.statuses, *before.statuses);
+
+        // The delta the pusher sends carries exactly those two virtual hosts.
+        let delta = after
+            .config
+            .delta_from(&before.config, &after.config.hash())
+            .unwrap();
+        let names: Vec<&str> = delta
+            .virtual_hosts
+            .upsert
+            .iter()
+            .map(|v| v.name.as_str())
+            .collect();
+        assert_eq!(names, changed);
+        assert!(delta.listeners.is_empty() && delta.backends.is_empty());
     }
 
     #[test]
@@ -594,5 +1162,44 @@ spec:\n  parentRefs: [{{name: gw}}]\n  hostnames: [r{r}.example.com]\n  rules: [
             translate(&s, &params)
         );
         assert_eq!(cache.stats().translated, 30);
+    }
+}
+
+/// The shape of `examples/scale.rs` (what the benchmark measures) takes the fast path.
+#[cfg(test)]
+mod scale_shape_tests {
+    use super::*;
+
+    #[test]
+    fn the_scale_benchmark_shape_uses_the_vhost_memo() {
+        let mut y = String::new();
+        y.push_str(
+        "apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {name: sweety, generation: 1}\nspec: {controllerName: sweety.dev/gateway-controller}\n---\n\
+apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: gw, namespace: bench, generation: 1}\n\
+spec:\n  gatewayClassName: sweety\n  addresses: [{type: IPAddress, value: 127.0.0.1}]\n  listeners: [{name: http, port: 80, protocol: HTTP, allowedRoutes: {namespaces: {from: Same}}}]\n---\n",
+    );
+        let services = 5;
+        for s in 0..services {
+            y.push_str(&format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{name: svc-{s}, namespace: bench}}\nspec: {{ports: [{{name: http, port: 80, targetPort: 8080}}]}}\n---\n\
+apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: svc-{s}-a, namespace: bench, labels: {{kubernetes.io/service-name: svc-{s}}}}}\n\
+addressType: IPv4\nports: [{{name: http, port: 8080}}]\nendpoints: [{{addresses: [10.244.{}.{}]}}, {{addresses: [10.244.{}.{}]}}]\n---\n",
+            s / 100, s % 100 + 1, s / 100 + 100, s % 100 + 1
+        ));
+        }
+        for r in 0..20 {
+            y.push_str(&format!(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{name: r-{r}, namespace: bench, generation: 1, creationTimestamp: \"2026-01-01T00:00:00Z\"}}\n\
+spec:\n  parentRefs: [{{name: gw}}]\n  hostnames: [r{r}.bench.test]\n  rules:\n  - matches: [{{path: {{type: PathPrefix, value: /api}}}}]\n    backendRefs: [{{name: svc-{}, port: 80}}]\n  - backendRefs: [{{name: svc-{}, port: 80}}]\n---\n",
+            r % services,
+            (r + 1) % services
+        ));
+        }
+        let (s, _) = Snapshot::from_yaml(&y).unwrap();
+        let params = Params::default();
+        let mut cache = TranslateCache::default();
+        let out = cache.update(&s, &params).to_output();
+        assert!(cache.vhosts.is_some(), "the per-virtual-host memo is used");
+        assert_eq!(out, super::super::translate(&s, &params));
     }
 }

@@ -24,7 +24,7 @@ pub mod status;
 mod golden_tests;
 
 use backends::{Backends, ServiceIndex};
-pub use cache::{translate_incremental, CacheStats, TranslateCache};
+pub use cache::{translate_incremental, CacheStats, TranslateCache, Translation};
 use serde::{Deserialize, Serialize};
 pub use snapshot::Snapshot;
 use status::{ObjectKey, ObjectStatus, Statuses};

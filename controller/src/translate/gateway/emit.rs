@@ -8,7 +8,7 @@ use super::client_cert;
 use super::frontend;
 use super::listeners::{self, Proto};
 use super::listenersets;
-use super::routes::{Collected, HttpEntry, SortKey};
+use super::routes::{Collected, HttpEntry, L4Entry, SortKey};
 use super::GwState;
 use crate::translate::addressing::{self, Allocation, PortRequest};
 use crate::translate::status::{Condition, GatewayStatus, ObjectKey, ObjectStatus};
@@ -112,15 +112,256 @@ fn fix_redirect_port(route: &mut Route, port: u16) {
 }
 
 /// An L4 route of a Gateway port: its sort key, the listener it came through, the route.
-type PortL4Route = (SortKey, usize, L4Route);
+pub type PortL4Route = (SortKey, usize, L4Route);
 
 fn sort_routes(mut v: Vec<(SortKey, Route)>) -> Vec<Route> {
     v.sort_by(|a, b| a.0.cmp(&b.0));
     v.into_iter().map(|(_, r)| r).collect()
 }
 
+/// One dataplane listener of a Gateway: its programmed listeners sharing a port (and
+/// transport). Depends on the Gateway and its listeners only, not on routes.
+pub struct Group {
+    pub port: u16,
+    pub udp: bool,
+    /// The Gateway listeners on this port (indices into `GwState::listeners`).
+    pub idx: Vec<usize>,
+    pub proto: Proto,
+    /// The dataplane listener, without L4 routes.
+    pub listener: Listener,
+}
+
+impl Group {
+    /// Serves HTTP routes (virtual hosts), not L4 routes.
+    pub fn is_http(&self) -> bool {
+        matches!(self.proto, Proto::Http | Proto::Https)
+    }
+}
+
+/// The dataplane listeners of one Gateway and the ports of its Service.
+pub struct GwLayout {
+    pub groups: Vec<Group>,
+    pub service_ports: Vec<ServicePort>,
+}
+
+/// The dataplane listeners of every Gateway (in Gateway order), before routes are placed.
+pub fn layout(b: &Builder<'_>, gateways: &[GwState]) -> Vec<GwLayout> {
+    gateways.iter().map(|gw| gw_layout(b, gw)).collect()
+}
+
+fn gw_layout(b: &Builder<'_>, gw: &GwState) -> GwLayout {
+    let prefix = format!("gw/{}/{}", gw.namespace, gw.name);
+    // Programmed listeners by (port, udp).
+    let mut groups: BTreeMap<(u16, bool), Vec<usize>> = BTreeMap::new();
+    for (i, l) in gw.listeners.iter().enumerate() {
+        if let (true, Some(p)) = (l.programmed(), l.protocol) {
+            groups.entry((l.port, p.is_udp())).or_default().push(i);
+        }
+    }
+    let udp_ports: BTreeSet<u16> = groups.keys().filter(|k| k.1).map(|k| k.0).collect();
+    let mut service_ports = Vec::new();
+    let mut out = Vec::new();
+    for ((port, udp), idx) in groups {
+        let first = &gw.listeners[idx[0]];
+        let (Some(proto), Some(cport)) = (first.protocol, first.container_port) else {
+            continue;
+        };
+        // TLS listeners on one port share a dataplane listener: `tls` (per-route
+        // passthrough or terminate) when one of them terminates, else `tls_passthrough`.
+        let terminating: Vec<usize> = idx
+            .iter()
+            .copied()
+            .filter(|&i| gw.listeners[i].protocol == Some(Proto::TlsTerminate))
+            .collect();
+        let proto = match proto {
+            p if p.is_tls_route() && !terminating.is_empty() => Proto::TlsTerminate,
+            p if p.is_tls_route() => Proto::TlsPassthrough,
+            p => p,
+        };
+        let name = if udp {
+            format!("{prefix}/{port}/udp")
+        } else {
+            format!("{prefix}/{port}")
+        };
+        let transport = if udp { "UDP" } else { "TCP" };
+        service_ports.push(ServicePort {
+            name: format!("{}-{port}", transport.to_lowercase()),
+            protocol: transport.into(),
+            port,
+            target_port: cport,
+        });
+        let mut listener = Listener {
+            name,
+            address: b.params.listen_address.clone(),
+            port: cport,
+            protocol: match proto {
+                Proto::Http => ListenerProtocol::Http,
+                Proto::Https => ListenerProtocol::Https,
+                Proto::TlsPassthrough => ListenerProtocol::TlsPassthrough,
+                Proto::TlsTerminate => ListenerProtocol::Tls,
+                Proto::Tcp => ListenerProtocol::Tcp,
+                Proto::Udp => ListenerProtocol::Udp,
+            },
+            tls: None,
+            http3: true,
+            max_requests_in_flight: None,
+            // Clients reach the Gateway on its listener port, not the container port;
+            // only HTTPS advertises it (in Alt-Svc).
+            advertised_port: (proto == Proto::Https).then_some(port),
+            l4_routes: Vec::new(),
+        };
+        if proto == Proto::Https {
+            listener.tls = Some(ListenerTls {
+                certificates: idx
+                    .iter()
+                    .flat_map(|&i| gw.listeners[i].certificates.iter().cloned())
+                    .collect(),
+                min_version: TlsVersion::Tls12,
+                // Per port: the same for every listener of the group.
+                client_auth: first.client_auth.clone(),
+            });
+            listener.http3 = gw.http3 && !udp_ports.contains(&port);
+            if listener.http3 {
+                service_ports.push(ServicePort {
+                    name: format!("udp-{port}"),
+                    protocol: "UDP".into(),
+                    port,
+                    target_port: cport,
+                });
+            }
+        }
+        if proto == Proto::TlsTerminate {
+            listener.tls = Some(ListenerTls {
+                certificates: terminating
+                    .iter()
+                    .flat_map(|&i| gw.listeners[i].certificates.iter().cloned())
+                    .collect(),
+                min_version: TlsVersion::Tls12,
+                // Gateway spec.tls.frontend covers HTTPS listeners only.
+                client_auth: None,
+            });
+        }
+        out.push(Group {
+            port,
+            udp,
+            idx,
+            proto,
+            listener,
+        });
+    }
+    GwLayout {
+        groups: out,
+        service_ports,
+    }
+}
+
+/// Where an HTTP route entry of an HTTP group is served: (hostname, "" for any; the route
+/// with the port filled into redirects), one per hostname its listener does not lose to a
+/// more specific listener on the same port.
+pub fn place_http(
+    gw: &GwState,
+    group: &Group,
+    hostnames: &[String],
+    listener: usize,
+    mut route: Route,
+) -> Vec<(String, Route)> {
+    fix_redirect_port(&mut route, group.port);
+    let any = [String::new()];
+    let hosts = if hostnames.is_empty() {
+        &any[..]
+    } else {
+        hostnames
+    };
+    // A request for `h` is served by the most specific listener on this port; routes reach
+    // it only through that listener.
+    let served: Vec<&String> = hosts
+        .iter()
+        .filter(|h| {
+            let own = attach::specificity(gw.listeners[listener].hostname.as_deref(), h);
+            h.is_empty()
+                || !group
+                    .idx
+                    .iter()
+                    .any(|&o| attach::specificity(gw.listeners[o].hostname.as_deref(), h) > own)
+        })
+        .collect();
+    let mut out = Vec::with_capacity(served.len());
+    if let Some((last, rest)) = served.split_last() {
+        for h in rest {
+            out.push(((*h).clone(), route.clone()));
+        }
+        out.push(((*last).clone(), route));
+    }
+    out
+}
+
+/// The name of the virtual host of `host` ("" for any) in `group`.
+pub fn virtual_host_name(group: &Group, host: &str) -> String {
+    let host = if host.is_empty() { "*" } else { host };
+    format!("{}/{host}", group.listener.name)
+}
+
+/// The virtual host of one hostname ("" for any) of an HTTP group; `routes` in order.
+pub fn virtual_host(group: &Group, host: String, routes: Vec<Route>) -> VirtualHost {
+    VirtualHost {
+        name: virtual_host_name(group, &host),
+        hostnames: if host.is_empty() { vec![] } else { vec![host] },
+        listeners: vec![group.listener.name.clone()],
+        routes,
+    }
+}
+
+/// The dataplane listener of an L4 group with its routes (`routes` in collection order),
+/// or None when no route is left (the config requires at least one; it stays programmed in
+/// status).
+pub fn l4_listener(gw: &GwState, group: &Group, mut routes: Vec<PortL4Route>) -> Option<Listener> {
+    let mut listener = group.listener.clone();
+    routes.sort_by(|a, b| a.0.cmp(&b.0));
+    for (_, li, mut r) in routes {
+        // As for HTTP: a name is served through the most specific listener on the port, so
+        // a copy of the route reached through a less specific one (e.g. Passthrough
+        // `*.example.com` beside Terminate `a.example.com`) does not take it.
+        if !r.hostnames.is_empty() {
+            let own = gw.listeners[li].hostname.as_deref();
+            r.hostnames.retain(|h| {
+                let mine = attach::specificity(own, h);
+                !group
+                    .idx
+                    .iter()
+                    .any(|&o| attach::specificity(gw.listeners[o].hostname.as_deref(), h) > mine)
+            });
+            if r.hostnames.is_empty() {
+                continue;
+            }
+        }
+        listener.l4_routes.push(r);
+    }
+    unique_l4_names(&mut listener.l4_routes);
+    (!listener.l4_routes.is_empty()).then_some(listener)
+}
+
+/// An L4 entry as its group keeps it: reached through a Terminate listener, the dataplane
+/// terminates TLS for it.
+pub fn l4_entry(gw: &GwState, e: L4Entry) -> PortL4Route {
+    let l = &gw.listeners[e.listener];
+    let mut route = e.route;
+    route.terminate = l.protocol == Some(Proto::TlsTerminate);
+    (e.key, e.listener, route)
+}
+
+/// The group (index into `GwLayout::groups`) an entry through `listener` lands in.
+pub fn group_of(gw: &GwState, layout: &GwLayout, listener: usize) -> Option<usize> {
+    let l = &gw.listeners[listener];
+    let udp = l.protocol.is_some_and(Proto::is_udp);
+    layout
+        .groups
+        .iter()
+        .position(|g| g.port == l.port && g.udp == udp)
+}
+
 /// Emit dataplane listeners, virtual hosts, Services and Gateway statuses.
 pub fn emit(b: &mut Builder<'_>, gateways: &[GwState], _alloc: &Allocation, out: Collected) {
+    let layout = layout(b, gateways);
     let mut http: BTreeMap<(usize, u16), Vec<HttpEntry>> = BTreeMap::new();
     // Backends replaced by a client-certificate variant somewhere (maybe unused afterwards).
     let mut replaced = BTreeSet::new();
@@ -134,184 +375,37 @@ pub fn emit(b: &mut Builder<'_>, gateways: &[GwState], _alloc: &Allocation, out:
     let mut l4: BTreeMap<(usize, u16, bool), Vec<PortL4Route>> = BTreeMap::new();
     for e in out.l4 {
         let l = &gateways[e.gw].listeners[e.listener];
-        let udp = l.protocol.is_some_and(Proto::is_udp);
-        let mut route = e.route;
-        // Reached through a Terminate listener: the dataplane terminates TLS for it.
-        route.terminate = l.protocol == Some(Proto::TlsTerminate);
-        l4.entry((e.gw, l.port, udp))
+        let key = (e.gw, l.port, l.protocol.is_some_and(Proto::is_udp));
+        l4.entry(key)
             .or_default()
-            .push((e.key, e.listener, route));
+            .push(l4_entry(&gateways[e.gw], e));
     }
-    for (g, gw) in gateways.iter().enumerate() {
-        let prefix = format!("gw/{}/{}", gw.namespace, gw.name);
-        // Programmed listeners by (port, udp).
-        let mut groups: BTreeMap<(u16, bool), Vec<usize>> = BTreeMap::new();
-        for (i, l) in gw.listeners.iter().enumerate() {
-            if let (true, Some(p)) = (l.programmed(), l.protocol) {
-                groups.entry((l.port, p.is_udp())).or_default().push(i);
-            }
-        }
-        let udp_ports: BTreeSet<u16> = groups.keys().filter(|k| k.1).map(|k| k.0).collect();
-        let mut service_ports = Vec::new();
-        for ((port, udp), idx) in &groups {
-            let first = &gw.listeners[idx[0]];
-            let (Some(proto), Some(cport)) = (first.protocol, first.container_port) else {
-                continue;
-            };
-            // TLS listeners on one port share a dataplane listener: `tls` (per-route
-            // passthrough or terminate) when one of them terminates, else `tls_passthrough`.
-            let terminating: Vec<usize> = idx
-                .iter()
-                .copied()
-                .filter(|&i| gw.listeners[i].protocol == Some(Proto::TlsTerminate))
-                .collect();
-            let proto = match proto {
-                p if p.is_tls_route() && !terminating.is_empty() => Proto::TlsTerminate,
-                p if p.is_tls_route() => Proto::TlsPassthrough,
-                p => p,
-            };
-            let name = if *udp {
-                format!("{prefix}/{port}/udp")
+    for ((g, gw), lay) in gateways.iter().enumerate().zip(layout) {
+        for group in &lay.groups {
+            if group.is_http() {
+                let mut by_host: BTreeMap<String, Vec<(SortKey, Route)>> = BTreeMap::new();
+                for e in http.remove(&(g, group.port)).unwrap_or_default() {
+                    for (h, route) in place_http(gw, group, &e.hostnames, e.listener, e.route) {
+                        let list = by_host.entry(h).or_default();
+                        // The same rule reached through two listeners on this port once.
+                        if !list.iter().any(|(k, _)| *k == e.key) {
+                            list.push((e.key.clone(), route));
+                        }
+                    }
+                }
+                for (host, routes) in by_host {
+                    b.virtual_hosts
+                        .push(virtual_host(group, host, sort_routes(routes)));
+                }
+                b.listeners.push(group.listener.clone());
             } else {
-                format!("{prefix}/{port}")
-            };
-            let transport = if *udp { "UDP" } else { "TCP" };
-            service_ports.push(ServicePort {
-                name: format!("{}-{port}", transport.to_lowercase()),
-                protocol: transport.into(),
-                port: *port,
-                target_port: cport,
-            });
-            let mut listener = Listener {
-                name: name.clone(),
-                address: b.params.listen_address.clone(),
-                port: cport,
-                protocol: match proto {
-                    Proto::Http => ListenerProtocol::Http,
-                    Proto::Https => ListenerProtocol::Https,
-                    Proto::TlsPassthrough => ListenerProtocol::TlsPassthrough,
-                    Proto::TlsTerminate => ListenerProtocol::Tls,
-                    Proto::Tcp => ListenerProtocol::Tcp,
-                    Proto::Udp => ListenerProtocol::Udp,
-                },
-                tls: None,
-                http3: true,
-                max_requests_in_flight: None,
-                // Clients reach the Gateway on its listener port, not the container port;
-                // only HTTPS advertises it (in Alt-Svc).
-                advertised_port: (proto == Proto::Https).then_some(*port),
-                l4_routes: Vec::new(),
-            };
-            match proto {
-                Proto::Http | Proto::Https => {
-                    if proto == Proto::Https {
-                        listener.tls = Some(ListenerTls {
-                            certificates: idx
-                                .iter()
-                                .flat_map(|&i| gw.listeners[i].certificates.iter().cloned())
-                                .collect(),
-                            min_version: TlsVersion::Tls12,
-                            // Per port: the same for every listener of the group.
-                            client_auth: first.client_auth.clone(),
-                        });
-                        listener.http3 = gw.http3 && !udp_ports.contains(port);
-                        if listener.http3 {
-                            service_ports.push(ServicePort {
-                                name: format!("udp-{port}"),
-                                protocol: "UDP".into(),
-                                port: *port,
-                                target_port: cport,
-                            });
-                        }
-                    }
-                    let mut by_host: BTreeMap<String, Vec<(SortKey, Route)>> = BTreeMap::new();
-                    for e in http.remove(&(g, *port)).unwrap_or_default() {
-                        let hosts = if e.hostnames.is_empty() {
-                            vec![String::new()]
-                        } else {
-                            e.hostnames.clone()
-                        };
-                        let mut route = e.route;
-                        fix_redirect_port(&mut route, *port);
-                        for h in hosts {
-                            // A request for `h` is served by the most specific listener on
-                            // this port; routes reach it only through that listener.
-                            let own = attach::specificity(
-                                gw.listeners[e.listener].hostname.as_deref(),
-                                &h,
-                            );
-                            let shadowed = !h.is_empty()
-                                && idx.iter().any(|&o| {
-                                    attach::specificity(gw.listeners[o].hostname.as_deref(), &h)
-                                        > own
-                                });
-                            if shadowed {
-                                continue;
-                            }
-                            let list = by_host.entry(h).or_default();
-                            // The same rule reached through two listeners on this port once.
-                            if !list.iter().any(|(k, _)| *k == e.key) {
-                                list.push((e.key.clone(), route.clone()));
-                            }
-                        }
-                    }
-                    for (host, routes) in by_host {
-                        b.virtual_hosts.push(VirtualHost {
-                            name: format!(
-                                "{name}/{}",
-                                if host.is_empty() { "*" } else { host.as_str() }
-                            ),
-                            hostnames: if host.is_empty() { vec![] } else { vec![host] },
-                            listeners: vec![name.clone()],
-                            routes: sort_routes(routes),
-                        });
-                    }
+                let routes = l4.remove(&(g, group.port, group.udp)).unwrap_or_default();
+                if let Some(listener) = l4_listener(gw, group, routes) {
                     b.listeners.push(listener);
                 }
-                Proto::TlsPassthrough | Proto::TlsTerminate | Proto::Tcp | Proto::Udp => {
-                    let mut routes = l4.remove(&(g, *port, *udp)).unwrap_or_default();
-                    routes.sort_by(|a, b| a.0.cmp(&b.0));
-                    for (_, li, mut r) in routes {
-                        // As for HTTP: a name is served through the most specific listener on
-                        // the port, so a copy of the route reached through a less specific one
-                        // (e.g. Passthrough `*.example.com` beside Terminate `a.example.com`)
-                        // does not take it.
-                        if !r.hostnames.is_empty() {
-                            let own = gw.listeners[li].hostname.as_deref();
-                            r.hostnames.retain(|h| {
-                                let mine = attach::specificity(own, h);
-                                !idx.iter().any(|&o| {
-                                    attach::specificity(gw.listeners[o].hostname.as_deref(), h)
-                                        > mine
-                                })
-                            });
-                            if r.hostnames.is_empty() {
-                                continue;
-                            }
-                        }
-                        listener.l4_routes.push(r);
-                    }
-                    unique_l4_names(&mut listener.l4_routes);
-                    if proto == Proto::TlsTerminate {
-                        listener.tls = Some(ListenerTls {
-                            certificates: terminating
-                                .iter()
-                                .flat_map(|&i| gw.listeners[i].certificates.iter().cloned())
-                                .collect(),
-                            min_version: TlsVersion::Tls12,
-                            // Gateway spec.tls.frontend covers HTTPS listeners only.
-                            client_auth: None,
-                        });
-                    }
-                    // A listener with nothing to forward to is left out (the config requires
-                    // at least one route); it stays programmed in status.
-                    if !listener.l4_routes.is_empty() {
-                        b.listeners.push(listener);
-                    }
-                }
             }
         }
-        status(b, gw, service_ports);
+        status(b, gw, lay.service_ports);
     }
     client_cert::drop_unused(b, &replaced);
 }
@@ -363,7 +457,8 @@ fn invalid_parameters(gw: &sweety_gateway_api::gateways::Gateway) -> Option<Stri
     ))
 }
 
-fn status(b: &mut Builder<'_>, gw: &GwState, ports: Vec<ServicePort>) {
+/// The Gateway's status (and its ListenerSets'), and its Service when it has ports.
+pub fn status(b: &mut Builder<'_>, gw: &GwState, ports: Vec<ServicePort>) {
     let generation = gw.generation;
     let service = addressing::service_name(&gw.namespace, &gw.name);
     let (requested, bad_address) = requested_addresses(&gw.gateway);

@@ -63,7 +63,7 @@ impl Proto {
 }
 
 /// Route kinds a listener may accept.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum RouteKind {
     Http,
     Grpc,

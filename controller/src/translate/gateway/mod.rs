@@ -11,7 +11,7 @@
 //! `policy`, `backend` (backendRef resolution), `http` (HTTPRoute rules), `grpc` (GRPCRoute
 //! matches), `l4` (TLS/TCP/UDP routes), `routes` (attachment and route status), `emit`
 //! (dataplane listeners, virtual hosts, Gateway status), `route_cache` (per-route memo of
-//! `translate_incremental`).
+//! `translate_incremental`), `vhost_cache` (its per-virtual-host memo).
 
 mod attach;
 mod backend;
@@ -30,11 +30,15 @@ mod refgrant;
 mod route_cache;
 mod routes;
 mod tls_secret;
+pub(crate) mod vhost_cache;
 
 pub use route_cache::RouteCache;
+pub use vhost_cache::{Changes, VhostMemo};
 
+use super::addressing::Allocation;
 use super::Builder;
 use listeners::GwListener;
+use policy::Policies;
 use std::sync::Arc;
 use sweety_gateway_api::gateways::Gateway;
 
@@ -56,12 +60,36 @@ pub struct GwState {
     pub backend_client_cert: Result<Option<client_cert::ClientCert>, listeners::Problem>,
 }
 
-/// Translate every Gateway API object in the snapshot.
-pub fn translate(b: &mut Builder<'_>) {
+/// What the Gateway API front end derives from every object but the routes.
+pub struct World {
+    /// Our Gateways, listeners validated and container ports allocated (nothing attached).
+    pub gateways: Vec<GwState>,
+    /// Validated BackendTLSPolicies (`used_by` empty).
+    pub policies: Policies,
+    pub allocation: Allocation,
+}
+
+/// GatewayClasses, BackendTLSPolicies, Gateways and their ports (with their statuses where
+/// they do not depend on routes).
+pub fn world(b: &mut Builder<'_>) -> World {
     let classes = classes::translate(b);
-    let mut policies = policy::collect(b);
+    let policies = policy::collect(b);
     let mut gateways = emit::gateways(b, &classes);
     let allocation = emit::allocate(b, &mut gateways);
+    World {
+        gateways,
+        policies,
+        allocation,
+    }
+}
+
+/// Translate every Gateway API object in the snapshot.
+pub fn translate(b: &mut Builder<'_>) {
+    let World {
+        mut gateways,
+        mut policies,
+        allocation,
+    } = world(b);
     let mut out = routes::Collected::default();
     routes::translate(b, &mut gateways, &mut policies, &mut out);
     emit::emit(b, &gateways, &allocation, out);

@@ -2,7 +2,8 @@
 //!
 //! kopium generates a distinct Rust type per location (rule filters, backendRef filters,
 //! GRPCRoute filters…) although the wire shapes are identical. Converting each spec through
-//! JSON into these types lets the rest of the front end handle them with one code path.
+//! JSON (bytes, [`from_json`]) into these types lets the rest of the front end handle them
+//! with one code path.
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -13,9 +14,11 @@ pub fn convert<S: Serialize, T: DeserializeOwned>(spec: &S) -> Result<T, String>
     serde_json::from_value(value).map_err(|e| e.to_string())
 }
 
-/// Read one of the uniform types below from an already converted spec (no copy of `value`).
-pub fn from_value<T: DeserializeOwned>(value: &serde_json::Value) -> Result<T, String> {
-    T::deserialize(value).map_err(|e| e.to_string())
+/// Read one of the uniform types below from a spec serialized as JSON. Route specs travel as
+/// JSON bytes rather than a `serde_json::Value` tree: serializing to bytes is one buffer,
+/// where a `Value` allocates a map and a string per field.
+pub fn from_json<T: DeserializeOwned>(json: &[u8]) -> Result<T, String> {
+    serde_json::from_slice(json).map_err(|e| e.to_string())
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]

@@ -27,38 +27,44 @@ use sweety_config::Backend;
 /// A route object of the snapshot: its identity and its spec, converted only when needed.
 pub struct Object<'a> {
     keep: Arc<dyn Any + Send + Sync>,
-    spec: Box<dyn Fn() -> serde_json::Value + 'a>,
+    spec: Box<dyn Fn() -> Vec<u8> + 'a>,
 }
 
 impl<'a> Object<'a> {
     pub fn new<T: Any + Send + Sync, S: Serialize>(object: &Arc<T>, spec: &'a S) -> Self {
         Object {
             keep: object.clone(),
-            spec: Box::new(move || serde_json::to_value(spec).unwrap_or_default()),
+            spec: Box::new(move || serde_json::to_vec(spec).unwrap_or_default()),
         }
     }
 
-    /// The spec as a JSON value (the route front end reads its uniform model from it).
-    pub fn spec(&self) -> serde_json::Value {
+    /// The spec as JSON (the route front end reads its uniform model from it).
+    pub fn spec(&self) -> Vec<u8> {
         (self.spec)()
     }
 
-    fn addr(&self) -> usize {
+    /// The address of the object's allocation: its identity while `keep` is held.
+    pub fn addr(&self) -> usize {
         Arc::as_ptr(&self.keep) as *const () as usize
+    }
+
+    /// The object, held so that its address stays unique.
+    pub fn keep(&self) -> Arc<dyn Any + Send + Sync> {
+        self.keep.clone()
     }
 }
 
-type UsedBy = BTreeMap<(String, String), BTreeSet<(String, String)>>;
+pub(super) type UsedBy = BTreeMap<(String, String), BTreeSet<(String, String)>>;
 
 /// What translating one route added to the shared state.
-struct Effects {
-    http: Vec<HttpEntry>,
-    l4: Vec<L4Entry>,
-    backends: Vec<Backend>,
+pub(super) struct Effects {
+    pub http: Vec<HttpEntry>,
+    pub l4: Vec<L4Entry>,
+    pub backends: Vec<Backend>,
     /// (gateway, listener) attachment increments.
-    attached: Vec<(usize, usize)>,
-    used_by: UsedBy,
-    status: Option<(ObjectKey, ObjectStatus)>,
+    pub attached: Vec<(usize, usize)>,
+    pub used_by: UsedBy,
+    pub status: Option<(ObjectKey, ObjectStatus)>,
 }
 
 struct Entry {
@@ -133,13 +139,7 @@ impl RouteCache {
         kind: RouteKind,
         meta: &ObjectMeta,
         object: Object<'_>,
-        translate: impl FnOnce(
-            &mut Builder<'_>,
-            &mut [GwState],
-            &mut Policies,
-            &mut Collected,
-            &serde_json::Value,
-        ),
+        translate: impl FnOnce(&mut Builder<'_>, &mut [GwState], &mut Policies, &mut Collected, &[u8]),
     ) {
         let addr = object.addr();
         if let Some(e) = self.entries.get_mut(&addr) {
@@ -149,42 +149,19 @@ impl RouteCache {
             return;
         }
         self.misses += 1;
-        let (http_len, l4_len) = (out.http.len(), out.l4.len());
-        let backends = std::mem::take(&mut b.backends);
-        let used_by = std::mem::take(&mut policies.used_by);
-        let before = attached(gateways);
-
-        b.services.record();
-        translate(b, gateways, policies, out, &object.spec());
-        let services = b.services.recorded();
-
-        let added = std::mem::replace(&mut b.backends, backends).into_config();
-        let used = std::mem::replace(&mut policies.used_by, used_by);
-        let mut increments = Vec::new();
-        let mut i = 0;
-        for (g, gw) in gateways.iter().enumerate() {
-            for (l, listener) in gw.listeners.iter().enumerate() {
-                for _ in before[i]..listener.attached {
-                    increments.push((g, l));
-                }
-                i += 1;
-            }
-        }
+        let (effects, services) = capture(b, gateways, policies, out, |b, g, p, o| {
+            translate(b, g, p, o, &object.spec())
+        });
         let key = ObjectKey::new(
             kind.name(),
             meta.namespace.as_deref().unwrap_or_default(),
             meta.name.as_deref().unwrap_or_default(),
         );
         let status = b.statuses.get(&key).cloned().map(|s| (key, s));
-        let effects = Effects {
-            http: out.http[http_len..].to_vec(),
-            l4: out.l4[l4_len..].to_vec(),
-            backends: added,
-            attached: increments,
-            used_by: used,
-            status,
-        };
+        let effects = Effects { status, ..effects };
         // Merge what this route added, exactly as a replay would.
+        out.http.extend_from_slice(&effects.http);
+        out.l4.extend_from_slice(&effects.l4);
         for backend in &effects.backends {
             b.backends.insert_ref(backend);
         }
@@ -199,6 +176,48 @@ impl RouteCache {
             },
         );
     }
+}
+
+/// Runs `translate` (one route object) and returns what it added (its status is left in
+/// `b` and not part of the result) and the Services it looked up. Entries, backends and
+/// policy use go into the result only (`out` is left as it was).
+pub(super) fn capture(
+    b: &mut Builder<'_>,
+    gateways: &mut [GwState],
+    policies: &mut Policies,
+    out: &mut Collected,
+    translate: impl FnOnce(&mut Builder<'_>, &mut [GwState], &mut Policies, &mut Collected),
+) -> (Effects, BTreeSet<(String, String)>) {
+    let (http_len, l4_len) = (out.http.len(), out.l4.len());
+    let backends = std::mem::take(&mut b.backends);
+    let used_by = std::mem::take(&mut policies.used_by);
+    let before = attached(gateways);
+
+    b.services.record();
+    translate(b, gateways, policies, out);
+    let services = b.services.recorded();
+
+    let added = std::mem::replace(&mut b.backends, backends).into_config();
+    let used = std::mem::replace(&mut policies.used_by, used_by);
+    let mut increments = Vec::new();
+    let mut i = 0;
+    for (g, gw) in gateways.iter().enumerate() {
+        for (l, listener) in gw.listeners.iter().enumerate() {
+            for _ in before[i]..listener.attached {
+                increments.push((g, l));
+            }
+            i += 1;
+        }
+    }
+    let effects = Effects {
+        http: out.http.split_off(http_len),
+        l4: out.l4.split_off(l4_len),
+        backends: added,
+        attached: increments,
+        used_by: used,
+        status: None,
+    };
+    (effects, services)
 }
 
 fn replay(

@@ -117,18 +117,20 @@ pub fn translate(
     b.route_cache = cache;
 }
 
-fn route(
+/// Translate one route object: its entries into `out`, its backends, attachment counts,
+/// policy use and status into `b`, `gateways` and `policies`.
+pub(super) fn route(
     b: &mut Builder<'_>,
     gateways: &mut [GwState],
     policies: &mut Policies,
     out: &mut Collected,
     kind: RouteKind,
     meta: &ObjectMeta,
-    spec: &serde_json::Value,
+    spec: &[u8],
 ) {
     let (created, ns, name) = meta_key(meta);
     let generation = meta.generation.unwrap_or(0);
-    let head: RouteSpec<serde::de::IgnoredAny> = model::from_value(spec).unwrap_or_default();
+    let head: RouteSpec<serde::de::IgnoredAny> = model::from_json(spec).unwrap_or_default();
     // Parents that are our Gateways, or ListenerSets attached to them (the set's index).
     let parents: Vec<(&ParentRefSpec, usize, Option<usize>)> = head
         .parent_refs
@@ -310,7 +312,7 @@ fn translate_rules(
     kind: RouteKind,
     ns: &str,
     name: &str,
-    spec: &serde_json::Value,
+    spec: &[u8],
 ) -> Rules {
     let mut out = Rules {
         rules: Vec::new(),
@@ -320,12 +322,12 @@ fn translate_rules(
     };
     let http_rules: Option<Vec<HttpRuleSpec>> = match kind {
         RouteKind::Http => Some(
-            model::from_value::<RouteSpec<HttpRuleSpec>>(spec)
+            model::from_json::<RouteSpec<HttpRuleSpec>>(spec)
                 .unwrap_or_default()
                 .rules,
         ),
         RouteKind::Grpc => Some(
-            model::from_value::<RouteSpec<GrpcRuleSpec>>(spec)
+            model::from_json::<RouteSpec<GrpcRuleSpec>>(spec)
                 .unwrap_or_default()
                 .rules
                 .iter()
@@ -368,7 +370,7 @@ fn translate_rules(
             }
         }
         None => {
-            let rules = model::from_value::<RouteSpec<L4RuleSpec>>(spec)
+            let rules = model::from_json::<RouteSpec<L4RuleSpec>>(spec)
                 .unwrap_or_default()
                 .rules;
             for (i, rule) in rules.iter().enumerate() {
