@@ -434,6 +434,203 @@ fn section_apply<T: Named>(
     Ok(out)
 }
 
+/// Applies one list's changes with [`section_apply`]; the digests of kept items come from
+/// the base, by name, upserted items are hashed.
+fn list_apply<T: Named + Serialize>(
+    section: &'static str,
+    base: Vec<T>,
+    base_d: &[Digest],
+    changes: Section<T>,
+) -> Result<(Vec<T>, Vec<Digest>), DeltaError> {
+    let old: HashMap<String, Digest> = base
+        .iter()
+        .zip(base_d)
+        .map(|(b, d)| (b.name().to_string(), *d))
+        .collect();
+    let fresh: HashSet<String> = changes
+        .upsert
+        .iter()
+        .map(|u| u.name().to_string())
+        .collect();
+    let items = section_apply(section, base, changes)?;
+    let digests = items
+        .iter()
+        .map(|i| match old.get(i.name()) {
+            Some(d) if !fresh.contains(i.name()) => *d,
+            _ => digest_of(i),
+        })
+        .collect();
+    Ok((items, digests))
+}
+
+/// The position of each item of a keyed list by name: kept next to a base config by a
+/// receiver of deltas ([`ConfigDelta::apply_indexed`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NameIndex(HashMap<String, usize>);
+
+impl NameIndex {
+    /// The index of `items`; an error if a name appears twice.
+    pub fn of<T: Named>(section: &'static str, items: &[T]) -> Result<NameIndex, DeltaError> {
+        let mut map = HashMap::with_capacity(items.len());
+        for (i, item) in items.iter().enumerate() {
+            if map.insert(item.name().to_string(), i).is_some() {
+                return Err(DeltaError::DuplicateName {
+                    section,
+                    name: item.name().to_string(),
+                });
+            }
+        }
+        Ok(NameIndex(map))
+    }
+
+    /// The position of `name`.
+    pub fn get(&self, name: &str) -> Option<usize> {
+        self.0.get(name).copied()
+    }
+
+    /// Number of names.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// True when there are no names.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// How a keyed list changed when a delta was applied ([`ConfigDelta::apply_indexed`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ListEdit {
+    /// The base order was kept: the items at the base positions `replaced` were replaced in
+    /// place, then those at the base positions `removed` (ascending, none of them replaced)
+    /// were dropped, then `appended` new items were added at the end.
+    Patch {
+        /// Base positions of replaced items, in delta order.
+        replaced: Vec<usize>,
+        /// Base positions of removed items, ascending.
+        removed: Vec<usize>,
+        /// Number of items appended.
+        appended: usize,
+    },
+    /// Anything else (the delta gave a new order): treat the list as new.
+    Full,
+}
+
+impl ListEdit {
+    /// True when nothing changed.
+    pub fn is_empty(&self) -> bool {
+        matches!(self, ListEdit::Patch { replaced, removed, appended: 0 }
+            if replaced.is_empty() && removed.is_empty())
+    }
+}
+
+/// Which of the parts other than the virtual hosts a delta changed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Changed {
+    /// The settings (every field outside the three lists).
+    pub settings: bool,
+    /// The listeners.
+    pub listeners: bool,
+    /// The backends.
+    pub backends: bool,
+}
+
+/// What [`ConfigDelta::apply_indexed`] changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Applied {
+    /// How the virtual host list changed.
+    pub virtual_hosts: ListEdit,
+    /// Whether settings, listeners and backends changed.
+    pub changed: Changed,
+}
+
+/// Applies a section without `order` in place, keeping `digests` and `index` in step: the
+/// same result as [`section_apply`], in time proportional to the section (plus, for a
+/// removal, to the items after the first removed one, which move up).
+fn patch_list<T: Named + Serialize>(
+    section: &'static str,
+    items: &mut Vec<T>,
+    digests: &mut Vec<Digest>,
+    index: &mut NameIndex,
+    changes: Section<T>,
+) -> Result<ListEdit, DeltaError> {
+    let Section {
+        upsert,
+        remove,
+        order: _,
+    } = changes;
+    if index.len() != items.len() || digests.len() != items.len() {
+        // Not kept in step by the caller: rebuild rather than corrupt.
+        *index = NameIndex::of(section, items)?;
+        if digests.len() != items.len() {
+            *digests = items.iter().map(digest_of).collect();
+        }
+    }
+    let mut touched: HashSet<&str> = HashSet::with_capacity(upsert.len() + remove.len());
+    for n in upsert
+        .iter()
+        .map(Named::name)
+        .chain(remove.iter().map(String::as_str))
+    {
+        if !touched.insert(n) {
+            return Err(DeltaError::DuplicateName {
+                section,
+                name: n.to_string(),
+            });
+        }
+    }
+    drop(touched);
+    let mut removed = Vec::with_capacity(remove.len());
+    for r in &remove {
+        match index.get(r) {
+            Some(i) => removed.push(i),
+            None => {
+                return Err(DeltaError::UnknownName {
+                    section,
+                    name: r.clone(),
+                })
+            }
+        }
+    }
+    removed.sort_unstable();
+    let mut replaced = Vec::new();
+    let mut appended = Vec::new();
+    for item in upsert {
+        match index.get(item.name()) {
+            Some(i) => {
+                digests[i] = digest_of(&item);
+                items[i] = item;
+                replaced.push(i);
+            }
+            None => appended.push(item),
+        }
+    }
+    if let Some(&first) = removed.first() {
+        for &i in removed.iter().rev() {
+            index.0.remove(items[i].name());
+            items.remove(i);
+            digests.remove(i);
+        }
+        for (i, item) in items.iter().enumerate().skip(first) {
+            if let Some(pos) = index.0.get_mut(item.name()) {
+                *pos = i;
+            }
+        }
+    }
+    let added = appended.len();
+    for item in appended {
+        index.0.insert(item.name().to_string(), items.len());
+        digests.push(digest_of(&item));
+        items.push(item);
+    }
+    Ok(ListEdit::Patch {
+        replaced,
+        removed,
+        appended: added,
+    })
+}
+
 impl ConfigDelta {
     /// The delta that turns `base` into `new`, from their digests: only items whose digest
     /// changed are carried. `None` when a list has a duplicate name (send the full config).
@@ -485,46 +682,19 @@ impl ConfigDelta {
             digests.settings = digest_of(&*s);
             set_settings(&mut out, *s);
         }
-        // Digests of kept items come from the base, by name; upserted items are hashed.
-        fn list<T: Named + Serialize>(
-            section: &'static str,
-            base: Vec<T>,
-            base_d: &[Digest],
-            changes: Section<T>,
-        ) -> Result<(Vec<T>, Vec<Digest>), DeltaError> {
-            let old: HashMap<String, Digest> = base
-                .iter()
-                .zip(base_d)
-                .map(|(b, d)| (b.name().to_string(), *d))
-                .collect();
-            let fresh: HashSet<String> = changes
-                .upsert
-                .iter()
-                .map(|u| u.name().to_string())
-                .collect();
-            let items = section_apply(section, base, changes)?;
-            let digests = items
-                .iter()
-                .map(|i| match old.get(i.name()) {
-                    Some(d) if !fresh.contains(i.name()) => *d,
-                    _ => digest_of(i),
-                })
-                .collect();
-            Ok((items, digests))
-        }
-        let (l, ld) = list(
+        let (l, ld) = list_apply(
             "listeners",
             std::mem::take(&mut out.listeners),
             &base_d.listeners,
             listeners,
         )?;
-        let (v, vd) = list(
+        let (v, vd) = list_apply(
             "virtual_hosts",
             std::mem::take(&mut out.virtual_hosts),
             &base_d.virtual_hosts,
             virtual_hosts,
         )?;
-        let (b, bd) = list(
+        let (b, bd) = list_apply(
             "backends",
             std::mem::take(&mut out.backends),
             &base_d.backends,
@@ -540,6 +710,91 @@ impl ConfigDelta {
             });
         }
         Ok((out, digests))
+    }
+
+    /// [`ConfigDelta::apply`] for a receiver that keeps its base between deltas: `base` is
+    /// edited in place and `index` (the position of each virtual host by name, see
+    /// [`NameIndex::of`]) is kept in step, so a delta costs in proportion to what it carries,
+    /// not to the number of virtual hosts. Listeners and backends (short lists) are applied as
+    /// by [`ConfigDelta::apply`]. Returns how the virtual host list changed: a
+    /// [`ListEdit::Patch`] when only replacements in place, removals and appends happened,
+    /// [`ListEdit::Full`] when the delta reordered the list (then everything was reindexed).
+    ///
+    /// The result equals [`ConfigDelta::apply`]'s. On error `base`, `base_d` and `index` are
+    /// left half-edited: the caller must drop them (and send for a full config).
+    pub fn apply_indexed(
+        self,
+        base: &mut Config,
+        base_d: &mut Digests,
+        index: &mut NameIndex,
+    ) -> Result<Applied, DeltaError> {
+        let ConfigDelta {
+            settings,
+            listeners,
+            virtual_hosts,
+            backends,
+            hash,
+        } = self;
+        let changed = Changed {
+            settings: settings.is_some(),
+            listeners: !listeners.is_empty(),
+            backends: !backends.is_empty(),
+        };
+        if let Some(s) = settings {
+            if !(s.listeners.is_empty() && s.virtual_hosts.is_empty() && s.backends.is_empty()) {
+                return Err(DeltaError::SettingsWithLists);
+            }
+            base_d.settings = digest_of(&*s);
+            set_settings(base, *s);
+        }
+        if changed.listeners {
+            let (l, ld) = list_apply(
+                "listeners",
+                std::mem::take(&mut base.listeners),
+                &base_d.listeners,
+                listeners,
+            )?;
+            (base.listeners, base_d.listeners) = (l, ld);
+        }
+        if changed.backends {
+            let (b, bd) = list_apply(
+                "backends",
+                std::mem::take(&mut base.backends),
+                &base_d.backends,
+                backends,
+            )?;
+            (base.backends, base_d.backends) = (b, bd);
+        }
+        let virtual_hosts = if virtual_hosts.order.is_some() {
+            let (v, vd) = list_apply(
+                "virtual_hosts",
+                std::mem::take(&mut base.virtual_hosts),
+                &base_d.virtual_hosts,
+                virtual_hosts,
+            )?;
+            (base.virtual_hosts, base_d.virtual_hosts) = (v, vd);
+            *index = NameIndex::of("virtual_hosts", &base.virtual_hosts)?;
+            ListEdit::Full
+        } else {
+            patch_list(
+                "virtual_hosts",
+                &mut base.virtual_hosts,
+                &mut base_d.virtual_hosts,
+                index,
+                virtual_hosts,
+            )?
+        };
+        let got = base_d.hash();
+        if got != hash {
+            return Err(DeltaError::HashMismatch {
+                got,
+                expected: hash,
+            });
+        }
+        Ok(Applied {
+            virtual_hosts,
+            changed,
+        })
     }
 
     /// Number of items carried (upserts and removals), for logs and metrics.
@@ -678,6 +933,163 @@ mod tests {
             round_trip(&base, &new);
             base = new;
         }
+    }
+
+    /// Rebuilds the list an edit describes from the base list and the delta's upserts.
+    fn replay(base: &[VirtualHost], result: &[VirtualHost], edit: &ListEdit) -> Vec<String> {
+        let ListEdit::Patch {
+            replaced,
+            removed,
+            appended,
+        } = edit
+        else {
+            return result.iter().map(|v| v.name.clone()).collect();
+        };
+        let mut names: Vec<Option<String>> = base.iter().map(|v| Some(v.name.clone())).collect();
+        for &i in replaced {
+            assert!(names[i].is_some());
+        }
+        for &i in removed {
+            names[i] = None;
+        }
+        let mut out: Vec<String> = names.into_iter().flatten().collect();
+        let n = result.len();
+        out.extend(result[n - appended..].iter().map(|v| v.name.clone()));
+        out
+    }
+
+    #[test]
+    fn apply_indexed_matches_apply_and_describes_the_edit() {
+        let mut rng = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut below = |n: usize| {
+            rng ^= rng >> 12;
+            rng ^= rng << 25;
+            rng ^= rng >> 27;
+            (rng.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 33) as usize % n.max(1)
+        };
+        let mut base = big_config(40);
+        let mut kept = base.clone();
+        let mut kept_d = Digests::of(&kept);
+        let mut index = NameIndex::of("virtual_hosts", &kept.virtual_hosts).unwrap();
+        let mut patches = 0;
+        for step in 0..300 {
+            let mut new = base.clone();
+            for k in 0..=below(3) {
+                let n = new.virtual_hosts.len();
+                match below(7) {
+                    0 if n > 0 => {
+                        new.virtual_hosts.remove(below(n));
+                    }
+                    1 => {
+                        let mut v = base.virtual_hosts[below(base.virtual_hosts.len())].clone();
+                        v.name = format!("new-{step}-{k}");
+                        new.virtual_hosts.insert(below(n + 1), v);
+                    }
+                    2 => {
+                        let mut v = base.virtual_hosts[below(base.virtual_hosts.len())].clone();
+                        v.name = format!("end-{step}-{k}");
+                        new.virtual_hosts.push(v);
+                    }
+                    3 if n > 1 && below(4) == 0 => new.virtual_hosts.swap(below(n), below(n)),
+                    4 if n > 0 => {
+                        new.virtual_hosts[below(n)].hostnames = vec![format!("h{step}.test")]
+                    }
+                    5 => new.listeners[0].port = below(1000) as u16 + 1,
+                    _ => new.limits.max_connections = below(1000) as u32 + 1,
+                }
+            }
+            let (bd, nd) = (Digests::of(&base), Digests::of(&new));
+            let delta = ConfigDelta::between(&base, &bd, &new, &nd).unwrap();
+            let before = kept.virtual_hosts.clone();
+            let (want, want_d) = delta.clone().apply(base.clone(), &bd).unwrap();
+            let applied = delta
+                .clone()
+                .apply_indexed(&mut kept, &mut kept_d, &mut index)
+                .unwrap();
+            assert_eq!(kept, want, "step {step}");
+            assert_eq!(kept_d, want_d, "step {step}");
+            assert_eq!(
+                index,
+                NameIndex::of("virtual_hosts", &want.virtual_hosts).unwrap()
+            );
+            let names: Vec<String> = want.virtual_hosts.iter().map(|v| v.name.clone()).collect();
+            assert_eq!(replay(&before, &want.virtual_hosts, &applied.virtual_hosts), names);
+            if let ListEdit::Patch { replaced, .. } = &applied.virtual_hosts {
+                patches += 1;
+                assert_eq!(replaced.len(), delta.virtual_hosts.upsert.len() - {
+                    let ListEdit::Patch { appended, .. } = &applied.virtual_hosts else {
+                        unreachable!()
+                    };
+                    *appended
+                });
+            } else {
+                assert!(delta.virtual_hosts.order.is_some());
+            }
+            assert_eq!(applied.changed.settings, delta.settings.is_some());
+            assert_eq!(applied.changed.listeners, !delta.listeners.is_empty());
+            base = new;
+        }
+        assert!(patches > 100, "mostly patches: {patches}");
+    }
+
+    #[test]
+    fn apply_indexed_rejects_bad_deltas() {
+        let base = big_config(5);
+        let bd = Digests::of(&base);
+        let good = ConfigDelta::between(&base, &bd, &base, &bd).unwrap();
+        let fresh = || {
+            let index = NameIndex::of("virtual_hosts", &base.virtual_hosts).unwrap();
+            (base.clone(), bd.clone(), index)
+        };
+        let mut d = good.clone();
+        d.virtual_hosts.remove.push("nope".into());
+        let (mut c, mut cd, mut i) = fresh();
+        assert_eq!(
+            d.apply_indexed(&mut c, &mut cd, &mut i).unwrap_err(),
+            DeltaError::UnknownName {
+                section: "virtual_hosts",
+                name: "nope".into()
+            }
+        );
+        let mut d = good.clone();
+        d.virtual_hosts.upsert.push(base.virtual_hosts[1].clone());
+        d.virtual_hosts
+            .remove
+            .push(base.virtual_hosts[1].name.clone());
+        let (mut c, mut cd, mut i) = fresh();
+        assert!(matches!(
+            d.apply_indexed(&mut c, &mut cd, &mut i).unwrap_err(),
+            DeltaError::DuplicateName { .. }
+        ));
+        let mut d = good.clone();
+        d.virtual_hosts.upsert.push(base.virtual_hosts[0].clone());
+        d.virtual_hosts.upsert.push(base.virtual_hosts[0].clone());
+        let (mut c, mut cd, mut i) = fresh();
+        assert!(matches!(
+            d.apply_indexed(&mut c, &mut cd, &mut i).unwrap_err(),
+            DeltaError::DuplicateName { .. }
+        ));
+        let mut d = good.clone();
+        d.settings = Some(Box::new(base.clone()));
+        let (mut c, mut cd, mut i) = fresh();
+        assert_eq!(
+            d.apply_indexed(&mut c, &mut cd, &mut i).unwrap_err(),
+            DeltaError::SettingsWithLists
+        );
+        // An upsert that is not what the sender hashed.
+        let mut d = good.clone();
+        let mut v = base.virtual_hosts[2].clone();
+        v.hostnames = vec!["other.test".into()];
+        d.virtual_hosts.upsert.push(v);
+        let (mut c, mut cd, mut i) = fresh();
+        let err = d.apply_indexed(&mut c, &mut cd, &mut i).unwrap_err();
+        assert!(matches!(err, DeltaError::HashMismatch { .. }), "{err}");
+        // A good empty delta is an empty patch.
+        let (mut c, mut cd, mut i) = fresh();
+        let applied = good.apply_indexed(&mut c, &mut cd, &mut i).unwrap();
+        assert!(applied.virtual_hosts.is_empty());
+        assert_eq!(applied.changed, Changed::default());
+        assert_eq!(c, base);
     }
 
     #[test]
