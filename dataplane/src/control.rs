@@ -27,7 +27,7 @@ use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _, PermissionsExt as _}
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
-use sweety_config::delta::Digests;
+use sweety_config::delta::{Digests, ListEdit, NameIndex};
 use sweety_config::wire::{self, FrameHeader, FrameType, Hello, Message, HEADER_LEN};
 use sweety_config::{Config, Route};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -58,6 +58,9 @@ struct Base {
     generation: u64,
     config: Config,
     digests: Digests,
+    /// Position of each virtual host by name, kept in step with `config` by
+    /// [`ConfigDelta::apply_indexed`](sweety_config::delta::ConfigDelta::apply_indexed).
+    index: NameIndex,
     /// The serving snapshot's config when this one was applied: the base is only used while
     /// that is still what serves.
     serving: Arc<Config>,
@@ -299,7 +302,7 @@ async fn apply_frame(
         errors
     };
     let message = Message::decode(kind, payload).map_err(|e| early(vec![e.to_string()]))?;
-    let (generation, config, digests) = match message {
+    let (generation, mut config, digests, index) = match message {
         Message::Apply {
             generation,
             mut config,
@@ -311,7 +314,12 @@ async fn apply_frame(
                 .apply_reusing(&config, Some(hash), None)
                 .await
                 .map_err(|e| e.messages())?;
-            (generation, *config, digests)
+            // Validated: names are unique.
+            let index = NameIndex::of("virtual_hosts", &config.virtual_hosts).ok();
+            for v in &mut config.virtual_hosts {
+                v.routes = Vec::new();
+            }
+            (generation, *config, digests, index)
         }
         Message::ApplyDelta {
             generation,
@@ -341,40 +349,69 @@ async fn apply_frame(
             };
             // From here the delta consumes the base: if anything below fails, the next delta
             // is refused too, and the controller sends the full config after this Nack.
-            let backend_names = || b.config.backends.iter().map(|x| x.name.as_str());
+            let Base {
+                mut config,
+                mut digests,
+                mut index,
+                ..
+            } = b;
             let same_context = delta.listeners.is_empty()
                 && delta.backends.remove.is_empty()
                 && delta
                     .backends
                     .upsert
                     .iter()
-                    .all(|u| backend_names().any(|n| n == u.name));
-            let changed: std::collections::HashSet<String> = delta
+                    .all(|u| config.backends.iter().any(|x| x.name == u.name));
+            let upserted: std::collections::HashSet<String> = delta
                 .virtual_hosts
                 .upsert
                 .iter()
                 .map(|v| v.name.clone())
                 .collect();
-            let (mut config, digests) = delta
-                .apply(b.config, &b.digests)
+            let applied = delta
+                .apply_indexed(&mut config, &mut digests, &mut index)
                 .map_err(|e| early(vec![format!("delta: {e}")]))?;
             config.generation = generation;
-            if !same_context {
-                // Every virtual host is validated again: give the unchanged ones their routes.
-                let serving = runtime.shared.snapshot();
-                with_routes(&mut config, &serving.routes, &|name| {
-                    !changed.contains(name)
-                });
+            let patch = same_context
+                && !applied.changed.settings
+                && matches!(applied.virtual_hosts, ListEdit::Patch { .. });
+            if patch {
+                // Only what the delta carried is validated and compiled.
+                runtime
+                    .apply_patch(
+                        &config,
+                        applied.hash,
+                        &applied.virtual_hosts,
+                        applied.changed.backends,
+                    )
+                    .await
+                    .map_err(|e| e.messages())?;
+                let n = config.virtual_hosts.len();
+                for i in applied.virtual_hosts.changed_positions(n).unwrap_or_default() {
+                    config.virtual_hosts[i].routes = Vec::new();
+                }
+            } else {
+                if !same_context {
+                    // Every virtual host is validated again: give the unchanged ones their
+                    // routes.
+                    let serving = runtime.shared.snapshot();
+                    with_routes(&mut config, &serving.routes, &|name| {
+                        !upserted.contains(name)
+                    });
+                }
+                let reuse = crate::runtime::Reuse {
+                    changed_vhost: &|name| upserted.contains(name),
+                    same_context,
+                };
+                runtime
+                    .apply_reusing(&config, Some(applied.hash), Some(reuse))
+                    .await
+                    .map_err(|e| e.messages())?;
+                for v in &mut config.virtual_hosts {
+                    v.routes = Vec::new();
+                }
             }
-            let reuse = crate::runtime::Reuse {
-                changed_vhost: &|name| changed.contains(name),
-                same_context,
-            };
-            runtime
-                .apply_reusing(&config, Some(digests.hash()), Some(reuse))
-                .await
-                .map_err(|e| e.messages())?;
-            (generation, config, digests)
+            (generation, config, digests, Some(index))
         }
         other => {
             return Err(early(vec![format!(
@@ -383,16 +420,14 @@ async fn apply_frame(
             )]))
         }
     };
-    let mut config = config;
-    for v in &mut config.virtual_hosts {
-        v.routes = Vec::new();
-    }
+    config.generation = generation;
     let serving = runtime.shared.snapshot().config.clone();
-    if serving.generation == generation {
+    if let (true, Some(index)) = (serving.generation == generation, index) {
         *lock() = Some(Base {
             generation,
             config,
             digests,
+            index,
             serving,
         });
     }

@@ -518,6 +518,26 @@ pub enum ListEdit {
 }
 
 impl ListEdit {
+    /// For a patch, the positions in the resulting list (of length `len`) of the replaced and
+    /// appended items; `None` for [`ListEdit::Full`].
+    pub fn changed_positions(&self, len: usize) -> Option<Vec<usize>> {
+        let ListEdit::Patch {
+            replaced,
+            removed,
+            appended,
+        } = self
+        else {
+            return None;
+        };
+        Some(
+            replaced
+                .iter()
+                .map(|&p| p - removed.partition_point(|&r| r < p))
+                .chain(len.saturating_sub(*appended)..len)
+                .collect(),
+        )
+    }
+
     /// True when nothing changed.
     pub fn is_empty(&self) -> bool {
         matches!(self, ListEdit::Patch { replaced, removed, appended: 0 }
@@ -543,6 +563,8 @@ pub struct Applied {
     pub virtual_hosts: ListEdit,
     /// Whether settings, listeners and backends changed.
     pub changed: Changed,
+    /// The content hash of the result ([`Digests::hash`], checked against the delta's).
+    pub hash: String,
 }
 
 /// Applies a section without `order` in place, keeping `digests` and `index` in step: the
@@ -794,6 +816,7 @@ impl ConfigDelta {
         Ok(Applied {
             virtual_hosts,
             changed,
+            hash: got,
         })
     }
 
@@ -1014,6 +1037,15 @@ mod tests {
             );
             let names: Vec<String> = want.virtual_hosts.iter().map(|v| v.name.clone()).collect();
             assert_eq!(replay(&before, &want.virtual_hosts, &applied.virtual_hosts), names);
+            assert_eq!(applied.hash, want_d.hash());
+            if let Some(positions) = applied.virtual_hosts.changed_positions(names.len()) {
+                let mut got: Vec<&str> = positions.iter().map(|&i| names[i].as_str()).collect();
+                let mut sent: Vec<&str> =
+                    delta.virtual_hosts.upsert.iter().map(|v| v.name.as_str()).collect();
+                got.sort_unstable();
+                sent.sort_unstable();
+                assert_eq!(got, sent, "step {step}");
+            }
             if let ListEdit::Patch { replaced, .. } = &applied.virtual_hosts {
                 patches += 1;
                 assert_eq!(replaced.len(), delta.virtual_hosts.upsert.len() - {
