@@ -266,7 +266,8 @@ async fn session(
             stats.deltas.fetch_add(1, Relaxed);
         }
         let generation = wire::apply_generation(&payload).unwrap_or(0);
-        let reply = match apply_frame(runtime, base, header.kind, &payload).await {
+        // The payload is dropped as soon as it is decoded, before the config is built.
+        let reply = match apply_frame(runtime, base, header.kind, payload).await {
             Ok(()) => {
                 tracing::info!(generation, "pushed config applied");
                 Message::Ack { generation }
@@ -293,7 +294,7 @@ async fn apply_frame(
     runtime: &Runtime,
     slot: &BaseSlot,
     kind: FrameType,
-    payload: &[u8],
+    payload: Vec<u8>,
 ) -> Result<(), Vec<String>> {
     let lock = || slot.lock().unwrap_or_else(|e| e.into_inner());
     // Rejected before the runtime saw it (which counts its own failures).
@@ -301,7 +302,8 @@ async fn apply_frame(
         runtime.shared.metrics.reloads_failed.fetch_add(1, Relaxed);
         errors
     };
-    let message = Message::decode(kind, payload).map_err(|e| early(vec![e.to_string()]))?;
+    let message = Message::decode(kind, &payload).map_err(|e| early(vec![e.to_string()]))?;
+    drop(payload);
     let (generation, mut config, digests, index) = match message {
         Message::Apply {
             generation,
@@ -310,14 +312,18 @@ async fn apply_frame(
             config.generation = generation;
             let digests = Digests::of(&config);
             let hash = digests.hash();
+            // The routes move into the route table: the config is not held twice.
             runtime
-                .apply_reusing(&config, Some(hash), None)
+                .apply_taking_routes(&mut config, Some(hash))
                 .await
                 .map_err(|e| e.messages())?;
             // Validated: names are unique.
             let index = NameIndex::of("virtual_hosts", &config.virtual_hosts).ok();
+            // Kept as the base of the next delta: without the spare capacity of decoding.
+            config.virtual_hosts.shrink_to_fit();
             for v in &mut config.virtual_hosts {
-                v.routes = Vec::new();
+                v.hostnames.shrink_to_fit();
+                v.listeners.shrink_to_fit();
             }
             (generation, *config, digests, index)
         }
@@ -387,7 +393,11 @@ async fn apply_frame(
                     .await
                     .map_err(|e| e.messages())?;
                 let n = config.virtual_hosts.len();
-                for i in applied.virtual_hosts.changed_positions(n).unwrap_or_default() {
+                for i in applied
+                    .virtual_hosts
+                    .changed_positions(n)
+                    .unwrap_or_default()
+                {
                     config.virtual_hosts[i].routes = Vec::new();
                 }
             } else {

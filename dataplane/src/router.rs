@@ -695,6 +695,23 @@ impl RouteTable {
         cfg: &Config,
         previous: Option<(&RouteTable, Unchanged<'_>)>,
     ) -> Result<RouteTable, BuildError> {
+        Self::build_with(cfg, previous, None)
+    }
+
+    /// [`RouteTable::build`] from a config whose routes were taken out of it: `routes[i]` are
+    /// the routes of `cfg.virtual_hosts[i]` (whose own `routes` are ignored). The routes are
+    /// moved into the table, not copied, so a large config is not held twice while its
+    /// table is built.
+    pub fn build_taking(cfg: &Config, routes: Vec<Vec<Route>>) -> Result<RouteTable, BuildError> {
+        Self::build_with(cfg, None, Some(routes))
+    }
+
+    fn build_with(
+        cfg: &Config,
+        previous: Option<(&RouteTable, Unchanged<'_>)>,
+        taken: Option<Vec<Vec<Route>>>,
+    ) -> Result<RouteTable, BuildError> {
+        let mut taken = taken.map(Vec::into_iter);
         let old: HashMap<&str, &Arc<CompiledVhost>> = match previous {
             Some((prev, _)) => prev
                 .vhosts
@@ -710,9 +727,11 @@ impl RouteTable {
                 .filter(|(_, unchanged)| unchanged(&vh.name))
                 .and_then(|_| old.get(vh.name.as_str()))
                 .map(|v| Arc::clone(v));
-            let compiled = match reused {
-                Some(v) => v,
-                None => Arc::new(compile_vhost(vi, vh)?),
+            let own = taken.as_mut().map(|t| t.next().unwrap_or_default());
+            let compiled = match (reused, own) {
+                (Some(v), _) => v,
+                (None, Some(routes)) => Arc::new(compile_parts(vi, vh, routes, true)?),
+                (None, None) => Arc::new(compile_vhost(vi, vh)?),
             };
             len += compiled.entries.len();
             slots.push(Slot {
@@ -774,10 +793,7 @@ impl RouteTable {
         let n = cfg.virtual_hosts.len();
         let fits = n <= 4 * self.shards * self.shards
             && self.vhosts.len + appended == n + removed.len()
-            && replaced
-                .iter()
-                .chain(removed)
-                .all(|&p| p < self.vhosts.len)
+            && replaced.iter().chain(removed).all(|&p| p < self.vhosts.len)
             && {
                 let new_at = |p: usize| p - removed.partition_point(|&r| r < p);
                 replaced
@@ -848,7 +864,11 @@ impl RouteTable {
             // Everything may have moved: treat every name as changed.
             ListEdit::Full => self.vhosts.iter().map(|s| &*s.vhost.name).collect(),
         };
-        for s in self.vhosts.iter().filter(|s| changed.contains(&*s.vhost.name)) {
+        for s in self
+            .vhosts
+            .iter()
+            .filter(|s| changed.contains(&*s.vhost.name))
+        {
             s.vhost.entries.iter().for_each(&mut *touched);
         }
         let unchanged = |name: &str| !changed.contains(name);
@@ -943,7 +963,9 @@ impl RouteTable {
 
     /// The compiled routes of the virtual host at `position` (config order).
     pub fn vhost_entries_at(&self, position: usize) -> Option<&[RouteEntry]> {
-        self.vhosts.get(position).map(|s| s.vhost.entries.as_slice())
+        self.vhosts
+            .get(position)
+            .map(|s| s.vhost.entries.as_slice())
     }
 
     /// All routes, in config order (virtual hosts, then routes).
@@ -954,10 +976,23 @@ impl RouteTable {
 
 /// Compiles the routes of the virtual host at `vi`.
 fn compile_vhost(vi: usize, vh: &VirtualHost) -> Result<CompiledVhost, BuildError> {
+    compile_parts(vi, vh, vh.routes.clone(), false)
+}
+
+/// Compiles the virtual host at `vi` with `routes` (moved into the table) as its routes.
+/// With `compact`, each route is stored as a copy (whose lists have no spare capacity, unlike
+/// lists grown while decoding) and the original is dropped at once, so the table holds no
+/// decoding slack and a config is never held twice.
+fn compile_parts(
+    vi: usize,
+    vh: &VirtualHost,
+    routes: Vec<Route>,
+    compact: bool,
+) -> Result<CompiledVhost, BuildError> {
     let vhost_name: Arc<str> = vh.name.as_str().into();
-    let mut entries = Vec::with_capacity(vh.routes.len());
+    let mut entries = Vec::with_capacity(routes.len());
     let mut keyed: Vec<(RuleKey, Rule)> = Vec::new();
-    for (ri, r) in vh.routes.iter().enumerate() {
+    for (ri, r) in routes.into_iter().enumerate() {
         let entry = entries.len();
         let filters = CompiledFilters::compile(&r.filters).map_err(|message| BuildError {
             path: format!("virtual_hosts[{vi}].routes[{ri}].filters"),
@@ -977,7 +1012,7 @@ fn compile_vhost(vi: usize, vh: &VirtualHost) -> Result<CompiledVhost, BuildErro
         entries.push(RouteEntry {
             name: r.name.as_str().into(),
             vhost: vhost_name.clone(),
-            route: Arc::new(r.clone()),
+            route: Arc::new(if compact { r.clone() } else { r }),
             filters,
         });
     }

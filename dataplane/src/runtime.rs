@@ -302,7 +302,7 @@ impl Runtime {
         hash: Option<String>,
         reuse: Option<Reuse<'_>>,
     ) -> Result<(), ApplyError> {
-        let result = self.apply_inner(config, hash, reuse).await;
+        let result = self.apply_inner(config, hash, reuse, None).await;
         let m = &self.shared.metrics;
         match &result {
             Ok(()) => m.reloads_ok.fetch_add(1, Relaxed),
@@ -412,14 +412,50 @@ impl Runtime {
         Ok(())
     }
 
+    /// [`Runtime::apply_with_hash`] that moves the routes of `config` into the route table
+    /// instead of copying them (a full config is then not held twice while it is built).
+    /// Afterwards `config`'s virtual hosts have no routes, whether it was applied or not.
+    pub async fn apply_taking_routes(
+        &self,
+        config: &mut Config,
+        hash: Option<String>,
+    ) -> Result<(), ApplyError> {
+        let result = match config.validate() {
+            Err(errs) => Err(ApplyError::Invalid(
+                errs.0.iter().map(|e| e.to_string()).collect(),
+            )),
+            Ok(()) => {
+                let routes = config
+                    .virtual_hosts
+                    .iter_mut()
+                    .map(|v| std::mem::take(&mut v.routes))
+                    .collect();
+                self.apply_inner(config, hash, None, Some(routes)).await
+            }
+        };
+        for v in &mut config.virtual_hosts {
+            v.routes = Vec::new();
+        }
+        let m = &self.shared.metrics;
+        match &result {
+            Ok(()) => m.reloads_ok.fetch_add(1, Relaxed),
+            Err(_) => m.reloads_failed.fetch_add(1, Relaxed),
+        };
+        result
+    }
+
+    /// Validates (unless `taken` holds the routes of an already validated `config`), builds
+    /// and swaps.
     async fn apply_inner(
         &self,
         config: &Config,
         hash: Option<String>,
         reuse: Option<Reuse<'_>>,
+        taken: Option<Vec<Vec<sweety_config::Route>>>,
     ) -> Result<(), ApplyError> {
-        let validated = match &reuse {
-            Some(r) if r.same_context => {
+        let validated = match (&reuse, &taken) {
+            (_, Some(_)) => Ok(()),
+            (Some(r), None) if r.same_context => {
                 let changed = r.changed_vhost;
                 config.validate_trusting(&|i| !changed(&config.virtual_hosts[i].name))
             }
@@ -436,9 +472,12 @@ impl Runtime {
         let previous: Option<(&RouteTable, crate::router::Unchanged<'_>)> = reuse
             .as_ref()
             .map(|_| (&prev.routes, &unchanged as crate::router::Unchanged<'_>));
-        let routes = RouteTable::build_reusing(config, previous)
-            .map_err(|e| errors.push(e.to_string()))
-            .ok();
+        let routes = match taken {
+            Some(routes) => RouteTable::build_taking(config, routes),
+            None => RouteTable::build_reusing(config, previous),
+        }
+        .map_err(|e| errors.push(e.to_string()))
+        .ok();
         let upstreams = Upstreams::build(
             &config.backends,
             Some(&prev.upstreams),

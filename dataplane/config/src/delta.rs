@@ -1036,24 +1036,34 @@ mod tests {
                 NameIndex::of("virtual_hosts", &want.virtual_hosts).unwrap()
             );
             let names: Vec<String> = want.virtual_hosts.iter().map(|v| v.name.clone()).collect();
-            assert_eq!(replay(&before, &want.virtual_hosts, &applied.virtual_hosts), names);
+            assert_eq!(
+                replay(&before, &want.virtual_hosts, &applied.virtual_hosts),
+                names
+            );
             assert_eq!(applied.hash, want_d.hash());
             if let Some(positions) = applied.virtual_hosts.changed_positions(names.len()) {
                 let mut got: Vec<&str> = positions.iter().map(|&i| names[i].as_str()).collect();
-                let mut sent: Vec<&str> =
-                    delta.virtual_hosts.upsert.iter().map(|v| v.name.as_str()).collect();
+                let mut sent: Vec<&str> = delta
+                    .virtual_hosts
+                    .upsert
+                    .iter()
+                    .map(|v| v.name.as_str())
+                    .collect();
                 got.sort_unstable();
                 sent.sort_unstable();
                 assert_eq!(got, sent, "step {step}");
             }
             if let ListEdit::Patch { replaced, .. } = &applied.virtual_hosts {
                 patches += 1;
-                assert_eq!(replaced.len(), delta.virtual_hosts.upsert.len() - {
-                    let ListEdit::Patch { appended, .. } = &applied.virtual_hosts else {
-                        unreachable!()
-                    };
-                    *appended
-                });
+                assert_eq!(
+                    replaced.len(),
+                    delta.virtual_hosts.upsert.len() - {
+                        let ListEdit::Patch { appended, .. } = &applied.virtual_hosts else {
+                            unreachable!()
+                        };
+                        *appended
+                    }
+                );
             } else {
                 assert!(delta.virtual_hosts.order.is_some());
             }

@@ -1213,7 +1213,11 @@ fn patch_gives_what_a_full_build_gives_over_random_edits() {
         let mut hosts = hosts;
         hosts.dedup();
         let path = format!("/p{}", below(4));
-        let v = vh(&name, &hosts, vec![route(&format!("{name}-r"), vec![prefix(&path)])]);
+        let v = vh(
+            &name,
+            &hosts,
+            vec![route(&format!("{name}-r"), vec![prefix(&path)])],
+        );
         match below(4) {
             0 => on(v, &["admin"]),
             1 => on(v, &["http", "admin"]),
@@ -1269,8 +1273,16 @@ fn patch_gives_what_a_full_build_gives_over_random_edits() {
         assert_eq!(names(&table), names(&full), "step {step}");
         for listener in ["http", "admin", "other"] {
             for host in [
-                "a.test", "b.test", "x.c.test", "y.c.test", "c.test", "d.test", "z.test", "e.test",
-                "f.g.test", "nope.example",
+                "a.test",
+                "b.test",
+                "x.c.test",
+                "y.c.test",
+                "c.test",
+                "d.test",
+                "z.test",
+                "e.test",
+                "f.g.test",
+                "nope.example",
             ] {
                 assert_eq!(
                     table.vhost_name(listener, host),
@@ -1300,7 +1312,11 @@ fn patch_shares_what_did_not_change_and_reports_what_did() {
     let table = RouteTable::build(&old).unwrap();
     // `b` replaced, `a` removed, `d` appended.
     let new = config(vec![
-        vh("b", &["b.test", "c.test"], vec![route("b2", vec![prefix("/y")])]),
+        vh(
+            "b",
+            &["b.test", "c.test"],
+            vec![route("b2", vec![prefix("/y")])],
+        ),
         vh("c", &["c.test"], vec![route("c1", vec![exact("/c")])]),
         vh("d", &["d.test"], vec![route("d1", vec![])]),
     ]);
