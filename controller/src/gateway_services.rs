@@ -19,8 +19,9 @@
 //! controller.sweety.dev`, so the cluster's EndpointSlice controller leaves them alone.
 //!
 //! Readiness changes of the dataplane Pods reach the mirrored slices on the next reconcile,
-//! which the controller's EndpointSlice watch triggers (the controller's namespace must be
-//! among the watched namespaces).
+//! which the controller's EndpointSlice watch triggers (with `--watch-namespaces` that leave out
+//! the controller's namespace, a watch of just the dataplane Service's slices there does:
+//! `WatchOptions::dataplane_service`).
 
 use crate::translate::GatewayService;
 use crate::Error;

@@ -147,7 +147,7 @@ async fn main() -> anyhow::Result<()> {
         ingress_class: args.ingress_class,
         ingress_controller: args.ingress_controller,
         namespace: args.namespace.clone(),
-        ingress_service: Some(args.ingress_service).filter(|s| !s.is_empty()),
+        ingress_service: Some(args.ingress_service.clone()).filter(|s| !s.is_empty()),
         gateway_port_min,
         gateway_port_max,
         content_dir: args.content_dir,
@@ -161,6 +161,9 @@ async fn main() -> anyhow::Result<()> {
                 .into_iter()
                 .filter(|n| !n.is_empty())
                 .collect(),
+            dataplane_service: Some(args.ingress_service.clone())
+                .filter(|s| !s.is_empty())
+                .map(|s| (args.namespace.clone(), s)),
         },
         debounce,
         lease: args

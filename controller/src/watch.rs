@@ -42,6 +42,11 @@ use tokio::task::JoinHandle;
 pub struct WatchOptions {
     /// Empty: every namespace. Otherwise only these.
     pub namespaces: Vec<String>,
+    /// The chart's dataplane Service (namespace, name), whose EndpointSlices the per-Gateway
+    /// Services mirror: when `namespaces` leaves out its namespace, its slices (and only
+    /// those) are watched there too, so a dataplane readiness change still triggers a
+    /// reconcile. They never enter the snapshot.
+    pub dataplane_service: Option<(String, String)>,
 }
 
 /// The reader halves of every reflector of one kind (one per watched namespace); empty when the
@@ -332,6 +337,14 @@ impl Watches {
             config_maps: w.namespaced(watcher::Config::default()),
             namespaces: w.cluster(watcher::Config::default()),
         };
+        if let Some((ns, name)) = &options.dataplane_service {
+            if !options.namespaces.is_empty() && !options.namespaces.contains(ns) {
+                let api = Api::<EndpointSlice>::namespaced(w.client.clone(), ns);
+                let config = watcher::Config::default()
+                    .labels(&format!("kubernetes.io/service-name={name}"));
+                w.trigger(api, config);
+            }
+        }
         Ok(Watches {
             stores,
             changes,
@@ -501,6 +514,27 @@ impl Starter {
         );
         self.skipped.push(kind);
         false
+    }
+
+    /// A watch that only signals changes (no store): for objects read elsewhere.
+    fn trigger<K: Watchable>(&mut self, api: Api<K>, config: watcher::Config) {
+        let tx = self.tx.clone();
+        let kind = K::kind(&()).to_string();
+        let stream = watcher(api, config).default_backoff();
+        self.tasks.push(tokio::spawn(async move {
+            let mut stream = std::pin::pin!(stream);
+            while let Some(event) = stream.next().await {
+                match event {
+                    Ok(watcher::Event::Init)
+                    | Ok(watcher::Event::InitApply(_))
+                    | Ok(watcher::Event::InitDone) => {}
+                    Ok(_) => {
+                        tx.send_modify(|n| *n = n.wrapping_add(1));
+                    }
+                    Err(e) => tracing::warn!(kind = %kind, error = %e, "watch error; retrying"),
+                }
+            }
+        }));
     }
 
     fn spawn<K: Watchable>(&mut self, api: Api<K>, config: watcher::Config) -> Store<K> {

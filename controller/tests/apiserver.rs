@@ -143,6 +143,7 @@ async fn watch_layer_sees_created_objects_and_filters_secrets() {
         client.clone(),
         &WatchOptions {
             namespaces: vec![ns.clone()],
+            ..WatchOptions::default()
         },
     )
     .await
@@ -772,6 +773,70 @@ async fn status_writer_writes_only_changes_and_keeps_foreign_parents() {
 }
 
 /// An EndpointSlice of the dataplane Service `sweety` in `ns`: `ready` per Pod address.
+/// With watched namespaces that leave out the controller's own, the dataplane Service's
+/// EndpointSlices there still trigger reconciles (the per-Gateway mirrors depend on them), while
+/// other slices in that namespace do not, and none of them enters the snapshot.
+#[tokio::test]
+async fn dataplane_slices_outside_the_watched_namespaces_trigger_reconciles() {
+    let _guard = LOCK.lock().await;
+    let Some(client) = cluster().await else {
+        return;
+    };
+    let ctl = namespace(&client, "dpctl").await;
+    let apps = namespace(&client, "dpapps").await;
+    let source: Api<EndpointSlice> = Api::namespaced(client.clone(), &ctl);
+    source
+        .create(
+            &PostParams::default(),
+            &dataplane_slice(&ctl, &[("10.1.0.5", false)]),
+        )
+        .await
+        .unwrap();
+    let watches = Watches::start(
+        client.clone(),
+        &WatchOptions {
+            namespaces: vec![apps.clone()],
+            dataplane_service: Some((ctl.clone(), "sweety".into())),
+        },
+    )
+    .await
+    .expect("start watches");
+    assert!(watches.wait_ready(Duration::from_secs(20)).await);
+    let mut changes = watches.changes();
+    changes.borrow_and_update();
+
+    // Another Service's slice in the controller's namespace: no reconcile.
+    create::<EndpointSlice>(
+        &source,
+        json!({
+            "metadata": {"name": "other-1", "labels": {"kubernetes.io/service-name": "other"}},
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": ["10.1.0.9"], "conditions": {"ready": true}}],
+            "ports": [{"name": "http", "port": 80, "protocol": "TCP"}]
+        }),
+    )
+    .await;
+    // A dataplane Pod became ready: a reconcile is triggered.
+    let mut ready = dataplane_slice(&ctl, &[("10.1.0.5", true)]);
+    ready.metadata.resource_version = source.get("sweety-abcde").await.unwrap().resource_version();
+    source
+        .replace("sweety-abcde", &PostParams::default(), &ready)
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(20), changes.changed())
+        .await
+        .expect("a reconcile trigger for the dataplane slice")
+        .unwrap();
+    // Only that one event arrived: the other Service's slice (created first) did not count.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!changes.has_changed().unwrap(), "a second trigger arrived");
+    assert!(
+        watches.stores.snapshot().endpoint_slices.is_empty(),
+        "slices outside the watched namespaces never enter the snapshot"
+    );
+    assert!(watches.running());
+}
+
 fn dataplane_slice(ns: &str, endpoints: &[(&str, bool)]) -> EndpointSlice {
     serde_json::from_value(json!({
         "metadata": {"name": "sweety-abcde", "namespace": ns, "labels": {
@@ -1142,6 +1207,7 @@ async fn run_loop_leads_reconciles_on_changes_and_releases() {
         },
         watch: WatchOptions {
             namespaces: vec![ns.clone()],
+            ..WatchOptions::default()
         },
         debounce: Duration::from_millis(50),
         lease: Some(LeaseOptions {
@@ -1469,6 +1535,7 @@ async fn end_to_end_gateway_is_programmed_after_the_dataplane_acks() {
         },
         watch: WatchOptions {
             namespaces: vec![ns.clone(), ctl.clone()],
+            ..WatchOptions::default()
         },
         debounce: Duration::from_millis(50),
         lease: None,

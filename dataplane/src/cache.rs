@@ -56,6 +56,8 @@ pub struct Entry {
     size: u64,
     host: String,
     path: String,
+    /// The stored headers HPACK-encoded once, for Sweety's HTTP/2 engine.
+    encoded: crate::h2::Encoded,
 }
 
 impl Entry {
@@ -430,8 +432,10 @@ impl Cache {
             .get(header::AGE)
             .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
             .unwrap_or(0);
+        let encoded = crate::h2::Encoded::new(&headers);
         let entry = Arc::new(Entry {
             status,
+            encoded,
             headers,
             body,
             stored: Instant::now(),
@@ -723,6 +727,9 @@ fn respond(e: &Entry, head: bool, how: &'static str) -> Response<Body> {
     if head {
         h.insert(header::CONTENT_LENGTH, HeaderValue::from(e.body.len()));
     }
+    // Sweety's HTTP/2 engine sends the stored headers' encoding as is when the response
+    // still starts with them unchanged (it checks); other protocols ignore it.
+    r.extensions_mut().insert(e.encoded.clone());
     r
 }
 

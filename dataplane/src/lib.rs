@@ -12,6 +12,8 @@
 //! * [`pipeline`]: the single request path shared by all protocols.
 //! * [`tls`]: certificates, the SNI resolver, self-signed certificates.
 //! * [`server`]: listeners and connection serving (H1/h2c and TLS with ALPN).
+//! * [`h2`]: Sweety's own server-side HTTP/2 connection layer (`limits.http2_engine`).
+//! * [`hpack`]: HPACK header compression (RFC 7541) for the HTTP/2 connection layer.
 //! * [`h3`]: HTTP/3 over QUIC (quinn + h3): the UDP endpoint and the thin adapter.
 //! * [`runtime`]: the live config snapshot, hot reload and listener reconciliation.
 //! * [`admin`]: health, readiness, metrics and config endpoints.
@@ -38,7 +40,9 @@ pub mod ctx;
 pub mod defaults;
 pub mod filters;
 pub mod grpc;
+pub mod h2;
 pub mod h3;
+pub mod hpack;
 pub mod l4;
 pub mod limits;
 pub mod metrics;

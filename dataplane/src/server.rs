@@ -9,6 +9,10 @@
 //! own task first (after the connection's poll, see [`Batched`], so one write carries the
 //! responses of all the streams of one read), spawned only when it has to wait.
 //!
+//! With `limits.http2_engine: sweety`, h2 (ALPN) and h2c (prior knowledge, the client preface
+//! peeked) connections are served by Sweety's own HTTP/2 layer ([`crate::h2`]) instead; it
+//! batches its writes the same way.
+//!
 //! Each listener drains gracefully when stopped: it stops accepting, asks every connection
 //! to finish (HTTP/2 GOAWAY, HTTP/1.1 close after the current response) and waits up to the
 //! drain timeout.
@@ -60,7 +64,10 @@ pub async fn run_tcp(
         };
         let builder = snap.http.clone();
         let handshake_timeout = snap.config.limits.header_read_timeout.get();
+        let h2 = (snap.config.limits.http2_engine == sweety_config::Http2Engine::Sweety)
+            .then(|| crate::h2::Settings::from_limits(&snap.config.limits));
         drop(snap);
+        let drain = stop.clone();
         let watcher = graceful.watcher();
         let shared = shared.clone();
         tokio::spawn(async move {
@@ -99,16 +106,14 @@ pub async fn run_tcp(
                 crate::l4::serve_tcp(shared, view, stream, peer, local).await;
                 return;
             }
-            serve_conn(
-                shared,
-                view,
+            let serving = Serving {
                 builder,
                 handshake_timeout,
-                stream,
-                peer,
                 watcher,
-            )
-            .await;
+                h2,
+                drain,
+            };
+            serve_conn(shared, view, serving, stream, peer).await;
         });
     }
     drop(listener);
@@ -121,15 +126,32 @@ pub async fn run_tcp(
     }
 }
 
+/// How one accepted connection is to be served.
+struct Serving {
+    builder: hyper_util::server::conn::auto::Builder<StreamExecutor>,
+    handshake_timeout: Duration,
+    /// Held while the connection is served: the listener's drain waits for it.
+    watcher: Watcher,
+    /// Sweety's HTTP/2 engine and its settings, when `limits.http2_engine` is `sweety`.
+    h2: Option<crate::h2::Settings>,
+    /// Turns true when the listener drains (GOAWAY for Sweety's HTTP/2 engine).
+    drain: watch::Receiver<bool>,
+}
+
 async fn serve_conn(
     shared: Arc<Shared>,
     view: Arc<ListenerView>,
-    mut builder: hyper_util::server::conn::auto::Builder<StreamExecutor>,
-    handshake_timeout: Duration,
+    serving: Serving,
     stream: TcpStream,
     peer: SocketAddr,
-    watcher: Watcher,
 ) {
+    let Serving {
+        mut builder,
+        handshake_timeout,
+        watcher,
+        h2,
+        drain,
+    } = serving;
     let _ = stream.set_nodelay(true);
     let local = stream.local_addr().unwrap_or(peer);
     match &view.tls {
@@ -141,6 +163,25 @@ async fn serve_conn(
                 tls: false,
                 sni: None,
             });
+            if let Some(settings) = h2 {
+                // h2c by prior knowledge: the client preface, peeked (HTTP/1.1 otherwise).
+                match tokio::time::timeout(handshake_timeout, starts_with_preface(&stream)).await {
+                    Ok(Ok(true)) => {
+                        let r = crate::h2::serve(stream, shared, conn, settings, drain).await;
+                        drop(watcher);
+                        if let Err(e) = r {
+                            tracing::debug!(error = %e, "HTTP/2 connection ended with an error");
+                        }
+                        return;
+                    }
+                    Ok(Ok(false)) => {}
+                    Ok(Err(_)) => return,
+                    Err(_) => {
+                        shared.metrics.limit_hit("header_read_timeout");
+                        return;
+                    }
+                }
+            }
             serve_http(shared, conn, builder, TokioIo::new(stream), watcher).await;
         }
         Some(cfg) => {
@@ -160,6 +201,7 @@ async fn serve_conn(
             let sni = session
                 .server_name()
                 .map(|s| Arc::<str>::from(s.to_ascii_lowercase()));
+            let alpn_h2 = session.alpn_protocol() == Some(b"h2");
             match session.alpn_protocol() {
                 Some(b"h2") => builder = builder.http2_only(),
                 Some(b"http/1.1") => builder = builder.http1_only(),
@@ -172,8 +214,38 @@ async fn serve_conn(
                 tls: true,
                 sni,
             });
+            if let (true, Some(settings)) = (alpn_h2, h2) {
+                let r = crate::h2::serve(tls, shared, conn, settings, drain).await;
+                drop(watcher);
+                if let Err(e) = r {
+                    tracing::debug!(error = %e, "HTTP/2 connection ended with an error");
+                }
+                return;
+            }
             serve_http(shared, conn, builder, TokioIo::new(tls), watcher).await;
         }
+    }
+}
+
+/// Whether a cleartext connection starts with the HTTP/2 client preface (peeked, not
+/// consumed). Decides at the first byte that differs; waits for more bytes while what came
+/// so far is a prefix of the preface.
+async fn starts_with_preface(stream: &TcpStream) -> std::io::Result<bool> {
+    let preface = crate::h2::frame::PREFACE;
+    let mut buf = [0u8; 24];
+    loop {
+        let n = stream.peek(&mut buf).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        if buf[..n] != preface[..n] {
+            return Ok(false);
+        }
+        if n == preface.len() {
+            return Ok(true);
+        }
+        // A prefix of the preface so far (rare: it comes in one segment): peek again shortly.
+        tokio::time::sleep(Duration::from_millis(2)).await;
     }
 }
 

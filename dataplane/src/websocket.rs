@@ -117,7 +117,13 @@ pub async fn proxy(
     ctx: &RequestCtx,
     idle: Duration,
 ) -> Response<Body> {
-    let client_upgrade = hyper::upgrade::on(&mut req);
+    // Sweety's HTTP/2 engine hands the stream's tunnel over in an extension; hyper's
+    // connections (HTTP/1.1, and HTTP/2 with `http2_engine: hyper`) through its upgrades.
+    let h2_client = req
+        .extensions_mut()
+        .remove::<crate::h2::Upgrade>()
+        .and_then(|u| u.take());
+    let client_upgrade = h2_client.is_none().then(|| hyper::upgrade::on(&mut req));
     let (mut parts, _body) = req.into_parts();
     let upgrade_value = match &kind {
         UpgradeRequest::Http1(v) => v.clone(),
@@ -167,15 +173,33 @@ pub async fn proxy(
         // The pipeline sends the slot as soon as it has the response; a dropped sender means
         // there is nothing to hold.
         let permit = rx.await.ok();
-        let (client, backend) = match tokio::join!(client_upgrade, backend_upgrade) {
-            (Ok(c), Ok(b)) => (c, b),
-            (c, b) => {
-                tracing::debug!(client = ?c.err(), backend = ?b.err(), "upgrade failed");
-                return;
+        let r = match (h2_client, client_upgrade) {
+            (Some(client), _) => {
+                let backend = match backend_upgrade.await {
+                    Ok(b) => b,
+                    Err(e) => {
+                        tracing::debug!(backend = ?e, "upgrade failed");
+                        return;
+                    }
+                };
+                metrics.websocket_tunnels.fetch_add(1, Relaxed);
+                tunnel(client, TokioIo::new(backend), idle).await
+            }
+            (None, client_upgrade) => {
+                let Some(client_upgrade) = client_upgrade else {
+                    return;
+                };
+                let (client, backend) = match tokio::join!(client_upgrade, backend_upgrade) {
+                    (Ok(c), Ok(b)) => (c, b),
+                    (c, b) => {
+                        tracing::debug!(client = ?c.err(), backend = ?b.err(), "upgrade failed");
+                        return;
+                    }
+                };
+                metrics.websocket_tunnels.fetch_add(1, Relaxed);
+                tunnel(TokioIo::new(client), TokioIo::new(backend), idle).await
             }
         };
-        metrics.websocket_tunnels.fetch_add(1, Relaxed);
-        let r = tunnel(TokioIo::new(client), TokioIo::new(backend), idle).await;
         metrics.websocket_tunnels.fetch_sub(1, Relaxed);
         tracing::debug!(result = ?r, "tunnel closed");
         drop(permit);

@@ -22,6 +22,8 @@
 #   SWEETY_HTTP3=  extra `http3:` settings for the h3 cells, as YAML flow-mapping entries,
 #                  e.g. "send_window: 262144, static_chunk_size: 16384" (default: none, the
 #                  documented defaults of docs/config.md apply)
+#   SWEETY_LIMITS= extra `limits:` settings of the Sweety configs, as YAML flow-mapping
+#                  entries, e.g. "http2_engine: sweety" (default: none)
 #   OHA=           oha binary with HTTP/3 for the h3 cells (default: oha on PATH, else
 #                  ~/.cache/sweety/tools/bin/oha; build it with
 #                  cargo install oha --locked --features http3 --root ~/.cache/sweety/tools)
@@ -310,7 +312,7 @@ cat >"$WORK/sweety.yaml" <<EOF
 version: 1
 admin: {address: 127.0.0.1, port: $ADMIN_PORT}
 access_log: {enabled: false}
-limits: {drain_timeout: 1s}
+limits: {drain_timeout: 1s${SWEETY_LIMITS:+, $SWEETY_LIMITS}}
 listeners:
   - name: tls
     address: 127.0.0.1

@@ -845,6 +845,27 @@ pub struct Limits {
     /// A WebSocket tunnel with no byte either way for this long is closed. Default 5m.
     #[serde(skip_serializing_if = "crate::is_default_websocket_idle_timeout")]
     pub websocket_idle_timeout: Duration,
+    /// Which HTTP/2 server implementation serves h2 and h2c connections (default: Sweety's).
+    #[serde(skip_serializing_if = "Http2Engine::is_default")]
+    pub http2_engine: Http2Engine,
+}
+
+/// The HTTP/2 server implementation (`limits.http2_engine`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Http2Engine {
+    /// Sweety's own HTTP/2 connection layer.
+    #[default]
+    Sweety,
+    /// hyper's HTTP/2 server (the h2 crate).
+    Hyper,
+}
+
+impl Http2Engine {
+    /// True for the default engine (left out when a config is written).
+    pub fn is_default(&self) -> bool {
+        *self == Http2Engine::default()
+    }
 }
 
 impl Default for Limits {
@@ -863,6 +884,7 @@ impl Default for Limits {
             max_request_body_bytes: 64 * 1024 * 1024,
             drain_timeout: Duration::from_secs(20),
             websocket_idle_timeout: crate::default_websocket_idle_timeout(),
+            http2_engine: Http2Engine::default(),
         }
     }
 }

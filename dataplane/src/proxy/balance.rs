@@ -8,16 +8,17 @@
 use fastrand::Rng;
 use std::sync::Mutex;
 
-/// Picks an index with probability proportional to its weight. `None` when every weight is 0
-/// (or there are none).
-pub fn weighted_random(weights: &[u32], rng: &mut Rng) -> Option<usize> {
-    let total: u64 = weights.iter().map(|&w| u64::from(w)).sum();
+/// Picks an index in `0..len` with probability proportional to `weight(index)`, without
+/// collecting the weights (this runs per request and per layer-4 connection). `None` when every
+/// weight is 0 (or `len` is 0).
+pub fn pick_by_weight(len: usize, weight: impl Fn(usize) -> u32, rng: &mut Rng) -> Option<usize> {
+    let total: u64 = (0..len).map(|i| u64::from(weight(i))).sum();
     if total == 0 {
         return None;
     }
     let mut x = rng.u64(0..total);
-    for (i, &w) in weights.iter().enumerate() {
-        let w = u64::from(w);
+    for i in 0..len {
+        let w = u64::from(weight(i));
         if x < w {
             return Some(i);
         }
@@ -71,14 +72,12 @@ pub fn p2c(
     in_flight: impl Fn(usize) -> usize,
     rng: &mut Rng,
 ) -> Option<usize> {
-    let weights: Vec<u32> = candidates.iter().map(|c| c.1).collect();
-    let a = weighted_random(&weights, rng)?;
+    let a = pick_by_weight(candidates.len(), |i| candidates[i].1, rng)?;
     if candidates.len() == 1 {
         return Some(candidates[a].0);
     }
-    let mut rest = weights.clone();
-    rest[a] = 0;
-    let Some(b) = weighted_random(&rest, rng) else {
+    let rest = |i: usize| if i == a { 0 } else { candidates[i].1 };
+    let Some(b) = pick_by_weight(candidates.len(), rest, rng) else {
         return Some(candidates[a].0);
     };
     let (ia, wa) = candidates[a];
@@ -314,13 +313,13 @@ mod tests {
     }
 
     #[test]
-    fn weighted_random_respects_weights_and_zero() {
+    fn pick_by_weight_respects_weights_and_zero() {
         let mut rng = Rng::with_seed(7);
-        assert_eq!(weighted_random(&[0, 0], &mut rng), None);
-        assert_eq!(weighted_random(&[], &mut rng), None);
+        assert_eq!(pick_by_weight(2, |_| 0, &mut rng), None);
+        assert_eq!(pick_by_weight(0, |_| 1, &mut rng), None);
         let mut counts = [0u32; 3];
         for _ in 0..10_000 {
-            counts[weighted_random(&[1, 0, 3], &mut rng).unwrap()] += 1;
+            counts[pick_by_weight(3, |i| [1, 0, 3][i], &mut rng).unwrap()] += 1;
         }
         assert_eq!(counts[1], 0);
         assert!((2_000..3_000).contains(&counts[0]), "{counts:?}");

@@ -221,17 +221,16 @@ impl Upstreams {
         backends: &[sweety_config::WeightedBackend],
         client: std::net::IpAddr,
     ) -> Option<L4Target> {
-        let weights: Vec<u32> = backends
-            .iter()
-            .map(|b| {
-                if self.backends.contains_key(&b.backend) {
-                    b.weight
-                } else {
-                    0
-                }
-            })
-            .collect();
-        let wi = balance::weighted_random(&weights, &mut fastrand::Rng::new())?;
+        // A backend the config does not know (yet) gets no connections.
+        let weight = |i: usize| {
+            let b = &backends[i];
+            if self.backends.contains_key(&b.backend) {
+                b.weight
+            } else {
+                0
+            }
+        };
+        let wi = balance::pick_by_weight(backends.len(), weight, &mut fastrand::Rng::new())?;
         let backend = self.backends.get(&backends[wi].backend)?.clone();
         let key = backend
             .config
@@ -255,8 +254,10 @@ impl Upstreams {
         &'a self,
         action: &'a ProxyAction,
     ) -> Result<(&'a WeightedBackend, &'a Arc<BackendRt>), ProxyError> {
-        let weights: Vec<u32> = action.backends.iter().map(|b| b.weight).collect();
-        let Some(wi) = balance::weighted_random(&weights, &mut fastrand::Rng::new()) else {
+        let backends = &action.backends;
+        let weight = |i: usize| backends[i].weight;
+        let Some(wi) = balance::pick_by_weight(backends.len(), weight, &mut fastrand::Rng::new())
+        else {
             return Err(ProxyError::NoBackend {
                 reason: "every backend has weight 0".into(),
             });

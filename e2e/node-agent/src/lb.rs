@@ -2,8 +2,8 @@
 //! `type: LoadBalancer` Service without a loadBalancerClass an address from .200-.250 of the Pod CIDR, adds it
 //! to the bridge as a /32, writes `status.loadBalancer.ingress`, and forwards every TCP and UDP port of the
 //! Service to its ready EndpointSlice endpoints (round robin per connection / per UDP flow). Services and
-//! EndpointSlices are polled once a second; ports added to or removed from a Service are picked up on the next
-//! poll. A Service keeps the address its status already has when that is in the range (so an agent restart
+//! EndpointSlices are watched: each change (bursts within 20 ms coalesced) triggers a sync, and a sync runs at
+//! least every 10 s regardless; ports added to or removed from a Service are picked up by the next sync. A Service keeps the address its status already has when that is in the range (so an agent restart
 //! does not move addresses). SCTP ports are not forwarded.
 //!
 //! Requested addresses: a Service with `spec.loadBalancerIP` gets exactly that address when it is in the
@@ -77,11 +77,65 @@ pub async fn run(
     state: Arc<tokio::sync::Mutex<HashMap<String, Ipv4Addr>>>,
 ) {
     let mut allocated: HashMap<String, Allocated> = HashMap::new();
+    let changed = Arc::new(tokio::sync::Notify::new());
+    let _services = spawn_trigger::<Service>(client.clone(), changed.clone());
+    let _slices = spawn_trigger::<EndpointSlice>(client.clone(), changed.clone());
     loop {
         if let Err(e) = sync(&client, &bridge, cidr, &mut allocated, &state).await {
             tracing::warn!(error = %e, "load balancer sync");
         }
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        // The next sync runs on the next Service or EndpointSlice event (a burst of events
+        // within SYNC_COALESCE makes one sync), or after RESYNC without any (a failed sync
+        // or a missed event is retried then).
+        if tokio::time::timeout(RESYNC, changed.notified())
+            .await
+            .is_ok()
+        {
+            tokio::time::sleep(SYNC_COALESCE).await;
+        }
+    }
+}
+
+/// Longest time between two syncs without any watch event.
+const RESYNC: Duration = Duration::from_secs(10);
+/// Events this close together are handled by one sync.
+const SYNC_COALESCE: Duration = Duration::from_millis(20);
+
+/// Watches every `K` in the cluster and wakes the allocator on each change (the event itself
+/// is not needed: a sync lists the current state). Ends with the returned guard.
+fn spawn_trigger<K>(client: Client, changed: Arc<tokio::sync::Notify>) -> AbortOnDrop
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + 'static,
+    K::DynamicType: Default,
+{
+    use futures_util::StreamExt;
+    let api: Api<K> = Api::all(client);
+    AbortOnDrop(tokio::spawn(async move {
+        let mut events =
+            kube::runtime::watcher(api, kube::runtime::watcher::Config::default()).boxed();
+        while let Some(ev) = events.next().await {
+            match ev {
+                Ok(_) => changed.notify_one(),
+                Err(e) => {
+                    tracing::debug!(error = %e, "load balancer watch");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            }
+        }
+    }))
+}
+
+/// Aborts a task when dropped.
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

@@ -1,0 +1,441 @@
+//! The bridges between an HTTP/2 connection driver ([`super::conn`]) and the request
+//! pipeline: the request body handed to `pipeline::handle` ([`RecvBody`], fed by the driver
+//! from DATA frames, bounded by the stream's flow-control window, which the driver re-opens
+//! only as the body is consumed), the wake-up path from a stream (response future or body,
+//! request body consumption) to the connection task ([`Signal`], [`StreamWaker`]), and the
+//! tunnel of an RFC 8441 extended CONNECT stream ([`Upgraded`]).
+
+use crate::body::BoxError;
+use bytes::{Bytes, BytesMut};
+use http::HeaderMap;
+use http_body::{Frame, SizeHint};
+use std::collections::VecDeque;
+use std::io;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, Wake, Waker};
+use tokio::io::{AsyncRead, AsyncWrite, DuplexStream, ReadBuf};
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The streams of one connection that have something for the driver (a response ready, a
+/// body frame ready, request body consumed), and the driver's waker.
+#[derive(Default)]
+pub struct Signal {
+    inner: Mutex<SignalInner>,
+}
+
+#[derive(Default)]
+struct SignalInner {
+    ready: Vec<u32>,
+    waker: Option<Waker>,
+}
+
+impl Signal {
+    /// Marks stream `id` ready and wakes the driver.
+    pub fn notify(&self, id: u32) {
+        let waker = {
+            let mut s = lock(&self.inner);
+            s.ready.push(id);
+            s.waker.take()
+        };
+        if let Some(w) = waker {
+            w.wake();
+        }
+    }
+
+    /// Moves the ready streams into `out` and registers the driver's waker.
+    pub fn take(&self, out: &mut Vec<u32>, waker: &Waker) {
+        let mut s = lock(&self.inner);
+        out.append(&mut s.ready);
+        match &s.waker {
+            Some(w) if w.will_wake(waker) => {}
+            _ => s.waker = Some(waker.clone()),
+        }
+    }
+}
+
+/// The waker of one stream's response future and body: marks the stream ready.
+pub struct StreamWaker {
+    pub signal: Arc<Signal>,
+    pub id: u32,
+}
+
+impl Wake for StreamWaker {
+    fn wake(self: Arc<Self>) {
+        self.signal.notify(self.id);
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.signal.notify(self.id);
+    }
+}
+
+/// Request body state shared by the driver and the [`RecvBody`].
+pub struct RecvShared {
+    state: Mutex<RecvState>,
+    signal: Arc<Signal>,
+    id: u32,
+    /// Consumed bytes past which the driver is told to send WINDOW_UPDATE.
+    notify_at: usize,
+}
+
+#[derive(Default)]
+struct RecvState {
+    data: VecDeque<Bytes>,
+    /// Bytes in `data`.
+    buffered: usize,
+    trailers: Option<HeaderMap>,
+    end: bool,
+    /// The stream was reset or the connection failed.
+    error: Option<&'static str>,
+    waker: Option<Waker>,
+    /// Bytes consumed (or dropped) whose window the driver has not yet re-opened.
+    consumed: usize,
+    /// The body was dropped: further data is discarded.
+    dropped: bool,
+}
+
+impl RecvShared {
+    pub fn new(signal: Arc<Signal>, id: u32, notify_at: usize) -> Arc<RecvShared> {
+        Arc::new(RecvShared {
+            state: Mutex::new(RecvState::default()),
+            signal,
+            id,
+            notify_at,
+        })
+    }
+
+    /// Queues a DATA payload. Returns false when the body is gone (the bytes count as
+    /// consumed at once).
+    pub fn push(&self, data: Bytes) -> bool {
+        let mut s = lock(&self.state);
+        if s.dropped {
+            return false;
+        }
+        if !data.is_empty() {
+            s.buffered += data.len();
+            s.data.push_back(data);
+        }
+        let w = s.waker.take();
+        drop(s);
+        if let Some(w) = w {
+            w.wake();
+        }
+        true
+    }
+
+    /// Ends the body, with trailers or not.
+    pub fn finish(&self, trailers: Option<HeaderMap>) {
+        let mut s = lock(&self.state);
+        s.end = true;
+        s.trailers = trailers;
+        let w = s.waker.take();
+        drop(s);
+        if let Some(w) = w {
+            w.wake();
+        }
+    }
+
+    /// Fails the body (stream reset, malformed content, connection gone).
+    pub fn fail(&self, why: &'static str) {
+        let mut s = lock(&self.state);
+        if s.end {
+            return;
+        }
+        s.error = Some(why);
+        let w = s.waker.take();
+        drop(s);
+        if let Some(w) = w {
+            w.wake();
+        }
+    }
+
+    /// Takes the count of consumed bytes whose window is to be re-opened.
+    pub fn take_consumed(&self) -> usize {
+        std::mem::take(&mut lock(&self.state).consumed)
+    }
+
+    /// Whether the body was dropped by the pipeline.
+    pub fn dropped(&self) -> bool {
+        lock(&self.state).dropped
+    }
+}
+
+/// The request body of an HTTP/2 stream, as the pipeline reads it.
+pub struct RecvBody {
+    shared: Arc<RecvShared>,
+    /// Bytes still expected per `content-length`.
+    remaining: Option<u64>,
+}
+
+impl RecvBody {
+    pub fn new(shared: Arc<RecvShared>, content_length: Option<u64>) -> RecvBody {
+        RecvBody {
+            shared,
+            remaining: content_length,
+        }
+    }
+}
+
+/// A request body error: the stream was reset or the connection closed mid-body.
+#[derive(Debug, thiserror::Error)]
+#[error("HTTP/2 request body: {0}")]
+pub struct BodyError(pub &'static str);
+
+impl http_body::Body for RecvBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let mut s = lock(&self.shared.state);
+        if let Some(d) = s.data.pop_front() {
+            s.buffered -= d.len();
+            s.consumed += d.len();
+            let notify = s.consumed >= self.shared.notify_at;
+            drop(s);
+            if notify {
+                self.shared.signal.notify(self.shared.id);
+            }
+            if let Some(r) = self.remaining.as_mut() {
+                *r = r.saturating_sub(d.len() as u64);
+            }
+            return Poll::Ready(Some(Ok(Frame::data(d))));
+        }
+        if let Some(t) = s.trailers.take() {
+            return Poll::Ready(Some(Ok(Frame::trailers(t))));
+        }
+        if s.end {
+            return Poll::Ready(None);
+        }
+        if let Some(e) = s.error {
+            return Poll::Ready(Some(Err(Box::new(BodyError(e)))));
+        }
+        match &s.waker {
+            Some(w) if w.will_wake(cx.waker()) => {}
+            _ => s.waker = Some(cx.waker().clone()),
+        }
+        Poll::Pending
+    }
+
+    fn is_end_stream(&self) -> bool {
+        let s = lock(&self.shared.state);
+        s.end && s.data.is_empty() && s.trailers.is_none()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self.remaining {
+            Some(n) => SizeHint::with_exact(n),
+            None => SizeHint::default(),
+        }
+    }
+}
+
+impl Drop for RecvBody {
+    fn drop(&mut self) {
+        let mut s = lock(&self.shared.state);
+        s.dropped = true;
+        let buffered = std::mem::take(&mut s.buffered);
+        s.data.clear();
+        s.consumed += buffered;
+        drop(s);
+        // The driver re-opens the connection window for what was buffered, and stops
+        // granting stream window.
+        self.shared.signal.notify(self.shared.id);
+    }
+}
+
+/// Bytes buffered from the tunnel towards the client before the writer waits.
+pub const TUNNEL_PIPE: usize = 64 * 1024;
+
+/// The client side of an extended CONNECT tunnel: reads the stream's DATA, writes DATA back
+/// (through a bounded pipe the driver drains under flow control).
+pub struct Upgraded {
+    recv: RecvBody,
+    pending: Bytes,
+    send: DuplexStream,
+}
+
+/// Creates a tunnel over a stream's request body; the second half is the response body the
+/// driver sends once the CONNECT is answered with a 2xx.
+pub fn tunnel(recv: RecvBody) -> (Upgraded, crate::body::Body) {
+    let (a, b) = tokio::io::duplex(TUNNEL_PIPE);
+    let up = Upgraded {
+        recv,
+        pending: Bytes::new(),
+        send: a,
+    };
+    (up, crate::body::boxed(PipeBody { read: b }))
+}
+
+impl AsyncRead for Upgraded {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        use http_body::Body as _;
+        while self.pending.is_empty() {
+            match Pin::new(&mut self.recv).poll_frame(cx) {
+                Poll::Ready(Some(Ok(f))) => {
+                    if let Ok(d) = f.into_data() {
+                        self.pending = d;
+                    }
+                }
+                Poll::Ready(Some(Err(e))) => {
+                    return Poll::Ready(Err(io::Error::new(io::ErrorKind::ConnectionReset, e)))
+                }
+                Poll::Ready(None) => return Poll::Ready(Ok(())),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        let n = self.pending.len().min(buf.remaining());
+        buf.put_slice(&self.pending.split_to(n));
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl AsyncWrite for Upgraded {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.send).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.send).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.send).poll_shutdown(cx)
+    }
+}
+
+/// The response body of a tunnel: what the tunnel wrote, read from the pipe.
+struct PipeBody {
+    read: DuplexStream,
+}
+
+impl http_body::Body for PipeBody {
+    type Data = Bytes;
+    type Error = io::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, io::Error>>> {
+        let mut buf = BytesMut::zeroed(16 * 1024);
+        let mut rb = ReadBuf::new(&mut buf);
+        match Pin::new(&mut self.read).poll_read(cx, &mut rb) {
+            Poll::Ready(Ok(())) => {
+                let n = rb.filled().len();
+                if n == 0 {
+                    return Poll::Ready(None);
+                }
+                buf.truncate(n);
+                Poll::Ready(Some(Ok(Frame::data(buf.freeze()))))
+            }
+            Poll::Ready(Err(e)) => Poll::Ready(Some(Err(e))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+/// The request extension through which the WebSocket proxy takes an extended CONNECT
+/// stream's tunnel (instead of `hyper::upgrade::on`).
+#[derive(Clone)]
+pub struct Upgrade(pub Arc<Mutex<Option<Upgraded>>>);
+
+impl Upgrade {
+    /// Takes the tunnel (once).
+    pub fn take(&self) -> Option<Upgraded> {
+        lock(&self.0).take()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body::Body as _;
+    use http_body_util::BodyExt;
+
+    #[tokio::test]
+    async fn request_body_yields_data_then_trailers_and_reports_consumption() {
+        let signal = Arc::new(Signal::default());
+        let shared = RecvShared::new(signal.clone(), 1, 4);
+        let mut body = RecvBody::new(shared.clone(), Some(6));
+        assert_eq!(body.size_hint().exact(), Some(6));
+        assert!(shared.push(Bytes::from_static(b"abc")));
+        assert!(shared.push(Bytes::from_static(b"def")));
+        let mut t = HeaderMap::new();
+        t.insert("grpc-status", "0".parse().unwrap());
+        shared.finish(Some(t));
+        let f = body.frame().await.unwrap().unwrap();
+        assert_eq!(f.into_data().unwrap(), "abc");
+        let mut ready = Vec::new();
+        signal.take(&mut ready, Waker::noop());
+        assert!(ready.is_empty(), "3 bytes consumed: below the threshold");
+        let f = body.frame().await.unwrap().unwrap();
+        assert_eq!(f.into_data().unwrap(), "def");
+        signal.take(&mut ready, Waker::noop());
+        assert_eq!(ready, [1], "past the threshold the driver is told");
+        assert_eq!(shared.take_consumed(), 6);
+        assert_eq!(body.size_hint().exact(), Some(0));
+        let f = body.frame().await.unwrap().unwrap();
+        assert_eq!(f.into_trailers().unwrap()["grpc-status"], "0");
+        assert!(body.frame().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_dropped_body_releases_its_buffer_and_a_reset_fails_it() {
+        let signal = Arc::new(Signal::default());
+        let shared = RecvShared::new(signal.clone(), 3, 1 << 20);
+        let body = RecvBody::new(shared.clone(), None);
+        shared.push(Bytes::from_static(b"12345"));
+        drop(body);
+        assert!(shared.dropped());
+        assert_eq!(
+            shared.take_consumed(),
+            5,
+            "buffered bytes count as consumed"
+        );
+        assert!(
+            !shared.push(Bytes::from_static(b"x")),
+            "later data is refused"
+        );
+
+        let shared = RecvShared::new(signal, 5, 1 << 20);
+        let mut body = RecvBody::new(shared.clone(), None);
+        shared.fail("stream reset by the client");
+        assert!(body.frame().await.unwrap().is_err());
+    }
+
+    #[tokio::test]
+    async fn tunnels_read_the_request_stream_and_write_to_the_response_body() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let signal = Arc::new(Signal::default());
+        let shared = RecvShared::new(signal, 1, 1 << 20);
+        let (mut up, mut out) = tunnel(RecvBody::new(shared.clone(), None));
+        shared.push(Bytes::from_static(b"ping"));
+        let mut buf = [0u8; 16];
+        let n = up.read(&mut buf).await.unwrap();
+        assert_eq!(&buf[..n], b"ping");
+        up.write_all(b"pong").await.unwrap();
+        let f = out.frame().await.unwrap().unwrap();
+        assert_eq!(f.into_data().unwrap(), "pong");
+        up.shutdown().await.unwrap();
+        drop(up);
+        assert!(
+            out.frame().await.is_none(),
+            "shutdown ends the response body"
+        );
+        shared.finish(None);
+    }
+}

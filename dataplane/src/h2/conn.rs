@@ -1,0 +1,2010 @@
+//! The server side of one HTTP/2 connection (RFC 9113): reads frames, runs the stream state
+//! machine, hands each request to `pipeline::handle`, and writes responses under both
+//! flow-control windows.
+//!
+//! One task drives the connection. After each read it handles every complete frame, answers
+//! every stream whose response is ready at once (polled inline: cache hits, fixed replies,
+//! refusals), then writes the whole batch with one `write`. A response that has to wait
+//! (backend, file) runs as its own task; it and every response body wake the connection
+//! through [`Signal`] with the stream's id, and the driver then writes what is ready.
+//!
+//! Bounds: the read buffer holds at most one frame past `SETTINGS_MAX_FRAME_SIZE` (16 KiB);
+//! the write buffer stops taking body data at [`WRITE_HIGH`] and the driver stops reading
+//! while it is over that mark (a client that does not read its responses stops being read);
+//! request bodies are bounded by the stream and connection windows we grant, re-opened only
+//! as the pipeline consumes them; header blocks by `limits.max_header_bytes`. Floods (rapid
+//! reset, SETTINGS/PING/PRIORITY, empty frames) are counted per connection per second and
+//! end the connection with GOAWAY ENHANCE_YOUR_CALM.
+
+use super::body::{RecvBody, RecvShared, Signal, StreamWaker, Upgrade};
+use super::frame::{self, flag, kind, setting, Head, Reason, HEADER_LEN, MAX_WINDOW};
+use crate::body::Body;
+use crate::ctx::{ConnInfo, Protocol};
+use crate::hpack::{Decoder, Encoder, Field};
+use crate::runtime::Shared;
+use bytes::{Buf, Bytes, BytesMut};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Request, Response, Uri, Version};
+use http_body::Body as _;
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
+use tokio::task::JoinHandle;
+
+/// Output bytes past which the driver stops taking body data and stops reading.
+pub const WRITE_HIGH: usize = 64 * 1024;
+/// Bytes read at a time.
+const READ_CHUNK: usize = 16 * 1024 + HEADER_LEN;
+/// Our SETTINGS_MAX_FRAME_SIZE (the default; larger frames are a FRAME_SIZE_ERROR).
+const LOCAL_MAX_FRAME: u32 = frame::DEFAULT_MAX_FRAME_SIZE;
+/// Most frames of one stream written before the driver turns to the next stream.
+const FRAMES_PER_TURN: usize = 4;
+/// Most rounds of (read, answer, write) in one poll before the task yields.
+const ROUNDS: usize = 16;
+/// Closed stream ids remembered to tell a frame on a closed stream (STREAM_CLOSED) from one
+/// on a never-opened lower id (PROTOCOL_ERROR).
+const RECENTLY_CLOSED: usize = 64;
+/// SETTINGS, PING and PRIORITY frames, and empty DATA/CONTINUATION frames, a client may send
+/// per second.
+const MAX_CONTROL_PER_SEC: u32 = 1_000;
+const MAX_EMPTY_PER_SEC: u32 = 200;
+
+/// The connection's settings, from the config's limits.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub max_concurrent_streams: u32,
+    pub max_header_bytes: u32,
+    pub header_read_timeout: Duration,
+    pub idle_timeout: Duration,
+    /// Resets (client RST_STREAM before the response finished, refused streams) per second.
+    pub max_resets_per_sec: u32,
+    /// Window of each request stream we grant.
+    pub stream_window: u32,
+    /// Window of the whole connection we grant.
+    pub conn_window: u32,
+}
+
+impl Settings {
+    /// Settings from the config's limits.
+    pub fn from_limits(l: &sweety_config::Limits) -> Settings {
+        Settings {
+            max_concurrent_streams: l.max_concurrent_streams,
+            max_header_bytes: l.max_header_bytes,
+            header_read_timeout: l.header_read_timeout.get(),
+            idle_timeout: l.idle_timeout.get(),
+            max_resets_per_sec: l.max_pending_reset_streams,
+            stream_window: 256 * 1024,
+            conn_window: 1024 * 1024,
+        }
+    }
+}
+
+/// Why a connection ended other than cleanly.
+#[derive(Debug, thiserror::Error)]
+pub enum H2Error {
+    /// A connection error we sent GOAWAY for.
+    #[error("HTTP/2 connection error {0}: {1}")]
+    Protocol(Reason, &'static str),
+    /// The client sent GOAWAY with an error.
+    #[error("client closed the connection with {0}")]
+    Remote(Reason),
+    /// The socket failed.
+    #[error("HTTP/2 connection I/O: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// An error while handling a frame: of the connection (GOAWAY) or one stream (RST_STREAM).
+enum Fault {
+    Conn(Reason, &'static str),
+    Stream(u32, Reason),
+}
+
+type FResult = Result<(), Fault>;
+
+/// What a stream's response is doing.
+enum Resp {
+    /// The pipeline is working on it in its own task.
+    Running(JoinHandle<Response<Body>>),
+    /// HEADERS sent; the body is being sent.
+    Body(Body),
+    /// END_STREAM sent (or the stream reset).
+    Done,
+}
+
+struct Stream {
+    /// The request body's sink while the client may send data.
+    recv: Option<Arc<RecvShared>>,
+    recv_open: bool,
+    /// What the client may still send on this stream.
+    recv_window: i64,
+    /// Consumed bytes not yet granted back.
+    grant: usize,
+    /// Bytes counted against the connection window, not yet released.
+    unreleased: usize,
+    content_length: Option<u64>,
+    received: u64,
+    send_window: i64,
+    resp: Resp,
+    /// Body data taken but not yet framed.
+    pending: Bytes,
+    /// The body has no more data (trailers may follow in `trailers`).
+    body_done: bool,
+    trailers: Option<HeaderMap>,
+    waker: Option<Waker>,
+    queued: bool,
+    /// Extended CONNECT: the tunnel's response body, sent instead of the response's on a 2xx.
+    tunnel_body: Option<Body>,
+    is_head: bool,
+}
+
+impl Stream {
+    fn new(send_window: i64, recv_window: i64) -> Stream {
+        Stream {
+            recv: None,
+            recv_open: true,
+            recv_window,
+            grant: 0,
+            unreleased: 0,
+            content_length: None,
+            received: 0,
+            send_window,
+            resp: Resp::Done,
+            pending: Bytes::new(),
+            body_done: false,
+            trailers: None,
+            waker: None,
+            queued: false,
+            tunnel_body: None,
+            is_head: false,
+        }
+    }
+
+    fn finished(&self) -> bool {
+        !self.recv_open && matches!(self.resp, Resp::Done)
+    }
+}
+
+/// Hashing of stream ids: a multiplicative hash (the ids are a client's choice, but a
+/// connection holds at most `max_concurrent_streams` of them, so collisions cost little).
+#[derive(Default, Clone, Copy)]
+struct StreamIds;
+
+impl std::hash::BuildHasher for StreamIds {
+    type Hasher = IdHasher;
+    fn build_hasher(&self) -> IdHasher {
+        IdHasher(0)
+    }
+}
+
+struct IdHasher(u64);
+
+impl std::hash::Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        // The product's high bits are well mixed: fold them into the low ones too.
+        self.0 ^ (self.0 >> 29)
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 << 8 | *b as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+    fn write_u32(&mut self, n: u32) {
+        self.0 = (n as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+/// A header block being received over HEADERS and CONTINUATION frames.
+struct Continuation {
+    stream: u32,
+    end_stream: bool,
+    bad_priority: bool,
+    block: BytesMut,
+}
+
+/// Per-second counters of the flood guards.
+struct Flood {
+    since: Instant,
+    resets: u32,
+    control: u32,
+    empty: u32,
+}
+
+impl Flood {
+    /// Counts one event; true when the connection is over a limit.
+    fn hit(&mut self, which: fn(&mut Flood) -> &mut u32, limit: u32) -> bool {
+        let now = Instant::now();
+        if now.duration_since(self.since) >= Duration::from_secs(1) {
+            self.since = now;
+            self.resets = 0;
+            self.control = 0;
+            self.empty = 0;
+        }
+        let c = which(self);
+        *c += 1;
+        *c > limit
+    }
+}
+
+/// Serves one HTTP/2 connection (the client preface not yet read) until it ends.
+/// `stop` turning true starts a graceful close (GOAWAY, in-flight streams finish).
+pub async fn serve<I>(
+    io: I,
+    shared: Arc<Shared>,
+    conn: Arc<ConnInfo>,
+    settings: Settings,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> Result<(), H2Error>
+where
+    I: AsyncRead + AsyncWrite + Unpin,
+{
+    let mut driver = Driver::new(io, shared, conn, settings, stop);
+    std::future::poll_fn(|cx| driver.poll(cx)).await
+}
+
+struct Driver<I> {
+    io: I,
+    shared: Arc<Shared>,
+    conn: Arc<ConnInfo>,
+    cfg: Settings,
+    stop: Pin<Box<dyn Future<Output = ()> + Send>>,
+    stop_seen: bool,
+    signal: Arc<Signal>,
+    ready: Vec<u32>,
+
+    read_buf: BytesMut,
+    write_buf: BytesMut,
+    scratch: BytesMut,
+    decoder: Decoder,
+    encoder: Encoder,
+
+    preface_done: bool,
+    got_settings: bool,
+    read_closed: bool,
+    streams: HashMap<u32, Stream, StreamIds>,
+    queue: VecDeque<u32>,
+    blocked: Vec<u32>,
+    last_stream: u32,
+    recently_closed: VecDeque<u32>,
+    cont: Option<(Continuation, Instant)>,
+
+    peer_initial_window: i64,
+    peer_max_frame: usize,
+    conn_send_window: i64,
+    conn_recv_window: i64,
+    conn_release: usize,
+
+    /// GOAWAY sent: no new streams; close when the streams are done.
+    going_away: bool,
+    /// A connection error: write the GOAWAY, then close.
+    closing: Option<H2Error>,
+    settings_sent_at: Instant,
+    settings_acked: bool,
+    last_active: Instant,
+    started: Instant,
+    timer: Pin<Box<tokio::time::Sleep>>,
+    /// When a closing connection gives up flushing.
+    close_deadline: Option<Instant>,
+    flood: Flood,
+}
+
+impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
+    fn new(
+        io: I,
+        shared: Arc<Shared>,
+        conn: Arc<ConnInfo>,
+        cfg: Settings,
+        mut stop: tokio::sync::watch::Receiver<bool>,
+    ) -> Driver<I> {
+        let now = Instant::now();
+        let mut write_buf = BytesMut::with_capacity(4096);
+        frame::put_settings(
+            &mut write_buf,
+            &[
+                (setting::MAX_CONCURRENT_STREAMS, cfg.max_concurrent_streams),
+                (setting::INITIAL_WINDOW_SIZE, cfg.stream_window),
+                (setting::MAX_HEADER_LIST_SIZE, cfg.max_header_bytes),
+                (setting::ENABLE_CONNECT_PROTOCOL, 1),
+            ],
+        );
+        if cfg.conn_window > frame::DEFAULT_WINDOW {
+            frame::put_window_update(&mut write_buf, 0, cfg.conn_window - frame::DEFAULT_WINDOW);
+        }
+        let first_deadline = now + cfg.header_read_timeout;
+        Driver {
+            io,
+            shared,
+            conn,
+            stop: Box::pin(async move {
+                let _ = stop.wait_for(|v| *v).await;
+            }),
+            stop_seen: false,
+            signal: Arc::new(Signal::default()),
+            ready: Vec::new(),
+            read_buf: BytesMut::with_capacity(READ_CHUNK),
+            write_buf,
+            scratch: BytesMut::with_capacity(1024),
+            decoder: Decoder::new(),
+            encoder: Encoder::new(),
+            preface_done: false,
+            got_settings: false,
+            read_closed: false,
+            streams: HashMap::default(),
+            queue: VecDeque::new(),
+            blocked: Vec::new(),
+            last_stream: 0,
+            recently_closed: VecDeque::new(),
+            cont: None,
+            peer_initial_window: frame::DEFAULT_WINDOW as i64,
+            peer_max_frame: frame::DEFAULT_MAX_FRAME_SIZE as usize,
+            conn_send_window: frame::DEFAULT_WINDOW as i64,
+            conn_recv_window: cfg.conn_window as i64,
+            conn_release: 0,
+            going_away: false,
+            closing: None,
+            settings_sent_at: now,
+            settings_acked: false,
+            last_active: now,
+            started: now,
+            timer: Box::pin(tokio::time::sleep_until(first_deadline.into())),
+            close_deadline: None,
+            flood: Flood {
+                since: now,
+                resets: 0,
+                control: 0,
+                empty: 0,
+            },
+            cfg,
+        }
+    }
+
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), H2Error>> {
+        for _ in 0..ROUNDS {
+            // Graceful close requested (listener drain, shutdown).
+            if !self.stop_seen && self.stop.as_mut().poll(cx).is_ready() {
+                self.stop_seen = true;
+                self.go_away(Reason::NO_ERROR, b"");
+            }
+            // Streams that were woken.
+            self.signal.take(&mut self.ready, cx.waker());
+            let mut ready = std::mem::take(&mut self.ready);
+            for id in ready.drain(..) {
+                self.on_ready(id);
+            }
+            self.ready = ready;
+
+            let mut progress = false;
+            // Read and handle a batch of frames, unless the output is not draining.
+            if self.closing.is_none() && !self.read_closed && self.write_buf.len() < WRITE_HIGH {
+                match self.poll_read(cx) {
+                    Poll::Ready(Ok(0)) => {
+                        self.read_closed = true;
+                        self.on_read_closed();
+                        progress = true;
+                    }
+                    Poll::Ready(Ok(_)) => {
+                        self.last_active = Instant::now();
+                        if let Err(f) = self.handle_frames() {
+                            self.fault(f);
+                        }
+                        progress = true;
+                    }
+                    Poll::Ready(Err(e)) => {
+                        self.read_closed = true;
+                        self.on_read_closed();
+                        if self.streams.is_empty() {
+                            return Poll::Ready(Err(e.into()));
+                        }
+                        progress = true;
+                    }
+                    Poll::Pending => {}
+                }
+            }
+            // Answer what is ready, then write once.
+            if self.closing.is_none() {
+                self.produce();
+                self.release_windows();
+            }
+            match self.poll_write(cx) {
+                Poll::Ready(Ok(())) => {}
+                Poll::Ready(Err(e)) => {
+                    self.abort_all();
+                    return Poll::Ready(Err(e.into()));
+                }
+                Poll::Pending => {}
+            }
+            // Finished?
+            let done = self.closing.is_some()
+                || ((self.going_away || self.read_closed) && self.streams.is_empty());
+            if done && self.write_buf.is_empty() {
+                self.set_close_deadline();
+                let expired = self.close_deadline.is_some_and(|d| Instant::now() >= d);
+                match Pin::new(&mut self.io).poll_shutdown(cx) {
+                    Poll::Pending if !expired => {
+                        let _ = self.poll_timer(cx);
+                        return Poll::Pending;
+                    }
+                    _ => {
+                        self.abort_all();
+                        return Poll::Ready(match self.closing.take() {
+                            Some(e) => Err(e),
+                            None => Ok(()),
+                        });
+                    }
+                }
+            }
+            if let Poll::Ready(()) = self.poll_timer(cx) {
+                progress = true;
+            }
+            let more_work = !self.queue.is_empty() && self.write_buf.len() < WRITE_HIGH;
+            if !progress && !more_work {
+                return Poll::Pending;
+            }
+        }
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    }
+
+    // ------------------------------------------------------------------ I/O
+
+    fn poll_read(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<usize>> {
+        self.read_buf.reserve(READ_CHUNK);
+        let fut = self.io.read_buf(&mut self.read_buf);
+        let mut fut = std::pin::pin!(fut);
+        fut.as_mut().poll(cx)
+    }
+
+    /// Writes the output buffer; Ready(Ok) when it is empty and flushed.
+    fn poll_write(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let mut wrote = false;
+        while !self.write_buf.is_empty() {
+            match Pin::new(&mut self.io).poll_write(cx, &self.write_buf) {
+                Poll::Ready(Ok(0)) => {
+                    return Poll::Ready(Err(std::io::ErrorKind::WriteZero.into()));
+                }
+                Poll::Ready(Ok(n)) => {
+                    self.write_buf.advance(n);
+                    wrote = true;
+                }
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => {
+                    if wrote {
+                        let _ = Pin::new(&mut self.io).poll_flush(cx)?;
+                    }
+                    return Poll::Pending;
+                }
+            }
+        }
+        if wrote {
+            self.write_buf.clear();
+            return Pin::new(&mut self.io).poll_flush(cx);
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_timer(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        if self.timer.as_mut().poll(cx).is_pending() {
+            return Poll::Pending;
+        }
+        let now = Instant::now();
+        let hrt = self.cfg.header_read_timeout;
+        let mut next = now + self.cfg.idle_timeout;
+        if let Some(d) = self.close_deadline {
+            if now >= d {
+                // The client does not read: give up on the final flush.
+                self.write_buf.clear();
+                self.closing
+                    .get_or_insert(H2Error::Protocol(Reason::NO_ERROR, "close timed out"));
+                return Poll::Ready(());
+            }
+            next = next.min(d);
+        }
+        if !self.got_settings {
+            let d = self.started + hrt;
+            if now >= d {
+                self.shared.metrics.limit_hit("h2_preface_timeout");
+                self.closing = Some(H2Error::Protocol(Reason::PROTOCOL_ERROR, "no preface"));
+                return Poll::Ready(());
+            }
+            next = next.min(d);
+        }
+        if !self.settings_acked {
+            let d = self.settings_sent_at + hrt.max(Duration::from_secs(5));
+            if now >= d {
+                self.fault(Fault::Conn(
+                    Reason::SETTINGS_TIMEOUT,
+                    "SETTINGS not acknowledged",
+                ));
+                return Poll::Ready(());
+            }
+            next = next.min(d);
+        }
+        if let Some((_, started)) = &self.cont {
+            let d = *started + hrt;
+            if now >= d {
+                self.shared.metrics.limit_hit("header_read_timeout");
+                self.fault(Fault::Conn(Reason::PROTOCOL_ERROR, "header block timeout"));
+                return Poll::Ready(());
+            }
+            next = next.min(d);
+        }
+        if self.streams.is_empty() && self.got_settings {
+            let d = self.last_active + self.cfg.idle_timeout;
+            if now >= d {
+                self.shared.metrics.limit_hit("idle_timeout");
+                self.go_away(Reason::NO_ERROR, b"idle");
+                return Poll::Ready(());
+            }
+            next = next.min(d);
+        }
+        self.timer.as_mut().reset(next.into());
+        let _ = self.timer.as_mut().poll(cx);
+        Poll::Pending
+    }
+
+    /// Re-arms the timer when a deadline earlier than the current one appears.
+    fn arm(&mut self, at: Instant) {
+        if at < self.timer.deadline().into_std() {
+            self.timer.as_mut().reset(at.into());
+        }
+    }
+
+    // ---------------------------------------------------------------- frames
+
+    fn handle_frames(&mut self) -> FResult {
+        if !self.preface_done {
+            let n = self.read_buf.len().min(frame::PREFACE.len());
+            if self.read_buf[..n] != frame::PREFACE[..n] {
+                self.closing = Some(H2Error::Protocol(Reason::PROTOCOL_ERROR, "bad preface"));
+                return Ok(());
+            }
+            if n < frame::PREFACE.len() {
+                return Ok(());
+            }
+            self.read_buf.advance(frame::PREFACE.len());
+            self.preface_done = true;
+        }
+        while self.read_buf.len() >= HEADER_LEN && self.closing.is_none() {
+            let head = Head::parse(&self.read_buf);
+            if head.len > LOCAL_MAX_FRAME {
+                return Err(Fault::Conn(Reason::FRAME_SIZE_ERROR, "frame too large"));
+            }
+            let total = HEADER_LEN + head.len as usize;
+            if self.read_buf.len() < total {
+                break;
+            }
+            let mut raw = self.read_buf.split_to(total);
+            raw.advance(HEADER_LEN);
+            let payload = raw.freeze();
+            if !self.got_settings {
+                if head.kind != kind::SETTINGS || head.has(flag::ACK) {
+                    return Err(Fault::Conn(Reason::PROTOCOL_ERROR, "expected SETTINGS"));
+                }
+                self.got_settings = true;
+            }
+            match self.frame(head, payload) {
+                Ok(()) => {}
+                Err(Fault::Stream(id, reason)) => self.reset_stream(id, reason),
+                Err(f) => return Err(f),
+            }
+        }
+        Ok(())
+    }
+
+    fn frame(&mut self, head: Head, payload: Bytes) -> FResult {
+        if let Some((c, _)) = &self.cont {
+            if head.kind != kind::CONTINUATION || head.stream != c.stream {
+                return Err(Fault::Conn(Reason::PROTOCOL_ERROR, "expected CONTINUATION"));
+            }
+        }
+        match head.kind {
+            kind::DATA => self.on_data(head, payload),
+            kind::HEADERS => self.on_headers(head, payload),
+            kind::PRIORITY => {
+                if head.stream == 0 {
+                    return Err(Fault::Conn(Reason::PROTOCOL_ERROR, "PRIORITY on stream 0"));
+                }
+                self.control_flood()?;
+                if payload.len() != 5 {
+                    return Err(Fault::Stream(head.stream, Reason::FRAME_SIZE_ERROR));
+                }
+                if frame::priority_dependency(&payload) == head.stream {
+                    return Err(Fault::Stream(head.stream, Reason::PROTOCOL_ERROR));
+                }
+                Ok(())
+            }
+            kind::RST_STREAM => self.on_rst(head, &payload),
+            kind::SETTINGS => self.on_settings(head, &payload),
+            kind::PUSH_PROMISE => Err(Fault::Conn(
+                Reason::PROTOCOL_ERROR,
+                "PUSH_PROMISE from a client",
+            )),
+            kind::PING => {
+                if head.stream != 0 {
+                    return Err(Fault::Conn(Reason::PROTOCOL_ERROR, "PING on a stream"));
+                }
+                if payload.len() != 8 {
+                    return Err(Fault::Conn(Reason::FRAME_SIZE_ERROR, "PING length"));
+                }
+                if !head.has(flag::ACK) {
+                    self.control_flood()?;
+                    frame::put_ping_ack(&mut self.write_buf, &payload);
+                }
+                Ok(())
+            }
+            kind::GOAWAY => {
+                if head.stream != 0 {
+                    return Err(Fault::Conn(Reason::PROTOCOL_ERROR, "GOAWAY on a stream"));
+                }
+                if payload.len() < 8 {
+                    return Err(Fault::Conn(Reason::FRAME_SIZE_ERROR, "GOAWAY length"));
+                }
+                // The client closes the connection when its streams are done (the idle
+                // timeout bounds the wait); nothing to change here.
+                let code = u32::from_be_bytes([payload[4], payload[5], payload[6], payload[7]]);
+                if code != 0 {
+                    tracing::debug!(reason = %Reason(code), "client sent GOAWAY");
+                }
+                Ok(())
+            }
+            kind::WINDOW_UPDATE => self.on_window_update(head, &payload),
+            kind::CONTINUATION => self.on_continuation(head, payload),
+            // Unknown frame types are ignored (RFC 9113 §4.1).
+            _ => Ok(()),
+        }
+    }
+
+    fn control_flood(&mut self) -> FResult {
+        if self.flood.hit(|f| &mut f.control, MAX_CONTROL_PER_SEC) {
+            self.shared.metrics.limit_hit("h2_control_flood");
+            return Err(Fault::Conn(
+                Reason::ENHANCE_YOUR_CALM,
+                "control frame flood",
+            ));
+        }
+        Ok(())
+    }
+
+    fn empty_flood(&mut self) -> FResult {
+        if self.flood.hit(|f| &mut f.empty, MAX_EMPTY_PER_SEC) {
+            self.shared.metrics.limit_hit("h2_empty_frame_flood");
+            return Err(Fault::Conn(Reason::ENHANCE_YOUR_CALM, "empty frame flood"));
+        }
+        Ok(())
+    }
+
+    fn reset_flood(&mut self) -> FResult {
+        if self
+            .flood
+            .hit(|f| &mut f.resets, self.cfg.max_resets_per_sec)
+        {
+            self.shared.metrics.limit_hit("h2_rapid_reset");
+            return Err(Fault::Conn(
+                Reason::ENHANCE_YOUR_CALM,
+                "too many stream resets",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Largest encoded header block (HEADERS plus CONTINUATION) accepted: a block this large
+    /// cannot decode within `max_header_bytes` by much, and past it the client is flooding.
+    fn max_block(&self) -> usize {
+        self.cfg.max_header_bytes as usize + 16 * 1024
+    }
+
+    fn is_idle(&self, id: u32) -> bool {
+        id > self.last_stream
+    }
+
+    fn on_data(&mut self, head: Head, payload: Bytes) -> FResult {
+        let id = head.stream;
+        if id == 0 {
+            return Err(Fault::Conn(Reason::PROTOCOL_ERROR, "DATA on stream 0"));
+        }
+        let len = payload.len();
+        self.conn_recv_window -= len as i64;
+        if self.conn_recv_window < 0 {
+            return Err(Fault::Conn(
+                Reason::FLOW_CONTROL_ERROR,
+                "connection window exceeded",
+            ));
+        }
+        let content = if head.has(flag::PADDED) {
+            let Some(c) = frame::unpad(&payload) else {
+                return Err(Fault::Conn(Reason::PROTOCOL_ERROR, "bad padding"));
+            };
+            let start = 1;
+            payload.slice(start..start + c.len())
+        } else {
+            payload
+        };
+        let end = head.has(flag::END_STREAM);
+        if content.is_empty() && !end {
+            self.empty_flood()?;
+        }
+        let Some(s) = self.streams.get_mut(&id) else {
+            self.conn_release += len;
+            if self.is_idle(id) {
+                return Err(Fault::Conn(
+                    Reason::PROTOCOL_ERROR,
+                    "DATA on an idle stream",
+                ));
+            }
+            return Err(Fault::Stream(id, Reason::STREAM_CLOSED));
+        };
+        if !s.recv_open {
+            self.conn_release += len;
+            return Err(Fault::Stream(id, Reason::STREAM_CLOSED));
+        }
+        s.recv_window -= len as i64;
+        s.unreleased += len;
+        if s.recv_window < 0 {
+            return Err(Fault::Stream(id, Reason::FLOW_CONTROL_ERROR));
+        }
+        // Padding is released at once.
+        let padding = len - content.len();
+        s.unreleased -= padding;
+        self.conn_release += padding;
+        s.grant += padding;
+        s.received += content.len() as u64;
+        if s.content_length
+            .is_some_and(|cl| s.received > cl || (end && s.received != cl))
+        {
+            return Err(Fault::Stream(id, Reason::PROTOCOL_ERROR));
+        }
+        let n = content.len();
+        let accepted = match &s.recv {
+            Some(r) => r.push(content),
+            None => false,
+        };
+        if !accepted {
+            s.unreleased -= n;
+            self.conn_release += n;
+        }
+        if end {
+            s.recv_open = false;
+            if let Some(r) = s.recv.take() {
+                r.finish(None);
+            }
+            self.maybe_close(id);
+        }
+        Ok(())
+    }
+
+    fn on_headers(&mut self, head: Head, payload: Bytes) -> FResult {
+        let id = head.stream;
+        if id == 0 {
+            return Err(Fault::Conn(Reason::PROTOCOL_ERROR, "HEADERS on stream 0"));
+        }
+        let mut block = &payload[..];
+        if head.has(flag::PADDED) {
+            block =
+                frame::unpad(block).ok_or(Fault::Conn(Reason::PROTOCOL_ERROR, "bad padding"))?;
+        }
+        let mut bad_priority = false;
+        if head.has(flag::PRIORITY) {
+            if block.len() < 5 {
+                return Err(Fault::Conn(Reason::FRAME_SIZE_ERROR, "HEADERS priority"));
+            }
+            bad_priority = frame::priority_dependency(block) == id;
+            block = &block[5..];
+        }
+        if block.len() > self.max_block() {
+            self.shared.metrics.limit_hit("header_bytes");
+            return Err(Fault::Conn(
+                Reason::ENHANCE_YOUR_CALM,
+                "header block too large",
+            ));
+        }
+        let end_stream = head.has(flag::END_STREAM);
+        if head.has(flag::END_HEADERS) {
+            return self.on_header_block(id, end_stream, bad_priority, block);
+        }
+        if block.is_empty() {
+            self.empty_flood()?;
+        }
+        let c = Continuation {
+            stream: id,
+            end_stream,
+            bad_priority,
+            block: BytesMut::from(block),
+        };
+        let now = Instant::now();
+        self.cont = Some((c, now));
+        self.arm(now + self.cfg.header_read_timeout);
+        Ok(())
+    }
+
+    fn on_continuation(&mut self, head: Head, payload: Bytes) -> FResult {
+        let max_block = self.max_block();
+        let Some((c, _)) = self.cont.as_mut() else {
+            return Err(Fault::Conn(
+                Reason::PROTOCOL_ERROR,
+                "CONTINUATION without HEADERS",
+            ));
+        };
+        if c.block.len() + payload.len() > max_block {
+            self.shared.metrics.limit_hit("header_bytes");
+            return Err(Fault::Conn(
+                Reason::ENHANCE_YOUR_CALM,
+                "header block too large",
+            ));
+        }
+        c.block.extend_from_slice(&payload);
+        if !head.has(flag::END_HEADERS) {
+            if payload.is_empty() {
+                self.empty_flood()?;
+            }
+            return Ok(());
+        }
+        let (c, _) = self.cont.take().expect("checked above");
+        self.on_header_block(c.stream, c.end_stream, c.bad_priority, &c.block)
+    }
+
+    fn decode(&mut self, block: &[u8], trailers: bool) -> Result<Head_, Fault> {
+        let mut h = Head_::default();
+        let max = self.cfg.max_header_bytes as usize;
+        let r = self.decoder.decode(block, max, |f| h.field(f, trailers));
+        match r {
+            Ok(()) => Ok(h),
+            Err(e) if !e.is_connection_error() => {
+                // Too large a header list: the block was decoded (the table is in sync); only
+                // this request is refused.
+                h.too_large = true;
+                Ok(h)
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "HPACK decoding failed");
+                Err(Fault::Conn(Reason::COMPRESSION_ERROR, "HPACK"))
+            }
+        }
+    }
+
+    fn on_header_block(
+        &mut self,
+        id: u32,
+        end_stream: bool,
+        bad_priority: bool,
+        block: &[u8],
+    ) -> FResult {
+        if let Some(s) = self.streams.get(&id) {
+            // Trailers (or a second HEADERS).
+            let open = s.recv_open;
+            let h = self.decode(block, true)?;
+            if !open {
+                return Err(Fault::Stream(id, Reason::STREAM_CLOSED));
+            }
+            if !end_stream || h.malformed.is_some() || h.too_large {
+                return Err(Fault::Stream(id, Reason::PROTOCOL_ERROR));
+            }
+            let s = self.streams.get_mut(&id).expect("present");
+            if s.content_length.is_some_and(|cl| cl != s.received) {
+                return Err(Fault::Stream(id, Reason::PROTOCOL_ERROR));
+            }
+            s.recv_open = false;
+            if let Some(r) = s.recv.take() {
+                r.finish(Some(h.headers));
+            }
+            self.maybe_close(id);
+            return Ok(());
+        }
+        if id.is_multiple_of(2) {
+            return Err(Fault::Conn(Reason::PROTOCOL_ERROR, "even stream id"));
+        }
+        if id <= self.last_stream {
+            let _ = self.decode(block, true)?;
+            if self.recently_closed.contains(&id) {
+                return Err(Fault::Conn(
+                    Reason::STREAM_CLOSED,
+                    "HEADERS on a closed stream",
+                ));
+            }
+            return Err(Fault::Conn(
+                Reason::PROTOCOL_ERROR,
+                "stream id went backwards",
+            ));
+        }
+        self.last_stream = id;
+        let h = self.decode(block, false)?;
+        if self.going_away {
+            // After our GOAWAY: not processed; the client may retry it elsewhere.
+            return Ok(());
+        }
+        if self.streams.len() >= self.cfg.max_concurrent_streams as usize {
+            self.shared.metrics.limit_hit("h2_refused_stream");
+            self.remember_closed(id);
+            frame::put_rst(&mut self.write_buf, id, Reason::REFUSED_STREAM);
+            return self.reset_flood();
+        }
+        if h.too_large {
+            self.shared.metrics.limit_hit("header_bytes");
+            self.remember_closed(id);
+            self.scratch.clear();
+            self.encoder.begin_block(&mut self.scratch);
+            Encoder::status(&mut self.scratch, 431);
+            frame::put_headers(
+                &mut self.write_buf,
+                id,
+                &self.scratch,
+                true,
+                self.peer_max_frame,
+            );
+            if !end_stream {
+                // The request body is not wanted.
+                frame::put_rst(&mut self.write_buf, id, Reason::NO_ERROR);
+            }
+            return Ok(());
+        }
+        if bad_priority || h.malformed.is_some() {
+            if let Some(why) = h.malformed {
+                tracing::debug!(stream = id, why, "malformed HTTP/2 request");
+            }
+            self.remember_closed(id);
+            frame::put_rst(&mut self.write_buf, id, Reason::PROTOCOL_ERROR);
+            return Ok(());
+        }
+        self.start_stream(id, end_stream, h)
+    }
+
+    fn start_stream(&mut self, id: u32, end_stream: bool, h: Head_) -> FResult {
+        let mut s = Stream::new(self.peer_initial_window, self.cfg.stream_window as i64);
+        let (req, tunnel) = match h.into_request(end_stream) {
+            Ok(r) => r,
+            Err(why) => {
+                tracing::debug!(stream = id, why, "malformed HTTP/2 request");
+                self.remember_closed(id);
+                frame::put_rst(&mut self.write_buf, id, Reason::PROTOCOL_ERROR);
+                return Ok(());
+            }
+        };
+        let (mut parts, ()) = req.into_parts();
+        s.content_length = h_content_length(&parts.headers)
+            .map_err(|_| Fault::Stream(id, Reason::PROTOCOL_ERROR))?;
+        if end_stream && s.content_length.is_some_and(|cl| cl != 0) {
+            return Err(Fault::Stream(id, Reason::PROTOCOL_ERROR));
+        }
+        s.is_head = parts.method == Method::HEAD;
+        let body = if end_stream {
+            s.recv_open = false;
+            crate::body::empty()
+        } else {
+            let r = RecvShared::new(
+                self.signal.clone(),
+                id,
+                (self.cfg.stream_window as usize / 4).max(1),
+            );
+            s.recv = Some(r.clone());
+            let recv = RecvBody::new(r, s.content_length);
+            if tunnel {
+                let (up, out) = super::body::tunnel(recv);
+                parts
+                    .extensions
+                    .insert(Upgrade(Arc::new(Mutex::new(Some(up)))));
+                s.tunnel_body = Some(out);
+                crate::body::empty()
+            } else {
+                crate::body::boxed(recv)
+            }
+        };
+        let req = Request::from_parts(parts, body);
+        let fut =
+            crate::pipeline::handle(self.shared.clone(), self.conn.clone(), Protocol::Http2, req);
+        self.streams.insert(id, s);
+        // First poll inline: ready responses (cache hits, fixed replies, refusals) are
+        // answered in this read's write without a task.
+        let mut fut = Box::pin(fut);
+        let mut cx = Context::from_waker(Waker::noop());
+        let first =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| fut.as_mut().poll(&mut cx)));
+        match first {
+            Ok(Poll::Ready(resp)) => self.start_response(id, resp),
+            Ok(Poll::Pending) => {
+                let handle = tokio::spawn(fut);
+                if let Some(s) = self.streams.get_mut(&id) {
+                    s.resp = Resp::Running(handle);
+                }
+                self.enqueue(id);
+            }
+            Err(_) => {
+                tracing::error!("a request future panicked in its first poll");
+                return Err(Fault::Stream(id, Reason::INTERNAL_ERROR));
+            }
+        }
+        Ok(())
+    }
+
+    fn on_rst(&mut self, head: Head, payload: &[u8]) -> FResult {
+        if head.stream == 0 {
+            return Err(Fault::Conn(
+                Reason::PROTOCOL_ERROR,
+                "RST_STREAM on stream 0",
+            ));
+        }
+        if payload.len() != 4 {
+            return Err(Fault::Conn(Reason::FRAME_SIZE_ERROR, "RST_STREAM length"));
+        }
+        if self.is_idle(head.stream) {
+            return Err(Fault::Conn(
+                Reason::PROTOCOL_ERROR,
+                "RST_STREAM on an idle stream",
+            ));
+        }
+        if let Some(s) = self.streams.get(&head.stream) {
+            let unfinished = !matches!(s.resp, Resp::Done);
+            self.drop_stream(head.stream, "stream reset by the client");
+            if unfinished {
+                self.reset_flood()?;
+            }
+        }
+        Ok(())
+    }
+
+    fn on_settings(&mut self, head: Head, payload: &[u8]) -> FResult {
+        if head.stream != 0 {
+            return Err(Fault::Conn(Reason::PROTOCOL_ERROR, "SETTINGS on a stream"));
+        }
+        if head.has(flag::ACK) {
+            if !payload.is_empty() {
+                return Err(Fault::Conn(Reason::FRAME_SIZE_ERROR, "SETTINGS ACK length"));
+            }
+            self.settings_acked = true;
+            return Ok(());
+        }
+        if !payload.len().is_multiple_of(6) {
+            return Err(Fault::Conn(Reason::FRAME_SIZE_ERROR, "SETTINGS length"));
+        }
+        self.control_flood()?;
+        for (id, v) in frame::settings_params(payload) {
+            match id {
+                setting::ENABLE_PUSH | setting::ENABLE_CONNECT_PROTOCOL if v > 1 => {
+                    return Err(Fault::Conn(Reason::PROTOCOL_ERROR, "boolean setting"));
+                }
+                setting::INITIAL_WINDOW_SIZE => {
+                    if v as i64 > MAX_WINDOW {
+                        return Err(Fault::Conn(
+                            Reason::FLOW_CONTROL_ERROR,
+                            "INITIAL_WINDOW_SIZE",
+                        ));
+                    }
+                    let delta = v as i64 - self.peer_initial_window;
+                    self.peer_initial_window = v as i64;
+                    let mut grew = Vec::new();
+                    for (sid, s) in self.streams.iter_mut() {
+                        s.send_window += delta;
+                        if s.send_window > MAX_WINDOW {
+                            return Err(Fault::Conn(
+                                Reason::FLOW_CONTROL_ERROR,
+                                "stream window overflow",
+                            ));
+                        }
+                        if delta > 0 {
+                            grew.push(*sid);
+                        }
+                    }
+                    for sid in grew {
+                        self.enqueue(sid);
+                    }
+                }
+                setting::MAX_FRAME_SIZE => {
+                    if !(frame::DEFAULT_MAX_FRAME_SIZE..=frame::MAX_MAX_FRAME_SIZE).contains(&v) {
+                        return Err(Fault::Conn(Reason::PROTOCOL_ERROR, "MAX_FRAME_SIZE"));
+                    }
+                    self.peer_max_frame = v as usize;
+                }
+                // The encoder never uses the dynamic table; the other settings do not
+                // constrain a server.
+                _ => {}
+            }
+        }
+        frame::put_settings_ack(&mut self.write_buf);
+        Ok(())
+    }
+
+    fn on_window_update(&mut self, head: Head, payload: &[u8]) -> FResult {
+        if payload.len() != 4 {
+            return Err(Fault::Conn(
+                Reason::FRAME_SIZE_ERROR,
+                "WINDOW_UPDATE length",
+            ));
+        }
+        let inc = (u32::from_be_bytes([payload[0], payload[1], payload[2], payload[3]])
+            & 0x7fff_ffff) as i64;
+        if head.stream == 0 {
+            if inc == 0 {
+                return Err(Fault::Conn(Reason::PROTOCOL_ERROR, "zero WINDOW_UPDATE"));
+            }
+            self.conn_send_window += inc;
+            if self.conn_send_window > MAX_WINDOW {
+                return Err(Fault::Conn(
+                    Reason::FLOW_CONTROL_ERROR,
+                    "connection window overflow",
+                ));
+            }
+            for id in std::mem::take(&mut self.blocked) {
+                self.enqueue(id);
+            }
+            return Ok(());
+        }
+        if self.is_idle(head.stream) {
+            return Err(Fault::Conn(
+                Reason::PROTOCOL_ERROR,
+                "WINDOW_UPDATE on an idle stream",
+            ));
+        }
+        let Some(s) = self.streams.get_mut(&head.stream) else {
+            return Ok(());
+        };
+        if inc == 0 {
+            return Err(Fault::Stream(head.stream, Reason::PROTOCOL_ERROR));
+        }
+        s.send_window += inc;
+        if s.send_window > MAX_WINDOW {
+            return Err(Fault::Stream(head.stream, Reason::FLOW_CONTROL_ERROR));
+        }
+        self.enqueue(head.stream);
+        Ok(())
+    }
+
+    // --------------------------------------------------------------- streams
+
+    fn enqueue(&mut self, id: u32) {
+        if let Some(s) = self.streams.get_mut(&id) {
+            if !s.queued {
+                s.queued = true;
+                self.queue.push_back(id);
+            }
+        }
+    }
+
+    fn remember_closed(&mut self, id: u32) {
+        if self.recently_closed.len() == RECENTLY_CLOSED {
+            self.recently_closed.pop_front();
+        }
+        self.recently_closed.push_back(id);
+    }
+
+    /// Removes a stream: aborts its response, fails its request body, releases its window.
+    fn drop_stream(&mut self, id: u32, why: &'static str) {
+        let Some(s) = self.streams.remove(&id) else {
+            return;
+        };
+        self.remember_closed(id);
+        self.conn_release += s.unreleased;
+        if let Some(r) = &s.recv {
+            r.fail(why);
+        }
+        if let Resp::Running(h) = &s.resp {
+            h.abort();
+        }
+    }
+
+    /// Sends RST_STREAM and removes the stream.
+    fn reset_stream(&mut self, id: u32, reason: Reason) {
+        frame::put_rst(&mut self.write_buf, id, reason);
+        self.drop_stream(id, "stream reset");
+    }
+
+    /// Removes a stream that is finished both ways. A response finished before the client
+    /// finished its request gets RST_STREAM(NO_ERROR) (RFC 9113 §8.1).
+    fn maybe_close(&mut self, id: u32) {
+        let Some(s) = self.streams.get(&id) else {
+            return;
+        };
+        if s.finished() {
+            if let Some(s) = self.streams.remove(&id) {
+                self.conn_release += s.unreleased;
+                self.remember_closed(id);
+            }
+            if self.streams.is_empty() {
+                // The idle timeout counts from the last stream's end.
+                self.last_active = Instant::now();
+            }
+        } else if matches!(s.resp, Resp::Done) && s.recv_open {
+            let dropped = s.recv.as_ref().is_none_or(|r| r.dropped());
+            if dropped {
+                self.reset_stream(id, Reason::NO_ERROR);
+            }
+        }
+    }
+
+    fn on_ready(&mut self, id: u32) {
+        let Some(s) = self.streams.get_mut(&id) else {
+            return;
+        };
+        if let Some(r) = &s.recv {
+            let consumed = r.take_consumed();
+            let consumed = consumed.min(s.unreleased);
+            s.unreleased -= consumed;
+            self.conn_release += consumed;
+            if r.dropped() {
+                // Nobody reads further data: stop granting (it is discarded on arrival).
+                s.grant = 0;
+                if matches!(s.resp, Resp::Done) {
+                    self.maybe_close(id);
+                    return;
+                }
+            } else {
+                s.grant += consumed;
+            }
+        }
+        self.enqueue(id);
+    }
+
+    fn release_windows(&mut self) {
+        let half_conn = self.cfg.conn_window as usize / 2;
+        if self.conn_release >= half_conn.max(1) {
+            let n = std::mem::take(&mut self.conn_release);
+            self.conn_recv_window += n as i64;
+            frame::put_window_update(&mut self.write_buf, 0, n as u32);
+        }
+    }
+
+    fn grant_stream(&mut self, id: u32) {
+        let half = (self.cfg.stream_window as usize / 4).max(1);
+        let Some(s) = self.streams.get_mut(&id) else {
+            return;
+        };
+        if s.recv_open && s.grant >= half {
+            let n = std::mem::take(&mut s.grant);
+            s.recv_window += n as i64;
+            frame::put_window_update(&mut self.write_buf, id, n as u32);
+        }
+    }
+
+    /// Encodes a response head and starts sending it.
+    fn start_response(&mut self, id: u32, resp: Response<Body>) {
+        let Some(s) = self.streams.get_mut(&id) else {
+            return;
+        };
+        let (mut parts, body) = resp.into_parts();
+        strip_connection_headers(&mut parts.headers);
+        if !parts.headers.contains_key(header::DATE) {
+            parts.headers.insert(header::DATE, super::date::now());
+        }
+        let mut body = body;
+        if let Some(t) = s.tunnel_body.take() {
+            if parts.status.is_success() {
+                parts.headers.remove(header::CONTENT_LENGTH);
+                body = t;
+            }
+        } else if !body.is_end_stream() {
+            if let Some(n) = body.size_hint().exact() {
+                if !parts.headers.contains_key(header::CONTENT_LENGTH) {
+                    parts
+                        .headers
+                        .insert(header::CONTENT_LENGTH, HeaderValue::from(n));
+                }
+            }
+        }
+        let end = body.is_end_stream();
+        self.scratch.clear();
+        self.encoder.begin_block(&mut self.scratch);
+        Encoder::status(&mut self.scratch, parts.status.as_u16());
+        // A cached response's stored fields come pre-encoded (same bytes as encoding them).
+        let mut skip = 0;
+        if let Some(pre) = parts.extensions.get::<super::Encoded>() {
+            if let Some((block, n)) = pre.prefix_of(&parts.headers) {
+                self.scratch.extend_from_slice(block);
+                skip = n;
+            }
+        }
+        for (name, value) in parts.headers.iter().skip(skip) {
+            Encoder::field(
+                &mut self.scratch,
+                name.as_str().as_bytes(),
+                value.as_bytes(),
+                value.is_sensitive(),
+            );
+        }
+        frame::put_headers(
+            &mut self.write_buf,
+            id,
+            &self.scratch,
+            end,
+            self.peer_max_frame,
+        );
+        if end {
+            s.resp = Resp::Done;
+            drop(body);
+            self.maybe_close(id);
+        } else {
+            s.resp = Resp::Body(body);
+            // Send what the body has now, in this batch.
+            self.enqueue(id);
+        }
+    }
+
+    fn stream_waker(&mut self, id: u32) -> Waker {
+        let signal = self.signal.clone();
+        let s = self.streams.get_mut(&id).expect("stream present");
+        s.waker
+            .get_or_insert_with(|| Waker::from(Arc::new(StreamWaker { signal, id })))
+            .clone()
+    }
+
+    /// Sends what the queued streams have, fairly, until the output buffer is full.
+    fn produce(&mut self) {
+        // Bounded: a body yielding empty chunks forever cannot spin the task.
+        let mut steps = 0usize;
+        while self.write_buf.len() < WRITE_HIGH && steps < 10_000 {
+            steps += 1;
+            let Some(id) = self.queue.pop_front() else {
+                break;
+            };
+            let Some(s) = self.streams.get_mut(&id) else {
+                continue;
+            };
+            s.queued = false;
+            self.grant_stream(id);
+            if self.step(id) {
+                self.enqueue(id);
+            }
+        }
+    }
+
+    /// Advances one stream's response; true when it can do more right away.
+    fn step(&mut self, id: u32) -> bool {
+        // A response still being produced.
+        if matches!(
+            self.streams.get(&id).map(|s| &s.resp),
+            Some(Resp::Running(_))
+        ) {
+            let waker = self.stream_waker(id);
+            let s = self.streams.get_mut(&id).expect("present");
+            let Resp::Running(h) = &mut s.resp else {
+                unreachable!()
+            };
+            let mut cx = Context::from_waker(&waker);
+            match Pin::new(h).poll(&mut cx) {
+                Poll::Pending => return false,
+                Poll::Ready(Ok(resp)) => self.start_response(id, resp),
+                Poll::Ready(Err(e)) => {
+                    tracing::error!(error = %e, "a request task failed");
+                    self.reset_stream(id, Reason::INTERNAL_ERROR);
+                    return false;
+                }
+            }
+            return false;
+        }
+        for _ in 0..FRAMES_PER_TURN {
+            let Some(s) = self.streams.get_mut(&id) else {
+                return false;
+            };
+            let Resp::Body(body) = &mut s.resp else {
+                return false;
+            };
+            if s.pending.is_empty() && !s.body_done {
+                // Noop waker first (a ready body needs none), the stream's waker if pending.
+                let mut polled =
+                    Pin::new(&mut *body).poll_frame(&mut Context::from_waker(Waker::noop()));
+                if polled.is_pending() {
+                    let waker = self.stream_waker(id);
+                    let s = self.streams.get_mut(&id).expect("present");
+                    let Resp::Body(body) = &mut s.resp else {
+                        unreachable!()
+                    };
+                    polled = Pin::new(&mut *body).poll_frame(&mut Context::from_waker(&waker));
+                }
+                let s = self.streams.get_mut(&id).expect("present");
+                let Resp::Body(body) = &mut s.resp else {
+                    unreachable!()
+                };
+                match polled {
+                    Poll::Pending => return false,
+                    Poll::Ready(None) => s.body_done = true,
+                    Poll::Ready(Some(Err(e))) => {
+                        tracing::debug!(error = %e, stream = id, "response body failed");
+                        self.reset_stream(id, Reason::INTERNAL_ERROR);
+                        return false;
+                    }
+                    Poll::Ready(Some(Ok(f))) => match f.into_data() {
+                        Ok(d) => {
+                            s.pending = d;
+                            if body.is_end_stream() {
+                                s.body_done = true;
+                            }
+                        }
+                        Err(f) => {
+                            if let Ok(t) = f.into_trailers() {
+                                s.trailers = Some(t);
+                            }
+                            s.body_done = true;
+                        }
+                    },
+                }
+            }
+            let s = self.streams.get_mut(&id).expect("present");
+            if !s.pending.is_empty() {
+                let avail = s.send_window.min(self.conn_send_window);
+                if avail <= 0 {
+                    if !self.blocked.contains(&id) {
+                        self.blocked.push(id);
+                    }
+                    return false;
+                }
+                let n = s.pending.len().min(avail as usize).min(self.peer_max_frame);
+                let chunk = s.pending.split_to(n);
+                s.send_window -= n as i64;
+                self.conn_send_window -= n as i64;
+                let end = s.pending.is_empty() && s.body_done && s.trailers.is_none();
+                frame::put_data(&mut self.write_buf, id, &chunk, end);
+                if end {
+                    s.resp = Resp::Done;
+                    self.maybe_close(id);
+                    return false;
+                }
+                if self.write_buf.len() >= WRITE_HIGH {
+                    return true;
+                }
+                continue;
+            }
+            if s.body_done {
+                match s.trailers.take() {
+                    Some(t) => {
+                        self.scratch.clear();
+                        self.encoder.begin_block(&mut self.scratch);
+                        for (name, value) in t.iter() {
+                            Encoder::field(
+                                &mut self.scratch,
+                                name.as_str().as_bytes(),
+                                value.as_bytes(),
+                                value.is_sensitive(),
+                            );
+                        }
+                        frame::put_headers(
+                            &mut self.write_buf,
+                            id,
+                            &self.scratch,
+                            true,
+                            self.peer_max_frame,
+                        );
+                    }
+                    None => frame::put_data(&mut self.write_buf, id, &[], true),
+                }
+                s.resp = Resp::Done;
+                self.maybe_close(id);
+                return false;
+            }
+        }
+        true
+    }
+
+    fn on_read_closed(&mut self) {
+        for s in self.streams.values_mut() {
+            if let Some(r) = s.recv.take() {
+                r.fail("connection closed");
+            }
+            s.recv_open = false;
+        }
+        let ids: Vec<u32> = self.streams.keys().copied().collect();
+        for id in ids {
+            self.maybe_close(id);
+        }
+    }
+
+    /// Sends GOAWAY: no new streams; the connection closes when the open ones are done.
+    fn go_away(&mut self, reason: Reason, debug: &[u8]) {
+        if !self.going_away {
+            self.going_away = true;
+            frame::put_goaway(&mut self.write_buf, self.last_stream, reason, debug);
+        }
+    }
+
+    fn fault(&mut self, f: Fault) {
+        match f {
+            Fault::Stream(id, reason) => self.reset_stream(id, reason),
+            Fault::Conn(reason, why) => {
+                tracing::debug!(%reason, why, peer = %self.conn.peer, "HTTP/2 connection error");
+                self.shared.metrics.edge_events.inc(&"h2_connection_error");
+                self.going_away = false;
+                self.go_away(reason, why.as_bytes());
+                self.closing = Some(H2Error::Protocol(reason, why));
+                self.abort_all();
+                self.set_close_deadline();
+            }
+        }
+    }
+
+    fn set_close_deadline(&mut self) {
+        if self.close_deadline.is_none() {
+            let d = Instant::now() + self.cfg.header_read_timeout;
+            self.close_deadline = Some(d);
+            self.arm(d);
+        }
+    }
+
+    fn abort_all(&mut self) {
+        let ids: Vec<u32> = self.streams.keys().copied().collect();
+        for id in ids {
+            self.drop_stream(id, "connection closed");
+        }
+    }
+}
+
+impl<I> Drop for Driver<I> {
+    fn drop(&mut self) {
+        for s in self.streams.values() {
+            if let Some(r) = &s.recv {
+                r.fail("connection closed");
+            }
+            if let Resp::Running(h) = &s.resp {
+                h.abort();
+            }
+        }
+    }
+}
+
+/// Headers that are connection-specific in HTTP/1.1 and not allowed in HTTP/2.
+fn strip_connection_headers(h: &mut HeaderMap) {
+    // One pass over the names first: most responses have none of them.
+    let any = h.keys().any(|n| {
+        n == header::CONNECTION
+            || n == header::TRANSFER_ENCODING
+            || n == header::UPGRADE
+            || n == header::TE
+            || n.as_str() == "keep-alive"
+            || n.as_str() == "proxy-connection"
+    });
+    if !any {
+        return;
+    }
+    if let Some(c) = h.remove(header::CONNECTION) {
+        if let Ok(list) = c.to_str() {
+            for name in list.split(',') {
+                h.remove(name.trim());
+            }
+        }
+    }
+    for name in [
+        header::TRANSFER_ENCODING,
+        header::UPGRADE,
+        header::TE,
+        HeaderName::from_static("keep-alive"),
+        HeaderName::from_static("proxy-connection"),
+    ] {
+        h.remove(name);
+    }
+}
+
+/// The request's `content-length`: none, one value, or an error (invalid or conflicting).
+fn h_content_length(h: &HeaderMap) -> Result<Option<u64>, ()> {
+    let mut out = None;
+    for v in h.get_all(header::CONTENT_LENGTH) {
+        let n: u64 = v.to_str().map_err(|_| ())?.trim().parse().map_err(|_| ())?;
+        if out.is_some_and(|o| o != n) {
+            return Err(());
+        }
+        out = Some(n);
+    }
+    Ok(out)
+}
+
+/// A decoded request (or trailer) header block, validated field by field (RFC 9113 §8.2,
+/// §8.3).
+#[derive(Default)]
+struct Head_ {
+    method: Option<Method>,
+    scheme: Option<Bytes>,
+    authority: Option<Bytes>,
+    path: Option<Bytes>,
+    protocol: Option<Bytes>,
+    headers: HeaderMap,
+    regular_seen: bool,
+    malformed: Option<&'static str>,
+    /// Past `max_header_bytes` (answered with 431).
+    too_large: bool,
+}
+
+impl Head_ {
+    fn field(&mut self, f: Field<'_>, trailers: bool) {
+        if self.malformed.is_some() {
+            return;
+        }
+        if let Err(why) = self.try_field(f, trailers) {
+            self.malformed = Some(why);
+        }
+    }
+
+    fn try_field(&mut self, f: Field<'_>, trailers: bool) -> Result<(), &'static str> {
+        if let Some(pseudo) = f.name.strip_prefix(b":") {
+            if trailers {
+                return Err("pseudo-header in trailers");
+            }
+            if self.regular_seen {
+                return Err("pseudo-header after a regular header");
+            }
+            let slot = match pseudo {
+                b"method" => {
+                    if self.method.is_some() {
+                        return Err("duplicate :method");
+                    }
+                    self.method = Some(Method::from_bytes(f.value).map_err(|_| "invalid :method")?);
+                    return Ok(());
+                }
+                b"scheme" => &mut self.scheme,
+                b"authority" => &mut self.authority,
+                b"path" => &mut self.path,
+                b"protocol" => &mut self.protocol,
+                _ => return Err("unknown pseudo-header"),
+            };
+            if slot.is_some() {
+                return Err("duplicate pseudo-header");
+            }
+            *slot = Some(Bytes::copy_from_slice(f.value));
+            return Ok(());
+        }
+        self.regular_seen = true;
+        if f.name.iter().any(|b| b.is_ascii_uppercase()) {
+            return Err("upper-case header name");
+        }
+        let name = HeaderName::from_bytes(f.name).map_err(|_| "invalid header name")?;
+        match name.as_str() {
+            "connection" | "keep-alive" | "proxy-connection" | "transfer-encoding" | "upgrade" => {
+                return Err("connection-specific header")
+            }
+            "te" if f.value != b"trailers" => return Err("te other than trailers"),
+            _ => {}
+        }
+        let mut value = HeaderValue::from_bytes(f.value).map_err(|_| "invalid header value")?;
+        if f.sensitive {
+            value.set_sensitive(true);
+        }
+        self.headers.append(name, value);
+        Ok(())
+    }
+
+    /// The request (body to be set) and whether it is an extended CONNECT (a tunnel).
+    fn into_request(self, _end_stream: bool) -> Result<(Request<()>, bool), &'static str> {
+        let method = self.method.ok_or("missing :method")?;
+        let mut tunnel = false;
+        let uri = if method == Method::CONNECT {
+            match &self.protocol {
+                None => {
+                    if self.scheme.is_some() || self.path.is_some() {
+                        return Err("CONNECT with :scheme or :path");
+                    }
+                    let a = self.authority.clone().ok_or("CONNECT without :authority")?;
+                    Uri::from_maybe_shared(a).map_err(|_| "invalid :authority")?
+                }
+                Some(_) => {
+                    tunnel = true;
+                    build_uri(&self.scheme, &self.authority, &self.path)?
+                }
+            }
+        } else {
+            if self.protocol.is_some() {
+                return Err(":protocol without CONNECT");
+            }
+            if self.scheme.is_none() {
+                return Err("missing :scheme");
+            }
+            build_uri(&self.scheme, &self.authority, &self.path)?
+        };
+        // A `host` differing from `:authority` is kept (RFC 9113 §8.3.1 makes refusing it a
+        // SHOULD; hyper's server accepted it): routing uses `:authority` first, like hyper's
+        // request URI did.
+        let mut req = Request::new(());
+        *req.method_mut() = method;
+        *req.uri_mut() = uri;
+        *req.version_mut() = Version::HTTP_2;
+        *req.headers_mut() = self.headers;
+        if let Some(p) = &self.protocol {
+            let p = std::str::from_utf8(p).map_err(|_| "invalid :protocol")?;
+            req.extensions_mut().insert(hyper::ext::Protocol::from(p));
+        }
+        Ok((req, tunnel))
+    }
+}
+
+fn build_uri(
+    scheme: &Option<Bytes>,
+    authority: &Option<Bytes>,
+    path: &Option<Bytes>,
+) -> Result<Uri, &'static str> {
+    let path = path.as_ref().ok_or("missing :path")?;
+    if path.is_empty() {
+        return Err("empty :path");
+    }
+    let mut parts = http::uri::Parts::default();
+    if let (Some(s), Some(a)) = (scheme, authority) {
+        parts.scheme = Some(http::uri::Scheme::try_from(&s[..]).map_err(|_| "invalid :scheme")?);
+        parts.authority = Some(
+            http::uri::Authority::from_maybe_shared(a.clone()).map_err(|_| "invalid :authority")?,
+        );
+    }
+    parts.path_and_query = Some(if path[..] == b"*"[..] {
+        http::uri::PathAndQuery::from_static("*")
+    } else {
+        http::uri::PathAndQuery::from_maybe_shared(path.clone()).map_err(|_| "invalid :path")?
+    });
+    Uri::from_parts(parts).map_err(|_| "invalid request target")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn field<'a>(name: &'a str, value: &'a str) -> Field<'a> {
+        Field {
+            name: name.as_bytes(),
+            value: value.as_bytes(),
+            sensitive: false,
+        }
+    }
+
+    fn head(fields: &[(&str, &str)], trailers: bool) -> Head_ {
+        let mut h = Head_::default();
+        for (n, v) in fields {
+            h.field(field(n, v), trailers);
+        }
+        h
+    }
+
+    #[test]
+    fn requests_are_built_from_pseudo_headers() {
+        let h = head(
+            &[
+                (":method", "GET"),
+                (":scheme", "https"),
+                (":authority", "a.test:8443"),
+                (":path", "/x?y=1"),
+                ("accept", "*/*"),
+            ],
+            false,
+        );
+        assert!(h.malformed.is_none());
+        let (r, tunnel) = h.into_request(true).unwrap();
+        assert!(!tunnel);
+        assert_eq!(r.uri(), "https://a.test:8443/x?y=1");
+        assert_eq!(r.version(), Version::HTTP_2);
+        assert_eq!(r.headers()["accept"], "*/*");
+    }
+
+    #[test]
+    fn malformed_requests_are_refused() {
+        let cases: &[(&[(&str, &str)], &str)] = &[
+            (&[(":method", "GET"), (":path", "/")], "missing :scheme"),
+            (
+                &[(":method", "GET"), (":scheme", "http"), (":path", "")],
+                "empty :path",
+            ),
+            (&[(":scheme", "http"), (":path", "/")], "missing :method"),
+            (
+                &[(":method", "GET"), (":method", "GET")],
+                "duplicate :method",
+            ),
+            (&[("a", "b"), (":method", "GET")], "pseudo after regular"),
+            (&[(":status", "200")], "response pseudo-header"),
+            (&[("Accept", "x")], "upper-case"),
+            (&[("connection", "close")], "connection-specific"),
+            (&[("te", "gzip")], "te"),
+            (&[("x", "a\nb")], "newline in a value"),
+            (
+                &[
+                    (":method", "CONNECT"),
+                    (":authority", "a:1"),
+                    (":path", "/"),
+                ],
+                "CONNECT with :path",
+            ),
+        ];
+        for (fields, what) in cases {
+            let h = head(fields, false);
+            let bad = h.malformed.is_some() || h.into_request(true).is_err();
+            assert!(bad, "{what} must be refused");
+        }
+        assert!(
+            head(&[(":path", "/")], true).malformed.is_some(),
+            "pseudo in trailers"
+        );
+        assert!(head(&[("te", "trailers")], false).malformed.is_none());
+    }
+
+    #[test]
+    fn extended_connect_is_a_tunnel_with_its_protocol() {
+        let h = head(
+            &[
+                (":method", "CONNECT"),
+                (":protocol", "websocket"),
+                (":scheme", "http"),
+                (":authority", "a.test"),
+                (":path", "/chat"),
+            ],
+            false,
+        );
+        let (r, tunnel) = h.into_request(false).unwrap();
+        assert!(tunnel);
+        assert_eq!(
+            r.extensions()
+                .get::<hyper::ext::Protocol>()
+                .unwrap()
+                .as_str(),
+            "websocket"
+        );
+        assert!(
+            crate::websocket::upgrade_request(&r)
+                == Some(crate::websocket::UpgradeRequest::ExtendedConnect)
+        );
+    }
+
+    #[test]
+    fn content_length_must_be_one_valid_number() {
+        let mut h = HeaderMap::new();
+        assert_eq!(h_content_length(&h), Ok(None));
+        h.append(header::CONTENT_LENGTH, HeaderValue::from_static("5"));
+        h.append(header::CONTENT_LENGTH, HeaderValue::from_static("5"));
+        assert_eq!(h_content_length(&h), Ok(Some(5)));
+        h.append(header::CONTENT_LENGTH, HeaderValue::from_static("6"));
+        assert!(h_content_length(&h).is_err());
+        let mut h = HeaderMap::new();
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("-1"));
+        assert!(h_content_length(&h).is_err());
+    }
+
+    #[test]
+    fn connection_headers_are_stripped_from_responses() {
+        let mut h = HeaderMap::new();
+        h.insert(header::CONNECTION, HeaderValue::from_static("x-hop, close"));
+        h.insert("x-hop", HeaderValue::from_static("1"));
+        h.insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
+        h.insert("keep-alive", HeaderValue::from_static("5"));
+        h.insert("x-end", HeaderValue::from_static("1"));
+        strip_connection_headers(&mut h);
+        assert_eq!(h.len(), 1);
+        assert!(h.contains_key("x-end"));
+    }
+
+    /// A driver over an in-memory pipe, with the default runtime (no listeners: every request
+    /// gets the pipeline's 404 text reply), and the client end.
+    async fn pipe_driver() -> (tokio::io::DuplexStream, crate::runtime::Runtime) {
+        let rt = crate::runtime::Runtime::new(crate::runtime::RuntimeOptions::default()).unwrap();
+        let (client, server) = tokio::io::duplex(1 << 20);
+        let conn = Arc::new(ConnInfo {
+            listener: "x".into(),
+            peer: "127.0.0.1:1".parse().unwrap(),
+            local: "127.0.0.1:2".parse().unwrap(),
+            tls: false,
+            sni: None,
+        });
+        let (_tx, stop) = tokio::sync::watch::channel(false);
+        let settings = Settings::from_limits(&sweety_config::Limits::default());
+        let shared = rt.shared.clone();
+        tokio::spawn(async move {
+            let _tx = _tx;
+            let _ = serve(server, shared, conn, settings, stop).await;
+        });
+        (client, rt)
+    }
+
+    async fn read_frame(
+        c: &mut tokio::io::DuplexStream,
+        buf: &mut BytesMut,
+    ) -> Option<(Head, Bytes)> {
+        loop {
+            if buf.len() >= HEADER_LEN {
+                let h = Head::parse(buf);
+                if buf.len() >= HEADER_LEN + h.len as usize {
+                    let mut f = buf.split_to(HEADER_LEN + h.len as usize);
+                    f.advance(HEADER_LEN);
+                    return Some((h, f.freeze()));
+                }
+            }
+            let read = tokio::time::timeout(Duration::from_secs(10), c.read_buf(buf));
+            if read.await.expect("a frame in time").ok()? == 0 {
+                return None;
+            }
+        }
+    }
+
+    fn request(id: u32, end_stream: bool) -> BytesMut {
+        let mut block = BytesMut::new();
+        for (n, v) in [(":method", "GET"), (":scheme", "http"), (":path", "/")] {
+            Encoder::field(&mut block, n.as_bytes(), v.as_bytes(), false);
+        }
+        let mut out = BytesMut::new();
+        frame::put_headers(&mut out, id, &block, end_stream, 16_384);
+        out
+    }
+
+    #[tokio::test]
+    async fn response_data_follows_the_peers_stream_window() {
+        use tokio::io::AsyncWriteExt;
+        let (mut c, _rt) = pipe_driver().await;
+        let mut out = BytesMut::from(&frame::PREFACE[..]);
+        // A 5-byte initial stream window.
+        frame::put_settings(&mut out, &[(setting::INITIAL_WINDOW_SIZE, 5)]);
+        out.extend_from_slice(&request(1, true));
+        c.write_all(&out).await.unwrap();
+        let mut buf = BytesMut::new();
+        let mut data = Vec::new();
+        let mut granted = 5;
+        loop {
+            let (h, p) = read_frame(&mut c, &mut buf).await.expect("frames");
+            if h.kind != kind::DATA {
+                continue;
+            }
+            assert!(
+                p.len() <= 5,
+                "a DATA frame within the 5-byte window: {}",
+                p.len()
+            );
+            data.extend_from_slice(&p);
+            if h.has(flag::END_STREAM) {
+                break;
+            }
+            if data.len() == granted {
+                // Exhausted: nothing more until the window grows.
+                let mut wu = BytesMut::new();
+                frame::put_window_update(&mut wu, 1, 5);
+                c.write_all(&wu).await.unwrap();
+                granted += 5;
+            }
+        }
+        assert!(String::from_utf8_lossy(&data).starts_with("404 Not Found"));
+    }
+
+    #[tokio::test]
+    async fn frames_on_closed_or_even_streams_get_the_right_errors() {
+        use tokio::io::AsyncWriteExt;
+        let (mut c, _rt) = pipe_driver().await;
+        let mut out = BytesMut::from(&frame::PREFACE[..]);
+        frame::put_settings(&mut out, &[]);
+        out.extend_from_slice(&request(1, true));
+        c.write_all(&out).await.unwrap();
+        let mut buf = BytesMut::new();
+        loop {
+            let (h, _) = read_frame(&mut c, &mut buf).await.unwrap();
+            if h.kind == kind::DATA && h.has(flag::END_STREAM) {
+                break;
+            }
+        }
+        // DATA on the finished stream: a stream error.
+        let mut out = BytesMut::new();
+        frame::put_data(&mut out, 1, b"x", false);
+        c.write_all(&out).await.unwrap();
+        let (h, p) = loop {
+            let f = read_frame(&mut c, &mut buf).await.unwrap();
+            if f.0.kind == kind::RST_STREAM {
+                break f;
+            }
+        };
+        assert_eq!(
+            (h.stream, &p[..]),
+            (1, &Reason::STREAM_CLOSED.0.to_be_bytes()[..])
+        );
+        // A request on an even stream id: a connection error.
+        c.write_all(&request(2, true)).await.unwrap();
+        let (_, p) = loop {
+            let f = read_frame(&mut c, &mut buf).await.unwrap();
+            if f.0.kind == kind::GOAWAY {
+                break f;
+            }
+        };
+        assert_eq!(&p[4..8], &Reason::PROTOCOL_ERROR.0.to_be_bytes());
+        assert_eq!(&p[..4], &1u32.to_be_bytes(), "last stream processed");
+        assert!(read_frame(&mut c, &mut buf).await.is_none(), "then closed");
+    }
+
+    #[test]
+    fn flood_counters_reset_every_second() {
+        let mut f = Flood {
+            since: Instant::now(),
+            resets: 0,
+            control: 0,
+            empty: 0,
+        };
+        for _ in 0..3 {
+            assert!(!f.hit(|f| &mut f.resets, 3));
+        }
+        assert!(f.hit(|f| &mut f.resets, 3), "the fourth is over the limit");
+        f.since -= Duration::from_secs(2);
+        assert!(!f.hit(|f| &mut f.resets, 3), "a new second starts over");
+    }
+}

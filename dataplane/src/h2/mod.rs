@@ -1,0 +1,162 @@
+//! Sweety's own server-side HTTP/2 (RFC 9113) connection layer, used for h2 (TLS with ALPN)
+//! and h2c (prior knowledge) connections when `limits.http2_engine` is `sweety`, the default
+//! (hyper serves them when it is `hyper`). HTTP/1.1 stays on hyper.
+//!
+//! * [`frame`]: frame header, types, flags, error codes, SETTINGS, frame writers.
+//! * [`body`]: request bodies fed from DATA frames, the stream-to-connection wake-up path,
+//!   and extended CONNECT (RFC 8441) tunnels.
+//! * [`conn`]: the connection driver: state machine, flow control, limits, batching.
+//!
+//! Headers are (de)compressed by [`crate::hpack`]; every request goes through
+//! `pipeline::handle` like on every other protocol.
+
+pub mod body;
+pub mod conn;
+pub mod frame;
+
+pub use body::{Upgrade, Upgraded};
+pub use conn::{serve, H2Error, Settings};
+pub use encoded::Encoded;
+
+mod encoded {
+    //! Pre-encoded response headers: a stored response's header fields HPACK-encoded once
+    //! (the encoder never uses the dynamic table, so an encoding is valid on every
+    //! connection), attached to responses as an extension.
+
+    use bytes::{Bytes, BytesMut};
+    use http::HeaderMap;
+    use std::sync::Arc;
+
+    /// The HPACK encoding of a header map's fields, in its iteration order, and what it was
+    /// made from. The engine uses it only when the response's first fields are still these
+    /// very values (the same allocations, which `values` keeps alive, so equal addresses mean
+    /// equal bytes), in the same order, with the same sensitivity.
+    #[derive(Clone, Debug)]
+    pub struct Encoded(Arc<Inner>);
+
+    #[derive(Debug)]
+    struct Inner {
+        block: Bytes,
+        /// (name, value address, value length, sensitive) per field.
+        fields: Vec<(http::HeaderName, usize, usize, bool)>,
+        /// Keeps the values alive.
+        _values: HeaderMap,
+    }
+
+    impl Encoded {
+        /// Encodes `headers` (a clone shares their values).
+        pub fn new(headers: &HeaderMap) -> Encoded {
+            let mut block = BytesMut::new();
+            let mut fields = Vec::with_capacity(headers.len());
+            for (n, v) in headers.iter() {
+                crate::hpack::Encoder::field(
+                    &mut block,
+                    n.as_str().as_bytes(),
+                    v.as_bytes(),
+                    v.is_sensitive(),
+                );
+                fields.push((
+                    n.clone(),
+                    v.as_bytes().as_ptr() as usize,
+                    v.len(),
+                    v.is_sensitive(),
+                ));
+            }
+            Encoded(Arc::new(Inner {
+                block: block.freeze(),
+                fields,
+                _values: headers.clone(),
+            }))
+        }
+
+        /// If `headers` starts with exactly the encoded fields: their encoding and count.
+        pub fn prefix_of(&self, headers: &HeaderMap) -> Option<(&[u8], usize)> {
+            let mut it = headers.iter();
+            for (name, addr, len, sensitive) in &self.0.fields {
+                let (n, v) = it.next()?;
+                let same = n == name
+                    && v.as_bytes().as_ptr() as usize == *addr
+                    && v.len() == *len
+                    && v.is_sensitive() == *sensitive;
+                if !same {
+                    return None;
+                }
+            }
+            Some((&self.0.block, self.0.fields.len()))
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+        use http::HeaderValue;
+
+        #[test]
+        fn the_encoding_is_used_only_for_the_same_values_in_the_same_order() {
+            let mut stored = HeaderMap::new();
+            stored.insert("content-type", HeaderValue::from_static("text/plain"));
+            stored.append("x-a", HeaderValue::from_str("1").unwrap());
+            stored.append("x-a", HeaderValue::from_str("2").unwrap());
+            let enc = Encoded::new(&stored);
+            let mut expect = BytesMut::new();
+            for (n, v) in stored.iter() {
+                crate::hpack::Encoder::field(
+                    &mut expect,
+                    n.as_str().as_bytes(),
+                    v.as_bytes(),
+                    false,
+                );
+            }
+            let mut resp = stored.clone();
+            resp.insert("age", HeaderValue::from_static("3"));
+            let (block, n) = enc.prefix_of(&resp).expect("a clone plus more fields");
+            assert_eq!((block, n), (&expect[..], 3));
+            // An equal value in a new allocation, a removed field, a sensitive flag: no.
+            let mut changed = stored.clone();
+            changed.insert("content-type", HeaderValue::from_str("text/plain").unwrap());
+            assert!(enc.prefix_of(&changed).is_none());
+            let mut removed = stored.clone();
+            removed.remove("content-type");
+            assert!(enc.prefix_of(&removed).is_none());
+            let mut sensitive = stored.clone();
+            sensitive
+                .get_mut("content-type")
+                .unwrap()
+                .set_sensitive(true);
+            assert!(enc.prefix_of(&sensitive).is_none());
+        }
+    }
+}
+
+/// The `date` response header value, formatted once per second per thread.
+pub(crate) mod date {
+    use http::HeaderValue;
+    use std::cell::RefCell;
+    use std::time::{SystemTime, UNIX_EPOCH};
+
+    thread_local! {
+        static CACHED: RefCell<(u64, Option<HeaderValue>)> = const { RefCell::new((0, None)) };
+    }
+
+    /// The current time as an HTTP date.
+    pub fn now() -> HeaderValue {
+        let now = SystemTime::now();
+        let secs = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        CACHED.with(|c| {
+            let mut c = c.borrow_mut();
+            if c.0 != secs || c.1.is_none() {
+                let v = HeaderValue::from_str(&httpdate::fmt_http_date(now))
+                    .expect("an HTTP date is a valid header value");
+                *c = (secs, Some(v));
+            }
+            c.1.clone().expect("set above")
+        })
+    }
+
+    #[cfg(test)]
+    #[test]
+    fn dates_are_http_dates() {
+        let v = now();
+        assert!(httpdate::parse_http_date(v.to_str().unwrap()).is_ok());
+    }
+}

@@ -1,0 +1,710 @@
+//! HPACK (RFC 7541): header compression for Sweety's own HTTP/2 connection layer.
+//!
+//! * [`Decoder`] decodes request header blocks: static and dynamic table, Huffman strings,
+//!   dynamic table size updates, and the RFC 9113 §6.5.2 header list size limit. It does not
+//!   allocate per field once warm: Huffman strings go to a reused scratch buffer, and the
+//!   dynamic table keeps its entries in one byte buffer that is compacted in place.
+//! * [`Encoder`] encodes response header blocks without ever inserting into the dynamic
+//!   table, so the output depends only on the fields and encoded blocks can be cached and
+//!   replayed on any connection. Its only state is whether the connection's first block,
+//!   which shrinks the peer's table to zero, has been written.
+//!
+//! Field names and values are passed through as octets: checking them (lowercase names, no
+//! CR/LF/NUL, pseudo-header rules) is the HTTP/2 layer's job (RFC 9113 §8.2).
+
+mod huffman;
+
+use std::collections::VecDeque;
+
+use bytes::{BufMut, BytesMut};
+
+/// One header field, borrowed for the duration of a [`Decoder::decode`] callback.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Field<'a> {
+    pub name: &'a [u8],
+    pub value: &'a [u8],
+    /// Sent as "never indexed" (RFC 7541 §6.2.3): an intermediary must forward it the same way.
+    pub sensitive: bool,
+}
+
+/// Why a header block could not be decoded.
+///
+/// Every kind except [`HpackError::ListTooLarge`] is a COMPRESSION_ERROR (RFC 9113 §4.3):
+/// the connection must be closed, and the decoder refuses further blocks
+/// ([`HpackError::Poisoned`]). See [`HpackError::is_connection_error`].
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum HpackError {
+    #[error("HPACK: header block ends in the middle of a field representation")]
+    Truncated,
+    #[error("HPACK: integer does not fit 32 bits")]
+    IntegerOverflow,
+    #[error("HPACK: index {index} is not in the static table or the dynamic table ({dynamic_len} entries)")]
+    InvalidIndex { index: usize, dynamic_len: usize },
+    #[error("HPACK: Huffman-coded string contains EOS")]
+    HuffmanEos,
+    #[error("HPACK: Huffman-coded string has more than 7 bits of padding")]
+    HuffmanPaddingTooLong,
+    #[error("HPACK: Huffman-coded string has padding that is not the high bits of EOS (all ones), or ends inside a code")]
+    HuffmanPaddingNotOnes,
+    #[error("HPACK: dynamic table size update to {size} exceeds the advertised limit {max}")]
+    SizeUpdateTooLarge { size: usize, max: usize },
+    #[error("HPACK: dynamic table size update after a field representation in the same block")]
+    SizeUpdateNotAtStart,
+    #[error("HPACK: header table size was lowered to {max}, but the block does not start with a size update to at most {max}")]
+    SizeUpdateMissing { max: usize },
+    #[error("header list exceeds {max} octets (RFC 9113 §6.5.2: name + value + 32 per field)")]
+    ListTooLarge { max: usize },
+    #[error("HPACK: decoder used after a compression error; the connection must be closed")]
+    Poisoned,
+}
+
+impl HpackError {
+    /// True for COMPRESSION_ERROR, which ends the connection. False only for
+    /// [`HpackError::ListTooLarge`]: the whole block was still processed, so the dynamic
+    /// table is in sync and the connection can go on after refusing the one request (431 or
+    /// RST_STREAM).
+    pub fn is_connection_error(&self) -> bool {
+        !matches!(self, HpackError::ListTooLarge { .. })
+    }
+}
+
+/// Entry overhead counted in table and header list sizes (RFC 7541 §4.1, RFC 9113 §6.5.2).
+const ENTRY_OVERHEAD: usize = 32;
+
+/// SETTINGS_HEADER_TABLE_SIZE's initial value (RFC 9113 §6.5.2).
+const DEFAULT_TABLE_SIZE: usize = 4096;
+
+/// The static table (RFC 7541 Appendix A); index `i` is `STATIC[i - 1]`.
+const STATIC: [(&[u8], &[u8]); 61] = [
+    (b":authority", b""),
+    (b":method", b"GET"),
+    (b":method", b"POST"),
+    (b":path", b"/"),
+    (b":path", b"/index.html"),
+    (b":scheme", b"http"),
+    (b":scheme", b"https"),
+    (b":status", b"200"),
+    (b":status", b"204"),
+    (b":status", b"206"),
+    (b":status", b"304"),
+    (b":status", b"400"),
+    (b":status", b"404"),
+    (b":status", b"500"),
+    (b"accept-charset", b""),
+    (b"accept-encoding", b"gzip, deflate"),
+    (b"accept-language", b""),
+    (b"accept-ranges", b""),
+    (b"accept", b""),
+    (b"access-control-allow-origin", b""),
+    (b"age", b""),
+    (b"allow", b""),
+    (b"authorization", b""),
+    (b"cache-control", b""),
+    (b"content-disposition", b""),
+    (b"content-encoding", b""),
+    (b"content-language", b""),
+    (b"content-length", b""),
+    (b"content-location", b""),
+    (b"content-range", b""),
+    (b"content-type", b""),
+    (b"cookie", b""),
+    (b"date", b""),
+    (b"etag", b""),
+    (b"expect", b""),
+    (b"expires", b""),
+    (b"from", b""),
+    (b"host", b""),
+    (b"if-match", b""),
+    (b"if-modified-since", b""),
+    (b"if-none-match", b""),
+    (b"if-range", b""),
+    (b"if-unmodified-since", b""),
+    (b"last-modified", b""),
+    (b"link", b""),
+    (b"location", b""),
+    (b"max-forwards", b""),
+    (b"proxy-authenticate", b""),
+    (b"proxy-authorization", b""),
+    (b"range", b""),
+    (b"referer", b""),
+    (b"refresh", b""),
+    (b"retry-after", b""),
+    (b"server", b""),
+    (b"set-cookie", b""),
+    (b"strict-transport-security", b""),
+    (b"transfer-encoding", b""),
+    (b"user-agent", b""),
+    (b"vary", b""),
+    (b"via", b""),
+    (b"www-authenticate", b""),
+];
+
+/// First static table index with this name.
+fn static_name_index(name: &[u8]) -> Option<usize> {
+    Some(match name {
+        b":authority" => 1,
+        b":method" => 2,
+        b":path" => 4,
+        b":scheme" => 6,
+        b":status" => 8,
+        b"accept-charset" => 15,
+        b"accept-encoding" => 16,
+        b"accept-language" => 17,
+        b"accept-ranges" => 18,
+        b"accept" => 19,
+        b"access-control-allow-origin" => 20,
+        b"age" => 21,
+        b"allow" => 22,
+        b"authorization" => 23,
+        b"cache-control" => 24,
+        b"content-disposition" => 25,
+        b"content-encoding" => 26,
+        b"content-language" => 27,
+        b"content-length" => 28,
+        b"content-location" => 29,
+        b"content-range" => 30,
+        b"content-type" => 31,
+        b"cookie" => 32,
+        b"date" => 33,
+        b"etag" => 34,
+        b"expect" => 35,
+        b"expires" => 36,
+        b"from" => 37,
+        b"host" => 38,
+        b"if-match" => 39,
+        b"if-modified-since" => 40,
+        b"if-none-match" => 41,
+        b"if-range" => 42,
+        b"if-unmodified-since" => 43,
+        b"last-modified" => 44,
+        b"link" => 45,
+        b"location" => 46,
+        b"max-forwards" => 47,
+        b"proxy-authenticate" => 48,
+        b"proxy-authorization" => 49,
+        b"range" => 50,
+        b"referer" => 51,
+        b"refresh" => 52,
+        b"retry-after" => 53,
+        b"server" => 54,
+        b"set-cookie" => 55,
+        b"strict-transport-security" => 56,
+        b"transfer-encoding" => 57,
+        b"user-agent" => 58,
+        b"vary" => 59,
+        b"via" => 60,
+        b"www-authenticate" => 61,
+        _ => return None,
+    })
+}
+
+/// Static table index of the exact field, for the entries that have a value.
+fn static_field_index(name_index: usize, value: &[u8]) -> Option<usize> {
+    let range = match name_index {
+        2 => 2..=3,
+        4 => 4..=5,
+        6 => 6..=7,
+        8 => 8..=14,
+        16 => 16..=16,
+        _ => return None,
+    };
+    range.into_iter().find(|&i| STATIC[i - 1].1 == value)
+}
+
+/// Reads an integer with an `prefix`-bit prefix (RFC 7541 §5.1) at `*pos`. Values above
+/// `u32::MAX` (or more than five continuation octets) are rejected.
+fn decode_int(block: &[u8], pos: &mut usize, prefix: u8) -> Result<usize, HpackError> {
+    let mask = ((1u16 << prefix) - 1) as u8;
+    let first = *block.get(*pos).ok_or(HpackError::Truncated)? & mask;
+    *pos += 1;
+    if first < mask {
+        return Ok(first as usize);
+    }
+    let mut value = u64::from(mask);
+    let mut shift = 0u32;
+    loop {
+        let b = *block.get(*pos).ok_or(HpackError::Truncated)?;
+        *pos += 1;
+        value += u64::from(b & 0x7f) << shift;
+        if b & 0x80 == 0 {
+            break;
+        }
+        shift += 7;
+        if shift > 28 {
+            return Err(HpackError::IntegerOverflow);
+        }
+    }
+    if value > u64::from(u32::MAX) {
+        return Err(HpackError::IntegerOverflow);
+    }
+    Ok(value as usize)
+}
+
+/// Writes `value` with a `prefix`-bit prefix; `flags` are the representation's high bits.
+fn encode_int(dst: &mut BytesMut, value: usize, prefix: u8, flags: u8) {
+    let max = (1usize << prefix) - 1;
+    if value < max {
+        dst.put_u8(flags | value as u8);
+        return;
+    }
+    dst.put_u8(flags | max as u8);
+    let mut rest = value - max;
+    while rest >= 0x80 {
+        dst.put_u8((rest & 0x7f) as u8 | 0x80);
+        rest >>= 7;
+    }
+    dst.put_u8(rest as u8);
+}
+
+/// Writes a string literal, Huffman-coded only when that is strictly shorter.
+fn encode_str(dst: &mut BytesMut, s: &[u8]) {
+    let huff = huffman::encoded_len(s);
+    if huff < s.len() {
+        encode_int(dst, huff, 7, 0x80);
+        huffman::encode(s, dst);
+    } else {
+        encode_int(dst, s.len(), 7, 0);
+        dst.put_slice(s);
+    }
+}
+
+/// One dynamic table entry: `name_len + value_len` octets at `start` in the table's buffer.
+#[derive(Clone, Copy)]
+struct Entry {
+    start: usize,
+    name_len: usize,
+    value_len: usize,
+}
+
+/// The dynamic table (RFC 7541 §2.3.2, §4). Entries are appended to `buf` in insertion
+/// order; evicting the oldest moves `head` forward, and the live bytes are moved back to
+/// the front only when an append would not fit the capacity. The capacity is kept at
+/// least twice the table size, so that move happens at most once per `max_size` octets
+/// inserted, and it never grows beyond four times the largest size in use.
+struct DynTable {
+    buf: Vec<u8>,
+    head: usize,
+    /// Oldest at the front; dynamic index 1 is the back.
+    entries: VecDeque<Entry>,
+    /// Sum of the entry sizes (name + value + 32).
+    size: usize,
+    max_size: usize,
+}
+
+impl DynTable {
+    fn new(max_size: usize) -> Self {
+        Self {
+            buf: Vec::new(),
+            head: 0,
+            entries: VecDeque::new(),
+            size: 0,
+            max_size,
+        }
+    }
+
+    /// Entry for dynamic index `i` (1 = newest).
+    fn entry(&self, i: usize) -> Option<(&[u8], &[u8])> {
+        let e = *self.entries.get(self.entries.len().checked_sub(i)?)?;
+        let name = &self.buf[e.start..e.start + e.name_len];
+        let value = &self.buf[e.start + e.name_len..e.start + e.name_len + e.value_len];
+        Some((name, value))
+    }
+
+    fn evict_to(&mut self, max: usize) {
+        while self.size > max {
+            let Some(e) = self.entries.pop_front() else {
+                break;
+            };
+            self.size -= e.name_len + e.value_len + ENTRY_OVERHEAD;
+        }
+        match self.entries.front() {
+            Some(e) => self.head = e.start,
+            None => {
+                self.buf.clear();
+                self.head = 0;
+            }
+        }
+    }
+
+    fn set_max_size(&mut self, max: usize) {
+        self.max_size = max;
+        self.evict_to(max);
+    }
+
+    /// Inserts a new entry whose name is `name` or, when `name` is `None`, the name of
+    /// dynamic entry `name_dyn` (which may be evicted by this very insertion, §4.4, so it is
+    /// copied before evicting).
+    fn insert(&mut self, name: Option<&[u8]>, name_dyn: usize, value: &[u8]) {
+        let name_len = match name {
+            Some(n) => n.len(),
+            None => self.entry(name_dyn).map_or(0, |(n, _)| n.len()),
+        };
+        let size = name_len + value.len() + ENTRY_OVERHEAD;
+        if size > self.max_size {
+            // §4.4: an entry larger than the table empties it and is not added.
+            self.evict_to(0);
+            return;
+        }
+        let need = name_len + value.len();
+        if self.buf.len() + need > self.buf.capacity() {
+            if self.head > 0 {
+                self.buf.drain(..self.head);
+                for e in &mut self.entries {
+                    e.start -= self.head;
+                }
+                self.head = 0;
+            }
+            let want = (2 * self.max_size).max(self.buf.len() + need);
+            self.buf.reserve_exact(want - self.buf.len());
+        }
+        let start = self.buf.len();
+        match name {
+            Some(n) => self.buf.extend_from_slice(n),
+            None => {
+                let e = self.entries[self.entries.len() - name_dyn];
+                self.buf.extend_from_within(e.start..e.start + e.name_len);
+            }
+        }
+        self.buf.extend_from_slice(value);
+        self.entries.push_back(Entry {
+            start,
+            name_len,
+            value_len: value.len(),
+        });
+        self.size += size;
+        self.evict_to(self.max_size);
+    }
+}
+
+/// Where a decoded string literal lives: in the block itself or in the scratch buffer.
+#[derive(Clone, Copy)]
+enum Str {
+    Block(usize, usize),
+    Scratch(usize, usize),
+}
+
+impl Str {
+    fn get<'a>(self, block: &'a [u8], scratch: &'a [u8]) -> &'a [u8] {
+        match self {
+            Str::Block(a, b) => &block[a..b],
+            Str::Scratch(a, b) => &scratch[a..b],
+        }
+    }
+}
+
+/// Name of a literal field: an index into the tables or a string literal.
+#[derive(Clone, Copy)]
+enum Name {
+    Static(&'static [u8]),
+    Dynamic(usize),
+    Literal(Str),
+}
+
+/// Reads a string literal (RFC 7541 §5.2) at `*pos`; Huffman-coded ones are decoded into
+/// `scratch`.
+fn read_str(block: &[u8], pos: &mut usize, scratch: &mut Vec<u8>) -> Result<Str, HpackError> {
+    let huffman = *block.get(*pos).ok_or(HpackError::Truncated)? & 0x80 != 0;
+    let len = decode_int(block, pos, 7)?;
+    let start = *pos;
+    let end = start
+        .checked_add(len)
+        .filter(|&e| e <= block.len())
+        .ok_or(HpackError::Truncated)?;
+    *pos = end;
+    if !huffman {
+        return Ok(Str::Block(start, end));
+    }
+    let from = scratch.len();
+    huffman::decode(&block[start..end], scratch)?;
+    Ok(Str::Scratch(from, scratch.len()))
+}
+
+/// HPACK decoder for one connection's inbound header blocks.
+///
+/// State after errors: after [`HpackError::ListTooLarge`] the decoder is fully usable (the
+/// block was decoded to its end and the dynamic table updated; only the callback stopped).
+/// After any other error the table may be out of sync with the peer, the error is a
+/// connection error, and every later `decode` returns [`HpackError::Poisoned`].
+pub struct Decoder {
+    table: DynTable,
+    /// SETTINGS_HEADER_TABLE_SIZE we advertised: the largest size update the peer may send.
+    max_allowed: usize,
+    /// Set when we lowered `max_allowed` below the table's size: the next block must start
+    /// with a size update to at most this value (RFC 7541 §4.2).
+    update_required: Option<usize>,
+    /// Huffman-decoded name and value of the current field.
+    scratch: Vec<u8>,
+    poisoned: bool,
+}
+
+impl Default for Decoder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Decoder {
+    /// A decoder with the initial dynamic table size of 4096 octets.
+    pub fn new() -> Self {
+        Self::with_table_size(DEFAULT_TABLE_SIZE)
+    }
+
+    /// A decoder whose table limit is `n` from the start, without a size update (as if both
+    /// sides had agreed on it before the first block; the RFC 7541 C.5 and C.6 examples).
+    fn with_table_size(n: usize) -> Self {
+        Self {
+            table: DynTable::new(n),
+            max_allowed: n,
+            update_required: None,
+            scratch: Vec::new(),
+            poisoned: false,
+        }
+    }
+
+    /// Sets the SETTINGS_HEADER_TABLE_SIZE value we advertised (once the peer acknowledged
+    /// it). A size update above it is an error; if it is below the current table size, the
+    /// peer's next block must start with a size update to at most `n`.
+    pub fn set_max_allowed_table_size(&mut self, n: usize) {
+        self.max_allowed = n;
+        if n < self.table.max_size {
+            self.update_required = Some(self.update_required.map_or(n, |m| m.min(n)));
+        }
+    }
+
+    /// Current dynamic table size (sum of name + value + 32 over the entries).
+    pub fn table_size(&self) -> usize {
+        self.table.size
+    }
+
+    /// Dynamic table entries, newest (index 62) first.
+    pub fn dynamic_entries(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+        (1..=self.table.entries.len()).filter_map(|i| self.table.entry(i))
+    }
+
+    /// Decodes one complete header block; calls `f` per field in order, borrowed for the call.
+    ///
+    /// Fails with [`HpackError::ListTooLarge`] once the RFC 9113 §6.5.2 size (name + value +
+    /// 32 per field) passes `max_list_size`; `f` is not called from that field on, but the
+    /// rest of the block is still decoded so the dynamic table stays in sync and the decoder
+    /// stays usable. Every other error is a connection error (see [`HpackError`]).
+    pub fn decode(
+        &mut self,
+        block: &[u8],
+        max_list_size: usize,
+        mut f: impl FnMut(Field<'_>),
+    ) -> Result<(), HpackError> {
+        if self.poisoned {
+            return Err(HpackError::Poisoned);
+        }
+        let result = self.decode_block(block, max_list_size, &mut f);
+        if let Err(e) = &result {
+            if e.is_connection_error() {
+                self.poisoned = true;
+            }
+        }
+        result
+    }
+
+    fn decode_block(
+        &mut self,
+        block: &[u8],
+        max_list_size: usize,
+        f: &mut impl FnMut(Field<'_>),
+    ) -> Result<(), HpackError> {
+        let mut pos = 0;
+        let mut list_size = 0usize;
+        let mut too_large = false;
+        let mut at_start = true;
+        if let Some(max) = self.update_required {
+            if block.first().is_none_or(|b| b & 0xe0 != 0x20) {
+                return Err(HpackError::SizeUpdateMissing { max });
+            }
+        }
+        while pos < block.len() {
+            let b = block[pos];
+            if b & 0x80 != 0 {
+                // §6.1 indexed field.
+                let index = decode_int(block, &mut pos, 7)?;
+                at_start = false;
+                let (name, value) = self.lookup(index)?;
+                list_size = list_size.saturating_add(name.len() + value.len() + ENTRY_OVERHEAD);
+                too_large |= list_size > max_list_size;
+                if !too_large {
+                    f(Field {
+                        name,
+                        value,
+                        sensitive: false,
+                    });
+                }
+                continue;
+            }
+            if b & 0xe0 == 0x20 {
+                // §6.3 dynamic table size update.
+                if !at_start {
+                    return Err(HpackError::SizeUpdateNotAtStart);
+                }
+                let size = decode_int(block, &mut pos, 5)?;
+                if size > self.max_allowed {
+                    return Err(HpackError::SizeUpdateTooLarge {
+                        size,
+                        max: self.max_allowed,
+                    });
+                }
+                if let Some(max) = self.update_required {
+                    if size > max {
+                        return Err(HpackError::SizeUpdateMissing { max });
+                    }
+                }
+                self.update_required = None;
+                self.table.set_max_size(size);
+                continue;
+            }
+            at_start = false;
+            // §6.2: with incremental indexing (01, 6-bit index), without indexing (0000) or
+            // never indexed (0001), both with a 4-bit index.
+            let indexing = b & 0x40 != 0;
+            let sensitive = !indexing && b & 0x10 != 0;
+            let index = decode_int(block, &mut pos, if indexing { 6 } else { 4 })?;
+            self.scratch.clear();
+            let name = match index {
+                0 => Name::Literal(read_str(block, &mut pos, &mut self.scratch)?),
+                1..=61 => Name::Static(STATIC[index - 1].0),
+                _ => {
+                    self.lookup(index)?;
+                    Name::Dynamic(index - STATIC.len())
+                }
+            };
+            let value = read_str(block, &mut pos, &mut self.scratch)?;
+            let value = value.get(block, &self.scratch);
+            let name_bytes = match name {
+                Name::Static(n) => n,
+                Name::Dynamic(i) => self.table.entry(i).map_or(&[][..], |(n, _)| n),
+                Name::Literal(s) => s.get(block, &self.scratch),
+            };
+            list_size = list_size.saturating_add(name_bytes.len() + value.len() + ENTRY_OVERHEAD);
+            too_large |= list_size > max_list_size;
+            if !too_large {
+                f(Field {
+                    name: name_bytes,
+                    value,
+                    sensitive,
+                });
+            }
+            if indexing {
+                match name {
+                    Name::Dynamic(i) => self.table.insert(None, i, value),
+                    Name::Static(n) => self.table.insert(Some(n), 0, value),
+                    Name::Literal(s) => {
+                        self.table
+                            .insert(Some(s.get(block, &self.scratch)), 0, value)
+                    }
+                }
+            }
+        }
+        if let Some(max) = self.update_required {
+            // Only reachable for an empty block (checked at the start otherwise).
+            return Err(HpackError::SizeUpdateMissing { max });
+        }
+        if too_large {
+            return Err(HpackError::ListTooLarge { max: max_list_size });
+        }
+        Ok(())
+    }
+
+    /// Name and value at `index` in the static table followed by the dynamic table.
+    fn lookup(&self, index: usize) -> Result<(&[u8], &[u8]), HpackError> {
+        match index {
+            1..=61 => Ok(STATIC[index - 1]),
+            _ => index
+                .checked_sub(STATIC.len())
+                .filter(|&i| i > 0)
+                .and_then(|i| self.table.entry(i))
+                .ok_or(HpackError::InvalidIndex {
+                    index,
+                    dynamic_len: self.table.entries.len(),
+                }),
+        }
+    }
+}
+
+/// HPACK encoder for one connection's outbound header blocks. It never adds to the dynamic
+/// table (and tells the peer so by shrinking it to zero), so every block it writes is
+/// independent of the connection and can be cached.
+#[derive(Debug, Default)]
+pub struct Encoder {
+    size_update_sent: bool,
+}
+
+impl Encoder {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Start of a header block: emits a dynamic table size update to 0 in the first block
+    /// of the connection (once), nothing after.
+    pub fn begin_block(&mut self, dst: &mut BytesMut) {
+        if !self.size_update_sent {
+            self.size_update_sent = true;
+            encode_int(dst, 0, 5, 0x20);
+        }
+    }
+
+    /// `:status`: indexed for 200/204/206/304/400/404/500, a literal without indexing
+    /// otherwise.
+    pub fn status(dst: &mut BytesMut, status: u16) {
+        let index = match status {
+            200 => 8,
+            204 => 9,
+            206 => 10,
+            304 => 11,
+            400 => 12,
+            404 => 13,
+            500 => 14,
+            _ => 0,
+        };
+        if index != 0 {
+            dst.put_u8(0x80 | index);
+            return;
+        }
+        let mut digits = [0u8; 5];
+        let mut n = status;
+        let mut i = digits.len();
+        loop {
+            i -= 1;
+            digits[i] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        // Literal without indexing, name = static index 8 (:status).
+        encode_int(dst, 8, 4, 0);
+        encode_str(dst, &digits[i..]);
+    }
+
+    /// One field: indexed when the whole field is in the static table (unless sensitive),
+    /// otherwise a literal with the static table's name index where there is one. Never
+    /// indexed when `sensitive`, without indexing otherwise. Strings are Huffman-coded only
+    /// when that is shorter. `name` must already be lowercase (RFC 9113 §8.2.1).
+    pub fn field(dst: &mut BytesMut, name: &[u8], value: &[u8], sensitive: bool) {
+        let name_index = static_name_index(name);
+        if !sensitive {
+            if let Some(i) = name_index.and_then(|n| static_field_index(n, value)) {
+                encode_int(dst, i, 7, 0x80);
+                return;
+            }
+        }
+        let flags = if sensitive { 0x10 } else { 0x00 };
+        match name_index {
+            Some(i) => encode_int(dst, i, 4, flags),
+            None => {
+                dst.put_u8(flags);
+                encode_str(dst, name);
+            }
+        }
+        encode_str(dst, value);
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,703 @@
+//! Sweety's own HTTP/2 engine (`limits.http2_engine: sweety`) end to end, with real clients
+//! (curl, h2load, hyper's HTTP/2 client, tokio-tungstenite over extended CONNECT) and a raw
+//! frame client for the protocol corners and the abuse limits: many concurrent streams,
+//! bodies larger than both flow-control windows, trailers both ways, WebSocket over RFC 8441,
+//! GOAWAY on drain, refused streams, rapid reset, CONTINUATION/PING floods, oversized header
+//! lists, window overflow, oversized frames, and the header-read and idle timeouts.
+
+mod common;
+
+use bytes::{Buf, Bytes, BytesMut};
+use common::*;
+use futures_util::{SinkExt, StreamExt};
+use http_body::Frame;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::time::Duration;
+use sweety_config::*;
+use sweety_dataplane::h2::frame::{self, flag, kind, Head, Reason};
+use sweety_dataplane::hpack::Encoder;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// Every wait of these tests is bounded.
+async fn bounded<F: std::future::Future>(f: F) -> F::Output {
+    tokio::time::timeout(Duration::from_secs(20), f)
+        .await
+        .expect("finished in time")
+}
+
+fn sweety(mut cfg: Config) -> Config {
+    cfg.limits.http2_engine = Http2Engine::Sweety;
+    cfg
+}
+
+/// An HTTP/1.1 backend: `/echo` echoes the request body, `/slow` answers after 300 ms,
+/// `/big/N` answers N bytes.
+async fn backend_server() -> SocketAddr {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((s, _)) = l.accept().await else { return };
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(
+                    |req: http::Request<hyper::body::Incoming>| async move {
+                        let path = req.uri().path().to_string();
+                        let body = if path == "/echo" {
+                            req.into_body().collect().await.unwrap().to_bytes()
+                        } else if path == "/slow" {
+                            tokio::time::sleep(Duration::from_millis(300)).await;
+                            Bytes::from_static(b"slow")
+                        } else if let Some(n) = path.strip_prefix("/big/") {
+                            let n: usize = n.parse().unwrap();
+                            Bytes::from((0..n).map(|i| (i % 251) as u8).collect::<Vec<_>>())
+                        } else {
+                            Bytes::from_static(b"hello")
+                        };
+                        Ok::<_, Infallible>(http::Response::new(Full::new(body)))
+                    },
+                );
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(s), svc)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+/// An h2c backend that answers with a body and trailers echoing the request's trailer.
+async fn trailer_backend() -> SocketAddr {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((s, _)) = l.accept().await else { return };
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(
+                    |req: http::Request<hyper::body::Incoming>| async move {
+                        let collected = req.into_body().collect().await.unwrap();
+                        let got = collected
+                            .trailers()
+                            .and_then(|t| t.get("x-req-trailer"))
+                            .cloned()
+                            .unwrap_or(http::HeaderValue::from_static("none"));
+                        let data = collected.to_bytes();
+                        let mut t = http::HeaderMap::new();
+                        t.insert("grpc-status", http::HeaderValue::from_static("0"));
+                        t.insert("x-echoed-trailer", got);
+                        let frames = vec![
+                            Ok::<_, Infallible>(Frame::data(data)),
+                            Ok(Frame::trailers(t)),
+                        ];
+                        let body = StreamBody::new(futures_util::stream::iter(frames));
+                        Ok::<_, Infallible>(http::Response::new(body))
+                    },
+                );
+                let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(s), svc)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+async fn start(mut cfg_edit: impl FnMut(&mut Config)) -> (Harness, SocketAddr) {
+    let up = backend_server().await;
+    let trailers = trailer_backend().await;
+    let mut tb = backend("trailers", trailers);
+    tb.protocol = BackendProtocol::H2c;
+    let mut cfg = sweety(Config {
+        backends: vec![backend("up", up), tb],
+        ..http_config(vec![vhost(
+            "v",
+            &[],
+            vec![
+                proxy_route("trailers", "/t", "trailers"),
+                fixed_route("fixed", "/fixed", "fixed reply"),
+                proxy_route("up", "/", "up"),
+            ],
+        )])
+    });
+    cfg_edit(&mut cfg);
+    let h = Harness::start(cfg).await;
+    let addr = h.addr("web").await;
+    (h, addr)
+}
+
+async fn curl(args: &[&str]) -> (String, String) {
+    let out = bounded(
+        tokio::process::Command::new("curl")
+            .args(["-sS", "--max-time", "15"])
+            .args(args)
+            .output(),
+    )
+    .await
+    .expect("curl runs");
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn curl_and_h2load_get_answers_over_h2c_and_tls() {
+    let (cert, pem) = cert_for("a.test");
+    let (_h, addr) = start(|_| {}).await;
+    let (out, err) = curl(&[
+        "--http2-prior-knowledge",
+        "-w",
+        " %{http_version} %{http_code}",
+        &format!("http://{addr}/fixed"),
+    ])
+    .await;
+    assert_eq!(out, "fixed reply 2 200", "{err}");
+
+    // TLS with ALPN h2.
+    let mut https = listener("tls", ListenerProtocol::Https);
+    https.tls = Some(ListenerTls {
+        certificates: vec![cert],
+        min_version: TlsVersion::Tls12,
+        client_auth: None,
+    });
+    let h = Harness::start(sweety(Config {
+        listeners: vec![https],
+        virtual_hosts: vec![vhost("a", &[], vec![fixed_route("a", "/", "site A")])],
+        ..Config::default()
+    }))
+    .await;
+    let tls = h.addr("tls").await;
+    let (alpn, status, body) = tls_get(tls, "a.test", &pem, &[b"h2"], "/").await.unwrap();
+    assert_eq!(
+        (alpn.as_slice(), status, body.as_str()),
+        (&b"h2"[..], 200, "site A")
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let ca = dir.path().join("ca.pem");
+    std::fs::write(&ca, &pem).unwrap();
+    let (out, err) = curl(&[
+        "--http2",
+        "--cacert",
+        ca.to_str().unwrap(),
+        "--resolve",
+        &format!("a.test:{}:127.0.0.1", tls.port()),
+        "-w",
+        " %{http_version} %{http_code}",
+        &format!("https://a.test:{}/", tls.port()),
+    ])
+    .await;
+    assert_eq!(out, "site A 2 200", "{err}");
+
+    // Many concurrent streams on few connections, h2c and TLS.
+    for url in [
+        format!("http://{addr}/fixed"),
+        format!("https://127.0.0.1:{}/", tls.port()),
+    ] {
+        let out = bounded(
+            tokio::process::Command::new("h2load")
+                .args([
+                    "-n",
+                    "3000",
+                    "-c",
+                    "3",
+                    "-m",
+                    "100",
+                    "-H",
+                    "host: a.test",
+                    &url,
+                ])
+                .output(),
+        )
+        .await
+        .expect("h2load runs");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.contains("3000 total, 3000 started, 3000 done, 3000 succeeded"),
+            "{url}: {text}"
+        );
+    }
+}
+
+async fn h2c_sender(addr: SocketAddr) -> hyper::client::conn::http2::SendRequest<BoxedBody> {
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let (send, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+        .handshake::<_, BoxedBody>(TokioIo::new(tcp))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    send
+}
+
+type BoxedBody = http_body_util::combinators::BoxBody<Bytes, Infallible>;
+
+#[tokio::test]
+async fn bodies_larger_than_both_windows_go_both_ways() {
+    let (_h, addr) = start(|_| {}).await;
+    let mut send = h2c_sender(addr).await;
+    // 3 MiB up (stream window 256 KiB, connection window 1 MiB), streamed in 64 KiB chunks.
+    let chunks: Vec<Result<Frame<Bytes>, Infallible>> = (0..48)
+        .map(|i| Ok(Frame::data(Bytes::from(vec![i as u8; 64 * 1024]))))
+        .collect();
+    let body = BodyExt::boxed(StreamBody::new(futures_util::stream::iter(chunks)));
+    let req = http::Request::post(format!("http://{addr}/echo"))
+        .body(body)
+        .unwrap();
+    let resp = bounded(send.send_request(req)).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let got = bounded(resp.into_body().collect())
+        .await
+        .unwrap()
+        .to_bytes();
+    assert_eq!(got.len(), 48 * 64 * 1024);
+    assert!(got
+        .chunks(64 * 1024)
+        .enumerate()
+        .all(|(i, c)| c.iter().all(|b| *b == i as u8)));
+
+    // 5 MB down, several streams at once on one connection (the client's default windows).
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let mut send = send.clone();
+        tasks.push(tokio::spawn(async move {
+            let req = http::Request::get(format!("http://{addr}/big/5000000"))
+                .body(http_body_util::Empty::new().boxed())
+                .unwrap();
+            let resp = send.send_request(req).await.unwrap();
+            assert_eq!(resp.headers()["content-length"], "5000000");
+            let b = resp.into_body().collect().await.unwrap().to_bytes();
+            assert_eq!(b.len(), 5_000_000);
+            assert!(b.iter().enumerate().all(|(i, x)| *x == (i % 251) as u8));
+        }));
+    }
+    for t in tasks {
+        bounded(t).await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn trailers_pass_both_ways() {
+    let (_h, addr) = start(|_| {}).await;
+    trailers_round_trip(addr).await;
+}
+
+/// A POST with request trailers to the h2c backend; its response trailers echo them.
+async fn trailers_round_trip(addr: SocketAddr) {
+    let mut send = h2c_sender(addr).await;
+    let mut t = http::HeaderMap::new();
+    t.insert(
+        "x-req-trailer",
+        http::HeaderValue::from_static("from-client"),
+    );
+    let frames: Vec<Result<Frame<Bytes>, Infallible>> = vec![
+        Ok(Frame::data(Bytes::from_static(b"payload"))),
+        Ok(Frame::trailers(t)),
+    ];
+    let req = http::Request::post(format!("http://{addr}/t"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(BodyExt::boxed(StreamBody::new(futures_util::stream::iter(
+            frames,
+        ))))
+        .unwrap();
+    let resp = bounded(send.send_request(req)).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let collected = bounded(resp.into_body().collect()).await.unwrap();
+    let trailers = collected.trailers().cloned().expect("response trailers");
+    assert_eq!(trailers["grpc-status"], "0");
+    assert_eq!(trailers["x-echoed-trailer"], "from-client");
+    assert_eq!(&collected.to_bytes()[..], b"payload");
+}
+
+#[tokio::test]
+async fn websocket_over_extended_connect() {
+    use tokio_tungstenite::tungstenite::{protocol::Role, Message};
+    // A WebSocket echo backend.
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let ws_addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let Ok(mut ws) = tokio_tungstenite::accept_async(s).await else {
+                    return;
+                };
+                while let Some(Ok(m)) = ws.next().await {
+                    if (m.is_text() || m.is_binary()) && ws.send(m).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    let h = Harness::start(sweety(Config {
+        backends: vec![backend("ws", ws_addr)],
+        ..http_config(vec![vhost("v", &[], vec![proxy_route("ws", "/", "ws")])])
+    }))
+    .await;
+    let addr = h.addr("web").await;
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let (mut send, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+        .handshake::<_, http_body_util::Empty<Bytes>>(TokioIo::new(tcp))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    bounded(send.ready()).await.unwrap();
+    let mut req = http::Request::builder()
+        .method("CONNECT")
+        .version(http::Version::HTTP_2)
+        .uri(format!("http://{addr}/chat"))
+        .header("sec-websocket-version", "13")
+        .body(http_body_util::Empty::new())
+        .unwrap();
+    req.extensions_mut()
+        .insert(hyper::ext::Protocol::from_static("websocket"));
+    let resp = bounded(send.send_request(req)).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let upgraded = bounded(hyper::upgrade::on(resp)).await.unwrap();
+    let mut ws = tokio_tungstenite::WebSocketStream::from_raw_socket(
+        TokioIo::new(upgraded),
+        Role::Client,
+        None,
+    )
+    .await;
+    // Messages larger than the stream windows too.
+    for i in 0..5 {
+        let msg = format!("over h2 {i} {}", "x".repeat(i * 100_000));
+        bounded(ws.send(Message::text(msg.clone()))).await.unwrap();
+        let back = bounded(ws.next()).await.unwrap().unwrap();
+        assert_eq!(back.into_text().unwrap().as_str(), msg);
+    }
+    assert_eq!(
+        h.runtime
+            .shared
+            .metrics
+            .websocket_tunnels
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+    bounded(ws.close(None)).await.unwrap();
+}
+
+// ---------------------------------------------------------------- raw frame client
+
+/// A minimal HTTP/2 client writing frames by hand (HPACK literals without indexing, which
+/// needs no decoder state on our side) and reading the server's frames.
+struct Raw {
+    s: TcpStream,
+    buf: BytesMut,
+}
+
+impl Raw {
+    async fn connect(addr: SocketAddr) -> Raw {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        let mut out = BytesMut::new();
+        out.extend_from_slice(frame::PREFACE);
+        frame::put_settings(&mut out, &[]);
+        s.write_all(&out).await.unwrap();
+        Raw {
+            s,
+            buf: BytesMut::new(),
+        }
+    }
+
+    async fn send(&mut self, b: &[u8]) {
+        // The server may already have closed the connection: the reads tell.
+        let _ = self.s.write_all(b).await;
+    }
+
+    /// The next frame, or None at EOF (or a reset connection). SETTINGS are acknowledged.
+    async fn frame(&mut self) -> Option<(Head, Bytes)> {
+        loop {
+            if self.buf.len() >= frame::HEADER_LEN {
+                let h = Head::parse(&self.buf);
+                let total = frame::HEADER_LEN + h.len as usize;
+                if self.buf.len() >= total {
+                    let mut f = self.buf.split_to(total);
+                    f.advance(frame::HEADER_LEN);
+                    if h.kind == kind::SETTINGS && !h.has(flag::ACK) {
+                        let mut ack = BytesMut::new();
+                        frame::put_settings_ack(&mut ack);
+                        self.send(&ack).await;
+                    }
+                    return Some((h, f.freeze()));
+                }
+            }
+            let n = bounded(self.s.read_buf(&mut self.buf)).await.unwrap_or(0);
+            if n == 0 {
+                return None;
+            }
+        }
+    }
+
+    /// Reads until a frame of `kind` (None at EOF).
+    async fn until(&mut self, k: u8) -> Option<(Head, Bytes)> {
+        while let Some((h, p)) = self.frame().await {
+            if h.kind == k {
+                return Some((h, p));
+            }
+        }
+        None
+    }
+
+    /// Reads until GOAWAY and returns its error code (None at EOF without one).
+    async fn goaway(&mut self) -> Option<Reason> {
+        let (_, p) = self.until(kind::GOAWAY).await?;
+        Some(Reason(u32::from_be_bytes([p[4], p[5], p[6], p[7]])))
+    }
+}
+
+fn block(fields: &[(&str, &str)]) -> BytesMut {
+    let mut b = BytesMut::new();
+    for (n, v) in fields {
+        Encoder::field(&mut b, n.as_bytes(), v.as_bytes(), false);
+    }
+    b
+}
+
+fn get_block(path: &str) -> BytesMut {
+    block(&[
+        (":method", "GET"),
+        (":scheme", "http"),
+        (":authority", "a.test"),
+        (":path", path),
+    ])
+}
+
+fn headers_frame(id: u32, block: &[u8], end_stream: bool) -> BytesMut {
+    let mut out = BytesMut::new();
+    frame::put_headers(&mut out, id, block, end_stream, 16_384);
+    out
+}
+
+#[tokio::test]
+async fn drain_sends_goaway_and_in_flight_streams_finish() {
+    let (h, addr) = start(|_| {}).await;
+    let mut raw = Raw::connect(addr).await;
+    raw.send(&headers_frame(1, &get_block("/slow"), true)).await;
+    // Let the request reach the backend, then remove the listener (drain).
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let mut cfg = Config::clone(&h.runtime.shared.snapshot().config);
+    cfg.generation += 1;
+    cfg.listeners.clear();
+    let _ = h.runtime.apply(cfg).await;
+    let mut saw_goaway = false;
+    let mut got_body = false;
+    while let Some((head, p)) = raw.frame().await {
+        match head.kind {
+            kind::GOAWAY => {
+                assert_eq!(
+                    Reason(u32::from_be_bytes([p[4], p[5], p[6], p[7]])),
+                    Reason::NO_ERROR
+                );
+                assert_eq!(
+                    u32::from_be_bytes([p[0], p[1], p[2], p[3]]),
+                    1,
+                    "last stream"
+                );
+                saw_goaway = true;
+            }
+            kind::DATA if head.stream == 1 => {
+                assert_eq!(&p[..], b"slow");
+                got_body = true;
+            }
+            _ => {}
+        }
+    }
+    assert!(saw_goaway, "GOAWAY on drain");
+    assert!(got_body, "the in-flight stream finished");
+}
+
+#[tokio::test]
+async fn streams_past_max_concurrent_are_refused() {
+    let (_h, addr) = start(|c| c.limits.max_concurrent_streams = 2).await;
+    let mut raw = Raw::connect(addr).await;
+    for id in [1, 3, 5] {
+        raw.send(&headers_frame(id, &get_block("/slow"), true))
+            .await;
+    }
+    let (h, p) = raw.until(kind::RST_STREAM).await.expect("a reset");
+    assert_eq!(h.stream, 5);
+    assert_eq!(
+        Reason(u32::from_be_bytes([p[0], p[1], p[2], p[3]])),
+        Reason::REFUSED_STREAM
+    );
+    // The two others are answered.
+    let mut answered = 0;
+    while answered < 2 {
+        let (h, _) = raw.until(kind::DATA).await.expect("answers");
+        if h.has(flag::END_STREAM) {
+            answered += 1;
+        }
+    }
+}
+
+#[tokio::test]
+async fn rapid_reset_is_answered_with_enhance_your_calm() {
+    let (h, addr) = start(|c| c.limits.max_pending_reset_streams = 10).await;
+    let mut raw = Raw::connect(addr).await;
+    let mut out = BytesMut::new();
+    for i in 0..100u32 {
+        let id = 1 + 2 * i;
+        frame::put_headers(&mut out, id, &get_block("/slow"), true, 16_384);
+        frame::put_rst(&mut out, id, Reason::CANCEL);
+    }
+    raw.send(&out).await;
+    assert_eq!(raw.goaway().await, Some(Reason::ENHANCE_YOUR_CALM));
+    assert!(raw.frame().await.is_none() || raw.until(kind::GOAWAY).await.is_none());
+    let hits = h.runtime.shared.metrics.render();
+    assert!(hits.contains("h2_rapid_reset"), "counted in metrics");
+}
+
+#[tokio::test]
+async fn continuation_and_ping_floods_end_the_connection() {
+    let (_h, addr) = start(|c| c.limits.max_header_bytes = 4096).await;
+    // A header block that never ends.
+    let mut raw = Raw::connect(addr).await;
+    let mut out = BytesMut::new();
+    let junk = vec![b'a'; 8 * 1024];
+    frame::put_head(&mut out, 0, kind::HEADERS, 0, 1);
+    for _ in 0..64 {
+        frame::put_head(&mut out, junk.len(), kind::CONTINUATION, 0, 1);
+        out.extend_from_slice(&junk);
+    }
+    raw.send(&out).await;
+    assert_eq!(raw.goaway().await, Some(Reason::ENHANCE_YOUR_CALM));
+
+    // Empty CONTINUATION frames.
+    let mut raw = Raw::connect(addr).await;
+    let mut out = BytesMut::new();
+    frame::put_head(&mut out, 0, kind::HEADERS, 0, 1);
+    for _ in 0..1000 {
+        frame::put_head(&mut out, 0, kind::CONTINUATION, 0, 1);
+    }
+    raw.send(&out).await;
+    assert_eq!(raw.goaway().await, Some(Reason::ENHANCE_YOUR_CALM));
+
+    // PINGs.
+    let mut raw = Raw::connect(addr).await;
+    let mut out = BytesMut::new();
+    for i in 0..3000u64 {
+        frame::put_head(&mut out, 8, kind::PING, 0, 0);
+        out.extend_from_slice(&i.to_be_bytes());
+    }
+    raw.send(&out).await;
+    assert_eq!(raw.goaway().await, Some(Reason::ENHANCE_YOUR_CALM));
+}
+
+#[tokio::test]
+async fn protocol_errors_get_the_right_codes() {
+    let (_h, addr) = start(|c| c.limits.max_header_bytes = 1024).await;
+    // A header list past max_header_bytes: 431 on that stream, the connection goes on.
+    let mut raw = Raw::connect(addr).await;
+    let big = "v".repeat(2000);
+    let mut fields = vec![
+        (":method", "GET"),
+        (":scheme", "http"),
+        (":authority", "a.test"),
+        (":path", "/fixed"),
+    ];
+    fields.push(("x-big", &big));
+    raw.send(&headers_frame(1, &block(&fields), true)).await;
+    let (h, p) = raw.until(kind::HEADERS).await.unwrap();
+    assert_eq!(h.stream, 1);
+    let mut status = None;
+    sweety_dataplane::hpack::Decoder::new()
+        .decode(&p, 1 << 16, |f| {
+            if f.name == b":status" {
+                status = Some(String::from_utf8_lossy(f.value).into_owned());
+            }
+        })
+        .unwrap();
+    assert_eq!(status.as_deref(), Some("431"));
+    raw.send(&headers_frame(3, &get_block("/fixed"), true))
+        .await;
+    let (h, p) = raw.until(kind::DATA).await.unwrap();
+    assert_eq!((h.stream, &p[..]), (3, &b"fixed reply"[..]));
+
+    // Connection window overflow.
+    let mut out = BytesMut::new();
+    frame::put_window_update(&mut out, 0, 0x7fff_ffff);
+    raw.send(&out).await;
+    assert_eq!(raw.goaway().await, Some(Reason::FLOW_CONTROL_ERROR));
+
+    // A frame larger than SETTINGS_MAX_FRAME_SIZE.
+    let mut raw = Raw::connect(addr).await;
+    let mut out = BytesMut::new();
+    frame::put_head(&mut out, 20_000, kind::DATA, 0, 1);
+    out.extend_from_slice(&vec![0; 20_000]);
+    raw.send(&out).await;
+    assert_eq!(raw.goaway().await, Some(Reason::FRAME_SIZE_ERROR));
+
+    // A malformed request (upper-case header name): RST_STREAM PROTOCOL_ERROR only.
+    let mut raw = Raw::connect(addr).await;
+    let bad = block(&[
+        (":method", "GET"),
+        (":scheme", "http"),
+        (":path", "/"),
+        ("X-Upper", "1"),
+    ]);
+    raw.send(&headers_frame(1, &bad, true)).await;
+    let (h, p) = raw.until(kind::RST_STREAM).await.unwrap();
+    assert_eq!(h.stream, 1);
+    assert_eq!(
+        Reason(u32::from_be_bytes([p[0], p[1], p[2], p[3]])),
+        Reason::PROTOCOL_ERROR
+    );
+
+    // Not the HTTP/2 preface, though it starts like it: left to HTTP/1.1, which refuses it.
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"PRI * HTTP/2.0\r\n\r\nXX\r\n\r\n")
+        .await
+        .unwrap();
+    let mut first = [0u8; 9];
+    let n = bounded(s.read(&mut first)).await.unwrap_or(0);
+    assert!(
+        n == 0 || first.starts_with(b"HTTP/1.1 "),
+        "{:?}",
+        &first[..n]
+    );
+}
+
+#[tokio::test]
+async fn header_read_and_idle_timeouts_close_connections() {
+    let (_h, addr) = start(|c| {
+        c.limits.header_read_timeout = sweety_config::Duration(Duration::from_millis(300));
+        c.limits.idle_timeout = sweety_config::Duration(Duration::from_millis(300));
+    })
+    .await;
+    // A header block left unfinished.
+    let mut raw = Raw::connect(addr).await;
+    let mut out = BytesMut::new();
+    let b = get_block("/fixed");
+    frame::put_head(&mut out, b.len(), kind::HEADERS, flag::END_STREAM, 1);
+    out.extend_from_slice(&b);
+    raw.send(&out).await;
+    assert!(raw.goaway().await.is_some(), "closed with GOAWAY");
+    assert!(raw.frame().await.is_none(), "then closed");
+
+    // An idle connection after a request.
+    let mut raw = Raw::connect(addr).await;
+    raw.send(&headers_frame(1, &get_block("/fixed"), true))
+        .await;
+    let (_, p) = raw.until(kind::DATA).await.unwrap();
+    assert_eq!(&p[..], b"fixed reply");
+    assert_eq!(raw.goaway().await, Some(Reason::NO_ERROR));
+    assert!(raw.frame().await.is_none(), "then closed");
+}
+
+#[tokio::test]
+async fn the_hyper_engine_still_serves_http2_when_chosen() {
+    let (_h, addr) = start(|c| c.limits.http2_engine = Http2Engine::Hyper).await;
+    let (out, err) = curl(&[
+        "--http2-prior-knowledge",
+        "-w",
+        " %{http_version} %{http_code}",
+        &format!("http://{addr}/fixed"),
+    ])
+    .await;
+    assert_eq!(out, "fixed reply 2 200", "{err}");
+    trailers_round_trip(addr).await;
+}

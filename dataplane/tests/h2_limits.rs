@@ -1,0 +1,803 @@
+//! HTTP/2 abuse cases against a running dataplane (h2c, prior knowledge), with a raw client
+//! that writes frames by hand: rapid reset, CONTINUATION flood, SETTINGS and PING floods, an
+//! oversized header list, and WINDOW_UPDATE overflow on the connection and on a stream.
+//!
+//! Each test asserts what the server really sends back (a GOAWAY and its code, a RST_STREAM,
+//! a 431, or a closed connection) and that a fresh, normal request still succeeds afterwards.
+//! The server's response header blocks are decoded with the crate's own HPACK decoder. Every
+//! flood is bounded in frame count and in time.
+
+mod common;
+
+use common::*;
+use std::net::SocketAddr;
+use std::time::Duration;
+use sweety_dataplane::hpack::Decoder;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+use tokio::time::{timeout, Instant};
+
+const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+const DATA: u8 = 0x0;
+const HEADERS: u8 = 0x1;
+const RST_STREAM: u8 = 0x3;
+const SETTINGS: u8 = 0x4;
+const PING: u8 = 0x6;
+const GOAWAY: u8 = 0x7;
+const WINDOW_UPDATE: u8 = 0x8;
+const CONTINUATION: u8 = 0x9;
+
+const END_STREAM: u8 = 0x1;
+const ACK: u8 = 0x1;
+const END_HEADERS: u8 = 0x4;
+
+const NO_ERROR: u32 = 0x0;
+const PROTOCOL_ERROR: u32 = 0x1;
+const FLOW_CONTROL_ERROR: u32 = 0x3;
+const REFUSED_STREAM: u32 = 0x7;
+const CANCEL: u32 = 0x8;
+
+/// The request header list limit the tests configure (`limits.max_header_bytes`).
+const MAX_HEADER_BYTES: u32 = 16 * 1024;
+/// How long any one phase may take before the test gives up (a bound, not an assertion).
+const PHASE: Duration = Duration::from_secs(20);
+
+fn frame(ty: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let len = payload.len() as u32;
+    let mut f = Vec::with_capacity(9 + payload.len());
+    f.extend_from_slice(&len.to_be_bytes()[1..]);
+    f.push(ty);
+    f.push(flags);
+    f.extend_from_slice(&(stream & 0x7fff_ffff).to_be_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+/// HPACK string literal without Huffman coding.
+fn hpack_str(out: &mut Vec<u8>, s: &[u8]) {
+    hpack_int(out, s.len(), 7, 0);
+    out.extend_from_slice(s);
+}
+
+fn hpack_int(out: &mut Vec<u8>, mut v: usize, prefix: u8, flags: u8) {
+    let max = (1usize << prefix) - 1;
+    if v < max {
+        out.push(flags | v as u8);
+        return;
+    }
+    out.push(flags | max as u8);
+    v -= max;
+    while v >= 128 {
+        out.push((v % 128) as u8 | 0x80);
+        v /= 128;
+    }
+    out.push(v as u8);
+}
+
+/// GET `path` on http://localhost, hand-encoded: :method GET, :scheme http (static indexes),
+/// :path as a literal with the static name, :authority as a literal with the static name.
+fn request_block(path: &str) -> Vec<u8> {
+    let mut b = vec![0x82, 0x86];
+    hpack_int(&mut b, 4, 4, 0x00);
+    hpack_str(&mut b, path.as_bytes());
+    hpack_int(&mut b, 1, 4, 0x00);
+    hpack_str(&mut b, b"localhost");
+    b
+}
+
+/// One literal field without indexing and with a literal name.
+fn literal_field(out: &mut Vec<u8>, name: &str, value: &[u8]) {
+    out.push(0x00);
+    hpack_str(out, name.as_bytes());
+    hpack_str(out, value);
+}
+
+#[derive(Debug)]
+struct Frame {
+    ty: u8,
+    flags: u8,
+    stream: u32,
+    payload: Vec<u8>,
+    /// `:status` of a HEADERS frame.
+    status: Option<u16>,
+}
+
+impl Frame {
+    fn error_code(&self) -> u32 {
+        let at = if self.ty == GOAWAY { 4 } else { 0 };
+        u32::from_be_bytes(self.payload[at..at + 4].try_into().unwrap())
+    }
+}
+
+#[derive(Debug)]
+enum Event {
+    Frame(Frame),
+    /// EOF or a reset: the server closed the connection.
+    Closed,
+    /// Nothing within the phase bound.
+    Timeout,
+}
+
+/// The read side of a raw connection: frames, with response headers decoded in order.
+struct Reader {
+    rd: OwnedReadHalf,
+    hpack: Decoder,
+}
+
+impl Reader {
+    async fn next(&mut self, deadline: Instant) -> Event {
+        let mut head = [0u8; 9];
+        match tokio::time::timeout_at(deadline, self.rd.read_exact(&mut head)).await {
+            Err(_) => return Event::Timeout,
+            Ok(Err(_)) => return Event::Closed,
+            Ok(Ok(_)) => {}
+        }
+        let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+        assert!(len <= 1 << 24, "frame length {len}");
+        let mut payload = vec![0u8; len];
+        match tokio::time::timeout_at(deadline, self.rd.read_exact(&mut payload)).await {
+            Err(_) => return Event::Timeout,
+            Ok(Err(_)) => return Event::Closed,
+            Ok(Ok(_)) => {}
+        }
+        let ty = head[3];
+        let flags = head[4];
+        let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
+        let mut status = None;
+        if ty == HEADERS {
+            assert!(
+                flags & END_HEADERS != 0,
+                "the server's responses fit one HEADERS frame"
+            );
+            assert_eq!(flags & 0x28, 0, "no padding or priority in responses");
+            self.hpack
+                .decode(&payload, 1 << 20, |f| {
+                    if f.name == b":status" {
+                        status = std::str::from_utf8(f.value)
+                            .ok()
+                            .and_then(|s| s.parse().ok());
+                    }
+                })
+                .expect("the server's header block decodes");
+        }
+        Event::Frame(Frame {
+            ty,
+            flags,
+            stream,
+            payload,
+            status,
+        })
+    }
+
+    /// Reads until `want` accepts an event (frames it rejects are skipped; the server's
+    /// SETTINGS are acknowledged through `wr`). Panics on timeout.
+    async fn until(
+        &mut self,
+        wr: &mut OwnedWriteHalf,
+        what: &str,
+        mut want: impl FnMut(&Event) -> bool,
+    ) -> Event {
+        let deadline = Instant::now() + PHASE;
+        loop {
+            let ev = self.next(deadline).await;
+            if let Event::Frame(f) = &ev {
+                if f.ty == SETTINGS && f.flags & ACK == 0 {
+                    let _ = wr.write_all(&frame(SETTINGS, ACK, 0, &[])).await;
+                }
+            }
+            if want(&ev) {
+                return ev;
+            }
+            match ev {
+                Event::Timeout => panic!("timed out waiting for {what}"),
+                Event::Closed => panic!("connection closed while waiting for {what}"),
+                Event::Frame(_) => {}
+            }
+        }
+    }
+}
+
+/// Opens an h2c connection: preface and an empty SETTINGS frame.
+async fn open(addr: SocketAddr) -> (Reader, OwnedWriteHalf) {
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    tcp.set_nodelay(true).unwrap();
+    let (rd, mut wr) = tcp.into_split();
+    let mut hello = PREFACE.to_vec();
+    hello.extend(frame(SETTINGS, 0, 0, &[]));
+    wr.write_all(&hello).await.unwrap();
+    (
+        Reader {
+            rd,
+            hpack: Decoder::new(),
+        },
+        wr,
+    )
+}
+
+/// Sends GET `path` on `stream` and waits for its response status.
+async fn request_on(rd: &mut Reader, wr: &mut OwnedWriteHalf, stream: u32, path: &str) -> u16 {
+    wr.write_all(&frame(
+        HEADERS,
+        END_STREAM | END_HEADERS,
+        stream,
+        &request_block(path),
+    ))
+    .await
+    .unwrap();
+    let ev = rd
+        .until(wr, "a response", |e| {
+            matches!(e, Event::Frame(f) if f.stream == stream && (f.ty == HEADERS || f.ty == RST_STREAM)
+                || f.ty == GOAWAY)
+        })
+        .await;
+    match ev {
+        Event::Frame(f) if f.ty == HEADERS => f.status.expect(":status"),
+        other => panic!("no response on stream {stream}: {other:?}"),
+    }
+}
+
+/// A backend that accepts connections and never answers, so a stream proxied to it stays open.
+async fn silent_backend() -> SocketAddr {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        // Bounded: the tests open a handful of backend connections.
+        while held.len() < 64 {
+            let Ok((s, _)) = l.accept().await else { break };
+            held.push(s);
+        }
+    });
+    addr
+}
+
+async fn start() -> (Harness, SocketAddr) {
+    start_with(|_| {}).await
+}
+
+/// [`start`] with some limits changed.
+async fn start_with(limits: impl FnOnce(&mut sweety_config::Limits)) -> (Harness, SocketAddr) {
+    let silent = silent_backend().await;
+    let mut cfg = http_config(vec![vhost(
+        "any",
+        &[],
+        vec![
+            fixed_route("ok", "/", "ok"),
+            proxy_route("hang", "/hang", "silent"),
+        ],
+    )]);
+    cfg.backends = vec![backend("silent", silent)];
+    cfg.limits.max_header_bytes = MAX_HEADER_BYTES;
+    limits(&mut cfg.limits);
+    let h = Harness::start(cfg).await;
+    let addr = h.addr("web").await;
+    (h, addr)
+}
+
+/// A fresh connection with an ordinary client still gets its answer.
+async fn fresh_request_succeeds(addr: SocketAddr) {
+    let got = get(&h2c_client(), &format!("http://{addr}/"), None).await;
+    assert_eq!(
+        got,
+        Ok((200, "ok".to_string())),
+        "a normal request after the abuse"
+    );
+}
+
+/// Reads until the server ends the connection: a GOAWAY (its code) or a close. Panics if the
+/// connection is still up after the phase bound.
+async fn until_goaway_or_close(
+    rd: &mut Reader,
+    wr: &mut OwnedWriteHalf,
+    what: &str,
+) -> Option<Frame> {
+    match rd
+        .until(wr, what, |e| {
+            matches!(e, Event::Frame(f) if f.ty == GOAWAY) || matches!(e, Event::Closed)
+        })
+        .await
+    {
+        Event::Frame(f) => Some(f),
+        _ => None,
+    }
+}
+
+/// HEADERS then RST_STREAM(CANCEL), 5000 times in a row: the server must end the connection
+/// (GOAWAY with an error code, or a close) before the loop is over, and keep serving others.
+#[tokio::test]
+async fn rapid_reset_ends_the_abusive_connection() {
+    let (_h, addr) = start().await;
+    let (mut rd, mut wr) = open(addr).await;
+    const PAIRS: u32 = 5000;
+    let block = request_block("/");
+    let mut batch = Vec::new();
+    let mut write_failed = false;
+    let sent = timeout(PHASE, async {
+        for i in 0..PAIRS {
+            let id = 2 * i + 1;
+            batch.extend(frame(HEADERS, END_STREAM | END_HEADERS, id, &block));
+            batch.extend(frame(RST_STREAM, 0, id, &CANCEL.to_be_bytes()));
+            if batch.len() >= 16 * 1024 || i == PAIRS - 1 {
+                if wr.write_all(&batch).await.is_err() {
+                    write_failed = true;
+                    return i;
+                }
+                batch.clear();
+            }
+        }
+        PAIRS
+    })
+    .await;
+    // Other connections are served while the abusive one is still open.
+    fresh_request_succeeds(addr).await;
+    let end =
+        until_goaway_or_close(&mut rd, &mut wr, "GOAWAY or close after the rapid resets").await;
+    match &end {
+        Some(g) => {
+            assert_ne!(
+                g.error_code(),
+                NO_ERROR,
+                "rapid reset ends with an error code: {g:?}"
+            );
+            let last = u32::from_be_bytes(g.payload[..4].try_into().unwrap()) & 0x7fff_ffff;
+            assert!(
+                last < 2 * PAIRS - 1,
+                "GOAWAY came only after the last stream ({last})"
+            );
+            println!(
+                "rapid reset: GOAWAY code {:#x}, last stream {last}, sent {sent:?}",
+                g.error_code()
+            );
+        }
+        None => {
+            println!("rapid reset: connection closed, sent {sent:?}, write failed {write_failed}")
+        }
+    }
+    fresh_request_succeeds(addr).await;
+}
+
+/// HEADERS without END_HEADERS, then CONTINUATION frames of valid literal fields, never
+/// ending the block (up to 64 MiB): the server must cut the connection off (GOAWAY or close)
+/// instead of reading the flood to its end.
+#[tokio::test]
+async fn continuation_flood_is_cut_off() {
+    let (_h, addr) = start().await;
+    let (mut rd, mut wr) = open(addr).await;
+    const FRAMES: usize = 4096;
+    const FRAME_LEN: usize = 16 * 1024 - 64;
+    let mut fragment = Vec::new();
+    while fragment.len() < FRAME_LEN {
+        literal_field(&mut fragment, "x-flood", &[b'a'; 100]);
+    }
+    let writer = tokio::spawn(async move {
+        let mut sent = 0usize;
+        let r = timeout(PHASE, async {
+            wr.write_all(&frame(HEADERS, 0, 1, &request_block("/")))
+                .await?;
+            for _ in 0..FRAMES {
+                wr.write_all(&frame(CONTINUATION, 0, 1, &fragment)).await?;
+                sent += 1;
+            }
+            Ok::<_, std::io::Error>(())
+        })
+        .await;
+        (sent, r)
+    });
+    // Read (without writing: the writer owns the write half) until GOAWAY or close.
+    let deadline = Instant::now() + PHASE;
+    let end = loop {
+        match rd.next(deadline).await {
+            Event::Frame(f) if f.ty == GOAWAY => break Some(f),
+            Event::Frame(_) => {}
+            Event::Closed => break None,
+            Event::Timeout => panic!("CONTINUATION flood: neither GOAWAY nor close"),
+        }
+    };
+    let (sent, result) = writer.await.unwrap();
+    println!("CONTINUATION flood: {sent} of {FRAMES} frames sent, writer {result:?}, end {end:?}");
+    assert!(
+        sent < FRAMES,
+        "the server read all {FRAMES} CONTINUATION frames ({} MiB) of one header block",
+        (FRAMES * FRAME_LEN) >> 20
+    );
+    if let Some(g) = &end {
+        assert_ne!(g.error_code(), NO_ERROR, "{g:?}");
+    }
+    fresh_request_succeeds(addr).await;
+}
+
+/// Floods of SETTINGS or PING frames (20,000, not reading meanwhile). The server either refuses
+/// them (GOAWAY with an error code, or a close), or answers each in order and stays usable:
+/// after the flood, the ACK of a last PING comes after the earlier ACKs, and a request on the
+/// same connection is answered.
+async fn control_flood(ty: u8, payload: &[u8]) {
+    let (_h, addr) = start().await;
+    let (mut rd, mut wr) = open(addr).await;
+    const COUNT: usize = 20_000;
+    let one = frame(ty, 0, 0, payload);
+    let mut all = Vec::with_capacity(one.len() * COUNT);
+    for _ in 0..COUNT {
+        all.extend_from_slice(&one);
+    }
+    let marker = *b"sweety!!";
+    all.extend(frame(PING, 0, 0, &marker));
+    // Written whole by a task (never cut mid-frame). Not reading for up to 5 s: a server that
+    // stops reading while its ACKs go unread (backpressure, fine too) keeps the write
+    // waiting, and the reads below then let it finish.
+    let mut writer = tokio::spawn(async move {
+        let r = wr.write_all(&all).await;
+        (wr, r)
+    });
+    let early = timeout(Duration::from_secs(5), &mut writer).await.ok();
+    let backpressure = early.is_none();
+    let mut acks = 0usize;
+    let mut server_settings = false;
+    let deadline = Instant::now() + PHASE;
+    loop {
+        match rd.next(deadline).await {
+            Event::Frame(f) if f.ty == GOAWAY => {
+                assert_ne!(f.error_code(), NO_ERROR, "{f:?}");
+                println!(
+                    "flood of type {ty}: GOAWAY code {:#x} after {acks} ACKs",
+                    f.error_code()
+                );
+                fresh_request_succeeds(addr).await;
+                return;
+            }
+            Event::Frame(f) if f.ty == PING && f.flags & ACK != 0 && f.payload == marker => break,
+            Event::Frame(f) if f.ty == ty && f.flags & ACK != 0 => {
+                if ty == PING {
+                    assert_eq!(f.payload, payload, "a PING ACK echoes the payload");
+                }
+                acks += 1;
+            }
+            Event::Frame(f) if f.ty == SETTINGS && f.flags & ACK == 0 => server_settings = true,
+            Event::Frame(_) => {}
+            Event::Closed => {
+                println!("flood of type {ty}: closed after {acks} ACKs");
+                fresh_request_succeeds(addr).await;
+                return;
+            }
+            Event::Timeout => {
+                panic!("flood of type {ty}: neither refused nor answered ({acks} ACKs)")
+            }
+        }
+    }
+    println!("flood of type {ty}: answered, {acks} ACKs for {COUNT} frames (backpressure: {backpressure})");
+    let (mut wr, written) = match early {
+        Some(done) => done.unwrap(),
+        None => writer.await.unwrap(),
+    };
+    written.expect("the flood was written whole");
+    if server_settings {
+        wr.write_all(&frame(SETTINGS, ACK, 0, &[])).await.unwrap();
+    }
+    // SETTINGS ACKs: one per SETTINGS (RFC 9113 §6.5.3), plus one for our opening SETTINGS.
+    // PING: one per PING is what the RFC asks; a server may drop some under load, but not
+    // answer more than were sent.
+    assert!(acks <= COUNT + 1, "{acks} ACKs for {COUNT} frames");
+    if ty == SETTINGS {
+        assert!(
+            acks >= COUNT,
+            "{acks} SETTINGS ACKs for {COUNT} SETTINGS frames"
+        );
+    }
+    assert_eq!(request_on(&mut rd, &mut wr, 1, "/").await, 200);
+    fresh_request_succeeds(addr).await;
+}
+
+#[tokio::test]
+async fn settings_flood() {
+    control_flood(SETTINGS, &[]).await;
+}
+
+#[tokio::test]
+async fn ping_flood() {
+    control_flood(PING, b"pingpong").await;
+}
+
+/// Header lists over the 16 KiB limit get a 431, a RST_STREAM or a GOAWAY. When the server
+/// refuses only the stream, the connection stays usable, including the HPACK state: the refused
+/// block inserted `x-sync: yes` into the dynamic table, and the next request refers to it by
+/// index.
+///
+/// ~40 KB of fields in HEADERS + CONTINUATION frames.
+#[tokio::test]
+async fn oversized_header_list_across_continuation_is_refused() {
+    let mut fields = Vec::new();
+    for i in 0..40 {
+        literal_field(&mut fields, &format!("x-big-{i}"), &[b'b'; 1000]);
+    }
+    assert!(fields.len() > 2 * MAX_HEADER_BYTES as usize);
+    oversized_header_list(fields).await;
+}
+
+/// 400 small fields in one HEADERS frame (~8 KB on the wire, ~20 KB of header list once the
+/// 32 octets per field are counted, RFC 9113 §6.5.2).
+#[tokio::test]
+async fn oversized_header_list_in_one_frame_is_refused() {
+    let mut fields = Vec::new();
+    for i in 0..400 {
+        literal_field(&mut fields, &format!("x-f-{i:03}"), b"0123456789");
+    }
+    assert!(fields.len() < 16 * 1024 - 100);
+    oversized_header_list(fields).await;
+}
+
+async fn oversized_header_list(fields: Vec<u8>) {
+    let (_h, addr) = start().await;
+    let (mut rd, mut wr) = open(addr).await;
+    let mut block = request_block("/");
+    // Literal with incremental indexing, new name: lands at dynamic index 62.
+    block.push(0x40);
+    hpack_str(&mut block, b"x-sync");
+    hpack_str(&mut block, b"yes");
+    block.extend_from_slice(&fields);
+    let mut frames = Vec::new();
+    let chunks: Vec<&[u8]> = block.chunks(16 * 1024).collect();
+    for (i, c) in chunks.iter().enumerate() {
+        let last = i == chunks.len() - 1;
+        let ty = if i == 0 { HEADERS } else { CONTINUATION };
+        let flags = if last { END_HEADERS } else { 0 } | if i == 0 { END_STREAM } else { 0 };
+        frames.extend(frame(ty, flags, 1, c));
+    }
+    wr.write_all(&frames).await.unwrap();
+    let ev = rd
+        .until(
+            &mut wr,
+            "a refusal of the oversized header list",
+            |e| match e {
+                Event::Frame(f) => {
+                    f.ty == GOAWAY || (f.stream == 1 && (f.ty == HEADERS || f.ty == RST_STREAM))
+                }
+                Event::Closed => true,
+                Event::Timeout => false,
+            },
+        )
+        .await;
+    match ev {
+        Event::Frame(f) if f.ty == HEADERS => {
+            assert_eq!(
+                f.status,
+                Some(431),
+                "oversized header list answered with {f:?}"
+            );
+            println!("oversized header list: 431");
+        }
+        Event::Frame(f) if f.ty == RST_STREAM => {
+            println!(
+                "oversized header list: RST_STREAM code {:#x}",
+                f.error_code()
+            )
+        }
+        Event::Frame(f) => {
+            assert_ne!(f.error_code(), NO_ERROR, "{f:?}");
+            println!("oversized header list: GOAWAY code {:#x}", f.error_code());
+            fresh_request_succeeds(addr).await;
+            return;
+        }
+        _ => {
+            println!("oversized header list: connection closed");
+            fresh_request_succeeds(addr).await;
+            return;
+        }
+    }
+    // Same connection, the next stream, with x-sync taken from the dynamic table (index 62).
+    let mut next = request_block("/");
+    next.push(0xbe);
+    wr.write_all(&frame(HEADERS, END_STREAM | END_HEADERS, 3, &next))
+        .await
+        .unwrap();
+    let ev = rd
+        .until(
+            &mut wr,
+            "the response on stream 3",
+            |e| matches!(e, Event::Frame(f) if f.stream == 3 || f.ty == GOAWAY),
+        )
+        .await;
+    match ev {
+        Event::Frame(f) if f.ty == HEADERS => assert_eq!(f.status, Some(200), "{f:?}"),
+        other => panic!("the connection's HPACK state is out of sync after the refusal: {other:?}"),
+    }
+    fresh_request_succeeds(addr).await;
+}
+
+/// WINDOW_UPDATE on the connection that takes its window past 2^31-1: GOAWAY(FLOW_CONTROL_ERROR).
+#[tokio::test]
+async fn connection_window_overflow_is_a_flow_control_error() {
+    let (_h, addr) = start().await;
+    let (mut rd, mut wr) = open(addr).await;
+    wr.write_all(&frame(WINDOW_UPDATE, 0, 0, &0x7fff_ffffu32.to_be_bytes()))
+        .await
+        .unwrap();
+    let end = until_goaway_or_close(&mut rd, &mut wr, "GOAWAY after the window overflow").await;
+    let g = end.expect("a GOAWAY before the close (RFC 9113 §6.9.1)");
+    assert_eq!(g.error_code(), FLOW_CONTROL_ERROR, "{g:?}");
+    fresh_request_succeeds(addr).await;
+}
+
+/// WINDOW_UPDATE on an open stream (its response waits for a silent backend) that takes the
+/// stream window past 2^31-1: RST_STREAM(FLOW_CONTROL_ERROR) on that stream only; the
+/// connection goes on serving.
+#[tokio::test]
+async fn stream_window_overflow_is_a_stream_error() {
+    let (_h, addr) = start().await;
+    let (mut rd, mut wr) = open(addr).await;
+    let mut out = frame(
+        HEADERS,
+        END_STREAM | END_HEADERS,
+        1,
+        &request_block("/hang"),
+    );
+    out.extend(frame(WINDOW_UPDATE, 0, 1, &0x7fff_ffffu32.to_be_bytes()));
+    wr.write_all(&out).await.unwrap();
+    let ev = rd
+        .until(
+            &mut wr,
+            "RST_STREAM on stream 1",
+            |e| matches!(e, Event::Frame(f) if f.stream == 1 || f.ty == GOAWAY),
+        )
+        .await;
+    match ev {
+        Event::Frame(f) if f.ty == RST_STREAM => {
+            assert_eq!(f.error_code(), FLOW_CONTROL_ERROR, "{f:?}")
+        }
+        other => panic!("expected RST_STREAM(FLOW_CONTROL_ERROR) on stream 1: {other:?}"),
+    }
+    assert_eq!(request_on(&mut rd, &mut wr, 3, "/").await, 200);
+    fresh_request_succeeds(addr).await;
+}
+
+/// With `max_concurrent_streams: 8`, the server advertises 8 and refuses streams past it
+/// (RST_STREAM with REFUSED_STREAM or PROTOCOL_ERROR, RFC 9113 §5.1.2) while 8 are open
+/// (their responses wait for a silent backend).
+#[tokio::test]
+async fn streams_past_the_concurrency_limit_are_refused() {
+    let (_h, addr) = start_with(|l| l.max_concurrent_streams = 8).await;
+    let (mut rd, mut wr) = open(addr).await;
+    let ev = rd
+        .until(
+            &mut wr,
+            "the server's SETTINGS",
+            |e| matches!(e, Event::Frame(f) if f.ty == SETTINGS && f.flags & ACK == 0),
+        )
+        .await;
+    let Event::Frame(settings) = ev else {
+        unreachable!()
+    };
+    let advertised = settings
+        .payload
+        .chunks(6)
+        .find(|p| p[..2] == [0, 3])
+        .map(|p| u32::from_be_bytes(p[2..6].try_into().unwrap()));
+    assert_eq!(
+        advertised,
+        Some(8),
+        "SETTINGS_MAX_CONCURRENT_STREAMS in {settings:?}"
+    );
+    let mut out = Vec::new();
+    for i in 0..12u32 {
+        out.extend(frame(
+            HEADERS,
+            END_STREAM | END_HEADERS,
+            2 * i + 1,
+            &request_block("/hang"),
+        ));
+    }
+    wr.write_all(&out).await.unwrap();
+    let mut refused = Vec::new();
+    while refused.len() < 4 {
+        let ev = rd
+            .until(
+                &mut wr,
+                "RST_STREAM for the streams past 8",
+                |e| matches!(e, Event::Frame(f) if f.ty == RST_STREAM || f.ty == GOAWAY),
+            )
+            .await;
+        let Event::Frame(f) = ev else { unreachable!() };
+        assert_eq!(
+            f.ty, RST_STREAM,
+            "a stream error, not a connection error: {f:?}"
+        );
+        assert!(
+            [REFUSED_STREAM, PROTOCOL_ERROR].contains(&f.error_code()),
+            "{f:?}"
+        );
+        refused.push(f.stream);
+    }
+    refused.sort_unstable();
+    assert_eq!(
+        refused,
+        [17, 19, 21, 23],
+        "the streams past the 8th are the refused ones"
+    );
+    fresh_request_succeeds(addr).await;
+}
+
+/// A connection that sends nothing at all (not even the preface) is closed once
+/// `header_read_timeout` (here 1 s) has passed.
+#[tokio::test]
+#[ignore = "fails on the hyper server: hyper-util's auto builder waits for the first bytes (to tell HTTP/1.1 from h2c) without a timeout, so a silent connection holds its slot; still open after 20 s, also with idle_timeout 2 s"]
+async fn silent_connection_is_closed() {
+    let (_h, addr) =
+        start_with(|l| l.header_read_timeout = sweety_config::Duration::from_secs(1)).await;
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let (rd, mut wr) = tcp.into_split();
+    let mut rd = Reader {
+        rd,
+        hpack: Decoder::new(),
+    };
+    let end = until_goaway_or_close(&mut rd, &mut wr, "the close of a silent connection").await;
+    assert!(
+        end.is_none(),
+        "nothing was sent, so no GOAWAY is expected either: {end:?}"
+    );
+    fresh_request_succeeds(addr).await;
+}
+
+/// A header block that is started (HEADERS without END_HEADERS) and never finished is cut
+/// off once `header_read_timeout` (here 1 s) has passed: GOAWAY or close (slowloris over
+/// HTTP/2).
+#[tokio::test]
+#[ignore = "fails on the hyper server: h2 has no timeout for an unfinished header block; still open after 20 s with header_read_timeout 1 s"]
+async fn unfinished_header_block_is_cut_off() {
+    let (_h, addr) =
+        start_with(|l| l.header_read_timeout = sweety_config::Duration::from_secs(1)).await;
+    let (mut rd, mut wr) = open(addr).await;
+    // Settle SETTINGS first: nothing but CONTINUATION may follow the HEADERS frame (§6.10),
+    // so the wait below writes nothing, and leaves PINGs unanswered (a server's keep-alive
+    // could end the connection too, but only after its own, longer timeout).
+    rd.until(
+        &mut wr,
+        "the server's SETTINGS",
+        |e| matches!(e, Event::Frame(f) if f.ty == SETTINGS && f.flags & ACK == 0),
+    )
+    .await;
+    wr.write_all(&frame(HEADERS, 0, 1, &request_block("/")))
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let deadline = started + PHASE;
+    let end = loop {
+        match rd.next(deadline).await {
+            Event::Frame(f) if f.ty == GOAWAY => break Some(f),
+            Event::Frame(_) => {}
+            Event::Closed => break None,
+            Event::Timeout => panic!("a stalled header block still holds the connection"),
+        }
+    };
+    println!(
+        "unfinished header block: {end:?} after {:?}",
+        started.elapsed()
+    );
+    if let Some(g) = &end {
+        assert_ne!(g.error_code(), NO_ERROR, "{g:?}");
+    }
+    fresh_request_succeeds(addr).await;
+}
+
+/// The hand-written frame and header block helpers say what the tests think they say.
+#[test]
+fn frame_encoding() {
+    assert_eq!(
+        frame(DATA, END_STREAM, 5, b"ab"),
+        [0, 0, 2, 0, 1, 0, 0, 0, 5, b'a', b'b']
+    );
+    let mut d = Decoder::new();
+    let mut seen = Vec::new();
+    d.decode(&request_block("/x"), 1 << 16, |f| {
+        seen.push((f.name.to_vec(), f.value.to_vec()))
+    })
+    .unwrap();
+    assert_eq!(
+        seen,
+        [
+            (b":method".to_vec(), b"GET".to_vec()),
+            (b":scheme".to_vec(), b"http".to_vec()),
+            (b":path".to_vec(), b"/x".to_vec()),
+            (b":authority".to_vec(), b"localhost".to_vec()),
+        ]
+    );
+}
