@@ -27,7 +27,7 @@ use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _, PermissionsExt as _}
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
-use sweety_config::delta::{Digests, ListEdit, NameIndex};
+use sweety_config::delta::{Digests, HashCache, ListEdit, NameIndex};
 use sweety_config::wire::{self, FrameHeader, FrameType, Hello, Message, HEADER_LEN};
 use sweety_config::{Config, Route};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -61,6 +61,8 @@ struct Base {
     /// Position of each virtual host by name, kept in step with `config` by
     /// [`ConfigDelta::apply_indexed`](sweety_config::delta::ConfigDelta::apply_indexed).
     index: NameIndex,
+    /// Chunk digests of the tree hash, kept in step with `digests`.
+    cache: HashCache,
     /// The serving snapshot's config when this one was applied: the base is only used while
     /// that is still what serves.
     serving: Arc<Config>,
@@ -319,6 +321,7 @@ async fn apply_frame(
                 .map_err(|e| e.messages())?;
             // Validated: names are unique.
             let index = NameIndex::of("virtual_hosts", &config.virtual_hosts).ok();
+            let index = index.map(|i| (i, HashCache::of(&digests)));
             // Kept as the base of the next delta: without the spare capacity of decoding.
             config.virtual_hosts.shrink_to_fit();
             for v in &mut config.virtual_hosts {
@@ -359,6 +362,7 @@ async fn apply_frame(
                 mut config,
                 mut digests,
                 mut index,
+                mut cache,
                 ..
             } = b;
             let same_context = delta.listeners.is_empty()
@@ -375,7 +379,7 @@ async fn apply_frame(
                 .map(|v| v.name.clone())
                 .collect();
             let applied = delta
-                .apply_indexed(&mut config, &mut digests, &mut index)
+                .apply_indexed(&mut config, &mut digests, &mut index, &mut cache)
                 .map_err(|e| early(vec![format!("delta: {e}")]))?;
             config.generation = generation;
             let patch = same_context
@@ -421,7 +425,7 @@ async fn apply_frame(
                     v.routes = Vec::new();
                 }
             }
-            (generation, config, digests, Some(index))
+            (generation, config, digests, Some((index, cache)))
         }
         other => {
             return Err(early(vec![format!(
@@ -432,12 +436,13 @@ async fn apply_frame(
     };
     config.generation = generation;
     let serving = runtime.shared.snapshot().config.clone();
-    if let (true, Some(index)) = (serving.generation == generation, index) {
+    if let (true, Some((index, cache))) = (serving.generation == generation, index) {
         *lock() = Some(Base {
             generation,
             config,
             digests,
             index,
+            cache,
             serving,
         });
     }

@@ -239,19 +239,86 @@ impl Digests {
         }
     }
 
-    /// The config's content hash: hex SHA-256 over the settings digest and each list's
-    /// length and digests, in order.
+    /// The config's content hash: hex SHA-256 over `sweety-config-tree-v2`, the settings
+    /// digest, then for each list its length and the digest of each chunk of
+    /// [`HASH_CHUNK`] item digests, in order (see [`HashCache`] for why chunks).
     pub fn hash(&self) -> String {
+        self.hash_with(&chunk_digests(&self.virtual_hosts))
+    }
+
+    /// [`Digests::hash`] given the chunk digests of the virtual host list.
+    fn hash_with(&self, vhost_chunks: &[Digest]) -> String {
         let mut h = sha2::Sha256::new();
-        h.update(b"sweety-config-tree-v1");
+        h.update(b"sweety-config-tree-v2");
         h.update(self.settings);
-        for list in [&self.listeners, &self.virtual_hosts, &self.backends] {
-            h.update((list.len() as u64).to_be_bytes());
-            for d in list {
+        let listeners = chunk_digests(&self.listeners);
+        let backends = chunk_digests(&self.backends);
+        for (len, chunks) in [
+            (self.listeners.len(), &listeners[..]),
+            (self.virtual_hosts.len(), vhost_chunks),
+            (self.backends.len(), &backends[..]),
+        ] {
+            h.update((len as u64).to_be_bytes());
+            for d in chunks {
                 h.update(d);
             }
         }
         crate::hex(&h.finalize())
+    }
+}
+
+/// Item digests per chunk of the tree hash.
+pub const HASH_CHUNK: usize = 64;
+
+/// The SHA-256 of each chunk of [`HASH_CHUNK`] digests (the last one may be shorter).
+fn chunk_digests(list: &[Digest]) -> Vec<Digest> {
+    list.chunks(HASH_CHUNK).map(chunk_digest).collect()
+}
+
+fn chunk_digest(chunk: &[Digest]) -> Digest {
+    let mut h = sha2::Sha256::new();
+    for d in chunk {
+        h.update(d);
+    }
+    h.finalize().into()
+}
+
+/// The chunk digests of a config's virtual host list, kept next to a base config by a
+/// receiver of deltas ([`ConfigDelta::apply_indexed`]): a delta that replaces or appends a
+/// few virtual hosts rehashes their chunks and the short list of chunk digests, not every
+/// item digest, so the tree hash costs in proportion to the change (a removal rehashes the
+/// chunks after it, whose items moved).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HashCache {
+    vhost_chunks: Vec<Digest>,
+}
+
+impl HashCache {
+    /// The cache for a config with these digests.
+    pub fn of(digests: &Digests) -> HashCache {
+        HashCache {
+            vhost_chunks: chunk_digests(&digests.virtual_hosts),
+        }
+    }
+
+    /// Brings the cache up to date with `vhosts` after the items at `dirty` positions (and
+    /// every position from `from` on) changed.
+    fn update(&mut self, vhosts: &[Digest], dirty: &[usize], from: usize) {
+        let chunks = vhosts.len().div_ceil(HASH_CHUNK);
+        let from = (from / HASH_CHUNK).min(self.vhost_chunks.len()).min(chunks);
+        self.vhost_chunks.truncate(from);
+        for c in from..chunks {
+            let end = ((c + 1) * HASH_CHUNK).min(vhosts.len());
+            self.vhost_chunks
+                .push(chunk_digest(&vhosts[c * HASH_CHUNK..end]));
+        }
+        for &p in dirty {
+            let c = p / HASH_CHUNK;
+            if c < from {
+                let end = ((c + 1) * HASH_CHUNK).min(vhosts.len());
+                self.vhost_chunks[c] = chunk_digest(&vhosts[c * HASH_CHUNK..end]);
+            }
+        }
     }
 }
 
@@ -749,6 +816,7 @@ impl ConfigDelta {
         base: &mut Config,
         base_d: &mut Digests,
         index: &mut NameIndex,
+        cache: &mut HashCache,
     ) -> Result<Applied, DeltaError> {
         let ConfigDelta {
             settings,
@@ -796,17 +864,34 @@ impl ConfigDelta {
             )?;
             (base.virtual_hosts, base_d.virtual_hosts) = (v, vd);
             *index = NameIndex::of("virtual_hosts", &base.virtual_hosts)?;
+            *cache = HashCache::of(base_d);
             ListEdit::Full
         } else {
-            patch_list(
+            let old_len = base.virtual_hosts.len();
+            let edit = patch_list(
                 "virtual_hosts",
                 &mut base.virtual_hosts,
                 &mut base_d.virtual_hosts,
                 index,
                 virtual_hosts,
-            )?
+            )?;
+            if let ListEdit::Patch {
+                replaced,
+                removed,
+                appended,
+            } = &edit
+            {
+                // Items move from the first removal on; appended ones start at the old end.
+                let from = match (removed.first(), appended) {
+                    (Some(&r), _) => r,
+                    (None, 0) => usize::MAX,
+                    (None, _) => old_len,
+                };
+                cache.update(&base_d.virtual_hosts, replaced, from);
+            }
+            edit
         };
-        let got = base_d.hash();
+        let got = base_d.hash_with(&cache.vhost_chunks);
         if got != hash {
             return Err(DeltaError::HashMismatch {
                 got,
@@ -990,10 +1075,12 @@ mod tests {
             rng ^= rng >> 27;
             (rng.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 33) as usize % n.max(1)
         };
-        let mut base = big_config(40);
+        // More than two hash chunks.
+        let mut base = big_config(150);
         let mut kept = base.clone();
         let mut kept_d = Digests::of(&kept);
         let mut index = NameIndex::of("virtual_hosts", &kept.virtual_hosts).unwrap();
+        let mut cache = HashCache::of(&kept_d);
         let mut patches = 0;
         for step in 0..300 {
             let mut new = base.clone();
@@ -1027,7 +1114,7 @@ mod tests {
             let (want, want_d) = delta.clone().apply(base.clone(), &bd).unwrap();
             let applied = delta
                 .clone()
-                .apply_indexed(&mut kept, &mut kept_d, &mut index)
+                .apply_indexed(&mut kept, &mut kept_d, &mut index, &mut cache)
                 .unwrap();
             assert_eq!(kept, want, "step {step}");
             assert_eq!(kept_d, want_d, "step {step}");
@@ -1041,6 +1128,7 @@ mod tests {
                 names
             );
             assert_eq!(applied.hash, want_d.hash());
+            assert_eq!(cache, HashCache::of(&want_d), "step {step}");
             if let Some(positions) = applied.virtual_hosts.changed_positions(names.len()) {
                 let mut got: Vec<&str> = positions.iter().map(|&i| names[i].as_str()).collect();
                 let mut sent: Vec<&str> = delta
@@ -1087,7 +1175,8 @@ mod tests {
         d.virtual_hosts.remove.push("nope".into());
         let (mut c, mut cd, mut i) = fresh();
         assert_eq!(
-            d.apply_indexed(&mut c, &mut cd, &mut i).unwrap_err(),
+            d.apply_indexed(&mut c, &mut cd, &mut i, &mut HashCache::of(&bd))
+                .unwrap_err(),
             DeltaError::UnknownName {
                 section: "virtual_hosts",
                 name: "nope".into()
@@ -1100,7 +1189,8 @@ mod tests {
             .push(base.virtual_hosts[1].name.clone());
         let (mut c, mut cd, mut i) = fresh();
         assert!(matches!(
-            d.apply_indexed(&mut c, &mut cd, &mut i).unwrap_err(),
+            d.apply_indexed(&mut c, &mut cd, &mut i, &mut HashCache::of(&bd))
+                .unwrap_err(),
             DeltaError::DuplicateName { .. }
         ));
         let mut d = good.clone();
@@ -1108,14 +1198,16 @@ mod tests {
         d.virtual_hosts.upsert.push(base.virtual_hosts[0].clone());
         let (mut c, mut cd, mut i) = fresh();
         assert!(matches!(
-            d.apply_indexed(&mut c, &mut cd, &mut i).unwrap_err(),
+            d.apply_indexed(&mut c, &mut cd, &mut i, &mut HashCache::of(&bd))
+                .unwrap_err(),
             DeltaError::DuplicateName { .. }
         ));
         let mut d = good.clone();
         d.settings = Some(Box::new(base.clone()));
         let (mut c, mut cd, mut i) = fresh();
         assert_eq!(
-            d.apply_indexed(&mut c, &mut cd, &mut i).unwrap_err(),
+            d.apply_indexed(&mut c, &mut cd, &mut i, &mut HashCache::of(&bd))
+                .unwrap_err(),
             DeltaError::SettingsWithLists
         );
         // An upsert that is not what the sender hashed.
@@ -1124,11 +1216,15 @@ mod tests {
         v.hostnames = vec!["other.test".into()];
         d.virtual_hosts.upsert.push(v);
         let (mut c, mut cd, mut i) = fresh();
-        let err = d.apply_indexed(&mut c, &mut cd, &mut i).unwrap_err();
+        let err = d
+            .apply_indexed(&mut c, &mut cd, &mut i, &mut HashCache::of(&bd))
+            .unwrap_err();
         assert!(matches!(err, DeltaError::HashMismatch { .. }), "{err}");
         // A good empty delta is an empty patch.
         let (mut c, mut cd, mut i) = fresh();
-        let applied = good.apply_indexed(&mut c, &mut cd, &mut i).unwrap();
+        let applied = good
+            .apply_indexed(&mut c, &mut cd, &mut i, &mut HashCache::of(&bd))
+            .unwrap();
         assert!(applied.virtual_hosts.is_empty());
         assert_eq!(applied.changed, Changed::default());
         assert_eq!(c, base);

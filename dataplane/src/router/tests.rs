@@ -1196,7 +1196,7 @@ fn build_reusing_shares_unchanged_vhosts_and_routes_like_a_full_build() {
 
 #[test]
 fn patch_gives_what_a_full_build_gives_over_random_edits() {
-    use sweety_config::delta::{ConfigDelta, Digests, ListEdit, NameIndex};
+    use sweety_config::delta::{ConfigDelta, Digests, HashCache, ListEdit, NameIndex};
     let mut rng = 0x2545_f491_4f6c_dd1d_u64;
     let mut below = |n: usize| {
         rng ^= rng >> 12;
@@ -1228,6 +1228,7 @@ fn patch_gives_what_a_full_build_gives_over_random_edits() {
     let mut kept = base.clone();
     let mut kept_d = Digests::of(&kept);
     let mut index = NameIndex::of("virtual_hosts", &kept.virtual_hosts).unwrap();
+    let mut cache = HashCache::of(&kept_d);
     let mut table = RouteTable::build(&base).unwrap();
     let mut patches = 0;
     for step in 0..400 {
@@ -1257,7 +1258,7 @@ fn patch_gives_what_a_full_build_gives_over_random_edits() {
         let (bd, nd) = (Digests::of(&base), Digests::of(&new));
         let delta = ConfigDelta::between(&base, &bd, &new, &nd).unwrap();
         let applied = delta
-            .apply_indexed(&mut kept, &mut kept_d, &mut index)
+            .apply_indexed(&mut kept, &mut kept_d, &mut index, &mut cache)
             .unwrap();
         let mut seen = 0;
         table = table
