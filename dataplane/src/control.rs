@@ -745,5 +745,48 @@ mod tests {
             "5000 routes: hash {hashed:?}, hash+encode {encoded:?}, hash+encode+send+decode+\
              validate+apply+ack {total:?} (p50 of 10)"
         );
+
+        // One-route deltas against what was applied last (generation 10): the dataplane side
+        // of a single route change (send, decode, apply, validate, build, swap, Ack).
+        let mut cur = base.clone();
+        cur.virtual_hosts = (0..5000)
+            .map(|i| {
+                let mut v = template.clone();
+                v.name = format!("ns-{}/route-{i}", i % 50);
+                v.hostnames = vec![format!("app-{i}.example.com")];
+                v.routes[0].name = format!("ns-{}/route-{i}/rule-0", i % 50);
+                v.routes[0].matches[0].path =
+                    Some(PathMatch::Prefix(format!("/api/v{}/", (i + 9) % 7)));
+                v
+            })
+            .collect();
+        let mut cur_d = sweety_config::delta::Digests::of(&cur);
+        let mut lat = Vec::new();
+        for k in 0..300u64 {
+            let mut next = cur.clone();
+            let i = (k as usize * 7919) % 5000;
+            next.virtual_hosts[i].routes[0].matches[0].path =
+                Some(PathMatch::Prefix(format!("/changed/{k}")));
+            let next_d = sweety_config::delta::Digests::reuse(&next, &cur, &cur_d);
+            let delta =
+                sweety_config::delta::ConfigDelta::between(&cur, &cur_d, &next, &next_d).unwrap();
+            let frame = wire::encode_apply_delta(11 + k, 10 + k, &delta).unwrap();
+            let t = std::time::Instant::now();
+            s.write_all(&frame).await.unwrap();
+            assert_eq!(
+                read_msg(&mut s).await,
+                Some(Message::Ack { generation: 11 + k })
+            );
+            lat.push(t.elapsed());
+            (cur, cur_d) = (next, next_d);
+        }
+        lat.sort();
+        println!(
+            "5000 virtual hosts, one-route delta: send+decode+apply+validate+build+swap+ack \
+             p50 {:?} p99 {:?} (of {})",
+            lat[lat.len() / 2],
+            lat[lat.len() * 99 / 100],
+            lat.len()
+        );
     }
 }
