@@ -230,7 +230,10 @@ async fn session(
     base: &BaseSlot,
     stream: UnixStream,
 ) -> io::Result<()> {
-    let (mut rd, mut wr) = stream.into_split();
+    let (rd, mut wr) = stream.into_split();
+    // A small frame (an `ApplyDelta` is a few hundred bytes) arrives with its header in one
+    // read; a large payload bypasses the buffer (read straight into its own allocation).
+    let mut rd = tokio::io::BufReader::with_capacity(16 * 1024, rd);
     let hello = if runtime.shared.ready.load(Relaxed) {
         let snap = runtime.shared.snapshot();
         Hello {
