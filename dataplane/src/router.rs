@@ -37,8 +37,17 @@ pub struct RouteEntry {
     pub vhost: Arc<str>,
     /// The route as configured.
     pub route: Arc<Route>,
-    /// Its filters, compiled.
-    pub filters: CompiledFilters,
+    /// Its filters, compiled (one shared empty set for the many routes without filters: a
+    /// compiled set is hundreds of bytes).
+    pub filters: Arc<CompiledFilters>,
+}
+
+/// The compiled filters of a route without filters, shared by all of them.
+fn no_filters() -> Arc<CompiledFilters> {
+    static EMPTY: std::sync::OnceLock<Arc<CompiledFilters>> = std::sync::OnceLock::new();
+    EMPTY
+        .get_or_init(|| Arc::new(CompiledFilters::compile(&[]).expect("no filters always compile")))
+        .clone()
 }
 
 /// The parts of a request that routing looks at.
@@ -994,10 +1003,16 @@ fn compile_parts(
     let mut keyed: Vec<(RuleKey, Rule)> = Vec::new();
     for (ri, r) in routes.into_iter().enumerate() {
         let entry = entries.len();
-        let filters = CompiledFilters::compile(&r.filters).map_err(|message| BuildError {
-            path: format!("virtual_hosts[{vi}].routes[{ri}].filters"),
-            message,
-        })?;
+        let filters = if r.filters.is_empty() {
+            no_filters()
+        } else {
+            Arc::new(
+                CompiledFilters::compile(&r.filters).map_err(|message| BuildError {
+                    path: format!("virtual_hosts[{vi}].routes[{ri}].filters"),
+                    message,
+                })?,
+            )
+        };
         let at = |index| MatchPath {
             vhost: vi,
             route: ri,
