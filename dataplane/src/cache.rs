@@ -432,6 +432,7 @@ impl Cache {
             .get(header::AGE)
             .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
             .unwrap_or(0);
+        let headers = compact_values(headers);
         let encoded = crate::h2::Encoded::new(&headers);
         let entry = Arc::new(Entry {
             status,
@@ -710,6 +711,34 @@ impl Cache {
 }
 
 /// A response built from an entry.
+/// The same header map with every value a slice of one buffer: a hit clones the map, and
+/// its values then share one reference count (one cache line) instead of one each.
+fn compact_values(headers: HeaderMap) -> HeaderMap {
+    let total: usize = headers.values().map(|v| v.len()).sum();
+    let mut buf = BytesMut::with_capacity(total);
+    for v in headers.values() {
+        buf.extend_from_slice(v.as_bytes());
+    }
+    let buf = buf.freeze();
+    let mut out = HeaderMap::with_capacity(headers.len());
+    let mut at = 0;
+    let mut last = None;
+    for (name, v) in headers {
+        let name = name
+            .or_else(|| last.clone())
+            .expect("the first field has a name");
+        let end = at + v.len();
+        let compact = HeaderValue::from_maybe_shared(buf.slice(at..end));
+        // The bytes are the value's own, so they are valid; keep the value if not.
+        let mut nv = compact.unwrap_or_else(|_| v.clone());
+        nv.set_sensitive(v.is_sensitive());
+        out.append(&name, nv);
+        last = Some(name);
+        at = end;
+    }
+    out
+}
+
 fn respond(e: &Entry, head: bool, how: &'static str) -> Response<Body> {
     let mut r = Response::new(if head {
         crate::body::empty()
@@ -827,6 +856,37 @@ impl http_body::Body for TeeBody {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn compacted_headers_are_the_same_fields_in_the_same_order() {
+        let mut h = HeaderMap::new();
+        h.insert("content-type", HeaderValue::from_static("text/plain"));
+        h.append("set-cookie", HeaderValue::from_static("a=1"));
+        h.append("set-cookie", HeaderValue::from_static("b=2"));
+        let mut secret = HeaderValue::from_static("s");
+        secret.set_sensitive(true);
+        h.insert("authorization", secret);
+        let c = compact_values(h.clone());
+        let before: Vec<_> = h
+            .iter()
+            .map(|(n, v)| (n.clone(), v.clone(), v.is_sensitive()))
+            .collect();
+        let after: Vec<_> = c
+            .iter()
+            .map(|(n, v)| (n.clone(), v.clone(), v.is_sensitive()))
+            .collect();
+        assert_eq!(before, after);
+        // One buffer: the values are adjacent slices of it.
+        let a = c.get("content-type").unwrap().as_bytes().as_ptr() as usize;
+        let b = c
+            .get_all("set-cookie")
+            .iter()
+            .next()
+            .unwrap()
+            .as_bytes()
+            .as_ptr() as usize;
+        assert_eq!(b - a, "text/plain".len());
+    }
+
     use super::*;
 
     #[test]

@@ -192,6 +192,20 @@ async fn curl_and_h2load_get_answers_over_h2c_and_tls() {
     .await;
     assert_eq!(out, "site A 2 200", "{err}");
 
+    // nghttp (h2c, prior knowledge), with its frame log: our SETTINGS, then the answer.
+    let out = bounded(
+        tokio::process::Command::new("nghttp")
+            .args(["-v", "-t", "10", &format!("http://{addr}/fixed")])
+            .output(),
+    )
+    .await
+    .expect("nghttp runs");
+    let log = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{log}");
+    assert!(log.contains("SETTINGS_ENABLE_CONNECT_PROTOCOL"), "{log}");
+    assert!(log.contains(":status: 200"), "{log}");
+    assert!(log.contains("fixed reply"), "{log}");
+
     // Many concurrent streams on few connections, h2c and TLS.
     for url in [
         format!("http://{addr}/fixed"),
@@ -700,4 +714,58 @@ async fn the_hyper_engine_still_serves_http2_when_chosen() {
     .await;
     assert_eq!(out, "fixed reply 2 200", "{err}");
     trailers_round_trip(addr).await;
+}
+
+#[tokio::test]
+async fn a_silent_client_with_a_blocked_stream_is_pinged_then_dropped() {
+    let (_h, addr) = start(|c| {
+        c.limits.header_read_timeout = sweety_config::Duration(Duration::from_millis(300));
+        c.limits.idle_timeout = sweety_config::Duration(Duration::from_millis(300));
+    })
+    .await;
+    let mut raw = Raw::connect(addr).await;
+    // No stream window: the response cannot be sent; then the client goes silent.
+    let mut out = BytesMut::new();
+    frame::put_settings(&mut out, &[(frame::setting::INITIAL_WINDOW_SIZE, 0)]);
+    out.extend_from_slice(&headers_frame(1, &get_block("/big/100000"), true));
+    raw.send(&out).await;
+    let (h, p) = raw.until(kind::PING).await.expect("a keep-alive PING");
+    assert!(!h.has(flag::ACK));
+    assert_eq!(p.len(), 8);
+    // Unanswered: the connection ends.
+    assert!(
+        raw.until(kind::DATA).await.is_none(),
+        "closed, no data sent"
+    );
+}
+
+#[tokio::test]
+async fn provoked_stream_errors_count_as_resets() {
+    let (_h, addr) = start(|c| c.limits.max_pending_reset_streams = 10).await;
+    let mut raw = Raw::connect(addr).await;
+    raw.send(&headers_frame(1, &get_block("/fixed"), true))
+        .await;
+    let (h, _) = raw.until(kind::DATA).await.unwrap();
+    assert!(h.has(flag::END_STREAM));
+    // DATA on the closed stream, again and again: each is a STREAM_CLOSED reset we send.
+    let mut out = BytesMut::new();
+    for _ in 0..100 {
+        frame::put_data(&mut out, 1, b"x", false);
+    }
+    raw.send(&out).await;
+    assert_eq!(raw.goaway().await, Some(Reason::ENHANCE_YOUR_CALM));
+}
+
+#[test]
+fn the_engine_setting_is_parsed_and_checked() {
+    let c = Config::from_yaml("version: 1\nlimits: {http2_engine: hyper}\n").unwrap();
+    assert_eq!(c.limits.http2_engine, Http2Engine::Hyper);
+    let c = Config::from_yaml("version: 1\n").unwrap();
+    assert_eq!(c.limits.http2_engine, Http2Engine::Sweety, "the default");
+    assert!(
+        !c.to_yaml().contains("http2_engine"),
+        "the default is left out when written"
+    );
+    let err = Config::from_yaml("version: 1\nlimits: {http2_engine: h2}\n").unwrap_err();
+    assert!(err.to_string().contains("http2_engine"), "{err}");
 }

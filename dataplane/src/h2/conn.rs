@@ -41,6 +41,8 @@ pub const WRITE_HIGH: usize = 64 * 1024;
 const READ_CHUNK: usize = 16 * 1024 + HEADER_LEN;
 /// Our SETTINGS_MAX_FRAME_SIZE (the default; larger frames are a FRAME_SIZE_ERROR).
 const LOCAL_MAX_FRAME: u32 = frame::DEFAULT_MAX_FRAME_SIZE;
+/// Largest DATA frame written (bounds the output buffer past [`WRITE_HIGH`]).
+const MAX_DATA_FRAME: usize = 32 * 1024;
 /// Most frames of one stream written before the driver turns to the next stream.
 const FRAMES_PER_TURN: usize = 4;
 /// Most rounds of (read, answer, write) in one poll before the task yields.
@@ -133,7 +135,7 @@ struct Stream {
     pending: Bytes,
     /// The body has no more data (trailers may follow in `trailers`).
     body_done: bool,
-    trailers: Option<HeaderMap>,
+    trailers: Option<Box<HeaderMap>>,
     waker: Option<Waker>,
     queued: bool,
     /// Extended CONNECT: the tunnel's response body, sent instead of the response's on a 2xx.
@@ -288,6 +290,10 @@ struct Driver<I> {
     timer: Pin<Box<tokio::time::Sleep>>,
     /// When a closing connection gives up flushing.
     close_deadline: Option<Instant>,
+    /// When the keep-alive PING went out (cleared by any frame read).
+    ping_sent: Option<Instant>,
+    /// The `date` value for the responses of one poll (read one clock per batch).
+    date: Option<HeaderValue>,
     flood: Flood,
 }
 
@@ -351,6 +357,8 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
             started: now,
             timer: Box::pin(tokio::time::sleep_until(first_deadline.into())),
             close_deadline: None,
+            date: None,
+            ping_sent: None,
             flood: Flood {
                 since: now,
                 resets: 0,
@@ -362,6 +370,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
     }
 
     fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), H2Error>> {
+        self.date = None;
         for _ in 0..ROUNDS {
             // Graceful close requested (listener drain, shutdown).
             if !self.stop_seen && self.stop.as_mut().poll(cx).is_ready() {
@@ -387,6 +396,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
                     }
                     Poll::Ready(Ok(_)) => {
                         self.last_active = Instant::now();
+                        self.ping_sent = None;
                         if let Err(f) = self.handle_frames() {
                             self.fault(f);
                         }
@@ -539,6 +549,35 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
                 return Poll::Ready(());
             }
             next = next.min(d);
+        } else if self.got_settings && self.closing.is_none() {
+            // Streams are open but the client has been silent: is it still there? A PING,
+            // and the connection ends when no frame comes within `header_read_timeout` (a response
+            // waiting for flow-control window from a vanished client would wait forever).
+            match self.ping_sent {
+                None => {
+                    let d = self.last_active + self.cfg.idle_timeout;
+                    if now >= d {
+                        frame::put_ping(&mut self.write_buf, *b"sweetyKA");
+                        self.ping_sent = Some(now);
+                        next = next.min(now + hrt);
+                        self.timer.as_mut().reset(next.into());
+                        return Poll::Ready(());
+                    }
+                    next = next.min(d);
+                }
+                Some(at) => {
+                    let d = at + hrt;
+                    if now >= d {
+                        self.shared.metrics.limit_hit("h2_keepalive_timeout");
+                        self.fault(Fault::Conn(
+                            Reason::NO_ERROR,
+                            "keep-alive PING not answered",
+                        ));
+                        return Poll::Ready(());
+                    }
+                    next = next.min(d);
+                }
+            }
         }
         self.timer.as_mut().reset(next.into());
         let _ = self.timer.as_mut().poll(cx);
@@ -576,32 +615,49 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
             if self.read_buf.len() < total {
                 break;
             }
-            let mut raw = self.read_buf.split_to(total);
-            raw.advance(HEADER_LEN);
-            let payload = raw.freeze();
             if !self.got_settings {
                 if head.kind != kind::SETTINGS || head.has(flag::ACK) {
                     return Err(Fault::Conn(Reason::PROTOCOL_ERROR, "expected SETTINGS"));
                 }
                 self.got_settings = true;
             }
-            match self.frame(head, payload) {
+            let r = if head.kind == kind::DATA {
+                // DATA payloads go to request bodies as they are (no copy).
+                let mut raw = self.read_buf.split_to(total);
+                raw.advance(HEADER_LEN);
+                if self.cont.is_some() {
+                    Err(Fault::Conn(Reason::PROTOCOL_ERROR, "expected CONTINUATION"))
+                } else {
+                    self.on_data(head, raw.freeze())
+                }
+            } else {
+                // Other frames are handled in place in the read buffer.
+                let buf = std::mem::take(&mut self.read_buf);
+                let r = self.frame(head, &buf[HEADER_LEN..total]);
+                self.read_buf = buf;
+                self.read_buf.advance(total);
+                r
+            };
+            match r {
                 Ok(()) => {}
-                Err(Fault::Stream(id, reason)) => self.reset_stream(id, reason),
+                Err(Fault::Stream(id, reason)) => {
+                    // Stream errors the client provokes count like its own resets.
+                    self.reset_stream(id, reason);
+                    self.reset_flood()?;
+                }
                 Err(f) => return Err(f),
             }
         }
         Ok(())
     }
 
-    fn frame(&mut self, head: Head, payload: Bytes) -> FResult {
+    fn frame(&mut self, head: Head, payload: &[u8]) -> FResult {
         if let Some((c, _)) = &self.cont {
             if head.kind != kind::CONTINUATION || head.stream != c.stream {
                 return Err(Fault::Conn(Reason::PROTOCOL_ERROR, "expected CONTINUATION"));
             }
         }
         match head.kind {
-            kind::DATA => self.on_data(head, payload),
             kind::HEADERS => self.on_headers(head, payload),
             kind::PRIORITY => {
                 if head.stream == 0 {
@@ -611,13 +667,13 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
                 if payload.len() != 5 {
                     return Err(Fault::Stream(head.stream, Reason::FRAME_SIZE_ERROR));
                 }
-                if frame::priority_dependency(&payload) == head.stream {
+                if frame::priority_dependency(payload) == head.stream {
                     return Err(Fault::Stream(head.stream, Reason::PROTOCOL_ERROR));
                 }
                 Ok(())
             }
-            kind::RST_STREAM => self.on_rst(head, &payload),
-            kind::SETTINGS => self.on_settings(head, &payload),
+            kind::RST_STREAM => self.on_rst(head, payload),
+            kind::SETTINGS => self.on_settings(head, payload),
             kind::PUSH_PROMISE => Err(Fault::Conn(
                 Reason::PROTOCOL_ERROR,
                 "PUSH_PROMISE from a client",
@@ -631,7 +687,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
                 }
                 if !head.has(flag::ACK) {
                     self.control_flood()?;
-                    frame::put_ping_ack(&mut self.write_buf, &payload);
+                    frame::put_ping_ack(&mut self.write_buf, payload);
                 }
                 Ok(())
             }
@@ -650,7 +706,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
                 }
                 Ok(())
             }
-            kind::WINDOW_UPDATE => self.on_window_update(head, &payload),
+            kind::WINDOW_UPDATE => self.on_window_update(head, payload),
             kind::CONTINUATION => self.on_continuation(head, payload),
             // Unknown frame types are ignored (RFC 9113 §4.1).
             _ => Ok(()),
@@ -775,12 +831,12 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
         Ok(())
     }
 
-    fn on_headers(&mut self, head: Head, payload: Bytes) -> FResult {
+    fn on_headers(&mut self, head: Head, payload: &[u8]) -> FResult {
         let id = head.stream;
         if id == 0 {
             return Err(Fault::Conn(Reason::PROTOCOL_ERROR, "HEADERS on stream 0"));
         }
-        let mut block = &payload[..];
+        let mut block = payload;
         if head.has(flag::PADDED) {
             block =
                 frame::unpad(block).ok_or(Fault::Conn(Reason::PROTOCOL_ERROR, "bad padding"))?;
@@ -819,7 +875,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
         Ok(())
     }
 
-    fn on_continuation(&mut self, head: Head, payload: Bytes) -> FResult {
+    fn on_continuation(&mut self, head: Head, payload: &[u8]) -> FResult {
         let max_block = self.max_block();
         let Some((c, _)) = self.cont.as_mut() else {
             return Err(Fault::Conn(
@@ -834,7 +890,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
                 "header block too large",
             ));
         }
-        c.block.extend_from_slice(&payload);
+        c.block.extend_from_slice(payload);
         if !head.has(flag::END_HEADERS) {
             if payload.is_empty() {
                 self.empty_flood()?;
@@ -945,7 +1001,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
             }
             self.remember_closed(id);
             frame::put_rst(&mut self.write_buf, id, Reason::PROTOCOL_ERROR);
-            return Ok(());
+            return self.reset_flood();
         }
         self.start_stream(id, end_stream, h)
     }
@@ -958,7 +1014,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
                 tracing::debug!(stream = id, why, "malformed HTTP/2 request");
                 self.remember_closed(id);
                 frame::put_rst(&mut self.write_buf, id, Reason::PROTOCOL_ERROR);
-                return Ok(());
+                return self.reset_flood();
             }
         };
         let (mut parts, ()) = req.into_parts();
@@ -991,12 +1047,12 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
             }
         };
         let req = Request::from_parts(parts, body);
-        let fut =
-            crate::pipeline::handle(self.shared.clone(), self.conn.clone(), Protocol::Http2, req);
+        let (shared, conn) = (self.shared.clone(), self.conn.clone());
+        let mut fut =
+            box_in_place(move || crate::pipeline::handle(shared, conn, Protocol::Http2, req));
         self.streams.insert(id, s);
         // First poll inline: ready responses (cache hits, fixed replies, refusals) are
         // answered in this read's write without a task.
-        let mut fut = Box::pin(fut);
         let mut cx = Context::from_waker(Waker::noop());
         let first =
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| fut.as_mut().poll(&mut cx)));
@@ -1263,7 +1319,8 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
         let (mut parts, body) = resp.into_parts();
         strip_connection_headers(&mut parts.headers);
         if !parts.headers.contains_key(header::DATE) {
-            parts.headers.insert(header::DATE, super::date::now());
+            let date = self.date.get_or_insert_with(super::date::now).clone();
+            parts.headers.insert(header::DATE, date);
         }
         let mut body = body;
         if let Some(t) = s.tunnel_body.take() {
@@ -1341,7 +1398,18 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
             s.queued = false;
             self.grant_stream(id);
             if self.step(id) {
-                self.enqueue(id);
+                // A stream in the middle of a body chunk goes on first: its chunk is freed
+                // before other streams' bodies are read (round-robin per write would hold one
+                // chunk per stream at once: 1,000 streams x 128 KiB).
+                let mid_chunk = self.streams.get(&id).is_some_and(|s| !s.pending.is_empty());
+                if let Some(s) = self.streams.get_mut(&id) {
+                    s.queued = true;
+                    if mid_chunk {
+                        self.queue.push_front(id);
+                    } else {
+                        self.queue.push_back(id);
+                    }
+                }
             }
         }
     }
@@ -1410,7 +1478,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
                         }
                         Err(f) => {
                             if let Ok(t) = f.into_trailers() {
-                                s.trailers = Some(t);
+                                s.trailers = Some(Box::new(t));
                             }
                             s.body_done = true;
                         }
@@ -1426,7 +1494,11 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
                     }
                     return false;
                 }
-                let n = s.pending.len().min(avail as usize).min(self.peer_max_frame);
+                let n = s
+                    .pending
+                    .len()
+                    .min(avail as usize)
+                    .min(self.peer_max_frame.min(MAX_DATA_FRAME));
                 let chunk = s.pending.split_to(n);
                 s.send_window -= n as i64;
                 self.conn_send_window -= n as i64;
@@ -1538,6 +1610,13 @@ impl<I> Drop for Driver<I> {
     }
 }
 
+/// Boxes the value `make` returns, allocating first so that the optimizer can build it in
+/// its heap slot (the request future is a few KiB; built on the stack, it is copied).
+fn box_in_place<F>(make: impl FnOnce() -> F) -> Pin<Box<F>> {
+    let slot = Box::<F>::new_uninit();
+    Box::into_pin(Box::write(slot, make()))
+}
+
 /// Headers that are connection-specific in HTTP/1.1 and not allowed in HTTP/2.
 fn strip_connection_headers(h: &mut HeaderMap) {
     // One pass over the names first: most responses have none of them.
@@ -1588,7 +1667,7 @@ fn h_content_length(h: &HeaderMap) -> Result<Option<u64>, ()> {
 #[derive(Default)]
 struct Head_ {
     method: Option<Method>,
-    scheme: Option<Bytes>,
+    scheme: Option<http::uri::Scheme>,
     authority: Option<Bytes>,
     path: Option<Bytes>,
     protocol: Option<Bytes>,
@@ -1625,7 +1704,14 @@ impl Head_ {
                     self.method = Some(Method::from_bytes(f.value).map_err(|_| "invalid :method")?);
                     return Ok(());
                 }
-                b"scheme" => &mut self.scheme,
+                b"scheme" => {
+                    if self.scheme.is_some() {
+                        return Err("duplicate :scheme");
+                    }
+                    self.scheme =
+                        Some(http::uri::Scheme::try_from(f.value).map_err(|_| "invalid :scheme")?);
+                    return Ok(());
+                }
                 b"authority" => &mut self.authority,
                 b"path" => &mut self.path,
                 b"protocol" => &mut self.protocol,
@@ -1659,30 +1745,39 @@ impl Head_ {
 
     /// The request (body to be set) and whether it is an extended CONNECT (a tunnel).
     fn into_request(self, _end_stream: bool) -> Result<(Request<()>, bool), &'static str> {
-        let method = self.method.ok_or("missing :method")?;
+        let Head_ {
+            method,
+            scheme,
+            authority,
+            path,
+            protocol,
+            headers,
+            ..
+        } = self;
+        let method = method.ok_or("missing :method")?;
         let mut tunnel = false;
         let uri = if method == Method::CONNECT {
-            match &self.protocol {
+            match &protocol {
                 None => {
-                    if self.scheme.is_some() || self.path.is_some() {
+                    if scheme.is_some() || path.is_some() {
                         return Err("CONNECT with :scheme or :path");
                     }
-                    let a = self.authority.clone().ok_or("CONNECT without :authority")?;
+                    let a = authority.ok_or("CONNECT without :authority")?;
                     Uri::from_maybe_shared(a).map_err(|_| "invalid :authority")?
                 }
                 Some(_) => {
                     tunnel = true;
-                    build_uri(&self.scheme, &self.authority, &self.path)?
+                    build_uri(scheme, authority, path)?
                 }
             }
         } else {
-            if self.protocol.is_some() {
+            if protocol.is_some() {
                 return Err(":protocol without CONNECT");
             }
-            if self.scheme.is_none() {
+            if scheme.is_none() {
                 return Err("missing :scheme");
             }
-            build_uri(&self.scheme, &self.authority, &self.path)?
+            build_uri(scheme, authority, path)?
         };
         // A `host` differing from `:authority` is kept (RFC 9113 §8.3.1 makes refusing it a
         // SHOULD; hyper's server accepted it): routing uses `:authority` first, like hyper's
@@ -1691,8 +1786,8 @@ impl Head_ {
         *req.method_mut() = method;
         *req.uri_mut() = uri;
         *req.version_mut() = Version::HTTP_2;
-        *req.headers_mut() = self.headers;
-        if let Some(p) = &self.protocol {
+        *req.headers_mut() = headers;
+        if let Some(p) = &protocol {
             let p = std::str::from_utf8(p).map_err(|_| "invalid :protocol")?;
             req.extensions_mut().insert(hyper::ext::Protocol::from(p));
         }
@@ -1701,25 +1796,24 @@ impl Head_ {
 }
 
 fn build_uri(
-    scheme: &Option<Bytes>,
-    authority: &Option<Bytes>,
-    path: &Option<Bytes>,
+    scheme: Option<http::uri::Scheme>,
+    authority: Option<Bytes>,
+    path: Option<Bytes>,
 ) -> Result<Uri, &'static str> {
-    let path = path.as_ref().ok_or("missing :path")?;
+    let path = path.ok_or("missing :path")?;
     if path.is_empty() {
         return Err("empty :path");
     }
     let mut parts = http::uri::Parts::default();
     if let (Some(s), Some(a)) = (scheme, authority) {
-        parts.scheme = Some(http::uri::Scheme::try_from(&s[..]).map_err(|_| "invalid :scheme")?);
-        parts.authority = Some(
-            http::uri::Authority::from_maybe_shared(a.clone()).map_err(|_| "invalid :authority")?,
-        );
+        parts.scheme = Some(s);
+        parts.authority =
+            Some(http::uri::Authority::from_maybe_shared(a).map_err(|_| "invalid :authority")?);
     }
     parts.path_and_query = Some(if path[..] == b"*"[..] {
         http::uri::PathAndQuery::from_static("*")
     } else {
-        http::uri::PathAndQuery::from_maybe_shared(path.clone()).map_err(|_| "invalid :path")?
+        http::uri::PathAndQuery::from_maybe_shared(path).map_err(|_| "invalid :path")?
     });
     Uri::from_parts(parts).map_err(|_| "invalid request target")
 }
@@ -1864,8 +1958,19 @@ mod tests {
     /// A driver over an in-memory pipe, with the default runtime (no listeners: every request
     /// gets the pipeline's 404 text reply), and the client end.
     async fn pipe_driver() -> (tokio::io::DuplexStream, crate::runtime::Runtime) {
+        pipe_driver_sized(1 << 20).await
+    }
+
+    async fn pipe_driver_sized(pipe: usize) -> (tokio::io::DuplexStream, crate::runtime::Runtime) {
+        pipe_driver_with(pipe, |_| {}).await
+    }
+
+    async fn pipe_driver_with(
+        pipe: usize,
+        edit: impl FnOnce(&mut Settings),
+    ) -> (tokio::io::DuplexStream, crate::runtime::Runtime) {
         let rt = crate::runtime::Runtime::new(crate::runtime::RuntimeOptions::default()).unwrap();
-        let (client, server) = tokio::io::duplex(1 << 20);
+        let (client, server) = tokio::io::duplex(pipe);
         let conn = Arc::new(ConnInfo {
             listener: "x".into(),
             peer: "127.0.0.1:1".parse().unwrap(),
@@ -1874,7 +1979,8 @@ mod tests {
             sni: None,
         });
         let (_tx, stop) = tokio::sync::watch::channel(false);
-        let settings = Settings::from_limits(&sweety_config::Limits::default());
+        let mut settings = Settings::from_limits(&sweety_config::Limits::default());
+        edit(&mut settings);
         let shared = rt.shared.clone();
         tokio::spawn(async move {
             let _tx = _tx;
@@ -1990,6 +2096,44 @@ mod tests {
         assert_eq!(&p[4..8], &Reason::PROTOCOL_ERROR.0.to_be_bytes());
         assert_eq!(&p[..4], &1u32.to_be_bytes(), "last stream processed");
         assert!(read_frame(&mut c, &mut buf).await.is_none(), "then closed");
+    }
+
+    #[tokio::test]
+    async fn a_client_that_does_not_read_is_not_read_either() {
+        use tokio::io::AsyncWrite;
+        const PIPE: usize = 16 * 1024;
+        // As many concurrent streams as the client wants: only the output bound stops it.
+        let (mut c, _rt) = pipe_driver_with(PIPE, |s| s.max_concurrent_streams = 1 << 20).await;
+        let mut out = BytesMut::from(&frame::PREFACE[..]);
+        frame::put_settings(&mut out, &[]);
+        // 20,000 requests (each answered with ~100 bytes), never reading the answers.
+        for i in 0..20_000u32 {
+            out.extend_from_slice(&request(1 + 2 * i, true));
+        }
+        let total = out.len();
+        let mut written = 0;
+        let mut stalled = 0;
+        // Write without blocking; let the server run between attempts; stop once the
+        // server has stopped taking bytes for many of its turns.
+        while written < total && stalled < 200 {
+            let mut cx = Context::from_waker(Waker::noop());
+            match Pin::new(&mut c).poll_write(&mut cx, &out[written..]) {
+                Poll::Ready(Ok(n)) => {
+                    written += n;
+                    stalled = 0;
+                }
+                Poll::Ready(Err(e)) => panic!("{e}"),
+                Poll::Pending => stalled += 1,
+            }
+            tokio::task::yield_now().await;
+        }
+        assert!(
+            written < total,
+            "the server kept reading a client that does not read"
+        );
+        // What it took in is bounded by its output buffer, not by what the client sent.
+        let bound = PIPE + WRITE_HIGH + 2 * READ_CHUNK + 64 * 1024;
+        assert!(written < bound, "read {written} bytes of requests");
     }
 
     #[test]

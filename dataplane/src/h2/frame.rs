@@ -159,6 +159,12 @@ pub fn put_settings_ack(dst: &mut BytesMut) {
     put_head(dst, 0, kind::SETTINGS, flag::ACK, 0);
 }
 
+/// Appends a PING (not an acknowledgement).
+pub fn put_ping(dst: &mut BytesMut, data: [u8; 8]) {
+    put_head(dst, 8, kind::PING, 0, 0);
+    dst.put_slice(&data);
+}
+
 /// Appends a PING acknowledgement echoing `data`.
 pub fn put_ping_ack(dst: &mut BytesMut, data: &[u8]) {
     put_head(dst, 8, kind::PING, flag::ACK, 0);

@@ -218,23 +218,29 @@ pub(crate) fn encoded_len(src: &[u8]) -> usize {
 }
 
 /// Appends the Huffman coding of `src` to `dst`, padded with the high bits of EOS.
-pub(crate) fn encode(src: &[u8], dst: &mut BytesMut) {
-    dst.reserve(encoded_len(src));
-    // Holds at most 7 pending bits plus one 30-bit code; bits above those are stale and
-    // never written out.
+/// `len` is [`encoded_len`]`(src)`, which the caller has already computed.
+pub(crate) fn encode(src: &[u8], len: usize, dst: &mut BytesMut) {
+    dst.reserve(len);
+    // Holds at most 31 pending bits plus one 30-bit code; bits above those are stale and
+    // never written out. Written 32 bits at a time.
     let mut acc: u64 = 0;
     let mut pending: u32 = 0;
     for &b in src {
-        let len = LENS[b as usize] as u32;
-        acc = (acc << len) | CODES[b as usize] as u64;
-        pending += len;
-        while pending >= 8 {
-            pending -= 8;
-            dst.put_u8((acc >> pending) as u8);
+        let n = LENS[b as usize] as u32;
+        acc = (acc << n) | CODES[b as usize] as u64;
+        pending += n;
+        if pending >= 32 {
+            pending -= 32;
+            dst.put_u32((acc >> pending) as u32);
         }
     }
-    if pending > 0 {
-        dst.put_u8(((acc << (8 - pending)) as u8) | (0xff >> pending));
+    // Pad to a whole octet with ones, then write the rest high octet first.
+    let pad = (8 - pending % 8) % 8;
+    acc = (acc << pad) | ((1 << pad) - 1);
+    pending += pad;
+    while pending > 0 {
+        pending -= 8;
+        dst.put_u8((acc >> pending) as u8);
     }
 }
 
@@ -309,12 +315,12 @@ mod tests {
     fn every_octet_round_trips() {
         let all: Vec<u8> = (0..=255).collect();
         let mut enc = BytesMut::new();
-        encode(&all, &mut enc);
+        encode(&all, encoded_len(&all), &mut enc);
         assert_eq!(enc.len(), encoded_len(&all));
         assert_eq!(dec(&enc).unwrap(), all);
         for b in 0..=255u8 {
             let mut enc = BytesMut::new();
-            encode(&[b, b, b], &mut enc);
+            encode(&[b, b, b], encoded_len(&[b, b, b]), &mut enc);
             assert_eq!(dec(&enc).unwrap(), [b, b, b], "octet {b}");
         }
     }
@@ -327,7 +333,11 @@ mod tests {
         ];
         assert_eq!(dec(&www).unwrap(), b"www.example.com");
         let mut enc = BytesMut::new();
-        encode(b"www.example.com", &mut enc);
+        encode(
+            b"www.example.com",
+            encoded_len(b"www.example.com"),
+            &mut enc,
+        );
         assert_eq!(&enc[..], &www);
         assert_eq!(dec(&[0x64, 0x02]).unwrap(), b"302");
         assert_eq!(dec(&[]).unwrap(), b"");

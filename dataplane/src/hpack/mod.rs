@@ -261,7 +261,7 @@ fn encode_str(dst: &mut BytesMut, s: &[u8]) {
     let huff = huffman::encoded_len(s);
     if huff < s.len() {
         encode_int(dst, huff, 7, 0x80);
-        huffman::encode(s, dst);
+        huffman::encode(s, huff, dst);
     } else {
         encode_int(dst, s.len(), 7, 0);
         dst.put_slice(s);
