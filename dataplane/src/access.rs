@@ -516,12 +516,27 @@ pub struct Edge {
 }
 
 impl Edge {
+    /// True when `route` has rules compiled here (IP access lists, rate and concurrency
+    /// limits): a config change that touches no such route and not `client_ip` leaves the
+    /// `Edge` as it was.
+    pub fn has_route_rules(route: &sweety_config::Route) -> bool {
+        route.filters.iter().any(|f| {
+            matches!(
+                f,
+                Filter::IpAccess(_) | Filter::RateLimit(_) | Filter::ConcurrencyLimit(_)
+            )
+        })
+    }
+
     /// Compiles the rules of `routes` (zones come from, and are kept in, `zones`).
     pub fn build(client_ip: &ClientIp, routes: &RouteTable, zones: &Zones) -> Edge {
         let mut out = HashMap::new();
         let mut keep = Vec::new();
         let mut keep_in_flight = Vec::new();
         for e in routes.entries() {
+            if !Self::has_route_rules(&e.route) {
+                continue;
+            }
             let mut rules = RouteRules::default();
             for (i, f) in e.route.filters.iter().enumerate() {
                 match f {

@@ -23,6 +23,7 @@ use std::borrow::Cow;
 use std::cmp::Reverse;
 use std::collections::HashMap;
 use std::sync::Arc;
+use sweety_config::delta::ListEdit;
 use sweety_config::{
     Config, HeaderMatch, MatchKind, PathMatch, QueryMatch, Route, RouteMatch, VirtualHost,
 };
@@ -36,8 +37,17 @@ pub struct RouteEntry {
     pub vhost: Arc<str>,
     /// The route as configured.
     pub route: Arc<Route>,
-    /// Its filters, compiled.
-    pub filters: CompiledFilters,
+    /// Its filters, compiled (one shared empty set for the many routes without filters: a
+    /// compiled set is hundreds of bytes).
+    pub filters: Arc<CompiledFilters>,
+}
+
+/// The compiled filters of a route without filters, shared by all of them.
+fn no_filters() -> Arc<CompiledFilters> {
+    static EMPTY: std::sync::OnceLock<Arc<CompiledFilters>> = std::sync::OnceLock::new();
+    EMPTY
+        .get_or_init(|| Arc::new(CompiledFilters::compile(&[]).expect("no filters always compile")))
+        .clone()
 }
 
 /// The parts of a request that routing looks at.
@@ -94,10 +104,14 @@ pub struct BuildError {
 pub type Unchanged<'a> = &'a (dyn Fn(&str) -> bool + Sync);
 
 /// The immutable route table.
-#[derive(Debug, Default)]
+///
+/// Cloning is cheap (shared chunks and shards), and [`RouteTable::patch`] derives the table
+/// of a config that differs in a few virtual hosts from this one in time proportional to
+/// those (plus about √N shard and chunk pointers), not to the number of virtual hosts N.
+#[derive(Debug, Default, Clone)]
 pub struct RouteTable {
-    /// Compiled routes of each virtual host, indexed like `Config::virtual_hosts`.
-    vhosts: Vec<Arc<CompiledVhost>>,
+    /// Compiled virtual hosts in config order, each with its order key.
+    vhosts: Chunked<Slot>,
     /// Number of routes over all virtual hosts.
     len: usize,
     /// Host selection per listener name.
@@ -105,52 +119,270 @@ pub struct RouteTable {
     /// Host selection for a listener name the config does not mention: only the virtual hosts
     /// attached to every listener.
     any_listener: HostIndex,
+    /// Shards per host map (a power of two, about √N), fixed until the next full build.
+    shards: usize,
 }
 
-/// Host selection for one listener; values are virtual host indexes.
-#[derive(Debug, Default)]
-struct HostIndex {
-    /// Exact hostnames.
-    exact: HashMap<Box<str>, usize>,
-    /// `*.example.com` keyed by `example.com`.
-    wildcard: HashMap<Box<str>, usize>,
-    /// The first virtual host without hostnames.
-    catch_all: Option<usize>,
+/// A virtual host in the table with its order key: keys grow along the config order, so the
+/// smallest key among the virtual hosts claiming a hostname is the first one in the config.
+#[derive(Debug, Clone)]
+struct Slot {
+    key: u64,
+    vhost: Arc<CompiledVhost>,
 }
 
-impl HostIndex {
-    fn add(&mut self, vhost: usize, hostnames: &[String]) {
-        if hostnames.is_empty() {
-            self.catch_all.get_or_insert(vhost);
+/// Gap between the order keys of consecutive virtual hosts of a full build.
+const KEY_STEP: u64 = 1 << 20;
+
+/// A list split into shared chunks: cloning copies one pointer per chunk, and editing an
+/// item copies only its chunk.
+#[derive(Debug, Clone)]
+struct Chunked<T> {
+    chunks: Vec<Arc<Vec<T>>>,
+    len: usize,
+    /// Most items per chunk (appends start a new chunk beyond it).
+    cap: usize,
+}
+
+impl<T> Default for Chunked<T> {
+    fn default() -> Self {
+        Chunked {
+            chunks: Vec::new(),
+            len: 0,
+            cap: 16,
         }
-        for h in hostnames {
-            let h = h.trim_end_matches('.').to_ascii_lowercase();
-            if h == "*" {
-                self.catch_all.get_or_insert(vhost);
-            } else if let Some(suffix) = h.strip_prefix("*.") {
-                self.wildcard.entry(suffix.into()).or_insert(vhost);
-            } else {
-                self.exact.entry(h.into()).or_insert(vhost);
+    }
+}
+
+impl<T: Clone> Chunked<T> {
+    fn from_vec(items: Vec<T>) -> Chunked<T> {
+        let len = items.len();
+        let cap = sqrt_pow2(len).max(16);
+        let mut chunks = Vec::with_capacity(len.div_ceil(cap));
+        let mut it = items.into_iter().peekable();
+        while it.peek().is_some() {
+            chunks.push(Arc::new(it.by_ref().take(cap).collect()));
+        }
+        Chunked { chunks, len, cap }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &T> {
+        self.chunks.iter().flat_map(|c| c.iter())
+    }
+
+    /// The chunk and offset of `pos`.
+    fn locate(&self, mut pos: usize) -> Option<(usize, usize)> {
+        for (c, chunk) in self.chunks.iter().enumerate() {
+            if pos < chunk.len() {
+                return Some((c, pos));
+            }
+            pos -= chunk.len();
+        }
+        None
+    }
+
+    fn get(&self, pos: usize) -> Option<&T> {
+        let (c, o) = self.locate(pos)?;
+        self.chunks[c].get(o)
+    }
+
+    fn last(&self) -> Option<&T> {
+        self.chunks.last().and_then(|c| c.last())
+    }
+
+    fn set(&mut self, pos: usize, item: T) {
+        if let Some((c, o)) = self.locate(pos) {
+            Arc::make_mut(&mut self.chunks[c])[o] = item;
+        }
+    }
+
+    fn remove(&mut self, pos: usize) {
+        if let Some((c, o)) = self.locate(pos) {
+            let chunk = Arc::make_mut(&mut self.chunks[c]);
+            chunk.remove(o);
+            if chunk.is_empty() {
+                self.chunks.remove(c);
+            }
+            self.len -= 1;
+        }
+    }
+
+    fn push(&mut self, item: T) {
+        match self.chunks.last_mut() {
+            Some(last) if last.len() < self.cap => Arc::make_mut(last).push(item),
+            _ => self.chunks.push(Arc::new(vec![item])),
+        }
+        self.len += 1;
+    }
+}
+
+/// The power of two nearest above √n (at least 1).
+fn sqrt_pow2(n: usize) -> usize {
+    let mut p = 1;
+    while p * p < n {
+        p *= 2;
+    }
+    p
+}
+
+/// The virtual hosts claiming one hostname (or the catch-all) on one listener, ascending by
+/// order key: the first one serves it.
+type Claims = Vec<Slot>;
+
+fn claim(claims: &mut Claims, slot: &Slot) {
+    let at = claims.partition_point(|c| c.key < slot.key);
+    if claims.get(at).is_some_and(|c| c.key == slot.key) {
+        claims[at] = slot.clone();
+    } else {
+        claims.insert(at, slot.clone());
+    }
+}
+
+fn unclaim(claims: &mut Claims, key: u64) {
+    claims.retain(|c| c.key != key);
+}
+
+/// A hash map from hostname to claims, split into shards shared between tables: a change
+/// copies the shard pointers and the one shard it touches.
+#[derive(Debug, Clone, Default)]
+struct HostMap {
+    shards: Vec<Arc<HashMap<Box<str>, Claims>>>,
+}
+
+/// FNV-1a, to pick a shard (each shard is a std `HashMap` with its own keyed hasher).
+fn shard_hash(key: &str) -> u64 {
+    key.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+impl HostMap {
+    fn new(shards: usize) -> HostMap {
+        HostMap {
+            shards: (0..shards).map(|_| Arc::default()).collect(),
+        }
+    }
+
+    fn shard(&self, key: &str) -> usize {
+        (shard_hash(key) as usize) & (self.shards.len() - 1)
+    }
+
+    fn first(&self, key: &str) -> Option<&Slot> {
+        if self.shards.is_empty() {
+            return None;
+        }
+        self.shards[self.shard(key)].get(key)?.first()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.shards.iter().all(|s| s.is_empty())
+    }
+
+    fn claim(&mut self, key: &str, slot: &Slot) {
+        let s = self.shard(key);
+        let shard = Arc::make_mut(&mut self.shards[s]);
+        match shard.get_mut(key) {
+            Some(c) => claim(c, slot),
+            None => {
+                shard.insert(key.into(), vec![slot.clone()]);
             }
         }
     }
 
-    fn select(&self, host: &str) -> Option<usize> {
-        if let Some(&v) = self.exact.get(host) {
+    fn unclaim(&mut self, key: &str, order: u64) {
+        let s = self.shard(key);
+        if !self.shards[s].contains_key(key) {
+            return;
+        }
+        let shard = Arc::make_mut(&mut self.shards[s]);
+        if let Some(c) = shard.get_mut(key) {
+            unclaim(c, order);
+            if c.is_empty() {
+                shard.remove(key);
+            }
+        }
+    }
+}
+
+/// Host selection for one listener.
+#[derive(Debug, Clone, Default)]
+struct HostIndex {
+    /// Exact hostnames.
+    exact: HostMap,
+    /// `*.example.com` keyed by `example.com`.
+    wildcard: HostMap,
+    /// Virtual hosts without hostnames (or with `*`).
+    catch_all: Claims,
+}
+
+/// Where a (normalized) hostname goes in a [`HostIndex`].
+enum HostKey<'a> {
+    CatchAll,
+    Wildcard(&'a str),
+    Exact(&'a str),
+}
+
+fn host_key(h: &str) -> HostKey<'_> {
+    if h == "*" {
+        HostKey::CatchAll
+    } else if let Some(suffix) = h.strip_prefix("*.") {
+        HostKey::Wildcard(suffix)
+    } else {
+        HostKey::Exact(h)
+    }
+}
+
+impl HostIndex {
+    fn new(shards: usize) -> HostIndex {
+        HostIndex {
+            exact: HostMap::new(shards),
+            wildcard: HostMap::new(shards),
+            catch_all: Vec::new(),
+        }
+    }
+
+    fn add(&mut self, slot: &Slot) {
+        if slot.vhost.hostnames.is_empty() {
+            claim(&mut self.catch_all, slot);
+        }
+        for h in slot.vhost.hostnames.iter() {
+            match host_key(h) {
+                HostKey::CatchAll => claim(&mut self.catch_all, slot),
+                HostKey::Wildcard(s) => self.wildcard.claim(s, slot),
+                HostKey::Exact(h) => self.exact.claim(h, slot),
+            }
+        }
+    }
+
+    fn remove(&mut self, slot: &Slot) {
+        if slot.vhost.hostnames.is_empty() {
+            unclaim(&mut self.catch_all, slot.key);
+        }
+        for h in slot.vhost.hostnames.iter() {
+            match host_key(h) {
+                HostKey::CatchAll => unclaim(&mut self.catch_all, slot.key),
+                HostKey::Wildcard(s) => self.wildcard.unclaim(s, slot.key),
+                HostKey::Exact(h) => self.exact.unclaim(h, slot.key),
+            }
+        }
+    }
+
+    fn select(&self, host: &str) -> Option<&Slot> {
+        if let Some(v) = self.exact.first(host) {
             return Some(v);
         }
-        if !self.wildcard.is_empty() && !host.starts_with('.') {
+        if !host.starts_with('.') && !self.wildcard.is_empty() {
             // Longest suffix first: drop one label at a time from the left. The host itself
             // is never looked up, so `*.example.com` does not match `example.com`.
             let mut rest = host;
             while let Some(dot) = rest.find('.') {
                 rest = &rest[dot + 1..];
-                if let Some(&v) = self.wildcard.get(rest) {
+                if let Some(v) = self.wildcard.first(rest) {
                     return Some(v);
                 }
             }
         }
-        self.catch_all
+        self.catch_all.first()
     }
 }
 
@@ -159,9 +391,20 @@ impl HostIndex {
 struct CompiledVhost {
     /// Its name (the key under which the next build may reuse it).
     name: Arc<str>,
+    /// Its hostnames, normalized (lower case, no trailing dot).
+    hostnames: Box<[Box<str>]>,
+    /// The listeners it is attached to (empty: all).
+    listeners: Box<[Box<str>]>,
     /// Its routes, in config order.
     entries: Vec<RouteEntry>,
     routes: VhostRoutes,
+}
+
+impl CompiledVhost {
+    /// True when it is served on `listener`.
+    fn on(&self, listener: &str) -> bool {
+        self.listeners.is_empty() || self.listeners.iter().any(|l| &**l == listener)
+    }
 }
 
 /// The compiled rules of one virtual host.
@@ -461,64 +704,231 @@ impl RouteTable {
         cfg: &Config,
         previous: Option<(&RouteTable, Unchanged<'_>)>,
     ) -> Result<RouteTable, BuildError> {
+        Self::build_with(cfg, previous, None)
+    }
+
+    /// [`RouteTable::build`] from a config whose routes were taken out of it: `routes[i]` are
+    /// the routes of `cfg.virtual_hosts[i]` (whose own `routes` are ignored). The routes are
+    /// moved into the table, not copied, so a large config is not held twice while its
+    /// table is built.
+    pub fn build_taking(cfg: &Config, routes: Vec<Vec<Route>>) -> Result<RouteTable, BuildError> {
+        Self::build_with(cfg, None, Some(routes))
+    }
+
+    fn build_with(
+        cfg: &Config,
+        previous: Option<(&RouteTable, Unchanged<'_>)>,
+        taken: Option<Vec<Vec<Route>>>,
+    ) -> Result<RouteTable, BuildError> {
+        let mut taken = taken.map(Vec::into_iter);
         let old: HashMap<&str, &Arc<CompiledVhost>> = match previous {
-            Some((prev, _)) => prev.vhosts.iter().map(|v| (&*v.name, v)).collect(),
+            Some((prev, _)) => prev
+                .vhosts
+                .iter()
+                .map(|s| (&*s.vhost.name, &s.vhost))
+                .collect(),
             None => HashMap::new(),
         };
-        let mut vhosts = Vec::with_capacity(cfg.virtual_hosts.len());
+        let mut slots = Vec::with_capacity(cfg.virtual_hosts.len());
         let mut len = 0;
         for (vi, vh) in cfg.virtual_hosts.iter().enumerate() {
             let reused = previous
                 .filter(|(_, unchanged)| unchanged(&vh.name))
                 .and_then(|_| old.get(vh.name.as_str()))
                 .map(|v| Arc::clone(v));
-            let compiled = match reused {
-                Some(v) => v,
-                None => Arc::new(compile_vhost(vi, vh)?),
+            let own = taken.as_mut().map(|t| t.next().unwrap_or_default());
+            let compiled = match (reused, own) {
+                (Some(v), _) => v,
+                (None, Some(routes)) => Arc::new(compile_parts(vi, vh, routes, true)?),
+                (None, None) => Arc::new(compile_vhost(vi, vh)?),
             };
             len += compiled.entries.len();
-            vhosts.push(compiled);
+            slots.push(Slot {
+                key: (vi as u64 + 1) * KEY_STEP,
+                vhost: compiled,
+            });
         }
-        let mut listener_names: Vec<&str> = cfg.listeners.iter().map(|l| l.name.as_str()).collect();
-        listener_names.extend(
+        drop(old);
+        let shards = sqrt_pow2(slots.len());
+        let mut listeners: HashMap<Box<str>, HostIndex> = HashMap::new();
+        let names = cfg.listeners.iter().map(|l| l.name.as_str()).chain(
             cfg.virtual_hosts
                 .iter()
                 .flat_map(|v| v.listeners.iter().map(String::as_str)),
         );
-        let mut listeners: HashMap<Box<str>, HostIndex> = HashMap::new();
-        for name in listener_names {
+        for name in names {
             if listeners.contains_key(name) {
                 continue;
             }
-            let mut index = HostIndex::default();
-            for (vi, vh) in cfg.virtual_hosts.iter().enumerate() {
-                if vh.listeners.is_empty() || vh.listeners.iter().any(|l| l == name) {
-                    index.add(vi, &vh.hostnames);
-                }
+            let mut index = HostIndex::new(shards);
+            for slot in slots.iter().filter(|s| s.vhost.on(name)) {
+                index.add(slot);
             }
             listeners.insert(name.into(), index);
         }
-        let mut any_listener = HostIndex::default();
-        for (vi, vh) in cfg.virtual_hosts.iter().enumerate() {
-            if vh.listeners.is_empty() {
-                any_listener.add(vi, &vh.hostnames);
-            }
+        let mut any_listener = HostIndex::new(shards);
+        for slot in slots.iter().filter(|s| s.vhost.listeners.is_empty()) {
+            any_listener.add(slot);
         }
-
         Ok(RouteTable {
-            vhosts,
+            vhosts: Chunked::from_vec(slots),
             len,
             listeners,
             any_listener,
+            shards,
         })
+    }
+
+    /// The table of `cfg`, which is the config this table was built from with the virtual
+    /// host list edited as `edit` says (positions in `edit` are those of the old list) and
+    /// the same listeners. Only the replaced, removed and appended virtual hosts are compiled
+    /// or unindexed; `touched` sees every route of those, old and new. Falls back to a full
+    /// build (reusing every unchanged virtual host) when the edit is not a patch, a new
+    /// virtual host names a listener the table does not know, or the table outgrew its shards.
+    pub fn patch(
+        &self,
+        cfg: &Config,
+        edit: &ListEdit,
+        touched: &mut dyn FnMut(&RouteEntry),
+    ) -> Result<RouteTable, BuildError> {
+        let ListEdit::Patch {
+            replaced,
+            removed,
+            appended,
+        } = edit
+        else {
+            return self.rebuild(cfg, edit, touched);
+        };
+        let n = cfg.virtual_hosts.len();
+        let fits = n <= 4 * self.shards * self.shards
+            && self.vhosts.len + appended == n + removed.len()
+            && replaced.iter().chain(removed).all(|&p| p < self.vhosts.len)
+            && {
+                let new_at = |p: usize| p - removed.partition_point(|&r| r < p);
+                replaced
+                    .iter()
+                    .map(|&p| new_at(p))
+                    .chain(n - appended..n)
+                    .all(|i| {
+                        cfg.virtual_hosts[i]
+                            .listeners
+                            .iter()
+                            .all(|l| self.listeners.contains_key(l.as_str()))
+                    })
+            };
+        if !fits {
+            return self.rebuild(cfg, edit, touched);
+        }
+        let mut t = self.clone();
+        for &p in replaced {
+            let vi = p - removed.partition_point(|&r| r < p);
+            let old = t.vhosts.get(p).cloned().expect("checked above");
+            let vhost = Arc::new(compile_vhost(vi, &cfg.virtual_hosts[vi])?);
+            let new = Slot {
+                key: old.key,
+                vhost,
+            };
+            t.unindex(&old, touched);
+            t.index(&new, touched);
+            t.vhosts.set(p, new);
+        }
+        for &p in removed.iter().rev() {
+            let old = t.vhosts.get(p).cloned().expect("checked above");
+            t.unindex(&old, touched);
+            t.vhosts.remove(p);
+        }
+        for vi in n - appended..n {
+            let vhost = Arc::new(compile_vhost(vi, &cfg.virtual_hosts[vi])?);
+            let key = t.vhosts.last().map_or(0, |s| s.key) + KEY_STEP;
+            let new = Slot { key, vhost };
+            t.index(&new, touched);
+            t.vhosts.push(new);
+        }
+        Ok(t)
+    }
+
+    /// [`RouteTable::patch`]'s fallback: a full build reusing every virtual host the edit did
+    /// not touch.
+    fn rebuild(
+        &self,
+        cfg: &Config,
+        edit: &ListEdit,
+        touched: &mut dyn FnMut(&RouteEntry),
+    ) -> Result<RouteTable, BuildError> {
+        let changed: std::collections::HashSet<&str> = match edit {
+            ListEdit::Patch {
+                replaced,
+                removed,
+                appended,
+            } => {
+                let n = cfg.virtual_hosts.len();
+                let mut names: std::collections::HashSet<&str> = replaced
+                    .iter()
+                    .chain(removed)
+                    .filter_map(|&p| self.vhosts.get(p).map(|s| &*s.vhost.name))
+                    .collect();
+                names.extend(cfg.virtual_hosts[n - appended..].iter().map(|v| &*v.name));
+                names
+            }
+            // Everything may have moved: treat every name as changed.
+            ListEdit::Full => self.vhosts.iter().map(|s| &*s.vhost.name).collect(),
+        };
+        for s in self
+            .vhosts
+            .iter()
+            .filter(|s| changed.contains(&*s.vhost.name))
+        {
+            s.vhost.entries.iter().for_each(&mut *touched);
+        }
+        let unchanged = |name: &str| !changed.contains(name);
+        let t = Self::build_reusing(cfg, Some((self, &unchanged)))?;
+        for s in t.vhosts.iter().filter(|s| changed.contains(&*s.vhost.name)) {
+            s.vhost.entries.iter().for_each(&mut *touched);
+        }
+        if let ListEdit::Full = edit {
+            // New names too.
+            let old: std::collections::HashSet<&str> = changed;
+            for s in t.vhosts.iter().filter(|s| !old.contains(&*s.vhost.name)) {
+                s.vhost.entries.iter().for_each(&mut *touched);
+            }
+        }
+        Ok(t)
+    }
+
+    /// Adds a virtual host's claims to the host indexes it serves.
+    fn index(&mut self, slot: &Slot, touched: &mut dyn FnMut(&RouteEntry)) {
+        slot.vhost.entries.iter().for_each(&mut *touched);
+        self.len += slot.vhost.entries.len();
+        for (name, index) in self.listeners.iter_mut() {
+            if slot.vhost.on(name) {
+                index.add(slot);
+            }
+        }
+        if slot.vhost.listeners.is_empty() {
+            self.any_listener.add(slot);
+        }
+    }
+
+    /// Removes a virtual host's claims from the host indexes.
+    fn unindex(&mut self, slot: &Slot, touched: &mut dyn FnMut(&RouteEntry)) {
+        slot.vhost.entries.iter().for_each(&mut *touched);
+        self.len -= slot.vhost.entries.len();
+        for (name, index) in self.listeners.iter_mut() {
+            if slot.vhost.on(name) {
+                index.remove(slot);
+            }
+        }
+        if slot.vhost.listeners.is_empty() {
+            self.any_listener.remove(slot);
+        }
     }
 
     /// Finds the route for a request.
     pub fn lookup<'a>(&'a self, req: &RequestHead<'_>) -> Lookup<'a> {
-        let Some(vi) = self.vhost_index(req.listener, req.host) else {
+        let Some(slot) = self.select(req.listener, req.host) else {
             return Lookup::NoHost;
         };
-        let vhost = &self.vhosts[vi];
+        let vhost = &slot.vhost;
         match vhost.routes.lookup(req) {
             Some(rule) => Lookup::Matched(Matched {
                 entry: &vhost.entries[rule.entry],
@@ -528,13 +938,14 @@ impl RouteTable {
         }
     }
 
-    /// The index of the virtual host that would serve `host` on `listener`, used to detect
-    /// misdirected requests (Host served by another vhost than the TLS SNI).
-    ///
-    /// The index is the position of the virtual host in `Config::virtual_hosts`.
-    pub fn vhost_index(&self, listener: &str, host: &str) -> Option<usize> {
+    fn select(&self, listener: &str, host: &str) -> Option<&Slot> {
         let index = self.listeners.get(listener).unwrap_or(&self.any_listener);
         index.select(&normalize_host(host))
+    }
+
+    /// The name of the virtual host that would serve `host` on `listener`.
+    pub fn vhost_name(&self, listener: &str, host: &str) -> Option<&str> {
+        self.select(listener, host).map(|s| &*s.vhost.name)
     }
 
     /// Number of routes in the table.
@@ -547,28 +958,61 @@ impl RouteTable {
         self.len == 0
     }
 
+    /// Number of virtual hosts.
+    pub fn vhost_count(&self) -> usize {
+        self.vhosts.len
+    }
+
     /// Each virtual host's name and compiled routes, in config order.
     pub fn vhost_entries(&self) -> impl Iterator<Item = (&str, &[RouteEntry])> {
-        self.vhosts.iter().map(|v| (&*v.name, v.entries.as_slice()))
+        self.vhosts
+            .iter()
+            .map(|s| (&*s.vhost.name, s.vhost.entries.as_slice()))
+    }
+
+    /// The compiled routes of the virtual host at `position` (config order).
+    pub fn vhost_entries_at(&self, position: usize) -> Option<&[RouteEntry]> {
+        self.vhosts
+            .get(position)
+            .map(|s| s.vhost.entries.as_slice())
     }
 
     /// All routes, in config order (virtual hosts, then routes).
     pub fn entries(&self) -> impl Iterator<Item = &RouteEntry> {
-        self.vhosts.iter().flat_map(|v| v.entries.iter())
+        self.vhosts.iter().flat_map(|s| s.vhost.entries.iter())
     }
 }
 
 /// Compiles the routes of the virtual host at `vi`.
 fn compile_vhost(vi: usize, vh: &VirtualHost) -> Result<CompiledVhost, BuildError> {
+    compile_parts(vi, vh, vh.routes.clone(), false)
+}
+
+/// Compiles the virtual host at `vi` with `routes` (moved into the table) as its routes.
+/// With `compact`, each route is stored as a copy (whose lists have no spare capacity, unlike
+/// lists grown while decoding) and the original is dropped at once, so the table holds no
+/// decoding slack and a config is never held twice.
+fn compile_parts(
+    vi: usize,
+    vh: &VirtualHost,
+    routes: Vec<Route>,
+    compact: bool,
+) -> Result<CompiledVhost, BuildError> {
     let vhost_name: Arc<str> = vh.name.as_str().into();
-    let mut entries = Vec::with_capacity(vh.routes.len());
+    let mut entries = Vec::with_capacity(routes.len());
     let mut keyed: Vec<(RuleKey, Rule)> = Vec::new();
-    for (ri, r) in vh.routes.iter().enumerate() {
+    for (ri, r) in routes.into_iter().enumerate() {
         let entry = entries.len();
-        let filters = CompiledFilters::compile(&r.filters).map_err(|message| BuildError {
-            path: format!("virtual_hosts[{vi}].routes[{ri}].filters"),
-            message,
-        })?;
+        let filters = if r.filters.is_empty() {
+            no_filters()
+        } else {
+            Arc::new(
+                CompiledFilters::compile(&r.filters).map_err(|message| BuildError {
+                    path: format!("virtual_hosts[{vi}].routes[{ri}].filters"),
+                    message,
+                })?,
+            )
+        };
         let at = |index| MatchPath {
             vhost: vi,
             route: ri,
@@ -583,7 +1027,7 @@ fn compile_vhost(vi: usize, vh: &VirtualHost) -> Result<CompiledVhost, BuildErro
         entries.push(RouteEntry {
             name: r.name.as_str().into(),
             vhost: vhost_name.clone(),
-            route: Arc::new(r.clone()),
+            route: Arc::new(if compact { r.clone() } else { r }),
             filters,
         });
     }
@@ -597,6 +1041,12 @@ fn compile_vhost(vi: usize, vh: &VirtualHost) -> Result<CompiledVhost, BuildErro
     }
     Ok(CompiledVhost {
         name: vhost_name,
+        hostnames: vh
+            .hostnames
+            .iter()
+            .map(|h| h.trim_end_matches('.').to_ascii_lowercase().into())
+            .collect(),
+        listeners: vh.listeners.iter().map(|l| l.as_str().into()).collect(),
         entries,
         routes,
     })

@@ -78,8 +78,9 @@ pub struct Snapshot {
     by_key: HashMap<BindKey, Arc<ListenerView>>,
     /// hyper connection builder configured from the limits.
     pub http: hyper_util::server::conn::auto::Builder<StreamExecutor>,
-    /// Client-IP rules, IP access lists and rate limits.
-    pub edge: crate::access::Edge,
+    /// Client-IP rules, IP access lists and rate limits (shared by snapshots whose changes
+    /// did not touch them).
+    pub edge: Arc<crate::access::Edge>,
 }
 
 impl std::fmt::Debug for Snapshot {
@@ -116,7 +117,7 @@ impl Snapshot {
             ),
             listeners: HashMap::new(),
             by_key: HashMap::new(),
-            edge: crate::access::Edge::default(),
+            edge: Arc::default(),
         }
     }
 }
@@ -301,7 +302,7 @@ impl Runtime {
         hash: Option<String>,
         reuse: Option<Reuse<'_>>,
     ) -> Result<(), ApplyError> {
-        let result = self.apply_inner(config, hash, reuse).await;
+        let result = self.apply_inner(config, hash, reuse, None).await;
         let m = &self.shared.metrics;
         match &result {
             Ok(()) => m.reloads_ok.fetch_add(1, Relaxed),
@@ -310,14 +311,151 @@ impl Runtime {
         result
     }
 
+    /// Applies `config`, the serving config with a delta applied that changed neither the
+    /// settings nor the listeners nor the backend names: `edit` says how its virtual host list
+    /// changed from the serving one, and `backends_changed` whether any backend did. Only
+    /// what changed is validated and compiled; listeners, their TLS and sockets, and (unless
+    /// backends changed) the upstreams are kept as they are. `hash` is the config's content
+    /// hash. On error nothing changes. The caller must not use it for a [`ListEdit::Full`].
+    ///
+    /// [`ListEdit::Full`]: sweety_config::delta::ListEdit::Full
+    pub async fn apply_patch(
+        &self,
+        config: &Config,
+        hash: String,
+        edit: &sweety_config::delta::ListEdit,
+        backends_changed: bool,
+    ) -> Result<(), ApplyError> {
+        let result = self
+            .apply_patch_inner(config, hash, edit, backends_changed)
+            .await;
+        let m = &self.shared.metrics;
+        match &result {
+            Ok(()) => m.reloads_ok.fetch_add(1, Relaxed),
+            Err(_) => m.reloads_failed.fetch_add(1, Relaxed),
+        };
+        result
+    }
+
+    async fn apply_patch_inner(
+        &self,
+        config: &Config,
+        hash: String,
+        edit: &sweety_config::delta::ListEdit,
+        backends_changed: bool,
+    ) -> Result<(), ApplyError> {
+        let n = config.virtual_hosts.len();
+        let Some(changed) = edit.changed_positions(n) else {
+            return Err(ApplyError::Invalid(vec![
+                "internal: apply_patch needs a patch edit".into(),
+            ]));
+        };
+        if let Err(errs) = config.validate_patch(&changed, backends_changed) {
+            return Err(ApplyError::Invalid(
+                errs.0.iter().map(|e| e.to_string()).collect(),
+            ));
+        }
+        // Serialises with other applies (no socket changes here).
+        let _sockets = self.running.lock().await;
+        let prev = self.shared.snapshot();
+        let mut edge_touched = false;
+        let routes = prev
+            .routes
+            .patch(config, edit, &mut |e| {
+                edge_touched |= crate::access::Edge::has_route_rules(&e.route)
+            })
+            .map_err(|e| ApplyError::Invalid(vec![e.to_string()]))?;
+        let upstreams = if backends_changed {
+            let built = Upstreams::build(
+                &config.backends,
+                Some(&prev.upstreams),
+                self.shared.metrics.clone(),
+            )
+            .map_err(|e| ApplyError::Invalid(vec![e.to_string()]))?;
+            Arc::new(built)
+        } else {
+            prev.upstreams.clone()
+        };
+        let edge = if edge_touched {
+            Arc::new(crate::access::Edge::build(
+                &config.client_ip,
+                &routes,
+                &self.shared.rate_zones,
+            ))
+        } else {
+            prev.edge.clone()
+        };
+        let mut kept = Config::clone(&prev.config);
+        kept.generation = config.generation;
+        let snapshot = Snapshot {
+            http: http_builder(&kept.limits),
+            config: Arc::new(kept),
+            virtual_host_count: n,
+            backend_count: config.backends.len(),
+            hash,
+            routes,
+            upstreams,
+            listeners: prev.listeners.clone(),
+            by_key: prev.by_key.clone(),
+            edge,
+        };
+        let generation = snapshot.config.generation;
+        self.shared.current.store(Arc::new(snapshot));
+        self.shared
+            .metrics
+            .config_generation
+            .store(generation, Relaxed);
+        self.shared.ready.store(true, Relaxed);
+        if backends_changed {
+            self.shared.snapshot().upstreams.start_health_checks();
+        }
+        Ok(())
+    }
+
+    /// [`Runtime::apply_with_hash`] that moves the routes of `config` into the route table
+    /// instead of copying them (a full config is then not held twice while it is built).
+    /// Afterwards `config`'s virtual hosts have no routes, whether it was applied or not.
+    pub async fn apply_taking_routes(
+        &self,
+        config: &mut Config,
+        hash: Option<String>,
+    ) -> Result<(), ApplyError> {
+        let result = match config.validate() {
+            Err(errs) => Err(ApplyError::Invalid(
+                errs.0.iter().map(|e| e.to_string()).collect(),
+            )),
+            Ok(()) => {
+                let routes = config
+                    .virtual_hosts
+                    .iter_mut()
+                    .map(|v| std::mem::take(&mut v.routes))
+                    .collect();
+                self.apply_inner(config, hash, None, Some(routes)).await
+            }
+        };
+        for v in &mut config.virtual_hosts {
+            v.routes = Vec::new();
+        }
+        let m = &self.shared.metrics;
+        match &result {
+            Ok(()) => m.reloads_ok.fetch_add(1, Relaxed),
+            Err(_) => m.reloads_failed.fetch_add(1, Relaxed),
+        };
+        result
+    }
+
+    /// Validates (unless `taken` holds the routes of an already validated `config`), builds
+    /// and swaps.
     async fn apply_inner(
         &self,
         config: &Config,
         hash: Option<String>,
         reuse: Option<Reuse<'_>>,
+        taken: Option<Vec<Vec<sweety_config::Route>>>,
     ) -> Result<(), ApplyError> {
-        let validated = match &reuse {
-            Some(r) if r.same_context => {
+        let validated = match (&reuse, &taken) {
+            (_, Some(_)) => Ok(()),
+            (Some(r), None) if r.same_context => {
                 let changed = r.changed_vhost;
                 config.validate_trusting(&|i| !changed(&config.virtual_hosts[i].name))
             }
@@ -334,9 +472,12 @@ impl Runtime {
         let previous: Option<(&RouteTable, crate::router::Unchanged<'_>)> = reuse
             .as_ref()
             .map(|_| (&prev.routes, &unchanged as crate::router::Unchanged<'_>));
-        let routes = RouteTable::build_reusing(config, previous)
-            .map_err(|e| errors.push(e.to_string()))
-            .ok();
+        let routes = match taken {
+            Some(routes) => RouteTable::build_taking(config, routes),
+            None => RouteTable::build_reusing(config, previous),
+        }
+        .map_err(|e| errors.push(e.to_string()))
+        .ok();
         let upstreams = Upstreams::build(
             &config.backends,
             Some(&prev.upstreams),
@@ -544,7 +685,11 @@ impl Runtime {
             .into_iter()
             .filter_map(|(_, l, _, q)| Some((bind_key(l), q?)))
             .collect();
-        let edge = crate::access::Edge::build(&config.client_ip, &routes, &self.shared.rate_zones);
+        let edge = Arc::new(crate::access::Edge::build(
+            &config.client_ip,
+            &routes,
+            &self.shared.rate_zones,
+        ));
         let hash = hash.unwrap_or_else(|| config.content_hash());
         let virtual_host_count = config.virtual_hosts.len();
         let backend_count = config.backends.len();

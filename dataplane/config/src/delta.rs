@@ -239,19 +239,86 @@ impl Digests {
         }
     }
 
-    /// The config's content hash: hex SHA-256 over the settings digest and each list's
-    /// length and digests, in order.
+    /// The config's content hash: hex SHA-256 over `sweety-config-tree-v2`, the settings
+    /// digest, then for each list its length and the digest of each chunk of
+    /// [`HASH_CHUNK`] item digests, in order (see [`HashCache`] for why chunks).
     pub fn hash(&self) -> String {
+        self.hash_with(&chunk_digests(&self.virtual_hosts))
+    }
+
+    /// [`Digests::hash`] given the chunk digests of the virtual host list.
+    fn hash_with(&self, vhost_chunks: &[Digest]) -> String {
         let mut h = sha2::Sha256::new();
-        h.update(b"sweety-config-tree-v1");
+        h.update(b"sweety-config-tree-v2");
         h.update(self.settings);
-        for list in [&self.listeners, &self.virtual_hosts, &self.backends] {
-            h.update((list.len() as u64).to_be_bytes());
-            for d in list {
+        let listeners = chunk_digests(&self.listeners);
+        let backends = chunk_digests(&self.backends);
+        for (len, chunks) in [
+            (self.listeners.len(), &listeners[..]),
+            (self.virtual_hosts.len(), vhost_chunks),
+            (self.backends.len(), &backends[..]),
+        ] {
+            h.update((len as u64).to_be_bytes());
+            for d in chunks {
                 h.update(d);
             }
         }
         crate::hex(&h.finalize())
+    }
+}
+
+/// Item digests per chunk of the tree hash.
+pub const HASH_CHUNK: usize = 64;
+
+/// The SHA-256 of each chunk of [`HASH_CHUNK`] digests (the last one may be shorter).
+fn chunk_digests(list: &[Digest]) -> Vec<Digest> {
+    list.chunks(HASH_CHUNK).map(chunk_digest).collect()
+}
+
+fn chunk_digest(chunk: &[Digest]) -> Digest {
+    let mut h = sha2::Sha256::new();
+    for d in chunk {
+        h.update(d);
+    }
+    h.finalize().into()
+}
+
+/// The chunk digests of a config's virtual host list, kept next to a base config by a
+/// receiver of deltas ([`ConfigDelta::apply_indexed`]): a delta that replaces or appends a
+/// few virtual hosts rehashes their chunks and the short list of chunk digests, not every
+/// item digest, so the tree hash costs in proportion to the change (a removal rehashes the
+/// chunks after it, whose items moved).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HashCache {
+    vhost_chunks: Vec<Digest>,
+}
+
+impl HashCache {
+    /// The cache for a config with these digests.
+    pub fn of(digests: &Digests) -> HashCache {
+        HashCache {
+            vhost_chunks: chunk_digests(&digests.virtual_hosts),
+        }
+    }
+
+    /// Brings the cache up to date with `vhosts` after the items at `dirty` positions (and
+    /// every position from `from` on) changed.
+    fn update(&mut self, vhosts: &[Digest], dirty: &[usize], from: usize) {
+        let chunks = vhosts.len().div_ceil(HASH_CHUNK);
+        let from = (from / HASH_CHUNK).min(self.vhost_chunks.len()).min(chunks);
+        self.vhost_chunks.truncate(from);
+        for c in from..chunks {
+            let end = ((c + 1) * HASH_CHUNK).min(vhosts.len());
+            self.vhost_chunks
+                .push(chunk_digest(&vhosts[c * HASH_CHUNK..end]));
+        }
+        for &p in dirty {
+            let c = p / HASH_CHUNK;
+            if c < from {
+                let end = ((c + 1) * HASH_CHUNK).min(vhosts.len());
+                self.vhost_chunks[c] = chunk_digest(&vhosts[c * HASH_CHUNK..end]);
+            }
+        }
     }
 }
 
@@ -434,6 +501,225 @@ fn section_apply<T: Named>(
     Ok(out)
 }
 
+/// Applies one list's changes with [`section_apply`]; the digests of kept items come from
+/// the base, by name, upserted items are hashed.
+fn list_apply<T: Named + Serialize>(
+    section: &'static str,
+    base: Vec<T>,
+    base_d: &[Digest],
+    changes: Section<T>,
+) -> Result<(Vec<T>, Vec<Digest>), DeltaError> {
+    let old: HashMap<String, Digest> = base
+        .iter()
+        .zip(base_d)
+        .map(|(b, d)| (b.name().to_string(), *d))
+        .collect();
+    let fresh: HashSet<String> = changes
+        .upsert
+        .iter()
+        .map(|u| u.name().to_string())
+        .collect();
+    let items = section_apply(section, base, changes)?;
+    let digests = items
+        .iter()
+        .map(|i| match old.get(i.name()) {
+            Some(d) if !fresh.contains(i.name()) => *d,
+            _ => digest_of(i),
+        })
+        .collect();
+    Ok((items, digests))
+}
+
+/// The position of each item of a keyed list by name: kept next to a base config by a
+/// receiver of deltas ([`ConfigDelta::apply_indexed`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NameIndex(HashMap<String, usize>);
+
+impl NameIndex {
+    /// The index of `items`; an error if a name appears twice.
+    pub fn of<T: Named>(section: &'static str, items: &[T]) -> Result<NameIndex, DeltaError> {
+        let mut map = HashMap::with_capacity(items.len());
+        for (i, item) in items.iter().enumerate() {
+            if map.insert(item.name().to_string(), i).is_some() {
+                return Err(DeltaError::DuplicateName {
+                    section,
+                    name: item.name().to_string(),
+                });
+            }
+        }
+        Ok(NameIndex(map))
+    }
+
+    /// The position of `name`.
+    pub fn get(&self, name: &str) -> Option<usize> {
+        self.0.get(name).copied()
+    }
+
+    /// Number of names.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// True when there are no names.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// How a keyed list changed when a delta was applied ([`ConfigDelta::apply_indexed`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ListEdit {
+    /// The base order was kept: the items at the base positions `replaced` were replaced in
+    /// place, then those at the base positions `removed` (ascending, none of them replaced)
+    /// were dropped, then `appended` new items were added at the end.
+    Patch {
+        /// Base positions of replaced items, in delta order.
+        replaced: Vec<usize>,
+        /// Base positions of removed items, ascending.
+        removed: Vec<usize>,
+        /// Number of items appended.
+        appended: usize,
+    },
+    /// Anything else (the delta gave a new order): treat the list as new.
+    Full,
+}
+
+impl ListEdit {
+    /// For a patch, the positions in the resulting list (of length `len`) of the replaced and
+    /// appended items; `None` for [`ListEdit::Full`].
+    pub fn changed_positions(&self, len: usize) -> Option<Vec<usize>> {
+        let ListEdit::Patch {
+            replaced,
+            removed,
+            appended,
+        } = self
+        else {
+            return None;
+        };
+        Some(
+            replaced
+                .iter()
+                .map(|&p| p - removed.partition_point(|&r| r < p))
+                .chain(len.saturating_sub(*appended)..len)
+                .collect(),
+        )
+    }
+
+    /// True when nothing changed.
+    pub fn is_empty(&self) -> bool {
+        matches!(self, ListEdit::Patch { replaced, removed, appended: 0 }
+            if replaced.is_empty() && removed.is_empty())
+    }
+}
+
+/// Which of the parts other than the virtual hosts a delta changed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Changed {
+    /// The settings (every field outside the three lists).
+    pub settings: bool,
+    /// The listeners.
+    pub listeners: bool,
+    /// The backends.
+    pub backends: bool,
+}
+
+/// What [`ConfigDelta::apply_indexed`] changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Applied {
+    /// How the virtual host list changed.
+    pub virtual_hosts: ListEdit,
+    /// Whether settings, listeners and backends changed.
+    pub changed: Changed,
+    /// The content hash of the result ([`Digests::hash`], checked against the delta's).
+    pub hash: String,
+}
+
+/// Applies a section without `order` in place, keeping `digests` and `index` in step: the
+/// same result as [`section_apply`], in time proportional to the section (plus, for a
+/// removal, to the items after the first removed one, which move up).
+fn patch_list<T: Named + Serialize>(
+    section: &'static str,
+    items: &mut Vec<T>,
+    digests: &mut Vec<Digest>,
+    index: &mut NameIndex,
+    changes: Section<T>,
+) -> Result<ListEdit, DeltaError> {
+    let Section {
+        upsert,
+        remove,
+        order: _,
+    } = changes;
+    if index.len() != items.len() || digests.len() != items.len() {
+        // Not kept in step by the caller: rebuild rather than corrupt.
+        *index = NameIndex::of(section, items)?;
+        if digests.len() != items.len() {
+            *digests = items.iter().map(digest_of).collect();
+        }
+    }
+    let mut touched: HashSet<&str> = HashSet::with_capacity(upsert.len() + remove.len());
+    for n in upsert
+        .iter()
+        .map(Named::name)
+        .chain(remove.iter().map(String::as_str))
+    {
+        if !touched.insert(n) {
+            return Err(DeltaError::DuplicateName {
+                section,
+                name: n.to_string(),
+            });
+        }
+    }
+    drop(touched);
+    let mut removed = Vec::with_capacity(remove.len());
+    for r in &remove {
+        match index.get(r) {
+            Some(i) => removed.push(i),
+            None => {
+                return Err(DeltaError::UnknownName {
+                    section,
+                    name: r.clone(),
+                })
+            }
+        }
+    }
+    removed.sort_unstable();
+    let mut replaced = Vec::new();
+    let mut appended = Vec::new();
+    for item in upsert {
+        match index.get(item.name()) {
+            Some(i) => {
+                digests[i] = digest_of(&item);
+                items[i] = item;
+                replaced.push(i);
+            }
+            None => appended.push(item),
+        }
+    }
+    if let Some(&first) = removed.first() {
+        for &i in removed.iter().rev() {
+            index.0.remove(items[i].name());
+            items.remove(i);
+            digests.remove(i);
+        }
+        for (i, item) in items.iter().enumerate().skip(first) {
+            if let Some(pos) = index.0.get_mut(item.name()) {
+                *pos = i;
+            }
+        }
+    }
+    let added = appended.len();
+    for item in appended {
+        index.0.insert(item.name().to_string(), items.len());
+        digests.push(digest_of(&item));
+        items.push(item);
+    }
+    Ok(ListEdit::Patch {
+        replaced,
+        removed,
+        appended: added,
+    })
+}
+
 impl ConfigDelta {
     /// The delta that turns `base` into `new`, from their digests: only items whose digest
     /// changed are carried. `None` when a list has a duplicate name (send the full config).
@@ -485,46 +771,19 @@ impl ConfigDelta {
             digests.settings = digest_of(&*s);
             set_settings(&mut out, *s);
         }
-        // Digests of kept items come from the base, by name; upserted items are hashed.
-        fn list<T: Named + Serialize>(
-            section: &'static str,
-            base: Vec<T>,
-            base_d: &[Digest],
-            changes: Section<T>,
-        ) -> Result<(Vec<T>, Vec<Digest>), DeltaError> {
-            let old: HashMap<String, Digest> = base
-                .iter()
-                .zip(base_d)
-                .map(|(b, d)| (b.name().to_string(), *d))
-                .collect();
-            let fresh: HashSet<String> = changes
-                .upsert
-                .iter()
-                .map(|u| u.name().to_string())
-                .collect();
-            let items = section_apply(section, base, changes)?;
-            let digests = items
-                .iter()
-                .map(|i| match old.get(i.name()) {
-                    Some(d) if !fresh.contains(i.name()) => *d,
-                    _ => digest_of(i),
-                })
-                .collect();
-            Ok((items, digests))
-        }
-        let (l, ld) = list(
+        let (l, ld) = list_apply(
             "listeners",
             std::mem::take(&mut out.listeners),
             &base_d.listeners,
             listeners,
         )?;
-        let (v, vd) = list(
+        let (v, vd) = list_apply(
             "virtual_hosts",
             std::mem::take(&mut out.virtual_hosts),
             &base_d.virtual_hosts,
             virtual_hosts,
         )?;
-        let (b, bd) = list(
+        let (b, bd) = list_apply(
             "backends",
             std::mem::take(&mut out.backends),
             &base_d.backends,
@@ -540,6 +799,110 @@ impl ConfigDelta {
             });
         }
         Ok((out, digests))
+    }
+
+    /// [`ConfigDelta::apply`] for a receiver that keeps its base between deltas: `base` is
+    /// edited in place and `index` (the position of each virtual host by name, see
+    /// [`NameIndex::of`]) is kept in step, so a delta costs in proportion to what it carries,
+    /// not to the number of virtual hosts. Listeners and backends (short lists) are applied as
+    /// by [`ConfigDelta::apply`]. Returns how the virtual host list changed: a
+    /// [`ListEdit::Patch`] when only replacements in place, removals and appends happened,
+    /// [`ListEdit::Full`] when the delta reordered the list (then everything was reindexed).
+    ///
+    /// The result equals [`ConfigDelta::apply`]'s. On error `base`, `base_d` and `index` are
+    /// left half-edited: the caller must drop them (and send for a full config).
+    pub fn apply_indexed(
+        self,
+        base: &mut Config,
+        base_d: &mut Digests,
+        index: &mut NameIndex,
+        cache: &mut HashCache,
+    ) -> Result<Applied, DeltaError> {
+        let ConfigDelta {
+            settings,
+            listeners,
+            virtual_hosts,
+            backends,
+            hash,
+        } = self;
+        let changed = Changed {
+            settings: settings.is_some(),
+            listeners: !listeners.is_empty(),
+            backends: !backends.is_empty(),
+        };
+        if let Some(s) = settings {
+            if !(s.listeners.is_empty() && s.virtual_hosts.is_empty() && s.backends.is_empty()) {
+                return Err(DeltaError::SettingsWithLists);
+            }
+            base_d.settings = digest_of(&*s);
+            set_settings(base, *s);
+        }
+        if changed.listeners {
+            let (l, ld) = list_apply(
+                "listeners",
+                std::mem::take(&mut base.listeners),
+                &base_d.listeners,
+                listeners,
+            )?;
+            (base.listeners, base_d.listeners) = (l, ld);
+        }
+        if changed.backends {
+            let (b, bd) = list_apply(
+                "backends",
+                std::mem::take(&mut base.backends),
+                &base_d.backends,
+                backends,
+            )?;
+            (base.backends, base_d.backends) = (b, bd);
+        }
+        let virtual_hosts = if virtual_hosts.order.is_some() {
+            let (v, vd) = list_apply(
+                "virtual_hosts",
+                std::mem::take(&mut base.virtual_hosts),
+                &base_d.virtual_hosts,
+                virtual_hosts,
+            )?;
+            (base.virtual_hosts, base_d.virtual_hosts) = (v, vd);
+            *index = NameIndex::of("virtual_hosts", &base.virtual_hosts)?;
+            *cache = HashCache::of(base_d);
+            ListEdit::Full
+        } else {
+            let old_len = base.virtual_hosts.len();
+            let edit = patch_list(
+                "virtual_hosts",
+                &mut base.virtual_hosts,
+                &mut base_d.virtual_hosts,
+                index,
+                virtual_hosts,
+            )?;
+            if let ListEdit::Patch {
+                replaced,
+                removed,
+                appended,
+            } = &edit
+            {
+                // Items move from the first removal on; appended ones start at the old end.
+                let from = match (removed.first(), appended) {
+                    (Some(&r), _) => r,
+                    (None, 0) => usize::MAX,
+                    (None, _) => old_len,
+                };
+                cache.update(&base_d.virtual_hosts, replaced, from);
+            }
+            edit
+        };
+        let got = base_d.hash_with(&cache.vhost_chunks);
+        if got != hash {
+            return Err(DeltaError::HashMismatch {
+                got,
+                expected: hash,
+            });
+        }
+        Ok(Applied {
+            virtual_hosts,
+            changed,
+            hash: got,
+        })
     }
 
     /// Number of items carried (upserts and removals), for logs and metrics.
@@ -678,6 +1041,193 @@ mod tests {
             round_trip(&base, &new);
             base = new;
         }
+    }
+
+    /// Rebuilds the list an edit describes from the base list and the delta's upserts.
+    fn replay(base: &[VirtualHost], result: &[VirtualHost], edit: &ListEdit) -> Vec<String> {
+        let ListEdit::Patch {
+            replaced,
+            removed,
+            appended,
+        } = edit
+        else {
+            return result.iter().map(|v| v.name.clone()).collect();
+        };
+        let mut names: Vec<Option<String>> = base.iter().map(|v| Some(v.name.clone())).collect();
+        for &i in replaced {
+            assert!(names[i].is_some());
+        }
+        for &i in removed {
+            names[i] = None;
+        }
+        let mut out: Vec<String> = names.into_iter().flatten().collect();
+        let n = result.len();
+        out.extend(result[n - appended..].iter().map(|v| v.name.clone()));
+        out
+    }
+
+    #[test]
+    fn apply_indexed_matches_apply_and_describes_the_edit() {
+        let mut rng = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut below = |n: usize| {
+            rng ^= rng >> 12;
+            rng ^= rng << 25;
+            rng ^= rng >> 27;
+            (rng.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 33) as usize % n.max(1)
+        };
+        // More than two hash chunks.
+        let mut base = big_config(150);
+        let mut kept = base.clone();
+        let mut kept_d = Digests::of(&kept);
+        let mut index = NameIndex::of("virtual_hosts", &kept.virtual_hosts).unwrap();
+        let mut cache = HashCache::of(&kept_d);
+        let mut patches = 0;
+        for step in 0..300 {
+            let mut new = base.clone();
+            for k in 0..=below(3) {
+                let n = new.virtual_hosts.len();
+                match below(7) {
+                    0 if n > 0 => {
+                        new.virtual_hosts.remove(below(n));
+                    }
+                    1 => {
+                        let mut v = base.virtual_hosts[below(base.virtual_hosts.len())].clone();
+                        v.name = format!("new-{step}-{k}");
+                        new.virtual_hosts.insert(below(n + 1), v);
+                    }
+                    2 => {
+                        let mut v = base.virtual_hosts[below(base.virtual_hosts.len())].clone();
+                        v.name = format!("end-{step}-{k}");
+                        new.virtual_hosts.push(v);
+                    }
+                    3 if n > 1 && below(4) == 0 => new.virtual_hosts.swap(below(n), below(n)),
+                    4 if n > 0 => {
+                        new.virtual_hosts[below(n)].hostnames = vec![format!("h{step}.test")]
+                    }
+                    5 => new.listeners[0].port = below(1000) as u16 + 1,
+                    _ => new.limits.max_connections = below(1000) as u32 + 1,
+                }
+            }
+            let (bd, nd) = (Digests::of(&base), Digests::of(&new));
+            let delta = ConfigDelta::between(&base, &bd, &new, &nd).unwrap();
+            let before = kept.virtual_hosts.clone();
+            let (want, want_d) = delta.clone().apply(base.clone(), &bd).unwrap();
+            let applied = delta
+                .clone()
+                .apply_indexed(&mut kept, &mut kept_d, &mut index, &mut cache)
+                .unwrap();
+            assert_eq!(kept, want, "step {step}");
+            assert_eq!(kept_d, want_d, "step {step}");
+            assert_eq!(
+                index,
+                NameIndex::of("virtual_hosts", &want.virtual_hosts).unwrap()
+            );
+            let names: Vec<String> = want.virtual_hosts.iter().map(|v| v.name.clone()).collect();
+            assert_eq!(
+                replay(&before, &want.virtual_hosts, &applied.virtual_hosts),
+                names
+            );
+            assert_eq!(applied.hash, want_d.hash());
+            assert_eq!(cache, HashCache::of(&want_d), "step {step}");
+            if let Some(positions) = applied.virtual_hosts.changed_positions(names.len()) {
+                let mut got: Vec<&str> = positions.iter().map(|&i| names[i].as_str()).collect();
+                let mut sent: Vec<&str> = delta
+                    .virtual_hosts
+                    .upsert
+                    .iter()
+                    .map(|v| v.name.as_str())
+                    .collect();
+                got.sort_unstable();
+                sent.sort_unstable();
+                assert_eq!(got, sent, "step {step}");
+            }
+            if let ListEdit::Patch { replaced, .. } = &applied.virtual_hosts {
+                patches += 1;
+                assert_eq!(
+                    replaced.len(),
+                    delta.virtual_hosts.upsert.len() - {
+                        let ListEdit::Patch { appended, .. } = &applied.virtual_hosts else {
+                            unreachable!()
+                        };
+                        *appended
+                    }
+                );
+            } else {
+                assert!(delta.virtual_hosts.order.is_some());
+            }
+            assert_eq!(applied.changed.settings, delta.settings.is_some());
+            assert_eq!(applied.changed.listeners, !delta.listeners.is_empty());
+            base = new;
+        }
+        assert!(patches > 100, "mostly patches: {patches}");
+    }
+
+    #[test]
+    fn apply_indexed_rejects_bad_deltas() {
+        let base = big_config(5);
+        let bd = Digests::of(&base);
+        let good = ConfigDelta::between(&base, &bd, &base, &bd).unwrap();
+        let fresh = || {
+            let index = NameIndex::of("virtual_hosts", &base.virtual_hosts).unwrap();
+            (base.clone(), bd.clone(), index)
+        };
+        let mut d = good.clone();
+        d.virtual_hosts.remove.push("nope".into());
+        let (mut c, mut cd, mut i) = fresh();
+        assert_eq!(
+            d.apply_indexed(&mut c, &mut cd, &mut i, &mut HashCache::of(&bd))
+                .unwrap_err(),
+            DeltaError::UnknownName {
+                section: "virtual_hosts",
+                name: "nope".into()
+            }
+        );
+        let mut d = good.clone();
+        d.virtual_hosts.upsert.push(base.virtual_hosts[1].clone());
+        d.virtual_hosts
+            .remove
+            .push(base.virtual_hosts[1].name.clone());
+        let (mut c, mut cd, mut i) = fresh();
+        assert!(matches!(
+            d.apply_indexed(&mut c, &mut cd, &mut i, &mut HashCache::of(&bd))
+                .unwrap_err(),
+            DeltaError::DuplicateName { .. }
+        ));
+        let mut d = good.clone();
+        d.virtual_hosts.upsert.push(base.virtual_hosts[0].clone());
+        d.virtual_hosts.upsert.push(base.virtual_hosts[0].clone());
+        let (mut c, mut cd, mut i) = fresh();
+        assert!(matches!(
+            d.apply_indexed(&mut c, &mut cd, &mut i, &mut HashCache::of(&bd))
+                .unwrap_err(),
+            DeltaError::DuplicateName { .. }
+        ));
+        let mut d = good.clone();
+        d.settings = Some(Box::new(base.clone()));
+        let (mut c, mut cd, mut i) = fresh();
+        assert_eq!(
+            d.apply_indexed(&mut c, &mut cd, &mut i, &mut HashCache::of(&bd))
+                .unwrap_err(),
+            DeltaError::SettingsWithLists
+        );
+        // An upsert that is not what the sender hashed.
+        let mut d = good.clone();
+        let mut v = base.virtual_hosts[2].clone();
+        v.hostnames = vec!["other.test".into()];
+        d.virtual_hosts.upsert.push(v);
+        let (mut c, mut cd, mut i) = fresh();
+        let err = d
+            .apply_indexed(&mut c, &mut cd, &mut i, &mut HashCache::of(&bd))
+            .unwrap_err();
+        assert!(matches!(err, DeltaError::HashMismatch { .. }), "{err}");
+        // A good empty delta is an empty patch.
+        let (mut c, mut cd, mut i) = fresh();
+        let applied = good
+            .apply_indexed(&mut c, &mut cd, &mut i, &mut HashCache::of(&bd))
+            .unwrap();
+        assert!(applied.virtual_hosts.is_empty());
+        assert_eq!(applied.changed, Changed::default());
+        assert_eq!(c, base);
     }
 
     #[test]

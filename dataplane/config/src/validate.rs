@@ -72,6 +72,25 @@ impl Config {
         Validator::run_trusting(self, true, known_good)
     }
 
+    /// [`Config::validate`] of a config produced by applying a delta to one that validated,
+    /// when the listeners and backend names are unchanged: only the virtual hosts at
+    /// `changed` (positions) are checked, and the other parts only when `rest` (settings,
+    /// listeners or backends changed). Virtual host names must be known unique (the delta's
+    /// name index guarantees it). Costs in proportion to what changed, not to the number of
+    /// virtual hosts.
+    pub fn validate_patch(&self, changed: &[usize], rest: bool) -> Result<(), ValidationErrors> {
+        Validator::run_with(self, true, Vhosts::Only(changed), rest)
+    }
+
+    #[cfg(test)]
+    fn validate_patch_structure(
+        &self,
+        changed: &[usize],
+        rest: bool,
+    ) -> Result<(), ValidationErrors> {
+        Validator::run_with(self, false, Vhosts::Only(changed), rest)
+    }
+
     #[cfg(test)]
     fn validate_trusting_structure(
         &self,
@@ -119,6 +138,15 @@ struct Bound {
     listener: usize,
 }
 
+/// Which virtual hosts a validation checks.
+#[derive(Clone, Copy)]
+enum Vhosts<'f> {
+    /// All of them, but those for which the function is true only for name uniqueness.
+    Trusting(&'f dyn Fn(usize) -> bool),
+    /// Only those at these positions, names known unique.
+    Only(&'f [usize]),
+}
+
 /// Walks the config in document order, collecting errors.
 struct Validator<'a> {
     files: bool,
@@ -141,6 +169,15 @@ impl<'a> Validator<'a> {
         files: bool,
         known_good: &dyn Fn(usize) -> bool,
     ) -> Result<(), ValidationErrors> {
+        Self::run_with(cfg, files, Vhosts::Trusting(known_good), true)
+    }
+
+    fn run_with(
+        cfg: &'a Config,
+        files: bool,
+        vhosts: Vhosts<'_>,
+        rest: bool,
+    ) -> Result<(), ValidationErrors> {
         let mut listeners = HashMap::new();
         for l in &cfg.listeners {
             listeners.entry(l.name.as_str()).or_insert(l.protocol);
@@ -152,7 +189,7 @@ impl<'a> Validator<'a> {
             listeners,
             bound: Vec::new(),
         };
-        v.config(cfg, known_good);
+        v.config(cfg, vhosts, rest);
         if v.errors.is_empty() {
             Ok(())
         } else {
@@ -167,21 +204,30 @@ impl<'a> Validator<'a> {
         });
     }
 
-    fn config(&mut self, cfg: &'a Config, known_good: &dyn Fn(usize) -> bool) {
-        if cfg.version != crate::SCHEMA_VERSION {
-            self.err(
-                "version",
-                format!(
-                    "unsupported schema version {}, expected {}",
-                    cfg.version,
-                    crate::SCHEMA_VERSION
-                ),
-            );
+    fn config(&mut self, cfg: &'a Config, vhosts: Vhosts<'_>, rest: bool) {
+        if let Vhosts::Only(changed) = vhosts {
+            if rest {
+                self.rest(cfg, true);
+            }
+            for &i in changed {
+                if let Some(vh) = cfg.virtual_hosts.get(i) {
+                    let path = format!("virtual_hosts[{i}]");
+                    if vh.name.is_empty() {
+                        self.err(format!("{path}.name"), "must not be empty");
+                    }
+                    self.virtual_host_body(&path, vh);
+                }
+            }
+            if rest {
+                self.rest(cfg, false);
+            }
+            return;
         }
-        let mut names = HashMap::new();
-        for (i, l) in cfg.listeners.iter().enumerate() {
-            self.listener(&format!("listeners[{i}]"), i, l, &cfg.listeners, &mut names);
-        }
+        let known_good = match vhosts {
+            Vhosts::Trusting(f) => f,
+            Vhosts::Only(_) => unreachable!(),
+        };
+        self.rest(cfg, true);
         let mut names = HashMap::new();
         for (i, vh) in cfg.virtual_hosts.iter().enumerate() {
             if known_good(i) {
@@ -191,6 +237,29 @@ impl<'a> Validator<'a> {
                 continue;
             }
             self.virtual_host(&format!("virtual_hosts[{i}]"), vh, &mut names);
+        }
+        self.rest(cfg, false);
+    }
+
+    /// Everything but the virtual hosts: the part before them in document order
+    /// (`before`: version and listeners), or the part after them.
+    fn rest(&mut self, cfg: &'a Config, before: bool) {
+        if before {
+            if cfg.version != crate::SCHEMA_VERSION {
+                self.err(
+                    "version",
+                    format!(
+                        "unsupported schema version {}, expected {}",
+                        cfg.version,
+                        crate::SCHEMA_VERSION
+                    ),
+                );
+            }
+            let mut names = HashMap::new();
+            for (i, l) in cfg.listeners.iter().enumerate() {
+                self.listener(&format!("listeners[{i}]"), i, l, &cfg.listeners, &mut names);
+            }
+            return;
         }
         let mut names = HashMap::new();
         for (i, b) in cfg.backends.iter().enumerate() {
@@ -450,6 +519,11 @@ impl<'a> Validator<'a> {
         names: &mut HashMap<&'a str, String>,
     ) {
         self.unique_name(path, "virtual host", &vh.name, names);
+        self.virtual_host_body(path, vh);
+    }
+
+    /// Everything about a virtual host but the uniqueness of its name.
+    fn virtual_host_body(&mut self, path: &str, vh: &'a VirtualHost) {
         self.hostnames(&format!("{path}.hostnames"), &vh.hostnames);
         for (i, name) in vh.listeners.iter().enumerate() {
             let lpath = format!("{path}.listeners[{i}]");
@@ -1928,6 +2002,41 @@ access_log: {enabled: true, path: /var/log/sweety/access.log, buffer_lines: 1024
                 "trusted {trust}"
             );
         }
+    }
+
+    #[test]
+    fn validate_patch_checks_only_the_changed_virtual_hosts_and_the_rest_on_request() {
+        let mut c = full();
+        let mut broken = c.virtual_hosts[0].clone();
+        broken.hostnames = vec!["bad host".into()];
+        broken.name = "other".into();
+        c.virtual_hosts.push(broken);
+        let last = c.virtual_hosts.len() - 1;
+        let path_err = |r: Result<(), ValidationErrors>| r.err().map(|e| e.0[0].path.clone());
+        // Not among the changed ones: not checked. Changed: reported at its position.
+        assert_eq!(path_err(c.validate_patch_structure(&[0], false)), None);
+        assert_eq!(
+            path_err(c.validate_patch_structure(&[0, last], false)),
+            Some(format!("virtual_hosts[{last}].hostnames[0]"))
+        );
+        // Same errors as a full validation for the checked virtual host.
+        let full_errs = c.validate_structure().unwrap_err().0;
+        let patch_errs = c.validate_patch_structure(&[last], true).unwrap_err().0;
+        assert_eq!(patch_errs, full_errs);
+        // The rest (settings, listeners, backends) only when asked.
+        c.limits.max_connections = 0;
+        assert_eq!(path_err(c.validate_patch_structure(&[], false)), None);
+        assert_eq!(
+            path_err(c.validate_patch_structure(&[], true)).as_deref(),
+            Some("limits.max_connections")
+        );
+        // A changed virtual host without a name.
+        let mut c = full();
+        c.virtual_hosts[0].name = String::new();
+        assert_eq!(
+            path_err(c.validate_patch_structure(&[0], false)).as_deref(),
+            Some("virtual_hosts[0].name")
+        );
     }
 
     #[test]

@@ -988,10 +988,10 @@ fn reported_prefix() {
     assert_eq!(run(&table, get("/x")).1.as_deref(), Some("/"));
 }
 
-// ---- vhost_index ----
+// ---- vhost_name ----
 
 #[test]
-fn vhost_index_identifies_the_serving_vhost() {
+fn vhost_name_identifies_the_serving_vhost() {
     let table = RouteTable::build(&config(vec![
         vh("a", &["a.test"], vec![route("a", vec![])]),
         vh("wild", &["*.b.test"], vec![route("wild", vec![])]),
@@ -999,15 +999,15 @@ fn vhost_index_identifies_the_serving_vhost() {
         vh("catch", &[], vec![route("catch", vec![])]),
     ]))
     .unwrap();
-    assert_eq!(table.vhost_index("http", "a.test"), Some(0));
-    assert_eq!(table.vhost_index("http", "A.TEST."), Some(0));
-    assert_eq!(table.vhost_index("http", "x.b.test"), Some(1));
-    assert_eq!(table.vhost_index("http", "y.b.test"), Some(1));
-    assert_eq!(table.vhost_index("admin", "c.test"), Some(2));
-    assert_eq!(table.vhost_index("http", "c.test"), Some(3));
-    assert_eq!(table.vhost_index("http", "b.test"), Some(3));
+    assert_eq!(table.vhost_name("http", "a.test"), Some("a"));
+    assert_eq!(table.vhost_name("http", "A.TEST."), Some("a"));
+    assert_eq!(table.vhost_name("http", "x.b.test"), Some("wild"));
+    assert_eq!(table.vhost_name("http", "y.b.test"), Some("wild"));
+    assert_eq!(table.vhost_name("admin", "c.test"), Some("c"));
+    assert_eq!(table.vhost_name("http", "c.test"), Some("catch"));
+    assert_eq!(table.vhost_name("http", "b.test"), Some("catch"));
     let no_catch_all = RouteTable::build(&config(vec![vh("a", &["a.test"], vec![])])).unwrap();
-    assert_eq!(no_catch_all.vhost_index("http", "other.test"), None);
+    assert_eq!(no_catch_all.vhost_name("http", "other.test"), None);
 }
 
 // ---- build errors ----
@@ -1145,7 +1145,12 @@ fn build_reusing_shares_unchanged_vhosts_and_routes_like_a_full_build() {
     let unchanged = |n: &str| n != "b" && n != "d";
     let reused = RouteTable::build_reusing(&new, Some((&old, &unchanged))).unwrap();
     let full = RouteTable::build(&new).unwrap();
-    let by_name = |t: &RouteTable, n: &str| t.vhosts.iter().find(|v| &*v.name == n).cloned();
+    let by_name = |t: &RouteTable, n: &str| {
+        t.vhosts
+            .iter()
+            .find(|s| &*s.vhost.name == n)
+            .map(|s| s.vhost.clone())
+    };
     for n in ["a", "c"] {
         assert!(Arc::ptr_eq(
             &by_name(&reused, n).unwrap(),
@@ -1187,4 +1192,163 @@ fn build_reusing_shares_unchanged_vhosts_and_routes_like_a_full_build() {
     );
     let names: Vec<&str> = reused.entries().map(|e| &*e.name).collect();
     assert_eq!(names, ["c1", "a1", "b2", "d1"]);
+}
+
+#[test]
+fn patch_gives_what_a_full_build_gives_over_random_edits() {
+    use sweety_config::delta::{ConfigDelta, Digests, HashCache, ListEdit, NameIndex};
+    let mut rng = 0x2545_f491_4f6c_dd1d_u64;
+    let mut below = |n: usize| {
+        rng ^= rng >> 12;
+        rng ^= rng << 25;
+        rng ^= rng >> 27;
+        (rng.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 33) as usize % n.max(1)
+    };
+    // Few distinct hostnames, so that virtual hosts compete for them.
+    const HOSTS: [&str; 8] = [
+        "a.test", "B.test.", "*.c.test", "x.c.test", "*", "d.test", "*.test", "e.test",
+    ];
+    let make = |name: String, below: &mut dyn FnMut(usize) -> usize| {
+        let hosts: Vec<&str> = (0..below(3)).map(|_| HOSTS[below(HOSTS.len())]).collect();
+        let mut hosts = hosts;
+        hosts.dedup();
+        let path = format!("/p{}", below(4));
+        let v = vh(
+            &name,
+            &hosts,
+            vec![route(&format!("{name}-r"), vec![prefix(&path)])],
+        );
+        match below(4) {
+            0 => on(v, &["admin"]),
+            1 => on(v, &["http", "admin"]),
+            _ => v,
+        }
+    };
+    let mut base = config((0..3).map(|i| make(format!("v{i}"), &mut below)).collect());
+    let mut kept = base.clone();
+    let mut kept_d = Digests::of(&kept);
+    let mut index = NameIndex::of("virtual_hosts", &kept.virtual_hosts).unwrap();
+    let mut cache = HashCache::of(&kept_d);
+    let mut table = RouteTable::build(&base).unwrap();
+    let mut patches = 0;
+    for step in 0..400 {
+        let mut new = base.clone();
+        for k in 0..=below(2) {
+            let n = new.virtual_hosts.len();
+            match below(8) {
+                0 | 1 if n > 0 => {
+                    new.virtual_hosts.remove(below(n));
+                }
+                2 if n > 1 && below(3) == 0 => new.virtual_hosts.swap(below(n), below(n)),
+                3 | 4 if n > 0 => {
+                    let i = below(n);
+                    let name = new.virtual_hosts[i].name.clone();
+                    new.virtual_hosts[i] = make(name, &mut below);
+                }
+                5 if n > 0 && below(3) == 0 => {
+                    let v = make(format!("m{step}-{k}"), &mut below);
+                    new.virtual_hosts.insert(below(n), v);
+                }
+                _ => {
+                    let v = make(format!("n{step}-{k}"), &mut below);
+                    new.virtual_hosts.push(v);
+                }
+            }
+        }
+        let (bd, nd) = (Digests::of(&base), Digests::of(&new));
+        let delta = ConfigDelta::between(&base, &bd, &new, &nd).unwrap();
+        let applied = delta
+            .apply_indexed(&mut kept, &mut kept_d, &mut index, &mut cache)
+            .unwrap();
+        let mut seen = 0;
+        table = table
+            .patch(&kept, &applied.virtual_hosts, &mut |_| seen += 1)
+            .unwrap();
+        if matches!(applied.virtual_hosts, ListEdit::Patch { .. }) {
+            patches += 1;
+        }
+        let full = RouteTable::build(&kept).unwrap();
+        assert_eq!(table.len(), full.len(), "step {step}");
+        assert_eq!(table.vhost_count(), full.vhost_count());
+        let names = |t: &RouteTable| t.entries().map(|e| e.name.to_string()).collect::<Vec<_>>();
+        assert_eq!(names(&table), names(&full), "step {step}");
+        for listener in ["http", "admin", "other"] {
+            for host in [
+                "a.test",
+                "b.test",
+                "x.c.test",
+                "y.c.test",
+                "c.test",
+                "d.test",
+                "z.test",
+                "e.test",
+                "f.g.test",
+                "nope.example",
+            ] {
+                assert_eq!(
+                    table.vhost_name(listener, host),
+                    full.vhost_name(listener, host),
+                    "step {step}: {listener} {host}"
+                );
+            }
+        }
+        for path in ["/p0", "/p1/x", "/p3", "/"] {
+            let req = Req { path, ..GET };
+            assert_eq!(run(&table, req), run(&full, req), "step {step} {path}");
+        }
+        base = new;
+    }
+    assert!(patches > 300, "mostly patches: {patches}");
+    assert!(table.vhost_count() > 20, "grew past its first shards");
+}
+
+#[test]
+fn patch_shares_what_did_not_change_and_reports_what_did() {
+    use sweety_config::delta::ListEdit;
+    let old = config(vec![
+        vh("a", &["a.test"], vec![route("a1", vec![prefix("/x")])]),
+        vh("b", &["b.test"], vec![route("b1", vec![prefix("/")])]),
+        vh("c", &["c.test"], vec![route("c1", vec![exact("/c")])]),
+    ]);
+    let table = RouteTable::build(&old).unwrap();
+    // `b` replaced, `a` removed, `d` appended.
+    let new = config(vec![
+        vh(
+            "b",
+            &["b.test", "c.test"],
+            vec![route("b2", vec![prefix("/y")])],
+        ),
+        vh("c", &["c.test"], vec![route("c1", vec![exact("/c")])]),
+        vh("d", &["d.test"], vec![route("d1", vec![])]),
+    ]);
+    let edit = ListEdit::Patch {
+        replaced: vec![1],
+        removed: vec![0],
+        appended: 1,
+    };
+    let mut seen = Vec::new();
+    let patched = table
+        .patch(&new, &edit, &mut |e| seen.push(e.name.to_string()))
+        .unwrap();
+    seen.sort();
+    assert_eq!(seen, ["a1", "b1", "b2", "d1"]);
+    let by_name = |t: &RouteTable, n: &str| {
+        t.vhosts
+            .iter()
+            .find(|s| &*s.vhost.name == n)
+            .map(|s| s.vhost.clone())
+    };
+    assert!(Arc::ptr_eq(
+        &by_name(&patched, "c").unwrap(),
+        &by_name(&table, "c").unwrap()
+    ));
+    // `b` comes before `c` and now claims c.test too.
+    assert_eq!(patched.vhost_name("http", "c.test"), Some("b"));
+    assert_eq!(patched.vhost_name("http", "a.test"), None);
+    assert_eq!(patched.vhost_name("http", "d.test"), Some("d"));
+    // The old table is untouched.
+    assert_eq!(table.vhost_name("http", "c.test"), Some("c"));
+    assert_eq!(table.vhost_name("http", "a.test"), Some("a"));
+    let names: Vec<&str> = patched.entries().map(|e| &*e.name).collect();
+    assert_eq!(names, ["b2", "c1", "d1"]);
 }
