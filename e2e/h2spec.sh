@@ -4,7 +4,8 @@
 # Builds h2spec (pinned with all its modules by e2e/h2spec/go.mod and go.sum, cached in
 # ~/.cache/sweety/tools/bin per go.sum) and the dataplane (cargo; or SWEETY_BIN), starts the
 # dataplane on free 127.0.0.1 ports in front of a small body-reading backend (python3), and
-# runs every h2spec case twice: h2c with prior knowledge, and TLS with ALPN h2. Prints
+# runs every h2spec case twice: h2c with prior knowledge, and TLS with ALPN h2, on Sweety's own
+# HTTP/2 engine (limits.http2_engine: sweety; hyper's, the default, was the baseline). Prints
 # h2spec's summary and writes <out>/{h2c,tls}.{txt,xml} (plain and JUnit reports), the
 # failed case ids (<out>/failed.txt) and the dataplane's log.
 #
@@ -111,6 +112,7 @@ EOF
 cat >"$WORK/h2spec.yaml" <<EOF
 version: 1
 admin: {address: 127.0.0.1, port: $ADMIN_PORT}
+limits: {http2_engine: sweety}
 listeners:
   - {name: h2c, address: 127.0.0.1, port: $H2C_PORT, protocol: http, http3: false}
   - name: tls

@@ -761,7 +761,7 @@ fn the_engine_setting_is_parsed_and_checked() {
     let c = Config::from_yaml("version: 1\nlimits: {http2_engine: hyper}\n").unwrap();
     assert_eq!(c.limits.http2_engine, Http2Engine::Hyper);
     let c = Config::from_yaml("version: 1\n").unwrap();
-    assert_eq!(c.limits.http2_engine, Http2Engine::Sweety, "the default");
+    assert_eq!(c.limits.http2_engine, Http2Engine::Hyper, "the default");
     assert!(
         !c.to_yaml().contains("http2_engine"),
         "the default is left out when written"
