@@ -495,98 +495,140 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
         Poll::Ready(Ok(()))
     }
 
+    /// Handles the deadlines that have passed, then re-arms the timer to the next one still in
+    /// the future (a fired `Sleep` stays ready: returning without a reset would spin the task).
     fn poll_timer(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         if self.timer.as_mut().poll(cx).is_pending() {
             return Poll::Pending;
         }
         let now = Instant::now();
-        let hrt = self.cfg.header_read_timeout;
-        let mut next = now + self.cfg.idle_timeout;
+        let fired = self.on_deadlines(now);
+        let next = self.next_deadline(now);
+        self.timer.as_mut().reset(next.into());
+        // Registers the waker for the new deadline (it is in the future: pending).
+        let _ = self.timer.as_mut().poll(cx);
+        if fired {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    }
+
+    /// Acts on every deadline at or before `now`; true when one did. Each action changes the
+    /// state so that its deadline is no longer one of `next_deadline`'s.
+    fn on_deadlines(&mut self, now: Instant) -> bool {
         if let Some(d) = self.close_deadline {
             if now >= d {
                 // The client does not read: give up on the final flush.
                 self.write_buf.clear();
                 self.closing
                     .get_or_insert(H2Error::Protocol(Reason::NO_ERROR, "close timed out"));
-                return Poll::Ready(());
+                return true;
             }
-            next = next.min(d);
         }
-        if !self.got_settings {
-            let d = self.started + hrt;
-            if now >= d {
-                self.shared.metrics.limit_hit("h2_preface_timeout");
-                self.closing = Some(H2Error::Protocol(Reason::PROTOCOL_ERROR, "no preface"));
-                return Poll::Ready(());
-            }
-            next = next.min(d);
+        if self.closing.is_some() {
+            // Closing: only the close deadline counts.
+            return false;
         }
-        if !self.settings_acked {
-            let d = self.settings_sent_at + hrt.max(Duration::from_secs(5));
-            if now >= d {
-                self.fault(Fault::Conn(
-                    Reason::SETTINGS_TIMEOUT,
-                    "SETTINGS not acknowledged",
-                ));
-                return Poll::Ready(());
-            }
-            next = next.min(d);
+        let hrt = self.cfg.header_read_timeout;
+        if !self.got_settings && now >= self.started + hrt {
+            self.shared.metrics.limit_hit("h2_preface_timeout");
+            self.closing = Some(H2Error::Protocol(Reason::PROTOCOL_ERROR, "no preface"));
+            self.set_close_deadline();
+            return true;
+        }
+        if !self.settings_acked && now >= self.settings_ack_deadline() {
+            self.fault(Fault::Conn(
+                Reason::SETTINGS_TIMEOUT,
+                "SETTINGS not acknowledged",
+            ));
+            return true;
         }
         if let Some((_, started)) = &self.cont {
-            let d = *started + hrt;
-            if now >= d {
+            if now >= *started + hrt {
                 self.shared.metrics.limit_hit("header_read_timeout");
                 self.fault(Fault::Conn(Reason::PROTOCOL_ERROR, "header block timeout"));
-                return Poll::Ready(());
+                return true;
             }
-            next = next.min(d);
         }
         if self.streams.is_empty() && self.got_settings {
-            let d = self.last_active + self.cfg.idle_timeout;
-            if now >= d {
+            if !self.going_away && now >= self.last_active + self.cfg.idle_timeout {
                 self.shared.metrics.limit_hit("idle_timeout");
                 self.go_away(Reason::NO_ERROR, b"idle");
-                return Poll::Ready(());
+                self.set_close_deadline();
+                return true;
             }
-            next = next.min(d);
-        } else if self.got_settings && self.closing.is_none() {
+        } else if self.got_settings {
             // Streams are open but the client has been silent: is it still there? A PING,
             // and the connection ends when no frame comes within `header_read_timeout` (a response
             // waiting for flow-control window from a vanished client would wait forever).
             match self.ping_sent {
-                None => {
-                    let d = self.last_active + self.cfg.idle_timeout;
-                    if now >= d {
-                        frame::put_ping(&mut self.write_buf, *b"sweetyKA");
-                        self.ping_sent = Some(now);
-                        next = next.min(now + hrt);
-                        self.timer.as_mut().reset(next.into());
-                        return Poll::Ready(());
-                    }
-                    next = next.min(d);
+                None if now >= self.last_active + self.cfg.idle_timeout => {
+                    frame::put_ping(&mut self.write_buf, *b"sweetyKA");
+                    self.ping_sent = Some(now);
+                    return true;
                 }
-                Some(at) => {
-                    let d = at + hrt;
-                    if now >= d {
-                        self.shared.metrics.limit_hit("h2_keepalive_timeout");
-                        self.fault(Fault::Conn(
-                            Reason::NO_ERROR,
-                            "keep-alive PING not answered",
-                        ));
-                        return Poll::Ready(());
-                    }
-                    next = next.min(d);
+                Some(at) if now >= at + hrt => {
+                    self.shared.metrics.limit_hit("h2_keepalive_timeout");
+                    self.fault(Fault::Conn(
+                        Reason::NO_ERROR,
+                        "keep-alive PING not answered",
+                    ));
+                    return true;
                 }
+                _ => {}
             }
         }
-        self.timer.as_mut().reset(next.into());
-        let _ = self.timer.as_mut().poll(cx);
-        Poll::Pending
+        false
     }
 
-    /// Re-arms the timer when a deadline earlier than the current one appears.
+    /// The earliest deadline after `now` (at most one idle timeout away).
+    fn next_deadline(&self, now: Instant) -> Instant {
+        let hrt = self.cfg.header_read_timeout;
+        let mut next = now + self.cfg.idle_timeout;
+        let mut consider = |d: Instant| {
+            if d > now && d < next {
+                next = d;
+            }
+        };
+        if let Some(d) = self.close_deadline {
+            consider(d);
+        }
+        if self.closing.is_some() {
+            return next;
+        }
+        if !self.got_settings {
+            consider(self.started + hrt);
+        }
+        if !self.settings_acked {
+            consider(self.settings_ack_deadline());
+        }
+        if let Some((_, started)) = &self.cont {
+            consider(*started + hrt);
+        }
+        if self.streams.is_empty() && self.got_settings {
+            if !self.going_away {
+                consider(self.last_active + self.cfg.idle_timeout);
+            }
+        } else if self.got_settings {
+            match self.ping_sent {
+                None => consider(self.last_active + self.cfg.idle_timeout),
+                Some(at) => consider(at + hrt),
+            }
+        }
+        next
+    }
+
+    fn settings_ack_deadline(&self) -> Instant {
+        self.settings_sent_at + self.cfg.header_read_timeout.max(Duration::from_secs(5))
+    }
+
+    /// Re-arms the timer when a deadline earlier than the current one appears. A timer that
+    /// has already fired is left alone: `poll_timer` handles it and re-arms to the next
+    /// deadline (every deadline is derived from the state, so none is lost).
     fn arm(&mut self, at: Instant) {
-        if at < self.timer.deadline().into_std() {
+        let current = self.timer.deadline().into_std();
+        if at < current && current > Instant::now() {
             self.timer.as_mut().reset(at.into());
         }
     }
@@ -1570,6 +1612,10 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
         match f {
             Fault::Stream(id, reason) => self.reset_stream(id, reason),
             Fault::Conn(reason, why) => {
+                if self.closing.is_some() {
+                    // Already closing: one GOAWAY, one error.
+                    return;
+                }
                 tracing::debug!(%reason, why, peer = %self.conn.peer, "HTTP/2 connection error");
                 self.shared.metrics.edge_events.inc(&"h2_connection_error");
                 self.going_away = false;
@@ -2134,6 +2180,147 @@ mod tests {
         // What it took in is bounded by its output buffer, not by what the client sent.
         let bound = PIPE + WRITE_HIGH + 2 * READ_CHUNK + 64 * 1024;
         assert!(written < bound, "read {written} bytes of requests");
+    }
+
+    /// A driver polled by hand over a pipe that holds one byte (the client never reads, so
+    /// what the driver writes stays in its buffer), fed `input`, and the client end.
+    async fn hand_driver(
+        rt: &crate::runtime::Runtime,
+        edit: impl FnOnce(&mut Settings),
+        input: &[u8],
+    ) -> (Driver<tokio::io::DuplexStream>, tokio::io::DuplexStream) {
+        use tokio::io::AsyncWrite;
+        let (mut c, server) = tokio::io::duplex(1);
+        let conn = Arc::new(ConnInfo {
+            listener: "x".into(),
+            peer: "127.0.0.1:1".parse().unwrap(),
+            local: "127.0.0.1:2".parse().unwrap(),
+            tls: false,
+            sni: None,
+        });
+        let (tx, stop) = tokio::sync::watch::channel(false);
+        std::mem::forget(tx);
+        let mut settings = Settings::from_limits(&sweety_config::Limits::default());
+        edit(&mut settings);
+        let mut d = Driver::new(server, rt.shared.clone(), conn, settings, stop);
+        let mut cx = Context::from_waker(Waker::noop());
+        let mut input = input;
+        for _ in 0..100_000 {
+            if input.is_empty() {
+                break;
+            }
+            if let Poll::Ready(Ok(n)) = Pin::new(&mut c).poll_write(&mut cx, input) {
+                input = &input[n..];
+            }
+            assert!(d.poll(&mut cx).is_pending());
+        }
+        assert!(input.is_empty(), "the driver took the input");
+        (d, c)
+    }
+
+    /// What the driver has written: the byte in the pipe, then its buffer.
+    fn written(d: &Driver<tokio::io::DuplexStream>, c: &mut tokio::io::DuplexStream) -> BytesMut {
+        use tokio::io::AsyncRead;
+        let mut cx = Context::from_waker(Waker::noop());
+        let mut b = [0u8; 1];
+        let mut rb = tokio::io::ReadBuf::new(&mut b);
+        let _ = Pin::new(c).poll_read(&mut cx, &mut rb);
+        let mut out = BytesMut::from(rb.filled());
+        out.extend_from_slice(&d.write_buf);
+        out
+    }
+
+    fn frame_kinds(mut b: BytesMut) -> Vec<u8> {
+        let mut kinds = Vec::new();
+        while b.len() >= HEADER_LEN {
+            let h = Head::parse(&b);
+            kinds.push(h.kind);
+            b.advance((HEADER_LEN + h.len as usize).min(b.len()));
+        }
+        kinds
+    }
+
+    /// A waker that counts its wakes.
+    struct Count(std::sync::atomic::AtomicUsize);
+    impl std::task::Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.wake_by_ref();
+        }
+        fn wake_by_ref(self: &Arc<Self>) {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    /// Polls once after `wait`, with a counting waker: returns the wakes the poll itself made.
+    async fn poll_after(d: &mut Driver<tokio::io::DuplexStream>, wait: Duration) -> usize {
+        tokio::time::sleep(wait).await;
+        let count = Arc::new(Count(Default::default()));
+        let waker = Waker::from(count.clone());
+        let mut cx = Context::from_waker(&waker);
+        assert!(
+            d.poll(&mut cx).is_pending(),
+            "still flushing to a full pipe"
+        );
+        count.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    #[tokio::test]
+    async fn a_header_block_timeout_sends_one_goaway_and_does_not_spin() {
+        let rt = crate::runtime::Runtime::new(crate::runtime::RuntimeOptions::default()).unwrap();
+        let hrt = Duration::from_millis(200);
+        let mut input = BytesMut::from(&frame::PREFACE[..]);
+        frame::put_settings(&mut input, &[]);
+        frame::put_settings_ack(&mut input);
+        // A header block that never ends (no CONTINUATION follows).
+        let mut block = BytesMut::new();
+        Encoder::field(&mut block, b":method", b"GET", false);
+        frame::put_head(&mut input, block.len(), kind::HEADERS, 0, 1);
+        input.extend_from_slice(&block);
+        let (mut d, mut c) = hand_driver(&rt, |s| s.header_read_timeout = hrt, &input).await;
+        assert!(d.cont.is_some());
+        let wakes = poll_after(&mut d, hrt * 2).await;
+        let goaways = frame_kinds(written(&d, &mut c))
+            .into_iter()
+            .filter(|k| *k == kind::GOAWAY)
+            .count();
+        assert_eq!(goaways, 1, "one GOAWAY for the timeout");
+        assert_eq!(wakes, 0, "the task does not wake itself: no busy loop");
+        assert!(
+            d.timer.deadline().into_std() > Instant::now(),
+            "timer re-armed"
+        );
+        assert!(d.closing.is_some());
+    }
+
+    #[tokio::test]
+    async fn an_idle_goaway_is_sent_once_and_does_not_spin() {
+        let rt = crate::runtime::Runtime::new(crate::runtime::RuntimeOptions::default()).unwrap();
+        let idle = Duration::from_millis(200);
+        let mut input = BytesMut::from(&frame::PREFACE[..]);
+        frame::put_settings(&mut input, &[]);
+        frame::put_settings_ack(&mut input);
+        let (mut d, mut c) = hand_driver(
+            &rt,
+            |s| {
+                s.idle_timeout = idle;
+                s.header_read_timeout = idle;
+            },
+            &input,
+        )
+        .await;
+        let wakes = poll_after(&mut d, idle * 2).await;
+        let goaways = frame_kinds(written(&d, &mut c))
+            .into_iter()
+            .filter(|k| *k == kind::GOAWAY)
+            .count();
+        assert_eq!(goaways, 1, "one GOAWAY for the idle connection");
+        assert_eq!(wakes, 0, "the task does not wake itself: no busy loop");
+        assert!(d.going_away);
+        assert!(d.close_deadline.is_some(), "the close is bounded");
+        assert!(
+            d.timer.deadline().into_std() > Instant::now(),
+            "timer re-armed"
+        );
     }
 
     #[test]
