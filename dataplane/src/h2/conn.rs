@@ -50,6 +50,9 @@ const ROUNDS: usize = 16;
 /// Closed stream ids remembered to tell a frame on a closed stream (STREAM_CLOSED) from one
 /// on a never-opened lower id (PROTOCOL_ERROR).
 const RECENTLY_CLOSED: usize = 64;
+/// Stream ids we reset, refused or ignored, remembered so that the frames the client sent
+/// before it saw that are ignored (RFC 9113 §5.1) rather than answered and counted as resets.
+const LOCALLY_RESET: usize = 1024;
 /// SETTINGS, PING and PRIORITY frames, and empty DATA/CONTINUATION frames, a client may send
 /// per second.
 const MAX_CONTROL_PER_SEC: u32 = 1_000;
@@ -271,6 +274,9 @@ struct Driver<I> {
     blocked: Vec<u32>,
     last_stream: u32,
     recently_closed: VecDeque<u32>,
+    /// Streams we sent RST_STREAM for (or ignored after GOAWAY), oldest first; bounded.
+    locally_reset: VecDeque<u32>,
+    locally_reset_set: std::collections::HashSet<u32>,
     cont: Option<(Continuation, Instant)>,
 
     peer_initial_window: i64,
@@ -343,6 +349,8 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
             blocked: Vec::new(),
             last_stream: 0,
             recently_closed: VecDeque::new(),
+            locally_reset: VecDeque::new(),
+            locally_reset_set: Default::default(),
             cont: None,
             peer_initial_window: frame::DEFAULT_WINDOW as i64,
             peer_max_frame: frame::DEFAULT_MAX_FRAME_SIZE as usize,
@@ -826,6 +834,10 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
         }
         let Some(s) = self.streams.get_mut(&id) else {
             self.conn_release += len;
+            if self.locally_reset_set.contains(&id) {
+                // Sent before the client saw our RST_STREAM: the window is credited back.
+                return Ok(());
+            }
             if self.is_idle(id) {
                 return Err(Fault::Conn(
                     Reason::PROTOCOL_ERROR,
@@ -995,6 +1007,10 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
         }
         if id <= self.last_stream {
             let _ = self.decode(block, true)?;
+            if self.locally_reset_set.contains(&id) {
+                // Trailers of a stream we reset: decoded (the table stays in sync), dropped.
+                return Ok(());
+            }
             if self.recently_closed.contains(&id) {
                 return Err(Fault::Conn(
                     Reason::STREAM_CLOSED,
@@ -1010,11 +1026,15 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
         let h = self.decode(block, false)?;
         if self.going_away {
             // After our GOAWAY: not processed; the client may retry it elsewhere.
+            if !end_stream {
+                self.mark_reset(id);
+            }
             return Ok(());
         }
         if self.streams.len() >= self.cfg.max_concurrent_streams as usize {
             self.shared.metrics.limit_hit("h2_refused_stream");
             self.remember_closed(id);
+            self.mark_reset(id);
             frame::put_rst(&mut self.write_buf, id, Reason::REFUSED_STREAM);
             return self.reset_flood();
         }
@@ -1033,6 +1053,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
             );
             if !end_stream {
                 // The request body is not wanted.
+                self.mark_reset(id);
                 frame::put_rst(&mut self.write_buf, id, Reason::NO_ERROR);
             }
             return Ok(());
@@ -1042,6 +1063,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
                 tracing::debug!(stream = id, why, "malformed HTTP/2 request");
             }
             self.remember_closed(id);
+            self.mark_reset(id);
             frame::put_rst(&mut self.write_buf, id, Reason::PROTOCOL_ERROR);
             return self.reset_flood();
         }
@@ -1055,6 +1077,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
             Err(why) => {
                 tracing::debug!(stream = id, why, "malformed HTTP/2 request");
                 self.remember_closed(id);
+                self.mark_reset(id);
                 frame::put_rst(&mut self.write_buf, id, Reason::PROTOCOL_ERROR);
                 return self.reset_flood();
             }
@@ -1265,6 +1288,19 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
         self.recently_closed.push_back(id);
     }
 
+    /// Remembers a stream we reset, refused or ignored (bounded: the oldest is forgotten).
+    fn mark_reset(&mut self, id: u32) {
+        if !self.locally_reset_set.insert(id) {
+            return;
+        }
+        if self.locally_reset.len() == LOCALLY_RESET {
+            if let Some(old) = self.locally_reset.pop_front() {
+                self.locally_reset_set.remove(&old);
+            }
+        }
+        self.locally_reset.push_back(id);
+    }
+
     /// Removes a stream: aborts its response, fails its request body, releases its window.
     fn drop_stream(&mut self, id: u32, why: &'static str) {
         let Some(s) = self.streams.remove(&id) else {
@@ -1283,6 +1319,11 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
     /// Sends RST_STREAM and removes the stream.
     fn reset_stream(&mut self, id: u32, reason: Reason) {
         frame::put_rst(&mut self.write_buf, id, reason);
+        if reason != Reason::STREAM_CLOSED {
+            // STREAM_CLOSED answers a frame on a stream both sides had closed: the next one is
+            // answered the same way.
+            self.mark_reset(id);
+        }
         self.drop_stream(id, "stream reset");
     }
 
@@ -2142,6 +2183,68 @@ mod tests {
         assert_eq!(&p[4..8], &Reason::PROTOCOL_ERROR.0.to_be_bytes());
         assert_eq!(&p[..4], &1u32.to_be_bytes(), "last stream processed");
         assert!(read_frame(&mut c, &mut buf).await.is_none(), "then closed");
+    }
+
+    #[tokio::test]
+    async fn frames_after_our_reset_are_ignored_and_their_window_credited() {
+        use tokio::io::AsyncWriteExt;
+        // Few resets allowed: answering each DATA frame with a reset would end the connection.
+        let (mut c, _rt) = pipe_driver_with(4 << 20, |s| s.max_resets_per_sec = 4).await;
+        let mut out = BytesMut::from(&frame::PREFACE[..]);
+        frame::put_settings(&mut out, &[]);
+        // An upload: the 404 is answered early and the body is not wanted.
+        out.extend_from_slice(&request(1, false));
+        c.write_all(&out).await.unwrap();
+        let mut buf = BytesMut::new();
+        loop {
+            let (h, p) = read_frame(&mut c, &mut buf).await.expect("frames");
+            if h.kind == kind::RST_STREAM {
+                assert_eq!(
+                    (h.stream, &p[..]),
+                    (1, &Reason::NO_ERROR.0.to_be_bytes()[..])
+                );
+                break;
+            }
+        }
+        // What the client had sent before it saw the reset: the whole connection window of
+        // DATA, trailers, a WINDOW_UPDATE and its own RST_STREAM.
+        let mut out = BytesMut::new();
+        let chunk = vec![b'x'; 16_384];
+        for _ in 0..64 {
+            frame::put_data(&mut out, 1, &chunk, false);
+        }
+        let mut block = BytesMut::new();
+        Encoder::field(&mut block, b"x-trailer", b"1", false);
+        frame::put_headers(&mut out, 1, &block, true, 16_384);
+        frame::put_window_update(&mut out, 1, 100);
+        frame::put_rst(&mut out, 1, Reason::CANCEL);
+        frame::put_ping(&mut out, *b"12345678");
+        c.write_all(&out).await.unwrap();
+        let mut credit = 0u64;
+        loop {
+            let (h, p) = read_frame(&mut c, &mut buf).await.expect("no close");
+            assert_ne!(h.kind, kind::RST_STREAM, "no reset for the ignored frames");
+            assert_ne!(h.kind, kind::GOAWAY, "the connection stays up");
+            if h.kind == kind::WINDOW_UPDATE && h.stream == 0 {
+                credit += u32::from_be_bytes([p[0], p[1], p[2], p[3]]) as u64;
+            }
+            if h.kind == kind::PING && h.has(flag::ACK) {
+                break;
+            }
+        }
+        assert!(
+            credit >= 512 * 1024,
+            "the ignored DATA is credited back: {credit}"
+        );
+        // And the connection still serves requests.
+        c.write_all(&request(3, true)).await.unwrap();
+        loop {
+            let (h, _) = read_frame(&mut c, &mut buf).await.expect("a response");
+            if h.kind == kind::HEADERS {
+                assert_eq!(h.stream, 3);
+                break;
+            }
+        }
     }
 
     #[tokio::test]
