@@ -1307,9 +1307,10 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
             return;
         };
         self.remember_closed(id);
-        self.conn_release += s.unreleased;
+        // The body's buffered bytes reach the connection window through `Signal::consumed`.
         if let Some(r) = &s.recv {
             r.fail(why);
+            r.discard();
         }
         if let Resp::Running(h) = &s.resp {
             h.abort();
@@ -1334,8 +1335,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
             return;
         };
         if s.finished() {
-            if let Some(s) = self.streams.remove(&id) {
-                self.conn_release += s.unreleased;
+            if self.streams.remove(&id).is_some() {
                 self.remember_closed(id);
             }
             if self.streams.is_empty() {
@@ -1356,9 +1356,9 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
         };
         if let Some(r) = &s.recv {
             let consumed = r.take_consumed();
+            // Stream window only: the connection's comes through `Signal::consumed`.
             let consumed = consumed.min(s.unreleased);
             s.unreleased -= consumed;
-            self.conn_release += consumed;
             if r.dropped() {
                 // Nobody reads further data: stop granting (it is discarded on arrival).
                 s.grant = 0;
@@ -1374,11 +1374,15 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
     }
 
     fn release_windows(&mut self) {
-        let half_conn = self.cfg.conn_window as usize / 2;
-        if self.conn_release >= half_conn.max(1) {
+        let half_conn = (self.cfg.conn_window / 2) as i64;
+        // The flag first, then the count: a body consuming after the take sees the flag.
+        self.signal.set_conn_low(self.conn_recv_window < half_conn);
+        self.conn_release += self.signal.take_consumed();
+        if self.conn_release > 0 && self.conn_recv_window < half_conn {
             let n = std::mem::take(&mut self.conn_release);
             self.conn_recv_window += n as i64;
             frame::put_window_update(&mut self.write_buf, 0, n as u32);
+            self.signal.set_conn_low(self.conn_recv_window < half_conn);
         }
     }
 
