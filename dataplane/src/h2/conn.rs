@@ -141,6 +141,8 @@ struct Stream {
     trailers: Option<Box<HeaderMap>>,
     waker: Option<Waker>,
     queued: bool,
+    /// Listed in the driver's `blocked` (waiting for connection window).
+    blocked: bool,
     /// Extended CONNECT: the tunnel's response body, sent instead of the response's on a 2xx.
     tunnel_body: Option<Body>,
     is_head: bool,
@@ -163,6 +165,7 @@ impl Stream {
             trailers: None,
             waker: None,
             queued: false,
+            blocked: false,
             tunnel_body: None,
             is_head: false,
         }
@@ -1246,6 +1249,9 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
                 ));
             }
             for id in std::mem::take(&mut self.blocked) {
+                if let Some(s) = self.streams.get_mut(&id) {
+                    s.blocked = false;
+                }
                 self.enqueue(id);
             }
             return Ok(());
@@ -1288,6 +1294,13 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
         self.recently_closed.push_back(id);
     }
 
+    /// Drops a removed stream's id from the `blocked` list.
+    fn forget_blocked(&mut self, s: &Stream, id: u32) {
+        if s.blocked {
+            self.blocked.retain(|b| *b != id);
+        }
+    }
+
     /// Remembers a stream we reset, refused or ignored (bounded: the oldest is forgotten).
     fn mark_reset(&mut self, id: u32) {
         if !self.locally_reset_set.insert(id) {
@@ -1306,6 +1319,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
         let Some(s) = self.streams.remove(&id) else {
             return;
         };
+        self.forget_blocked(&s, id);
         self.remember_closed(id);
         // The body's buffered bytes reach the connection window through `Signal::consumed`.
         if let Some(r) = &s.recv {
@@ -1335,7 +1349,8 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
             return;
         };
         if s.finished() {
-            if self.streams.remove(&id).is_some() {
+            if let Some(s) = self.streams.remove(&id) {
+                self.forget_blocked(&s, id);
                 self.remember_closed(id);
             }
             if self.streams.is_empty() {
@@ -1576,7 +1591,8 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
             if !s.pending.is_empty() {
                 let avail = s.send_window.min(self.conn_send_window);
                 if avail <= 0 {
-                    if !self.blocked.contains(&id) {
+                    if !s.blocked {
+                        s.blocked = true;
                         self.blocked.push(id);
                     }
                     return false;
@@ -2296,7 +2312,6 @@ mod tests {
         edit: impl FnOnce(&mut Settings),
         input: &[u8],
     ) -> (Driver<tokio::io::DuplexStream>, tokio::io::DuplexStream) {
-        use tokio::io::AsyncWrite;
         let (mut c, server) = tokio::io::duplex(1);
         let conn = Arc::new(ConnInfo {
             listener: "x".into(),
@@ -2310,19 +2325,38 @@ mod tests {
         let mut settings = Settings::from_limits(&sweety_config::Limits::default());
         edit(&mut settings);
         let mut d = Driver::new(server, rt.shared.clone(), conn, settings, stop);
+        feed(&mut d, &mut c, input).await;
+        (d, c)
+    }
+
+    /// Writes `input` through the one-byte pipe, polling the driver between the bytes.
+    async fn feed(
+        d: &mut Driver<tokio::io::DuplexStream>,
+        c: &mut tokio::io::DuplexStream,
+        mut input: &[u8],
+    ) {
+        use tokio::io::AsyncWrite;
         let mut cx = Context::from_waker(Waker::noop());
-        let mut input = input;
         for _ in 0..100_000 {
             if input.is_empty() {
                 break;
             }
-            if let Poll::Ready(Ok(n)) = Pin::new(&mut c).poll_write(&mut cx, input) {
+            if let Poll::Ready(Ok(n)) = Pin::new(&mut *c).poll_write(&mut cx, input) {
                 input = &input[n..];
             }
             assert!(d.poll(&mut cx).is_pending());
+            // Lets the request tasks run.
+            tokio::task::yield_now().await;
         }
-        assert!(input.is_empty(), "the driver took the input");
-        (d, c)
+        assert!(
+            input.is_empty(),
+            "the driver took the input ({:?} left {} wb {} rb {} streams {})",
+            d.closing,
+            input.len(),
+            d.write_buf.len(),
+            d.read_buf.len(),
+            d.streams.len()
+        );
     }
 
     /// What the driver has written: the byte in the pipe, then its buffer.
@@ -2427,6 +2461,49 @@ mod tests {
         assert!(
             d.timer.deadline().into_std() > Instant::now(),
             "timer re-armed"
+        );
+    }
+
+    #[tokio::test]
+    async fn blocked_streams_are_listed_once_and_forgotten_when_removed() {
+        let rt = crate::runtime::Runtime::new(crate::runtime::RuntimeOptions::default()).unwrap();
+        let mut input = BytesMut::from(&frame::PREFACE[..]);
+        // No stream window: every response body waits.
+        frame::put_settings(&mut input, &[(setting::INITIAL_WINDOW_SIZE, 0)]);
+        frame::put_settings_ack(&mut input);
+        for i in 0..10 {
+            input.extend_from_slice(&request(1 + 2 * i, true));
+        }
+        let (mut d, mut c) = hand_driver(&rt, |s| s.max_resets_per_sec = 1000, &input).await;
+        let mut cx = Context::from_waker(Waker::noop());
+        for _ in 0..1000 {
+            if d.blocked.len() == 10 {
+                break;
+            }
+            tokio::task::yield_now().await;
+            let _ = d.poll(&mut cx);
+        }
+        let mut listed = d.blocked.clone();
+        listed.sort_unstable();
+        assert_eq!(listed, (0..10).map(|i| 1 + 2 * i).collect::<Vec<u32>>());
+        // One byte of window for stream 1: it sends it and waits again, listed once.
+        let mut more = BytesMut::new();
+        frame::put_window_update(&mut more, 1, 1);
+        feed(&mut d, &mut c, &more).await;
+        let _ = d.poll(&mut cx);
+        assert_eq!(d.blocked.iter().filter(|b| **b == 1).count(), 1);
+        // The client cancels them all: the list forgets them.
+        let mut resets = BytesMut::new();
+        for i in 0..10 {
+            frame::put_rst(&mut resets, 1 + 2 * i, Reason::CANCEL);
+        }
+        feed(&mut d, &mut c, &resets).await;
+        let _ = d.poll(&mut cx);
+        assert!(d.streams.is_empty());
+        assert!(
+            d.blocked.is_empty(),
+            "ids of removed streams: {:?}",
+            d.blocked
         );
     }
 
