@@ -290,6 +290,9 @@ struct Driver<I> {
 
     /// GOAWAY sent: no new streams; close when the streams are done.
     going_away: bool,
+    /// The last-stream id of the first GOAWAY sent: a later one (a connection error after a
+    /// graceful GOAWAY) repeats it, never a higher one (RFC 9113 §6.8).
+    goaway_last: Option<u32>,
     /// A connection error: write the GOAWAY, then close.
     closing: Option<H2Error>,
     settings_sent_at: Instant,
@@ -361,6 +364,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
             conn_recv_window: cfg.conn_window as i64,
             conn_release: 0,
             going_away: false,
+            goaway_last: None,
             closing: None,
             settings_sent_at: now,
             settings_acked: false,
@@ -1665,7 +1669,8 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
     fn go_away(&mut self, reason: Reason, debug: &[u8]) {
         if !self.going_away {
             self.going_away = true;
-            frame::put_goaway(&mut self.write_buf, self.last_stream, reason, debug);
+            let last = *self.goaway_last.get_or_insert(self.last_stream);
+            frame::put_goaway(&mut self.write_buf, last, reason, debug);
         }
     }
 
@@ -1679,6 +1684,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
                 }
                 tracing::debug!(%reason, why, peer = %self.conn.peer, "HTTP/2 connection error");
                 self.shared.metrics.edge_events.inc(&"h2_connection_error");
+                // A second GOAWAY after a graceful one carries the error, with the first's id.
                 self.going_away = false;
                 self.go_away(reason, why.as_bytes());
                 self.closing = Some(H2Error::Protocol(reason, why));
@@ -2265,6 +2271,63 @@ mod tests {
                 break;
             }
         }
+    }
+
+    #[tokio::test]
+    async fn an_error_after_a_graceful_goaway_keeps_its_last_stream_id() {
+        use tokio::io::AsyncWriteExt;
+        let rt = crate::runtime::Runtime::new(crate::runtime::RuntimeOptions::default()).unwrap();
+        let (mut c, server) = tokio::io::duplex(1 << 20);
+        let conn = Arc::new(ConnInfo {
+            listener: "x".into(),
+            peer: "127.0.0.1:1".parse().unwrap(),
+            local: "127.0.0.1:2".parse().unwrap(),
+            tls: false,
+            sni: None,
+        });
+        let (tx, stop) = tokio::sync::watch::channel(false);
+        let settings = Settings::from_limits(&sweety_config::Limits::default());
+        let shared = rt.shared.clone();
+        tokio::spawn(async move {
+            let _ = serve(server, shared, conn, settings, stop).await;
+        });
+        let mut out = BytesMut::from(&frame::PREFACE[..]);
+        // No stream window: stream 1's response waits, so the connection stays up.
+        frame::put_settings(&mut out, &[(setting::INITIAL_WINDOW_SIZE, 0)]);
+        out.extend_from_slice(&request(1, true));
+        c.write_all(&out).await.unwrap();
+        let mut buf = BytesMut::new();
+        loop {
+            let (h, _) = read_frame(&mut c, &mut buf).await.expect("frames");
+            if h.kind == kind::HEADERS && h.stream == 1 {
+                break;
+            }
+        }
+        // Drain: a graceful GOAWAY naming stream 1.
+        tx.send(true).unwrap();
+        let (_, p) = loop {
+            let f = read_frame(&mut c, &mut buf).await.expect("GOAWAY");
+            if f.0.kind == kind::GOAWAY {
+                break f;
+            }
+        };
+        assert_eq!(&p[..8], &[0, 0, 0, 1, 0, 0, 0, 0]);
+        // A stream the client opened before it saw that (ignored), then a connection error.
+        let mut out = request(3, true);
+        out.extend_from_slice(&request(4, true));
+        c.write_all(&out).await.unwrap();
+        let (_, p) = loop {
+            let f = read_frame(&mut c, &mut buf).await.expect("a second GOAWAY");
+            if f.0.kind == kind::GOAWAY {
+                break f;
+            }
+        };
+        assert_eq!(&p[4..8], &Reason::PROTOCOL_ERROR.0.to_be_bytes());
+        assert_eq!(
+            &p[..4],
+            &1u32.to_be_bytes(),
+            "the last-stream id does not grow"
+        );
     }
 
     #[tokio::test]
