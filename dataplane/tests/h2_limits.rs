@@ -809,3 +809,87 @@ fn frame_encoding() {
         ]
     );
 }
+
+/// A backend that reads and discards what it is sent and never answers: a request body
+/// proxied to it is consumed as it arrives.
+async fn draining_backend() -> SocketAddr {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        // Bounded: the test opens a few dozen backend connections.
+        for _ in 0..64 {
+            let Ok((mut s, _)) = l.accept().await else {
+                break;
+            };
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 64 * 1024];
+                // Until the proxy closes the connection.
+                while let Ok(n) = s.read(&mut buf).await {
+                    if n == 0 {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// Many concurrent uploads, each smaller than the point where its stream window is re-opened,
+/// together larger than the connection window: the bytes the backend consumed re-open the
+/// connection window, so the client can send them all.
+#[tokio::test]
+async fn concurrent_uploads_do_not_exhaust_the_connection_window() {
+    let drain = draining_backend().await;
+    let mut cfg = http_config(vec![vhost(
+        "any",
+        &[],
+        vec![proxy_route("drain", "/drain", "drain")],
+    )]);
+    cfg.backends = vec![backend("drain", drain)];
+    cfg.limits.http2_engine = sweety_config::Http2Engine::Sweety;
+    let h = Harness::start(cfg).await;
+    let addr = h.addr("web").await;
+    let (mut rd, mut wr) = open(addr).await;
+    const STREAMS: u32 = 20;
+    const PER_STREAM: usize = 60 * 1024;
+    const CHUNK: usize = 15 * 1024;
+    for i in 0..STREAMS {
+        // POST /drain, no END_STREAM: the body follows.
+        let mut block = vec![0x83, 0x86];
+        hpack_int(&mut block, 4, 4, 0x00);
+        hpack_str(&mut block, b"/drain");
+        hpack_int(&mut block, 1, 4, 0x00);
+        hpack_str(&mut block, b"localhost");
+        wr.write_all(&frame(HEADERS, END_HEADERS, 1 + 2 * i, &block))
+            .await
+            .unwrap();
+    }
+    // The client's connection send window: the default until the server grows it.
+    let mut window: i64 = 65_535;
+    let chunk = vec![b'x'; CHUNK];
+    let mut sent = 0usize;
+    for _ in 0..PER_STREAM / CHUNK {
+        for i in 0..STREAMS {
+            while window < CHUNK as i64 {
+                let ev = rd
+                    .until(
+                        &mut wr,
+                        "connection WINDOW_UPDATE",
+                        |e| matches!(e, Event::Frame(f) if f.ty == WINDOW_UPDATE && f.stream == 0),
+                    )
+                    .await;
+                if let Event::Frame(f) = ev {
+                    window += u32::from_be_bytes(f.payload[..4].try_into().unwrap()) as i64;
+                }
+            }
+            wr.write_all(&frame(DATA, 0, 1 + 2 * i, &chunk))
+                .await
+                .unwrap();
+            window -= CHUNK as i64;
+            sent += CHUNK;
+        }
+    }
+    assert_eq!(sent, STREAMS as usize * PER_STREAM);
+    assert!(sent > 1024 * 1024, "more than the 1 MiB connection window");
+}

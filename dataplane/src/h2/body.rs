@@ -12,6 +12,7 @@ use http_body::{Frame, SizeHint};
 use std::collections::VecDeque;
 use std::io;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Wake, Waker};
 use tokio::io::{AsyncRead, AsyncWrite, DuplexStream, ReadBuf};
@@ -25,6 +26,12 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 #[derive(Default)]
 pub struct Signal {
     inner: Mutex<SignalInner>,
+    /// Request body bytes of all streams consumed (or discarded) whose connection window the
+    /// driver has not yet re-opened; counted past a stream's END_STREAM too.
+    conn_consumed: AtomicUsize,
+    /// Set by the driver while the connection window it granted is below half: the first
+    /// consumption after it looked wakes it.
+    conn_low: AtomicBool,
 }
 
 #[derive(Default)]
@@ -44,6 +51,33 @@ impl Signal {
         if let Some(w) = waker {
             w.wake();
         }
+    }
+
+    /// Counts `n` request body bytes consumed; wakes the driver if the connection window is low
+    /// and these are the first bytes since it last took the count.
+    pub fn consumed(&self, n: usize) {
+        if n == 0 {
+            return;
+        }
+        // SeqCst with `set_conn_low` then `take_consumed` in the driver: either the driver's
+        // take sees these bytes, or this sees the flag and wakes it.
+        let prev = self.conn_consumed.fetch_add(n, Ordering::SeqCst);
+        if prev == 0 && self.conn_low.load(Ordering::SeqCst) {
+            let waker = lock(&self.inner).waker.take();
+            if let Some(w) = waker {
+                w.wake();
+            }
+        }
+    }
+
+    /// Takes the count of consumed bytes for the connection window.
+    pub fn take_consumed(&self) -> usize {
+        self.conn_consumed.swap(0, Ordering::SeqCst)
+    }
+
+    /// Whether the driver wants to hear of consumption at once (its window is low).
+    pub fn set_conn_low(&self, low: bool) {
+        self.conn_low.store(low, Ordering::SeqCst);
     }
 
     /// Moves the ready streams into `out` and registers the driver's waker.
@@ -158,6 +192,15 @@ impl RecvShared {
         std::mem::take(&mut lock(&self.state).consumed)
     }
 
+    /// Discards the buffered data (the stream is gone): its bytes count as consumed.
+    pub fn discard(&self) {
+        let mut s = lock(&self.state);
+        let buffered = std::mem::take(&mut s.buffered);
+        s.data.clear();
+        drop(s);
+        self.signal.consumed(buffered);
+    }
+
     /// Whether the body was dropped by the pipeline.
     pub fn dropped(&self) -> bool {
         lock(&self.state).dropped
@@ -199,6 +242,7 @@ impl http_body::Body for RecvBody {
             s.consumed += d.len();
             let notify = s.consumed >= self.shared.notify_at;
             drop(s);
+            self.shared.signal.consumed(d.len());
             if notify {
                 self.shared.signal.notify(self.shared.id);
             }
@@ -244,6 +288,7 @@ impl Drop for RecvBody {
         s.data.clear();
         s.consumed += buffered;
         drop(s);
+        self.shared.signal.consumed(buffered);
         // The driver re-opens the connection window for what was buffered, and stops
         // granting stream window.
         self.shared.signal.notify(self.shared.id);

@@ -50,6 +50,9 @@ const ROUNDS: usize = 16;
 /// Closed stream ids remembered to tell a frame on a closed stream (STREAM_CLOSED) from one
 /// on a never-opened lower id (PROTOCOL_ERROR).
 const RECENTLY_CLOSED: usize = 64;
+/// Stream ids we reset, refused or ignored, remembered so that the frames the client sent
+/// before it saw that are ignored (RFC 9113 §5.1) rather than answered and counted as resets.
+const LOCALLY_RESET: usize = 1024;
 /// SETTINGS, PING and PRIORITY frames, and empty DATA/CONTINUATION frames, a client may send
 /// per second.
 const MAX_CONTROL_PER_SEC: u32 = 1_000;
@@ -138,6 +141,8 @@ struct Stream {
     trailers: Option<Box<HeaderMap>>,
     waker: Option<Waker>,
     queued: bool,
+    /// Listed in the driver's `blocked` (waiting for connection window).
+    blocked: bool,
     /// Extended CONNECT: the tunnel's response body, sent instead of the response's on a 2xx.
     tunnel_body: Option<Body>,
     is_head: bool,
@@ -160,6 +165,7 @@ impl Stream {
             trailers: None,
             waker: None,
             queued: false,
+            blocked: false,
             tunnel_body: None,
             is_head: false,
         }
@@ -271,6 +277,9 @@ struct Driver<I> {
     blocked: Vec<u32>,
     last_stream: u32,
     recently_closed: VecDeque<u32>,
+    /// Streams we sent RST_STREAM for (or ignored after GOAWAY), oldest first; bounded.
+    locally_reset: VecDeque<u32>,
+    locally_reset_set: std::collections::HashSet<u32>,
     cont: Option<(Continuation, Instant)>,
 
     peer_initial_window: i64,
@@ -281,6 +290,9 @@ struct Driver<I> {
 
     /// GOAWAY sent: no new streams; close when the streams are done.
     going_away: bool,
+    /// The last-stream id of the first GOAWAY sent: a later one (a connection error after a
+    /// graceful GOAWAY) repeats it, never a higher one (RFC 9113 §6.8).
+    goaway_last: Option<u32>,
     /// A connection error: write the GOAWAY, then close.
     closing: Option<H2Error>,
     settings_sent_at: Instant,
@@ -343,6 +355,8 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
             blocked: Vec::new(),
             last_stream: 0,
             recently_closed: VecDeque::new(),
+            locally_reset: VecDeque::new(),
+            locally_reset_set: Default::default(),
             cont: None,
             peer_initial_window: frame::DEFAULT_WINDOW as i64,
             peer_max_frame: frame::DEFAULT_MAX_FRAME_SIZE as usize,
@@ -350,6 +364,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
             conn_recv_window: cfg.conn_window as i64,
             conn_release: 0,
             going_away: false,
+            goaway_last: None,
             closing: None,
             settings_sent_at: now,
             settings_acked: false,
@@ -495,98 +510,140 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
         Poll::Ready(Ok(()))
     }
 
+    /// Handles the deadlines that have passed, then re-arms the timer to the next one still in
+    /// the future (a fired `Sleep` stays ready: returning without a reset would spin the task).
     fn poll_timer(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         if self.timer.as_mut().poll(cx).is_pending() {
             return Poll::Pending;
         }
         let now = Instant::now();
-        let hrt = self.cfg.header_read_timeout;
-        let mut next = now + self.cfg.idle_timeout;
+        let fired = self.on_deadlines(now);
+        let next = self.next_deadline(now);
+        self.timer.as_mut().reset(next.into());
+        // Registers the waker for the new deadline (it is in the future: pending).
+        let _ = self.timer.as_mut().poll(cx);
+        if fired {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    }
+
+    /// Acts on every deadline at or before `now`; true when one did. Each action changes the
+    /// state so that its deadline is no longer one of `next_deadline`'s.
+    fn on_deadlines(&mut self, now: Instant) -> bool {
         if let Some(d) = self.close_deadline {
             if now >= d {
                 // The client does not read: give up on the final flush.
                 self.write_buf.clear();
                 self.closing
                     .get_or_insert(H2Error::Protocol(Reason::NO_ERROR, "close timed out"));
-                return Poll::Ready(());
+                return true;
             }
-            next = next.min(d);
         }
-        if !self.got_settings {
-            let d = self.started + hrt;
-            if now >= d {
-                self.shared.metrics.limit_hit("h2_preface_timeout");
-                self.closing = Some(H2Error::Protocol(Reason::PROTOCOL_ERROR, "no preface"));
-                return Poll::Ready(());
-            }
-            next = next.min(d);
+        if self.closing.is_some() {
+            // Closing: only the close deadline counts.
+            return false;
         }
-        if !self.settings_acked {
-            let d = self.settings_sent_at + hrt.max(Duration::from_secs(5));
-            if now >= d {
-                self.fault(Fault::Conn(
-                    Reason::SETTINGS_TIMEOUT,
-                    "SETTINGS not acknowledged",
-                ));
-                return Poll::Ready(());
-            }
-            next = next.min(d);
+        let hrt = self.cfg.header_read_timeout;
+        if !self.got_settings && now >= self.started + hrt {
+            self.shared.metrics.limit_hit("h2_preface_timeout");
+            self.closing = Some(H2Error::Protocol(Reason::PROTOCOL_ERROR, "no preface"));
+            self.set_close_deadline();
+            return true;
+        }
+        if !self.settings_acked && now >= self.settings_ack_deadline() {
+            self.fault(Fault::Conn(
+                Reason::SETTINGS_TIMEOUT,
+                "SETTINGS not acknowledged",
+            ));
+            return true;
         }
         if let Some((_, started)) = &self.cont {
-            let d = *started + hrt;
-            if now >= d {
+            if now >= *started + hrt {
                 self.shared.metrics.limit_hit("header_read_timeout");
                 self.fault(Fault::Conn(Reason::PROTOCOL_ERROR, "header block timeout"));
-                return Poll::Ready(());
+                return true;
             }
-            next = next.min(d);
         }
         if self.streams.is_empty() && self.got_settings {
-            let d = self.last_active + self.cfg.idle_timeout;
-            if now >= d {
+            if !self.going_away && now >= self.last_active + self.cfg.idle_timeout {
                 self.shared.metrics.limit_hit("idle_timeout");
                 self.go_away(Reason::NO_ERROR, b"idle");
-                return Poll::Ready(());
+                self.set_close_deadline();
+                return true;
             }
-            next = next.min(d);
-        } else if self.got_settings && self.closing.is_none() {
+        } else if self.got_settings {
             // Streams are open but the client has been silent: is it still there? A PING,
             // and the connection ends when no frame comes within `header_read_timeout` (a response
             // waiting for flow-control window from a vanished client would wait forever).
             match self.ping_sent {
-                None => {
-                    let d = self.last_active + self.cfg.idle_timeout;
-                    if now >= d {
-                        frame::put_ping(&mut self.write_buf, *b"sweetyKA");
-                        self.ping_sent = Some(now);
-                        next = next.min(now + hrt);
-                        self.timer.as_mut().reset(next.into());
-                        return Poll::Ready(());
-                    }
-                    next = next.min(d);
+                None if now >= self.last_active + self.cfg.idle_timeout => {
+                    frame::put_ping(&mut self.write_buf, *b"sweetyKA");
+                    self.ping_sent = Some(now);
+                    return true;
                 }
-                Some(at) => {
-                    let d = at + hrt;
-                    if now >= d {
-                        self.shared.metrics.limit_hit("h2_keepalive_timeout");
-                        self.fault(Fault::Conn(
-                            Reason::NO_ERROR,
-                            "keep-alive PING not answered",
-                        ));
-                        return Poll::Ready(());
-                    }
-                    next = next.min(d);
+                Some(at) if now >= at + hrt => {
+                    self.shared.metrics.limit_hit("h2_keepalive_timeout");
+                    self.fault(Fault::Conn(
+                        Reason::NO_ERROR,
+                        "keep-alive PING not answered",
+                    ));
+                    return true;
                 }
+                _ => {}
             }
         }
-        self.timer.as_mut().reset(next.into());
-        let _ = self.timer.as_mut().poll(cx);
-        Poll::Pending
+        false
     }
 
-    /// Re-arms the timer when a deadline earlier than the current one appears.
+    /// The earliest deadline after `now` (at most one idle timeout away).
+    fn next_deadline(&self, now: Instant) -> Instant {
+        let hrt = self.cfg.header_read_timeout;
+        let mut next = now + self.cfg.idle_timeout;
+        let mut consider = |d: Instant| {
+            if d > now && d < next {
+                next = d;
+            }
+        };
+        if let Some(d) = self.close_deadline {
+            consider(d);
+        }
+        if self.closing.is_some() {
+            return next;
+        }
+        if !self.got_settings {
+            consider(self.started + hrt);
+        }
+        if !self.settings_acked {
+            consider(self.settings_ack_deadline());
+        }
+        if let Some((_, started)) = &self.cont {
+            consider(*started + hrt);
+        }
+        if self.streams.is_empty() && self.got_settings {
+            if !self.going_away {
+                consider(self.last_active + self.cfg.idle_timeout);
+            }
+        } else if self.got_settings {
+            match self.ping_sent {
+                None => consider(self.last_active + self.cfg.idle_timeout),
+                Some(at) => consider(at + hrt),
+            }
+        }
+        next
+    }
+
+    fn settings_ack_deadline(&self) -> Instant {
+        self.settings_sent_at + self.cfg.header_read_timeout.max(Duration::from_secs(5))
+    }
+
+    /// Re-arms the timer when a deadline earlier than the current one appears. A timer that
+    /// has already fired is left alone: `poll_timer` handles it and re-arms to the next
+    /// deadline (every deadline is derived from the state, so none is lost).
     fn arm(&mut self, at: Instant) {
-        if at < self.timer.deadline().into_std() {
+        let current = self.timer.deadline().into_std();
+        if at < current && current > Instant::now() {
             self.timer.as_mut().reset(at.into());
         }
     }
@@ -784,6 +841,10 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
         }
         let Some(s) = self.streams.get_mut(&id) else {
             self.conn_release += len;
+            if self.locally_reset_set.contains(&id) {
+                // Sent before the client saw our RST_STREAM: the window is credited back.
+                return Ok(());
+            }
             if self.is_idle(id) {
                 return Err(Fault::Conn(
                     Reason::PROTOCOL_ERROR,
@@ -953,6 +1014,10 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
         }
         if id <= self.last_stream {
             let _ = self.decode(block, true)?;
+            if self.locally_reset_set.contains(&id) {
+                // Trailers of a stream we reset: decoded (the table stays in sync), dropped.
+                return Ok(());
+            }
             if self.recently_closed.contains(&id) {
                 return Err(Fault::Conn(
                     Reason::STREAM_CLOSED,
@@ -968,11 +1033,15 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
         let h = self.decode(block, false)?;
         if self.going_away {
             // After our GOAWAY: not processed; the client may retry it elsewhere.
+            if !end_stream {
+                self.mark_reset(id);
+            }
             return Ok(());
         }
         if self.streams.len() >= self.cfg.max_concurrent_streams as usize {
             self.shared.metrics.limit_hit("h2_refused_stream");
             self.remember_closed(id);
+            self.mark_reset(id);
             frame::put_rst(&mut self.write_buf, id, Reason::REFUSED_STREAM);
             return self.reset_flood();
         }
@@ -991,6 +1060,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
             );
             if !end_stream {
                 // The request body is not wanted.
+                self.mark_reset(id);
                 frame::put_rst(&mut self.write_buf, id, Reason::NO_ERROR);
             }
             return Ok(());
@@ -1000,6 +1070,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
                 tracing::debug!(stream = id, why, "malformed HTTP/2 request");
             }
             self.remember_closed(id);
+            self.mark_reset(id);
             frame::put_rst(&mut self.write_buf, id, Reason::PROTOCOL_ERROR);
             return self.reset_flood();
         }
@@ -1013,6 +1084,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
             Err(why) => {
                 tracing::debug!(stream = id, why, "malformed HTTP/2 request");
                 self.remember_closed(id);
+                self.mark_reset(id);
                 frame::put_rst(&mut self.write_buf, id, Reason::PROTOCOL_ERROR);
                 return self.reset_flood();
             }
@@ -1181,6 +1253,9 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
                 ));
             }
             for id in std::mem::take(&mut self.blocked) {
+                if let Some(s) = self.streams.get_mut(&id) {
+                    s.blocked = false;
+                }
                 self.enqueue(id);
             }
             return Ok(());
@@ -1223,15 +1298,37 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
         self.recently_closed.push_back(id);
     }
 
+    /// Drops a removed stream's id from the `blocked` list.
+    fn forget_blocked(&mut self, s: &Stream, id: u32) {
+        if s.blocked {
+            self.blocked.retain(|b| *b != id);
+        }
+    }
+
+    /// Remembers a stream we reset, refused or ignored (bounded: the oldest is forgotten).
+    fn mark_reset(&mut self, id: u32) {
+        if !self.locally_reset_set.insert(id) {
+            return;
+        }
+        if self.locally_reset.len() == LOCALLY_RESET {
+            if let Some(old) = self.locally_reset.pop_front() {
+                self.locally_reset_set.remove(&old);
+            }
+        }
+        self.locally_reset.push_back(id);
+    }
+
     /// Removes a stream: aborts its response, fails its request body, releases its window.
     fn drop_stream(&mut self, id: u32, why: &'static str) {
         let Some(s) = self.streams.remove(&id) else {
             return;
         };
+        self.forget_blocked(&s, id);
         self.remember_closed(id);
-        self.conn_release += s.unreleased;
+        // The body's buffered bytes reach the connection window through `Signal::consumed`.
         if let Some(r) = &s.recv {
             r.fail(why);
+            r.discard();
         }
         if let Resp::Running(h) = &s.resp {
             h.abort();
@@ -1241,6 +1338,11 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
     /// Sends RST_STREAM and removes the stream.
     fn reset_stream(&mut self, id: u32, reason: Reason) {
         frame::put_rst(&mut self.write_buf, id, reason);
+        if reason != Reason::STREAM_CLOSED {
+            // STREAM_CLOSED answers a frame on a stream both sides had closed: the next one is
+            // answered the same way.
+            self.mark_reset(id);
+        }
         self.drop_stream(id, "stream reset");
     }
 
@@ -1252,7 +1354,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
         };
         if s.finished() {
             if let Some(s) = self.streams.remove(&id) {
-                self.conn_release += s.unreleased;
+                self.forget_blocked(&s, id);
                 self.remember_closed(id);
             }
             if self.streams.is_empty() {
@@ -1273,9 +1375,9 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
         };
         if let Some(r) = &s.recv {
             let consumed = r.take_consumed();
+            // Stream window only: the connection's comes through `Signal::consumed`.
             let consumed = consumed.min(s.unreleased);
             s.unreleased -= consumed;
-            self.conn_release += consumed;
             if r.dropped() {
                 // Nobody reads further data: stop granting (it is discarded on arrival).
                 s.grant = 0;
@@ -1291,11 +1393,15 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
     }
 
     fn release_windows(&mut self) {
-        let half_conn = self.cfg.conn_window as usize / 2;
-        if self.conn_release >= half_conn.max(1) {
+        let half_conn = (self.cfg.conn_window / 2) as i64;
+        // The flag first, then the count: a body consuming after the take sees the flag.
+        self.signal.set_conn_low(self.conn_recv_window < half_conn);
+        self.conn_release += self.signal.take_consumed();
+        if self.conn_release > 0 && self.conn_recv_window < half_conn {
             let n = std::mem::take(&mut self.conn_release);
             self.conn_recv_window += n as i64;
             frame::put_window_update(&mut self.write_buf, 0, n as u32);
+            self.signal.set_conn_low(self.conn_recv_window < half_conn);
         }
     }
 
@@ -1489,7 +1595,8 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
             if !s.pending.is_empty() {
                 let avail = s.send_window.min(self.conn_send_window);
                 if avail <= 0 {
-                    if !self.blocked.contains(&id) {
+                    if !s.blocked {
+                        s.blocked = true;
                         self.blocked.push(id);
                     }
                     return false;
@@ -1562,7 +1669,8 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
     fn go_away(&mut self, reason: Reason, debug: &[u8]) {
         if !self.going_away {
             self.going_away = true;
-            frame::put_goaway(&mut self.write_buf, self.last_stream, reason, debug);
+            let last = *self.goaway_last.get_or_insert(self.last_stream);
+            frame::put_goaway(&mut self.write_buf, last, reason, debug);
         }
     }
 
@@ -1570,8 +1678,13 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
         match f {
             Fault::Stream(id, reason) => self.reset_stream(id, reason),
             Fault::Conn(reason, why) => {
+                if self.closing.is_some() {
+                    // Already closing: one GOAWAY, one error.
+                    return;
+                }
                 tracing::debug!(%reason, why, peer = %self.conn.peer, "HTTP/2 connection error");
                 self.shared.metrics.edge_events.inc(&"h2_connection_error");
+                // A second GOAWAY after a graceful one carries the error, with the first's id.
                 self.going_away = false;
                 self.go_away(reason, why.as_bytes());
                 self.closing = Some(H2Error::Protocol(reason, why));
@@ -2099,6 +2212,125 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn frames_after_our_reset_are_ignored_and_their_window_credited() {
+        use tokio::io::AsyncWriteExt;
+        // Few resets allowed: answering each DATA frame with a reset would end the connection.
+        let (mut c, _rt) = pipe_driver_with(4 << 20, |s| s.max_resets_per_sec = 4).await;
+        let mut out = BytesMut::from(&frame::PREFACE[..]);
+        frame::put_settings(&mut out, &[]);
+        // An upload: the 404 is answered early and the body is not wanted.
+        out.extend_from_slice(&request(1, false));
+        c.write_all(&out).await.unwrap();
+        let mut buf = BytesMut::new();
+        loop {
+            let (h, p) = read_frame(&mut c, &mut buf).await.expect("frames");
+            if h.kind == kind::RST_STREAM {
+                assert_eq!(
+                    (h.stream, &p[..]),
+                    (1, &Reason::NO_ERROR.0.to_be_bytes()[..])
+                );
+                break;
+            }
+        }
+        // What the client had sent before it saw the reset: the whole connection window of
+        // DATA, trailers, a WINDOW_UPDATE and its own RST_STREAM.
+        let mut out = BytesMut::new();
+        let chunk = vec![b'x'; 16_384];
+        for _ in 0..64 {
+            frame::put_data(&mut out, 1, &chunk, false);
+        }
+        let mut block = BytesMut::new();
+        Encoder::field(&mut block, b"x-trailer", b"1", false);
+        frame::put_headers(&mut out, 1, &block, true, 16_384);
+        frame::put_window_update(&mut out, 1, 100);
+        frame::put_rst(&mut out, 1, Reason::CANCEL);
+        frame::put_ping(&mut out, *b"12345678");
+        c.write_all(&out).await.unwrap();
+        let mut credit = 0u64;
+        loop {
+            let (h, p) = read_frame(&mut c, &mut buf).await.expect("no close");
+            assert_ne!(h.kind, kind::RST_STREAM, "no reset for the ignored frames");
+            assert_ne!(h.kind, kind::GOAWAY, "the connection stays up");
+            if h.kind == kind::WINDOW_UPDATE && h.stream == 0 {
+                credit += u32::from_be_bytes([p[0], p[1], p[2], p[3]]) as u64;
+            }
+            if h.kind == kind::PING && h.has(flag::ACK) {
+                break;
+            }
+        }
+        assert!(
+            credit >= 512 * 1024,
+            "the ignored DATA is credited back: {credit}"
+        );
+        // And the connection still serves requests.
+        c.write_all(&request(3, true)).await.unwrap();
+        loop {
+            let (h, _) = read_frame(&mut c, &mut buf).await.expect("a response");
+            if h.kind == kind::HEADERS {
+                assert_eq!(h.stream, 3);
+                break;
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn an_error_after_a_graceful_goaway_keeps_its_last_stream_id() {
+        use tokio::io::AsyncWriteExt;
+        let rt = crate::runtime::Runtime::new(crate::runtime::RuntimeOptions::default()).unwrap();
+        let (mut c, server) = tokio::io::duplex(1 << 20);
+        let conn = Arc::new(ConnInfo {
+            listener: "x".into(),
+            peer: "127.0.0.1:1".parse().unwrap(),
+            local: "127.0.0.1:2".parse().unwrap(),
+            tls: false,
+            sni: None,
+        });
+        let (tx, stop) = tokio::sync::watch::channel(false);
+        let settings = Settings::from_limits(&sweety_config::Limits::default());
+        let shared = rt.shared.clone();
+        tokio::spawn(async move {
+            let _ = serve(server, shared, conn, settings, stop).await;
+        });
+        let mut out = BytesMut::from(&frame::PREFACE[..]);
+        // No stream window: stream 1's response waits, so the connection stays up.
+        frame::put_settings(&mut out, &[(setting::INITIAL_WINDOW_SIZE, 0)]);
+        out.extend_from_slice(&request(1, true));
+        c.write_all(&out).await.unwrap();
+        let mut buf = BytesMut::new();
+        loop {
+            let (h, _) = read_frame(&mut c, &mut buf).await.expect("frames");
+            if h.kind == kind::HEADERS && h.stream == 1 {
+                break;
+            }
+        }
+        // Drain: a graceful GOAWAY naming stream 1.
+        tx.send(true).unwrap();
+        let (_, p) = loop {
+            let f = read_frame(&mut c, &mut buf).await.expect("GOAWAY");
+            if f.0.kind == kind::GOAWAY {
+                break f;
+            }
+        };
+        assert_eq!(&p[..8], &[0, 0, 0, 1, 0, 0, 0, 0]);
+        // A stream the client opened before it saw that (ignored), then a connection error.
+        let mut out = request(3, true);
+        out.extend_from_slice(&request(4, true));
+        c.write_all(&out).await.unwrap();
+        let (_, p) = loop {
+            let f = read_frame(&mut c, &mut buf).await.expect("a second GOAWAY");
+            if f.0.kind == kind::GOAWAY {
+                break f;
+            }
+        };
+        assert_eq!(&p[4..8], &Reason::PROTOCOL_ERROR.0.to_be_bytes());
+        assert_eq!(
+            &p[..4],
+            &1u32.to_be_bytes(),
+            "the last-stream id does not grow"
+        );
+    }
+
+    #[tokio::test]
     async fn a_client_that_does_not_read_is_not_read_either() {
         use tokio::io::AsyncWrite;
         const PIPE: usize = 16 * 1024;
@@ -2134,6 +2366,208 @@ mod tests {
         // What it took in is bounded by its output buffer, not by what the client sent.
         let bound = PIPE + WRITE_HIGH + 2 * READ_CHUNK + 64 * 1024;
         assert!(written < bound, "read {written} bytes of requests");
+    }
+
+    /// A driver polled by hand over a pipe that holds one byte (the client never reads, so
+    /// what the driver writes stays in its buffer), fed `input`, and the client end.
+    async fn hand_driver(
+        rt: &crate::runtime::Runtime,
+        edit: impl FnOnce(&mut Settings),
+        input: &[u8],
+    ) -> (Driver<tokio::io::DuplexStream>, tokio::io::DuplexStream) {
+        let (mut c, server) = tokio::io::duplex(1);
+        let conn = Arc::new(ConnInfo {
+            listener: "x".into(),
+            peer: "127.0.0.1:1".parse().unwrap(),
+            local: "127.0.0.1:2".parse().unwrap(),
+            tls: false,
+            sni: None,
+        });
+        let (tx, stop) = tokio::sync::watch::channel(false);
+        std::mem::forget(tx);
+        let mut settings = Settings::from_limits(&sweety_config::Limits::default());
+        edit(&mut settings);
+        let mut d = Driver::new(server, rt.shared.clone(), conn, settings, stop);
+        feed(&mut d, &mut c, input).await;
+        (d, c)
+    }
+
+    /// Writes `input` through the one-byte pipe, polling the driver between the bytes.
+    async fn feed(
+        d: &mut Driver<tokio::io::DuplexStream>,
+        c: &mut tokio::io::DuplexStream,
+        mut input: &[u8],
+    ) {
+        use tokio::io::AsyncWrite;
+        let mut cx = Context::from_waker(Waker::noop());
+        for _ in 0..100_000 {
+            if input.is_empty() {
+                break;
+            }
+            if let Poll::Ready(Ok(n)) = Pin::new(&mut *c).poll_write(&mut cx, input) {
+                input = &input[n..];
+            }
+            assert!(d.poll(&mut cx).is_pending());
+            // Lets the request tasks run.
+            tokio::task::yield_now().await;
+        }
+        assert!(
+            input.is_empty(),
+            "the driver took the input ({:?} left {} wb {} rb {} streams {})",
+            d.closing,
+            input.len(),
+            d.write_buf.len(),
+            d.read_buf.len(),
+            d.streams.len()
+        );
+    }
+
+    /// What the driver has written: the byte in the pipe, then its buffer.
+    fn written(d: &Driver<tokio::io::DuplexStream>, c: &mut tokio::io::DuplexStream) -> BytesMut {
+        use tokio::io::AsyncRead;
+        let mut cx = Context::from_waker(Waker::noop());
+        let mut b = [0u8; 1];
+        let mut rb = tokio::io::ReadBuf::new(&mut b);
+        let _ = Pin::new(c).poll_read(&mut cx, &mut rb);
+        let mut out = BytesMut::from(rb.filled());
+        out.extend_from_slice(&d.write_buf);
+        out
+    }
+
+    fn frame_kinds(mut b: BytesMut) -> Vec<u8> {
+        let mut kinds = Vec::new();
+        while b.len() >= HEADER_LEN {
+            let h = Head::parse(&b);
+            kinds.push(h.kind);
+            b.advance((HEADER_LEN + h.len as usize).min(b.len()));
+        }
+        kinds
+    }
+
+    /// A waker that counts its wakes.
+    struct Count(std::sync::atomic::AtomicUsize);
+    impl std::task::Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.wake_by_ref();
+        }
+        fn wake_by_ref(self: &Arc<Self>) {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    /// Polls once after `wait`, with a counting waker: returns the wakes the poll itself made.
+    async fn poll_after(d: &mut Driver<tokio::io::DuplexStream>, wait: Duration) -> usize {
+        tokio::time::sleep(wait).await;
+        let count = Arc::new(Count(Default::default()));
+        let waker = Waker::from(count.clone());
+        let mut cx = Context::from_waker(&waker);
+        assert!(
+            d.poll(&mut cx).is_pending(),
+            "still flushing to a full pipe"
+        );
+        count.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    #[tokio::test]
+    async fn a_header_block_timeout_sends_one_goaway_and_does_not_spin() {
+        let rt = crate::runtime::Runtime::new(crate::runtime::RuntimeOptions::default()).unwrap();
+        let hrt = Duration::from_millis(200);
+        let mut input = BytesMut::from(&frame::PREFACE[..]);
+        frame::put_settings(&mut input, &[]);
+        frame::put_settings_ack(&mut input);
+        // A header block that never ends (no CONTINUATION follows).
+        let mut block = BytesMut::new();
+        Encoder::field(&mut block, b":method", b"GET", false);
+        frame::put_head(&mut input, block.len(), kind::HEADERS, 0, 1);
+        input.extend_from_slice(&block);
+        let (mut d, mut c) = hand_driver(&rt, |s| s.header_read_timeout = hrt, &input).await;
+        assert!(d.cont.is_some());
+        let wakes = poll_after(&mut d, hrt * 2).await;
+        let goaways = frame_kinds(written(&d, &mut c))
+            .into_iter()
+            .filter(|k| *k == kind::GOAWAY)
+            .count();
+        assert_eq!(goaways, 1, "one GOAWAY for the timeout");
+        assert_eq!(wakes, 0, "the task does not wake itself: no busy loop");
+        assert!(
+            d.timer.deadline().into_std() > Instant::now(),
+            "timer re-armed"
+        );
+        assert!(d.closing.is_some());
+    }
+
+    #[tokio::test]
+    async fn an_idle_goaway_is_sent_once_and_does_not_spin() {
+        let rt = crate::runtime::Runtime::new(crate::runtime::RuntimeOptions::default()).unwrap();
+        let idle = Duration::from_millis(200);
+        let mut input = BytesMut::from(&frame::PREFACE[..]);
+        frame::put_settings(&mut input, &[]);
+        frame::put_settings_ack(&mut input);
+        let (mut d, mut c) = hand_driver(
+            &rt,
+            |s| {
+                s.idle_timeout = idle;
+                s.header_read_timeout = idle;
+            },
+            &input,
+        )
+        .await;
+        let wakes = poll_after(&mut d, idle * 2).await;
+        let goaways = frame_kinds(written(&d, &mut c))
+            .into_iter()
+            .filter(|k| *k == kind::GOAWAY)
+            .count();
+        assert_eq!(goaways, 1, "one GOAWAY for the idle connection");
+        assert_eq!(wakes, 0, "the task does not wake itself: no busy loop");
+        assert!(d.going_away);
+        assert!(d.close_deadline.is_some(), "the close is bounded");
+        assert!(
+            d.timer.deadline().into_std() > Instant::now(),
+            "timer re-armed"
+        );
+    }
+
+    #[tokio::test]
+    async fn blocked_streams_are_listed_once_and_forgotten_when_removed() {
+        let rt = crate::runtime::Runtime::new(crate::runtime::RuntimeOptions::default()).unwrap();
+        let mut input = BytesMut::from(&frame::PREFACE[..]);
+        // No stream window: every response body waits.
+        frame::put_settings(&mut input, &[(setting::INITIAL_WINDOW_SIZE, 0)]);
+        frame::put_settings_ack(&mut input);
+        for i in 0..10 {
+            input.extend_from_slice(&request(1 + 2 * i, true));
+        }
+        let (mut d, mut c) = hand_driver(&rt, |s| s.max_resets_per_sec = 1000, &input).await;
+        let mut cx = Context::from_waker(Waker::noop());
+        for _ in 0..1000 {
+            if d.blocked.len() == 10 {
+                break;
+            }
+            tokio::task::yield_now().await;
+            let _ = d.poll(&mut cx);
+        }
+        let mut listed = d.blocked.clone();
+        listed.sort_unstable();
+        assert_eq!(listed, (0..10).map(|i| 1 + 2 * i).collect::<Vec<u32>>());
+        // One byte of window for stream 1: it sends it and waits again, listed once.
+        let mut more = BytesMut::new();
+        frame::put_window_update(&mut more, 1, 1);
+        feed(&mut d, &mut c, &more).await;
+        let _ = d.poll(&mut cx);
+        assert_eq!(d.blocked.iter().filter(|b| **b == 1).count(), 1);
+        // The client cancels them all: the list forgets them.
+        let mut resets = BytesMut::new();
+        for i in 0..10 {
+            frame::put_rst(&mut resets, 1 + 2 * i, Reason::CANCEL);
+        }
+        feed(&mut d, &mut c, &resets).await;
+        let _ = d.poll(&mut cx);
+        assert!(d.streams.is_empty());
+        assert!(
+            d.blocked.is_empty(),
+            "ids of removed streams: {:?}",
+            d.blocked
+        );
     }
 
     #[test]
