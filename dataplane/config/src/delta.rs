@@ -129,30 +129,21 @@ pub fn settings_of(c: &Config) -> Config {
     }
 }
 
-/// Replaces every setting of `c` with those of `settings` (its lists are left alone).
+/// Replaces every setting of `c` with those of `settings` (its lists and generation are left
+/// alone). Struct update syntax takes every other field from `settings`, so a new `Config`
+/// field is carried without being named here.
 fn set_settings(c: &mut Config, settings: Config) {
-    let Config {
-        version,
-        generation: _,
-        listeners: _,
-        virtual_hosts: _,
-        backends: _,
-        limits,
-        http3,
-        admin,
-        access_log,
-        client_ip,
-        l4,
-        cache,
-    } = settings;
-    c.version = version;
-    c.limits = limits;
-    c.http3 = http3;
-    c.admin = admin;
-    c.access_log = access_log;
-    c.client_ip = client_ip;
-    c.l4 = l4;
-    c.cache = cache;
+    let generation = c.generation;
+    let listeners = std::mem::take(&mut c.listeners);
+    let virtual_hosts = std::mem::take(&mut c.virtual_hosts);
+    let backends = std::mem::take(&mut c.backends);
+    *c = Config {
+        generation,
+        listeners,
+        virtual_hosts,
+        backends,
+        ..settings
+    };
 }
 
 /// An item of a keyed list.

@@ -1456,12 +1456,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
             }
         }
         for (name, value) in parts.headers.iter().skip(skip) {
-            Encoder::field(
-                &mut self.scratch,
-                name.as_str().as_bytes(),
-                value.as_bytes(),
-                value.is_sensitive(),
-            );
+            super::encode_field(&mut self.scratch, name, value);
         }
         frame::put_headers(
             &mut self.write_buf,
@@ -1627,12 +1622,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
                         self.scratch.clear();
                         self.encoder.begin_block(&mut self.scratch);
                         for (name, value) in t.iter() {
-                            Encoder::field(
-                                &mut self.scratch,
-                                name.as_str().as_bytes(),
-                                value.as_bytes(),
-                                value.is_sensitive(),
-                            );
+                            super::encode_field(&mut self.scratch, name, value);
                         }
                         frame::put_headers(
                             &mut self.write_buf,

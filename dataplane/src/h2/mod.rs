@@ -19,6 +19,17 @@ pub use body::{Upgrade, Upgraded};
 pub use conn::{serve, H2Error, Settings};
 pub use encoded::Encoded;
 
+/// HPACK-encodes one field of an `http` header map (name, value, sensitivity) into `dst`:
+/// response heads, trailers and pre-encoded cache entries all go through here.
+fn encode_field(dst: &mut bytes::BytesMut, name: &http::HeaderName, value: &http::HeaderValue) {
+    crate::hpack::Encoder::field(
+        dst,
+        name.as_str().as_bytes(),
+        value.as_bytes(),
+        value.is_sensitive(),
+    );
+}
+
 mod encoded {
     //! Pre-encoded response headers: a stored response's header fields HPACK-encoded once
     //! (the encoder never uses the dynamic table, so an encoding is valid on every
@@ -50,12 +61,7 @@ mod encoded {
             let mut block = BytesMut::new();
             let mut fields = Vec::with_capacity(headers.len());
             for (n, v) in headers.iter() {
-                crate::hpack::Encoder::field(
-                    &mut block,
-                    n.as_str().as_bytes(),
-                    v.as_bytes(),
-                    v.is_sensitive(),
-                );
+                super::encode_field(&mut block, n, v);
                 fields.push((
                     n.clone(),
                     v.as_bytes().as_ptr() as usize,
