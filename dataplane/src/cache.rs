@@ -710,7 +710,6 @@ impl Cache {
     }
 }
 
-/// A response built from an entry.
 /// The same header map with every value a slice of one buffer: a hit clones the map, and
 /// its values then share one reference count (one cache line) instead of one each.
 fn compact_values(headers: HeaderMap) -> HeaderMap {

@@ -525,6 +525,39 @@ async fn drain_sends_goaway_and_in_flight_streams_finish() {
 }
 
 #[tokio::test]
+async fn head_gets_the_length_without_a_body() {
+    let (_h, addr) = start(|_| {}).await;
+    let mut raw = Raw::connect(addr).await;
+    let head = block(&[
+        (":method", "HEAD"),
+        (":scheme", "http"),
+        (":authority", "a.test"),
+        (":path", "/fixed"),
+    ]);
+    raw.send(&headers_frame(1, &head, true)).await;
+    raw.send(&headers_frame(3, &get_block("/fixed"), true))
+        .await;
+    // Stream 1 (HEAD) ends with its HEADERS; stream 3 (GET) carries the body.
+    let (mut head_ended, mut head_data, mut get_body) = (false, false, Vec::new());
+    while let Some((h, p)) = raw.frame().await {
+        match (h.kind, h.stream) {
+            (kind::HEADERS, 1) => head_ended = h.has(flag::END_STREAM),
+            (kind::DATA, 1) => head_data |= !p.is_empty(),
+            (kind::DATA, 3) => {
+                get_body.extend_from_slice(&p);
+                if h.has(flag::END_STREAM) {
+                    break;
+                }
+            }
+            _ => {}
+        }
+    }
+    assert!(head_ended, "the HEAD response ends with its HEADERS");
+    assert!(!head_data, "no DATA for HEAD");
+    assert_eq!(get_body, b"fixed reply");
+}
+
+#[tokio::test]
 async fn streams_past_max_concurrent_are_refused() {
     let (_h, addr) = start(|c| c.limits.max_concurrent_streams = 2).await;
     let mut raw = Raw::connect(addr).await;

@@ -1079,7 +1079,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
 
     fn start_stream(&mut self, id: u32, end_stream: bool, h: Head_) -> FResult {
         let mut s = Stream::new(self.peer_initial_window, self.cfg.stream_window as i64);
-        let (req, tunnel) = match h.into_request(end_stream) {
+        let (req, tunnel) = match h.into_request() {
             Ok(r) => r,
             Err(why) => {
                 tracing::debug!(stream = id, why, "malformed HTTP/2 request");
@@ -1429,12 +1429,18 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
             parts.headers.insert(header::DATE, date);
         }
         let mut body = body;
+        // 204 and 304 never have a body (nor a length); HEAD gets the length a GET would get,
+        // without the body (RFC 9110 §9.3.2, §15.3.5, §15.4.5).
+        let no_body = matches!(
+            parts.status,
+            http::StatusCode::NO_CONTENT | http::StatusCode::NOT_MODIFIED
+        );
         if let Some(t) = s.tunnel_body.take() {
             if parts.status.is_success() {
                 parts.headers.remove(header::CONTENT_LENGTH);
                 body = t;
             }
-        } else if !body.is_end_stream() {
+        } else if !no_body && !body.is_end_stream() {
             if let Some(n) = body.size_hint().exact() {
                 if !parts.headers.contains_key(header::CONTENT_LENGTH) {
                     parts
@@ -1442,6 +1448,9 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
                         .insert(header::CONTENT_LENGTH, HeaderValue::from(n));
                 }
             }
+        }
+        if s.is_head || no_body {
+            body = crate::body::empty();
         }
         let end = body.is_end_stream();
         self.scratch.clear();
@@ -1847,7 +1856,7 @@ impl Head_ {
     }
 
     /// The request (body to be set) and whether it is an extended CONNECT (a tunnel).
-    fn into_request(self, _end_stream: bool) -> Result<(Request<()>, bool), &'static str> {
+    fn into_request(self) -> Result<(Request<()>, bool), &'static str> {
         let Head_ {
             method,
             scheme,
@@ -1954,7 +1963,7 @@ mod tests {
             false,
         );
         assert!(h.malformed.is_none());
-        let (r, tunnel) = h.into_request(true).unwrap();
+        let (r, tunnel) = h.into_request().unwrap();
         assert!(!tunnel);
         assert_eq!(r.uri(), "https://a.test:8443/x?y=1");
         assert_eq!(r.version(), Version::HTTP_2);
@@ -1991,7 +2000,7 @@ mod tests {
         ];
         for (fields, what) in cases {
             let h = head(fields, false);
-            let bad = h.malformed.is_some() || h.into_request(true).is_err();
+            let bad = h.malformed.is_some() || h.into_request().is_err();
             assert!(bad, "{what} must be refused");
         }
         assert!(
@@ -2013,7 +2022,7 @@ mod tests {
             ],
             false,
         );
-        let (r, tunnel) = h.into_request(false).unwrap();
+        let (r, tunnel) = h.into_request().unwrap();
         assert!(tunnel);
         assert_eq!(
             r.extensions()
