@@ -525,9 +525,8 @@ impl Starter {
             let mut stream = std::pin::pin!(stream);
             while let Some(event) = stream.next().await {
                 match event {
-                    Ok(watcher::Event::Init)
-                    | Ok(watcher::Event::InitApply(_))
-                    | Ok(watcher::Event::InitDone) => {}
+                    // A relist's end signals too: changes during a watch gap show only there.
+                    Ok(watcher::Event::Init) | Ok(watcher::Event::InitApply(_)) => {}
                     Ok(_) => {
                         tx.send_modify(|n| *n = n.wrapping_add(1));
                     }

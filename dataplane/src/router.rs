@@ -247,6 +247,9 @@ fn unclaim(claims: &mut Claims, key: u64) {
 #[derive(Debug, Clone, Default)]
 struct HostMap {
     shards: Vec<Arc<HashMap<Box<str>, Claims>>>,
+    /// Keys over all shards: `is_empty` is asked on every request that misses the exact
+    /// hosts, and must not walk the shards.
+    keys: usize,
 }
 
 /// FNV-1a, to pick a shard (each shard is a std `HashMap` with its own keyed hasher).
@@ -260,6 +263,7 @@ impl HostMap {
     fn new(shards: usize) -> HostMap {
         HostMap {
             shards: (0..shards).map(|_| Arc::default()).collect(),
+            keys: 0,
         }
     }
 
@@ -275,7 +279,7 @@ impl HostMap {
     }
 
     fn is_empty(&self) -> bool {
-        self.shards.iter().all(|s| s.is_empty())
+        self.keys == 0
     }
 
     fn claim(&mut self, key: &str, slot: &Slot) {
@@ -285,6 +289,7 @@ impl HostMap {
             Some(c) => claim(c, slot),
             None => {
                 shard.insert(key.into(), vec![slot.clone()]);
+                self.keys += 1;
             }
         }
     }
@@ -299,6 +304,7 @@ impl HostMap {
             unclaim(c, order);
             if c.is_empty() {
                 shard.remove(key);
+                self.keys -= 1;
             }
         }
     }

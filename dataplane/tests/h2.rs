@@ -537,23 +537,42 @@ async fn head_gets_the_length_without_a_body() {
     raw.send(&headers_frame(1, &head, true)).await;
     raw.send(&headers_frame(3, &get_block("/fixed"), true))
         .await;
-    // Stream 1 (HEAD) ends with its HEADERS; stream 3 (GET) carries the body.
-    let (mut head_ended, mut head_data, mut get_body) = (false, false, Vec::new());
-    while let Some((h, p)) = raw.frame().await {
+    // Stream 1 (HEAD) ends with its HEADERS, which carry the GET's length; stream 3 (GET)
+    // carries the body. Read until both streams have ended.
+    let mut decoder = sweety_dataplane::hpack::Decoder::new();
+    let (mut head_ended, mut head_data, mut head_length) = (false, false, None);
+    let (mut get_ended, mut get_body) = (false, Vec::new());
+    while !(head_ended && get_ended) {
+        let Some((h, p)) = raw.frame().await else {
+            break;
+        };
         match (h.kind, h.stream) {
-            (kind::HEADERS, 1) => head_ended = h.has(flag::END_STREAM),
+            (kind::HEADERS, 1) => {
+                head_ended = h.has(flag::END_STREAM);
+                decoder
+                    .decode(&p, 65_536, |f| {
+                        if f.name == b"content-length" {
+                            head_length = Some(String::from_utf8_lossy(f.value).into_owned());
+                        }
+                    })
+                    .unwrap();
+            }
+            (kind::HEADERS, 3) => decoder.decode(&p, 65_536, |_| {}).unwrap(),
             (kind::DATA, 1) => head_data |= !p.is_empty(),
             (kind::DATA, 3) => {
                 get_body.extend_from_slice(&p);
-                if h.has(flag::END_STREAM) {
-                    break;
-                }
+                get_ended = h.has(flag::END_STREAM);
             }
             _ => {}
         }
     }
     assert!(head_ended, "the HEAD response ends with its HEADERS");
     assert!(!head_data, "no DATA for HEAD");
+    assert_eq!(
+        head_length.as_deref(),
+        Some("11"),
+        "HEAD carries the length"
+    );
     assert_eq!(get_body, b"fixed reply");
 }
 

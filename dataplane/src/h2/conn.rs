@@ -2154,6 +2154,11 @@ mod tests {
                 p.len()
             );
             data.extend_from_slice(&p);
+            assert!(
+                data.len() <= granted,
+                "{} bytes sent with a window of {granted}",
+                data.len()
+            );
             if h.has(flag::END_STREAM) {
                 break;
             }
