@@ -976,13 +976,6 @@ impl RouteTable {
             .map(|s| (&*s.vhost.name, s.vhost.entries.as_slice()))
     }
 
-    /// The compiled routes of the virtual host at `position` (config order).
-    pub fn vhost_entries_at(&self, position: usize) -> Option<&[RouteEntry]> {
-        self.vhosts
-            .get(position)
-            .map(|s| s.vhost.entries.as_slice())
-    }
-
     /// All routes, in config order (virtual hosts, then routes).
     pub fn entries(&self) -> impl Iterator<Item = &RouteEntry> {
         self.vhosts.iter().flat_map(|s| s.vhost.entries.iter())

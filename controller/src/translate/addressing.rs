@@ -215,7 +215,7 @@ pub fn addresses(
 /// message of its [`ADDRESS_USABLE_CONDITION`] when that is False. The condition must be
 /// about the current spec when both carry a generation; the API server sets none on
 /// Services, so after the requested address changes a stale condition can show until the
-/// load balancer rewrites it (the node agent's: within its one-second poll).
+/// load balancer rewrites it (the node agent's: on its next sync, which the Service change triggers).
 pub fn address_unusable(snapshot: &Snapshot, namespace: &str, service: &str) -> Option<String> {
     let svc = gateway_service(snapshot, namespace, service)?;
     let generation = svc.metadata.generation;

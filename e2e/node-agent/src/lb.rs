@@ -114,17 +114,16 @@ where
     K::DynamicType: Default,
 {
     use futures_util::StreamExt;
+    use kube::runtime::WatchStreamExt;
     let api: Api<K> = Api::all(client);
     AbortOnDrop(tokio::spawn(async move {
-        let mut events =
-            kube::runtime::watcher(api, kube::runtime::watcher::Config::default()).boxed();
+        let mut events = kube::runtime::watcher(api, kube::runtime::watcher::Config::default())
+            .default_backoff()
+            .boxed();
         while let Some(ev) = events.next().await {
             match ev {
                 Ok(_) => changed.notify_one(),
-                Err(e) => {
-                    tracing::debug!(error = %e, "load balancer watch");
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                }
+                Err(e) => tracing::debug!(error = %e, "load balancer watch; retrying"),
             }
         }
     }))
