@@ -110,6 +110,13 @@ enum Fault {
 
 type FResult = Result<(), Fault>;
 
+/// Whose doing a stream reset is: the client's count towards the rapid-reset limit.
+#[derive(Clone, Copy)]
+enum Charge {
+    Client,
+    Server,
+}
+
 /// What a stream's response is doing.
 enum Resp {
     /// The pipeline is working on it in its own task.
@@ -699,8 +706,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
                 Ok(()) => {}
                 Err(Fault::Stream(id, reason)) => {
                     // Stream errors the client provokes count like its own resets.
-                    self.reset_stream(id, reason);
-                    self.reset_flood()?;
+                    self.reset_stream(id, reason, Charge::Client)?;
                 }
                 Err(f) => return Err(f),
             }
@@ -1040,10 +1046,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
         }
         if self.streams.len() >= self.cfg.max_concurrent_streams as usize {
             self.shared.metrics.limit_hit("h2_refused_stream");
-            self.remember_closed(id);
-            self.mark_reset(id);
-            frame::put_rst(&mut self.write_buf, id, Reason::REFUSED_STREAM);
-            return self.reset_flood();
+            return self.reset_stream(id, Reason::REFUSED_STREAM, Charge::Client);
         }
         if h.too_large {
             self.shared.metrics.limit_hit("header_bytes");
@@ -1069,10 +1072,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
             if let Some(why) = h.malformed {
                 tracing::debug!(stream = id, why, "malformed HTTP/2 request");
             }
-            self.remember_closed(id);
-            self.mark_reset(id);
-            frame::put_rst(&mut self.write_buf, id, Reason::PROTOCOL_ERROR);
-            return self.reset_flood();
+            return self.reset_stream(id, Reason::PROTOCOL_ERROR, Charge::Client);
         }
         self.start_stream(id, end_stream, h)
     }
@@ -1083,10 +1083,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
             Ok(r) => r,
             Err(why) => {
                 tracing::debug!(stream = id, why, "malformed HTTP/2 request");
-                self.remember_closed(id);
-                self.mark_reset(id);
-                frame::put_rst(&mut self.write_buf, id, Reason::PROTOCOL_ERROR);
-                return self.reset_flood();
+                return self.reset_stream(id, Reason::PROTOCOL_ERROR, Charge::Client);
             }
         };
         let (mut parts, ()) = req.into_parts();
@@ -1292,6 +1289,9 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
     }
 
     fn remember_closed(&mut self, id: u32) {
+        if self.recently_closed.contains(&id) {
+            return;
+        }
         if self.recently_closed.len() == RECENTLY_CLOSED {
             self.recently_closed.pop_front();
         }
@@ -1335,15 +1335,26 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
         }
     }
 
-    /// Sends RST_STREAM and removes the stream.
-    fn reset_stream(&mut self, id: u32, reason: Reason) {
+    /// Sends RST_STREAM for `id`, removes the stream if it was open, and remembers it as
+    /// closed and as reset by us (its frames in flight are then ignored). A reset the client
+    /// caused (refused or malformed stream, a frame it should not have sent) counts towards
+    /// the rapid-reset limit: the error is the connection's end when it is over.
+    fn reset_stream(&mut self, id: u32, reason: Reason, charge: Charge) -> FResult {
         frame::put_rst(&mut self.write_buf, id, reason);
         if reason != Reason::STREAM_CLOSED {
             // STREAM_CLOSED answers a frame on a stream both sides had closed: the next one is
             // answered the same way.
             self.mark_reset(id);
         }
-        self.drop_stream(id, "stream reset");
+        if self.streams.contains_key(&id) {
+            self.drop_stream(id, "stream reset");
+        } else {
+            self.remember_closed(id);
+        }
+        match charge {
+            Charge::Client => self.reset_flood(),
+            Charge::Server => Ok(()),
+        }
     }
 
     /// Removes a stream that is finished both ways. A response finished before the client
@@ -1364,7 +1375,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
         } else if matches!(s.resp, Resp::Done) && s.recv_open {
             let dropped = s.recv.as_ref().is_none_or(|r| r.dropped());
             if dropped {
-                self.reset_stream(id, Reason::NO_ERROR);
+                let _ = self.reset_stream(id, Reason::NO_ERROR, Charge::Server);
             }
         }
     }
@@ -1542,7 +1553,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
                 Poll::Ready(Ok(resp)) => self.start_response(id, resp),
                 Poll::Ready(Err(e)) => {
                     tracing::error!(error = %e, "a request task failed");
-                    self.reset_stream(id, Reason::INTERNAL_ERROR);
+                    let _ = self.reset_stream(id, Reason::INTERNAL_ERROR, Charge::Server);
                     return false;
                 }
             }
@@ -1576,7 +1587,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
                     Poll::Ready(None) => s.body_done = true,
                     Poll::Ready(Some(Err(e))) => {
                         tracing::debug!(error = %e, stream = id, "response body failed");
-                        self.reset_stream(id, Reason::INTERNAL_ERROR);
+                        let _ = self.reset_stream(id, Reason::INTERNAL_ERROR, Charge::Server);
                         return false;
                     }
                     Poll::Ready(Some(Ok(f))) => match f.into_data() {
@@ -1675,7 +1686,11 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
 
     fn fault(&mut self, f: Fault) {
         match f {
-            Fault::Stream(id, reason) => self.reset_stream(id, reason),
+            Fault::Stream(id, reason) => {
+                if let Err(f) = self.reset_stream(id, reason, Charge::Client) {
+                    self.fault(f);
+                }
+            }
             Fault::Conn(reason, why) => {
                 if self.closing.is_some() {
                     // Already closing: one GOAWAY, one error.
@@ -2572,6 +2587,38 @@ mod tests {
             "ids of removed streams: {:?}",
             d.blocked
         );
+    }
+
+    #[tokio::test]
+    async fn every_reset_we_send_remembers_the_stream_and_counts_the_clients() {
+        let rt = crate::runtime::Runtime::new(crate::runtime::RuntimeOptions::default()).unwrap();
+        let mut input = BytesMut::from(&frame::PREFACE[..]);
+        frame::put_settings(&mut input, &[]);
+        frame::put_settings_ack(&mut input);
+        // Stream 1: a content-length with END_STREAM and no body (reset before it opens);
+        // stream 3: an upper-case header name (malformed).
+        let mut block = BytesMut::new();
+        for (n, v) in [
+            (":method", "GET"),
+            (":scheme", "http"),
+            (":path", "/"),
+            ("content-length", "5"),
+        ] {
+            Encoder::field(&mut block, n.as_bytes(), v.as_bytes(), false);
+        }
+        frame::put_headers(&mut input, 1, &block, true, 16_384);
+        let mut block = BytesMut::new();
+        for (n, v) in [(":method", "GET"), (":scheme", "http"), (":path", "/")] {
+            Encoder::field(&mut block, n.as_bytes(), v.as_bytes(), false);
+        }
+        Encoder::field(&mut block, b"X-Upper", b"1", false);
+        frame::put_headers(&mut input, 3, &block, true, 16_384);
+        let (d, _c) = hand_driver(&rt, |s| s.max_resets_per_sec = 100, &input).await;
+        for id in [1, 3] {
+            assert!(d.recently_closed.contains(&id), "stream {id} remembered closed");
+            assert!(d.locally_reset_set.contains(&id), "stream {id} remembered reset");
+        }
+        assert_eq!(d.flood.resets, 2, "both resets are the client's doing");
     }
 
     #[test]
