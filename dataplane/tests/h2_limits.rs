@@ -41,6 +41,7 @@ const PROTOCOL_ERROR: u32 = 0x1;
 const FLOW_CONTROL_ERROR: u32 = 0x3;
 const REFUSED_STREAM: u32 = 0x7;
 const CANCEL: u32 = 0x8;
+const ENHANCE_YOUR_CALM: u32 = 0xb;
 
 /// The request header list limit the tests configure (`limits.max_header_bytes`).
 const MAX_HEADER_BYTES: u32 = 16 * 1024;
@@ -892,4 +893,43 @@ async fn concurrent_uploads_do_not_exhaust_the_connection_window() {
     }
     assert_eq!(sent, STREAMS as usize * PER_STREAM);
     assert!(sent > 1024 * 1024, "more than the 1 MiB connection window");
+}
+
+/// Oversized header lists answered with 431 count like resets: a client looping them (each
+/// costs the server an HPACK decode of a large block) ends up with GOAWAY ENHANCE_YOUR_CALM
+/// rather than being served 431s forever.
+#[tokio::test]
+async fn oversized_header_lists_count_towards_the_reset_limit() {
+    let (_h, addr) = start_with(|l| l.max_pending_reset_streams = 10).await;
+    let (mut rd, mut wr) = open(addr).await;
+    let mut fields = request_block("/");
+    for i in 0..400 {
+        literal_field(&mut fields, &format!("x-f-{i:03}"), b"0123456789");
+    }
+    let mut out = Vec::new();
+    for i in 0..30u32 {
+        out.extend(frame(HEADERS, END_STREAM | END_HEADERS, 1 + 2 * i, &fields));
+    }
+    // A marker: its ACK before any GOAWAY means all 30 were answered without a limit.
+    out.extend(frame(PING, 0, 0, b"marker!!"));
+    wr.write_all(&out).await.unwrap();
+    let mut answered_431 = 0;
+    let ev = rd
+        .until(&mut wr, "GOAWAY or the PING ACK", |e| match e {
+            Event::Frame(f) if f.ty == HEADERS && f.status == Some(431) => {
+                answered_431 += 1;
+                false
+            }
+            Event::Frame(f) => f.ty == GOAWAY || (f.ty == PING && f.flags & ACK != 0),
+            _ => false,
+        })
+        .await;
+    match ev {
+        Event::Frame(f) if f.ty == GOAWAY => {
+            assert_eq!(f.error_code(), ENHANCE_YOUR_CALM, "{f:?}");
+            assert!(answered_431 <= 11, "{answered_431} answered before the limit");
+        }
+        other => panic!("30 oversized header lists served without a limit: {other:?}"),
+    }
+    fresh_request_succeeds(addr).await;
 }

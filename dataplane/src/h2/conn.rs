@@ -1049,8 +1049,9 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
             return self.reset_stream(id, Reason::REFUSED_STREAM, Charge::Client);
         }
         if h.too_large {
+            // Answered, but counted like a reset: decoding an oversized block is the client's
+            // cost to us, and looping them must not be free.
             self.shared.metrics.limit_hit("header_bytes");
-            self.remember_closed(id);
             self.scratch.clear();
             self.encoder.begin_block(&mut self.scratch);
             Encoder::status(&mut self.scratch, 431);
@@ -1063,10 +1064,10 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
             );
             if !end_stream {
                 // The request body is not wanted.
-                self.mark_reset(id);
-                frame::put_rst(&mut self.write_buf, id, Reason::NO_ERROR);
+                return self.reset_stream(id, Reason::NO_ERROR, Charge::Client);
             }
-            return Ok(());
+            self.remember_closed(id);
+            return self.reset_flood();
         }
         if bad_priority || h.malformed.is_some() {
             if let Some(why) = h.malformed {
