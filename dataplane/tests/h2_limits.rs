@@ -933,3 +933,46 @@ async fn oversized_header_lists_count_towards_the_reset_limit() {
     }
     fresh_request_succeeds(addr).await;
 }
+
+/// A SETTINGS frame's INITIAL_WINDOW_SIZE entries are applied as one change, the last value
+/// (not one walk over every stream per entry: 2,730 entries fit one frame). Seen from the
+/// wire: a stream whose window is at the maximum survives a frame that raises the initial
+/// window by one and then puts it back (applied entry by entry, the first one would overflow
+/// the stream's window: GOAWAY FLOW_CONTROL_ERROR).
+#[tokio::test]
+async fn initial_window_size_entries_apply_as_one_change() {
+    let (_h, addr) = start().await;
+    let (mut rd, mut wr) = open(addr).await;
+    // Stream 1 waits for a silent backend; its send window goes to 2^31-1.
+    let mut out = frame(
+        HEADERS,
+        END_STREAM | END_HEADERS,
+        1,
+        &request_block("/hang"),
+    );
+    out.extend(frame(
+        WINDOW_UPDATE,
+        0,
+        1,
+        &(0x7fff_ffffu32 - 65_535).to_be_bytes(),
+    ));
+    let mut entries = Vec::new();
+    for v in [65_536u32, 65_535] {
+        entries.extend_from_slice(&4u16.to_be_bytes());
+        entries.extend_from_slice(&v.to_be_bytes());
+    }
+    out.extend(frame(SETTINGS, 0, 0, &entries));
+    out.extend(frame(PING, 0, 0, b"marker!!"));
+    wr.write_all(&out).await.unwrap();
+    let ev = rd
+        .until(&mut wr, "the PING ACK", |e| {
+            matches!(e, Event::Frame(f) if f.ty == GOAWAY || f.ty == PING && f.flags & ACK != 0)
+                || matches!(e, Event::Closed)
+        })
+        .await;
+    match ev {
+        Event::Frame(f) if f.ty == PING => {}
+        other => panic!("the net change of zero ended the connection: {other:?}"),
+    }
+    assert_eq!(request_on(&mut rd, &mut wr, 3, "/").await, 200);
+}

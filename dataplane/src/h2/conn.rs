@@ -1184,6 +1184,9 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
             return Err(Fault::Conn(Reason::FRAME_SIZE_ERROR, "SETTINGS length"));
         }
         self.control_flood()?;
+        // INITIAL_WINDOW_SIZE changes every stream's window: only the frame's last value is
+        // applied, once (a frame of 2,730 entries would otherwise walk the streams per entry).
+        let mut initial_window = None;
         for (id, v) in frame::settings_params(payload) {
             match id {
                 setting::ENABLE_PUSH | setting::ENABLE_CONNECT_PROTOCOL if v > 1 => {
@@ -1196,24 +1199,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
                             "INITIAL_WINDOW_SIZE",
                         ));
                     }
-                    let delta = v as i64 - self.peer_initial_window;
-                    self.peer_initial_window = v as i64;
-                    let mut grew = Vec::new();
-                    for (sid, s) in self.streams.iter_mut() {
-                        s.send_window += delta;
-                        if s.send_window > MAX_WINDOW {
-                            return Err(Fault::Conn(
-                                Reason::FLOW_CONTROL_ERROR,
-                                "stream window overflow",
-                            ));
-                        }
-                        if delta > 0 {
-                            grew.push(*sid);
-                        }
-                    }
-                    for sid in grew {
-                        self.enqueue(sid);
-                    }
+                    initial_window = Some(v as i64);
                 }
                 setting::MAX_FRAME_SIZE => {
                     if !(frame::DEFAULT_MAX_FRAME_SIZE..=frame::MAX_MAX_FRAME_SIZE).contains(&v) {
@@ -1226,7 +1212,35 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
                 _ => {}
             }
         }
+        if let Some(v) = initial_window {
+            self.set_peer_initial_window(v)?;
+        }
         frame::put_settings_ack(&mut self.write_buf);
+        Ok(())
+    }
+
+    /// Applies the client's new INITIAL_WINDOW_SIZE to every stream's send window.
+    fn set_peer_initial_window(&mut self, v: i64) -> FResult {
+        let delta = v - self.peer_initial_window;
+        self.peer_initial_window = v;
+        if delta == 0 {
+            return Ok(());
+        }
+        for s in self.streams.values_mut() {
+            s.send_window += delta;
+            if s.send_window > MAX_WINDOW {
+                return Err(Fault::Conn(
+                    Reason::FLOW_CONTROL_ERROR,
+                    "stream window overflow",
+                ));
+            }
+        }
+        if delta > 0 {
+            let ids: Vec<u32> = self.streams.keys().copied().collect();
+            for id in ids {
+                self.enqueue(id);
+            }
+        }
         Ok(())
     }
 
