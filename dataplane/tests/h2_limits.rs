@@ -976,3 +976,126 @@ async fn initial_window_size_entries_apply_as_one_change() {
     }
     assert_eq!(request_on(&mut rd, &mut wr, 3, "/").await, 200);
 }
+
+/// The server side of a real TCP connection, handed to the engine directly: records the
+/// largest write the engine offers (its whole output buffer, as it writes it in one call).
+struct Recording {
+    inner: TcpStream,
+    largest_write: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl tokio::io::AsyncRead for Recording {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for Recording {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        self.largest_write
+            .fetch_max(buf.len(), std::sync::atomic::Ordering::SeqCst);
+        std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// Serves one accepted connection with Sweety's engine through [`Recording`].
+async fn serve_recorded(
+    h: &Harness,
+    server: TcpStream,
+) -> std::sync::Arc<std::sync::atomic::AtomicUsize> {
+    use sweety_dataplane::ctx::ConnInfo;
+    let largest = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let peer = server.peer_addr().unwrap();
+    let local = server.local_addr().unwrap();
+    let io = Recording {
+        inner: server,
+        largest_write: largest.clone(),
+    };
+    let conn = std::sync::Arc::new(ConnInfo {
+        listener: "web".into(),
+        peer,
+        local,
+        tls: false,
+        sni: None,
+    });
+    let snap = h.runtime.shared.snapshot();
+    let settings = sweety_dataplane::h2::Settings::from_limits(&snap.config.limits);
+    drop(snap);
+    let (tx, stop) = tokio::sync::watch::channel(false);
+    let shared = h.runtime.shared.clone();
+    tokio::spawn(async move {
+        let _tx = tx;
+        let _ = sweety_dataplane::h2::serve(io, shared, conn, settings, stop).await;
+    });
+    largest
+}
+
+/// 2,000 GET requests of 12 bytes each arrive in one burst (the first read holds ~1,360 of
+/// them): the engine handles frames only until its output reaches its bound, and handles the
+/// rest once that has been written, so what one read queues is bounded (the answers are ~7
+/// times the size of the requests). Every request is still answered.
+#[tokio::test]
+async fn one_read_queues_a_bounded_amount_of_output() {
+    // The answers' bodies follow their HEADERS: the streams stay open until then.
+    let (h, _) = start_with(|l| l.max_concurrent_streams = 10_000).await;
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let mut client = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+    let (server, _) = l.accept().await.unwrap();
+    const REQUESTS: u32 = 2000;
+    let mut out = PREFACE.to_vec();
+    out.extend(frame(SETTINGS, 0, 0, &[]));
+    for i in 0..REQUESTS {
+        // :method GET, :scheme http, :path / (static table indexes).
+        out.extend(frame(
+            HEADERS,
+            END_STREAM | END_HEADERS,
+            1 + 2 * i,
+            &[0x82, 0x86, 0x84],
+        ));
+    }
+    // All of it is in the server's socket buffer before the engine reads.
+    client.write_all(&out).await.unwrap();
+    let largest = serve_recorded(&h, server).await;
+    let (rd, mut wr) = client.into_split();
+    let mut rd = Reader {
+        rd,
+        hpack: Decoder::new(),
+    };
+    let mut answered = 0;
+    rd.until(&mut wr, "every answer", |e| {
+        if let Event::Frame(f) = e {
+            if f.ty == DATA && f.flags & END_STREAM != 0 {
+                answered += 1;
+            }
+        }
+        answered == REQUESTS || matches!(e, Event::Frame(f) if f.ty == GOAWAY)
+    })
+    .await;
+    assert_eq!(answered, REQUESTS, "every request answered, no GOAWAY");
+    let largest = largest.load(std::sync::atomic::Ordering::SeqCst);
+    let bound = sweety_dataplane::h2::conn::WRITE_HIGH + 4096;
+    assert!(
+        largest <= bound,
+        "{largest} bytes of output queued at once (bound {bound})"
+    );
+}

@@ -9,8 +9,9 @@
 //! through [`Signal`] with the stream's id, and the driver then writes what is ready.
 //!
 //! Bounds: the read buffer holds at most one frame past `SETTINGS_MAX_FRAME_SIZE` (16 KiB);
-//! the write buffer stops taking body data at [`WRITE_HIGH`] and the driver stops reading
-//! while it is over that mark (a client that does not read its responses stops being read);
+//! the write buffer stops taking body data at [`WRITE_HIGH`], and the driver stops handling
+//! frames (the rest of a read waits in the read buffer) and stops reading while it is over
+//! that mark (a client that does not read its responses stops being read);
 //! request bodies are bounded by the stream and connection windows we grant, re-opened only
 //! as the pipeline consumes them; header blocks by `limits.max_header_bytes`. Floods (rapid
 //! reset, SETTINGS/PING/PRIORITY, empty frames) are counted per connection per second and
@@ -277,6 +278,9 @@ struct Driver<I> {
     encoder: Encoder,
 
     preface_done: bool,
+    /// Complete frames wait in `read_buf`: handling stopped at the output bound; they are
+    /// handled (before anything more is read) once the output has drained.
+    frames_pending: bool,
     got_settings: bool,
     read_closed: bool,
     streams: HashMap<u32, Stream, StreamIds>,
@@ -355,6 +359,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
             decoder: Decoder::new(),
             encoder: Encoder::new(),
             preface_done: false,
+            frames_pending: false,
             got_settings: false,
             read_closed: false,
             streams: HashMap::default(),
@@ -408,8 +413,17 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
             self.ready = ready;
 
             let mut progress = false;
-            // Read and handle a batch of frames, unless the output is not draining.
-            if self.closing.is_none() && !self.read_closed && self.write_buf.len() < WRITE_HIGH {
+            // Handle the frames left from the last read, or read and handle a batch of frames,
+            // unless the output is not draining.
+            if self.closing.is_none() && self.frames_pending && self.write_buf.len() < WRITE_HIGH {
+                if let Err(f) = self.handle_frames() {
+                    self.fault(f);
+                }
+                progress = true;
+            } else if self.closing.is_none()
+                && !self.read_closed
+                && self.write_buf.len() < WRITE_HIGH
+            {
                 match self.poll_read(cx) {
                     Poll::Ready(Ok(0)) => {
                         self.read_closed = true;
@@ -471,7 +485,8 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
             if let Poll::Ready(()) = self.poll_timer(cx) {
                 progress = true;
             }
-            let more_work = !self.queue.is_empty() && self.write_buf.len() < WRITE_HIGH;
+            let more_work = (!self.queue.is_empty() || self.frames_pending)
+                && self.write_buf.len() < WRITE_HIGH;
             if !progress && !more_work {
                 return Poll::Pending;
             }
@@ -657,7 +672,12 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
 
     // ---------------------------------------------------------------- frames
 
+    /// Handles the complete frames in the read buffer, until the output reaches
+    /// [`WRITE_HIGH`] (what one read can make the connection queue is bounded: a read of
+    /// 15-byte requests or PINGs would otherwise queue an answer to each); the rest wait
+    /// (`frames_pending`) until the output has drained.
     fn handle_frames(&mut self) -> FResult {
+        self.frames_pending = false;
         if !self.preface_done {
             let n = self.read_buf.len().min(frame::PREFACE.len());
             if self.read_buf[..n] != frame::PREFACE[..n] {
@@ -671,6 +691,10 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
             self.preface_done = true;
         }
         while self.read_buf.len() >= HEADER_LEN && self.closing.is_none() {
+            if self.write_buf.len() >= WRITE_HIGH {
+                self.frames_pending = true;
+                break;
+            }
             let head = Head::parse(&self.read_buf);
             if head.len > LOCAL_MAX_FRAME {
                 return Err(Fault::Conn(Reason::FRAME_SIZE_ERROR, "frame too large"));
