@@ -927,7 +927,10 @@ async fn oversized_header_lists_count_towards_the_reset_limit() {
     match ev {
         Event::Frame(f) if f.ty == GOAWAY => {
             assert_eq!(f.error_code(), ENHANCE_YOUR_CALM, "{f:?}");
-            assert!(answered_431 <= 11, "{answered_431} answered before the limit");
+            assert!(
+                answered_431 <= 11,
+                "{answered_431} answered before the limit"
+            );
         }
         other => panic!("30 oversized header lists served without a limit: {other:?}"),
     }
@@ -1097,5 +1100,93 @@ async fn one_read_queues_a_bounded_amount_of_output() {
     assert!(
         largest <= bound,
         "{largest} bytes of output queued at once (bound {bound})"
+    );
+}
+
+/// Yields once: wakes itself and returns Pending, so the task goes to the back of the run
+/// queue, behind the tasks already woken (tokio's `yield_now` defers it further).
+struct YieldOnce(bool);
+
+impl std::future::Future for YieldOnce {
+    type Output = ();
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<()> {
+        if self.0 {
+            return std::task::Poll::Ready(());
+        }
+        self.0 = true;
+        cx.waker().wake_by_ref();
+        std::task::Poll::Pending
+    }
+}
+
+/// One connection does not hold its worker: 2,000 requests arrive at once on this test's
+/// single-threaded runtime, and another task, which runs whenever the connection's task
+/// yields, sees at most 64 of them answered between two of its turns (the engine starts at
+/// most 64 requests per poll, like the hyper path's inline first polls).
+#[tokio::test]
+async fn one_connection_yields_its_worker_between_batches_of_requests() {
+    let (h, _) = start_with(|l| l.max_concurrent_streams = 10_000).await;
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let mut client = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+    let (server, _) = l.accept().await.unwrap();
+    const REQUESTS: u64 = 2000;
+    let mut out = PREFACE.to_vec();
+    out.extend(frame(SETTINGS, 0, 0, &[]));
+    for i in 0..REQUESTS as u32 {
+        out.extend(frame(
+            HEADERS,
+            END_STREAM | END_HEADERS,
+            1 + 2 * i,
+            &[0x82, 0x86, 0x84],
+        ));
+    }
+    client.write_all(&out).await.unwrap();
+    let shared = h.runtime.shared.clone();
+    let answered = move || -> u64 {
+        shared
+            .metrics
+            .requests
+            .snapshot()
+            .iter()
+            .map(|(_, n)| n)
+            .sum()
+    };
+    let before = answered();
+    // Bounded: the connection answers everything well within this many turns.
+    let ticker = tokio::spawn(async move {
+        let (mut last, mut most) = (answered(), 0);
+        for _ in 0..10_000_000u64 {
+            YieldOnce(false).await;
+            let now = answered();
+            most = most.max(now - last);
+            last = now;
+            if now - before >= REQUESTS {
+                break;
+            }
+        }
+        (last - before, most)
+    });
+    serve_recorded(&h, server).await;
+    let (rd, mut wr) = client.into_split();
+    let mut rd = Reader {
+        rd,
+        hpack: Decoder::new(),
+    };
+    let mut ends = 0;
+    rd.until(&mut wr, "every answer", |e| {
+        if matches!(e, Event::Frame(f) if f.ty == DATA && f.flags & END_STREAM != 0) {
+            ends += 1;
+        }
+        ends == REQUESTS || matches!(e, Event::Frame(f) if f.ty == GOAWAY)
+    })
+    .await;
+    let (total, most) = ticker.await.unwrap();
+    assert_eq!(total, REQUESTS);
+    assert!(
+        most <= 64,
+        "{most} requests answered in one turn of the worker"
     );
 }

@@ -2,9 +2,11 @@
 //! machine, hands each request to `pipeline::handle`, and writes responses under both
 //! flow-control windows.
 //!
-//! One task drives the connection. After each read it handles every complete frame, answers
+//! One task drives the connection. After each read it handles the complete frames, answers
 //! every stream whose response is ready at once (polled inline: cache hits, fixed replies,
-//! refusals), then writes the whole batch with one `write`. A response that has to wait
+//! refusals), then writes the whole batch with one `write`. At most
+//! [`INLINE_FIRST_POLLS`] requests are started per poll of the task: past that it yields
+//! (the rest of the read waits in the buffer), so one connection cannot hold its worker. A response that has to wait
 //! (backend, file) runs as its own task; it and every response body wake the connection
 //! through [`Signal`] with the stream's id, and the driver then writes what is ready.
 //!
@@ -23,6 +25,7 @@ use crate::body::Body;
 use crate::ctx::{ConnInfo, Protocol};
 use crate::hpack::{Decoder, Encoder, Field};
 use crate::runtime::Shared;
+use crate::server::{FirstPoll, INLINE_FIRST_POLLS};
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, Uri, Version};
@@ -281,6 +284,9 @@ struct Driver<I> {
     /// Complete frames wait in `read_buf`: handling stopped at the output bound; they are
     /// handled (before anything more is read) once the output has drained.
     frames_pending: bool,
+    /// Requests polled inline in this poll of the connection: past [`INLINE_FIRST_POLLS`]
+    /// the driver stops handling frames and yields (other connections on the worker run).
+    inline_polls: usize,
     got_settings: bool,
     read_closed: bool,
     streams: HashMap<u32, Stream, StreamIds>,
@@ -360,6 +366,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
             encoder: Encoder::new(),
             preface_done: false,
             frames_pending: false,
+            inline_polls: 0,
             got_settings: false,
             read_closed: false,
             streams: HashMap::default(),
@@ -398,6 +405,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
 
     fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), H2Error>> {
         self.date = None;
+        self.inline_polls = 0;
         for _ in 0..ROUNDS {
             // Graceful close requested (listener drain, shutdown).
             if !self.stop_seen && self.stop.as_mut().poll(cx).is_ready() {
@@ -484,6 +492,15 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
             }
             if let Poll::Ready(()) = self.poll_timer(cx) {
                 progress = true;
+            }
+            if self.frames_pending
+                && self.inline_polls >= INLINE_FIRST_POLLS
+                && self.closing.is_none()
+                && self.write_buf.len() < WRITE_HIGH
+            {
+                // This poll's budget is spent: yield, and go on in the next poll.
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
             }
             let more_work = (!self.queue.is_empty() || self.frames_pending)
                 && self.write_buf.len() < WRITE_HIGH;
@@ -691,7 +708,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
             self.preface_done = true;
         }
         while self.read_buf.len() >= HEADER_LEN && self.closing.is_none() {
-            if self.write_buf.len() >= WRITE_HIGH {
+            if self.write_buf.len() >= WRITE_HIGH || self.inline_polls >= INLINE_FIRST_POLLS {
                 self.frames_pending = true;
                 break;
             }
@@ -1142,27 +1159,20 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
         };
         let req = Request::from_parts(parts, body);
         let (shared, conn) = (self.shared.clone(), self.conn.clone());
-        let mut fut =
-            box_in_place(move || crate::pipeline::handle(shared, conn, Protocol::Http2, req));
+        let fut = box_in_place(move || crate::pipeline::handle(shared, conn, Protocol::Http2, req));
         self.streams.insert(id, s);
         // First poll inline: ready responses (cache hits, fixed replies, refusals) are
         // answered in this read's write without a task.
-        let mut cx = Context::from_waker(Waker::noop());
-        let first =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| fut.as_mut().poll(&mut cx)));
-        match first {
-            Ok(Poll::Ready(resp)) => self.start_response(id, resp),
-            Ok(Poll::Pending) => {
-                let handle = tokio::spawn(fut);
+        self.inline_polls += 1;
+        match crate::server::first_poll(fut) {
+            FirstPoll::Ready(resp) => self.start_response(id, resp),
+            FirstPoll::Spawned(handle) => {
                 if let Some(s) = self.streams.get_mut(&id) {
                     s.resp = Resp::Running(handle);
                 }
                 self.enqueue(id);
             }
-            Err(_) => {
-                tracing::error!("a request future panicked in its first poll");
-                return Err(Fault::Stream(id, Reason::INTERNAL_ERROR));
-            }
+            FirstPoll::Panicked => return Err(Fault::Stream(id, Reason::INTERNAL_ERROR)),
         }
         Ok(())
     }
@@ -2654,8 +2664,14 @@ mod tests {
         frame::put_headers(&mut input, 3, &block, true, 16_384);
         let (d, _c) = hand_driver(&rt, |s| s.max_resets_per_sec = 100, &input).await;
         for id in [1, 3] {
-            assert!(d.recently_closed.contains(&id), "stream {id} remembered closed");
-            assert!(d.locally_reset_set.contains(&id), "stream {id} remembered reset");
+            assert!(
+                d.recently_closed.contains(&id),
+                "stream {id} remembered closed"
+            );
+            assert!(
+                d.locally_reset_set.contains(&id),
+                "stream {id} remembered reset"
+            );
         }
         assert_eq!(d.flood.resets, 2, "both resets are the client's doing");
     }
