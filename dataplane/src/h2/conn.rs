@@ -276,6 +276,9 @@ struct Driver<I> {
 
     read_buf: BytesMut,
     write_buf: BytesMut,
+    /// Written since the last completed flush: a TLS layer may hold what it accepted until
+    /// it is flushed.
+    unflushed: bool,
     scratch: BytesMut,
     decoder: Decoder,
     encoder: Encoder,
@@ -361,6 +364,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
             ready: Vec::new(),
             read_buf: BytesMut::with_capacity(READ_CHUNK),
             write_buf,
+            unflushed: false,
             scratch: BytesMut::with_capacity(1024),
             decoder: Decoder::new(),
             encoder: Encoder::new(),
@@ -521,9 +525,12 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
         fut.as_mut().poll(cx)
     }
 
-    /// Writes the output buffer; Ready(Ok) when it is empty and flushed.
+    /// Writes the output buffer; Ready(Ok) when it is empty and flushed. The flush is
+    /// retried until it completes, also in later polls with nothing new to write:
+    /// tokio-rustls takes plaintext (`Ok(n)`) while the socket would block and sends the
+    /// records only on a later write or flush, so the end of a response would otherwise wait
+    /// for the connection's next output.
     fn poll_write(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        let mut wrote = false;
         while !self.write_buf.is_empty() {
             match Pin::new(&mut self.io).poll_write(cx, &self.write_buf) {
                 Poll::Ready(Ok(0)) => {
@@ -531,20 +538,20 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
                 }
                 Poll::Ready(Ok(n)) => {
                     self.write_buf.advance(n);
-                    wrote = true;
+                    self.unflushed = true;
                 }
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
                 Poll::Pending => {
-                    if wrote {
+                    if self.unflushed {
                         let _ = Pin::new(&mut self.io).poll_flush(cx)?;
                     }
                     return Poll::Pending;
                 }
             }
         }
-        if wrote {
-            self.write_buf.clear();
-            return Pin::new(&mut self.io).poll_flush(cx);
+        if self.unflushed {
+            std::task::ready!(Pin::new(&mut self.io).poll_flush(cx))?;
+            self.unflushed = false;
         }
         Poll::Ready(Ok(()))
     }
@@ -2674,6 +2681,184 @@ mod tests {
             );
         }
         assert_eq!(d.flood.resets, 2, "both resets are the client's doing");
+    }
+
+    /// An I/O that buffers what it accepts and pushes it out only on later writes or
+    /// on flush, as tokio-rustls does (its `poll_write` returns Ok(n) once rustls took the
+    /// plaintext even when the socket would block; `poll_flush` writes the TLS records).
+    struct TlsLike {
+        inner: tokio::io::DuplexStream,
+        pending: Vec<u8>,
+    }
+
+    impl TlsLike {
+        fn drain(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            use tokio::io::AsyncWrite;
+            while !self.pending.is_empty() {
+                match Pin::new(&mut self.inner).poll_write(cx, &self.pending) {
+                    Poll::Ready(Ok(n)) => {
+                        self.pending.drain(..n);
+                    }
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                    Poll::Pending => return Poll::Pending,
+                }
+            }
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    impl AsyncRead for TlsLike {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &mut tokio::io::ReadBuf<'_>,
+        ) -> Poll<std::io::Result<()>> {
+            Pin::new(&mut self.inner).poll_read(cx, buf)
+        }
+    }
+
+    impl AsyncWrite for TlsLike {
+        fn poll_write(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<std::io::Result<usize>> {
+            let room = (64 * 1024usize).saturating_sub(self.pending.len());
+            let n = room.min(buf.len());
+            self.pending.extend_from_slice(&buf[..n]);
+            let blocked = self.drain(cx)?.is_pending();
+            if n == 0 && blocked {
+                return Poll::Pending;
+            }
+            Poll::Ready(Ok(n))
+        }
+        fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            std::task::ready!(self.drain(cx))?;
+            Pin::new(&mut self.inner).poll_flush(cx)
+        }
+        fn poll_shutdown(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+        ) -> Poll<std::io::Result<()>> {
+            std::task::ready!(self.drain(cx))?;
+            Pin::new(&mut self.inner).poll_shutdown(cx)
+        }
+    }
+
+    // Output a TLS-like stream accepted but could not send yet is flushed when the
+    // socket drains, not left until the next write.
+    #[tokio::test]
+    async fn output_buffered_by_the_tls_layer_is_flushed() {
+        use tokio::io::AsyncWriteExt;
+        let rt = crate::runtime::Runtime::new(crate::runtime::RuntimeOptions::default()).unwrap();
+        // A socket that holds 16 bytes: the response cannot go out in one go.
+        let (mut c, server) = tokio::io::duplex(16);
+        let io = TlsLike {
+            inner: server,
+            pending: Vec::new(),
+        };
+        let conn = Arc::new(ConnInfo {
+            listener: "x".into(),
+            peer: "127.0.0.1:1".parse().unwrap(),
+            local: "127.0.0.1:2".parse().unwrap(),
+            tls: true,
+            sni: None,
+        });
+        let (tx, stop) = tokio::sync::watch::channel(false);
+        let settings = Settings::from_limits(&sweety_config::Limits::default());
+        let shared = rt.shared.clone();
+        tokio::spawn(async move {
+            let _tx = tx;
+            let _ = serve(io, shared, conn, settings, stop).await;
+        });
+        let mut out = BytesMut::from(&frame::PREFACE[..]);
+        frame::put_settings(&mut out, &[]);
+        out.extend_from_slice(&request(1, true));
+        c.write_all(&out).await.unwrap();
+        let mut buf = BytesMut::new();
+        let done = tokio::time::timeout(Duration::from_secs(3), async {
+            loop {
+                let (h, _) = read_frame(&mut c, &mut buf).await.expect("frames");
+                if h.stream == 1 && h.has(flag::END_STREAM) {
+                    break;
+                }
+            }
+        })
+        .await;
+        assert!(
+            done.is_ok(),
+            "the end of the response is stuck in the TLS layer's buffer"
+        );
+    }
+
+    // The same over real tokio-rustls on a small pipe.
+    #[tokio::test]
+    async fn tls_response_tail_is_not_stuck_in_rustls() {
+        use tokio::io::AsyncWriteExt;
+        let rt = crate::runtime::Runtime::new(crate::runtime::RuntimeOptions::default()).unwrap();
+        let ck = rcgen::generate_simple_self_signed(vec!["h2.test".into()]).unwrap();
+        let cert = rustls::pki_types::CertificateDer::from(ck.cert.der().to_vec());
+        let key = rustls::pki_types::PrivateKeyDer::Pkcs8(
+            rustls::pki_types::PrivatePkcs8KeyDer::from(ck.signing_key.serialize_der()),
+        );
+        let mut server_cfg = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(vec![cert], key)
+        .unwrap();
+        server_cfg.alpn_protocols = vec![b"h2".to_vec()];
+        let client_cfg =
+            crate::proxy::tls::client_config(&sweety_config::BackendTls::default(), true).unwrap();
+        let (client_io, server_io) = tokio::io::duplex(64);
+        let conn = Arc::new(ConnInfo {
+            listener: "x".into(),
+            peer: "127.0.0.1:1".parse().unwrap(),
+            local: "127.0.0.1:2".parse().unwrap(),
+            tls: true,
+            sni: None,
+        });
+        let (tx, stop) = tokio::sync::watch::channel(false);
+        let settings = Settings::from_limits(&sweety_config::Limits::default());
+        let shared = rt.shared.clone();
+        tokio::spawn(async move {
+            let _tx = tx;
+            let tls = tokio_rustls::TlsAcceptor::from(Arc::new(server_cfg))
+                .accept(server_io)
+                .await
+                .unwrap();
+            let _ = serve(tls, shared, conn, settings, stop).await;
+        });
+        let name = rustls::pki_types::ServerName::try_from("h2.test").unwrap();
+        let mut c = tokio_rustls::TlsConnector::from(client_cfg)
+            .connect(name, client_io)
+            .await
+            .unwrap();
+        let mut out = BytesMut::from(&frame::PREFACE[..]);
+        frame::put_settings(&mut out, &[]);
+        out.extend_from_slice(&request(1, true));
+        c.write_all(&out).await.unwrap();
+        c.flush().await.unwrap();
+        let mut buf = BytesMut::new();
+        let done = tokio::time::timeout(Duration::from_secs(3), async {
+            loop {
+                while buf.len() >= HEADER_LEN {
+                    let h = Head::parse(&buf);
+                    if buf.len() < HEADER_LEN + h.len as usize {
+                        break;
+                    }
+                    buf.advance(HEADER_LEN + h.len as usize);
+                    if h.stream == 1 && h.has(flag::END_STREAM) {
+                        return;
+                    }
+                }
+                assert!(c.read_buf(&mut buf).await.unwrap() > 0, "closed");
+            }
+        })
+        .await;
+        assert!(done.is_ok(), "the end of the response is stuck in rustls");
     }
 
     #[test]
