@@ -1190,3 +1190,56 @@ async fn one_connection_yields_its_worker_between_batches_of_requests() {
         "{most} requests answered in one turn of the worker"
     );
 }
+
+/// DATA that a stream error refuses (here: past the request's `content-length: 1`) still
+/// counted against the connection window, and is credited back with the stream's reset: 60
+/// such uploads of 16 KiB (most of the 1 MiB connection window) get their bytes back in
+/// connection WINDOW_UPDATEs, so the connection can go on taking request bodies.
+#[tokio::test]
+async fn data_refused_by_a_stream_error_is_credited_to_the_connection() {
+    let (_h, addr) = start_with(|l| l.max_pending_reset_streams = 1000).await;
+    let (mut rd, mut wr) = open(addr).await;
+    // The server's first connection WINDOW_UPDATE grows the window from 65,535 to 1 MiB.
+    let ev = rd
+        .until(
+            &mut wr,
+            "the connection window",
+            |e| matches!(e, Event::Frame(f) if f.ty == WINDOW_UPDATE && f.stream == 0),
+        )
+        .await;
+    let Event::Frame(f) = ev else { unreachable!() };
+    let window = 65_535 + u32::from_be_bytes(f.payload[..4].try_into().unwrap()) as usize;
+    const UPLOADS: u32 = 60;
+    const CHUNK: usize = 16_384;
+    assert!(UPLOADS as usize * CHUNK <= window);
+    let chunk = vec![b'x'; CHUNK];
+    let mut out = Vec::new();
+    for i in 0..UPLOADS {
+        // POST /hang (a backend that never answers: the request stays open), 1-byte body.
+        let mut block = vec![0x83, 0x86];
+        hpack_int(&mut block, 4, 4, 0x00);
+        hpack_str(&mut block, b"/hang");
+        hpack_int(&mut block, 1, 4, 0x00);
+        hpack_str(&mut block, b"localhost");
+        hpack_int(&mut block, 28, 4, 0x00);
+        hpack_str(&mut block, b"1");
+        out.extend(frame(HEADERS, END_HEADERS, 1 + 2 * i, &block));
+        out.extend(frame(DATA, 0, 1 + 2 * i, &chunk));
+    }
+    wr.write_all(&out).await.unwrap();
+    let (mut credit, mut resets) = (0usize, 0);
+    rd.until(&mut wr, "the refused DATA credited back", |e| {
+        if let Event::Frame(f) = e {
+            if f.ty == WINDOW_UPDATE && f.stream == 0 {
+                credit += u32::from_be_bytes(f.payload[..4].try_into().unwrap()) as usize;
+            }
+            if f.ty == RST_STREAM && f.error_code() == PROTOCOL_ERROR {
+                resets += 1;
+            }
+            assert_ne!(f.ty, GOAWAY, "{f:?}");
+        }
+        // Released whenever the window is below half: all but less than half of it.
+        resets == UPLOADS && credit >= UPLOADS as usize * CHUNK - window / 2
+    })
+    .await;
+}

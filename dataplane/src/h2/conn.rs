@@ -912,10 +912,13 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
             return Err(Fault::Stream(id, Reason::STREAM_CLOSED));
         }
         s.recv_window -= len as i64;
-        s.unreleased += len;
         if s.recv_window < 0 {
+            // Counted against the connection window all the same (RFC 9113 §6.9): credited
+            // back, as the stream is reset.
+            self.conn_release += len;
             return Err(Fault::Stream(id, Reason::FLOW_CONTROL_ERROR));
         }
+        s.unreleased += len;
         // Padding is released at once.
         let padding = len - content.len();
         s.unreleased -= padding;
@@ -925,6 +928,9 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
         if s.content_length
             .is_some_and(|cl| s.received > cl || (end && s.received != cl))
         {
+            // Not delivered: credited back, as the stream is reset.
+            s.unreleased -= content.len();
+            self.conn_release += content.len();
             return Err(Fault::Stream(id, Reason::PROTOCOL_ERROR));
         }
         let n = content.len();
@@ -2859,6 +2865,48 @@ mod tests {
         })
         .await;
         assert!(done.is_ok(), "the end of the response is stuck in rustls");
+    }
+
+    // DATA refused by a stream error must still be credited to the
+    // connection window, on both stream-error paths (stream window, content-length).
+    #[tokio::test]
+    async fn data_refused_by_a_stream_error_is_credited_to_the_connection() {
+        let rt = crate::runtime::Runtime::new(crate::runtime::RuntimeOptions::default()).unwrap();
+        let mut input = BytesMut::from(&frame::PREFACE[..]);
+        frame::put_settings(&mut input, &[]);
+        frame::put_settings_ack(&mut input);
+        let (mut d, _c) = hand_driver(&rt, |s| s.max_resets_per_sec = 1000, &input).await;
+        // Two open uploads (as if their requests were still being handled): stream 1 with
+        // a 1 KiB window left, stream 3 with `content-length: 1`.
+        for (id, window, cl) in [(1u32, 1024i64, None), (3, 256 * 1024, Some(1u64))] {
+            let mut s = Stream::new(d.peer_initial_window, window);
+            s.recv = Some(RecvShared::new(d.signal.clone(), id, 1 << 20));
+            s.content_length = cl;
+            d.streams.insert(id, s);
+            d.last_stream = id;
+        }
+        let payload = Bytes::from(vec![0u8; 16_384]);
+        for id in [1u32, 3] {
+            let head = Head {
+                len: 16_384,
+                kind: kind::DATA,
+                flags: 0,
+                stream: id,
+            };
+            match d.on_data(head, payload.clone()) {
+                Err(f @ Fault::Stream(..)) => d.fault(f),
+                _ => panic!("a stream error expected"),
+            }
+        }
+        assert!(d.streams.is_empty());
+        let accounted =
+            d.conn_recv_window + d.conn_release as i64 + d.signal.take_consumed() as i64;
+        assert_eq!(
+            accounted,
+            d.cfg.conn_window as i64,
+            "connection window lost for good: {} bytes",
+            d.cfg.conn_window as i64 - accounted
+        );
     }
 
     #[test]
