@@ -477,8 +477,12 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
             // Finished?
             let done = self.closing.is_some()
                 || ((self.going_away || self.read_closed) && self.streams.is_empty());
-            if done && self.write_buf.is_empty() {
+            if done {
+                // Only the final flush is left: bounded, whether or not the client reads (a
+                // drained connection's GOAWAY to a client that does not read would wait forever).
                 self.set_close_deadline();
+            }
+            if done && self.write_buf.is_empty() {
                 let expired = self.close_deadline.is_some_and(|d| Instant::now() >= d);
                 match Pin::new(&mut self.io).poll_shutdown(cx) {
                     Poll::Pending if !expired => {
@@ -2906,6 +2910,49 @@ mod tests {
             d.cfg.conn_window as i64,
             "connection window lost for good: {} bytes",
             d.cfg.conn_window as i64 - accounted
+        );
+    }
+
+    // A graceful drain of a connection without streams whose client does not read
+    // is given up after a bound (it had no close deadline: the GOAWAY waited in the buffer forever).
+    #[tokio::test]
+    async fn a_drained_connection_whose_client_does_not_read_is_closed() {
+        let rt = crate::runtime::Runtime::new(crate::runtime::RuntimeOptions::default()).unwrap();
+        let t = Duration::from_millis(200);
+        let (mut c, server) = tokio::io::duplex(1);
+        let conn = Arc::new(ConnInfo {
+            listener: "x".into(),
+            peer: "127.0.0.1:1".parse().unwrap(),
+            local: "127.0.0.1:2".parse().unwrap(),
+            tls: false,
+            sni: None,
+        });
+        let (tx, stop) = tokio::sync::watch::channel(false);
+        let mut settings = Settings::from_limits(&sweety_config::Limits::default());
+        settings.idle_timeout = t;
+        settings.header_read_timeout = t;
+        let mut d = Driver::new(server, rt.shared.clone(), conn, settings, stop);
+        let mut input = BytesMut::from(&frame::PREFACE[..]);
+        frame::put_settings(&mut input, &[]);
+        frame::put_settings_ack(&mut input);
+        feed(&mut d, &mut c, &input).await;
+        // The listener drains.
+        tx.send(true).unwrap();
+        let mut cx = Context::from_waker(Waker::noop());
+        assert!(d.poll(&mut cx).is_pending());
+        assert!(d.going_away && d.streams.is_empty() && !d.write_buf.is_empty());
+        let mut ended = false;
+        for _ in 0..10 {
+            tokio::time::sleep(t).await;
+            if d.poll(&mut cx).is_ready() {
+                ended = true;
+                break;
+            }
+        }
+        assert!(
+            ended,
+            "still open 2 s after the drain began (close deadline {:?})",
+            d.close_deadline
         );
     }
 
