@@ -738,7 +738,8 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
                 self.got_settings = true;
             }
             let r = if head.kind == kind::DATA {
-                // DATA payloads go to request bodies as they are (no copy).
+                // DATA payloads go to request bodies as slices of the read buffer (no copy;
+                // small ones are copied together there, see `body::COALESCE_BELOW`).
                 let mut raw = self.read_buf.split_to(total);
                 raw.advance(HEADER_LEN);
                 if self.cont.is_some() {
