@@ -9,9 +9,11 @@
 //! own task first (after the connection's poll, see [`Batched`], so one write carries the
 //! responses of all the streams of one read), spawned only when it has to wait.
 //!
-//! With `limits.http2_engine: sweety`, h2 (ALPN) and h2c (prior knowledge, the client preface
-//! peeked) connections are served by Sweety's own HTTP/2 layer ([`crate::h2`]) instead; it
-//! batches its writes the same way.
+//! With `limits.http2_engine: sweety`, h2 (ALPN) and h2c connections are served by Sweety's
+//! own HTTP/2 layer ([`crate::h2`]) instead; it batches its writes the same way. On cleartext
+//! listeners the first bytes are read (within `header_read_timeout`) to tell h2c by prior
+//! knowledge (the client preface) from HTTP/1.1, for either engine; hyper's HTTP/2
+//! connections get the idle timeout hyper lacks (see [`serve_http`]).
 //!
 //! Each listener drains gracefully when stopped: it stops accepting, asks every connection
 //! to finish (HTTP/2 GOAWAY, HTTP/1.1 close after the current response) and waits up to the
@@ -19,6 +21,7 @@
 
 use crate::ctx::{ConnInfo, Protocol};
 use crate::runtime::{BindKey, ListenerView, Shared};
+use bytes::{Bytes, BytesMut};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use hyper_util::server::graceful::{GracefulShutdown, Watcher};
@@ -27,9 +30,11 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
-use std::time::Duration;
+use std::time::{Duration, Instant};
+use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
@@ -64,6 +69,7 @@ pub async fn run_tcp(
         };
         let builder = snap.http.clone();
         let handshake_timeout = snap.config.limits.header_read_timeout.get();
+        let idle_timeout = snap.config.limits.idle_timeout.get();
         let h2 = (snap.config.limits.http2_engine == sweety_config::Http2Engine::Sweety)
             .then(|| crate::h2::Settings::from_limits(&snap.config.limits));
         drop(snap);
@@ -109,6 +115,7 @@ pub async fn run_tcp(
             let serving = Serving {
                 builder,
                 handshake_timeout,
+                idle_timeout,
                 watcher,
                 h2,
                 drain,
@@ -130,6 +137,8 @@ pub async fn run_tcp(
 struct Serving {
     builder: hyper_util::server::conn::auto::Builder<StreamExecutor>,
     handshake_timeout: Duration,
+    /// Closes hyper's HTTP/2 connections without requests for this long.
+    idle_timeout: Duration,
     /// Held while the connection is served: the listener's drain waits for it.
     watcher: Watcher,
     /// Sweety's HTTP/2 engine and its settings, when `limits.http2_engine` is `sweety`.
@@ -148,10 +157,12 @@ async fn serve_conn(
     let Serving {
         mut builder,
         handshake_timeout,
+        idle_timeout,
         watcher,
         h2,
         drain,
     } = serving;
+    let mut stream = stream;
     let _ = stream.set_nodelay(true);
     let local = stream.local_addr().unwrap_or(peer);
     match &view.tls {
@@ -163,26 +174,37 @@ async fn serve_conn(
                 tls: false,
                 sni: None,
             });
-            if let Some(settings) = h2 {
-                // h2c by prior knowledge: the client preface, peeked (HTTP/1.1 otherwise).
-                match tokio::time::timeout(handshake_timeout, starts_with_preface(&stream)).await {
-                    Ok(Ok(true)) => {
-                        let r = crate::h2::serve(stream, shared, conn, settings, drain).await;
-                        drop(watcher);
-                        if let Err(e) = r {
-                            tracing::debug!(error = %e, "HTTP/2 connection ended with an error");
-                        }
-                        return;
-                    }
-                    Ok(Ok(false)) => {}
+            // h2c by prior knowledge or HTTP/1.1: told by the first bytes, read within the
+            // header-read timeout (a client that sends nothing, or a part of the preface, is
+            // closed then, whichever engine serves HTTP/2).
+            let (is_h2, first) =
+                match tokio::time::timeout(handshake_timeout, read_preface(&mut stream)).await {
+                    Ok(Ok(r)) => r,
                     Ok(Err(_)) => return,
                     Err(_) => {
                         shared.metrics.limit_hit("header_read_timeout");
                         return;
                     }
+                };
+            match (is_h2, h2) {
+                (true, Some(settings)) => {
+                    let r =
+                        crate::h2::serve_read(stream, first, shared, conn, settings, drain).await;
+                    drop(watcher);
+                    if let Err(e) = r {
+                        tracing::debug!(error = %e, "HTTP/2 connection ended with an error");
+                    }
+                }
+                (true, None) => {
+                    let io = TokioIo::new(Prefixed::new(first.freeze(), stream));
+                    let idle = Some((idle_timeout, drain));
+                    serve_http(shared, conn, builder.http2_only(), io, watcher, idle).await;
+                }
+                (false, _) => {
+                    let io = TokioIo::new(Prefixed::new(first.freeze(), stream));
+                    serve_http(shared, conn, builder, io, watcher, None).await;
                 }
             }
-            serve_http(shared, conn, builder, TokioIo::new(stream), watcher).await;
         }
         Some(cfg) => {
             let acceptor = tokio_rustls::TlsAcceptor::from(cfg.clone());
@@ -222,61 +244,231 @@ async fn serve_conn(
                 }
                 return;
             }
-            serve_http(shared, conn, builder, TokioIo::new(tls), watcher).await;
+            let idle = alpn_h2.then_some((idle_timeout, drain));
+            serve_http(shared, conn, builder, TokioIo::new(tls), watcher, idle).await;
         }
     }
 }
 
-/// Whether a cleartext connection starts with the HTTP/2 client preface (peeked, not
-/// consumed). Decides at the first byte that differs; waits for more bytes while what came
-/// so far is a prefix of the preface.
-async fn starts_with_preface(stream: &TcpStream) -> std::io::Result<bool> {
+/// Reads the first bytes of a cleartext connection until they are the HTTP/2 client preface
+/// (true) or differ from it (false: HTTP/1.1, decided at the first byte that differs). Every
+/// byte read is returned, for the server that takes the connection. Each read waits for the
+/// socket to be readable (a client that sends part of the preface and stalls costs nothing
+/// until the caller's timeout).
+async fn read_preface<R>(io: &mut R) -> std::io::Result<(bool, BytesMut)>
+where
+    R: tokio::io::AsyncRead + Unpin,
+{
     let preface = crate::h2::frame::PREFACE;
-    let mut buf = [0u8; 24];
+    let mut buf = BytesMut::with_capacity(4096);
     loop {
-        let n = stream.peek(&mut buf).await?;
-        if n == 0 {
+        if io.read_buf(&mut buf).await? == 0 {
             return Err(std::io::ErrorKind::UnexpectedEof.into());
         }
+        let n = buf.len().min(preface.len());
         if buf[..n] != preface[..n] {
-            return Ok(false);
+            return Ok((false, buf));
         }
         if n == preface.len() {
-            return Ok(true);
+            return Ok((true, buf));
         }
-        // A prefix of the preface so far (rare: it comes in one segment): peek again shortly.
-        tokio::time::sleep(Duration::from_millis(2)).await;
     }
 }
 
+/// A connection whose first bytes were already read (by [`read_preface`]): reads them
+/// again first, then the connection.
+struct Prefixed<I> {
+    first: Bytes,
+    io: I,
+}
+
+impl<I> Prefixed<I> {
+    fn new(first: Bytes, io: I) -> Prefixed<I> {
+        Prefixed { first, io }
+    }
+}
+
+impl<I: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Prefixed<I> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        if !self.first.is_empty() {
+            let n = self.first.len().min(buf.remaining());
+            buf.put_slice(&self.first.split_to(n));
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<I: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Prefixed<I> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+/// The requests of one hyper HTTP/2 connection still open (response not finished), and
+/// when the last one ended: its idle timeout.
+struct Activity {
+    open: AtomicUsize,
+    last_end: std::sync::Mutex<Instant>,
+}
+
+impl Activity {
+    fn start(self: &Arc<Self>) -> OpenRequest {
+        self.open.fetch_add(1, Ordering::SeqCst);
+        OpenRequest(self.clone())
+    }
+
+    /// When the connection has been without requests for `idle`: None while one is open.
+    fn idle_since(&self) -> Option<Instant> {
+        if self.open.load(Ordering::SeqCst) > 0 {
+            return None;
+        }
+        Some(*self.last_end.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+}
+
+/// One open request of an [`Activity`]; ends when dropped (with its response body).
+struct OpenRequest(Arc<Activity>);
+
+impl Drop for OpenRequest {
+    fn drop(&mut self) {
+        *self.0.last_end.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+        self.0.open.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A response body that holds its request open until it is finished or dropped.
+struct Tracked {
+    body: crate::body::Body,
+    _open: OpenRequest,
+}
+
+impl http_body::Body for Tracked {
+    type Data = Bytes;
+    type Error = crate::body::BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// Serves a connection with hyper (HTTP/1.1, or HTTP/2 when the builder is set so). `idle`,
+/// for HTTP/2: the idle timeout and the listener's drain signal; hyper has no idle timeout of
+/// its own (its keep-alive PINGs keep a silent connection open as long as the client answers
+/// them), so the connection gets a graceful shutdown (GOAWAY) once it has had no open
+/// request for the idle timeout (checked every idle timeout: closed between one and two
+/// idle timeouts after its last response), or when the listener drains.
 async fn serve_http<I>(
     shared: Arc<Shared>,
     conn: Arc<ConnInfo>,
     builder: hyper_util::server::conn::auto::Builder<StreamExecutor>,
     io: TokioIo<I>,
     watcher: Watcher,
+    idle: Option<(Duration, watch::Receiver<bool>)>,
 ) where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
+    let activity = idle.is_some().then(|| {
+        Arc::new(Activity {
+            open: AtomicUsize::new(0),
+            last_end: std::sync::Mutex::new(Instant::now()),
+        })
+    });
+    let tracked = activity.clone();
+    let metrics = shared.clone();
     let service = hyper::service::service_fn(move |req: http::Request<Incoming>| {
         let shared = shared.clone();
         let conn = conn.clone();
+        let open = tracked.as_ref().map(|a| a.start());
         async move {
             let protocol = if req.version() == http::Version::HTTP_2 {
                 Protocol::Http2
             } else {
                 Protocol::Http1
             };
-            Ok::<_, Infallible>(
-                crate::pipeline::handle(shared, conn, protocol, req.map(crate::body::boxed)).await,
-            )
+            let resp =
+                crate::pipeline::handle(shared, conn, protocol, req.map(crate::body::boxed)).await;
+            Ok::<_, Infallible>(match open {
+                Some(open) => resp.map(|body| crate::body::boxed(Tracked { body, _open: open })),
+                None => resp,
+            })
         }
     });
     // With upgrades: WebSocket (HTTP/1.1 Upgrade and HTTP/2 extended CONNECT) is tunnelled.
     let connection = builder
         .serve_connection_with_upgrades(io, service)
         .into_owned();
-    if let Err(e) = Batched::new(watcher.watch(connection)).await {
+    let (Some((idle, mut drain)), Some(activity)) = (idle, activity) else {
+        if let Err(e) = Batched::new(watcher.watch(connection)).await {
+            tracing::debug!(error = %e, "connection ended with an error");
+        }
+        return;
+    };
+    let mut connection = Box::pin(connection);
+    let mut stop = Box::pin(async move {
+        let _ = drain.wait_for(|v| *v).await;
+    });
+    let mut timer = Box::pin(tokio::time::sleep(idle));
+    let mut shutting = false;
+    let served = std::future::poll_fn(move |cx| {
+        if !shutting && stop.as_mut().poll(cx).is_ready() {
+            shutting = true;
+            connection.as_mut().graceful_shutdown();
+        }
+        if !shutting && timer.as_mut().poll(cx).is_ready() {
+            let now = Instant::now();
+            match activity.idle_since() {
+                Some(since) if now >= since + idle => {
+                    metrics.metrics.limit_hit("idle_timeout");
+                    shutting = true;
+                    connection.as_mut().graceful_shutdown();
+                }
+                since => {
+                    let next = since.map_or(now + idle, |s| s + idle);
+                    timer.as_mut().reset(next.into());
+                    // Registers the waker for the new deadline (in the future: pending).
+                    let _ = timer.as_mut().poll(cx);
+                }
+            }
+        }
+        connection.as_mut().poll(cx)
+    });
+    let r = Batched::new(served).await;
+    drop(watcher);
+    if let Err(e) = r {
         tracing::debug!(error = %e, "connection ended with an error");
     }
 }
@@ -470,6 +662,70 @@ mod tests {
     use super::*;
     use hyper::rt::Executor;
     use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+
+    /// A waker that counts its wakes.
+    struct Count(AtomicUsize);
+    impl std::task::Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, SeqCst);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_partial_preface_is_waited_for_without_polling() {
+        use tokio::io::AsyncWriteExt;
+        let preface = crate::h2::frame::PREFACE;
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut c = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        let (mut s, _) = l.accept().await.unwrap();
+        c.write_all(&preface[..10]).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let count = Arc::new(Count(AtomicUsize::new(0)));
+        let waker = Waker::from(count.clone());
+        let mut cx = Context::from_waker(&waker);
+        let mut fut = Box::pin(read_preface(&mut s));
+        // The 10 bytes are read, then it waits for the socket: nothing wakes it meanwhile.
+        for _ in 0..5 {
+            assert!(fut.as_mut().poll(&mut cx).is_pending());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(count.0.load(SeqCst), 0, "woken with nothing to read");
+        // The rest arrives: it is woken and decides, with every byte read kept.
+        c.write_all(&preface[10..]).await.unwrap();
+        c.write_all(b"more").await.unwrap();
+        let got = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                if let Poll::Ready(r) = fut.as_mut().poll(&mut cx) {
+                    return r;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("decided")
+        .unwrap();
+        assert!(count.0.load(SeqCst) > 0, "woken by the socket");
+        assert!(got.0, "the HTTP/2 preface");
+        assert!(got.1.starts_with(preface));
+
+        // Not the preface: decided at the first byte that differs, the bytes kept.
+        let mut c = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        let (mut s, _) = l.accept().await.unwrap();
+        c.write_all(b"PUT / HTTP/1.1\r\n").await.unwrap();
+        let (h2, first) = tokio::time::timeout(Duration::from_secs(10), read_preface(&mut s))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(!h2);
+        assert!(first.starts_with(b"PU"));
+        // And they are read again first.
+        let mut io = Prefixed::new(first.freeze(), s);
+        let mut line = [0u8; 16];
+        tokio::io::AsyncReadExt::read_exact(&mut io, &mut line)
+            .await
+            .unwrap();
+        assert_eq!(&line, b"PUT / HTTP/1.1\r\n");
+    }
 
     #[tokio::test]
     async fn ready_tasks_run_inline_and_waiting_ones_are_spawned() {

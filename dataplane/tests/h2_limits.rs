@@ -4,9 +4,10 @@
 //!
 //! Each test asserts what the server really sends back (a GOAWAY and its code, a RST_STREAM,
 //! a 431, or a closed connection) and that a fresh, normal request still succeeds afterwards.
-//! They run on Sweety's own HTTP/2 engine (`limits.http2_engine: sweety`, opt-in for now);
-//! `SWEETY_TEST_H2_ENGINE=hyper` runs them on hyper's (the default), which fails the silent
-//! connection and stalled header block cases.
+//! They run on Sweety's own HTTP/2 engine (`limits.http2_engine: sweety`);
+//! `SWEETY_TEST_H2_ENGINE=hyper` runs them on hyper's, except the few that test what only
+//! Sweety's engine does (they set the engine themselves: the stalled header block, 431s
+//! counted as resets, and the ones that drive the engine over a socket directly).
 //! The server's response header blocks are decoded with the crate's own HPACK decoder. Every
 //! flood is bounded in frame count and in time.
 
@@ -726,9 +727,9 @@ async fn streams_past_the_concurrency_limit_are_refused() {
 }
 
 /// A connection that sends nothing at all (not even the preface) is closed once
-/// `header_read_timeout` (here 1 s) has passed. (The hyper fallback, `http2_engine: hyper`,
-/// fails this: hyper-util's auto builder waits for the first bytes, to tell HTTP/1.1 from
-/// h2c, without a timeout.)
+/// `header_read_timeout` (here 1 s) has passed, whichever engine serves HTTP/2: the first
+/// bytes, which tell h2c from HTTP/1.1, are read within it (hyper-util's auto builder
+/// waited for them without a timeout).
 #[tokio::test]
 async fn silent_connection_is_closed() {
     let (_h, addr) =
@@ -749,11 +750,14 @@ async fn silent_connection_is_closed() {
 
 /// A header block that is started (HEADERS without END_HEADERS) and never finished is cut
 /// off once `header_read_timeout` (here 1 s) has passed: GOAWAY or close (slowloris over
-/// HTTP/2). (The hyper fallback fails this: h2 has no timeout for it.)
+/// HTTP/2). Sweety's engine only: hyper's h2 has no timeout for it.
 #[tokio::test]
 async fn unfinished_header_block_is_cut_off() {
-    let (_h, addr) =
-        start_with(|l| l.header_read_timeout = sweety_config::Duration::from_secs(1)).await;
+    let (_h, addr) = start_with(|l| {
+        l.header_read_timeout = sweety_config::Duration::from_secs(1);
+        l.http2_engine = sweety_config::Http2Engine::Sweety;
+    })
+    .await;
     let (mut rd, mut wr) = open(addr).await;
     // Settle SETTINGS first: nothing but CONTINUATION may follow the HEADERS frame (§6.10),
     // so the wait below writes nothing, and leaves PINGs unanswered (a server's keep-alive
@@ -900,7 +904,12 @@ async fn concurrent_uploads_do_not_exhaust_the_connection_window() {
 /// rather than being served 431s forever.
 #[tokio::test]
 async fn oversized_header_lists_count_towards_the_reset_limit() {
-    let (_h, addr) = start_with(|l| l.max_pending_reset_streams = 10).await;
+    // Sweety's engine (hyper's answers them all).
+    let (_h, addr) = start_with(|l| {
+        l.max_pending_reset_streams = 10;
+        l.http2_engine = sweety_config::Http2Engine::Sweety;
+    })
+    .await;
     let (mut rd, mut wr) = open(addr).await;
     let mut fields = request_block("/");
     for i in 0..400 {
@@ -1242,4 +1251,65 @@ async fn data_refused_by_a_stream_error_is_credited_to_the_connection() {
         resets == UPLOADS && credit >= UPLOADS as usize * CHUNK - window / 2
     })
     .await;
+}
+
+/// How many times the named limit was hit (`sweety_limit_rejections`).
+fn limit_hits(h: &Harness, limit: &str) -> u64 {
+    h.runtime
+        .shared
+        .metrics
+        .limit_rejections
+        .snapshot()
+        .into_iter()
+        .filter(|(k, _)| *k == limit)
+        .map(|(_, n)| n)
+        .sum()
+}
+
+/// An h2c connection that has finished its request and then only answers PINGs (as a
+/// client's HTTP/2 stack does) is closed after `idle_timeout` with GOAWAY NO_ERROR, on either
+/// engine: hyper has no idle timeout of its own (its keep-alive PINGs, answered, kept such a
+/// connection open for good). The idle timeout (1 s) is far from the header-read timeout
+/// (60 s, past this test's 20 s bound), and the limit counters tell which one closed it.
+#[tokio::test]
+async fn an_idle_h2c_connection_that_answers_pings_is_closed() {
+    let (h, addr) = start_with(|l| {
+        l.idle_timeout = sweety_config::Duration::from_secs(1);
+        l.header_read_timeout = sweety_config::Duration::from_secs(60);
+    })
+    .await;
+    let (mut rd, mut wr) = open(addr).await;
+    assert_eq!(request_on(&mut rd, &mut wr, 1, "/").await, 200);
+    let deadline = Instant::now() + PHASE;
+    let goaway = loop {
+        match rd.next(deadline).await {
+            Event::Frame(f) if f.ty == GOAWAY => break f,
+            Event::Frame(f) if f.ty == PING && f.flags & ACK == 0 => {
+                wr.write_all(&frame(PING, ACK, 0, &f.payload))
+                    .await
+                    .unwrap();
+            }
+            Event::Frame(f) if f.ty == SETTINGS && f.flags & ACK == 0 => {
+                wr.write_all(&frame(SETTINGS, ACK, 0, &[])).await.unwrap();
+            }
+            Event::Frame(_) => {}
+            Event::Closed => panic!("closed without GOAWAY"),
+            Event::Timeout => panic!("an idle connection answering PINGs is still open"),
+        }
+    };
+    assert_eq!(goaway.error_code(), NO_ERROR, "{goaway:?}");
+    // hyper's graceful shutdown waits for a PING round trip before it closes.
+    let deadline = Instant::now() + PHASE;
+    loop {
+        match rd.next(deadline).await {
+            Event::Closed => break,
+            Event::Timeout => panic!("not closed after its GOAWAY"),
+            Event::Frame(f) if f.ty == PING && f.flags & ACK == 0 => {
+                let _ = wr.write_all(&frame(PING, ACK, 0, &f.payload)).await;
+            }
+            Event::Frame(f) => assert!(f.ty == GOAWAY || f.ty == PING, "{f:?}"),
+        }
+    }
+    assert_eq!(limit_hits(&h, "idle_timeout"), 1);
+    assert_eq!(limit_hits(&h, "header_read_timeout"), 0);
 }

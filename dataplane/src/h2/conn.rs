@@ -260,7 +260,27 @@ pub async fn serve<I>(
 where
     I: AsyncRead + AsyncWrite + Unpin,
 {
+    serve_read(io, BytesMut::new(), shared, conn, settings, stop).await
+}
+
+/// [`serve`] for a connection whose first bytes (`read`: the client preface, perhaps more)
+/// were already read from `io`.
+pub async fn serve_read<I>(
+    io: I,
+    read: BytesMut,
+    shared: Arc<Shared>,
+    conn: Arc<ConnInfo>,
+    settings: Settings,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> Result<(), H2Error>
+where
+    I: AsyncRead + AsyncWrite + Unpin,
+{
     let mut driver = Driver::new(io, shared, conn, settings, stop);
+    if !read.is_empty() {
+        driver.read_buf = read;
+        driver.frames_pending = true;
+    }
     std::future::poll_fn(|cx| driver.poll(cx)).await
 }
 
@@ -736,6 +756,8 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
                     return Err(Fault::Conn(Reason::PROTOCOL_ERROR, "expected SETTINGS"));
                 }
                 self.got_settings = true;
+                // From now on the idle timeout applies (the timer held the preface's deadline).
+                self.arm(self.last_active + self.cfg.idle_timeout);
             }
             let r = if head.kind == kind::DATA {
                 // DATA payloads go to request bodies as slices of the read buffer (no copy;
@@ -1436,8 +1458,10 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
                 self.remember_closed(id);
             }
             if self.streams.is_empty() {
-                // The idle timeout counts from the last stream's end.
+                // The idle timeout counts from the last stream's end (the timer may be set
+                // later: the preface's deadline).
                 self.last_active = Instant::now();
+                self.arm(self.last_active + self.cfg.idle_timeout);
             }
         } else if matches!(s.resp, Resp::Done) && s.recv_open {
             let dropped = s.recv.as_ref().is_none_or(|r| r.dropped());

@@ -16,7 +16,7 @@ pub mod conn;
 pub mod frame;
 
 pub use body::{Upgrade, Upgraded};
-pub use conn::{serve, H2Error, Settings};
+pub use conn::{serve, serve_read, H2Error, Settings};
 pub use encoded::Encoded;
 
 /// HPACK-encodes one field of an `http` header map (name, value, sensitivity) into `dst`:
