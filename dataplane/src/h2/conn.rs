@@ -299,6 +299,12 @@ struct Driver<I> {
     /// Written since the last completed flush: a TLS layer may hold what it accepted until
     /// it is flushed.
     unflushed: bool,
+    /// `write_buf` holds DATA payload bytes.
+    data_out: bool,
+    /// The socket took some of that output since the keep-alive check last looked: the client
+    /// is reading (our own control frames, which the kernel takes from a vanished client too,
+    /// do not count).
+    data_progress: bool,
     scratch: BytesMut,
     decoder: Decoder,
     encoder: Encoder,
@@ -385,6 +391,8 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
             read_buf: BytesMut::with_capacity(READ_CHUNK),
             write_buf,
             unflushed: false,
+            data_out: false,
+            data_progress: false,
             scratch: BytesMut::with_capacity(1024),
             decoder: Decoder::new(),
             encoder: Encoder::new(),
@@ -563,6 +571,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
                 Poll::Ready(Ok(n)) => {
                     self.write_buf.advance(n);
                     self.unflushed = true;
+                    self.data_progress |= self.data_out;
                 }
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
                 Poll::Pending => {
@@ -573,6 +582,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
                 }
             }
         }
+        self.data_out = false;
         if self.unflushed {
             std::task::ready!(Pin::new(&mut self.io).poll_flush(cx))?;
             self.unflushed = false;
@@ -647,6 +657,13 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
             // Streams are open but the client has been silent: is it still there? A PING,
             // and the connection ends when no frame comes within `header_read_timeout` (a response
             // waiting for flow-control window from a vanished client would wait forever).
+            // A client reading our DATA is there, even if it sends nothing (large windows)
+            // and our PING waits behind that DATA.
+            if std::mem::take(&mut self.data_progress) {
+                self.last_active = now;
+                self.ping_sent = None;
+                return false;
+            }
             match self.ping_sent {
                 None if now >= self.last_active + self.cfg.idle_timeout => {
                     frame::put_ping(&mut self.write_buf, *b"sweetyKA");
@@ -1717,6 +1734,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
                 self.conn_send_window -= n as i64;
                 let end = s.pending.is_empty() && s.body_done && s.trailers.is_none();
                 frame::put_data(&mut self.write_buf, id, &chunk, end);
+                self.data_out = true;
                 if end {
                     s.resp = Resp::Done;
                     self.maybe_close(id);
@@ -2978,6 +2996,57 @@ mod tests {
             ended,
             "still open 2 s after the drain began (close deadline {:?})",
             d.close_deadline
+        );
+    }
+
+    // A client that reads a long response steadily but sends no frame (its windows
+    // are large) is PINGed after `idle_timeout`, and the PING waits behind the queued output;
+    // the connection must not be closed as dead while the client keeps reading.
+    #[tokio::test]
+    async fn a_reading_client_is_not_closed_as_dead() {
+        let rt = crate::runtime::Runtime::new(crate::runtime::RuntimeOptions::default()).unwrap();
+        let t = Duration::from_millis(200);
+        let mut input = BytesMut::from(&frame::PREFACE[..]);
+        frame::put_settings(&mut input, &[]);
+        frame::put_settings_ack(&mut input);
+        let (mut d, mut c) = hand_driver(
+            &rt,
+            |s| {
+                s.idle_timeout = t;
+                s.header_read_timeout = t;
+            },
+            &input,
+        )
+        .await;
+        // Stream 1: a 4 MiB response, windows opened wide by the client up front.
+        let mut s = Stream::new(MAX_WINDOW, d.cfg.stream_window as i64);
+        s.recv_open = false;
+        s.resp = Resp::Body(crate::body::full(Bytes::from(vec![b'x'; 4 << 20])));
+        d.streams.insert(1, s);
+        d.last_stream = 1;
+        d.conn_send_window = MAX_WINDOW;
+        d.enqueue(1);
+        // The client reads all the time (one byte per turn through the 1-byte pipe).
+        use tokio::io::AsyncRead;
+        let mut cx = Context::from_waker(Waker::noop());
+        let start = Instant::now();
+        let mut got = 0usize;
+        let mut ended = None;
+        while start.elapsed() < t * 5 && ended.is_none() {
+            let mut b = [0u8; 1];
+            let mut rb = tokio::io::ReadBuf::new(&mut b);
+            if let Poll::Ready(Ok(())) = Pin::new(&mut c).poll_read(&mut cx, &mut rb) {
+                got += rb.filled().len();
+            }
+            if let Poll::Ready(r) = d.poll(&mut cx) {
+                ended = Some((start.elapsed(), r));
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        assert!(got > 100, "the client kept reading ({got} bytes)");
+        assert!(
+            ended.is_none(),
+            "closed as dead while its output was being read ({got} bytes read): {ended:?}"
         );
     }
 
