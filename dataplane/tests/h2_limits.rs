@@ -1313,3 +1313,48 @@ async fn an_idle_h2c_connection_that_answers_pings_is_closed() {
     assert_eq!(limit_hits(&h, "idle_timeout"), 1);
     assert_eq!(limit_hits(&h, "header_read_timeout"), 0);
 }
+
+/// An upload that is mostly padding: the padding is credited back to the stream's window at
+/// once (WINDOW_UPDATE on the stream), not only when enough content has been consumed to
+/// queue the stream (such an upload would use up its window and stall).
+#[tokio::test]
+async fn padding_is_credited_to_the_stream_window() {
+    let (_h, addr) = start().await;
+    let (mut rd, mut wr) = open(addr).await;
+    // POST /hang (a backend that never answers: the request stays open).
+    let mut block = vec![0x83, 0x86];
+    hpack_int(&mut block, 4, 4, 0x00);
+    hpack_str(&mut block, b"/hang");
+    hpack_int(&mut block, 1, 4, 0x00);
+    hpack_str(&mut block, b"localhost");
+    wr.write_all(&frame(HEADERS, END_HEADERS, 1, &block))
+        .await
+        .unwrap();
+    // The server's SETTINGS (256 KiB stream windows) and connection WINDOW_UPDATE first: the
+    // frames below exceed 65,535 bytes.
+    rd.until(
+        &mut wr,
+        "the connection window",
+        |e| matches!(e, Event::Frame(f) if f.ty == WINDOW_UPDATE && f.stream == 0),
+    )
+    .await;
+    const PADDED: u8 = 0x8;
+    let mut payload = vec![255u8, b'x'];
+    payload.extend_from_slice(&[0u8; 255]);
+    let mut out = Vec::new();
+    // 400 frames of 257 bytes: 102,800 bytes, 102,400 of them padding, 400 of content (less
+    // than the 64 KiB of consumed content after which the stream is credited anyway).
+    for _ in 0..400 {
+        out.extend(frame(DATA, PADDED, 1, &payload));
+    }
+    wr.write_all(&out).await.unwrap();
+    let ev = rd
+        .until(&mut wr, "a stream WINDOW_UPDATE", |e| {
+            matches!(e, Event::Frame(f) if f.ty == WINDOW_UPDATE && f.stream == 1 || f.ty == GOAWAY || f.ty == RST_STREAM)
+        })
+        .await;
+    let Event::Frame(f) = ev else { unreachable!() };
+    assert_eq!(f.ty, WINDOW_UPDATE, "{f:?}");
+    let credit = u32::from_be_bytes(f.payload[..4].try_into().unwrap());
+    assert!(credit >= 64 * 1024, "the padding credited: {credit}");
+}

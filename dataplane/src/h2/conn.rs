@@ -963,11 +963,13 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
             return Err(Fault::Stream(id, Reason::FLOW_CONTROL_ERROR));
         }
         s.unreleased += len;
-        // Padding is released at once.
+        // Padding is released at once (to the stream through `grant_stream`, queued below
+        // when it is due: consumption alone may never queue a mostly padded upload).
         let padding = len - content.len();
         s.unreleased -= padding;
         self.conn_release += padding;
         s.grant += padding;
+        let grant_due = padding > 0 && s.grant >= (self.cfg.stream_window as usize / 4).max(1);
         s.received += content.len() as u64;
         if s.content_length
             .is_some_and(|cl| s.received > cl || (end && s.received != cl))
@@ -992,6 +994,9 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
                 r.finish(None);
             }
             self.maybe_close(id);
+        }
+        if grant_due {
+            self.enqueue(id);
         }
         Ok(())
     }
