@@ -1358,3 +1358,31 @@ async fn padding_is_credited_to_the_stream_window() {
     let credit = u32::from_be_bytes(f.payload[..4].try_into().unwrap());
     assert!(credit >= 64 * 1024, "the padding credited: {credit}");
 }
+
+/// A `content-length` that is not 1*DIGIT (`+5`, ` 5`, `5 `; RFC 9110 §8.6) makes the request
+/// malformed: RST_STREAM PROTOCOL_ERROR, not forwarded as it is.
+#[tokio::test]
+async fn a_content_length_that_is_not_digits_is_malformed() {
+    let (_h, addr) = start().await;
+    let (mut rd, mut wr) = open(addr).await;
+    for (i, v) in ["+5", " 5", "5 "].into_iter().enumerate() {
+        let id = 1 + 2 * i as u32;
+        let mut block = vec![0x83, 0x86, 0x84];
+        hpack_int(&mut block, 1, 4, 0x00);
+        hpack_str(&mut block, b"localhost");
+        hpack_int(&mut block, 28, 4, 0x00);
+        hpack_str(&mut block, v.as_bytes());
+        let mut out = frame(HEADERS, END_HEADERS, id, &block);
+        out.extend(frame(DATA, END_STREAM, id, b"hello"));
+        wr.write_all(&out).await.unwrap();
+        let ev = rd
+            .until(&mut wr, "the refusal", |e| {
+                matches!(e, Event::Frame(f) if f.stream == id && (f.ty == HEADERS || f.ty == RST_STREAM) || f.ty == GOAWAY)
+            })
+            .await;
+        let Event::Frame(f) = ev else { unreachable!() };
+        assert_eq!(f.ty, RST_STREAM, "content-length {v:?}: {f:?}");
+        assert_eq!(f.error_code(), PROTOCOL_ERROR, "content-length {v:?}");
+    }
+    assert_eq!(request_on(&mut rd, &mut wr, 7, "/").await, 200);
+}

@@ -1891,10 +1891,15 @@ fn strip_connection_headers(h: &mut HeaderMap) {
 }
 
 /// The request's `content-length`: none, one value, or an error (invalid or conflicting).
+/// A value is 1*DIGIT (RFC 9110 §8.6): no sign, no spaces, at most 19 digits (as h2's server).
 fn h_content_length(h: &HeaderMap) -> Result<Option<u64>, ()> {
     let mut out = None;
     for v in h.get_all(header::CONTENT_LENGTH) {
-        let n: u64 = v.to_str().map_err(|_| ())?.trim().parse().map_err(|_| ())?;
+        let b = v.as_bytes();
+        if b.is_empty() || b.len() > 19 || !b.iter().all(u8::is_ascii_digit) {
+            return Err(());
+        }
+        let n: u64 = v.to_str().map_err(|_| ())?.parse().map_err(|_| ())?;
         if out.is_some_and(|o| o != n) {
             return Err(());
         }
@@ -2178,6 +2183,11 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("-1"));
         assert!(h_content_length(&h).is_err());
+        for v in ["+5", " 5", "5 ", "05x", "", "12345678901234567890"] {
+            let mut h = HeaderMap::new();
+            h.insert(header::CONTENT_LENGTH, HeaderValue::from_str(v).unwrap());
+            assert!(h_content_length(&h).is_err(), "{v:?} accepted");
+        }
     }
 
     #[test]
