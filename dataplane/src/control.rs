@@ -385,26 +385,17 @@ async fn apply_frame(
                 .apply_indexed(&mut config, &mut digests, &mut index, &mut cache)
                 .map_err(|e| early(vec![format!("delta: {e}")]))?;
             config.generation = generation;
-            let patch = same_context
-                && !applied.changed.settings
-                && matches!(applied.virtual_hosts, ListEdit::Patch { .. });
-            if patch {
+            let patch = match &applied.virtual_hosts {
+                ListEdit::Patch(p) if same_context && !applied.changed.settings => Some(p),
+                _ => None,
+            };
+            if let Some(edit) = patch {
                 // Only what the delta carried is validated and compiled.
                 runtime
-                    .apply_patch(
-                        &config,
-                        applied.hash,
-                        &applied.virtual_hosts,
-                        applied.changed.backends,
-                    )
+                    .apply_patch(&config, applied.hash, edit, applied.changed.backends)
                     .await
                     .map_err(|e| e.messages())?;
-                let n = config.virtual_hosts.len();
-                for i in applied
-                    .virtual_hosts
-                    .changed_positions(n)
-                    .unwrap_or_default()
-                {
+                for i in edit.changed_positions(config.virtual_hosts.len()) {
                     config.virtual_hosts[i].routes = Vec::new();
                 }
             } else {

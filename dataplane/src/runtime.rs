@@ -316,14 +316,13 @@ impl Runtime {
     /// changed from the serving one, and `backends_changed` whether any backend did. Only
     /// what changed is validated and compiled; listeners, their TLS and sockets, and (unless
     /// backends changed) the upstreams are kept as they are. `hash` is the config's content
-    /// hash. On error nothing changes. The caller must not use it for a [`ListEdit::Full`].
-    ///
-    /// [`ListEdit::Full`]: sweety_config::delta::ListEdit::Full
+    /// hash. On error nothing changes. A reordered list is no patch: apply it with
+    /// [`Runtime::apply_reusing`].
     pub async fn apply_patch(
         &self,
         config: &Config,
         hash: String,
-        edit: &sweety_config::delta::ListEdit,
+        edit: &sweety_config::delta::ListPatch,
         backends_changed: bool,
     ) -> Result<(), ApplyError> {
         let result = self
@@ -341,15 +340,11 @@ impl Runtime {
         &self,
         config: &Config,
         hash: String,
-        edit: &sweety_config::delta::ListEdit,
+        edit: &sweety_config::delta::ListPatch,
         backends_changed: bool,
     ) -> Result<(), ApplyError> {
         let n = config.virtual_hosts.len();
-        let Some(changed) = edit.changed_positions(n) else {
-            return Err(ApplyError::Invalid(vec![
-                "internal: apply_patch needs a patch edit".into(),
-            ]));
-        };
+        let changed = edit.changed_positions(n);
         if let Err(errs) = config.validate_patch(&changed, backends_changed) {
             return Err(ApplyError::Invalid(
                 errs.0.iter().map(|e| e.to_string()).collect(),

@@ -470,20 +470,41 @@ impl NameIndex {
     }
 }
 
+/// A change of a keyed list that kept the base order: the items at the base positions
+/// `replaced` were replaced in place, then those at the base positions `removed` (ascending,
+/// none of them replaced) were dropped, then `appended` new items were added at the end.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ListPatch {
+    /// Base positions of replaced items, in delta order.
+    pub replaced: Vec<usize>,
+    /// Base positions of removed items, ascending.
+    pub removed: Vec<usize>,
+    /// Number of items appended.
+    pub appended: usize,
+}
+
+impl ListPatch {
+    /// The positions in the resulting list (of length `len`) of the replaced and appended
+    /// items.
+    pub fn changed_positions(&self, len: usize) -> Vec<usize> {
+        self.replaced
+            .iter()
+            .map(|&p| p - self.removed.partition_point(|&r| r < p))
+            .chain(len.saturating_sub(self.appended)..len)
+            .collect()
+    }
+
+    /// True when nothing changed.
+    pub fn is_empty(&self) -> bool {
+        self.replaced.is_empty() && self.removed.is_empty() && self.appended == 0
+    }
+}
+
 /// How a keyed list changed when a delta was applied ([`ConfigDelta::apply_indexed`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ListEdit {
-    /// The base order was kept: the items at the base positions `replaced` were replaced in
-    /// place, then those at the base positions `removed` (ascending, none of them replaced)
-    /// were dropped, then `appended` new items were added at the end.
-    Patch {
-        /// Base positions of replaced items, in delta order.
-        replaced: Vec<usize>,
-        /// Base positions of removed items, ascending.
-        removed: Vec<usize>,
-        /// Number of items appended.
-        appended: usize,
-    },
+    /// The base order was kept.
+    Patch(ListPatch),
     /// Anything else (the delta gave a new order): treat the list as new.
     Full,
 }
@@ -492,27 +513,15 @@ impl ListEdit {
     /// For a patch, the positions in the resulting list (of length `len`) of the replaced and
     /// appended items; `None` for [`ListEdit::Full`].
     pub fn changed_positions(&self, len: usize) -> Option<Vec<usize>> {
-        let ListEdit::Patch {
-            replaced,
-            removed,
-            appended,
-        } = self
-        else {
-            return None;
-        };
-        Some(
-            replaced
-                .iter()
-                .map(|&p| p - removed.partition_point(|&r| r < p))
-                .chain(len.saturating_sub(*appended)..len)
-                .collect(),
-        )
+        match self {
+            ListEdit::Patch(p) => Some(p.changed_positions(len)),
+            ListEdit::Full => None,
+        }
     }
 
     /// True when nothing changed.
     pub fn is_empty(&self) -> bool {
-        matches!(self, ListEdit::Patch { replaced, removed, appended: 0 }
-            if replaced.is_empty() && removed.is_empty())
+        matches!(self, ListEdit::Patch(p) if p.is_empty())
     }
 }
 
@@ -625,11 +634,11 @@ fn edit_list<T: Named + Serialize>(
         items.push(item);
     }
     match order {
-        None => Ok(ListEdit::Patch {
+        None => Ok(ListEdit::Patch(ListPatch {
             replaced,
             removed,
             appended: added,
-        }),
+        })),
         Some(order) => {
             reorder(section, items, digests, index, &order)?;
             Ok(ListEdit::Full)
@@ -818,11 +827,11 @@ impl ConfigDelta {
             virtual_hosts,
         )?;
         match &virtual_hosts {
-            ListEdit::Patch {
+            ListEdit::Patch(ListPatch {
                 replaced,
                 removed,
                 appended,
-            } => {
+            }) => {
                 // Items move from the first removal on; appended ones start at the old end.
                 let from = match (removed.first(), appended) {
                     (Some(&r), _) => r,
@@ -987,11 +996,11 @@ mod tests {
 
     /// Rebuilds the list an edit describes from the base list and the delta's upserts.
     fn replay(base: &[VirtualHost], result: &[VirtualHost], edit: &ListEdit) -> Vec<String> {
-        let ListEdit::Patch {
+        let ListEdit::Patch(ListPatch {
             replaced,
             removed,
             appended,
-        } = edit
+        }) = edit
         else {
             return result.iter().map(|v| v.name.clone()).collect();
         };
@@ -1083,16 +1092,11 @@ mod tests {
                 sent.sort_unstable();
                 assert_eq!(got, sent, "step {step}");
             }
-            if let ListEdit::Patch { replaced, .. } = &applied.virtual_hosts {
+            if let ListEdit::Patch(p) = &applied.virtual_hosts {
                 patches += 1;
                 assert_eq!(
-                    replaced.len(),
-                    delta.virtual_hosts.upsert.len() - {
-                        let ListEdit::Patch { appended, .. } = &applied.virtual_hosts else {
-                            unreachable!()
-                        };
-                        *appended
-                    }
+                    p.replaced.len(),
+                    delta.virtual_hosts.upsert.len() - p.appended
                 );
             } else {
                 assert!(delta.virtual_hosts.order.is_some());
