@@ -53,9 +53,9 @@ pub struct ControlStats {
 /// `ApplyDelta`, which consumes it (unchanged items are moved into the result, not copied).
 /// Its virtual hosts carry no routes: the serving route table holds those (compiled, with the
 /// route itself), so keeping a second copy of thousands of routes would only cost memory; they
-/// are taken back from the table when a whole config is needed ([`with_routes`]).
+/// are taken back from the table when a whole config is needed ([`with_routes`]). Its
+/// generation is `config.generation` ([`Base::generation`]).
 struct Base {
-    generation: u64,
     config: Config,
     digests: Digests,
     /// Position of each virtual host by name, kept in step with `config` by
@@ -66,6 +66,13 @@ struct Base {
     /// The serving snapshot's config when this one was applied: the base is only used while
     /// that is still what serves.
     serving: Arc<Config>,
+}
+
+impl Base {
+    /// The generation it was applied as.
+    fn generation(&self) -> u64 {
+        self.config.generation
+    }
 }
 
 type BaseSlot = std::sync::Mutex<Option<Base>>;
@@ -345,7 +352,7 @@ async fn apply_frame(
                 let mut slot = lock();
                 let usable = slot
                     .as_ref()
-                    .is_some_and(|b| b.generation == base && Arc::ptr_eq(&b.serving, &serving));
+                    .is_some_and(|b| b.generation() == base && Arc::ptr_eq(&b.serving, &serving));
                 if usable {
                     slot.take()
                 } else {
@@ -432,7 +439,6 @@ async fn apply_frame(
     let serving = runtime.shared.snapshot().config.clone();
     if let (true, Some((index, cache))) = (serving.generation == generation, index) {
         *lock() = Some(Base {
-            generation,
             config,
             digests,
             index,
@@ -607,6 +613,66 @@ mod tests {
         assert_eq!(st.applies.load(Relaxed), 3);
         assert_eq!(st.acks.load(Relaxed), 1);
         assert_eq!(st.nacks.load(Relaxed), 2);
+    }
+
+    /// The base of a delta is the config last applied here, as the generation it was applied
+    /// as (kept in the config itself): a delta naming that generation applies, one naming
+    /// another is refused without consuming the base.
+    #[tokio::test]
+    async fn a_delta_applies_only_on_the_generation_applied_last() {
+        use sweety_config::delta::{ConfigDelta, Digests};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.sock");
+        let rt = runtime();
+        let server = ControlServer::bind(rt.clone(), &path).unwrap();
+        let mut s = UnixStream::connect(&path).await.unwrap();
+        assert!(matches!(read_msg(&mut s).await, Some(Message::Hello(_))));
+        let v1 = Config::from_yaml(
+            "listeners: [{name: web, address: 127.0.0.1, port: 0, protocol: http, http3: false}]\n\
+             virtual_hosts: [{name: a, hostnames: [a.test], routes: [{name: r, \
+             action: {fixed: {status: 200, body: x}}}]}]",
+        )
+        .unwrap();
+        let apply = Message::Apply {
+            generation: 3,
+            config: Box::new(v1.clone()),
+        };
+        s.write_all(&apply.encode().unwrap()).await.unwrap();
+        assert_eq!(read_msg(&mut s).await, Some(Message::Ack { generation: 3 }));
+        assert_eq!(server.applied_config().map(|c| c.generation), Some(3));
+
+        let step = |from: &Config, host: &str| {
+            let mut to = from.clone();
+            to.virtual_hosts[0].hostnames.push(host.into());
+            let (fd, td) = (Digests::of(from), Digests::of(&to));
+            (ConfigDelta::between(from, &fd, &to, &td).unwrap(), to)
+        };
+        let (d, v2) = step(&v1, "b.test");
+        // Against a generation that is not the one applied last: refused, base kept.
+        let frame = wire::encode_apply_delta(4, 2, &d).unwrap();
+        s.write_all(&frame).await.unwrap();
+        let Some(Message::Nack { generation, errors }) = read_msg(&mut s).await else {
+            panic!("nack")
+        };
+        assert_eq!(generation, 4);
+        assert!(
+            errors[0].contains("delta against generation 2"),
+            "{errors:?}"
+        );
+        assert_eq!(server.applied_config().map(|c| c.generation), Some(3));
+        // Against generation 3: applied, and the result is the base of the next one.
+        let frame = wire::encode_apply_delta(4, 3, &d).unwrap();
+        s.write_all(&frame).await.unwrap();
+        assert_eq!(read_msg(&mut s).await, Some(Message::Ack { generation: 4 }));
+        let (d, v3) = step(&v2, "c.test");
+        let frame = wire::encode_apply_delta(5, 4, &d).unwrap();
+        s.write_all(&frame).await.unwrap();
+        assert_eq!(read_msg(&mut s).await, Some(Message::Ack { generation: 5 }));
+        let mut want = v3;
+        want.generation = 5;
+        assert_eq!(server.applied_config(), Some(want));
+        assert_eq!(rt.shared.snapshot().config.generation, 5);
+        rt.shutdown().await;
     }
 
     #[tokio::test]
