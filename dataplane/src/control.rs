@@ -27,7 +27,7 @@ use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _, PermissionsExt as _}
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
-use sweety_config::delta::{Digests, HashCache, ListEdit, NameIndex};
+use sweety_config::delta::{ConfigDelta, Digests, HashCache, ListEdit, NameIndex};
 use sweety_config::wire::{self, FrameHeader, FrameType, Hello, Message, HEADER_LEN};
 use sweety_config::{Config, Route};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -375,13 +375,7 @@ async fn apply_frame(
                 mut cache,
                 ..
             } = b;
-            let same_context = delta.listeners.is_empty()
-                && delta.backends.remove.is_empty()
-                && delta
-                    .backends
-                    .upsert
-                    .iter()
-                    .all(|u| config.backends.iter().any(|x| x.name == u.name));
+            let same_context = same_context(&delta, &config);
             let upserted: std::collections::HashSet<String> = delta
                 .virtual_hosts
                 .upsert
@@ -447,6 +441,25 @@ async fn apply_frame(
         });
     }
     Ok(())
+}
+
+/// True when `delta` keeps the listeners and the backend names of `base` (backends may be
+/// replaced, not added or removed): then unchanged virtual hosts, checked against those,
+/// need no validation. Linear in the backends and the delta's upserts.
+fn same_context(delta: &ConfigDelta, base: &Config) -> bool {
+    if !delta.listeners.is_empty() || !delta.backends.remove.is_empty() {
+        return false;
+    }
+    if delta.backends.upsert.is_empty() {
+        return true;
+    }
+    let names: std::collections::HashSet<&str> =
+        base.backends.iter().map(|b| b.name.as_str()).collect();
+    delta
+        .backends
+        .upsert
+        .iter()
+        .all(|u| names.contains(u.name.as_str()))
 }
 
 /// Fills in the routes of the virtual hosts for which `fill(name)` is true from the compiled
@@ -673,6 +686,44 @@ mod tests {
         assert_eq!(server.applied_config(), Some(want));
         assert_eq!(rt.shared.snapshot().config.generation, 5);
         rt.shutdown().await;
+    }
+
+    #[test]
+    fn same_context_means_same_listeners_and_backend_names() {
+        let base = Config {
+            backends: (0..500)
+                .map(|i| Backend::new(format!("b{i}"), Vec::new()))
+                .collect(),
+            ..Config::default()
+        };
+        let empty = ConfigDelta {
+            settings: None,
+            listeners: Default::default(),
+            virtual_hosts: Default::default(),
+            backends: Default::default(),
+            hash: String::new(),
+        };
+        assert!(same_context(&empty, &base));
+        // Replacing existing backends (any number) keeps the context.
+        let mut d = empty.clone();
+        d.backends.upsert = (0..500)
+            .rev()
+            .map(|i| Backend::new(format!("b{i}"), vec![]))
+            .collect();
+        assert!(same_context(&d, &base));
+        // A new backend, a removed one or a listener change does not.
+        d.backends.upsert.push(Backend::new("new", vec![]));
+        assert!(!same_context(&d, &base));
+        let mut d = empty.clone();
+        d.backends.remove.push("b3".into());
+        assert!(!same_context(&d, &base));
+        let mut d = empty.clone();
+        d.listeners.remove.push("web".into());
+        assert!(!same_context(&d, &base));
+        // Virtual host changes alone keep it.
+        let mut d = empty.clone();
+        d.virtual_hosts.remove.push("v".into());
+        assert!(same_context(&d, &base));
     }
 
     #[tokio::test]
