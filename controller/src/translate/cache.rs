@@ -469,7 +469,7 @@ fn changed_services(old: &Snapshot, new: &Snapshot) -> BTreeSet<(String, String)
             .metadata
             .labels
             .as_ref()
-            .and_then(|l| l.get(super::backends::SERVICE_NAME_LABEL));
+            .and_then(|l| l.get(crate::gateway_services::SERVICE_NAME_LABEL));
         if let Some(svc) = svc {
             out.insert(key(&es.metadata, Some(svc)));
         }
