@@ -52,8 +52,10 @@ pub fn gateways(b: &mut Builder<'_>, classes: &BTreeMap<String, ClassInfo>) -> V
             );
             continue;
         }
-        let mut listeners = listeners::validate(b.snapshot, &gw);
-        let listener_sets = listenersets::attach_sets(b.snapshot, &gw, &ns, &mut listeners);
+        let mut frontends = listeners::Frontends::new();
+        let mut listeners = listeners::validate(b.snapshot, &gw, &mut frontends);
+        let listener_sets =
+            listenersets::attach_sets(b.snapshot, &gw, &ns, &mut listeners, &mut frontends);
         let rejected = invalid_parameters(&gw).or(requested_addresses(&gw).1);
         let backend_client_cert = client_cert::resolve(b.snapshot, &gw, &ns);
         out.push(GwState {
