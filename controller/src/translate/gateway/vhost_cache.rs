@@ -486,12 +486,17 @@ impl VhostMemo {
             );
         }
         for g in dirty.gateways {
-            let ports = self.layout[g].service_ports.clone();
-            emit::status(b, &self.world.gateways[g], ports);
+            emit::status(b, &self.world.gateways[g]);
         }
-        let services = std::mem::take(&mut b.gateway_services);
         if first {
-            self.gateway_services = services;
+            // The Services depend on the world only: built once per memo.
+            self.gateway_services = self
+                .world
+                .gateways
+                .iter()
+                .zip(&self.layout)
+                .filter_map(|(gw, lay)| emit::service(gw, lay.service_ports.clone()))
+                .collect();
             self.gateway_services.sort_by(|a, b| a.name.cmp(&b.name));
         }
         if dirty.policies {
