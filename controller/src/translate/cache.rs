@@ -14,8 +14,10 @@
 //!   identity, in any order) every route is translated again, except for Services and
 //!   EndpointSlices: when only those changed, only the routes whose translation looked up a
 //!   changed Service (or the Service of a changed EndpointSlice) are translated again.
-//!   Services in the controller's own namespace or named like a per-Gateway Service (which
-//!   port allocation and Gateway status read) still count as a change of the world;
+//!   A Service object named like a per-Gateway Service (which port allocation and Gateway
+//!   status read, in any namespace) still counts as a change of the world; EndpointSlices
+//!   never do (translation reads them only through a Service lookup), so a readiness flip
+//!   of the dataplane's own Service or of any other costs only the routes that use it;
 //! * otherwise a route object whose `Arc` is the one seen last time is not translated again;
 //!   a new or changed object is translated, objects that left the snapshot are forgotten.
 //!   With [`gateway::VhostMemo`] (the usual case) the memo works per virtual host: only the
@@ -56,6 +58,8 @@ pub struct TranslateCache {
     front: Front,
     out: Option<Translation>,
     stats: CacheStats,
+    /// Calls that translated every route (a new world, or one the memos cannot serve).
+    full_translates: u64,
 }
 
 /// Routes reused and translated by the last [`translate_incremental`] call.
@@ -92,11 +96,19 @@ impl TranslateCache {
         self.stats
     }
 
+    /// How many calls so far translated every route: the first, every change of the world
+    /// of the routes (see the module docs), and every call in a world that only the plain
+    /// translation serves.
+    pub fn full_translates(&self) -> u64 {
+        self.full_translates
+    }
+
     /// Translates `snapshot` (exactly what [`super::translate`] gives), reusing what did not
     /// change since the last call. See the module docs.
     pub fn update(&mut self, snapshot: &Snapshot, params: &Params) -> &Translation {
         let change = self.world_change(snapshot, params);
         if matches!(change, Change::All) {
+            self.full_translates += 1;
             self.vhosts = None;
             self.vhosts_unsupported = false;
             self.routes.clear();
@@ -135,14 +147,12 @@ impl TranslateCache {
                 .filter(|&i| i != SERVICES && i != ENDPOINT_SLICES)
                 .all(|i| w.addrs[i] == addrs[i]);
         let change = match others_same.then(|| changed_services(&w.held, &held)) {
-            // Port allocation and Gateway status read the per-Gateway Services.
-            Some(changed)
-                if !changed.iter().any(|(ns, name)| {
-                    *ns == params.namespace || name.starts_with(addressing::SERVICE_PREFIX)
-                }) =>
-            {
-                Change::Services(changed)
-            }
+            // Port allocation and Gateway status read the per-Gateway Service objects (named
+            // by prefix, in a Gateway's namespace or, from an older release, the
+            // controller's). Any other Service, and every EndpointSlice, is read only through
+            // the backend lookups each route records: a dataplane readiness flip (its
+            // Service's slices) re-translates only the routes that use that Service.
+            Some((changed, false)) => Change::Services(changed),
             _ => Change::All,
         };
         self.world = Some(World {
@@ -441,8 +451,9 @@ const SERVICES: usize = 6;
 const ENDPOINT_SLICES: usize = 7;
 
 /// (namespace, name) of the Services whose object or EndpointSlices differ between `old` and
-/// `new` (by `Arc` identity).
-fn changed_services(old: &Snapshot, new: &Snapshot) -> BTreeSet<(String, String)> {
+/// `new` (by `Arc` identity), and whether a per-Gateway Service object (named with
+/// [`addressing::SERVICE_PREFIX`]) is among the changed objects.
+fn changed_services(old: &Snapshot, new: &Snapshot) -> (BTreeSet<(String, String)>, bool) {
     fn diff<'a, T>(old: &'a [Arc<T>], new: &'a [Arc<T>]) -> impl Iterator<Item = &'a Arc<T>> {
         let o: HashSet<usize> = old.iter().map(|a| Arc::as_ptr(a) as usize).collect();
         let n: HashSet<usize> = new.iter().map(|a| Arc::as_ptr(a) as usize).collect();
@@ -461,7 +472,10 @@ fn changed_services(old: &Snapshot, new: &Snapshot) -> BTreeSet<(String, String)
         )
     };
     let mut out = BTreeSet::new();
+    let mut gateway_service = false;
     for s in diff(&old.services, &new.services) {
+        let name = s.metadata.name.as_deref().unwrap_or_default();
+        gateway_service |= name.starts_with(addressing::SERVICE_PREFIX);
         out.insert(key(&s.metadata, s.metadata.name.as_ref()));
     }
     for es in diff(&old.endpoint_slices, &new.endpoint_slices) {
@@ -474,7 +488,7 @@ fn changed_services(old: &Snapshot, new: &Snapshot) -> BTreeSet<(String, String)
             out.insert(key(&es.metadata, Some(svc)));
         }
     }
-    out
+    (out, gateway_service)
 }
 
 fn addrs<T>(list: &[Arc<T>]) -> Vec<usize> {
@@ -1152,8 +1166,9 @@ spec:\n  parentRefs: [{{name: gw}}]\n  hostnames: [r{r}.example.com]\n  rules: [
         );
         assert_eq!(cache.stats().translated, 0);
 
-        // A Service in the controller's namespace (per-Gateway Services, read by port
-        // allocation) clears everything.
+        // A Service in the controller's namespace that is no per-Gateway Service: nothing
+        // uses it, nothing is translated again.
+        let full = cache.full_translates();
         let mut own = (*s.services[0]).clone();
         own.metadata.namespace = Some(params.namespace.clone());
         s.services.push(Arc::new(own));
@@ -1161,7 +1176,110 @@ spec:\n  parentRefs: [{{name: gw}}]\n  hostnames: [r{r}.example.com]\n  rules: [
             translate_incremental(&s, &params, &mut cache),
             translate(&s, &params)
         );
+        assert_eq!(cache.stats().translated, 0);
+        assert_eq!(cache.full_translates(), full);
+
+        // A per-Gateway Service (read by port allocation and Gateway status) clears
+        // everything.
+        let mut own = (*s.services[0]).clone();
+        own.metadata.namespace = Some(params.namespace.clone());
+        own.metadata.name = Some(addressing::service_name("app", "gw"));
+        s.services.push(Arc::new(own));
+        assert_eq!(
+            translate_incremental(&s, &params, &mut cache),
+            translate(&s, &params)
+        );
         assert_eq!(cache.stats().translated, 30);
+        assert_eq!(cache.full_translates(), full + 1);
+    }
+
+    #[test]
+    fn slice_changes_in_the_controller_namespace_translate_incrementally() {
+        // The dataplane's own Service (`sweety/sweety`, the ingress Service), an unrelated
+        // Service beside it, and one Service there that two routes use as their backend.
+        let mut y = String::from(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {name: sweety}\nspec: {controllerName: sweety.dev/gateway-controller}\n---\n\
+apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: gw, namespace: app}\n\
+spec:\n  gatewayClassName: sweety\n  listeners: [{name: http, port: 80, protocol: HTTP, allowedRoutes: {namespaces: {from: All}}}]\n---\n",
+        );
+        for (ns, svc) in [
+            ("sweety", "sweety"),
+            ("sweety", "unrelated"),
+            ("sweety", "used"),
+            ("app", "web"),
+        ] {
+            y.push_str(&format!(
+                "apiVersion: v1\nkind: Service\nmetadata: {{name: {svc}, namespace: {ns}}}\nspec: {{ports: [{{name: http, port: 80, targetPort: 8080}}]}}\n---\n\
+apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: {svc}-a, namespace: {ns}, labels: {{kubernetes.io/service-name: {svc}}}}}\n\
+addressType: IPv4\nports: [{{name: http, port: 8080}}]\nendpoints: [{{addresses: [10.0.0.1], conditions: {{ready: true}}}}, {{addresses: [10.0.0.2], conditions: {{ready: true}}}}]\n---\n"
+            ));
+        }
+        for r in 0..10 {
+            let (ns, svc) = if r < 2 {
+                ("sweety", "used")
+            } else {
+                ("app", "web")
+            };
+            y.push_str(&format!(
+                "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{name: r{r}, namespace: {ns}}}\n\
+spec:\n  parentRefs: [{{name: gw, namespace: app}}]\n  hostnames: [r{r}.example.com]\n  rules: [{{backendRefs: [{{name: {svc}, port: 80}}]}}]\n---\n"
+            ));
+        }
+        let (mut s, _) = Snapshot::from_yaml(&y).unwrap();
+        let params = Params::default();
+        assert_eq!(params.namespace, "sweety");
+        let mut cache = TranslateCache::default();
+        assert_eq!(
+            cache.update(&s, &params).to_output(),
+            translate(&s, &params)
+        );
+        assert!(cache.vhosts.is_some(), "the per-virtual-host memo is used");
+        assert_eq!(cache.full_translates(), 1);
+        // One endpoint of a slice of `namespace/name` stops being ready (a readiness flip).
+        let flip = |s: &mut Snapshot, ns: &str, name: &str| {
+            let i = s
+                .endpoint_slices
+                .iter()
+                .position(|e| {
+                    e.metadata.namespace.as_deref() == Some(ns)
+                        && e.metadata.name.as_deref() == Some(&format!("{name}-a"))
+                })
+                .unwrap();
+            let mut es = (*s.endpoint_slices[i]).clone();
+            let c = es.endpoints[0]
+                .conditions
+                .get_or_insert_with(Default::default);
+            c.ready = Some(!c.ready.unwrap_or(true));
+            s.endpoint_slices[i] = Arc::new(es);
+        };
+        for (svc, translated) in [("unrelated", 0), ("sweety", 0), ("used", 2)] {
+            for _ in 0..2 {
+                flip(&mut s, "sweety", svc);
+                let out = cache.update(&s, &params).to_output();
+                assert_eq!(out, translate(&s, &params), "{svc}");
+                assert_eq!(
+                    cache.stats(),
+                    CacheStats {
+                        replayed: 10 - translated,
+                        translated
+                    },
+                    "{svc}"
+                );
+                assert_eq!(cache.full_translates(), 1, "{svc}: no full translate");
+            }
+        }
+        // The used Service's flip reached its backend.
+        flip(&mut s, "sweety", "used");
+        let out = cache.update(&s, &params).to_output();
+        let used = out
+            .config
+            .backends
+            .iter()
+            .find(|b| b.name.contains("sweety") && b.name.contains("used"))
+            .expect("the used Service's backend");
+        assert_eq!(used.endpoints.len(), 1, "{used:?}");
+        assert_eq!(out, translate(&s, &params));
+        assert_eq!(cache.full_translates(), 1);
     }
 }
 
