@@ -23,8 +23,8 @@
 //!   With [`gateway::VhostMemo`] (the usual case) the memo works per virtual host: only the
 //!   virtual hosts, L4 listeners, Gateway and policy statuses a changed route touches are
 //!   emitted again, and the output is updated in place. Where that memo does not apply (see
-//!   its docs) the per-route memo [`gateway::RouteCache`] replays every unchanged route into a
-//!   full assembly instead;
+//!   its docs; rare: a Gateway with a backend client certificate, for one) every call is a
+//!   plain [`super::translate`] until the world changes, its items reused where equal;
 //! * Ingress and SweetySite translation runs in full on every call (it is not memoized); its
 //!   items and statuses are compared with the previous call's.
 //!
@@ -50,10 +50,8 @@ pub struct TranslateCache {
     world: Option<World>,
     /// Per-virtual-host memo (None: not built yet, or not usable for this world).
     vhosts: Option<gateway::VhostMemo>,
-    /// The world cannot use `vhosts`: the per-route memo serves until the world changes.
+    /// The world cannot use `vhosts`: plain translation serves until the world changes.
     vhosts_unsupported: bool,
-    /// Per-route memo (used when `vhosts` is not).
-    routes: gateway::RouteCache,
     /// What Ingress and SweetySite translation gave last time (with `vhosts`).
     front: Front,
     out: Option<Translation>,
@@ -108,22 +106,22 @@ impl TranslateCache {
     pub fn update(&mut self, snapshot: &Snapshot, params: &Params) -> &Translation {
         let change = self.world_change(snapshot, params);
         if matches!(change, Change::All) {
-            self.full_translates += 1;
             self.vhosts = None;
             self.vhosts_unsupported = false;
-            self.routes.clear();
         }
         if !self.vhosts_unsupported {
             if self.update_vhosts(snapshot, params, &change).is_ok() {
+                if matches!(change, Change::All) {
+                    self.full_translates += 1;
+                }
                 return self.out.as_ref().expect("just set");
             }
-            // This world is not for the per-virtual-host memo: start the per-route memo.
+            // This world is not for the per-virtual-host memo: translate in full.
             self.vhosts = None;
             self.vhosts_unsupported = true;
             self.front = Front::default();
-            self.routes.clear();
         }
-        self.update_routes(snapshot, params, &change);
+        self.update_full(snapshot, params);
         self.out.as_ref().expect("just set")
     }
 
@@ -255,27 +253,17 @@ impl TranslateCache {
         Ok(())
     }
 
-    /// With the per-route memo: every route replayed or translated, the output assembled in
-    /// full, its items reused from the previous output where equal.
-    fn update_routes(&mut self, snapshot: &Snapshot, params: &Params, change: &Change) {
-        match change {
-            Change::None => {}
-            Change::Services(changed) => {
-                self.routes.invalidate_services(changed);
-            }
-            Change::All => self.routes.clear(),
-        }
-        self.routes.begin();
-        let mut b = Builder::new(snapshot, params);
-        b.route_cache = Some(&mut self.routes);
-        gateway::translate(&mut b);
-        ingress::translate(&mut b);
-        site::translate(&mut b);
-        let out = b.finish();
-        self.routes.end();
+    /// Plain translation, its items reused from the previous output where equal.
+    fn update_full(&mut self, snapshot: &Snapshot, params: &Params) {
+        self.full_translates += 1;
+        let out = super::translate(snapshot, params);
         self.stats = CacheStats {
-            replayed: self.routes.hits,
-            translated: self.routes.misses,
+            replayed: 0,
+            translated: snapshot.http_routes.len()
+                + snapshot.grpc_routes.len()
+                + snapshot.tls_routes.len()
+                + snapshot.tcp_routes.len()
+                + snapshot.udp_routes.len(),
         };
         let config = match &self.out {
             Some(prev) => ConfigItems::from_config_reusing(out.config, &prev.config),
@@ -845,24 +833,45 @@ mod tests {
                 translate(&s, &params),
                 "{name}: first run"
             );
-            if cache.vhosts.is_some() {
+            let memo = cache.vhosts.is_some();
+            if memo {
                 vhost_memo += 1;
             }
-            // Nothing changed: every route is replayed, the output is the same.
+            // Nothing changed: every route is replayed (plain translation where the memo
+            // does not apply), the output is the same.
+            let full = cache.full_translates();
             assert_eq!(
                 translate_incremental(&s, &params, &mut cache),
                 translate(&s, &params),
                 "{name}: unchanged rerun"
             );
-            assert_eq!(
-                cache.stats(),
-                CacheStats {
-                    replayed: route_count(&s),
-                    translated: 0
-                },
-                "{name}: unchanged rerun reuses every route"
-            );
-            replayed_total += route_count(&s);
+            let routes = route_count(&s);
+            if memo {
+                assert_eq!(
+                    (cache.stats(), cache.full_translates()),
+                    (
+                        CacheStats {
+                            replayed: routes,
+                            translated: 0
+                        },
+                        full
+                    ),
+                    "{name}: unchanged rerun reuses every route"
+                );
+                replayed_total += routes;
+            } else {
+                assert_eq!(
+                    (cache.stats(), cache.full_translates()),
+                    (
+                        CacheStats {
+                            replayed: 0,
+                            translated: routes
+                        },
+                        full + 1
+                    ),
+                    "{name}: plain translation"
+                );
+            }
             let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ (n as u64 + 1));
             let mut removed = Vec::new();
             let mut done = Vec::new();
@@ -889,15 +898,15 @@ mod tests {
             edit_replays >= 500,
             "replays during edit sequences: {edit_replays}"
         );
-        // Both memos were compared: most goldens use the per-virtual-host one, those with a
-        // backend client certificate (and the like) the per-route one.
+        // Both paths were compared: most goldens use the per-virtual-host memo, those with a
+        // backend client certificate (and the like) plain translation.
         assert!(
             vhost_memo >= 60,
             "goldens with the vhost memo: {vhost_memo}"
         );
         assert!(
             vhost_memo < total,
-            "no golden used the per-route memo: {vhost_memo} of {total}"
+            "no golden used plain translation: {vhost_memo} of {total}"
         );
     }
 
