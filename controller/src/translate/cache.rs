@@ -603,6 +603,65 @@ mod tests {
         (!list.is_empty()).then(|| list.remove(rng.below(list.len())))
     }
 
+    /// Every kind of edit [`edit`] makes (what it returns, "none" aside).
+    const EDIT_KINDS: &[&str] = &[
+        "touch HTTPRoute",
+        "change HTTPRoute",
+        "remove HTTPRoute",
+        "re-add HTTPRoute",
+        "touch other routes",
+        "touch Service/EndpointSlice",
+        "remove Service",
+        "remove ReferenceGrant",
+        "remove Gateway",
+        "remove EndpointSlice",
+        "touch Gateway/Namespace",
+        "edit EndpointSlice",
+        "edit Service",
+        "move HTTPRoute to another Gateway",
+        "move HTTPRoute to other hostnames",
+        "change Gateway listener",
+        "add HTTPRoute",
+        "remove Ingress",
+        "remove SweetySite",
+        "touch Ingress/SweetySite",
+        "reorder routes",
+    ];
+
+    /// Counts of the edits made, by kind.
+    type EditCounts = BTreeMap<&'static str, usize>;
+
+    /// Every kind in [`EDIT_KINDS`] was made at least once (and nothing else but "none").
+    fn assert_every_kind(counts: &EditCounts, kinds: &[&str]) {
+        for k in kinds {
+            assert!(
+                counts.get(k).copied().unwrap_or(0) >= 1,
+                "edit kind {k:?} never happened: {counts:?}"
+            );
+        }
+        for k in counts.keys() {
+            assert!(
+                *k == "none" || EDIT_KINDS.contains(k),
+                "edit kind {k:?} is not listed in EDIT_KINDS"
+            );
+        }
+    }
+
+    /// One random edit of an Ingress or a SweetySite (translated beside the routes' memo).
+    fn edit_front(rng: &mut Rng, s: &mut Snapshot) -> &'static str {
+        match rng.below(3) {
+            0 => remove(rng, &mut s.ingresses).map_or("none", |_| "remove Ingress"),
+            1 => remove(rng, &mut s.sites).map_or("none", |_| "remove SweetySite"),
+            _ => {
+                if touch(rng, &mut s.ingresses) | touch(rng, &mut s.sites) {
+                    "touch Ingress/SweetySite"
+                } else {
+                    "none"
+                }
+            }
+        }
+    }
+
     /// One random edit of the kind a watch event makes. Returns what it did.
     fn edit(
         rng: &mut Rng,
@@ -795,21 +854,7 @@ mod tests {
                 s.http_routes.push(Arc::new(r));
                 "add HTTPRoute"
             }
-            16 => {
-                // Ingress and SweetySite objects (translated in full beside the routes' memo):
-                // one goes away, or one is touched.
-                match rng.below(3) {
-                    0 => remove(rng, &mut s.ingresses).map_or("none", |_| "remove Ingress"),
-                    1 => remove(rng, &mut s.sites).map_or("none", |_| "remove SweetySite"),
-                    _ => {
-                        if touch(rng, &mut s.ingresses) | touch(rng, &mut s.sites) {
-                            "touch Ingress/SweetySite"
-                        } else {
-                            "none"
-                        }
-                    }
-                }
-            }
+            16 => edit_front(rng, s),
             _ => {
                 s.http_routes.reverse();
                 s.grpc_routes.reverse();
@@ -824,6 +869,7 @@ mod tests {
         assert!(cases.len() >= 60, "golden inputs: {}", cases.len());
         let total = cases.len();
         let (mut replayed_total, mut edit_replays, mut vhost_memo) = (0, 0, 0);
+        let mut counts = EditCounts::new();
         for (n, (path, snapshot, params)) in cases.into_iter().enumerate() {
             let name = path.file_name().unwrap().to_string_lossy().to_string();
             let mut cache = TranslateCache::default();
@@ -877,6 +923,7 @@ mod tests {
             let mut done = Vec::new();
             for step in 0..40 {
                 let what = edit(&mut rng, &mut s, &mut removed);
+                *counts.entry(what).or_default() += 1;
                 done.push(what);
                 let incremental = translate_incremental(&s, &params, &mut cache);
                 edit_replays += cache.stats().replayed;
@@ -889,6 +936,8 @@ mod tests {
                 );
             }
         }
+        // Every kind of edit was compared at least once.
+        assert_every_kind(&counts, EDIT_KINDS);
         // The comparisons above covered replays, not only fresh translations.
         assert!(
             replayed_total >= 50,
@@ -956,14 +1005,33 @@ spec:\n  parentRefs: [{{name: gw}}]\n  hostnames: [h{}.example.com]\n  rules: [{
         let mut rng = Rng(0x5eed);
         let mut removed = Vec::new();
         let mut done = Vec::new();
+        let mut counts = EditCounts::new();
         for step in 0..80 {
-            done.push(edit(&mut rng, &mut s, &mut removed));
+            // Every third edit is one of the Ingresses.
+            let what = if step % 3 == 0 {
+                edit_front(&mut rng, &mut s)
+            } else {
+                edit(&mut rng, &mut s, &mut removed)
+            };
+            *counts.entry(what).or_default() += 1;
+            done.push(what);
             let incremental = translate_incremental(&s, &params, &mut cache);
             assert!(
                 incremental == translate(&s, &params),
                 "step {step}, after {done:?}: incremental output differs"
             );
         }
+        // The Ingresses were edited, beside the routes and their Services.
+        assert_every_kind(
+            &counts,
+            &[
+                "remove Ingress",
+                "touch Ingress/SweetySite",
+                "change HTTPRoute",
+                "edit Service",
+                "edit EndpointSlice",
+            ],
+        );
     }
 
     #[test]
