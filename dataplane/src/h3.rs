@@ -405,6 +405,18 @@ async fn serve_request(
             return;
         }
     };
+    // A connection-specific field makes the request malformed (RFC 9114 §4.2, §4.1.2).
+    let mut stream = stream;
+    if req
+        .headers()
+        .iter()
+        .any(|(n, v)| crate::conn_headers::is_connection_specific(n.as_str(), v.as_bytes()))
+    {
+        tracing::debug!(peer = %conn.peer, "HTTP/3 request with a connection-specific field");
+        stream.stop_sending(h3::error::Code::H3_MESSAGE_ERROR);
+        stream.stop_stream(h3::error::Code::H3_MESSAGE_ERROR);
+        return;
+    }
     let early = handshake.in_early_data();
     let (send, recv) = stream.split();
     let (mut parts, ()) = req.into_parts();
@@ -422,7 +434,7 @@ async fn serve_request(
 /// Sends the head, then every body frame, awaiting each so QUIC flow control paces the body.
 async fn send_response(mut send: SendHalf, resp: Response<Body>) {
     let (mut parts, mut body) = resp.into_parts();
-    strip_connection_headers(&mut parts.headers);
+    crate::conn_headers::strip(&mut parts.headers, crate::conn_headers::Te::Remove);
     if let Err(e) = send.send_response(Response::from_parts(parts, ())).await {
         tracing::debug!(error = %e, "HTTP/3 response head not sent");
         return;
@@ -451,19 +463,6 @@ async fn send_response(mut send: SendHalf, resp: Response<Body>) {
         }
     }
     let _ = send.finish().await;
-}
-
-/// Connection-specific headers are not allowed in HTTP/3 (RFC 9114 §4.2).
-fn strip_connection_headers(h: &mut http::HeaderMap) {
-    for name in [
-        header::CONNECTION,
-        header::TRANSFER_ENCODING,
-        header::UPGRADE,
-        http::HeaderName::from_static("keep-alive"),
-        http::HeaderName::from_static("proxy-connection"),
-    ] {
-        h.remove(name);
-    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -621,17 +620,6 @@ mod tests {
                 &Limits::default(),
             );
         }
-    }
-
-    #[test]
-    fn connection_headers_are_stripped() {
-        let mut h = http::HeaderMap::new();
-        h.insert(header::CONNECTION, "close".parse().unwrap());
-        h.insert(header::TRANSFER_ENCODING, "chunked".parse().unwrap());
-        h.insert("keep-alive", "5".parse().unwrap());
-        h.insert(header::CONTENT_TYPE, "text/plain".parse().unwrap());
-        strip_connection_headers(&mut h);
-        assert_eq!(h.len(), 1);
     }
 
     #[test]

@@ -35,6 +35,7 @@ pub mod admin;
 pub mod body;
 pub mod cache;
 pub mod compress;
+pub mod conn_headers;
 pub mod control;
 pub mod ctx;
 pub mod defaults;

@@ -305,6 +305,32 @@ async fn unknown_path_is_404_over_h3() {
     .await;
 }
 
+/// A request with a connection-specific field (here `connection: close`, or `te` other than
+/// `trailers`) is malformed in HTTP/3 (RFC 9114 §4.2): its stream is reset, not answered; the
+/// connection goes on serving.
+#[tokio::test]
+async fn connection_specific_request_fields_are_malformed_over_h3() {
+    bounded(20, async {
+        let (cfg, ca) = h3_config(vec![fixed_route("only", "/only", "yes")]);
+        let h = Harness::start(cfg).await;
+        let c = H3::connect(h.addr("tls").await, "localhost", &ca)
+            .await
+            .unwrap();
+        for field in [("connection", "close"), ("te", "gzip"), ("upgrade", "x")] {
+            let r = c.request(Method::GET, "/only", &[field], vec![]).await;
+            assert!(r.is_err(), "{field:?} answered: {r:?}");
+        }
+        let r = c
+            .request(Method::GET, "/only", &[("te", "trailers")], vec![])
+            .await;
+        assert_eq!(
+            r.map(|(s, _, b)| (s, b)),
+            Ok((200, Bytes::from_static(b"yes")))
+        );
+    })
+    .await;
+}
+
 /// 421 over HTTP/3 follows the same rule as over TCP: only a Host in another certificate
 /// scope (Gateway listener) than the SNI is misdirected.
 #[tokio::test]

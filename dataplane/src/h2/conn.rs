@@ -1547,7 +1547,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
             return;
         };
         let (mut parts, body) = resp.into_parts();
-        strip_connection_headers(&mut parts.headers);
+        crate::conn_headers::strip(&mut parts.headers, crate::conn_headers::Te::Remove);
         if !parts.headers.contains_key(header::DATE) {
             let date = self.date.get_or_insert_with(super::date::now).clone();
             parts.headers.insert(header::DATE, date);
@@ -1858,38 +1858,6 @@ fn box_in_place<F>(make: impl FnOnce() -> F) -> Pin<Box<F>> {
     Box::into_pin(Box::write(slot, make()))
 }
 
-/// Headers that are connection-specific in HTTP/1.1 and not allowed in HTTP/2.
-fn strip_connection_headers(h: &mut HeaderMap) {
-    // One pass over the names first: most responses have none of them.
-    let any = h.keys().any(|n| {
-        n == header::CONNECTION
-            || n == header::TRANSFER_ENCODING
-            || n == header::UPGRADE
-            || n == header::TE
-            || n.as_str() == "keep-alive"
-            || n.as_str() == "proxy-connection"
-    });
-    if !any {
-        return;
-    }
-    if let Some(c) = h.remove(header::CONNECTION) {
-        if let Ok(list) = c.to_str() {
-            for name in list.split(',') {
-                h.remove(name.trim());
-            }
-        }
-    }
-    for name in [
-        header::TRANSFER_ENCODING,
-        header::UPGRADE,
-        header::TE,
-        HeaderName::from_static("keep-alive"),
-        HeaderName::from_static("proxy-connection"),
-    ] {
-        h.remove(name);
-    }
-}
-
 /// The request's `content-length`: none, one value, or an error (invalid or conflicting).
 /// A value is 1*DIGIT (RFC 9110 §8.6): no sign, no spaces, at most 19 digits (as h2's server).
 fn h_content_length(h: &HeaderMap) -> Result<Option<u64>, ()> {
@@ -1974,12 +1942,8 @@ impl Head_ {
             return Err("upper-case header name");
         }
         let name = HeaderName::from_bytes(f.name).map_err(|_| "invalid header name")?;
-        match name.as_str() {
-            "connection" | "keep-alive" | "proxy-connection" | "transfer-encoding" | "upgrade" => {
-                return Err("connection-specific header")
-            }
-            "te" if f.value != b"trailers" => return Err("te other than trailers"),
-            _ => {}
+        if crate::conn_headers::is_connection_specific(name.as_str(), f.value) {
+            return Err("connection-specific header");
         }
         let mut value = HeaderValue::from_bytes(f.value).map_err(|_| "invalid header value")?;
         if f.sensitive {
@@ -2188,22 +2152,6 @@ mod tests {
             h.insert(header::CONTENT_LENGTH, HeaderValue::from_str(v).unwrap());
             assert!(h_content_length(&h).is_err(), "{v:?} accepted");
         }
-    }
-
-    #[test]
-    fn connection_headers_are_stripped_from_responses() {
-        let mut h = HeaderMap::new();
-        h.insert(header::CONNECTION, HeaderValue::from_static("x-hop, close"));
-        h.insert("x-hop", HeaderValue::from_static("1"));
-        h.insert(
-            header::TRANSFER_ENCODING,
-            HeaderValue::from_static("chunked"),
-        );
-        h.insert("keep-alive", HeaderValue::from_static("5"));
-        h.insert("x-end", HeaderValue::from_static("1"));
-        strip_connection_headers(&mut h);
-        assert_eq!(h.len(), 1);
-        assert!(h.contains_key("x-end"));
     }
 
     /// A driver over an in-memory pipe, with the default runtime (no listeners: every request

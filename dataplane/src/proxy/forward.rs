@@ -16,50 +16,15 @@ use http::{Method, Uri};
 use std::net::IpAddr;
 use sweety_config::RetryPolicy;
 
-static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
-static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 
-/// Removes hop-by-hop headers (see the module docs). `TE: trailers` survives.
+/// Removes hop-by-hop headers (see the module docs): the connection-specific fields
+/// ([`crate::conn_headers`], `TE: trailers` survives) and `Trailer` (hop-by-hop in RFC 2616).
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
-        .collect();
-    for n in named {
-        if n != header::TE {
-            headers.remove(n);
-        }
-    }
-    let te_trailers = headers
-        .get_all(header::TE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|t| {
-            t.split(';')
-                .next()
-                .is_some_and(|t| t.trim().eq_ignore_ascii_case("trailers"))
-        });
-    for n in [
-        &header::CONNECTION,
-        &KEEP_ALIVE,
-        &PROXY_CONNECTION,
-        &header::TE,
-        &header::TRAILER,
-        &header::TRANSFER_ENCODING,
-        &header::UPGRADE,
-    ] {
-        headers.remove(n);
-    }
-    if te_trailers {
-        headers.insert(header::TE, HeaderValue::from_static("trailers"));
-    }
+    crate::conn_headers::strip(headers, crate::conn_headers::Te::KeepTrailers);
+    headers.remove(header::TRAILER);
 }
 
 /// The host the client asked for: the Host header, else the URI authority (HTTP/2).
@@ -226,14 +191,6 @@ mod tests {
         let mut names: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
         names.sort();
         assert_eq!(names, vec!["host", "x-keep"]);
-    }
-
-    #[test]
-    fn te_trailers_kept() {
-        let mut h = hm(&[("te", "gzip, trailers;q=1"), ("connection", "te")]);
-        strip_hop_by_hop(&mut h);
-        assert_eq!(h.get("te").unwrap(), "trailers");
-        assert_eq!(h.len(), 1);
     }
 
     #[test]
