@@ -727,22 +727,28 @@ async fn protocol_errors_get_the_right_codes() {
     );
 }
 
+/// The header-read timeout (300 ms) and the idle timeout (1 s) differ, and the limit
+/// counters and GOAWAY codes tell which one closed each connection.
 #[tokio::test]
 async fn header_read_and_idle_timeouts_close_connections() {
-    let (_h, addr) = start(|c| {
+    let (h, addr) = start(|c| {
         c.limits.header_read_timeout = sweety_config::Duration(Duration::from_millis(300));
-        c.limits.idle_timeout = sweety_config::Duration(Duration::from_millis(300));
+        c.limits.idle_timeout = sweety_config::Duration(Duration::from_secs(1));
     })
     .await;
-    // A header block left unfinished.
+    // A header block left unfinished (SETTINGS settled first: nothing may come between
+    // HEADERS and its CONTINUATION, not even our SETTINGS ACK).
     let mut raw = Raw::connect(addr).await;
+    raw.until(kind::SETTINGS).await.expect("the server's SETTINGS");
     let mut out = BytesMut::new();
     let b = get_block("/fixed");
     frame::put_head(&mut out, b.len(), kind::HEADERS, flag::END_STREAM, 1);
     out.extend_from_slice(&b);
     raw.send(&out).await;
-    assert!(raw.goaway().await.is_some(), "closed with GOAWAY");
+    assert_eq!(raw.goaway().await, Some(Reason::PROTOCOL_ERROR));
     assert!(raw.frame().await.is_none(), "then closed");
+    assert_eq!(limit_hits(&h, "header_read_timeout"), 1);
+    assert_eq!(limit_hits(&h, "idle_timeout"), 0);
 
     // An idle connection after a request.
     let mut raw = Raw::connect(addr).await;
@@ -752,11 +758,53 @@ async fn header_read_and_idle_timeouts_close_connections() {
     assert_eq!(&p[..], b"fixed reply");
     assert_eq!(raw.goaway().await, Some(Reason::NO_ERROR));
     assert!(raw.frame().await.is_none(), "then closed");
+    assert_eq!(limit_hits(&h, "idle_timeout"), 1);
+    assert_eq!(limit_hits(&h, "header_read_timeout"), 1, "unchanged");
+}
+
+/// The server's first SETTINGS frame, as (id, value) pairs.
+async fn server_settings(addr: SocketAddr) -> Vec<(u16, u32)> {
+    let mut raw = Raw::connect(addr).await;
+    loop {
+        let (h, p) = raw.frame().await.expect("the server's SETTINGS");
+        if h.kind == kind::SETTINGS && !h.has(flag::ACK) {
+            return frame::settings_params(&p).collect();
+        }
+    }
+}
+
+/// What Sweety's engine advertises (docs/config.md, HTTP/2 engine): hyper's h2 sends other
+/// settings (MAX_FRAME_SIZE among them), so this tells the engines apart.
+fn sweety_settings(max_streams: u32, max_header_bytes: u32) -> Vec<(u16, u32)> {
+    use frame::setting;
+    vec![
+        (setting::MAX_CONCURRENT_STREAMS, max_streams),
+        (setting::INITIAL_WINDOW_SIZE, 256 * 1024),
+        (setting::MAX_HEADER_LIST_SIZE, max_header_bytes),
+        (setting::ENABLE_CONNECT_PROTOCOL, 1),
+    ]
+}
+
+#[tokio::test]
+async fn the_engines_are_told_apart_by_their_settings() {
+    let l = Limits::default();
+    let (_h, addr) = start(|_| {}).await;
+    assert_eq!(
+        server_settings(addr).await,
+        sweety_settings(l.max_concurrent_streams, l.max_header_bytes)
+    );
 }
 
 #[tokio::test]
 async fn the_hyper_engine_still_serves_http2_when_chosen() {
     let (_h, addr) = start(|c| c.limits.http2_engine = Http2Engine::Hyper).await;
+    let l = Limits::default();
+    let settings = server_settings(addr).await;
+    assert_ne!(
+        settings,
+        sweety_settings(l.max_concurrent_streams, l.max_header_bytes),
+        "hyper's h2 serves, not Sweety's engine"
+    );
     let (out, err) = curl(&[
         "--http2-prior-knowledge",
         "-w",
@@ -768,10 +816,13 @@ async fn the_hyper_engine_still_serves_http2_when_chosen() {
     trailers_round_trip(addr).await;
 }
 
+/// Silent for the idle timeout (300 ms) with a stream open: PINGed, and closed when no
+/// answer comes within the header-read timeout (800 ms; the counters tell it was the
+/// keep-alive's).
 #[tokio::test]
 async fn a_silent_client_with_a_blocked_stream_is_pinged_then_dropped() {
-    let (_h, addr) = start(|c| {
-        c.limits.header_read_timeout = sweety_config::Duration(Duration::from_millis(300));
+    let (harness, addr) = start(|c| {
+        c.limits.header_read_timeout = sweety_config::Duration(Duration::from_millis(800));
         c.limits.idle_timeout = sweety_config::Duration(Duration::from_millis(300));
     })
     .await;
@@ -789,6 +840,9 @@ async fn a_silent_client_with_a_blocked_stream_is_pinged_then_dropped() {
         raw.until(kind::DATA).await.is_none(),
         "closed, no data sent"
     );
+    assert_eq!(limit_hits(&harness, "h2_keepalive_timeout"), 1);
+    assert_eq!(limit_hits(&harness, "header_read_timeout"), 0);
+    assert_eq!(limit_hits(&harness, "idle_timeout"), 0);
 }
 
 #[tokio::test]

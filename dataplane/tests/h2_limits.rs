@@ -862,36 +862,54 @@ fn frame_encoding() {
 }
 
 /// A backend that reads and discards what it is sent and never answers: a request body
-/// proxied to it is consumed as it arrives.
-async fn draining_backend() -> SocketAddr {
+/// proxied to it is consumed as it arrives. Counts the body bytes it received (what follows
+/// each connection's request head).
+async fn draining_backend() -> (SocketAddr, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
+    let body_bytes = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = body_bytes.clone();
     tokio::spawn(async move {
         // Bounded: the test opens a few dozen backend connections.
         for _ in 0..64 {
             let Ok((mut s, _)) = l.accept().await else {
                 break;
             };
+            let counted = counted.clone();
             tokio::spawn(async move {
                 let mut buf = vec![0u8; 64 * 1024];
+                let mut head = Vec::new();
+                let mut in_body = false;
                 // Until the proxy closes the connection.
                 while let Ok(n) = s.read(&mut buf).await {
                     if n == 0 {
                         break;
                     }
+                    let mut got = &buf[..n];
+                    if !in_body {
+                        head.extend_from_slice(got);
+                        let Some(end) = head.windows(4).position(|w| w == b"\r\n\r\n") else {
+                            continue;
+                        };
+                        in_body = true;
+                        got = &head[end + 4..];
+                        counted.fetch_add(got.len(), std::sync::atomic::Ordering::SeqCst);
+                        continue;
+                    }
+                    counted.fetch_add(got.len(), std::sync::atomic::Ordering::SeqCst);
                 }
             });
         }
     });
-    addr
+    (addr, body_bytes)
 }
 
 /// Many concurrent uploads, each smaller than the point where its stream window is re-opened,
 /// together larger than the connection window: the bytes the backend consumed re-open the
-/// connection window, so the client can send them all.
+/// connection window, so the client can send them all, and they all reach the backend.
 #[tokio::test]
 async fn concurrent_uploads_do_not_exhaust_the_connection_window() {
-    let drain = draining_backend().await;
+    let (drain, reached) = draining_backend().await;
     let mut cfg = http_config(vec![vhost(
         "any",
         &[],
@@ -906,12 +924,15 @@ async fn concurrent_uploads_do_not_exhaust_the_connection_window() {
     const PER_STREAM: usize = 60 * 1024;
     const CHUNK: usize = 15 * 1024;
     for i in 0..STREAMS {
-        // POST /drain, no END_STREAM: the body follows.
+        // POST /drain with its content-length (forwarded as it is: the backend's count is of
+        // body bytes only), no END_STREAM: the body follows.
         let mut block = vec![0x83, 0x86];
         hpack_int(&mut block, 4, 4, 0x00);
         hpack_str(&mut block, b"/drain");
         hpack_int(&mut block, 1, 4, 0x00);
         hpack_str(&mut block, b"localhost");
+        hpack_int(&mut block, 28, 4, 0x00);
+        hpack_str(&mut block, PER_STREAM.to_string().as_bytes());
         wr.write_all(&frame(HEADERS, END_HEADERS, 1 + 2 * i, &block))
             .await
             .unwrap();
@@ -943,6 +964,12 @@ async fn concurrent_uploads_do_not_exhaust_the_connection_window() {
     }
     assert_eq!(sent, STREAMS as usize * PER_STREAM);
     assert!(sent > 1024 * 1024, "more than the 1 MiB connection window");
+    // Every byte reaches the backend (bounded wait).
+    let deadline = Instant::now() + PHASE;
+    while reached.load(std::sync::atomic::Ordering::SeqCst) < sent && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(reached.load(std::sync::atomic::Ordering::SeqCst), sent);
 }
 
 /// Oversized header lists answered with 431 count like resets: a client looping them (each
@@ -1297,19 +1324,6 @@ async fn data_refused_by_a_stream_error_is_credited_to_the_connection() {
         resets == UPLOADS && credit >= UPLOADS as usize * CHUNK - window / 2
     })
     .await;
-}
-
-/// How many times the named limit was hit (`sweety_limit_rejections`).
-fn limit_hits(h: &Harness, limit: &str) -> u64 {
-    h.runtime
-        .shared
-        .metrics
-        .limit_rejections
-        .snapshot()
-        .into_iter()
-        .filter(|(k, _)| *k == limit)
-        .map(|(_, n)| n)
-        .sum()
 }
 
 /// An h2c connection that has finished its request and then only answers PINGs (as a

@@ -40,6 +40,20 @@ impl Harness {
     }
 }
 
+/// How many times the named limit was hit (`sweety_limit_rejections`): tells which timeout
+/// or limit closed a connection.
+pub fn limit_hits(h: &Harness, limit: &str) -> u64 {
+    h.runtime
+        .shared
+        .metrics
+        .limit_rejections
+        .snapshot()
+        .into_iter()
+        .filter(|(k, _)| *k == limit)
+        .map(|(_, n)| n)
+        .sum()
+}
+
 pub fn listener(name: &str, protocol: ListenerProtocol) -> Listener {
     Listener {
         name: name.into(),
