@@ -7,7 +7,8 @@
 
 mod common;
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
+use common::h2::Raw;
 use common::*;
 use futures_util::{SinkExt, StreamExt};
 use http_body::Frame;
@@ -17,7 +18,7 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::time::Duration;
 use sweety_config::*;
-use sweety_dataplane::h2::frame::{self, flag, kind, Head, Reason};
+use sweety_dataplane::h2::frame::{self, flag, kind, Reason};
 use sweety_dataplane::hpack::Encoder;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -395,73 +396,7 @@ async fn websocket_over_extended_connect() {
     bounded(ws.close(None)).await.unwrap();
 }
 
-// ---------------------------------------------------------------- raw frame client
-
-/// A minimal HTTP/2 client writing frames by hand (HPACK literals without indexing, which
-/// needs no decoder state on our side) and reading the server's frames.
-struct Raw {
-    s: TcpStream,
-    buf: BytesMut,
-}
-
-impl Raw {
-    async fn connect(addr: SocketAddr) -> Raw {
-        let mut s = TcpStream::connect(addr).await.unwrap();
-        let mut out = BytesMut::new();
-        out.extend_from_slice(frame::PREFACE);
-        frame::put_settings(&mut out, &[]);
-        s.write_all(&out).await.unwrap();
-        Raw {
-            s,
-            buf: BytesMut::new(),
-        }
-    }
-
-    async fn send(&mut self, b: &[u8]) {
-        // The server may already have closed the connection: the reads tell.
-        let _ = self.s.write_all(b).await;
-    }
-
-    /// The next frame, or None at EOF (or a reset connection). SETTINGS are acknowledged.
-    async fn frame(&mut self) -> Option<(Head, Bytes)> {
-        loop {
-            if self.buf.len() >= frame::HEADER_LEN {
-                let h = Head::parse(&self.buf);
-                let total = frame::HEADER_LEN + h.len as usize;
-                if self.buf.len() >= total {
-                    let mut f = self.buf.split_to(total);
-                    f.advance(frame::HEADER_LEN);
-                    if h.kind == kind::SETTINGS && !h.has(flag::ACK) {
-                        let mut ack = BytesMut::new();
-                        frame::put_settings_ack(&mut ack);
-                        self.send(&ack).await;
-                    }
-                    return Some((h, f.freeze()));
-                }
-            }
-            let n = bounded(self.s.read_buf(&mut self.buf)).await.unwrap_or(0);
-            if n == 0 {
-                return None;
-            }
-        }
-    }
-
-    /// Reads until a frame of `kind` (None at EOF).
-    async fn until(&mut self, k: u8) -> Option<(Head, Bytes)> {
-        while let Some((h, p)) = self.frame().await {
-            if h.kind == k {
-                return Some((h, p));
-            }
-        }
-        None
-    }
-
-    /// Reads until GOAWAY and returns its error code (None at EOF without one).
-    async fn goaway(&mut self) -> Option<Reason> {
-        let (_, p) = self.until(kind::GOAWAY).await?;
-        Some(Reason(u32::from_be_bytes([p[4], p[5], p[6], p[7]])))
-    }
-}
+// ---------------------------------------------------------------- raw frames (common::h2::Raw)
 
 fn block(fields: &[(&str, &str)]) -> BytesMut {
     let mut b = BytesMut::new();
@@ -739,7 +674,9 @@ async fn header_read_and_idle_timeouts_close_connections() {
     // A header block left unfinished (SETTINGS settled first: nothing may come between
     // HEADERS and its CONTINUATION, not even our SETTINGS ACK).
     let mut raw = Raw::connect(addr).await;
-    raw.until(kind::SETTINGS).await.expect("the server's SETTINGS");
+    raw.until(kind::SETTINGS)
+        .await
+        .expect("the server's SETTINGS");
     let mut out = BytesMut::new();
     let b = get_block("/fixed");
     frame::put_head(&mut out, b.len(), kind::HEADERS, flag::END_STREAM, 1);

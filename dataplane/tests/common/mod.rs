@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod h2;
+
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
