@@ -1229,3 +1229,48 @@ async fn a_content_length_that_is_not_digits_is_malformed() {
     }
     assert_eq!(request_on(&mut rd, &mut wr, 7, "/").await, 200);
 }
+
+/// A client's opening burst, sent before it has seen our SETTINGS (so before it can know our
+/// MAX_CONCURRENT_STREAMS), gets REFUSED_STREAM for the streams past the limit, and those
+/// refusals are not counted as resets: 16 refusals with a limit of 8 resets per second, and
+/// the connection goes on.
+#[tokio::test]
+async fn refusals_before_our_settings_are_acknowledged_are_not_counted() {
+    let (_h, addr) = start_with(|l| {
+        l.max_concurrent_streams = 4;
+        l.max_pending_reset_streams = 8;
+        l.http2_engine = sweety_config::Http2Engine::Sweety;
+    })
+    .await;
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let (rd, mut wr) = tcp.into_split();
+    let mut rd = Reader {
+        rd,
+        hpack: Decoder::new(),
+    };
+    let mut out = PREFACE.to_vec();
+    out.extend(frame(SETTINGS, 0, 0, &[]));
+    for i in 0..20u32 {
+        out.extend(frame(
+            HEADERS,
+            END_STREAM | END_HEADERS,
+            1 + 2 * i,
+            &request_block("/hang"),
+        ));
+    }
+    out.extend(frame(PING, 0, 0, b"marker!!"));
+    wr.write_all(&out).await.unwrap();
+    let mut refused = 0;
+    let ev = rd
+        .until(&mut wr, "the PING ACK", |e| {
+            if matches!(e, Event::Frame(f) if f.ty == RST_STREAM && f.error_code() == REFUSED_STREAM)
+            {
+                refused += 1;
+            }
+            matches!(e, Event::Frame(f) if f.ty == GOAWAY || f.ty == PING && f.flags & ACK != 0)
+        })
+        .await;
+    let Event::Frame(f) = ev else { unreachable!() };
+    assert_eq!(f.ty, PING, "the opening burst ended the connection: {f:?}");
+    assert_eq!(refused, 16);
+}

@@ -57,6 +57,10 @@ const RECENTLY_CLOSED: usize = 64;
 /// Stream ids we reset, refused or ignored, remembered so that the frames the client sent
 /// before it saw that are ignored (RFC 9113 §5.1) rather than answered and counted as resets.
 const LOCALLY_RESET: usize = 1024;
+/// Streams refused (past MAX_CONCURRENT_STREAMS) before the client acknowledged our SETTINGS
+/// that are not counted as resets: a browser's opening burst (~100 streams) against a low
+/// limit.
+const EARLY_REFUSALS: u32 = 128;
 /// SETTINGS, PING and PRIORITY frames, and empty DATA/CONTINUATION frames, a client may send
 /// per second.
 const MAX_CONTROL_PER_SEC: u32 = 1_000;
@@ -343,6 +347,8 @@ struct Driver<I> {
     closing: Option<H2Error>,
     settings_sent_at: Instant,
     settings_acked: bool,
+    /// Streams refused before the client acknowledged our SETTINGS, not counted as resets.
+    early_refusals: u32,
     last_active: Instant,
     started: Instant,
     timer: Pin<Box<tokio::time::Sleep>>,
@@ -419,6 +425,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
             closing: None,
             settings_sent_at: now,
             settings_acked: false,
+            early_refusals: 0,
             last_active: now,
             started: now,
             timer: Box::pin(tokio::time::sleep_until(first_deadline.into())),
@@ -1149,7 +1156,17 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
         }
         if self.streams.len() >= self.cfg.max_concurrent_streams as usize {
             self.shared.metrics.limit_hit("h2_refused_stream");
-            return self.reset_stream(id, Reason::REFUSED_STREAM, Charge::Client);
+            // Before it acknowledged our SETTINGS the client may not know the limit: its
+            // opening burst is refused (RFC 9113 §5.1.2, §6.5.2) without counting, up to
+            // EARLY_REFUSALS per connection.
+            let early = !self.settings_acked && self.early_refusals < EARLY_REFUSALS;
+            let charge = if early {
+                self.early_refusals += 1;
+                Charge::Server
+            } else {
+                Charge::Client
+            };
+            return self.reset_stream(id, Reason::REFUSED_STREAM, charge);
         }
         if h.too_large {
             // Answered, but counted like a reset: decoding an oversized block is the client's
