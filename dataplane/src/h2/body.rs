@@ -361,7 +361,13 @@ pub fn tunnel(recv: RecvBody) -> (Upgraded, crate::body::Body) {
         pending: Bytes::new(),
         send: a,
     };
-    (up, crate::body::boxed(PipeBody { read: b }))
+    (
+        up,
+        crate::body::boxed(PipeBody {
+            read: b,
+            buf: BytesMut::new(),
+        }),
+    )
 }
 
 impl AsyncRead for Upgraded {
@@ -412,7 +418,13 @@ impl AsyncWrite for Upgraded {
 /// The response body of a tunnel: what the tunnel wrote, read from the pipe.
 struct PipeBody {
     read: DuplexStream,
+    /// Read buffer, kept between polls: a poll that finds nothing (an idle tunnel woken)
+    /// allocates and zeroes nothing; after a read only the bytes handed out are replaced.
+    buf: BytesMut,
 }
+
+/// Bytes read from a tunnel's pipe at a time.
+const PIPE_READ: usize = 16 * 1024;
 
 impl http_body::Body for PipeBody {
     type Data = Bytes;
@@ -422,16 +434,18 @@ impl http_body::Body for PipeBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, io::Error>>> {
-        let mut buf = BytesMut::zeroed(16 * 1024);
-        let mut rb = ReadBuf::new(&mut buf);
-        match Pin::new(&mut self.read).poll_read(cx, &mut rb) {
+        let this = &mut *self;
+        if this.buf.len() < PIPE_READ {
+            this.buf.resize(PIPE_READ, 0);
+        }
+        let mut rb = ReadBuf::new(&mut this.buf[..]);
+        match Pin::new(&mut this.read).poll_read(cx, &mut rb) {
             Poll::Ready(Ok(())) => {
                 let n = rb.filled().len();
                 if n == 0 {
                     return Poll::Ready(None);
                 }
-                buf.truncate(n);
-                Poll::Ready(Some(Ok(Frame::data(buf.freeze()))))
+                Poll::Ready(Some(Ok(Frame::data(this.buf.split_to(n).freeze()))))
             }
             Poll::Ready(Err(e)) => Poll::Ready(Some(Err(e))),
             Poll::Pending => Poll::Pending,
@@ -545,6 +559,28 @@ mod tests {
         assert_eq!(&got[..10_000], &read_buf[..], "in order");
         assert_eq!(&got[10_000..10_000 + COALESCE_BELOW], &large[..]);
         assert_eq!(got.last(), Some(&b'z'));
+    }
+
+    #[tokio::test]
+    async fn an_idle_tunnel_poll_allocates_nothing() {
+        use tokio::io::AsyncWriteExt;
+        let (mut w, read) = tokio::io::duplex(TUNNEL_PIPE);
+        let mut body = PipeBody {
+            read,
+            buf: BytesMut::new(),
+        };
+        let mut cx = Context::from_waker(Waker::noop());
+        assert!(Pin::new(&mut body).poll_frame(&mut cx).is_pending());
+        let (at, cap) = (body.buf.as_ptr(), body.buf.capacity());
+        for _ in 0..3 {
+            assert!(Pin::new(&mut body).poll_frame(&mut cx).is_pending());
+            assert_eq!((body.buf.as_ptr(), body.buf.capacity()), (at, cap));
+        }
+        w.write_all(b"data").await.unwrap();
+        let Poll::Ready(Some(Ok(f))) = Pin::new(&mut body).poll_frame(&mut cx) else {
+            panic!("the data");
+        };
+        assert_eq!(f.into_data().unwrap(), "data");
     }
 
     #[tokio::test]
