@@ -1274,3 +1274,44 @@ async fn refusals_before_our_settings_are_acknowledged_are_not_counted() {
     assert_eq!(f.ty, PING, "the opening burst ended the connection: {f:?}");
     assert_eq!(refused, 16);
 }
+
+/// Extended CONNECT (RFC 8441) requests that cannot be tunnels are malformed, reset with
+/// PROTOCOL_ERROR before any backend is dialed: one without `:scheme` (§4 requires it), and
+/// one whose HEADERS end the stream (a tunnel with no client side).
+#[tokio::test]
+async fn extended_connect_without_scheme_or_with_end_stream_is_malformed() {
+    let (_h, addr) = start_with(|l| l.http2_engine = sweety_config::Http2Engine::Sweety).await;
+    let (mut rd, mut wr) = open(addr).await;
+    let connect = |scheme: bool| {
+        // :method CONNECT, :protocol websocket, [:scheme http], :path /chat, :authority.
+        let mut b = Vec::new();
+        hpack_int(&mut b, 2, 4, 0x00);
+        hpack_str(&mut b, b"CONNECT");
+        literal_field(&mut b, ":protocol", b"websocket");
+        if scheme {
+            b.push(0x86);
+        }
+        hpack_int(&mut b, 4, 4, 0x00);
+        hpack_str(&mut b, b"/chat");
+        hpack_int(&mut b, 1, 4, 0x00);
+        hpack_str(&mut b, b"localhost");
+        b
+    };
+    for (id, block, flags) in [
+        (1, connect(false), END_HEADERS),
+        (3, connect(true), END_HEADERS | END_STREAM),
+    ] {
+        wr.write_all(&frame(HEADERS, flags, id, &block))
+            .await
+            .unwrap();
+        let ev = rd
+            .until(&mut wr, "the reset", |e| {
+                matches!(e, Event::Frame(f) if f.stream == id && (f.ty == HEADERS || f.ty == RST_STREAM) || f.ty == GOAWAY)
+            })
+            .await;
+        let Event::Frame(f) = ev else { unreachable!() };
+        assert_eq!(f.ty, RST_STREAM, "stream {id}: {f:?}");
+        assert_eq!(f.error_code(), PROTOCOL_ERROR, "stream {id}");
+    }
+    assert_eq!(request_on(&mut rd, &mut wr, 5, "/").await, 200);
+}

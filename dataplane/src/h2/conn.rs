@@ -1200,12 +1200,17 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
 
     fn start_stream(&mut self, id: u32, end_stream: bool, h: Head_) -> FResult {
         let mut s = Stream::new(self.peer_initial_window, self.cfg.stream_window as i64);
-        let (req, tunnel) = match h.into_request() {
-            Ok(r) => r,
-            Err(why) => {
-                tracing::debug!(stream = id, why, "malformed HTTP/2 request");
-                return self.reset_stream(id, Reason::PROTOCOL_ERROR, Charge::Client);
-            }
+        let request = match h.into_request() {
+            // A tunnel whose client side ends at once cannot be one (the backend would be
+            // dialed and switched for an empty, ended stream).
+            Ok((_, true)) if end_stream => Err("extended CONNECT with END_STREAM"),
+            r => r,
+        }
+        .map_err(|why| {
+            tracing::debug!(stream = id, why, "malformed HTTP/2 request");
+        });
+        let Ok((req, tunnel)) = request else {
+            return self.reset_stream(id, Reason::PROTOCOL_ERROR, Charge::Client);
         };
         let (mut parts, ()) = req.into_parts();
         s.content_length = h_content_length(&parts.headers)
@@ -1993,6 +1998,10 @@ impl Head_ {
                     Uri::from_maybe_shared(a).map_err(|_| "invalid :authority")?
                 }
                 Some(_) => {
+                    // RFC 8441 §4: :scheme and :path are required.
+                    if scheme.is_none() {
+                        return Err("extended CONNECT without :scheme");
+                    }
                     tunnel = true;
                     build_uri(scheme, authority, path)?
                 }
@@ -2111,6 +2120,15 @@ mod tests {
                     (":path", "/"),
                 ],
                 "CONNECT with :path",
+            ),
+            (
+                &[
+                    (":method", "CONNECT"),
+                    (":protocol", "websocket"),
+                    (":authority", "a:1"),
+                    (":path", "/chat"),
+                ],
+                "extended CONNECT without :scheme",
             ),
         ];
         for (fields, what) in cases {
