@@ -5,7 +5,7 @@
 # ~/.cache/sweety/tools/bin per go.sum) and the dataplane (cargo; or SWEETY_BIN), starts the
 # dataplane on free 127.0.0.1 ports in front of a small body-reading backend (python3), and
 # runs every h2spec case twice: h2c with prior knowledge, and TLS with ALPN h2, on Sweety's own
-# HTTP/2 engine (limits.http2_engine: sweety; hyper's, the default, was the baseline). Prints
+# HTTP/2 engine (limits.http2_engine: sweety, the default, set explicitly; hyper's was the baseline). Prints
 # h2spec's summary and writes <out>/{h2c,tls}.{txt,xml} (plain and JUnit reports), the
 # failed case ids (<out>/failed.txt) and the dataplane's log.
 #

@@ -803,8 +803,12 @@ async fn provoked_stream_errors_count_as_resets() {
 fn the_engine_setting_is_parsed_and_checked() {
     let c = Config::from_yaml("version: 1\nlimits: {http2_engine: hyper}\n").unwrap();
     assert_eq!(c.limits.http2_engine, Http2Engine::Hyper);
+    assert!(
+        c.to_yaml().contains("http2_engine: hyper"),
+        "the fallback is written"
+    );
     let c = Config::from_yaml("version: 1\n").unwrap();
-    assert_eq!(c.limits.http2_engine, Http2Engine::Hyper, "the default");
+    assert_eq!(c.limits.http2_engine, Http2Engine::Sweety, "the default");
     assert!(
         !c.to_yaml().contains("http2_engine"),
         "the default is left out when written"

@@ -845,8 +845,8 @@ pub struct Limits {
     /// A WebSocket tunnel with no byte either way for this long is closed. Default 5m.
     #[serde(skip_serializing_if = "crate::is_default_websocket_idle_timeout")]
     pub websocket_idle_timeout: Duration,
-    /// Which HTTP/2 server implementation serves h2 and h2c connections (default: hyper's
-    /// until the review findings on Sweety's engine are fixed, see docs/config.md).
+    /// Which HTTP/2 server implementation serves h2 and h2c connections (default: Sweety's
+    /// own; hyper's stays selectable, see docs/config.md).
     #[serde(skip_serializing_if = "Http2Engine::is_default")]
     pub http2_engine: Http2Engine,
 }
@@ -855,10 +855,10 @@ pub struct Limits {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Http2Engine {
-    /// Sweety's own HTTP/2 connection layer (opt-in for now).
-    Sweety,
-    /// hyper's HTTP/2 server (the h2 crate).
+    /// Sweety's own HTTP/2 connection layer (the default).
     #[default]
+    Sweety,
+    /// hyper's HTTP/2 server (the h2 crate), the fallback.
     Hyper,
 }
 

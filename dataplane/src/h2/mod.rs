@@ -1,7 +1,6 @@
 //! Sweety's own server-side HTTP/2 (RFC 9113) connection layer, used for h2 (TLS with ALPN)
-//! and h2c (prior knowledge) connections when `limits.http2_engine` is `sweety` (opt-in until
-//! the review findings listed in docs/config.md are fixed; hyper serves them by default).
-//! HTTP/1.1 stays on hyper.
+//! and h2c (prior knowledge) connections when `limits.http2_engine` is `sweety` (the default;
+//! `hyper` selects hyper's). HTTP/1.1 stays on hyper.
 //!
 //! * [`frame`]: frame header, types, flags, error codes, SETTINGS, frame writers.
 //! * [`body`]: request bodies fed from DATA frames, the stream-to-connection wake-up path,
