@@ -17,7 +17,7 @@
 //!
 //! Each listener drains gracefully when stopped: it stops accepting, asks every connection
 //! to finish (HTTP/2 GOAWAY, HTTP/1.1 close after the current response) and waits up to the
-//! drain timeout.
+//! drain timeout; the connections still open then are closed (their tasks aborted).
 
 use crate::ctx::{ConnInfo, Protocol};
 use crate::runtime::{BindKey, ListenerView, Shared};
@@ -46,7 +46,11 @@ pub async fn run_tcp(
     mut stop: watch::Receiver<bool>,
 ) {
     let graceful = GracefulShutdown::new();
+    // The connection tasks, aborted when the drain timeout has passed (finished ones are
+    // taken out as the loop goes: the set holds at most the live connections).
+    let mut conns = tokio::task::JoinSet::new();
     loop {
+        while conns.try_join_next().is_some() {}
         let permit = tokio::select! {
             p = shared.backpressure.connection() => p,
             _ = stop.changed() => break,
@@ -76,7 +80,7 @@ pub async fn run_tcp(
         let drain = stop.clone();
         let watcher = graceful.watcher();
         let shared = shared.clone();
-        tokio::spawn(async move {
+        conns.spawn(async move {
             let _permit = permit;
             let mut stream = stream;
             let mut peer = crate::ctx::canonical_addr(peer);
@@ -130,6 +134,7 @@ pub async fn run_tcp(
         .is_err()
     {
         tracing::warn!(addr = %key.0, "drain timeout: closing remaining connections");
+        conns.abort_all();
     }
 }
 

@@ -1315,3 +1315,48 @@ async fn extended_connect_without_scheme_or_with_end_stream_is_malformed() {
     }
     assert_eq!(request_on(&mut rd, &mut wr, 5, "/").await, 200);
 }
+
+/// A connection whose stream is still open when its listener's drain timeout (300 ms) has
+/// passed (the backend never answers; the client answers PINGs, so no keep-alive check ends
+/// it) is closed then: it had GOAWAY when the drain began, and the drain timeout bounds it.
+#[tokio::test]
+async fn connections_still_open_after_the_drain_timeout_are_closed() {
+    let (h, addr) = start_with(|l| {
+        l.drain_timeout = sweety_config::Duration(Duration::from_millis(300));
+    })
+    .await;
+    let (mut rd, mut wr) = open(addr).await;
+    wr.write_all(&frame(
+        HEADERS,
+        END_STREAM | END_HEADERS,
+        1,
+        &request_block("/hang"),
+    ))
+    .await
+    .unwrap();
+    rd.until(
+        &mut wr,
+        "the server's SETTINGS",
+        |e| matches!(e, Event::Frame(f) if f.ty == SETTINGS && f.flags & ACK == 0),
+    )
+    .await;
+    // The listener goes away.
+    let mut cfg = sweety_config::Config::clone(&h.runtime.shared.snapshot().config);
+    cfg.generation += 1;
+    cfg.listeners.clear();
+    let _ = h.runtime.apply(cfg).await;
+    let deadline = Instant::now() + PHASE;
+    let mut goaway = None;
+    loop {
+        match rd.next(deadline).await {
+            Event::Frame(f) if f.ty == GOAWAY => goaway = Some(f.error_code()),
+            Event::Frame(f) if f.ty == PING && f.flags & ACK == 0 => {
+                let _ = wr.write_all(&frame(PING, ACK, 0, &f.payload)).await;
+            }
+            Event::Frame(f) => assert_ne!(f.stream, 1, "the stream was not answered: {f:?}"),
+            Event::Closed => break,
+            Event::Timeout => panic!("still open long after the drain timeout"),
+        }
+    }
+    assert_eq!(goaway, Some(NO_ERROR), "the drain's GOAWAY came first");
+}
