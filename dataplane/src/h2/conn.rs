@@ -1256,7 +1256,10 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
                 }
                 self.enqueue(id);
             }
-            FirstPoll::Panicked => return Err(Fault::Stream(id, Reason::INTERNAL_ERROR)),
+            // Our fault, not the client's: not counted as a reset.
+            FirstPoll::Panicked => {
+                return self.reset_stream(id, Reason::INTERNAL_ERROR, Charge::Server)
+            }
         }
         Ok(())
     }
