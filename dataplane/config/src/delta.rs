@@ -465,108 +465,21 @@ pub fn section_between<B: Named, N: Named, T>(
     Some(out)
 }
 
-/// Applies one list's changes; `base` is consumed (unchanged items are moved, not copied).
-fn section_apply<T: Named>(
-    section: &'static str,
-    base: Vec<T>,
-    changes: Section<T>,
-) -> Result<Vec<T>, DeltaError> {
-    let Section {
-        upsert,
-        remove,
-        order,
-    } = changes;
-    let dup = |name: &str| DeltaError::DuplicateName {
-        section,
-        name: name.to_string(),
-    };
-    let mut touched: HashSet<String> = HashSet::with_capacity(upsert.len() + remove.len());
-    for n in upsert
-        .iter()
-        .map(Named::name)
-        .chain(remove.iter().map(|s| s.as_str()))
-    {
-        if !touched.insert(n.to_string()) {
-            return Err(dup(n));
-        }
-    }
-    let mut upserts: HashMap<String, T> = HashMap::with_capacity(upsert.len());
-    let mut appended = Vec::new();
-    let base_names: HashSet<&str> = base.iter().map(Named::name).collect();
-    if base_names.len() != base.len() {
-        let mut seen = HashSet::new();
-        let d = base.iter().map(Named::name).find(|n| !seen.insert(*n));
-        return Err(dup(d.unwrap_or_default()));
-    }
-    if let Some(r) = remove.iter().find(|r| !base_names.contains(r.as_str())) {
-        return Err(DeltaError::UnknownName {
-            section,
-            name: r.clone(),
-        });
-    }
-    let mut new_names = Vec::new();
-    for item in upsert {
-        if base_names.contains(item.name()) {
-            upserts.insert(item.name().to_string(), item);
-        } else {
-            new_names.push(item.name().to_string());
-            appended.push(item);
-        }
-    }
-    drop(base_names);
-    let removed: HashSet<String> = remove.into_iter().collect();
-    let mut out: Vec<T> = Vec::with_capacity(base.len() + appended.len());
-    for item in base {
-        if removed.contains(item.name()) {
-            continue;
-        }
-        match upserts.remove(item.name()) {
-            Some(new) => out.push(new),
-            None => out.push(item),
-        }
-    }
-    out.extend(appended);
-    if let Some(order) = order {
-        if order.len() != out.len() {
-            return Err(DeltaError::BadOrder { section });
-        }
-        let mut slots: HashMap<String, T> =
-            out.into_iter().map(|t| (t.name().to_string(), t)).collect();
-        let mut sorted = Vec::with_capacity(order.len());
-        for n in &order {
-            sorted.push(slots.remove(n).ok_or(DeltaError::BadOrder { section })?);
-        }
-        out = sorted;
-    }
-    Ok(out)
-}
-
-/// Applies one list's changes with [`section_apply`]; the digests of kept items come from
-/// the base, by name, upserted items are hashed.
+/// Applies one list's changes to `base` (consumed: unchanged items are moved, not copied)
+/// with [`edit_list`]; the digests of kept items come from `base_d`, upserted items are
+/// hashed.
 fn list_apply<T: Named + Serialize>(
     section: &'static str,
     base: Vec<T>,
     base_d: &[Digest],
     changes: Section<T>,
 ) -> Result<(Vec<T>, Vec<Digest>), DeltaError> {
-    let old: HashMap<String, Digest> = base
-        .iter()
-        .zip(base_d)
-        .map(|(b, d)| (b.name().to_string(), *d))
-        .collect();
-    let fresh: HashSet<String> = changes
-        .upsert
-        .iter()
-        .map(|u| u.name().to_string())
-        .collect();
-    let items = section_apply(section, base, changes)?;
-    let digests = items
-        .iter()
-        .map(|i| match old.get(i.name()) {
-            Some(d) if !fresh.contains(i.name()) => *d,
-            _ => digest_of(i),
-        })
-        .collect();
+    let mut items = base;
+    let mut digests = base_d.to_vec();
+    // Out of step unless `items` is empty: `edit_list` builds it after checking `changes`
+    // (so a bad section is reported before a duplicate in the base, as always).
+    let mut index = NameIndex::default();
+    edit_list(section, &mut items, &mut digests, &mut index, changes)?;
     Ok((items, digests))
 }
 
@@ -606,20 +519,41 @@ impl NameIndex {
     }
 }
 
+/// A change of a keyed list that kept the base order: the items at the base positions
+/// `replaced` were replaced in place, then those at the base positions `removed` (ascending,
+/// none of them replaced) were dropped, then `appended` new items were added at the end.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ListPatch {
+    /// Base positions of replaced items, in delta order.
+    pub replaced: Vec<usize>,
+    /// Base positions of removed items, ascending.
+    pub removed: Vec<usize>,
+    /// Number of items appended.
+    pub appended: usize,
+}
+
+impl ListPatch {
+    /// The positions in the resulting list (of length `len`) of the replaced and appended
+    /// items.
+    pub fn changed_positions(&self, len: usize) -> Vec<usize> {
+        self.replaced
+            .iter()
+            .map(|&p| p - self.removed.partition_point(|&r| r < p))
+            .chain(len.saturating_sub(self.appended)..len)
+            .collect()
+    }
+
+    /// True when nothing changed.
+    pub fn is_empty(&self) -> bool {
+        self.replaced.is_empty() && self.removed.is_empty() && self.appended == 0
+    }
+}
+
 /// How a keyed list changed when a delta was applied ([`ConfigDelta::apply_indexed`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ListEdit {
-    /// The base order was kept: the items at the base positions `replaced` were replaced in
-    /// place, then those at the base positions `removed` (ascending, none of them replaced)
-    /// were dropped, then `appended` new items were added at the end.
-    Patch {
-        /// Base positions of replaced items, in delta order.
-        replaced: Vec<usize>,
-        /// Base positions of removed items, ascending.
-        removed: Vec<usize>,
-        /// Number of items appended.
-        appended: usize,
-    },
+    /// The base order was kept.
+    Patch(ListPatch),
     /// Anything else (the delta gave a new order): treat the list as new.
     Full,
 }
@@ -628,27 +562,15 @@ impl ListEdit {
     /// For a patch, the positions in the resulting list (of length `len`) of the replaced and
     /// appended items; `None` for [`ListEdit::Full`].
     pub fn changed_positions(&self, len: usize) -> Option<Vec<usize>> {
-        let ListEdit::Patch {
-            replaced,
-            removed,
-            appended,
-        } = self
-        else {
-            return None;
-        };
-        Some(
-            replaced
-                .iter()
-                .map(|&p| p - removed.partition_point(|&r| r < p))
-                .chain(len.saturating_sub(*appended)..len)
-                .collect(),
-        )
+        match self {
+            ListEdit::Patch(p) => Some(p.changed_positions(len)),
+            ListEdit::Full => None,
+        }
     }
 
     /// True when nothing changed.
     pub fn is_empty(&self) -> bool {
-        matches!(self, ListEdit::Patch { replaced, removed, appended: 0 }
-            if replaced.is_empty() && removed.is_empty())
+        matches!(self, ListEdit::Patch(p) if p.is_empty())
     }
 }
 
@@ -674,10 +596,17 @@ pub struct Applied {
     pub hash: String,
 }
 
-/// Applies a section without `order` in place, keeping `digests` and `index` in step: the
-/// same result as [`section_apply`], in time proportional to the section (plus, for a
-/// removal, to the items after the first removed one, which move up).
-fn patch_list<T: Named + Serialize>(
+/// The one implementation of a section's rules: applies `changes` to `items` in place,
+/// keeping `digests` and `index` in step. Without `order` the base order is kept (replaced
+/// items in place, removed ones dropped, new ones appended in `upsert` order) in time
+/// proportional to the section (plus, for a removal, to the items after the first removed
+/// one, which move up), and the edit is a [`ListEdit::Patch`]; with `order` the result is
+/// then put in that order and the edit is [`ListEdit::Full`].
+///
+/// Errors, checked in this order: a name twice among the upserts and removals, a name twice
+/// in `items`, a removed name not in `items`, an `order` that is not a permutation of the
+/// result. On error `items`, `digests` and `index` may be left half-edited.
+fn edit_list<T: Named + Serialize>(
     section: &'static str,
     items: &mut Vec<T>,
     digests: &mut Vec<Digest>,
@@ -687,15 +616,8 @@ fn patch_list<T: Named + Serialize>(
     let Section {
         upsert,
         remove,
-        order: _,
+        order,
     } = changes;
-    if index.len() != items.len() || digests.len() != items.len() {
-        // Not kept in step by the caller: rebuild rather than corrupt.
-        *index = NameIndex::of(section, items)?;
-        if digests.len() != items.len() {
-            *digests = items.iter().map(digest_of).collect();
-        }
-    }
     let mut touched: HashSet<&str> = HashSet::with_capacity(upsert.len() + remove.len());
     for n in upsert
         .iter()
@@ -710,6 +632,13 @@ fn patch_list<T: Named + Serialize>(
         }
     }
     drop(touched);
+    if index.len() != items.len() {
+        // Not kept in step by the caller: rebuild rather than corrupt.
+        *index = NameIndex::of(section, items)?;
+    }
+    if digests.len() != items.len() {
+        *digests = items.iter().map(digest_of).collect();
+    }
     let mut removed = Vec::with_capacity(remove.len());
     for r in &remove {
         match index.get(r) {
@@ -753,11 +682,53 @@ fn patch_list<T: Named + Serialize>(
         digests.push(digest_of(&item));
         items.push(item);
     }
-    Ok(ListEdit::Patch {
-        replaced,
-        removed,
-        appended: added,
-    })
+    match order {
+        None => Ok(ListEdit::Patch(ListPatch {
+            replaced,
+            removed,
+            appended: added,
+        })),
+        Some(order) => {
+            reorder(section, items, digests, index, &order)?;
+            Ok(ListEdit::Full)
+        }
+    }
+}
+
+/// Puts `items` (and their `digests`) in the order the names in `order` give, and updates
+/// `index`; [`DeltaError::BadOrder`] unless `order` names every item exactly once.
+fn reorder<T: Named>(
+    section: &'static str,
+    items: &mut Vec<T>,
+    digests: &mut Vec<Digest>,
+    index: &mut NameIndex,
+    order: &[String],
+) -> Result<(), DeltaError> {
+    let bad = || DeltaError::BadOrder { section };
+    if order.len() != items.len() {
+        return Err(bad());
+    }
+    let mut from = Vec::with_capacity(order.len());
+    let mut used = vec![false; items.len()];
+    for n in order {
+        let i = index.get(n).ok_or_else(bad)?;
+        if std::mem::replace(&mut used[i], true) {
+            return Err(bad());
+        }
+        from.push(i);
+    }
+    let mut slots: Vec<Option<T>> = std::mem::take(items).into_iter().map(Some).collect();
+    *items = from
+        .iter()
+        .map(|&i| slots[i].take().expect("each position taken once"))
+        .collect();
+    *digests = from.iter().map(|&i| digests[i]).collect();
+    for (i, n) in order.iter().enumerate() {
+        if let Some(pos) = index.0.get_mut(n.as_str()) {
+            *pos = i;
+        }
+    }
+    Ok(())
 }
 
 /// [`section_between`] of two lists whose items are the same where their digests are.
@@ -855,9 +826,10 @@ impl ConfigDelta {
     /// edited in place and `index` (the position of each virtual host by name, see
     /// [`NameIndex::of`]) is kept in step, so a delta costs in proportion to what it carries,
     /// not to the number of virtual hosts. Listeners and backends (short lists) are applied as
-    /// by [`ConfigDelta::apply`]. Returns how the virtual host list changed: a
-    /// [`ListEdit::Patch`] when only replacements in place, removals and appends happened,
-    /// [`ListEdit::Full`] when the delta reordered the list (then everything was reindexed).
+    /// by [`ConfigDelta::apply`]; all three lists follow the same rules ([`edit_list`]).
+    /// Returns how the virtual host list changed: a [`ListEdit::Patch`] when only
+    /// replacements in place, removals and appends happened, [`ListEdit::Full`] when the
+    /// delta reordered the list (then everything after the patch was moved and reindexed).
     ///
     /// The result equals [`ConfigDelta::apply`]'s. On error `base`, `base_d` and `index` are
     /// left half-edited: the caller must drop them (and send for a full config).
@@ -905,32 +877,20 @@ impl ConfigDelta {
             )?;
             (base.backends, base_d.backends) = (b, bd);
         }
-        let virtual_hosts = if virtual_hosts.order.is_some() {
-            let (v, vd) = list_apply(
-                "virtual_hosts",
-                std::mem::take(&mut base.virtual_hosts),
-                &base_d.virtual_hosts,
-                virtual_hosts,
-            )?;
-            (base.virtual_hosts, base_d.virtual_hosts) = (v, vd);
-            *index = NameIndex::of("virtual_hosts", &base.virtual_hosts)?;
-            *cache = HashCache::of(base_d);
-            ListEdit::Full
-        } else {
-            let old_len = base.virtual_hosts.len();
-            let edit = patch_list(
-                "virtual_hosts",
-                &mut base.virtual_hosts,
-                &mut base_d.virtual_hosts,
-                index,
-                virtual_hosts,
-            )?;
-            if let ListEdit::Patch {
+        let old_len = base.virtual_hosts.len();
+        let virtual_hosts = edit_list(
+            "virtual_hosts",
+            &mut base.virtual_hosts,
+            &mut base_d.virtual_hosts,
+            index,
+            virtual_hosts,
+        )?;
+        match &virtual_hosts {
+            ListEdit::Patch(ListPatch {
                 replaced,
                 removed,
                 appended,
-            } = &edit
-            {
+            }) => {
                 // Items move from the first removal on; appended ones start at the old end.
                 let from = match (removed.first(), appended) {
                     (Some(&r), _) => r,
@@ -939,8 +899,8 @@ impl ConfigDelta {
                 };
                 cache.update(&base_d.virtual_hosts, replaced, from);
             }
-            edit
-        };
+            ListEdit::Full => *cache = HashCache::of(base_d),
+        }
         let got = base_d.hash_with(&cache.vhost_chunks);
         if got != hash {
             return Err(DeltaError::HashMismatch {
@@ -1163,11 +1123,11 @@ mod tests {
 
     /// Rebuilds the list an edit describes from the base list and the delta's upserts.
     fn replay(base: &[VirtualHost], result: &[VirtualHost], edit: &ListEdit) -> Vec<String> {
-        let ListEdit::Patch {
+        let ListEdit::Patch(ListPatch {
             replaced,
             removed,
             appended,
-        } = edit
+        }) = edit
         else {
             return result.iter().map(|v| v.name.clone()).collect();
         };
@@ -1259,16 +1219,11 @@ mod tests {
                 sent.sort_unstable();
                 assert_eq!(got, sent, "step {step}");
             }
-            if let ListEdit::Patch { replaced, .. } = &applied.virtual_hosts {
+            if let ListEdit::Patch(p) = &applied.virtual_hosts {
                 patches += 1;
                 assert_eq!(
-                    replaced.len(),
-                    delta.virtual_hosts.upsert.len() - {
-                        let ListEdit::Patch { appended, .. } = &applied.virtual_hosts else {
-                            unreachable!()
-                        };
-                        *appended
-                    }
+                    p.replaced.len(),
+                    delta.virtual_hosts.upsert.len() - p.appended
                 );
             } else {
                 assert!(delta.virtual_hosts.order.is_some());
@@ -1346,6 +1301,122 @@ mod tests {
         assert!(applied.virtual_hosts.is_empty());
         assert_eq!(applied.changed, Changed::default());
         assert_eq!(c, base);
+    }
+
+    /// `apply` and `apply_indexed` share one implementation of the section rules: the same
+    /// bad delta is the same error on both, checked in the documented order.
+    #[test]
+    fn both_apply_paths_report_the_same_error() {
+        let base = big_config(6);
+        let bd = Digests::of(&base);
+        let good = ConfigDelta::between(&base, &bd, &base, &bd).unwrap();
+        let names: Vec<String> = base.virtual_hosts.iter().map(|v| v.name.clone()).collect();
+        let mut dup_base = base.clone();
+        dup_base.virtual_hosts[1].name = names[0].clone();
+        let vh = |i: usize| base.virtual_hosts[i].clone();
+        type Edit<'a> = Box<dyn Fn(&mut ConfigDelta) + 'a>;
+        let cases: Vec<(&str, Config, Edit<'_>, DeltaError)> = vec![
+            (
+                "upsert and remove of one name",
+                base.clone(),
+                Box::new(|d| {
+                    d.virtual_hosts.upsert.push(vh(1));
+                    d.virtual_hosts.remove.push(names[1].clone());
+                }),
+                DeltaError::DuplicateName {
+                    section: "virtual_hosts",
+                    name: names[1].clone(),
+                },
+            ),
+            (
+                "a bad section is reported before a duplicate in the base",
+                dup_base.clone(),
+                Box::new(|d| {
+                    d.virtual_hosts.remove.push(names[2].clone());
+                    d.virtual_hosts.remove.push(names[2].clone());
+                }),
+                DeltaError::DuplicateName {
+                    section: "virtual_hosts",
+                    name: names[2].clone(),
+                },
+            ),
+            (
+                "a duplicate in the base",
+                dup_base,
+                Box::new(|d| d.virtual_hosts.remove.push(names[2].clone())),
+                DeltaError::DuplicateName {
+                    section: "virtual_hosts",
+                    name: names[0].clone(),
+                },
+            ),
+            (
+                "unknown removal",
+                base.clone(),
+                Box::new(|d| d.virtual_hosts.remove.push("nope".into())),
+                DeltaError::UnknownName {
+                    section: "virtual_hosts",
+                    name: "nope".into(),
+                },
+            ),
+            (
+                "order names one item twice",
+                base.clone(),
+                Box::new(|d| {
+                    let mut order = names.clone();
+                    order[3] = names[4].clone();
+                    d.virtual_hosts.order = Some(order);
+                }),
+                DeltaError::BadOrder {
+                    section: "virtual_hosts",
+                },
+            ),
+            (
+                "order names an unknown item",
+                base.clone(),
+                Box::new(|d| {
+                    let mut order = names.clone();
+                    order[3] = "nope".into();
+                    d.virtual_hosts.order = Some(order);
+                }),
+                DeltaError::BadOrder {
+                    section: "virtual_hosts",
+                },
+            ),
+            (
+                "order too short",
+                base.clone(),
+                Box::new(|d| d.virtual_hosts.order = Some(names[1..].to_vec())),
+                DeltaError::BadOrder {
+                    section: "virtual_hosts",
+                },
+            ),
+            (
+                "listeners follow the same rules",
+                base.clone(),
+                Box::new(|d| d.listeners.remove.push("nope".into())),
+                DeltaError::UnknownName {
+                    section: "listeners",
+                    name: "nope".into(),
+                },
+            ),
+        ];
+        for (what, base, edit, want) in cases {
+            let mut d = good.clone();
+            edit(&mut d);
+            let bd = Digests::of(&base);
+            assert_eq!(
+                d.clone().apply(base.clone(), &bd).unwrap_err(),
+                want,
+                "{what}"
+            );
+            let (mut c, mut cd) = (base.clone(), bd.clone());
+            // An index out of step (as for a base with a duplicate) is rebuilt first.
+            let mut index = NameIndex::of("virtual_hosts", &base.virtual_hosts).unwrap_or_default();
+            let got = d
+                .apply_indexed(&mut c, &mut cd, &mut index, &mut HashCache::of(&bd))
+                .unwrap_err();
+            assert_eq!(got, want, "{what} (indexed)");
+        }
     }
 
     #[test]
