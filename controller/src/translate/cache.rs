@@ -164,7 +164,14 @@ impl TranslateCache {
             // controller's). Any other Service, and every EndpointSlice, is read only through
             // the backend lookups each route records: a dataplane readiness flip (its
             // Service's slices) re-translates only the routes that use that Service.
-            Some((changed, false)) => Change::Services(changed),
+            Some(changed)
+                if !changed
+                    .objects
+                    .iter()
+                    .any(|(_, name)| name.starts_with(addressing::SERVICE_PREFIX)) =>
+            {
+                Change::Services(changed)
+            }
             _ => Change::All,
         };
         self.world = Some(World {
@@ -192,7 +199,7 @@ impl TranslateCache {
             self.vhosts = Some(memo);
         } else {
             let stale = match change {
-                Change::Services(s) => Some(s),
+                Change::Services(s) => Some(&s.all),
                 _ => None,
             };
             let memo = self.vhosts.as_mut().expect("checked");
@@ -307,9 +314,17 @@ impl TranslateCache {
 /// How the world changed since the last call.
 enum Change {
     None,
-    /// Only these Services (namespace, name), or their EndpointSlices.
-    Services(BTreeSet<(String, String)>),
+    /// Only Services and EndpointSlices.
+    Services(ServiceChange),
     All,
+}
+
+/// Services (namespace, name) whose object or EndpointSlices changed.
+struct ServiceChange {
+    /// Every such Service.
+    all: BTreeSet<(String, String)>,
+    /// Those whose Service object changed (the others: only their EndpointSlices).
+    objects: BTreeSet<(String, String)>,
 }
 
 /// Ingress and SweetySite output (translated after the Gateway API), and what it was
@@ -335,19 +350,23 @@ struct FrontInputs {
     _held: Snapshot,
     /// Services (namespace, name) looked up: backends, and the ingress Service's addresses.
     services: BTreeSet<(String, String)>,
+    /// Those whose EndpointSlices were read too: all but the ingress Service when no
+    /// backend was made of it (a readiness flip of the dataplane's own Service then changes
+    /// nothing here).
+    endpoints_read: BTreeSet<(String, String)>,
 }
 
 impl Front {
     /// `prev` again when nothing it was translated from changed: the same Ingresses,
-    /// IngressClasses and SweetySites (by `Arc` identity), and none of the Services it
-    /// looked up among `stale_services` (with EndpointSlices). Otherwise
+    /// IngressClasses and SweetySites (by `Arc` identity), no Service object it looked up
+    /// among `stale`, and no EndpointSlice of a Service whose endpoints it read. Otherwise
     /// [`Front::translate`]. Also says whether it translated.
     fn update(
         snapshot: &Snapshot,
         params: &Params,
         memo: &gateway::VhostMemo,
         prev: Front,
-        stale_services: Option<&BTreeSet<(String, String)>>,
+        stale: Option<&ServiceChange>,
         ch: &mut gateway::Changes,
     ) -> Result<(Front, bool), gateway::vhost_cache::Unsupported> {
         let addrs = [
@@ -356,7 +375,10 @@ impl Front {
             addrs(&snapshot.sites),
         ];
         let same = prev.inputs.as_ref().is_some_and(|i| {
-            i.addrs == addrs && stale_services.is_none_or(|s| s.is_disjoint(&i.services))
+            i.addrs == addrs
+                && stale.is_none_or(|s| {
+                    s.objects.is_disjoint(&i.services) && s.all.is_disjoint(&i.endpoints_read)
+                })
         });
         if !same {
             return Ok((Front::translate(snapshot, params, memo, &prev, ch)?, true));
@@ -424,6 +446,14 @@ impl Front {
             next.static_content = b.static_content;
             next.static_content.sort_by(|a, b| a.dir.cmp(&b.dir));
         }
+        // Backend names start with `<namespace>/<service>:` (see `backends::Backends`).
+        let mut endpoints_read = services.clone();
+        if let Some(name) = params.ingress_service.as_deref() {
+            let prefix = format!("{}/{name}:", params.namespace);
+            if !next.backends.keys().any(|b| b.starts_with(&prefix)) {
+                endpoints_read.remove(&(params.namespace.clone(), name.to_string()));
+            }
+        }
         next.inputs = Some(FrontInputs {
             addrs: [
                 addrs(&snapshot.ingresses),
@@ -437,6 +467,7 @@ impl Front {
                 ..Snapshot::default()
             },
             services,
+            endpoints_read,
         });
         changed_names(&prev.listeners, &next.listeners, &mut ch.listeners);
         changed_names(
@@ -532,10 +563,9 @@ struct World {
 const SERVICES: usize = 6;
 const ENDPOINT_SLICES: usize = 7;
 
-/// (namespace, name) of the Services whose object or EndpointSlices differ between `old` and
-/// `new` (by `Arc` identity), and whether a per-Gateway Service object (named with
-/// [`addressing::SERVICE_PREFIX`]) is among the changed objects.
-fn changed_services(old: &Snapshot, new: &Snapshot) -> (BTreeSet<(String, String)>, bool) {
+/// The Services whose object or EndpointSlices differ between `old` and `new` (by `Arc`
+/// identity).
+fn changed_services(old: &Snapshot, new: &Snapshot) -> ServiceChange {
     fn diff<'a, T>(old: &'a [Arc<T>], new: &'a [Arc<T>]) -> impl Iterator<Item = &'a Arc<T>> {
         let o: HashSet<usize> = old.iter().map(|a| Arc::as_ptr(a) as usize).collect();
         let n: HashSet<usize> = new.iter().map(|a| Arc::as_ptr(a) as usize).collect();
@@ -554,12 +584,11 @@ fn changed_services(old: &Snapshot, new: &Snapshot) -> (BTreeSet<(String, String
         )
     };
     let mut out = BTreeSet::new();
-    let mut gateway_service = false;
+    let mut objects = BTreeSet::new();
     for s in diff(&old.services, &new.services) {
-        let name = s.metadata.name.as_deref().unwrap_or_default();
-        gateway_service |= name.starts_with(addressing::SERVICE_PREFIX);
-        out.insert(key(&s.metadata, s.metadata.name.as_ref()));
+        objects.insert(key(&s.metadata, s.metadata.name.as_ref()));
     }
+    out.extend(objects.iter().cloned());
     for es in diff(&old.endpoint_slices, &new.endpoint_slices) {
         let svc = es
             .metadata
@@ -570,7 +599,7 @@ fn changed_services(old: &Snapshot, new: &Snapshot) -> (BTreeSet<(String, String
             out.insert(key(&es.metadata, Some(svc)));
         }
     }
-    (out, gateway_service)
+    ServiceChange { all: out, objects }
 }
 
 fn addrs<T>(list: &[Arc<T>]) -> Vec<usize> {
@@ -1631,9 +1660,16 @@ addressType: IPv4\nports: [{{name: http, port: 8080}}]\nendpoints: [{{addresses:
 spec:\n  parentRefs: [{{name: gw, namespace: app}}]\n  hostnames: [r{r}.example.com]\n  rules: [{{backendRefs: [{{name: {svc}, port: 80}}]}}]\n---\n"
             ));
         }
+        // An Ingress (its status reads the ingress Service `sweety/sweety`) using app/web.
+        y.push_str(
+            "apiVersion: networking.k8s.io/v1\nkind: IngressClass\nmetadata: {name: sweety}\nspec: {controller: sweety.dev/ingress-controller}\n---\n\
+apiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {name: ing, namespace: app}\n\
+spec:\n  ingressClassName: sweety\n  rules:\n  - host: ing.example.com\n    http:\n      paths: [{path: /, pathType: Prefix, backend: {service: {name: web, port: {number: 80}}}}]\n",
+        );
         let (mut s, _) = Snapshot::from_yaml(&y).unwrap();
         let params = Params::default();
         assert_eq!(params.namespace, "sweety");
+        assert_eq!(params.ingress_service.as_deref(), Some("sweety"));
         let mut cache = TranslateCache::default();
         assert_eq!(
             cache.update(&s, &params).to_output(),
@@ -1672,6 +1708,7 @@ spec:\n  parentRefs: [{{name: gw, namespace: app}}]\n  hostnames: [r{r}.example.
                     "{svc}"
                 );
                 assert_eq!(cache.full_translates(), 1, "{svc}: no full translate");
+                assert_eq!(cache.front_translates(), 1, "{svc}: the Ingress is kept");
             }
         }
         // The used Service's flip reached its backend.
@@ -1685,6 +1722,27 @@ spec:\n  parentRefs: [{{name: gw, namespace: app}}]\n  hostnames: [r{r}.example.
             .expect("the used Service's backend");
         assert_eq!(used.endpoints.len(), 1, "{used:?}");
         assert_eq!(out, translate(&s, &params));
+        assert_eq!(cache.full_translates(), 1);
+
+        // Once the Ingress uses the ingress Service as its backend, that Service's slices
+        // are read: a flip translates the Ingress again.
+        let mut ing = (*s.ingresses[0]).clone();
+        let rule = &mut ing.spec.as_mut().unwrap().rules.as_mut().unwrap()[0];
+        let path = &mut rule.http.as_mut().unwrap().paths[0];
+        path.backend.service.as_mut().unwrap().name = "sweety".into();
+        ing.metadata.namespace = Some("sweety".into());
+        s.ingresses[0] = Arc::new(ing);
+        assert_eq!(
+            cache.update(&s, &params).to_output(),
+            translate(&s, &params)
+        );
+        assert_eq!(cache.front_translates(), 2);
+        flip(&mut s, "sweety", "sweety");
+        assert_eq!(
+            cache.update(&s, &params).to_output(),
+            translate(&s, &params)
+        );
+        assert_eq!(cache.front_translates(), 3);
         assert_eq!(cache.full_translates(), 1);
     }
 }
