@@ -1363,3 +1363,60 @@ fn patch_shares_what_did_not_change_and_reports_what_did() {
     let names: Vec<&str> = patched.entries().map(|e| &*e.name).collect();
     assert_eq!(names, ["b2", "c1", "d1"]);
 }
+
+/// The host map hashes a hostname once for its shard and its entry: every key claimed is
+/// found in whatever shard it landed, a copy is untouched by edits of the original, and
+/// unclaiming keeps the key count and the shards in step.
+#[test]
+fn host_map_finds_every_key_in_its_shard_and_counts_them() {
+    let slot = |key: u64| Slot {
+        key,
+        vhost: Arc::new(compile_vhost(0, &vh("v", &[], vec![])).unwrap()),
+    };
+    let mut m = HostMap::new(8);
+    let keys: Vec<String> = (0..2000).map(|i| format!("host-{i}.example.com")).collect();
+    for (i, k) in keys.iter().enumerate() {
+        m.claim(k, &slot(i as u64 + 10));
+    }
+    // A second, earlier claim on some keys: the smallest order key serves.
+    for k in keys.iter().step_by(7) {
+        m.claim(k, &slot(1));
+    }
+    assert_eq!(m.keys, keys.len());
+    let per_shard: Vec<usize> = m.shards.iter().map(|s| s.len()).collect();
+    assert_eq!(per_shard.iter().sum::<usize>(), keys.len());
+    assert!(per_shard.iter().all(|&n| n > 0), "{per_shard:?}");
+    for (i, k) in keys.iter().enumerate() {
+        let want = if i % 7 == 0 { 1 } else { i as u64 + 10 };
+        assert_eq!(m.first(k).map(|s| s.key), Some(want), "{k}");
+    }
+    assert!(m.first("host-2000.example.com").is_none());
+    assert!(m.first("").is_none());
+
+    let copy = m.clone();
+    for (i, k) in keys.iter().enumerate().filter(|(i, _)| i % 2 == 1) {
+        m.unclaim(k, i as u64 + 10);
+    }
+    m.unclaim("never-claimed.test", 3);
+    let odd_sevens = keys.iter().enumerate().filter(|(i, _)| i % 14 == 7).count();
+    assert_eq!(m.keys, keys.len() / 2 + odd_sevens);
+    for (i, k) in keys.iter().enumerate() {
+        let want = match (i % 2, i % 7) {
+            (_, 0) => Some(1),
+            (0, _) => Some(i as u64 + 10),
+            _ => None,
+        };
+        assert_eq!(m.first(k).map(|s| s.key), want, "{k}");
+        // The copy is untouched.
+        let before = if i % 7 == 0 { 1 } else { i as u64 + 10 };
+        assert_eq!(copy.first(k).map(|s| s.key), Some(before), "{k}");
+    }
+    assert_eq!(copy.keys, keys.len());
+    // Every key gone: every shard empty, the map empty.
+    for (i, k) in keys.iter().enumerate() {
+        m.unclaim(k, i as u64 + 10);
+        m.unclaim(k, 1);
+    }
+    assert!(m.is_empty());
+    assert!(m.shards.iter().all(|s| s.is_empty()));
+}
