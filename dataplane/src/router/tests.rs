@@ -1231,6 +1231,10 @@ fn patch_gives_what_a_full_build_gives_over_random_edits() {
     let mut cache = HashCache::of(&kept_d);
     let mut table = RouteTable::build(&base).unwrap();
     let mut patches = 0;
+    // Edits made, by kind: remove, swap, replace, insert, append.
+    let mut made = [0usize; 5];
+    // What the patches carried: removals, appends, replacements.
+    let mut carried = [0usize; 3];
     for step in 0..400 {
         let mut new = base.clone();
         for k in 0..=below(2) {
@@ -1238,20 +1242,29 @@ fn patch_gives_what_a_full_build_gives_over_random_edits() {
             match below(8) {
                 0 | 1 if n > 0 => {
                     new.virtual_hosts.remove(below(n));
+                    made[0] += 1;
                 }
-                2 if n > 1 && below(3) == 0 => new.virtual_hosts.swap(below(n), below(n)),
+                2 if n > 1 && below(3) == 0 => {
+                    let (i, j) = (below(n), below(n));
+                    made[1] += usize::from(new.virtual_hosts[i] != new.virtual_hosts[j]);
+                    new.virtual_hosts.swap(i, j);
+                }
                 3 | 4 if n > 0 => {
                     let i = below(n);
                     let name = new.virtual_hosts[i].name.clone();
-                    new.virtual_hosts[i] = make(name, &mut below);
+                    let v = make(name, &mut below);
+                    made[2] += usize::from(new.virtual_hosts[i] != v);
+                    new.virtual_hosts[i] = v;
                 }
                 5 if n > 0 && below(3) == 0 => {
                     let v = make(format!("m{step}-{k}"), &mut below);
                     new.virtual_hosts.insert(below(n), v);
+                    made[3] += 1;
                 }
                 _ => {
                     let v = make(format!("n{step}-{k}"), &mut below);
                     new.virtual_hosts.push(v);
+                    made[4] += 1;
                 }
             }
         }
@@ -1271,6 +1284,9 @@ fn patch_gives_what_a_full_build_gives_over_random_edits() {
         table = match &applied.virtual_hosts {
             ListEdit::Patch(p) => {
                 patches += 1;
+                carried[0] += usize::from(!p.removed.is_empty());
+                carried[1] += usize::from(p.appended > 0);
+                carried[2] += usize::from(!p.replaced.is_empty());
                 table.patch(&kept, p, &mut |_| ()).unwrap()
             }
             ListEdit::Full => {
@@ -1310,6 +1326,15 @@ fn patch_gives_what_a_full_build_gives_over_random_edits() {
         base = new;
     }
     assert!(patches > 300, "mostly patches: {patches}");
+    assert!(patches < 400, "and some reorders: {patches}");
+    assert!(
+        made.iter().all(|&m| m > 0),
+        "every edit kind made: {made:?}"
+    );
+    assert!(
+        carried.iter().all(|&c| c > 0),
+        "patches with removals, appends and replacements: {carried:?}"
+    );
     assert!(table.vhost_count() > 20, "grew past its first shards");
 }
 
