@@ -77,18 +77,28 @@ pub struct Digests {
     pub backends: Vec<Digest>,
 }
 
-fn digest_of<T: Serialize>(item: &T) -> Digest {
-    let mut h = sha2::Sha256::new();
-    serde_json::to_writer(HashWriter(&mut h), item).expect("configs always serialise");
-    h.finalize().into()
+/// SHA-256 of one item's compact JSON (what [`Digests`] hold).
+pub fn digest_of<T: Serialize>(item: &T) -> Digest {
+    digest_and_len(item).0
 }
 
-/// Feeds serde_json's output straight into the hasher (no intermediate buffer).
-struct HashWriter<'a>(&'a mut sha2::Sha256);
+/// [`digest_of`] and the length of the JSON it hashed.
+pub fn digest_and_len<T: Serialize>(item: &T) -> (Digest, usize) {
+    let mut h = sha2::Sha256::new();
+    let mut w = HashWriter(&mut h, 0);
+    serde_json::to_writer(&mut w, item).expect("configs always serialise");
+    let len = w.1;
+    (h.finalize().into(), len)
+}
+
+/// Feeds serde_json's output straight into the hasher (no intermediate buffer), counting
+/// the bytes.
+struct HashWriter<'a>(&'a mut sha2::Sha256, usize);
 
 impl std::io::Write for HashWriter<'_> {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         self.0.update(buf);
+        self.1 += buf.len();
         Ok(buf.len())
     }
     fn flush(&mut self) -> std::io::Result<()> {
@@ -167,16 +177,22 @@ impl Named for Backend {
         &self.name
     }
 }
+impl<T: Named + ?Sized> Named for &T {
+    fn name(&self) -> &str {
+        (**self).name()
+    }
+}
 
-/// Digests of `new`, reusing `prev_d[i]` when `new[j] == prev[i]` for the item of the same
-/// name (same position first, then by name).
-fn reuse_list<T: Named + PartialEq + Serialize>(
-    new: &[T],
-    prev: &[T],
-    prev_d: &[Digest],
-) -> Vec<Digest> {
+/// Maps every item of `new` to `keep(item, i)`, where `i` is the position of the item of the
+/// same name in `prev` (same position first, then by name; `None`: no such item). What to
+/// reuse from `prev[i]` (a digest, a shared item) is up to `keep`.
+pub fn reuse_list<N: Named, P: Named, R>(
+    new: impl IntoIterator<Item = N>,
+    prev: &[P],
+    mut keep: impl FnMut(N, Option<usize>) -> R,
+) -> Vec<R> {
     let mut by_name: Option<HashMap<&str, usize>> = None;
-    new.iter()
+    new.into_iter()
         .enumerate()
         .map(|(j, item)| {
             let same_pos = prev.get(j).filter(|p| p.name() == item.name()).map(|_| j);
@@ -191,12 +207,22 @@ fn reuse_list<T: Named + PartialEq + Serialize>(
                     .get(item.name())
                     .copied()
             });
-            match i {
-                Some(i) if prev[i] == *item && i < prev_d.len() => prev_d[i],
-                _ => digest_of(item),
-            }
+            keep(item, i)
         })
         .collect()
+}
+
+/// Digests of `new`, reusing `prev_d[i]` when `new[j] == prev[i]` for the item of the same
+/// name.
+fn reuse_digests<T: Named + PartialEq + Serialize>(
+    new: &[T],
+    prev: &[T],
+    prev_d: &[Digest],
+) -> Vec<Digest> {
+    reuse_list(new, prev, |item, i| match i {
+        Some(i) if prev[i] == *item && i < prev_d.len() => prev_d[i],
+        _ => digest_of(item),
+    })
 }
 
 impl Digests {
@@ -220,13 +246,13 @@ impl Digests {
             } else {
                 digest_of(&settings)
             },
-            listeners: reuse_list(&config.listeners, &prev.listeners, &prev_d.listeners),
-            virtual_hosts: reuse_list(
+            listeners: reuse_digests(&config.listeners, &prev.listeners, &prev_d.listeners),
+            virtual_hosts: reuse_digests(
                 &config.virtual_hosts,
                 &prev.virtual_hosts,
                 &prev_d.virtual_hosts,
             ),
-            backends: reuse_list(&config.backends, &prev.backends, &prev_d.backends),
+            backends: reuse_digests(&config.backends, &prev.backends, &prev_d.backends),
         }
     }
 
@@ -365,14 +391,39 @@ pub struct ConfigDelta {
     pub hash: String,
 }
 
-/// The changes from `base` to `new` given their digests; `None` when a list of either has a
-/// duplicate name (not expressible by name: send the full config).
-fn section_between<T: Named + Clone>(
-    base: &[T],
-    base_d: &[Digest],
-    new: &[T],
-    new_d: &[Digest],
+/// Names strictly increasing (hence unique), else checked with a set.
+fn unique_names<T: Named>(list: &[T]) -> bool {
+    if list.windows(2).all(|w| w[0].name() < w[1].name()) {
+        return true;
+    }
+    let mut seen = HashSet::with_capacity(list.len());
+    list.iter().all(|i| seen.insert(i.name()))
+}
+
+/// The changes from `base` to `new`; `None` when a list of either has a duplicate name (not
+/// expressible by name: send the full config). `same(i, j)`: `base[i]` and `new[j]` (of the
+/// same name) have the same content (equal digests, the same shared item…); `value` gives
+/// the item a delta carries for `new[j]`. When both lists hold the same names in the same
+/// order (the usual case), only contents are compared, without an index by name.
+pub fn section_between<B: Named, N: Named, T>(
+    base: &[B],
+    new: &[N],
+    same: impl Fn(usize, usize) -> bool,
+    value: impl Fn(&N) -> T,
 ) -> Option<Section<T>> {
+    let mut out = Section::default();
+    let aligned = base.len() == new.len()
+        && (0..new.len()).all(|i| same(i, i) || base[i].name() == new[i].name());
+    if aligned {
+        if !unique_names(new) {
+            return None;
+        }
+        out.upsert = (0..new.len())
+            .filter(|&i| !same(i, i))
+            .map(|i| value(&new[i]))
+            .collect();
+        return Some(out);
+    }
     let base_idx: HashMap<&str, usize> = base
         .iter()
         .enumerate()
@@ -382,16 +433,18 @@ fn section_between<T: Named + Clone>(
         return None;
     }
     let mut seen: HashSet<&str> = HashSet::with_capacity(new.len());
-    let mut out = Section::default();
+    let mut appended = Vec::new();
     for (j, item) in new.iter().enumerate() {
         if !seen.insert(item.name()) {
             return None;
         }
-        let same = base_idx
-            .get(item.name())
-            .is_some_and(|&i| base_d.get(i) == new_d.get(j));
-        if !same {
-            out.upsert.push(item.clone());
+        match base_idx.get(item.name()) {
+            Some(&i) if same(i, j) => {}
+            Some(_) => out.upsert.push(value(item)),
+            None => {
+                appended.push(item.name());
+                out.upsert.push(value(item));
+            }
         }
     }
     out.remove = base
@@ -399,17 +452,13 @@ fn section_between<T: Named + Clone>(
         .filter(|b| !seen.contains(b.name()))
         .map(|b| b.name().to_string())
         .collect();
-    // Does the default order rule give `new`'s order?
+    // Does the default order rule (base order, removed dropped, new ones appended) give
+    // `new`'s order?
     let removed: HashSet<&str> = out.remove.iter().map(String::as_str).collect();
     let kept = base
         .iter()
         .map(Named::name)
         .filter(|n| !removed.contains(n));
-    let appended = out
-        .upsert
-        .iter()
-        .map(Named::name)
-        .filter(|n| !base_idx.contains_key(n));
     if !kept.chain(appended).eq(new.iter().map(Named::name)) {
         out.order = Some(new.iter().map(|n| n.name().to_string()).collect());
     }
@@ -682,25 +731,35 @@ fn reorder<T: Named>(
     Ok(())
 }
 
+/// [`section_between`] of two lists whose items are the same where their digests are.
+fn section_by_digest<T: Named + Clone>(
+    base: &[T],
+    base_d: &[Digest],
+    new: &[T],
+    new_d: &[Digest],
+) -> Option<Section<T>> {
+    section_between(base, new, |i, j| base_d.get(i) == new_d.get(j), T::clone)
+}
+
 impl ConfigDelta {
     /// The delta that turns `base` into `new`, from their digests: only items whose digest
     /// changed are carried. `None` when a list has a duplicate name (send the full config).
     pub fn between(base: &Config, base_d: &Digests, new: &Config, new_d: &Digests) -> Option<Self> {
         Some(ConfigDelta {
             settings: (base_d.settings != new_d.settings).then(|| Box::new(settings_of(new))),
-            listeners: section_between(
+            listeners: section_by_digest(
                 &base.listeners,
                 &base_d.listeners,
                 &new.listeners,
                 &new_d.listeners,
             )?,
-            virtual_hosts: section_between(
+            virtual_hosts: section_by_digest(
                 &base.virtual_hosts,
                 &base_d.virtual_hosts,
                 &new.virtual_hosts,
                 &new_d.virtual_hosts,
             )?,
-            backends: section_between(
+            backends: section_by_digest(
                 &base.backends,
                 &base_d.backends,
                 &new.backends,
@@ -889,6 +948,74 @@ mod tests {
         assert_eq!(gd, nd);
         assert_eq!(gd.hash(), new.content_hash());
         delta
+    }
+
+    #[test]
+    fn digest_and_len_hash_and_count_the_compact_json() {
+        let c = big_config(3);
+        let vh = &c.virtual_hosts[1];
+        let json = serde_json::to_vec(vh).unwrap();
+        let (d, len) = digest_and_len(vh);
+        assert_eq!(len, json.len());
+        assert_eq!(d, <[u8; 32]>::from(sha2::Sha256::digest(&json)));
+        assert_eq!(digest_of(vh), d);
+    }
+
+    #[test]
+    fn section_between_aligned_and_indexed_paths_agree() {
+        let base = big_config(20);
+        let bd = Digests::of(&base);
+        // Same names in the same order (the aligned path): only the changed item.
+        let mut new = base.clone();
+        new.virtual_hosts[5].hostnames.push("x.example.com".into());
+        let nd = Digests::of(&new);
+        let by_digest = |i: usize, j: usize| bd.virtual_hosts[i] == nd.virtual_hosts[j];
+        let s = section_between(&base.virtual_hosts, &new.virtual_hosts, by_digest, |v| {
+            v.name.clone()
+        })
+        .unwrap();
+        assert_eq!(s.upsert, vec![base.virtual_hosts[5].name.clone()]);
+        assert!(s.remove.is_empty() && s.order.is_none());
+        // A swap (not aligned by name, so the indexed path): both items are unchanged, only
+        // the order is carried.
+        let mut swapped = base.clone();
+        swapped.virtual_hosts.swap(2, 3);
+        let sd = Digests::of(&swapped);
+        let s = section_between(
+            &base.virtual_hosts,
+            &swapped.virtual_hosts,
+            |i, j| bd.virtual_hosts[i] == sd.virtual_hosts[j],
+            |v| v.name.clone(),
+        )
+        .unwrap();
+        assert!(s.upsert.is_empty() && s.remove.is_empty());
+        assert_eq!(s.order.as_ref().map(Vec::len), Some(20));
+        // A duplicate name in an aligned list: not expressible.
+        let mut dup = base.clone();
+        dup.virtual_hosts[4].name = dup.virtual_hosts[3].name.clone();
+        let dd = Digests::of(&dup);
+        assert!(section_between(
+            &dup.virtual_hosts,
+            &dup.virtual_hosts,
+            |i, j| dd.virtual_hosts[i] == dd.virtual_hosts[j],
+            |v| v.name.clone(),
+        )
+        .is_none());
+    }
+
+    #[test]
+    fn reuse_list_matches_by_position_then_by_name() {
+        let base = big_config(5);
+        let mut new: Vec<VirtualHost> = base.virtual_hosts.clone();
+        new.rotate_left(1);
+        let got = reuse_list(&new, &base.virtual_hosts, |_, i| i);
+        assert_eq!(got, vec![Some(1), Some(2), Some(3), Some(4), Some(0)]);
+        let mut extra = new[0].clone();
+        extra.name = "not-there".into();
+        assert_eq!(
+            reuse_list([&extra], &base.virtual_hosts, |_, i| i),
+            vec![None]
+        );
     }
 
     #[test]
