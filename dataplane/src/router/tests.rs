@@ -1445,3 +1445,69 @@ fn host_map_finds_every_key_in_its_shard_and_counts_them() {
     assert!(m.is_empty());
     assert!(m.shards.iter().all(|s| s.is_empty()));
 }
+
+/// Benchmark (not run by default): host selection over 20,000 exact hostnames and 500
+/// wildcards, for hits, wildcard hits and misses. `cargo test -p sweety-dataplane --release
+/// --lib router::tests::bench_host_lookup -- --ignored --nocapture`; prints ns per lookup.
+#[test]
+#[ignore]
+fn bench_host_lookup() {
+    let mut vhosts: Vec<VirtualHost> = (0..20_000)
+        .map(|i| {
+            let name = format!("v{i}");
+            vh(&name, &[&format!("app-{i}.example.com")], vec![])
+        })
+        .collect();
+    vhosts.extend((0..500).map(|i| {
+        let name = format!("w{i}");
+        vh(&name, &[&format!("*.t{i}.example.org")], vec![])
+    }));
+    let table = RouteTable::build(&config(vhosts)).unwrap();
+    let kinds: [(&str, Vec<String>); 3] = [
+        (
+            "exact hit",
+            (0..4096)
+                .map(|i| format!("app-{}.example.com", i * 7 % 20_000))
+                .collect(),
+        ),
+        (
+            "wildcard hit",
+            (0..4096)
+                .map(|i| format!("api.t{}.example.org", i % 500))
+                .collect(),
+        ),
+        (
+            "miss",
+            (0..4096).map(|i| format!("nope-{i}.example.net")).collect(),
+        ),
+    ];
+    // Batches of 20 passes over 4,096 hosts; the fastest and the median batch are printed
+    // (the fastest is the least disturbed by other load on the machine).
+    for (what, hosts) in &kinds {
+        let rounds = 20;
+        let mut batches = Vec::new();
+        for _ in 0..31 {
+            let mut found = 0usize;
+            let t = std::time::Instant::now();
+            for _ in 0..rounds {
+                for h in hosts {
+                    found += usize::from(table.vhost_name("http", h).is_some());
+                }
+            }
+            batches.push(t.elapsed().as_nanos() as f64 / (rounds * hosts.len()) as f64);
+            let want = if *what == "miss" {
+                0
+            } else {
+                rounds * hosts.len()
+            };
+            assert_eq!(found, want, "{what}");
+        }
+        batches.sort_by(f64::total_cmp);
+        println!(
+            "host lookup, {what}: min {:.1} ns, median {:.1} ns (31 batches of {})",
+            batches[0],
+            batches[15],
+            rounds * hosts.len()
+        );
+    }
+}
