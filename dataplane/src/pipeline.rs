@@ -16,6 +16,7 @@
 
 use crate::access_log::{now_ms, LogLine};
 use crate::body::{text_response, Body, BoxError};
+use crate::cache::StoredHead;
 use crate::ctx::{ConnInfo, EarlyData, Protocol, RequestCtx};
 use crate::filters::RequestOutcome;
 use crate::limits::{LimitedBody, RequestPermit};
@@ -42,7 +43,32 @@ pub async fn handle(
     protocol: Protocol,
     req: Request<Body>,
 ) -> Response<Body> {
-    let start = Instant::now();
+    serve(shared, conn, protocol, req, Instant::now(), false)
+        .await
+        .0
+}
+
+/// [`handle`] for Sweety's HTTP/2 engine: `start` is when the engine read the request (its
+/// clock reading for the batch), and a cache hit's stored head may come back as a
+/// [`StoredHead`] instead of in the response's header map (when nothing in the response phase
+/// needs the map); the engine sends it ahead of the map's fields.
+pub async fn handle_h2(
+    shared: Arc<Shared>,
+    conn: Arc<ConnInfo>,
+    req: Request<Body>,
+    start: Instant,
+) -> (Response<Body>, Option<StoredHead>) {
+    serve(shared, conn, Protocol::Http2, req, start, true).await
+}
+
+async fn serve(
+    shared: Arc<Shared>,
+    conn: Arc<ConnInfo>,
+    protocol: Protocol,
+    req: Request<Body>,
+    start: Instant,
+    engine: bool,
+) -> (Response<Body>, Option<StoredHead>) {
     let snap = shared.snapshot();
     let view = snap.listener(&conn.listener);
     // The real client behind trusted proxies (see `crate::access`).
@@ -80,11 +106,11 @@ pub async fn handle(
     let method = req.method().clone();
     let grpc = crate::grpc::kind(req.headers());
 
-    let (route_name, mut resp, filters_entry) = if too_early {
+    let (route_name, mut resp, filters_entry, mut stored) = if too_early {
         shared.metrics.limit_hit("early_data");
         let status = StatusCode::from_u16(425).expect("425 is a valid status");
         let r = text_response(status, "425 Too Early: retry after the handshake\n");
-        (Arc::<str>::from(NO_ROUTE), r, None)
+        (Arc::<str>::from(NO_ROUTE), r, None, None)
     } else if permit.is_none() {
         let mut r = text_response(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -94,16 +120,34 @@ pub async fn handle(
             header::RETRY_AFTER,
             HeaderValue::from(limits.retry_after_seconds),
         );
-        (Arc::<str>::from(NO_ROUTE), r, None)
+        (Arc::<str>::from(NO_ROUTE), r, None, None)
     } else {
-        route_and_serve(&shared, &snap, view, &ctx, req).await
+        route_and_serve(&shared, &snap, view, &ctx, req, engine).await
     };
 
     // 6. response filters
+    let alt_svc = view
+        .and_then(|v| v.alt_svc.as_ref())
+        .filter(|_| protocol != Protocol::Http3);
+    if let Some(head) = stored.take() {
+        // A hit's stored head stays out of the header map only if nothing below reads or
+        // replaces its fields.
+        let needs_map = filters_entry.as_ref().is_some_and(|m| {
+            m.entry.filters.has_response_filters() || m.entry.filters.edge().compress.is_some()
+        }) || grpc.is_some()
+            || alt_svc.is_some_and(|_| head.contains(&header::ALT_SVC));
+        if needs_map {
+            head.materialize(&mut resp, engine);
+        } else {
+            stored = Some(head);
+        }
+    }
     if let Some(m) = filters_entry {
-        let (mut parts, body) = resp.into_parts();
-        m.entry.filters.on_response(origin.as_ref(), &mut parts);
-        resp = Response::from_parts(parts, body);
+        if m.entry.filters.has_response_filters() {
+            let (mut parts, body) = resp.into_parts();
+            m.entry.filters.on_response(origin.as_ref(), &mut parts);
+            resp = Response::from_parts(parts, body);
+        }
         if let Some(c) = &m.entry.filters.edge().compress {
             resp = crate::compress::apply(c, &method, &m.accept_encoding, resp);
         }
@@ -111,10 +155,8 @@ pub async fn handle(
     if let Some(kind) = grpc {
         resp = crate::grpc::rewrite_generated(resp, kind);
     }
-    if let Some(alt) = view.and_then(|v| v.alt_svc.as_ref()) {
-        if protocol != Protocol::Http3 {
-            resp.headers_mut().insert(header::ALT_SVC, alt.clone());
-        }
+    if let Some(alt) = alt_svc {
+        resp.headers_mut().insert(header::ALT_SVC, alt.clone());
     }
 
     // 7. account
@@ -144,16 +186,22 @@ pub async fn handle(
         log,
         _permit: permit,
     };
-    resp.map(|inner| {
+    let resp = resp.map(|inner| {
         crate::body::boxed(AccountedBody {
             inner,
             sent: 0,
             finish: Some(finish),
         })
-    })
+    });
+    (resp, stored)
 }
 
-type Served<'a> = (Arc<str>, Response<Body>, Option<Matched<'a>>);
+type Served<'a> = (
+    Arc<str>,
+    Response<Body>,
+    Option<Matched<'a>>,
+    Option<StoredHead>,
+);
 
 /// The route a request matched, for the response filters.
 struct Matched<'a> {
@@ -169,6 +217,7 @@ async fn route_and_serve<'a>(
     view: Option<&ListenerView>,
     ctx: &RequestCtx,
     req: Request<Body>,
+    engine: bool,
 ) -> Served<'a> {
     let no_route = || Arc::<str>::from(NO_ROUTE);
     let Some(view) = view else {
@@ -178,6 +227,7 @@ async fn route_and_serve<'a>(
                 StatusCode::NOT_FOUND,
                 "404 Not Found: listener is being removed\n",
             ),
+            None,
             None,
         );
     };
@@ -192,6 +242,7 @@ async fn route_and_serve<'a>(
             return (
                 no_route(),
                 crate::limits::BodyLimitError::TooLarge.response(),
+                None,
                 None,
             );
         }
@@ -212,6 +263,7 @@ async fn route_and_serve<'a>(
                         StatusCode::MISDIRECTED_REQUEST,
                         "421 Misdirected Request: host does not match the TLS server name\n",
                     ),
+                    None,
                     None,
                 );
             }
@@ -234,6 +286,7 @@ async fn route_and_serve<'a>(
                     StatusCode::NOT_FOUND,
                     "404 Not Found: no route matches this host and path\n",
                 ),
+                None,
                 None,
             );
         }
@@ -261,7 +314,7 @@ async fn route_and_serve<'a>(
             Ok(guards) => in_flight = guards,
             Err(refusal) => {
                 let r = crate::access::refusal_response(refusal, &shared.metrics);
-                return (route_name, r, Some(matched));
+                return (route_name, r, Some(matched), None);
             }
         }
     }
@@ -280,14 +333,57 @@ async fn route_and_serve<'a>(
             .filters
             .on_request(&mut parts, ctx.scheme(), view.port, prefix)
     {
-        return (route_name, r, Some(matched));
+        return (route_name, r, Some(matched), None);
     }
     for m in entry.filters.mirrors() {
         snap.upstreams.mirror(&parts, m, ctx);
     }
 
-    // 5. action, under the route's request timeout
+    // What a proxy route with the edge features does with this request: gRPC-Web
+    // translation, or the cache (with its key).
     let route = &entry.route;
+    let edge = entry.filters.edge();
+    let web = match &route.action {
+        Action::Proxy(_) if upgrade.is_none() => edge
+            .grpc
+            .as_ref()
+            .filter(|g| g.web)
+            .and_then(|_| crate::grpc::kind(&parts.headers))
+            .filter(|k| *k != crate::grpc::GrpcKind::Grpc),
+        _ => None,
+    };
+    let cache_key = match &route.action {
+        Action::Proxy(_) if upgrade.is_none() && web.is_none() => {
+            edge.cache.as_ref().zip(cache_host).and_then(|(cp, host)| {
+                let key = crate::cache::request_key(
+                    cp,
+                    &parts.method,
+                    &host,
+                    &parts.uri,
+                    &parts.headers,
+                )?;
+                Some((cp, key))
+            })
+        }
+        _ => None,
+    };
+    // A fresh cache hit is answered here, before the upstream path is built; what else the
+    // lookup found goes on to `Cache::serve`.
+    let mut first = None;
+    if let Some((_, key)) = &cache_key {
+        match shared
+            .cache
+            .fresh_hit(key, &parts.headers, ctx.start, engine)
+        {
+            Ok((hit, stored)) => {
+                let hit = crate::access::hold(hit, in_flight);
+                return (route_name, hit, Some(matched), stored);
+            }
+            Err(found) => first = found,
+        }
+    }
+
+    // 5. action, under the route's request timeout
     let action = async {
         match &route.action {
             Action::Proxy(p) => {
@@ -305,35 +401,6 @@ async fn route_and_serve<'a>(
                         limits.websocket_idle_timeout.get(),
                     ))
                     .await;
-                }
-                let edge = entry.filters.edge();
-                let web = edge
-                    .grpc
-                    .as_ref()
-                    .filter(|g| g.web)
-                    .and_then(|_| crate::grpc::kind(&parts.headers))
-                    .filter(|k| *k != crate::grpc::GrpcKind::Grpc);
-                let cache_key = edge
-                    .cache
-                    .as_ref()
-                    .filter(|_| web.is_none())
-                    .zip(cache_host)
-                    .and_then(|(cp, host)| {
-                        let key = crate::cache::request_key(
-                            cp,
-                            &parts.method,
-                            &host,
-                            &parts.uri,
-                            &parts.headers,
-                        )?;
-                        Some((cp, key))
-                    });
-                // A fresh cache hit is answered here, before the upstream path is built.
-                if let Some(hit) = cache_key
-                    .as_ref()
-                    .and_then(|(_, key)| shared.cache.fresh_hit(key, &parts.headers))
-                {
-                    return hit;
                 }
                 let body = crate::body::boxed(LimitedBody::new(
                     body,
@@ -360,6 +427,7 @@ async fn route_and_serve<'a>(
                             key,
                             parts,
                             body,
+                            first,
                             |parts, body| {
                                 let coding = StoreCoding::of(edge.compress.as_ref(), &parts);
                                 let fetch = snap.upstreams.forward(
@@ -419,7 +487,7 @@ async fn route_and_serve<'a>(
         None => action.await,
     };
     let resp = crate::access::hold(resp, in_flight);
-    (route_name, resp, Some(matched))
+    (route_name, resp, Some(matched), None)
 }
 
 /// Compression of a fetched response before the cache stores it, on routes that cache and

@@ -407,3 +407,106 @@ async fn coded_variants_are_stored_and_hits_are_sent_as_stored() {
         4
     );
 }
+
+/// A hit's head as a client sees it: every field in order, `date` and `age` checked for
+/// form and left out (they follow the clock).
+async fn hit_head(
+    c: &Client,
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+) -> (Vec<(String, String)>, Bytes) {
+    let req = http::Request::builder()
+        .method(method)
+        .uri(format!("http://{addr}{path}"))
+        .header("host", "c.test")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let resp = tokio::time::timeout(Duration::from_secs(10), c.request(req))
+        .await
+        .expect("in time")
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut fields = Vec::new();
+    for (n, v) in resp.headers() {
+        let v = v.to_str().unwrap().to_string();
+        match n.as_str() {
+            "date" => assert!(httpdate::parse_http_date(&v).is_ok(), "{v}"),
+            "age" => assert!(v.parse::<u64>().is_ok(), "{v}"),
+            _ => fields.push((n.as_str().to_string(), v)),
+        }
+    }
+    assert!(resp.headers().contains_key("date"));
+    // Hits say how old they are; the miss has no age.
+    let hit = fields.contains(&("x-cache".into(), "HIT".into()));
+    assert_eq!(resp.headers().contains_key("age"), hit, "{fields:?}");
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    (fields, body)
+}
+
+/// Sweety's HTTP/2 engine sends a hit's stored head without copying it into a header map
+/// (`cache::StoredHead`), and falls back to the map when a response filter needs it: either
+/// way the client gets the fields, order, `x-cache`, `age`, lengths and metrics that hyper's
+/// HTTP/2 server gives for the same hits.
+#[tokio::test]
+async fn engine_hits_send_the_same_heads_as_hyper_hits() {
+    let mut seen = Vec::new();
+    for engine in [Http2Engine::Hyper, Http2Engine::Sweety] {
+        let (up, origin_hits) = origin().await;
+        let mut plain = proxy_route("plain", "/p", "up");
+        plain.filters.push(Filter::Cache(CachePolicy::default()));
+        let mut filtered = proxy_route("filtered", "/f", "up");
+        filtered.filters.push(Filter::Cache(CachePolicy::default()));
+        filtered
+            .filters
+            .push(Filter::ResponseHeaders(HeaderModifier {
+                add: vec![sweety_config::HeaderValue {
+                    name: "x-added".into(),
+                    value: "1".into(),
+                }],
+                ..HeaderModifier::default()
+            }));
+        let mut cfg = Config {
+            backends: vec![backend("up", up)],
+            ..http_config(vec![vhost("c", &[], vec![plain, filtered])])
+        };
+        cfg.limits.http2_engine = engine;
+        let h = Harness::start(cfg).await;
+        let addr = h.addr("web").await;
+        let c = h2c_client();
+        let mut heads = Vec::new();
+        for path in ["/p", "/f"] {
+            let (miss, body) = hit_head(&c, addr, "GET", path).await;
+            assert!(
+                miss.contains(&("x-cache".into(), "MISS".into())),
+                "{miss:?}"
+            );
+            for _ in 0..3 {
+                let (hit, again) = hit_head(&c, addr, "GET", path).await;
+                assert_eq!(again, body);
+                assert!(hit.contains(&("x-cache".into(), "HIT".into())), "{hit:?}");
+                let len = body.len().to_string();
+                assert!(hit.contains(&("content-length".into(), len)), "{hit:?}");
+                assert_eq!(hit.contains(&("x-added".into(), "1".into())), path == "/f");
+                heads.push(hit);
+            }
+            // HEAD: the length a GET gets, no body.
+            let (head, empty) = hit_head(&c, addr, "HEAD", path).await;
+            assert!(empty.is_empty());
+            assert!(head.contains(&("x-cache".into(), "HIT".into())), "{head:?}");
+            assert!(head.contains(&("content-length".into(), body.len().to_string())));
+            heads.push(head);
+        }
+        assert_eq!(hits(&origin_hits, "/p") + hits(&origin_hits, "/f"), 2);
+        let m = &h.runtime.shared.metrics;
+        assert_eq!(
+            m.edge.cache_hits.load(std::sync::atomic::Ordering::Relaxed),
+            8
+        );
+        use sweety_dataplane::ctx::Protocol;
+        assert_eq!(m.requests.get("web", "plain", 2, Protocol::Http2), 5);
+        assert_eq!(m.requests.get("web", "filtered", 2, Protocol::Http2), 5);
+        seen.push(heads);
+    }
+    assert_eq!(seen[0], seen[1], "hyper's heads, then the engine's");
+}

@@ -19,7 +19,8 @@
 use super::body::{RecvBody, RecvShared, Signal, StreamWaker, Upgrade};
 use super::frame::{self, flag, kind, setting, Head, Reason, HEADER_LEN, MAX_WINDOW};
 use crate::body::Body;
-use crate::ctx::{ConnInfo, Protocol};
+use crate::cache::StoredHead;
+use crate::ctx::ConnInfo;
 use crate::hpack::{Decoder, Encoder, Field};
 use crate::runtime::Shared;
 use bytes::{Buf, Bytes, BytesMut};
@@ -113,7 +114,7 @@ type FResult = Result<(), Fault>;
 /// What a stream's response is doing.
 enum Resp {
     /// The pipeline is working on it in its own task.
-    Running(JoinHandle<Response<Body>>),
+    Running(JoinHandle<(Response<Body>, Option<StoredHead>)>),
     /// HEADERS sent; the body is being sent.
     Body(Body),
     /// END_STREAM sent (or the stream reset).
@@ -1120,8 +1121,9 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
         };
         let req = Request::from_parts(parts, body);
         let (shared, conn) = (self.shared.clone(), self.conn.clone());
-        let mut fut =
-            box_in_place(move || crate::pipeline::handle(shared, conn, Protocol::Http2, req));
+        // The request's start: this read's clock reading.
+        let start = self.last_active;
+        let mut fut = box_in_place(move || crate::pipeline::handle_h2(shared, conn, req, start));
         self.streams.insert(id, s);
         // First poll inline: ready responses (cache hits, fixed replies, refusals) are
         // answered in this read's write without a task.
@@ -1129,7 +1131,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
         let first =
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| fut.as_mut().poll(&mut cx)));
         match first {
-            Ok(Poll::Ready(resp)) => self.start_response(id, resp),
+            Ok(Poll::Ready((resp, stored))) => self.start_response(id, resp, stored),
             Ok(Poll::Pending) => {
                 let handle = tokio::spawn(fut);
                 if let Some(s) = self.streams.get_mut(&id) {
@@ -1417,14 +1419,16 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
         }
     }
 
-    /// Encodes a response head and starts sending it.
-    fn start_response(&mut self, id: u32, resp: Response<Body>) {
+    /// Encodes a response head and starts sending it. `stored`: a cache hit's stored head,
+    /// sent ahead of the fields of `resp`'s map (its fields are never connection-specific).
+    fn start_response(&mut self, id: u32, resp: Response<Body>, stored: Option<StoredHead>) {
         let Some(s) = self.streams.get_mut(&id) else {
             return;
         };
         let (mut parts, body) = resp.into_parts();
         strip_connection_headers(&mut parts.headers);
-        if !parts.headers.contains_key(header::DATE) {
+        let stored_has = |name: &HeaderName| stored.as_ref().is_some_and(|h| h.contains(name));
+        if !parts.headers.contains_key(header::DATE) && !stored_has(&header::DATE) {
             let date = self.date.get_or_insert_with(super::date::now).clone();
             parts.headers.insert(header::DATE, date);
         }
@@ -1442,7 +1446,9 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
             }
         } else if !no_body && !body.is_end_stream() {
             if let Some(n) = body.size_hint().exact() {
-                if !parts.headers.contains_key(header::CONTENT_LENGTH) {
+                if !parts.headers.contains_key(header::CONTENT_LENGTH)
+                    && !stored_has(&header::CONTENT_LENGTH)
+                {
                     parts
                         .headers
                         .insert(header::CONTENT_LENGTH, HeaderValue::from(n));
@@ -1456,17 +1462,12 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
         self.scratch.clear();
         self.encoder.begin_block(&mut self.scratch);
         Encoder::status(&mut self.scratch, parts.status.as_u16());
-        // A cached response's stored fields come pre-encoded (same bytes as encoding them).
-        let mut skip = 0;
-        if let Some(pre) = parts.extensions.get::<super::Encoded>() {
-            if let Some((block, n)) = pre.prefix_of(&parts.headers) {
-                self.scratch.extend_from_slice(block);
-                skip = n;
-            }
-        }
-        for (name, value) in parts.headers.iter().skip(skip) {
-            super::encode_field(&mut self.scratch, name, value);
-        }
+        super::encode_fields(
+            &mut self.scratch,
+            &parts.headers,
+            &parts.extensions,
+            stored.as_ref(),
+        );
         frame::put_headers(
             &mut self.write_buf,
             id,
@@ -1539,7 +1540,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
             let mut cx = Context::from_waker(&waker);
             match Pin::new(h).poll(&mut cx) {
                 Poll::Pending => return false,
-                Poll::Ready(Ok(resp)) => self.start_response(id, resp),
+                Poll::Ready(Ok((resp, stored))) => self.start_response(id, resp, stored),
                 Poll::Ready(Err(e)) => {
                     tracing::error!(error = %e, "a request task failed");
                     self.reset_stream(id, Reason::INTERNAL_ERROR);

@@ -30,6 +30,48 @@ fn encode_field(dst: &mut bytes::BytesMut, name: &http::HeaderName, value: &http
     );
 }
 
+/// HPACK-encodes a response's fields (after `:status`): a cache hit's stored head first
+/// (`stored`), then the fields of `headers`. A cached response's stored fields come
+/// pre-encoded either way (as a [`crate::cache::StoredHead`], or as an [`Encoded`] in
+/// `extensions` that the map still starts with); the bytes are the same as encoding the map a
+/// hit has on every other path, field by field.
+pub(crate) fn encode_fields(
+    dst: &mut bytes::BytesMut,
+    headers: &http::HeaderMap,
+    extensions: &http::Extensions,
+    stored: Option<&crate::cache::StoredHead>,
+) {
+    let mut skip = 0;
+    if let Some(head) = stored {
+        // The fields a hit's map starts with: the stored ones, `age`, `x-cache`.
+        dst.extend_from_slice(head.block());
+        let mut digits = [0u8; 20];
+        crate::hpack::Encoder::field(dst, b"age", decimal(head.age(), &mut digits), false);
+        crate::hpack::Encoder::field(dst, b"x-cache", head.x_cache().as_bytes(), false);
+    } else if let Some(pre) = extensions.get::<Encoded>() {
+        if let Some((block, n)) = pre.prefix_of(headers) {
+            dst.extend_from_slice(block);
+            skip = n;
+        }
+    }
+    for (name, value) in headers.iter().skip(skip) {
+        encode_field(dst, name, value);
+    }
+}
+
+/// `n` in decimal ASCII, written into `buf`.
+fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
+    let mut at = buf.len();
+    loop {
+        at -= 1;
+        buf[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            return &buf[at..];
+        }
+    }
+}
+
 mod encoded {
     //! Pre-encoded response headers: a stored response's header fields HPACK-encoded once
     //! (the encoder never uses the dynamic table, so an encoding is valid on every
@@ -74,6 +116,11 @@ mod encoded {
                 fields,
                 _values: headers.clone(),
             }))
+        }
+
+        /// The encoding of all the fields.
+        pub fn block(&self) -> &[u8] {
+            &self.0.block
         }
 
         /// If `headers` starts with exactly the encoded fields: their encoding and count.
