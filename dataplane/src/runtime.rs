@@ -27,7 +27,10 @@ use http::HeaderValue;
 use hyper_util::rt::TokioTimer;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicBool, AtomicU64,
+    Ordering::{Acquire, Relaxed, Release},
+};
 use std::sync::{Arc, Mutex};
 use sweety_config::{Config, Limits, ListenerProtocol};
 use tokio::sync::watch;
@@ -125,6 +128,9 @@ impl Snapshot {
 /// State shared by every connection and request; outlives reloads.
 pub struct Shared {
     current: ArcSwap<Snapshot>,
+    /// Counts the stores to `current` (bumped after each): a connection that keeps the
+    /// snapshot it loaded reuses it while this has not changed ([`Shared::snapshot_for`]).
+    swaps: AtomicU64,
     /// Metrics.
     pub metrics: Arc<Metrics>,
     /// The backpressure core.
@@ -146,6 +152,33 @@ impl Shared {
     /// The current snapshot (pin it for the duration of a request).
     pub fn snapshot(&self) -> Arc<Snapshot> {
         self.current.load_full()
+    }
+
+    /// The current snapshot through a per-connection memo: `kept` is reused while no new
+    /// snapshot was stored since it was loaded (one plain atomic load instead of an
+    /// `ArcSwap` load per request); otherwise it is loaded and kept. The keeper drops `kept`
+    /// when it goes idle, so that it does not hold an old config alive.
+    pub fn snapshot_for(&self, kept: &mut Option<(u64, Arc<Snapshot>)>) -> Arc<Snapshot> {
+        let swaps = self.swaps.load(Acquire);
+        match kept {
+            Some((n, s)) if *n == swaps => s.clone(),
+            _ => {
+                let s = self.current.load_full();
+                *kept = Some((swaps, s.clone()));
+                s
+            }
+        }
+    }
+
+    /// Whether a snapshot kept by [`Shared::snapshot_for`] is still the current one.
+    pub fn is_current(&self, kept: &Option<(u64, Arc<Snapshot>)>) -> bool {
+        kept.as_ref()
+            .is_some_and(|(n, _)| *n == self.swaps.load(Acquire))
+    }
+
+    fn store(&self, snapshot: Snapshot) {
+        self.current.store(Arc::new(snapshot));
+        self.swaps.fetch_add(1, Release);
     }
 }
 
@@ -255,6 +288,7 @@ impl Runtime {
         };
         let shared = Arc::new(Shared {
             current: ArcSwap::from_pointee(Snapshot::empty(metrics.clone())),
+            swaps: AtomicU64::new(0),
             backpressure: Backpressure::new(
                 limits.max_connections as usize,
                 limits.max_requests_in_flight as usize,
@@ -400,7 +434,7 @@ impl Runtime {
             edge,
         };
         let generation = snapshot.config.generation;
-        self.shared.current.store(Arc::new(snapshot));
+        self.shared.store(snapshot);
         self.shared
             .metrics
             .config_generation
@@ -713,7 +747,7 @@ impl Runtime {
 
         // Swap.
         self.shared.cache.configure(&snapshot.config.cache);
-        self.shared.current.store(Arc::new(snapshot));
+        self.shared.store(snapshot);
         self.shared.backpressure.resize(
             limits.max_connections as usize,
             limits.max_requests_in_flight as usize,
@@ -908,4 +942,32 @@ fn http_builder(limits: &Limits) -> hyper_util::server::conn::auto::Builder<Stre
         // RFC 8441 extended CONNECT, for WebSocket over HTTP/2.
         .enable_connect_protocol();
     b
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_kept_snapshot_is_reused_until_a_reload() {
+        let rt = Runtime::new(RuntimeOptions::default()).unwrap();
+        let mut kept = None;
+        assert!(!rt.shared.is_current(&kept));
+        let a = rt.shared.snapshot_for(&mut kept);
+        assert!(rt.shared.is_current(&kept));
+        let b = rt.shared.snapshot_for(&mut kept);
+        assert!(Arc::ptr_eq(&a, &b));
+        let cfg = Config {
+            generation: 7,
+            ..Config::default()
+        };
+        rt.apply(cfg).await.unwrap();
+        // The reload is seen at once: the kept one is stale, the next request gets the new.
+        assert!(!rt.shared.is_current(&kept));
+        let c = rt.shared.snapshot_for(&mut kept);
+        assert!(!Arc::ptr_eq(&a, &c));
+        assert!(Arc::ptr_eq(&c, &rt.shared.snapshot()));
+        assert_eq!(c.config.generation, 7);
+        assert!(rt.shared.is_current(&kept));
+    }
 }

@@ -510,3 +510,72 @@ async fn engine_hits_send_the_same_heads_as_hyper_hits() {
     }
     assert_eq!(seen[0], seen[1], "hyper's heads, then the engine's");
 }
+
+/// A reload reaches the requests of a live HTTP/2 connection on Sweety's engine at once: the
+/// connection keeps the config snapshot between requests while it has streams, and checks per
+/// request that no reload happened. A request to a backend that never answers holds a stream
+/// for the whole test.
+#[tokio::test]
+async fn a_reload_reaches_an_open_engine_connection() {
+    let hold = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hold_addr = hold.local_addr().unwrap();
+    let (accepted, mut holding) = tokio::sync::mpsc::channel(1);
+    tokio::spawn(async move {
+        let (s, _) = hold.accept().await.unwrap();
+        let _ = accepted.send(()).await;
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        drop(s);
+    });
+    let cfg = |g: u64, body: &str| {
+        let mut c = Config {
+            backends: vec![backend("hold", hold_addr)],
+            ..http_config(vec![vhost(
+                "c",
+                &[],
+                vec![
+                    proxy_route("hold", "/hold", "hold"),
+                    fixed_route("r", "/", body),
+                ],
+            )])
+        };
+        c.generation = g;
+        c.limits.http2_engine = Http2Engine::Sweety;
+        c
+    };
+    let h = Harness::start(cfg(1, "one")).await;
+    let addr = h.addr("web").await;
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut send, conn) = hyper::client::conn::http2::handshake::<_, _, Full<Bytes>>(
+        TokioExecutor::new(),
+        TokioIo::new(tcp),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    let request = |path: &str| {
+        http::Request::get(format!("http://{addr}{path}"))
+            .header("host", "c.test")
+            .body(Full::new(Bytes::new()))
+            .unwrap()
+    };
+    let held = tokio::spawn(send.send_request(request("/hold")));
+    tokio::time::timeout(Duration::from_secs(10), holding.recv())
+        .await
+        .expect("the held request reached its backend in time");
+    for (g, body) in [(2, "two"), (3, "three"), (4, "four")] {
+        let resp = send.send_request(request("/")).await.unwrap();
+        let before = resp.into_body().collect().await.unwrap().to_bytes();
+        h.runtime.apply(cfg(g, body)).await.unwrap();
+        let resp = tokio::time::timeout(Duration::from_secs(10), send.send_request(request("/")))
+            .await
+            .expect("in time")
+            .unwrap();
+        let after = resp.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(after, body.as_bytes(), "before: {before:?}");
+    }
+    assert!(
+        !held.is_finished(),
+        "the held stream stayed open throughout"
+    );
+    held.abort();
+}

@@ -307,6 +307,9 @@ struct Driver<I> {
     ping_sent: Option<Instant>,
     /// The `date` value for the responses of one poll (read one clock per batch).
     date: Option<HeaderValue>,
+    /// The config snapshot of the last request, reused while no reload happened
+    /// (`Shared::snapshot_for`); dropped whenever the connection has no streams.
+    snap: Option<(u64, Arc<crate::runtime::Snapshot>)>,
     flood: Flood,
 }
 
@@ -374,6 +377,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
             timer: Box::pin(tokio::time::sleep_until(first_deadline.into())),
             close_deadline: None,
             date: None,
+            snap: None,
             ping_sent: None,
             flood: Flood {
                 since: now,
@@ -387,6 +391,10 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
 
     fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), H2Error>> {
         self.date = None;
+        if !self.shared.is_current(&self.snap) {
+            // A reload happened: hold no older config than the in-flight requests do.
+            self.snap = None;
+        }
         for _ in 0..ROUNDS {
             // Graceful close requested (listener drain, shutdown).
             if !self.stop_seen && self.stop.as_mut().poll(cx).is_ready() {
@@ -467,6 +475,10 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
             }
             let more_work = !self.queue.is_empty() && self.write_buf.len() < WRITE_HIGH;
             if !progress && !more_work {
+                if self.streams.is_empty() {
+                    // Idle: hold no config snapshot (a reload frees the old one).
+                    self.snap = None;
+                }
                 return Poll::Pending;
             }
         }
@@ -1123,7 +1135,9 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
         let (shared, conn) = (self.shared.clone(), self.conn.clone());
         // The request's start: this read's clock reading.
         let start = self.last_active;
-        let mut fut = box_in_place(move || crate::pipeline::handle_h2(shared, conn, req, start));
+        let snap = self.shared.snapshot_for(&mut self.snap);
+        let mut fut =
+            box_in_place(move || crate::pipeline::handle_h2(shared, conn, req, snap, start));
         self.streams.insert(id, s);
         // First poll inline: ready responses (cache hits, fixed replies, refusals) are
         // answered in this read's write without a task.
