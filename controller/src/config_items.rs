@@ -16,10 +16,8 @@
 
 use serde::ser::{SerializeMap, SerializeSeq};
 use serde::{Serialize, Serializer};
-use sha2::Digest as _;
-use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use sweety_config::delta::{settings_of, ConfigDelta, Digest, Digests, Named, Section};
+use sweety_config::delta::{self, settings_of, ConfigDelta, Digest, Digests, Named, Section};
 use sweety_config::{Backend, Config, Listener, VirtualHost};
 
 /// One item, its digest and the length of its JSON.
@@ -43,7 +41,7 @@ impl<T> Clone for Item<T> {
 impl<T: Serialize> Item<T> {
     /// Digests `value`.
     pub fn new(value: T) -> Self {
-        let (digest, json_len) = digest_and_len(&value);
+        let (digest, json_len) = delta::digest_and_len(&value);
         Item {
             value: Arc::new(value),
             digest,
@@ -57,27 +55,6 @@ impl<T> Item<T> {
     pub fn same(&self, other: &Item<T>) -> bool {
         Arc::ptr_eq(&self.value, &other.value) || self.digest == other.digest
     }
-}
-
-/// SHA-256 of an item's compact JSON, exactly as `sweety_config::delta` computes it, and the
-/// JSON's length.
-pub fn digest_and_len<T: Serialize>(item: &T) -> (Digest, usize) {
-    struct HashWriter<'a>(&'a mut sha2::Sha256, usize);
-    impl std::io::Write for HashWriter<'_> {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.update(buf);
-            self.1 += buf.len();
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let mut h = sha2::Sha256::new();
-    let mut w = HashWriter(&mut h, 0);
-    serde_json::to_writer(&mut w, item).expect("configs always serialise");
-    let len = w.1;
-    (h.finalize().into(), len)
 }
 
 /// A config as shared items (see the module docs). `settings` has empty lists and
@@ -96,113 +73,30 @@ impl Default for ConfigItems {
     }
 }
 
+impl<T: Named> Named for Item<T> {
+    fn name(&self) -> &str {
+        self.value.name()
+    }
+}
+
 /// `items` from `list`, reusing the item of `prev` with the same name when its content is
 /// equal (same position first, then by name).
-fn reuse_list<T: Named + PartialEq + Serialize>(list: Vec<T>, prev: &[Item<T>]) -> Vec<Item<T>> {
-    let mut by_name: Option<HashMap<&str, usize>> = None;
-    list.into_iter()
-        .enumerate()
-        .map(|(j, item)| {
-            let same_pos = prev
-                .get(j)
-                .filter(|p| p.value.name() == item.name())
-                .map(|_| j);
-            let i = same_pos.or_else(|| {
-                by_name
-                    .get_or_insert_with(|| {
-                        prev.iter()
-                            .enumerate()
-                            .map(|(i, p)| (p.value.name(), i))
-                            .collect()
-                    })
-                    .get(item.name())
-                    .copied()
-            });
-            match i {
-                Some(i) if *prev[i].value == item => prev[i].clone(),
-                _ => Item::new(item),
-            }
-        })
-        .collect()
+fn reuse_items<T: Named + PartialEq + Serialize>(list: Vec<T>, prev: &[Item<T>]) -> Vec<Item<T>> {
+    delta::reuse_list(list, prev, |item, i| match i {
+        Some(i) if *prev[i].value == item => prev[i].clone(),
+        _ => Item::new(item),
+    })
 }
 
-/// Names strictly increasing (hence unique): the translate output's order.
-fn strictly_sorted<T: Named>(list: &[Item<T>]) -> bool {
-    list.windows(2)
-        .all(|w| w[0].value.name() < w[1].value.name())
-}
-
-fn unique_names<T: Named>(list: &[Item<T>]) -> bool {
-    if strictly_sorted(list) {
-        return true;
-    }
-    let mut seen = HashSet::with_capacity(list.len());
-    list.iter().all(|i| seen.insert(i.value.name()))
-}
-
-/// The changes from `base` to `new` (`ConfigDelta::between` semantics); `None` when either
-/// list has a duplicate name.
+/// The changes from `base` to `new` (`ConfigDelta::between` semantics): the same item or an
+/// equal digest is no change. `None` when either list has a duplicate name.
 fn section<T: Named + Clone>(base: &[Item<T>], new: &[Item<T>]) -> Option<Section<T>> {
-    let aligned = base.len() == new.len()
-        && base
-            .iter()
-            .zip(new)
-            .all(|(b, n)| Arc::ptr_eq(&b.value, &n.value) || b.value.name() == n.value.name());
-    let mut out = Section::default();
-    if aligned {
-        // Same names in the same order: only contents can differ.
-        if !unique_names(new) {
-            return None;
-        }
-        out.upsert = base
-            .iter()
-            .zip(new)
-            .filter(|(b, n)| !b.same(n))
-            .map(|(_, n)| (*n.value).clone())
-            .collect();
-        return Some(out);
-    }
-    let base_idx: HashMap<&str, usize> = base
-        .iter()
-        .enumerate()
-        .map(|(i, b)| (b.value.name(), i))
-        .collect();
-    if base_idx.len() != base.len() {
-        return None;
-    }
-    let mut seen: HashSet<&str> = HashSet::with_capacity(new.len());
-    for item in new {
-        if !seen.insert(item.value.name()) {
-            return None;
-        }
-        let same = base_idx
-            .get(item.value.name())
-            .is_some_and(|&i| base[i].same(item));
-        if !same {
-            out.upsert.push((*item.value).clone());
-        }
-    }
-    out.remove = base
-        .iter()
-        .filter(|b| !seen.contains(b.value.name()))
-        .map(|b| b.value.name().to_string())
-        .collect();
-    // Does the default order rule (base order, removed dropped, new ones appended) give
-    // `new`'s order?
-    let removed: HashSet<&str> = out.remove.iter().map(String::as_str).collect();
-    let kept = base
-        .iter()
-        .map(|b| b.value.name())
-        .filter(|n| !removed.contains(n));
-    let appended = out
-        .upsert
-        .iter()
-        .map(Named::name)
-        .filter(|n| !base_idx.contains_key(n));
-    if !kept.chain(appended).eq(new.iter().map(|n| n.value.name())) {
-        out.order = Some(new.iter().map(|n| n.value.name().to_string()).collect());
-    }
-    Some(out)
+    delta::section_between(
+        base,
+        new,
+        |i, j| base[i].same(&new[j]),
+        |n| (*n.value).clone(),
+    )
 }
 
 impl ConfigItems {
@@ -223,12 +117,12 @@ impl ConfigItems {
     /// to the item of the same name: only changed items are serialized.
     pub fn from_config_reusing(mut config: Config, prev: &ConfigItems) -> Self {
         config.generation = 0;
-        let listeners = reuse_list(std::mem::take(&mut config.listeners), &prev.listeners);
-        let virtual_hosts = reuse_list(
+        let listeners = reuse_items(std::mem::take(&mut config.listeners), &prev.listeners);
+        let virtual_hosts = reuse_items(
             std::mem::take(&mut config.virtual_hosts),
             &prev.virtual_hosts,
         );
-        let backends = reuse_list(std::mem::take(&mut config.backends), &prev.backends);
+        let backends = reuse_items(std::mem::take(&mut config.backends), &prev.backends);
         let settings = settings_of(&config);
         let settings = if *prev.settings.value == settings {
             prev.settings.clone()

@@ -44,7 +44,7 @@ pub const OWNER_LABEL: &str = "sweety.dev/owner";
 pub const INFRASTRUCTURE_KEYS: &str = "sweety.dev/infrastructure-keys";
 /// The Gateway API's own label for resources created for a Gateway.
 pub const STANDARD_GATEWAY_NAME_LABEL: &str = "gateway.networking.k8s.io/gateway-name";
-/// The label tying an EndpointSlice to its Service.
+/// The label tying an EndpointSlice to its Service (the one definition; translation reads it too).
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 /// The label saying who manages an EndpointSlice.
 pub const SLICE_MANAGED_BY_LABEL: &str = "endpointslice.kubernetes.io/managed-by";

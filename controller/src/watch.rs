@@ -18,6 +18,7 @@
 //!   cost of caching them. Secret data is never logged.
 //! - `managedFields` is stripped from every cached object to keep the stores small.
 
+use crate::gateway_services::SERVICE_NAME_LABEL;
 use crate::translate::Snapshot;
 use crate::Error;
 use futures_util::StreamExt;
@@ -340,8 +341,8 @@ impl Watches {
         if let Some((ns, name)) = &options.dataplane_service {
             if !options.namespaces.is_empty() && !options.namespaces.contains(ns) {
                 let api = Api::<EndpointSlice>::namespaced(w.client.clone(), ns);
-                let config = watcher::Config::default()
-                    .labels(&format!("kubernetes.io/service-name={name}"));
+                let config =
+                    watcher::Config::default().labels(&format!("{SERVICE_NAME_LABEL}={name}"));
                 w.trigger(api, config);
             }
         }

@@ -27,7 +27,7 @@ use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _, PermissionsExt as _}
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
-use sweety_config::delta::{Digests, HashCache, ListEdit, NameIndex};
+use sweety_config::delta::{ConfigDelta, Digests, HashCache, ListEdit, NameIndex};
 use sweety_config::wire::{self, FrameHeader, FrameType, Hello, Message, HEADER_LEN};
 use sweety_config::{Config, Route};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -53,9 +53,9 @@ pub struct ControlStats {
 /// `ApplyDelta`, which consumes it (unchanged items are moved into the result, not copied).
 /// Its virtual hosts carry no routes: the serving route table holds those (compiled, with the
 /// route itself), so keeping a second copy of thousands of routes would only cost memory; they
-/// are taken back from the table when a whole config is needed ([`with_routes`]).
+/// are taken back from the table when a whole config is needed ([`with_routes`]). Its
+/// generation is `config.generation` ([`Base::generation`]).
 struct Base {
-    generation: u64,
     config: Config,
     digests: Digests,
     /// Position of each virtual host by name, kept in step with `config` by
@@ -66,6 +66,13 @@ struct Base {
     /// The serving snapshot's config when this one was applied: the base is only used while
     /// that is still what serves.
     serving: Arc<Config>,
+}
+
+impl Base {
+    /// The generation it was applied as.
+    fn generation(&self) -> u64 {
+        self.config.generation
+    }
 }
 
 type BaseSlot = std::sync::Mutex<Option<Base>>;
@@ -345,7 +352,7 @@ async fn apply_frame(
                 let mut slot = lock();
                 let usable = slot
                     .as_ref()
-                    .is_some_and(|b| b.generation == base && Arc::ptr_eq(&b.serving, &serving));
+                    .is_some_and(|b| b.generation() == base && Arc::ptr_eq(&b.serving, &serving));
                 if usable {
                     slot.take()
                 } else {
@@ -368,13 +375,7 @@ async fn apply_frame(
                 mut cache,
                 ..
             } = b;
-            let same_context = delta.listeners.is_empty()
-                && delta.backends.remove.is_empty()
-                && delta
-                    .backends
-                    .upsert
-                    .iter()
-                    .all(|u| config.backends.iter().any(|x| x.name == u.name));
+            let same_context = same_context(&delta, &config);
             let upserted: std::collections::HashSet<String> = delta
                 .virtual_hosts
                 .upsert
@@ -385,26 +386,17 @@ async fn apply_frame(
                 .apply_indexed(&mut config, &mut digests, &mut index, &mut cache)
                 .map_err(|e| early(vec![format!("delta: {e}")]))?;
             config.generation = generation;
-            let patch = same_context
-                && !applied.changed.settings
-                && matches!(applied.virtual_hosts, ListEdit::Patch { .. });
-            if patch {
+            let patch = match &applied.virtual_hosts {
+                ListEdit::Patch(p) if same_context && !applied.changed.settings => Some(p),
+                _ => None,
+            };
+            if let Some(edit) = patch {
                 // Only what the delta carried is validated and compiled.
                 runtime
-                    .apply_patch(
-                        &config,
-                        applied.hash,
-                        &applied.virtual_hosts,
-                        applied.changed.backends,
-                    )
+                    .apply_patch(&config, applied.hash, edit, applied.changed.backends)
                     .await
                     .map_err(|e| e.messages())?;
-                let n = config.virtual_hosts.len();
-                for i in applied
-                    .virtual_hosts
-                    .changed_positions(n)
-                    .unwrap_or_default()
-                {
+                for i in edit.changed_positions(config.virtual_hosts.len()) {
                     config.virtual_hosts[i].routes = Vec::new();
                 }
             } else {
@@ -441,7 +433,6 @@ async fn apply_frame(
     let serving = runtime.shared.snapshot().config.clone();
     if let (true, Some((index, cache))) = (serving.generation == generation, index) {
         *lock() = Some(Base {
-            generation,
             config,
             digests,
             index,
@@ -450,6 +441,25 @@ async fn apply_frame(
         });
     }
     Ok(())
+}
+
+/// True when `delta` keeps the listeners and the backend names of `base` (backends may be
+/// replaced, not added or removed): then unchanged virtual hosts, checked against those,
+/// need no validation. Linear in the backends and the delta's upserts.
+fn same_context(delta: &ConfigDelta, base: &Config) -> bool {
+    if !delta.listeners.is_empty() || !delta.backends.remove.is_empty() {
+        return false;
+    }
+    if delta.backends.upsert.is_empty() {
+        return true;
+    }
+    let names: std::collections::HashSet<&str> =
+        base.backends.iter().map(|b| b.name.as_str()).collect();
+    delta
+        .backends
+        .upsert
+        .iter()
+        .all(|u| names.contains(u.name.as_str()))
 }
 
 /// Fills in the routes of the virtual hosts for which `fill(name)` is true from the compiled
@@ -616,6 +626,104 @@ mod tests {
         assert_eq!(st.applies.load(Relaxed), 3);
         assert_eq!(st.acks.load(Relaxed), 1);
         assert_eq!(st.nacks.load(Relaxed), 2);
+    }
+
+    /// The base of a delta is the config last applied here, as the generation it was applied
+    /// as (kept in the config itself): a delta naming that generation applies, one naming
+    /// another is refused without consuming the base.
+    #[tokio::test]
+    async fn a_delta_applies_only_on_the_generation_applied_last() {
+        use sweety_config::delta::{ConfigDelta, Digests};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.sock");
+        let rt = runtime();
+        let server = ControlServer::bind(rt.clone(), &path).unwrap();
+        let mut s = UnixStream::connect(&path).await.unwrap();
+        assert!(matches!(read_msg(&mut s).await, Some(Message::Hello(_))));
+        let v1 = Config::from_yaml(
+            "listeners: [{name: web, address: 127.0.0.1, port: 0, protocol: http, http3: false}]\n\
+             virtual_hosts: [{name: a, hostnames: [a.test], routes: [{name: r, \
+             action: {fixed: {status: 200, body: x}}}]}]",
+        )
+        .unwrap();
+        let apply = Message::Apply {
+            generation: 3,
+            config: Box::new(v1.clone()),
+        };
+        s.write_all(&apply.encode().unwrap()).await.unwrap();
+        assert_eq!(read_msg(&mut s).await, Some(Message::Ack { generation: 3 }));
+        assert_eq!(server.applied_config().map(|c| c.generation), Some(3));
+
+        let step = |from: &Config, host: &str| {
+            let mut to = from.clone();
+            to.virtual_hosts[0].hostnames.push(host.into());
+            let (fd, td) = (Digests::of(from), Digests::of(&to));
+            (ConfigDelta::between(from, &fd, &to, &td).unwrap(), to)
+        };
+        let (d, v2) = step(&v1, "b.test");
+        // Against a generation that is not the one applied last: refused, base kept.
+        let frame = wire::encode_apply_delta(4, 2, &d).unwrap();
+        s.write_all(&frame).await.unwrap();
+        let Some(Message::Nack { generation, errors }) = read_msg(&mut s).await else {
+            panic!("nack")
+        };
+        assert_eq!(generation, 4);
+        assert!(
+            errors[0].contains("delta against generation 2"),
+            "{errors:?}"
+        );
+        assert_eq!(server.applied_config().map(|c| c.generation), Some(3));
+        // Against generation 3: applied, and the result is the base of the next one.
+        let frame = wire::encode_apply_delta(4, 3, &d).unwrap();
+        s.write_all(&frame).await.unwrap();
+        assert_eq!(read_msg(&mut s).await, Some(Message::Ack { generation: 4 }));
+        let (d, v3) = step(&v2, "c.test");
+        let frame = wire::encode_apply_delta(5, 4, &d).unwrap();
+        s.write_all(&frame).await.unwrap();
+        assert_eq!(read_msg(&mut s).await, Some(Message::Ack { generation: 5 }));
+        let mut want = v3;
+        want.generation = 5;
+        assert_eq!(server.applied_config(), Some(want));
+        assert_eq!(rt.shared.snapshot().config.generation, 5);
+        rt.shutdown().await;
+    }
+
+    #[test]
+    fn same_context_means_same_listeners_and_backend_names() {
+        let base = Config {
+            backends: (0..500)
+                .map(|i| Backend::new(format!("b{i}"), Vec::new()))
+                .collect(),
+            ..Config::default()
+        };
+        let empty = ConfigDelta {
+            settings: None,
+            listeners: Default::default(),
+            virtual_hosts: Default::default(),
+            backends: Default::default(),
+            hash: String::new(),
+        };
+        assert!(same_context(&empty, &base));
+        // Replacing existing backends (any number) keeps the context.
+        let mut d = empty.clone();
+        d.backends.upsert = (0..500)
+            .rev()
+            .map(|i| Backend::new(format!("b{i}"), vec![]))
+            .collect();
+        assert!(same_context(&d, &base));
+        // A new backend, a removed one or a listener change does not.
+        d.backends.upsert.push(Backend::new("new", vec![]));
+        assert!(!same_context(&d, &base));
+        let mut d = empty.clone();
+        d.backends.remove.push("b3".into());
+        assert!(!same_context(&d, &base));
+        let mut d = empty.clone();
+        d.listeners.remove.push("web".into());
+        assert!(!same_context(&d, &base));
+        // Virtual host changes alone keep it.
+        let mut d = empty.clone();
+        d.virtual_hosts.remove.push("v".into());
+        assert!(same_context(&d, &base));
     }
 
     #[tokio::test]

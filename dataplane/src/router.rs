@@ -23,7 +23,7 @@ use std::borrow::Cow;
 use std::cmp::Reverse;
 use std::collections::HashMap;
 use std::sync::Arc;
-use sweety_config::delta::ListEdit;
+use sweety_config::delta::ListPatch;
 use sweety_config::{
     Config, HeaderMatch, MatchKind, PathMatch, QueryMatch, Route, RouteMatch, VirtualHost,
 };
@@ -789,22 +789,20 @@ impl RouteTable {
     /// host list edited as `edit` says (positions in `edit` are those of the old list) and
     /// the same listeners. Only the replaced, removed and appended virtual hosts are compiled
     /// or unindexed; `touched` sees every route of those, old and new. Falls back to a full
-    /// build (reusing every unchanged virtual host) when the edit is not a patch, a new
-    /// virtual host names a listener the table does not know, or the table outgrew its shards.
+    /// build (reusing every unchanged virtual host) when a new virtual host names a listener
+    /// the table does not know, or the table outgrew its shards. A reordered list is no
+    /// [`ListPatch`]: its table is built with [`RouteTable::build_reusing`].
     pub fn patch(
         &self,
         cfg: &Config,
-        edit: &ListEdit,
+        edit: &ListPatch,
         touched: &mut dyn FnMut(&RouteEntry),
     ) -> Result<RouteTable, BuildError> {
-        let ListEdit::Patch {
+        let ListPatch {
             replaced,
             removed,
             appended,
-        } = edit
-        else {
-            return self.rebuild(cfg, edit, touched);
-        };
+        } = edit;
         let n = cfg.virtual_hosts.len();
         let fits = n <= 4 * self.shards * self.shards
             && self.vhosts.len + appended == n + removed.len()
@@ -858,27 +856,21 @@ impl RouteTable {
     fn rebuild(
         &self,
         cfg: &Config,
-        edit: &ListEdit,
+        edit: &ListPatch,
         touched: &mut dyn FnMut(&RouteEntry),
     ) -> Result<RouteTable, BuildError> {
-        let changed: std::collections::HashSet<&str> = match edit {
-            ListEdit::Patch {
-                replaced,
-                removed,
-                appended,
-            } => {
-                let n = cfg.virtual_hosts.len();
-                let mut names: std::collections::HashSet<&str> = replaced
-                    .iter()
-                    .chain(removed)
-                    .filter_map(|&p| self.vhosts.get(p).map(|s| &*s.vhost.name))
-                    .collect();
-                names.extend(cfg.virtual_hosts[n - appended..].iter().map(|v| &*v.name));
-                names
-            }
-            // Everything may have moved: treat every name as changed.
-            ListEdit::Full => self.vhosts.iter().map(|s| &*s.vhost.name).collect(),
-        };
+        let n = cfg.virtual_hosts.len();
+        let mut changed: std::collections::HashSet<&str> = edit
+            .replaced
+            .iter()
+            .chain(&edit.removed)
+            .filter_map(|&p| self.vhosts.get(p).map(|s| &*s.vhost.name))
+            .collect();
+        changed.extend(
+            cfg.virtual_hosts[n.saturating_sub(edit.appended)..]
+                .iter()
+                .map(|v| &*v.name),
+        );
         for s in self
             .vhosts
             .iter()
@@ -890,13 +882,6 @@ impl RouteTable {
         let t = Self::build_reusing(cfg, Some((self, &unchanged)))?;
         for s in t.vhosts.iter().filter(|s| changed.contains(&*s.vhost.name)) {
             s.vhost.entries.iter().for_each(&mut *touched);
-        }
-        if let ListEdit::Full = edit {
-            // New names too.
-            let old: std::collections::HashSet<&str> = changed;
-            for s in t.vhosts.iter().filter(|s| !old.contains(&*s.vhost.name)) {
-                s.vhost.entries.iter().for_each(&mut *touched);
-            }
         }
         Ok(t)
     }

@@ -232,6 +232,12 @@ pub enum ApplyError {
     },
 }
 
+impl From<sweety_config::ValidationErrors> for ApplyError {
+    fn from(errs: sweety_config::ValidationErrors) -> ApplyError {
+        ApplyError::Invalid(errs.0.iter().map(|e| e.to_string()).collect())
+    }
+}
+
 impl ApplyError {
     /// Every error as `path: message` lines.
     pub fn messages(&self) -> Vec<String> {
@@ -337,12 +343,41 @@ impl Runtime {
         reuse: Option<Reuse<'_>>,
     ) -> Result<(), ApplyError> {
         let result = self.apply_inner(config, hash, reuse, None).await;
+        self.counted(result)
+    }
+
+    /// Counts an apply's outcome in the reload metrics, and passes it on.
+    fn counted(&self, result: Result<(), ApplyError>) -> Result<(), ApplyError> {
         let m = &self.shared.metrics;
         match &result {
             Ok(()) => m.reloads_ok.fetch_add(1, Relaxed),
             Err(_) => m.reloads_failed.fetch_add(1, Relaxed),
         };
         result
+    }
+
+    /// Makes `snapshot` the serving one: from here new connections and requests use it. With
+    /// `new_settings` the response cache bounds and the backpressure limits follow its
+    /// settings first (a patch keeps the settings of the snapshot it replaces, so it leaves
+    /// them alone).
+    fn publish(&self, snapshot: Snapshot, new_settings: bool) {
+        let generation = snapshot.config.generation;
+        let limits = new_settings.then(|| {
+            self.shared.cache.configure(&snapshot.config.cache);
+            snapshot.config.limits.clone()
+        });
+        self.shared.store(snapshot);
+        if let Some(limits) = limits {
+            self.shared.backpressure.resize(
+                limits.max_connections as usize,
+                limits.max_requests_in_flight as usize,
+            );
+        }
+        self.shared
+            .metrics
+            .config_generation
+            .store(generation, Relaxed);
+        self.shared.ready.store(true, Relaxed);
     }
 
     /// Applies `config`, the serving config with a delta applied that changed neither the
@@ -350,45 +385,31 @@ impl Runtime {
     /// changed from the serving one, and `backends_changed` whether any backend did. Only
     /// what changed is validated and compiled; listeners, their TLS and sockets, and (unless
     /// backends changed) the upstreams are kept as they are. `hash` is the config's content
-    /// hash. On error nothing changes. The caller must not use it for a [`ListEdit::Full`].
-    ///
-    /// [`ListEdit::Full`]: sweety_config::delta::ListEdit::Full
+    /// hash. On error nothing changes. A reordered list is no patch: apply it with
+    /// [`Runtime::apply_reusing`].
     pub async fn apply_patch(
         &self,
         config: &Config,
         hash: String,
-        edit: &sweety_config::delta::ListEdit,
+        edit: &sweety_config::delta::ListPatch,
         backends_changed: bool,
     ) -> Result<(), ApplyError> {
         let result = self
             .apply_patch_inner(config, hash, edit, backends_changed)
             .await;
-        let m = &self.shared.metrics;
-        match &result {
-            Ok(()) => m.reloads_ok.fetch_add(1, Relaxed),
-            Err(_) => m.reloads_failed.fetch_add(1, Relaxed),
-        };
-        result
+        self.counted(result)
     }
 
     async fn apply_patch_inner(
         &self,
         config: &Config,
         hash: String,
-        edit: &sweety_config::delta::ListEdit,
+        edit: &sweety_config::delta::ListPatch,
         backends_changed: bool,
     ) -> Result<(), ApplyError> {
         let n = config.virtual_hosts.len();
-        let Some(changed) = edit.changed_positions(n) else {
-            return Err(ApplyError::Invalid(vec![
-                "internal: apply_patch needs a patch edit".into(),
-            ]));
-        };
-        if let Err(errs) = config.validate_patch(&changed, backends_changed) {
-            return Err(ApplyError::Invalid(
-                errs.0.iter().map(|e| e.to_string()).collect(),
-            ));
-        }
+        let changed = edit.changed_positions(n);
+        config.validate_patch(&changed, backends_changed)?;
         // Serialises with other applies (no socket changes here).
         let _sockets = self.running.lock().await;
         let prev = self.shared.snapshot();
@@ -433,13 +454,7 @@ impl Runtime {
             by_key: prev.by_key.clone(),
             edge,
         };
-        let generation = snapshot.config.generation;
-        self.shared.store(snapshot);
-        self.shared
-            .metrics
-            .config_generation
-            .store(generation, Relaxed);
-        self.shared.ready.store(true, Relaxed);
+        self.publish(snapshot, false);
         if backends_changed {
             self.shared.snapshot().upstreams.start_health_checks();
         }
@@ -455,9 +470,7 @@ impl Runtime {
         hash: Option<String>,
     ) -> Result<(), ApplyError> {
         let result = match config.validate() {
-            Err(errs) => Err(ApplyError::Invalid(
-                errs.0.iter().map(|e| e.to_string()).collect(),
-            )),
+            Err(errs) => Err(errs.into()),
             Ok(()) => {
                 let routes = config
                     .virtual_hosts
@@ -470,12 +483,7 @@ impl Runtime {
         for v in &mut config.virtual_hosts {
             v.routes = Vec::new();
         }
-        let m = &self.shared.metrics;
-        match &result {
-            Ok(()) => m.reloads_ok.fetch_add(1, Relaxed),
-            Err(_) => m.reloads_failed.fetch_add(1, Relaxed),
-        };
-        result
+        self.counted(result)
     }
 
     /// Validates (unless `taken` holds the routes of an already validated `config`), builds
@@ -495,11 +503,7 @@ impl Runtime {
             }
             _ => config.validate(),
         };
-        if let Err(errs) = validated {
-            return Err(ApplyError::Invalid(
-                errs.0.iter().map(|e| e.to_string()).collect(),
-            ));
-        }
+        validated?;
         let mut errors = Vec::new();
         let prev = self.shared.snapshot();
         let unchanged = |name: &str| reuse.as_ref().is_some_and(|r| !(r.changed_vhost)(name));
@@ -742,21 +746,9 @@ impl Runtime {
             config: Arc::new(kept),
             edge,
         };
-        let limits = snapshot.config.limits.clone();
-        let generation = snapshot.config.generation;
 
         // Swap.
-        self.shared.cache.configure(&snapshot.config.cache);
-        self.shared.store(snapshot);
-        self.shared.backpressure.resize(
-            limits.max_connections as usize,
-            limits.max_requests_in_flight as usize,
-        );
-        self.shared
-            .metrics
-            .config_generation
-            .store(generation, Relaxed);
-        self.shared.ready.store(true, Relaxed);
+        self.publish(snapshot, true);
 
         // Start new listeners, stop removed ones.
         for (key, sock) in fresh {
@@ -947,6 +939,117 @@ fn http_builder(limits: &Limits) -> hyper_util::server::conn::auto::Builder<Stre
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sweety_config::delta::ListPatch;
+
+    fn runtime() -> Runtime {
+        Runtime::new(RuntimeOptions {
+            access_log: sweety_config::AccessLog {
+                enabled: false,
+                ..sweety_config::AccessLog::default()
+            },
+            ..RuntimeOptions::default()
+        })
+        .unwrap()
+    }
+
+    fn config(generation: u64, vhosts: &[&str]) -> Config {
+        let mut c = Config::from_yaml(
+            "listeners: [{name: web, address: 127.0.0.1, port: 0, protocol: http, http3: false}]\n\
+             virtual_hosts: [{name: t, hostnames: [t.test], routes: [{name: r, \
+             action: {fixed: {status: 200, body: x}}}]}]",
+        )
+        .unwrap();
+        let template = c.virtual_hosts.pop().unwrap();
+        c.virtual_hosts = vhosts
+            .iter()
+            .map(|n| {
+                let mut v = template.clone();
+                v.name = n.to_string();
+                v.hostnames = vec![format!("{n}.test")];
+                v
+            })
+            .collect();
+        c.generation = generation;
+        c
+    }
+
+    /// (reloads ok, reloads failed, published generation, ready).
+    fn counters(rt: &Runtime) -> (u64, u64, u64, bool) {
+        let m = &rt.shared.metrics;
+        (
+            m.reloads_ok.load(Relaxed),
+            m.reloads_failed.load(Relaxed),
+            m.config_generation.load(Relaxed),
+            rt.shared.ready.load(Relaxed),
+        )
+    }
+
+    /// Every way in (full, full taking routes, patch) counts its reload once, maps
+    /// validation errors to `path: message` lines and publishes its snapshot.
+    #[tokio::test]
+    async fn every_apply_path_counts_maps_errors_and_publishes() {
+        let rt = runtime();
+        assert_eq!(counters(&rt), (0, 0, 0, false));
+        rt.apply(config(1, &["a", "b"])).await.unwrap();
+        assert_eq!(counters(&rt), (1, 0, 1, true));
+
+        let mut bad = config(2, &["a"]);
+        bad.virtual_hosts[0].routes[0].name = String::new();
+        let err = rt.apply(bad.clone()).await.unwrap_err();
+        assert!(
+            err.messages()[0].starts_with("virtual_hosts[0].routes[0].name"),
+            "{err}"
+        );
+        assert_eq!(counters(&rt), (1, 1, 1, true));
+        let err = rt.apply_taking_routes(&mut bad, None).await.unwrap_err();
+        assert!(
+            err.messages()[0].starts_with("virtual_hosts[0].routes[0].name"),
+            "{err}"
+        );
+        assert_eq!(counters(&rt), (1, 2, 1, true));
+        let mut good = config(3, &["a", "b"]);
+        rt.apply_taking_routes(&mut good, None).await.unwrap();
+        assert_eq!(counters(&rt), (2, 2, 3, true));
+
+        // A patch: `b` replaced (new hostname), `c` appended.
+        let mut next = config(4, &["a", "b", "c"]);
+        next.virtual_hosts[1].hostnames = vec!["b2.test".into()];
+        let edit = ListPatch {
+            replaced: vec![1],
+            removed: vec![],
+            appended: 1,
+        };
+        rt.apply_patch(&next, next.content_hash(), &edit, false)
+            .await
+            .unwrap();
+        assert_eq!(counters(&rt), (3, 2, 4, true));
+        let snap = rt.shared.snapshot();
+        assert_eq!(snap.config.generation, 4);
+        assert_eq!(snap.hash, next.content_hash());
+        assert_eq!(snap.routes.vhost_name("web", "b2.test"), Some("b"));
+        assert_eq!(snap.routes.vhost_name("web", "c.test"), Some("c"));
+        assert_eq!(snap.virtual_host_count, 3);
+
+        // An invalid patch: counted, mapped, and the last good snapshot keeps serving.
+        let mut broken = next.clone();
+        broken.generation = 5;
+        broken.virtual_hosts[2].routes[0].name = String::new();
+        let edit = ListPatch {
+            replaced: vec![2],
+            ..ListPatch::default()
+        };
+        let err = rt
+            .apply_patch(&broken, broken.content_hash(), &edit, false)
+            .await
+            .unwrap_err();
+        assert!(
+            err.messages()[0].starts_with("virtual_hosts[2].routes[0].name"),
+            "{err}"
+        );
+        assert_eq!(counters(&rt), (3, 3, 4, true));
+        assert_eq!(rt.shared.snapshot().config.generation, 4);
+        rt.shutdown().await;
+    }
 
     #[tokio::test]
     async fn a_kept_snapshot_is_reused_until_a_reload() {

@@ -323,32 +323,59 @@ where
             None => Some(fut),
         });
         if let Some(fut) = fut {
-            first_poll(fut);
+            spawn_unless_ready(fut);
         }
     }
 }
 
-/// Polls a stream future once with a no-op waker; spawns it when it is not finished.
-fn first_poll(mut fut: Pin<Box<dyn Future<Output = ()> + Send>>) {
+/// What [`first_poll`] did with a future.
+pub(crate) enum FirstPoll<T> {
+    /// It finished in its first poll.
+    Ready(T),
+    /// It waits for something: it runs on as its own task.
+    Spawned(tokio::task::JoinHandle<T>),
+    /// It panicked (caught: only this future ends, as in a spawned task).
+    Panicked,
+}
+
+/// Polls a request future once on the caller's task with a no-op waker, and spawns it when
+/// it is not finished: its first poll on the runtime registers the real waker (a future
+/// re-checks its state on every poll, so nothing that happened in between is missed). Both
+/// HTTP/2 servers answer ready requests this way (hyper's through [`StreamExecutor`], Sweety's
+/// engine in `h2::conn`), each capped at [`INLINE_FIRST_POLLS`] per connection poll.
+pub(crate) fn first_poll<F>(mut fut: F) -> FirstPoll<F::Output>
+where
+    F: Future + Unpin + Send + 'static,
+    F::Output: Send + 'static,
+{
     let mut cx = Context::from_waker(Waker::noop());
     let first = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        fut.as_mut().poll(&mut cx).is_pending()
+        Pin::new(&mut fut).poll(&mut cx)
     }));
     match first {
-        Ok(true) => drop(tokio::spawn(fut)),
-        Ok(false) => {}
-        Err(_) => tracing::error!("a connection task panicked in its first poll"),
+        Ok(Poll::Ready(v)) => FirstPoll::Ready(v),
+        Ok(Poll::Pending) => FirstPoll::Spawned(tokio::spawn(fut)),
+        Err(_) => {
+            tracing::error!("a request future panicked in its first poll");
+            FirstPoll::Panicked
+        }
     }
+}
+
+/// [`first_poll`] for hyper's stream tasks, which nobody awaits.
+fn spawn_unless_ready(fut: Pin<Box<dyn Future<Output = ()> + Send>>) {
+    drop(first_poll(fut));
 }
 
 /// Most rounds (connection poll, then its new streams' first polls) in one poll of
 /// [`Batched`] before it yields to the runtime.
 const BATCH_ROUNDS: usize = 8;
 
-/// Most stream first polls run inline in one poll of [`Batched`]; later streams of that poll
-/// are spawned, so one connection sending cheap requests (cache hits, refusals) cannot hold a
-/// single-threaded worker away from the accept loop and the other connections.
-const INLINE_FIRST_POLLS: usize = 64;
+/// Most stream first polls run inline in one poll of a connection, so one connection sending
+/// cheap requests (cache hits, refusals) cannot hold a single-threaded worker away from the
+/// accept loop and the other connections: in [`Batched`] (hyper) later streams of that poll
+/// are spawned; Sweety's engine stops handling frames and yields until its next poll.
+pub(crate) const INLINE_FIRST_POLLS: usize = 64;
 
 /// Collects the stream futures handed to [`StreamExecutor`] during one poll of a [`Batched`]
 /// connection. Restores the thread's previous collector when dropped, also while a panic
@@ -423,7 +450,7 @@ impl<F: Future> Future for Batched<F> {
             for fut in batch {
                 if inline < INLINE_FIRST_POLLS {
                     inline += 1;
-                    first_poll(fut);
+                    spawn_unless_ready(fut);
                 } else {
                     drop(tokio::spawn(fut));
                 }

@@ -41,6 +41,7 @@ const PROTOCOL_ERROR: u32 = 0x1;
 const FLOW_CONTROL_ERROR: u32 = 0x3;
 const REFUSED_STREAM: u32 = 0x7;
 const CANCEL: u32 = 0x8;
+const ENHANCE_YOUR_CALM: u32 = 0xb;
 
 /// The request header list limit the tests configure (`limits.max_header_bytes`).
 const MAX_HEADER_BYTES: u32 = 16 * 1024;
@@ -892,4 +893,353 @@ async fn concurrent_uploads_do_not_exhaust_the_connection_window() {
     }
     assert_eq!(sent, STREAMS as usize * PER_STREAM);
     assert!(sent > 1024 * 1024, "more than the 1 MiB connection window");
+}
+
+/// Oversized header lists answered with 431 count like resets: a client looping them (each
+/// costs the server an HPACK decode of a large block) ends up with GOAWAY ENHANCE_YOUR_CALM
+/// rather than being served 431s forever.
+#[tokio::test]
+async fn oversized_header_lists_count_towards_the_reset_limit() {
+    let (_h, addr) = start_with(|l| l.max_pending_reset_streams = 10).await;
+    let (mut rd, mut wr) = open(addr).await;
+    let mut fields = request_block("/");
+    for i in 0..400 {
+        literal_field(&mut fields, &format!("x-f-{i:03}"), b"0123456789");
+    }
+    let mut out = Vec::new();
+    for i in 0..30u32 {
+        out.extend(frame(HEADERS, END_STREAM | END_HEADERS, 1 + 2 * i, &fields));
+    }
+    // A marker: its ACK before any GOAWAY means all 30 were answered without a limit.
+    out.extend(frame(PING, 0, 0, b"marker!!"));
+    wr.write_all(&out).await.unwrap();
+    let mut answered_431 = 0;
+    let ev = rd
+        .until(&mut wr, "GOAWAY or the PING ACK", |e| match e {
+            Event::Frame(f) if f.ty == HEADERS && f.status == Some(431) => {
+                answered_431 += 1;
+                false
+            }
+            Event::Frame(f) => f.ty == GOAWAY || (f.ty == PING && f.flags & ACK != 0),
+            _ => false,
+        })
+        .await;
+    match ev {
+        Event::Frame(f) if f.ty == GOAWAY => {
+            assert_eq!(f.error_code(), ENHANCE_YOUR_CALM, "{f:?}");
+            assert!(
+                answered_431 <= 11,
+                "{answered_431} answered before the limit"
+            );
+        }
+        other => panic!("30 oversized header lists served without a limit: {other:?}"),
+    }
+    fresh_request_succeeds(addr).await;
+}
+
+/// A SETTINGS frame's INITIAL_WINDOW_SIZE entries are applied as one change, the last value
+/// (not one walk over every stream per entry: 2,730 entries fit one frame). Seen from the
+/// wire: a stream whose window is at the maximum survives a frame that raises the initial
+/// window by one and then puts it back (applied entry by entry, the first one would overflow
+/// the stream's window: GOAWAY FLOW_CONTROL_ERROR).
+#[tokio::test]
+async fn initial_window_size_entries_apply_as_one_change() {
+    let (_h, addr) = start().await;
+    let (mut rd, mut wr) = open(addr).await;
+    // Stream 1 waits for a silent backend; its send window goes to 2^31-1.
+    let mut out = frame(
+        HEADERS,
+        END_STREAM | END_HEADERS,
+        1,
+        &request_block("/hang"),
+    );
+    out.extend(frame(
+        WINDOW_UPDATE,
+        0,
+        1,
+        &(0x7fff_ffffu32 - 65_535).to_be_bytes(),
+    ));
+    let mut entries = Vec::new();
+    for v in [65_536u32, 65_535] {
+        entries.extend_from_slice(&4u16.to_be_bytes());
+        entries.extend_from_slice(&v.to_be_bytes());
+    }
+    out.extend(frame(SETTINGS, 0, 0, &entries));
+    out.extend(frame(PING, 0, 0, b"marker!!"));
+    wr.write_all(&out).await.unwrap();
+    let ev = rd
+        .until(&mut wr, "the PING ACK", |e| {
+            matches!(e, Event::Frame(f) if f.ty == GOAWAY || f.ty == PING && f.flags & ACK != 0)
+                || matches!(e, Event::Closed)
+        })
+        .await;
+    match ev {
+        Event::Frame(f) if f.ty == PING => {}
+        other => panic!("the net change of zero ended the connection: {other:?}"),
+    }
+    assert_eq!(request_on(&mut rd, &mut wr, 3, "/").await, 200);
+}
+
+/// The server side of a real TCP connection, handed to the engine directly: records the
+/// largest write the engine offers (its whole output buffer, as it writes it in one call).
+struct Recording {
+    inner: TcpStream,
+    largest_write: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl tokio::io::AsyncRead for Recording {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for Recording {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        self.largest_write
+            .fetch_max(buf.len(), std::sync::atomic::Ordering::SeqCst);
+        std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// Serves one accepted connection with Sweety's engine through [`Recording`].
+async fn serve_recorded(
+    h: &Harness,
+    server: TcpStream,
+) -> std::sync::Arc<std::sync::atomic::AtomicUsize> {
+    use sweety_dataplane::ctx::ConnInfo;
+    let largest = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let peer = server.peer_addr().unwrap();
+    let local = server.local_addr().unwrap();
+    let io = Recording {
+        inner: server,
+        largest_write: largest.clone(),
+    };
+    let conn = std::sync::Arc::new(ConnInfo {
+        listener: "web".into(),
+        peer,
+        local,
+        tls: false,
+        sni: None,
+    });
+    let snap = h.runtime.shared.snapshot();
+    let settings = sweety_dataplane::h2::Settings::from_limits(&snap.config.limits);
+    drop(snap);
+    let (tx, stop) = tokio::sync::watch::channel(false);
+    let shared = h.runtime.shared.clone();
+    tokio::spawn(async move {
+        let _tx = tx;
+        let _ = sweety_dataplane::h2::serve(io, shared, conn, settings, stop).await;
+    });
+    largest
+}
+
+/// 2,000 GET requests of 12 bytes each arrive in one burst (the first read holds ~1,360 of
+/// them): the engine handles frames only until its output reaches its bound, and handles the
+/// rest once that has been written, so what one read queues is bounded (the answers are ~7
+/// times the size of the requests). Every request is still answered.
+#[tokio::test]
+async fn one_read_queues_a_bounded_amount_of_output() {
+    // The answers' bodies follow their HEADERS: the streams stay open until then.
+    let (h, _) = start_with(|l| l.max_concurrent_streams = 10_000).await;
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let mut client = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+    let (server, _) = l.accept().await.unwrap();
+    const REQUESTS: u32 = 2000;
+    let mut out = PREFACE.to_vec();
+    out.extend(frame(SETTINGS, 0, 0, &[]));
+    for i in 0..REQUESTS {
+        // :method GET, :scheme http, :path / (static table indexes).
+        out.extend(frame(
+            HEADERS,
+            END_STREAM | END_HEADERS,
+            1 + 2 * i,
+            &[0x82, 0x86, 0x84],
+        ));
+    }
+    // All of it is in the server's socket buffer before the engine reads.
+    client.write_all(&out).await.unwrap();
+    let largest = serve_recorded(&h, server).await;
+    let (rd, mut wr) = client.into_split();
+    let mut rd = Reader {
+        rd,
+        hpack: Decoder::new(),
+    };
+    let mut answered = 0;
+    rd.until(&mut wr, "every answer", |e| {
+        if let Event::Frame(f) = e {
+            if f.ty == DATA && f.flags & END_STREAM != 0 {
+                answered += 1;
+            }
+        }
+        answered == REQUESTS || matches!(e, Event::Frame(f) if f.ty == GOAWAY)
+    })
+    .await;
+    assert_eq!(answered, REQUESTS, "every request answered, no GOAWAY");
+    let largest = largest.load(std::sync::atomic::Ordering::SeqCst);
+    let bound = sweety_dataplane::h2::conn::WRITE_HIGH + 4096;
+    assert!(
+        largest <= bound,
+        "{largest} bytes of output queued at once (bound {bound})"
+    );
+}
+
+/// Yields once: wakes itself and returns Pending, so the task goes to the back of the run
+/// queue, behind the tasks already woken (tokio's `yield_now` defers it further).
+struct YieldOnce(bool);
+
+impl std::future::Future for YieldOnce {
+    type Output = ();
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<()> {
+        if self.0 {
+            return std::task::Poll::Ready(());
+        }
+        self.0 = true;
+        cx.waker().wake_by_ref();
+        std::task::Poll::Pending
+    }
+}
+
+/// One connection does not hold its worker: 2,000 requests arrive at once on this test's
+/// single-threaded runtime, and another task, which runs whenever the connection's task
+/// yields, sees at most 64 of them answered between two of its turns (the engine starts at
+/// most 64 requests per poll, like the hyper path's inline first polls).
+#[tokio::test]
+async fn one_connection_yields_its_worker_between_batches_of_requests() {
+    let (h, _) = start_with(|l| l.max_concurrent_streams = 10_000).await;
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let mut client = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+    let (server, _) = l.accept().await.unwrap();
+    const REQUESTS: u64 = 2000;
+    let mut out = PREFACE.to_vec();
+    out.extend(frame(SETTINGS, 0, 0, &[]));
+    for i in 0..REQUESTS as u32 {
+        out.extend(frame(
+            HEADERS,
+            END_STREAM | END_HEADERS,
+            1 + 2 * i,
+            &[0x82, 0x86, 0x84],
+        ));
+    }
+    client.write_all(&out).await.unwrap();
+    let shared = h.runtime.shared.clone();
+    let answered = move || -> u64 {
+        shared
+            .metrics
+            .requests
+            .snapshot()
+            .iter()
+            .map(|(_, n)| n)
+            .sum()
+    };
+    let before = answered();
+    // Bounded: the connection answers everything well within this many turns.
+    let ticker = tokio::spawn(async move {
+        let (mut last, mut most) = (answered(), 0);
+        for _ in 0..10_000_000u64 {
+            YieldOnce(false).await;
+            let now = answered();
+            most = most.max(now - last);
+            last = now;
+            if now - before >= REQUESTS {
+                break;
+            }
+        }
+        (last - before, most)
+    });
+    serve_recorded(&h, server).await;
+    let (rd, mut wr) = client.into_split();
+    let mut rd = Reader {
+        rd,
+        hpack: Decoder::new(),
+    };
+    let mut ends = 0;
+    rd.until(&mut wr, "every answer", |e| {
+        if matches!(e, Event::Frame(f) if f.ty == DATA && f.flags & END_STREAM != 0) {
+            ends += 1;
+        }
+        ends == REQUESTS || matches!(e, Event::Frame(f) if f.ty == GOAWAY)
+    })
+    .await;
+    let (total, most) = ticker.await.unwrap();
+    assert_eq!(total, REQUESTS);
+    assert!(
+        most <= 64,
+        "{most} requests answered in one turn of the worker"
+    );
+}
+
+/// DATA that a stream error refuses (here: past the request's `content-length: 1`) still
+/// counted against the connection window, and is credited back with the stream's reset: 60
+/// such uploads of 16 KiB (most of the 1 MiB connection window) get their bytes back in
+/// connection WINDOW_UPDATEs, so the connection can go on taking request bodies.
+#[tokio::test]
+async fn data_refused_by_a_stream_error_is_credited_to_the_connection() {
+    let (_h, addr) = start_with(|l| l.max_pending_reset_streams = 1000).await;
+    let (mut rd, mut wr) = open(addr).await;
+    // The server's first connection WINDOW_UPDATE grows the window from 65,535 to 1 MiB.
+    let ev = rd
+        .until(
+            &mut wr,
+            "the connection window",
+            |e| matches!(e, Event::Frame(f) if f.ty == WINDOW_UPDATE && f.stream == 0),
+        )
+        .await;
+    let Event::Frame(f) = ev else { unreachable!() };
+    let window = 65_535 + u32::from_be_bytes(f.payload[..4].try_into().unwrap()) as usize;
+    const UPLOADS: u32 = 60;
+    const CHUNK: usize = 16_384;
+    assert!(UPLOADS as usize * CHUNK <= window);
+    let chunk = vec![b'x'; CHUNK];
+    let mut out = Vec::new();
+    for i in 0..UPLOADS {
+        // POST /hang (a backend that never answers: the request stays open), 1-byte body.
+        let mut block = vec![0x83, 0x86];
+        hpack_int(&mut block, 4, 4, 0x00);
+        hpack_str(&mut block, b"/hang");
+        hpack_int(&mut block, 1, 4, 0x00);
+        hpack_str(&mut block, b"localhost");
+        hpack_int(&mut block, 28, 4, 0x00);
+        hpack_str(&mut block, b"1");
+        out.extend(frame(HEADERS, END_HEADERS, 1 + 2 * i, &block));
+        out.extend(frame(DATA, 0, 1 + 2 * i, &chunk));
+    }
+    wr.write_all(&out).await.unwrap();
+    let (mut credit, mut resets) = (0usize, 0);
+    rd.until(&mut wr, "the refused DATA credited back", |e| {
+        if let Event::Frame(f) = e {
+            if f.ty == WINDOW_UPDATE && f.stream == 0 {
+                credit += u32::from_be_bytes(f.payload[..4].try_into().unwrap()) as usize;
+            }
+            if f.ty == RST_STREAM && f.error_code() == PROTOCOL_ERROR {
+                resets += 1;
+            }
+            assert_ne!(f.ty, GOAWAY, "{f:?}");
+        }
+        // Released whenever the window is below half: all but less than half of it.
+        resets == UPLOADS && credit >= UPLOADS as usize * CHUNK - window / 2
+    })
+    .await;
 }

@@ -5,14 +5,12 @@
 //! [`Backends`] collects what the routes reference and emits each backend once, sorted by name.
 
 use super::snapshot::Snapshot;
+use crate::gateway_services::SERVICE_NAME_LABEL;
 use k8s_openapi::api::core::v1::{Service, ServicePort};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use sweety_config::{Backend, BackendProtocol, BackendTls, Endpoint};
-
-/// The label that ties an EndpointSlice to its Service.
-pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 
 /// How a route names the Service port.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

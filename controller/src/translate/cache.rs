@@ -14,15 +14,17 @@
 //!   identity, in any order) every route is translated again, except for Services and
 //!   EndpointSlices: when only those changed, only the routes whose translation looked up a
 //!   changed Service (or the Service of a changed EndpointSlice) are translated again.
-//!   Services in the controller's own namespace or named like a per-Gateway Service (which
-//!   port allocation and Gateway status read) still count as a change of the world;
+//!   A Service object named like a per-Gateway Service (which port allocation and Gateway
+//!   status read, in any namespace) still counts as a change of the world; EndpointSlices
+//!   never do (translation reads them only through a Service lookup), so a readiness flip
+//!   of the dataplane's own Service or of any other costs only the routes that use it;
 //! * otherwise a route object whose `Arc` is the one seen last time is not translated again;
 //!   a new or changed object is translated, objects that left the snapshot are forgotten.
 //!   With [`gateway::VhostMemo`] (the usual case) the memo works per virtual host: only the
 //!   virtual hosts, L4 listeners, Gateway and policy statuses a changed route touches are
 //!   emitted again, and the output is updated in place. Where that memo does not apply (see
-//!   its docs) the per-route memo [`gateway::RouteCache`] replays every unchanged route into a
-//!   full assembly instead;
+//!   its docs; rare: a Gateway with a backend client certificate, for one) every call is a
+//!   plain [`super::translate`] until the world changes, its items reused where equal;
 //! * Ingress and SweetySite translation runs in full on every call (it is not memoized); its
 //!   items and statuses are compared with the previous call's.
 //!
@@ -48,14 +50,14 @@ pub struct TranslateCache {
     world: Option<World>,
     /// Per-virtual-host memo (None: not built yet, or not usable for this world).
     vhosts: Option<gateway::VhostMemo>,
-    /// The world cannot use `vhosts`: the per-route memo serves until the world changes.
+    /// The world cannot use `vhosts`: plain translation serves until the world changes.
     vhosts_unsupported: bool,
-    /// Per-route memo (used when `vhosts` is not).
-    routes: gateway::RouteCache,
     /// What Ingress and SweetySite translation gave last time (with `vhosts`).
     front: Front,
     out: Option<Translation>,
     stats: CacheStats,
+    /// Calls that translated every route (a new world, or one the memos cannot serve).
+    full_translates: u64,
 }
 
 /// Routes reused and translated by the last [`translate_incremental`] call.
@@ -92,6 +94,13 @@ impl TranslateCache {
         self.stats
     }
 
+    /// How many calls so far translated every route: the first, every change of the world
+    /// of the routes (see the module docs), and every call in a world that only the plain
+    /// translation serves.
+    pub fn full_translates(&self) -> u64 {
+        self.full_translates
+    }
+
     /// Translates `snapshot` (exactly what [`super::translate`] gives), reusing what did not
     /// change since the last call. See the module docs.
     pub fn update(&mut self, snapshot: &Snapshot, params: &Params) -> &Translation {
@@ -99,19 +108,20 @@ impl TranslateCache {
         if matches!(change, Change::All) {
             self.vhosts = None;
             self.vhosts_unsupported = false;
-            self.routes.clear();
         }
         if !self.vhosts_unsupported {
             if self.update_vhosts(snapshot, params, &change).is_ok() {
+                if matches!(change, Change::All) {
+                    self.full_translates += 1;
+                }
                 return self.out.as_ref().expect("just set");
             }
-            // This world is not for the per-virtual-host memo: start the per-route memo.
+            // This world is not for the per-virtual-host memo: translate in full.
             self.vhosts = None;
             self.vhosts_unsupported = true;
             self.front = Front::default();
-            self.routes.clear();
         }
-        self.update_routes(snapshot, params, &change);
+        self.update_full(snapshot, params);
         self.out.as_ref().expect("just set")
     }
 
@@ -135,14 +145,12 @@ impl TranslateCache {
                 .filter(|&i| i != SERVICES && i != ENDPOINT_SLICES)
                 .all(|i| w.addrs[i] == addrs[i]);
         let change = match others_same.then(|| changed_services(&w.held, &held)) {
-            // Port allocation and Gateway status read the per-Gateway Services.
-            Some(changed)
-                if !changed.iter().any(|(ns, name)| {
-                    *ns == params.namespace || name.starts_with(addressing::SERVICE_PREFIX)
-                }) =>
-            {
-                Change::Services(changed)
-            }
+            // Port allocation and Gateway status read the per-Gateway Service objects (named
+            // by prefix, in a Gateway's namespace or, from an older release, the
+            // controller's). Any other Service, and every EndpointSlice, is read only through
+            // the backend lookups each route records: a dataplane readiness flip (its
+            // Service's slices) re-translates only the routes that use that Service.
+            Some((changed, false)) => Change::Services(changed),
             _ => Change::All,
         };
         self.world = Some(World {
@@ -245,27 +253,17 @@ impl TranslateCache {
         Ok(())
     }
 
-    /// With the per-route memo: every route replayed or translated, the output assembled in
-    /// full, its items reused from the previous output where equal.
-    fn update_routes(&mut self, snapshot: &Snapshot, params: &Params, change: &Change) {
-        match change {
-            Change::None => {}
-            Change::Services(changed) => {
-                self.routes.invalidate_services(changed);
-            }
-            Change::All => self.routes.clear(),
-        }
-        self.routes.begin();
-        let mut b = Builder::new(snapshot, params);
-        b.route_cache = Some(&mut self.routes);
-        gateway::translate(&mut b);
-        ingress::translate(&mut b);
-        site::translate(&mut b);
-        let out = b.finish();
-        self.routes.end();
+    /// Plain translation, its items reused from the previous output where equal.
+    fn update_full(&mut self, snapshot: &Snapshot, params: &Params) {
+        self.full_translates += 1;
+        let out = super::translate(snapshot, params);
         self.stats = CacheStats {
-            replayed: self.routes.hits,
-            translated: self.routes.misses,
+            replayed: 0,
+            translated: snapshot.http_routes.len()
+                + snapshot.grpc_routes.len()
+                + snapshot.tls_routes.len()
+                + snapshot.tcp_routes.len()
+                + snapshot.udp_routes.len(),
         };
         let config = match &self.out {
             Some(prev) => ConfigItems::from_config_reusing(out.config, &prev.config),
@@ -441,8 +439,9 @@ const SERVICES: usize = 6;
 const ENDPOINT_SLICES: usize = 7;
 
 /// (namespace, name) of the Services whose object or EndpointSlices differ between `old` and
-/// `new` (by `Arc` identity).
-fn changed_services(old: &Snapshot, new: &Snapshot) -> BTreeSet<(String, String)> {
+/// `new` (by `Arc` identity), and whether a per-Gateway Service object (named with
+/// [`addressing::SERVICE_PREFIX`]) is among the changed objects.
+fn changed_services(old: &Snapshot, new: &Snapshot) -> (BTreeSet<(String, String)>, bool) {
     fn diff<'a, T>(old: &'a [Arc<T>], new: &'a [Arc<T>]) -> impl Iterator<Item = &'a Arc<T>> {
         let o: HashSet<usize> = old.iter().map(|a| Arc::as_ptr(a) as usize).collect();
         let n: HashSet<usize> = new.iter().map(|a| Arc::as_ptr(a) as usize).collect();
@@ -461,7 +460,10 @@ fn changed_services(old: &Snapshot, new: &Snapshot) -> BTreeSet<(String, String)
         )
     };
     let mut out = BTreeSet::new();
+    let mut gateway_service = false;
     for s in diff(&old.services, &new.services) {
+        let name = s.metadata.name.as_deref().unwrap_or_default();
+        gateway_service |= name.starts_with(addressing::SERVICE_PREFIX);
         out.insert(key(&s.metadata, s.metadata.name.as_ref()));
     }
     for es in diff(&old.endpoint_slices, &new.endpoint_slices) {
@@ -469,12 +471,12 @@ fn changed_services(old: &Snapshot, new: &Snapshot) -> BTreeSet<(String, String)
             .metadata
             .labels
             .as_ref()
-            .and_then(|l| l.get(super::backends::SERVICE_NAME_LABEL));
+            .and_then(|l| l.get(crate::gateway_services::SERVICE_NAME_LABEL));
         if let Some(svc) = svc {
             out.insert(key(&es.metadata, Some(svc)));
         }
     }
-    out
+    (out, gateway_service)
 }
 
 fn addrs<T>(list: &[Arc<T>]) -> Vec<usize> {
@@ -599,6 +601,65 @@ mod tests {
 
     fn remove<T>(rng: &mut Rng, list: &mut Vec<Arc<T>>) -> Option<Arc<T>> {
         (!list.is_empty()).then(|| list.remove(rng.below(list.len())))
+    }
+
+    /// Every kind of edit [`edit`] makes (what it returns, "none" aside).
+    const EDIT_KINDS: &[&str] = &[
+        "touch HTTPRoute",
+        "change HTTPRoute",
+        "remove HTTPRoute",
+        "re-add HTTPRoute",
+        "touch other routes",
+        "touch Service/EndpointSlice",
+        "remove Service",
+        "remove ReferenceGrant",
+        "remove Gateway",
+        "remove EndpointSlice",
+        "touch Gateway/Namespace",
+        "edit EndpointSlice",
+        "edit Service",
+        "move HTTPRoute to another Gateway",
+        "move HTTPRoute to other hostnames",
+        "change Gateway listener",
+        "add HTTPRoute",
+        "remove Ingress",
+        "remove SweetySite",
+        "touch Ingress/SweetySite",
+        "reorder routes",
+    ];
+
+    /// Counts of the edits made, by kind.
+    type EditCounts = BTreeMap<&'static str, usize>;
+
+    /// Every kind in [`EDIT_KINDS`] was made at least once (and nothing else but "none").
+    fn assert_every_kind(counts: &EditCounts, kinds: &[&str]) {
+        for k in kinds {
+            assert!(
+                counts.get(k).copied().unwrap_or(0) >= 1,
+                "edit kind {k:?} never happened: {counts:?}"
+            );
+        }
+        for k in counts.keys() {
+            assert!(
+                *k == "none" || EDIT_KINDS.contains(k),
+                "edit kind {k:?} is not listed in EDIT_KINDS"
+            );
+        }
+    }
+
+    /// One random edit of an Ingress or a SweetySite (translated beside the routes' memo).
+    fn edit_front(rng: &mut Rng, s: &mut Snapshot) -> &'static str {
+        match rng.below(3) {
+            0 => remove(rng, &mut s.ingresses).map_or("none", |_| "remove Ingress"),
+            1 => remove(rng, &mut s.sites).map_or("none", |_| "remove SweetySite"),
+            _ => {
+                if touch(rng, &mut s.ingresses) | touch(rng, &mut s.sites) {
+                    "touch Ingress/SweetySite"
+                } else {
+                    "none"
+                }
+            }
+        }
     }
 
     /// One random edit of the kind a watch event makes. Returns what it did.
@@ -793,21 +854,7 @@ mod tests {
                 s.http_routes.push(Arc::new(r));
                 "add HTTPRoute"
             }
-            16 => {
-                // Ingress and SweetySite objects (translated in full beside the routes' memo):
-                // one goes away, or one is touched.
-                match rng.below(3) {
-                    0 => remove(rng, &mut s.ingresses).map_or("none", |_| "remove Ingress"),
-                    1 => remove(rng, &mut s.sites).map_or("none", |_| "remove SweetySite"),
-                    _ => {
-                        if touch(rng, &mut s.ingresses) | touch(rng, &mut s.sites) {
-                            "touch Ingress/SweetySite"
-                        } else {
-                            "none"
-                        }
-                    }
-                }
-            }
+            16 => edit_front(rng, s),
             _ => {
                 s.http_routes.reverse();
                 s.grpc_routes.reverse();
@@ -822,6 +869,7 @@ mod tests {
         assert!(cases.len() >= 60, "golden inputs: {}", cases.len());
         let total = cases.len();
         let (mut replayed_total, mut edit_replays, mut vhost_memo) = (0, 0, 0);
+        let mut counts = EditCounts::new();
         for (n, (path, snapshot, params)) in cases.into_iter().enumerate() {
             let name = path.file_name().unwrap().to_string_lossy().to_string();
             let mut cache = TranslateCache::default();
@@ -831,29 +879,51 @@ mod tests {
                 translate(&s, &params),
                 "{name}: first run"
             );
-            if cache.vhosts.is_some() {
+            let memo = cache.vhosts.is_some();
+            if memo {
                 vhost_memo += 1;
             }
-            // Nothing changed: every route is replayed, the output is the same.
+            // Nothing changed: every route is replayed (plain translation where the memo
+            // does not apply), the output is the same.
+            let full = cache.full_translates();
             assert_eq!(
                 translate_incremental(&s, &params, &mut cache),
                 translate(&s, &params),
                 "{name}: unchanged rerun"
             );
-            assert_eq!(
-                cache.stats(),
-                CacheStats {
-                    replayed: route_count(&s),
-                    translated: 0
-                },
-                "{name}: unchanged rerun reuses every route"
-            );
-            replayed_total += route_count(&s);
+            let routes = route_count(&s);
+            if memo {
+                assert_eq!(
+                    (cache.stats(), cache.full_translates()),
+                    (
+                        CacheStats {
+                            replayed: routes,
+                            translated: 0
+                        },
+                        full
+                    ),
+                    "{name}: unchanged rerun reuses every route"
+                );
+                replayed_total += routes;
+            } else {
+                assert_eq!(
+                    (cache.stats(), cache.full_translates()),
+                    (
+                        CacheStats {
+                            replayed: 0,
+                            translated: routes
+                        },
+                        full + 1
+                    ),
+                    "{name}: plain translation"
+                );
+            }
             let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ (n as u64 + 1));
             let mut removed = Vec::new();
             let mut done = Vec::new();
             for step in 0..40 {
                 let what = edit(&mut rng, &mut s, &mut removed);
+                *counts.entry(what).or_default() += 1;
                 done.push(what);
                 let incremental = translate_incremental(&s, &params, &mut cache);
                 edit_replays += cache.stats().replayed;
@@ -866,6 +936,8 @@ mod tests {
                 );
             }
         }
+        // Every kind of edit was compared at least once.
+        assert_every_kind(&counts, EDIT_KINDS);
         // The comparisons above covered replays, not only fresh translations.
         assert!(
             replayed_total >= 50,
@@ -875,15 +947,15 @@ mod tests {
             edit_replays >= 500,
             "replays during edit sequences: {edit_replays}"
         );
-        // Both memos were compared: most goldens use the per-virtual-host one, those with a
-        // backend client certificate (and the like) the per-route one.
+        // Both paths were compared: most goldens use the per-virtual-host memo, those with a
+        // backend client certificate (and the like) plain translation.
         assert!(
             vhost_memo >= 60,
             "goldens with the vhost memo: {vhost_memo}"
         );
         assert!(
             vhost_memo < total,
-            "no golden used the per-route memo: {vhost_memo} of {total}"
+            "no golden used plain translation: {vhost_memo} of {total}"
         );
     }
 
@@ -933,14 +1005,33 @@ spec:\n  parentRefs: [{{name: gw}}]\n  hostnames: [h{}.example.com]\n  rules: [{
         let mut rng = Rng(0x5eed);
         let mut removed = Vec::new();
         let mut done = Vec::new();
+        let mut counts = EditCounts::new();
         for step in 0..80 {
-            done.push(edit(&mut rng, &mut s, &mut removed));
+            // Every third edit is one of the Ingresses.
+            let what = if step % 3 == 0 {
+                edit_front(&mut rng, &mut s)
+            } else {
+                edit(&mut rng, &mut s, &mut removed)
+            };
+            *counts.entry(what).or_default() += 1;
+            done.push(what);
             let incremental = translate_incremental(&s, &params, &mut cache);
             assert!(
                 incremental == translate(&s, &params),
                 "step {step}, after {done:?}: incremental output differs"
             );
         }
+        // The Ingresses were edited, beside the routes and their Services.
+        assert_every_kind(
+            &counts,
+            &[
+                "remove Ingress",
+                "touch Ingress/SweetySite",
+                "change HTTPRoute",
+                "edit Service",
+                "edit EndpointSlice",
+            ],
+        );
     }
 
     #[test]
@@ -1152,8 +1243,9 @@ spec:\n  parentRefs: [{{name: gw}}]\n  hostnames: [r{r}.example.com]\n  rules: [
         );
         assert_eq!(cache.stats().translated, 0);
 
-        // A Service in the controller's namespace (per-Gateway Services, read by port
-        // allocation) clears everything.
+        // A Service in the controller's namespace that is no per-Gateway Service: nothing
+        // uses it, nothing is translated again.
+        let full = cache.full_translates();
         let mut own = (*s.services[0]).clone();
         own.metadata.namespace = Some(params.namespace.clone());
         s.services.push(Arc::new(own));
@@ -1161,7 +1253,110 @@ spec:\n  parentRefs: [{{name: gw}}]\n  hostnames: [r{r}.example.com]\n  rules: [
             translate_incremental(&s, &params, &mut cache),
             translate(&s, &params)
         );
+        assert_eq!(cache.stats().translated, 0);
+        assert_eq!(cache.full_translates(), full);
+
+        // A per-Gateway Service (read by port allocation and Gateway status) clears
+        // everything.
+        let mut own = (*s.services[0]).clone();
+        own.metadata.namespace = Some(params.namespace.clone());
+        own.metadata.name = Some(addressing::service_name("app", "gw"));
+        s.services.push(Arc::new(own));
+        assert_eq!(
+            translate_incremental(&s, &params, &mut cache),
+            translate(&s, &params)
+        );
         assert_eq!(cache.stats().translated, 30);
+        assert_eq!(cache.full_translates(), full + 1);
+    }
+
+    #[test]
+    fn slice_changes_in_the_controller_namespace_translate_incrementally() {
+        // The dataplane's own Service (`sweety/sweety`, the ingress Service), an unrelated
+        // Service beside it, and one Service there that two routes use as their backend.
+        let mut y = String::from(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {name: sweety}\nspec: {controllerName: sweety.dev/gateway-controller}\n---\n\
+apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: gw, namespace: app}\n\
+spec:\n  gatewayClassName: sweety\n  listeners: [{name: http, port: 80, protocol: HTTP, allowedRoutes: {namespaces: {from: All}}}]\n---\n",
+        );
+        for (ns, svc) in [
+            ("sweety", "sweety"),
+            ("sweety", "unrelated"),
+            ("sweety", "used"),
+            ("app", "web"),
+        ] {
+            y.push_str(&format!(
+                "apiVersion: v1\nkind: Service\nmetadata: {{name: {svc}, namespace: {ns}}}\nspec: {{ports: [{{name: http, port: 80, targetPort: 8080}}]}}\n---\n\
+apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: {svc}-a, namespace: {ns}, labels: {{kubernetes.io/service-name: {svc}}}}}\n\
+addressType: IPv4\nports: [{{name: http, port: 8080}}]\nendpoints: [{{addresses: [10.0.0.1], conditions: {{ready: true}}}}, {{addresses: [10.0.0.2], conditions: {{ready: true}}}}]\n---\n"
+            ));
+        }
+        for r in 0..10 {
+            let (ns, svc) = if r < 2 {
+                ("sweety", "used")
+            } else {
+                ("app", "web")
+            };
+            y.push_str(&format!(
+                "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{name: r{r}, namespace: {ns}}}\n\
+spec:\n  parentRefs: [{{name: gw, namespace: app}}]\n  hostnames: [r{r}.example.com]\n  rules: [{{backendRefs: [{{name: {svc}, port: 80}}]}}]\n---\n"
+            ));
+        }
+        let (mut s, _) = Snapshot::from_yaml(&y).unwrap();
+        let params = Params::default();
+        assert_eq!(params.namespace, "sweety");
+        let mut cache = TranslateCache::default();
+        assert_eq!(
+            cache.update(&s, &params).to_output(),
+            translate(&s, &params)
+        );
+        assert!(cache.vhosts.is_some(), "the per-virtual-host memo is used");
+        assert_eq!(cache.full_translates(), 1);
+        // One endpoint of a slice of `namespace/name` stops being ready (a readiness flip).
+        let flip = |s: &mut Snapshot, ns: &str, name: &str| {
+            let i = s
+                .endpoint_slices
+                .iter()
+                .position(|e| {
+                    e.metadata.namespace.as_deref() == Some(ns)
+                        && e.metadata.name.as_deref() == Some(&format!("{name}-a"))
+                })
+                .unwrap();
+            let mut es = (*s.endpoint_slices[i]).clone();
+            let c = es.endpoints[0]
+                .conditions
+                .get_or_insert_with(Default::default);
+            c.ready = Some(!c.ready.unwrap_or(true));
+            s.endpoint_slices[i] = Arc::new(es);
+        };
+        for (svc, translated) in [("unrelated", 0), ("sweety", 0), ("used", 2)] {
+            for _ in 0..2 {
+                flip(&mut s, "sweety", svc);
+                let out = cache.update(&s, &params).to_output();
+                assert_eq!(out, translate(&s, &params), "{svc}");
+                assert_eq!(
+                    cache.stats(),
+                    CacheStats {
+                        replayed: 10 - translated,
+                        translated
+                    },
+                    "{svc}"
+                );
+                assert_eq!(cache.full_translates(), 1, "{svc}: no full translate");
+            }
+        }
+        // The used Service's flip reached its backend.
+        flip(&mut s, "sweety", "used");
+        let out = cache.update(&s, &params).to_output();
+        let used = out
+            .config
+            .backends
+            .iter()
+            .find(|b| b.name.contains("sweety") && b.name.contains("used"))
+            .expect("the used Service's backend");
+        assert_eq!(used.endpoints.len(), 1, "{used:?}");
+        assert_eq!(out, translate(&s, &params));
+        assert_eq!(cache.full_translates(), 1);
     }
 }
 

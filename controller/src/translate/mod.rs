@@ -170,8 +170,6 @@ pub struct Builder<'a> {
     pub static_content: Vec<StaticContent>,
     /// Base config (limits, access log) that a SweetyProxyConfig may adjust.
     pub config: Config,
-    /// Per-route memo of [`translate_incremental`] (None: translate every route).
-    pub route_cache: Option<&'a mut gateway::RouteCache>,
 }
 
 impl<'a> Builder<'a> {
@@ -187,7 +185,6 @@ impl<'a> Builder<'a> {
             gateway_services: Vec::new(),
             static_content: Vec::new(),
             config: Config::default(),
-            route_cache: None,
         }
     }
 

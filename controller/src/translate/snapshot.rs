@@ -13,6 +13,9 @@ use std::sync::Arc;
 use sweety_crds::{SweetyProxyConfig, SweetySite};
 use sweety_gateway_api as gw;
 
+/// The key of a CA bundle in a ConfigMap (or Secret) that a Gateway or BackendTLSPolicy names.
+pub const CA_KEY: &str = "ca.crt";
+
 /// A consistent view of the cluster objects `translate` reads.
 #[derive(Clone, Debug, Default)]
 pub struct Snapshot {
@@ -47,6 +50,23 @@ struct TypeMeta {
 }
 
 impl Snapshot {
+    /// The [`CA_KEY`] of ConfigMap `namespace/name`: `None` when there is no such
+    /// ConfigMap, `Some(None)` when it has no `ca.crt`.
+    pub fn config_map_ca(&self, namespace: &str, name: &str) -> Option<Option<&str>> {
+        self.config_maps
+            .iter()
+            .find(|c| {
+                c.metadata.namespace.as_deref() == Some(namespace)
+                    && c.metadata.name.as_deref() == Some(name)
+            })
+            .map(|c| {
+                c.data
+                    .as_ref()
+                    .and_then(|d| d.get(CA_KEY))
+                    .map(String::as_str)
+            })
+    }
+
     /// Parse a multi-document YAML stream of Kubernetes objects (golden inputs, examples).
     /// Documents of kinds `translate` does not read are an error, so typos do not go unnoticed.
     /// Returns the snapshot and any `kind: TranslateParams` document (test-only overrides).
@@ -105,5 +125,23 @@ fn parse_err(what: &str, source: serde_yaml::Error) -> Error {
     Error::Parse {
         what: what.to_string(),
         source,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_map_ca_tells_missing_config_maps_from_missing_keys() {
+        let (s, _) = Snapshot::from_yaml(
+            "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: ca, namespace: app}\ndata: {ca.crt: PEM}\n---\n\
+apiVersion: v1\nkind: ConfigMap\nmetadata: {name: other, namespace: app}\ndata: {index.html: hi}\n",
+        )
+        .unwrap();
+        assert_eq!(s.config_map_ca("app", "ca"), Some(Some("PEM")));
+        assert_eq!(s.config_map_ca("app", "other"), Some(None));
+        assert_eq!(s.config_map_ca("app", "missing"), None);
+        assert_eq!(s.config_map_ca("elsewhere", "ca"), None);
     }
 }

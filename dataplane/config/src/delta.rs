@@ -77,18 +77,28 @@ pub struct Digests {
     pub backends: Vec<Digest>,
 }
 
-fn digest_of<T: Serialize>(item: &T) -> Digest {
-    let mut h = sha2::Sha256::new();
-    serde_json::to_writer(HashWriter(&mut h), item).expect("configs always serialise");
-    h.finalize().into()
+/// SHA-256 of one item's compact JSON (what [`Digests`] hold).
+pub fn digest_of<T: Serialize>(item: &T) -> Digest {
+    digest_and_len(item).0
 }
 
-/// Feeds serde_json's output straight into the hasher (no intermediate buffer).
-struct HashWriter<'a>(&'a mut sha2::Sha256);
+/// [`digest_of`] and the length of the JSON it hashed.
+pub fn digest_and_len<T: Serialize>(item: &T) -> (Digest, usize) {
+    let mut h = sha2::Sha256::new();
+    let mut w = HashWriter(&mut h, 0);
+    serde_json::to_writer(&mut w, item).expect("configs always serialise");
+    let len = w.1;
+    (h.finalize().into(), len)
+}
+
+/// Feeds serde_json's output straight into the hasher (no intermediate buffer), counting
+/// the bytes.
+struct HashWriter<'a>(&'a mut sha2::Sha256, usize);
 
 impl std::io::Write for HashWriter<'_> {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         self.0.update(buf);
+        self.1 += buf.len();
         Ok(buf.len())
     }
     fn flush(&mut self) -> std::io::Result<()> {
@@ -167,16 +177,22 @@ impl Named for Backend {
         &self.name
     }
 }
+impl<T: Named + ?Sized> Named for &T {
+    fn name(&self) -> &str {
+        (**self).name()
+    }
+}
 
-/// Digests of `new`, reusing `prev_d[i]` when `new[j] == prev[i]` for the item of the same
-/// name (same position first, then by name).
-fn reuse_list<T: Named + PartialEq + Serialize>(
-    new: &[T],
-    prev: &[T],
-    prev_d: &[Digest],
-) -> Vec<Digest> {
+/// Maps every item of `new` to `keep(item, i)`, where `i` is the position of the item of the
+/// same name in `prev` (same position first, then by name; `None`: no such item). What to
+/// reuse from `prev[i]` (a digest, a shared item) is up to `keep`.
+pub fn reuse_list<N: Named, P: Named, R>(
+    new: impl IntoIterator<Item = N>,
+    prev: &[P],
+    mut keep: impl FnMut(N, Option<usize>) -> R,
+) -> Vec<R> {
     let mut by_name: Option<HashMap<&str, usize>> = None;
-    new.iter()
+    new.into_iter()
         .enumerate()
         .map(|(j, item)| {
             let same_pos = prev.get(j).filter(|p| p.name() == item.name()).map(|_| j);
@@ -191,12 +207,22 @@ fn reuse_list<T: Named + PartialEq + Serialize>(
                     .get(item.name())
                     .copied()
             });
-            match i {
-                Some(i) if prev[i] == *item && i < prev_d.len() => prev_d[i],
-                _ => digest_of(item),
-            }
+            keep(item, i)
         })
         .collect()
+}
+
+/// Digests of `new`, reusing `prev_d[i]` when `new[j] == prev[i]` for the item of the same
+/// name.
+fn reuse_digests<T: Named + PartialEq + Serialize>(
+    new: &[T],
+    prev: &[T],
+    prev_d: &[Digest],
+) -> Vec<Digest> {
+    reuse_list(new, prev, |item, i| match i {
+        Some(i) if prev[i] == *item && i < prev_d.len() => prev_d[i],
+        _ => digest_of(item),
+    })
 }
 
 impl Digests {
@@ -220,13 +246,13 @@ impl Digests {
             } else {
                 digest_of(&settings)
             },
-            listeners: reuse_list(&config.listeners, &prev.listeners, &prev_d.listeners),
-            virtual_hosts: reuse_list(
+            listeners: reuse_digests(&config.listeners, &prev.listeners, &prev_d.listeners),
+            virtual_hosts: reuse_digests(
                 &config.virtual_hosts,
                 &prev.virtual_hosts,
                 &prev_d.virtual_hosts,
             ),
-            backends: reuse_list(&config.backends, &prev.backends, &prev_d.backends),
+            backends: reuse_digests(&config.backends, &prev.backends, &prev_d.backends),
         }
     }
 
@@ -365,14 +391,39 @@ pub struct ConfigDelta {
     pub hash: String,
 }
 
-/// The changes from `base` to `new` given their digests; `None` when a list of either has a
-/// duplicate name (not expressible by name: send the full config).
-fn section_between<T: Named + Clone>(
-    base: &[T],
-    base_d: &[Digest],
-    new: &[T],
-    new_d: &[Digest],
+/// Names strictly increasing (hence unique), else checked with a set.
+fn unique_names<T: Named>(list: &[T]) -> bool {
+    if list.windows(2).all(|w| w[0].name() < w[1].name()) {
+        return true;
+    }
+    let mut seen = HashSet::with_capacity(list.len());
+    list.iter().all(|i| seen.insert(i.name()))
+}
+
+/// The changes from `base` to `new`; `None` when a list of either has a duplicate name (not
+/// expressible by name: send the full config). `same(i, j)`: `base[i]` and `new[j]` (of the
+/// same name) have the same content (equal digests, the same shared item…); `value` gives
+/// the item a delta carries for `new[j]`. When both lists hold the same names in the same
+/// order (the usual case), only contents are compared, without an index by name.
+pub fn section_between<B: Named, N: Named, T>(
+    base: &[B],
+    new: &[N],
+    same: impl Fn(usize, usize) -> bool,
+    value: impl Fn(&N) -> T,
 ) -> Option<Section<T>> {
+    let mut out = Section::default();
+    let aligned = base.len() == new.len()
+        && (0..new.len()).all(|i| same(i, i) || base[i].name() == new[i].name());
+    if aligned {
+        if !unique_names(new) {
+            return None;
+        }
+        out.upsert = (0..new.len())
+            .filter(|&i| !same(i, i))
+            .map(|i| value(&new[i]))
+            .collect();
+        return Some(out);
+    }
     let base_idx: HashMap<&str, usize> = base
         .iter()
         .enumerate()
@@ -382,16 +433,18 @@ fn section_between<T: Named + Clone>(
         return None;
     }
     let mut seen: HashSet<&str> = HashSet::with_capacity(new.len());
-    let mut out = Section::default();
+    let mut appended = Vec::new();
     for (j, item) in new.iter().enumerate() {
         if !seen.insert(item.name()) {
             return None;
         }
-        let same = base_idx
-            .get(item.name())
-            .is_some_and(|&i| base_d.get(i) == new_d.get(j));
-        if !same {
-            out.upsert.push(item.clone());
+        match base_idx.get(item.name()) {
+            Some(&i) if same(i, j) => {}
+            Some(_) => out.upsert.push(value(item)),
+            None => {
+                appended.push(item.name());
+                out.upsert.push(value(item));
+            }
         }
     }
     out.remove = base
@@ -399,125 +452,34 @@ fn section_between<T: Named + Clone>(
         .filter(|b| !seen.contains(b.name()))
         .map(|b| b.name().to_string())
         .collect();
-    // Does the default order rule give `new`'s order?
+    // Does the default order rule (base order, removed dropped, new ones appended) give
+    // `new`'s order?
     let removed: HashSet<&str> = out.remove.iter().map(String::as_str).collect();
     let kept = base
         .iter()
         .map(Named::name)
         .filter(|n| !removed.contains(n));
-    let appended = out
-        .upsert
-        .iter()
-        .map(Named::name)
-        .filter(|n| !base_idx.contains_key(n));
     if !kept.chain(appended).eq(new.iter().map(Named::name)) {
         out.order = Some(new.iter().map(|n| n.name().to_string()).collect());
     }
     Some(out)
 }
 
-/// Applies one list's changes; `base` is consumed (unchanged items are moved, not copied).
-fn section_apply<T: Named>(
-    section: &'static str,
-    base: Vec<T>,
-    changes: Section<T>,
-) -> Result<Vec<T>, DeltaError> {
-    let Section {
-        upsert,
-        remove,
-        order,
-    } = changes;
-    let dup = |name: &str| DeltaError::DuplicateName {
-        section,
-        name: name.to_string(),
-    };
-    let mut touched: HashSet<String> = HashSet::with_capacity(upsert.len() + remove.len());
-    for n in upsert
-        .iter()
-        .map(Named::name)
-        .chain(remove.iter().map(|s| s.as_str()))
-    {
-        if !touched.insert(n.to_string()) {
-            return Err(dup(n));
-        }
-    }
-    let mut upserts: HashMap<String, T> = HashMap::with_capacity(upsert.len());
-    let mut appended = Vec::new();
-    let base_names: HashSet<&str> = base.iter().map(Named::name).collect();
-    if base_names.len() != base.len() {
-        let mut seen = HashSet::new();
-        let d = base.iter().map(Named::name).find(|n| !seen.insert(*n));
-        return Err(dup(d.unwrap_or_default()));
-    }
-    if let Some(r) = remove.iter().find(|r| !base_names.contains(r.as_str())) {
-        return Err(DeltaError::UnknownName {
-            section,
-            name: r.clone(),
-        });
-    }
-    let mut new_names = Vec::new();
-    for item in upsert {
-        if base_names.contains(item.name()) {
-            upserts.insert(item.name().to_string(), item);
-        } else {
-            new_names.push(item.name().to_string());
-            appended.push(item);
-        }
-    }
-    drop(base_names);
-    let removed: HashSet<String> = remove.into_iter().collect();
-    let mut out: Vec<T> = Vec::with_capacity(base.len() + appended.len());
-    for item in base {
-        if removed.contains(item.name()) {
-            continue;
-        }
-        match upserts.remove(item.name()) {
-            Some(new) => out.push(new),
-            None => out.push(item),
-        }
-    }
-    out.extend(appended);
-    if let Some(order) = order {
-        if order.len() != out.len() {
-            return Err(DeltaError::BadOrder { section });
-        }
-        let mut slots: HashMap<String, T> =
-            out.into_iter().map(|t| (t.name().to_string(), t)).collect();
-        let mut sorted = Vec::with_capacity(order.len());
-        for n in &order {
-            sorted.push(slots.remove(n).ok_or(DeltaError::BadOrder { section })?);
-        }
-        out = sorted;
-    }
-    Ok(out)
-}
-
-/// Applies one list's changes with [`section_apply`]; the digests of kept items come from
-/// the base, by name, upserted items are hashed.
+/// Applies one list's changes to `base` (consumed: unchanged items are moved, not copied)
+/// with [`edit_list`]; the digests of kept items come from `base_d`, upserted items are
+/// hashed.
 fn list_apply<T: Named + Serialize>(
     section: &'static str,
     base: Vec<T>,
     base_d: &[Digest],
     changes: Section<T>,
 ) -> Result<(Vec<T>, Vec<Digest>), DeltaError> {
-    let old: HashMap<String, Digest> = base
-        .iter()
-        .zip(base_d)
-        .map(|(b, d)| (b.name().to_string(), *d))
-        .collect();
-    let fresh: HashSet<String> = changes
-        .upsert
-        .iter()
-        .map(|u| u.name().to_string())
-        .collect();
-    let items = section_apply(section, base, changes)?;
-    let digests = items
-        .iter()
-        .map(|i| match old.get(i.name()) {
-            Some(d) if !fresh.contains(i.name()) => *d,
-            _ => digest_of(i),
-        })
-        .collect();
+    let mut items = base;
+    let mut digests = base_d.to_vec();
+    // Out of step unless `items` is empty: `edit_list` builds it after checking `changes`
+    // (so a bad section is reported before a duplicate in the base, as always).
+    let mut index = NameIndex::default();
+    edit_list(section, &mut items, &mut digests, &mut index, changes)?;
     Ok((items, digests))
 }
 
@@ -557,20 +519,41 @@ impl NameIndex {
     }
 }
 
+/// A change of a keyed list that kept the base order: the items at the base positions
+/// `replaced` were replaced in place, then those at the base positions `removed` (ascending,
+/// none of them replaced) were dropped, then `appended` new items were added at the end.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ListPatch {
+    /// Base positions of replaced items, in delta order.
+    pub replaced: Vec<usize>,
+    /// Base positions of removed items, ascending.
+    pub removed: Vec<usize>,
+    /// Number of items appended.
+    pub appended: usize,
+}
+
+impl ListPatch {
+    /// The positions in the resulting list (of length `len`) of the replaced and appended
+    /// items.
+    pub fn changed_positions(&self, len: usize) -> Vec<usize> {
+        self.replaced
+            .iter()
+            .map(|&p| p - self.removed.partition_point(|&r| r < p))
+            .chain(len.saturating_sub(self.appended)..len)
+            .collect()
+    }
+
+    /// True when nothing changed.
+    pub fn is_empty(&self) -> bool {
+        self.replaced.is_empty() && self.removed.is_empty() && self.appended == 0
+    }
+}
+
 /// How a keyed list changed when a delta was applied ([`ConfigDelta::apply_indexed`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ListEdit {
-    /// The base order was kept: the items at the base positions `replaced` were replaced in
-    /// place, then those at the base positions `removed` (ascending, none of them replaced)
-    /// were dropped, then `appended` new items were added at the end.
-    Patch {
-        /// Base positions of replaced items, in delta order.
-        replaced: Vec<usize>,
-        /// Base positions of removed items, ascending.
-        removed: Vec<usize>,
-        /// Number of items appended.
-        appended: usize,
-    },
+    /// The base order was kept.
+    Patch(ListPatch),
     /// Anything else (the delta gave a new order): treat the list as new.
     Full,
 }
@@ -579,27 +562,15 @@ impl ListEdit {
     /// For a patch, the positions in the resulting list (of length `len`) of the replaced and
     /// appended items; `None` for [`ListEdit::Full`].
     pub fn changed_positions(&self, len: usize) -> Option<Vec<usize>> {
-        let ListEdit::Patch {
-            replaced,
-            removed,
-            appended,
-        } = self
-        else {
-            return None;
-        };
-        Some(
-            replaced
-                .iter()
-                .map(|&p| p - removed.partition_point(|&r| r < p))
-                .chain(len.saturating_sub(*appended)..len)
-                .collect(),
-        )
+        match self {
+            ListEdit::Patch(p) => Some(p.changed_positions(len)),
+            ListEdit::Full => None,
+        }
     }
 
     /// True when nothing changed.
     pub fn is_empty(&self) -> bool {
-        matches!(self, ListEdit::Patch { replaced, removed, appended: 0 }
-            if replaced.is_empty() && removed.is_empty())
+        matches!(self, ListEdit::Patch(p) if p.is_empty())
     }
 }
 
@@ -625,10 +596,17 @@ pub struct Applied {
     pub hash: String,
 }
 
-/// Applies a section without `order` in place, keeping `digests` and `index` in step: the
-/// same result as [`section_apply`], in time proportional to the section (plus, for a
-/// removal, to the items after the first removed one, which move up).
-fn patch_list<T: Named + Serialize>(
+/// The one implementation of a section's rules: applies `changes` to `items` in place,
+/// keeping `digests` and `index` in step. Without `order` the base order is kept (replaced
+/// items in place, removed ones dropped, new ones appended in `upsert` order) in time
+/// proportional to the section (plus, for a removal, to the items after the first removed
+/// one, which move up), and the edit is a [`ListEdit::Patch`]; with `order` the result is
+/// then put in that order and the edit is [`ListEdit::Full`].
+///
+/// Errors, checked in this order: a name twice among the upserts and removals, a name twice
+/// in `items`, a removed name not in `items`, an `order` that is not a permutation of the
+/// result. On error `items`, `digests` and `index` may be left half-edited.
+fn edit_list<T: Named + Serialize>(
     section: &'static str,
     items: &mut Vec<T>,
     digests: &mut Vec<Digest>,
@@ -638,15 +616,8 @@ fn patch_list<T: Named + Serialize>(
     let Section {
         upsert,
         remove,
-        order: _,
+        order,
     } = changes;
-    if index.len() != items.len() || digests.len() != items.len() {
-        // Not kept in step by the caller: rebuild rather than corrupt.
-        *index = NameIndex::of(section, items)?;
-        if digests.len() != items.len() {
-            *digests = items.iter().map(digest_of).collect();
-        }
-    }
     let mut touched: HashSet<&str> = HashSet::with_capacity(upsert.len() + remove.len());
     for n in upsert
         .iter()
@@ -661,6 +632,13 @@ fn patch_list<T: Named + Serialize>(
         }
     }
     drop(touched);
+    if index.len() != items.len() {
+        // Not kept in step by the caller: rebuild rather than corrupt.
+        *index = NameIndex::of(section, items)?;
+    }
+    if digests.len() != items.len() {
+        *digests = items.iter().map(digest_of).collect();
+    }
     let mut removed = Vec::with_capacity(remove.len());
     for r in &remove {
         match index.get(r) {
@@ -704,11 +682,63 @@ fn patch_list<T: Named + Serialize>(
         digests.push(digest_of(&item));
         items.push(item);
     }
-    Ok(ListEdit::Patch {
-        replaced,
-        removed,
-        appended: added,
-    })
+    match order {
+        None => Ok(ListEdit::Patch(ListPatch {
+            replaced,
+            removed,
+            appended: added,
+        })),
+        Some(order) => {
+            reorder(section, items, digests, index, &order)?;
+            Ok(ListEdit::Full)
+        }
+    }
+}
+
+/// Puts `items` (and their `digests`) in the order the names in `order` give, and updates
+/// `index`; [`DeltaError::BadOrder`] unless `order` names every item exactly once.
+fn reorder<T: Named>(
+    section: &'static str,
+    items: &mut Vec<T>,
+    digests: &mut Vec<Digest>,
+    index: &mut NameIndex,
+    order: &[String],
+) -> Result<(), DeltaError> {
+    let bad = || DeltaError::BadOrder { section };
+    if order.len() != items.len() {
+        return Err(bad());
+    }
+    let mut from = Vec::with_capacity(order.len());
+    let mut used = vec![false; items.len()];
+    for n in order {
+        let i = index.get(n).ok_or_else(bad)?;
+        if std::mem::replace(&mut used[i], true) {
+            return Err(bad());
+        }
+        from.push(i);
+    }
+    let mut slots: Vec<Option<T>> = std::mem::take(items).into_iter().map(Some).collect();
+    *items = from
+        .iter()
+        .map(|&i| slots[i].take().expect("each position taken once"))
+        .collect();
+    *digests = from.iter().map(|&i| digests[i]).collect();
+    for (i, n) in order.iter().enumerate() {
+        if let Some(pos) = index.0.get_mut(n.as_str()) {
+            *pos = i;
+        }
+    }
+    Ok(())
+}
+
+/// [`section_between`] of two lists whose items are the same where their digests are.
+fn section_by_digest<T: Named + Clone>(
+    base: &[T],
+    base_d: &[Digest],
+    new: &[T],
+    new_d: &[Digest],
+) -> Option<Section<T>> {
+    section_between(base, new, |i, j| base_d.get(i) == new_d.get(j), T::clone)
 }
 
 impl ConfigDelta {
@@ -717,19 +747,19 @@ impl ConfigDelta {
     pub fn between(base: &Config, base_d: &Digests, new: &Config, new_d: &Digests) -> Option<Self> {
         Some(ConfigDelta {
             settings: (base_d.settings != new_d.settings).then(|| Box::new(settings_of(new))),
-            listeners: section_between(
+            listeners: section_by_digest(
                 &base.listeners,
                 &base_d.listeners,
                 &new.listeners,
                 &new_d.listeners,
             )?,
-            virtual_hosts: section_between(
+            virtual_hosts: section_by_digest(
                 &base.virtual_hosts,
                 &base_d.virtual_hosts,
                 &new.virtual_hosts,
                 &new_d.virtual_hosts,
             )?,
-            backends: section_between(
+            backends: section_by_digest(
                 &base.backends,
                 &base_d.backends,
                 &new.backends,
@@ -796,9 +826,10 @@ impl ConfigDelta {
     /// edited in place and `index` (the position of each virtual host by name, see
     /// [`NameIndex::of`]) is kept in step, so a delta costs in proportion to what it carries,
     /// not to the number of virtual hosts. Listeners and backends (short lists) are applied as
-    /// by [`ConfigDelta::apply`]. Returns how the virtual host list changed: a
-    /// [`ListEdit::Patch`] when only replacements in place, removals and appends happened,
-    /// [`ListEdit::Full`] when the delta reordered the list (then everything was reindexed).
+    /// by [`ConfigDelta::apply`]; all three lists follow the same rules ([`edit_list`]).
+    /// Returns how the virtual host list changed: a [`ListEdit::Patch`] when only
+    /// replacements in place, removals and appends happened, [`ListEdit::Full`] when the
+    /// delta reordered the list (then everything after the patch was moved and reindexed).
     ///
     /// The result equals [`ConfigDelta::apply`]'s. On error `base`, `base_d` and `index` are
     /// left half-edited: the caller must drop them (and send for a full config).
@@ -846,32 +877,20 @@ impl ConfigDelta {
             )?;
             (base.backends, base_d.backends) = (b, bd);
         }
-        let virtual_hosts = if virtual_hosts.order.is_some() {
-            let (v, vd) = list_apply(
-                "virtual_hosts",
-                std::mem::take(&mut base.virtual_hosts),
-                &base_d.virtual_hosts,
-                virtual_hosts,
-            )?;
-            (base.virtual_hosts, base_d.virtual_hosts) = (v, vd);
-            *index = NameIndex::of("virtual_hosts", &base.virtual_hosts)?;
-            *cache = HashCache::of(base_d);
-            ListEdit::Full
-        } else {
-            let old_len = base.virtual_hosts.len();
-            let edit = patch_list(
-                "virtual_hosts",
-                &mut base.virtual_hosts,
-                &mut base_d.virtual_hosts,
-                index,
-                virtual_hosts,
-            )?;
-            if let ListEdit::Patch {
+        let old_len = base.virtual_hosts.len();
+        let virtual_hosts = edit_list(
+            "virtual_hosts",
+            &mut base.virtual_hosts,
+            &mut base_d.virtual_hosts,
+            index,
+            virtual_hosts,
+        )?;
+        match &virtual_hosts {
+            ListEdit::Patch(ListPatch {
                 replaced,
                 removed,
                 appended,
-            } = &edit
-            {
+            }) => {
                 // Items move from the first removal on; appended ones start at the old end.
                 let from = match (removed.first(), appended) {
                     (Some(&r), _) => r,
@@ -880,8 +899,8 @@ impl ConfigDelta {
                 };
                 cache.update(&base_d.virtual_hosts, replaced, from);
             }
-            edit
-        };
+            ListEdit::Full => *cache = HashCache::of(base_d),
+        }
         let got = base_d.hash_with(&cache.vhost_chunks);
         if got != hash {
             return Err(DeltaError::HashMismatch {
@@ -929,6 +948,74 @@ mod tests {
         assert_eq!(gd, nd);
         assert_eq!(gd.hash(), new.content_hash());
         delta
+    }
+
+    #[test]
+    fn digest_and_len_hash_and_count_the_compact_json() {
+        let c = big_config(3);
+        let vh = &c.virtual_hosts[1];
+        let json = serde_json::to_vec(vh).unwrap();
+        let (d, len) = digest_and_len(vh);
+        assert_eq!(len, json.len());
+        assert_eq!(d, <[u8; 32]>::from(sha2::Sha256::digest(&json)));
+        assert_eq!(digest_of(vh), d);
+    }
+
+    #[test]
+    fn section_between_aligned_and_indexed_paths_agree() {
+        let base = big_config(20);
+        let bd = Digests::of(&base);
+        // Same names in the same order (the aligned path): only the changed item.
+        let mut new = base.clone();
+        new.virtual_hosts[5].hostnames.push("x.example.com".into());
+        let nd = Digests::of(&new);
+        let by_digest = |i: usize, j: usize| bd.virtual_hosts[i] == nd.virtual_hosts[j];
+        let s = section_between(&base.virtual_hosts, &new.virtual_hosts, by_digest, |v| {
+            v.name.clone()
+        })
+        .unwrap();
+        assert_eq!(s.upsert, vec![base.virtual_hosts[5].name.clone()]);
+        assert!(s.remove.is_empty() && s.order.is_none());
+        // A swap (not aligned by name, so the indexed path): both items are unchanged, only
+        // the order is carried.
+        let mut swapped = base.clone();
+        swapped.virtual_hosts.swap(2, 3);
+        let sd = Digests::of(&swapped);
+        let s = section_between(
+            &base.virtual_hosts,
+            &swapped.virtual_hosts,
+            |i, j| bd.virtual_hosts[i] == sd.virtual_hosts[j],
+            |v| v.name.clone(),
+        )
+        .unwrap();
+        assert!(s.upsert.is_empty() && s.remove.is_empty());
+        assert_eq!(s.order.as_ref().map(Vec::len), Some(20));
+        // A duplicate name in an aligned list: not expressible.
+        let mut dup = base.clone();
+        dup.virtual_hosts[4].name = dup.virtual_hosts[3].name.clone();
+        let dd = Digests::of(&dup);
+        assert!(section_between(
+            &dup.virtual_hosts,
+            &dup.virtual_hosts,
+            |i, j| dd.virtual_hosts[i] == dd.virtual_hosts[j],
+            |v| v.name.clone(),
+        )
+        .is_none());
+    }
+
+    #[test]
+    fn reuse_list_matches_by_position_then_by_name() {
+        let base = big_config(5);
+        let mut new: Vec<VirtualHost> = base.virtual_hosts.clone();
+        new.rotate_left(1);
+        let got = reuse_list(&new, &base.virtual_hosts, |_, i| i);
+        assert_eq!(got, vec![Some(1), Some(2), Some(3), Some(4), Some(0)]);
+        let mut extra = new[0].clone();
+        extra.name = "not-there".into();
+        assert_eq!(
+            reuse_list([&extra], &base.virtual_hosts, |_, i| i),
+            vec![None]
+        );
     }
 
     #[test]
@@ -1036,11 +1123,11 @@ mod tests {
 
     /// Rebuilds the list an edit describes from the base list and the delta's upserts.
     fn replay(base: &[VirtualHost], result: &[VirtualHost], edit: &ListEdit) -> Vec<String> {
-        let ListEdit::Patch {
+        let ListEdit::Patch(ListPatch {
             replaced,
             removed,
             appended,
-        } = edit
+        }) = edit
         else {
             return result.iter().map(|v| v.name.clone()).collect();
         };
@@ -1132,16 +1219,11 @@ mod tests {
                 sent.sort_unstable();
                 assert_eq!(got, sent, "step {step}");
             }
-            if let ListEdit::Patch { replaced, .. } = &applied.virtual_hosts {
+            if let ListEdit::Patch(p) = &applied.virtual_hosts {
                 patches += 1;
                 assert_eq!(
-                    replaced.len(),
-                    delta.virtual_hosts.upsert.len() - {
-                        let ListEdit::Patch { appended, .. } = &applied.virtual_hosts else {
-                            unreachable!()
-                        };
-                        *appended
-                    }
+                    p.replaced.len(),
+                    delta.virtual_hosts.upsert.len() - p.appended
                 );
             } else {
                 assert!(delta.virtual_hosts.order.is_some());
@@ -1219,6 +1301,122 @@ mod tests {
         assert!(applied.virtual_hosts.is_empty());
         assert_eq!(applied.changed, Changed::default());
         assert_eq!(c, base);
+    }
+
+    /// `apply` and `apply_indexed` share one implementation of the section rules: the same
+    /// bad delta is the same error on both, checked in the documented order.
+    #[test]
+    fn both_apply_paths_report_the_same_error() {
+        let base = big_config(6);
+        let bd = Digests::of(&base);
+        let good = ConfigDelta::between(&base, &bd, &base, &bd).unwrap();
+        let names: Vec<String> = base.virtual_hosts.iter().map(|v| v.name.clone()).collect();
+        let mut dup_base = base.clone();
+        dup_base.virtual_hosts[1].name = names[0].clone();
+        let vh = |i: usize| base.virtual_hosts[i].clone();
+        type Edit<'a> = Box<dyn Fn(&mut ConfigDelta) + 'a>;
+        let cases: Vec<(&str, Config, Edit<'_>, DeltaError)> = vec![
+            (
+                "upsert and remove of one name",
+                base.clone(),
+                Box::new(|d| {
+                    d.virtual_hosts.upsert.push(vh(1));
+                    d.virtual_hosts.remove.push(names[1].clone());
+                }),
+                DeltaError::DuplicateName {
+                    section: "virtual_hosts",
+                    name: names[1].clone(),
+                },
+            ),
+            (
+                "a bad section is reported before a duplicate in the base",
+                dup_base.clone(),
+                Box::new(|d| {
+                    d.virtual_hosts.remove.push(names[2].clone());
+                    d.virtual_hosts.remove.push(names[2].clone());
+                }),
+                DeltaError::DuplicateName {
+                    section: "virtual_hosts",
+                    name: names[2].clone(),
+                },
+            ),
+            (
+                "a duplicate in the base",
+                dup_base,
+                Box::new(|d| d.virtual_hosts.remove.push(names[2].clone())),
+                DeltaError::DuplicateName {
+                    section: "virtual_hosts",
+                    name: names[0].clone(),
+                },
+            ),
+            (
+                "unknown removal",
+                base.clone(),
+                Box::new(|d| d.virtual_hosts.remove.push("nope".into())),
+                DeltaError::UnknownName {
+                    section: "virtual_hosts",
+                    name: "nope".into(),
+                },
+            ),
+            (
+                "order names one item twice",
+                base.clone(),
+                Box::new(|d| {
+                    let mut order = names.clone();
+                    order[3] = names[4].clone();
+                    d.virtual_hosts.order = Some(order);
+                }),
+                DeltaError::BadOrder {
+                    section: "virtual_hosts",
+                },
+            ),
+            (
+                "order names an unknown item",
+                base.clone(),
+                Box::new(|d| {
+                    let mut order = names.clone();
+                    order[3] = "nope".into();
+                    d.virtual_hosts.order = Some(order);
+                }),
+                DeltaError::BadOrder {
+                    section: "virtual_hosts",
+                },
+            ),
+            (
+                "order too short",
+                base.clone(),
+                Box::new(|d| d.virtual_hosts.order = Some(names[1..].to_vec())),
+                DeltaError::BadOrder {
+                    section: "virtual_hosts",
+                },
+            ),
+            (
+                "listeners follow the same rules",
+                base.clone(),
+                Box::new(|d| d.listeners.remove.push("nope".into())),
+                DeltaError::UnknownName {
+                    section: "listeners",
+                    name: "nope".into(),
+                },
+            ),
+        ];
+        for (what, base, edit, want) in cases {
+            let mut d = good.clone();
+            edit(&mut d);
+            let bd = Digests::of(&base);
+            assert_eq!(
+                d.clone().apply(base.clone(), &bd).unwrap_err(),
+                want,
+                "{what}"
+            );
+            let (mut c, mut cd) = (base.clone(), bd.clone());
+            // An index out of step (as for a base with a duplicate) is rebuilt first.
+            let mut index = NameIndex::of("virtual_hosts", &base.virtual_hosts).unwrap_or_default();
+            let got = d
+                .apply_indexed(&mut c, &mut cd, &mut index, &mut HashCache::of(&bd))
+                .unwrap_err();
+            assert_eq!(got, want, "{what} (indexed)");
+        }
     }
 
     #[test]

@@ -116,10 +116,21 @@ pub struct RecvShared {
     notify_at: usize,
 }
 
+/// DATA payloads smaller than this are copied into a shared chunk ([`RecvState::tail`])
+/// rather than queued as their own slice of the connection's read buffer: each slice keeps
+/// its whole read buffer alive (~16 KiB), and each queued chunk costs its own bookkeeping, so
+/// 1-byte DATA frames would hold far more memory than the window they use. Larger payloads
+/// stay zero-copy (at most two of them share one read buffer).
+pub const COALESCE_BELOW: usize = 8 * 1024;
+/// Capacity of a coalescing chunk.
+const COALESCED_CHUNK: usize = 16 * 1024;
+
 #[derive(Default)]
 struct RecvState {
     data: VecDeque<Bytes>,
-    /// Bytes in `data`.
+    /// Small payloads copied together; read after `data`.
+    tail: BytesMut,
+    /// Bytes in `data` and `tail`.
     buffered: usize,
     trailers: Option<HeaderMap>,
     end: bool,
@@ -142,8 +153,8 @@ impl RecvShared {
         })
     }
 
-    /// Queues a DATA payload. Returns false when the body is gone (the bytes count as
-    /// consumed at once).
+    /// Queues a DATA payload (small ones are copied together, see [`COALESCE_BELOW`]).
+    /// Returns false when the body is gone (the bytes count as consumed at once).
     pub fn push(&self, data: Bytes) -> bool {
         let mut s = lock(&self.state);
         if s.dropped {
@@ -151,7 +162,16 @@ impl RecvShared {
         }
         if !data.is_empty() {
             s.buffered += data.len();
-            s.data.push_back(data);
+            if data.len() < COALESCE_BELOW {
+                if s.tail.capacity() - s.tail.len() < data.len() {
+                    s.seal_tail();
+                    s.tail.reserve(COALESCED_CHUNK);
+                }
+                s.tail.extend_from_slice(&data);
+            } else {
+                s.seal_tail();
+                s.data.push_back(data);
+            }
         }
         let w = s.waker.take();
         drop(s);
@@ -195,8 +215,7 @@ impl RecvShared {
     /// Discards the buffered data (the stream is gone): its bytes count as consumed.
     pub fn discard(&self) {
         let mut s = lock(&self.state);
-        let buffered = std::mem::take(&mut s.buffered);
-        s.data.clear();
+        let buffered = s.clear();
         drop(s);
         self.signal.consumed(buffered);
     }
@@ -204,6 +223,34 @@ impl RecvShared {
     /// Whether the body was dropped by the pipeline.
     pub fn dropped(&self) -> bool {
         lock(&self.state).dropped
+    }
+}
+
+impl RecvState {
+    /// Queues the coalesced chunk (what follows goes after it).
+    fn seal_tail(&mut self) {
+        if !self.tail.is_empty() {
+            let chunk = self.tail.split().freeze();
+            self.data.push_back(chunk);
+        }
+    }
+
+    /// The next chunk of data, if any.
+    fn pop(&mut self) -> Option<Bytes> {
+        if let Some(d) = self.data.pop_front() {
+            return Some(d);
+        }
+        if self.tail.is_empty() {
+            return None;
+        }
+        Some(self.tail.split().freeze())
+    }
+
+    /// Drops the buffered data; its byte count.
+    fn clear(&mut self) -> usize {
+        self.data.clear();
+        self.tail = BytesMut::new();
+        std::mem::take(&mut self.buffered)
     }
 }
 
@@ -237,7 +284,7 @@ impl http_body::Body for RecvBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let mut s = lock(&self.shared.state);
-        if let Some(d) = s.data.pop_front() {
+        if let Some(d) = s.pop() {
             s.buffered -= d.len();
             s.consumed += d.len();
             let notify = s.consumed >= self.shared.notify_at;
@@ -269,7 +316,7 @@ impl http_body::Body for RecvBody {
 
     fn is_end_stream(&self) -> bool {
         let s = lock(&self.shared.state);
-        s.end && s.data.is_empty() && s.trailers.is_none()
+        s.end && s.buffered == 0 && s.trailers.is_none()
     }
 
     fn size_hint(&self) -> SizeHint {
@@ -284,8 +331,7 @@ impl Drop for RecvBody {
     fn drop(&mut self) {
         let mut s = lock(&self.shared.state);
         s.dropped = true;
-        let buffered = std::mem::take(&mut s.buffered);
-        s.data.clear();
+        let buffered = s.clear();
         s.consumed += buffered;
         drop(s);
         self.shared.signal.consumed(buffered);
@@ -418,15 +464,15 @@ mod tests {
         let mut body = RecvBody::new(shared.clone(), Some(6));
         assert_eq!(body.size_hint().exact(), Some(6));
         assert!(shared.push(Bytes::from_static(b"abc")));
-        assert!(shared.push(Bytes::from_static(b"def")));
-        let mut t = HeaderMap::new();
-        t.insert("grpc-status", "0".parse().unwrap());
-        shared.finish(Some(t));
         let f = body.frame().await.unwrap().unwrap();
         assert_eq!(f.into_data().unwrap(), "abc");
         let mut ready = Vec::new();
         signal.take(&mut ready, Waker::noop());
         assert!(ready.is_empty(), "3 bytes consumed: below the threshold");
+        assert!(shared.push(Bytes::from_static(b"def")));
+        let mut t = HeaderMap::new();
+        t.insert("grpc-status", "0".parse().unwrap());
+        shared.finish(Some(t));
         let f = body.frame().await.unwrap().unwrap();
         assert_eq!(f.into_data().unwrap(), "def");
         signal.take(&mut ready, Waker::noop());
@@ -460,6 +506,45 @@ mod tests {
         let mut body = RecvBody::new(shared.clone(), None);
         shared.fail("stream reset by the client");
         assert!(body.frame().await.unwrap().is_err());
+    }
+
+    #[tokio::test]
+    async fn tiny_payloads_are_copied_together_and_free_the_read_buffer() {
+        let signal = Arc::new(Signal::default());
+        let shared = RecvShared::new(signal, 1, 1 << 20);
+        let mut body = RecvBody::new(shared.clone(), None);
+        // 10,000 one-byte DATA payloads, each a slice of the read buffer they arrived in,
+        // then a large one (kept as it is), then one more small one.
+        let read_buf = Bytes::from((0..10_000u32).map(|i| i as u8).collect::<Vec<u8>>());
+        for i in 0..read_buf.len() {
+            assert!(shared.push(read_buf.slice(i..i + 1)));
+        }
+        let large = Bytes::from(vec![7u8; COALESCE_BELOW]);
+        shared.push(large.clone());
+        shared.push(Bytes::from_static(b"z"));
+        {
+            let s = lock(&shared.state);
+            assert!(
+                s.data.len() <= 2,
+                "{} chunks queued for 10,001 bytes",
+                s.data.len()
+            );
+            assert_eq!(s.buffered, 10_000 + COALESCE_BELOW + 1);
+        }
+        assert!(
+            read_buf.is_unique(),
+            "the queued body keeps the read buffer alive"
+        );
+        let mut got = Vec::new();
+        while let Some(f) = body.frame().await {
+            got.extend_from_slice(&f.unwrap().into_data().unwrap());
+            if got.len() == 10_000 + COALESCE_BELOW + 1 {
+                break;
+            }
+        }
+        assert_eq!(&got[..10_000], &read_buf[..], "in order");
+        assert_eq!(&got[10_000..10_000 + COALESCE_BELOW], &large[..]);
+        assert_eq!(got.last(), Some(&b'z'));
     }
 
     #[tokio::test]

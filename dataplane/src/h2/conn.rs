@@ -2,15 +2,18 @@
 //! machine, hands each request to `pipeline::handle`, and writes responses under both
 //! flow-control windows.
 //!
-//! One task drives the connection. After each read it handles every complete frame, answers
+//! One task drives the connection. After each read it handles the complete frames, answers
 //! every stream whose response is ready at once (polled inline: cache hits, fixed replies,
-//! refusals), then writes the whole batch with one `write`. A response that has to wait
+//! refusals), then writes the whole batch with one `write`. At most
+//! [`INLINE_FIRST_POLLS`] requests are started per poll of the task: past that it yields
+//! (the rest of the read waits in the buffer), so one connection cannot hold its worker. A response that has to wait
 //! (backend, file) runs as its own task; it and every response body wake the connection
 //! through [`Signal`] with the stream's id, and the driver then writes what is ready.
 //!
 //! Bounds: the read buffer holds at most one frame past `SETTINGS_MAX_FRAME_SIZE` (16 KiB);
-//! the write buffer stops taking body data at [`WRITE_HIGH`] and the driver stops reading
-//! while it is over that mark (a client that does not read its responses stops being read);
+//! the write buffer stops taking body data at [`WRITE_HIGH`], and the driver stops handling
+//! frames (the rest of a read waits in the read buffer) and stops reading while it is over
+//! that mark (a client that does not read its responses stops being read);
 //! request bodies are bounded by the stream and connection windows we grant, re-opened only
 //! as the pipeline consumes them; header blocks by `limits.max_header_bytes`. Floods (rapid
 //! reset, SETTINGS/PING/PRIORITY, empty frames) are counted per connection per second and
@@ -23,6 +26,7 @@ use crate::cache::StoredHead;
 use crate::ctx::ConnInfo;
 use crate::hpack::{Decoder, Encoder, Field};
 use crate::runtime::Shared;
+use crate::server::{FirstPoll, INLINE_FIRST_POLLS};
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, Uri, Version};
@@ -110,6 +114,13 @@ enum Fault {
 }
 
 type FResult = Result<(), Fault>;
+
+/// Whose doing a stream reset is: the client's count towards the rapid-reset limit.
+#[derive(Clone, Copy)]
+enum Charge {
+    Client,
+    Server,
+}
 
 /// What a stream's response is doing.
 enum Resp {
@@ -266,11 +277,20 @@ struct Driver<I> {
 
     read_buf: BytesMut,
     write_buf: BytesMut,
+    /// Written since the last completed flush: a TLS layer may hold what it accepted until
+    /// it is flushed.
+    unflushed: bool,
     scratch: BytesMut,
     decoder: Decoder,
     encoder: Encoder,
 
     preface_done: bool,
+    /// Complete frames wait in `read_buf`: handling stopped at the output bound; they are
+    /// handled (before anything more is read) once the output has drained.
+    frames_pending: bool,
+    /// Requests polled inline in this poll of the connection: past [`INLINE_FIRST_POLLS`]
+    /// the driver stops handling frames and yields (other connections on the worker run).
+    inline_polls: usize,
     got_settings: bool,
     read_closed: bool,
     streams: HashMap<u32, Stream, StreamIds>,
@@ -348,10 +368,13 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
             ready: Vec::new(),
             read_buf: BytesMut::with_capacity(READ_CHUNK),
             write_buf,
+            unflushed: false,
             scratch: BytesMut::with_capacity(1024),
             decoder: Decoder::new(),
             encoder: Encoder::new(),
             preface_done: false,
+            frames_pending: false,
+            inline_polls: 0,
             got_settings: false,
             read_closed: false,
             streams: HashMap::default(),
@@ -391,6 +414,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
 
     fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), H2Error>> {
         self.date = None;
+        self.inline_polls = 0;
         if !self.shared.is_current(&self.snap) {
             // A reload happened: hold no older config than the in-flight requests do.
             self.snap = None;
@@ -410,8 +434,17 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
             self.ready = ready;
 
             let mut progress = false;
-            // Read and handle a batch of frames, unless the output is not draining.
-            if self.closing.is_none() && !self.read_closed && self.write_buf.len() < WRITE_HIGH {
+            // Handle the frames left from the last read, or read and handle a batch of frames,
+            // unless the output is not draining.
+            if self.closing.is_none() && self.frames_pending && self.write_buf.len() < WRITE_HIGH {
+                if let Err(f) = self.handle_frames() {
+                    self.fault(f);
+                }
+                progress = true;
+            } else if self.closing.is_none()
+                && !self.read_closed
+                && self.write_buf.len() < WRITE_HIGH
+            {
                 match self.poll_read(cx) {
                     Poll::Ready(Ok(0)) => {
                         self.read_closed = true;
@@ -453,8 +486,12 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
             // Finished?
             let done = self.closing.is_some()
                 || ((self.going_away || self.read_closed) && self.streams.is_empty());
-            if done && self.write_buf.is_empty() {
+            if done {
+                // Only the final flush is left: bounded, whether or not the client reads (a
+                // drained connection's GOAWAY to a client that does not read would wait forever).
                 self.set_close_deadline();
+            }
+            if done && self.write_buf.is_empty() {
                 let expired = self.close_deadline.is_some_and(|d| Instant::now() >= d);
                 match Pin::new(&mut self.io).poll_shutdown(cx) {
                     Poll::Pending if !expired => {
@@ -473,7 +510,17 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
             if let Poll::Ready(()) = self.poll_timer(cx) {
                 progress = true;
             }
-            let more_work = !self.queue.is_empty() && self.write_buf.len() < WRITE_HIGH;
+            if self.frames_pending
+                && self.inline_polls >= INLINE_FIRST_POLLS
+                && self.closing.is_none()
+                && self.write_buf.len() < WRITE_HIGH
+            {
+                // This poll's budget is spent: yield, and go on in the next poll.
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            let more_work = (!self.queue.is_empty() || self.frames_pending)
+                && self.write_buf.len() < WRITE_HIGH;
             if !progress && !more_work {
                 if self.streams.is_empty() {
                     // Idle: hold no config snapshot (a reload frees the old one).
@@ -495,9 +542,12 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
         fut.as_mut().poll(cx)
     }
 
-    /// Writes the output buffer; Ready(Ok) when it is empty and flushed.
+    /// Writes the output buffer; Ready(Ok) when it is empty and flushed. The flush is
+    /// retried until it completes, also in later polls with nothing new to write:
+    /// tokio-rustls takes plaintext (`Ok(n)`) while the socket would block and sends the
+    /// records only on a later write or flush, so the end of a response would otherwise wait
+    /// for the connection's next output.
     fn poll_write(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        let mut wrote = false;
         while !self.write_buf.is_empty() {
             match Pin::new(&mut self.io).poll_write(cx, &self.write_buf) {
                 Poll::Ready(Ok(0)) => {
@@ -505,20 +555,20 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
                 }
                 Poll::Ready(Ok(n)) => {
                     self.write_buf.advance(n);
-                    wrote = true;
+                    self.unflushed = true;
                 }
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
                 Poll::Pending => {
-                    if wrote {
+                    if self.unflushed {
                         let _ = Pin::new(&mut self.io).poll_flush(cx)?;
                     }
                     return Poll::Pending;
                 }
             }
         }
-        if wrote {
-            self.write_buf.clear();
-            return Pin::new(&mut self.io).poll_flush(cx);
+        if self.unflushed {
+            std::task::ready!(Pin::new(&mut self.io).poll_flush(cx))?;
+            self.unflushed = false;
         }
         Poll::Ready(Ok(()))
     }
@@ -663,7 +713,12 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
 
     // ---------------------------------------------------------------- frames
 
+    /// Handles the complete frames in the read buffer, until the output reaches
+    /// [`WRITE_HIGH`] (what one read can make the connection queue is bounded: a read of
+    /// 15-byte requests or PINGs would otherwise queue an answer to each); the rest wait
+    /// (`frames_pending`) until the output has drained.
     fn handle_frames(&mut self) -> FResult {
+        self.frames_pending = false;
         if !self.preface_done {
             let n = self.read_buf.len().min(frame::PREFACE.len());
             if self.read_buf[..n] != frame::PREFACE[..n] {
@@ -677,6 +732,10 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
             self.preface_done = true;
         }
         while self.read_buf.len() >= HEADER_LEN && self.closing.is_none() {
+            if self.write_buf.len() >= WRITE_HIGH || self.inline_polls >= INLINE_FIRST_POLLS {
+                self.frames_pending = true;
+                break;
+            }
             let head = Head::parse(&self.read_buf);
             if head.len > LOCAL_MAX_FRAME {
                 return Err(Fault::Conn(Reason::FRAME_SIZE_ERROR, "frame too large"));
@@ -692,7 +751,8 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
                 self.got_settings = true;
             }
             let r = if head.kind == kind::DATA {
-                // DATA payloads go to request bodies as they are (no copy).
+                // DATA payloads go to request bodies as slices of the read buffer (no copy;
+                // small ones are copied together there, see `body::COALESCE_BELOW`).
                 let mut raw = self.read_buf.split_to(total);
                 raw.advance(HEADER_LEN);
                 if self.cont.is_some() {
@@ -712,8 +772,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
                 Ok(()) => {}
                 Err(Fault::Stream(id, reason)) => {
                     // Stream errors the client provokes count like its own resets.
-                    self.reset_stream(id, reason);
-                    self.reset_flood()?;
+                    self.reset_stream(id, reason, Charge::Client)?;
                 }
                 Err(f) => return Err(f),
             }
@@ -871,10 +930,13 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
             return Err(Fault::Stream(id, Reason::STREAM_CLOSED));
         }
         s.recv_window -= len as i64;
-        s.unreleased += len;
         if s.recv_window < 0 {
+            // Counted against the connection window all the same (RFC 9113 §6.9): credited
+            // back, as the stream is reset.
+            self.conn_release += len;
             return Err(Fault::Stream(id, Reason::FLOW_CONTROL_ERROR));
         }
+        s.unreleased += len;
         // Padding is released at once.
         let padding = len - content.len();
         s.unreleased -= padding;
@@ -884,6 +946,9 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
         if s.content_length
             .is_some_and(|cl| s.received > cl || (end && s.received != cl))
         {
+            // Not delivered: credited back, as the stream is reset.
+            s.unreleased -= content.len();
+            self.conn_release += content.len();
             return Err(Fault::Stream(id, Reason::PROTOCOL_ERROR));
         }
         let n = content.len();
@@ -1053,14 +1118,12 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
         }
         if self.streams.len() >= self.cfg.max_concurrent_streams as usize {
             self.shared.metrics.limit_hit("h2_refused_stream");
-            self.remember_closed(id);
-            self.mark_reset(id);
-            frame::put_rst(&mut self.write_buf, id, Reason::REFUSED_STREAM);
-            return self.reset_flood();
+            return self.reset_stream(id, Reason::REFUSED_STREAM, Charge::Client);
         }
         if h.too_large {
+            // Answered, but counted like a reset: decoding an oversized block is the client's
+            // cost to us, and looping them must not be free.
             self.shared.metrics.limit_hit("header_bytes");
-            self.remember_closed(id);
             self.scratch.clear();
             self.encoder.begin_block(&mut self.scratch);
             Encoder::status(&mut self.scratch, 431);
@@ -1073,19 +1136,16 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
             );
             if !end_stream {
                 // The request body is not wanted.
-                self.mark_reset(id);
-                frame::put_rst(&mut self.write_buf, id, Reason::NO_ERROR);
+                return self.reset_stream(id, Reason::NO_ERROR, Charge::Client);
             }
-            return Ok(());
+            self.remember_closed(id);
+            return self.reset_flood();
         }
         if bad_priority || h.malformed.is_some() {
             if let Some(why) = h.malformed {
                 tracing::debug!(stream = id, why, "malformed HTTP/2 request");
             }
-            self.remember_closed(id);
-            self.mark_reset(id);
-            frame::put_rst(&mut self.write_buf, id, Reason::PROTOCOL_ERROR);
-            return self.reset_flood();
+            return self.reset_stream(id, Reason::PROTOCOL_ERROR, Charge::Client);
         }
         self.start_stream(id, end_stream, h)
     }
@@ -1096,10 +1156,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
             Ok(r) => r,
             Err(why) => {
                 tracing::debug!(stream = id, why, "malformed HTTP/2 request");
-                self.remember_closed(id);
-                self.mark_reset(id);
-                frame::put_rst(&mut self.write_buf, id, Reason::PROTOCOL_ERROR);
-                return self.reset_flood();
+                return self.reset_stream(id, Reason::PROTOCOL_ERROR, Charge::Client);
             }
         };
         let (mut parts, ()) = req.into_parts();
@@ -1136,27 +1193,20 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
         // The request's start: this read's clock reading.
         let start = self.last_active;
         let snap = self.shared.snapshot_for(&mut self.snap);
-        let mut fut =
-            box_in_place(move || crate::pipeline::handle_h2(shared, conn, req, snap, start));
+        let fut = box_in_place(move || crate::pipeline::handle_h2(shared, conn, req, snap, start));
         self.streams.insert(id, s);
         // First poll inline: ready responses (cache hits, fixed replies, refusals) are
         // answered in this read's write without a task.
-        let mut cx = Context::from_waker(Waker::noop());
-        let first =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| fut.as_mut().poll(&mut cx)));
-        match first {
-            Ok(Poll::Ready((resp, stored))) => self.start_response(id, resp, stored),
-            Ok(Poll::Pending) => {
-                let handle = tokio::spawn(fut);
+        self.inline_polls += 1;
+        match crate::server::first_poll(fut) {
+            FirstPoll::Ready((resp, stored)) => self.start_response(id, resp, stored),
+            FirstPoll::Spawned(handle) => {
                 if let Some(s) = self.streams.get_mut(&id) {
                     s.resp = Resp::Running(handle);
                 }
                 self.enqueue(id);
             }
-            Err(_) => {
-                tracing::error!("a request future panicked in its first poll");
-                return Err(Fault::Stream(id, Reason::INTERNAL_ERROR));
-            }
+            FirstPoll::Panicked => return Err(Fault::Stream(id, Reason::INTERNAL_ERROR)),
         }
         Ok(())
     }
@@ -1202,6 +1252,9 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
             return Err(Fault::Conn(Reason::FRAME_SIZE_ERROR, "SETTINGS length"));
         }
         self.control_flood()?;
+        // INITIAL_WINDOW_SIZE changes every stream's window: only the frame's last value is
+        // applied, once (a frame of 2,730 entries would otherwise walk the streams per entry).
+        let mut initial_window = None;
         for (id, v) in frame::settings_params(payload) {
             match id {
                 setting::ENABLE_PUSH | setting::ENABLE_CONNECT_PROTOCOL if v > 1 => {
@@ -1214,24 +1267,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
                             "INITIAL_WINDOW_SIZE",
                         ));
                     }
-                    let delta = v as i64 - self.peer_initial_window;
-                    self.peer_initial_window = v as i64;
-                    let mut grew = Vec::new();
-                    for (sid, s) in self.streams.iter_mut() {
-                        s.send_window += delta;
-                        if s.send_window > MAX_WINDOW {
-                            return Err(Fault::Conn(
-                                Reason::FLOW_CONTROL_ERROR,
-                                "stream window overflow",
-                            ));
-                        }
-                        if delta > 0 {
-                            grew.push(*sid);
-                        }
-                    }
-                    for sid in grew {
-                        self.enqueue(sid);
-                    }
+                    initial_window = Some(v as i64);
                 }
                 setting::MAX_FRAME_SIZE => {
                     if !(frame::DEFAULT_MAX_FRAME_SIZE..=frame::MAX_MAX_FRAME_SIZE).contains(&v) {
@@ -1244,7 +1280,35 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
                 _ => {}
             }
         }
+        if let Some(v) = initial_window {
+            self.set_peer_initial_window(v)?;
+        }
         frame::put_settings_ack(&mut self.write_buf);
+        Ok(())
+    }
+
+    /// Applies the client's new INITIAL_WINDOW_SIZE to every stream's send window.
+    fn set_peer_initial_window(&mut self, v: i64) -> FResult {
+        let delta = v - self.peer_initial_window;
+        self.peer_initial_window = v;
+        if delta == 0 {
+            return Ok(());
+        }
+        for s in self.streams.values_mut() {
+            s.send_window += delta;
+            if s.send_window > MAX_WINDOW {
+                return Err(Fault::Conn(
+                    Reason::FLOW_CONTROL_ERROR,
+                    "stream window overflow",
+                ));
+            }
+        }
+        if delta > 0 {
+            let ids: Vec<u32> = self.streams.keys().copied().collect();
+            for id in ids {
+                self.enqueue(id);
+            }
+        }
         Ok(())
     }
 
@@ -1308,6 +1372,9 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
     }
 
     fn remember_closed(&mut self, id: u32) {
+        if self.recently_closed.contains(&id) {
+            return;
+        }
         if self.recently_closed.len() == RECENTLY_CLOSED {
             self.recently_closed.pop_front();
         }
@@ -1351,15 +1418,26 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
         }
     }
 
-    /// Sends RST_STREAM and removes the stream.
-    fn reset_stream(&mut self, id: u32, reason: Reason) {
+    /// Sends RST_STREAM for `id`, removes the stream if it was open, and remembers it as
+    /// closed and as reset by us (its frames in flight are then ignored). A reset the client
+    /// caused (refused or malformed stream, a frame it should not have sent) counts towards
+    /// the rapid-reset limit: the error is the connection's end when it is over.
+    fn reset_stream(&mut self, id: u32, reason: Reason, charge: Charge) -> FResult {
         frame::put_rst(&mut self.write_buf, id, reason);
         if reason != Reason::STREAM_CLOSED {
             // STREAM_CLOSED answers a frame on a stream both sides had closed: the next one is
             // answered the same way.
             self.mark_reset(id);
         }
-        self.drop_stream(id, "stream reset");
+        if self.streams.contains_key(&id) {
+            self.drop_stream(id, "stream reset");
+        } else {
+            self.remember_closed(id);
+        }
+        match charge {
+            Charge::Client => self.reset_flood(),
+            Charge::Server => Ok(()),
+        }
     }
 
     /// Removes a stream that is finished both ways. A response finished before the client
@@ -1380,7 +1458,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
         } else if matches!(s.resp, Resp::Done) && s.recv_open {
             let dropped = s.recv.as_ref().is_none_or(|r| r.dropped());
             if dropped {
-                self.reset_stream(id, Reason::NO_ERROR);
+                let _ = self.reset_stream(id, Reason::NO_ERROR, Charge::Server);
             }
         }
     }
@@ -1557,7 +1635,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
                 Poll::Ready(Ok((resp, stored))) => self.start_response(id, resp, stored),
                 Poll::Ready(Err(e)) => {
                     tracing::error!(error = %e, "a request task failed");
-                    self.reset_stream(id, Reason::INTERNAL_ERROR);
+                    let _ = self.reset_stream(id, Reason::INTERNAL_ERROR, Charge::Server);
                     return false;
                 }
             }
@@ -1591,7 +1669,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
                     Poll::Ready(None) => s.body_done = true,
                     Poll::Ready(Some(Err(e))) => {
                         tracing::debug!(error = %e, stream = id, "response body failed");
-                        self.reset_stream(id, Reason::INTERNAL_ERROR);
+                        let _ = self.reset_stream(id, Reason::INTERNAL_ERROR, Charge::Server);
                         return false;
                     }
                     Poll::Ready(Some(Ok(f))) => match f.into_data() {
@@ -1690,7 +1768,11 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
 
     fn fault(&mut self, f: Fault) {
         match f {
-            Fault::Stream(id, reason) => self.reset_stream(id, reason),
+            Fault::Stream(id, reason) => {
+                if let Err(f) = self.reset_stream(id, reason, Charge::Client) {
+                    self.fault(f);
+                }
+            }
             Fault::Conn(reason, why) => {
                 if self.closing.is_some() {
                     // Already closing: one GOAWAY, one error.
@@ -2586,6 +2668,307 @@ mod tests {
             d.blocked.is_empty(),
             "ids of removed streams: {:?}",
             d.blocked
+        );
+    }
+
+    #[tokio::test]
+    async fn every_reset_we_send_remembers_the_stream_and_counts_the_clients() {
+        let rt = crate::runtime::Runtime::new(crate::runtime::RuntimeOptions::default()).unwrap();
+        let mut input = BytesMut::from(&frame::PREFACE[..]);
+        frame::put_settings(&mut input, &[]);
+        frame::put_settings_ack(&mut input);
+        // Stream 1: a content-length with END_STREAM and no body (reset before it opens);
+        // stream 3: an upper-case header name (malformed).
+        let mut block = BytesMut::new();
+        for (n, v) in [
+            (":method", "GET"),
+            (":scheme", "http"),
+            (":path", "/"),
+            ("content-length", "5"),
+        ] {
+            Encoder::field(&mut block, n.as_bytes(), v.as_bytes(), false);
+        }
+        frame::put_headers(&mut input, 1, &block, true, 16_384);
+        let mut block = BytesMut::new();
+        for (n, v) in [(":method", "GET"), (":scheme", "http"), (":path", "/")] {
+            Encoder::field(&mut block, n.as_bytes(), v.as_bytes(), false);
+        }
+        Encoder::field(&mut block, b"X-Upper", b"1", false);
+        frame::put_headers(&mut input, 3, &block, true, 16_384);
+        let (d, _c) = hand_driver(&rt, |s| s.max_resets_per_sec = 100, &input).await;
+        for id in [1, 3] {
+            assert!(
+                d.recently_closed.contains(&id),
+                "stream {id} remembered closed"
+            );
+            assert!(
+                d.locally_reset_set.contains(&id),
+                "stream {id} remembered reset"
+            );
+        }
+        assert_eq!(d.flood.resets, 2, "both resets are the client's doing");
+    }
+
+    /// An I/O that buffers what it accepts and pushes it out only on later writes or
+    /// on flush, as tokio-rustls does (its `poll_write` returns Ok(n) once rustls took the
+    /// plaintext even when the socket would block; `poll_flush` writes the TLS records).
+    struct TlsLike {
+        inner: tokio::io::DuplexStream,
+        pending: Vec<u8>,
+    }
+
+    impl TlsLike {
+        fn drain(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            use tokio::io::AsyncWrite;
+            while !self.pending.is_empty() {
+                match Pin::new(&mut self.inner).poll_write(cx, &self.pending) {
+                    Poll::Ready(Ok(n)) => {
+                        self.pending.drain(..n);
+                    }
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                    Poll::Pending => return Poll::Pending,
+                }
+            }
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    impl AsyncRead for TlsLike {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &mut tokio::io::ReadBuf<'_>,
+        ) -> Poll<std::io::Result<()>> {
+            Pin::new(&mut self.inner).poll_read(cx, buf)
+        }
+    }
+
+    impl AsyncWrite for TlsLike {
+        fn poll_write(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<std::io::Result<usize>> {
+            let room = (64 * 1024usize).saturating_sub(self.pending.len());
+            let n = room.min(buf.len());
+            self.pending.extend_from_slice(&buf[..n]);
+            let blocked = self.drain(cx)?.is_pending();
+            if n == 0 && blocked {
+                return Poll::Pending;
+            }
+            Poll::Ready(Ok(n))
+        }
+        fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            std::task::ready!(self.drain(cx))?;
+            Pin::new(&mut self.inner).poll_flush(cx)
+        }
+        fn poll_shutdown(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+        ) -> Poll<std::io::Result<()>> {
+            std::task::ready!(self.drain(cx))?;
+            Pin::new(&mut self.inner).poll_shutdown(cx)
+        }
+    }
+
+    // Output a TLS-like stream accepted but could not send yet is flushed when the
+    // socket drains, not left until the next write.
+    #[tokio::test]
+    async fn output_buffered_by_the_tls_layer_is_flushed() {
+        use tokio::io::AsyncWriteExt;
+        let rt = crate::runtime::Runtime::new(crate::runtime::RuntimeOptions::default()).unwrap();
+        // A socket that holds 16 bytes: the response cannot go out in one go.
+        let (mut c, server) = tokio::io::duplex(16);
+        let io = TlsLike {
+            inner: server,
+            pending: Vec::new(),
+        };
+        let conn = Arc::new(ConnInfo {
+            listener: "x".into(),
+            peer: "127.0.0.1:1".parse().unwrap(),
+            local: "127.0.0.1:2".parse().unwrap(),
+            tls: true,
+            sni: None,
+        });
+        let (tx, stop) = tokio::sync::watch::channel(false);
+        let settings = Settings::from_limits(&sweety_config::Limits::default());
+        let shared = rt.shared.clone();
+        tokio::spawn(async move {
+            let _tx = tx;
+            let _ = serve(io, shared, conn, settings, stop).await;
+        });
+        let mut out = BytesMut::from(&frame::PREFACE[..]);
+        frame::put_settings(&mut out, &[]);
+        out.extend_from_slice(&request(1, true));
+        c.write_all(&out).await.unwrap();
+        let mut buf = BytesMut::new();
+        let done = tokio::time::timeout(Duration::from_secs(3), async {
+            loop {
+                let (h, _) = read_frame(&mut c, &mut buf).await.expect("frames");
+                if h.stream == 1 && h.has(flag::END_STREAM) {
+                    break;
+                }
+            }
+        })
+        .await;
+        assert!(
+            done.is_ok(),
+            "the end of the response is stuck in the TLS layer's buffer"
+        );
+    }
+
+    // The same over real tokio-rustls on a small pipe.
+    #[tokio::test]
+    async fn tls_response_tail_is_not_stuck_in_rustls() {
+        use tokio::io::AsyncWriteExt;
+        let rt = crate::runtime::Runtime::new(crate::runtime::RuntimeOptions::default()).unwrap();
+        let ck = rcgen::generate_simple_self_signed(vec!["h2.test".into()]).unwrap();
+        let cert = rustls::pki_types::CertificateDer::from(ck.cert.der().to_vec());
+        let key = rustls::pki_types::PrivateKeyDer::Pkcs8(
+            rustls::pki_types::PrivatePkcs8KeyDer::from(ck.signing_key.serialize_der()),
+        );
+        let mut server_cfg = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(vec![cert], key)
+        .unwrap();
+        server_cfg.alpn_protocols = vec![b"h2".to_vec()];
+        let client_cfg =
+            crate::proxy::tls::client_config(&sweety_config::BackendTls::default(), true).unwrap();
+        let (client_io, server_io) = tokio::io::duplex(64);
+        let conn = Arc::new(ConnInfo {
+            listener: "x".into(),
+            peer: "127.0.0.1:1".parse().unwrap(),
+            local: "127.0.0.1:2".parse().unwrap(),
+            tls: true,
+            sni: None,
+        });
+        let (tx, stop) = tokio::sync::watch::channel(false);
+        let settings = Settings::from_limits(&sweety_config::Limits::default());
+        let shared = rt.shared.clone();
+        tokio::spawn(async move {
+            let _tx = tx;
+            let tls = tokio_rustls::TlsAcceptor::from(Arc::new(server_cfg))
+                .accept(server_io)
+                .await
+                .unwrap();
+            let _ = serve(tls, shared, conn, settings, stop).await;
+        });
+        let name = rustls::pki_types::ServerName::try_from("h2.test").unwrap();
+        let mut c = tokio_rustls::TlsConnector::from(client_cfg)
+            .connect(name, client_io)
+            .await
+            .unwrap();
+        let mut out = BytesMut::from(&frame::PREFACE[..]);
+        frame::put_settings(&mut out, &[]);
+        out.extend_from_slice(&request(1, true));
+        c.write_all(&out).await.unwrap();
+        c.flush().await.unwrap();
+        let mut buf = BytesMut::new();
+        let done = tokio::time::timeout(Duration::from_secs(3), async {
+            loop {
+                while buf.len() >= HEADER_LEN {
+                    let h = Head::parse(&buf);
+                    if buf.len() < HEADER_LEN + h.len as usize {
+                        break;
+                    }
+                    buf.advance(HEADER_LEN + h.len as usize);
+                    if h.stream == 1 && h.has(flag::END_STREAM) {
+                        return;
+                    }
+                }
+                assert!(c.read_buf(&mut buf).await.unwrap() > 0, "closed");
+            }
+        })
+        .await;
+        assert!(done.is_ok(), "the end of the response is stuck in rustls");
+    }
+
+    // DATA refused by a stream error must still be credited to the
+    // connection window, on both stream-error paths (stream window, content-length).
+    #[tokio::test]
+    async fn data_refused_by_a_stream_error_is_credited_to_the_connection() {
+        let rt = crate::runtime::Runtime::new(crate::runtime::RuntimeOptions::default()).unwrap();
+        let mut input = BytesMut::from(&frame::PREFACE[..]);
+        frame::put_settings(&mut input, &[]);
+        frame::put_settings_ack(&mut input);
+        let (mut d, _c) = hand_driver(&rt, |s| s.max_resets_per_sec = 1000, &input).await;
+        // Two open uploads (as if their requests were still being handled): stream 1 with
+        // a 1 KiB window left, stream 3 with `content-length: 1`.
+        for (id, window, cl) in [(1u32, 1024i64, None), (3, 256 * 1024, Some(1u64))] {
+            let mut s = Stream::new(d.peer_initial_window, window);
+            s.recv = Some(RecvShared::new(d.signal.clone(), id, 1 << 20));
+            s.content_length = cl;
+            d.streams.insert(id, s);
+            d.last_stream = id;
+        }
+        let payload = Bytes::from(vec![0u8; 16_384]);
+        for id in [1u32, 3] {
+            let head = Head {
+                len: 16_384,
+                kind: kind::DATA,
+                flags: 0,
+                stream: id,
+            };
+            match d.on_data(head, payload.clone()) {
+                Err(f @ Fault::Stream(..)) => d.fault(f),
+                _ => panic!("a stream error expected"),
+            }
+        }
+        assert!(d.streams.is_empty());
+        let accounted =
+            d.conn_recv_window + d.conn_release as i64 + d.signal.take_consumed() as i64;
+        assert_eq!(
+            accounted,
+            d.cfg.conn_window as i64,
+            "connection window lost for good: {} bytes",
+            d.cfg.conn_window as i64 - accounted
+        );
+    }
+
+    // A graceful drain of a connection without streams whose client does not read
+    // is given up after a bound (it had no close deadline: the GOAWAY waited in the buffer forever).
+    #[tokio::test]
+    async fn a_drained_connection_whose_client_does_not_read_is_closed() {
+        let rt = crate::runtime::Runtime::new(crate::runtime::RuntimeOptions::default()).unwrap();
+        let t = Duration::from_millis(200);
+        let (mut c, server) = tokio::io::duplex(1);
+        let conn = Arc::new(ConnInfo {
+            listener: "x".into(),
+            peer: "127.0.0.1:1".parse().unwrap(),
+            local: "127.0.0.1:2".parse().unwrap(),
+            tls: false,
+            sni: None,
+        });
+        let (tx, stop) = tokio::sync::watch::channel(false);
+        let mut settings = Settings::from_limits(&sweety_config::Limits::default());
+        settings.idle_timeout = t;
+        settings.header_read_timeout = t;
+        let mut d = Driver::new(server, rt.shared.clone(), conn, settings, stop);
+        let mut input = BytesMut::from(&frame::PREFACE[..]);
+        frame::put_settings(&mut input, &[]);
+        frame::put_settings_ack(&mut input);
+        feed(&mut d, &mut c, &input).await;
+        // The listener drains.
+        tx.send(true).unwrap();
+        let mut cx = Context::from_waker(Waker::noop());
+        assert!(d.poll(&mut cx).is_pending());
+        assert!(d.going_away && d.streams.is_empty() && !d.write_buf.is_empty());
+        let mut ended = false;
+        for _ in 0..10 {
+            tokio::time::sleep(t).await;
+            if d.poll(&mut cx).is_ready() {
+                ended = true;
+                break;
+            }
+        }
+        assert!(
+            ended,
+            "still open 2 s after the drain began (close deadline {:?})",
+            d.close_deadline
         );
     }
 

@@ -1257,16 +1257,27 @@ fn patch_gives_what_a_full_build_gives_over_random_edits() {
         }
         let (bd, nd) = (Digests::of(&base), Digests::of(&new));
         let delta = ConfigDelta::between(&base, &bd, &new, &nd).unwrap();
+        let upserted: std::collections::HashSet<String> = delta
+            .virtual_hosts
+            .upsert
+            .iter()
+            .map(|v| v.name.clone())
+            .collect();
         let applied = delta
             .apply_indexed(&mut kept, &mut kept_d, &mut index, &mut cache)
             .unwrap();
-        let mut seen = 0;
-        table = table
-            .patch(&kept, &applied.virtual_hosts, &mut |_| seen += 1)
-            .unwrap();
-        if matches!(applied.virtual_hosts, ListEdit::Patch { .. }) {
-            patches += 1;
-        }
+        // As the control socket does: a patch patches the table, a reordered list is built
+        // again reusing every virtual host the delta did not carry.
+        table = match &applied.virtual_hosts {
+            ListEdit::Patch(p) => {
+                patches += 1;
+                table.patch(&kept, p, &mut |_| ()).unwrap()
+            }
+            ListEdit::Full => {
+                let unchanged = |name: &str| !upserted.contains(name);
+                RouteTable::build_reusing(&kept, Some((&table, &unchanged))).unwrap()
+            }
+        };
         let full = RouteTable::build(&kept).unwrap();
         assert_eq!(table.len(), full.len(), "step {step}");
         assert_eq!(table.vhost_count(), full.vhost_count());
@@ -1304,7 +1315,7 @@ fn patch_gives_what_a_full_build_gives_over_random_edits() {
 
 #[test]
 fn patch_shares_what_did_not_change_and_reports_what_did() {
-    use sweety_config::delta::ListEdit;
+    use sweety_config::delta::ListPatch;
     let old = config(vec![
         vh("a", &["a.test"], vec![route("a1", vec![prefix("/x")])]),
         vh("b", &["b.test"], vec![route("b1", vec![prefix("/")])]),
@@ -1321,7 +1332,7 @@ fn patch_shares_what_did_not_change_and_reports_what_did() {
         vh("c", &["c.test"], vec![route("c1", vec![exact("/c")])]),
         vh("d", &["d.test"], vec![route("d1", vec![])]),
     ]);
-    let edit = ListEdit::Patch {
+    let edit = ListPatch {
         replaced: vec![1],
         removed: vec![0],
         appended: 1,

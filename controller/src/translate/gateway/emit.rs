@@ -52,8 +52,10 @@ pub fn gateways(b: &mut Builder<'_>, classes: &BTreeMap<String, ClassInfo>) -> V
             );
             continue;
         }
-        let mut listeners = listeners::validate(b.snapshot, &gw);
-        let listener_sets = listenersets::attach_sets(b.snapshot, &gw, &ns, &mut listeners);
+        let mut frontends = listeners::Frontends::new();
+        let mut listeners = listeners::validate(b.snapshot, &gw, &mut frontends);
+        let listener_sets =
+            listenersets::attach_sets(b.snapshot, &gw, &ns, &mut listeners, &mut frontends);
         let rejected = invalid_parameters(&gw).or(requested_addresses(&gw).1);
         let backend_client_cert = client_cert::resolve(b.snapshot, &gw, &ns);
         out.push(GwState {
@@ -405,7 +407,8 @@ pub fn emit(b: &mut Builder<'_>, gateways: &[GwState], _alloc: &Allocation, out:
                 }
             }
         }
-        status(b, gw, lay.service_ports);
+        status(b, gw);
+        b.gateway_services.extend(service(gw, lay.service_ports));
     }
     client_cert::drop_unused(b, &replaced);
 }
@@ -457,8 +460,36 @@ fn invalid_parameters(gw: &sweety_gateway_api::gateways::Gateway) -> Option<Stri
     ))
 }
 
-/// The Gateway's status (and its ListenerSets'), and its Service when it has ports.
-pub fn status(b: &mut Builder<'_>, gw: &GwState, ports: Vec<ServicePort>) {
+/// The Service the controller owns for the Gateway, when it has `ports`.
+pub fn service(gw: &GwState, ports: Vec<ServicePort>) -> Option<GatewayService> {
+    if ports.is_empty() {
+        return None;
+    }
+    let (requested, _) = requested_addresses(&gw.gateway);
+    // Gateway `spec.infrastructure` labels and annotations go on the Service we create.
+    let infra = gw.gateway.spec.infrastructure.as_ref();
+    let mut ports = ports;
+    ports.sort();
+    Some(GatewayService {
+        gateway_namespace: gw.namespace.clone(),
+        gateway_name: gw.name.clone(),
+        name: addressing::service_name(&gw.namespace, &gw.name),
+        service_type: "LoadBalancer".into(),
+        ports,
+        requested_addresses: requested
+            .into_iter()
+            .filter(|(t, _)| t == "IPAddress")
+            .map(|(_, v)| v)
+            .collect(),
+        labels: infra.and_then(|i| i.labels.clone()).unwrap_or_default(),
+        annotations: infra
+            .and_then(|i| i.annotations.clone())
+            .unwrap_or_default(),
+    })
+}
+
+/// The Gateway's status (and its ListenerSets').
+pub fn status(b: &mut Builder<'_>, gw: &GwState) {
     let generation = gw.generation;
     let service = addressing::service_name(&gw.namespace, &gw.name);
     let (requested, bad_address) = requested_addresses(&gw.gateway);
@@ -551,30 +582,6 @@ pub fn status(b: &mut Builder<'_>, gw: &GwState, ports: Vec<ServicePort>) {
             generation,
         )
     };
-    // Gateway `spec.infrastructure` labels and annotations go on the Service we create.
-    let infra = gw.gateway.spec.infrastructure.as_ref();
-    if !ports.is_empty() {
-        b.gateway_services.push(GatewayService {
-            gateway_namespace: gw.namespace.clone(),
-            gateway_name: gw.name.clone(),
-            name: service,
-            service_type: "LoadBalancer".into(),
-            ports: {
-                let mut p = ports;
-                p.sort();
-                p
-            },
-            requested_addresses: requested
-                .iter()
-                .filter(|(t, _)| t == "IPAddress")
-                .map(|(_, v)| v.clone())
-                .collect(),
-            labels: infra.and_then(|i| i.labels.clone()).unwrap_or_default(),
-            annotations: infra
-                .and_then(|i| i.annotations.clone())
-                .unwrap_or_default(),
-        });
-    }
     // Gateway-level references (the backend client certificate), summarising the listeners'.
     let unresolved_listeners: Vec<&str> = own
         .iter()

@@ -11,6 +11,7 @@
 use super::listeners::Problem;
 use super::listeners::GROUP;
 use super::refgrant::{self, Reference};
+use crate::translate::snapshot::CA_KEY;
 use crate::translate::Snapshot;
 use sweety_config::{ClientAuth, ClientAuthMode, PemSource};
 use sweety_gateway_api::gateways::{
@@ -166,10 +167,8 @@ fn ca_pem(snapshot: &Snapshot, ns: &str, r: &CaRef) -> Result<String, Problem> {
     };
     let found = if kind == "ConfigMap" {
         snapshot
-            .config_maps
-            .iter()
-            .find(|c| same(&c.metadata))
-            .map(|c| c.data.as_ref().and_then(|d| d.get("ca.crt")).cloned())
+            .config_map_ca(target_ns, &r.name)
+            .map(|ca| ca.map(String::from))
     } else {
         snapshot
             .secrets
@@ -178,7 +177,7 @@ fn ca_pem(snapshot: &Snapshot, ns: &str, r: &CaRef) -> Result<String, Problem> {
             .map(|s| {
                 s.data
                     .as_ref()
-                    .and_then(|d| d.get("ca.crt"))
+                    .and_then(|d| d.get(CA_KEY))
                     .and_then(|v| String::from_utf8(v.0.clone()).ok())
             })
     };

@@ -244,8 +244,9 @@ impl GwListener {
     }
 }
 
-/// Validate every listener of a Gateway, including conflicts between them.
-pub fn validate(snapshot: &Snapshot, gw: &Gateway) -> Vec<GwListener> {
+/// Validate every listener of a Gateway, including conflicts between them. `frontends`
+/// starts empty for each Gateway and goes on to [`validate_set`] for its ListenerSets.
+pub fn validate(snapshot: &Snapshot, gw: &Gateway, frontends: &mut Frontends) -> Vec<GwListener> {
     let ns = gw.metadata.namespace.as_deref().unwrap_or_default();
     let mut out: Vec<GwListener> = gw
         .spec
@@ -253,7 +254,7 @@ pub fn validate(snapshot: &Snapshot, gw: &Gateway) -> Vec<GwListener> {
         .iter()
         .map(|l| listener(snapshot, ns, l, "Gateway"))
         .collect();
-    apply_frontend(snapshot, gw, ns, &mut out);
+    apply_frontend(snapshot, gw, ns, &mut out, frontends);
     conflicts(&mut out);
     out
 }
@@ -268,12 +269,13 @@ pub fn validate_set(
     gw_ns: &str,
     ls_ns: &str,
     listeners: &[GatewayListeners],
+    frontends: &mut Frontends,
 ) -> Vec<GwListener> {
     let mut out: Vec<GwListener> = listeners
         .iter()
         .map(|l| listener(snapshot, ls_ns, l, "ListenerSet"))
         .collect();
-    apply_frontend(snapshot, gw, gw_ns, &mut out);
+    apply_frontend(snapshot, gw, gw_ns, &mut out, frontends);
     out
 }
 
@@ -318,17 +320,54 @@ pub fn precedence_conflict(before: &[GwListener], new: &mut GwListener) {
     }
 }
 
+/// The client certificate validation (`spec.tls.frontend`) of one Gateway's HTTPS ports,
+/// each port resolved once (its CA bundles read and checked) and shared by the Gateway's own
+/// listeners and those of every ListenerSet attached to it.
+pub struct Frontends {
+    by_port: BTreeMap<u16, frontend::Frontend>,
+}
+
+impl Frontends {
+    pub fn new() -> Self {
+        Frontends {
+            by_port: BTreeMap::new(),
+        }
+    }
+
+    /// The validation of `port` of `gw` (namespace `ns`; always the same Gateway).
+    fn port(
+        &mut self,
+        snapshot: &Snapshot,
+        gw: &Gateway,
+        ns: &str,
+        port: u16,
+    ) -> &frontend::Frontend {
+        self.by_port
+            .entry(port)
+            .or_insert_with(|| frontend::resolve(snapshot, gw, ns, port))
+    }
+
+    /// How many ports were resolved.
+    #[cfg(test)]
+    pub fn resolved(&self) -> usize {
+        self.by_port.len()
+    }
+}
+
 /// Client certificate validation (the Gateway's `spec.tls.frontend`, per port) for HTTPS
 /// listeners.
-fn apply_frontend(snapshot: &Snapshot, gw: &Gateway, ns: &str, out: &mut [GwListener]) {
-    let mut by_port: BTreeMap<u16, frontend::Frontend> = BTreeMap::new();
+fn apply_frontend(
+    snapshot: &Snapshot,
+    gw: &Gateway,
+    ns: &str,
+    out: &mut [GwListener],
+    frontends: &mut Frontends,
+) {
     for l in out.iter_mut() {
         if l.protocol != Some(Proto::Https) || l.not_accepted.is_some() {
             continue;
         }
-        let f = by_port
-            .entry(l.port)
-            .or_insert_with(|| frontend::resolve(snapshot, gw, ns, l.port));
+        let f = frontends.port(snapshot, gw, ns, l.port);
         if f.none_valid {
             let (reason, msg) = f.invalid_ref.clone().unwrap_or_default();
             l.not_accepted = Some((
@@ -597,7 +636,7 @@ mod tests {
             "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {{name: gw, namespace: app}}\nspec:\n  gatewayClassName: sweety\n  listeners:\n{yaml}"
         );
         let (s, _) = Snapshot::from_yaml(&text).unwrap();
-        validate(&s, &s.gateways[0])
+        validate(&s, &s.gateways[0], &mut Frontends::new())
     }
 
     fn conflict(l: &GwListener) -> Option<&'static str> {

@@ -63,12 +63,14 @@ fn allowed(snapshot: &Snapshot, gw: &Gateway, gw_ns: &str, ls_ns: &str) -> bool 
 }
 
 /// Attach the ListenerSets naming `gw` (namespace `gw_ns`): their listeners are appended to
-/// `listeners` (the Gateway's own, already validated). Returns the sets in precedence order.
+/// `listeners` (the Gateway's own, already validated with `frontends`, whose client
+/// certificate validation per port they share). Returns the sets in precedence order.
 pub fn attach_sets(
     snapshot: &Snapshot,
     gw: &Gateway,
     gw_ns: &str,
     listeners: &mut Vec<GwListener>,
+    frontends: &mut listeners::Frontends,
 ) -> Vec<LsState> {
     let gw_name = gw.metadata.name.as_deref().unwrap_or_default();
     let mut sets: Vec<_> = snapshot
@@ -109,7 +111,7 @@ pub fn attach_sets(
             .filter_map(|v| serde_json::from_value(v).ok())
             .collect();
         let me = out.len();
-        for mut l in listeners::validate_set(snapshot, gw, gw_ns, &ls_ns, &specs) {
+        for mut l in listeners::validate_set(snapshot, gw, gw_ns, &ls_ns, &specs, frontends) {
             l.owner = Some(me);
             l.home_ns = Some(ls_ns.clone());
             listeners::precedence_conflict(listeners, &mut l);
@@ -196,5 +198,67 @@ pub fn statuses(
                 listeners,
             }),
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listener_sets_share_the_gateway_frontend_validation_resolved_once_per_port() {
+        let golden = include_str!(
+            "../../../testdata/translate/conf-gateway-with-clientcertificate-validation.in.yaml"
+        );
+        let gateway = "  name: client-validation-default\n  namespace: gateway-conformance-infra\n  generation: 1\nspec:\n  gatewayClassName: sweety\n";
+        assert!(golden.contains(gateway));
+        let mut y = golden.replace(
+            gateway,
+            &format!("{gateway}  allowedListeners:\n    namespaces:\n      from: Same\n"),
+        );
+        for set in 0..3 {
+            let tls = "tls: {certificateRefs: [{name: tls-validity-checks-certificate}]}";
+            y.push_str(&format!(
+                "---\napiVersion: gateway.networking.k8s.io/v1\nkind: ListenerSet\nmetadata: {{name: set-{set}, namespace: gateway-conformance-infra}}\n\
+spec:\n  parentRef: {{name: client-validation-default}}\n  listeners:\n"
+            ));
+            y.push_str(&format!(
+                "  - {{name: a, port: 443, protocol: HTTPS, hostname: s{set}.example.org, {tls}}}\n"
+            ));
+            y.push_str(&format!(
+                "  - {{name: b, port: 8443, protocol: HTTPS, hostname: t{set}.example.org, {tls}}}\n"
+            ));
+        }
+        let (s, _) = Snapshot::from_yaml(&y).unwrap();
+        let gw = s
+            .gateways
+            .iter()
+            .find(|g| g.metadata.name.as_deref() == Some("client-validation-default"))
+            .unwrap();
+        let mut frontends = listeners::Frontends::new();
+        let mut all = listeners::validate(&s, gw, &mut frontends);
+        let own = all.len();
+        let sets = attach_sets(
+            &s,
+            gw,
+            "gateway-conformance-infra",
+            &mut all,
+            &mut frontends,
+        );
+        assert_eq!(sets.len(), 3);
+        assert!(sets.iter().all(|ls| ls.not_allowed.is_none()));
+        assert_eq!(all.len(), own + 6);
+        // Two HTTPS ports, each resolved once for the Gateway and its three sets.
+        assert_eq!(frontends.resolved(), 2);
+        for port in [443, 8443] {
+            let auths: Vec<_> = all
+                .iter()
+                .filter(|l| l.port == port)
+                .map(|l| l.client_auth.clone())
+                .collect();
+            assert_eq!(auths.len(), 4, "port {port}");
+            assert!(auths[0].is_some(), "port {port} validates clients");
+            assert!(auths.iter().all(|a| *a == auths[0]), "port {port}");
+        }
     }
 }

@@ -10,11 +10,12 @@
 //! certificate validation), `listenersets`, `client_cert` (the Gateway's certificate towards backends), `attach`, `refgrant`,
 //! `policy`, `backend` (backendRef resolution), `http` (HTTPRoute rules), `grpc` (GRPCRoute
 //! matches), `l4` (TLS/TCP/UDP routes), `routes` (attachment and route status), `emit`
-//! (dataplane listeners, virtual hosts, Gateway status), `route_cache` (per-route memo of
-//! `translate_incremental`), `vhost_cache` (its per-virtual-host memo).
+//! (dataplane listeners, virtual hosts, Gateway status), `capture` (what one route adds),
+//! `vhost_cache` (the per-virtual-host memo of `translate_incremental`).
 
 mod attach;
 mod backend;
+mod capture;
 mod classes;
 mod client_cert;
 mod emit;
@@ -27,12 +28,10 @@ mod listenersets;
 mod model;
 mod policy;
 mod refgrant;
-mod route_cache;
 mod routes;
 mod tls_secret;
 pub(crate) mod vhost_cache;
 
-pub use route_cache::RouteCache;
 pub use vhost_cache::{Changes, VhostMemo};
 
 use super::addressing::Allocation;

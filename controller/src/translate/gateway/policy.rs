@@ -115,14 +115,8 @@ fn tls_of(b: &Builder<'_>, ns: &str, p: &BackendTlsPolicy) -> Result<BackendTls,
         }
         let ca = b
             .snapshot
-            .config_maps
-            .iter()
-            .find(|c| {
-                c.metadata.namespace.as_deref() == Some(ns)
-                    && c.metadata.name.as_deref() == Some(r.name.as_str())
-            })
-            .and_then(|c| c.data.as_ref())
-            .and_then(|d| d.get("ca.crt"))
+            .config_map_ca(ns, &r.name)
+            .flatten()
             .filter(|pem| pem.contains("-----BEGIN CERTIFICATE-----"));
         match ca {
             Some(pem) => {

@@ -2,12 +2,12 @@
 //! attachedRoutes counting and route status (only parents that are our Gateways are listed).
 
 use super::attach;
+use super::capture::Object;
 use super::http::{self, RouteCtx};
 use super::l4;
 use super::listeners::{RouteKind, GROUP};
 use super::model::{self, GrpcRuleSpec, HttpRuleSpec, L4RuleSpec, ParentRefSpec, RouteSpec};
 use super::policy::Policies;
-use super::route_cache::Object;
 use super::{grpc, GwState};
 use crate::translate::status::{
     Condition, ObjectKey, ObjectStatus, ParentRef, RouteParentStatus, RouteStatus,
@@ -97,24 +97,9 @@ pub fn translate(
     add!(snapshot.tcp_routes, RouteKind::Tcp);
     add!(snapshot.udp_routes, RouteKind::Udp);
     items.sort_by(|a, b| (a.0, &a.1.namespace, &a.1.name).cmp(&(b.0, &b.1.namespace, &b.1.name)));
-    // With a memo (`translate_incremental`), unchanged routes are replayed.
-    let mut cache = b.route_cache.take();
     for (kind, meta, object) in items {
-        match cache.as_deref_mut() {
-            Some(c) => c.route(
-                b,
-                gateways,
-                policies,
-                out,
-                kind,
-                meta,
-                object,
-                |b, g, p, o, s| route(b, g, p, o, kind, meta, s),
-            ),
-            None => route(b, gateways, policies, out, kind, meta, &object.spec()),
-        }
+        route(b, gateways, policies, out, kind, meta, &object.spec());
     }
-    b.route_cache = cache;
 }
 
 /// Translate one route object: its entries into `out`, its backends, attachment counts,

@@ -15,14 +15,14 @@
 //! `virtual_host`, `l4_listener`, `status`), so the result is what `translate` gives;
 //! `translate_incremental_matches_translate` checks it.
 //!
-//! Not handled here (the caller falls back to the per-route memo, [`super::RouteCache`]):
+//! Not handled here (the caller falls back to plain translation):
 //! Gateways with a backend client certificate (their routes' backends are rewritten per
 //! Gateway and unused originals dropped), two route objects with the same kind, namespace
 //! and name, and two routes giving different backends under one name.
 
+use super::capture::{self, Object};
 use super::emit::{self, GwLayout, PortL4Route};
 use super::listeners::RouteKind;
-use super::route_cache::{self, Object};
 use super::routes::{self, Collected, SortKey};
 use super::{policy, World};
 use crate::config_items::Item;
@@ -282,7 +282,7 @@ impl VhostMemo {
             return Err(Unsupported);
         }
         let mut out = Collected::default();
-        let (fx, services) = route_cache::capture(
+        let (fx, services) = capture::capture(
             b,
             &mut self.world.gateways,
             &mut self.world.policies,
@@ -486,12 +486,17 @@ impl VhostMemo {
             );
         }
         for g in dirty.gateways {
-            let ports = self.layout[g].service_ports.clone();
-            emit::status(b, &self.world.gateways[g], ports);
+            emit::status(b, &self.world.gateways[g]);
         }
-        let services = std::mem::take(&mut b.gateway_services);
         if first {
-            self.gateway_services = services;
+            // The Services depend on the world only: built once per memo.
+            self.gateway_services = self
+                .world
+                .gateways
+                .iter()
+                .zip(&self.layout)
+                .filter_map(|(gw, lay)| emit::service(gw, lay.service_ports.clone()))
+                .collect();
             self.gateway_services.sort_by(|a, b| a.name.cmp(&b.name));
         }
         if dirty.policies {
