@@ -100,7 +100,7 @@ pub type RequestKey = (Arc<str>, Arc<str>, u8, &'static str);
 /// hashes them with FNV-1a (they come from the config, not from clients).
 #[derive(Debug, Default)]
 pub struct RequestCounters {
-    map: RwLock<HashMap<Labels, Box<ClassCounters>, BuildHasherDefault<Fnv>>>,
+    map: RwLock<HashMap<Labels, Box<ClassCounters>, FnvBuild>>,
 }
 
 /// Counters by protocol (H1, H2, H3) and status class (1xx–5xx).
@@ -162,8 +162,11 @@ impl PartialEq for Labels {
 
 impl Eq for Labels {}
 
-/// FNV-1a.
-struct Fnv(u64);
+/// FNV-1a, for maps keyed by names from the config (not by what clients send).
+pub struct Fnv(u64);
+
+/// Builds [`Fnv`] hashers.
+pub type FnvBuild = BuildHasherDefault<Fnv>;
 
 impl Default for Fnv {
     fn default() -> Fnv {

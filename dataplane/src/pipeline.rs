@@ -108,7 +108,6 @@ async fn serve(
         start,
     };
     let log = shared.access_log.enabled().then(|| LogStart::new(&req));
-    let origin = req.headers().get(header::ORIGIN).cloned();
     // What the response phase needs from the request (compression captures its own).
     let method = req.method().clone();
     let grpc = crate::grpc::kind(req.headers());
@@ -152,7 +151,7 @@ async fn serve(
     if let Some(m) = filters_entry {
         if m.entry.filters.has_response_filters() {
             let (mut parts, body) = resp.into_parts();
-            m.entry.filters.on_response(origin.as_ref(), &mut parts);
+            m.entry.filters.on_response(m.origin.as_ref(), &mut parts);
             resp = Response::from_parts(parts, body);
         }
         if let Some(c) = &m.entry.filters.edge().compress {
@@ -215,6 +214,9 @@ struct Matched<'a> {
     entry: &'a crate::router::RouteEntry,
     /// The request's `Accept-Encoding` values when the route compresses (else empty).
     accept_encoding: Vec<HeaderValue>,
+    /// The request's `Origin` (as it came, before the request filters) when the route has
+    /// response filters (CORS uses it).
+    origin: Option<HeaderValue>,
 }
 
 /// What [`route`] decided: the answer (a refusal, a redirect, a cache hit…), or the
@@ -350,9 +352,15 @@ fn route<'a>(
             .collect(),
         None => Vec::new(),
     };
+    let origin = if entry.filters.has_response_filters() {
+        req.headers().get(header::ORIGIN).cloned()
+    } else {
+        None
+    };
     let matched = Matched {
         entry,
         accept_encoding,
+        origin,
     };
 
     // 4a. access rules: IP allow/deny lists (403), then rate and concurrency limits (429).

@@ -76,7 +76,7 @@ pub struct Snapshot {
     /// Upstream backends and pools.
     pub upstreams: Arc<Upstreams>,
     /// Listeners by name.
-    pub listeners: HashMap<Arc<str>, Arc<ListenerView>>,
+    pub listeners: HashMap<Arc<str>, Arc<ListenerView>, crate::metrics::FnvBuild>,
     /// Listener names by bind key.
     by_key: HashMap<BindKey, Arc<ListenerView>>,
     /// hyper connection builder configured from the limits.
@@ -118,7 +118,7 @@ impl Snapshot {
             upstreams: Arc::new(
                 Upstreams::build(&[], None, metrics).expect("empty upstreams build"),
             ),
-            listeners: HashMap::new(),
+            listeners: HashMap::default(),
             by_key: HashMap::new(),
             edge: Arc::default(),
         }
@@ -659,7 +659,7 @@ impl Runtime {
         }
 
         // Build the snapshot.
-        let mut listeners = HashMap::new();
+        let mut listeners = HashMap::default();
         let mut by_key = HashMap::new();
         {
             let mut limits = self

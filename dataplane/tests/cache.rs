@@ -579,3 +579,66 @@ async fn a_reload_reaches_an_open_engine_connection() {
     );
     held.abort();
 }
+
+/// CORS on a cached route decorates hits (whose head the engine then takes as a map) from
+/// the request's `Origin` as it arrived, even when a request filter removes it before the
+/// action, on both HTTP/2 servers.
+#[tokio::test]
+async fn cors_on_cached_hits_uses_the_origin_the_request_came_with() {
+    for engine in [Http2Engine::Hyper, Http2Engine::Sweety] {
+        let (up, _hits) = origin().await;
+        let mut r = proxy_route("cors", "/", "up");
+        r.filters.push(Filter::RequestHeaders(HeaderModifier {
+            remove: vec!["origin".into()],
+            ..HeaderModifier::default()
+        }));
+        r.filters.push(Filter::Cors(Cors {
+            allow_origins: vec!["https://ok.test".into()],
+            ..Cors::default()
+        }));
+        r.filters.push(Filter::Cache(CachePolicy::default()));
+        let mut cfg = Config {
+            backends: vec![backend("up", up)],
+            ..http_config(vec![vhost("c", &[], vec![r])])
+        };
+        cfg.limits.http2_engine = engine;
+        let h = Harness::start(cfg).await;
+        let addr = h.addr("web").await;
+        let c = h2c_client();
+        for (i, origin) in ["https://ok.test", "https://ok.test", "https://no.test"]
+            .into_iter()
+            .enumerate()
+        {
+            let req = http::Request::get(format!("http://{addr}/c"))
+                .header("host", "c.test")
+                .header("origin", origin)
+                .body(Full::new(Bytes::new()))
+                .unwrap();
+            let resp = c.request(req).await.unwrap();
+            let hv = |k: &str| {
+                resp.headers()
+                    .get_all(k)
+                    .iter()
+                    .map(|v| v.to_str().unwrap().to_string())
+                    .collect::<Vec<_>>()
+            };
+            let want = if i == 0 { "MISS" } else { "HIT" };
+            assert_eq!(hv("x-cache"), [want], "{engine:?} {i}");
+            let allowed = origin == "https://ok.test";
+            assert_eq!(
+                hv("access-control-allow-origin"),
+                if allowed {
+                    vec![origin.to_string()]
+                } else {
+                    vec![]
+                },
+                "{engine:?} {i}"
+            );
+            assert!(
+                hv("vary").iter().any(|v| v.eq_ignore_ascii_case("origin")),
+                "{engine:?} {i}: {:?}",
+                resp.headers()
+            );
+        }
+    }
+}
