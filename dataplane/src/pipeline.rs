@@ -185,7 +185,7 @@ async fn serve(
         }
     }
     let finish = Finish {
-        shared: shared.clone(),
+        shared,
         ctx,
         status,
         route: route_name,
@@ -220,13 +220,13 @@ struct Matched<'a> {
 }
 
 /// What [`route`] decided: the answer (a refusal, a redirect, a cache hit…), or the
-/// route's action to run.
-// Returned once and taken apart at once; boxing `Act` would allocate for every request that
-// goes to an action.
+/// route's action to run. `Acting` is boxed: the answered requests (cache hits) then copy
+/// ~250 bytes back, not ~470.
+// Boxing `Answered` instead would allocate for every answered request.
 #[allow(clippy::large_enum_variant)]
 enum Routed<'a> {
     Answered(Served<'a>),
-    Act(Acting<'a>),
+    Act(Box<Acting<'a>>),
 }
 
 /// What phase 5 (the action) needs from phases 2–4.
@@ -256,7 +256,7 @@ async fn route_and_serve<'a>(
 ) -> Served<'a> {
     match route(shared, snap, view, ctx, req, engine) {
         Routed::Answered(s) => s,
-        Routed::Act(a) => act(shared, snap, ctx, a).await,
+        Routed::Act(a) => act(shared, snap, ctx, *a).await,
     }
 }
 
@@ -438,7 +438,7 @@ fn route<'a>(
             Err(f) => found = f,
         }
     }
-    Routed::Act(Acting {
+    Routed::Act(Box::new(Acting {
         route_name,
         matched,
         parts,
@@ -448,7 +448,7 @@ fn route<'a>(
         cache: cache_key,
         found,
         in_flight,
-    })
+    }))
 }
 
 /// Phase 5: the route's action, under its request timeout.
