@@ -19,9 +19,11 @@
 //! delta that changes one route recompiles one virtual host, not all of them.
 
 use crate::filters::CompiledFilters;
+use hashbrown::HashTable;
 use std::borrow::Cow;
 use std::cmp::Reverse;
 use std::collections::HashMap;
+use std::hash::{BuildHasher as _, RandomState};
 use std::sync::Arc;
 use sweety_config::delta::ListPatch;
 use sweety_config::{
@@ -244,19 +246,26 @@ fn unclaim(claims: &mut Claims, key: u64) {
 
 /// A hash map from hostname to claims, split into shards shared between tables: a change
 /// copies the shard pointers and the one shard it touches.
+///
+/// A hostname is hashed once: its 64-bit hash picks the shard (bits 32 and up) and finds the
+/// entry inside the shard's table (which keeps each entry's hash and never hashes again).
+/// The hasher is keyed (std's `RandomState`, random per map and kept by its clones), so
+/// hostnames that tenants choose cannot be made to collide.
 #[derive(Debug, Clone, Default)]
 struct HostMap {
-    shards: Vec<Arc<HashMap<Box<str>, Claims>>>,
+    shards: Vec<Arc<HashTable<HostEntry>>>,
     /// Keys over all shards: `is_empty` is asked on every request that misses the exact
     /// hosts, and must not walk the shards.
     keys: usize,
+    hasher: RandomState,
 }
 
-/// FNV-1a, to pick a shard (each shard is a std `HashMap` with its own keyed hasher).
-fn shard_hash(key: &str) -> u64 {
-    key.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    })
+/// One hostname of a [`HostMap`] with its hash and its claims.
+#[derive(Debug, Clone)]
+struct HostEntry {
+    hash: u64,
+    key: Box<str>,
+    claims: Claims,
 }
 
 impl HostMap {
@@ -264,18 +273,27 @@ impl HostMap {
         HostMap {
             shards: (0..shards).map(|_| Arc::default()).collect(),
             keys: 0,
+            hasher: RandomState::new(),
         }
     }
 
-    fn shard(&self, key: &str) -> usize {
-        (shard_hash(key) as usize) & (self.shards.len() - 1)
+    /// The hash of `key` and the shard it picks. The shard takes bits the shard's table uses
+    /// for neither the bucket (low bits) nor the tag (top 7 bits), so the keys of one shard
+    /// still spread over its buckets.
+    fn locate(&self, key: &str) -> (u64, usize) {
+        let hash = self.hasher.hash_one(key);
+        (hash, ((hash >> 32) as usize) & (self.shards.len() - 1))
     }
 
     fn first(&self, key: &str) -> Option<&Slot> {
         if self.shards.is_empty() {
             return None;
         }
-        self.shards[self.shard(key)].get(key)?.first()
+        let (hash, s) = self.locate(key);
+        self.shards[s]
+            .find(hash, |e| &*e.key == key)?
+            .claims
+            .first()
     }
 
     fn is_empty(&self) -> bool {
@@ -283,27 +301,34 @@ impl HostMap {
     }
 
     fn claim(&mut self, key: &str, slot: &Slot) {
-        let s = self.shard(key);
+        let (hash, s) = self.locate(key);
         let shard = Arc::make_mut(&mut self.shards[s]);
-        match shard.get_mut(key) {
-            Some(c) => claim(c, slot),
+        match shard.find_mut(hash, |e| &*e.key == key) {
+            Some(e) => claim(&mut e.claims, slot),
             None => {
-                shard.insert(key.into(), vec![slot.clone()]);
+                let entry = HostEntry {
+                    hash,
+                    key: key.into(),
+                    claims: vec![slot.clone()],
+                };
+                shard.insert_unique(hash, entry, |e| e.hash);
                 self.keys += 1;
             }
         }
     }
 
     fn unclaim(&mut self, key: &str, order: u64) {
-        let s = self.shard(key);
-        if !self.shards[s].contains_key(key) {
+        let (hash, s) = self.locate(key);
+        let eq = |e: &HostEntry| &*e.key == key;
+        if self.shards[s].find(hash, eq).is_none() {
             return;
         }
         let shard = Arc::make_mut(&mut self.shards[s]);
-        if let Some(c) = shard.get_mut(key) {
-            unclaim(c, order);
-            if c.is_empty() {
-                shard.remove(key);
+        if let Ok(mut entry) = shard.find_entry(hash, eq) {
+            let claims = &mut entry.get_mut().claims;
+            unclaim(claims, order);
+            if claims.is_empty() {
+                entry.remove();
                 self.keys -= 1;
             }
         }

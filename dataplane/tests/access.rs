@@ -183,31 +183,21 @@ async fn ip_allow_and_deny_lists_answer_403() {
 
 /// A backend answering with the X-Forwarded-For it received.
 async fn xff_backend() -> std::net::SocketAddr {
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    tokio::spawn(async move {
-        loop {
-            let Ok((s, _)) = l.accept().await else { return };
-            tokio::spawn(async move {
-                let svc = hyper::service::service_fn(
-                    |req: http::Request<hyper::body::Incoming>| async move {
-                        let xff = req
-                            .headers()
-                            .get("x-forwarded-for")
-                            .map(|v| v.to_str().unwrap().to_string())
-                            .unwrap_or_default();
-                        Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(
-                            Bytes::from(xff),
-                        )))
-                    },
-                );
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(hyper_util::rt::TokioIo::new(s), svc)
-                    .await;
+    spawn_backend(move |s| async move {
+        let svc =
+            hyper::service::service_fn(|req: http::Request<hyper::body::Incoming>| async move {
+                let xff = req
+                    .headers()
+                    .get("x-forwarded-for")
+                    .map(|v| v.to_str().unwrap().to_string())
+                    .unwrap_or_default();
+                Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(Bytes::from(xff))))
             });
-        }
-    });
-    addr
+        let _ = hyper::server::conn::http1::Builder::new()
+            .serve_connection(hyper_util::rt::TokioIo::new(s), svc)
+            .await;
+    })
+    .await
 }
 
 #[tokio::test]
@@ -404,29 +394,24 @@ async fn edge_config_errors_are_reported_with_paths() {
 
 /// A backend whose responses wait until `gate` is opened.
 async fn gated_backend(gate: std::sync::Arc<tokio::sync::Semaphore>) -> std::net::SocketAddr {
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    tokio::spawn(async move {
-        loop {
-            let Ok((s, _)) = l.accept().await else { return };
-            let gate = gate.clone();
-            tokio::spawn(async move {
-                let svc = hyper::service::service_fn(move |_req| {
-                    let gate = gate.clone();
-                    async move {
-                        gate.acquire().await.unwrap().forget();
-                        Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(
-                            Bytes::from_static(b"done"),
-                        )))
-                    }
-                });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(hyper_util::rt::TokioIo::new(s), svc)
-                    .await;
+    spawn_backend(move |s| {
+        let gate = gate.clone();
+        async move {
+            let svc = hyper::service::service_fn(move |_req| {
+                let gate = gate.clone();
+                async move {
+                    gate.acquire().await.unwrap().forget();
+                    Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(
+                        Bytes::from_static(b"done"),
+                    )))
+                }
             });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(hyper_util::rt::TokioIo::new(s), svc)
+                .await;
         }
-    });
-    addr
+    })
+    .await
 }
 
 #[tokio::test]

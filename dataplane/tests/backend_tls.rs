@@ -83,30 +83,25 @@ async fn tls_backend(
     let mut cfg = builder.with_single_cert(chain, key).unwrap();
     cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(cfg));
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    tokio::spawn(async move {
-        loop {
-            let Ok((s, _)) = l.accept().await else { return };
-            let acceptor = acceptor.clone();
-            tokio::spawn(async move {
-                let Ok(tls) = acceptor.accept(s).await else {
-                    return;
-                };
-                let client_cert = tls.get_ref().1.peer_certificates().is_some();
-                let svc = hyper::service::service_fn(move |_req| async move {
-                    let body = format!("secure client_cert={client_cert}");
-                    Ok::<_, std::convert::Infallible>(http::Response::new(
-                        http_body_util::Full::new(bytes::Bytes::from(body)),
-                    ))
-                });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(hyper_util::rt::TokioIo::new(tls), svc)
-                    .await;
+    spawn_backend(move |s| {
+        let acceptor = acceptor.clone();
+        async move {
+            let Ok(tls) = acceptor.accept(s).await else {
+                return;
+            };
+            let client_cert = tls.get_ref().1.peer_certificates().is_some();
+            let svc = hyper::service::service_fn(move |_req| async move {
+                let body = format!("secure client_cert={client_cert}");
+                Ok::<_, std::convert::Infallible>(http::Response::new(http_body_util::Full::new(
+                    bytes::Bytes::from(body),
+                )))
             });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(hyper_util::rt::TokioIo::new(tls), svc)
+                .await;
         }
-    });
-    addr
+    })
+    .await
 }
 
 /// Serves a proxy route to an `https` backend with `tls` and returns (status, body) of a GET.

@@ -21,31 +21,26 @@ async fn bounded<F: std::future::Future>(f: F) -> F::Output {
 
 /// An HTTP backend answering its `tag`; `/health` answers 200 while `healthy`, else 503.
 async fn named(tag: &'static str, healthy: Arc<AtomicBool>) -> SocketAddr {
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    tokio::spawn(async move {
-        loop {
-            let Ok((s, _)) = l.accept().await else { return };
-            let healthy = healthy.clone();
-            tokio::spawn(async move {
-                let svc =
-                    hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
-                        let healthy = healthy.clone();
-                        async move {
-                            let mut r = http::Response::new(Full::new(Bytes::from(tag)));
-                            if req.uri().path() == "/health" && !healthy.load(Ordering::SeqCst) {
-                                *r.status_mut() = http::StatusCode::SERVICE_UNAVAILABLE;
-                            }
-                            Ok::<_, std::convert::Infallible>(r)
+    spawn_backend(move |s| {
+        let healthy = healthy.clone();
+        async move {
+            let svc =
+                hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                    let healthy = healthy.clone();
+                    async move {
+                        let mut r = http::Response::new(Full::new(Bytes::from(tag)));
+                        if req.uri().path() == "/health" && !healthy.load(Ordering::SeqCst) {
+                            *r.status_mut() = http::StatusCode::SERVICE_UNAVAILABLE;
                         }
-                    });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(hyper_util::rt::TokioIo::new(s), svc)
-                    .await;
-            });
+                        Ok::<_, std::convert::Infallible>(r)
+                    }
+                });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(hyper_util::rt::TokioIo::new(s), svc)
+                .await;
         }
-    });
-    addr
+    })
+    .await
 }
 
 async fn three() -> (Vec<SocketAddr>, Vec<Arc<AtomicBool>>) {

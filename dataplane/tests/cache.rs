@@ -20,58 +20,53 @@ type Hits = Arc<Mutex<HashMap<String, usize>>>;
 /// request's `accept-language` / `x-tenant`, so tests see which fetch they got.
 async fn origin() -> (SocketAddr, Hits) {
     let hits: Hits = Arc::default();
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
     let h = hits.clone();
-    tokio::spawn(async move {
-        loop {
-            let Ok((s, _)) = l.accept().await else { return };
-            let h = h.clone();
-            tokio::spawn(async move {
-                let svc =
-                    hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
-                        let h = h.clone();
-                        async move {
-                            let path = req.uri().path().to_string();
-                            let n = {
-                                let mut m = h.lock().unwrap();
-                                let e = m.entry(path.clone()).or_default();
-                                *e += 1;
-                                *e
-                            };
-                            let hv = |k: &str| {
-                                req.headers()
-                                    .get(k)
-                                    .and_then(|v| v.to_str().ok())
-                                    .unwrap_or("-")
-                                    .to_string()
-                            };
-                            let body =
-                                format!("{path} #{n} {} {}", hv("accept-language"), hv("x-tenant"));
-                            let mut b =
-                                http::Response::builder().header("content-type", "text/plain");
-                            b = match path.as_str() {
-                                "/private" => b.header("cache-control", "private, max-age=60"),
-                                "/nostore" => b.header("cache-control", "no-store"),
-                                "/vary" => b
-                                    .header("cache-control", "max-age=60")
-                                    .header("vary", "Accept-Language"),
-                                "/swr" => b.header("cache-control", "no-transform"),
-                                "/slow" => {
-                                    tokio::time::sleep(Duration::from_millis(300)).await;
-                                    b.header("cache-control", "max-age=60")
-                                }
-                                _ => b.header("cache-control", "public, max-age=60"),
-                            };
-                            Ok::<_, Infallible>(b.body(Full::new(Bytes::from(body))).unwrap())
-                        }
-                    });
-                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                    .serve_connection(TokioIo::new(s), svc)
-                    .await;
-            });
+    let addr = spawn_backend(move |s| {
+        let h = h.clone();
+        async move {
+            let svc =
+                hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                    let h = h.clone();
+                    async move {
+                        let path = req.uri().path().to_string();
+                        let n = {
+                            let mut m = h.lock().unwrap();
+                            let e = m.entry(path.clone()).or_default();
+                            *e += 1;
+                            *e
+                        };
+                        let hv = |k: &str| {
+                            req.headers()
+                                .get(k)
+                                .and_then(|v| v.to_str().ok())
+                                .unwrap_or("-")
+                                .to_string()
+                        };
+                        let body =
+                            format!("{path} #{n} {} {}", hv("accept-language"), hv("x-tenant"));
+                        let mut b = http::Response::builder().header("content-type", "text/plain");
+                        b = match path.as_str() {
+                            "/private" => b.header("cache-control", "private, max-age=60"),
+                            "/nostore" => b.header("cache-control", "no-store"),
+                            "/vary" => b
+                                .header("cache-control", "max-age=60")
+                                .header("vary", "Accept-Language"),
+                            "/swr" => b.header("cache-control", "no-transform"),
+                            "/slow" => {
+                                tokio::time::sleep(Duration::from_millis(300)).await;
+                                b.header("cache-control", "max-age=60")
+                            }
+                            _ => b.header("cache-control", "public, max-age=60"),
+                        };
+                        Ok::<_, Infallible>(b.body(Full::new(Bytes::from(body))).unwrap())
+                    }
+                });
+            let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                .serve_connection(TokioIo::new(s), svc)
+                .await;
         }
-    });
+    })
+    .await;
     (addr, hits)
 }
 

@@ -24,68 +24,56 @@ fn text_body() -> String {
 /// `/png` sends 4 KB of image/png, `/small` 10 bytes of text, `/coded` an already
 /// gzip-labelled body.
 async fn origin() -> SocketAddr {
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    tokio::spawn(async move {
-        loop {
-            let Ok((s, _)) = l.accept().await else { return };
-            tokio::spawn(async move {
-                let svc = hyper::service::service_fn(
-                    |req: http::Request<hyper::body::Incoming>| async move {
-                        let path = req.uri().path().to_string();
-                        let resp = match path.as_str() {
-                            "/text" => {
-                                let t = text_body();
-                                let (a, rest) = t.split_at(1000);
-                                let (b, c) = rest.split_at(20_000);
-                                let frames: Vec<Result<Frame<Bytes>, Infallible>> = [a, b, c]
-                                    .iter()
-                                    .map(|p| Ok(Frame::data(Bytes::from(p.to_string()))))
-                                    .collect();
-                                http::Response::builder()
-                                    .header("content-type", "text/plain; charset=utf-8")
-                                    .header("etag", "\"v1\"")
-                                    .body(
-                                        StreamBody::new(futures_util::stream::iter(frames))
-                                            .boxed_unsync(),
-                                    )
-                                    .unwrap()
-                            }
-                            "/png" => http::Response::builder()
-                                .header("content-type", "image/png")
-                                .body(
-                                    http_body_util::Full::new(Bytes::from(vec![7u8; 4096]))
-                                        .boxed_unsync(),
-                                )
-                                .unwrap(),
-                            "/small" => http::Response::builder()
-                                .header("content-type", "text/plain")
-                                .body(
-                                    http_body_util::Full::new(Bytes::from_static(b"0123456789"))
-                                        .boxed_unsync(),
-                                )
-                                .unwrap(),
-                            _ => http::Response::builder()
-                                .header("content-type", "text/plain")
-                                .header("content-encoding", "gzip")
-                                .body(
-                                    http_body_util::Full::new(Bytes::from_static(
-                                        b"not really gzip",
-                                    ))
-                                    .boxed_unsync(),
-                                )
-                                .unwrap(),
-                        };
-                        Ok::<_, Infallible>(resp)
-                    },
-                );
-                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                    .serve_connection(TokioIo::new(s), svc)
-                    .await;
+    spawn_backend(move |s| async move {
+        let svc =
+            hyper::service::service_fn(|req: http::Request<hyper::body::Incoming>| async move {
+                let path = req.uri().path().to_string();
+                let resp = match path.as_str() {
+                    "/text" => {
+                        let t = text_body();
+                        let (a, rest) = t.split_at(1000);
+                        let (b, c) = rest.split_at(20_000);
+                        let frames: Vec<Result<Frame<Bytes>, Infallible>> = [a, b, c]
+                            .iter()
+                            .map(|p| Ok(Frame::data(Bytes::from(p.to_string()))))
+                            .collect();
+                        http::Response::builder()
+                            .header("content-type", "text/plain; charset=utf-8")
+                            .header("etag", "\"v1\"")
+                            .body(
+                                StreamBody::new(futures_util::stream::iter(frames)).boxed_unsync(),
+                            )
+                            .unwrap()
+                    }
+                    "/png" => http::Response::builder()
+                        .header("content-type", "image/png")
+                        .body(
+                            http_body_util::Full::new(Bytes::from(vec![7u8; 4096])).boxed_unsync(),
+                        )
+                        .unwrap(),
+                    "/small" => http::Response::builder()
+                        .header("content-type", "text/plain")
+                        .body(
+                            http_body_util::Full::new(Bytes::from_static(b"0123456789"))
+                                .boxed_unsync(),
+                        )
+                        .unwrap(),
+                    _ => http::Response::builder()
+                        .header("content-type", "text/plain")
+                        .header("content-encoding", "gzip")
+                        .body(
+                            http_body_util::Full::new(Bytes::from_static(b"not really gzip"))
+                                .boxed_unsync(),
+                        )
+                        .unwrap(),
+                };
+                Ok::<_, Infallible>(resp)
             });
-        }
-    });
-    addr
+        let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+            .serve_connection(TokioIo::new(s), svc)
+            .await;
+    })
+    .await
 }
 
 struct Curl {

@@ -34,55 +34,50 @@ async fn grpc_backend() -> SocketAddr {
 
 /// The same backend, over TLS (ALPN h2) when `tls` is given.
 async fn grpc_backend_on(tls: Option<std::sync::Arc<rustls::ServerConfig>>) -> SocketAddr {
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    tokio::spawn(async move {
-        loop {
-            let Ok((s, _)) = l.accept().await else { return };
-            let tls = tls.clone();
-            tokio::spawn(async move {
-                let svc = hyper::service::service_fn(
-                    |req: http::Request<hyper::body::Incoming>| async move {
-                        let ct = req.headers()["content-type"].to_str().unwrap().to_string();
-                        assert!(
-                            ct == "application/grpc+proto" || ct == "application/grpc",
-                            "{ct}"
-                        );
-                        assert_eq!(req.headers()["te"], "trailers");
-                        if req.uri().path().starts_with("/slow.") {
-                            tokio::time::sleep(Duration::from_millis(1500)).await;
-                        }
-                        let body = req.into_body().collect().await.unwrap().to_bytes();
-                        let mut t = http::HeaderMap::new();
-                        t.insert("grpc-status", "0".parse().unwrap());
-                        t.insert("grpc-message", "ok".parse().unwrap());
-                        t.insert("x-trailer", "yes".parse().unwrap());
-                        let frames: Vec<Result<Frame<Bytes>, Infallible>> =
-                            vec![Ok(Frame::data(body)), Ok(Frame::trailers(t))];
-                        Ok::<_, Infallible>(
-                            http::Response::builder()
-                                .header("content-type", "application/grpc+proto")
-                                .body(StreamBody::new(futures_util::stream::iter(frames)))
-                                .unwrap(),
-                        )
-                    },
-                );
-                let builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
-                match tls {
-                    None => {
-                        let _ = builder.serve_connection(TokioIo::new(s), svc).await;
+    spawn_backend(move |s| {
+        let tls = tls.clone();
+        async move {
+            let svc = hyper::service::service_fn(
+                |req: http::Request<hyper::body::Incoming>| async move {
+                    let ct = req.headers()["content-type"].to_str().unwrap().to_string();
+                    assert!(
+                        ct == "application/grpc+proto" || ct == "application/grpc",
+                        "{ct}"
+                    );
+                    assert_eq!(req.headers()["te"], "trailers");
+                    if req.uri().path().starts_with("/slow.") {
+                        tokio::time::sleep(Duration::from_millis(1500)).await;
                     }
-                    Some(cfg) => {
-                        let Ok(s) = tokio_rustls::TlsAcceptor::from(cfg).accept(s).await else {
-                            return;
-                        };
-                        let _ = builder.serve_connection(TokioIo::new(s), svc).await;
-                    }
+                    let body = req.into_body().collect().await.unwrap().to_bytes();
+                    let mut t = http::HeaderMap::new();
+                    t.insert("grpc-status", "0".parse().unwrap());
+                    t.insert("grpc-message", "ok".parse().unwrap());
+                    t.insert("x-trailer", "yes".parse().unwrap());
+                    let frames: Vec<Result<Frame<Bytes>, Infallible>> =
+                        vec![Ok(Frame::data(body)), Ok(Frame::trailers(t))];
+                    Ok::<_, Infallible>(
+                        http::Response::builder()
+                            .header("content-type", "application/grpc+proto")
+                            .body(StreamBody::new(futures_util::stream::iter(frames)))
+                            .unwrap(),
+                    )
+                },
+            );
+            let builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+            match tls {
+                None => {
+                    let _ = builder.serve_connection(TokioIo::new(s), svc).await;
                 }
-            });
+                Some(cfg) => {
+                    let Ok(s) = tokio_rustls::TlsAcceptor::from(cfg).accept(s).await else {
+                        return;
+                    };
+                    let _ = builder.serve_connection(TokioIo::new(s), svc).await;
+                }
+            }
         }
-    });
-    addr
+    })
+    .await
 }
 
 fn h2c_backend(name: &str, addr: SocketAddr) -> Backend {

@@ -369,34 +369,25 @@ async fn misdirected_requests_over_h3_follow_the_listener_chosen_by_sni() {
 /// A backend serving HTTP/1.1 and h2c that echoes the request: protocol, method, path, body
 /// length and body.
 async fn echo_backend() -> SocketAddr {
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    tokio::spawn(async move {
-        loop {
-            let Ok((tcp, _)) = l.accept().await else {
-                return;
-            };
-            tokio::spawn(async move {
-                let svc = hyper::service::service_fn(|req: Request<Incoming>| async move {
-                    let head = format!(
-                        "{:?} {} {}\n",
-                        req.version(),
-                        req.method(),
-                        req.uri().path()
-                    );
-                    let body = req.into_body().collect().await.unwrap().to_bytes();
-                    let mut out = head.into_bytes();
-                    out.extend_from_slice(format!("len={}\n", body.len()).as_bytes());
-                    out.extend_from_slice(&body);
-                    Ok::<_, Infallible>(Response::new(full(out)))
-                });
-                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                    .serve_connection(TokioIo::new(tcp), svc)
-                    .await;
-            });
-        }
-    });
-    addr
+    spawn_backend(move |tcp| async move {
+        let svc = hyper::service::service_fn(|req: Request<Incoming>| async move {
+            let head = format!(
+                "{:?} {} {}\n",
+                req.version(),
+                req.method(),
+                req.uri().path()
+            );
+            let body = req.into_body().collect().await.unwrap().to_bytes();
+            let mut out = head.into_bytes();
+            out.extend_from_slice(format!("len={}\n", body.len()).as_bytes());
+            out.extend_from_slice(&body);
+            Ok::<_, Infallible>(Response::new(full(out)))
+        });
+        let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+            .serve_connection(TokioIo::new(tcp), svc)
+            .await;
+    })
+    .await
 }
 
 #[tokio::test]
@@ -460,25 +451,16 @@ async fn proxies_to_h1_and_h2c_backends_streaming_bodies_both_ways() {
 
 /// A backend that answers every HTTP/1.1 request after `delay`.
 async fn slow_backend(delay: Duration) -> SocketAddr {
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    tokio::spawn(async move {
-        loop {
-            let Ok((tcp, _)) = l.accept().await else {
-                return;
-            };
-            tokio::spawn(async move {
-                let svc = hyper::service::service_fn(move |_req: Request<Incoming>| async move {
-                    tokio::time::sleep(delay).await;
-                    Ok::<_, Infallible>(Response::new(full("slow")))
-                });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(tcp), svc)
-                    .await;
-            });
-        }
-    });
-    addr
+    spawn_backend(move |tcp| async move {
+        let svc = hyper::service::service_fn(move |_req: Request<Incoming>| async move {
+            tokio::time::sleep(delay).await;
+            Ok::<_, Infallible>(Response::new(full("slow")))
+        });
+        let _ = hyper::server::conn::http1::Builder::new()
+            .serve_connection(TokioIo::new(tcp), svc)
+            .await;
+    })
+    .await
 }
 
 #[tokio::test]

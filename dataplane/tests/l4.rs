@@ -25,42 +25,31 @@ async fn bounded<F: std::future::Future>(f: F) -> F::Output {
 /// `proxy_protocol` it first reads a PROXY header and answers
 /// `<tag>:from=<source>,to=<destination>|` to it.
 async fn tcp_echo(tag: &'static str, proxy_protocol: bool) -> SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    tokio::spawn(async move {
-        loop {
-            let Ok((mut s, _)) = l.accept().await else {
-                return;
-            };
-            tokio::spawn(async move {
-                if proxy_protocol {
-                    let a = sweety_dataplane::proxy_protocol::read_header(&mut s)
-                        .await
-                        .unwrap()
-                        .unwrap();
-                    let _ = s
-                        .write_all(
-                            format!("{tag}:from={},to={}|", a.source, a.destination).as_bytes(),
-                        )
-                        .await;
-                }
-                let mut buf = [0u8; 1024];
-                for _ in 0..1000 {
-                    match s.read(&mut buf).await {
-                        Ok(0) | Err(_) => break,
-                        Ok(n) => {
-                            let mut out = format!("{tag}:").into_bytes();
-                            out.extend_from_slice(&buf[..n]);
-                            if s.write_all(&out).await.is_err() {
-                                break;
-                            }
-                        }
+    spawn_backend(move |mut s| async move {
+        if proxy_protocol {
+            let a = sweety_dataplane::proxy_protocol::read_header(&mut s)
+                .await
+                .unwrap()
+                .unwrap();
+            let _ = s
+                .write_all(format!("{tag}:from={},to={}|", a.source, a.destination).as_bytes())
+                .await;
+        }
+        let mut buf = [0u8; 1024];
+        for _ in 0..1000 {
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    let mut out = format!("{tag}:").into_bytes();
+                    out.extend_from_slice(&buf[..n]);
+                    if s.write_all(&out).await.is_err() {
+                        break;
                     }
                 }
-            });
+            }
         }
-    });
-    addr
+    })
+    .await
 }
 
 fn wb(name: &str, weight: u32) -> WeightedBackend {
@@ -257,25 +246,21 @@ async fn tls_backend(name: &str, tag: &'static str) -> (SocketAddr, String) {
     .with_single_cert(chain, key)
     .unwrap();
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(cfg));
-    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    tokio::spawn(async move {
-        loop {
-            let Ok((s, _)) = l.accept().await else { return };
-            let acceptor = acceptor.clone();
-            tokio::spawn(async move {
-                if let Ok(mut tls) = acceptor.accept(s).await {
-                    let mut buf = [0u8; 64];
-                    if let Ok(n) = tls.read(&mut buf).await {
-                        let mut out = format!("{tag}:").into_bytes();
-                        out.extend_from_slice(&buf[..n]);
-                        let _ = tls.write_all(&out).await;
-                        let _ = tls.shutdown().await;
-                    }
+    let addr = spawn_backend(move |s| {
+        let acceptor = acceptor.clone();
+        async move {
+            if let Ok(mut tls) = acceptor.accept(s).await {
+                let mut buf = [0u8; 64];
+                if let Ok(n) = tls.read(&mut buf).await {
+                    let mut out = format!("{tag}:").into_bytes();
+                    out.extend_from_slice(&buf[..n]);
+                    let _ = tls.write_all(&out).await;
+                    let _ = tls.shutdown().await;
                 }
-            });
+            }
         }
-    });
+    })
+    .await;
     (addr, pem)
 }
 

@@ -4,7 +4,10 @@
 //!
 //! Every test is bounded by [`bounded`] and every load loop by a fixed count.
 
+mod common;
+
 use bytes::Bytes;
+use common::spawn_backend;
 use http::{Request, Response, StatusCode};
 use http_body::Frame;
 use http_body_util::BodyExt;
@@ -56,39 +59,33 @@ impl Server {
 }
 
 async fn spawn_server(tls: Option<Arc<rustls::ServerConfig>>, h: Handler) -> Server {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
     let conns = Arc::new(AtomicUsize::new(0));
     let hits = Arc::new(AtomicUsize::new(0));
     let (c, hs) = (conns.clone(), hits.clone());
-    tokio::spawn(async move {
-        loop {
-            let Ok((tcp, _)) = listener.accept().await else {
-                return;
-            };
-            c.fetch_add(1, Ordering::SeqCst);
-            let (h, hs, tls) = (h.clone(), hs.clone(), tls.clone());
-            tokio::spawn(async move {
-                let svc = hyper::service::service_fn(move |req| {
-                    hs.fetch_add(1, Ordering::SeqCst);
-                    let h = h.clone();
-                    async move { Ok::<_, Infallible>(h(req).await) }
-                });
-                let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-                match tls {
-                    None => {
-                        let _ = builder.serve_connection(TokioIo::new(tcp), svc).await;
-                    }
-                    Some(cfg) => {
-                        let Ok(s) = tokio_rustls::TlsAcceptor::from(cfg).accept(tcp).await else {
-                            return;
-                        };
-                        let _ = builder.serve_connection(TokioIo::new(s), svc).await;
-                    }
-                }
+    let addr = spawn_backend(move |tcp| {
+        c.fetch_add(1, Ordering::SeqCst);
+        let (h, hs, tls) = (h.clone(), hs.clone(), tls.clone());
+        async move {
+            let svc = hyper::service::service_fn(move |req| {
+                hs.fetch_add(1, Ordering::SeqCst);
+                let h = h.clone();
+                async move { Ok::<_, Infallible>(h(req).await) }
             });
+            let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            match tls {
+                None => {
+                    let _ = builder.serve_connection(TokioIo::new(tcp), svc).await;
+                }
+                Some(cfg) => {
+                    let Ok(s) = tokio_rustls::TlsAcceptor::from(cfg).accept(tcp).await else {
+                        return;
+                    };
+                    let _ = builder.serve_connection(TokioIo::new(s), svc).await;
+                }
+            }
         }
-    });
+    })
+    .await;
     Server { addr, conns, hits }
 }
 
@@ -513,40 +510,35 @@ async fn connect_error_retried_for_post_with_body() {
 /// "ok". Counts connections.
 async fn flaky_server(fail: usize, reset: bool) -> (SocketAddr, Arc<AtomicUsize>) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
     let conns = Arc::new(AtomicUsize::new(0));
     let c = conns.clone();
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = l.accept().await {
-            let n = c.fetch_add(1, Ordering::SeqCst);
-            tokio::spawn(async move {
-                let mut buf = Vec::new();
-                let mut chunk = [0u8; 4096];
-                while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < 65_536 {
-                    match s.read(&mut chunk).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(k) => buf.extend_from_slice(&chunk[..k]),
-                    }
+    let addr = spawn_backend(move |mut s| {
+        let n = c.fetch_add(1, Ordering::SeqCst);
+        async move {
+            let mut buf = Vec::new();
+            let mut chunk = [0u8; 4096];
+            while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < 65_536 {
+                match s.read(&mut chunk).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(k) => buf.extend_from_slice(&chunk[..k]),
                 }
-                if n < fail {
-                    if reset {
-                        let s = s.into_std().unwrap();
-                        socket2::SockRef::from(&s)
-                            .set_linger(Some(Duration::ZERO))
-                            .unwrap();
-                        drop(s);
-                    }
-                    return;
+            }
+            if n < fail {
+                if reset {
+                    let s = s.into_std().unwrap();
+                    socket2::SockRef::from(&s)
+                        .set_linger(Some(Duration::ZERO))
+                        .unwrap();
+                    drop(s);
                 }
-                let _ = s
-                    .write_all(
-                        b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok",
-                    )
-                    .await;
-            });
+                return;
+            }
+            let _ = s
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok")
+                .await;
         }
-    });
+    })
+    .await;
     (addr, conns)
 }
 
@@ -1020,30 +1012,27 @@ async fn reload_keeps_warm_connections() {
 /// the connection without answering when a second request arrives on it.
 async fn one_shot_keepalive_server() -> (SocketAddr, Arc<AtomicUsize>) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
     let conns = Arc::new(AtomicUsize::new(0));
     let c = conns.clone();
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = listener.accept().await {
-            c.fetch_add(1, Ordering::SeqCst);
-            tokio::spawn(async move {
-                let mut buf = Vec::new();
-                let mut chunk = [0u8; 1024];
-                while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match s.read(&mut chunk).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                    }
+    let addr = spawn_backend(move |mut s| {
+        c.fetch_add(1, Ordering::SeqCst);
+        async move {
+            let mut buf = Vec::new();
+            let mut chunk = [0u8; 1024];
+            while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                match s.read(&mut chunk).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
                 }
-                let _ = s
-                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
-                    .await;
-                // Wait for the next request on this connection, then drop it unanswered.
-                let _ = s.read(&mut chunk).await;
-            });
+            }
+            let _ = s
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                .await;
+            // Wait for the next request on this connection, then drop it unanswered.
+            let _ = s.read(&mut chunk).await;
         }
-    });
+    })
+    .await;
     (addr, conns)
 }
 

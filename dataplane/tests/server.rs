@@ -82,33 +82,24 @@ async fn slowloris_connection_is_closed_after_the_header_timeout() {
 
 /// A backend that accepts connections and answers each request after `delay`.
 async fn slow_backend(delay: Duration) -> std::net::SocketAddr {
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    tokio::spawn(async move {
+    spawn_backend(move |mut s| async move {
+        let mut buf = vec![0u8; 4096];
         loop {
-            let Ok((mut s, _)) = l.accept().await else {
-                return;
-            };
-            tokio::spawn(async move {
-                let mut buf = vec![0u8; 4096];
-                loop {
-                    match s.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(_) => {
-                            tokio::time::sleep(delay).await;
-                            if s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\nslow")
-                                .await
-                                .is_err()
-                            {
-                                return;
-                            }
-                        }
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {
+                    tokio::time::sleep(delay).await;
+                    if s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\nslow")
+                        .await
+                        .is_err()
+                    {
+                        return;
                     }
                 }
-            });
+            }
         }
-    });
-    addr
+    })
+    .await
 }
 
 #[tokio::test]

@@ -20,40 +20,33 @@ use tokio_tungstenite::tungstenite::Message;
 // The handshake callback's error type is tungstenite's.
 #[allow(clippy::result_large_err)]
 async fn echo_backend() -> SocketAddr {
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    tokio::spawn(async move {
-        loop {
-            let Ok((s, _)) = l.accept().await else { return };
-            tokio::spawn(async move {
-                let cb = |req: &WsReq, mut resp: WsResp| {
-                    let offered = req
-                        .headers()
-                        .get("sec-websocket-protocol")
-                        .and_then(|v| v.to_str().ok())
-                        .is_some_and(|v| v.split(',').any(|p| p.trim() == "chat"));
-                    if offered {
-                        resp.headers_mut()
-                            .insert("sec-websocket-protocol", "chat".parse().unwrap());
-                    }
-                    Ok(resp)
-                };
-                let Ok(mut ws) = tokio_tungstenite::accept_hdr_async(s, cb).await else {
+    spawn_backend(move |s| async move {
+        let cb = |req: &WsReq, mut resp: WsResp| {
+            let offered = req
+                .headers()
+                .get("sec-websocket-protocol")
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|v| v.split(',').any(|p| p.trim() == "chat"));
+            if offered {
+                resp.headers_mut()
+                    .insert("sec-websocket-protocol", "chat".parse().unwrap());
+            }
+            Ok(resp)
+        };
+        let Ok(mut ws) = tokio_tungstenite::accept_hdr_async(s, cb).await else {
+            return;
+        };
+        while let Some(Ok(m)) = ws.next().await {
+            if m.is_text() || m.is_binary() {
+                if ws.send(m).await.is_err() {
                     return;
-                };
-                while let Some(Ok(m)) = ws.next().await {
-                    if m.is_text() || m.is_binary() {
-                        if ws.send(m).await.is_err() {
-                            return;
-                        }
-                    } else if m.is_close() {
-                        return;
-                    }
                 }
-            });
+            } else if m.is_close() {
+                return;
+            }
         }
-    });
-    addr
+    })
+    .await
 }
 
 async fn start(idle: Duration) -> (Harness, SocketAddr) {
@@ -248,27 +241,20 @@ async fn http2_extended_connect_reaches_http1_backend() {
 
 /// A WebSocket backend that sends its `tag` as the first message, then echoes.
 async fn tagged_backend(tag: &'static str) -> SocketAddr {
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    tokio::spawn(async move {
-        loop {
-            let Ok((s, _)) = l.accept().await else { return };
-            tokio::spawn(async move {
-                let Ok(mut ws) = tokio_tungstenite::accept_async(s).await else {
-                    return;
-                };
-                if ws.send(Message::text(tag)).await.is_err() {
-                    return;
-                }
-                while let Some(Ok(m)) = ws.next().await {
-                    if m.is_close() || ws.send(m).await.is_err() {
-                        return;
-                    }
-                }
-            });
+    spawn_backend(move |s| async move {
+        let Ok(mut ws) = tokio_tungstenite::accept_async(s).await else {
+            return;
+        };
+        if ws.send(Message::text(tag)).await.is_err() {
+            return;
         }
-    });
-    addr
+        while let Some(Ok(m)) = ws.next().await {
+            if m.is_close() || ws.send(m).await.is_err() {
+                return;
+            }
+        }
+    })
+    .await
 }
 
 /// Opens a WebSocket through Sweety with `headers`; returns the backend's tag and the

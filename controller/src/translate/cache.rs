@@ -25,8 +25,14 @@
 //!   emitted again, and the output is updated in place. Where that memo does not apply (see
 //!   its docs; rare: a Gateway with a backend client certificate, for one) every call is a
 //!   plain [`super::translate`] until the world changes, its items reused where equal;
-//! * Ingress and SweetySite translation runs in full on every call (it is not memoized); its
-//!   items and statuses are compared with the previous call's.
+//! * Ingresses and SweetySites (with [`gateway::VhostMemo`]): their translation is reused as a
+//!   whole while the same Ingress, IngressClass and SweetySite objects (by `Arc` identity)
+//!   are in the snapshot and none of the Services it looked up (backends, the ingress
+//!   Service's addresses) or their EndpointSlices changed; a route change, or a change of a
+//!   Service only the routes use, does not translate them. When one of them changes, all of
+//!   them are translated again (Ingresses merge by host and SweetySites claim hostnames in
+//!   age order, so one object's output depends on the others'), and the items and statuses
+//!   are compared with the previous call's.
 //!
 //! [`TranslateCache::update`] returns the output as a [`Translation`] whose config is
 //! [`ConfigItems`]: items that did not change keep their allocation and digest, which is what
@@ -58,6 +64,8 @@ pub struct TranslateCache {
     stats: CacheStats,
     /// Calls that translated every route (a new world, or one the memos cannot serve).
     full_translates: u64,
+    /// Calls (with the per-virtual-host memo) that translated the Ingresses and SweetySites.
+    front_translates: u64,
 }
 
 /// Routes reused and translated by the last [`translate_incremental`] call.
@@ -99,6 +107,12 @@ impl TranslateCache {
     /// translation serves.
     pub fn full_translates(&self) -> u64 {
         self.full_translates
+    }
+
+    /// How many calls so far translated the Ingresses and SweetySites (with the
+    /// per-virtual-host memo; plain translation always does): see the module docs.
+    pub fn front_translates(&self) -> u64 {
+        self.front_translates
     }
 
     /// Translates `snapshot` (exactly what [`super::translate`] gives), reusing what did not
@@ -150,7 +164,14 @@ impl TranslateCache {
             // controller's). Any other Service, and every EndpointSlice, is read only through
             // the backend lookups each route records: a dataplane readiness flip (its
             // Service's slices) re-translates only the routes that use that Service.
-            Some((changed, false)) => Change::Services(changed),
+            Some(changed)
+                if !changed
+                    .objects
+                    .iter()
+                    .any(|(_, name)| name.starts_with(addressing::SERVICE_PREFIX)) =>
+            {
+                Change::Services(changed)
+            }
             _ => Change::All,
         };
         self.world = Some(World {
@@ -178,7 +199,7 @@ impl TranslateCache {
             self.vhosts = Some(memo);
         } else {
             let stale = match change {
-                Change::Services(s) => Some(s),
+                Change::Services(s) => Some(&s.all),
                 _ => None,
             };
             let memo = self.vhosts.as_mut().expect("checked");
@@ -196,7 +217,14 @@ impl TranslateCache {
         // A first sync assembles everything: the front's items and statuses all count as new.
         let prev_front = std::mem::take(&mut self.front);
         let prev_front = if first { Front::default() } else { prev_front };
-        self.front = Front::translate(snapshot, params, memo, &prev_front, &mut ch)?;
+        let stale = match change {
+            Change::Services(s) => Some(s),
+            _ => None,
+        };
+        let (front, translated) =
+            Front::update(snapshot, params, memo, prev_front, stale, &mut ch)?;
+        self.front = front;
+        self.front_translates += u64::from(translated);
         let (memo, front) = (self.vhosts.as_ref().expect("just set"), &self.front);
         match self.out.as_mut().filter(|_| !first) {
             Some(out) => {
@@ -228,7 +256,12 @@ impl TranslateCache {
                 let listeners = merged(memo.listeners.values(), front.listeners.values())?;
                 let virtual_hosts =
                     merged(memo.virtual_hosts.values(), front.virtual_hosts.values())?;
-                let backends = merged(memo.backends().map(|(_, i)| i), front.backends.values())?;
+                // A backend both use: the routes' (the one `translate` registers first).
+                let front_only = front
+                    .backends
+                    .values()
+                    .filter(|i| memo.backend(i.value.name()).is_none());
+                let backends = merged(memo.backends().map(|(_, i)| i), front_only)?;
                 let mut statuses = Statuses::new();
                 for (key, status) in ch.statuses {
                     match status {
@@ -281,26 +314,94 @@ impl TranslateCache {
 /// How the world changed since the last call.
 enum Change {
     None,
-    /// Only these Services (namespace, name), or their EndpointSlices.
-    Services(BTreeSet<(String, String)>),
+    /// Only Services and EndpointSlices.
+    Services(ServiceChange),
     All,
 }
 
-/// Ingress and SweetySite output (translated in full every call, after the Gateway API).
+/// Services (namespace, name) whose object or EndpointSlices changed.
+struct ServiceChange {
+    /// Every such Service.
+    all: BTreeSet<(String, String)>,
+    /// Those whose Service object changed (the others: only their EndpointSlices).
+    objects: BTreeSet<(String, String)>,
+}
+
+/// Ingress and SweetySite output (translated after the Gateway API), and what it was
+/// translated from.
 #[derive(Default)]
 struct Front {
     listeners: BTreeMap<String, Item<Listener>>,
     virtual_hosts: BTreeMap<String, Item<VirtualHost>>,
-    /// Backends that the Gateway API routes did not register.
+    /// Backends the Ingresses and SweetySites use (the routes may use some of them too).
     backends: BTreeMap<String, Item<Backend>>,
     statuses: Statuses,
     static_content: Vec<StaticContent>,
+    /// None: translate next time.
+    inputs: Option<FrontInputs>,
+}
+
+/// What a [`Front`] translation read besides the world of the routes (whose changes, but
+/// for Services, start a new memo and so a new translation).
+struct FrontInputs {
+    /// Addresses of the Ingresses, IngressClasses and SweetySites, each list sorted.
+    addrs: [Vec<usize>; 3],
+    /// Those objects, held so that their addresses stay unique (a snapshot of them only).
+    _held: Snapshot,
+    /// Services (namespace, name) looked up: backends, and the ingress Service's addresses.
+    services: BTreeSet<(String, String)>,
+    /// Those whose EndpointSlices were read too: all but the ingress Service when no
+    /// backend was made of it (a readiness flip of the dataplane's own Service then changes
+    /// nothing here).
+    endpoints_read: BTreeSet<(String, String)>,
 }
 
 impl Front {
+    /// `prev` again when nothing it was translated from changed: the same Ingresses,
+    /// IngressClasses and SweetySites (by `Arc` identity), no Service object it looked up
+    /// among `stale`, and no EndpointSlice of a Service whose endpoints it read. Otherwise
+    /// [`Front::translate`]. Also says whether it translated.
+    fn update(
+        snapshot: &Snapshot,
+        params: &Params,
+        memo: &gateway::VhostMemo,
+        prev: Front,
+        stale: Option<&ServiceChange>,
+        ch: &mut gateway::Changes,
+    ) -> Result<(Front, bool), gateway::vhost_cache::Unsupported> {
+        let addrs = [
+            addrs(&snapshot.ingresses),
+            addrs(&snapshot.ingress_classes),
+            addrs(&snapshot.sites),
+        ];
+        let same = prev.inputs.as_ref().is_some_and(|i| {
+            i.addrs == addrs
+                && stale.is_none_or(|s| {
+                    s.objects.is_disjoint(&i.services) && s.all.is_disjoint(&i.endpoints_read)
+                })
+        });
+        if !same {
+            return Ok((Front::translate(snapshot, params, memo, &prev, ch)?, true));
+        }
+        // The routes' listeners and virtual hosts that changed must still not take a name
+        // of ours.
+        let unsupported = gateway::vhost_cache::Unsupported;
+        if ch
+            .listeners
+            .iter()
+            .any(|n| prev.listeners.contains_key(n) && memo.listeners.contains_key(n))
+            || ch
+                .virtual_hosts
+                .iter()
+                .any(|n| prev.virtual_hosts.contains_key(n) && memo.virtual_hosts.contains_key(n))
+        {
+            return Err(unsupported);
+        }
+        Ok((prev, false))
+    }
+
     /// Translates the Ingresses and SweetySites of `snapshot` as `translate` does after the
-    /// Gateway API (which registered `memo`'s backends first), recording what differs from
-    /// `prev` in `ch`.
+    /// Gateway API, recording what differs from `prev` in `ch`.
     fn translate(
         snapshot: &Snapshot,
         params: &Params,
@@ -310,13 +411,16 @@ impl Front {
     ) -> Result<Front, gateway::vhost_cache::Unsupported> {
         let active = !snapshot.ingresses.is_empty() || !snapshot.sites.is_empty();
         let mut next = Front::default();
+        let mut services = BTreeSet::new();
         if active {
+            // The routes' backends are not registered first (as `translate` does): a name
+            // both register is the same Service port with the same options, so the same
+            // backend, and the output takes the routes' (see `update_vhosts`).
             let mut b = Builder::new(snapshot, params);
-            for (_, item) in memo.backends() {
-                b.backends.insert((*item.value).clone());
-            }
+            b.services.record();
             ingress::translate(&mut b);
             site::translate(&mut b);
+            services = b.services.recorded();
             let unsupported = gateway::vhost_cache::Unsupported;
             for l in b.listeners {
                 if memo.listeners.contains_key(&l.name) || next.listeners.contains_key(&l.name) {
@@ -335,15 +439,36 @@ impl Front {
                     .insert(v.name.clone(), reuse(&prev.virtual_hosts, v));
             }
             for bk in b.backends.into_config() {
-                if memo.backend(&bk.name).is_none() {
-                    next.backends
-                        .insert(bk.name.clone(), reuse(&prev.backends, bk));
-                }
+                next.backends
+                    .insert(bk.name.clone(), reuse(&prev.backends, bk));
             }
             next.statuses = b.statuses;
             next.static_content = b.static_content;
             next.static_content.sort_by(|a, b| a.dir.cmp(&b.dir));
         }
+        // Backend names start with `<namespace>/<service>:` (see `backends::Backends`).
+        let mut endpoints_read = services.clone();
+        if let Some(name) = params.ingress_service.as_deref() {
+            let prefix = format!("{}/{name}:", params.namespace);
+            if !next.backends.keys().any(|b| b.starts_with(&prefix)) {
+                endpoints_read.remove(&(params.namespace.clone(), name.to_string()));
+            }
+        }
+        next.inputs = Some(FrontInputs {
+            addrs: [
+                addrs(&snapshot.ingresses),
+                addrs(&snapshot.ingress_classes),
+                addrs(&snapshot.sites),
+            ],
+            _held: Snapshot {
+                ingresses: snapshot.ingresses.clone(),
+                ingress_classes: snapshot.ingress_classes.clone(),
+                sites: snapshot.sites.clone(),
+                ..Snapshot::default()
+            },
+            services,
+            endpoints_read,
+        });
         changed_names(&prev.listeners, &next.listeners, &mut ch.listeners);
         changed_names(
             &prev.virtual_hosts,
@@ -438,10 +563,9 @@ struct World {
 const SERVICES: usize = 6;
 const ENDPOINT_SLICES: usize = 7;
 
-/// (namespace, name) of the Services whose object or EndpointSlices differ between `old` and
-/// `new` (by `Arc` identity), and whether a per-Gateway Service object (named with
-/// [`addressing::SERVICE_PREFIX`]) is among the changed objects.
-fn changed_services(old: &Snapshot, new: &Snapshot) -> (BTreeSet<(String, String)>, bool) {
+/// The Services whose object or EndpointSlices differ between `old` and `new` (by `Arc`
+/// identity).
+fn changed_services(old: &Snapshot, new: &Snapshot) -> ServiceChange {
     fn diff<'a, T>(old: &'a [Arc<T>], new: &'a [Arc<T>]) -> impl Iterator<Item = &'a Arc<T>> {
         let o: HashSet<usize> = old.iter().map(|a| Arc::as_ptr(a) as usize).collect();
         let n: HashSet<usize> = new.iter().map(|a| Arc::as_ptr(a) as usize).collect();
@@ -460,12 +584,11 @@ fn changed_services(old: &Snapshot, new: &Snapshot) -> (BTreeSet<(String, String
         )
     };
     let mut out = BTreeSet::new();
-    let mut gateway_service = false;
+    let mut objects = BTreeSet::new();
     for s in diff(&old.services, &new.services) {
-        let name = s.metadata.name.as_deref().unwrap_or_default();
-        gateway_service |= name.starts_with(addressing::SERVICE_PREFIX);
-        out.insert(key(&s.metadata, s.metadata.name.as_ref()));
+        objects.insert(key(&s.metadata, s.metadata.name.as_ref()));
     }
+    out.extend(objects.iter().cloned());
     for es in diff(&old.endpoint_slices, &new.endpoint_slices) {
         let svc = es
             .metadata
@@ -476,7 +599,7 @@ fn changed_services(old: &Snapshot, new: &Snapshot) -> (BTreeSet<(String, String
             out.insert(key(&es.metadata, Some(svc)));
         }
     }
-    (out, gateway_service)
+    ServiceChange { all: out, objects }
 }
 
 fn addrs<T>(list: &[Arc<T>]) -> Vec<usize> {
@@ -624,6 +747,9 @@ mod tests {
         "add HTTPRoute",
         "remove Ingress",
         "remove SweetySite",
+        "re-add Ingress/SweetySite",
+        "edit Ingress",
+        "edit SweetySite",
         "touch Ingress/SweetySite",
         "reorder routes",
     ];
@@ -647,11 +773,117 @@ mod tests {
         }
     }
 
-    /// One random edit of an Ingress or a SweetySite (translated beside the routes' memo).
-    fn edit_front(rng: &mut Rng, s: &mut Snapshot) -> &'static str {
-        match rng.below(3) {
-            0 => remove(rng, &mut s.ingresses).map_or("none", |_| "remove Ingress"),
-            1 => remove(rng, &mut s.sites).map_or("none", |_| "remove SweetySite"),
+    /// Objects an edit took out, for a later edit to put back.
+    #[derive(Default)]
+    struct Removed {
+        routes: Vec<Arc<sweety_gateway_api::httproutes::HttpRoute>>,
+        ingresses: Vec<Arc<k8s_openapi::api::networking::v1::Ingress>>,
+        sites: Vec<Arc<sweety_crds::SweetySite>>,
+    }
+
+    /// One random edit of an Ingress or a SweetySite (memoized beside the routes' memo).
+    fn edit_front(rng: &mut Rng, s: &mut Snapshot, removed: &mut Removed) -> &'static str {
+        match rng.below(8) {
+            0 => match remove(rng, &mut s.ingresses) {
+                Some(i) => {
+                    removed.ingresses.push(i);
+                    "remove Ingress"
+                }
+                None => "none",
+            },
+            1 => match remove(rng, &mut s.sites) {
+                Some(i) => {
+                    removed.sites.push(i);
+                    "remove SweetySite"
+                }
+                None => "none",
+            },
+            2 => {
+                let a = removed.ingresses.pop().map(|i| s.ingresses.push(i));
+                let b = removed.sites.pop().map(|i| s.sites.push(i));
+                if a.is_some() || b.is_some() {
+                    "re-add Ingress/SweetySite"
+                } else {
+                    "none"
+                }
+            }
+            3 | 4 => {
+                // A content change: the first rule takes another Ingress's host (merging
+                // with it, or conflicting on its paths), its first path changes, or its
+                // backend becomes another Ingress's.
+                if s.ingresses.is_empty() {
+                    return "none";
+                }
+                let i = rng.below(s.ingresses.len());
+                let j = rng.below(s.ingresses.len());
+                let first_rule = |ing: &k8s_openapi::api::networking::v1::Ingress| {
+                    ing.spec
+                        .as_ref()
+                        .and_then(|sp| sp.rules.as_ref())
+                        .and_then(|r| r.first())
+                        .cloned()
+                };
+                let other = first_rule(&s.ingresses[j]);
+                let mut ing = (*s.ingresses[i]).clone();
+                let Some(rule) = ing
+                    .spec
+                    .as_mut()
+                    .and_then(|sp| sp.rules.as_mut())
+                    .and_then(|r| r.first_mut())
+                else {
+                    return "none";
+                };
+                match rng.below(3) {
+                    0 => {
+                        rule.host = match other.and_then(|o| o.host) {
+                            Some(h) if i != j => Some(h),
+                            _ => Some(format!("edited-{}.example.com", rng.below(1000))),
+                        }
+                    }
+                    1 => {
+                        let n = rng.below(4);
+                        for p in rule.http.iter_mut().flat_map(|h| h.paths.first_mut()) {
+                            p.path = Some(format!("/p{n}"));
+                        }
+                    }
+                    _ => {
+                        let backend = other
+                            .and_then(|o| o.http)
+                            .and_then(|h| h.paths.first().map(|p| p.backend.clone()));
+                        match (
+                            backend,
+                            rule.http.as_mut().and_then(|h| h.paths.first_mut()),
+                        ) {
+                            (Some(b), Some(p)) => p.backend = b,
+                            _ => return "none",
+                        }
+                    }
+                }
+                s.ingresses[i] = Arc::new(ing);
+                "edit Ingress"
+            }
+            5 | 6 => {
+                // A content change: another site's hostnames (a conflict), new ones, or a
+                // changed first route path.
+                if s.sites.is_empty() {
+                    return "none";
+                }
+                let i = rng.below(s.sites.len());
+                let j = rng.below(s.sites.len());
+                let mut site = (*s.sites[i]).clone();
+                match rng.below(3) {
+                    0 if i != j => site.spec.hostnames = s.sites[j].spec.hostnames.clone(),
+                    0 | 1 => {
+                        site.spec.hostnames = vec![format!("site-{}.example.com", rng.below(1000))]
+                    }
+                    _ => match site.spec.routes.first_mut() {
+                        Some(r) => r.path = format!("/s{}", rng.below(4)),
+                        None => return "none",
+                    },
+                }
+                s.sites[i] = Arc::new(site);
+                "edit SweetySite"
+            }
             _ => {
                 if touch(rng, &mut s.ingresses) | touch(rng, &mut s.sites) {
                     "touch Ingress/SweetySite"
@@ -663,11 +895,7 @@ mod tests {
     }
 
     /// One random edit of the kind a watch event makes. Returns what it did.
-    fn edit(
-        rng: &mut Rng,
-        s: &mut Snapshot,
-        removed: &mut Vec<Arc<sweety_gateway_api::httproutes::HttpRoute>>,
-    ) -> &'static str {
+    fn edit(rng: &mut Rng, s: &mut Snapshot, removed: &mut Removed) -> &'static str {
         match rng.below(18) {
             0 | 1 => {
                 if touch(rng, &mut s.http_routes) {
@@ -695,12 +923,12 @@ mod tests {
             }
             3 => match remove(rng, &mut s.http_routes) {
                 Some(r) => {
-                    removed.push(r);
+                    removed.routes.push(r);
                     "remove HTTPRoute"
                 }
                 None => "none",
             },
-            4 => match removed.pop() {
+            4 => match removed.routes.pop() {
                 Some(r) => {
                     s.http_routes.push(r);
                     "re-add HTTPRoute"
@@ -854,7 +1082,7 @@ mod tests {
                 s.http_routes.push(Arc::new(r));
                 "add HTTPRoute"
             }
-            16 => edit_front(rng, s),
+            16 => edit_front(rng, s, removed),
             _ => {
                 s.http_routes.reverse();
                 s.grpc_routes.reverse();
@@ -919,7 +1147,7 @@ mod tests {
                 );
             }
             let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ (n as u64 + 1));
-            let mut removed = Vec::new();
+            let mut removed = Removed::default();
             let mut done = Vec::new();
             for step in 0..40 {
                 let what = edit(&mut rng, &mut s, &mut removed);
@@ -961,8 +1189,8 @@ mod tests {
 
     #[test]
     fn ingresses_beside_gateway_routes_match_translate_through_edits() {
-        // No golden mixes them: Ingress translation runs in full beside the routes' memo,
-        // registering the same backends (first the Gateway API's), so check that mix here.
+        // No golden mixes them: Ingresses are memoized beside the routes' memo and use some
+        // of the same backends, so check that mix here.
         let mut y = String::from(
             "apiVersion: networking.k8s.io/v1\nkind: IngressClass\nmetadata: {name: sweety}\nspec: {controller: sweety.dev/ingress-controller}\n---\n\
 apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {name: sweety}\nspec: {controllerName: sweety.dev/gateway-controller}\n---\n\
@@ -1003,13 +1231,13 @@ spec:\n  parentRefs: [{{name: gw}}]\n  hostnames: [h{}.example.com]\n  rules: [{
             .iter()
             .any(|v| v.name.starts_with("ingress/")));
         let mut rng = Rng(0x5eed);
-        let mut removed = Vec::new();
+        let mut removed = Removed::default();
         let mut done = Vec::new();
         let mut counts = EditCounts::new();
         for step in 0..80 {
             // Every third edit is one of the Ingresses.
             let what = if step % 3 == 0 {
-                edit_front(&mut rng, &mut s)
+                edit_front(&mut rng, &mut s, &mut removed)
             } else {
                 edit(&mut rng, &mut s, &mut removed)
             };
@@ -1026,12 +1254,142 @@ spec:\n  parentRefs: [{{name: gw}}]\n  hostnames: [h{}.example.com]\n  rules: [{
             &counts,
             &[
                 "remove Ingress",
+                "re-add Ingress/SweetySite",
+                "edit Ingress",
                 "touch Ingress/SweetySite",
                 "change HTTPRoute",
                 "edit Service",
                 "edit EndpointSlice",
             ],
         );
+    }
+
+    #[test]
+    fn ingresses_and_sites_are_translated_again_only_when_their_inputs_change() {
+        let mut y = String::from(
+            "apiVersion: networking.k8s.io/v1\nkind: IngressClass\nmetadata: {name: sweety}\nspec: {controller: sweety.dev/ingress-controller}\n---\n\
+apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {name: sweety}\nspec: {controllerName: sweety.dev/gateway-controller}\n---\n\
+apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: gw, namespace: app}\n\
+spec:\n  gatewayClassName: sweety\n  listeners: [{name: http, port: 80, protocol: HTTP}]\n---\n\
+apiVersion: v1\nkind: Service\nmetadata: {name: sweety, namespace: sweety}\nspec: {ports: [{name: http, port: 80}]}\n---\n\
+apiVersion: sweety.dev/v1alpha1\nkind: SweetySite\nmetadata: {name: site, namespace: app}\n\
+spec:\n  hostnames: [site.example.com]\n  routes: [{path: /, proxy: {backends: [{service: svc2, port: 80}]}}]\n---\n",
+        );
+        for s in 0..4 {
+            y.push_str(&format!(
+                "apiVersion: v1\nkind: Service\nmetadata: {{name: svc{s}, namespace: app}}\nspec: {{ports: [{{name: http, port: 80, targetPort: 8080}}]}}\n---\n\
+apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: svc{s}-a, namespace: app, labels: {{kubernetes.io/service-name: svc{s}}}}}\n\
+addressType: IPv4\nports: [{{name: http, port: 8080}}]\nendpoints: [{{addresses: [10.0.0.{s}]}}]\n---\n"
+            ));
+        }
+        // The Ingresses use svc0 (also the route r0's backend) and svc2 (also the site's).
+        for (i, svc) in [(0, 0), (1, 2)] {
+            y.push_str(&format!(
+                "apiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {{name: ing{i}, namespace: app}}\n\
+spec:\n  ingressClassName: sweety\n  rules:\n  - host: i{i}.example.com\n    http:\n      paths: [{{path: /, pathType: Prefix, backend: {{service: {{name: svc{svc}, port: {{number: 80}}}}}}}}]\n---\n"
+            ));
+        }
+        for r in 0..2 {
+            y.push_str(&format!(
+                "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{name: r{r}, namespace: app}}\n\
+spec:\n  parentRefs: [{{name: gw}}]\n  hostnames: [r{r}.example.com]\n  rules: [{{backendRefs: [{{name: svc{r}, port: 80}}]}}]\n---\n"
+            ));
+        }
+        let (mut s, _) = Snapshot::from_yaml(&y).unwrap();
+        let params = Params::default();
+        let mut cache = TranslateCache::default();
+        let check = |cache: &mut TranslateCache, s: &Snapshot, what: &str, front: u64| {
+            assert_eq!(
+                cache.update(s, &params).to_output(),
+                translate(s, &params),
+                "{what}"
+            );
+            assert!(
+                cache.vhosts.is_some(),
+                "{what}: the per-virtual-host memo is used"
+            );
+            assert_eq!(
+                cache.front_translates(),
+                front,
+                "{what}: Ingress/site translations"
+            );
+            assert_eq!(cache.full_translates(), 1, "{what}: full translates");
+        };
+        check(&mut cache, &s, "first", 1);
+
+        // A route's hostname: the Ingresses and the site are not translated again.
+        let mut r = (*s.http_routes[1]).clone();
+        r.spec.hostnames = Some(vec!["moved.example.com".into()]);
+        s.http_routes[1] = Arc::new(r);
+        check(&mut cache, &s, "route edit", 1);
+        // Unchanged: nothing at all.
+        check(&mut cache, &s, "no change", 1);
+        // A slice nobody uses.
+        let i = s
+            .endpoint_slices
+            .iter()
+            .position(|e| e.metadata.name.as_deref() == Some("svc3-a"))
+            .unwrap();
+        s.endpoint_slices[i] = Arc::new((*s.endpoint_slices[i]).clone());
+        check(&mut cache, &s, "unused slice", 1);
+        // A slice of a Service an Ingress uses.
+        let i = s
+            .endpoint_slices
+            .iter()
+            .position(|e| e.metadata.name.as_deref() == Some("svc2-a"))
+            .unwrap();
+        let mut es = (*s.endpoint_slices[i]).clone();
+        es.endpoints[0].addresses = vec!["10.0.9.9".into()];
+        s.endpoint_slices[i] = Arc::new(es);
+        check(&mut cache, &s, "used slice", 2);
+        // The route that shared svc0 with ing0 goes: the routes no longer have svc0's
+        // backend, the output keeps the Ingress's without translating it again.
+        let i = s
+            .http_routes
+            .iter()
+            .position(|r| r.metadata.name.as_deref() == Some("r0"))
+            .unwrap();
+        s.http_routes.remove(i);
+        check(&mut cache, &s, "route with a shared backend removed", 2);
+        assert!(cache
+            .update(&s, &params)
+            .config
+            .backends
+            .iter()
+            .any(|b| b.value.name == "app/svc0:80"));
+        // An Ingress edit, a new site, an IngressClass touched.
+        let mut ing = (*s.ingresses[1]).clone();
+        ing.spec.as_mut().unwrap().rules.as_mut().unwrap()[0].host = Some("x.example.com".into());
+        s.ingresses[1] = Arc::new(ing);
+        check(&mut cache, &s, "Ingress edit", 3);
+        let mut site = (*s.sites[0]).clone();
+        site.metadata.name = Some("site2".into());
+        site.spec.hostnames = vec!["site2.example.com".into()];
+        s.sites.push(Arc::new(site));
+        check(&mut cache, &s, "new site", 4);
+        s.ingress_classes[0] = Arc::new((*s.ingress_classes[0]).clone());
+        check(&mut cache, &s, "IngressClass touched", 5);
+        // The ingress Service's load-balancer address (the Ingress and site statuses).
+        let i = s
+            .services
+            .iter()
+            .position(|v| v.metadata.name.as_deref() == Some("sweety"))
+            .unwrap();
+        let mut svc = (*s.services[i]).clone();
+        svc.status = Some(k8s_openapi::api::core::v1::ServiceStatus {
+            load_balancer: Some(k8s_openapi::api::core::v1::LoadBalancerStatus {
+                ingress: Some(vec![k8s_openapi::api::core::v1::LoadBalancerIngress {
+                    ip: Some("192.0.2.7".into()),
+                    ..Default::default()
+                }]),
+            }),
+            ..Default::default()
+        });
+        s.services[i] = Arc::new(svc);
+        check(&mut cache, &s, "ingress Service address", 6);
+        let out = cache.update(&s, &params).to_output();
+        let yaml = serde_yaml::to_string(&out.statuses).unwrap();
+        assert!(yaml.contains("192.0.2.7"), "{yaml}");
     }
 
     #[test]
@@ -1302,9 +1660,16 @@ addressType: IPv4\nports: [{{name: http, port: 8080}}]\nendpoints: [{{addresses:
 spec:\n  parentRefs: [{{name: gw, namespace: app}}]\n  hostnames: [r{r}.example.com]\n  rules: [{{backendRefs: [{{name: {svc}, port: 80}}]}}]\n---\n"
             ));
         }
+        // An Ingress (its status reads the ingress Service `sweety/sweety`) using app/web.
+        y.push_str(
+            "apiVersion: networking.k8s.io/v1\nkind: IngressClass\nmetadata: {name: sweety}\nspec: {controller: sweety.dev/ingress-controller}\n---\n\
+apiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {name: ing, namespace: app}\n\
+spec:\n  ingressClassName: sweety\n  rules:\n  - host: ing.example.com\n    http:\n      paths: [{path: /, pathType: Prefix, backend: {service: {name: web, port: {number: 80}}}}]\n",
+        );
         let (mut s, _) = Snapshot::from_yaml(&y).unwrap();
         let params = Params::default();
         assert_eq!(params.namespace, "sweety");
+        assert_eq!(params.ingress_service.as_deref(), Some("sweety"));
         let mut cache = TranslateCache::default();
         assert_eq!(
             cache.update(&s, &params).to_output(),
@@ -1343,6 +1708,7 @@ spec:\n  parentRefs: [{{name: gw, namespace: app}}]\n  hostnames: [r{r}.example.
                     "{svc}"
                 );
                 assert_eq!(cache.full_translates(), 1, "{svc}: no full translate");
+                assert_eq!(cache.front_translates(), 1, "{svc}: the Ingress is kept");
             }
         }
         // The used Service's flip reached its backend.
@@ -1356,6 +1722,27 @@ spec:\n  parentRefs: [{{name: gw, namespace: app}}]\n  hostnames: [r{r}.example.
             .expect("the used Service's backend");
         assert_eq!(used.endpoints.len(), 1, "{used:?}");
         assert_eq!(out, translate(&s, &params));
+        assert_eq!(cache.full_translates(), 1);
+
+        // Once the Ingress uses the ingress Service as its backend, that Service's slices
+        // are read: a flip translates the Ingress again.
+        let mut ing = (*s.ingresses[0]).clone();
+        let rule = &mut ing.spec.as_mut().unwrap().rules.as_mut().unwrap()[0];
+        let path = &mut rule.http.as_mut().unwrap().paths[0];
+        path.backend.service.as_mut().unwrap().name = "sweety".into();
+        ing.metadata.namespace = Some("sweety".into());
+        s.ingresses[0] = Arc::new(ing);
+        assert_eq!(
+            cache.update(&s, &params).to_output(),
+            translate(&s, &params)
+        );
+        assert_eq!(cache.front_translates(), 2);
+        flip(&mut s, "sweety", "sweety");
+        assert_eq!(
+            cache.update(&s, &params).to_output(),
+            translate(&s, &params)
+        );
+        assert_eq!(cache.front_translates(), 3);
         assert_eq!(cache.full_translates(), 1);
     }
 }

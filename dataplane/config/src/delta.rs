@@ -1096,6 +1096,8 @@ mod tests {
             (rng.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 33) as usize % n.max(1)
         };
         let mut base = big_config(40);
+        // Edits made, by kind: remove, insert, swap, replace, settings.
+        let mut made = [0usize; 5];
         for step in 0..200 {
             let mut new = base.clone();
             for k in 0..=below(3) {
@@ -1103,22 +1105,37 @@ mod tests {
                 match below(5) {
                     0 if n > 0 => {
                         new.virtual_hosts.remove(below(n));
+                        made[0] += 1;
                     }
                     1 => {
                         let mut v = base.virtual_hosts[below(base.virtual_hosts.len())].clone();
                         v.name = format!("new-{step}-{k}");
                         new.virtual_hosts.insert(below(n + 1), v);
+                        made[1] += 1;
                     }
-                    2 if n > 1 => new.virtual_hosts.swap(below(n), below(n)),
+                    2 if n > 1 => {
+                        let (i, j) = (below(n), below(n));
+                        new.virtual_hosts.swap(i, j);
+                        made[2] += usize::from(i != j);
+                    }
                     3 if n > 0 => {
-                        new.virtual_hosts[below(n)].hostnames = vec![format!("h{step}.test")]
+                        new.virtual_hosts[below(n)].hostnames = vec![format!("h{step}.test")];
+                        made[3] += 1;
                     }
-                    _ => new.limits.max_connections = below(1000) as u32 + 1,
+                    _ => {
+                        let max = below(1000) as u32 + 1;
+                        made[4] += usize::from(new.limits.max_connections != max);
+                        new.limits.max_connections = max;
+                    }
                 }
             }
             round_trip(&base, &new);
             base = new;
         }
+        assert!(
+            made.iter().all(|&m| m > 0),
+            "every edit kind made: {made:?}"
+        );
     }
 
     /// Rebuilds the list an edit describes from the base list and the delta's upserts.
@@ -1160,6 +1177,10 @@ mod tests {
         let mut index = NameIndex::of("virtual_hosts", &kept.virtual_hosts).unwrap();
         let mut cache = HashCache::of(&kept_d);
         let mut patches = 0;
+        // Edits made, by kind: remove, insert, append, swap, replace, listener, settings.
+        let mut made = [0usize; 7];
+        // What the deltas carried: removals, appends, replacements, a new order.
+        let mut carried = [0usize; 4];
         for step in 0..300 {
             let mut new = base.clone();
             for k in 0..=below(3) {
@@ -1167,23 +1188,39 @@ mod tests {
                 match below(7) {
                     0 if n > 0 => {
                         new.virtual_hosts.remove(below(n));
+                        made[0] += 1;
                     }
                     1 => {
                         let mut v = base.virtual_hosts[below(base.virtual_hosts.len())].clone();
                         v.name = format!("new-{step}-{k}");
                         new.virtual_hosts.insert(below(n + 1), v);
+                        made[1] += 1;
                     }
                     2 => {
                         let mut v = base.virtual_hosts[below(base.virtual_hosts.len())].clone();
                         v.name = format!("end-{step}-{k}");
                         new.virtual_hosts.push(v);
+                        made[2] += 1;
                     }
-                    3 if n > 1 && below(4) == 0 => new.virtual_hosts.swap(below(n), below(n)),
+                    3 if n > 1 && below(4) == 0 => {
+                        let (i, j) = (below(n), below(n));
+                        new.virtual_hosts.swap(i, j);
+                        made[3] += usize::from(i != j);
+                    }
                     4 if n > 0 => {
-                        new.virtual_hosts[below(n)].hostnames = vec![format!("h{step}.test")]
+                        new.virtual_hosts[below(n)].hostnames = vec![format!("h{step}.test")];
+                        made[4] += 1;
                     }
-                    5 => new.listeners[0].port = below(1000) as u16 + 1,
-                    _ => new.limits.max_connections = below(1000) as u32 + 1,
+                    5 => {
+                        let port = below(1000) as u16 + 1;
+                        made[5] += usize::from(new.listeners[0].port != port);
+                        new.listeners[0].port = port;
+                    }
+                    _ => {
+                        let max = below(1000) as u32 + 1;
+                        made[6] += usize::from(new.limits.max_connections != max);
+                        new.limits.max_connections = max;
+                    }
                 }
             }
             let (bd, nd) = (Digests::of(&base), Digests::of(&new));
@@ -1221,18 +1258,30 @@ mod tests {
             }
             if let ListEdit::Patch(p) = &applied.virtual_hosts {
                 patches += 1;
+                carried[0] += usize::from(!p.removed.is_empty());
+                carried[1] += usize::from(p.appended > 0);
+                carried[2] += usize::from(!p.replaced.is_empty());
                 assert_eq!(
                     p.replaced.len(),
                     delta.virtual_hosts.upsert.len() - p.appended
                 );
             } else {
                 assert!(delta.virtual_hosts.order.is_some());
+                carried[3] += 1;
             }
             assert_eq!(applied.changed.settings, delta.settings.is_some());
             assert_eq!(applied.changed.listeners, !delta.listeners.is_empty());
             base = new;
         }
         assert!(patches > 100, "mostly patches: {patches}");
+        assert!(
+            made.iter().all(|&m| m > 0),
+            "every edit kind made: {made:?}"
+        );
+        assert!(
+            carried.iter().all(|&c| c > 0),
+            "patches with removals, appends and replacements, and reorders: {carried:?}"
+        );
     }
 
     #[test]

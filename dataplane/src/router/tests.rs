@@ -1231,6 +1231,10 @@ fn patch_gives_what_a_full_build_gives_over_random_edits() {
     let mut cache = HashCache::of(&kept_d);
     let mut table = RouteTable::build(&base).unwrap();
     let mut patches = 0;
+    // Edits made, by kind: remove, swap, replace, insert, append.
+    let mut made = [0usize; 5];
+    // What the patches carried: removals, appends, replacements.
+    let mut carried = [0usize; 3];
     for step in 0..400 {
         let mut new = base.clone();
         for k in 0..=below(2) {
@@ -1238,20 +1242,29 @@ fn patch_gives_what_a_full_build_gives_over_random_edits() {
             match below(8) {
                 0 | 1 if n > 0 => {
                     new.virtual_hosts.remove(below(n));
+                    made[0] += 1;
                 }
-                2 if n > 1 && below(3) == 0 => new.virtual_hosts.swap(below(n), below(n)),
+                2 if n > 1 && below(3) == 0 => {
+                    let (i, j) = (below(n), below(n));
+                    made[1] += usize::from(new.virtual_hosts[i] != new.virtual_hosts[j]);
+                    new.virtual_hosts.swap(i, j);
+                }
                 3 | 4 if n > 0 => {
                     let i = below(n);
                     let name = new.virtual_hosts[i].name.clone();
-                    new.virtual_hosts[i] = make(name, &mut below);
+                    let v = make(name, &mut below);
+                    made[2] += usize::from(new.virtual_hosts[i] != v);
+                    new.virtual_hosts[i] = v;
                 }
                 5 if n > 0 && below(3) == 0 => {
                     let v = make(format!("m{step}-{k}"), &mut below);
                     new.virtual_hosts.insert(below(n), v);
+                    made[3] += 1;
                 }
                 _ => {
                     let v = make(format!("n{step}-{k}"), &mut below);
                     new.virtual_hosts.push(v);
+                    made[4] += 1;
                 }
             }
         }
@@ -1271,6 +1284,9 @@ fn patch_gives_what_a_full_build_gives_over_random_edits() {
         table = match &applied.virtual_hosts {
             ListEdit::Patch(p) => {
                 patches += 1;
+                carried[0] += usize::from(!p.removed.is_empty());
+                carried[1] += usize::from(p.appended > 0);
+                carried[2] += usize::from(!p.replaced.is_empty());
                 table.patch(&kept, p, &mut |_| ()).unwrap()
             }
             ListEdit::Full => {
@@ -1310,6 +1326,15 @@ fn patch_gives_what_a_full_build_gives_over_random_edits() {
         base = new;
     }
     assert!(patches > 300, "mostly patches: {patches}");
+    assert!(patches < 400, "and some reorders: {patches}");
+    assert!(
+        made.iter().all(|&m| m > 0),
+        "every edit kind made: {made:?}"
+    );
+    assert!(
+        carried.iter().all(|&c| c > 0),
+        "patches with removals, appends and replacements: {carried:?}"
+    );
     assert!(table.vhost_count() > 20, "grew past its first shards");
 }
 
@@ -1362,4 +1387,127 @@ fn patch_shares_what_did_not_change_and_reports_what_did() {
     assert_eq!(table.vhost_name("http", "a.test"), Some("a"));
     let names: Vec<&str> = patched.entries().map(|e| &*e.name).collect();
     assert_eq!(names, ["b2", "c1", "d1"]);
+}
+
+/// The host map hashes a hostname once for its shard and its entry: every key claimed is
+/// found in whatever shard it landed, a copy is untouched by edits of the original, and
+/// unclaiming keeps the key count and the shards in step.
+#[test]
+fn host_map_finds_every_key_in_its_shard_and_counts_them() {
+    let slot = |key: u64| Slot {
+        key,
+        vhost: Arc::new(compile_vhost(0, &vh("v", &[], vec![])).unwrap()),
+    };
+    let mut m = HostMap::new(8);
+    let keys: Vec<String> = (0..2000).map(|i| format!("host-{i}.example.com")).collect();
+    for (i, k) in keys.iter().enumerate() {
+        m.claim(k, &slot(i as u64 + 10));
+    }
+    // A second, earlier claim on some keys: the smallest order key serves.
+    for k in keys.iter().step_by(7) {
+        m.claim(k, &slot(1));
+    }
+    assert_eq!(m.keys, keys.len());
+    let per_shard: Vec<usize> = m.shards.iter().map(|s| s.len()).collect();
+    assert_eq!(per_shard.iter().sum::<usize>(), keys.len());
+    assert!(per_shard.iter().all(|&n| n > 0), "{per_shard:?}");
+    for (i, k) in keys.iter().enumerate() {
+        let want = if i % 7 == 0 { 1 } else { i as u64 + 10 };
+        assert_eq!(m.first(k).map(|s| s.key), Some(want), "{k}");
+    }
+    assert!(m.first("host-2000.example.com").is_none());
+    assert!(m.first("").is_none());
+
+    let copy = m.clone();
+    for (i, k) in keys.iter().enumerate().filter(|(i, _)| i % 2 == 1) {
+        m.unclaim(k, i as u64 + 10);
+    }
+    m.unclaim("never-claimed.test", 3);
+    let odd_sevens = keys.iter().enumerate().filter(|(i, _)| i % 14 == 7).count();
+    assert_eq!(m.keys, keys.len() / 2 + odd_sevens);
+    for (i, k) in keys.iter().enumerate() {
+        let want = match (i % 2, i % 7) {
+            (_, 0) => Some(1),
+            (0, _) => Some(i as u64 + 10),
+            _ => None,
+        };
+        assert_eq!(m.first(k).map(|s| s.key), want, "{k}");
+        // The copy is untouched.
+        let before = if i % 7 == 0 { 1 } else { i as u64 + 10 };
+        assert_eq!(copy.first(k).map(|s| s.key), Some(before), "{k}");
+    }
+    assert_eq!(copy.keys, keys.len());
+    // Every key gone: every shard empty, the map empty.
+    for (i, k) in keys.iter().enumerate() {
+        m.unclaim(k, i as u64 + 10);
+        m.unclaim(k, 1);
+    }
+    assert!(m.is_empty());
+    assert!(m.shards.iter().all(|s| s.is_empty()));
+}
+
+/// Benchmark (not run by default): host selection over 20,000 exact hostnames and 500
+/// wildcards, for hits, wildcard hits and misses. `cargo test -p sweety-dataplane --release
+/// --lib router::tests::bench_host_lookup -- --ignored --nocapture`; prints ns per lookup.
+#[test]
+#[ignore]
+fn bench_host_lookup() {
+    let mut vhosts: Vec<VirtualHost> = (0..20_000)
+        .map(|i| {
+            let name = format!("v{i}");
+            vh(&name, &[&format!("app-{i}.example.com")], vec![])
+        })
+        .collect();
+    vhosts.extend((0..500).map(|i| {
+        let name = format!("w{i}");
+        vh(&name, &[&format!("*.t{i}.example.org")], vec![])
+    }));
+    let table = RouteTable::build(&config(vhosts)).unwrap();
+    let kinds: [(&str, Vec<String>); 3] = [
+        (
+            "exact hit",
+            (0..4096)
+                .map(|i| format!("app-{}.example.com", i * 7 % 20_000))
+                .collect(),
+        ),
+        (
+            "wildcard hit",
+            (0..4096)
+                .map(|i| format!("api.t{}.example.org", i % 500))
+                .collect(),
+        ),
+        (
+            "miss",
+            (0..4096).map(|i| format!("nope-{i}.example.net")).collect(),
+        ),
+    ];
+    // Batches of 20 passes over 4,096 hosts; the fastest and the median batch are printed
+    // (the fastest is the least disturbed by other load on the machine).
+    for (what, hosts) in &kinds {
+        let rounds = 20;
+        let mut batches = Vec::new();
+        for _ in 0..31 {
+            let mut found = 0usize;
+            let t = std::time::Instant::now();
+            for _ in 0..rounds {
+                for h in hosts {
+                    found += usize::from(table.vhost_name("http", h).is_some());
+                }
+            }
+            batches.push(t.elapsed().as_nanos() as f64 / (rounds * hosts.len()) as f64);
+            let want = if *what == "miss" {
+                0
+            } else {
+                rounds * hosts.len()
+            };
+            assert_eq!(found, want, "{what}");
+        }
+        batches.sort_by(f64::total_cmp);
+        println!(
+            "host lookup, {what}: min {:.1} ns, median {:.1} ns (31 batches of {})",
+            batches[0],
+            batches[15],
+            rounds * hosts.len()
+        );
+    }
 }

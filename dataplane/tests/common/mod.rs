@@ -11,6 +11,24 @@ use std::sync::Arc;
 use sweety_config::*;
 use sweety_dataplane::runtime::{Runtime, RuntimeOptions};
 
+/// Starts a test backend on an ephemeral 127.0.0.1 port and returns its address: each
+/// accepted connection is given to `handler`, whose future runs on a task of its own. The
+/// accept loop ends on an accept error or with the test's runtime.
+pub async fn spawn_backend<F, Fut>(handler: F) -> SocketAddr
+where
+    F: Fn(tokio::net::TcpStream) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = l.accept().await {
+            tokio::spawn(handler(s));
+        }
+    });
+    addr
+}
+
 /// A started runtime and the addresses of its listeners by name.
 pub struct Harness {
     pub runtime: Arc<Runtime>,
