@@ -30,7 +30,7 @@ use std::fmt::Write as _;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant, SystemTime};
 use sweety_config::{CachePolicy, CacheSettings};
@@ -56,13 +56,100 @@ pub struct Entry {
     size: u64,
     host: String,
     path: String,
-    /// The stored headers HPACK-encoded once, for Sweety's HTTP/2 engine.
-    encoded: crate::h2::Encoded,
+    /// The stored headers HPACK-encoded, for Sweety's HTTP/2 engine: built on its first hit
+    /// there (never for entries only other protocols read).
+    encoded: OnceLock<crate::h2::Encoded>,
+    /// The stored fields can go out ahead of a hit's `age` and `x-cache` as they are: none of
+    /// them is `age`, `x-cache` or connection-specific (see [`StoredHead`]).
+    plain_head: bool,
+    has_date: bool,
+    has_content_length: bool,
 }
 
 impl Entry {
     fn age(&self, now: Instant) -> Duration {
         now.saturating_duration_since(self.stored) + Duration::from_secs(self.initial_age)
+    }
+
+    fn encoded(&self) -> &crate::h2::Encoded {
+        self.encoded
+            .get_or_init(|| crate::h2::Encoded::new(&self.headers))
+    }
+}
+
+/// Whether a stored head can be sent ahead of a hit's own fields unchanged: none of its fields
+/// is one a hit replaces (`age`, `x-cache`) or one an HTTP/2 response must not carry.
+fn plain_head(headers: &HeaderMap) -> bool {
+    !headers.keys().any(|n| {
+        n == header::AGE
+            || n == X_CACHE
+            || n == header::CONNECTION
+            || n == header::TRANSFER_ENCODING
+            || n == header::UPGRADE
+            || n == header::TE
+            || n.as_str() == "keep-alive"
+            || n.as_str() == "proxy-connection"
+    })
+}
+
+/// A cache hit's head for Sweety's HTTP/2 engine, left out of the response's header map: the
+/// stored fields (HPACK-encoded once per entry), then `age` and `x-cache`. The fields of the
+/// response's own map (empty from the cache; the response phase may add fields the stored head
+/// does not have) follow them. [`StoredHead::materialize`] turns it into the map a hit has on
+/// every other path, field for field; the engine sends the same bytes either way.
+#[derive(Debug)]
+pub struct StoredHead {
+    entry: Arc<Entry>,
+    age: u64,
+    how: &'static str,
+}
+
+impl StoredHead {
+    /// The stored fields, HPACK-encoded without the dynamic table.
+    pub fn block(&self) -> &[u8] {
+        self.entry.encoded().block()
+    }
+
+    /// The hit's `age`, seconds.
+    pub fn age(&self) -> u64 {
+        self.age
+    }
+
+    /// The hit's `x-cache` value.
+    pub fn x_cache(&self) -> &'static str {
+        self.how
+    }
+
+    /// Whether the head has a field `name` (stored, `age` or `x-cache`).
+    pub fn contains(&self, name: &HeaderName) -> bool {
+        if name == header::DATE {
+            return self.entry.has_date;
+        }
+        if name == header::CONTENT_LENGTH {
+            return self.entry.has_content_length;
+        }
+        name == header::AGE || name == X_CACHE || self.entry.headers.contains_key(name)
+    }
+
+    /// Puts the head into the response's header map, exactly as a hit answered with a map
+    /// has it, ahead of the fields already there. `engine`: attach the stored fields'
+    /// encoding for Sweety's HTTP/2 engine.
+    pub fn materialize(self, resp: &mut Response<Body>, engine: bool) {
+        let extra = std::mem::take(resp.headers_mut());
+        *resp.headers_mut() = hit_headers(&self.entry, self.age, self.how, false);
+        let h = resp.headers_mut();
+        let mut last = None;
+        for (name, value) in extra {
+            if let Some(n) = name {
+                last = Some(n);
+            }
+            if let Some(n) = &last {
+                h.append(n, value);
+            }
+        }
+        if engine {
+            resp.extensions_mut().insert(self.entry.encoded().clone());
+        }
     }
 }
 
@@ -381,7 +468,13 @@ impl Cache {
     /// Looks `key` up for a request with headers `req`.
     pub fn lookup(&self, key: &RequestKey, req: &HeaderMap, now: Instant) -> Found {
         let mut s = self.store.lock().unwrap_or_else(|p| p.into_inner());
-        let full: std::borrow::Cow<'_, str> = match s.vary.get(&key.primary) {
+        // No key varies (the common case): one hash of the key, not two.
+        let vary = if s.vary.is_empty() {
+            None
+        } else {
+            s.vary.get(&key.primary)
+        };
+        let full: std::borrow::Cow<'_, str> = match vary {
             Some(v) => full_key(&key.primary, v, req).into(),
             None => key.primary.as_str().into(),
         };
@@ -433,10 +526,12 @@ impl Cache {
             .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
             .unwrap_or(0);
         let headers = compact_values(headers);
-        let encoded = crate::h2::Encoded::new(&headers);
         let entry = Arc::new(Entry {
             status,
-            encoded,
+            encoded: OnceLock::new(),
+            plain_head: plain_head(&headers),
+            has_date: headers.contains_key(header::DATE),
+            has_content_length: headers.contains_key(header::CONTENT_LENGTH),
             headers,
             body,
             stored: Instant::now(),
@@ -566,13 +661,16 @@ impl Cache {
 
     /// Serves a cacheable request: from the cache, or through `fetch` (storing the
     /// response while streaming it). `refresh` fetches the same request again in the
-    /// background for stale-while-revalidate.
+    /// background for stale-while-revalidate. `first`: what [`Cache::fresh_hit`] already
+    /// found for this request (not looked up again).
+    #[allow(clippy::too_many_arguments)]
     pub async fn serve<F, Fut, R, RFut>(
         self: &Arc<Self>,
         policy: &CachePolicy,
         key: RequestKey,
         parts: http::request::Parts,
         body: Body,
+        first: Option<Found>,
         fetch: F,
         refresh: R,
     ) -> Response<Body>
@@ -583,12 +681,18 @@ impl Cache {
         RFut: Future<Output = Response<Body>> + Send + 'static,
     {
         let mut waited = false;
+        let mut first = first;
         let guard = loop {
             if key.lookup {
-                match self.lookup(&key, &parts.headers, Instant::now()) {
+                let now = Instant::now();
+                let found = match first.take() {
+                    Some(f) => f,
+                    None => self.lookup(&key, &parts.headers, now),
+                };
+                match found {
                     Found::Fresh(e) => {
                         self.metrics.edge.cache_hits.fetch_add(1, Relaxed);
-                        return respond(&e, key.head, "HIT");
+                        return respond(&e, key.head, "HIT", now);
                     }
                     Found::Stale(e) => {
                         self.metrics.edge.cache_stale.fetch_add(1, Relaxed);
@@ -608,7 +712,7 @@ impl Cache {
                                 }
                             });
                         }
-                        return respond(&e, key.head, "STALE");
+                        return respond(&e, key.head, "STALE", now);
                     }
                     Found::Miss => {}
                 }
@@ -642,20 +746,47 @@ impl Cache {
         resp
     }
 
-    /// The answer from a fresh entry for `key` (`X-Cache: HIT`, counted as a hit), or `None`
-    /// when there is none or the request skips the lookup; then [`Cache::serve`] handles it
-    /// (stale entries, coalescing, the fetch). Lets the pipeline answer a hit before it builds
-    /// anything for the upstream path.
-    pub fn fresh_hit(&self, key: &RequestKey, req: &HeaderMap) -> Option<Response<Body>> {
+    /// The answer from a fresh entry for `key` (`X-Cache: HIT`, counted as a hit) at `now`.
+    /// Otherwise what the lookup found (`None`: the request skips the lookup), for
+    /// [`Cache::serve`] to go on with (stale entries, coalescing, the fetch) without looking
+    /// the key up again. Lets the pipeline answer a hit before it builds anything for the
+    /// upstream path. `engine`: the response goes to Sweety's HTTP/2 engine, which takes the
+    /// head as a [`StoredHead`] (when the entry's head allows it and the request is no HEAD).
+    pub fn fresh_hit(
+        &self,
+        key: &RequestKey,
+        req: &HeaderMap,
+        now: Instant,
+        engine: bool,
+    ) -> Result<(Response<Body>, Option<StoredHead>), Option<Found>> {
         if !key.lookup {
-            return None;
+            return Err(None);
         }
-        match self.lookup(key, req, Instant::now()) {
+        match self.lookup(key, req, now) {
             Found::Fresh(e) => {
                 self.metrics.edge.cache_hits.fetch_add(1, Relaxed);
-                Some(respond(&e, key.head, "HIT"))
+                if engine && e.plain_head && !key.head {
+                    let mut r = Response::new(crate::body::full(e.body.clone()));
+                    *r.status_mut() = e.status;
+                    let age = e.age(now).as_secs();
+                    return Ok((
+                        r,
+                        Some(StoredHead {
+                            entry: e,
+                            age,
+                            how: "HIT",
+                        }),
+                    ));
+                }
+                let mut r = respond(&e, key.head, "HIT", now);
+                if engine {
+                    // The engine sends the stored fields' encoding as is when the response
+                    // still starts with them unchanged (it checks).
+                    r.extensions_mut().insert(e.encoded().clone());
+                }
+                Ok((r, None))
             }
-            Found::Stale(_) | Found::Miss => None,
+            other => Err(Some(other)),
         }
     }
 
@@ -738,27 +869,26 @@ fn compact_values(headers: HeaderMap) -> HeaderMap {
     out
 }
 
-fn respond(e: &Entry, head: bool, how: &'static str) -> Response<Body> {
+fn respond(e: &Entry, head: bool, how: &'static str, now: Instant) -> Response<Body> {
     let mut r = Response::new(if head {
         crate::body::empty()
     } else {
         crate::body::full(e.body.clone())
     });
     *r.status_mut() = e.status;
-    *r.headers_mut() = e.headers.clone();
-    let h = r.headers_mut();
-    h.insert(
-        header::AGE,
-        HeaderValue::from(e.age(Instant::now()).as_secs()),
-    );
+    *r.headers_mut() = hit_headers(e, e.age(now).as_secs(), how, head);
+    r
+}
+
+/// A hit's header map: the stored fields, `age`, `x-cache` and for HEAD the length.
+fn hit_headers(e: &Entry, age: u64, how: &'static str, head: bool) -> HeaderMap {
+    let mut h = e.headers.clone();
+    h.insert(header::AGE, HeaderValue::from(age));
     h.insert(&X_CACHE, HeaderValue::from_static(how));
     if head {
         h.insert(header::CONTENT_LENGTH, HeaderValue::from(e.body.len()));
     }
-    // Sweety's HTTP/2 engine sends the stored headers' encoding as is when the response
-    // still starts with them unchanged (it checks); other protocols ignore it.
-    r.extensions_mut().insert(e.encoded.clone());
-    r
+    h
 }
 
 struct Pending {
@@ -937,6 +1067,160 @@ mod tests {
             },
             Arc::new(Metrics::default()),
         ))
+    }
+
+    /// The HPACK bytes of a hit's fields (after `:status`) as the engine sends them.
+    fn engine_fields(resp: &Response<Body>, stored: Option<&StoredHead>) -> BytesMut {
+        let mut b = BytesMut::new();
+        crate::h2::encode_fields(&mut b, resp.headers(), resp.extensions(), stored);
+        b
+    }
+
+    /// Every field of a map encoded one by one, no shortcut.
+    fn plain_fields(h: &HeaderMap) -> BytesMut {
+        let mut b = BytesMut::new();
+        for (n, v) in h {
+            crate::hpack::Encoder::field(
+                &mut b,
+                n.as_str().as_bytes(),
+                v.as_bytes(),
+                v.is_sensitive(),
+            );
+        }
+        b
+    }
+
+    #[test]
+    fn an_engine_hit_keeps_its_stored_head_and_sends_the_same_fields() {
+        let c = cache(1 << 20, 1 << 16);
+        let req = HeaderMap::new();
+        let k = key("/h", &req);
+        let mut secret = HeaderValue::from_static("token");
+        secret.set_sensitive(true);
+        let mut stored = hm(&[
+            ("server", "origin"),
+            ("content-type", "text/plain"),
+            ("x-multi", "1"),
+            ("x-multi", "2"),
+            ("content-length", "5"),
+            ("date", "Sun, 22 Nov 2026 13:37:43 GMT"),
+        ]);
+        stored.insert("x-secret", secret);
+        let (fresh, stale) = (Duration::from_secs(60), Duration::ZERO);
+        assert!(c.insert(
+            &k,
+            &req,
+            StatusCode::OK,
+            stored,
+            Bytes::from_static(b"hello"),
+            fresh,
+            stale
+        ));
+        let now = Instant::now() + Duration::from_secs(7);
+
+        // Other protocols: the whole head in the map, no encoding attached.
+        let (plain, none) = c.fresh_hit(&k, &req, now, false).unwrap();
+        assert!(none.is_none());
+        assert!(plain.extensions().get::<crate::h2::Encoded>().is_none());
+        assert_eq!(plain.headers()["age"], "7");
+        assert_eq!(plain.headers()["x-cache"], "HIT");
+        assert_eq!(
+            plain
+                .headers()
+                .keys()
+                .map(|n| n.as_str())
+                .collect::<Vec<_>>(),
+            [
+                "server",
+                "content-type",
+                "x-multi",
+                "content-length",
+                "date",
+                "x-secret",
+                "age",
+                "x-cache"
+            ]
+        );
+
+        // The engine: an empty map and the stored head beside it.
+        let (lazy, head) = c.fresh_hit(&k, &req, now, true).unwrap();
+        let head = head.expect("a stored head for the engine");
+        assert!(lazy.headers().is_empty());
+        assert_eq!(lazy.status(), StatusCode::OK);
+        for name in ["date", "content-length", "age", "x-cache", "x-secret"] {
+            assert!(head.contains(&HeaderName::from_static(name)), "{name}");
+        }
+        assert!(!head.contains(&header::ALT_SVC));
+        let want = plain_fields(plain.headers());
+        assert_eq!(engine_fields(&lazy, Some(&head)), want);
+        // Fields the response phase adds come after the head, as in a map.
+        let mut lazy2 = Response::new(crate::body::empty());
+        lazy2
+            .headers_mut()
+            .insert(header::ALT_SVC, HeaderValue::from_static("h3=\":443\""));
+        let mut plain2 = Response::new(crate::body::empty());
+        *plain2.headers_mut() = plain.headers().clone();
+        plain2
+            .headers_mut()
+            .insert(header::ALT_SVC, HeaderValue::from_static("h3=\":443\""));
+        assert_eq!(
+            engine_fields(&lazy2, Some(&head)),
+            plain_fields(plain2.headers())
+        );
+
+        // Materialized (for the response filters): the same map, plus the encoding for the
+        // engine, which then sends the same bytes again.
+        let mut m = lazy;
+        head.materialize(&mut m, true);
+        assert_eq!(
+            m.headers().iter().collect::<Vec<_>>(),
+            plain.headers().iter().collect::<Vec<_>>()
+        );
+        assert!(m.headers()["x-secret"].is_sensitive());
+        assert!(m.extensions().get::<crate::h2::Encoded>().is_some());
+        assert_eq!(engine_fields(&m, None), want);
+
+        // HEAD gets its length in the map: no stored head.
+        let hk = request_key(
+            &CachePolicy::default(),
+            &Method::HEAD,
+            "a.test",
+            &"/h".parse().unwrap(),
+            &req,
+        )
+        .unwrap();
+        let (h, none) = c.fresh_hit(&hk, &req, now, true).unwrap();
+        assert!(none.is_none());
+        assert_eq!(h.headers()["content-length"], "5");
+        assert_eq!(engine_fields(&h, None), plain_fields(h.headers()));
+
+        // A stored head with a field a hit replaces stays in the map.
+        let k2 = key("/aged", &req);
+        let aged = hm(&[("content-type", "text/plain"), ("age", "30")]);
+        assert!(c.insert(
+            &k2,
+            &req,
+            StatusCode::OK,
+            aged,
+            Bytes::from_static(b"x"),
+            fresh,
+            stale
+        ));
+        let later = Instant::now() + Duration::from_secs(7);
+        let (r, none) = c.fresh_hit(&k2, &req, later, true).unwrap();
+        assert!(none.is_none());
+        assert_eq!(r.headers()["age"], "37");
+        assert_eq!(engine_fields(&r, None), plain_fields(r.headers()));
+
+        // What else a lookup finds goes on to `serve`; skipped lookups say so.
+        assert!(matches!(
+            c.fresh_hit(&key("/none", &req), &req, now, true),
+            Err(Some(Found::Miss))
+        ));
+        let mut nc = key("/h", &req);
+        nc.lookup = false;
+        assert!(matches!(c.fresh_hit(&nc, &req, now, true), Err(None)));
+        assert_eq!(c.metrics.edge.cache_hits.load(Relaxed), 4);
     }
 
     #[test]
@@ -1205,6 +1489,7 @@ mod tests {
                         k,
                         parts,
                         body,
+                        None,
                         |_, _| async move {
                             tokio::time::sleep(Duration::from_millis(100)).await;
                             origin(&calls, "max-age=60")

@@ -576,6 +576,12 @@ impl CompiledFilters {
         self.mirrors.iter()
     }
 
+    /// Whether [`CompiledFilters::on_response`] can change a response (header modifiers or
+    /// CORS are configured).
+    pub fn has_response_filters(&self) -> bool {
+        !self.response.is_empty() || self.cors.is_some()
+    }
+
     /// Applies response-side filters: response header modifiers and CORS headers (using the
     /// request's `Origin`).
     pub fn on_response(&self, origin: Option<&HeaderValue>, resp: &mut http::response::Parts) {

@@ -186,6 +186,23 @@ impl Backpressure {
         })
     }
 
+    /// [`Backpressure::admit`] without waiting: the permit if both slots are free now, else
+    /// `None` (nothing counted, no slot kept: then `admit` waits). A request admitted here
+    /// builds no waiting future at all.
+    pub fn try_admit(&self, listener: Option<&Limit>) -> Option<RequestPermit> {
+        let global = self.requests.try_acquire()?;
+        let listener_permit = match listener {
+            Some(l) => Some(l.try_acquire()?),
+            None => None,
+        };
+        self.metrics.active_requests.fetch_add(1, Relaxed);
+        Some(RequestPermit {
+            _global: global,
+            _listener: listener_permit,
+            metrics: self.metrics.clone(),
+        })
+    }
+
     /// Admits a request: takes a global slot and, if the listener has its own cap, a listener
     /// slot, each waiting at most `wait`. Counts the limit hit on failure.
     pub async fn admit(
@@ -366,6 +383,25 @@ mod tests {
         assert_eq!(m.limit_rejections.get(&"listener_requests_in_flight"), 1);
         // The global slot taken by the rejected request was given back.
         assert_eq!(bp.requests.available(), 99);
+    }
+
+    #[tokio::test]
+    async fn try_admit_takes_free_slots_or_nothing() {
+        let m = Arc::new(Metrics::default());
+        let bp = Backpressure::new(10, 2, m.clone());
+        let l = Limit::new(1);
+        let a = bp.try_admit(Some(&l)).expect("both slots free");
+        assert_eq!(m.active_requests.load(Relaxed), 1);
+        // The listener is full: nothing kept, nothing counted (admit counts after its wait).
+        assert!(bp.try_admit(Some(&l)).is_none());
+        assert_eq!(bp.requests.available(), 1);
+        assert_eq!(m.limit_rejections.get(&"listener_requests_in_flight"), 0);
+        let b = bp.try_admit(None).expect("a global slot");
+        assert!(bp.try_admit(None).is_none());
+        assert_eq!(m.active_requests.load(Relaxed), 2);
+        drop((a, b));
+        assert_eq!(m.active_requests.load(Relaxed), 0);
+        assert_eq!((bp.requests.available(), l.available()), (2, 1));
     }
 
     #[tokio::test]

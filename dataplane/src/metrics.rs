@@ -7,7 +7,7 @@
 use crate::ctx::Protocol;
 use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::hash::Hash;
+use std::hash::{BuildHasherDefault, Hash, Hasher};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -95,11 +95,155 @@ impl Histogram {
 /// Key of the request counter: listener, route, status class (1–5), protocol.
 pub type RequestKey = (Arc<str>, Arc<str>, u8, &'static str);
 
+/// The request counters: per listener and route, one counter per status class and protocol.
+/// Counted once per request, so the lookup borrows the names (no reference counts taken) and
+/// hashes them with FNV-1a (they come from the config, not from clients).
+#[derive(Debug, Default)]
+pub struct RequestCounters {
+    map: RwLock<HashMap<Labels, Box<ClassCounters>, FnvBuild>>,
+}
+
+/// Counters by protocol (H1, H2, H3) and status class (1xx–5xx).
+type ClassCounters = [[AtomicU64; 5]; 3];
+
+/// A listener and route name pair, the key of [`RequestCounters`].
+#[derive(Debug)]
+struct Labels(Arc<str>, Arc<str>);
+
+/// The names of a [`Labels`], owned or borrowed, so that a lookup needs no `Arc`.
+trait LabelNames {
+    fn names(&self) -> (&str, &str);
+}
+
+impl LabelNames for Labels {
+    fn names(&self) -> (&str, &str) {
+        (&self.0, &self.1)
+    }
+}
+
+impl LabelNames for (&str, &str) {
+    fn names(&self) -> (&str, &str) {
+        (self.0, self.1)
+    }
+}
+
+impl<'a> std::borrow::Borrow<dyn LabelNames + 'a> for Labels {
+    fn borrow(&self) -> &(dyn LabelNames + 'a) {
+        self
+    }
+}
+
+impl Hash for dyn LabelNames + '_ {
+    fn hash<H: Hasher>(&self, h: &mut H) {
+        self.names().hash(h);
+    }
+}
+
+impl PartialEq for dyn LabelNames + '_ {
+    fn eq(&self, other: &Self) -> bool {
+        self.names() == other.names()
+    }
+}
+
+impl Eq for dyn LabelNames + '_ {}
+
+// Hashed and compared exactly as its `dyn LabelNames` view (what `Borrow` requires).
+impl Hash for Labels {
+    fn hash<H: Hasher>(&self, h: &mut H) {
+        self.names().hash(h);
+    }
+}
+
+impl PartialEq for Labels {
+    fn eq(&self, other: &Self) -> bool {
+        self.names() == other.names()
+    }
+}
+
+impl Eq for Labels {}
+
+/// FNV-1a, for maps keyed by names from the config (not by what clients send).
+pub struct Fnv(u64);
+
+/// Builds [`Fnv`] hashers.
+pub type FnvBuild = BuildHasherDefault<Fnv>;
+
+impl Default for Fnv {
+    fn default() -> Fnv {
+        Fnv(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl Hasher for Fnv {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        let mut h = self.0;
+        for b in bytes {
+            h ^= u64::from(*b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        self.0 = h;
+    }
+}
+
+impl RequestCounters {
+    /// Counts one request of `listener` and `route` with status class `class` (1–5).
+    pub fn inc(&self, listener: &Arc<str>, route: &Arc<str>, class: u8, proto: Protocol) {
+        let (p, c) = (proto_index(proto), usize::from(class.clamp(1, 5) - 1));
+        let names: &dyn LabelNames = &(&**listener, &**route);
+        if let Some(cs) = self
+            .map
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(names)
+        {
+            cs[p][c].fetch_add(1, Relaxed);
+            return;
+        }
+        let mut w = self.map.write().unwrap_or_else(|e| e.into_inner());
+        w.entry(Labels(listener.clone(), route.clone()))
+            .or_default()[p][c]
+            .fetch_add(1, Relaxed);
+    }
+
+    /// Requests counted for these labels (0 when never counted).
+    pub fn get(&self, listener: &str, route: &str, class: u8, proto: Protocol) -> u64 {
+        let names: &dyn LabelNames = &(listener, route);
+        let (p, c) = (proto_index(proto), usize::from(class.clamp(1, 5) - 1));
+        self.map
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(names)
+            .map_or(0, |cs| cs[p][c].load(Relaxed))
+    }
+
+    /// Every label set counted so far, sorted by key, for rendering.
+    pub fn snapshot(&self) -> Vec<(RequestKey, u64)> {
+        let r = self.map.read().unwrap_or_else(|e| e.into_inner());
+        let mut v = Vec::new();
+        for (Labels(l, rt), cs) in r.iter() {
+            for proto in [Protocol::Http1, Protocol::Http2, Protocol::Http3] {
+                for (c, n) in cs[proto_index(proto)].iter().enumerate() {
+                    let n = n.load(Relaxed);
+                    if n > 0 {
+                        v.push(((l.clone(), rt.clone(), c as u8 + 1, proto.as_str()), n));
+                    }
+                }
+            }
+        }
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    }
+}
+
 /// All dataplane metrics.
 #[derive(Debug, Default)]
 pub struct Metrics {
     /// Requests by listener, route, status class and protocol.
-    pub requests: LabeledCounter<RequestKey>,
+    pub requests: RequestCounters,
     /// Request latency by protocol (H1, H2, H3).
     pub latency: [Histogram; 3],
     /// Open client connections (TCP and QUIC).
@@ -227,8 +371,7 @@ impl Metrics {
         elapsed: Duration,
     ) {
         let class = (status / 100).clamp(1, 5) as u8;
-        self.requests
-            .inc(&(listener.clone(), route.clone(), class, proto.as_str()));
+        self.requests.inc(listener, route, class, proto);
         self.latency[proto_index(proto)].observe(elapsed);
     }
 
@@ -425,6 +568,42 @@ fn esc(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn request_counters_are_found_by_name_not_by_allocation() {
+        let m = Metrics::default();
+        let (l, r) = (Arc::<str>::from("web"), Arc::<str>::from("a"));
+        m.record_request(&l, &r, 200, Protocol::Http2, Duration::from_micros(10));
+        m.record_request(&l, &r, 204, Protocol::Http2, Duration::from_micros(10));
+        // A config reload makes new `Arc`s with the same names: the same counters.
+        let (l2, r2) = (Arc::<str>::from("web"), Arc::<str>::from("a"));
+        m.record_request(&l2, &r2, 503, Protocol::Http2, Duration::from_micros(10));
+        m.record_request(&l2, &r2, 99, Protocol::Http1, Duration::from_micros(10));
+        m.record_request(&l2, &Arc::from("b"), 404, Protocol::Http3, Duration::ZERO);
+        assert_eq!(m.requests.get("web", "a", 2, Protocol::Http2), 2);
+        assert_eq!(m.requests.get("web", "a", 5, Protocol::Http2), 1);
+        assert_eq!(m.requests.get("web", "a", 1, Protocol::Http1), 1);
+        assert_eq!(m.requests.get("web", "a", 2, Protocol::Http1), 0);
+        assert_eq!(m.requests.get("web", "b", 4, Protocol::Http3), 1);
+        assert_eq!(m.requests.get("other", "a", 2, Protocol::Http2), 0);
+        let snap: Vec<_> = m
+            .requests
+            .snapshot()
+            .into_iter()
+            .map(|((l, r, c, p), n)| (l.to_string(), r.to_string(), c, p, n))
+            .collect();
+        let s = |l: &str, r: &str, c, p, n| (l.to_string(), r.to_string(), c, p, n);
+        assert_eq!(
+            snap,
+            [
+                s("web", "a", 1, "HTTP/1.1", 1),
+                s("web", "a", 2, "HTTP/2", 2),
+                s("web", "a", 5, "HTTP/2", 1),
+                s("web", "b", 4, "HTTP/3", 1),
+            ]
+        );
+        assert_eq!(m.latency[1].count(), 3);
+    }
 
     #[test]
     fn renders_labelled_requests_and_histogram() {

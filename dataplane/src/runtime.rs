@@ -27,7 +27,10 @@ use http::HeaderValue;
 use hyper_util::rt::TokioTimer;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicBool, AtomicU64,
+    Ordering::{Acquire, Relaxed, Release},
+};
 use std::sync::{Arc, Mutex};
 use sweety_config::{Config, Limits, ListenerProtocol};
 use tokio::sync::watch;
@@ -73,7 +76,7 @@ pub struct Snapshot {
     /// Upstream backends and pools.
     pub upstreams: Arc<Upstreams>,
     /// Listeners by name.
-    pub listeners: HashMap<Arc<str>, Arc<ListenerView>>,
+    pub listeners: HashMap<Arc<str>, Arc<ListenerView>, crate::metrics::FnvBuild>,
     /// Listener names by bind key.
     by_key: HashMap<BindKey, Arc<ListenerView>>,
     /// hyper connection builder configured from the limits.
@@ -115,7 +118,7 @@ impl Snapshot {
             upstreams: Arc::new(
                 Upstreams::build(&[], None, metrics).expect("empty upstreams build"),
             ),
-            listeners: HashMap::new(),
+            listeners: HashMap::default(),
             by_key: HashMap::new(),
             edge: Arc::default(),
         }
@@ -125,6 +128,9 @@ impl Snapshot {
 /// State shared by every connection and request; outlives reloads.
 pub struct Shared {
     current: ArcSwap<Snapshot>,
+    /// Counts the stores to `current` (bumped after each): a connection that keeps the
+    /// snapshot it loaded reuses it while this has not changed ([`Shared::snapshot_for`]).
+    swaps: AtomicU64,
     /// Metrics.
     pub metrics: Arc<Metrics>,
     /// The backpressure core.
@@ -146,6 +152,33 @@ impl Shared {
     /// The current snapshot (pin it for the duration of a request).
     pub fn snapshot(&self) -> Arc<Snapshot> {
         self.current.load_full()
+    }
+
+    /// The current snapshot through a per-connection memo: `kept` is reused while no new
+    /// snapshot was stored since it was loaded (one plain atomic load instead of an
+    /// `ArcSwap` load per request); otherwise it is loaded and kept. The keeper drops `kept`
+    /// when it goes idle, so that it does not hold an old config alive.
+    pub fn snapshot_for(&self, kept: &mut Option<(u64, Arc<Snapshot>)>) -> Arc<Snapshot> {
+        let swaps = self.swaps.load(Acquire);
+        match kept {
+            Some((n, s)) if *n == swaps => s.clone(),
+            _ => {
+                let s = self.current.load_full();
+                *kept = Some((swaps, s.clone()));
+                s
+            }
+        }
+    }
+
+    /// Whether a snapshot kept by [`Shared::snapshot_for`] is still the current one.
+    pub fn is_current(&self, kept: &Option<(u64, Arc<Snapshot>)>) -> bool {
+        kept.as_ref()
+            .is_some_and(|(n, _)| *n == self.swaps.load(Acquire))
+    }
+
+    fn store(&self, snapshot: Snapshot) {
+        self.current.store(Arc::new(snapshot));
+        self.swaps.fetch_add(1, Release);
     }
 }
 
@@ -261,6 +294,7 @@ impl Runtime {
         };
         let shared = Arc::new(Shared {
             current: ArcSwap::from_pointee(Snapshot::empty(metrics.clone())),
+            swaps: AtomicU64::new(0),
             backpressure: Backpressure::new(
                 limits.max_connections as usize,
                 limits.max_requests_in_flight as usize,
@@ -332,7 +366,7 @@ impl Runtime {
             self.shared.cache.configure(&snapshot.config.cache);
             snapshot.config.limits.clone()
         });
-        self.shared.current.store(Arc::new(snapshot));
+        self.shared.store(snapshot);
         if let Some(limits) = limits {
             self.shared.backpressure.resize(
                 limits.max_connections as usize,
@@ -625,7 +659,7 @@ impl Runtime {
         }
 
         // Build the snapshot.
-        let mut listeners = HashMap::new();
+        let mut listeners = HashMap::default();
         let mut by_key = HashMap::new();
         {
             let mut limits = self
@@ -1015,5 +1049,28 @@ mod tests {
         assert_eq!(counters(&rt), (3, 3, 4, true));
         assert_eq!(rt.shared.snapshot().config.generation, 4);
         rt.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn a_kept_snapshot_is_reused_until_a_reload() {
+        let rt = Runtime::new(RuntimeOptions::default()).unwrap();
+        let mut kept = None;
+        assert!(!rt.shared.is_current(&kept));
+        let a = rt.shared.snapshot_for(&mut kept);
+        assert!(rt.shared.is_current(&kept));
+        let b = rt.shared.snapshot_for(&mut kept);
+        assert!(Arc::ptr_eq(&a, &b));
+        let cfg = Config {
+            generation: 7,
+            ..Config::default()
+        };
+        rt.apply(cfg).await.unwrap();
+        // The reload is seen at once: the kept one is stale, the next request gets the new.
+        assert!(!rt.shared.is_current(&kept));
+        let c = rt.shared.snapshot_for(&mut kept);
+        assert!(!Arc::ptr_eq(&a, &c));
+        assert!(Arc::ptr_eq(&c, &rt.shared.snapshot()));
+        assert_eq!(c.config.generation, 7);
+        assert!(rt.shared.is_current(&kept));
     }
 }

@@ -402,3 +402,238 @@ async fn coded_variants_are_stored_and_hits_are_sent_as_stored() {
         4
     );
 }
+
+/// A hit's head as a client sees it: every field in order, `date` and `age` checked for
+/// form and left out (they follow the clock).
+async fn hit_head(
+    c: &Client,
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+) -> (Vec<(String, String)>, Bytes) {
+    let req = http::Request::builder()
+        .method(method)
+        .uri(format!("http://{addr}{path}"))
+        .header("host", "c.test")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let resp = tokio::time::timeout(Duration::from_secs(10), c.request(req))
+        .await
+        .expect("in time")
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut fields = Vec::new();
+    for (n, v) in resp.headers() {
+        let v = v.to_str().unwrap().to_string();
+        match n.as_str() {
+            "date" => assert!(httpdate::parse_http_date(&v).is_ok(), "{v}"),
+            "age" => assert!(v.parse::<u64>().is_ok(), "{v}"),
+            _ => fields.push((n.as_str().to_string(), v)),
+        }
+    }
+    assert!(resp.headers().contains_key("date"));
+    // Hits say how old they are; the miss has no age.
+    let hit = fields.contains(&("x-cache".into(), "HIT".into()));
+    assert_eq!(resp.headers().contains_key("age"), hit, "{fields:?}");
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    (fields, body)
+}
+
+/// Sweety's HTTP/2 engine sends a hit's stored head without copying it into a header map
+/// (`cache::StoredHead`), and falls back to the map when a response filter needs it: either
+/// way the client gets the fields, order, `x-cache`, `age`, lengths and metrics that hyper's
+/// HTTP/2 server gives for the same hits.
+#[tokio::test]
+async fn engine_hits_send_the_same_heads_as_hyper_hits() {
+    let mut seen = Vec::new();
+    for engine in [Http2Engine::Hyper, Http2Engine::Sweety] {
+        let (up, origin_hits) = origin().await;
+        let mut plain = proxy_route("plain", "/p", "up");
+        plain.filters.push(Filter::Cache(CachePolicy::default()));
+        let mut filtered = proxy_route("filtered", "/f", "up");
+        filtered.filters.push(Filter::Cache(CachePolicy::default()));
+        filtered
+            .filters
+            .push(Filter::ResponseHeaders(HeaderModifier {
+                add: vec![sweety_config::HeaderValue {
+                    name: "x-added".into(),
+                    value: "1".into(),
+                }],
+                ..HeaderModifier::default()
+            }));
+        let mut cfg = Config {
+            backends: vec![backend("up", up)],
+            ..http_config(vec![vhost("c", &[], vec![plain, filtered])])
+        };
+        cfg.limits.http2_engine = engine;
+        let h = Harness::start(cfg).await;
+        let addr = h.addr("web").await;
+        let c = h2c_client();
+        let mut heads = Vec::new();
+        for path in ["/p", "/f"] {
+            let (miss, body) = hit_head(&c, addr, "GET", path).await;
+            assert!(
+                miss.contains(&("x-cache".into(), "MISS".into())),
+                "{miss:?}"
+            );
+            for _ in 0..3 {
+                let (hit, again) = hit_head(&c, addr, "GET", path).await;
+                assert_eq!(again, body);
+                assert!(hit.contains(&("x-cache".into(), "HIT".into())), "{hit:?}");
+                let len = body.len().to_string();
+                assert!(hit.contains(&("content-length".into(), len)), "{hit:?}");
+                assert_eq!(hit.contains(&("x-added".into(), "1".into())), path == "/f");
+                heads.push(hit);
+            }
+            // HEAD: the length a GET gets, no body.
+            let (head, empty) = hit_head(&c, addr, "HEAD", path).await;
+            assert!(empty.is_empty());
+            assert!(head.contains(&("x-cache".into(), "HIT".into())), "{head:?}");
+            assert!(head.contains(&("content-length".into(), body.len().to_string())));
+            heads.push(head);
+        }
+        assert_eq!(hits(&origin_hits, "/p") + hits(&origin_hits, "/f"), 2);
+        let m = &h.runtime.shared.metrics;
+        assert_eq!(
+            m.edge.cache_hits.load(std::sync::atomic::Ordering::Relaxed),
+            8
+        );
+        use sweety_dataplane::ctx::Protocol;
+        assert_eq!(m.requests.get("web", "plain", 2, Protocol::Http2), 5);
+        assert_eq!(m.requests.get("web", "filtered", 2, Protocol::Http2), 5);
+        seen.push(heads);
+    }
+    assert_eq!(seen[0], seen[1], "hyper's heads, then the engine's");
+}
+
+/// A reload reaches the requests of a live HTTP/2 connection on Sweety's engine at once: the
+/// connection keeps the config snapshot between requests while it has streams, and checks per
+/// request that no reload happened. A request to a backend that never answers holds a stream
+/// for the whole test.
+#[tokio::test]
+async fn a_reload_reaches_an_open_engine_connection() {
+    let hold = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hold_addr = hold.local_addr().unwrap();
+    let (accepted, mut holding) = tokio::sync::mpsc::channel(1);
+    tokio::spawn(async move {
+        let (s, _) = hold.accept().await.unwrap();
+        let _ = accepted.send(()).await;
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        drop(s);
+    });
+    let cfg = |g: u64, body: &str| {
+        let mut c = Config {
+            backends: vec![backend("hold", hold_addr)],
+            ..http_config(vec![vhost(
+                "c",
+                &[],
+                vec![
+                    proxy_route("hold", "/hold", "hold"),
+                    fixed_route("r", "/", body),
+                ],
+            )])
+        };
+        c.generation = g;
+        c.limits.http2_engine = Http2Engine::Sweety;
+        c
+    };
+    let h = Harness::start(cfg(1, "one")).await;
+    let addr = h.addr("web").await;
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut send, conn) = hyper::client::conn::http2::handshake::<_, _, Full<Bytes>>(
+        TokioExecutor::new(),
+        TokioIo::new(tcp),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    let request = |path: &str| {
+        http::Request::get(format!("http://{addr}{path}"))
+            .header("host", "c.test")
+            .body(Full::new(Bytes::new()))
+            .unwrap()
+    };
+    let held = tokio::spawn(send.send_request(request("/hold")));
+    tokio::time::timeout(Duration::from_secs(10), holding.recv())
+        .await
+        .expect("the held request reached its backend in time");
+    for (g, body) in [(2, "two"), (3, "three"), (4, "four")] {
+        let resp = send.send_request(request("/")).await.unwrap();
+        let before = resp.into_body().collect().await.unwrap().to_bytes();
+        h.runtime.apply(cfg(g, body)).await.unwrap();
+        let resp = tokio::time::timeout(Duration::from_secs(10), send.send_request(request("/")))
+            .await
+            .expect("in time")
+            .unwrap();
+        let after = resp.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(after, body.as_bytes(), "before: {before:?}");
+    }
+    assert!(
+        !held.is_finished(),
+        "the held stream stayed open throughout"
+    );
+    held.abort();
+}
+
+/// CORS on a cached route decorates hits (whose head the engine then takes as a map) from
+/// the request's `Origin` as it arrived, even when a request filter removes it before the
+/// action, on both HTTP/2 servers.
+#[tokio::test]
+async fn cors_on_cached_hits_uses_the_origin_the_request_came_with() {
+    for engine in [Http2Engine::Hyper, Http2Engine::Sweety] {
+        let (up, _hits) = origin().await;
+        let mut r = proxy_route("cors", "/", "up");
+        r.filters.push(Filter::RequestHeaders(HeaderModifier {
+            remove: vec!["origin".into()],
+            ..HeaderModifier::default()
+        }));
+        r.filters.push(Filter::Cors(Cors {
+            allow_origins: vec!["https://ok.test".into()],
+            ..Cors::default()
+        }));
+        r.filters.push(Filter::Cache(CachePolicy::default()));
+        let mut cfg = Config {
+            backends: vec![backend("up", up)],
+            ..http_config(vec![vhost("c", &[], vec![r])])
+        };
+        cfg.limits.http2_engine = engine;
+        let h = Harness::start(cfg).await;
+        let addr = h.addr("web").await;
+        let c = h2c_client();
+        for (i, origin) in ["https://ok.test", "https://ok.test", "https://no.test"]
+            .into_iter()
+            .enumerate()
+        {
+            let req = http::Request::get(format!("http://{addr}/c"))
+                .header("host", "c.test")
+                .header("origin", origin)
+                .body(Full::new(Bytes::new()))
+                .unwrap();
+            let resp = c.request(req).await.unwrap();
+            let hv = |k: &str| {
+                resp.headers()
+                    .get_all(k)
+                    .iter()
+                    .map(|v| v.to_str().unwrap().to_string())
+                    .collect::<Vec<_>>()
+            };
+            let want = if i == 0 { "MISS" } else { "HIT" };
+            assert_eq!(hv("x-cache"), [want], "{engine:?} {i}");
+            let allowed = origin == "https://ok.test";
+            assert_eq!(
+                hv("access-control-allow-origin"),
+                if allowed {
+                    vec![origin.to_string()]
+                } else {
+                    vec![]
+                },
+                "{engine:?} {i}"
+            );
+            assert!(
+                hv("vary").iter().any(|v| v.eq_ignore_ascii_case("origin")),
+                "{engine:?} {i}: {:?}",
+                resp.headers()
+            );
+        }
+    }
+}

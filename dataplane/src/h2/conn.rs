@@ -22,7 +22,8 @@
 use super::body::{RecvBody, RecvShared, Signal, StreamWaker, Upgrade};
 use super::frame::{self, flag, kind, setting, Head, Reason, HEADER_LEN, MAX_WINDOW};
 use crate::body::Body;
-use crate::ctx::{ConnInfo, Protocol};
+use crate::cache::StoredHead;
+use crate::ctx::ConnInfo;
 use crate::hpack::{Decoder, Encoder, Field};
 use crate::runtime::Shared;
 use crate::server::{FirstPoll, INLINE_FIRST_POLLS};
@@ -128,7 +129,7 @@ enum Charge {
 /// What a stream's response is doing.
 enum Resp {
     /// The pipeline is working on it in its own task.
-    Running(JoinHandle<Response<Body>>),
+    Running(JoinHandle<(Response<Body>, Option<StoredHead>)>),
     /// HEADERS sent; the body is being sent.
     Body(Body),
     /// END_STREAM sent (or the stream reset).
@@ -358,6 +359,9 @@ struct Driver<I> {
     ping_sent: Option<Instant>,
     /// The `date` value for the responses of one poll (read one clock per batch).
     date: Option<HeaderValue>,
+    /// The config snapshot of the last request, reused while no reload happened
+    /// (`Shared::snapshot_for`); dropped whenever the connection has no streams.
+    snap: Option<(u64, Arc<crate::runtime::Snapshot>)>,
     flood: Flood,
 }
 
@@ -431,6 +435,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
             timer: Box::pin(tokio::time::sleep_until(first_deadline.into())),
             close_deadline: None,
             date: None,
+            snap: None,
             ping_sent: None,
             flood: Flood {
                 since: now,
@@ -445,6 +450,10 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
     fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), H2Error>> {
         self.date = None;
         self.inline_polls = 0;
+        if !self.shared.is_current(&self.snap) {
+            // A reload happened: hold no older config than the in-flight requests do.
+            self.snap = None;
+        }
         for _ in 0..ROUNDS {
             // Graceful close requested (listener drain, shutdown).
             if !self.stop_seen && self.stop.as_mut().poll(cx).is_ready() {
@@ -548,6 +557,10 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
             let more_work = (!self.queue.is_empty() || self.frames_pending)
                 && self.write_buf.len() < WRITE_HIGH;
             if !progress && !more_work {
+                if self.streams.is_empty() {
+                    // Idle: hold no config snapshot (a reload frees the old one).
+                    self.snap = None;
+                }
                 return Poll::Pending;
             }
         }
@@ -1243,13 +1256,16 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
         };
         let req = Request::from_parts(parts, body);
         let (shared, conn) = (self.shared.clone(), self.conn.clone());
-        let fut = box_in_place(move || crate::pipeline::handle(shared, conn, Protocol::Http2, req));
+        // The request's start: this read's clock reading.
+        let start = self.last_active;
+        let snap = self.shared.snapshot_for(&mut self.snap);
+        let fut = box_in_place(move || crate::pipeline::handle_h2(shared, conn, req, snap, start));
         self.streams.insert(id, s);
         // First poll inline: ready responses (cache hits, fixed replies, refusals) are
         // answered in this read's write without a task.
         self.inline_polls += 1;
         match crate::server::first_poll(fut) {
-            FirstPoll::Ready(resp) => self.start_response(id, resp),
+            FirstPoll::Ready((resp, stored)) => self.start_response(id, resp, stored),
             FirstPoll::Spawned(handle) => {
                 if let Some(s) = self.streams.get_mut(&id) {
                     s.resp = Resp::Running(handle);
@@ -1566,14 +1582,16 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
         }
     }
 
-    /// Encodes a response head and starts sending it.
-    fn start_response(&mut self, id: u32, resp: Response<Body>) {
+    /// Encodes a response head and starts sending it. `stored`: a cache hit's stored head,
+    /// sent ahead of the fields of `resp`'s map (its fields are never connection-specific).
+    fn start_response(&mut self, id: u32, resp: Response<Body>, stored: Option<StoredHead>) {
         let Some(s) = self.streams.get_mut(&id) else {
             return;
         };
         let (mut parts, body) = resp.into_parts();
         crate::conn_headers::strip(&mut parts.headers, crate::conn_headers::Te::Remove);
-        if !parts.headers.contains_key(header::DATE) {
+        let stored_has = |name: &HeaderName| stored.as_ref().is_some_and(|h| h.contains(name));
+        if !parts.headers.contains_key(header::DATE) && !stored_has(&header::DATE) {
             let date = self.date.get_or_insert_with(super::date::now).clone();
             parts.headers.insert(header::DATE, date);
         }
@@ -1591,7 +1609,9 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
             }
         } else if !no_body && !body.is_end_stream() {
             if let Some(n) = body.size_hint().exact() {
-                if !parts.headers.contains_key(header::CONTENT_LENGTH) {
+                if !parts.headers.contains_key(header::CONTENT_LENGTH)
+                    && !stored_has(&header::CONTENT_LENGTH)
+                {
                     parts
                         .headers
                         .insert(header::CONTENT_LENGTH, HeaderValue::from(n));
@@ -1605,17 +1625,12 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
         self.scratch.clear();
         self.encoder.begin_block(&mut self.scratch);
         Encoder::status(&mut self.scratch, parts.status.as_u16());
-        // A cached response's stored fields come pre-encoded (same bytes as encoding them).
-        let mut skip = 0;
-        if let Some(pre) = parts.extensions.get::<super::Encoded>() {
-            if let Some((block, n)) = pre.prefix_of(&parts.headers) {
-                self.scratch.extend_from_slice(block);
-                skip = n;
-            }
-        }
-        for (name, value) in parts.headers.iter().skip(skip) {
-            super::encode_field(&mut self.scratch, name, value);
-        }
+        super::encode_fields(
+            &mut self.scratch,
+            &parts.headers,
+            &parts.extensions,
+            stored.as_ref(),
+        );
         frame::put_headers(
             &mut self.write_buf,
             id,
@@ -1688,7 +1703,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
             let mut cx = Context::from_waker(&waker);
             match Pin::new(h).poll(&mut cx) {
                 Poll::Pending => return false,
-                Poll::Ready(Ok(resp)) => self.start_response(id, resp),
+                Poll::Ready(Ok((resp, stored))) => self.start_response(id, resp, stored),
                 Poll::Ready(Err(e)) => {
                     tracing::error!(error = %e, "a request task failed");
                     let _ = self.reset_stream(id, Reason::INTERNAL_ERROR, Charge::Server);

@@ -29,6 +29,66 @@ fn encode_field(dst: &mut bytes::BytesMut, name: &http::HeaderName, value: &http
     );
 }
 
+/// HPACK-encodes a response's fields (after `:status`): a cache hit's stored head first
+/// (`stored`), then the fields of `headers`. A cached response's stored fields come
+/// pre-encoded either way (as a [`crate::cache::StoredHead`], or as an [`Encoded`] in
+/// `extensions` that the map still starts with); the bytes are the same as encoding the map a
+/// hit has on every other path, field by field.
+pub(crate) fn encode_fields(
+    dst: &mut bytes::BytesMut,
+    headers: &http::HeaderMap,
+    extensions: &http::Extensions,
+    stored: Option<&crate::cache::StoredHead>,
+) {
+    let mut skip = 0;
+    if let Some(head) = stored {
+        // The fields a hit's map starts with: the stored ones, `age`, `x-cache`.
+        dst.extend_from_slice(head.block());
+        hit_fields(dst, head.age(), head.x_cache());
+    } else if let Some(pre) = extensions.get::<Encoded>() {
+        if let Some((block, n)) = pre.prefix_of(headers) {
+            dst.extend_from_slice(block);
+            skip = n;
+        }
+    }
+    for (name, value) in headers.iter().skip(skip) {
+        encode_field(dst, name, value);
+    }
+}
+
+/// Appends the HPACK encoding of `age: {age}` and `x-cache: {how}`. Hits within a second of
+/// each other mostly have the same pair: its encoding is kept per thread.
+fn hit_fields(dst: &mut bytes::BytesMut, age: u64, how: &'static str) {
+    use std::cell::RefCell;
+    thread_local! {
+        static LAST: RefCell<(u64, &'static str, Vec<u8>)> = const { RefCell::new((0, "", Vec::new())) };
+    }
+    LAST.with(|last| {
+        let mut last = last.borrow_mut();
+        if last.0 != age || last.1 != how || last.2.is_empty() {
+            let mut b = bytes::BytesMut::new();
+            let mut digits = [0u8; 20];
+            crate::hpack::Encoder::field(&mut b, b"age", decimal(age, &mut digits), false);
+            crate::hpack::Encoder::field(&mut b, b"x-cache", how.as_bytes(), false);
+            *last = (age, how, b.to_vec());
+        }
+        dst.extend_from_slice(&last.2);
+    });
+}
+
+/// `n` in decimal ASCII, written into `buf`.
+fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
+    let mut at = buf.len();
+    loop {
+        at -= 1;
+        buf[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            return &buf[at..];
+        }
+    }
+}
+
 mod encoded {
     //! Pre-encoded response headers: a stored response's header fields HPACK-encoded once
     //! (the encoder never uses the dynamic table, so an encoding is valid on every
@@ -73,6 +133,11 @@ mod encoded {
                 fields,
                 _values: headers.clone(),
             }))
+        }
+
+        /// The encoding of all the fields.
+        pub fn block(&self) -> &[u8] {
+            &self.0.block
         }
 
         /// If `headers` starts with exactly the encoded fields: their encoding and count.
@@ -164,5 +229,32 @@ pub(crate) mod date {
     fn dates_are_http_dates() {
         let v = now();
         assert!(httpdate::parse_http_date(v.to_str().unwrap()).is_ok());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn hit_fields_are_encoded_as_a_map_would_have_them() {
+        for (age, how) in [
+            (0, "HIT"),
+            (7, "HIT"),
+            (7, "HIT"),
+            (7, "STALE"),
+            (123_456, "HIT"),
+            (0, "HIT"),
+        ] {
+            let mut want = bytes::BytesMut::new();
+            let mut map = http::HeaderMap::new();
+            map.insert(http::header::AGE, http::HeaderValue::from(age));
+            map.insert("x-cache", http::HeaderValue::from_static(how));
+            for (n, v) in &map {
+                super::encode_field(&mut want, n, v);
+            }
+            let mut got = bytes::BytesMut::from(&b"prefix"[..]);
+            super::hit_fields(&mut got, age, how);
+            assert_eq!(&got[..6], b"prefix");
+            assert_eq!(&got[6..], &want[..], "{age} {how}");
+        }
     }
 }
