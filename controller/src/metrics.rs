@@ -70,6 +70,11 @@ pub struct Metrics {
     /// Calls of the pure `translate`.
     pub translates: AtomicU64,
     pub translate_duration: Histogram,
+    /// Translations that translated every route (the first, a change of the world, or the
+    /// per-virtual-host memo not serving; see `TranslateCache::full_translates`).
+    pub full_translates: AtomicU64,
+    /// Of those, plain translations because the memo could not serve.
+    pub plain_translates: AtomicU64,
     /// Time from `submit` to the dataplane's Ack of that generation.
     pub push_latency: Histogram,
     /// Size of the last config submitted, JSON-encoded.
@@ -139,6 +144,20 @@ impl Metrics {
             "sweety_controller_translate_duration_seconds",
             "Duration of one translate.",
         );
+        counter(
+            &mut out,
+            "sweety_controller_full_translates_total",
+            "Translations that translated every route.",
+            &self.full_translates,
+            "counter",
+        );
+        counter(
+            &mut out,
+            "sweety_controller_plain_translates_total",
+            "Full translations because the per-virtual-host memo could not serve.",
+            &self.plain_translates,
+            "counter",
+        );
         self.push_latency.render(
             &mut out,
             "sweety_controller_push_latency_seconds",
@@ -196,6 +215,8 @@ mod tests {
     fn renders_counters_histograms_and_labels() {
         let m = Metrics::default();
         m.reconciles.fetch_add(2, Ordering::Relaxed);
+        m.full_translates.store(5, Ordering::Relaxed);
+        m.plain_translates.store(3, Ordering::Relaxed);
         m.translate_duration.observe(Duration::from_millis(3));
         m.error("kube");
         m.error("kube");
@@ -212,6 +233,8 @@ mod tests {
             text.contains("sweety_controller_translate_duration_seconds_bucket{le=\"0.005\"} 1\n")
         );
         assert!(text.contains("sweety_controller_translate_duration_seconds_count 1\n"));
+        assert!(text.contains("sweety_controller_full_translates_total 5\n"));
+        assert!(text.contains("sweety_controller_plain_translates_total 3\n"));
         assert!(text.contains("sweety_controller_errors_total{kind=\"kube\"} 2\n"));
         assert!(text.contains("sweety_controller_objects{kind=\"Gateway\"} 4\n"));
         assert_eq!(m.errors_of("kube"), 2);

@@ -236,6 +236,7 @@ fn reconcile(
     let snapshot = watches.stores.snapshot();
     metrics.set_objects(&object_counts(&snapshot));
     let started = Instant::now();
+    let fallback_before = cache.unsupported();
     let output = cache.update(&snapshot, params);
     metrics.translate_duration.observe(started.elapsed());
     metrics.translates.fetch_add(1, Ordering::Relaxed);
@@ -248,7 +249,7 @@ fn reconcile(
         .store(output.config.json_len() as u64, Ordering::Relaxed);
     // Bursts are already coalesced by the reconcile loop: no second debounce in the pusher.
     let generation = pusher.submit_items_now(output.config.clone());
-    Translated {
+    let t = Translated {
         snapshot,
         statuses: output.statuses.clone(),
         gateway_services: output.gateway_services.clone(),
@@ -256,7 +257,26 @@ fn reconcile(
         submitted_at: Instant::now(),
         latency_recorded: false,
         gate: None,
+    };
+    // The cache lives as long as the process: its totals are the counters.
+    metrics
+        .full_translates
+        .store(cache.full_translates(), Ordering::Relaxed);
+    metrics
+        .plain_translates
+        .store(cache.plain_translates(), Ordering::Relaxed);
+    match (fallback_before, cache.unsupported()) {
+        (before, Some(cause)) if before != Some(cause) => tracing::info!(
+            cause = cause.name(),
+            in_world = cause.in_world(),
+            "incremental translation: plain translation serves (every route is translated)"
+        ),
+        (Some(_), None) => {
+            tracing::info!("incremental translation: the per-virtual-host memo serves again")
+        }
+        _ => {}
     }
+    t
 }
 
 async fn sync_services(

@@ -75,8 +75,11 @@ pub struct ServiceIndex<'a> {
     services: BTreeMap<(&'a str, &'a str), &'a Arc<Service>>,
     slices: BTreeMap<(&'a str, &'a str), Vec<&'a Arc<EndpointSlice>>>,
     /// While recording ([`ServiceIndex::record`]): every (namespace, name) looked up, found
-    /// or not. The route cache keeps them as the route's dependencies on Services and their
-    /// EndpointSlices (whose endpoints are only read through a Service found here).
+    /// or not. The incremental translation keeps them as dependencies on Services and their
+    /// EndpointSlices (whose endpoints are only read through a Service found here): per route
+    /// object in the per-virtual-host memo (`RouteMemo::services` in
+    /// `gateway::vhost_cache`), and for the Ingresses and SweetySites as a whole in the
+    /// front memo (`FrontInputs::services` in `translate::cache`).
     recorded: std::cell::RefCell<Option<BTreeSet<(String, String)>>>,
 }
 

@@ -23,8 +23,11 @@
 //!   With [`gateway::VhostMemo`] (the usual case) the memo works per virtual host: only the
 //!   virtual hosts, L4 listeners, Gateway and policy statuses a changed route touches are
 //!   emitted again, and the output is updated in place. Where that memo does not apply (see
-//!   its docs; rare: a Gateway with a backend client certificate, for one) every call is a
-//!   plain [`super::translate`] until the world changes, its items reused where equal;
+//!   its docs and [`TranslateCache::unsupported`]; rare: a Gateway with a backend client
+//!   certificate, for one) every call is a plain [`super::translate`], its items reused
+//!   where equal, until the world changes or, when the cause is in the routes (two routes
+//!   giving different backends under one name, for one), until a route object, Ingress,
+//!   IngressClass or SweetySite changes: the memo is then tried again;
 //! * Ingresses and SweetySites (with [`gateway::VhostMemo`]): their translation is reused as a
 //!   whole while the same Ingress, IngressClass and SweetySite objects (by `Arc` identity)
 //!   are in the snapshot and none of the Services it looked up (backends, the ingress
@@ -56,16 +59,59 @@ pub struct TranslateCache {
     world: Option<World>,
     /// Per-virtual-host memo (None: not built yet, or not usable for this world).
     vhosts: Option<gateway::VhostMemo>,
-    /// The world cannot use `vhosts`: plain translation serves until the world changes.
-    vhosts_unsupported: bool,
+    /// Why `vhosts` cannot serve (plain translation serves meanwhile). A cause in the world
+    /// lasts until the world changes; a cause in the routes (or Ingresses, IngressClasses,
+    /// SweetySites) until they change: `tried` holds those the memo failed with.
+    unsupported: Option<(gateway::vhost_cache::Unsupported, Option<Tried>)>,
     /// What Ingress and SweetySite translation gave last time (with `vhosts`).
     front: Front,
     out: Option<Translation>,
     stats: CacheStats,
     /// Calls that translated every route (a new world, or one the memos cannot serve).
     full_translates: u64,
+    /// Calls that translated every route because the memo could not serve.
+    plain_translates: u64,
     /// Calls (with the per-virtual-host memo) that translated the Ingresses and SweetySites.
     front_translates: u64,
+}
+
+/// The route objects, Ingresses, IngressClasses and SweetySites the per-virtual-host memo
+/// failed with for a cause outside the world (held, so that their addresses stay theirs).
+struct Tried {
+    addrs: Vec<Vec<usize>>,
+    _held: Snapshot,
+}
+
+impl Tried {
+    fn addrs(s: &Snapshot) -> Vec<Vec<usize>> {
+        vec![
+            addrs(&s.http_routes),
+            addrs(&s.grpc_routes),
+            addrs(&s.tls_routes),
+            addrs(&s.tcp_routes),
+            addrs(&s.udp_routes),
+            addrs(&s.ingresses),
+            addrs(&s.ingress_classes),
+            addrs(&s.sites),
+        ]
+    }
+
+    fn of(s: &Snapshot) -> Tried {
+        Tried {
+            addrs: Tried::addrs(s),
+            _held: Snapshot {
+                http_routes: s.http_routes.clone(),
+                grpc_routes: s.grpc_routes.clone(),
+                tls_routes: s.tls_routes.clone(),
+                tcp_routes: s.tcp_routes.clone(),
+                udp_routes: s.udp_routes.clone(),
+                ingresses: s.ingresses.clone(),
+                ingress_classes: s.ingress_classes.clone(),
+                sites: s.sites.clone(),
+                ..Snapshot::default()
+            },
+        }
+    }
 }
 
 /// Routes reused and translated by the last [`translate_incremental`] call.
@@ -103,10 +149,21 @@ impl TranslateCache {
     }
 
     /// How many calls so far translated every route: the first, every change of the world
-    /// of the routes (see the module docs), and every call in a world that only the plain
-    /// translation serves.
+    /// of the routes (see the module docs), every call that only the plain translation
+    /// serves ([`Self::plain_translates`]), and the memo built again after those.
     pub fn full_translates(&self) -> u64 {
         self.full_translates
+    }
+
+    /// How many of [`Self::full_translates`] were plain translations because the
+    /// per-virtual-host memo could not serve (see [`Self::unsupported`]).
+    pub fn plain_translates(&self) -> u64 {
+        self.plain_translates
+    }
+
+    /// Why the per-virtual-host memo does not serve the last snapshot (None: it does).
+    pub fn unsupported(&self) -> Option<gateway::vhost_cache::Unsupported> {
+        self.unsupported.as_ref().map(|(u, _)| *u)
     }
 
     /// How many calls so far translated the Ingresses and SweetySites (with the
@@ -121,20 +178,34 @@ impl TranslateCache {
         let change = self.world_change(snapshot, params);
         if matches!(change, Change::All) {
             self.vhosts = None;
-            self.vhosts_unsupported = false;
+            self.unsupported = None;
         }
-        if !self.vhosts_unsupported {
-            if self.update_vhosts(snapshot, params, &change).is_ok() {
-                if matches!(change, Change::All) {
-                    self.full_translates += 1;
+        // A cause in the routes is tried again once they (or the front's objects) changed;
+        // a failed try costs a memo build on top of the plain translation.
+        let retry = match &self.unsupported {
+            None => true,
+            Some((_, None)) => false,
+            Some((_, Some(t))) => t.addrs != Tried::addrs(snapshot),
+        };
+        if retry {
+            // Without a memo (a new world, or after a failure) every route is translated.
+            let fresh = self.vhosts.is_none();
+            match self.update_vhosts(snapshot, params, &change) {
+                Ok(()) => {
+                    self.full_translates += u64::from(fresh);
+                    self.unsupported = None;
+                    return self.out.as_ref().expect("just set");
                 }
-                return self.out.as_ref().expect("just set");
+                Err(cause) => {
+                    // Not for the per-virtual-host memo (for now): translate in full.
+                    self.vhosts = None;
+                    self.front = Front::default();
+                    let tried = (!cause.in_world()).then(|| Tried::of(snapshot));
+                    self.unsupported = Some((cause, tried));
+                }
             }
-            // This world is not for the per-virtual-host memo: translate in full.
-            self.vhosts = None;
-            self.vhosts_unsupported = true;
-            self.front = Front::default();
         }
+        self.plain_translates += 1;
         self.update_full(snapshot, params);
         self.out.as_ref().expect("just set")
     }
@@ -385,7 +456,7 @@ impl Front {
         }
         // The routes' listeners and virtual hosts that changed must still not take a name
         // of ours.
-        let unsupported = gateway::vhost_cache::Unsupported;
+        let unsupported = gateway::vhost_cache::Unsupported::FrontName;
         if ch
             .listeners
             .iter()
@@ -421,7 +492,7 @@ impl Front {
             ingress::translate(&mut b);
             site::translate(&mut b);
             services = b.services.recorded();
-            let unsupported = gateway::vhost_cache::Unsupported;
+            let unsupported = gateway::vhost_cache::Unsupported::FrontName;
             for l in b.listeners {
                 if memo.listeners.contains_key(&l.name) || next.listeners.contains_key(&l.name) {
                     return Err(unsupported);
@@ -527,7 +598,7 @@ fn merged<'a, T: Named + 'a>(
     let mut v: Vec<Item<T>> = a.chain(b).cloned().collect();
     v.sort_by(|x, y| x.value.name().cmp(y.value.name()));
     if v.windows(2).any(|w| w[0].value.name() == w[1].value.name()) {
-        return Err(gateway::vhost_cache::Unsupported);
+        return Err(gateway::vhost_cache::Unsupported::FrontName);
     }
     Ok(v)
 }
@@ -1536,6 +1607,71 @@ spec:\n  parentRefs: [{{name: gw}}]\n  hostnames: [r{r}.example.com]\n  rules: [
             translate(&s, &other)
         );
         assert_eq!(cache.stats().translated, 50);
+    }
+
+    #[test]
+    fn the_memo_serves_again_once_the_routes_it_failed_with_change() {
+        let mut y = String::from(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {name: sweety}\nspec: {controllerName: sweety.dev/gateway-controller}\n---\n\
+apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: gw, namespace: app}\n\
+spec:\n  gatewayClassName: sweety\n  listeners: [{name: http, port: 80, protocol: HTTP}]\n---\n\
+apiVersion: v1\nkind: Service\nmetadata: {name: svc, namespace: app}\nspec: {ports: [{name: http, port: 80}]}\n---\n",
+        );
+        for r in 0..10 {
+            y.push_str(&format!(
+                "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{name: r{r}, namespace: app}}\n\
+spec:\n  parentRefs: [{{name: gw}}]\n  hostnames: [r{r}.example.com]\n  rules: [{{backendRefs: [{{name: svc, port: 80}}]}}]\n---\n"
+            ));
+        }
+        let (mut s, _) = Snapshot::from_yaml(&y).unwrap();
+        // A second object with the id of r3 (a cause in the routes, not in the world).
+        let mut twin = (*s.http_routes[3]).clone();
+        twin.spec.hostnames = Some(vec!["twin.example.com".into()]);
+        s.http_routes.push(Arc::new(twin));
+        let params = Params::default();
+        let mut cache = TranslateCache::default();
+        let check = |s: &Snapshot, cache: &mut TranslateCache, what: &str| {
+            let out = translate_incremental(s, &params, cache);
+            assert_eq!(out, translate(s, &params), "{what}");
+            (cache.full_translates(), cache.plain_translates())
+        };
+        use gateway::vhost_cache::Unsupported;
+        assert_eq!(check(&s, &mut cache, "first"), (1, 1));
+        assert_eq!(cache.unsupported(), Some(Unsupported::DuplicateRoute));
+        assert!(cache.vhosts.is_none());
+
+        // Nothing changed: plain translation again, the memo is not tried.
+        assert_eq!(check(&s, &mut cache, "same"), (2, 2));
+        // A Service change is no route change: still not tried.
+        s.services[0] = Arc::new((*s.services[0]).clone());
+        assert_eq!(check(&s, &mut cache, "service"), (3, 3));
+        assert_eq!(cache.unsupported(), Some(Unsupported::DuplicateRoute));
+
+        // Another route changes while the twin is still there: tried, fails again.
+        let mut r = (*s.http_routes[5]).clone();
+        r.spec.hostnames = Some(vec!["r5b.example.com".into()]);
+        s.http_routes[5] = Arc::new(r);
+        assert_eq!(check(&s, &mut cache, "edit with twin"), (4, 4));
+        assert_eq!(cache.unsupported(), Some(Unsupported::DuplicateRoute));
+
+        // The twin leaves: the memo is built (a full translate, not a plain one) and serves.
+        s.http_routes.pop();
+        assert_eq!(check(&s, &mut cache, "twin removed"), (5, 4));
+        assert_eq!(cache.unsupported(), None);
+        assert!(cache.vhosts.is_some(), "the per-virtual-host memo is used");
+
+        // From now on a route edit costs that route only.
+        let mut r = (*s.http_routes[7]).clone();
+        r.spec.hostnames = Some(vec!["r7b.example.com".into()]);
+        s.http_routes[7] = Arc::new(r);
+        assert_eq!(check(&s, &mut cache, "edit after"), (5, 4));
+        assert_eq!(
+            cache.stats(),
+            CacheStats {
+                replayed: 9,
+                translated: 1
+            }
+        );
     }
 
     #[test]

@@ -412,8 +412,10 @@ pub fn section_between<B: Named, N: Named, T>(
     value: impl Fn(&N) -> T,
 ) -> Option<Section<T>> {
     let mut out = Section::default();
-    let aligned = base.len() == new.len()
-        && (0..new.len()).all(|i| same(i, i) || base[i].name() == new[i].name());
+    // Names first: `same` may hold for items of different names (equal missing digests),
+    // and taking those as aligned would drop a rename.
+    let aligned =
+        base.len() == new.len() && (0..new.len()).all(|i| base[i].name() == new[i].name());
     if aligned {
         if !unique_names(new) {
             return None;
@@ -738,7 +740,10 @@ fn section_by_digest<T: Named + Clone>(
     new: &[T],
     new_d: &[Digest],
 ) -> Option<Section<T>> {
-    section_between(base, new, |i, j| base_d.get(i) == new_d.get(j), T::clone)
+    // A missing digest counts as a change.
+    let same =
+        |i: usize, j: usize| matches!((base_d.get(i), new_d.get(j)), (Some(a), Some(b)) if a == b);
+    section_between(base, new, same, T::clone)
 }
 
 impl ConfigDelta {
@@ -931,6 +936,7 @@ mod tests {
     use super::*;
     use crate::validate::tests::full;
     use crate::wire::tests::big_config;
+    use std::collections::BTreeSet;
 
     /// `between` then `apply` gives `new` and the digests computed from scratch.
     fn round_trip(base: &Config, new: &Config) -> ConfigDelta {
@@ -965,17 +971,69 @@ mod tests {
     fn section_between_aligned_and_indexed_paths_agree() {
         let base = big_config(20);
         let bd = Digests::of(&base);
-        // Same names in the same order (the aligned path): only the changed item.
-        let mut new = base.clone();
-        new.virtual_hosts[5].hostnames.push("x.example.com".into());
-        let nd = Digests::of(&new);
-        let by_digest = |i: usize, j: usize| bd.virtual_hosts[i] == nd.virtual_hosts[j];
-        let s = section_between(&base.virtual_hosts, &new.virtual_hosts, by_digest, |v| {
-            v.name.clone()
-        })
+        let name = |v: &VirtualHost| v.name.clone();
+        for edit in 0..20 {
+            // Content edits (same names in the same order: the aligned path).
+            let mut new = base.clone();
+            let edited: BTreeSet<usize> = [edit, (edit * 7 + 3) % 20].into();
+            for &k in &edited {
+                new.virtual_hosts[k]
+                    .hostnames
+                    .push(format!("e{edit}.example.com"));
+            }
+            let nd = Digests::of(&new);
+            let aligned = section_between(
+                &base.virtual_hosts,
+                &new.virtual_hosts,
+                |i, j| bd.virtual_hosts[i] == nd.virtual_hosts[j],
+                name,
+            )
+            .unwrap();
+            let want: Vec<String> = edited
+                .iter()
+                .map(|&k| base.virtual_hosts[k].name.clone())
+                .collect();
+            assert_eq!(aligned.upsert, want, "edit {edit}");
+            // The same input with one more item appended (lengths differ: the indexed
+            // path) gives the same section plus that item.
+            let mut longer = new.clone();
+            let mut extra = base.virtual_hosts[0].clone();
+            extra.name = "zz-extra".into();
+            longer.virtual_hosts.push(extra);
+            let ld = Digests::of(&longer);
+            let mut indexed = section_between(
+                &base.virtual_hosts,
+                &longer.virtual_hosts,
+                |i, j| bd.virtual_hosts[i] == ld.virtual_hosts[j],
+                name,
+            )
+            .unwrap();
+            assert_eq!(
+                indexed.upsert.pop().as_deref(),
+                Some("zz-extra"),
+                "edit {edit}"
+            );
+            assert_eq!(aligned.upsert, indexed.upsert, "edit {edit}");
+            assert_eq!(aligned.remove, indexed.remove, "edit {edit}");
+            assert_eq!(aligned.order, indexed.order, "edit {edit}");
+            assert!(aligned.remove.is_empty() && aligned.order.is_none());
+        }
+        // A rename with no digests for either list (`same` holds for every pair in the
+        // aligned check): the rename is still carried.
+        let mut renamed = base.clone();
+        renamed.virtual_hosts[2].name = "renamed".into();
+        let s = section_between(
+            &base.virtual_hosts,
+            &renamed.virtual_hosts,
+            |_, _| true,
+            name,
+        )
         .unwrap();
-        assert_eq!(s.upsert, vec![base.virtual_hosts[5].name.clone()]);
-        assert!(s.remove.is_empty() && s.order.is_none());
+        assert_eq!(s.upsert, vec!["renamed".to_string()]);
+        assert_eq!(s.remove, vec![base.virtual_hosts[2].name.clone()]);
+        let s = section_by_digest(&base.virtual_hosts, &[], &renamed.virtual_hosts, &[]).unwrap();
+        assert!(s.upsert.iter().any(|v| v.name == "renamed"));
+        assert_eq!(s.remove, vec![base.virtual_hosts[2].name.clone()]);
         // A swap (not aligned by name, so the indexed path): both items are unchanged, only
         // the order is carried.
         let mut swapped = base.clone();

@@ -88,8 +88,16 @@ pub fn insecure_fallback(gw: &Gateway, port: u16) -> bool {
     wanted(gw, port).is_some_and(|w| w.fallback)
 }
 
+#[cfg(test)]
+thread_local! {
+    /// How many times [`resolve`] ran on this thread (tests check it runs once per port).
+    pub static RESOLVE_CALLS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
 /// Resolve the client certificate validation of HTTPS `port` of `gw` (namespace `ns`).
 pub fn resolve(snapshot: &Snapshot, gw: &Gateway, ns: &str, port: u16) -> Frontend {
+    #[cfg(test)]
+    RESOLVE_CALLS.with(|c| c.set(c.get() + 1));
     let Some(w) = wanted(gw, port) else {
         return Frontend::default();
     };

@@ -203,6 +203,7 @@ pub fn statuses(
 
 #[cfg(test)]
 mod tests {
+    use super::super::frontend;
     use super::*;
 
     #[test]
@@ -228,6 +229,11 @@ spec:\n  parentRef: {{name: client-validation-default}}\n  listeners:\n"
             y.push_str(&format!(
                 "  - {{name: b, port: 8443, protocol: HTTPS, hostname: t{set}.example.org, {tls}}}\n"
             ));
+            // A port the Gateway has no listener on (validated by its `default`): resolved
+            // for the first set and shared by the others.
+            y.push_str(&format!(
+                "  - {{name: c, port: 9443, protocol: HTTPS, hostname: u{set}.example.org, {tls}}}\n"
+            ));
         }
         let (s, _) = Snapshot::from_yaml(&y).unwrap();
         let gw = s
@@ -235,8 +241,11 @@ spec:\n  parentRef: {{name: client-validation-default}}\n  listeners:\n"
             .iter()
             .find(|g| g.metadata.name.as_deref() == Some("client-validation-default"))
             .unwrap();
+        let calls = || frontend::RESOLVE_CALLS.with(|c| c.get());
+        let before = calls();
         let mut frontends = listeners::Frontends::new();
         let mut all = listeners::validate(&s, gw, &mut frontends);
+        assert_eq!(calls() - before, 2, "the Gateway's own ports 443 and 8443");
         let own = all.len();
         let sets = attach_sets(
             &s,
@@ -247,16 +256,19 @@ spec:\n  parentRef: {{name: client-validation-default}}\n  listeners:\n"
         );
         assert_eq!(sets.len(), 3);
         assert!(sets.iter().all(|ls| ls.not_allowed.is_none()));
-        assert_eq!(all.len(), own + 6);
-        // Two HTTPS ports, each resolved once for the Gateway and its three sets.
-        assert_eq!(frontends.resolved(), 2);
-        for port in [443, 8443] {
+        assert_eq!(all.len(), own + 9);
+        // Three HTTPS ports, each resolved once for the Gateway and its three sets: 443 and
+        // 8443 by the Gateway, 9443 by the first set only. Resolving per set would call
+        // `frontend::resolve` 2 + 3 * 3 = 11 times.
+        assert_eq!(calls() - before, 3);
+        assert_eq!(frontends.resolved(), 3);
+        for (port, listeners) in [(443, 4), (8443, 4), (9443, 3)] {
             let auths: Vec<_> = all
                 .iter()
                 .filter(|l| l.port == port)
                 .map(|l| l.client_auth.clone())
                 .collect();
-            assert_eq!(auths.len(), 4, "port {port}");
+            assert_eq!(auths.len(), listeners, "port {port}");
             assert!(auths[0].is_some(), "port {port} validates clients");
             assert!(auths.iter().all(|a| *a == auths[0]), "port {port}");
         }

@@ -15,7 +15,7 @@
 //! `virtual_host`, `l4_listener`, `status`), so the result is what `translate` gives;
 //! `translate_incremental_matches_translate` checks it.
 //!
-//! Not handled here (the caller falls back to plain translation):
+//! Not handled here (the caller falls back to plain translation; [`Unsupported`] says why):
 //! Gateways with a backend client certificate (their routes' backends are rewritten per
 //! Gateway and unused originals dropped), two route objects with the same kind, namespace
 //! and name, and two routes giving different backends under one name.
@@ -77,8 +77,41 @@ pub struct Changes {
 }
 
 /// Why the memo cannot represent a snapshot (see the module docs).
-#[derive(Debug)]
-pub struct Unsupported;
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unsupported {
+    /// A Gateway with a backend client certificate (the world).
+    BackendClientCert,
+    /// Two Gateway HTTP listeners with one name (the world).
+    ListenerName,
+    /// Two route objects with the same kind, namespace and name.
+    DuplicateRoute,
+    /// Two routes giving different backends under one name.
+    BackendConflict,
+    /// A listener or virtual host name both the routes and the Ingresses or SweetySites use.
+    FrontName,
+}
+
+impl Unsupported {
+    /// True when the cause is in the world (every object but the routes, Ingresses,
+    /// IngressClasses and SweetySites), so only a change of the world can lift it.
+    pub fn in_world(self) -> bool {
+        matches!(
+            self,
+            Unsupported::BackendClientCert | Unsupported::ListenerName
+        )
+    }
+
+    /// A short name (logs).
+    pub fn name(self) -> &'static str {
+        match self {
+            Unsupported::BackendClientCert => "backend client certificate",
+            Unsupported::ListenerName => "listener name",
+            Unsupported::DuplicateRoute => "duplicate route",
+            Unsupported::BackendConflict => "backend conflict",
+            Unsupported::FrontName => "name shared with Ingresses or SweetySites",
+        }
+    }
+}
 
 /// See the module docs.
 pub struct VhostMemo {
@@ -157,7 +190,7 @@ impl VhostMemo {
             .iter()
             .any(|g| matches!(g.backend_client_cert, Ok(Some(_))))
         {
-            return Err(Unsupported);
+            return Err(Unsupported::BackendClientCert);
         }
         let layout = emit::layout(b, &world.gateways);
         let mut listeners = BTreeMap::new();
@@ -168,7 +201,7 @@ impl VhostMemo {
                     .insert(group.listener.name.clone(), item)
                     .is_some()
                 {
-                    return Err(Unsupported);
+                    return Err(Unsupported::ListenerName);
                 }
             }
         }
@@ -279,7 +312,7 @@ impl VhostMemo {
             meta.name.clone().unwrap_or_default(),
         );
         if self.ids.contains_key(&id) {
-            return Err(Unsupported);
+            return Err(Unsupported::DuplicateRoute);
         }
         let mut out = Collected::default();
         let (fx, services) = capture::capture(
@@ -326,7 +359,7 @@ impl VhostMemo {
             match self.backend_refs.get_mut(&name) {
                 Some((item, n)) => {
                     if *item.value != backend {
-                        return Err(Unsupported);
+                        return Err(Unsupported::BackendConflict);
                     }
                     *n += 1;
                 }
