@@ -328,6 +328,12 @@ struct Driver<I> {
     blocked: Vec<u32>,
     last_stream: u32,
     recently_closed: VecDeque<u32>,
+    /// The highest id ever put in `recently_closed`: a higher id cannot be in it, so the
+    /// usual close (ids rising) skips the scan.
+    recently_closed_max: u32,
+    /// The clock reading of the batch of frames being handled (a read, or the frames left
+    /// from one): the start of the requests it opens, for the cache's freshness and Age.
+    batch_clock: Instant,
     /// Streams we sent RST_STREAM for (or ignored after GOAWAY), oldest first; bounded.
     locally_reset: VecDeque<u32>,
     locally_reset_set: std::collections::HashSet<u32>,
@@ -416,6 +422,8 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
             blocked: Vec::new(),
             last_stream: 0,
             recently_closed: VecDeque::new(),
+            recently_closed_max: 0,
+            batch_clock: Instant::now(),
             locally_reset: VecDeque::new(),
             locally_reset_set: Default::default(),
             cont: None,
@@ -472,6 +480,9 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
             // Handle the frames left from the last read, or read and handle a batch of frames,
             // unless the output is not draining.
             if self.closing.is_none() && self.frames_pending && self.write_buf.len() < WRITE_HIGH {
+                // Frames left from an earlier read may have waited for the output to drain:
+                // their requests start now, not at that read.
+                self.batch_clock = Instant::now();
                 if let Err(f) = self.handle_frames() {
                     self.fault(f);
                 }
@@ -488,6 +499,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
                     }
                     Poll::Ready(Ok(_)) => {
                         self.last_active = Instant::now();
+                        self.batch_clock = self.last_active;
                         self.ping_sent = None;
                         if let Err(f) = self.handle_frames() {
                             self.fault(f);
@@ -1256,8 +1268,8 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
         };
         let req = Request::from_parts(parts, body);
         let (shared, conn) = (self.shared.clone(), self.conn.clone());
-        // The request's start: this read's clock reading.
-        let start = self.last_active;
+        // The request's start: this batch's clock reading.
+        let start = self.batch_clock;
         let snap = self.shared.snapshot_for(&mut self.snap);
         let fut = box_in_place(move || crate::pipeline::handle_h2(shared, conn, req, snap, start));
         self.streams.insert(id, s);
@@ -1441,9 +1453,10 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
     }
 
     fn remember_closed(&mut self, id: u32) {
-        if self.recently_closed.contains(&id) {
+        if id <= self.recently_closed_max && self.recently_closed.contains(&id) {
             return;
         }
+        self.recently_closed_max = self.recently_closed_max.max(id);
         if self.recently_closed.len() == RECENTLY_CLOSED {
             self.recently_closed.pop_front();
         }
@@ -2638,6 +2651,44 @@ mod tests {
             "timer re-armed"
         );
         assert!(d.closing.is_some());
+    }
+
+    #[tokio::test]
+    async fn frames_left_from_an_earlier_read_start_their_requests_at_a_new_clock_reading() {
+        // Frames kept while the output drained (`frames_pending`) may wait long after their
+        // read: the requests they open must not start at that read's clock reading, or the
+        // cache would judge freshness and Age at a past instant.
+        let rt = crate::runtime::Runtime::new(crate::runtime::RuntimeOptions::default()).unwrap();
+        let mut input = BytesMut::from(&frame::PREFACE[..]);
+        frame::put_settings(&mut input, &[]);
+        frame::put_settings_ack(&mut input);
+        let (mut d, _c) = hand_driver(&rt, |_| {}, &input).await;
+        let old = Instant::now() - Duration::from_secs(30);
+        d.batch_clock = old;
+        d.last_active = old;
+        d.frames_pending = true;
+        assert!(d.write_buf.len() < WRITE_HIGH);
+        let mut cx = Context::from_waker(Waker::noop());
+        let _ = d.poll(&mut cx);
+        assert!(
+            d.batch_clock >= old + Duration::from_secs(29),
+            "the batch clock is read again for frames left from an earlier read"
+        );
+    }
+
+    /// Ids are remembered as closed once, whether they close in order or not, and an id above
+    /// every remembered one skips the scan without being mistaken for a known one.
+    #[tokio::test]
+    async fn closed_ids_are_remembered_once_in_or_out_of_order() {
+        let rt = crate::runtime::Runtime::new(crate::runtime::RuntimeOptions::default()).unwrap();
+        let mut input = BytesMut::from(&frame::PREFACE[..]);
+        frame::put_settings(&mut input, &[]);
+        let (mut d, _c) = hand_driver(&rt, |_| {}, &input).await;
+        for id in [5, 3, 5, 7, 3, 9, 1] {
+            d.remember_closed(id);
+        }
+        assert_eq!(Vec::from(d.recently_closed.clone()), vec![5, 3, 7, 9, 1]);
+        assert_eq!(d.recently_closed_max, 9);
     }
 
     #[tokio::test]
