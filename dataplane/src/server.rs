@@ -47,12 +47,14 @@ pub async fn run_tcp(
 ) {
     let graceful = GracefulShutdown::new();
     // The connection tasks, aborted when the drain timeout has passed (finished ones are
-    // taken out as the loop goes: the set holds at most the live connections).
+    // taken out as they finish, also while the loop waits: the set holds only live
+    // connections, not the futures of every connection since the last accept).
     let mut conns = tokio::task::JoinSet::new();
     loop {
         while conns.try_join_next().is_some() {}
         let permit = tokio::select! {
             p = shared.backpressure.connection() => p,
+            Some(_) = conns.join_next(), if !conns.is_empty() => continue,
             _ = stop.changed() => break,
         };
         let (stream, peer) = tokio::select! {
@@ -65,6 +67,7 @@ pub async fn run_tcp(
                     continue;
                 }
             },
+            Some(_) = conns.join_next(), if !conns.is_empty() => continue,
             _ = stop.changed() => break,
         };
         let snap = shared.snapshot();
