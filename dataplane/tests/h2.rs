@@ -49,6 +49,15 @@ async fn backend_server() -> SocketAddr {
                         let path = req.uri().path().to_string();
                         let body = if path == "/echo" {
                             req.into_body().collect().await.unwrap().to_bytes()
+                        } else if path == "/cookies" {
+                            // Every Cookie field the backend got, in order, one per line.
+                            let cookies: Vec<&[u8]> = req
+                                .headers()
+                                .get_all(http::header::COOKIE)
+                                .iter()
+                                .map(|v| v.as_bytes())
+                                .collect();
+                            Bytes::from(cookies.join(&b"\n"[..]))
                         } else if path == "/slow" {
                             tokio::time::sleep(Duration::from_millis(300)).await;
                             Bytes::from_static(b"slow")
@@ -815,4 +824,33 @@ fn the_engine_setting_is_parsed_and_checked() {
     );
     let err = Config::from_yaml("version: 1\nlimits: {http2_engine: h2}\n").unwrap_err();
     assert!(err.to_string().contains("http2_engine"), "{err}");
+}
+
+/// HTTP/2 clients may send each cookie crumb as its own field (RFC 9113 §8.2.3): an
+/// HTTP/1.1 backend gets them as one Cookie header joined with "; ".
+#[tokio::test]
+async fn cookie_crumbs_reach_an_http1_backend_as_one_header() {
+    use common::h2::{frame as h2frame, literal_field, open, request_block, Event, DATA};
+    let (_h, addr) = start(|_| {}).await;
+    let (mut rd, mut wr) = open(addr).await;
+    let mut block = request_block("/cookies");
+    literal_field(&mut block, "cookie", b"a=1");
+    literal_field(&mut block, "cookie", b"b=2");
+    literal_field(&mut block, "cookie", b"c=3");
+    wr.write_all(&h2frame(
+        kind::HEADERS,
+        flag::END_STREAM | flag::END_HEADERS,
+        1,
+        &block,
+    ))
+    .await
+    .unwrap();
+    let ev = bounded(rd.until(
+        &mut wr,
+        "the response body",
+        |e| matches!(e, Event::Frame(f) if f.stream == 1 && f.ty == DATA),
+    ))
+    .await;
+    let Event::Frame(f) = ev else { unreachable!() };
+    assert_eq!(String::from_utf8_lossy(&f.payload), "a=1; b=2; c=3");
 }

@@ -27,6 +27,26 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     headers.remove(header::TRAILER);
 }
 
+/// Joins the Cookie fields of a request into one, with "; " (RFC 9113 §8.2.3, RFC 9114
+/// §4.2.1): HTTP/2 and HTTP/3 clients may split cookies into one field per crumb, and an
+/// HTTP/1.1 backend must get a single Cookie header (RFC 6265 §5.4). One field is left as it is.
+pub fn join_cookies(headers: &mut HeaderMap) {
+    let mut values = headers.get_all(header::COOKIE).iter();
+    let (Some(first), Some(_)) = (values.next(), values.next()) else {
+        return;
+    };
+    let mut joined = first.as_bytes().to_vec();
+    for v in headers.get_all(header::COOKIE).iter().skip(1) {
+        joined.extend_from_slice(b"; ");
+        joined.extend_from_slice(v.as_bytes());
+    }
+    // The parts were valid field values, and "; " is too, so this cannot fail; keep the
+    // fields as they were if it ever did.
+    if let Ok(v) = HeaderValue::from_bytes(&joined) {
+        headers.insert(header::COOKIE, v);
+    }
+}
+
 /// The host the client asked for: the Host header, else the URI authority (HTTP/2).
 pub fn client_host(headers: &HeaderMap, uri: &Uri) -> Option<HeaderValue> {
     headers.get(header::HOST).cloned().or_else(|| {
@@ -160,6 +180,29 @@ mod tests {
     use super::*;
     use std::net::{Ipv4Addr, Ipv6Addr};
     use std::time::Duration;
+
+    #[test]
+    fn cookie_crumbs_are_joined_into_one_field() {
+        let mut h = hm(&[
+            ("cookie", "a=1"),
+            ("x", "y"),
+            ("cookie", "b=2"),
+            ("cookie", "c=3"),
+        ]);
+        join_cookies(&mut h);
+        let all: Vec<_> = h.get_all(header::COOKIE).iter().collect();
+        assert_eq!(all, vec!["a=1; b=2; c=3"]);
+        assert_eq!(h.get("x").unwrap(), "y");
+        let mut one = hm(&[("cookie", "a=1;b=2")]);
+        join_cookies(&mut one);
+        assert_eq!(
+            one.get_all(header::COOKIE).iter().collect::<Vec<_>>(),
+            vec!["a=1;b=2"]
+        );
+        let mut none = hm(&[("x", "y")]);
+        join_cookies(&mut none);
+        assert!(none.get(header::COOKIE).is_none());
+    }
 
     fn hm(pairs: &[(&str, &str)]) -> HeaderMap {
         let mut h = HeaderMap::new();

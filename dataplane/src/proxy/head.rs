@@ -28,6 +28,7 @@ impl Head {
         let original_host = forward::client_host(&parts.headers, &parts.uri);
         let mut headers = parts.headers;
         forward::strip_hop_by_hop(&mut headers);
+        forward::join_cookies(&mut headers);
         forward::add_forwarding_headers(
             &mut headers,
             ctx.conn.peer.ip(),
