@@ -16,38 +16,12 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use sweety_controller::push::{PushOptions, Pusher};
-use sweety_controller::translate::{Params, Snapshot, TranslateCache};
+use sweety_controller::translate::{scale_world, Params, Snapshot, TranslateCache};
 use sweety_gateway_api::httproutes::HttpRoute;
 
 /// The same allocator as the controller binary.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-fn objects(routes: usize, services: usize) -> String {
-    let mut y = String::new();
-    y.push_str(
-        "apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {name: sweety, generation: 1}\nspec: {controllerName: sweety.dev/gateway-controller}\n---\n\
-apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: gw, namespace: bench, generation: 1}\n\
-spec:\n  gatewayClassName: sweety\n  addresses: [{type: IPAddress, value: 127.0.0.1}]\n  listeners: [{name: http, port: 80, protocol: HTTP, allowedRoutes: {namespaces: {from: Same}}}]\n---\n",
-    );
-    for s in 0..services {
-        y.push_str(&format!(
-            "apiVersion: v1\nkind: Service\nmetadata: {{name: svc-{s}, namespace: bench}}\nspec: {{ports: [{{name: http, port: 80, targetPort: 8080}}]}}\n---\n\
-apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: svc-{s}-a, namespace: bench, labels: {{kubernetes.io/service-name: svc-{s}}}}}\n\
-addressType: IPv4\nports: [{{name: http, port: 8080}}]\nendpoints: [{{addresses: [10.244.{}.{}]}}, {{addresses: [10.244.{}.{}]}}]\n---\n",
-            s / 100, s % 100 + 1, s / 100 + 100, s % 100 + 1
-        ));
-    }
-    for r in 0..routes {
-        y.push_str(&format!(
-            "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{name: r-{r}, namespace: bench, generation: 1, creationTimestamp: \"2026-01-01T00:00:00Z\"}}\n\
-spec:\n  parentRefs: [{{name: gw}}]\n  hostnames: [r{r}.bench.test]\n  rules:\n  - matches: [{{path: {{type: PathPrefix, value: /api}}}}]\n    backendRefs: [{{name: svc-{}, port: 80}}]\n  - backendRefs: [{{name: svc-{}, port: 80}}]\n---\n",
-            r % services,
-            (r + 1) % services
-        ));
-    }
-    y
-}
 
 fn rss_kib(pid: &str) -> u64 {
     status_kib(pid, "VmRSS:")
@@ -134,7 +108,8 @@ async fn main() {
         ..Params::default()
     };
 
-    let (mut snap, _): (Snapshot, _) = Snapshot::from_yaml(&objects(routes, 50)).expect("objects");
+    let (mut snap, _): (Snapshot, _) =
+        Snapshot::from_yaml(&scale_world(routes, 50)).expect("objects");
     let objects_total = 2 + routes + 100;
     let rss_idle = rss_kib(pid);
 

@@ -376,12 +376,7 @@ async fn apply_frame(
                 ..
             } = b;
             let same_context = same_context(&delta, &config);
-            let upserted: std::collections::HashSet<String> = delta
-                .virtual_hosts
-                .upsert
-                .iter()
-                .map(|v| v.name.clone())
-                .collect();
+            let upserted = delta.upserted_vhost_names();
             let applied = delta
                 .apply_indexed(&mut config, &mut digests, &mut index, &mut cache)
                 .map_err(|e| early(vec![format!("delta: {e}")]))?;

@@ -1890,29 +1890,7 @@ mod scale_shape_tests {
 
     #[test]
     fn the_scale_benchmark_shape_uses_the_vhost_memo() {
-        let mut y = String::new();
-        y.push_str(
-        "apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {name: sweety, generation: 1}\nspec: {controllerName: sweety.dev/gateway-controller}\n---\n\
-apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: gw, namespace: bench, generation: 1}\n\
-spec:\n  gatewayClassName: sweety\n  addresses: [{type: IPAddress, value: 127.0.0.1}]\n  listeners: [{name: http, port: 80, protocol: HTTP, allowedRoutes: {namespaces: {from: Same}}}]\n---\n",
-    );
-        let services = 5;
-        for s in 0..services {
-            y.push_str(&format!(
-            "apiVersion: v1\nkind: Service\nmetadata: {{name: svc-{s}, namespace: bench}}\nspec: {{ports: [{{name: http, port: 80, targetPort: 8080}}]}}\n---\n\
-apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: svc-{s}-a, namespace: bench, labels: {{kubernetes.io/service-name: svc-{s}}}}}\n\
-addressType: IPv4\nports: [{{name: http, port: 8080}}]\nendpoints: [{{addresses: [10.244.{}.{}]}}, {{addresses: [10.244.{}.{}]}}]\n---\n",
-            s / 100, s % 100 + 1, s / 100 + 100, s % 100 + 1
-        ));
-        }
-        for r in 0..20 {
-            y.push_str(&format!(
-            "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{name: r-{r}, namespace: bench, generation: 1, creationTimestamp: \"2026-01-01T00:00:00Z\"}}\n\
-spec:\n  parentRefs: [{{name: gw}}]\n  hostnames: [r{r}.bench.test]\n  rules:\n  - matches: [{{path: {{type: PathPrefix, value: /api}}}}]\n    backendRefs: [{{name: svc-{}, port: 80}}]\n  - backendRefs: [{{name: svc-{}, port: 80}}]\n---\n",
-            r % services,
-            (r + 1) % services
-        ));
-        }
+        let y = super::super::scale_world(20, 5);
         let (s, _) = Snapshot::from_yaml(&y).unwrap();
         let params = Params::default();
         let mut cache = TranslateCache::default();

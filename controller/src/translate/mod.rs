@@ -27,6 +27,35 @@ use backends::{Backends, ServiceIndex};
 pub use cache::{translate_incremental, CacheStats, TranslateCache, Translation};
 use serde::{Deserialize, Serialize};
 pub use snapshot::Snapshot;
+
+/// The world `examples/scale.rs` measures: one GatewayClass and Gateway, `services` Services
+/// with an EndpointSlice each, and `routes` HTTPRoutes of two rules on their own hostnames. Kept
+/// in the library so the benchmark and the test that it takes the fast path share one shape.
+pub fn scale_world(routes: usize, services: usize) -> String {
+    let mut y = String::new();
+    y.push_str(
+        "apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {name: sweety, generation: 1}\nspec: {controllerName: sweety.dev/gateway-controller}\n---\n\
+apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: gw, namespace: bench, generation: 1}\n\
+spec:\n  gatewayClassName: sweety\n  addresses: [{type: IPAddress, value: 127.0.0.1}]\n  listeners: [{name: http, port: 80, protocol: HTTP, allowedRoutes: {namespaces: {from: Same}}}]\n---\n",
+    );
+    for s in 0..services {
+        y.push_str(&format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{name: svc-{s}, namespace: bench}}\nspec: {{ports: [{{name: http, port: 80, targetPort: 8080}}]}}\n---\n\
+apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: svc-{s}-a, namespace: bench, labels: {{kubernetes.io/service-name: svc-{s}}}}}\n\
+addressType: IPv4\nports: [{{name: http, port: 8080}}]\nendpoints: [{{addresses: [10.244.{}.{}]}}, {{addresses: [10.244.{}.{}]}}]\n---\n",
+            s / 100, s % 100 + 1, s / 100 + 100, s % 100 + 1
+        ));
+    }
+    for r in 0..routes {
+        y.push_str(&format!(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{name: r-{r}, namespace: bench, generation: 1, creationTimestamp: \"2026-01-01T00:00:00Z\"}}\n\
+spec:\n  parentRefs: [{{name: gw}}]\n  hostnames: [r{r}.bench.test]\n  rules:\n  - matches: [{{path: {{type: PathPrefix, value: /api}}}}]\n    backendRefs: [{{name: svc-{}, port: 80}}]\n  - backendRefs: [{{name: svc-{}, port: 80}}]\n---\n",
+            r % services,
+            (r + 1) % services
+        ));
+    }
+    y
+}
 use status::{ObjectKey, ObjectStatus, Statuses};
 use std::collections::BTreeMap;
 use sweety_config::{Config, Listener, VirtualHost};

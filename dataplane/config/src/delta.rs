@@ -747,6 +747,16 @@ fn section_by_digest<T: Named + Clone>(
 }
 
 impl ConfigDelta {
+    /// The names of the virtual hosts this delta replaces or adds: what a patch or a reuse
+    /// must not take from the serving table.
+    pub fn upserted_vhost_names(&self) -> HashSet<String> {
+        self.virtual_hosts
+            .upsert
+            .iter()
+            .map(|v| v.name.clone())
+            .collect()
+    }
+
     /// The delta that turns `base` into `new`, from their digests: only items whose digest
     /// changed are carried. `None` when a list has a duplicate name (send the full config).
     pub fn between(base: &Config, base_d: &Digests, new: &Config, new_d: &Digests) -> Option<Self> {

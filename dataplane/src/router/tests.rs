@@ -1270,12 +1270,7 @@ fn patch_gives_what_a_full_build_gives_over_random_edits() {
         }
         let (bd, nd) = (Digests::of(&base), Digests::of(&new));
         let delta = ConfigDelta::between(&base, &bd, &new, &nd).unwrap();
-        let upserted: std::collections::HashSet<String> = delta
-            .virtual_hosts
-            .upsert
-            .iter()
-            .map(|v| v.name.clone())
-            .collect();
+        let upserted = delta.upserted_vhost_names();
         let applied = delta
             .apply_indexed(&mut kept, &mut kept_d, &mut index, &mut cache)
             .unwrap();
