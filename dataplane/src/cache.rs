@@ -80,16 +80,9 @@ impl Entry {
 /// Whether a stored head can be sent ahead of a hit's own fields unchanged: none of its fields
 /// is one a hit replaces (`age`, `x-cache`) or one an HTTP/2 response must not carry.
 fn plain_head(headers: &HeaderMap) -> bool {
-    !headers.keys().any(|n| {
-        n == header::AGE
-            || n == X_CACHE
-            || n == header::CONNECTION
-            || n == header::TRANSFER_ENCODING
-            || n == header::UPGRADE
-            || n == header::TE
-            || n.as_str() == "keep-alive"
-            || n.as_str() == "proxy-connection"
-    })
+    !headers
+        .keys()
+        .any(|n| n == header::AGE || n == X_CACHE || crate::conn_headers::may_strip(n))
 }
 
 /// A cache hit's head for Sweety's HTTP/2 engine, left out of the response's header map: the

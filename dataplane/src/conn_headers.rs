@@ -32,13 +32,17 @@ pub fn is_connection_specific(name: &str, value: &[u8]) -> bool {
     ALWAYS.contains(&name) || (name == "te" && value != b"trailers")
 }
 
+/// Whether a field name is one [`strip`] may remove whatever its value: the fixed list or `TE`
+/// (fields named by `Connection` need `Connection` itself, which is one).
+pub fn may_strip(name: &HeaderName) -> bool {
+    name == header::TE || ALWAYS.contains(&name.as_str())
+}
+
 /// Removes the connection-specific fields: `Connection` and every field it names, the fixed
 /// list, and `TE` as `te` says.
 pub fn strip(h: &mut HeaderMap, te: Te) {
     // One pass over the names first: most maps have none of them.
-    let any = h
-        .keys()
-        .any(|n| n == header::TE || ALWAYS.contains(&n.as_str()));
+    let any = h.keys().any(may_strip);
     if !any {
         return;
     }

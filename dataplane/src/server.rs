@@ -57,18 +57,23 @@ pub async fn run_tcp(
             Some(_) = conns.join_next(), if !conns.is_empty() => continue,
             _ = stop.changed() => break,
         };
-        let (stream, peer) = tokio::select! {
-            r = listener.accept() => match r {
-                Ok(x) => x,
-                Err(e) => {
-                    // Out of file descriptors and the like: back off briefly, keep serving.
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                    continue;
-                }
-            },
-            Some(_) = conns.join_next(), if !conns.is_empty() => continue,
-            _ = stop.changed() => break,
+        // Finished connections are reaped while accept waits, keeping the permit taken.
+        let accepted = loop {
+            tokio::select! {
+                r = listener.accept() => break Some(r),
+                Some(_) = conns.join_next(), if !conns.is_empty() => {}
+                _ = stop.changed() => break None,
+            }
+        };
+        let (stream, peer) = match accepted {
+            None => break,
+            Some(Ok(x)) => x,
+            Some(Err(e)) => {
+                // Out of file descriptors and the like: back off briefly, keep serving.
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                continue;
+            }
         };
         let snap = shared.snapshot();
         let Some(view) = snap.listener_by_key(&key).cloned() else {

@@ -1344,7 +1344,10 @@ async fn connections_still_open_after_the_drain_timeout_are_closed() {
     let mut cfg = sweety_config::Config::clone(&h.runtime.shared.snapshot().config);
     cfg.generation += 1;
     cfg.listeners.clear();
-    let _ = h.runtime.apply(cfg).await;
+    h.runtime
+        .apply(cfg)
+        .await
+        .expect("the config without the listener applies");
     let deadline = Instant::now() + PHASE;
     let mut goaway = None;
     loop {

@@ -2525,6 +2525,14 @@ mod tests {
         assert!(written < bound, "read {written} bytes of requests");
     }
 
+    /// A client's opening: the preface, an empty SETTINGS and the ACK of ours.
+    fn hello() -> BytesMut {
+        let mut input = BytesMut::from(&frame::PREFACE[..]);
+        frame::put_settings(&mut input, &[]);
+        frame::put_settings_ack(&mut input);
+        input
+    }
+
     /// A driver polled by hand over a pipe that holds one byte (the client never reads, so
     /// what the driver writes stays in its buffer), fed `input`, and the client end.
     async fn hand_driver(
@@ -2629,9 +2637,7 @@ mod tests {
     async fn a_header_block_timeout_sends_one_goaway_and_does_not_spin() {
         let rt = crate::runtime::Runtime::new(crate::runtime::RuntimeOptions::default()).unwrap();
         let hrt = Duration::from_millis(200);
-        let mut input = BytesMut::from(&frame::PREFACE[..]);
-        frame::put_settings(&mut input, &[]);
-        frame::put_settings_ack(&mut input);
+        let mut input = hello();
         // A header block that never ends (no CONTINUATION follows).
         let mut block = BytesMut::new();
         Encoder::field(&mut block, b":method", b"GET", false);
@@ -2659,9 +2665,7 @@ mod tests {
         // read: the requests they open must not start at that read's clock reading, or the
         // cache would judge freshness and Age at a past instant.
         let rt = crate::runtime::Runtime::new(crate::runtime::RuntimeOptions::default()).unwrap();
-        let mut input = BytesMut::from(&frame::PREFACE[..]);
-        frame::put_settings(&mut input, &[]);
-        frame::put_settings_ack(&mut input);
+        let input = hello();
         let (mut d, _c) = hand_driver(&rt, |_| {}, &input).await;
         let old = Instant::now() - Duration::from_secs(30);
         d.batch_clock = old;
@@ -2695,9 +2699,7 @@ mod tests {
     async fn an_idle_goaway_is_sent_once_and_does_not_spin() {
         let rt = crate::runtime::Runtime::new(crate::runtime::RuntimeOptions::default()).unwrap();
         let idle = Duration::from_millis(200);
-        let mut input = BytesMut::from(&frame::PREFACE[..]);
-        frame::put_settings(&mut input, &[]);
-        frame::put_settings_ack(&mut input);
+        let input = hello();
         let (mut d, mut c) = hand_driver(
             &rt,
             |s| {
@@ -2768,9 +2770,7 @@ mod tests {
     #[tokio::test]
     async fn every_reset_we_send_remembers_the_stream_and_counts_the_clients() {
         let rt = crate::runtime::Runtime::new(crate::runtime::RuntimeOptions::default()).unwrap();
-        let mut input = BytesMut::from(&frame::PREFACE[..]);
-        frame::put_settings(&mut input, &[]);
-        frame::put_settings_ack(&mut input);
+        let mut input = hello();
         // Stream 1: a content-length with END_STREAM and no body (reset before it opens);
         // stream 3: an upper-case header name (malformed).
         let mut block = BytesMut::new();
@@ -2986,9 +2986,7 @@ mod tests {
     #[tokio::test]
     async fn data_refused_by_a_stream_error_is_credited_to_the_connection() {
         let rt = crate::runtime::Runtime::new(crate::runtime::RuntimeOptions::default()).unwrap();
-        let mut input = BytesMut::from(&frame::PREFACE[..]);
-        frame::put_settings(&mut input, &[]);
-        frame::put_settings_ack(&mut input);
+        let input = hello();
         let (mut d, _c) = hand_driver(&rt, |s| s.max_resets_per_sec = 1000, &input).await;
         // Two open uploads (as if their requests were still being handled): stream 1 with
         // a 1 KiB window left, stream 3 with `content-length: 1`.
@@ -3042,9 +3040,7 @@ mod tests {
         settings.idle_timeout = t;
         settings.header_read_timeout = t;
         let mut d = Driver::new(server, rt.shared.clone(), conn, settings, stop);
-        let mut input = BytesMut::from(&frame::PREFACE[..]);
-        frame::put_settings(&mut input, &[]);
-        frame::put_settings_ack(&mut input);
+        let input = hello();
         feed(&mut d, &mut c, &input).await;
         // The listener drains.
         tx.send(true).unwrap();
@@ -3073,9 +3069,7 @@ mod tests {
     async fn a_reading_client_is_not_closed_as_dead() {
         let rt = crate::runtime::Runtime::new(crate::runtime::RuntimeOptions::default()).unwrap();
         let t = Duration::from_millis(200);
-        let mut input = BytesMut::from(&frame::PREFACE[..]);
-        frame::put_settings(&mut input, &[]);
-        frame::put_settings_ack(&mut input);
+        let input = hello();
         let (mut d, mut c) = hand_driver(
             &rt,
             |s| {
