@@ -195,12 +195,21 @@ impl Backpressure {
             Some(l) => Some(l.try_acquire()?),
             None => None,
         };
+        Some(self.request_permit(global, listener_permit))
+    }
+
+    /// The permit of an admitted request, counted as active until dropped.
+    fn request_permit(
+        &self,
+        global: OwnedSemaphorePermit,
+        listener: Option<OwnedSemaphorePermit>,
+    ) -> RequestPermit {
         self.metrics.active_requests.fetch_add(1, Relaxed);
-        Some(RequestPermit {
+        RequestPermit {
             _global: global,
-            _listener: listener_permit,
+            _listener: listener,
             metrics: self.metrics.clone(),
-        })
+        }
     }
 
     /// Admits a request: takes a global slot and, if the listener has its own cap, a listener
@@ -224,12 +233,7 @@ impl Backpressure {
             },
             None => None,
         };
-        self.metrics.active_requests.fetch_add(1, Relaxed);
-        Ok(RequestPermit {
-            _global: global,
-            _listener: listener_permit,
-            metrics: self.metrics.clone(),
-        })
+        Ok(self.request_permit(global, listener_permit))
     }
 }
 

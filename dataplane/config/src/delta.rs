@@ -560,6 +560,8 @@ pub enum ListEdit {
     Full,
 }
 
+// Only the tests ask a whole edit these; the dataplane works on the `ListPatch`.
+#[cfg(test)]
 impl ListEdit {
     /// For a patch, the positions in the resulting list (of length `len`) of the replaced and
     /// appended items; `None` for [`ListEdit::Full`].
