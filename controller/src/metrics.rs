@@ -305,7 +305,9 @@ mod tests {
         assert_eq!(m.reconciles.load(Ordering::Relaxed), 3);
         assert_eq!(m.reconciles_of("HTTPRoute"), 2);
         assert!(text.contains("sweety_controller_status_queue_depth 7\n"));
-        assert!(text.contains("sweety_controller_watch_event_to_ack_seconds_bucket{le=\"0.005\"} 1\n"));
+        assert!(
+            text.contains("sweety_controller_watch_event_to_ack_seconds_bucket{le=\"0.005\"} 1\n")
+        );
         assert!(
             text.contains("sweety_controller_translate_duration_seconds_bucket{le=\"0.0025\"} 0\n")
         );

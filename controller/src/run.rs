@@ -143,8 +143,14 @@ pub async fn run(
                 ("watch", Some((_, kind))) => kind,
                 _ => why,
             };
-            let (generation, gateway_services) =
-                reconcile(&watches, &options.params, &pusher, &metrics, &mut cache, &statuses);
+            let (generation, gateway_services) = reconcile(
+                &watches,
+                &options.params,
+                &pusher,
+                &metrics,
+                &mut cache,
+                &statuses,
+            );
             let submitted_at = Instant::now();
             match last.as_mut().filter(|l| l.generation == generation) {
                 // Same config: nothing new to measure.
@@ -235,7 +241,9 @@ fn record_ack(state: &crate::push::PushState, last: &mut Option<Submitted>, metr
         .acked_at
         .filter(|at| *at >= s.at)
         .unwrap_or_else(Instant::now);
-    metrics.push_latency.observe(acked_at.saturating_duration_since(s.at));
+    metrics
+        .push_latency
+        .observe(acked_at.saturating_duration_since(s.at));
     if let Some(event) = s.event_at {
         metrics
             .event_to_ack

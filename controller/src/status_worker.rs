@@ -458,16 +458,15 @@ impl Worker {
             }
             let want = q.entries.get(&key).expect("present").want.clone();
             let current = lookup(&self.stores, &key);
-            let prepared = if current.is_none()
-                && !matches!(want, Some(ObjectStatus::Conditions(_)))
-            {
-                // Not in the cache (deleted): nothing to write; translate drops it next.
-                self.writer.forget_one(&key);
-                Prepared::Unchanged
-            } else {
-                self.writer
-                    .prepare(&key, want.as_ref(), current.as_deref(), &gate, &now_str)
-            };
+            let prepared =
+                if current.is_none() && !matches!(want, Some(ObjectStatus::Conditions(_))) {
+                    // Not in the cache (deleted): nothing to write; translate drops it next.
+                    self.writer.forget_one(&key);
+                    Prepared::Unchanged
+                } else {
+                    self.writer
+                        .prepare(&key, want.as_ref(), current.as_deref(), &gate, &now_str)
+                };
             if answered {
                 q.unanswered.remove(&key);
             } else {

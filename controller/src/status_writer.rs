@@ -231,9 +231,13 @@ async fn apply(
                 live: None,
             });
         }
-        api.patch_status(&key.name, &params, &Patch::Apply(&body(&metadata, &desired)))
-            .await
-            .map_err(Error::Kube)?;
+        api.patch_status(
+            &key.name,
+            &params,
+            &Patch::Apply(&body(&metadata, &desired)),
+        )
+        .await
+        .map_err(Error::Kube)?;
         return Ok(Done {
             desired,
             written: true,
@@ -278,7 +282,11 @@ async fn apply(
         let mut metadata = metadata.clone();
         metadata["resourceVersion"] = json!(rv);
         match api
-            .patch_status(&key.name, &params, &Patch::Apply(&body(&metadata, &desired)))
+            .patch_status(
+                &key.name,
+                &params,
+                &Patch::Apply(&body(&metadata, &desired)),
+            )
             .await
         {
             Ok(obj) => {

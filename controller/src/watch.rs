@@ -729,7 +729,10 @@ fn meaning<K: Resource>(o: &K) -> Option<u64> {
     m.labels.hash(&mut h);
     m.annotations.hash(&mut h);
     m.finalizers.hash(&mut h);
-    m.deletion_timestamp.as_ref().map(|t| t.0.to_string()).hash(&mut h);
+    m.deletion_timestamp
+        .as_ref()
+        .map(|t| t.0.to_string())
+        .hash(&mut h);
     if let Some(owners) = &m.owner_references {
         for o in owners {
             (&o.api_version, &o.kind, &o.name, &o.uid, o.controller).hash(&mut h);

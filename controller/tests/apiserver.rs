@@ -2035,7 +2035,11 @@ async fn run_loop_pushes_before_statuses_and_reconciles_once_per_change() {
     );
     // Other tests' namespaces going away wake the loop too (Namespaces are watched
     // cluster-wide): wait for a quiet second (bounded) so that they do not mix with the change.
-    let reconciles = || metrics.reconciles.load(std::sync::atomic::Ordering::Relaxed);
+    let reconciles = || {
+        metrics
+            .reconciles
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
     for _ in 0..20 {
         let n = reconciles();
         tokio::time::sleep(Duration::from_secs(1)).await;
