@@ -888,7 +888,9 @@ impl_current!(
     sweety_crds::SweetySite
 );
 
-const INDEXED_KINDS: [&str; 11] = [
+/// The kinds whose status the writer writes. `translate` reads none of their statuses, so the
+/// watches treat a status-only update of one of them as no change of the input.
+pub const STATUS_KINDS: [&str; 11] = [
     "GatewayClass",
     "Gateway",
     "ListenerSet",
@@ -939,7 +941,7 @@ impl<'a> Index<'a> {
     }
 
     fn get(&self, key: &ObjectKey) -> Option<&'a dyn Current> {
-        let kind = *INDEXED_KINDS.iter().find(|k| **k == key.kind)?;
+        let kind = *STATUS_KINDS.iter().find(|k| **k == key.kind)?;
         self.map
             .get(&(kind, key.namespace.as_str(), key.name.as_str()))
             .copied()

@@ -609,7 +609,7 @@ impl Starter {
         let tx = self.tx.clone();
         let activity = self.activity.clone();
         let kind = kind_name::<K>();
-        let mut filter = STATUS_WRITTEN_KINDS
+        let mut filter = crate::status_writer::STATUS_KINDS
             .contains(&kind)
             .then(StatusOnly::default);
         let counted = activity.clone();
@@ -644,22 +644,6 @@ impl Starter {
         reader
     }
 }
-
-/// Kinds whose status the status writer writes and `translate` does not read: a status-only
-/// update of one of them is not a change of the input (see [`StatusOnly`]).
-const STATUS_WRITTEN_KINDS: [&str; 11] = [
-    "GatewayClass",
-    "Gateway",
-    "ListenerSet",
-    "HTTPRoute",
-    "GRPCRoute",
-    "TLSRoute",
-    "TCPRoute",
-    "UDPRoute",
-    "BackendTLSPolicy",
-    "Ingress",
-    "SweetySite",
-];
 
 /// A kind's name as a `'static` string (kinds are a fixed set: each name is leaked once).
 fn kind_name<K: Resource<DynamicType = ()>>() -> &'static str {

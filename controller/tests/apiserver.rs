@@ -313,6 +313,15 @@ async fn missing_optional_crd_is_skipped_not_fatal() {
         crds.get_opt(name).await.ok()?.is_none().then_some(())
     })
     .await;
+    // Discovery follows the CRD's deletion a little later.
+    wait_for("UDPRoute no longer served", || async {
+        let list = client
+            .list_api_group_resources("gateway.networking.k8s.io/v1")
+            .await
+            .ok()?;
+        (!list.resources.iter().any(|r| r.name == "udproutes")).then_some(())
+    })
+    .await;
     let result = async {
         let watches = Watches::start(client.clone(), &WatchOptions::default())
             .await
