@@ -77,6 +77,7 @@ async fn start() -> (Harness, SocketAddr, Hits) {
         ttl: Some(sweety_config::Duration::from_millis(500)),
         key_headers: vec![],
         stale_while_revalidate: Some(sweety_config::Duration::from_secs(30)),
+        with_credentials: false,
     }));
     let mut all = proxy_route("all", "/", "up");
     all.filters.push(Filter::Cache(CachePolicy {
