@@ -8,7 +8,7 @@
 //! maps hold only addresses with something open. Guards release on drop.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, Hash, Hasher};
+use std::hash::BuildHasher;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 
@@ -30,6 +30,10 @@ impl Default for ClientCaps {
     }
 }
 
+/// The address already holds its cap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OverCap;
+
 /// One slot held by an address; released on drop.
 #[derive(Debug)]
 pub struct ClientSlot {
@@ -39,13 +43,11 @@ pub struct ClientSlot {
 
 impl ClientCaps {
     fn shard(&self, ip: &IpAddr) -> &Mutex<HashMap<IpAddr, u32>> {
-        let mut h = self.hasher.build_hasher();
-        ip.hash(&mut h);
-        &self.shards[(h.finish() as usize) % SHARDS]
+        &self.shards[(self.hasher.hash_one(ip) as usize) % SHARDS]
     }
 
     /// Takes a slot for `ip` unless it already holds `max` (0: no cap, nothing counted).
-    pub fn try_take(self: &Arc<Self>, ip: IpAddr, max: u32) -> Result<Option<ClientSlot>, ()> {
+    pub fn try_take(self: &Arc<Self>, ip: IpAddr, max: u32) -> Result<Option<ClientSlot>, OverCap> {
         if max == 0 {
             return Ok(None);
         }
@@ -56,7 +58,7 @@ impl ClientCaps {
             if *n == 0 {
                 m.remove(&ip);
             }
-            return Err(());
+            return Err(OverCap);
         }
         *n += 1;
         Ok(Some(ClientSlot {

@@ -85,7 +85,7 @@ pub async fn run_tcp(
         let send_timeout = snap.config.limits.send_timeout.get();
         // A trusted proxy carries many clients: its connections are not capped per address.
         let per_client = if snap
-            .edge
+            .access
             .client_ip
             .is_trusted(crate::ctx::canonical_addr(peer).ip())
         {
@@ -132,7 +132,7 @@ pub async fn run_tcp(
             }
             let _client_slot = match shared.client_conns.try_take(peer.ip(), per_client) {
                 Ok(slot) => slot,
-                Err(()) => {
+                Err(_) => {
                     shared.metrics.limit_hit("client_connections");
                     return;
                 }

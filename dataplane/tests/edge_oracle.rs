@@ -194,10 +194,8 @@ fn check_head(req: &httparse::Request<'_, '_>) -> Result<(Seen, Framing), String
             "x-route" => route = Some(value),
             "content-length" => lengths.push(value),
             "transfer-encoding" => te.push(value),
-            n if HOP_BY_HOP.contains(&n) => {
-                if !(n == "te" && value == "trailers") {
-                    return Err(format!("{path}: hop-by-hop field {n}: {value}"));
-                }
+            n if HOP_BY_HOP.contains(&n) && !(n == "te" && value == "trailers") => {
+                return Err(format!("{path}: hop-by-hop field {n}: {value}"));
             }
             _ => {}
         }

@@ -1,7 +1,6 @@
-//! Config types of the HTTP edge features: response compression, the response cache and gRPC
+//! Config types of content handling: response compression, the response cache and gRPC
 //! options (`compress`, `cache` and `grpc` route filters), and the process-wide cache store
-//! bounds (`cache` at the top level). Everything here is off unless configured, except request
-//! path normalisation (`path_normalization` at the top level), which is on by default.
+//! bounds (`cache` at the top level). Everything here is off unless configured.
 
 use crate::Duration;
 use serde::{Deserialize, Serialize};
@@ -211,50 +210,4 @@ mod tests {
         assert!(CacheSettings::default().is_default());
         assert!(serde_json::from_str::<Compression>(r#"{"level":3}"#).is_err());
     }
-}
-
-/// How request paths are normalised before routing (`path_normalization`, global): see
-/// docs/security.md. The normalised path is what routing, access rules, the cache key, the
-/// access log and the backend see.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct PathNormalization {
-    /// Normalise at all: decode percent-encoded unreserved characters, upper-case other
-    /// escapes, remove dot segments (RFC 3986 §5.2.4). Default on.
-    pub enabled: bool,
-    /// Merge runs of `/` into one. Default on.
-    pub merge_slashes: bool,
-    /// What to do with `%2F`, `%5C` and a raw `\` in a path. Default `reject` (400).
-    pub escaped_slashes: EscapedSlashes,
-}
-
-impl Default for PathNormalization {
-    fn default() -> Self {
-        PathNormalization {
-            enabled: true,
-            merge_slashes: true,
-            escaped_slashes: EscapedSlashes::Reject,
-        }
-    }
-}
-
-impl PathNormalization {
-    /// True for the defaults (left out when a config is written).
-    pub fn is_default(&self) -> bool {
-        *self == PathNormalization::default()
-    }
-}
-
-/// What path normalisation does with an encoded slash or backslash (`%2F`, `%5C`, `\`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum EscapedSlashes {
-    /// Refuse the request with 400 (the default: router and backend cannot disagree).
-    #[default]
-    Reject,
-    /// Decode to `/` before dot segments are removed and routes are matched.
-    Decode,
-    /// Keep as it came (upper-case hex): the route sees one segment, a backend that decodes
-    /// may see two.
-    Keep,
 }
