@@ -140,7 +140,7 @@ async fn main() {
         .map(|v| v.value.routes.len())
         .sum();
     let t1 = Instant::now();
-    let generation = pusher.submit_items_now(out.config.clone());
+    let generation = pusher.submit(out.config.clone());
     let t_encode = t1.elapsed();
     let t2 = Instant::now();
     wait_acked(&pusher, generation).await;
@@ -179,7 +179,7 @@ async fn main() {
         let config = cache.update(&snap, &params).config.clone();
         let t_tr = t.elapsed();
         assert_eq!(cache.stats().translated, 1, "one route translated again");
-        let generation = pusher.submit_items_now(config);
+        let generation = pusher.submit(config);
         let t_sub = t.elapsed();
         wait_acked(&pusher, generation).await;
         let total = t.elapsed();

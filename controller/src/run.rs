@@ -1,6 +1,6 @@
 //! The reconcile loop: watch events (leading-edge debounced) → snapshot →
 //! `TranslateCache::update` (incremental translate) → static content on disk →
-//! `Pusher::submit_items_now`
+//! `Pusher::submit`
 //! → (leader only) per-Gateway Services and statuses, the latter gated by the dataplane's Ack
 //! of the submitted generation.
 //!
@@ -247,8 +247,8 @@ fn reconcile(
     metrics
         .config_bytes
         .store(output.config.json_len() as u64, Ordering::Relaxed);
-    // Bursts are already coalesced by the reconcile loop: no second debounce in the pusher.
-    let generation = pusher.submit_items_now(output.config.clone());
+    // Bursts are coalesced here (the debounce above); the pusher sends at once.
+    let generation = pusher.submit(output.config.clone());
     let t = Translated {
         snapshot,
         statuses: output.statuses.clone(),

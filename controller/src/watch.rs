@@ -18,7 +18,7 @@
 //!   cost of caching them. Secret data is never logged.
 //! - `managedFields` is stripped from every cached object to keep the stores small.
 
-use crate::gateway_services::SERVICE_NAME_LABEL;
+use crate::labels::SERVICE_NAME_LABEL;
 use crate::translate::Snapshot;
 use crate::Error;
 use futures_util::StreamExt;
@@ -306,7 +306,7 @@ pub struct Watches {
 impl Watches {
     /// Start every reflector. Kinds the cluster does not serve are skipped (logged).
     pub async fn start(client: Client, options: &WatchOptions) -> Result<Watches, Error> {
-        let served = Served::discover(&client).await?;
+        let served = ServedResources::discover(&client).await?;
         let (tx, changes) = watch::channel(0u64);
         let tx = Arc::new(tx);
         let mut w = Starter {
@@ -418,12 +418,12 @@ impl Drop for Watches {
 }
 
 /// Resource plurals the cluster serves, per group/version.
-struct Served {
+struct ServedResources {
     plurals: BTreeSet<(String, String)>,
 }
 
-impl Served {
-    async fn discover(client: &Client) -> Result<Served, Error> {
+impl ServedResources {
+    async fn discover(client: &Client) -> Result<ServedResources, Error> {
         let mut plurals = BTreeSet::new();
         for gv in [
             "gateway.networking.k8s.io/v1",
@@ -439,7 +439,7 @@ impl Served {
                 Err(e) => return Err(Error::Kube(e)),
             }
         }
-        Ok(Served { plurals })
+        Ok(ServedResources { plurals })
     }
 
     fn serves<K: Resource<DynamicType = ()>>(&self) -> bool {
@@ -455,7 +455,7 @@ impl Served {
 struct Starter {
     client: Client,
     namespaces: Vec<String>,
-    served: Served,
+    served: ServedResources,
     tx: Arc<watch::Sender<u64>>,
     tasks: Vec<JoinHandle<()>>,
     skipped: Vec<String>,
