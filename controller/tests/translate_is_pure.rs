@@ -6,10 +6,11 @@
 use std::path::{Path, PathBuf};
 
 /// The controller's modules that do I/O; `translate` may be used by them, never the reverse.
-const IO_MODULES: [&str; 9] = [
+const IO_MODULES: [&str; 10] = [
     "watch",
     "push",
     "run",
+    "status_worker",
     "status_writer",
     "gateway_services",
     "leader",
