@@ -13,6 +13,7 @@ pub mod leader;
 pub mod metrics;
 pub mod push;
 pub mod run;
+pub mod status_worker;
 pub mod status_writer;
 pub mod translate;
 pub mod watch;

@@ -13,6 +13,7 @@ use sweety_controller::leader::LeaseOptions;
 use sweety_controller::metrics::Metrics;
 use sweety_controller::push::{PushOptions, Pusher};
 use sweety_controller::run::{run, RunOptions};
+use sweety_controller::status_worker::StatusOptions;
 use sweety_controller::translate::Params;
 use sweety_controller::watch::WatchOptions;
 
@@ -88,6 +89,15 @@ struct Args {
     /// Coalescing window for watch events (bursts within it make one reconcile; a lone event after a quiet period is reconciled at once), e.g. `20ms` or `1s`.
     #[arg(long, env = "SWEETY_DEBOUNCE", default_value = "20ms")]
     debounce: String,
+    /// Status writes in flight at once (the status worker; config pushes never wait for it).
+    #[arg(long, env = "SWEETY_STATUS_CONCURRENCY", default_value_t = 8)]
+    status_concurrency: usize,
+    /// Client-side rate limit of status writes: writes per second.
+    #[arg(long, env = "SWEETY_STATUS_QPS", default_value_t = 500.0)]
+    status_qps: f64,
+    /// Client-side rate limit of status writes: burst size.
+    #[arg(long, env = "SWEETY_STATUS_BURST", default_value_t = 500)]
+    status_burst: u32,
 }
 
 fn parse_duration(s: &str) -> anyhow::Result<Duration> {
@@ -170,6 +180,12 @@ async fn main() -> anyhow::Result<()> {
             .leader_elect
             .then(|| LeaseOptions::new(&args.namespace, &args.lease_name)),
         initial_sync_timeout: Duration::from_secs(60),
+        status: StatusOptions {
+            concurrency: args.status_concurrency.clamp(1, 256),
+            qps: args.status_qps,
+            burst: args.status_burst,
+            ..StatusOptions::default()
+        },
     };
     let client = client(args.kubeconfig.as_ref()).await?;
     let health = Health::new(Arc::new(Metrics::default()));

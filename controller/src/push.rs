@@ -81,6 +81,8 @@ pub struct PushState {
     pub acked: u64,
     /// The last rejection: generation and the dataplane's errors.
     pub last_nack: Option<(u64, Vec<String>)>,
+    /// When the pusher received the last `Ack` (for latency metrics).
+    pub acked_at: Option<std::time::Instant>,
 }
 
 /// Push counters, for the controller's `/metrics`.
@@ -470,7 +472,11 @@ async fn session(
                     }
                     c.acks.fetch_add(1, Relaxed);
                     tracing::debug!(generation, "dataplane acknowledged");
-                    shared.state.send_modify(|s| s.acked = generation);
+                    let at = std::time::Instant::now();
+                    shared.state.send_modify(|s| {
+                        s.acked = generation;
+                        s.acked_at = Some(at);
+                    });
                 }
                 Some(Ok(Message::Nack { generation, errors })) => {
                     // The dataplane kept its previous config: no base to build deltas on.

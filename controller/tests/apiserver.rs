@@ -805,7 +805,17 @@ async fn dataplane_slices_outside_the_watched_namespaces_trigger_reconciles() {
     let mut changes = watches.changes();
     // The trigger watch's initial list may still be ending (its InitDone signals): let it.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let before = *changes.borrow_and_update();
+    // Counted by kind: Namespace events (other tests' namespaces going away; Namespaces are
+    // watched cluster-wide) trigger reconciles too.
+    let slice_triggers = || {
+        watches
+            .activity
+            .events()
+            .get(&("EndpointSlice", true))
+            .copied()
+            .unwrap_or(0)
+    };
+    let before = slice_triggers();
 
     // Another Service's slice in the controller's namespace: no reconcile.
     create::<EndpointSlice>(
@@ -820,10 +830,11 @@ async fn dataplane_slices_outside_the_watched_namespaces_trigger_reconciles() {
     .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(
-        *changes.borrow_and_update(),
+        slice_triggers(),
         before,
         "another Service's slice triggered a reconcile"
     );
+    changes.borrow_and_update();
     // A dataplane Pod became ready: a reconcile is triggered.
     let mut ready = dataplane_slice(&ctl, &[("10.1.0.5", true)]);
     ready.metadata.resource_version = source.get("sweety-abcde").await.unwrap().resource_version();
@@ -835,10 +846,14 @@ async fn dataplane_slices_outside_the_watched_namespaces_trigger_reconciles() {
         .await
         .expect("a reconcile trigger for the dataplane slice")
         .unwrap();
+    wait_for("the dataplane slice's trigger", || async {
+        (slice_triggers() > before).then_some(())
+    })
+    .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(
-        *changes.borrow_and_update(),
-        before.wrapping_add(1),
+        slice_triggers(),
+        before + 1,
         "exactly one trigger: the dataplane slice's change"
     );
     assert!(
@@ -1229,6 +1244,7 @@ async fn run_loop_leads_reconciles_on_changes_and_releases() {
             renew_every: Duration::from_secs(1),
         }),
         initial_sync_timeout: Duration::from_secs(20),
+        status: Default::default(),
     };
     let pusher = Pusher::spawn(PushOptions {
         socket: dir.path().join("control.sock"),
@@ -1551,6 +1567,7 @@ async fn end_to_end_gateway_is_programmed_after_the_dataplane_acks() {
         debounce: Duration::from_millis(50),
         lease: None,
         initial_sync_timeout: Duration::from_secs(20),
+        status: Default::default(),
     };
     let pusher = Pusher::spawn(PushOptions {
         socket: socket.clone(),
@@ -1819,5 +1836,263 @@ async fn status_writer_sweety_site_conditions_and_addresses() {
         report.written.is_empty() && report.errors.is_empty(),
         "{report:?}"
     );
+    drop_namespace(&client, &ns).await;
+}
+
+/// A dataplane stand-in on a control socket: says `Hello`, reports the generation of every
+/// `Apply`/`ApplyDelta` it receives, and acknowledges only when told to.
+struct HeldDataplane {
+    applies: tokio::sync::mpsc::Receiver<u64>,
+    acks: tokio::sync::mpsc::Sender<u64>,
+    _task: tokio::task::JoinHandle<()>,
+}
+
+impl HeldDataplane {
+    fn bind(socket: &std::path::Path) -> HeldDataplane {
+        use sweety_config::wire::{self, decode_frame, Hello, Message};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::UnixListener::bind(socket).unwrap();
+        let (applied_tx, applies) = tokio::sync::mpsc::channel(64);
+        let (acks, mut ack_rx) = tokio::sync::mpsc::channel::<u64>(64);
+        let task = tokio::spawn(async move {
+            let (s, _) = listener.accept().await.unwrap();
+            let (mut rd, mut wr) = s.into_split();
+            let hello = Message::Hello(Hello {
+                version: wire::PROTOCOL_VERSION,
+                generation: 0,
+                hash: String::new(),
+            });
+            wr.write_all(&hello.encode().unwrap()).await.unwrap();
+            let mut buf = Vec::new();
+            let mut chunk = vec![0u8; 64 * 1024];
+            loop {
+                while let Some((m, used)) = decode_frame(&buf).unwrap() {
+                    buf.drain(..used);
+                    if let Message::Apply { generation, .. }
+                    | Message::ApplyDelta { generation, .. } = m
+                    {
+                        let _ = applied_tx.send(generation).await;
+                    }
+                }
+                tokio::select! {
+                    n = rd.read(&mut chunk) => match n {
+                        Ok(n) if n > 0 => buf.extend_from_slice(&chunk[..n]),
+                        _ => return,
+                    },
+                    g = ack_rx.recv() => match g {
+                        Some(generation) => {
+                            let ack = Message::Ack { generation }.encode().unwrap();
+                            wr.write_all(&ack).await.unwrap();
+                        }
+                        None => return,
+                    },
+                }
+            }
+        });
+        HeldDataplane {
+            applies,
+            acks,
+            _task: task,
+        }
+    }
+
+    /// The generation of the next config pushed (20 s at most).
+    async fn next_apply(&mut self) -> u64 {
+        tokio::time::timeout(Duration::from_secs(20), self.applies.recv())
+            .await
+            .expect("a push within 20 s")
+            .expect("the dataplane stand-in runs")
+    }
+}
+
+/// The `Programmed` condition of a SweetySite, if any.
+async fn site_programmed(api: &Api<sweety_crds::SweetySite>, name: &str) -> Option<Value> {
+    let site = api.get(name).await.ok()?;
+    let v = serde_json::to_value(&site.status).ok()?;
+    v["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == "Programmed")
+        .cloned()
+}
+
+/// Config first, statuses after, through the run loop against a real apiserver: the config is
+/// pushed while no status has been written; `Programmed=True` is written only after the
+/// dataplane acknowledged the generation (until then, past the Ack wait, it says `Pending`);
+/// the controller's own status writes are ignored by the watches, so one spec change costs
+/// exactly one reconcile (counted by cause).
+#[tokio::test]
+async fn run_loop_pushes_before_statuses_and_reconciles_once_per_change() {
+    use sweety_controller::health::Health;
+    use sweety_controller::metrics::Metrics;
+    use sweety_controller::push::{PushOptions, Pusher};
+    use sweety_controller::run::{run, RunOptions};
+    use sweety_controller::status_worker::StatusOptions;
+    use sweety_controller::translate::Params;
+    let _guard = LOCK.lock().await;
+    let Some(client) = cluster().await else {
+        return;
+    };
+    let ns = namespace(&client, "conv").await;
+    let sites: Api<sweety_crds::SweetySite> = Api::namespaced(client.clone(), &ns);
+    create(&sites, json!({
+        "apiVersion": "sweety.dev/v1alpha1", "kind": "SweetySite",
+        "metadata": {"name": "site"},
+        "spec": {"hostnames": ["conv.example"], "routes": [{"path": "/", "static": {"directory": "/srv/www"}}]}
+    }))
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("control.sock");
+    let mut dataplane = HeldDataplane::bind(&socket);
+    // Long enough that checking "nothing written yet" right after the push cannot race it.
+    let ack_wait = Duration::from_secs(3);
+    let options = RunOptions {
+        params: Params {
+            namespace: ns.clone(),
+            content_dir: dir.path().join("content").to_string_lossy().into_owned(),
+            ingress_service: None,
+            ..Params::default()
+        },
+        watch: WatchOptions {
+            namespaces: vec![ns.clone()],
+            ..WatchOptions::default()
+        },
+        debounce: Duration::from_millis(20),
+        lease: None,
+        initial_sync_timeout: Duration::from_secs(20),
+        status: StatusOptions {
+            ack_wait,
+            ..StatusOptions::default()
+        },
+    };
+    let pusher = Pusher::spawn(PushOptions {
+        socket: socket.clone(),
+        ..PushOptions::default()
+    });
+    let health = Health::new(Arc::new(Metrics::default()));
+    let metrics = health.metrics.clone();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(run(
+        client.clone(),
+        options,
+        pusher,
+        health.clone(),
+        async {
+            let _ = stopped.await;
+        },
+    ));
+
+    // 1. The config is pushed first; within the Ack wait no status is written at all.
+    let first = dataplane.next_apply().await;
+    assert_eq!(
+        site_programmed(&sites, "site").await,
+        None,
+        "a status was written before the push (or without waiting for the dataplane)"
+    );
+    // 2. No Ack: past the wait the status says Pending, never True.
+    let pending = wait_for("Programmed=Unknown/Pending without an Ack", || async {
+        site_programmed(&sites, "site")
+            .await
+            .filter(|p| p["reason"] == "Pending")
+    })
+    .await;
+    assert_eq!(pending["status"], "Unknown");
+    // 3. The Ack of that generation: Programmed=True for the site's generation 1.
+    dataplane.acks.send(first).await.unwrap();
+    let programmed = wait_for("Programmed=True after the Ack", || async {
+        site_programmed(&sites, "site")
+            .await
+            .filter(|p| p["status"] == "True")
+    })
+    .await;
+    assert_eq!(programmed["observedGeneration"], 1);
+    assert!(metrics.push_latency.count() >= 1);
+
+    // 4. Our status writes woke no reconcile: only the start reconcile ran, and the watches
+    // saw (and ignored) the two status updates.
+    let ignored = || {
+        metrics
+            .render()
+            .lines()
+            .find(|l| {
+                l.starts_with(
+                    "sweety_controller_watch_events_total{kind=\"SweetySite\",outcome=\"ignored\"}",
+                )
+            })
+            .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    wait_for("the status updates reach the watch", || async {
+        (ignored() >= 2).then_some(())
+    })
+    .await;
+    assert_eq!(metrics.reconciles_of("start"), 1);
+    assert_eq!(
+        metrics.reconciles_of("SweetySite"),
+        0,
+        "a status write woke the loop: {}",
+        metrics.render()
+    );
+    // Other tests' namespaces going away wake the loop too (Namespaces are watched
+    // cluster-wide): wait for a quiet second (bounded) so that they do not mix with the change.
+    let reconciles = || {
+        metrics
+            .reconciles
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+    for _ in 0..20 {
+        let n = reconciles();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        if reconciles() == n {
+            break;
+        }
+    }
+    let before = reconciles();
+    let ns_before = metrics.reconciles_of("Namespace");
+
+    // 5. One spec change: one reconcile (cause SweetySite), one push; its status follows the Ack.
+    sites
+        .patch(
+            "site",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"hostnames": ["conv.example", "conv2.example"]}})),
+        )
+        .await
+        .expect("patch site");
+    let second = dataplane.next_apply().await;
+    assert!(second > first);
+    dataplane.acks.send(second).await.unwrap();
+    wait_for("Programmed=True for generation 2", || async {
+        site_programmed(&sites, "site")
+            .await
+            .filter(|p| p["status"] == "True" && p["observedGeneration"] == 2)
+    })
+    .await;
+    wait_for("the status update reaches the watch", || async {
+        (ignored() >= 3).then_some(())
+    })
+    .await;
+    // Give a stray reconcile (a status write waking the loop) time to show.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        metrics.reconciles_of("SweetySite"),
+        1,
+        "one reconcile for the change, none for its status write: {}",
+        metrics.render()
+    );
+    assert_eq!(
+        reconciles() - before,
+        1 + (metrics.reconciles_of("Namespace") - ns_before),
+        "one reconcile for the change (and any for namespaces of other tests going away): {}",
+        metrics.render()
+    );
+    assert!(metrics.event_to_ack.count() >= 1);
+
+    stop.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("run stops")
+        .unwrap()
+        .unwrap();
     drop_namespace(&client, &ns).await;
 }
