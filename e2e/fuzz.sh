@@ -1,82 +1,55 @@
 #!/usr/bin/env bash
-# Runs every cargo-fuzz target of the repository for a bounded time from its committed corpus.
+# Bounded runs of every coverage-guided fuzz target in the repository: each `fuzz/` directory
+# in the cargo-fuzz layout (its Cargo.toml has `cargo-fuzz = true`) and each of its targets,
+# on stable Rust with the sanitizer off (`-s none`), debug assertions and overflow checks on.
 #
-#   e2e/fuzz.sh [SECONDS_TOTAL]      (default 150; FUZZ_SECONDS_PER_TARGET overrides the split)
+#   bash e2e/fuzz.sh [SECONDS_PER_TARGET]      (default 20; FUZZ_TARGETS="a b" runs only those)
 #
-# Discovers `*/fuzz` and `*/*/fuzz` directories holding a cargo-fuzz crate, installs a pinned
-# cargo-fuzz into ~/.cache/sweety/tools if absent, builds each crate once on stable Rust without
-# sanitizers (`-s none`) but with debug assertions and overflow checks, then runs each target
-# from `<dir>/corpus/<target>` (a copy: new inputs do not dirty the tree) with libFuzzer's
-# `-timeout=5 -rss_limit_mb=1024 -max_total_time=N`. A crash, a timeout or an out-of-memory
-# exits non-zero and leaves the reproducer under $FUZZ_OUT (default ~/.cache/sweety/fuzz-out).
-# Builds go to ~/.cache/sweety/fuzz-target, never into the repo. Longer runs: docs/security.md.
+# Seeds come from the committed `fuzz/seeds/TARGET/` (unit-test and RFC vectors); what a run
+# finds goes to a corpus outside the repository (~/.cache/sweety/fuzz/...), so reruns start
+# from it. A crash, panic, hang (-timeout=5) or memory blow-up (-rss_limit_mb=1024) fails
+# the script and leaves the input under ~/.cache/sweety/fuzz/artifacts/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-total="${1:-150}"
-CARGO_FUZZ_VERSION=0.12.0
+secs="${1:-20}"
 tools="$HOME/.cache/sweety/tools"
-out="${FUZZ_OUT:-$HOME/.cache/sweety/fuzz-out}"
-export CARGO_TARGET_DIR="${FUZZ_TARGET_DIR:-$HOME/.cache/sweety/fuzz-target}"
-export CARGO_INCREMENTAL=0
+cache="$HOME/.cache/sweety/fuzz"
 export PATH="$tools/bin:$PATH"
-
-if ! cargo fuzz --version 2>/dev/null | grep -q "$CARGO_FUZZ_VERSION"; then
-  echo "== installing cargo-fuzz $CARGO_FUZZ_VERSION into $tools"
-  cargo install cargo-fuzz --version "$CARGO_FUZZ_VERSION" --locked --root "$tools" --quiet
+if ! command -v cargo-fuzz >/dev/null; then
+  echo "== installing cargo-fuzz into $tools"
+  cargo install --locked --root "$tools" cargo-fuzz
 fi
-command -v c++ >/dev/null || { echo "a C++ compiler is needed to build libFuzzer" >&2; exit 1; }
 
-dirs=()
-for d in */fuzz */*/fuzz; do
-  [ -f "$d/Cargo.toml" ] && grep -q 'cargo-fuzz = true' "$d/Cargo.toml" && dirs+=("${d%/fuzz}")
-done
+mapfile -t dirs < <(git ls-files '*fuzz/Cargo.toml' | xargs -r grep -l 'cargo-fuzz = true' | xargs -r -n1 dirname | sort)
 if [ ${#dirs[@]} -eq 0 ]; then
-  echo "no fuzz crates found" >&2
+  echo "no fuzz directories" >&2
   exit 1
 fi
 
-# Targets: (crate dir, target) pairs.
-targets=()
-for crate in "${dirs[@]}"; do
-  for t in $(cd "$crate" && cargo fuzz list); do
-    targets+=("$crate:$t")
+failed=0
+for dir in "${dirs[@]}"; do
+  name="$(echo "$dir" | tr '/' '_')"
+  export CARGO_TARGET_DIR="$cache/target-$name"
+  crate="$(dirname "$dir")"
+  echo "== $dir: build"
+  (cd "$crate" && cargo fuzz build -s none -a)
+  for target in $(cd "$crate" && cargo fuzz list); do
+    if [ -n "${FUZZ_TARGETS:-}" ] && [[ " $FUZZ_TARGETS " != *" $target "* ]]; then
+      continue
+    fi
+    corpus="$cache/corpus/$name/$target"
+    artifacts="$cache/artifacts/$name/$target"
+    mkdir -p "$corpus" "$artifacts"
+    seeds=()
+    [ -d "$dir/seeds/$target" ] && seeds=("$dir/seeds/$target")
+    echo "== $dir: $target for ${secs}s"
+    if ! (cd "$crate" && cargo fuzz run -s none -a "$target" "$corpus" "${seeds[@]}" -- \
+      -max_total_time="$secs" -timeout=5 -rss_limit_mb=1024 -max_len=65536 \
+      -artifact_prefix="$artifacts/" -print_final_stats=1 2>&1 | tail -n 25); then
+      echo "FAIL: $dir $target (inputs in $artifacts)" >&2
+      failed=1
+    fi
   done
 done
-per="${FUZZ_SECONDS_PER_TARGET:-$(( total / ${#targets[@]} ))}"
-[ "$per" -ge 5 ] || per=5
-echo "== ${#targets[@]} fuzz targets, ${per}s each"
-
-flags=(-s none --debug-assertions)
-export RUSTFLAGS="${RUSTFLAGS:-} -C overflow-checks=on"
-for crate in "${dirs[@]}"; do
-  echo "== building $crate/fuzz"
-  (cd "$crate" && cargo fuzz build "${flags[@]}" --target-dir "$CARGO_TARGET_DIR")
-done
-
-mkdir -p "$out"
-failed=()
-passed=0
-for ct in "${targets[@]}"; do
-  crate="${ct%%:*}"
-  t="${ct#*:}"
-  seeds="$crate/fuzz/corpus/$t"
-  work="$out/corpus/${crate//\//_}-$t"
-  mkdir -p "$work" "$out/artifacts/$t"
-  [ -d "$seeds" ] && cp -n "$seeds"/* "$work"/ 2>/dev/null || true
-  echo "== $crate: $t (${per}s)"
-  if (cd "$crate" && cargo fuzz run "${flags[@]}" --target-dir "$CARGO_TARGET_DIR" "$t" "$work" -- \
-        -max_total_time="$per" -timeout=5 -rss_limit_mb=1024 -max_len=8192 \
-        -artifact_prefix="$out/artifacts/$t/" -print_final_stats=1) >"$out/$t.log" 2>&1; then
-    grep -E '^stat::number_of_executed_units|^#[0-9]+.*DONE' "$out/$t.log" | tail -2 || true
-    passed=$((passed + 1))
-  else
-    tail -40 "$out/$t.log"
-    failed+=("$ct")
-  fi
-done
-echo "fuzz: ${passed} passed, ${#failed[@]} failed"
-if [ ${#failed[@]} -gt 0 ]; then
-  echo "failing targets: ${failed[*]} (reproducers in $out/artifacts)" >&2
-  exit 1
-fi
+exit "$failed"
