@@ -17,7 +17,7 @@ use sweety_controller::status_worker::StatusOptions;
 use sweety_controller::translate::Params;
 use sweety_controller::watch::WatchOptions;
 
-/// mimalloc: less fragmentation and lower RSS across config reloads (docs/benchmarks.md).
+/// mimalloc: less fragmentation and lower RSS across config reloads (e2e/bench/HISTORY.md, "Earlier measurements").
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

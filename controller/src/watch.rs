@@ -33,7 +33,7 @@
 //! - [`Activity`] counts watch events by kind (passed on or ignored) and keeps the time and
 //!   kind of the first event not yet reconciled, for the controller's metrics.
 
-use crate::gateway_services::SERVICE_NAME_LABEL;
+use crate::labels::SERVICE_NAME_LABEL;
 use crate::translate::Snapshot;
 use crate::Error;
 use futures_util::StreamExt;
@@ -404,7 +404,7 @@ pub struct Watches {
 impl Watches {
     /// Start every reflector. Kinds the cluster does not serve are skipped (logged).
     pub async fn start(client: Client, options: &WatchOptions) -> Result<Watches, Error> {
-        let served = Served::discover(&client).await?;
+        let served = ServedResources::discover(&client).await?;
         let (tx, changes) = watch::channel(0u64);
         let tx = Arc::new(tx);
         let activity = Arc::new(Activity::default());
@@ -588,12 +588,12 @@ async fn discover_late(
 }
 
 /// Resource plurals the cluster serves, per group/version.
-struct Served {
+struct ServedResources {
     plurals: BTreeSet<(String, String)>,
 }
 
-impl Served {
-    async fn discover(client: &Client) -> Result<Served, Error> {
+impl ServedResources {
+    async fn discover(client: &Client) -> Result<ServedResources, Error> {
         let mut plurals = BTreeSet::new();
         for gv in [
             "gateway.networking.k8s.io/v1",
@@ -609,7 +609,7 @@ impl Served {
                 Err(e) => return Err(Error::Kube(e)),
             }
         }
-        Ok(Served { plurals })
+        Ok(ServedResources { plurals })
     }
 
     fn serves<K: Resource<DynamicType = ()>>(&self) -> bool {
@@ -626,7 +626,7 @@ struct Starter {
     activity: Arc<Activity>,
     client: Client,
     namespaces: Vec<String>,
-    served: Served,
+    served: ServedResources,
     tx: Arc<watch::Sender<u64>>,
     tasks: Arc<Mutex<Vec<JoinHandle<()>>>>,
     skipped: Vec<String>,
