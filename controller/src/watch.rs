@@ -558,7 +558,7 @@ async fn discover_late(
     let mut wait = min;
     while !w.late.is_empty() {
         tokio::time::sleep(wait).await;
-        match Served::discover(&w.client).await {
+        match ServedResources::discover(&w.client).await {
             Ok(served) => w.served = served,
             Err(e) => {
                 tracing::warn!(error = %e, "API discovery failed; retrying");
