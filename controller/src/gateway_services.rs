@@ -9,9 +9,15 @@
 //! owned ones whose Gateway is gone are deleted, and so are the Services an older release
 //! created in the controller's namespace.
 //!
+//! Both carry an ownerReference to the Gateway's GatewayClass (cluster-scoped, so it may own
+//! objects in any namespace): when the class goes (`helm uninstall` deletes the chart's
+//! GatewayClass) the garbage collector removes them even though no controller is left to do it.
+//! The Service type is `--gateway-service-type` unless the class's SweetyProxyConfig sets
+//! `service.type` (and `service.externalTrafficPolicy`).
+//!
 //! Ownership is by label: `app.kubernetes.io/managed-by: sweety`, the Gateway's namespace and
 //! name labels (values longer than 63 characters are shortened with a hash suffix) and
-//! [`OWNER_LABEL`] = the controller's namespace (so two installations never delete each other's
+//! [`OWNER_LABEL`](crate::labels::OWNER_LABEL) = the controller's namespace (so two installations never delete each other's
 //! objects). The Service also carries the standard `gateway.networking.k8s.io/gateway-name`
 //! label and the Gateway's `spec.infrastructure` labels and annotations (e.g. load-balancer
 //! annotations of a cloud provider); ours win where a key clashes. The EndpointSlices carry
@@ -23,33 +29,22 @@
 //! the controller's namespace, a watch of just the dataplane Service's slices there does:
 //! `WatchOptions::dataplane_service`).
 
+use crate::labels::{
+    GATEWAY_ANNOTATION, GATEWAY_NAMESPACE_LABEL, GATEWAY_NAME_LABEL, INFRASTRUCTURE_KEYS,
+    MANAGED_BY, MANAGED_BY_LABEL, OWNER_LABEL, SERVICE_NAME_LABEL, SLICE_MANAGED_BY,
+    SLICE_MANAGED_BY_LABEL, STANDARD_GATEWAY_NAME_LABEL,
+};
 use crate::translate::GatewayService;
 use crate::Error;
 use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointPort, EndpointSlice};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Api, Client};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 
-pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
-pub const MANAGED_BY: &str = "sweety";
-pub const GATEWAY_NAMESPACE_LABEL: &str = "sweety.dev/gateway-namespace";
-pub const GATEWAY_NAME_LABEL: &str = "sweety.dev/gateway-name";
-/// The namespace of the controller installation that owns the object.
-pub const OWNER_LABEL: &str = "sweety.dev/owner";
-/// Annotation listing the Gateway `spec.infrastructure` keys set on the Service.
-pub const INFRASTRUCTURE_KEYS: &str = "sweety.dev/infrastructure-keys";
-/// The Gateway API's own label for resources created for a Gateway.
-pub const STANDARD_GATEWAY_NAME_LABEL: &str = "gateway.networking.k8s.io/gateway-name";
-/// The label tying an EndpointSlice to its Service (the one definition; translation reads it too).
-pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
-/// The label saying who manages an EndpointSlice.
-pub const SLICE_MANAGED_BY_LABEL: &str = "endpointslice.kubernetes.io/managed-by";
-/// Our value of [`SLICE_MANAGED_BY_LABEL`].
-pub const SLICE_MANAGED_BY: &str = "controller.sweety.dev";
 /// The API's limit of endpoints in one EndpointSlice; more dataplane Pods are left out (with a
 /// warning).
 pub const MAX_ENDPOINTS: usize = 1000;
@@ -233,6 +228,19 @@ impl GatewayServices {
         .into_iter()
     }
 
+    /// The GatewayClass as the owner of the Service and its slices (none without its uid).
+    fn owner_references(d: &GatewayService) -> Option<Vec<OwnerReference>> {
+        let o = d.owner.as_ref()?;
+        Some(vec![OwnerReference {
+            api_version: "gateway.networking.k8s.io/v1".into(),
+            kind: "GatewayClass".into(),
+            name: o.name.clone(),
+            uid: o.uid.clone(),
+            controller: Some(false),
+            block_owner_deletion: Some(false),
+        }])
+    }
+
     /// The EndpointSlices of one Gateway's Service: one per address type of the dataplane's.
     pub fn endpoint_slices(
         &self,
@@ -264,6 +272,7 @@ impl GatewayServices {
                     name: Some(format!("{}-{}", d.name, address_type.to_ascii_lowercase())),
                     namespace: Some(d.gateway_namespace.clone()),
                     labels: Some(labels.clone()),
+                    owner_references: Self::owner_references(d),
                     ..Default::default()
                 },
                 address_type: address_type.clone(),
@@ -292,7 +301,7 @@ impl GatewayServices {
             .collect();
         annotations.insert(INFRASTRUCTURE_KEYS.to_string(), keys.join(","));
         annotations.insert(
-            "sweety.dev/gateway".to_string(),
+            GATEWAY_ANNOTATION.to_string(),
             format!("{}/{}", d.gateway_namespace, d.gateway_name),
         );
         let load_balancer_ip = match d.requested_addresses.as_slice() {
@@ -305,10 +314,15 @@ impl GatewayServices {
                 namespace: Some(d.gateway_namespace.clone()),
                 labels: Some(labels),
                 annotations: Some(annotations),
+                owner_references: Self::owner_references(d),
                 ..Default::default()
             },
             spec: Some(ServiceSpec {
                 type_: Some(d.service_type.clone()),
+                external_traffic_policy: d
+                    .external_traffic_policy
+                    .clone()
+                    .filter(|_| d.service_type != "ClusterIP"),
                 // No selector: the controller writes the endpoints (see the module docs).
                 selector: None,
                 load_balancer_ip,
@@ -389,6 +403,7 @@ fn same_slice(current: &EndpointSlice, want: &EndpointSlice) -> bool {
         .flatten()
         .all(|(k, v)| current.metadata.labels.as_ref().and_then(|l| l.get(k)) == Some(v));
     labels_match
+        && current.metadata.owner_references == want.metadata.owner_references
         && current.address_type == want.address_type
         && current.endpoints == want.endpoints
         && current.ports == want.ports
@@ -425,8 +440,18 @@ fn same(current: &Service, want: &Service) -> bool {
         v.sort_by(|a, b| (a.2, &a.1).cmp(&(b.2, &b.1)));
         v
     };
+    // An externalTrafficPolicy we do not set is the API server's default (Cluster).
+    let policy = |s: &ServiceSpec| match s.type_.as_deref() {
+        Some("NodePort" | "LoadBalancer") => s
+            .external_traffic_policy
+            .clone()
+            .unwrap_or_else(|| "Cluster".into()),
+        _ => String::new(),
+    };
     labels_match
+        && current.metadata.owner_references == want.metadata.owner_references
         && c.type_.as_deref().unwrap_or("ClusterIP") == w.type_.as_deref().unwrap_or("ClusterIP")
+        && policy(c) == policy(w)
         && c.selector == w.selector
         // Also when no address is wanted any more: the old request must go.
         && c.load_balancer_ip == w.load_balancer_ip
@@ -469,6 +494,8 @@ mod tests {
             gateway_name: "web".into(),
             name: "sweety-gw-apps-web".into(),
             service_type: "LoadBalancer".into(),
+            external_traffic_policy: None,
+            owner: None,
             ports: Vec::new(),
             requested_addresses: Vec::new(),
             labels: map(labels),

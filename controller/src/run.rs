@@ -1,6 +1,6 @@
 //! The reconcile loop: watch events (leading-edge debounced) → snapshot →
 //! `TranslateCache::update` (incremental translate) → static content on disk →
-//! `Pusher::submit_items_now` → the statuses offered to the status worker and the per-Gateway
+//! `Pusher::submit` → the statuses offered to the status worker and the per-Gateway
 //! Services to their own task. Config first: no API write happens inside a reconcile, so a
 //! change is pushed without waiting for any status write.
 //!
@@ -67,7 +67,7 @@ pub async fn run(
     let watches = Watches::start(client.clone(), &options.watch).await?;
     let _ = metrics.watch.set(watches.activity.clone());
     if !watches.skipped.is_empty() {
-        tracing::info!(kinds = ?watches.skipped, "kinds not served by the cluster are not watched");
+        tracing::info!(kinds = ?watches.skipped, "kinds not served by the cluster yet: watched once discovery finds them");
     }
     if !watches.wait_ready(options.initial_sync_timeout).await {
         tracing::warn!("not every watch finished its initial list in time; translating anyway");
@@ -283,8 +283,8 @@ fn reconcile(
     metrics
         .config_bytes
         .store(output.config.json_len() as u64, Ordering::Relaxed);
-    // Bursts are already coalesced by the reconcile loop: no second debounce in the pusher.
-    let generation = pusher.submit_items_now(output.config.clone());
+    // Bursts are coalesced here (the debounce above); the pusher sends at once.
+    let generation = pusher.submit(output.config.clone());
     // After the push: the statuses go to the worker (it keeps what changed; the translate
     // cache's statuses are let go before the next translate, which updates them in place).
     statuses.offer(&output.statuses, generation);

@@ -1,6 +1,7 @@
-//! The controller runtime against a real kube-apiserver + etcd (`e2e/controller-it.sh` starts
-//! one, installs the Gateway API CRDs and sets `SWEETY_KUBECONFIG`). Without that variable every
-//! test prints why it is skipped and passes.
+//! The controller runtime against a real kube-apiserver + etcd. Every test is `#[ignore]`d, so
+//! `cargo test --workspace` stays green without a cluster; they run with `--ignored` and
+//! `SWEETY_KUBECONFIG` naming a cluster with the Gateway API CRDs (`e2e/controller-it.sh` starts
+//! one and runs them; `.ci/run` runs them against its cluster), and fail when it is not set.
 //!
 //! Tests run one at a time (a process-wide lock): one of them removes and restores a CRD.
 
@@ -15,9 +16,8 @@ use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
-use sweety_controller::gateway_services::{
-    GatewayServices, GATEWAY_NAME_LABEL, MANAGED_BY_LABEL, OWNER_LABEL,
-};
+use sweety_controller::gateway_services::GatewayServices;
+use sweety_controller::labels::{GATEWAY_NAME_LABEL, MANAGED_BY_LABEL, OWNER_LABEL};
 use sweety_controller::leader::{LeaderElector, LeaseOptions};
 use sweety_controller::status_writer::{Gate, StatusWriter, FIELD_MANAGER};
 use sweety_controller::translate::status::*;
@@ -29,13 +29,12 @@ static LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 const CONTROLLER: &str = "sweety.dev/gateway-controller";
 
-/// A client for the test cluster with our CRDs installed, or `None` (after saying why).
-async fn cluster() -> Option<Client> {
+/// A client for the test cluster with our CRDs installed.
+async fn cluster() -> Client {
     let Some(path) = std::env::var_os("SWEETY_KUBECONFIG") else {
-        eprintln!(
-            "SKIPPED: SWEETY_KUBECONFIG is not set; run e2e/controller-it.sh to test against a real kube-apiserver"
+        panic!(
+            "SWEETY_KUBECONFIG is not set: these tests need a real kube-apiserver (run e2e/controller-it.sh)"
         );
-        return None;
     };
     let kc = kube::config::Kubeconfig::read_from(&path).expect("read SWEETY_KUBECONFIG");
     let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
@@ -66,7 +65,7 @@ async fn cluster() -> Option<Client> {
         })
         .await;
     }
-    Some(client)
+    client
 }
 
 /// Poll `f` every 100 ms until it returns `Some`, for at most 20 s.
@@ -133,11 +132,10 @@ fn names<K: Resource>(list: &[Arc<K>]) -> Vec<String> {
 }
 
 #[tokio::test]
+#[ignore = "needs a kube-apiserver: SWEETY_KUBECONFIG (e2e/controller-it.sh)"]
 async fn watch_layer_sees_created_objects_and_filters_secrets() {
     let _guard = LOCK.lock().await;
-    let Some(client) = cluster().await else {
-        return;
-    };
+    let client = cluster().await;
     let ns = namespace(&client, "watch").await;
     let watches = Watches::start(
         client.clone(),
@@ -299,12 +297,15 @@ async fn watch_layer_sees_created_objects_and_filters_secrets() {
     drop_namespace(&client, &other).await;
 }
 
+/// A kind whose CRD is missing at start is skipped (the rest start), and watched without a
+/// restart once its CRD is installed: its objects reach the snapshot and a change is signalled.
+/// Without the discovery poll (`Watches::start` before this change) `udp_routes.watched()`
+/// stays false and the UDPRoute never shows up.
 #[tokio::test]
+#[ignore = "needs a kube-apiserver: SWEETY_KUBECONFIG (e2e/controller-it.sh)"]
 async fn missing_optional_crd_is_skipped_not_fatal() {
     let _guard = LOCK.lock().await;
-    let Some(client) = cluster().await else {
-        return;
-    };
+    let client = cluster().await;
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     let name = "udproutes.gateway.networking.k8s.io";
     let mut saved = crds.get(name).await.expect("UDPRoute CRD installed");
@@ -313,25 +314,26 @@ async fn missing_optional_crd_is_skipped_not_fatal() {
         crds.get_opt(name).await.ok()?.is_none().then_some(())
     })
     .await;
-    // Discovery follows the CRD's deletion a little later.
-    wait_for("UDPRoute no longer served", || async {
-        let list = client
-            .list_api_group_resources("gateway.networking.k8s.io/v1")
-            .await
-            .ok()?;
-        (!list.resources.iter().any(|r| r.name == "udproutes")).then_some(())
-    })
-    .await;
+    let ns = namespace(&client, "late").await;
+    let watches = Watches::start(
+        client.clone(),
+        &WatchOptions {
+            namespaces: vec![ns.clone()],
+            discovery_min: Duration::from_millis(200),
+            discovery_max: Duration::from_secs(1),
+            ..WatchOptions::default()
+        },
+    )
+    .await
+    .expect("start");
     let result = async {
-        let watches = Watches::start(client.clone(), &WatchOptions::default())
-            .await
-            .expect("start");
         let ready = watches.wait_ready(Duration::from_secs(20)).await;
         (
             watches.skipped.clone(),
             ready,
             watches.stores.udp_routes.watched(),
             watches.stores.tcp_routes.watched(),
+            watches.pending(),
         )
     }
     .await;
@@ -365,18 +367,50 @@ async fn missing_optional_crd_is_skipped_not_fatal() {
             .then_some(())
     })
     .await;
-    let (skipped, ready, udp, tcp) = result;
+    let (skipped, ready, udp, tcp, pending) = result;
     assert_eq!(skipped, ["UDPRoute"]);
+    assert_eq!(pending, ["UDPRoute"]);
     assert!(ready, "the other watches start");
     assert!(!udp && tcp);
+
+    // The CRD is back: the same Watches start watching UDPRoutes by themselves.
+    let mut changes = watches.changes();
+    changes.borrow_and_update();
+    wait_for("UDPRoute watched after its CRD came back", || async {
+        watches.stores.udp_routes.watched().then_some(())
+    })
+    .await;
+    assert!(watches.pending().is_empty());
+    let routes: Api<gw::udproutes::UdpRoute> = Api::namespaced(client.clone(), &ns);
+    create(
+        &routes,
+        json!({
+            "apiVersion": "gateway.networking.k8s.io/v1",
+            "kind": "UDPRoute",
+            "metadata": {"name": "late", "namespace": ns},
+            "spec": {"parentRefs": [{"name": "gw"}], "rules": [{"backendRefs": [{"name": "dns", "port": 53}]}]}
+        }),
+    )
+    .await;
+    wait_for("the late UDPRoute in the snapshot", || async {
+        let s = watches.stores.snapshot();
+        s.udp_routes
+            .iter()
+            .any(|r| r.metadata.name.as_deref() == Some("late"))
+            .then_some(())
+    })
+    .await;
+    assert!(changes.has_changed().unwrap(), "a reconcile is signalled");
+    assert!(watches.running());
+    drop(watches);
+    drop_namespace(&client, &ns).await;
 }
 
 #[tokio::test]
+#[ignore = "needs a kube-apiserver: SWEETY_KUBECONFIG (e2e/controller-it.sh)"]
 async fn leader_election_with_two_candidates() {
     let _guard = LOCK.lock().await;
-    let Some(client) = cluster().await else {
-        return;
-    };
+    let client = cluster().await;
     let ns = namespace(&client, "lease").await;
     let opts = |id: &str| LeaseOptions {
         namespace: ns.clone(),
@@ -384,6 +418,7 @@ async fn leader_election_with_two_candidates() {
         identity: id.into(),
         lease_duration: Duration::from_secs(2),
         renew_every: Duration::from_millis(300),
+        owner_service_account: None,
     };
     let a = LeaderElector::new(client.clone(), opts("a"));
     let b = LeaderElector::new(client.clone(), opts("b"));
@@ -455,11 +490,10 @@ fn find<'a>(list: &'a Value, field: &str, value: &str) -> &'a Value {
 }
 
 #[tokio::test]
+#[ignore = "needs a kube-apiserver: SWEETY_KUBECONFIG (e2e/controller-it.sh)"]
 async fn status_writer_writes_only_changes_and_keeps_foreign_parents() {
     let _guard = LOCK.lock().await;
-    let Some(client) = cluster().await else {
-        return;
-    };
+    let client = cluster().await;
     let ns = namespace(&client, "status").await;
     let class_name = format!("{ns}-class");
     create::<gw::gatewayclasses::GatewayClass>(
@@ -786,11 +820,10 @@ async fn status_writer_writes_only_changes_and_keeps_foreign_parents() {
 /// EndpointSlices there still trigger reconciles (the per-Gateway mirrors depend on them), while
 /// other slices in that namespace do not, and none of them enters the snapshot.
 #[tokio::test]
+#[ignore = "needs a kube-apiserver: SWEETY_KUBECONFIG (e2e/controller-it.sh)"]
 async fn dataplane_slices_outside_the_watched_namespaces_trigger_reconciles() {
     let _guard = LOCK.lock().await;
-    let Some(client) = cluster().await else {
-        return;
-    };
+    let client = cluster().await;
     let ctl = namespace(&client, "dpctl").await;
     let apps = namespace(&client, "dpapps").await;
     let source: Api<EndpointSlice> = Api::namespaced(client.clone(), &ctl);
@@ -806,6 +839,7 @@ async fn dataplane_slices_outside_the_watched_namespaces_trigger_reconciles() {
         &WatchOptions {
             namespaces: vec![apps.clone()],
             dataplane_service: Some((ctl.clone(), "sweety".into())),
+            ..WatchOptions::default()
         },
     )
     .await
@@ -889,12 +923,158 @@ fn dataplane_slice(ns: &str, endpoints: &[(&str, bool)]) -> EndpointSlice {
     .unwrap()
 }
 
+/// The Lease of an installation is owned by its ServiceAccount (so `helm uninstall` takes it):
+/// set when the Lease is created, added to one that lacks it, and no Lease is created while
+/// the ServiceAccount is missing (an uninstall in progress would leave it behind).
 #[tokio::test]
+#[ignore = "needs a kube-apiserver: SWEETY_KUBECONFIG (e2e/controller-it.sh)"]
+async fn lease_is_owned_by_the_service_account() {
+    let _guard = LOCK.lock().await;
+    let client = cluster().await;
+    let ns = namespace(&client, "leaseowner").await;
+    let opts = |id: &str| LeaseOptions {
+        owner_service_account: Some("sweety".into()),
+        identity: id.into(),
+        ..LeaseOptions::new(&ns, "sweety-controller")
+    };
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
+    let a = LeaderElector::new(client.clone(), opts("a"));
+    assert!(
+        !a.try_acquire_or_renew().await.unwrap(),
+        "no Lease without its owner"
+    );
+    assert!(leases.get_opt("sweety-controller").await.unwrap().is_none());
+    let sa = create::<k8s_openapi::api::core::v1::ServiceAccount>(
+        &Api::namespaced(client.clone(), &ns),
+        json!({"metadata": {"name": "sweety"}}),
+    )
+    .await;
+    assert!(a.try_acquire_or_renew().await.unwrap());
+    let owner = |l: &Lease| {
+        l.metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .map(|o| (o.kind.clone(), o.name.clone(), o.uid.clone()))
+            .collect::<Vec<_>>()
+    };
+    let want = vec![(
+        "ServiceAccount".to_string(),
+        "sweety".to_string(),
+        sa.metadata.uid.clone().unwrap(),
+    )];
+    assert_eq!(owner(&leases.get("sweety-controller").await.unwrap()), want);
+    // An older release's Lease (no owner) gains it on the next renewal.
+    let mut l = leases.get("sweety-controller").await.unwrap();
+    l.metadata.owner_references = None;
+    leases
+        .replace("sweety-controller", &PostParams::default(), &l)
+        .await
+        .unwrap();
+    assert!(owner(&leases.get("sweety-controller").await.unwrap()).is_empty());
+    assert!(a.try_acquire_or_renew().await.unwrap());
+    assert_eq!(owner(&leases.get("sweety-controller").await.unwrap()), want);
+    drop_namespace(&client, &ns).await;
+}
+
+/// A per-Gateway Service and its EndpointSlices are owned by the Gateway's GatewayClass: when
+/// the class is deleted (helm uninstall) the garbage collector removes them, with no
+/// controller left to do it. The type and externalTrafficPolicy come from the desired Service.
+#[tokio::test]
+#[ignore = "needs a kube-apiserver: SWEETY_KUBECONFIG (e2e/controller-it.sh)"]
+async fn gateway_services_go_with_their_gateway_class() {
+    let _guard = LOCK.lock().await;
+    let client = cluster().await;
+    let ctl = namespace(&client, "gcctl").await;
+    let apps = namespace(&client, "gcapps").await;
+    let source: Api<EndpointSlice> = Api::namespaced(client.clone(), &ctl);
+    source
+        .create(
+            &PostParams::default(),
+            &dataplane_slice(&ctl, &[("10.1.0.7", true)]),
+        )
+        .await
+        .unwrap();
+    let classes: Api<gw::gatewayclasses::GatewayClass> = Api::all(client.clone());
+    let class_name = format!("gc-{apps}");
+    let class = create(
+        &classes,
+        json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "GatewayClass",
+               "metadata": {"name": class_name},
+               "spec": {"controllerName": "sweety.dev/gc-test"}}),
+    )
+    .await;
+    let services = GatewayServices::new(client.clone(), &ctl, Some("sweety".into()), FIELD_MANAGER);
+    let name = format!("sweety-gw-{apps}-web");
+    let desired = vec![GatewayService {
+        gateway_namespace: apps.clone(),
+        gateway_name: "web".into(),
+        name: name.clone(),
+        service_type: "NodePort".into(),
+        ports: vec![ServicePort {
+            name: "http".into(),
+            protocol: "TCP".into(),
+            port: 80,
+            target_port: 20000,
+        }],
+        requested_addresses: vec![],
+        labels: Default::default(),
+        annotations: Default::default(),
+        external_traffic_policy: Some("Local".into()),
+        owner: Some(sweety_controller::translate::ClassOwner {
+            name: class_name.clone(),
+            uid: class.metadata.uid.clone().unwrap(),
+        }),
+    }];
+    services.sync(&desired).await.expect("sync");
+    let svc_api: Api<Service> = Api::namespaced(client.clone(), &apps);
+    let svc = svc_api.get(&name).await.unwrap();
+    let spec = svc.spec.clone().unwrap();
+    assert_eq!(spec.type_.as_deref(), Some("NodePort"));
+    assert_eq!(spec.external_traffic_policy.as_deref(), Some("Local"));
+    let owners = |m: &kube::api::ObjectMeta| -> Vec<String> {
+        m.owner_references
+            .iter()
+            .flatten()
+            .map(|o| format!("{}/{}", o.kind, o.name))
+            .collect()
+    };
+    assert_eq!(
+        owners(&svc.metadata),
+        [format!("GatewayClass/{class_name}")]
+    );
+    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), &apps);
+    let slice = slices.get(&format!("{name}-ipv4")).await.unwrap();
+    assert_eq!(
+        owners(&slice.metadata),
+        [format!("GatewayClass/{class_name}")]
+    );
+    // A second sync finds nothing to change (owner and policy compare equal).
+    let again = services.sync(&desired).await.expect("sync again");
+    assert!(again.applied.is_empty(), "{:?}", again.applied);
+
+    classes
+        .delete(&class_name, &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_for(
+        "the Service and its slice collected with their class",
+        || async {
+            let svc = svc_api.get_opt(&name).await.ok()?;
+            let slice = slices.get_opt(&format!("{name}-ipv4")).await.ok()?;
+            (svc.is_none() && slice.is_none()).then_some(())
+        },
+    )
+    .await;
+    drop_namespace(&client, &ctl).await;
+    drop_namespace(&client, &apps).await;
+}
+
+#[tokio::test]
+#[ignore = "needs a kube-apiserver: SWEETY_KUBECONFIG (e2e/controller-it.sh)"]
 async fn gateway_services_are_created_updated_and_deleted() {
     let _guard = LOCK.lock().await;
-    let Some(client) = cluster().await else {
-        return;
-    };
+    let client = cluster().await;
     // The controller's namespace (dataplane Service, an older release's Services) and the
     // Gateways' namespace (where the per-Gateway Services and EndpointSlices go now).
     let ctl = namespace(&client, "gwsvc").await;
@@ -961,6 +1141,8 @@ async fn gateway_services_are_created_updated_and_deleted() {
             requested_addresses: vec![],
             labels: BTreeMap::from([("team".to_string(), "a".to_string())]),
             annotations: Default::default(),
+            external_traffic_policy: None,
+            owner: None,
         },
         GatewayService {
             gateway_namespace: apps.clone(),
@@ -976,6 +1158,8 @@ async fn gateway_services_are_created_updated_and_deleted() {
             requested_addresses: vec![],
             labels: Default::default(),
             annotations: Default::default(),
+            external_traffic_policy: None,
+            owner: None,
         },
     ];
     let report = services.sync(&desired).await.expect("sync");
@@ -1216,6 +1400,7 @@ async fn gateway_services_are_created_updated_and_deleted() {
 }
 
 #[tokio::test]
+#[ignore = "needs a kube-apiserver: SWEETY_KUBECONFIG (e2e/controller-it.sh)"]
 async fn run_loop_leads_reconciles_on_changes_and_releases() {
     use sweety_controller::health::Health;
     use sweety_controller::metrics::Metrics;
@@ -1223,9 +1408,7 @@ async fn run_loop_leads_reconciles_on_changes_and_releases() {
     use sweety_controller::run::{run, RunOptions};
     use sweety_controller::translate::Params;
     let _guard = LOCK.lock().await;
-    let Some(client) = cluster().await else {
-        return;
-    };
+    let client = cluster().await;
     let ns = namespace(&client, "run").await;
     let services: Api<Service> = Api::namespaced(client.clone(), &ns);
     // An owned per-Gateway Service no Gateway asks for any more: the leader deletes it.
@@ -1251,6 +1434,7 @@ async fn run_loop_leads_reconciles_on_changes_and_releases() {
             identity: "run-test".into(),
             lease_duration: Duration::from_secs(5),
             renew_every: Duration::from_secs(1),
+            owner_service_account: None,
         }),
         initial_sync_timeout: Duration::from_secs(20),
         status: Default::default(),
@@ -1336,11 +1520,10 @@ async fn run_loop_leads_reconciles_on_changes_and_releases() {
 }
 
 #[tokio::test]
+#[ignore = "needs a kube-apiserver: SWEETY_KUBECONFIG (e2e/controller-it.sh)"]
 async fn status_writer_policy_ancestors_keep_foreign_entries() {
     let _guard = LOCK.lock().await;
-    let Some(client) = cluster().await else {
-        return;
-    };
+    let client = cluster().await;
     let ns = namespace(&client, "policy").await;
     let api: Api<gw::backendtlspolicies::BackendTlsPolicy> = Api::namespaced(client.clone(), &ns);
     create(
@@ -1482,6 +1665,7 @@ async fn http_head(port: u16, host: &str) -> Option<String> {
 }
 
 #[tokio::test]
+#[ignore = "needs a kube-apiserver: SWEETY_KUBECONFIG (e2e/controller-it.sh)"]
 async fn end_to_end_gateway_is_programmed_after_the_dataplane_acks() {
     use sweety_controller::health::Health;
     use sweety_controller::metrics::Metrics;
@@ -1491,9 +1675,7 @@ async fn end_to_end_gateway_is_programmed_after_the_dataplane_acks() {
     use sweety_dataplane::control::ControlServer;
     use sweety_dataplane::runtime::{Runtime, RuntimeOptions};
     let _guard = LOCK.lock().await;
-    let Some(client) = cluster().await else {
-        return;
-    };
+    let client = cluster().await;
     let ns = namespace(&client, "e2e").await;
     let ctl = namespace(&client, "e2e-ctl").await;
     let class_name = format!("{ns}-class");
@@ -1777,11 +1959,10 @@ async fn end_to_end_gateway_is_programmed_after_the_dataplane_acks() {
 }
 
 #[tokio::test]
+#[ignore = "needs a kube-apiserver: SWEETY_KUBECONFIG (e2e/controller-it.sh)"]
 async fn status_writer_sweety_site_conditions_and_addresses() {
     let _guard = LOCK.lock().await;
-    let Some(client) = cluster().await else {
-        return;
-    };
+    let client = cluster().await;
     let ns = namespace(&client, "site").await;
     let api: Api<sweety_crds::SweetySite> = Api::namespaced(client.clone(), &ns);
     create(&api, json!({
@@ -1931,6 +2112,7 @@ async fn site_programmed(api: &Api<sweety_crds::SweetySite>, name: &str) -> Opti
 /// the controller's own status writes are ignored by the watches, so one spec change costs
 /// exactly one reconcile (counted by cause).
 #[tokio::test]
+#[ignore = "needs a kube-apiserver: SWEETY_KUBECONFIG (e2e/controller-it.sh)"]
 async fn run_loop_pushes_before_statuses_and_reconciles_once_per_change() {
     use sweety_controller::health::Health;
     use sweety_controller::metrics::Metrics;
@@ -1939,9 +2121,7 @@ async fn run_loop_pushes_before_statuses_and_reconciles_once_per_change() {
     use sweety_controller::status_worker::StatusOptions;
     use sweety_controller::translate::Params;
     let _guard = LOCK.lock().await;
-    let Some(client) = cluster().await else {
-        return;
-    };
+    let client = cluster().await;
     let ns = namespace(&client, "conv").await;
     let sites: Api<sweety_crds::SweetySite> = Api::namespaced(client.clone(), &ns);
     create(&sites, json!({

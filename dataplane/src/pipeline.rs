@@ -1,5 +1,7 @@
 //! The one request pipeline every protocol goes through (see docs/request-phases.md):
 //!
+//! 0. **identity**: one normalised authority and path, and checked body framing, or 400
+//!    ([`crate::identity`]);
 //! 1. **admit**: a request from TLS early data (HTTP/3 0-RTT) with an unsafe method gets 425
 //!    Too Early; otherwise take a slot from the backpressure core (bounded wait, else 503 +
 //!    Retry-After);
@@ -43,29 +45,75 @@ pub async fn handle(
     protocol: Protocol,
     req: Request<Body>,
 ) -> Response<Body> {
-    serve(shared, conn, protocol, req, None, Instant::now(), false)
-        .await
-        .0
+    let (mut resp, stored) = serve(shared, conn, protocol, req, None, Instant::now()).await;
+    if let Some(head) = stored {
+        head.materialize(&mut resp, false);
+    }
+    resp
 }
 
-/// [`handle`] for Sweety's HTTP/2 engine: `snap` is the current snapshot (the connection keeps
-/// it between requests, see `Shared::snapshot_for`), `start` is when the engine read the
-/// request (its clock reading for the batch), and a cache hit's stored head may come back as a
-/// [`StoredHead`] instead of in the response's header map (when nothing in the response phase
-/// needs the map); the engine sends it ahead of the map's fields.
-///
-/// The request future itself, not a wrapper around it: a wrapping `async fn` would copy the
-/// whole unstarted request future (~2.7 KB) into its own state once per request.
-pub fn handle_h2(
+/// The pipeline as Sweety's HTTP/2 engine's service for one connection. It keeps the
+/// snapshot of its last request while no reload happened (`Shared::snapshot_for`), starts each
+/// request at the engine's clock reading for the batch it came in, and lets a cache hit's
+/// stored head go to the engine as it is (the engine sends it ahead of the map's fields)
+/// when nothing in the response phase needs the map.
+pub struct H2Pipeline {
     shared: Arc<Shared>,
     conn: Arc<ConnInfo>,
-    req: Request<Body>,
-    snap: Arc<crate::runtime::Snapshot>,
-    start: Instant,
-) -> impl std::future::Future<Output = (Response<Body>, Option<StoredHead>)> + Send {
-    serve(shared, conn, Protocol::Http2, req, Some(snap), start, true)
+    snap: Option<(u64, Arc<crate::runtime::Snapshot>)>,
 }
 
+impl H2Pipeline {
+    /// The service of one connection.
+    pub fn new(shared: Arc<Shared>, conn: Arc<ConnInfo>) -> H2Pipeline {
+        H2Pipeline {
+            shared,
+            conn,
+            snap: None,
+        }
+    }
+}
+
+/// A request's answer as the engine runs it: the request future itself, boxed where it is
+/// built (a wrapping `async fn` would copy the whole unstarted future, ~2.7 KB, per request).
+type H2Answer =
+    Pin<Box<dyn std::future::Future<Output = (Response<Body>, Option<StoredHead>)> + Send>>;
+
+impl sweety_h2::H2Service for H2Pipeline {
+    type Head = StoredHead;
+    type Future = H2Answer;
+
+    fn call(&mut self, req: Request<Body>, now: Instant) -> H2Answer {
+        let (shared, conn) = (self.shared.clone(), self.conn.clone());
+        let snap = self.shared.snapshot_for(&mut self.snap);
+        sweety_h2::box_in_place(move || serve(shared, conn, Protocol::Http2, req, Some(snap), now))
+    }
+
+    fn limit_hit(&self, what: &'static str) {
+        self.shared.metrics.limit_hit(what);
+    }
+
+    fn connection_error(&self, reason: sweety_h2::Reason, why: &'static str) {
+        tracing::debug!(%reason, why, peer = %self.conn.peer, "HTTP/2 connection error");
+        self.shared.metrics.edge_events.inc(&"h2_connection_error");
+    }
+
+    fn on_poll(&mut self) {
+        if !self.shared.is_current(&self.snap) {
+            // A reload happened: hold no older config than the in-flight requests do.
+            self.snap = None;
+        }
+    }
+
+    fn on_idle(&mut self) {
+        self.snap = None;
+    }
+}
+
+/// Phases 1–7 of one request. `snap`: the snapshot to use (else the current one); `start`:
+/// when the request was read. A cache hit's stored head may come back beside the response
+/// ([`StoredHead`]) instead of in its header map, when nothing in the response phase needs
+/// the map: [`handle`] puts it into the map, the HTTP/2 engine sends it pre-encoded.
 async fn serve(
     shared: Arc<Shared>,
     conn: Arc<ConnInfo>,
@@ -73,12 +121,15 @@ async fn serve(
     req: Request<Body>,
     snap: Option<Arc<crate::runtime::Snapshot>>,
     start: Instant,
-    engine: bool,
 ) -> (Response<Body>, Option<StoredHead>) {
     let snap = snap.unwrap_or_else(|| shared.snapshot());
     let view = snap.listener(&conn.listener);
     // The real client behind trusted proxies (see `crate::access`).
     let mut req = req;
+    // A client that is not a trusted proxy cannot claim another address, host or scheme.
+    if !snap.access.client_ip.is_trusted(conn.peer.ip()) {
+        crate::proxy::forward::drop_client_forwarding(req.headers_mut());
+    }
     let conn = if snap.access.client_ip.is_empty() {
         conn
     } else {
@@ -86,10 +137,25 @@ async fn serve(
     };
     let limits = &snap.config.limits;
 
+    // 0. one identity: authority, path and body framing (see `crate::identity`).
+    let refused =
+        crate::identity::establish(&mut req, protocol, &snap.config.path_normalization).err();
+
     // 1. admit
     let too_early = req.extensions().get::<EarlyData>().is_some()
         && !crate::ctx::early_data_allowed(req.method());
-    let permit = if too_early {
+    // The client's share of the request slots (`limits.max_requests_per_client`).
+    let client = if too_early || refused.is_some() {
+        Ok(None)
+    } else {
+        shared
+            .client_requests
+            .try_take(conn.peer.ip(), limits.max_requests_per_client)
+    };
+    let over_client = client.is_err();
+    // Boxed: the request future (moved per request) grows by a pointer, not by the slot.
+    let client_slot = client.ok().flatten().map(Box::new);
+    let permit = if too_early || refused.is_some() || over_client {
         None
     } else {
         let limit = view.and_then(|v| v.limit.as_deref());
@@ -112,10 +178,24 @@ async fn serve(
     let method = req.method().clone();
     let grpc = crate::grpc::kind(req.headers());
 
-    let served = if too_early {
+    let served = if let Some(e) = refused {
+        shared.metrics.limit_hit("malformed_request");
+        Served::unrouted(e.response())
+    } else if too_early {
         shared.metrics.limit_hit("early_data");
         let status = StatusCode::from_u16(425).expect("425 is a valid status");
         let r = text_response(status, "425 Too Early: retry after the handshake\n");
+        Served::unrouted(r)
+    } else if over_client {
+        shared.metrics.limit_hit("client_requests");
+        let mut r = text_response(
+            StatusCode::TOO_MANY_REQUESTS,
+            "429 Too Many Requests: too many requests in flight from this client\n",
+        );
+        r.headers_mut().insert(
+            header::RETRY_AFTER,
+            HeaderValue::from(limits.retry_after_seconds),
+        );
         Served::unrouted(r)
     } else if permit.is_none() {
         let mut r = text_response(
@@ -128,7 +208,7 @@ async fn serve(
         );
         Served::unrouted(r)
     } else {
-        route_and_serve(&shared, &snap, view, &ctx, req, engine).await
+        route_and_serve(&shared, &snap, view, &ctx, req).await
     };
     let Served {
         route: route_name,
@@ -149,7 +229,7 @@ async fn serve(
         }) || grpc.is_some()
             || alt_svc.is_some_and(|_| head.contains(&header::ALT_SVC));
         if needs_map {
-            head.materialize(&mut resp, engine);
+            head.materialize(&mut resp, protocol == Protocol::Http2);
         } else {
             stored = Some(head);
         }
@@ -197,6 +277,7 @@ async fn serve(
         route: route_name,
         log,
         _permit: permit,
+        _client: client_slot,
     };
     let resp = resp.map(|inner| {
         crate::body::boxed(AccountedBody {
@@ -289,9 +370,8 @@ async fn route_and_serve<'a>(
     view: Option<&ListenerView>,
     ctx: &RequestCtx,
     req: Request<Body>,
-    engine: bool,
 ) -> Served<'a> {
-    match route(shared, snap, view, ctx, req, engine) {
+    match route(shared, snap, view, ctx, req) {
         Routed::Answered(s) => s,
         Routed::Act(a) => act(shared, snap, ctx, *a).await,
     }
@@ -304,7 +384,6 @@ fn route<'a>(
     view: Option<&ListenerView>,
     ctx: &RequestCtx,
     req: Request<Body>,
-    engine: bool,
 ) -> Routed<'a> {
     let Some(view) = view else {
         return Routed::Answered(Served::unrouted(text_response(
@@ -438,7 +517,8 @@ fn route<'a>(
                     &host,
                     &parts.uri,
                     &parts.headers,
-                )?;
+                )?
+                .scoped(&format!("{} {} {}", ctx.scheme(), view.port, entry.name));
                 Some((cp, key))
             }),
         _ => None,
@@ -447,10 +527,12 @@ fn route<'a>(
     // lookup found goes on to `Cache::serve`.
     let mut found = None;
     if let Some((_, key)) = &cache_key {
-        match shared
-            .cache
-            .fresh_hit(key, &parts.headers, ctx.start, engine)
-        {
+        match shared.cache.fresh_hit(
+            key,
+            &parts.headers,
+            ctx.start,
+            ctx.protocol == Protocol::Http2,
+        ) {
             Ok((hit, stored)) => {
                 let hit = crate::access::hold(hit, in_flight);
                 return Routed::Answered(Served::routed(route_name, hit, matched, stored));
@@ -562,8 +644,20 @@ async fn act<'a>(
                     }
                 }
             }
-            Action::Static(site) => Box::pin(shared.static_files.serve(site, &parts)).await,
+            Action::Static(site) => {
+                if let Err(e) =
+                    crate::identity::settle_body(body, limits.body_idle_timeout.get()).await
+                {
+                    return crate::identity::IdentityError::from(e).response();
+                }
+                Box::pin(shared.static_files.serve(site, &parts)).await
+            }
             Action::Fixed(f) => {
+                if let Err(e) =
+                    crate::identity::settle_body(body, limits.body_idle_timeout.get()).await
+                {
+                    return crate::identity::IdentityError::from(e).response();
+                }
                 let mut r = Response::new(crate::body::full(Bytes::from(f.body.clone())));
                 *r.status_mut() = StatusCode::from_u16(f.status).unwrap_or(StatusCode::OK);
                 if let Some(ct) = f
@@ -757,6 +851,8 @@ struct Finish {
     route: Arc<str>,
     log: Option<LogStart>,
     _permit: Option<RequestPermit>,
+    /// The client's slot (`limits.max_requests_per_client`), released with the request's.
+    _client: Option<Box<crate::client_caps::ClientSlot>>,
 }
 
 impl Finish {

@@ -48,7 +48,7 @@ use super::status::{Condition, IngressStatus, LoadBalancerIngress, ObjectKey, Ob
 use super::Builder;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::networking::v1::{Ingress, IngressBackend, IngressClass};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use sweety_config::{
     Action, Certificate, FixedResponse, Listener, ListenerProtocol, ListenerTls, PathMatch,
@@ -362,8 +362,9 @@ pub(crate) struct PathRoute {
     pub(crate) regex: bool,
 }
 
-/// Translate every Ingress of our class.
-pub fn translate(b: &mut Builder<'_>) {
+/// Translate every Ingress of our class. Returns the hostnames the Ingresses serve on the
+/// shared listeners (what a SweetySite may no longer take: [`super::site::translate`]).
+pub fn translate(b: &mut Builder<'_>) -> BTreeSet<String> {
     let params = b.params;
     let class = b
         .snapshot
@@ -383,7 +384,7 @@ pub fn translate(b: &mut Builder<'_>) {
         .cloned()
         .collect();
     if ours.is_empty() {
-        return;
+        return BTreeSet::new();
     }
     // Oldest first; names break ties so the order is total.
     ours.sort_by(|a, b| {
@@ -570,7 +571,11 @@ pub fn translate(b: &mut Builder<'_>) {
     front_listeners(b, certificates);
     let https = has_https(b);
 
+    let mut served = BTreeSet::new();
     for (host, mut routes) in hosts {
+        if !host.is_empty() {
+            served.insert(host.clone());
+        }
         nginx::order_regex_host(&mut routes);
         let served_tls = https && (host.is_empty() || covered(&tls_hosts, &host));
         let https_routes: Vec<Route> = routes
@@ -658,6 +663,7 @@ pub fn translate(b: &mut Builder<'_>) {
             }
         }
     }
+    served
 }
 
 fn host_list(hosts: &[String]) -> String {

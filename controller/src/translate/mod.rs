@@ -87,6 +87,9 @@ pub struct Params {
     pub content_dir: String,
     /// Serve HTTP/3 on HTTPS listeners unless a SweetyProxyConfig or SweetySite says otherwise.
     pub http3: bool,
+    /// Type of the per-Gateway Services (`LoadBalancer`, `NodePort` or `ClusterIP`) unless the
+    /// GatewayClass's SweetyProxyConfig sets `service.type`.
+    pub gateway_service_type: String,
 }
 
 impl Default for Params {
@@ -104,6 +107,7 @@ impl Default for Params {
             listen_address: "0.0.0.0".into(),
             content_dir: "/var/run/sweety/content".into(),
             http3: true,
+            gateway_service_type: "LoadBalancer".into(),
         }
     }
 }
@@ -129,8 +133,15 @@ pub struct GatewayService {
     pub gateway_name: String,
     /// Service name in the Gateway's namespace.
     pub name: String,
-    /// `LoadBalancer` unless the GatewayClass parameters say otherwise.
+    /// `Params::gateway_service_type` unless the GatewayClass parameters say otherwise.
     pub service_type: String,
+    /// `externalTrafficPolicy` from the GatewayClass parameters (NodePort and LoadBalancer).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub external_traffic_policy: Option<String>,
+    /// The Gateway's GatewayClass, owner of the Service and its EndpointSlices: deleting the
+    /// class (`helm uninstall`) lets the garbage collector remove them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<ClassOwner>,
     pub ports: Vec<ServicePort>,
     /// Addresses requested through Gateway `spec.addresses` (IP values), if any.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -141,6 +152,14 @@ pub struct GatewayService {
     /// Gateway `spec.infrastructure.annotations` for the Service (ours win on a clash).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub annotations: BTreeMap<String, String>,
+}
+
+/// A GatewayClass as an owner reference (cluster-scoped, so it may own namespaced objects).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClassOwner {
+    pub name: String,
+    pub uid: String,
 }
 
 /// A directory of static files built from a ConfigMap, to be written under
@@ -181,8 +200,8 @@ pub(crate) fn regex_escape(s: &str) -> String {
 pub fn translate(snapshot: &Snapshot, params: &Params) -> Output {
     let mut b = Builder::new(snapshot, params);
     gateway::translate(&mut b);
-    ingress::translate(&mut b);
-    site::translate(&mut b);
+    let ingress_hosts = ingress::translate(&mut b);
+    site::translate(&mut b, &ingress_hosts);
     b.finish()
 }
 

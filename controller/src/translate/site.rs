@@ -56,8 +56,10 @@ pub const KIND: &str = "SweetySite";
 
 const IMMUTABLE: &str = "public, max-age=31536000, immutable";
 
-/// Translate every SweetySite.
-pub fn translate(b: &mut Builder<'_>) {
+/// Translate every SweetySite. `ingress_hosts` are the hostnames the Ingresses already serve
+/// on the shared listeners (what [`super::ingress::translate`] returned): a site asking for one
+/// of them conflicts.
+pub fn translate(b: &mut Builder<'_>, ingress_hosts: &BTreeSet<String>) {
     let mut sites: Vec<Arc<SweetySite>> = b.snapshot.sites.to_vec();
     if sites.is_empty() {
         return;
@@ -73,14 +75,10 @@ pub fn translate(b: &mut Builder<'_>) {
         key(x).cmp(&key(y))
     });
     // Hostnames already served on the shared listeners, and by whom.
-    let mut claimed: BTreeMap<String, String> = BTreeMap::new();
-    for vh in &b.virtual_hosts {
-        if vh.name.starts_with("ingress/") {
-            for h in &vh.hostnames {
-                claimed.insert(h.clone(), "an Ingress".into());
-            }
-        }
-    }
+    let mut claimed: BTreeMap<String, String> = ingress_hosts
+        .iter()
+        .map(|h| (h.clone(), "an Ingress".to_string()))
+        .collect();
     let addresses: Vec<Address> = load_balancer(b)
         .into_iter()
         .flat_map(|lb| {
@@ -515,6 +513,7 @@ fn static_site(
         precompressed: true,
         cache_control: cache.or_else(|| spa.then(|| "no-cache".into())),
         strip_prefix: strip(r),
+        hide_dotfiles: true,
     }
 }
 
@@ -540,6 +539,7 @@ fn asset_route(name: &str, r: &SiteRoute, sub: &str, root: &std::path::Path) -> 
             precompressed: true,
             cache_control: Some(IMMUTABLE.into()),
             strip_prefix: strip(r),
+            hide_dotfiles: true,
         }),
         timeouts: Default::default(),
         retry: None,

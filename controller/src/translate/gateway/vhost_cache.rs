@@ -21,7 +21,7 @@
 //! and name, and two routes giving different backends under one name.
 
 use super::capture::{self, Object};
-use super::emit::{self, GwLayout, PortL4Route};
+use super::emit::{self, GatewayLayout, PortL4Route};
 use super::listeners::RouteKind;
 use super::routes::{self, Collected, SortKey};
 use super::{policy, World};
@@ -116,7 +116,7 @@ impl Unsupported {
 /// See the module docs.
 pub struct VhostMemo {
     world: World,
-    layout: Vec<GwLayout>,
+    layout: Vec<GatewayLayout>,
     routes: HashMap<usize, RouteMemo>,
     ids: HashMap<RouteId, usize>,
     /// Rules of each virtual host by (sort key, kind): the first kind of a sort key wins.
@@ -528,7 +528,13 @@ impl VhostMemo {
                 .gateways
                 .iter()
                 .zip(&self.layout)
-                .filter_map(|(gw, lay)| emit::service(gw, lay.service_ports.clone()))
+                .filter_map(|(gw, lay)| {
+                    emit::service(
+                        gw,
+                        lay.service_ports.clone(),
+                        &b.params.gateway_service_type,
+                    )
+                })
                 .collect();
             self.gateway_services.sort_by(|a, b| a.name.cmp(&b.name));
         }
@@ -558,7 +564,7 @@ impl VhostMemo {
 
 /// The name and (None: no rules left) the virtual host of `hk` with `rules`.
 fn host(
-    layout: &[GwLayout],
+    layout: &[GatewayLayout],
     hk: &HostKey,
     rules: Option<&BTreeMap<(SortKey, RouteKind), Route>>,
 ) -> (String, Option<VirtualHost>) {
