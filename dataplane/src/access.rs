@@ -3,7 +3,7 @@
 //! token-bucket rate limits per key and limits of requests in flight per key (429 with
 //! `Retry-After`).
 //!
-//! [`Edge`] is built with each config snapshot: the client-IP rules and, for every route with
+//! [`AccessRules`] is built with each config snapshot: the client-IP rules and, for every route with
 //! `rate_limit` or `ip_access` filters, its compiled rules. Rate-limit buckets live in
 //! [`Zones`], owned by the runtime, so they survive reloads while a zone with the same name
 //! and settings exists. Each zone's key table is bounded (`max_keys`): past it the least
@@ -507,18 +507,18 @@ impl RouteRules {
     }
 }
 
-/// The compiled edge rules of one config snapshot.
+/// The compiled access rules of one config snapshot.
 #[derive(Debug, Default)]
-pub struct Edge {
+pub struct AccessRules {
     /// Real client IP rules.
     pub client_ip: ClientIpRules,
     routes: HashMap<usize, RouteRules>,
 }
 
-impl Edge {
+impl AccessRules {
     /// True when `route` has rules compiled here (IP access lists, rate and concurrency
     /// limits): a config change that touches no such route and not `client_ip` leaves the
-    /// `Edge` as it was.
+    /// `AccessRules` as it was.
     pub fn has_route_rules(route: &sweety_config::Route) -> bool {
         route.filters.iter().any(|f| {
             matches!(
@@ -529,7 +529,7 @@ impl Edge {
     }
 
     /// Compiles the rules of `routes` (zones come from, and are kept in, `zones`).
-    pub fn build(client_ip: &ClientIp, routes: &RouteTable, zones: &Zones) -> Edge {
+    pub fn build(client_ip: &ClientIp, routes: &RouteTable, zones: &Zones) -> AccessRules {
         let mut out = HashMap::new();
         let mut keep = Vec::new();
         let mut keep_in_flight = Vec::new();
@@ -561,7 +561,7 @@ impl Edge {
             }
         }
         zones.retain(&keep, &keep_in_flight);
-        Edge {
+        AccessRules {
             client_ip: ClientIpRules::new(client_ip),
             routes: out,
         }

@@ -48,14 +48,14 @@ pub struct CompiledFilters {
     cors: Option<CompiledCors>,
     /// Mirror filters, in config order.
     mirrors: Vec<Mirror>,
-    /// Edge features: compression, response cache, gRPC options (the last filter of each kind
+    /// Content handling: compression, response cache, gRPC options (the last filter of each kind
     /// wins).
-    edge: EdgeFilters,
+    content: ContentFilters,
 }
 
 /// The compiled `compress`, `cache` and `grpc` filters of a route.
 #[derive(Debug, Default, Clone)]
-pub struct EdgeFilters {
+pub struct ContentFilters {
     /// Response compression (`None`: off).
     pub compress: Option<crate::compress::CompressPolicy>,
     /// Response caching (`None`: off).
@@ -516,10 +516,10 @@ impl CompiledFilters {
                 // Applied by the pipeline before every other filter (see `crate::access`).
                 Filter::RateLimit(_) | Filter::IpAccess(_) | Filter::ConcurrencyLimit(_) => {}
                 Filter::Compress(c) => {
-                    out.edge.compress = crate::compress::CompressPolicy::compile(c)
+                    out.content.compress = crate::compress::CompressPolicy::compile(c)
                 }
-                Filter::Cache(c) => out.edge.cache = Some(c.clone()),
-                Filter::Grpc(g) => out.edge.grpc = Some(g.clone()),
+                Filter::Cache(c) => out.content.cache = Some(c.clone()),
+                Filter::Grpc(g) => out.content.grpc = Some(g.clone()),
             }
         }
         Ok(out)
@@ -531,14 +531,14 @@ impl CompiledFilters {
             && self.response.is_empty()
             && self.cors.is_none()
             && self.mirrors.is_empty()
-            && self.edge.compress.is_none()
-            && self.edge.cache.is_none()
-            && self.edge.grpc.is_none()
+            && self.content.compress.is_none()
+            && self.content.cache.is_none()
+            && self.content.grpc.is_none()
     }
 
     /// The route's compression, cache and gRPC settings.
-    pub fn edge(&self) -> &EdgeFilters {
-        &self.edge
+    pub fn content(&self) -> &ContentFilters {
+        &self.content
     }
 
     /// Applies request-side filters in order: request header modifiers, URL rewrite (path and

@@ -79,10 +79,10 @@ async fn serve(
     let view = snap.listener(&conn.listener);
     // The real client behind trusted proxies (see `crate::access`).
     let mut req = req;
-    let conn = if snap.edge.client_ip.is_empty() {
+    let conn = if snap.access.client_ip.is_empty() {
         conn
     } else {
-        snap.edge.client_ip.resolve(&conn, req.headers_mut())
+        snap.access.client_ip.resolve(&conn, req.headers_mut())
     };
     let limits = &snap.config.limits;
 
@@ -112,11 +112,11 @@ async fn serve(
     let method = req.method().clone();
     let grpc = crate::grpc::kind(req.headers());
 
-    let (route_name, mut resp, filters_entry, mut stored) = if too_early {
+    let served = if too_early {
         shared.metrics.limit_hit("early_data");
         let status = StatusCode::from_u16(425).expect("425 is a valid status");
         let r = text_response(status, "425 Too Early: retry after the handshake\n");
-        (Arc::<str>::from(NO_ROUTE), r, None, None)
+        Served::unrouted(r)
     } else if permit.is_none() {
         let mut r = text_response(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -126,10 +126,16 @@ async fn serve(
             header::RETRY_AFTER,
             HeaderValue::from(limits.retry_after_seconds),
         );
-        (Arc::<str>::from(NO_ROUTE), r, None, None)
+        Served::unrouted(r)
     } else {
         route_and_serve(&shared, &snap, view, &ctx, req, engine).await
     };
+    let Served {
+        route: route_name,
+        response: mut resp,
+        matched: filters_entry,
+        mut stored,
+    } = served;
 
     // 6. response filters
     let alt_svc = view
@@ -139,7 +145,7 @@ async fn serve(
         // A hit's stored head stays out of the header map only if nothing below reads or
         // replaces its fields.
         let needs_map = filters_entry.as_ref().is_some_and(|m| {
-            m.entry.filters.has_response_filters() || m.entry.filters.edge().compress.is_some()
+            m.entry.filters.has_response_filters() || m.entry.filters.content().compress.is_some()
         }) || grpc.is_some()
             || alt_svc.is_some_and(|_| head.contains(&header::ALT_SVC));
         if needs_map {
@@ -154,7 +160,7 @@ async fn serve(
             m.entry.filters.on_response(m.origin.as_ref(), &mut parts);
             resp = Response::from_parts(parts, body);
         }
-        if let Some(c) = &m.entry.filters.edge().compress {
+        if let Some(c) = &m.entry.filters.content().compress {
             resp = crate::compress::apply(c, &method, &m.accept_encoding, resp);
         }
     }
@@ -202,12 +208,43 @@ async fn serve(
     (resp, stored)
 }
 
-type Served<'a> = (
-    Arc<str>,
-    Response<Body>,
-    Option<Matched<'a>>,
-    Option<StoredHead>,
-);
+/// What phases 2–5 made of one request: its response and what the response phase needs.
+struct Served<'a> {
+    /// The matched route's name ([`NO_ROUTE`] when no route matched).
+    route: Arc<str>,
+    response: Response<Body>,
+    /// The matched route, for the response filters.
+    matched: Option<Matched<'a>>,
+    /// A cache hit's stored head, kept out of the header map while nothing reads it.
+    stored: Option<StoredHead>,
+}
+
+impl<'a> Served<'a> {
+    /// A response no route is accountable for (a refusal before routing, or no route matched).
+    fn unrouted(response: Response<Body>) -> Served<'a> {
+        Served {
+            route: Arc::from(NO_ROUTE),
+            response,
+            matched: None,
+            stored: None,
+        }
+    }
+
+    /// A response of the matched route.
+    fn routed(
+        route: Arc<str>,
+        response: Response<Body>,
+        matched: Matched<'a>,
+        stored: Option<StoredHead>,
+    ) -> Served<'a> {
+        Served {
+            route,
+            response,
+            matched: Some(matched),
+            stored,
+        }
+    }
+}
 
 /// The route a request matched, for the response filters.
 struct Matched<'a> {
@@ -269,17 +306,11 @@ fn route<'a>(
     req: Request<Body>,
     engine: bool,
 ) -> Routed<'a> {
-    let no_route = || Arc::<str>::from(NO_ROUTE);
     let Some(view) = view else {
-        return Routed::Answered((
-            no_route(),
-            text_response(
-                StatusCode::NOT_FOUND,
-                "404 Not Found: listener is being removed\n",
-            ),
-            None,
-            None,
-        ));
+        return Routed::Answered(Served::unrouted(text_response(
+            StatusCode::NOT_FOUND,
+            "404 Not Found: listener is being removed\n",
+        )));
     };
     let limits = &snap.config.limits;
     if let Some(len) = req
@@ -289,11 +320,8 @@ fn route<'a>(
     {
         if len > limits.max_request_body_bytes {
             shared.metrics.limit_hit("body_too_large");
-            return Routed::Answered((
-                no_route(),
+            return Routed::Answered(Served::unrouted(
                 crate::limits::BodyLimitError::TooLarge.response(),
-                None,
-                None,
             ));
         }
     }
@@ -307,15 +335,10 @@ fn route<'a>(
                 .as_ref()
                 .is_some_and(|s| s.misdirected(sni, &host))
             {
-                return Routed::Answered((
-                    no_route(),
-                    text_response(
-                        StatusCode::MISDIRECTED_REQUEST,
-                        "421 Misdirected Request: host does not match the TLS server name\n",
-                    ),
-                    None,
-                    None,
-                ));
+                return Routed::Answered(Served::unrouted(text_response(
+                    StatusCode::MISDIRECTED_REQUEST,
+                    "421 Misdirected Request: host does not match the TLS server name\n",
+                )));
             }
         }
     }
@@ -330,20 +353,15 @@ fn route<'a>(
     let (entry, prefix) = match snap.routes.lookup(&head) {
         Lookup::Matched(m) => (m.entry, m.prefix),
         Lookup::NoHost | Lookup::NoRoute => {
-            return Routed::Answered((
-                no_route(),
-                text_response(
-                    StatusCode::NOT_FOUND,
-                    "404 Not Found: no route matches this host and path\n",
-                ),
-                None,
-                None,
-            ));
+            return Routed::Answered(Served::unrouted(text_response(
+                StatusCode::NOT_FOUND,
+                "404 Not Found: no route matches this host and path\n",
+            )));
         }
     };
     let route_name = entry.name.clone();
     // What compression needs from the request, kept only for routes that compress.
-    let accept_encoding: Vec<HeaderValue> = match entry.filters.edge().compress {
+    let accept_encoding: Vec<HeaderValue> = match entry.filters.content().compress {
         Some(_) => req
             .headers()
             .get_all(header::ACCEPT_ENCODING)
@@ -365,19 +383,19 @@ fn route<'a>(
 
     // 4a. access rules: IP allow/deny lists (403), then rate and concurrency limits (429).
     let mut in_flight = Vec::new();
-    if let Some(rules) = snap.edge.route(&entry.route) {
+    if let Some(rules) = snap.access.route(&entry.route) {
         match rules.check(ctx.conn.peer.ip(), req.headers(), Instant::now()) {
             Ok(guards) => in_flight = guards,
             Err(refusal) => {
                 let r = crate::access::refusal_response(refusal, &shared.metrics);
-                return Routed::Answered((route_name, r, Some(matched), None));
+                return Routed::Answered(Served::routed(route_name, r, matched, None));
             }
         }
     }
     let upgrade = crate::websocket::upgrade_request(&req);
     let cache_host: Option<String> = entry
         .filters
-        .edge()
+        .content()
         .cache
         .as_ref()
         .map(|_| host.to_string());
@@ -389,18 +407,18 @@ fn route<'a>(
             .filters
             .on_request(&mut parts, ctx.scheme(), view.port, prefix)
     {
-        return Routed::Answered((route_name, r, Some(matched), None));
+        return Routed::Answered(Served::routed(route_name, r, matched, None));
     }
     for m in entry.filters.mirrors() {
         snap.upstreams.mirror(&parts, m, ctx);
     }
 
-    // What a proxy route with the edge features does with this request: gRPC-Web
+    // What a proxy route with content filters does with this request: gRPC-Web
     // translation, or the cache (with its key).
     let route = &entry.route;
-    let edge = entry.filters.edge();
+    let content = entry.filters.content();
     let web = match &route.action {
-        Action::Proxy(_) if upgrade.is_none() => edge
+        Action::Proxy(_) if upgrade.is_none() => content
             .grpc
             .as_ref()
             .filter(|g| g.web)
@@ -409,8 +427,11 @@ fn route<'a>(
         _ => None,
     };
     let cache_key = match &route.action {
-        Action::Proxy(_) if upgrade.is_none() && web.is_none() => {
-            edge.cache.as_ref().zip(cache_host).and_then(|(cp, host)| {
+        Action::Proxy(_) if upgrade.is_none() && web.is_none() => content
+            .cache
+            .as_ref()
+            .zip(cache_host)
+            .and_then(|(cp, host)| {
                 let key = crate::cache::request_key(
                     cp,
                     &parts.method,
@@ -419,8 +440,7 @@ fn route<'a>(
                     &parts.headers,
                 )?;
                 Some((cp, key))
-            })
-        }
+            }),
         _ => None,
     };
     // A fresh cache hit is answered here, before the upstream path is built; what else the
@@ -433,7 +453,7 @@ fn route<'a>(
         {
             Ok((hit, stored)) => {
                 let hit = crate::access::hold(hit, in_flight);
-                return Routed::Answered((route_name, hit, Some(matched), stored));
+                return Routed::Answered(Served::routed(route_name, hit, matched, stored));
             }
             Err(f) => found = f,
         }
@@ -472,11 +492,11 @@ async fn act<'a>(
     let limits = &snap.config.limits;
     let entry = matched.entry;
     let route = &entry.route;
-    let edge = entry.filters.edge();
+    let content = entry.filters.content();
     let action = async {
         match &route.action {
             Action::Proxy(p) => {
-                // The edge features' futures are boxed so that the common path's state machine
+                // The content filters' futures are boxed so that the common path's state machine
                 // (moved into a task per request) stays small.
                 if let Some(kind) = upgrade {
                     return Box::pin(crate::websocket::proxy(
@@ -518,7 +538,7 @@ async fn act<'a>(
                             body,
                             first,
                             |parts, body| {
-                                let coding = StoreCoding::of(edge.compress.as_ref(), &parts);
+                                let coding = StoreCoding::of(content.compress.as_ref(), &parts);
                                 let fetch = snap.upstreams.forward(
                                     Request::from_parts(parts, body),
                                     p,
@@ -576,7 +596,7 @@ async fn act<'a>(
         None => action.await,
     };
     let resp = crate::access::hold(resp, in_flight);
-    (route_name, resp, Some(matched), None)
+    Served::routed(route_name, resp, matched, None)
 }
 
 /// Compression of a fetched response before the cache stores it, on routes that cache and
@@ -629,7 +649,7 @@ fn refresher(
         protocol: ctx.protocol,
         start: ctx.start,
     };
-    let coding = StoreCoding::of(entry.filters.edge().compress.as_ref(), parts)
+    let coding = StoreCoding::of(entry.filters.content().compress.as_ref(), parts)
         .map(|c| (c.policy.clone(), c.accept));
     let mut req = Request::new(crate::body::empty());
     *req.method_mut() = http::Method::GET;

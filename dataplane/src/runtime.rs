@@ -83,7 +83,7 @@ pub struct Snapshot {
     pub http: hyper_util::server::conn::auto::Builder<StreamExecutor>,
     /// Client-IP rules, IP access lists and rate limits (shared by snapshots whose changes
     /// did not touch them).
-    pub edge: Arc<crate::access::Edge>,
+    pub access: Arc<crate::access::AccessRules>,
 }
 
 impl std::fmt::Debug for Snapshot {
@@ -120,7 +120,7 @@ impl Snapshot {
             ),
             listeners: HashMap::default(),
             by_key: HashMap::new(),
-            edge: Arc::default(),
+            access: Arc::default(),
         }
     }
 }
@@ -413,11 +413,11 @@ impl Runtime {
         // Serialises with other applies (no socket changes here).
         let _sockets = self.running.lock().await;
         let prev = self.shared.snapshot();
-        let mut edge_touched = false;
+        let mut access_touched = false;
         let routes = prev
             .routes
             .patch(config, edit, &mut |e| {
-                edge_touched |= crate::access::Edge::has_route_rules(&e.route)
+                access_touched |= crate::access::AccessRules::has_route_rules(&e.route)
             })
             .map_err(|e| ApplyError::Invalid(vec![e.to_string()]))?;
         let upstreams = if backends_changed {
@@ -431,14 +431,14 @@ impl Runtime {
         } else {
             prev.upstreams.clone()
         };
-        let edge = if edge_touched {
-            Arc::new(crate::access::Edge::build(
+        let access = if access_touched {
+            Arc::new(crate::access::AccessRules::build(
                 &config.client_ip,
                 &routes,
                 &self.shared.rate_zones,
             ))
         } else {
-            prev.edge.clone()
+            prev.access.clone()
         };
         let mut kept = Config::clone(&prev.config);
         kept.generation = config.generation;
@@ -452,7 +452,7 @@ impl Runtime {
             upstreams,
             listeners: prev.listeners.clone(),
             by_key: prev.by_key.clone(),
-            edge,
+            access,
         };
         self.publish(snapshot, false);
         if backends_changed {
@@ -723,7 +723,7 @@ impl Runtime {
             .into_iter()
             .filter_map(|(_, l, _, q)| Some((bind_key(l), q?)))
             .collect();
-        let edge = Arc::new(crate::access::Edge::build(
+        let access = Arc::new(crate::access::AccessRules::build(
             &config.client_ip,
             &routes,
             &self.shared.rate_zones,
@@ -744,7 +744,7 @@ impl Runtime {
             listeners,
             by_key,
             config: Arc::new(kept),
-            edge,
+            access,
         };
 
         // Swap.

@@ -1103,8 +1103,8 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
         self.on_header_block(c.stream, c.end_stream, c.bad_priority, &c.block)
     }
 
-    fn decode(&mut self, block: &[u8], trailers: bool) -> Result<Head_, Fault> {
-        let mut h = Head_::default();
+    fn decode(&mut self, block: &[u8], trailers: bool) -> Result<DecodedBlock, Fault> {
+        let mut h = DecodedBlock::default();
         let max = self.cfg.max_header_bytes as usize;
         let r = self.decoder.decode(block, max, |f| h.field(f, trailers));
         match r {
@@ -1223,7 +1223,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Driver<I> {
         self.start_stream(id, end_stream, h)
     }
 
-    fn start_stream(&mut self, id: u32, end_stream: bool, h: Head_) -> FResult {
+    fn start_stream(&mut self, id: u32, end_stream: bool, h: DecodedBlock) -> FResult {
         let mut s = Stream::new(self.peer_initial_window, self.cfg.stream_window as i64);
         let request = match h.into_request() {
             // A tunnel whose client side ends at once cannot be one (the backend would be
@@ -1932,7 +1932,7 @@ fn h_content_length(h: &HeaderMap) -> Result<Option<u64>, ()> {
 /// A decoded request (or trailer) header block, validated field by field (RFC 9113 §8.2,
 /// §8.3).
 #[derive(Default)]
-struct Head_ {
+struct DecodedBlock {
     method: Option<Method>,
     scheme: Option<http::uri::Scheme>,
     authority: Option<Bytes>,
@@ -1945,7 +1945,7 @@ struct Head_ {
     too_large: bool,
 }
 
-impl Head_ {
+impl DecodedBlock {
     fn field(&mut self, f: Field<'_>, trailers: bool) {
         if self.malformed.is_some() {
             return;
@@ -2008,7 +2008,7 @@ impl Head_ {
 
     /// The request (body to be set) and whether it is an extended CONNECT (a tunnel).
     fn into_request(self) -> Result<(Request<()>, bool), &'static str> {
-        let Head_ {
+        let DecodedBlock {
             method,
             scheme,
             authority,
@@ -2097,8 +2097,8 @@ mod tests {
         }
     }
 
-    fn head(fields: &[(&str, &str)], trailers: bool) -> Head_ {
-        let mut h = Head_::default();
+    fn head(fields: &[(&str, &str)], trailers: bool) -> DecodedBlock {
+        let mut h = DecodedBlock::default();
         for (n, v) in fields {
             h.field(field(n, v), trailers);
         }

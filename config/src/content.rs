@@ -1,4 +1,4 @@
-//! Config types of the HTTP edge features: response compression, the response cache and gRPC
+//! Config types of content handling: response compression, the response cache and gRPC
 //! options (`compress`, `cache` and `grpc` route filters), and the process-wide cache store
 //! bounds (`cache` at the top level). Everything here is off unless configured.
 

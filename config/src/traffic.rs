@@ -1,4 +1,4 @@
-//! Config types of the edge network features: rate limits and IP access rules (route
+//! Config types of traffic policy: rate limits and IP access rules (route
 //! filters), the real client address (trusted proxies, `X-Forwarded-For` depth, PROXY
 //! protocol), session affinity and consistent hashing, active health checks, and layer-4 proxy
 //! settings; plus CIDR parsing and the checks `validate` runs on them.
@@ -543,7 +543,7 @@ pub(crate) fn check_client_ip(c: &ClientIp, listeners: &[crate::Listener]) -> Pr
     out
 }
 
-pub(crate) fn check_backend_edge(b: &crate::Backend) -> Problems {
+pub(crate) fn check_backend_traffic(b: &crate::Backend) -> Problems {
     let mut out = Vec::new();
     if let Some(s) = &b.session_persistence {
         if crate::validate::check_token(&s.name, "token").is_err() {
@@ -775,7 +775,7 @@ backends:
             !paths.contains(&"backends[0].tls.subject_alt_names[0]"),
             "URI SANs are fine"
         );
-        // Defaults serialize to nothing: configs without edge features look as before.
+        // Defaults serialize to nothing: configs without traffic policy look as before.
         let plain = crate::Config::default();
         let yaml = serde_yaml::to_string(&plain).unwrap();
         assert!(

@@ -3,7 +3,7 @@
 //! Field names are `snake_case` in YAML/JSON. Every struct rejects unknown fields so a typo is
 //! an error rather than a silently ignored setting. Defaults are chosen for a production edge.
 
-use crate::edgenet::{
+use crate::traffic::{
     ClientIp, HashPolicy, HealthCheck, IpAccess, L4Settings, RateLimit, SessionPersistence,
 };
 use crate::Duration;
@@ -418,7 +418,7 @@ pub enum Filter {
     /// IP allow and deny lists (403). Checked before the other request filters.
     IpAccess(IpAccess),
     /// Requests in flight per key at most (429 past it). Checked with the rate limits.
-    ConcurrencyLimit(crate::edgenet::ConcurrencyLimit),
+    ConcurrencyLimit(crate::traffic::ConcurrencyLimit),
     /// Compress responses (gzip, br, zstd) by the client's Accept-Encoding.
     Compress(crate::Compression),
     /// Cache responses in memory.

@@ -280,9 +280,9 @@ impl<'a> Validator<'a> {
         if log.buffer_lines == 0 {
             self.err("access_log.buffer_lines", "must be greater than 0");
         }
-        let found = crate::edgenet::check_client_ip(&cfg.client_ip, &cfg.listeners);
+        let found = crate::traffic::check_client_ip(&cfg.client_ip, &cfg.listeners);
         self.problems("client_ip", found);
-        self.problems("l4", crate::edgenet::check_l4(&cfg.l4));
+        self.problems("l4", crate::traffic::check_l4(&cfg.l4));
         if cfg.cache.max_bytes == 0 {
             self.err("cache.max_bytes", "must be greater than 0");
         }
@@ -709,15 +709,15 @@ impl<'a> Validator<'a> {
             Filter::Cors(c) => self.cors(&format!("{path}.cors"), c),
             Filter::RateLimit(r) => self.problems(
                 &format!("{path}.rate_limit"),
-                crate::edgenet::check_rate_limit(r),
+                crate::traffic::check_rate_limit(r),
             ),
             Filter::ConcurrencyLimit(c) => self.problems(
                 &format!("{path}.concurrency_limit"),
-                crate::edgenet::check_concurrency_limit(c),
+                crate::traffic::check_concurrency_limit(c),
             ),
             Filter::IpAccess(a) => self.problems(
                 &format!("{path}.ip_access"),
-                crate::edgenet::check_ip_access(a),
+                crate::traffic::check_ip_access(a),
             ),
             Filter::Compress(c) => self.compress(&format!("{path}.compress"), c),
             Filter::Cache(c) => self.cache_policy(&format!("{path}.cache"), c),
@@ -760,8 +760,8 @@ impl<'a> Validator<'a> {
         }
     }
 
-    /// Reports problems found by the edge-feature checks under `path`.
-    fn problems(&mut self, path: &str, found: crate::edgenet::Problems) {
+    /// Reports problems found by the traffic-policy checks under `path`.
+    fn problems(&mut self, path: &str, found: crate::traffic::Problems) {
         for (field, msg) in found {
             if field.is_empty() {
                 self.err(path, msg);
@@ -1045,7 +1045,7 @@ impl<'a> Validator<'a> {
             let msg = format!("must be at most 100, got {}", o.max_ejection_percent);
             self.err(format!("{path}.outlier.max_ejection_percent"), msg);
         }
-        self.problems(path, crate::edgenet::check_backend_edge(b));
+        self.problems(path, crate::traffic::check_backend_traffic(b));
     }
 
     // ---------------------------------------------------------------- limits
@@ -2821,7 +2821,7 @@ access_log: {enabled: true, path: /var/log/sweety/access.log, buffer_lines: 1024
         assert!(!overlaps(ip("10.0.0.1"), ip("10.0.0.2")));
     }
 
-    // ------------------------------------------------------------ edge filters (compress, cache, grpc)
+    // ------------------------------------------------------------ content filters (compress, cache, grpc)
 
     #[test]
     fn edge_filters_and_cache_bounds_report_paths() {

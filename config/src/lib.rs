@@ -13,18 +13,18 @@
 //! * [`Duration`] is a human-friendly duration (`"250ms"`, `"5s"`, `"2m"`).
 //! * [`wire`] encodes and decodes the frames of the controller → dataplane control protocol.
 
+mod content;
 pub mod delta;
 mod duration;
-mod edge;
-mod edgenet;
 mod model;
+mod traffic;
 mod validate;
 pub mod wire;
 
+pub use content::*;
 pub use duration::Duration;
-pub use edge::*;
-pub use edgenet::*;
 pub use model::*;
+pub use traffic::*;
 pub use validate::{check_pem, PemKind, ValidationError, ValidationErrors};
 
 /// Current schema version. A config with another `version` is rejected by validation.

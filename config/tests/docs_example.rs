@@ -29,7 +29,7 @@ fn config_blocks(markdown: &str) -> Vec<String> {
 
 #[test]
 fn doc_examples_parse_and_validate() {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/config.md");
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/config.md");
     let markdown = std::fs::read_to_string(path).expect("docs/config.md is readable");
     let blocks = config_blocks(&markdown);
     assert!(
