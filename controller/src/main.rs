@@ -286,8 +286,16 @@ async fn main() -> anyhow::Result<()> {
     };
     let client = client(args.kubeconfig.as_ref()).await?;
     let mut options = options;
-    options.params.default_certificate =
-        Some(default_certificate(&client, &args.default_certificate).await?);
+    options.params.default_certificate = Some(
+        match default_certificate(&client, &args.default_certificate).await {
+            Ok(c) => c,
+            Err(e) => {
+                // Still never a tenant's certificate: a generated one until a restart reads it.
+                tracing::error!(error = %format!("{e:#}"), "default certificate; using a generated self-signed one");
+                default_certificate(&client, "").await?
+            }
+        },
+    );
     let health = Health::new(Arc::new(Metrics::default()));
     let (addr, _server) = health::serve(args.metrics_address, health.clone()).await?;
     tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
