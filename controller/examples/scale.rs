@@ -2,7 +2,7 @@
 //!
 //! Builds a snapshot with one Gateway and N HTTPRoutes (plus Services and EndpointSlices),
 //! then measures, against a real `sweety-dataplane --control-socket` process:
-//! - translate (`TranslateCache::update`, empty cache), hash (`Pusher::submit_items_now`) and
+//! - translate (`TranslateCache::update`, empty cache), hash (`Pusher::submit`) and
 //!   push-until-Ack of the whole config;
 //! - single-route changes: incremental translate (`TranslateCache::update`, the reconcile
 //!   loop's path) + submit (tree hash over the items' digests) + push as an `ApplyDelta` until
@@ -126,7 +126,7 @@ async fn main() {
         }
     }
     // The controller's path: translate with the per-route cache (empty on the first run), then
-    // `submit_now` (serialize once, hash, queue), then the push until the dataplane's Ack.
+    // `Pusher::submit` (hash, queue), then the push until the dataplane's Ack.
     let mut cache = TranslateCache::default();
     let t0 = Instant::now();
     let cpu0 = thread_cpu_ms();
@@ -140,7 +140,7 @@ async fn main() {
         .map(|v| v.value.routes.len())
         .sum();
     let t1 = Instant::now();
-    let generation = pusher.submit_items_now(out.config.clone());
+    let generation = pusher.submit(out.config.clone());
     let t_encode = t1.elapsed();
     let t2 = Instant::now();
     wait_acked(&pusher, generation).await;
@@ -159,7 +159,7 @@ async fn main() {
 
     // Single-route changes. The clock starts where the reconcile loop learns of a watch event
     // (the edited object is in the snapshot); then what `run.rs` does: translate with the
-    // cache, `submit_now`, and the dataplane applies and acknowledges.
+    // cache, `Pusher::submit`, and the dataplane applies and acknowledges.
     let mut lat = Vec::with_capacity(changes);
     let mut parts = [Vec::new(), Vec::new(), Vec::new()];
     let (cpu_self, cpu_dp) = (cpu_ms("self"), cpu_ms(pid));
@@ -179,7 +179,7 @@ async fn main() {
         let config = cache.update(&snap, &params).config.clone();
         let t_tr = t.elapsed();
         assert_eq!(cache.stats().translated, 1, "one route translated again");
-        let generation = pusher.submit_items_now(config);
+        let generation = pusher.submit(config);
         let t_sub = t.elapsed();
         wait_acked(&pusher, generation).await;
         let total = t.elapsed();

@@ -11,7 +11,7 @@
 //!
 //! Ownership is by label: `app.kubernetes.io/managed-by: sweety`, the Gateway's namespace and
 //! name labels (values longer than 63 characters are shortened with a hash suffix) and
-//! [`OWNER_LABEL`] = the controller's namespace (so two installations never delete each other's
+//! [`OWNER_LABEL`](crate::labels::OWNER_LABEL) = the controller's namespace (so two installations never delete each other's
 //! objects). The Service also carries the standard `gateway.networking.k8s.io/gateway-name`
 //! label and the Gateway's `spec.infrastructure` labels and annotations (e.g. load-balancer
 //! annotations of a cloud provider); ours win where a key clashes. The EndpointSlices carry
@@ -23,6 +23,11 @@
 //! the controller's namespace, a watch of just the dataplane Service's slices there does:
 //! `WatchOptions::dataplane_service`).
 
+use crate::labels::{
+    GATEWAY_ANNOTATION, GATEWAY_NAMESPACE_LABEL, GATEWAY_NAME_LABEL, INFRASTRUCTURE_KEYS,
+    MANAGED_BY, MANAGED_BY_LABEL, OWNER_LABEL, SERVICE_NAME_LABEL, SLICE_MANAGED_BY,
+    SLICE_MANAGED_BY_LABEL, STANDARD_GATEWAY_NAME_LABEL,
+};
 use crate::translate::GatewayService;
 use crate::Error;
 use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
@@ -34,22 +39,6 @@ use kube::{Api, Client};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 
-pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
-pub const MANAGED_BY: &str = "sweety";
-pub const GATEWAY_NAMESPACE_LABEL: &str = "sweety.dev/gateway-namespace";
-pub const GATEWAY_NAME_LABEL: &str = "sweety.dev/gateway-name";
-/// The namespace of the controller installation that owns the object.
-pub const OWNER_LABEL: &str = "sweety.dev/owner";
-/// Annotation listing the Gateway `spec.infrastructure` keys set on the Service.
-pub const INFRASTRUCTURE_KEYS: &str = "sweety.dev/infrastructure-keys";
-/// The Gateway API's own label for resources created for a Gateway.
-pub const STANDARD_GATEWAY_NAME_LABEL: &str = "gateway.networking.k8s.io/gateway-name";
-/// The label tying an EndpointSlice to its Service (the one definition; translation reads it too).
-pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
-/// The label saying who manages an EndpointSlice.
-pub const SLICE_MANAGED_BY_LABEL: &str = "endpointslice.kubernetes.io/managed-by";
-/// Our value of [`SLICE_MANAGED_BY_LABEL`].
-pub const SLICE_MANAGED_BY: &str = "controller.sweety.dev";
 /// The API's limit of endpoints in one EndpointSlice; more dataplane Pods are left out (with a
 /// warning).
 pub const MAX_ENDPOINTS: usize = 1000;
@@ -292,7 +281,7 @@ impl GatewayServices {
             .collect();
         annotations.insert(INFRASTRUCTURE_KEYS.to_string(), keys.join(","));
         annotations.insert(
-            "sweety.dev/gateway".to_string(),
+            GATEWAY_ANNOTATION.to_string(),
             format!("{}/{}", d.gateway_namespace, d.gateway_name),
         );
         let load_balancer_ip = match d.requested_addresses.as_slice() {

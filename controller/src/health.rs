@@ -119,6 +119,7 @@ mod tests {
     #[tokio::test]
     async fn probes_and_metrics() {
         let health = Health::new(Arc::new(Metrics::default()));
+        health.metrics.reconciled("start");
         let (addr, task) = serve("127.0.0.1:0".parse().unwrap(), health.clone())
             .await
             .unwrap();
@@ -129,7 +130,10 @@ mod tests {
         health.live.store(false, Ordering::Relaxed);
         assert!(get(addr, "/healthz").await.starts_with("HTTP/1.1 503"));
         let m = get(addr, "/metrics").await;
-        assert!(m.contains("sweety_controller_reconciles_total 0"), "{m}");
+        assert!(
+            m.contains("sweety_controller_reconciles_total{cause=\"start\"} 1\n"),
+            "{m}"
+        );
         assert!(get(addr, "/nope").await.starts_with("HTTP/1.1 404"));
         task.abort();
     }

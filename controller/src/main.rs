@@ -13,10 +13,11 @@ use sweety_controller::leader::LeaseOptions;
 use sweety_controller::metrics::Metrics;
 use sweety_controller::push::{PushOptions, Pusher};
 use sweety_controller::run::{run, RunOptions};
+use sweety_controller::status_worker::StatusOptions;
 use sweety_controller::translate::{DefaultCertificate, Params};
 use sweety_controller::watch::WatchOptions;
 
-/// mimalloc: less fragmentation and lower RSS across config reloads (docs/benchmarks.md).
+/// mimalloc: less fragmentation and lower RSS across config reloads (e2e/bench/HISTORY.md, "Earlier measurements").
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
@@ -133,6 +134,15 @@ struct Args {
     /// dataplane still refuses loopback, link-local, metadata and its own addresses.
     #[arg(long, env = "SWEETY_ALLOW_EXTERNAL_NAME", default_value_t = false)]
     allow_external_name: bool,
+    /// Status writes in flight at once (the status worker; config pushes never wait for it).
+    #[arg(long, env = "SWEETY_STATUS_CONCURRENCY", default_value_t = 8)]
+    status_concurrency: usize,
+    /// Client-side rate limit of status writes: writes per second.
+    #[arg(long, env = "SWEETY_STATUS_QPS", default_value_t = 500.0)]
+    status_qps: f64,
+    /// Client-side rate limit of status writes: burst size.
+    #[arg(long, env = "SWEETY_STATUS_BURST", default_value_t = 500)]
+    status_burst: u32,
 }
 
 /// `namespace=pattern|pattern` entries of `--pinned-hostnames`.
@@ -283,6 +293,12 @@ async fn main() -> anyhow::Result<()> {
             .leader_elect
             .then(|| LeaseOptions::new(&args.namespace, &args.lease_name)),
         initial_sync_timeout: Duration::from_secs(60),
+        status: StatusOptions {
+            concurrency: args.status_concurrency.clamp(1, 256),
+            qps: args.status_qps,
+            burst: args.status_burst,
+            ..StatusOptions::default()
+        },
     };
     let client = client(args.kubeconfig.as_ref()).await?;
     let mut options = options;

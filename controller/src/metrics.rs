@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 /// Upper bounds (seconds) of the duration histograms.
@@ -64,9 +64,22 @@ impl Histogram {
 /// Every metric the controller exports.
 #[derive(Default)]
 pub struct Metrics {
-    /// Reconciles run (snapshot → translate → push → Services → status).
+    /// Reconciles run (snapshot → translate → submit to the pusher → offer the statuses to
+    /// the status worker), all causes together; by cause in `reconcile_causes`.
     pub reconciles: AtomicU64,
+    /// Reconciles by cause: `start`, or the kind of the first watch event it covers.
+    reconcile_causes: Mutex<BTreeMap<&'static str, u64>>,
+    /// One reconcile; no API write happens inside it.
     pub reconcile_duration: Histogram,
+    /// From the first watch event a reconcile covers to the dataplane's Ack of the config it
+    /// submitted (only reconciles that changed the config).
+    pub event_to_ack: Histogram,
+    /// Statuses waiting to be written or in flight (see `status_worker`).
+    pub status_queue_depth: AtomicU64,
+    /// One status write (or one object's Events), request(s) included.
+    pub status_write_duration: Histogram,
+    /// Watch events by kind, passed on or ignored (status-only updates).
+    pub watch: OnceLock<Arc<crate::watch::Activity>>,
     /// Calls of the pure `translate`.
     pub translates: AtomicU64,
     pub translate_duration: Histogram,
@@ -75,11 +88,12 @@ pub struct Metrics {
     pub full_translates: AtomicU64,
     /// Of those, plain translations because the memo could not serve.
     pub plain_translates: AtomicU64,
-    /// Time from `submit` to the dataplane's Ack of that generation.
+    /// Time from submitting a config to the pusher to the dataplane's Ack of that generation
+    /// (as the pusher received it).
     pub push_latency: Histogram,
     /// Size of the last config submitted, JSON-encoded.
     pub config_bytes: AtomicU64,
-    /// Status subresources written (server-side apply calls).
+    /// Status subresources written (server-side apply calls) and Event sets published.
     pub status_writes: AtomicU64,
     /// 1 while this replica holds the leader lease.
     pub leader: AtomicU64,
@@ -102,6 +116,25 @@ impl Metrics {
         m.get(kind).copied().unwrap_or(0)
     }
 
+    /// Count one reconcile of this cause.
+    pub fn reconciled(&self, cause: &'static str) {
+        self.reconciles.fetch_add(1, Ordering::Relaxed);
+        let mut m = self
+            .reconcile_causes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        *m.entry(cause).or_default() += 1;
+    }
+
+    /// Reconciles counted so far for one cause.
+    pub fn reconciles_of(&self, cause: &str) -> u64 {
+        let m = self
+            .reconcile_causes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        m.get(cause).copied().unwrap_or(0)
+    }
+
     /// Replace the per-kind object counts.
     pub fn set_objects(&self, counts: &[(&'static str, usize)]) {
         let mut m = self.objects.lock().unwrap_or_else(|e| e.into_inner());
@@ -120,17 +153,43 @@ impl Metrics {
                 v.load(Ordering::Relaxed)
             );
         };
-        counter(
-            &mut out,
-            "sweety_controller_reconciles_total",
-            "Reconciles run.",
-            &self.reconciles,
-            "counter",
+        let _ = writeln!(
+            out,
+            "# HELP sweety_controller_reconciles_total Reconciles run, by cause (start, or the kind of the first watch event covered).\n# TYPE sweety_controller_reconciles_total counter"
         );
+        for (cause, n) in self
+            .reconcile_causes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+        {
+            let _ = writeln!(
+                out,
+                "sweety_controller_reconciles_total{{cause=\"{cause}\"}} {n}"
+            );
+        }
         self.reconcile_duration.render(
             &mut out,
             "sweety_controller_reconcile_duration_seconds",
-            "Duration of one reconcile.",
+            "Duration of one reconcile (snapshot, translate, submit, queue statuses; no API writes).",
+        );
+        if let Some(w) = self.watch.get() {
+            let _ = writeln!(
+                out,
+                "# HELP sweety_controller_watch_events_total Watch events by kind; outcome ignored: a status-only update.\n# TYPE sweety_controller_watch_events_total counter"
+            );
+            for ((kind, passed), n) in w.events() {
+                let outcome = if passed { "reconcile" } else { "ignored" };
+                let _ = writeln!(
+                    out,
+                    "sweety_controller_watch_events_total{{kind=\"{kind}\",outcome=\"{outcome}\"}} {n}"
+                );
+            }
+        }
+        self.event_to_ack.render(
+            &mut out,
+            "sweety_controller_watch_event_to_ack_seconds",
+            "Time from the first watch event a reconcile covers to the dataplane's Ack of its config.",
         );
         counter(
             &mut out,
@@ -161,7 +220,7 @@ impl Metrics {
         self.push_latency.render(
             &mut out,
             "sweety_controller_push_latency_seconds",
-            "Time from submitting a config to the dataplane's Ack.",
+            "Time from submitting a config to the pusher to the dataplane's Ack of it.",
         );
         counter(
             &mut out,
@@ -173,9 +232,21 @@ impl Metrics {
         counter(
             &mut out,
             "sweety_controller_status_writes_total",
-            "Status subresource writes.",
+            "Status subresource writes (and Event sets published).",
             &self.status_writes,
             "counter",
+        );
+        counter(
+            &mut out,
+            "sweety_controller_status_queue_depth",
+            "Statuses waiting to be written or in flight.",
+            &self.status_queue_depth,
+            "gauge",
+        );
+        self.status_write_duration.render(
+            &mut out,
+            "sweety_controller_status_write_duration_seconds",
+            "Duration of one status write, requests included.",
         );
         counter(
             &mut out,
@@ -214,7 +285,11 @@ mod tests {
     #[test]
     fn renders_counters_histograms_and_labels() {
         let m = Metrics::default();
-        m.reconciles.fetch_add(2, Ordering::Relaxed);
+        m.reconciled("start");
+        m.reconciled("HTTPRoute");
+        m.reconciled("HTTPRoute");
+        m.status_queue_depth.store(7, Ordering::Relaxed);
+        m.event_to_ack.observe(Duration::from_millis(4));
         m.full_translates.store(5, Ordering::Relaxed);
         m.plain_translates.store(3, Ordering::Relaxed);
         m.translate_duration.observe(Duration::from_millis(3));
@@ -223,8 +298,15 @@ mod tests {
         m.set_objects(&[("Gateway", 4)]);
         let text = m.render();
         assert!(
-            text.contains("sweety_controller_reconciles_total 2\n"),
+            text.contains("sweety_controller_reconciles_total{cause=\"HTTPRoute\"} 2\n"),
             "{text}"
+        );
+        assert!(text.contains("sweety_controller_reconciles_total{cause=\"start\"} 1\n"));
+        assert_eq!(m.reconciles.load(Ordering::Relaxed), 3);
+        assert_eq!(m.reconciles_of("HTTPRoute"), 2);
+        assert!(text.contains("sweety_controller_status_queue_depth 7\n"));
+        assert!(
+            text.contains("sweety_controller_watch_event_to_ack_seconds_bucket{le=\"0.005\"} 1\n")
         );
         assert!(
             text.contains("sweety_controller_translate_duration_seconds_bucket{le=\"0.0025\"} 0\n")

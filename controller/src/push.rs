@@ -3,19 +3,18 @@
 //! described in docs/control-protocol.md.
 //!
 //! * [`Pusher::submit`] numbers a config (the next generation) only when its content hash
-//!   changed. The hash is the per-item tree hash ([`sweety_config::delta::Digests`]): only
-//!   listeners, virtual hosts and backends that differ from the previous submit are
-//!   serialized for it. [`Pusher::submit_items_now`] takes the config as [`ConfigItems`]
-//!   (the translate cache's): items that did not change are the same allocations with their
-//!   digests, so nothing is compared or serialized for them, and the pusher keeps no copy of
-//!   the config (its latest and base configs share the translate cache's items).
+//!   changed. The hash is the per-item tree hash ([`sweety_config::delta::Digests`]). The
+//!   config comes as [`ConfigItems`] (the translate cache's): items that did not change are
+//!   the same allocations with their digests, so nothing is compared or serialized for them,
+//!   and the pusher keeps no copy of the config (its latest and base configs share the
+//!   translate cache's items).
 //! * The first push on a connection is a full `Apply`; later ones are `ApplyDelta`s against
 //!   the config last sent on the connection, carrying only changed items. A `Nack`ed delta
 //!   (base mismatch, or a result the dataplane rejects) is followed by the full config.
-//! * Debounce: an isolated change is sent after a short quiet period (a quarter of
-//!   [`PushOptions::debounce`]); a burst of changes keeps extending it, but never past
-//!   `debounce` after the burst's first change. Only the latest config of a burst is sent.
-//!   [`Pusher::submit_now`] skips the wait, for callers that coalesce bursts themselves.
+//! * A submitted config is sent at once: bursts are coalesced before the pusher, by the
+//!   reconcile loop's debounce ([`crate::run`]). Only the latest config is kept, so configs
+//!   submitted while a frame is being written, or while the dataplane is unreachable, are
+//!   replaced by the newest and never sent.
 //! * On every connection the dataplane's `Hello` says which generation and hash it runs: a
 //!   matching hash is not resent; otherwise the latest config is sent at once, renumbered
 //!   above the dataplane's generation if needed, so generations keep increasing across
@@ -31,7 +30,6 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use sweety_config::wire::{self, FrameHeader, Hello, Message, HEADER_LEN};
-use sweety_config::Config;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::UnixStream;
 use tokio::sync::{mpsc, watch};
@@ -49,10 +47,6 @@ const INITIAL_BACKOFF: Duration = Duration::from_millis(50);
 pub struct PushOptions {
     /// The dataplane's control socket (`sweety-dataplane --control-socket PATH`).
     pub socket: PathBuf,
-    /// Bursts of submits within this window are coalesced into one push (default 20 ms). A
-    /// change is sent after a quiet period of a quarter of it, at most this long after the
-    /// burst's first change.
-    pub debounce: Duration,
     /// Longest wait between reconnect attempts (backoff doubles up to this).
     pub max_backoff: Duration,
 }
@@ -61,7 +55,6 @@ impl Default for PushOptions {
     fn default() -> Self {
         PushOptions {
             socket: PathBuf::from("/var/run/sweety/control.sock"),
-            debounce: Duration::from_millis(20),
             max_backoff: Duration::from_secs(2),
         }
     }
@@ -81,6 +74,8 @@ pub struct PushState {
     pub acked: u64,
     /// The last rejection: generation and the dataplane's errors.
     pub last_nack: Option<(u64, Vec<String>)>,
+    /// When the pusher received the last `Ack` (for latency metrics).
+    pub acked_at: Option<std::time::Instant>,
 }
 
 /// Push counters, for the controller's `/metrics`.
@@ -125,8 +120,6 @@ struct Latest {
     generation: u64,
     hash: String,
     body: Arc<ConfigItems>,
-    /// Submitted with [`Pusher::submit_now`]: sent without waiting for a quiet period.
-    urgent: bool,
 }
 
 #[derive(Default)]
@@ -177,39 +170,13 @@ impl Pusher {
     }
 
     /// Offer a config. When its content hash differs from the last submitted one it gets the
-    /// next generation and is pushed (debounced); otherwise the current generation is returned
-    /// and nothing is sent.
-    pub fn submit(&self, config: Config) -> u64 {
-        self.offer(config, false)
-    }
-
-    /// Like [`Pusher::submit`], but a changed config is sent at once, without the debounce:
-    /// for callers that coalesce their own bursts (the reconcile loop does).
-    pub fn submit_now(&self, config: Config) -> u64 {
-        self.offer(config, true)
-    }
-
-    /// Like [`Pusher::submit_now`] for a config given as items: unchanged items are the same
-    /// allocations as in the previous submit (the translate cache keeps them), so only the
-    /// changed ones cost anything here and in the delta.
-    pub fn submit_items_now(&self, items: ConfigItems) -> u64 {
+    /// next generation and is pushed at once; otherwise the current generation is returned and
+    /// nothing is sent. Unchanged items are the same allocations as in the previous submit
+    /// (the translate cache keeps them), so only the changed ones cost anything here and in
+    /// the delta.
+    pub fn submit(&self, items: ConfigItems) -> u64 {
         let hash = items.hash();
-        self.queue_items(Arc::new(items), hash, true)
-    }
-
-    fn offer(&self, config: Config, urgent: bool) -> u64 {
-        // Items (and digests) of unchanged items come from the previous submit.
-        let prev = self.shared.queue().latest.as_ref().map(|l| l.body.clone());
-        let items = match &prev {
-            Some(p) => ConfigItems::from_config_reusing(config, p),
-            None => ConfigItems::from_config(config),
-        };
-        drop(prev);
-        let hash = items.hash();
-        self.queue_items(Arc::new(items), hash, urgent)
-    }
-
-    fn queue_items(&self, body: Arc<ConfigItems>, hash: String, urgent: bool) -> u64 {
+        let body = Arc::new(items);
         let generation = {
             let mut q = self.shared.queue();
             if let Some(l) = &q.latest {
@@ -229,7 +196,6 @@ impl Pusher {
                 generation,
                 hash,
                 body,
-                urgent,
             });
             generation
         };
@@ -284,7 +250,7 @@ async fn run(shared: Arc<Shared>, opts: PushOptions, mut changed: watch::Receive
                     generation = hello.generation,
                     "connected to the dataplane"
                 );
-                session(&shared, &opts, &mut changed, stream, hello).await
+                session(&shared, &mut changed, stream, hello).await
             }
             Err(e) => End::Closed(e),
         };
@@ -406,7 +372,6 @@ struct Inflight {
 
 async fn session(
     shared: &Shared,
-    opts: &PushOptions,
     changed: &mut watch::Receiver<u64>,
     stream: UnixStream,
     hello: Hello,
@@ -437,10 +402,7 @@ async fn session(
     // The config last sent on this connection (the base of the next delta); `None` until
     // the first full `Apply`, and again after a `Nack`ed delta.
     let mut base: Option<(u64, Arc<ConfigItems>)> = None;
-    let quiet = opts.debounce / 4;
     let mut inflight: VecDeque<Inflight> = VecDeque::new();
-    // First and last change of the current burst; none right after connecting (send at once).
-    let mut burst: Option<(Instant, Instant)> = None;
     loop {
         let pending = {
             let q = shared.queue();
@@ -448,14 +410,10 @@ async fn session(
                 .as_ref()
                 .filter(|l| l.generation != attempted)
                 .filter(|l| l.generation != running.0 || l.hash != running.1)
-                .map(|l| (l.generation, l.hash.clone(), l.body.clone(), l.urgent))
+                .map(|l| (l.generation, l.hash.clone(), l.body.clone()))
         };
-        let now = Instant::now();
-        let deadline = match (&pending, burst) {
-            (None, _) => None,
-            (Some((_, _, _, true)), _) | (Some(_), None) => Some(now),
-            (Some(_), Some((first, last))) => Some((last + quiet).min(first + opts.debounce)),
-        };
+        // Every ready branch has its turn (`select!` picks at random), so Acks are read
+        // between sends.
         tokio::select! {
             m = rx.recv() => match m {
                 None => return End::Closed(io::Error::new(
@@ -470,7 +428,11 @@ async fn session(
                     }
                     c.acks.fetch_add(1, Relaxed);
                     tracing::debug!(generation, "dataplane acknowledged");
-                    shared.state.send_modify(|s| s.acked = generation);
+                    let at = std::time::Instant::now();
+                    shared.state.send_modify(|s| {
+                        s.acked = generation;
+                        s.acked_at = Some(at);
+                    });
                 }
                 Some(Ok(Message::Nack { generation, errors })) => {
                     // The dataplane kept its previous config: no base to build deltas on.
@@ -490,18 +452,11 @@ async fn session(
                 Some(Ok(other)) => return End::Closed(invalid(format!(
                     "unexpected {:?} frame from the dataplane", other.kind()))),
             },
-            r = changed.changed() => {
-                if r.is_err() {
-                    return End::Dropped;
-                }
-                let now = Instant::now();
-                burst = Some((burst.map_or(now, |b| b.0), now));
-            }
-            _ = tokio::time::sleep_until(deadline.unwrap_or(now + Duration::from_secs(3600))),
-                if deadline.is_some() =>
-            {
-                let Some((generation, hash, body, _)) = pending else { continue };
-                burst = None;
+            r = changed.changed() => if r.is_err() {
+                return End::Dropped;
+            },
+            () = std::future::ready(()), if pending.is_some() => {
+                let Some((generation, hash, body)) = pending else { continue };
                 let delta = base
                     .as_ref()
                     .and_then(|(g, b)| body.delta_from(b, &hash).map(|d| (*g, d)));
@@ -525,12 +480,21 @@ async fn session(
                 match tokio::time::timeout(WRITE_TIMEOUT, wr.write_all(&frame)).await {
                     Ok(Ok(())) => {}
                     Ok(Err(e)) => return End::Closed(e),
-                    Err(_) => return End::Closed(io::Error::new(
-                        io::ErrorKind::TimedOut, "writing to the dataplane timed out")),
+                    Err(_) => {
+                        return End::Closed(io::Error::new(
+                            io::ErrorKind::TimedOut,
+                            "writing to the dataplane timed out",
+                        ))
+                    }
                 }
                 attempted = generation;
                 let is_delta = delta.is_some();
-                inflight.push_back(Inflight { generation, hash, sent: Instant::now(), delta: is_delta });
+                inflight.push_back(Inflight {
+                    generation,
+                    hash,
+                    sent: Instant::now(),
+                    delta: is_delta,
+                });
                 base = Some((generation, body));
                 c.pushes.fetch_add(1, Relaxed);
                 if is_delta {
@@ -564,6 +528,7 @@ fn settle(inflight: &mut VecDeque<Inflight>, generation: u64) -> Option<(Duratio
 mod tests {
     use super::*;
     use sweety_config::wire::decode_frame;
+    use sweety_config::Config;
 
     /// Reads the next Apply or ApplyDelta from a fake dataplane connection (10 s cap).
     async fn next_apply(s: &mut UnixStream, buf: &mut Vec<u8>) -> u64 {
@@ -588,22 +553,20 @@ mod tests {
         }
     }
 
-    fn config(body: &str) -> Config {
-        Config::from_yaml(&format!(
+    fn items(body: &str) -> ConfigItems {
+        ConfigItems::from_config(Config::from_yaml(&format!(
             "virtual_hosts: [{{name: v, routes: [{{name: r, action: {{fixed: {{status: 200, body: {body}}}}}}}]}}]"
         ))
-        .unwrap()
+        .unwrap())
     }
 
     #[tokio::test]
-    async fn submit_now_is_sent_without_waiting_for_the_debounce() {
+    async fn a_submit_is_sent_at_once_and_an_unchanged_one_not_at_all() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("c.sock");
         let listener = tokio::net::UnixListener::bind(&path).unwrap();
-        // A debounce far longer than the 10 s the test waits: only an urgent submit arrives.
         let pusher = Pusher::spawn(PushOptions {
             socket: path.clone(),
-            debounce: Duration::from_secs(600),
             max_backoff: Duration::from_millis(100),
         });
         let (mut s, _) = listener.accept().await.unwrap();
@@ -615,21 +578,15 @@ mod tests {
         s.write_all(&hello.encode().unwrap()).await.unwrap();
         let mut buf = Vec::new();
 
-        assert_eq!(pusher.submit_now(config("one")), 1);
+        assert_eq!(pusher.submit(items("one")), 1);
         assert_eq!(next_apply(&mut s, &mut buf).await, 1);
         let ack = Message::Ack { generation: 1 }.encode().unwrap();
         s.write_all(&ack).await.unwrap();
-
-        // A debounced submit followed by an urgent one: the urgent (latest) config goes out
-        // at once, inside what would otherwise be a 600 s burst window.
-        assert_eq!(pusher.submit(config("two")), 2);
-        assert_eq!(pusher.submit_now(config("three")), 3);
-        let mut got = next_apply(&mut s, &mut buf).await;
-        if got == 2 {
-            // The task may have sent `two` before `three` was submitted (no burst yet).
-            got = next_apply(&mut s, &mut buf).await;
-        }
-        assert_eq!(got, 3);
-        assert_eq!(pusher.state().borrow().submitted, 3);
+        // The same content again keeps its generation; a change is the next one and is the
+        // next frame (nothing was sent for the unchanged submit).
+        assert_eq!(pusher.submit(items("one")), 1);
+        assert_eq!(pusher.submit(items("two")), 2);
+        assert_eq!(next_apply(&mut s, &mut buf).await, 2);
+        assert_eq!(pusher.state().borrow().submitted, 2);
     }
 }

@@ -1,21 +1,24 @@
 //! The reconcile loop: watch events (leading-edge debounced) → snapshot →
 //! `TranslateCache::update` (incremental translate) → static content on disk →
-//! `Pusher::submit_items_now`
-//! → (leader only) per-Gateway Services and statuses, the latter gated by the dataplane's Ack
-//! of the submitted generation.
+//! `Pusher::submit` → the statuses offered to the status worker and the per-Gateway
+//! Services to their own task. Config first: no API write happens inside a reconcile, so a
+//! change is pushed without waiting for any status write.
 //!
 //! Every replica translates and pushes to its own dataplane; only the lease holder writes to the
-//! API. A change in the push state (an Ack or a Nack) or in leadership re-runs the status write
-//! with the last translation, without translating again.
+//! API: the status worker ([`crate::status_worker`]) writes statuses (coalesced per object,
+//! rate-limited, `Programmed` gated by the dataplane's Ack of the submitted generation), and a
+//! small task syncs the per-Gateway Services after each reconcile (one sync at a time, the
+//! latest wanted set). Status writes of our own do not wake the loop: the watches ignore
+//! status-only updates ([`crate::watch`]).
 
 use crate::gateway_services::GatewayServices;
 use crate::health::Health;
 use crate::leader::{default_identity, LeaderElector, LeaseOptions};
 use crate::metrics::Metrics;
-use crate::push::{PushState, Pusher};
-use crate::status_writer::{Gate, StatusWriter, FIELD_MANAGER};
-use crate::translate::status::Statuses;
-use crate::translate::{GatewayService, Params, Snapshot, StaticContent, TranslateCache};
+use crate::push::Pusher;
+use crate::status_worker::{StatusOptions, StatusQueue};
+use crate::status_writer::{StatusWriter, FIELD_MANAGER};
+use crate::translate::{GatewayService, Params, StaticContent, TranslateCache};
 use crate::watch::{object_counts, WatchOptions, Watches};
 use crate::Error;
 use kube::runtime::events::Reporter;
@@ -39,20 +42,18 @@ pub struct RunOptions {
     pub lease: Option<LeaseOptions>,
     /// Longest wait for the initial lists of every watch before the first translate.
     pub initial_sync_timeout: Duration,
+    /// How statuses are written.
+    pub status: StatusOptions,
 }
 
-/// The last translation, kept for status rewrites on Ack and leadership changes.
-struct Translated {
-    snapshot: Snapshot,
-    /// Shared with the translate cache, which updates it in place (dropped before the next
-    /// translate so that no copy is made).
-    statuses: Arc<Statuses>,
-    gateway_services: Vec<GatewayService>,
+/// The config generation last submitted, for the latency metrics.
+struct Submitted {
     generation: u64,
-    submitted_at: Instant,
-    latency_recorded: bool,
-    /// The gate of the last status write for this translation (skip rewrites on no change).
-    gate: Option<Gate>,
+    at: Instant,
+    /// The first watch event the reconcile covered.
+    event_at: Option<Instant>,
+    /// Its Ack was seen (latencies recorded).
+    recorded: bool,
 }
 
 /// Run until `shutdown` resolves.
@@ -65,6 +66,7 @@ pub async fn run(
 ) -> Result<(), Error> {
     let metrics = health.metrics.clone();
     let watches = Watches::start(client.clone(), &options.watch).await?;
+    let _ = metrics.watch.set(watches.activity.clone());
     if !watches.skipped.is_empty() {
         tracing::info!(kinds = ?watches.skipped, "kinds not served by the cluster are not watched");
     }
@@ -72,6 +74,9 @@ pub async fn run(
         tracing::warn!("not every watch finished its initial list in time; translating anyway");
     }
     let mut changes = watches.changes();
+    // The initial lists are in the first snapshot: their end is no change.
+    changes.borrow_and_update();
+    watches.activity.take_first();
     let mut push_state = pusher.state();
     let (leadership, mut is_leader, _always) = match &options.lease {
         Some(lease) => {
@@ -84,7 +89,7 @@ pub async fn run(
             (None, rx, Some(tx))
         }
     };
-    let mut writer = StatusWriter::new(client.clone(), &options.params.controller_name)
+    let writer = StatusWriter::new(client.clone(), &options.params.controller_name)
         .with_leadership(is_leader.clone())
         .with_events(Reporter {
             controller: FIELD_MANAGER.into(),
@@ -96,63 +101,78 @@ pub async fn run(
                     .unwrap_or_else(default_identity),
             ),
         });
+    let statuses = StatusQueue::spawn(
+        writer,
+        watches.stores.clone(),
+        pusher.state(),
+        is_leader.clone(),
+        metrics.clone(),
+        options.status.clone(),
+    );
     let services = GatewayServices::new(
         client.clone(),
         &options.params.namespace,
         options.params.ingress_service.clone(),
         FIELD_MANAGER,
     );
+    let (services_tx, services_rx) = watch::channel(Vec::new());
+    let _services_task = AbortOnDrop(tokio::spawn(sync_services_task(
+        services,
+        services_rx,
+        is_leader.clone(),
+        metrics.clone(),
+    )));
     metrics
         .leader
         .store(u64::from(*is_leader.borrow()), Ordering::Relaxed);
     let mut shutdown = std::pin::pin!(shutdown);
     let mut tick = tokio::time::interval(Duration::from_secs(5));
-    let mut last: Option<Translated> = None;
-    let mut dirty = true;
+    let mut cause: Option<&'static str> = Some("start");
     // Earliest time the next watch event may reconcile (debounce after the last reconcile).
     let mut next_allowed: Option<Instant> = None;
     // Per-route translations reused across reconciles (see `translate_incremental`).
     let mut cache = TranslateCache::default();
-    let mut retry_at: Option<tokio::time::Instant> = None;
+    let mut last: Option<Submitted> = None;
     // A closed channel (the pusher or the election task ended) disables its branch.
     let (mut push_open, mut leader_open) = (true, true);
     loop {
-        if dirty {
-            dirty = false;
+        if let Some(why) = cause.take() {
             let started = Instant::now();
             next_allowed = Some(started + options.debounce);
-            // The last translation's statuses are shared with the cache: let go of them so
-            // that the cache updates them in place.
-            let prev = last
-                .take()
-                .map(|p| (p.generation, p.submitted_at, p.latency_recorded));
-            let mut t = reconcile(&watches, &options.params, &pusher, &metrics, &mut cache);
-            if let Some((_, submitted_at, latency_recorded)) = prev.filter(|p| p.0 == t.generation)
-            {
-                // Same config, same generation: its push latency is already measured (or pending).
-                t.submitted_at = submitted_at;
-                t.latency_recorded = latency_recorded;
+            let first = watches.activity.take_first();
+            let why = match (why, first) {
+                ("watch", Some((_, kind))) => kind,
+                _ => why,
+            };
+            let (generation, gateway_services) = reconcile(
+                &watches,
+                &options.params,
+                &pusher,
+                &metrics,
+                &mut cache,
+                &statuses,
+            );
+            let submitted_at = Instant::now();
+            match last.as_mut().filter(|l| l.generation == generation) {
+                // Same config: nothing new to measure.
+                Some(_) => {}
+                None => {
+                    last = Some(Submitted {
+                        generation,
+                        at: submitted_at,
+                        event_at: first.map(|(at, _)| at),
+                        recorded: false,
+                    })
+                }
             }
-            last = Some(t);
-            let leading = leader_open && *is_leader.borrow();
-            metrics.leader.store(u64::from(leading), Ordering::Relaxed);
-            if leading {
-                let t = last.as_mut().expect("just set");
-                let ok_services = sync_services(&services, &t.gateway_services, &metrics).await;
-                let state = push_state.borrow().clone();
-                let ok_status = write_statuses(&mut writer, t, &state, &metrics).await;
-                retry_at = (!(ok_services && ok_status))
-                    .then(|| tokio::time::Instant::now() + Duration::from_secs(2));
-            }
+            services_tx.send_if_modified(|s| {
+                *s = gateway_services;
+                true
+            });
             metrics.reconcile_duration.observe(started.elapsed());
-            metrics.reconciles.fetch_add(1, Ordering::Relaxed);
+            metrics.reconciled(why);
+            record_ack(&push_state.borrow(), &mut last, &metrics);
         }
-        let retry = async {
-            match retry_at {
-                Some(at) => tokio::time::sleep_until(at).await,
-                None => std::future::pending().await,
-            }
-        };
         tokio::select! {
             _ = &mut shutdown => break,
             changed = changes.changed() => {
@@ -166,7 +186,7 @@ pub async fn run(
                     tokio::time::sleep_until(at.into()).await;
                 }
                 changes.borrow_and_update();
-                dirty = true;
+                cause = Some("watch");
             }
             changed = push_state.changed(), if push_open => {
                 if changed.is_err() {
@@ -178,62 +198,78 @@ pub async fn run(
                 if state.acked > 0 {
                     health.ready.store(true, Ordering::Relaxed);
                 }
-                if let Some(t) = last.as_mut() {
-                    if !t.latency_recorded && state.acked >= t.generation {
-                        t.latency_recorded = true;
-                        metrics.push_latency.observe(t.submitted_at.elapsed());
-                    }
-                    let gate_changed = t.gate.as_ref() != Some(&Gate::new(&state, t.generation));
-                    if leader_open && *is_leader.borrow() && gate_changed {
-                        let ok = write_statuses(&mut writer, t, &state, &metrics).await;
-                        retry_at = (!ok).then(|| tokio::time::Instant::now() + Duration::from_secs(2));
-                    }
-                }
+                record_ack(&state, &mut last, &metrics);
             }
             changed = is_leader.changed(), if leader_open => {
                 if changed.is_err() {
                     tracing::warn!("the leader election task ended; no longer writing");
                     leader_open = false;
-                    writer.forget();
+                    metrics.leader.store(0, Ordering::Relaxed);
                     continue;
                 }
                 let leading = *is_leader.borrow_and_update();
                 metrics.leader.store(leading as u64, Ordering::Relaxed);
                 if leading {
                     tracing::info!("acquired the leader lease; writing statuses and Services");
-                    dirty = true;
                 } else {
                     tracing::info!("lost the leader lease; no longer writing");
-                    writer.forget();
-                    retry_at = None;
-                    if let Some(t) = last.as_mut() {
-                        t.gate = None;
-                    }
                 }
-            }
-            _ = retry => {
-                retry_at = None;
-                dirty = true;
             }
             _ = tick.tick() => {
                 health.live.store(watches.running(), Ordering::Relaxed);
             }
         }
     }
+    drop(statuses);
     if let Some(l) = leadership {
         l.release().await?;
     }
     Ok(())
 }
 
-/// Snapshot → translate → static content → submit.
+/// Record the push latencies of the last submitted generation once the dataplane acked it.
+fn record_ack(state: &crate::push::PushState, last: &mut Option<Submitted>, metrics: &Metrics) {
+    let Some(s) = last.as_mut().filter(|s| !s.recorded) else {
+        return;
+    };
+    if state.acked < s.generation {
+        return;
+    }
+    s.recorded = true;
+    // The pusher's clock reading of the Ack; a Hello saying the generation runs already
+    // (no Ack) counts as now.
+    let acked_at = state
+        .acked_at
+        .filter(|at| *at >= s.at)
+        .unwrap_or_else(Instant::now);
+    metrics
+        .push_latency
+        .observe(acked_at.saturating_duration_since(s.at));
+    if let Some(event) = s.event_at {
+        metrics
+            .event_to_ack
+            .observe(acked_at.saturating_duration_since(event));
+    }
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Snapshot → translate → static content → submit → offer the statuses. The submitted
+/// generation and the per-Gateway Services wanted.
 fn reconcile(
     watches: &Watches,
     params: &Params,
     pusher: &Pusher,
     metrics: &Metrics,
     cache: &mut TranslateCache,
-) -> Translated {
+    statuses: &StatusQueue,
+) -> (u64, Vec<GatewayService>) {
     let snapshot = watches.stores.snapshot();
     metrics.set_objects(&object_counts(&snapshot));
     let started = Instant::now();
@@ -249,17 +285,12 @@ fn reconcile(
     metrics
         .config_bytes
         .store(output.config.json_len() as u64, Ordering::Relaxed);
-    // Bursts are already coalesced by the reconcile loop: no second debounce in the pusher.
-    let generation = pusher.submit_items_now(output.config.clone());
-    let t = Translated {
-        snapshot,
-        statuses: output.statuses.clone(),
-        gateway_services: output.gateway_services.clone(),
-        generation,
-        submitted_at: Instant::now(),
-        latency_recorded: false,
-        gate: None,
-    };
+    // Bursts are coalesced here (the debounce above); the pusher sends at once.
+    let generation = pusher.submit(output.config.clone());
+    // After the push: the statuses go to the worker (it keeps what changed; the translate
+    // cache's statuses are let go before the next translate, which updates them in place).
+    statuses.offer(&output.statuses, generation);
+    let gateway_services = output.gateway_services.clone();
     // The cache lives as long as the process: its totals are the counters.
     metrics
         .full_translates
@@ -278,46 +309,58 @@ fn reconcile(
         }
         _ => {}
     }
-    t
+    (generation, gateway_services)
 }
 
-async fn sync_services(
-    services: &GatewayServices,
-    desired: &[GatewayService],
-    metrics: &Metrics,
-) -> bool {
-    match services.sync(desired).await {
-        Ok(report) => {
-            if !report.applied.is_empty() || !report.deleted.is_empty() {
-                tracing::info!(applied = ?report.applied, deleted = ?report.deleted, "per-Gateway Services synced");
+/// Sync the per-Gateway Services after each reconcile while leading: one sync at a time, with
+/// the latest wanted set; a failure is retried after 2 s.
+async fn sync_services_task(
+    services: GatewayServices,
+    mut desired: watch::Receiver<Vec<GatewayService>>,
+    mut leading: watch::Receiver<bool>,
+    metrics: Arc<Metrics>,
+) {
+    let mut retry_at: Option<tokio::time::Instant> = None;
+    let mut pending = false;
+    loop {
+        if pending && *leading.borrow() {
+            retry_at = None;
+            let want = desired.borrow_and_update().clone();
+            match services.sync(&want).await {
+                Ok(report) => {
+                    if !report.applied.is_empty() || !report.deleted.is_empty() {
+                        tracing::info!(applied = ?report.applied, deleted = ?report.deleted, "per-Gateway Services synced");
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "syncing per-Gateway Services failed");
+                    metrics.error(e.kind());
+                    retry_at = Some(tokio::time::Instant::now() + Duration::from_secs(2));
+                }
             }
-            true
         }
-        Err(e) => {
-            tracing::warn!(error = %e, "syncing per-Gateway Services failed");
-            metrics.error(e.kind());
-            false
+        let retry = async {
+            match retry_at {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            changed = desired.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                pending = true;
+            }
+            changed = leading.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                pending = *leading.borrow_and_update();
+            }
+            _ = retry => pending = true,
         }
     }
-}
-
-async fn write_statuses(
-    writer: &mut StatusWriter,
-    t: &mut Translated,
-    state: &PushState,
-    metrics: &Metrics,
-) -> bool {
-    let gate = Gate::new(state, t.generation);
-    let report = writer.write(&t.statuses, &t.snapshot, &gate).await;
-    t.gate = (report.errors.is_empty() && !report.not_leader).then_some(gate);
-    metrics
-        .status_writes
-        .fetch_add(report.written.len() as u64, Ordering::Relaxed);
-    for (key, e) in &report.errors {
-        tracing::warn!(kind = %key.kind, namespace = %key.namespace, name = %key.name, error = %e, "status write failed");
-        metrics.error(e.kind());
-    }
-    report.errors.is_empty()
 }
 
 /// Write each static content directory that does not exist yet (directories are named by

@@ -82,6 +82,234 @@ pub struct WriteReport {
     pub not_leader: bool,
 }
 
+/// What [`StatusWriter::prepare`] decided for one object.
+pub enum Prepared {
+    /// Nothing to write: what was last written, or what the object carries, already says it.
+    Unchanged,
+    /// A write to run ([`WriteJob::run`], anywhere) and hand back ([`StatusWriter::finish`]).
+    Write(Box<WriteJob>),
+}
+
+/// One status write (or one object's Events), prepared without I/O and owning everything it
+/// needs, so that several can run at once while the writer's memory stays with its owner.
+pub struct WriteJob {
+    key: ObjectKey,
+    work: Work,
+}
+
+enum Work {
+    Apply {
+        api: Api<DynamicObject>,
+        resource: ApiResource,
+        desired: Value,
+        /// Route and policy kinds: recomputed against the live list before the write.
+        atomic: Option<Box<Atomic>>,
+        leading: Option<tokio::sync::watch::Receiver<bool>>,
+    },
+    Events {
+        recorder: Recorder,
+        reference: ObjectReference,
+        conditions: Vec<Condition>,
+        value: Value,
+    },
+}
+
+/// The inputs of an atomic-list merge (see the module docs).
+struct Atomic {
+    controller_name: String,
+    status: Option<ObjectStatus>,
+    /// What earlier `lastTransitionTime`s come from (the last write, else the object).
+    prev: Option<Value>,
+    gate: Gate,
+    now: String,
+    /// The object's resourceVersion and status as last known (after our own last write, or
+    /// from the watch cache): the precondition of the write, which saves reading it first. A
+    /// conflict (someone wrote in between) reads the live object and tries once more.
+    known: Option<(String, Value)>,
+    /// The watch cache's resourceVersion of the object when the job was prepared.
+    seen: Option<String>,
+}
+
+/// How one [`WriteJob`] ended.
+pub struct Outcome {
+    pub key: ObjectKey,
+    pub result: Result<Done, Error>,
+}
+
+/// A finished job: what is now on the object (or was published).
+pub struct Done {
+    /// The status this controller wants there (written, or found there already).
+    desired: Value,
+    /// Something was sent (a status write, or Events).
+    pub written: bool,
+    /// Atomic kinds: the watch cache's resourceVersion when the job was prepared, and the
+    /// object's resourceVersion and status after the write.
+    live: Option<(Option<String>, String, Value)>,
+}
+
+impl WriteJob {
+    /// The object this job writes.
+    pub fn key(&self) -> &ObjectKey {
+        &self.key
+    }
+
+    /// Send the write (server-side apply of `status`) or publish the Events.
+    pub async fn run(self: Box<Self>) -> Outcome {
+        let key = self.key;
+        let result = match self.work {
+            Work::Apply {
+                api,
+                resource,
+                desired,
+                atomic,
+                leading,
+            } => apply(&api, &resource, &key, desired, atomic, leading.as_ref()).await,
+            Work::Events {
+                recorder,
+                reference,
+                conditions,
+                value,
+            } => {
+                let mut published = false;
+                for c in &conditions {
+                    let event = Event {
+                        type_: if c.status == "False" || c.type_ == "Warning" {
+                            EventType::Warning
+                        } else {
+                            EventType::Normal
+                        },
+                        reason: c.reason.chars().take(128).collect(),
+                        note: Some(format!("{}={}: {}", c.type_, c.status, c.message)),
+                        action: "Translate".into(),
+                        secondary: None,
+                    };
+                    match recorder.publish(&event, &reference).await {
+                        Ok(()) => published = true,
+                        Err(e) => tracing::warn!(error = %e, "publishing an Event failed"),
+                    }
+                }
+                Ok(Done {
+                    desired: value,
+                    written: published,
+                    live: None,
+                })
+            }
+        };
+        Outcome { key, result }
+    }
+}
+
+fn still_leading(leading: Option<&tokio::sync::watch::Receiver<bool>>) -> bool {
+    leading.is_none_or(|l| *l.borrow())
+}
+
+/// The write of [`Work::Apply`].
+async fn apply(
+    api: &Api<DynamicObject>,
+    resource: &ApiResource,
+    key: &ObjectKey,
+    desired: Value,
+    atomic: Option<Box<Atomic>>,
+    leading: Option<&tokio::sync::watch::Receiver<bool>>,
+) -> Result<Done, Error> {
+    let mut metadata = json!({"name": key.name});
+    if !key.namespace.is_empty() {
+        metadata["namespace"] = json!(key.namespace);
+    }
+    let body = |metadata: &Value, status: &Value| {
+        json!({
+            "apiVersion": resource.api_version,
+            "kind": resource.kind,
+            "metadata": metadata,
+            "status": status,
+        })
+    };
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    let Some(mut a) = atomic else {
+        if !still_leading(leading) {
+            return Ok(Done {
+                desired,
+                written: false,
+                live: None,
+            });
+        }
+        api.patch_status(
+            &key.name,
+            &params,
+            &Patch::Apply(&body(&metadata, &desired)),
+        )
+        .await
+        .map_err(Error::Kube)?;
+        return Ok(Done {
+            desired,
+            written: true,
+            live: None,
+        });
+    };
+    // Read-modify-write: foreign entries from the object, under its resourceVersion. The
+    // first try uses what is known of it; a conflict reads it and tries once more.
+    for attempt in 0..2 {
+        let (rv, live_status) = match a.known.take().filter(|_| attempt == 0) {
+            Some(known) => known,
+            None => {
+                let live = api.get_status(&key.name).await.map_err(Error::Kube)?;
+                let status = live.data.get("status").cloned().unwrap_or(Value::Null);
+                (live.metadata.resource_version.unwrap_or_default(), status)
+            }
+        };
+        let prev = a.prev.as_ref().unwrap_or(&live_status);
+        let desired = desired_status(
+            &a.controller_name,
+            key,
+            a.status.as_ref(),
+            prev,
+            &live_status,
+            &a.gate,
+            &a.now,
+        );
+        if subset(&desired, &live_status) {
+            return Ok(Done {
+                desired,
+                written: false,
+                live: Some((a.seen.clone(), rv, live_status)),
+            });
+        }
+        if !still_leading(leading) {
+            return Ok(Done {
+                desired,
+                written: false,
+                live: None,
+            });
+        }
+        let mut metadata = metadata.clone();
+        metadata["resourceVersion"] = json!(rv);
+        match api
+            .patch_status(
+                &key.name,
+                &params,
+                &Patch::Apply(&body(&metadata, &desired)),
+            )
+            .await
+        {
+            Ok(obj) => {
+                let status = obj.data.get("status").cloned().unwrap_or(Value::Null);
+                let live = obj
+                    .metadata
+                    .resource_version
+                    .map(|rv| (a.seen.clone(), rv, status));
+                return Ok(Done {
+                    desired,
+                    written: true,
+                    live,
+                });
+            }
+            Err(kube::Error::Api(s)) if s.code == 409 && attempt == 0 => continue,
+            Err(e) => return Err(Error::Kube(e)),
+        }
+    }
+    unreachable!("the second attempt returns")
+}
+
 /// Writes statuses; remembers what it wrote so unchanged statuses cost nothing.
 pub struct StatusWriter {
     client: Client,
@@ -89,6 +317,9 @@ pub struct StatusWriter {
     last: HashMap<ObjectKey, Value>,
     /// The `metadata.uid` of the object each `last` entry was written for.
     uids: HashMap<ObjectKey, String>,
+    /// Route and policy kinds: the resourceVersion the watch cache had when we last wrote,
+    /// and the object's resourceVersion and status right after that write.
+    live: HashMap<ObjectKey, (Option<String>, String, Value)>,
     /// While set, every write first checks that this replica still leads.
     leading: Option<tokio::sync::watch::Receiver<bool>>,
     events: Option<Recorder>,
@@ -103,6 +334,7 @@ impl StatusWriter {
             controller_name: controller_name.into(),
             last: HashMap::new(),
             uids: HashMap::new(),
+            live: HashMap::new(),
             leading: None,
             events: None,
         }
@@ -121,62 +353,69 @@ impl StatusWriter {
         self
     }
 
-    fn may_write(&self) -> bool {
-        self.leading.as_ref().is_none_or(|l| *l.borrow())
+    /// The GatewayClass controller name this writer writes entries as.
+    pub fn controller_name(&self) -> &str {
+        &self.controller_name
+    }
+
+    /// Whether this replica may write now.
+    pub fn may_write(&self) -> bool {
+        still_leading(self.leading.as_ref())
     }
 
     /// Forget what was written (after losing leadership: another replica may write meanwhile).
     pub fn forget(&mut self) {
         self.last.clear();
         self.uids.clear();
+        self.live.clear();
     }
 
-    /// Write every status that changed. Errors are per object and do not stop the others.
+    /// Forget one object (deleted, or no longer reported).
+    pub fn forget_one(&mut self, key: &ObjectKey) {
+        self.last.remove(key);
+        self.uids.remove(key);
+        self.live.remove(key);
+    }
+
+    /// Write every status that changed, one at a time. Errors are per object and do not stop
+    /// the others. (The controller's run loop writes through [`crate::status_worker`]
+    /// instead, with the same [`StatusWriter::prepare`] and [`StatusWriter::finish`].)
     pub async fn write(
         &mut self,
         statuses: &Statuses,
         snapshot: &Snapshot,
         gate: &Gate,
     ) -> WriteReport {
-        let now = Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
+        let now = now();
         let index = Index::new(snapshot);
         let mut report = WriteReport::default();
-        for (key, status) in statuses {
-            if let ObjectStatus::Conditions(conditions) = status {
-                if !self.may_write() {
-                    report.not_leader = true;
-                    return report;
-                }
-                if self.log_conditions(key, conditions).await {
-                    report.written.push(key.clone());
-                }
-                continue;
-            }
-            let Some(current) = index.get(key) else {
-                self.last.remove(key);
-                continue;
-            };
-            if !self.may_write() {
-                report.not_leader = true;
-                return report;
-            }
-            match self.write_one(key, Some(status), current, gate, &now).await {
-                Ok(true) => report.written.push(key.clone()),
-                Ok(false) => report.unchanged += 1,
-                Err(e) => report.errors.push((key.clone(), e)),
-            }
-        }
+        let mut keys: Vec<(ObjectKey, Option<&ObjectStatus>)> =
+            statuses.iter().map(|(k, s)| (k.clone(), Some(s))).collect();
         // Our entries on routes translate no longer reports (e.g. detached from our Gateways).
         for (kind, ns, name, current) in index.routes() {
             let key = ObjectKey::new(kind, ns, name);
-            if statuses.contains_key(&key) || !self.has_our_entries(kind, &current.status()) {
-                continue;
+            if !statuses.contains_key(&key) && self.has_our_entries(kind, &current.status()) {
+                keys.push((key, None));
             }
+        }
+        for (key, status) in keys {
             if !self.may_write() {
                 report.not_leader = true;
                 return report;
             }
-            match self.write_one(&key, None, current, gate, &now).await {
+            let current = index.get(&key);
+            if current.is_none() && !matches!(status, Some(ObjectStatus::Conditions(_))) {
+                self.forget_one(&key);
+                continue;
+            }
+            let job = match self.prepare(&key, status, current, gate, &now) {
+                Prepared::Unchanged => {
+                    report.unchanged += 1;
+                    continue;
+                }
+                Prepared::Write(job) => job,
+            };
+            match self.finish(job.run().await) {
                 Ok(true) => report.written.push(key),
                 Ok(false) => report.unchanged += 1,
                 Err(e) => report.errors.push((key, e)),
@@ -185,71 +424,53 @@ impl StatusWriter {
         // Forget objects translate no longer reports (deleted, or no longer ours).
         self.last.retain(|k, _| statuses.contains_key(k));
         self.uids.retain(|k, _| statuses.contains_key(k));
+        self.live.retain(|k, _| statuses.contains_key(k));
         report
     }
 
-    /// Kinds without a status block of ours (Ingress, IngressClass, SweetyProxyConfig): log
-    /// their conditions once per change, and publish them as Events when enabled. `true` when
-    /// Events were published.
-    async fn log_conditions(&mut self, key: &ObjectKey, conditions: &[Condition]) -> bool {
-        let v = serde_json::to_value(conditions).unwrap_or(Value::Null);
-        if self.last.get(key) == Some(&v) {
-            return false;
-        }
-        let reference = event_reference(key);
-        let mut published = false;
-        for c in conditions {
-            tracing::warn!(
-                kind = %key.kind, namespace = %key.namespace, name = %key.name,
-                condition = %c.type_, status = %c.status, reason = %c.reason,
-                message = %c.message, "object condition"
-            );
-            let (Some(recorder), Some(reference)) = (&self.events, &reference) else {
-                continue;
-            };
-            let event = Event {
-                type_: if c.status == "False" || c.type_ == "Warning" {
-                    EventType::Warning
-                } else {
-                    EventType::Normal
-                },
-                reason: c.reason.chars().take(128).collect(),
-                note: Some(format!("{}={}: {}", c.type_, c.status, c.message)),
-                action: "Translate".into(),
-                secondary: None,
-            };
-            match recorder.publish(&event, reference).await {
-                Ok(()) => published = true,
-                Err(e) => tracing::warn!(error = %e, "publishing an Event failed"),
-            }
-        }
-        self.last.insert(key.clone(), v);
-        published
-    }
-
-    fn has_our_entries(&self, kind: &str, status: &Value) -> bool {
-        status
-            .get(list_field(kind))
-            .and_then(Value::as_array)
-            .is_some_and(|l| l.iter().any(|e| self.is_ours(e)))
-    }
-
-    fn is_ours(&self, entry: &Value) -> bool {
-        entry.get("controllerName").and_then(Value::as_str) == Some(self.controller_name.as_str())
-    }
-
-    /// Write one object's status if it changed; `Ok(true)` when written. `status: None` removes
-    /// our route/policy entries.
-    async fn write_one(
+    /// Decide what to write for one object. `status: None` removes our route/policy entries;
+    /// `current` is the object as the watch cache has it (`None`: not there; nothing is
+    /// written except Events). Kinds without a status block of ours (Ingress, IngressClass,
+    /// SweetyProxyConfig) log their conditions once per change, and publish them as Events
+    /// when enabled.
+    pub fn prepare(
         &mut self,
         key: &ObjectKey,
         status: Option<&ObjectStatus>,
-        current: &dyn Current,
+        current: Option<&dyn Current>,
         gate: &Gate,
         now: &str,
-    ) -> Result<bool, Error> {
-        let Some(resource) = api_resource(&key.kind) else {
-            return Ok(false);
+    ) -> Prepared {
+        if let Some(ObjectStatus::Conditions(conditions)) = status {
+            let v = serde_json::to_value(conditions).unwrap_or(Value::Null);
+            if self.last.get(key) == Some(&v) {
+                return Prepared::Unchanged;
+            }
+            for c in conditions {
+                tracing::warn!(
+                    kind = %key.kind, namespace = %key.namespace, name = %key.name,
+                    condition = %c.type_, status = %c.status, reason = %c.reason,
+                    message = %c.message, "object condition"
+                );
+            }
+            return match (&self.events, event_reference(key)) {
+                (Some(recorder), Some(reference)) => Prepared::Write(Box::new(WriteJob {
+                    key: key.clone(),
+                    work: Work::Events {
+                        recorder: recorder.clone(),
+                        reference,
+                        conditions: conditions.clone(),
+                        value: v,
+                    },
+                })),
+                _ => {
+                    self.last.insert(key.clone(), v);
+                    Prepared::Unchanged
+                }
+            };
+        }
+        let (Some(current), Some(resource)) = (current, api_resource(&key.kind)) else {
+            return Prepared::Unchanged;
         };
         let cur_status = current.status();
         // An object deleted and created again under the same name starts without our status:
@@ -257,152 +478,190 @@ impl StatusWriter {
         let uid = current.uid();
         if self.uids.get(key) != uid.as_ref() {
             self.last.remove(key);
+            self.live.remove(key);
             match uid {
                 Some(u) => self.uids.insert(key.clone(), u),
                 None => self.uids.remove(key),
             };
         }
         let atomic = is_atomic_kind(&key.kind);
-        let stamp_src = self.last.get(key).unwrap_or(&cur_status);
-        let desired = self.desired(key, status, stamp_src, &cur_status, gate, now);
-        if self.last.get(key) == Some(&desired) || subset(&desired, &cur_status) {
+        let cached_rv = current.resource_version();
+        // What we know of the object: after our last write, unless the watch cache has seen
+        // the object change since (then the cache's copy is newer).
+        let known = match self.live.get(key) {
+            Some((seen, rv, st)) if *seen == cached_rv => Some((rv.clone(), st.clone())),
+            _ => cached_rv.clone().map(|rv| (rv, cur_status.clone())),
+        };
+        let have = known.as_ref().map_or(&cur_status, |k| &k.1);
+        let stamp_src = self.last.get(key).unwrap_or(have);
+        let desired = desired_status(
+            &self.controller_name,
+            key,
+            status,
+            stamp_src,
+            have,
+            gate,
+            now,
+        );
+        if self.last.get(key) == Some(&desired) || subset(&desired, have) {
             self.last.insert(key.clone(), desired);
-            return Ok(false);
-        }
-        if !self.may_write() {
-            return Ok(false);
+            return Prepared::Unchanged;
         }
         let api: Api<DynamicObject> = if key.namespace.is_empty() {
             Api::all_with(self.client.clone(), &resource)
         } else {
             Api::namespaced_with(self.client.clone(), &key.namespace, &resource)
         };
-        let mut metadata = json!({"name": key.name});
-        if !key.namespace.is_empty() {
-            metadata["namespace"] = json!(key.namespace);
-        }
-        let desired = if atomic {
-            // Read-modify-write: foreign entries from the live object, under its resourceVersion.
-            let live = api.get_status(&key.name).await.map_err(Error::Kube)?;
-            let live_status = live.data.get("status").cloned().unwrap_or(Value::Null);
-            let stamp_src = self.last.get(key).unwrap_or(&live_status);
-            let desired = self.desired(key, status, stamp_src, &live_status, gate, now);
-            if subset(&desired, &live_status) {
-                self.last.insert(key.clone(), desired);
-                return Ok(false);
-            }
-            metadata["resourceVersion"] = json!(live.metadata.resource_version);
-            if !self.may_write() {
-                return Ok(false);
-            }
-            desired
-        } else {
-            desired
-        };
-        let body = json!({
-            "apiVersion": resource.api_version,
-            "kind": resource.kind,
-            "metadata": metadata,
-            "status": desired,
+        let atomic = atomic.then(|| {
+            Box::new(Atomic {
+                controller_name: self.controller_name.clone(),
+                status: status.cloned(),
+                prev: self.last.get(key).cloned(),
+                gate: gate.clone(),
+                now: now.to_string(),
+                known,
+                seen: cached_rv,
+            })
         });
-        api.patch_status(
-            &key.name,
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(&body),
-        )
-        .await
-        .map_err(Error::Kube)?;
-        self.last.insert(key.clone(), desired);
-        Ok(true)
+        Prepared::Write(Box::new(WriteJob {
+            key: key.clone(),
+            work: Work::Apply {
+                api,
+                resource,
+                desired,
+                atomic,
+                leading: self.leading.clone(),
+            },
+        }))
     }
 
-    /// The status to apply. `prev` supplies earlier `lastTransitionTime`s; `live` supplies other
-    /// controllers' route/policy entries.
-    fn desired(
-        &self,
-        key: &ObjectKey,
-        status: Option<&ObjectStatus>,
-        prev: &Value,
-        live: &Value,
-        gate: &Gate,
-        now: &str,
-    ) -> Value {
-        let st = Stamper { gate, now };
-        match status {
-            Some(ObjectStatus::GatewayClass(s)) => json!({
-                "conditions": st.conditions(&s.conditions, prev.get("conditions")),
-                "supportedFeatures": s.supported_features.iter().map(|n| json!({"name": n})).collect::<Vec<_>>(),
-            }),
-            Some(ObjectStatus::Gateway(s)) => {
-                let mut v = json!({
-                    "addresses": s.addresses,
-                    "conditions": st.conditions(&s.conditions, prev.get("conditions")),
-                    "listeners": listener_statuses(&s.listeners, prev, &st),
-                });
-                if s.attached_listener_sets > 0 {
-                    v["attachedListenerSets"] = json!(s.attached_listener_sets);
-                }
-                v
+    /// Record how a job ended; `Ok(true)` when something was written.
+    pub fn finish(&mut self, outcome: Outcome) -> Result<bool, Error> {
+        let done = outcome.result?;
+        match done.live {
+            Some(live) => {
+                self.live.insert(outcome.key.clone(), live);
             }
-            Some(ObjectStatus::ListenerSet(s)) => json!({
+            None => {
+                self.live.remove(&outcome.key);
+            }
+        }
+        self.last.insert(outcome.key, done.desired);
+        Ok(done.written)
+    }
+
+    fn has_our_entries(&self, kind: &str, status: &Value) -> bool {
+        has_our_entries(&self.controller_name, kind, status)
+    }
+}
+
+/// The clock reading `lastTransitionTime` takes.
+pub fn now() -> String {
+    Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+}
+
+/// Whether a route's or policy's status has entries of `controller_name`.
+pub fn has_our_entries(controller_name: &str, kind: &str, status: &Value) -> bool {
+    status
+        .get(list_field(kind))
+        .and_then(Value::as_array)
+        .is_some_and(|l| l.iter().any(|e| is_ours(controller_name, e)))
+}
+
+fn is_ours(controller_name: &str, entry: &Value) -> bool {
+    entry.get("controllerName").and_then(Value::as_str) == Some(controller_name)
+}
+
+/// The status to apply. `prev` supplies earlier `lastTransitionTime`s; `live` supplies other
+/// controllers' route/policy entries.
+fn desired_status(
+    controller_name: &str,
+    key: &ObjectKey,
+    status: Option<&ObjectStatus>,
+    prev: &Value,
+    live: &Value,
+    gate: &Gate,
+    now: &str,
+) -> Value {
+    let st = Stamper { gate, now };
+    let merge = |ours: &[crate::translate::status::RouteParentStatus], reference: &str| {
+        merge_entries(controller_name, key, ours, reference, prev, live, &st)
+    };
+    match status {
+        Some(ObjectStatus::GatewayClass(s)) => json!({
+            "conditions": st.conditions(&s.conditions, prev.get("conditions")),
+            "supportedFeatures": s.supported_features.iter().map(|n| json!({"name": n})).collect::<Vec<_>>(),
+        }),
+        Some(ObjectStatus::Gateway(s)) => {
+            let mut v = json!({
+                "addresses": s.addresses,
                 "conditions": st.conditions(&s.conditions, prev.get("conditions")),
                 "listeners": listener_statuses(&s.listeners, prev, &st),
-            }),
-            Some(ObjectStatus::Route(s)) => {
-                json!({"parents": self.merge_entries(key, &s.parents, "parentRef", prev, live, &st)})
-            }
-            Some(ObjectStatus::Policy(s)) => {
-                json!({"ancestors": self.merge_entries(key, &s.ancestors, "ancestorRef", prev, live, &st)})
-            }
-            Some(ObjectStatus::Ingress(s)) => json!({"loadBalancer": {"ingress": s.load_balancer}}),
-            Some(ObjectStatus::Site(s)) => json!({
-                "conditions": st.conditions(&s.conditions, prev.get("conditions")),
-                "addresses": s.addresses,
-            }),
-            Some(ObjectStatus::Conditions(_)) => Value::Null,
-            None => {
-                let field = list_field(&key.kind);
-                let reference = if field == "ancestors" {
-                    "ancestorRef"
-                } else {
-                    "parentRef"
-                };
-                json!({ field: self.merge_entries(key, &[], reference, prev, live, &st) })
-            }
-        }
-    }
-
-    /// Other controllers' entries from `live`, then ours (stamped against `prev`).
-    fn merge_entries(
-        &self,
-        key: &ObjectKey,
-        ours: &[crate::translate::status::RouteParentStatus],
-        reference: &str,
-        prev: &Value,
-        live: &Value,
-        st: &Stamper<'_>,
-    ) -> Vec<Value> {
-        let field = list_field(&key.kind);
-        let mut out: Vec<Value> = live
-            .get(field)
-            .and_then(Value::as_array)
-            .map(|l| l.iter().filter(|e| !self.is_ours(e)).cloned().collect())
-            .unwrap_or_default();
-        let prev_entries = prev.get(field).and_then(Value::as_array);
-        for p in ours {
-            let r = parent_ref_value(&p.parent_ref);
-            let prev_e = prev_entries.and_then(|l| {
-                l.iter()
-                    .find(|e| self.is_ours(e) && e.get(reference) == Some(&r))
             });
-            out.push(json!({
-                reference: r,
-                "controllerName": p.controller_name,
-                "conditions": st.conditions(&p.conditions, prev_e.and_then(|e| e.get("conditions"))),
-            }));
+            if s.attached_listener_sets > 0 {
+                v["attachedListenerSets"] = json!(s.attached_listener_sets);
+            }
+            v
         }
-        out
+        Some(ObjectStatus::ListenerSet(s)) => json!({
+            "conditions": st.conditions(&s.conditions, prev.get("conditions")),
+            "listeners": listener_statuses(&s.listeners, prev, &st),
+        }),
+        Some(ObjectStatus::Route(s)) => json!({"parents": merge(&s.parents, "parentRef")}),
+        Some(ObjectStatus::Policy(s)) => json!({"ancestors": merge(&s.ancestors, "ancestorRef")}),
+        Some(ObjectStatus::Ingress(s)) => json!({"loadBalancer": {"ingress": s.load_balancer}}),
+        Some(ObjectStatus::Site(s)) => json!({
+            "conditions": st.conditions(&s.conditions, prev.get("conditions")),
+            "addresses": s.addresses,
+        }),
+        Some(ObjectStatus::Conditions(_)) => Value::Null,
+        None => {
+            let field = list_field(&key.kind);
+            let reference = if field == "ancestors" {
+                "ancestorRef"
+            } else {
+                "parentRef"
+            };
+            json!({ field: merge(&[], reference) })
+        }
     }
+}
+
+/// Other controllers' entries from `live`, then ours (stamped against `prev`).
+fn merge_entries(
+    controller_name: &str,
+    key: &ObjectKey,
+    ours: &[crate::translate::status::RouteParentStatus],
+    reference: &str,
+    prev: &Value,
+    live: &Value,
+    st: &Stamper<'_>,
+) -> Vec<Value> {
+    let field = list_field(&key.kind);
+    let mut out: Vec<Value> = live
+        .get(field)
+        .and_then(Value::as_array)
+        .map(|l| {
+            l.iter()
+                .filter(|e| !is_ours(controller_name, e))
+                .cloned()
+                .collect()
+        })
+        .unwrap_or_default();
+    let prev_entries = prev.get(field).and_then(Value::as_array);
+    for p in ours {
+        let r = parent_ref_value(&p.parent_ref);
+        let prev_e = prev_entries.and_then(|l| {
+            l.iter()
+                .find(|e| is_ours(controller_name, e) && e.get(reference) == Some(&r))
+        });
+        out.push(json!({
+            reference: r,
+            "controllerName": p.controller_name,
+            "conditions": st.conditions(&p.conditions, prev_e.and_then(|e| e.get("conditions"))),
+        }));
+    }
+    out
 }
 
 /// `status.listeners` of a Gateway or ListenerSet, keeping earlier `lastTransitionTime`s.
@@ -563,7 +822,8 @@ fn is_empty(v: &Value) -> bool {
 
 const ROUTE_KINDS: [&str; 5] = ["HTTPRoute", "GRPCRoute", "TLSRoute", "TCPRoute", "UDPRoute"];
 
-fn is_atomic_kind(kind: &str) -> bool {
+/// Route and policy kinds, whose status lists are `atomic` (see the module docs).
+pub fn is_atomic_kind(kind: &str) -> bool {
     ROUTE_KINDS.contains(&kind) || kind == "BackendTLSPolicy"
 }
 
@@ -595,10 +855,12 @@ pub fn api_resource(kind: &str) -> Option<ApiResource> {
 }
 
 /// An object whose status the writer compares against.
-trait Current: Send + Sync {
+pub trait Current: Send + Sync {
     fn status(&self) -> Value;
     /// `metadata.uid`: tells a re-created object (same name) from the one written before.
     fn uid(&self) -> Option<String>;
+    /// `metadata.resourceVersion` as the watch cache has it.
+    fn resource_version(&self) -> Option<String>;
 }
 
 macro_rules! impl_current {
@@ -609,6 +871,9 @@ macro_rules! impl_current {
             }
             fn uid(&self) -> Option<String> {
                 self.metadata.uid.clone()
+            }
+            fn resource_version(&self) -> Option<String> {
+                self.metadata.resource_version.clone()
             }
         }
     )*};

@@ -17,8 +17,19 @@
 //!   namespaces) and filtered the same way into the snapshot: users need not label them, at the
 //!   cost of caching them. Secret data is never logged.
 //! - `managedFields` is stripped from every cached object to keep the stores small.
+//! - Kinds whose status this controller writes and `translate` does not read (GatewayClass,
+//!   Gateway, ListenerSet, the route kinds, BackendTLSPolicy, Ingress, SweetySite) pass a
+//!   predicate before the store: an update that changes neither `metadata.generation` (the
+//!   spec) nor the labels, annotations, owner references, finalizers or deletion timestamp —
+//!   a status write, ours or another controller's — neither reaches the store nor triggers a
+//!   reconcile. The stored object (and its `Arc`, which the translate cache compares) stays
+//!   the one translated, so a status write costs no translation; its cached status can then
+//!   lag (the status writer relies on what it wrote itself, and reads the live object on a
+//!   conflict). A relist refreshes every object.
+//! - [`Activity`] counts watch events by kind (passed on or ignored) and keeps the time and
+//!   kind of the first event not yet reconciled, for the controller's metrics.
 
-use crate::gateway_services::SERVICE_NAME_LABEL;
+use crate::labels::SERVICE_NAME_LABEL;
 use crate::translate::Snapshot;
 use crate::Error;
 use futures_util::StreamExt;
@@ -29,10 +40,11 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt::Debug;
-use std::sync::Arc;
-use std::time::Duration;
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 use sweety_crds::{SweetyProxyConfig, SweetySite};
 use sweety_gateway_api as gw;
 use tokio::sync::watch;
@@ -74,7 +86,8 @@ impl<K: Resource + Clone + 'static> Stored<K>
 where
     K::DynamicType: Eq + std::hash::Hash + Clone,
 {
-    fn state(&self) -> Vec<Arc<K>> {
+    /// Every cached object of this kind.
+    pub fn state(&self) -> Vec<Arc<K>> {
         match self.stores.as_slice() {
             [one] => one.state(),
             many => many.iter().flat_map(|s| s.state()).collect(),
@@ -91,6 +104,20 @@ where
     /// Whether this kind is watched at all.
     pub fn watched(&self) -> bool {
         !self.stores.is_empty()
+    }
+
+    /// The cached object `namespace`/`name` (`namespace` empty for cluster-scoped kinds).
+    pub fn get(&self, namespace: &str, name: &str) -> Option<Arc<K>>
+    where
+        K::DynamicType: Default,
+    {
+        let r = reflector::ObjectRef::new(name);
+        let r = if namespace.is_empty() {
+            r
+        } else {
+            r.within(namespace)
+        };
+        self.stores.iter().find_map(|s| s.get(&r))
     }
 }
 
@@ -294,9 +321,43 @@ impl References {
     }
 }
 
+/// What the watches saw, for metrics: events by kind, and the first event the reconcile loop
+/// has not taken yet.
+#[derive(Default)]
+pub struct Activity {
+    first: Mutex<Option<(Instant, &'static str)>>,
+    /// (kind, passed on) → events.
+    events: Mutex<BTreeMap<(&'static str, bool), u64>>,
+}
+
+impl Activity {
+    fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+        m.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn count(&self, kind: &'static str, passed: bool) {
+        *Self::lock(&self.events).entry((kind, passed)).or_default() += 1;
+        if passed {
+            Self::lock(&self.first).get_or_insert((Instant::now(), kind));
+        }
+    }
+
+    /// The time and kind of the first event since the last call (the reconcile that follows
+    /// covers it and every later one).
+    pub fn take_first(&self) -> Option<(Instant, &'static str)> {
+        Self::lock(&self.first).take()
+    }
+
+    /// Events so far: (kind, passed on to a reconcile) → count.
+    pub fn events(&self) -> BTreeMap<(&'static str, bool), u64> {
+        Self::lock(&self.events).clone()
+    }
+}
+
 /// The running watches.
 pub struct Watches {
     pub stores: Stores,
+    pub activity: Arc<Activity>,
     changes: watch::Receiver<u64>,
     tasks: Vec<JoinHandle<()>>,
     /// Kinds skipped because the cluster does not serve them.
@@ -306,10 +367,12 @@ pub struct Watches {
 impl Watches {
     /// Start every reflector. Kinds the cluster does not serve are skipped (logged).
     pub async fn start(client: Client, options: &WatchOptions) -> Result<Watches, Error> {
-        let served = Served::discover(&client).await?;
+        let served = ServedResources::discover(&client).await?;
         let (tx, changes) = watch::channel(0u64);
         let tx = Arc::new(tx);
+        let activity = Arc::new(Activity::default());
         let mut w = Starter {
+            activity: activity.clone(),
             client,
             namespaces: options.namespaces.clone(),
             served,
@@ -348,6 +411,7 @@ impl Watches {
         }
         Ok(Watches {
             stores,
+            activity,
             changes,
             tasks: w.tasks,
             skipped: w.skipped,
@@ -418,12 +482,12 @@ impl Drop for Watches {
 }
 
 /// Resource plurals the cluster serves, per group/version.
-struct Served {
+struct ServedResources {
     plurals: BTreeSet<(String, String)>,
 }
 
-impl Served {
-    async fn discover(client: &Client) -> Result<Served, Error> {
+impl ServedResources {
+    async fn discover(client: &Client) -> Result<ServedResources, Error> {
         let mut plurals = BTreeSet::new();
         for gv in [
             "gateway.networking.k8s.io/v1",
@@ -439,7 +503,7 @@ impl Served {
                 Err(e) => return Err(Error::Kube(e)),
             }
         }
-        Ok(Served { plurals })
+        Ok(ServedResources { plurals })
     }
 
     fn serves<K: Resource<DynamicType = ()>>(&self) -> bool {
@@ -453,9 +517,10 @@ impl Served {
 }
 
 struct Starter {
+    activity: Arc<Activity>,
     client: Client,
     namespaces: Vec<String>,
-    served: Served,
+    served: ServedResources,
     tx: Arc<watch::Sender<u64>>,
     tasks: Vec<JoinHandle<()>>,
     skipped: Vec<String>,
@@ -520,7 +585,8 @@ impl Starter {
     /// A watch that only signals changes (no store): for objects read elsewhere.
     fn trigger<K: Watchable>(&mut self, api: Api<K>, config: watcher::Config) {
         let tx = self.tx.clone();
-        let kind = K::kind(&()).to_string();
+        let activity = self.activity.clone();
+        let kind = kind_name::<K>();
         let stream = watcher(api, config).default_backoff();
         self.tasks.push(tokio::spawn(async move {
             let mut stream = std::pin::pin!(stream);
@@ -529,6 +595,7 @@ impl Starter {
                     // A relist's end signals too: changes during a watch gap show only there.
                     Ok(watcher::Event::Init) | Ok(watcher::Event::InitApply(_)) => {}
                     Ok(_) => {
+                        activity.count(kind, true);
                         tx.send_modify(|n| *n = n.wrapping_add(1));
                     }
                     Err(e) => tracing::warn!(kind = %kind, error = %e, "watch error; retrying"),
@@ -540,10 +607,25 @@ impl Starter {
     fn spawn<K: Watchable>(&mut self, api: Api<K>, config: watcher::Config) -> Store<K> {
         let (reader, writer) = reflector::store();
         let tx = self.tx.clone();
-        let kind = K::kind(&()).to_string();
+        let activity = self.activity.clone();
+        let kind = kind_name::<K>();
+        let mut filter = STATUS_WRITTEN_KINDS
+            .contains(&kind)
+            .then(StatusOnly::default);
+        let counted = activity.clone();
         let stream = watcher(api, config)
             .default_backoff()
             .modify(|o: &mut K| o.meta_mut().managed_fields = None)
+            .filter(move |event| {
+                let pass = match (&mut filter, event) {
+                    (Some(f), Ok(e)) => f.pass(e),
+                    _ => true,
+                };
+                if !pass {
+                    counted.count(kind, false);
+                }
+                std::future::ready(pass)
+            })
             .reflect(writer);
         self.tasks.push(tokio::spawn(async move {
             let mut stream = std::pin::pin!(stream);
@@ -551,6 +633,7 @@ impl Starter {
                 match event {
                     Ok(watcher::Event::Init) | Ok(watcher::Event::InitApply(_)) => {}
                     Ok(_) => {
+                        activity.count(kind, true);
                         tx.send_modify(|n| *n = n.wrapping_add(1));
                     }
                     // The error says which request failed; it never carries object data.
@@ -560,6 +643,102 @@ impl Starter {
         }));
         reader
     }
+}
+
+/// Kinds whose status the status writer writes and `translate` does not read: a status-only
+/// update of one of them is not a change of the input (see [`StatusOnly`]).
+const STATUS_WRITTEN_KINDS: [&str; 11] = [
+    "GatewayClass",
+    "Gateway",
+    "ListenerSet",
+    "HTTPRoute",
+    "GRPCRoute",
+    "TLSRoute",
+    "TCPRoute",
+    "UDPRoute",
+    "BackendTLSPolicy",
+    "Ingress",
+    "SweetySite",
+];
+
+/// A kind's name as a `'static` string (kinds are a fixed set: each name is leaked once).
+fn kind_name<K: Resource<DynamicType = ()>>() -> &'static str {
+    static NAMES: Mutex<BTreeSet<&'static str>> = Mutex::new(BTreeSet::new());
+    let kind = K::kind(&());
+    let mut names = NAMES.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(n) = names.get(kind.as_ref()) {
+        return n;
+    }
+    let n: &'static str = Box::leak(kind.to_string().into_boxed_str());
+    names.insert(n);
+    n
+}
+
+/// The watch predicate of kinds whose status is written here: passes an event only when the
+/// object is new, deleted, or changed in what `translate` reads (the spec, seen through
+/// `metadata.generation`, and the metadata listed in the module docs). Objects without a
+/// generation always pass. Bounded by the number of objects of the kind (entries leave with
+/// their objects, and a relist starts over).
+#[derive(Default)]
+pub struct StatusOnly {
+    seen: HashMap<(String, String), u64>,
+    /// Filled during a relist, swapped in at its end.
+    relist: Option<HashMap<(String, String), u64>>,
+}
+
+impl StatusOnly {
+    /// Whether `event` goes on to the store (and to a reconcile).
+    pub fn pass<K: Resource>(&mut self, event: &watcher::Event<K>) -> bool {
+        match event {
+            watcher::Event::Apply(o) => {
+                let Some(h) = meaning(o) else { return true };
+                self.seen.insert(key(o), h) != Some(h)
+            }
+            watcher::Event::Delete(o) => {
+                self.seen.remove(&key(o));
+                true
+            }
+            watcher::Event::Init => {
+                self.relist = Some(HashMap::new());
+                true
+            }
+            watcher::Event::InitApply(o) => {
+                if let (Some(r), Some(h)) = (self.relist.as_mut(), meaning(o)) {
+                    r.insert(key(o), h);
+                }
+                true
+            }
+            watcher::Event::InitDone => {
+                if let Some(r) = self.relist.take() {
+                    self.seen = r;
+                }
+                true
+            }
+        }
+    }
+}
+
+/// A hash of what `translate` reads from an object besides its spec, with its generation;
+/// `None` when the object has no generation.
+fn meaning<K: Resource>(o: &K) -> Option<u64> {
+    let m = o.meta();
+    let generation = m.generation?;
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    generation.hash(&mut h);
+    m.uid.hash(&mut h);
+    m.labels.hash(&mut h);
+    m.annotations.hash(&mut h);
+    m.finalizers.hash(&mut h);
+    m.deletion_timestamp
+        .as_ref()
+        .map(|t| t.0.to_string())
+        .hash(&mut h);
+    if let Some(owners) = &m.owner_references {
+        for o in owners {
+            (&o.api_version, &o.kind, &o.name, &o.uid, o.controller).hash(&mut h);
+        }
+    }
+    Some(h.finish())
 }
 
 /// Object counts per kind, for the `objects` metric.

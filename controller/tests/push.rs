@@ -8,6 +8,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use sweety_config::*;
+use sweety_controller::config_items::ConfigItems;
 use sweety_controller::push::{PushOptions, PushState, Pusher};
 use sweety_dataplane::control::ControlServer;
 use sweety_dataplane::runtime::{Runtime, RuntimeOptions};
@@ -89,9 +90,13 @@ fn config(body: &str) -> Config {
 fn options(socket: &Path) -> PushOptions {
     PushOptions {
         socket: socket.to_path_buf(),
-        debounce: Duration::from_millis(20),
         max_backoff: Duration::from_millis(100),
     }
+}
+
+/// Submits `config` as the reconcile loop does (as items).
+fn submit(pusher: &Pusher, config: Config) -> u64 {
+    pusher.submit(ConfigItems::from_config(config))
 }
 
 /// Waits (at most 5 s) until the state satisfies `pred`.
@@ -123,7 +128,7 @@ async fn apply_is_acked_and_served_and_a_change_is_visible_quickly() {
 
     let pusher = Pusher::spawn(options(&sock));
     let mut state = pusher.state();
-    assert_eq!(pusher.submit(config("one")), 1);
+    assert_eq!(submit(&pusher, config("one")), 1);
     let s = wait_for(&mut state, "ack of 1", |s| s.acked == 1).await;
     assert!(s.connected);
     assert_eq!((s.submitted, s.last_nack), (1, None));
@@ -135,19 +140,18 @@ async fn apply_is_acked_and_served_and_a_change_is_visible_quickly() {
     for i in 0..5 {
         let body = format!("change {i}");
         let t = Instant::now();
-        let g = pusher.submit(config(&body));
+        let g = submit(&pusher, config(&body));
         assert_eq!(g, 2 + i);
         wait_for(&mut state, "ack", |s| s.acked == g).await;
         times.push(t.elapsed());
         assert_eq!(dp.get().await, (200, body));
     }
     times.sort();
+    // Printed, not asserted (no timed asserts): the design target is in the docs.
     println!(
         "submit → acked (live): p50 {:?}, max {:?}",
         times[2], times[4]
     );
-    // Generous on a shared CI machine; the design target (p50 < 10 ms) is in the docs.
-    assert!(times[2] < Duration::from_millis(500), "{times:?}");
 
     let m = pusher.metrics();
     assert_eq!((m.connects, m.pushes, m.acks, m.nacks), (1, 6, 6, 0));
@@ -169,7 +173,7 @@ async fn invalid_config_is_nacked_with_its_path_and_the_old_config_keeps_serving
     let dp = Dataplane::start(&sock, None).await;
     let pusher = Pusher::spawn(options(&sock));
     let mut state = pusher.state();
-    pusher.submit(config("good"));
+    submit(&pusher, config("good"));
     wait_for(&mut state, "ack of 1", |s| s.acked == 1).await;
 
     let mut bad = config("bad");
@@ -180,7 +184,7 @@ async fn invalid_config_is_nacked_with_its_path_and_the_old_config_keeps_serving
             filters: vec![],
         }],
     });
-    assert_eq!(pusher.submit(bad), 2);
+    assert_eq!(submit(&pusher, bad), 2);
     let s = wait_for(&mut state, "nack of 2", |s| s.last_nack.is_some()).await;
     let (generation, errors) = s.last_nack.unwrap();
     assert_eq!(generation, 2);
@@ -199,7 +203,7 @@ async fn invalid_config_is_nacked_with_its_path_and_the_old_config_keeps_serving
     let s = wait_for(&mut state, "second nack", |_| pusher.metrics().nacks == 2).await;
     assert_eq!(s.last_nack.unwrap().1, errors);
     assert_eq!(dp.control.stats().deltas.load(Relaxed), 1);
-    pusher.submit(config("fixed"));
+    submit(&pusher, config("fixed"));
     wait_for(&mut state, "ack of 3", |s| s.acked == 3).await;
     assert_eq!(dp.get().await, (200, "fixed".into()));
     assert_eq!(dp.applies(), 4);
@@ -208,24 +212,18 @@ async fn invalid_config_is_nacked_with_its_path_and_the_old_config_keeps_serving
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_burst_of_submits_is_coalesced_into_one_apply() {
+async fn only_the_latest_of_the_configs_submitted_while_unreachable_is_sent() {
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("control.sock");
-    let dp = Dataplane::start(&sock, None).await;
-    // A wide window so that a busy test machine cannot split the burst.
-    let pusher = Pusher::spawn(PushOptions {
-        debounce: Duration::from_millis(400),
-        ..options(&sock)
-    });
+    let pusher = Pusher::spawn(options(&sock));
     let mut state = pusher.state();
-    wait_for(&mut state, "connected", |s| s.connected).await;
-
-    let configs: Vec<Config> = (1..=10).map(|i| config(&format!("burst {i}"))).collect();
-    for (i, c) in configs.into_iter().enumerate() {
-        assert_eq!(pusher.submit(c), i as u64 + 1);
+    for i in 1..=10 {
+        assert_eq!(submit(&pusher, config(&format!("burst {i}"))), i);
     }
+    let dp = Dataplane::start(&sock, None).await;
     wait_for(&mut state, "ack of 10", |s| s.acked == 10).await;
-    assert_eq!(dp.applies(), 1, "ten submits in a burst, one Apply");
+    assert_eq!(dp.applies(), 1, "ten submits, one Apply");
+    assert_eq!(pusher.metrics().pushes, 1);
     assert_eq!(dp.get().await, (200, "burst 10".into()));
     dp.stop().await;
 }
@@ -237,14 +235,14 @@ async fn an_unchanged_config_is_not_pushed_again() {
     let dp = Dataplane::start(&sock, None).await;
     let pusher = Pusher::spawn(options(&sock));
     let mut state = pusher.state();
-    assert_eq!(pusher.submit(config("same")), 1);
+    assert_eq!(submit(&pusher, config("same")), 1);
     wait_for(&mut state, "ack of 1", |s| s.acked == 1).await;
 
     // Same content (the generation field does not count): same generation, nothing sent.
     let mut again = config("same");
     again.generation = 77;
-    assert_eq!(pusher.submit(again), 1);
-    // Longer than the debounce window: a push would have happened by now.
+    assert_eq!(submit(&pusher, again), 1);
+    // A change is sent at once: a push would have happened by now.
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(dp.applies(), 1);
     assert_eq!(pusher.metrics().pushes, 1);
@@ -258,7 +256,7 @@ async fn the_pusher_connects_when_the_dataplane_starts_later() {
     let sock = dir.path().join("control.sock");
     let pusher = Pusher::spawn(options(&sock));
     let mut state = pusher.state();
-    assert_eq!(pusher.submit(config("late")), 1);
+    assert_eq!(submit(&pusher, config("late")), 1);
     // A few failed attempts (max backoff 100 ms).
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!state.borrow().connected);
@@ -276,8 +274,8 @@ async fn a_restarted_dataplane_gets_the_latest_config_again() {
     let dp = Dataplane::start(&sock, None).await;
     let pusher = Pusher::spawn(options(&sock));
     let mut state = pusher.state();
-    pusher.submit(config("v1"));
-    pusher.submit(config("v2"));
+    submit(&pusher, config("v1"));
+    submit(&pusher, config("v2"));
     wait_for(&mut state, "ack of 2", |s| s.acked == 2).await;
     dp.stop().await;
     wait_for(&mut state, "disconnect", |s| !s.connected).await;
@@ -300,7 +298,7 @@ async fn generations_continue_above_the_dataplanes_and_a_matching_hash_is_not_re
     // Submitted before any dataplane is there: numbered 1.
     let pusher = Pusher::spawn(options(&sock));
     let mut state = pusher.state();
-    assert_eq!(pusher.submit(config("new")), 1);
+    assert_eq!(submit(&pusher, config("new")), 1);
     // The dataplane already runs generation 50 (say, from a previous controller): the latest
     // config is renumbered above it when the dataplane says Hello.
     let mut initial = config("old");
@@ -309,7 +307,7 @@ async fn generations_continue_above_the_dataplanes_and_a_matching_hash_is_not_re
     let s = wait_for(&mut state, "ack above 50", |s| s.acked > 50).await;
     assert_eq!((s.submitted, s.acked), (51, 51));
     assert_eq!(dp.get().await, (200, "new".into()));
-    assert_eq!(pusher.submit(config("newer")), 52);
+    assert_eq!(submit(&pusher, config("newer")), 52);
     wait_for(&mut state, "ack of 52", |s| s.acked == 52).await;
     dp.stop().await;
 
@@ -322,7 +320,7 @@ async fn generations_continue_above_the_dataplanes_and_a_matching_hash_is_not_re
     assert_eq!(s.submitted, 60);
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(dp.applies(), 0, "matching hash: no resend");
-    assert_eq!(pusher.submit(config("newest")), 61);
+    assert_eq!(submit(&pusher, config("newest")), 61);
     wait_for(&mut state, "ack of 61", |s| s.acked == 61).await;
     assert_eq!(dp.get().await, (200, "newest".into()));
     assert_eq!(dp.applies(), 1);
@@ -336,10 +334,10 @@ async fn generations_continue_above_the_dataplanes_and_a_matching_hash_is_not_re
         s.connected && s.acked == 61
     })
     .await;
-    assert_eq!(pusher.submit(config("newest")), 61);
+    assert_eq!(submit(&pusher, config("newest")), 61);
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(dp.applies(), 1, "same content: no push");
-    assert_eq!(pusher.submit(config("after restart")), 62);
+    assert_eq!(submit(&pusher, config("after restart")), 62);
     wait_for(&mut state, "ack of 62", |s| s.acked == 62).await;
     assert_eq!(dp.get().await, (200, "after restart".into()));
     assert_eq!(dp.applies(), 2);
@@ -354,7 +352,7 @@ async fn deltas_give_exactly_what_a_full_apply_gives() {
     let pusher = Pusher::spawn(options(&sock));
     let mut state = pusher.state();
     let mut c = routes_config(300, "v0");
-    let g = pusher.submit_now(c.clone());
+    let g = submit(&pusher, c.clone());
     wait_for(&mut state, "first ack", |s| s.acked == g).await;
     let full_bytes = pusher.metrics().last_config_bytes;
     // Changes of every kind: a route, an insert at the front, a removal, a reorder, a
@@ -386,7 +384,7 @@ async fn deltas_give_exactly_what_a_full_apply_gives() {
     ];
     for (i, edit) in edits.iter().enumerate() {
         edit(&mut c);
-        let g = pusher.submit_now(c.clone());
+        let g = submit(&pusher, c.clone());
         wait_for(&mut state, "ack", |s| s.acked == g).await;
         assert!(state.borrow().last_nack.is_none(), "edit {i}");
         // What the dataplane runs is the submitted config, item for item, and it reports its
@@ -411,7 +409,7 @@ async fn deltas_give_exactly_what_a_full_apply_gives() {
     let dp2 = Dataplane::start(&sock2, None).await;
     let pusher2 = Pusher::spawn(options(&sock2));
     let mut state2 = pusher2.state();
-    let g2 = pusher2.submit_now(c.clone());
+    let g2 = submit(&pusher2, c.clone());
     wait_for(&mut state2, "ack", |s| s.acked == g2).await;
     assert_eq!(pusher2.metrics().deltas, 0);
     let (a, b) = (dp.runtime.shared.snapshot(), dp2.runtime.shared.snapshot());
@@ -445,7 +443,7 @@ async fn a_delta_against_another_base_is_nacked_and_the_full_config_follows() {
     let dp = Dataplane::start(&sock, None).await;
     let pusher = Pusher::spawn(options(&sock));
     let mut state = pusher.state();
-    let g = pusher.submit_now(config("one"));
+    let g = submit(&pusher, config("one"));
     wait_for(&mut state, "ack", |s| s.acked == g).await;
     // Someone else changes what the dataplane runs: the pusher's next delta names a base
     // that is no longer serving.
@@ -454,7 +452,7 @@ async fn a_delta_against_another_base_is_nacked_and_the_full_config_follows() {
     dp.runtime.apply(other).await.unwrap();
     assert_eq!(dp.get().await, (200, "other".into()));
 
-    let g = pusher.submit_now(config("two"));
+    let g = submit(&pusher, config("two"));
     wait_for(&mut state, "ack after the full resend", |s| s.acked == g).await;
     assert_eq!(dp.get().await, (200, "two".into()));
     let st = dp.control.stats();
@@ -470,7 +468,7 @@ async fn a_delta_against_another_base_is_nacked_and_the_full_config_follows() {
         "{errors:?}"
     );
     // The next change is a delta again, on the full config's base.
-    let g = pusher.submit_now(config("three"));
+    let g = submit(&pusher, config("three"));
     wait_for(&mut state, "ack", |s| s.acked == g).await;
     assert_eq!(dp.get().await, (200, "three".into()));
     assert_eq!(pusher.metrics().deltas, 2);
@@ -503,13 +501,13 @@ async fn a_delta_that_breaks_an_unchanged_virtual_host_is_nacked() {
         }],
     });
     good.virtual_hosts.push(proxied);
-    let g = pusher.submit_now(good.clone());
+    let g = submit(&pusher, good.clone());
     wait_for(&mut state, "ack", |s| s.acked == g).await;
     // Only the backend goes away; the virtual host that uses it is unchanged, yet the delta's
     // result is validated against it.
     let mut bad = good.clone();
     bad.backends.clear();
-    let g = pusher.submit_now(bad);
+    let g = submit(&pusher, bad);
     let s = wait_for(&mut state, "nack", |s| s.last_nack.is_some()).await;
     let (generation, errors) = s.last_nack.unwrap();
     assert_eq!(generation, g);
@@ -578,7 +576,7 @@ async fn bench_push_5000_routes() {
     for round in 0..5 {
         let big = routes_config(5000, &format!("r{round}"));
         let t = Instant::now();
-        let g = pusher.submit(big.clone());
+        let g = submit(&pusher, big.clone());
         wait_for(&mut state, "ack", |s| s.acked == g).await;
         full.push(t.elapsed());
 
@@ -589,7 +587,7 @@ async fn bench_push_5000_routes() {
             content_type: None,
         });
         let t = Instant::now();
-        let g = pusher.submit(one);
+        let g = submit(&pusher, one);
         wait_for(&mut state, "ack", |s| s.acked == g).await;
         change.push(t.elapsed());
     }

@@ -7,11 +7,9 @@
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty, Full};
 
-/// Boxed error carried by bodies.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
-/// The streaming body type used throughout the dataplane.
-pub type Body = http_body_util::combinators::UnsyncBoxBody<Bytes, BoxError>;
+/// The streaming body type used throughout the dataplane (the HTTP/2 engine's), and its
+/// boxed error.
+pub use sweety_h2::{Body, BoxError};
 
 /// An empty body.
 pub fn empty() -> Body {

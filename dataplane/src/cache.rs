@@ -58,7 +58,7 @@ pub struct Entry {
     path: String,
     /// The stored headers HPACK-encoded, for Sweety's HTTP/2 engine: built on its first hit
     /// there (never for entries only other protocols read).
-    encoded: OnceLock<crate::h2::Encoded>,
+    encoded: OnceLock<sweety_h2::Encoded>,
     /// The stored fields can go out ahead of a hit's `age` and `x-cache` as they are: none of
     /// them is `age`, `x-cache` or connection-specific (see [`StoredHead`]).
     plain_head: bool,
@@ -71,9 +71,9 @@ impl Entry {
         now.saturating_duration_since(self.stored) + Duration::from_secs(self.initial_age)
     }
 
-    fn encoded(&self) -> &crate::h2::Encoded {
+    fn encoded(&self) -> &sweety_h2::Encoded {
         self.encoded
-            .get_or_init(|| crate::h2::Encoded::new(&self.headers))
+            .get_or_init(|| sweety_h2::Encoded::new(&self.headers))
     }
 }
 
@@ -125,9 +125,10 @@ impl StoredHead {
     }
 
     /// Puts the head into the response's header map, exactly as a hit answered with a map
-    /// has it, ahead of the fields already there. `engine`: attach the stored fields'
-    /// encoding for Sweety's HTTP/2 engine.
-    pub fn materialize(self, resp: &mut Response<Body>, engine: bool) {
+    /// has it, ahead of the fields already there. `hpack`: the response goes out over HTTP/2;
+    /// attach the stored fields' encoding (Sweety's engine sends it as is if the map still
+    /// starts with those fields).
+    pub fn materialize(self, resp: &mut Response<Body>, hpack: bool) {
         let extra = std::mem::take(resp.headers_mut());
         *resp.headers_mut() = hit_headers(&self.entry, self.age, self.how, false);
         let h = resp.headers_mut();
@@ -140,8 +141,53 @@ impl StoredHead {
                 h.append(n, value);
             }
         }
-        if engine {
+        if hpack {
             resp.extensions_mut().insert(self.entry.encoded().clone());
+        }
+    }
+}
+
+impl sweety_h2::EncodedHead for StoredHead {
+    /// The stored fields, then `age` and `x-cache`: the fields a hit's map starts with.
+    fn encode(&self, dst: &mut BytesMut) {
+        dst.extend_from_slice(self.block());
+        hit_fields(dst, self.age, self.how);
+    }
+
+    fn contains(&self, name: &HeaderName) -> bool {
+        StoredHead::contains(self, name)
+    }
+}
+
+/// Appends the HPACK encoding of `age: {age}` and `x-cache: {how}`. Hits within a second of
+/// each other mostly have the same pair: its encoding is kept per thread.
+fn hit_fields(dst: &mut bytes::BytesMut, age: u64, how: &'static str) {
+    use std::cell::RefCell;
+    thread_local! {
+        static LAST: RefCell<(u64, &'static str, Vec<u8>)> = const { RefCell::new((0, "", Vec::new())) };
+    }
+    LAST.with(|last| {
+        let mut last = last.borrow_mut();
+        if last.0 != age || last.1 != how || last.2.is_empty() {
+            let mut b = bytes::BytesMut::new();
+            let mut digits = [0u8; 20];
+            sweety_h2::hpack::Encoder::field(&mut b, b"age", decimal(age, &mut digits), false);
+            sweety_h2::hpack::Encoder::field(&mut b, b"x-cache", how.as_bytes(), false);
+            *last = (age, how, b.to_vec());
+        }
+        dst.extend_from_slice(&last.2);
+    });
+}
+
+/// `n` in decimal ASCII, written into `buf`.
+fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
+    let mut at = buf.len();
+    loop {
+        at -= 1;
+        buf[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            return &buf[at..];
         }
     }
 }
@@ -743,14 +789,15 @@ impl Cache {
     /// Otherwise what the lookup found (`None`: the request skips the lookup), for
     /// [`Cache::serve`] to go on with (stale entries, coalescing, the fetch) without looking
     /// the key up again. Lets the pipeline answer a hit before it builds anything for the
-    /// upstream path. `engine`: the response goes to Sweety's HTTP/2 engine, which takes the
-    /// head as a [`StoredHead`] (when the entry's head allows it and the request is no HEAD).
+    /// upstream path. `hpack`: the response goes out over HTTP/2, where the head can stay a
+    /// [`StoredHead`] beside the map (when the entry's head allows it and the request is no
+    /// HEAD) or comes with its encoding attached.
     pub fn fresh_hit(
         &self,
         key: &RequestKey,
         req: &HeaderMap,
         now: Instant,
-        engine: bool,
+        hpack: bool,
     ) -> Result<(Response<Body>, Option<StoredHead>), Option<Found>> {
         if !key.lookup {
             return Err(None);
@@ -758,7 +805,7 @@ impl Cache {
         match self.lookup(key, req, now) {
             Found::Fresh(e) => {
                 self.metrics.edge.cache_hits.fetch_add(1, Relaxed);
-                if engine && e.plain_head && !key.head {
+                if hpack && e.plain_head && !key.head {
                     let mut r = Response::new(crate::body::full(e.body.clone()));
                     *r.status_mut() = e.status;
                     let age = e.age(now).as_secs();
@@ -772,8 +819,8 @@ impl Cache {
                     ));
                 }
                 let mut r = respond(&e, key.head, "HIT", now);
-                if engine {
-                    // The engine sends the stored fields' encoding as is when the response
+                if hpack {
+                    // Sweety's engine sends the stored fields' encoding as is when the response
                     // still starts with them unchanged (it checks).
                     r.extensions_mut().insert(e.encoded().clone());
                 }
@@ -1065,7 +1112,7 @@ mod tests {
     /// The HPACK bytes of a hit's fields (after `:status`) as the engine sends them.
     fn engine_fields(resp: &Response<Body>, stored: Option<&StoredHead>) -> BytesMut {
         let mut b = BytesMut::new();
-        crate::h2::encode_fields(&mut b, resp.headers(), resp.extensions(), stored);
+        sweety_h2::encode_fields(&mut b, resp.headers(), resp.extensions(), stored);
         b
     }
 
@@ -1114,7 +1161,7 @@ mod tests {
         // Other protocols: the whole head in the map, no encoding attached.
         let (plain, none) = c.fresh_hit(&k, &req, now, false).unwrap();
         assert!(none.is_none());
-        assert!(plain.extensions().get::<crate::h2::Encoded>().is_none());
+        assert!(plain.extensions().get::<sweety_h2::Encoded>().is_none());
         assert_eq!(plain.headers()["age"], "7");
         assert_eq!(plain.headers()["x-cache"], "HIT");
         assert_eq!(
@@ -1170,7 +1217,7 @@ mod tests {
             plain.headers().iter().collect::<Vec<_>>()
         );
         assert!(m.headers()["x-secret"].is_sensitive());
-        assert!(m.extensions().get::<crate::h2::Encoded>().is_some());
+        assert!(m.extensions().get::<sweety_h2::Encoded>().is_some());
         assert_eq!(engine_fields(&m, None), want);
 
         // HEAD gets its length in the map: no stored head.
@@ -1503,5 +1550,29 @@ mod tests {
         assert_eq!(calls.load(Relaxed), 1, "{results:?}");
         assert_eq!(results.iter().filter(|x| *x == "MISS").count(), 1);
         assert_eq!(results.iter().filter(|x| *x == "HIT").count(), 19);
+    }
+
+    #[test]
+    fn hit_fields_are_encoded_as_a_map_would_have_them() {
+        for (age, how) in [
+            (0, "HIT"),
+            (7, "HIT"),
+            (7, "HIT"),
+            (7, "STALE"),
+            (123_456, "HIT"),
+            (0, "HIT"),
+        ] {
+            let mut want = bytes::BytesMut::new();
+            let mut map = http::HeaderMap::new();
+            map.insert(http::header::AGE, http::HeaderValue::from(age));
+            map.insert("x-cache", http::HeaderValue::from_static(how));
+            for (n, v) in &map {
+                sweety_h2::encode_field(&mut want, n, v);
+            }
+            let mut got = bytes::BytesMut::from(&b"prefix"[..]);
+            hit_fields(&mut got, age, how);
+            assert_eq!(&got[..6], b"prefix");
+            assert_eq!(&got[6..], &want[..], "{age} {how}");
+        }
     }
 }

@@ -35,15 +35,12 @@ pub mod admin;
 pub mod body;
 pub mod cache;
 pub mod compress;
-pub mod conn_headers;
 pub mod control;
 pub mod ctx;
 pub mod defaults;
 pub mod filters;
 pub mod grpc;
-pub mod h2;
 pub mod h3;
-pub mod hpack;
 pub mod l4;
 pub mod limits;
 pub mod metrics;
@@ -56,3 +53,6 @@ pub mod server;
 pub mod static_files;
 pub mod tls;
 pub mod websocket;
+
+// The HTTP/2 engine's modules the other protocols share (connection-specific fields, HPACK).
+pub use sweety_h2::{conn_headers, hpack};

@@ -59,7 +59,7 @@ struct RunArgs {
     control_socket: Option<PathBuf>,
 }
 
-/// mimalloc: less fragmentation and lower RSS across config reloads (docs/benchmarks.md).
+/// mimalloc: less fragmentation and lower RSS across config reloads (e2e/bench/HISTORY.md, "Earlier measurements").
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -43,29 +43,75 @@ pub async fn handle(
     protocol: Protocol,
     req: Request<Body>,
 ) -> Response<Body> {
-    serve(shared, conn, protocol, req, None, Instant::now(), false)
-        .await
-        .0
+    let (mut resp, stored) = serve(shared, conn, protocol, req, None, Instant::now()).await;
+    if let Some(head) = stored {
+        head.materialize(&mut resp, false);
+    }
+    resp
 }
 
-/// [`handle`] for Sweety's HTTP/2 engine: `snap` is the current snapshot (the connection keeps
-/// it between requests, see `Shared::snapshot_for`), `start` is when the engine read the
-/// request (its clock reading for the batch), and a cache hit's stored head may come back as a
-/// [`StoredHead`] instead of in the response's header map (when nothing in the response phase
-/// needs the map); the engine sends it ahead of the map's fields.
-///
-/// The request future itself, not a wrapper around it: a wrapping `async fn` would copy the
-/// whole unstarted request future (~2.7 KB) into its own state once per request.
-pub fn handle_h2(
+/// The pipeline as Sweety's HTTP/2 engine's service for one connection. It keeps the
+/// snapshot of its last request while no reload happened (`Shared::snapshot_for`), starts each
+/// request at the engine's clock reading for the batch it came in, and lets a cache hit's
+/// stored head go to the engine as it is (the engine sends it ahead of the map's fields)
+/// when nothing in the response phase needs the map.
+pub struct H2Pipeline {
     shared: Arc<Shared>,
     conn: Arc<ConnInfo>,
-    req: Request<Body>,
-    snap: Arc<crate::runtime::Snapshot>,
-    start: Instant,
-) -> impl std::future::Future<Output = (Response<Body>, Option<StoredHead>)> + Send {
-    serve(shared, conn, Protocol::Http2, req, Some(snap), start, true)
+    snap: Option<(u64, Arc<crate::runtime::Snapshot>)>,
 }
 
+impl H2Pipeline {
+    /// The service of one connection.
+    pub fn new(shared: Arc<Shared>, conn: Arc<ConnInfo>) -> H2Pipeline {
+        H2Pipeline {
+            shared,
+            conn,
+            snap: None,
+        }
+    }
+}
+
+/// A request's answer as the engine runs it: the request future itself, boxed where it is
+/// built (a wrapping `async fn` would copy the whole unstarted future, ~2.7 KB, per request).
+type H2Answer =
+    Pin<Box<dyn std::future::Future<Output = (Response<Body>, Option<StoredHead>)> + Send>>;
+
+impl sweety_h2::H2Service for H2Pipeline {
+    type Head = StoredHead;
+    type Future = H2Answer;
+
+    fn call(&mut self, req: Request<Body>, now: Instant) -> H2Answer {
+        let (shared, conn) = (self.shared.clone(), self.conn.clone());
+        let snap = self.shared.snapshot_for(&mut self.snap);
+        sweety_h2::box_in_place(move || serve(shared, conn, Protocol::Http2, req, Some(snap), now))
+    }
+
+    fn limit_hit(&self, what: &'static str) {
+        self.shared.metrics.limit_hit(what);
+    }
+
+    fn connection_error(&self, reason: sweety_h2::Reason, why: &'static str) {
+        tracing::debug!(%reason, why, peer = %self.conn.peer, "HTTP/2 connection error");
+        self.shared.metrics.edge_events.inc(&"h2_connection_error");
+    }
+
+    fn on_poll(&mut self) {
+        if !self.shared.is_current(&self.snap) {
+            // A reload happened: hold no older config than the in-flight requests do.
+            self.snap = None;
+        }
+    }
+
+    fn on_idle(&mut self) {
+        self.snap = None;
+    }
+}
+
+/// Phases 1–7 of one request. `snap`: the snapshot to use (else the current one); `start`:
+/// when the request was read. A cache hit's stored head may come back beside the response
+/// ([`StoredHead`]) instead of in its header map, when nothing in the response phase needs
+/// the map: [`handle`] puts it into the map, the HTTP/2 engine sends it pre-encoded.
 async fn serve(
     shared: Arc<Shared>,
     conn: Arc<ConnInfo>,
@@ -73,7 +119,6 @@ async fn serve(
     req: Request<Body>,
     snap: Option<Arc<crate::runtime::Snapshot>>,
     start: Instant,
-    engine: bool,
 ) -> (Response<Body>, Option<StoredHead>) {
     let snap = snap.unwrap_or_else(|| shared.snapshot());
     let view = snap.listener(&conn.listener);
@@ -128,7 +173,7 @@ async fn serve(
         );
         Served::unrouted(r)
     } else {
-        route_and_serve(&shared, &snap, view, &ctx, req, engine).await
+        route_and_serve(&shared, &snap, view, &ctx, req).await
     };
     let Served {
         route: route_name,
@@ -149,7 +194,7 @@ async fn serve(
         }) || grpc.is_some()
             || alt_svc.is_some_and(|_| head.contains(&header::ALT_SVC));
         if needs_map {
-            head.materialize(&mut resp, engine);
+            head.materialize(&mut resp, protocol == Protocol::Http2);
         } else {
             stored = Some(head);
         }
@@ -289,9 +334,8 @@ async fn route_and_serve<'a>(
     view: Option<&ListenerView>,
     ctx: &RequestCtx,
     req: Request<Body>,
-    engine: bool,
 ) -> Served<'a> {
-    match route(shared, snap, view, ctx, req, engine) {
+    match route(shared, snap, view, ctx, req) {
         Routed::Answered(s) => s,
         Routed::Act(a) => act(shared, snap, ctx, *a).await,
     }
@@ -304,7 +348,6 @@ fn route<'a>(
     view: Option<&ListenerView>,
     ctx: &RequestCtx,
     req: Request<Body>,
-    engine: bool,
 ) -> Routed<'a> {
     let Some(view) = view else {
         return Routed::Answered(Served::unrouted(text_response(
@@ -447,10 +490,12 @@ fn route<'a>(
     // lookup found goes on to `Cache::serve`.
     let mut found = None;
     if let Some((_, key)) = &cache_key {
-        match shared
-            .cache
-            .fresh_hit(key, &parts.headers, ctx.start, engine)
-        {
+        match shared.cache.fresh_hit(
+            key,
+            &parts.headers,
+            ctx.start,
+            ctx.protocol == Protocol::Http2,
+        ) {
             Ok((hit, stored)) => {
                 let hit = crate::access::hold(hit, in_flight);
                 return Routed::Answered(Served::routed(route_name, hit, matched, stored));

@@ -10,7 +10,7 @@
 //! responses of all the streams of one read), spawned only when it has to wait.
 //!
 //! With `limits.http2_engine: sweety`, h2 (ALPN) and h2c connections are served by Sweety's
-//! own HTTP/2 layer ([`crate::h2`]) instead; it batches its writes the same way. On cleartext
+//! own HTTP/2 engine (`sweety_h2`) instead; it batches its writes the same way. On cleartext
 //! listeners the first bytes are read (within `header_read_timeout`) to tell h2c by prior
 //! knowledge (the client preface) from HTTP/1.1, for either engine; hyper's HTTP/2
 //! connections get the idle timeout hyper lacks (see [`serve_http`]).
@@ -32,8 +32,9 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
+use sweety_h2::first_poll::{first_poll, INLINE_FIRST_POLLS};
 use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -83,7 +84,7 @@ pub async fn run_tcp(
         let handshake_timeout = snap.config.limits.header_read_timeout.get();
         let idle_timeout = snap.config.limits.idle_timeout.get();
         let h2 = (snap.config.limits.http2_engine == sweety_config::Http2Engine::Sweety)
-            .then(|| crate::h2::Settings::from_limits(&snap.config.limits));
+            .then(|| h2_settings(&snap.config.limits));
         drop(snap);
         let drain = stop.clone();
         let watcher = graceful.watcher();
@@ -155,7 +156,7 @@ struct Serving {
     /// Held while the connection is served: the listener's drain waits for it.
     watcher: Watcher,
     /// Sweety's HTTP/2 engine and its settings, when `limits.http2_engine` is `sweety`.
-    h2: Option<crate::h2::Settings>,
+    h2: Option<sweety_h2::Settings>,
     /// Turns true when the listener drains (GOAWAY for Sweety's HTTP/2 engine).
     drain: watch::Receiver<bool>,
 }
@@ -201,8 +202,14 @@ async fn serve_conn(
                 };
             match (is_h2, h2) {
                 (true, Some(settings)) => {
-                    let r =
-                        crate::h2::serve_read(stream, first, shared, conn, settings, drain).await;
+                    let r = sweety_h2::serve_read(
+                        stream,
+                        first,
+                        crate::pipeline::H2Pipeline::new(shared, conn),
+                        settings,
+                        drain,
+                    )
+                    .await;
                     drop(watcher);
                     if let Err(e) = r {
                         tracing::debug!(error = %e, "HTTP/2 connection ended with an error");
@@ -250,7 +257,13 @@ async fn serve_conn(
                 sni,
             });
             if let (true, Some(settings)) = (alpn_h2, h2) {
-                let r = crate::h2::serve(tls, shared, conn, settings, drain).await;
+                let r = sweety_h2::serve(
+                    tls,
+                    crate::pipeline::H2Pipeline::new(shared, conn),
+                    settings,
+                    drain,
+                )
+                .await;
                 drop(watcher);
                 if let Err(e) = r {
                     tracing::debug!(error = %e, "HTTP/2 connection ended with an error");
@@ -272,7 +285,7 @@ async fn read_preface<R>(io: &mut R) -> std::io::Result<(bool, BytesMut)>
 where
     R: tokio::io::AsyncRead + Unpin,
 {
-    let preface = crate::h2::frame::PREFACE;
+    let preface = sweety_h2::frame::PREFACE;
     let mut buf = BytesMut::with_capacity(4096);
     loop {
         if io.read_buf(&mut buf).await? == 0 {
@@ -533,37 +546,16 @@ where
     }
 }
 
-/// What [`first_poll`] did with a future.
-pub(crate) enum FirstPoll<T> {
-    /// It finished in its first poll.
-    Ready(T),
-    /// It waits for something: it runs on as its own task.
-    Spawned(tokio::task::JoinHandle<T>),
-    /// It panicked (caught: only this future ends, as in a spawned task).
-    Panicked,
-}
-
-/// Polls a request future once on the caller's task with a no-op waker, and spawns it when
-/// it is not finished: its first poll on the runtime registers the real waker (a future
-/// re-checks its state on every poll, so nothing that happened in between is missed). Both
-/// HTTP/2 servers answer ready requests this way (hyper's through [`StreamExecutor`], Sweety's
-/// engine in `h2::conn`), each capped at [`INLINE_FIRST_POLLS`] per connection poll.
-pub(crate) fn first_poll<F>(mut fut: F) -> FirstPoll<F::Output>
-where
-    F: Future + Unpin + Send + 'static,
-    F::Output: Send + 'static,
-{
-    let mut cx = Context::from_waker(Waker::noop());
-    let first = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        Pin::new(&mut fut).poll(&mut cx)
-    }));
-    match first {
-        Ok(Poll::Ready(v)) => FirstPoll::Ready(v),
-        Ok(Poll::Pending) => FirstPoll::Spawned(tokio::spawn(fut)),
-        Err(_) => {
-            tracing::error!("a request future panicked in its first poll");
-            FirstPoll::Panicked
-        }
+/// The HTTP/2 engine's connection settings from the config's limits.
+pub fn h2_settings(l: &sweety_config::Limits) -> sweety_h2::Settings {
+    sweety_h2::Settings {
+        max_concurrent_streams: l.max_concurrent_streams,
+        max_header_bytes: l.max_header_bytes,
+        header_read_timeout: l.header_read_timeout.get(),
+        idle_timeout: l.idle_timeout.get(),
+        max_resets_per_sec: l.max_pending_reset_streams,
+        stream_window: 256 * 1024,
+        conn_window: 1024 * 1024,
     }
 }
 
@@ -575,12 +567,6 @@ fn spawn_unless_ready(fut: Pin<Box<dyn Future<Output = ()> + Send>>) {
 /// Most rounds (connection poll, then its new streams' first polls) in one poll of
 /// [`Batched`] before it yields to the runtime.
 const BATCH_ROUNDS: usize = 8;
-
-/// Most stream first polls run inline in one poll of a connection, so one connection sending
-/// cheap requests (cache hits, refusals) cannot hold a single-threaded worker away from the
-/// accept loop and the other connections: in [`Batched`] (hyper) later streams of that poll
-/// are spawned; Sweety's engine stops handling frames and yields until its next poll.
-pub(crate) const INLINE_FIRST_POLLS: usize = 64;
 
 /// Collects the stream futures handed to [`StreamExecutor`] during one poll of a [`Batched`]
 /// connection. Restores the thread's previous collector when dropped, also while a panic
@@ -675,6 +661,7 @@ mod tests {
     use super::*;
     use hyper::rt::Executor;
     use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    use std::task::Waker;
 
     /// A waker that counts its wakes.
     struct Count(AtomicUsize);
@@ -687,7 +674,7 @@ mod tests {
     #[tokio::test]
     async fn a_partial_preface_is_waited_for_without_polling() {
         use tokio::io::AsyncWriteExt;
-        let preface = crate::h2::frame::PREFACE;
+        let preface = sweety_h2::frame::PREFACE;
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let mut c = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
         let (mut s, _) = l.accept().await.unwrap();

@@ -52,9 +52,13 @@ pub enum UpgradeRequest {
 /// Whether (and how) the request asks for a protocol upgrade.
 pub fn upgrade_request<B>(req: &Request<B>) -> Option<UpgradeRequest> {
     if req.method() == Method::CONNECT {
-        let proto = req.extensions().get::<hyper::ext::Protocol>()?;
+        // `:protocol` as hyper's HTTP/2 server or Sweety's engine carries it.
+        let ext = req.extensions();
+        let proto = ext
+            .get::<hyper::ext::Protocol>()
+            .map(|p| p.as_str())
+            .or_else(|| ext.get::<sweety_h2::ConnectProtocol>().map(|p| p.as_str()))?;
         return proto
-            .as_str()
             .eq_ignore_ascii_case("websocket")
             .then_some(UpgradeRequest::ExtendedConnect);
     }
@@ -121,7 +125,7 @@ pub async fn proxy(
     // connections (HTTP/1.1, and HTTP/2 with `http2_engine: hyper`) through its upgrades.
     let h2_client = req
         .extensions_mut()
-        .remove::<crate::h2::Upgrade>()
+        .remove::<sweety_h2::Upgrade>()
         .and_then(|u| u.take());
     let client_upgrade = h2_client.is_none().then(|| hyper::upgrade::on(&mut req));
     let (mut parts, _body) = req.into_parts();
@@ -137,6 +141,7 @@ pub async fn proxy(
                     .insert(&SEC_WEBSOCKET_VERSION, HeaderValue::from_static("13"));
             }
             parts.extensions.remove::<hyper::ext::Protocol>();
+            parts.extensions.remove::<sweety_h2::ConnectProtocol>();
             HeaderValue::from_static("websocket")
         }
     };
@@ -365,6 +370,18 @@ mod tests {
         r.extensions_mut()
             .insert(hyper::ext::Protocol::from_static("websocket"));
         assert_eq!(upgrade_request(&r), Some(UpgradeRequest::ExtendedConnect));
+        // As Sweety's HTTP/2 engine carries it.
+        let mut r = Request::builder()
+            .method("CONNECT")
+            .version(Version::HTTP_2)
+            .body(())
+            .unwrap();
+        r.extensions_mut()
+            .insert(sweety_h2::ConnectProtocol::new("websocket"));
+        assert_eq!(upgrade_request(&r), Some(UpgradeRequest::ExtendedConnect));
+        r.extensions_mut()
+            .insert(sweety_h2::ConnectProtocol::new("h3"));
+        assert_eq!(upgrade_request(&r), None);
     }
 
     #[test]

@@ -18,8 +18,8 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::time::Duration;
 use sweety_config::*;
-use sweety_dataplane::h2::frame::{self, flag, kind, Reason};
 use sweety_dataplane::hpack::Encoder;
+use sweety_h2::frame::{self, flag, kind, Reason};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 

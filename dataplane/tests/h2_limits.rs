@@ -18,6 +18,7 @@ use common::*;
 use std::net::SocketAddr;
 use std::time::Duration;
 use sweety_dataplane::hpack::Decoder;
+use sweety_dataplane::pipeline::H2Pipeline;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::TcpStream;
@@ -907,13 +908,13 @@ async fn serve_recorded(
         sni: None,
     });
     let snap = h.runtime.shared.snapshot();
-    let settings = sweety_dataplane::h2::Settings::from_limits(&snap.config.limits);
+    let settings = sweety_dataplane::server::h2_settings(&snap.config.limits);
     drop(snap);
     let (tx, stop) = tokio::sync::watch::channel(false);
     let shared = h.runtime.shared.clone();
     tokio::spawn(async move {
         let _tx = tx;
-        let _ = sweety_dataplane::h2::serve(io, shared, conn, settings, stop).await;
+        let _ = sweety_h2::serve(io, H2Pipeline::new(shared, conn), settings, stop).await;
     });
     largest
 }
@@ -961,7 +962,7 @@ async fn one_read_queues_a_bounded_amount_of_output() {
     .await;
     assert_eq!(answered, REQUESTS, "every request answered, no GOAWAY");
     let largest = largest.load(std::sync::atomic::Ordering::SeqCst);
-    let bound = sweety_dataplane::h2::conn::WRITE_HIGH + 4096;
+    let bound = sweety_h2::conn::WRITE_HIGH + 4096;
     assert!(
         largest <= bound,
         "{largest} bytes of output queued at once (bound {bound})"

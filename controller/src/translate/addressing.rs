@@ -10,7 +10,7 @@
 
 use super::status::Address;
 use super::{Params, Snapshot};
-use crate::gateway_services::{GATEWAY_NAME_LABEL, MANAGED_BY, MANAGED_BY_LABEL};
+use crate::labels::{GATEWAY_NAME_LABEL, MANAGED_BY, MANAGED_BY_LABEL};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, BTreeSet};

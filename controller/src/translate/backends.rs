@@ -5,7 +5,7 @@
 //! [`Backends`] collects what the routes reference and emits each backend once, sorted by name.
 
 use super::snapshot::Snapshot;
-use crate::gateway_services::SERVICE_NAME_LABEL;
+use crate::labels::SERVICE_NAME_LABEL;
 use k8s_openapi::api::core::v1::{Service, ServicePort};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use std::collections::{BTreeMap, BTreeSet};
@@ -87,7 +87,7 @@ pub struct ServiceIndex<'a> {
     /// EndpointSlices (whose endpoints are only read through a Service found here): per route
     /// object in the per-virtual-host memo (`RouteMemo::services` in
     /// `gateway::vhost_cache`), and for the Ingresses and SweetySites as a whole in the
-    /// front memo (`FrontInputs::services` in `translate::cache`).
+    /// front memo (`IngressSiteInputs::services` in `translate::cache`).
     recorded: std::cell::RefCell<Option<BTreeSet<(String, String)>>>,
     /// Whether ExternalName Services resolve (`Params::allow_external_name`).
     pub allow_external_name: bool,

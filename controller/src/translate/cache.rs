@@ -64,7 +64,7 @@ pub struct TranslateCache {
     /// SweetySites) until they change: `tried` holds those the memo failed with.
     unsupported: Option<(gateway::vhost_cache::Unsupported, Option<Tried>)>,
     /// What Ingress and SweetySite translation gave last time (with `vhosts`).
-    front: Front,
+    front: IngressSiteOutput,
     out: Option<Translation>,
     stats: CacheStats,
     /// Calls that translated every route (a new world, or one the memos cannot serve).
@@ -199,7 +199,7 @@ impl TranslateCache {
                 Err(cause) => {
                     // Not for the per-virtual-host memo (for now): translate in full.
                     self.vhosts = None;
-                    self.front = Front::default();
+                    self.front = IngressSiteOutput::default();
                     let tried = (!cause.in_world()).then(|| Tried::of(snapshot));
                     self.unsupported = Some((cause, tried));
                 }
@@ -287,13 +287,17 @@ impl TranslateCache {
         };
         // A first sync assembles everything: the front's items and statuses all count as new.
         let prev_front = std::mem::take(&mut self.front);
-        let prev_front = if first { Front::default() } else { prev_front };
+        let prev_front = if first {
+            IngressSiteOutput::default()
+        } else {
+            prev_front
+        };
         let stale = match change {
             Change::Services(s) => Some(s),
             _ => None,
         };
         let (front, translated) =
-            Front::update(snapshot, params, memo, prev_front, stale, &mut ch)?;
+            IngressSiteOutput::update(snapshot, params, memo, prev_front, stale, &mut ch)?;
         self.front = front;
         self.front_translates += u64::from(translated);
         let (memo, front) = (self.vhosts.as_ref().expect("just set"), &self.front);
@@ -401,7 +405,7 @@ struct ServiceChange {
 /// Ingress and SweetySite output (translated after the Gateway API), and what it was
 /// translated from.
 #[derive(Default)]
-struct Front {
+struct IngressSiteOutput {
     listeners: BTreeMap<String, Item<Listener>>,
     virtual_hosts: BTreeMap<String, Item<VirtualHost>>,
     /// Backends the Ingresses and SweetySites use (the routes may use some of them too).
@@ -409,12 +413,12 @@ struct Front {
     statuses: Statuses,
     static_content: Vec<StaticContent>,
     /// None: translate next time.
-    inputs: Option<FrontInputs>,
+    inputs: Option<IngressSiteInputs>,
 }
 
-/// What a [`Front`] translation read besides the world of the routes (whose changes, but
+/// What an [`IngressSiteOutput`] translation read besides the world of the routes (whose changes, but
 /// for Services, start a new memo and so a new translation).
-struct FrontInputs {
+struct IngressSiteInputs {
     /// Addresses of the Ingresses, IngressClasses and SweetySites, each list sorted.
     addrs: [Vec<usize>; 3],
     /// Those objects, held so that their addresses stay unique (a snapshot of them only).
@@ -427,19 +431,19 @@ struct FrontInputs {
     endpoints_read: BTreeSet<(String, String)>,
 }
 
-impl Front {
+impl IngressSiteOutput {
     /// `prev` again when nothing it was translated from changed: the same Ingresses,
     /// IngressClasses and SweetySites (by `Arc` identity), no Service object it looked up
     /// among `stale`, and no EndpointSlice of a Service whose endpoints it read. Otherwise
-    /// [`Front::translate`]. Also says whether it translated.
+    /// [`IngressSiteOutput::translate`]. Also says whether it translated.
     fn update(
         snapshot: &Snapshot,
         params: &Params,
         memo: &gateway::VhostMemo,
-        prev: Front,
+        prev: IngressSiteOutput,
         stale: Option<&ServiceChange>,
         ch: &mut gateway::Changes,
-    ) -> Result<(Front, bool), gateway::vhost_cache::Unsupported> {
+    ) -> Result<(IngressSiteOutput, bool), gateway::vhost_cache::Unsupported> {
         let addrs = [
             addrs(&snapshot.ingresses),
             addrs(&snapshot.ingress_classes),
@@ -452,7 +456,10 @@ impl Front {
                 })
         });
         if !same {
-            return Ok((Front::translate(snapshot, params, memo, &prev, ch)?, true));
+            return Ok((
+                IngressSiteOutput::translate(snapshot, params, memo, &prev, ch)?,
+                true,
+            ));
         }
         // The routes' listeners and virtual hosts that changed must still not take a name
         // of ours.
@@ -477,11 +484,11 @@ impl Front {
         snapshot: &Snapshot,
         params: &Params,
         memo: &gateway::VhostMemo,
-        prev: &Front,
+        prev: &IngressSiteOutput,
         ch: &mut gateway::Changes,
-    ) -> Result<Front, gateway::vhost_cache::Unsupported> {
+    ) -> Result<IngressSiteOutput, gateway::vhost_cache::Unsupported> {
         let active = !snapshot.ingresses.is_empty() || !snapshot.sites.is_empty();
-        let mut next = Front::default();
+        let mut next = IngressSiteOutput::default();
         let mut services = BTreeSet::new();
         if active {
             // The routes' backends are not registered first (as `translate` does): a name
@@ -489,8 +496,8 @@ impl Front {
             // backend, and the output takes the routes' (see `update_vhosts`).
             let mut b = Builder::new(snapshot, params);
             b.services.record();
-            ingress::translate(&mut b);
-            site::translate(&mut b);
+            let ingress_hosts = ingress::translate(&mut b);
+            site::translate(&mut b, &ingress_hosts);
             services = b.services.recorded();
             let unsupported = gateway::vhost_cache::Unsupported::FrontName;
             for l in b.listeners {
@@ -525,7 +532,7 @@ impl Front {
                 endpoints_read.remove(&(params.namespace.clone(), name.to_string()));
             }
         }
-        next.inputs = Some(FrontInputs {
+        next.inputs = Some(IngressSiteInputs {
             addrs: [
                 addrs(&snapshot.ingresses),
                 addrs(&snapshot.ingress_classes),
@@ -665,7 +672,7 @@ fn changed_services(old: &Snapshot, new: &Snapshot) -> ServiceChange {
             .metadata
             .labels
             .as_ref()
-            .and_then(|l| l.get(crate::gateway_services::SERVICE_NAME_LABEL));
+            .and_then(|l| l.get(crate::labels::SERVICE_NAME_LABEL));
         if let Some(svc) = svc {
             out.insert(key(&es.metadata, Some(svc)));
         }

@@ -59,7 +59,7 @@ use super::status::{Condition, IngressStatus, LoadBalancerIngress, ObjectKey, Ob
 use super::{Builder, Params, Snapshot};
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::networking::v1::{Ingress, IngressBackend, IngressClass};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use sweety_config::{
     Action, Certificate, FixedResponse, Listener, ListenerProtocol, ListenerTls, PathMatch,
@@ -463,12 +463,13 @@ fn cluster_default_backend(b: &mut Builder<'_>, spec: &str) -> Route {
     }
 }
 
-/// Translate every Ingress of our class.
-pub fn translate(b: &mut Builder<'_>) {
+/// Translate every Ingress of our class. Returns the hostnames the Ingresses serve on the
+/// shared listeners (a SweetySite never serves one: [`super::site::translate`]).
+pub fn translate(b: &mut Builder<'_>) -> BTreeSet<String> {
     let params = b.params;
     let ours = our_ingresses(b.snapshot, params);
     if ours.is_empty() {
-        return;
+        return BTreeSet::new();
     }
     let owners = Hosts::compute(b.snapshot, params, &ours);
     let lb = load_balancer(b);
@@ -739,7 +740,11 @@ pub fn translate(b: &mut Builder<'_>) {
         .as_deref()
         .map(|spec| cluster_default_backend(b, spec));
 
+    let mut served = BTreeSet::new();
     for (host, mut routes) in hosts {
+        if !host.is_empty() {
+            served.insert(host.clone());
+        }
         nginx::order_regex_host(&mut routes);
         let served_tls = https && (host.is_empty() || covered(&tls_hosts, &owners, &host));
         let default = host_defaults
@@ -831,6 +836,7 @@ pub fn translate(b: &mut Builder<'_>) {
             }
         }
     }
+    served
 }
 
 fn host_list(hosts: &[String]) -> String {

@@ -228,8 +228,8 @@ pub(crate) fn regex_escape(s: &str) -> String {
 pub fn translate(snapshot: &Snapshot, params: &Params) -> Output {
     let mut b = Builder::new(snapshot, params);
     gateway::translate(&mut b);
-    ingress::translate(&mut b);
-    site::translate(&mut b);
+    let ingress_hosts = ingress::translate(&mut b);
+    site::translate(&mut b, &ingress_hosts);
     b.finish()
 }
 

@@ -61,8 +61,10 @@ pub const KIND: &str = "SweetySite";
 
 const IMMUTABLE: &str = "public, max-age=31536000, immutable";
 
-/// Translate every SweetySite.
-pub fn translate(b: &mut Builder<'_>) {
+/// Translate every SweetySite. `ingress_hosts` are the hostnames the Ingresses serve on the
+/// shared listeners (what [`super::ingress::translate`] returned); with host ownership a site
+/// owns none of them, and it never serves one.
+pub fn translate(b: &mut Builder<'_>, ingress_hosts: &BTreeSet<String>) {
     let mut sites: Vec<Arc<SweetySite>> = b.snapshot.sites.to_vec();
     if sites.is_empty() {
         return;
@@ -106,6 +108,11 @@ pub fn translate(b: &mut Builder<'_>) {
         let mut conflicts: Vec<String> = Vec::new();
         for h in &site.spec.hostnames {
             match owners.site_may_serve(&h.to_ascii_lowercase(), &ns, &name) {
+                // Ownership already keeps Ingresses off a site's hosts; this keeps the two
+                // disjoint whatever the rules say.
+                Ok(()) if ingress_hosts.contains(&h.to_ascii_lowercase()) => {
+                    conflicts.push(format!("host {h:?} is served by an Ingress"))
+                }
                 Ok(()) => served.push(h.clone()),
                 Err(r) => conflicts.push(r.message),
             }

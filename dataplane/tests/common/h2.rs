@@ -7,8 +7,8 @@
 use bytes::Bytes;
 use std::net::SocketAddr;
 use std::time::Duration;
-use sweety_dataplane::h2::frame::Head;
 use sweety_dataplane::hpack::Decoder;
+use sweety_h2::frame::Head;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
@@ -283,9 +283,9 @@ impl Raw {
     }
 
     /// Reads until GOAWAY and returns its error code (None at EOF without one).
-    pub async fn goaway(&mut self) -> Option<sweety_dataplane::h2::frame::Reason> {
+    pub async fn goaway(&mut self) -> Option<sweety_h2::frame::Reason> {
         let (_, p) = self.until(GOAWAY).await?;
-        Some(sweety_dataplane::h2::frame::Reason(u32::from_be_bytes([
+        Some(sweety_h2::frame::Reason(u32::from_be_bytes([
             p[4], p[5], p[6], p[7],
         ])))
     }

@@ -518,10 +518,9 @@ fn report(result: Result<()>) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the installed chart on a cluster: run e2e/run.sh"]
 async fn ingress_with_tls_over_h1_h2_h3() {
-    let Some(env) = cluster::env("ingress_with_tls_over_h1_h2_h3").await else {
-        return;
-    };
+    let env = cluster::env("ingress_with_tls_over_h1_h2_h3").await;
     let _g = LOCK.lock().await;
     report(
         async {
@@ -533,10 +532,9 @@ async fn ingress_with_tls_over_h1_h2_h3() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the installed chart on a cluster: run e2e/run.sh"]
 async fn httproute_with_tls_over_h1_h2_h3() {
-    let Some(env) = cluster::env("httproute_with_tls_over_h1_h2_h3").await else {
-        return;
-    };
+    let env = cluster::env("httproute_with_tls_over_h1_h2_h3").await;
     let _g = LOCK.lock().await;
     report(
         async {
@@ -548,10 +546,9 @@ async fn httproute_with_tls_over_h1_h2_h3() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the installed chart on a cluster: run e2e/run.sh"]
 async fn sweetysite_static_over_h1_h2_h3() {
-    let Some(env) = cluster::env("sweetysite_static_over_h1_h2_h3").await else {
-        return;
-    };
+    let env = cluster::env("sweetysite_static_over_h1_h2_h3").await;
     let _g = LOCK.lock().await;
     report(
         async {
@@ -607,10 +604,9 @@ async fn change_route_and_see_it_served(env: &Env, s: &Served) -> Result<Duratio
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the installed chart on a cluster: run e2e/run.sh"]
 async fn changed_route_is_served() {
-    let Some(env) = cluster::env("changed_route_is_served").await else {
-        return;
-    };
+    let env = cluster::env("changed_route_is_served").await;
     let _g = LOCK.lock().await;
     report(
         async {
@@ -653,10 +649,9 @@ async fn changed_route_is_served() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the installed chart on a cluster: run e2e/run.sh"]
 async fn killed_dataplane_then_controller_lose_no_config() {
-    let Some(env) = cluster::env("killed_dataplane_then_controller_lose_no_config").await else {
-        return;
-    };
+    let env = cluster::env("killed_dataplane_then_controller_lose_no_config").await;
     let _g = LOCK.lock().await;
     report(
         async {
@@ -692,10 +687,9 @@ async fn killed_dataplane_then_controller_lose_no_config() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the installed chart on a cluster: run e2e/run.sh"]
 async fn invalid_objects_get_a_condition_and_break_nothing() {
-    let Some(env) = cluster::env("invalid_objects_get_a_condition_and_break_nothing").await else {
-        return;
-    };
+    let env = cluster::env("invalid_objects_get_a_condition_and_break_nothing").await;
     let _g = LOCK.lock().await;
     report(
         async {

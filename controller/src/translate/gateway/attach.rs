@@ -2,7 +2,7 @@
 //! listeners allow the route (kind, namespace: Same/All/Selector) and which hostnames result
 //! from intersecting listener and route hostnames.
 
-use super::listeners::{GwListener, RouteKind, GROUP};
+use super::listeners::{RouteKind, ValidatedListener, GROUP};
 use super::model::{self, ParentRefSpec};
 use crate::translate::Snapshot;
 use serde::Deserialize;
@@ -166,7 +166,7 @@ pub type Attachment = Result<Vec<(usize, Vec<String>)>, (&'static str, String)>;
 pub fn attach(
     snapshot: &Snapshot,
     gw_ns: &str,
-    listeners: &[GwListener],
+    listeners: &[ValidatedListener],
     owner: Option<usize>,
     parent: &ParentRefSpec,
     kind: RouteKind,

@@ -9,7 +9,7 @@
 
 use super::policy::Policies;
 use super::routes::{Collected, HttpEntry, L4Entry};
-use super::GwState;
+use super::OwnedGateway;
 use crate::translate::Builder;
 use serde::Serialize;
 use std::any::Any;
@@ -59,7 +59,7 @@ pub(super) struct Effects {
     pub used_by: UsedBy,
 }
 
-fn attached(gateways: &[GwState]) -> Vec<i32> {
+fn attached(gateways: &[OwnedGateway]) -> Vec<i32> {
     gateways
         .iter()
         .flat_map(|g| g.listeners.iter().map(|l| l.attached))
@@ -71,10 +71,10 @@ fn attached(gateways: &[GwState]) -> Vec<i32> {
 /// policy use go into the result only (`out` is left as it was).
 pub(super) fn capture(
     b: &mut Builder<'_>,
-    gateways: &mut [GwState],
+    gateways: &mut [OwnedGateway],
     policies: &mut Policies,
     out: &mut Collected,
-    translate: impl FnOnce(&mut Builder<'_>, &mut [GwState], &mut Policies, &mut Collected),
+    translate: impl FnOnce(&mut Builder<'_>, &mut [OwnedGateway], &mut Policies, &mut Collected),
 ) -> (Effects, BTreeSet<(String, String)>) {
     let (http_len, l4_len) = (out.http.len(), out.l4.len());
     let backends = std::mem::take(&mut b.backends);

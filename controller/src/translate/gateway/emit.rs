@@ -9,7 +9,7 @@ use super::frontend;
 use super::listeners::{self, Proto};
 use super::listenersets;
 use super::routes::{Collected, HttpEntry, L4Entry, SortKey};
-use super::GwState;
+use super::OwnedGateway;
 use crate::translate::addressing::{self, Allocation, PortRequest};
 use crate::translate::status::{Condition, GatewayStatus, ObjectKey, ObjectStatus};
 use crate::translate::{Builder, GatewayService, ServicePort};
@@ -20,7 +20,7 @@ use sweety_config::{
 
 /// Our Gateways (class ours and accepted), sorted by namespace/name, listeners validated.
 /// Gateways of our class that is not accepted get a status saying so.
-pub fn gateways(b: &mut Builder<'_>, classes: &BTreeMap<String, ClassInfo>) -> Vec<GwState> {
+pub fn gateways(b: &mut Builder<'_>, classes: &BTreeMap<String, ClassInfo>) -> Vec<OwnedGateway> {
     let mut list: Vec<_> = b.snapshot.gateways.to_vec();
     list.sort_by(|a, b| {
         (&a.metadata.namespace, &a.metadata.name).cmp(&(&b.metadata.namespace, &b.metadata.name))
@@ -58,7 +58,7 @@ pub fn gateways(b: &mut Builder<'_>, classes: &BTreeMap<String, ClassInfo>) -> V
             listenersets::attach_sets(b.snapshot, &gw, &ns, &mut listeners, &mut frontends);
         let rejected = invalid_parameters(&gw).or(requested_addresses(&gw).1);
         let backend_client_cert = client_cert::resolve(b.snapshot, &gw, &ns);
-        out.push(GwState {
+        out.push(OwnedGateway {
             backend_client_cert,
             listener_sets,
             gateway: gw,
@@ -74,7 +74,7 @@ pub fn gateways(b: &mut Builder<'_>, classes: &BTreeMap<String, ClassInfo>) -> V
 }
 
 /// Allocate container ports for every usable listener.
-pub fn allocate(b: &Builder<'_>, gateways: &mut [GwState]) -> Allocation {
+pub fn allocate(b: &Builder<'_>, gateways: &mut [OwnedGateway]) -> Allocation {
     let requests: Vec<PortRequest> = gateways
         .iter()
         .map(|g| PortRequest {
@@ -126,7 +126,7 @@ fn sort_routes(mut v: Vec<(SortKey, Route)>) -> Vec<Route> {
 pub struct Group {
     pub port: u16,
     pub udp: bool,
-    /// The Gateway listeners on this port (indices into `GwState::listeners`).
+    /// The Gateway listeners on this port (indices into `OwnedGateway::listeners`).
     pub idx: Vec<usize>,
     pub proto: Proto,
     /// The dataplane listener, without L4 routes.
@@ -141,17 +141,17 @@ impl Group {
 }
 
 /// The dataplane listeners of one Gateway and the ports of its Service.
-pub struct GwLayout {
+pub struct GatewayLayout {
     pub groups: Vec<Group>,
     pub service_ports: Vec<ServicePort>,
 }
 
 /// The dataplane listeners of every Gateway (in Gateway order), before routes are placed.
-pub fn layout(b: &Builder<'_>, gateways: &[GwState]) -> Vec<GwLayout> {
+pub fn layout(b: &Builder<'_>, gateways: &[OwnedGateway]) -> Vec<GatewayLayout> {
     gateways.iter().map(|gw| gw_layout(b, gw)).collect()
 }
 
-fn gw_layout(b: &Builder<'_>, gw: &GwState) -> GwLayout {
+fn gw_layout(b: &Builder<'_>, gw: &OwnedGateway) -> GatewayLayout {
     let prefix = format!("gw/{}/{}", gw.namespace, gw.name);
     // Programmed listeners by (port, udp).
     let mut groups: BTreeMap<(u16, bool), Vec<usize>> = BTreeMap::new();
@@ -251,7 +251,7 @@ fn gw_layout(b: &Builder<'_>, gw: &GwState) -> GwLayout {
             listener,
         });
     }
-    GwLayout {
+    GatewayLayout {
         groups: out,
         service_ports,
     }
@@ -261,7 +261,7 @@ fn gw_layout(b: &Builder<'_>, gw: &GwState) -> GwLayout {
 /// with the port filled into redirects), one per hostname its listener does not lose to a
 /// more specific listener on the same port.
 pub fn place_http(
-    gw: &GwState,
+    gw: &OwnedGateway,
     group: &Group,
     hostnames: &[String],
     listener: usize,
@@ -316,7 +316,11 @@ pub fn virtual_host(group: &Group, host: String, routes: Vec<Route>) -> VirtualH
 /// The dataplane listener of an L4 group with its routes (`routes` in collection order),
 /// or None when no route is left (the config requires at least one; it stays programmed in
 /// status).
-pub fn l4_listener(gw: &GwState, group: &Group, mut routes: Vec<PortL4Route>) -> Option<Listener> {
+pub fn l4_listener(
+    gw: &OwnedGateway,
+    group: &Group,
+    mut routes: Vec<PortL4Route>,
+) -> Option<Listener> {
     let mut listener = group.listener.clone();
     routes.sort_by(|a, b| a.0.cmp(&b.0));
     for (_, li, mut r) in routes {
@@ -344,15 +348,15 @@ pub fn l4_listener(gw: &GwState, group: &Group, mut routes: Vec<PortL4Route>) ->
 
 /// An L4 entry as its group keeps it: reached through a Terminate listener, the dataplane
 /// terminates TLS for it.
-pub fn l4_entry(gw: &GwState, e: L4Entry) -> PortL4Route {
+pub fn l4_entry(gw: &OwnedGateway, e: L4Entry) -> PortL4Route {
     let l = &gw.listeners[e.listener];
     let mut route = e.route;
     route.terminate = l.protocol == Some(Proto::TlsTerminate);
     (e.key, e.listener, route)
 }
 
-/// The group (index into `GwLayout::groups`) an entry through `listener` lands in.
-pub fn group_of(gw: &GwState, layout: &GwLayout, listener: usize) -> Option<usize> {
+/// The group (index into `GatewayLayout::groups`) an entry through `listener` lands in.
+pub fn group_of(gw: &OwnedGateway, layout: &GatewayLayout, listener: usize) -> Option<usize> {
     let l = &gw.listeners[listener];
     let udp = l.protocol.is_some_and(Proto::is_udp);
     layout
@@ -362,7 +366,7 @@ pub fn group_of(gw: &GwState, layout: &GwLayout, listener: usize) -> Option<usiz
 }
 
 /// Emit dataplane listeners, virtual hosts, Services and Gateway statuses.
-pub fn emit(b: &mut Builder<'_>, gateways: &[GwState], _alloc: &Allocation, out: Collected) {
+pub fn emit(b: &mut Builder<'_>, gateways: &[OwnedGateway], _alloc: &Allocation, out: Collected) {
     let layout = layout(b, gateways);
     let mut http: BTreeMap<(usize, u16), Vec<HttpEntry>> = BTreeMap::new();
     // Backends replaced by a client-certificate variant somewhere (maybe unused afterwards).
@@ -461,7 +465,7 @@ fn invalid_parameters(gw: &sweety_gateway_api::gateways::Gateway) -> Option<Stri
 }
 
 /// The Service the controller owns for the Gateway, when it has `ports`.
-pub fn service(gw: &GwState, ports: Vec<ServicePort>) -> Option<GatewayService> {
+pub fn service(gw: &OwnedGateway, ports: Vec<ServicePort>) -> Option<GatewayService> {
     if ports.is_empty() {
         return None;
     }
@@ -489,13 +493,13 @@ pub fn service(gw: &GwState, ports: Vec<ServicePort>) -> Option<GatewayService> 
 }
 
 /// The Gateway's status (and its ListenerSets').
-pub fn status(b: &mut Builder<'_>, gw: &GwState) {
+pub fn status(b: &mut Builder<'_>, gw: &OwnedGateway) {
     let generation = gw.generation;
     let service = addressing::service_name(&gw.namespace, &gw.name);
     let (requested, bad_address) = requested_addresses(&gw.gateway);
     let addresses = addressing::addresses(b.snapshot, &gw.namespace, &requested, &service);
     // The Gateway's own listeners; ListenerSet listeners report in their set's status.
-    let own: Vec<&listeners::GwListener> =
+    let own: Vec<&listeners::ValidatedListener> =
         gw.listeners.iter().filter(|l| l.owner.is_none()).collect();
     let listeners: Vec<_> = own
         .iter()

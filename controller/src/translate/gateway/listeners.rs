@@ -100,7 +100,7 @@ pub type Problem = (&'static str, String);
 
 /// One Gateway listener after validation.
 #[derive(Clone, Debug)]
-pub struct GwListener {
+pub struct ValidatedListener {
     pub name: String,
     pub port: u16,
     pub protocol: Option<Proto>,
@@ -123,7 +123,7 @@ pub struct GwListener {
     pub container_port: Option<u16>,
     /// Routes attached (counted while attaching).
     pub attached: i32,
-    /// The ListenerSet (index into `GwState::listener_sets`) that contributed this listener;
+    /// The ListenerSet (index into `OwnedGateway::listener_sets`) that contributed this listener;
     /// None for the Gateway's own listeners.
     pub owner: Option<usize>,
     /// The namespace of the ListenerSet (for `allowedRoutes` `Same`); None: the Gateway's.
@@ -133,7 +133,7 @@ pub struct GwListener {
     pub lost_precedence: bool,
 }
 
-impl GwListener {
+impl ValidatedListener {
     /// Routes may attach and the dataplane serves it.
     pub fn usable(&self) -> bool {
         self.not_accepted.is_none()
@@ -246,9 +246,13 @@ impl GwListener {
 
 /// Validate every listener of a Gateway, including conflicts between them. `frontends`
 /// starts empty for each Gateway and goes on to [`validate_set`] for its ListenerSets.
-pub fn validate(snapshot: &Snapshot, gw: &Gateway, frontends: &mut Frontends) -> Vec<GwListener> {
+pub fn validate(
+    snapshot: &Snapshot,
+    gw: &Gateway,
+    frontends: &mut Frontends,
+) -> Vec<ValidatedListener> {
     let ns = gw.metadata.namespace.as_deref().unwrap_or_default();
-    let mut out: Vec<GwListener> = gw
+    let mut out: Vec<ValidatedListener> = gw
         .spec
         .listeners
         .iter()
@@ -270,8 +274,8 @@ pub fn validate_set(
     ls_ns: &str,
     listeners: &[GatewayListeners],
     frontends: &mut Frontends,
-) -> Vec<GwListener> {
-    let mut out: Vec<GwListener> = listeners
+) -> Vec<ValidatedListener> {
+    let mut out: Vec<ValidatedListener> = listeners
         .iter()
         .map(|l| listener(snapshot, ls_ns, l, "ListenerSet"))
         .collect();
@@ -282,7 +286,7 @@ pub fn validate_set(
 /// Marks `new` conflicted when an earlier listener (`before`, in precedence order) that is
 /// accepted and not conflicted claims its port in an incompatible way: another protocol
 /// (ProtocolConflict), or the same hostname (HostnameConflict; on TCP/UDP any listener).
-pub fn precedence_conflict(before: &[GwListener], new: &mut GwListener) {
+pub fn precedence_conflict(before: &[ValidatedListener], new: &mut ValidatedListener) {
     let (None, Some(p)) = (&new.not_accepted, new.protocol) else {
         return;
     };
@@ -360,7 +364,7 @@ fn apply_frontend(
     snapshot: &Snapshot,
     gw: &Gateway,
     ns: &str,
-    out: &mut [GwListener],
+    out: &mut [ValidatedListener],
     frontends: &mut Frontends,
 ) {
     for l in out.iter_mut() {
@@ -383,8 +387,13 @@ fn apply_frontend(
 }
 
 /// One listener of a Gateway or ListenerSet (`from_kind`, for ReferenceGrants) in `ns`.
-fn listener(snapshot: &Snapshot, ns: &str, l: &GatewayListeners, from_kind: &str) -> GwListener {
-    let mut out = GwListener {
+fn listener(
+    snapshot: &Snapshot,
+    ns: &str,
+    l: &GatewayListeners,
+    from_kind: &str,
+) -> ValidatedListener {
+    let mut out = ValidatedListener {
         name: l.name.clone(),
         port: u16::try_from(l.port).unwrap_or(0),
         protocol: None,
@@ -572,7 +581,7 @@ fn check_certificate(c: &Certificate) -> Result<(), String> {
 }
 
 /// Mark listeners that are not distinct from another one on the same port.
-fn conflicts(listeners: &mut [GwListener]) {
+fn conflicts(listeners: &mut [ValidatedListener]) {
     let mut by_port: BTreeMap<(u16, bool), Vec<usize>> = BTreeMap::new();
     for (i, l) in listeners.iter().enumerate() {
         if let (None, Some(p)) = (&l.not_accepted, l.protocol) {
@@ -631,7 +640,7 @@ fn conflicts(listeners: &mut [GwListener]) {
 mod tests {
     use super::*;
 
-    fn listeners(yaml: &str) -> Vec<GwListener> {
+    fn listeners(yaml: &str) -> Vec<ValidatedListener> {
         let text = format!(
             "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {{name: gw, namespace: app}}\nspec:\n  gatewayClassName: sweety\n  listeners:\n{yaml}"
         );
@@ -639,7 +648,7 @@ mod tests {
         validate(&s, &s.gateways[0], &mut Frontends::new())
     }
 
-    fn conflict(l: &GwListener) -> Option<&'static str> {
+    fn conflict(l: &ValidatedListener) -> Option<&'static str> {
         l.conflicted.as_ref().map(|(r, _)| *r)
     }
 
@@ -726,7 +735,7 @@ mod tests {
         );
         // Each candidate validated on its own (a ListenerSet's listeners are checked against
         // the ones before them, not by the Gateway's intra-listener rules).
-        let mut cand: Vec<GwListener> = [
+        let mut cand: Vec<ValidatedListener> = [
             "{name: same-host, port: 80, protocol: HTTP, hostname: a.io}",
             "{name: other-host, port: 80, protocol: HTTP, hostname: b.io}",
             "{name: other-proto, port: 80, protocol: TCP}",

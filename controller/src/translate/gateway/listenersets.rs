@@ -14,7 +14,7 @@
 //! programmed) and counts in the Gateway's `attachedListenerSets`; otherwise `ListenersNotValid`.
 
 use super::attach::{self, AllowedNamespaces};
-use super::listeners::{self, GwListener, GROUP};
+use super::listeners::{self, ValidatedListener, GROUP};
 use super::routes::meta_key;
 use crate::translate::status::{Condition, ObjectKey, ObjectStatus, SetStatus};
 use crate::translate::Builder;
@@ -24,7 +24,7 @@ use sweety_gateway_api::gateways::{Gateway, GatewayAllowedListenersNamespacesFro
 
 /// A ListenerSet that names one of our Gateways.
 #[derive(Clone, Debug)]
-pub struct LsState {
+pub struct AttachedListenerSet {
     pub namespace: String,
     pub name: String,
     pub generation: i64,
@@ -32,14 +32,14 @@ pub struct LsState {
     pub not_allowed: Option<String>,
 }
 
-impl LsState {
+impl AttachedListenerSet {
     /// Attached with at least one valid listener.
-    pub fn accepted(&self, gw_listeners: &[GwListener], me: usize) -> bool {
+    pub fn accepted(&self, gw_listeners: &[ValidatedListener], me: usize) -> bool {
         self.not_allowed.is_none() && own(gw_listeners, me).any(|l| l.usable())
     }
 }
 
-fn own(gw_listeners: &[GwListener], me: usize) -> impl Iterator<Item = &GwListener> {
+fn own(gw_listeners: &[ValidatedListener], me: usize) -> impl Iterator<Item = &ValidatedListener> {
     gw_listeners.iter().filter(move |l| l.owner == Some(me))
 }
 
@@ -69,9 +69,9 @@ pub fn attach_sets(
     snapshot: &Snapshot,
     gw: &Gateway,
     gw_ns: &str,
-    listeners: &mut Vec<GwListener>,
+    listeners: &mut Vec<ValidatedListener>,
     frontends: &mut listeners::Frontends,
-) -> Vec<LsState> {
+) -> Vec<AttachedListenerSet> {
     let gw_name = gw.metadata.name.as_deref().unwrap_or_default();
     let mut sets: Vec<_> = snapshot
         .listener_sets
@@ -89,7 +89,7 @@ pub fn attach_sets(
     let mut out = Vec::new();
     for ls in sets {
         let ls_ns = ls.metadata.namespace.clone().unwrap_or_default();
-        let mut state = LsState {
+        let mut state = AttachedListenerSet {
             namespace: ls_ns.clone(),
             name: ls.metadata.name.clone().unwrap_or_default(),
             generation: ls.metadata.generation.unwrap_or(0),
@@ -126,8 +126,8 @@ pub fn attach_sets(
 /// accepted.
 pub fn statuses(
     b: &mut Builder<'_>,
-    sets: &[LsState],
-    gw_listeners: &[GwListener],
+    sets: &[AttachedListenerSet],
+    gw_listeners: &[ValidatedListener],
     gateway_rejected: bool,
 ) {
     for (me, s) in sets.iter().enumerate() {
@@ -144,7 +144,7 @@ pub fn statuses(
                 Condition::new("Programmed", false, "ParentNotProgrammed", why, g),
             )
         } else {
-            let mine: Vec<&GwListener> = own(gw_listeners, me).collect();
+            let mine: Vec<&ValidatedListener> = own(gw_listeners, me).collect();
             let invalid: Vec<&str> = mine
                 .iter()
                 .filter(|l| !l.usable())

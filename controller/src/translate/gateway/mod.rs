@@ -36,25 +36,25 @@ pub use vhost_cache::{Changes, VhostMemo};
 
 use super::addressing::Allocation;
 use super::Builder;
-use listeners::GwListener;
+use listeners::ValidatedListener;
 use policy::Policies;
 use std::sync::Arc;
 use sweety_gateway_api::gateways::Gateway;
 
 /// A Gateway of ours with its validated listeners.
-pub struct GwState {
+pub struct OwnedGateway {
     pub gateway: Arc<Gateway>,
     pub namespace: String,
     pub name: String,
     pub generation: i64,
-    pub listeners: Vec<GwListener>,
+    pub listeners: Vec<ValidatedListener>,
     /// Why the Gateway as a whole is not accepted (its listeners are then not programmed).
     pub rejected: Option<String>,
     /// Serve HTTP/3 on HTTPS listeners (class SweetyProxyConfig, else `Params::http3`).
     pub http3: bool,
     /// ListenerSets naming this Gateway, in precedence order (their listeners are in
     /// `listeners` with `owner` set).
-    pub listener_sets: Vec<listenersets::LsState>,
+    pub listener_sets: Vec<listenersets::AttachedListenerSet>,
     /// `spec.tls.backend.clientCertificateRef`, resolved (Err: why not, for `ResolvedRefs`).
     pub backend_client_cert: Result<Option<client_cert::ClientCert>, listeners::Problem>,
 }
@@ -62,7 +62,7 @@ pub struct GwState {
 /// What the Gateway API front end derives from every object but the routes.
 pub struct World {
     /// Our Gateways, listeners validated and container ports allocated (nothing attached).
-    pub gateways: Vec<GwState>,
+    pub gateways: Vec<OwnedGateway>,
     /// Validated BackendTLSPolicies (`used_by` empty).
     pub policies: Policies,
     pub allocation: Allocation,

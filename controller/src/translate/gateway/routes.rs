@@ -8,7 +8,7 @@ use super::l4;
 use super::listeners::{RouteKind, GROUP};
 use super::model::{self, GrpcRuleSpec, HttpRuleSpec, L4RuleSpec, ParentRefSpec, RouteSpec};
 use super::policy::Policies;
-use super::{grpc, GwState};
+use super::{grpc, OwnedGateway};
 use crate::translate::status::{
     Condition, ObjectKey, ObjectStatus, ParentRef, RouteParentStatus, RouteStatus,
 };
@@ -78,7 +78,7 @@ pub(super) fn meta_key(m: &ObjectMeta) -> (String, String, String) {
 /// Translate every route kind.
 pub fn translate(
     b: &mut Builder<'_>,
-    gateways: &mut [GwState],
+    gateways: &mut [OwnedGateway],
     policies: &mut Policies,
     out: &mut Collected,
 ) {
@@ -106,7 +106,7 @@ pub fn translate(
 /// policy use and status into `b`, `gateways` and `policies`.
 pub(super) fn route(
     b: &mut Builder<'_>,
-    gateways: &mut [GwState],
+    gateways: &mut [OwnedGateway],
     policies: &mut Policies,
     out: &mut Collected,
     kind: RouteKind,

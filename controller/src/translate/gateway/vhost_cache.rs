@@ -21,7 +21,7 @@
 //! and name, and two routes giving different backends under one name.
 
 use super::capture::{self, Object};
-use super::emit::{self, GwLayout, PortL4Route};
+use super::emit::{self, GatewayLayout, PortL4Route};
 use super::listeners::RouteKind;
 use super::routes::{self, Collected, SortKey};
 use super::{policy, World};
@@ -116,7 +116,7 @@ impl Unsupported {
 /// See the module docs.
 pub struct VhostMemo {
     world: World,
-    layout: Vec<GwLayout>,
+    layout: Vec<GatewayLayout>,
     routes: HashMap<usize, RouteMemo>,
     ids: HashMap<RouteId, usize>,
     /// Rules of each virtual host by (sort key, kind): the first kind of a sort key wins.
@@ -558,7 +558,7 @@ impl VhostMemo {
 
 /// The name and (None: no rules left) the virtual host of `hk` with `rules`.
 fn host(
-    layout: &[GwLayout],
+    layout: &[GatewayLayout],
     hk: &HostKey,
     rules: Option<&BTreeMap<(SortKey, RouteKind), Route>>,
 ) -> (String, Option<VirtualHost>) {

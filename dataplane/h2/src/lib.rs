@@ -1,26 +1,144 @@
-//! Sweety's own server-side HTTP/2 (RFC 9113) connection layer, used for h2 (TLS with ALPN)
-//! and h2c (prior knowledge) connections when `limits.http2_engine` is `sweety` (the default;
-//! `hyper` selects hyper's). HTTP/1.1 stays on hyper.
+//! `sweety-h2`: Sweety's own server-side HTTP/2 (RFC 9113) engine, used by the dataplane for
+//! h2 (TLS with ALPN) and h2c (prior knowledge) connections when `limits.http2_engine` is
+//! `sweety` (the default). It knows nothing of routes, caches or configs: each connection
+//! hands its requests to an [`H2Service`], and the dataplane's request pipeline is one.
 //!
 //! * [`frame`]: frame header, types, flags, error codes, SETTINGS, frame writers.
+//! * [`hpack`]: the header compression (RFC 7541) decoder and the table-less encoder.
 //! * [`body`]: request bodies fed from DATA frames, the stream-to-connection wake-up path,
 //!   and extended CONNECT (RFC 8441) tunnels.
 //! * [`conn`]: the connection driver: state machine, flow control, limits, batching.
+//! * [`conn_headers`]: connection-specific header fields (RFC 9110 §7.6.1, RFC 9113 §8.2.2),
+//!   shared with the dataplane's HTTP/1.1 and HTTP/3 paths.
+//! * [`first_poll`]: the inline first poll of a request future, spawned only if it waits.
 //!
-//! Headers are (de)compressed by [`crate::hpack`]; every request goes through
-//! `pipeline::handle` like on every other protocol.
+//! Depends on `bytes`, `http`, `http-body(-util)`, tokio's I/O traits and tasks, and
+//! `tracing`/`httpdate`/`thiserror`; nothing of the dataplane.
+
+#![forbid(unsafe_code)]
 
 pub mod body;
 pub mod conn;
+pub mod conn_headers;
+pub mod first_poll;
 pub mod frame;
+pub mod hpack;
 
 pub use body::{Upgrade, Upgraded};
 pub use conn::{serve, serve_read, H2Error, Settings};
 pub use encoded::Encoded;
+pub use frame::Reason;
+
+use bytes::{Bytes, BytesMut};
+use http::{Request, Response};
+use http_body_util::BodyExt;
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Instant;
+
+/// Boxed error carried by bodies.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The body type of requests and responses (the dataplane's body type too).
+pub type Body = http_body_util::combinators::UnsyncBoxBody<Bytes, BoxError>;
+
+/// An empty body.
+pub fn empty() -> Body {
+    http_body_util::Empty::<Bytes>::new()
+        .map_err(|never| match never {})
+        .boxed_unsync()
+}
+
+/// Boxes any compatible body.
+pub fn boxed<B>(body: B) -> Body
+where
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    body.map_err(Into::into).boxed_unsync()
+}
+
+/// What answers the requests of one HTTP/2 connection: one value per connection, owned by
+/// its driver.
+pub trait H2Service: Send {
+    /// Response header fields the service has HPACK-encoded already (a cache hit's stored
+    /// head), sent ahead of the fields of the response's map.
+    type Head: EncodedHead;
+    /// The answer to one request: polled once inline, then run as its own task if it waits.
+    /// A large future is best boxed where it is built ([`box_in_place`]).
+    type Future: Future<Output = (Response<Body>, Option<Self::Head>)> + Send + Unpin + 'static;
+
+    /// Starts answering `request`, read at `now` (the clock reading of the batch of frames it
+    /// came in).
+    fn call(&mut self, request: Request<Body>, now: Instant) -> Self::Future;
+
+    /// The connection hit a limit (`what`: `h2_rapid_reset`, `header_bytes`, `idle_timeout`…).
+    fn limit_hit(&self, what: &'static str);
+
+    /// The connection ends with a connection error: GOAWAY with `reason`, for `why`.
+    fn connection_error(&self, reason: Reason, why: &'static str);
+
+    /// The start of a poll of the connection: drop what the service keeps for requests if it
+    /// is out of date (the dataplane drops a config snapshot older than the current one).
+    fn on_poll(&mut self) {}
+
+    /// The connection has no streams: hold nothing for requests (a reload frees the old
+    /// config).
+    fn on_idle(&mut self) {}
+}
+
+/// Header fields encoded ahead of time: [`encode`](EncodedHead::encode) appends their HPACK
+/// encoding (no dynamic table: the encoding is valid on every connection).
+pub trait EncodedHead: Send + 'static {
+    /// Appends the encoded fields to `dst`.
+    fn encode(&self, dst: &mut BytesMut);
+
+    /// Whether the head has a field `name` (the driver adds `date` and `content-length` only
+    /// when neither the head nor the map has them).
+    fn contains(&self, name: &http::HeaderName) -> bool;
+}
+
+/// The [`H2Service::Head`] of a service that never has a pre-encoded head.
+#[derive(Debug)]
+pub enum NoHead {}
+
+impl EncodedHead for NoHead {
+    fn encode(&self, _: &mut BytesMut) {
+        match *self {}
+    }
+
+    fn contains(&self, _: &http::HeaderName) -> bool {
+        match *self {}
+    }
+}
+
+/// The `:protocol` of an extended CONNECT request (RFC 8441, e.g. `websocket`), carried as
+/// a request extension.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConnectProtocol(Box<str>);
+
+impl ConnectProtocol {
+    /// The protocol `p`.
+    pub fn new(p: &str) -> ConnectProtocol {
+        ConnectProtocol(p.into())
+    }
+
+    /// The protocol's name as the client sent it.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// Boxes the value `make` returns, allocating first so that the optimizer can build it in
+/// its heap slot (a request future is a few KiB; built on the stack, it is copied).
+pub fn box_in_place<F>(make: impl FnOnce() -> F) -> Pin<Box<F>> {
+    let slot = Box::<F>::new_uninit();
+    Box::into_pin(Box::write(slot, make()))
+}
 
 /// HPACK-encodes one field of an `http` header map (name, value, sensitivity) into `dst`:
 /// response heads, trailers and pre-encoded cache entries all go through here.
-fn encode_field(dst: &mut bytes::BytesMut, name: &http::HeaderName, value: &http::HeaderValue) {
+pub fn encode_field(dst: &mut bytes::BytesMut, name: &http::HeaderName, value: &http::HeaderValue) {
     crate::hpack::Encoder::field(
         dst,
         name.as_str().as_bytes(),
@@ -29,22 +147,19 @@ fn encode_field(dst: &mut bytes::BytesMut, name: &http::HeaderName, value: &http
     );
 }
 
-/// HPACK-encodes a response's fields (after `:status`): a cache hit's stored head first
-/// (`stored`), then the fields of `headers`. A cached response's stored fields come
-/// pre-encoded either way (as a [`crate::cache::StoredHead`], or as an [`Encoded`] in
-/// `extensions` that the map still starts with); the bytes are the same as encoding the map a
-/// hit has on every other path, field by field.
-pub(crate) fn encode_fields(
+/// HPACK-encodes a response's fields (after `:status`): a pre-encoded head first (`head`,
+/// from the service), then the fields of `headers`. Fields may also come pre-encoded as an
+/// [`Encoded`] in `extensions` that the map still starts with; the bytes are the same as
+/// encoding the whole map field by field.
+pub fn encode_fields<H: EncodedHead>(
     dst: &mut bytes::BytesMut,
     headers: &http::HeaderMap,
     extensions: &http::Extensions,
-    stored: Option<&crate::cache::StoredHead>,
+    head: Option<&H>,
 ) {
     let mut skip = 0;
-    if let Some(head) = stored {
-        // The fields a hit's map starts with: the stored ones, `age`, `x-cache`.
-        dst.extend_from_slice(head.block());
-        hit_fields(dst, head.age(), head.x_cache());
+    if let Some(head) = head {
+        head.encode(dst);
     } else if let Some(pre) = extensions.get::<Encoded>() {
         if let Some((block, n)) = pre.prefix_of(headers) {
             dst.extend_from_slice(block);
@@ -53,39 +168,6 @@ pub(crate) fn encode_fields(
     }
     for (name, value) in headers.iter().skip(skip) {
         encode_field(dst, name, value);
-    }
-}
-
-/// Appends the HPACK encoding of `age: {age}` and `x-cache: {how}`. Hits within a second of
-/// each other mostly have the same pair: its encoding is kept per thread.
-fn hit_fields(dst: &mut bytes::BytesMut, age: u64, how: &'static str) {
-    use std::cell::RefCell;
-    thread_local! {
-        static LAST: RefCell<(u64, &'static str, Vec<u8>)> = const { RefCell::new((0, "", Vec::new())) };
-    }
-    LAST.with(|last| {
-        let mut last = last.borrow_mut();
-        if last.0 != age || last.1 != how || last.2.is_empty() {
-            let mut b = bytes::BytesMut::new();
-            let mut digits = [0u8; 20];
-            crate::hpack::Encoder::field(&mut b, b"age", decimal(age, &mut digits), false);
-            crate::hpack::Encoder::field(&mut b, b"x-cache", how.as_bytes(), false);
-            *last = (age, how, b.to_vec());
-        }
-        dst.extend_from_slice(&last.2);
-    });
-}
-
-/// `n` in decimal ASCII, written into `buf`.
-fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
-    let mut at = buf.len();
-    loop {
-        at -= 1;
-        buf[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            return &buf[at..];
-        }
     }
 }
 
@@ -229,32 +311,5 @@ pub(crate) mod date {
     fn dates_are_http_dates() {
         let v = now();
         assert!(httpdate::parse_http_date(v.to_str().unwrap()).is_ok());
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn hit_fields_are_encoded_as_a_map_would_have_them() {
-        for (age, how) in [
-            (0, "HIT"),
-            (7, "HIT"),
-            (7, "HIT"),
-            (7, "STALE"),
-            (123_456, "HIT"),
-            (0, "HIT"),
-        ] {
-            let mut want = bytes::BytesMut::new();
-            let mut map = http::HeaderMap::new();
-            map.insert(http::header::AGE, http::HeaderValue::from(age));
-            map.insert("x-cache", http::HeaderValue::from_static(how));
-            for (n, v) in &map {
-                super::encode_field(&mut want, n, v);
-            }
-            let mut got = bytes::BytesMut::from(&b"prefix"[..]);
-            super::hit_fields(&mut got, age, how);
-            assert_eq!(&got[..6], b"prefix");
-            assert_eq!(&got[6..], &want[..], "{age} {how}");
-        }
     }
 }

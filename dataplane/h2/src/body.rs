@@ -1,11 +1,11 @@
-//! The bridges between an HTTP/2 connection driver ([`super::conn`]) and the request
-//! pipeline: the request body handed to `pipeline::handle` ([`RecvBody`], fed by the driver
+//! The bridges between an HTTP/2 connection driver ([`crate::conn`]) and the service: the
+//! request body handed to the [`crate::H2Service`] ([`RecvBody`], fed by the driver
 //! from DATA frames, bounded by the stream's flow-control window, which the driver re-opens
 //! only as the body is consumed), the wake-up path from a stream (response future or body,
 //! request body consumption) to the connection task ([`Signal`], [`StreamWaker`]), and the
 //! tunnel of an RFC 8441 extended CONNECT stream ([`Upgraded`]).
 
-use crate::body::BoxError;
+use crate::BoxError;
 use bytes::{Bytes, BytesMut};
 use http::HeaderMap;
 use http_body::{Frame, SizeHint};
@@ -354,7 +354,7 @@ pub struct Upgraded {
 
 /// Creates a tunnel over a stream's request body; the second half is the response body the
 /// driver sends once the CONNECT is answered with a 2xx.
-pub fn tunnel(recv: RecvBody) -> (Upgraded, crate::body::Body) {
+pub fn tunnel(recv: RecvBody) -> (Upgraded, crate::Body) {
     let (a, b) = tokio::io::duplex(TUNNEL_PIPE);
     let up = Upgraded {
         recv,
@@ -363,7 +363,7 @@ pub fn tunnel(recv: RecvBody) -> (Upgraded, crate::body::Body) {
     };
     (
         up,
-        crate::body::boxed(PipeBody {
+        crate::boxed(PipeBody {
             read: b,
             buf: BytesMut::new(),
         }),

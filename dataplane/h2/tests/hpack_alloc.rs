@@ -9,7 +9,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
 use bytes::BytesMut;
-use sweety_dataplane::hpack::{Decoder, Encoder};
+use sweety_h2::hpack::{Decoder, Encoder};
 
 /// Forwards to the system allocator and counts allocations and reallocations per thread
 /// (the test harness's other threads allocate at times of their own).

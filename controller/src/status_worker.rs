@@ -1,0 +1,695 @@
+//! The status worker: writes the statuses `translate` wants without holding back config.
+//!
+//! The reconcile loop translates, submits the config to the pusher, and only then offers the
+//! translation's statuses here ([`StatusQueue::offer`]): it never waits for a status write. A
+//! separate task writes them through the [`StatusWriter`]:
+//!
+//! - **Coalesced per object.** The queue holds one entry per object: the latest wanted status
+//!   and the config generation that status came with. An object offered again before it was
+//!   written keeps one place in the queue and only its latest status is written; one offered
+//!   while its write is in flight is written again afterwards. The queue is therefore bounded
+//!   by the number of objects `translate` reports (plus routes whose entries of ours are being
+//!   removed); nothing is ever dropped, and an offer costs one comparison per object.
+//! - **Skipped when unchanged.** An offer queues only objects whose wanted status differs from
+//!   the one offered before; the writer then skips statuses equal to what it last wrote or to
+//!   what the object already carries ([`StatusWriter::prepare`]), without a request.
+//! - **Bounded.** At most [`StatusOptions::concurrency`] writes are in flight, and a token
+//!   bucket ([`TokenBucket`]) limits them to [`StatusOptions::qps`] per second with bursts of
+//!   [`StatusOptions::burst`]: a change of thousands of objects cannot flood the API server.
+//!   Pushes never wait for any of it (the pusher and the reconcile loop are other tasks).
+//! - **Gated on the dataplane's Ack.** An entry whose generation the dataplane has neither
+//!   acknowledged nor rejected waits (up to [`StatusOptions::ack_wait`]) for its answer, so a
+//!   status usually goes out once, already `Programmed`. Past that wait it is written with
+//!   `Programmed` held as `Unknown`/`Pending` ([`Gate`]), and written again when the answer
+//!   comes: `Programmed=True` is only ever written after the dataplane acknowledged a
+//!   generation that contains the object, `False`/`Invalid` after it rejected it.
+//! - **Leader only.** Nothing is written while this replica does not lead. On losing the lease
+//!   the writer forgets what it wrote; on gaining it every object is queued again (the writer
+//!   skips what is already right), and routes carrying entries of ours that `translate` no
+//!   longer reports are queued to have them removed.
+//! - **Failures** are retried after [`StatusOptions::retry`] (the latest wanted status then).
+
+use crate::metrics::Metrics;
+use crate::push::PushState;
+use crate::status_writer::{self, Current, Gate, Prepared, StatusWriter};
+use crate::translate::status::{ObjectKey, ObjectStatus, Statuses};
+use crate::watch::Stores;
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{watch, Notify};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+/// How the status worker writes.
+#[derive(Clone, Debug)]
+pub struct StatusOptions {
+    /// Status writes in flight at once.
+    pub concurrency: usize,
+    /// Client-side rate limit: status writes per second (token bucket refill rate).
+    pub qps: f64,
+    /// Client-side rate limit: the token bucket's size (writes that may go at once after a
+    /// quiet period).
+    pub burst: u32,
+    /// Longest wait for the dataplane's answer on a generation before a status is written with
+    /// `Programmed` held as pending.
+    pub ack_wait: Duration,
+    /// Delay before a failed write is tried again.
+    pub retry: Duration,
+}
+
+impl Default for StatusOptions {
+    fn default() -> Self {
+        StatusOptions {
+            concurrency: 8,
+            qps: 500.0,
+            burst: 500,
+            ack_wait: Duration::from_secs(2),
+            retry: Duration::from_secs(2),
+        }
+    }
+}
+
+/// A token bucket: `rate` tokens per second, at most `burst` stored.
+#[derive(Debug)]
+pub struct TokenBucket {
+    rate: f64,
+    burst: f64,
+    tokens: f64,
+    at: Instant,
+}
+
+impl TokenBucket {
+    /// A full bucket. `rate` below 0.001/s counts as 0.001/s; `burst` below 1 as 1.
+    pub fn new(rate: f64, burst: u32, now: Instant) -> TokenBucket {
+        let burst = f64::from(burst.max(1));
+        TokenBucket {
+            rate: rate.max(0.001),
+            burst,
+            tokens: burst,
+            at: now,
+        }
+    }
+
+    /// Take one token, or say how long until one is there.
+    pub fn take(&mut self, now: Instant) -> Result<(), Duration> {
+        let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
+        self.tokens = (self.tokens + elapsed * self.rate).min(self.burst);
+        self.at = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            Ok(())
+        } else {
+            Err(Duration::from_secs_f64((1.0 - self.tokens) / self.rate))
+        }
+    }
+
+    /// Give back a token that was not used.
+    pub fn refund(&mut self) {
+        self.tokens = (self.tokens + 1.0).min(self.burst);
+    }
+}
+
+/// Where an entry is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Place {
+    /// Written (or nothing to write) for its latest wanted status.
+    Idle,
+    Dirty,
+    /// Waiting for the dataplane's answer on its generation.
+    Held,
+    /// Waiting to try again after a failure.
+    Retry,
+    InFlight,
+}
+
+struct Entry {
+    /// `None`: remove our entries from a route or policy `translate` no longer reports.
+    want: Option<ObjectStatus>,
+    /// The config generation the wanted status came with.
+    generation: u64,
+    /// When this wanted status was offered.
+    since: Instant,
+    place: Place,
+    /// Offered again while in flight: write once more afterwards.
+    again: bool,
+}
+
+#[derive(Default)]
+struct Queue {
+    entries: HashMap<ObjectKey, Entry>,
+    dirty: VecDeque<ObjectKey>,
+    held: Vec<ObjectKey>,
+    retry: VecDeque<(Instant, ObjectKey)>,
+    /// Entries written while their generation was unanswered: written again on the answer.
+    unanswered: HashSet<ObjectKey>,
+    /// Objects that left: the writer forgets them.
+    gone: Vec<ObjectKey>,
+    /// Entries with `want: Some` (objects `translate` reports).
+    reported: usize,
+    /// The generation of the last offer.
+    generation: u64,
+    offered: bool,
+    /// Look for routes with entries of ours that `translate` does not report (after the first
+    /// offer, and after gaining the lease).
+    scan_routes: bool,
+}
+
+impl Queue {
+    fn mark(&mut self, key: &ObjectKey) {
+        let Some(e) = self.entries.get_mut(key) else {
+            return;
+        };
+        match e.place {
+            Place::Idle => {
+                e.place = Place::Dirty;
+                self.dirty.push_back(key.clone());
+            }
+            Place::InFlight => e.again = true,
+            Place::Dirty | Place::Held | Place::Retry => {}
+        }
+    }
+
+    /// See [`StatusQueue::offer`]; the number of entries queued or changed.
+    fn offer(&mut self, statuses: &Statuses, generation: u64, now: Instant) -> usize {
+        self.generation = generation;
+        let mut changed = 0usize;
+        for (key, status) in statuses {
+            match self.entries.get_mut(key) {
+                Some(e) if e.want.as_ref() == Some(status) => continue,
+                Some(e) => {
+                    if e.want.is_none() {
+                        self.reported += 1;
+                    }
+                    e.want = Some(status.clone());
+                    e.generation = generation;
+                    e.since = now;
+                }
+                None => {
+                    self.reported += 1;
+                    self.entries.insert(
+                        key.clone(),
+                        Entry {
+                            want: Some(status.clone()),
+                            generation,
+                            since: now,
+                            place: Place::Idle,
+                            again: false,
+                        },
+                    );
+                }
+            }
+            changed += 1;
+            self.mark(key);
+        }
+        if self.reported > statuses.len() {
+            // Some objects left (every reported key is in `entries`).
+            let left: Vec<ObjectKey> = self
+                .entries
+                .iter()
+                .filter(|(k, e)| e.want.is_some() && !statuses.contains_key(*k))
+                .map(|(k, _)| k.clone())
+                .collect();
+            for key in left {
+                self.reported -= 1;
+                changed += 1;
+                let e = self.entries.get_mut(&key).expect("listed");
+                e.want = None;
+                e.generation = generation;
+                e.since = now;
+                if status_writer::is_atomic_kind(&key.kind) {
+                    self.mark(&key);
+                } else if e.place != Place::InFlight {
+                    // An entry in flight is removed when its write ends.
+                    self.remove(&key);
+                    self.gone.push(key);
+                }
+            }
+        }
+        if !self.offered {
+            self.offered = true;
+            self.scan_routes = true;
+            changed += 1;
+        }
+        changed
+    }
+
+    /// Drop an entry from every place it may be listed.
+    fn remove(&mut self, key: &ObjectKey) {
+        if let Some(e) = self.entries.remove(key) {
+            match e.place {
+                Place::Dirty => self.dirty.retain(|k| k != key),
+                Place::Held => self.held.retain(|k| k != key),
+                Place::Retry => self.retry.retain(|(_, k)| k != key),
+                Place::Idle | Place::InFlight => {}
+            }
+        }
+        self.unanswered.remove(key);
+    }
+
+    /// Statuses waiting or in flight.
+    fn depth(&self, inflight: usize) -> usize {
+        self.dirty.len() + self.held.len() + self.retry.len() + inflight
+    }
+}
+
+struct Shared {
+    queue: Mutex<Queue>,
+    notify: Notify,
+}
+
+impl Shared {
+    fn queue(&self) -> std::sync::MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The reconcile loop's handle on the status worker (the worker stops when it is dropped).
+pub struct StatusQueue {
+    shared: Arc<Shared>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for StatusQueue {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl StatusQueue {
+    /// Start the worker: `writer` writes (its leadership receiver should be `leading`), the
+    /// objects' current statuses come from `stores`, the gate from `push`.
+    pub fn spawn(
+        writer: StatusWriter,
+        stores: Stores,
+        push: watch::Receiver<PushState>,
+        leading: watch::Receiver<bool>,
+        metrics: Arc<Metrics>,
+        options: StatusOptions,
+    ) -> StatusQueue {
+        let shared = Arc::new(Shared {
+            queue: Mutex::new(Queue::default()),
+            notify: Notify::new(),
+        });
+        let worker = Worker {
+            shared: shared.clone(),
+            writer,
+            stores,
+            push,
+            leading,
+            metrics,
+            bucket: TokenBucket::new(options.qps, options.burst, Instant::now()),
+            options,
+            jobs: JoinSet::new(),
+            held_until: None,
+        };
+        StatusQueue {
+            shared,
+            task: tokio::spawn(worker.run()),
+        }
+    }
+
+    /// Offer the statuses of the translation submitted as `generation`: objects whose wanted
+    /// status changed since the last offer are queued (an object already queued keeps its
+    /// place, with the new status); objects no longer reported are forgotten, routes and
+    /// policies among them queued to have our entries removed.
+    pub fn offer(&self, statuses: &Statuses, generation: u64) {
+        let changed = self
+            .shared
+            .queue()
+            .offer(statuses, generation, Instant::now());
+        if changed > 0 {
+            self.shared.notify.notify_one();
+        }
+    }
+
+    /// Statuses waiting to be written or in flight.
+    pub fn depth(&self) -> usize {
+        self.shared.queue().depth(0)
+    }
+}
+
+struct Worker {
+    shared: Arc<Shared>,
+    writer: StatusWriter,
+    stores: Stores,
+    push: watch::Receiver<PushState>,
+    leading: watch::Receiver<bool>,
+    metrics: Arc<Metrics>,
+    options: StatusOptions,
+    bucket: TokenBucket,
+    jobs: JoinSet<(status_writer::Outcome, Duration)>,
+    /// The earliest end of an Ack wait among held entries.
+    held_until: Option<Instant>,
+}
+
+/// Whether the gate has the dataplane's answer.
+fn answered(gate: &Gate) -> bool {
+    gate.acked || gate.nack.is_some()
+}
+
+impl Worker {
+    async fn run(mut self) {
+        let (mut push_open, mut leader_open) = (true, true);
+        loop {
+            let wake = self.start_writes();
+            let depth = self.shared.queue().depth(self.jobs.len());
+            self.metrics
+                .status_queue_depth
+                .store(depth as u64, Ordering::Relaxed);
+            let sleep = async {
+                match wake {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = self.shared.notify.notified() => {}
+                changed = self.push.changed(), if push_open => {
+                    if changed.is_err() {
+                        push_open = false;
+                        continue;
+                    }
+                    self.push.borrow_and_update();
+                    self.release_held(true);
+                }
+                changed = self.leading.changed(), if leader_open => {
+                    if changed.is_err() {
+                        leader_open = false;
+                        self.writer.forget();
+                        continue;
+                    }
+                    if *self.leading.borrow_and_update() {
+                        let mut q = self.shared.queue();
+                        let keys: Vec<ObjectKey> = q.entries.keys().cloned().collect();
+                        for k in &keys {
+                            q.mark(k);
+                        }
+                        q.scan_routes = q.offered;
+                    } else {
+                        self.writer.forget();
+                        self.shared.queue().unanswered.clear();
+                    }
+                }
+                Some(done) = self.jobs.join_next(), if !self.jobs.is_empty() => {
+                    if let Ok((outcome, took)) = done {
+                        self.finish(outcome, took);
+                    }
+                }
+                _ = sleep => self.release_held(false),
+            }
+        }
+    }
+
+    fn leads(&self) -> bool {
+        *self.leading.borrow()
+    }
+
+    /// Start writes while there is room, tokens and work; the next time to look again.
+    fn start_writes(&mut self) -> Option<Instant> {
+        let mut wake = self.held_until;
+        let state = self.push.borrow().clone();
+        let now_str = status_writer::now();
+        let now = Instant::now();
+        {
+            let mut q = self.shared.queue();
+            for key in std::mem::take(&mut q.gone) {
+                self.writer.forget_one(&key);
+            }
+            while q.retry.front().is_some_and(|(at, _)| *at <= now) {
+                let (_, key) = q.retry.pop_front().expect("checked");
+                if let Some(e) = q.entries.get_mut(&key) {
+                    e.place = Place::Idle;
+                }
+                q.mark(&key);
+            }
+            if let Some((at, _)) = q.retry.front() {
+                wake = earliest(wake, *at);
+            }
+        }
+        if !self.leads() {
+            return wake;
+        }
+        self.scan_routes();
+        while self.jobs.len() < self.options.concurrency.max(1) {
+            let mut q = self.shared.queue();
+            let Some(key) = q.dirty.pop_front() else {
+                break;
+            };
+            let Some(e) = q.entries.get(&key) else {
+                continue;
+            };
+            let (generation, since) = (e.generation, e.since);
+            let gate = Gate::new(&state, generation);
+            let answered = answered(&gate);
+            if !answered && now < since + self.options.ack_wait {
+                let until = since + self.options.ack_wait;
+                q.entries.get_mut(&key).expect("present").place = Place::Held;
+                q.held.push(key);
+                self.held_until = earliest(self.held_until, until);
+                wake = earliest(wake, until);
+                continue;
+            }
+            if let Err(wait) = self.bucket.take(now) {
+                q.dirty.push_front(key);
+                wake = earliest(wake, now + wait);
+                break;
+            }
+            let want = q.entries.get(&key).expect("present").want.clone();
+            let current = lookup(&self.stores, &key);
+            let prepared =
+                if current.is_none() && !matches!(want, Some(ObjectStatus::Conditions(_))) {
+                    // Not in the cache (deleted): nothing to write; translate drops it next.
+                    self.writer.forget_one(&key);
+                    Prepared::Unchanged
+                } else {
+                    self.writer
+                        .prepare(&key, want.as_ref(), current.as_deref(), &gate, &now_str)
+                };
+            if answered {
+                q.unanswered.remove(&key);
+            } else {
+                q.unanswered.insert(key.clone());
+            }
+            match prepared {
+                Prepared::Unchanged => {
+                    self.bucket.refund();
+                    if want.is_none() {
+                        q.remove(&key);
+                    } else {
+                        q.entries.get_mut(&key).expect("present").place = Place::Idle;
+                    }
+                }
+                Prepared::Write(job) => {
+                    let e = q.entries.get_mut(&key).expect("present");
+                    e.place = Place::InFlight;
+                    e.again = false;
+                    drop(q);
+                    self.jobs.spawn(async move {
+                        let started = Instant::now();
+                        let outcome = job.run().await;
+                        (outcome, started.elapsed())
+                    });
+                }
+            }
+        }
+        wake
+    }
+
+    /// Move held entries whose generation has an answer (or whose wait is over, unless
+    /// `answers_only`) to the queue, and unanswered written entries with an answer too.
+    fn release_held(&mut self, answers_only: bool) {
+        let state = self.push.borrow().clone();
+        let now = Instant::now();
+        let wait = self.options.ack_wait;
+        let mut q = self.shared.queue();
+        let held = std::mem::take(&mut q.held);
+        let mut until = None;
+        for key in held {
+            let Some(e) = q.entries.get_mut(&key) else {
+                continue;
+            };
+            let ready = answered(&Gate::new(&state, e.generation))
+                || (!answers_only && now >= e.since + wait);
+            if ready {
+                e.place = Place::Idle;
+                q.mark(&key);
+            } else {
+                until = earliest(until, e.since + wait);
+                q.held.push(key);
+            }
+        }
+        self.held_until = until;
+        if answers_only && !q.unanswered.is_empty() {
+            let done: Vec<ObjectKey> = q
+                .unanswered
+                .iter()
+                .filter(|k| {
+                    q.entries
+                        .get(*k)
+                        .is_some_and(|e| answered(&Gate::new(&state, e.generation)))
+                })
+                .cloned()
+                .collect();
+            for key in done {
+                q.unanswered.remove(&key);
+                q.mark(&key);
+            }
+        }
+    }
+
+    fn finish(&mut self, outcome: status_writer::Outcome, took: Duration) {
+        let key = outcome.key.clone();
+        self.metrics.status_write_duration.observe(took);
+        let result = self.writer.finish(outcome);
+        let mut q = self.shared.queue();
+        let retry_at = Instant::now() + self.options.retry;
+        let Some(e) = q.entries.get_mut(&key) else {
+            return;
+        };
+        e.place = Place::Idle;
+        match result {
+            Ok(written) => {
+                if written {
+                    self.metrics.status_writes.fetch_add(1, Ordering::Relaxed);
+                }
+                if e.again {
+                    e.again = false;
+                    q.mark(&key);
+                } else if e.want.is_none() {
+                    q.remove(&key);
+                    self.writer.forget_one(&key);
+                }
+            }
+            Err(err) => {
+                tracing::warn!(kind = %key.kind, namespace = %key.namespace, name = %key.name, error = %err, "status write failed; retrying");
+                self.metrics.error(err.kind());
+                e.again = false;
+                e.place = Place::Retry;
+                q.retry.push_back((retry_at, key));
+            }
+        }
+    }
+
+    /// Queue routes and policies that carry entries of ours `translate` does not report.
+    fn scan_routes(&mut self) {
+        let mut q = self.shared.queue();
+        if !q.scan_routes {
+            return;
+        }
+        q.scan_routes = false;
+        let generation = q.generation;
+        let now = Instant::now();
+        let s = &self.stores;
+        let mut found: Vec<ObjectKey> = Vec::new();
+        let name = self.writer.controller_name().to_string();
+        let mut look = |kind: &str, list: Vec<(String, String, serde_json::Value)>| {
+            for (ns, n, status) in list {
+                let key = ObjectKey::new(kind, &ns, &n);
+                if !q.entries.contains_key(&key)
+                    && status_writer::has_our_entries(&name, kind, &status)
+                {
+                    found.push(key);
+                }
+            }
+        };
+        look("HTTPRoute", statuses_of(&s.http_routes.state()));
+        look("GRPCRoute", statuses_of(&s.grpc_routes.state()));
+        look("TLSRoute", statuses_of(&s.tls_routes.state()));
+        look("TCPRoute", statuses_of(&s.tcp_routes.state()));
+        look("UDPRoute", statuses_of(&s.udp_routes.state()));
+        look(
+            "BackendTLSPolicy",
+            statuses_of(&s.backend_tls_policies.state()),
+        );
+        for key in found {
+            q.entries.insert(
+                key.clone(),
+                Entry {
+                    want: None,
+                    generation,
+                    since: now,
+                    place: Place::Idle,
+                    again: false,
+                },
+            );
+            q.mark(&key);
+        }
+    }
+}
+
+fn earliest(a: Option<Instant>, b: Instant) -> Option<Instant> {
+    Some(a.map_or(b, |a| a.min(b)))
+}
+
+/// (namespace, name, status) of cached objects.
+fn statuses_of<K>(list: &[Arc<K>]) -> Vec<(String, String, serde_json::Value)>
+where
+    K: Current + kube::Resource,
+{
+    list.iter()
+        .map(|o| {
+            let m = o.meta();
+            (
+                m.namespace.clone().unwrap_or_default(),
+                m.name.clone().unwrap_or_default(),
+                o.status(),
+            )
+        })
+        .collect()
+}
+
+/// The cached object a status is for.
+fn lookup(s: &Stores, key: &ObjectKey) -> Option<Arc<dyn Current>> {
+    fn get<K>(st: &crate::watch::Stored<K>, key: &ObjectKey) -> Option<Arc<dyn Current>>
+    where
+        K: Current + kube::Resource<DynamicType = ()> + Clone + 'static,
+    {
+        st.get(&key.namespace, &key.name)
+            .map(|o| o as Arc<dyn Current>)
+    }
+    match key.kind.as_str() {
+        "GatewayClass" => get(&s.gateway_classes, key),
+        "Gateway" => get(&s.gateways, key),
+        "ListenerSet" => get(&s.listener_sets, key),
+        "HTTPRoute" => get(&s.http_routes, key),
+        "GRPCRoute" => get(&s.grpc_routes, key),
+        "TLSRoute" => get(&s.tls_routes, key),
+        "TCPRoute" => get(&s.tcp_routes, key),
+        "UDPRoute" => get(&s.udp_routes, key),
+        "BackendTLSPolicy" => get(&s.backend_tls_policies, key),
+        "Ingress" => get(&s.ingresses, key),
+        "SweetySite" => get(&s.sites, key),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_bucket_allows_a_burst_then_the_rate() {
+        let t0 = Instant::now();
+        let mut b = TokenBucket::new(10.0, 3, t0);
+        for _ in 0..3 {
+            b.take(t0).unwrap();
+        }
+        let wait = b.take(t0).unwrap_err();
+        assert!(wait > Duration::from_millis(90) && wait <= Duration::from_millis(100));
+        // 100 ms later: one token, not more.
+        let t1 = t0 + Duration::from_millis(100);
+        b.take(t1).unwrap();
+        assert!(b.take(t1).is_err());
+        // An unused token goes back.
+        b.refund();
+        b.take(t1).unwrap();
+        // A long quiet period refills to the burst only.
+        let t2 = t1 + Duration::from_secs(60);
+        for _ in 0..3 {
+            b.take(t2).unwrap();
+        }
+        assert!(b.take(t2).is_err());
+    }
+}

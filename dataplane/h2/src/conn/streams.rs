@@ -1,0 +1,563 @@
+//! Streams: their state, opening a stream for a request, resets, closing, and producing
+//! each stream's response (head, body, trailers) into the write buffer.
+
+use super::*;
+
+/// What a stream's response is doing.
+pub(super) enum Resp<H> {
+    /// The pipeline is working on it in its own task.
+    Running(JoinHandle<(Response<Body>, Option<H>)>),
+    /// HEADERS sent; the body is being sent.
+    Body(Body),
+    /// END_STREAM sent (or the stream reset).
+    Done,
+}
+
+pub(super) struct Stream<H> {
+    /// The request body's sink while the client may send data.
+    pub(super) recv: Option<Arc<RecvShared>>,
+    pub(super) recv_open: bool,
+    /// What the client may still send on this stream.
+    pub(super) recv_window: i64,
+    /// Consumed bytes not yet granted back.
+    pub(super) grant: usize,
+    /// Bytes counted against the connection window, not yet released.
+    pub(super) unreleased: usize,
+    pub(super) content_length: Option<u64>,
+    pub(super) received: u64,
+    pub(super) send_window: i64,
+    pub(super) resp: Resp<H>,
+    /// Body data taken but not yet framed.
+    pub(super) pending: Bytes,
+    /// The body has no more data (trailers may follow in `trailers`).
+    pub(super) body_done: bool,
+    pub(super) trailers: Option<Box<HeaderMap>>,
+    pub(super) waker: Option<Waker>,
+    pub(super) queued: bool,
+    /// Listed in the driver's `blocked` (waiting for connection window).
+    pub(super) blocked: bool,
+    /// Extended CONNECT: the tunnel's response body, sent instead of the response's on a 2xx.
+    pub(super) tunnel_body: Option<Body>,
+    pub(super) is_head: bool,
+}
+
+impl<H> Stream<H> {
+    pub(super) fn new(send_window: i64, recv_window: i64) -> Stream<H> {
+        Stream {
+            recv: None,
+            recv_open: true,
+            recv_window,
+            grant: 0,
+            unreleased: 0,
+            content_length: None,
+            received: 0,
+            send_window,
+            resp: Resp::Done,
+            pending: Bytes::new(),
+            body_done: false,
+            trailers: None,
+            waker: None,
+            queued: false,
+            blocked: false,
+            tunnel_body: None,
+            is_head: false,
+        }
+    }
+
+    pub(super) fn finished(&self) -> bool {
+        !self.recv_open && matches!(self.resp, Resp::Done)
+    }
+}
+
+/// Hashing of stream ids: a multiplicative hash (the ids are a client's choice, but a
+/// connection holds at most `max_concurrent_streams` of them, so collisions cost little).
+#[derive(Default, Clone, Copy)]
+pub(super) struct StreamIds;
+
+impl std::hash::BuildHasher for StreamIds {
+    type Hasher = IdHasher;
+    fn build_hasher(&self) -> IdHasher {
+        IdHasher(0)
+    }
+}
+
+pub(super) struct IdHasher(u64);
+
+impl std::hash::Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        // The product's high bits are well mixed: fold them into the low ones too.
+        self.0 ^ (self.0 >> 29)
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 << 8 | *b as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+    fn write_u32(&mut self, n: u32) {
+        self.0 = (n as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
+    pub(super) fn is_idle(&self, id: u32) -> bool {
+        id > self.last_stream
+    }
+
+    pub(super) fn start_stream(&mut self, id: u32, end_stream: bool, h: DecodedBlock) -> FResult {
+        let mut s = Stream::new(self.peer_initial_window, self.cfg.stream_window as i64);
+        let request = match h.into_request() {
+            // A tunnel whose client side ends at once cannot be one (the backend would be
+            // dialed and switched for an empty, ended stream).
+            Ok((_, true)) if end_stream => Err("extended CONNECT with END_STREAM"),
+            r => r,
+        }
+        .map_err(|why| {
+            tracing::debug!(stream = id, why, "malformed HTTP/2 request");
+        });
+        let Ok((req, tunnel)) = request else {
+            return self.reset_stream(id, Reason::PROTOCOL_ERROR, Charge::Client);
+        };
+        let (mut parts, ()) = req.into_parts();
+        s.content_length = h_content_length(&parts.headers)
+            .map_err(|_| Fault::Stream(id, Reason::PROTOCOL_ERROR))?;
+        if end_stream && s.content_length.is_some_and(|cl| cl != 0) {
+            return Err(Fault::Stream(id, Reason::PROTOCOL_ERROR));
+        }
+        s.is_head = parts.method == Method::HEAD;
+        let body = if end_stream {
+            s.recv_open = false;
+            crate::empty()
+        } else {
+            let r = RecvShared::new(
+                self.signal.clone(),
+                id,
+                (self.cfg.stream_window as usize / 4).max(1),
+            );
+            s.recv = Some(r.clone());
+            let recv = RecvBody::new(r, s.content_length);
+            if tunnel {
+                let (up, out) = crate::body::tunnel(recv);
+                parts
+                    .extensions
+                    .insert(Upgrade(Arc::new(Mutex::new(Some(up)))));
+                s.tunnel_body = Some(out);
+                crate::empty()
+            } else {
+                crate::boxed(recv)
+            }
+        };
+        let req = Request::from_parts(parts, body);
+        // The request's start: this batch's clock reading.
+        let fut = self.service.call(req, self.batch_clock);
+        self.streams.insert(id, s);
+        // First poll inline: ready responses (cache hits, fixed replies, refusals) are
+        // answered in this read's write without a task.
+        self.inline_polls += 1;
+        match crate::first_poll::first_poll(fut) {
+            FirstPoll::Ready((resp, stored)) => self.start_response(id, resp, stored),
+            FirstPoll::Spawned(handle) => {
+                if let Some(s) = self.streams.get_mut(&id) {
+                    s.resp = Resp::Running(handle);
+                }
+                self.enqueue(id);
+            }
+            // Our fault, not the client's: not counted as a reset.
+            FirstPoll::Panicked => {
+                return self.reset_stream(id, Reason::INTERNAL_ERROR, Charge::Server)
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn on_rst(&mut self, head: Head, payload: &[u8]) -> FResult {
+        if head.stream == 0 {
+            return Err(Fault::Conn(
+                Reason::PROTOCOL_ERROR,
+                "RST_STREAM on stream 0",
+            ));
+        }
+        if payload.len() != 4 {
+            return Err(Fault::Conn(Reason::FRAME_SIZE_ERROR, "RST_STREAM length"));
+        }
+        if self.is_idle(head.stream) {
+            return Err(Fault::Conn(
+                Reason::PROTOCOL_ERROR,
+                "RST_STREAM on an idle stream",
+            ));
+        }
+        if let Some(s) = self.streams.get(&head.stream) {
+            let unfinished = !matches!(s.resp, Resp::Done);
+            self.drop_stream(head.stream, "stream reset by the client");
+            if unfinished {
+                self.reset_flood()?;
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn enqueue(&mut self, id: u32) {
+        if let Some(s) = self.streams.get_mut(&id) {
+            if !s.queued {
+                s.queued = true;
+                self.queue.push_back(id);
+            }
+        }
+    }
+
+    pub(super) fn remember_closed(&mut self, id: u32) {
+        if id <= self.recently_closed_max && self.recently_closed.contains(&id) {
+            return;
+        }
+        self.recently_closed_max = self.recently_closed_max.max(id);
+        if self.recently_closed.len() == RECENTLY_CLOSED {
+            self.recently_closed.pop_front();
+        }
+        self.recently_closed.push_back(id);
+    }
+
+    /// Drops a removed stream's id from the `blocked` list.
+    pub(super) fn forget_blocked(&mut self, s: &Stream<S::Head>, id: u32) {
+        if s.blocked {
+            self.blocked.retain(|b| *b != id);
+        }
+    }
+
+    /// Remembers a stream we reset, refused or ignored (bounded: the oldest is forgotten).
+    pub(super) fn mark_reset(&mut self, id: u32) {
+        if !self.locally_reset_set.insert(id) {
+            return;
+        }
+        if self.locally_reset.len() == LOCALLY_RESET {
+            if let Some(old) = self.locally_reset.pop_front() {
+                self.locally_reset_set.remove(&old);
+            }
+        }
+        self.locally_reset.push_back(id);
+    }
+
+    /// Removes a stream: aborts its response, fails its request body, releases its window.
+    pub(super) fn drop_stream(&mut self, id: u32, why: &'static str) {
+        let Some(s) = self.streams.remove(&id) else {
+            return;
+        };
+        self.forget_blocked(&s, id);
+        self.remember_closed(id);
+        // The body's buffered bytes reach the connection window through `Signal::consumed`.
+        if let Some(r) = &s.recv {
+            r.fail(why);
+            r.discard();
+        }
+        if let Resp::Running(h) = &s.resp {
+            h.abort();
+        }
+    }
+
+    /// Sends RST_STREAM for `id`, removes the stream if it was open, and remembers it as
+    /// closed and as reset by us (its frames in flight are then ignored). A reset the client
+    /// caused (refused or malformed stream, a frame it should not have sent) counts towards
+    /// the rapid-reset limit: the error is the connection's end when it is over.
+    pub(super) fn reset_stream(&mut self, id: u32, reason: Reason, charge: Charge) -> FResult {
+        frame::put_rst(&mut self.write_buf, id, reason);
+        if reason != Reason::STREAM_CLOSED {
+            // STREAM_CLOSED answers a frame on a stream both sides had closed: the next one is
+            // answered the same way.
+            self.mark_reset(id);
+        }
+        if self.streams.contains_key(&id) {
+            self.drop_stream(id, "stream reset");
+        } else {
+            self.remember_closed(id);
+        }
+        match charge {
+            Charge::Client => self.reset_flood(),
+            Charge::Server => Ok(()),
+        }
+    }
+
+    /// Removes a stream that is finished both ways. A response finished before the client
+    /// finished its request gets RST_STREAM(NO_ERROR) (RFC 9113 §8.1).
+    pub(super) fn maybe_close(&mut self, id: u32) {
+        let Some(s) = self.streams.get(&id) else {
+            return;
+        };
+        if s.finished() {
+            if let Some(s) = self.streams.remove(&id) {
+                self.forget_blocked(&s, id);
+                self.remember_closed(id);
+            }
+            if self.streams.is_empty() {
+                // The idle timeout counts from the last stream's end (the timer may be set
+                // later: the preface's deadline).
+                self.last_active = Instant::now();
+                self.arm(self.last_active + self.cfg.idle_timeout);
+            }
+        } else if matches!(s.resp, Resp::Done) && s.recv_open {
+            let dropped = s.recv.as_ref().is_none_or(|r| r.dropped());
+            if dropped {
+                let _ = self.reset_stream(id, Reason::NO_ERROR, Charge::Server);
+            }
+        }
+    }
+
+    pub(super) fn on_ready(&mut self, id: u32) {
+        let Some(s) = self.streams.get_mut(&id) else {
+            return;
+        };
+        if let Some(r) = &s.recv {
+            let consumed = r.take_consumed();
+            // Stream window only: the connection's comes through `Signal::consumed`.
+            let consumed = consumed.min(s.unreleased);
+            s.unreleased -= consumed;
+            if r.dropped() {
+                // Nobody reads further data: stop granting (it is discarded on arrival).
+                s.grant = 0;
+                if matches!(s.resp, Resp::Done) {
+                    self.maybe_close(id);
+                    return;
+                }
+            } else {
+                s.grant += consumed;
+            }
+        }
+        self.enqueue(id);
+    }
+
+    /// Encodes a response head and starts sending it. `stored`: a cache hit's stored head,
+    /// sent ahead of the fields of `resp`'s map (its fields are never connection-specific).
+    pub(super) fn start_response(
+        &mut self,
+        id: u32,
+        resp: Response<Body>,
+        stored: Option<S::Head>,
+    ) {
+        let Some(s) = self.streams.get_mut(&id) else {
+            return;
+        };
+        let (mut parts, body) = resp.into_parts();
+        crate::conn_headers::strip(&mut parts.headers, crate::conn_headers::Te::Remove);
+        let stored_has = |name: &HeaderName| stored.as_ref().is_some_and(|h| h.contains(name));
+        if !parts.headers.contains_key(header::DATE) && !stored_has(&header::DATE) {
+            let date = self.date.get_or_insert_with(crate::date::now).clone();
+            parts.headers.insert(header::DATE, date);
+        }
+        let mut body = body;
+        // 204 and 304 never have a body (nor a length); HEAD gets the length a GET would get,
+        // without the body (RFC 9110 §9.3.2, §15.3.5, §15.4.5).
+        let no_body = matches!(
+            parts.status,
+            http::StatusCode::NO_CONTENT | http::StatusCode::NOT_MODIFIED
+        );
+        if let Some(t) = s.tunnel_body.take() {
+            if parts.status.is_success() {
+                parts.headers.remove(header::CONTENT_LENGTH);
+                body = t;
+            }
+        } else if !no_body && !body.is_end_stream() {
+            if let Some(n) = body.size_hint().exact() {
+                if !parts.headers.contains_key(header::CONTENT_LENGTH)
+                    && !stored_has(&header::CONTENT_LENGTH)
+                {
+                    parts
+                        .headers
+                        .insert(header::CONTENT_LENGTH, HeaderValue::from(n));
+                }
+            }
+        }
+        if s.is_head || no_body {
+            body = crate::empty();
+        }
+        let end = body.is_end_stream();
+        self.scratch.clear();
+        self.encoder.begin_block(&mut self.scratch);
+        Encoder::status(&mut self.scratch, parts.status.as_u16());
+        crate::encode_fields(
+            &mut self.scratch,
+            &parts.headers,
+            &parts.extensions,
+            stored.as_ref(),
+        );
+        frame::put_headers(
+            &mut self.write_buf,
+            id,
+            &self.scratch,
+            end,
+            self.peer_max_frame,
+        );
+        if end {
+            s.resp = Resp::Done;
+            drop(body);
+            self.maybe_close(id);
+        } else {
+            s.resp = Resp::Body(body);
+            // Send what the body has now, in this batch.
+            self.enqueue(id);
+        }
+    }
+
+    pub(super) fn stream_waker(&mut self, id: u32) -> Waker {
+        let signal = self.signal.clone();
+        let s = self.streams.get_mut(&id).expect("stream present");
+        s.waker
+            .get_or_insert_with(|| Waker::from(Arc::new(StreamWaker { signal, id })))
+            .clone()
+    }
+
+    /// Sends what the queued streams have, fairly, until the output buffer is full.
+    pub(super) fn produce(&mut self) {
+        // Bounded: a body yielding empty chunks forever cannot spin the task.
+        let mut steps = 0usize;
+        while self.write_buf.len() < WRITE_HIGH && steps < 10_000 {
+            steps += 1;
+            let Some(id) = self.queue.pop_front() else {
+                break;
+            };
+            let Some(s) = self.streams.get_mut(&id) else {
+                continue;
+            };
+            s.queued = false;
+            self.grant_stream(id);
+            if self.step(id) {
+                // A stream in the middle of a body chunk goes on first: its chunk is freed
+                // before other streams' bodies are read (round-robin per write would hold one
+                // chunk per stream at once: 1,000 streams x 128 KiB).
+                let mid_chunk = self.streams.get(&id).is_some_and(|s| !s.pending.is_empty());
+                if let Some(s) = self.streams.get_mut(&id) {
+                    s.queued = true;
+                    if mid_chunk {
+                        self.queue.push_front(id);
+                    } else {
+                        self.queue.push_back(id);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Advances one stream's response; true when it can do more right away.
+    pub(super) fn step(&mut self, id: u32) -> bool {
+        // A response still being produced.
+        if matches!(
+            self.streams.get(&id).map(|s| &s.resp),
+            Some(Resp::Running(_))
+        ) {
+            let waker = self.stream_waker(id);
+            let s = self.streams.get_mut(&id).expect("present");
+            let Resp::Running(h) = &mut s.resp else {
+                unreachable!()
+            };
+            let mut cx = Context::from_waker(&waker);
+            match Pin::new(h).poll(&mut cx) {
+                Poll::Pending => return false,
+                Poll::Ready(Ok((resp, stored))) => self.start_response(id, resp, stored),
+                Poll::Ready(Err(e)) => {
+                    tracing::error!(error = %e, "a request task failed");
+                    let _ = self.reset_stream(id, Reason::INTERNAL_ERROR, Charge::Server);
+                    return false;
+                }
+            }
+            return false;
+        }
+        for _ in 0..FRAMES_PER_TURN {
+            let Some(s) = self.streams.get_mut(&id) else {
+                return false;
+            };
+            let Resp::Body(body) = &mut s.resp else {
+                return false;
+            };
+            if s.pending.is_empty() && !s.body_done {
+                // Noop waker first (a ready body needs none), the stream's waker if pending.
+                let mut polled =
+                    Pin::new(&mut *body).poll_frame(&mut Context::from_waker(Waker::noop()));
+                if polled.is_pending() {
+                    let waker = self.stream_waker(id);
+                    let s = self.streams.get_mut(&id).expect("present");
+                    let Resp::Body(body) = &mut s.resp else {
+                        unreachable!()
+                    };
+                    polled = Pin::new(&mut *body).poll_frame(&mut Context::from_waker(&waker));
+                }
+                let s = self.streams.get_mut(&id).expect("present");
+                let Resp::Body(body) = &mut s.resp else {
+                    unreachable!()
+                };
+                match polled {
+                    Poll::Pending => return false,
+                    Poll::Ready(None) => s.body_done = true,
+                    Poll::Ready(Some(Err(e))) => {
+                        tracing::debug!(error = %e, stream = id, "response body failed");
+                        let _ = self.reset_stream(id, Reason::INTERNAL_ERROR, Charge::Server);
+                        return false;
+                    }
+                    Poll::Ready(Some(Ok(f))) => match f.into_data() {
+                        Ok(d) => {
+                            s.pending = d;
+                            if body.is_end_stream() {
+                                s.body_done = true;
+                            }
+                        }
+                        Err(f) => {
+                            if let Ok(t) = f.into_trailers() {
+                                s.trailers = Some(Box::new(t));
+                            }
+                            s.body_done = true;
+                        }
+                    },
+                }
+            }
+            let s = self.streams.get_mut(&id).expect("present");
+            if !s.pending.is_empty() {
+                let avail = s.send_window.min(self.conn_send_window);
+                if avail <= 0 {
+                    if !s.blocked {
+                        s.blocked = true;
+                        self.blocked.push(id);
+                    }
+                    return false;
+                }
+                let n = s
+                    .pending
+                    .len()
+                    .min(avail as usize)
+                    .min(self.peer_max_frame.min(MAX_DATA_FRAME));
+                let chunk = s.pending.split_to(n);
+                s.send_window -= n as i64;
+                self.conn_send_window -= n as i64;
+                let end = s.pending.is_empty() && s.body_done && s.trailers.is_none();
+                frame::put_data(&mut self.write_buf, id, &chunk, end);
+                self.data_out = true;
+                if end {
+                    s.resp = Resp::Done;
+                    self.maybe_close(id);
+                    return false;
+                }
+                if self.write_buf.len() >= WRITE_HIGH {
+                    return true;
+                }
+                continue;
+            }
+            if s.body_done {
+                match s.trailers.take() {
+                    Some(t) => {
+                        self.scratch.clear();
+                        self.encoder.begin_block(&mut self.scratch);
+                        for (name, value) in t.iter() {
+                            crate::encode_field(&mut self.scratch, name, value);
+                        }
+                        frame::put_headers(
+                            &mut self.write_buf,
+                            id,
+                            &self.scratch,
+                            true,
+                            self.peer_max_frame,
+                        );
+                    }
+                    None => frame::put_data(&mut self.write_buf, id, &[], true),
+                }
+                s.resp = Resp::Done;
+                self.maybe_close(id);
+                return false;
+            }
+        }
+        true
+    }
+}

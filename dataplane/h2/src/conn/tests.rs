@@ -1,0 +1,885 @@
+//! Tests of the connection driver over in-memory pipes, with a mock service.
+
+use super::*;
+use http_body_util::BodyExt;
+
+/// The service of these tests: every request gets a 404 text reply at once, as the
+/// dataplane's pipeline answers a request no route matches.
+struct NotFound;
+
+impl H2Service for NotFound {
+    type Head = crate::NoHead;
+    type Future = std::future::Ready<(Response<Body>, Option<crate::NoHead>)>;
+
+    fn call(&mut self, _request: Request<Body>, _now: Instant) -> Self::Future {
+        let mut r = Response::new(full(Bytes::from_static(
+            b"404 Not Found: no route matches this host and path\n",
+        )));
+        *r.status_mut() = http::StatusCode::NOT_FOUND;
+        r.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; charset=utf-8"),
+        );
+        std::future::ready((r, None))
+    }
+
+    fn limit_hit(&self, _what: &'static str) {}
+
+    fn connection_error(&self, _reason: Reason, _why: &'static str) {}
+}
+
+/// A body holding `data` in full.
+fn full(data: Bytes) -> Body {
+    http_body_util::Full::new(data)
+        .map_err(|never| match never {})
+        .boxed_unsync()
+}
+
+/// The dataplane's default limits as connection settings.
+fn settings() -> Settings {
+    Settings {
+        max_concurrent_streams: 128,
+        max_header_bytes: 64 * 1024,
+        header_read_timeout: Duration::from_secs(10),
+        idle_timeout: Duration::from_secs(60),
+        max_resets_per_sec: 32,
+        stream_window: 256 * 1024,
+        conn_window: 1024 * 1024,
+    }
+}
+
+/// A driver over an in-memory pipe, serving [`NotFound`], and the client end.
+async fn pipe_driver() -> tokio::io::DuplexStream {
+    pipe_driver_sized(1 << 20).await
+}
+
+async fn pipe_driver_sized(pipe: usize) -> tokio::io::DuplexStream {
+    pipe_driver_with(pipe, |_| {}).await
+}
+
+async fn pipe_driver_with(
+    pipe: usize,
+    edit: impl FnOnce(&mut Settings),
+) -> tokio::io::DuplexStream {
+    let (client, server) = tokio::io::duplex(pipe);
+    let (_tx, stop) = tokio::sync::watch::channel(false);
+    let mut settings = settings();
+    edit(&mut settings);
+    tokio::spawn(async move {
+        let _tx = _tx;
+        let _ = serve(server, NotFound, settings, stop).await;
+    });
+    client
+}
+
+async fn read_frame(c: &mut tokio::io::DuplexStream, buf: &mut BytesMut) -> Option<(Head, Bytes)> {
+    loop {
+        if buf.len() >= HEADER_LEN {
+            let h = Head::parse(buf);
+            if buf.len() >= HEADER_LEN + h.len as usize {
+                let mut f = buf.split_to(HEADER_LEN + h.len as usize);
+                f.advance(HEADER_LEN);
+                return Some((h, f.freeze()));
+            }
+        }
+        let read = tokio::time::timeout(Duration::from_secs(10), c.read_buf(buf));
+        if read.await.expect("a frame in time").ok()? == 0 {
+            return None;
+        }
+    }
+}
+
+fn request(id: u32, end_stream: bool) -> BytesMut {
+    let mut block = BytesMut::new();
+    for (n, v) in [(":method", "GET"), (":scheme", "http"), (":path", "/")] {
+        Encoder::field(&mut block, n.as_bytes(), v.as_bytes(), false);
+    }
+    let mut out = BytesMut::new();
+    frame::put_headers(&mut out, id, &block, end_stream, 16_384);
+    out
+}
+
+#[tokio::test]
+async fn response_data_follows_the_peers_stream_window() {
+    use tokio::io::AsyncWriteExt;
+    let mut c = pipe_driver().await;
+    let mut out = BytesMut::from(&frame::PREFACE[..]);
+    // A 5-byte initial stream window.
+    frame::put_settings(&mut out, &[(setting::INITIAL_WINDOW_SIZE, 5)]);
+    out.extend_from_slice(&request(1, true));
+    c.write_all(&out).await.unwrap();
+    let mut buf = BytesMut::new();
+    let mut data = Vec::new();
+    let mut granted = 5;
+    loop {
+        let (h, p) = read_frame(&mut c, &mut buf).await.expect("frames");
+        if h.kind != kind::DATA {
+            continue;
+        }
+        assert!(
+            p.len() <= 5,
+            "a DATA frame within the 5-byte window: {}",
+            p.len()
+        );
+        data.extend_from_slice(&p);
+        assert!(
+            data.len() <= granted,
+            "{} bytes sent with a window of {granted}",
+            data.len()
+        );
+        if h.has(flag::END_STREAM) {
+            break;
+        }
+        if data.len() == granted {
+            // Exhausted: nothing more until the window grows.
+            let mut wu = BytesMut::new();
+            frame::put_window_update(&mut wu, 1, 5);
+            c.write_all(&wu).await.unwrap();
+            granted += 5;
+        }
+    }
+    assert!(String::from_utf8_lossy(&data).starts_with("404 Not Found"));
+}
+
+#[tokio::test]
+async fn frames_on_closed_or_even_streams_get_the_right_errors() {
+    use tokio::io::AsyncWriteExt;
+    let mut c = pipe_driver().await;
+    let mut out = BytesMut::from(&frame::PREFACE[..]);
+    frame::put_settings(&mut out, &[]);
+    out.extend_from_slice(&request(1, true));
+    c.write_all(&out).await.unwrap();
+    let mut buf = BytesMut::new();
+    loop {
+        let (h, _) = read_frame(&mut c, &mut buf).await.unwrap();
+        if h.kind == kind::DATA && h.has(flag::END_STREAM) {
+            break;
+        }
+    }
+    // DATA on the finished stream: a stream error.
+    let mut out = BytesMut::new();
+    frame::put_data(&mut out, 1, b"x", false);
+    c.write_all(&out).await.unwrap();
+    let (h, p) = loop {
+        let f = read_frame(&mut c, &mut buf).await.unwrap();
+        if f.0.kind == kind::RST_STREAM {
+            break f;
+        }
+    };
+    assert_eq!(
+        (h.stream, &p[..]),
+        (1, &Reason::STREAM_CLOSED.0.to_be_bytes()[..])
+    );
+    // A request on an even stream id: a connection error.
+    c.write_all(&request(2, true)).await.unwrap();
+    let (_, p) = loop {
+        let f = read_frame(&mut c, &mut buf).await.unwrap();
+        if f.0.kind == kind::GOAWAY {
+            break f;
+        }
+    };
+    assert_eq!(&p[4..8], &Reason::PROTOCOL_ERROR.0.to_be_bytes());
+    assert_eq!(&p[..4], &1u32.to_be_bytes(), "last stream processed");
+    assert!(read_frame(&mut c, &mut buf).await.is_none(), "then closed");
+}
+
+#[tokio::test]
+async fn frames_after_our_reset_are_ignored_and_their_window_credited() {
+    use tokio::io::AsyncWriteExt;
+    // Few resets allowed: answering each DATA frame with a reset would end the connection.
+    let mut c = pipe_driver_with(4 << 20, |s| s.max_resets_per_sec = 4).await;
+    let mut out = BytesMut::from(&frame::PREFACE[..]);
+    frame::put_settings(&mut out, &[]);
+    // An upload: the 404 is answered early and the body is not wanted.
+    out.extend_from_slice(&request(1, false));
+    c.write_all(&out).await.unwrap();
+    let mut buf = BytesMut::new();
+    loop {
+        let (h, p) = read_frame(&mut c, &mut buf).await.expect("frames");
+        if h.kind == kind::RST_STREAM {
+            assert_eq!(
+                (h.stream, &p[..]),
+                (1, &Reason::NO_ERROR.0.to_be_bytes()[..])
+            );
+            break;
+        }
+    }
+    // What the client had sent before it saw the reset: the whole connection window of
+    // DATA, trailers, a WINDOW_UPDATE and its own RST_STREAM.
+    let mut out = BytesMut::new();
+    let chunk = vec![b'x'; 16_384];
+    for _ in 0..64 {
+        frame::put_data(&mut out, 1, &chunk, false);
+    }
+    let mut block = BytesMut::new();
+    Encoder::field(&mut block, b"x-trailer", b"1", false);
+    frame::put_headers(&mut out, 1, &block, true, 16_384);
+    frame::put_window_update(&mut out, 1, 100);
+    frame::put_rst(&mut out, 1, Reason::CANCEL);
+    frame::put_ping(&mut out, *b"12345678");
+    c.write_all(&out).await.unwrap();
+    let mut credit = 0u64;
+    loop {
+        let (h, p) = read_frame(&mut c, &mut buf).await.expect("no close");
+        assert_ne!(h.kind, kind::RST_STREAM, "no reset for the ignored frames");
+        assert_ne!(h.kind, kind::GOAWAY, "the connection stays up");
+        if h.kind == kind::WINDOW_UPDATE && h.stream == 0 {
+            credit += u32::from_be_bytes([p[0], p[1], p[2], p[3]]) as u64;
+        }
+        if h.kind == kind::PING && h.has(flag::ACK) {
+            break;
+        }
+    }
+    assert!(
+        credit >= 512 * 1024,
+        "the ignored DATA is credited back: {credit}"
+    );
+    // And the connection still serves requests.
+    c.write_all(&request(3, true)).await.unwrap();
+    loop {
+        let (h, _) = read_frame(&mut c, &mut buf).await.expect("a response");
+        if h.kind == kind::HEADERS {
+            assert_eq!(h.stream, 3);
+            break;
+        }
+    }
+}
+
+#[tokio::test]
+async fn an_error_after_a_graceful_goaway_keeps_its_last_stream_id() {
+    use tokio::io::AsyncWriteExt;
+    let (mut c, server) = tokio::io::duplex(1 << 20);
+    let (tx, stop) = tokio::sync::watch::channel(false);
+    let settings = settings();
+    tokio::spawn(async move {
+        let _ = serve(server, NotFound, settings, stop).await;
+    });
+    let mut out = BytesMut::from(&frame::PREFACE[..]);
+    // No stream window: stream 1's response waits, so the connection stays up.
+    frame::put_settings(&mut out, &[(setting::INITIAL_WINDOW_SIZE, 0)]);
+    out.extend_from_slice(&request(1, true));
+    c.write_all(&out).await.unwrap();
+    let mut buf = BytesMut::new();
+    loop {
+        let (h, _) = read_frame(&mut c, &mut buf).await.expect("frames");
+        if h.kind == kind::HEADERS && h.stream == 1 {
+            break;
+        }
+    }
+    // Drain: a graceful GOAWAY naming stream 1.
+    tx.send(true).unwrap();
+    let (_, p) = loop {
+        let f = read_frame(&mut c, &mut buf).await.expect("GOAWAY");
+        if f.0.kind == kind::GOAWAY {
+            break f;
+        }
+    };
+    assert_eq!(&p[..8], &[0, 0, 0, 1, 0, 0, 0, 0]);
+    // A stream the client opened before it saw that (ignored), then a connection error.
+    let mut out = request(3, true);
+    out.extend_from_slice(&request(4, true));
+    c.write_all(&out).await.unwrap();
+    let (_, p) = loop {
+        let f = read_frame(&mut c, &mut buf).await.expect("a second GOAWAY");
+        if f.0.kind == kind::GOAWAY {
+            break f;
+        }
+    };
+    assert_eq!(&p[4..8], &Reason::PROTOCOL_ERROR.0.to_be_bytes());
+    assert_eq!(
+        &p[..4],
+        &1u32.to_be_bytes(),
+        "the last-stream id does not grow"
+    );
+}
+
+#[tokio::test]
+async fn a_client_that_does_not_read_is_not_read_either() {
+    use tokio::io::AsyncWrite;
+    const PIPE: usize = 16 * 1024;
+    // As many concurrent streams as the client wants: only the output bound stops it.
+    let mut c = pipe_driver_with(PIPE, |s| s.max_concurrent_streams = 1 << 20).await;
+    let mut out = BytesMut::from(&frame::PREFACE[..]);
+    frame::put_settings(&mut out, &[]);
+    // 20,000 requests (each answered with ~100 bytes), never reading the answers.
+    for i in 0..20_000u32 {
+        out.extend_from_slice(&request(1 + 2 * i, true));
+    }
+    let total = out.len();
+    let mut written = 0;
+    let mut stalled = 0;
+    // Write without blocking; let the server run between attempts; stop once the
+    // server has stopped taking bytes for many of its turns.
+    while written < total && stalled < 200 {
+        let mut cx = Context::from_waker(Waker::noop());
+        match Pin::new(&mut c).poll_write(&mut cx, &out[written..]) {
+            Poll::Ready(Ok(n)) => {
+                written += n;
+                stalled = 0;
+            }
+            Poll::Ready(Err(e)) => panic!("{e}"),
+            Poll::Pending => stalled += 1,
+        }
+        tokio::task::yield_now().await;
+    }
+    assert!(
+        written < total,
+        "the server kept reading a client that does not read"
+    );
+    // What it took in is bounded by its output buffer, not by what the client sent.
+    let bound = PIPE + WRITE_HIGH + 2 * READ_CHUNK + 64 * 1024;
+    assert!(written < bound, "read {written} bytes of requests");
+}
+
+/// A client's opening: the preface, an empty SETTINGS and the ACK of ours.
+fn hello() -> BytesMut {
+    let mut input = BytesMut::from(&frame::PREFACE[..]);
+    frame::put_settings(&mut input, &[]);
+    frame::put_settings_ack(&mut input);
+    input
+}
+
+/// A driver polled by hand over a pipe that holds one byte (the client never reads, so
+/// what the driver writes stays in its buffer), fed `input`, and the client end.
+async fn hand_driver(
+    edit: impl FnOnce(&mut Settings),
+    input: &[u8],
+) -> (
+    Driver<tokio::io::DuplexStream, NotFound>,
+    tokio::io::DuplexStream,
+) {
+    let (mut c, server) = tokio::io::duplex(1);
+    let (tx, stop) = tokio::sync::watch::channel(false);
+    std::mem::forget(tx);
+    let mut settings = settings();
+    edit(&mut settings);
+    let mut d = Driver::new(server, NotFound, settings, stop);
+    feed(&mut d, &mut c, input).await;
+    (d, c)
+}
+
+/// Writes `input` through the one-byte pipe, polling the driver between the bytes.
+async fn feed(
+    d: &mut Driver<tokio::io::DuplexStream, NotFound>,
+    c: &mut tokio::io::DuplexStream,
+    mut input: &[u8],
+) {
+    use tokio::io::AsyncWrite;
+    let mut cx = Context::from_waker(Waker::noop());
+    for _ in 0..100_000 {
+        if input.is_empty() {
+            break;
+        }
+        if let Poll::Ready(Ok(n)) = Pin::new(&mut *c).poll_write(&mut cx, input) {
+            input = &input[n..];
+        }
+        assert!(d.poll(&mut cx).is_pending());
+        // Lets the request tasks run.
+        tokio::task::yield_now().await;
+    }
+    assert!(
+        input.is_empty(),
+        "the driver took the input ({:?} left {} wb {} rb {} streams {})",
+        d.closing,
+        input.len(),
+        d.write_buf.len(),
+        d.read_buf.len(),
+        d.streams.len()
+    );
+}
+
+/// What the driver has written: the byte in the pipe, then its buffer.
+fn written(
+    d: &Driver<tokio::io::DuplexStream, NotFound>,
+    c: &mut tokio::io::DuplexStream,
+) -> BytesMut {
+    use tokio::io::AsyncRead;
+    let mut cx = Context::from_waker(Waker::noop());
+    let mut b = [0u8; 1];
+    let mut rb = tokio::io::ReadBuf::new(&mut b);
+    let _ = Pin::new(c).poll_read(&mut cx, &mut rb);
+    let mut out = BytesMut::from(rb.filled());
+    out.extend_from_slice(&d.write_buf);
+    out
+}
+
+fn frame_kinds(mut b: BytesMut) -> Vec<u8> {
+    let mut kinds = Vec::new();
+    while b.len() >= HEADER_LEN {
+        let h = Head::parse(&b);
+        kinds.push(h.kind);
+        b.advance((HEADER_LEN + h.len as usize).min(b.len()));
+    }
+    kinds
+}
+
+/// A waker that counts its wakes.
+struct Count(std::sync::atomic::AtomicUsize);
+impl std::task::Wake for Count {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// Polls once after `wait`, with a counting waker: returns the wakes the poll itself made.
+async fn poll_after(d: &mut Driver<tokio::io::DuplexStream, NotFound>, wait: Duration) -> usize {
+    tokio::time::sleep(wait).await;
+    let count = Arc::new(Count(Default::default()));
+    let waker = Waker::from(count.clone());
+    let mut cx = Context::from_waker(&waker);
+    assert!(
+        d.poll(&mut cx).is_pending(),
+        "still flushing to a full pipe"
+    );
+    count.0.load(std::sync::atomic::Ordering::SeqCst)
+}
+
+#[tokio::test]
+async fn a_header_block_timeout_sends_one_goaway_and_does_not_spin() {
+    let hrt = Duration::from_millis(200);
+    let mut input = hello();
+    // A header block that never ends (no CONTINUATION follows).
+    let mut block = BytesMut::new();
+    Encoder::field(&mut block, b":method", b"GET", false);
+    frame::put_head(&mut input, block.len(), kind::HEADERS, 0, 1);
+    input.extend_from_slice(&block);
+    let (mut d, mut c) = hand_driver(|s| s.header_read_timeout = hrt, &input).await;
+    assert!(d.cont.is_some());
+    let wakes = poll_after(&mut d, hrt * 2).await;
+    let goaways = frame_kinds(written(&d, &mut c))
+        .into_iter()
+        .filter(|k| *k == kind::GOAWAY)
+        .count();
+    assert_eq!(goaways, 1, "one GOAWAY for the timeout");
+    assert_eq!(wakes, 0, "the task does not wake itself: no busy loop");
+    assert!(
+        d.timer.deadline().into_std() > Instant::now(),
+        "timer re-armed"
+    );
+    assert!(d.closing.is_some());
+}
+
+#[tokio::test]
+async fn frames_left_from_an_earlier_read_start_their_requests_at_a_new_clock_reading() {
+    // Frames kept while the output drained (`frames_pending`) may wait long after their
+    // read: the requests they open must not start at that read's clock reading, or the
+    // cache would judge freshness and Age at a past instant.
+    let input = hello();
+    let (mut d, _c) = hand_driver(|_| {}, &input).await;
+    let old = Instant::now() - Duration::from_secs(30);
+    d.batch_clock = old;
+    d.last_active = old;
+    d.frames_pending = true;
+    assert!(d.write_buf.len() < WRITE_HIGH);
+    let mut cx = Context::from_waker(Waker::noop());
+    let _ = d.poll(&mut cx);
+    assert!(
+        d.batch_clock >= old + Duration::from_secs(29),
+        "the batch clock is read again for frames left from an earlier read"
+    );
+}
+
+/// Ids are remembered as closed once, whether they close in order or not, and an id above
+/// every remembered one skips the scan without being mistaken for a known one.
+#[tokio::test]
+async fn closed_ids_are_remembered_once_in_or_out_of_order() {
+    let mut input = BytesMut::from(&frame::PREFACE[..]);
+    frame::put_settings(&mut input, &[]);
+    let (mut d, _c) = hand_driver(|_| {}, &input).await;
+    for id in [5, 3, 5, 7, 3, 9, 1] {
+        d.remember_closed(id);
+    }
+    assert_eq!(Vec::from(d.recently_closed.clone()), vec![5, 3, 7, 9, 1]);
+    assert_eq!(d.recently_closed_max, 9);
+}
+
+#[tokio::test]
+async fn an_idle_goaway_is_sent_once_and_does_not_spin() {
+    let idle = Duration::from_millis(200);
+    let input = hello();
+    let (mut d, mut c) = hand_driver(
+        |s| {
+            s.idle_timeout = idle;
+            s.header_read_timeout = idle;
+        },
+        &input,
+    )
+    .await;
+    let wakes = poll_after(&mut d, idle * 2).await;
+    let goaways = frame_kinds(written(&d, &mut c))
+        .into_iter()
+        .filter(|k| *k == kind::GOAWAY)
+        .count();
+    assert_eq!(goaways, 1, "one GOAWAY for the idle connection");
+    assert_eq!(wakes, 0, "the task does not wake itself: no busy loop");
+    assert!(d.going_away);
+    assert!(d.close_deadline.is_some(), "the close is bounded");
+    assert!(
+        d.timer.deadline().into_std() > Instant::now(),
+        "timer re-armed"
+    );
+}
+
+#[tokio::test]
+async fn blocked_streams_are_listed_once_and_forgotten_when_removed() {
+    let mut input = BytesMut::from(&frame::PREFACE[..]);
+    // No stream window: every response body waits.
+    frame::put_settings(&mut input, &[(setting::INITIAL_WINDOW_SIZE, 0)]);
+    frame::put_settings_ack(&mut input);
+    for i in 0..10 {
+        input.extend_from_slice(&request(1 + 2 * i, true));
+    }
+    let (mut d, mut c) = hand_driver(|s| s.max_resets_per_sec = 1000, &input).await;
+    let mut cx = Context::from_waker(Waker::noop());
+    for _ in 0..1000 {
+        if d.blocked.len() == 10 {
+            break;
+        }
+        tokio::task::yield_now().await;
+        let _ = d.poll(&mut cx);
+    }
+    let mut listed = d.blocked.clone();
+    listed.sort_unstable();
+    assert_eq!(listed, (0..10).map(|i| 1 + 2 * i).collect::<Vec<u32>>());
+    // One byte of window for stream 1: it sends it and waits again, listed once.
+    let mut more = BytesMut::new();
+    frame::put_window_update(&mut more, 1, 1);
+    feed(&mut d, &mut c, &more).await;
+    let _ = d.poll(&mut cx);
+    assert_eq!(d.blocked.iter().filter(|b| **b == 1).count(), 1);
+    // The client cancels them all: the list forgets them.
+    let mut resets = BytesMut::new();
+    for i in 0..10 {
+        frame::put_rst(&mut resets, 1 + 2 * i, Reason::CANCEL);
+    }
+    feed(&mut d, &mut c, &resets).await;
+    let _ = d.poll(&mut cx);
+    assert!(d.streams.is_empty());
+    assert!(
+        d.blocked.is_empty(),
+        "ids of removed streams: {:?}",
+        d.blocked
+    );
+}
+
+#[tokio::test]
+async fn every_reset_we_send_remembers_the_stream_and_counts_the_clients() {
+    let mut input = hello();
+    // Stream 1: a content-length with END_STREAM and no body (reset before it opens);
+    // stream 3: an upper-case header name (malformed).
+    let mut block = BytesMut::new();
+    for (n, v) in [
+        (":method", "GET"),
+        (":scheme", "http"),
+        (":path", "/"),
+        ("content-length", "5"),
+    ] {
+        Encoder::field(&mut block, n.as_bytes(), v.as_bytes(), false);
+    }
+    frame::put_headers(&mut input, 1, &block, true, 16_384);
+    let mut block = BytesMut::new();
+    for (n, v) in [(":method", "GET"), (":scheme", "http"), (":path", "/")] {
+        Encoder::field(&mut block, n.as_bytes(), v.as_bytes(), false);
+    }
+    Encoder::field(&mut block, b"X-Upper", b"1", false);
+    frame::put_headers(&mut input, 3, &block, true, 16_384);
+    let (d, _c) = hand_driver(|s| s.max_resets_per_sec = 100, &input).await;
+    for id in [1, 3] {
+        assert!(
+            d.recently_closed.contains(&id),
+            "stream {id} remembered closed"
+        );
+        assert!(
+            d.locally_reset_set.contains(&id),
+            "stream {id} remembered reset"
+        );
+    }
+    assert_eq!(d.flood.resets, 2, "both resets are the client's doing");
+}
+
+/// An I/O that buffers what it accepts and pushes it out only on later writes or
+/// on flush, as tokio-rustls does (its `poll_write` returns Ok(n) once rustls took the
+/// plaintext even when the socket would block; `poll_flush` writes the TLS records).
+struct TlsLike {
+    inner: tokio::io::DuplexStream,
+    pending: Vec<u8>,
+}
+
+impl TlsLike {
+    fn drain(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        use tokio::io::AsyncWrite;
+        while !self.pending.is_empty() {
+            match Pin::new(&mut self.inner).poll_write(cx, &self.pending) {
+                Poll::Ready(Ok(n)) => {
+                    self.pending.drain(..n);
+                }
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl AsyncRead for TlsLike {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for TlsLike {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let room = (64 * 1024usize).saturating_sub(self.pending.len());
+        let n = room.min(buf.len());
+        self.pending.extend_from_slice(&buf[..n]);
+        let blocked = self.drain(cx)?.is_pending();
+        if n == 0 && blocked {
+            return Poll::Pending;
+        }
+        Poll::Ready(Ok(n))
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        std::task::ready!(self.drain(cx))?;
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        std::task::ready!(self.drain(cx))?;
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+// Output a TLS-like stream accepted but could not send yet is flushed when the
+// socket drains, not left until the next write.
+#[tokio::test]
+async fn output_buffered_by_the_tls_layer_is_flushed() {
+    use tokio::io::AsyncWriteExt;
+    // A socket that holds 16 bytes: the response cannot go out in one go.
+    let (mut c, server) = tokio::io::duplex(16);
+    let io = TlsLike {
+        inner: server,
+        pending: Vec::new(),
+    };
+    let (tx, stop) = tokio::sync::watch::channel(false);
+    let settings = settings();
+    tokio::spawn(async move {
+        let _tx = tx;
+        let _ = serve(io, NotFound, settings, stop).await;
+    });
+    let mut out = BytesMut::from(&frame::PREFACE[..]);
+    frame::put_settings(&mut out, &[]);
+    out.extend_from_slice(&request(1, true));
+    c.write_all(&out).await.unwrap();
+    let mut buf = BytesMut::new();
+    let done = tokio::time::timeout(Duration::from_secs(3), async {
+        loop {
+            let (h, _) = read_frame(&mut c, &mut buf).await.expect("frames");
+            if h.stream == 1 && h.has(flag::END_STREAM) {
+                break;
+            }
+        }
+    })
+    .await;
+    assert!(
+        done.is_ok(),
+        "the end of the response is stuck in the TLS layer's buffer"
+    );
+}
+
+// The same over real tokio-rustls on a small pipe.
+#[tokio::test]
+async fn tls_response_tail_is_not_stuck_in_rustls() {
+    use tokio::io::AsyncWriteExt;
+    let ck = rcgen::generate_simple_self_signed(vec!["h2.test".into()]).unwrap();
+    let cert = rustls::pki_types::CertificateDer::from(ck.cert.der().to_vec());
+    let key = rustls::pki_types::PrivateKeyDer::Pkcs8(rustls::pki_types::PrivatePkcs8KeyDer::from(
+        ck.signing_key.serialize_der(),
+    ));
+    let mut server_cfg = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(vec![cert.clone()], key)
+    .unwrap();
+    server_cfg.alpn_protocols = vec![b"h2".to_vec()];
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(cert.clone()).unwrap();
+    let client_cfg = Arc::new(
+        rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth(),
+    );
+    let (client_io, server_io) = tokio::io::duplex(64);
+    let (tx, stop) = tokio::sync::watch::channel(false);
+    let settings = settings();
+    tokio::spawn(async move {
+        let _tx = tx;
+        let tls = tokio_rustls::TlsAcceptor::from(Arc::new(server_cfg))
+            .accept(server_io)
+            .await
+            .unwrap();
+        let _ = serve(tls, NotFound, settings, stop).await;
+    });
+    let name = rustls::pki_types::ServerName::try_from("h2.test").unwrap();
+    let mut c = tokio_rustls::TlsConnector::from(client_cfg)
+        .connect(name, client_io)
+        .await
+        .unwrap();
+    let mut out = BytesMut::from(&frame::PREFACE[..]);
+    frame::put_settings(&mut out, &[]);
+    out.extend_from_slice(&request(1, true));
+    c.write_all(&out).await.unwrap();
+    c.flush().await.unwrap();
+    let mut buf = BytesMut::new();
+    let done = tokio::time::timeout(Duration::from_secs(3), async {
+        loop {
+            while buf.len() >= HEADER_LEN {
+                let h = Head::parse(&buf);
+                if buf.len() < HEADER_LEN + h.len as usize {
+                    break;
+                }
+                buf.advance(HEADER_LEN + h.len as usize);
+                if h.stream == 1 && h.has(flag::END_STREAM) {
+                    return;
+                }
+            }
+            assert!(c.read_buf(&mut buf).await.unwrap() > 0, "closed");
+        }
+    })
+    .await;
+    assert!(done.is_ok(), "the end of the response is stuck in rustls");
+}
+
+// DATA refused by a stream error must still be credited to the
+// connection window, on both stream-error paths (stream window, content-length).
+#[tokio::test]
+async fn data_refused_by_a_stream_error_is_credited_to_the_connection() {
+    let input = hello();
+    let (mut d, _c) = hand_driver(|s| s.max_resets_per_sec = 1000, &input).await;
+    // Two open uploads (as if their requests were still being handled): stream 1 with
+    // a 1 KiB window left, stream 3 with `content-length: 1`.
+    for (id, window, cl) in [(1u32, 1024i64, None), (3, 256 * 1024, Some(1u64))] {
+        let mut s = Stream::new(d.peer_initial_window, window);
+        s.recv = Some(RecvShared::new(d.signal.clone(), id, 1 << 20));
+        s.content_length = cl;
+        d.streams.insert(id, s);
+        d.last_stream = id;
+    }
+    let payload = Bytes::from(vec![0u8; 16_384]);
+    for id in [1u32, 3] {
+        let head = Head {
+            len: 16_384,
+            kind: kind::DATA,
+            flags: 0,
+            stream: id,
+        };
+        match d.on_data(head, payload.clone()) {
+            Err(f @ Fault::Stream(..)) => d.fault(f),
+            _ => panic!("a stream error expected"),
+        }
+    }
+    assert!(d.streams.is_empty());
+    let accounted = d.conn_recv_window + d.conn_release as i64 + d.signal.take_consumed() as i64;
+    assert_eq!(
+        accounted,
+        d.cfg.conn_window as i64,
+        "connection window lost for good: {} bytes",
+        d.cfg.conn_window as i64 - accounted
+    );
+}
+
+// A graceful drain of a connection without streams whose client does not read
+// is given up after a bound (it had no close deadline: the GOAWAY waited in the buffer forever).
+#[tokio::test]
+async fn a_drained_connection_whose_client_does_not_read_is_closed() {
+    let t = Duration::from_millis(200);
+    let (mut c, server) = tokio::io::duplex(1);
+    let (tx, stop) = tokio::sync::watch::channel(false);
+    let mut settings = settings();
+    settings.idle_timeout = t;
+    settings.header_read_timeout = t;
+    let mut d = Driver::new(server, NotFound, settings, stop);
+    let input = hello();
+    feed(&mut d, &mut c, &input).await;
+    // The listener drains.
+    tx.send(true).unwrap();
+    let mut cx = Context::from_waker(Waker::noop());
+    assert!(d.poll(&mut cx).is_pending());
+    assert!(d.going_away && d.streams.is_empty() && !d.write_buf.is_empty());
+    let mut ended = false;
+    for _ in 0..10 {
+        tokio::time::sleep(t).await;
+        if d.poll(&mut cx).is_ready() {
+            ended = true;
+            break;
+        }
+    }
+    assert!(
+        ended,
+        "still open 2 s after the drain began (close deadline {:?})",
+        d.close_deadline
+    );
+}
+
+// A client that reads a long response steadily but sends no frame (its windows
+// are large) is PINGed after `idle_timeout`, and the PING waits behind the queued output;
+// the connection must not be closed as dead while the client keeps reading.
+#[tokio::test]
+async fn a_reading_client_is_not_closed_as_dead() {
+    let t = Duration::from_millis(200);
+    let input = hello();
+    let (mut d, mut c) = hand_driver(
+        |s| {
+            s.idle_timeout = t;
+            s.header_read_timeout = t;
+        },
+        &input,
+    )
+    .await;
+    // Stream 1: a 4 MiB response, windows opened wide by the client up front.
+    let mut s = Stream::new(MAX_WINDOW, d.cfg.stream_window as i64);
+    s.recv_open = false;
+    s.resp = Resp::Body(full(Bytes::from(vec![b'x'; 4 << 20])));
+    d.streams.insert(1, s);
+    d.last_stream = 1;
+    d.conn_send_window = MAX_WINDOW;
+    d.enqueue(1);
+    // The client reads all the time (one byte per turn through the 1-byte pipe).
+    use tokio::io::AsyncRead;
+    let mut cx = Context::from_waker(Waker::noop());
+    let start = Instant::now();
+    let mut got = 0usize;
+    let mut ended = None;
+    while start.elapsed() < t * 5 && ended.is_none() {
+        let mut b = [0u8; 1];
+        let mut rb = tokio::io::ReadBuf::new(&mut b);
+        if let Poll::Ready(Ok(())) = Pin::new(&mut c).poll_read(&mut cx, &mut rb) {
+            got += rb.filled().len();
+        }
+        if let Poll::Ready(r) = d.poll(&mut cx) {
+            ended = Some((start.elapsed(), r));
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert!(got > 100, "the client kept reading ({got} bytes)");
+    assert!(
+        ended.is_none(),
+        "closed as dead while its output was being read ({got} bytes read): {ended:?}"
+    );
+}

@@ -1,0 +1,345 @@
+#!/usr/bin/env python3
+"""Controller convergence on a live cluster (Python 3 standard library only); driven by
+e2e/bench/convergence.sh, which sets up the namespace, echo backend and Gateway.
+
+Measures, with one long-lived HTTPS connection per thread to the API server (no kubectl process
+start in any figure) and keep-alive HTTP/1.1 to the Gateway's address:
+
+1. creation: N HTTPRoutes POSTed by 8 threads; from the last POST's response (accepted) to
+   the first 200 for the last route's host (all served: a config with the last route holds
+   the earlier ones; a sweep over every host afterwards checks it), and to the moment a
+   watch on the routes has seen our Accepted status on every one of them;
+2. changes: M single-route changes (a RequestHeaderModifier that echo-basic echoes back), one
+   at a time, on routes the background load does not use, while a separate process sends
+   RPS requests/s to up to 50 other routes; per change, from the PATCH response to the first
+   response that shows the change; failed requests (non-200 or connection errors) of the
+   background load and of the pollers during the changes;
+3. controller and dataplane RSS (VmRSS, VmHWM) of the processes run from IMAGE_DIR.
+
+Every loop is bounded in count and time. Prints one JSON line and one markdown row.
+"""
+
+import argparse
+import base64
+import http.client
+import json
+import multiprocessing
+import os
+import random
+import re
+import ssl
+import statistics
+import sys
+import tempfile
+import threading
+import time
+
+GROUP = "/apis/gateway.networking.k8s.io/v1"
+CONTROLLER = "sweety.dev/gateway-controller"
+
+
+def kubeconfig(path):
+    """server, token, CA file from a kubeconfig written by e2e/cluster/up.sh."""
+    text = open(path).read()
+    server = re.search(r"server:\s*(\S+)", text).group(1)
+    token = re.search(r"token:\s*(\S+)", text).group(1)
+    ca = re.search(r"certificate-authority-data:\s*(\S+)", text).group(1)
+    f = tempfile.NamedTemporaryFile(delete=False, suffix=".crt")
+    f.write(base64.b64decode(ca))
+    f.close()
+    return server, token, f.name
+
+
+class Api:
+    """One keep-alive HTTPS connection to the API server."""
+
+    def __init__(self, server, token, ca):
+        m = re.match(r"https://([^:/]+):(\d+)", server)
+        self.host, self.port = m.group(1), int(m.group(2))
+        self.ctx = ssl.create_default_context(cafile=ca)
+        self.token = token
+        self.conn = None
+
+    def request(self, method, path, body=None, ctype="application/json", timeout=60):
+        for attempt in range(3):
+            if self.conn is None:
+                self.conn = http.client.HTTPSConnection(
+                    self.host, self.port, context=self.ctx, timeout=timeout)
+            try:
+                data = json.dumps(body).encode() if body is not None else None
+                headers = {"Authorization": f"Bearer {self.token}", "Accept": "application/json"}
+                if data is not None:
+                    headers["Content-Type"] = ctype
+                self.conn.request(method, path, body=data, headers=headers)
+                r = self.conn.getresponse()
+                raw = r.read()
+                return r.status, (json.loads(raw) if raw else None)
+            except (OSError, http.client.HTTPException):
+                self.conn.close()
+                self.conn = None
+                if attempt == 2:
+                    raise
+        raise RuntimeError("unreachable")
+
+
+def route(i, ns, header=None):
+    rule = {"backendRefs": [{"name": "echo", "port": 8080}]}
+    if header is not None:
+        rule["filters"] = [{"type": "RequestHeaderModifier", "requestHeaderModifier": {
+            "set": [{"name": "x-bench-change", "value": header}]}}]
+    return {
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+        "metadata": {"name": f"r{i}", "namespace": ns},
+        "spec": {"parentRefs": [{"name": "bench"}], "hostnames": [f"r{i}.bench.example"],
+                 "rules": [rule]},
+    }
+
+
+class Dataplane:
+    """A keep-alive HTTP/1.1 client to the Gateway address."""
+
+    def __init__(self, addr):
+        self.addr = addr
+        self.conn = None
+
+    def get(self, host, timeout=2):
+        """(status, body) or (None, error)."""
+        try:
+            if self.conn is None:
+                self.conn = http.client.HTTPConnection(self.addr, 80, timeout=timeout)
+            self.conn.request("GET", "/bench", headers={"Host": host})
+            r = self.conn.getresponse()
+            body = r.read()
+            if r.getheader("connection", "").lower() == "close":
+                self.conn.close()
+                self.conn = None
+            return r.status, body
+        except (OSError, http.client.HTTPException) as e:
+            if self.conn is not None:
+                self.conn.close()
+            self.conn = None
+            return None, str(e).encode()
+
+
+def accepted(obj):
+    for p in (obj.get("status") or {}).get("parents") or []:
+        if p.get("controllerName") != CONTROLLER:
+            continue
+        for c in p.get("conditions") or []:
+            if c.get("type") == "Accepted" and c.get("status") == "True":
+                return True
+    return False
+
+
+def watch_statuses(api, ns, rv, want, seen, done, deadline):
+    """Record when each route first carries our Accepted status (bounded by `deadline`)."""
+    path = f"{GROUP}/namespaces/{ns}/httproutes?watch=1&resourceVersion={rv}&timeoutSeconds=900"
+    while time.monotonic() < deadline and len(seen) < want:
+        conn = http.client.HTTPSConnection(api.host, api.port, context=api.ctx, timeout=30)
+        try:
+            conn.request("GET", path, headers={"Authorization": f"Bearer {api.token}"})
+            r = conn.getresponse()
+            while time.monotonic() < deadline and len(seen) < want:
+                line = r.readline()
+                if not line:
+                    break
+                ev = json.loads(line)
+                obj = ev.get("object") or {}
+                meta = obj.get("metadata") or {}
+                rv = meta.get("resourceVersion", rv)
+                name = meta.get("name")
+                if ev.get("type") in ("ADDED", "MODIFIED") and name not in seen and accepted(obj):
+                    seen[name] = time.monotonic()
+        except (OSError, http.client.HTTPException, ValueError):
+            time.sleep(0.2)
+        finally:
+            conn.close()
+        path = f"{GROUP}/namespaces/{ns}/httproutes?watch=1&resourceVersion={rv}&timeoutSeconds=900"
+    done.set()
+
+
+def background(addr, hosts, rps, stop, counts, limit_s):
+    """RPS requests/s round-robin over `hosts` until `stop` (at most limit_s seconds)."""
+    dp = Dataplane(addr)
+    ok = failed = 0
+    t0 = time.monotonic()
+    i = 0
+    while not stop.is_set() and time.monotonic() - t0 < limit_s:
+        due = t0 + i / rps
+        now = time.monotonic()
+        if due > now:
+            time.sleep(due - now)
+        status, _ = dp.get(hosts[i % len(hosts)])
+        if status == 200:
+            ok += 1
+        else:
+            failed += 1
+        i += 1
+    counts["ok"], counts["failed"] = ok, failed
+
+
+def rss(image_dir):
+    """{binary: (VmRSS kB, VmHWM kB)} of processes whose executable lies in image_dir."""
+    out = {}
+    real = os.path.realpath(image_dir)
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            exe = os.path.realpath(f"/proc/{pid}/exe")
+            if not exe.startswith(real + "/"):
+                continue
+            vals = {}
+            for line in open(f"/proc/{pid}/status"):
+                k, _, v = line.partition(":")
+                if k in ("VmRSS", "VmHWM"):
+                    vals[k] = int(v.split()[0])
+            out[os.path.basename(exe)] = (vals.get("VmRSS", 0), vals.get("VmHWM", 0))
+        except OSError:
+            continue
+    return out
+
+
+def pct(v, p):
+    if not v:
+        return float("nan")
+    s = sorted(v)
+    return s[min(len(s) - 1, max(0, int(round(p / 100 * len(s) + 0.5)) - 1))]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--kubeconfig", required=True)
+    ap.add_argument("--ns", required=True)
+    ap.add_argument("--gateway", required=True, help="the Gateway's address")
+    ap.add_argument("--routes", type=int, required=True)
+    ap.add_argument("--changes", type=int, default=200)
+    ap.add_argument("--rps", type=float, default=200)
+    ap.add_argument("--image-dir", required=True)
+    ap.add_argument("--threads", type=int, default=8)
+    ap.add_argument("--deadline", type=float, default=900, help="seconds for the whole run")
+    a = ap.parse_args()
+    start = time.monotonic()
+    deadline = start + a.deadline
+    server, token, ca = kubeconfig(a.kubeconfig)
+    api = Api(server, token, ca)
+    st, lst = api.request("GET", f"{GROUP}/namespaces/{a.ns}/httproutes?limit=1")
+    if st != 200:
+        sys.exit(f"list httproutes: {st} {lst}")
+    if lst["items"]:
+        sys.exit(f"namespace {a.ns} already has HTTPRoutes; start from an empty namespace")
+    rv = lst["metadata"]["resourceVersion"]
+    n = a.routes
+
+    # -------------------------------------------------------------- 1. creation
+    seen, done = {}, threading.Event()
+    watcher = threading.Thread(target=watch_statuses,
+                               args=(Api(server, token, ca), a.ns, rv, n, seen, done, deadline),
+                               daemon=True)
+    watcher.start()
+    accepted_at = [0.0] * n
+    errors = []
+
+    def create(t):
+        c = Api(server, token, ca)
+        for i in range(t, n, a.threads):
+            if time.monotonic() > deadline:
+                errors.append("deadline")
+                return
+            s, body = c.request("POST", f"{GROUP}/namespaces/{a.ns}/httproutes", route(i, a.ns))
+            if s != 201:
+                errors.append(f"r{i}: {s} {str(body)[:200]}")
+                return
+            accepted_at[i] = time.monotonic()
+
+    t_create = time.monotonic()
+    workers = [threading.Thread(target=create, args=(t,)) for t in range(min(a.threads, n))]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    if errors:
+        sys.exit(f"creating routes failed: {errors[:3]}")
+    last_i = max(range(n), key=lambda i: accepted_at[i])
+    t_last = accepted_at[last_i]
+    dp = Dataplane(a.gateway)
+    served_at = None
+    while time.monotonic() < deadline:
+        s, _ = dp.get(f"r{last_i}.bench.example")
+        if s == 200:
+            served_at = time.monotonic()
+            break
+        time.sleep(0.001)
+    missing = [i for i in range(n) if dp.get(f"r{i}.bench.example")[0] != 200]
+    done.wait(max(0.0, deadline - time.monotonic()))
+    statuses_at = max(seen.values()) if len(seen) >= n else None
+
+    # -------------------------------------------------------------- 2. changes under load
+    bg_hosts = [f"r{i}.bench.example" for i in range(min(n, 50))]
+    candidates = list(range(50, n)) if n > 50 else list(range(n))
+    stop = multiprocessing.Event()
+    counts = multiprocessing.Manager().dict()
+    bg = multiprocessing.Process(target=background,
+                                 args=(a.gateway, bg_hosts, a.rps, stop, counts,
+                                       max(1.0, deadline - time.monotonic())))
+    bg.start()
+    time.sleep(1.0)
+    lat, poll_failed, timeouts = [], 0, 0
+    rng = random.Random(7)
+    for j in range(a.changes):
+        if time.monotonic() > deadline:
+            break
+        k = rng.choice(candidates)
+        value = f"c{j}"
+        patch = {"spec": route(k, a.ns, value)["spec"]}
+        s, body = api.request("PATCH", f"{GROUP}/namespaces/{a.ns}/httproutes/r{k}", patch,
+                              ctype="application/merge-patch+json")
+        t0 = time.monotonic()
+        if s != 200:
+            sys.exit(f"patch r{k}: {s} {str(body)[:200]}")
+        want = re.compile(r'x-bench-change"\s*:\s*\[\s*"' + value + '"', re.I)
+        shown = None
+        while time.monotonic() - t0 < 10:
+            s, body = dp.get(f"r{k}.bench.example")
+            if s != 200:
+                poll_failed += 1
+            elif want.search(body.decode("utf-8", "replace")):
+                shown = time.monotonic()
+                break
+        if shown is None:
+            timeouts += 1
+        else:
+            lat.append((shown - t0) * 1000)
+        time.sleep(0.05)
+    stop.set()
+    bg.join(30)
+    mem = rss(a.image_dir)
+
+    res = {
+        "routes": n,
+        "create_s": round(t_last - t_create, 2),
+        "served_after_last_accepted_ms": round((served_at - t_last) * 1000, 1) if served_at else None,
+        "not_served_in_sweep": len(missing),
+        "statuses_after_last_accepted_s": round(statuses_at - t_last, 2) if statuses_at else None,
+        "statuses_seen": len(seen),
+        "changes": len(lat),
+        "change_timeouts": timeouts,
+        "change_p50_ms": round(statistics.median(lat), 1) if lat else None,
+        "change_p99_ms": round(pct(lat, 99), 1) if lat else None,
+        "change_max_ms": round(max(lat), 1) if lat else None,
+        "failed_requests": poll_failed + counts.get("failed", 0),
+        "background_ok": counts.get("ok", 0),
+        "rss_kb": mem,
+    }
+    print(json.dumps(res))
+    c = mem.get("sweety-controller", (0, 0))
+    d = mem.get("sweety-dataplane", (0, 0))
+    print(f"| {n:,} | {res['served_after_last_accepted_ms']} ms ({len(missing)} not served in the sweep) "
+          f"| {res['statuses_after_last_accepted_s']} s ({len(seen)}/{n}) "
+          f"| {res['change_p50_ms']} / {res['change_p99_ms']} / {res['change_max_ms']} ms ({len(lat)} changes, {timeouts} timed out) "
+          f"| {res['failed_requests']} of {res['background_ok'] + res['failed_requests']} "
+          f"| {c[0] // 1024} MB ({c[1] // 1024} MB peak) | {d[0] // 1024} MB ({d[1] // 1024} MB peak) |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Controller convergence at scale on the e2e cluster (issue 22): N HTTPRoutes behind one Gateway
+# to an echo-basic backend, then M single-route changes under steady background load.
+# Prints one JSON line and one markdown row (docs/benchmarks.md); asserts nothing.
+#
+# Usage: e2e/bench/convergence.sh [N=1000] [M=200] [RPS=200]
+#   Needs a cluster from e2e/install.sh (same SWEETY_CLUSTER_DIR, ports, bridge and CIDR
+#   variables; SWEETY_PROFILE=release for figures worth recording) and runs in the namespace
+#   conv-bench, which it deletes first and afterwards.
+# What is measured is described in convergence.py. Every wait is bounded (BENCH_DEADLINE
+# seconds for the measured part, default 900). The load average is printed before and after.
+set -euo pipefail
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+cd "$REPO"
+N=${1:-1000}
+M=${2:-200}
+RPS=${3:-200}
+NS=conv-bench
+export SWEETY_CLUSTER_DIR=${SWEETY_CLUSTER_DIR:-$HOME/.cache/sweety/cluster-e2e}
+export KUBECONFIG=${KUBECONFIG:-$SWEETY_CLUSTER_DIR/run/kubeconfig}
+K8S_BIN=${SWEETY_K8S_BIN:-$HOME/.cache/sweety/k8s/k8s-${K8S_VERSION:-1.34.4}-etcd-${ETCD_VERSION:-3.6.16}/bin}
+export PATH="$K8S_BIN:$PATH"
+k() { kubectl "$@"; }
+
+k get ns "$NS" >/dev/null 2>&1 && { k delete ns "$NS" --wait=true --timeout=600s >/dev/null; }
+k apply -f - >/dev/null <<EOF
+apiVersion: v1
+kind: Namespace
+metadata: {name: $NS}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: echo, namespace: $NS}
+spec:
+  replicas: 1
+  selector: {matchLabels: {app: echo}}
+  template:
+    metadata: {labels: {app: echo}}
+    spec:
+      terminationGracePeriodSeconds: 2
+      containers:
+        - name: echo
+          image: sweety-e2e/echo-basic:v1.6.3
+          env:
+            - {name: POD_NAME, valueFrom: {fieldRef: {fieldPath: metadata.name}}}
+            - {name: NAMESPACE, valueFrom: {fieldRef: {fieldPath: metadata.namespace}}}
+          ports: [{name: http, containerPort: 3000}]
+          readinessProbe: {httpGet: {path: /, port: http}, periodSeconds: 1}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: echo, namespace: $NS}
+spec:
+  selector: {app: echo}
+  ports: [{name: http, port: 8080, targetPort: http}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: bench, namespace: $NS}
+spec:
+  gatewayClassName: sweety
+  listeners: [{name: http, protocol: HTTP, port: 80, allowedRoutes: {namespaces: {from: Same}}}]
+EOF
+k -n "$NS" wait --for=condition=Available deployment/echo --timeout=120s >/dev/null
+k -n "$NS" wait --for=condition=Programmed gateway/bench --timeout=120s >/dev/null
+addr=$(k -n "$NS" get gateway bench -o jsonpath='{.status.addresses[0].value}')
+[ -n "$addr" ] || { echo "the Gateway has no address" >&2; exit 1; }
+commit=$(git rev-parse --short HEAD)
+echo "commit $commit; N=$N M=$M RPS=$RPS; gateway $addr; load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+python3 e2e/bench/convergence.py --kubeconfig "$KUBECONFIG" --ns "$NS" --gateway "$addr" \
+  --routes "$N" --changes "$M" --rps "$RPS" --image-dir "$SWEETY_CLUSTER_DIR/image" \
+  --deadline "${BENCH_DEADLINE:-900}"
+echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
+k delete ns "$NS" --wait=true --timeout=600s >/dev/null || echo "namespace $NS not gone in 600 s" >&2
