@@ -13,7 +13,8 @@
 #      HTTPRoute; waits for Gateway Programmed and route Accepted/ResolvedRefs, then curls the Gateway's
 #      address from status.addresses (must be inside the Pod CIDR) and checks the echo pod answered.
 #
-# Usage:  e2e/install.sh [--no-build] [--no-smoke]        bring everything up (idempotent)
+# Usage:  e2e/install.sh [--no-build] [--no-smoke] [--no-helm]   bring everything up (idempotent);
+#                                                         --no-helm stops after step 3 (e2e/lifecycle.sh)
 #         e2e/install.sh down [--purge]                   stop the agent (its Pods, namespaces, bridge) and
 #                                                         the control plane; --purge also deletes the state
 # Needs root (network namespaces), go, openssl, curl, cargo. Prints `export KUBECONFIG=...` at the end.
@@ -32,7 +33,8 @@
 #   CARGO_TARGET_DIR [<repo>/target]     where cargo builds
 #   SWEETY_HELM [built into ~/.cache/sweety/tools like e2e/chart/check.sh]
 #   SWEETY_IMAGE_MAPS []                 the same as SWEETY_IMAGE_MAP (older name; used when SWEETY_IMAGE_MAP is unset)
-#   SWEETY_GATEWAY_API_CHANNEL [standard]  Gateway API CRD channel (experimental for the conformance suite)
+#   SWEETY_GATEWAY_API_CHANNEL [standard]  Gateway API CRD channel (experimental for the conformance suite;
+#                                        none: no Gateway API CRDs, as on a fresh cluster)
 # Extra helm arguments may follow `--`, e.g. e2e/install.sh -- --set controller.logLevel=debug
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -121,13 +123,14 @@ if [ "${1:-}" = down ]; then
   exit 0
 fi
 
-build=1 smoke=1
+build=1 smoke=1 helm=1
 helm_extra=()
 while [ $# -gt 0 ]; do
   case $1 in
     up) ;;
     --no-build) build=0 ;;
     --no-smoke) smoke=0 ;;
+    --no-helm) helm=0 ;;
     --) shift; helm_extra=("$@"); break ;;
     *) echo "unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
   esac
@@ -138,8 +141,12 @@ done
 # ------------------------------------------------------------------ 1. control plane + CRDs
 POD_CIDRS=$POD_CIDR CLUSTER_CIDR=$NET.0/16 bash e2e/cluster/up.sh
 export PATH="$K8S_BIN:$PATH"
-bash e2e/cluster/gateway-api.sh crds "${SWEETY_GATEWAY_API_CHANNEL:-standard}" >/dev/null
-log "Gateway API CRDs established"
+if [ "${SWEETY_GATEWAY_API_CHANNEL:-standard}" = none ]; then
+  log "no Gateway API CRDs (SWEETY_GATEWAY_API_CHANNEL=none)"
+else
+  bash e2e/cluster/gateway-api.sh crds "${SWEETY_GATEWAY_API_CHANNEL:-standard}" >/dev/null
+  log "Gateway API CRDs established"
+fi
 
 # ------------------------------------------------------------------ 2. binaries
 if [ "$build" = 1 ]; then
@@ -186,6 +193,11 @@ done
 kubectl get node "$NODE" >/dev/null || die "node $NODE did not register"
 diag=1
 log "node $NODE Ready"
+
+if [ "$helm" = 0 ]; then
+  log "done (--no-helm).  export KUBECONFIG=$KUBECONFIG   (teardown: $0 down [--purge])"
+  exit 0
+fi
 
 # ------------------------------------------------------------------ 4. helm install
 if [ -n "${SWEETY_HELM:-}" ]; then

@@ -9,6 +9,12 @@
 //! owned ones whose Gateway is gone are deleted, and so are the Services an older release
 //! created in the controller's namespace.
 //!
+//! Both carry an ownerReference to the Gateway's GatewayClass (cluster-scoped, so it may own
+//! objects in any namespace): when the class goes (`helm uninstall` deletes the chart's
+//! GatewayClass) the garbage collector removes them even though no controller is left to do it.
+//! The Service type is `--gateway-service-type` unless the class's SweetyProxyConfig sets
+//! `service.type` (and `service.externalTrafficPolicy`).
+//!
 //! Ownership is by label: `app.kubernetes.io/managed-by: sweety`, the Gateway's namespace and
 //! name labels (values longer than 63 characters are shortened with a hash suffix) and
 //! [`OWNER_LABEL`](crate::labels::OWNER_LABEL) = the controller's namespace (so two installations never delete each other's
@@ -32,7 +38,7 @@ use crate::translate::GatewayService;
 use crate::Error;
 use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointPort, EndpointSlice};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Api, Client};
@@ -222,6 +228,19 @@ impl GatewayServices {
         .into_iter()
     }
 
+    /// The GatewayClass as the owner of the Service and its slices (none without its uid).
+    fn owner_references(d: &GatewayService) -> Option<Vec<OwnerReference>> {
+        let o = d.owner.as_ref()?;
+        Some(vec![OwnerReference {
+            api_version: "gateway.networking.k8s.io/v1".into(),
+            kind: "GatewayClass".into(),
+            name: o.name.clone(),
+            uid: o.uid.clone(),
+            controller: Some(false),
+            block_owner_deletion: Some(false),
+        }])
+    }
+
     /// The EndpointSlices of one Gateway's Service: one per address type of the dataplane's.
     pub fn endpoint_slices(
         &self,
@@ -253,6 +272,7 @@ impl GatewayServices {
                     name: Some(format!("{}-{}", d.name, address_type.to_ascii_lowercase())),
                     namespace: Some(d.gateway_namespace.clone()),
                     labels: Some(labels.clone()),
+                    owner_references: Self::owner_references(d),
                     ..Default::default()
                 },
                 address_type: address_type.clone(),
@@ -294,10 +314,15 @@ impl GatewayServices {
                 namespace: Some(d.gateway_namespace.clone()),
                 labels: Some(labels),
                 annotations: Some(annotations),
+                owner_references: Self::owner_references(d),
                 ..Default::default()
             },
             spec: Some(ServiceSpec {
                 type_: Some(d.service_type.clone()),
+                external_traffic_policy: d
+                    .external_traffic_policy
+                    .clone()
+                    .filter(|_| d.service_type != "ClusterIP"),
                 // No selector: the controller writes the endpoints (see the module docs).
                 selector: None,
                 load_balancer_ip,
@@ -378,6 +403,7 @@ fn same_slice(current: &EndpointSlice, want: &EndpointSlice) -> bool {
         .flatten()
         .all(|(k, v)| current.metadata.labels.as_ref().and_then(|l| l.get(k)) == Some(v));
     labels_match
+        && current.metadata.owner_references == want.metadata.owner_references
         && current.address_type == want.address_type
         && current.endpoints == want.endpoints
         && current.ports == want.ports
@@ -414,8 +440,18 @@ fn same(current: &Service, want: &Service) -> bool {
         v.sort_by(|a, b| (a.2, &a.1).cmp(&(b.2, &b.1)));
         v
     };
+    // An externalTrafficPolicy we do not set is the API server's default (Cluster).
+    let policy = |s: &ServiceSpec| match s.type_.as_deref() {
+        Some("NodePort" | "LoadBalancer") => s
+            .external_traffic_policy
+            .clone()
+            .unwrap_or_else(|| "Cluster".into()),
+        _ => String::new(),
+    };
     labels_match
+        && current.metadata.owner_references == want.metadata.owner_references
         && c.type_.as_deref().unwrap_or("ClusterIP") == w.type_.as_deref().unwrap_or("ClusterIP")
+        && policy(c) == policy(w)
         && c.selector == w.selector
         // Also when no address is wanted any more: the old request must go.
         && c.load_balancer_ip == w.load_balancer_ip
@@ -458,6 +494,8 @@ mod tests {
             gateway_name: "web".into(),
             name: "sweety-gw-apps-web".into(),
             service_type: "LoadBalancer".into(),
+            external_traffic_policy: None,
+            owner: None,
             ports: Vec::new(),
             requested_addresses: Vec::new(),
             labels: map(labels),

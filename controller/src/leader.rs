@@ -6,10 +6,16 @@
 //! update is a `replace` with the read `resourceVersion`, so two candidates cannot both win.
 //! The holder renews every `renew_every`; a renewal that finds another holder, or failures for
 //! longer than the lease duration minus one renew period, drop leadership at once.
+//!
+//! With [`LeaseOptions::owner_service_account`] (the chart's ServiceAccount), the Lease carries
+//! an ownerReference to it, set when the Lease is created and added to one that lacks it (a
+//! Lease of an older release): `helm uninstall` deletes the ServiceAccount and the garbage
+//! collector the Lease.
 
 use crate::Error;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, OwnerReference};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::PostParams;
 use kube::{Api, Client};
@@ -26,6 +32,9 @@ pub struct LeaseOptions {
     pub identity: String,
     pub lease_duration: Duration,
     pub renew_every: Duration,
+    /// ServiceAccount (in `namespace`) that owns the Lease, so it goes when the installation
+    /// does; `None`: no owner.
+    pub owner_service_account: Option<String>,
 }
 
 impl LeaseOptions {
@@ -37,6 +46,7 @@ impl LeaseOptions {
             identity: default_identity(),
             lease_duration: Duration::from_secs(15),
             renew_every: Duration::from_secs(5),
+            owner_service_account: None,
         }
     }
 }
@@ -58,14 +68,46 @@ pub fn default_identity() -> String {
 #[derive(Clone)]
 pub struct LeaderElector {
     api: Api<Lease>,
+    accounts: Api<ServiceAccount>,
     options: LeaseOptions,
 }
 
 impl LeaderElector {
     pub fn new(client: Client, options: LeaseOptions) -> LeaderElector {
         LeaderElector {
-            api: Api::namespaced(client, &options.namespace),
+            api: Api::namespaced(client.clone(), &options.namespace),
+            accounts: Api::namespaced(client, &options.namespace),
             options,
+        }
+    }
+
+    /// The Lease's owner reference to `owner_service_account`: `Ok(None)` without one, or when
+    /// it cannot be read (leadership does not wait for it: it is retried on the next renewal);
+    /// `Err(())` when the ServiceAccount does not exist: the installation is being removed, and
+    /// a Lease created now would outlive it.
+    async fn owner(&self) -> Result<Option<Vec<OwnerReference>>, ()> {
+        let Some(name) = self.options.owner_service_account.as_deref() else {
+            return Ok(None);
+        };
+        match self.accounts.get_opt(name).await {
+            Ok(Some(sa)) => Ok(sa.metadata.uid.map(|uid| {
+                vec![OwnerReference {
+                    api_version: "v1".into(),
+                    kind: "ServiceAccount".into(),
+                    name: name.into(),
+                    uid,
+                    controller: Some(false),
+                    block_owner_deletion: Some(false),
+                }]
+            })),
+            Ok(None) => {
+                tracing::warn!(service_account = name, "lease owner not found");
+                Err(())
+            }
+            Err(e) => {
+                tracing::warn!(service_account = name, error = %e, "cannot read the lease owner");
+                Ok(None)
+            }
         }
     }
 
@@ -83,10 +125,15 @@ impl LeaderElector {
             .await
             .map_err(Error::Kube)?;
         let Some(mut lease) = current else {
+            // No Lease without its owner: it would be left behind by an uninstall in progress.
+            let Ok(owner_references) = self.owner().await else {
+                return Ok(false);
+            };
             let lease = Lease {
                 metadata: ObjectMeta {
                     name: Some(self.options.name.clone()),
                     namespace: Some(self.options.namespace.clone()),
+                    owner_references,
                     ..Default::default()
                 },
                 spec: Some(LeaseSpec {
@@ -124,6 +171,15 @@ impl LeaderElector {
         }
         spec.lease_duration_seconds = Some(secs);
         spec.renew_time = Some(MicroTime(now));
+        if self.options.owner_service_account.is_some()
+            && lease
+                .metadata
+                .owner_references
+                .as_ref()
+                .is_none_or(|o| o.is_empty())
+        {
+            lease.metadata.owner_references = self.owner().await.ok().flatten();
+        }
         match self
             .api
             .replace(&self.options.name, &PostParams::default(), &lease)

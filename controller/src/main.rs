@@ -73,12 +73,25 @@ struct Args {
     /// Name of the leader Lease.
     #[arg(long, env = "SWEETY_LEASE_NAME", default_value = "sweety-controller")]
     lease_name: String,
+    /// ServiceAccount (in the controller's namespace) set as the owner of the leader Lease, so
+    /// that it is deleted with the installation; empty for none.
+    #[arg(long, env = "SWEETY_LEASE_OWNER_SERVICE_ACCOUNT", default_value = "")]
+    lease_owner_service_account: String,
     /// Address of /metrics, /healthz and /readyz.
     #[arg(long, env = "SWEETY_METRICS_ADDRESS", default_value = "127.0.0.1:9090")]
     metrics_address: SocketAddr,
     /// Dataplane container ports for Gateway listeners, `MIN-MAX`.
     #[arg(long, env = "SWEETY_GATEWAY_PORT_RANGE", default_value = "20000-29999")]
     gateway_port_range: String,
+    /// Type of the Service created for each Gateway: `LoadBalancer`, `NodePort` or `ClusterIP`
+    /// (a GatewayClass's SweetyProxyConfig `service.type` overrides it for its Gateways).
+    #[arg(
+        long,
+        env = "SWEETY_GATEWAY_SERVICE_TYPE",
+        default_value = "LoadBalancer",
+        value_parser = ["LoadBalancer", "NodePort", "ClusterIP"]
+    )]
+    gateway_service_type: String,
     /// Directory shared with the dataplane for static content.
     #[arg(
         long,
@@ -274,6 +287,7 @@ async fn main() -> anyhow::Result<()> {
         ignore_unsupported_security_annotations: args.ignore_unsupported_security_annotations,
         ignore_snippets: args.ignore_snippets,
         allow_external_name: args.allow_external_name,
+        gateway_service_type: args.gateway_service_type,
         ..Params::default()
     };
     let options = RunOptions {
@@ -287,11 +301,14 @@ async fn main() -> anyhow::Result<()> {
             dataplane_service: Some(args.ingress_service.clone())
                 .filter(|s| !s.is_empty())
                 .map(|s| (args.namespace.clone(), s)),
+            ..WatchOptions::default()
         },
         debounce,
-        lease: args
-            .leader_elect
-            .then(|| LeaseOptions::new(&args.namespace, &args.lease_name)),
+        lease: args.leader_elect.then(|| LeaseOptions {
+            owner_service_account: Some(args.lease_owner_service_account.clone())
+                .filter(|s| !s.is_empty()),
+            ..LeaseOptions::new(&args.namespace, &args.lease_name)
+        }),
         initial_sync_timeout: Duration::from_secs(60),
         status: StatusOptions {
             concurrency: args.status_concurrency.clamp(1, 256),

@@ -68,7 +68,7 @@ pub async fn run(
     let watches = Watches::start(client.clone(), &options.watch).await?;
     let _ = metrics.watch.set(watches.activity.clone());
     if !watches.skipped.is_empty() {
-        tracing::info!(kinds = ?watches.skipped, "kinds not served by the cluster are not watched");
+        tracing::info!(kinds = ?watches.skipped, "kinds not served by the cluster yet: watched once discovery finds them");
     }
     if !watches.wait_ready(options.initial_sync_timeout).await {
         tracing::warn!("not every watch finished its initial list in time; translating anyway");

@@ -3,7 +3,11 @@
 //! reflector stores with cheap `Arc` clones.
 //!
 //! - Kinds whose CRD is not installed (e.g. TCPRoute, or the Sweety CRDs) are detected through
-//!   API discovery at start and skipped with a log line; they never block startup.
+//!   API discovery at start and skipped with a log line; they never block startup. Discovery
+//!   is then polled for them (every [`WatchOptions::discovery_min`], doubling up to
+//!   [`WatchOptions::discovery_max`] while nothing new appears): a kind the API server starts
+//!   serving (its CRD installed and Established: discovery lists only established CRDs) gets
+//!   its watches then, without a restart, and its first list triggers a reconcile.
 //! - Namespaced kinds are watched cluster-wide or in each configured namespace (one reflector
 //!   per namespace); cluster-scoped kinds (IngressClass, GatewayClass, Namespace) are always
 //!   watched cluster-wide.
@@ -43,7 +47,7 @@ use serde::de::DeserializeOwned;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt::Debug;
 use std::hash::{Hash, Hasher};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 use sweety_crds::{SweetyProxyConfig, SweetySite};
 use sweety_gateway_api as gw;
@@ -51,7 +55,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 /// Which namespaces to watch.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct WatchOptions {
     /// Empty: every namespace. Otherwise only these.
     pub namespaces: Vec<String>,
@@ -60,15 +64,29 @@ pub struct WatchOptions {
     /// those) are watched there too, so a dataplane readiness change still triggers a
     /// reconcile. They never enter the snapshot.
     pub dataplane_service: Option<(String, String)>,
+    /// First and longest wait between discovery polls for kinds not served at start.
+    pub discovery_min: Duration,
+    pub discovery_max: Duration,
 }
 
-/// The reader halves of every reflector of one kind (one per watched namespace); empty when the
-/// kind is not served by the cluster.
+impl Default for WatchOptions {
+    fn default() -> Self {
+        WatchOptions {
+            namespaces: Vec::new(),
+            dataplane_service: None,
+            discovery_min: Duration::from_secs(5),
+            discovery_max: Duration::from_secs(60),
+        }
+    }
+}
+
+/// The reader halves of every reflector of one kind (one per watched namespace); empty while
+/// the kind is not served by the cluster (filled in when discovery finds it later).
 pub struct Stored<K: Resource + 'static>
 where
     K::DynamicType: Eq + std::hash::Hash + Clone,
 {
-    stores: Vec<Store<K>>,
+    stores: Arc<RwLock<Vec<Store<K>>>>,
 }
 
 impl<K: Resource + Clone + 'static> Clone for Stored<K>
@@ -86,16 +104,31 @@ impl<K: Resource + Clone + 'static> Stored<K>
 where
     K::DynamicType: Eq + std::hash::Hash + Clone,
 {
+    fn new(stores: Vec<Store<K>>) -> Self {
+        Stored {
+            stores: Arc::new(RwLock::new(stores)),
+        }
+    }
+
+    /// The stores (a poisoned lock only means a panic elsewhere while pushing: the list is
+    /// still whole).
+    fn read(&self) -> Vec<Store<K>> {
+        self.stores
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
     /// Every cached object of this kind.
     pub fn state(&self) -> Vec<Arc<K>> {
-        match self.stores.as_slice() {
+        match self.read().as_slice() {
             [one] => one.state(),
             many => many.iter().flat_map(|s| s.state()).collect(),
         }
     }
 
     fn state_filter(&self, keep: impl Fn(&K) -> bool) -> Vec<Arc<K>> {
-        self.stores
+        self.read()
             .iter()
             .flat_map(|s| s.state_filter(&keep))
             .collect()
@@ -103,7 +136,7 @@ where
 
     /// Whether this kind is watched at all.
     pub fn watched(&self) -> bool {
-        !self.stores.is_empty()
+        !self.read().is_empty()
     }
 
     /// The cached object `namespace`/`name` (`namespace` empty for cluster-scoped kinds).
@@ -117,7 +150,7 @@ where
         } else {
             r.within(namespace)
         };
-        self.stores.iter().find_map(|s| s.get(&r))
+        self.read().iter().find_map(|s| s.get(&r))
     }
 }
 
@@ -359,9 +392,13 @@ pub struct Watches {
     pub stores: Stores,
     pub activity: Arc<Activity>,
     changes: watch::Receiver<u64>,
-    tasks: Vec<JoinHandle<()>>,
-    /// Kinds skipped because the cluster does not serve them.
+    /// Every reflector task, also those started after a late discovery.
+    tasks: Arc<Mutex<Vec<JoinHandle<()>>>>,
+    /// Kinds skipped at start because the cluster did not serve them.
     pub skipped: Vec<String>,
+    /// Kinds still not served (their discovery poll goes on).
+    pending: Arc<Mutex<Vec<String>>>,
+    discovery: Option<JoinHandle<()>>,
 }
 
 impl Watches {
@@ -377,8 +414,9 @@ impl Watches {
             namespaces: options.namespaces.clone(),
             served,
             tx,
-            tasks: Vec::new(),
+            tasks: Arc::new(Mutex::new(Vec::new())),
             skipped: Vec::new(),
+            late: Vec::new(),
         };
         let stores = Stores {
             ingress_classes: w.cluster(watcher::Config::default()),
@@ -409,13 +447,31 @@ impl Watches {
                 w.trigger(api, config);
             }
         }
+        let tasks = w.tasks.clone();
+        let skipped = w.skipped.clone();
+        let pending = Arc::new(Mutex::new(skipped.clone()));
+        let discovery = (!w.late.is_empty()).then(|| {
+            tokio::spawn(discover_late(
+                w,
+                pending.clone(),
+                options.discovery_min,
+                options.discovery_max,
+            ))
+        });
         Ok(Watches {
             stores,
             activity,
             changes,
-            tasks: w.tasks,
-            skipped: w.skipped,
+            tasks,
+            skipped,
+            pending,
+            discovery,
         })
+    }
+
+    /// Kinds not served yet (watched as soon as discovery finds them).
+    pub fn pending(&self) -> Vec<String> {
+        lock(&self.pending).clone()
     }
 
     /// A receiver that changes on every watch event after the initial lists.
@@ -425,13 +481,14 @@ impl Watches {
 
     /// Whether every reflector task is still running (for `/healthz`).
     pub fn running(&self) -> bool {
-        self.tasks.iter().all(|t| !t.is_finished())
+        lock(&self.tasks).iter().all(|t| !t.is_finished())
     }
 
-    /// A cheap probe of [`Watches::running`] that can be moved into another task.
+    /// A cheap probe of [`Watches::running`] that can be moved into another task (it sees the
+    /// watches started later too).
     pub fn liveness(&self) -> impl Fn() -> bool + Send + Sync + 'static {
-        let handles: Vec<_> = self.tasks.iter().map(|t| t.abort_handle()).collect();
-        move || handles.iter().all(|h| !h.is_finished())
+        let tasks = self.tasks.clone();
+        move || lock(&tasks).iter().all(|t| !t.is_finished())
     }
 
     /// Wait until every store has seen its initial list, or the timeout passes.
@@ -440,7 +497,7 @@ impl Watches {
         let all = async {
             macro_rules! ready {
                 ($($f:ident),*) => {$(
-                    for st in &s.$f.stores {
+                    for st in &s.$f.read() {
                         if st.wait_until_ready().await.is_err() {
                             return false;
                         }
@@ -475,9 +532,58 @@ impl Watches {
 
 impl Drop for Watches {
     fn drop(&mut self) {
-        for t in &self.tasks {
+        if let Some(d) = &self.discovery {
+            d.abort();
+        }
+        for t in lock(&self.tasks).iter() {
             t.abort();
         }
+    }
+}
+
+/// A lock that a panic elsewhere does not poison for us (the data are plain lists).
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Poll discovery for the kinds not served at start; start each one's watches once it is
+/// served. Ends when every kind is watched. A failed poll (API server unreachable) is logged
+/// and retried like an empty one.
+async fn discover_late(
+    mut w: Starter,
+    pending: Arc<Mutex<Vec<String>>>,
+    min: Duration,
+    max: Duration,
+) {
+    let mut wait = min;
+    while !w.late.is_empty() {
+        tokio::time::sleep(wait).await;
+        match ServedResources::discover(&w.client).await {
+            Ok(served) => w.served = served,
+            Err(e) => {
+                tracing::warn!(error = %e, "API discovery failed; retrying");
+                wait = (wait * 2).min(max);
+                continue;
+            }
+        }
+        let (ready, waiting): (Vec<_>, Vec<_>) =
+            std::mem::take(&mut w.late).into_iter().partition(|l| {
+                w.served
+                    .plurals
+                    .contains(&(l.api_version.clone(), l.plural.clone()))
+            });
+        w.late = waiting;
+        if ready.is_empty() {
+            wait = (wait * 2).min(max);
+            continue;
+        }
+        for l in ready {
+            tracing::info!(kind = %l.kind, api_version = %l.api_version, "now served by the cluster; watching it");
+            lock(&pending).retain(|k| *k != l.kind);
+            (l.start)(&mut w);
+        }
+        // CRDs tend to arrive together (one bundle): look again soon.
+        wait = min;
     }
 }
 
@@ -522,8 +628,18 @@ struct Starter {
     namespaces: Vec<String>,
     served: ServedResources,
     tx: Arc<watch::Sender<u64>>,
-    tasks: Vec<JoinHandle<()>>,
+    tasks: Arc<Mutex<Vec<JoinHandle<()>>>>,
     skipped: Vec<String>,
+    /// Kinds not served at start, with how to start their watches when they are.
+    late: Vec<Late>,
+}
+
+/// A kind waiting for the API server to serve it.
+struct Late {
+    kind: String,
+    api_version: String,
+    plural: String,
+    start: Box<dyn FnOnce(&mut Starter) + Send>,
 }
 
 trait Watchable:
@@ -538,12 +654,20 @@ impl<K> Watchable for K where
 impl Starter {
     fn cluster<K: Watchable>(&mut self, config: watcher::Config) -> Stored<K> {
         if !self.check::<K>() {
-            return Stored { stores: Vec::new() };
+            let stored = Stored::new(Vec::new());
+            let late = stored.clone();
+            self.later::<K>(Box::new(move |w: &mut Starter| {
+                let api = Api::<K>::all(w.client.clone());
+                let store = w.spawn(api, config);
+                late.stores
+                    .write()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(store);
+            }));
+            return stored;
         }
         let api = Api::<K>::all(self.client.clone());
-        Stored {
-            stores: vec![self.spawn(api, config)],
-        }
+        Stored::new(vec![self.spawn(api, config)])
     }
 
     fn namespaced<K: Watchable + Resource<Scope = kube::core::NamespaceResourceScope>>(
@@ -551,9 +675,36 @@ impl Starter {
         config: watcher::Config,
     ) -> Stored<K> {
         if !self.check::<K>() {
-            return Stored { stores: Vec::new() };
+            let stored = Stored::new(Vec::new());
+            let late = stored.clone();
+            self.later::<K>(Box::new(move |w: &mut Starter| {
+                let stores = w.spawn_namespaced::<K>(config);
+                late.stores
+                    .write()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .extend(stores);
+            }));
+            return stored;
         }
-        let stores = if self.namespaces.is_empty() {
+        Stored::new(self.spawn_namespaced::<K>(config))
+    }
+
+    /// Remember how to start the watches of `K` once the API server serves it.
+    fn later<K: Watchable>(&mut self, start: Box<dyn FnOnce(&mut Starter) + Send>) {
+        self.late.push(Late {
+            kind: K::kind(&()).to_string(),
+            api_version: K::api_version(&()).to_string(),
+            plural: K::plural(&()).to_string(),
+            start,
+        });
+    }
+
+    /// One reflector per watched namespace (one cluster-wide when every namespace is watched).
+    fn spawn_namespaced<K: Watchable + Resource<Scope = kube::core::NamespaceResourceScope>>(
+        &mut self,
+        config: watcher::Config,
+    ) -> Vec<Store<K>> {
+        if self.namespaces.is_empty() {
             vec![self.spawn(Api::<K>::all(self.client.clone()), config)]
         } else {
             let apis: Vec<_> = self
@@ -564,8 +715,7 @@ impl Starter {
             apis.into_iter()
                 .map(|api| self.spawn(api, config.clone()))
                 .collect()
-        };
-        Stored { stores }
+        }
     }
 
     fn check<K: Watchable>(&mut self) -> bool {
@@ -576,7 +726,7 @@ impl Starter {
         tracing::info!(
             kind = %kind,
             api_version = %K::api_version(&()),
-            "not served by the cluster (CRD not installed); not watching it"
+            "not served by the cluster (CRD not installed); watching it once it is"
         );
         self.skipped.push(kind);
         false
@@ -588,7 +738,7 @@ impl Starter {
         let activity = self.activity.clone();
         let kind = kind_name::<K>();
         let stream = watcher(api, config).default_backoff();
-        self.tasks.push(tokio::spawn(async move {
+        lock(&self.tasks).push(tokio::spawn(async move {
             let mut stream = std::pin::pin!(stream);
             while let Some(event) = stream.next().await {
                 match event {
@@ -627,7 +777,7 @@ impl Starter {
                 std::future::ready(pass)
             })
             .reflect(writer);
-        self.tasks.push(tokio::spawn(async move {
+        lock(&self.tasks).push(tokio::spawn(async move {
             let mut stream = std::pin::pin!(stream);
             while let Some(event) = stream.next().await {
                 match event {

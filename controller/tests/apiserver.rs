@@ -297,6 +297,10 @@ async fn watch_layer_sees_created_objects_and_filters_secrets() {
     drop_namespace(&client, &other).await;
 }
 
+/// A kind whose CRD is missing at start is skipped (the rest start), and watched without a
+/// restart once its CRD is installed: its objects reach the snapshot and a change is signalled.
+/// Without the discovery poll (`Watches::start` before this change) `udp_routes.watched()`
+/// stays false and the UDPRoute never shows up.
 #[tokio::test]
 #[ignore = "needs a kube-apiserver: SWEETY_KUBECONFIG (e2e/controller-it.sh)"]
 async fn missing_optional_crd_is_skipped_not_fatal() {
@@ -310,16 +314,26 @@ async fn missing_optional_crd_is_skipped_not_fatal() {
         crds.get_opt(name).await.ok()?.is_none().then_some(())
     })
     .await;
+    let ns = namespace(&client, "late").await;
+    let watches = Watches::start(
+        client.clone(),
+        &WatchOptions {
+            namespaces: vec![ns.clone()],
+            discovery_min: Duration::from_millis(200),
+            discovery_max: Duration::from_secs(1),
+            ..WatchOptions::default()
+        },
+    )
+    .await
+    .expect("start");
     let result = async {
-        let watches = Watches::start(client.clone(), &WatchOptions::default())
-            .await
-            .expect("start");
         let ready = watches.wait_ready(Duration::from_secs(20)).await;
         (
             watches.skipped.clone(),
             ready,
             watches.stores.udp_routes.watched(),
             watches.stores.tcp_routes.watched(),
+            watches.pending(),
         )
     }
     .await;
@@ -353,10 +367,43 @@ async fn missing_optional_crd_is_skipped_not_fatal() {
             .then_some(())
     })
     .await;
-    let (skipped, ready, udp, tcp) = result;
+    let (skipped, ready, udp, tcp, pending) = result;
     assert_eq!(skipped, ["UDPRoute"]);
+    assert_eq!(pending, ["UDPRoute"]);
     assert!(ready, "the other watches start");
     assert!(!udp && tcp);
+
+    // The CRD is back: the same Watches start watching UDPRoutes by themselves.
+    let mut changes = watches.changes();
+    changes.borrow_and_update();
+    wait_for("UDPRoute watched after its CRD came back", || async {
+        watches.stores.udp_routes.watched().then_some(())
+    })
+    .await;
+    assert!(watches.pending().is_empty());
+    let routes: Api<gw::udproutes::UdpRoute> = Api::namespaced(client.clone(), &ns);
+    create(
+        &routes,
+        json!({
+            "apiVersion": "gateway.networking.k8s.io/v1",
+            "kind": "UDPRoute",
+            "metadata": {"name": "late", "namespace": ns},
+            "spec": {"parentRefs": [{"name": "gw"}], "rules": [{"backendRefs": [{"name": "dns", "port": 53}]}]}
+        }),
+    )
+    .await;
+    wait_for("the late UDPRoute in the snapshot", || async {
+        let s = watches.stores.snapshot();
+        s.udp_routes
+            .iter()
+            .any(|r| r.metadata.name.as_deref() == Some("late"))
+            .then_some(())
+    })
+    .await;
+    assert!(changes.has_changed().unwrap(), "a reconcile is signalled");
+    assert!(watches.running());
+    drop(watches);
+    drop_namespace(&client, &ns).await;
 }
 
 #[tokio::test]
@@ -371,6 +418,7 @@ async fn leader_election_with_two_candidates() {
         identity: id.into(),
         lease_duration: Duration::from_secs(2),
         renew_every: Duration::from_millis(300),
+        owner_service_account: None,
     };
     let a = LeaderElector::new(client.clone(), opts("a"));
     let b = LeaderElector::new(client.clone(), opts("b"));
@@ -791,6 +839,7 @@ async fn dataplane_slices_outside_the_watched_namespaces_trigger_reconciles() {
         &WatchOptions {
             namespaces: vec![apps.clone()],
             dataplane_service: Some((ctl.clone(), "sweety".into())),
+            ..WatchOptions::default()
         },
     )
     .await
@@ -874,6 +923,153 @@ fn dataplane_slice(ns: &str, endpoints: &[(&str, bool)]) -> EndpointSlice {
     .unwrap()
 }
 
+/// The Lease of an installation is owned by its ServiceAccount (so `helm uninstall` takes it):
+/// set when the Lease is created, added to one that lacks it, and no Lease is created while
+/// the ServiceAccount is missing (an uninstall in progress would leave it behind).
+#[tokio::test]
+#[ignore = "needs a kube-apiserver: SWEETY_KUBECONFIG (e2e/controller-it.sh)"]
+async fn lease_is_owned_by_the_service_account() {
+    let _guard = LOCK.lock().await;
+    let client = cluster().await;
+    let ns = namespace(&client, "leaseowner").await;
+    let opts = |id: &str| LeaseOptions {
+        owner_service_account: Some("sweety".into()),
+        identity: id.into(),
+        ..LeaseOptions::new(&ns, "sweety-controller")
+    };
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
+    let a = LeaderElector::new(client.clone(), opts("a"));
+    assert!(
+        !a.try_acquire_or_renew().await.unwrap(),
+        "no Lease without its owner"
+    );
+    assert!(leases.get_opt("sweety-controller").await.unwrap().is_none());
+    let sa = create::<k8s_openapi::api::core::v1::ServiceAccount>(
+        &Api::namespaced(client.clone(), &ns),
+        json!({"metadata": {"name": "sweety"}}),
+    )
+    .await;
+    assert!(a.try_acquire_or_renew().await.unwrap());
+    let owner = |l: &Lease| {
+        l.metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .map(|o| (o.kind.clone(), o.name.clone(), o.uid.clone()))
+            .collect::<Vec<_>>()
+    };
+    let want = vec![(
+        "ServiceAccount".to_string(),
+        "sweety".to_string(),
+        sa.metadata.uid.clone().unwrap(),
+    )];
+    assert_eq!(owner(&leases.get("sweety-controller").await.unwrap()), want);
+    // An older release's Lease (no owner) gains it on the next renewal.
+    let mut l = leases.get("sweety-controller").await.unwrap();
+    l.metadata.owner_references = None;
+    leases
+        .replace("sweety-controller", &PostParams::default(), &l)
+        .await
+        .unwrap();
+    assert!(owner(&leases.get("sweety-controller").await.unwrap()).is_empty());
+    assert!(a.try_acquire_or_renew().await.unwrap());
+    assert_eq!(owner(&leases.get("sweety-controller").await.unwrap()), want);
+    drop_namespace(&client, &ns).await;
+}
+
+/// A per-Gateway Service and its EndpointSlices are owned by the Gateway's GatewayClass: when
+/// the class is deleted (helm uninstall) the garbage collector removes them, with no
+/// controller left to do it. The type and externalTrafficPolicy come from the desired Service.
+#[tokio::test]
+#[ignore = "needs a kube-apiserver: SWEETY_KUBECONFIG (e2e/controller-it.sh)"]
+async fn gateway_services_go_with_their_gateway_class() {
+    let _guard = LOCK.lock().await;
+    let client = cluster().await;
+    let ctl = namespace(&client, "gcctl").await;
+    let apps = namespace(&client, "gcapps").await;
+    let source: Api<EndpointSlice> = Api::namespaced(client.clone(), &ctl);
+    source
+        .create(
+            &PostParams::default(),
+            &dataplane_slice(&ctl, &[("10.1.0.7", true)]),
+        )
+        .await
+        .unwrap();
+    let classes: Api<gw::gatewayclasses::GatewayClass> = Api::all(client.clone());
+    let class_name = format!("gc-{apps}");
+    let class = create(
+        &classes,
+        json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "GatewayClass",
+               "metadata": {"name": class_name},
+               "spec": {"controllerName": "sweety.dev/gc-test"}}),
+    )
+    .await;
+    let services = GatewayServices::new(client.clone(), &ctl, Some("sweety".into()), FIELD_MANAGER);
+    let name = format!("sweety-gw-{apps}-web");
+    let desired = vec![GatewayService {
+        gateway_namespace: apps.clone(),
+        gateway_name: "web".into(),
+        name: name.clone(),
+        service_type: "NodePort".into(),
+        ports: vec![ServicePort {
+            name: "http".into(),
+            protocol: "TCP".into(),
+            port: 80,
+            target_port: 20000,
+        }],
+        requested_addresses: vec![],
+        labels: Default::default(),
+        annotations: Default::default(),
+        external_traffic_policy: Some("Local".into()),
+        owner: Some(sweety_controller::translate::ClassOwner {
+            name: class_name.clone(),
+            uid: class.metadata.uid.clone().unwrap(),
+        }),
+    }];
+    services.sync(&desired).await.expect("sync");
+    let svc_api: Api<Service> = Api::namespaced(client.clone(), &apps);
+    let svc = svc_api.get(&name).await.unwrap();
+    let spec = svc.spec.clone().unwrap();
+    assert_eq!(spec.type_.as_deref(), Some("NodePort"));
+    assert_eq!(spec.external_traffic_policy.as_deref(), Some("Local"));
+    let owners = |m: &kube::api::ObjectMeta| -> Vec<String> {
+        m.owner_references
+            .iter()
+            .flatten()
+            .map(|o| format!("{}/{}", o.kind, o.name))
+            .collect()
+    };
+    assert_eq!(
+        owners(&svc.metadata),
+        [format!("GatewayClass/{class_name}")]
+    );
+    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), &apps);
+    let slice = slices.get(&format!("{name}-ipv4")).await.unwrap();
+    assert_eq!(
+        owners(&slice.metadata),
+        [format!("GatewayClass/{class_name}")]
+    );
+    // A second sync finds nothing to change (owner and policy compare equal).
+    let again = services.sync(&desired).await.expect("sync again");
+    assert!(again.applied.is_empty(), "{:?}", again.applied);
+
+    classes
+        .delete(&class_name, &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_for(
+        "the Service and its slice collected with their class",
+        || async {
+            let svc = svc_api.get_opt(&name).await.ok()?;
+            let slice = slices.get_opt(&format!("{name}-ipv4")).await.ok()?;
+            (svc.is_none() && slice.is_none()).then_some(())
+        },
+    )
+    .await;
+    drop_namespace(&client, &ctl).await;
+    drop_namespace(&client, &apps).await;
+}
+
 #[tokio::test]
 #[ignore = "needs a kube-apiserver: SWEETY_KUBECONFIG (e2e/controller-it.sh)"]
 async fn gateway_services_are_created_updated_and_deleted() {
@@ -945,6 +1141,8 @@ async fn gateway_services_are_created_updated_and_deleted() {
             requested_addresses: vec![],
             labels: BTreeMap::from([("team".to_string(), "a".to_string())]),
             annotations: Default::default(),
+            external_traffic_policy: None,
+            owner: None,
         },
         GatewayService {
             gateway_namespace: apps.clone(),
@@ -960,6 +1158,8 @@ async fn gateway_services_are_created_updated_and_deleted() {
             requested_addresses: vec![],
             labels: Default::default(),
             annotations: Default::default(),
+            external_traffic_policy: None,
+            owner: None,
         },
     ];
     let report = services.sync(&desired).await.expect("sync");
@@ -1234,6 +1434,7 @@ async fn run_loop_leads_reconciles_on_changes_and_releases() {
             identity: "run-test".into(),
             lease_duration: Duration::from_secs(5),
             renew_every: Duration::from_secs(1),
+            owner_service_account: None,
         }),
         initial_sync_timeout: Duration::from_secs(20),
         status: Default::default(),

@@ -5,9 +5,12 @@
 #   2. `helm lint --strict`;
 #   3. values that the schema or the templates must reject are rejected, with the expected message;
 #   4. golden tests: e2e/chart/tests/helm/<case>.values.yaml rendered by `helm template` must equal
-#      <case>.out.yaml (SWEETY_BLESS=1 rewrites them; review the diff);
-#   5. deploy/sweety.yaml equals the default render (namespace sweety, CRDs included)
-#      (SWEETY_BLESS=1 rewrites it);
+#      <case>.out.yaml (SWEETY_BLESS=1 rewrites them; review the diff); rendered as for a cluster
+#      that serves the Gateway API (--api-versions), except the no-gateway-api* cases;
+#   5. deploy/sweety.yaml equals the default render (namespace sweety, our CRDs included, the
+#      Gateway API CRDs not: they are one file of their own) (SWEETY_BLESS=1 rewrites it);
+#      charts/sweety/crds/gateway-api-standard.yaml is the Gateway API v1.6.3 standard channel
+#      (e2e/chart/gateway-api-crds.py; SWEETY_BLESS=1 rewrites it);
 #   6. the README values table is current (e2e/chart/values-table.py; SWEETY_BLESS=1 rewrites it);
 #      the Grafana dashboard (deploy/grafana/sweety.json) queries only metric names the
 #      dataplane and controller sources export;
@@ -58,6 +61,8 @@ trap 'rm -rf "$WORK"' EXIT
 failed=0
 fail() { echo "FAIL: $*" >&2; failed=1; }
 
+# What a cluster with the Gateway API CRDs reports (.Capabilities.APIVersions gates the GatewayClass).
+GWAPI=(--api-versions gateway.networking.k8s.io/v1/GatewayClass)
 render() { # render OUT [helm args...]
     local out=$1; shift
     "$HELM" template sweety "$CHART" --namespace sweety --kube-version "$KUBE_VERSION" "$@" >"$out"
@@ -94,13 +99,44 @@ reject "autoscaling.minReplicas must not be greater than autoscaling.maxReplicas
     --set autoscaling.enabled=true,autoscaling.minReplicas=5,autoscaling.maxReplicas=3
 reject "metrics.serviceMonitor.enabled needs metrics.service.enabled" \
     --set metrics.serviceMonitor.enabled=true,metrics.service.enabled=false
+reject "at '/kind': value must be one of" --set kind=StatefulSet
+reject "at '/controller/gatewayServiceType': value must be one of" --set controller.gatewayServiceType=External
+reject "at '/image/digest'" --set image.digest=latest
+reject "at '/containerSecurityContext/privileged'" --set containerSecurityContext.privileged=true
+reject "at '/containerSecurityContext/allowPrivilegeEscalation'" --set containerSecurityContext.allowPrivilegeEscalation=true
+reject "at '/podSecurityContext/runAsNonRoot'" --set podSecurityContext.runAsNonRoot=false
+reject "at '/containerSecurityContext/runAsUser': minimum: got 0" --set containerSecurityContext.runAsUser=0
+reject "at '/controller/extraArgs/0'" --set 'controller.extraArgs={-v}'
+reject "autoscaling.enabled needs kind Deployment" --set kind=DaemonSet,autoscaling.enabled=true
+reject "controller.leaderElection must be true" --set kind=DaemonSet,controller.leaderElection=false
+
+echo "== what the chart renders by default"
+render "$WORK/default.yaml" "${GWAPI[@]}"
+python3 - "$WORK/default.yaml" <<'PY'
+import sys, yaml
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+cls = next(d for d in docs if d["kind"] == "IngressClass")
+if "ingressclass.kubernetes.io/is-default-class" in (cls["metadata"].get("annotations") or {}):
+    sys.exit("FAIL: the IngressClass is the cluster default by default (it would take other controllers' class-less Ingresses)")
+if not any(d["kind"] == "GatewayClass" for d in docs):
+    sys.exit("FAIL: no GatewayClass where the cluster serves the Gateway API")
+print("ok: the IngressClass is not the cluster default; the GatewayClass is there with the Gateway API")
+PY
+"$HELM" template sweety "$CHART" --kube-version "$KUBE_VERSION" >"$WORK/no-gwapi.yaml"
+if grep -q '^kind: GatewayClass' "$WORK/no-gwapi.yaml"; then
+    fail "a GatewayClass is rendered for a cluster without the Gateway API"
+else
+    echo "ok: no GatewayClass without gateway.networking.k8s.io/v1 in .Capabilities.APIVersions"
+fi
 
 echo "== helm template goldens ($GOLDEN)"
 cases=()
 for values in "$GOLDEN"/*.values.yaml; do
     case=${values%.values.yaml}
     cases+=("$case.out.yaml")
-    render "$WORK/out.yaml" -f "$values"
+    case_args=("${GWAPI[@]}")
+    [[ $(basename "$case") == no-gateway-api* ]] && case_args=()
+    render "$WORK/out.yaml" -f "$values" "${case_args[@]}"
     if [[ -n $bless ]]; then
         cp "$WORK/out.yaml" "$case.out.yaml"
         echo "blessed $case.out.yaml"
@@ -116,13 +152,23 @@ echo "== deploy/sweety.yaml is the default render"
 {
     echo "# Rendered from charts/sweety with default values by e2e/chart/check.sh"
     echo "# (SWEETY_BLESS=1 e2e/chart/check.sh regenerates it). Do not edit."
-    echo "# Install: kubectl apply --server-side -f deploy/sweety.yaml"
+    echo "# Install (the Gateway API CRDs first: its GatewayClass needs them):"
+    echo "#   kubectl apply --server-side -f charts/sweety/crds/gateway-api-standard.yaml"
+    echo "#   kubectl apply --server-side -f deploy/sweety.yaml"
     echo "apiVersion: v1"
     echo "kind: Namespace"
     echo "metadata:"
     echo "  name: sweety"
-    echo "---"
-    "$HELM" template sweety "$CHART" --namespace sweety --kube-version "$KUBE_VERSION" --include-crds
+    # Without the Gateway API CRDs (and the comment-only header of their file).
+    "$HELM" template sweety "$CHART" --namespace sweety --kube-version "$KUBE_VERSION" --include-crds \
+        "${GWAPI[@]}" | python3 -c '
+import re, sys
+docs = re.split(r"(?m)^---\n", sys.stdin.read())
+def content(d):
+    return any(l.strip() and not l.startswith("#") for l in d.splitlines())
+keep = [d for d in docs if content(d)
+        and not ("kind: CustomResourceDefinition" in d and "group: gateway.networking.k8s.io" in d)]
+sys.stdout.write("".join("---\n" + d for d in keep))'
 } >"$WORK/sweety.yaml"
 if [[ -n $bless ]]; then
     cp "$WORK/sweety.yaml" deploy/sweety.yaml
@@ -131,6 +177,13 @@ elif ! diff -q deploy/sweety.yaml "$WORK/sweety.yaml" >/dev/null; then
     fail "deploy/sweety.yaml is stale (SWEETY_BLESS=1 $0)"
 else
     echo "ok: deploy/sweety.yaml"
+fi
+
+echo "== the bundled Gateway API CRDs"
+if [[ -n $bless ]]; then
+    python3 e2e/chart/gateway-api-crds.py
+else
+    python3 e2e/chart/gateway-api-crds.py --check || failed=1
 fi
 
 echo "== README values table"
@@ -231,6 +284,10 @@ else
     can no update leases.coordination.k8s.io -n default
     can no create pods -n sweety
     can no create configmaps -n sweety
+    # The Lease's owner: the chart's own ServiceAccount, read only.
+    can yes get serviceaccounts/sweety -n sweety
+    can no get serviceaccounts/default -n sweety
+    can no update serviceaccounts/sweety -n sweety
     k delete -f "$WORK/rbac.yaml" --wait=false >/dev/null
 
     echo "== RBAC with watchNamespaces: Services and EndpointSlices written only there"
@@ -280,8 +337,8 @@ else
 
     echo "== kubectl apply --dry-run=server"
     for m in "${manifests[@]}"; do
-        # ServiceMonitor needs the Prometheus Operator CRD, which this cluster does not have.
-        awk 'BEGIN{RS="\n---\n"; ORS="\n---\n"} !/\nkind: ServiceMonitor\n/' "$m" >"$WORK/dry.yaml"
+        # ServiceMonitor and PodMonitor need the Prometheus Operator CRDs, which this cluster does not have.
+        awk 'BEGIN{RS="\n---\n"; ORS="\n---\n"} !/\nkind: (ServiceMonitor|PodMonitor)\n/' "$m" >"$WORK/dry.yaml"
         if k apply --dry-run=server --validate=strict -f "$WORK/dry.yaml" >"$WORK/dry.out" 2>&1; then
             echo "ok: $m ($(grep -c 'server dry run' "$WORK/dry.out") objects)"
         else

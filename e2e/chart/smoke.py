@@ -42,7 +42,7 @@ def status(url):
 def main():
     rendered, kubeconfig, controller_bin, dataplane_bin = sys.argv[1:5]
     docs = [d for d in yaml.safe_load_all(open(rendered)) if d]
-    deploy = next(d for d in docs if d["kind"] == "Deployment")
+    deploy = next(d for d in docs if d["kind"] in ("Deployment", "DaemonSet"))
     containers = {c["name"]: c for c in deploy["spec"]["template"]["spec"]["containers"]}
     tmp = tempfile.mkdtemp(prefix="sweety-chart-smoke-")
     ns = "chart-smoke-" + uuid.uuid4().hex[:8]
@@ -69,6 +69,8 @@ def main():
         "--watch-namespaces": ns,
         "--ingress-class": ns,
         "--controller-name": f"sweety.dev/{ns}",
+        # The chart's ServiceAccount does not exist in the smoke namespace: no Lease owner.
+        "--lease-owner-service-account": "",
     })
     assert containers["dataplane"]["command"] == ["sweety-dataplane"], containers["dataplane"]["command"]
     assert containers["controller"]["command"] == ["sweety-controller"], containers["controller"]["command"]

@@ -31,22 +31,31 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end -}}
 
+{{/* The image: repository:tag, or repository[:tag]@digest when a digest is given. */}}
 {{- define "sweety.image" -}}
+{{- if .Values.image.digest -}}
+{{- if .Values.image.tag -}}
+{{- printf "%s:%s@%s" .Values.image.repository .Values.image.tag .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- end -}}
+{{- else -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
 {{- end -}}
 
 {{- define "sweety.leaseName" -}}
 {{- default (printf "%s-controller" (include "sweety.fullname" .)) .Values.controller.leaseName -}}
 {{- end -}}
 
+{{/* Pod securityContext: the chart's, with .Values.podSecurityContext merged over it. */}}
+{{- define "sweety.podSecurityContext" -}}
+{{- $base := dict "runAsNonRoot" true "runAsUser" (int .Values.runAsUser) "runAsGroup" (int .Values.runAsUser) "fsGroup" (int .Values.runAsUser) "seccompProfile" (dict "type" "RuntimeDefault") -}}
+{{- toYaml (mergeOverwrite $base (deepCopy .Values.podSecurityContext)) -}}
+{{- end -}}
+
+{{/* Container securityContext: the chart's, with .Values.containerSecurityContext merged over it. */}}
 {{- define "sweety.containerSecurityContext" -}}
-runAsNonRoot: true
-runAsUser: {{ .Values.runAsUser }}
-runAsGroup: {{ .Values.runAsUser }}
-readOnlyRootFilesystem: true
-allowPrivilegeEscalation: false
-capabilities:
-  drop: [ALL]
-seccompProfile:
-  type: RuntimeDefault
+{{- $base := dict "runAsNonRoot" true "runAsUser" (int .Values.runAsUser) "runAsGroup" (int .Values.runAsUser) "readOnlyRootFilesystem" true "allowPrivilegeEscalation" false "capabilities" (dict "drop" (list "ALL")) "seccompProfile" (dict "type" "RuntimeDefault") -}}
+{{- toYaml (mergeOverwrite $base (deepCopy .Values.containerSecurityContext)) -}}
 {{- end -}}

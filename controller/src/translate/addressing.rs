@@ -173,7 +173,29 @@ pub fn addresses(
     requested: &[(String, String)],
     service: &str,
 ) -> Vec<Address> {
-    let ingress = gateway_service(snapshot, namespace, service)
+    let svc = gateway_service(snapshot, namespace, service);
+    // A ClusterIP or NodePort Service (`--gateway-service-type`, or the class's
+    // SweetyProxyConfig) has no load balancer: the Gateway is reached on the Service's cluster
+    // IPs at its listener ports, so those are its addresses.
+    if let Some(spec) = svc
+        .and_then(|s| s.spec.as_ref())
+        .filter(|s| matches!(s.type_.as_deref(), Some("ClusterIP" | "NodePort")))
+    {
+        let ips = spec
+            .cluster_ips
+            .clone()
+            .or_else(|| spec.cluster_ip.clone().map(|ip| vec![ip]))
+            .unwrap_or_default();
+        return ips
+            .into_iter()
+            .filter(|ip| ip.parse::<std::net::IpAddr>().is_ok())
+            .map(|value| Address {
+                type_: "IPAddress".into(),
+                value,
+            })
+            .collect();
+    }
+    let ingress = svc
         .and_then(|s| s.status.as_ref())
         .and_then(|s| s.load_balancer.as_ref())
         .and_then(|lb| lb.ingress.as_ref());

@@ -113,6 +113,9 @@ pub struct Params {
     pub ignore_snippets: bool,
     /// Resolve ExternalName Services as backends (off: such a backend answers 503).
     pub allow_external_name: bool,
+    /// Type of the per-Gateway Services (`LoadBalancer`, `NodePort` or `ClusterIP`) unless the
+    /// GatewayClass's SweetyProxyConfig sets `service.type`.
+    pub gateway_service_type: String,
 }
 
 /// PEM certificate chain and key of [`Params::default_certificate`].
@@ -151,6 +154,7 @@ impl Default for Params {
             ignore_unsupported_security_annotations: false,
             ignore_snippets: false,
             allow_external_name: false,
+            gateway_service_type: "LoadBalancer".into(),
         }
     }
 }
@@ -176,8 +180,15 @@ pub struct GatewayService {
     pub gateway_name: String,
     /// Service name in the Gateway's namespace.
     pub name: String,
-    /// `LoadBalancer` unless the GatewayClass parameters say otherwise.
+    /// `Params::gateway_service_type` unless the GatewayClass parameters say otherwise.
     pub service_type: String,
+    /// `externalTrafficPolicy` from the GatewayClass parameters (NodePort and LoadBalancer).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub external_traffic_policy: Option<String>,
+    /// The Gateway's GatewayClass, owner of the Service and its EndpointSlices: deleting the
+    /// class (`helm uninstall`) lets the garbage collector remove them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<ClassOwner>,
     pub ports: Vec<ServicePort>,
     /// Addresses requested through Gateway `spec.addresses` (IP values), if any.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -188,6 +199,14 @@ pub struct GatewayService {
     /// Gateway `spec.infrastructure.annotations` for the Service (ours win on a clash).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub annotations: BTreeMap<String, String>,
+}
+
+/// A GatewayClass as an owner reference (cluster-scoped, so it may own namespaced objects).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClassOwner {
+    pub name: String,
+    pub uid: String,
 }
 
 /// A directory of static files built from a ConfigMap, to be written under

@@ -3,7 +3,7 @@
 //! left alone (no status).
 
 use crate::translate::status::{Condition, GatewayClassStatus, ObjectKey, ObjectStatus};
-use crate::translate::Builder;
+use crate::translate::{Builder, ClassOwner};
 use std::collections::BTreeMap;
 
 /// Features we claim: exactly those whose conformance tests pass against the local cluster
@@ -63,12 +63,37 @@ pub const SUPPORTED_FEATURES: &[&str] = &[
 const PROXY_CONFIG_GROUP: &str = "sweety.dev";
 const PROXY_CONFIG_KIND: &str = "SweetyProxyConfig";
 
+/// The Kubernetes spelling of a SweetyProxyConfig `service.type`.
+fn service_type_name(t: sweety_crds::proxy_config::ServiceType) -> &'static str {
+    use sweety_crds::proxy_config::ServiceType as T;
+    match t {
+        T::LoadBalancer => "LoadBalancer",
+        T::NodePort => "NodePort",
+        T::ClusterIP => "ClusterIP",
+    }
+}
+
+/// The Kubernetes spelling of a SweetyProxyConfig `service.externalTrafficPolicy`.
+fn traffic_policy_name(t: sweety_crds::proxy_config::ExternalTrafficPolicy) -> &'static str {
+    use sweety_crds::proxy_config::ExternalTrafficPolicy as P;
+    match t {
+        P::Cluster => "Cluster",
+        P::Local => "Local",
+    }
+}
+
 /// One of our GatewayClasses.
 #[derive(Clone, Debug, Default)]
 pub struct ClassInfo {
     pub accepted: bool,
     /// HTTP/3 on HTTPS listeners, from the SweetyProxyConfig (None: `Params::http3`).
     pub http3: Option<bool>,
+    /// Per-Gateway Service type from the SweetyProxyConfig (None: `Params::gateway_service_type`).
+    pub service_type: Option<String>,
+    /// Per-Gateway Service `externalTrafficPolicy` from the SweetyProxyConfig.
+    pub external_traffic_policy: Option<String>,
+    /// The class as the owner of the per-Gateway Services (None when it has no uid yet).
+    pub owner: Option<ClassOwner>,
 }
 
 /// Set the status of our GatewayClasses; returns each of our classes by name.
@@ -83,6 +108,7 @@ pub fn translate(b: &mut Builder<'_>) -> BTreeMap<String, ClassInfo> {
         let name = class.metadata.name.clone().unwrap_or_default();
         let generation = class.metadata.generation.unwrap_or(0);
         let mut http3 = None;
+        let mut service = None;
         let problem = class.spec.parameters_ref.as_ref().and_then(|p| {
             if p.group != PROXY_CONFIG_GROUP || p.kind != PROXY_CONFIG_KIND {
                 return Some(format!(
@@ -102,6 +128,7 @@ pub fn translate(b: &mut Builder<'_>) -> BTreeMap<String, ClassInfo> {
             match found {
                 Some(c) => {
                     http3 = c.spec.http3;
+                    service = c.spec.service.clone();
                     None
                 }
                 None => Some(format!("{PROXY_CONFIG_KIND} {ns}/{} not found", p.name)),
@@ -122,6 +149,18 @@ pub fn translate(b: &mut Builder<'_>) -> BTreeMap<String, ClassInfo> {
             ClassInfo {
                 accepted: problem.is_none(),
                 http3,
+                service_type: service
+                    .as_ref()
+                    .and_then(|s| s.type_)
+                    .map(|t| service_type_name(t).to_string()),
+                external_traffic_policy: service
+                    .as_ref()
+                    .and_then(|s| s.external_traffic_policy)
+                    .map(|t| traffic_policy_name(t).to_string()),
+                owner: class.metadata.uid.clone().map(|uid| ClassOwner {
+                    name: name.clone(),
+                    uid,
+                }),
             },
         );
         b.status(

@@ -68,6 +68,7 @@ pub fn gateways(b: &mut Builder<'_>, classes: &BTreeMap<String, ClassInfo>) -> V
             listeners,
             rejected,
             http3: class.http3.unwrap_or(b.params.http3),
+            class: class.clone(),
         });
     }
     out
@@ -412,7 +413,11 @@ pub fn emit(b: &mut Builder<'_>, gateways: &[OwnedGateway], _alloc: &Allocation,
             }
         }
         status(b, gw);
-        b.gateway_services.extend(service(gw, lay.service_ports));
+        b.gateway_services.extend(service(
+            gw,
+            lay.service_ports,
+            &b.params.gateway_service_type,
+        ));
     }
     client_cert::drop_unused(b, &replaced);
 }
@@ -465,7 +470,11 @@ fn invalid_parameters(gw: &sweety_gateway_api::gateways::Gateway) -> Option<Stri
 }
 
 /// The Service the controller owns for the Gateway, when it has `ports`.
-pub fn service(gw: &OwnedGateway, ports: Vec<ServicePort>) -> Option<GatewayService> {
+pub fn service(
+    gw: &OwnedGateway,
+    ports: Vec<ServicePort>,
+    service_type: &str,
+) -> Option<GatewayService> {
     if ports.is_empty() {
         return None;
     }
@@ -478,7 +487,13 @@ pub fn service(gw: &OwnedGateway, ports: Vec<ServicePort>) -> Option<GatewayServ
         gateway_namespace: gw.namespace.clone(),
         gateway_name: gw.name.clone(),
         name: addressing::service_name(&gw.namespace, &gw.name),
-        service_type: "LoadBalancer".into(),
+        service_type: gw
+            .class
+            .service_type
+            .clone()
+            .unwrap_or_else(|| service_type.to_string()),
+        external_traffic_policy: gw.class.external_traffic_policy.clone(),
+        owner: gw.class.owner.clone(),
         ports,
         requested_addresses: requested
             .into_iter()

@@ -52,6 +52,8 @@ pub struct OwnedGateway {
     pub rejected: Option<String>,
     /// Serve HTTP/3 on HTTPS listeners (class SweetyProxyConfig, else `Params::http3`).
     pub http3: bool,
+    /// Its class: the per-Gateway Service's type, traffic policy and owner.
+    pub class: classes::ClassInfo,
     /// ListenerSets naming this Gateway, in precedence order (their listeners are in
     /// `listeners` with `owner` set).
     pub listener_sets: Vec<listenersets::AttachedListenerSet>,

@@ -1,0 +1,119 @@
+#!/usr/bin/env python3
+"""Checks that the image deploy/image/build.sh wrote matches what deploy/Dockerfile builds.
+
+    image-consistency.py deploy/Dockerfile IMAGE.oci.tar
+
+From the Dockerfile's last stage (the runtime image): USER, ENTRYPOINT, CMD, EXPOSE, and the
+files its `COPY --from=<stage> /out/ DEST` lines bring in (the names the build stage installs
+under /out/). From the archive: the image config (index.json -> manifest -> config) and the
+regular files of its layers. They must agree: the same executables in the same directory, the
+same user, entrypoint, command and exposed ports. Exits 1 with every difference listed.
+"""
+import gzip
+import io
+import json
+import re
+import shlex
+import sys
+import tarfile
+
+
+def dockerfile_facts(path):
+    lines, cur = [], ""
+    for raw in open(path):
+        line = raw.rstrip("\n")
+        if line.lstrip().startswith("#") and not cur:
+            continue
+        if line.endswith("\\"):
+            cur += line[:-1] + " "
+            continue
+        cur += line
+        if cur.strip():
+            lines.append(cur.strip())
+        cur = ""
+    stages = [i for i, l in enumerate(lines) if l.upper().startswith("FROM ")]
+    if not stages:
+        sys.exit(f"{path}: no FROM line")
+    final = lines[stages[-1]:]
+    # Every name the build stages install into /out/ (`install ... /out/NAME`, `cp ... /out/NAME`).
+    out_names = set()
+    for l in lines[: stages[-1]]:
+        out_names |= set(re.findall(r"/out/([A-Za-z0-9._-]+)", l))
+    facts = {"user": None, "entrypoint": None, "cmd": None, "ports": set(), "files": set()}
+    for l in final:
+        word, _, rest = l.partition(" ")
+        word, rest = word.upper(), rest.strip()
+        if word == "USER":
+            facts["user"] = rest
+        elif word in ("CMD", "ENTRYPOINT"):
+            try:
+                facts[word.lower()] = json.loads(rest)
+            except json.JSONDecodeError:
+                sys.exit(f"{path}: {word} must be in exec (JSON) form, got {rest!r}")
+        elif word == "EXPOSE":
+            for p in rest.split():
+                facts["ports"].add(p if "/" in p else p + "/tcp")
+        elif word == "COPY":
+            args = [a for a in shlex.split(rest) if not a.startswith("--")]
+            if "--from=" in rest and len(args) == 2 and args[0].rstrip("/") == "/out":
+                dest = args[1].rstrip("/")
+                facts["files"] |= {f"{dest}/{n}" for n in out_names}
+    return facts
+
+
+def image_facts(path):
+    with tarfile.open(path) as t:
+        def blob(desc):
+            algo, digest = desc["digest"].split(":")
+            return t.extractfile(f"blobs/{algo}/{digest}").read()
+        index = json.loads(t.extractfile("index.json").read())
+        if len(index["manifests"]) != 1:
+            sys.exit(f"{path}: expected one manifest, found {len(index['manifests'])}")
+        manifest = json.loads(blob(index["manifests"][0]))
+        config = json.loads(blob(manifest["config"]))["config"]
+        files = {}
+        for layer in manifest["layers"]:
+            data = blob(layer)
+            if layer["mediaType"].endswith("gzip"):
+                data = gzip.decompress(data)
+            with tarfile.open(fileobj=io.BytesIO(data)) as lt:
+                for m in lt.getmembers():
+                    files["/" + m.name.lstrip("./")] = m
+    return {
+        "user": config.get("User"),
+        "entrypoint": config.get("Entrypoint"),
+        "cmd": config.get("Cmd"),
+        "ports": set(config.get("ExposedPorts", {})),
+        "files": files,
+    }
+
+
+def main():
+    dockerfile, tarball = sys.argv[1:3]
+    d, i = dockerfile_facts(dockerfile), image_facts(tarball)
+    errors = []
+    for key in ("user", "entrypoint", "cmd", "ports"):
+        if d[key] != i[key]:
+            errors.append(f"{key}: Dockerfile {d[key]!r}, image {i[key]!r}")
+    if not d["files"]:
+        errors.append("the Dockerfile's last stage copies no binaries from /out/")
+    dirs = {f.rsplit("/", 1)[0] for f in d["files"]}
+    image_bins = {n for n, m in i["files"].items() if m.isfile() and n.rsplit("/", 1)[0] in dirs}
+    for f in sorted(d["files"] - image_bins):
+        errors.append(f"{f}: in the Dockerfile's image, not in this one")
+    for f in sorted(image_bins - d["files"]):
+        errors.append(f"{f}: in this image, not in the Dockerfile's")
+    for f in sorted(d["files"] & image_bins):
+        if not i["files"][f].mode & 0o111:
+            errors.append(f"{f}: not executable in this image")
+    if errors:
+        print("FAIL: the image and deploy/Dockerfile differ:", file=sys.stderr)
+        for e in errors:
+            print(f"  {e}", file=sys.stderr)
+        sys.exit(1)
+    print(f"ok: same user {i['user']}, entrypoint {i['entrypoint']}, cmd {i['cmd']}, "
+          f"ports {' '.join(sorted(i['ports']))}, binaries {' '.join(sorted(image_bins))}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,246 @@
+#!/usr/bin/env bash
+# e2e/lifecycle.sh — the chart's life on a cluster, as a new user meets it:
+#   1. a cluster WITHOUT the Gateway API CRDs (e2e/install.sh --no-helm, SWEETY_GATEWAY_API_CHANNEL=none);
+#      `helm install --skip-crds` of charts/sweety (our two CRDs applied by hand, as docs/install.md says):
+#      the release deploys, no GatewayClass is rendered, and an Ingress answers through the `sweety`
+#      Service's load-balancer address;
+#   2. the Gateway API CRDs arrive (charts/sweety/crds/gateway-api-standard.yaml); `helm upgrade` (same
+#      values) adds the GatewayClass; a Gateway + HTTPRoute become Programmed/Accepted and answer — with
+#      the SAME controller container (same pod uid, restartCount 0): the controller discovered the kinds;
+#   3. `helm uninstall`: nothing of ours is left (per-Gateway Services and EndpointSlices, the Lease,
+#      every object with the release's labels, cluster-scoped ones too);
+#   4. the previous chart version (charts/sweety as of $PREVIOUS_CHART_REF, from git) installed with the
+#      Gateway API CRDs present, a Gateway serving; `helm upgrade` to this chart: it still serves, the
+#      Lease gains its owner; `helm uninstall` again leaves nothing.
+#
+# Usage: e2e/lifecycle.sh [--down] [--no-build]   (--down: tear the cluster down afterwards, also on
+#        failure, as CI does; --no-build: use the binaries e2e/install.sh built last time)
+# Environment: as e2e/install.sh (SWEETY_CLUSTER_DIR, ports, SWEETY_BRIDGE, SWEETY_POD_CIDR, ...);
+#   PREVIOUS_CHART_REF [the commit before the chart's 0.2.0]  git ref of the previous chart version.
+# Needs root, go, cargo, curl, git (a clone with history back to PREVIOUS_CHART_REF).
+set -euo pipefail
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$REPO"
+export SWEETY_CLUSTER_DIR=${SWEETY_CLUSTER_DIR:-$HOME/.cache/sweety/cluster-lifecycle}
+# The last commit with chart version 0.1.0 (ingressClass.default true, GatewayClass always rendered).
+PREVIOUS_CHART_REF=${PREVIOUS_CHART_REF:-526aad9cd3816ef4b49168e19b043306832cdb26}
+K8S_BIN=${SWEETY_K8S_BIN:-$HOME/.cache/sweety/k8s/k8s-${K8S_VERSION:-1.34.4}-etcd-${ETCD_VERSION:-3.6.16}/bin}
+HELM=${SWEETY_HELM:-$HOME/.cache/sweety/tools/helm-v3.22.0/helm}
+export PATH="$K8S_BIN:$PATH"
+export KUBECONFIG=$SWEETY_CLUSTER_DIR/run/kubeconfig
+
+down=0 install_args=(--no-helm)
+for a in "$@"; do
+  case $a in
+    --down) down=1 ;;
+    --no-build) install_args+=(--no-build) ;;
+    *) echo "unknown argument $a (see the header of $0)" >&2; exit 2 ;;
+  esac
+done
+t0=$(date +%s)
+log() { echo "[lifecycle $(( $(date +%s) - t0 ))s] $*"; }
+WORK=$(mktemp -d)
+cleanup() {
+  rm -rf "$WORK"
+  if [ "$down" = 1 ]; then bash e2e/install.sh down --purge >/dev/null 2>&1 || true; fi
+}
+trap cleanup EXIT
+die() {
+  echo "lifecycle: $*" >&2
+  kubectl get pods -A -o wide >&2 || true
+  kubectl get gateways,httproutes -A >&2 2>/dev/null || true
+  exit 1
+}
+
+# ------------------------------------------------------------------ 0. a cluster without the Gateway API
+SWEETY_GATEWAY_API_CHANNEL=none bash e2e/install.sh "${install_args[@]}"
+[ -x "$HELM" ] || die "helm is missing at $HELM (e2e/install.sh builds it)"
+if kubectl get crd gateways.gateway.networking.k8s.io >/dev/null 2>&1; then
+  die "the cluster already serves the Gateway API (an earlier run?): e2e/install.sh down --purge first"
+fi
+IMAGE_DIR=$SWEETY_CLUSTER_DIR/image
+build_id=$(cat "$IMAGE_DIR/sweety-controller" "$IMAGE_DIR/sweety-dataplane" | sha256sum | cut -c1-16)
+POD_CIDR=${SWEETY_POD_CIDR:-10.246.0.0/24}
+NET=${POD_CIDR%.0/24}
+
+# Per-Gateway Services are LoadBalancers here: the node agent allocates their addresses.
+helm_args=(--set-string "podAnnotations.sweety\.dev/build=$build_id" --wait --timeout 5m)
+
+wait_http() { # wait_http URL HOST NEEDLE: the body of URL (Host HOST) contains NEEDLE within 60 s
+  local body=""
+  for _ in $(seq 1 60); do
+    body=$(curl -sf --max-time 2 -H "Host: $2" "$1" || true)
+    if grep -q "$3" <<<"$body"; then return 0; fi
+    sleep 1
+  done
+  die "$1 (Host $2) did not answer with '$3': ${body:-no answer}"
+}
+
+lb_ip() { # lb_ip NAMESPACE SERVICE: its load-balancer address, within 60 s
+  local ip=""
+  for _ in $(seq 1 60); do
+    ip=$(kubectl -n "$1" get service "$2" -o jsonpath='{.status.loadBalancer.ingress[0].ip}' 2>/dev/null || true)
+    case $ip in "$NET".*) echo "$ip"; return 0 ;; esac
+    sleep 1
+  done
+  die "Service $1/$2 got no load-balancer address"
+}
+
+echo_app() { # echo_app NAMESPACE: an echo-basic Deployment and Service
+  kubectl apply -f - >/dev/null <<EOF
+apiVersion: v1
+kind: Namespace
+metadata: {name: $1}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: echo, namespace: $1}
+spec:
+  replicas: 1
+  selector: {matchLabels: {app: echo}}
+  template:
+    metadata: {labels: {app: echo}}
+    spec:
+      terminationGracePeriodSeconds: 2
+      containers:
+        - name: echo
+          image: sweety-e2e/echo-basic:v1.6.3
+          env:
+            - {name: POD_NAME, valueFrom: {fieldRef: {fieldPath: metadata.name}}}
+            - {name: NAMESPACE, valueFrom: {fieldRef: {fieldPath: metadata.namespace}}}
+          ports: [{name: http, containerPort: 3000}]
+          readinessProbe: {httpGet: {path: /, port: http}, periodSeconds: 1}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: echo, namespace: $1}
+spec:
+  selector: {app: echo}
+  ports: [{name: http, port: 8080, targetPort: http}]
+EOF
+  kubectl -n "$1" wait --for=condition=Available deployment/echo --timeout=120s >/dev/null
+}
+
+gateway() { # gateway NAMESPACE HOST: a Gateway of class sweety and an HTTPRoute to echo; waits until it answers
+  kubectl apply -f - >/dev/null <<EOF
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: web, namespace: $1}
+spec:
+  gatewayClassName: sweety
+  listeners: [{name: http, protocol: HTTP, port: 80}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: web, namespace: $1}
+spec:
+  parentRefs: [{name: web}]
+  hostnames: [$2]
+  rules: [{backendRefs: [{name: echo, port: 8080}]}]
+EOF
+  kubectl -n "$1" wait --for=condition=Programmed gateway/web --timeout=120s >/dev/null ||
+    die "Gateway $1/web not Programmed: $(kubectl -n "$1" get gateway web -o jsonpath='{.status.conditions}')"
+  local addr
+  addr=$(kubectl -n "$1" get gateway web -o jsonpath='{.status.addresses[0].value}')
+  wait_http "http://$addr/" "$2" "\"namespace\": *\"$1\""
+  log "Gateway $1/web at $addr answers (Host $2)"
+}
+
+controller_state() { # controller_state NAMESPACE: "<pod uid> <controller restartCount>"
+  kubectl -n "$1" get pods -l app.kubernetes.io/instance=sweety \
+    -o jsonpath='{.items[0].metadata.uid} {.items[0].status.containerStatuses[?(@.name=="controller")].restartCount}'
+}
+
+nothing_left() { # nothing_left NAMESPACE: after helm uninstall, no object of ours anywhere (GC: 90 s)
+  local ns=$1 left=""
+  for _ in $(seq 1 90); do
+    left=$(
+      kubectl get services,endpointslices -A -l app.kubernetes.io/managed-by=sweety -o name 2>/dev/null
+      kubectl -n "$ns" get leases,deployments,daemonsets,pods,services,serviceaccounts,roles,rolebindings,configmaps,secrets,sweetyproxyconfigs \
+        -l app.kubernetes.io/instance=sweety -o name 2>/dev/null
+      kubectl -n "$ns" get leases -o name 2>/dev/null
+      kubectl get clusterroles,clusterrolebindings,ingressclasses,gatewayclasses -l app.kubernetes.io/instance=sweety -o name 2>/dev/null
+      kubectl get secrets -n "$ns" -l owner=helm -o name 2>/dev/null
+    )
+    [ -z "$left" ] && return 0
+    sleep 1
+  done
+  die "left behind after helm uninstall in $ns: $(echo "$left" | tr '\n' ' ')"
+}
+
+# ------------------------------------------------------------------ 1. install without the Gateway API
+NS=sweety
+kubectl apply --server-side -f charts/sweety/crds/sweetysites.yaml -f charts/sweety/crds/sweetyproxyconfigs.yaml >/dev/null
+kubectl wait --for=condition=Established --timeout=60s crd/sweetysites.sweety.dev crd/sweetyproxyconfigs.sweety.dev >/dev/null
+log "1. helm install --skip-crds on a cluster without the Gateway API"
+"$HELM" install sweety charts/sweety -n "$NS" --create-namespace --skip-crds "${helm_args[@]}" >/dev/null ||
+  die "helm install without the Gateway API CRDs failed"
+if "$HELM" get manifest sweety -n "$NS" | grep -q '^kind: GatewayClass'; then
+  die "the release has a GatewayClass although the cluster does not serve the Gateway API"
+fi
+echo_app lc-ingress
+kubectl apply -f - >/dev/null <<EOF
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata: {name: echo, namespace: lc-ingress}
+spec:
+  ingressClassName: sweety
+  rules:
+    - host: ingress.example
+      http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: echo, port: {number: 8080}}}}]}
+EOF
+ingress_ip=$(lb_ip "$NS" sweety)
+wait_http "http://$ingress_ip/" ingress.example '"namespace": *"lc-ingress"'
+log "1. ok: installed without the Gateway API; Ingress answers at $ingress_ip"
+before=$(controller_state "$NS")
+
+# ------------------------------------------------------------------ 2. the Gateway API arrives
+log "2. Gateway API CRDs installed after the controller started"
+kubectl apply --server-side -f charts/sweety/crds/gateway-api-standard.yaml >/dev/null
+kubectl wait --for=condition=Established --timeout=60s crd/gatewayclasses.gateway.networking.k8s.io crd/gateways.gateway.networking.k8s.io crd/httproutes.gateway.networking.k8s.io >/dev/null
+"$HELM" upgrade sweety charts/sweety -n "$NS" --reuse-values "${helm_args[@]}" >/dev/null || die "helm upgrade after the CRDs failed"
+"$HELM" get manifest sweety -n "$NS" | grep -q '^kind: GatewayClass' || die "helm upgrade did not add the GatewayClass"
+kubectl wait --for=condition=Accepted gatewayclass/sweety --timeout=60s >/dev/null || die "GatewayClass sweety not Accepted"
+echo_app lc-gateway
+gateway lc-gateway gateway.example
+after=$(controller_state "$NS")
+[ "$before" = "$after" ] || die "the controller restarted or was replaced (before '$before', after '$after')"
+log "2. ok: Gateways work, same controller container ($after)"
+wait_http "http://$ingress_ip/" ingress.example '"namespace": *"lc-ingress"'
+kubectl -n lc-gateway get service -l app.kubernetes.io/managed-by=sweety \
+  -o jsonpath='{.items[0].metadata.ownerReferences[0].kind}' | grep -qx GatewayClass ||
+  die "the per-Gateway Service has no GatewayClass owner"
+kubectl -n "$NS" get lease sweety-controller -o jsonpath='{.metadata.ownerReferences[0].kind}' | grep -qx ServiceAccount ||
+  die "the leader Lease has no ServiceAccount owner"
+
+# ------------------------------------------------------------------ 3. uninstall
+log "3. helm uninstall"
+"$HELM" uninstall sweety -n "$NS" --wait --timeout 3m >/dev/null
+nothing_left "$NS"
+log "3. ok: nothing of ours left (Services, EndpointSlices, Lease, release objects)"
+kubectl delete namespace lc-ingress lc-gateway --wait=false >/dev/null
+
+# ------------------------------------------------------------------ 4. upgrade from the previous chart version
+NS=sweety-upgrade
+git -C "$REPO" archive "$PREVIOUS_CHART_REF" charts/sweety | tar -x -C "$WORK"
+prev_version=$(sed -n 's/^version: *//p' "$WORK/charts/sweety/Chart.yaml")
+this_version=$(sed -n 's/^version: *//p' charts/sweety/Chart.yaml)
+log "4. helm install of chart $prev_version ($PREVIOUS_CHART_REF), then helm upgrade to $this_version"
+"$HELM" install sweety "$WORK/charts/sweety" -n "$NS" --create-namespace "${helm_args[@]}" >/dev/null ||
+  die "helm install of the previous chart failed"
+echo_app lc-upgrade
+gateway lc-upgrade upgrade.example
+"$HELM" upgrade sweety charts/sweety -n "$NS" "${helm_args[@]}" >/dev/null || die "helm upgrade to $this_version failed"
+kubectl -n "$NS" rollout status deployment/sweety --timeout=180s >/dev/null
+gateway lc-upgrade upgrade.example
+for _ in $(seq 1 30); do
+  kubectl -n "$NS" get lease sweety-controller -o jsonpath='{.metadata.ownerReferences[0].kind}' 2>/dev/null | grep -qx ServiceAccount && break
+  sleep 1
+done
+kubectl -n "$NS" get lease sweety-controller -o jsonpath='{.metadata.ownerReferences[0].kind}' | grep -qx ServiceAccount ||
+  die "the Lease of the previous release did not gain its owner"
+"$HELM" uninstall sweety -n "$NS" --wait --timeout 3m >/dev/null
+nothing_left "$NS"
+kubectl delete namespace lc-upgrade --wait=false >/dev/null
+log "4. ok: upgraded from $prev_version, Gateway served throughout the checks, uninstall left nothing"
+log "all lifecycle checks passed"
