@@ -5,7 +5,9 @@
 # ~/.cache/sweety/tools/bin per go.sum) and the dataplane (cargo; or SWEETY_BIN), starts the
 # dataplane on free 127.0.0.1 ports in front of a small body-reading backend (python3), and
 # runs every h2spec case twice: h2c with prior knowledge, and TLS with ALPN h2, on Sweety's own
-# HTTP/2 engine (limits.http2_engine: sweety, the default, set explicitly; hyper's was the baseline). Prints
+# HTTP/2 engine (limits.http2_engine: sweety, the default, set explicitly; hyper's was the baseline),
+# and the message-framing cases (http2/8.1.2.6) a third time ("local") against a TLS listener whose
+# route answers without reading the body, as the embedded default's HTTPS port does. Prints
 # h2spec's summary and writes <out>/{h2c,tls}.{txt,xml} (plain and JUnit reports), the
 # failed case ids (<out>/failed.txt) and the dataplane's log.
 #
@@ -62,6 +64,7 @@ free_port() {
 }
 H2C_PORT=$(free_port)
 TLS_PORT=$(free_port)
+LOCAL_PORT=$(free_port)
 ADMIN_PORT=$(free_port)
 BACKEND_PORT=$(free_port)
 
@@ -124,8 +127,24 @@ listeners:
       certificates:
         - cert: {file: $ROOT/deploy/examples/certs/example.test.crt}
           key: {file: $ROOT/deploy/examples/certs/example.test.key}
+  # Like the embedded default's HTTPS port: a route answered locally, without reading the body.
+  - name: local
+    address: 127.0.0.1
+    port: $LOCAL_PORT
+    protocol: https
+    http3: false
+    tls:
+      certificates:
+        - cert: {file: $ROOT/deploy/examples/certs/example.test.crt}
+          key: {file: $ROOT/deploy/examples/certs/example.test.key}
 virtual_hosts:
+  - name: local
+    listeners: [local]
+    routes:
+      - name: fixed
+        action: {fixed: {status: 200, body: "answered locally"}}
   - name: any
+    listeners: [h2c, tls]
     routes:
       - name: backend
         action: {proxy: {backends: [{backend: reads-body}]}}
@@ -166,6 +185,9 @@ run() { # mode, h2spec args...
 }
 run h2c -p "$H2C_PORT"
 run tls -p "$TLS_PORT" -t -k
+# Message framing on a locally answered route (http2/8.1.2.6: content-length against the DATA
+# frames; the answer must not come before the stream error).
+run local -p "$LOCAL_PORT" -t -k http2/8.1.2.6
 kill -0 "$PID" 2>/dev/null || { echo "h2spec.sh: the dataplane died during the run" >&2; exit 1; }
 
 # --- compare with the allowlist ---------------------------------------------------------------
@@ -177,7 +199,7 @@ python3 - "$OUT" "$KNOWN" <<'PY' || status=$?
 import sys, xml.etree.ElementTree as ET
 out, known_path = sys.argv[1], sys.argv[2]
 ran, failed = set(), set()
-for mode in ("h2c", "tls"):
+for mode in ("h2c", "tls", "local"):
     n = bad = skipped = 0
     for suite in ET.parse(f"{out}/{mode}.xml").getroot().iter("testsuite"):
         for i, case in enumerate(suite.iter("testcase"), 1):
@@ -196,8 +218,8 @@ for line in open(known_path):
     if not line or line.startswith("#"):
         continue
     fields = line.split(None, 2)
-    if len(fields) < 3 or fields[0] not in ("h2c", "tls", "both"):
-        sys.exit(f"h2spec.sh: bad line in {known_path} (want: h2c|tls|both <id> <reason>): {line}")
+    if len(fields) < 3 or fields[0] not in ("h2c", "tls", "local", "both"):
+        sys.exit(f"h2spec.sh: bad line in {known_path} (want: h2c|tls|local|both <id> <reason>): {line}")
     for mode in ("h2c", "tls") if fields[0] == "both" else (fields[0],):
         known[f"{mode} {fields[1]}"] = fields[2]
 flaky = {k for k, why in known.items() if why.startswith("flaky:")}

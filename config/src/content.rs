@@ -126,6 +126,11 @@ pub struct CachePolicy {
     /// request refreshes it. The response's own `stale-while-revalidate` wins when larger.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stale_while_revalidate: Option<Duration>,
+    /// Serve and store requests carrying `Cookie` or `Authorization` from the shared cache
+    /// (off: such requests bypass it). Responses with `Set-Cookie` or `private` are never
+    /// stored either way.
+    #[serde(default, skip_serializing_if = "crate::model::is_false")]
+    pub with_credentials: bool,
 }
 
 /// gRPC options of a route (`grpc` filter). Errors for gRPC requests are always answered

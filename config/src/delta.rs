@@ -122,6 +122,7 @@ pub fn settings_of(c: &Config) -> Config {
         client_ip,
         l4,
         cache,
+        path_normalization,
     } = c;
     Config {
         version: *version,
@@ -136,6 +137,7 @@ pub fn settings_of(c: &Config) -> Config {
         client_ip: ClientIp::clone(client_ip),
         l4: L4Settings::clone(l4),
         cache: CacheSettings::clone(cache),
+        path_normalization: *path_normalization,
     }
 }
 

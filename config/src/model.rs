@@ -66,6 +66,9 @@ pub struct Config {
     /// Bounds of the in-memory response cache (used by routes with a `cache` filter).
     #[serde(default, skip_serializing_if = "crate::CacheSettings::is_default")]
     pub cache: crate::CacheSettings,
+    /// How request paths are normalised before routing (default: on, encoded slashes refused).
+    #[serde(default, skip_serializing_if = "crate::PathNormalization::is_default")]
+    pub path_normalization: crate::PathNormalization,
 }
 
 fn schema_version() -> u32 {
@@ -87,6 +90,7 @@ impl Default for Config {
             client_ip: ClientIp::default(),
             l4: L4Settings::default(),
             cache: crate::CacheSettings::default(),
+            path_normalization: crate::PathNormalization::default(),
         }
     }
 }
@@ -608,6 +612,10 @@ pub struct StaticSite {
     /// Strip this prefix from the request path before mapping it to `root`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub strip_prefix: Option<String>,
+    /// Answer 404 for any path with a segment starting with `.` (`.git`, `.env`, `.htpasswd`),
+    /// except `.well-known`. Default on.
+    #[serde(default = "default_true", skip_serializing_if = "is_true")]
+    pub hide_dotfiles: bool,
 }
 
 fn default_index() -> Vec<String> {
@@ -828,6 +836,13 @@ pub struct Limits {
     pub max_connections: u32,
     /// Requests in flight, all listeners and protocols.
     pub max_requests_in_flight: u32,
+    /// Open connections per client address (the TCP peer, or the PROXY protocol source; not
+    /// counted for trusted proxies). 0: no cap (the default). Past it a new connection is
+    /// closed at once.
+    pub max_connections_per_client: u32,
+    /// Requests in flight per client address (after `client_ip`). 0: no cap (the default).
+    /// Past it: 429 with `Retry-After`.
+    pub max_requests_per_client: u32,
     /// How long a request waits for an in-flight slot before a 503.
     pub queue_timeout: Duration,
     /// `Retry-After` seconds on a 503 for overload.
@@ -841,6 +856,9 @@ pub struct Limits {
     pub header_read_timeout: Duration,
     /// Longest pause while reading a request body.
     pub body_idle_timeout: Duration,
+    /// A client that accepts no byte of what is written to it for this long is disconnected
+    /// (slow-read guard; HTTP/1.1, HTTP/2 and each HTTP/3 response). Default 60s.
+    pub send_timeout: Duration,
     /// Idle keep-alive connection lifetime.
     pub idle_timeout: Duration,
     /// Largest request header block, bytes.
@@ -881,12 +899,15 @@ impl Default for Limits {
         Limits {
             max_connections: 25_000,
             max_requests_in_flight: 10_000,
+            max_connections_per_client: 0,
+            max_requests_per_client: 0,
             queue_timeout: Duration::from_millis(200),
             retry_after_seconds: 1,
             max_concurrent_streams: 128,
             max_pending_reset_streams: 32,
             header_read_timeout: Duration::from_secs(10),
             body_idle_timeout: Duration::from_secs(30),
+            send_timeout: Duration::from_secs(60),
             idle_timeout: Duration::from_secs(60),
             max_header_bytes: 64 * 1024,
             max_request_body_bytes: 64 * 1024 * 1024,

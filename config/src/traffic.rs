@@ -1,10 +1,11 @@
 //! Config types of traffic policy: rate limits and IP access rules (route
 //! filters), the real client address (trusted proxies, `X-Forwarded-For` depth, PROXY
 //! protocol), session affinity and consistent hashing, active health checks, and layer-4 proxy
-//! settings; plus CIDR parsing and the checks `validate` runs on them.
+//! settings; request path normalisation (`path_normalization`); plus CIDR parsing and the
+//! checks `validate` runs on them.
 //!
-//! Everything here is off by default and skipped when serialized at its default, so configs
-//! that do not use these features look exactly as before.
+//! Everything here is off by default, except path normalisation, and skipped when serialized at
+//! its default, so configs that do not use these features look exactly as before.
 
 use crate::Duration;
 use serde::{Deserialize, Serialize};
@@ -802,4 +803,50 @@ backends:
         assert_eq!(errs.len(), 1);
         assert_eq!(errs[0].0, 1);
     }
+}
+
+/// How request paths are normalised before routing (`path_normalization`, global): see
+/// docs/security.md. The normalised path is what routing, access rules, the cache key, the
+/// access log and the backend see.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PathNormalization {
+    /// Normalise at all: decode percent-encoded unreserved characters, upper-case other
+    /// escapes, remove dot segments (RFC 3986 §5.2.4). Default on.
+    pub enabled: bool,
+    /// Merge runs of `/` into one. Default on.
+    pub merge_slashes: bool,
+    /// What to do with `%2F`, `%5C` and a raw `\` in a path. Default `reject` (400).
+    pub escaped_slashes: EscapedSlashes,
+}
+
+impl Default for PathNormalization {
+    fn default() -> Self {
+        PathNormalization {
+            enabled: true,
+            merge_slashes: true,
+            escaped_slashes: EscapedSlashes::Reject,
+        }
+    }
+}
+
+impl PathNormalization {
+    /// True for the defaults (left out when a config is written).
+    pub fn is_default(&self) -> bool {
+        *self == PathNormalization::default()
+    }
+}
+
+/// What path normalisation does with an encoded slash or backslash (`%2F`, `%5C`, `\`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EscapedSlashes {
+    /// Refuse the request with 400 (the default: router and backend cannot disagree).
+    #[default]
+    Reject,
+    /// Decode to `/` before dot segments are removed and routes are matched.
+    Decode,
+    /// Keep as it came (upper-case hex): the route sees one segment, a backend that decodes
+    /// may see two.
+    Keep,
 }

@@ -1053,7 +1053,7 @@ impl<'a> Validator<'a> {
     fn limits(&mut self, cfg: &Config) {
         let l = &cfg.limits;
         // (field, is zero), in the field order of `Limits`; max_header_bytes has its own floor.
-        let fields: [(&str, bool); 11] = [
+        let fields: [(&str, bool); 12] = [
             ("max_connections", l.max_connections == 0),
             ("max_requests_in_flight", l.max_requests_in_flight == 0),
             ("queue_timeout", l.queue_timeout.is_zero()),
@@ -1065,6 +1065,7 @@ impl<'a> Validator<'a> {
             ),
             ("header_read_timeout", l.header_read_timeout.is_zero()),
             ("body_idle_timeout", l.body_idle_timeout.is_zero()),
+            ("send_timeout", l.send_timeout.is_zero()),
             ("idle_timeout", l.idle_timeout.is_zero()),
             ("max_request_body_bytes", l.max_request_body_bytes == 0),
             ("drain_timeout", l.drain_timeout.is_zero()),
@@ -2834,6 +2835,7 @@ access_log: {enabled: true, path: /var/log/sweety/access.log, buffer_lines: 1024
                 ttl: Some(Duration::from_secs(5)),
                 key_headers: vec!["x-tenant".into()],
                 stale_while_revalidate: None,
+                with_credentials: false,
             }));
             route(c, 1)
                 .filters
@@ -2851,6 +2853,7 @@ access_log: {enabled: true, path: /var/log/sweety/access.log, buffer_lines: 1024
                         ttl: Some(Duration::from_millis(0)),
                         key_headers: vec!["bad header".into()],
                         stale_while_revalidate: None,
+                        with_credentials: false,
                     }),
                 ];
                 c.limits.websocket_idle_timeout = Duration::from_millis(0);

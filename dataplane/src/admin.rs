@@ -7,6 +7,11 @@
 //! * `POST` or `DELETE /cache/purge?host=H&prefix=/P`: drops response-cache entries of host
 //!   `H` (any when absent) whose path starts with `/P` (any when absent); answers
 //!   `{"purged": N}`.
+//!
+//! The mutating endpoint (cache purge) is refused with 403 unless the request comes from a
+//! loopback address or carries `Authorization: Bearer T` where `T` is the value of the
+//! `SWEETY_ADMIN_TOKEN` environment variable (when set, non-empty): a chart that binds the admin
+//! port on the pod address for metrics does not let other pods purge the cache.
 
 use crate::body::{full, text_response, Body};
 use crate::runtime::Shared;
@@ -93,19 +98,57 @@ fn purge<B>(shared: &Shared, req: &Request<B>) -> Response<Body> {
     r
 }
 
+/// Whether a request from `peer` may use a mutating endpoint: from loopback, or with the
+/// bearer `token` (compared in constant time over its length).
+pub fn may_mutate<B>(peer: std::net::IpAddr, token: Option<&str>, req: &Request<B>) -> bool {
+    if peer.to_canonical().is_loopback() {
+        return true;
+    }
+    let Some(token) = token.filter(|t| !t.is_empty()) else {
+        return false;
+    };
+    let Some(given) = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
+    else {
+        return false;
+    };
+    given.len() == token.len()
+        && given
+            .iter()
+            .zip(token.as_bytes())
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0
+}
+
 /// Binds the admin listener and serves it in the background. Returns the bound address.
 pub async fn serve(shared: Arc<Shared>, addr: SocketAddr) -> std::io::Result<SocketAddr> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let local = listener.local_addr()?;
+    let token: Option<Arc<str>> = std::env::var("SWEETY_ADMIN_TOKEN")
+        .ok()
+        .filter(|t| !t.is_empty())
+        .map(Arc::from);
     tokio::spawn(async move {
         loop {
-            let Ok((stream, _)) = listener.accept().await else {
+            let Ok((stream, peer)) = listener.accept().await else {
                 continue;
             };
             let shared = shared.clone();
+            let token = token.clone();
             tokio::spawn(async move {
                 let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
-                    let r = respond(&shared, &req);
+                    let r = if req.uri().path() == "/cache/purge"
+                        && !may_mutate(peer.ip(), token.as_deref(), &req)
+                    {
+                        text_response(
+                            StatusCode::FORBIDDEN,
+                            "403 Forbidden: purge only from loopback or with the admin token\n",
+                        )
+                    } else {
+                        respond(&shared, &req)
+                    };
                     async move { Ok::<_, Infallible>(r) }
                 });
                 let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
@@ -115,4 +158,39 @@ pub async fn serve(shared: Arc<Shared>, addr: SocketAddr) -> std::io::Result<Soc
         }
     });
     Ok(local)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mutation_needs_loopback_or_the_token() {
+        let req = |auth: Option<&str>| {
+            let mut b = Request::post("/cache/purge");
+            if let Some(a) = auth {
+                b = b.header(header::AUTHORIZATION, a);
+            }
+            b.body(()).unwrap()
+        };
+        let lo: std::net::IpAddr = "127.0.0.1".parse().unwrap();
+        let lo6: std::net::IpAddr = "::ffff:127.0.0.1".parse().unwrap();
+        let pod: std::net::IpAddr = "10.1.2.3".parse().unwrap();
+        assert!(may_mutate(lo, None, &req(None)));
+        assert!(may_mutate(lo6, None, &req(None)));
+        assert!(!may_mutate(pod, None, &req(None)));
+        assert!(!may_mutate(pod, None, &req(Some("Bearer x"))));
+        assert!(!may_mutate(pod, Some(""), &req(Some("Bearer "))));
+        assert!(!may_mutate(
+            pod,
+            Some("secret"),
+            &req(Some("Bearer secreT"))
+        ));
+        assert!(!may_mutate(
+            pod,
+            Some("secret"),
+            &req(Some("Bearer secret2"))
+        ));
+        assert!(may_mutate(pod, Some("secret"), &req(Some("Bearer secret"))));
+    }
 }

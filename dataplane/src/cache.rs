@@ -263,6 +263,14 @@ pub struct RequestKey {
 }
 
 impl RequestKey {
+    /// The key limited to one scope (scheme, listener port and route, see the pipeline): the
+    /// same host and path on another listener, scheme or route is another entry.
+    pub fn scoped(mut self, scope: &str) -> RequestKey {
+        self.primary.push_str("\0\u{1}");
+        self.primary.push_str(scope);
+        self
+    }
+
     /// The request host.
     fn host(&self) -> &str {
         &self.primary[4..self.host_end]
@@ -286,7 +294,9 @@ pub fn request_key(
     if *method != Method::GET && !head {
         return None;
     }
-    if headers.contains_key(header::AUTHORIZATION) {
+    if !policy.with_credentials
+        && (headers.contains_key(header::AUTHORIZATION) || headers.contains_key(header::COOKIE))
+    {
         return None;
     }
     let mut lookup = true;
@@ -1339,6 +1349,28 @@ mod tests {
         let k = |m: Method, h: &[(&str, &str)]| request_key(&p, &m, "a.test", &uri, &hm(h));
         assert!(k(Method::POST, &[]).is_none());
         assert!(k(Method::GET, &[("authorization", "x")]).is_none());
+        assert!(k(Method::GET, &[("cookie", "session=1")]).is_none());
+        let opted = CachePolicy {
+            with_credentials: true,
+            ..p.clone()
+        };
+        assert!(request_key(
+            &opted,
+            &Method::GET,
+            "a.test",
+            &uri,
+            &hm(&[("cookie", "s=1")])
+        )
+        .is_some());
+        let scoped = |s: &str| {
+            request_key(&p, &Method::GET, "a.test", &uri, &hm(&[]))
+                .unwrap()
+                .scoped(s)
+        };
+        assert_ne!(scoped("http 80 r").primary, scoped("https 443 r").primary);
+        assert_ne!(scoped("http 80 r").primary, scoped("http 80 q").primary);
+        assert_eq!(scoped("http 80 r").host(), "a.test");
+        assert_eq!(scoped("http 80 r").path(), "/a");
         assert!(k(Method::GET, &[("cache-control", "no-store")]).is_none());
         assert!(
             !k(Method::GET, &[("cache-control", "no-cache")])

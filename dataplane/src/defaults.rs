@@ -109,6 +109,7 @@ pub fn default_config(site_root: &Path, cert_pem: String, key_pem: String) -> Co
                         precompressed: true,
                         cache_control: Some("no-cache".into()),
                         strip_prefix: None,
+                        hide_dotfiles: true,
                     }),
                     timeouts: Timeouts::default(),
                     retry: None,

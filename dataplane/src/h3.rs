@@ -180,6 +180,7 @@ pub async fn run_quic(
             handshake_timeout: snap.config.limits.header_read_timeout.get(),
             max_header_bytes: snap.config.limits.max_header_bytes.into(),
             static_chunk: snap.config.http3.static_chunk_size as usize,
+            send_timeout: snap.config.limits.send_timeout.get(),
         };
         drop(snap);
         conns.spawn(serve_conn(
@@ -208,6 +209,9 @@ struct ConnSettings {
     handshake_timeout: Duration,
     max_header_bytes: u64,
     static_chunk: usize,
+    /// `limits.send_timeout`: a response write the client does not accept within it resets
+    /// the stream.
+    send_timeout: Duration,
 }
 
 /// Whether the handshake of a connection that accepted 0-RTT has completed. Requests that
@@ -428,11 +432,11 @@ async fn serve_request(
     let body = RecvBody::new(recv, &parts.headers).primed().await;
     let req = Request::from_parts(parts, crate::body::boxed(body));
     let resp = crate::pipeline::handle(shared, conn, Protocol::Http3, req).await;
-    send_response(send, resp).await;
+    send_response(send, resp, settings.send_timeout).await;
 }
 
 /// Sends the head, then every body frame, awaiting each so QUIC flow control paces the body.
-async fn send_response(mut send: SendHalf, resp: Response<Body>) {
+async fn send_response(mut send: SendHalf, resp: Response<Body>, send_timeout: Duration) {
     let (mut parts, mut body) = resp.into_parts();
     crate::conn_headers::strip(&mut parts.headers, crate::conn_headers::Te::Remove);
     if let Err(e) = send.send_response(Response::from_parts(parts, ())).await {
@@ -450,7 +454,14 @@ async fn send_response(mut send: SendHalf, resp: Response<Body>) {
         };
         let sent = match frame.into_data() {
             Ok(data) if data.is_empty() => Ok(()),
-            Ok(data) => send.send_data(data).await,
+            Ok(data) => match tokio::time::timeout(send_timeout, send.send_data(data)).await {
+                Ok(r) => r,
+                Err(_) => {
+                    tracing::debug!("HTTP/3 client accepted no data within send_timeout");
+                    send.stop_stream(h3::error::Code::H3_REQUEST_CANCELLED);
+                    return;
+                }
+            },
             Err(frame) => match frame.into_trailers() {
                 Ok(trailers) => send.send_trailers(trailers).await,
                 Err(_) => Ok(()),

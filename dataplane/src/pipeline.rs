@@ -1,5 +1,7 @@
 //! The one request pipeline every protocol goes through (see docs/request-phases.md):
 //!
+//! 0. **identity**: one normalised authority and path, and checked body framing, or 400
+//!    ([`crate::identity`]);
 //! 1. **admit**: a request from TLS early data (HTTP/3 0-RTT) with an unsafe method gets 425
 //!    Too Early; otherwise take a slot from the backpressure core (bounded wait, else 503 +
 //!    Retry-After);
@@ -124,6 +126,10 @@ async fn serve(
     let view = snap.listener(&conn.listener);
     // The real client behind trusted proxies (see `crate::access`).
     let mut req = req;
+    // A client that is not a trusted proxy cannot claim another address, host or scheme.
+    if !snap.access.client_ip.is_trusted(conn.peer.ip()) {
+        crate::proxy::forward::drop_client_forwarding(req.headers_mut());
+    }
     let conn = if snap.access.client_ip.is_empty() {
         conn
     } else {
@@ -131,10 +137,25 @@ async fn serve(
     };
     let limits = &snap.config.limits;
 
+    // 0. one identity: authority, path and body framing (see `crate::identity`).
+    let refused =
+        crate::identity::establish(&mut req, protocol, &snap.config.path_normalization).err();
+
     // 1. admit
     let too_early = req.extensions().get::<EarlyData>().is_some()
         && !crate::ctx::early_data_allowed(req.method());
-    let permit = if too_early {
+    // The client's share of the request slots (`limits.max_requests_per_client`).
+    let client = if too_early || refused.is_some() {
+        Ok(None)
+    } else {
+        shared
+            .client_requests
+            .try_take(conn.peer.ip(), limits.max_requests_per_client)
+    };
+    let over_client = client.is_err();
+    // Boxed: the request future (moved per request) grows by a pointer, not by the slot.
+    let client_slot = client.ok().flatten().map(Box::new);
+    let permit = if too_early || refused.is_some() || over_client {
         None
     } else {
         let limit = view.and_then(|v| v.limit.as_deref());
@@ -157,10 +178,24 @@ async fn serve(
     let method = req.method().clone();
     let grpc = crate::grpc::kind(req.headers());
 
-    let served = if too_early {
+    let served = if let Some(e) = refused {
+        shared.metrics.limit_hit("malformed_request");
+        Served::unrouted(e.response())
+    } else if too_early {
         shared.metrics.limit_hit("early_data");
         let status = StatusCode::from_u16(425).expect("425 is a valid status");
         let r = text_response(status, "425 Too Early: retry after the handshake\n");
+        Served::unrouted(r)
+    } else if over_client {
+        shared.metrics.limit_hit("client_requests");
+        let mut r = text_response(
+            StatusCode::TOO_MANY_REQUESTS,
+            "429 Too Many Requests: too many requests in flight from this client\n",
+        );
+        r.headers_mut().insert(
+            header::RETRY_AFTER,
+            HeaderValue::from(limits.retry_after_seconds),
+        );
         Served::unrouted(r)
     } else if permit.is_none() {
         let mut r = text_response(
@@ -242,6 +277,7 @@ async fn serve(
         route: route_name,
         log,
         _permit: permit,
+        _client: client_slot,
     };
     let resp = resp.map(|inner| {
         crate::body::boxed(AccountedBody {
@@ -481,7 +517,8 @@ fn route<'a>(
                     &host,
                     &parts.uri,
                     &parts.headers,
-                )?;
+                )?
+                .scoped(&format!("{} {} {}", ctx.scheme(), view.port, entry.name));
                 Some((cp, key))
             }),
         _ => None,
@@ -607,8 +644,20 @@ async fn act<'a>(
                     }
                 }
             }
-            Action::Static(site) => Box::pin(shared.static_files.serve(site, &parts)).await,
+            Action::Static(site) => {
+                if let Err(e) =
+                    crate::identity::settle_body(body, limits.body_idle_timeout.get()).await
+                {
+                    return crate::identity::IdentityError::from(e).response();
+                }
+                Box::pin(shared.static_files.serve(site, &parts)).await
+            }
             Action::Fixed(f) => {
+                if let Err(e) =
+                    crate::identity::settle_body(body, limits.body_idle_timeout.get()).await
+                {
+                    return crate::identity::IdentityError::from(e).response();
+                }
                 let mut r = Response::new(crate::body::full(Bytes::from(f.body.clone())));
                 *r.status_mut() = StatusCode::from_u16(f.status).unwrap_or(StatusCode::OK);
                 if let Some(ct) = f
@@ -802,6 +851,8 @@ struct Finish {
     route: Arc<str>,
     log: Option<LogStart>,
     _permit: Option<RequestPermit>,
+    /// The client's slot (`limits.max_requests_per_client`), released with the request's.
+    _client: Option<Box<crate::client_caps::ClientSlot>>,
 }
 
 impl Finish {

@@ -145,6 +145,10 @@ pub struct Shared {
     pub rate_zones: crate::access::Zones,
     /// The response cache (routes with a `cache` filter); bounds follow `config.cache`.
     pub cache: Arc<crate::cache::Cache>,
+    /// Connections held per client address (`limits.max_connections_per_client`).
+    pub client_conns: Arc<crate::client_caps::ClientCaps>,
+    /// Requests in flight per client address (`limits.max_requests_per_client`).
+    pub client_requests: Arc<crate::client_caps::ClientCaps>,
     listener_limits: Mutex<HashMap<String, Arc<Limit>>>,
 }
 
@@ -308,6 +312,8 @@ impl Runtime {
                 sweety_config::CacheSettings::default(),
                 metrics.clone(),
             )),
+            client_conns: Arc::default(),
+            client_requests: Arc::default(),
             listener_limits: Mutex::new(HashMap::new()),
             metrics,
         });

@@ -83,6 +83,17 @@ pub async fn run_tcp(
         let builder = snap.http.clone();
         let handshake_timeout = snap.config.limits.header_read_timeout.get();
         let idle_timeout = snap.config.limits.idle_timeout.get();
+        let send_timeout = snap.config.limits.send_timeout.get();
+        // A trusted proxy carries many clients: its connections are not capped per address.
+        let per_client = if snap
+            .access
+            .client_ip
+            .is_trusted(crate::ctx::canonical_addr(peer).ip())
+        {
+            0
+        } else {
+            snap.config.limits.max_connections_per_client
+        };
         let h2 = (snap.config.limits.http2_engine == sweety_config::Http2Engine::Sweety)
             .then(|| h2_settings(&snap.config.limits));
         drop(snap);
@@ -120,6 +131,13 @@ pub async fn run_tcp(
                     }
                 }
             }
+            let _client_slot = match shared.client_conns.try_take(peer.ip(), per_client) {
+                Ok(slot) => slot,
+                Err(_) => {
+                    shared.metrics.limit_hit("client_connections");
+                    return;
+                }
+            };
             if view.l4.is_some() {
                 let local = dest.unwrap_or_else(|| stream.local_addr().unwrap_or(peer));
                 crate::l4::serve_tcp(shared, view, stream, peer, local).await;
@@ -129,6 +147,7 @@ pub async fn run_tcp(
                 builder,
                 handshake_timeout,
                 idle_timeout,
+                send_timeout,
                 watcher,
                 h2,
                 drain,
@@ -153,6 +172,8 @@ struct Serving {
     handshake_timeout: Duration,
     /// Closes hyper's HTTP/2 connections without requests for this long.
     idle_timeout: Duration,
+    /// `limits.send_timeout` (see `crate::send_timeout`).
+    send_timeout: Duration,
     /// Held while the connection is served: the listener's drain waits for it.
     watcher: Watcher,
     /// Sweety's HTTP/2 engine and its settings, when `limits.http2_engine` is `sweety`.
@@ -172,13 +193,14 @@ async fn serve_conn(
         mut builder,
         handshake_timeout,
         idle_timeout,
+        send_timeout,
         watcher,
         h2,
         drain,
     } = serving;
-    let mut stream = stream;
     let _ = stream.set_nodelay(true);
     let local = stream.local_addr().unwrap_or(peer);
+    let mut stream = crate::send_timeout::SendProgress::new(stream, send_timeout);
     match &view.tls {
         None => {
             let conn = Arc::new(ConnInfo {

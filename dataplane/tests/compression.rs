@@ -129,6 +129,7 @@ async fn start(root: &std::path::Path) -> SocketAddr {
             precompressed: true,
             cache_control: None,
             strip_prefix: Some("/static".into()),
+            hide_dotfiles: true,
         }),
         ..proxy_route("static", "/static", "up")
     };

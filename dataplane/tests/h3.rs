@@ -196,6 +196,7 @@ fn static_route(name: &str, prefix: &str, root: &Path) -> Route {
             precompressed: false,
             cache_control: None,
             strip_prefix: Some(prefix.into()),
+            hide_dotfiles: true,
         }),
         ..fixed_route(name, prefix, "")
     }

@@ -46,6 +46,7 @@ fn site(root: &Path) -> StaticSite {
         precompressed: true,
         cache_control: Some("public, max-age=60".into()),
         strip_prefix: None,
+        hide_dotfiles: true,
     }
 }
 
@@ -546,4 +547,30 @@ async fn cache_respects_its_budget() {
         assert!(sf.cached_bytes() <= budget);
     }
     assert!(sf.cached_entries() >= 1 && sf.cached_entries() < 20);
+}
+
+#[tokio::test]
+async fn dotfiles_are_hidden_by_default_and_can_be_shown() {
+    let (_d, root) = setup();
+    write(&root, ".env", b"SECRET=1");
+    write(&root, ".git/config", b"[core]");
+    write(&root, "a/.htpasswd", b"u:p");
+    write(&root, ".well-known/acme-challenge/t", b"token");
+    let (sf, mut s) = (StaticFiles::new(1 << 20), site(&root));
+    for uri in [
+        "/.env",
+        "/.git/config",
+        "/a/.htpasswd",
+        "/%2eenv",
+        "/a/%2Ehtpasswd",
+    ] {
+        let resp = get(&sf, &s, uri, &[]).await;
+        assert_eq!(resp.status(), StatusCode::NOT_FOUND, "{uri}");
+    }
+    let resp = get(&sf, &s, "/.well-known/acme-challenge/t", &[]).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    s.hide_dotfiles = false;
+    let resp = get(&sf, &s, "/.env", &[]).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(body(resp).await, "SECRET=1");
 }

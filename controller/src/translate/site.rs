@@ -551,6 +551,7 @@ fn static_site(
         precompressed: true,
         cache_control: cache.or_else(|| spa.then(|| "no-cache".into())),
         strip_prefix: strip(r),
+        hide_dotfiles: true,
     }
 }
 
@@ -576,6 +577,7 @@ fn asset_route(name: &str, r: &SiteRoute, sub: &str, root: &std::path::Path) -> 
             precompressed: true,
             cache_control: Some(IMMUTABLE.into()),
             strip_prefix: strip(r),
+            hide_dotfiles: true,
         }),
         timeouts: Default::default(),
         retry: None,

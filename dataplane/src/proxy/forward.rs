@@ -4,9 +4,10 @@
 //!   `Keep-Alive`, `Proxy-Connection`, `TE` (except the value `trailers`), `Trailer`,
 //!   `Transfer-Encoding` and `Upgrade`. Protocol upgrades are therefore not tunnelled by this
 //!   module: the pipeline hands WebSocket upgrades to `crate::websocket` instead.
-//! * The client IP is appended to `X-Forwarded-For`; `X-Forwarded-Proto` and
-//!   `X-Forwarded-Host` are set; a `Forwarded: for=…;proto=…;host=…` element is appended
-//!   (RFC 7239, IPv6 quoted and bracketed).
+//! * The client IP is appended to `X-Forwarded-For`; `X-Forwarded-Proto`, `X-Forwarded-Host`
+//!   and `X-Real-IP` are set; a `Forwarded: for=…;proto=…;host=…` element is appended
+//!   (RFC 7239, IPv6 quoted and bracketed). A client that is not a trusted proxy cannot add to
+//!   them: the pipeline drops its [`CLIENT_FORWARDING`] fields first.
 //! * The client's Host (after any rewrite) is kept: as `Host` for HTTP/1.1 backends and as
 //!   `:authority` for HTTP/2 backends. HTTP/2 clients send no Host; their URI authority is used.
 
@@ -19,6 +20,29 @@ use sweety_config::RetryPolicy;
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+static X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
+
+/// The forwarding fields a client may send to claim another address, host or scheme: dropped
+/// from a request whose TCP peer is not a trusted proxy (`client_ip.trusted_proxies`), before
+/// anything reads them, so that only Sweety's own values reach a backend.
+pub const CLIENT_FORWARDING: [&str; 9] = [
+    "forwarded",
+    "x-forwarded-for",
+    "x-forwarded-host",
+    "x-forwarded-proto",
+    "x-forwarded-port",
+    "x-forwarded-prefix",
+    "x-forwarded-scheme",
+    "x-forwarded-server",
+    "x-real-ip",
+];
+
+/// Removes [`CLIENT_FORWARDING`] from a request that did not come through a trusted proxy.
+pub fn drop_client_forwarding(headers: &mut HeaderMap) {
+    for n in CLIENT_FORWARDING {
+        headers.remove(n);
+    }
+}
 
 /// Removes hop-by-hop headers (see the module docs): the connection-specific fields
 /// ([`crate::conn_headers`], `TE: trailers` survives) and `Trailer` (hop-by-hop in RFC 2616).
@@ -129,6 +153,15 @@ pub fn add_forwarding_headers(
     if let Ok(v) = HeaderValue::from_str(&forwarded_element(client, scheme, host_str)) {
         headers.append(header::FORWARDED, v);
     }
+    // The client address as ingress-nginx sets it (`X-Real-IP: $remote_addr`, the client
+    // after trusted proxies).
+    if let Ok(v) = HeaderValue::from_str(&ip_only(client)) {
+        headers.insert(&X_REAL_IP, v);
+    }
+}
+
+fn ip_only(client: IpAddr) -> String {
+    client.to_canonical().to_string()
 }
 
 /// GET, HEAD, OPTIONS, PUT, DELETE and TRACE.
@@ -260,6 +293,32 @@ mod tests {
             h.get("forwarded").unwrap(),
             "for=10.0.0.1;proto=https;host=example.com"
         );
+        assert_eq!(h.get("x-real-ip").unwrap(), "10.0.0.1");
+    }
+
+    #[test]
+    fn client_forwarding_fields_are_dropped() {
+        let mut h = hm(&[
+            ("x-forwarded-for", "6.6.6.6"),
+            ("forwarded", "for=6.6.6.6"),
+            ("x-real-ip", "6.6.6.6"),
+            ("x-forwarded-host", "evil"),
+            ("x-forwarded-proto", "https"),
+            ("x-keep", "1"),
+        ]);
+        drop_client_forwarding(&mut h);
+        add_forwarding_headers(
+            &mut h,
+            IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1)),
+            "http",
+            None,
+        );
+        assert_eq!(h.get("x-forwarded-for").unwrap(), "192.0.2.1");
+        assert_eq!(h.get("x-real-ip").unwrap(), "192.0.2.1");
+        assert_eq!(h.get_all("forwarded").iter().count(), 1);
+        assert_eq!(h.get("x-forwarded-proto").unwrap(), "http");
+        assert!(h.get("x-forwarded-host").is_none());
+        assert_eq!(h.get("x-keep").unwrap(), "1");
     }
 
     #[test]

@@ -117,6 +117,9 @@ impl StaticFiles {
             }
             Err(PathError::NotFound) => return not_found(),
         };
+        if site.hide_dotfiles && path::names_a_dotfile(&clean.rel) {
+            return not_found();
+        }
         let (file_path, meta) = match resolve::resolve(site, &clean) {
             Resolution::File { path, meta } => (path, meta),
             Resolution::Redirect => return redirect(req),

@@ -93,6 +93,13 @@ pub(crate) fn sanitize(raw: &str) -> Result<CleanPath<'_>, PathError> {
     }
 }
 
+/// Whether a cleaned relative path has a segment starting with `.` (a hidden file or
+/// directory: `.git`, `.env`), `.well-known` (RFC 8615, ACME challenges) excepted.
+pub(crate) fn names_a_dotfile(rel: &str) -> bool {
+    rel.split('/')
+        .any(|s| s.starts_with('.') && s != ".well-known")
+}
+
 /// Segment checks on an already-decoded path; borrows when the path is already canonical.
 pub(crate) fn clean(path: &str) -> Result<CleanPath<'_>, PathError> {
     if !path.starts_with('/') {
@@ -195,6 +202,16 @@ mod tests {
             "/a%5c..%5cb",
         ] {
             assert_eq!(sanitize(raw), Err(PathError::NotFound), "{raw}");
+        }
+    }
+
+    #[test]
+    fn dotfiles_are_named_except_well_known() {
+        for rel in [".git/config", "a/.env", ".htpasswd", "a/b/.hidden/x"] {
+            assert!(names_a_dotfile(rel), "{rel}");
+        }
+        for rel in ["", "a/b.c", ".well-known/acme-challenge/t", "a/b..c"] {
+            assert!(!names_a_dotfile(rel), "{rel}");
         }
     }
 
