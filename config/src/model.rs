@@ -721,6 +721,12 @@ pub struct Backend {
     /// Send a PROXY protocol v2 header on each new connection (layer-4 listeners only).
     #[serde(default, skip_serializing_if = "is_false")]
     pub send_proxy_protocol: bool,
+    /// The endpoints come from outside the cluster's own addressing (a Kubernetes
+    /// ExternalName Service): every address an endpoint resolves to (or is) is refused when it
+    /// is loopback, link-local, unspecified, a cloud metadata address or one of the
+    /// dataplane's own, so a tenant's name cannot reach the proxy's admin port or the node.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub external: bool,
 }
 
 impl Backend {
@@ -739,6 +745,7 @@ impl Backend {
             hash: None,
             health_check: None,
             send_proxy_protocol: false,
+            external: false,
         }
     }
 }

@@ -14,7 +14,7 @@ use sweety_controller::metrics::Metrics;
 use sweety_controller::push::{PushOptions, Pusher};
 use sweety_controller::run::{run, RunOptions};
 use sweety_controller::status_worker::StatusOptions;
-use sweety_controller::translate::Params;
+use sweety_controller::translate::{DefaultCertificate, Params};
 use sweety_controller::watch::WatchOptions;
 
 /// mimalloc: less fragmentation and lower RSS across config reloads (e2e/bench/HISTORY.md, "Earlier measurements").
@@ -102,6 +102,51 @@ struct Args {
     /// Coalescing window for watch events (bursts within it make one reconcile; a lone event after a quiet period is reconciled at once), e.g. `20ms` or `1s`.
     #[arg(long, env = "SWEETY_DEBOUNCE", default_value = "20ms")]
     debounce: String,
+    /// The cluster-wide default backend of Ingress, `namespace/service:port` (requests for
+    /// unknown hosts and unmatched paths); empty for none (404). An Ingress's
+    /// `spec.defaultBackend` only covers that Ingress's own hosts.
+    #[arg(long, env = "SWEETY_DEFAULT_BACKEND", default_value = "")]
+    default_backend: String,
+    /// A `kubernetes.io/tls` Secret, `namespace/name`, served on the Ingress HTTPS listener to
+    /// connections without SNI or with a name no certificate covers; read at start. Empty: a
+    /// self-signed certificate generated at start.
+    #[arg(long, env = "SWEETY_DEFAULT_CERTIFICATE", default_value = "")]
+    default_certificate: String,
+    /// Namespaces whose Ingresses may share hostnames (ingress-nginx's merge), comma-separated.
+    /// A Namespace can also opt in with the annotation `sweety.dev/share-hosts: "true"`.
+    #[arg(
+        long,
+        env = "SWEETY_SHARED_HOST_NAMESPACES",
+        value_delimiter = ',',
+        default_value = ""
+    )]
+    shared_host_namespaces: Vec<String>,
+    /// Hostnames pinned to namespaces, `namespace=host|*.suffix[|...]` entries, comma-separated
+    /// (never served from another namespace). A Namespace can also pin with the annotation
+    /// `sweety.dev/pinned-hostnames`.
+    #[arg(
+        long,
+        env = "SWEETY_PINNED_HOSTNAMES",
+        value_delimiter = ',',
+        default_value = ""
+    )]
+    pinned_hostnames: Vec<String>,
+    /// Serve Ingress paths whose security annotations are not implemented (auth-*,
+    /// modsecurity, …) WITHOUT that protection, instead of answering 403.
+    #[arg(
+        long,
+        env = "SWEETY_IGNORE_UNSUPPORTED_SECURITY_ANNOTATIONS",
+        default_value_t = false
+    )]
+    ignore_unsupported_security_annotations: bool,
+    /// Serve Ingresses carrying `*-snippet` annotations without the snippet, instead of
+    /// refusing them (503).
+    #[arg(long, env = "SWEETY_IGNORE_SNIPPETS", default_value_t = false)]
+    ignore_snippets: bool,
+    /// Follow ExternalName Services as backends. Off: such backends answer 503. On, the
+    /// dataplane still refuses loopback, link-local, metadata and its own addresses.
+    #[arg(long, env = "SWEETY_ALLOW_EXTERNAL_NAME", default_value_t = false)]
+    allow_external_name: bool,
     /// Status writes in flight at once (the status worker; config pushes never wait for it).
     #[arg(long, env = "SWEETY_STATUS_CONCURRENCY", default_value_t = 8)]
     status_concurrency: usize,
@@ -111,6 +156,63 @@ struct Args {
     /// Client-side rate limit of status writes: burst size.
     #[arg(long, env = "SWEETY_STATUS_BURST", default_value_t = 500)]
     status_burst: u32,
+}
+
+/// `namespace=pattern|pattern` entries of `--pinned-hostnames`.
+fn parse_pins(
+    entries: &[String],
+) -> anyhow::Result<std::collections::BTreeMap<String, Vec<String>>> {
+    let mut out: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    for e in entries.iter().filter(|e| !e.trim().is_empty()) {
+        let (ns, patterns) = e.split_once('=').with_context(|| {
+            format!("--pinned-hostnames entry {e:?}: use namespace=host|*.suffix")
+        })?;
+        out.entry(ns.trim().to_string()).or_default().extend(
+            patterns
+                .split('|')
+                .map(|p| p.trim().to_string())
+                .filter(|p| !p.is_empty()),
+        );
+    }
+    Ok(out)
+}
+
+/// The default certificate: the configured Secret's, else a self-signed one generated now.
+async fn default_certificate(
+    client: &kube::Client,
+    secret: &str,
+) -> anyhow::Result<DefaultCertificate> {
+    if secret.is_empty() {
+        let ck = rcgen::generate_simple_self_signed(vec![
+            sweety_controller::translate::ingress::DEFAULT_CERTIFICATE_NAME.to_string(),
+        ])
+        .context("generate the default certificate")?;
+        return Ok(DefaultCertificate {
+            cert: ck.cert.pem(),
+            key: ck.signing_key.serialize_pem(),
+        });
+    }
+    let (ns, name) = secret
+        .split_once('/')
+        .context("--default-certificate: use namespace/name")?;
+    let api: kube::Api<k8s_openapi::api::core::v1::Secret> =
+        kube::Api::namespaced(client.clone(), ns);
+    let s = api
+        .get(name)
+        .await
+        .with_context(|| format!("read the default certificate Secret {secret}"))?;
+    let field = |k: &str| -> anyhow::Result<String> {
+        let v = s
+            .data
+            .as_ref()
+            .and_then(|d| d.get(k))
+            .with_context(|| format!("Secret {secret} has no {k}"))?;
+        String::from_utf8(v.0.clone()).with_context(|| format!("Secret {secret}: {k} is not PEM"))
+    };
+    Ok(DefaultCertificate {
+        cert: field("tls.crt")?,
+        key: field("tls.key")?,
+    })
 }
 
 fn parse_duration(s: &str) -> anyhow::Result<Duration> {
@@ -174,6 +276,17 @@ async fn main() -> anyhow::Result<()> {
         gateway_port_min,
         gateway_port_max,
         content_dir: args.content_dir,
+        default_backend: Some(args.default_backend.clone()).filter(|s| !s.is_empty()),
+        shared_host_namespaces: args
+            .shared_host_namespaces
+            .iter()
+            .filter(|n| !n.is_empty())
+            .cloned()
+            .collect(),
+        pinned_hostnames: parse_pins(&args.pinned_hostnames)?,
+        ignore_unsupported_security_annotations: args.ignore_unsupported_security_annotations,
+        ignore_snippets: args.ignore_snippets,
+        allow_external_name: args.allow_external_name,
         gateway_service_type: args.gateway_service_type,
         ..Params::default()
     };
@@ -205,6 +318,17 @@ async fn main() -> anyhow::Result<()> {
         },
     };
     let client = client(args.kubeconfig.as_ref()).await?;
+    let mut options = options;
+    options.params.default_certificate = Some(
+        match default_certificate(&client, &args.default_certificate).await {
+            Ok(c) => c,
+            Err(e) => {
+                // Still never a tenant's certificate: a generated one until a restart reads it.
+                tracing::error!(error = %format!("{e:#}"), "default certificate; using a generated self-signed one");
+                default_certificate(&client, "").await?
+            }
+        },
+    );
     let health = Health::new(Arc::new(Metrics::default()));
     let (addr, _server) = health::serve(args.metrics_address, health.clone()).await?;
     tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
@@ -227,6 +351,11 @@ mod tests {
         assert!(parse_duration("2h").is_err());
         assert_eq!(parse_port_range("20000-20010").unwrap(), (20000, 20010));
         assert!(parse_port_range("80-90").is_err());
+        let pins =
+            parse_pins(&["shop=shop.test|*.shop.test".into(), "bank=bank.test".into()]).unwrap();
+        assert_eq!(pins["shop"], ["shop.test", "*.shop.test"]);
+        assert_eq!(pins["bank"], ["bank.test"]);
+        assert!(parse_pins(&["no-equals".into()]).is_err());
         Args::try_parse_from([
             "sweety-controller",
             "--leader-elect",

@@ -23,6 +23,7 @@ use crate::watch::{object_counts, WatchOptions, Watches};
 use crate::Error;
 use kube::runtime::events::Reporter;
 use kube::Client;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::path::Path;
 use std::sync::atomic::Ordering;
@@ -280,6 +281,7 @@ fn reconcile(
         tracing::warn!(error = %e, "writing static content failed");
         metrics.error(e.kind());
     }
+    collect_static_garbage(&params.content_dir, &output.static_content);
     metrics
         .config_bytes
         .store(output.config.json_len() as u64, Ordering::Relaxed);
@@ -399,6 +401,83 @@ pub fn write_static_content(content_dir: &str, content: &[StaticContent]) -> Res
     Ok(())
 }
 
+/// Directories each content directory's last reconcile referenced (by content directory).
+static REFERENCED: std::sync::Mutex<BTreeMap<String, BTreeSet<String>>> =
+    std::sync::Mutex::new(BTreeMap::new());
+
+/// Garbage-collect static content: remove the `<content_dir>/<namespace>/<dir>` directories
+/// (and left-over `.tmp` ones) that neither this reconcile's output nor the previous one's
+/// references. The previous output's directories are kept for one more reconcile, since the
+/// dataplane may still serve that config until it acknowledges the new one. Namespace
+/// directories left empty are removed too.
+pub fn collect_static_garbage(content_dir: &str, content: &[StaticContent]) {
+    let now: BTreeSet<String> = content.iter().map(|c| c.dir.clone()).collect();
+    let previous = {
+        let mut all = REFERENCED.lock().unwrap_or_else(|p| p.into_inner());
+        all.insert(content_dir.to_string(), now.clone())
+            .unwrap_or_default()
+    };
+    let removed = remove_unreferenced(Path::new(content_dir), &now, &previous);
+    if removed > 0 {
+        tracing::info!(removed, "removed unreferenced static content directories");
+    }
+}
+
+/// Whether a directory name is one `translate` gives static content (`<name>-<12 hex>`) or a
+/// temporary one of [`write_static_content`]: nothing else under the content directory is
+/// ever removed, even if it is misconfigured to a shared path.
+fn ours(name: &std::ffi::OsStr) -> bool {
+    let name = name.to_string_lossy();
+    let hashed = name.len() > 13
+        && name.as_bytes()[name.len() - 13] == b'-'
+        && name[name.len() - 12..]
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+    let tmp = name.rsplit_once(".tmp").is_some_and(|(head, pid)| {
+        !head.is_empty() && !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit())
+    });
+    hashed || tmp
+}
+
+/// Remove `<root>/<ns>/<dir>` not in `keep` or `also_keep`; the number removed.
+fn remove_unreferenced(
+    root: &Path,
+    keep: &BTreeSet<String>,
+    also_keep: &BTreeSet<String>,
+) -> usize {
+    let mut removed = 0;
+    let Ok(namespaces) = std::fs::read_dir(root) else {
+        return 0;
+    };
+    for ns in namespaces.flatten() {
+        if !ns.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        let Ok(dirs) = std::fs::read_dir(ns.path()) else {
+            continue;
+        };
+        let mut left = 0;
+        for d in dirs.flatten() {
+            let path = d.path().to_string_lossy().into_owned();
+            if keep.contains(&path) || also_keep.contains(&path) || !ours(&d.file_name()) {
+                left += 1;
+                continue;
+            }
+            match std::fs::remove_dir_all(d.path()) {
+                Ok(()) => removed += 1,
+                Err(e) => {
+                    left += 1;
+                    tracing::warn!(path, error = %e, "removing static content failed");
+                }
+            }
+        }
+        if left == 0 {
+            let _ = std::fs::remove_dir(ns.path());
+        }
+    }
+    removed
+}
+
 fn io_err(what: &str, source: std::io::Error) -> Error {
     Error::Io {
         what: format!("static content {what}"),
@@ -443,5 +522,35 @@ mod tests {
             files: BTreeMap::from([("../x".to_string(), String::new())]),
         }];
         assert!(write_static_content(base, &bad_name).is_err());
+    }
+
+    #[test]
+    fn unreferenced_static_content_is_collected_after_one_more_reconcile() {
+        let root = tempfile::tempdir().unwrap();
+        let base = root.path().to_str().unwrap();
+        let v = |name: &str| StaticContent {
+            dir: format!("{base}/web/{name}"),
+            files: BTreeMap::from([("index.html".to_string(), name.to_string())]),
+        };
+        let (v1, v2) = (vec![v("pages-0123456789ab")], vec![v("pages-ba9876543210")]);
+        write_static_content(base, &v1).unwrap();
+        collect_static_garbage(base, &v1);
+        std::fs::create_dir_all(format!("{base}/web/pages-v0.tmp42")).unwrap();
+        std::fs::create_dir_all(format!("{base}/web/not-ours")).unwrap();
+        write_static_content(base, &v2).unwrap();
+        collect_static_garbage(base, &v2);
+        // v1 is the previous config's: kept one more reconcile; the stray temp dir is gone.
+        assert!(Path::new(&v1[0].dir).exists());
+        assert!(!Path::new(&format!("{base}/web/pages-v0.tmp42")).exists());
+        collect_static_garbage(base, &v2);
+        assert!(!Path::new(&v1[0].dir).exists());
+        assert!(Path::new(&v2[0].dir).exists());
+        // Nothing referenced any more; what translate never names is left alone.
+        std::fs::create_dir_all(format!("{base}/other/app-0123456789ab")).unwrap();
+        collect_static_garbage(base, &[]);
+        collect_static_garbage(base, &[]);
+        assert!(!Path::new(&v2[0].dir).exists());
+        assert!(Path::new(&format!("{base}/web/not-ours")).exists());
+        assert!(!Path::new(&format!("{base}/other")).exists());
     }
 }

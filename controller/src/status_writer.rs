@@ -18,7 +18,9 @@
 //! - Ingress has no conditions: `ObjectStatus::Conditions` for an Ingress (and other kinds
 //!   without a status block we own) is logged once per change instead and, with
 //!   [`StatusWriter::with_events`], published as Kubernetes Events on the object (`Warning` for
-//!   a `False` condition, `Normal` otherwise).
+//!   a `False` condition or one of type `Warning`, `Normal` otherwise). Problems `translate`
+//!   records for an Ingress under `ingress::EVENT_KIND` become Events on that Ingress, so
+//!   `kubectl describe ingress` shows them to its owner.
 
 use crate::push::PushState;
 use crate::translate::status::{Condition, ObjectKey, ObjectStatus, ParentRef, Statuses};
@@ -171,7 +173,7 @@ impl WriteJob {
                 let mut published = false;
                 for c in &conditions {
                     let event = Event {
-                        type_: if c.status == "False" {
+                        type_: if c.status == "False" || c.type_ == "Warning" {
                             EventType::Warning
                         } else {
                             EventType::Normal
@@ -754,14 +756,17 @@ impl Stamper<'_> {
 
 /// The object an Event is about (kinds `translate` reports bare conditions for).
 fn event_reference(key: &ObjectKey) -> Option<ObjectReference> {
-    let api_version = match key.kind.as_str() {
-        "Ingress" | "IngressClass" => "networking.k8s.io/v1",
-        "SweetyProxyConfig" => "sweety.dev/v1alpha1",
+    // Problems with an Ingress are recorded under their own key kind (so the Ingress's
+    // load-balancer status is kept); their Events are about the Ingress itself.
+    let (api_version, kind) = match key.kind.as_str() {
+        "Ingress" | "IngressClass" => ("networking.k8s.io/v1", key.kind.as_str()),
+        crate::translate::ingress::EVENT_KIND => ("networking.k8s.io/v1", "Ingress"),
+        "SweetyProxyConfig" => ("sweety.dev/v1alpha1", key.kind.as_str()),
         _ => return None,
     };
     Some(ObjectReference {
         api_version: Some(api_version.into()),
-        kind: Some(key.kind.clone()),
+        kind: Some(kind.into()),
         namespace: (!key.namespace.is_empty()).then(|| key.namespace.clone()),
         name: Some(key.name.clone()),
         ..Default::default()

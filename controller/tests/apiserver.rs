@@ -2285,3 +2285,219 @@ async fn run_loop_pushes_before_statuses_and_reconciles_once_per_change() {
         .unwrap();
     drop_namespace(&client, &ns).await;
 }
+
+/// The `reason`s of the Events published about Ingress `namespace/name`.
+async fn ingress_event_reasons(client: &Client, namespace: &str, name: &str) -> Vec<String> {
+    let api: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), namespace);
+    let Ok(list) = api.list(&ListParams::default()).await else {
+        return Vec::new();
+    };
+    list.items
+        .into_iter()
+        .filter(|e| {
+            e.regarding.as_ref().is_some_and(|r| {
+                r.kind.as_deref() == Some("Ingress") && r.name.as_deref() == Some(name)
+            })
+        })
+        .filter_map(|e| e.reason)
+        .collect()
+}
+
+/// Host ownership and fail-closed answers through the real apiserver and an in-process
+/// dataplane: a victim's Ingress created first keeps its host against a younger Ingress of
+/// another namespace (which gets a `HostTaken` Event); deleting the victim's Ingress hands the
+/// host over; an Ingress with an unimplemented security annotation answers 403 and gets an
+/// `UnsupportedSecurityAnnotation` Event. The two namespaces' backends answer differently
+/// (the victim's Service has no ready endpoint, the attacker's does not exist), so the
+/// response body says whose route served the request.
+#[tokio::test]
+#[ignore = "needs a kube-apiserver: SWEETY_KUBECONFIG (e2e/controller-it.sh)"]
+async fn tenant_hosts_follow_creation_order_and_fail_closed() {
+    use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
+    use sweety_controller::health::Health;
+    use sweety_controller::metrics::Metrics;
+    use sweety_controller::push::{PushOptions, Pusher};
+    use sweety_controller::run::{run, RunOptions};
+    use sweety_controller::translate::Params;
+    use sweety_dataplane::control::ControlServer;
+    use sweety_dataplane::runtime::{Runtime, RuntimeOptions};
+    let _guard = LOCK.lock().await;
+    let client = cluster().await;
+    let victim = namespace(&client, "victim").await;
+    let attacker = namespace(&client, "attacker").await;
+    let ctl = namespace(&client, "tenant-ctl").await;
+    let class_name = format!("{victim}-class");
+    let http_port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let host = format!("shop.{victim}.test");
+    let classes: Api<IngressClass> = Api::all(client.clone());
+    create(
+        &classes,
+        json!({"metadata": {"name": class_name}, "spec": {"controller": "sweety.dev/ingress-controller"}}),
+    )
+    .await;
+    // The victim's Service exists without a ready endpoint; the attacker's does not exist.
+    create(
+        &Api::<Service>::namespaced(client.clone(), &victim),
+        json!({"metadata": {"name": "web"}, "spec": {"ports": [{"name": "http", "port": 80}]}}),
+    )
+    .await;
+    let ingress = |name: &str, path: &str, svc: &str, annotations: Value| {
+        json!({
+            "metadata": {"name": name, "annotations": annotations},
+            "spec": {"ingressClassName": class_name, "rules": [{"host": host, "http": {"paths": [
+                {"path": path, "pathType": "Prefix",
+                 "backend": {"service": {"name": svc, "port": {"number": 80}}}}]}}]}
+        })
+    };
+    let victims: Api<Ingress> = Api::namespaced(client.clone(), &victim);
+    let attackers: Api<Ingress> = Api::namespaced(client.clone(), &attacker);
+    create(&victims, ingress("ing", "/", "web", json!({}))).await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("control.sock");
+    let runtime = Arc::new(
+        Runtime::new(RuntimeOptions {
+            access_log: sweety_config::AccessLog {
+                enabled: false,
+                ..Default::default()
+            },
+            ..RuntimeOptions::default()
+        })
+        .unwrap(),
+    );
+    let control = ControlServer::bind(runtime.clone(), &socket).unwrap();
+    let options = RunOptions {
+        params: Params {
+            namespace: ctl.clone(),
+            ingress_class: class_name.clone(),
+            listen_address: "127.0.0.1".into(),
+            ingress_http_port: http_port,
+            content_dir: dir.path().join("content").to_string_lossy().into_owned(),
+            ingress_service: None,
+            ..Params::default()
+        },
+        watch: WatchOptions {
+            namespaces: vec![victim.clone(), attacker.clone(), ctl.clone()],
+            ..WatchOptions::default()
+        },
+        debounce: Duration::from_millis(50),
+        lease: None,
+        initial_sync_timeout: Duration::from_secs(20),
+        status: sweety_controller::status_worker::StatusOptions::default(),
+    };
+    let pusher = Pusher::spawn(PushOptions {
+        socket: socket.clone(),
+        ..PushOptions::default()
+    });
+    let health = Health::new(Arc::new(Metrics::default()));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(run(client.clone(), options, pusher, health, async {
+        let _ = stopped.await;
+    }));
+    let get_path = |path: &'static str| {
+        let host = host.clone();
+        async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let mut s = tokio::net::TcpStream::connect(("127.0.0.1", http_port))
+                .await
+                .ok()?;
+            let req = format!("GET {path} HTTP/1.1\r\nhost: {host}\r\nconnection: close\r\n\r\n");
+            s.write_all(req.as_bytes()).await.ok()?;
+            let mut out = Vec::new();
+            tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out))
+                .await
+                .ok()?
+                .ok()?;
+            let text = String::from_utf8_lossy(&out).into_owned();
+            let status: u16 = text.get(9..12)?.parse().ok()?;
+            Some((status, text.split_once("\r\n\r\n")?.1.to_string()))
+        }
+    };
+    let attacker_body = format!("Service {attacker}/steal not found");
+    // The victim's route serves the host (its backend has no endpoint: not a 404).
+    let (status, body) = wait_for("the victim's Ingress is served", || async {
+        get_path("/checkout").await.filter(|(s, _)| *s != 404)
+    })
+    .await;
+    assert!(!body.contains(&attacker_body), "{status} {body}");
+
+    // A younger Ingress of another namespace claims the same host with a longer path.
+    create(
+        &attackers,
+        ingress("squat", "/checkout", "steal", json!({})),
+    )
+    .await;
+    wait_for("HostTaken Event on the attacker's Ingress", || async {
+        ingress_event_reasons(&client, &attacker, "squat")
+            .await
+            .iter()
+            .any(|r| r == "HostTaken")
+            .then_some(())
+    })
+    .await;
+    let (_, body) = get_path("/checkout").await.expect("answer");
+    assert!(
+        !body.contains(&attacker_body),
+        "the attacker took the path: {body}"
+    );
+
+    // The owner deletes its Ingress: the host goes to the next oldest claim.
+    victims
+        .delete("ing", &DeleteParams::default())
+        .await
+        .expect("delete the victim's Ingress");
+    wait_for("the host is handed over", || async {
+        let (_, body) = get_path("/checkout").await?;
+        body.contains(&attacker_body).then_some(())
+    })
+    .await;
+
+    // Fail closed: an unimplemented security annotation answers 403 naming it.
+    let guarded_host = format!("guarded.{victim}.test");
+    let mut guarded = ingress(
+        "guarded",
+        "/",
+        "web",
+        json!({"nginx.ingress.kubernetes.io/auth-url": "http://auth.example/verify"}),
+    );
+    guarded["spec"]["rules"][0]["host"] = json!(guarded_host);
+    create(&victims, guarded).await;
+    let body = wait_for("the guarded path answers 403", || async {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", http_port))
+            .await
+            .ok()?;
+        let req = format!("GET / HTTP/1.1\r\nhost: {guarded_host}\r\nconnection: close\r\n\r\n");
+        s.write_all(req.as_bytes()).await.ok()?;
+        let mut out = Vec::new();
+        s.read_to_end(&mut out).await.ok()?;
+        let text = String::from_utf8_lossy(&out).into_owned();
+        text.starts_with("HTTP/1.1 403").then_some(text)
+    })
+    .await;
+    assert!(body.contains("auth-url"), "{body}");
+    wait_for("UnsupportedSecurityAnnotation Event", || async {
+        ingress_event_reasons(&client, &victim, "guarded")
+            .await
+            .iter()
+            .any(|r| r == "UnsupportedSecurityAnnotation")
+            .then_some(())
+    })
+    .await;
+
+    stop.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("run stops")
+        .unwrap()
+        .unwrap();
+    drop(control);
+    runtime.shutdown().await;
+    let _ = classes.delete(&class_name, &DeleteParams::default()).await;
+    for ns in [&victim, &attacker, &ctl] {
+        drop_namespace(&client, ns).await;
+    }
+}

@@ -32,6 +32,9 @@ pub enum BackendError {
     },
     /// The route gave no port and the Service needs one.
     PortRequired { namespace: String, name: String },
+    /// An ExternalName Service while the controller does not allow them
+    /// (`Params::allow_external_name`): its name could point anywhere the dataplane reaches.
+    ExternalNameDisabled { namespace: String, name: String },
 }
 
 impl BackendError {
@@ -57,6 +60,11 @@ impl std::fmt::Display for BackendError {
             BackendError::PortRequired { namespace, name } => {
                 write!(f, "a port is required for Service {namespace}/{name}")
             }
+            BackendError::ExternalNameDisabled { namespace, name } => write!(
+                f,
+                "Service {namespace}/{name} is of type ExternalName, which this controller does \
+                 not follow (--allow-external-name is off)"
+            ),
         }
     }
 }
@@ -81,6 +89,8 @@ pub struct ServiceIndex<'a> {
     /// `gateway::vhost_cache`), and for the Ingresses and SweetySites as a whole in the
     /// front memo (`IngressSiteInputs::services` in `translate::cache`).
     recorded: std::cell::RefCell<Option<BTreeSet<(String, String)>>>,
+    /// Whether ExternalName Services resolve (`Params::allow_external_name`).
+    pub allow_external_name: bool,
 }
 
 impl<'a> ServiceIndex<'a> {
@@ -107,6 +117,7 @@ impl<'a> ServiceIndex<'a> {
             services,
             slices,
             recorded: Default::default(),
+            allow_external_name: true,
         }
     }
 
@@ -166,6 +177,13 @@ impl<'a> ServiceIndex<'a> {
                 None => String::new(),
             },
         })?;
+        let external = svc.spec.as_ref().and_then(|s| s.type_.as_deref()) == Some("ExternalName");
+        if external && !self.allow_external_name {
+            return Err(BackendError::ExternalNameDisabled {
+                namespace: namespace.into(),
+                name: name.into(),
+            });
+        }
         Ok((svc, found))
     }
 
@@ -271,6 +289,9 @@ impl Backends {
                 .map(|address| Endpoint { address, weight: 1 })
                 .collect();
             let mut b = Backend::new(&backend_name, endpoints);
+            // An ExternalName's name could point anywhere: the dataplane refuses internal
+            // addresses it resolves to.
+            b.external = svc.spec.as_ref().and_then(|s| s.type_.as_deref()) == Some("ExternalName");
             b.protocol = protocol;
             b.tls = options.tls.clone();
             self.by_name.insert(backend_name.clone(), b);

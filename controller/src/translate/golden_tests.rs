@@ -37,6 +37,16 @@ fn render(input: &Path) -> String {
         }
         None => Params::default(),
     };
+    let mut params = params;
+    // The controller always has a default certificate (configured or generated): goldens use
+    // a fixed one so the ingress-https listener shows it first.
+    if params.default_certificate.is_none() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata");
+        params.default_certificate = Some(super::DefaultCertificate {
+            cert: std::fs::read_to_string(dir.join("default-cert.pem")).unwrap(),
+            key: std::fs::read_to_string(dir.join("default-key.pem")).unwrap(),
+        });
+    }
     let out = translate(&snapshot, &params);
     // Pure: a second run gives byte-identical output.
     let again = translate(&snapshot, &params);

@@ -13,11 +13,19 @@
 //! `Params::http3`), which exists only while it has at least one certificate. SweetySites share
 //! both listeners ([`front_listeners`]).
 //!
-//! **Merging.** Rules of every Ingress for the same host become one virtual host
+//! **Hosts and merging.** A host belongs to one namespace ([`super::ownership`]: the oldest
+//! claim across Ingresses and SweetySites, operator pins and opt-in sharing); rules of other
+//! namespaces for it are left out with a `HostTaken`/`HostPinned` warning. Rules of the
+//! owner's Ingresses (and sharing namespaces') for the same host become one virtual host
 //! (`ingress/<host>`; `ingress/*` for rules without a host). Ingresses are taken oldest first,
 //! so for the same path the oldest Ingress wins. When HTTP and HTTPS need different routes (an
 //! `ssl-redirect`), the host gets two virtual hosts, `ingress/<host>` on HTTPS and
 //! `ingress/<host>@http` on HTTP.
+//!
+//! **TLS.** A `spec.tls` Secret serves a host only when its certificate covers it
+//! ([`super::cert_names`]) and the Ingress's namespace may serve it; no `hosts` means the
+//! Ingress's own hosts. The HTTPS listener's first certificate is
+//! [`Params::default_certificate`] (connections without SNI or with an unknown name).
 //!
 //! **Paths.** `Exact` → exact; `Prefix` → the dataplane's element-wise prefix (`/foo` matches
 //! `/foo` and `/foo/bar`, not `/foobar`; a trailing `/` is ignored, as the Ingress spec says);
@@ -27,16 +35,17 @@
 //! has a regex path all its prefix paths become regexes too and the host's routes are ordered
 //! by path length, longest first (otherwise every prefix would beat every regex).
 //!
-//! **Default backend.** The `spec.defaultBackend` of the oldest Ingress serves the catch-all
-//! virtual host and is also the last route of every Ingress host (a request no rule of its
-//! host matches goes to the default backend, as the Ingress spec says). Younger Ingresses'
-//! default backends are reported and ignored.
+//! **Default backend.** An Ingress's `spec.defaultBackend` is the last route of that
+//! Ingress's own hosts (the oldest Ingress's, per host); it never reaches other hosts. The
+//! catch-all virtual host and the hosts without their own default get
+//! [`Params::default_backend`], the controller's setting, if any.
 //!
 //! **Status and problems.** Ingress has no conditions. Every Ingress of ours gets
 //! `ObjectStatus::Ingress` (the load-balancer addresses of `Params::ingress_service`) under its
 //! `Ingress` key. An invalid part never removes the valid ones: a path whose backend does not
 //! resolve answers 503 with a body saying why, a host whose TLS Secret is missing is still
-//! served on HTTP, an unsupported annotation is ignored. Each problem is recorded as a
+//! served on HTTP, an unsupported annotation is ignored, but an unsupported *security*
+//! annotation or a snippet fails closed ([`nginx`]). Each problem is recorded as a
 //! `Warning` condition (reason + message) in `ObjectStatus::Conditions` under the key
 //! [`EVENT_KIND`]`/namespace/name`, which the status writer turns into Kubernetes Events on
 //! the Ingress (a separate key so the load-balancer status is not lost).
@@ -44,8 +53,10 @@
 pub mod nginx;
 
 use super::backends::{BackendOptions, PortRef};
+use super::cert_names;
+use super::ownership::{self, Hosts};
 use super::status::{Condition, IngressStatus, LoadBalancerIngress, ObjectKey, ObjectStatus};
-use super::Builder;
+use super::{Builder, Params, Snapshot};
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::networking::v1::{Ingress, IngressBackend, IngressClass};
 use std::collections::{BTreeMap, BTreeSet};
@@ -99,7 +110,9 @@ pub fn front_listeners(b: &mut Builder<'_>, certificates: Vec<Certificate>) {
                 port: p.ingress_https_port,
                 protocol: ListenerProtocol::Https,
                 tls: Some(ListenerTls {
-                    certificates: Vec::new(),
+                    // First: the certificate of connections without SNI or with a name no
+                    // other certificate covers (the dataplane's fallback), never a tenant's.
+                    certificates: default_certificate(p).into_iter().collect(),
                     min_version: Default::default(),
                     client_auth: None,
                 }),
@@ -119,6 +132,20 @@ pub fn front_listeners(b: &mut Builder<'_>, certificates: Vec<Certificate>) {
             }
         }
     }
+}
+
+/// The only SNI name of the default certificate on `ingress-https`: a reserved name (RFC 2606
+/// `.invalid`) so it is served for connections without SNI or with a name no tenant
+/// certificate covers, and for no real hostname.
+pub const DEFAULT_CERTIFICATE_NAME: &str = "default.sweety.invalid";
+
+/// The default certificate entry of `ingress-https` from [`Params::default_certificate`].
+fn default_certificate(p: &Params) -> Option<Certificate> {
+    p.default_certificate.as_ref().map(|d| Certificate {
+        hostnames: vec![DEFAULT_CERTIFICATE_NAME.into()],
+        cert: PemSource::Pem(d.cert.clone()),
+        key: PemSource::Pem(d.key.clone()),
+    })
 }
 
 /// Whether the HTTPS listener exists (has at least one certificate).
@@ -267,12 +294,16 @@ pub(crate) fn checked_route(route: Route, report: &mut dyn FnMut(String)) -> Opt
     check(&fallback).is_ok().then_some(fallback)
 }
 
-/// Whether `host` is one of `names` or covered by a `*.` wildcard among them.
-fn covered(names: &BTreeMap<String, ()>, host: &str) -> bool {
+/// Whether `host` has a certificate: it is one of `names` (hostname → the namespace whose
+/// certificate lists it) or under a `*.` wildcard among them whose namespace may serve `host`
+/// (another namespace's wildcard certificate does not put a host on HTTPS).
+fn covered(names: &BTreeMap<String, String>, owners: &Hosts, host: &str) -> bool {
     names.contains_key(host)
-        || host
-            .split_once('.')
-            .is_some_and(|(_, rest)| names.contains_key(&format!("*.{rest}")))
+        || host.split_once('.').is_some_and(|(_, rest)| {
+            names
+                .get(&format!("*.{rest}"))
+                .is_some_and(|ns| owners.ingress_may_serve(host, ns).is_ok())
+        })
 }
 
 /// Load-balancer addresses of the chart's ingress Service.
@@ -360,33 +391,23 @@ pub(crate) struct PathRoute {
     pub(crate) path: String,
     pub(crate) path_type: String,
     pub(crate) regex: bool,
+    /// Namespace of the Ingress the path comes from (canaries attach within it only).
+    pub(crate) namespace: String,
 }
 
-/// Translate every Ingress of our class. Returns the hostnames the Ingresses serve on the
-/// shared listeners (what a SweetySite may no longer take: [`super::site::translate`]).
-pub fn translate(b: &mut Builder<'_>) -> BTreeSet<String> {
-    let params = b.params;
-    let class = b
-        .snapshot
-        .ingress_classes
-        .iter()
-        .find(|c| {
-            c.metadata.name.as_deref() == Some(params.ingress_class.as_str())
-                && c.spec.as_ref().and_then(|s| s.controller.as_deref())
-                    == Some(params.ingress_controller.as_str())
-        })
-        .cloned();
-    let mut ours: Vec<Arc<Ingress>> = b
-        .snapshot
+/// Our Ingresses (see [`is_ours`]), oldest first; names break ties so the order is total.
+pub fn our_ingresses(snapshot: &Snapshot, params: &Params) -> Vec<Arc<Ingress>> {
+    let class = snapshot.ingress_classes.iter().find(|c| {
+        c.metadata.name.as_deref() == Some(params.ingress_class.as_str())
+            && c.spec.as_ref().and_then(|s| s.controller.as_deref())
+                == Some(params.ingress_controller.as_str())
+    });
+    let mut ours: Vec<Arc<Ingress>> = snapshot
         .ingresses
         .iter()
-        .filter(|i| is_ours(i, class.as_deref(), params))
+        .filter(|i| is_ours(i, class.map(|c| c.as_ref()), params))
         .cloned()
         .collect();
-    if ours.is_empty() {
-        return BTreeSet::new();
-    }
-    // Oldest first; names break ties so the order is total.
     ours.sort_by(|a, b| {
         let key = |i: &Ingress| {
             (
@@ -397,13 +418,67 @@ pub fn translate(b: &mut Builder<'_>) -> BTreeSet<String> {
         };
         key(a).cmp(&key(b))
     });
+    ours
+}
+
+/// The route of [`Params::default_backend`] (`namespace/service:port`): a proxy, or a 503
+/// saying why it does not resolve.
+fn cluster_default_backend(b: &mut Builder<'_>, spec: &str) -> Route {
+    let parsed = spec.split_once('/').and_then(|(ns, rest)| {
+        let (svc, port) = rest.rsplit_once(':')?;
+        let port = match port.parse::<i32>() {
+            Ok(n) => PortRef::Number(n),
+            Err(_) => PortRef::Name(port.to_string()),
+        };
+        (!ns.is_empty() && !svc.is_empty()).then(|| (ns.to_string(), svc.to_string(), port))
+    });
+    let action = match parsed {
+        None => unavailable(&format!(
+            "the controller's default backend {spec:?} is not namespace/service:port"
+        )),
+        Some((ns, svc, port)) => match b.backends.service(
+            &b.services,
+            &ns,
+            &svc,
+            Some(&port),
+            &BackendOptions::default(),
+        ) {
+            Ok(backend) => Action::Proxy(ProxyAction {
+                backends: vec![WeightedBackend {
+                    backend,
+                    weight: 1,
+                    filters: Vec::new(),
+                }],
+            }),
+            Err(e) => unavailable(&e.to_string()),
+        },
+    };
+    Route {
+        name: "ingress/default-backend".into(),
+        matches: Vec::new(),
+        filters: Vec::new(),
+        action,
+        timeouts: Default::default(),
+        retry: None,
+    }
+}
+
+/// Translate every Ingress of our class. Returns the hostnames the Ingresses serve on the
+/// shared listeners (a SweetySite never serves one: [`super::site::translate`]).
+pub fn translate(b: &mut Builder<'_>) -> BTreeSet<String> {
+    let params = b.params;
+    let ours = our_ingresses(b.snapshot, params);
+    if ours.is_empty() {
+        return BTreeSet::new();
+    }
+    let owners = Hosts::compute(b.snapshot, params, &ours);
     let lb = load_balancer(b);
 
-    // host ("" = catch-all) → routes, and hosts with a usable certificate.
+    // host ("" = catch-all) → routes, and hosts with a usable certificate (→ its namespace).
     let mut hosts: BTreeMap<String, Vec<PathRoute>> = BTreeMap::new();
-    let mut tls_hosts: BTreeMap<String, ()> = BTreeMap::new();
+    let mut host_defaults: BTreeMap<String, Route> = BTreeMap::new();
+    let mut tls_hosts: BTreeMap<String, String> = BTreeMap::new();
     let mut certificates = Vec::new();
-    let mut default_backend: Option<Route> = None;
     let mut reports: BTreeMap<(String, String), Report> = BTreeMap::new();
     let mut canaries = Vec::new();
 
@@ -414,13 +489,32 @@ pub fn translate(b: &mut Builder<'_>) -> BTreeSet<String> {
             conditions: Vec::new(),
             generation: ing.metadata.generation.unwrap_or(0),
         };
-        let ann = nginx::Annotations::parse(ing, &mut report);
+        let ann = nginx::Annotations::parse(ing, params, &mut report);
         if ann.canary {
             canaries.push((ing.clone(), ann));
             reports.insert((ns, name), report);
             continue;
         }
         let spec = ing.spec.clone().unwrap_or_default();
+        // The hosts this Ingress may serve: its own, or shared by the operator's choice.
+        let mut served: Vec<String> = Vec::new();
+        for h in ownership::ingress_hosts(ing) {
+            match owners.ingress_may_serve(&h, &ns) {
+                Ok(()) => served.push(h),
+                Err(r) => report.warn(
+                    r.reason,
+                    format!(
+                        "{}; the rules for {} are not served",
+                        r.message,
+                        if h.is_empty() {
+                            "requests without a matching host".to_string()
+                        } else {
+                            format!("{h:?}")
+                        }
+                    ),
+                ),
+            }
+        }
         // TLS.
         for t in spec.tls.as_deref().unwrap_or_default() {
             let tls_names: Vec<String> = t.hosts.clone().unwrap_or_default();
@@ -434,23 +528,72 @@ pub fn translate(b: &mut Builder<'_>) -> BTreeSet<String> {
                 );
                 continue;
             };
-            match certificate_from_secret(&b.snapshot.secrets, &ns, secret, tls_names.clone()) {
-                Ok(c) => {
-                    certificates.push(c);
-                    // No hosts: the certificate covers every host of this Ingress.
-                    let covered: Vec<String> = if tls_names.is_empty() {
-                        spec.rules
-                            .as_deref()
-                            .unwrap_or_default()
-                            .iter()
-                            .filter_map(|r| r.host.clone())
-                            .collect()
-                    } else {
-                        tls_names.clone()
+            // No hosts: the certificate is meant for every host of this Ingress.
+            let wanted: Vec<String> = if tls_names.is_empty() {
+                served.iter().filter(|h| !h.is_empty()).cloned().collect()
+            } else {
+                tls_names.iter().map(|h| h.to_ascii_lowercase()).collect()
+            };
+            match certificate_from_secret(&b.snapshot.secrets, &ns, secret, Vec::new()) {
+                Ok(mut c) => {
+                    let names = match &c.cert {
+                        PemSource::Pem(pem) => cert_names::dns_names(pem),
+                        PemSource::File(_) => Err("not inline PEM".into()),
                     };
-                    for h in covered {
-                        tls_hosts.insert(h, ());
+                    let names = match names {
+                        Ok(n) => n,
+                        Err(why) => {
+                            report.warn(
+                                "InvalidSecret",
+                                format!("TLS Secret {ns}/{secret}: {why}; served on HTTP only"),
+                            );
+                            continue;
+                        }
+                    };
+                    let mut kept = Vec::new();
+                    for h in wanted {
+                        if let Err(r) = owners.ingress_may_serve(&h, &ns) {
+                            report.warn(
+                                "TLSHostNotOwned",
+                                format!(
+                                    "TLS Secret {ns}/{secret} is not used for {h:?}: {}",
+                                    r.message
+                                ),
+                            );
+                        } else if !cert_names::covers(&names, &h) {
+                            report.warn(
+                                "CertificateMismatch",
+                                format!(
+                                    "TLS Secret {ns}/{secret} is not used for {h:?}: its \
+                                     certificate covers only {}; served on HTTP only",
+                                    if names.is_empty() {
+                                        "no DNS name".to_string()
+                                    } else {
+                                        names.join(", ")
+                                    }
+                                ),
+                            );
+                        } else if !kept.contains(&h) {
+                            kept.push(h);
+                        }
                     }
+                    if kept.is_empty() {
+                        if tls_names.is_empty() && served.iter().all(|h| h.is_empty()) {
+                            report.warn(
+                                "SecretNotUsed",
+                                format!(
+                                    "TLS Secret {ns}/{secret}: spec.tls lists no hosts and the \
+                                     Ingress serves no named host"
+                                ),
+                            );
+                        }
+                        continue;
+                    }
+                    for h in &kept {
+                        tls_hosts.insert(h.clone(), ns.clone());
+                    }
+                    c.hostnames = kept;
+                    certificates.push(c);
                 }
                 Err(SecretError::NotFound) => report.warn(
                     "SecretNotFound",
@@ -468,30 +611,49 @@ pub fn translate(b: &mut Builder<'_>) -> BTreeSet<String> {
                 ),
             }
         }
-        // Default backend.
+        // Default backend: for this Ingress's own hosts only.
         if let Some(db) = spec.default_backend.as_ref() {
-            if default_backend.is_some() {
+            let mut r = route_for(
+                b,
+                &ns,
+                db,
+                &ann,
+                format!("ingress/{ns}/{name}/default"),
+                None,
+                &mut report,
+            );
+            r.matches = Vec::new();
+            ann.guard(&mut r);
+            if served.is_empty() {
                 report.warn(
                     "DefaultBackendIgnored",
-                    "an older Ingress already sets the default backend; this one is ignored",
+                    "spec.defaultBackend applies only to this Ingress's own hosts and it serves \
+                     none; a default backend for every host is a controller setting \
+                     (--default-backend)",
                 );
-            } else {
-                let mut r = route_for(
-                    b,
-                    &ns,
-                    db,
-                    &ann,
-                    format!("ingress/{ns}/{name}/default"),
-                    None,
-                    &mut report,
-                );
-                r.matches = Vec::new();
-                default_backend = Some(r);
+            }
+            for h in &served {
+                match host_defaults.get(h) {
+                    Some(first) => report.warn(
+                        "DefaultBackendIgnored",
+                        format!(
+                            "host {h:?} already has the default backend of {}; this one is \
+                             ignored there",
+                            first.name
+                        ),
+                    ),
+                    None => {
+                        host_defaults.insert(h.clone(), r.clone());
+                    }
+                }
             }
         }
         // Rules.
         for (ri, rule) in spec.rules.as_deref().unwrap_or_default().iter().enumerate() {
-            let host = rule.host.clone().unwrap_or_default();
+            let host = rule.host.clone().unwrap_or_default().to_ascii_lowercase();
+            if !served.contains(&host) {
+                continue;
+            }
             let paths = rule
                 .http
                 .as_ref()
@@ -499,7 +661,9 @@ pub fn translate(b: &mut Builder<'_>) -> BTreeSet<String> {
                 .unwrap_or_default();
             let entry = hosts.entry(host.clone()).or_default();
             if let (Some(app_root), true) = (ann.app_root.as_deref(), !paths.is_empty()) {
-                entry.push(nginx::app_root_route(&ns, &name, ri, app_root));
+                let mut r = nginx::app_root_route(&ns, &name, ri, app_root);
+                ann.guard(&mut r.route);
+                entry.push(r);
             }
             for (pi, p) in paths.iter().enumerate() {
                 let path = p.path.clone().unwrap_or_else(|| "/".into());
@@ -550,26 +714,31 @@ pub fn translate(b: &mut Builder<'_>) -> BTreeSet<String> {
                     path: path.clone(),
                     path_type: p.path_type.clone(),
                     regex,
+                    namespace: ns.clone(),
                 });
             }
         }
         reports.insert((ns, name), report);
     }
 
-    // Canaries join the primary route of the same host and path.
+    // Canaries join the primary route of the same host and path, in their own namespace.
     for (ing, ann) in &canaries {
         let ns = ing.metadata.namespace.clone().unwrap_or_default();
         let name = ing.metadata.name.clone().unwrap_or_default();
         let mut report = reports
             .remove(&(ns.clone(), name.clone()))
             .unwrap_or_default();
-        nginx::merge_canary(b, ing, ann, &mut hosts, &mut report);
+        nginx::merge_canary(b, ing, ann, &owners, &mut hosts, &mut report);
         reports.insert((ns, name), report);
     }
 
     certificates.sort_by(|a, b| a.hostnames.cmp(&b.hostnames));
     front_listeners(b, certificates);
     let https = has_https(b);
+    let cluster_default = params
+        .default_backend
+        .as_deref()
+        .map(|spec| cluster_default_backend(b, spec));
 
     let mut served = BTreeSet::new();
     for (host, mut routes) in hosts {
@@ -577,11 +746,15 @@ pub fn translate(b: &mut Builder<'_>) -> BTreeSet<String> {
             served.insert(host.clone());
         }
         nginx::order_regex_host(&mut routes);
-        let served_tls = https && (host.is_empty() || covered(&tls_hosts, &host));
+        let served_tls = https && (host.is_empty() || covered(&tls_hosts, &owners, &host));
+        let default = host_defaults
+            .get(&host)
+            .cloned()
+            .or_else(|| cluster_default.clone());
         let https_routes: Vec<Route> = routes
             .iter()
             .map(|r| r.route.clone())
-            .chain(default_backend.clone())
+            .chain(default.clone())
             .collect();
         let http_routes: Vec<Route> = routes
             .iter()
@@ -593,7 +766,7 @@ pub fn translate(b: &mut Builder<'_>) -> BTreeSet<String> {
                 }
                 _ => r.route.clone(),
             })
-            .chain(default_backend.clone())
+            .chain(default)
             .collect();
         let hostnames = if host.is_empty() {
             Vec::new()
@@ -630,7 +803,7 @@ pub fn translate(b: &mut Builder<'_>) -> BTreeSet<String> {
             });
         }
     }
-    if let Some(db) = default_backend {
+    if let Some(db) = cluster_default {
         if !b.virtual_hosts.iter().any(|v| v.name == "ingress/*") {
             let mut listeners = vec![HTTP_LISTENER.to_string()];
             if https {

@@ -8,14 +8,17 @@
 //!
 //! Layout: `snapshot` (the input), `status` (the status shapes), `backends` (Service and
 //! EndpointSlice resolution shared by every front end), `ingress`, `gateway` (Gateway API),
-//! `site` (SweetySite) and `addressing` (per-Gateway Services and their ports); `cache`
+//! `site` (SweetySite), `ownership` (which namespace serves an Ingress/SweetySite hostname)
+//! and `addressing` (per-Gateway Services and their ports); `cache`
 //! (`translate_incremental`: the same output, reusing unchanged routes' translations).
 
 pub mod addressing;
 pub mod backends;
 pub mod cache;
+pub mod cert_names;
 pub mod gateway;
 pub mod ingress;
+pub mod ownership;
 pub mod site;
 pub mod snapshot;
 pub mod status;
@@ -87,9 +90,46 @@ pub struct Params {
     pub content_dir: String,
     /// Serve HTTP/3 on HTTPS listeners unless a SweetyProxyConfig or SweetySite says otherwise.
     pub http3: bool,
+    /// The cluster-wide default backend of Ingress (`namespace/service:port`): serves requests
+    /// for unknown hosts and unmatched paths of hosts without their own `spec.defaultBackend`.
+    /// Only this setting makes one; an Ingress's `spec.defaultBackend` covers its own hosts.
+    pub default_backend: Option<String>,
+    /// Namespaces whose Ingresses may share hostnames (ingress-nginx's merge), besides those
+    /// annotated [`ownership::SHARE_ANNOTATION`]. See [`ownership`].
+    pub shared_host_namespaces: Vec<String>,
+    /// Hostnames or `*.` patterns pinned to namespaces (namespace → patterns), besides the
+    /// [`ownership::PINNED_ANNOTATION`] of Namespaces: never served from another namespace.
+    pub pinned_hostnames: BTreeMap<String, Vec<String>>,
+    /// The certificate of HTTPS connections to the Ingress listener without SNI or with a name
+    /// no certificate covers (never a tenant's). The controller fills it from its configured
+    /// Secret or a generated self-signed one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub default_certificate: Option<DefaultCertificate>,
+    /// Serve Ingress paths whose security annotations Sweety does not implement (auth-*,
+    /// modsecurity, …) without that protection, instead of answering 403.
+    pub ignore_unsupported_security_annotations: bool,
+    /// Serve Ingresses carrying `*-snippet` annotations without the snippet, instead of
+    /// refusing the whole Ingress.
+    pub ignore_snippets: bool,
+    /// Resolve ExternalName Services as backends (off: such a backend answers 503).
+    pub allow_external_name: bool,
     /// Type of the per-Gateway Services (`LoadBalancer`, `NodePort` or `ClusterIP`) unless the
     /// GatewayClass's SweetyProxyConfig sets `service.type`.
     pub gateway_service_type: String,
+}
+
+/// PEM certificate chain and key of [`Params::default_certificate`].
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DefaultCertificate {
+    pub cert: String,
+    pub key: String,
+}
+
+impl std::fmt::Debug for DefaultCertificate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DefaultCertificate(..)")
+    }
 }
 
 impl Default for Params {
@@ -107,6 +147,13 @@ impl Default for Params {
             listen_address: "0.0.0.0".into(),
             content_dir: "/var/run/sweety/content".into(),
             http3: true,
+            default_backend: None,
+            shared_host_namespaces: Vec::new(),
+            pinned_hostnames: BTreeMap::new(),
+            default_certificate: None,
+            ignore_unsupported_security_annotations: false,
+            ignore_snippets: false,
+            allow_external_name: false,
             gateway_service_type: "LoadBalancer".into(),
         }
     }
@@ -225,7 +272,11 @@ impl<'a> Builder<'a> {
         Builder {
             snapshot,
             params,
-            services: ServiceIndex::new(snapshot),
+            services: {
+                let mut index = ServiceIndex::new(snapshot);
+                index.allow_external_name = params.allow_external_name;
+                index
+            },
             backends: Backends::new(),
             listeners: Vec::new(),
             virtual_hosts: Vec::new(),

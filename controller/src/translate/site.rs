@@ -4,9 +4,11 @@
 //! `ingress-http` listener, and on `ingress-https` when its TLS Secret resolves (see
 //! [`super::ingress::front_listeners`]).
 //!
-//! - **Hostnames**: exact names only compete. A hostname already served by an Ingress, or by
-//!   an older SweetySite (creation time, then namespace/name), makes the site
-//!   `Accepted=False` with reason `HostnameConflict`; it is then not served at all.
+//! - **Hostnames** belong to their oldest claim across Ingresses and SweetySites, with the
+//!   operator's pins ([`super::ownership`]); a site serves only the hostnames it owns (sites
+//!   never share). The others are named in the `Accepted` message (`HostnameConflict`); a site
+//!   that owns none of its hostnames is `Accepted=False` with reason `HostnameConflict` and not
+//!   served. Its certificate is used only for owned hostnames it covers (SAN, RFC 6125).
 //! - **Presets** expand to [`StaticSite`] settings for static routes: `static` (and no preset):
 //!   `index.html`, precompressed siblings; `spa`: also `try_files [$uri, $uri/, /index.html]`,
 //!   `Cache-Control: no-cache` for pages, and two extra prefix routes `<path>/assets` (Vite)
@@ -33,10 +35,13 @@
 //!   balancer.
 
 use super::backends::{BackendOptions, PortRef};
+use super::cert_names;
 use super::ingress::{
     certificate_from_secret, checked_route, front_listeners, load_balancer,
-    nginx::parse_redirect_url, unavailable, SecretError, HTTPS_LISTENER, HTTP_LISTENER,
+    nginx::parse_redirect_url, our_ingresses, unavailable, SecretError, HTTPS_LISTENER,
+    HTTP_LISTENER,
 };
+use super::ownership::Hosts;
 use super::status::{Address, Condition, ObjectKey, ObjectStatus, SiteStatus};
 use super::{Builder, StaticContent};
 use sha2::{Digest, Sha256};
@@ -44,7 +49,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use sweety_config::{
-    Action, Filter, FixedResponse, HeaderModifier, HeaderValue, PathMatch, PathRewrite,
+    Action, Filter, FixedResponse, HeaderModifier, HeaderValue, PathMatch, PathRewrite, PemSource,
     ProxyAction, RateLimit, RateLimitKey, Redirect, Route, RouteMatch, StaticSite, VirtualHost,
     WeightedBackend,
 };
@@ -56,9 +61,9 @@ pub const KIND: &str = "SweetySite";
 
 const IMMUTABLE: &str = "public, max-age=31536000, immutable";
 
-/// Translate every SweetySite. `ingress_hosts` are the hostnames the Ingresses already serve
-/// on the shared listeners (what [`super::ingress::translate`] returned): a site asking for one
-/// of them conflicts.
+/// Translate every SweetySite. `ingress_hosts` are the hostnames the Ingresses serve on the
+/// shared listeners (what [`super::ingress::translate`] returned); with host ownership a site
+/// owns none of them, and it never serves one.
 pub fn translate(b: &mut Builder<'_>, ingress_hosts: &BTreeSet<String>) {
     let mut sites: Vec<Arc<SweetySite>> = b.snapshot.sites.to_vec();
     if sites.is_empty() {
@@ -74,11 +79,8 @@ pub fn translate(b: &mut Builder<'_>, ingress_hosts: &BTreeSet<String>) {
         };
         key(x).cmp(&key(y))
     });
-    // Hostnames already served on the shared listeners, and by whom.
-    let mut claimed: BTreeMap<String, String> = ingress_hosts
-        .iter()
-        .map(|h| (h.clone(), "an Ingress".to_string()))
-        .collect();
+    // Who owns each hostname of the shared listeners (Ingresses and sites, oldest first).
+    let owners = Hosts::compute(b.snapshot, b.params, &our_ingresses(b.snapshot, b.params));
     let addresses: Vec<Address> = load_balancer(b)
         .into_iter()
         .flat_map(|lb| {
@@ -102,19 +104,27 @@ pub fn translate(b: &mut Builder<'_>, ingress_hosts: &BTreeSet<String>) {
         let cond = |t: &str, ok: bool, reason: &str, msg: String| {
             Condition::new(t, ok, reason, msg, generation)
         };
-        let conflicts: Vec<String> = site
-            .spec
-            .hostnames
-            .iter()
-            .filter_map(|h| claimed.get(h).map(|by| format!("{h} (served by {by})")))
-            .collect();
+        let mut served: Vec<String> = Vec::new();
+        let mut conflicts: Vec<String> = Vec::new();
+        for h in &site.spec.hostnames {
+            match owners.site_may_serve(&h.to_ascii_lowercase(), &ns, &name) {
+                // Ownership already keeps Ingresses off a site's hosts; this keeps the two
+                // disjoint whatever the rules say.
+                Ok(()) if ingress_hosts.contains(&h.to_ascii_lowercase()) => {
+                    conflicts.push(format!("host {h:?} is served by an Ingress"))
+                }
+                Ok(()) => served.push(h.clone()),
+                Err(r) => conflicts.push(r.message),
+            }
+        }
         let header_problem = header_problem(site);
-        if !conflicts.is_empty() || header_problem.is_some() {
+        if (served.is_empty() && !conflicts.is_empty()) || header_problem.is_some() {
             let (reason, msg) = match header_problem {
                 Some(p) if conflicts.is_empty() => ("InvalidHeaders", p),
-                _ => (
+                Some(p) => ("InvalidHeaders", format!("{p}; {}", conflicts.join("; "))),
+                None => (
                     "HostnameConflict",
-                    format!("hostnames already in use: {}", conflicts.join(", ")),
+                    format!("hostnames already in use: {}", conflicts.join("; ")),
                 ),
             };
             b.status(
@@ -140,24 +150,52 @@ pub fn translate(b: &mut Builder<'_>, ingress_hosts: &BTreeSet<String>) {
             );
             continue;
         }
-        for h in &site.spec.hostnames {
-            claimed.insert(h.clone(), format!("SweetySite {ns}/{name}"));
-        }
         let mut refs = Refs::default();
-        let mut notes = Vec::new();
+        let mut notes: Vec<String> = conflicts
+            .iter()
+            .map(|c| format!("{c}; not served by this site (HostnameConflict)"))
+            .collect();
 
-        // TLS.
+        // TLS: for the served hostnames the certificate covers.
         let mut tls_ok = false;
         if let Some(tls) = &site.spec.tls {
-            match certificate_from_secret(
-                &b.snapshot.secrets,
-                &ns,
-                &tls.secret_name,
-                site.spec.hostnames.clone(),
-            ) {
-                Ok(cert) => {
-                    front_listeners(b, vec![cert]);
-                    tls_ok = true;
+            match certificate_from_secret(&b.snapshot.secrets, &ns, &tls.secret_name, Vec::new()) {
+                Ok(mut cert) => {
+                    let names = match &cert.cert {
+                        PemSource::Pem(pem) => cert_names::dns_names(pem),
+                        PemSource::File(_) => Err("not inline PEM".into()),
+                    };
+                    match names {
+                        Ok(names) => {
+                            let (covered, not): (Vec<String>, Vec<String>) = served
+                                .iter()
+                                .map(|h| h.to_ascii_lowercase())
+                                .partition(|h| cert_names::covers(&names, h));
+                            if !not.is_empty() {
+                                refs.fail(
+                                    "CertificateMismatch",
+                                    format!(
+                                        "the certificate of TLS Secret {ns}/{} does not cover \
+                                         {}; served on HTTP only",
+                                        tls.secret_name,
+                                        not.join(", ")
+                                    ),
+                                );
+                            }
+                            if !covered.is_empty() {
+                                cert.hostnames = covered;
+                                front_listeners(b, vec![cert]);
+                                tls_ok = true;
+                            }
+                        }
+                        Err(why) => refs.fail(
+                            "SecretNotFound",
+                            format!(
+                                "TLS Secret {ns}/{}: {why}; served on HTTP only",
+                                tls.secret_name
+                            ),
+                        ),
+                    }
                 }
                 Err(SecretError::NotFound) => refs.fail(
                     "SecretNotFound",
@@ -342,7 +380,7 @@ pub fn translate(b: &mut Builder<'_>, ingress_hosts: &BTreeSet<String>) {
         }
         b.virtual_hosts.push(VirtualHost {
             name: format!("site/{ns}/{name}"),
-            hostnames: site.spec.hostnames.clone(),
+            hostnames: served,
             listeners,
             routes,
         });

@@ -175,6 +175,7 @@ impl Upstreams {
                     protocol: b.protocol,
                     tls: tls_cfg,
                     sni: b.tls.as_ref().and_then(|t| t.sni.clone()),
+                    external: b.external,
                 },
                 eject_lock: Mutex::new(()),
             };

@@ -39,6 +39,8 @@ pub struct Connector {
     pub tls: Option<Arc<ClientConfig>>,
     /// SNI override (`BackendTls.sni`).
     pub sni: Option<String>,
+    /// `Backend.external`: refuse internal addresses after resolution ([`refused_address`]).
+    pub external: bool,
 }
 
 impl Connector {
@@ -270,11 +272,58 @@ enum Opened {
     H2(http2::SendRequest<Body>),
 }
 
+/// Why an address an external (ExternalName) endpoint resolved to must not be connected to:
+/// loopback, unspecified, link-local (IPv4 169.254/16 with the cloud metadata address
+/// 169.254.169.254, IPv6 fe80::/10), the IPv6 metadata address fd00:ec2::254, IPv4-mapped
+/// forms of these, or an address of this host's own interfaces (the dataplane Pod: its admin
+/// port and listeners). Checked on every new connection, after DNS resolution, so a name
+/// re-pointed after the config was pushed is caught too.
+pub fn refused_address(ip: std::net::IpAddr) -> Option<&'static str> {
+    use std::net::IpAddr;
+    let ip = match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(ip),
+        v4 => v4,
+    };
+    let why = match ip {
+        IpAddr::V4(v4) if v4.octets() == [169, 254, 169, 254] => Some("a cloud metadata address"),
+        IpAddr::V6(v6) if v6.segments() == [0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254] => {
+            Some("a cloud metadata address")
+        }
+        _ if ip.is_loopback() => Some("a loopback address"),
+        _ if ip.is_unspecified() => Some("an unspecified address"),
+        IpAddr::V4(v4) if v4.is_link_local() => Some("a link-local address"),
+        IpAddr::V6(v6) if (v6.segments()[0] & 0xffc0) == 0xfe80 => Some("a link-local address"),
+        IpAddr::V4(v4) if v4.is_broadcast() || v4.is_multicast() => Some("not a unicast address"),
+        IpAddr::V6(v6) if v6.is_multicast() => Some("not a unicast address"),
+        _ => None,
+    };
+    if why.is_some() {
+        return why;
+    }
+    // One of this host's (Pod's) own addresses: only those can be bound.
+    std::net::UdpSocket::bind((ip, 0))
+        .is_ok()
+        .then_some("an address of the dataplane itself")
+}
+
 /// TCP to the first address of `addr` that answers (nodelay, keep-alive): the transport every
-/// upstream connection starts with, pooled or not (see `upgrade`).
-pub(super) async fn connect_tcp(addr: &str) -> std::io::Result<TcpStream> {
+/// upstream connection starts with, pooled or not (see `upgrade`). With `external`, addresses
+/// [`refused_address`] names are skipped (and, when nothing else is left, the error says why).
+pub(super) async fn connect_tcp(addr: &str, external: bool) -> std::io::Result<TcpStream> {
     let mut last = None;
     for sa in tokio::net::lookup_host(addr).await? {
+        if external {
+            if let Some(why) = refused_address(sa.ip()) {
+                last = Some(std::io::Error::new(
+                    std::io::ErrorKind::PermissionDenied,
+                    format!(
+                        "{addr} resolves to {}, {why}, which an ExternalName backend may not reach",
+                        sa.ip()
+                    ),
+                ));
+                continue;
+            }
+        }
         match TcpStream::connect(sa).await {
             Ok(s) => {
                 s.set_nodelay(true)?;
@@ -291,10 +340,12 @@ pub(super) async fn connect_tcp(addr: &str) -> std::io::Result<TcpStream> {
 }
 
 async fn connect(addr: &str, c: &Connector) -> Result<Opened, ProxyError> {
-    let tcp = connect_tcp(addr).await.map_err(|e| ProxyError::Connect {
-        addr: addr.to_string(),
-        source: e.into(),
-    })?;
+    let tcp = connect_tcp(addr, c.external)
+        .await
+        .map_err(|e| ProxyError::Connect {
+            addr: addr.to_string(),
+            source: e.into(),
+        })?;
     match &c.tls {
         None => handshake(addr, TokioIo::new(tcp), c.is_h2()).await,
         Some(cfg) => {
@@ -373,5 +424,82 @@ where
             }
         });
         Ok(Opened::H1(sender))
+    }
+}
+
+#[cfg(test)]
+mod external_tests {
+    use super::*;
+    use std::net::IpAddr;
+
+    #[test]
+    fn internal_addresses_are_refused() {
+        for refused in [
+            "127.0.0.1",
+            "127.3.2.1",
+            "::1",
+            "0.0.0.0",
+            "::",
+            "169.254.169.254",
+            "169.254.1.1",
+            "fe80::1",
+            "fd00:ec2::254",
+            "::ffff:169.254.169.254",
+            "::ffff:127.0.0.1",
+            "255.255.255.255",
+            "224.0.0.1",
+        ] {
+            let ip: IpAddr = refused.parse().unwrap();
+            assert!(refused_address(ip).is_some(), "{refused} must be refused");
+        }
+        // Documentation addresses are nobody's own here.
+        for allowed in ["192.0.2.1", "2001:db8::1", "203.0.113.9"] {
+            let ip: IpAddr = allowed.parse().unwrap();
+            assert_eq!(refused_address(ip), None, "{allowed}");
+        }
+        assert_eq!(
+            refused_address("169.254.169.254".parse().unwrap()),
+            Some("a cloud metadata address")
+        );
+    }
+
+    /// The Pod's own addresses: whatever non-loopback address this host routes from is local,
+    /// so an ExternalName resolving to it is refused.
+    #[test]
+    fn own_interface_addresses_are_refused() {
+        let probe = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+        if probe.connect("192.0.2.1:9").is_err() {
+            return; // no route out of this network namespace: no own address to test
+        }
+        let own = probe.local_addr().unwrap().ip();
+        assert_eq!(
+            refused_address(own),
+            Some("an address of the dataplane itself")
+        );
+    }
+
+    /// Real sockets: a listener on loopback is reachable by address for an ordinary backend,
+    /// refused for an external one whether named by a literal or a host name resolving to it.
+    #[tokio::test]
+    async fn external_endpoints_never_reach_loopback() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let accept = tokio::spawn(async move {
+            let (_s, _) = listener.accept().await.unwrap();
+        });
+        let ok = connect_tcp(&format!("127.0.0.1:{port}"), false).await;
+        assert!(ok.is_ok(), "{ok:?}");
+        accept.await.unwrap();
+        for addr in [format!("127.0.0.1:{port}"), format!("localhost:{port}")] {
+            let err = connect_tcp(&addr, true).await.unwrap_err();
+            assert_eq!(
+                err.kind(),
+                std::io::ErrorKind::PermissionDenied,
+                "{addr}: {err}"
+            );
+            assert!(err.to_string().contains("may not reach"), "{err}");
+        }
+        let err = connect_tcp("169.254.169.254:80", true).await.unwrap_err();
+        assert!(err.to_string().contains("metadata"), "{err}");
     }
 }

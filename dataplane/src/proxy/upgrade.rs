@@ -23,7 +23,7 @@ async fn open(
     addr: &str,
     connector: &super::pool::Connector,
 ) -> Result<http1::SendRequest<Body>, ProxyError> {
-    let tcp = super::pool::connect_tcp(addr)
+    let tcp = super::pool::connect_tcp(addr, connector.external)
         .await
         .map_err(|e| ProxyError::Connect {
             addr: addr.to_string(),

@@ -14,20 +14,28 @@
 //! 5) become per-client-IP `rate_limit` filters whose zone is shared by the Ingress's paths,
 //! `limit-connections` a per-client-IP `concurrency_limit` (requests in flight),
 //! `whitelist-source-range` (or `allowlist-source-range`) and `denylist-source-range` an
-//! `ip_access` filter; invalid CIDRs are reported and left out. `affinity: cookie` (with
+//! `ip_access` filter (CIDRs with host bits are masked as nginx does, [`masked_cidr`]; an
+//! entry that cannot be parsed fails closed, see below). `affinity: cookie` (with
 //! `session-cookie-name`, default `INGRESSCOOKIE`, `-path`, `-max-age`/`-expires`, `-secure`,
 //! `-samesite`) becomes cookie session persistence, and `upstream-hash-by` (`$remote_addr`,
 //! `$binary_remote_addr`, `$http_<header>`, `$cookie_<name>`) a ring hash, each on a variant
 //! of the backend (named `<backend>~affinity…` / `~hash…`) so other Ingresses of the same
 //! Service are unaffected.
 //!
-//! Never applied: every `*-snippet` annotation (raw nginx configuration; reported as
-//! `SnippetIgnored` for security). Everything else (`proxy-body-size`: there is no per-route
-//! body limit, only the global one) is reported as `UnsupportedAnnotation` and ignored.
+//! **Fail closed.** Security annotations Sweety does not implement (`auth-*`, `modsecurity`,
+//! `satisfy`, …; [`is_security`]) and allow/deny list entries that cannot be honoured make
+//! every path of the Ingress answer 403 with a body naming them
+//! (`UnsupportedSecurityAnnotation` / `InvalidAnnotation`), unless
+//! `Params::ignore_unsupported_security_annotations`. A `*-snippet` annotation (raw nginx
+//! configuration, never run) refuses the whole Ingress: 503 (`SnippetRefused`), unless
+//! `Params::ignore_snippets` (`SnippetIgnored`). Everything else not listed (`proxy-body-size`:
+//! there is no per-route body limit, only the global one) is reported as
+//! `UnsupportedAnnotation` and ignored.
 
 use super::{PathRoute, Report};
+use crate::translate::ownership::Hosts;
 use crate::translate::regex_escape;
-use crate::translate::Builder;
+use crate::translate::{Builder, Params};
 use k8s_openapi::api::networking::v1::Ingress;
 use std::collections::BTreeMap;
 use sweety_config::{
@@ -64,6 +72,81 @@ pub struct Annotations {
     pub session: Option<SessionPersistence>,
     /// `upstream-hash-by`.
     pub hash: Option<HashPolicy>,
+    /// Fail closed: every route of the Ingress answers this status and body instead (a
+    /// security annotation Sweety does not implement, an access list entry it cannot honour:
+    /// 403; a snippet: 503, the whole Ingress is refused).
+    pub refuse: Option<(u16, String)>,
+}
+
+/// Security annotations Sweety does not implement: a path carrying one answers 403 unless
+/// `Params::ignore_unsupported_security_annotations` (exact names, then prefixes).
+const SECURITY_EXACT: &[&str] = &[
+    "auth-url",
+    "auth-type",
+    "auth-secret",
+    "auth-secret-type",
+    "auth-realm",
+    "auth-signin",
+    "auth-method",
+    "auth-response-headers",
+    "auth-request-redirect",
+    "auth-cache-key",
+    "auth-proxy-set-headers",
+    "auth-always-set-cookie",
+    "enable-modsecurity",
+    "enable-owasp-core-rules",
+    "modsecurity-transaction-id",
+    "satisfy",
+    "global-auth-url",
+];
+const SECURITY_PREFIXES: &[&str] = &[
+    "auth-tls-",
+    "auth-keepalive",
+    "auth-signin-",
+    "modsecurity-",
+];
+
+/// Whether an annotation (without the prefix) asks for a protection Sweety does not implement.
+fn is_security(name: &str) -> bool {
+    SECURITY_EXACT.contains(&name) || SECURITY_PREFIXES.iter().any(|p| name.starts_with(p))
+}
+
+/// An nginx allow/deny list entry as nginx reads it: an address, or `address/prefix` whose
+/// host bits below the prefix are cleared (nginx accepts `10.0.0.1/8` as `10.0.0.0/8`).
+pub fn masked_cidr(entry: &str) -> Result<String, String> {
+    let entry = entry.trim();
+    let (a, p) = match entry.split_once('/') {
+        Some((a, p)) => (a, Some(p)),
+        None => (entry, None),
+    };
+    let addr: std::net::IpAddr = a
+        .parse()
+        .map_err(|_| format!("{entry:?} is not an IP address or CIDR"))?;
+    let width: u32 = if addr.is_ipv4() { 32 } else { 128 };
+    let prefix = match p {
+        None => width,
+        Some(p) => p
+            .parse::<u32>()
+            .ok()
+            .filter(|n| *n <= width && p.bytes().all(|b| b.is_ascii_digit()))
+            .ok_or_else(|| format!("{entry:?} has an invalid prefix length (0..={width})"))?,
+    };
+    let keep = |bits: u128, width: u32| -> u128 {
+        if prefix == 0 {
+            0
+        } else {
+            bits & (u128::MAX << (width - prefix)) & (u128::MAX >> (128 - width))
+        }
+    };
+    let masked = match addr {
+        std::net::IpAddr::V4(v4) => {
+            std::net::IpAddr::V4((keep(u128::from(u32::from(v4)), 32) as u32).into())
+        }
+        std::net::IpAddr::V6(v6) => std::net::IpAddr::V6(keep(u128::from(v6), 128).into()),
+    };
+    let text = format!("{masked}/{prefix}");
+    Cidr::parse(&text)?;
+    Ok(text)
 }
 
 const CORS_METHODS: &str = "GET, PUT, POST, DELETE, PATCH, OPTIONS";
@@ -146,7 +229,7 @@ pub fn parse_redirect_url(url: &str, status: u16) -> Option<Redirect> {
 
 impl Annotations {
     /// Read the `nginx.ingress.kubernetes.io/*` annotations, reporting the ones not applied.
-    pub(crate) fn parse(ing: &Ingress, report: &mut Report) -> Annotations {
+    pub(crate) fn parse(ing: &Ingress, params: &Params, report: &mut Report) -> Annotations {
         let mut a = Annotations {
             canary_weight_total: 100,
             ..Default::default()
@@ -164,6 +247,10 @@ impl Annotations {
         let mut access = IpAccess::default();
         let mut affinity = false;
         let mut connections: Option<u32> = None;
+        // Fail-closed findings: (annotation, why).
+        let mut unsupported_security: Vec<String> = Vec::new();
+        let mut bad_access: Vec<String> = Vec::new();
+        let mut snippets: Vec<String> = Vec::new();
         for (key, value) in all {
             let Some(name) = key.strip_prefix(PREFIX) else {
                 continue;
@@ -240,12 +327,18 @@ impl Annotations {
                 "whitelist-source-range" | "allowlist-source-range" | "denylist-source-range" => {
                     let mut ok = Vec::new();
                     for c in list(value) {
-                        match Cidr::parse(&c) {
-                            Ok(_) => ok.push(c),
-                            Err(e) => report.warn(
-                                "InvalidAnnotation",
-                                format!("{key}: {e}; this entry is ignored"),
-                            ),
+                        match masked_cidr(&c) {
+                            Ok(m) => ok.push(m),
+                            Err(e) => {
+                                let fate = if params.ignore_unsupported_security_annotations {
+                                    "this entry is ignored (the operator chose to ignore \
+                                     what cannot be honoured)"
+                                } else {
+                                    "the Ingress's paths answer 403 until it is fixed"
+                                };
+                                report.warn("InvalidAnnotation", format!("{key}: {e}; {fate}"));
+                                bad_access.push(format!("{key} entry {c:?}"));
+                            }
                         }
                     }
                     if name == "denylist-source-range" {
@@ -306,13 +399,48 @@ impl Annotations {
                     Ok(w) if w > 0 => a.canary_weight_total = w,
                     _ => bad(report, "is not a positive whole number"),
                 },
-                n if n.ends_with("snippet") => report.warn(
-                    "SnippetIgnored",
-                    format!(
-                        "{key} is never applied: snippets inject raw proxy configuration, \
-                         which Sweety does not run for security"
-                    ),
-                ),
+                n if n.ends_with("snippet") => {
+                    if params.ignore_snippets {
+                        report.warn(
+                            "SnippetIgnored",
+                            format!(
+                                "{key} is not applied: snippets inject raw proxy configuration, \
+                                 which Sweety never runs; the operator chose to serve the \
+                                 Ingress without it"
+                            ),
+                        );
+                    } else {
+                        report.warn(
+                            "SnippetRefused",
+                            format!(
+                                "{key}: snippets inject raw proxy configuration, which Sweety \
+                                 never runs; the whole Ingress answers 503 until the annotation \
+                                 is removed (or the operator sets ignoreSnippets)"
+                            ),
+                        );
+                        snippets.push(key.clone());
+                    }
+                }
+                n if is_security(n) => {
+                    if params.ignore_unsupported_security_annotations {
+                        report.warn(
+                            "UnsupportedSecurityAnnotation",
+                            format!(
+                                "{key} is not implemented by Sweety; the operator chose to serve \
+                                 the Ingress WITHOUT this protection"
+                            ),
+                        );
+                    } else {
+                        report.warn(
+                            "UnsupportedSecurityAnnotation",
+                            format!(
+                                "{key} is not implemented by Sweety; the Ingress's paths answer \
+                                 403 rather than being served without this protection"
+                            ),
+                        );
+                        unsupported_security.push(key.clone());
+                    }
+                }
                 "proxy-body-size" => report.warn(
                     "UnsupportedAnnotation",
                     format!(
@@ -432,7 +560,48 @@ impl Annotations {
         if secs > 0 {
             a.backend_timeout = Some(Duration::from_secs(secs));
         }
+        if !snippets.is_empty() {
+            a.refuse = Some((
+                503,
+                format!(
+                    "Ingress {ns}/{ing_name} is refused: {} carries raw proxy configuration, \
+                     which Sweety never runs\n",
+                    snippets.join(", ")
+                ),
+            ));
+        } else if !params.ignore_unsupported_security_annotations {
+            let mut why: Vec<String> = unsupported_security
+                .iter()
+                .map(|k| format!("{k} is not implemented"))
+                .collect();
+            why.extend(bad_access.iter().map(|e| format!("{e} cannot be honoured")));
+            if !why.is_empty() {
+                a.refuse = Some((
+                    403,
+                    format!(
+                        "forbidden: Ingress {ns}/{ing_name} asks for protection this proxy \
+                         cannot give ({}); refusing rather than serving unprotected\n",
+                        why.join("; ")
+                    ),
+                ));
+            }
+        }
         a
+    }
+
+    /// Fail closed: when the Ingress is refused, `route` answers the refusal instead (its
+    /// match is kept, its filters and backends are dropped).
+    pub(crate) fn guard(&self, route: &mut Route) {
+        if let Some((status, body)) = &self.refuse {
+            route.filters.clear();
+            route.timeouts = Default::default();
+            route.retry = None;
+            route.action = Action::Fixed(FixedResponse {
+                status: *status,
+                body: body.clone(),
+                content_type: Some("text/plain; charset=utf-8".into()),
+            });
+        }
     }
 
     /// Apply IP lists, rate limits, rewrite, CORS, redirect and timeout to one path's route. A route whose match
@@ -492,6 +661,7 @@ impl Annotations {
             route.filters.push(Filter::Redirect(r.clone()));
         }
         route.timeouts.backend = self.backend_timeout;
+        self.guard(route);
     }
 }
 
@@ -647,6 +817,7 @@ pub(crate) fn app_root_route(ns: &str, name: &str, rule: usize, root: &str) -> P
         path: "/".into(),
         path_type: "Exact".into(),
         regex: false,
+        namespace: ns.into(),
     }
 }
 
@@ -690,10 +861,18 @@ pub(crate) fn merge_canary(
     b: &mut Builder<'_>,
     ing: &Ingress,
     ann: &Annotations,
+    owners: &Hosts,
     hosts: &mut BTreeMap<String, Vec<PathRoute>>,
     report: &mut Report,
 ) {
     let ns = ing.metadata.namespace.clone().unwrap_or_default();
+    if ann.refuse.is_some() {
+        report.warn(
+            "CanaryIgnored",
+            "the canary is refused (see its other warnings); no traffic is sent to it",
+        );
+        return;
+    }
     let total = ann.canary_weight_total;
     let weight = ann.canary_weight.min(total);
     let spec = ing.spec.clone().unwrap_or_default();
@@ -706,16 +885,29 @@ pub(crate) fn merge_canary(
             .unwrap_or_default()
         {
             let path = p.path.clone().unwrap_or_else(|| "/".into());
+            let host = host.to_ascii_lowercase();
+            if let Err(r) = owners.ingress_may_serve(&host, &ns) {
+                report.warn(
+                    "CanaryWithoutPrimary",
+                    format!(
+                        "{}; a canary attaches only to a primary Ingress of its own namespace; \
+                         canary ignored",
+                        r.message
+                    ),
+                );
+                continue;
+            }
             let primary = hosts.get_mut(&host).and_then(|routes| {
                 routes
                     .iter_mut()
-                    .find(|r| r.path == path && r.path_type == p.path_type)
+                    .find(|r| r.path == path && r.path_type == p.path_type && r.namespace == ns)
             });
             let Some(primary) = primary else {
                 report.warn(
                     "CanaryWithoutPrimary",
                     format!(
-                        "no primary Ingress serves host {host:?} path {path:?} ({}); canary ignored",
+                        "no primary Ingress of namespace {ns} serves host {host:?} path {path:?} \
+                         ({}); canary ignored",
                         p.path_type
                     ),
                 );
@@ -796,6 +988,57 @@ mod tests {
         assert_eq!(anchor_regex("/api/v[0-9]+"), "/api/v[0-9]+.*");
         assert_eq!(anchor_regex("/exact$"), "/exact$");
         assert_eq!(regex_escape("/a.b"), "/a\\.b");
+    }
+
+    #[test]
+    fn cidrs_are_masked_like_nginx() {
+        assert_eq!(masked_cidr("10.0.0.1/8").unwrap(), "10.0.0.0/8");
+        assert_eq!(masked_cidr(" 192.168.1.7/24 ").unwrap(), "192.168.1.0/24");
+        assert_eq!(masked_cidr("10.1.2.3").unwrap(), "10.1.2.3/32");
+        assert_eq!(masked_cidr("1.2.3.4/0").unwrap(), "0.0.0.0/0");
+        assert_eq!(masked_cidr("2001:db8::1/32").unwrap(), "2001:db8::/32");
+        assert_eq!(masked_cidr("::1").unwrap(), "::1/128");
+        for bad in [
+            "office-vpn",
+            "10.0.0.0/33",
+            "10.0.0.0/",
+            "10.0.0.0/+8",
+            "::/129",
+            "",
+        ] {
+            assert!(masked_cidr(bad).is_err(), "{bad}");
+        }
+        assert!(is_security("auth-url") && is_security("auth-tls-verify-client"));
+        assert!(is_security("modsecurity-snippet") && is_security("enable-modsecurity"));
+        assert!(!is_security("use-regex") && !is_security("limit-rps"));
+    }
+
+    /// Property: any address with any valid prefix masks to a CIDR that sweety-config accepts,
+    /// that contains the address, and masking is idempotent.
+    #[test]
+    fn masking_is_total_and_idempotent() {
+        let mut seed: u64 = 0x2545_f491_4f6c_dd1d;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for i in 0..5_000 {
+            let (addr, width): (std::net::IpAddr, u64) = if i % 2 == 0 {
+                (std::net::Ipv4Addr::from(next() as u32).into(), 32)
+            } else {
+                (
+                    std::net::Ipv6Addr::from(u128::from(next()) << 64 | u128::from(next())).into(),
+                    128,
+                )
+            };
+            let prefix = next() % (width + 1);
+            let m = masked_cidr(&format!("{addr}/{prefix}")).unwrap();
+            let cidr = Cidr::parse(&m).unwrap();
+            assert!(cidr.contains(addr), "{addr}/{prefix} -> {m}");
+            assert_eq!(masked_cidr(&m).unwrap(), m);
+        }
     }
 
     #[test]
