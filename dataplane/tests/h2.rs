@@ -230,8 +230,6 @@ async fn curl_and_h2load_get_answers_over_h2c_and_tls() {
                     "3",
                     "-m",
                     "100",
-                    "-H",
-                    "host: a.test",
                     &url,
                 ])
                 .output(),
