@@ -42,7 +42,7 @@ for dir in "${dirs[@]}"; do
     artifacts="$cache/artifacts/$name/$target"
     mkdir -p "$corpus" "$artifacts"
     seeds=()
-    [ -d "$dir/seeds/$target" ] && seeds=("$dir/seeds/$target")
+    [ -d "$dir/seeds/$target" ] && seeds=("$PWD/$dir/seeds/$target")
     echo "== $dir: $target for ${secs}s"
     if ! (cd "$crate" && cargo fuzz run -s none -a "$target" "$corpus" "${seeds[@]}" -- \
       -max_total_time="$secs" -timeout=5 -rss_limit_mb=1024 -max_len=65536 \
