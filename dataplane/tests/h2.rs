@@ -223,15 +223,7 @@ async fn curl_and_h2load_get_answers_over_h2c_and_tls() {
     ] {
         let out = bounded(
             tokio::process::Command::new("h2load")
-                .args([
-                    "-n",
-                    "3000",
-                    "-c",
-                    "3",
-                    "-m",
-                    "100",
-                    &url,
-                ])
+                .args(["-n", "3000", "-c", "3", "-m", "100", &url])
                 .output(),
         )
         .await
