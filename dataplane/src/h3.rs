@@ -436,11 +436,14 @@ async fn serve_request(
 }
 
 /// Sends the head, then every body frame, awaiting each so QUIC flow control paces the body.
+/// Every write (head, DATA, trailers) the client does not accept within `send_timeout` resets
+/// the stream: a zero stream window cannot hold the request slot for ever.
 async fn send_response(mut send: SendHalf, resp: Response<Body>, send_timeout: Duration) {
     let (mut parts, mut body) = resp.into_parts();
     crate::conn_headers::strip(&mut parts.headers, crate::conn_headers::Te::Remove);
-    if let Err(e) = send.send_response(Response::from_parts(parts, ())).await {
-        tracing::debug!(error = %e, "HTTP/3 response head not sent");
+    let head = Response::from_parts(parts, ());
+    let sent = tokio::time::timeout(send_timeout, send.send_response(head)).await;
+    if !written(&mut send, sent) {
         return;
     }
     while let Some(frame) = body.frame().await {
@@ -452,28 +455,43 @@ async fn send_response(mut send: SendHalf, resp: Response<Body>, send_timeout: D
                 return;
             }
         };
-        let sent = match frame.into_data() {
-            Ok(data) if data.is_empty() => Ok(()),
-            Ok(data) => match tokio::time::timeout(send_timeout, send.send_data(data)).await {
-                Ok(r) => r,
-                Err(_) => {
-                    tracing::debug!("HTTP/3 client accepted no data within send_timeout");
-                    send.stop_stream(h3::error::Code::H3_REQUEST_CANCELLED);
-                    return;
-                }
-            },
-            Err(frame) => match frame.into_trailers() {
-                Ok(trailers) => send.send_trailers(trailers).await,
-                Err(_) => Ok(()),
-            },
+        let write = async {
+            match frame.into_data() {
+                Ok(data) if data.is_empty() => Ok(()),
+                Ok(data) => send.send_data(data).await,
+                Err(frame) => match frame.into_trailers() {
+                    Ok(trailers) => send.send_trailers(trailers).await,
+                    Err(_) => Ok(()),
+                },
+            }
         };
-        if let Err(e) = sent {
-            // The client went away or reset the stream; dropping the body releases the slot.
-            tracing::debug!(error = %e, "HTTP/3 response body not sent");
+        let sent = tokio::time::timeout(send_timeout, write).await;
+        if !written(&mut send, sent) {
+            // Dropping the body releases the request slot.
             return;
         }
     }
     let _ = send.finish().await;
+}
+
+/// Whether one bounded response write went out; a stalled one resets the stream.
+fn written(
+    send: &mut SendHalf,
+    sent: Result<Result<(), h3::error::StreamError>, tokio::time::error::Elapsed>,
+) -> bool {
+    match sent {
+        Ok(Ok(())) => true,
+        Ok(Err(e)) => {
+            // The client went away or reset the stream.
+            tracing::debug!(error = %e, "HTTP/3 response not sent");
+            false
+        }
+        Err(_) => {
+            tracing::debug!("HTTP/3 client accepted no data within send_timeout");
+            send.stop_stream(h3::error::Code::H3_REQUEST_CANCELLED);
+            false
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
