@@ -49,6 +49,8 @@ type RecvHalf = RequestStream<h3_quinn::RecvStream, Bytes>;
 
 /// The HTTP/3 application error code for a clean close.
 const H3_NO_ERROR: quinn::VarInt = quinn::VarInt::from_u32(0x100);
+/// H3_EXCESSIVE_LOAD (RFC 9114 §8.1): a connection over `limits.max_connections_per_client`.
+const H3_EXCESSIVE_LOAD: quinn::VarInt = quinn::VarInt::from_u32(0x107);
 
 /// The `Alt-Svc` value advertising HTTP/3 on `port`.
 pub fn alt_svc(port: u16, max_age: Duration) -> http::HeaderValue {
@@ -181,6 +183,11 @@ pub async fn run_quic(
             max_header_bytes: snap.config.limits.max_header_bytes.into(),
             static_chunk: snap.config.http3.static_chunk_size as usize,
             send_timeout: snap.config.limits.send_timeout.get(),
+            max_per_client: crate::server::per_client_cap(
+                &snap.access,
+                snap.config.limits.max_connections_per_client,
+                peer_of(&incoming).ip(),
+            ),
         };
         drop(snap);
         conns.spawn(serve_conn(
@@ -212,6 +219,12 @@ struct ConnSettings {
     /// `limits.send_timeout`: a response write the client does not accept within it resets
     /// the stream.
     send_timeout: Duration,
+    /// `limits.max_connections_per_client` for this peer (0: not capped).
+    max_per_client: u32,
+}
+
+fn peer_of(incoming: &quinn::Incoming) -> SocketAddr {
+    crate::ctx::canonical_addr(incoming.remote_address())
 }
 
 /// Whether the handshake of a connection that accepted 0-RTT has completed. Requests that
@@ -262,7 +275,7 @@ async fn serve_conn(
     mut drain: watch::Receiver<bool>,
 ) {
     let _permit = permit;
-    let peer = crate::ctx::canonical_addr(incoming.remote_address());
+    let peer = peer_of(&incoming);
     let connecting = match incoming.accept() {
         Ok(c) => c,
         Err(e) => {
@@ -288,6 +301,19 @@ async fn serve_conn(
         match handshake(&shared, connecting, &settings).await {
             Some(c) => (c, Handshake::complete()),
             None => return,
+        }
+    };
+    // Counted once the handshake has proven the address (or 0-RTT was accepted), so that
+    // spoofed Initials cannot use up another client's share.
+    let _client_slot = match shared
+        .client_conns
+        .try_take(peer.ip(), settings.max_per_client)
+    {
+        Ok(slot) => slot,
+        Err(_) => {
+            shared.metrics.limit_hit("client_connections");
+            conn.close(H3_EXCESSIVE_LOAD, b"too many connections from this address");
+            return;
         }
     };
     let handshake = Arc::new(handshake);

@@ -921,6 +921,44 @@ async fn client_certificates_are_verified_over_h3() {
     .await;
 }
 
+#[tokio::test]
+async fn quic_connections_are_capped_per_client_address() {
+    bounded(30, async {
+        let (mut cfg, ca) = h3_config(vec![fixed_route("r", "/", "ok")]);
+        cfg.limits.max_connections_per_client = 1;
+        let h = Harness::start(cfg).await;
+        let addr = h.addr("tls").await;
+        let first = H3::connect(addr, "localhost", &ca).await.unwrap();
+        assert_eq!(first.get("/").await.unwrap().0, 200);
+        // The second connection from the same address is closed once its handshake is done.
+        let second = match H3::connect(addr, "localhost", &ca).await {
+            Ok(c) => c.get("/").await.map(|r| r.0),
+            Err(e) => Err(e),
+        };
+        assert!(second.is_err(), "second connection served: {second:?}");
+        assert!(limit_hits(&h, "client_connections") >= 1);
+        assert_eq!(
+            h.runtime
+                .shared
+                .client_conns
+                .held("127.0.0.1".parse().unwrap()),
+            1
+        );
+        first.conn.close(0u32.into(), b"done");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            if let Ok(c) = H3::connect(addr, "localhost", &ca).await {
+                if let Ok((200, _, _)) = c.get("/").await {
+                    break;
+                }
+            }
+            assert!(Instant::now() < deadline, "the address's slot never freed");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+}
+
 /// A client that stops reading (its stream windows stay at 1 KB, its connection is kept
 /// alive) cannot hold request slots: neither a response head larger than the window nor a
 /// body outlives `send_timeout`.
