@@ -85,8 +85,12 @@ pub async fn run_tcp(
         let idle_timeout = snap.config.limits.idle_timeout.get();
         let send_timeout = snap.config.limits.send_timeout.get();
         // The per-client cap is judged on the client's address: after a PROXY header.
-        let access = (snap.config.limits.max_connections_per_client > 0)
-            .then(|| (snap.access.clone(), snap.config.limits.max_connections_per_client));
+        let access = (snap.config.limits.max_connections_per_client > 0).then(|| {
+            (
+                snap.access.clone(),
+                snap.config.limits.max_connections_per_client,
+            )
+        });
         let h2 = (snap.config.limits.http2_engine == sweety_config::Http2Engine::Sweety)
             .then(|| h2_settings(&snap.config.limits));
         drop(snap);

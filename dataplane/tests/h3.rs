@@ -1013,7 +1013,10 @@ async fn an_h3_client_that_stops_reading_holds_no_request_slot_past_send_timeout
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        assert!(c.conn.close_reason().is_none(), "the connection itself stays");
+        assert!(
+            c.conn.close_reason().is_none(),
+            "the connection itself stays"
+        );
         drop(streams);
     })
     .await;
