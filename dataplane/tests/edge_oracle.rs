@@ -401,8 +401,9 @@ fn reaches_admin(path: &str) -> bool {
     out.first().is_some_and(|s| s.eq_ignore_ascii_case("admin"))
 }
 
-/// The two-host config: `a.test` denies `/admin` (a fixed 403) and proxies the rest,
-/// `b.test` proxies everything; each proxy route sets `x-route` to its host.
+/// The two-host config: `a.test` denies `/admin` and requests with `x-hop` (a fixed 403) and
+/// proxies the rest, `b.test` proxies everything; each proxy route sets `x-route` to its host.
+/// A catch-all vhost proxies any other host with an `x-route` no Host matches.
 fn config(backend_addr: SocketAddr, engine: Http2Engine) -> (Config, String) {
     let names = ["a.test", "b.test"];
     let (c, k) = sweety_dataplane::tls::self_signed(&names).unwrap();
@@ -425,6 +426,16 @@ fn config(backend_addr: SocketAddr, engine: Http2Engine) -> (Config, String) {
     if let Action::Fixed(f) = &mut deny.action {
         f.status = 403;
     }
+    // A request still carrying `x-hop` (which hostile rows name in `Connection`) when it is
+    // routed meets this deny: hop-by-hop fields must be gone before matching.
+    let mut hop = deny.clone();
+    hop.name = "a-hop".into();
+    hop.matches[0].path = Some(PathMatch::Prefix("/".into()));
+    hop.matches[0].headers = vec![HeaderMatch {
+        name: "x-hop".into(),
+        value: "1".into(),
+        kind: MatchKind::Exact,
+    }];
     let cfg = Config {
         generation: 1,
         listeners: vec![
@@ -440,8 +451,11 @@ fn config(backend_addr: SocketAddr, engine: Http2Engine) -> (Config, String) {
             },
         ],
         virtual_hosts: vec![
-            vhost("a", &["a.test"], vec![deny, tagged("a-all", "a.test")]),
+            vhost("a", &["a.test"], vec![deny, hop, tagged("a-all", "a.test")]),
             vhost("b", &["b.test"], vec![tagged("b-all", "b.test")]),
+            // Any other host (none, or one that lost its identity) is proxied too, tagged
+            // with a name no Host can equal: reaching the backend through it is a violation.
+            vhost("any", &[], vec![tagged("any-all", "no host")]),
         ],
         backends: vec![backend("be", backend_addr)],
         limits: Limits {
