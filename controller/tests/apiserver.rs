@@ -2196,6 +2196,13 @@ async fn run_loop_pushes_before_statuses_and_reconciles_once_per_change() {
     .await;
     assert_eq!(programmed["observedGeneration"], 1);
     assert!(metrics.push_latency.count() >= 1);
+    // The Ack came only after the Pending status, itself written past the Ack wait after
+    // the submit: a push latency shorter than that was not measured up to the Ack.
+    assert!(
+        metrics.push_latency.sum() >= ack_wait,
+        "push latency {:?} < the Ack wait {ack_wait:?}",
+        metrics.push_latency.sum()
+    );
 
     // 4. Our status writes woke no reconcile: only the start reconcile ran, and the watches
     // saw (and ignored) the two status updates.
