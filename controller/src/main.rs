@@ -356,7 +356,10 @@ mod tests {
         assert!(parse_pins(&["no-equals".into()]).is_err());
         assert_eq!(non_empty(""), None);
         assert_eq!(non_empty("sweety").as_deref(), Some("sweety"));
-        assert_eq!(entries(vec!["a".into(), String::new(), "b".into()]), ["a", "b"]);
+        assert_eq!(
+            entries(vec!["a".into(), String::new(), "b".into()]),
+            ["a", "b"]
+        );
         Args::try_parse_from([
             "sweety-controller",
             "--leader-elect",

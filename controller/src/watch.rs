@@ -928,7 +928,10 @@ mod tests {
         let mut f = StatusOnly::for_kind("HTTPRoute").expect("HTTPRoute status is ours");
         assert!(f.pass(&Apply(route(Some(1), "u1", "a"))), "new object");
         // A status write (ours or another controller's): same generation and metadata.
-        assert!(!f.pass(&Apply(route(Some(1), "u1", "b"))), "status-only update");
+        assert!(
+            !f.pass(&Apply(route(Some(1), "u1", "b"))),
+            "status-only update"
+        );
         // A spec change bumps the generation.
         assert!(f.pass(&Apply(route(Some(2), "u1", "b"))), "spec change");
         // Metadata translate reads: labels, annotations.
@@ -941,10 +944,16 @@ mod tests {
         // Deleted and created again under the same name, generation 1 again: a new uid.
         assert!(f.pass(&Delete(route(Some(2), "u1", "b"))));
         assert!(f.pass(&Apply(route(Some(1), "u2", "b"))), "recreated");
-        assert!(f.pass(&Apply(route(Some(1), "u3", "b"))), "new uid, same generation");
+        assert!(
+            f.pass(&Apply(route(Some(1), "u3", "b"))),
+            "new uid, same generation"
+        );
         // No generation (a kind or an apiserver that does not keep one): never dropped.
         assert!(f.pass(&Apply(route(None, "u3", "b"))));
-        assert!(f.pass(&Apply(route(None, "u3", "b"))), "no generation: always passes");
+        assert!(
+            f.pass(&Apply(route(None, "u3", "b"))),
+            "no generation: always passes"
+        );
         // A relist passes every object and starts the comparison over from what it listed.
         assert!(f.pass::<gw::httproutes::HttpRoute>(&Init));
         assert!(f.pass(&InitApply(route(Some(7), "u3", "b"))));
