@@ -60,7 +60,7 @@ if kubectl get crd gateways.gateway.networking.k8s.io >/dev/null 2>&1; then
   die "the cluster already serves the Gateway API (an earlier run?): e2e/install.sh down --purge first"
 fi
 IMAGE_DIR=$SWEETY_CLUSTER_DIR/image
-build_id=$(cat "$IMAGE_DIR/sweety-controller" "$IMAGE_DIR/sweety-dataplane" | sha256sum | cut -c1-16)
+build_id=$(cat "$IMAGE_DIR/build-id") || die "no build id in $IMAGE_DIR (e2e/install.sh writes it)"
 POD_CIDR=${SWEETY_POD_CIDR:-10.246.0.0/24}
 NET=${POD_CIDR%.0/24}
 
