@@ -49,7 +49,7 @@ print(f"ok: docker-archive view: {len(d['Layers'])} layer(s), {d['Os']}/{d['Arch
 PY
 echo "ok: oci-archive view"
 
-echo "== consistent with deploy/Dockerfile (binaries, user, entrypoint, ports, labels)"
+echo "== consistent with deploy/Dockerfile (binaries, user, entrypoint, ports, labels, workspace members copied)"
 python3 "$REPO/deploy/image/image-consistency.py" "$REPO/deploy/Dockerfile" "$tarball"
 
 size=$(stat -c %s "$tarball")

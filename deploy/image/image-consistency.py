@@ -9,7 +9,8 @@ under /out/). From the archive: the image config (index.json -> manifest -> conf
 regular files of its layers. They must agree: the same executables in the same directory, the
 same user, entrypoint, command, exposed ports and labels (with the Dockerfile's ARG defaults, so
 a version bump in Cargo.toml must reach its VERSION too; the revision is a build argument there).
-Exits 1 with every difference listed.
+The build stage must also copy every workspace member of the Cargo.toml beside it (cargo
+reads them all). Exits 1 with every difference listed.
 """
 import gzip
 import io
@@ -41,7 +42,13 @@ def dockerfile_facts(path):
     out_names = set()
     for l in lines[: stages[-1]]:
         out_names |= set(re.findall(r"/out/([A-Za-z0-9._-]+)", l))
-    facts = {"user": None, "entrypoint": None, "cmd": None, "ports": set(), "files": set(), "labels": {}}
+    # What the build stages copy from the build context (`COPY SRC... DEST`, not `--from=`).
+    context = set()
+    for l in lines[: stages[-1]]:
+        word, _, rest = l.partition(" ")
+        if word.upper() == "COPY" and "--from=" not in rest:
+            context |= {a.rstrip("/") for a in shlex.split(rest)[:-1] if not a.startswith("--")}
+    facts = {"context": context, "user": None, "entrypoint": None, "cmd": None, "ports": set(), "files": set(), "labels": {}}
     args = {}
     for l in final:
         word, _, rest = l.partition(" ")
@@ -99,10 +106,24 @@ def image_facts(path):
     }
 
 
+def workspace_members(dockerfile):
+    """The members of the workspace the Dockerfile builds (the Cargo.toml two levels up)."""
+    import os
+    import tomllib
+    root = os.path.join(os.path.dirname(os.path.abspath(dockerfile)), "..")
+    with open(os.path.join(root, "Cargo.toml"), "rb") as f:
+        return tomllib.load(f)["workspace"]["members"]
+
+
 def main():
     dockerfile, tarball = sys.argv[1:3]
     d, i = dockerfile_facts(dockerfile), image_facts(tarball)
     errors = []
+    # cargo loads every member's manifest: a member the build stage does not copy breaks
+    # `docker build` (which CI does not run) while build.sh still works.
+    for m in workspace_members(dockerfile):
+        if not any(m == c or m.startswith(c + "/") for c in d["context"]):
+            errors.append(f"workspace member {m}: not copied into the Dockerfile's build stage")
     for key in ("user", "entrypoint", "cmd", "ports"):
         if d[key] != i[key]:
             errors.append(f"{key}: Dockerfile {d[key]!r}, image {i[key]!r}")
