@@ -16,9 +16,12 @@ secs="${1:-20}"
 tools="$HOME/.cache/sweety/tools"
 cache="$HOME/.cache/sweety/fuzz"
 export PATH="$tools/bin:$PATH"
-if ! command -v cargo-fuzz >/dev/null; then
-  echo "== installing cargo-fuzz into $tools"
-  cargo install --locked --root "$tools" cargo-fuzz
+# Pinned like .ci/run's cargo-deny: an unpinned install takes whatever the registry has newest on a
+# cold machine (and its minimum Rust with it).
+CARGO_FUZZ_VERSION=0.12.0
+if [ "$("$tools/bin/cargo-fuzz" --version 2>/dev/null)" != "cargo-fuzz $CARGO_FUZZ_VERSION" ]; then
+  echo "== installing cargo-fuzz $CARGO_FUZZ_VERSION into $tools"
+  cargo install --locked --root "$tools" cargo-fuzz --version "$CARGO_FUZZ_VERSION"
 fi
 
 mapfile -t dirs < <(git ls-files '*fuzz/Cargo.toml' | xargs -r grep -l 'cargo-fuzz = true' | xargs -r -n1 dirname | sort)

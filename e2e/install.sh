@@ -165,7 +165,10 @@ mkdir -p "$IMAGE_DIR"
 for b in sweety-controller sweety-dataplane; do
   ln -f "$BIN/$b" "$IMAGE_DIR/$b" 2>/dev/null || cp -f "$BIN/$b" "$IMAGE_DIR/$b"
 done
+# The build id (pod annotation sweety.dev/build: a rebuild rolls the pods), kept beside the binaries for
+# e2e/lifecycle.sh, whose helm installs carry the same annotation.
 build_id=$(cat "$IMAGE_DIR/sweety-controller" "$IMAGE_DIR/sweety-dataplane" | sha256sum | cut -c1-16)
+echo "$build_id" >"$IMAGE_DIR/build-id"
 
 # ------------------------------------------------------------------ 3. node agent
 if running node-agent; then

@@ -8,7 +8,8 @@
 #      values) adds the GatewayClass; a Gateway + HTTPRoute become Programmed/Accepted and answer — with
 #      the SAME controller container (same pod uid, restartCount 0): the controller discovered the kinds;
 #   3. `helm uninstall`: nothing of ours is left (per-Gateway Services and EndpointSlices, the Lease,
-#      every object with the release's labels, cluster-scoped ones too);
+#      every object with the release's labels, cluster-scoped ones too, Helm's release records: `ours`
+#      lists them; `installed` first checks that the listing finds each kind while installed);
 #   4. the previous chart version (charts/sweety as of $PREVIOUS_CHART_REF, from git) installed with the
 #      Gateway API CRDs present, a Gateway serving; `helm upgrade` to this chart: it still serves, the
 #      Lease gains its owner; `helm uninstall` again leaves nothing.
@@ -59,7 +60,7 @@ if kubectl get crd gateways.gateway.networking.k8s.io >/dev/null 2>&1; then
   die "the cluster already serves the Gateway API (an earlier run?): e2e/install.sh down --purge first"
 fi
 IMAGE_DIR=$SWEETY_CLUSTER_DIR/image
-build_id=$(cat "$IMAGE_DIR/sweety-controller" "$IMAGE_DIR/sweety-dataplane" | sha256sum | cut -c1-16)
+build_id=$(cat "$IMAGE_DIR/build-id") || die "no build id in $IMAGE_DIR (e2e/install.sh writes it)"
 POD_CIDR=${SWEETY_POD_CIDR:-10.246.0.0/24}
 NET=${POD_CIDR%.0/24}
 
@@ -151,18 +152,35 @@ controller_state() { # controller_state NAMESPACE: "<pod uid> <controller restar
     -o jsonpath='{.items[0].metadata.uid} {.items[0].status.containerStatuses[?(@.name=="controller")].restartCount}'
 }
 
-nothing_left() { # nothing_left NAMESPACE: after helm uninstall, no object of ours anywhere (GC: 90 s)
+ours() { # ours NAMESPACE: every object of ours, as kubectl's kind.group/name, one a line; fails if kubectl does
+  local ns=$1
+  # The per-Gateway Services and their EndpointSlices (the controller's label, in the Gateways' namespaces),
+  kubectl get services,endpointslices -A -l app.kubernetes.io/managed-by=sweety -o name &&
+    # the release's namespaced objects, every Lease of its namespace (the controller's),
+    kubectl -n "$ns" get leases,deployments,daemonsets,pods,services,serviceaccounts,roles,rolebindings,configmaps,secrets,sweetyproxyconfigs \
+      -l app.kubernetes.io/instance=sweety -o name &&
+    kubectl -n "$ns" get leases -o name &&
+    # its cluster-scoped objects and Helm's release records.
+    kubectl get clusterroles,clusterrolebindings,ingressclasses,gatewayclasses -l app.kubernetes.io/instance=sweety -o name &&
+    kubectl get secrets -n "$ns" -l owner=helm -o name
+}
+
+installed() { # installed NAMESPACE KIND/NAME-PREFIX...: before uninstalling, `ours` lists each, so the empty list after it means something
+  local ns=$1 have want; shift
+  have=$(ours "$ns") || die "listing our objects in $ns failed"
+  for want in "$@"; do
+    grep -q "^$want" <<<"$have" || die "before helm uninstall, no $want among our objects: $(echo "$have" | tr '\n' ' ')"
+  done
+}
+
+nothing_left() { # nothing_left NAMESPACE: after helm uninstall, `ours` lists nothing (GC: 90 s)
   local ns=$1 left=""
   for _ in $(seq 1 90); do
-    left=$(
-      kubectl get services,endpointslices -A -l app.kubernetes.io/managed-by=sweety -o name 2>/dev/null
-      kubectl -n "$ns" get leases,deployments,daemonsets,pods,services,serviceaccounts,roles,rolebindings,configmaps,secrets,sweetyproxyconfigs \
-        -l app.kubernetes.io/instance=sweety -o name 2>/dev/null
-      kubectl -n "$ns" get leases -o name 2>/dev/null
-      kubectl get clusterroles,clusterrolebindings,ingressclasses,gatewayclasses -l app.kubernetes.io/instance=sweety -o name 2>/dev/null
-      kubectl get secrets -n "$ns" -l owner=helm -o name 2>/dev/null
-    )
-    [ -z "$left" ] && return 0
+    if left=$(ours "$ns" 2>"$WORK/ours.err"); then
+      [ -z "$left" ] && return 0
+    else
+      left="(listing failed: $(cat "$WORK/ours.err"))"
+    fi
     sleep 1
   done
   die "left behind after helm uninstall in $ns: $(echo "$left" | tr '\n' ' ')"
@@ -215,6 +233,10 @@ kubectl -n "$NS" get lease sweety-controller -o jsonpath='{.metadata.ownerRefere
 
 # ------------------------------------------------------------------ 3. uninstall
 log "3. helm uninstall"
+# What uninstall must remove (the GatewayClass owns the per-Gateway Service and its EndpointSlices).
+installed "$NS" service/ endpointslice.discovery.k8s.io/ lease.coordination.k8s.io/sweety-controller deployment.apps/sweety \
+  serviceaccount/sweety clusterrole.rbac.authorization.k8s.io/ ingressclass.networking.k8s.io/sweety \
+  gatewayclass.gateway.networking.k8s.io/sweety sweetyproxyconfig.sweety.dev/ secret/sh.helm.release.v1.sweety.
 "$HELM" uninstall sweety -n "$NS" --wait --timeout 3m >/dev/null
 nothing_left "$NS"
 log "3. ok: nothing of ours left (Services, EndpointSlices, Lease, release objects)"
@@ -239,6 +261,8 @@ for _ in $(seq 1 30); do
 done
 kubectl -n "$NS" get lease sweety-controller -o jsonpath='{.metadata.ownerReferences[0].kind}' | grep -qx ServiceAccount ||
   die "the Lease of the previous release did not gain its owner"
+installed "$NS" endpointslice.discovery.k8s.io/ lease.coordination.k8s.io/sweety-controller deployment.apps/sweety \
+  gatewayclass.gateway.networking.k8s.io/sweety secret/sh.helm.release.v1.sweety.
 "$HELM" uninstall sweety -n "$NS" --wait --timeout 3m >/dev/null
 nothing_left "$NS"
 kubectl delete namespace lc-upgrade --wait=false >/dev/null

@@ -12,7 +12,7 @@
 # What is in it (one layer, reproducible: fixed owners and mtimes from the commit's time):
 #   /usr/local/bin/sweety-controller, /usr/local/bin/sweety-dataplane  release builds from this
 #       host (`cargo build --release --locked`, or the binaries in --bin-dir), stripped;
-#   the shared libraries they load (from `ldd`: glibc, libgcc_s, the dynamic loader);
+#   the shared libraries they load (from `ldd`: glibc, libm, libgcc_s, the dynamic loader);
 #   /etc/ssl/certs/ca-certificates.crt  Mozilla's roots as Debian's ca-certificates package ships
 #       them (/usr/share/ca-certificates/mozilla), never this machine's local additions;
 #   /etc/passwd, /etc/group (root, sweety 65532, nobody), /etc/nsswitch.conf;

@@ -6,7 +6,7 @@
 # 1. Both loaders' views of the archive: `skopeo inspect` as an OCI archive (podman, ctr,
 #    `kind load image-archive`) and as a Docker archive (`docker load`, through manifest.json).
 # 2. Consistency with deploy/Dockerfile, the build for users with Docker (image-consistency.py):
-#    the same binaries in /usr/local/bin, the same USER, ENTRYPOINT/CMD and EXPOSEd ports.
+#    the same binaries in /usr/local/bin, the same USER, ENTRYPOINT/CMD, EXPOSEd ports and LABELs.
 # 3. Run (unless --no-run; needs root, runc, umoci, iproute2, curl): the image is unpacked into
 #    an OCI runtime bundle and started with runc as the image's user (65532, checked in
 #    /proc), with a read-only root, no capabilities, a tmpfs on /tmp and /var/run/sweety (what
@@ -49,7 +49,7 @@ print(f"ok: docker-archive view: {len(d['Layers'])} layer(s), {d['Os']}/{d['Arch
 PY
 echo "ok: oci-archive view"
 
-echo "== consistent with deploy/Dockerfile (binaries, user, entrypoint, ports)"
+echo "== consistent with deploy/Dockerfile (binaries, user, entrypoint, ports, labels, workspace members copied)"
 python3 "$REPO/deploy/image/image-consistency.py" "$REPO/deploy/Dockerfile" "$tarball"
 
 size=$(stat -c %s "$tarball")
@@ -115,7 +115,11 @@ uid=$(awk '/^Uid:/ {print $2, $3, $4, $5}' "/proc/$pid/status")
 caps=$(awk '/^CapEff:/ {print $2}' "/proc/$pid/status")
 [[ $uid == "65532 65532 65532 65532" ]] || { echo "FAIL: the dataplane runs as uid '$uid', not 65532" >&2; exit 1; }
 [[ $caps == 0000000000000000 ]] || { echo "FAIL: the dataplane has capabilities $caps" >&2; exit 1; }
-echo "ok: the dataplane runs as uid 65532 with no capabilities (pid $pid)"
+# Its root as the process sees it (mount point "/" in its own mount table): read-only, as the chart
+# runs it (readOnlyRootFilesystem), so a write to the image's files would have failed the checks below.
+root_opts=$(awk '$5 == "/" {print $6}' "/proc/$pid/mountinfo" | tail -1)
+[[ ,$root_opts, == *,ro,* ]] || { echo "FAIL: the dataplane's root filesystem is mounted '$root_opts', not read-only" >&2; exit 1; }
+echo "ok: the dataplane runs as uid 65532 with no capabilities and a read-only root (pid $pid)"
 ready=""
 for _ in $(seq 1 100); do
     if code=$(ip netns exec "$netns" curl -s -o /dev/null -w '%{http_code}' --max-time 2 http://127.0.0.1:9901/readyz) &&

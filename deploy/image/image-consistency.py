@@ -3,11 +3,14 @@
 
     image-consistency.py deploy/Dockerfile IMAGE.oci.tar
 
-From the Dockerfile's last stage (the runtime image): USER, ENTRYPOINT, CMD, EXPOSE, and the
+From the Dockerfile's last stage (the runtime image): USER, ENTRYPOINT, CMD, EXPOSE, LABEL and the
 files its `COPY --from=<stage> /out/ DEST` lines bring in (the names the build stage installs
 under /out/). From the archive: the image config (index.json -> manifest -> config) and the
 regular files of its layers. They must agree: the same executables in the same directory, the
-same user, entrypoint, command and exposed ports. Exits 1 with every difference listed.
+same user, entrypoint, command, exposed ports and labels (with the Dockerfile's ARG defaults, so
+a version bump in Cargo.toml must reach its VERSION too; the revision is a build argument there).
+The build stage must also copy every workspace member of the Cargo.toml beside it (cargo
+reads them all). Exits 1 with every difference listed.
 """
 import gzip
 import io
@@ -39,11 +42,25 @@ def dockerfile_facts(path):
     out_names = set()
     for l in lines[: stages[-1]]:
         out_names |= set(re.findall(r"/out/([A-Za-z0-9._-]+)", l))
-    facts = {"user": None, "entrypoint": None, "cmd": None, "ports": set(), "files": set()}
+    # What the build stages copy from the build context (`COPY SRC... DEST`, not `--from=`).
+    context = set()
+    for l in lines[: stages[-1]]:
+        word, _, rest = l.partition(" ")
+        if word.upper() == "COPY" and "--from=" not in rest:
+            context |= {a.rstrip("/") for a in shlex.split(rest)[:-1] if not a.startswith("--")}
+    facts = {"context": context, "user": None, "entrypoint": None, "cmd": None, "ports": set(), "files": set(), "labels": {}}
+    args = {}
     for l in final:
         word, _, rest = l.partition(" ")
         word, rest = word.upper(), rest.strip()
-        if word == "USER":
+        if word == "ARG" and "=" in rest:
+            k, _, v = rest.partition("=")
+            args[k] = v
+        elif word == "LABEL":
+            for kv in shlex.split(rest):
+                k, _, v = kv.partition("=")
+                facts["labels"][k] = re.sub(r"\$\{(\w+)\}", lambda m: args.get(m.group(1), m.group(0)), v)
+        elif word == "USER":
             facts["user"] = rest
         elif word in ("CMD", "ENTRYPOINT"):
             try:
@@ -85,16 +102,36 @@ def image_facts(path):
         "cmd": config.get("Cmd"),
         "ports": set(config.get("ExposedPorts", {})),
         "files": files,
+        "labels": config.get("Labels") or {},
     }
+
+
+def workspace_members(dockerfile):
+    """The members of the workspace the Dockerfile builds (the Cargo.toml two levels up)."""
+    import os
+    import tomllib
+    root = os.path.join(os.path.dirname(os.path.abspath(dockerfile)), "..")
+    with open(os.path.join(root, "Cargo.toml"), "rb") as f:
+        return tomllib.load(f)["workspace"]["members"]
 
 
 def main():
     dockerfile, tarball = sys.argv[1:3]
     d, i = dockerfile_facts(dockerfile), image_facts(tarball)
     errors = []
+    # cargo loads every member's manifest: a member the build stage does not copy breaks
+    # `docker build` (which CI does not run) while build.sh still works.
+    for m in workspace_members(dockerfile):
+        if not any(m == c or m.startswith(c + "/") for c in d["context"]):
+            errors.append(f"workspace member {m}: not copied into the Dockerfile's build stage")
     for key in ("user", "entrypoint", "cmd", "ports"):
         if d[key] != i[key]:
             errors.append(f"{key}: Dockerfile {d[key]!r}, image {i[key]!r}")
+    # Every label the Dockerfile sets, with its ARG defaults (version, licences, source...); the
+    # revision is a build argument there (default "unknown") and the commit here.
+    for k, v in sorted(d["labels"].items()):
+        if k != "org.opencontainers.image.revision" and i["labels"].get(k) != v:
+            errors.append(f"label {k}: Dockerfile {v!r}, image {i['labels'].get(k)!r}")
     if not d["files"]:
         errors.append("the Dockerfile's last stage copies no binaries from /out/")
     dirs = {f.rsplit("/", 1)[0] for f in d["files"]}

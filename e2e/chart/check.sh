@@ -106,6 +106,21 @@ reject "at '/containerSecurityContext/privileged'" --set containerSecurityContex
 reject "at '/containerSecurityContext/allowPrivilegeEscalation'" --set containerSecurityContext.allowPrivilegeEscalation=true
 reject "at '/podSecurityContext/runAsNonRoot'" --set podSecurityContext.runAsNonRoot=false
 reject "at '/containerSecurityContext/runAsUser': minimum: got 0" --set containerSecurityContext.runAsUser=0
+# What else would undo the chart's securityContext (the Pod Security Standards' restricted profile).
+reject "at '/containerSecurityContext/capabilities/add/0'" --set 'containerSecurityContext.capabilities.add={SYS_ADMIN}'
+reject "at '/containerSecurityContext/capabilities/drop'" --set 'containerSecurityContext.capabilities.drop={NET_RAW}'
+reject "at '/containerSecurityContext/seccompProfile/type'" --set containerSecurityContext.seccompProfile.type=Unconfined
+reject "at '/podSecurityContext/seccompProfile/type'" --set podSecurityContext.seccompProfile.type=Unconfined
+reject "at '/containerSecurityContext/appArmorProfile/type'" --set containerSecurityContext.appArmorProfile.type=Unconfined
+reject "at '/containerSecurityContext/procMount'" --set containerSecurityContext.procMount=Unmasked
+reject "at '/podSecurityContext/fsGroup': minimum: got 0" --set podSecurityContext.fsGroup=0
+reject "at '/podSecurityContext/supplementalGroups/0': minimum: got 0" --set 'podSecurityContext.supplementalGroups={0}'
+reject "at '/podSecurityContext/sysctls/0/name'" \
+    --set 'podSecurityContext.sysctls[0].name=kernel.msgmax,podSecurityContext.sysctls[0].value=1'
+reject "at '/podSecurityContext/seLinuxOptions': additional properties 'user' not allowed" \
+    --set podSecurityContext.seLinuxOptions.user=system_u
+reject "at '/containerSecurityContext': additional properties 'windowsOptions' not allowed" \
+    --set containerSecurityContext.windowsOptions.hostProcess=true
 reject "at '/controller/extraArgs/0'" --set 'controller.extraArgs={-v}'
 reject "autoscaling.enabled needs kind Deployment" --set kind=DaemonSet,autoscaling.enabled=true
 reject "controller.leaderElection must be true" --set kind=DaemonSet,controller.leaderElection=false

@@ -59,3 +59,49 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- $base := dict "runAsNonRoot" true "runAsUser" (int .Values.runAsUser) "runAsGroup" (int .Values.runAsUser) "readOnlyRootFilesystem" true "allowPrivilegeEscalation" false "capabilities" (dict "drop" (list "ALL")) "seccompProfile" (dict "type" "RuntimeDefault") -}}
 {{- toYaml (mergeOverwrite $base (deepCopy .Values.containerSecurityContext)) -}}
 {{- end -}}
+
+{{/* The environment both containers get; called with the container's values (.Values.controller
+or .Values.dataplane): the pod's namespace and name, RUST_LOG from logLevel, then extraEnv. */}}
+{{- define "sweety.containerEnv" -}}
+- name: POD_NAMESPACE
+  valueFrom:
+    fieldRef: {fieldPath: metadata.namespace}
+- name: POD_NAME
+  valueFrom:
+    fieldRef: {fieldPath: metadata.name}
+- name: RUST_LOG
+  value: {{ .logLevel | quote }}
+{{- with .extraEnv }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* The mounts both containers get (the shared run directory, /tmp), then the container's
+extraVolumeMounts; called with the container's values. */}}
+{{- define "sweety.containerVolumeMounts" -}}
+- name: run
+  mountPath: /var/run/sweety
+- name: tmp
+  mountPath: /tmp
+{{- with .extraVolumeMounts }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* Startup, liveness and readiness probes on a named container port serving /healthz and
+/readyz (the controller's metrics port, the dataplane's admin port; the dataplane is not ready
+until the controller has pushed a config). */}}
+{{- define "sweety.probes" -}}
+startupProbe:
+  httpGet: {path: /healthz, port: {{ . }}}
+  periodSeconds: 2
+  failureThreshold: 30
+livenessProbe:
+  httpGet: {path: /healthz, port: {{ . }}}
+  periodSeconds: 10
+  failureThreshold: 3
+readinessProbe:
+  httpGet: {path: /readyz, port: {{ . }}}
+  periodSeconds: 5
+  failureThreshold: 3
+{{- end -}}

@@ -444,63 +444,28 @@ fn truncated_blocks() {
 }
 
 #[test]
-fn integer_overflow() {
-    let mut d = Decoder::new();
-    // Six continuation octets.
-    assert_eq!(
-        decode_all(&mut d, &hex("ff 80 80 80 80 80 01"), BIG),
-        Err(HpackError::IntegerOverflow)
-    );
-    // Five octets but above u32::MAX.
-    let mut d = Decoder::new();
-    assert_eq!(
-        decode_all(&mut d, &hex("ff ff ff ff ff 7f"), BIG),
-        Err(HpackError::IntegerOverflow)
-    );
-    // A string length that overflows.
-    let mut d = Decoder::new();
-    assert_eq!(
-        decode_all(&mut d, &hex("00 7f ff ff ff ff 7f"), BIG),
-        Err(HpackError::IntegerOverflow)
-    );
-}
-
-#[test]
-fn invalid_indexes() {
-    let mut d = Decoder::new();
-    assert_eq!(
-        decode_all(&mut d, &hex("80"), BIG),
-        Err(HpackError::InvalidIndex {
-            index: 0,
-            dynamic_len: 0
-        })
-    );
-    let mut d = Decoder::new();
-    assert_eq!(
-        decode_all(&mut d, &hex("be"), BIG),
-        Err(HpackError::InvalidIndex {
-            index: 62,
-            dynamic_len: 0
-        })
-    );
-    // Literal with an indexed name past the dynamic table.
-    let mut d = Decoder::new();
-    decode_all(&mut d, &hex("4001 61 01 62"), BIG).unwrap();
-    assert_eq!(
-        decode_all(&mut d, &hex("7f00 0161"), BIG),
-        Err(HpackError::InvalidIndex {
-            index: 63,
-            dynamic_len: 1
-        })
-    );
-    let mut d = Decoder::new();
-    assert_eq!(
-        decode_all(&mut d, &hex("0f30 0161"), BIG),
-        Err(HpackError::InvalidIndex {
-            index: 63,
-            dynamic_len: 0
-        })
-    );
+fn integer_overflow_and_invalid_indexes() {
+    let invalid = |index, dynamic_len| HpackError::InvalidIndex { index, dynamic_len };
+    // (a block decoded first on the same decoder, the block, its error)
+    let cases = [
+        // Six continuation octets.
+        ("", "ff 80 80 80 80 80 01", HpackError::IntegerOverflow),
+        // Five octets but above u32::MAX.
+        ("", "ff ff ff ff ff 7f", HpackError::IntegerOverflow),
+        // A string length that overflows.
+        ("", "00 7f ff ff ff ff 7f", HpackError::IntegerOverflow),
+        // Index 0, and the first index past the static table with an empty dynamic table.
+        ("", "80", invalid(0, 0)),
+        ("", "be", invalid(62, 0)),
+        // Literal with an indexed name past the dynamic table.
+        ("4001 61 01 62", "7f00 0161", invalid(63, 1)),
+        ("", "0f30 0161", invalid(63, 0)),
+    ];
+    for (before, case, err) in cases {
+        let mut d = Decoder::new();
+        decode_all(&mut d, &hex(before), BIG).unwrap();
+        assert_eq!(decode_all(&mut d, &hex(case), BIG), Err(err), "{case}");
+    }
 }
 
 #[test]
