@@ -323,11 +323,6 @@ impl StatusQueue {
             self.shared.notify.notify_one();
         }
     }
-
-    /// Statuses waiting to be written or in flight.
-    pub fn depth(&self) -> usize {
-        self.shared.queue().depth(0)
-    }
 }
 
 struct Worker {
