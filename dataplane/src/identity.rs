@@ -205,6 +205,15 @@ fn framing(req: &mut Request<Body>, protocol: Protocol) -> Result<(), IdentityEr
         }
         declared = Some(n);
     }
+    // hyper removes `Content-Length` from an HTTP/1.1 head that also has
+    // `Transfer-Encoding`; the connection's wire tracker marks such a request.
+    if req
+        .extensions()
+        .get::<crate::h1_wire::ConflictingFraming>()
+        .is_some()
+    {
+        return Err(IdentityError::BadTransferEncoding);
+    }
     let mut te = h.get_all(header::TRANSFER_ENCODING).iter();
     if let Some(first) = te.next() {
         let chunked_only = first.as_bytes().eq_ignore_ascii_case(b"chunked") && te.next().is_none();

@@ -14,6 +14,8 @@
 //! * [`server`]: listeners and connection serving (H1/h2c and TLS with ALPN).
 //! * [`h2`]: Sweety's own server-side HTTP/2 connection layer (`limits.http2_engine`).
 //! * [`hpack`]: HPACK header compression (RFC 7541) for the HTTP/2 connection layer.
+//! * [`h1_wire`]: HTTP/1.1 framing as read on the wire (both Content-Length and
+//!   Transfer-Encoding, which hyper hides), for the request identity's 400.
 //! * [`h3`]: HTTP/3 over QUIC (quinn + h3): the UDP endpoint and the thin adapter.
 //! * [`runtime`]: the live config snapshot, hot reload and listener reconciliation.
 //! * [`admin`]: health, readiness, metrics and config endpoints.
@@ -41,6 +43,7 @@ pub mod ctx;
 pub mod defaults;
 pub mod filters;
 pub mod grpc;
+pub mod h1_wire;
 pub mod h3;
 pub mod identity;
 pub mod l4;
