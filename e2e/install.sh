@@ -39,6 +39,8 @@
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$REPO"
+# shellcheck source=e2e/lib.sh
+. e2e/lib.sh
 
 export SWEETY_CLUSTER_DIR=${SWEETY_CLUSTER_DIR:-$HOME/.cache/sweety/cluster-e2e}
 export APISERVER_PORT=${APISERVER_PORT:-26443} ETCD_PORT=${ETCD_PORT:-22379} ETCD_PEER_PORT=${ETCD_PEER_PORT:-22380}
@@ -225,55 +227,8 @@ log "controller and dataplane Ready"
 in_cidr() { case $1 in "$NET".*) return 0 ;; *) return 1 ;; esac; }
 if [ "$smoke" = 1 ]; then
   S=sweety-smoke
-  kubectl apply -f - >/dev/null <<EOF
-apiVersion: v1
-kind: Namespace
-metadata: {name: $S}
----
-apiVersion: apps/v1
-kind: Deployment
-metadata: {name: echo, namespace: $S}
-spec:
-  replicas: 1
-  selector: {matchLabels: {app: echo}}
-  template:
-    metadata: {labels: {app: echo}}
-    spec:
-      terminationGracePeriodSeconds: 2
-      containers:
-        - name: echo
-          # A local name: the node agent maps images containing echo-basic to the binary.
-          image: sweety-e2e/echo-basic:v1.6.3
-          env:
-            - {name: POD_NAME, valueFrom: {fieldRef: {fieldPath: metadata.name}}}
-            - {name: NAMESPACE, valueFrom: {fieldRef: {fieldPath: metadata.namespace}}}
-          ports: [{name: http, containerPort: 3000}]
-          readinessProbe: {httpGet: {path: /, port: http}, periodSeconds: 1}
----
-apiVersion: v1
-kind: Service
-metadata: {name: echo, namespace: $S}
-spec:
-  selector: {app: echo}
-  ports: [{name: http, port: 8080, targetPort: http}]
----
-apiVersion: gateway.networking.k8s.io/v1
-kind: Gateway
-metadata: {name: smoke, namespace: $S}
-spec:
-  gatewayClassName: sweety
-  listeners: [{name: http, protocol: HTTP, port: 80}]
----
-apiVersion: gateway.networking.k8s.io/v1
-kind: HTTPRoute
-metadata: {name: smoke, namespace: $S}
-spec:
-  parentRefs: [{name: smoke}]
-  hostnames: [smoke.example]
-  rules: [{backendRefs: [{name: echo, port: 8080}]}]
-EOF
-  kubectl -n "$S" wait --for=condition=Available deployment/echo --timeout=120s >/dev/null
-  kubectl -n "$S" wait --for=condition=Programmed gateway/smoke --timeout=120s >/dev/null
+  echo_app "$S"
+  http_gateway "$S" smoke smoke.example
   kubectl -n "$S" wait --for=jsonpath='{.status.parents[0].conditions[?(@.type=="Accepted")].status}'=True httproute/smoke --timeout=60s >/dev/null
   kubectl -n "$S" wait --for=jsonpath='{.status.parents[0].conditions[?(@.type=="ResolvedRefs")].status}'=True httproute/smoke --timeout=60s >/dev/null
   addr=$(kubectl -n "$S" get gateway smoke -o jsonpath='{.status.addresses[0].value}')

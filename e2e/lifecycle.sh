@@ -22,6 +22,8 @@
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$REPO"
+# shellcheck source=e2e/lib.sh
+. e2e/lib.sh
 export SWEETY_CLUSTER_DIR=${SWEETY_CLUSTER_DIR:-$HOME/.cache/sweety/cluster-lifecycle}
 # The last commit with chart version 0.1.0 (ingressClass.default true, GatewayClass always rendered).
 PREVIOUS_CHART_REF=${PREVIOUS_CHART_REF:-526aad9cd3816ef4b49168e19b043306832cdb26}
@@ -87,59 +89,8 @@ lb_ip() { # lb_ip NAMESPACE SERVICE: its load-balancer address, within 60 s
   die "Service $1/$2 got no load-balancer address"
 }
 
-echo_app() { # echo_app NAMESPACE: an echo-basic Deployment and Service
-  kubectl apply -f - >/dev/null <<EOF
-apiVersion: v1
-kind: Namespace
-metadata: {name: $1}
----
-apiVersion: apps/v1
-kind: Deployment
-metadata: {name: echo, namespace: $1}
-spec:
-  replicas: 1
-  selector: {matchLabels: {app: echo}}
-  template:
-    metadata: {labels: {app: echo}}
-    spec:
-      terminationGracePeriodSeconds: 2
-      containers:
-        - name: echo
-          image: sweety-e2e/echo-basic:v1.6.3
-          env:
-            - {name: POD_NAME, valueFrom: {fieldRef: {fieldPath: metadata.name}}}
-            - {name: NAMESPACE, valueFrom: {fieldRef: {fieldPath: metadata.namespace}}}
-          ports: [{name: http, containerPort: 3000}]
-          readinessProbe: {httpGet: {path: /, port: http}, periodSeconds: 1}
----
-apiVersion: v1
-kind: Service
-metadata: {name: echo, namespace: $1}
-spec:
-  selector: {app: echo}
-  ports: [{name: http, port: 8080, targetPort: http}]
-EOF
-  kubectl -n "$1" wait --for=condition=Available deployment/echo --timeout=120s >/dev/null
-}
-
 gateway() { # gateway NAMESPACE HOST: a Gateway of class sweety and an HTTPRoute to echo; waits until it answers
-  kubectl apply -f - >/dev/null <<EOF
-apiVersion: gateway.networking.k8s.io/v1
-kind: Gateway
-metadata: {name: web, namespace: $1}
-spec:
-  gatewayClassName: sweety
-  listeners: [{name: http, protocol: HTTP, port: 80}]
----
-apiVersion: gateway.networking.k8s.io/v1
-kind: HTTPRoute
-metadata: {name: web, namespace: $1}
-spec:
-  parentRefs: [{name: web}]
-  hostnames: [$2]
-  rules: [{backendRefs: [{name: echo, port: 8080}]}]
-EOF
-  kubectl -n "$1" wait --for=condition=Programmed gateway/web --timeout=120s >/dev/null ||
+  http_gateway "$1" web "$2" ||
     die "Gateway $1/web not Programmed: $(kubectl -n "$1" get gateway web -o jsonpath='{.status.conditions}')"
   local addr
   addr=$(kubectl -n "$1" get gateway web -o jsonpath='{.status.addresses[0].value}')

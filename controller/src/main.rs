@@ -215,6 +215,16 @@ async fn default_certificate(
     })
 }
 
+/// A string flag: `None` when empty.
+fn non_empty(s: &str) -> Option<String> {
+    Some(s).filter(|s| !s.is_empty()).map(str::to_string)
+}
+
+/// A comma-separated flag's entries, without empty ones (`a,,b`, or the empty default).
+fn entries(list: Vec<String>) -> Vec<String> {
+    list.into_iter().filter(|e| !e.is_empty()).collect()
+}
+
 fn parse_duration(s: &str) -> anyhow::Result<Duration> {
     let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
     let n: u64 = num.parse().with_context(|| format!("duration {s:?}"))?;
@@ -272,17 +282,12 @@ async fn main() -> anyhow::Result<()> {
         ingress_class: args.ingress_class,
         ingress_controller: args.ingress_controller,
         namespace: args.namespace.clone(),
-        ingress_service: Some(args.ingress_service.clone()).filter(|s| !s.is_empty()),
+        ingress_service: non_empty(&args.ingress_service),
         gateway_port_min,
         gateway_port_max,
         content_dir: args.content_dir,
-        default_backend: Some(args.default_backend.clone()).filter(|s| !s.is_empty()),
-        shared_host_namespaces: args
-            .shared_host_namespaces
-            .iter()
-            .filter(|n| !n.is_empty())
-            .cloned()
-            .collect(),
+        default_backend: non_empty(&args.default_backend),
+        shared_host_namespaces: entries(args.shared_host_namespaces),
         pinned_hostnames: parse_pins(&args.pinned_hostnames)?,
         ignore_unsupported_security_annotations: args.ignore_unsupported_security_annotations,
         ignore_snippets: args.ignore_snippets,
@@ -290,23 +295,17 @@ async fn main() -> anyhow::Result<()> {
         gateway_service_type: args.gateway_service_type,
         ..Params::default()
     };
-    let options = RunOptions {
+    let mut options = RunOptions {
         params,
         watch: WatchOptions {
-            namespaces: args
-                .watch_namespaces
-                .into_iter()
-                .filter(|n| !n.is_empty())
-                .collect(),
-            dataplane_service: Some(args.ingress_service.clone())
-                .filter(|s| !s.is_empty())
+            namespaces: entries(args.watch_namespaces),
+            dataplane_service: non_empty(&args.ingress_service)
                 .map(|s| (args.namespace.clone(), s)),
             ..WatchOptions::default()
         },
         debounce,
         lease: args.leader_elect.then(|| LeaseOptions {
-            owner_service_account: Some(args.lease_owner_service_account.clone())
-                .filter(|s| !s.is_empty()),
+            owner_service_account: non_empty(&args.lease_owner_service_account),
             ..LeaseOptions::new(&args.namespace, &args.lease_name)
         }),
         initial_sync_timeout: Duration::from_secs(60),
@@ -318,7 +317,6 @@ async fn main() -> anyhow::Result<()> {
         },
     };
     let client = client(args.kubeconfig.as_ref()).await?;
-    let mut options = options;
     options.params.default_certificate = Some(
         match default_certificate(&client, &args.default_certificate).await {
             Ok(c) => c,
@@ -356,6 +354,12 @@ mod tests {
         assert_eq!(pins["shop"], ["shop.test", "*.shop.test"]);
         assert_eq!(pins["bank"], ["bank.test"]);
         assert!(parse_pins(&["no-equals".into()]).is_err());
+        assert_eq!(non_empty(""), None);
+        assert_eq!(non_empty("sweety").as_deref(), Some("sweety"));
+        assert_eq!(
+            entries(vec!["a".into(), String::new(), "b".into()]),
+            ["a", "b"]
+        );
         Args::try_parse_from([
             "sweety-controller",
             "--leader-elect",

@@ -491,6 +491,36 @@ mod tests {
     use std::collections::BTreeMap;
 
     #[test]
+    fn push_latency_runs_from_submit_to_the_ack_and_is_recorded_once() {
+        let metrics = Metrics::default();
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut last = Some(Submitted {
+            generation: 3,
+            at: t0,
+            event_at: Some(t0 - ms(10)),
+            recorded: false,
+        });
+        let state = |acked, acked_at| crate::push::PushState {
+            acked,
+            acked_at: Some(acked_at),
+            ..Default::default()
+        };
+        // An Ack of an earlier generation says nothing about this one.
+        record_ack(&state(2, t0 + ms(5)), &mut last, &metrics);
+        assert_eq!(metrics.push_latency.count(), 0);
+        // Its Ack, as the pusher received it 40 ms after the submit (not when this runs).
+        record_ack(&state(3, t0 + ms(40)), &mut last, &metrics);
+        assert_eq!(metrics.push_latency.count(), 1);
+        assert_eq!(metrics.push_latency.sum(), ms(40));
+        assert_eq!(metrics.event_to_ack.sum(), ms(50));
+        // Later push-state changes (a later Ack, a reconnect) do not record it again.
+        record_ack(&state(4, t0 + ms(90)), &mut last, &metrics);
+        assert_eq!(metrics.push_latency.count(), 1);
+        assert_eq!(metrics.event_to_ack.count(), 1);
+    }
+
+    #[test]
     fn static_content_is_written_once_and_confined() {
         let root = tempfile::tempdir().unwrap();
         let base = root.path().to_str().unwrap();

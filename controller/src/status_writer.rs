@@ -310,16 +310,23 @@ async fn apply(
     unreachable!("the second attempt returns")
 }
 
+/// What the writer remembers of one object.
+#[derive(Default)]
+struct Written {
+    /// The `metadata.uid` of the object `status` and `live` were written for.
+    uid: Option<String>,
+    /// The status last written (or found there already, or the conditions last published).
+    status: Option<Value>,
+    /// Route and policy kinds: the resourceVersion the watch cache had when we last wrote,
+    /// and the object's resourceVersion and status right after that write.
+    live: Option<(Option<String>, String, Value)>,
+}
+
 /// Writes statuses; remembers what it wrote so unchanged statuses cost nothing.
 pub struct StatusWriter {
     client: Client,
     controller_name: String,
-    last: HashMap<ObjectKey, Value>,
-    /// The `metadata.uid` of the object each `last` entry was written for.
-    uids: HashMap<ObjectKey, String>,
-    /// Route and policy kinds: the resourceVersion the watch cache had when we last wrote,
-    /// and the object's resourceVersion and status right after that write.
-    live: HashMap<ObjectKey, (Option<String>, String, Value)>,
+    written: HashMap<ObjectKey, Written>,
     /// While set, every write first checks that this replica still leads.
     leading: Option<tokio::sync::watch::Receiver<bool>>,
     events: Option<Recorder>,
@@ -332,9 +339,7 @@ impl StatusWriter {
         StatusWriter {
             client,
             controller_name: controller_name.into(),
-            last: HashMap::new(),
-            uids: HashMap::new(),
-            live: HashMap::new(),
+            written: HashMap::new(),
             leading: None,
             events: None,
         }
@@ -365,16 +370,12 @@ impl StatusWriter {
 
     /// Forget what was written (after losing leadership: another replica may write meanwhile).
     pub fn forget(&mut self) {
-        self.last.clear();
-        self.uids.clear();
-        self.live.clear();
+        self.written.clear();
     }
 
     /// Forget one object (deleted, or no longer reported).
     pub fn forget_one(&mut self, key: &ObjectKey) {
-        self.last.remove(key);
-        self.uids.remove(key);
-        self.live.remove(key);
+        self.written.remove(key);
     }
 
     /// Write every status that changed, one at a time. Errors are per object and do not stop
@@ -422,9 +423,7 @@ impl StatusWriter {
             }
         }
         // Forget objects translate no longer reports (deleted, or no longer ours).
-        self.last.retain(|k, _| statuses.contains_key(k));
-        self.uids.retain(|k, _| statuses.contains_key(k));
-        self.live.retain(|k, _| statuses.contains_key(k));
+        self.written.retain(|k, _| statuses.contains_key(k));
         report
     }
 
@@ -443,7 +442,7 @@ impl StatusWriter {
     ) -> Prepared {
         if let Some(ObjectStatus::Conditions(conditions)) = status {
             let v = serde_json::to_value(conditions).unwrap_or(Value::Null);
-            if self.last.get(key) == Some(&v) {
+            if self.last(key) == Some(&v) {
                 return Prepared::Unchanged;
             }
             for c in conditions {
@@ -464,7 +463,7 @@ impl StatusWriter {
                     },
                 })),
                 _ => {
-                    self.last.insert(key.clone(), v);
+                    self.written.entry(key.clone()).or_default().status = Some(v);
                     Prepared::Unchanged
                 }
             };
@@ -476,24 +475,25 @@ impl StatusWriter {
         // An object deleted and created again under the same name starts without our status:
         // what was written for the old one says nothing about it.
         let uid = current.uid();
-        if self.uids.get(key) != uid.as_ref() {
-            self.last.remove(key);
-            self.live.remove(key);
-            match uid {
-                Some(u) => self.uids.insert(key.clone(), u),
-                None => self.uids.remove(key),
+        let written = self.written.entry(key.clone()).or_default();
+        if written.uid != uid {
+            *written = Written {
+                uid,
+                ..Written::default()
             };
         }
+        let written = &*written;
         let atomic = is_atomic_kind(&key.kind);
         let cached_rv = current.resource_version();
         // What we know of the object: after our last write, unless the watch cache has seen
         // the object change since (then the cache's copy is newer).
-        let known = match self.live.get(key) {
+        let known = match &written.live {
             Some((seen, rv, st)) if *seen == cached_rv => Some((rv.clone(), st.clone())),
             _ => cached_rv.clone().map(|rv| (rv, cur_status.clone())),
         };
         let have = known.as_ref().map_or(&cur_status, |k| &k.1);
-        let stamp_src = self.last.get(key).unwrap_or(have);
+        let last = written.status.as_ref();
+        let stamp_src = last.unwrap_or(have);
         let desired = desired_status(
             &self.controller_name,
             key,
@@ -503,8 +503,11 @@ impl StatusWriter {
             gate,
             now,
         );
-        if self.last.get(key) == Some(&desired) || subset(&desired, have) {
-            self.last.insert(key.clone(), desired);
+        let prev = last.cloned();
+        if last == Some(&desired) || subset(&desired, have) {
+            if let Some(w) = self.written.get_mut(key) {
+                w.status = Some(desired);
+            }
             return Prepared::Unchanged;
         }
         let api: Api<DynamicObject> = if key.namespace.is_empty() {
@@ -516,7 +519,7 @@ impl StatusWriter {
             Box::new(Atomic {
                 controller_name: self.controller_name.clone(),
                 status: status.cloned(),
-                prev: self.last.get(key).cloned(),
+                prev,
                 gate: gate.clone(),
                 now: now.to_string(),
                 known,
@@ -538,16 +541,15 @@ impl StatusWriter {
     /// Record how a job ended; `Ok(true)` when something was written.
     pub fn finish(&mut self, outcome: Outcome) -> Result<bool, Error> {
         let done = outcome.result?;
-        match done.live {
-            Some(live) => {
-                self.live.insert(outcome.key.clone(), live);
-            }
-            None => {
-                self.live.remove(&outcome.key);
-            }
-        }
-        self.last.insert(outcome.key, done.desired);
+        let w = self.written.entry(outcome.key).or_default();
+        w.live = done.live;
+        w.status = Some(done.desired);
         Ok(done.written)
+    }
+
+    /// What was last written for `key`.
+    fn last(&self, key: &ObjectKey) -> Option<&Value> {
+        self.written.get(key).and_then(|w| w.status.as_ref())
     }
 
     fn has_our_entries(&self, kind: &str, status: &Value) -> bool {

@@ -759,9 +759,7 @@ impl Starter {
         let tx = self.tx.clone();
         let activity = self.activity.clone();
         let kind = kind_name::<K>();
-        let mut filter = crate::status_writer::STATUS_KINDS
-            .contains(&kind)
-            .then(StatusOnly::default);
+        let mut filter = StatusOnly::for_kind(kind);
         let counted = activity.clone();
         let stream = watcher(api, config)
             .default_backoff()
@@ -821,6 +819,16 @@ pub struct StatusOnly {
 }
 
 impl StatusOnly {
+    /// The predicate for `kind`'s watch: only kinds whose status this controller writes and
+    /// `translate` does not read get one ([`crate::status_writer::STATUS_KINDS`]); every other
+    /// kind (Secrets, ConfigMaps, Services, EndpointSlices, ... whose changes bump no
+    /// generation, or whose status `translate` reads) passes every event.
+    pub fn for_kind(kind: &str) -> Option<StatusOnly> {
+        crate::status_writer::STATUS_KINDS
+            .contains(&kind)
+            .then(StatusOnly::default)
+    }
+
     /// Whether `event` goes on to the store (and to a reconcile).
     pub fn pass<K: Resource>(&mut self, event: &watcher::Event<K>) -> bool {
         match event {
@@ -903,6 +911,88 @@ pub fn object_counts(s: &Snapshot) -> [(&'static str, usize); 19] {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn route(generation: Option<i64>, uid: &str, status: &str) -> gw::httproutes::HttpRoute {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+            "metadata": {"name": "r", "namespace": "n", "uid": uid, "generation": generation},
+            "spec": {},
+            "status": {"parents": [{"controllerName": status, "parentRef": {"name": "g"}, "conditions": []}]},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn status_only_updates_are_dropped_and_everything_else_passes() {
+        use watcher::Event::*;
+        let mut f = StatusOnly::for_kind("HTTPRoute").expect("HTTPRoute status is ours");
+        assert!(f.pass(&Apply(route(Some(1), "u1", "a"))), "new object");
+        // A status write (ours or another controller's): same generation and metadata.
+        assert!(
+            !f.pass(&Apply(route(Some(1), "u1", "b"))),
+            "status-only update"
+        );
+        // A spec change bumps the generation.
+        assert!(f.pass(&Apply(route(Some(2), "u1", "b"))), "spec change");
+        // Metadata translate reads: labels, annotations.
+        let mut labelled = route(Some(2), "u1", "b");
+        labelled.metadata.labels = Some([("team".to_string(), "x".to_string())].into());
+        assert!(f.pass(&Apply(labelled.clone())), "label change");
+        let mut annotated = labelled.clone();
+        annotated.metadata.annotations = Some([("a".to_string(), "b".to_string())].into());
+        assert!(f.pass(&Apply(annotated)), "annotation change");
+        // Deleted and created again under the same name, generation 1 again: a new uid.
+        assert!(f.pass(&Delete(route(Some(2), "u1", "b"))));
+        assert!(f.pass(&Apply(route(Some(1), "u2", "b"))), "recreated");
+        assert!(
+            f.pass(&Apply(route(Some(1), "u3", "b"))),
+            "new uid, same generation"
+        );
+        // No generation (a kind or an apiserver that does not keep one): never dropped.
+        assert!(f.pass(&Apply(route(None, "u3", "b"))));
+        assert!(
+            f.pass(&Apply(route(None, "u3", "b"))),
+            "no generation: always passes"
+        );
+        // A relist passes every object and starts the comparison over from what it listed.
+        assert!(f.pass::<gw::httproutes::HttpRoute>(&Init));
+        assert!(f.pass(&InitApply(route(Some(7), "u3", "b"))));
+        assert!(f.pass::<gw::httproutes::HttpRoute>(&InitDone));
+        assert!(!f.pass(&Apply(route(Some(7), "u3", "c"))), "after a relist");
+        assert!(f.pass(&Apply(route(Some(8), "u3", "c"))));
+    }
+
+    #[test]
+    fn kinds_without_a_generation_or_read_status_are_never_filtered() {
+        // Their spec changes bump no generation (or translate reads their status, like a
+        // Service's load-balancer addresses): a predicate on them would drop real changes.
+        for kind in [
+            "Secret",
+            "ConfigMap",
+            "Service",
+            "EndpointSlice",
+            "Namespace",
+            "IngressClass",
+            "ReferenceGrant",
+            "SweetyProxyConfig",
+        ] {
+            assert!(StatusOnly::for_kind(kind).is_none(), "{kind} is filtered");
+        }
+        for kind in crate::status_writer::STATUS_KINDS {
+            assert!(StatusOnly::for_kind(kind).is_some(), "{kind}");
+        }
+        assert!(StatusOnly::for_kind("Ingress").is_some());
+        // Even through a predicate, an object without a generation passes every update.
+        let mut f = StatusOnly::default();
+        let secret: Secret = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "s", "namespace": "n", "uid": "u"}, "data": {"k": "dg=="}
+        }))
+        .unwrap();
+        for _ in 0..3 {
+            assert!(f.pass(&watcher::Event::Apply(secret.clone())));
+        }
+    }
 
     #[test]
     fn references_cover_ingress_gateway_policy_and_site() {

@@ -131,6 +131,51 @@ fn names<K: Resource>(list: &[Arc<K>]) -> Vec<String> {
     v
 }
 
+/// The controller's run loop in a task, pushing to the control socket `socket`.
+struct RunLoop {
+    health: Arc<sweety_controller::health::Health>,
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Result<(), sweety_controller::Error>>,
+}
+
+impl RunLoop {
+    fn start(
+        client: &Client,
+        options: sweety_controller::run::RunOptions,
+        socket: std::path::PathBuf,
+    ) -> RunLoop {
+        use sweety_controller::push::{PushOptions, Pusher};
+        let pusher = Pusher::spawn(PushOptions {
+            socket,
+            ..PushOptions::default()
+        });
+        let health = sweety_controller::health::Health::new(Arc::new(
+            sweety_controller::metrics::Metrics::default(),
+        ));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(sweety_controller::run::run(
+            client.clone(),
+            options,
+            pusher,
+            health.clone(),
+            async {
+                let _ = stopped.await;
+            },
+        ));
+        RunLoop { health, stop, task }
+    }
+
+    /// Stop it; it ends within 10 s, without an error.
+    async fn stop(self) {
+        self.stop.send(()).unwrap();
+        tokio::time::timeout(Duration::from_secs(10), self.task)
+            .await
+            .expect("run stops")
+            .expect("join")
+            .expect("run ok");
+    }
+}
+
 #[tokio::test]
 #[ignore = "needs a kube-apiserver: SWEETY_KUBECONFIG (e2e/controller-it.sh)"]
 async fn watch_layer_sees_created_objects_and_filters_secrets() {
@@ -400,6 +445,14 @@ async fn missing_optional_crd_is_skipped_not_fatal() {
             .then_some(())
     })
     .await;
+    // One reflector for the kind: a second one started for it would list the route twice.
+    let late = |s: &sweety_controller::translate::Snapshot| {
+        s.udp_routes
+            .iter()
+            .filter(|r| r.metadata.name.as_deref() == Some("late"))
+            .count()
+    };
+    assert_eq!(late(&watches.stores.snapshot()), 1);
     assert!(changes.has_changed().unwrap(), "a reconcile is signalled");
     assert!(watches.running());
     drop(watches);
@@ -1402,10 +1455,7 @@ async fn gateway_services_are_created_updated_and_deleted() {
 #[tokio::test]
 #[ignore = "needs a kube-apiserver: SWEETY_KUBECONFIG (e2e/controller-it.sh)"]
 async fn run_loop_leads_reconciles_on_changes_and_releases() {
-    use sweety_controller::health::Health;
-    use sweety_controller::metrics::Metrics;
-    use sweety_controller::push::{PushOptions, Pusher};
-    use sweety_controller::run::{run, RunOptions};
+    use sweety_controller::run::RunOptions;
     use sweety_controller::translate::Params;
     let _guard = LOCK.lock().await;
     let client = cluster().await;
@@ -1439,21 +1489,7 @@ async fn run_loop_leads_reconciles_on_changes_and_releases() {
         initial_sync_timeout: Duration::from_secs(20),
         status: Default::default(),
     };
-    let pusher = Pusher::spawn(PushOptions {
-        socket: dir.path().join("control.sock"),
-        ..PushOptions::default()
-    });
-    let health = Health::new(Arc::new(Metrics::default()));
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(run(
-        client.clone(),
-        options,
-        pusher,
-        health.clone(),
-        async {
-            let _ = stopped.await;
-        },
-    ));
+    let running = RunLoop::start(&client, options, dir.path().join("control.sock"));
 
     let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
     wait_for("the run loop takes the lease", || async {
@@ -1470,7 +1506,7 @@ async fn run_loop_leads_reconciles_on_changes_and_releases() {
             .then_some(())
     })
     .await;
-    let metrics = &health.metrics;
+    let metrics = &running.health.metrics;
     let before = metrics
         .reconciles
         .load(std::sync::atomic::Ordering::Relaxed);
@@ -1504,12 +1540,7 @@ async fn run_loop_leads_reconciles_on_changes_and_releases() {
     })
     .await;
 
-    stop.send(()).unwrap();
-    tokio::time::timeout(Duration::from_secs(10), task)
-        .await
-        .expect("run stops")
-        .expect("join")
-        .expect("run ok");
+    running.stop().await;
     let l = leases.get("sweety-controller").await.unwrap();
     assert_eq!(
         l.spec.unwrap().holder_identity,
@@ -1667,10 +1698,7 @@ async fn http_head(port: u16, host: &str) -> Option<String> {
 #[tokio::test]
 #[ignore = "needs a kube-apiserver: SWEETY_KUBECONFIG (e2e/controller-it.sh)"]
 async fn end_to_end_gateway_is_programmed_after_the_dataplane_acks() {
-    use sweety_controller::health::Health;
-    use sweety_controller::metrics::Metrics;
-    use sweety_controller::push::{PushOptions, Pusher};
-    use sweety_controller::run::{run, RunOptions};
+    use sweety_controller::run::RunOptions;
     use sweety_controller::translate::Params;
     use sweety_dataplane::control::ControlServer;
     use sweety_dataplane::runtime::{Runtime, RuntimeOptions};
@@ -1760,21 +1788,7 @@ async fn end_to_end_gateway_is_programmed_after_the_dataplane_acks() {
         initial_sync_timeout: Duration::from_secs(20),
         status: Default::default(),
     };
-    let pusher = Pusher::spawn(PushOptions {
-        socket: socket.clone(),
-        ..PushOptions::default()
-    });
-    let health = Health::new(Arc::new(Metrics::default()));
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(run(
-        client.clone(),
-        options,
-        pusher,
-        health.clone(),
-        async {
-            let _ = stopped.await;
-        },
-    ));
+    let running = RunLoop::start(&client, options, socket.clone());
 
     // The dataplane runs the pushed config: the Gateway listener is bound on the allocated port
     // and answers (404 for a host no route claims).
@@ -1884,14 +1898,15 @@ async fn end_to_end_gateway_is_programmed_after_the_dataplane_acks() {
     );
 
     wait_for("ready after the first Ack", || async {
-        health
+        running
+            .health
             .ready
             .load(std::sync::atomic::Ordering::Relaxed)
             .then_some(())
     })
     .await;
     wait_for("push latency measured", || async {
-        (health.metrics.push_latency.count() >= 1).then_some(())
+        (running.health.metrics.push_latency.count() >= 1).then_some(())
     })
     .await;
 
@@ -1945,12 +1960,7 @@ async fn end_to_end_gateway_is_programmed_after_the_dataplane_acks() {
         started.elapsed()
     );
 
-    stop.send(()).unwrap();
-    tokio::time::timeout(Duration::from_secs(10), task)
-        .await
-        .expect("run stops")
-        .unwrap()
-        .unwrap();
+    running.stop().await;
     drop(control);
     runtime.shutdown().await;
     let _ = classes.delete(&class_name, &DeleteParams::default()).await;
@@ -2114,10 +2124,7 @@ async fn site_programmed(api: &Api<sweety_crds::SweetySite>, name: &str) -> Opti
 #[tokio::test]
 #[ignore = "needs a kube-apiserver: SWEETY_KUBECONFIG (e2e/controller-it.sh)"]
 async fn run_loop_pushes_before_statuses_and_reconciles_once_per_change() {
-    use sweety_controller::health::Health;
-    use sweety_controller::metrics::Metrics;
-    use sweety_controller::push::{PushOptions, Pusher};
-    use sweety_controller::run::{run, RunOptions};
+    use sweety_controller::run::RunOptions;
     use sweety_controller::status_worker::StatusOptions;
     use sweety_controller::translate::Params;
     let _guard = LOCK.lock().await;
@@ -2154,22 +2161,8 @@ async fn run_loop_pushes_before_statuses_and_reconciles_once_per_change() {
             ..StatusOptions::default()
         },
     };
-    let pusher = Pusher::spawn(PushOptions {
-        socket: socket.clone(),
-        ..PushOptions::default()
-    });
-    let health = Health::new(Arc::new(Metrics::default()));
-    let metrics = health.metrics.clone();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(run(
-        client.clone(),
-        options,
-        pusher,
-        health.clone(),
-        async {
-            let _ = stopped.await;
-        },
-    ));
+    let running = RunLoop::start(&client, options, socket.clone());
+    let metrics = running.health.metrics.clone();
 
     // 1. The config is pushed first; within the Ack wait no status is written at all.
     let first = dataplane.next_apply().await;
@@ -2196,6 +2189,13 @@ async fn run_loop_pushes_before_statuses_and_reconciles_once_per_change() {
     .await;
     assert_eq!(programmed["observedGeneration"], 1);
     assert!(metrics.push_latency.count() >= 1);
+    // The Ack came only after the Pending status, itself written past the Ack wait after
+    // the submit: a push latency shorter than that was not measured up to the Ack.
+    assert!(
+        metrics.push_latency.sum() >= ack_wait,
+        "push latency {:?} < the Ack wait {ack_wait:?}",
+        metrics.push_latency.sum()
+    );
 
     // 4. Our status writes woke no reconcile: only the start reconcile ran, and the watches
     // saw (and ignored) the two status updates.
@@ -2277,12 +2277,7 @@ async fn run_loop_pushes_before_statuses_and_reconciles_once_per_change() {
     );
     assert!(metrics.event_to_ack.count() >= 1);
 
-    stop.send(()).unwrap();
-    tokio::time::timeout(Duration::from_secs(10), task)
-        .await
-        .expect("run stops")
-        .unwrap()
-        .unwrap();
+    running.stop().await;
     drop_namespace(&client, &ns).await;
 }
 
@@ -2314,10 +2309,7 @@ async fn ingress_event_reasons(client: &Client, namespace: &str, name: &str) -> 
 #[ignore = "needs a kube-apiserver: SWEETY_KUBECONFIG (e2e/controller-it.sh)"]
 async fn tenant_hosts_follow_creation_order_and_fail_closed() {
     use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
-    use sweety_controller::health::Health;
-    use sweety_controller::metrics::Metrics;
-    use sweety_controller::push::{PushOptions, Pusher};
-    use sweety_controller::run::{run, RunOptions};
+    use sweety_controller::run::RunOptions;
     use sweety_controller::translate::Params;
     use sweety_dataplane::control::ControlServer;
     use sweety_dataplane::runtime::{Runtime, RuntimeOptions};
@@ -2388,15 +2380,7 @@ async fn tenant_hosts_follow_creation_order_and_fail_closed() {
         initial_sync_timeout: Duration::from_secs(20),
         status: sweety_controller::status_worker::StatusOptions::default(),
     };
-    let pusher = Pusher::spawn(PushOptions {
-        socket: socket.clone(),
-        ..PushOptions::default()
-    });
-    let health = Health::new(Arc::new(Metrics::default()));
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(run(client.clone(), options, pusher, health, async {
-        let _ = stopped.await;
-    }));
+    let running = RunLoop::start(&client, options, socket.clone());
     let get_path = |path: &'static str| {
         let host = host.clone();
         async move {
@@ -2488,12 +2472,7 @@ async fn tenant_hosts_follow_creation_order_and_fail_closed() {
     })
     .await;
 
-    stop.send(()).unwrap();
-    tokio::time::timeout(Duration::from_secs(10), task)
-        .await
-        .expect("run stops")
-        .unwrap()
-        .unwrap();
+    running.stop().await;
     drop(control);
     runtime.shutdown().await;
     let _ = classes.delete(&class_name, &DeleteParams::default()).await;

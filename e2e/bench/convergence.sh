@@ -21,48 +21,12 @@ export KUBECONFIG=${KUBECONFIG:-$SWEETY_CLUSTER_DIR/run/kubeconfig}
 K8S_BIN=${SWEETY_K8S_BIN:-$HOME/.cache/sweety/k8s/k8s-${K8S_VERSION:-1.34.4}-etcd-${ETCD_VERSION:-3.6.16}/bin}
 export PATH="$K8S_BIN:$PATH"
 k() { kubectl "$@"; }
+# shellcheck source=e2e/lib.sh
+. e2e/lib.sh
 
 k get ns "$NS" >/dev/null 2>&1 && { k delete ns "$NS" --wait=true --timeout=600s >/dev/null; }
-k apply -f - >/dev/null <<EOF
-apiVersion: v1
-kind: Namespace
-metadata: {name: $NS}
----
-apiVersion: apps/v1
-kind: Deployment
-metadata: {name: echo, namespace: $NS}
-spec:
-  replicas: 1
-  selector: {matchLabels: {app: echo}}
-  template:
-    metadata: {labels: {app: echo}}
-    spec:
-      terminationGracePeriodSeconds: 2
-      containers:
-        - name: echo
-          image: sweety-e2e/echo-basic:v1.6.3
-          env:
-            - {name: POD_NAME, valueFrom: {fieldRef: {fieldPath: metadata.name}}}
-            - {name: NAMESPACE, valueFrom: {fieldRef: {fieldPath: metadata.namespace}}}
-          ports: [{name: http, containerPort: 3000}]
-          readinessProbe: {httpGet: {path: /, port: http}, periodSeconds: 1}
----
-apiVersion: v1
-kind: Service
-metadata: {name: echo, namespace: $NS}
-spec:
-  selector: {app: echo}
-  ports: [{name: http, port: 8080, targetPort: http}]
----
-apiVersion: gateway.networking.k8s.io/v1
-kind: Gateway
-metadata: {name: bench, namespace: $NS}
-spec:
-  gatewayClassName: sweety
-  listeners: [{name: http, protocol: HTTP, port: 80, allowedRoutes: {namespaces: {from: Same}}}]
-EOF
-k -n "$NS" wait --for=condition=Available deployment/echo --timeout=120s >/dev/null
-k -n "$NS" wait --for=condition=Programmed gateway/bench --timeout=120s >/dev/null
+echo_app "$NS"
+http_gateway "$NS" bench
 addr=$(k -n "$NS" get gateway bench -o jsonpath='{.status.addresses[0].value}')
 [ -n "$addr" ] || { echo "the Gateway has no address" >&2; exit 1; }
 commit=$(git rev-parse --short HEAD)
