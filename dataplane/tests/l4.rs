@@ -656,3 +656,76 @@ async fn tcp_health_checks_keep_connections_off_a_dead_endpoint() {
     })
     .await;
 }
+
+/// An ExternalName backend (`external`) never reaches an internal address on the L4 paths
+/// either (TCP and UDP resolve through the same check as HTTP): a TCP connection to it is
+/// closed without a byte from the loopback backend, a UDP datagram gets no answer, while the
+/// same servers answer through an ordinary backend on another listener.
+#[tokio::test]
+async fn external_backends_never_reach_loopback_over_l4() {
+    bounded(async {
+        let t = tcp_echo("T", false).await;
+        let u = udp_echo("U").await;
+        let ext = |name: &str, addr: String| {
+            let mut b = backend(name, t);
+            b.endpoints[0].address = addr;
+            b.external = true;
+            b
+        };
+        let cfg = Config {
+            generation: 1,
+            listeners: vec![
+                l4_listener(
+                    "tcp-ext",
+                    ListenerProtocol::Tcp,
+                    vec![route("r1", &[], vec![wb("tcp-ext", 1)])],
+                ),
+                l4_listener(
+                    "tcp-name",
+                    ListenerProtocol::Tcp,
+                    vec![route("r2", &[], vec![wb("tcp-name", 1)])],
+                ),
+                l4_listener(
+                    "udp-ext",
+                    ListenerProtocol::Udp,
+                    vec![route("r3", &[], vec![wb("udp-ext", 1)])],
+                ),
+                l4_listener(
+                    "udp-ok",
+                    ListenerProtocol::Udp,
+                    vec![route("r4", &[], vec![wb("udp-ok", 1)])],
+                ),
+                l4_listener(
+                    "tcp-ok",
+                    ListenerProtocol::Tcp,
+                    vec![route("r5", &[], vec![wb("tcp-ok", 1)])],
+                ),
+            ],
+            backends: vec![
+                ext("tcp-ext", t.to_string()),
+                ext("tcp-name", format!("localhost:{}", t.port())),
+                ext("udp-ext", u.to_string()),
+                backend("udp-ok", u),
+                backend("tcp-ok", t),
+            ],
+            ..Config::default()
+        };
+        let h = Harness::start(cfg).await;
+        for l in ["tcp-ext", "tcp-name"] {
+            let mut s = TcpStream::connect(h.addr(l).await).await.unwrap();
+            let _ = s.write_all(b"hi").await;
+            let _ = s.shutdown().await;
+            let mut got = Vec::new();
+            let _ = s.read_to_end(&mut got).await;
+            assert!(got.is_empty(), "{l}: {:?}", String::from_utf8_lossy(&got));
+        }
+        let mut s = TcpStream::connect(h.addr("tcp-ok").await).await.unwrap();
+        assert_eq!(roundtrip(&mut s, "hi").await, "T:hi");
+        let c = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let refused = udp_ask(&c, h.addr("udp-ext").await, "x", Duration::from_millis(500)).await;
+        assert_eq!(refused, None);
+        let ok = udp_ask(&c, h.addr("udp-ok").await, "y", Duration::from_secs(10)).await;
+        assert!(ok.is_some_and(|r| r.starts_with("U:")));
+    })
+    .await;
+}

@@ -203,24 +203,24 @@ pub async fn serve_tcp(
     };
     drop(upstreams);
     let addr = target.address().to_string();
-    let upstream =
-        match tokio::time::timeout(target.connect_timeout(), TcpStream::connect(&addr)).await {
-            Ok(Ok(s)) => {
-                target.record(true);
-                s
-            }
-            Ok(Err(e)) => {
-                target.record(false);
-                metrics.upstream_error("connect");
-                tracing::debug!(%addr, error = %e, "L4 connect failed");
-                return;
-            }
-            Err(_) => {
-                target.record(false);
-                metrics.upstream_error("connect_timeout");
-                return;
-            }
-        };
+    let upstream = match tokio::time::timeout(target.connect_timeout(), target.connect_tcp()).await
+    {
+        Ok(Ok(s)) => {
+            target.record(true);
+            s
+        }
+        Ok(Err(e)) => {
+            target.record(false);
+            metrics.upstream_error("connect");
+            tracing::debug!(%addr, error = %e, "L4 connect failed");
+            return;
+        }
+        Err(_) => {
+            target.record(false);
+            metrics.upstream_error("connect_timeout");
+            return;
+        }
+    };
     let send_pp = target.send_proxy_protocol();
     drop(target);
     let mut upstream = upstream;

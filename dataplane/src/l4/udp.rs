@@ -134,7 +134,13 @@ async fn open(
             return None;
         }
     };
-    if let Err(e) = upstream.connect(target.address()).await {
+    // Resolved through the same check as every upstream connection (an ExternalName backend
+    // never reaches an internal address).
+    let connected = match target.resolve().await {
+        Ok(addrs) => upstream.connect(&addrs[..]).await,
+        Err(e) => Err(e),
+    };
+    if let Err(e) = connected {
         target.record(false);
         shared.metrics.upstream_error("connect");
         tracing::debug!(addr = %target.address(), error = %e, "UDP connect failed");

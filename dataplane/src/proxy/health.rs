@@ -122,7 +122,11 @@ async fn check_once(b: &BackendRt, idx: usize, hc: &HealthCheck, ctx: &RequestCt
     if hc.kind == sweety_config::HealthCheckKind::Tcp {
         let addr = b.endpoints[idx].state.address.as_str();
         return matches!(
-            tokio::time::timeout(timeout, tokio::net::TcpStream::connect(addr)).await,
+            tokio::time::timeout(
+                timeout,
+                super::pool::connect_tcp(addr, b.connector.external)
+            )
+            .await,
             Ok(Ok(_))
         );
     }

@@ -499,6 +499,17 @@ impl L4Target {
         &self.backend.endpoints[self.idx].state.address
     }
 
+    /// TCP to the endpoint ([`pool::connect_tcp`]: an ExternalName backend never reaches an
+    /// internal address).
+    pub async fn connect_tcp(&self) -> std::io::Result<tokio::net::TcpStream> {
+        pool::connect_tcp(self.address(), self.backend.connector.external).await
+    }
+
+    /// The endpoint's addresses a connection may use ([`pool::resolve`]), for UDP.
+    pub async fn resolve(&self) -> std::io::Result<Vec<std::net::SocketAddr>> {
+        pool::resolve(self.address(), self.backend.connector.external).await
+    }
+
     /// The backend's connect timeout.
     pub fn connect_timeout(&self) -> Duration {
         self.backend.config.connect_timeout.get()

@@ -19,6 +19,7 @@ use hyper::body::Incoming;
 use hyper::client::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use rustls::ClientConfig;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -306,24 +307,42 @@ pub fn refused_address(ip: std::net::IpAddr) -> Option<&'static str> {
         .then_some("an address of the dataplane itself")
 }
 
-/// TCP to the first address of `addr` that answers (nodelay, keep-alive): the transport every
-/// upstream connection starts with, pooled or not (see `upgrade`). With `external`, addresses
-/// [`refused_address`] names are skipped (and, when nothing else is left, the error says why).
-pub(super) async fn connect_tcp(addr: &str, external: bool) -> std::io::Result<TcpStream> {
-    let mut last = None;
+/// The addresses `addr` (`host:port`) resolves to that an upstream connection may use: all
+/// of them, or with `external` (an ExternalName backend) those [`refused_address`] does not
+/// name. Every upstream connection resolves here (HTTP pools, upgrades, L4 TCP and UDP, TCP
+/// health checks), so the check cannot be skipped by one protocol path. When nothing is left
+/// the error says why.
+pub(crate) async fn resolve(addr: &str, external: bool) -> std::io::Result<Vec<SocketAddr>> {
+    let mut out = Vec::new();
+    let mut refused = None;
     for sa in tokio::net::lookup_host(addr).await? {
-        if external {
-            if let Some(why) = refused_address(sa.ip()) {
-                last = Some(std::io::Error::new(
+        match external.then(|| refused_address(sa.ip())).flatten() {
+            Some(why) => {
+                refused = Some(std::io::Error::new(
                     std::io::ErrorKind::PermissionDenied,
                     format!(
                         "{addr} resolves to {}, {why}, which an ExternalName backend may not reach",
                         sa.ip()
                     ),
-                ));
-                continue;
+                ))
             }
+            None => out.push(sa),
         }
+    }
+    if out.is_empty() {
+        return Err(refused.unwrap_or_else(|| {
+            std::io::Error::new(std::io::ErrorKind::NotFound, "no address resolved")
+        }));
+    }
+    Ok(out)
+}
+
+/// TCP to the first address of `addr` that answers (nodelay, keep-alive): the transport every
+/// upstream connection starts with, pooled or not (see `upgrade`), L4 included. With
+/// `external`, only the addresses [`resolve`] permits are tried.
+pub(crate) async fn connect_tcp(addr: &str, external: bool) -> std::io::Result<TcpStream> {
+    let mut last = None;
+    for sa in resolve(addr, external).await? {
         match TcpStream::connect(sa).await {
             Ok(s) => {
                 s.set_nodelay(true)?;
