@@ -2493,6 +2493,209 @@ async fn tenant_hosts_follow_creation_order_and_fail_closed() {
     }
 }
 
+/// The status worker against a real apiserver, through the run loop with a lease and an
+/// in-process dataplane: (1) writes never outrun the token bucket (`qps` 4, `burst` 2: at
+/// every sample the writes so far are at most `burst + qps * elapsed + concurrency`, which
+/// twelve SweetySites written at once would break); (2) while another holder has the lease
+/// nothing is written: a status removed meanwhile and a spec change stay unwritten; (3) on
+/// regaining the lease every object is queued again, so both are written (`Programmed=True`
+/// for the new generation), without any new watch event.
+#[tokio::test]
+#[ignore = "needs a kube-apiserver: SWEETY_KUBECONFIG (e2e/controller-it.sh)"]
+async fn status_worker_is_rate_limited_and_catches_up_after_regaining_the_lease() {
+    use sweety_controller::run::RunOptions;
+    use sweety_controller::status_worker::StatusOptions;
+    use sweety_controller::translate::Params;
+    use sweety_dataplane::control::ControlServer;
+    use sweety_dataplane::runtime::{Runtime, RuntimeOptions};
+    let _guard = LOCK.lock().await;
+    let client = cluster().await;
+    let ns = namespace(&client, "statusq").await;
+    let sites: Api<sweety_crds::SweetySite> = Api::namespaced(client.clone(), &ns);
+    const SITES: usize = 12;
+    // The real dataplane below checks that a static directory exists.
+    let dir = tempfile::tempdir().unwrap();
+    let www = dir.path().join("www");
+    std::fs::create_dir(&www).unwrap();
+    let www = www.to_string_lossy().into_owned();
+    for i in 0..SITES {
+        create(
+            &sites,
+            json!({
+                "apiVersion": "sweety.dev/v1alpha1", "kind": "SweetySite",
+                "metadata": {"name": format!("s{i}")},
+                "spec": {"hostnames": [format!("s{i}.statusq.example")],
+                         "routes": [{"path": "/", "static": {"directory": www}}]}
+            }),
+        )
+        .await;
+    }
+    let socket = dir.path().join("control.sock");
+    let runtime = Arc::new(
+        Runtime::new(RuntimeOptions {
+            access_log: sweety_config::AccessLog {
+                enabled: false,
+                ..Default::default()
+            },
+            ..RuntimeOptions::default()
+        })
+        .unwrap(),
+    );
+    let control = ControlServer::bind(runtime.clone(), &socket).unwrap();
+    let (qps, burst, concurrency) = (4.0, 2u32, 1usize);
+    let options = RunOptions {
+        params: Params {
+            namespace: ns.clone(),
+            content_dir: dir.path().join("content").to_string_lossy().into_owned(),
+            ingress_service: None,
+            ..Params::default()
+        },
+        watch: WatchOptions {
+            namespaces: vec![ns.clone()],
+            ..WatchOptions::default()
+        },
+        debounce: Duration::from_millis(20),
+        lease: Some(LeaseOptions {
+            namespace: ns.clone(),
+            name: "sweety-controller".into(),
+            identity: "status-test".into(),
+            lease_duration: Duration::from_secs(4),
+            renew_every: Duration::from_millis(500),
+            owner_service_account: None,
+        }),
+        initial_sync_timeout: Duration::from_secs(20),
+        status: StatusOptions {
+            qps,
+            burst,
+            concurrency,
+            ..StatusOptions::default()
+        },
+    };
+    let started = std::time::Instant::now();
+    let running = RunLoop::start(&client, options, socket.clone());
+    let metrics = running.health.metrics.clone();
+    let writes = || {
+        metrics
+            .status_writes
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+    let all_programmed = |generation: i64| {
+        let sites = sites.clone();
+        async move {
+            for i in 0..SITES {
+                let p = site_programmed(&sites, &format!("s{i}")).await?;
+                if p["status"] != "True" || p["observedGeneration"].as_i64()? < generation {
+                    return None;
+                }
+            }
+            Some(())
+        }
+    };
+
+    // 1. Rate limit: sampled until every site is Programmed (bounded: 300 x 100 ms).
+    let mut samples = 0;
+    loop {
+        let w = writes() as f64;
+        let bound = f64::from(burst) + qps * started.elapsed().as_secs_f64() + concurrency as f64;
+        assert!(
+            w <= bound,
+            "{w} status writes after {:?} (bound {bound})",
+            started.elapsed()
+        );
+        if all_programmed(1).await.is_some() {
+            break;
+        }
+        samples += 1;
+        assert!(
+            samples < 300,
+            "the sites were not all Programmed within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(writes() >= SITES as u64, "{} writes", writes());
+
+    // 2. Another holder takes the lease: leadership is dropped at the next renewal.
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
+    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+        k8s_openapi::jiff::Timestamp::now(),
+    );
+    leases
+        .patch(
+            "sweety-controller",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {
+                "holderIdentity": "intruder", "renewTime": now, "acquireTime": now,
+                "leaseDurationSeconds": 3600}})),
+        )
+        .await
+        .expect("take the lease");
+    wait_for("leadership dropped", || async {
+        metrics
+            .render()
+            .contains("sweety_controller_leader 0\n")
+            .then_some(())
+    })
+    .await;
+    // Meanwhile someone removes s0's status and s1's spec changes.
+    sites
+        .patch_status(
+            "s0",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": null})),
+        )
+        .await
+        .expect("clear s0's status");
+    sites
+        .patch(
+            "s1",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"spec": {"hostnames": ["s1.statusq.example", "s1b.statusq.example"]}}),
+            ),
+        )
+        .await
+        .expect("change s1");
+    let before = writes();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        site_programmed(&sites, "s0").await,
+        None,
+        "written while not leading"
+    );
+    assert_eq!(
+        site_programmed(&sites, "s1").await.unwrap()["observedGeneration"],
+        1,
+        "written while not leading"
+    );
+    assert_eq!(writes(), before, "status writes while not leading");
+
+    // 3. The intruder lets go: the lease is taken back and both are written.
+    leases
+        .patch(
+            "sweety-controller",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"holderIdentity": null}})),
+        )
+        .await
+        .expect("release the lease");
+    wait_for(
+        "s0's status restored and s1 Programmed for generation 2",
+        || async {
+            let p0 = site_programmed(&sites, "s0").await?;
+            let p1 = site_programmed(&sites, "s1").await?;
+            (p0["status"] == "True" && p1["status"] == "True" && p1["observedGeneration"] == 2)
+                .then_some(())
+        },
+    )
+    .await;
+    assert!(metrics.render().contains("sweety_controller_leader 1\n"));
+
+    running.stop().await;
+    drop(control);
+    runtime.shutdown().await;
+    drop_namespace(&client, &ns).await;
+}
+
 /// A client for the test cluster acting as `user` in `group` (impersonation): what a tenant
 /// with ordinary RBAC can do, and nothing more.
 async fn impersonated(user: &str, group: &str) -> Client {
