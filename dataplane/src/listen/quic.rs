@@ -24,7 +24,7 @@
 use crate::body::{Body, BoxError};
 use crate::ctx::{ConnInfo, EarlyData, Protocol};
 use crate::limits::ConnPermit;
-use crate::runtime::{BindKey, ListenerView, Shared};
+use crate::state::{BindKey, ListenerView, Shared};
 use crate::static_files::ReadChunk;
 use bytes::{Buf, Bytes};
 use h3::server::RequestStream;
