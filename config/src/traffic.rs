@@ -368,8 +368,38 @@ pub struct Cidr {
 
 impl Cidr {
     /// Parses `addr/prefix` or a bare address. Host bits set below the prefix are an error
-    /// (`10.0.0.1/8` is almost always a typo).
+    /// (`10.0.0.1/8` is almost always a typo); [`Cidr::parse_masked`] clears them instead.
     pub fn parse(s: &str) -> Result<Cidr, String> {
+        let c = Cidr::parse_unmasked(s)?;
+        if c.network_bits(c.addr) != bits(c.addr) {
+            return Err(format!(
+                "{s:?} has host bits set below the /{} prefix",
+                c.prefix
+            ));
+        }
+        Ok(c)
+    }
+
+    /// Like [`Cidr::parse`], but host bits below the prefix are cleared, as nginx's
+    /// `allow`/`deny` do (`10.0.0.1/8` is `10.0.0.0/8`).
+    pub fn parse_masked(s: &str) -> Result<Cidr, String> {
+        let c = Cidr::parse_unmasked(s)?;
+        let net = c.network_bits(c.addr);
+        let addr = match c.addr {
+            std::net::IpAddr::V4(_) => std::net::IpAddr::V4((net as u32).into()),
+            std::net::IpAddr::V6(_) => std::net::IpAddr::V6(net.into()),
+        };
+        Ok(Cidr {
+            addr,
+            prefix: c.prefix,
+        })
+    }
+
+    /// The address and prefix, host bits as written. An IPv4-mapped IPv6 network
+    /// (`::ffff:10.0.0.0/104`) is an error: client addresses are compared as IPv4
+    /// ([`Cidr::contains`]), so it would match nobody (an allow list silently shut, a deny
+    /// list silently open); write it as IPv4.
+    fn parse_unmasked(s: &str) -> Result<Cidr, String> {
         let (a, p) = match s.split_once('/') {
             Some((a, p)) => (a, Some(p)),
             None => (s, None),
@@ -381,20 +411,21 @@ impl Cidr {
         let max = if addr.is_ipv4() { 32 } else { 128 };
         let prefix = match p {
             None => max,
-            Some(p) => p
-                .trim()
-                .parse::<u8>()
-                .ok()
+            Some(p) => Some(p.trim())
+                .filter(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+                .and_then(|p| p.parse::<u8>().ok())
                 .filter(|&n| n <= max)
                 .ok_or_else(|| format!("invalid prefix length {p:?} in {s:?} (0..={max})"))?,
         };
-        let c = Cidr { addr, prefix };
-        if c.network_bits(addr) != bits(addr) {
-            return Err(format!(
-                "{s:?} has host bits set below the /{prefix} prefix"
-            ));
+        if let std::net::IpAddr::V6(v6) = addr {
+            if prefix >= 96 && v6.to_ipv4_mapped().is_some() {
+                return Err(format!(
+                    "{s:?} is an IPv4-mapped IPv6 network, which matches no client (clients are \
+                     compared as IPv4): write it as IPv4"
+                ));
+            }
         }
-        Ok(c)
+        Ok(Cidr { addr, prefix })
     }
 
     fn network_bits(&self, ip: std::net::IpAddr) -> u128 {
@@ -423,6 +454,12 @@ impl Cidr {
             return false;
         }
         self.network_bits(ip) == bits(self.addr)
+    }
+}
+
+impl std::fmt::Display for Cidr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.addr, self.prefix)
     }
 }
 
@@ -795,9 +832,26 @@ backends:
             "::/129",
             "10.0.0.0/x",
             "1.2.3.4/",
+            "10.0.0.0/+8",
+            "::ffff:10.0.0.0/104",
+            "::ffff:10.0.0.1",
+            "fe80::1%eth0/64",
+            "fe80::1%eth0",
+            "10.0.0.0/8 10.1.0.0/16",
         ] {
             assert!(Cidr::parse(bad).is_err(), "{bad:?}");
+            if bad != "10.0.0.1/8" {
+                assert!(Cidr::parse_masked(bad).is_err(), "{bad:?}");
+            }
         }
+        assert_eq!(
+            Cidr::parse_masked("10.0.0.1/8").unwrap().to_string(),
+            "10.0.0.0/8"
+        );
+        assert_eq!(
+            Cidr::parse(" 10.0.0.0 / 8 ").unwrap().to_string(),
+            "10.0.0.0/8"
+        );
         let (ok, errs) = parse_cidrs(&["10.0.0.0/8".into(), "bad".into(), "::1".into()]);
         assert_eq!(ok.len(), 2);
         assert_eq!(errs.len(), 1);

@@ -323,11 +323,6 @@ impl StatusQueue {
             self.shared.notify.notify_one();
         }
     }
-
-    /// Statuses waiting to be written or in flight.
-    pub fn depth(&self) -> usize {
-        self.shared.queue().depth(0)
-    }
 }
 
 struct Worker {
@@ -594,15 +589,14 @@ impl Worker {
                 }
             }
         };
-        look("HTTPRoute", statuses_of(&s.http_routes.state()));
-        look("GRPCRoute", statuses_of(&s.grpc_routes.state()));
-        look("TLSRoute", statuses_of(&s.tls_routes.state()));
-        look("TCPRoute", statuses_of(&s.tcp_routes.state()));
-        look("UDPRoute", statuses_of(&s.udp_routes.state()));
-        look(
-            "BackendTLSPolicy",
-            statuses_of(&s.backend_tls_policies.state()),
-        );
+        macro_rules! look_all {
+            ($($kind:literal $field:ident),*) => {
+                $(if status_writer::is_atomic_kind($kind) {
+                    look($kind, statuses_of(&s.$field.state()));
+                })*
+            };
+        }
+        status_writer::status_kinds!(look_all!());
         for key in found {
             q.entries.insert(
                 key.clone(),
@@ -649,20 +643,15 @@ fn lookup(s: &Stores, key: &ObjectKey) -> Option<Arc<dyn Current>> {
         st.get(&key.namespace, &key.name)
             .map(|o| o as Arc<dyn Current>)
     }
-    match key.kind.as_str() {
-        "GatewayClass" => get(&s.gateway_classes, key),
-        "Gateway" => get(&s.gateways, key),
-        "ListenerSet" => get(&s.listener_sets, key),
-        "HTTPRoute" => get(&s.http_routes, key),
-        "GRPCRoute" => get(&s.grpc_routes, key),
-        "TLSRoute" => get(&s.tls_routes, key),
-        "TCPRoute" => get(&s.tcp_routes, key),
-        "UDPRoute" => get(&s.udp_routes, key),
-        "BackendTLSPolicy" => get(&s.backend_tls_policies, key),
-        "Ingress" => get(&s.ingresses, key),
-        "SweetySite" => get(&s.sites, key),
-        _ => None,
+    macro_rules! find {
+        ($($kind:literal $field:ident),*) => {
+            match key.kind.as_str() {
+                $($kind => get(&s.$field, key),)*
+                _ => None,
+            }
+        };
     }
+    status_writer::status_kinds!(find!())
 }
 
 #[cfg(test)]

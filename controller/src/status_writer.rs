@@ -895,21 +895,38 @@ impl_current!(
     sweety_crds::SweetySite
 );
 
+/// Every kind whose status the writer writes, with its field in [`Snapshot`] and in
+/// [`crate::watch::Stores`] (the two name them alike): the one list [`STATUS_KINDS`], the
+/// snapshot index of [`StatusWriter::write`] and the status worker's cache lookups are made of.
+/// `status_kinds!(m!(args;))` calls `m!(args; "Kind" field, ...)`.
+macro_rules! status_kinds {
+    ($m:ident!($($args:tt)*)) => {
+        $m!($($args)*
+            "GatewayClass" gateway_classes,
+            "Gateway" gateways,
+            "ListenerSet" listener_sets,
+            "HTTPRoute" http_routes,
+            "GRPCRoute" grpc_routes,
+            "TLSRoute" tls_routes,
+            "TCPRoute" tcp_routes,
+            "UDPRoute" udp_routes,
+            "BackendTLSPolicy" backend_tls_policies,
+            "Ingress" ingresses,
+            "SweetySite" sites
+        )
+    };
+}
+pub(crate) use status_kinds;
+
+macro_rules! kind_names {
+    ($($kind:literal $field:ident),*) => {
+        [$($kind),*]
+    };
+}
+
 /// The kinds whose status the writer writes. `translate` reads none of their statuses, so the
 /// watches treat a status-only update of one of them as no change of the input.
-pub const STATUS_KINDS: [&str; 11] = [
-    "GatewayClass",
-    "Gateway",
-    "ListenerSet",
-    "HTTPRoute",
-    "GRPCRoute",
-    "TLSRoute",
-    "TCPRoute",
-    "UDPRoute",
-    "BackendTLSPolicy",
-    "Ingress",
-    "SweetySite",
-];
+pub const STATUS_KINDS: [&str; 11] = status_kinds!(kind_names!());
 
 type IndexKey<'a> = (&'static str, &'a str, &'a str);
 
@@ -933,17 +950,12 @@ impl<'a> Index<'a> {
                 map.insert((kind, ns, name), o.as_ref());
             }
         }
-        add(&mut map, "GatewayClass", &s.gateway_classes);
-        add(&mut map, "Gateway", &s.gateways);
-        add(&mut map, "ListenerSet", &s.listener_sets);
-        add(&mut map, "HTTPRoute", &s.http_routes);
-        add(&mut map, "GRPCRoute", &s.grpc_routes);
-        add(&mut map, "TLSRoute", &s.tls_routes);
-        add(&mut map, "TCPRoute", &s.tcp_routes);
-        add(&mut map, "UDPRoute", &s.udp_routes);
-        add(&mut map, "BackendTLSPolicy", &s.backend_tls_policies);
-        add(&mut map, "Ingress", &s.ingresses);
-        add(&mut map, "SweetySite", &s.sites);
+        macro_rules! add_all {
+            ($($kind:literal $field:ident),*) => {
+                $(add(&mut map, $kind, &s.$field);)*
+            };
+        }
+        status_kinds!(add_all!());
         Index { map }
     }
 

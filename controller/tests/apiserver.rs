@@ -31,6 +31,14 @@ const CONTROLLER: &str = "sweety.dev/gateway-controller";
 
 /// A client for the test cluster with our CRDs installed.
 async fn cluster() -> Client {
+    // The controller's warnings (failed writes, failed Events) are shown with a failing test.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_test_writer()
+        .try_init();
     let Some(path) = std::env::var_os("SWEETY_KUBECONFIG") else {
         panic!(
             "SWEETY_KUBECONFIG is not set: these tests need a real kube-apiserver (run e2e/controller-it.sh)"
@@ -2409,6 +2417,10 @@ async fn tenant_hosts_follow_creation_order_and_fail_closed() {
     assert!(!body.contains(&attacker_body), "{status} {body}");
 
     // A younger Ingress of another namespace claims the same host with a longer path.
+    // creationTimestamp has one-second resolution and equal timestamps are ordered by
+    // namespace/name (where "attacker-..." sorts first): wait for the next second so the
+    // attacker's Ingress is really younger (without this the test failed about one run in three).
+    tokio::time::sleep(Duration::from_millis(1100)).await;
     create(
         &attackers,
         ingress("squat", "/checkout", "steal", json!({})),

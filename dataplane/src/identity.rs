@@ -112,7 +112,12 @@ pub fn establish(
         (None, Some(_)) => false,
     };
     if !(same_path && same_authority) {
-        let mut s = String::with_capacity(uri.to_string().len() + 8);
+        let mut s = String::with_capacity(
+            uri.scheme_str().map_or(0, |x| x.len() + 3)
+                + authority.as_deref().map_or(0, str::len)
+                + path.len()
+                + uri.query().map_or(0, |q| q.len() + 1),
+        );
         if let (Some(scheme), Some(a)) = (uri.scheme_str(), authority.as_deref()) {
             s.push_str(scheme);
             s.push_str("://");

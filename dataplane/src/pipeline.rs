@@ -186,22 +186,20 @@ async fn serve(
         let status = StatusCode::from_u16(425).expect("425 is a valid status");
         let r = text_response(status, "425 Too Early: retry after the handshake\n");
         Served::unrouted(r)
-    } else if over_client {
-        shared.metrics.limit_hit("client_requests");
-        let mut r = text_response(
-            StatusCode::TOO_MANY_REQUESTS,
-            "429 Too Many Requests: too many requests in flight from this client\n",
-        );
-        r.headers_mut().insert(
-            header::RETRY_AFTER,
-            HeaderValue::from(limits.retry_after_seconds),
-        );
-        Served::unrouted(r)
-    } else if permit.is_none() {
-        let mut r = text_response(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "503 Service Unavailable: server overloaded, retry later\n",
-        );
+    } else if over_client || permit.is_none() {
+        let (status, text) = if over_client {
+            shared.metrics.limit_hit("client_requests");
+            (
+                StatusCode::TOO_MANY_REQUESTS,
+                "429 Too Many Requests: too many requests in flight from this client\n",
+            )
+        } else {
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "503 Service Unavailable: server overloaded, retry later\n",
+            )
+        };
+        let mut r = text_response(status, text);
         r.headers_mut().insert(
             header::RETRY_AFTER,
             HeaderValue::from(limits.retry_after_seconds),

@@ -543,3 +543,39 @@ async fn proxy_protocol_comes_before_tls_on_https_listeners() {
     })
     .await;
 }
+
+/// Behind a trusted load balancer that sends PROXY headers, `max_connections_per_client`
+/// counts the client each header names, not the balancer (whose own connections would
+/// otherwise be exempt as a trusted proxy's, turning the cap off for everyone).
+#[tokio::test]
+async fn the_per_client_connection_cap_counts_the_proxy_protocol_client() {
+    bounded(async {
+        let mut cfg = http_config(vec![vhost("v", &[], vec![fixed_route("r", "/", "ok")])]);
+        cfg.client_ip.trusted_proxies = vec!["127.0.0.1".into()];
+        cfg.client_ip.proxy_protocol = vec!["web".into()];
+        cfg.limits.max_connections_per_client = 1;
+        let h = Harness::start(cfg).await;
+        let addr = h.addr("web").await;
+        let client = b"PROXY TCP4 192.0.2.7 127.0.0.1 5555 80\r\n";
+        // The first connection of 192.0.2.7 stays open (keep-alive, answered).
+        let mut first = tokio::net::TcpStream::connect(addr).await.unwrap();
+        first.write_all(client).await.unwrap();
+        first
+            .write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut buf = [0u8; 12];
+        first.read_exact(&mut buf).await.unwrap();
+        assert_eq!(&buf, b"HTTP/1.1 200");
+        // A second one of the same client is closed unanswered; another client is served.
+        assert_eq!(raw_get(addr, client, "/").await, None);
+        assert!(limit_hits(&h, "client_connections") >= 1);
+        let other = b"PROXY TCP4 192.0.2.8 127.0.0.1 5555 80\r\n";
+        assert_eq!(
+            raw_get(addr, other, "/").await.as_deref(),
+            Some("HTTP/1.1 200 OK")
+        );
+        drop(first);
+    })
+    .await;
+}

@@ -920,3 +920,104 @@ async fn client_certificates_are_verified_over_h3() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn quic_connections_are_capped_per_client_address() {
+    bounded(30, async {
+        let (mut cfg, ca) = h3_config(vec![fixed_route("r", "/", "ok")]);
+        cfg.limits.max_connections_per_client = 1;
+        let h = Harness::start(cfg).await;
+        let addr = h.addr("tls").await;
+        let first = H3::connect(addr, "localhost", &ca).await.unwrap();
+        assert_eq!(first.get("/").await.unwrap().0, 200);
+        // The second connection from the same address is closed once its handshake is done.
+        let second = match H3::connect(addr, "localhost", &ca).await {
+            Ok(c) => c.get("/").await.map(|r| r.0),
+            Err(e) => Err(e),
+        };
+        assert!(second.is_err(), "second connection served: {second:?}");
+        assert!(limit_hits(&h, "client_connections") >= 1);
+        assert_eq!(
+            h.runtime
+                .shared
+                .client_conns
+                .held("127.0.0.1".parse().unwrap()),
+            1
+        );
+        first.conn.close(0u32.into(), b"done");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            if let Ok(c) = H3::connect(addr, "localhost", &ca).await {
+                if let Ok((200, _, _)) = c.get("/").await {
+                    break;
+                }
+            }
+            assert!(Instant::now() < deadline, "the address's slot never freed");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+}
+
+/// A client that stops reading (its stream windows stay at 1 KB, its connection is kept
+/// alive) cannot hold request slots: neither a response head larger than the window nor a
+/// body outlives `send_timeout`.
+#[tokio::test]
+async fn an_h3_client_that_stops_reading_holds_no_request_slot_past_send_timeout() {
+    bounded(40, async {
+        let (dir, _) = site();
+        let mut big_head = fixed_route("head", "/head", "x");
+        big_head.filters = vec![Filter::ResponseHeaders(HeaderModifier {
+            set: vec![sweety_config::HeaderValue {
+                name: "x-big".into(),
+                value: "a".repeat(4000),
+            }],
+            ..Default::default()
+        })];
+        let (mut cfg, ca) = h3_config(vec![big_head, static_route("site", "/", dir.path())]);
+        cfg.limits.send_timeout = sweety_config::Duration::from_secs(1);
+        cfg.limits.max_requests_per_client = 50;
+        let h = Harness::start(cfg).await;
+        let addr = h.addr("tls").await;
+        let mut transport = quinn::TransportConfig::default();
+        transport
+            .stream_receive_window(1024u32.into())
+            .keep_alive_interval(Some(Duration::from_millis(300)));
+        let mut cc = client_config(&ca, false);
+        cc.transport_config(Arc::new(transport));
+        let c = H3::connect_with(addr, "localhost", cc).await.unwrap();
+        let me: std::net::IpAddr = "127.0.0.1".parse().unwrap();
+        let shared = h.runtime.shared.clone();
+        let mut streams = Vec::new();
+        for path in ["/head", "/big.bin"] {
+            let mut send = c.send.clone();
+            let req = Request::get(format!("https://localhost{path}"))
+                .body(())
+                .unwrap();
+            let mut s = send.send_request(req).await.unwrap();
+            s.finish().await.unwrap();
+            streams.push(s);
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while shared.client_requests.held(me) < 2 {
+            assert!(Instant::now() < deadline, "both requests in flight");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // send_timeout frees both while the client keeps its connection and streams open.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while shared.client_requests.held(me) > 0 {
+            assert!(
+                Instant::now() < deadline,
+                "a stalled response still holds {} request slot(s)",
+                shared.client_requests.held(me)
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(
+            c.conn.close_reason().is_none(),
+            "the connection itself stays"
+        );
+        drop(streams);
+    })
+    .await;
+}

@@ -49,6 +49,8 @@ type RecvHalf = RequestStream<h3_quinn::RecvStream, Bytes>;
 
 /// The HTTP/3 application error code for a clean close.
 const H3_NO_ERROR: quinn::VarInt = quinn::VarInt::from_u32(0x100);
+/// H3_EXCESSIVE_LOAD (RFC 9114 §8.1): a connection over `limits.max_connections_per_client`.
+const H3_EXCESSIVE_LOAD: quinn::VarInt = quinn::VarInt::from_u32(0x107);
 
 /// The `Alt-Svc` value advertising HTTP/3 on `port`.
 pub fn alt_svc(port: u16, max_age: Duration) -> http::HeaderValue {
@@ -181,6 +183,11 @@ pub async fn run_quic(
             max_header_bytes: snap.config.limits.max_header_bytes.into(),
             static_chunk: snap.config.http3.static_chunk_size as usize,
             send_timeout: snap.config.limits.send_timeout.get(),
+            max_per_client: crate::listen::tcp::per_client_cap(
+                &snap.access,
+                snap.config.limits.max_connections_per_client,
+                peer_of(&incoming).ip(),
+            ),
         };
         drop(snap);
         conns.spawn(serve_conn(
@@ -212,6 +219,12 @@ struct ConnSettings {
     /// `limits.send_timeout`: a response write the client does not accept within it resets
     /// the stream.
     send_timeout: Duration,
+    /// `limits.max_connections_per_client` for this peer (0: not capped).
+    max_per_client: u32,
+}
+
+fn peer_of(incoming: &quinn::Incoming) -> SocketAddr {
+    crate::ctx::canonical_addr(incoming.remote_address())
 }
 
 /// Whether the handshake of a connection that accepted 0-RTT has completed. Requests that
@@ -262,7 +275,7 @@ async fn serve_conn(
     mut drain: watch::Receiver<bool>,
 ) {
     let _permit = permit;
-    let peer = crate::ctx::canonical_addr(incoming.remote_address());
+    let peer = peer_of(&incoming);
     let connecting = match incoming.accept() {
         Ok(c) => c,
         Err(e) => {
@@ -288,6 +301,19 @@ async fn serve_conn(
         match handshake(&shared, connecting, &settings).await {
             Some(c) => (c, Handshake::complete()),
             None => return,
+        }
+    };
+    // Counted once the handshake has proven the address (or 0-RTT was accepted), so that
+    // spoofed Initials cannot use up another client's share.
+    let _client_slot = match shared
+        .client_conns
+        .try_take(peer.ip(), settings.max_per_client)
+    {
+        Ok(slot) => slot,
+        Err(_) => {
+            shared.metrics.limit_hit("client_connections");
+            conn.close(H3_EXCESSIVE_LOAD, b"too many connections from this address");
+            return;
         }
     };
     let handshake = Arc::new(handshake);
@@ -436,11 +462,14 @@ async fn serve_request(
 }
 
 /// Sends the head, then every body frame, awaiting each so QUIC flow control paces the body.
+/// Every write (head, DATA, trailers) the client does not accept within `send_timeout` resets
+/// the stream: a zero stream window cannot hold the request slot for ever.
 async fn send_response(mut send: SendHalf, resp: Response<Body>, send_timeout: Duration) {
     let (mut parts, mut body) = resp.into_parts();
     crate::conn_headers::strip(&mut parts.headers, crate::conn_headers::Te::Remove);
-    if let Err(e) = send.send_response(Response::from_parts(parts, ())).await {
-        tracing::debug!(error = %e, "HTTP/3 response head not sent");
+    let head = Response::from_parts(parts, ());
+    let sent = tokio::time::timeout(send_timeout, send.send_response(head)).await;
+    if !written(&mut send, sent) {
         return;
     }
     while let Some(frame) = body.frame().await {
@@ -452,28 +481,43 @@ async fn send_response(mut send: SendHalf, resp: Response<Body>, send_timeout: D
                 return;
             }
         };
-        let sent = match frame.into_data() {
-            Ok(data) if data.is_empty() => Ok(()),
-            Ok(data) => match tokio::time::timeout(send_timeout, send.send_data(data)).await {
-                Ok(r) => r,
-                Err(_) => {
-                    tracing::debug!("HTTP/3 client accepted no data within send_timeout");
-                    send.stop_stream(h3::error::Code::H3_REQUEST_CANCELLED);
-                    return;
-                }
-            },
-            Err(frame) => match frame.into_trailers() {
-                Ok(trailers) => send.send_trailers(trailers).await,
-                Err(_) => Ok(()),
-            },
+        let write = async {
+            match frame.into_data() {
+                Ok(data) if data.is_empty() => Ok(()),
+                Ok(data) => send.send_data(data).await,
+                Err(frame) => match frame.into_trailers() {
+                    Ok(trailers) => send.send_trailers(trailers).await,
+                    Err(_) => Ok(()),
+                },
+            }
         };
-        if let Err(e) = sent {
-            // The client went away or reset the stream; dropping the body releases the slot.
-            tracing::debug!(error = %e, "HTTP/3 response body not sent");
+        let sent = tokio::time::timeout(send_timeout, write).await;
+        if !written(&mut send, sent) {
+            // Dropping the body releases the request slot.
             return;
         }
     }
     let _ = send.finish().await;
+}
+
+/// Whether one bounded response write went out; a stalled one resets the stream.
+fn written(
+    send: &mut SendHalf,
+    sent: Result<Result<(), h3::error::StreamError>, tokio::time::error::Elapsed>,
+) -> bool {
+    match sent {
+        Ok(Ok(())) => true,
+        Ok(Err(e)) => {
+            // The client went away or reset the stream.
+            tracing::debug!(error = %e, "HTTP/3 response not sent");
+            false
+        }
+        Err(_) => {
+            tracing::debug!("HTTP/3 client accepted no data within send_timeout");
+            send.stop_stream(h3::error::Code::H3_REQUEST_CANCELLED);
+            false
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -28,7 +28,7 @@ use hyper_util::rt::TokioIo;
 use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use std::convert::Infallible;
 use std::future::Future;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -83,16 +83,13 @@ pub async fn run_tcp(
         let handshake_timeout = snap.config.limits.header_read_timeout.get();
         let idle_timeout = snap.config.limits.idle_timeout.get();
         let send_timeout = snap.config.limits.send_timeout.get();
-        // A trusted proxy carries many clients: its connections are not capped per address.
-        let per_client = if snap
-            .access
-            .client_ip
-            .is_trusted(crate::ctx::canonical_addr(peer).ip())
-        {
-            0
-        } else {
-            snap.config.limits.max_connections_per_client
-        };
+        // The per-client cap is judged on the client's address: after a PROXY header.
+        let access = (snap.config.limits.max_connections_per_client > 0).then(|| {
+            (
+                snap.access.clone(),
+                snap.config.limits.max_connections_per_client,
+            )
+        });
         let h2 = (snap.config.limits.http2_engine == sweety_config::Http2Engine::Sweety)
             .then(|| h2_settings(&snap.config.limits));
         drop(snap);
@@ -130,6 +127,9 @@ pub async fn run_tcp(
                     }
                 }
             }
+            let per_client = access
+                .as_ref()
+                .map_or(0, |(a, max)| per_client_cap(a, *max, peer.ip()));
             let _client_slot = match shared.client_conns.try_take(peer.ip(), per_client) {
                 Ok(slot) => slot,
                 Err(_) => {
@@ -517,6 +517,16 @@ async fn serve_http<I>(
     drop(watcher);
     if let Err(e) = r {
         tracing::debug!(error = %e, "connection ended with an error");
+    }
+}
+
+/// `limits.max_connections_per_client` for a connection from `peer` (the client's address,
+/// after any PROXY header); 0 (not capped) for a trusted proxy, which carries many clients.
+pub fn per_client_cap(access: &crate::access::AccessRules, max: u32, peer: IpAddr) -> u32 {
+    if max == 0 || access.client_ip.is_trusted(peer) {
+        0
+    } else {
+        max
     }
 }
 
