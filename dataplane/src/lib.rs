@@ -1,9 +1,9 @@
 //! `sweety-dataplane`: one process that serves HTTP/1.1, HTTP/2 and HTTP/3 through one
 //! request pipeline and one backpressure core, and swaps its config atomically.
 //!
-//! Layers, each importing only the ones below it (control → runtime → listen → pipeline →
-//! {router, filters, proxy, cache, static_files, access, …} → state → config); see
-//! docs/architecture.md and docs/request-phases.md:
+//! Layers, each naming only the ones below it (control → runtime, admin → listen → pipeline →
+//! state → {router, filters, proxy, cache, static_files, access, …} → exec;
+//! `tests/layers.rs` checks it); see docs/request-phases.md:
 //! * [`control`]: the control socket the controller pushes configs on (`--control-socket`).
 //! * [`runtime`]: hot reload: validates and builds a config, binds, starts and drains
 //!   listeners, swaps the snapshot.
