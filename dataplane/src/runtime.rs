@@ -383,9 +383,14 @@ impl Runtime {
                     match crate::tls::listener_configs(t, &path, early) {
                         Ok(c) => {
                             let quic = c.quic.and_then(|q| {
-                                crate::listen::quic::server_config(q, &config.http3, &config.limits, &path)
-                                    .map_err(|e| errors.push(e))
-                                    .ok()
+                                crate::listen::quic::server_config(
+                                    q,
+                                    &config.http3,
+                                    &config.limits,
+                                    &path,
+                                )
+                                .map_err(|e| errors.push(e))
+                                .ok()
                             });
                             (Some(c.tcp), quic)
                         }
@@ -466,7 +471,8 @@ impl Runtime {
                         .or_else(|| fresh.get(&key).and_then(local_port))
                         .unwrap_or(l.port);
                     let addr = SocketAddr::new(key.0.ip(), port);
-                    let sock = crate::listen::quic::bind_udp(addr).map_err(|e| bind_err(addr, e))?;
+                    let sock =
+                        crate::listen::quic::bind_udp(addr).map_err(|e| bind_err(addr, e))?;
                     fresh_udp.insert(key, sock);
                 }
                 continue;
@@ -500,11 +506,13 @@ impl Runtime {
                 continue;
             };
             let addr = sock.local_addr().unwrap_or(key.0);
-            let ep = crate::listen::quic::endpoint(sock, cfg.clone()).map_err(|source| ApplyError::Bind {
-                index: *i,
-                name: l.name.clone(),
-                addr,
-                source,
+            let ep = crate::listen::quic::endpoint(sock, cfg.clone()).map_err(|source| {
+                ApplyError::Bind {
+                    index: *i,
+                    name: l.name.clone(),
+                    addr,
+                    source,
+                }
             })?;
             fresh_quic.insert(key, ep);
         }

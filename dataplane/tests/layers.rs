@@ -69,7 +69,11 @@ fn every_module_names_only_lower_layers() {
     let mut broken = BTreeMap::new();
     let mut checked = 0;
     for file in files {
-        let rel = file.strip_prefix(&src).unwrap().to_string_lossy().to_string();
+        let rel = file
+            .strip_prefix(&src)
+            .unwrap()
+            .to_string_lossy()
+            .to_string();
         // The binary, the crate root and test-only files are no layer.
         if rel == "main.rs" || rel == "lib.rs" || rel.ends_with("tests.rs") {
             continue;
@@ -91,8 +95,15 @@ fn every_module_names_only_lower_layers() {
             }
         }
     }
-    assert!(checked > 40, "only {checked} files found under {}", src.display());
-    assert!(broken.is_empty(), "modules naming a higher layer: {broken:?}");
+    assert!(
+        checked > 40,
+        "only {checked} files found under {}",
+        src.display()
+    );
+    assert!(
+        broken.is_empty(),
+        "modules naming a higher layer: {broken:?}"
+    );
 }
 
 #[test]
