@@ -857,6 +857,61 @@ backends:
         assert_eq!(errs.len(), 1);
         assert_eq!(errs[0].0, 1);
     }
+
+    /// Property (the fuzz target `config/fuzz` `cidr_parse` checks the same on arbitrary
+    /// text): for generated addresses, prefixes and clients, `parse_masked` gives a canonical
+    /// network that `parse` reads back, that contains the written address, and that contains
+    /// a client exactly when their leading `prefix` bits agree (IPv4-mapped clients as IPv4);
+    /// `parse` accepts only what is already canonical.
+    #[test]
+    fn cidr_properties() {
+        let mut seed: u64 = 0x0123_4567_89ab_cdef;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let leading = |a: u128, b: u128, prefix: u32, width: u32| {
+            prefix == 0 || (a >> (width - prefix)) == (b >> (width - prefix))
+        };
+        for i in 0..20_000 {
+            let v4 = i % 2 == 0;
+            let raw = u128::from(next()) << 64 | u128::from(next());
+            let (addr, width): (IpAddr, u32) = if v4 {
+                (std::net::Ipv4Addr::from(raw as u32).into(), 32)
+            } else {
+                (std::net::Ipv6Addr::from(raw).into(), 128)
+            };
+            let prefix = (next() % u64::from(width + 1)) as u32;
+            let text = format!("{addr}/{prefix}");
+            let Ok(net) = Cidr::parse_masked(&text) else {
+                // Only IPv4-mapped IPv6 networks are refused.
+                assert!(matches!(addr, IpAddr::V6(v) if v.to_ipv4_mapped().is_some()));
+                continue;
+            };
+            let shown = net.to_string();
+            assert_eq!(Cidr::parse(&shown), Ok(net), "{text} -> {shown}");
+            assert!(net.contains(addr), "{shown} does not contain {addr}");
+            assert_eq!(Cidr::parse(&text).is_ok(), text == shown, "{text}");
+            // A client near the address (low bits flipped) and a random one.
+            let near = bits(addr) ^ u128::from(next() % 1024);
+            let far = u128::from(next()) << 64 | u128::from(next());
+            for c in [near, far] {
+                let client: IpAddr = if v4 {
+                    std::net::Ipv4Addr::from(c as u32).into()
+                } else {
+                    std::net::Ipv6Addr::from(c).into()
+                };
+                let want = leading(bits(client), bits(addr), prefix, width);
+                assert_eq!(net.contains(client), want, "{shown} contains {client}?");
+                if let IpAddr::V4(c4) = client {
+                    let mapped = IpAddr::V6(c4.to_ipv6_mapped());
+                    assert_eq!(net.contains(mapped), want, "{shown} contains {mapped}?");
+                }
+            }
+        }
+    }
 }
 
 /// How request paths are normalised before routing (`path_normalization`, global): see

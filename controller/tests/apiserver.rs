@@ -3164,3 +3164,146 @@ async fn tenant_with_ordinary_rbac_cannot_take_another_namespaces_traffic() {
         drop_namespace(&admin, ns).await;
     }
 }
+
+/// Default-certificate rotation: the configured Secret (`--default-certificate`) is followed,
+/// so connections without SNI get the new certificate after the Secret changes, without a
+/// restart; when the Secret goes away, the certificate read at start is served again (never
+/// none, never a tenant's).
+#[tokio::test]
+#[ignore = "needs a kube-apiserver: SWEETY_KUBECONFIG (e2e/controller-it.sh)"]
+async fn default_certificate_secret_rotation_is_served() {
+    use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
+    use sweety_controller::run::RunOptions;
+    use sweety_controller::translate::{DefaultCertificate, Params};
+    use sweety_dataplane::control::ControlServer;
+    use sweety_dataplane::runtime::{Runtime, RuntimeOptions};
+    let _guard = LOCK.lock().await;
+    let client = cluster().await;
+    let ns = namespace(&client, "defcert").await;
+    let class_name = format!("{ns}-class");
+    let https_port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let classes: Api<IngressClass> = Api::all(client.clone());
+    create(
+        &classes,
+        json!({"metadata": {"name": class_name}, "spec": {"controller": "sweety.dev/ingress-controller"}}),
+    )
+    .await;
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+    let tls_secret = |name: &str, cert: &str, key: &str| {
+        json!({"metadata": {"name": name}, "type": "kubernetes.io/tls",
+               "stringData": {"tls.crt": cert, "tls.key": key}})
+    };
+    let (first_cert, first_key, first_der) = certificate("default.sweety.invalid");
+    create(
+        &secrets,
+        tls_secret("default-cert", &first_cert, &first_key),
+    )
+    .await;
+    // An Ingress with TLS, so the HTTPS listener exists.
+    let host = format!("site.{ns}.test");
+    let (site_cert, site_key, _) = certificate(&host);
+    create(&secrets, tls_secret("site-tls", &site_cert, &site_key)).await;
+    create(
+        &Api::<Ingress>::namespaced(client.clone(), &ns),
+        json!({"metadata": {"name": "site"}, "spec": {"ingressClassName": class_name,
+               "tls": [{"hosts": [host], "secretName": "site-tls"}],
+               "rules": [{"host": host, "http": {"paths": [{"path": "/", "pathType": "Prefix",
+                 "backend": {"service": {"name": "web", "port": {"number": 80}}}}]}}]}}),
+    )
+    .await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("control.sock");
+    let runtime = Arc::new(
+        Runtime::new(RuntimeOptions {
+            access_log: sweety_config::AccessLog {
+                enabled: false,
+                ..Default::default()
+            },
+            ..RuntimeOptions::default()
+        })
+        .unwrap(),
+    );
+    let control = ControlServer::bind(runtime.clone(), &socket).unwrap();
+    let free_http = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let options = RunOptions {
+        params: Params {
+            namespace: ns.clone(),
+            ingress_class: class_name.clone(),
+            listen_address: "127.0.0.1".into(),
+            ingress_http_port: free_http,
+            ingress_https_port: https_port,
+            http3: false,
+            content_dir: dir.path().join("content").to_string_lossy().into_owned(),
+            ingress_service: None,
+            // As the controller's main does: the Secret as read at start, and its name.
+            default_certificate: Some(DefaultCertificate {
+                cert: first_cert.clone(),
+                key: first_key.clone(),
+            }),
+            default_certificate_secret: Some(format!("{ns}/default-cert")),
+            ..Params::default()
+        },
+        watch: WatchOptions {
+            namespaces: vec![ns.clone()],
+            default_certificate_secret: Some((ns.clone(), "default-cert".into())),
+            ..WatchOptions::default()
+        },
+        debounce: Duration::from_millis(50),
+        lease: None,
+        initial_sync_timeout: Duration::from_secs(20),
+        status: sweety_controller::status_worker::StatusOptions::default(),
+    };
+    let running = RunLoop::start(&client, options, socket.clone());
+    let no_sni = |want: Vec<u8>| async move {
+        served_certificate(https_port, None)
+            .await
+            .filter(|der| der == &want)
+    };
+    wait_for("the first default certificate", || {
+        no_sni(first_der.clone())
+    })
+    .await;
+
+    // Rotate: the Secret gets a new certificate and key.
+    let (second_cert, second_key, second_der) = certificate("default.sweety.invalid");
+    secrets
+        .replace(
+            "default-cert",
+            &PostParams::default(),
+            &serde_json::from_value(tls_secret("default-cert", &second_cert, &second_key)).unwrap(),
+        )
+        .await
+        .expect("rotate the default certificate Secret");
+    wait_for("the rotated default certificate", || {
+        no_sni(second_der.clone())
+    })
+    .await;
+    // An unknown name gets it too.
+    assert_eq!(
+        served_certificate(https_port, Some("unknown.example.test")).await,
+        Some(second_der)
+    );
+
+    // The Secret goes away: the certificate read at start, not none.
+    secrets
+        .delete("default-cert", &DeleteParams::default())
+        .await
+        .expect("delete");
+    wait_for("the start-time default certificate again", || {
+        no_sni(first_der.clone())
+    })
+    .await;
+
+    running.stop().await;
+    drop(control);
+    runtime.shutdown().await;
+    let _ = classes.delete(&class_name, &DeleteParams::default()).await;
+    drop_namespace(&client, &ns).await;
+}
