@@ -9,7 +9,7 @@
 #
 # Usage: e2e/run.sh [--real-node] [--no-install] [--down] [-- <cargo test filter and test-binary args>]
 # --real-node: the cluster of e2e/realnode/up.sh (real kubelet, containerd, runc, the image of
-# deploy/image/build.sh) instead of the node agent's; its defaults (cluster-realnode, 10.248.0.0/24) apply.
+# deploy/image/build.sh) instead of the node agent's; its defaults (cluster-realnode, 10.245.0.0/24) apply.
 # Environment: as e2e/install.sh (SWEETY_CLUSTER_DIR, the port variables, SWEETY_BRIDGE, SWEETY_POD_CIDR,
 # CARGO_TARGET_DIR, ...); the tests get SWEETY_E2E_KUBECONFIG and SWEETY_E2E_ALLOWED_CIDR (= the Pod CIDR:
 # load-balancer addresses are .200-.250 in it) from them. Needs root.

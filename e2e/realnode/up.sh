@@ -23,7 +23,7 @@
 # Environment (defaults in brackets; give each concurrent cluster its own dir, ports, bridge and CIDR):
 #   SWEETY_CLUSTER_DIR [~/.cache/sweety/cluster-realnode]
 #   APISERVER_PORT [36443] ETCD_PORT [32379] ETCD_PEER_PORT [32380] KCM_PORT [40257] SCHED_PORT [40259]
-#   SWEETY_BRIDGE [sweetyrn0]  SWEETY_POD_CIDR [10.248.0.0/24]  Pods .2-.199, LoadBalancers .200-.250
+#   SWEETY_BRIDGE [sweetyrn0]  SWEETY_POD_CIDR [10.245.0.0/24]  Pods .2-.199, LoadBalancers .200-.250
 #   SWEETY_SERVICE_CIDR [10.97.<2nd octet of the Pod CIDR>.0/24]  (outside every other cluster's 10.96.0.0/16)
 #   SWEETY_NODE [sweety-real-node]  SWEETY_KUBELET_PORT [10270]  (+1 kubelet healthz, +2/+3 kube-proxy
 #                                   healthz/metrics, all on 127.0.0.1 except the kubelet API on the bridge)
