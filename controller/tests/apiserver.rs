@@ -3318,3 +3318,50 @@ async fn default_certificate_secret_rotation_is_served() {
     let _ = classes.delete(&class_name, &DeleteParams::default()).await;
     drop_namespace(&client, &ns).await;
 }
+
+/// The per-Gateway Service sync waits for the first translation: becoming leader before the
+/// first reconcile (the lease is often won while the initial lists load) deletes nothing; once
+/// a translation wants no such Service, the leader deletes it. Before the fix the first sync
+/// ran with an empty wanted set and deleted every per-Gateway Service (and its load-balancer
+/// address) at each controller restart, as the real-node e2e showed.
+#[tokio::test]
+#[ignore = "needs a kube-apiserver: SWEETY_KUBECONFIG (e2e/controller-it.sh)"]
+async fn gateway_services_wait_for_the_first_translation() {
+    let _guard = LOCK.lock().await;
+    let client = cluster().await;
+    let ns = namespace(&client, "svcwait").await;
+    let services: Api<Service> = Api::namespaced(client.clone(), &ns);
+    create(&services, json!({
+        "metadata": {"name": "sweety-gw-kept", "labels": {MANAGED_BY_LABEL: "sweety", GATEWAY_NAME_LABEL: "web"}},
+        "spec": {"ports": [{"port": 80}]}
+    }))
+    .await;
+    let (desired_tx, desired) = tokio::sync::watch::channel(None);
+    let (leading_tx, leading) = tokio::sync::watch::channel(false);
+    let task = tokio::spawn(sweety_controller::run::sync_services_task(
+        GatewayServices::new(client.clone(), &ns, None, FIELD_MANAGER),
+        desired,
+        leading,
+        Arc::new(sweety_controller::metrics::Metrics::default()),
+    ));
+    // Leadership first, no translation yet.
+    leading_tx.send(true).unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        services.get_opt("sweety-gw-kept").await.unwrap().is_some(),
+        "a per-Gateway Service was deleted before the first translation"
+    );
+    // The first translation wants no per-Gateway Service: the leader deletes it.
+    desired_tx.send(Some(Vec::new())).unwrap();
+    wait_for("the unwanted per-Gateway Service is deleted", || async {
+        services
+            .get_opt("sweety-gw-kept")
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    task.abort();
+    drop_namespace(&client, &ns).await;
+}
