@@ -205,16 +205,7 @@ if [ "$helm" = 0 ]; then
 fi
 
 # ------------------------------------------------------------------ 4. helm install
-if [ -n "${SWEETY_HELM:-}" ]; then
-  HELM=$SWEETY_HELM
-else
-  HELM=$HOME/.cache/sweety/tools/helm-v3.22.0/helm
-  if [ ! -x "$HELM" ]; then
-    log "building helm v3.22.0 (cached in $(dirname "$HELM"))"
-    mkdir -p "$(dirname "$HELM")"
-    GOBIN=$(dirname "$HELM") GOFLAGS=-buildvcs=false GOTOOLCHAIN=local go install helm.sh/helm/v3/cmd/helm@v3.22.0
-  fi
-fi
+HELM=$(helm_bin)
 log "helm upgrade --install $RELEASE charts/sweety -n $NS"
 "$HELM" upgrade --install "$RELEASE" charts/sweety --namespace "$NS" --create-namespace \
   --set-string "podAnnotations.sweety\.dev/build=$build_id" \
@@ -224,22 +215,7 @@ kubectl -n "$NS" wait --for=condition=Ready pod -l "app.kubernetes.io/instance=$
 log "controller and dataplane Ready"
 
 # ------------------------------------------------------------------ 5. smoke check
-in_cidr() { case $1 in "$NET".*) return 0 ;; *) return 1 ;; esac; }
 if [ "$smoke" = 1 ]; then
-  S=sweety-smoke
-  echo_app "$S"
-  http_gateway "$S" smoke smoke.example
-  kubectl -n "$S" wait --for=jsonpath='{.status.parents[0].conditions[?(@.type=="Accepted")].status}'=True httproute/smoke --timeout=60s >/dev/null
-  kubectl -n "$S" wait --for=jsonpath='{.status.parents[0].conditions[?(@.type=="ResolvedRefs")].status}'=True httproute/smoke --timeout=60s >/dev/null
-  addr=$(kubectl -n "$S" get gateway smoke -o jsonpath='{.status.addresses[0].value}')
-  in_cidr "$addr" || die "Gateway address '$addr' is not in $POD_CIDR"
-  body="" ok=0
-  for _ in $(seq 1 30); do
-    body=$(curl -sf --max-time 2 -H 'Host: smoke.example' "http://$addr/smoke" || true)
-    if grep -q "\"namespace\": *\"$S\"" <<<"$body" && grep -q '"pod": *"echo-' <<<"$body"; then ok=1; break; fi
-    sleep 1
-  done
-  [ "$ok" = 1 ] || die "smoke: http://$addr/smoke did not reach echo-basic: ${body:-no answer}"
-  log "smoke: http://$addr/smoke (Host smoke.example) answered by echo-basic pod $(sed -n 's/.*"pod": *"\([^"]*\)".*/\1/p' <<<"$body")"
+  smoke_gateway sweety-smoke "$NET" || die "smoke check failed"
 fi
 log "done.  export KUBECONFIG=$KUBECONFIG   (teardown: $0 down [--purge])"

@@ -68,3 +68,38 @@ YAML
   } | kubectl apply -f - >/dev/null || return
   kubectl -n "$ns" wait --for=condition=Programmed "gateway/$name" --timeout=120s >/dev/null
 }
+
+# helm_bin: prints the helm to use: $SWEETY_HELM, or helm v3.22.0 built once into ~/.cache/sweety/tools.
+helm_bin() {
+  if [ -n "${SWEETY_HELM:-}" ]; then echo "$SWEETY_HELM"; return; fi
+  local h=$HOME/.cache/sweety/tools/helm-v3.22.0/helm
+  if [ ! -x "$h" ]; then
+    echo "building helm v3.22.0 (cached in $(dirname "$h"))" >&2
+    mkdir -p "$(dirname "$h")"
+    GOBIN=$(dirname "$h") GOFLAGS=-buildvcs=false GOTOOLCHAIN=local go install helm.sh/helm/v3/cmd/helm@v3.22.0 >&2
+  fi
+  echo "$h"
+}
+
+# smoke_gateway NAMESPACE NET: echo_app + http_gateway in NAMESPACE, waits for the HTTPRoute's Accepted and
+# ResolvedRefs, then curls the Gateway's status address (which must be NET.x: inside the cluster's Pod /24)
+# until echo-basic answers from a pod of NAMESPACE (30 tries).
+smoke_gateway() {
+  local s=$1 net=$2 addr body="" _
+  echo_app "$s"
+  http_gateway "$s" smoke smoke.example || return
+  kubectl -n "$s" wait --for=jsonpath='{.status.parents[0].conditions[?(@.type=="Accepted")].status}'=True httproute/smoke --timeout=60s >/dev/null || return
+  kubectl -n "$s" wait --for=jsonpath='{.status.parents[0].conditions[?(@.type=="ResolvedRefs")].status}'=True httproute/smoke --timeout=60s >/dev/null || return
+  addr=$(kubectl -n "$s" get gateway smoke -o jsonpath='{.status.addresses[0].value}')
+  case $addr in "$net".*) ;; *) echo "smoke: Gateway address '$addr' is not in $net.0/24" >&2; return 1 ;; esac
+  for _ in $(seq 1 30); do
+    body=$(curl -sf --max-time 2 -H 'Host: smoke.example' "http://$addr/smoke" || true)
+    if grep -q "\"namespace\": *\"$s\"" <<<"$body" && grep -q '"pod": *"echo-' <<<"$body"; then
+      echo "smoke: http://$addr/smoke (Host smoke.example) answered by echo-basic pod $(sed -n 's/.*"pod": *"\([^"]*\)".*/\1/p' <<<"$body")"
+      return 0
+    fi
+    sleep 1
+  done
+  echo "smoke: http://$addr/smoke did not reach echo-basic: ${body:-no answer}" >&2
+  return 1
+}

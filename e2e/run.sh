@@ -7,20 +7,20 @@
 #      HTTP/3 through the load-balancer address, a route change, container kills, invalid objects;
 #   3. with --down, e2e/install.sh down --purge afterwards (also when the tests fail).
 #
-# Usage: e2e/run.sh [--no-install] [--down] [-- <cargo test filter and test-binary args>]
+# Usage: e2e/run.sh [--real-node] [--no-install] [--down] [-- <cargo test filter and test-binary args>]
+# --real-node: the cluster of e2e/realnode/up.sh (real kubelet, containerd, runc, the image of
+# deploy/image/build.sh) instead of the node agent's; its defaults (cluster-realnode, 10.245.0.0/24) apply.
 # Environment: as e2e/install.sh (SWEETY_CLUSTER_DIR, the port variables, SWEETY_BRIDGE, SWEETY_POD_CIDR,
 # CARGO_TARGET_DIR, ...); the tests get SWEETY_E2E_KUBECONFIG and SWEETY_E2E_ALLOWED_CIDR (= the Pod CIDR:
 # load-balancer addresses are .200-.250 in it) from them. Needs root.
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$REPO"
-export SWEETY_CLUSTER_DIR=${SWEETY_CLUSTER_DIR:-$HOME/.cache/sweety/cluster-e2e}
-POD_CIDR=${SWEETY_POD_CIDR:-10.246.0.0/24}
-
-install=1 down=0
+install=1 down=0 real=0
 test_args=()
 while [ $# -gt 0 ]; do
   case $1 in
+    --real-node) real=1 ;;
     --no-install) install=0 ;;
     --down) down=1 ;;
     --) shift; test_args=("$@"); break ;;
@@ -29,11 +29,21 @@ while [ $# -gt 0 ]; do
   shift
 done
 
+if [ "$real" = 1 ]; then
+  # shellcheck source=e2e/realnode/env.sh
+  . e2e/realnode/env.sh
+  up=(bash e2e/realnode/up.sh) teardown=(bash e2e/realnode/down.sh --purge)
+  export SWEETY_E2E_ECHO_IMAGE=$ECHO_IMAGE
+else
+  export SWEETY_CLUSTER_DIR=${SWEETY_CLUSTER_DIR:-$HOME/.cache/sweety/cluster-e2e}
+  POD_CIDR=${SWEETY_POD_CIDR:-10.246.0.0/24}
+  up=(bash e2e/install.sh) teardown=(bash e2e/install.sh down --purge)
+fi
 if [ "$down" = 1 ]; then
-  trap 'bash e2e/install.sh down --purge >/dev/null 2>&1 || true' EXIT
+  trap '"${teardown[@]}" >/dev/null 2>&1 || true' EXIT
 fi
 t0=$(date +%s)
-[ "$install" = 1 ] && bash e2e/install.sh
+[ "$install" = 1 ] && "${up[@]}"
 t1=$(date +%s)
 export SWEETY_E2E_KUBECONFIG=$SWEETY_CLUSTER_DIR/run/kubeconfig
 export SWEETY_E2E_ALLOWED_CIDR=$POD_CIDR

@@ -368,8 +368,38 @@ pub struct Cidr {
 
 impl Cidr {
     /// Parses `addr/prefix` or a bare address. Host bits set below the prefix are an error
-    /// (`10.0.0.1/8` is almost always a typo).
+    /// (`10.0.0.1/8` is almost always a typo); [`Cidr::parse_masked`] clears them instead.
     pub fn parse(s: &str) -> Result<Cidr, String> {
+        let c = Cidr::parse_unmasked(s)?;
+        if c.network_bits(c.addr) != bits(c.addr) {
+            return Err(format!(
+                "{s:?} has host bits set below the /{} prefix",
+                c.prefix
+            ));
+        }
+        Ok(c)
+    }
+
+    /// Like [`Cidr::parse`], but host bits below the prefix are cleared, as nginx's
+    /// `allow`/`deny` do (`10.0.0.1/8` is `10.0.0.0/8`).
+    pub fn parse_masked(s: &str) -> Result<Cidr, String> {
+        let c = Cidr::parse_unmasked(s)?;
+        let net = c.network_bits(c.addr);
+        let addr = match c.addr {
+            std::net::IpAddr::V4(_) => std::net::IpAddr::V4((net as u32).into()),
+            std::net::IpAddr::V6(_) => std::net::IpAddr::V6(net.into()),
+        };
+        Ok(Cidr {
+            addr,
+            prefix: c.prefix,
+        })
+    }
+
+    /// The address and prefix, host bits as written. An IPv4-mapped IPv6 network
+    /// (`::ffff:10.0.0.0/104`) is an error: client addresses are compared as IPv4
+    /// ([`Cidr::contains`]), so it would match nobody (an allow list silently shut, a deny
+    /// list silently open); write it as IPv4.
+    fn parse_unmasked(s: &str) -> Result<Cidr, String> {
         let (a, p) = match s.split_once('/') {
             Some((a, p)) => (a, Some(p)),
             None => (s, None),
@@ -381,20 +411,21 @@ impl Cidr {
         let max = if addr.is_ipv4() { 32 } else { 128 };
         let prefix = match p {
             None => max,
-            Some(p) => p
-                .trim()
-                .parse::<u8>()
-                .ok()
+            Some(p) => Some(p.trim())
+                .filter(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+                .and_then(|p| p.parse::<u8>().ok())
                 .filter(|&n| n <= max)
                 .ok_or_else(|| format!("invalid prefix length {p:?} in {s:?} (0..={max})"))?,
         };
-        let c = Cidr { addr, prefix };
-        if c.network_bits(addr) != bits(addr) {
-            return Err(format!(
-                "{s:?} has host bits set below the /{prefix} prefix"
-            ));
+        if let std::net::IpAddr::V6(v6) = addr {
+            if prefix >= 96 && v6.to_ipv4_mapped().is_some() {
+                return Err(format!(
+                    "{s:?} is an IPv4-mapped IPv6 network, which matches no client (clients are \
+                     compared as IPv4): write it as IPv4"
+                ));
+            }
         }
-        Ok(c)
+        Ok(Cidr { addr, prefix })
     }
 
     fn network_bits(&self, ip: std::net::IpAddr) -> u128 {
@@ -423,6 +454,12 @@ impl Cidr {
             return false;
         }
         self.network_bits(ip) == bits(self.addr)
+    }
+}
+
+impl std::fmt::Display for Cidr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.addr, self.prefix)
     }
 }
 
@@ -795,13 +832,85 @@ backends:
             "::/129",
             "10.0.0.0/x",
             "1.2.3.4/",
+            "10.0.0.0/+8",
+            "::ffff:10.0.0.0/104",
+            "::ffff:10.0.0.1",
+            "fe80::1%eth0/64",
+            "fe80::1%eth0",
+            "10.0.0.0/8 10.1.0.0/16",
         ] {
             assert!(Cidr::parse(bad).is_err(), "{bad:?}");
+            if bad != "10.0.0.1/8" {
+                assert!(Cidr::parse_masked(bad).is_err(), "{bad:?}");
+            }
         }
+        assert_eq!(
+            Cidr::parse_masked("10.0.0.1/8").unwrap().to_string(),
+            "10.0.0.0/8"
+        );
+        assert_eq!(
+            Cidr::parse(" 10.0.0.0 / 8 ").unwrap().to_string(),
+            "10.0.0.0/8"
+        );
         let (ok, errs) = parse_cidrs(&["10.0.0.0/8".into(), "bad".into(), "::1".into()]);
         assert_eq!(ok.len(), 2);
         assert_eq!(errs.len(), 1);
         assert_eq!(errs[0].0, 1);
+    }
+
+    /// Property (the fuzz target `config/fuzz` `cidr_parse` checks the same on arbitrary
+    /// text): for generated addresses, prefixes and clients, `parse_masked` gives a canonical
+    /// network that `parse` reads back, that contains the written address, and that contains
+    /// a client exactly when their leading `prefix` bits agree (IPv4-mapped clients as IPv4);
+    /// `parse` accepts only what is already canonical.
+    #[test]
+    fn cidr_properties() {
+        let mut seed: u64 = 0x0123_4567_89ab_cdef;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let leading = |a: u128, b: u128, prefix: u32, width: u32| {
+            prefix == 0 || (a >> (width - prefix)) == (b >> (width - prefix))
+        };
+        for i in 0..20_000 {
+            let v4 = i % 2 == 0;
+            let raw = u128::from(next()) << 64 | u128::from(next());
+            let (addr, width): (IpAddr, u32) = if v4 {
+                (std::net::Ipv4Addr::from(raw as u32).into(), 32)
+            } else {
+                (std::net::Ipv6Addr::from(raw).into(), 128)
+            };
+            let prefix = (next() % u64::from(width + 1)) as u32;
+            let text = format!("{addr}/{prefix}");
+            let Ok(net) = Cidr::parse_masked(&text) else {
+                // Only IPv4-mapped IPv6 networks are refused.
+                assert!(matches!(addr, IpAddr::V6(v) if v.to_ipv4_mapped().is_some()));
+                continue;
+            };
+            let shown = net.to_string();
+            assert_eq!(Cidr::parse(&shown), Ok(net), "{text} -> {shown}");
+            assert!(net.contains(addr), "{shown} does not contain {addr}");
+            assert_eq!(Cidr::parse(&text).is_ok(), text == shown, "{text}");
+            // A client near the address (low bits flipped) and a random one.
+            let near = bits(addr) ^ u128::from(next() % 1024);
+            let far = u128::from(next()) << 64 | u128::from(next());
+            for c in [near, far] {
+                let client: IpAddr = if v4 {
+                    std::net::Ipv4Addr::from(c as u32).into()
+                } else {
+                    std::net::Ipv6Addr::from(c).into()
+                };
+                let want = leading(bits(client), bits(addr), prefix, width);
+                assert_eq!(net.contains(client), want, "{shown} contains {client}?");
+                if let IpAddr::V4(c4) = client {
+                    let mapped = IpAddr::V6(c4.to_ipv6_mapped());
+                    assert_eq!(net.contains(mapped), want, "{shown} contains {mapped}?");
+                }
+            }
+        }
     }
 }
 

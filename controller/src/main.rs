@@ -108,8 +108,9 @@ struct Args {
     #[arg(long, env = "SWEETY_DEFAULT_BACKEND", default_value = "")]
     default_backend: String,
     /// A `kubernetes.io/tls` Secret, `namespace/name`, served on the Ingress HTTPS listener to
-    /// connections without SNI or with a name no certificate covers; read at start. Empty: a
-    /// self-signed certificate generated at start.
+    /// connections without SNI or with a name no certificate covers; read at start, and
+    /// followed while its namespace is watched (a rotated Secret is served without a
+    /// restart). Empty: a self-signed certificate generated at start.
     #[arg(long, env = "SWEETY_DEFAULT_CERTIFICATE", default_value = "")]
     default_certificate: String,
     /// Namespaces whose Ingresses may share hostnames (ingress-nginx's merge), comma-separated.
@@ -287,6 +288,7 @@ async fn main() -> anyhow::Result<()> {
         gateway_port_max,
         content_dir: args.content_dir,
         default_backend: non_empty(&args.default_backend),
+        default_certificate_secret: non_empty(&args.default_certificate),
         shared_host_namespaces: entries(args.shared_host_namespaces),
         pinned_hostnames: parse_pins(&args.pinned_hostnames)?,
         ignore_unsupported_security_annotations: args.ignore_unsupported_security_annotations,
@@ -301,6 +303,10 @@ async fn main() -> anyhow::Result<()> {
             namespaces: entries(args.watch_namespaces),
             dataplane_service: non_empty(&args.ingress_service)
                 .map(|s| (args.namespace.clone(), s)),
+            default_certificate_secret: args
+                .default_certificate
+                .split_once('/')
+                .map(|(ns, name)| (ns.to_string(), name.to_string())),
             ..WatchOptions::default()
         },
         debounce,

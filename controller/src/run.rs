@@ -115,7 +115,9 @@ pub async fn run(
         options.params.ingress_service.clone(),
         FIELD_MANAGER,
     );
-    let (services_tx, services_rx) = watch::channel(Vec::new());
+    // `None` until the first reconcile: leading before it (the lease is often won while the
+    // initial lists load) must not sync an empty wanted set, which deletes every Service.
+    let (services_tx, services_rx) = watch::channel(None);
     let _services_task = AbortOnDrop(tokio::spawn(sync_services_task(
         services,
         services_rx,
@@ -166,7 +168,7 @@ pub async fn run(
                 }
             }
             services_tx.send_if_modified(|s| {
-                *s = gateway_services;
+                *s = Some(gateway_services);
                 true
             });
             metrics.reconcile_duration.observe(started.elapsed());
@@ -313,10 +315,11 @@ fn reconcile(
 }
 
 /// Sync the per-Gateway Services after each reconcile while leading: one sync at a time, with
-/// the latest wanted set; a failure is retried after 2 s.
-async fn sync_services_task(
+/// the latest wanted set; a failure is retried after 2 s. Nothing is synced while `desired` is
+/// `None` (no translation yet), whatever the leadership says.
+pub async fn sync_services_task(
     services: GatewayServices,
-    mut desired: watch::Receiver<Vec<GatewayService>>,
+    mut desired: watch::Receiver<Option<Vec<GatewayService>>>,
     mut leading: watch::Receiver<bool>,
     metrics: Arc<Metrics>,
 ) {
@@ -326,16 +329,18 @@ async fn sync_services_task(
         if pending && *leading.borrow() {
             retry_at = None;
             let want = desired.borrow_and_update().clone();
-            match services.sync(&want).await {
-                Ok(report) => {
-                    if !report.applied.is_empty() || !report.deleted.is_empty() {
-                        tracing::info!(applied = ?report.applied, deleted = ?report.deleted, "per-Gateway Services synced");
+            if let Some(want) = want {
+                match services.sync(&want).await {
+                    Ok(report) => {
+                        if !report.applied.is_empty() || !report.deleted.is_empty() {
+                            tracing::info!(applied = ?report.applied, deleted = ?report.deleted, "per-Gateway Services synced");
+                        }
                     }
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "syncing per-Gateway Services failed");
-                    metrics.error(e.kind());
-                    retry_at = Some(tokio::time::Instant::now() + Duration::from_secs(2));
+                    Err(e) => {
+                        tracing::warn!(error = %e, "syncing per-Gateway Services failed");
+                        metrics.error(e.kind());
+                        retry_at = Some(tokio::time::Instant::now() + Duration::from_secs(2));
+                    }
                 }
             }
         }

@@ -657,6 +657,82 @@ fn lookup(s: &Stores, key: &ObjectKey) -> Option<Arc<dyn Current>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::translate::status::Condition;
+
+    fn key(kind: &str, name: &str) -> ObjectKey {
+        ObjectKey {
+            kind: kind.into(),
+            namespace: "ns".into(),
+            name: name.into(),
+        }
+    }
+
+    fn conditions(reason: &str) -> ObjectStatus {
+        ObjectStatus::Conditions(vec![Condition {
+            type_: "Warning".into(),
+            status: "True".into(),
+            reason: reason.into(),
+            message: String::new(),
+            observed_generation: 1,
+        }])
+    }
+
+    fn statuses(list: &[(&ObjectKey, &str)]) -> Statuses {
+        list.iter()
+            .map(|(k, r)| ((*k).clone(), conditions(r)))
+            .collect()
+    }
+
+    #[test]
+    fn queue_coalesces_offers_per_object_and_keeps_the_latest() {
+        let t = Instant::now();
+        let (a, b) = (key("SweetyProxyConfig", "a"), key("SweetyProxyConfig", "b"));
+        let mut q = Queue::default();
+        assert_eq!(q.offer(&statuses(&[(&a, "one"), (&b, "one")]), 1, t), 3);
+        // Offered again and again before it was written: one place in the queue, the latest
+        // wanted status and generation.
+        assert_eq!(q.offer(&statuses(&[(&a, "two"), (&b, "one")]), 2, t), 1);
+        assert_eq!(q.offer(&statuses(&[(&a, "three"), (&b, "one")]), 3, t), 1);
+        assert_eq!(q.dirty, VecDeque::from([a.clone(), b.clone()]));
+        assert_eq!(q.entries[&a].want, Some(conditions("three")));
+        assert_eq!(q.entries[&a].generation, 3);
+        assert_eq!(q.entries[&b].generation, 1);
+        // The same statuses again: nothing queued.
+        assert_eq!(q.offer(&statuses(&[(&a, "three"), (&b, "one")]), 4, t), 0);
+        assert_eq!(q.depth(0), 2);
+
+        // In flight and offered again: written once more afterwards, still one entry.
+        q.dirty.retain(|k| k != &a);
+        q.entries.get_mut(&a).unwrap().place = Place::InFlight;
+        assert_eq!(q.offer(&statuses(&[(&a, "four"), (&b, "one")]), 5, t), 1);
+        assert!(q.entries[&a].again);
+        assert_eq!(q.dirty, VecDeque::from([b.clone()]));
+
+        // An object that leaves is forgotten (not written); one in flight stays until its
+        // write ends. A route leaving stays queued to have our entries removed.
+        let r = key("HTTPRoute", "r");
+        q.entries.insert(
+            r.clone(),
+            Entry {
+                want: Some(conditions("route")),
+                generation: 5,
+                since: t,
+                place: Place::Idle,
+                again: false,
+            },
+        );
+        q.reported += 1;
+        assert_eq!(q.offer(&statuses(&[(&a, "four")]), 6, t), 2);
+        assert!(!q.entries.contains_key(&b) && q.gone == vec![b.clone()]);
+        assert!(q.dirty.iter().all(|k| k != &b));
+        assert!(
+            q.entries.contains_key(&a),
+            "in flight: removed when it ends"
+        );
+        assert_eq!(q.entries[&r].want, None);
+        assert_eq!(q.entries[&r].place, Place::Dirty);
+        assert_eq!(q.reported, 1);
+    }
 
     #[test]
     fn token_bucket_allows_a_burst_then_the_rate() {

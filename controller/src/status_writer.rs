@@ -318,8 +318,11 @@ struct Written {
     /// The status last written (or found there already, or the conditions last published).
     status: Option<Value>,
     /// Route and policy kinds: the resourceVersion the watch cache had when we last wrote,
-    /// and the object's resourceVersion and status right after that write.
-    live: Option<(Option<String>, String, Value)>,
+    /// and the object's resourceVersion and status right after that write; that status is
+    /// `None` when it equals `status` (the usual case: no other controller's entries), so
+    /// thousands of routes do not keep each status twice (a route status is several KB as a
+    /// `Value`).
+    live: Option<(Option<String>, String, Option<Value>)>,
 }
 
 /// Writes statuses; remembers what it wrote so unchanged statuses cost nothing.
@@ -488,7 +491,13 @@ impl StatusWriter {
         // What we know of the object: after our last write, unless the watch cache has seen
         // the object change since (then the cache's copy is newer).
         let known = match &written.live {
-            Some((seen, rv, st)) if *seen == cached_rv => Some((rv.clone(), st.clone())),
+            Some((seen, rv, st)) if *seen == cached_rv => Some((
+                rv.clone(),
+                st.as_ref()
+                    .or(written.status.as_ref())
+                    .cloned()
+                    .unwrap_or(Value::Null),
+            )),
             _ => cached_rv.clone().map(|rv| (rv, cur_status.clone())),
         };
         let have = known.as_ref().map_or(&cur_status, |k| &k.1);
@@ -506,6 +515,10 @@ impl StatusWriter {
         let prev = last.cloned();
         if last == Some(&desired) || subset(&desired, have) {
             if let Some(w) = self.written.get_mut(key) {
+                // `live` may stand for the status being replaced: keep it.
+                if let Some((_, _, live @ None)) = &mut w.live {
+                    *live = w.status.clone();
+                }
                 w.status = Some(desired);
             }
             return Prepared::Unchanged;
@@ -542,7 +555,9 @@ impl StatusWriter {
     pub fn finish(&mut self, outcome: Outcome) -> Result<bool, Error> {
         let done = outcome.result?;
         let w = self.written.entry(outcome.key).or_default();
-        w.live = done.live;
+        w.live = done
+            .live
+            .map(|(seen, rv, st)| (seen, rv, (st != done.desired).then_some(st)));
         w.status = Some(done.desired);
         Ok(done.written)
     }

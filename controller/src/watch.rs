@@ -64,6 +64,9 @@ pub struct WatchOptions {
     /// those) are watched there too, so a dataplane readiness change still triggers a
     /// reconcile. They never enter the snapshot.
     pub dataplane_service: Option<(String, String)>,
+    /// The default-certificate Secret (namespace, name): kept in every snapshot (when its
+    /// namespace is watched) although nothing references it, so a rotation is served.
+    pub default_certificate_secret: Option<(String, String)>,
     /// First and longest wait between discovery polls for kinds not served at start.
     pub discovery_min: Duration,
     pub discovery_max: Duration,
@@ -74,6 +77,7 @@ impl Default for WatchOptions {
         WatchOptions {
             namespaces: Vec::new(),
             dataplane_service: None,
+            default_certificate_secret: None,
             discovery_min: Duration::from_secs(5),
             discovery_max: Duration::from_secs(60),
         }
@@ -177,6 +181,8 @@ pub struct Stores {
     pub config_maps: Stored<ConfigMap>,
     /// Always cluster-wide: their labels drive Gateway `allowedRoutes` selectors.
     pub namespaces: Stored<Namespace>,
+    /// [`WatchOptions::default_certificate_secret`].
+    pub default_certificate_secret: Option<(String, String)>,
 }
 
 impl Stores {
@@ -204,7 +210,8 @@ impl Stores {
             config_maps: Vec::new(),
             namespaces: self.namespaces.state(),
         };
-        let refs = References::of(&s);
+        let mut refs = References::of(&s);
+        refs.secrets.extend(self.default_certificate_secret.clone());
         s.secrets = self
             .secrets
             .state_filter(|o| refs.secrets.contains(&key(o)));
@@ -438,6 +445,7 @@ impl Watches {
             secrets: w.namespaced(watcher::Config::default().fields("type=kubernetes.io/tls")),
             config_maps: w.namespaced(watcher::Config::default()),
             namespaces: w.cluster(watcher::Config::default()),
+            default_certificate_secret: options.default_certificate_secret.clone(),
         };
         if let Some((ns, name)) = &options.dataplane_service {
             if !options.namespaces.is_empty() && !options.namespaces.contains(ns) {

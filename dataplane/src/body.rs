@@ -5,33 +5,17 @@
 //! the edge, so handlers are written once.
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Empty, Full};
+use http_body_util::{BodyExt, Full};
 
-/// The streaming body type used throughout the dataplane (the HTTP/2 engine's), and its
-/// boxed error.
-pub use sweety_h2::{Body, BoxError};
-
-/// An empty body.
-pub fn empty() -> Body {
-    Empty::<Bytes>::new()
-        .map_err(|never| match never {})
-        .boxed_unsync()
-}
+/// The streaming body type used throughout the dataplane (the HTTP/2 engine's), its boxed
+/// error, an empty body and the boxing of any compatible body.
+pub use sweety_h2::{boxed, empty, Body, BoxError};
 
 /// A body holding `data` in full.
 pub fn full(data: impl Into<Bytes>) -> Body {
     Full::new(data.into())
         .map_err(|never| match never {})
         .boxed_unsync()
-}
-
-/// Boxes any compatible body.
-pub fn boxed<B>(body: B) -> Body
-where
-    B: http_body::Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<BoxError>,
-{
-    body.map_err(Into::into).boxed_unsync()
 }
 
 /// A short plain-text reply with the given status, e.g. for 404, 502 and 503.

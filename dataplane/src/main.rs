@@ -70,6 +70,7 @@ const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 /// Return freed memory to the OS at once instead of after mimalloc's default 1 s delay, which
 /// only elapses when the freeing thread allocates again: an idle dataplane would otherwise keep
 /// the previous config's memory after a reload. A `MIMALLOC_PURGE_DELAY` set by the operator wins.
+#[allow(unsafe_code)] // the workspace's one `unsafe` in shipped code: the proof is inside
 fn purge_freed_memory_promptly() {
     if std::env::var_os("MIMALLOC_PURGE_DELAY").is_some() {
         return;

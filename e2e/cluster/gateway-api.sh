@@ -3,6 +3,7 @@
 #   ./gateway-api.sh crds [standard|experimental]   install the CRDs (+ safe-upgrades VAP) from the Go module
 #   ./gateway-api.sh build                          build bin/gwconf.test (conformance suite) and bin/echo-basic
 #   ./gateway-api.sh build-echo                     build only bin/echo-basic (skipped when it exists)
+#   ./gateway-api.sh build-echo-static              bin/echo-basic-static: CGO_ENABLED=0, for a FROM scratch image
 #   ./gateway-api.sh run [conformance flags...]     run bin/gwconf.test against $KUBECONFIG
 # GATEWAY_API_VERSION defaults to v1.6.3 (v1.7.0 needs Go >= 1.27).
 set -euo pipefail
@@ -23,13 +24,14 @@ crds)
   for f in "$D"/*.yaml; do [ "$(basename "$f")" = kustomization.yaml ] || echo "-f=$f"; done | xargs kubectl apply --server-side
   kubectl wait --for=condition=Established crd --all --timeout=60s
   ;;
-build|build-echo)
+build|build-echo|build-echo-static)
   d=$GWBIN/src
   mkdir -p "$d" "$GWBIN"
   # Several checkouts share this cache: one build at a time.
   exec 9>"$GWBIN/.lock"
   flock 9
   if [ "$1" = build-echo ] && [ -x "$GWBIN/echo-basic" ]; then echo "$GWBIN/echo-basic"; exit 0; fi
+  if [ "$1" = build-echo-static ] && [ -x "$GWBIN/echo-basic-static" ]; then echo "$GWBIN/echo-basic-static"; exit 0; fi
   if [ ! -f "$d/go.mod" ] || ! grep -q "sigs.k8s.io/gateway-api/conformance $V" "$d/go.mod"; then
     rm -f "$d/go.mod" "$d/go.sum"
     # The conformance package is its own module since v1.5 (with `replace sigs.k8s.io/gateway-api => ../`,
@@ -40,6 +42,12 @@ build|build-echo)
     (cd "$d" && go mod tidy)
   fi
   # Built under a temporary name and renamed, so a reader never sees a half-written binary.
+  if [ "$1" = build-echo-static ]; then
+    (cd "$d" && CGO_ENABLED=0 go build -ldflags "-s -w" -o "$GWBIN/.echo-basic-static.tmp" sigs.k8s.io/gateway-api/conformance/echo-basic)
+    mv -f "$GWBIN/.echo-basic-static.tmp" "$GWBIN/echo-basic-static"
+    echo "$GWBIN/echo-basic-static"
+    exit 0
+  fi
   (cd "$d" && go build -o "$GWBIN/.echo-basic.tmp" sigs.k8s.io/gateway-api/conformance/echo-basic)
   mv -f "$GWBIN/.echo-basic.tmp" "$GWBIN/echo-basic"
   if [ "$1" = build ]; then

@@ -15,7 +15,11 @@
 # Knobs (env): SWEETY_CLUSTER_DIR (state: PKI, etcd data, logs, pid files), ETCD_PORT, ETCD_PEER_PORT,
 # APISERVER_PORT, KCM_PORT, SCHED_PORT (give each concurrent cluster its own), POD_CIDRS (node-agent networks
 # whose .1 the apiserver certificate names), SERVICE_CIDR, CLUSTER_CIDR, AUTHZ_MODE, KCM_CONTROLLERS,
-# START_KCM, START_SCHEDULER, ETCD_DATA_DIR.
+# START_KCM, START_SCHEDULER, ETCD_DATA_DIR; for a real kubelet (e2e/realnode): WITH_NODE=1 (builds kubelet and
+# kube-proxy too; the apiserver gets a kubelet client certificate and reaches nodes by InternalIP),
+# APISERVER_ADDRESS (bind/advertise address and the kubeconfigs' server; default 127.0.0.1; Pods reach the
+# apiserver only when it is an address of their bridge), ENDPOINT_RECONCILER (default none; lease publishes
+# APISERVER_ADDRESS as the endpoint of the `kubernetes` Service).
 #
 # Requirements: go (>=1.24; 1.26 tested), openssl, curl, python3 (only for parsing `go mod download -json`).
 set -euo pipefail
@@ -35,6 +39,9 @@ ETCD_DATA_DIR=${ETCD_DATA_DIR:-$RUN/etcd-data}   # put it on /dev/shm for speed 
 ETCD_PORT=${ETCD_PORT:-2379}
 ETCD_PEER_PORT=${ETCD_PEER_PORT:-2380}
 APISERVER_PORT=${APISERVER_PORT:-6443}
+APISERVER_ADDRESS=${APISERVER_ADDRESS:-127.0.0.1}
+ENDPOINT_RECONCILER=${ENDPOINT_RECONCILER:-none}
+WITH_NODE=${WITH_NODE:-0}
 KCM_PORT=${KCM_PORT:-10257}
 SCHED_PORT=${SCHED_PORT:-10259}
 SERVICE_CIDR=${SERVICE_CIDR:-10.96.0.0/16}
@@ -66,10 +73,10 @@ t0=$(date +%s.%N)
 log() { printf '[up %6.1fs] %s\n' "$(awk -v a="$(date +%s.%N)" -v b="$t0" 'BEGIN{print a-b}')" "$*"; }
 
 # ---------------------------------------------------------------- build
-build_k8s() {
+k8s_module() {
   local d=$SRC/k8s
   mkdir -p "$d"
-  if [ ! -f "$d/go.mod" ] || ! grep -q "k8s.io/kubernetes v$K8S_VERSION" "$d/go.mod" || ! grep -q cmd/kubectl "$d/tools.go"; then
+  if [ ! -f "$d/go.mod" ] || ! grep -q "k8s.io/kubernetes v$K8S_VERSION" "$d/go.mod" || ! grep -q cmd/kube-proxy "$d/tools.go"; then
     log "generating Go module for k8s.io/kubernetes v$K8S_VERSION in $d"
     ( cd "$d"
       rm -f go.mod go.sum
@@ -83,18 +90,34 @@ build_k8s() {
         echo "require k8s.io/kubernetes v$K8S_VERSION"
         for m in $mods; do echo "replace $m => $m v0.${K8S_VERSION#1.}"; done
       } > go.mod
-      printf '//go:build tools\n\npackage tools\n\nimport (\n\t_ "k8s.io/kubernetes/cmd/kube-apiserver"\n\t_ "k8s.io/kubernetes/cmd/kube-controller-manager"\n\t_ "k8s.io/kubernetes/cmd/kube-scheduler"\n\t_ "k8s.io/kubernetes/cmd/kubectl"\n)\n' > tools.go
+      printf '//go:build tools\n\npackage tools\n\nimport (\n\t_ "k8s.io/kubernetes/cmd/kube-apiserver"\n\t_ "k8s.io/kubernetes/cmd/kube-controller-manager"\n\t_ "k8s.io/kubernetes/cmd/kube-scheduler"\n\t_ "k8s.io/kubernetes/cmd/kubectl"\n\t_ "k8s.io/kubernetes/cmd/kubelet"\n\t_ "k8s.io/kubernetes/cmd/kube-proxy"\n)\n' > tools.go
       go mod tidy )
   fi
+}
+k8s_ldflags() {
   local minor=${K8S_VERSION#1.}; minor=${minor%%.*}
-  local ldf="-s -w"
+  local ldf="-s -w" p
   for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
     ldf="$ldf -X $p.gitVersion=v$K8S_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor -X $p.gitTreeState=clean"
   done
+  echo "$ldf"
+}
+build_k8s() {
+  local d=$SRC/k8s ldf
+  k8s_module
+  ldf=$(k8s_ldflags)
   log "building kube-apiserver kube-controller-manager kube-scheduler v$K8S_VERSION (measured: ~4.6 min with an empty GOCACHE on 2 idle cores, ~3 GB GOCACHE; seconds when cached)"
   ( cd "$d" && go build -ldflags "$ldf" -o "$BIN/" \
       k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler \
       k8s.io/kubernetes/cmd/kubectl )
+}
+# The node binaries (e2e/realnode: a real kubelet with containerd), only when WITH_NODE=1.
+build_node() {
+  local d=$SRC/k8s ldf
+  k8s_module
+  ldf=$(k8s_ldflags)
+  log "building kubelet kube-proxy v$K8S_VERSION (about a minute once the apiserver's Go cache is warm)"
+  ( cd "$d" && go build -ldflags "$ldf" -o "$BIN/" k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy )
 }
 
 build_etcd() {
@@ -119,6 +142,11 @@ for b in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
   [ -x "$BIN/$b" ] || { build_k8s; break; }
 done
 [ -x "$BIN/etcd" ] || build_etcd
+if [ "$WITH_NODE" = 1 ]; then
+  for b in kubelet kube-proxy; do
+    [ -x "$BIN/$b" ] || { build_node; break; }
+  done
+fi
 if [ "${1:-}" = "--build-only" ]; then log "binaries in $BIN"; exit 0; fi
 
 # ---------------------------------------------------------------- PKI (once)
@@ -143,6 +171,16 @@ if [ ! -f "$PKI/ca.crt" ]; then
     } > tokens.csv
     chmod 600 ./*.key tokens.csv )
 fi
+# The apiserver's client certificate for kubelets (logs, exec, port-forward on a real node).
+if [ "$WITH_NODE" = 1 ] && [ ! -f "$PKI/apiserver-kubelet-client.crt" ]; then
+  ( cd "$PKI"
+    openssl req -newkey rsa:2048 -nodes -keyout apiserver-kubelet-client.key -out apiserver-kubelet-client.csr \
+      -subj "/O=system:masters/CN=kube-apiserver-kubelet-client" 2>/dev/null
+    printf 'basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=clientAuth\n' > client.ext
+    openssl x509 -req -in apiserver-kubelet-client.csr -CA ca.crt -CAkey ca.key -CAcreateserial \
+      -out apiserver-kubelet-client.crt -days 3650 -extfile client.ext 2>/dev/null
+    chmod 600 apiserver-kubelet-client.key )
+fi
 # apiserver serving cert (a proper leaf cert: rustls/webpki rejects self-signed CA-as-leaf certs); remade
 # when its SANs change (e.g. other POD_CIDRS). The apiserver reloads it from disk.
 san="IP:127.0.0.1,IP:$SERVICE_API_IP$NODE_IP_SANS,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
@@ -165,7 +203,7 @@ kind: Config
 clusters:
 - name: k8slocal
   cluster:
-    server: https://127.0.0.1:$APISERVER_PORT
+    server: https://$APISERVER_ADDRESS:$APISERVER_PORT
     certificate-authority-data: $ca
 users:
 - name: $2
@@ -221,17 +259,22 @@ start etcd "$BIN/etcd" --name default --data-dir "$ETCD_DATA_DIR" \
   --unsafe-no-fsync --log-level warn
 wait_for etcd 30 curl -sf "http://127.0.0.1:$ETCD_PORT/health"
 
+node_flags=()
+if [ "$WITH_NODE" = 1 ]; then
+  node_flags=(--kubelet-client-certificate "$PKI/apiserver-kubelet-client.crt"
+    --kubelet-client-key "$PKI/apiserver-kubelet-client.key" --kubelet-preferred-address-types InternalIP)
+fi
 start kube-apiserver "$BIN/kube-apiserver" \
   --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
-  --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$APISERVER_PORT" \
+  --bind-address "$APISERVER_ADDRESS" --advertise-address "$APISERVER_ADDRESS" --secure-port "$APISERVER_PORT" \
   --tls-cert-file "$PKI/apiserver.crt" --tls-private-key-file "$PKI/apiserver.key" \
   --client-ca-file "$PKI/ca.crt" --token-auth-file "$PKI/tokens.csv" \
   --service-account-issuer https://kubernetes.default.svc.cluster.local \
   --service-account-key-file "$PKI/sa.pub" --service-account-signing-key-file "$PKI/sa.key" \
   --service-cluster-ip-range "$SERVICE_CIDR" \
   --authorization-mode "$AUTHZ_MODE" --allow-privileged=true \
-  --endpoint-reconciler-type none \
-  --profiling=false
+  --endpoint-reconciler-type "$ENDPOINT_RECONCILER" \
+  --profiling=false "${node_flags[@]}"
 KC=(kubectl --kubeconfig "$RUN/kubeconfig")
 wait_for "kube-apiserver /readyz" 120 "${KC[@]}" get --raw /readyz
 wait_for "kubectl get ns" 30 "${KC[@]}" get ns

@@ -112,7 +112,9 @@ pub fn front_listeners(b: &mut Builder<'_>, certificates: Vec<Certificate>) {
                 tls: Some(ListenerTls {
                     // First: the certificate of connections without SNI or with a name no
                     // other certificate covers (the dataplane's fallback), never a tenant's.
-                    certificates: default_certificate(p).into_iter().collect(),
+                    certificates: default_certificate(p, &b.snapshot.secrets)
+                        .into_iter()
+                        .collect(),
                     min_version: Default::default(),
                     client_auth: None,
                 }),
@@ -139,13 +141,23 @@ pub fn front_listeners(b: &mut Builder<'_>, certificates: Vec<Certificate>) {
 /// certificate covers, and for no real hostname.
 pub const DEFAULT_CERTIFICATE_NAME: &str = "default.sweety.invalid";
 
-/// The default certificate entry of `ingress-https` from [`Params::default_certificate`].
-fn default_certificate(p: &Params) -> Option<Certificate> {
-    p.default_certificate.as_ref().map(|d| Certificate {
-        hostnames: vec![DEFAULT_CERTIFICATE_NAME.into()],
-        cert: PemSource::Pem(d.cert.clone()),
-        key: PemSource::Pem(d.key.clone()),
-    })
+/// The default certificate entry of `ingress-https`: the configured Secret
+/// ([`Params::default_certificate_secret`]) as it is now in `secrets` when it holds a usable
+/// certificate (a rotation is served on the next translation), else
+/// [`Params::default_certificate`] (read or generated at start).
+fn default_certificate(p: &Params, secrets: &[Arc<Secret>]) -> Option<Certificate> {
+    let hostnames = || vec![DEFAULT_CERTIFICATE_NAME.to_string()];
+    p.default_certificate_secret
+        .as_deref()
+        .and_then(|s| s.split_once('/'))
+        .and_then(|(ns, name)| certificate_from_secret(secrets, ns, name, hostnames()).ok())
+        .or_else(|| {
+            p.default_certificate.as_ref().map(|d| Certificate {
+                hostnames: hostnames(),
+                cert: PemSource::Pem(d.cert.clone()),
+                key: PemSource::Pem(d.key.clone()),
+            })
+        })
 }
 
 /// Whether the HTTPS listener exists (has at least one certificate).

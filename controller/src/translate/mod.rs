@@ -105,6 +105,11 @@ pub struct Params {
     /// Secret or a generated self-signed one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub default_certificate: Option<DefaultCertificate>,
+    /// The configured default-certificate Secret (`namespace/name`). While the snapshot holds
+    /// it with a usable certificate, it is served instead of [`Params::default_certificate`]
+    /// (what was read at start), so rotating the Secret rotates the served certificate.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub default_certificate_secret: Option<String>,
     /// Serve Ingress paths whose security annotations Sweety does not implement (auth-*,
     /// modsecurity, …) without that protection, instead of answering 403.
     pub ignore_unsupported_security_annotations: bool,
@@ -151,6 +156,7 @@ impl Default for Params {
             shared_host_namespaces: Vec::new(),
             pinned_hostnames: BTreeMap::new(),
             default_certificate: None,
+            default_certificate_secret: None,
             ignore_unsupported_security_annotations: false,
             ignore_snippets: false,
             allow_external_name: false,

@@ -1,4 +1,5 @@
 //! `sweety-node-agent run ...`: register a Node and run its Pods as local processes (needs root).
+//! `sweety-node-agent load-balancer ...`: only the LoadBalancer allocator, beside a real kubelet (e2e/realnode).
 //! `sweety-node-agent exec-container ...`: internal helper the agent runs inside a Pod's namespaces.
 
 use std::collections::BTreeMap;
@@ -25,6 +26,9 @@ struct Cli {
 enum Cmd {
     /// Register the Node and run the Pods bound to it (KUBECONFIG selects the cluster).
     Run(RunArgs),
+    /// Only the LoadBalancer allocator (no Node, no Pods): for a cluster whose node is a real kubelet with a
+    /// CNI bridge carrying the first address of --pod-cidr (the bridge must exist; it is never deleted).
+    LoadBalancer(LbArgs),
     /// Internal: bind-mount volumes, then exec the container program (run by the agent via `ip netns exec`).
     #[command(hide = true)]
     ExecContainer(ExecArgs),
@@ -69,6 +73,16 @@ struct RunArgs {
 }
 
 #[derive(clap::Args)]
+struct LbArgs {
+    /// The bridge the Pods are on; the allocated addresses are added to it as /32s.
+    #[arg(long)]
+    bridge: String,
+    /// Pod network, a /24: addresses are allocated from .200-.250 (keep the CNI's IPAM range below .200).
+    #[arg(long)]
+    pod_cidr: String,
+}
+
+#[derive(clap::Args)]
 struct ExecArgs {
     /// SRC DST bind mount (repeatable).
     #[arg(long, num_args = 2, value_names = ["SRC", "DST"])]
@@ -102,16 +116,50 @@ fn main() -> anyhow::Result<()> {
             .build()
             .context("tokio runtime")?
             .block_on(run(a)),
+        Cmd::LoadBalancer(a) => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .context("tokio runtime")?
+            .block_on(load_balancer(a)),
     }
 }
 
-async fn run(a: RunArgs) -> anyhow::Result<()> {
+fn init_tracing() {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| "info,kube=warn".into()),
         )
         .init();
+}
+
+async fn load_balancer(a: LbArgs) -> anyhow::Result<()> {
+    init_tracing();
+    let cidr = sweety_node_agent::net::PodCidr::parse(&a.pod_cidr)?;
+    sweety_node_agent::net::check_bridge_name(&a.bridge)?;
+    let client = kube::Client::try_default()
+        .await
+        .context("kube client (KUBECONFIG)")?;
+    let state: Arc<tokio::sync::Mutex<std::collections::HashMap<String, std::net::Ipv4Addr>>> =
+        Default::default();
+    let lb = tokio::spawn(sweety_node_agent::lb::run(
+        client,
+        a.bridge.clone(),
+        cidr,
+        Arc::clone(&state),
+    ));
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT"),
+        _ = term.recv() => tracing::info!("SIGTERM"),
+    }
+    lb.abort();
+    sweety_node_agent::lb::release_all(&a.bridge, &state).await;
+    Ok(())
+}
+
+async fn run(a: RunArgs) -> anyhow::Result<()> {
+    init_tracing();
     let images = ImageMap::parse(&a.image_map)?;
     let cidr = sweety_node_agent::net::PodCidr::parse(&a.pod_cidr)?;
     sweety_node_agent::net::check_bridge_name(&a.bridge)?;

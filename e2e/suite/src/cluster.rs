@@ -349,7 +349,7 @@ fn kill_local_process(pod: &str, exe: &str) -> std::result::Result<(), String> {
     }
     let [pid] = found[..] else {
         return Err(format!(
-            "expected one {exe} process of pod {pod} on this host, found {found:?} (SWEETY_E2E_RESTART=process needs the e2e node agent on this host, and root)"
+            "expected one {exe} process of pod {pod} on this host, found {found:?} (SWEETY_E2E_RESTART=process needs the node (node agent or e2e/realnode) on this host, and root)"
         ));
     };
     let status = std::process::Command::new("kill")

@@ -11,7 +11,8 @@
 //! * `SWEETY_E2E_NAMESPACE` / `SWEETY_E2E_RELEASE` (default `sweety` / `sweety`): where the chart is.
 //! * `SWEETY_E2E_RESTART` (default `process`): how a container is killed for the restart test: `process`
 //!   (SIGKILL to the container's process on this host: the e2e node agent runs containers as local
-//!   processes; needs root) or `kind` (`crictl stop` inside the kind node container `SWEETY_E2E_KIND_NODE`,
+//!   processes, and so does the real node of e2e/realnode, whose runc containers are host processes; the
+//!   kubelet then restarts the container; needs root) or `kind` (`crictl stop` inside the kind node container `SWEETY_E2E_KIND_NODE`,
 //!   default `sweety-e2e-control-plane`, through `docker exec`).
 //! * `SWEETY_E2E_ECHO_IMAGE`: image of the echo backends (Gateway API's echo-basic); the default is a local
 //!   name the e2e node agent maps to the binary.

@@ -15,7 +15,8 @@
 //! `limit-connections` a per-client-IP `concurrency_limit` (requests in flight),
 //! `whitelist-source-range` (or `allowlist-source-range`) and `denylist-source-range` an
 //! `ip_access` filter (CIDRs with host bits are masked as nginx does, [`masked_cidr`]; an
-//! entry that cannot be parsed fails closed, see below). `affinity: cookie` (with
+//! entry that cannot be parsed fails closed, see below, and an allowlist left with no usable
+//! entry answers 403 even when the operator ignores such entries). `affinity: cookie` (with
 //! `session-cookie-name`, default `INGRESSCOOKIE`, `-path`, `-max-age`/`-expires`, `-secure`,
 //! `-samesite`) becomes cookie session persistence, and `upstream-hash-by` (`$remote_addr`,
 //! `$binary_remote_addr`, `$http_<header>`, `$cookie_<name>`) a ring hash, each on a variant
@@ -112,41 +113,10 @@ fn is_security(name: &str) -> bool {
 }
 
 /// An nginx allow/deny list entry as nginx reads it: an address, or `address/prefix` whose
-/// host bits below the prefix are cleared (nginx accepts `10.0.0.1/8` as `10.0.0.0/8`).
+/// host bits below the prefix are cleared (nginx accepts `10.0.0.1/8` as `10.0.0.0/8`), as
+/// the canonical `address/prefix` text sweety-config validates ([`Cidr::parse_masked`]).
 pub fn masked_cidr(entry: &str) -> Result<String, String> {
-    let entry = entry.trim();
-    let (a, p) = match entry.split_once('/') {
-        Some((a, p)) => (a, Some(p)),
-        None => (entry, None),
-    };
-    let addr: std::net::IpAddr = a
-        .parse()
-        .map_err(|_| format!("{entry:?} is not an IP address or CIDR"))?;
-    let width: u32 = if addr.is_ipv4() { 32 } else { 128 };
-    let prefix = match p {
-        None => width,
-        Some(p) => p
-            .parse::<u32>()
-            .ok()
-            .filter(|n| *n <= width && p.bytes().all(|b| b.is_ascii_digit()))
-            .ok_or_else(|| format!("{entry:?} has an invalid prefix length (0..={width})"))?,
-    };
-    let keep = |bits: u128, width: u32| -> u128 {
-        if prefix == 0 {
-            0
-        } else {
-            bits & (u128::MAX << (width - prefix)) & (u128::MAX >> (128 - width))
-        }
-    };
-    let masked = match addr {
-        std::net::IpAddr::V4(v4) => {
-            std::net::IpAddr::V4((keep(u128::from(u32::from(v4)), 32) as u32).into())
-        }
-        std::net::IpAddr::V6(v6) => std::net::IpAddr::V6(keep(u128::from(v6), 128).into()),
-    };
-    let text = format!("{masked}/{prefix}");
-    Cidr::parse(&text)?;
-    Ok(text)
+    Cidr::parse_masked(entry.trim()).map(|c| c.to_string())
 }
 
 const CORS_METHODS: &str = "GET, PUT, POST, DELETE, PATCH, OPTIONS";
@@ -250,6 +220,8 @@ impl Annotations {
         // Fail-closed findings: (annotation, why).
         let mut unsupported_security: Vec<String> = Vec::new();
         let mut bad_access: Vec<String> = Vec::new();
+        // Allow lists left without a usable entry: refused whatever the operator's setting.
+        let mut empty_allow: Vec<String> = Vec::new();
         let mut snippets: Vec<String> = Vec::new();
         for (key, value) in all {
             let Some(name) = key.strip_prefix(PREFIX) else {
@@ -326,7 +298,14 @@ impl Annotations {
                 }
                 "whitelist-source-range" | "allowlist-source-range" | "denylist-source-range" => {
                     let mut ok = Vec::new();
-                    for c in list(value) {
+                    let entries = list(value);
+                    if entries.is_empty() {
+                        report.warn(
+                            "InvalidAnnotation",
+                            format!("{key}: {value:?} lists no address or network"),
+                        );
+                    }
+                    for c in entries {
                         match masked_cidr(&c) {
                             Ok(m) => ok.push(m),
                             Err(e) => {
@@ -343,6 +322,18 @@ impl Annotations {
                     }
                     if name == "denylist-source-range" {
                         access.deny.extend(ok);
+                    } else if ok.is_empty() {
+                        // Dropping every entry of an allow list would leave no list: everyone
+                        // allowed. That is never what was asked, so this refuses even when the
+                        // operator chose to ignore entries that cannot be honoured.
+                        report.warn(
+                            "InvalidAnnotation",
+                            format!(
+                                "{key}: no usable entry in {value:?}; the Ingress's paths answer \
+                                 403 until it is fixed"
+                            ),
+                        );
+                        empty_allow.push(key.clone());
                     } else {
                         access.allow.extend(ok);
                     }
@@ -569,12 +560,21 @@ impl Annotations {
                     snippets.join(", ")
                 ),
             ));
-        } else if !params.ignore_unsupported_security_annotations {
-            let mut why: Vec<String> = unsupported_security
-                .iter()
-                .map(|k| format!("{k} is not implemented"))
-                .collect();
-            why.extend(bad_access.iter().map(|e| format!("{e} cannot be honoured")));
+        } else {
+            let mut why: Vec<String> = Vec::new();
+            if !params.ignore_unsupported_security_annotations {
+                why.extend(
+                    unsupported_security
+                        .iter()
+                        .map(|k| format!("{k} is not implemented")),
+                );
+                why.extend(bad_access.iter().map(|e| format!("{e} cannot be honoured")));
+            }
+            why.extend(
+                empty_allow
+                    .iter()
+                    .map(|k| format!("{k} has no usable entry")),
+            );
             if !why.is_empty() {
                 a.refuse = Some((
                     403,
@@ -1005,6 +1005,18 @@ mod tests {
             "10.0.0.0/+8",
             "::/129",
             "",
+            // Hostile or ambiguous spellings: an address nginx or inet_aton might read
+            // differently must not become a different network here.
+            "::ffff:10.0.0.0/104",
+            "010.0.0.1",
+            "10.1",
+            "0x0a000001",
+            "10.0.0.0/8/8",
+            "10.0.0.0/-0",
+            "10.0.0.0/08x",
+            "10.0.0.1%eth0",
+            "[::1]/128",
+            "10.0.0.0/4294967304",
         ] {
             assert!(masked_cidr(bad).is_err(), "{bad}");
         }

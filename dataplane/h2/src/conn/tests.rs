@@ -1005,3 +1005,74 @@ async fn rapid_resets_end_with_enhance_your_calm() {
     .await;
     assert_eq!(got, Some(Reason::ENHANCE_YOUR_CALM));
 }
+
+/// [`NotFound`], recording what the driver tells its service.
+struct Recording(Arc<Mutex<Vec<String>>>);
+
+impl H2Service for Recording {
+    type Head = crate::NoHead;
+    type Future = std::future::Ready<(Response<Body>, Option<crate::NoHead>)>;
+
+    fn call(&mut self, request: Request<Body>, now: Instant) -> Self::Future {
+        self.0.lock().unwrap().push("call".into());
+        NotFound.call(request, now)
+    }
+
+    fn limit_hit(&self, what: &'static str) {
+        self.0.lock().unwrap().push(format!("limit {what}"));
+    }
+
+    fn connection_error(&self, reason: Reason, _why: &'static str) {
+        self.0.lock().unwrap().push(format!("error {reason}"));
+    }
+
+    fn on_poll(&mut self) {
+        let mut log = self.0.lock().unwrap();
+        if log.last().is_none_or(|l| l != "poll") {
+            log.push("poll".into());
+        }
+    }
+
+    fn on_idle(&mut self) {
+        let mut log = self.0.lock().unwrap();
+        if log.last().is_none_or(|l| l != "idle") {
+            log.push("idle".into());
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_service_hears_of_requests_idleness_and_the_connection_error() {
+    use tokio::io::AsyncWriteExt;
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let (mut c, server) = tokio::io::duplex(1 << 20);
+    let (_tx, stop) = tokio::sync::watch::channel(false);
+    let driver = tokio::spawn(serve(server, Recording(log.clone()), settings(), stop));
+    let mut out = BytesMut::from(&frame::PREFACE[..]);
+    frame::put_settings(&mut out, &[]);
+    out.extend_from_slice(&request(1, true));
+    c.write_all(&out).await.unwrap();
+    let mut buf = BytesMut::new();
+    loop {
+        let (h, _) = read_frame(&mut c, &mut buf).await.unwrap();
+        if h.kind == kind::DATA && h.has(flag::END_STREAM) {
+            break;
+        }
+    }
+    // A request on an even stream id: a connection error, reported once.
+    c.write_all(&request(2, true)).await.unwrap();
+    while read_frame(&mut c, &mut buf).await.is_some() {}
+    assert!(driver.await.unwrap().is_err());
+    let log = log.lock().unwrap().clone();
+    let at = |what: &str| log.iter().position(|l| l == what);
+    assert_eq!(log.first().map(String::as_str), Some("poll"), "{log:?}");
+    assert_eq!(log.iter().filter(|l| *l == "call").count(), 1, "{log:?}");
+    let errors: Vec<_> = log.iter().filter(|l| l.starts_with("error")).collect();
+    assert_eq!(errors, ["error PROTOCOL_ERROR"], "{log:?}");
+    // Idle between the answered request and the error: the service may let go of what it
+    // keeps for requests there.
+    let idle = at("idle").expect("idle after the first stream");
+    assert!(at("call").unwrap() < idle, "{log:?}");
+    assert!(idle < at("error PROTOCOL_ERROR").unwrap(), "{log:?}");
+    assert!(!log.iter().any(|l| l.starts_with("limit")), "{log:?}");
+}

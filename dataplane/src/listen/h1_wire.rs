@@ -8,7 +8,7 @@
 //! it; an edge must, as HAProxy and nginx do, because a backend or a proxy in front that reads
 //! the other header frames the bytes differently (CL.TE / TE.CL smuggling). So
 //! [`identity::establish`](crate::identity::establish) refuses it with 400 when the request
-//! carries the [`ConflictingFraming`] mark this module sets.
+//! carries the [`ConflictingFraming`] mark this module's caller sets.
 //!
 //! [`Observed`] wraps a connection's reader and feeds every byte read to a [`Tracker`], which
 //! follows the request stream as hyper does: a head (parsed with httparse, like hyper), then a
@@ -37,10 +37,7 @@ pub const MAX_HEAD: usize = 256 * 1024;
 /// Header fields a head may have for the tracker to follow it (hyper's default is 100).
 const MAX_FIELDS: usize = 128;
 
-/// Request extension: this HTTP/1.1 request had both `Content-Length` and `Transfer-Encoding`
-/// on the wire (hyper removed the first).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ConflictingFraming;
+pub use crate::identity::ConflictingFraming;
 
 /// What a connection's [`Observed`] reader and its service share.
 #[derive(Debug)]

@@ -1,0 +1,307 @@
+#!/usr/bin/env bash
+# e2e/realnode/up.sh — Sweety on a real node: the local control plane (e2e/cluster/up.sh) plus a real kubelet
+# with containerd and runc, a CNI bridge and kube-proxy, all on this host, running the image that
+# deploy/image/build.sh makes; then `helm install` of charts/sweety and a smoke check through the dataplane Pod.
+#   1. packages (Debian): containerd, runc, containernetworking-plugins, iptables, umoci, gcc/libc6-dev;
+#   2. the bridge <SWEETY_BRIDGE> with .1 of the Pod CIDR (the node IP; the apiserver listens there too, so
+#      Pods reach it through the `kubernetes` Service and kube-proxy);
+#   3. control plane (WITH_NODE=1: kubelet and kube-proxy built from the same Go module) + Gateway API CRDs;
+#   4. containerd (own config, root, state and socket under the cluster dir; runc; restrict_oom_score_adj,
+#      because this sandbox withholds CAP_SYS_RESOURCE; CNI config and IPAM state under the cluster dir);
+#   5. images, imported with `ctr images import` (nothing is pulled): the pause image compiled from the
+#      Kubernetes module's build/pause/linux/pause.c, echo-basic (static Go binary), and Sweety's image from
+#      deploy/image/build.sh (--bin-dir SWEETY_BIN_DIR, or cargo build --release);
+#   6. kubelet (x509 client and serving certificates from the cluster CA, cgroupfs, no per-QoS cgroups) and
+#      kube-proxy (iptables; NodePorts only on the bridge address); the node must become Ready;
+#   7. the LoadBalancer allocator (`sweety-node-agent load-balancer`: the one thing a real node cannot give
+#      here; addresses .200-.250 of the Pod CIDR on the bridge);
+#   8. `helm upgrade --install` of charts/sweety (image.pullPolicy=Never) and the smoke check of e2e/lib.sh.
+# Usage:  e2e/realnode/up.sh [--no-helm] [-- <helm args>]      (idempotent)
+#         e2e/realnode/down.sh [--purge]
+# Needs root. Prints `export KUBECONFIG=...` at the end.
+#
+# Environment (defaults in brackets; give each concurrent cluster its own dir, ports, bridge and CIDR):
+#   SWEETY_CLUSTER_DIR [~/.cache/sweety/cluster-realnode]
+#   APISERVER_PORT [36443] ETCD_PORT [32379] ETCD_PEER_PORT [32380] KCM_PORT [40257] SCHED_PORT [40259]
+#   SWEETY_BRIDGE [sweetyrn0]  SWEETY_POD_CIDR [10.245.0.0/24]  Pods .2-.199, LoadBalancers .200-.250
+#   SWEETY_SERVICE_CIDR [10.97.<2nd octet of the Pod CIDR>.0/24]  (outside every other cluster's 10.96.0.0/16)
+#   SWEETY_NODE [sweety-real-node]  SWEETY_KUBELET_PORT [10270]  (+1 kubelet healthz, +2/+3 kube-proxy
+#                                   healthz/metrics, all on 127.0.0.1 except the kubelet API on the bridge)
+#   SWEETY_BIN_DIR []               release sweety-controller/sweety-dataplane for the image (empty: cargo builds)
+#   SWEETY_NODE_AGENT [<CARGO_TARGET_DIR>/debug/sweety-node-agent]  (built with cargo when missing)
+#   SWEETY_NAMESPACE [sweety] SWEETY_RELEASE [sweety] SWEETY_HELM [as e2e/install.sh]
+set -euo pipefail
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+cd "$REPO"
+# shellcheck source=e2e/realnode/env.sh
+. e2e/realnode/env.sh
+# shellcheck source=e2e/lib.sh
+. e2e/lib.sh
+
+helm=1
+helm_extra=()
+while [ $# -gt 0 ]; do
+  case $1 in
+    --no-helm) helm=0 ;;
+    --) shift; helm_extra=("$@"); break ;;
+    *) echo "unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
+  esac
+  shift
+done
+[ "$(id -u)" = 0 ] || { echo "realnode: needs root" >&2; exit 1; }
+
+t0=$(date +%s)
+log() { echo "[realnode $(( $(date +%s) - t0 ))s] $*"; }
+diag=0
+diagnose() {
+  [ "$diag" = 1 ] || return 0
+  diag=0
+  echo "---- diagnostics: pods, recent events, kubelet/containerd log tails" >&2
+  kubectl get pods -A -o wide >&2 || true
+  kubectl get events -A --sort-by=.lastTimestamp 2>/dev/null | tail -15 >&2 || true
+  tail -15 "$LOG/kubelet.log" "$LOG/containerd.log" "$LOG/kube-proxy.log" "$LOG/load-balancer.log" >&2 || true
+  return 0
+}
+trap diagnose ERR
+die() { echo "realnode: $*" >&2; diagnose; exit 1; }
+# wait_until WHAT SECONDS CMD...: polls every second.
+wait_until() {
+  local what=$1 to=$2; shift 2
+  local end=$(( $(date +%s) + to ))
+  until "$@" >/dev/null 2>&1; do
+    [ "$(date +%s)" -lt "$end" ] || die "timeout ($to s) waiting for $what"
+    sleep 1
+  done
+}
+start() { # name cmd...: starts in the background unless its pid file names a live process of that name
+  local name=$1; shift
+  if running "$name"; then log "$name already running (pid $(cat "$RUN/$name.pid"))"; return; fi
+  nohup "$@" > "$LOG/$name.log" 2>&1 &
+  echo $! > "$RUN/$name.pid"
+  log "started $name pid $!"
+}
+
+# ------------------------------------------------------------------ 1. packages
+need=()
+for c in containerd:containerd runc:runc ctr:containerd iptables:iptables umoci:umoci gcc:gcc conntrack:conntrack; do
+  command -v "${c%%:*}" >/dev/null || need+=("${c#*:}")
+done
+[ -x /usr/lib/cni/bridge ] && [ -x /usr/lib/cni/host-local ] && [ -x /usr/lib/cni/loopback ] || need+=(containernetworking-plugins)
+[ -f /usr/lib/x86_64-linux-gnu/libc.a ] || need+=(libc6-dev)
+if [ ${#need[@]} -gt 0 ]; then
+  log "apt-get install ${need[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+
+# ------------------------------------------------------------------ 2. bridge
+mkdir -p "$RUN" "$LOG" "$NODE_DIR"
+if ! ip link show "$BRIDGE" >/dev/null 2>&1; then
+  other=$(ip -o -4 addr show | awk -v n="$NET." '$4 ~ "^"n {print $2}' | head -1)
+  [ -z "$other" ] || die "$other already has an address in $POD_CIDR (another cluster's network?)"
+  ip link add "$BRIDGE" type bridge
+  ip addr add "$NODE_IP/24" dev "$BRIDGE"
+  ip link set "$BRIDGE" up
+  log "bridge $BRIDGE $NODE_IP/24"
+fi
+
+# ------------------------------------------------------------------ 3. control plane
+WITH_NODE=1 APISERVER_ADDRESS=$NODE_IP ENDPOINT_RECONCILER=lease POD_CIDRS=$POD_CIDR CLUSTER_CIDR=$POD_CIDR \
+  SERVICE_CIDR=$SERVICE_CIDR SERVICE_API_IP=$SERVICE_API_IP KCM_CONTROLLERS='*' bash e2e/cluster/up.sh
+bash e2e/cluster/gateway-api.sh crds standard >/dev/null
+log "Gateway API CRDs established"
+
+# ------------------------------------------------------------------ 4. containerd
+# Node PKI: the kubelet's client certificate (system:node:<name>, the Node authorizer's subject) and its
+# serving certificate for the node IP, both from the cluster CA.
+if [ ! -f "$PKI/kubelet.crt" ]; then
+  ( cd "$PKI"
+    openssl req -newkey rsa:2048 -nodes -keyout kubelet-client.key -out kubelet-client.csr \
+      -subj "/O=system:nodes/CN=system:node:$NODE" 2>/dev/null
+    printf 'basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=clientAuth\n' > kubelet-client.ext
+    openssl x509 -req -in kubelet-client.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out kubelet-client.crt \
+      -days 3650 -extfile kubelet-client.ext 2>/dev/null
+    openssl req -newkey rsa:2048 -nodes -keyout kubelet.key -out kubelet.csr -subj "/CN=$NODE" 2>/dev/null
+    printf 'basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\nsubjectAltName=IP:%s,DNS:%s\n' "$NODE_IP" "$NODE" > kubelet.ext
+    openssl x509 -req -in kubelet.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out kubelet.crt \
+      -days 3650 -extfile kubelet.ext 2>/dev/null
+    chmod 600 kubelet.key kubelet-client.key )
+fi
+ca=$(base64 -w0 < "$PKI/ca.crt")
+cat > "$NODE_DIR/kubelet.kubeconfig" <<EOF
+apiVersion: v1
+kind: Config
+clusters: [{name: local, cluster: {server: "https://$NODE_IP:$APISERVER_PORT", certificate-authority-data: $ca}}]
+users: [{name: node, user: {client-certificate: "$PKI/kubelet-client.crt", client-key: "$PKI/kubelet-client.key"}}]
+contexts: [{name: node, context: {cluster: local, user: node}}]
+current-context: node
+EOF
+mkdir -p "$NODE_DIR/cni/net.d" "$NODE_DIR/cni/ipam" "$NODE_DIR/containerd/root" "$NODE_DIR/containerd/state" \
+  "$NODE_DIR/containerd/opt" "$NODE_DIR/kubelet" "$NODE_DIR/pod-logs" "$NODE_DIR/volume-plugins"
+# The CNI bridge: Pods get .2-.199 (the allocator owns .200-.250); no masquerading (nothing leaves the host).
+cat > "$NODE_DIR/cni/net.d/10-sweety.conflist" <<EOF
+{"cniVersion": "0.4.0", "name": "sweety-$BRIDGE", "plugins": [
+  {"type": "bridge", "bridge": "$BRIDGE", "isGateway": true, "ipMasq": false, "hairpinMode": true,
+   "ipam": {"type": "host-local", "dataDir": "$NODE_DIR/cni/ipam",
+            "ranges": [[{"subnet": "$POD_CIDR", "rangeStart": "$NET.2", "rangeEnd": "$NET.199", "gateway": "$NODE_IP"}]],
+            "routes": [{"dst": "0.0.0.0/0"}]}}]}
+EOF
+cat > "$NODE_DIR/containerd/config.toml" <<EOF
+version = 2
+root = "$NODE_DIR/containerd/root"
+state = "$NODE_DIR/containerd/state"
+[grpc]
+  address = "$CONTAINERD_SOCK"
+[metrics]
+  address = ""
+[plugins."io.containerd.internal.v1.opt"]
+  path = "$NODE_DIR/containerd/opt"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "$PAUSE_IMAGE"
+  restrict_oom_score_adj = true
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        BinaryName = "$(command -v runc)"
+        SystemdCgroup = false
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "$NODE_DIR/cni/net.d"
+EOF
+start containerd containerd --config "$NODE_DIR/containerd/config.toml"
+wait_until "containerd" 30 ctr_ version
+
+# ------------------------------------------------------------------ 5. images
+IMG=$NODE_DIR/images
+mkdir -p "$IMG"
+# scratch_image NAME:TAG TAR ENTRYPOINT FILE...: a one-layer FROM-scratch image (Docker archive, which
+# `ctr images import` reads) holding FILEs at /<basename>, entrypoint /ENTRYPOINT.
+scratch_image() {
+  python3 - "$@" <<'PY'
+import hashlib, io, json, os, sys, tarfile
+ref, out, entry, files = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+layer = io.BytesIO()
+with tarfile.open(fileobj=layer, mode="w", format=tarfile.PAX_FORMAT) as t:
+    for f in files:
+        info = t.gettarinfo(f, arcname=os.path.basename(f))
+        info.uid = info.gid = 0; info.uname = info.gname = ""; info.mtime = 0; info.mode = 0o755
+        with open(f, "rb") as fh:
+            t.addfile(info, fh)
+layer = layer.getvalue()
+diff = "sha256:" + hashlib.sha256(layer).hexdigest()
+config = json.dumps({"architecture": "amd64", "os": "linux",
+    "config": {"Entrypoint": ["/" + entry], "Env": ["PATH=/"]},
+    "rootfs": {"type": "layers", "diff_ids": [diff]}}).encode()
+cfg_name = hashlib.sha256(config).hexdigest() + ".json"
+manifest = json.dumps([{"Config": cfg_name, "RepoTags": [ref], "Layers": ["layer.tar"]}]).encode()
+with tarfile.open(out, "w") as t:
+    for name, data in (("layer.tar", layer), (cfg_name, config), ("manifest.json", manifest)):
+        info = tarfile.TarInfo(name); info.size = len(data)
+        t.addfile(info, io.BytesIO(data))
+PY
+}
+# The pause image, from the Kubernetes module's own source.
+pause_src=$(cd "$K8S_SRC" && go list -m -f '{{.Dir}}' k8s.io/kubernetes)/build/pause/linux/pause.c
+if [ ! -f "$IMG/pause.tar" ]; then
+  gcc -Os -static -Wall -Werror -DVERSION=v3.10-sweety -o "$IMG/pause" "$pause_src"
+  strip "$IMG/pause"
+  scratch_image "$PAUSE_IMAGE" "$IMG/pause.tar" pause "$IMG/pause"
+fi
+echo_bin=$(bash e2e/cluster/gateway-api.sh build-echo-static | tail -1)
+scratch_image "$ECHO_IMAGE" "$IMG/echo-basic.tar" echo-basic-static "$echo_bin"
+# Sweety's image, as users get it.
+bin_args=()
+if [ -n "${SWEETY_BIN_DIR:-}" ]; then bin_args=(--bin-dir "$SWEETY_BIN_DIR"); fi
+bash deploy/image/build.sh --out "$IMG" "${bin_args[@]}" | tee "$LOG/image-build.log"
+sweety_tar=$(ls "$IMG"/sweety-*.oci.tar)
+for t in "$IMG/pause.tar" "$IMG/echo-basic.tar" "$sweety_tar"; do
+  ctr_ -n k8s.io images import --no-unpack=false "$t" >/dev/null
+done
+sweety_ref=$(ctr_ -n k8s.io images ls -q | grep -E '^docker.io/sweety/sweety:' | head -1)
+sweety_digest=$(ctr_ -n k8s.io images ls | awk -v r="$sweety_ref" '$1 == r {print $3}')
+log "images imported: $PAUSE_IMAGE, $ECHO_IMAGE, $sweety_ref ($sweety_digest)"
+
+# ------------------------------------------------------------------ 6. kubelet, kube-proxy
+: > "$NODE_DIR/resolv.conf"   # Pods get no resolver: nothing of theirs may leave the host
+cat > "$NODE_DIR/kubelet.yaml" <<EOF
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: $NODE_IP
+port: $KUBELET_PORT
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: $((KUBELET_PORT + 1))
+cgroupDriver: cgroupfs
+failCgroupV1: false
+failSwapOn: false
+cgroupsPerQOS: false
+enforceNodeAllocatable: []
+containerRuntimeEndpoint: unix://$CONTAINERD_SOCK
+authentication:
+  anonymous: {enabled: false}
+  webhook: {enabled: false}
+  x509: {clientCAFile: $PKI/ca.crt}
+authorization: {mode: AlwaysAllow}
+tlsCertFile: $PKI/kubelet.crt
+tlsPrivateKeyFile: $PKI/kubelet.key
+podCIDR: $POD_CIDR
+clusterDomain: cluster.local
+resolvConf: $NODE_DIR/resolv.conf
+podLogsDir: $NODE_DIR/pod-logs
+volumePluginDir: $NODE_DIR/volume-plugins
+evictionHard: {memory.available: "1Mi", nodefs.available: "1%", imagefs.available: "1%", nodefs.inodesFree: "1%"}
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+serializeImagePulls: false
+rotateCertificates: false
+serverTLSBootstrap: false
+EOF
+start kubelet "$K8S_BIN/kubelet" --config "$NODE_DIR/kubelet.yaml" --kubeconfig "$NODE_DIR/kubelet.kubeconfig" \
+  --root-dir "$NODE_DIR/kubelet" --hostname-override "$NODE" --node-ip "$NODE_IP" \
+  --node-labels sweety.dev/e2e=true --v 1
+cat > "$NODE_DIR/kube-proxy.yaml" <<EOF
+apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+clientConnection: {kubeconfig: $RUN/kubeconfig}
+hostnameOverride: $NODE
+mode: iptables
+clusterCIDR: $POD_CIDR
+healthzBindAddress: 127.0.0.1:$((KUBELET_PORT + 2))
+metricsBindAddress: 127.0.0.1:$((KUBELET_PORT + 3))
+nodePortAddresses: ["$NODE_IP/32"]
+conntrack: {maxPerCore: 0, min: 0}
+iptables: {localhostNodePorts: false}
+EOF
+start kube-proxy "$K8S_BIN/kube-proxy" --config "$NODE_DIR/kube-proxy.yaml"
+wait_until "node $NODE Ready" 120 sh -c "kubectl get node '$NODE' -o jsonpath='{.status.conditions[?(@.type==\"Ready\")].status}' | grep -qx True"
+diag=1
+log "node $NODE Ready ($(kubectl get node "$NODE" -o jsonpath='{.status.nodeInfo.containerRuntimeVersion} {.status.nodeInfo.kubeletVersion}'))"
+
+# ------------------------------------------------------------------ 7. LoadBalancer allocator
+if [ ! -x "$NODE_AGENT" ]; then
+  log "cargo build -p sweety-node-agent"
+  cargo build -p sweety-node-agent
+fi
+start load-balancer "$NODE_AGENT" load-balancer --bridge "$BRIDGE" --pod-cidr "$POD_CIDR"
+
+if [ "$helm" = 0 ]; then
+  log "done (--no-helm).  export KUBECONFIG=$KUBECONFIG   (teardown: e2e/realnode/down.sh [--purge])"
+  exit 0
+fi
+
+# ------------------------------------------------------------------ 8. helm install + smoke
+HELM=$(helm_bin)
+log "helm upgrade --install $RELEASE charts/sweety -n $NS (image $sweety_ref)"
+"$HELM" upgrade --install "$RELEASE" charts/sweety --namespace "$NS" --create-namespace \
+  --set image.pullPolicy=Never --set-string "podAnnotations.sweety\.dev/build=${sweety_digest#sha256:}" \
+  --wait --timeout 5m "${helm_extra[@]}"
+kubectl -n "$NS" rollout status "deployment/$RELEASE" --timeout=180s
+kubectl -n "$NS" wait --for=condition=Ready pod -l "app.kubernetes.io/instance=$RELEASE" --timeout=120s >/dev/null
+log "controller and dataplane Ready: $(kubectl -n "$NS" get pod -l "app.kubernetes.io/instance=$RELEASE" -o jsonpath='{range .items[*]}{.metadata.name} {.status.podIP} {.status.containerStatuses[*].imageID}{"\n"}{end}')"
+smoke_gateway sweety-smoke "$NET" || die "smoke check failed"
+log "done.  export KUBECONFIG=$KUBECONFIG   (teardown: e2e/realnode/down.sh [--purge])"
