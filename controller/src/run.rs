@@ -115,7 +115,8 @@ pub async fn run(
         options.params.ingress_service.clone(),
         FIELD_MANAGER,
     );
-    let (services_tx, services_rx) = watch::channel(Vec::new());
+    // None until the first reconcile: a sync before it would delete every per-Gateway Service.
+    let (services_tx, services_rx) = watch::channel(None);
     let _services_task = AbortOnDrop(tokio::spawn(sync_services_task(
         services,
         services_rx,
@@ -166,7 +167,7 @@ pub async fn run(
                 }
             }
             services_tx.send_if_modified(|s| {
-                *s = gateway_services;
+                *s = Some(gateway_services);
                 true
             });
             metrics.reconcile_duration.observe(started.elapsed());
@@ -313,19 +314,24 @@ fn reconcile(
 }
 
 /// Sync the per-Gateway Services after each reconcile while leading: one sync at a time, with
-/// the latest wanted set; a failure is retried after 2 s.
+/// the latest wanted set; a failure is retried after 2 s. Nothing is synced before the first
+/// reconcile has sent a set (`None`): winning the lease before it (a restarted controller) would
+/// otherwise delete every per-Gateway Service, whose load-balancer addresses then change.
 async fn sync_services_task(
     services: GatewayServices,
-    mut desired: watch::Receiver<Vec<GatewayService>>,
+    mut desired: watch::Receiver<Option<Vec<GatewayService>>>,
     mut leading: watch::Receiver<bool>,
     metrics: Arc<Metrics>,
 ) {
     let mut retry_at: Option<tokio::time::Instant> = None;
     let mut pending = false;
     loop {
-        if pending && *leading.borrow() {
+        // Marked seen only when it is synced, so that a set sent meanwhile wakes the select below.
+        let want = (pending && *leading.borrow())
+            .then(|| desired.borrow_and_update().clone())
+            .flatten();
+        if let Some(want) = want {
             retry_at = None;
-            let want = desired.borrow_and_update().clone();
             match services.sync(&want).await {
                 Ok(report) => {
                     if !report.applied.is_empty() || !report.deleted.is_empty() {
