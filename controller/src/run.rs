@@ -115,7 +115,8 @@ pub async fn run(
         options.params.ingress_service.clone(),
         FIELD_MANAGER,
     );
-    // None until the first reconcile: a sync before it would delete every per-Gateway Service.
+    // `None` until the first reconcile: leading before it (the lease is often won while the
+    // initial lists load) must not sync an empty wanted set, which deletes every Service.
     let (services_tx, services_rx) = watch::channel(None);
     let _services_task = AbortOnDrop(tokio::spawn(sync_services_task(
         services,
@@ -314,10 +315,9 @@ fn reconcile(
 }
 
 /// Sync the per-Gateway Services after each reconcile while leading: one sync at a time, with
-/// the latest wanted set; a failure is retried after 2 s. Nothing is synced before the first
-/// reconcile has sent a set (`None`): winning the lease before it (a restarted controller) would
-/// otherwise delete every per-Gateway Service, whose load-balancer addresses then change.
-async fn sync_services_task(
+/// the latest wanted set; a failure is retried after 2 s. Nothing is synced while `desired` is
+/// `None` (no translation yet), whatever the leadership says.
+pub async fn sync_services_task(
     services: GatewayServices,
     mut desired: watch::Receiver<Option<Vec<GatewayService>>>,
     mut leading: watch::Receiver<bool>,
@@ -326,22 +326,21 @@ async fn sync_services_task(
     let mut retry_at: Option<tokio::time::Instant> = None;
     let mut pending = false;
     loop {
-        // Marked seen only when it is synced, so that a set sent meanwhile wakes the select below.
-        let want = (pending && *leading.borrow())
-            .then(|| desired.borrow_and_update().clone())
-            .flatten();
-        if let Some(want) = want {
+        if pending && *leading.borrow() {
             retry_at = None;
-            match services.sync(&want).await {
-                Ok(report) => {
-                    if !report.applied.is_empty() || !report.deleted.is_empty() {
-                        tracing::info!(applied = ?report.applied, deleted = ?report.deleted, "per-Gateway Services synced");
+            let want = desired.borrow_and_update().clone();
+            if let Some(want) = want {
+                match services.sync(&want).await {
+                    Ok(report) => {
+                        if !report.applied.is_empty() || !report.deleted.is_empty() {
+                            tracing::info!(applied = ?report.applied, deleted = ?report.deleted, "per-Gateway Services synced");
+                        }
                     }
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "syncing per-Gateway Services failed");
-                    metrics.error(e.kind());
-                    retry_at = Some(tokio::time::Instant::now() + Duration::from_secs(2));
+                    Err(e) => {
+                        tracing::warn!(error = %e, "syncing per-Gateway Services failed");
+                        metrics.error(e.kind());
+                        retry_at = Some(tokio::time::Instant::now() + Duration::from_secs(2));
+                    }
                 }
             }
         }

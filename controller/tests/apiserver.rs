@@ -2696,6 +2696,66 @@ async fn status_worker_is_rate_limited_and_catches_up_after_regaining_the_lease(
     drop_namespace(&client, &ns).await;
 }
 
+/// A free port on 127.0.0.1 (bound, then released for the dataplane to take).
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+/// A `kubernetes.io/tls` Secret.
+fn tls_secret(name: &str, cert: &str, key: &str) -> Value {
+    json!({"metadata": {"name": name}, "type": "kubernetes.io/tls",
+           "stringData": {"tls.crt": cert, "tls.key": key}})
+}
+
+/// An in-process dataplane (access log off) listening for configs on a control socket in a
+/// temporary directory (which also holds the static content directory).
+struct InProcessDataplane {
+    dir: tempfile::TempDir,
+    socket: std::path::PathBuf,
+    runtime: Arc<sweety_dataplane::runtime::Runtime>,
+    control: sweety_dataplane::control::ControlServer,
+}
+
+impl InProcessDataplane {
+    fn start() -> InProcessDataplane {
+        use sweety_dataplane::runtime::{Runtime, RuntimeOptions};
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("control.sock");
+        let runtime = Arc::new(
+            Runtime::new(RuntimeOptions {
+                access_log: sweety_config::AccessLog {
+                    enabled: false,
+                    ..Default::default()
+                },
+                ..RuntimeOptions::default()
+            })
+            .unwrap(),
+        );
+        let control =
+            sweety_dataplane::control::ControlServer::bind(runtime.clone(), &socket).unwrap();
+        InProcessDataplane {
+            dir,
+            socket,
+            runtime,
+            control,
+        }
+    }
+
+    fn content_dir(&self) -> String {
+        self.dir
+            .path()
+            .join("content")
+            .to_string_lossy()
+            .into_owned()
+    }
+
+    async fn stop(self) {
+        drop(self.control);
+        self.runtime.shutdown().await;
+    }
+}
+
 /// A client for the test cluster acting as `user` in `group` (impersonation): what a tenant
 /// with ordinary RBAC can do, and nothing more.
 async fn impersonated(user: &str, group: &str) -> Client {
@@ -2821,8 +2881,6 @@ async fn tenant_with_ordinary_rbac_cannot_take_another_namespaces_traffic() {
     use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
     use sweety_controller::run::RunOptions;
     use sweety_controller::translate::{DefaultCertificate, Params};
-    use sweety_dataplane::control::ControlServer;
-    use sweety_dataplane::runtime::{Runtime, RuntimeOptions};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let _guard = LOCK.lock().await;
     let admin = cluster().await;
@@ -2830,10 +2888,6 @@ async fn tenant_with_ordinary_rbac_cannot_take_another_namespaces_traffic() {
     let attacker = namespace(&admin, "attacker").await;
     let ctl = namespace(&admin, "tenant-ctl").await;
     let class_name = format!("{attacker}-class");
-    let free_port = || {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
     let (http_port, https_port) = (free_port(), free_port());
     let host = format!("shop.{victim}.test");
     let evil_host = format!("evil.{attacker}.test");
@@ -2893,10 +2947,6 @@ async fn tenant_with_ordinary_rbac_cannot_take_another_namespaces_traffic() {
                 {"path": path, "pathType": "Prefix",
                  "backend": {"service": {"name": svc, "port": {"number": 80}}}}]}}]}
         })
-    };
-    let tls_secret = |name: &str, cert: &str, key: &str| {
-        json!({"metadata": {"name": name}, "type": "kubernetes.io/tls",
-               "stringData": {"tls.crt": cert, "tls.key": key}})
     };
     let victims: Api<Ingress> = Api::namespaced(admin.clone(), &victim);
     let attackers: Api<Ingress> = Api::namespaced(mallory.clone(), &attacker);
@@ -3023,19 +3073,7 @@ async fn tenant_with_ordinary_rbac_cannot_take_another_namespaces_traffic() {
 
     // The controller and an in-process dataplane.
     let (default_cert, default_key, default_der) = certificate("default.sweety.invalid");
-    let dir = tempfile::tempdir().unwrap();
-    let socket = dir.path().join("control.sock");
-    let runtime = Arc::new(
-        Runtime::new(RuntimeOptions {
-            access_log: sweety_config::AccessLog {
-                enabled: false,
-                ..Default::default()
-            },
-            ..RuntimeOptions::default()
-        })
-        .unwrap(),
-    );
-    let control = ControlServer::bind(runtime.clone(), &socket).unwrap();
+    let dataplane = InProcessDataplane::start();
     let options = RunOptions {
         params: Params {
             namespace: ctl.clone(),
@@ -3044,7 +3082,7 @@ async fn tenant_with_ordinary_rbac_cannot_take_another_namespaces_traffic() {
             ingress_http_port: http_port,
             ingress_https_port: https_port,
             http3: false,
-            content_dir: dir.path().join("content").to_string_lossy().into_owned(),
+            content_dir: dataplane.content_dir(),
             ingress_service: None,
             default_certificate: Some(DefaultCertificate {
                 cert: default_cert,
@@ -3061,7 +3099,7 @@ async fn tenant_with_ordinary_rbac_cannot_take_another_namespaces_traffic() {
         initial_sync_timeout: Duration::from_secs(20),
         status: sweety_controller::status_worker::StatusOptions::default(),
     };
-    let running = RunLoop::start(&admin, options, socket.clone());
+    let running = RunLoop::start(&admin, options, dataplane.socket.clone());
     let get = |host: String, path: &'static str| async move {
         let mut s = tokio::net::TcpStream::connect(("127.0.0.1", http_port))
             .await
@@ -3156,8 +3194,7 @@ async fn tenant_with_ordinary_rbac_cannot_take_another_namespaces_traffic() {
     }
 
     running.stop().await;
-    drop(control);
-    runtime.shutdown().await;
+    dataplane.stop().await;
     leak_task.abort();
     let _ = classes.delete(&class_name, &DeleteParams::default()).await;
     for ns in [&victim, &attacker, &ctl] {
@@ -3175,16 +3212,11 @@ async fn default_certificate_secret_rotation_is_served() {
     use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
     use sweety_controller::run::RunOptions;
     use sweety_controller::translate::{DefaultCertificate, Params};
-    use sweety_dataplane::control::ControlServer;
-    use sweety_dataplane::runtime::{Runtime, RuntimeOptions};
     let _guard = LOCK.lock().await;
     let client = cluster().await;
     let ns = namespace(&client, "defcert").await;
     let class_name = format!("{ns}-class");
-    let https_port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
+    let https_port = free_port();
     let classes: Api<IngressClass> = Api::all(client.clone());
     create(
         &classes,
@@ -3192,10 +3224,6 @@ async fn default_certificate_secret_rotation_is_served() {
     )
     .await;
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
-    let tls_secret = |name: &str, cert: &str, key: &str| {
-        json!({"metadata": {"name": name}, "type": "kubernetes.io/tls",
-               "stringData": {"tls.crt": cert, "tls.key": key}})
-    };
     let (first_cert, first_key, first_der) = certificate("default.sweety.invalid");
     create(
         &secrets,
@@ -3215,32 +3243,16 @@ async fn default_certificate_secret_rotation_is_served() {
     )
     .await;
 
-    let dir = tempfile::tempdir().unwrap();
-    let socket = dir.path().join("control.sock");
-    let runtime = Arc::new(
-        Runtime::new(RuntimeOptions {
-            access_log: sweety_config::AccessLog {
-                enabled: false,
-                ..Default::default()
-            },
-            ..RuntimeOptions::default()
-        })
-        .unwrap(),
-    );
-    let control = ControlServer::bind(runtime.clone(), &socket).unwrap();
-    let free_http = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
+    let dataplane = InProcessDataplane::start();
     let options = RunOptions {
         params: Params {
             namespace: ns.clone(),
             ingress_class: class_name.clone(),
             listen_address: "127.0.0.1".into(),
-            ingress_http_port: free_http,
+            ingress_http_port: free_port(),
             ingress_https_port: https_port,
             http3: false,
-            content_dir: dir.path().join("content").to_string_lossy().into_owned(),
+            content_dir: dataplane.content_dir(),
             ingress_service: None,
             // As the controller's main does: the Secret as read at start, and its name.
             default_certificate: Some(DefaultCertificate {
@@ -3260,7 +3272,7 @@ async fn default_certificate_secret_rotation_is_served() {
         initial_sync_timeout: Duration::from_secs(20),
         status: sweety_controller::status_worker::StatusOptions::default(),
     };
-    let running = RunLoop::start(&client, options, socket.clone());
+    let running = RunLoop::start(&client, options, dataplane.socket.clone());
     let no_sni = |want: Vec<u8>| async move {
         served_certificate(https_port, None)
             .await
@@ -3302,8 +3314,54 @@ async fn default_certificate_secret_rotation_is_served() {
     .await;
 
     running.stop().await;
-    drop(control);
-    runtime.shutdown().await;
+    dataplane.stop().await;
     let _ = classes.delete(&class_name, &DeleteParams::default()).await;
+    drop_namespace(&client, &ns).await;
+}
+
+/// The per-Gateway Service sync waits for the first translation: becoming leader before the
+/// first reconcile (the lease is often won while the initial lists load) deletes nothing; once
+/// a translation wants no such Service, the leader deletes it. Before the fix the first sync
+/// ran with an empty wanted set and deleted every per-Gateway Service (and its load-balancer
+/// address) at each controller restart, as the real-node e2e showed.
+#[tokio::test]
+#[ignore = "needs a kube-apiserver: SWEETY_KUBECONFIG (e2e/controller-it.sh)"]
+async fn gateway_services_wait_for_the_first_translation() {
+    let _guard = LOCK.lock().await;
+    let client = cluster().await;
+    let ns = namespace(&client, "svcwait").await;
+    let services: Api<Service> = Api::namespaced(client.clone(), &ns);
+    create(&services, json!({
+        "metadata": {"name": "sweety-gw-kept", "labels": {MANAGED_BY_LABEL: "sweety", GATEWAY_NAME_LABEL: "web"}},
+        "spec": {"ports": [{"port": 80}]}
+    }))
+    .await;
+    let (desired_tx, desired) = tokio::sync::watch::channel(None);
+    let (leading_tx, leading) = tokio::sync::watch::channel(false);
+    let task = tokio::spawn(sweety_controller::run::sync_services_task(
+        GatewayServices::new(client.clone(), &ns, None, FIELD_MANAGER),
+        desired,
+        leading,
+        Arc::new(sweety_controller::metrics::Metrics::default()),
+    ));
+    // Leadership first, no translation yet.
+    leading_tx.send(true).unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        services.get_opt("sweety-gw-kept").await.unwrap().is_some(),
+        "a per-Gateway Service was deleted before the first translation"
+    );
+    // The first translation wants no per-Gateway Service: the leader deletes it.
+    desired_tx.send(Some(Vec::new())).unwrap();
+    wait_for("the unwanted per-Gateway Service is deleted", || async {
+        services
+            .get_opt("sweety-gw-kept")
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    task.abort();
     drop_namespace(&client, &ns).await;
 }

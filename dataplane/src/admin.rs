@@ -14,7 +14,7 @@
 //! port on the pod address for metrics does not let other pods purge the cache.
 
 use crate::body::{full, text_response, Body};
-use crate::runtime::Shared;
+use crate::state::Shared;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};

@@ -1,33 +1,42 @@
 //! `sweety-dataplane`: one process that serves HTTP/1.1, HTTP/2 and HTTP/3 through one
 //! request pipeline and one backpressure core, and swaps its config atomically.
 //!
-//! Module map (each does one thing; see docs/request-phases.md for the request flow):
-//! * [`body`]: the boxed body type every handler speaks, and small constructors.
-//! * [`ctx`]: per-connection and per-request context (listener, peer, protocol).
+//! Layers, each naming only the ones below it (control → runtime, admin → listen → pipeline →
+//! state → {router, filters, proxy, cache, static_files, access, …} → exec;
+//! `tests/layers.rs` checks it); see docs/request-phases.md:
+//! * [`control`]: the control socket the controller pushes configs on (`--control-socket`).
+//! * [`runtime`]: hot reload: validates and builds a config, binds, starts and drains
+//!   listeners, swaps the snapshot.
+//! * [`listen`]: listeners and protocol adapters: [`listen::tcp`] (H1, h2c, TLS with ALPN;
+//!   HTTP/2 by the `sweety-h2` engine or hyper's), [`listen::quic`] (HTTP/3 over quinn + h3),
+//!   [`listen::l4`] (TLS passthrough by SNI, TCP and UDP proxying).
+//! * [`exec`]: how a connection task runs its streams (inline first poll, batched writes).
+//! * [`send_timeout`]: the send-progress timeout of a client connection.
+//! * [`pipeline`]: the single request path shared by all protocols; also the HTTP/2 engine's
+//!   `H2Service`.
+//! * [`identity`]: the one authority, path and body framing of a request, settled first.
+//! * [`path_norm`]: request path normalisation before routing.
 //! * [`router`]: pure route table build and Gateway API precedence matching. No I/O.
 //! * [`filters`]: header modifiers, redirects, rewrites and CORS as pure functions.
 //! * [`static_files`]: the static-file handler (Range, conditionals, precompressed, cache).
 //! * [`proxy`]: upstream pools, load balancing, outlier ejection, forwarding, mirrors.
+//! * [`access`]: real client IP behind trusted proxies, IP allow/deny lists, rate limits.
+//! * [`cache`]: the in-memory response cache (`cache` filter), purged through admin.
+//! * [`compress`]: on-the-fly gzip/brotli/zstd of responses (`compress` filter).
+//! * [`websocket`]: HTTP/1.1 Upgrade and HTTP/2 extended CONNECT tunnels to backends.
+//! * [`grpc`]: gRPC-shaped errors and gRPC-Web translation.
 //! * [`limits`]: the backpressure core: connection and in-flight limits, body limits.
-//! * [`pipeline`]: the single request path shared by all protocols.
+//! * [`client_caps`]: per-client-address connection and request caps.
+//! * [`state`]: the config snapshot every request reads and the state that outlives reloads.
+//! * [`body`]: the boxed body type every handler speaks, and small constructors.
+//! * [`ctx`]: per-connection and per-request context (listener, peer, protocol).
 //! * [`tls`]: certificates, the SNI resolver, self-signed certificates.
-//! * [`server`]: listeners and connection serving (H1/h2c and TLS with ALPN).
-//! * [`h2`]: Sweety's own server-side HTTP/2 connection layer (`limits.http2_engine`).
-//! * [`hpack`]: HPACK header compression (RFC 7541) for the HTTP/2 connection layer.
-//! * [`h3`]: HTTP/3 over QUIC (quinn + h3): the UDP endpoint and the thin adapter.
-//! * [`runtime`]: the live config snapshot, hot reload and listener reconciliation.
+//! * [`proxy_protocol`]: PROXY protocol v1/v2 headers, read on listeners and sent to backends.
 //! * [`admin`]: health, readiness, metrics and config endpoints.
-//! * [`control`]: the control socket the controller pushes configs on (`--control-socket`).
 //! * [`metrics`]: counters and histograms, rendered in Prometheus text format.
 //! * [`access_log`]: JSON access log written off the request path.
 //! * [`defaults`]: the embedded default config used when no `--config` is given.
-//! * [`access`]: real client IP behind trusted proxies, IP allow/deny lists, rate limits.
-//! * [`proxy_protocol`]: PROXY protocol v1/v2 headers, read on listeners and sent to backends.
-//! * [`l4`]: layer-4 listeners: TLS passthrough by SNI, TCP and UDP proxying.
-//! * [`compress`]: on-the-fly gzip/brotli/zstd of responses (`compress` filter).
-//! * [`cache`]: the in-memory response cache (`cache` filter), purged through admin.
-//! * [`websocket`]: HTTP/1.1 Upgrade and HTTP/2 extended CONNECT tunnels to backends.
-//! * [`grpc`]: gRPC-shaped errors and gRPC-Web translation.
+//! * [`hpack`], [`conn_headers`]: from `sweety-h2`, shared with HTTP/1.1 and HTTP/3.
 
 pub mod access;
 pub mod access_log;
@@ -39,12 +48,12 @@ pub mod compress;
 pub mod control;
 pub mod ctx;
 pub mod defaults;
+pub mod exec;
 pub mod filters;
 pub mod grpc;
-pub mod h3;
 pub mod identity;
-pub mod l4;
 pub mod limits;
+pub mod listen;
 pub mod metrics;
 pub mod path_norm;
 pub mod pipeline;
@@ -53,7 +62,7 @@ pub mod proxy_protocol;
 pub mod router;
 pub mod runtime;
 pub mod send_timeout;
-pub mod server;
+pub mod state;
 pub mod static_files;
 pub mod tls;
 pub mod websocket;

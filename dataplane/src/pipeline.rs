@@ -23,7 +23,7 @@ use crate::ctx::{ConnInfo, EarlyData, Protocol, RequestCtx};
 use crate::filters::RequestOutcome;
 use crate::limits::{LimitedBody, RequestPermit};
 use crate::router::{Lookup, RequestHead};
-use crate::runtime::{ListenerView, Shared};
+use crate::state::{ListenerView, Shared};
 use bytes::Bytes;
 use http::{header, HeaderValue, Request, Response, StatusCode};
 use http_body::{Frame, SizeHint};
@@ -60,7 +60,7 @@ pub async fn handle(
 pub struct H2Pipeline {
     shared: Arc<Shared>,
     conn: Arc<ConnInfo>,
-    snap: Option<(u64, Arc<crate::runtime::Snapshot>)>,
+    snap: Option<(u64, Arc<crate::state::Snapshot>)>,
 }
 
 impl H2Pipeline {
@@ -119,7 +119,7 @@ async fn serve(
     conn: Arc<ConnInfo>,
     protocol: Protocol,
     req: Request<Body>,
-    snap: Option<Arc<crate::runtime::Snapshot>>,
+    snap: Option<Arc<crate::state::Snapshot>>,
     start: Instant,
 ) -> (Response<Body>, Option<StoredHead>) {
     let snap = snap.unwrap_or_else(|| shared.snapshot());
@@ -364,7 +364,7 @@ struct Acting<'a> {
 /// answer never builds (and copies, ~1.6 KB) the future of the action ([`act`]).
 async fn route_and_serve<'a>(
     shared: &Shared,
-    snap: &'a crate::runtime::Snapshot,
+    snap: &'a crate::state::Snapshot,
     view: Option<&ListenerView>,
     ctx: &RequestCtx,
     req: Request<Body>,
@@ -378,7 +378,7 @@ async fn route_and_serve<'a>(
 /// Phases 2–4 and the cache's fresh hits.
 fn route<'a>(
     shared: &Shared,
-    snap: &'a crate::runtime::Snapshot,
+    snap: &'a crate::state::Snapshot,
     view: Option<&ListenerView>,
     ctx: &RequestCtx,
     req: Request<Body>,
@@ -554,7 +554,7 @@ fn route<'a>(
 /// Phase 5: the route's action, under its request timeout.
 async fn act<'a>(
     shared: &Shared,
-    snap: &'a crate::runtime::Snapshot,
+    snap: &'a crate::state::Snapshot,
     ctx: &RequestCtx,
     a: Acting<'a>,
 ) -> Served<'a> {
@@ -729,7 +729,7 @@ impl<'a> StoreCoding<'a> {
 
 /// A `'static` re-fetch of a GET request (no body) for the cache's stale-while-revalidate.
 fn refresher(
-    snap: &crate::runtime::Snapshot,
+    snap: &crate::state::Snapshot,
     entry: &crate::router::RouteEntry,
     ctx: &RequestCtx,
     parts: &http::request::Parts,

@@ -18,6 +18,8 @@
 //! [`RouteTable::build_reusing`] can take unchanged ones from the previous table: a config
 //! delta that changes one route recompiles one virtual host, not all of them.
 
+pub mod l4;
+
 use crate::filters::CompiledFilters;
 use hashbrown::HashTable;
 use std::borrow::Cow;

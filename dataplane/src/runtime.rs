@@ -1,7 +1,7 @@
-//! The live dataplane: the current config [`Snapshot`] behind an atomic pointer, the state
-//! that outlives reloads ([`Shared`]), and [`Runtime::apply`], which validates a new config,
-//! builds everything it needs, binds new listeners, swaps the snapshot and drains removed
-//! listeners.
+//! Hot reload: [`Runtime::apply`] validates a new config, builds everything it needs, binds
+//! new listeners, swaps the [`Snapshot`] held in [`Shared`] (both in [`crate::state`]) and
+//! drains removed listeners; [`Runtime`] also starts and stops the listeners
+//! ([`crate::listen`]).
 //!
 //! Hot reload guarantees:
 //! * a config is validated and fully built before anything changes; any error rejects it
@@ -20,171 +20,16 @@ use crate::limits::{Backpressure, Limit};
 use crate::metrics::Metrics;
 use crate::proxy::Upstreams;
 use crate::router::RouteTable;
-use crate::server::StreamExecutor;
+use crate::state::{http_builder, BindKey, ListenerView, Shared, Snapshot};
 use crate::static_files::StaticFiles;
 use arc_swap::ArcSwap;
-use http::HeaderValue;
-use hyper_util::rt::TokioTimer;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{
-    AtomicBool, AtomicU64,
-    Ordering::{Acquire, Relaxed, Release},
-};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use sweety_config::{Config, Limits, ListenerProtocol};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-
-/// What a request needs to know about the listener it arrived on.
-#[derive(Debug)]
-pub struct ListenerView {
-    /// Listener name.
-    pub name: Arc<str>,
-    /// Port the listener is bound to.
-    pub port: u16,
-    /// Protocol.
-    pub protocol: ListenerProtocol,
-    /// TLS server config for HTTPS listeners.
-    pub tls: Option<Arc<rustls::ServerConfig>>,
-    /// Certificate scopes of HTTPS listeners, for 421 Misdirected Request.
-    pub sni_scopes: Option<Arc<crate::tls::SniScopes>>,
-    /// The listener's own in-flight cap, if any.
-    pub limit: Option<Arc<Limit>>,
-    /// `Alt-Svc` value advertised on H1/H2 responses when HTTP/3 is served.
-    pub alt_svc: Option<HeaderValue>,
-    /// Routes of a layer-4 (`tcp`, `udp`, `tls_passthrough`, `tls`) listener.
-    pub l4: Option<Arc<crate::l4::L4Listener>>,
-    /// Set when connections start with a PROXY protocol header.
-    pub proxy_protocol: Option<Arc<crate::proxy_protocol::Expect>>,
-}
-
-/// An immutable, fully built config.
-pub struct Snapshot {
-    /// The config it was built from, without its virtual hosts and backends: those live on
-    /// compiled in `routes` and `upstreams`, and keeping a second copy of thousands of routes
-    /// only cost memory. Their counts are in `virtual_host_count` / `backend_count`.
-    pub config: Arc<Config>,
-    /// Number of virtual hosts of the applied config.
-    pub virtual_host_count: usize,
-    /// Number of backends of the applied config.
-    pub backend_count: usize,
-    /// Content hash of the config.
-    pub hash: String,
-    /// Route table.
-    pub routes: RouteTable,
-    /// Upstream backends and pools.
-    pub upstreams: Arc<Upstreams>,
-    /// Listeners by name.
-    pub listeners: HashMap<Arc<str>, Arc<ListenerView>, crate::metrics::FnvBuild>,
-    /// Listener names by bind key.
-    by_key: HashMap<BindKey, Arc<ListenerView>>,
-    /// hyper connection builder configured from the limits.
-    pub http: hyper_util::server::conn::auto::Builder<StreamExecutor>,
-    /// Client-IP rules, IP access lists and rate limits (shared by snapshots whose changes
-    /// did not touch them).
-    pub access: Arc<crate::access::AccessRules>,
-}
-
-impl std::fmt::Debug for Snapshot {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Snapshot")
-            .field("generation", &self.config.generation)
-            .field("hash", &self.hash)
-            .finish()
-    }
-}
-
-impl Snapshot {
-    /// The listener with this name.
-    pub fn listener(&self, name: &str) -> Option<&ListenerView> {
-        self.listeners.get(name).map(|v| &**v)
-    }
-
-    /// The listener bound under this key.
-    pub fn listener_by_key(&self, key: &BindKey) -> Option<&Arc<ListenerView>> {
-        self.by_key.get(key)
-    }
-
-    fn empty(metrics: Arc<Metrics>) -> Snapshot {
-        let config = Config::default();
-        Snapshot {
-            http: http_builder(&config.limits),
-            config: Arc::new(config),
-            virtual_host_count: 0,
-            backend_count: 0,
-            hash: String::new(),
-            routes: RouteTable::default(),
-            upstreams: Arc::new(
-                Upstreams::build(&[], None, metrics).expect("empty upstreams build"),
-            ),
-            listeners: HashMap::default(),
-            by_key: HashMap::new(),
-            access: Arc::default(),
-        }
-    }
-}
-
-/// State shared by every connection and request; outlives reloads.
-pub struct Shared {
-    current: ArcSwap<Snapshot>,
-    /// Counts the stores to `current` (bumped after each): a connection that keeps the
-    /// snapshot it loaded reuses it while this has not changed ([`Shared::snapshot_for`]).
-    swaps: AtomicU64,
-    /// Metrics.
-    pub metrics: Arc<Metrics>,
-    /// The backpressure core.
-    pub backpressure: Backpressure,
-    /// The static-file handler and its cache.
-    pub static_files: StaticFiles,
-    /// The access log.
-    pub access_log: AccessLog,
-    /// True once a config has been applied.
-    pub ready: AtomicBool,
-    /// Rate-limit buckets, kept across reloads.
-    pub rate_zones: crate::access::Zones,
-    /// The response cache (routes with a `cache` filter); bounds follow `config.cache`.
-    pub cache: Arc<crate::cache::Cache>,
-    /// Connections held per client address (`limits.max_connections_per_client`).
-    pub client_conns: Arc<crate::client_caps::ClientCaps>,
-    /// Requests in flight per client address (`limits.max_requests_per_client`).
-    pub client_requests: Arc<crate::client_caps::ClientCaps>,
-    listener_limits: Mutex<HashMap<String, Arc<Limit>>>,
-}
-
-impl Shared {
-    /// The current snapshot (pin it for the duration of a request).
-    pub fn snapshot(&self) -> Arc<Snapshot> {
-        self.current.load_full()
-    }
-
-    /// The current snapshot through a per-connection memo: `kept` is reused while no new
-    /// snapshot was stored since it was loaded (one plain atomic load instead of an
-    /// `ArcSwap` load per request); otherwise it is loaded and kept. The keeper drops `kept`
-    /// when it goes idle, so that it does not hold an old config alive.
-    pub fn snapshot_for(&self, kept: &mut Option<(u64, Arc<Snapshot>)>) -> Arc<Snapshot> {
-        let swaps = self.swaps.load(Acquire);
-        match kept {
-            Some((n, s)) if *n == swaps => s.clone(),
-            _ => {
-                let s = self.current.load_full();
-                *kept = Some((swaps, s.clone()));
-                s
-            }
-        }
-    }
-
-    /// Whether a snapshot kept by [`Shared::snapshot_for`] is still the current one.
-    pub fn is_current(&self, kept: &Option<(u64, Arc<Snapshot>)>) -> bool {
-        kept.as_ref()
-            .is_some_and(|(n, _)| *n == self.swaps.load(Acquire))
-    }
-
-    fn store(&self, snapshot: Snapshot) {
-        self.current.store(Arc::new(snapshot));
-        self.swaps.fetch_add(1, Release);
-    }
-}
 
 /// Options fixed for the life of the process.
 #[derive(Debug, Clone)]
@@ -538,9 +383,14 @@ impl Runtime {
                     match crate::tls::listener_configs(t, &path, early) {
                         Ok(c) => {
                             let quic = c.quic.and_then(|q| {
-                                crate::h3::server_config(q, &config.http3, &config.limits, &path)
-                                    .map_err(|e| errors.push(e))
-                                    .ok()
+                                crate::listen::quic::server_config(
+                                    q,
+                                    &config.http3,
+                                    &config.limits,
+                                    &path,
+                                )
+                                .map_err(|e| errors.push(e))
+                                .ok()
                             });
                             (Some(c.tcp), quic)
                         }
@@ -585,7 +435,7 @@ impl Runtime {
             if sockets.l4udp.contains_key(&key) || fresh_l4udp.contains_key(&key) {
                 continue;
             }
-            let sock = crate::h3::bind_udp(key.0).map_err(|source| ApplyError::Bind {
+            let sock = crate::listen::quic::bind_udp(key.0).map_err(|source| ApplyError::Bind {
                 index: *i,
                 name: l.name.clone(),
                 addr: key.0,
@@ -621,7 +471,8 @@ impl Runtime {
                         .or_else(|| fresh.get(&key).and_then(local_port))
                         .unwrap_or(l.port);
                     let addr = SocketAddr::new(key.0.ip(), port);
-                    let sock = crate::h3::bind_udp(addr).map_err(|e| bind_err(addr, e))?;
+                    let sock =
+                        crate::listen::quic::bind_udp(addr).map_err(|e| bind_err(addr, e))?;
                     fresh_udp.insert(key, sock);
                 }
                 continue;
@@ -633,7 +484,7 @@ impl Runtime {
                     break (tcp, None);
                 }
                 let addr = SocketAddr::new(key.0.ip(), local_port(&tcp).unwrap_or(l.port));
-                match crate::h3::bind_udp(addr) {
+                match crate::listen::quic::bind_udp(addr) {
                     Ok(u) => break (tcp, Some(u)),
                     Err(e) if key.0.port() == 0 && tries < 8 => {
                         tries += 1;
@@ -655,11 +506,13 @@ impl Runtime {
                 continue;
             };
             let addr = sock.local_addr().unwrap_or(key.0);
-            let ep = crate::h3::endpoint(sock, cfg.clone()).map_err(|source| ApplyError::Bind {
-                index: *i,
-                name: l.name.clone(),
-                addr,
-                source,
+            let ep = crate::listen::quic::endpoint(sock, cfg.clone()).map_err(|source| {
+                ApplyError::Bind {
+                    index: *i,
+                    name: l.name.clone(),
+                    addr,
+                    source,
+                }
             })?;
             fresh_quic.insert(key, ep);
         }
@@ -709,12 +562,12 @@ impl Runtime {
                         .map(|t| Arc::new(crate::tls::SniScopes::new(&t.certificates))),
                     limit,
                     alt_svc: h3_up.then(|| {
-                        crate::h3::alt_svc(
+                        crate::listen::quic::alt_svc(
                             l.advertised_port.unwrap_or(port),
                             config.http3.alt_svc_max_age.get(),
                         )
                     }),
-                    l4: crate::l4::L4Listener::compile(l),
+                    l4: crate::router::l4::L4Listener::compile(l),
                     proxy_protocol: crate::proxy_protocol::Expect::for_listener(
                         &config.client_ip,
                         &l.name,
@@ -760,7 +613,7 @@ impl Runtime {
         for (key, sock) in fresh {
             let local = sock.local_addr().unwrap_or(key.0);
             let (stop, stop_rx) = watch::channel(false);
-            let task = tokio::spawn(crate::server::run_tcp(
+            let task = tokio::spawn(crate::listen::tcp::run_tcp(
                 self.shared.clone(),
                 sock,
                 key.clone(),
@@ -784,7 +637,7 @@ impl Runtime {
         for (key, endpoint) in fresh_quic {
             let local = endpoint.local_addr().unwrap_or(key.0);
             let (stop, stop_rx) = watch::channel(false);
-            let task = tokio::spawn(crate::h3::run_quic(
+            let task = tokio::spawn(crate::listen::quic::run_quic(
                 self.shared.clone(),
                 endpoint.clone(),
                 key.clone(),
@@ -801,7 +654,7 @@ impl Runtime {
         for (key, sock) in fresh_l4udp {
             let local = sock.local_addr().unwrap_or(key.0);
             let (stop, stop_rx) = watch::channel(false);
-            let task = tokio::spawn(crate::l4::udp::run_udp(
+            let task = tokio::spawn(crate::listen::l4::udp::run_udp(
                 self.shared.clone(),
                 Arc::new(sock),
                 key.clone(),
@@ -887,11 +740,6 @@ impl Runtime {
     }
 }
 
-/// Identifies a listening socket across reloads: its configured address and port, plus the
-/// listener name for port 0 (an ephemeral port, used by tests), where the address alone
-/// does not identify the socket.
-pub type BindKey = (SocketAddr, Option<Arc<str>>);
-
 fn bind_key(l: &sweety_config::Listener) -> BindKey {
     let ip: IpAddr = l.address.parse().unwrap_or(IpAddr::from([0, 0, 0, 0]));
     let name = (l.port == 0).then(|| Arc::<str>::from(l.name.as_str()));
@@ -916,30 +764,6 @@ fn bind_tcp(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
     sock.bind(&addr.into())?;
     sock.listen(4096)?;
     tokio::net::TcpListener::from_std(sock.into())
-}
-
-/// A hyper connection builder configured from the limits.
-fn http_builder(limits: &Limits) -> hyper_util::server::conn::auto::Builder<StreamExecutor> {
-    let mut b = hyper_util::server::conn::auto::Builder::new(StreamExecutor);
-    b.http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_read_timeout.get())
-        .max_buf_size((limits.max_header_bytes as usize).max(8192))
-        .keep_alive(true);
-    b.http2()
-        .timer(TokioTimer::new())
-        .max_concurrent_streams(limits.max_concurrent_streams)
-        .max_pending_accept_reset_streams(limits.max_pending_reset_streams as usize)
-        .max_local_error_reset_streams(limits.max_pending_reset_streams as usize)
-        .max_header_list_size(limits.max_header_bytes)
-        .initial_stream_window_size(256 * 1024)
-        .initial_connection_window_size(1024 * 1024)
-        .max_send_buf_size(256 * 1024)
-        .keep_alive_interval(Some(limits.idle_timeout.get()))
-        .keep_alive_timeout(std::time::Duration::from_secs(20))
-        // RFC 8441 extended CONNECT, for WebSocket over HTTP/2.
-        .enable_connect_protocol();
-    b
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 //! upstream connection or a response body for ever. Any accepted byte restarts the clock.
 //!
 //! [`SendProgress`] wraps the connection's transport below HTTP/1.1, both HTTP/2 engines and
-//! TLS; HTTP/3 bounds each response write the same way (see `crate::h3`).
+//! TLS; HTTP/3 bounds each response write the same way (see `crate::listen::quic`).
 
 use std::io;
 use std::pin::Pin;

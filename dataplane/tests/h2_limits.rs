@@ -908,7 +908,7 @@ async fn serve_recorded(
         sni: None,
     });
     let snap = h.runtime.shared.snapshot();
-    let settings = sweety_dataplane::server::h2_settings(&snap.config.limits);
+    let settings = sweety_dataplane::listen::tcp::h2_settings(&snap.config.limits);
     drop(snap);
     let (tx, stop) = tokio::sync::watch::channel(false);
     let shared = h.runtime.shared.clone();

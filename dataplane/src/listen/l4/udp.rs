@@ -5,7 +5,7 @@
 //! counted (`udp_session_limit`, `udp_connection_limit` in `sweety_edge_events_total`).
 
 use crate::limits::ConnPermit;
-use crate::runtime::{BindKey, Shared};
+use crate::state::{BindKey, Shared};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};

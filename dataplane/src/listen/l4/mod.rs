@@ -3,7 +3,7 @@
 //! and forwards the plaintext), TCP proxying and UDP proxying with a bounded session table.
 //!
 //! TCP and TLS-passthrough connections come through the same accept loop as HTTP
-//! ([`crate::server::run_tcp`]), so they hold a slot of `limits.max_connections` and follow
+//! ([`crate::listen::tcp::run_tcp`]), so they hold a slot of `limits.max_connections` and follow
 //! hot reloads the same way: the socket is kept while a listener with the same bind key
 //! exists, and each new connection uses the routes of the current snapshot. UDP listeners
 //! run [`udp::run_udp`]; each UDP session holds a connection slot too.
@@ -11,87 +11,17 @@
 pub mod sni;
 pub mod udp;
 
-use crate::runtime::{ListenerView, Shared};
-use crate::tls::SniScopes;
+use crate::state::{ListenerView, Shared};
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
-use sweety_config::{Listener, ListenerProtocol, WeightedBackend};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 
 /// Copy buffer per direction of a TCP proxy connection, bytes.
 const COPY_BUF: usize = 16 * 1024;
-
-/// One compiled layer-4 route.
-#[derive(Debug)]
-pub struct L4RouteRt {
-    /// Route name.
-    pub name: Arc<str>,
-    /// Terminate TLS here and forward the plaintext (`tls` listeners).
-    pub terminate: bool,
-    /// Backends by weight.
-    pub backends: Vec<WeightedBackend>,
-}
-
-/// The layer-4 part of a listener.
-#[derive(Debug)]
-pub struct L4Listener {
-    /// Protocol (`tcp`, `udp`, `tls_passthrough` or `tls`).
-    pub protocol: ListenerProtocol,
-    /// Routes in config order.
-    pub routes: Vec<L4RouteRt>,
-    /// Route index by SNI (the same exact / longest-wildcard / catch-all matching as the
-    /// certificate scopes of HTTPS listeners).
-    by_sni: SniScopes,
-}
-
-impl L4Listener {
-    /// Compiles the routes of an L4 listener; `None` for HTTP(S) listeners.
-    pub fn compile(l: &Listener) -> Option<Arc<L4Listener>> {
-        if !l.protocol.is_l4() {
-            return None;
-        }
-        let routes = l
-            .l4_routes
-            .iter()
-            .map(|r| L4RouteRt {
-                name: r.name.as_str().into(),
-                terminate: r.terminate && l.protocol == ListenerProtocol::Tls,
-                backends: r.backends.clone(),
-            })
-            .collect();
-        Some(Arc::new(L4Listener {
-            protocol: l.protocol,
-            routes,
-            by_sni: SniScopes::from_hostnames(l.l4_routes.iter().map(|r| r.hostnames.as_slice())),
-        }))
-    }
-
-    /// Whether connections start with a ClientHello that picks the route.
-    pub fn routes_by_sni(&self) -> bool {
-        matches!(
-            self.protocol,
-            ListenerProtocol::TlsPassthrough | ListenerProtocol::Tls
-        )
-    }
-
-    /// The route for a connection with this SNI: an exact name first, then the longest
-    /// matching wildcard, then a route without hostnames. TCP and UDP listeners use their
-    /// first route.
-    pub fn route(&self, sni: Option<&str>) -> Option<&L4RouteRt> {
-        if !self.routes_by_sni() {
-            return self.routes.first();
-        }
-        let i = match sni {
-            Some(name) => self.by_sni.scope(name),
-            None => self.by_sni.any(),
-        }?;
-        self.routes.get(i)
-    }
-}
 
 /// Reads the start of a TLS connection until the ClientHello is complete (at most `max`
 /// bytes); returns the bytes read (to be replayed to the backend) and the SNI.
@@ -381,40 +311,5 @@ where
                 touch();
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn listener(routes: serde_json::Value) -> Arc<L4Listener> {
-        let l: Listener = serde_json::from_value(serde_json::json!({
-            "name": "tls", "port": 0, "protocol": "tls_passthrough", "l4_routes": routes,
-        }))
-        .unwrap();
-        L4Listener::compile(&l).unwrap()
-    }
-
-    #[test]
-    fn sni_routing_precedence() {
-        let b = serde_json::json!([{"backend": "x"}]);
-        let l = listener(serde_json::json!([
-            {"name": "wild", "hostnames": ["*.example.com"], "backends": b},
-            {"name": "deep", "hostnames": ["*.api.example.com"], "backends": b},
-            {"name": "exact", "hostnames": ["www.example.com"], "backends": b},
-            {"name": "any", "backends": b},
-        ]));
-        let name = |sni: Option<&str>| l.route(sni).map(|r| r.name.to_string());
-        assert_eq!(name(Some("www.example.com")).as_deref(), Some("exact"));
-        assert_eq!(name(Some("a.example.com")).as_deref(), Some("wild"));
-        assert_eq!(name(Some("v1.api.example.com")).as_deref(), Some("deep"));
-        assert_eq!(name(Some("example.com")).as_deref(), Some("any"));
-        assert_eq!(name(None).as_deref(), Some("any"));
-        let strict = listener(serde_json::json!([
-            {"name": "only", "hostnames": ["a.test"], "backends": b},
-        ]));
-        assert!(strict.route(Some("b.test")).is_none());
-        assert!(strict.route(None).is_none());
     }
 }

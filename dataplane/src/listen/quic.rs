@@ -24,7 +24,7 @@
 use crate::body::{Body, BoxError};
 use crate::ctx::{ConnInfo, EarlyData, Protocol};
 use crate::limits::ConnPermit;
-use crate::runtime::{BindKey, ListenerView, Shared};
+use crate::state::{BindKey, ListenerView, Shared};
 use crate::static_files::ReadChunk;
 use bytes::{Buf, Bytes};
 use h3::server::RequestStream;
@@ -183,7 +183,7 @@ pub async fn run_quic(
             max_header_bytes: snap.config.limits.max_header_bytes.into(),
             static_chunk: snap.config.http3.static_chunk_size as usize,
             send_timeout: snap.config.limits.send_timeout.get(),
-            max_per_client: crate::server::per_client_cap(
+            max_per_client: crate::listen::tcp::per_client_cap(
                 &snap.access,
                 snap.config.limits.max_connections_per_client,
                 peer_of(&incoming).ip(),
