@@ -1,8 +1,8 @@
 //! The listeners: accept loops and protocol adapters that turn connections into requests for
 //! the pipeline ([`tcp`]: HTTP/1.1 and HTTP/2 over TCP and TLS, h2c detection, PROXY
 //! protocol; [`quic`]: HTTP/3 over QUIC; [`l4`]: TCP, TLS-passthrough and UDP proxying).
-//! Started and drained by `runtime` (the reload side); they read [`crate::state`] and call
-//! [`crate::pipeline`], never `runtime` or `control`.
+//! Started and drained by `reload`; they read [`crate::state`] and call
+//! [`crate::pipeline`], never `reload` or `control`.
 
 pub mod l4;
 pub mod quic;
