@@ -32,6 +32,12 @@ use http_body::{Frame, SizeHint};
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+/// Request extension: this HTTP/1.1 request had both `Content-Length` and `Transfer-Encoding`
+/// on the wire (hyper removed the first); set by the connection's wire tracker
+/// (`listen::h1_wire`), refused here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConflictingFraming;
+
 /// Why a request has no single identity (answered 400).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum IdentityError {
@@ -204,6 +210,11 @@ fn framing(req: &mut Request<Body>, protocol: Protocol) -> Result<(), IdentityEr
             return Err(IdentityError::BadContentLength);
         }
         declared = Some(n);
+    }
+    // hyper removes `Content-Length` from an HTTP/1.1 head that also has
+    // `Transfer-Encoding`; the connection's wire tracker marks such a request.
+    if req.extensions().get::<ConflictingFraming>().is_some() {
+        return Err(IdentityError::BadTransferEncoding);
     }
     let mut te = h.get_all(header::TRANSFER_ENCODING).iter();
     if let Some(first) = te.next() {

@@ -402,9 +402,14 @@ fn reaches_admin(path: &str) -> bool {
 }
 
 /// The two-host config: `a.test` denies `/admin` and requests with `x-hop` (a fixed 403) and
-/// proxies the rest, `b.test` proxies everything; each proxy route sets `x-route` to its host.
-/// A catch-all vhost proxies any other host with an `x-route` no Host matches.
-fn config(backend_addr: SocketAddr, engine: Http2Engine) -> (Config, String) {
+/// proxies the rest, `b.test` serves `/files` from `root` (static) and proxies the rest; each
+/// proxy route sets `x-route` to its host. A catch-all vhost proxies any other host with an
+/// `x-route` no Host matches.
+fn config(
+    backend_addr: SocketAddr,
+    engine: Http2Engine,
+    root: &std::path::Path,
+) -> (Config, String) {
     let names = ["a.test", "b.test"];
     let (c, k) = sweety_dataplane::tls::self_signed(&names).unwrap();
     let cert = Certificate {
@@ -436,6 +441,19 @@ fn config(backend_addr: SocketAddr, engine: Http2Engine) -> (Config, String) {
         value: "1".into(),
         kind: MatchKind::Exact,
     }];
+    // A static route (a POST there is 405 once routed: a framing refusal must come first).
+    let files = Route {
+        action: Action::Static(StaticSite {
+            root: root.to_path_buf(),
+            index: vec![],
+            try_files: vec![],
+            precompressed: false,
+            cache_control: None,
+            strip_prefix: Some("/files".into()),
+            hide_dotfiles: true,
+        }),
+        ..fixed_route("b-files", "/files", "")
+    };
     let cfg = Config {
         generation: 1,
         listeners: vec![
@@ -452,7 +470,7 @@ fn config(backend_addr: SocketAddr, engine: Http2Engine) -> (Config, String) {
         ],
         virtual_hosts: vec![
             vhost("a", &["a.test"], vec![deny, hop, tagged("a-all", "a.test")]),
-            vhost("b", &["b.test"], vec![tagged("b-all", "b.test")]),
+            vhost("b", &["b.test"], vec![files, tagged("b-all", "b.test")]),
             // Any other host (none, or one that lost its identity) is proxied too, tagged
             // with a name no Host can equal: reaching the backend through it is a violation.
             vhost("any", &[], vec![tagged("any-all", "no host")]),
@@ -474,6 +492,9 @@ enum Expect {
     Refused,
     /// Answered by the `/admin` deny route (403) or refused; nothing reaches the backend.
     Denied,
+    /// 400 (or a stream or connection error), whatever the route would have answered;
+    /// nothing reaches the backend.
+    BadRequest,
     /// 200, exactly one backend request: this path, this host, this body length.
     Served(&'static str, &'static str, usize),
     /// Only the invariants (and at most one backend request).
@@ -492,6 +513,7 @@ enum Outcome {
 
 struct Env {
     h: Harness,
+    _root: tempfile::TempDir,
     log: Shared,
     web: SocketAddr,
     tls: SocketAddr,
@@ -502,12 +524,15 @@ impl Env {
     async fn start(engine: Http2Engine) -> Env {
         let log: Shared = Arc::default();
         let be = recording_backend(log.clone()).await;
-        let (cfg, ca) = config(be, engine);
+        let root = tempfile::tempdir().unwrap();
+        std::fs::write(root.path().join("f.txt"), b"file\n").unwrap();
+        let (cfg, ca) = config(be, engine, root.path());
         let h = Harness::start(cfg).await;
         let web = h.addr("web").await;
         let tls = h.addr("tls").await;
         Env {
             h,
+            _root: root,
             log,
             web,
             tls,
@@ -535,9 +560,10 @@ impl Env {
             Outcome::Error(_) => None,
         };
         match expect {
-            Expect::Refused | Expect::Denied => {
+            Expect::Refused | Expect::Denied | Expect::BadRequest => {
                 let ok_status = match expect {
                     Expect::Denied => status.is_none_or(|s| s == 403 || s == 400),
+                    Expect::BadRequest => status.is_none_or(|s| s == 400),
                     _ => status.is_none_or(|s| s >= 400),
                 };
                 if !ok_status {
@@ -627,11 +653,16 @@ fn h1_rows() -> Vec<Row<Vec<u8>>> {
         ("asterisk form", r("OPTIONS * HTTP/1.1\r\nHost: a.test\r\n\r\n"), Any),
         ("query-only target", r("GET ?x HTTP/1.1\r\nHost: a.test\r\n\r\n"), Refused),
         // Smuggling corpus.
-        // TE with CL: hyper drops the Content-Length, reads the chunked body and closes the
-        // connection after the response (RFC 9112 §6.3); the backend gets the chunked reading
-        // only and the leftover byte never becomes a request.
-        ("CL.TE", r("POST /x HTTP/1.1\r\nHost: a.test\r\nContent-Length: 6\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\nG"), Served("/x", "a.test", 0)),
-        ("TE.CL", r("POST /x HTTP/1.1\r\nHost: a.test\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n8\r\nSMUGGLED\r\n0\r\n\r\n"), Served("/x", "a.test", 8)),
+        // TE with CL: refused with 400 on every route kind, as HAProxy and nginx do (RFC 9112
+        // §6.1; hyper alone would drop the Content-Length and serve the chunked reading).
+        ("CL.TE", r("POST /x HTTP/1.1\r\nHost: a.test\r\nContent-Length: 6\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\nG"), BadRequest),
+        ("TE.CL", r("POST /x HTTP/1.1\r\nHost: a.test\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n8\r\nSMUGGLED\r\n0\r\n\r\n"), BadRequest),
+        ("TE first then CL", r("POST /x HTTP/1.1\r\nHost: a.test\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n8\r\nSMUGGLED\r\n0\r\n\r\n"), BadRequest),
+        ("CL zero with TE", r("POST /x HTTP/1.1\r\nHost: a.test\r\nContent-Length: 0\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"), BadRequest),
+        ("CL.TE on a fixed reply", r("POST /admin HTTP/1.1\r\nHost: a.test\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"), BadRequest),
+        ("CL.TE on a static route", r("POST /files/f.txt HTTP/1.1\r\nHost: b.test\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"), BadRequest),
+        ("CL.TE GET on a static route", r("GET /files/f.txt HTTP/1.1\r\nHost: b.test\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"), BadRequest),
+        ("CL.TE on no route's host", r("POST /x HTTP/1.1\r\nHost: c.test\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n0\r\n\r\n"), BadRequest),
         ("TE.TE chunked then identity", r("POST /x HTTP/1.1\r\nHost: a.test\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: identity\r\n\r\n5\r\nhello\r\n0\r\n\r\n"), Refused),
         ("TE xchunked with CL", r("POST /x HTTP/1.1\r\nHost: a.test\r\nContent-Length: 5\r\nTransfer-Encoding: xchunked\r\n\r\nhello"), Refused),
         ("TE space before colon", r("POST /x HTTP/1.1\r\nHost: a.test\r\nContent-Length: 5\r\nTransfer-Encoding : chunked\r\n\r\n0\r\n\r\n"), Refused),
@@ -682,6 +713,53 @@ async fn http1_hostile_requests_meet_the_backend_oracle() {
         async |env: &Env, bytes: &Vec<u8>| h1_raw(env.web, bytes.clone()).await,
     )
     .await;
+}
+
+/// Every response on one connection until it closes (or [`ROW`] passes): their statuses.
+async fn h1_statuses(addr: SocketAddr, bytes: &[u8]) -> Vec<u16> {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(bytes).await.unwrap();
+    let mut buf = BytesMut::new();
+    let deadline = tokio::time::Instant::now() + ROW;
+    while let Ok(Ok(n)) = tokio::time::timeout_at(deadline, s.read_buf(&mut buf)).await {
+        if n == 0 {
+            break;
+        }
+    }
+    let mut out = Vec::new();
+    loop {
+        let mut fields = [httparse::EMPTY_HEADER; 32];
+        let mut resp = httparse::Response::new(&mut fields);
+        let Ok(httparse::Status::Complete(n)) = resp.parse(&buf) else {
+            return out;
+        };
+        let len: usize = resp
+            .headers
+            .iter()
+            .find(|h| h.name.eq_ignore_ascii_case("content-length"))
+            .and_then(|h| std::str::from_utf8(h.value).ok()?.parse().ok())
+            .unwrap_or(0);
+        out.push(resp.code.unwrap_or(0));
+        buf.advance((n + len).min(buf.len()));
+    }
+}
+
+/// The framing conflict on a kept-alive connection: the requests before it are served, it
+/// is refused with 400 (not answered by its route) and nothing after it is read.
+#[tokio::test]
+async fn http1_a_framing_conflict_after_served_requests_is_refused_and_ends_the_connection() {
+    let env = Env::start(Http2Engine::Sweety).await;
+    let pipelined = b"GET /files/f.txt HTTP/1.1\r\nHost: b.test\r\n\r\n\
+        POST /x HTTP/1.1\r\nHost: a.test\r\nContent-Length: 3\r\n\r\nabc\
+        POST /files/f.txt HTTP/1.1\r\nHost: b.test\r\nTransfer-Encoding: chunked\r\n\
+        Content-Length: 40\r\n\r\n0\r\n\r\nGET /x HTTP/1.1\r\nHost: a.test\r\n\r\n";
+    let statuses = h1_statuses(env.web, pipelined).await;
+    let seen = std::mem::take(&mut env.log.lock().unwrap().seen);
+    assert_eq!(statuses, [200, 200, 400], "backend saw {seen:?}");
+    assert!(
+        matches!(seen.as_slice(), [s] if s.path == "/x" && s.body == 3),
+        "only the second request reaches the backend: {seen:?}"
+    );
 }
 
 /// One raw HTTP/2 request: pseudo-fields and fields as literals, then DATA frames (the
@@ -805,6 +883,12 @@ fn h2_rows() -> Vec<Row<H2Req>> {
             with(get("/x"), vec![("host", b"a.test")]),
             vec![],
             Served("/x", "a.test", 0),
+        ),
+        row(
+            "authority and two hosts",
+            with(get("/x"), vec![("host", b"a.test"), ("host", b"b.test")]),
+            vec![],
+            Refused,
         ),
         row(
             "host only",
@@ -1017,6 +1101,38 @@ fn h3_rows() -> Vec<Row<H3Req>> {
             "https://a.test/x",
             vec![("host", "b.test")],
             vec![],
+            Refused,
+        ),
+        row(
+            "authority and host agree",
+            "GET",
+            "https://a.test/x",
+            vec![("host", "a.test")],
+            vec![],
+            Served("/x", "a.test", 0),
+        ),
+        row(
+            "authority and two hosts",
+            "GET",
+            "https://a.test/x",
+            vec![("host", "a.test"), ("host", "b.test")],
+            vec![],
+            Refused,
+        ),
+        row(
+            "two content-lengths",
+            "POST",
+            "https://a.test/x",
+            vec![("content-length", "5"), ("content-length", "6")],
+            vec![b"hello"],
+            Refused,
+        ),
+        row(
+            "transfer-encoding chunked",
+            "POST",
+            "https://a.test/x",
+            vec![("transfer-encoding", "chunked")],
+            vec![b"hello"],
             Refused,
         ),
         row(

@@ -456,16 +456,23 @@ async fn serve_http<I>(
     });
     let tracked = activity.clone();
     let metrics = shared.clone();
-    let service = hyper::service::service_fn(move |req: http::Request<Incoming>| {
+    // HTTP/1.1 framing hyper does not report (both Content-Length and Transfer-Encoding).
+    let wire = super::h1_wire::Wire::new();
+    let io = TokioIo::new(super::h1_wire::Observed::new(io.into_inner(), wire.clone()));
+    let service = hyper::service::service_fn(move |mut req: http::Request<Incoming>| {
         let shared = shared.clone();
         let conn = conn.clone();
         let open = tracked.as_ref().map(|a| a.start());
+        let protocol = if req.version() == http::Version::HTTP_2 {
+            Protocol::Http2
+        } else {
+            Protocol::Http1
+        };
+        if protocol == Protocol::Http1 && wire.next_request() {
+            req.extensions_mut()
+                .insert(crate::identity::ConflictingFraming);
+        }
         async move {
-            let protocol = if req.version() == http::Version::HTTP_2 {
-                Protocol::Http2
-            } else {
-                Protocol::Http1
-            };
             let resp =
                 crate::pipeline::handle(shared, conn, protocol, req.map(crate::body::boxed)).await;
             Ok::<_, Infallible>(match open {

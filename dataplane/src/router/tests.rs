@@ -1506,3 +1506,162 @@ fn bench_host_lookup() {
         );
     }
 }
+
+// ---- router and path normaliser together ----
+
+mod with_normaliser {
+    //! The router matches the normalised path and the backend receives it (issue 16): for
+    //! generated hostile paths, the route chosen for the normalised path is the route a
+    //! lenient backend's reading of it would get (it decodes every escape, reads `\` as `/`,
+    //! merges slashes and resolves dot segments), so a rule on `/admin` cannot be skipped by
+    //! a spelling the backend reads as `/admin`. Under `escaped_slashes: keep` or
+    //! `merge_slashes: false` they may disagree, and only for a path that carries an encoded
+    //! slash or an empty segment (those settings' documented trade-offs).
+    use super::*;
+    use crate::path_norm::{normalize, EscapedSlashes, PathNormalization};
+    use proptest::prelude::{prop_assert, prop_oneof, proptest, Just, Strategy};
+    use proptest::test_runner::Config as ProptestConfig;
+
+    fn table() -> &'static RouteTable {
+        static TABLE: std::sync::OnceLock<RouteTable> = std::sync::OnceLock::new();
+        TABLE.get_or_init(build)
+    }
+
+    fn build() -> RouteTable {
+        RouteTable::build(&config(super::any(vec![
+            route("all", vec![prefix("/")]),
+            route("admin", vec![prefix("/admin")]),
+            route("admin-exact", vec![exact("/admin/exact")]),
+            route("admin-re", vec![regex("/x/admin(/.*)?")]),
+            route("xy", vec![prefix("/x/y")]),
+        ])))
+        .unwrap()
+    }
+
+    fn route_of(t: &RouteTable, path: &str) -> String {
+        let method = http::Method::GET;
+        let headers = http::HeaderMap::new();
+        let head = RequestHead {
+            listener: "http",
+            host: "example.com",
+            method: &method,
+            path,
+            query: None,
+            headers: &headers,
+        };
+        match t.lookup(&head) {
+            Lookup::Matched(m) => m.entry.name.to_string(),
+            other => format!("{other:?}"),
+        }
+    }
+
+    /// A lenient backend's reading of a path.
+    fn lenient(path: &str) -> String {
+        let decoded = percent_encoding::percent_decode_str(path)
+            .decode_utf8_lossy()
+            .replace('\\', "/");
+        let mut out: Vec<&str> = Vec::new();
+        for s in decoded.split('/') {
+            match s {
+                "" | "." => {}
+                ".." => {
+                    out.pop();
+                }
+                s => out.push(s),
+            }
+        }
+        let mut p = format!("/{}", out.join("/"));
+        if decoded.ends_with('/') && p != "/" {
+            p.push('/');
+        }
+        p
+    }
+
+    fn hostile_path() -> impl Strategy<Value = String> {
+        let seg = prop_oneof![
+            Just("admin"),
+            Just("%61dmin"),
+            Just("adm%69n"),
+            Just("exact"),
+            Just("x"),
+            Just("y"),
+            Just("%79"),
+            Just("."),
+            Just(".."),
+            Just("%2e"),
+            Just("%2E%2e"),
+            Just(".%2e"),
+            Just(""),
+            Just("%2F"),
+            Just("%2f"),
+            Just("%5C"),
+            Just("\\"),
+            Just("%25"),
+            Just("%2561dmin"),
+            Just("a%20b"),
+        ];
+        proptest::collection::vec(proptest::collection::vec(seg, 1..3), 0..7).prop_map(|segs| {
+            let mut s = String::new();
+            for parts in segs {
+                s.push('/');
+                for p in parts {
+                    s.push_str(p);
+                }
+            }
+            if s.is_empty() {
+                s.push('/');
+            }
+            s
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        #[test]
+        fn the_route_of_the_normalised_path_is_the_route_of_what_the_backend_reads(
+            path in hostile_path(),
+            merge_slashes in proptest::bool::ANY,
+            escaped in prop_oneof![
+                Just(EscapedSlashes::Reject),
+                Just(EscapedSlashes::Decode),
+                Just(EscapedSlashes::Keep)
+            ],
+        ) {
+            let t = table();
+            let policy = PathNormalization { enabled: true, merge_slashes, escaped_slashes: escaped };
+            if let Ok(n) = normalize(&path, &policy) {
+                let routed = route_of(t, &n);
+                let backend = route_of(t, &lenient(&n));
+                // The two settings that keep a spelling a backend may read otherwise, by
+                // their documented trade-off: `merge_slashes: false` keeps `//`, and
+                // `escaped_slashes: keep` keeps `%2F`, `%5C` and `\`. With the defaults (and
+                // with `decode`) nothing may.
+                let excused = (!merge_slashes && n.contains("//"))
+                    || (escaped == EscapedSlashes::Keep
+                        && (n.contains("%2F") || n.contains("%5C") || n.contains('\\')));
+                prop_assert!(routed == backend || excused,
+                    "{path:?} -> {n:?}: routed {routed}, the backend reads {:?}: {backend}", lenient(&n));
+            }
+        }
+    }
+
+    /// Without normalisation the same spellings do skip the `/admin` rule: the property above
+    /// is not trivially true.
+    #[test]
+    fn raw_paths_would_disagree() {
+        let t = table();
+        for raw in [
+            "/%61dmin",
+            "//admin",
+            "/./admin",
+            "/x/../admin",
+            "/x/%2e%2e/admin",
+        ] {
+            assert_eq!(route_of(t, &lenient(raw)), "admin", "{raw}");
+            assert_ne!(route_of(t, raw), "admin", "{raw}");
+            let n = normalize(raw, &PathNormalization::default()).unwrap();
+            assert_eq!(route_of(t, &n), "admin", "{raw}");
+        }
+    }
+}

@@ -79,6 +79,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
                 resets: 0,
                 control: 0,
                 empty: 0,
+                glitches: 0,
             },
             cfg,
         }
@@ -499,8 +500,8 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
                 if payload.len() != 8 {
                     return Err(Fault::Conn(Reason::FRAME_SIZE_ERROR, "PING length"));
                 }
+                self.control_flood()?;
                 if !head.has(flag::ACK) {
-                    self.control_flood()?;
                     frame::put_ping_ack(&mut self.write_buf, payload);
                 }
                 Ok(())
@@ -512,6 +513,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
                 if payload.len() < 8 {
                     return Err(Fault::Conn(Reason::FRAME_SIZE_ERROR, "GOAWAY length"));
                 }
+                self.control_flood()?;
                 // The client closes the connection when its streams are done (the idle
                 // timeout bounds the wait); nothing to change here.
                 let code = u32::from_be_bytes([payload[4], payload[5], payload[6], payload[7]]);
@@ -522,8 +524,8 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
             }
             kind::WINDOW_UPDATE => self.on_window_update(head, payload),
             kind::CONTINUATION => self.on_continuation(head, payload),
-            // Unknown frame types are ignored (RFC 9113 §4.1).
-            _ => Ok(()),
+            // Unknown frame types are ignored (RFC 9113 §4.1), and counted.
+            _ => self.glitch(),
         }
     }
 
@@ -536,7 +538,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
                 return Err(Fault::Conn(Reason::FRAME_SIZE_ERROR, "SETTINGS ACK length"));
             }
             self.settings_acked = true;
-            return Ok(());
+            return self.control_flood();
         }
         if !payload.len().is_multiple_of(6) {
             return Err(Fault::Conn(Reason::FRAME_SIZE_ERROR, "SETTINGS length"));

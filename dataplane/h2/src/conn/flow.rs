@@ -33,8 +33,9 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
         let Some(s) = self.streams.get_mut(&id) else {
             self.conn_release += len;
             if self.locally_reset_set.contains(&id) {
-                // Sent before the client saw our RST_STREAM: the window is credited back.
-                return Ok(());
+                // Sent before the client saw our RST_STREAM: the window is credited back
+                // (and counted: the stream's window bounds the bytes, not the frames).
+                return self.glitch();
             }
             if self.is_idle(id) {
                 return Err(Fault::Conn(
@@ -154,7 +155,8 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
             ));
         }
         let Some(s) = self.streams.get_mut(&head.stream) else {
-            return Ok(());
+            // A closed stream's: nothing to do.
+            return self.glitch();
         };
         if inc == 0 {
             return Err(Fault::Stream(head.stream, Reason::PROTOCOL_ERROR));

@@ -1,5 +1,13 @@
-//! Flood guards: per-connection, per-second counters of resets, control frames and empty
-//! frames; past a limit the connection ends with GOAWAY ENHANCE_YOUR_CALM.
+//! Flood guards: per-connection, per-second counters of resets, control frames, empty
+//! frames and glitches; past a limit the connection ends with GOAWAY ENHANCE_YOUR_CALM.
+//!
+//! A glitch is a frame that costs the server a read, a parse and a lookup but delivers
+//! nothing: an unknown frame type (ignored, RFC 9113 §4.1), WINDOW_UPDATE or RST_STREAM on a
+//! stream already closed, DATA or trailers on a stream we reset (credited back and dropped).
+//! Each is legal once; a client that sends them by the thousand is using the connection to
+//! burn CPU (nghttp2 counts the same class as "glitches", HAProxy as `glitches`, Envoy limits
+//! frames without payload and control frames). Acknowledgements (SETTINGS and PING ACK) and a
+//! client's GOAWAY count as control frames.
 
 use super::*;
 
@@ -9,6 +17,7 @@ pub(super) struct Flood {
     pub(super) resets: u32,
     pub(super) control: u32,
     pub(super) empty: u32,
+    pub(super) glitches: u32,
 }
 
 impl Flood {
@@ -20,6 +29,7 @@ impl Flood {
             self.resets = 0;
             self.control = 0;
             self.empty = 0;
+            self.glitches = 0;
         }
         let c = which(self);
         *c += 1;
@@ -43,6 +53,18 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
         if self.flood.hit(|f| &mut f.empty, MAX_EMPTY_PER_SEC) {
             self.service.limit_hit("h2_empty_frame_flood");
             return Err(Fault::Conn(Reason::ENHANCE_YOUR_CALM, "empty frame flood"));
+        }
+        Ok(())
+    }
+
+    /// Counts a frame that delivered nothing (see the module docs).
+    pub(super) fn glitch(&mut self) -> FResult {
+        if self.flood.hit(|f| &mut f.glitches, MAX_GLITCHES_PER_SEC) {
+            self.service.limit_hit("h2_glitch_flood");
+            return Err(Fault::Conn(
+                Reason::ENHANCE_YOUR_CALM,
+                "flood of frames that do nothing",
+            ));
         }
         Ok(())
     }
@@ -73,6 +95,7 @@ mod tests {
             resets: 0,
             control: 0,
             empty: 0,
+            glitches: 0,
         };
         for _ in 0..3 {
             assert!(!f.hit(|f| &mut f.resets, 3));

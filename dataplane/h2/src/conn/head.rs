@@ -143,7 +143,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
             let _ = self.decode(block, true)?;
             if self.locally_reset_set.contains(&id) {
                 // Trailers of a stream we reset: decoded (the table stays in sync), dropped.
-                return Ok(());
+                return self.glitch();
             }
             if self.recently_closed.contains(&id) {
                 return Err(Fault::Conn(

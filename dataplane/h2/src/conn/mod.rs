@@ -20,7 +20,8 @@
 //! that mark (a client that does not read its responses stops being read);
 //! request bodies are bounded by the stream and connection windows we grant, re-opened only
 //! as the pipeline consumes them; header blocks by `limits.max_header_bytes`. Floods (rapid
-//! reset, SETTINGS/PING/PRIORITY, empty frames) are counted per connection per second and
+//! reset, SETTINGS/PING/PRIORITY/GOAWAY and acknowledgements, empty frames, frames that do
+//! nothing: see `guards`) are counted per connection per second and
 //! end the connection with GOAWAY ENHANCE_YOUR_CALM.
 
 use crate::body::{RecvBody, RecvShared, Signal, StreamWaker, Upgrade};
@@ -70,6 +71,8 @@ const EARLY_REFUSALS: u32 = 128;
 /// per second.
 const MAX_CONTROL_PER_SEC: u32 = 1_000;
 const MAX_EMPTY_PER_SEC: u32 = 200;
+/// Frames that deliver nothing (see `guards`) a client may send per second.
+const MAX_GLITCHES_PER_SEC: u32 = 1_000;
 
 /// The connection's settings (the dataplane makes them from the config's limits).
 #[derive(Debug, Clone)]

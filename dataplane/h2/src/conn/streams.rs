@@ -189,10 +189,11 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
             let unfinished = !matches!(s.resp, Resp::Done);
             self.drop_stream(head.stream, "stream reset by the client");
             if unfinished {
-                self.reset_flood()?;
+                return self.reset_flood();
             }
         }
-        Ok(())
+        // A closed or finished stream's: nothing to do.
+        self.glitch()
     }
 
     pub(super) fn enqueue(&mut self, id: u32) {

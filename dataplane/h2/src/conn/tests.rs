@@ -884,6 +884,128 @@ async fn a_reading_client_is_not_closed_as_dead() {
     );
 }
 
+/// What a connection did after a burst of frames: ended with GOAWAY (its code), or answered
+/// the PING sent after the burst (None).
+/// `setup` may open streams; the burst waits for the reset of the stream it names.
+async fn after_burst(
+    setup: impl Fn(&mut BytesMut) -> Option<u32>,
+    burst: impl Fn(&mut BytesMut),
+) -> Option<Reason> {
+    use tokio::io::AsyncWriteExt;
+    let mut c = pipe_driver_with(4 << 20, |s| s.max_resets_per_sec = 32).await;
+    let mut out = BytesMut::from(&frame::PREFACE[..]);
+    frame::put_settings(&mut out, &[]);
+    // Stream 1 is answered in full (closed); `setup` may open or get others reset.
+    out.extend_from_slice(&request(1, true));
+    let reset = setup(&mut out);
+    c.write_all(&out).await.unwrap();
+    let mut buf = BytesMut::new();
+    let (mut answered, mut was_reset) = (false, reset.is_none());
+    while !(answered && was_reset) {
+        let (h, _) = read_frame(&mut c, &mut buf)
+            .await
+            .expect("stream 1 answered");
+        answered |= h.kind == kind::DATA && h.stream == 1 && h.has(flag::END_STREAM);
+        was_reset |= h.kind == kind::RST_STREAM && Some(h.stream) == reset;
+    }
+    let mut out = BytesMut::new();
+    burst(&mut out);
+    frame::put_ping(&mut out, *b"sentinel");
+    // The driver may stop reading once it has ended the connection.
+    let _ = c.write_all(&out).await;
+    loop {
+        let (h, p) = read_frame(&mut c, &mut buf).await?;
+        if h.kind == kind::GOAWAY {
+            return Some(Reason(u32::from_be_bytes([p[4], p[5], p[6], p[7]])));
+        }
+        if h.kind == kind::PING && h.has(flag::ACK) && &p[..] == b"sentinel" {
+            return None;
+        }
+    }
+}
+
+/// Frames that cost the server work and deliver nothing, sent by the thousand, end the
+/// connection with GOAWAY ENHANCE_YOUR_CALM; 150 of each are served as usual.
+#[tokio::test]
+async fn floods_of_frames_that_do_nothing_end_with_enhance_your_calm() {
+    type Setup = fn(&mut BytesMut) -> Option<u32>;
+    type Put = fn(&mut BytesMut);
+    let nothing: Setup = |_| None;
+    // An upload that the service answers at once: the driver resets the stream after it.
+    let reset_upload: Setup = |out| {
+        out.extend_from_slice(&request(3, false));
+        Some(3)
+    };
+    let cases: [(&str, Setup, Put); 10] = [
+        ("unknown frame type", nothing, |out| {
+            frame::put_head(out, 0, 0x20, 0, 0)
+        }),
+        ("WINDOW_UPDATE on a closed stream", nothing, |out| {
+            frame::put_window_update(out, 1, 1)
+        }),
+        ("RST_STREAM on a closed stream", nothing, |out| {
+            frame::put_rst(out, 1, Reason::CANCEL)
+        }),
+        ("DATA on a stream we reset", reset_upload, |out| {
+            frame::put_data(out, 3, b"x", false)
+        }),
+        ("SETTINGS ACK", nothing, frame::put_settings_ack),
+        ("PING ACK", nothing, |out| {
+            frame::put_ping_ack(out, b"12345678")
+        }),
+        ("GOAWAY", nothing, |out| {
+            frame::put_goaway(out, 0, Reason::NO_ERROR, b"")
+        }),
+        ("PING", nothing, |out| frame::put_ping(out, *b"12345678")),
+        ("SETTINGS", nothing, |out| frame::put_settings(out, &[])),
+        ("empty DATA", reset_upload, |out| {
+            frame::put_data(out, 3, b"", false)
+        }),
+    ];
+    let mut fails = Vec::new();
+    for (name, setup, put) in cases {
+        let few = after_burst(setup, |out| {
+            for _ in 0..150 {
+                put(out)
+            }
+        })
+        .await;
+        if few.is_some() {
+            fails.push(format!("{name}: 150 ended the connection with {few:?}"));
+        }
+        let many = after_burst(setup, |out| {
+            for _ in 0..3_000 {
+                put(out)
+            }
+        })
+        .await;
+        if many != Some(Reason::ENHANCE_YOUR_CALM) {
+            fails.push(format!(
+                "{name}: 3,000 gave {many:?}, want ENHANCE_YOUR_CALM"
+            ));
+        }
+    }
+    assert!(fails.is_empty(), "{}", fails.join("\n"));
+}
+
+/// Streams opened and reset by the client at once (rapid reset, CVE-2023-44487) past
+/// `max_resets_per_sec`: GOAWAY ENHANCE_YOUR_CALM.
+#[tokio::test]
+async fn rapid_resets_end_with_enhance_your_calm() {
+    let got = after_burst(
+        |_| None,
+        |out| {
+            for i in 0..100u32 {
+                let id = 3 + 2 * i;
+                out.extend_from_slice(&request(id, false));
+                frame::put_rst(out, id, Reason::CANCEL);
+            }
+        },
+    )
+    .await;
+    assert_eq!(got, Some(Reason::ENHANCE_YOUR_CALM));
+}
+
 /// [`NotFound`], recording what the driver tells its service.
 struct Recording(Arc<Mutex<Vec<String>>>);
 
