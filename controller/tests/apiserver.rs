@@ -1709,7 +1709,7 @@ async fn end_to_end_gateway_is_programmed_after_the_dataplane_acks() {
     use sweety_controller::run::RunOptions;
     use sweety_controller::translate::Params;
     use sweety_dataplane::control::ControlServer;
-    use sweety_dataplane::runtime::{Runtime, RuntimeOptions};
+    use sweety_dataplane::reload::{Runtime, RuntimeOptions};
     let _guard = LOCK.lock().await;
     let client = cluster().await;
     let ns = namespace(&client, "e2e").await;
@@ -2320,7 +2320,7 @@ async fn tenant_hosts_follow_creation_order_and_fail_closed() {
     use sweety_controller::run::RunOptions;
     use sweety_controller::translate::Params;
     use sweety_dataplane::control::ControlServer;
-    use sweety_dataplane::runtime::{Runtime, RuntimeOptions};
+    use sweety_dataplane::reload::{Runtime, RuntimeOptions};
     let _guard = LOCK.lock().await;
     let client = cluster().await;
     let victim = namespace(&client, "victim").await;
@@ -2507,7 +2507,7 @@ async fn status_worker_is_rate_limited_and_catches_up_after_regaining_the_lease(
     use sweety_controller::status_worker::StatusOptions;
     use sweety_controller::translate::Params;
     use sweety_dataplane::control::ControlServer;
-    use sweety_dataplane::runtime::{Runtime, RuntimeOptions};
+    use sweety_dataplane::reload::{Runtime, RuntimeOptions};
     let _guard = LOCK.lock().await;
     let client = cluster().await;
     let ns = namespace(&client, "statusq").await;
@@ -2713,13 +2713,13 @@ fn tls_secret(name: &str, cert: &str, key: &str) -> Value {
 struct InProcessDataplane {
     dir: tempfile::TempDir,
     socket: std::path::PathBuf,
-    runtime: Arc<sweety_dataplane::runtime::Runtime>,
+    runtime: Arc<sweety_dataplane::reload::Runtime>,
     control: sweety_dataplane::control::ControlServer,
 }
 
 impl InProcessDataplane {
     fn start() -> InProcessDataplane {
-        use sweety_dataplane::runtime::{Runtime, RuntimeOptions};
+        use sweety_dataplane::reload::{Runtime, RuntimeOptions};
         let dir = tempfile::tempdir().unwrap();
         let socket = dir.path().join("control.sock");
         let runtime = Arc::new(

@@ -11,7 +11,7 @@ use sweety_config::*;
 use sweety_controller::config_items::ConfigItems;
 use sweety_controller::push::{PushOptions, PushState, Pusher};
 use sweety_dataplane::control::ControlServer;
-use sweety_dataplane::runtime::{Runtime, RuntimeOptions};
+use sweety_dataplane::reload::{Runtime, RuntimeOptions};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::sync::watch;
 

@@ -8,28 +8,26 @@
 //!   path is removed; anything else at the path is refused.
 //! * On connect the dataplane sends `Hello` with the generation and content hash it runs, so a
 //!   controller can skip a resend or resend after a dataplane restart.
-//! * `Apply` is validated in full and applied with [`Runtime::apply_with_hash`]; on any error
-//!   the last good config keeps serving and every error (with its path) goes back in the
-//!   `Nack`. Its per-item digests ([`Digests`]) are kept with it as the base of the next
-//!   `ApplyDelta`.
-//! * `ApplyDelta` names its base generation. It is applied onto the last config applied here
-//!   when that is the base and still serving; the result must hash to what the delta says,
-//!   then it is validated, built and swapped exactly like a full `Apply`. A base mismatch, a
-//!   delta that does not apply or an invalid result is `Nack`ed and the last good config keeps
-//!   serving; the controller then sends the full config.
+//! * This module only frames: it decodes `Apply` and `ApplyDelta` into a
+//!   [`Change`](crate::reload::Change), hands it to [`Runtime::apply`] (which validates,
+//!   builds and swaps, and keeps the base of the next delta) and answers `Ack`, or `Nack`
+//!   with every error (with its path); on any error the last good config keeps serving.
+//! * `ApplyDelta` names its base generation: it applies onto the config last pushed here
+//!   when that is the base and still serving, and the result must hash to what the delta
+//!   says. A base mismatch, a delta that does not apply or an invalid result is `Nack`ed;
+//!   the controller then sends the full config.
 //! * One controller connection at a time: a new connection *replaces* the previous one, which
 //!   is closed. A restarted (or newly elected) controller must never be locked out by a
 //!   half-dead old connection.
 
-use crate::runtime::Runtime;
+use crate::reload::{Change, Runtime};
 use std::io;
 use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
-use sweety_config::delta::{ConfigDelta, Digests, HashCache, ListEdit, NameIndex};
 use sweety_config::wire::{self, FrameHeader, FrameType, Hello, Message, HEADER_LEN};
-use sweety_config::{Config, Route};
+use sweety_config::Config;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::UnixStream;
 use tokio::task::JoinHandle;
@@ -49,41 +47,12 @@ pub struct ControlStats {
     pub deltas: AtomicU64,
 }
 
-/// The config last applied through this socket with its digests: the base of an
-/// `ApplyDelta`, which consumes it (unchanged items are moved into the result, not copied).
-/// Its virtual hosts carry no routes: the serving route table holds those (compiled, with the
-/// route itself), so keeping a second copy of thousands of routes would only cost memory; they
-/// are taken back from the table when a whole config is needed ([`with_routes`]). Its
-/// generation is `config.generation` ([`Base::generation`]).
-struct Base {
-    config: Config,
-    digests: Digests,
-    /// Position of each virtual host by name, kept in step with `config` by
-    /// [`ConfigDelta::apply_indexed`](sweety_config::delta::ConfigDelta::apply_indexed).
-    index: NameIndex,
-    /// Chunk digests of the tree hash, kept in step with `digests`.
-    cache: HashCache,
-    /// The serving snapshot's config when this one was applied: the base is only used while
-    /// that is still what serves.
-    serving: Arc<Config>,
-}
-
-impl Base {
-    /// The generation it was applied as.
-    fn generation(&self) -> u64 {
-        self.config.generation
-    }
-}
-
-type BaseSlot = std::sync::Mutex<Option<Base>>;
-
 /// A running control socket. Dropping it stops accepting, closes the controller connection
 /// and removes the socket file (if it is still the one this server created).
 pub struct ControlServer {
     path: PathBuf,
     inode: (u64, u64),
     stats: Arc<ControlStats>,
-    base: Arc<BaseSlot>,
     runtime: Arc<Runtime>,
     task: JoinHandle<()>,
 }
@@ -141,19 +110,12 @@ impl ControlServer {
         std_listener.set_nonblocking(true)?;
         let listener = tokio::net::UnixListener::from_std(std_listener)?;
         let stats = Arc::new(ControlStats::default());
-        let base: Arc<BaseSlot> = Arc::default();
-        let task = tokio::spawn(accept_loop(
-            runtime.clone(),
-            listener,
-            stats.clone(),
-            base.clone(),
-        ));
+        let task = tokio::spawn(accept_loop(runtime.clone(), listener, stats.clone()));
         tracing::info!(path = %path.display(), "control socket listening");
         Ok(ControlServer {
             path: path.to_path_buf(),
             inode: (meta.dev(), meta.ino()),
             stats,
-            base,
             runtime,
             task,
         })
@@ -170,14 +132,10 @@ impl ControlServer {
     }
 
     /// A copy of the whole config last applied over the socket (the base of the next delta),
-    /// with its generation; `None` before the first one or after a rejected delta.
+    /// with its generation; `None` before the first one or after a rejected delta
+    /// ([`Runtime::applied_config`]).
     pub fn applied_config(&self) -> Option<Config> {
-        let slot = self.base.lock().unwrap_or_else(|e| e.into_inner());
-        let b = slot.as_ref()?;
-        let serving = self.runtime.shared.snapshot();
-        let mut config = b.config.clone();
-        with_routes(&mut config, &serving.routes, &|_| true);
-        Some(config)
+        self.runtime.applied_config()
     }
 }
 
@@ -196,7 +154,6 @@ async fn accept_loop(
     runtime: Arc<Runtime>,
     listener: tokio::net::UnixListener,
     stats: Arc<ControlStats>,
-    base: Arc<BaseSlot>,
 ) {
     // Aborted together with this task (the guard is dropped with it).
     let mut current: Option<AbortOnDrop> = None;
@@ -213,9 +170,9 @@ async fn accept_loop(
         if current.take().is_some() {
             tracing::info!("a new controller connection replaces the previous one");
         }
-        let (rt, st, b) = (runtime.clone(), stats.clone(), base.clone());
+        let (rt, st) = (runtime.clone(), stats.clone());
         current = Some(AbortOnDrop(tokio::spawn(async move {
-            match session(&rt, &st, &b, stream).await {
+            match session(&rt, &st, stream).await {
                 Ok(()) => tracing::info!("controller disconnected"),
                 Err(e) => tracing::warn!(error = %e, "controller connection closed"),
             }
@@ -231,12 +188,7 @@ async fn send(w: &mut (impl tokio::io::AsyncWrite + Unpin), m: &Message) -> io::
     w.write_all(&m.encode().map_err(invalid)?).await
 }
 
-async fn session(
-    runtime: &Runtime,
-    stats: &ControlStats,
-    base: &BaseSlot,
-    stream: UnixStream,
-) -> io::Result<()> {
+async fn session(runtime: &Runtime, stats: &ControlStats, stream: UnixStream) -> io::Result<()> {
     let (rd, mut wr) = stream.into_split();
     // A small frame (an `ApplyDelta` is a few hundred bytes) arrives with its header in one
     // read; a large payload bypasses the buffer (read straight into its own allocation).
@@ -279,7 +231,7 @@ async fn session(
         }
         let generation = wire::apply_generation(&payload).unwrap_or(0);
         // The payload is dropped as soon as it is decoded, before the config is built.
-        let reply = match apply_frame(runtime, base, header.kind, payload).await {
+        let reply = match apply_frame(runtime, header.kind, payload).await {
             Ok(()) => {
                 tracing::info!(generation, "pushed config applied");
                 Message::Ack { generation }
@@ -301,176 +253,37 @@ async fn session(
     }
 }
 
-/// Decodes and applies an `Apply` or `ApplyDelta` payload; the errors for the `Nack`.
+/// Decodes an `Apply` or `ApplyDelta` payload and applies it; the errors for the `Nack`.
 async fn apply_frame(
     runtime: &Runtime,
-    slot: &BaseSlot,
     kind: FrameType,
     payload: Vec<u8>,
 ) -> Result<(), Vec<String>> {
-    let lock = || slot.lock().unwrap_or_else(|e| e.into_inner());
-    // Rejected before the runtime saw it (which counts its own failures).
-    let early = |errors: Vec<String>| {
-        runtime.shared.metrics.reloads_failed.fetch_add(1, Relaxed);
-        errors
-    };
-    let message = Message::decode(kind, &payload).map_err(|e| early(vec![e.to_string()]))?;
+    let decoded = Message::decode(kind, &payload);
     drop(payload);
-    let (generation, mut config, digests, index) = match message {
-        Message::Apply {
-            generation,
-            mut config,
-        } => {
-            config.generation = generation;
-            let digests = Digests::of(&config);
-            let hash = digests.hash();
-            // The routes move into the route table: the config is not held twice.
-            runtime
-                .apply_taking_routes(&mut config, Some(hash))
-                .await
-                .map_err(|e| e.messages())?;
-            // Validated: names are unique.
-            let index = NameIndex::of("virtual_hosts", &config.virtual_hosts).ok();
-            let index = index.map(|i| (i, HashCache::of(&digests)));
-            // Kept as the base of the next delta: without the spare capacity of decoding.
-            config.virtual_hosts.shrink_to_fit();
-            for v in &mut config.virtual_hosts {
-                v.hostnames.shrink_to_fit();
-                v.listeners.shrink_to_fit();
-            }
-            (generation, *config, digests, index)
-        }
-        Message::ApplyDelta {
+    let change = match decoded {
+        Ok(Message::Apply { generation, config }) => Ok(Change::Full { generation, config }),
+        Ok(Message::ApplyDelta {
             generation,
             base,
             delta,
-        } => {
-            // The base must be the config serving now, applied over this socket (not merely
-            // one with the same generation number).
-            let serving = runtime.shared.snapshot().config.clone();
-            let taken = {
-                let mut slot = lock();
-                let usable = slot
-                    .as_ref()
-                    .is_some_and(|b| b.generation() == base && Arc::ptr_eq(&b.serving, &serving));
-                if usable {
-                    slot.take()
-                } else {
-                    None
-                }
-            };
-            let Some(b) = taken else {
-                return Err(early(vec![format!(
-                    "delta against generation {base}, but the serving config (generation {}) \
-                     is not that one as applied over this socket; send the full config",
-                    serving.generation
-                )]));
-            };
-            // From here the delta consumes the base: if anything below fails, the next delta
-            // is refused too, and the controller sends the full config after this Nack.
-            let Base {
-                mut config,
-                mut digests,
-                mut index,
-                mut cache,
-                ..
-            } = b;
-            let same_context = same_context(&delta, &config);
-            let upserted = delta.upserted_vhost_names();
-            let applied = delta
-                .apply_indexed(&mut config, &mut digests, &mut index, &mut cache)
-                .map_err(|e| early(vec![format!("delta: {e}")]))?;
-            config.generation = generation;
-            let patch = match &applied.virtual_hosts {
-                ListEdit::Patch(p) if same_context && !applied.changed.settings => Some(p),
-                _ => None,
-            };
-            if let Some(edit) = patch {
-                // Only what the delta carried is validated and compiled.
-                runtime
-                    .apply_patch(&config, applied.hash, edit, applied.changed.backends)
-                    .await
-                    .map_err(|e| e.messages())?;
-                for i in edit.changed_positions(config.virtual_hosts.len()) {
-                    config.virtual_hosts[i].routes = Vec::new();
-                }
-            } else {
-                if !same_context {
-                    // Every virtual host is validated again: give the unchanged ones their
-                    // routes.
-                    let serving = runtime.shared.snapshot();
-                    with_routes(&mut config, &serving.routes, &|name| {
-                        !upserted.contains(name)
-                    });
-                }
-                let reuse = crate::runtime::Reuse {
-                    changed_vhost: &|name| upserted.contains(name),
-                    same_context,
-                };
-                runtime
-                    .apply_reusing(&config, Some(applied.hash), Some(reuse))
-                    .await
-                    .map_err(|e| e.messages())?;
-                for v in &mut config.virtual_hosts {
-                    v.routes = Vec::new();
-                }
-            }
-            (generation, config, digests, Some((index, cache)))
-        }
-        other => {
-            return Err(early(vec![format!(
-                "unexpected {:?} payload",
-                other.kind()
-            )]))
+        }) => Ok(Change::Delta {
+            generation,
+            base,
+            delta,
+        }),
+        Ok(other) => Err(format!("unexpected {:?} payload", other.kind())),
+        Err(e) => Err(e.to_string()),
+    };
+    let change = match change {
+        Ok(change) => change,
+        // Rejected before a change exists: counted here (the runtime counts the rest).
+        Err(error) => {
+            runtime.shared.metrics.reloads_failed.fetch_add(1, Relaxed);
+            return Err(vec![error]);
         }
     };
-    config.generation = generation;
-    let serving = runtime.shared.snapshot().config.clone();
-    if let (true, Some((index, cache))) = (serving.generation == generation, index) {
-        *lock() = Some(Base {
-            config,
-            digests,
-            index,
-            cache,
-            serving,
-        });
-    }
-    Ok(())
-}
-
-/// True when `delta` keeps the listeners and the backend names of `base` (backends may be
-/// replaced, not added or removed): then unchanged virtual hosts, checked against those,
-/// need no validation. Linear in the backends and the delta's upserts.
-fn same_context(delta: &ConfigDelta, base: &Config) -> bool {
-    if !delta.listeners.is_empty() || !delta.backends.remove.is_empty() {
-        return false;
-    }
-    if delta.backends.upsert.is_empty() {
-        return true;
-    }
-    let names: std::collections::HashSet<&str> =
-        base.backends.iter().map(|b| b.name.as_str()).collect();
-    delta
-        .backends
-        .upsert
-        .iter()
-        .all(|u| names.contains(u.name.as_str()))
-}
-
-/// Fills in the routes of the virtual hosts for which `fill(name)` is true from the compiled
-/// virtual host of the same name in `table`.
-fn with_routes(
-    config: &mut Config,
-    table: &crate::router::RouteTable,
-    fill: &dyn Fn(&str) -> bool,
-) {
-    let compiled: std::collections::HashMap<&str, &[crate::router::RouteEntry]> =
-        table.vhost_entries().collect();
-    for v in &mut config.virtual_hosts {
-        if let Some(entries) = compiled.get(v.name.as_str()).filter(|_| fill(&v.name)) {
-            v.routes = entries.iter().map(|e| Route::clone(&e.route)).collect();
-        }
-    }
+    runtime.apply(change).await.map_err(|e| e.messages())
 }
 
 /// Sends a `Nack` for generation 0 explaining a protocol error, and returns the error that
@@ -492,7 +305,7 @@ async fn protocol_error(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::runtime::RuntimeOptions;
+    use crate::reload::RuntimeOptions;
     use sweety_config::wire::{decode_frame, MAX_FRAME_BYTES};
     use sweety_config::*;
 
@@ -681,44 +494,6 @@ mod tests {
         assert_eq!(server.applied_config(), Some(want));
         assert_eq!(rt.shared.snapshot().config.generation, 5);
         rt.shutdown().await;
-    }
-
-    #[test]
-    fn same_context_means_same_listeners_and_backend_names() {
-        let base = Config {
-            backends: (0..500)
-                .map(|i| Backend::new(format!("b{i}"), Vec::new()))
-                .collect(),
-            ..Config::default()
-        };
-        let empty = ConfigDelta {
-            settings: None,
-            listeners: Default::default(),
-            virtual_hosts: Default::default(),
-            backends: Default::default(),
-            hash: String::new(),
-        };
-        assert!(same_context(&empty, &base));
-        // Replacing existing backends (any number) keeps the context.
-        let mut d = empty.clone();
-        d.backends.upsert = (0..500)
-            .rev()
-            .map(|i| Backend::new(format!("b{i}"), vec![]))
-            .collect();
-        assert!(same_context(&d, &base));
-        // A new backend, a removed one or a listener change does not.
-        d.backends.upsert.push(Backend::new("new", vec![]));
-        assert!(!same_context(&d, &base));
-        let mut d = empty.clone();
-        d.backends.remove.push("b3".into());
-        assert!(!same_context(&d, &base));
-        let mut d = empty.clone();
-        d.listeners.remove.push("web".into());
-        assert!(!same_context(&d, &base));
-        // Virtual host changes alone keep it.
-        let mut d = empty.clone();
-        d.virtual_hosts.remove.push("v".into());
-        assert!(same_context(&d, &base));
     }
 
     #[tokio::test]

@@ -1,12 +1,14 @@
 //! `sweety-dataplane`: one process that serves HTTP/1.1, HTTP/2 and HTTP/3 through one
 //! request pipeline and one backpressure core, and swaps its config atomically.
 //!
-//! Layers, each naming only the ones below it (control → runtime, admin → listen → pipeline →
+//! Layers, each naming only the ones below it (control → reload, admin → listen → pipeline →
 //! state → {router, filters, proxy, cache, static_files, access, …} → exec;
-//! `tests/layers.rs` checks it); see docs/request-phases.md:
-//! * [`control`]: the control socket the controller pushes configs on (`--control-socket`).
-//! * [`runtime`]: hot reload: validates and builds a config, binds, starts and drains
-//!   listeners, swaps the snapshot.
+//! `tests/layers.rs` checks it); see docs/architecture.md and docs/request-phases.md:
+//! * [`control`]: the control socket the controller pushes configs on (`--control-socket`):
+//!   frames only (decode, [`reload::Runtime::apply`], `Ack`/`Nack`).
+//! * [`reload`]: hot reload through one entry point, `Runtime::apply(Change)`: validates and
+//!   compiles a config (`reload::build`), binds, starts and drains listeners
+//!   (`reload::sockets`), swaps the snapshot, keeps the base of the next delta.
 //! * [`listen`]: listeners and protocol adapters: [`listen::tcp`] (H1, h2c, TLS with ALPN;
 //!   HTTP/2 by the `sweety-h2` engine or hyper's), [`listen::quic`] (HTTP/3 over quinn + h3),
 //!   [`listen::l4`] (TLS passthrough by SNI, TCP and UDP proxying).
@@ -59,8 +61,8 @@ pub mod path_norm;
 pub mod pipeline;
 pub mod proxy;
 pub mod proxy_protocol;
+pub mod reload;
 pub mod router;
-pub mod runtime;
 pub mod send_timeout;
 pub mod state;
 pub mod static_files;

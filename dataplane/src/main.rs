@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 use sweety_config::Config;
-use sweety_dataplane::runtime::{Runtime, RuntimeOptions};
+use sweety_dataplane::reload::{Runtime, RuntimeOptions};
 
 #[derive(Parser, Debug)]
 #[command(

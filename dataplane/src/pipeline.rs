@@ -1011,7 +1011,7 @@ mod size_tests {
     /// made it ~11.5 KB (debug build), ~2.3 KB without.
     #[tokio::test]
     async fn handle_future_stays_small() {
-        let rt = crate::runtime::Runtime::new(crate::runtime::RuntimeOptions::default()).unwrap();
+        let rt = crate::reload::Runtime::new(crate::reload::RuntimeOptions::default()).unwrap();
         let conn = std::sync::Arc::new(crate::ctx::ConnInfo {
             listener: "x".into(),
             peer: "127.0.0.1:1".parse().unwrap(),

@@ -1,8 +1,7 @@
 //! The state every request reads: the current config [`Snapshot`] (routes, upstreams, access
 //! rules, listener views) behind an atomic pointer in [`Shared`], with what outlives reloads
 //! (metrics, backpressure, static files, access log, rate zones, cache). Built and swapped by
-//! `runtime` (the reload side); read by the listeners and the pipeline. Imports nothing of
-//! either.
+//! `reload`; read by the listeners and the pipeline. Imports none of them.
 
 use crate::access_log::AccessLog;
 use crate::exec::StreamExecutor;

@@ -375,7 +375,7 @@ async fn edge_config_errors_are_reported_with_paths() {
     )]);
     cfg.client_ip.trusted_proxies = vec!["nope".into()];
     cfg.client_ip.proxy_protocol = vec!["missing".into()];
-    let runtime = sweety_dataplane::runtime::Runtime::new(Default::default()).unwrap();
+    let runtime = sweety_dataplane::reload::Runtime::new(Default::default()).unwrap();
     let err = runtime.apply(cfg).await.unwrap_err().messages();
     let want = [
         "virtual_hosts[0].routes[0].filters[0].rate_limit.key.header",

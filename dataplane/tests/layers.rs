@@ -2,7 +2,7 @@
 //! outside comments and its `#[cfg(test)]` part) only modules of a lower layer; the handler
 //! layer's modules may name each other. From the top:
 //!
-//! control → runtime, admin → listen → pipeline → state → handlers (router, filters, proxy,
+//! control → reload, admin → listen → pipeline → state → handlers (router, filters, proxy,
 //! cache, static files, access, …) → exec.
 //!
 //! The snapshot (`state`) is made of the handlers' compiled types, so it sits above them: the
@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 fn layer(module: &str) -> Option<u8> {
     Some(match module {
         "control" => 6,
-        "runtime" | "admin" => 5,
+        "reload" | "admin" => 5,
         "listen" => 4,
         "pipeline" => 3,
         "state" => 2,
@@ -110,8 +110,8 @@ fn every_module_names_only_lower_layers() {
 fn the_scan_sees_uses_and_paths_and_skips_comments_and_tests() {
     let code = "use crate::state::Shared;\n\
                 // crate::control in a comment\n\
-                fn f() { crate::runtime::x(); } // crate::admin\n\
+                fn f() { crate::reload::x(); } // crate::admin\n\
                 #[cfg(test)]\n\
                 mod tests { use crate::listen; }\n";
-    assert_eq!(named(code), ["state", "runtime"]);
+    assert_eq!(named(code), ["state", "reload"]);
 }

@@ -340,7 +340,7 @@ async fn listeners_come_and_go_without_dropping_established_connections() {
 #[tokio::test]
 async fn admin_reports_health_readiness_metrics_and_config() {
     let runtime = Arc::new(
-        sweety_dataplane::runtime::Runtime::new(sweety_dataplane::runtime::RuntimeOptions {
+        sweety_dataplane::reload::Runtime::new(sweety_dataplane::reload::RuntimeOptions {
             access_log: AccessLog {
                 enabled: false,
                 ..AccessLog::default()

@@ -2,8 +2,8 @@
 //! the pipeline ([`tcp`]: HTTP/1.1 and HTTP/2 over TCP and TLS, h2c detection, PROXY
 //! protocol; [`quic`]: HTTP/3 over QUIC; [`l4`]: TCP, TLS-passthrough and UDP proxying;
 //! [`h1_wire`]: HTTP/1.1 framing as read on the wire, for what hyper does not report).
-//! Started and drained by `runtime` (the reload side); they read [`crate::state`] and call
-//! [`crate::pipeline`], never `runtime` or `control`.
+//! Started and drained by `reload`; they read [`crate::state`] and call
+//! [`crate::pipeline`], never `reload` or `control`.
 
 pub mod h1_wire;
 pub mod l4;

@@ -11,7 +11,7 @@ use hyper_util::rt::TokioIo;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use sweety_config::*;
-use sweety_dataplane::runtime::{Runtime, RuntimeOptions};
+use sweety_dataplane::reload::{Runtime, RuntimeOptions};
 
 /// Starts a test backend on an ephemeral 127.0.0.1 port and returns its address: each
 /// accepted connection is given to `handler`, whose future runs on a task of its own. The

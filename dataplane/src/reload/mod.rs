@@ -1,0 +1,781 @@
+//! Hot reload, through one entry point: [`Runtime::apply`] takes a [`Change`] (a config file,
+//! a whole config pushed by the controller, or a delta on the one pushed last), validates and
+//! builds what it needs (`build`), binds the listeners it adds (`sockets`), swaps the
+//! [`Snapshot`] held in [`Shared`] (both in [`crate::state`]), starts the new listeners
+//! ([`crate::listen`]) and drains the removed ones. It keeps the base of the next delta: the
+//! config last pushed whole or by delta, while it is the one serving.
+//!
+//! Hot reload guarantees:
+//! * a config is validated and fully built before anything changes; any error rejects it
+//!   whole, every error is reported, and the last good config keeps serving;
+//! * the swap is one atomic store: new requests use the new snapshot, in-flight requests
+//!   finish on the one they pinned;
+//! * listener sockets are keyed by bind address, so a listener kept across reloads keeps its
+//!   socket and its established connections; only removed listeners are closed, gracefully;
+//!   the same holds for the UDP (QUIC) socket of an HTTPS listener serving HTTP/3, which is
+//!   bound on the listener's TCP port and added or removed with the listener or its `http3`;
+//! * certificates are part of the snapshot, so changed ones apply to new handshakes; a kept
+//!   QUIC endpoint gets the new TLS and transport config for its new handshakes;
+//! * a delta applies only onto the config it was made from, still serving; the result must
+//!   hash to what the delta says, then it is validated, built and swapped like a whole config
+//!   (only what it changed is validated and compiled when it keeps the listeners, the
+//!   settings and the backend names).
+
+mod build;
+mod sockets;
+
+use crate::access_log::AccessLog;
+use crate::limits::Backpressure;
+use crate::metrics::Metrics;
+use crate::state::{Shared, Snapshot};
+use crate::static_files::StaticFiles;
+use arc_swap::ArcSwap;
+use sockets::Sockets;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use sweety_config::delta::{ConfigDelta, Digests, HashCache, ListEdit, NameIndex};
+use sweety_config::{Config, Limits, Route};
+
+/// Options fixed for the life of the process.
+#[derive(Debug, Clone)]
+pub struct RuntimeOptions {
+    /// Access log settings.
+    pub access_log: sweety_config::AccessLog,
+    /// Bytes of small static files kept in memory.
+    pub static_cache_bytes: usize,
+}
+
+impl Default for RuntimeOptions {
+    fn default() -> Self {
+        RuntimeOptions {
+            access_log: sweety_config::AccessLog::default(),
+            static_cache_bytes: 32 * 1024 * 1024,
+        }
+    }
+}
+
+/// What [`Runtime::apply_config`] is told about the new config relative to the one serving
+/// now, so that unchanged parts are neither validated nor compiled again.
+struct Reuse<'a> {
+    /// True for the name of a virtual host that is new or changed; every other virtual host
+    /// is equal to the serving one of the same name.
+    changed_vhost: &'a (dyn Fn(&str) -> bool + Sync),
+    /// Listeners and backend names are those of the serving config: unchanged virtual hosts
+    /// (checked against them) need no validation.
+    same_context: bool,
+}
+
+/// Why a config was rejected. The running config is untouched in every case.
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    /// Validation or build errors, every one of them, each `path: message`.
+    #[error("config rejected:\n  {}", .0.join("\n  "))]
+    Invalid(Vec<String>),
+    /// A new listener could not be bound.
+    #[error("config rejected: listeners[{index}] ({name}): cannot bind {addr}: {source}")]
+    Bind {
+        /// Listener index.
+        index: usize,
+        /// Listener name.
+        name: String,
+        /// Address.
+        addr: SocketAddr,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl From<sweety_config::ValidationErrors> for ApplyError {
+    fn from(errs: sweety_config::ValidationErrors) -> ApplyError {
+        ApplyError::Invalid(errs.0.iter().map(|e| e.to_string()).collect())
+    }
+}
+
+impl ApplyError {
+    /// Every error as `path: message` lines.
+    pub fn messages(&self) -> Vec<String> {
+        match self {
+            ApplyError::Invalid(v) => v.clone(),
+            other => vec![other.to_string()],
+        }
+    }
+}
+
+/// A change to the serving config: what [`Runtime::apply`] takes.
+#[derive(Debug)]
+pub enum Change {
+    /// A whole config from a file (or a test): validated in full and applied. It does not
+    /// become the base of a delta.
+    File(Box<Config>),
+    /// A whole config pushed by the controller (`Apply`), as `generation`: its routes move
+    /// into the route table (it is not held twice while it is built), and once it serves it
+    /// is the base of the next [`Change::Delta`].
+    Full {
+        /// The generation it is applied as.
+        generation: u64,
+        /// The config.
+        config: Box<Config>,
+    },
+    /// A delta pushed by the controller (`ApplyDelta`) onto generation `base`, as
+    /// `generation`. Refused unless `base` is the config last pushed and still serving.
+    Delta {
+        /// The generation of the result.
+        generation: u64,
+        /// The generation it applies onto.
+        base: u64,
+        /// The delta.
+        delta: Box<ConfigDelta>,
+    },
+}
+
+impl From<Config> for Change {
+    fn from(config: Config) -> Change {
+        Change::File(Box::new(config))
+    }
+}
+
+/// The config last pushed with its digests: the base of a [`Change::Delta`], which consumes
+/// it (unchanged items are moved into the result, not copied). Its virtual hosts carry no
+/// routes: the serving route table holds those (compiled, with the route itself), so keeping
+/// a second copy of thousands of routes would only cost memory; they are taken back from the
+/// table when a whole config is needed ([`with_routes`]). Its generation is
+/// `config.generation` ([`Base::generation`]).
+struct Base {
+    config: Config,
+    digests: Digests,
+    /// Position of each virtual host by name, kept in step with `config` by
+    /// [`ConfigDelta::apply_indexed`](sweety_config::delta::ConfigDelta::apply_indexed).
+    index: NameIndex,
+    /// Chunk digests of the tree hash, kept in step with `digests`.
+    cache: HashCache,
+    /// The serving snapshot's config when this one was applied: the base is only used while
+    /// that is still what serves.
+    serving: Arc<Config>,
+}
+
+impl Base {
+    /// The generation it was applied as.
+    fn generation(&self) -> u64 {
+        self.config.generation
+    }
+}
+
+/// The dataplane runtime: applies changes and runs listeners.
+pub struct Runtime {
+    /// Shared state.
+    pub shared: Arc<Shared>,
+    running: tokio::sync::Mutex<Sockets>,
+    /// The base of the next delta.
+    base: Mutex<Option<Base>>,
+}
+
+impl Runtime {
+    /// Creates a runtime serving nothing until the first [`Runtime::apply`]. Must be called
+    /// inside a tokio runtime.
+    pub fn new(opts: RuntimeOptions) -> std::io::Result<Runtime> {
+        let metrics = Arc::new(Metrics::default());
+        let limits = Limits::default();
+        let access_log = if opts.access_log.enabled {
+            AccessLog::start(
+                opts.access_log.path.clone(),
+                opts.access_log.buffer_lines as usize,
+                metrics.clone(),
+            )?
+        } else {
+            AccessLog::disabled(metrics.clone())
+        };
+        let shared = Arc::new(Shared {
+            current: ArcSwap::from_pointee(Snapshot::empty(metrics.clone())),
+            swaps: AtomicU64::new(0),
+            backpressure: Backpressure::new(
+                limits.max_connections as usize,
+                limits.max_requests_in_flight as usize,
+                metrics.clone(),
+            ),
+            static_files: StaticFiles::new(opts.static_cache_bytes),
+            access_log,
+            ready: AtomicBool::new(false),
+            rate_zones: crate::access::Zones::default(),
+            cache: Arc::new(crate::cache::Cache::new(
+                sweety_config::CacheSettings::default(),
+                metrics.clone(),
+            )),
+            client_conns: Arc::default(),
+            client_requests: Arc::default(),
+            listener_limits: Mutex::new(HashMap::new()),
+            metrics,
+        });
+        Ok(Runtime {
+            shared,
+            running: tokio::sync::Mutex::new(Sockets::default()),
+            base: Mutex::new(None),
+        })
+    }
+
+    /// Applies `change` (a [`Config`] converts into [`Change::File`]): validates and builds
+    /// the new config, binds its new listeners, swaps it in, starts and drains listeners. On
+    /// error nothing changes and the last good config keeps serving. Every call is counted
+    /// once in the reload metrics.
+    pub async fn apply(&self, change: impl Into<Change>) -> Result<(), ApplyError> {
+        let result = match change.into() {
+            Change::File(config) => self.apply_config(&config, None, None, None).await,
+            Change::Full { generation, config } => self.apply_full(generation, config).await,
+            Change::Delta {
+                generation,
+                base,
+                delta,
+            } => self.apply_delta(generation, base, *delta).await,
+        };
+        self.counted(result)
+    }
+
+    /// A copy of the whole config last pushed (the base of the next delta), with its
+    /// generation; `None` before the first one, after a rejected delta, or once another
+    /// config serves.
+    pub fn applied_config(&self) -> Option<Config> {
+        let slot = self.base.lock().unwrap_or_else(|e| e.into_inner());
+        let b = slot.as_ref()?;
+        let serving = self.shared.snapshot();
+        let mut config = b.config.clone();
+        with_routes(&mut config, &serving.routes, &|_| true);
+        Some(config)
+    }
+
+    /// Counts an apply's outcome in the reload metrics, and passes it on.
+    fn counted(&self, result: Result<(), ApplyError>) -> Result<(), ApplyError> {
+        let m = &self.shared.metrics;
+        match &result {
+            Ok(()) => m.reloads_ok.fetch_add(1, Relaxed),
+            Err(_) => m.reloads_failed.fetch_add(1, Relaxed),
+        };
+        result
+    }
+
+    /// Makes `snapshot` the serving one: from here new connections and requests use it. With
+    /// `new_settings` the response cache bounds and the backpressure limits follow its
+    /// settings first (a patch keeps the settings of the snapshot it replaces, so it leaves
+    /// them alone).
+    fn publish(&self, snapshot: Snapshot, new_settings: bool) {
+        let generation = snapshot.config.generation;
+        let limits = new_settings.then(|| {
+            self.shared.cache.configure(&snapshot.config.cache);
+            snapshot.config.limits.clone()
+        });
+        self.shared.store(snapshot);
+        if let Some(limits) = limits {
+            self.shared.backpressure.resize(
+                limits.max_connections as usize,
+                limits.max_requests_in_flight as usize,
+            );
+        }
+        self.shared
+            .metrics
+            .config_generation
+            .store(generation, Relaxed);
+        self.shared.ready.store(true, Relaxed);
+    }
+
+    /// [`Change::Full`]: the routes of `config` move into the route table instead of being
+    /// copied; once it serves, it is kept (without its routes) as the base of the next delta.
+    async fn apply_full(&self, generation: u64, mut config: Box<Config>) -> Result<(), ApplyError> {
+        config.generation = generation;
+        let digests = Digests::of(&config);
+        let hash = digests.hash();
+        let result = match config.validate() {
+            Err(errs) => Err(errs.into()),
+            Ok(()) => {
+                let routes = config
+                    .virtual_hosts
+                    .iter_mut()
+                    .map(|v| std::mem::take(&mut v.routes))
+                    .collect();
+                self.apply_config(&config, Some(hash), None, Some(routes))
+                    .await
+            }
+        };
+        for v in &mut config.virtual_hosts {
+            v.routes = Vec::new();
+        }
+        result?;
+        // Validated: names are unique.
+        let index = NameIndex::of("virtual_hosts", &config.virtual_hosts).ok();
+        let index = index.map(|i| (i, HashCache::of(&digests)));
+        // Kept as the base of the next delta: without the spare capacity of decoding.
+        config.virtual_hosts.shrink_to_fit();
+        for v in &mut config.virtual_hosts {
+            v.hostnames.shrink_to_fit();
+            v.listeners.shrink_to_fit();
+        }
+        self.keep_base(generation, *config, digests, index);
+        Ok(())
+    }
+
+    /// [`Change::Delta`]: applies `delta` onto the base when that is generation `base` and
+    /// still serving. A delta that keeps the listeners, the settings and the backend names is
+    /// a patch ([`Runtime::apply_patch`]); any other is applied as a whole config reusing
+    /// the unchanged virtual hosts. The result is the next base.
+    async fn apply_delta(
+        &self,
+        generation: u64,
+        base: u64,
+        delta: ConfigDelta,
+    ) -> Result<(), ApplyError> {
+        // The base must be the config serving now, pushed here (not merely one with the same
+        // generation number).
+        let serving = self.shared.snapshot().config.clone();
+        let taken = {
+            let mut slot = self.base.lock().unwrap_or_else(|e| e.into_inner());
+            let usable = slot
+                .as_ref()
+                .is_some_and(|b| b.generation() == base && Arc::ptr_eq(&b.serving, &serving));
+            if usable {
+                slot.take()
+            } else {
+                None
+            }
+        };
+        let Some(b) = taken else {
+            return Err(ApplyError::Invalid(vec![format!(
+                "delta against generation {base}, but the serving config (generation {}) \
+                 is not that one as applied over this socket; send the full config",
+                serving.generation
+            )]));
+        };
+        // From here the delta consumes the base: if anything below fails, the next delta
+        // is refused too, and the controller sends the full config after this Nack.
+        let Base {
+            mut config,
+            mut digests,
+            mut index,
+            mut cache,
+            ..
+        } = b;
+        let same_context = same_context(&delta, &config);
+        let upserted = delta.upserted_vhost_names();
+        let applied = delta
+            .apply_indexed(&mut config, &mut digests, &mut index, &mut cache)
+            .map_err(|e| ApplyError::Invalid(vec![format!("delta: {e}")]))?;
+        config.generation = generation;
+        let patch = match &applied.virtual_hosts {
+            ListEdit::Patch(p) if same_context && !applied.changed.settings => Some(p),
+            _ => None,
+        };
+        if let Some(edit) = patch {
+            // Only what the delta carried is validated and compiled.
+            self.apply_patch(&config, applied.hash, edit, applied.changed.backends)
+                .await?;
+            for i in edit.changed_positions(config.virtual_hosts.len()) {
+                config.virtual_hosts[i].routes = Vec::new();
+            }
+        } else {
+            if !same_context {
+                // Every virtual host is validated again: give the unchanged ones their
+                // routes.
+                let serving = self.shared.snapshot();
+                with_routes(&mut config, &serving.routes, &|name| {
+                    !upserted.contains(name)
+                });
+            }
+            let reuse = Reuse {
+                changed_vhost: &|name| upserted.contains(name),
+                same_context,
+            };
+            self.apply_config(&config, Some(applied.hash), Some(reuse), None)
+                .await?;
+            for v in &mut config.virtual_hosts {
+                v.routes = Vec::new();
+            }
+        }
+        self.keep_base(generation, config, digests, Some((index, cache)));
+        Ok(())
+    }
+
+    /// Keeps `config` (applied as `generation`, without its routes) as the base of the next
+    /// delta, if it is what serves now.
+    fn keep_base(
+        &self,
+        generation: u64,
+        mut config: Config,
+        digests: Digests,
+        index: Option<(NameIndex, HashCache)>,
+    ) {
+        config.generation = generation;
+        let serving = self.shared.snapshot().config.clone();
+        if let (true, Some((index, cache))) = (serving.generation == generation, index) {
+            *self.base.lock().unwrap_or_else(|e| e.into_inner()) = Some(Base {
+                config,
+                digests,
+                index,
+                cache,
+                serving,
+            });
+        }
+    }
+
+    /// Applies `config`, the serving config with a delta applied that changed neither the
+    /// settings nor the listeners nor the backend names: `edit` says how its virtual host list
+    /// changed from the serving one, and `backends_changed` whether any backend did. Only
+    /// what changed is validated and compiled; listeners, their TLS and sockets, and (unless
+    /// backends changed) the upstreams are kept as they are. `hash` is the config's content
+    /// hash. On error nothing changes. A reordered list is no patch: apply it with
+    /// [`Runtime::apply_config`].
+    async fn apply_patch(
+        &self,
+        config: &Config,
+        hash: String,
+        edit: &sweety_config::delta::ListPatch,
+        backends_changed: bool,
+    ) -> Result<(), ApplyError> {
+        let changed = edit.changed_positions(config.virtual_hosts.len());
+        config.validate_patch(&changed, backends_changed)?;
+        // Serialises with other applies (no socket changes here).
+        let _sockets = self.running.lock().await;
+        let prev = self.shared.snapshot();
+        let snapshot = build::patched(&self.shared, &prev, config, hash, edit, backends_changed)?;
+        self.publish(snapshot, false);
+        if backends_changed {
+            self.shared.snapshot().upstreams.start_health_checks();
+        }
+        Ok(())
+    }
+
+    /// Validates (unless `taken` holds the routes of an already validated `config`), builds,
+    /// binds the new listeners, swaps, then starts the new listeners and drains the removed
+    /// ones. `hash` is the config's content hash when the caller has it; `reuse` says which
+    /// virtual hosts of the serving snapshot can be taken as they are.
+    async fn apply_config(
+        &self,
+        config: &Config,
+        hash: Option<String>,
+        reuse: Option<Reuse<'_>>,
+        taken: Option<Vec<Vec<sweety_config::Route>>>,
+    ) -> Result<(), ApplyError> {
+        let prev = self.shared.snapshot();
+        let build::Compiled {
+            routes,
+            upstreams,
+            views,
+        } = build::compile(&self.shared, &prev, config, reuse.as_ref(), taken)?;
+
+        let mut sockets = self.running.lock().await;
+        let fresh = sockets.bind_new(&views)?;
+        let listeners = build::listener_views(
+            &self.shared,
+            config,
+            &views,
+            &|key, configured| sockets.port(&fresh, key, configured),
+            &|key| sockets.quic_up(&fresh, key),
+        );
+        let quic_configs: HashMap<_, quinn::ServerConfig> = views
+            .into_iter()
+            .filter_map(|(_, l, _, q)| Some((sockets::bind_key(l), q?)))
+            .collect();
+        let snapshot = build::snapshot(&self.shared, config, hash, routes, upstreams, listeners);
+
+        // Swap.
+        self.publish(snapshot, true);
+
+        // Start new listeners, stop removed ones.
+        sockets.start(&self.shared, fresh, quic_configs);
+        let snap = self.shared.snapshot();
+        snap.upstreams.start_health_checks();
+        sockets.drain_removed(&snap);
+        Ok(())
+    }
+
+    /// Addresses the listeners are bound to, by listener name.
+    pub async fn bound(&self) -> HashMap<String, SocketAddr> {
+        let running = self.running.lock().await;
+        let snap = self.shared.snapshot();
+        snap.by_key
+            .iter()
+            .filter_map(|(k, v)| running.local(k).map(|a| (v.name.to_string(), a)))
+            .collect()
+    }
+
+    /// UDP addresses of the listeners serving HTTP/3, by listener name.
+    pub async fn bound_quic(&self) -> HashMap<String, SocketAddr> {
+        let running = self.running.lock().await;
+        let snap = self.shared.snapshot();
+        snap.by_key
+            .iter()
+            .filter_map(|(k, v)| running.local_quic(k).map(|a| (v.name.to_string(), a)))
+            .collect()
+    }
+
+    /// Stops accepting on every listener and waits (up to the drain timeout) for open
+    /// connections to finish their requests.
+    pub async fn shutdown(&self) {
+        let mut running = self.running.lock().await;
+        let tasks = running.stop_all();
+        let drain = self.shared.snapshot().config.limits.drain_timeout.get();
+        let _ = tokio::time::timeout(
+            drain + std::time::Duration::from_secs(1),
+            futures_util::future::join_all(tasks),
+        )
+        .await;
+    }
+}
+
+/// True when `delta` keeps the listeners and the backend names of `base` (backends may be
+/// replaced, not added or removed): then unchanged virtual hosts, checked against those,
+/// need no validation. Linear in the backends and the delta's upserts.
+fn same_context(delta: &ConfigDelta, base: &Config) -> bool {
+    if !delta.listeners.is_empty() || !delta.backends.remove.is_empty() {
+        return false;
+    }
+    if delta.backends.upsert.is_empty() {
+        return true;
+    }
+    let names: std::collections::HashSet<&str> =
+        base.backends.iter().map(|b| b.name.as_str()).collect();
+    delta
+        .backends
+        .upsert
+        .iter()
+        .all(|u| names.contains(u.name.as_str()))
+}
+
+/// Fills in the routes of the virtual hosts for which `fill(name)` is true from the compiled
+/// virtual host of the same name in `table`.
+fn with_routes(
+    config: &mut Config,
+    table: &crate::router::RouteTable,
+    fill: &dyn Fn(&str) -> bool,
+) {
+    let compiled: std::collections::HashMap<&str, &[crate::router::RouteEntry]> =
+        table.vhost_entries().collect();
+    for v in &mut config.virtual_hosts {
+        if let Some(entries) = compiled.get(v.name.as_str()).filter(|_| fill(&v.name)) {
+            v.routes = entries.iter().map(|e| Route::clone(&e.route)).collect();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sweety_config::Backend;
+
+    fn runtime() -> Runtime {
+        Runtime::new(RuntimeOptions {
+            access_log: sweety_config::AccessLog {
+                enabled: false,
+                ..sweety_config::AccessLog::default()
+            },
+            ..RuntimeOptions::default()
+        })
+        .unwrap()
+    }
+
+    fn config(generation: u64, vhosts: &[&str]) -> Config {
+        let mut c = Config::from_yaml(
+            "listeners: [{name: web, address: 127.0.0.1, port: 0, protocol: http, http3: false}]\n\
+             virtual_hosts: [{name: t, hostnames: [t.test], routes: [{name: r, \
+             action: {fixed: {status: 200, body: x}}}]}]",
+        )
+        .unwrap();
+        let template = c.virtual_hosts.pop().unwrap();
+        c.virtual_hosts = vhosts
+            .iter()
+            .map(|n| {
+                let mut v = template.clone();
+                v.name = n.to_string();
+                v.hostnames = vec![format!("{n}.test")];
+                v
+            })
+            .collect();
+        c.generation = generation;
+        c
+    }
+
+    /// (reloads ok, reloads failed, published generation, ready).
+    fn counters(rt: &Runtime) -> (u64, u64, u64, bool) {
+        let m = &rt.shared.metrics;
+        (
+            m.reloads_ok.load(Relaxed),
+            m.reloads_failed.load(Relaxed),
+            m.config_generation.load(Relaxed),
+            rt.shared.ready.load(Relaxed),
+        )
+    }
+
+    /// Every way in (a file, a pushed config, a delta: patch or not, and a delta refused before
+    /// it is built) counts its reload once, maps validation errors to `path: message` lines
+    /// and publishes its snapshot.
+    #[tokio::test]
+    async fn every_change_counts_maps_errors_and_publishes() {
+        let rt = runtime();
+        assert_eq!(counters(&rt), (0, 0, 0, false));
+        rt.apply(config(1, &["a", "b"])).await.unwrap();
+        assert_eq!(counters(&rt), (1, 0, 1, true));
+        assert!(rt.applied_config().is_none(), "a file is no delta base");
+
+        let mut bad = config(2, &["a"]);
+        bad.virtual_hosts[0].routes[0].name = String::new();
+        let err = rt.apply(bad.clone()).await.unwrap_err();
+        assert!(
+            err.messages()[0].starts_with("virtual_hosts[0].routes[0].name"),
+            "{err}"
+        );
+        assert_eq!(counters(&rt), (1, 1, 1, true));
+        let full = |generation, config: &Config| Change::Full {
+            generation,
+            config: Box::new(config.clone()),
+        };
+        let err = rt.apply(full(2, &bad)).await.unwrap_err();
+        assert!(
+            err.messages()[0].starts_with("virtual_hosts[0].routes[0].name"),
+            "{err}"
+        );
+        assert_eq!(counters(&rt), (1, 2, 1, true));
+        let good = config(3, &["a", "b"]);
+        rt.apply(full(3, &good)).await.unwrap();
+        assert_eq!(counters(&rt), (2, 2, 3, true));
+        assert_eq!(rt.applied_config(), Some(good.clone()));
+
+        // A delta that patches: `b` replaced (new hostname), `c` appended.
+        let mut next = config(4, &["a", "b", "c"]);
+        next.virtual_hosts[1].hostnames = vec!["b2.test".into()];
+        let delta = |from: &Config, to: &Config| {
+            let (fd, td) = (Digests::of(from), Digests::of(to));
+            Box::new(ConfigDelta::between(from, &fd, to, &td).unwrap())
+        };
+        let d = delta(&good, &next);
+        assert!(same_context(&d, &good));
+        rt.apply(Change::Delta {
+            generation: 4,
+            base: 3,
+            delta: d,
+        })
+        .await
+        .unwrap();
+        assert_eq!(counters(&rt), (3, 2, 4, true));
+        let snap = rt.shared.snapshot();
+        assert_eq!(snap.config.generation, 4);
+        assert_eq!(snap.hash, next.content_hash());
+        assert_eq!(snap.routes.vhost_name("web", "b2.test"), Some("b"));
+        assert_eq!(snap.routes.vhost_name("web", "c.test"), Some("c"));
+        assert_eq!(snap.virtual_host_count, 3);
+        assert_eq!(rt.applied_config(), Some(next.clone()));
+
+        // An invalid patch: counted, mapped, and the last good snapshot keeps serving.
+        let mut broken = next.clone();
+        broken.generation = 5;
+        broken.virtual_hosts[2].routes[0].name = String::new();
+        let err = rt
+            .apply(Change::Delta {
+                generation: 5,
+                base: 4,
+                delta: delta(&next, &broken),
+            })
+            .await
+            .unwrap_err();
+        assert!(
+            err.messages()[0].starts_with("virtual_hosts[2].routes[0].name"),
+            "{err}"
+        );
+        assert_eq!(counters(&rt), (3, 3, 4, true));
+        assert_eq!(rt.shared.snapshot().config.generation, 4);
+
+        // The rejected delta consumed the base: the next one is refused before it is built,
+        // and counted once.
+        let err = rt
+            .apply(Change::Delta {
+                generation: 5,
+                base: 4,
+                delta: delta(&next, &next),
+            })
+            .await
+            .unwrap_err();
+        assert!(err.messages()[0].contains("send the full config"), "{err}");
+        assert_eq!(counters(&rt), (3, 4, 4, true));
+
+        // A delta that adds a listener is no patch: applied as a whole config, reusing the
+        // unchanged virtual hosts.
+        rt.apply(full(6, &next)).await.unwrap();
+        let mut wider = next.clone();
+        let mut l = wider.listeners[0].clone();
+        l.name = "web2".into();
+        wider.listeners.push(l);
+        let d = delta(&next, &wider);
+        assert!(!same_context(&d, &next));
+        rt.apply(Change::Delta {
+            generation: 7,
+            base: 6,
+            delta: d,
+        })
+        .await
+        .unwrap();
+        assert_eq!(counters(&rt), (5, 4, 7, true));
+        assert_eq!(rt.bound().await.len(), 2);
+        let mut want = wider.clone();
+        want.generation = 7;
+        assert_eq!(rt.applied_config(), Some(want));
+        rt.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn a_kept_snapshot_is_reused_until_a_reload() {
+        let rt = Runtime::new(RuntimeOptions::default()).unwrap();
+        let mut kept = None;
+        assert!(!rt.shared.is_current(&kept));
+        let a = rt.shared.snapshot_for(&mut kept);
+        assert!(rt.shared.is_current(&kept));
+        let b = rt.shared.snapshot_for(&mut kept);
+        assert!(Arc::ptr_eq(&a, &b));
+        let cfg = Config {
+            generation: 7,
+            ..Config::default()
+        };
+        rt.apply(cfg).await.unwrap();
+        // The reload is seen at once: the kept one is stale, the next request gets the new.
+        assert!(!rt.shared.is_current(&kept));
+        let c = rt.shared.snapshot_for(&mut kept);
+        assert!(!Arc::ptr_eq(&a, &c));
+        assert!(Arc::ptr_eq(&c, &rt.shared.snapshot()));
+        assert_eq!(c.config.generation, 7);
+        assert!(rt.shared.is_current(&kept));
+    }
+
+    #[test]
+    fn same_context_means_same_listeners_and_backend_names() {
+        let base = Config {
+            backends: (0..500)
+                .map(|i| Backend::new(format!("b{i}"), Vec::new()))
+                .collect(),
+            ..Config::default()
+        };
+        let empty = ConfigDelta {
+            settings: None,
+            listeners: Default::default(),
+            virtual_hosts: Default::default(),
+            backends: Default::default(),
+            hash: String::new(),
+        };
+        assert!(same_context(&empty, &base));
+        // Replacing existing backends (any number) keeps the context.
+        let mut d = empty.clone();
+        d.backends.upsert = (0..500)
+            .rev()
+            .map(|i| Backend::new(format!("b{i}"), vec![]))
+            .collect();
+        assert!(same_context(&d, &base));
+        // A new backend, a removed one or a listener change does not.
+        d.backends.upsert.push(Backend::new("new", vec![]));
+        assert!(!same_context(&d, &base));
+        let mut d = empty.clone();
+        d.backends.remove.push("b3".into());
+        assert!(!same_context(&d, &base));
+        let mut d = empty.clone();
+        d.listeners.remove.push("web".into());
+        assert!(!same_context(&d, &base));
+        // Virtual host changes alone keep it.
+        let mut d = empty.clone();
+        d.virtual_hosts.remove.push("v".into());
+        assert!(same_context(&d, &base));
+    }
+}
