@@ -1708,8 +1708,6 @@ async fn http_head(port: u16, host: &str) -> Option<String> {
 async fn end_to_end_gateway_is_programmed_after_the_dataplane_acks() {
     use sweety_controller::run::RunOptions;
     use sweety_controller::translate::Params;
-    use sweety_dataplane::control::ControlServer;
-    use sweety_dataplane::reload::{Runtime, RuntimeOptions};
     let _guard = LOCK.lock().await;
     let client = cluster().await;
     let ns = namespace(&client, "e2e").await;
@@ -1763,19 +1761,7 @@ async fn end_to_end_gateway_is_programmed_after_the_dataplane_acks() {
     .await;
 
     // The dataplane, in process, with its control socket.
-    let dir = tempfile::tempdir().unwrap();
-    let socket = dir.path().join("control.sock");
-    let runtime = Arc::new(
-        Runtime::new(RuntimeOptions {
-            access_log: sweety_config::AccessLog {
-                enabled: false,
-                ..Default::default()
-            },
-            ..RuntimeOptions::default()
-        })
-        .unwrap(),
-    );
-    let control = ControlServer::bind(runtime.clone(), &socket).unwrap();
+    let dataplane = InProcessDataplane::start();
 
     let options = RunOptions {
         params: Params {
@@ -1783,7 +1769,7 @@ async fn end_to_end_gateway_is_programmed_after_the_dataplane_acks() {
             listen_address: "127.0.0.1".into(),
             gateway_port_min: gw_port,
             gateway_port_max: gw_port,
-            content_dir: dir.path().join("content").to_string_lossy().into_owned(),
+            content_dir: dataplane.content_dir(),
             ingress_service: None,
             ..Params::default()
         },
@@ -1796,12 +1782,13 @@ async fn end_to_end_gateway_is_programmed_after_the_dataplane_acks() {
         initial_sync_timeout: Duration::from_secs(20),
         status: Default::default(),
     };
-    let running = RunLoop::start(&client, options, socket.clone());
+    let running = RunLoop::start(&client, options, dataplane.socket.clone());
 
     // The dataplane runs the pushed config: the Gateway listener is bound on the allocated port
     // and answers (404 for a host no route claims).
     wait_for("the Gateway listener is bound", || async {
-        runtime
+        dataplane
+            .runtime
             .bound()
             .await
             .values()
@@ -1969,8 +1956,7 @@ async fn end_to_end_gateway_is_programmed_after_the_dataplane_acks() {
     );
 
     running.stop().await;
-    drop(control);
-    runtime.shutdown().await;
+    dataplane.stop().await;
     let _ = classes.delete(&class_name, &DeleteParams::default()).await;
     drop_namespace(&client, &ns).await;
     drop_namespace(&client, &ctl).await;
@@ -2319,8 +2305,6 @@ async fn tenant_hosts_follow_creation_order_and_fail_closed() {
     use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
     use sweety_controller::run::RunOptions;
     use sweety_controller::translate::Params;
-    use sweety_dataplane::control::ControlServer;
-    use sweety_dataplane::reload::{Runtime, RuntimeOptions};
     let _guard = LOCK.lock().await;
     let client = cluster().await;
     let victim = namespace(&client, "victim").await;
@@ -2356,26 +2340,14 @@ async fn tenant_hosts_follow_creation_order_and_fail_closed() {
     let attackers: Api<Ingress> = Api::namespaced(client.clone(), &attacker);
     create(&victims, ingress("ing", "/", "web", json!({}))).await;
 
-    let dir = tempfile::tempdir().unwrap();
-    let socket = dir.path().join("control.sock");
-    let runtime = Arc::new(
-        Runtime::new(RuntimeOptions {
-            access_log: sweety_config::AccessLog {
-                enabled: false,
-                ..Default::default()
-            },
-            ..RuntimeOptions::default()
-        })
-        .unwrap(),
-    );
-    let control = ControlServer::bind(runtime.clone(), &socket).unwrap();
+    let dataplane = InProcessDataplane::start();
     let options = RunOptions {
         params: Params {
             namespace: ctl.clone(),
             ingress_class: class_name.clone(),
             listen_address: "127.0.0.1".into(),
             ingress_http_port: http_port,
-            content_dir: dir.path().join("content").to_string_lossy().into_owned(),
+            content_dir: dataplane.content_dir(),
             ingress_service: None,
             ..Params::default()
         },
@@ -2388,7 +2360,7 @@ async fn tenant_hosts_follow_creation_order_and_fail_closed() {
         initial_sync_timeout: Duration::from_secs(20),
         status: sweety_controller::status_worker::StatusOptions::default(),
     };
-    let running = RunLoop::start(&client, options, socket.clone());
+    let running = RunLoop::start(&client, options, dataplane.socket.clone());
     let get_path = |path: &'static str| {
         let host = host.clone();
         async move {
@@ -2485,8 +2457,7 @@ async fn tenant_hosts_follow_creation_order_and_fail_closed() {
     .await;
 
     running.stop().await;
-    drop(control);
-    runtime.shutdown().await;
+    dataplane.stop().await;
     let _ = classes.delete(&class_name, &DeleteParams::default()).await;
     for ns in [&victim, &attacker, &ctl] {
         drop_namespace(&client, ns).await;
@@ -2506,8 +2477,6 @@ async fn status_worker_is_rate_limited_and_catches_up_after_regaining_the_lease(
     use sweety_controller::run::RunOptions;
     use sweety_controller::status_worker::StatusOptions;
     use sweety_controller::translate::Params;
-    use sweety_dataplane::control::ControlServer;
-    use sweety_dataplane::reload::{Runtime, RuntimeOptions};
     let _guard = LOCK.lock().await;
     let client = cluster().await;
     let ns = namespace(&client, "statusq").await;
@@ -2530,23 +2499,12 @@ async fn status_worker_is_rate_limited_and_catches_up_after_regaining_the_lease(
         )
         .await;
     }
-    let socket = dir.path().join("control.sock");
-    let runtime = Arc::new(
-        Runtime::new(RuntimeOptions {
-            access_log: sweety_config::AccessLog {
-                enabled: false,
-                ..Default::default()
-            },
-            ..RuntimeOptions::default()
-        })
-        .unwrap(),
-    );
-    let control = ControlServer::bind(runtime.clone(), &socket).unwrap();
+    let dataplane = InProcessDataplane::start();
     let (qps, burst, concurrency) = (4.0, 2u32, 1usize);
     let options = RunOptions {
         params: Params {
             namespace: ns.clone(),
-            content_dir: dir.path().join("content").to_string_lossy().into_owned(),
+            content_dir: dataplane.content_dir(),
             ingress_service: None,
             ..Params::default()
         },
@@ -2572,7 +2530,7 @@ async fn status_worker_is_rate_limited_and_catches_up_after_regaining_the_lease(
         },
     };
     let started = std::time::Instant::now();
-    let running = RunLoop::start(&client, options, socket.clone());
+    let running = RunLoop::start(&client, options, dataplane.socket.clone());
     let metrics = running.health.metrics.clone();
     let writes = || {
         metrics
@@ -2691,8 +2649,7 @@ async fn status_worker_is_rate_limited_and_catches_up_after_regaining_the_lease(
     assert!(metrics.render().contains("sweety_controller_leader 1\n"));
 
     running.stop().await;
-    drop(control);
-    runtime.shutdown().await;
+    dataplane.stop().await;
     drop_namespace(&client, &ns).await;
 }
 
