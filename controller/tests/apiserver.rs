@@ -1648,18 +1648,30 @@ async fn status_writer_policy_ancestors_keep_foreign_entries() {
 
 /// GET / with a Host header over a fresh connection: (status, body).
 async fn http_get(port: u16, host: &str) -> Option<(u16, String)> {
+    http_get_path(port, host, "/").await
+}
+
+/// `GET path` for `host` on 127.0.0.1:`port`: the status and the body (see [`http_get_raw`]).
+async fn http_get_path(port: u16, host: &str, path: &str) -> Option<(u16, String)> {
+    let (status, text) = http_get_raw(port, host, path).await?;
+    Some((status, text.split_once("\r\n\r\n")?.1.to_string()))
+}
+
+/// `GET path` for `host` on 127.0.0.1:`port` over HTTP/1.1 (`connection: close`), within 5 s:
+/// the status and the whole response (head and body).
+async fn http_get_raw(port: u16, host: &str, path: &str) -> Option<(u16, String)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let fut = async {
         let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
             .await
             .ok()?;
-        let req = format!("GET / HTTP/1.1\r\nhost: {host}\r\nconnection: close\r\n\r\n");
+        let req = format!("GET {path} HTTP/1.1\r\nhost: {host}\r\nconnection: close\r\n\r\n");
         s.write_all(req.as_bytes()).await.ok()?;
         let mut out = Vec::new();
         s.read_to_end(&mut out).await.ok()?;
         let text = String::from_utf8_lossy(&out).into_owned();
         let status = text.get(9..12)?.parse().ok()?;
-        Some((status, text.split_once("\r\n\r\n")?.1.to_string()))
+        Some((status, text))
     };
     tokio::time::timeout(Duration::from_secs(5), fut)
         .await
@@ -2363,22 +2375,7 @@ async fn tenant_hosts_follow_creation_order_and_fail_closed() {
     let running = RunLoop::start(&client, options, dataplane.socket.clone());
     let get_path = |path: &'static str| {
         let host = host.clone();
-        async move {
-            use tokio::io::{AsyncReadExt, AsyncWriteExt};
-            let mut s = tokio::net::TcpStream::connect(("127.0.0.1", http_port))
-                .await
-                .ok()?;
-            let req = format!("GET {path} HTTP/1.1\r\nhost: {host}\r\nconnection: close\r\n\r\n");
-            s.write_all(req.as_bytes()).await.ok()?;
-            let mut out = Vec::new();
-            tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out))
-                .await
-                .ok()?
-                .ok()?;
-            let text = String::from_utf8_lossy(&out).into_owned();
-            let status: u16 = text.get(9..12)?.parse().ok()?;
-            Some((status, text.split_once("\r\n\r\n")?.1.to_string()))
-        }
+        async move { http_get_path(http_port, &host, path).await }
     };
     let attacker_body = format!("Service {attacker}/steal not found");
     // The victim's route serves the host (its backend has no endpoint: not a 404).
@@ -2434,16 +2431,10 @@ async fn tenant_hosts_follow_creation_order_and_fail_closed() {
     guarded["spec"]["rules"][0]["host"] = json!(guarded_host);
     create(&victims, guarded).await;
     let body = wait_for("the guarded path answers 403", || async {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", http_port))
+        http_get_raw(http_port, &guarded_host, "/")
             .await
-            .ok()?;
-        let req = format!("GET / HTTP/1.1\r\nhost: {guarded_host}\r\nconnection: close\r\n\r\n");
-        s.write_all(req.as_bytes()).await.ok()?;
-        let mut out = Vec::new();
-        s.read_to_end(&mut out).await.ok()?;
-        let text = String::from_utf8_lossy(&out).into_owned();
-        text.starts_with("HTTP/1.1 403").then_some(text)
+            .filter(|(status, _)| *status == 403)
+            .map(|(_, text)| text)
     })
     .await;
     assert!(body.contains("auth-url"), "{body}");
@@ -2838,7 +2829,7 @@ async fn tenant_with_ordinary_rbac_cannot_take_another_namespaces_traffic() {
     use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
     use sweety_controller::run::RunOptions;
     use sweety_controller::translate::{DefaultCertificate, Params};
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
     let _guard = LOCK.lock().await;
     let admin = cluster().await;
     let victim = namespace(&admin, "victim").await;
@@ -3058,19 +3049,7 @@ async fn tenant_with_ordinary_rbac_cannot_take_another_namespaces_traffic() {
     };
     let running = RunLoop::start(&admin, options, dataplane.socket.clone());
     let get = |host: String, path: &'static str| async move {
-        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", http_port))
-            .await
-            .ok()?;
-        let req = format!("GET {path} HTTP/1.1\r\nhost: {host}\r\nconnection: close\r\n\r\n");
-        s.write_all(req.as_bytes()).await.ok()?;
-        let mut out = Vec::new();
-        tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out))
-            .await
-            .ok()?
-            .ok()?;
-        let text = String::from_utf8_lossy(&out).into_owned();
-        let status: u16 = text.get(9..12)?.parse().ok()?;
-        Some((status, text))
+        http_get_raw(http_port, &host, path).await
     };
     // Wait until the whole snapshot is served (the last object created is answered).
     wait_for("the attacker's ExternalName paths are answered", || async {
