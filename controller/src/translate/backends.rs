@@ -117,7 +117,8 @@ impl<'a> ServiceIndex<'a> {
             services,
             slices,
             recorded: Default::default(),
-            allow_external_name: true,
+            // Closed unless the caller opts in (`Params::allow_external_name`, off by default).
+            allow_external_name: false,
         }
     }
 
@@ -408,9 +409,25 @@ spec: {type: ExternalName, externalName: example.internal, ports: [{port: 443}]}
     }
 
     #[test]
-    fn external_name_and_dedup_by_options() {
+    fn external_name_is_refused_unless_enabled() {
         let s = snapshot();
         let idx = ServiceIndex::new(&s);
+        let e = idx.port("app", "ext", None).unwrap_err();
+        assert!(
+            matches!(e, BackendError::ExternalNameDisabled { .. }),
+            "{e}"
+        );
+        let mut b = Backends::new();
+        assert!(b
+            .service(&idx, "app", "ext", None, &BackendOptions::default())
+            .is_err());
+    }
+
+    #[test]
+    fn external_name_and_dedup_by_options() {
+        let s = snapshot();
+        let mut idx = ServiceIndex::new(&s);
+        idx.allow_external_name = true;
         let mut b = Backends::new();
         let a = b
             .service(&idx, "app", "ext", None, &BackendOptions::default())
