@@ -108,8 +108,13 @@ const SECURITY_PREFIXES: &[&str] = &[
 ];
 
 /// Whether an annotation (without the prefix) asks for a protection Sweety does not implement.
-fn is_security(name: &str) -> bool {
-    SECURITY_EXACT.contains(&name) || SECURITY_PREFIXES.iter().any(|p| name.starts_with(p))
+/// `proxy-ssl-*` (verifying the backend's certificate, the client certificate shown to it, the
+/// name checked, protocols) is one too, except `proxy-ssl-verify: off`, which asks for nothing.
+fn is_security(name: &str, value: &str) -> bool {
+    SECURITY_EXACT.contains(&name)
+        || SECURITY_PREFIXES.iter().any(|p| name.starts_with(p))
+        || (name.starts_with("proxy-ssl-")
+            && !(name == "proxy-ssl-verify" && value.trim() == "off"))
 }
 
 /// An nginx allow/deny list entry as nginx reads it: an address, or `address/prefix` whose
@@ -412,7 +417,7 @@ impl Annotations {
                         snippets.push(key.clone());
                     }
                 }
-                n if is_security(n) => {
+                n if is_security(n, value) => {
                     if params.ignore_unsupported_security_annotations {
                         report.warn(
                             "UnsupportedSecurityAnnotation",
@@ -1020,9 +1025,14 @@ mod tests {
         ] {
             assert!(masked_cidr(bad).is_err(), "{bad}");
         }
-        assert!(is_security("auth-url") && is_security("auth-tls-verify-client"));
-        assert!(is_security("modsecurity-snippet") && is_security("enable-modsecurity"));
-        assert!(!is_security("use-regex") && !is_security("limit-rps"));
+        assert!(is_security("auth-url", "x") && is_security("auth-tls-verify-client", "on"));
+        assert!(
+            is_security("modsecurity-snippet", "x") && is_security("enable-modsecurity", "true")
+        );
+        assert!(!is_security("use-regex", "true") && !is_security("limit-rps", "5"));
+        assert!(is_security("proxy-ssl-verify", "on") && is_security("proxy-ssl-secret", "ns/ca"));
+        assert!(is_security("proxy-ssl-name", "api.internal"));
+        assert!(!is_security("proxy-ssl-verify", " off "));
     }
 
     /// Property: any address with any valid prefix masks to a CIDR that sweety-config accepts,
