@@ -195,17 +195,21 @@ pub fn normalize_authority(raw: &str) -> Result<String, IdentityError> {
     Ok(out)
 }
 
+/// A `Content-Length` value as the edge accepts it: one run of 1 to 19 ASCII digits (so it fits
+/// a u64; no sign, space, list or other spelling). The H1 wire tracker reads heads by it too.
+pub(crate) fn content_length(v: &[u8]) -> Option<u64> {
+    if v.is_empty() || v.len() > 19 || !v.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    Some(v.iter().fold(0u64, |n, d| n * 10 + u64::from(d - b'0')))
+}
+
 /// The framing checks; wraps an HTTP/2 or HTTP/3 body with a declared length in [`Framed`].
 fn framing(req: &mut Request<Body>, protocol: Protocol) -> Result<(), IdentityError> {
     let h = req.headers();
     let mut declared: Option<u64> = None;
     for v in h.get_all(header::CONTENT_LENGTH) {
-        let v = v.as_bytes();
-        if v.is_empty() || v.len() > 19 || !v.iter().all(u8::is_ascii_digit) {
-            return Err(IdentityError::BadContentLength);
-        }
-        // At most 19 digits: fits a u64.
-        let n = v.iter().fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
+        let n = content_length(v.as_bytes()).ok_or(IdentityError::BadContentLength)?;
         if declared.is_some_and(|d| d != n) {
             return Err(IdentityError::BadContentLength);
         }

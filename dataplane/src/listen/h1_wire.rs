@@ -247,7 +247,7 @@ impl Tracker {
                 // Any Content-Length counts for the conflict, even one hyper would not parse
                 // (after Transfer-Encoding hyper skips it unread).
                 cl = true;
-                match decimal(f.value) {
+                match crate::identity::content_length(f.value) {
                     Some(n) if length.is_none_or(|l| l == n) => length = Some(n),
                     _ => bad_cl = true,
                 }
@@ -301,14 +301,6 @@ fn blank_line_end(b: &[u8], from: usize) -> Option<usize> {
 
 fn hex(b: u8) -> Option<u8> {
     (b as char).to_digit(16).map(|d| d as u8)
-}
-
-/// A `Content-Length` value: one run of at most 19 decimal digits (hyper refuses others).
-fn decimal(v: &[u8]) -> Option<u64> {
-    if v.is_empty() || v.len() > 19 || !v.iter().all(u8::is_ascii_digit) {
-        return None;
-    }
-    Some(v.iter().fold(0u64, |n, d| n * 10 + u64::from(d - b'0')))
 }
 
 pin_project_lite::pin_project! {
