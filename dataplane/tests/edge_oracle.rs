@@ -762,6 +762,29 @@ async fn http1_a_framing_conflict_after_served_requests_is_refused_and_ends_the_
     );
 }
 
+/// Where the HTTP/1.1 framing tracker stops following a connection (an `Upgrade` not taken,
+/// a Content-Length it does not read, such as `3, 3`), that request's answer ends the
+/// connection: a request with both framing fields after it is never read, let alone routed.
+#[tokio::test]
+async fn http1_untracked_heads_end_the_connection_before_a_framing_conflict() {
+    let env = Env::start(Http2Engine::Sweety).await;
+    let conflict = "POST /x HTTP/1.1\r\nHost: a.test\r\nTransfer-Encoding: chunked\r\n\
+        Content-Length: 40\r\n\r\n0\r\n\r\n";
+    for first in [
+        "GET /files/f.txt HTTP/1.1\r\nHost: b.test\r\nUpgrade: x\r\nConnection: upgrade\r\n\r\n",
+        "POST /files/f.txt HTTP/1.1\r\nHost: b.test\r\nContent-Length: 3, 3\r\n\r\nabc",
+    ] {
+        let statuses = h1_statuses(env.web, format!("{first}{conflict}").as_bytes()).await;
+        let seen = std::mem::take(&mut env.log.lock().unwrap().seen);
+        assert_eq!(
+            statuses.len(),
+            1,
+            "{first:?}: answered {statuses:?}, backend saw {seen:?}"
+        );
+        assert!(seen.is_empty(), "{first:?}: backend saw {seen:?}");
+    }
+}
+
 /// One raw HTTP/2 request: pseudo-fields and fields as literals, then DATA frames (the
 /// last with END_STREAM; none: END_STREAM on HEADERS).
 struct H2Req {

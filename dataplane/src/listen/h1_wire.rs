@@ -19,9 +19,10 @@
 //!
 //! Tracking also stops, without marking anything, at whatever it does not follow exactly: an
 //! upgrade or CONNECT (the bytes after it may be a tunnel), a head that does not parse, more
-//! than [`MAX_HEAD`] bytes of head, a malformed chunk. In each of these hyper either refuses
-//! the request and closes the connection, or serves it by its own (already strict) framing;
-//! the mark is a stricter answer, never the only defence. The tracker keeps at most
+//! than [`MAX_HEAD`] bytes of head, a malformed chunk. Where it stopped is recorded
+//! ([`Wire::untracked`]): the service ends the connection after answering that request (unless
+//! the answer hands the connection over: 101, a CONNECT tunnel), so no later head goes
+//! unchecked; hyper's own strict framing covers the request itself. The tracker keeps at most
 //! [`MAX_HEAD`] bytes (the head being read), whatever the client sends.
 
 use std::pin::Pin;
@@ -46,6 +47,11 @@ pub struct Wire {
     conflict: AtomicU64,
     /// Requests handed to the service so far.
     served: AtomicU64,
+    /// The 1-based number of the head at which the tracker stopped following the stream (an
+    /// upgrade, CONNECT, a conflict, or a head it does not follow exactly; the last head read
+    /// when the stopping one was never counted); 0 while it follows. Later heads would go
+    /// unchecked.
+    untracked: AtomicU64,
 }
 
 impl Wire {
@@ -54,6 +60,7 @@ impl Wire {
         Arc::new(Wire {
             conflict: AtomicU64::new(0),
             served: AtomicU64::new(0),
+            untracked: AtomicU64::new(0),
         })
     }
 
@@ -63,6 +70,19 @@ impl Wire {
     pub fn next_request(&self) -> bool {
         let n = self.served.fetch_add(1, Ordering::Relaxed) + 1;
         self.conflict.load(Ordering::Relaxed) == n
+    }
+
+    /// Requests handed to the service so far (the number of the latest).
+    pub fn served(&self) -> u64 {
+        self.served.load(Ordering::Relaxed)
+    }
+
+    /// Whether request `n` (1-based) is at or past the head where the tracker stopped: the
+    /// service then ends the connection after its response (fail closed: no later request
+    /// goes unchecked), unless the response hands the connection over (101, CONNECT tunnel).
+    pub fn untracked(&self, n: u64) -> bool {
+        let at = self.untracked.load(Ordering::Relaxed);
+        at != 0 && n >= at
     }
 
     /// The 1-based number of the first head with both framing fields, if one was seen.
@@ -130,7 +150,7 @@ impl Tracker {
     pub fn feed(&mut self, mut data: &[u8]) {
         while !data.is_empty() {
             match self.state {
-                State::Off => return,
+                State::Off => break,
                 State::Head => {
                     let n = self.feed_head(data);
                     data = &data[n..];
@@ -159,6 +179,13 @@ impl Tracker {
                     self.state = self.chunk_byte(b);
                 }
             }
+        }
+        if self.state == State::Off {
+            let at = self.heads.max(1);
+            let _ =
+                self.wire
+                    .untracked
+                    .compare_exchange(0, at, Ordering::Relaxed, Ordering::Relaxed);
         }
     }
 

@@ -472,9 +472,24 @@ async fn serve_http<I>(
             req.extensions_mut()
                 .insert(crate::identity::ConflictingFraming);
         }
+        let number = wire.served();
+        let wire = wire.clone();
+        let connect = req.method() == http::Method::CONNECT;
         async move {
-            let resp =
+            let mut resp =
                 crate::pipeline::handle(shared, conn, protocol, req.map(crate::body::boxed)).await;
+            // Framing of later heads can no longer be checked: end the connection after this
+            // response unless it hands the connection over.
+            if protocol == Protocol::Http1
+                && wire.untracked(number)
+                && resp.status() != http::StatusCode::SWITCHING_PROTOCOLS
+                && !(connect && resp.status().is_success())
+            {
+                resp.headers_mut().insert(
+                    http::header::CONNECTION,
+                    http::HeaderValue::from_static("close"),
+                );
+            }
             Ok::<_, Infallible>(match open {
                 Some(open) => resp.map(|body| crate::body::boxed(Tracked { body, _open: open })),
                 None => resp,
