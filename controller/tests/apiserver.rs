@@ -367,6 +367,16 @@ async fn missing_optional_crd_is_skipped_not_fatal() {
         crds.get_opt(name).await.ok()?.is_none().then_some(())
     })
     .await;
+    // The object goes before discovery drops the resource; until it does, the start would
+    // (rightly) see the kind as served (CI saw that once: nothing skipped, then 404s).
+    wait_for("UDPRoute no longer in discovery", || async {
+        let list = client
+            .list_api_group_resources("gateway.networking.k8s.io/v1")
+            .await
+            .ok()?;
+        (!list.resources.iter().any(|r| r.name == "udproutes")).then_some(())
+    })
+    .await;
     let ns = namespace(&client, "late").await;
     let watches = Watches::start(
         client.clone(),
