@@ -74,38 +74,17 @@ diag=0
 diagnose() {
   [ "$diag" = 1 ] || return 0
   diag=0
-  echo "---- diagnostics: pods, recent events, node agent log tail" >&2
-  kubectl get pods -A -o wide >&2 || true
-  kubectl get events -A --sort-by=.lastTimestamp 2>/dev/null | tail -15 >&2 || true
-  tail -20 "$LOG/node-agent.log" >&2 || true
-  for f in "$AGENT_DIR"/logs/"$NS"_*/*.log; do
-    [ -f "$f" ] && { echo "-- $f" >&2; tail -10 "$f" >&2; }
-  done
-  return 0
+  diagnostics "$LOG/node-agent.log" "$AGENT_DIR"/logs/"$NS"_*/*.log
 }
 trap diagnose ERR
 die() { echo "install: $*" >&2; diagnose; exit 1; }
 
-# A pid file counts only while its process is alive AND is the named program (a stale pid file from an
-# earlier run may name a pid that the kernel has since given to something else).
-running() {
-  local pid
-  [ -f "$RUN/$1.pid" ] || return 1
-  pid=$(cat "$RUN/$1.pid")
-  kill -0 "$pid" 2>/dev/null && tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -q -- "$1"
-}
+# running / start / stop / wait_for: e2e/lib.sh
 
 # Stops the agent (SIGTERM: it stops its Pods in parallel, removes their namespaces and its bridge), then
 # removes whatever a killed agent may have left on this bridge only.
 stop_agent() {
-  if running node-agent; then
-    local pid; pid=$(cat "$RUN/node-agent.pid")
-    kill "$pid"
-    for _ in $(seq 1 300); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
-    if kill -0 "$pid" 2>/dev/null; then echo "node agent ($pid) did not exit in 60 s, sending SIGKILL"; kill -9 "$pid"; fi
-    log "stopped node agent ($pid)"
-  fi
-  rm -f "$RUN/node-agent.pid"
+  stop node-agent 60
   local n
   for n in $(ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^${BRIDGE}-[0-9]+$" || true); do
     for p in $(ip netns pids "$n" 2>/dev/null); do kill -9 "$p" 2>/dev/null || true; done
@@ -205,13 +184,8 @@ if [ "$helm" = 0 ]; then
 fi
 
 # ------------------------------------------------------------------ 4. helm install
-HELM=$(helm_bin)
 log "helm upgrade --install $RELEASE charts/sweety -n $NS"
-"$HELM" upgrade --install "$RELEASE" charts/sweety --namespace "$NS" --create-namespace \
-  --set-string "podAnnotations.sweety\.dev/build=$build_id" \
-  --wait --timeout 5m "${helm_extra[@]}"
-kubectl -n "$NS" rollout status "deployment/$RELEASE" --timeout=180s
-kubectl -n "$NS" wait --for=condition=Ready pod -l "app.kubernetes.io/instance=$RELEASE" --timeout=120s >/dev/null
+install_chart "$RELEASE" "$NS" "$build_id" "${helm_extra[@]}" || die "helm install failed"
 log "controller and dataplane Ready"
 
 # ------------------------------------------------------------------ 5. smoke check

@@ -1,7 +1,91 @@
 # shellcheck shell=bash
-# e2e/lib.sh — objects shared by the e2e scripts (install.sh's smoke check, lifecycle.sh,
-# bench/convergence.sh). Source it once kubectl is on PATH and KUBECONFIG is set. The arguments are
-# namespaces, object names and hostnames the scripts choose themselves (never user input).
+# e2e/lib.sh — what the e2e scripts share: bounded kubectl calls, the processes a harness starts (pid and log
+# files), and the objects of the smoke checks (install.sh, realnode/up.sh, lifecycle.sh, bench/convergence.sh).
+# Source it once kubectl is on PATH and KUBECONFIG is set. The arguments are namespaces, object names and
+# hostnames the scripts choose themselves (never user input).
+
+# ---------------------------------------------------------------- kubectl, bounded
+# Every kubectl call of a script that sources this file is bounded: each request by --request-timeout
+# (SWEETY_KUBECTL_REQUEST_TIMEOUT, default 30s), and `wait` / `rollout status`, which watch, by the --timeout
+# they must pass (refused without one) and a hard stop 30 s after it.
+kubectl() {
+  local a prev="" watch="" t=""
+  for a in "$@"; do
+    case $a in
+      --timeout=*) t=${a#--timeout=} ;;
+      wait) watch="wait" ;;
+      status) [ "$prev" != rollout ] || watch="rollout status" ;;
+    esac
+    prev=$a
+  done
+  if [ -z "$watch" ]; then
+    command kubectl --request-timeout="${SWEETY_KUBECTL_REQUEST_TIMEOUT:-30s}" "$@"
+    return
+  fi
+  case $t in
+    [0-9]*s) timeout -k 5 $(( ${t%s} + 30 )) kubectl "$@" ;;
+    *) echo "kubectl $watch needs --timeout=<seconds>s here (got '${t:-none}')" >&2; return 2 ;;
+  esac
+}
+
+# ---------------------------------------------------------------- processes
+# For scripts that start programs in the background: RUN (pid files) and LOG (their logs) must be set, and
+# `log MESSAGE...`.
+
+# running NAME: true while $RUN/NAME.pid names a live process that is the named program (a stale pid file
+# from an earlier run may name a pid that the kernel has since given to something else).
+running() {
+  local pid
+  [ -f "$RUN/$1.pid" ] || return 1
+  pid=$(cat "$RUN/$1.pid")
+  kill -0 "$pid" 2>/dev/null && tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -q -- "$1"
+}
+# start NAME CMD...: CMD in the background (output in $LOG/NAME.log, pid in $RUN/NAME.pid) unless it runs.
+start() {
+  local name=$1; shift
+  if running "$name"; then log "$name already running (pid $(cat "$RUN/$name.pid"))"; return; fi
+  nohup "$@" > "$LOG/$name.log" 2>&1 &
+  echo $! > "$RUN/$name.pid"
+  log "started $name pid $!"
+}
+# stop NAME [GRACE]: SIGTERM to the process of $RUN/NAME.pid (only if `running`), SIGKILL after GRACE seconds
+# (default 10); removes the pid file.
+stop() {
+  local name=$1 grace=${2:-10} pid
+  running "$name" || { rm -f "$RUN/$name.pid"; return 0; }
+  pid=$(cat "$RUN/$name.pid")
+  kill "$pid"
+  for _ in $(seq 1 $((grace * 5))); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+  if kill -0 "$pid" 2>/dev/null; then echo "$name ($pid) did not exit in $grace s, sending SIGKILL"; kill -9 "$pid"; fi
+  rm -f "$RUN/$name.pid"
+  echo "stopped $name ($pid)"
+}
+# wait_for WHAT SECONDS CMD...: runs CMD (output discarded) every 0.2 s until it succeeds ("WHAT ready"), or
+# logs the timeout and returns 1 after SECONDS.
+wait_for() {
+  local what=$1 to=$2; shift 2
+  local end=$(( $(date +%s) + to ))
+  until "$@" >/dev/null 2>&1; do
+    if [ "$(date +%s)" -ge "$end" ]; then log "TIMEOUT ($to s) waiting for $what"; return 1; fi
+    sleep 0.2
+  done
+  log "$what ready"
+}
+
+# diagnostics FILE...: on a failure, what the cluster says (every pod, the last events) and the last lines of
+# each FILE that exists (component and container logs), all on stderr.
+diagnostics() {
+  local f
+  echo "---- diagnostics: pods, recent events, log tails" >&2
+  kubectl get pods -A -o wide >&2 || true
+  kubectl get events -A --sort-by=.lastTimestamp 2>/dev/null | tail -15 >&2 || true
+  for f in "$@"; do
+    [ -f "$f" ] && { echo "-- $f" >&2; tail -15 "$f" >&2; }
+  done
+  return 0
+}
+
+# ---------------------------------------------------------------- objects
 
 # echo_app NAMESPACE: the Namespace, an echo-basic Deployment and its Service echo:8080; waits until
 # the Deployment is Available.
@@ -23,8 +107,10 @@ spec:
       terminationGracePeriodSeconds: 2
       containers:
         - name: echo
-          # A local name: the node agent maps images containing echo-basic to the binary.
+          # A local name: the node agent maps images containing echo-basic to the binary; a real node has it
+          # imported (e2e/realnode/up.sh) and must never pull it.
           image: sweety-e2e/echo-basic:v1.6.3
+          imagePullPolicy: Never
           env:
             - {name: POD_NAME, valueFrom: {fieldRef: {fieldPath: metadata.name}}}
             - {name: NAMESPACE, valueFrom: {fieldRef: {fieldPath: metadata.namespace}}}
@@ -79,6 +165,19 @@ helm_bin() {
     GOBIN=$(dirname "$h") GOFLAGS=-buildvcs=false GOTOOLCHAIN=local go install helm.sh/helm/v3/cmd/helm@v3.22.0 >&2
   fi
   echo "$h"
+}
+
+# install_chart RELEASE NAMESPACE BUILD_ID [helm args...]: `helm upgrade --install` of charts/sweety (pod
+# annotation sweety.dev/build=BUILD_ID, so a new build rolls the pods), then waits until the Deployment is rolled
+# out and its pods are Ready.
+install_chart() {
+  local release=$1 ns=$2 build=$3 helm
+  shift 3
+  helm=$(helm_bin)
+  "$helm" upgrade --install "$release" charts/sweety --namespace "$ns" --create-namespace \
+    --set-string "podAnnotations.sweety\.dev/build=$build" --wait --timeout 5m "$@" || return
+  kubectl -n "$ns" rollout status "deployment/$release" --timeout=180s || return
+  kubectl -n "$ns" wait --for=condition=Ready pod -l "app.kubernetes.io/instance=$release" --timeout=120s >/dev/null
 }
 
 # smoke_gateway NAMESPACE NET: echo_app + http_gateway in NAMESPACE, waits for the HTTPRoute's Accepted and

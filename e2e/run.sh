@@ -33,7 +33,7 @@ if [ "$real" = 1 ]; then
   # shellcheck source=e2e/realnode/env.sh
   . e2e/realnode/env.sh
   up=(bash e2e/realnode/up.sh) teardown=(bash e2e/realnode/down.sh --purge)
-  export SWEETY_E2E_ECHO_IMAGE=$ECHO_IMAGE
+  export SWEETY_E2E_ECHO_IMAGE=$ECHO_IMAGE SWEETY_E2E_PULL_POLICY=Never
 else
   export SWEETY_CLUSTER_DIR=${SWEETY_CLUSTER_DIR:-$HOME/.cache/sweety/cluster-e2e}
   POD_CIDR=${SWEETY_POD_CIDR:-10.246.0.0/24}

@@ -71,6 +71,8 @@ mkdir -p "$BIN" "$SRC" "$RUN" "$LOG" "$PKI"
 export PATH="$BIN:$PATH"   # our kubectl (same version as the apiserver) first
 t0=$(date +%s.%N)
 log() { printf '[up %6.1fs] %s\n' "$(awk -v a="$(date +%s.%N)" -v b="$t0" 'BEGIN{print a-b}')" "$*"; }
+# shellcheck source=e2e/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 
 # ---------------------------------------------------------------- build
 k8s_module() {
@@ -227,30 +229,7 @@ write_kubeconfig "$RUN/kcm.kubeconfig" system:kube-controller-manager "$(token_o
 write_kubeconfig "$RUN/scheduler.kubeconfig" system:kube-scheduler "$(token_of system:kube-scheduler)"
 
 # ---------------------------------------------------------------- start
-# A pid file counts only while its process is alive AND is the named program (a stale pid file from an
-# earlier run may name a pid that the kernel has since given to something else).
-running() {
-  local pid
-  [ -f "$RUN/$1.pid" ] || return 1
-  pid=$(cat "$RUN/$1.pid")
-  kill -0 "$pid" 2>/dev/null && tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -q -- "$1"
-}
-start() { # name cmd...
-  local name=$1; shift
-  if running "$name"; then log "$name already running (pid $(cat "$RUN/$name.pid"))"; return; fi
-  nohup "$@" > "$LOG/$name.log" 2>&1 &
-  echo $! > "$RUN/$name.pid"
-  log "started $name pid $!"
-}
-wait_for() { # what timeout cmd...
-  local what=$1 to=$2; shift 2
-  local end=$(( $(date +%s) + to ))
-  until "$@" >/dev/null 2>&1; do
-    if [ "$(date +%s)" -ge "$end" ]; then log "TIMEOUT waiting for $what"; return 1; fi
-    sleep 0.2
-  done
-  log "$what ready"
-}
+# running / start / wait_for: e2e/lib.sh
 
 start etcd "$BIN/etcd" --name default --data-dir "$ETCD_DATA_DIR" \
   --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \

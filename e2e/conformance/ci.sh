@@ -1,36 +1,75 @@
 #!/usr/bin/env bash
-# e2e/conformance/ci.sh — the CI conformance subset: the GATEWAY-HTTP and GATEWAY-TLS profiles (core + the extended
-# features GatewayClass sweety advertises) on a fresh local cluster, bounded by SWEETY_CONF_TIMEOUT
-# (default 1500 s). Fails when a test fails that is not listed in known-failures.txt (regressions),
-# and also when a listed test now passes (so the list is kept honest and shrinks).
-# Writes no report into the repo: results go to $SWEETY_CONF_OUT (default $SWEETY_CLUSTER_DIR/conformance).
+# e2e/conformance/ci.sh [--real-node] — the conformance run of CI (.ci/run runs it with --real-node).
+#   --real-node  the FULL run: every gateway profile (GATEWAY-HTTP, -GRPC, -TLS, -TCP, -UDP, core and every
+#                extended feature GatewayClass sweety claims) on the cluster of e2e/realnode/up.sh, which must be
+#                up with --conformance and SWEETY_GATEWAY_API_CHANNEL=experimental (the same environment:
+#                SWEETY_CLUSTER_DIR, SWEETY_POD_CIDR, ...). run.sh writes the official report into
+#                reports/v1.6.3/ and regenerates docs/conformance.md; this script then fails when either differs
+#                from what is committed (the run's date aside): the committed report is the one produced from
+#                the code under test. Commit what the run wrote when the difference is intended.
+#   (default)    the GATEWAY-HTTP and GATEWAY-TLS subset on a fresh node-agent cluster of its own (no report).
+# Both fail when a test fails that is not listed in known-failures.txt (regressions), and also when a listed
+# test now passes (so the list is kept honest and shrinks). Bounded by SWEETY_CONF_TIMEOUT (default 1500 s).
+# The suite's log and report: $SWEETY_CONF_OUT (default $SWEETY_CLUSTER_DIR/conformance).
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
-export SWEETY_CLUSTER_DIR=${SWEETY_CLUSTER_DIR:-/var/tmp/sweety/cluster-conf-ci}
-# Its own ports, bridge and Pod network, apart from run.sh's defaults (a developer's cluster may be up).
-export APISERVER_PORT=${APISERVER_PORT:-17643} ETCD_PORT=${ETCD_PORT:-17679} ETCD_PEER_PORT=${ETCD_PEER_PORT:-17680}
-export KCM_PORT=${KCM_PORT:-17657} SCHED_PORT=${SCHED_PORT:-17659}
-export SWEETY_BRIDGE=${SWEETY_BRIDGE:-sweetybr4} SWEETY_POD_CIDR=${SWEETY_POD_CIDR:-10.248.0.0/24}
-export SWEETY_NODE=${SWEETY_NODE:-sweety-conf-ci-node}
+REPO=$(cd "$HERE/../.." && pwd)
+real=0
+[ "${1:-}" = --real-node ] && { real=1; shift; }
+if [ "$real" = 1 ]; then
+  # shellcheck source=e2e/realnode/env.sh disable=SC1091
+  . "$REPO/e2e/realnode/env.sh"
+  export SWEETY_POD_CIDR=$POD_CIDR
+  kubectl --request-timeout=20s get gatewayclass sweety >/dev/null || { echo "ci: no real-node cluster with Sweety at $KUBECONFIG (e2e/realnode/up.sh --conformance)"; exit 1; }
+else
+  export SWEETY_CLUSTER_DIR=${SWEETY_CLUSTER_DIR:-/var/tmp/sweety/cluster-conf-ci}
+  # Its own ports, bridge and Pod network, apart from run.sh's defaults (a developer's cluster may be up).
+  export APISERVER_PORT=${APISERVER_PORT:-17643} ETCD_PORT=${ETCD_PORT:-17679} ETCD_PEER_PORT=${ETCD_PEER_PORT:-17680}
+  export KCM_PORT=${KCM_PORT:-17657} SCHED_PORT=${SCHED_PORT:-17659}
+  export SWEETY_BRIDGE=${SWEETY_BRIDGE:-sweetybr4} SWEETY_POD_CIDR=${SWEETY_POD_CIDR:-10.248.0.0/24}
+  export SWEETY_NODE=${SWEETY_NODE:-sweety-conf-ci-node}
+fi
 export SWEETY_CONF_OUT=${SWEETY_CONF_OUT:-$SWEETY_CLUSTER_DIR/conformance}
 export SWEETY_CONF_TIMEOUT=${SWEETY_CONF_TIMEOUT:-1500}
-# Start from nothing: a previous run's state (pid files, etcd data) must not leak into this one.
-bash "$HERE/../install.sh" down --purge >/dev/null 2>&1 || true
-"$HERE/run.sh" --subset "$@"
-rc=$?
+if [ "$real" = 1 ]; then
+  "$HERE/run.sh" --no-install --full "$@"
+  rc=$?
+else
+  # Start from nothing: a previous run's state (pid files, etcd data) must not leak into this one.
+  bash "$HERE/../install.sh" down --purge >/dev/null 2>&1 || true
+  "$HERE/run.sh" --subset "$@"
+  rc=$?
+fi
 log=$SWEETY_CONF_OUT/suite.log
 [ -f "$log" ] || { echo "ci: no suite log (run.sh exit $rc)"; exit 1; }
 failed=$(sed -n 's/^ *--- FAIL: TestConformance\/\([A-Za-z0-9]*\) .*/\1/p' "$log" | sort -u)
 passed=$(sed -n 's/^ *--- PASS: TestConformance\/\([A-Za-z0-9]*\) .*/\1/p' "$log" | sort -u)
+skipped=$(sed -n 's/^ *--- SKIP: TestConformance\/\([A-Za-z0-9]*\) .*/\1/p' "$log" | sort -u)
 known=$(awk -F'|' '!/^#/ && NF{gsub(/ /,"",$1); print $1}' "$HERE/known-failures.txt" 2>/dev/null | sort -u)
 new=$(comm -23 <(echo "$failed" | sed '/^$/d') <(echo "$known" | sed '/^$/d'))
 fixed=$(comm -12 <(echo "$passed" | sed '/^$/d') <(echo "$known" | sed '/^$/d'))
-echo "ci: $(echo "$passed" | sed '/^$/d' | wc -l) passed, $(echo "$failed" | sed '/^$/d' | wc -l) failed ($(echo "$known" | sed '/^$/d' | wc -l) known)"
+count() { sed '/^$/d' | wc -l; }
+echo "ci: $(echo "$passed" | count) passed, $(echo "$failed" | count) failed ($(echo "$known" | count) known), $(echo "$skipped" | count) skipped"
 status=0
-if [ -n "$new" ]; then echo "ci: new failures:"; echo "$new" | sed 's/^/  /'; status=1; fi
-if [ -n "$fixed" ]; then echo "ci: now passing, remove from known-failures.txt:"; echo "$fixed" | sed 's/^/  /'; status=1; fi
+# (test names are single words: unquoted, each becomes one line)
+# shellcheck disable=SC2086
+if [ -n "$new" ]; then echo "ci: new failures:"; printf '  %s\n' $new; status=1; fi
+# shellcheck disable=SC2086
+if [ -n "$fixed" ]; then echo "ci: now passing, remove from known-failures.txt:"; printf '  %s\n' $fixed; status=1; fi
 # A suite killed partway (go test timeout, SWEETY_CONF_TIMEOUT) leaves no FAIL line for what never ran.
 if [ "$rc" -ne 0 ] && [ -z "$failed" ]; then echo "ci: suite aborted (exit $rc) without a FAIL line"; status=1; fi
 if grep -q "panic: test timed out" "$log"; then echo "ci: suite timed out"; status=1; fi
 if [ -z "$passed" ]; then echo "ci: nothing passed (setup failure?), suite exit $rc"; status=1; fi
+if [ "$real" = 1 ]; then
+  # The committed report and page must be what this run of this code wrote (the run's date aside).
+  paths=(e2e/conformance/reports docs/conformance.md)
+  untracked=$(cd "$REPO" && git status --porcelain -- "${paths[@]}" | grep '^??')
+  if ! (cd "$REPO" && git diff --quiet -I '^date: ' -I '^Suite: Gateway API ' -- "${paths[@]}") || [ -n "$untracked" ]; then
+    echo "ci: the conformance report or docs/conformance.md differ from what this run wrote; commit them:"
+    (cd "$REPO" && git diff --stat -- "${paths[@]}"; git status --short -- "${paths[@]}")
+    status=1
+  else
+    echo "ci: the committed report and docs/conformance.md are this run's (date aside)"
+  fi
+fi
 exit $status

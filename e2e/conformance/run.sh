@@ -29,7 +29,7 @@ while [ $# -gt 0 ]; do
     --full) mode=full ;;
     --subset) mode=subset; profiles=GATEWAY-HTTP,GATEWAY-TLS ;;
     --profiles) shift; profiles=${1:?--profiles needs a list}; mode=full ;;
-    --test) shift; test=${1:?--test needs a name}; mode=test ;;
+    --test) shift; test=${1:?--test needs a name}; mode="test" ;;
     --keep) keep=1 ;;
     --no-install) install=0 ;;
     --) shift; extra=("$@"); break ;;

@@ -25,18 +25,29 @@ RUN=$SWEETY_CLUSTER_DIR/run
 LOG=$SWEETY_CLUSTER_DIR/logs
 PKI=$RUN/pki
 NODE_DIR=$SWEETY_CLUSTER_DIR/node
+IMG=$NODE_DIR/images
 CONTAINERD_SOCK=$NODE_DIR/containerd/containerd.sock
-PAUSE_IMAGE=docker.io/sweety-e2e/pause:3.10
-ECHO_IMAGE=docker.io/sweety-e2e/echo-basic:v1.6.3
+# Local names only (the runtime qualifies them itself); both are imported by up.sh, never pulled.
+PAUSE_IMAGE=sweety-e2e/pause:3.10
+ECHO_IMAGE=sweety-e2e/echo-basic:v1.6.3
+# The host's iptables rules before the kubelet and kube-proxy first started: down.sh removes only what is new.
+IPTABLES_BEFORE=$NODE_DIR/iptables-before
+# Sweety's own filter chain: drops what Pods send off the host (up.sh).
+FWD_CHAIN=SWEETY-FWD-$BRIDGE
 export KUBECONFIG=$RUN/kubeconfig
 export PATH="$K8S_BIN:$PATH"
 export GOFLAGS=${GOFLAGS:--buildvcs=false} GOTOOLCHAIN=${GOTOOLCHAIN:-local}
 
 ctr_() { ctr --address "$CONTAINERD_SOCK" "$@"; }
-# A pid file counts only while its process is alive AND is the named program (pids get reused).
-running() {
-  local pid
-  [ -f "$RUN/$1.pid" ] || return 1
-  pid=$(cat "$RUN/$1.pid")
-  kill -0 "$pid" 2>/dev/null && tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -q -- "$1"
+# iptables_ours: for each of iptables/ip6tables and the filter, nat and mangle tables, the `-S` lines of the
+# chains and rules that belong to the node (KUBE-* from the kubelet and kube-proxy, and FWD_CHAIN), as
+# "<command> <table> <line>".
+iptables_ours() {
+  local ipt t
+  for ipt in iptables ip6tables; do
+    command -v "$ipt" >/dev/null || continue
+    for t in filter nat mangle; do
+      { "$ipt" -w 5 -t "$t" -S 2>/dev/null || true; } | { grep -E -- "KUBE-|$FWD_CHAIN( |\$)" || true; } | sed "s/^/$ipt $t /"
+    done
+  done
 }

@@ -16,6 +16,8 @@
 //!   default `sweety-e2e-control-plane`, through `docker exec`).
 //! * `SWEETY_E2E_ECHO_IMAGE`: image of the echo backends (Gateway API's echo-basic); the default is a local
 //!   name the e2e node agent maps to the binary.
+//! * `SWEETY_E2E_PULL_POLICY` (default `IfNotPresent`): the echo backends' `imagePullPolicy` (`Never` on the
+//!   real node of e2e/realnode, which holds only imported images).
 
 pub mod client;
 pub mod cluster;

@@ -23,6 +23,11 @@ static LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 fn echo_image() -> String {
     std::env::var("SWEETY_E2E_ECHO_IMAGE").unwrap_or_else(|_| "sweety-e2e/echo-basic:v1.6.3".into())
 }
+/// The echo backend's `imagePullPolicy`: `SWEETY_E2E_PULL_POLICY`, default `IfNotPresent` (`Never` on the real
+/// node, whose images are all imported: a pull there is a test error, never a download).
+fn echo_pull_policy() -> String {
+    std::env::var("SWEETY_E2E_PULL_POLICY").unwrap_or_else(|_| "IfNotPresent".into())
+}
 const INGRESS_NS: &str = "e2e-ingress";
 const INGRESS_HOST: &str = "ingress.e2e.test";
 const GATEWAY_NS: &str = "e2e-gateway";
@@ -118,7 +123,7 @@ async fn echo(env: &Env, ns: &str) -> Result<()> {
                     "spec": {
                         "terminationGracePeriodSeconds": 2,
                         "containers": [{
-                            "name": "echo", "image": echo_image(),
+                            "name": "echo", "image": echo_image(), "imagePullPolicy": echo_pull_policy(),
                             "env": [
                                 {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
                                 {"name": "NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}
