@@ -197,10 +197,31 @@ impl Reader {
 /// Opens an h2c connection: preface and an empty SETTINGS frame.
 pub async fn open(addr: SocketAddr) -> (Reader, OwnedWriteHalf) {
     let tcp = TcpStream::connect(addr).await.unwrap();
+    start(tcp, &[]).await
+}
+
+/// Opens an h2c connection from the local address `from` (in 127.0.0.0/8: per-client
+/// limits), with the preface and a SETTINGS frame of `settings` (id, value).
+pub async fn open_from(
+    from: &str,
+    addr: SocketAddr,
+    settings: &[(u16, u32)],
+) -> (Reader, OwnedWriteHalf) {
+    let s = tokio::net::TcpSocket::new_v4().unwrap();
+    s.bind(format!("{from}:0").parse().unwrap()).unwrap();
+    start(s.connect(addr).await.unwrap(), settings).await
+}
+
+async fn start(tcp: TcpStream, settings: &[(u16, u32)]) -> (Reader, OwnedWriteHalf) {
     tcp.set_nodelay(true).unwrap();
     let (rd, mut wr) = tcp.into_split();
     let mut hello = PREFACE.to_vec();
-    hello.extend(frame(SETTINGS, 0, 0, &[]));
+    let mut params = Vec::new();
+    for (id, v) in settings {
+        params.extend_from_slice(&id.to_be_bytes());
+        params.extend_from_slice(&v.to_be_bytes());
+    }
+    hello.extend(frame(SETTINGS, 0, 0, &params));
     wr.write_all(&hello).await.unwrap();
     (
         Reader {
