@@ -1164,6 +1164,84 @@ async fn gateway_services_go_with_their_gateway_class() {
     drop_namespace(&client, &apps).await;
 }
 
+/// Params of a controller in namespace `ctl` serving Gateways on the one port `gw_port` of
+/// 127.0.0.1 through the in-process `dataplane`, without an Ingress Service.
+fn one_port_params(
+    ctl: &str,
+    gw_port: u16,
+    dataplane: &InProcessDataplane,
+) -> sweety_controller::translate::Params {
+    sweety_controller::translate::Params {
+        namespace: ctl.into(),
+        listen_address: "127.0.0.1".into(),
+        gateway_port_min: gw_port,
+        gateway_port_max: gw_port,
+        content_dir: dataplane.content_dir(),
+        ingress_service: None,
+        ..Default::default()
+    }
+}
+
+/// What a cloud load balancer does: give Service `name` the ingress address `ip`.
+async fn fake_lb_address(api: &Api<Service>, name: &str, ip: &str) {
+    api.patch_status(
+        name,
+        &PatchParams::apply("fake-cloud-lb"),
+        &Patch::Apply(json!({
+            "apiVersion": "v1", "kind": "Service", "metadata": {"name": name},
+            "status": {"loadBalancer": {"ingress": [{"ip": ip, "ipMode": "VIP"}]}}
+        })),
+    )
+    .await
+    .expect("load-balancer status");
+}
+
+/// The status of Gateway `name` once it is Programmed=True.
+async fn gateway_programmed(api: &Api<gw::gateways::Gateway>, name: &str) -> Value {
+    wait_for("Gateway Programmed=True", || async {
+        let g = api.get(name).await.ok()?;
+        let v = serde_json::to_value(&g.status).ok()?;
+        let p = v["conditions"]
+            .as_array()?
+            .iter()
+            .find(|c| c["type"] == "Programmed")?
+            .clone();
+        (p["status"] == "True").then_some(v)
+    })
+    .await
+}
+
+/// The desired Service of Gateway `web` in `gateway_namespace`, living in `namespace`: ClusterIP,
+/// HTTP 80 -> 20000 and QUIC 443 -> 20001, infrastructure label team=a, no owner.
+fn web_service(gateway_namespace: &str, namespace: &str, name: &str) -> GatewayService {
+    GatewayService {
+        gateway_namespace: gateway_namespace.into(),
+        gateway_name: "web".into(),
+        namespace: namespace.into(),
+        name: name.into(),
+        service_type: "ClusterIP".into(),
+        ports: vec![
+            ServicePort {
+                name: "http".into(),
+                protocol: "TCP".into(),
+                port: 80,
+                target_port: 20000,
+            },
+            ServicePort {
+                name: "quic".into(),
+                protocol: "UDP".into(),
+                port: 443,
+                target_port: 20001,
+            },
+        ],
+        requested_addresses: vec![],
+        labels: BTreeMap::from([("team".to_string(), "a".to_string())]),
+        annotations: Default::default(),
+        external_traffic_policy: None,
+        owner: None,
+    }
+}
+
 /// The default (`--gateway-service-namespace=release`): each Gateway's Service lives in the
 /// controller's namespace beside the dataplane Pods and selects them with the dataplane
 /// Service's selector; the controller writes no EndpointSlices (the cluster's controller
@@ -1216,32 +1294,7 @@ async fn gateway_services_are_created_updated_and_deleted() {
     .await;
 
     let services = GatewayServices::new(client.clone(), &ctl, Some("sweety".into()), FIELD_MANAGER);
-    let mut desired = vec![GatewayService {
-        gateway_namespace: apps.clone(),
-        gateway_name: "web".into(),
-        namespace: ctl.clone(),
-        name: web.clone(),
-        service_type: "ClusterIP".into(),
-        ports: vec![
-            ServicePort {
-                name: "http".into(),
-                protocol: "TCP".into(),
-                port: 80,
-                target_port: 20000,
-            },
-            ServicePort {
-                name: "quic".into(),
-                protocol: "UDP".into(),
-                port: 443,
-                target_port: 20001,
-            },
-        ],
-        requested_addresses: vec![],
-        labels: BTreeMap::from([("team".to_string(), "a".to_string())]),
-        annotations: Default::default(),
-        external_traffic_policy: None,
-        owner: None,
-    }];
+    let mut desired = vec![web_service(&apps, &ctl, &web)];
     let report = services.sync(&desired).await.expect("sync");
     assert_eq!(report.applied, [format!("{ctl}/{web}")], "{report:?}");
     let mut deleted = report.deleted.clone();
@@ -1368,7 +1421,6 @@ fn chart_rbac_rules() -> (Vec<Value>, Vec<Vec<Value>>) {
 async fn controller_works_with_only_the_charts_default_rbac() {
     use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
     use sweety_controller::run::RunOptions;
-    use sweety_controller::translate::Params;
     let _guard = LOCK.lock().await;
     let client = cluster().await;
     let ns = namespace(&client, "rbacgw").await;
@@ -1475,15 +1527,7 @@ async fn controller_works_with_only_the_charts_default_rbac() {
     .await;
     let dataplane = InProcessDataplane::start();
     let options = RunOptions {
-        params: Params {
-            namespace: ctl.clone(),
-            listen_address: "127.0.0.1".into(),
-            gateway_port_min: gw_port,
-            gateway_port_max: gw_port,
-            content_dir: dataplane.content_dir(),
-            ingress_service: None,
-            ..Params::default()
-        },
+        params: one_port_params(&ctl, gw_port, &dataplane),
         watch: WatchOptions {
             // The controller's namespace is not watched: its Services come from the extra watch.
             namespaces: vec![ns.clone()],
@@ -1510,32 +1554,9 @@ async fn controller_works_with_only_the_charts_default_rbac() {
     .await;
     let svc_name = svc.metadata.name.clone().unwrap();
     assert_eq!(svc_name, format!("sweety-gw-{ns}-gw"));
-    ctl_services
-        .patch_status(
-            &svc_name,
-            &PatchParams::apply("fake-cloud-lb"),
-            &Patch::Apply(json!({
-                "apiVersion": "v1", "kind": "Service", "metadata": {"name": svc_name},
-                "status": {"loadBalancer": {"ingress": [{"ip": "192.0.2.51", "ipMode": "VIP"}]}}
-            })),
-        )
-        .await
-        .expect("load-balancer status");
+    fake_lb_address(&ctl_services, &svc_name, "192.0.2.51").await;
     let gateways: Api<gw::gateways::Gateway> = Api::namespaced(client.clone(), &ns);
-    let gw_status = wait_for(
-        "Gateway Programmed=True with its Service's address",
-        || async {
-            let g = gateways.get("gw").await.ok()?;
-            let v = serde_json::to_value(&g.status).ok()?;
-            let p = v["conditions"]
-                .as_array()?
-                .iter()
-                .find(|c| c["type"] == "Programmed")?
-                .clone();
-            (p["status"] == "True").then_some(v)
-        },
-    )
-    .await;
+    let gw_status = gateway_programmed(&gateways, "gw").await;
     assert_eq!(
         gw_status["addresses"],
         json!([{"type": "IPAddress", "value": "192.0.2.51"}])
@@ -1629,32 +1650,7 @@ async fn gateway_services_in_the_gateway_namespace_are_created_updated_and_delet
     let web = format!("sweety-gw-{apps}-web");
     let lbname = format!("sweety-gw-{apps}-lb");
     let mut desired = vec![
-        GatewayService {
-            gateway_namespace: apps.clone(),
-            gateway_name: "web".into(),
-            namespace: apps.clone(),
-            name: web.clone(),
-            service_type: "ClusterIP".into(),
-            ports: vec![
-                ServicePort {
-                    name: "http".into(),
-                    protocol: "TCP".into(),
-                    port: 80,
-                    target_port: 20000,
-                },
-                ServicePort {
-                    name: "quic".into(),
-                    protocol: "UDP".into(),
-                    port: 443,
-                    target_port: 20001,
-                },
-            ],
-            requested_addresses: vec![],
-            labels: BTreeMap::from([("team".to_string(), "a".to_string())]),
-            annotations: Default::default(),
-            external_traffic_policy: None,
-            owner: None,
-        },
+        web_service(&apps, &apps, &web),
         GatewayService {
             gateway_namespace: apps.clone(),
             gateway_name: "lb".into(),
@@ -2170,7 +2166,6 @@ async fn http_head(port: u16, host: &str) -> Option<String> {
 #[ignore = "needs a kube-apiserver: SWEETY_KUBECONFIG (e2e/controller-it.sh)"]
 async fn end_to_end_gateway_is_programmed_after_the_dataplane_acks() {
     use sweety_controller::run::RunOptions;
-    use sweety_controller::translate::Params;
     let _guard = LOCK.lock().await;
     let client = cluster().await;
     let ns = namespace(&client, "e2e").await;
@@ -2227,15 +2222,7 @@ async fn end_to_end_gateway_is_programmed_after_the_dataplane_acks() {
     let dataplane = InProcessDataplane::start();
 
     let options = RunOptions {
-        params: Params {
-            namespace: ctl.clone(),
-            listen_address: "127.0.0.1".into(),
-            gateway_port_min: gw_port,
-            gateway_port_max: gw_port,
-            content_dir: dataplane.content_dir(),
-            ingress_service: None,
-            ..Params::default()
-        },
+        params: one_port_params(&ctl, gw_port, &dataplane),
         watch: WatchOptions {
             namespaces: vec![ns.clone(), ctl.clone()],
             ..WatchOptions::default()
@@ -2298,28 +2285,8 @@ async fn end_to_end_gateway_is_programmed_after_the_dataplane_acks() {
     .await;
     // A load balancer assigns the Service an address: the Gateway gets it and is Programmed.
     let svc_name = svc.metadata.name.clone().unwrap();
-    owned
-        .patch_status(
-            &svc_name,
-            &PatchParams::apply("fake-cloud-lb"),
-            &Patch::Apply(json!({
-                "apiVersion": "v1", "kind": "Service", "metadata": {"name": svc_name},
-                "status": {"loadBalancer": {"ingress": [{"ip": "192.0.2.50", "ipMode": "VIP"}]}}
-            })),
-        )
-        .await
-        .expect("load-balancer status");
-    let gw_status = wait_for("Gateway Programmed=True", || async {
-        let g = gateways.get("gw").await.ok()?;
-        let v = serde_json::to_value(&g.status).ok()?;
-        let p = v["conditions"]
-            .as_array()?
-            .iter()
-            .find(|c| c["type"] == "Programmed")?
-            .clone();
-        (p["status"] == "True").then_some(v)
-    })
-    .await;
+    fake_lb_address(&owned, &svc_name, "192.0.2.50").await;
+    let gw_status = gateway_programmed(&gateways, "gw").await;
     assert_eq!(
         gw_status["addresses"],
         json!([{"type": "IPAddress", "value": "192.0.2.50"}])
