@@ -1,7 +1,9 @@
 //! Slow clients cannot hold the house (issue 16): clients from one address (127.0.0.2) that ask
 //! for a large response and never read it hold at most their per-client share of connections
 //! and request slots while a normal client (127.0.0.1) is still served; `send_timeout` then
-//! closes their connections and frees what they held. Bounded in time and count.
+//! closes their connections and frees what they held. HTTP/1.1 and HTTP/2 on both engines
+//! (HTTP/3: `h3.rs`); on Sweety's HTTP/2 engine also a client that keeps its flow-control
+//! windows at zero. Bounded in time and count.
 
 mod common;
 
@@ -297,4 +299,111 @@ async fn h2_zero_window_streams_are_reset_after_send_timeout_and_free_their_slot
             && f.flags & raw2::END_STREAM != 0)
     })
     .await;
+}
+
+/// HTTP/2 on both engines: the H1 test's hostile clients speak h2c and open their
+/// flow-control windows wide (so what stalls is the socket, not a window): past
+/// `max_connections_per_client` a connection is closed at once, past
+/// `max_requests_per_client` a stream gets 429; a normal client is served meanwhile; then
+/// `send_timeout` closes the stalled connections and frees every slot.
+#[tokio::test]
+async fn h2_hostile_slow_readers_hold_their_share_on_both_engines() {
+    for engine in [Http2Engine::Sweety, Http2Engine::Hyper] {
+        h2_slow_readers(engine).await;
+    }
+}
+
+async fn h2_slow_readers(engine: Http2Engine) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("big.bin"), vec![7u8; 48 << 20]).unwrap();
+    std::fs::write(dir.path().join("small.txt"), b"small\n").unwrap();
+    let route = Route {
+        action: Action::Static(StaticSite {
+            root: dir.path().to_path_buf(),
+            index: vec![],
+            try_files: vec![],
+            precompressed: false,
+            cache_control: None,
+            strip_prefix: None,
+            hide_dotfiles: true,
+        }),
+        ..fixed_route("files", "/", "")
+    };
+    let mut cfg = http_config(vec![vhost("v", &[], vec![route])]);
+    cfg.limits.http2_engine = engine;
+    cfg.limits.max_connections_per_client = 2;
+    cfg.limits.max_requests_per_client = 3;
+    cfg.limits.send_timeout = sweety_config::Duration::from_secs(3);
+    let h = Harness::start(cfg).await;
+    let addr = h.addr("web").await;
+    let ip = "127.0.0.2".parse().unwrap();
+    let shared = h.runtime.shared.clone();
+
+    // Windows as wide as they go, then two requests per connection.
+    let mut hello = raw2::PREFACE.to_vec();
+    let mut params = 0x4u16.to_be_bytes().to_vec();
+    params.extend_from_slice(&0x7fff_ffffu32.to_be_bytes());
+    hello.extend(raw2::frame(raw2::SETTINGS, 0, 0, &params));
+    hello.extend(raw2::frame(
+        raw2::WINDOW_UPDATE,
+        0,
+        0,
+        &(0x7fff_ffffu32 - 65_535).to_be_bytes(),
+    ));
+    for id in [1u32, 3] {
+        hello.extend(raw2::frame(
+            raw2::HEADERS,
+            raw2::END_STREAM | raw2::END_HEADERS,
+            id,
+            &raw2::request_block("/big.bin"),
+        ));
+    }
+    let mut hostile = Vec::new();
+    for _ in 0..3 {
+        let mut s = connect_from("127.0.0.2", addr).await;
+        let _ = s.write_all(&hello).await;
+        hostile.push(s);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Two connections held (the third closed at once), three streams held, the fourth 429.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while shared.client_requests.held(ip) < 3 || limit_hits(&h, "client_requests") < 1 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{engine:?}: {} requests held, {} refused",
+            shared.client_requests.held(ip),
+            limit_hits(&h, "client_requests")
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(shared.client_requests.held(ip), 3, "{engine:?}");
+    assert_eq!(shared.client_conns.held(ip), 2, "{engine:?}");
+    assert!(limit_hits(&h, "client_connections") >= 1, "{engine:?}");
+
+    // A normal client is served meanwhile.
+    for _ in 0..3 {
+        let (status, body) = get(&h2c_client(), &format!("http://{addr}/small.txt"), None)
+            .await
+            .unwrap();
+        assert_eq!((status, body.as_str()), (200, "small\n"), "{engine:?}");
+    }
+
+    // send_timeout closes the stalled connections and frees their slots while the clients
+    // still hold their sockets open.
+    let freed = tokio::time::timeout(Duration::from_secs(20), async {
+        while shared.client_conns.held(ip) > 0 || shared.client_requests.held(ip) > 0 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    assert!(
+        freed.is_ok(),
+        "{engine:?}: send_timeout freed the connections and slots"
+    );
+    for (i, s) in hostile.iter_mut().enumerate() {
+        assert!(
+            closed_within(s, Duration::from_secs(5)).await,
+            "{engine:?}: hostile connection {i} closed"
+        );
+    }
 }

@@ -18,8 +18,10 @@ pub const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 pub const DATA: u8 = 0x0;
 pub const HEADERS: u8 = 0x1;
+pub const PRIORITY: u8 = 0x2;
 pub const RST_STREAM: u8 = 0x3;
 pub const SETTINGS: u8 = 0x4;
+pub const PUSH_PROMISE: u8 = 0x5;
 pub const PING: u8 = 0x6;
 pub const GOAWAY: u8 = 0x7;
 pub const WINDOW_UPDATE: u8 = 0x8;
@@ -28,6 +30,8 @@ pub const CONTINUATION: u8 = 0x9;
 pub const END_STREAM: u8 = 0x1;
 pub const ACK: u8 = 0x1;
 pub const END_HEADERS: u8 = 0x4;
+pub const PADDED: u8 = 0x8;
+pub const PRIORITY_FLAG: u8 = 0x20;
 
 pub const NO_ERROR: u32 = 0x0;
 pub const PROTOCOL_ERROR: u32 = 0x1;

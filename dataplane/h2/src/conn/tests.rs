@@ -886,14 +886,38 @@ async fn a_reading_client_is_not_closed_as_dead() {
 }
 
 /// What a connection did after a burst of frames: ended with GOAWAY (its code), or answered
-/// the PING sent after the burst (None).
+/// the PING sent after the burst (None); and the limits the driver reported hit (the guard
+/// that fired).
 /// `setup` may open streams; the burst waits for the reset of the stream it names.
 async fn after_burst(
     setup: impl Fn(&mut BytesMut) -> Option<u32>,
     burst: impl Fn(&mut BytesMut),
+) -> (Option<Reason>, Vec<String>) {
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let ended = after_burst_on(log.clone(), setup, burst).await;
+    let limits = log
+        .lock()
+        .unwrap()
+        .iter()
+        .filter_map(|l| l.strip_prefix("limit ").map(str::to_owned))
+        .collect();
+    (ended, limits)
+}
+
+async fn after_burst_on(
+    log: Arc<Mutex<Vec<String>>>,
+    setup: impl Fn(&mut BytesMut) -> Option<u32>,
+    burst: impl Fn(&mut BytesMut),
 ) -> Option<Reason> {
     use tokio::io::AsyncWriteExt;
-    let mut c = pipe_driver_with(4 << 20, |s| s.max_resets_per_sec = 32).await;
+    let (mut c, server) = tokio::io::duplex(4 << 20);
+    let (tx, stop) = tokio::sync::watch::channel(false);
+    let mut settings = settings();
+    settings.max_resets_per_sec = 32;
+    tokio::spawn(async move {
+        let _tx = tx;
+        let _ = serve(server, Recording(log), settings, stop).await;
+    });
     let mut out = BytesMut::from(&frame::PREFACE[..]);
     frame::put_settings(&mut out, &[]);
     // Stream 1 is answered in full (closed); `setup` may open or get others reset.
@@ -926,7 +950,8 @@ async fn after_burst(
 }
 
 /// Frames that cost the server work and deliver nothing, sent by the thousand, end the
-/// connection with GOAWAY ENHANCE_YOUR_CALM; 150 of each are served as usual.
+/// connection with GOAWAY ENHANCE_YOUR_CALM, each class by its own guard (the limit the
+/// driver reports); 150 of each are served as usual and hit no limit.
 #[tokio::test]
 async fn floods_of_frames_that_do_nothing_end_with_enhance_your_calm() {
     type Setup = fn(&mut BytesMut) -> Option<u32>;
@@ -937,52 +962,98 @@ async fn floods_of_frames_that_do_nothing_end_with_enhance_your_calm() {
         out.extend_from_slice(&request(3, false));
         Some(3)
     };
-    let cases: [(&str, Setup, Put); 10] = [
-        ("unknown frame type", nothing, |out| {
-            frame::put_head(out, 0, 0x20, 0, 0)
-        }),
-        ("WINDOW_UPDATE on a closed stream", nothing, |out| {
-            frame::put_window_update(out, 1, 1)
-        }),
-        ("RST_STREAM on a closed stream", nothing, |out| {
-            frame::put_rst(out, 1, Reason::CANCEL)
-        }),
-        ("DATA on a stream we reset", reset_upload, |out| {
-            frame::put_data(out, 3, b"x", false)
-        }),
-        ("SETTINGS ACK", nothing, frame::put_settings_ack),
-        ("PING ACK", nothing, |out| {
-            frame::put_ping_ack(out, b"12345678")
-        }),
-        ("GOAWAY", nothing, |out| {
-            frame::put_goaway(out, 0, Reason::NO_ERROR, b"")
-        }),
-        ("PING", nothing, |out| frame::put_ping(out, *b"12345678")),
-        ("SETTINGS", nothing, |out| frame::put_settings(out, &[])),
-        ("empty DATA", reset_upload, |out| {
-            frame::put_data(out, 3, b"", false)
-        }),
+    const GLITCH: &str = "h2_glitch_flood";
+    const CONTROL: &str = "h2_control_flood";
+    const EMPTY: &str = "h2_empty_frame_flood";
+    let cases: [(&str, Setup, Put, &str); 11] = [
+        (
+            "unknown frame type",
+            nothing,
+            |out| frame::put_head(out, 0, 0x20, 0, 0),
+            GLITCH,
+        ),
+        (
+            "WINDOW_UPDATE on a closed stream",
+            nothing,
+            |out| frame::put_window_update(out, 1, 1),
+            GLITCH,
+        ),
+        (
+            "RST_STREAM on a closed stream",
+            nothing,
+            |out| frame::put_rst(out, 1, Reason::CANCEL),
+            GLITCH,
+        ),
+        (
+            "DATA on a stream we reset",
+            reset_upload,
+            |out| frame::put_data(out, 3, b"x", false),
+            GLITCH,
+        ),
+        (
+            "trailers (HEADERS with END_STREAM) on a stream we reset",
+            reset_upload,
+            |out| {
+                let mut block = BytesMut::new();
+                Encoder::field(&mut block, b"x-trailer", b"1", false);
+                frame::put_headers(out, 3, &block, true, 16_384);
+            },
+            GLITCH,
+        ),
+        ("SETTINGS ACK", nothing, frame::put_settings_ack, CONTROL),
+        (
+            "PING ACK",
+            nothing,
+            |out| frame::put_ping_ack(out, b"12345678"),
+            CONTROL,
+        ),
+        (
+            "GOAWAY",
+            nothing,
+            |out| frame::put_goaway(out, 0, Reason::NO_ERROR, b""),
+            CONTROL,
+        ),
+        (
+            "PING",
+            nothing,
+            |out| frame::put_ping(out, *b"12345678"),
+            CONTROL,
+        ),
+        (
+            "SETTINGS",
+            nothing,
+            |out| frame::put_settings(out, &[]),
+            CONTROL,
+        ),
+        (
+            "empty DATA",
+            reset_upload,
+            |out| frame::put_data(out, 3, b"", false),
+            EMPTY,
+        ),
     ];
     let mut fails = Vec::new();
-    for (name, setup, put) in cases {
-        let few = after_burst(setup, |out| {
+    for (name, setup, put, guard) in cases {
+        let (few, limits) = after_burst(setup, |out| {
             for _ in 0..150 {
                 put(out)
             }
         })
         .await;
-        if few.is_some() {
-            fails.push(format!("{name}: 150 ended the connection with {few:?}"));
+        if few.is_some() || !limits.is_empty() {
+            fails.push(format!(
+                "{name}: 150 ended the connection with {few:?}, limits {limits:?}"
+            ));
         }
-        let many = after_burst(setup, |out| {
+        let (many, limits) = after_burst(setup, |out| {
             for _ in 0..3_000 {
                 put(out)
             }
         })
         .await;
-        if many != Some(Reason::ENHANCE_YOUR_CALM) {
+        if many != Some(Reason::ENHANCE_YOUR_CALM) || limits != [guard] {
             fails.push(format!(
-                "{name}: 3,000 gave {many:?}, want ENHANCE_YOUR_CALM"
+                "{name}: 3,000 gave {many:?} by {limits:?}, want ENHANCE_YOUR_CALM by {guard}"
             ));
         }
     }
@@ -1004,7 +1075,13 @@ async fn rapid_resets_end_with_enhance_your_calm() {
         },
     )
     .await;
-    assert_eq!(got, Some(Reason::ENHANCE_YOUR_CALM));
+    assert_eq!(
+        got,
+        (
+            Some(Reason::ENHANCE_YOUR_CALM),
+            vec!["h2_rapid_reset".into()]
+        )
+    );
 }
 
 /// [`NotFound`], recording what the driver tells its service.
