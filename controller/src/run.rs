@@ -291,7 +291,7 @@ fn reconcile(
     let generation = pusher.submit(output.config.clone());
     // After the push: the statuses go to the worker (it keeps what changed; the translate
     // cache's statuses are let go before the next translate, which updates them in place).
-    statuses.offer(&output.statuses, generation);
+    statuses.offer(&output.statuses, &output.status_changes, generation);
     let gateway_services = output.gateway_services.clone();
     // The cache lives as long as the process: its totals are the counters.
     metrics

@@ -27,7 +27,7 @@ pub mod status;
 mod golden_tests;
 
 use backends::{Backends, ServiceIndex};
-pub use cache::{translate_incremental, CacheStats, TranslateCache, Translation};
+pub use cache::{translate_incremental, CacheStats, StatusChanges, TranslateCache, Translation};
 use serde::{Deserialize, Serialize};
 pub use snapshot::Snapshot;
 
