@@ -333,7 +333,7 @@ mod status_list {
         status: ObjectStatus,
     }
 
-    pub fn serialize<S: Serializer>(s: &Statuses, ser: S) -> Result<S::Ok, S::Error> {
+    pub(super) fn serialize<S: Serializer>(s: &Statuses, ser: S) -> Result<S::Ok, S::Error> {
         let v: Vec<Entry> = s
             .iter()
             .map(|(k, v)| Entry {
@@ -344,7 +344,7 @@ mod status_list {
         v.serialize(ser)
     }
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(de: D) -> Result<Statuses, D::Error> {
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(de: D) -> Result<Statuses, D::Error> {
         let v = Vec::<Entry>::deserialize(de)?;
         Ok(v.into_iter().map(|e| (e.key, e.status)).collect())
     }

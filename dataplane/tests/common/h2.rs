@@ -14,32 +14,32 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-pub const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+pub(crate) const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
-pub const DATA: u8 = 0x0;
-pub const HEADERS: u8 = 0x1;
-pub const RST_STREAM: u8 = 0x3;
-pub const SETTINGS: u8 = 0x4;
-pub const PING: u8 = 0x6;
-pub const GOAWAY: u8 = 0x7;
-pub const WINDOW_UPDATE: u8 = 0x8;
-pub const CONTINUATION: u8 = 0x9;
+pub(crate) const DATA: u8 = 0x0;
+pub(crate) const HEADERS: u8 = 0x1;
+pub(crate) const RST_STREAM: u8 = 0x3;
+pub(crate) const SETTINGS: u8 = 0x4;
+pub(crate) const PING: u8 = 0x6;
+pub(crate) const GOAWAY: u8 = 0x7;
+pub(crate) const WINDOW_UPDATE: u8 = 0x8;
+pub(crate) const CONTINUATION: u8 = 0x9;
 
-pub const END_STREAM: u8 = 0x1;
-pub const ACK: u8 = 0x1;
-pub const END_HEADERS: u8 = 0x4;
+pub(crate) const END_STREAM: u8 = 0x1;
+pub(crate) const ACK: u8 = 0x1;
+pub(crate) const END_HEADERS: u8 = 0x4;
 
-pub const NO_ERROR: u32 = 0x0;
-pub const PROTOCOL_ERROR: u32 = 0x1;
-pub const FLOW_CONTROL_ERROR: u32 = 0x3;
-pub const REFUSED_STREAM: u32 = 0x7;
-pub const CANCEL: u32 = 0x8;
-pub const ENHANCE_YOUR_CALM: u32 = 0xb;
+pub(crate) const NO_ERROR: u32 = 0x0;
+pub(crate) const PROTOCOL_ERROR: u32 = 0x1;
+pub(crate) const FLOW_CONTROL_ERROR: u32 = 0x3;
+pub(crate) const REFUSED_STREAM: u32 = 0x7;
+pub(crate) const CANCEL: u32 = 0x8;
+pub(crate) const ENHANCE_YOUR_CALM: u32 = 0xb;
 
 /// How long any one phase may take before the test gives up (a bound, not an assertion).
-pub const PHASE: Duration = Duration::from_secs(20);
+pub(crate) const PHASE: Duration = Duration::from_secs(20);
 
-pub fn frame(ty: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+pub(crate) fn frame(ty: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
     let len = payload.len() as u32;
     let mut f = Vec::with_capacity(9 + payload.len());
     f.extend_from_slice(&len.to_be_bytes()[1..]);
@@ -51,12 +51,12 @@ pub fn frame(ty: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
 }
 
 /// HPACK string literal without Huffman coding.
-pub fn hpack_str(out: &mut Vec<u8>, s: &[u8]) {
+pub(crate) fn hpack_str(out: &mut Vec<u8>, s: &[u8]) {
     hpack_int(out, s.len(), 7, 0);
     out.extend_from_slice(s);
 }
 
-pub fn hpack_int(out: &mut Vec<u8>, mut v: usize, prefix: u8, flags: u8) {
+pub(crate) fn hpack_int(out: &mut Vec<u8>, mut v: usize, prefix: u8, flags: u8) {
     let max = (1usize << prefix) - 1;
     if v < max {
         out.push(flags | v as u8);
@@ -73,7 +73,7 @@ pub fn hpack_int(out: &mut Vec<u8>, mut v: usize, prefix: u8, flags: u8) {
 
 /// GET `path` on http://localhost, hand-encoded: :method GET, :scheme http (static indexes),
 /// :path as a literal with the static name, :authority as a literal with the static name.
-pub fn request_block(path: &str) -> Vec<u8> {
+pub(crate) fn request_block(path: &str) -> Vec<u8> {
     let mut b = vec![0x82, 0x86];
     hpack_int(&mut b, 4, 4, 0x00);
     hpack_str(&mut b, path.as_bytes());
@@ -83,14 +83,14 @@ pub fn request_block(path: &str) -> Vec<u8> {
 }
 
 /// One literal field without indexing and with a literal name.
-pub fn literal_field(out: &mut Vec<u8>, name: &str, value: &[u8]) {
+pub(crate) fn literal_field(out: &mut Vec<u8>, name: &str, value: &[u8]) {
     out.push(0x00);
     hpack_str(out, name.as_bytes());
     hpack_str(out, value);
 }
 
 #[derive(Debug)]
-pub struct Frame {
+pub(crate) struct Frame {
     pub ty: u8,
     pub flags: u8,
     pub stream: u32,
@@ -100,14 +100,14 @@ pub struct Frame {
 }
 
 impl Frame {
-    pub fn error_code(&self) -> u32 {
+    pub(crate) fn error_code(&self) -> u32 {
         let at = if self.ty == GOAWAY { 4 } else { 0 };
         u32::from_be_bytes(self.payload[at..at + 4].try_into().unwrap())
     }
 }
 
 #[derive(Debug)]
-pub enum Event {
+pub(crate) enum Event {
     Frame(Frame),
     /// EOF or a reset: the server closed the connection.
     Closed,
@@ -116,13 +116,13 @@ pub enum Event {
 }
 
 /// The read side of a raw connection: frames, with response headers decoded in order.
-pub struct Reader {
+pub(crate) struct Reader {
     pub rd: OwnedReadHalf,
     pub hpack: Decoder,
 }
 
 impl Reader {
-    pub async fn next(&mut self, deadline: Instant) -> Event {
+    pub(crate) async fn next(&mut self, deadline: Instant) -> Event {
         let mut head = [0u8; 9];
         match tokio::time::timeout_at(deadline, self.rd.read_exact(&mut head)).await {
             Err(_) => return Event::Timeout,
@@ -168,7 +168,7 @@ impl Reader {
 
     /// Reads until `want` accepts an event (frames it rejects are skipped; the server's
     /// SETTINGS are acknowledged through `wr`). Panics on timeout.
-    pub async fn until(
+    pub(crate) async fn until(
         &mut self,
         wr: &mut OwnedWriteHalf,
         what: &str,
@@ -195,7 +195,7 @@ impl Reader {
 }
 
 /// Opens an h2c connection: preface and an empty SETTINGS frame.
-pub async fn open(addr: SocketAddr) -> (Reader, OwnedWriteHalf) {
+pub(crate) async fn open(addr: SocketAddr) -> (Reader, OwnedWriteHalf) {
     let tcp = TcpStream::connect(addr).await.unwrap();
     tcp.set_nodelay(true).unwrap();
     let (rd, mut wr) = tcp.into_split();
@@ -212,7 +212,12 @@ pub async fn open(addr: SocketAddr) -> (Reader, OwnedWriteHalf) {
 }
 
 /// Sends GET `path` on `stream` and waits for its response status.
-pub async fn request_on(rd: &mut Reader, wr: &mut OwnedWriteHalf, stream: u32, path: &str) -> u16 {
+pub(crate) async fn request_on(
+    rd: &mut Reader,
+    wr: &mut OwnedWriteHalf,
+    stream: u32,
+    path: &str,
+) -> u16 {
     wr.write_all(&frame(
         HEADERS,
         END_STREAM | END_HEADERS,
@@ -235,25 +240,25 @@ pub async fn request_on(rd: &mut Reader, wr: &mut OwnedWriteHalf, stream: u32, p
 
 /// A raw connection that reads frame by frame: the server's SETTINGS are acknowledged as
 /// they come, every read is bounded by [`PHASE`].
-pub struct Raw {
+pub(crate) struct Raw {
     rd: Reader,
     wr: OwnedWriteHalf,
 }
 
 impl Raw {
     /// Opens an h2c connection: preface and an empty SETTINGS frame.
-    pub async fn connect(addr: SocketAddr) -> Raw {
+    pub(crate) async fn connect(addr: SocketAddr) -> Raw {
         let (rd, wr) = open(addr).await;
         Raw { rd, wr }
     }
 
     /// Writes `b` (the server may already have closed the connection: the reads tell).
-    pub async fn send(&mut self, b: &[u8]) {
+    pub(crate) async fn send(&mut self, b: &[u8]) {
         let _ = self.wr.write_all(b).await;
     }
 
     /// The next frame, or None at EOF (or a reset connection). Panics after [`PHASE`].
-    pub async fn frame(&mut self) -> Option<(Head, Bytes)> {
+    pub(crate) async fn frame(&mut self) -> Option<(Head, Bytes)> {
         match self.rd.next(Instant::now() + PHASE).await {
             Event::Frame(f) => {
                 if f.ty == SETTINGS && f.flags & ACK == 0 {
@@ -273,7 +278,7 @@ impl Raw {
     }
 
     /// Reads until a frame of type `ty` (None at EOF).
-    pub async fn until(&mut self, ty: u8) -> Option<(Head, Bytes)> {
+    pub(crate) async fn until(&mut self, ty: u8) -> Option<(Head, Bytes)> {
         while let Some((h, p)) = self.frame().await {
             if h.kind == ty {
                 return Some((h, p));
@@ -283,7 +288,7 @@ impl Raw {
     }
 
     /// Reads until GOAWAY and returns its error code (None at EOF without one).
-    pub async fn goaway(&mut self) -> Option<sweety_h2::frame::Reason> {
+    pub(crate) async fn goaway(&mut self) -> Option<sweety_h2::frame::Reason> {
         let (_, p) = self.until(GOAWAY).await?;
         Some(sweety_h2::frame::Reason(u32::from_be_bytes([
             p[4], p[5], p[6], p[7],

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 /// Features we claim: exactly those whose conformance tests pass against the local cluster
 /// (e2e/conformance/run.sh; docs/conformance.md has the latest report). Sorted. Unclaimed
 /// features and why: e2e/conformance/unclaimed-features.txt.
-pub const SUPPORTED_FEATURES: &[&str] = &[
+pub(super) const SUPPORTED_FEATURES: &[&str] = &[
     "BackendTLSPolicy",
     "BackendTLSPolicySANValidation",
     "GRPCRoute",
@@ -97,7 +97,7 @@ pub struct ClassInfo {
 }
 
 /// Set the status of our GatewayClasses; returns each of our classes by name.
-pub fn translate(b: &mut Builder<'_>) -> BTreeMap<String, ClassInfo> {
+pub(super) fn translate(b: &mut Builder<'_>) -> BTreeMap<String, ClassInfo> {
     let mut accepted = BTreeMap::new();
     let mut classes: Vec<_> = b.snapshot.gateway_classes.iter().collect();
     classes.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
