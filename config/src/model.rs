@@ -857,7 +857,9 @@ pub struct Limits {
     /// Longest pause while reading a request body.
     pub body_idle_timeout: Duration,
     /// A client that accepts no byte of what is written to it for this long is disconnected
-    /// (slow-read guard; HTTP/1.1, HTTP/2 and each HTTP/3 response). Default 60s.
+    /// (slow-read guard; HTTP/1.1, HTTP/2 and each HTTP/3 response). Default 60s. Also each
+    /// HTTP/2 stream's send-progress deadline on Sweety's engine: a response waiting this
+    /// long for flow-control window is reset with CANCEL.
     pub send_timeout: Duration,
     /// Idle keep-alive connection lifetime.
     pub idle_timeout: Duration,

@@ -1021,3 +1021,35 @@ async fn an_h3_client_that_stops_reading_holds_no_request_slot_past_send_timeout
     })
     .await;
 }
+
+/// `max_requests_per_client` on HTTP/3: while an address holds its cap of requests in
+/// flight, its next request gets 429 and the held ones are served.
+#[tokio::test]
+async fn h3_requests_past_the_per_client_cap_get_429() {
+    bounded(30, async {
+        let be = slow_backend(Duration::from_millis(1500)).await;
+        let (mut cfg, ca) = h3_config(vec![proxy_route("slow", "/", "slow")]);
+        cfg.backends = vec![backend("slow", be)];
+        cfg.limits.max_requests_per_client = 2;
+        let h = Harness::start(cfg).await;
+        let addr = h.addr("tls").await;
+        let c = H3::connect(addr, "localhost", &ca).await.unwrap();
+        let shared = h.runtime.shared.clone();
+        let me: std::net::IpAddr = "127.0.0.1".parse().unwrap();
+        let third = async {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while shared.client_requests.held(me) < 2 {
+                assert!(Instant::now() < deadline, "both requests in flight");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            c.get("/c").await
+        };
+        let (a, b, third) = tokio::join!(c.get("/a"), c.get("/b"), third);
+        assert_eq!(a.unwrap().0, 200);
+        assert_eq!(b.unwrap().0, 200);
+        assert_eq!(third.unwrap().0, 429);
+        assert!(limit_hits(&h, "client_requests") >= 1);
+        assert_eq!(shared.client_requests.held(me), 0);
+    })
+    .await;
+}

@@ -562,6 +562,7 @@ pub fn h2_settings(l: &sweety_config::Limits) -> sweety_h2::Settings {
         max_resets_per_sec: l.max_pending_reset_streams,
         stream_window: 256 * 1024,
         conn_window: 1024 * 1024,
+        send_timeout: l.send_timeout.get(),
     }
 }
 

@@ -18,8 +18,10 @@ pub(crate) const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 pub(crate) const DATA: u8 = 0x0;
 pub(crate) const HEADERS: u8 = 0x1;
+pub(crate) const PRIORITY: u8 = 0x2;
 pub(crate) const RST_STREAM: u8 = 0x3;
 pub(crate) const SETTINGS: u8 = 0x4;
+pub(crate) const PUSH_PROMISE: u8 = 0x5;
 pub(crate) const PING: u8 = 0x6;
 pub(crate) const GOAWAY: u8 = 0x7;
 pub(crate) const WINDOW_UPDATE: u8 = 0x8;
@@ -28,6 +30,8 @@ pub(crate) const CONTINUATION: u8 = 0x9;
 pub(crate) const END_STREAM: u8 = 0x1;
 pub(crate) const ACK: u8 = 0x1;
 pub(crate) const END_HEADERS: u8 = 0x4;
+pub(crate) const PADDED: u8 = 0x8;
+pub(crate) const PRIORITY_FLAG: u8 = 0x20;
 
 pub(crate) const NO_ERROR: u32 = 0x0;
 pub(crate) const PROTOCOL_ERROR: u32 = 0x1;
@@ -197,10 +201,31 @@ impl Reader {
 /// Opens an h2c connection: preface and an empty SETTINGS frame.
 pub(crate) async fn open(addr: SocketAddr) -> (Reader, OwnedWriteHalf) {
     let tcp = TcpStream::connect(addr).await.unwrap();
+    start(tcp, &[]).await
+}
+
+/// Opens an h2c connection from the local address `from` (in 127.0.0.0/8: per-client
+/// limits), with the preface and a SETTINGS frame of `settings` (id, value).
+pub(crate) async fn open_from(
+    from: &str,
+    addr: SocketAddr,
+    settings: &[(u16, u32)],
+) -> (Reader, OwnedWriteHalf) {
+    let s = tokio::net::TcpSocket::new_v4().unwrap();
+    s.bind(format!("{from}:0").parse().unwrap()).unwrap();
+    start(s.connect(addr).await.unwrap(), settings).await
+}
+
+async fn start(tcp: TcpStream, settings: &[(u16, u32)]) -> (Reader, OwnedWriteHalf) {
     tcp.set_nodelay(true).unwrap();
     let (rd, mut wr) = tcp.into_split();
     let mut hello = PREFACE.to_vec();
-    hello.extend(frame(SETTINGS, 0, 0, &[]));
+    let mut params = Vec::new();
+    for (id, v) in settings {
+        params.extend_from_slice(&id.to_be_bytes());
+        params.extend_from_slice(&v.to_be_bytes());
+    }
+    hello.extend(frame(SETTINGS, 0, 0, &params));
     wr.write_all(&hello).await.unwrap();
     (
         Reader {

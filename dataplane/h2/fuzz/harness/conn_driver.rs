@@ -63,6 +63,7 @@ fn settings() -> Settings {
         max_resets_per_sec: 32,
         stream_window: 64 * 1024,
         conn_window: 256 * 1024,
+        send_timeout: Duration::from_secs(60),
     }
 }
 

@@ -306,6 +306,12 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
                 return true;
             }
         }
+        // Responses held by a flow-control window the client keeps at zero: reset (all of
+        // them at once; the keep-alive checks below still run).
+        let fired = self.reset_stalled(now);
+        if fired && self.closing.is_some() {
+            return true;
+        }
         if self.streams.is_empty() && self.got_settings {
             if !self.going_away && now >= self.last_active + self.cfg.idle_timeout {
                 self.service.limit_hit("idle_timeout");
@@ -341,7 +347,33 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
                 _ => {}
             }
         }
-        false
+        fired
+    }
+
+    /// Resets every stream whose response has waited for flow-control window for
+    /// `send_timeout` with no byte sent, with RST_STREAM(CANCEL): the stream is no longer
+    /// needed (RFC 9113 §7); the client broke no rule, so neither FLOW_CONTROL_ERROR nor
+    /// PROTOCOL_ERROR. Dropping the stream drops its response body, which frees the request
+    /// slot and aborts (never pools) the upstream request. True when one was reset.
+    pub(super) fn reset_stalled(&mut self, now: Instant) -> bool {
+        let limit = self.cfg.send_timeout;
+        let stalled: Vec<u32> = self
+            .streams
+            .iter()
+            .filter(|(_, s)| s.stalled.is_some_and(|at| now >= at + limit))
+            .map(|(id, _)| *id)
+            .collect();
+        for &id in &stalled {
+            self.service.limit_hit("h2_send_timeout");
+            tracing::debug!(stream = id, "no flow-control window within send_timeout");
+            if let Err(f) = self.reset_stream(id, Reason::CANCEL, Charge::Server) {
+                self.fault(f);
+            }
+        }
+        if !stalled.is_empty() && self.streams.is_empty() {
+            self.last_active = now;
+        }
+        !stalled.is_empty()
     }
 
     /// The earliest deadline after `now` (at most one idle timeout away).
@@ -367,6 +399,13 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
         }
         if let Some((_, started)) = &self.cont {
             consider(*started + hrt);
+        }
+        // The earliest send-progress deadline (a scan of at most max_concurrent_streams,
+        // once per timer firing).
+        for s in self.streams.values() {
+            if let Some(at) = s.stalled {
+                consider(at + self.cfg.send_timeout);
+            }
         }
         if self.streams.is_empty() && self.got_settings {
             if !self.going_away {

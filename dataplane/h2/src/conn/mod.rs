@@ -22,7 +22,9 @@
 //! as the pipeline consumes them; header blocks by `limits.max_header_bytes`. Floods (rapid
 //! reset, SETTINGS/PING/PRIORITY/GOAWAY and acknowledgements, empty frames, frames that do
 //! nothing: see `guards`) are counted per connection per second and
-//! end the connection with GOAWAY ENHANCE_YOUR_CALM.
+//! end the connection with GOAWAY ENHANCE_YOUR_CALM. A response held by a flow-control
+//! window the client keeps at zero is reset after `send_timeout` (see `Stream::stalled`);
+//! one timer per connection serves every deadline, armed to the earliest.
 
 use crate::body::{RecvBody, RecvShared, Signal, StreamWaker, Upgrade};
 use crate::first_poll::{FirstPoll, INLINE_FIRST_POLLS};
@@ -91,6 +93,11 @@ pub struct Settings {
     pub stream_window: u32,
     /// Window of the whole connection we grant.
     pub conn_window: u32,
+    /// A stream whose response has bytes waiting for flow-control window (the stream's or
+    /// the connection's) that the client does not open for this long is reset with
+    /// RST_STREAM(CANCEL): a client answering PINGs with its windows at zero cannot hold a
+    /// response, its request slot and its upstream connection for ever.
+    pub send_timeout: Duration,
 }
 
 /// Why a connection ended other than cleanly.

@@ -39,6 +39,9 @@ pub(super) struct Stream<H> {
     /// Extended CONNECT: the tunnel's response body, sent instead of the response's on a 2xx.
     pub(super) tunnel_body: Option<Body>,
     pub(super) is_head: bool,
+    /// Since when the response has had bytes waiting for flow-control window (the stream's
+    /// or the connection's) without a byte sent: past `send_timeout` the stream is reset.
+    pub(super) stalled: Option<Instant>,
 }
 
 impl<H> Stream<H> {
@@ -61,6 +64,7 @@ impl<H> Stream<H> {
             blocked: false,
             tunnel_body: None,
             is_head: false,
+            stalled: None,
         }
     }
 
@@ -513,6 +517,13 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
                         s.blocked = true;
                         self.blocked.push(id);
                     }
+                    if s.stalled.is_none() {
+                        // The send-progress clock of this stream starts (one timer per
+                        // connection: armed to the earliest deadline).
+                        let now = Instant::now();
+                        s.stalled = Some(now);
+                        self.arm(now + self.cfg.send_timeout);
+                    }
                     return false;
                 }
                 let n = s
@@ -521,6 +532,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
                     .min(avail as usize)
                     .min(self.peer_max_frame.min(MAX_DATA_FRAME));
                 let chunk = s.pending.split_to(n);
+                s.stalled = None;
                 s.send_window -= n as i64;
                 self.conn_send_window -= n as i64;
                 let end = s.pending.is_empty() && s.body_done && s.trailers.is_none();

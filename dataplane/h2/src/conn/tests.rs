@@ -45,6 +45,7 @@ fn settings() -> Settings {
         max_resets_per_sec: 32,
         stream_window: 256 * 1024,
         conn_window: 1024 * 1024,
+        send_timeout: Duration::from_secs(60),
     }
 }
 
@@ -885,14 +886,38 @@ async fn a_reading_client_is_not_closed_as_dead() {
 }
 
 /// What a connection did after a burst of frames: ended with GOAWAY (its code), or answered
-/// the PING sent after the burst (None).
+/// the PING sent after the burst (None); and the limits the driver reported hit (the guard
+/// that fired).
 /// `setup` may open streams; the burst waits for the reset of the stream it names.
 async fn after_burst(
     setup: impl Fn(&mut BytesMut) -> Option<u32>,
     burst: impl Fn(&mut BytesMut),
+) -> (Option<Reason>, Vec<String>) {
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let ended = after_burst_on(log.clone(), setup, burst).await;
+    let limits = log
+        .lock()
+        .unwrap()
+        .iter()
+        .filter_map(|l| l.strip_prefix("limit ").map(str::to_owned))
+        .collect();
+    (ended, limits)
+}
+
+async fn after_burst_on(
+    log: Arc<Mutex<Vec<String>>>,
+    setup: impl Fn(&mut BytesMut) -> Option<u32>,
+    burst: impl Fn(&mut BytesMut),
 ) -> Option<Reason> {
     use tokio::io::AsyncWriteExt;
-    let mut c = pipe_driver_with(4 << 20, |s| s.max_resets_per_sec = 32).await;
+    let (mut c, server) = tokio::io::duplex(4 << 20);
+    let (tx, stop) = tokio::sync::watch::channel(false);
+    let mut settings = settings();
+    settings.max_resets_per_sec = 32;
+    tokio::spawn(async move {
+        let _tx = tx;
+        let _ = serve(server, Recording(log), settings, stop).await;
+    });
     let mut out = BytesMut::from(&frame::PREFACE[..]);
     frame::put_settings(&mut out, &[]);
     // Stream 1 is answered in full (closed); `setup` may open or get others reset.
@@ -925,7 +950,8 @@ async fn after_burst(
 }
 
 /// Frames that cost the server work and deliver nothing, sent by the thousand, end the
-/// connection with GOAWAY ENHANCE_YOUR_CALM; 150 of each are served as usual.
+/// connection with GOAWAY ENHANCE_YOUR_CALM, each class by its own guard (the limit the
+/// driver reports); 150 of each are served as usual and hit no limit.
 #[tokio::test]
 async fn floods_of_frames_that_do_nothing_end_with_enhance_your_calm() {
     type Setup = fn(&mut BytesMut) -> Option<u32>;
@@ -936,52 +962,98 @@ async fn floods_of_frames_that_do_nothing_end_with_enhance_your_calm() {
         out.extend_from_slice(&request(3, false));
         Some(3)
     };
-    let cases: [(&str, Setup, Put); 10] = [
-        ("unknown frame type", nothing, |out| {
-            frame::put_head(out, 0, 0x20, 0, 0)
-        }),
-        ("WINDOW_UPDATE on a closed stream", nothing, |out| {
-            frame::put_window_update(out, 1, 1)
-        }),
-        ("RST_STREAM on a closed stream", nothing, |out| {
-            frame::put_rst(out, 1, Reason::CANCEL)
-        }),
-        ("DATA on a stream we reset", reset_upload, |out| {
-            frame::put_data(out, 3, b"x", false)
-        }),
-        ("SETTINGS ACK", nothing, frame::put_settings_ack),
-        ("PING ACK", nothing, |out| {
-            frame::put_ping_ack(out, b"12345678")
-        }),
-        ("GOAWAY", nothing, |out| {
-            frame::put_goaway(out, 0, Reason::NO_ERROR, b"")
-        }),
-        ("PING", nothing, |out| frame::put_ping(out, *b"12345678")),
-        ("SETTINGS", nothing, |out| frame::put_settings(out, &[])),
-        ("empty DATA", reset_upload, |out| {
-            frame::put_data(out, 3, b"", false)
-        }),
+    const GLITCH: &str = "h2_glitch_flood";
+    const CONTROL: &str = "h2_control_flood";
+    const EMPTY: &str = "h2_empty_frame_flood";
+    let cases: [(&str, Setup, Put, &str); 11] = [
+        (
+            "unknown frame type",
+            nothing,
+            |out| frame::put_head(out, 0, 0x20, 0, 0),
+            GLITCH,
+        ),
+        (
+            "WINDOW_UPDATE on a closed stream",
+            nothing,
+            |out| frame::put_window_update(out, 1, 1),
+            GLITCH,
+        ),
+        (
+            "RST_STREAM on a closed stream",
+            nothing,
+            |out| frame::put_rst(out, 1, Reason::CANCEL),
+            GLITCH,
+        ),
+        (
+            "DATA on a stream we reset",
+            reset_upload,
+            |out| frame::put_data(out, 3, b"x", false),
+            GLITCH,
+        ),
+        (
+            "trailers (HEADERS with END_STREAM) on a stream we reset",
+            reset_upload,
+            |out| {
+                let mut block = BytesMut::new();
+                Encoder::field(&mut block, b"x-trailer", b"1", false);
+                frame::put_headers(out, 3, &block, true, 16_384);
+            },
+            GLITCH,
+        ),
+        ("SETTINGS ACK", nothing, frame::put_settings_ack, CONTROL),
+        (
+            "PING ACK",
+            nothing,
+            |out| frame::put_ping_ack(out, b"12345678"),
+            CONTROL,
+        ),
+        (
+            "GOAWAY",
+            nothing,
+            |out| frame::put_goaway(out, 0, Reason::NO_ERROR, b""),
+            CONTROL,
+        ),
+        (
+            "PING",
+            nothing,
+            |out| frame::put_ping(out, *b"12345678"),
+            CONTROL,
+        ),
+        (
+            "SETTINGS",
+            nothing,
+            |out| frame::put_settings(out, &[]),
+            CONTROL,
+        ),
+        (
+            "empty DATA",
+            reset_upload,
+            |out| frame::put_data(out, 3, b"", false),
+            EMPTY,
+        ),
     ];
     let mut fails = Vec::new();
-    for (name, setup, put) in cases {
-        let few = after_burst(setup, |out| {
+    for (name, setup, put, guard) in cases {
+        let (few, limits) = after_burst(setup, |out| {
             for _ in 0..150 {
                 put(out)
             }
         })
         .await;
-        if few.is_some() {
-            fails.push(format!("{name}: 150 ended the connection with {few:?}"));
+        if few.is_some() || !limits.is_empty() {
+            fails.push(format!(
+                "{name}: 150 ended the connection with {few:?}, limits {limits:?}"
+            ));
         }
-        let many = after_burst(setup, |out| {
+        let (many, limits) = after_burst(setup, |out| {
             for _ in 0..3_000 {
                 put(out)
             }
         })
         .await;
-        if many != Some(Reason::ENHANCE_YOUR_CALM) {
+        if many != Some(Reason::ENHANCE_YOUR_CALM) || limits != [guard] {
             fails.push(format!(
-                "{name}: 3,000 gave {many:?}, want ENHANCE_YOUR_CALM"
+                "{name}: 3,000 gave {many:?} by {limits:?}, want ENHANCE_YOUR_CALM by {guard}"
             ));
         }
     }
@@ -1003,7 +1075,13 @@ async fn rapid_resets_end_with_enhance_your_calm() {
         },
     )
     .await;
-    assert_eq!(got, Some(Reason::ENHANCE_YOUR_CALM));
+    assert_eq!(
+        got,
+        (
+            Some(Reason::ENHANCE_YOUR_CALM),
+            vec!["h2_rapid_reset".into()]
+        )
+    );
 }
 
 /// [`NotFound`], recording what the driver tells its service.
@@ -1075,4 +1153,169 @@ async fn the_service_hears_of_requests_idleness_and_the_connection_error() {
     assert!(at("call").unwrap() < idle, "{log:?}");
     assert!(idle < at("error PROTOCOL_ERROR").unwrap(), "{log:?}");
     assert!(!log.iter().any(|l| l.starts_with("limit")), "{log:?}");
+}
+
+/// Answers every request with a `len`-byte body, recording what the driver tells it.
+struct Sized(usize, Arc<Mutex<Vec<String>>>);
+
+impl H2Service for Sized {
+    type Head = crate::NoHead;
+    type Future = std::future::Ready<(Response<Body>, Option<crate::NoHead>)>;
+
+    fn call(&mut self, _request: Request<Body>, _now: Instant) -> Self::Future {
+        std::future::ready((Response::new(full(Bytes::from(vec![b'x'; self.0]))), None))
+    }
+
+    fn limit_hit(&self, what: &'static str) {
+        self.1.lock().unwrap().push(format!("limit {what}"));
+    }
+
+    fn connection_error(&self, reason: Reason, _why: &'static str) {
+        self.1.lock().unwrap().push(format!("error {reason}"));
+    }
+}
+
+/// What happened to one stream while a client kept its connection alive.
+#[derive(Debug, Default)]
+struct Outcome {
+    data: usize,
+    ended: bool,
+    reset: Option<Reason>,
+    /// When the stream ended or was reset, from the start of [`watch`].
+    after: Duration,
+}
+
+/// Reads the frames of stream `id` until it ends or is reset (at most 5 s), sending a PING
+/// every 50 ms (the client is alive: the socket is never stalled) and `tick`'s frames every
+/// `every`.
+async fn watch(
+    c: &mut tokio::io::DuplexStream,
+    buf: &mut BytesMut,
+    id: u32,
+    every: Duration,
+    mut tick: impl FnMut(&mut BytesMut),
+) -> Outcome {
+    use tokio::io::AsyncWriteExt;
+    let start = Instant::now();
+    let mut o = Outcome::default();
+    let mut last_ping = start;
+    let mut last_tick = start;
+    while start.elapsed() < Duration::from_secs(5) {
+        let mut out = BytesMut::new();
+        if last_ping.elapsed() >= Duration::from_millis(50) {
+            frame::put_ping(&mut out, *b"imalive!");
+            last_ping = Instant::now();
+        }
+        if last_tick.elapsed() >= every {
+            tick(&mut out);
+            last_tick = Instant::now();
+        }
+        c.write_all(&out).await.unwrap();
+        // Frames that arrive within 10 ms.
+        loop {
+            if buf.len() >= HEADER_LEN {
+                let h = Head::parse(buf);
+                if buf.len() >= HEADER_LEN + h.len as usize {
+                    let mut f = buf.split_to(HEADER_LEN + h.len as usize);
+                    f.advance(HEADER_LEN);
+                    if h.kind == kind::GOAWAY {
+                        panic!("the connection ended: {:?}", &f[..]);
+                    }
+                    if h.stream == id && h.kind == kind::DATA {
+                        o.data += f.len();
+                        o.ended = h.has(flag::END_STREAM);
+                    }
+                    if h.stream == id && h.kind == kind::RST_STREAM {
+                        o.reset = Some(Reason(u32::from_be_bytes([f[0], f[1], f[2], f[3]])));
+                    }
+                    if o.ended || o.reset.is_some() {
+                        o.after = start.elapsed();
+                        return o;
+                    }
+                    continue;
+                }
+            }
+            let read = tokio::time::timeout(Duration::from_millis(10), c.read_buf(buf));
+            match read.await {
+                Ok(Ok(0)) | Ok(Err(_)) => panic!("the connection closed"),
+                Ok(Ok(_)) => {}
+                Err(_) => break,
+            }
+        }
+    }
+    o.after = start.elapsed();
+    o
+}
+
+/// A client that keeps a stream's window, or the connection's, at zero while it answers
+/// PINGs holds the response for `send_timeout`, then the stream is reset with CANCEL and its
+/// slot is free; a client that opens its window a little at a time (each step within
+/// `send_timeout`) gets its whole response however long it takes; the connection keeps
+/// serving.
+#[tokio::test]
+async fn a_response_held_by_a_zero_window_is_reset_after_send_timeout() {
+    use tokio::io::AsyncWriteExt;
+    let t = Duration::from_millis(300);
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let (mut c, server) = tokio::io::duplex(1 << 20);
+    let (_tx, stop) = tokio::sync::watch::channel(false);
+    let mut cfg = settings();
+    cfg.send_timeout = t;
+    cfg.idle_timeout = Duration::from_secs(10);
+    let driver = tokio::spawn(serve(server, Sized(100_000, log.clone()), cfg, stop));
+    let mut out = BytesMut::from(&frame::PREFACE[..]);
+    // No stream window at all.
+    frame::put_settings(&mut out, &[(setting::INITIAL_WINDOW_SIZE, 0)]);
+    frame::put_settings_ack(&mut out);
+    out.extend_from_slice(&request(1, true));
+    c.write_all(&out).await.unwrap();
+    let mut buf = BytesMut::new();
+
+    // 1. The stream window stays at zero.
+    let o = watch(&mut c, &mut buf, 1, Duration::MAX, |_| {}).await;
+    assert_eq!((o.data, o.reset), (0, Some(Reason::CANCEL)), "{o:?}");
+    assert!(o.after >= t - Duration::from_millis(20), "{o:?}");
+    let hits = |log: &Arc<Mutex<Vec<String>>>| {
+        log.lock()
+            .unwrap()
+            .iter()
+            .filter(|l| *l == "limit h2_send_timeout")
+            .count()
+    };
+    assert_eq!(hits(&log), 1);
+
+    // 2. Windows opened a little at a time, every half send_timeout: served in full
+    // (65,535 bytes at once, then three steps of 12,000), though it takes longer than
+    // send_timeout in all.
+    let mut out = BytesMut::new();
+    frame::put_settings(&mut out, &[(setting::INITIAL_WINDOW_SIZE, 65_535)]);
+    out.extend_from_slice(&request(3, true));
+    c.write_all(&out).await.unwrap();
+    let o = watch(&mut c, &mut buf, 3, t / 2, |out| {
+        frame::put_window_update(out, 0, 12_000);
+        frame::put_window_update(out, 3, 12_000);
+    })
+    .await;
+    assert!(o.ended && o.reset.is_none(), "{o:?}");
+    assert_eq!(o.data, 100_000);
+    assert!(o.after > t, "{o:?}");
+
+    // 3. The connection window at zero (1,535 bytes left of it after stream 3): stream 5's
+    // own window is open, but the response waits for the connection's, which never opens.
+    c.write_all(&request(5, true)).await.unwrap();
+    let o = watch(&mut c, &mut buf, 5, Duration::MAX, |_| {}).await;
+    assert_eq!((o.data, o.reset), (1_535, Some(Reason::CANCEL)), "{o:?}");
+    assert_eq!(hits(&log), 2);
+
+    // 4. The connection still serves a client that opens its windows.
+    let mut out = BytesMut::new();
+    frame::put_window_update(&mut out, 0, 1 << 20);
+    out.extend_from_slice(&request(7, true));
+    frame::put_window_update(&mut out, 7, 1 << 20);
+    c.write_all(&out).await.unwrap();
+    let o = watch(&mut c, &mut buf, 7, Duration::MAX, |_| {}).await;
+    assert!(o.ended && o.data == 100_000, "{o:?}");
+    assert!(!driver.is_finished());
+    let log = log.lock().unwrap().clone();
+    assert!(!log.iter().any(|l| l.starts_with("error")), "{log:?}");
 }
