@@ -33,7 +33,7 @@
 //! - [`Activity`] counts watch events by kind (passed on or ignored) and keeps the time and
 //!   kind of the first event not yet reconciled, for the controller's metrics.
 
-use crate::labels::SERVICE_NAME_LABEL;
+use crate::labels::{GATEWAY_NAME_LABEL, MANAGED_BY, MANAGED_BY_LABEL, SERVICE_NAME_LABEL};
 use crate::translate::Snapshot;
 use crate::Error;
 use futures_util::StreamExt;
@@ -64,6 +64,11 @@ pub struct WatchOptions {
     /// those) are watched there too, so a dataplane readiness change still triggers a
     /// reconcile. They never enter the snapshot.
     pub dataplane_service: Option<(String, String)>,
+    /// The controller's namespace when the per-Gateway Services live there
+    /// (`--gateway-service-namespace=release`): when `namespaces` leaves it out, the owned
+    /// Services there (and only those, by label) are watched into the snapshot too, for Gateway
+    /// status addresses and stable container ports.
+    pub gateway_services_namespace: Option<String>,
     /// The default-certificate Secret (namespace, name): kept in every snapshot (when its
     /// namespace is watched) although nothing references it, so a rotation is served.
     pub default_certificate_secret: Option<(String, String)>,
@@ -78,6 +83,7 @@ impl Default for WatchOptions {
         WatchOptions {
             namespaces: Vec::new(),
             dataplane_service: None,
+            gateway_services_namespace: None,
             default_certificate_secret: None,
             discovery_min: Duration::from_secs(5),
             discovery_max: Duration::from_secs(60),
@@ -476,6 +482,21 @@ impl Watches {
                 let config =
                     watcher::Config::default().labels(&format!("{SERVICE_NAME_LABEL}={name}"));
                 w.trigger(api, config);
+            }
+        }
+        if let Some(ns) = &options.gateway_services_namespace {
+            if !options.namespaces.is_empty() && !options.namespaces.contains(ns) {
+                let api = Api::<Service>::namespaced(w.client.clone(), ns);
+                let config = watcher::Config::default().labels(&format!(
+                    "{MANAGED_BY_LABEL}={MANAGED_BY},{GATEWAY_NAME_LABEL}"
+                ));
+                let store = w.spawn(api, config);
+                stores
+                    .services
+                    .stores
+                    .write()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(store);
             }
         }
         let tasks = w.tasks.clone();

@@ -73,7 +73,8 @@ pub struct Params {
     pub ingress_class: String,
     /// IngressClass `spec.controller` we own.
     pub ingress_controller: String,
-    /// Namespace of the controller: per-Gateway Services are created here.
+    /// Namespace of the controller (and of the dataplane Pods): per-Gateway Services are
+    /// created here unless [`Params::gateway_service_namespace`] says `gateway`.
     pub namespace: String,
     /// The chart's Service that carries Ingress traffic; its load-balancer status becomes every
     /// Ingress's `status.loadBalancer`.
@@ -123,6 +124,43 @@ pub struct Params {
     /// Type of the per-Gateway Services (`LoadBalancer`, `NodePort` or `ClusterIP`) unless the
     /// GatewayClass's SweetyProxyConfig sets `service.type`.
     pub gateway_service_type: String,
+    /// Where the per-Gateway Services live: the controller's namespace (default, as Envoy
+    /// Gateway does) or each Gateway's own namespace.
+    pub gateway_service_namespace: GatewayServiceNamespace,
+}
+
+/// Where the per-Gateway Services live (`--gateway-service-namespace`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum GatewayServiceNamespace {
+    /// The controller's (release) namespace: a plain selector reaches the dataplane Pods, and
+    /// the controller writes Services there only.
+    #[default]
+    Release,
+    /// The Gateway's namespace: selector-less, with EndpointSlices the controller mirrors
+    /// from the dataplane Service's (needs write access to Services and EndpointSlices there).
+    Gateway,
+}
+
+impl std::str::FromStr for GatewayServiceNamespace {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "release" => Ok(Self::Release),
+            "gateway" => Ok(Self::Gateway),
+            _ => Err(format!("{s:?}: expected `release` or `gateway`")),
+        }
+    }
+}
+
+impl Params {
+    /// The namespace of the Service of a Gateway in `gateway_namespace`.
+    pub fn gateway_service_namespace<'a>(&'a self, gateway_namespace: &'a str) -> &'a str {
+        match self.gateway_service_namespace {
+            GatewayServiceNamespace::Release => &self.namespace,
+            GatewayServiceNamespace::Gateway => gateway_namespace,
+        }
+    }
 }
 
 /// PEM certificate chain and key of [`Params::default_certificate`].
@@ -165,6 +203,7 @@ impl Default for Params {
             ignore_snippets: false,
             allow_external_name: false,
             gateway_service_type: "LoadBalancer".into(),
+            gateway_service_namespace: GatewayServiceNamespace::Release,
         }
     }
 }
@@ -183,7 +222,7 @@ pub struct ServicePort {
     pub target_port: u16,
 }
 
-/// The Service the controller owns for one Gateway (created in the Gateway's namespace).
+/// The Service the controller owns for one Gateway (in [`Params::gateway_service_namespace`]).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct GatewayService {
@@ -191,7 +230,9 @@ pub struct GatewayService {
     pub gateway_namespace: String,
     /// Name of the Gateway the Service carries traffic for.
     pub gateway_name: String,
-    /// Service name in the Gateway's namespace.
+    /// Namespace of the Service: the controller's, or the Gateway's.
+    pub namespace: String,
+    /// Service name (`sweety-gw-<gateway namespace>-<gateway name>`, unique in either place).
     pub name: String,
     /// `Params::gateway_service_type` unless the GatewayClass parameters say otherwise.
     pub service_type: String,

@@ -12,7 +12,7 @@ use super::routes::{Collected, HttpEntry, L4Entry, SortKey};
 use super::OwnedGateway;
 use crate::translate::addressing::{self, Allocation, PortRequest};
 use crate::translate::status::{Condition, GatewayStatus, ObjectKey, ObjectStatus};
-use crate::translate::{Builder, GatewayService, ServicePort};
+use crate::translate::{Builder, GatewayService, Params, ServicePort};
 use std::collections::{BTreeMap, BTreeSet};
 use sweety_config::{
     Filter, L4Route, Listener, ListenerProtocol, ListenerTls, Route, TlsVersion, VirtualHost,
@@ -425,11 +425,8 @@ pub(super) fn emit(
             }
         }
         status(b, gw);
-        b.gateway_services.extend(service(
-            gw,
-            lay.service_ports,
-            &b.params.gateway_service_type,
-        ));
+        b.gateway_services
+            .extend(service(gw, lay.service_ports, b.params));
     }
     client_cert::drop_unused(b, &replaced);
 }
@@ -485,7 +482,7 @@ fn invalid_parameters(gw: &sweety_gateway_api::gateways::Gateway) -> Option<Stri
 pub(super) fn service(
     gw: &OwnedGateway,
     ports: Vec<ServicePort>,
-    service_type: &str,
+    params: &Params,
 ) -> Option<GatewayService> {
     if ports.is_empty() {
         return None;
@@ -498,12 +495,13 @@ pub(super) fn service(
     Some(GatewayService {
         gateway_namespace: gw.namespace.clone(),
         gateway_name: gw.name.clone(),
+        namespace: params.gateway_service_namespace(&gw.namespace).to_string(),
         name: addressing::service_name(&gw.namespace, &gw.name),
         service_type: gw
             .class
             .service_type
             .clone()
-            .unwrap_or_else(|| service_type.to_string()),
+            .unwrap_or_else(|| params.gateway_service_type.clone()),
         external_traffic_policy: gw.class.external_traffic_policy.clone(),
         owner: gw.class.owner.clone(),
         ports,
@@ -523,8 +521,9 @@ pub(super) fn service(
 pub(super) fn status(b: &mut Builder<'_>, gw: &OwnedGateway) {
     let generation = gw.generation;
     let service = addressing::service_name(&gw.namespace, &gw.name);
+    let service_namespace = b.params.gateway_service_namespace(&gw.namespace);
     let (requested, bad_address) = requested_addresses(&gw.gateway);
-    let addresses = addressing::addresses(b.snapshot, &gw.namespace, &requested, &service);
+    let addresses = addressing::addresses(b.snapshot, service_namespace, &requested, &service);
     // The Gateway's own listeners; ListenerSet listeners report in their set's status.
     let own: Vec<&listeners::ValidatedListener> =
         gw.listeners.iter().filter(|l| l.owner.is_none()).collect();
@@ -570,7 +569,7 @@ pub(super) fn status(b: &mut Builder<'_>, gw: &OwnedGateway) {
     let unusable = match static_ips.as_slice() {
         [] => None,
         // The Service asks its load balancer for the one address.
-        [_] => addressing::address_unusable(b.snapshot, &gw.namespace, &service),
+        [_] => addressing::address_unusable(b.snapshot, service_namespace, &service),
         many => Some(format!(
             "a Gateway's Service gets one load-balancer address; {} IP addresses were requested",
             many.len()
@@ -596,10 +595,9 @@ pub(super) fn status(b: &mut Builder<'_>, gw: &OwnedGateway) {
             false,
             "AddressNotAssigned",
             match static_ips.first() {
-                None => format!("Service {}/{service} has no address yet", gw.namespace),
+                None => format!("Service {service_namespace}/{service} has no address yet"),
                 Some(ip) => format!(
-                    "Service {}/{service} has not been given the requested address {ip} yet",
-                    gw.namespace
+                    "Service {service_namespace}/{service} has not been given the requested address {ip} yet"
                 ),
             },
             generation,

@@ -532,13 +532,7 @@ impl VhostMemo {
                 .gateways
                 .iter()
                 .zip(&self.layout)
-                .filter_map(|(gw, lay)| {
-                    emit::service(
-                        gw,
-                        lay.service_ports.clone(),
-                        &b.params.gateway_service_type,
-                    )
-                })
+                .filter_map(|(gw, lay)| emit::service(gw, lay.service_ports.clone(), b.params))
                 .collect();
             self.gateway_services.sort_by(|a, b| a.name.cmp(&b.name));
         }
