@@ -34,7 +34,9 @@ use tokio::sync::watch;
 /// How the controller runs.
 #[derive(Clone, Debug)]
 pub struct RunOptions {
+    /// The installation's settings that shape the translated config.
     pub params: Params,
+    /// Which namespaces and extra objects are watched.
     pub watch: WatchOptions,
     /// Bursts of watch events within this window become one reconcile.
     pub debounce: Duration,

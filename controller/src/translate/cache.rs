@@ -117,18 +117,24 @@ impl Tried {
 /// Routes reused and translated by the last [`translate_incremental`] call.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CacheStats {
+    /// Route objects whose translation was reused from the memo.
     pub replayed: usize,
+    /// Route objects translated again.
     pub translated: usize,
 }
 
 /// The output of [`TranslateCache::update`]: [`Output`] with the config as shared items.
 #[derive(Clone, Debug)]
 pub struct Translation {
+    /// The dataplane config, as shared digested items.
     pub config: ConfigItems,
+    /// The status of every object looked at, shared with the status worker.
     pub statuses: Arc<Statuses>,
     /// Which of `statuses` may differ from the previous call's output.
     pub status_changes: StatusChanges,
+    /// The per-Gateway Services to create or update (sorted by name).
     pub gateway_services: Vec<GatewayService>,
+    /// Static file directories to write before the config is pushed.
     pub static_content: Vec<StaticContent>,
 }
 
