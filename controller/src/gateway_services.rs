@@ -66,8 +66,11 @@ pub const MAX_ENDPOINTS: usize = 1000;
 /// What one sync did. Names are `namespace/name`; slices are prefixed `EndpointSlice `.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct SyncReport {
+    /// Services and slices created or updated.
     pub applied: Vec<String>,
+    /// Services and slices already as wanted.
     pub unchanged: usize,
+    /// Services and slices of Gateways that are gone.
     pub deleted: Vec<String>,
     /// Services left alone because a Service of that name exists that is not ours (a user's
     /// own, or another installation's): never taken over.

@@ -72,8 +72,9 @@ pub struct WatchOptions {
     /// The default-certificate Secret (namespace, name): kept in every snapshot (when its
     /// namespace is watched) although nothing references it, so a rotation is served.
     pub default_certificate_secret: Option<(String, String)>,
-    /// First and longest wait between discovery polls for kinds not served at start.
+    /// First wait between discovery polls for kinds not served at start.
     pub discovery_min: Duration,
+    /// Longest wait between those polls (the backoff doubles up to it).
     pub discovery_max: Duration,
 }
 
@@ -167,23 +168,41 @@ where
 /// Every reflector store the controller reads.
 #[derive(Clone)]
 pub struct Stores {
+    /// IngressClasses (cluster-wide): which classes name this controller.
     pub ingress_classes: Stored<IngressClass>,
+    /// Ingresses of the watched namespaces.
     pub ingresses: Stored<Ingress>,
+    /// GatewayClasses (cluster-wide): which classes name this controller.
     pub gateway_classes: Stored<gw::gatewayclasses::GatewayClass>,
+    /// Gateways of the watched namespaces.
     pub gateways: Stored<gw::gateways::Gateway>,
+    /// HTTPRoutes of the watched namespaces.
     pub http_routes: Stored<gw::httproutes::HttpRoute>,
+    /// GRPCRoutes of the watched namespaces.
     pub grpc_routes: Stored<gw::grpcroutes::GrpcRoute>,
+    /// TLSRoutes of the watched namespaces (empty when the CRD is absent).
     pub tls_routes: Stored<gw::tlsroutes::TlsRoute>,
+    /// TCPRoutes of the watched namespaces (empty when the CRD is absent).
     pub tcp_routes: Stored<gw::tcproutes::TcpRoute>,
+    /// UDPRoutes of the watched namespaces (empty when the CRD is absent).
     pub udp_routes: Stored<gw::udproutes::UdpRoute>,
+    /// ReferenceGrants: which cross-namespace references are allowed.
     pub reference_grants: Stored<gw::referencegrants::ReferenceGrant>,
+    /// BackendTLSPolicies: how to verify HTTPS backends.
     pub backend_tls_policies: Stored<gw::backendtlspolicies::BackendTlsPolicy>,
+    /// ListenerSets: listeners added to a Gateway from other objects.
     pub listener_sets: Stored<gw::listenersets::ListenerSet>,
+    /// SweetySites: a whole site (hosts, TLS, routes) in one object.
     pub sites: Stored<SweetySite>,
+    /// SweetyProxyConfigs: dataplane settings a GatewayClass points at (`parametersRef`).
     pub proxy_configs: Stored<SweetyProxyConfig>,
+    /// Services: ports and types of the backends.
     pub services: Stored<Service>,
+    /// EndpointSlices: the backends' addresses and readiness.
     pub endpoint_slices: Stored<EndpointSlice>,
+    /// Secrets of type `kubernetes.io/tls` only (certificates and keys).
     pub secrets: Stored<Secret>,
+    /// ConfigMaps (CA bundles, a Site's static content).
     pub config_maps: Stored<ConfigMap>,
     /// Always cluster-wide: their labels drive Gateway `allowedRoutes` selectors.
     pub namespaces: Stored<Namespace>,
@@ -239,7 +258,9 @@ fn key<K: Resource>(o: &K) -> (String, String) {
 /// Secrets and ConfigMaps (namespace, name) that objects in a snapshot reference.
 #[derive(Debug, Default, PartialEq)]
 pub struct References {
+    /// Secrets named by an Ingress, Gateway, policy or Site (certificates, CA bundles).
     pub secrets: HashSet<(String, String)>,
+    /// ConfigMaps named by a policy or Site (CA bundles, static content).
     pub config_maps: HashSet<(String, String)>,
 }
 
@@ -402,7 +423,9 @@ impl Activity {
 
 /// The running watches.
 pub struct Watches {
+    /// The reflector stores the watches fill.
     pub stores: Stores,
+    /// Watch events by kind, for the metrics.
     pub activity: Arc<Activity>,
     changes: watch::Receiver<u64>,
     /// Every reflector task, also those started after a late discovery.

@@ -46,8 +46,11 @@ pub fn service_name(namespace: &str, name: &str) -> String {
 
 /// A Gateway that needs container ports for these listener ports.
 pub struct PortRequest {
+    /// The Gateway's namespace.
     pub namespace: String,
+    /// The Gateway's name.
     pub name: String,
+    /// Its listener ports (what clients connect to).
     pub ports: BTreeSet<u16>,
 }
 

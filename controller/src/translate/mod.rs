@@ -27,7 +27,7 @@ pub mod status;
 mod golden_tests;
 
 use backends::{Backends, ServiceIndex};
-pub use cache::{translate_incremental, CacheStats, TranslateCache, Translation};
+pub use cache::{translate_incremental, CacheStats, StatusChanges, TranslateCache, Translation};
 use serde::{Deserialize, Serialize};
 pub use snapshot::Snapshot;
 
@@ -79,11 +79,13 @@ pub struct Params {
     /// The chart's Service that carries Ingress traffic; its load-balancer status becomes every
     /// Ingress's `status.loadBalancer`.
     pub ingress_service: Option<String>,
-    /// Dataplane container ports for Ingress (and SweetySite) HTTP and HTTPS.
+    /// Dataplane container port for Ingress (and SweetySite) HTTP.
     pub ingress_http_port: u16,
+    /// Dataplane container port for Ingress (and SweetySite) HTTPS.
     pub ingress_https_port: u16,
-    /// Dataplane container ports handed out to Gateway listeners (inclusive range, ≥1024).
+    /// First dataplane container port handed out to Gateway listeners (≥1024).
     pub gateway_port_min: u16,
+    /// Last dataplane container port handed out to Gateway listeners (inclusive).
     pub gateway_port_max: u16,
     /// Address dataplane listeners bind.
     pub listen_address: String,
@@ -165,7 +167,9 @@ impl Params {
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct DefaultCertificate {
+    /// PEM certificate chain, leaf first.
     pub cert: String,
+    /// PEM private key of the leaf.
     pub key: String,
 }
 
@@ -208,6 +212,7 @@ impl Default for Params {
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ServicePort {
+    /// Port name in the Service: protocol and port, e.g. `tcp-443`, `udp-53`.
     pub name: String,
     /// `TCP` or `UDP`.
     pub protocol: String,
@@ -221,7 +226,9 @@ pub struct ServicePort {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct GatewayService {
+    /// Namespace of the Gateway (and of its Service).
     pub gateway_namespace: String,
+    /// Name of the Gateway the Service carries traffic for.
     pub gateway_name: String,
     /// Namespace of the Service: the controller's, or the Gateway's.
     pub namespace: String,
@@ -236,6 +243,7 @@ pub struct GatewayService {
     /// class (`helm uninstall`) lets the garbage collector remove them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<ClassOwner>,
+    /// One port per distinct listener port and protocol.
     pub ports: Vec<ServicePort>,
     /// Addresses requested through Gateway `spec.addresses` (IP values), if any.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -252,7 +260,9 @@ pub struct GatewayService {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ClassOwner {
+    /// The GatewayClass's name.
     pub name: String,
+    /// Its `metadata.uid`, which the owner reference needs.
     pub uid: String,
 }
 
@@ -271,10 +281,14 @@ pub struct StaticContent {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Output {
+    /// The dataplane config to push.
     pub config: Config,
+    /// The status of every object `translate` looked at, to be written when leader.
     #[serde(with = "status_list")]
     pub statuses: Statuses,
+    /// The per-Gateway Services to create or update (sorted by name).
     pub gateway_services: Vec<GatewayService>,
+    /// Static file directories to write before the config that serves them is pushed.
     pub static_content: Vec<StaticContent>,
 }
 
@@ -301,20 +315,30 @@ pub fn translate(snapshot: &Snapshot, params: &Params) -> Output {
 
 /// Shared state the front ends (`gateway`, `ingress`, `site`) add to.
 pub struct Builder<'a> {
+    /// What is being translated.
     pub snapshot: &'a Snapshot,
+    /// The installation's settings.
     pub params: &'a Params,
+    /// Services by namespace and name, to resolve backend references.
     pub services: ServiceIndex<'a>,
+    /// Backends emitted so far, by name (one per Service port and settings).
     pub backends: Backends,
+    /// Listeners emitted so far.
     pub listeners: Vec<Listener>,
+    /// Virtual hosts emitted so far.
     pub virtual_hosts: Vec<VirtualHost>,
+    /// Statuses computed so far.
     pub statuses: Statuses,
+    /// Per-Gateway Services wanted so far.
     pub gateway_services: Vec<GatewayService>,
+    /// Static content directories wanted so far.
     pub static_content: Vec<StaticContent>,
     /// Base config (limits, access log) that a SweetyProxyConfig may adjust.
     pub config: Config,
 }
 
 impl<'a> Builder<'a> {
+    /// An empty builder over `snapshot`; ExternalName Services resolve only if `params` allow them.
     pub fn new(snapshot: &'a Snapshot, params: &'a Params) -> Self {
         Builder {
             snapshot,
@@ -374,7 +398,7 @@ mod status_list {
         status: ObjectStatus,
     }
 
-    pub fn serialize<S: Serializer>(s: &Statuses, ser: S) -> Result<S::Ok, S::Error> {
+    pub(super) fn serialize<S: Serializer>(s: &Statuses, ser: S) -> Result<S::Ok, S::Error> {
         let v: Vec<Entry> = s
             .iter()
             .map(|(k, v)| Entry {
@@ -385,7 +409,7 @@ mod status_list {
         v.serialize(ser)
     }
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(de: D) -> Result<Statuses, D::Error> {
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(de: D) -> Result<Statuses, D::Error> {
         let v = Vec::<Entry>::deserialize(de)?;
         Ok(v.into_iter().map(|e| (e.key, e.status)).collect())
     }

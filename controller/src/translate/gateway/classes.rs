@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 /// (e2e/conformance/run.sh; docs/conformance.md has the latest report). Sorted. Unclaimed
 /// features and why: e2e/conformance/unclaimed-features.txt. [`GATEWAY_NAMESPACE_ONLY`] is
 /// left out unless the per-Gateway Services live in the Gateway's namespace.
-pub const SUPPORTED_FEATURES: &[&str] = &[
+pub(super) const SUPPORTED_FEATURES: &[&str] = &[
     "BackendTLSPolicy",
     "BackendTLSPolicySANValidation",
     "GRPCRoute",
@@ -98,7 +98,7 @@ pub struct ClassInfo {
 }
 
 /// Set the status of our GatewayClasses; returns each of our classes by name.
-pub fn translate(b: &mut Builder<'_>) -> BTreeMap<String, ClassInfo> {
+pub(super) fn translate(b: &mut Builder<'_>) -> BTreeMap<String, ClassInfo> {
     let mut accepted = BTreeMap::new();
     let mut classes: Vec<_> = b.snapshot.gateway_classes.iter().collect();
     classes.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
@@ -179,10 +179,10 @@ pub fn translate(b: &mut Builder<'_>) -> BTreeMap<String, ClassInfo> {
 /// the generated objects (a Service, Pod or ServiceAccount with the `gateway-name` label) in
 /// the Gateway's namespace, where the default mode creates nothing (Envoy Gateway's default
 /// mode does not claim it either).
-pub const GATEWAY_NAMESPACE_ONLY: &str = "GatewayInfrastructure";
+pub(super) const GATEWAY_NAMESPACE_ONLY: &str = "GatewayInfrastructure";
 
 /// The features GatewayClass status lists under these parameters.
-pub fn supported_features(params: &Params) -> Vec<String> {
+pub(super) fn supported_features(params: &Params) -> Vec<String> {
     SUPPORTED_FEATURES
         .iter()
         .filter(|f| {
