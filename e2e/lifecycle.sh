@@ -105,7 +105,7 @@ controller_state() { # controller_state NAMESPACE: "<pod uid> <controller restar
 
 ours() { # ours NAMESPACE: every object of ours, as kubectl's kind.group/name, one a line; fails if kubectl does
   local ns=$1
-  # The per-Gateway Services and their EndpointSlices (the controller's label, in the Gateways' namespaces),
+  # The per-Gateway Services and their EndpointSlices (the controller's label, wherever they live),
   kubectl get services,endpointslices -A -l app.kubernetes.io/managed-by=sweety -o name &&
     # the release's namespaced objects, every Lease of its namespace (the controller's),
     kubectl -n "$ns" get leases,deployments,daemonsets,pods,services,serviceaccounts,roles,rolebindings,configmaps,secrets,sweetyproxyconfigs \
@@ -176,9 +176,13 @@ after=$(controller_state "$NS")
 [ "$before" = "$after" ] || die "the controller restarted or was replaced (before '$before', after '$after')"
 log "2. ok: Gateways work, same controller container ($after)"
 wait_http "http://$ingress_ip/" ingress.example '"namespace": *"lc-ingress"'
-kubectl -n lc-gateway get service -l app.kubernetes.io/managed-by=sweety \
+# The per-Gateway Service lives in the release namespace (gatewayServiceNamespace=release), owned by
+# the GatewayClass (a Gateway in another namespace cannot own it), nothing of ours in the Gateway's.
+kubectl -n "$NS" get service -l app.kubernetes.io/managed-by=sweety,sweety.dev/gateway-namespace=lc-gateway \
   -o jsonpath='{.items[0].metadata.ownerReferences[0].kind}' | grep -qx GatewayClass ||
-  die "the per-Gateway Service has no GatewayClass owner"
+  die "the per-Gateway Service in $NS has no GatewayClass owner"
+[ -z "$(kubectl -n lc-gateway get services,endpointslices -l app.kubernetes.io/managed-by=sweety -o name)" ] ||
+  die "per-Gateway objects in the Gateway's namespace lc-gateway (expected in $NS)"
 kubectl -n "$NS" get lease sweety-controller -o jsonpath='{.metadata.ownerReferences[0].kind}' | grep -qx ServiceAccount ||
   die "the leader Lease has no ServiceAccount owner"
 

@@ -110,7 +110,9 @@ const MIN_HEADER_BYTES: u32 = 1024;
 /// The kind of PEM block a [`PemSource`] must contain.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PemKind {
+    /// At least one `CERTIFICATE` block (a certificate or a CA bundle).
     Certificate,
+    /// An unencrypted private key block (`PRIVATE KEY`, `RSA PRIVATE KEY` or `EC PRIVATE KEY`).
     PrivateKey,
 }
 

@@ -40,11 +40,11 @@ done
   echo
   echo "#[allow(unused_imports)]"
   echo "mod prelude {"
-  echo "    pub use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;"
-  echo "    pub use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;"
-  echo "    pub use kube::CustomResource;"
-  echo "    pub use serde::{Deserialize, Serialize};"
-  echo "    pub use std::collections::BTreeMap;"
+  echo "    pub(crate) use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;"
+  echo "    pub(crate) use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;"
+  echo "    pub(crate) use kube::CustomResource;"
+  echo "    pub(crate) use serde::{Deserialize, Serialize};"
+  echo "    pub(crate) use std::collections::BTreeMap;"
   echo "}"
   echo
   for m in "${mods[@]}"; do echo "pub mod $m;"; done

@@ -23,8 +23,11 @@ use sweety_config::{Backend, Config, Listener, VirtualHost};
 /// One item, its digest and the length of its JSON.
 #[derive(Debug)]
 pub struct Item<T> {
+    /// The item, shared with every config that did not change it.
     pub value: Arc<T>,
+    /// SHA-256 of the item's compact JSON (the delta protocol's digest).
     pub digest: Digest,
+    /// Bytes of that JSON, for the size of a full `Apply` without serializing it.
     pub json_len: usize,
 }
 
@@ -61,9 +64,13 @@ impl<T> Item<T> {
 /// generation 0.
 #[derive(Clone, Debug)]
 pub struct ConfigItems {
+    /// Everything but the three lists: limits, access, generation 0.
     pub settings: Item<Config>,
+    /// Listeners, in the order of the config.
     pub listeners: Vec<Item<Listener>>,
+    /// Virtual hosts, in the order of the config.
     pub virtual_hosts: Vec<Item<VirtualHost>>,
+    /// Backends, in the order of the config.
     pub backends: Vec<Item<Backend>>,
 }
 

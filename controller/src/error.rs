@@ -9,14 +9,18 @@ pub enum Error {
     /// A snapshot or golden file could not be parsed.
     #[error("parse {what}: {source}")]
     Parse {
+        /// Which input (file name or object) was being parsed.
         what: String,
+        /// Where and why the YAML was refused.
         #[source]
         source: serde_yaml::Error,
     },
     /// Reading or writing a local file or socket failed.
     #[error("{what}: {source}")]
     Io {
+        /// What was being read or written (and its path).
         what: String,
+        /// The operating system's error.
         #[source]
         source: std::io::Error,
     },

@@ -1,19 +1,33 @@
-//! Per-Gateway Services: each Gateway gets a controller-owned Service in the Gateway's own
-//! namespace (next to the Gateway, where users look for it) that maps its listener ports to the
-//! dataplane container ports `translate` allocated. The dataplane Pods live in the controller's
-//! namespace, which a Service selector cannot reach, so the Service has no selector and the
-//! controller writes its EndpointSlices: they mirror the endpoints (addresses, readiness, node,
-//! Pod reference) of the EndpointSlices of the chart's dataplane Service (`--ingress-service`,
-//! in the controller's namespace) with the Gateway's container ports. Services and slices are
-//! created and updated with server-side apply, only when they differ from what the cluster has;
-//! owned ones whose Gateway is gone are deleted, and so are the Services an older release
-//! created in the controller's namespace.
+//! Per-Gateway Services: each Gateway gets a controller-owned Service that maps its listener
+//! ports to the dataplane container ports `translate` allocated. Where it lives is
+//! `--gateway-service-namespace` ([`GatewayService::namespace`]):
 //!
-//! Both carry an ownerReference to the Gateway's GatewayClass (cluster-scoped, so it may own
-//! objects in any namespace): when the class goes (`helm uninstall` deletes the chart's
-//! GatewayClass) the garbage collector removes them even though no controller is left to do it.
-//! The Service type is `--gateway-service-type` unless the class's SweetyProxyConfig sets
-//! `service.type` (and `service.externalTrafficPolicy`).
+//! - `release` (default): in the controller's own namespace, as Envoy Gateway does by default
+//!   (its proxy Services live in the controller's namespace, named after the Gateway's
+//!   namespace and name and labelled with both). The dataplane Pods are there too, so the
+//!   Service has a plain selector: the one of the chart's dataplane Service
+//!   (`--ingress-service`), read from the cluster; the cluster's EndpointSlice controller keeps
+//!   its endpoints. The controller writes Services in its own namespace only (a Role).
+//! - `gateway`: in the Gateway's namespace (next to the Gateway). A selector cannot reach the
+//!   dataplane Pods across namespaces, so the Service has none and the controller writes its
+//!   EndpointSlices: they mirror the endpoints (addresses, readiness, node, Pod reference) of
+//!   the EndpointSlices of the dataplane Service with the Gateway's container ports. This needs
+//!   write access to Services and EndpointSlices in every Gateway namespace.
+//!
+//! Services and slices are created and updated with server-side apply, only when they differ
+//! from what the cluster has; owned ones that are no longer wanted where they are (Gateway
+//! gone, or the setting changed) are deleted, and so are the Services an older release
+//! created in the controller's namespace without an owner label. A stale one the controller
+//! may not delete (a Gateway namespace after a switch to `release`: no write access there)
+//! is reported in [`SyncReport::left`] and logged with the command that removes it.
+//!
+//! Both carry an ownerReference to the Gateway's GatewayClass, never to the Gateway: an owner
+//! in another namespace is invalid, and a cluster-scoped one may own objects in any
+//! namespace. When the class goes (`helm uninstall` deletes the chart's GatewayClass) the
+//! garbage collector removes them even though no controller is left to do it; a deleted
+//! Gateway's are deleted by the controller. The Service type is `--gateway-service-type`
+//! unless the class's SweetyProxyConfig sets `service.type` (and
+//! `service.externalTrafficPolicy`).
 //!
 //! Ownership is by label: `app.kubernetes.io/managed-by: sweety`, the Gateway's namespace and
 //! name labels (values longer than 63 characters are shortened with a hash suffix) and
@@ -52,12 +66,19 @@ pub const MAX_ENDPOINTS: usize = 1000;
 /// What one sync did. Names are `namespace/name`; slices are prefixed `EndpointSlice `.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct SyncReport {
+    /// Services and slices created or updated.
     pub applied: Vec<String>,
+    /// Services and slices already as wanted.
     pub unchanged: usize,
+    /// Services and slices of Gateways that are gone.
     pub deleted: Vec<String>,
     /// Services left alone because a Service of that name exists that is not ours (a user's
     /// own, or another installation's): never taken over.
     pub refused: Vec<String>,
+    /// Stale owned objects the controller may not delete (403: no write access in that
+    /// namespace, e.g. Gateway namespaces after a switch to `release`); same naming as
+    /// `deleted`.
+    pub left: Vec<String>,
 }
 
 /// Keeps the per-Gateway Services and their EndpointSlices in line with
@@ -66,7 +87,8 @@ pub struct GatewayServices {
     client: Client,
     /// The controller's namespace (owner label value, home of the dataplane Service).
     namespace: String,
-    /// The dataplane Service whose EndpointSlices are mirrored.
+    /// The dataplane Service: its selector is copied onto Services in `namespace`, its
+    /// EndpointSlices are mirrored for Services elsewhere.
     dataplane_service: Option<String>,
     field_manager: String,
 }
@@ -135,15 +157,34 @@ impl GatewayServices {
         for (k, s) in legacy {
             existing.entry(k).or_insert(s);
         }
-        let mut existing_slices: BTreeMap<Key, EndpointSlice> =
-            list_by_key(&slices, &owned).await?;
-        let source = self.dataplane_endpoints().await?;
+        // Only the slices we wrote: the cluster's EndpointSlice controller copies a Service's
+        // labels (ours included) onto the slices it makes for a Service with a selector.
+        let mut existing_slices: BTreeMap<Key, EndpointSlice> = list_by_key(
+            &slices,
+            &ListParams::default().labels(&format!(
+                "{},{SLICE_MANAGED_BY_LABEL}={SLICE_MANAGED_BY}",
+                self.owned_selector()
+            )),
+        )
+        .await?;
+        // Read only for what the desired Services need: a selector for those beside the
+        // dataplane, mirrored endpoints for the others.
+        let selector = if desired.iter().any(|d| self.beside_dataplane(d)) {
+            self.dataplane_selector().await?
+        } else {
+            None
+        };
+        let source = if desired.iter().any(|d| !self.beside_dataplane(d)) {
+            self.dataplane_endpoints().await?
+        } else {
+            BTreeMap::new()
+        };
         let mut report = SyncReport::default();
         for d in desired {
-            let want = self.service(d);
-            let k = (d.gateway_namespace.clone(), d.name.clone());
+            let want = self.service(d, selector.as_ref());
+            let k = (d.namespace.clone(), d.name.clone());
             let current = existing.remove(&k);
-            let api = Api::<Service>::namespaced(self.client.clone(), &d.gateway_namespace);
+            let api = Api::<Service>::namespaced(self.client.clone(), &d.namespace);
             if current.as_ref().is_some_and(|c| same(c, &want)) {
                 report.unchanged += 1;
             } else {
@@ -163,6 +204,10 @@ impl GatewayServices {
                 .await
                 .map_err(Error::Kube)?;
                 report.applied.push(format!("{}/{}", k.0, k.1));
+            }
+            if self.beside_dataplane(d) {
+                // The cluster's EndpointSlice controller serves a Service with a selector.
+                continue;
             }
             for slice in self.endpoint_slices(d, &source) {
                 let Some(sk) = key_of(&slice.metadata) else {
@@ -188,17 +233,60 @@ impl GatewayServices {
         }
         for (ns, name) in existing_slices.into_keys() {
             let api = Api::<EndpointSlice>::namespaced(self.client.clone(), &ns);
-            if delete(&api, &name).await? {
-                report.deleted.push(format!("EndpointSlice {ns}/{name}"));
+            let what = format!("EndpointSlice {ns}/{name}");
+            match delete(&api, &name).await? {
+                Deleted::Yes => report.deleted.push(what),
+                Deleted::Gone => {}
+                Deleted::Forbidden => report.left.push(what),
             }
         }
         for (ns, name) in existing.into_keys() {
             let api = Api::<Service>::namespaced(self.client.clone(), &ns);
-            if delete(&api, &name).await? {
-                report.deleted.push(format!("{ns}/{name}"));
+            let what = format!("{ns}/{name}");
+            match delete(&api, &name).await? {
+                Deleted::Yes => report.deleted.push(what),
+                Deleted::Gone => {}
+                Deleted::Forbidden => report.left.push(what),
             }
         }
+        if !report.left.is_empty() {
+            tracing::warn!(
+                left = ?report.left,
+                "stale per-Gateway Services/EndpointSlices this controller may not delete (no \
+                 write access there, e.g. after --gateway-service-namespace changed to release); \
+                 remove them with `kubectl delete service,endpointslice -A -l {}`",
+                self.owned_selector()
+            );
+        }
         Ok(report)
+    }
+
+    /// Whether the Service of `d` lives beside the dataplane Pods (the controller's namespace),
+    /// where a selector reaches them.
+    fn beside_dataplane(&self, d: &GatewayService) -> bool {
+        d.namespace == self.namespace
+    }
+
+    /// The selector of the dataplane Service (`None` without one, or when it has none: the
+    /// Services then get no endpoints, with a warning).
+    async fn dataplane_selector(&self) -> Result<Option<BTreeMap<String, String>>, Error> {
+        let Some(svc) = &self.dataplane_service else {
+            return Ok(None);
+        };
+        let found = Api::<Service>::namespaced(self.client.clone(), &self.namespace)
+            .get_opt(svc)
+            .await
+            .map_err(Error::Kube)?;
+        let selector = found
+            .and_then(|s| s.spec?.selector)
+            .filter(|s| !s.is_empty());
+        if selector.is_none() {
+            tracing::warn!(
+                service = %format!("{}/{svc}", self.namespace),
+                "the dataplane Service is missing or has no selector; per-Gateway Services get no endpoints"
+            );
+        }
+        Ok(selector)
     }
 
     /// The endpoints of the dataplane Service's EndpointSlices, by address type.
@@ -270,7 +358,7 @@ impl GatewayServices {
             .map(|(address_type, endpoints)| EndpointSlice {
                 metadata: ObjectMeta {
                     name: Some(format!("{}-{}", d.name, address_type.to_ascii_lowercase())),
-                    namespace: Some(d.gateway_namespace.clone()),
+                    namespace: Some(d.namespace.clone()),
                     labels: Some(labels.clone()),
                     owner_references: Self::owner_references(d),
                     ..Default::default()
@@ -282,8 +370,13 @@ impl GatewayServices {
             .collect()
     }
 
-    /// The Service we want for one Gateway.
-    pub fn service(&self, d: &GatewayService) -> Service {
+    /// The Service we want for one Gateway; `selector` (the dataplane Service's) is set only
+    /// when it lives beside the dataplane.
+    pub fn service(
+        &self,
+        d: &GatewayService,
+        selector: Option<&BTreeMap<String, String>>,
+    ) -> Service {
         let mut labels = d.labels.clone();
         labels.extend(self.owned_labels(d));
         labels.insert(
@@ -311,7 +404,7 @@ impl GatewayServices {
         Service {
             metadata: ObjectMeta {
                 name: Some(d.name.clone()),
-                namespace: Some(d.gateway_namespace.clone()),
+                namespace: Some(d.namespace.clone()),
                 labels: Some(labels),
                 annotations: Some(annotations),
                 owner_references: Self::owner_references(d),
@@ -323,8 +416,8 @@ impl GatewayServices {
                     .external_traffic_policy
                     .clone()
                     .filter(|_| d.service_type != "ClusterIP"),
-                // No selector: the controller writes the endpoints (see the module docs).
-                selector: None,
+                // Elsewhere no selector: the controller writes the endpoints (module docs).
+                selector: selector.filter(|_| self.beside_dataplane(d)).cloned(),
                 load_balancer_ip,
                 ports: Some(
                     d.ports
@@ -345,14 +438,24 @@ impl GatewayServices {
     }
 }
 
-/// Delete one object; `false` when it was already gone.
-async fn delete<K>(api: &Api<K>, name: &str) -> Result<bool, Error>
+/// What [`delete`] did.
+enum Deleted {
+    Yes,
+    /// Already gone.
+    Gone,
+    /// Not allowed (no write access in that namespace).
+    Forbidden,
+}
+
+/// Delete one object.
+async fn delete<K>(api: &Api<K>, name: &str) -> Result<Deleted, Error>
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
     match api.delete(name, &DeleteParams::default()).await {
-        Ok(_) => Ok(true),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
+        Ok(_) => Ok(Deleted::Yes),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(Deleted::Gone),
+        Err(kube::Error::Api(s)) if s.code == 403 => Ok(Deleted::Forbidden),
         Err(e) => Err(Error::Kube(e)),
     }
 }
@@ -492,6 +595,7 @@ mod tests {
         GatewayService {
             gateway_namespace: "apps".into(),
             gateway_name: "web".into(),
+            namespace: "apps".into(),
             name: "sweety-gw-apps-web".into(),
             service_type: "LoadBalancer".into(),
             external_traffic_policy: None,
@@ -509,10 +613,13 @@ mod tests {
         let cfg = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
         let client = Client::try_from(cfg).unwrap();
         let gs = GatewayServices::new(client, "sweety", Some("sweety".into()), "test");
-        let with = gs.service(&desired(
-            &[("team", "a"), (MANAGED_BY_LABEL, "someone-else")],
-            &[("lb.example/internal", "true")],
-        ));
+        let with = gs.service(
+            &desired(
+                &[("team", "a"), (MANAGED_BY_LABEL, "someone-else")],
+                &[("lb.example/internal", "true")],
+            ),
+            None,
+        );
         let labels = with.metadata.labels.clone().unwrap();
         assert_eq!(labels["team"], "a");
         assert_eq!(labels[MANAGED_BY_LABEL], MANAGED_BY, "ours win");
@@ -525,7 +632,7 @@ mod tests {
         );
         assert!(same(&with, &with));
         // The Gateway dropped its infrastructure metadata: the cluster's copy no longer matches.
-        let without = gs.service(&desired(&[], &[]));
+        let without = gs.service(&desired(&[], &[]), None);
         assert!(!same(&with, &without));
     }
 
@@ -577,9 +684,39 @@ mod tests {
         let mut fewer = v4.clone();
         fewer.endpoints.pop();
         assert!(!same_slice(&fewer, v4));
-        // The Service itself: in the Gateway's namespace, no selector.
-        let svc = gs.service(&d);
+        // The Service itself: in the Gateway's namespace, no selector (even when one is known).
+        let selector: BTreeMap<String, String> = [("app".to_string(), "sweety".to_string())].into();
+        let svc = gs.service(&d, Some(&selector));
         assert_eq!(svc.metadata.namespace.as_deref(), Some("apps"));
         assert!(svc.spec.unwrap().selector.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_service_beside_the_dataplane_selects_its_pods_and_gets_no_mirrored_slices() {
+        let cfg = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
+        let client = Client::try_from(cfg).unwrap();
+        let gs = GatewayServices::new(client, "sweety", Some("sweety".into()), "test");
+        let mut d = desired(&[], &[]);
+        d.namespace = "sweety".into();
+        assert!(gs.beside_dataplane(&d));
+        let selector: BTreeMap<String, String> = [("app".to_string(), "sweety".to_string())].into();
+        let svc = gs.service(&d, Some(&selector));
+        assert_eq!(svc.metadata.namespace.as_deref(), Some("sweety"));
+        let labels = svc.metadata.labels.as_ref().unwrap();
+        assert_eq!(labels[GATEWAY_NAMESPACE_LABEL], "apps");
+        assert_eq!(labels[STANDARD_GATEWAY_NAME_LABEL], "web");
+        // Owned by the (cluster-scoped) class only: a Gateway in another namespace cannot own it.
+        assert!(svc
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .all(|o| o.kind == "GatewayClass"));
+        assert_eq!(
+            svc.spec.as_ref().unwrap().selector.as_ref(),
+            Some(&selector)
+        );
+        // A selector change (e.g. the chart's labels) is applied again.
+        assert!(!same(&svc, &gs.service(&d, None)));
     }
 }

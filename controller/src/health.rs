@@ -18,6 +18,7 @@ use tokio::task::JoinHandle;
 
 /// What the probes report.
 pub struct Health {
+    /// The registry `/metrics` renders.
     pub metrics: Arc<Metrics>,
     /// Set while the watches run.
     pub live: AtomicBool,
@@ -26,6 +27,7 @@ pub struct Health {
 }
 
 impl Health {
+    /// Probe state of a starting process: live, not ready until the first Ack.
     pub fn new(metrics: Arc<Metrics>) -> Arc<Health> {
         Arc::new(Health {
             metrics,

@@ -26,11 +26,15 @@ use tokio::task::JoinHandle;
 /// Where the lease lives and how it is timed.
 #[derive(Clone, Debug)]
 pub struct LeaseOptions {
+    /// Namespace of the Lease (the controller's own).
     pub namespace: String,
+    /// Name of the Lease object.
     pub name: String,
     /// This candidate's identity (pod name, or hostname + pid).
     pub identity: String,
+    /// How long a lease holds without renewal; a candidate may take it after that.
     pub lease_duration: Duration,
+    /// How often the holder renews, and how often a candidate tries.
     pub renew_every: Duration,
     /// ServiceAccount (in `namespace`) that owns the Lease, so it goes when the installation
     /// does; `None`: no owner.
@@ -73,6 +77,7 @@ pub struct LeaderElector {
 }
 
 impl LeaderElector {
+    /// A candidate that acts through `client` on the lease `options` describe.
     pub fn new(client: Client, options: LeaseOptions) -> LeaderElector {
         LeaderElector {
             api: Api::namespaced(client.clone(), &options.namespace),
@@ -111,6 +116,7 @@ impl LeaderElector {
         }
     }
 
+    /// This candidate's holder identity in the Lease.
     pub fn identity(&self) -> &str {
         &self.options.identity
     }
@@ -273,6 +279,7 @@ impl Leadership {
         self.is_leader.clone()
     }
 
+    /// Whether this replica holds the lease now.
     pub fn is_leader(&self) -> bool {
         *self.is_leader.borrow()
     }

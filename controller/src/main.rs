@@ -14,7 +14,7 @@ use sweety_controller::metrics::Metrics;
 use sweety_controller::push::{PushOptions, Pusher};
 use sweety_controller::run::{run, RunOptions};
 use sweety_controller::status_worker::StatusOptions;
-use sweety_controller::translate::{DefaultCertificate, Params};
+use sweety_controller::translate::{DefaultCertificate, GatewayServiceNamespace, Params};
 use sweety_controller::watch::WatchOptions;
 
 /// mimalloc: less fragmentation and lower RSS across config reloads (e2e/bench/HISTORY.md, "Earlier measurements").
@@ -92,6 +92,17 @@ struct Args {
         value_parser = ["LoadBalancer", "NodePort", "ClusterIP"]
     )]
     gateway_service_type: String,
+    /// Where the per-Gateway Services live: `release` (this controller's namespace, beside
+    /// the dataplane Pods; Services are written there only) or `gateway` (each Gateway's
+    /// namespace, selector-less with mirrored EndpointSlices; needs write access to Services
+    /// and EndpointSlices there). See docs/security.md "Multi-tenant guarantees".
+    #[arg(
+        long,
+        env = "SWEETY_GATEWAY_SERVICE_NAMESPACE",
+        default_value = "release",
+        value_parser = ["release", "gateway"]
+    )]
+    gateway_service_namespace: String,
     /// Directory shared with the dataplane for static content.
     #[arg(
         long,
@@ -295,14 +306,22 @@ async fn main() -> anyhow::Result<()> {
         ignore_snippets: args.ignore_snippets,
         allow_external_name: args.allow_external_name,
         gateway_service_type: args.gateway_service_type,
+        gateway_service_namespace: args
+            .gateway_service_namespace
+            .parse()
+            .map_err(anyhow::Error::msg)?,
         ..Params::default()
     };
+    let gateway_services_namespace = (params.gateway_service_namespace
+        == GatewayServiceNamespace::Release)
+        .then(|| args.namespace.clone());
     let mut options = RunOptions {
         params,
         watch: WatchOptions {
             namespaces: entries(args.watch_namespaces),
             dataplane_service: non_empty(&args.ingress_service)
                 .map(|s| (args.namespace.clone(), s)),
+            gateway_services_namespace,
             default_certificate_secret: args
                 .default_certificate
                 .split_once('/')

@@ -87,6 +87,7 @@ pub struct Metrics {
     pub watch: OnceLock<Arc<crate::watch::Activity>>,
     /// Calls of the pure `translate`.
     pub translates: AtomicU64,
+    /// Time each `translate` call took.
     pub translate_duration: Histogram,
     /// Translations that translated every route (the first, a change of the world, or the
     /// per-virtual-host memo not serving; see `TranslateCache::full_translates`).

@@ -34,7 +34,9 @@ use tokio::sync::watch;
 /// How the controller runs.
 #[derive(Clone, Debug)]
 pub struct RunOptions {
+    /// The installation's settings that shape the translated config.
     pub params: Params,
+    /// Which namespaces and extra objects are watched.
     pub watch: WatchOptions,
     /// Bursts of watch events within this window become one reconcile.
     pub debounce: Duration,
@@ -291,7 +293,7 @@ fn reconcile(
     let generation = pusher.submit(output.config.clone());
     // After the push: the statuses go to the worker (it keeps what changed; the translate
     // cache's statuses are let go before the next translate, which updates them in place).
-    statuses.offer(&output.statuses, generation);
+    statuses.offer(&output.statuses, &output.status_changes, generation);
     let gateway_services = output.gateway_services.clone();
     // The cache lives as long as the process: its totals are the counters.
     metrics

@@ -9,7 +9,8 @@
 //!   written keeps one place in the queue and only its latest status is written; one offered
 //!   while its write is in flight is written again afterwards. The queue is therefore bounded
 //!   by the number of objects `translate` reports (plus routes whose entries of ours are being
-//!   removed); nothing is ever dropped, and an offer costs one comparison per object.
+//!   removed); nothing is ever dropped, and an offer compares only the statuses the translation
+//!   says may have changed ([`StatusChanges`]; every object's after a full translation).
 //! - **Skipped when unchanged.** An offer queues only objects whose wanted status differs from
 //!   the one offered before; the writer then skips statuses equal to what it last wrote or to
 //!   what the object already carries ([`StatusWriter::prepare`]), without a request.
@@ -33,6 +34,7 @@ use crate::metrics::Metrics;
 use crate::push::PushState;
 use crate::status_writer::{self, Current, Gate, Prepared, StatusWriter};
 use crate::translate::status::{ObjectKey, ObjectStatus, Statuses};
+use crate::translate::StatusChanges;
 use crate::watch::Stores;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::Ordering;
@@ -171,59 +173,42 @@ impl Queue {
         }
     }
 
-    /// See [`StatusQueue::offer`]; the number of entries queued or changed.
-    fn offer(&mut self, statuses: &Statuses, generation: u64, now: Instant) -> usize {
+    /// See [`StatusQueue::offer`]; the number of entries queued or changed. With
+    /// [`StatusChanges::Only`] only the listed keys are compared (the others are what the last
+    /// offer had); the first offer compares everything whatever it is told.
+    fn offer(
+        &mut self,
+        statuses: &Statuses,
+        changes: &StatusChanges,
+        generation: u64,
+        now: Instant,
+    ) -> usize {
         self.generation = generation;
         let mut changed = 0usize;
-        for (key, status) in statuses {
-            match self.entries.get_mut(key) {
-                Some(e) if e.want.as_ref() == Some(status) => continue,
-                Some(e) => {
-                    if e.want.is_none() {
-                        self.reported += 1;
-                    }
-                    e.want = Some(status.clone());
-                    e.generation = generation;
-                    e.since = now;
-                }
-                None => {
-                    self.reported += 1;
-                    self.entries.insert(
-                        key.clone(),
-                        Entry {
-                            want: Some(status.clone()),
-                            generation,
-                            since: now,
-                            place: Place::Idle,
-                            again: false,
-                        },
-                    );
+        match changes {
+            StatusChanges::Only(keys) if self.offered => {
+                for key in keys {
+                    changed += match statuses.get(key) {
+                        Some(status) => self.want(key, status, generation, now),
+                        None => self.left(key, generation, now),
+                    };
                 }
             }
-            changed += 1;
-            self.mark(key);
-        }
-        if self.reported > statuses.len() {
-            // Some objects left (every reported key is in `entries`).
-            let left: Vec<ObjectKey> = self
-                .entries
-                .iter()
-                .filter(|(k, e)| e.want.is_some() && !statuses.contains_key(*k))
-                .map(|(k, _)| k.clone())
-                .collect();
-            for key in left {
-                self.reported -= 1;
-                changed += 1;
-                let e = self.entries.get_mut(&key).expect("listed");
-                e.want = None;
-                e.generation = generation;
-                e.since = now;
-                if status_writer::is_atomic_kind(&key.kind) {
-                    self.mark(&key);
-                } else if e.place != Place::InFlight {
-                    // An entry in flight is removed when its write ends.
-                    self.remove(&key);
-                    self.gone.push(key);
+            _ => {
+                for (key, status) in statuses {
+                    changed += self.want(key, status, generation, now);
+                }
+                if self.reported > statuses.len() {
+                    // Some objects left (every reported key is in `entries`).
+                    let left: Vec<ObjectKey> = self
+                        .entries
+                        .iter()
+                        .filter(|(k, e)| e.want.is_some() && !statuses.contains_key(*k))
+                        .map(|(k, _)| k.clone())
+                        .collect();
+                    for key in left {
+                        changed += self.left(&key, generation, now);
+                    }
                 }
             }
         }
@@ -233,6 +218,62 @@ impl Queue {
             changed += 1;
         }
         changed
+    }
+
+    /// `translate` reports `status` for `key`: queue it unless it is the one offered before.
+    fn want(
+        &mut self,
+        key: &ObjectKey,
+        status: &ObjectStatus,
+        generation: u64,
+        now: Instant,
+    ) -> usize {
+        match self.entries.get_mut(key) {
+            Some(e) if e.want.as_ref() == Some(status) => return 0,
+            Some(e) => {
+                if e.want.is_none() {
+                    self.reported += 1;
+                }
+                e.want = Some(status.clone());
+                e.generation = generation;
+                e.since = now;
+            }
+            None => {
+                self.reported += 1;
+                self.entries.insert(
+                    key.clone(),
+                    Entry {
+                        want: Some(status.clone()),
+                        generation,
+                        since: now,
+                        place: Place::Idle,
+                        again: false,
+                    },
+                );
+            }
+        }
+        self.mark(key);
+        1
+    }
+
+    /// `translate` no longer reports `key`: forget it, or queue the removal of our entries
+    /// from a route or policy. Nothing when it was not reported.
+    fn left(&mut self, key: &ObjectKey, generation: u64, now: Instant) -> usize {
+        let Some(e) = self.entries.get_mut(key).filter(|e| e.want.is_some()) else {
+            return 0;
+        };
+        self.reported -= 1;
+        e.want = None;
+        e.generation = generation;
+        e.since = now;
+        if status_writer::is_atomic_kind(&key.kind) {
+            self.mark(key);
+        } else if e.place != Place::InFlight {
+            // An entry in flight is removed when its write ends.
+            self.remove(key);
+            self.gone.push(key.clone());
+        }
+        1
     }
 
     /// Drop an entry from every place it may be listed.
@@ -314,11 +355,11 @@ impl StatusQueue {
     /// status changed since the last offer are queued (an object already queued keeps its
     /// place, with the new status); objects no longer reported are forgotten, routes and
     /// policies among them queued to have our entries removed.
-    pub fn offer(&self, statuses: &Statuses, generation: u64) {
+    pub fn offer(&self, statuses: &Statuses, changes: &StatusChanges, generation: u64) {
         let changed = self
             .shared
             .queue()
-            .offer(statuses, generation, Instant::now());
+            .offer(statuses, changes, generation, Instant::now());
         if changed > 0 {
             self.shared.notify.notify_one();
         }
@@ -688,23 +729,63 @@ mod tests {
         let t = Instant::now();
         let (a, b) = (key("SweetyProxyConfig", "a"), key("SweetyProxyConfig", "b"));
         let mut q = Queue::default();
-        assert_eq!(q.offer(&statuses(&[(&a, "one"), (&b, "one")]), 1, t), 3);
+        assert_eq!(
+            q.offer(
+                &statuses(&[(&a, "one"), (&b, "one")]),
+                &StatusChanges::All,
+                1,
+                t
+            ),
+            3
+        );
         // Offered again and again before it was written: one place in the queue, the latest
         // wanted status and generation.
-        assert_eq!(q.offer(&statuses(&[(&a, "two"), (&b, "one")]), 2, t), 1);
-        assert_eq!(q.offer(&statuses(&[(&a, "three"), (&b, "one")]), 3, t), 1);
+        assert_eq!(
+            q.offer(
+                &statuses(&[(&a, "two"), (&b, "one")]),
+                &StatusChanges::All,
+                2,
+                t
+            ),
+            1
+        );
+        assert_eq!(
+            q.offer(
+                &statuses(&[(&a, "three"), (&b, "one")]),
+                &StatusChanges::All,
+                3,
+                t
+            ),
+            1
+        );
         assert_eq!(q.dirty, VecDeque::from([a.clone(), b.clone()]));
         assert_eq!(q.entries[&a].want, Some(conditions("three")));
         assert_eq!(q.entries[&a].generation, 3);
         assert_eq!(q.entries[&b].generation, 1);
         // The same statuses again: nothing queued.
-        assert_eq!(q.offer(&statuses(&[(&a, "three"), (&b, "one")]), 4, t), 0);
+        assert_eq!(
+            q.offer(
+                &statuses(&[(&a, "three"), (&b, "one")]),
+                &StatusChanges::All,
+                4,
+                t
+            ),
+            0
+        );
         assert_eq!(q.depth(0), 2);
 
         // In flight and offered again: written once more afterwards, still one entry.
         q.dirty.retain(|k| k != &a);
         q.entries.get_mut(&a).unwrap().place = Place::InFlight;
-        assert_eq!(q.offer(&statuses(&[(&a, "four"), (&b, "one")]), 5, t), 1);
+        assert_eq!(
+            q.offer(
+                &statuses(&[(&a, "four"), (&b, "one")]),
+                &StatusChanges::All,
+                5,
+                t
+            ),
+            1
+        );
         assert!(q.entries[&a].again);
         assert_eq!(q.dirty, VecDeque::from([b.clone()]));
 
@@ -722,7 +803,10 @@ mod tests {
             },
         );
         q.reported += 1;
-        assert_eq!(q.offer(&statuses(&[(&a, "four")]), 6, t), 2);
+        assert_eq!(
+            q.offer(&statuses(&[(&a, "four")]), &StatusChanges::All, 6, t),
+            2
+        );
         assert!(!q.entries.contains_key(&b) && q.gone == vec![b.clone()]);
         assert!(q.dirty.iter().all(|k| k != &b));
         assert!(
@@ -732,6 +816,101 @@ mod tests {
         assert_eq!(q.entries[&r].want, None);
         assert_eq!(q.entries[&r].place, Place::Dirty);
         assert_eq!(q.reported, 1);
+    }
+
+    /// What a queue holds, in a comparable form.
+    fn state(q: &Queue) -> impl PartialEq + std::fmt::Debug {
+        let mut entries: Vec<_> = q
+            .entries
+            .iter()
+            .map(|(k, e)| (k.clone(), e.want.clone(), e.generation, e.place, e.again))
+            .collect();
+        entries.sort_by(|a, b| a.0.cmp(&b.0));
+        // The order of the queue follows the order of the offer (keys, or the changes as
+        // translated); which entries wait is what counts.
+        let mut dirty: Vec<_> = q.dirty.iter().cloned().collect();
+        dirty.sort();
+        let mut gone = q.gone.clone();
+        gone.sort();
+        (entries, dirty, gone, q.reported)
+    }
+
+    #[test]
+    fn offering_only_the_changed_keys_equals_offering_everything() {
+        // The same sequence of translations offered to two queues: one compares every status,
+        // the other only the keys the translation says may have changed (plus some listed
+        // but unchanged, as the translate cache may list). They must end up the same, step by
+        // step, whatever was added, changed, removed or in flight.
+        let t = Instant::now();
+        let keys: Vec<ObjectKey> = (0..12)
+            .map(|i| {
+                key(
+                    if i % 3 == 0 { "HTTPRoute" } else { "Gateway" },
+                    &format!("o{i}"),
+                )
+            })
+            .collect();
+        let (mut all, mut only) = (Queue::default(), Queue::default());
+        let mut prev = Statuses::new();
+        let mut rng = 0x2545_f491_u64;
+        let mut next = move |n: u64| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng % n
+        };
+        for step in 0..400u64 {
+            let mut cur = prev.clone();
+            for _ in 0..next(4) {
+                let k = &keys[next(keys.len() as u64) as usize];
+                match next(3) {
+                    0 => {
+                        cur.remove(k);
+                    }
+                    _ => {
+                        cur.insert(k.clone(), conditions(&format!("r{}", next(3))));
+                    }
+                }
+            }
+            let mut changed: Vec<ObjectKey> = keys
+                .iter()
+                .filter(|k| prev.get(*k) != cur.get(*k))
+                .cloned()
+                .collect();
+            changed.push(keys[next(keys.len() as u64) as usize].clone());
+            let a = all.offer(&cur, &StatusChanges::All, step + 1, t);
+            let b = only.offer(&cur, &StatusChanges::Only(changed), step + 1, t);
+            assert_eq!(a, b, "step {step}: entries queued or changed");
+            assert_eq!(state(&all), state(&only), "step {step}");
+            // The worker's part, the same on both: some entries go in flight or finish.
+            for q in [&mut all, &mut only] {
+                if step % 5 == 0 {
+                    // The smallest waiting key (the queues may hold them in other orders).
+                    if let Some(i) = (0..q.dirty.len()).min_by_key(|&i| q.dirty[i].clone()) {
+                        let k = q.dirty.remove(i).unwrap();
+                        q.entries.get_mut(&k).unwrap().place = Place::InFlight;
+                    }
+                }
+                if step % 7 == 0 {
+                    let done: Vec<_> = q
+                        .entries
+                        .iter()
+                        .filter(|(_, e)| e.place == Place::InFlight)
+                        .map(|(k, _)| k.clone())
+                        .collect();
+                    for k in done {
+                        let e = q.entries.get_mut(&k).unwrap();
+                        e.place = Place::Idle;
+                        if std::mem::take(&mut e.again) {
+                            q.mark(&k);
+                        } else if e.want.is_none() {
+                            q.remove(&k);
+                        }
+                    }
+                }
+            }
+            prev = cur;
+        }
     }
 
     #[test]

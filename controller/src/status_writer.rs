@@ -75,8 +75,11 @@ impl Gate {
 /// What one [`StatusWriter::write`] did.
 #[derive(Debug, Default)]
 pub struct WriteReport {
+    /// Objects whose status was written.
     pub written: Vec<ObjectKey>,
+    /// Objects whose status was already as wanted (no request).
     pub unchanged: usize,
+    /// Writes that failed, with why; they are retried on the next pass.
     pub errors: Vec<(ObjectKey, Error)>,
     /// The pass stopped early because this replica no longer leads.
     pub not_leader: bool,
@@ -132,7 +135,9 @@ struct Atomic {
 
 /// How one [`WriteJob`] ended.
 pub struct Outcome {
+    /// The object the job was for.
     pub key: ObjectKey,
+    /// What it wrote, or why the write failed.
     pub result: Result<Done, Error>,
 }
 
@@ -873,6 +878,7 @@ pub fn api_resource(kind: &str) -> Option<ApiResource> {
 
 /// An object whose status the writer compares against.
 pub trait Current: Send + Sync {
+    /// The object's `status` as the watch cache has it (Null when absent).
     fn status(&self) -> Value;
     /// `metadata.uid`: tells a re-created object (same name) from the one written before.
     fn uid(&self) -> Option<String>;

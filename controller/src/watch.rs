@@ -33,7 +33,7 @@
 //! - [`Activity`] counts watch events by kind (passed on or ignored) and keeps the time and
 //!   kind of the first event not yet reconciled, for the controller's metrics.
 
-use crate::labels::SERVICE_NAME_LABEL;
+use crate::labels::{GATEWAY_NAME_LABEL, MANAGED_BY, MANAGED_BY_LABEL, SERVICE_NAME_LABEL};
 use crate::translate::Snapshot;
 use crate::Error;
 use futures_util::StreamExt;
@@ -64,11 +64,17 @@ pub struct WatchOptions {
     /// those) are watched there too, so a dataplane readiness change still triggers a
     /// reconcile. They never enter the snapshot.
     pub dataplane_service: Option<(String, String)>,
+    /// The controller's namespace when the per-Gateway Services live there
+    /// (`--gateway-service-namespace=release`): when `namespaces` leaves it out, the owned
+    /// Services there (and only those, by label) are watched into the snapshot too, for Gateway
+    /// status addresses and stable container ports.
+    pub gateway_services_namespace: Option<String>,
     /// The default-certificate Secret (namespace, name): kept in every snapshot (when its
     /// namespace is watched) although nothing references it, so a rotation is served.
     pub default_certificate_secret: Option<(String, String)>,
-    /// First and longest wait between discovery polls for kinds not served at start.
+    /// First wait between discovery polls for kinds not served at start.
     pub discovery_min: Duration,
+    /// Longest wait between those polls (the backoff doubles up to it).
     pub discovery_max: Duration,
 }
 
@@ -77,6 +83,7 @@ impl Default for WatchOptions {
         WatchOptions {
             namespaces: Vec::new(),
             dataplane_service: None,
+            gateway_services_namespace: None,
             default_certificate_secret: None,
             discovery_min: Duration::from_secs(5),
             discovery_max: Duration::from_secs(60),
@@ -161,23 +168,41 @@ where
 /// Every reflector store the controller reads.
 #[derive(Clone)]
 pub struct Stores {
+    /// IngressClasses (cluster-wide): which classes name this controller.
     pub ingress_classes: Stored<IngressClass>,
+    /// Ingresses of the watched namespaces.
     pub ingresses: Stored<Ingress>,
+    /// GatewayClasses (cluster-wide): which classes name this controller.
     pub gateway_classes: Stored<gw::gatewayclasses::GatewayClass>,
+    /// Gateways of the watched namespaces.
     pub gateways: Stored<gw::gateways::Gateway>,
+    /// HTTPRoutes of the watched namespaces.
     pub http_routes: Stored<gw::httproutes::HttpRoute>,
+    /// GRPCRoutes of the watched namespaces.
     pub grpc_routes: Stored<gw::grpcroutes::GrpcRoute>,
+    /// TLSRoutes of the watched namespaces (empty when the CRD is absent).
     pub tls_routes: Stored<gw::tlsroutes::TlsRoute>,
+    /// TCPRoutes of the watched namespaces (empty when the CRD is absent).
     pub tcp_routes: Stored<gw::tcproutes::TcpRoute>,
+    /// UDPRoutes of the watched namespaces (empty when the CRD is absent).
     pub udp_routes: Stored<gw::udproutes::UdpRoute>,
+    /// ReferenceGrants: which cross-namespace references are allowed.
     pub reference_grants: Stored<gw::referencegrants::ReferenceGrant>,
+    /// BackendTLSPolicies: how to verify HTTPS backends.
     pub backend_tls_policies: Stored<gw::backendtlspolicies::BackendTlsPolicy>,
+    /// ListenerSets: listeners added to a Gateway from other objects.
     pub listener_sets: Stored<gw::listenersets::ListenerSet>,
+    /// SweetySites: a whole site (hosts, TLS, routes) in one object.
     pub sites: Stored<SweetySite>,
+    /// SweetyProxyConfigs: dataplane settings a GatewayClass points at (`parametersRef`).
     pub proxy_configs: Stored<SweetyProxyConfig>,
+    /// Services: ports and types of the backends.
     pub services: Stored<Service>,
+    /// EndpointSlices: the backends' addresses and readiness.
     pub endpoint_slices: Stored<EndpointSlice>,
+    /// Secrets of type `kubernetes.io/tls` only (certificates and keys).
     pub secrets: Stored<Secret>,
+    /// ConfigMaps (CA bundles, a Site's static content).
     pub config_maps: Stored<ConfigMap>,
     /// Always cluster-wide: their labels drive Gateway `allowedRoutes` selectors.
     pub namespaces: Stored<Namespace>,
@@ -233,7 +258,9 @@ fn key<K: Resource>(o: &K) -> (String, String) {
 /// Secrets and ConfigMaps (namespace, name) that objects in a snapshot reference.
 #[derive(Debug, Default, PartialEq)]
 pub struct References {
+    /// Secrets named by an Ingress, Gateway, policy or Site (certificates, CA bundles).
     pub secrets: HashSet<(String, String)>,
+    /// ConfigMaps named by a policy or Site (CA bundles, static content).
     pub config_maps: HashSet<(String, String)>,
 }
 
@@ -396,7 +423,9 @@ impl Activity {
 
 /// The running watches.
 pub struct Watches {
+    /// The reflector stores the watches fill.
     pub stores: Stores,
+    /// Watch events by kind, for the metrics.
     pub activity: Arc<Activity>,
     changes: watch::Receiver<u64>,
     /// Every reflector task, also those started after a late discovery.
@@ -453,6 +482,21 @@ impl Watches {
                 let config =
                     watcher::Config::default().labels(&format!("{SERVICE_NAME_LABEL}={name}"));
                 w.trigger(api, config);
+            }
+        }
+        if let Some(ns) = &options.gateway_services_namespace {
+            if !options.namespaces.is_empty() && !options.namespaces.contains(ns) {
+                let api = Api::<Service>::namespaced(w.client.clone(), ns);
+                let config = watcher::Config::default().labels(&format!(
+                    "{MANAGED_BY_LABEL}={MANAGED_BY},{GATEWAY_NAME_LABEL}"
+                ));
+                let store = w.spawn(api, config);
+                stores
+                    .services
+                    .stores
+                    .write()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(store);
             }
         }
         let tasks = w.tasks.clone();

@@ -1048,8 +1048,9 @@ async fn lease_is_owned_by_the_service_account() {
     drop_namespace(&client, &ns).await;
 }
 
-/// A per-Gateway Service and its EndpointSlices are owned by the Gateway's GatewayClass: when
-/// the class is deleted (helm uninstall) the garbage collector removes them, with no
+/// A per-Gateway Service and its EndpointSlices are owned by the Gateway's GatewayClass (a
+/// Gateway cannot own them across namespaces): when the class is deleted (helm uninstall) the
+/// garbage collector removes them, in the controller's namespace and in a Gateway's, with no
 /// controller left to do it. The type and externalTrafficPolicy come from the desired Service.
 #[tokio::test]
 #[ignore = "needs a kube-apiserver: SWEETY_KUBECONFIG (e2e/controller-it.sh)"]
@@ -1077,9 +1078,12 @@ async fn gateway_services_go_with_their_gateway_class() {
     .await;
     let services = GatewayServices::new(client.clone(), &ctl, Some("sweety".into()), FIELD_MANAGER);
     let name = format!("sweety-gw-{apps}-web");
-    let desired = vec![GatewayService {
+    // One Gateway's Service in the Gateway's namespace (--gateway-service-namespace=gateway,
+    // with mirrored slices), another's in the controller's (the default).
+    let mut desired = vec![GatewayService {
         gateway_namespace: apps.clone(),
         gateway_name: "web".into(),
+        namespace: apps.clone(),
         name: name.clone(),
         service_type: "NodePort".into(),
         ports: vec![ServicePort {
@@ -1097,7 +1101,25 @@ async fn gateway_services_go_with_their_gateway_class() {
             uid: class.metadata.uid.clone().unwrap(),
         }),
     }];
+    let beside = format!("sweety-gw-{apps}-beside");
+    let mut b = desired[0].clone();
+    b.gateway_name = "beside".into();
+    b.namespace = ctl.clone();
+    b.name = beside.clone();
+    desired.push(b);
     services.sync(&desired).await.expect("sync");
+    let ctl_api: Api<Service> = Api::namespaced(client.clone(), &ctl);
+    assert_eq!(
+        ctl_api
+            .get(&beside)
+            .await
+            .unwrap()
+            .metadata
+            .owner_references
+            .unwrap()[0]
+            .kind,
+        "GatewayClass"
+    );
     let svc_api: Api<Service> = Api::namespaced(client.clone(), &apps);
     let svc = svc_api.get(&name).await.unwrap();
     let spec = svc.spec.clone().unwrap();
@@ -1133,7 +1155,8 @@ async fn gateway_services_go_with_their_gateway_class() {
         || async {
             let svc = svc_api.get_opt(&name).await.ok()?;
             let slice = slices.get_opt(&format!("{name}-ipv4")).await.ok()?;
-            (svc.is_none() && slice.is_none()).then_some(())
+            let beside = ctl_api.get_opt(&beside).await.ok()?;
+            (svc.is_none() && slice.is_none() && beside.is_none()).then_some(())
         },
     )
     .await;
@@ -1141,13 +1164,450 @@ async fn gateway_services_go_with_their_gateway_class() {
     drop_namespace(&client, &apps).await;
 }
 
+/// Params of a controller in namespace `ctl` serving Gateways on the one port `gw_port` of
+/// 127.0.0.1 through the in-process `dataplane`, without an Ingress Service.
+fn one_port_params(
+    ctl: &str,
+    gw_port: u16,
+    dataplane: &InProcessDataplane,
+) -> sweety_controller::translate::Params {
+    sweety_controller::translate::Params {
+        namespace: ctl.into(),
+        listen_address: "127.0.0.1".into(),
+        gateway_port_min: gw_port,
+        gateway_port_max: gw_port,
+        content_dir: dataplane.content_dir(),
+        ingress_service: None,
+        ..Default::default()
+    }
+}
+
+/// What a cloud load balancer does: give Service `name` the ingress address `ip`.
+async fn fake_lb_address(api: &Api<Service>, name: &str, ip: &str) {
+    api.patch_status(
+        name,
+        &PatchParams::apply("fake-cloud-lb"),
+        &Patch::Apply(json!({
+            "apiVersion": "v1", "kind": "Service", "metadata": {"name": name},
+            "status": {"loadBalancer": {"ingress": [{"ip": ip, "ipMode": "VIP"}]}}
+        })),
+    )
+    .await
+    .expect("load-balancer status");
+}
+
+/// The status of Gateway `name` once it is Programmed=True.
+async fn gateway_programmed(api: &Api<gw::gateways::Gateway>, name: &str) -> Value {
+    wait_for("Gateway Programmed=True", || async {
+        let g = api.get(name).await.ok()?;
+        let v = serde_json::to_value(&g.status).ok()?;
+        let p = v["conditions"]
+            .as_array()?
+            .iter()
+            .find(|c| c["type"] == "Programmed")?
+            .clone();
+        (p["status"] == "True").then_some(v)
+    })
+    .await
+}
+
+/// The desired Service of Gateway `web` in `gateway_namespace`, living in `namespace`: ClusterIP,
+/// HTTP 80 -> 20000 and QUIC 443 -> 20001, infrastructure label team=a, no owner.
+fn web_service(gateway_namespace: &str, namespace: &str, name: &str) -> GatewayService {
+    GatewayService {
+        gateway_namespace: gateway_namespace.into(),
+        gateway_name: "web".into(),
+        namespace: namespace.into(),
+        name: name.into(),
+        service_type: "ClusterIP".into(),
+        ports: vec![
+            ServicePort {
+                name: "http".into(),
+                protocol: "TCP".into(),
+                port: 80,
+                target_port: 20000,
+            },
+            ServicePort {
+                name: "quic".into(),
+                protocol: "UDP".into(),
+                port: 443,
+                target_port: 20001,
+            },
+        ],
+        requested_addresses: vec![],
+        labels: BTreeMap::from([("team".to_string(), "a".to_string())]),
+        annotations: Default::default(),
+        external_traffic_policy: None,
+        owner: None,
+    }
+}
+
+/// The default (`--gateway-service-namespace=release`): each Gateway's Service lives in the
+/// controller's namespace beside the dataplane Pods and selects them with the dataplane
+/// Service's selector; the controller writes no EndpointSlices (the cluster's controller
+/// does, copying the Service's labels: those are never taken for ours). An older release's
+/// Service of the same name is taken over in place; ones left in a Gateway's namespace (the
+/// other setting) are deleted.
 #[tokio::test]
 #[ignore = "needs a kube-apiserver: SWEETY_KUBECONFIG (e2e/controller-it.sh)"]
 async fn gateway_services_are_created_updated_and_deleted() {
+    use sweety_controller::labels::{SLICE_MANAGED_BY, SLICE_MANAGED_BY_LABEL};
+    let _guard = LOCK.lock().await;
+    let client = cluster().await;
+    let ctl = namespace(&client, "relsvc").await;
+    let apps = namespace(&client, "relapps").await;
+    let ctl_api: Api<Service> = Api::namespaced(client.clone(), &ctl);
+    let apps_api: Api<Service> = Api::namespaced(client.clone(), &apps);
+    let ctl_slices: Api<EndpointSlice> = Api::namespaced(client.clone(), &ctl);
+    let apps_slices: Api<EndpointSlice> = Api::namespaced(client.clone(), &apps);
+    // The chart's dataplane Service: its selector is what the per-Gateway Services copy.
+    create(
+        &ctl_api,
+        json!({"metadata": {"name": "sweety"},
+               "spec": {"selector": {"app.kubernetes.io/name": "sweety", "tier": "dp"},
+                        "ports": [{"port": 80, "targetPort": 8080}]}}),
+    )
+    .await;
+    let web = format!("sweety-gw-{apps}-web");
+    // An older release's Service of that name (no owner label): taken over in place.
+    create(
+        &ctl_api,
+        json!({"metadata": {"name": web, "labels": {MANAGED_BY_LABEL: "sweety", GATEWAY_NAME_LABEL: "web"}},
+               "spec": {"ports": [{"port": 80, "targetPort": 20000}]}}),
+    )
+    .await;
+    // What the other setting left in the Gateway's namespace: a Service and its mirrored slice.
+    let owned = json!({MANAGED_BY_LABEL: "sweety", GATEWAY_NAME_LABEL: "web", OWNER_LABEL: ctl});
+    create(
+        &apps_api,
+        json!({"metadata": {"name": web, "labels": owned}, "spec": {"ports": [{"port": 80}]}}),
+    )
+    .await;
+    let mut slice_labels = owned.clone();
+    slice_labels[SLICE_MANAGED_BY_LABEL] = json!(SLICE_MANAGED_BY);
+    slice_labels["kubernetes.io/service-name"] = json!(web);
+    create(
+        &apps_slices,
+        json!({"metadata": {"name": format!("{web}-ipv4"), "labels": slice_labels},
+               "addressType": "IPv4", "endpoints": []}),
+    )
+    .await;
+
+    let services = GatewayServices::new(client.clone(), &ctl, Some("sweety".into()), FIELD_MANAGER);
+    let mut desired = vec![web_service(&apps, &ctl, &web)];
+    let report = services.sync(&desired).await.expect("sync");
+    assert_eq!(report.applied, [format!("{ctl}/{web}")], "{report:?}");
+    let mut deleted = report.deleted.clone();
+    deleted.sort();
+    assert_eq!(
+        deleted,
+        [
+            format!("EndpointSlice {apps}/{web}-ipv4"),
+            format!("{apps}/{web}")
+        ]
+    );
+    assert!(report.left.is_empty(), "{report:?}");
+    assert!(apps_api.get_opt(&web).await.unwrap().is_none());
+    let svc = ctl_api.get(&web).await.unwrap();
+    let labels = svc.labels();
+    assert_eq!(labels[OWNER_LABEL], ctl);
+    assert_eq!(labels["sweety.dev/gateway-namespace"], apps);
+    assert_eq!(labels["gateway.networking.k8s.io/gateway-name"], "web");
+    assert_eq!(labels["team"], "a");
+    let spec = svc.spec.as_ref().unwrap();
+    assert_eq!(
+        spec.selector,
+        Some(BTreeMap::from([
+            ("app.kubernetes.io/name".to_string(), "sweety".to_string()),
+            ("tier".to_string(), "dp".to_string())
+        ]))
+    );
+    assert_eq!(spec.ports.as_ref().unwrap().len(), 2);
+    // No slice of ours anywhere. The cluster's EndpointSlice controller makes one for the
+    // Service, with the Service's labels (ours among them): it must survive our syncs.
+    let ours =
+        ListParams::default().labels(&format!("{SLICE_MANAGED_BY_LABEL}={SLICE_MANAGED_BY}"));
+    assert!(ctl_slices.list(&ours).await.unwrap().items.is_empty());
+    let kcm = ListParams::default().labels(&format!(
+        "kubernetes.io/service-name={web},{SLICE_MANAGED_BY_LABEL}=endpointslice-controller.k8s.io,{OWNER_LABEL}={ctl}"
+    ));
+    let kcm_uid = wait_for("the cluster's EndpointSlice of the Service", || async {
+        let list = ctl_slices.list(&kcm).await.ok()?.items;
+        list.into_iter().next()?.metadata.uid
+    })
+    .await;
+    let kcm_slice_kept = || async {
+        let list = ctl_slices.list(&kcm).await.unwrap().items;
+        list.iter()
+            .any(|s| s.metadata.uid.as_ref() == Some(&kcm_uid))
+    };
+
+    // Unchanged: no writes, nothing deleted (the cluster's slice included).
+    let rv = svc.resource_version();
+    let report = services.sync(&desired).await.unwrap();
+    assert!(
+        report.applied.is_empty() && report.deleted.is_empty(),
+        "{report:?}"
+    );
+    assert_eq!(report.unchanged, 1);
+    assert_eq!(ctl_api.get(&web).await.unwrap().resource_version(), rv);
+    assert!(
+        kcm_slice_kept().await,
+        "the cluster's EndpointSlice was deleted"
+    );
+
+    // The dataplane Service's selector changes (chart labels): the Service follows.
+    ctl_api
+        .patch(
+            "sweety",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"selector": {"tier": "dp2"}}})),
+        )
+        .await
+        .unwrap();
+    let report = services.sync(&desired).await.unwrap();
+    assert_eq!(report.applied, [format!("{ctl}/{web}")]);
+    let selector = ctl_api
+        .get(&web)
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .selector
+        .unwrap();
+    assert_eq!(selector.get("tier").map(String::as_str), Some("dp2"));
+
+    // The Gateway is gone: its Service is deleted.
+    desired.clear();
+    let report = services.sync(&desired).await.unwrap();
+    assert_eq!(report.deleted, [format!("{ctl}/{web}")]);
+    assert!(ctl_api.get_opt(&web).await.unwrap().is_none());
+    assert!(ctl_api.get_opt("sweety").await.unwrap().is_some());
+    drop_namespace(&client, &apps).await;
+    drop_namespace(&client, &ctl).await;
+}
+
+/// The rules of the chart's default render (e2e/chart/tests/helm/default.out.yaml, which
+/// e2e/chart/check.sh keeps equal to `helm template`): the ClusterRole's and the Roles'.
+fn chart_rbac_rules() -> (Vec<Value>, Vec<Vec<Value>>) {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../e2e/chart/tests/helm/default.out.yaml");
+    let text = std::fs::read_to_string(&path).expect("chart golden");
+    let mut cluster = Vec::new();
+    let mut roles = Vec::new();
+    for doc in text.split("\n---\n") {
+        let Ok(v) = serde_yaml::from_str::<Value>(doc) else {
+            continue;
+        };
+        match v["kind"].as_str() {
+            Some("ClusterRole") => cluster.push(v["rules"].clone()),
+            Some("Role") => roles.push(v["rules"].as_array().cloned().unwrap_or_default()),
+            _ => {}
+        }
+    }
+    assert_eq!(cluster.len(), 1, "one ClusterRole in the default render");
+    assert!(!roles.is_empty(), "a Role in the default render");
+    (cluster[0].as_array().cloned().unwrap(), roles)
+}
+
+/// The controller with ONLY the chart's default RBAC (its ClusterRole and its Roles, bound to
+/// an impersonated user in place of the chart's ServiceAccount): the per-Gateway Service is
+/// written in the controller's namespace, the Gateway and route statuses are written, and the
+/// Gateway gets its Service's address (read through the extra watch of the controller's
+/// namespace, which `--watch-namespaces` leaves out here). It may write no Service in a
+/// Gateway's namespace: a stale one of ours there is left (reported), not fatal.
+#[tokio::test]
+#[ignore = "needs a kube-apiserver: SWEETY_KUBECONFIG (e2e/controller-it.sh)"]
+async fn controller_works_with_only_the_charts_default_rbac() {
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+    use sweety_controller::run::RunOptions;
+    let _guard = LOCK.lock().await;
+    let client = cluster().await;
+    let ns = namespace(&client, "rbacgw").await;
+    let ctl = namespace(&client, "rbacctl").await;
+    let user = format!("sweety-rbac-{ctl}");
+    let (cluster_rules, role_rules) = chart_rbac_rules();
+    let cr: Api<ClusterRole> = Api::all(client.clone());
+    let crb: Api<ClusterRoleBinding> = Api::all(client.clone());
+    let subject = json!([{"kind": "User", "name": user, "apiGroup": "rbac.authorization.k8s.io"}]);
+    create(
+        &cr,
+        json!({"metadata": {"name": user}, "rules": cluster_rules}),
+    )
+    .await;
+    create(
+        &crb,
+        json!({"metadata": {"name": user}, "subjects": subject,
+               "roleRef": {"kind": "ClusterRole", "name": user, "apiGroup": "rbac.authorization.k8s.io"}}),
+    )
+    .await;
+    for (i, rules) in role_rules.iter().enumerate() {
+        let name = format!("sweety-{i}");
+        create(
+            &Api::<Role>::namespaced(client.clone(), &ctl),
+            json!({"metadata": {"name": name}, "rules": rules}),
+        )
+        .await;
+        create(
+            &Api::<RoleBinding>::namespaced(client.clone(), &ctl),
+            json!({"metadata": {"name": name}, "subjects": subject,
+                   "roleRef": {"kind": "Role", "name": name, "apiGroup": "rbac.authorization.k8s.io"}}),
+        )
+        .await;
+    }
+    let controller = impersonated(&user, "sweety-controllers").await;
+    // Least privilege, as the apiserver sees it: Services in its own namespace only.
+    let probe = json!({"metadata": {"name": "probe"}, "spec": {"ports": [{"port": 80}]}});
+    let denied = Api::<Service>::namespaced(controller.clone(), &ns)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(probe.clone()).unwrap(),
+        )
+        .await;
+    assert!(
+        matches!(&denied, Err(kube::Error::Api(e)) if e.code == 403),
+        "{denied:?}"
+    );
+    wait_for("the Role is in force", || async {
+        Api::<Service>::namespaced(controller.clone(), &ctl)
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(probe.clone()).unwrap(),
+            )
+            .await
+            .ok()
+    })
+    .await;
+    let slice_denied = Api::<EndpointSlice>::namespaced(controller.clone(), &ctl)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(
+                json!({"metadata": {"name": "probe"}, "addressType": "IPv4", "endpoints": []}),
+            )
+            .unwrap(),
+        )
+        .await;
+    assert!(
+        matches!(&slice_denied, Err(kube::Error::Api(e)) if e.code == 403),
+        "{slice_denied:?}"
+    );
+
+    let class_name = format!("{ns}-class");
+    create::<gw::gatewayclasses::GatewayClass>(
+        &Api::all(client.clone()),
+        json!({"metadata": {"name": class_name}, "spec": {"controllerName": CONTROLLER}}),
+    )
+    .await;
+    let backend_port = 8080;
+    let gw_port = free_port();
+    let ns_services: Api<Service> = Api::namespaced(client.clone(), &ns);
+    create(&ns_services, json!({
+        "metadata": {"name": "web"}, "spec": {"ports": [{"name": "http", "port": 80, "targetPort": backend_port}]}
+    }))
+    .await;
+    // A stale per-Gateway Service of ours in the Gateway's namespace (the other setting):
+    // this controller may not delete it.
+    let stale = format!("sweety-gw-{ns}-old");
+    create(&ns_services, json!({
+        "metadata": {"name": stale, "labels": {MANAGED_BY_LABEL: "sweety", GATEWAY_NAME_LABEL: "old", OWNER_LABEL: ctl}},
+        "spec": {"ports": [{"port": 80}]}
+    }))
+    .await;
+    create::<gw::gateways::Gateway>(&Api::namespaced(client.clone(), &ns), json!({
+        "metadata": {"name": "gw"},
+        "spec": {"gatewayClassName": class_name, "listeners": [{"name": "http", "port": 80, "protocol": "HTTP"}]}
+    }))
+    .await;
+    create::<gw::httproutes::HttpRoute>(
+        &Api::namespaced(client.clone(), &ns),
+        json!({"metadata": {"name": "web"},
+               "spec": {"parentRefs": [{"name": "gw"}], "hostnames": ["app.test"],
+                        "rules": [{"backendRefs": [{"name": "web", "port": 80}]}]}}),
+    )
+    .await;
+    let dataplane = InProcessDataplane::start();
+    let options = RunOptions {
+        params: one_port_params(&ctl, gw_port, &dataplane),
+        watch: WatchOptions {
+            // The controller's namespace is not watched: its Services come from the extra watch.
+            namespaces: vec![ns.clone()],
+            gateway_services_namespace: Some(ctl.clone()),
+            ..WatchOptions::default()
+        },
+        debounce: Duration::from_millis(50),
+        lease: None,
+        initial_sync_timeout: Duration::from_secs(20),
+        status: Default::default(),
+    };
+    let running = RunLoop::start(&controller, options, dataplane.socket.clone());
+    let ctl_services: Api<Service> = Api::namespaced(client.clone(), &ctl);
+    let svc = wait_for(
+        "the per-Gateway Service in the controller's namespace",
+        || async {
+            let list = ctl_services
+                .list(&ListParams::default().labels(GATEWAY_NAME_LABEL))
+                .await
+                .ok()?;
+            list.items.into_iter().next()
+        },
+    )
+    .await;
+    let svc_name = svc.metadata.name.clone().unwrap();
+    assert_eq!(svc_name, format!("sweety-gw-{ns}-gw"));
+    fake_lb_address(&ctl_services, &svc_name, "192.0.2.51").await;
+    let gateways: Api<gw::gateways::Gateway> = Api::namespaced(client.clone(), &ns);
+    let gw_status = gateway_programmed(&gateways, "gw").await;
+    assert_eq!(
+        gw_status["addresses"],
+        json!([{"type": "IPAddress", "value": "192.0.2.51"}])
+    );
+    let routes: Api<gw::httproutes::HttpRoute> = Api::namespaced(client.clone(), &ns);
+    wait_for("HTTPRoute Accepted", || async {
+        let r = routes.get("web").await.ok()?;
+        let v = serde_json::to_value(&r.status).ok()?;
+        let ours = v["parents"]
+            .as_array()?
+            .iter()
+            .find(|p| p["controllerName"] == CONTROLLER)?
+            .clone();
+        let accepted = ours["conditions"]
+            .as_array()?
+            .iter()
+            .find(|c| c["type"] == "Accepted")?
+            .clone();
+        (accepted["status"] == "True").then_some(())
+    })
+    .await;
+    // Nothing of ours was written in the Gateway's namespace; the stale Service is left.
+    let in_ns = ns_services
+        .list(&ListParams::default().labels(GATEWAY_NAME_LABEL))
+        .await
+        .unwrap()
+        .items;
+    assert_eq!(
+        names(&in_ns.into_iter().map(Arc::new).collect::<Vec<_>>()),
+        [stale]
+    );
+    running.stop().await;
+    dataplane.stop().await;
+    let _ = Api::<gw::gatewayclasses::GatewayClass>::all(client.clone())
+        .delete(&class_name, &DeleteParams::default())
+        .await;
+    let _ = crb.delete(&user, &DeleteParams::default()).await;
+    let _ = cr.delete(&user, &DeleteParams::default()).await;
+    drop_namespace(&client, &ns).await;
+    drop_namespace(&client, &ctl).await;
+}
+
+/// `--gateway-service-namespace=gateway`: the Services go in the Gateways' namespace,
+/// selector-less, with EndpointSlices mirroring the dataplane's.
+#[tokio::test]
+#[ignore = "needs a kube-apiserver: SWEETY_KUBECONFIG (e2e/controller-it.sh)"]
+async fn gateway_services_in_the_gateway_namespace_are_created_updated_and_deleted() {
     let _guard = LOCK.lock().await;
     let client = cluster().await;
     // The controller's namespace (dataplane Service, an older release's Services) and the
-    // Gateways' namespace (where the per-Gateway Services and EndpointSlices go now).
+    // Gateways' namespace (where the per-Gateway Services and EndpointSlices go with the option).
     let ctl = namespace(&client, "gwsvc").await;
     let apps = namespace(&client, "gwapps").await;
     let services = GatewayServices::new(client.clone(), &ctl, Some("sweety".into()), FIELD_MANAGER);
@@ -1190,34 +1650,11 @@ async fn gateway_services_are_created_updated_and_deleted() {
     let web = format!("sweety-gw-{apps}-web");
     let lbname = format!("sweety-gw-{apps}-lb");
     let mut desired = vec![
-        GatewayService {
-            gateway_namespace: apps.clone(),
-            gateway_name: "web".into(),
-            name: web.clone(),
-            service_type: "ClusterIP".into(),
-            ports: vec![
-                ServicePort {
-                    name: "http".into(),
-                    protocol: "TCP".into(),
-                    port: 80,
-                    target_port: 20000,
-                },
-                ServicePort {
-                    name: "quic".into(),
-                    protocol: "UDP".into(),
-                    port: 443,
-                    target_port: 20001,
-                },
-            ],
-            requested_addresses: vec![],
-            labels: BTreeMap::from([("team".to_string(), "a".to_string())]),
-            annotations: Default::default(),
-            external_traffic_policy: None,
-            owner: None,
-        },
+        web_service(&apps, &apps, &web),
         GatewayService {
             gateway_namespace: apps.clone(),
             gateway_name: "lb".into(),
+            namespace: apps.clone(),
             name: lbname.clone(),
             service_type: "LoadBalancer".into(),
             ports: vec![ServicePort {
@@ -1729,7 +2166,6 @@ async fn http_head(port: u16, host: &str) -> Option<String> {
 #[ignore = "needs a kube-apiserver: SWEETY_KUBECONFIG (e2e/controller-it.sh)"]
 async fn end_to_end_gateway_is_programmed_after_the_dataplane_acks() {
     use sweety_controller::run::RunOptions;
-    use sweety_controller::translate::Params;
     let _guard = LOCK.lock().await;
     let client = cluster().await;
     let ns = namespace(&client, "e2e").await;
@@ -1786,15 +2222,7 @@ async fn end_to_end_gateway_is_programmed_after_the_dataplane_acks() {
     let dataplane = InProcessDataplane::start();
 
     let options = RunOptions {
-        params: Params {
-            namespace: ctl.clone(),
-            listen_address: "127.0.0.1".into(),
-            gateway_port_min: gw_port,
-            gateway_port_max: gw_port,
-            content_dir: dataplane.content_dir(),
-            ingress_service: None,
-            ..Params::default()
-        },
+        params: one_port_params(&ctl, gw_port, &dataplane),
         watch: WatchOptions {
             namespaces: vec![ns.clone(), ctl.clone()],
             ..WatchOptions::default()
@@ -1824,9 +2252,9 @@ async fn end_to_end_gateway_is_programmed_after_the_dataplane_acks() {
     .await;
     assert_eq!(status, 404);
 
-    // The per-Gateway Service (in the Gateway's namespace) maps listener port 80 to the
-    // allocated container port.
-    let owned: Api<Service> = Api::namespaced(client.clone(), &ns);
+    // The per-Gateway Service (in the controller's namespace, the default) maps listener port
+    // 80 to the allocated container port.
+    let owned: Api<Service> = Api::namespaced(client.clone(), &ctl);
     let svc = wait_for("per-Gateway Service", || async {
         let list = owned
             .list(&kube::api::ListParams::default().labels(GATEWAY_NAME_LABEL))
@@ -1857,28 +2285,8 @@ async fn end_to_end_gateway_is_programmed_after_the_dataplane_acks() {
     .await;
     // A load balancer assigns the Service an address: the Gateway gets it and is Programmed.
     let svc_name = svc.metadata.name.clone().unwrap();
-    owned
-        .patch_status(
-            &svc_name,
-            &PatchParams::apply("fake-cloud-lb"),
-            &Patch::Apply(json!({
-                "apiVersion": "v1", "kind": "Service", "metadata": {"name": svc_name},
-                "status": {"loadBalancer": {"ingress": [{"ip": "192.0.2.50", "ipMode": "VIP"}]}}
-            })),
-        )
-        .await
-        .expect("load-balancer status");
-    let gw_status = wait_for("Gateway Programmed=True", || async {
-        let g = gateways.get("gw").await.ok()?;
-        let v = serde_json::to_value(&g.status).ok()?;
-        let p = v["conditions"]
-            .as_array()?
-            .iter()
-            .find(|c| c["type"] == "Programmed")?
-            .clone();
-        (p["status"] == "True").then_some(v)
-    })
-    .await;
+    fake_lb_address(&owned, &svc_name, "192.0.2.50").await;
+    let gw_status = gateway_programmed(&gateways, "gw").await;
     assert_eq!(
         gw_status["addresses"],
         json!([{"type": "IPAddress", "value": "192.0.2.50"}])

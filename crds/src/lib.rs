@@ -21,7 +21,9 @@ pub enum Error {
     /// A CRD could not be rendered as YAML.
     #[error("rendering the {kind} CRD as YAML")]
     Render {
+        /// The CRD's kind, as named in the error message.
         kind: &'static str,
+        /// What serde_yaml reported.
         #[source]
         source: serde_yaml::Error,
     },

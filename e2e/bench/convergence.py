@@ -14,7 +14,13 @@ start in any figure) and keep-alive HTTP/1.1 to the Gateway's address:
    RPS requests/s to up to 50 other routes; per change, from the PATCH response to the first
    response that shows the change; failed requests (non-200 or connection errors) of the
    background load and of the pollers during the changes;
-3. controller and dataplane RSS (VmRSS, VmHWM) of the processes run from IMAGE_DIR.
+3. controller and dataplane RSS (VmRSS, VmHWM) of the processes run from IMAGE_DIR;
+4. where a change's time goes (with --metrics, the controller's /metrics URL): the controller's
+   histograms over the change phase only (their difference before and after it): watch event →
+   dataplane Ack, translate, reconcile, submit → Ack, as bucket upper bounds at p50/p99, and the
+   reconciles by cause and watch events by kind in that phase; beside them the poller's own
+   request time (the floor of every change figure). The rest of a change's time is the API
+   server's watch delivery and the poll that shows the change.
 
 Every loop is bounded in count and time. Prints one JSON line and one markdown row.
 """
@@ -200,6 +206,64 @@ def rss(image_dir):
     return out
 
 
+HISTOGRAMS = {
+    "event_to_ack": "sweety_controller_watch_event_to_ack_seconds",
+    "translate": "sweety_controller_translate_duration_seconds",
+    "reconcile": "sweety_controller_reconcile_duration_seconds",
+    "submit_to_ack": "sweety_controller_push_latency_seconds",
+}
+
+
+def scrape(url):
+    """{series (name + labels): value} of a Prometheus text page; {} when unreachable."""
+    if not url:
+        return {}
+    m = re.match(r"http://([^/:]+):(\d+)(/.*)", url)
+    try:
+        c = http.client.HTTPConnection(m.group(1), int(m.group(2)), timeout=5)
+        c.request("GET", m.group(3))
+        text = c.getresponse().read().decode()
+        c.close()
+    except (OSError, http.client.HTTPException) as e:
+        print(f"metrics from {url}: {e}", file=sys.stderr)
+        return {}
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            k, _, v = line.rpartition(" ")
+            try:
+                out[k] = float(v)
+            except ValueError:
+                pass
+    return out
+
+
+def phase(before, after):
+    """The controller's histograms and counters over one phase (after - before)."""
+    d = {k: after[k] - before.get(k, 0.0) for k in after}
+    res = {}
+    for short, name in HISTOGRAMS.items():
+        buckets = sorted(
+            (float(k[len(name) + 12:-2]) if "+Inf" not in k else float("inf"), v)
+            for k, v in d.items() if k.startswith(name + '_bucket{le="'))
+        count = d.get(name + "_count", 0.0)
+        if not buckets or count <= 0:
+            continue
+
+        def upper(q):
+            for le, v in buckets:
+                if v >= q * count:
+                    return le * 1000
+            return float("inf")
+        res[short] = {"n": int(count), "mean_ms": round(d.get(name + "_sum", 0.0) / count * 1000, 2),
+                      "p50_le_ms": upper(0.5), "p99_le_ms": upper(0.99)}
+    res["reconciles_by_cause"] = {k.split('"')[1]: int(v) for k, v in d.items()
+                                  if k.startswith("sweety_controller_reconciles_total{") and v}
+    res["watch_events"] = {k[k.index("{"):]: int(v) for k, v in d.items()
+                           if k.startswith("sweety_controller_watch_events_total{") and v}
+    return res
+
+
 def pct(v, p):
     if not v:
         return float("nan")
@@ -218,6 +282,7 @@ def main():
     ap.add_argument("--image-dir", required=True)
     ap.add_argument("--threads", type=int, default=8)
     ap.add_argument("--deadline", type=float, default=900, help="seconds for the whole run")
+    ap.add_argument("--metrics", default="", help="the controller's /metrics URL (where the time goes)")
     a = ap.parse_args()
     start = time.monotonic()
     deadline = start + a.deadline
@@ -284,7 +349,8 @@ def main():
                                        max(1.0, deadline - time.monotonic())))
     bg.start()
     time.sleep(1.0)
-    lat, poll_failed, timeouts = [], 0, 0
+    lat, poll_failed, timeouts, poll_ms = [], 0, 0, []
+    metrics_before = scrape(a.metrics)
     rng = random.Random(7)
     for j in range(a.changes):
         if time.monotonic() > deadline:
@@ -300,7 +366,9 @@ def main():
         want = re.compile(r'x-bench-change"\s*:\s*\[\s*"' + value + '"', re.I)
         shown = None
         while time.monotonic() - t0 < 10:
+            t_get = time.monotonic()
             s, body = dp.get(f"r{k}.bench.example")
+            poll_ms.append((time.monotonic() - t_get) * 1000)
             if s != 200:
                 poll_failed += 1
             elif want.search(body.decode("utf-8", "replace")):
@@ -311,6 +379,7 @@ def main():
         else:
             lat.append((shown - t0) * 1000)
         time.sleep(0.05)
+    breakdown = phase(metrics_before, scrape(a.metrics)) if a.metrics else {}
     stop.set()
     bg.join(30)
     mem = rss(a.image_dir)
@@ -330,6 +399,9 @@ def main():
         "failed_requests": poll_failed + counts.get("failed", 0),
         "background_ok": counts.get("ok", 0),
         "rss_kb": mem,
+        "poll_request_ms_p50_p99": [round(statistics.median(poll_ms), 2), round(pct(poll_ms, 99), 2)]
+        if poll_ms else None,
+        "controller_during_changes": breakdown,
     }
     print(json.dumps(res))
     c = mem.get("sweety-controller", (0, 0))

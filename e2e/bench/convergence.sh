@@ -29,10 +29,14 @@ echo_app "$NS"
 http_gateway "$NS" bench
 addr=$(k -n "$NS" get gateway bench -o jsonpath='{.status.addresses[0].value}')
 [ -n "$addr" ] || { echo "the Gateway has no address" >&2; exit 1; }
+# The controller's /metrics (the pod's address; the chart's metrics port): where a change's time goes.
+pod_ip=$(k -n "${SWEETY_NAMESPACE:-sweety}" get pod -l app.kubernetes.io/name=sweety --request-timeout=20s \
+  -o jsonpath='{.items[0].status.podIP}' 2>/dev/null || true)
+metrics=${pod_ip:+http://$pod_ip:${CONTROLLER_METRICS_PORT:-9090}/metrics}
 commit=$(git rev-parse --short HEAD)
 echo "commit $commit; N=$N M=$M RPS=$RPS; gateway $addr; load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 python3 e2e/bench/convergence.py --kubeconfig "$KUBECONFIG" --ns "$NS" --gateway "$addr" \
   --routes "$N" --changes "$M" --rps "$RPS" --image-dir "$SWEETY_CLUSTER_DIR/image" \
-  --deadline "${BENCH_DEADLINE:-900}"
+  --deadline "${BENCH_DEADLINE:-900}" --metrics "$metrics"
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
 k delete ns "$NS" --wait=true --timeout=600s >/dev/null || echo "namespace $NS not gone in 600 s" >&2

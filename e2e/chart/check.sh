@@ -279,12 +279,19 @@ else
         can yes watch "$r" -A
         can no update "$r" -n default
     done
-    # Per-Gateway Services and their EndpointSlices go in the Gateways' namespaces: with every
-    # namespace watched they are written cluster-wide.
+    # Per-Gateway Services live in the release namespace by default (gatewayServiceNamespace=
+    # release): Services are written there only (a Role), EndpointSlices nowhere; both are read
+    # cluster-wide.
     for r in services endpointslices.discovery.k8s.io; do
         can yes watch "$r" -A
-        can yes create "$r" -n default
-        can yes delete "$r" -n default
+        can no create "$r" -n default
+        can no update "$r" -n default
+        can no patch "$r" -n default
+        can no delete "$r" -n default
+    done
+    for v in create update patch delete; do
+        can yes "$v" services -n sweety
+        can no "$v" endpointslices.discovery.k8s.io -n sweety
     done
     for r in gateways.gateway.networking.k8s.io httproutes.gateway.networking.k8s.io \
         gatewayclasses.gateway.networking.k8s.io backendtlspolicies.gateway.networking.k8s.io \
@@ -305,9 +312,22 @@ else
     can no update serviceaccounts/sweety -n sweety
     k delete -f "$WORK/rbac.yaml" --wait=false >/dev/null
 
-    echo "== RBAC with watchNamespaces: Services and EndpointSlices written only there"
+    echo "== RBAC with gatewayServiceNamespace=gateway: Services and EndpointSlices written cluster-wide"
     "$HELM" template sweety "$CHART" --namespace sweety --kube-version "$KUBE_VERSION" \
-        --set 'controller.watchNamespaces={web}' \
+        --set controller.gatewayServiceNamespace=gateway \
+        --show-only templates/serviceaccount.yaml --show-only templates/rbac.yaml >"$WORK/rbac.yaml"
+    k apply -f "$WORK/rbac.yaml" >/dev/null
+    for r in services endpointslices.discovery.k8s.io; do
+        can yes watch "$r" -A
+        can yes create "$r" -n default
+        can yes delete "$r" -n default
+        can yes patch "$r" -n sweety
+    done
+    k delete -f "$WORK/rbac.yaml" --wait=false >/dev/null
+
+    echo "== RBAC with gatewayServiceNamespace=gateway and watchNamespaces: Services and EndpointSlices written only there"
+    "$HELM" template sweety "$CHART" --namespace sweety --kube-version "$KUBE_VERSION" \
+        --set controller.gatewayServiceNamespace=gateway --set 'controller.watchNamespaces={web}' \
         --show-only templates/serviceaccount.yaml --show-only templates/rbac.yaml >"$WORK/rbac.yaml"
     k apply -f "$WORK/rbac.yaml" >/dev/null
     for r in services endpointslices.discovery.k8s.io; do
@@ -318,6 +338,17 @@ else
         can no create "$r" -n default
         can no delete "$r" -n api
     done
+    k delete -f "$WORK/rbac.yaml" --wait=false >/dev/null
+
+    echo "== RBAC with watchNamespaces (release namespace default): Services written only in the release namespace"
+    "$HELM" template sweety "$CHART" --namespace sweety --kube-version "$KUBE_VERSION" \
+        --set 'controller.watchNamespaces={web}' \
+        --show-only templates/serviceaccount.yaml --show-only templates/rbac.yaml >"$WORK/rbac.yaml"
+    k apply -f "$WORK/rbac.yaml" >/dev/null
+    can yes create services -n sweety
+    can no create services -n web
+    can no create endpointslices.discovery.k8s.io -n web
+    can no create endpointslices.discovery.k8s.io -n sweety
     k delete -f "$WORK/rbac.yaml" --wait=false >/dev/null
 
     echo "== smoke run: both binaries with the rendered command lines (e2e/chart/smoke.py)"

@@ -8,7 +8,7 @@ Gateways its routes use (from conformance/base/manifests.yaml), the test's own o
 GatewayClass `sweety` owned by our controller, one EndpointSlice per Service (Pod IPs 10.244.0.x,
 since no kubelet runs here), the TLS Secrets and CA ConfigMaps the suite creates in Setup (one
 self-signed certificate for all of them, made with openssl), and a load-balancer address per
-Gateway Service. Deployments are dropped. The result is a plain golden input: bless it with
+Gateway Service (in the controller's namespace `sweety`, the default --gateway-service-namespace). Deployments are dropped. The result is a plain golden input: bless it with
 SWEETY_BLESS=1 and review the .out.yaml.
 """
 import argparse
@@ -133,7 +133,7 @@ def main():
             ns, name = o["metadata"]["namespace"], o["metadata"]["name"]
             ports = sorted({l["port"] for l in o["spec"].get("listeners", [])})
             extra.append({"apiVersion": "v1", "kind": "Service",
-                          "metadata": {"name": service_name(ns, name), "namespace": ns,
+                          "metadata": {"name": service_name(ns, name), "namespace": "sweety",
                                        "labels": {"app.kubernetes.io/managed-by": "sweety",
                                                   "sweety.dev/gateway-name": name}},
                           "spec": {"type": "LoadBalancer",

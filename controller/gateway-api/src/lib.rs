@@ -8,11 +8,11 @@ pub const BUNDLE_VERSION: &str = "v1.6.3";
 
 #[allow(unused_imports)]
 mod prelude {
-    pub use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
-    pub use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-    pub use kube::CustomResource;
-    pub use serde::{Deserialize, Serialize};
-    pub use std::collections::BTreeMap;
+    pub(crate) use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+    pub(crate) use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+    pub(crate) use kube::CustomResource;
+    pub(crate) use serde::{Deserialize, Serialize};
+    pub(crate) use std::collections::BTreeMap;
 }
 
 pub mod backendtlspolicies;

@@ -1,8 +1,9 @@
-//! Gateway addressing: each Gateway gets a controller-owned Service in the Gateway's own
-//! namespace whose ports map the Gateway's listener ports onto dataplane container ports
-//! allocated here, stable across restarts (existing Services are read back) and never colliding.
-//! Services of an older release, which lived in the controller's namespace, are read back too
-//! so an upgrade keeps each Gateway's container ports.
+//! Gateway addressing: each Gateway gets a controller-owned Service (in the controller's
+//! namespace by default, or in the Gateway's: [`Params::gateway_service_namespace`]) whose
+//! ports map the Gateway's listener ports onto dataplane container ports allocated here,
+//! stable across restarts (existing Services are read back) and never colliding. A Gateway's
+//! Service is read back from either place, the current one first, so a release that moves
+//! the Services (or a change of the setting) keeps each Gateway's container ports.
 //!
 //! Allocation is deterministic: first every Gateway keeps the container ports its existing
 //! Service already maps (when still free and in range), then the remaining ports take the
@@ -45,8 +46,11 @@ pub fn service_name(namespace: &str, name: &str) -> String {
 
 /// A Gateway that needs container ports for these listener ports.
 pub struct PortRequest {
+    /// The Gateway's namespace.
     pub namespace: String,
+    /// The Gateway's name.
     pub name: String,
+    /// Its listener ports (what clients connect to).
     pub ports: BTreeSet<u16>,
 }
 
@@ -63,8 +67,8 @@ fn target_port(p: &k8s_openapi::api::core::v1::ServicePort) -> Option<u16> {
 /// Allocate container ports for `requests` (any order; sorted here by namespace/name).
 pub fn allocate(snapshot: &Snapshot, params: &Params, requests: &[PortRequest]) -> Allocation {
     let range = params.gateway_port_min..=params.gateway_port_max;
-    // (namespace, name) of every Service we own: those in Gateway namespaces (labelled) and
-    // those an older release left in the controller's namespace (named by prefix).
+    // (namespace, name) of every Service we own: labelled ones anywhere, and those in the
+    // controller's namespace named by prefix (an older release set no labels).
     let owned: Vec<_> = snapshot
         .services
         .iter()
@@ -88,12 +92,11 @@ pub fn allocate(snapshot: &Snapshot, params: &Params, requests: &[PortRequest]) 
             && (s.metadata.namespace.as_deref() == Some(requests[g].namespace.as_str())
                 || s.metadata.namespace.as_deref() == Some(params.namespace.as_str()))
     };
-    // The current-location Service first, then the old one.
+    // The current-location Service first, then the one in the other place.
     let ports_of = |g: usize| -> Vec<(u16, u16)> {
         let mut mine: Vec<_> = owned.iter().filter(|s| belongs(s, g)).collect();
-        mine.sort_by_key(|s| {
-            s.metadata.namespace.as_deref() != Some(requests[g].namespace.as_str())
-        });
+        let current = params.gateway_service_namespace(&requests[g].namespace);
+        mine.sort_by_key(|s| s.metadata.namespace.as_deref() != Some(current));
         mine.iter()
             .flat_map(|s| s.spec.iter().flat_map(|sp| sp.ports.iter().flatten()))
             .filter_map(|p| Some((u16::try_from(p.port).ok()?, target_port(p)?)))
@@ -148,7 +151,7 @@ pub fn allocate(snapshot: &Snapshot, params: &Params, requests: &[PortRequest]) 
 /// does; other load balancers leave the Gateway `AddressNotAssigned` instead).
 pub const ADDRESS_USABLE_CONDITION: &str = "sweety.dev/LoadBalancerAddressUsable";
 
-/// The Gateway's Service `service` in the Gateway's namespace `namespace`.
+/// The Gateway's Service `service` in `namespace` ([`Params::gateway_service_namespace`]).
 fn gateway_service<'s>(
     snapshot: &'s Snapshot,
     namespace: &str,

@@ -15,7 +15,9 @@ use sweety_config::{Backend, BackendProtocol, BackendTls, Endpoint};
 /// How a route names the Service port.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum PortRef {
+    /// The Service port number (`port`, not `targetPort`).
     Number(i32),
+    /// The Service port's `name` (Ingress `service.port.name`).
     Name(String),
 }
 
@@ -23,18 +25,36 @@ pub enum PortRef {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum BackendError {
     /// No Service of that name in that namespace.
-    ServiceNotFound { namespace: String, name: String },
+    ServiceNotFound {
+        /// Namespace the reference points into.
+        namespace: String,
+        /// The Service name it asked for.
+        name: String,
+    },
     /// The Service has no such port.
     PortNotFound {
+        /// The Service's namespace.
         namespace: String,
+        /// The Service's name.
         name: String,
+        /// The port number or name asked for, as text.
         port: String,
     },
     /// The route gave no port and the Service needs one.
-    PortRequired { namespace: String, name: String },
+    PortRequired {
+        /// The Service's namespace.
+        namespace: String,
+        /// The Service's name.
+        name: String,
+    },
     /// An ExternalName Service while the controller does not allow them
     /// (`Params::allow_external_name`): its name could point anywhere the dataplane reaches.
-    ExternalNameDisabled { namespace: String, name: String },
+    ExternalNameDisabled {
+        /// The Service's namespace.
+        namespace: String,
+        /// The Service's name.
+        name: String,
+    },
 }
 
 impl BackendError {
@@ -94,6 +114,8 @@ pub struct ServiceIndex<'a> {
 }
 
 impl<'a> ServiceIndex<'a> {
+    /// Indexes the Services of `snapshot`; ExternalName Services stay refused until
+    /// [`ServiceIndex::allow_external_name`] is set.
     pub fn new(snapshot: &'a Snapshot) -> Self {
         let mut services = BTreeMap::new();
         for s in &snapshot.services {
@@ -254,6 +276,7 @@ pub struct Backends {
 }
 
 impl Backends {
+    /// No backends yet.
     pub fn new() -> Self {
         Self::default()
     }

@@ -168,7 +168,9 @@ pub fn has_https(b: &Builder<'_>) -> bool {
 /// Why a TLS Secret could not be used.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SecretError {
+    /// No Secret of that name in that namespace (among those the snapshot holds).
     NotFound,
+    /// The Secret is not of type `kubernetes.io/tls` or its certificate or key is unusable; the text says why.
     Invalid(String),
 }
 

@@ -27,7 +27,7 @@ pub mod status;
 mod golden_tests;
 
 use backends::{Backends, ServiceIndex};
-pub use cache::{translate_incremental, CacheStats, TranslateCache, Translation};
+pub use cache::{translate_incremental, CacheStats, StatusChanges, TranslateCache, Translation};
 use serde::{Deserialize, Serialize};
 pub use snapshot::Snapshot;
 
@@ -73,16 +73,19 @@ pub struct Params {
     pub ingress_class: String,
     /// IngressClass `spec.controller` we own.
     pub ingress_controller: String,
-    /// Namespace of the controller: per-Gateway Services are created here.
+    /// Namespace of the controller (and of the dataplane Pods): per-Gateway Services are
+    /// created here unless [`Params::gateway_service_namespace`] says `gateway`.
     pub namespace: String,
     /// The chart's Service that carries Ingress traffic; its load-balancer status becomes every
     /// Ingress's `status.loadBalancer`.
     pub ingress_service: Option<String>,
-    /// Dataplane container ports for Ingress (and SweetySite) HTTP and HTTPS.
+    /// Dataplane container port for Ingress (and SweetySite) HTTP.
     pub ingress_http_port: u16,
+    /// Dataplane container port for Ingress (and SweetySite) HTTPS.
     pub ingress_https_port: u16,
-    /// Dataplane container ports handed out to Gateway listeners (inclusive range, ≥1024).
+    /// First dataplane container port handed out to Gateway listeners (≥1024).
     pub gateway_port_min: u16,
+    /// Last dataplane container port handed out to Gateway listeners (inclusive).
     pub gateway_port_max: u16,
     /// Address dataplane listeners bind.
     pub listen_address: String,
@@ -121,13 +124,52 @@ pub struct Params {
     /// Type of the per-Gateway Services (`LoadBalancer`, `NodePort` or `ClusterIP`) unless the
     /// GatewayClass's SweetyProxyConfig sets `service.type`.
     pub gateway_service_type: String,
+    /// Where the per-Gateway Services live: the controller's namespace (default, as Envoy
+    /// Gateway does) or each Gateway's own namespace.
+    pub gateway_service_namespace: GatewayServiceNamespace,
+}
+
+/// Where the per-Gateway Services live (`--gateway-service-namespace`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum GatewayServiceNamespace {
+    /// The controller's (release) namespace: a plain selector reaches the dataplane Pods, and
+    /// the controller writes Services there only.
+    #[default]
+    Release,
+    /// The Gateway's namespace: selector-less, with EndpointSlices the controller mirrors
+    /// from the dataplane Service's (needs write access to Services and EndpointSlices there).
+    Gateway,
+}
+
+impl std::str::FromStr for GatewayServiceNamespace {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "release" => Ok(Self::Release),
+            "gateway" => Ok(Self::Gateway),
+            _ => Err(format!("{s:?}: expected `release` or `gateway`")),
+        }
+    }
+}
+
+impl Params {
+    /// The namespace of the Service of a Gateway in `gateway_namespace`.
+    pub fn gateway_service_namespace<'a>(&'a self, gateway_namespace: &'a str) -> &'a str {
+        match self.gateway_service_namespace {
+            GatewayServiceNamespace::Release => &self.namespace,
+            GatewayServiceNamespace::Gateway => gateway_namespace,
+        }
+    }
 }
 
 /// PEM certificate chain and key of [`Params::default_certificate`].
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct DefaultCertificate {
+    /// PEM certificate chain, leaf first.
     pub cert: String,
+    /// PEM private key of the leaf.
     pub key: String,
 }
 
@@ -161,6 +203,7 @@ impl Default for Params {
             ignore_snippets: false,
             allow_external_name: false,
             gateway_service_type: "LoadBalancer".into(),
+            gateway_service_namespace: GatewayServiceNamespace::Release,
         }
     }
 }
@@ -169,6 +212,7 @@ impl Default for Params {
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ServicePort {
+    /// Port name in the Service: protocol and port, e.g. `tcp-443`, `udp-53`.
     pub name: String,
     /// `TCP` or `UDP`.
     pub protocol: String,
@@ -178,13 +222,17 @@ pub struct ServicePort {
     pub target_port: u16,
 }
 
-/// The Service the controller owns for one Gateway (created in the Gateway's namespace).
+/// The Service the controller owns for one Gateway (in [`Params::gateway_service_namespace`]).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct GatewayService {
+    /// Namespace of the Gateway (and of its Service).
     pub gateway_namespace: String,
+    /// Name of the Gateway the Service carries traffic for.
     pub gateway_name: String,
-    /// Service name in the Gateway's namespace.
+    /// Namespace of the Service: the controller's, or the Gateway's.
+    pub namespace: String,
+    /// Service name (`sweety-gw-<gateway namespace>-<gateway name>`, unique in either place).
     pub name: String,
     /// `Params::gateway_service_type` unless the GatewayClass parameters say otherwise.
     pub service_type: String,
@@ -195,6 +243,7 @@ pub struct GatewayService {
     /// class (`helm uninstall`) lets the garbage collector remove them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<ClassOwner>,
+    /// One port per distinct listener port and protocol.
     pub ports: Vec<ServicePort>,
     /// Addresses requested through Gateway `spec.addresses` (IP values), if any.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -211,7 +260,9 @@ pub struct GatewayService {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ClassOwner {
+    /// The GatewayClass's name.
     pub name: String,
+    /// Its `metadata.uid`, which the owner reference needs.
     pub uid: String,
 }
 
@@ -230,10 +281,14 @@ pub struct StaticContent {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Output {
+    /// The dataplane config to push.
     pub config: Config,
+    /// The status of every object `translate` looked at, to be written when leader.
     #[serde(with = "status_list")]
     pub statuses: Statuses,
+    /// The per-Gateway Services to create or update (sorted by name).
     pub gateway_services: Vec<GatewayService>,
+    /// Static file directories to write before the config that serves them is pushed.
     pub static_content: Vec<StaticContent>,
 }
 
@@ -260,20 +315,30 @@ pub fn translate(snapshot: &Snapshot, params: &Params) -> Output {
 
 /// Shared state the front ends (`gateway`, `ingress`, `site`) add to.
 pub struct Builder<'a> {
+    /// What is being translated.
     pub snapshot: &'a Snapshot,
+    /// The installation's settings.
     pub params: &'a Params,
+    /// Services by namespace and name, to resolve backend references.
     pub services: ServiceIndex<'a>,
+    /// Backends emitted so far, by name (one per Service port and settings).
     pub backends: Backends,
+    /// Listeners emitted so far.
     pub listeners: Vec<Listener>,
+    /// Virtual hosts emitted so far.
     pub virtual_hosts: Vec<VirtualHost>,
+    /// Statuses computed so far.
     pub statuses: Statuses,
+    /// Per-Gateway Services wanted so far.
     pub gateway_services: Vec<GatewayService>,
+    /// Static content directories wanted so far.
     pub static_content: Vec<StaticContent>,
     /// Base config (limits, access log) that a SweetyProxyConfig may adjust.
     pub config: Config,
 }
 
 impl<'a> Builder<'a> {
+    /// An empty builder over `snapshot`; ExternalName Services resolve only if `params` allow them.
     pub fn new(snapshot: &'a Snapshot, params: &'a Params) -> Self {
         Builder {
             snapshot,
@@ -333,7 +398,7 @@ mod status_list {
         status: ObjectStatus,
     }
 
-    pub fn serialize<S: Serializer>(s: &Statuses, ser: S) -> Result<S::Ok, S::Error> {
+    pub(super) fn serialize<S: Serializer>(s: &Statuses, ser: S) -> Result<S::Ok, S::Error> {
         let v: Vec<Entry> = s
             .iter()
             .map(|(k, v)| Entry {
@@ -344,7 +409,7 @@ mod status_list {
         v.serialize(ser)
     }
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(de: D) -> Result<Statuses, D::Error> {
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(de: D) -> Result<Statuses, D::Error> {
         let v = Vec::<Entry>::deserialize(de)?;
         Ok(v.into_iter().map(|e| (e.key, e.status)).collect())
     }

@@ -36,7 +36,9 @@ pub const SHARE_ANNOTATION: &str = "sweety.dev/share-hosts";
 /// The kind of object a claim comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum ClaimKind {
+    /// An Ingress rule's host.
     Ingress,
+    /// A SweetySite's host.
     SweetySite,
 }
 
@@ -55,8 +57,11 @@ pub struct Claim {
     /// Creation time (RFC 3339 text compares in time order for the apiserver's format; a
     /// missing timestamp sorts first).
     created: Option<k8s_openapi::jiff::Timestamp>,
+    /// Namespace of the claiming object.
     pub namespace: String,
+    /// Name of the claiming object.
     pub name: String,
+    /// Kind of the claiming object.
     pub kind: ClaimKind,
 }
 
@@ -79,7 +84,9 @@ impl Claim {
 /// message naming the owner.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Refusal {
+    /// Condition reason: `HostTaken` or `HostPinned`.
     pub reason: &'static str,
+    /// Names the object or Namespace annotation that owns the host.
     pub message: String,
 }
 

@@ -19,21 +19,37 @@ pub const CA_KEY: &str = "ca.crt";
 /// A consistent view of the cluster objects `translate` reads.
 #[derive(Clone, Debug, Default)]
 pub struct Snapshot {
+    /// IngressClasses (cluster-scoped).
     pub ingress_classes: Vec<Arc<IngressClass>>,
+    /// Ingresses of every class; translate keeps its own.
     pub ingresses: Vec<Arc<Ingress>>,
+    /// GatewayClasses (cluster-scoped).
     pub gateway_classes: Vec<Arc<gw::gatewayclasses::GatewayClass>>,
+    /// Gateways of every class; translate keeps those of its classes.
     pub gateways: Vec<Arc<gw::gateways::Gateway>>,
+    /// HTTPRoutes.
     pub http_routes: Vec<Arc<gw::httproutes::HttpRoute>>,
+    /// GRPCRoutes.
     pub grpc_routes: Vec<Arc<gw::grpcroutes::GrpcRoute>>,
+    /// TLSRoutes (SNI passthrough).
     pub tls_routes: Vec<Arc<gw::tlsroutes::TlsRoute>>,
+    /// TCPRoutes.
     pub tcp_routes: Vec<Arc<gw::tcproutes::TcpRoute>>,
+    /// UDPRoutes.
     pub udp_routes: Vec<Arc<gw::udproutes::UdpRoute>>,
+    /// ReferenceGrants, which allow references into their namespace.
     pub reference_grants: Vec<Arc<gw::referencegrants::ReferenceGrant>>,
+    /// BackendTLSPolicies: how HTTPS backends are verified.
     pub backend_tls_policies: Vec<Arc<gw::backendtlspolicies::BackendTlsPolicy>>,
+    /// ListenerSets: listeners attached to Gateways from other objects.
     pub listener_sets: Vec<Arc<gw::listenersets::ListenerSet>>,
+    /// SweetySites: whole sites in one object each.
     pub sites: Vec<Arc<SweetySite>>,
+    /// SweetyProxyConfigs: dataplane settings of a GatewayClass (`parametersRef`).
     pub proxy_configs: Vec<Arc<SweetyProxyConfig>>,
+    /// Services: backends' ports and types.
     pub services: Vec<Arc<Service>>,
+    /// EndpointSlices: backends' addresses and readiness.
     pub endpoint_slices: Vec<Arc<EndpointSlice>>,
     /// Only `kubernetes.io/tls` Secrets that something references.
     pub secrets: Vec<Arc<Secret>>,

@@ -93,7 +93,9 @@ impl Signal {
 
 /// The waker of one stream's response future and body: marks the stream ready.
 pub struct StreamWaker {
+    /// The connection's ready set the stream's id is added to.
     pub signal: Arc<Signal>,
+    /// The stream this waker marks ready.
     pub id: u32,
 }
 
@@ -144,6 +146,7 @@ struct RecvState {
 }
 
 impl RecvShared {
+    /// Shared state of stream `id`'s request body; the driver is woken through `signal` once `notify_at` bytes were consumed (time for a WINDOW_UPDATE).
     pub fn new(signal: Arc<Signal>, id: u32, notify_at: usize) -> Arc<RecvShared> {
         Arc::new(RecvShared {
             state: Mutex::new(RecvState::default()),
@@ -262,6 +265,7 @@ pub struct RecvBody {
 }
 
 impl RecvBody {
+    /// The body over `shared`; `content_length` (the request's `content-length`, if any) is checked against the DATA received.
     pub fn new(shared: Arc<RecvShared>, content_length: Option<u64>) -> RecvBody {
         RecvBody {
             shared,

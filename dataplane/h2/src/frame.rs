@@ -20,35 +20,57 @@ pub const DEFAULT_WINDOW: u32 = 65_535;
 
 /// Frame types.
 pub mod kind {
+    /// DATA (RFC 9113 §6.1): request or response body bytes.
     pub const DATA: u8 = 0x0;
+    /// HEADERS (RFC 9113 §6.2): opens a stream with a header block, or carries trailers.
     pub const HEADERS: u8 = 0x1;
+    /// PRIORITY (RFC 9113 §6.3): deprecated priority signal; checked for form, then ignored.
     pub const PRIORITY: u8 = 0x2;
+    /// RST_STREAM (RFC 9113 §6.4): ends one stream with an error code.
     pub const RST_STREAM: u8 = 0x3;
+    /// SETTINGS (RFC 9113 §6.5): connection parameters, or their acknowledgement.
     pub const SETTINGS: u8 = 0x4;
+    /// PUSH_PROMISE (RFC 9113 §6.6): server push, which a client must never send.
     pub const PUSH_PROMISE: u8 = 0x5;
+    /// PING (RFC 9113 §6.7): liveness and round-trip probe, answered with ACK.
     pub const PING: u8 = 0x6;
+    /// GOAWAY (RFC 9113 §6.8): the sender stops accepting streams above the last id.
     pub const GOAWAY: u8 = 0x7;
+    /// WINDOW_UPDATE (RFC 9113 §6.9): opens flow-control window of a stream or the connection.
     pub const WINDOW_UPDATE: u8 = 0x8;
+    /// CONTINUATION (RFC 9113 §6.10): the rest of a header block too large for one frame.
     pub const CONTINUATION: u8 = 0x9;
 }
 
 /// Frame flags.
 pub mod flag {
+    /// DATA or HEADERS: the sender's last frame on this stream.
     pub const END_STREAM: u8 = 0x1;
+    /// SETTINGS or PING: an acknowledgement, not a new value (same bit as END_STREAM).
     pub const ACK: u8 = 0x1;
+    /// HEADERS, PUSH_PROMISE or CONTINUATION: the header block is complete.
     pub const END_HEADERS: u8 = 0x4;
+    /// DATA or HEADERS: a pad-length byte and padding surround the payload.
     pub const PADDED: u8 = 0x8;
+    /// HEADERS: the payload starts with priority fields (checked for form, then ignored).
     pub const PRIORITY: u8 = 0x20;
 }
 
 /// SETTINGS parameter identifiers.
 pub mod setting {
+    /// Largest HPACK dynamic table the sender's decoder allows (RFC 9113 §6.5.2).
     pub const HEADER_TABLE_SIZE: u16 = 0x1;
+    /// Whether server push is allowed; a client may only send 0 or 1.
     pub const ENABLE_PUSH: u16 = 0x2;
+    /// Most streams the peer may have open at once.
     pub const MAX_CONCURRENT_STREAMS: u16 = 0x3;
+    /// Initial flow-control window of every stream, in bytes.
     pub const INITIAL_WINDOW_SIZE: u16 = 0x4;
+    /// Largest frame payload the sender accepts, in bytes (16 KiB to 16 MiB - 1).
     pub const MAX_FRAME_SIZE: u16 = 0x5;
+    /// Advisory limit on a decoded header list's size (names + values + 32 per field).
     pub const MAX_HEADER_LIST_SIZE: u16 = 0x6;
+    /// Extended CONNECT (RFC 8441) is allowed: WebSocket over HTTP/2.
     pub const ENABLE_CONNECT_PROTOCOL: u16 = 0x8;
 }
 
@@ -57,17 +79,29 @@ pub mod setting {
 pub struct Reason(pub u32);
 
 impl Reason {
+    /// Graceful end of a stream or connection; not an error.
     pub const NO_ERROR: Reason = Reason(0x0);
+    /// The peer broke the protocol; no more specific code applies.
     pub const PROTOCOL_ERROR: Reason = Reason(0x1);
+    /// The sender failed on its own side.
     pub const INTERNAL_ERROR: Reason = Reason(0x2);
+    /// The peer sent more than its flow-control window allowed.
     pub const FLOW_CONTROL_ERROR: Reason = Reason(0x3);
+    /// A SETTINGS frame was not acknowledged in time.
     pub const SETTINGS_TIMEOUT: Reason = Reason(0x4);
+    /// A frame arrived on a stream already half-closed by its sender.
     pub const STREAM_CLOSED: Reason = Reason(0x5);
+    /// A frame had a size its type or SETTINGS_MAX_FRAME_SIZE forbids.
     pub const FRAME_SIZE_ERROR: Reason = Reason(0x6);
+    /// The stream was refused before any processing: the client may retry it.
     pub const REFUSED_STREAM: Reason = Reason(0x7);
+    /// The stream is no longer wanted.
     pub const CANCEL: Reason = Reason(0x8);
+    /// The HPACK state could not be kept in sync: the connection must end.
     pub const COMPRESSION_ERROR: Reason = Reason(0x9);
+    /// The tunnel of a CONNECT request was reset or closed abnormally.
     pub const CONNECT_ERROR: Reason = Reason(0xa);
+    /// The peer generates too much load (a flood); it should slow down.
     pub const ENHANCE_YOUR_CALM: Reason = Reason(0xb);
 
     /// The code's name, for logs and metrics.
@@ -101,9 +135,13 @@ impl std::fmt::Display for Reason {
 /// A parsed frame header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Head {
+    /// Payload length in bytes (24 bits).
     pub len: u32,
+    /// Frame type, one of [`kind`].
     pub kind: u8,
+    /// Flag bits, see [`flag`] and [`Head::has`].
     pub flags: u8,
+    /// Stream identifier (31 bits); 0 is the connection itself.
     pub stream: u32,
 }
 
@@ -119,6 +157,7 @@ impl Head {
         }
     }
 
+    /// Whether every bit of flag `f` is set.
     pub fn has(&self, f: u8) -> bool {
         self.flags & f == f
     }

@@ -292,7 +292,7 @@ pub(crate) mod date {
     }
 
     /// The current time as an HTTP date.
-    pub fn now() -> HeaderValue {
+    pub(crate) fn now() -> HeaderValue {
         let now = SystemTime::now();
         let secs = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
         CACHED.with(|c| {

@@ -14,36 +14,36 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-pub const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+pub(crate) const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
-pub const DATA: u8 = 0x0;
-pub const HEADERS: u8 = 0x1;
-pub const PRIORITY: u8 = 0x2;
-pub const RST_STREAM: u8 = 0x3;
-pub const SETTINGS: u8 = 0x4;
-pub const PUSH_PROMISE: u8 = 0x5;
-pub const PING: u8 = 0x6;
-pub const GOAWAY: u8 = 0x7;
-pub const WINDOW_UPDATE: u8 = 0x8;
-pub const CONTINUATION: u8 = 0x9;
+pub(crate) const DATA: u8 = 0x0;
+pub(crate) const HEADERS: u8 = 0x1;
+pub(crate) const PRIORITY: u8 = 0x2;
+pub(crate) const RST_STREAM: u8 = 0x3;
+pub(crate) const SETTINGS: u8 = 0x4;
+pub(crate) const PUSH_PROMISE: u8 = 0x5;
+pub(crate) const PING: u8 = 0x6;
+pub(crate) const GOAWAY: u8 = 0x7;
+pub(crate) const WINDOW_UPDATE: u8 = 0x8;
+pub(crate) const CONTINUATION: u8 = 0x9;
 
-pub const END_STREAM: u8 = 0x1;
-pub const ACK: u8 = 0x1;
-pub const END_HEADERS: u8 = 0x4;
-pub const PADDED: u8 = 0x8;
-pub const PRIORITY_FLAG: u8 = 0x20;
+pub(crate) const END_STREAM: u8 = 0x1;
+pub(crate) const ACK: u8 = 0x1;
+pub(crate) const END_HEADERS: u8 = 0x4;
+pub(crate) const PADDED: u8 = 0x8;
+pub(crate) const PRIORITY_FLAG: u8 = 0x20;
 
-pub const NO_ERROR: u32 = 0x0;
-pub const PROTOCOL_ERROR: u32 = 0x1;
-pub const FLOW_CONTROL_ERROR: u32 = 0x3;
-pub const REFUSED_STREAM: u32 = 0x7;
-pub const CANCEL: u32 = 0x8;
-pub const ENHANCE_YOUR_CALM: u32 = 0xb;
+pub(crate) const NO_ERROR: u32 = 0x0;
+pub(crate) const PROTOCOL_ERROR: u32 = 0x1;
+pub(crate) const FLOW_CONTROL_ERROR: u32 = 0x3;
+pub(crate) const REFUSED_STREAM: u32 = 0x7;
+pub(crate) const CANCEL: u32 = 0x8;
+pub(crate) const ENHANCE_YOUR_CALM: u32 = 0xb;
 
 /// How long any one phase may take before the test gives up (a bound, not an assertion).
-pub const PHASE: Duration = Duration::from_secs(20);
+pub(crate) const PHASE: Duration = Duration::from_secs(20);
 
-pub fn frame(ty: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+pub(crate) fn frame(ty: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
     let len = payload.len() as u32;
     let mut f = Vec::with_capacity(9 + payload.len());
     f.extend_from_slice(&len.to_be_bytes()[1..]);
@@ -55,12 +55,12 @@ pub fn frame(ty: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
 }
 
 /// HPACK string literal without Huffman coding.
-pub fn hpack_str(out: &mut Vec<u8>, s: &[u8]) {
+pub(crate) fn hpack_str(out: &mut Vec<u8>, s: &[u8]) {
     hpack_int(out, s.len(), 7, 0);
     out.extend_from_slice(s);
 }
 
-pub fn hpack_int(out: &mut Vec<u8>, mut v: usize, prefix: u8, flags: u8) {
+pub(crate) fn hpack_int(out: &mut Vec<u8>, mut v: usize, prefix: u8, flags: u8) {
     let max = (1usize << prefix) - 1;
     if v < max {
         out.push(flags | v as u8);
@@ -77,7 +77,7 @@ pub fn hpack_int(out: &mut Vec<u8>, mut v: usize, prefix: u8, flags: u8) {
 
 /// GET `path` on http://localhost, hand-encoded: :method GET, :scheme http (static indexes),
 /// :path as a literal with the static name, :authority as a literal with the static name.
-pub fn request_block(path: &str) -> Vec<u8> {
+pub(crate) fn request_block(path: &str) -> Vec<u8> {
     let mut b = vec![0x82, 0x86];
     hpack_int(&mut b, 4, 4, 0x00);
     hpack_str(&mut b, path.as_bytes());
@@ -87,14 +87,14 @@ pub fn request_block(path: &str) -> Vec<u8> {
 }
 
 /// One literal field without indexing and with a literal name.
-pub fn literal_field(out: &mut Vec<u8>, name: &str, value: &[u8]) {
+pub(crate) fn literal_field(out: &mut Vec<u8>, name: &str, value: &[u8]) {
     out.push(0x00);
     hpack_str(out, name.as_bytes());
     hpack_str(out, value);
 }
 
 #[derive(Debug)]
-pub struct Frame {
+pub(crate) struct Frame {
     pub ty: u8,
     pub flags: u8,
     pub stream: u32,
@@ -104,14 +104,14 @@ pub struct Frame {
 }
 
 impl Frame {
-    pub fn error_code(&self) -> u32 {
+    pub(crate) fn error_code(&self) -> u32 {
         let at = if self.ty == GOAWAY { 4 } else { 0 };
         u32::from_be_bytes(self.payload[at..at + 4].try_into().unwrap())
     }
 }
 
 #[derive(Debug)]
-pub enum Event {
+pub(crate) enum Event {
     Frame(Frame),
     /// EOF or a reset: the server closed the connection.
     Closed,
@@ -120,13 +120,13 @@ pub enum Event {
 }
 
 /// The read side of a raw connection: frames, with response headers decoded in order.
-pub struct Reader {
+pub(crate) struct Reader {
     pub rd: OwnedReadHalf,
     pub hpack: Decoder,
 }
 
 impl Reader {
-    pub async fn next(&mut self, deadline: Instant) -> Event {
+    pub(crate) async fn next(&mut self, deadline: Instant) -> Event {
         let mut head = [0u8; 9];
         match tokio::time::timeout_at(deadline, self.rd.read_exact(&mut head)).await {
             Err(_) => return Event::Timeout,
@@ -172,7 +172,7 @@ impl Reader {
 
     /// Reads until `want` accepts an event (frames it rejects are skipped; the server's
     /// SETTINGS are acknowledged through `wr`). Panics on timeout.
-    pub async fn until(
+    pub(crate) async fn until(
         &mut self,
         wr: &mut OwnedWriteHalf,
         what: &str,
@@ -199,14 +199,14 @@ impl Reader {
 }
 
 /// Opens an h2c connection: preface and an empty SETTINGS frame.
-pub async fn open(addr: SocketAddr) -> (Reader, OwnedWriteHalf) {
+pub(crate) async fn open(addr: SocketAddr) -> (Reader, OwnedWriteHalf) {
     let tcp = TcpStream::connect(addr).await.unwrap();
     start(tcp, &[]).await
 }
 
 /// Opens an h2c connection from the local address `from` (in 127.0.0.0/8: per-client
 /// limits), with the preface and a SETTINGS frame of `settings` (id, value).
-pub async fn open_from(
+pub(crate) async fn open_from(
     from: &str,
     addr: SocketAddr,
     settings: &[(u16, u32)],
@@ -237,7 +237,12 @@ async fn start(tcp: TcpStream, settings: &[(u16, u32)]) -> (Reader, OwnedWriteHa
 }
 
 /// Sends GET `path` on `stream` and waits for its response status.
-pub async fn request_on(rd: &mut Reader, wr: &mut OwnedWriteHalf, stream: u32, path: &str) -> u16 {
+pub(crate) async fn request_on(
+    rd: &mut Reader,
+    wr: &mut OwnedWriteHalf,
+    stream: u32,
+    path: &str,
+) -> u16 {
     wr.write_all(&frame(
         HEADERS,
         END_STREAM | END_HEADERS,
@@ -260,25 +265,25 @@ pub async fn request_on(rd: &mut Reader, wr: &mut OwnedWriteHalf, stream: u32, p
 
 /// A raw connection that reads frame by frame: the server's SETTINGS are acknowledged as
 /// they come, every read is bounded by [`PHASE`].
-pub struct Raw {
+pub(crate) struct Raw {
     rd: Reader,
     wr: OwnedWriteHalf,
 }
 
 impl Raw {
     /// Opens an h2c connection: preface and an empty SETTINGS frame.
-    pub async fn connect(addr: SocketAddr) -> Raw {
+    pub(crate) async fn connect(addr: SocketAddr) -> Raw {
         let (rd, wr) = open(addr).await;
         Raw { rd, wr }
     }
 
     /// Writes `b` (the server may already have closed the connection: the reads tell).
-    pub async fn send(&mut self, b: &[u8]) {
+    pub(crate) async fn send(&mut self, b: &[u8]) {
         let _ = self.wr.write_all(b).await;
     }
 
     /// The next frame, or None at EOF (or a reset connection). Panics after [`PHASE`].
-    pub async fn frame(&mut self) -> Option<(Head, Bytes)> {
+    pub(crate) async fn frame(&mut self) -> Option<(Head, Bytes)> {
         match self.rd.next(Instant::now() + PHASE).await {
             Event::Frame(f) => {
                 if f.ty == SETTINGS && f.flags & ACK == 0 {
@@ -298,7 +303,7 @@ impl Raw {
     }
 
     /// Reads until a frame of type `ty` (None at EOF).
-    pub async fn until(&mut self, ty: u8) -> Option<(Head, Bytes)> {
+    pub(crate) async fn until(&mut self, ty: u8) -> Option<(Head, Bytes)> {
         while let Some((h, p)) = self.frame().await {
             if h.kind == ty {
                 return Some((h, p));
@@ -308,7 +313,7 @@ impl Raw {
     }
 
     /// Reads until GOAWAY and returns its error code (None at EOF without one).
-    pub async fn goaway(&mut self) -> Option<sweety_h2::frame::Reason> {
+    pub(crate) async fn goaway(&mut self) -> Option<sweety_h2::frame::Reason> {
         let (_, p) = self.until(GOAWAY).await?;
         Some(sweety_h2::frame::Reason(u32::from_be_bytes([
             p[4], p[5], p[6], p[7],

@@ -3,7 +3,7 @@
 
 #![allow(dead_code)]
 
-pub mod h2;
+pub(crate) mod h2;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -16,7 +16,7 @@ use sweety_dataplane::reload::{Runtime, RuntimeOptions};
 /// Starts a test backend on an ephemeral 127.0.0.1 port and returns its address: each
 /// accepted connection is given to `handler`, whose future runs on a task of its own. The
 /// accept loop ends on an accept error or with the test's runtime.
-pub async fn spawn_backend<F, Fut>(handler: F) -> SocketAddr
+pub(crate) async fn spawn_backend<F, Fut>(handler: F) -> SocketAddr
 where
     F: Fn(tokio::net::TcpStream) -> Fut + Send + 'static,
     Fut: std::future::Future<Output = ()> + Send + 'static,
@@ -32,12 +32,12 @@ where
 }
 
 /// A started runtime and the addresses of its listeners by name.
-pub struct Harness {
+pub(crate) struct Harness {
     pub runtime: Arc<Runtime>,
 }
 
 impl Harness {
-    pub async fn start(cfg: Config) -> Harness {
+    pub(crate) async fn start(cfg: Config) -> Harness {
         let opts = RuntimeOptions {
             access_log: AccessLog {
                 enabled: false,
@@ -50,7 +50,7 @@ impl Harness {
         Harness { runtime }
     }
 
-    pub async fn addr(&self, listener: &str) -> SocketAddr {
+    pub(crate) async fn addr(&self, listener: &str) -> SocketAddr {
         *self
             .runtime
             .bound()
@@ -62,7 +62,7 @@ impl Harness {
 
 /// How many times the named limit was hit (`sweety_limit_rejections`): tells which timeout
 /// or limit closed a connection.
-pub fn limit_hits(h: &Harness, limit: &str) -> u64 {
+pub(crate) fn limit_hits(h: &Harness, limit: &str) -> u64 {
     h.runtime
         .shared
         .metrics
@@ -74,7 +74,7 @@ pub fn limit_hits(h: &Harness, limit: &str) -> u64 {
         .sum()
 }
 
-pub fn listener(name: &str, protocol: ListenerProtocol) -> Listener {
+pub(crate) fn listener(name: &str, protocol: ListenerProtocol) -> Listener {
     Listener {
         name: name.into(),
         address: "127.0.0.1".into(),
@@ -88,7 +88,7 @@ pub fn listener(name: &str, protocol: ListenerProtocol) -> Listener {
     }
 }
 
-pub fn fixed_route(name: &str, prefix: &str, body: &str) -> Route {
+pub(crate) fn fixed_route(name: &str, prefix: &str, body: &str) -> Route {
     Route {
         name: name.into(),
         matches: vec![RouteMatch {
@@ -106,7 +106,7 @@ pub fn fixed_route(name: &str, prefix: &str, body: &str) -> Route {
     }
 }
 
-pub fn proxy_route(name: &str, prefix: &str, backend: &str) -> Route {
+pub(crate) fn proxy_route(name: &str, prefix: &str, backend: &str) -> Route {
     Route {
         name: name.into(),
         matches: vec![RouteMatch {
@@ -126,7 +126,7 @@ pub fn proxy_route(name: &str, prefix: &str, backend: &str) -> Route {
     }
 }
 
-pub fn vhost(name: &str, hostnames: &[&str], routes: Vec<Route>) -> VirtualHost {
+pub(crate) fn vhost(name: &str, hostnames: &[&str], routes: Vec<Route>) -> VirtualHost {
     VirtualHost {
         name: name.into(),
         hostnames: hostnames.iter().map(|s| s.to_string()).collect(),
@@ -135,7 +135,7 @@ pub fn vhost(name: &str, hostnames: &[&str], routes: Vec<Route>) -> VirtualHost 
     }
 }
 
-pub fn backend(name: &str, addr: SocketAddr) -> Backend {
+pub(crate) fn backend(name: &str, addr: SocketAddr) -> Backend {
     Backend {
         name: name.into(),
         protocol: BackendProtocol::Http1,
@@ -153,7 +153,7 @@ pub fn backend(name: &str, addr: SocketAddr) -> Backend {
 }
 
 /// A config with one plain HTTP listener and the given vhosts.
-pub fn http_config(vhosts: Vec<VirtualHost>) -> Config {
+pub(crate) fn http_config(vhosts: Vec<VirtualHost>) -> Config {
     Config {
         generation: 1,
         listeners: vec![listener("web", ListenerProtocol::Http)],
@@ -162,26 +162,30 @@ pub fn http_config(vhosts: Vec<VirtualHost>) -> Config {
     }
 }
 
-pub type Client = hyper_util::client::legacy::Client<
+pub(crate) type Client = hyper_util::client::legacy::Client<
     hyper_util::client::legacy::connect::HttpConnector,
     Full<Bytes>,
 >;
 
 /// An HTTP/1.1 keep-alive client.
-pub fn h1_client() -> Client {
+pub(crate) fn h1_client() -> Client {
     hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .build(hyper_util::client::legacy::connect::HttpConnector::new())
 }
 
 /// An h2c (prior knowledge) client.
-pub fn h2c_client() -> Client {
+pub(crate) fn h2c_client() -> Client {
     hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .http2_only(true)
         .build(hyper_util::client::legacy::connect::HttpConnector::new())
 }
 
 /// GET `url` with an optional Host header; returns status and body.
-pub async fn get(client: &Client, url: &str, host: Option<&str>) -> Result<(u16, String), String> {
+pub(crate) async fn get(
+    client: &Client,
+    url: &str,
+    host: Option<&str>,
+) -> Result<(u16, String), String> {
     let mut b = http::Request::get(url);
     if let Some(h) = host {
         b = b.header("host", h);
@@ -201,7 +205,7 @@ pub async fn get(client: &Client, url: &str, host: Option<&str>) -> Result<(u16,
 }
 
 /// A self-signed certificate for `name` as a config certificate, plus its PEM.
-pub fn cert_for(name: &str) -> (Certificate, String) {
+pub(crate) fn cert_for(name: &str) -> (Certificate, String) {
     let (c, k) = sweety_dataplane::tls::self_signed(&[name]).unwrap();
     (
         Certificate {
@@ -214,7 +218,7 @@ pub fn cert_for(name: &str) -> (Certificate, String) {
 }
 
 /// A TLS connector trusting only `ca_pem` and offering `alpn`.
-pub fn tls_connector(ca_pem: &str, alpn: &[&[u8]]) -> tokio_rustls::TlsConnector {
+pub(crate) fn tls_connector(ca_pem: &str, alpn: &[&[u8]]) -> tokio_rustls::TlsConnector {
     use rustls_pki_types::pem::PemObject;
     let mut roots = rustls::RootCertStore::empty();
     for c in rustls_pki_types::CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
@@ -233,7 +237,7 @@ pub fn tls_connector(ca_pem: &str, alpn: &[&[u8]]) -> tokio_rustls::TlsConnector
 
 /// Opens TLS to `addr` with `sni`, trusting only `ca_pem`, offering `alpn`; sends GET `path`
 /// and returns (negotiated ALPN, status, body).
-pub async fn tls_get(
+pub(crate) async fn tls_get(
     addr: SocketAddr,
     sni: &str,
     ca_pem: &str,
@@ -296,7 +300,7 @@ pub async fn tls_get(
 }
 
 /// A CA (certificate PEM) and a client certificate it signed (certificate PEM, key PEM).
-pub fn client_ca_and_cert(ca_name: &str) -> (String, String, String) {
+pub(crate) fn client_ca_and_cert(ca_name: &str) -> (String, String, String) {
     use rcgen::{
         BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
     };

@@ -24,7 +24,9 @@ use crate::{Error, Result};
 /// Agent settings.
 #[derive(Debug, Clone)]
 pub struct Config {
+    /// The Node object this agent registers and whose Pods it runs.
     pub node_name: String,
+    /// Which host binary runs the containers of which image.
     pub images: ImageMap,
     /// Per-Pod directories (volumes) live under `<root>/pods`, container logs under `<root>/logs`.
     pub root_dir: PathBuf,

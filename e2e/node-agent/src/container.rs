@@ -86,17 +86,27 @@ pub fn exec_container(
 /// Everything needed to run (and re-run) one container.
 #[derive(Debug, Clone)]
 pub struct Spec {
+    /// Container name in the Pod spec (also the name in logs and statuses).
     pub name: String,
+    /// Network namespace of the Pod, entered with `ip netns exec`.
     pub netns: String,
+    /// The agent binary, re-executed as the `exec-container` helper inside the namespace.
     pub agent_exe: PathBuf,
+    /// Host binary that stands for the container's image.
     pub program: PathBuf,
+    /// Arguments after the program (the container's command and args).
     pub args: Vec<String>,
+    /// Environment of the process, in Pod spec order.
     pub env: Vec<(String, String)>,
+    /// (host source, container path) bind mounts: the Pod's volumes.
     pub binds: Vec<(PathBuf, PathBuf)>,
+    /// Working directory inside the container, if the spec sets one.
     pub workdir: Option<String>,
+    /// File the container's stdout and stderr are written to (CRI log format).
     pub log_file: PathBuf,
     /// "Always", "OnFailure" or "Never".
     pub restart_policy: String,
+    /// How long after SIGTERM the process group gets SIGKILL.
     pub grace: Duration,
     /// True when the container has a readinessProbe (readiness is then set by the prober).
     pub has_readiness_probe: bool,

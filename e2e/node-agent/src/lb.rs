@@ -53,7 +53,9 @@ type Backends = Arc<RwLock<Vec<SocketAddr>>>;
 /// Protocol and port of one Service port.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Proto {
+    /// TCP: connections are relayed.
     Tcp,
+    /// UDP: datagrams are relayed per client address.
     Udp,
 }
 

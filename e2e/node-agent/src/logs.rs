@@ -137,7 +137,9 @@ async fn open(path: &std::path::Path) -> Option<tokio::fs::File> {
 /// What a log request asks for.
 #[derive(Debug, Clone, Default)]
 pub struct Query {
+    /// Only the last this many lines.
     pub tail_lines: Option<usize>,
+    /// At most this many bytes of output (cut after `tail_lines`).
     pub limit_bytes: Option<usize>,
     /// Only records at or after this time.
     pub since: Option<Timestamp>,

@@ -28,6 +28,7 @@ const FIRST: u8 = 2;
 const LAST: u8 = 199;
 /// First and last host number of the LoadBalancer range.
 pub const LB_FIRST: u8 = 200;
+/// Last host number of the LoadBalancer range (inclusive).
 pub const LB_LAST: u8 = 250;
 /// Longest bridge name: derived link names (`<bridge>h<n>`, n <= 199) must fit IFNAMSIZ - 1 = 15 bytes.
 pub const MAX_BRIDGE_NAME: usize = 11;
@@ -135,9 +136,13 @@ pub fn pod_mac(ip: Ipv4Addr) -> String {
 /// One Pod's network.
 #[derive(Debug, Clone)]
 pub struct PodNet {
+    /// Host number of the Pod in the /24 (.2-.199); also names its namespace and veth.
     pub index: u8,
+    /// Name of the Pod's network namespace (`<bridge>-<index>`).
     pub netns: String,
+    /// Host end of the Pod's veth pair, attached to the bridge.
     pub host_veth: String,
+    /// The Pod's address (status.podIP).
     pub ip: Ipv4Addr,
 }
 

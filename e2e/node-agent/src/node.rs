@@ -22,10 +22,15 @@ const MANAGER: &str = "sweety-node-agent";
 /// Node registration parameters.
 #[derive(Debug, Clone)]
 pub struct NodeConfig {
+    /// Name of the Node object.
     pub name: String,
+    /// Labels the Node is registered with.
     pub labels: BTreeMap<String, String>,
+    /// CPU capacity and allocatable, as a Kubernetes quantity.
     pub cpu: String,
+    /// Memory capacity and allocatable, as a Kubernetes quantity.
     pub memory: String,
+    /// Most Pods the node accepts, as a quantity.
     pub pods: String,
     /// The node address (InternalIP): the bridge address.
     pub address: std::net::Ipv4Addr,

@@ -12,29 +12,51 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 /// A container's current state.
 #[derive(Debug, Clone, PartialEq)]
 pub enum CState {
-    Waiting { reason: String, message: String },
-    Running { started_at: Time },
+    /// Not running yet, or between restarts.
+    Waiting {
+        /// Machine-readable cause (e.g. "ContainerCreating", "CrashLoopBackOff").
+        reason: String,
+        /// What a human should know about it.
+        message: String,
+    },
+    /// The process runs.
+    Running {
+        /// When it was started.
+        started_at: Time,
+    },
+    /// The process exited; this is how.
     Terminated(Terminated),
 }
 
 /// A finished run of a container.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Terminated {
+    /// Process exit status (128 + signal number when killed by one, -1 when unknown).
     pub exit_code: i32,
+    /// "Completed" for exit code 0, else "Error" (as the kubelet says).
     pub reason: String,
+    /// When the process started, if it did.
     pub started_at: Option<Time>,
+    /// When the agent saw it exit.
     pub finished_at: Time,
 }
 
 /// What the agent knows about one container.
 #[derive(Debug, Clone)]
 pub struct ContainerRecord {
+    /// Container name in the Pod spec.
     pub name: String,
+    /// Image named in the Pod spec (reported as is; the host binary stands for it).
     pub image: String,
+    /// Restarts after the first start.
     pub restart_count: i32,
+    /// The current run's state.
     pub state: CState,
+    /// The previous run, shown as lastState.
     pub last: Option<Terminated>,
+    /// Whether the container counts as ready (status.containerStatuses[].ready).
     pub ready: bool,
+    /// The container has started (status.containerStatuses[].started).
     pub started: bool,
     /// Whether the container will be started again after it exits (restartPolicy).
     pub will_restart: bool,
@@ -43,10 +65,13 @@ pub struct ContainerRecord {
 /// What the agent knows about one Pod.
 #[derive(Debug, Clone)]
 pub struct PodState {
+    /// The Pod's address once its network exists.
     pub ip: Option<Ipv4Addr>,
     /// The node address (status.hostIP).
     pub host_ip: Ipv4Addr,
+    /// When the agent accepted the Pod (status.startTime).
     pub start_time: Time,
+    /// One record per container, in spec order.
     pub containers: Vec<ContainerRecord>,
     transitions: BTreeMap<&'static str, (bool, Time)>,
 }

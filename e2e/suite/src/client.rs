@@ -18,8 +18,11 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// Which HTTP version to use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Version {
+    /// HTTP/1.1 over TCP (curl `--http1.1`).
     H1,
+    /// HTTP/2 (curl `--http2`: ALPN h2 over TLS, the h2c upgrade in cleartext).
     H2,
+    /// HTTP/3 over QUIC (the suite's own h3 client).
     H3,
 }
 
@@ -31,8 +34,11 @@ impl Version {
 /// A response: status, the HTTP version the client reports ("1.1", "2", "3"), body.
 #[derive(Debug, Clone)]
 pub struct Reply {
+    /// Status code of the response.
     pub status: u16,
+    /// HTTP version the client says it spoke ("1.1", "2" or "3").
     pub version: String,
+    /// Response body, decoded as UTF-8 (lossy).
     pub body: String,
 }
 
@@ -41,7 +47,9 @@ pub struct Reply {
 pub struct Target<'a> {
     /// The load-balancer address.
     pub addr: IpAddr,
+    /// Host name sent as Host/:authority and as TLS SNI.
     pub host: &'a str,
+    /// Request path with query.
     pub path: &'a str,
     /// Some(CA PEM) for https on port 443, None for http on port 80.
     pub ca_pem: Option<&'a str>,

@@ -20,7 +20,10 @@ pub enum RestartMode {
     /// SIGKILL to the container's local process (the e2e node agent runs containers as processes).
     Process,
     /// `docker exec <node> crictl stop` (kind).
-    Kind { node: String },
+    Kind {
+        /// The kind node container that runs the Pod.
+        node: String,
+    },
 }
 
 /// An IPv4 network the tests may send traffic to.
@@ -63,11 +66,15 @@ impl Cidr {
 /// The test environment.
 #[derive(Clone)]
 pub struct Env {
+    /// Client of the cluster under test.
     pub client: Client,
+    /// Addresses the tests may send traffic to (SWEETY_E2E_ALLOWED_CIDR).
     pub allowed: Cidr,
     /// Namespace and release of the chart.
     pub namespace: String,
+    /// Helm release name of the chart.
     pub release: String,
+    /// How the restart tests kill the dataplane and controller.
     pub restart: RestartMode,
 }
 

@@ -7,8 +7,11 @@ use crate::{Error, Result};
 /// A CA certificate and a leaf signed by it.
 #[derive(Debug, Clone)]
 pub struct TestPki {
+    /// The throwaway CA certificate, for clients to trust.
     pub ca_pem: String,
+    /// Leaf certificate naming every test host, for the TLS Secret.
     pub cert_pem: String,
+    /// The leaf's private key (PKCS#8), for the TLS Secret.
     pub key_pem: String,
 }
 

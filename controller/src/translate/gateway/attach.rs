@@ -55,7 +55,7 @@ pub enum AllowedNamespaces {
 }
 
 /// Read `allowedRoutes.namespaces` (default: Same).
-pub fn allowed_namespaces(a: Option<&GatewayListenersAllowedRoutes>) -> AllowedNamespaces {
+pub(super) fn allowed_namespaces(a: Option<&GatewayListenersAllowedRoutes>) -> AllowedNamespaces {
     let ns = a.and_then(|a| a.namespaces.as_ref());
     match ns.and_then(|n| n.from.clone()) {
         Some(From::All) => AllowedNamespaces::All,
@@ -69,7 +69,7 @@ pub fn allowed_namespaces(a: Option<&GatewayListenersAllowedRoutes>) -> AllowedN
 }
 
 /// May a route in `route_ns` attach to a listener of a Gateway in `gw_ns`?
-pub fn namespace_allowed(
+pub(super) fn namespace_allowed(
     snapshot: &Snapshot,
     allowed: &AllowedNamespaces,
     gw_ns: &str,
@@ -105,7 +105,7 @@ fn covers(pattern: &str, host: &str) -> bool {
 
 /// Intersect a listener hostname with one route hostname: the more specific of the two when
 /// one covers the other.
-pub fn intersect_one(listener: &str, route: &str) -> Option<String> {
+pub(super) fn intersect_one(listener: &str, route: &str) -> Option<String> {
     let lw = listener.starts_with("*.");
     let rw = route.starts_with("*.");
     match (lw, rw) {
@@ -127,7 +127,7 @@ pub fn intersect_one(listener: &str, route: &str) -> Option<String> {
 /// How specifically a listener hostname selects requests for `host` (exact or wildcard):
 /// `None` when it does not cover it, otherwise a score where a higher value wins (exact >
 /// longer wildcard > shorter wildcard > no hostname).
-pub fn specificity(listener: Option<&str>, host: &str) -> Option<usize> {
+pub(super) fn specificity(listener: Option<&str>, host: &str) -> Option<usize> {
     match listener {
         None => Some(0),
         Some(l) if l == host => Some(usize::MAX),
@@ -137,7 +137,7 @@ pub fn specificity(listener: Option<&str>, host: &str) -> Option<usize> {
 
 /// Effective hostnames of a route on a listener. `None`: no intersection. `Some(empty)`:
 /// any hostname.
-pub fn intersect(listener: Option<&str>, route: &[String]) -> Option<Vec<String>> {
+pub(super) fn intersect(listener: Option<&str>, route: &[String]) -> Option<Vec<String>> {
     match (listener, route.is_empty()) {
         (None, _) => Some(route.to_vec()),
         (Some(l), true) => Some(vec![l.to_string()]),
@@ -157,13 +157,13 @@ pub fn intersect(listener: Option<&str>, route: &[String]) -> Option<Vec<String>
 
 /// The listeners a parentRef attaches to, with the effective hostnames on each; or the reason
 /// it attaches to none.
-pub type Attachment = Result<Vec<(usize, Vec<String>)>, (&'static str, String)>;
+pub(super) type Attachment = Result<Vec<(usize, Vec<String>)>, (&'static str, String)>;
 
 /// Attach a route of `kind` in `route_ns` through one parentRef to a Gateway's listeners.
 /// `owner`: the listeners the parentRef can reach: the Gateway's own (None) or one
 /// ListenerSet's (`Some(index)`).
 #[allow(clippy::too_many_arguments)]
-pub fn attach(
+pub(super) fn attach(
     snapshot: &Snapshot,
     gw_ns: &str,
     listeners: &[ValidatedListener],
@@ -230,13 +230,13 @@ pub fn attach(
 }
 
 /// Does this parentRef point at a Gateway (the only parent kind we serve)?
-pub fn is_gateway_ref(p: &ParentRefSpec) -> bool {
+pub(super) fn is_gateway_ref(p: &ParentRefSpec) -> bool {
     p.group.as_deref().unwrap_or(GROUP) == GROUP
         && p.kind.as_deref().unwrap_or("Gateway") == "Gateway"
 }
 
 /// Is the parentRef a ListenerSet?
-pub fn is_listener_set_ref(p: &ParentRefSpec) -> bool {
+pub(super) fn is_listener_set_ref(p: &ParentRefSpec) -> bool {
     p.group.as_deref().unwrap_or(GROUP) == GROUP && p.kind.as_deref() == Some("ListenerSet")
 }
 

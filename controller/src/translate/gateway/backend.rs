@@ -10,14 +10,14 @@ use crate::translate::Builder;
 use sweety_config::BackendProtocol;
 
 /// A resolved backendRef: the dataplane backend name and the Service it came from.
-pub struct Resolved {
+pub(super) struct Resolved {
     pub backend: String,
     pub service: (String, String),
 }
 
 /// Resolve one backendRef of a route of `route_kind` in `route_ns`. `grpc` makes h2c the
 /// default protocol.
-pub fn resolve(
+pub(super) fn resolve(
     b: &mut Builder<'_>,
     policies: &Policies,
     route_kind: &str,

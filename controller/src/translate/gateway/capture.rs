@@ -18,13 +18,13 @@ use std::sync::Arc;
 use sweety_config::Backend;
 
 /// A route object of the snapshot: its identity and its spec, converted only when needed.
-pub struct Object<'a> {
+pub(super) struct Object<'a> {
     keep: Arc<dyn Any + Send + Sync>,
     spec: Box<dyn Fn() -> Vec<u8> + 'a>,
 }
 
 impl<'a> Object<'a> {
-    pub fn new<T: Any + Send + Sync, S: Serialize>(object: &Arc<T>, spec: &'a S) -> Self {
+    pub(super) fn new<T: Any + Send + Sync, S: Serialize>(object: &Arc<T>, spec: &'a S) -> Self {
         Object {
             keep: object.clone(),
             spec: Box::new(move || serde_json::to_vec(spec).unwrap_or_default()),
@@ -32,17 +32,17 @@ impl<'a> Object<'a> {
     }
 
     /// The spec as JSON (the route front end reads its uniform model from it).
-    pub fn spec(&self) -> Vec<u8> {
+    pub(super) fn spec(&self) -> Vec<u8> {
         (self.spec)()
     }
 
     /// The address of the object's allocation: its identity while `keep` is held.
-    pub fn addr(&self) -> usize {
+    pub(super) fn addr(&self) -> usize {
         Arc::as_ptr(&self.keep) as *const () as usize
     }
 
     /// The object, held so that its address stays unique.
-    pub fn keep(&self) -> Arc<dyn Any + Send + Sync> {
+    pub(super) fn keep(&self) -> Arc<dyn Any + Send + Sync> {
         self.keep.clone()
     }
 }

@@ -3,13 +3,14 @@
 //! left alone (no status).
 
 use crate::translate::status::{Condition, GatewayClassStatus, ObjectKey, ObjectStatus};
-use crate::translate::{Builder, ClassOwner};
+use crate::translate::{Builder, ClassOwner, GatewayServiceNamespace, Params};
 use std::collections::BTreeMap;
 
 /// Features we claim: exactly those whose conformance tests pass against the local cluster
 /// (e2e/conformance/run.sh; docs/conformance.md has the latest report). Sorted. Unclaimed
-/// features and why: e2e/conformance/unclaimed-features.txt.
-pub const SUPPORTED_FEATURES: &[&str] = &[
+/// features and why: e2e/conformance/unclaimed-features.txt. [`GATEWAY_NAMESPACE_ONLY`] is
+/// left out unless the per-Gateway Services live in the Gateway's namespace.
+pub(super) const SUPPORTED_FEATURES: &[&str] = &[
     "BackendTLSPolicy",
     "BackendTLSPolicySANValidation",
     "GRPCRoute",
@@ -97,7 +98,7 @@ pub struct ClassInfo {
 }
 
 /// Set the status of our GatewayClasses; returns each of our classes by name.
-pub fn translate(b: &mut Builder<'_>) -> BTreeMap<String, ClassInfo> {
+pub(super) fn translate(b: &mut Builder<'_>) -> BTreeMap<String, ClassInfo> {
     let mut accepted = BTreeMap::new();
     let mut classes: Vec<_> = b.snapshot.gateway_classes.iter().collect();
     classes.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
@@ -167,11 +168,29 @@ pub fn translate(b: &mut Builder<'_>) -> BTreeMap<String, ClassInfo> {
             ObjectKey::new("GatewayClass", "", &name),
             ObjectStatus::GatewayClass(GatewayClassStatus {
                 conditions: vec![condition],
-                supported_features: SUPPORTED_FEATURES.iter().map(|s| s.to_string()).collect(),
+                supported_features: supported_features(b.params),
             }),
         );
     }
     accepted
+}
+
+/// Claimed only with `--gateway-service-namespace=gateway`: its conformance test looks for
+/// the generated objects (a Service, Pod or ServiceAccount with the `gateway-name` label) in
+/// the Gateway's namespace, where the default mode creates nothing (Envoy Gateway's default
+/// mode does not claim it either).
+pub(super) const GATEWAY_NAMESPACE_ONLY: &str = "GatewayInfrastructure";
+
+/// The features GatewayClass status lists under these parameters.
+pub(super) fn supported_features(params: &Params) -> Vec<String> {
+    SUPPORTED_FEATURES
+        .iter()
+        .filter(|f| {
+            **f != GATEWAY_NAMESPACE_ONLY
+                || params.gateway_service_namespace == GatewayServiceNamespace::Gateway
+        })
+        .map(|s| s.to_string())
+        .collect()
 }
 
 #[cfg(test)]
@@ -184,5 +203,18 @@ mod tests {
         sorted.sort();
         sorted.dedup();
         assert_eq!(sorted, SUPPORTED_FEATURES);
+        assert!(SUPPORTED_FEATURES.contains(&super::GATEWAY_NAMESPACE_ONLY));
+    }
+
+    #[test]
+    fn infrastructure_is_claimed_only_with_services_in_the_gateway_namespace() {
+        use crate::translate::{GatewayServiceNamespace, Params};
+        let mut params = Params::default();
+        let release = super::supported_features(&params);
+        params.gateway_service_namespace = GatewayServiceNamespace::Gateway;
+        let gateway = super::supported_features(&params);
+        assert_eq!(gateway.len(), SUPPORTED_FEATURES.len());
+        assert_eq!(release.len() + 1, gateway.len());
+        assert!(!release.iter().any(|f| f == super::GATEWAY_NAMESPACE_ONLY));
     }
 }

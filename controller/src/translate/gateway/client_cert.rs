@@ -32,7 +32,11 @@ pub struct ClientCert {
 }
 
 /// The Gateway's backend client certificate: None when it asks for none.
-pub fn resolve(snapshot: &Snapshot, gw: &Gateway, ns: &str) -> Result<Option<ClientCert>, Problem> {
+pub(super) fn resolve(
+    snapshot: &Snapshot,
+    gw: &Gateway,
+    ns: &str,
+) -> Result<Option<ClientCert>, Problem> {
     let Some(r) = gw
         .spec
         .tls
@@ -81,7 +85,7 @@ fn check(cc: &ClientCert) -> Result<(), String> {
 /// Point every TLS backend of `route` (proxy targets and mirrors) at a variant presenting
 /// `cc`, registering the variants in `backends`. Plain-text backends are left alone. Returns
 /// the names of the backends that were replaced.
-pub fn apply(backends: &mut Backends, route: &mut Route, cc: &ClientCert) -> Vec<String> {
+pub(super) fn apply(backends: &mut Backends, route: &mut Route, cc: &ClientCert) -> Vec<String> {
     let mut replaced = Vec::new();
     let mut swap = |name: &mut String| {
         let v = variant(backends, name, cc);
@@ -115,7 +119,7 @@ fn for_each_backend(route: &mut Route, f: &mut impl FnMut(&mut String)) {
 /// Removes the backends in `replaced` that no Gateway route or L4 route uses any more (their
 /// routes all went to client-certificate variants). Ingress and SweetySite translation run
 /// later and register what they need again.
-pub fn drop_unused(b: &mut Builder<'_>, replaced: &BTreeSet<String>) {
+pub(super) fn drop_unused(b: &mut Builder<'_>, replaced: &BTreeSet<String>) {
     if replaced.is_empty() {
         return;
     }

@@ -12,7 +12,7 @@ use super::routes::{Collected, HttpEntry, L4Entry, SortKey};
 use super::OwnedGateway;
 use crate::translate::addressing::{self, Allocation, PortRequest};
 use crate::translate::status::{Condition, GatewayStatus, ObjectKey, ObjectStatus};
-use crate::translate::{Builder, GatewayService, ServicePort};
+use crate::translate::{Builder, GatewayService, Params, ServicePort};
 use std::collections::{BTreeMap, BTreeSet};
 use sweety_config::{
     Filter, L4Route, Listener, ListenerProtocol, ListenerTls, Route, TlsVersion, VirtualHost,
@@ -20,7 +20,10 @@ use sweety_config::{
 
 /// Our Gateways (class ours and accepted), sorted by namespace/name, listeners validated.
 /// Gateways of our class that is not accepted get a status saying so.
-pub fn gateways(b: &mut Builder<'_>, classes: &BTreeMap<String, ClassInfo>) -> Vec<OwnedGateway> {
+pub(super) fn gateways(
+    b: &mut Builder<'_>,
+    classes: &BTreeMap<String, ClassInfo>,
+) -> Vec<OwnedGateway> {
     let mut list: Vec<_> = b.snapshot.gateways.to_vec();
     list.sort_by(|a, b| {
         (&a.metadata.namespace, &a.metadata.name).cmp(&(&b.metadata.namespace, &b.metadata.name))
@@ -75,7 +78,7 @@ pub fn gateways(b: &mut Builder<'_>, classes: &BTreeMap<String, ClassInfo>) -> V
 }
 
 /// Allocate container ports for every usable listener.
-pub fn allocate(b: &Builder<'_>, gateways: &mut [OwnedGateway]) -> Allocation {
+pub(super) fn allocate(b: &Builder<'_>, gateways: &mut [OwnedGateway]) -> Allocation {
     let requests: Vec<PortRequest> = gateways
         .iter()
         .map(|g| PortRequest {
@@ -115,7 +118,7 @@ fn fix_redirect_port(route: &mut Route, port: u16) {
 }
 
 /// An L4 route of a Gateway port: its sort key, the listener it came through, the route.
-pub type PortL4Route = (SortKey, usize, L4Route);
+pub(super) type PortL4Route = (SortKey, usize, L4Route);
 
 fn sort_routes(mut v: Vec<(SortKey, Route)>) -> Vec<Route> {
     v.sort_by(|a, b| a.0.cmp(&b.0));
@@ -124,7 +127,7 @@ fn sort_routes(mut v: Vec<(SortKey, Route)>) -> Vec<Route> {
 
 /// One dataplane listener of a Gateway: its programmed listeners sharing a port (and
 /// transport). Depends on the Gateway and its listeners only, not on routes.
-pub struct Group {
+pub(super) struct Group {
     pub port: u16,
     pub udp: bool,
     /// The Gateway listeners on this port (indices into `OwnedGateway::listeners`).
@@ -136,19 +139,19 @@ pub struct Group {
 
 impl Group {
     /// Serves HTTP routes (virtual hosts), not L4 routes.
-    pub fn is_http(&self) -> bool {
+    pub(super) fn is_http(&self) -> bool {
         matches!(self.proto, Proto::Http | Proto::Https)
     }
 }
 
 /// The dataplane listeners of one Gateway and the ports of its Service.
-pub struct GatewayLayout {
+pub(super) struct GatewayLayout {
     pub groups: Vec<Group>,
     pub service_ports: Vec<ServicePort>,
 }
 
 /// The dataplane listeners of every Gateway (in Gateway order), before routes are placed.
-pub fn layout(b: &Builder<'_>, gateways: &[OwnedGateway]) -> Vec<GatewayLayout> {
+pub(super) fn layout(b: &Builder<'_>, gateways: &[OwnedGateway]) -> Vec<GatewayLayout> {
     gateways.iter().map(|gw| gw_layout(b, gw)).collect()
 }
 
@@ -261,7 +264,7 @@ fn gw_layout(b: &Builder<'_>, gw: &OwnedGateway) -> GatewayLayout {
 /// Where an HTTP route entry of an HTTP group is served: (hostname, "" for any; the route
 /// with the port filled into redirects), one per hostname its listener does not lose to a
 /// more specific listener on the same port.
-pub fn place_http(
+pub(super) fn place_http(
     gw: &OwnedGateway,
     group: &Group,
     hostnames: &[String],
@@ -299,13 +302,13 @@ pub fn place_http(
 }
 
 /// The name of the virtual host of `host` ("" for any) in `group`.
-pub fn virtual_host_name(group: &Group, host: &str) -> String {
+pub(super) fn virtual_host_name(group: &Group, host: &str) -> String {
     let host = if host.is_empty() { "*" } else { host };
     format!("{}/{host}", group.listener.name)
 }
 
 /// The virtual host of one hostname ("" for any) of an HTTP group; `routes` in order.
-pub fn virtual_host(group: &Group, host: String, routes: Vec<Route>) -> VirtualHost {
+pub(super) fn virtual_host(group: &Group, host: String, routes: Vec<Route>) -> VirtualHost {
     VirtualHost {
         name: virtual_host_name(group, &host),
         hostnames: if host.is_empty() { vec![] } else { vec![host] },
@@ -317,7 +320,7 @@ pub fn virtual_host(group: &Group, host: String, routes: Vec<Route>) -> VirtualH
 /// The dataplane listener of an L4 group with its routes (`routes` in collection order),
 /// or None when no route is left (the config requires at least one; it stays programmed in
 /// status).
-pub fn l4_listener(
+pub(super) fn l4_listener(
     gw: &OwnedGateway,
     group: &Group,
     mut routes: Vec<PortL4Route>,
@@ -349,7 +352,7 @@ pub fn l4_listener(
 
 /// An L4 entry as its group keeps it: reached through a Terminate listener, the dataplane
 /// terminates TLS for it.
-pub fn l4_entry(gw: &OwnedGateway, e: L4Entry) -> PortL4Route {
+pub(super) fn l4_entry(gw: &OwnedGateway, e: L4Entry) -> PortL4Route {
     let l = &gw.listeners[e.listener];
     let mut route = e.route;
     route.terminate = l.protocol == Some(Proto::TlsTerminate);
@@ -357,7 +360,11 @@ pub fn l4_entry(gw: &OwnedGateway, e: L4Entry) -> PortL4Route {
 }
 
 /// The group (index into `GatewayLayout::groups`) an entry through `listener` lands in.
-pub fn group_of(gw: &OwnedGateway, layout: &GatewayLayout, listener: usize) -> Option<usize> {
+pub(super) fn group_of(
+    gw: &OwnedGateway,
+    layout: &GatewayLayout,
+    listener: usize,
+) -> Option<usize> {
     let l = &gw.listeners[listener];
     let udp = l.protocol.is_some_and(Proto::is_udp);
     layout
@@ -367,7 +374,12 @@ pub fn group_of(gw: &OwnedGateway, layout: &GatewayLayout, listener: usize) -> O
 }
 
 /// Emit dataplane listeners, virtual hosts, Services and Gateway statuses.
-pub fn emit(b: &mut Builder<'_>, gateways: &[OwnedGateway], _alloc: &Allocation, out: Collected) {
+pub(super) fn emit(
+    b: &mut Builder<'_>,
+    gateways: &[OwnedGateway],
+    _alloc: &Allocation,
+    out: Collected,
+) {
     let layout = layout(b, gateways);
     let mut http: BTreeMap<(usize, u16), Vec<HttpEntry>> = BTreeMap::new();
     // Backends replaced by a client-certificate variant somewhere (maybe unused afterwards).
@@ -413,11 +425,8 @@ pub fn emit(b: &mut Builder<'_>, gateways: &[OwnedGateway], _alloc: &Allocation,
             }
         }
         status(b, gw);
-        b.gateway_services.extend(service(
-            gw,
-            lay.service_ports,
-            &b.params.gateway_service_type,
-        ));
+        b.gateway_services
+            .extend(service(gw, lay.service_ports, b.params));
     }
     client_cert::drop_unused(b, &replaced);
 }
@@ -470,10 +479,10 @@ fn invalid_parameters(gw: &sweety_gateway_api::gateways::Gateway) -> Option<Stri
 }
 
 /// The Service the controller owns for the Gateway, when it has `ports`.
-pub fn service(
+pub(super) fn service(
     gw: &OwnedGateway,
     ports: Vec<ServicePort>,
-    service_type: &str,
+    params: &Params,
 ) -> Option<GatewayService> {
     if ports.is_empty() {
         return None;
@@ -486,12 +495,13 @@ pub fn service(
     Some(GatewayService {
         gateway_namespace: gw.namespace.clone(),
         gateway_name: gw.name.clone(),
+        namespace: params.gateway_service_namespace(&gw.namespace).to_string(),
         name: addressing::service_name(&gw.namespace, &gw.name),
         service_type: gw
             .class
             .service_type
             .clone()
-            .unwrap_or_else(|| service_type.to_string()),
+            .unwrap_or_else(|| params.gateway_service_type.clone()),
         external_traffic_policy: gw.class.external_traffic_policy.clone(),
         owner: gw.class.owner.clone(),
         ports,
@@ -508,11 +518,12 @@ pub fn service(
 }
 
 /// The Gateway's status (and its ListenerSets').
-pub fn status(b: &mut Builder<'_>, gw: &OwnedGateway) {
+pub(super) fn status(b: &mut Builder<'_>, gw: &OwnedGateway) {
     let generation = gw.generation;
     let service = addressing::service_name(&gw.namespace, &gw.name);
+    let service_namespace = b.params.gateway_service_namespace(&gw.namespace);
     let (requested, bad_address) = requested_addresses(&gw.gateway);
-    let addresses = addressing::addresses(b.snapshot, &gw.namespace, &requested, &service);
+    let addresses = addressing::addresses(b.snapshot, service_namespace, &requested, &service);
     // The Gateway's own listeners; ListenerSet listeners report in their set's status.
     let own: Vec<&listeners::ValidatedListener> =
         gw.listeners.iter().filter(|l| l.owner.is_none()).collect();
@@ -558,7 +569,7 @@ pub fn status(b: &mut Builder<'_>, gw: &OwnedGateway) {
     let unusable = match static_ips.as_slice() {
         [] => None,
         // The Service asks its load balancer for the one address.
-        [_] => addressing::address_unusable(b.snapshot, &gw.namespace, &service),
+        [_] => addressing::address_unusable(b.snapshot, service_namespace, &service),
         many => Some(format!(
             "a Gateway's Service gets one load-balancer address; {} IP addresses were requested",
             many.len()
@@ -584,10 +595,9 @@ pub fn status(b: &mut Builder<'_>, gw: &OwnedGateway) {
             false,
             "AddressNotAssigned",
             match static_ips.first() {
-                None => format!("Service {}/{service} has no address yet", gw.namespace),
+                None => format!("Service {service_namespace}/{service} has no address yet"),
                 Some(ip) => format!(
-                    "Service {}/{service} has not been given the requested address {ip} yet",
-                    gw.namespace
+                    "Service {service_namespace}/{service} has not been given the requested address {ip} yet"
                 ),
             },
             generation,

@@ -34,7 +34,7 @@ struct CaRef {
 
 /// The outcome for one HTTPS port.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct Frontend {
+pub(super) struct Frontend {
     /// What the dataplane listener verifies (None: no client certificate requested).
     pub auth: Option<ClientAuth>,
     /// The first invalid reference (for `ResolvedRefs: False`), also when others are valid.
@@ -84,7 +84,7 @@ fn wanted(gw: &Gateway, port: u16) -> Option<Wanted> {
 
 /// True when the validation of `port` is in `AllowInsecureFallback` mode (the Gateway then has
 /// the `InsecureFrontendValidationMode` condition).
-pub fn insecure_fallback(gw: &Gateway, port: u16) -> bool {
+pub(super) fn insecure_fallback(gw: &Gateway, port: u16) -> bool {
     wanted(gw, port).is_some_and(|w| w.fallback)
 }
 
@@ -95,7 +95,7 @@ thread_local! {
 }
 
 /// Resolve the client certificate validation of HTTPS `port` of `gw` (namespace `ns`).
-pub fn resolve(snapshot: &Snapshot, gw: &Gateway, ns: &str, port: u16) -> Frontend {
+pub(super) fn resolve(snapshot: &Snapshot, gw: &Gateway, ns: &str, port: u16) -> Frontend {
     #[cfg(test)]
     RESOLVE_CALLS.with(|c| c.set(c.get() + 1));
     let Some(w) = wanted(gw, port) else {

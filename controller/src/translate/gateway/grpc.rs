@@ -7,7 +7,7 @@ use super::model::{GrpcRuleSpec, HttpMatchSpec, HttpRuleSpec, PathMatchSpec};
 use crate::translate::regex_escape as escape;
 
 /// Convert a GRPCRoute rule into the HTTPRoute rule shape.
-pub fn to_http(rule: &GrpcRuleSpec) -> HttpRuleSpec {
+pub(super) fn to_http(rule: &GrpcRuleSpec) -> HttpRuleSpec {
     let matches = rule
         .matches
         .iter()

@@ -18,10 +18,10 @@ use sweety_config::{
 };
 
 /// The empty backend that takes the share of invalid backendRefs.
-pub const INVALID_BACKEND: &str = "sweety/invalid-backend-ref";
+pub(super) const INVALID_BACKEND: &str = "sweety/invalid-backend-ref";
 
 /// A translated rule.
-pub struct RuleResult {
+pub(super) struct RuleResult {
     pub route: Route,
     /// backendRef (and mirror) problems, for `ResolvedRefs`.
     pub unresolved: Vec<Problem>,
@@ -42,7 +42,7 @@ fn fixed_500() -> Action {
 }
 
 /// Parse a Gateway API duration (`1h30m`, `500ms`, `10s`). `0s` means no timeout (None).
-pub fn duration(s: &str) -> Result<Option<Duration>, String> {
+pub(super) fn duration(s: &str) -> Result<Option<Duration>, String> {
     let mut total: u64 = 0;
     let mut rest = s;
     if rest.is_empty() {
@@ -149,7 +149,7 @@ fn path_mod(p: &PathModSpec) -> Result<PathRewrite, String> {
 }
 
 /// Context for translating the rules of one route.
-pub struct RouteCtx<'p> {
+pub(super) struct RouteCtx<'p> {
     pub policies: &'p Policies,
     pub kind: &'static str,
     pub namespace: String,
@@ -270,7 +270,7 @@ impl RouteCtx<'_> {
     }
 
     /// Translate one rule (index `idx`).
-    pub fn rule(&self, b: &mut Builder<'_>, idx: usize, rule: &HttpRuleSpec) -> RuleResult {
+    pub(super) fn rule(&self, b: &mut Builder<'_>, idx: usize, rule: &HttpRuleSpec) -> RuleResult {
         let prefix = if self.grpc { "grpcroute" } else { "httproute" };
         let label = rule.name.clone().unwrap_or_else(|| format!("rule-{idx}"));
         let mut out = RuleResult {
@@ -375,7 +375,7 @@ impl RouteCtx<'_> {
 }
 
 /// Validate one route in isolation with sweety-config's structural checks.
-pub fn check_route(route: &Route) -> Result<(), String> {
+pub(super) fn check_route(route: &Route) -> Result<(), String> {
     let mut cfg = sweety_config::Config::default();
     cfg.virtual_hosts.push(sweety_config::VirtualHost {
         name: "check".into(),

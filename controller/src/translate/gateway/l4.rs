@@ -10,7 +10,7 @@ use crate::translate::Builder;
 use sweety_config::{L4Route, WeightedBackend};
 
 /// Translate one L4 rule; hostnames are filled in per listener by the caller.
-pub fn rule(
+pub(super) fn rule(
     b: &mut Builder<'_>,
     kind: RouteKind,
     ns: &str,

@@ -13,7 +13,7 @@ use sweety_config::{Certificate, ClientAuth, PemSource};
 use sweety_gateway_api::gateways::{Gateway, GatewayListeners, GatewayListenersTlsMode};
 
 /// The Gateway API group.
-pub const GROUP: &str = "gateway.networking.k8s.io";
+pub(super) const GROUP: &str = "gateway.networking.k8s.io";
 
 /// Listener protocols this implementation knows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -96,7 +96,7 @@ impl RouteKind {
 }
 
 /// A problem: condition reason and message.
-pub type Problem = (&'static str, String);
+pub(super) type Problem = (&'static str, String);
 
 /// One Gateway listener after validation.
 #[derive(Clone, Debug)]
@@ -246,7 +246,7 @@ impl ValidatedListener {
 
 /// Validate every listener of a Gateway, including conflicts between them. `frontends`
 /// starts empty for each Gateway and goes on to [`validate_set`] for its ListenerSets.
-pub fn validate(
+pub(super) fn validate(
     snapshot: &Snapshot,
     gw: &Gateway,
     frontends: &mut Frontends,
@@ -267,7 +267,7 @@ pub fn validate(
 /// `gw_ns`): certificates resolve from the ListenerSet's namespace (ReferenceGrants from
 /// ListenerSets), client certificate validation comes from the Gateway's port settings.
 /// Conflicts with the listeners before them are settled by [`precedence_conflict`].
-pub fn validate_set(
+pub(super) fn validate_set(
     snapshot: &Snapshot,
     gw: &Gateway,
     gw_ns: &str,
@@ -286,7 +286,7 @@ pub fn validate_set(
 /// Marks `new` conflicted when an earlier listener (`before`, in precedence order) that is
 /// accepted and not conflicted claims its port in an incompatible way: another protocol
 /// (ProtocolConflict), or the same hostname (HostnameConflict; on TCP/UDP any listener).
-pub fn precedence_conflict(before: &[ValidatedListener], new: &mut ValidatedListener) {
+pub(super) fn precedence_conflict(before: &[ValidatedListener], new: &mut ValidatedListener) {
     let (None, Some(p)) = (&new.not_accepted, new.protocol) else {
         return;
     };
@@ -327,12 +327,12 @@ pub fn precedence_conflict(before: &[ValidatedListener], new: &mut ValidatedList
 /// The client certificate validation (`spec.tls.frontend`) of one Gateway's HTTPS ports,
 /// each port resolved once (its CA bundles read and checked) and shared by the Gateway's own
 /// listeners and those of every ListenerSet attached to it.
-pub struct Frontends {
+pub(super) struct Frontends {
     by_port: BTreeMap<u16, frontend::Frontend>,
 }
 
 impl Frontends {
-    pub fn new() -> Self {
+    pub(super) fn new() -> Self {
         Frontends {
             by_port: BTreeMap::new(),
         }
@@ -353,7 +353,7 @@ impl Frontends {
 
     /// How many ports were resolved.
     #[cfg(test)]
-    pub fn resolved(&self) -> usize {
+    pub(super) fn resolved(&self) -> usize {
         self.by_port.len()
     }
 }

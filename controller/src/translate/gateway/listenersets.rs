@@ -65,7 +65,7 @@ fn allowed(snapshot: &Snapshot, gw: &Gateway, gw_ns: &str, ls_ns: &str) -> bool 
 /// Attach the ListenerSets naming `gw` (namespace `gw_ns`): their listeners are appended to
 /// `listeners` (the Gateway's own, already validated with `frontends`, whose client
 /// certificate validation per port they share). Returns the sets in precedence order.
-pub fn attach_sets(
+pub(super) fn attach_sets(
     snapshot: &Snapshot,
     gw: &Gateway,
     gw_ns: &str,
@@ -124,7 +124,7 @@ pub fn attach_sets(
 
 /// Status of every ListenerSet of a Gateway. `gateway_rejected`: the Gateway itself is not
 /// accepted.
-pub fn statuses(
+pub(super) fn statuses(
     b: &mut Builder<'_>,
     sets: &[AttachedListenerSet],
     gw_listeners: &[ValidatedListener],

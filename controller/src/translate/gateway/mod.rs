@@ -43,10 +43,15 @@ use sweety_gateway_api::gateways::Gateway;
 
 /// A Gateway of ours with its validated listeners.
 pub struct OwnedGateway {
+    /// The Gateway object as watched.
     pub gateway: Arc<Gateway>,
+    /// Its namespace.
     pub namespace: String,
+    /// Its name.
     pub name: String,
+    /// Its `metadata.generation`, for `observedGeneration`.
     pub generation: i64,
+    /// Its listeners and those of attached ListenerSets, each validated (conflicts marked).
     pub listeners: Vec<ValidatedListener>,
     /// Why the Gateway as a whole is not accepted (its listeners are then not programmed).
     pub rejected: Option<String>,
@@ -67,6 +72,7 @@ pub struct World {
     pub gateways: Vec<OwnedGateway>,
     /// Validated BackendTLSPolicies (`used_by` empty).
     pub policies: Policies,
+    /// Container port of every Gateway listener port, by index in `gateways`.
     pub allocation: Allocation,
 }
 

@@ -9,7 +9,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 /// Convert a kopium-generated spec into one of the uniform types below.
-pub fn convert<S: Serialize, T: DeserializeOwned>(spec: &S) -> Result<T, String> {
+pub(super) fn convert<S: Serialize, T: DeserializeOwned>(spec: &S) -> Result<T, String> {
     let value = serde_json::to_value(spec).map_err(|e| e.to_string())?;
     serde_json::from_value(value).map_err(|e| e.to_string())
 }
@@ -17,13 +17,13 @@ pub fn convert<S: Serialize, T: DeserializeOwned>(spec: &S) -> Result<T, String>
 /// Read one of the uniform types below from a spec serialized as JSON. Route specs travel as
 /// JSON bytes rather than a `serde_json::Value` tree: serializing to bytes is one buffer,
 /// where a `Value` allocates a map and a string per field.
-pub fn from_json<T: DeserializeOwned>(json: &[u8]) -> Result<T, String> {
+pub(super) fn from_json<T: DeserializeOwned>(json: &[u8]) -> Result<T, String> {
     serde_json::from_slice(json).map_err(|e| e.to_string())
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
-pub struct ParentRefSpec {
+pub(super) struct ParentRefSpec {
     pub group: Option<String>,
     pub kind: Option<String>,
     pub namespace: Option<String>,
@@ -34,7 +34,7 @@ pub struct ParentRefSpec {
 
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
-pub struct BackendRefSpec {
+pub(super) struct BackendRefSpec {
     pub group: Option<String>,
     pub kind: Option<String>,
     pub namespace: Option<String>,
@@ -46,7 +46,7 @@ pub struct BackendRefSpec {
 
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
-pub struct FilterSpec {
+pub(super) struct FilterSpec {
     #[serde(rename = "type")]
     pub type_: String,
     pub request_header_modifier: Option<HeaderModSpec>,
@@ -59,7 +59,7 @@ pub struct FilterSpec {
 
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(default)]
-pub struct HeaderModSpec {
+pub(super) struct HeaderModSpec {
     pub set: Vec<NameValue>,
     pub add: Vec<NameValue>,
     pub remove: Vec<String>,
@@ -67,14 +67,14 @@ pub struct HeaderModSpec {
 
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(default)]
-pub struct NameValue {
+pub(super) struct NameValue {
     pub name: String,
     pub value: String,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
-pub struct RedirectSpec {
+pub(super) struct RedirectSpec {
     pub scheme: Option<String>,
     pub hostname: Option<String>,
     pub path: Option<PathModSpec>,
@@ -85,7 +85,7 @@ pub struct RedirectSpec {
 
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
-pub struct PathModSpec {
+pub(super) struct PathModSpec {
     #[serde(rename = "type")]
     pub type_: String,
     pub replace_full_path: Option<String>,
@@ -94,14 +94,14 @@ pub struct PathModSpec {
 
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(default)]
-pub struct RewriteSpec {
+pub(super) struct RewriteSpec {
     pub hostname: Option<String>,
     pub path: Option<PathModSpec>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
-pub struct MirrorSpec {
+pub(super) struct MirrorSpec {
     pub backend_ref: BackendRefSpec,
     pub percent: Option<i32>,
     pub fraction: Option<FractionSpec>,
@@ -109,14 +109,14 @@ pub struct MirrorSpec {
 
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(default)]
-pub struct FractionSpec {
+pub(super) struct FractionSpec {
     pub numerator: i32,
     pub denominator: Option<i32>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
-pub struct CorsSpec {
+pub(super) struct CorsSpec {
     pub allow_origins: Vec<String>,
     pub allow_methods: Vec<String>,
     pub allow_headers: Vec<String>,
@@ -127,7 +127,7 @@ pub struct CorsSpec {
 
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
-pub struct PathMatchSpec {
+pub(super) struct PathMatchSpec {
     #[serde(rename = "type")]
     pub type_: Option<String>,
     pub value: Option<String>,
@@ -135,7 +135,7 @@ pub struct PathMatchSpec {
 
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(default)]
-pub struct ValueMatchSpec {
+pub(super) struct ValueMatchSpec {
     #[serde(rename = "type")]
     pub type_: Option<String>,
     pub name: String,
@@ -144,7 +144,7 @@ pub struct ValueMatchSpec {
 
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
-pub struct HttpMatchSpec {
+pub(super) struct HttpMatchSpec {
     pub path: Option<PathMatchSpec>,
     pub headers: Vec<ValueMatchSpec>,
     pub query_params: Vec<ValueMatchSpec>,
@@ -153,7 +153,7 @@ pub struct HttpMatchSpec {
 
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(default)]
-pub struct GrpcMethodSpec {
+pub(super) struct GrpcMethodSpec {
     #[serde(rename = "type")]
     pub type_: Option<String>,
     pub service: Option<String>,
@@ -162,21 +162,21 @@ pub struct GrpcMethodSpec {
 
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(default)]
-pub struct GrpcMatchSpec {
+pub(super) struct GrpcMatchSpec {
     pub method: Option<GrpcMethodSpec>,
     pub headers: Vec<ValueMatchSpec>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
-pub struct TimeoutsSpec {
+pub(super) struct TimeoutsSpec {
     pub request: Option<String>,
     pub backend_request: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(default)]
-pub struct RetrySpec {
+pub(super) struct RetrySpec {
     pub attempts: Option<i32>,
     pub codes: Vec<i32>,
     pub backoff: Option<String>,
@@ -186,7 +186,7 @@ pub struct RetrySpec {
 /// converted to HTTP matches before this point).
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
-pub struct HttpRuleSpec {
+pub(super) struct HttpRuleSpec {
     pub name: Option<String>,
     pub matches: Vec<HttpMatchSpec>,
     pub filters: Vec<FilterSpec>,
@@ -197,7 +197,7 @@ pub struct HttpRuleSpec {
 
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
-pub struct GrpcRuleSpec {
+pub(super) struct GrpcRuleSpec {
     pub name: Option<String>,
     pub matches: Vec<GrpcMatchSpec>,
     pub filters: Vec<FilterSpec>,
@@ -206,7 +206,7 @@ pub struct GrpcRuleSpec {
 
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
-pub struct L4RuleSpec {
+pub(super) struct L4RuleSpec {
     pub name: Option<String>,
     pub backend_refs: Vec<BackendRefSpec>,
 }
@@ -214,7 +214,7 @@ pub struct L4RuleSpec {
 /// The spec of any route kind: hostnames, parents and rules of type `R`.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
-pub struct RouteSpec<R> {
+pub(super) struct RouteSpec<R> {
     pub hostnames: Vec<String>,
     pub parent_refs: Vec<ParentRefSpec>,
     pub rules: Vec<R>,

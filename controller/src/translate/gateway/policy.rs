@@ -57,7 +57,7 @@ impl Policies {
 }
 
 /// Validate every BackendTLSPolicy.
-pub fn collect(b: &Builder<'_>) -> Policies {
+pub(super) fn collect(b: &Builder<'_>) -> Policies {
     let mut out = Policies::default();
     let mut policies: Vec<&BackendTlsPolicy> = b
         .snapshot
@@ -182,7 +182,7 @@ fn tls_of(b: &Builder<'_>, ns: &str, p: &BackendTlsPolicy) -> Result<BackendTls,
 }
 
 /// Write the status of every policy that a Gateway of ours reached.
-pub fn statuses(b: &mut Builder<'_>, policies: &Policies) {
+pub(super) fn statuses(b: &mut Builder<'_>, policies: &Policies) {
     let mut by_policy: BTreeMap<(String, String), Result<(), Problem>> = BTreeMap::new();
     for list in policies.targets.values() {
         for t in list {

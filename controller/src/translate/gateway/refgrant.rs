@@ -4,7 +4,7 @@
 use crate::translate::Snapshot;
 
 /// A cross-namespace reference to check.
-pub struct Reference<'a> {
+pub(super) struct Reference<'a> {
     pub from_group: &'a str,
     pub from_kind: &'a str,
     pub from_namespace: &'a str,
@@ -16,7 +16,7 @@ pub struct Reference<'a> {
 
 /// True when the reference stays in its namespace or a ReferenceGrant in the target
 /// namespace allows it.
-pub fn permitted(snapshot: &Snapshot, r: &Reference<'_>) -> bool {
+pub(super) fn permitted(snapshot: &Snapshot, r: &Reference<'_>) -> bool {
     if r.from_namespace == r.to_namespace {
         return true;
     }

@@ -18,11 +18,11 @@ use std::collections::BTreeSet;
 use sweety_config::{L4Route, Route};
 
 /// Gateway API tie-break: creation time, namespace, name, then rule index.
-pub type SortKey = (String, String, String, usize);
+pub(super) type SortKey = (String, String, String, usize);
 
 /// An HTTP route placed on one Gateway listener.
 #[derive(Clone)]
-pub struct HttpEntry {
+pub(super) struct HttpEntry {
     pub gw: usize,
     pub listener: usize,
     pub hostnames: Vec<String>,
@@ -32,7 +32,7 @@ pub struct HttpEntry {
 
 /// An L4 route placed on one Gateway listener.
 #[derive(Clone)]
-pub struct L4Entry {
+pub(super) struct L4Entry {
     pub gw: usize,
     pub listener: usize,
     pub key: SortKey,
@@ -41,19 +41,19 @@ pub struct L4Entry {
 
 /// What the routes contribute to the config.
 #[derive(Default)]
-pub struct Collected {
+pub(super) struct Collected {
     pub http: Vec<HttpEntry>,
     pub l4: Vec<L4Entry>,
 }
 
 /// A rule translated independently of where it attaches.
-pub enum Rule {
+pub(super) enum Rule {
     Http(Box<http::RuleResult>),
     L4(Option<L4Route>),
 }
 
 /// Result of translating all rules of a route.
-pub struct Rules {
+pub(super) struct Rules {
     pub rules: Vec<Rule>,
     pub unresolved: Vec<(&'static str, String)>,
     pub unsupported: Vec<String>,
@@ -76,7 +76,7 @@ pub(super) fn meta_key(m: &ObjectMeta) -> (String, String, String) {
 }
 
 /// Translate every route kind.
-pub fn translate(
+pub(super) fn translate(
     b: &mut Builder<'_>,
     gateways: &mut [OwnedGateway],
     policies: &mut Policies,

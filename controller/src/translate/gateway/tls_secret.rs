@@ -8,7 +8,7 @@ use super::refgrant::{self, Reference};
 use crate::translate::Snapshot;
 
 /// The parts of a `SecretObjectReference` (group, kind and namespace as written, or absent).
-pub struct SecretRef<'a> {
+pub(super) struct SecretRef<'a> {
     pub group: Option<&'a str>,
     pub kind: Option<&'a str>,
     pub namespace: Option<&'a str>,
@@ -17,7 +17,7 @@ pub struct SecretRef<'a> {
 
 /// Why a reference does not resolve.
 #[derive(Debug, PartialEq, Eq)]
-pub enum RefError {
+pub(super) enum RefError {
     /// Not the core `Secret` kind; carries `group` and `kind` as the reference gave them.
     NotASecret { group: String, kind: String },
     /// In another namespace without a ReferenceGrant.
@@ -31,7 +31,7 @@ pub enum RefError {
 impl RefError {
     /// The condition reason and message for the reference `field` (e.g. `certificateRef`) to
     /// Secret `namespace/name`; `invalid` is the field's reason for a bad reference.
-    pub fn problem(
+    pub(super) fn problem(
         &self,
         field: &str,
         invalid: &'static str,
@@ -71,13 +71,13 @@ impl RefError {
 }
 
 /// A resolved Secret: the PEM texts of its `tls.crt` and `tls.key`.
-pub struct TlsPair {
+pub(super) struct TlsPair {
     pub cert: String,
     pub key: String,
 }
 
 /// Resolve `r`, written in a `from_kind` object of namespace `ns`.
-pub fn resolve(
+pub(super) fn resolve(
     snapshot: &Snapshot,
     from_kind: &str,
     ns: &str,

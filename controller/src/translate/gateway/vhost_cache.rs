@@ -68,9 +68,11 @@ struct RouteMemo {
 /// What a [`VhostMemo::sync`] changed in the output.
 #[derive(Default)]
 pub struct Changes {
-    /// Names of listeners, virtual hosts and backends added, replaced or removed.
+    /// Names of listeners added, replaced or removed.
     pub listeners: BTreeSet<String>,
+    /// Names of virtual hosts added, replaced or removed.
     pub virtual_hosts: BTreeSet<String>,
+    /// Names of backends added, replaced or removed.
     pub backends: BTreeSet<String>,
     /// Statuses set (Some) or removed (None), in order.
     pub statuses: Vec<(ObjectKey, Option<ObjectStatus>)>,
@@ -130,13 +132,15 @@ pub struct VhostMemo {
     /// Keys of the BackendTLSPolicy statuses last written.
     policy_keys: BTreeSet<ObjectKey>,
     epoch: u64,
-    /// The emitted Gateway listeners and virtual hosts.
+    /// The emitted Gateway listeners, by name.
     pub listeners: BTreeMap<String, Item<Listener>>,
+    /// The emitted Gateway virtual hosts, by name.
     pub virtual_hosts: BTreeMap<String, Item<VirtualHost>>,
     /// The per-Gateway Services (sorted by name).
     pub gateway_services: Vec<GatewayService>,
-    /// Route objects translated / found unchanged by the last sync.
+    /// Route objects translated by the last sync.
     pub translated: usize,
+    /// Route objects the last sync found unchanged (their output reused).
     pub reused: usize,
 }
 
@@ -528,13 +532,7 @@ impl VhostMemo {
                 .gateways
                 .iter()
                 .zip(&self.layout)
-                .filter_map(|(gw, lay)| {
-                    emit::service(
-                        gw,
-                        lay.service_ports.clone(),
-                        &b.params.gateway_service_type,
-                    )
-                })
+                .filter_map(|(gw, lay)| emit::service(gw, lay.service_ports.clone(), b.params))
                 .collect();
             self.gateway_services.sort_by(|a, b| a.name.cmp(&b.name));
         }

@@ -51,17 +51,29 @@ pub const PREFIX: &str = "nginx.ingress.kubernetes.io/";
 /// The annotations of one Ingress that change its translation.
 #[derive(Clone, Debug, Default)]
 pub struct Annotations {
+    /// `use-regex`: the Ingress's paths are regular expressions.
     pub use_regex: bool,
+    /// `rewrite-target`: the path the backend receives, with `$n` capture references.
     pub rewrite_target: Option<String>,
+    /// `ssl-redirect`: plain-HTTP requests for a host with TLS go to HTTPS.
     pub ssl_redirect: bool,
+    /// `force-ssl-redirect`: plain-HTTP requests go to HTTPS even without TLS on the Ingress.
     pub force_ssl_redirect: bool,
+    /// `backend-protocol`: how the backend is spoken to (HTTP, HTTPS, GRPC, GRPCS, H2C).
     pub backend_protocol: Option<BackendProtocol>,
+    /// `enable-cors` and the `cors-*` settings.
     pub cors: Option<Cors>,
+    /// `permanent-redirect` / `temporal-redirect`: answer every path with this redirect.
     pub redirect: Option<Redirect>,
+    /// `app-root`: where a request for `/` is redirected.
     pub app_root: Option<String>,
+    /// `proxy-read-timeout` + `proxy-connect-timeout`, as the route's request timeout.
     pub backend_timeout: Option<Duration>,
+    /// `canary`: this Ingress is a weighted variant of another Ingress's paths.
     pub canary: bool,
+    /// `canary-weight`: the canary's share, out of `canary_weight_total`.
     pub canary_weight: u32,
+    /// `canary-weight-total`: the whole of the weights (default 100).
     pub canary_weight_total: u32,
     /// `limit-rps` / `limit-rpm`, per client IP.
     pub rate_limits: Vec<RateLimit>,

@@ -69,7 +69,7 @@ fn settings() -> Settings {
 
 /// Runs one input (options byte, then the client's bytes) and returns what the server wrote,
 /// after checking it.
-pub fn run(data: &[u8]) -> Vec<u8> {
+pub(crate) fn run(data: &[u8]) -> Vec<u8> {
     let Some((&opts, input)) = data.split_first() else {
         return Vec::new();
     };

@@ -21,7 +21,9 @@ use bytes::{BufMut, BytesMut};
 /// One header field, borrowed for the duration of a [`Decoder::decode`] callback.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Field<'a> {
+    /// Field name as sent (lowercase is checked by the caller, not here).
     pub name: &'a [u8],
+    /// Field value as sent, Huffman-decoded if it was coded.
     pub value: &'a [u8],
     /// Sent as "never indexed" (RFC 7541 §6.2.3): an intermediary must forward it the same way.
     pub sensitive: bool,
@@ -34,26 +36,53 @@ pub struct Field<'a> {
 /// ([`HpackError::Poisoned`]). See [`HpackError::is_connection_error`].
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum HpackError {
+    /// The block ended inside a field representation or an integer.
     #[error("HPACK: header block ends in the middle of a field representation")]
     Truncated,
+    /// A prefixed integer (index, length or size) needs more than 32 bits.
     #[error("HPACK: integer does not fit 32 bits")]
     IntegerOverflow,
+    /// An indexed field or name refers to no table entry.
     #[error("HPACK: index {index} is not in the static table or the dynamic table ({dynamic_len} entries)")]
-    InvalidIndex { index: usize, dynamic_len: usize },
+    InvalidIndex {
+        /// The index the block used.
+        index: usize,
+        /// Entries in the dynamic table at that point.
+        dynamic_len: usize,
+    },
+    /// A Huffman-coded string decodes the end-of-string symbol (RFC 7541 §5.2).
     #[error("HPACK: Huffman-coded string contains EOS")]
     HuffmanEos,
+    /// A Huffman-coded string is padded with a whole octet or more (RFC 7541 §5.2).
     #[error("HPACK: Huffman-coded string has more than 7 bits of padding")]
     HuffmanPaddingTooLong,
+    /// A Huffman-coded string's padding is not the EOS prefix, or the string stops mid-code.
     #[error("HPACK: Huffman-coded string has padding that is not the high bits of EOS (all ones), or ends inside a code")]
     HuffmanPaddingNotOnes,
+    /// A dynamic table size update above the limit our SETTINGS allow.
     #[error("HPACK: dynamic table size update to {size} exceeds the advertised limit {max}")]
-    SizeUpdateTooLarge { size: usize, max: usize },
+    SizeUpdateTooLarge {
+        /// The size the update asked for.
+        size: usize,
+        /// Our SETTINGS_HEADER_TABLE_SIZE.
+        max: usize,
+    },
+    /// A size update follows a field in the block (RFC 7541 §4.2 puts it first).
     #[error("HPACK: dynamic table size update after a field representation in the same block")]
     SizeUpdateNotAtStart,
+    /// We lowered the table size, and the next block does not acknowledge it with an update.
     #[error("HPACK: header table size was lowered to {max}, but the block does not start with a size update to at most {max}")]
-    SizeUpdateMissing { max: usize },
+    SizeUpdateMissing {
+        /// The lowered SETTINGS_HEADER_TABLE_SIZE.
+        max: usize,
+    },
+    /// The decoded header list exceeds our limit; only this request is refused.
     #[error("header list exceeds {max} octets (RFC 9113 §6.5.2: name + value + 32 per field)")]
-    ListTooLarge { max: usize },
+    ListTooLarge {
+        /// The limit, in RFC 9113 §6.5.2 octets.
+        max: usize,
+    },
+    /// A block was given to a decoder that already failed: its table is out of sync.
     #[error("HPACK: decoder used after a compression error; the connection must be closed")]
     Poisoned,
 }
@@ -636,6 +665,7 @@ pub struct Encoder {
 }
 
 impl Encoder {
+    /// An encoder whose first block tells the peer's decoder to shrink its table to zero.
     pub fn new() -> Self {
         Self::default()
     }
