@@ -39,10 +39,10 @@ async fn closed_within(s: &mut TcpStream, within: Duration) -> bool {
     .is_ok()
 }
 
-#[tokio::test]
-async fn hostile_slow_readers_hold_their_share_and_a_normal_client_is_served() {
+/// A static site with `big.bin` (48 MiB: far more than the socket buffers of both ends take)
+/// and `small.txt` (`small\n`), served by a config of one plain HTTP listener.
+fn big_site() -> (tempfile::TempDir, Config) {
     let dir = tempfile::tempdir().unwrap();
-    // Far more than the socket buffers of both ends take.
     std::fs::write(dir.path().join("big.bin"), vec![7u8; 48 << 20]).unwrap();
     std::fs::write(dir.path().join("small.txt"), b"small\n").unwrap();
     let route = Route {
@@ -57,7 +57,12 @@ async fn hostile_slow_readers_hold_their_share_and_a_normal_client_is_served() {
         }),
         ..fixed_route("files", "/", "")
     };
-    let mut cfg = http_config(vec![vhost("v", &[], vec![route])]);
+    (dir, http_config(vec![vhost("v", &[], vec![route])]))
+}
+
+#[tokio::test]
+async fn hostile_slow_readers_hold_their_share_and_a_normal_client_is_served() {
+    let (_dir, mut cfg) = big_site();
     cfg.limits.max_requests_in_flight = 6;
     cfg.limits.queue_timeout = sweety_config::Duration::from_millis(50);
     cfg.limits.max_connections_per_client = 4;
@@ -314,22 +319,7 @@ async fn h2_hostile_slow_readers_hold_their_share_on_both_engines() {
 }
 
 async fn h2_slow_readers(engine: Http2Engine) {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("big.bin"), vec![7u8; 48 << 20]).unwrap();
-    std::fs::write(dir.path().join("small.txt"), b"small\n").unwrap();
-    let route = Route {
-        action: Action::Static(StaticSite {
-            root: dir.path().to_path_buf(),
-            index: vec![],
-            try_files: vec![],
-            precompressed: false,
-            cache_control: None,
-            strip_prefix: None,
-            hide_dotfiles: true,
-        }),
-        ..fixed_route("files", "/", "")
-    };
-    let mut cfg = http_config(vec![vhost("v", &[], vec![route])]);
+    let (_dir, mut cfg) = big_site();
     cfg.limits.http2_engine = engine;
     cfg.limits.max_connections_per_client = 2;
     cfg.limits.max_requests_per_client = 3;

@@ -73,15 +73,24 @@ async fn pipe_driver_with(
     client
 }
 
+/// The first complete frame in `buf`, taken out of it.
+fn take_frame(buf: &mut BytesMut) -> Option<(Head, Bytes)> {
+    if buf.len() < HEADER_LEN {
+        return None;
+    }
+    let h = Head::parse(buf);
+    if buf.len() < HEADER_LEN + h.len as usize {
+        return None;
+    }
+    let mut f = buf.split_to(HEADER_LEN + h.len as usize);
+    f.advance(HEADER_LEN);
+    Some((h, f.freeze()))
+}
+
 async fn read_frame(c: &mut tokio::io::DuplexStream, buf: &mut BytesMut) -> Option<(Head, Bytes)> {
     loop {
-        if buf.len() >= HEADER_LEN {
-            let h = Head::parse(buf);
-            if buf.len() >= HEADER_LEN + h.len as usize {
-                let mut f = buf.split_to(HEADER_LEN + h.len as usize);
-                f.advance(HEADER_LEN);
-                return Some((h, f.freeze()));
-            }
+        if let Some(f) = take_frame(buf) {
+            return Some(f);
         }
         let read = tokio::time::timeout(Duration::from_secs(10), c.read_buf(buf));
         if read.await.expect("a frame in time").ok()? == 0 {
@@ -1213,27 +1222,22 @@ async fn watch(
         c.write_all(&out).await.unwrap();
         // Frames that arrive within 10 ms.
         loop {
-            if buf.len() >= HEADER_LEN {
-                let h = Head::parse(buf);
-                if buf.len() >= HEADER_LEN + h.len as usize {
-                    let mut f = buf.split_to(HEADER_LEN + h.len as usize);
-                    f.advance(HEADER_LEN);
-                    if h.kind == kind::GOAWAY {
-                        panic!("the connection ended: {:?}", &f[..]);
-                    }
-                    if h.stream == id && h.kind == kind::DATA {
-                        o.data += f.len();
-                        o.ended = h.has(flag::END_STREAM);
-                    }
-                    if h.stream == id && h.kind == kind::RST_STREAM {
-                        o.reset = Some(Reason(u32::from_be_bytes([f[0], f[1], f[2], f[3]])));
-                    }
-                    if o.ended || o.reset.is_some() {
-                        o.after = start.elapsed();
-                        return o;
-                    }
-                    continue;
+            if let Some((h, f)) = take_frame(buf) {
+                if h.kind == kind::GOAWAY {
+                    panic!("the connection ended: {:?}", &f[..]);
                 }
+                if h.stream == id && h.kind == kind::DATA {
+                    o.data += f.len();
+                    o.ended = h.has(flag::END_STREAM);
+                }
+                if h.stream == id && h.kind == kind::RST_STREAM {
+                    o.reset = Some(Reason(u32::from_be_bytes([f[0], f[1], f[2], f[3]])));
+                }
+                if o.ended || o.reset.is_some() {
+                    o.after = start.elapsed();
+                    return o;
+                }
+                continue;
             }
             let read = tokio::time::timeout(Duration::from_millis(10), c.read_buf(buf));
             match read.await {
