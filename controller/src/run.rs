@@ -126,9 +126,7 @@ pub async fn run(
         is_leader.clone(),
         metrics.clone(),
     )));
-    metrics
-        .leader
-        .store(u64::from(*is_leader.borrow()), Ordering::Relaxed);
+    metrics.leader.set(u64::from(*is_leader.borrow()));
     let mut shutdown = std::pin::pin!(shutdown);
     let mut tick = tokio::time::interval(Duration::from_secs(5));
     let mut cause: Option<&'static str> = Some("start");
@@ -208,11 +206,11 @@ pub async fn run(
                 if changed.is_err() {
                     tracing::warn!("the leader election task ended; no longer writing");
                     leader_open = false;
-                    metrics.leader.store(0, Ordering::Relaxed);
+                    metrics.leader.set(0);
                     continue;
                 }
                 let leading = *is_leader.borrow_and_update();
-                metrics.leader.store(leading as u64, Ordering::Relaxed);
+                metrics.leader.set(leading as u64);
                 if leading {
                     tracing::info!("acquired the leader lease; writing statuses and Services");
                 } else {
@@ -280,15 +278,13 @@ fn reconcile(
     let fallback_before = cache.unsupported();
     let output = cache.update(&snapshot, params);
     metrics.translate_duration.observe(started.elapsed());
-    metrics.translates.fetch_add(1, Ordering::Relaxed);
+    metrics.translates.inc();
     if let Err(e) = write_static_content(&params.content_dir, &output.static_content) {
         tracing::warn!(error = %e, "writing static content failed");
         metrics.error(e.kind());
     }
     collect_static_garbage(&params.content_dir, &output.static_content);
-    metrics
-        .config_bytes
-        .store(output.config.json_len() as u64, Ordering::Relaxed);
+    metrics.config_bytes.set(output.config.json_len() as u64);
     // Bursts are coalesced here (the debounce above); the pusher sends at once.
     let generation = pusher.submit(output.config.clone());
     // After the push: the statuses go to the worker (it keeps what changed; the translate
@@ -298,9 +294,11 @@ fn reconcile(
     // The cache lives as long as the process: its totals are the counters.
     metrics
         .full_translates
+        .inner()
         .store(cache.full_translates(), Ordering::Relaxed);
     metrics
         .plain_translates
+        .inner()
         .store(cache.plain_translates(), Ordering::Relaxed);
     match (fallback_before, cache.unsupported()) {
         (before, Some(cause)) if before != Some(cause) => tracing::info!(

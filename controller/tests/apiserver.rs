@@ -2941,11 +2941,7 @@ async fn status_worker_is_rate_limited_and_catches_up_after_regaining_the_lease(
     let started = std::time::Instant::now();
     let running = RunLoop::start(&client, options, dataplane.socket.clone());
     let metrics = running.health.metrics.clone();
-    let writes = || {
-        metrics
-            .status_writes
-            .load(std::sync::atomic::Ordering::Relaxed)
-    };
+    let writes = || metrics.status_writes.get();
     let all_programmed = |generation: i64| {
         let sites = sites.clone();
         async move {

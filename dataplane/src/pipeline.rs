@@ -38,6 +38,12 @@ use sweety_config::Action;
 /// Route label used when no route matched.
 pub const NO_ROUTE: &str = "-";
 
+/// The backend label of a response no backend made.
+fn no_backend() -> &'static Arc<str> {
+    static NONE: std::sync::OnceLock<Arc<str>> = std::sync::OnceLock::new();
+    NONE.get_or_init(|| Arc::from(crate::metrics::NO_BACKEND))
+}
+
 /// Serves one request through every phase. Never fails: every problem becomes a response.
 pub async fn handle(
     shared: Arc<Shared>,
@@ -251,13 +257,23 @@ async fn serve(
 
     // 7. account
     let status = resp.status().as_u16();
-    shared.metrics.record_request(
-        &ctx.conn.listener,
-        &route_name,
-        status,
-        protocol,
-        start.elapsed(),
-    );
+    {
+        // The backend that answered, as the proxy phase left it (none: static content,
+        // redirects, cache hits, refusals).
+        let upstream = resp.extensions().get::<crate::proxy::UpstreamServed>();
+        shared.metrics.record_request(
+            &crate::metrics::Record {
+                listener: &ctx.conn.listener,
+                route: &route_name,
+                backend: upstream.map_or(no_backend(), |u| &u.backend),
+                method: crate::metrics::method_index(&method),
+                status,
+                elapsed: start.elapsed(),
+                upstream: upstream.and_then(|u| u.header_time),
+            },
+            protocol,
+        );
+    }
     let mut permit = permit;
     if let Some(slot) = resp
         .extensions_mut()

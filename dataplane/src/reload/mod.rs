@@ -220,6 +220,7 @@ impl Runtime {
     /// error nothing changes and the last good config keeps serving. Every call is counted
     /// once in the reload metrics.
     pub async fn apply(&self, change: impl Into<Change>) -> Result<(), ApplyError> {
+        let started = std::time::Instant::now();
         let result = match change.into() {
             Change::File(config) => self.apply_config(&config, None, None, None).await,
             Change::Full { generation, config } => self.apply_full(generation, config).await,
@@ -229,6 +230,19 @@ impl Runtime {
                 delta,
             } => self.apply_delta(generation, base, *delta).await,
         };
+        let m = &self.shared.metrics;
+        m.config_apply.0.observe(started.elapsed());
+        if result.is_ok() && m.backend_labels_full() {
+            let snap = self.shared.snapshot();
+            m.retain_backend_labels(&snap.upstreams.names().collect());
+        }
+        if result.is_ok() && m.requests.full() {
+            // Over a label cap: free the labels of routes this config no longer has.
+            let snap = self.shared.snapshot();
+            let live: std::collections::HashSet<&str> =
+                snap.routes.entries().map(|e| &*e.name).collect();
+            m.requests.retain_routes(&live);
+        }
         self.counted(result)
     }
 
