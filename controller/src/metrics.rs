@@ -144,6 +144,12 @@ pub struct Metrics {
     pub status_writes: Counter,
     /// 1 while this replica holds the leader lease.
     pub leader: Gauge<u64, AtomicU64>,
+    /// Highest config generation submitted to the pusher.
+    pub submitted_generation: Gauge<u64, AtomicU64>,
+    /// Generation the dataplane last reported running (Ack or Hello).
+    pub acked_generation: Gauge<u64, AtomicU64>,
+    /// 1 while the pusher is connected to the dataplane.
+    pub dataplane_connected: Gauge<u64, AtomicU64>,
     /// Objects in the last snapshot, by kind.
     objects: Family<Label, Gauge>,
     /// Errors by `Error::kind()`.
@@ -169,6 +175,9 @@ impl Default for Metrics {
             config_bytes: Gauge::default(),
             status_writes: Counter::default(),
             leader: Gauge::default(),
+            submitted_generation: Gauge::default(),
+            acked_generation: Gauge::default(),
+            dataplane_connected: Gauge::default(),
             objects: Family::default(),
             errors: Family::default(),
             registry: Registry::default(),
@@ -244,6 +253,21 @@ impl Default for Metrics {
             "sweety_controller_leader",
             "1 while this replica holds the leader lease.",
             m.leader.clone(),
+        );
+        r.register(
+            "sweety_controller_submitted_generation",
+            "Highest config generation submitted for the dataplane.",
+            m.submitted_generation.clone(),
+        );
+        r.register(
+            "sweety_controller_acked_generation",
+            "Config generation the dataplane last reported running (Ack or Hello).",
+            m.acked_generation.clone(),
+        );
+        r.register(
+            "sweety_controller_dataplane_connected",
+            "1 while the controller is connected to the dataplane's control socket.",
+            m.dataplane_connected.clone(),
         );
         r.register(
             "sweety_controller_objects",

@@ -231,6 +231,9 @@ pub async fn run(
 
 /// Record the push latencies of the last submitted generation once the dataplane acked it.
 fn record_ack(state: &crate::push::PushState, last: &mut Option<Submitted>, metrics: &Metrics) {
+    metrics.submitted_generation.set(state.submitted);
+    metrics.acked_generation.set(state.acked);
+    metrics.dataplane_connected.set(u64::from(state.connected));
     let Some(s) = last.as_mut().filter(|s| !s.recorded) else {
         return;
     };
@@ -523,6 +526,22 @@ mod tests {
         record_ack(&state(4, t0 + ms(90)), &mut last, &metrics);
         assert_eq!(metrics.push_latency.count(), 1);
         assert_eq!(metrics.event_to_ack.count(), 1);
+        // The gauges follow every push-state change: an alert compares them.
+        let behind = crate::push::PushState {
+            connected: true,
+            submitted: 6,
+            acked: 4,
+            ..Default::default()
+        };
+        record_ack(&behind, &mut last, &metrics);
+        let text = metrics.render();
+        for line in [
+            "sweety_controller_submitted_generation 6\n",
+            "sweety_controller_acked_generation 4\n",
+            "sweety_controller_dataplane_connected 1\n",
+        ] {
+            assert!(text.contains(line), "{line} not in {text}");
+        }
     }
 
     #[test]

@@ -332,3 +332,55 @@ async fn dashboard_and_alert_rules_name_only_exposed_dataplane_metrics() {
     }
     assert!(checked > 0);
 }
+
+#[tokio::test]
+async fn tls_handshakes_errors_and_certificate_expiry_by_listener() {
+    let (cert, ca) = cert_for("shop.test");
+    let mut tls = listener("websecure", ListenerProtocol::Https);
+    tls.tls = Some(ListenerTls {
+        certificates: vec![cert],
+        min_version: TlsVersion::default(),
+        client_auth: None,
+    });
+    let cfg = Config {
+        generation: 1,
+        listeners: vec![tls],
+        virtual_hosts: vec![vhost(
+            "shop",
+            &["shop.test"],
+            vec![fixed_route("default/static", "/", "hello")],
+        )],
+        ..Config::default()
+    };
+    let h = Harness::start(cfg).await;
+    let addr = h.addr("websecure").await;
+    let admin = sweety_dataplane::admin::serve(h.runtime.shared.clone(), "127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    for _ in 0..2 {
+        let (_, status, _) = tls_get(addr, "shop.test", &ca, &[b"http/1.1"], "/").await.unwrap();
+        assert_eq!(status, 200);
+    }
+    // A client that does not speak TLS: one failed handshake.
+    {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"GET / HTTP/1.1\r\nhost: shop.test\r\n\r\n").await.unwrap();
+        let mut buf = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut buf)).await;
+    }
+    let text = scrape(admin).await;
+    let expiry = sweety_dataplane::tls::not_after(ca.as_bytes()).unwrap();
+    for line in [
+        "sweety_tls_handshakes_total{listener=\"websecure\",transport=\"tcp\",version=\"TLSv1.3\"} 2".to_string(),
+        "sweety_tls_handshake_errors_total{listener=\"websecure\",transport=\"tcp\",reason=\"error\"} 1".to_string(),
+        format!("sweety_tls_certificate_expiry_timestamp_seconds{{listener=\"websecure\",hostname=\"shop.test\"}} {expiry}"),
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line} not in\n{text}");
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    assert!(expiry > now, "a fresh certificate expires in the future");
+}

@@ -253,14 +253,31 @@ async fn serve_conn(
                 Ok(Ok(s)) => s,
                 Ok(Err(e)) => {
                     tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                    shared
+                        .metrics
+                        .tls_handshake_errors
+                        .inc(&(view.name.clone(), "tcp", "error"));
                     return;
                 }
                 Err(_) => {
                     shared.metrics.limit_hit("tls_handshake_timeout");
+                    shared
+                        .metrics
+                        .tls_handshake_errors
+                        .inc(&(view.name.clone(), "tcp", "timeout"));
                     return;
                 }
             };
             let (_, session) = tls.get_ref();
+            let version = match session.protocol_version() {
+                Some(rustls::ProtocolVersion::TLSv1_3) => "TLSv1.3",
+                Some(rustls::ProtocolVersion::TLSv1_2) => "TLSv1.2",
+                _ => "other",
+            };
+            shared
+                .metrics
+                .tls_handshakes
+                .inc(&(view.name.clone(), "tcp", version));
             let sni = session
                 .server_name()
                 .map(|s| Arc::<str>::from(s.to_ascii_lowercase()));

@@ -171,6 +171,15 @@ pub struct Metrics {
     backend_labels: Mutex<HashSet<Arc<str>>>,
     /// Time each config apply took (validate, build, bind, swap), success or not.
     pub config_apply: ApplyHistogram,
+    /// TLS handshakes completed, by listener, transport (`tcp`, `quic`) and version.
+    pub tls_handshakes: LabeledCounter<(Arc<str>, &'static str, &'static str)>,
+    /// TLS handshakes failed, by listener, transport and reason (`error`, `timeout`).
+    pub tls_handshake_errors: LabeledCounter<(Arc<str>, &'static str, &'static str)>,
+    /// HTTP/3 requests received in 0-RTT early data, by listener.
+    pub early_data_requests: LabeledCounter<Arc<str>>,
+    /// End of validity of the served certificates: (listener, first hostname, Unix seconds),
+    /// at most [`MAX_CERTIFICATES`], set by each full config apply.
+    pub certificates: Mutex<Vec<(String, String, i64)>>,
     /// Generation of the config being served.
     pub config_generation: AtomicU64,
     /// Successful config reloads.
@@ -192,6 +201,9 @@ pub struct Metrics {
     /// Open WebSocket (upgrade) tunnels.
     pub websocket_tunnels: AtomicI64,
 }
+
+/// Most certificates in `sweety_tls_certificate_expiry_timestamp_seconds`.
+pub const MAX_CERTIFICATES: usize = 500;
 
 /// The config apply latency histogram.
 #[derive(Debug)]
@@ -451,6 +463,60 @@ impl Metrics {
             "Time one config apply took (validate, build, bind, swap), success or not.",
         )
         .sample(Vec::new(), self.config_apply.0.value());
+        let f = e.family(
+            "sweety_tls_handshakes_total",
+            MetricType::Counter,
+            "TLS handshakes completed, by listener, transport (tcp, quic) and TLS version.",
+        );
+        for ((l, t, v), n) in self.tls_handshakes.snapshot() {
+            f.sample(
+                vec![
+                    ("listener", l.to_string()),
+                    ("transport", t.into()),
+                    ("version", v.into()),
+                ],
+                Value::Counter(n),
+            );
+        }
+        let f = e.family(
+            "sweety_tls_handshake_errors_total",
+            MetricType::Counter,
+            "TLS handshakes failed, by listener, transport and reason (error, timeout).",
+        );
+        for ((l, t, r), n) in self.tls_handshake_errors.snapshot() {
+            f.sample(
+                vec![
+                    ("listener", l.to_string()),
+                    ("transport", t.into()),
+                    ("reason", r.into()),
+                ],
+                Value::Counter(n),
+            );
+        }
+        let f = e.family(
+            "sweety_http3_early_data_requests_total",
+            MetricType::Counter,
+            "HTTP/3 requests received in 0-RTT early data, by listener.",
+        );
+        for (l, n) in self.early_data_requests.snapshot() {
+            f.sample(vec![("listener", l.to_string())], Value::Counter(n));
+        }
+        let f = e.family(
+            "sweety_tls_certificate_expiry_timestamp_seconds",
+            MetricType::Gauge,
+            "End of validity (Unix time) of each served certificate, by listener and its first hostname.",
+        );
+        for (l, h, t) in self
+            .certificates
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+        {
+            f.sample(
+                vec![("listener", l.clone()), ("hostname", h.clone())],
+                Value::Gauge(*t),
+            );
+        }
         e.counter(
             "sweety_access_log_dropped_total",
             "Access log lines dropped because the writer fell behind.",

@@ -268,6 +268,32 @@ impl Runtime {
         result
     }
 
+    /// Records the end of validity of every certificate `config` serves, for the metrics.
+    fn record_certificates(&self, config: &Config) {
+        let mut out = Vec::new();
+        for l in &config.listeners {
+            let Some(tls) = &l.tls else { continue };
+            for c in &tls.certificates {
+                let at = crate::tls::read_pem(&c.cert, "")
+                    .ok()
+                    .and_then(|pem| crate::tls::not_after(&pem));
+                if let Some(at) = at {
+                    let host = c.hostnames.first().cloned().unwrap_or_else(|| "-".into());
+                    out.push((l.name.clone(), host, at));
+                }
+            }
+        }
+        out.sort();
+        out.dedup();
+        out.truncate(crate::metrics::MAX_CERTIFICATES);
+        *self
+            .shared
+            .metrics
+            .certificates
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = out;
+    }
+
     /// Makes `snapshot` the serving one: from here new connections and requests use it. With
     /// `new_settings` the response cache bounds and the backpressure limits follow its
     /// settings first (a patch keeps the settings of the snapshot it replaces, so it leaves
@@ -275,6 +301,7 @@ impl Runtime {
     fn publish(&self, snapshot: Snapshot, new_settings: bool) {
         let generation = snapshot.config.generation;
         let limits = new_settings.then(|| {
+            self.record_certificates(&snapshot.config);
             self.shared.cache.configure(&snapshot.config.cache);
             snapshot.config.limits.clone()
         });
