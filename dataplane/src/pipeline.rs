@@ -384,11 +384,22 @@ async fn route_and_serve<'a>(
     ctx: &RequestCtx,
     req: Request<Body>,
 ) -> Served<'a> {
-    let a = match route(shared, snap, view, ctx, req) {
-        Routed::Answered(s) => return s,
-        Routed::Act(a) => return act(shared, snap, ctx, *a).await,
-        Routed::Auth(a) => *a,
-    };
+    match route(shared, snap, view, ctx, req) {
+        Routed::Answered(s) => s,
+        Routed::Act(a) => act(shared, snap, ctx, *a).await,
+        // Boxed: only requests to routes with authentication carry its future.
+        Routed::Auth(a) => Box::pin(authenticated(shared, snap, view, ctx, *a)).await,
+    }
+}
+
+/// Phase 4b (basic authentication), then the rest of phase 4 and the action.
+async fn authenticated<'a>(
+    shared: &Shared,
+    snap: &'a crate::state::Snapshot,
+    view: Option<&ListenerView>,
+    ctx: &RequestCtx,
+    a: Authenticating<'a>,
+) -> Served<'a> {
     if let Err(r) = a.auth.check(a.req.headers()).await {
         shared.metrics.edge_events.inc(&"auth_refused");
         let r = crate::access::hold(r, a.in_flight);
