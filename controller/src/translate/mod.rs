@@ -232,7 +232,7 @@ pub struct GatewayService {
     pub gateway_name: String,
     /// Namespace of the Service: the controller's, or the Gateway's.
     pub namespace: String,
-    /// Service name (`sweety-gw-<gateway namespace>-<gateway name>`, unique in either place).
+    /// Service name ([`addressing::service_name`]: `sweety-gw-<readable>-<hash of namespace/name>`).
     pub name: String,
     /// `Params::gateway_service_type` unless the GatewayClass parameters say otherwise.
     pub service_type: String,
