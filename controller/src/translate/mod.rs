@@ -69,8 +69,9 @@ use sweety_config::{Config, Listener, VirtualHost};
 pub struct Params {
     /// GatewayClass `spec.controllerName` we own.
     pub controller_name: String,
-    /// IngressClass name we serve (Ingresses naming it, or none when it is the default class).
-    pub ingress_class: String,
+    /// IngressClass names we serve (Ingresses naming one, or none when one is the default
+    /// class); only those whose `spec.controller` is [`Params::ingress_controller`] count.
+    pub ingress_classes: Vec<String>,
     /// IngressClass `spec.controller` we own.
     pub ingress_controller: String,
     /// Namespace of the controller (and of the dataplane Pods): per-Gateway Services are
@@ -183,7 +184,7 @@ impl Default for Params {
     fn default() -> Self {
         Params {
             controller_name: "sweety.dev/gateway-controller".into(),
-            ingress_class: "sweety".into(),
+            ingress_classes: vec!["sweety".into()],
             ingress_controller: "sweety.dev/ingress-controller".into(),
             namespace: "sweety".into(),
             ingress_service: Some("sweety".into()),
