@@ -1553,7 +1553,10 @@ async fn controller_works_with_only_the_charts_default_rbac() {
     )
     .await;
     let svc_name = svc.metadata.name.clone().unwrap();
-    assert_eq!(svc_name, format!("sweety-gw-{ns}-gw"));
+    assert_eq!(
+        svc_name,
+        sweety_controller::translate::addressing::service_name(&ns, "gw")
+    );
     fake_lb_address(&ctl_services, &svc_name, "192.0.2.51").await;
     let gateways: Api<gw::gateways::Gateway> = Api::namespaced(client.clone(), &ns);
     let gw_status = gateway_programmed(&gateways, "gw").await;
@@ -1596,6 +1599,196 @@ async fn controller_works_with_only_the_charts_default_rbac() {
     let _ = crb.delete(&user, &DeleteParams::default()).await;
     let _ = cr.delete(&user, &DeleteParams::default()).await;
     drop_namespace(&client, &ns).await;
+    drop_namespace(&client, &ctl).await;
+}
+
+/// Issue 17: per-Gateway Services share the controller's namespace, so their names must not
+/// let one tenant's Gateway take another's Service. Gateways `<ns>-a/web` and `<ns>/a-web`
+/// (one old-style name, `sweety-gw-<ns>-a-web`) get two Services, each with its own address;
+/// a Gateway whose Service name a hand-made Service holds is refused (`ServiceNameTaken`) and
+/// that Service is not adopted or changed; `sync` never rewrites an owned Service made for
+/// another Gateway either.
+#[tokio::test]
+#[ignore = "needs a kube-apiserver: SWEETY_KUBECONFIG (e2e/controller-it.sh)"]
+async fn lookalike_gateways_get_distinct_services_and_foreign_ones_are_left_alone() {
+    use sweety_controller::labels::GATEWAY_ANNOTATION;
+    use sweety_controller::run::RunOptions;
+    use sweety_controller::translate::addressing::service_name;
+    let _guard = LOCK.lock().await;
+    let client = cluster().await;
+    let ctl = namespace(&client, "lkctl").await;
+    let team = namespace(&client, "lk").await;
+    let team_a = format!("{team}-a");
+    create::<k8s_openapi::api::core::v1::Namespace>(
+        &Api::all(client.clone()),
+        json!({"metadata": {"name": team_a}}),
+    )
+    .await;
+    let class_name = format!("{team}-class");
+    create::<gw::gatewayclasses::GatewayClass>(
+        &Api::all(client.clone()),
+        json!({"metadata": {"name": class_name}, "spec": {"controllerName": CONTROLLER}}),
+    )
+    .await;
+    let ctl_services: Api<Service> = Api::namespaced(client.clone(), &ctl);
+    // A hand-made Service (the operator's) under the name Gateway <team>/squat would get.
+    let squat_svc = service_name(&team, "squat");
+    create(
+        &ctl_services,
+        json!({"metadata": {"name": squat_svc},
+               "spec": {"selector": {"app": "mine"}, "ports": [{"port": 8080}]}}),
+    )
+    .await;
+    let gateway = |name: &str| {
+        json!({"metadata": {"name": name},
+               "spec": {"gatewayClassName": class_name,
+                        "listeners": [{"name": "http", "port": 80, "protocol": "HTTP"}]}})
+    };
+    let team_a_gws: Api<gw::gateways::Gateway> = Api::namespaced(client.clone(), &team_a);
+    let team_gws: Api<gw::gateways::Gateway> = Api::namespaced(client.clone(), &team);
+    create(&team_a_gws, gateway("web")).await;
+    create(&team_gws, gateway("a-web")).await;
+    create(&team_gws, gateway("squat")).await;
+    // Two neighbouring free ports for the two Gateways that get a Service.
+    let gw_port = loop {
+        let p = free_port();
+        if p < u16::MAX && std::net::TcpListener::bind(("127.0.0.1", p + 1)).is_ok() {
+            break p;
+        }
+    };
+    let dataplane = InProcessDataplane::start();
+    let mut params = one_port_params(&ctl, gw_port, &dataplane);
+    params.gateway_port_max = gw_port + 1;
+    let options = RunOptions {
+        params,
+        watch: WatchOptions::default(),
+        debounce: Duration::from_millis(50),
+        lease: None,
+        initial_sync_timeout: Duration::from_secs(20),
+        status: Default::default(),
+    };
+    let running = RunLoop::start(&client, options, dataplane.socket.clone());
+    let web_svc = service_name(&team_a, "web");
+    let a_web_svc = service_name(&team, "a-web");
+    assert_ne!(web_svc, a_web_svc);
+    let owned = wait_for("both lookalike Gateways' Services", || async {
+        let list = ctl_services
+            .list(&ListParams::default().labels(GATEWAY_NAME_LABEL))
+            .await
+            .ok()?;
+        let mut v: Vec<(String, String)> = list
+            .items
+            .iter()
+            .map(|s| {
+                let gw = s.annotations().get(GATEWAY_ANNOTATION).cloned();
+                (s.name_any(), gw.unwrap_or_default())
+            })
+            .collect();
+        v.sort();
+        (v.len() == 2).then_some(v)
+    })
+    .await;
+    let mut want = vec![
+        (web_svc.clone(), format!("{team_a}/web")),
+        (a_web_svc.clone(), format!("{team}/a-web")),
+    ];
+    want.sort();
+    assert_eq!(owned, want);
+    fake_lb_address(&ctl_services, &web_svc, "192.0.2.61").await;
+    fake_lb_address(&ctl_services, &a_web_svc, "192.0.2.62").await;
+    for (api, name, ip) in [
+        (&team_a_gws, "web", "192.0.2.61"),
+        (&team_gws, "a-web", "192.0.2.62"),
+    ] {
+        let st = gateway_programmed(api, name).await;
+        assert_eq!(
+            st["addresses"],
+            json!([{"type": "IPAddress", "value": ip}]),
+            "{name}"
+        );
+    }
+    // The squatted Gateway: refused, saying why, and no address (not the hand-made one's).
+    let squat = wait_for("Gateway squat refused", || async {
+        let g = team_gws.get("squat").await.ok()?;
+        let v = serde_json::to_value(&g.status).ok()?;
+        let a = v["conditions"]
+            .as_array()?
+            .iter()
+            .find(|c| c["type"] == "Accepted")?
+            .clone();
+        (a["reason"] == "ServiceNameTaken").then_some(v)
+    })
+    .await;
+    let accepted = squat["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Accepted")
+        .unwrap();
+    assert_eq!(accepted["status"], "False");
+    assert!(
+        accepted["message"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("Service {ctl}/{squat_svc}")),
+        "{accepted}"
+    );
+    assert!(
+        squat["addresses"].as_array().is_none_or(|a| a.is_empty()),
+        "{squat}"
+    );
+    let hand_made = ctl_services.get(&squat_svc).await.unwrap();
+    assert!(hand_made.labels().is_empty(), "{:?}", hand_made.labels());
+    assert!(hand_made.annotations().is_empty());
+    assert!(hand_made
+        .managed_fields()
+        .iter()
+        .all(|m| m.manager.as_deref() != Some(FIELD_MANAGER)));
+    let spec = hand_made.spec.clone().unwrap();
+    assert_eq!(spec.selector.unwrap()["app"], "mine");
+    assert_eq!(spec.ports.unwrap()[0].port, 8080);
+    running.stop().await;
+    dataplane.stop().await;
+
+    // `sync` on its own (no translate in front): a desired Service whose name is held by the
+    // hand-made one, or by an owned one made for another Gateway, is refused, not rewritten.
+    let services = GatewayServices::new(client.clone(), &ctl, None, FIELD_MANAGER);
+    let other = service_name(&team, "other");
+    create(
+        &ctl_services,
+        json!({"metadata": {"name": other,
+                            "labels": {MANAGED_BY_LABEL: "sweety", GATEWAY_NAME_LABEL: "web", OWNER_LABEL: ctl},
+                            "annotations": {GATEWAY_ANNOTATION: format!("{team_a}/web")}},
+               "spec": {"ports": [{"port": 81, "targetPort": 20999}]}}),
+    )
+    .await;
+    let mut squatter = web_service(&team, &ctl, &squat_svc);
+    squatter.gateway_name = "squat".into();
+    let mut taker = web_service(&team, &ctl, &other);
+    taker.gateway_name = "other".into();
+    let report = services.sync(&[squatter, taker]).await.unwrap();
+    let mut refused = report.refused.clone();
+    refused.sort();
+    let mut want = vec![format!("{ctl}/{squat_svc}"), format!("{ctl}/{other}")];
+    want.sort();
+    assert_eq!(refused, want, "{report:?}");
+    assert!(report.applied.is_empty(), "{report:?}");
+    let hand_made_after = ctl_services.get(&squat_svc).await.unwrap();
+    assert_eq!(
+        hand_made_after.metadata.resource_version, hand_made.metadata.resource_version,
+        "the hand-made Service was not written"
+    );
+    // The other Gateway's Service was not rewritten for this one (it is no longer wanted,
+    // so it is deleted as stale, like any owned Service of a Gateway that is gone).
+    assert!(!report.applied.iter().any(|a| a.ends_with(&other)));
+    if let Some(s) = ctl_services.get_opt(&other).await.unwrap() {
+        assert_eq!(s.annotations()[GATEWAY_ANNOTATION], format!("{team_a}/web"));
+    }
+    let _ = Api::<gw::gatewayclasses::GatewayClass>::all(client.clone())
+        .delete(&class_name, &DeleteParams::default())
+        .await;
+    drop_namespace(&client, &team).await;
+    drop_namespace(&client, &team_a).await;
     drop_namespace(&client, &ctl).await;
 }
 

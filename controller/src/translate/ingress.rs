@@ -362,7 +362,10 @@ fn annotation<'a>(ing: &'a Ingress, key: &str) -> Option<&'a str> {
 /// [`Params::ingress_controller`] ([`served_classes`]). A class name in the list whose
 /// IngressClass belongs to another controller (or does not exist) is not served, so naming
 /// `nginx` while ingress-nginx still owns that class takes nothing from it.
-pub fn is_ours(ing: &Ingress, served: &[&IngressClass], params: &super::Params) -> bool {
+///
+/// `legacy`: the class names the legacy `kubernetes.io/ingress.class` annotation may name
+/// ([`legacy_names`]).
+pub fn is_ours(ing: &Ingress, served: &[&IngressClass], legacy: &[&str]) -> bool {
     let served_name = |name: &str| {
         served
             .iter()
@@ -375,9 +378,7 @@ pub fn is_ours(ing: &Ingress, served: &[&IngressClass], params: &super::Params) 
     {
         Some(name) => served_name(name),
         None => match annotation(ing, LEGACY_CLASS_ANNOTATION) {
-            // The legacy annotation predates IngressClass objects: a name in the list is
-            // enough (ingress-nginx reads it the same way).
-            Some(name) => params.ingress_classes.iter().any(|c| c == name),
+            Some(name) => legacy.contains(&name),
             None => served.iter().any(|c| {
                 c.metadata
                     .annotations
@@ -387,6 +388,35 @@ pub fn is_ours(ing: &Ingress, served: &[&IngressClass], params: &super::Params) 
             }),
         },
     }
+}
+
+/// The class names the legacy annotation may name: those of `served`, and the names in
+/// [`Params::ingress_classes`] no IngressClass object has (the annotation predates them). A
+/// name whose IngressClass belongs to another controller is never ours, so listing `nginx`
+/// while ingress-nginx still owns that class takes none of its annotated Ingresses either.
+pub fn legacy_names<'a>(
+    snapshot: &Snapshot,
+    served: &[&'a IngressClass],
+    params: &'a Params,
+) -> Vec<&'a str> {
+    let exists = |name: &str| {
+        snapshot
+            .ingress_classes
+            .iter()
+            .any(|c| c.metadata.name.as_deref() == Some(name))
+    };
+    let mut names: Vec<&str> = served
+        .iter()
+        .filter_map(|c| c.metadata.name.as_deref())
+        .collect();
+    names.extend(
+        params
+            .ingress_classes
+            .iter()
+            .map(String::as_str)
+            .filter(|n| !exists(n)),
+    );
+    names
 }
 
 /// The IngressClasses this controller serves: named in [`Params::ingress_classes`] and with
@@ -443,10 +473,11 @@ pub(crate) struct PathRoute {
 /// Our Ingresses (see [`is_ours`]), oldest first; names break ties so the order is total.
 pub fn our_ingresses(snapshot: &Snapshot, params: &Params) -> Vec<Arc<Ingress>> {
     let served = served_classes(snapshot, params);
+    let legacy = legacy_names(snapshot, &served, params);
     let mut ours: Vec<Arc<Ingress>> = snapshot
         .ingresses
         .iter()
-        .filter(|i| is_ours(i, &served, params))
+        .filter(|i| is_ours(i, &served, &legacy))
         .cloned()
         .collect();
     ours.sort_by(|a, b| {
@@ -1032,17 +1063,17 @@ spec: {}
     fn class_selection() {
         let s = snapshot(CLASSES);
         let p = Params::default();
-        let served = served_classes(&s, &p);
-        let names = |served: &[&IngressClass], p: &Params| -> Vec<String> {
+        let names = |s: &Snapshot, served: &[&IngressClass], p: &Params| -> Vec<String> {
+            let legacy = legacy_names(s, served, p);
             s.ingresses
                 .iter()
-                .filter(|i| is_ours(i, served, p))
+                .filter(|i| is_ours(i, served, &legacy))
                 .map(|i| i.metadata.name.clone().unwrap())
                 .collect()
         };
-        assert_eq!(names(&served, &p), ["named", "none"]);
+        assert_eq!(names(&s, &served_classes(&s, &p), &p), ["named", "none"]);
         // Without our IngressClass, neither the named nor the class-less Ingress is ours.
-        assert!(names(&[], &p).is_empty());
+        assert!(names(&s, &[], &p).is_empty());
         // Naming `nginx` too takes nothing while no IngressClass `nginx` of ours exists
         // (ingress-nginx still owns it): only the legacy annotation, which has no object.
         let both = Params {
@@ -1051,15 +1082,20 @@ spec: {}
         };
         assert_eq!(served_classes(&s, &both).len(), 1);
         assert_eq!(
-            names(&served_classes(&s, &both), &both),
+            names(&s, &served_classes(&s, &both), &both),
             ["named", "none", "legacy-other"]
         );
-        // An IngressClass `nginx` still owned by ingress-nginx is not served.
+        // An IngressClass `nginx` still owned by ingress-nginx is not served, and the
+        // Ingresses its legacy annotation names stay ingress-nginx's too.
         let mut theirs = snapshot(&format!(
             "{CLASSES}---\napiVersion: networking.k8s.io/v1\nkind: IngressClass\n\
              metadata: {{name: nginx}}\nspec: {{controller: k8s.io/ingress-nginx}}\n"
         ));
         assert_eq!(served_classes(&theirs, &both).len(), 1);
+        assert_eq!(
+            names(&theirs, &served_classes(&theirs, &both), &both),
+            ["named", "none"]
+        );
         // Once it is replaced by one of ours, its Ingresses are ours too.
         theirs = snapshot(&format!(
             "{CLASSES}---\napiVersion: networking.k8s.io/v1\nkind: IngressClass\n\
@@ -1067,13 +1103,10 @@ spec: {}
         ));
         let served = served_classes(&theirs, &both);
         assert_eq!(served.len(), 2);
-        let ours: Vec<String> = theirs
-            .ingresses
-            .iter()
-            .filter(|i| is_ours(i, &served, &both))
-            .map(|i| i.metadata.name.clone().unwrap())
-            .collect();
-        assert_eq!(ours, ["named", "other", "none", "legacy-other"]);
+        assert_eq!(
+            names(&theirs, &served, &both),
+            ["named", "other", "none", "legacy-other"]
+        );
     }
 
     #[test]
