@@ -354,18 +354,23 @@ async fn tls_handshakes_errors_and_certificate_expiry_by_listener() {
     };
     let h = Harness::start(cfg).await;
     let addr = h.addr("websecure").await;
-    let admin = sweety_dataplane::admin::serve(h.runtime.shared.clone(), "127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
+    let admin =
+        sweety_dataplane::admin::serve(h.runtime.shared.clone(), "127.0.0.1:0".parse().unwrap())
+            .await
+            .unwrap();
     for _ in 0..2 {
-        let (_, status, _) = tls_get(addr, "shop.test", &ca, &[b"http/1.1"], "/").await.unwrap();
+        let (_, status, _) = tls_get(addr, "shop.test", &ca, &[b"http/1.1"], "/")
+            .await
+            .unwrap();
         assert_eq!(status, 200);
     }
     // A client that does not speak TLS: one failed handshake.
     {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-        s.write_all(b"GET / HTTP/1.1\r\nhost: shop.test\r\n\r\n").await.unwrap();
+        s.write_all(b"GET / HTTP/1.1\r\nhost: shop.test\r\n\r\n")
+            .await
+            .unwrap();
         let mut buf = Vec::new();
         let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut buf)).await;
     }
