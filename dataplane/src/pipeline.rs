@@ -38,7 +38,7 @@ use std::time::Instant;
 use sweety_config::Action;
 
 /// Route label used when no route matched.
-pub const NO_ROUTE: &str = "-";
+pub const NO_ROUTE: &str = crate::metrics::series::NO_ROUTE;
 
 /// The backend label of a response no backend made.
 fn no_backend() -> &'static Arc<str> {

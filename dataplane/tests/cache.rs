@@ -498,10 +498,12 @@ async fn engine_hits_send_the_same_heads_as_hyper_hits() {
             m.edge.cache_hits.load(std::sync::atomic::Ordering::Relaxed),
             8
         );
-        // Each route: one miss from the backend, four hits from the cache (no backend).
+        // Each route: one miss from the backend, three GET hits and a HEAD hit from the cache
+        // (no backend).
         for route in ["plain", "filtered"] {
             assert_eq!(m.requests.get("web", route, "up", "GET", 200), 1, "{route}");
-            assert_eq!(m.requests.get("web", route, "-", "GET", 200), 4, "{route}");
+            assert_eq!(m.requests.get("web", route, "-", "GET", 200), 3, "{route}");
+            assert_eq!(m.requests.get("web", route, "-", "HEAD", 200), 1, "{route}");
         }
         seen.push(heads);
     }

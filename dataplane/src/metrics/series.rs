@@ -31,6 +31,8 @@ pub const MAX_BACKENDS: usize = 500;
 pub const MAX_SERIES: usize = 1000;
 /// Most (method, status) pairs per triple; further ones count under method and code `other`.
 pub const MAX_CODES: usize = 32;
+/// Route label of a request no route matched.
+pub const NO_ROUTE: &str = "-";
 /// Label value of what is over a cap.
 pub const OTHER: &str = "other";
 /// Backend label of a response no backend made (static content, redirects, cache hits,
@@ -321,8 +323,7 @@ impl RequestSeries {
     /// count the routes being served. The overflow series stay.
     pub fn retain_routes(&self, live: &HashSet<&str>) {
         let mut w = self.inner.write().unwrap_or_else(|e| e.into_inner());
-        let keep =
-            |k: &Key| live.contains(&*k.1) || &*k.1 == OTHER || &*k.1 == crate::pipeline::NO_ROUTE;
+        let keep = |k: &Key| live.contains(&*k.1) || &*k.1 == OTHER || &*k.1 == NO_ROUTE;
         // Names that overflowed may fit now: the lookup map refills as requests come.
         w.lookup.clear();
         w.by_labels.retain(|k, _| keep(k));

@@ -161,7 +161,3 @@ mod expo;
 #[allow(dead_code)]
 mod series;
 use FnvB as FnvBuild;
-
-mod pipeline {
-    pub const NO_ROUTE: &str = "-";
-}
