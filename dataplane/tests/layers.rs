@@ -21,8 +21,8 @@ fn layer(module: &str) -> Option<u8> {
         "state" => 2,
         "access" | "access_log" | "body" | "cache" | "client_caps" | "compress" | "ctx"
         | "defaults" | "filters" | "grpc" | "identity" | "limits" | "metrics" | "path_norm"
-        | "proxy" | "proxy_protocol" | "router" | "send_timeout" | "static_files" | "tls"
-        | "websocket" | "conn_headers" | "hpack" => 1,
+        | "proxy" | "proxy_protocol" | "request_id" | "router" | "send_timeout"
+        | "static_files" | "tls" | "websocket" | "conn_headers" | "hpack" => 1,
         "exec" => 0,
         _ => return None,
     })
