@@ -423,6 +423,9 @@ pub enum Filter {
     IpAccess(IpAccess),
     /// Requests in flight per key at most (429 past it). Checked with the rate limits.
     ConcurrencyLimit(crate::traffic::ConcurrencyLimit),
+    /// HTTP Basic authentication (401 without valid credentials). Checked after the IP lists
+    /// and limits, before every other request filter.
+    BasicAuth(crate::htpasswd::BasicAuth),
     /// Compress responses (gzip, br, zstd) by the client's Accept-Encoding.
     Compress(crate::Compression),
     /// Cache responses in memory.

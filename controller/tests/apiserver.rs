@@ -4102,3 +4102,173 @@ async fn ingress_of_another_class_keeps_its_status() {
         .expect("delete class");
     drop_namespace(&client, &ns).await;
 }
+
+/// ingress-nginx basic authentication through the real apiserver and an in-process dataplane
+/// (issue 19): the htpasswd Secret (Opaque, unlabelled, created after the Ingress) is watched
+/// and followed; the right password passes, a wrong one or none gets 401 with the realm; a
+/// deleted Secret fails closed (503 naming the reason, never open); a changed Secret changes
+/// who gets in.
+#[tokio::test]
+#[ignore = "needs a kube-apiserver: SWEETY_KUBECONFIG (e2e/controller-it.sh)"]
+async fn ingress_basic_auth_follows_its_secret_and_fails_closed() {
+    use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
+    use sweety_controller::run::RunOptions;
+    use sweety_controller::translate::Params;
+    let _guard = LOCK.lock().await;
+    let client = cluster().await;
+    let ns = namespace(&client, "basic-auth").await;
+    let class_name = format!("{ns}-class");
+    let classes: Api<IngressClass> = Api::all(client.clone());
+    create(
+        &classes,
+        json!({"metadata": {"name": class_name}, "spec": {"controller": "sweety.dev/ingress-controller"}}),
+    )
+    .await;
+    create(
+        &Api::<Service>::namespaced(client.clone(), &ns),
+        json!({"metadata": {"name": "web"}, "spec": {"ports": [{"name": "http", "port": 80}]}}),
+    )
+    .await;
+    let host = format!("private.{ns}.test");
+    create(
+        &Api::<Ingress>::namespaced(client.clone(), &ns),
+        json!({
+            "metadata": {"name": "private", "annotations": {
+                "nginx.ingress.kubernetes.io/auth-type": "basic",
+                "nginx.ingress.kubernetes.io/auth-secret": "basic-auth",
+                "nginx.ingress.kubernetes.io/auth-realm": "Staff only"}},
+            "spec": {"ingressClassName": class_name, "rules": [{"host": host, "http": {"paths": [
+                {"path": "/", "pathType": "Prefix",
+                 "backend": {"service": {"name": "web", "port": {"number": 80}}}}]}}]}
+        }),
+    )
+    .await;
+    let http_port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let dataplane = InProcessDataplane::start();
+    let options = RunOptions {
+        params: Params {
+            namespace: ns.clone(),
+            ingress_classes: vec![class_name.clone()],
+            listen_address: "127.0.0.1".into(),
+            ingress_http_port: http_port,
+            content_dir: dataplane.content_dir(),
+            ingress_service: None,
+            ..Params::default()
+        },
+        watch: WatchOptions {
+            namespaces: vec![ns.clone()],
+            ..WatchOptions::default()
+        },
+        debounce: Duration::from_millis(50),
+        lease: None,
+        initial_sync_timeout: Duration::from_secs(20),
+        status: sweety_controller::status_worker::StatusOptions::default(),
+    };
+    let running = RunLoop::start(&client, options, dataplane.socket.clone());
+    // GET / with optional credentials: (status, head and body).
+    let get = |creds: Option<&str>| {
+        let host = host.clone();
+        let auth = creds.map(|c| {
+            use base64::Engine as _;
+            format!(
+                "authorization: Basic {}\r\n",
+                base64::engine::general_purpose::STANDARD.encode(c)
+            )
+        });
+        async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let fut = async {
+                let mut s = tokio::net::TcpStream::connect(("127.0.0.1", http_port))
+                    .await
+                    .ok()?;
+                let req = format!(
+                    "GET / HTTP/1.1\r\nhost: {host}\r\n{}connection: close\r\n\r\n",
+                    auth.unwrap_or_default()
+                );
+                s.write_all(req.as_bytes()).await.ok()?;
+                let mut out = Vec::new();
+                s.read_to_end(&mut out).await.ok()?;
+                let text = String::from_utf8_lossy(&out).into_owned();
+                let status: u16 = text.get(9..12)?.parse().ok()?;
+                Some((status, text))
+            };
+            tokio::time::timeout(Duration::from_secs(5), fut)
+                .await
+                .ok()
+                .flatten()
+        }
+    };
+    // No Secret yet: closed, with the reason.
+    let (_, text) = wait_for("the Ingress fails closed without its Secret", || async {
+        get(Some("alice:secret"))
+            .await
+            .filter(|(s, t)| *s == 503 && t.contains("authentication cannot be set up"))
+    })
+    .await;
+    assert!(text.contains("basic-auth does not exist"), "{text}");
+    // The Secret as `htpasswd -c auth alice` + `kubectl create secret generic` make it
+    // (`openssl passwd -apr1 -salt sL5yBeMm secret`).
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+    let htpasswd = |line: &str| {
+        use base64::Engine as _;
+        json!({"metadata": {"name": "basic-auth"}, "type": "Opaque",
+               "data": {"auth": base64::engine::general_purpose::STANDARD.encode(format!("{line}\n"))}})
+    };
+    create(
+        &secrets,
+        htpasswd("alice:$apr1$sL5yBeMm$Ru3.Rv6KbPb.NJWjCDVKo1"),
+    )
+    .await;
+    wait_for("alice gets in", || async {
+        get(Some("alice:secret"))
+            .await
+            .filter(|(s, t)| *s != 401 && !t.contains("refused"))
+    })
+    .await;
+    for creds in [Some("alice:Secret"), Some("bob:secret"), None] {
+        let (status, text) = get(creds).await.expect("an answer");
+        assert_eq!(status, 401, "{creds:?}: {text}");
+        assert!(
+            text.to_ascii_lowercase()
+                .contains("www-authenticate: basic realm=\"staff only\""),
+            "{text}"
+        );
+    }
+    // The Secret changes: bob ({SHA} of "secret") in, alice out.
+    secrets
+        .replace(
+            "basic-auth",
+            &PostParams::default(),
+            &serde_json::from_value(htpasswd("bob:{SHA}5en6G6MezRroT3XKqkdPOmY/BfQ=")).unwrap(),
+        )
+        .await
+        .expect("replace the Secret");
+    wait_for("bob gets in, alice not", || async {
+        let bob = get(Some("bob:secret")).await?;
+        let alice = get(Some("alice:secret")).await?;
+        (bob.0 != 401 && alice.0 == 401).then_some(())
+    })
+    .await;
+    // The Secret is deleted: closed again, never open.
+    secrets
+        .delete("basic-auth", &DeleteParams::default())
+        .await
+        .expect("delete the Secret");
+    wait_for("closed after the Secret is deleted", || async {
+        get(Some("bob:secret"))
+            .await
+            .filter(|(s, t)| *s == 503 && t.contains("authentication cannot be set up"))
+    })
+    .await;
+    assert_eq!(get(None).await.expect("an answer").0, 503);
+
+    running.stop().await;
+    classes
+        .delete(&class_name, &DeleteParams::default())
+        .await
+        .expect("delete class");
+    drop_namespace(&client, &ns).await;
+}

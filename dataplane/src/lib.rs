@@ -43,6 +43,7 @@
 pub mod access;
 pub mod access_log;
 pub mod admin;
+pub mod basic_auth;
 pub mod body;
 pub mod cache;
 pub mod client_caps;

@@ -8,7 +8,9 @@
 //! 2. **snapshot**: pin the current config; the request finishes on it even if a reload swaps
 //!    in a newer one meanwhile;
 //! 3. **route**: host (421 on a misdirected request), then path/method/headers/query (404);
-//! 4. **request filters**: IP access lists and rate limits first, then header modifiers, rewrites, redirects, CORS preflight, mirrors;
+//! 4. **request filters**: IP access lists and rate limits first, then basic authentication
+//!    ([`crate::basic_auth`], 401), then header modifiers, rewrites, redirects, CORS preflight,
+//!    mirrors;
 //! 5. **action**: proxy, static files or a fixed reply, under the route's request timeout;
 //! 6. **response filters**: header modifiers, CORS, `Alt-Svc`;
 //! 7. **account**: metrics at the response head; the access log line and the release of the
@@ -373,6 +375,19 @@ struct Matched<'a> {
 enum Routed<'a> {
     Answered(Served<'a>),
     Act(Box<Acting<'a>>),
+    /// The route asks for credentials: checked (async) before the rest of phase 4.
+    Auth(Box<Authenticating<'a>>),
+}
+
+/// A request waiting for its basic authentication.
+struct Authenticating<'a> {
+    auth: Arc<crate::basic_auth::BasicAuthRules>,
+    route_name: Arc<str>,
+    matched: Matched<'a>,
+    req: Request<Body>,
+    cache_host: Option<String>,
+    prefix: Option<&'a str>,
+    in_flight: Vec<crate::access::InFlightGuard>,
 }
 
 /// What phase 5 (the action) needs from phases 2–4.
@@ -402,6 +417,46 @@ async fn route_and_serve<'a>(
     match route(shared, snap, view, ctx, req) {
         Routed::Answered(s) => s,
         Routed::Act(a) => act(shared, snap, ctx, *a).await,
+        // Boxed: only requests to routes with authentication carry its future.
+        Routed::Auth(a) => Box::pin(authenticated(shared, snap, view, ctx, *a)).await,
+    }
+}
+
+/// Phase 4b (basic authentication), then the rest of phase 4 and the action.
+async fn authenticated<'a>(
+    shared: &Shared,
+    snap: &'a crate::state::Snapshot,
+    view: Option<&ListenerView>,
+    ctx: &RequestCtx,
+    a: Authenticating<'a>,
+) -> Served<'a> {
+    if let Err(r) = a.auth.check(a.req.headers()).await {
+        shared.metrics.edge_events.inc(&"auth_refused");
+        let r = crate::access::hold(r, a.in_flight);
+        return Served::routed(a.route_name, r, a.matched, None);
+    }
+    // `route` only asks for authentication with a listener view.
+    let Some(view) = view else {
+        return Served::unrouted(text_response(
+            StatusCode::NOT_FOUND,
+            "404 Not Found: listener is being removed\n",
+        ));
+    };
+    match after_access(
+        shared,
+        snap,
+        view,
+        ctx,
+        a.req,
+        a.cache_host,
+        a.prefix,
+        a.route_name,
+        a.matched,
+        a.in_flight,
+    ) {
+        Routed::Answered(s) => s,
+        Routed::Act(a) => act(shared, snap, ctx, *a).await,
+        Routed::Auth(_) => unreachable!("after_access never asks for authentication"),
     }
 }
 
@@ -499,13 +554,47 @@ fn route<'a>(
             }
         }
     }
-    let upgrade = crate::websocket::upgrade_request(&req);
     let cache_host: Option<String> = entry
         .filters
         .content()
         .cache
         .as_ref()
         .map(|_| host.to_string());
+    // 4b. basic authentication (401), run by `route_and_serve` (bcrypt runs off the
+    // event loop); before every request filter, mirror and the cache.
+    if let Some(auth) = snap.access.route(&entry.route).and_then(|r| r.basic_auth()) {
+        return Routed::Auth(Box::new(Authenticating {
+            auth: auth.clone(),
+            route_name,
+            matched,
+            req,
+            cache_host,
+            prefix,
+            in_flight,
+        }));
+    }
+    after_access(
+        shared, snap, view, ctx, req, cache_host, prefix, route_name, matched, in_flight,
+    )
+}
+
+/// Phase 4 after the access rules (and authentication): request filters, mirrors, the
+/// cache's fresh hits.
+#[allow(clippy::too_many_arguments)]
+fn after_access<'a>(
+    shared: &Shared,
+    snap: &'a crate::state::Snapshot,
+    view: &ListenerView,
+    ctx: &RequestCtx,
+    req: Request<Body>,
+    cache_host: Option<String>,
+    prefix: Option<&'a str>,
+    route_name: Arc<str>,
+    matched: Matched<'a>,
+    in_flight: Vec<crate::access::InFlightGuard>,
+) -> Routed<'a> {
+    let entry = matched.entry;
+    let upgrade = crate::websocket::upgrade_request(&req);
 
     // 4. request filters
     let (mut parts, body) = req.into_parts();

@@ -1062,3 +1062,63 @@ async fn h3_requests_past_the_per_client_cap_get_429() {
     })
     .await;
 }
+
+/// Basic authentication is the same check over HTTP/3 as over HTTP/1.1 and HTTP/2
+/// (tests/basic_auth.rs): the right password passes, a wrong one and none get 401 with the
+/// challenge.
+#[tokio::test]
+async fn basic_auth_over_h3() {
+    use base64::Engine as _;
+    bounded(30, async {
+        let bcrypt = bcrypt::hash("pw", 4).unwrap();
+        let mut r = fixed_route("private", "/private", "in");
+        r.filters = vec![Filter::BasicAuth(BasicAuth {
+            realm: "h3".into(),
+            users: vec![
+                BasicAuthUser {
+                    name: "alice".into(),
+                    hash: bcrypt,
+                },
+                BasicAuthUser {
+                    name: "carol".into(),
+                    hash: "{SHA}5en6G6MezRroT3XKqkdPOmY/BfQ=".into(),
+                },
+            ],
+        })];
+        let (cfg, ca) = h3_config(vec![r]);
+        let h = Harness::start(cfg).await;
+        let c = H3::connect(h.addr("tls").await, "localhost", &ca)
+            .await
+            .unwrap();
+        let b64 = |s: &str| {
+            format!(
+                "Basic {}",
+                base64::engine::general_purpose::STANDARD.encode(s)
+            )
+        };
+        for (creds, want) in [
+            (Some(b64("alice:pw")), 200),
+            (Some(b64("carol:secret")), 200),
+            (Some(b64("alice:pW")), 401),
+            (Some(b64("carol:secre")), 401),
+            (Some("Basic %%%".to_string()), 401),
+            (None, 401),
+        ] {
+            let headers: Vec<(&str, &str)> = creds
+                .as_deref()
+                .map(|v| vec![("authorization", v)])
+                .unwrap_or_default();
+            let (status, headers, body) = c
+                .request(Method::GET, "/private", &headers, vec![])
+                .await
+                .unwrap();
+            assert_eq!(status, want, "{creds:?}");
+            if want == 200 {
+                assert_eq!(&body[..], b"in");
+            } else {
+                assert_eq!(headers["www-authenticate"], "Basic realm=\"h3\"");
+            }
+        }
+    })
+    .await;
+}

@@ -561,7 +561,7 @@ pub fn translate(b: &mut Builder<'_>) -> BTreeSet<String> {
             conditions: Vec::new(),
             generation: ing.metadata.generation.unwrap_or(0),
         };
-        let ann = nginx::Annotations::parse(ing, params, &mut report);
+        let ann = nginx::Annotations::parse(ing, params, &b.snapshot.secrets, &mut report);
         if ann.canary {
             canaries.push((ing.clone(), ann));
             reports.insert((ns, name), report);
