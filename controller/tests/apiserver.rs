@@ -3637,6 +3637,8 @@ async fn tenant_with_ordinary_rbac_cannot_take_another_namespaces_traffic() {
             ingress_http_port: http_port,
             ingress_https_port: https_port,
             http3: false,
+            // The takeovers are checked over plain HTTP too: no redirect of the TLS host.
+            ssl_redirect: false,
             content_dir: dataplane.content_dir(),
             ingress_service: None,
             default_certificate: Some(DefaultCertificate {

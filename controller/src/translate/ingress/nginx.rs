@@ -3,8 +3,10 @@
 //!
 //! Supported: `use-regex`, `rewrite-target` (prefix rewrite; the `<prefix>(/|$)(.*)` + `/$2`
 //! idiom becomes a prefix match with a prefix rewrite; other capture groups are reported and
-//! the path is not rewritten), `ssl-redirect` (HTTP→HTTPS, 308, for hosts with TLS; unlike
-//! ingress-nginx it is off unless set), `force-ssl-redirect` (also for hosts without TLS here),
+//! the path is not rewritten), `ssl-redirect` (HTTP→HTTPS, 308, for hosts with TLS; on unless
+//! an Ingress sets it to `"false"` or the operator turns `Params::ssl_redirect` off, as in
+//! ingress-nginx; paths under `Params::no_tls_redirect_locations` are never redirected),
+//! `force-ssl-redirect` (also for hosts without TLS here),
 //! `backend-protocol` (HTTP, HTTPS, GRPC→h2c, GRPCS→h2), `enable-cors` with `cors-allow-origin`,
 //! `-methods`, `-headers`, `-credentials`, `-max-age`, `-expose-headers`,
 //! `permanent-redirect`(`-code`), `temporal-redirect`, `app-root`, `proxy-read-timeout` and
@@ -70,8 +72,9 @@ pub struct Annotations {
     pub use_regex: bool,
     /// `rewrite-target`: the path the backend receives, with `$n` capture references.
     pub rewrite_target: Option<String>,
-    /// `ssl-redirect`: plain-HTTP requests for a host with TLS go to HTTPS.
-    pub ssl_redirect: bool,
+    /// `ssl-redirect`: plain-HTTP requests for a host with TLS go to HTTPS (unset: the
+    /// controller's `Params::ssl_redirect`, on by default as in ingress-nginx).
+    pub ssl_redirect: Option<bool>,
     /// `force-ssl-redirect`: plain-HTTP requests go to HTTPS even without TLS on the Ingress.
     pub force_ssl_redirect: bool,
     /// `backend-protocol`: how the backend is spoken to (HTTP, HTTPS, GRPC, GRPCS, H2C).
@@ -418,7 +421,12 @@ impl Annotations {
             match name {
                 "use-regex" => a.use_regex = flag(report),
                 "rewrite-target" => a.rewrite_target = Some(value.clone()),
-                "ssl-redirect" => a.ssl_redirect = flag(report),
+                "ssl-redirect" => {
+                    a.ssl_redirect = truthy(value).or_else(|| {
+                        bad(report, "is not \"true\" or \"false\"");
+                        None
+                    })
+                }
                 "force-ssl-redirect" => a.force_ssl_redirect = flag(report),
                 "backend-protocol" => {
                     a.backend_protocol = match value.trim().to_ascii_uppercase().as_str() {
