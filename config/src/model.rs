@@ -1037,6 +1037,20 @@ pub struct AccessLog {
     pub path: Option<PathBuf>,
     /// Lines queued for the writer; past it lines are dropped and counted.
     pub buffer_lines: u32,
+    /// Line format: `json` (one JSON object per line, the documented schema) or `combined`
+    /// (ingress-nginx's "upstreaminfo"-like text line).
+    pub format: AccessLogFormat,
+}
+
+/// The access log's line format.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AccessLogFormat {
+    /// One JSON object per line (docs/observability.md "Access log").
+    #[default]
+    Json,
+    /// An ingress-nginx-like text line: `combined` plus upstream fields and the request id.
+    Combined,
 }
 
 impl Default for AccessLog {
@@ -1045,6 +1059,7 @@ impl Default for AccessLog {
             enabled: true,
             path: None,
             buffer_lines: 8192,
+            format: AccessLogFormat::Json,
         }
     }
 }

@@ -332,6 +332,12 @@ async fn main() -> anyhow::Result<()> {
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
+        // Colour only on a terminal (and never with NO_COLOR): piped to a file or a log
+        // collector, escape codes are noise in every line (issue 21).
+        .with_ansi(
+            std::io::IsTerminal::is_terminal(&std::io::stdout())
+                && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()),
+        )
         .init();
     let args = Args::parse();
     if let Some(Command::MigrateReport { output, namespace }) = &args.command {

@@ -63,6 +63,7 @@ pub mod pipeline;
 pub mod proxy;
 pub mod proxy_protocol;
 pub mod reload;
+pub mod request_id;
 pub mod router;
 pub mod send_timeout;
 pub mod state;

@@ -290,18 +290,27 @@ async fn static_files_small_1mb_and_range_over_h3() {
 }
 
 #[tokio::test]
-async fn unknown_path_is_404_over_h3() {
+async fn unknown_path_is_404_over_h3_with_request_ids() {
     bounded(20, async {
         let (cfg, ca) = h3_config(vec![fixed_route("only", "/only", "yes")]);
         let h = Harness::start(cfg).await;
         let c = H3::connect(h.addr("tls").await, "localhost", &ca)
             .await
             .unwrap();
-        let (status, _, body) = c.get("/only").await.unwrap();
+        let (status, h1, body) = c.get("/only").await.unwrap();
         assert_eq!((status, &body[..]), (200, &b"yes"[..]));
-        let (status, _, body) = c.get("/nope").await.unwrap();
+        let (status, h2, body) = c
+            .request(Method::GET, "/nope", &[("x-request-id", "mine")], vec![])
+            .await
+            .unwrap();
         assert_eq!(status, 404);
         assert!(String::from_utf8_lossy(&body).contains("no route"));
+        // Request ids over HTTP/3 too (the one pipeline): generated, returned, a client's
+        // own replaced (issue 21).
+        let id = |h: &http::HeaderMap| h["x-request-id"].to_str().unwrap().to_string();
+        assert_eq!(id(&h1).len(), 32);
+        assert_eq!(id(&h2).len(), 32);
+        assert_ne!(id(&h1), id(&h2));
     })
     .await;
 }
