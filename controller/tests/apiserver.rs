@@ -3925,8 +3925,6 @@ async fn gateway_services_wait_for_the_first_translation() {
 #[ignore = "needs a kube-apiserver: SWEETY_KUBECONFIG (e2e/controller-it.sh)"]
 async fn ingress_of_another_class_keeps_its_status() {
     use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
-    use sweety_controller::run::RunOptions;
-    use sweety_controller::translate::Params;
     let _guard = LOCK.lock().await;
     let client = cluster().await;
     let ns = namespace(&client, "side-by-side").await;
@@ -4019,26 +4017,14 @@ async fn ingress_of_another_class_keeps_its_status() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap().port()
     };
-    let options = RunOptions {
-        params: Params {
-            namespace: ns.clone(),
-            // `nginx` is listed, but its IngressClass names another controller.
-            ingress_classes: vec![ours_class.clone(), nginx_class.clone()],
-            listen_address: "127.0.0.1".into(),
-            ingress_http_port: http_port,
-            content_dir: dataplane.content_dir(),
-            ingress_service: Some("sweety".into()),
-            ..Params::default()
-        },
-        watch: WatchOptions {
-            namespaces: vec![ns.clone()],
-            ..WatchOptions::default()
-        },
-        debounce: Duration::from_millis(50),
-        lease: None,
-        initial_sync_timeout: Duration::from_secs(20),
-        status: sweety_controller::status_worker::StatusOptions::default(),
-    };
+    // `nginx` is listed, but its IngressClass names another controller.
+    let options = ingress_run_options(
+        &ns,
+        vec![ours_class.clone(), nginx_class.clone()],
+        http_port,
+        &dataplane,
+        Some("sweety"),
+    );
     let running = RunLoop::start(&client, options, dataplane.socket.clone());
     for name in ["ours", "moving"] {
         wait_for(&format!("the status of Ingress {name}"), || async {
@@ -4114,8 +4100,6 @@ async fn ingress_of_another_class_keeps_its_status() {
 #[ignore = "needs a kube-apiserver: SWEETY_KUBECONFIG (e2e/controller-it.sh)"]
 async fn ingress_basic_auth_follows_its_secret_and_fails_closed() {
     use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
-    use sweety_controller::run::RunOptions;
-    use sweety_controller::translate::Params;
     let _guard = LOCK.lock().await;
     let client = cluster().await;
     let ns = namespace(&client, "basic-auth").await;
@@ -4150,25 +4134,7 @@ async fn ingress_basic_auth_follows_its_secret_and_fails_closed() {
         l.local_addr().unwrap().port()
     };
     let dataplane = InProcessDataplane::start();
-    let options = RunOptions {
-        params: Params {
-            namespace: ns.clone(),
-            ingress_classes: vec![class_name.clone()],
-            listen_address: "127.0.0.1".into(),
-            ingress_http_port: http_port,
-            content_dir: dataplane.content_dir(),
-            ingress_service: None,
-            ..Params::default()
-        },
-        watch: WatchOptions {
-            namespaces: vec![ns.clone()],
-            ..WatchOptions::default()
-        },
-        debounce: Duration::from_millis(50),
-        lease: None,
-        initial_sync_timeout: Duration::from_secs(20),
-        status: sweety_controller::status_worker::StatusOptions::default(),
-    };
+    let options = ingress_run_options(&ns, vec![class_name.clone()], http_port, &dataplane, None);
     let running = RunLoop::start(&client, options, dataplane.socket.clone());
     // GET / with optional credentials: (status, head and body).
     let get = |creds: Option<&str>| {
@@ -4415,4 +4381,34 @@ async fn migrate_report_reads_the_cluster_and_writes_nothing() {
         );
     }
     drop_namespace(&client, &ns).await;
+}
+
+/// The run options of the Ingress tests: one namespace watched (also the controller's), the
+/// given classes, Ingress HTTP on 127.0.0.1:`http_port` of the in-process `dataplane`.
+fn ingress_run_options(
+    ns: &str,
+    classes: Vec<String>,
+    http_port: u16,
+    dataplane: &InProcessDataplane,
+    ingress_service: Option<&str>,
+) -> sweety_controller::run::RunOptions {
+    sweety_controller::run::RunOptions {
+        params: sweety_controller::translate::Params {
+            namespace: ns.to_string(),
+            ingress_classes: classes,
+            listen_address: "127.0.0.1".into(),
+            ingress_http_port: http_port,
+            content_dir: dataplane.content_dir(),
+            ingress_service: ingress_service.map(str::to_string),
+            ..Default::default()
+        },
+        watch: WatchOptions {
+            namespaces: vec![ns.to_string()],
+            ..WatchOptions::default()
+        },
+        debounce: Duration::from_millis(50),
+        lease: None,
+        initial_sync_timeout: Duration::from_secs(20),
+        status: sweety_controller::status_worker::StatusOptions::default(),
+    }
 }
