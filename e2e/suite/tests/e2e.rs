@@ -1052,6 +1052,20 @@ async fn replicas_scenario(env: &Env, deployment: &str, lease: &str) -> Result<(
         cluster::apply(&env.client, http_route(None)).await?;
         route_condition(env, "echo", "Accepted", "True", None).await?;
         one_config(env, &pods).await?;
+        // The loop covers the old pod's whole end (preStop sleep, SIGTERM, drain, exit).
+        eventually(
+            &format!("the deleted pod {leader} gone"),
+            CONVERGE,
+            POLL,
+            || async {
+                match pods_api.get_opt(&leader).await {
+                    Ok(None) => Ok(()),
+                    Ok(Some(_)) => Err("still there".to_string()),
+                    Err(e) => Err(e.to_string()),
+                }
+            },
+        )
+        .await?;
         Ok::<(), Error>(())
     }
     .await;
