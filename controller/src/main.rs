@@ -34,9 +34,15 @@ struct Args {
         default_value = "sweety.dev/gateway-controller"
     )]
     controller_name: String,
-    /// IngressClass name served.
-    #[arg(long, env = "SWEETY_INGRESS_CLASS", default_value = "sweety")]
-    ingress_class: String,
+    /// IngressClass names served, comma-separated (only those whose `spec.controller` is
+    /// `--ingress-controller` are served).
+    #[arg(
+        long,
+        env = "SWEETY_INGRESS_CLASS",
+        value_delimiter = ',',
+        default_value = "sweety"
+    )]
+    ingress_class: Vec<String>,
     /// IngressClass `spec.controller` this controller owns.
     #[arg(
         long,
@@ -291,7 +297,12 @@ async fn main() -> anyhow::Result<()> {
     let debounce = parse_duration(&args.debounce)?;
     let params = Params {
         controller_name: args.controller_name,
-        ingress_class: args.ingress_class,
+        ingress_classes: args
+            .ingress_class
+            .into_iter()
+            .map(|c| c.trim().to_string())
+            .filter(|c| !c.is_empty())
+            .collect(),
         ingress_controller: args.ingress_controller,
         namespace: args.namespace.clone(),
         ingress_service: non_empty(&args.ingress_service),

@@ -2774,7 +2774,7 @@ async fn tenant_hosts_follow_creation_order_and_fail_closed() {
     let options = RunOptions {
         params: Params {
             namespace: ctl.clone(),
-            ingress_class: class_name.clone(),
+            ingress_classes: vec![class_name.clone()],
             listen_address: "127.0.0.1".into(),
             ingress_http_port: http_port,
             content_dir: dataplane.content_dir(),
@@ -3443,7 +3443,7 @@ async fn tenant_with_ordinary_rbac_cannot_take_another_namespaces_traffic() {
     let options = RunOptions {
         params: Params {
             namespace: ctl.clone(),
-            ingress_class: class_name.clone(),
+            ingress_classes: vec![class_name.clone()],
             listen_address: "127.0.0.1".into(),
             ingress_http_port: http_port,
             ingress_https_port: https_port,
@@ -3601,7 +3601,7 @@ async fn default_certificate_secret_rotation_is_served() {
     let options = RunOptions {
         params: Params {
             namespace: ns.clone(),
-            ingress_class: class_name.clone(),
+            ingress_classes: vec![class_name.clone()],
             listen_address: "127.0.0.1".into(),
             ingress_http_port: free_port(),
             ingress_https_port: https_port,
@@ -3717,5 +3717,195 @@ async fn gateway_services_wait_for_the_first_translation() {
     })
     .await;
     task.abort();
+    drop_namespace(&client, &ns).await;
+}
+
+/// Side-by-side with ingress-nginx (issue 19): the controller serves its class and lists
+/// `nginx` too, but the IngressClass of that name still belongs to ingress-nginx. The
+/// controller writes `status.loadBalancer` of its own Ingress; the Ingress of class nginx
+/// keeps the status the other controller wrote (and gets no Event, though it carries an
+/// annotation Sweety would refuse); an Ingress moved from our class to nginx's keeps the
+/// status the other controller writes after the move.
+#[tokio::test]
+#[ignore = "needs a kube-apiserver: SWEETY_KUBECONFIG (e2e/controller-it.sh)"]
+async fn ingress_of_another_class_keeps_its_status() {
+    use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
+    use sweety_controller::run::RunOptions;
+    use sweety_controller::translate::Params;
+    let _guard = LOCK.lock().await;
+    let client = cluster().await;
+    let ns = namespace(&client, "side-by-side").await;
+    let ours_class = format!("{ns}-sweety");
+    let nginx_class = format!("{ns}-nginx");
+    let classes: Api<IngressClass> = Api::all(client.clone());
+    create(
+        &classes,
+        json!({"metadata": {"name": ours_class}, "spec": {"controller": "sweety.dev/ingress-controller"}}),
+    )
+    .await;
+    create(
+        &classes,
+        json!({"metadata": {"name": nginx_class}, "spec": {"controller": "k8s.io/ingress-nginx"}}),
+    )
+    .await;
+    // The chart's Service, with the address our Ingresses get.
+    let services: Api<Service> = Api::namespaced(client.clone(), &ns);
+    create(
+        &services,
+        json!({"metadata": {"name": "sweety"}, "spec": {"type": "LoadBalancer",
+               "ports": [{"name": "http", "port": 80}]}}),
+    )
+    .await;
+    services
+        .patch_status(
+            "sweety",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"status": {"loadBalancer": {"ingress": [{"ip": "203.0.113.7"}]}}}),
+            ),
+        )
+        .await
+        .expect("Service status");
+    let ingresses: Api<Ingress> = Api::namespaced(client.clone(), &ns);
+    let ingress = |name: &str, class: &str, annotations: Value| {
+        json!({
+            "metadata": {"name": name, "annotations": annotations},
+            "spec": {"ingressClassName": class, "rules": [{"host": format!("{name}.{ns}.test"),
+                "http": {"paths": [{"path": "/", "pathType": "Prefix",
+                    "backend": {"service": {"name": "web", "port": {"number": 80}}}}]}}]}
+        })
+    };
+    // What ingress-nginx does: update the status of the Ingresses of its class.
+    let nginx_writes = |name: &'static str, ip: &'static str| {
+        let ingresses = ingresses.clone();
+        async move {
+            ingresses
+                .patch_status(
+                    name,
+                    &PatchParams {
+                        field_manager: Some("ingress-nginx".into()),
+                        ..PatchParams::default()
+                    },
+                    &Patch::Merge(json!({
+                        "status": {"loadBalancer": {"ingress": [{"ip": ip}]}}
+                    })),
+                )
+                .await
+                .expect("the other controller's status");
+        }
+    };
+    let lb_ip = |name: &'static str| {
+        let ingresses = ingresses.clone();
+        async move {
+            let ing = get(&ingresses, name).await;
+            ing.status
+                .as_ref()
+                .and_then(|s| s.load_balancer.as_ref())
+                .and_then(|lb| lb.ingress.as_ref())
+                .and_then(|l| l.first())
+                .and_then(|i| i.ip.clone())
+        }
+    };
+    create(&ingresses, ingress("ours", &ours_class, json!({}))).await;
+    create(&ingresses, ingress("moving", &ours_class, json!({}))).await;
+    create(
+        &ingresses,
+        ingress(
+            "theirs",
+            &nginx_class,
+            json!({"nginx.ingress.kubernetes.io/configuration-snippet": "return 200;"}),
+        ),
+    )
+    .await;
+    nginx_writes("theirs", "192.0.2.10").await;
+
+    let dataplane = InProcessDataplane::start();
+    let http_port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let options = RunOptions {
+        params: Params {
+            namespace: ns.clone(),
+            // `nginx` is listed, but its IngressClass names another controller.
+            ingress_classes: vec![ours_class.clone(), nginx_class.clone()],
+            listen_address: "127.0.0.1".into(),
+            ingress_http_port: http_port,
+            content_dir: dataplane.content_dir(),
+            ingress_service: Some("sweety".into()),
+            ..Params::default()
+        },
+        watch: WatchOptions {
+            namespaces: vec![ns.clone()],
+            ..WatchOptions::default()
+        },
+        debounce: Duration::from_millis(50),
+        lease: None,
+        initial_sync_timeout: Duration::from_secs(20),
+        status: sweety_controller::status_worker::StatusOptions::default(),
+    };
+    let running = RunLoop::start(&client, options, dataplane.socket.clone());
+    for name in ["ours", "moving"] {
+        wait_for(&format!("the status of Ingress {name}"), || async {
+            (lb_ip(name).await.as_deref() == Some("203.0.113.7")).then_some(())
+        })
+        .await;
+    }
+    // Ours is served; theirs is not (its host is unknown here).
+    let (status, _) = http_get_path(http_port, &format!("theirs.{ns}.test"), "/")
+        .await
+        .expect("an answer");
+    assert_eq!(status, 404, "the nginx-class Ingress must not be served");
+
+    // The Ingress `moving` goes to ingress-nginx, which writes its status.
+    ingresses
+        .patch(
+            "moving",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"ingressClassName": nginx_class}})),
+        )
+        .await
+        .expect("move to nginx");
+    wait_for("the moved Ingress is no longer served", || async {
+        let (status, _) = http_get_path(http_port, &format!("moving.{ns}.test"), "/").await?;
+        (status == 404).then_some(())
+    })
+    .await;
+    nginx_writes("moving", "192.0.2.11").await;
+    // The other controller's change to `theirs` is an event of the watch too.
+    nginx_writes("theirs", "192.0.2.12").await;
+    // Several reconciles and status passes later, nothing of the other class was written.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(lb_ip("theirs").await.as_deref(), Some("192.0.2.12"));
+    assert_eq!(lb_ip("moving").await.as_deref(), Some("192.0.2.11"));
+    assert_eq!(lb_ip("ours").await.as_deref(), Some("203.0.113.7"));
+    let events = ingress_event_reasons(&client, &ns, "theirs").await;
+    assert!(
+        events.is_empty(),
+        "Events on the nginx-class Ingress: {events:?}"
+    );
+    // Our status field manager never owned a field of theirs.
+    let theirs = get(&ingresses, "theirs").await;
+    let managers: Vec<String> = theirs
+        .metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter_map(|m| m.manager.clone())
+        .collect();
+    assert!(
+        !managers.iter().any(|m| m == FIELD_MANAGER),
+        "our field manager wrote the nginx-class Ingress: {managers:?}"
+    );
+
+    running.stop().await;
+    classes
+        .delete(&ours_class, &DeleteParams::default())
+        .await
+        .expect("delete class");
+    classes
+        .delete(&nginx_class, &DeleteParams::default())
+        .await
+        .expect("delete class");
     drop_namespace(&client, &ns).await;
 }

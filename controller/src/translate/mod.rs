@@ -19,6 +19,7 @@ pub mod cert_names;
 pub mod gateway;
 pub mod ingress;
 pub mod ownership;
+pub mod proxy_settings;
 pub mod site;
 pub mod snapshot;
 pub mod status;
@@ -69,8 +70,9 @@ use sweety_config::{Config, Listener, VirtualHost};
 pub struct Params {
     /// GatewayClass `spec.controllerName` we own.
     pub controller_name: String,
-    /// IngressClass name we serve (Ingresses naming it, or none when it is the default class).
-    pub ingress_class: String,
+    /// IngressClass names we serve (Ingresses naming one, or none when one is the default
+    /// class); only those whose `spec.controller` is [`Params::ingress_controller`] count.
+    pub ingress_classes: Vec<String>,
     /// IngressClass `spec.controller` we own.
     pub ingress_controller: String,
     /// Namespace of the controller (and of the dataplane Pods): per-Gateway Services are
@@ -183,7 +185,7 @@ impl Default for Params {
     fn default() -> Self {
         Params {
             controller_name: "sweety.dev/gateway-controller".into(),
-            ingress_class: "sweety".into(),
+            ingress_classes: vec!["sweety".into()],
             ingress_controller: "sweety.dev/ingress-controller".into(),
             namespace: "sweety".into(),
             ingress_service: Some("sweety".into()),
@@ -307,6 +309,11 @@ pub(crate) fn regex_escape(s: &str) -> String {
 /// Translate a snapshot. Pure: see the module docs.
 pub fn translate(snapshot: &Snapshot, params: &Params) -> Output {
     let mut b = Builder::new(snapshot, params);
+    let (settings, statuses) = proxy_settings::settings(snapshot, params);
+    b.config = settings;
+    for (key, status) in statuses {
+        b.status(key, status);
+    }
     gateway::translate(&mut b);
     let ingress_hosts = ingress::translate(&mut b);
     site::translate(&mut b, &ingress_hosts);
@@ -333,7 +340,8 @@ pub struct Builder<'a> {
     pub gateway_services: Vec<GatewayService>,
     /// Static content directories wanted so far.
     pub static_content: Vec<StaticContent>,
-    /// Base config (limits, access log) that a SweetyProxyConfig may adjust.
+    /// The settings (limits, access log, client address) of the SweetyProxyConfigs in effect
+    /// ([`proxy_settings`]); `finish` adds the lists.
     pub config: Config,
 }
 
