@@ -22,8 +22,10 @@
 //! owner's Ingresses (and sharing namespaces') for the same host become one virtual host
 //! (`ingress/<host>`; `ingress/*` for rules without a host). Ingresses are taken oldest first,
 //! so for the same path the oldest Ingress wins. When HTTP and HTTPS need different routes (an
-//! `ssl-redirect`), the host gets two virtual hosts, `ingress/<host>` on HTTPS and
-//! `ingress/<host>@http` on HTTP.
+//! `ssl-redirect`, on by default for hosts with TLS, or the HSTS header), the host gets two
+//! virtual hosts, `ingress/<host>` on HTTPS and `ingress/<host>@http` on HTTP. HTTPS
+//! responses of a host with TLS carry `Strict-Transport-Security` ([`Params::hsts_max_age`],
+//! ingress-nginx's defaults).
 //!
 //! **TLS.** A `spec.tls` Secret serves a host only when its certificate covers it
 //! ([`super::cert_names`]) and the Ingress's namespace may serve it; no `hosts` means the
@@ -323,6 +325,29 @@ fn covered(names: &BTreeMap<String, String>, owners: &Hosts, host: &str) -> bool
         })
 }
 
+/// The `Strict-Transport-Security` response header of Ingress hosts with TLS
+/// ([`Params::hsts_max_age`]; ingress-nginx's defaults: a year, `includeSubDomains`), set
+/// over the backend's own, as ingress-nginx does.
+fn hsts_header(params: &Params) -> Option<sweety_config::HeaderModifier> {
+    if params.hsts_max_age == 0 {
+        return None;
+    }
+    let mut value = format!("max-age={}", params.hsts_max_age);
+    if params.hsts_include_subdomains {
+        value.push_str("; includeSubDomains");
+    }
+    if params.hsts_preload {
+        value.push_str("; preload");
+    }
+    Some(sweety_config::HeaderModifier {
+        set: vec![sweety_config::HeaderValue {
+            name: "strict-transport-security".into(),
+            value,
+        }],
+        ..Default::default()
+    })
+}
+
 /// Load-balancer addresses of the chart's ingress Service.
 pub fn load_balancer(b: &Builder<'_>) -> Vec<LoadBalancerIngress> {
     let Some(name) = b.params.ingress_service.as_deref() else {
@@ -561,7 +586,7 @@ pub fn translate(b: &mut Builder<'_>) -> BTreeSet<String> {
             conditions: Vec::new(),
             generation: ing.metadata.generation.unwrap_or(0),
         };
-        let ann = nginx::Annotations::parse(ing, params, &mut report);
+        let ann = nginx::Annotations::parse(ing, params, &b.snapshot.secrets, &mut report);
         if ann.canary {
             canaries.push((ing.clone(), ann));
             reports.insert((ns, name), report);
@@ -778,8 +803,15 @@ pub fn translate(b: &mut Builder<'_>) -> BTreeSet<String> {
                     route.matches.first().and_then(|m| m.path.as_ref()),
                     Some(PathMatch::Regex(_))
                 );
+                // ingress-nginx's `no-tls-redirect-locations`: HTTP-01 challenges stay on HTTP.
+                let exempt = params
+                    .no_tls_redirect_locations
+                    .iter()
+                    .any(|l| path.starts_with(l.as_str()));
                 entry.push(PathRoute {
-                    http_redirect: (ann.ssl_redirect || ann.force_ssl_redirect)
+                    http_redirect: (!exempt
+                        && (ann.ssl_redirect.unwrap_or(params.ssl_redirect)
+                            || ann.force_ssl_redirect))
                         .then(nginx::https_redirect),
                     force_redirect: ann.force_ssl_redirect,
                     route,
@@ -823,10 +855,18 @@ pub fn translate(b: &mut Builder<'_>) -> BTreeSet<String> {
             .get(&host)
             .cloned()
             .or_else(|| cluster_default.clone());
+        let hsts = hsts_header(params).filter(|_| served_tls && !host.is_empty());
         let https_routes: Vec<Route> = routes
             .iter()
             .map(|r| r.route.clone())
             .chain(default.clone())
+            .map(|mut r| {
+                if let Some(h) = &hsts {
+                    r.filters
+                        .push(sweety_config::Filter::ResponseHeaders(h.clone()));
+                }
+                r
+            })
             .collect();
         let http_routes: Vec<Route> = routes
             .iter()

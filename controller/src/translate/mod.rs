@@ -123,6 +123,19 @@ pub struct Params {
     pub ignore_snippets: bool,
     /// Resolve ExternalName Services as backends (off: such a backend answers 503).
     pub allow_external_name: bool,
+    /// Redirect plain-HTTP requests for Ingress hosts with TLS to HTTPS (308) unless an
+    /// Ingress says `ssl-redirect: "false"`: ingress-nginx's `ssl-redirect` default.
+    pub ssl_redirect: bool,
+    /// Path prefixes never redirected to HTTPS (ingress-nginx's `no-tls-redirect-locations`,
+    /// default `/.well-known/acme-challenge`, so HTTP-01 challenges keep working).
+    pub no_tls_redirect_locations: Vec<String>,
+    /// `Strict-Transport-Security` on HTTPS responses of Ingress hosts with TLS: `max-age`
+    /// in seconds (0: no header). ingress-nginx's default: a year.
+    pub hsts_max_age: u64,
+    /// HSTS `includeSubDomains` (ingress-nginx's default: on).
+    pub hsts_include_subdomains: bool,
+    /// HSTS `preload` (ingress-nginx's default: off).
+    pub hsts_preload: bool,
     /// Type of the per-Gateway Services (`LoadBalancer`, `NodePort` or `ClusterIP`) unless the
     /// GatewayClass's SweetyProxyConfig sets `service.type`.
     pub gateway_service_type: String,
@@ -204,6 +217,11 @@ impl Default for Params {
             ignore_unsupported_security_annotations: false,
             ignore_snippets: false,
             allow_external_name: false,
+            ssl_redirect: true,
+            no_tls_redirect_locations: vec!["/.well-known/acme-challenge".into()],
+            hsts_max_age: 31_536_000,
+            hsts_include_subdomains: true,
+            hsts_preload: false,
             gateway_service_type: "LoadBalancer".into(),
             gateway_service_namespace: GatewayServiceNamespace::Release,
         }
@@ -234,7 +252,7 @@ pub struct GatewayService {
     pub gateway_name: String,
     /// Namespace of the Service: the controller's, or the Gateway's.
     pub namespace: String,
-    /// Service name (`sweety-gw-<gateway namespace>-<gateway name>`, unique in either place).
+    /// Service name ([`addressing::service_name`]: `sweety-gw-<readable>-<hash of namespace/name>`).
     pub name: String,
     /// `Params::gateway_service_type` unless the GatewayClass parameters say otherwise.
     pub service_type: String,
