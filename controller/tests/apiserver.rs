@@ -3925,8 +3925,6 @@ async fn gateway_services_wait_for_the_first_translation() {
 #[ignore = "needs a kube-apiserver: SWEETY_KUBECONFIG (e2e/controller-it.sh)"]
 async fn ingress_of_another_class_keeps_its_status() {
     use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
-    use sweety_controller::run::RunOptions;
-    use sweety_controller::translate::Params;
     let _guard = LOCK.lock().await;
     let client = cluster().await;
     let ns = namespace(&client, "side-by-side").await;
@@ -4019,26 +4017,14 @@ async fn ingress_of_another_class_keeps_its_status() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap().port()
     };
-    let options = RunOptions {
-        params: Params {
-            namespace: ns.clone(),
-            // `nginx` is listed, but its IngressClass names another controller.
-            ingress_classes: vec![ours_class.clone(), nginx_class.clone()],
-            listen_address: "127.0.0.1".into(),
-            ingress_http_port: http_port,
-            content_dir: dataplane.content_dir(),
-            ingress_service: Some("sweety".into()),
-            ..Params::default()
-        },
-        watch: WatchOptions {
-            namespaces: vec![ns.clone()],
-            ..WatchOptions::default()
-        },
-        debounce: Duration::from_millis(50),
-        lease: None,
-        initial_sync_timeout: Duration::from_secs(20),
-        status: sweety_controller::status_worker::StatusOptions::default(),
-    };
+    // `nginx` is listed, but its IngressClass names another controller.
+    let options = ingress_run_options(
+        &ns,
+        vec![ours_class.clone(), nginx_class.clone()],
+        http_port,
+        &dataplane,
+        Some("sweety"),
+    );
     let running = RunLoop::start(&client, options, dataplane.socket.clone());
     for name in ["ours", "moving"] {
         wait_for(&format!("the status of Ingress {name}"), || async {
@@ -4114,8 +4100,6 @@ async fn ingress_of_another_class_keeps_its_status() {
 #[ignore = "needs a kube-apiserver: SWEETY_KUBECONFIG (e2e/controller-it.sh)"]
 async fn ingress_basic_auth_follows_its_secret_and_fails_closed() {
     use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
-    use sweety_controller::run::RunOptions;
-    use sweety_controller::translate::Params;
     let _guard = LOCK.lock().await;
     let client = cluster().await;
     let ns = namespace(&client, "basic-auth").await;
@@ -4150,25 +4134,7 @@ async fn ingress_basic_auth_follows_its_secret_and_fails_closed() {
         l.local_addr().unwrap().port()
     };
     let dataplane = InProcessDataplane::start();
-    let options = RunOptions {
-        params: Params {
-            namespace: ns.clone(),
-            ingress_classes: vec![class_name.clone()],
-            listen_address: "127.0.0.1".into(),
-            ingress_http_port: http_port,
-            content_dir: dataplane.content_dir(),
-            ingress_service: None,
-            ..Params::default()
-        },
-        watch: WatchOptions {
-            namespaces: vec![ns.clone()],
-            ..WatchOptions::default()
-        },
-        debounce: Duration::from_millis(50),
-        lease: None,
-        initial_sync_timeout: Duration::from_secs(20),
-        status: sweety_controller::status_worker::StatusOptions::default(),
-    };
+    let options = ingress_run_options(&ns, vec![class_name.clone()], http_port, &dataplane, None);
     let running = RunLoop::start(&client, options, dataplane.socket.clone());
     // GET / with optional credentials: (status, head and body).
     let get = |creds: Option<&str>| {
@@ -4273,4 +4239,176 @@ async fn ingress_basic_auth_follows_its_secret_and_fails_closed() {
         .await
         .expect("delete class");
     drop_namespace(&client, &ns).await;
+}
+
+/// `migrate-report` against the real apiserver (issue 19): Ingresses of any class, each
+/// annotation judged by the translator's table and parser (a basic-auth Secret read through
+/// the API decides whether that Ingress fails closed), and nothing is written: every
+/// Ingress's resourceVersion is unchanged and no Event is created.
+#[tokio::test]
+#[ignore = "needs a kube-apiserver: SWEETY_KUBECONFIG (e2e/controller-it.sh)"]
+async fn migrate_report_reads_the_cluster_and_writes_nothing() {
+    use k8s_openapi::api::networking::v1::Ingress;
+    use sweety_controller::migrate_report::collect;
+    use sweety_controller::translate::ingress::nginx::Support;
+    use sweety_controller::translate::Params;
+    let _guard = LOCK.lock().await;
+    let client = cluster().await;
+    let ns = namespace(&client, "migrate-report").await;
+    let ingresses: Api<Ingress> = Api::namespaced(client.clone(), &ns);
+    let ingress = |name: &str, annotations: Value| {
+        json!({"metadata": {"name": name, "annotations": annotations},
+               "spec": {"ingressClassName": "nginx", "rules": [{"host": format!("{name}.example"),
+                   "http": {"paths": [{"path": "/", "pathType": "Prefix",
+                       "backend": {"service": {"name": "web", "port": {"number": 80}}}}]}}]}})
+    };
+    create(
+        &ingresses,
+        ingress(
+            "app",
+            json!({"nginx.ingress.kubernetes.io/rewrite-target": "/",
+                   "nginx.ingress.kubernetes.io/limit-rps": "10",
+                   "nginx.ingress.kubernetes.io/proxy-body-size": "8m",
+                   "nginx.ingress.kubernetes.io/ssl-redirect": "true"}),
+        ),
+    )
+    .await;
+    create(
+        &ingresses,
+        ingress(
+            "oauth",
+            json!({"nginx.ingress.kubernetes.io/auth-url": "http://oauth2-proxy.auth.svc/oauth2/auth",
+                   "nginx.ingress.kubernetes.io/configuration-snippet": "more_set_headers x;"}),
+        ),
+    )
+    .await;
+    let basic = json!({"nginx.ingress.kubernetes.io/auth-type": "basic",
+                       "nginx.ingress.kubernetes.io/auth-secret": "htpasswd"});
+    create(&ingresses, ingress("basic-ok", basic.clone())).await;
+    let mut missing = basic.clone();
+    missing["nginx.ingress.kubernetes.io/auth-secret"] = json!("nope");
+    create(&ingresses, ingress("basic-missing", missing)).await;
+    {
+        use base64::Engine as _;
+        create(
+            &Api::<Secret>::namespaced(client.clone(), &ns),
+            json!({"metadata": {"name": "htpasswd"}, "type": "Opaque", "data": {"auth":
+                base64::engine::general_purpose::STANDARD.encode("alice:{SHA}5en6G6MezRroT3XKqkdPOmY/BfQ=\n")}}),
+        )
+        .await;
+    }
+    let versions = |list: &[Ingress]| -> Vec<(String, String)> {
+        let mut v: Vec<_> = list
+            .iter()
+            .map(|i| {
+                (
+                    i.metadata.name.clone().unwrap(),
+                    i.metadata.resource_version.clone().unwrap(),
+                )
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    let before = versions(&ingresses.list(&ListParams::default()).await.unwrap().items);
+
+    let reports = collect(&client, Some(&ns), &Params::default())
+        .await
+        .expect("report");
+    let names: Vec<&str> = reports.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(names, ["app", "basic-missing", "basic-ok", "oauth"]);
+    let verdict = |ing: &str, a: &str| {
+        reports
+            .iter()
+            .find(|r| r.name == ing)
+            .and_then(|r| r.annotations.iter().find(|x| x.annotation == a))
+            .map(|x| x.support)
+    };
+    assert_eq!(
+        verdict("app", "rewrite-target"),
+        Some(Support::HonouredDifferently)
+    );
+    assert_eq!(
+        verdict("app", "limit-rps"),
+        Some(Support::HonouredDifferently)
+    );
+    assert_eq!(
+        verdict("app", "proxy-body-size"),
+        Some(Support::IgnoredHarmless)
+    );
+    assert_eq!(verdict("app", "ssl-redirect"), Some(Support::Honoured));
+    assert_eq!(
+        verdict("oauth", "auth-url"),
+        Some(Support::RefusedFailClosed)
+    );
+    assert_eq!(
+        verdict("oauth", "configuration-snippet"),
+        Some(Support::RefusedFailClosed)
+    );
+    assert_eq!(
+        verdict("basic-ok", "auth-type"),
+        Some(Support::HonouredDifferently)
+    );
+    assert_eq!(
+        verdict("basic-missing", "auth-type"),
+        Some(Support::RefusedFailClosed)
+    );
+    let by = |n: &str| reports.iter().find(|r| r.name == n).unwrap();
+    assert!(by("app").refused.is_none());
+    assert!(by("basic-ok").refused.is_none());
+    assert!(by("basic-missing")
+        .refused
+        .as_deref()
+        .unwrap()
+        .starts_with("503"));
+    assert!(by("oauth").refused.as_deref().unwrap().starts_with("503"));
+    assert_eq!(by("app").class.as_deref(), Some("nginx"));
+    // The JSON is the documented shape.
+    let json = serde_json::to_value(&reports).unwrap();
+    assert_eq!(json[0]["annotations"][0]["support"], "honoured-differently");
+    assert!(json[3]["refused"]
+        .as_str()
+        .unwrap()
+        .contains("raw proxy configuration"));
+
+    // Read-only: nothing changed, no Event.
+    let after = versions(&ingresses.list(&ListParams::default()).await.unwrap().items);
+    assert_eq!(before, after);
+    for n in ["app", "oauth", "basic-ok", "basic-missing"] {
+        assert!(
+            ingress_event_reasons(&client, &ns, n).await.is_empty(),
+            "{n}"
+        );
+    }
+    drop_namespace(&client, &ns).await;
+}
+
+/// The run options of the Ingress tests: one namespace watched (also the controller's), the
+/// given classes, Ingress HTTP on 127.0.0.1:`http_port` of the in-process `dataplane`.
+fn ingress_run_options(
+    ns: &str,
+    classes: Vec<String>,
+    http_port: u16,
+    dataplane: &InProcessDataplane,
+    ingress_service: Option<&str>,
+) -> sweety_controller::run::RunOptions {
+    sweety_controller::run::RunOptions {
+        params: sweety_controller::translate::Params {
+            namespace: ns.to_string(),
+            ingress_classes: classes,
+            listen_address: "127.0.0.1".into(),
+            ingress_http_port: http_port,
+            content_dir: dataplane.content_dir(),
+            ingress_service: ingress_service.map(str::to_string),
+            ..Default::default()
+        },
+        watch: WatchOptions {
+            namespaces: vec![ns.to_string()],
+            ..WatchOptions::default()
+        },
+        debounce: Duration::from_millis(50),
+        lease: None,
+        initial_sync_timeout: Duration::from_secs(20),
+        status: sweety_controller::status_worker::StatusOptions::default(),
+    }
 }
