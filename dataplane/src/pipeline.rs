@@ -1037,6 +1037,8 @@ impl Finish {
                 retries,
                 tls: conn.tls,
                 sni: conn.sni.clone(),
+                tls_version: conn.tls_version,
+                tls_cipher: conn.tls_cipher,
                 user_agent: l.user_agent,
                 referer: l.referer,
                 cache: l.cache,
@@ -1189,6 +1191,8 @@ mod size_tests {
             local: "127.0.0.1:2".parse().unwrap(),
             tls: false,
             sni: None,
+            tls_version: None,
+            tls_cipher: None,
         });
         let req = http::Request::new(crate::body::empty());
         let f = super::handle(rt.shared.clone(), conn, crate::ctx::Protocol::Http2, req);

@@ -64,6 +64,9 @@ async fn origin() -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
 struct Setup {
     _runtime: Arc<Runtime>,
     addr: SocketAddr,
+    /// The HTTPS listener (certificate for `localhost`, trusted by `ca`).
+    tls_addr: SocketAddr,
+    ca: String,
     origin: SocketAddr,
     dead: SocketAddr,
     seen: Arc<Mutex<Vec<String>>>,
@@ -86,7 +89,8 @@ async fn start_with(format: AccessLogFormat, client_ip: ClientIp) -> Setup {
     cached.filters.push(Filter::Cache(CachePolicy::default()));
     let mut slow = proxy_route("slow", "/slow", "up");
     slow.timeouts.request = Some(sweety_config::Duration::from_millis(300));
-    let cfg = Config {
+    let (cert, ca) = cert_for("localhost");
+    let mut cfg = Config {
         backends: vec![backend("up", origin), backend("down", dead)],
         client_ip,
         ..http_config(vec![vhost(
@@ -100,6 +104,14 @@ async fn start_with(format: AccessLogFormat, client_ip: ClientIp) -> Setup {
             ],
         )])
     };
+    cfg.listeners.push(Listener {
+        tls: Some(ListenerTls {
+            certificates: vec![cert],
+            min_version: TlsVersion::Tls12,
+            client_auth: None,
+        }),
+        ..listener("tls", ListenerProtocol::Https)
+    });
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("access.log");
     let runtime = Arc::new(
@@ -115,10 +127,13 @@ async fn start_with(format: AccessLogFormat, client_ip: ClientIp) -> Setup {
         .unwrap(),
     );
     runtime.apply(cfg).await.expect("config applies");
-    let addr = *runtime.bound().await.get("web").unwrap();
+    let bound = runtime.bound().await;
+    let (addr, tls_addr) = (*bound.get("web").unwrap(), *bound.get("tls").unwrap());
     Setup {
         _runtime: runtime,
         addr,
+        tls_addr,
+        ca,
         origin,
         dead,
         seen,
@@ -358,4 +373,28 @@ async fn a_trusted_proxys_request_id_is_kept() {
     assert_eq!(l[0]["real_client_ip"], "198.51.100.9");
     assert_eq!(l[0]["client_addr"], "127.0.0.1");
     assert_ne!(l[1]["request_id"], "has space");
+}
+
+/// Over TLS the line names the server name, version and cipher suite the handshake agreed.
+#[tokio::test]
+async fn tls_fields_are_logged() {
+    let s = start(AccessLogFormat::Json).await;
+    for alpn in [&b"http/1.1"[..], &b"h2"[..]] {
+        let (_, status, body) = tls_get(s.tls_addr, "localhost", &s.ca, &[alpn], "/hello")
+            .await
+            .unwrap();
+        assert_eq!(status, 200, "{body}");
+    }
+    let l = json_lines(&s.log, 2).await;
+    for (l, proto) in l.iter().zip(["HTTP/1.1", "HTTP/2"]) {
+        assert_eq!(l["protocol"], proto);
+        assert_eq!(l["tls"], true);
+        assert_eq!(l["listener"], "tls");
+        assert_eq!(l["sni"], "localhost");
+        assert_eq!(l["tls_version"], "TLSv1.3");
+        assert!(
+            l["tls_cipher"].as_str().unwrap().starts_with("TLS13_"),
+            "{l}"
+        );
+    }
 }

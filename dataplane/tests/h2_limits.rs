@@ -906,6 +906,8 @@ async fn serve_recorded(
         local,
         tls: false,
         sni: None,
+        tls_version: None,
+        tls_cipher: None,
     });
     let snap = h.runtime.shared.snapshot();
     let settings = sweety_dataplane::listen::tcp::h2_settings(&snap.config.limits);

@@ -863,6 +863,8 @@ async fn early_data_is_opt_in_and_unsafe_methods_in_it_get_425() {
             local: addr,
             tls: true,
             sni: Some("localhost".into()),
+            tls_version: None,
+            tls_cipher: None,
         });
         for (method, want) in [
             (Method::GET, 200),

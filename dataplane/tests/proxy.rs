@@ -148,6 +148,8 @@ fn ctx() -> RequestCtx {
             local: "127.0.0.1:8080".parse().unwrap(),
             tls: false,
             sni: None,
+            tls_version: None,
+            tls_cipher: None,
         }),
         protocol: Protocol::Http1,
         start: Instant::now(),

@@ -208,6 +208,8 @@ async fn serve_conn(
                 local,
                 tls: false,
                 sni: None,
+                tls_version: None,
+                tls_cipher: None,
             });
             // h2c by prior knowledge or HTTP/1.1: told by the first bytes, read within the
             // header-read timeout (a client that sends nothing, or a part of the preface, is
@@ -293,6 +295,14 @@ async fn serve_conn(
                 local,
                 tls: true,
                 sni,
+                tls_version: session.protocol_version().and_then(|v| match v {
+                    rustls::ProtocolVersion::TLSv1_2 => Some("TLSv1.2"),
+                    rustls::ProtocolVersion::TLSv1_3 => Some("TLSv1.3"),
+                    _ => None,
+                }),
+                tls_cipher: session
+                    .negotiated_cipher_suite()
+                    .and_then(|c| c.suite().as_str()),
             });
             if let (true, Some(settings)) = (alpn_h2, h2) {
                 let r = sweety_h2::serve(

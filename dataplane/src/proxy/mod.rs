@@ -687,6 +687,8 @@ mod tests {
                 local: "127.0.0.1:80".parse().unwrap(),
                 tls: false,
                 sni: None,
+                tls_version: None,
+                tls_cipher: None,
             }),
             protocol: Protocol::Http2,
             start: Instant::now(),
