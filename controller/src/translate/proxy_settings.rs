@@ -7,7 +7,8 @@
 //! - **limits**: for each field, the smallest value any config in effect sets wins (the most
 //!   restrictive; unset fields keep the dataplane defaults of docs/config.md);
 //! - **logging.accessLog**: on when any config says on, off only when those that say something
-//!   all say off (`logging.format: text` is not implemented yet: the condition says so);
+//!   all say off; **logging.format** `text` (the ingress-nginx-like `combined` line) only when
+//!   every config that names a format says text, else JSON;
 //! - **clientIp.trustedProxies**: applied only when every config that sets it sets the same
 //!   set; on a disagreement no proxy is trusted (the peer address is the client: fail
 //!   closed) and each config involved says so; `forwardedForDepth`: the smallest.
@@ -25,7 +26,8 @@ use super::snapshot::Snapshot;
 use super::status::{Condition, ObjectKey, ObjectStatus};
 use super::Params;
 use std::collections::{BTreeMap, BTreeSet};
-use sweety_config::{Config, Duration, Limits};
+use sweety_config::{AccessLogFormat, Config, Duration, Limits};
+use sweety_crds::proxy_config::LogFormat;
 use sweety_crds::SweetyProxyConfig;
 
 const GROUP: &str = "sweety.dev";
@@ -185,6 +187,8 @@ struct Merge<'a> {
     body_idle_timeout: Smallest<Duration>,
     drain_timeout: Smallest<Duration>,
     access_log: Option<bool>,
+    /// `logging.format` by config.
+    formats: Vec<(usize, LogFormat)>,
     trusted: Option<BTreeSet<String>>,
     trust_conflict: BTreeSet<usize>,
     /// Configs that set trusted proxies.
@@ -269,15 +273,8 @@ impl<'a> Merge<'a> {
         if let Some(on) = c.spec.logging.as_ref().and_then(|l| l.access_log) {
             self.access_log = Some(self.access_log.unwrap_or(false) || on);
         }
-        if c.spec.logging.as_ref().and_then(|l| l.format)
-            == Some(sweety_crds::proxy_config::LogFormat::Text)
-        {
-            self.note(
-                i,
-                "logging.format text is not implemented by the dataplane yet: it writes JSON \
-                 lines"
-                    .to_string(),
-            );
+        if let Some(f) = c.spec.logging.as_ref().and_then(|l| l.format) {
+            self.formats.push((i, f));
         }
         if let Some(ip) = &c.spec.client_ip {
             if let Some(list) = &ip.trusted_proxies {
@@ -384,6 +381,21 @@ impl<'a> Merge<'a> {
         ];
         if let Some(on) = self.access_log {
             config.access_log.enabled = on;
+        }
+        // Text (the ingress-nginx-like `combined` line) only when every config that names a
+        // format says text; JSON otherwise.
+        let text = |f: &LogFormat| *f == LogFormat::Text;
+        if !self.formats.is_empty() && self.formats.iter().all(|(_, f)| text(f)) {
+            config.access_log.format = AccessLogFormat::Combined;
+        } else {
+            for (i, _) in self.formats.clone().into_iter().filter(|(_, f)| text(f)) {
+                self.note(
+                    i,
+                    "logging.format text does not apply: another config in effect says json \
+                     (text only when all say text)"
+                        .to_string(),
+                );
+            }
         }
         if self.trust_conflict.is_empty() {
             if let Some(set) = &self.trusted {
@@ -492,7 +504,7 @@ spec:
             spc(
                 "a",
                 "{limits: {maxRequestBodyBytes: 1048576, idleTimeout: 2m, drainTimeout: 5s}, \
-                 logging: {accessLog: false}}"
+                 logging: {accessLog: false, format: text}}"
             ),
             spc(
                 "ing",
@@ -509,6 +521,8 @@ spec:
         assert_eq!(l.header_read_timeout, Duration::from_secs(3));
         assert_eq!(l.max_connections, Limits::default().max_connections);
         assert!(!config.access_log.enabled);
+        // `a` says text, `ing` names no format: text.
+        assert_eq!(config.access_log.format, AccessLogFormat::Combined);
         let a = condition(&statuses, KIND, "a");
         assert_eq!((a.status.as_str(), a.observed_generation), ("True", 2));
         assert!(a.message.contains("GatewayClass a"), "{}", a.message);
@@ -553,11 +567,18 @@ spec:
 
         let differ = snapshot(&format!(
             "{CLASSES}{}{}",
-            spc("a", "{clientIp: {trustedProxies: [10.0.0.0/8]}}"),
-            spc("ing", "{clientIp: {trustedProxies: [0.0.0.0/0]}}"),
+            spc(
+                "a",
+                "{clientIp: {trustedProxies: [10.0.0.0/8]}, logging: {format: text}}"
+            ),
+            spc(
+                "ing",
+                "{clientIp: {trustedProxies: [0.0.0.0/0]}, logging: {format: json}}"
+            ),
         ));
         let (config, statuses) = settings(&differ, &Params::default());
         assert!(config.client_ip.trusted_proxies.is_empty(), "fails closed");
+        assert_eq!(config.access_log.format, AccessLogFormat::Json);
         for name in ["a", "ing"] {
             let c = condition(&statuses, KIND, name);
             assert_eq!(
@@ -566,6 +587,12 @@ spec:
             );
             assert!(c.message.contains("no proxy is trusted"), "{}", c.message);
         }
+        let a = condition(&statuses, KIND, "a");
+        assert!(
+            a.message.contains("logging.format text does not apply"),
+            "{}",
+            a.message
+        );
     }
 
     #[test]
