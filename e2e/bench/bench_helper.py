@@ -495,6 +495,41 @@ def cmd_report(a):
                 h3rows,
             ),
         ]
+    harows = []
+    for c in cells:
+        s, h = agg(c, "sweety"), agg(c, "haproxy")
+        if h is None:
+            continue
+        g = lambda d, k: d[k] if d else None
+        harows.append(
+            [
+                c,
+                fmt_rps(g(s, "rps")),
+                fmt_rps(g(h, "rps")),
+                fmt_ms(g(s, "p99")),
+                fmt_ms(g(h, "p99")),
+                fmt_num(g(s, "us")),
+                fmt_num(g(h, "us")),
+                fmt_ratio(g(s, "us"), g(h, "us")),
+                fmt_mb(g(s, "rss")),
+                fmt_mb(g(h, "rss")),
+                "—" if h is None else h["fail"],
+            ]
+        )
+    if harows:
+        out += [
+            "",
+            "## Sweety vs HAProxy (proxy and cache cells)",
+            "",
+            "Same backend, ports and load as above; HAProxy with one thread. µs S/H is Sweety's "
+            "server CPU-µs per request over HAProxy's.",
+            "",
+            md_table(
+                ["cell", "rps S", "rps H", "p99 S", "p99 H", "µs/req S", "µs/req H", "µs S/H",
+                 "peak RSS S", "peak RSS H", "fail H"],
+                harows,
+            ),
+        ]
     out += [
         "",
         "## Every run",

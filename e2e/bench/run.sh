@@ -10,9 +10,11 @@
 #   RUNS=2         passes over all cells (the machine is noisy; the report shows every run)
 #   CELLS=         space/comma separated glob filter over the cell names (default: all):
 #                  h1-1k h1-10k h1-100k h1-1m h2-1k h2-10k h2-100k h2-1m proxy-h1
+#                  proxy-h2 proxy-h2-4k (the proxy path with an HTTP/2-over-TLS front)
 #                  h3-1k h3-10k h3-100k h3-1m (Sweety only: this nginx has no HTTP/3)
 #                  cache-h2 gzip-h2 ws-h1 (edge features, see below)
-#   SERVERS="sweety nginx"   which servers to run
+#   SERVERS="sweety nginx haproxy"   which servers to run (HAProxy runs the proxy-* and
+#                  cache-h2 cells only: it serves no files)
 #   SERVER_CPU=0 CLIENT_CPU=1 BACKEND_CPU=$CLIENT_CPU   taskset CPU of each role
 #   PORT_BASE=18440  ports used on 127.0.0.1: TLS = base, plain HTTP = base+1,
 #                    backend = base+2, Sweety admin = base+3, WebSocket echo backend = base+4
@@ -41,7 +43,9 @@
 # from /proc/PID/stat over the run) and peak RSS (VmHWM, summed over the server's processes).
 #
 # Cells: static files over TLS with h2load (H1: --h1 -c 100 -t 1; H2: -c 100 -m 10 -t 1;
-# 1 MB: -c 10), and proxy-h1 with wrk -t1 -c100 over plain HTTP. p99 of h2load cells comes
+# 1 MB: -c 10), and proxy-h1 with wrk -t1 -c100 over plain HTTP. proxy-h2 and proxy-h2-4k
+# are the proxy path with an HTTP/2-over-TLS front (h2load -c 100 -m 10) to the same
+# HTTP/1.1 keep-alive backend, answering 12 bytes and 4 KB (/proxy4k). p99 of h2load cells comes
 # from h2load's --log-file (one line per request), of wrk from --latency. The h3 cells serve
 # the same files over HTTP/3 (QUIC on the TLS port; Sweety started with http3 on) with oha
 # (-c 100 -p 10, 1 MB: -c 10 -p 10, like h2load -m 10; JSON output), Sweety only; the report then also compares Sweety's H3
@@ -57,20 +61,24 @@
 # message and waiting for its echo (dataplane/examples/ws_bench.rs; messages/s in the rps
 # column). WS_BENCH= uses a prebuilt ws_bench binary.
 #
+# HAProxy (Debian's haproxy, nbthread 1, pinned like the others) is the third peer for the
+# proxy cells and cache-h2 (its `cache` section, max-age 600 s): same front ports, TLS 1.3
+# with ALPN h2/http/1.1, `http-reuse always` keep-alive to the same backend.
+#
 # Everything listens on 127.0.0.1 only; every process started here is killed on exit.
 set -euo pipefail
 
 DUR=${DUR:-8}
 RUNS=${RUNS:-2}
 CELLS=${CELLS:-}
-SERVERS=${SERVERS:-sweety nginx}
+SERVERS=${SERVERS:-sweety nginx haproxy}
 SERVER_CPU=${SERVER_CPU:-0}
 CLIENT_CPU=${CLIENT_CPU:-1}
 BACKEND_CPU=${BACKEND_CPU:-$CLIENT_CPU}
 PORT_BASE=${PORT_BASE:-18440}
 OUT=""
 
-ALL_CELLS="h1-1k h1-10k h1-100k h1-1m h2-1k h2-10k h2-100k h2-1m proxy-h1 h3-1k h3-10k h3-100k h3-1m cache-h2 gzip-h2 ws-h1"
+ALL_CELLS="h1-1k h1-10k h1-100k h1-1m h2-1k h2-10k h2-100k h2-1m proxy-h1 proxy-h2 proxy-h2-4k h3-1k h3-10k h3-100k h3-1m cache-h2 gzip-h2 ws-h1"
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 
@@ -108,6 +116,9 @@ install_missing() {
     command -v curl >/dev/null || need+=(curl)
     command -v taskset >/dev/null || need+=(util-linux)
     command -v python3 >/dev/null || need+=(python3)
+    if [[ " $SERVERS " == *" haproxy "* ]]; then
+        command -v haproxy >/dev/null || [[ -x /usr/sbin/haproxy ]] || need+=(haproxy)
+    fi
     ((${#need[@]})) || return 0
     log "installing ${need[*]}"
     local sudo=()
@@ -118,6 +129,7 @@ install_missing() {
 }
 install_missing
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
+HAPROXY=$(command -v haproxy || echo /usr/sbin/haproxy)
 OHA=${OHA:-$(command -v oha || echo "$HOME/.cache/sweety/tools/bin/oha")}
 ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 NOFILE=$(ulimit -n) # servers' descriptor limit (nginx: worker_rlimit_nofile)
@@ -193,7 +205,7 @@ openssl ecparam -name prime256v1 -genkey -noout -out "$WORK/key.pem" 2>/dev/null
 openssl req -x509 -new -key "$WORK/key.pem" -out "$WORK/cert.pem" -days 30 \
     -subj "/CN=127.0.0.1" -addext "subjectAltName=IP:127.0.0.1" 2>/dev/null
 
-for f in 1k:1 10k:10 100k:100 1m:1024; do
+for f in 1k:1 4k:4 10k:10 100k:100 1m:1024; do
     dd if=/dev/urandom of="$WORK/www/${f%%:*}.bin" bs=1024 count="${f#*:}" status=none
 done
 # gzip-h2: 100 KB of log-like text (compresses about 4-6x), the same file for both servers.
@@ -225,6 +237,7 @@ http {
     server {
         listen 127.0.0.1:$BACKEND_PORT;
         default_type text/plain;
+        location = /proxy4k { alias $WORK/www/4k.bin; }
         location / { return 200 "hello world\n"; }
     }
 }
@@ -355,10 +368,47 @@ EOF
 sed 's/^    http3: false$/    http3: true/' "$WORK/sweety.yaml" >"$WORK/sweety-h3.yaml"
 [[ -n ${SWEETY_HTTP3:-} ]] && printf 'http3: {%s}\n' "$SWEETY_HTTP3" >>"$WORK/sweety-h3.yaml"
 
+# HAProxy: the proxy and cache routes only (it serves no files), on the same ports.
+cat "$WORK/cert.pem" "$WORK/key.pem" >"$WORK/haproxy.pem"
+mkdir -p "$WORK/haproxy"
+cat >"$WORK/haproxy.cfg" <<EOF
+global
+    nbthread 1
+    ssl-default-bind-options ssl-min-ver TLSv1.3
+defaults
+    mode http
+    timeout connect 5s
+    timeout client 75s
+    timeout server 75s
+    timeout http-keep-alive 75s
+    option http-keep-alive
+    http-reuse always
+cache bench
+    total-max-size 64
+    max-age 600
+frontend tls
+    bind 127.0.0.1:$TLS_PORT ssl crt $WORK/haproxy.pem alpn h2,http/1.1
+    use_backend cached if { path_beg /cached }
+    default_backend hello
+frontend plain
+    bind 127.0.0.1:$PLAIN_PORT
+    use_backend cached if { path_beg /cached }
+    default_backend hello
+backend hello
+    server be 127.0.0.1:$BACKEND_PORT
+backend cached
+    http-request cache-use bench
+    http-response cache-store bench
+    server be 127.0.0.1:$BACKEND_PORT
+EOF
+
 "$SWEETY_BIN" validate "$WORK/sweety.yaml" >&2 || die "the generated Sweety config is invalid"
 "$SWEETY_BIN" validate "$WORK/sweety-h3.yaml" >&2 || die "the generated Sweety HTTP/3 config is invalid"
 "$NGINX" -t -q -p "$WORK/nginx/" -c "$WORK/nginx.conf" -e "$WORK/nginx/error.log" ||
     die "the generated nginx config is invalid"
+if [[ " $SERVERS " == *" haproxy "* ]]; then
+    "$HAPROXY" -c -q -f "$WORK/haproxy.cfg" || die "the generated HAProxy config is invalid"
+fi
 
 # ----------------------------------------------------------------------------- servers
 
@@ -384,6 +434,7 @@ start_server() { # start_server NAME [CONFIG]: sets SERVER_PID; returns 1 if it 
     case $name in
         sweety) errlog=$WORK/sweety.log ;;
         nginx) errlog=$WORK/nginx/error.log ;;
+        haproxy) errlog=$WORK/haproxy/haproxy.log ;;
         *) die "unknown server $name" ;;
     esac
     touch "$errlog"
@@ -395,6 +446,9 @@ start_server() { # start_server NAME [CONFIG]: sets SERVER_PID; returns 1 if it 
             ;;
         nginx)
             taskset -c "$SERVER_CPU" "$NGINX" -p "$WORK/nginx/" -c "$WORK/nginx.conf" -e "$errlog" &
+            ;;
+        haproxy) # -db: foreground, one process
+            taskset -c "$SERVER_CPU" "$HAPROXY" -db -f "$WORK/haproxy.cfg" >>"$errlog" 2>&1 &
             ;;
     esac
     SERVER_PID=$!
@@ -434,6 +488,8 @@ selected() { # selected CELL: matches the CELLS filter?
 run_cell() { # run_cell CELL SERVER RUN
     local cell=$1 server=$2 run=$3 proto=${1%%-*} size=${1#*-} conns=100 url tool cmd idle probe expect
     local tag=$WORK/out/$cell.$server.$run config=$WORK/sweety.yaml
+    # HAProxy serves no files: only the proxy and cache cells.
+    [[ $server == haproxy && $cell != proxy-* && $cell != cache-h2 ]] && return 0
     if [[ $proto == h3 ]]; then
         [[ $server == sweety ]] || return 0 # nginx here has no HTTP/3
         url=https://127.0.0.1:$TLS_PORT/$size.bin
@@ -460,6 +516,16 @@ run_cell() { # run_cell CELL SERVER RUN
         tool=wsbench
         expect="101 64B"
         cmd=("$WS_BENCH" client "$url" 50 "$DUR" 64)
+    elif [[ $cell == proxy-h2 || $cell == proxy-h2-4k ]]; then
+        tool=h2load
+        if [[ $cell == proxy-h2 ]]; then
+            url=https://127.0.0.1:$TLS_PORT/proxy
+            expect="200 12B"
+        else
+            url=https://127.0.0.1:$TLS_PORT/proxy4k
+            expect="200 4096B"
+        fi
+        cmd=(h2load -c "$conns" -m 10 -t 1 -D "$DUR" --log-file "$tag.log" "$url")
     elif [[ $cell == proxy-h1 ]]; then
         url=http://127.0.0.1:$PLAIN_PORT/proxy
         tool=wrk
@@ -491,10 +557,10 @@ run_cell() { # run_cell CELL SERVER RUN
         probe=$(timeout 10 "$WS_BENCH" probe "$url" || true)
     else
         probe=$(curl -sk --max-time 5 -o /dev/null -w '%{http_code} %{size_download}B' \
-            $([[ $proto == h2 || $cell == cache-h2 || $cell == gzip-h2 ]] && echo --http2 || echo --http1.1) "$url" || true)
+            $([[ $proto == h2 || $cell == cache-h2 || $cell == gzip-h2 || $cell == proxy-h2* ]] && echo --http2 || echo --http1.1) "$url" || true)
         # short warm-up so both servers start the measured window with warm caches and pools
         taskset -c "$CLIENT_CPU" timeout 10 h2load -n 200 -c 10 -t 1 \
-            $([[ $proto == h2 || $cell == cache-h2 || $cell == gzip-h2 ]] || echo --h1) "$url" >/dev/null 2>&1 || true
+            $([[ $proto == h2 || $cell == cache-h2 || $cell == gzip-h2 || $cell == proxy-h2* ]] || echo --h1) "$url" >/dev/null 2>&1 || true
     fi
     "${HELPER[@]}" measure --results "$RESULTS" --cell "$cell" \
         --server "$server" --run "$run" --tool "$tool" --server-pid "$SERVER_PID" \
@@ -535,7 +601,7 @@ out_args=()
 "${HELPER[@]}" report "$RESULTS" "${out_args[@]}" \
     --meta "date=$(date -u '+%Y-%m-%d %H:%M UTC')" \
     --meta "machine=$(nproc) CPUs, $(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1), Linux $(uname -r)" \
-    --meta "sweety=$rev; nginx=$("$NGINX" -v 2>&1 | sed 's/.*\///'); h2load=$(h2load --version | sed 's/.*\///'); $(wrk -v 2>&1 | head -1 | cut -d' ' -f1-2)$([[ -x $OHA ]] && echo "; $("$OHA" --version 2>/dev/null)")" \
+    --meta "sweety=$rev; nginx=$("$NGINX" -v 2>&1 | sed 's/.*\///')$([[ " $SERVERS " == *" haproxy "* ]] && echo "; haproxy=$("$HAPROXY" -v | sed -n '1s/^HAProxy version \([^ ]*\).*/\1/p')"); h2load=$(h2load --version | sed 's/.*\///'); $(wrk -v 2>&1 | head -1 | cut -d' ' -f1-2)$([[ -x $OHA ]] && echo "; $("$OHA" --version 2>/dev/null)")" \
     --meta "setup=server on CPU $SERVER_CPU (one worker), load generator on CPU $CLIENT_CPU, backend on CPU $BACKEND_CPU; ${DUR}s per cell, $RUNS run(s)"
 [[ -n $OUT ]] && log "report written to $OUT"
 exit 0
