@@ -16,6 +16,7 @@
 mod content;
 pub mod delta;
 mod duration;
+pub mod htpasswd;
 mod model;
 mod traffic;
 mod validate;
@@ -23,6 +24,7 @@ pub mod wire;
 
 pub use content::*;
 pub use duration::Duration;
+pub use htpasswd::{BasicAuth, BasicAuthUser};
 pub use model::*;
 pub use traffic::*;
 pub use validate::{check_pem, PemKind, ValidationError, ValidationErrors};

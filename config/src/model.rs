@@ -423,6 +423,9 @@ pub enum Filter {
     IpAccess(IpAccess),
     /// Requests in flight per key at most (429 past it). Checked with the rate limits.
     ConcurrencyLimit(crate::traffic::ConcurrencyLimit),
+    /// HTTP Basic authentication (401 without valid credentials). Checked after the IP lists
+    /// and limits, before every other request filter.
+    BasicAuth(crate::htpasswd::BasicAuth),
     /// Compress responses (gzip, br, zstd) by the client's Accept-Encoding.
     Compress(crate::Compression),
     /// Cache responses in memory.
@@ -1034,6 +1037,20 @@ pub struct AccessLog {
     pub path: Option<PathBuf>,
     /// Lines queued for the writer; past it lines are dropped and counted.
     pub buffer_lines: u32,
+    /// Line format: `json` (one JSON object per line, the documented schema) or `combined`
+    /// (ingress-nginx's "upstreaminfo"-like text line).
+    pub format: AccessLogFormat,
+}
+
+/// The access log's line format.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AccessLogFormat {
+    /// One JSON object per line (docs/observability.md "Access log").
+    #[default]
+    Json,
+    /// An ingress-nginx-like text line: `combined` plus upstream fields and the request id.
+    Combined,
 }
 
 impl Default for AccessLog {
@@ -1042,6 +1059,7 @@ impl Default for AccessLog {
             enabled: true,
             path: None,
             buffer_lines: 8192,
+            format: AccessLogFormat::Json,
         }
     }
 }

@@ -721,6 +721,11 @@ impl<'a> Validator<'a> {
                 &format!("{path}.ip_access"),
                 crate::traffic::check_ip_access(a),
             ),
+            Filter::BasicAuth(a) => {
+                for (field, msg) in crate::htpasswd::check_basic_auth(a) {
+                    self.err(format!("{path}.basic_auth.{field}"), msg);
+                }
+            }
             Filter::Compress(c) => self.compress(&format!("{path}.compress"), c),
             Filter::Cache(c) => self.cache_policy(&format!("{path}.cache"), c),
             Filter::Grpc(_) => {}

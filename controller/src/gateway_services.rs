@@ -15,7 +15,10 @@
 //!   write access to Services and EndpointSlices in every Gateway namespace.
 //!
 //! Services and slices are created and updated with server-side apply, only when they differ
-//! from what the cluster has; owned ones that are no longer wanted where they are (Gateway
+//! from what the cluster has, and only when they are ours: an object of the wanted name that
+//! this installation did not make for this Gateway is never adopted or overwritten
+//! ([`SyncReport::refused`]; translate refuses such a Gateway too,
+//! [`crate::translate::addressing::is_service_of`]); owned ones that are no longer wanted where they are (Gateway
 //! gone, or the setting changed) are deleted, and so are the Services an older release
 //! created in the controller's namespace without an owner label. A stale one the controller
 //! may not delete (a Gateway namespace after a switch to `release`: no write access there)
@@ -43,6 +46,7 @@
 //! the controller's namespace, a watch of just the dataplane Service's slices there does:
 //! `WatchOptions::dataplane_service`).
 
+pub use crate::labels::label_value;
 use crate::labels::{
     GATEWAY_ANNOTATION, GATEWAY_NAMESPACE_LABEL, GATEWAY_NAME_LABEL, INFRASTRUCTURE_KEYS,
     MANAGED_BY, MANAGED_BY_LABEL, OWNER_LABEL, SERVICE_NAME_LABEL, SLICE_MANAGED_BY,
@@ -56,7 +60,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Api, Client};
-use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 
 /// The API's limit of endpoints in one EndpointSlice; more dataplane Pods are left out (with a
@@ -72,8 +75,9 @@ pub struct SyncReport {
     pub unchanged: usize,
     /// Services and slices of Gateways that are gone.
     pub deleted: Vec<String>,
-    /// Services left alone because a Service of that name exists that is not ours (a user's
-    /// own, or another installation's): never taken over.
+    /// Services (and slices) left alone because one of that name exists that is not ours
+    /// for this Gateway (a user's own, another installation's, another Gateway's): never
+    /// taken over.
     pub refused: Vec<String>,
     /// Stale owned objects the controller may not delete (403: no write access in that
     /// namespace, e.g. Gateway namespaces after a switch to `release`); same naming as
@@ -183,7 +187,18 @@ impl GatewayServices {
         for d in desired {
             let want = self.service(d, selector.as_ref());
             let k = (d.namespace.clone(), d.name.clone());
-            let current = existing.remove(&k);
+            let mut current = existing.remove(&k);
+            // Ours, but made for another Gateway (a name collision translate should have
+            // refused): never rewritten for this one; it goes as no longer wanted.
+            if let Some(c) = current.take_if(|c| !for_gateway(c, d)) {
+                tracing::warn!(
+                    service = %format!("{}/{}", k.0, k.1),
+                    "this Service is another Gateway's; not taking it over"
+                );
+                report.refused.push(format!("{}/{}", k.0, k.1));
+                existing.insert(k, c);
+                continue;
+            }
             let api = Api::<Service>::namespaced(self.client.clone(), &d.namespace);
             if current.as_ref().is_some_and(|c| same(c, &want)) {
                 report.unchanged += 1;
@@ -218,7 +233,25 @@ impl GatewayServices {
                     report.unchanged += 1;
                     continue;
                 }
-                Api::<EndpointSlice>::namespaced(self.client.clone(), &sk.0)
+                let slice_api = Api::<EndpointSlice>::namespaced(self.client.clone(), &sk.0);
+                // As for Services: a slice of that name that is not ours is left alone.
+                if current.is_none()
+                    && slice_api
+                        .get_opt(&sk.1)
+                        .await
+                        .map_err(Error::Kube)?
+                        .is_some()
+                {
+                    tracing::warn!(
+                        slice = %format!("{}/{}", sk.0, sk.1),
+                        "an EndpointSlice with this name exists and is not ours; not taking it over"
+                    );
+                    report
+                        .refused
+                        .push(format!("EndpointSlice {}/{}", sk.0, sk.1));
+                    continue;
+                }
+                slice_api
                     .patch(
                         &sk.1,
                         &PatchParams::apply(&self.field_manager).force(),
@@ -497,6 +530,16 @@ pub fn mirror_endpoints(slices: &[EndpointSlice]) -> BTreeMap<String, Vec<Endpoi
         .collect()
 }
 
+/// Whether owned Service `c` was made for the Gateway of `d` (by its
+/// [`GATEWAY_ANNOTATION`]; one without it, from an older release, by its name).
+fn for_gateway(c: &Service, d: &GatewayService) -> bool {
+    c.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(GATEWAY_ANNOTATION))
+        .is_none_or(|a| *a == format!("{}/{}", d.gateway_namespace, d.gateway_name))
+}
+
 /// Whether the cluster's EndpointSlice already matches what we would apply.
 fn same_slice(current: &EndpointSlice, want: &EndpointSlice) -> bool {
     let labels_match = want
@@ -559,17 +602,6 @@ fn same(current: &Service, want: &Service) -> bool {
         // Also when no address is wanted any more: the old request must go.
         && c.load_balancer_ip == w.load_balancer_ip
         && ports(c) == ports(w)
-}
-
-/// A valid label value: the input when it fits in 63 characters, else a prefix plus a hash.
-pub fn label_value(s: &str) -> String {
-    if s.len() <= 63 {
-        return s.to_string();
-    }
-    let hash = Sha256::digest(s.as_bytes());
-    let hex: String = hash[..5].iter().map(|b| format!("{b:02x}")).collect();
-    let prefix: String = s.chars().take(52).collect();
-    format!("{}-{hex}", prefix.trim_end_matches(['-', '.', '_']))
 }
 
 #[cfg(test)]

@@ -3,6 +3,8 @@
 //! and reads EndpointSlice ownership) and the I/O modules ([`crate::gateway_services`],
 //! [`crate::watch`]) use them, so neither imports the other for a name.
 
+use sha2::{Digest, Sha256};
+
 /// The standard "managed by" label; ours carry [`MANAGED_BY`].
 pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 /// Our value of [`MANAGED_BY_LABEL`].
@@ -25,3 +27,14 @@ pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 pub const SLICE_MANAGED_BY_LABEL: &str = "endpointslice.kubernetes.io/managed-by";
 /// Our value of [`SLICE_MANAGED_BY_LABEL`].
 pub const SLICE_MANAGED_BY: &str = "controller.sweety.dev";
+
+/// A valid label value: the input when it fits in 63 characters, else a prefix plus a hash.
+pub fn label_value(s: &str) -> String {
+    if s.len() <= 63 {
+        return s.to_string();
+    }
+    let hash = Sha256::digest(s.as_bytes());
+    let hex: String = hash[..5].iter().map(|b| format!("{b:02x}")).collect();
+    let prefix: String = s.chars().take(52).collect();
+    format!("{}-{hex}", prefix.trim_end_matches(['-', '.', '_']))
+}

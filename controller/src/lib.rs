@@ -15,6 +15,7 @@ pub mod leader;
 pub mod metrics;
 pub mod push;
 pub mod run;
+pub mod static_content;
 pub mod status_worker;
 pub mod status_writer;
 pub mod translate;

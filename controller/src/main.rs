@@ -34,9 +34,15 @@ struct Args {
         default_value = "sweety.dev/gateway-controller"
     )]
     controller_name: String,
-    /// IngressClass name served.
-    #[arg(long, env = "SWEETY_INGRESS_CLASS", default_value = "sweety")]
-    ingress_class: String,
+    /// IngressClass names served, comma-separated (only those whose `spec.controller` is
+    /// `--ingress-controller` are served).
+    #[arg(
+        long,
+        env = "SWEETY_INGRESS_CLASS",
+        value_delimiter = ',',
+        default_value = "sweety"
+    )]
+    ingress_class: Vec<String>,
     /// IngressClass `spec.controller` this controller owns.
     #[arg(
         long,
@@ -155,6 +161,29 @@ struct Args {
     /// refusing them (503).
     #[arg(long, env = "SWEETY_IGNORE_SNIPPETS", default_value_t = false)]
     ignore_snippets: bool,
+    /// Redirect plain-HTTP requests for Ingress hosts with TLS to HTTPS unless an Ingress says
+    /// `nginx.ingress.kubernetes.io/ssl-redirect: "false"` (ingress-nginx's default).
+    #[arg(long, env = "SWEETY_SSL_REDIRECT", default_value_t = true, action = clap::ArgAction::Set)]
+    ssl_redirect: bool,
+    /// Path prefixes never redirected to HTTPS, comma-separated (ingress-nginx's
+    /// `no-tls-redirect-locations`).
+    #[arg(
+        long,
+        env = "SWEETY_NO_TLS_REDIRECT_LOCATIONS",
+        value_delimiter = ',',
+        default_value = "/.well-known/acme-challenge"
+    )]
+    no_tls_redirect_locations: Vec<String>,
+    /// `Strict-Transport-Security` max-age (seconds) on HTTPS responses of Ingress hosts with
+    /// TLS; 0 sends no header.
+    #[arg(long, env = "SWEETY_HSTS_MAX_AGE", default_value_t = 31_536_000)]
+    hsts_max_age: u64,
+    /// HSTS `includeSubDomains`.
+    #[arg(long, env = "SWEETY_HSTS_INCLUDE_SUBDOMAINS", default_value_t = true, action = clap::ArgAction::Set)]
+    hsts_include_subdomains: bool,
+    /// HSTS `preload`.
+    #[arg(long, env = "SWEETY_HSTS_PRELOAD", default_value_t = false, action = clap::ArgAction::Set)]
+    hsts_preload: bool,
     /// Follow ExternalName Services as backends. Off: such backends answer 503. On, the
     /// dataplane still refuses loopback, link-local, metadata and its own addresses.
     #[arg(long, env = "SWEETY_ALLOW_EXTERNAL_NAME", default_value_t = false)]
@@ -285,13 +314,24 @@ async fn main() -> anyhow::Result<()> {
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
+        // Colour only on a terminal (and never with NO_COLOR): piped to a file or a log
+        // collector, escape codes are noise in every line (issue 21).
+        .with_ansi(
+            std::io::IsTerminal::is_terminal(&std::io::stdout())
+                && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()),
+        )
         .init();
     let args = Args::parse();
     let (gateway_port_min, gateway_port_max) = parse_port_range(&args.gateway_port_range)?;
     let debounce = parse_duration(&args.debounce)?;
     let params = Params {
         controller_name: args.controller_name,
-        ingress_class: args.ingress_class,
+        ingress_classes: args
+            .ingress_class
+            .into_iter()
+            .map(|c| c.trim().to_string())
+            .filter(|c| !c.is_empty())
+            .collect(),
         ingress_controller: args.ingress_controller,
         namespace: args.namespace.clone(),
         ingress_service: non_empty(&args.ingress_service),
@@ -304,6 +344,11 @@ async fn main() -> anyhow::Result<()> {
         pinned_hostnames: parse_pins(&args.pinned_hostnames)?,
         ignore_unsupported_security_annotations: args.ignore_unsupported_security_annotations,
         ignore_snippets: args.ignore_snippets,
+        ssl_redirect: args.ssl_redirect,
+        no_tls_redirect_locations: entries(args.no_tls_redirect_locations),
+        hsts_max_age: args.hsts_max_age,
+        hsts_include_subdomains: args.hsts_include_subdomains,
+        hsts_preload: args.hsts_preload,
         allow_external_name: args.allow_external_name,
         gateway_service_type: args.gateway_service_type,
         gateway_service_namespace: args

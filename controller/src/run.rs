@@ -16,16 +16,15 @@ use crate::health::Health;
 use crate::leader::{default_identity, LeaderElector, LeaseOptions};
 use crate::metrics::Metrics;
 use crate::push::Pusher;
+use crate::static_content::{write_static_content, Garbage};
 use crate::status_worker::{StatusOptions, StatusQueue};
 use crate::status_writer::{StatusWriter, FIELD_MANAGER};
-use crate::translate::{GatewayService, Params, StaticContent, TranslateCache};
+use crate::translate::{GatewayService, Params, TranslateCache};
 use crate::watch::{object_counts, WatchOptions, Watches};
 use crate::Error;
 use kube::runtime::events::Reporter;
 use kube::Client;
-use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
-use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -136,6 +135,7 @@ pub async fn run(
     let mut next_allowed: Option<Instant> = None;
     // Per-route translations reused across reconciles (see `translate_incremental`).
     let mut cache = TranslateCache::default();
+    let mut garbage = Garbage::new(&options.params.content_dir);
     let mut last: Option<Submitted> = None;
     // A closed channel (the pusher or the election task ended) disables its branch.
     let (mut push_open, mut leader_open) = (true, true);
@@ -154,6 +154,7 @@ pub async fn run(
                 &pusher,
                 &metrics,
                 &mut cache,
+                &mut garbage,
                 &statuses,
             );
             let submitted_at = Instant::now();
@@ -199,6 +200,7 @@ pub async fn run(
                     continue;
                 }
                 let state = push_state.borrow_and_update().clone();
+                garbage.collect(state.acked);
                 if state.acked > 0 {
                     health.ready.store(true, Ordering::Relaxed);
                 }
@@ -272,6 +274,7 @@ fn reconcile(
     pusher: &Pusher,
     metrics: &Metrics,
     cache: &mut TranslateCache,
+    garbage: &mut Garbage,
     statuses: &StatusQueue,
 ) -> (u64, Vec<GatewayService>) {
     let snapshot = watches.stores.snapshot();
@@ -285,12 +288,15 @@ fn reconcile(
         tracing::warn!(error = %e, "writing static content failed");
         metrics.error(e.kind());
     }
-    collect_static_garbage(&params.content_dir, &output.static_content);
     metrics
         .config_bytes
         .store(output.config.json_len() as u64, Ordering::Relaxed);
     // Bursts are coalesced here (the debounce above); the pusher sends at once.
     let generation = pusher.submit(output.config.clone());
+    // Directories only configs older than the one the dataplane runs named go now; the rest
+    // when it acknowledges a newer one (the push-state branch of the loop).
+    garbage.submitted(generation, &output.static_content);
+    garbage.collect(pusher.state().borrow().acked);
     // After the push: the statuses go to the worker (it keeps what changed; the translate
     // cache's statuses are let go before the next translate, which updates them in place).
     statuses.offer(&output.statuses, &output.status_changes, generation);
@@ -370,132 +376,9 @@ pub async fn sync_services_task(
     }
 }
 
-/// Write each static content directory that does not exist yet (directories are named by
-/// content hash, so an existing one is complete): files go to a temporary sibling that is then
-/// renamed into place. Directories outside `content_dir` and unsafe file names are refused.
-pub fn write_static_content(content_dir: &str, content: &[StaticContent]) -> Result<(), Error> {
-    let root = Path::new(content_dir);
-    for c in content {
-        let dir = Path::new(&c.dir);
-        if !dir.starts_with(root) || dir.components().any(|p| p.as_os_str() == "..") {
-            return Err(io_err(
-                &c.dir,
-                std::io::Error::other("outside the content directory"),
-            ));
-        }
-        if dir.exists() {
-            continue;
-        }
-        let tmp = std::path::PathBuf::from(format!("{}.tmp{}", c.dir, std::process::id()));
-        let _ = std::fs::remove_dir_all(&tmp);
-        std::fs::create_dir_all(&tmp).map_err(|e| io_err(&c.dir, e))?;
-        for (name, body) in &c.files {
-            let safe = !name.is_empty()
-                && name != "."
-                && name != ".."
-                && !name.contains('/')
-                && !name.contains('\\');
-            if !safe {
-                return Err(io_err(
-                    name,
-                    std::io::Error::other("unsafe static file name"),
-                ));
-            }
-            std::fs::write(tmp.join(name), body).map_err(|e| io_err(name, e))?;
-        }
-        std::fs::rename(&tmp, dir).map_err(|e| io_err(&c.dir, e))?;
-    }
-    Ok(())
-}
-
-/// Directories each content directory's last reconcile referenced (by content directory).
-static REFERENCED: std::sync::Mutex<BTreeMap<String, BTreeSet<String>>> =
-    std::sync::Mutex::new(BTreeMap::new());
-
-/// Garbage-collect static content: remove the `<content_dir>/<namespace>/<dir>` directories
-/// (and left-over `.tmp` ones) that neither this reconcile's output nor the previous one's
-/// references. The previous output's directories are kept for one more reconcile, since the
-/// dataplane may still serve that config until it acknowledges the new one. Namespace
-/// directories left empty are removed too.
-pub fn collect_static_garbage(content_dir: &str, content: &[StaticContent]) {
-    let now: BTreeSet<String> = content.iter().map(|c| c.dir.clone()).collect();
-    let previous = {
-        let mut all = REFERENCED.lock().unwrap_or_else(|p| p.into_inner());
-        all.insert(content_dir.to_string(), now.clone())
-            .unwrap_or_default()
-    };
-    let removed = remove_unreferenced(Path::new(content_dir), &now, &previous);
-    if removed > 0 {
-        tracing::info!(removed, "removed unreferenced static content directories");
-    }
-}
-
-/// Whether a directory name is one `translate` gives static content (`<name>-<12 hex>`) or a
-/// temporary one of [`write_static_content`]: nothing else under the content directory is
-/// ever removed, even if it is misconfigured to a shared path.
-fn ours(name: &std::ffi::OsStr) -> bool {
-    let name = name.to_string_lossy();
-    let hashed = name.len() > 13
-        && name.as_bytes()[name.len() - 13] == b'-'
-        && name[name.len() - 12..]
-            .bytes()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
-    let tmp = name.rsplit_once(".tmp").is_some_and(|(head, pid)| {
-        !head.is_empty() && !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit())
-    });
-    hashed || tmp
-}
-
-/// Remove `<root>/<ns>/<dir>` not in `keep` or `also_keep`; the number removed.
-fn remove_unreferenced(
-    root: &Path,
-    keep: &BTreeSet<String>,
-    also_keep: &BTreeSet<String>,
-) -> usize {
-    let mut removed = 0;
-    let Ok(namespaces) = std::fs::read_dir(root) else {
-        return 0;
-    };
-    for ns in namespaces.flatten() {
-        if !ns.file_type().is_ok_and(|t| t.is_dir()) {
-            continue;
-        }
-        let Ok(dirs) = std::fs::read_dir(ns.path()) else {
-            continue;
-        };
-        let mut left = 0;
-        for d in dirs.flatten() {
-            let path = d.path().to_string_lossy().into_owned();
-            if keep.contains(&path) || also_keep.contains(&path) || !ours(&d.file_name()) {
-                left += 1;
-                continue;
-            }
-            match std::fs::remove_dir_all(d.path()) {
-                Ok(()) => removed += 1,
-                Err(e) => {
-                    left += 1;
-                    tracing::warn!(path, error = %e, "removing static content failed");
-                }
-            }
-        }
-        if left == 0 {
-            let _ = std::fs::remove_dir(ns.path());
-        }
-    }
-    removed
-}
-
-fn io_err(what: &str, source: std::io::Error) -> Error {
-    Error::Io {
-        what: format!("static content {what}"),
-        source,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::BTreeMap;
 
     #[test]
     fn push_latency_runs_from_submit_to_the_ack_and_is_recorded_once() {
@@ -525,69 +408,5 @@ mod tests {
         record_ack(&state(4, t0 + ms(90)), &mut last, &metrics);
         assert_eq!(metrics.push_latency.count(), 1);
         assert_eq!(metrics.event_to_ack.count(), 1);
-    }
-
-    #[test]
-    fn static_content_is_written_once_and_confined() {
-        let root = tempfile::tempdir().unwrap();
-        let base = root.path().to_str().unwrap();
-        let dir = format!("{base}/web/pages.v1-abc123");
-        let content = vec![StaticContent {
-            dir: dir.clone(),
-            files: BTreeMap::from([("index.html".to_string(), "<h1>hi</h1>".to_string())]),
-        }];
-        write_static_content(base, &content).unwrap();
-        assert_eq!(
-            std::fs::read_to_string(format!("{dir}/index.html")).unwrap(),
-            "<h1>hi</h1>"
-        );
-        // Already present: left alone.
-        std::fs::write(format!("{dir}/index.html"), "kept").unwrap();
-        write_static_content(base, &content).unwrap();
-        assert_eq!(
-            std::fs::read_to_string(format!("{dir}/index.html")).unwrap(),
-            "kept"
-        );
-
-        let outside = vec![StaticContent {
-            dir: "/tmp/elsewhere".into(),
-            files: BTreeMap::new(),
-        }];
-        assert!(write_static_content(base, &outside).is_err());
-        let bad_name = vec![StaticContent {
-            dir: format!("{base}/def"),
-            files: BTreeMap::from([("../x".to_string(), String::new())]),
-        }];
-        assert!(write_static_content(base, &bad_name).is_err());
-    }
-
-    #[test]
-    fn unreferenced_static_content_is_collected_after_one_more_reconcile() {
-        let root = tempfile::tempdir().unwrap();
-        let base = root.path().to_str().unwrap();
-        let v = |name: &str| StaticContent {
-            dir: format!("{base}/web/{name}"),
-            files: BTreeMap::from([("index.html".to_string(), name.to_string())]),
-        };
-        let (v1, v2) = (vec![v("pages-0123456789ab")], vec![v("pages-ba9876543210")]);
-        write_static_content(base, &v1).unwrap();
-        collect_static_garbage(base, &v1);
-        std::fs::create_dir_all(format!("{base}/web/pages-v0.tmp42")).unwrap();
-        std::fs::create_dir_all(format!("{base}/web/not-ours")).unwrap();
-        write_static_content(base, &v2).unwrap();
-        collect_static_garbage(base, &v2);
-        // v1 is the previous config's: kept one more reconcile; the stray temp dir is gone.
-        assert!(Path::new(&v1[0].dir).exists());
-        assert!(!Path::new(&format!("{base}/web/pages-v0.tmp42")).exists());
-        collect_static_garbage(base, &v2);
-        assert!(!Path::new(&v1[0].dir).exists());
-        assert!(Path::new(&v2[0].dir).exists());
-        // Nothing referenced any more; what translate never names is left alone.
-        std::fs::create_dir_all(format!("{base}/other/app-0123456789ab")).unwrap();
-        collect_static_garbage(base, &[]);
-        collect_static_garbage(base, &[]);
-        assert!(!Path::new(&v2[0].dir).exists());
-        assert!(Path::new(&format!("{base}/web/not-ours")).exists());
-        assert!(!Path::new(&format!("{base}/other")).exists());
     }
 }

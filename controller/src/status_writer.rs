@@ -454,11 +454,19 @@ impl StatusWriter {
                 return Prepared::Unchanged;
             }
             for c in conditions {
-                tracing::warn!(
-                    kind = %key.kind, namespace = %key.namespace, name = %key.name,
-                    condition = %c.type_, status = %c.status, reason = %c.reason,
-                    message = %c.message, "object condition"
-                );
+                if c.status == "False" || c.type_ == "Warning" {
+                    tracing::warn!(
+                        kind = %key.kind, namespace = %key.namespace, name = %key.name,
+                        condition = %c.type_, status = %c.status, reason = %c.reason,
+                        message = %c.message, "object condition"
+                    );
+                } else {
+                    tracing::info!(
+                        kind = %key.kind, namespace = %key.namespace, name = %key.name,
+                        condition = %c.type_, status = %c.status, reason = %c.reason,
+                        message = %c.message, "object condition"
+                    );
+                }
             }
             return match (&self.events, event_reference(key)) {
                 (Some(recorder), Some(reference)) => Prepared::Write(Box::new(WriteJob {

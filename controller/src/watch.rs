@@ -11,8 +11,10 @@
 //! - Namespaced kinds are watched cluster-wide or in each configured namespace (one reflector
 //!   per namespace); cluster-scoped kinds (IngressClass, GatewayClass, Namespace) are always
 //!   watched cluster-wide.
-//! - Secrets are watched with the field selector `type=kubernetes.io/tls`, and only Secrets that
-//!   an Ingress (`spec.tls[].secretName`), a Gateway or ListenerSet listener
+//! - Secrets are watched with the field selectors `type=kubernetes.io/tls` and `type=Opaque`
+//!   (ingress-nginx's `auth-secret` htpasswd files are Opaque Secrets users do not label; the
+//!   cost is caching the Opaque Secrets of the watched namespaces), and only Secrets that
+//!   an Ingress (`spec.tls[].secretName`, the `auth-secret` annotation), a Gateway or ListenerSet listener
 //!   (`tls.certificateRefs`), a Gateway's
 //!   client certificate validation (`spec.tls.frontend` CA refs) or backend client certificate
 //!   (`spec.tls.backend.clientCertificateRef`), a
@@ -202,6 +204,8 @@ pub struct Stores {
     pub endpoint_slices: Stored<EndpointSlice>,
     /// Secrets of type `kubernetes.io/tls` only (certificates and keys).
     pub secrets: Stored<Secret>,
+    /// Secrets of type `Opaque` (htpasswd files of ingress-nginx's `auth-secret`).
+    pub opaque_secrets: Stored<Secret>,
     /// ConfigMaps (CA bundles, a Site's static content).
     pub config_maps: Stored<ConfigMap>,
     /// Always cluster-wide: their labels drive Gateway `allowedRoutes` selectors.
@@ -240,6 +244,10 @@ impl Stores {
         s.secrets = self
             .secrets
             .state_filter(|o| refs.secrets.contains(&key(o)));
+        s.secrets.extend(
+            self.opaque_secrets
+                .state_filter(|o| refs.secrets.contains(&key(o))),
+        );
         s.config_maps = self
             .config_maps
             .state_filter(|o| refs.config_maps.contains(&key(o)));
@@ -274,6 +282,17 @@ impl References {
                 if let Some(name) = &tls.secret_name {
                     r.secrets.insert((ns.clone(), name.clone()));
                 }
+            }
+            let auth_secret = ing.metadata.annotations.as_ref().and_then(|a| {
+                a.get(&format!(
+                    "{}auth-secret",
+                    crate::translate::ingress::nginx::PREFIX
+                ))
+            });
+            if let Some(Ok(name)) =
+                auth_secret.map(|v| crate::translate::ingress::nginx::auth_secret_ref(v, &ns))
+            {
+                r.secrets.insert((ns.clone(), name));
             }
         }
         for g in &s.gateways {
@@ -472,6 +491,7 @@ impl Watches {
             services: w.namespaced(watcher::Config::default()),
             endpoint_slices: w.namespaced(watcher::Config::default()),
             secrets: w.namespaced(watcher::Config::default().fields("type=kubernetes.io/tls")),
+            opaque_secrets: w.namespaced(watcher::Config::default().fields("type=Opaque")),
             config_maps: w.namespaced(watcher::Config::default()),
             namespaces: w.cluster(watcher::Config::default()),
             default_certificate_secret: options.default_certificate_secret.clone(),
@@ -573,6 +593,7 @@ impl Watches {
                 services,
                 endpoint_slices,
                 secrets,
+                opaque_secrets,
                 config_maps,
                 namespaces
             );

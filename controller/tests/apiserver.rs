@@ -1553,7 +1553,10 @@ async fn controller_works_with_only_the_charts_default_rbac() {
     )
     .await;
     let svc_name = svc.metadata.name.clone().unwrap();
-    assert_eq!(svc_name, format!("sweety-gw-{ns}-gw"));
+    assert_eq!(
+        svc_name,
+        sweety_controller::translate::addressing::service_name(&ns, "gw")
+    );
     fake_lb_address(&ctl_services, &svc_name, "192.0.2.51").await;
     let gateways: Api<gw::gateways::Gateway> = Api::namespaced(client.clone(), &ns);
     let gw_status = gateway_programmed(&gateways, "gw").await;
@@ -1596,6 +1599,196 @@ async fn controller_works_with_only_the_charts_default_rbac() {
     let _ = crb.delete(&user, &DeleteParams::default()).await;
     let _ = cr.delete(&user, &DeleteParams::default()).await;
     drop_namespace(&client, &ns).await;
+    drop_namespace(&client, &ctl).await;
+}
+
+/// Issue 17: per-Gateway Services share the controller's namespace, so their names must not
+/// let one tenant's Gateway take another's Service. Gateways `<ns>-a/web` and `<ns>/a-web`
+/// (one old-style name, `sweety-gw-<ns>-a-web`) get two Services, each with its own address;
+/// a Gateway whose Service name a hand-made Service holds is refused (`ServiceNameTaken`) and
+/// that Service is not adopted or changed; `sync` never rewrites an owned Service made for
+/// another Gateway either.
+#[tokio::test]
+#[ignore = "needs a kube-apiserver: SWEETY_KUBECONFIG (e2e/controller-it.sh)"]
+async fn lookalike_gateways_get_distinct_services_and_foreign_ones_are_left_alone() {
+    use sweety_controller::labels::GATEWAY_ANNOTATION;
+    use sweety_controller::run::RunOptions;
+    use sweety_controller::translate::addressing::service_name;
+    let _guard = LOCK.lock().await;
+    let client = cluster().await;
+    let ctl = namespace(&client, "lkctl").await;
+    let team = namespace(&client, "lk").await;
+    let team_a = format!("{team}-a");
+    create::<k8s_openapi::api::core::v1::Namespace>(
+        &Api::all(client.clone()),
+        json!({"metadata": {"name": team_a}}),
+    )
+    .await;
+    let class_name = format!("{team}-class");
+    create::<gw::gatewayclasses::GatewayClass>(
+        &Api::all(client.clone()),
+        json!({"metadata": {"name": class_name}, "spec": {"controllerName": CONTROLLER}}),
+    )
+    .await;
+    let ctl_services: Api<Service> = Api::namespaced(client.clone(), &ctl);
+    // A hand-made Service (the operator's) under the name Gateway <team>/squat would get.
+    let squat_svc = service_name(&team, "squat");
+    create(
+        &ctl_services,
+        json!({"metadata": {"name": squat_svc},
+               "spec": {"selector": {"app": "mine"}, "ports": [{"port": 8080}]}}),
+    )
+    .await;
+    let gateway = |name: &str| {
+        json!({"metadata": {"name": name},
+               "spec": {"gatewayClassName": class_name,
+                        "listeners": [{"name": "http", "port": 80, "protocol": "HTTP"}]}})
+    };
+    let team_a_gws: Api<gw::gateways::Gateway> = Api::namespaced(client.clone(), &team_a);
+    let team_gws: Api<gw::gateways::Gateway> = Api::namespaced(client.clone(), &team);
+    create(&team_a_gws, gateway("web")).await;
+    create(&team_gws, gateway("a-web")).await;
+    create(&team_gws, gateway("squat")).await;
+    // Two neighbouring free ports for the two Gateways that get a Service.
+    let gw_port = loop {
+        let p = free_port();
+        if p < u16::MAX && std::net::TcpListener::bind(("127.0.0.1", p + 1)).is_ok() {
+            break p;
+        }
+    };
+    let dataplane = InProcessDataplane::start();
+    let mut params = one_port_params(&ctl, gw_port, &dataplane);
+    params.gateway_port_max = gw_port + 1;
+    let options = RunOptions {
+        params,
+        watch: WatchOptions::default(),
+        debounce: Duration::from_millis(50),
+        lease: None,
+        initial_sync_timeout: Duration::from_secs(20),
+        status: Default::default(),
+    };
+    let running = RunLoop::start(&client, options, dataplane.socket.clone());
+    let web_svc = service_name(&team_a, "web");
+    let a_web_svc = service_name(&team, "a-web");
+    assert_ne!(web_svc, a_web_svc);
+    let owned = wait_for("both lookalike Gateways' Services", || async {
+        let list = ctl_services
+            .list(&ListParams::default().labels(GATEWAY_NAME_LABEL))
+            .await
+            .ok()?;
+        let mut v: Vec<(String, String)> = list
+            .items
+            .iter()
+            .map(|s| {
+                let gw = s.annotations().get(GATEWAY_ANNOTATION).cloned();
+                (s.name_any(), gw.unwrap_or_default())
+            })
+            .collect();
+        v.sort();
+        (v.len() == 2).then_some(v)
+    })
+    .await;
+    let mut want = vec![
+        (web_svc.clone(), format!("{team_a}/web")),
+        (a_web_svc.clone(), format!("{team}/a-web")),
+    ];
+    want.sort();
+    assert_eq!(owned, want);
+    fake_lb_address(&ctl_services, &web_svc, "192.0.2.61").await;
+    fake_lb_address(&ctl_services, &a_web_svc, "192.0.2.62").await;
+    for (api, name, ip) in [
+        (&team_a_gws, "web", "192.0.2.61"),
+        (&team_gws, "a-web", "192.0.2.62"),
+    ] {
+        let st = gateway_programmed(api, name).await;
+        assert_eq!(
+            st["addresses"],
+            json!([{"type": "IPAddress", "value": ip}]),
+            "{name}"
+        );
+    }
+    // The squatted Gateway: refused, saying why, and no address (not the hand-made one's).
+    let squat = wait_for("Gateway squat refused", || async {
+        let g = team_gws.get("squat").await.ok()?;
+        let v = serde_json::to_value(&g.status).ok()?;
+        let a = v["conditions"]
+            .as_array()?
+            .iter()
+            .find(|c| c["type"] == "Accepted")?
+            .clone();
+        (a["reason"] == "ServiceNameTaken").then_some(v)
+    })
+    .await;
+    let accepted = squat["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Accepted")
+        .unwrap();
+    assert_eq!(accepted["status"], "False");
+    assert!(
+        accepted["message"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("Service {ctl}/{squat_svc}")),
+        "{accepted}"
+    );
+    assert!(
+        squat["addresses"].as_array().is_none_or(|a| a.is_empty()),
+        "{squat}"
+    );
+    let hand_made = ctl_services.get(&squat_svc).await.unwrap();
+    assert!(hand_made.labels().is_empty(), "{:?}", hand_made.labels());
+    assert!(hand_made.annotations().is_empty());
+    assert!(hand_made
+        .managed_fields()
+        .iter()
+        .all(|m| m.manager.as_deref() != Some(FIELD_MANAGER)));
+    let spec = hand_made.spec.clone().unwrap();
+    assert_eq!(spec.selector.unwrap()["app"], "mine");
+    assert_eq!(spec.ports.unwrap()[0].port, 8080);
+    running.stop().await;
+    dataplane.stop().await;
+
+    // `sync` on its own (no translate in front): a desired Service whose name is held by the
+    // hand-made one, or by an owned one made for another Gateway, is refused, not rewritten.
+    let services = GatewayServices::new(client.clone(), &ctl, None, FIELD_MANAGER);
+    let other = service_name(&team, "other");
+    create(
+        &ctl_services,
+        json!({"metadata": {"name": other,
+                            "labels": {MANAGED_BY_LABEL: "sweety", GATEWAY_NAME_LABEL: "web", OWNER_LABEL: ctl},
+                            "annotations": {GATEWAY_ANNOTATION: format!("{team_a}/web")}},
+               "spec": {"ports": [{"port": 81, "targetPort": 20999}]}}),
+    )
+    .await;
+    let mut squatter = web_service(&team, &ctl, &squat_svc);
+    squatter.gateway_name = "squat".into();
+    let mut taker = web_service(&team, &ctl, &other);
+    taker.gateway_name = "other".into();
+    let report = services.sync(&[squatter, taker]).await.unwrap();
+    let mut refused = report.refused.clone();
+    refused.sort();
+    let mut want = vec![format!("{ctl}/{squat_svc}"), format!("{ctl}/{other}")];
+    want.sort();
+    assert_eq!(refused, want, "{report:?}");
+    assert!(report.applied.is_empty(), "{report:?}");
+    let hand_made_after = ctl_services.get(&squat_svc).await.unwrap();
+    assert_eq!(
+        hand_made_after.metadata.resource_version, hand_made.metadata.resource_version,
+        "the hand-made Service was not written"
+    );
+    // The other Gateway's Service was not rewritten for this one (it is no longer wanted,
+    // so it is deleted as stale, like any owned Service of a Gateway that is gone).
+    assert!(!report.applied.iter().any(|a| a.ends_with(&other)));
+    if let Some(s) = ctl_services.get_opt(&other).await.unwrap() {
+        assert_eq!(s.annotations()[GATEWAY_ANNOTATION], format!("{team_a}/web"));
+    }
+    let _ = Api::<gw::gatewayclasses::GatewayClass>::all(client.clone())
+        .delete(&class_name, &DeleteParams::default())
+        .await;
+    drop_namespace(&client, &team).await;
+    drop_namespace(&client, &team_a).await;
     drop_namespace(&client, &ctl).await;
 }
 
@@ -2774,7 +2967,7 @@ async fn tenant_hosts_follow_creation_order_and_fail_closed() {
     let options = RunOptions {
         params: Params {
             namespace: ctl.clone(),
-            ingress_class: class_name.clone(),
+            ingress_classes: vec![class_name.clone()],
             listen_address: "127.0.0.1".into(),
             ingress_http_port: http_port,
             content_dir: dataplane.content_dir(),
@@ -3443,11 +3636,13 @@ async fn tenant_with_ordinary_rbac_cannot_take_another_namespaces_traffic() {
     let options = RunOptions {
         params: Params {
             namespace: ctl.clone(),
-            ingress_class: class_name.clone(),
+            ingress_classes: vec![class_name.clone()],
             listen_address: "127.0.0.1".into(),
             ingress_http_port: http_port,
             ingress_https_port: https_port,
             http3: false,
+            // The takeovers are checked over plain HTTP too: no redirect of the TLS host.
+            ssl_redirect: false,
             content_dir: dataplane.content_dir(),
             ingress_service: None,
             default_certificate: Some(DefaultCertificate {
@@ -3601,7 +3796,7 @@ async fn default_certificate_secret_rotation_is_served() {
     let options = RunOptions {
         params: Params {
             namespace: ns.clone(),
-            ingress_class: class_name.clone(),
+            ingress_classes: vec![class_name.clone()],
             listen_address: "127.0.0.1".into(),
             ingress_http_port: free_port(),
             ingress_https_port: https_port,
@@ -3717,5 +3912,365 @@ async fn gateway_services_wait_for_the_first_translation() {
     })
     .await;
     task.abort();
+    drop_namespace(&client, &ns).await;
+}
+
+/// Side-by-side with ingress-nginx (issue 19): the controller serves its class and lists
+/// `nginx` too, but the IngressClass of that name still belongs to ingress-nginx. The
+/// controller writes `status.loadBalancer` of its own Ingress; the Ingress of class nginx
+/// keeps the status the other controller wrote (and gets no Event, though it carries an
+/// annotation Sweety would refuse); an Ingress moved from our class to nginx's keeps the
+/// status the other controller writes after the move.
+#[tokio::test]
+#[ignore = "needs a kube-apiserver: SWEETY_KUBECONFIG (e2e/controller-it.sh)"]
+async fn ingress_of_another_class_keeps_its_status() {
+    use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
+    use sweety_controller::run::RunOptions;
+    use sweety_controller::translate::Params;
+    let _guard = LOCK.lock().await;
+    let client = cluster().await;
+    let ns = namespace(&client, "side-by-side").await;
+    let ours_class = format!("{ns}-sweety");
+    let nginx_class = format!("{ns}-nginx");
+    let classes: Api<IngressClass> = Api::all(client.clone());
+    create(
+        &classes,
+        json!({"metadata": {"name": ours_class}, "spec": {"controller": "sweety.dev/ingress-controller"}}),
+    )
+    .await;
+    create(
+        &classes,
+        json!({"metadata": {"name": nginx_class}, "spec": {"controller": "k8s.io/ingress-nginx"}}),
+    )
+    .await;
+    // The chart's Service, with the address our Ingresses get.
+    let services: Api<Service> = Api::namespaced(client.clone(), &ns);
+    create(
+        &services,
+        json!({"metadata": {"name": "sweety"}, "spec": {"type": "LoadBalancer",
+               "ports": [{"name": "http", "port": 80}]}}),
+    )
+    .await;
+    services
+        .patch_status(
+            "sweety",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"status": {"loadBalancer": {"ingress": [{"ip": "203.0.113.7"}]}}}),
+            ),
+        )
+        .await
+        .expect("Service status");
+    let ingresses: Api<Ingress> = Api::namespaced(client.clone(), &ns);
+    let ingress = |name: &str, class: &str, annotations: Value| {
+        json!({
+            "metadata": {"name": name, "annotations": annotations},
+            "spec": {"ingressClassName": class, "rules": [{"host": format!("{name}.{ns}.test"),
+                "http": {"paths": [{"path": "/", "pathType": "Prefix",
+                    "backend": {"service": {"name": "web", "port": {"number": 80}}}}]}}]}
+        })
+    };
+    // What ingress-nginx does: update the status of the Ingresses of its class.
+    let nginx_writes = |name: &'static str, ip: &'static str| {
+        let ingresses = ingresses.clone();
+        async move {
+            ingresses
+                .patch_status(
+                    name,
+                    &PatchParams {
+                        field_manager: Some("ingress-nginx".into()),
+                        ..PatchParams::default()
+                    },
+                    &Patch::Merge(json!({
+                        "status": {"loadBalancer": {"ingress": [{"ip": ip}]}}
+                    })),
+                )
+                .await
+                .expect("the other controller's status");
+        }
+    };
+    let lb_ip = |name: &'static str| {
+        let ingresses = ingresses.clone();
+        async move {
+            let ing = get(&ingresses, name).await;
+            ing.status
+                .as_ref()
+                .and_then(|s| s.load_balancer.as_ref())
+                .and_then(|lb| lb.ingress.as_ref())
+                .and_then(|l| l.first())
+                .and_then(|i| i.ip.clone())
+        }
+    };
+    create(&ingresses, ingress("ours", &ours_class, json!({}))).await;
+    create(&ingresses, ingress("moving", &ours_class, json!({}))).await;
+    create(
+        &ingresses,
+        ingress(
+            "theirs",
+            &nginx_class,
+            json!({"nginx.ingress.kubernetes.io/configuration-snippet": "return 200;"}),
+        ),
+    )
+    .await;
+    nginx_writes("theirs", "192.0.2.10").await;
+
+    let dataplane = InProcessDataplane::start();
+    let http_port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let options = RunOptions {
+        params: Params {
+            namespace: ns.clone(),
+            // `nginx` is listed, but its IngressClass names another controller.
+            ingress_classes: vec![ours_class.clone(), nginx_class.clone()],
+            listen_address: "127.0.0.1".into(),
+            ingress_http_port: http_port,
+            content_dir: dataplane.content_dir(),
+            ingress_service: Some("sweety".into()),
+            ..Params::default()
+        },
+        watch: WatchOptions {
+            namespaces: vec![ns.clone()],
+            ..WatchOptions::default()
+        },
+        debounce: Duration::from_millis(50),
+        lease: None,
+        initial_sync_timeout: Duration::from_secs(20),
+        status: sweety_controller::status_worker::StatusOptions::default(),
+    };
+    let running = RunLoop::start(&client, options, dataplane.socket.clone());
+    for name in ["ours", "moving"] {
+        wait_for(&format!("the status of Ingress {name}"), || async {
+            (lb_ip(name).await.as_deref() == Some("203.0.113.7")).then_some(())
+        })
+        .await;
+    }
+    // Ours is served; theirs is not (its host is unknown here).
+    let (status, _) = http_get_path(http_port, &format!("theirs.{ns}.test"), "/")
+        .await
+        .expect("an answer");
+    assert_eq!(status, 404, "the nginx-class Ingress must not be served");
+
+    // The Ingress `moving` goes to ingress-nginx, which writes its status.
+    ingresses
+        .patch(
+            "moving",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"ingressClassName": nginx_class}})),
+        )
+        .await
+        .expect("move to nginx");
+    wait_for("the moved Ingress is no longer served", || async {
+        let (status, _) = http_get_path(http_port, &format!("moving.{ns}.test"), "/").await?;
+        (status == 404).then_some(())
+    })
+    .await;
+    nginx_writes("moving", "192.0.2.11").await;
+    // The other controller's change to `theirs` is an event of the watch too.
+    nginx_writes("theirs", "192.0.2.12").await;
+    // Several reconciles and status passes later, nothing of the other class was written.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(lb_ip("theirs").await.as_deref(), Some("192.0.2.12"));
+    assert_eq!(lb_ip("moving").await.as_deref(), Some("192.0.2.11"));
+    assert_eq!(lb_ip("ours").await.as_deref(), Some("203.0.113.7"));
+    let events = ingress_event_reasons(&client, &ns, "theirs").await;
+    assert!(
+        events.is_empty(),
+        "Events on the nginx-class Ingress: {events:?}"
+    );
+    // Our status field manager never owned a field of theirs.
+    let theirs = get(&ingresses, "theirs").await;
+    let managers: Vec<String> = theirs
+        .metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter_map(|m| m.manager.clone())
+        .collect();
+    assert!(
+        !managers.iter().any(|m| m == FIELD_MANAGER),
+        "our field manager wrote the nginx-class Ingress: {managers:?}"
+    );
+
+    running.stop().await;
+    classes
+        .delete(&ours_class, &DeleteParams::default())
+        .await
+        .expect("delete class");
+    classes
+        .delete(&nginx_class, &DeleteParams::default())
+        .await
+        .expect("delete class");
+    drop_namespace(&client, &ns).await;
+}
+
+/// ingress-nginx basic authentication through the real apiserver and an in-process dataplane
+/// (issue 19): the htpasswd Secret (Opaque, unlabelled, created after the Ingress) is watched
+/// and followed; the right password passes, a wrong one or none gets 401 with the realm; a
+/// deleted Secret fails closed (503 naming the reason, never open); a changed Secret changes
+/// who gets in.
+#[tokio::test]
+#[ignore = "needs a kube-apiserver: SWEETY_KUBECONFIG (e2e/controller-it.sh)"]
+async fn ingress_basic_auth_follows_its_secret_and_fails_closed() {
+    use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
+    use sweety_controller::run::RunOptions;
+    use sweety_controller::translate::Params;
+    let _guard = LOCK.lock().await;
+    let client = cluster().await;
+    let ns = namespace(&client, "basic-auth").await;
+    let class_name = format!("{ns}-class");
+    let classes: Api<IngressClass> = Api::all(client.clone());
+    create(
+        &classes,
+        json!({"metadata": {"name": class_name}, "spec": {"controller": "sweety.dev/ingress-controller"}}),
+    )
+    .await;
+    create(
+        &Api::<Service>::namespaced(client.clone(), &ns),
+        json!({"metadata": {"name": "web"}, "spec": {"ports": [{"name": "http", "port": 80}]}}),
+    )
+    .await;
+    let host = format!("private.{ns}.test");
+    create(
+        &Api::<Ingress>::namespaced(client.clone(), &ns),
+        json!({
+            "metadata": {"name": "private", "annotations": {
+                "nginx.ingress.kubernetes.io/auth-type": "basic",
+                "nginx.ingress.kubernetes.io/auth-secret": "basic-auth",
+                "nginx.ingress.kubernetes.io/auth-realm": "Staff only"}},
+            "spec": {"ingressClassName": class_name, "rules": [{"host": host, "http": {"paths": [
+                {"path": "/", "pathType": "Prefix",
+                 "backend": {"service": {"name": "web", "port": {"number": 80}}}}]}}]}
+        }),
+    )
+    .await;
+    let http_port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let dataplane = InProcessDataplane::start();
+    let options = RunOptions {
+        params: Params {
+            namespace: ns.clone(),
+            ingress_classes: vec![class_name.clone()],
+            listen_address: "127.0.0.1".into(),
+            ingress_http_port: http_port,
+            content_dir: dataplane.content_dir(),
+            ingress_service: None,
+            ..Params::default()
+        },
+        watch: WatchOptions {
+            namespaces: vec![ns.clone()],
+            ..WatchOptions::default()
+        },
+        debounce: Duration::from_millis(50),
+        lease: None,
+        initial_sync_timeout: Duration::from_secs(20),
+        status: sweety_controller::status_worker::StatusOptions::default(),
+    };
+    let running = RunLoop::start(&client, options, dataplane.socket.clone());
+    // GET / with optional credentials: (status, head and body).
+    let get = |creds: Option<&str>| {
+        let host = host.clone();
+        let auth = creds.map(|c| {
+            use base64::Engine as _;
+            format!(
+                "authorization: Basic {}\r\n",
+                base64::engine::general_purpose::STANDARD.encode(c)
+            )
+        });
+        async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let fut = async {
+                let mut s = tokio::net::TcpStream::connect(("127.0.0.1", http_port))
+                    .await
+                    .ok()?;
+                let req = format!(
+                    "GET / HTTP/1.1\r\nhost: {host}\r\n{}connection: close\r\n\r\n",
+                    auth.unwrap_or_default()
+                );
+                s.write_all(req.as_bytes()).await.ok()?;
+                let mut out = Vec::new();
+                s.read_to_end(&mut out).await.ok()?;
+                let text = String::from_utf8_lossy(&out).into_owned();
+                let status: u16 = text.get(9..12)?.parse().ok()?;
+                Some((status, text))
+            };
+            tokio::time::timeout(Duration::from_secs(5), fut)
+                .await
+                .ok()
+                .flatten()
+        }
+    };
+    // No Secret yet: closed, with the reason.
+    let (_, text) = wait_for("the Ingress fails closed without its Secret", || async {
+        get(Some("alice:secret"))
+            .await
+            .filter(|(s, t)| *s == 503 && t.contains("authentication cannot be set up"))
+    })
+    .await;
+    assert!(text.contains("basic-auth does not exist"), "{text}");
+    // The Secret as `htpasswd -c auth alice` + `kubectl create secret generic` make it
+    // (`openssl passwd -apr1 -salt sL5yBeMm secret`).
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+    let htpasswd = |line: &str| {
+        use base64::Engine as _;
+        json!({"metadata": {"name": "basic-auth"}, "type": "Opaque",
+               "data": {"auth": base64::engine::general_purpose::STANDARD.encode(format!("{line}\n"))}})
+    };
+    create(
+        &secrets,
+        htpasswd("alice:$apr1$sL5yBeMm$Ru3.Rv6KbPb.NJWjCDVKo1"),
+    )
+    .await;
+    wait_for("alice gets in", || async {
+        get(Some("alice:secret"))
+            .await
+            .filter(|(s, t)| *s != 401 && !t.contains("refused"))
+    })
+    .await;
+    for creds in [Some("alice:Secret"), Some("bob:secret"), None] {
+        let (status, text) = get(creds).await.expect("an answer");
+        assert_eq!(status, 401, "{creds:?}: {text}");
+        assert!(
+            text.to_ascii_lowercase()
+                .contains("www-authenticate: basic realm=\"staff only\""),
+            "{text}"
+        );
+    }
+    // The Secret changes: bob ({SHA} of "secret") in, alice out.
+    secrets
+        .replace(
+            "basic-auth",
+            &PostParams::default(),
+            &serde_json::from_value(htpasswd("bob:{SHA}5en6G6MezRroT3XKqkdPOmY/BfQ=")).unwrap(),
+        )
+        .await
+        .expect("replace the Secret");
+    wait_for("bob gets in, alice not", || async {
+        let bob = get(Some("bob:secret")).await?;
+        let alice = get(Some("alice:secret")).await?;
+        (bob.0 != 401 && alice.0 == 401).then_some(())
+    })
+    .await;
+    // The Secret is deleted: closed again, never open.
+    secrets
+        .delete("basic-auth", &DeleteParams::default())
+        .await
+        .expect("delete the Secret");
+    wait_for("closed after the Secret is deleted", || async {
+        get(Some("bob:secret"))
+            .await
+            .filter(|(s, t)| *s == 503 && t.contains("authentication cannot be set up"))
+    })
+    .await;
+    assert_eq!(get(None).await.expect("an answer").0, 503);
+
+    running.stop().await;
+    classes
+        .delete(&class_name, &DeleteParams::default())
+        .await
+        .expect("delete class");
     drop_namespace(&client, &ns).await;
 }

@@ -187,7 +187,7 @@ spec:
   limits: {maxConnections: 10000, maxRequestsInFlight: 5000, maxRequestBodyBytes: 1048576, headerReadTimeout: 10s, idleTimeout: 2m}
   http3: true
   logging: {accessLog: true, format: text}
-  workerThreads: 4
+  clientIp: {trustedProxies: [10.0.0.0/8], forwardedForDepth: 2}
   service: {type: NodePort, externalTrafficPolicy: Local}
 "#,
         )
@@ -198,6 +198,12 @@ spec:
             spec.logging.as_ref().unwrap().format,
             Some(proxy_config::LogFormat::Text)
         );
+        let ip = spec.client_ip.as_ref().unwrap();
+        assert_eq!(
+            ip.trusted_proxies.as_deref(),
+            Some(&["10.0.0.0/8".to_string()][..])
+        );
+        assert_eq!(ip.forwarded_for_depth, Some(2));
         let svc = spec.service.as_ref().unwrap();
         assert_eq!(svc.type_, Some(proxy_config::ServiceType::NodePort));
         assert_eq!(

@@ -1,11 +1,14 @@
-//! `SweetyProxyConfig`: dataplane settings referenced from a GatewayClass `parametersRef`
-//! (limits, timeouts, HTTP/3 default, logging, worker threads, the Gateway Service shape).
+//! `SweetyProxyConfig`: dataplane settings referenced from a GatewayClass `parametersRef` or
+//! an IngressClass `parameters` (limits, timeouts, HTTP/3 default, access log, trusted
+//! proxies, the Gateway Service shape). How the controller merges several of them into the
+//! one dataplane's settings: `controller/src/translate/proxy_settings.rs` and docs/crds.md.
 
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-/// Dataplane settings for every Gateway of a GatewayClass that points here.
+/// Dataplane settings for every Gateway of a GatewayClass (and every Ingress of an
+/// IngressClass) that points here.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[kube(
     group = "sweety.dev",
@@ -27,10 +30,9 @@ pub struct SweetyProxyConfigSpec {
     /// Access log settings.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub logging: Option<Logging>,
-    /// Tokio worker threads of the dataplane; default: one per CPU.
+    /// Where the client address comes from (proxies in front of Sweety).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = 256))]
-    pub worker_threads: Option<i32>,
+    pub client_ip: Option<ClientIpSpec>,
     /// Shape of the Service created for each Gateway.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service: Option<GatewayServiceSpec>,
@@ -68,6 +70,22 @@ pub struct ProxyLimits {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("pattern" = "^[0-9]+(ms|s|m|h)$"))]
     pub drain_timeout: Option<String>,
+}
+
+/// Proxies trusted to report the client address (`X-Forwarded-For`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClientIpSpec {
+    /// Addresses or CIDRs (`10.0.0.0/8`, `192.0.2.7`) of proxies whose `X-Forwarded-For` is
+    /// believed. Unset or empty: the peer address is the client.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub trusted_proxies: Option<Vec<String>>,
+    /// At most this many `X-Forwarded-For` entries are walked from the right while they
+    /// belong to trusted proxies (default 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 16))]
+    pub forwarded_for_depth: Option<i32>,
 }
 
 /// Access log settings.

@@ -161,7 +161,7 @@ fn crds_install_and_cel_rules_reject_bad_input() {
     };
     let (ok, out) = kubectl(
         &["apply", "-f", "-"],
-        Some(&pc("{limits: {maxConnections: 100, headerReadTimeout: 10s}, http3: true, logging: {accessLog: true, format: text}, workerThreads: 2, service: {type: NodePort, externalTrafficPolicy: Local}}")),
+        Some(&pc("{limits: {maxConnections: 100, headerReadTimeout: 10s}, http3: true, logging: {accessLog: true, format: text}, clientIp: {trustedProxies: [10.0.0.0/8, 192.0.2.7], forwardedForDepth: 2}, service: {type: NodePort, externalTrafficPolicy: Local}}")),
     );
     assert!(ok, "the full SweetyProxyConfig was rejected: {out}");
     for (spec, want) in [

@@ -434,12 +434,20 @@ struct RouteConcurrency {
     table: Arc<InFlightTable>,
 }
 
+impl RouteRules {
+    /// The route's basic authentication, checked after [`RouteRules::check`].
+    pub fn basic_auth(&self) -> Option<&Arc<crate::basic_auth::BasicAuthRules>> {
+        self.basic.as_ref()
+    }
+}
+
 /// The access rules of one route, in filter order.
 #[derive(Debug, Default)]
 pub struct RouteRules {
     ip: Vec<IpRules>,
     limits: Vec<RouteLimit>,
     concurrency: Vec<RouteConcurrency>,
+    basic: Option<Arc<crate::basic_auth::BasicAuthRules>>,
 }
 
 /// The bytes a limit counts a request by.
@@ -523,7 +531,10 @@ impl AccessRules {
         route.filters.iter().any(|f| {
             matches!(
                 f,
-                Filter::IpAccess(_) | Filter::RateLimit(_) | Filter::ConcurrencyLimit(_)
+                Filter::IpAccess(_)
+                    | Filter::RateLimit(_)
+                    | Filter::ConcurrencyLimit(_)
+                    | Filter::BasicAuth(_)
             )
         })
     }
@@ -553,10 +564,17 @@ impl AccessRules {
                         zones,
                         &mut keep_in_flight,
                     )),
+                    Filter::BasicAuth(a) if rules.basic.is_none() => {
+                        rules.basic = Some(Arc::new(crate::basic_auth::BasicAuthRules::new(a)))
+                    }
                     _ => {}
                 }
             }
-            if !rules.ip.is_empty() || !rules.limits.is_empty() || !rules.concurrency.is_empty() {
+            if !rules.ip.is_empty()
+                || !rules.limits.is_empty()
+                || !rules.concurrency.is_empty()
+                || rules.basic.is_some()
+            {
                 out.insert(Arc::as_ptr(&e.route) as usize, rules);
             }
         }

@@ -514,7 +514,10 @@ impl CompiledFilters {
                     out.request.push(RequestFilter::CorsPreflight);
                 }
                 // Applied by the pipeline before every other filter (see `crate::access`).
-                Filter::RateLimit(_) | Filter::IpAccess(_) | Filter::ConcurrencyLimit(_) => {}
+                Filter::RateLimit(_)
+                | Filter::IpAccess(_)
+                | Filter::ConcurrencyLimit(_)
+                | Filter::BasicAuth(_) => {}
                 Filter::Compress(c) => {
                     out.content.compress = crate::compress::CompressPolicy::compile(c)
                 }
@@ -624,6 +627,7 @@ fn filter_kind(f: &Filter) -> &'static str {
         Filter::RateLimit(_) => "rate_limit",
         Filter::IpAccess(_) => "ip_access",
         Filter::ConcurrencyLimit(_) => "concurrency_limit",
+        Filter::BasicAuth(_) => "basic_auth",
         Filter::Compress(_) => "compress",
         Filter::Cache(_) => "cache",
         Filter::Grpc(_) => "grpc",

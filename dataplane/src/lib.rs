@@ -43,6 +43,7 @@
 pub mod access;
 pub mod access_log;
 pub mod admin;
+pub mod basic_auth;
 pub mod body;
 pub mod cache;
 pub mod client_caps;
@@ -62,6 +63,7 @@ pub mod pipeline;
 pub mod proxy;
 pub mod proxy_protocol;
 pub mod reload;
+pub mod request_id;
 pub mod router;
 pub mod send_timeout;
 pub mod state;

@@ -91,6 +91,12 @@ fn main() -> anyhow::Result<()> {
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
+        // Colour only on a terminal (and never with NO_COLOR): piped to a file or a log
+        // collector, escape codes are noise in every line (issue 21).
+        .with_ansi(
+            std::io::IsTerminal::is_terminal(&std::io::stderr())
+                && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()),
+        )
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();

@@ -8,7 +8,9 @@
 //! 2. **snapshot**: pin the current config; the request finishes on it even if a reload swaps
 //!    in a newer one meanwhile;
 //! 3. **route**: host (421 on a misdirected request), then path/method/headers/query (404);
-//! 4. **request filters**: IP access lists and rate limits first, then header modifiers, rewrites, redirects, CORS preflight, mirrors;
+//! 4. **request filters**: IP access lists and rate limits first, then basic authentication
+//!    ([`crate::basic_auth`], 401), then header modifiers, rewrites, redirects, CORS preflight,
+//!    mirrors;
 //! 5. **action**: proxy, static files or a fixed reply, under the route's request timeout;
 //! 6. **response filters**: header modifiers, CORS, `Alt-Svc`;
 //! 7. **account**: metrics at the response head; the access log line and the release of the
@@ -126,10 +128,16 @@ async fn serve(
     let view = snap.listener(&conn.listener);
     // The real client behind trusted proxies (see `crate::access`).
     let mut req = req;
+    // The connection's peer, before trusted proxies name the real client.
+    let peer = conn.peer;
+    let trusted = snap.access.client_ip.is_trusted(peer.ip());
     // A client that is not a trusted proxy cannot claim another address, host or scheme.
-    if !snap.access.client_ip.is_trusted(conn.peer.ip()) {
+    if !trusted {
         crate::proxy::forward::drop_client_forwarding(req.headers_mut());
     }
+    // Exactly one X-Request-Id, kept only from a trusted proxy (see `crate::request_id`): the
+    // backend gets it with the request, the client with the response, the log records it.
+    let request_id = crate::request_id::establish(req.headers_mut(), trusted);
     let conn = if snap.access.client_ip.is_empty() {
         conn
     } else {
@@ -172,8 +180,12 @@ async fn serve(
         conn,
         protocol,
         start,
+        log: shared.access_log.enabled(),
     };
-    let log = shared.access_log.enabled().then(|| LogStart::new(&req));
+    let log = shared
+        .access_log
+        .enabled()
+        .then(|| Box::new(LogStart::new(&req, peer, request_id.clone())));
     // What the response phase needs from the request (compression captures its own).
     let method = req.method().clone();
     let grpc = crate::grpc::kind(req.headers());
@@ -225,7 +237,9 @@ async fn serve(
         let needs_map = filters_entry.as_ref().is_some_and(|m| {
             m.entry.filters.has_response_filters() || m.entry.filters.content().compress.is_some()
         }) || grpc.is_some()
-            || alt_svc.is_some_and(|_| head.contains(&header::ALT_SVC));
+            || alt_svc.is_some_and(|_| head.contains(&header::ALT_SVC))
+            // A stored response's own id (its first request's) must not go out beside ours.
+            || head.contains(&crate::request_id::X_REQUEST_ID);
         if needs_map {
             head.materialize(&mut resp, protocol == Protocol::Http2);
         } else {
@@ -248,9 +262,27 @@ async fn serve(
     if let Some(alt) = alt_svc {
         resp.headers_mut().insert(header::ALT_SVC, alt.clone());
     }
+    resp.headers_mut()
+        .insert(crate::request_id::X_REQUEST_ID.clone(), request_id);
 
     // 7. account
     let status = resp.status().as_u16();
+    let mut log = log;
+    if let Some(l) = log.as_deref_mut() {
+        l.cache = match &stored {
+            Some(head) => Some(head.x_cache()),
+            None => resp
+                .headers()
+                .get("x-cache")
+                .and_then(|v| match v.as_bytes() {
+                    b"HIT" => Some("HIT"),
+                    b"MISS" => Some("MISS"),
+                    b"STALE" => Some("STALE"),
+                    _ => None,
+                }),
+        };
+        l.upstream = resp.extensions_mut().remove::<crate::proxy::UpstreamInfo>();
+    }
     shared.metrics.record_request(
         &ctx.conn.listener,
         &route_name,
@@ -343,6 +375,19 @@ struct Matched<'a> {
 enum Routed<'a> {
     Answered(Served<'a>),
     Act(Box<Acting<'a>>),
+    /// The route asks for credentials: checked (async) before the rest of phase 4.
+    Auth(Box<Authenticating<'a>>),
+}
+
+/// A request waiting for its basic authentication.
+struct Authenticating<'a> {
+    auth: Arc<crate::basic_auth::BasicAuthRules>,
+    route_name: Arc<str>,
+    matched: Matched<'a>,
+    req: Request<Body>,
+    cache_host: Option<String>,
+    prefix: Option<&'a str>,
+    in_flight: Vec<crate::access::InFlightGuard>,
 }
 
 /// What phase 5 (the action) needs from phases 2–4.
@@ -372,6 +417,46 @@ async fn route_and_serve<'a>(
     match route(shared, snap, view, ctx, req) {
         Routed::Answered(s) => s,
         Routed::Act(a) => act(shared, snap, ctx, *a).await,
+        // Boxed: only requests to routes with authentication carry its future.
+        Routed::Auth(a) => Box::pin(authenticated(shared, snap, view, ctx, *a)).await,
+    }
+}
+
+/// Phase 4b (basic authentication), then the rest of phase 4 and the action.
+async fn authenticated<'a>(
+    shared: &Shared,
+    snap: &'a crate::state::Snapshot,
+    view: Option<&ListenerView>,
+    ctx: &RequestCtx,
+    a: Authenticating<'a>,
+) -> Served<'a> {
+    if let Err(r) = a.auth.check(a.req.headers()).await {
+        shared.metrics.edge_events.inc(&"auth_refused");
+        let r = crate::access::hold(r, a.in_flight);
+        return Served::routed(a.route_name, r, a.matched, None);
+    }
+    // `route` only asks for authentication with a listener view.
+    let Some(view) = view else {
+        return Served::unrouted(text_response(
+            StatusCode::NOT_FOUND,
+            "404 Not Found: listener is being removed\n",
+        ));
+    };
+    match after_access(
+        shared,
+        snap,
+        view,
+        ctx,
+        a.req,
+        a.cache_host,
+        a.prefix,
+        a.route_name,
+        a.matched,
+        a.in_flight,
+    ) {
+        Routed::Answered(s) => s,
+        Routed::Act(a) => act(shared, snap, ctx, *a).await,
+        Routed::Auth(_) => unreachable!("after_access never asks for authentication"),
     }
 }
 
@@ -469,13 +554,47 @@ fn route<'a>(
             }
         }
     }
-    let upgrade = crate::websocket::upgrade_request(&req);
     let cache_host: Option<String> = entry
         .filters
         .content()
         .cache
         .as_ref()
         .map(|_| host.to_string());
+    // 4b. basic authentication (401), run by `route_and_serve` (bcrypt runs off the
+    // event loop); before every request filter, mirror and the cache.
+    if let Some(auth) = snap.access.route(&entry.route).and_then(|r| r.basic_auth()) {
+        return Routed::Auth(Box::new(Authenticating {
+            auth: auth.clone(),
+            route_name,
+            matched,
+            req,
+            cache_host,
+            prefix,
+            in_flight,
+        }));
+    }
+    after_access(
+        shared, snap, view, ctx, req, cache_host, prefix, route_name, matched, in_flight,
+    )
+}
+
+/// Phase 4 after the access rules (and authentication): request filters, mirrors, the
+/// cache's fresh hits.
+#[allow(clippy::too_many_arguments)]
+fn after_access<'a>(
+    shared: &Shared,
+    snap: &'a crate::state::Snapshot,
+    view: &ListenerView,
+    ctx: &RequestCtx,
+    req: Request<Body>,
+    cache_host: Option<String>,
+    prefix: Option<&'a str>,
+    route_name: Arc<str>,
+    matched: Matched<'a>,
+    in_flight: Vec<crate::access::InFlightGuard>,
+) -> Routed<'a> {
+    let entry = matched.entry;
+    let upgrade = crate::websocket::upgrade_request(&req);
 
     // 4. request filters
     let (mut parts, body) = req.into_parts();
@@ -740,6 +859,8 @@ fn refresher(
         conn: ctx.conn.clone(),
         protocol: ctx.protocol,
         start: ctx.start,
+        // A background refresh has no log line of its own.
+        log: false,
     };
     let coding = StoreCoding::of(entry.filters.content().compress.as_ref(), parts)
         .map(|c| (c.policy.clone(), c.accept));
@@ -813,30 +934,45 @@ fn strip_port(authority: &str) -> &str {
     }
 }
 
-/// What the access log needs from the request, captured before the request is consumed.
+/// What the access log needs from the request, captured before the request is consumed
+/// (only when the log is on: boxed, so the request future grows by a pointer).
 struct LogStart {
     ts_ms: u64,
+    /// The connection's peer (before trusted proxies name the real client).
+    peer: std::net::SocketAddr,
+    request_id: HeaderValue,
     method: String,
     host: String,
     path: String,
     user_agent: Option<String>,
+    referer: Option<String>,
+    /// `X-Cache` of the response (`HIT`, `MISS`, `STALE`), set at the response head.
+    cache: Option<&'static str>,
+    /// What the proxy did, set at the response head.
+    upstream: Option<crate::proxy::UpstreamInfo>,
 }
 
 impl LogStart {
-    fn new(req: &Request<Body>) -> LogStart {
+    fn new(req: &Request<Body>, peer: std::net::SocketAddr, request_id: HeaderValue) -> LogStart {
+        let text = |name: header::HeaderName| {
+            req.headers()
+                .get(name)
+                .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+        };
         LogStart {
             ts_ms: now_ms(),
+            peer,
+            request_id,
             method: req.method().as_str().to_owned(),
             host: request_host(req).into_owned(),
             path: req
                 .uri()
                 .path_and_query()
                 .map_or_else(|| req.uri().path().to_owned(), |p| p.as_str().to_owned()),
-            user_agent: req
-                .headers()
-                .get(header::USER_AGENT)
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned),
+            user_agent: text(header::USER_AGENT),
+            referer: text(header::REFERER),
+            cache: None,
+            upstream: None,
         }
     }
 }
@@ -847,7 +983,7 @@ struct Finish {
     ctx: RequestCtx,
     status: u16,
     route: Arc<str>,
-    log: Option<LogStart>,
+    log: Option<Box<LogStart>>,
     _permit: Option<RequestPermit>,
     /// The client's slot (`limits.max_requests_per_client`), released with the request's.
     _client: Option<Box<crate::client_caps::ClientSlot>>,
@@ -856,19 +992,38 @@ struct Finish {
 impl Finish {
     fn done(self, sent: u64) {
         if let Some(l) = self.log {
+            let l = *l;
+            let conn = &self.ctx.conn;
+            let (backend, upstream_addr, upstream_status, upstream_header_us, retries) =
+                match l.upstream {
+                    Some(u) => (Some(u.backend), u.address, u.status, u.header_us, u.retries),
+                    None => (None, None, None, None, 0),
+                };
             self.shared.access_log.log(LogLine {
                 ts_ms: l.ts_ms,
-                listener: self.ctx.conn.listener.clone(),
-                client: self.ctx.conn.peer,
+                request_id: String::from_utf8_lossy(l.request_id.as_bytes()).into_owned(),
+                listener: conn.listener.clone(),
+                client_addr: l.peer.ip(),
+                client_port: l.peer.port(),
+                real_client_ip: conn.peer.ip(),
                 protocol: self.ctx.protocol.as_str(),
                 method: l.method,
-                host: l.host,
+                authority: l.host,
                 path: l.path,
                 status: self.status,
                 route: self.route,
-                bytes: sent,
+                bytes_sent: sent,
                 duration_us: self.ctx.start.elapsed().as_micros() as u64,
+                backend,
+                upstream_addr,
+                upstream_status,
+                upstream_header_us,
+                retries,
+                tls: conn.tls,
+                sni: conn.sni.clone(),
                 user_agent: l.user_agent,
+                referer: l.referer,
+                cache: l.cache,
             });
         }
     }

@@ -168,4 +168,6 @@ fn run_reloads_on_file_change_and_sighup_and_keeps_the_last_good_config() {
     }
     assert!(exited.is_some(), "did not exit on SIGTERM");
     assert!(stderr.contains("keeping the previous config"), "{stderr}");
+    // Piped, not a terminal: no ANSI colour codes in the log (issue 21).
+    assert!(!stderr.contains('\u{1b}'), "{stderr:?}");
 }

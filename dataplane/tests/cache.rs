@@ -428,10 +428,16 @@ async fn hit_head(
         match n.as_str() {
             "date" => assert!(httpdate::parse_http_date(&v).is_ok(), "{v}"),
             "age" => assert!(v.parse::<u64>().is_ok(), "{v}"),
+            // Each response's own (random): one, 32 hex digits; compared by presence.
+            "x-request-id" => {
+                assert_eq!(v.len(), 32, "{v}");
+                fields.push((n.as_str().to_string(), "<id>".into()));
+            }
             _ => fields.push((n.as_str().to_string(), v)),
         }
     }
     assert!(resp.headers().contains_key("date"));
+    assert_eq!(resp.headers().get_all("x-request-id").iter().count(), 1);
     // Hits say how old they are; the miss has no age.
     let hit = fields.contains(&("x-cache".into(), "HIT".into()));
     assert_eq!(resp.headers().contains_key("age"), hit, "{fields:?}");

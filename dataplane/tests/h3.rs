@@ -290,18 +290,27 @@ async fn static_files_small_1mb_and_range_over_h3() {
 }
 
 #[tokio::test]
-async fn unknown_path_is_404_over_h3() {
+async fn unknown_path_is_404_over_h3_with_request_ids() {
     bounded(20, async {
         let (cfg, ca) = h3_config(vec![fixed_route("only", "/only", "yes")]);
         let h = Harness::start(cfg).await;
         let c = H3::connect(h.addr("tls").await, "localhost", &ca)
             .await
             .unwrap();
-        let (status, _, body) = c.get("/only").await.unwrap();
+        let (status, h1, body) = c.get("/only").await.unwrap();
         assert_eq!((status, &body[..]), (200, &b"yes"[..]));
-        let (status, _, body) = c.get("/nope").await.unwrap();
+        let (status, h2, body) = c
+            .request(Method::GET, "/nope", &[("x-request-id", "mine")], vec![])
+            .await
+            .unwrap();
         assert_eq!(status, 404);
         assert!(String::from_utf8_lossy(&body).contains("no route"));
+        // Request ids over HTTP/3 too (the one pipeline): generated, returned, a client's
+        // own replaced (issue 21).
+        let id = |h: &http::HeaderMap| h["x-request-id"].to_str().unwrap().to_string();
+        assert_eq!(id(&h1).len(), 32);
+        assert_eq!(id(&h2).len(), 32);
+        assert_ne!(id(&h1), id(&h2));
     })
     .await;
 }
@@ -1050,6 +1059,66 @@ async fn h3_requests_past_the_per_client_cap_get_429() {
         assert_eq!(third.unwrap().0, 429);
         assert!(limit_hits(&h, "client_requests") >= 1);
         assert_eq!(shared.client_requests.held(me), 0);
+    })
+    .await;
+}
+
+/// Basic authentication is the same check over HTTP/3 as over HTTP/1.1 and HTTP/2
+/// (tests/basic_auth.rs): the right password passes, a wrong one and none get 401 with the
+/// challenge.
+#[tokio::test]
+async fn basic_auth_over_h3() {
+    use base64::Engine as _;
+    bounded(30, async {
+        let bcrypt = bcrypt::hash("pw", 4).unwrap();
+        let mut r = fixed_route("private", "/private", "in");
+        r.filters = vec![Filter::BasicAuth(BasicAuth {
+            realm: "h3".into(),
+            users: vec![
+                BasicAuthUser {
+                    name: "alice".into(),
+                    hash: bcrypt,
+                },
+                BasicAuthUser {
+                    name: "carol".into(),
+                    hash: "{SHA}5en6G6MezRroT3XKqkdPOmY/BfQ=".into(),
+                },
+            ],
+        })];
+        let (cfg, ca) = h3_config(vec![r]);
+        let h = Harness::start(cfg).await;
+        let c = H3::connect(h.addr("tls").await, "localhost", &ca)
+            .await
+            .unwrap();
+        let b64 = |s: &str| {
+            format!(
+                "Basic {}",
+                base64::engine::general_purpose::STANDARD.encode(s)
+            )
+        };
+        for (creds, want) in [
+            (Some(b64("alice:pw")), 200),
+            (Some(b64("carol:secret")), 200),
+            (Some(b64("alice:pW")), 401),
+            (Some(b64("carol:secre")), 401),
+            (Some("Basic %%%".to_string()), 401),
+            (None, 401),
+        ] {
+            let headers: Vec<(&str, &str)> = creds
+                .as_deref()
+                .map(|v| vec![("authorization", v)])
+                .unwrap_or_default();
+            let (status, headers, body) = c
+                .request(Method::GET, "/private", &headers, vec![])
+                .await
+                .unwrap();
+            assert_eq!(status, want, "{creds:?}");
+            if want == 200 {
+                assert_eq!(&body[..], b"in");
+            } else {
+                assert_eq!(headers["www-authenticate"], "Basic realm=\"h3\"");
+            }
+        }
     })
     .await;
 }

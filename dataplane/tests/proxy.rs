@@ -151,6 +151,7 @@ fn ctx() -> RequestCtx {
         }),
         protocol: Protocol::Http1,
         start: Instant::now(),
+        log: false,
     }
 }
 

@@ -52,14 +52,15 @@ def load(path):
 
 
 def service_name(ns, name):
-    """addressing::service_name of the controller: sweety-gw-<ns>-<name>, hashed when too long."""
+    """addressing::service_name of the controller: sweety-gw-<readable>-<hash>, where readable is
+    <ns>-<name> with characters outside [a-z0-9] as '-', cut to 32 characters, and hash is the
+    first 20 hex digits of SHA-256(<ns>/<name>) (always present, so distinct Gateways never
+    share a name)."""
     import hashlib
-    plain = f"sweety-gw-{ns}-{name}"
-    cleaned = "".join(c if (c.islower() and c.isascii()) or c.isdigit() or c == "-" else "-" for c in plain)
-    if cleaned == plain and len(plain) <= 63:
-        return plain
-    h = hashlib.sha256(f"{ns}/{name}".encode()).hexdigest()[:8]
-    return cleaned[:63 - 9].rstrip("-") + "-" + h
+    h = hashlib.sha256(f"{ns}/{name}".encode()).hexdigest()[:20]
+    readable = "".join(c if (c.islower() and c.isascii()) or c.isdigit() else "-"
+                       for c in f"{ns}-{name}")[:32].strip("-")
+    return f"sweety-gw-{readable}-{h}" if readable else f"sweety-gw-{h}"
 
 
 def cert():

@@ -11,7 +11,11 @@
 
 use super::status::Address;
 use super::{Params, Snapshot};
-use crate::labels::{GATEWAY_NAME_LABEL, MANAGED_BY, MANAGED_BY_LABEL};
+use crate::labels::{
+    label_value, GATEWAY_ANNOTATION, GATEWAY_NAMESPACE_LABEL, GATEWAY_NAME_LABEL, MANAGED_BY,
+    MANAGED_BY_LABEL, OWNER_LABEL,
+};
+use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, BTreeSet};
@@ -19,29 +23,81 @@ use std::collections::{BTreeMap, BTreeSet};
 /// Prefix of every per-Gateway Service name.
 pub const SERVICE_PREFIX: &str = "sweety-gw-";
 
-/// The name of a Gateway's Service: `sweety-gw-<ns>-<name>`, a valid DNS label of at most 63
-/// characters. When the plain form is too long or had to be altered, it is shortened and ends
-/// with a hash of `<ns>/<name>` so distinct Gateways never share a name.
+/// Hex digits of the hash that ends every per-Gateway Service name: 80 bits of
+/// SHA-256(`<namespace>/<name>`). An accidental collision between two Gateways needs about
+/// 2^40 of them; a tenant who wants its Gateway's name to equal another one's needs a second
+/// preimage, about 2^80 hashes. Translate still refuses a second claimant (the Gateway
+/// front end's `refuse_service_conflicts`), so even a collision cannot hand one Gateway's
+/// Service to another.
+pub const SERVICE_HASH_HEX: usize = 20;
+
+/// Longest readable part of a Service name: what the 63-character DNS label leaves after
+/// the prefix, a `-` and the hash.
+const SERVICE_READABLE_MAX: usize = 63 - SERVICE_PREFIX.len() - 1 - SERVICE_HASH_HEX;
+
+/// The name of a Gateway's Service: `sweety-gw-<readable>-<hash>`, a valid DNS label of at
+/// most 63 characters. `<readable>` is `<namespace>-<name>` with every character outside
+/// `[a-z0-9-]` turned into `-`, cut to 32 characters (for people, not for uniqueness);
+/// `<hash>` is [`SERVICE_HASH_HEX`] hex digits of SHA-256 of `<namespace>/<name>`, always
+/// present. `/` cannot occur in a namespace or a name, so `<namespace>/<name>` spells each
+/// Gateway differently and the name is injective up to a hash collision: Gateways
+/// `team-a/web` and `team/a-web` share the readable part and differ in the hash. (Envoy
+/// Gateway also ends its infrastructure names with a SHA-256 of `namespace/name`, but keeps
+/// 8 hex digits, 32 bits, which a tenant can match by brute force.)
 pub fn service_name(namespace: &str, name: &str) -> String {
-    let plain = format!("{SERVICE_PREFIX}{namespace}-{name}");
-    let cleaned: String = plain
+    let digest = Sha256::digest(format!("{namespace}/{name}").as_bytes());
+    let hash: String = digest[..SERVICE_HASH_HEX / 2]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let readable: String = format!("{namespace}-{name}")
         .chars()
         .map(|c| {
-            if c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' {
+            if c.is_ascii_lowercase() || c.is_ascii_digit() {
                 c
             } else {
                 '-'
             }
         })
+        .take(SERVICE_READABLE_MAX)
         .collect();
-    if cleaned == plain && plain.len() <= 63 {
-        return plain;
+    let readable = readable.trim_matches('-');
+    if readable.is_empty() {
+        format!("{SERVICE_PREFIX}{hash}")
+    } else {
+        format!("{SERVICE_PREFIX}{readable}-{hash}")
     }
-    let hash = Sha256::digest(format!("{namespace}/{name}").as_bytes());
-    let hex: String = hash[..4].iter().map(|b| format!("{b:02x}")).collect();
-    let keep = 63 - hex.len() - 1;
-    let head = cleaned[..cleaned.len().min(keep)].trim_end_matches('-');
-    format!("{head}-{hex}")
+}
+
+/// Whether Service `s` is the one this installation made for Gateway `namespace/name`:
+/// labelled `managed-by: sweety` with a Gateway name, owned by this installation (its
+/// [`OWNER_LABEL`] is the controller's namespace; an older release set none and kept its
+/// Services in the controller's namespace), and for this very Gateway (the
+/// [`GATEWAY_ANNOTATION`] `namespace/name`, exact; an older release wrote only the labels,
+/// whose values are shortened past 63 characters). Anything else of that name (a user's own
+/// Service, another installation's, another Gateway's) is never adopted, overwritten or read
+/// for an address.
+pub fn is_service_of(s: &Service, params: &Params, namespace: &str, name: &str) -> bool {
+    let labels = s.metadata.labels.as_ref();
+    let label = |k: &str| labels.and_then(|l| l.get(k)).map(String::as_str);
+    let managed = label(MANAGED_BY_LABEL) == Some(MANAGED_BY);
+    let owner = match label(OWNER_LABEL) {
+        Some(o) => o == label_value(&params.namespace),
+        None => s.metadata.namespace.as_deref() == Some(params.namespace.as_str()),
+    };
+    let gateway = match s
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(GATEWAY_ANNOTATION))
+    {
+        Some(a) => *a == format!("{namespace}/{name}"),
+        None => {
+            label(GATEWAY_NAME_LABEL) == Some(label_value(name).as_str())
+                && label(GATEWAY_NAMESPACE_LABEL).is_none_or(|n| n == label_value(namespace))
+        }
+    };
+    managed && owner && gateway
 }
 
 /// A Gateway that needs container ports for these listener ports.
@@ -86,11 +142,20 @@ pub fn allocate(snapshot: &Snapshot, params: &Params, requests: &[PortRequest]) 
         .iter()
         .map(|r| service_name(&r.namespace, &r.name))
         .collect();
-    // Whether Service `s` is (or was, before the move) the Service of request `g`.
-    let belongs = |s: &k8s_openapi::api::core::v1::Service, g: usize| {
-        s.metadata.name.as_deref() == Some(names[g].as_str())
-            && (s.metadata.namespace.as_deref() == Some(requests[g].namespace.as_str())
-                || s.metadata.namespace.as_deref() == Some(params.namespace.as_str()))
+    // Whether Service `s` is (or was, before the move or a rename) the Service of request
+    // `g`: by the Gateway it names when it names one, else by name.
+    let belongs = |s: &Service, g: usize| {
+        let gateway = s
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(GATEWAY_ANNOTATION));
+        let mine = match gateway {
+            Some(a) => *a == format!("{}/{}", requests[g].namespace, requests[g].name),
+            None => s.metadata.name.as_deref() == Some(names[g].as_str()),
+        };
+        mine && (s.metadata.namespace.as_deref() == Some(requests[g].namespace.as_str())
+            || s.metadata.namespace.as_deref() == Some(params.namespace.as_str()))
     };
     // The current-location Service first, then the one in the other place.
     let ports_of = |g: usize| -> Vec<(u16, u16)> {
@@ -269,24 +334,128 @@ mod tests {
         }
     }
 
+    /// A valid DNS label (RFC 1123): what a Service name must be.
+    fn dns_label(n: &str) -> bool {
+        let b = n.as_bytes();
+        !b.is_empty()
+            && b.len() <= 63
+            && b.iter()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+            && b[0] != b'-'
+            && b[b.len() - 1] != b'-'
+    }
+
     #[test]
     fn names_are_short_valid_and_distinct() {
-        assert_eq!(service_name("app", "web"), "sweety-gw-app-web");
+        let web = service_name("app", "web");
+        assert!(web.starts_with("sweety-gw-app-web-"), "{web}");
+        assert_eq!(web.len(), "sweety-gw-app-web-".len() + SERVICE_HASH_HEX);
+        assert_eq!(web, service_name("app", "web"), "stable");
+        // The review's pair: same plain form, different Gateways.
+        assert_ne!(service_name("team-a", "web"), service_name("team", "a-web"));
         let long = service_name(
             "a-very-long-namespace-name-indeed",
             "and-an-even-longer-gateway-name",
         );
-        assert!(long.len() <= 63, "{long}");
         assert!(long.starts_with("sweety-gw-a-very-long"));
         let dotted = service_name("app", "web.v2");
         assert!(dotted.starts_with("sweety-gw-app-web-v2-"), "{dotted}");
         assert_ne!(dotted, service_name("app", "web-v2"));
-        for n in [&long, &dotted] {
-            assert!(n
-                .chars()
-                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-'));
-            assert!(!n.ends_with('-'));
+        // A name that is the plain form of another pair plus that pair's hash still differs.
+        let crafted = format!("a-{}", &web["sweety-gw-app-".len()..]);
+        assert_ne!(service_name("app", &crafted), web);
+        for n in [&web, &long, &dotted, &service_name("", "")] {
+            assert!(dns_label(n), "{n}");
         }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
+
+        /// Distinct (namespace, name) pairs get distinct names, each a valid DNS label of at
+        /// most 63 characters ending with the full hash; the inputs are drawn from a small
+        /// alphabet rich in `-` and `.` so the readable parts collide often.
+        #[test]
+        fn service_names_are_injective_dns_labels(
+            a in ("[a-c-]{1,40}", "[a-c.-]{1,80}"),
+            b in ("[a-c-]{1,40}", "[a-c.-]{1,80}"),
+        ) {
+            let (na, nb) = (service_name(&a.0, &a.1), service_name(&b.0, &b.1));
+            proptest::prop_assert!(dns_label(&na), "{}", na);
+            proptest::prop_assert!(na.starts_with(SERVICE_PREFIX));
+            let hash = &na[na.len() - SERVICE_HASH_HEX..];
+            proptest::prop_assert!(hash.bytes().all(|c| c.is_ascii_hexdigit()));
+            proptest::prop_assert_eq!(a == b, na == nb, "{:?} {:?} -> {} {}", a, b, na, nb);
+        }
+    }
+
+    #[test]
+    fn pairs_sharing_a_readable_form_get_distinct_names() {
+        // Every split of one dashed string into namespace and name has the same readable
+        // part (and, uncut, the same old-style plain name); all names differ.
+        let whole = "team-a-web-prod-eu-west-1-blue";
+        let names: BTreeSet<String> = whole
+            .match_indices('-')
+            .map(|(i, _)| service_name(&whole[..i], &whole[i + 1..]))
+            .collect();
+        assert_eq!(names.len(), whole.matches('-').count());
+    }
+
+    #[test]
+    fn only_this_installations_service_for_this_gateway_is_ours() {
+        let (snapshot, _) = Snapshot::from_yaml(
+            r#"
+apiVersion: v1
+kind: Service
+metadata: {name: a, namespace: sweety, labels: {app.kubernetes.io/managed-by: sweety, sweety.dev/gateway-name: web, sweety.dev/owner: sweety}, annotations: {sweety.dev/gateway: team-a/web}}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: b, namespace: sweety}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: c, namespace: sweety, labels: {app.kubernetes.io/managed-by: sweety, sweety.dev/gateway-name: web, sweety.dev/owner: other}, annotations: {sweety.dev/gateway: team-a/web}}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: d, namespace: sweety, labels: {app.kubernetes.io/managed-by: sweety, sweety.dev/gateway-name: web, sweety.dev/gateway-namespace: team-a}}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: e, namespace: team-a, labels: {app.kubernetes.io/managed-by: sweety, sweety.dev/gateway-name: web}}
+"#,
+        )
+        .unwrap();
+        let params = Params::default();
+        let svc = |n: &str| {
+            snapshot
+                .services
+                .iter()
+                .find(|s| s.metadata.name.as_deref() == Some(n))
+                .unwrap()
+                .clone()
+        };
+        assert!(is_service_of(&svc("a"), &params, "team-a", "web"));
+        assert!(
+            !is_service_of(&svc("a"), &params, "team", "a-web"),
+            "another Gateway's"
+        );
+        assert!(
+            !is_service_of(&svc("b"), &params, "team-a", "web"),
+            "unlabelled: a user's"
+        );
+        assert!(
+            !is_service_of(&svc("c"), &params, "team-a", "web"),
+            "another installation's"
+        );
+        // An older release's: labels only, in the controller's namespace.
+        assert!(is_service_of(&svc("d"), &params, "team-a", "web"));
+        assert!(!is_service_of(&svc("d"), &params, "team", "web"));
+        assert!(
+            !is_service_of(&svc("e"), &params, "team-a", "web"),
+            "no owner, elsewhere"
+        );
     }
 
     #[test]
@@ -295,7 +464,7 @@ mod tests {
             r#"
 apiVersion: v1
 kind: Service
-metadata: {name: sweety-gw-b-gw, namespace: sweety}
+metadata: {name: sweety-gw-b-gw, namespace: sweety, annotations: {sweety.dev/gateway: b/gw}}
 spec: {ports: [{name: tcp-80, port: 80, targetPort: 20005}]}
 ---
 apiVersion: v1
@@ -309,7 +478,11 @@ spec: {ports: [{name: tcp-80, port: 80, targetPort: 20000}]}
         // Given out of order: allocation follows namespace/name.
         let requests = [req("b", "gw", &[80, 443]), req("a", "gw", &[80])];
         let a = allocate(&snapshot, &params, &requests);
-        assert_eq!(a[0][&80], Some(20005), "existing mapping kept");
+        assert_eq!(
+            a[0][&80],
+            Some(20005),
+            "existing mapping kept (found by the Gateway it names, under an older name)"
+        );
         assert_eq!(
             a[1][&80],
             Some(20001),

@@ -41,7 +41,7 @@
 //! [`ConfigItems`]: items that did not change keep their allocation and digest, which is what
 //! the pusher builds deltas from without comparing or serializing them again.
 
-use super::status::{ObjectKey, Statuses};
+use super::status::{ObjectKey, ObjectStatus, Statuses};
 use super::{
     addressing, gateway, ingress, site, Builder, GatewayService, Output, Params, Snapshot,
     StaticContent,
@@ -51,7 +51,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
 use sweety_config::delta::{settings_of, Named};
-use sweety_config::{Backend, Config, Listener, VirtualHost};
+use sweety_config::{Backend, Listener, VirtualHost};
 
 /// What [`translate_incremental`] carries from one call to the next.
 #[derive(Default)]
@@ -73,6 +73,8 @@ pub struct TranslateCache {
     plain_translates: u64,
     /// Calls (with the per-virtual-host memo) that translated the Ingresses and SweetySites.
     front_translates: u64,
+    /// The statuses [`super::proxy_settings::settings`] gave last time (with `vhosts`).
+    setting_statuses: Vec<(ObjectKey, ObjectStatus)>,
 }
 
 /// The route objects, Ingresses, IngressClasses and SweetySites the per-virtual-host memo
@@ -319,9 +321,19 @@ impl TranslateCache {
             IngressSiteOutput::update(snapshot, params, memo, prev_front, stale, &mut ch)?;
         self.front = front;
         self.front_translates += u64::from(translated);
+        // The dataplane-wide settings: a few objects, computed every time.
+        let (settings, setting_statuses) = super::proxy_settings::settings(snapshot, params);
+        let prev = std::mem::take(&mut self.setting_statuses);
+        let prev = if first { Vec::new() } else { prev };
+        super::proxy_settings::status_changes(&prev, &setting_statuses, &mut ch.statuses);
+        self.setting_statuses = setting_statuses;
+        let settings = settings_of(&settings);
         let (memo, front) = (self.vhosts.as_ref().expect("just set"), &self.front);
         match self.out.as_mut().filter(|_| !first) {
             Some(out) => {
+                if *out.config.settings.value != settings {
+                    out.config.settings = Item::new(settings);
+                }
                 apply(&mut out.config.listeners, &ch.listeners, |n| {
                     memo.listeners.get(n).or_else(|| front.listeners.get(n))
                 });
@@ -366,7 +378,7 @@ impl TranslateCache {
                         None => statuses.remove(&key),
                     };
                 }
-                let settings = Item::new(settings_of(&Config::default()));
+                let settings = Item::new(settings);
                 self.out = Some(Translation {
                     config: ConfigItems {
                         settings,
@@ -1215,6 +1227,44 @@ mod tests {
                 "reorder routes"
             }
         }
+    }
+
+    #[test]
+    fn dataplane_settings_follow_their_classes_in_the_incremental_translation() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/translate");
+        let y = std::fs::read_to_string(dir.join("proxy-config-settings.in.yaml")).unwrap();
+        let (mut s, _) = Snapshot::from_yaml(&y).unwrap();
+        let params = Params::default();
+        let mut cache = TranslateCache::default();
+        let mut check = |s: &Snapshot, what: &str| {
+            let out = cache.update(s, &params).to_output();
+            assert_eq!(out, translate(s, &params), "{what}");
+            out
+        };
+        let first = check(&s, "first");
+        assert_eq!(first.config.limits.idle_timeout.to_string(), "30s");
+        // The IngressClass points elsewhere (a front change): its config is no longer in
+        // effect, the class says why.
+        let mut class = (*s.ingress_classes[0]).clone();
+        let p = class.spec.as_mut().unwrap().parameters.as_mut().unwrap();
+        p.kind = "ConfigMap".into();
+        s.ingress_classes[0] = Arc::new(class);
+        let out = check(&s, "IngressClass parameters of another kind");
+        assert_eq!(out.config.limits.idle_timeout.to_string(), "2m");
+        assert!(out
+            .statuses
+            .keys()
+            .any(|k| k.kind == "IngressClass" && k.name == "sweety"));
+        assert!(!out.statuses.keys().any(|k| k.name == "ingresses"));
+        // The GatewayClass's config changes (the world).
+        let mut pc = (*s.proxy_configs[0]).clone();
+        pc.spec.limits.as_mut().unwrap().idle_timeout = Some("10s".into());
+        s.proxy_configs[0] = Arc::new(pc);
+        let out = check(&s, "SweetyProxyConfig edit");
+        assert_eq!(out.config.limits.idle_timeout.to_string(), "10s");
+        // Back to the first state: the same output as at first.
+        let (s0, _) = Snapshot::from_yaml(&y).unwrap();
+        assert_eq!(check(&s0, "back"), first);
     }
 
     #[test]

@@ -1,11 +1,14 @@
 //! Ingress v1 front end: IngressClass selection, rules, default backend, TLS and a safe subset
 //! of the ingress-nginx annotations (see [`nginx`]).
 //!
-//! **Which Ingresses are ours.** `spec.ingressClassName == Params::ingress_class` and that
-//! IngressClass's `spec.controller == Params::ingress_controller`; an Ingress without a class
-//! is ours when our IngressClass carries `ingressclass.kubernetes.io/is-default-class: "true"`;
+//! **Which Ingresses are ours.** `spec.ingressClassName` names one of
+//! `Params::ingress_classes` whose IngressClass has `spec.controller ==
+//! Params::ingress_controller` ([`served_classes`]: several classes can be served, e.g.
+//! `sweety` and, once ingress-nginx is gone, `nginx`); an Ingress without a class is ours when
+//! one of those IngressClasses carries `ingressclass.kubernetes.io/is-default-class: "true"`;
 //! the legacy `kubernetes.io/ingress.class` annotation (used when no `ingressClassName` is set)
-//! is honoured when it names our class.
+//! is honoured when it names one of our classes. The Ingresses of other classes are never
+//! written to (no status, no Events), whatever they carry.
 //!
 //! **Listeners.** Every Ingress host is served on `ingress-http`
 //! (`Params::listen_address:Params::ingress_http_port`); hosts listed under `spec.tls` whose
@@ -19,8 +22,10 @@
 //! owner's Ingresses (and sharing namespaces') for the same host become one virtual host
 //! (`ingress/<host>`; `ingress/*` for rules without a host). Ingresses are taken oldest first,
 //! so for the same path the oldest Ingress wins. When HTTP and HTTPS need different routes (an
-//! `ssl-redirect`), the host gets two virtual hosts, `ingress/<host>` on HTTPS and
-//! `ingress/<host>@http` on HTTP.
+//! `ssl-redirect`, on by default for hosts with TLS, or the HSTS header), the host gets two
+//! virtual hosts, `ingress/<host>` on HTTPS and `ingress/<host>@http` on HTTP. HTTPS
+//! responses of a host with TLS carry `Strict-Transport-Security` ([`Params::hsts_max_age`],
+//! ingress-nginx's defaults).
 //!
 //! **TLS.** A `spec.tls` Secret serves a host only when its certificate covers it
 //! ([`super::cert_names`]) and the Ingress's namespace may serve it; no `hosts` means the
@@ -320,6 +325,29 @@ fn covered(names: &BTreeMap<String, String>, owners: &Hosts, host: &str) -> bool
         })
 }
 
+/// The `Strict-Transport-Security` response header of Ingress hosts with TLS
+/// ([`Params::hsts_max_age`]; ingress-nginx's defaults: a year, `includeSubDomains`), set
+/// over the backend's own, as ingress-nginx does.
+fn hsts_header(params: &Params) -> Option<sweety_config::HeaderModifier> {
+    if params.hsts_max_age == 0 {
+        return None;
+    }
+    let mut value = format!("max-age={}", params.hsts_max_age);
+    if params.hsts_include_subdomains {
+        value.push_str("; includeSubDomains");
+    }
+    if params.hsts_preload {
+        value.push_str("; preload");
+    }
+    Some(sweety_config::HeaderModifier {
+        set: vec![sweety_config::HeaderValue {
+            name: "strict-transport-security".into(),
+            value,
+        }],
+        ..Default::default()
+    })
+}
+
 /// Load-balancer addresses of the chart's ingress Service.
 pub fn load_balancer(b: &Builder<'_>) -> Vec<LoadBalancerIngress> {
     let Some(name) = b.params.ingress_service.as_deref() else {
@@ -354,18 +382,29 @@ fn annotation<'a>(ing: &'a Ingress, key: &str) -> Option<&'a str> {
         .map(String::as_str)
 }
 
-/// Whether an Ingress belongs to this controller.
-pub fn is_ours(ing: &Ingress, class: Option<&IngressClass>, params: &super::Params) -> bool {
-    let class_ok = class.is_some();
+/// Whether an Ingress belongs to this controller, given `served`: the IngressClasses whose name
+/// is in [`Params::ingress_classes`] and whose `spec.controller` is
+/// [`Params::ingress_controller`] ([`served_classes`]). A class name in the list whose
+/// IngressClass belongs to another controller (or does not exist) is not served, so naming
+/// `nginx` while ingress-nginx still owns that class takes nothing from it.
+///
+/// `legacy`: the class names the legacy `kubernetes.io/ingress.class` annotation may name
+/// ([`legacy_names`]).
+pub fn is_ours(ing: &Ingress, served: &[&IngressClass], legacy: &[&str]) -> bool {
+    let served_name = |name: &str| {
+        served
+            .iter()
+            .any(|c| c.metadata.name.as_deref() == Some(name))
+    };
     match ing
         .spec
         .as_ref()
         .and_then(|s| s.ingress_class_name.as_deref())
     {
-        Some(name) => name == params.ingress_class && class_ok,
+        Some(name) => served_name(name),
         None => match annotation(ing, LEGACY_CLASS_ANNOTATION) {
-            Some(name) => name == params.ingress_class,
-            None => class.is_some_and(|c| {
+            Some(name) => legacy.contains(&name),
+            None => served.iter().any(|c| {
                 c.metadata
                     .annotations
                     .as_ref()
@@ -374,6 +413,53 @@ pub fn is_ours(ing: &Ingress, class: Option<&IngressClass>, params: &super::Para
             }),
         },
     }
+}
+
+/// The class names the legacy annotation may name: those of `served`, and the names in
+/// [`Params::ingress_classes`] no IngressClass object has (the annotation predates them). A
+/// name whose IngressClass belongs to another controller is never ours, so listing `nginx`
+/// while ingress-nginx still owns that class takes none of its annotated Ingresses either.
+pub fn legacy_names<'a>(
+    snapshot: &Snapshot,
+    served: &[&'a IngressClass],
+    params: &'a Params,
+) -> Vec<&'a str> {
+    let exists = |name: &str| {
+        snapshot
+            .ingress_classes
+            .iter()
+            .any(|c| c.metadata.name.as_deref() == Some(name))
+    };
+    let mut names: Vec<&str> = served
+        .iter()
+        .filter_map(|c| c.metadata.name.as_deref())
+        .collect();
+    names.extend(
+        params
+            .ingress_classes
+            .iter()
+            .map(String::as_str)
+            .filter(|n| !exists(n)),
+    );
+    names
+}
+
+/// The IngressClasses this controller serves: named in [`Params::ingress_classes`] and with
+/// `spec.controller == Params::ingress_controller`.
+pub fn served_classes<'a>(snapshot: &'a Snapshot, params: &Params) -> Vec<&'a IngressClass> {
+    snapshot
+        .ingress_classes
+        .iter()
+        .filter(|c| {
+            c.metadata
+                .name
+                .as_deref()
+                .is_some_and(|n| params.ingress_classes.iter().any(|s| s == n))
+                && c.spec.as_ref().and_then(|s| s.controller.as_deref())
+                    == Some(params.ingress_controller.as_str())
+        })
+        .map(|c| c.as_ref())
+        .collect()
 }
 
 /// Problems found while translating one Ingress.
@@ -411,15 +497,12 @@ pub(crate) struct PathRoute {
 
 /// Our Ingresses (see [`is_ours`]), oldest first; names break ties so the order is total.
 pub fn our_ingresses(snapshot: &Snapshot, params: &Params) -> Vec<Arc<Ingress>> {
-    let class = snapshot.ingress_classes.iter().find(|c| {
-        c.metadata.name.as_deref() == Some(params.ingress_class.as_str())
-            && c.spec.as_ref().and_then(|s| s.controller.as_deref())
-                == Some(params.ingress_controller.as_str())
-    });
+    let served = served_classes(snapshot, params);
+    let legacy = legacy_names(snapshot, &served, params);
     let mut ours: Vec<Arc<Ingress>> = snapshot
         .ingresses
         .iter()
-        .filter(|i| is_ours(i, class.map(|c| c.as_ref()), params))
+        .filter(|i| is_ours(i, &served, &legacy))
         .cloned()
         .collect();
     ours.sort_by(|a, b| {
@@ -503,7 +586,7 @@ pub fn translate(b: &mut Builder<'_>) -> BTreeSet<String> {
             conditions: Vec::new(),
             generation: ing.metadata.generation.unwrap_or(0),
         };
-        let ann = nginx::Annotations::parse(ing, params, &mut report);
+        let ann = nginx::Annotations::parse(ing, params, &b.snapshot.secrets, &mut report);
         if ann.canary {
             canaries.push((ing.clone(), ann));
             reports.insert((ns, name), report);
@@ -720,8 +803,15 @@ pub fn translate(b: &mut Builder<'_>) -> BTreeSet<String> {
                     route.matches.first().and_then(|m| m.path.as_ref()),
                     Some(PathMatch::Regex(_))
                 );
+                // ingress-nginx's `no-tls-redirect-locations`: HTTP-01 challenges stay on HTTP.
+                let exempt = params
+                    .no_tls_redirect_locations
+                    .iter()
+                    .any(|l| path.starts_with(l.as_str()));
                 entry.push(PathRoute {
-                    http_redirect: (ann.ssl_redirect || ann.force_ssl_redirect)
+                    http_redirect: (!exempt
+                        && (ann.ssl_redirect.unwrap_or(params.ssl_redirect)
+                            || ann.force_ssl_redirect))
                         .then(nginx::https_redirect),
                     force_redirect: ann.force_ssl_redirect,
                     route,
@@ -765,10 +855,18 @@ pub fn translate(b: &mut Builder<'_>) -> BTreeSet<String> {
             .get(&host)
             .cloned()
             .or_else(|| cluster_default.clone());
+        let hsts = hsts_header(params).filter(|_| served_tls && !host.is_empty());
         let https_routes: Vec<Route> = routes
             .iter()
             .map(|r| r.route.clone())
             .chain(default.clone())
+            .map(|mut r| {
+                if let Some(h) = &hsts {
+                    r.filters
+                        .push(sweety_config::Filter::ResponseHeaders(h.clone()));
+                }
+                r
+            })
             .collect();
         let http_routes: Vec<Route> = routes
             .iter()
@@ -1005,17 +1103,50 @@ spec: {}
     fn class_selection() {
         let s = snapshot(CLASSES);
         let p = Params::default();
-        let class = s.ingress_classes.first().map(|c| c.as_ref());
-        let ours: Vec<&str> = s
-            .ingresses
-            .iter()
-            .filter(|i| is_ours(i, class, &p))
-            .map(|i| i.metadata.name.as_deref().unwrap())
-            .collect();
-        assert_eq!(ours, ["named", "none"]);
+        let names = |s: &Snapshot, served: &[&IngressClass], p: &Params| -> Vec<String> {
+            let legacy = legacy_names(s, served, p);
+            s.ingresses
+                .iter()
+                .filter(|i| is_ours(i, served, &legacy))
+                .map(|i| i.metadata.name.clone().unwrap())
+                .collect()
+        };
+        assert_eq!(names(&s, &served_classes(&s, &p), &p), ["named", "none"]);
         // Without our IngressClass, neither the named nor the class-less Ingress is ours.
-        let ours = s.ingresses.iter().filter(|i| is_ours(i, None, &p)).count();
-        assert_eq!(ours, 0);
+        assert!(names(&s, &[], &p).is_empty());
+        // Naming `nginx` too takes nothing while no IngressClass `nginx` of ours exists
+        // (ingress-nginx still owns it): only the legacy annotation, which has no object.
+        let both = Params {
+            ingress_classes: vec!["sweety".into(), "nginx".into()],
+            ..Params::default()
+        };
+        assert_eq!(served_classes(&s, &both).len(), 1);
+        assert_eq!(
+            names(&s, &served_classes(&s, &both), &both),
+            ["named", "none", "legacy-other"]
+        );
+        // An IngressClass `nginx` still owned by ingress-nginx is not served, and the
+        // Ingresses its legacy annotation names stay ingress-nginx's too.
+        let mut theirs = snapshot(&format!(
+            "{CLASSES}---\napiVersion: networking.k8s.io/v1\nkind: IngressClass\n\
+             metadata: {{name: nginx}}\nspec: {{controller: k8s.io/ingress-nginx}}\n"
+        ));
+        assert_eq!(served_classes(&theirs, &both).len(), 1);
+        assert_eq!(
+            names(&theirs, &served_classes(&theirs, &both), &both),
+            ["named", "none"]
+        );
+        // Once it is replaced by one of ours, its Ingresses are ours too.
+        theirs = snapshot(&format!(
+            "{CLASSES}---\napiVersion: networking.k8s.io/v1\nkind: IngressClass\n\
+             metadata: {{name: nginx}}\nspec: {{controller: sweety.dev/ingress-controller}}\n"
+        ));
+        let served = served_classes(&theirs, &both);
+        assert_eq!(served.len(), 2);
+        assert_eq!(
+            names(&theirs, &served, &both),
+            ["named", "other", "none", "legacy-other"]
+        );
     }
 
     #[test]

@@ -19,6 +19,7 @@ pub mod cert_names;
 pub mod gateway;
 pub mod ingress;
 pub mod ownership;
+pub mod proxy_settings;
 pub mod site;
 pub mod snapshot;
 pub mod status;
@@ -69,8 +70,9 @@ use sweety_config::{Config, Listener, VirtualHost};
 pub struct Params {
     /// GatewayClass `spec.controllerName` we own.
     pub controller_name: String,
-    /// IngressClass name we serve (Ingresses naming it, or none when it is the default class).
-    pub ingress_class: String,
+    /// IngressClass names we serve (Ingresses naming one, or none when one is the default
+    /// class); only those whose `spec.controller` is [`Params::ingress_controller`] count.
+    pub ingress_classes: Vec<String>,
     /// IngressClass `spec.controller` we own.
     pub ingress_controller: String,
     /// Namespace of the controller (and of the dataplane Pods): per-Gateway Services are
@@ -121,6 +123,19 @@ pub struct Params {
     pub ignore_snippets: bool,
     /// Resolve ExternalName Services as backends (off: such a backend answers 503).
     pub allow_external_name: bool,
+    /// Redirect plain-HTTP requests for Ingress hosts with TLS to HTTPS (308) unless an
+    /// Ingress says `ssl-redirect: "false"`: ingress-nginx's `ssl-redirect` default.
+    pub ssl_redirect: bool,
+    /// Path prefixes never redirected to HTTPS (ingress-nginx's `no-tls-redirect-locations`,
+    /// default `/.well-known/acme-challenge`, so HTTP-01 challenges keep working).
+    pub no_tls_redirect_locations: Vec<String>,
+    /// `Strict-Transport-Security` on HTTPS responses of Ingress hosts with TLS: `max-age`
+    /// in seconds (0: no header). ingress-nginx's default: a year.
+    pub hsts_max_age: u64,
+    /// HSTS `includeSubDomains` (ingress-nginx's default: on).
+    pub hsts_include_subdomains: bool,
+    /// HSTS `preload` (ingress-nginx's default: off).
+    pub hsts_preload: bool,
     /// Type of the per-Gateway Services (`LoadBalancer`, `NodePort` or `ClusterIP`) unless the
     /// GatewayClass's SweetyProxyConfig sets `service.type`.
     pub gateway_service_type: String,
@@ -183,7 +198,7 @@ impl Default for Params {
     fn default() -> Self {
         Params {
             controller_name: "sweety.dev/gateway-controller".into(),
-            ingress_class: "sweety".into(),
+            ingress_classes: vec!["sweety".into()],
             ingress_controller: "sweety.dev/ingress-controller".into(),
             namespace: "sweety".into(),
             ingress_service: Some("sweety".into()),
@@ -202,6 +217,11 @@ impl Default for Params {
             ignore_unsupported_security_annotations: false,
             ignore_snippets: false,
             allow_external_name: false,
+            ssl_redirect: true,
+            no_tls_redirect_locations: vec!["/.well-known/acme-challenge".into()],
+            hsts_max_age: 31_536_000,
+            hsts_include_subdomains: true,
+            hsts_preload: false,
             gateway_service_type: "LoadBalancer".into(),
             gateway_service_namespace: GatewayServiceNamespace::Release,
         }
@@ -232,7 +252,7 @@ pub struct GatewayService {
     pub gateway_name: String,
     /// Namespace of the Service: the controller's, or the Gateway's.
     pub namespace: String,
-    /// Service name (`sweety-gw-<gateway namespace>-<gateway name>`, unique in either place).
+    /// Service name ([`addressing::service_name`]: `sweety-gw-<readable>-<hash of namespace/name>`).
     pub name: String,
     /// `Params::gateway_service_type` unless the GatewayClass parameters say otherwise.
     pub service_type: String,
@@ -307,6 +327,11 @@ pub(crate) fn regex_escape(s: &str) -> String {
 /// Translate a snapshot. Pure: see the module docs.
 pub fn translate(snapshot: &Snapshot, params: &Params) -> Output {
     let mut b = Builder::new(snapshot, params);
+    let (settings, statuses) = proxy_settings::settings(snapshot, params);
+    b.config = settings;
+    for (key, status) in statuses {
+        b.status(key, status);
+    }
     gateway::translate(&mut b);
     let ingress_hosts = ingress::translate(&mut b);
     site::translate(&mut b, &ingress_hosts);
@@ -333,7 +358,8 @@ pub struct Builder<'a> {
     pub gateway_services: Vec<GatewayService>,
     /// Static content directories wanted so far.
     pub static_content: Vec<StaticContent>,
-    /// Base config (limits, access log) that a SweetyProxyConfig may adjust.
+    /// The settings (limits, access log, client address) of the SweetyProxyConfigs in effect
+    /// ([`proxy_settings`]); `finish` adds the lists.
     pub config: Config,
 }
 

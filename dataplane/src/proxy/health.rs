@@ -81,6 +81,7 @@ async fn run(weak: Weak<BackendRt>, idx: usize, hc: Arc<HealthCheck>, metrics: A
         }),
         protocol: Protocol::Http1,
         start: Instant::now(),
+        log: false,
     };
     loop {
         let Some(b) = weak.upgrade() else {

@@ -47,7 +47,7 @@ use pool::{Connector, Pool};
 use std::collections::HashMap;
 use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use sweety_config::{
     Backend, BackendProtocol, BackendTls, Filter, Mirror, ProxyAction, Route, SessionPersistence,
     WeightedBackend,
@@ -285,6 +285,21 @@ impl Upstreams {
             Ok(x) => x,
             Err(e) => return self.fail(&e),
         };
+        let started = Instant::now();
+        // For the access log: what happened, on the response (only when the log is on).
+        let note =
+            |mut resp: Response<Body>, idx: Option<usize>, status: Option<u16>, tries: u32| {
+                if ctx.log {
+                    resp.extensions_mut().insert(UpstreamInfo {
+                        backend: backend.config.name.clone(),
+                        address: idx.map(|i| backend.endpoints[i].state.address.clone()),
+                        status,
+                        header_us: Some(started.elapsed().as_micros() as u64),
+                        retries: tries.saturating_sub(1),
+                    });
+                }
+                resp
+            };
         let (parts, body) = req.into_parts();
         let policy = route.retry.as_ref();
         // With a retry policy, a small body of an idempotent request is read into memory first
@@ -310,9 +325,10 @@ impl Upstreams {
         let mut tries = 0u32;
         loop {
             let Some(idx) = affinity.pick(backend, tries, &tried) else {
-                return self.fail(&ProxyError::NoEndpoint {
+                let resp = self.fail(&ProxyError::NoEndpoint {
                     backend: backend.config.name.clone(),
                 });
+                return note(resp, tried.last().copied(), None, tries);
             };
             tried.push(idx);
             tries += 1;
@@ -350,7 +366,7 @@ impl Upstreams {
                         }
                     }
                     affinity.issue(backend, idx, resp.headers_mut());
-                    return resp;
+                    return note(resp, Some(idx), Some(status), tries);
                 }
                 Err(e) => {
                     if e.is_endpoint_failure() {
@@ -364,7 +380,7 @@ impl Upstreams {
                             replayable,
                         );
                     if !retry {
-                        return self.fail(&e);
+                        return note(self.fail(&e), Some(idx), None, tries);
                     }
                     self.metrics.upstream_error(e.metrics_label());
                     tracing::debug!(error = %e, tries, "retrying after upstream error");
@@ -430,6 +446,23 @@ impl Upstreams {
             }
         });
     }
+}
+
+/// What the proxy did for one request, for the access log: a response extension, set only
+/// when [`RequestCtx::log`] is on.
+#[derive(Debug, Clone)]
+pub struct UpstreamInfo {
+    /// The backend chosen (by weight) for the request.
+    pub backend: String,
+    /// The endpoint of the last try (none when no endpoint could be picked).
+    pub address: Option<String>,
+    /// The status the endpoint answered with (none when no response came: connect error,
+    /// reset, timeout).
+    pub status: Option<u16>,
+    /// Microseconds from the first try to the response head (or to the failure).
+    pub header_us: Option<u64>,
+    /// Tries after the first.
+    pub retries: u32,
 }
 
 /// A request's session affinity towards one backend: the endpoint its session token names
@@ -608,6 +641,7 @@ mod tests {
             }),
             protocol: Protocol::Http2,
             start: Instant::now(),
+            log: false,
         }
     }
 

@@ -182,6 +182,7 @@ impl Runtime {
             AccessLog::start(
                 opts.access_log.path.clone(),
                 opts.access_log.buffer_lines as usize,
+                opts.access_log.format,
                 metrics.clone(),
             )?
         } else {

@@ -200,7 +200,10 @@ async fn ingress_fixture(env: &Env) -> Result<Served> {
         &env.client,
         json!({
             "apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
-            "metadata": {"name": "echo", "namespace": INGRESS_NS},
+            // Served on plain HTTP too (fetch_all checks both): ssl-redirect, on by default
+            // for TLS hosts as in ingress-nginx, is turned off for this Ingress.
+            "metadata": {"name": "echo", "namespace": INGRESS_NS,
+                         "annotations": {"nginx.ingress.kubernetes.io/ssl-redirect": "false"}},
             "spec": {
                 "ingressClassName": "sweety",
                 "tls": [{"hosts": [INGRESS_HOST], "secretName": "tls"}],

@@ -8,7 +8,7 @@ use super::client_cert;
 use super::frontend;
 use super::listeners::{self, Proto};
 use super::listenersets;
-use super::routes::{Collected, HttpEntry, L4Entry, SortKey};
+use super::routes::{self, Collected, HttpEntry, L4Entry, SortKey};
 use super::OwnedGateway;
 use crate::translate::addressing::{self, Allocation, PortRequest};
 use crate::translate::status::{Condition, GatewayStatus, ObjectKey, ObjectStatus};
@@ -70,11 +70,67 @@ pub(super) fn gateways(
             generation,
             listeners,
             rejected,
+            service_refused: None,
             http3: class.http3.unwrap_or(b.params.http3),
             class: class.clone(),
         });
     }
+    refuse_service_conflicts(b, &mut out, &addressing::service_name);
     out
+}
+
+/// Defence in depth for the per-Gateway Services, which share one namespace by default:
+/// [`addressing::service_name`] is injective up to an 80-bit hash collision, but should two
+/// Gateways still map to one Service, the older one (Gateway API's conflict order: creation
+/// time, then namespace/name) keeps it and the later ones are refused; and when a Service of
+/// that name exists that this installation did not make for the older one
+/// ([`addressing::is_service_of`]: a user's own, another installation's, another Gateway's),
+/// every claimant is refused and the Service is left alone (`gateway_services` never adopts
+/// it). A refused Gateway gets `Accepted: False` with reason `ServiceNameTaken` naming the
+/// Service and who holds it; its listeners get no container ports, its routes no parent.
+/// `service_name` is [`addressing::service_name`] (a parameter so a test can make names collide).
+fn refuse_service_conflicts(
+    b: &Builder<'_>,
+    gateways: &mut [OwnedGateway],
+    service_name: &dyn Fn(&str, &str) -> String,
+) {
+    let mut by_service: BTreeMap<(String, String), Vec<usize>> = BTreeMap::new();
+    for (i, g) in gateways.iter().enumerate() {
+        let key = (
+            b.params.gateway_service_namespace(&g.namespace).to_string(),
+            service_name(&g.namespace, &g.name),
+        );
+        by_service.entry(key).or_default().push(i);
+    }
+    for ((svc_ns, svc), mut claimants) in by_service {
+        claimants.sort_by_cached_key(|&i| routes::meta_key(&gateways[i].gateway.metadata));
+        let first = &gateways[claimants[0]];
+        let foreign = b.snapshot.services.iter().any(|s| {
+            s.metadata.namespace.as_deref() == Some(svc_ns.as_str())
+                && s.metadata.name.as_deref() == Some(svc.as_str())
+                && !addressing::is_service_of(s, b.params, &first.namespace, &first.name)
+        });
+        let older = format!("{}/{}", first.namespace, first.name);
+        for (k, &i) in claimants.iter().enumerate() {
+            let why = if foreign {
+                format!(
+                    "Service {svc_ns}/{svc}, this Gateway's, exists and was not made by this \
+                     controller for Gateway {older}; it is left alone: remove it, or rename \
+                     the Gateway"
+                )
+            } else if k > 0 {
+                format!(
+                    "Service {svc_ns}/{svc} is already the Service of the older Gateway \
+                     {older}; rename this Gateway"
+                )
+            } else {
+                continue;
+            };
+            let g = &mut gateways[i];
+            g.rejected.get_or_insert_with(|| why.clone());
+            g.service_refused = Some(why);
+        }
+    }
 }
 
 /// Allocate container ports for every usable listener.
@@ -523,7 +579,12 @@ pub(super) fn status(b: &mut Builder<'_>, gw: &OwnedGateway) {
     let service = addressing::service_name(&gw.namespace, &gw.name);
     let service_namespace = b.params.gateway_service_namespace(&gw.namespace);
     let (requested, bad_address) = requested_addresses(&gw.gateway);
-    let addresses = addressing::addresses(b.snapshot, service_namespace, &requested, &service);
+    // A refused Gateway's Service (if any) is not its own: nothing of it is reported.
+    let addresses = if gw.service_refused.is_some() {
+        Vec::new()
+    } else {
+        addressing::addresses(b.snapshot, service_namespace, &requested, &service)
+    };
     // The Gateway's own listeners; ListenerSet listeners report in their set's status.
     let own: Vec<&listeners::ValidatedListener> =
         gw.listeners.iter().filter(|l| l.owner.is_none()).collect();
@@ -554,6 +615,14 @@ pub(super) fn status(b: &mut Builder<'_>, gw: &OwnedGateway) {
             msg.clone(),
             generation,
         )
+    } else if let Some(msg) = &gw.service_refused {
+        Condition::new(
+            "Accepted",
+            false,
+            "ServiceNameTaken",
+            msg.clone(),
+            generation,
+        )
     } else if invalid.is_empty() {
         Condition::new("Accepted", true, "Accepted", "gateway accepted", generation)
     } else {
@@ -569,13 +638,22 @@ pub(super) fn status(b: &mut Builder<'_>, gw: &OwnedGateway) {
     let unusable = match static_ips.as_slice() {
         [] => None,
         // The Service asks its load balancer for the one address.
-        [_] => addressing::address_unusable(b.snapshot, service_namespace, &service),
+        [_] if gw.service_refused.is_none() => {
+            addressing::address_unusable(b.snapshot, service_namespace, &service)
+        }
+        [_] => None,
         many => Some(format!(
             "a Gateway's Service gets one load-balancer address; {} IP addresses were requested",
             many.len()
         )),
     };
-    let programmed = if bad_address.is_some() || bad_parameters.is_some() || !any_programmed {
+    let programmed = if let Some(msg) = gw
+        .service_refused
+        .as_ref()
+        .filter(|_| bad_address.is_none() && bad_parameters.is_none())
+    {
+        Condition::new("Programmed", false, "Invalid", msg.clone(), generation)
+    } else if bad_address.is_some() || bad_parameters.is_some() || !any_programmed {
         Condition::new(
             "Programmed",
             false,
@@ -699,6 +777,78 @@ mod tests {
             Filter::Redirect(r) => r.port,
             _ => unreachable!(),
         }
+    }
+
+    #[test]
+    fn a_service_name_collision_refuses_the_later_gateway() {
+        let (snapshot, _) = crate::translate::Snapshot::from_yaml(
+            r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: GatewayClass
+metadata: {name: sweety, generation: 1}
+spec: {controllerName: sweety.dev/gateway-controller}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: a, namespace: early, creationTimestamp: "2024-06-01T00:00:00Z"}
+spec: {gatewayClassName: sweety, listeners: [{name: http, port: 80, protocol: HTTP}]}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: z, namespace: zz, creationTimestamp: "2024-01-01T00:00:00Z"}
+spec: {gatewayClassName: sweety, listeners: [{name: http, port: 80, protocol: HTTP}]}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: y, namespace: zz, creationTimestamp: "2024-01-01T00:00:00Z"}
+spec: {gatewayClassName: sweety, listeners: [{name: http, port: 80, protocol: HTTP}]}
+"#,
+        )
+        .unwrap();
+        let params = Params::default();
+        let mut b = Builder::new(&snapshot, &params);
+        let classes = super::super::classes::translate(&mut b);
+        let mut gws = gateways(&mut b, &classes);
+        assert!(
+            gws.iter().all(|g| g.service_refused.is_none()),
+            "real names do not collide"
+        );
+        // Force a collision: the oldest (zz/y: same time as zz/z, then by name) keeps it.
+        refuse_service_conflicts(&b, &mut gws, &|_, _| "sweety-gw-same".into());
+        let refused: Vec<_> = gws
+            .iter()
+            .map(|g| {
+                (
+                    g.namespace.as_str(),
+                    g.name.as_str(),
+                    g.service_refused.clone(),
+                )
+            })
+            .collect();
+        assert_eq!(refused[0].2.as_deref(), Some("Service sweety/sweety-gw-same is already the Service of the older Gateway zz/y; rename this Gateway"));
+        assert_eq!((refused[1].1, &refused[1].2), ("y", &None));
+        assert!(refused[2]
+            .2
+            .as_deref()
+            .unwrap()
+            .contains("older Gateway zz/y"));
+        assert!(gws[0].rejected.is_some() && gws[1].rejected.is_none());
+        // Its status says why; the winner's does not.
+        allocate(&b, &mut gws);
+        status(&mut b, &gws[0]);
+        status(&mut b, &gws[1]);
+        let cond = |name: &str| {
+            let key = ObjectKey::new("Gateway", if name == "a" { "early" } else { "zz" }, name);
+            match b.statuses.get(&key) {
+                Some(ObjectStatus::Gateway(g)) => g.conditions[0].clone(),
+                other => panic!("{other:?}"),
+            }
+        };
+        assert_eq!(
+            (cond("a").status.as_str(), cond("a").reason.as_str()),
+            ("False", "ServiceNameTaken")
+        );
+        assert_eq!(cond("y").status, "True");
     }
 
     #[test]

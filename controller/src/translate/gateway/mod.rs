@@ -55,6 +55,9 @@ pub struct OwnedGateway {
     pub listeners: Vec<ValidatedListener>,
     /// Why the Gateway as a whole is not accepted (its listeners are then not programmed).
     pub rejected: Option<String>,
+    /// Why it may not have its per-Gateway Service (an older Gateway's has the same name, or
+    /// a Service of that name exists that is not this Gateway's); also in `rejected`.
+    pub service_refused: Option<String>,
     /// Serve HTTP/3 on HTTPS listeners (class SweetyProxyConfig, else `Params::http3`).
     pub http3: bool,
     /// Its class: the per-Gateway Service's type, traffic policy and owner.

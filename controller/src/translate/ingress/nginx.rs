@@ -3,8 +3,10 @@
 //!
 //! Supported: `use-regex`, `rewrite-target` (prefix rewrite; the `<prefix>(/|$)(.*)` + `/$2`
 //! idiom becomes a prefix match with a prefix rewrite; other capture groups are reported and
-//! the path is not rewritten), `ssl-redirect` (HTTP→HTTPS, 308, for hosts with TLS; unlike
-//! ingress-nginx it is off unless set), `force-ssl-redirect` (also for hosts without TLS here),
+//! the path is not rewritten), `ssl-redirect` (HTTP→HTTPS, 308, for hosts with TLS; on unless
+//! an Ingress sets it to `"false"` or the operator turns `Params::ssl_redirect` off, as in
+//! ingress-nginx; paths under `Params::no_tls_redirect_locations` are never redirected),
+//! `force-ssl-redirect` (also for hosts without TLS here),
 //! `backend-protocol` (HTTP, HTTPS, GRPC→h2c, GRPCS→h2), `enable-cors` with `cors-allow-origin`,
 //! `-methods`, `-headers`, `-credentials`, `-max-age`, `-expose-headers`,
 //! `permanent-redirect`(`-code`), `temporal-redirect`, `app-root`, `proxy-read-timeout` and
@@ -23,6 +25,17 @@
 //! of the backend (named `<backend>~affinity…` / `~hash…`) so other Ingresses of the same
 //! Service are unaffected.
 //!
+//! **Basic authentication.** `auth-type: basic` with `auth-secret` (`name` or `namespace/name`,
+//! the Ingress's own namespace only), `auth-secret-type` (`auth-file`: the htpasswd text under
+//! the key `auth`, the default; `auth-map`: one user per key) and `auth-realm` becomes a
+//! `basic_auth` filter on every path ([`sweety_config::htpasswd`]: bcrypt, `$apr1$`, `{SHA}`;
+//! other entries are refused one by one with an `AuthEntryRefused` Event). A missing Secret,
+//! another namespace's, a missing `auth` key, an unknown `auth-type`/`auth-secret-type`, a
+//! realm with control characters or no usable entry fails closed: every path answers 503 with
+//! the reason (`AuthSecretInvalid`), as ingress-nginx denies such locations, whatever
+//! `ignore_unsupported_security_annotations` says. `auth-type: digest` is not implemented
+//! (503). `auth-secret`/`auth-realm` without `auth-type` are ignored, as in ingress-nginx.
+//!
 //! **Fail closed.** Security annotations Sweety does not implement (`auth-*`, `modsecurity`,
 //! `satisfy`, …; [`is_security`]) and allow/deny list entries that cannot be honoured make
 //! every path of the Ingress answer 403 with a body naming them
@@ -37,12 +50,16 @@ use super::{PathRoute, Report};
 use crate::translate::ownership::Hosts;
 use crate::translate::regex_escape;
 use crate::translate::{Builder, Params};
+use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::networking::v1::Ingress;
 use std::collections::BTreeMap;
+use std::sync::Arc;
+use sweety_config::htpasswd;
 use sweety_config::{
-    Action, BackendProtocol, Cidr, ConcurrencyLimit, Cors, Duration, Filter, FixedResponse,
-    HashAlgorithm, HashOn, HashPolicy, IpAccess, PathMatch, PathRewrite, RateLimit, RateLimitKey,
-    Redirect, Route, RouteMatch, SessionKind, SessionPersistence, UrlRewrite, WeightedBackend,
+    Action, BackendProtocol, BasicAuth, Cidr, ConcurrencyLimit, Cors, Duration, Filter,
+    FixedResponse, HashAlgorithm, HashOn, HashPolicy, IpAccess, PathMatch, PathRewrite, RateLimit,
+    RateLimitKey, Redirect, Route, RouteMatch, SessionKind, SessionPersistence, UrlRewrite,
+    WeightedBackend,
 };
 
 /// Annotation prefix of ingress-nginx.
@@ -55,8 +72,9 @@ pub struct Annotations {
     pub use_regex: bool,
     /// `rewrite-target`: the path the backend receives, with `$n` capture references.
     pub rewrite_target: Option<String>,
-    /// `ssl-redirect`: plain-HTTP requests for a host with TLS go to HTTPS.
-    pub ssl_redirect: bool,
+    /// `ssl-redirect`: plain-HTTP requests for a host with TLS go to HTTPS (unset: the
+    /// controller's `Params::ssl_redirect`, on by default as in ingress-nginx).
+    pub ssl_redirect: Option<bool>,
     /// `force-ssl-redirect`: plain-HTTP requests go to HTTPS even without TLS on the Ingress.
     pub force_ssl_redirect: bool,
     /// `backend-protocol`: how the backend is spoken to (HTTP, HTTPS, GRPC, GRPCS, H2C).
@@ -85,6 +103,8 @@ pub struct Annotations {
     pub session: Option<SessionPersistence>,
     /// `upstream-hash-by`.
     pub hash: Option<HashPolicy>,
+    /// `auth-type: basic` with `auth-secret` (+ `auth-secret-type`, `auth-realm`).
+    pub basic_auth: Option<BasicAuth>,
     /// Fail closed: every route of the Ingress answers this status and body instead (a
     /// security annotation Sweety does not implement, an access list entry it cannot honour:
     /// 403; a snippet: 503, the whole Ingress is refused).
@@ -95,10 +115,6 @@ pub struct Annotations {
 /// `Params::ignore_unsupported_security_annotations` (exact names, then prefixes).
 const SECURITY_EXACT: &[&str] = &[
     "auth-url",
-    "auth-type",
-    "auth-secret",
-    "auth-secret-type",
-    "auth-realm",
     "auth-signin",
     "auth-method",
     "auth-response-headers",
@@ -214,9 +230,144 @@ pub fn parse_redirect_url(url: &str, status: u16) -> Option<Redirect> {
     })
 }
 
+/// At most this many characters of a tenant's value are quoted back in a message.
+const QUOTE_CHARS: usize = 64;
+
+/// A tenant's value, cut for quoting in a status message.
+fn truncate(v: &str) -> String {
+    if v.chars().count() <= QUOTE_CHARS {
+        v.to_string()
+    } else {
+        let mut s: String = v.chars().take(QUOTE_CHARS).collect();
+        s.push('…');
+        s
+    }
+}
+
+/// The Secret an `auth-secret` value names: `name` or `namespace/name` in the Ingress's own
+/// namespace (another namespace's Secret is never read for a tenant).
+pub fn auth_secret_ref(value: &str, namespace: &str) -> Result<String, String> {
+    let v = value.trim();
+    let (ns, name) = match v.split_once('/') {
+        Some((ns, name)) => (ns, name),
+        None => (namespace, v),
+    };
+    let dns = |s: &str| {
+        !s.is_empty()
+            && s.len() <= 253
+            && s.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+    };
+    if !dns(name) || !dns(ns) {
+        return Err(format!("{:?} is not a Secret name", truncate(value)));
+    }
+    if ns != namespace {
+        return Err(format!(
+            "the Secret {ns}/{name} is in another namespace; only the Ingress's own namespace \
+             is read"
+        ));
+    }
+    Ok(name.to_string())
+}
+
+/// Most rejected htpasswd lines listed one by one in the status.
+const MAX_REJECTED_REPORTED: usize = 10;
+
+/// The `basic_auth` filter of `auth-type: basic`, or why it cannot be made (fails closed).
+fn basic_auth<'a>(
+    get: &impl Fn(&str) -> Option<&'a str>,
+    namespace: &str,
+    secrets: &[Arc<Secret>],
+    report: &mut Report,
+) -> Result<BasicAuth, String> {
+    let realm = get("auth-realm").unwrap_or("").to_string();
+    if let Err(e) = htpasswd::check_realm(&realm) {
+        return Err(format!("{PREFIX}auth-realm {e}"));
+    }
+    let Some(value) = get("auth-secret") else {
+        return Err(format!("{PREFIX}auth-secret is not set"));
+    };
+    let name =
+        auth_secret_ref(value, namespace).map_err(|e| format!("{PREFIX}auth-secret: {e}"))?;
+    let secret = secrets
+        .iter()
+        .find(|s| {
+            s.metadata.namespace.as_deref() == Some(namespace)
+                && s.metadata.name.as_deref() == Some(name.as_str())
+        })
+        .ok_or_else(|| format!("the Secret {namespace}/{name} does not exist"))?;
+    let data = secret.data.clone().unwrap_or_default();
+    let parsed = match get("auth-secret-type")
+        .map(str::trim)
+        .unwrap_or("auth-file")
+    {
+        "auth-file" => {
+            let auth = data
+                .get("auth")
+                .ok_or_else(|| format!("the Secret {namespace}/{name} has no key \"auth\""))?;
+            let text = std::str::from_utf8(&auth.0)
+                .map_err(|_| format!("the Secret {namespace}/{name}'s \"auth\" is not UTF-8"))?;
+            htpasswd::parse(text)
+        }
+        "auth-map" => {
+            let mut entries = Vec::new();
+            for (k, v) in &data {
+                let v = std::str::from_utf8(&v.0).map_err(|_| {
+                    format!("the Secret {namespace}/{name}'s key {k:?} is not UTF-8")
+                })?;
+                entries.push((k.as_str(), v));
+            }
+            htpasswd::parse_map(entries)
+        }
+        other => {
+            return Err(format!(
+                "{PREFIX}auth-secret-type {:?} is not auth-file or auth-map",
+                truncate(other)
+            ))
+        }
+    };
+    for r in parsed.rejected.iter().take(MAX_REJECTED_REPORTED) {
+        report.warn(
+            "AuthEntryRefused",
+            format!(
+                "the Secret {namespace}/{name}, entry {}{}: {}; this user cannot log in",
+                r.line,
+                r.user
+                    .as_deref()
+                    .map(|u| format!(" ({:?})", truncate(u)))
+                    .unwrap_or_default(),
+                r.reason
+            ),
+        );
+    }
+    if parsed.rejected.len() > MAX_REJECTED_REPORTED {
+        report.warn(
+            "AuthEntryRefused",
+            format!(
+                "the Secret {namespace}/{name}: {} more entries refused",
+                parsed.rejected.len() - MAX_REJECTED_REPORTED
+            ),
+        );
+    }
+    if parsed.users.is_empty() {
+        return Err(format!(
+            "the Secret {namespace}/{name} has no usable htpasswd entry (bcrypt, $apr1$ or {{SHA}})"
+        ));
+    }
+    Ok(BasicAuth {
+        realm,
+        users: parsed.users,
+    })
+}
+
 impl Annotations {
     /// Read the `nginx.ingress.kubernetes.io/*` annotations, reporting the ones not applied.
-    pub(crate) fn parse(ing: &Ingress, params: &Params, report: &mut Report) -> Annotations {
+    pub(crate) fn parse(
+        ing: &Ingress,
+        params: &Params,
+        secrets: &[Arc<Secret>],
+        report: &mut Report,
+    ) -> Annotations {
         let mut a = Annotations {
             canary_weight_total: 100,
             ..Default::default()
@@ -240,6 +391,9 @@ impl Annotations {
         // Allow lists left without a usable entry: refused whatever the operator's setting.
         let mut empty_allow: Vec<String> = Vec::new();
         let mut snippets: Vec<String> = Vec::new();
+        // `auth-type: basic` asked for; why its setup failed (fails closed, 503).
+        let mut basic = false;
+        let mut auth_failures: Vec<String> = Vec::new();
         for (key, value) in all {
             let Some(name) = key.strip_prefix(PREFIX) else {
                 continue;
@@ -267,7 +421,12 @@ impl Annotations {
             match name {
                 "use-regex" => a.use_regex = flag(report),
                 "rewrite-target" => a.rewrite_target = Some(value.clone()),
-                "ssl-redirect" => a.ssl_redirect = flag(report),
+                "ssl-redirect" => {
+                    a.ssl_redirect = truthy(value).or_else(|| {
+                        bad(report, "is not \"true\" or \"false\"");
+                        None
+                    })
+                }
                 "force-ssl-redirect" => a.force_ssl_redirect = flag(report),
                 "backend-protocol" => {
                     a.backend_protocol = match value.trim().to_ascii_uppercase().as_str() {
@@ -398,6 +557,32 @@ impl Annotations {
                         ),
                     }
                 }
+                "auth-type" => match value.trim() {
+                    "basic" => basic = true,
+                    "digest" => {
+                        report.warn(
+                            "UnsupportedSecurityAnnotation",
+                            format!(
+                                "{key}: digest authentication is not implemented; the Ingress's \
+                                 paths answer 503 rather than being served without it"
+                            ),
+                        );
+                        auth_failures.push(format!("{key}: digest is not implemented"));
+                    }
+                    _ => {
+                        report.warn(
+                            "InvalidAnnotation",
+                            format!(
+                                "{key}: {:?} is not \"basic\" or \"digest\"; the Ingress's paths \
+                                 answer 503 rather than being served without authentication",
+                                truncate(value)
+                            ),
+                        );
+                        auth_failures.push(format!("{key} is not basic or digest"));
+                    }
+                },
+                // Read with `auth-type` (below).
+                "auth-secret" | "auth-secret-type" | "auth-realm" => {}
                 "canary" => a.canary = flag(report),
                 "canary-weight" => match value.trim().parse::<u32>() {
                     Ok(w) => a.canary_weight = w,
@@ -564,6 +749,35 @@ impl Annotations {
         if affinity {
             a.session = Some(session_cookie(&get, report));
         }
+        if basic {
+            match basic_auth(&get, ns, secrets, report) {
+                Ok(f) => a.basic_auth = Some(f),
+                Err(why) => {
+                    report.warn(
+                        "AuthSecretInvalid",
+                        format!(
+                            "{PREFIX}auth-type basic: {why}; the Ingress's paths answer 503 \
+                             until it is fixed"
+                        ),
+                    );
+                    auth_failures.push(why);
+                }
+            }
+        } else if all.keys().any(|k| {
+            matches!(
+                k.strip_prefix(PREFIX),
+                Some("auth-secret" | "auth-secret-type" | "auth-realm")
+            )
+        }) && get("auth-type").is_none()
+        {
+            report.warn(
+                "UnsupportedAnnotation",
+                format!(
+                    "{PREFIX}auth-secret/auth-realm without auth-type are ignored (as \
+                     ingress-nginx does): no authentication is set up"
+                ),
+            );
+        }
         let secs = read_timeout.unwrap_or(0) + connect_timeout.unwrap_or(0);
         if secs > 0 {
             a.backend_timeout = Some(Duration::from_secs(secs));
@@ -575,6 +789,15 @@ impl Annotations {
                     "Ingress {ns}/{ing_name} is refused: {} carries raw proxy configuration, \
                      which Sweety never runs\n",
                     snippets.join(", ")
+                ),
+            ));
+        } else if !auth_failures.is_empty() {
+            a.refuse = Some((
+                503,
+                format!(
+                    "Ingress {ns}/{ing_name} is refused: its authentication cannot be set up \
+                     ({}); refusing rather than serving unprotected\n",
+                    auth_failures.join("; ")
                 ),
             ));
         } else {
@@ -632,6 +855,9 @@ impl Annotations {
         }
         if let Some(c) = &self.concurrency {
             route.filters.push(Filter::ConcurrencyLimit(c.clone()));
+        }
+        if let Some(b) = &self.basic_auth {
+            route.filters.push(Filter::BasicAuth(b.clone()));
         }
         if let Some(target) = &self.rewrite_target {
             let m = route.matches.first_mut().and_then(|m| m.path.as_mut());

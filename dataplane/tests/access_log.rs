@@ -1,0 +1,361 @@
+//! The access log and request ids end to end (issue 21): a real Sweety runtime with the log
+//! written to a file, a real HTTP/1.1 origin, HTTP/1.1 and h2c clients on real sockets.
+//! Each request's log line is read back and its field values checked: a proxied success, a
+//! 404, a 502 (nothing listens), a 504 (route request timeout), a cache miss then hit, and a
+//! hostile User-Agent/Referer sent as raw bytes. The `X-Request-Id` the origin received is
+//! the one the client got back and the one logged; a client's own id is replaced.
+
+mod common;
+
+use bytes::Bytes;
+use common::*;
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use serde_json::Value;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use sweety_config::*;
+use sweety_dataplane::reload::{Runtime, RuntimeOptions};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// An origin answering `id=<the X-Request-Id it received>`; `/slow` answers after 3 s. It
+/// records every id it saw.
+async fn origin() -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
+    let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+    let s2 = seen.clone();
+    let addr = spawn_backend(move |s| {
+        let seen = s2.clone();
+        async move {
+            let svc =
+                hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                    let seen = seen.clone();
+                    async move {
+                        let ids: Vec<String> = req
+                            .headers()
+                            .get_all("x-request-id")
+                            .iter()
+                            .map(|v| v.to_str().unwrap().to_string())
+                            .collect();
+                        assert_eq!(ids.len(), 1, "exactly one id upstream: {ids:?}");
+                        seen.lock().unwrap().push(ids[0].clone());
+                        if req.uri().path() == "/slow" {
+                            tokio::time::sleep(Duration::from_secs(3)).await;
+                        }
+                        let mut b = http::Response::builder().header("content-type", "text/plain");
+                        if req.uri().path().starts_with("/cached") {
+                            b = b.header("cache-control", "public, max-age=60");
+                        }
+                        let body = format!("id={}", ids[0]);
+                        Ok::<_, Infallible>(b.body(Full::new(Bytes::from(body))).unwrap())
+                    }
+                });
+            let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                .serve_connection(TokioIo::new(s), svc)
+                .await;
+        }
+    })
+    .await;
+    (addr, seen)
+}
+
+struct Setup {
+    _runtime: Arc<Runtime>,
+    addr: SocketAddr,
+    origin: SocketAddr,
+    dead: SocketAddr,
+    seen: Arc<Mutex<Vec<String>>>,
+    log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+async fn start(format: AccessLogFormat) -> Setup {
+    start_with(format, ClientIp::default()).await
+}
+
+async fn start_with(format: AccessLogFormat, client_ip: ClientIp) -> Setup {
+    let (origin, seen) = origin().await;
+    // A port nothing listens on.
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let mut cached = proxy_route("cached", "/cached", "up");
+    cached.filters.push(Filter::Cache(CachePolicy::default()));
+    let mut slow = proxy_route("slow", "/slow", "up");
+    slow.timeouts.request = Some(sweety_config::Duration::from_millis(300));
+    let cfg = Config {
+        backends: vec![backend("up", origin), backend("down", dead)],
+        client_ip,
+        ..http_config(vec![vhost(
+            "app",
+            &[],
+            vec![
+                cached,
+                slow,
+                proxy_route("down", "/down", "down"),
+                proxy_route("ok", "/hello", "up"),
+            ],
+        )])
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    let runtime = Arc::new(
+        Runtime::new(RuntimeOptions {
+            access_log: AccessLog {
+                enabled: true,
+                path: Some(log.clone()),
+                buffer_lines: 1024,
+                format,
+            },
+            ..RuntimeOptions::default()
+        })
+        .unwrap(),
+    );
+    runtime.apply(cfg).await.expect("config applies");
+    let addr = *runtime.bound().await.get("web").unwrap();
+    Setup {
+        _runtime: runtime,
+        addr,
+        origin,
+        dead,
+        seen,
+        log,
+        _dir: dir,
+    }
+}
+
+/// The first `n` lines of the log, waiting (bounded) for them.
+async fn lines(path: &Path, n: usize) -> Vec<String> {
+    for _ in 0..200 {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        let v: Vec<String> = text.lines().map(str::to_string).collect();
+        if v.len() >= n {
+            return v;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!(
+        "fewer than {n} log lines:\n{}",
+        std::fs::read_to_string(path).unwrap_or_default()
+    );
+}
+
+async fn json_lines(path: &Path, n: usize) -> Vec<Value> {
+    lines(path, n)
+        .await
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect()
+}
+
+struct Got {
+    status: u16,
+    id: String,
+    x_cache: Option<String>,
+    body: String,
+}
+
+async fn fetch(c: &Client, addr: SocketAddr, path: &str) -> Got {
+    let req = http::Request::get(format!("http://{addr}{path}"))
+        .header("x-request-id", "client-chosen")
+        .header("user-agent", "test-agent/1")
+        .header("referer", "http://ref.test/")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let resp = tokio::time::timeout(Duration::from_secs(10), c.request(req))
+        .await
+        .expect("in time")
+        .unwrap();
+    let ids: Vec<_> = resp.headers().get_all("x-request-id").iter().collect();
+    assert_eq!(ids.len(), 1, "exactly one id returned");
+    let id = ids[0].to_str().unwrap().to_string();
+    let status = resp.status().as_u16();
+    let x_cache = resp
+        .headers()
+        .get("x-cache")
+        .map(|v| v.to_str().unwrap().to_string());
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    Got {
+        status,
+        id,
+        x_cache,
+        body: String::from_utf8_lossy(&body).into_owned(),
+    }
+}
+
+#[tokio::test]
+async fn every_outcome_is_logged_with_its_request_id_over_h1_and_h2() {
+    let s = start(AccessLogFormat::Json).await;
+    let mut n = 0;
+    for (c, proto) in [(h1_client(), "HTTP/1.1"), (h2c_client(), "HTTP/2")] {
+        let seen_before = s.seen.lock().unwrap().len();
+        // Success through the origin: the id went upstream, came back, and is logged.
+        let ok = fetch(&c, s.addr, "/hello?q=1").await;
+        assert_eq!(ok.status, 200, "{}", ok.body);
+        assert_ne!(
+            ok.id, "client-chosen",
+            "an untrusted client's id is replaced"
+        );
+        assert_eq!(ok.id.len(), 32);
+        assert_eq!(
+            ok.body,
+            format!("id={}", ok.id),
+            "the origin got the same id"
+        );
+        assert_eq!(s.seen.lock().unwrap()[seen_before], ok.id);
+        // 404: no route for this path.
+        let nf = fetch(&c, s.addr, "/nothing/here").await;
+        assert_eq!(nf.status, 404);
+        // 502: nothing listens.
+        let bad = fetch(&c, s.addr, "/down").await;
+        assert_eq!(bad.status, 502);
+        // 504: the route's request timeout (300 ms) before the origin's answer (3 s).
+        let slow = fetch(&c, s.addr, "/slow").await;
+        assert_eq!(slow.status, 504);
+        // Cache: a miss, then a hit served without the origin, with a fresh id.
+        let path = format!("/cached/{proto}");
+        let miss = fetch(&c, s.addr, &path).await;
+        let hit = fetch(&c, s.addr, &path).await;
+        assert_eq!(miss.x_cache.as_deref(), Some("MISS"));
+        assert_eq!(hit.x_cache.as_deref(), Some("HIT"));
+        assert_eq!(hit.body, format!("id={}", miss.id), "stored body");
+        assert_ne!(hit.id, miss.id, "a hit gets its own id, not the stored one");
+
+        n += 6;
+        let all = json_lines(&s.log, n).await;
+        let got = &all[n - 6..];
+        let by_id = |id: &str| {
+            got.iter()
+                .find(|l| l["request_id"] == id)
+                .unwrap_or_else(|| panic!("no line for {id}: {got:#?}"))
+                .clone()
+        };
+        let l = by_id(&ok.id);
+        assert_eq!(l["status"], 200);
+        assert_eq!(l["protocol"], proto);
+        assert_eq!(l["method"], "GET");
+        assert_eq!(l["authority"], "127.0.0.1");
+        assert_eq!(l["path"], "/hello?q=1");
+        assert_eq!(l["route"], "ok");
+        assert_eq!(l["listener"], "web");
+        assert_eq!(l["client_addr"], "127.0.0.1");
+        assert_eq!(l["real_client_ip"], "127.0.0.1");
+        assert!(l["client_port"].as_u64().unwrap() > 0);
+        assert_eq!(l["bytes_sent"], ok.body.len());
+        assert_eq!(l["backend"], "up");
+        assert_eq!(l["upstream_addr"], s.origin.to_string());
+        assert_eq!(l["upstream_status"], 200);
+        assert_eq!(l["retries"], 0);
+        assert!(l["upstream_header_us"].as_u64().unwrap() <= l["duration_us"].as_u64().unwrap());
+        assert_eq!(l["user_agent"], "test-agent/1");
+        assert_eq!(l["referer"], "http://ref.test/");
+        assert_eq!(l["tls"], false);
+        assert!(l["time"].as_str().unwrap().ends_with('Z'));
+        assert!(l.get("cache").is_none());
+
+        let l = by_id(&nf.id);
+        assert_eq!(
+            (l["status"].clone(), l["route"].clone()),
+            (404.into(), "-".into())
+        );
+        assert_eq!(l["path"], "/nothing/here");
+        assert!(l.get("backend").is_none() && l.get("upstream_status").is_none());
+
+        let l = by_id(&bad.id);
+        assert_eq!(
+            (l["status"].clone(), l["route"].clone()),
+            (502.into(), "down".into())
+        );
+        assert_eq!(l["backend"], "down");
+        assert_eq!(l["upstream_addr"], s.dead.to_string());
+        assert!(l.get("upstream_status").is_none(), "no answer: {l}");
+
+        let l = by_id(&slow.id);
+        assert_eq!(
+            (l["status"].clone(), l["route"].clone()),
+            (504.into(), "slow".into())
+        );
+        let us = l["duration_us"].as_u64().unwrap();
+        assert!((300_000..3_000_000).contains(&us), "{us}");
+
+        assert_eq!(by_id(&miss.id)["cache"], "MISS");
+        assert_eq!(by_id(&miss.id)["upstream_status"], 200);
+        let l = by_id(&hit.id);
+        assert_eq!(l["cache"], "HIT");
+        assert!(
+            l.get("upstream_addr").is_none(),
+            "a hit never reached the origin"
+        );
+        assert_eq!(l["status"], 200);
+    }
+}
+
+/// Raw bytes a client may put in header fields (quotes, backslashes, obs-text): the JSON
+/// line still parses and the text line stays one line with its own quotes only.
+#[tokio::test]
+async fn hostile_header_values_do_not_break_a_line() {
+    for format in [AccessLogFormat::Json, AccessLogFormat::Combined] {
+        let s = start(format).await;
+        let mut tcp = tokio::net::TcpStream::connect(s.addr).await.unwrap();
+        let mut req = Vec::new();
+        req.extend_from_slice(b"GET /hello/a%22b%0A?x=%22y%22 HTTP/1.1\r\nHost: app.test\r\n");
+        req.extend_from_slice(b"User-Agent: a\"b\\c\xff\xfe d\" \"-\r\n");
+        req.extend_from_slice(b"Referer: x\" [01/Jan/1970] \"GET / HTTP/1.1\" 200\r\n");
+        req.extend_from_slice(b"X-Request-Id: \"evil\"\r\nConnection: close\r\n\r\n");
+        tcp.write_all(&req).await.unwrap();
+        let mut resp = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(10), tcp.read_to_end(&mut resp)).await;
+        let text = String::from_utf8_lossy(&resp).into_owned();
+        assert!(text.starts_with("HTTP/1.1 "), "{text}");
+        let line = lines(&s.log, 1).await.remove(0);
+        match format {
+            AccessLogFormat::Json => {
+                let v: Value = serde_json::from_str(&line).unwrap();
+                assert_eq!(v["user_agent"], "a\"b\\c\u{fffd}\u{fffd} d\" \"-");
+                assert_eq!(v["referer"], "x\" [01/Jan/1970] \"GET / HTTP/1.1\" 200");
+                assert_ne!(v["request_id"], "\"evil\"");
+            }
+            AccessLogFormat::Combined => {
+                assert!(line.bytes().all(|b| (0x20..0x7f).contains(&b)), "{line:?}");
+                assert_eq!(line.matches('"').count(), 6, "{line}");
+                assert!(line.contains("\"a\\x22b\\x5Cc\\xEF\\xBF\\xBD"), "{line}");
+                assert!(!line.contains("evil"), "{line}");
+            }
+        }
+    }
+}
+
+/// Behind a trusted proxy (127.0.0.1 here) a valid incoming id is kept end to end, and the
+/// real client comes from `X-Forwarded-For`; an invalid one is still replaced.
+#[tokio::test]
+async fn a_trusted_proxys_request_id_is_kept() {
+    let s = start_with(
+        AccessLogFormat::Json,
+        ClientIp {
+            trusted_proxies: vec!["127.0.0.1/32".into()],
+            ..ClientIp::default()
+        },
+    )
+    .await;
+    let c = h1_client();
+    for (sent, kept) in [("edge-4f2a:7", true), ("has space", false)] {
+        let req = http::Request::get(format!("http://{}/hello", s.addr))
+            .header("x-request-id", sent)
+            .header("x-forwarded-for", "198.51.100.9")
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let resp = c.request(req).await.unwrap();
+        let id = resp.headers()["x-request-id"].to_str().unwrap().to_string();
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(body, format!("id={id}").as_bytes());
+        assert_eq!(id == sent, kept, "{sent} -> {id}");
+    }
+    let l = json_lines(&s.log, 2).await;
+    assert_eq!(l[0]["request_id"], "edge-4f2a:7");
+    assert_eq!(l[0]["real_client_ip"], "198.51.100.9");
+    assert_eq!(l[0]["client_addr"], "127.0.0.1");
+    assert_ne!(l[1]["request_id"], "has space");
+}
