@@ -156,7 +156,9 @@ pub struct Listener {
     /// port), advertised in `Alt-Svc` instead of `port` when set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub advertised_port: Option<u16>,
-    /// For `tcp`/`udp`/`tls_passthrough`/`tls` listeners: where to forward.
+    /// For `tcp`/`udp`/`tls_passthrough`/`tls` listeners: where to forward. Empty: the
+    /// listener still binds its port, and closes every connection (drops every datagram)
+    /// it gets, as for a connection that matches no route.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub l4_routes: Vec<L4Route>,
 }

@@ -414,18 +414,12 @@ impl<'a> Validator<'a> {
         }
         let l4 = l.protocol.is_l4();
         let by_sni = matches!(l.protocol, P::TlsPassthrough | P::Tls);
+        // An L4 listener without routes is valid: it accepts connections and closes them (a
+        // Gateway listener that is programmed but has no usable route must not refuse them).
         if !l4 && !l.l4_routes.is_empty() {
             self.err(
                 format!("{path}.l4_routes"),
                 "only allowed on tcp, udp, tls_passthrough and tls listeners",
-            );
-        } else if l4 && l.l4_routes.is_empty() {
-            self.err(
-                format!("{path}.l4_routes"),
-                format!(
-                    "at least one route is required on a {} listener",
-                    proto_name(l.protocol)
-                ),
             );
         }
         let mut route_names = HashMap::new();
@@ -1864,11 +1858,8 @@ access_log: {enabled: true, path: /var/log/sweety/access.log, buffer_lines: 1024
             "listeners[0].l4_routes",
             "only allowed on tcp, udp, tls_passthrough and tls listeners",
         );
-        expect_one(
-            |c| c.listeners[2].l4_routes.clear(),
-            "listeners[2].l4_routes",
-            "at least one route is required on a udp listener",
-        );
+        // No route: valid (connections are accepted and closed, datagrams dropped).
+        expect_ok(|c| c.listeners[2].l4_routes.clear());
         expect_one(
             |c| c.listeners[3].l4_routes[0].backends[0].backend = "nope".into(),
             "listeners[3].l4_routes[0].backends[0].backend",

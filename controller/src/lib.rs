@@ -13,6 +13,7 @@ pub mod health;
 pub mod labels;
 pub mod leader;
 pub mod metrics;
+pub mod migrate_report;
 pub mod push;
 pub mod run;
 pub mod static_content;

@@ -24,8 +24,11 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[derive(Parser, Debug)]
 #[command(name = "sweety-controller", version, about)]
 struct Args {
+    /// A one-off command instead of running the controller.
+    #[command(subcommand)]
+    command: Option<Command>,
     /// Kubeconfig file; without it the in-cluster config (or the default kubeconfig) is used.
-    #[arg(long, env = "SWEETY_KUBECONFIG")]
+    #[arg(long, env = "SWEETY_KUBECONFIG", global = true)]
     kubeconfig: Option<PathBuf>,
     /// GatewayClass `spec.controllerName` this controller owns.
     #[arg(
@@ -308,6 +311,21 @@ async fn shutdown_signal() {
     }
 }
 
+#[derive(clap::Subcommand, Debug)]
+enum Command {
+    /// Read-only: what Sweety would do with every Ingress of the cluster (any class), per
+    /// `nginx.ingress.kubernetes.io/*` annotation: honoured, honoured differently, refused
+    /// (fail closed) or ignored. Lists Ingresses and reads the Secrets they name; writes nothing.
+    MigrateReport {
+        /// `table` or `json`.
+        #[arg(long, default_value = "table", value_parser = ["table", "json"])]
+        output: String,
+        /// Only this namespace (default: all).
+        #[arg(long)]
+        namespace: Option<String>,
+    },
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
@@ -322,6 +340,28 @@ async fn main() -> anyhow::Result<()> {
         )
         .init();
     let args = Args::parse();
+    if let Some(Command::MigrateReport { output, namespace }) = &args.command {
+        let client = client(args.kubeconfig.as_ref()).await?;
+        let params = Params {
+            ignore_unsupported_security_annotations: args.ignore_unsupported_security_annotations,
+            ignore_snippets: args.ignore_snippets,
+            ..Params::default()
+        };
+        let reports =
+            sweety_controller::migrate_report::collect(&client, namespace.as_deref(), &params)
+                .await?;
+        let text = if output == "json" {
+            serde_json::to_string_pretty(&reports)? + "\n"
+        } else {
+            sweety_controller::migrate_report::table(&reports)
+        };
+        use std::io::Write as _;
+        return match std::io::stdout().lock().write_all(text.as_bytes()) {
+            // `| head`: the reader has what it wanted.
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+            r => Ok(r?),
+        };
+    }
     let (gateway_port_min, gateway_port_max) = parse_port_range(&args.gateway_port_range)?;
     let debounce = parse_duration(&args.debounce)?;
     let params = Params {

@@ -1,13 +1,17 @@
-//! The controller's Prometheus metrics: a small fixed set of counters, gauges and histograms,
-//! rendered in the text exposition format by [`Metrics::render`] (served on `/metrics`).
-//!
-//! Hand-rolled on atomics and one mutex for labelled series: the set is small and known, and the
-//! hot path only bumps numbers.
+//! The controller's Prometheus metrics, kept and exposed with `prometheus-client`: counters,
+//! gauges and label families are the library's; the duration histograms are our own atomic
+//! ones (their count and sum are read by tests), encoded through the library's encoder.
+//! [`Metrics::render`] writes the Prometheus text format (served on `/metrics`). Every metric
+//! and its labels: docs/observability.md.
 
-use std::collections::BTreeMap;
-use std::fmt::Write as _;
+use prometheus_client::encoding::{EncodeMetric, MetricEncoder, NoLabelSet};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 /// Upper bounds (seconds) of the duration histograms.
@@ -16,8 +20,9 @@ const BUCKETS: [f64; 12] = [
 ];
 
 /// A latency histogram with fixed buckets.
-#[derive(Default)]
+#[derive(Debug, Default)]
 pub struct Histogram {
+    /// Observations per bucket (not cumulative).
     counts: [AtomicU64; BUCKETS.len()],
     count: AtomicU64,
     /// Sum in microseconds.
@@ -28,10 +33,8 @@ impl Histogram {
     /// Record one observation.
     pub fn observe(&self, d: Duration) {
         let secs = d.as_secs_f64();
-        for (i, le) in BUCKETS.iter().enumerate() {
-            if secs <= *le {
-                self.counts[i].fetch_add(1, Ordering::Relaxed);
-            }
+        if let Some(i) = BUCKETS.iter().position(|le| secs <= *le) {
+            self.counts[i].fetch_add(1, Ordering::Relaxed);
         }
         self.count.fetch_add(1, Ordering::Relaxed);
         self.sum_us.fetch_add(
@@ -49,237 +52,278 @@ impl Histogram {
     pub fn sum(&self) -> Duration {
         Duration::from_micros(self.sum_us.load(Ordering::Relaxed))
     }
+}
 
-    fn render(&self, out: &mut String, name: &str, help: &str) {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
-        for (i, le) in BUCKETS.iter().enumerate() {
-            let _ = writeln!(
-                out,
-                "{name}_bucket{{le=\"{le}\"}} {}",
-                self.counts[i].load(Ordering::Relaxed)
-            );
-        }
-        let count = self.count.load(Ordering::Relaxed);
-        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
-        let sum = self.sum_us.load(Ordering::Relaxed) as f64 / 1e6;
-        let _ = writeln!(out, "{name}_sum {sum}\n{name}_count {count}");
+/// A shared [`Histogram`], as the registry holds it.
+#[derive(Debug, Default, Clone)]
+pub struct SharedHistogram(Arc<Histogram>);
+
+impl std::ops::Deref for SharedHistogram {
+    type Target = Histogram;
+    fn deref(&self) -> &Histogram {
+        &self.0
     }
 }
 
+impl EncodeMetric for SharedHistogram {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        let buckets: Vec<(f64, u64)> = BUCKETS
+            .iter()
+            .zip(self.0.counts.iter())
+            .map(|(le, n)| (*le, n.load(Ordering::Relaxed)))
+            .collect();
+        let sum = self.0.sum_us.load(Ordering::Relaxed) as f64 / 1e6;
+        encoder.encode_histogram::<NoLabelSet>(sum, self.0.count(), &buckets, None)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Histogram
+    }
+}
+
+/// The watch events of [`crate::watch::Activity`], read at scrape time.
+#[derive(Debug, Default, Clone)]
+struct WatchEvents(Arc<OnceLock<Arc<crate::watch::Activity>>>);
+
+impl EncodeMetric for WatchEvents {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        let Some(w) = self.0.get() else {
+            return Ok(());
+        };
+        for ((kind, passed), n) in w.events() {
+            let outcome = if passed { "reconcile" } else { "ignored" };
+            encoder
+                .encode_family(&[("kind", kind), ("outcome", outcome)])?
+                .encode_counter::<NoLabelSet, _, u64>(&n, None)?;
+        }
+        Ok(())
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Counter
+    }
+}
+
+/// One label naming a kind or a cause.
+type Label = [(&'static str, &'static str); 1];
+
 /// Every metric the controller exports.
-#[derive(Default)]
+#[derive(Debug)]
 pub struct Metrics {
     /// Reconciles run (snapshot → translate → submit to the pusher → offer the statuses to
     /// the status worker), all causes together; by cause in `reconcile_causes`.
     pub reconciles: AtomicU64,
     /// Reconciles by cause: `start`, or the kind of the first watch event it covers.
-    reconcile_causes: Mutex<BTreeMap<&'static str, u64>>,
+    reconcile_causes: Family<Label, Counter>,
     /// One reconcile; no API write happens inside it.
-    pub reconcile_duration: Histogram,
+    pub reconcile_duration: SharedHistogram,
     /// From the first watch event a reconcile covers to the dataplane's Ack of the config it
     /// submitted (only reconciles that changed the config).
-    pub event_to_ack: Histogram,
+    pub event_to_ack: SharedHistogram,
     /// Statuses waiting to be written or in flight (see `status_worker`).
-    pub status_queue_depth: AtomicU64,
+    pub status_queue_depth: Gauge<u64, AtomicU64>,
     /// One status write (or one object's Events), request(s) included.
-    pub status_write_duration: Histogram,
+    pub status_write_duration: SharedHistogram,
     /// Watch events by kind, passed on or ignored (status-only updates).
-    pub watch: OnceLock<Arc<crate::watch::Activity>>,
+    pub watch: Arc<OnceLock<Arc<crate::watch::Activity>>>,
     /// Calls of the pure `translate`.
-    pub translates: AtomicU64,
+    pub translates: Counter,
     /// Time each `translate` call took.
-    pub translate_duration: Histogram,
+    pub translate_duration: SharedHistogram,
     /// Translations that translated every route (the first, a change of the world, or the
     /// per-virtual-host memo not serving; see `TranslateCache::full_translates`).
-    pub full_translates: AtomicU64,
+    pub full_translates: Counter,
     /// Of those, plain translations because the memo could not serve.
-    pub plain_translates: AtomicU64,
+    pub plain_translates: Counter,
     /// Time from submitting a config to the pusher to the dataplane's Ack of that generation
     /// (as the pusher received it).
-    pub push_latency: Histogram,
+    pub push_latency: SharedHistogram,
     /// Size of the last config submitted, JSON-encoded.
-    pub config_bytes: AtomicU64,
+    pub config_bytes: Gauge<u64, AtomicU64>,
     /// Status subresources written (server-side apply calls) and Event sets published.
-    pub status_writes: AtomicU64,
+    pub status_writes: Counter,
     /// 1 while this replica holds the leader lease.
-    pub leader: AtomicU64,
+    pub leader: Gauge<u64, AtomicU64>,
+    /// Highest config generation submitted to the pusher.
+    pub submitted_generation: Gauge<u64, AtomicU64>,
+    /// Generation the dataplane last reported running (Ack or Hello).
+    pub acked_generation: Gauge<u64, AtomicU64>,
+    /// 1 while the pusher is connected to the dataplane.
+    pub dataplane_connected: Gauge<u64, AtomicU64>,
     /// Objects in the last snapshot, by kind.
-    objects: Mutex<BTreeMap<&'static str, u64>>,
+    objects: Family<Label, Gauge>,
     /// Errors by `Error::kind()`.
-    errors: Mutex<BTreeMap<&'static str, u64>>,
+    errors: Family<Label, Counter>,
+    registry: Registry,
+}
+
+impl Default for Metrics {
+    fn default() -> Metrics {
+        let mut m = Metrics {
+            reconciles: AtomicU64::new(0),
+            reconcile_causes: Family::default(),
+            reconcile_duration: SharedHistogram::default(),
+            event_to_ack: SharedHistogram::default(),
+            status_queue_depth: Gauge::default(),
+            status_write_duration: SharedHistogram::default(),
+            watch: Arc::default(),
+            translates: Counter::default(),
+            translate_duration: SharedHistogram::default(),
+            full_translates: Counter::default(),
+            plain_translates: Counter::default(),
+            push_latency: SharedHistogram::default(),
+            config_bytes: Gauge::default(),
+            status_writes: Counter::default(),
+            leader: Gauge::default(),
+            submitted_generation: Gauge::default(),
+            acked_generation: Gauge::default(),
+            dataplane_connected: Gauge::default(),
+            objects: Family::default(),
+            errors: Family::default(),
+            registry: Registry::default(),
+        };
+        // Names as exposed, less the `_total` the library adds to counters.
+        let r = &mut m.registry;
+        r.register(
+            "sweety_controller_reconciles",
+            "Reconciles run, by cause (start, or the kind of the first watch event covered).",
+            m.reconcile_causes.clone(),
+        );
+        r.register(
+            "sweety_controller_reconcile_duration_seconds",
+            "Duration of one reconcile (snapshot, translate, submit, queue statuses; no API writes).",
+            m.reconcile_duration.clone(),
+        );
+        r.register(
+            "sweety_controller_watch_events",
+            "Watch events by kind; outcome ignored: a status-only update.",
+            WatchEvents(m.watch.clone()),
+        );
+        r.register(
+            "sweety_controller_watch_event_to_ack_seconds",
+            "Time from the first watch event a reconcile covers to the dataplane's Ack of its config.",
+            m.event_to_ack.clone(),
+        );
+        r.register(
+            "sweety_controller_translates",
+            "Translations run.",
+            m.translates.clone(),
+        );
+        r.register(
+            "sweety_controller_translate_duration_seconds",
+            "Duration of one translate.",
+            m.translate_duration.clone(),
+        );
+        r.register(
+            "sweety_controller_full_translates",
+            "Translations that translated every route.",
+            m.full_translates.clone(),
+        );
+        r.register(
+            "sweety_controller_plain_translates",
+            "Full translations because the per-virtual-host memo could not serve.",
+            m.plain_translates.clone(),
+        );
+        r.register(
+            "sweety_controller_push_latency_seconds",
+            "Time from submitting a config to the pusher to the dataplane's Ack of it.",
+            m.push_latency.clone(),
+        );
+        r.register(
+            "sweety_controller_config_bytes",
+            "Size of the last submitted config (JSON).",
+            m.config_bytes.clone(),
+        );
+        r.register(
+            "sweety_controller_status_writes",
+            "Status subresource writes (and Event sets published).",
+            m.status_writes.clone(),
+        );
+        r.register(
+            "sweety_controller_status_queue_depth",
+            "Statuses waiting to be written or in flight.",
+            m.status_queue_depth.clone(),
+        );
+        r.register(
+            "sweety_controller_status_write_duration_seconds",
+            "Duration of one status write, requests included.",
+            m.status_write_duration.clone(),
+        );
+        r.register(
+            "sweety_controller_leader",
+            "1 while this replica holds the leader lease.",
+            m.leader.clone(),
+        );
+        r.register(
+            "sweety_controller_submitted_generation",
+            "Highest config generation submitted for the dataplane.",
+            m.submitted_generation.clone(),
+        );
+        r.register(
+            "sweety_controller_acked_generation",
+            "Config generation the dataplane last reported running (Ack or Hello).",
+            m.acked_generation.clone(),
+        );
+        r.register(
+            "sweety_controller_dataplane_connected",
+            "1 while the controller is connected to the dataplane's control socket.",
+            m.dataplane_connected.clone(),
+        );
+        r.register(
+            "sweety_controller_objects",
+            "Objects in the last snapshot, by kind.",
+            m.objects.clone(),
+        );
+        r.register(
+            "sweety_controller_errors",
+            "Errors by kind.",
+            m.errors.clone(),
+        );
+        m
+    }
 }
 
 impl Metrics {
     /// Count one error of this kind (`Error::kind()`).
     pub fn error(&self, kind: &'static str) {
-        let mut m = self.errors.lock().unwrap_or_else(|e| e.into_inner());
-        *m.entry(kind).or_default() += 1;
+        self.errors.get_or_create(&[("kind", kind)]).inc();
     }
 
     /// Errors counted so far for one kind.
-    pub fn errors_of(&self, kind: &str) -> u64 {
-        let m = self.errors.lock().unwrap_or_else(|e| e.into_inner());
-        m.get(kind).copied().unwrap_or(0)
+    pub fn errors_of(&self, kind: &'static str) -> u64 {
+        self.errors.get(&[("kind", kind)]).map_or(0, |c| c.get())
     }
 
     /// Count one reconcile of this cause.
     pub fn reconciled(&self, cause: &'static str) {
         self.reconciles.fetch_add(1, Ordering::Relaxed);
-        let mut m = self
-            .reconcile_causes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        *m.entry(cause).or_default() += 1;
+        self.reconcile_causes
+            .get_or_create(&[("cause", cause)])
+            .inc();
     }
 
     /// Reconciles counted so far for one cause.
-    pub fn reconciles_of(&self, cause: &str) -> u64 {
-        let m = self
-            .reconcile_causes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        m.get(cause).copied().unwrap_or(0)
+    pub fn reconciles_of(&self, cause: &'static str) -> u64 {
+        self.reconcile_causes
+            .get(&[("cause", cause)])
+            .map_or(0, |c| c.get())
     }
 
     /// Replace the per-kind object counts.
     pub fn set_objects(&self, counts: &[(&'static str, usize)]) {
-        let mut m = self.objects.lock().unwrap_or_else(|e| e.into_inner());
         for (kind, n) in counts {
-            m.insert(kind, *n as u64);
+            self.objects
+                .get_or_create(&[("kind", kind)])
+                .set(i64::try_from(*n).unwrap_or(i64::MAX));
         }
     }
 
-    /// The Prometheus text exposition of every metric.
+    /// The Prometheus text exposition (version 0.0.4) of every metric. A labelled family
+    /// with no sample yet is left out (the library's rule).
     pub fn render(&self) -> String {
         let mut out = String::with_capacity(4096);
-        let counter = |out: &mut String, name: &str, help: &str, v: &AtomicU64, ty: &str| {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} {ty}\n{name} {}",
-                v.load(Ordering::Relaxed)
-            );
-        };
-        let _ = writeln!(
-            out,
-            "# HELP sweety_controller_reconciles_total Reconciles run, by cause (start, or the kind of the first watch event covered).\n# TYPE sweety_controller_reconciles_total counter"
-        );
-        for (cause, n) in self
-            .reconcile_causes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-        {
-            let _ = writeln!(
-                out,
-                "sweety_controller_reconciles_total{{cause=\"{cause}\"}} {n}"
-            );
-        }
-        self.reconcile_duration.render(
-            &mut out,
-            "sweety_controller_reconcile_duration_seconds",
-            "Duration of one reconcile (snapshot, translate, submit, queue statuses; no API writes).",
-        );
-        if let Some(w) = self.watch.get() {
-            let _ = writeln!(
-                out,
-                "# HELP sweety_controller_watch_events_total Watch events by kind; outcome ignored: a status-only update.\n# TYPE sweety_controller_watch_events_total counter"
-            );
-            for ((kind, passed), n) in w.events() {
-                let outcome = if passed { "reconcile" } else { "ignored" };
-                let _ = writeln!(
-                    out,
-                    "sweety_controller_watch_events_total{{kind=\"{kind}\",outcome=\"{outcome}\"}} {n}"
-                );
-            }
-        }
-        self.event_to_ack.render(
-            &mut out,
-            "sweety_controller_watch_event_to_ack_seconds",
-            "Time from the first watch event a reconcile covers to the dataplane's Ack of its config.",
-        );
-        counter(
-            &mut out,
-            "sweety_controller_translates_total",
-            "Translations run.",
-            &self.translates,
-            "counter",
-        );
-        self.translate_duration.render(
-            &mut out,
-            "sweety_controller_translate_duration_seconds",
-            "Duration of one translate.",
-        );
-        counter(
-            &mut out,
-            "sweety_controller_full_translates_total",
-            "Translations that translated every route.",
-            &self.full_translates,
-            "counter",
-        );
-        counter(
-            &mut out,
-            "sweety_controller_plain_translates_total",
-            "Full translations because the per-virtual-host memo could not serve.",
-            &self.plain_translates,
-            "counter",
-        );
-        self.push_latency.render(
-            &mut out,
-            "sweety_controller_push_latency_seconds",
-            "Time from submitting a config to the pusher to the dataplane's Ack of it.",
-        );
-        counter(
-            &mut out,
-            "sweety_controller_config_bytes",
-            "Size of the last submitted config (JSON).",
-            &self.config_bytes,
-            "gauge",
-        );
-        counter(
-            &mut out,
-            "sweety_controller_status_writes_total",
-            "Status subresource writes (and Event sets published).",
-            &self.status_writes,
-            "counter",
-        );
-        counter(
-            &mut out,
-            "sweety_controller_status_queue_depth",
-            "Statuses waiting to be written or in flight.",
-            &self.status_queue_depth,
-            "gauge",
-        );
-        self.status_write_duration.render(
-            &mut out,
-            "sweety_controller_status_write_duration_seconds",
-            "Duration of one status write, requests included.",
-        );
-        counter(
-            &mut out,
-            "sweety_controller_leader",
-            "1 while this replica holds the leader lease.",
-            &self.leader,
-            "gauge",
-        );
-        let _ = writeln!(
-            out,
-            "# HELP sweety_controller_objects Objects in the last snapshot.\n# TYPE sweety_controller_objects gauge"
-        );
-        for (kind, n) in self
-            .objects
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-        {
-            let _ = writeln!(out, "sweety_controller_objects{{kind=\"{kind}\"}} {n}");
-        }
-        let _ = writeln!(
-            out,
-            "# HELP sweety_controller_errors_total Errors by kind.\n# TYPE sweety_controller_errors_total counter"
-        );
-        for (kind, n) in self.errors.lock().unwrap_or_else(|e| e.into_inner()).iter() {
-            let _ = writeln!(out, "sweety_controller_errors_total{{kind=\"{kind}\"}} {n}");
-        }
+        prometheus_client::encoding::prometheus_text::encode(&mut out, &self.registry)
+            .expect("writing to a String cannot fail");
         out
     }
 }
@@ -294,10 +338,10 @@ mod tests {
         m.reconciled("start");
         m.reconciled("HTTPRoute");
         m.reconciled("HTTPRoute");
-        m.status_queue_depth.store(7, Ordering::Relaxed);
+        m.status_queue_depth.set(7);
         m.event_to_ack.observe(Duration::from_millis(4));
-        m.full_translates.store(5, Ordering::Relaxed);
-        m.plain_translates.store(3, Ordering::Relaxed);
+        m.full_translates.inc_by(5);
+        m.plain_translates.inc_by(3);
         m.translate_duration.observe(Duration::from_millis(3));
         m.error("kube");
         m.error("kube");
@@ -326,5 +370,69 @@ mod tests {
         assert!(text.contains("sweety_controller_errors_total{kind=\"kube\"} 2\n"));
         assert!(text.contains("sweety_controller_objects{kind=\"Gateway\"} 4\n"));
         assert_eq!(m.errors_of("kube"), 2);
+    }
+
+    /// The `sweety_controller_*` names used in a dashboard or rules file.
+    fn controller_names_used(text: &str) -> std::collections::BTreeSet<String> {
+        let b = text.as_bytes();
+        let mut used = std::collections::BTreeSet::new();
+        let mut i = 0;
+        while let Some(at) = text[i..].find("sweety_controller_") {
+            let start = i + at;
+            let mut end = start;
+            while end < b.len() && (b[end].is_ascii_alphanumeric() || b[end] == b'_') {
+                end += 1;
+            }
+            let boundary =
+                start == 0 || !(b[start - 1].is_ascii_alphanumeric() || b[start - 1] == b'_');
+            if boundary && end > start + "sweety_controller_".len() {
+                used.insert(text[start..end].to_string());
+            }
+            i = end;
+        }
+        used
+    }
+
+    #[test]
+    fn dashboard_and_alert_rules_name_only_exposed_controller_metrics() {
+        let m = Metrics::default();
+        // Every labelled family gets a sample, so that the scrape declares it.
+        m.reconciled("start");
+        m.error("kube");
+        m.set_objects(&[("Gateway", 1)]);
+        let _ = m.watch.set(Arc::default());
+        let mut exposed = std::collections::BTreeSet::new();
+        for l in m.render().lines() {
+            if let Some((name, kind)) = l.strip_prefix("# TYPE ").and_then(|r| r.split_once(' ')) {
+                exposed.insert(name.to_string());
+                if kind == "histogram" {
+                    for s in ["_bucket", "_sum", "_count"] {
+                        exposed.insert(format!("{name}{s}"));
+                    }
+                }
+            }
+        }
+        let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+        let mut checked = 0;
+        for file in [
+            "deploy/grafana/sweety.json",
+            "charts/sweety/files/prometheus-rules.yaml",
+        ] {
+            let Ok(text) = std::fs::read_to_string(format!("{root}/{file}")) else {
+                assert_ne!(
+                    file, "deploy/grafana/sweety.json",
+                    "the dashboard is missing"
+                );
+                continue;
+            };
+            let used = controller_names_used(&text);
+            let missing: Vec<_> = used.difference(&exposed).collect();
+            assert!(
+                missing.is_empty(),
+                "{file} uses metrics the controller does not expose: {missing:?}"
+            );
+            checked += used.len();
+        }
+        assert!(checked > 0);
     }
 }

@@ -125,9 +125,7 @@ pub async fn run(
         is_leader.clone(),
         metrics.clone(),
     )));
-    metrics
-        .leader
-        .store(u64::from(*is_leader.borrow()), Ordering::Relaxed);
+    metrics.leader.set(u64::from(*is_leader.borrow()));
     let mut shutdown = std::pin::pin!(shutdown);
     let mut tick = tokio::time::interval(Duration::from_secs(5));
     let mut cause: Option<&'static str> = Some("start");
@@ -210,11 +208,11 @@ pub async fn run(
                 if changed.is_err() {
                     tracing::warn!("the leader election task ended; no longer writing");
                     leader_open = false;
-                    metrics.leader.store(0, Ordering::Relaxed);
+                    metrics.leader.set(0);
                     continue;
                 }
                 let leading = *is_leader.borrow_and_update();
-                metrics.leader.store(leading as u64, Ordering::Relaxed);
+                metrics.leader.set(leading as u64);
                 if leading {
                     tracing::info!("acquired the leader lease; writing statuses and Services");
                 } else {
@@ -235,6 +233,9 @@ pub async fn run(
 
 /// Record the push latencies of the last submitted generation once the dataplane acked it.
 fn record_ack(state: &crate::push::PushState, last: &mut Option<Submitted>, metrics: &Metrics) {
+    metrics.submitted_generation.set(state.submitted);
+    metrics.acked_generation.set(state.acked);
+    metrics.dataplane_connected.set(u64::from(state.connected));
     let Some(s) = last.as_mut().filter(|s| !s.recorded) else {
         return;
     };
@@ -283,14 +284,12 @@ fn reconcile(
     let fallback_before = cache.unsupported();
     let output = cache.update(&snapshot, params);
     metrics.translate_duration.observe(started.elapsed());
-    metrics.translates.fetch_add(1, Ordering::Relaxed);
+    metrics.translates.inc();
     if let Err(e) = write_static_content(&params.content_dir, &output.static_content) {
         tracing::warn!(error = %e, "writing static content failed");
         metrics.error(e.kind());
     }
-    metrics
-        .config_bytes
-        .store(output.config.json_len() as u64, Ordering::Relaxed);
+    metrics.config_bytes.set(output.config.json_len() as u64);
     // Bursts are coalesced here (the debounce above); the pusher sends at once.
     let generation = pusher.submit(output.config.clone());
     // Directories only configs older than the one the dataplane runs named go now; the rest
@@ -304,9 +303,11 @@ fn reconcile(
     // The cache lives as long as the process: its totals are the counters.
     metrics
         .full_translates
+        .inner()
         .store(cache.full_translates(), Ordering::Relaxed);
     metrics
         .plain_translates
+        .inner()
         .store(cache.plain_translates(), Ordering::Relaxed);
     match (fallback_before, cache.unsupported()) {
         (before, Some(cause)) if before != Some(cause) => tracing::info!(
@@ -408,5 +409,21 @@ mod tests {
         record_ack(&state(4, t0 + ms(90)), &mut last, &metrics);
         assert_eq!(metrics.push_latency.count(), 1);
         assert_eq!(metrics.event_to_ack.count(), 1);
+        // The gauges follow every push-state change: an alert compares them.
+        let behind = crate::push::PushState {
+            connected: true,
+            submitted: 6,
+            acked: 4,
+            ..Default::default()
+        };
+        record_ack(&behind, &mut last, &metrics);
+        let text = metrics.render();
+        for line in [
+            "sweety_controller_submitted_generation 6\n",
+            "sweety_controller_acked_generation 4\n",
+            "sweety_controller_dataplane_connected 1\n",
+        ] {
+            assert!(text.contains(line), "{line} not in {text}");
+        }
     }
 }

@@ -37,7 +37,6 @@ use crate::translate::status::{ObjectKey, ObjectStatus, Statuses};
 use crate::translate::StatusChanges;
 use crate::watch::Stores;
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{watch, Notify};
@@ -391,9 +390,7 @@ impl Worker {
         loop {
             let wake = self.start_writes();
             let depth = self.shared.queue().depth(self.jobs.len());
-            self.metrics
-                .status_queue_depth
-                .store(depth as u64, Ordering::Relaxed);
+            self.metrics.status_queue_depth.set(depth as u64);
             let sleep = async {
                 match wake {
                     Some(at) => tokio::time::sleep_until(at).await,
@@ -588,7 +585,7 @@ impl Worker {
         match result {
             Ok(written) => {
                 if written {
-                    self.metrics.status_writes.fetch_add(1, Ordering::Relaxed);
+                    self.metrics.status_writes.inc();
                 }
                 if e.again {
                     e.again = false;

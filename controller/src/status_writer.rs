@@ -108,6 +108,8 @@ enum Work {
         /// Route and policy kinds: recomputed against the live list before the write.
         atomic: Option<Box<Atomic>>,
         leading: Option<tokio::sync::watch::Receiver<bool>>,
+        /// The watch cache's resourceVersion of the object when the job was prepared.
+        seen: Option<String>,
     },
     Events {
         recorder: Recorder,
@@ -147,8 +149,9 @@ pub struct Done {
     desired: Value,
     /// Something was sent (a status write, or Events).
     pub written: bool,
-    /// Atomic kinds: the watch cache's resourceVersion when the job was prepared, and the
-    /// object's resourceVersion and status after the write.
+    /// The watch cache's resourceVersion when the job was prepared, and the object's
+    /// resourceVersion and status after the write (or, for atomic kinds, as read when nothing
+    /// needed writing).
     live: Option<(Option<String>, String, Value)>,
 }
 
@@ -168,7 +171,19 @@ impl WriteJob {
                 desired,
                 atomic,
                 leading,
-            } => apply(&api, &resource, &key, desired, atomic, leading.as_ref()).await,
+                seen,
+            } => {
+                apply(
+                    &api,
+                    &resource,
+                    &key,
+                    desired,
+                    atomic,
+                    leading.as_ref(),
+                    seen,
+                )
+                .await
+            }
             Work::Events {
                 recorder,
                 reference,
@@ -216,6 +231,7 @@ async fn apply(
     desired: Value,
     atomic: Option<Box<Atomic>>,
     leading: Option<&tokio::sync::watch::Receiver<bool>>,
+    seen: Option<String>,
 ) -> Result<Done, Error> {
     let mut metadata = json!({"name": key.name});
     if !key.namespace.is_empty() {
@@ -238,17 +254,20 @@ async fn apply(
                 live: None,
             });
         }
-        api.patch_status(
-            &key.name,
-            &params,
-            &Patch::Apply(&body(&metadata, &desired)),
-        )
-        .await
-        .map_err(Error::Kube)?;
+        let obj = api
+            .patch_status(
+                &key.name,
+                &params,
+                &Patch::Apply(&body(&metadata, &desired)),
+            )
+            .await
+            .map_err(Error::Kube)?;
+        let status = obj.data.get("status").cloned().unwrap_or(Value::Null);
+        let live = obj.metadata.resource_version.map(|rv| (seen, rv, status));
         return Ok(Done {
             desired,
             written: true,
-            live: None,
+            live,
         });
     };
     // Read-modify-write: foreign entries from the object, under its resourceVersion. The
@@ -526,7 +545,12 @@ impl StatusWriter {
             now,
         );
         let prev = last.cloned();
-        if last == Some(&desired) || subset(&desired, have) {
+        // What was last written stands for the object only while the watch cache has not
+        // moved since that write (it may not have seen the write yet). Once it has, the
+        // cache's copy decides: a status someone else changed (or a late write) is written
+        // again, instead of being trusted to what this writer remembers.
+        let cache_unmoved = matches!(&written.live, Some((seen, _, _)) if *seen == cached_rv);
+        if (last == Some(&desired) && cache_unmoved) || subset(&desired, have) {
             if let Some(w) = self.written.get_mut(key) {
                 // `live` may stand for the status being replaced: keep it.
                 if let Some((_, _, live @ None)) = &mut w.live {
@@ -549,7 +573,7 @@ impl StatusWriter {
                 gate: gate.clone(),
                 now: now.to_string(),
                 known,
-                seen: cached_rv,
+                seen: cached_rv.clone(),
             })
         });
         Prepared::Write(Box::new(WriteJob {
@@ -560,6 +584,7 @@ impl StatusWriter {
                 desired,
                 atomic,
                 leading: self.leading.clone(),
+                seen: cached_rv,
             },
         }))
     }
@@ -1011,6 +1036,109 @@ impl<'a> Index<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A Gateway as the watch cache has it.
+    struct Cached {
+        status: Value,
+        rv: &'static str,
+    }
+
+    impl Current for Cached {
+        fn status(&self) -> Value {
+            self.status.clone()
+        }
+        fn uid(&self) -> Option<String> {
+            Some("uid-1".into())
+        }
+        fn resource_version(&self) -> Option<String> {
+            Some(self.rv.into())
+        }
+    }
+
+    fn gateway_status(attached: i32) -> ObjectStatus {
+        use crate::translate::status::{GatewayStatus, ListenerStatus};
+        ObjectStatus::Gateway(GatewayStatus {
+            addresses: Vec::new(),
+            conditions: Vec::new(),
+            listeners: vec![ListenerStatus {
+                name: "http".into(),
+                supported_kinds: Vec::new(),
+                attached_routes: attached,
+                conditions: Vec::new(),
+            }],
+            attached_listener_sets: 0,
+        })
+    }
+
+    fn attached_in(status: &Value) -> i64 {
+        status["listeners"][0]["attachedRoutes"].as_i64().unwrap()
+    }
+
+    /// What this writer last wrote is trusted only until the watch cache moves past that write:
+    /// a Gateway whose cached status says something else (another writer, or a write of ours
+    /// that landed late) gets the wanted status again even when it equals the last one written.
+    /// (Before, the writer compared with its memory first and left a stale `attachedRoutes: 1`
+    /// on the conformance suite's Gateways for good: their "0 routes attached" checks failed.)
+    #[tokio::test]
+    async fn a_status_changed_behind_the_writers_back_is_written_again() {
+        let client =
+            Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap())).unwrap();
+        let mut w = StatusWriter::new(client, "sweety.dev/gateway-controller");
+        let key = ObjectKey::new("Gateway", "ns", "gw");
+        let gate = Gate::open();
+        let now = "2026-01-01T00:00:00Z";
+        let want = gateway_status(0);
+        // The cache (rv 1) says 1 route; we want 0: a write.
+        let before = Cached {
+            status: json!({"listeners": [{"name": "http", "attachedRoutes": 1}]}),
+            rv: "1",
+        };
+        let Prepared::Write(job) = w.prepare(&key, Some(&want), Some(&before), &gate, now) else {
+            panic!("a status that differs from the cache's is written");
+        };
+        let Work::Apply { desired, .. } = &job.work else {
+            panic!("a status write");
+        };
+        assert_eq!(attached_in(desired), 0);
+        // It was written: the object is at rv 2 with 0 routes (the cache has not seen it yet).
+        let written = desired.clone();
+        w.finish(Outcome {
+            key: key.clone(),
+            result: Ok(Done {
+                desired: written.clone(),
+                written: true,
+                live: Some((Some("1".into()), "2".into(), written.clone())),
+            }),
+        })
+        .unwrap();
+        // The cache still at rv 1 (it lags our write): no second write.
+        assert!(matches!(
+            w.prepare(&key, Some(&want), Some(&before), &gate, now),
+            Prepared::Unchanged
+        ));
+        // The cache caught up (rv 2, 0 routes): nothing to write.
+        let caught_up = Cached {
+            status: written.clone(),
+            rv: "2",
+        };
+        assert!(matches!(
+            w.prepare(&key, Some(&want), Some(&caught_up), &gate, now),
+            Prepared::Unchanged
+        ));
+        // Then the object changed behind the writer's back (rv 3, 1 route again) while the
+        // wanted status is still the one last written: it is written again.
+        let changed = Cached {
+            status: json!({"listeners": [{"name": "http", "attachedRoutes": 1}]}),
+            rv: "3",
+        };
+        let Prepared::Write(job) = w.prepare(&key, Some(&want), Some(&changed), &gate, now) else {
+            panic!("the cache's status differs from what we want: write again");
+        };
+        let Work::Apply { desired, .. } = &job.work else {
+            panic!("a status write");
+        };
+        assert_eq!(attached_in(desired), 0);
+    }
 
     #[test]
     fn subset_ignores_extra_fields_and_empty_lists() {

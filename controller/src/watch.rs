@@ -409,7 +409,7 @@ impl References {
 
 /// What the watches saw, for metrics: events by kind, and the first event the reconcile loop
 /// has not taken yet.
-#[derive(Default)]
+#[derive(Debug, Default)]
 pub struct Activity {
     first: Mutex<Option<(Instant, &'static str)>>,
     /// (kind, passed on) → events.

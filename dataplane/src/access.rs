@@ -822,6 +822,8 @@ mod tests {
             local: "127.0.0.1:80".parse().unwrap(),
             tls: false,
             sni: None,
+            tls_version: None,
+            tls_cipher: None,
         });
         let mut h = xff(&["203.0.113.5, 198.51.100.7"]);
         let c = r.resolve(&conn, &mut h);

@@ -72,6 +72,12 @@ pub struct LogLine {
     /// TLS server name the client sent.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sni: Option<Arc<str>>,
+    /// Negotiated TLS version (`TLSv1.2`, `TLSv1.3`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_version: Option<&'static str>,
+    /// Negotiated cipher suite (rustls' name), when known (not over QUIC).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_cipher: Option<&'static str>,
     /// `User-Agent`, when sent (invalid UTF-8 replaced).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub user_agent: Option<String>,
@@ -309,6 +315,8 @@ mod tests {
             retries: 0,
             tls: false,
             sni: None,
+            tls_version: None,
+            tls_cipher: None,
             user_agent: None,
             referer: None,
             cache: None,

@@ -46,6 +46,10 @@ pub struct ConnInfo {
     pub tls: bool,
     /// SNI server name sent in the handshake, lower-cased.
     pub sni: Option<Arc<str>>,
+    /// Negotiated TLS version (`TLSv1.2`, `TLSv1.3`), for the access log.
+    pub tls_version: Option<&'static str>,
+    /// Negotiated cipher suite (rustls' name, e.g. `TLS13_AES_128_GCM_SHA256`), when known.
+    pub tls_cipher: Option<&'static str>,
 }
 
 /// Request extension set by the HTTP/3 adapter on a request received in TLS early data

@@ -38,7 +38,13 @@ use std::time::Instant;
 use sweety_config::Action;
 
 /// Route label used when no route matched.
-pub const NO_ROUTE: &str = "-";
+pub const NO_ROUTE: &str = crate::metrics::series::NO_ROUTE;
+
+/// The backend label of a response no backend made.
+fn no_backend() -> &'static Arc<str> {
+    static NONE: std::sync::OnceLock<Arc<str>> = std::sync::OnceLock::new();
+    NONE.get_or_init(|| Arc::from(crate::metrics::NO_BACKEND))
+}
 
 /// Serves one request through every phase. Never fails: every problem becomes a response.
 pub async fn handle(
@@ -267,6 +273,23 @@ async fn serve(
 
     // 7. account
     let status = resp.status().as_u16();
+    {
+        // The backend that answered, as the proxy phase left it (none: static content,
+        // redirects, cache hits, refusals).
+        let upstream = resp.extensions().get::<crate::proxy::UpstreamServed>();
+        shared.metrics.record_request(
+            &crate::metrics::Record {
+                listener: &ctx.conn.listener,
+                route: &route_name,
+                backend: upstream.map_or(no_backend(), |u| &u.backend),
+                method: crate::metrics::method_index(&method),
+                status,
+                elapsed: start.elapsed(),
+                upstream: upstream.and_then(|u| u.header_time),
+            },
+            protocol,
+        );
+    }
     let mut log = log;
     if let Some(l) = log.as_deref_mut() {
         l.cache = match &stored {
@@ -283,13 +306,6 @@ async fn serve(
         };
         l.upstream = resp.extensions_mut().remove::<crate::proxy::UpstreamInfo>();
     }
-    shared.metrics.record_request(
-        &ctx.conn.listener,
-        &route_name,
-        status,
-        protocol,
-        start.elapsed(),
-    );
     let mut permit = permit;
     if let Some(slot) = resp
         .extensions_mut()
@@ -1021,6 +1037,8 @@ impl Finish {
                 retries,
                 tls: conn.tls,
                 sni: conn.sni.clone(),
+                tls_version: conn.tls_version,
+                tls_cipher: conn.tls_cipher,
                 user_agent: l.user_agent,
                 referer: l.referer,
                 cache: l.cache,
@@ -1173,6 +1191,8 @@ mod size_tests {
             local: "127.0.0.1:2".parse().unwrap(),
             tls: false,
             sni: None,
+            tls_version: None,
+            tls_cipher: None,
         });
         let req = http::Request::new(crate::body::empty());
         let f = super::handle(rt.shared.clone(), conn, crate::ctx::Protocol::Http2, req);

@@ -240,6 +240,14 @@ impl SniScopes {
     }
 }
 
+/// The end of validity (Unix seconds) of the first certificate of a PEM chain; `None` when
+/// it does not parse.
+pub fn not_after(pem: &[u8]) -> Option<i64> {
+    let certs = parse_certs(pem, "").ok()?;
+    let (_, x) = x509_parser::parse_x509_certificate(certs.first()?.as_ref()).ok()?;
+    Some(x.validity().not_after.timestamp())
+}
+
 /// The DNS names (exact and wildcard) in a certificate's subject alternative names.
 pub fn san_dns_names(der: &CertificateDer<'_>) -> Vec<String> {
     webpki::EndEntityCert::try_from(der)

@@ -10,9 +10,7 @@ mod common;
 use bytes::Bytes;
 use common::*;
 use http_body_util::{BodyExt, Full};
-use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::Value;
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -26,35 +24,26 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 async fn origin() -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
     let seen: Arc<Mutex<Vec<String>>> = Arc::default();
     let s2 = seen.clone();
-    let addr = spawn_backend(move |s| {
+    let addr = spawn_http_backend(move |req| {
         let seen = s2.clone();
         async move {
-            let svc =
-                hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
-                    let seen = seen.clone();
-                    async move {
-                        let ids: Vec<String> = req
-                            .headers()
-                            .get_all("x-request-id")
-                            .iter()
-                            .map(|v| v.to_str().unwrap().to_string())
-                            .collect();
-                        assert_eq!(ids.len(), 1, "exactly one id upstream: {ids:?}");
-                        seen.lock().unwrap().push(ids[0].clone());
-                        if req.uri().path() == "/slow" {
-                            tokio::time::sleep(Duration::from_secs(3)).await;
-                        }
-                        let mut b = http::Response::builder().header("content-type", "text/plain");
-                        if req.uri().path().starts_with("/cached") {
-                            b = b.header("cache-control", "public, max-age=60");
-                        }
-                        let body = format!("id={}", ids[0]);
-                        Ok::<_, Infallible>(b.body(Full::new(Bytes::from(body))).unwrap())
-                    }
-                });
-            let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                .serve_connection(TokioIo::new(s), svc)
-                .await;
+            let ids: Vec<String> = req
+                .headers()
+                .get_all("x-request-id")
+                .iter()
+                .map(|v| v.to_str().unwrap().to_string())
+                .collect();
+            assert_eq!(ids.len(), 1, "exactly one id upstream: {ids:?}");
+            seen.lock().unwrap().push(ids[0].clone());
+            if req.uri().path() == "/slow" {
+                tokio::time::sleep(Duration::from_secs(3)).await;
+            }
+            let mut b = http::Response::builder().header("content-type", "text/plain");
+            if req.uri().path().starts_with("/cached") {
+                b = b.header("cache-control", "public, max-age=60");
+            }
+            let body = format!("id={}", ids[0]);
+            b.body(Full::new(Bytes::from(body))).unwrap()
         }
     })
     .await;
@@ -64,6 +53,9 @@ async fn origin() -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
 struct Setup {
     _runtime: Arc<Runtime>,
     addr: SocketAddr,
+    /// The HTTPS listener (certificate for `localhost`, trusted by `ca`).
+    tls_addr: SocketAddr,
+    ca: String,
     origin: SocketAddr,
     dead: SocketAddr,
     seen: Arc<Mutex<Vec<String>>>,
@@ -86,7 +78,8 @@ async fn start_with(format: AccessLogFormat, client_ip: ClientIp) -> Setup {
     cached.filters.push(Filter::Cache(CachePolicy::default()));
     let mut slow = proxy_route("slow", "/slow", "up");
     slow.timeouts.request = Some(sweety_config::Duration::from_millis(300));
-    let cfg = Config {
+    let (cert, ca) = cert_for("localhost");
+    let mut cfg = Config {
         backends: vec![backend("up", origin), backend("down", dead)],
         client_ip,
         ..http_config(vec![vhost(
@@ -100,6 +93,14 @@ async fn start_with(format: AccessLogFormat, client_ip: ClientIp) -> Setup {
             ],
         )])
     };
+    cfg.listeners.push(Listener {
+        tls: Some(ListenerTls {
+            certificates: vec![cert],
+            min_version: TlsVersion::Tls12,
+            client_auth: None,
+        }),
+        ..listener("tls", ListenerProtocol::Https)
+    });
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("access.log");
     let runtime = Arc::new(
@@ -115,10 +116,13 @@ async fn start_with(format: AccessLogFormat, client_ip: ClientIp) -> Setup {
         .unwrap(),
     );
     runtime.apply(cfg).await.expect("config applies");
-    let addr = *runtime.bound().await.get("web").unwrap();
+    let bound = runtime.bound().await;
+    let (addr, tls_addr) = (*bound.get("web").unwrap(), *bound.get("tls").unwrap());
     Setup {
         _runtime: runtime,
         addr,
+        tls_addr,
+        ca,
         origin,
         dead,
         seen,
@@ -358,4 +362,28 @@ async fn a_trusted_proxys_request_id_is_kept() {
     assert_eq!(l[0]["real_client_ip"], "198.51.100.9");
     assert_eq!(l[0]["client_addr"], "127.0.0.1");
     assert_ne!(l[1]["request_id"], "has space");
+}
+
+/// Over TLS the line names the server name, version and cipher suite the handshake agreed.
+#[tokio::test]
+async fn tls_fields_are_logged() {
+    let s = start(AccessLogFormat::Json).await;
+    for alpn in [&b"http/1.1"[..], &b"h2"[..]] {
+        let (_, status, body) = tls_get(s.tls_addr, "localhost", &s.ca, &[alpn], "/hello")
+            .await
+            .unwrap();
+        assert_eq!(status, 200, "{body}");
+    }
+    let l = json_lines(&s.log, 2).await;
+    for (l, proto) in l.iter().zip(["HTTP/1.1", "HTTP/2"]) {
+        assert_eq!(l["protocol"], proto);
+        assert_eq!(l["tls"], true);
+        assert_eq!(l["listener"], "tls");
+        assert_eq!(l["sni"], "localhost");
+        assert_eq!(l["tls_version"], "TLSv1.3");
+        assert!(
+            l["tls_cipher"].as_str().unwrap().starts_with("TLS13_"),
+            "{l}"
+        );
+    }
 }

@@ -324,6 +324,40 @@ async fn tls_passthrough_routes_by_sni_without_terminating() {
     .await;
 }
 
+/// A programmed Gateway listener can have no route (none attached yet, or every backend
+/// unresolved): its port must still accept and then close, never refuse (a refused
+/// connection is what the Gateway API conformance suite's TLSRoute rejection tests failed on).
+#[tokio::test]
+async fn l4_listeners_without_routes_accept_and_close() {
+    bounded(async {
+        let cfg = Config {
+            generation: 1,
+            listeners: vec![
+                l4_listener("pass", ListenerProtocol::TlsPassthrough, vec![]),
+                l4_listener("tcp", ListenerProtocol::Tcp, vec![]),
+            ],
+            ..Config::default()
+        };
+        let h = Harness::start(cfg).await;
+        // TLS: the ClientHello is read, then the connection is closed without a handshake.
+        let (_, pem) = cert_for("a.test");
+        let err = tls_roundtrip(h.addr("pass").await, "a.test", &pem)
+            .await
+            .expect_err("no route: no handshake");
+        assert!(err.starts_with("handshake"), "{err}");
+        // TCP: accepted (connect succeeds), then closed at once.
+        let mut raw = TcpStream::connect(h.addr("tcp").await).await.unwrap();
+        let mut buf = Vec::new();
+        let n = tokio::time::timeout(Duration::from_secs(10), raw.read_to_end(&mut buf))
+            .await
+            .expect("closed by the listener");
+        assert!(n.is_ok() && buf.is_empty(), "{n:?} {buf:?}");
+        let text = h.runtime.shared.metrics.render();
+        assert!(text.contains("kind=\"l4_no_route\"} 2"), "{text}");
+    })
+    .await;
+}
+
 /// Connects with TLS (trusting `ca`, SNI `sni`), sends `msg`, reads `want` bytes, then closes
 /// its sending side and reads on to the end: the proxy must pass the half-close through.
 async fn tls_ask(

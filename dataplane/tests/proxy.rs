@@ -148,6 +148,8 @@ fn ctx() -> RequestCtx {
             local: "127.0.0.1:8080".parse().unwrap(),
             tls: false,
             sni: None,
+            tls_version: None,
+            tls_cipher: None,
         }),
         protocol: Protocol::Http1,
         start: Instant::now(),
@@ -254,7 +256,7 @@ async fn tls_verification_names_and_insecure_mode() {
                 let resp = u
                     .forward(get("/"), &action(&[("b", 1)]), &route(json!({})), &ctx())
                     .await;
-                (resp.status(), m.upstream_errors.get(&"tls"))
+                (resp.status(), m.upstream_errors_of_kind("tls"))
             }
         };
         // Wrong name: rejected.
@@ -411,7 +413,7 @@ async fn closed_port_is_502_with_clear_body() {
             text(resp).await,
             "502 Bad Gateway: upstream connect error\n"
         );
-        assert_eq!(m.upstream_errors.get(&"connect"), 1);
+        assert_eq!(m.upstream_errors_of_kind("connect"), 1);
     })
     .await;
 }
@@ -434,7 +436,7 @@ async fn silent_backend_is_504() {
             text(resp).await,
             "504 Gateway Timeout: upstream did not answer in time\n"
         );
-        assert_eq!(m.upstream_errors.get(&"timeout"), 1);
+        assert_eq!(m.upstream_errors_of_kind("timeout"), 1);
     })
     .await;
 }
@@ -501,7 +503,7 @@ async fn connect_error_retried_for_post_with_body() {
         let resp = u.forward(req, &action(&[("b", 1)]), &r, &ctx()).await;
         assert_eq!(resp.status(), StatusCode::OK);
         assert!(text(resp).await.contains("body=kept\n"));
-        assert_eq!(m.upstream_errors.get(&"connect"), 1);
+        assert_eq!(m.upstream_errors_of_kind("connect"), 1);
     })
     .await;
 }
@@ -558,7 +560,7 @@ async fn get_retried_after_backend_resets_or_closes_the_connection() {
             assert_eq!(resp.status(), StatusCode::OK, "reset={reset}");
             assert_eq!(text(resp).await, "ok");
             assert_eq!(conns.load(Ordering::SeqCst), 3, "reset={reset}");
-            assert_eq!(m.upstream_errors.get(&"protocol"), 2, "reset={reset}");
+            assert_eq!(m.upstream_errors_of_kind("protocol"), 2, "reset={reset}");
 
             // Bounded: one retry is not enough for two broken tries; the error surfaces.
             let (addr, conns) = flaky_server(2, reset).await;
@@ -635,7 +637,7 @@ async fn get_retried_after_backend_timeout_with_backoff_and_bounded_attempts() {
         assert_eq!(resp.status(), StatusCode::OK);
         assert_eq!(text(resp).await, "fast");
         assert_eq!(server.hits(), 3);
-        assert_eq!(m.upstream_errors.get(&"timeout"), 2);
+        assert_eq!(m.upstream_errors_of_kind("timeout"), 2);
         // A lower bound only: two timed-out tries and two backoffs must have passed.
         assert!(t0.elapsed() >= Duration::from_millis(300));
 
@@ -830,12 +832,12 @@ async fn all_zero_weights_is_500() {
             .forward(get("/"), &action(&[("b", 0)]), &route(json!({})), &ctx())
             .await;
         assert_eq!(resp.status(), StatusCode::INTERNAL_SERVER_ERROR);
-        assert_eq!(m.upstream_errors.get(&"no_backend"), 1);
+        assert_eq!(m.upstream_errors_of_kind("no_backend"), 1);
         let resp = u
             .forward(get("/"), &action(&[("b", 1)]), &route(json!({})), &ctx())
             .await;
         assert_eq!(resp.status(), StatusCode::BAD_GATEWAY);
-        assert_eq!(m.upstream_errors.get(&"no_endpoint"), 1);
+        assert_eq!(m.upstream_errors_of_kind("no_endpoint"), 1);
     })
     .await;
 }
@@ -973,7 +975,7 @@ async fn mirror_sends_head_without_body() {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert_eq!(*seen.lock().unwrap(), vec!["POST /m body=0".to_string()]);
-        assert_eq!(m.upstream_errors.get(&"mirror_dropped"), 0);
+        assert_eq!(m.upstream_errors_of_kind("mirror_dropped"), 0);
     })
     .await;
 }
@@ -1058,7 +1060,7 @@ async fn stale_pooled_connection_is_replaced_for_replayable_requests() {
             }
         }
         assert_eq!(conns.load(Ordering::SeqCst), 3);
-        assert_eq!(m.upstream_errors.get(&"protocol"), 0);
+        assert_eq!(m.upstream_errors_of_kind("protocol"), 0);
         // A POST with a body on the stale connection is not replayed: 502.
         let req = Request::builder()
             .method("POST")
@@ -1069,7 +1071,7 @@ async fn stale_pooled_connection_is_replaced_for_replayable_requests() {
             .forward(req, &action(&[("b", 1)]), &route(json!({})), &ctx())
             .await;
         assert_eq!(resp.status(), StatusCode::BAD_GATEWAY);
-        assert_eq!(m.upstream_errors.get(&"protocol"), 1);
+        assert_eq!(m.upstream_errors_of_kind("protocol"), 1);
     })
     .await;
 }
@@ -1094,7 +1096,7 @@ async fn mirrors_are_bounded_and_dropped_when_full() {
         for _ in 0..sweety_dataplane::proxy::MIRROR_IN_FLIGHT + extra {
             u.mirror(&parts, &mirror, &ctx());
         }
-        assert_eq!(m.upstream_errors.get(&"mirror_dropped"), extra as u64);
+        assert_eq!(m.upstream_errors_of_kind("mirror_dropped"), extra as u64);
     })
     .await;
 }

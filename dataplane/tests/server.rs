@@ -386,7 +386,7 @@ async fn admin_reports_health_readiness_metrics_and_config() {
         .await
         .unwrap();
     assert!(
-        metrics.contains("sweety_requests_total{listener=\"web\",route=\"r\",status_class=\"2xx\",protocol=\"HTTP/1.1\"} 1"),
+        metrics.contains("sweety_requests_total{listener=\"web\",route=\"r\",backend=\"-\",method=\"GET\",code=\"200\"} 1\n"),
         "{metrics}"
     );
     assert!(metrics.contains("sweety_config_generation 7"));

@@ -7,7 +7,10 @@
 # writes DIR/sweety-<version>.oci.tar (default DIR: $CARGO_TARGET_DIR/image, or target/image):
 # an OCI image layout in a tar, which also carries a Docker `manifest.json`, so that
 # `docker load -i`, `podman load -i`, `kind load image-archive` and `ctr images import` all
-# take it and name it REPO:<version> (default REPO: sweety/sweety, the chart's image).
+# take it and name it REPO:<version> (default REPO: sweety/sweety, the chart's image.repository;
+# a registry-qualified REPO such as registry.example/team/sweety or localhost:5000/sweety is kept
+# as given, anything else is Docker Hub's, as Docker names it). Prints the manifest digest for
+# the chart's image.digest.
 #
 # What is in it (one layer, reproducible: fixed owners and mtimes from the commit's time):
 #   /usr/local/bin/sweety-controller, /usr/local/bin/sweety-dataplane  release builds from this
@@ -152,7 +155,10 @@ umoci gc --layout "$layout"
 python3 - "$layout" "$name" "$version" <<'PY'
 import json, os, sys
 layout, name, version = sys.argv[1:]
-full = name if "/" in name.split(":")[0] and "." in name.split("/")[0] else f"docker.io/{name}"
+# Docker's rule: the first path component names a registry when it has a "." or a ":" or is
+# "localhost" (registry.example/team/sweety, localhost:5000/sweety); else Docker Hub.
+first = name.split("/")[0]
+full = name if "/" in name and ("." in first or ":" in first or first == "localhost") else f"docker.io/{name}"
 idx_path = os.path.join(layout, "index.json")
 index = json.load(open(idx_path))
 assert len(index["manifests"]) == 1, index
@@ -182,5 +188,9 @@ tar --create --file "$tarball.tmp" --directory "$layout" --sort=name --numeric-o
 mv "$tarball.tmp" "$tarball"
 size=$(stat -c %s "$tarball")
 unpacked=$(du -sb "$root" | cut -f1)
+digest=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["manifests"][0]["digest"])' "$layout/index.json")
 echo "image: $tarball ($name:$version, revision $revision)"
+# The manifest digest: what a registry serves the image under when it is pushed without conversion
+# (check with `skopeo inspect docker://<name>:<version>` after the push); the chart's image.digest.
+echo "digest: $digest (chart: --set image.repository=$name --set image.digest=$digest once pushed unconverted)"
 echo "size: $size bytes as an OCI archive ($((size / 1024 / 1024)) MiB); root filesystem $((unpacked / 1024 / 1024)) MiB unpacked"

@@ -12,8 +12,9 @@
 #      charts/sweety/crds/gateway-api-standard.yaml is the Gateway API v1.6.3 standard channel
 #      (e2e/chart/gateway-api-crds.py; SWEETY_BLESS=1 rewrites it);
 #   6. the README values table is current (e2e/chart/values-table.py; SWEETY_BLESS=1 rewrites it);
-#      the Grafana dashboard (deploy/grafana/sweety.json) queries only metric names the
-#      dataplane and controller sources export;
+#      the PrometheusRule's rules file passes `promtool check rules` (built with `go install`,
+#      cached like helm) and renders unchanged; (the dashboard's and rules' metric names are
+#      checked against real scrapes by cargo test);
 #   7. kubeconform -strict on every rendered manifest and example, with JSON schemas generated
 #      from the cluster's own OpenAPI (built-in kinds, our CRDs, Gateway API CRDs); kinds with no
 #      schema there (ServiceMonitor: the Prometheus Operator CRD is not installed) are skipped
@@ -37,6 +38,7 @@ cd "$REPO"
 
 HELM_VERSION=v3.22.0
 KUBECONFORM_VERSION=v0.8.0
+PROMTOOL_VERSION=v0.316.0
 KUBE_VERSION=1.34.0
 TOOLS=${SWEETY_TOOLS:-$HOME/.cache/sweety/tools}
 CHART=charts/sweety
@@ -55,6 +57,8 @@ tool() { # tool NAME VERSION MODULE_PATH
 }
 HELM=$(tool helm "$HELM_VERSION" helm.sh/helm/v3/cmd/helm)
 KUBECONFORM=$(tool kubeconform "$KUBECONFORM_VERSION" github.com/yannh/kubeconform/cmd/kubeconform)
+# promtool of Prometheus 3.16.0 (the module's v0.316.0), to check the PrometheusRule's groups.
+PROMTOOL=$(tool promtool "$PROMTOOL_VERSION" github.com/prometheus/prometheus/cmd/promtool)
 
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
@@ -208,23 +212,28 @@ else
     python3 e2e/chart/values-table.py --check || failed=1
 fi
 
-echo "== Grafana dashboard uses only metrics the binaries export"
-python3 - deploy/grafana/sweety.json dataplane/src/metrics.rs controller/src/metrics.rs <<'PY' || failed=1
-import json, os, re, sys
-dash = json.load(open(sys.argv[1]))
-exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
-used = {re.sub(r"_(bucket|sum|count)$", "", m) for e in exprs for m in re.findall(r"sweety_[a-z_]+", e)}
-sources = [f for f in sys.argv[2:] if os.path.exists(f)]
-text = "".join(open(f).read() for f in sources)
-missing = sorted(m for m in used if f'"{m}' not in text
-                 and (m.startswith("sweety_controller_") == False or "controller/src/metrics.rs" in sources))
-skipped = sorted(m for m in used if m.startswith("sweety_controller_") and "controller/src/metrics.rs" not in sources)
-if skipped:
-    print(f"NOTE: controller/src/metrics.rs not in this tree; not checked: {', '.join(skipped)}")
-if missing:
-    sys.exit(f"FAIL: dashboard metrics not exported: {', '.join(missing)}")
-print(f"ok: {len(used)} metric names, {len(exprs)} queries")
+# The dashboard's and the alert rules' metric names are checked against what the binaries
+# expose by tests that scrape them (cargo test: dataplane/tests/metrics.rs
+# dashboard_and_alert_rules_name_only_exposed_dataplane_metrics, controller metrics
+# dashboard_and_alert_rules_name_only_exposed_controller_metrics).
+echo "== PrometheusRule: promtool check rules, and the chart renders the rules file as it is"
+"$PROMTOOL" check rules "$CHART/files/prometheus-rules.yaml" || fail "promtool check rules"
+render "$WORK/rules.yaml" --set metrics.prometheusRule.enabled=true
+python3 - "$WORK/rules.yaml" "$CHART/files/prometheus-rules.yaml" <<'PY' || failed=1
+import sys, yaml
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+rule = [d for d in docs if d["kind"] == "PrometheusRule"]
+if len(rule) != 1:
+    sys.exit(f"FAIL: {len(rule)} PrometheusRule objects rendered with metrics.prometheusRule.enabled")
+if rule[0]["spec"] != yaml.safe_load(open(sys.argv[2])):
+    sys.exit("FAIL: the rendered PrometheusRule's spec differs from files/prometheus-rules.yaml")
+alerts = [r["alert"] for g in rule[0]["spec"]["groups"] for r in g["rules"]]
+print(f"ok: PrometheusRule with {len(alerts)} alerts: {', '.join(alerts)}")
 PY
+render "$WORK/norules.yaml"
+if grep -q '^kind: PrometheusRule' "$WORK/norules.yaml"; then
+    fail "a PrometheusRule is rendered by default"
+fi
 
 manifests=("${cases[@]}" deploy/sweety.yaml deploy/examples/k8s/*.yaml)
 
@@ -384,7 +393,7 @@ else
     echo "== kubectl apply --dry-run=server"
     for m in "${manifests[@]}"; do
         # ServiceMonitor and PodMonitor need the Prometheus Operator CRDs, which this cluster does not have.
-        awk 'BEGIN{RS="\n---\n"; ORS="\n---\n"} !/\nkind: (ServiceMonitor|PodMonitor)\n/' "$m" >"$WORK/dry.yaml"
+        awk 'BEGIN{RS="\n---\n"; ORS="\n---\n"} !/\nkind: (ServiceMonitor|PodMonitor|PrometheusRule)\n/' "$m" >"$WORK/dry.yaml"
         if k apply --dry-run=server --validate=strict -f "$WORK/dry.yaml" >"$WORK/dry.out" 2>&1; then
             echo "ok: $m ($(grep -c 'server dry run' "$WORK/dry.out") objects)"
         else

@@ -102,7 +102,31 @@ if [ "$mode" = full ] && [ -f "$out/report.yaml" ]; then
   channel=$(sed -n 's/^gatewayAPIChannel: *//p' "$out/report.yaml")
   # The official file name: <channel>-<version>-<mode>-report.yaml
   rep=$dest/$channel-v$version-default-report.yaml
-  cp "$out/report.yaml" "$rep"
+  # The suite lists the profiles in a random order (a Go map): sort them by name, so two runs with the same
+  # results write the same file (ci.sh compares it with the committed one).
+  python3 - "$out/report.yaml" "$rep" <<'PY'
+import re, sys
+src, dst = sys.argv[1:]
+lines = open(src).read().splitlines(keepends=True)
+out, items, i = [], [], 0
+while i < len(lines):
+    out.append(lines[i])
+    if lines[i].rstrip("\n") == "profiles:":
+        i += 1
+        while i < len(lines) and lines[i].startswith("- "):
+            item = [lines[i]]
+            i += 1
+            while i < len(lines) and lines[i].startswith("  "):
+                item.append(lines[i])
+                i += 1
+            items.append(item)
+        name = lambda it: next((re.sub(r"^  name: *", "", l).strip() for l in it if l.startswith("  name:")), "")
+        for it in sorted(items, key=name):
+            out.extend(it)
+        continue
+    i += 1
+open(dst, "w").write("".join(out))
+PY
   python3 "$HERE/gen-docs.py" --report "$rep" --log "$log" --skips "$HERE/skip-tests.txt" \
     --features-why "$HERE/unclaimed-features.txt" --out "$REPO/docs/conformance.md"
   echo "report: $rep; docs/conformance.md regenerated"

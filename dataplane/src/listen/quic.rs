@@ -286,19 +286,26 @@ async fn serve_conn(
     let (conn, handshake) = if settings.early_data {
         match connecting.into_0rtt() {
             Ok((conn, accepted)) => (
-                conn,
+                {
+                    // 0.5-RTT: keys for early data are there; counted as a handshake now.
+                    shared
+                        .metrics
+                        .tls_handshakes
+                        .inc(&(view.name.clone(), "quic", "TLSv1.3"));
+                    conn
+                },
                 Handshake {
                     done: AtomicBool::new(false),
                     pending: Mutex::new(Some(accepted)),
                 },
             ),
-            Err(connecting) => match handshake(&shared, connecting, &settings).await {
+            Err(connecting) => match handshake(&shared, &view.name, connecting, &settings).await {
                 Some(c) => (c, Handshake::complete()),
                 None => return,
             },
         }
     } else {
-        match handshake(&shared, connecting, &settings).await {
+        match handshake(&shared, &view.name, connecting, &settings).await {
             Some(c) => (c, Handshake::complete()),
             None => return,
         }
@@ -333,6 +340,9 @@ async fn serve_conn(
         local,
         tls: true,
         sni,
+        // QUIC runs TLS 1.3 only (RFC 9001 §4.2); quinn does not expose the suite.
+        tls_version: Some("TLSv1.3"),
+        tls_cipher: None,
     });
     let quic = conn.clone();
     let mut h3: H3Conn = match h3::server::builder()
@@ -399,17 +409,26 @@ async fn serve_conn(
 
 async fn handshake(
     shared: &Shared,
+    listener: &Arc<str>,
     connecting: quinn::Connecting,
     settings: &ConnSettings,
 ) -> Option<quinn::Connection> {
+    let m = &shared.metrics;
     match tokio::time::timeout(settings.handshake_timeout, connecting).await {
-        Ok(Ok(c)) => Some(c),
+        Ok(Ok(c)) => {
+            m.tls_handshakes.inc(&(listener.clone(), "quic", "TLSv1.3"));
+            Some(c)
+        }
         Ok(Err(e)) => {
             tracing::debug!(error = %e, "QUIC handshake failed");
+            m.tls_handshake_errors
+                .inc(&(listener.clone(), "quic", "error"));
             None
         }
         Err(_) => {
-            shared.metrics.limit_hit("tls_handshake_timeout");
+            m.limit_hit("tls_handshake_timeout");
+            m.tls_handshake_errors
+                .inc(&(listener.clone(), "quic", "timeout"));
             None
         }
     }
@@ -453,6 +472,7 @@ async fn serve_request(
     parts.version = http::Version::HTTP_3;
     if early {
         parts.extensions.insert(EarlyData);
+        shared.metrics.early_data_requests.inc(&conn.listener);
     }
     parts.extensions.insert(ReadChunk(settings.static_chunk));
     let body = RecvBody::new(recv, &parts.headers).primed().await;

@@ -208,6 +208,8 @@ async fn serve_conn(
                 local,
                 tls: false,
                 sni: None,
+                tls_version: None,
+                tls_cipher: None,
             });
             // h2c by prior knowledge or HTTP/1.1: told by the first bytes, read within the
             // header-read timeout (a client that sends nothing, or a part of the preface, is
@@ -253,14 +255,31 @@ async fn serve_conn(
                 Ok(Ok(s)) => s,
                 Ok(Err(e)) => {
                     tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                    shared
+                        .metrics
+                        .tls_handshake_errors
+                        .inc(&(view.name.clone(), "tcp", "error"));
                     return;
                 }
                 Err(_) => {
                     shared.metrics.limit_hit("tls_handshake_timeout");
+                    shared
+                        .metrics
+                        .tls_handshake_errors
+                        .inc(&(view.name.clone(), "tcp", "timeout"));
                     return;
                 }
             };
             let (_, session) = tls.get_ref();
+            let version = match session.protocol_version() {
+                Some(rustls::ProtocolVersion::TLSv1_3) => "TLSv1.3",
+                Some(rustls::ProtocolVersion::TLSv1_2) => "TLSv1.2",
+                _ => "other",
+            };
+            shared
+                .metrics
+                .tls_handshakes
+                .inc(&(view.name.clone(), "tcp", version));
             let sni = session
                 .server_name()
                 .map(|s| Arc::<str>::from(s.to_ascii_lowercase()));
@@ -276,6 +295,14 @@ async fn serve_conn(
                 local,
                 tls: true,
                 sni,
+                tls_version: session.protocol_version().and_then(|v| match v {
+                    rustls::ProtocolVersion::TLSv1_2 => Some("TLSv1.2"),
+                    rustls::ProtocolVersion::TLSv1_3 => Some("TLSv1.3"),
+                    _ => None,
+                }),
+                tls_cipher: session
+                    .negotiated_cipher_suite()
+                    .and_then(|c| c.suite().as_str()),
             });
             if let (true, Some(settings)) = (alpn_h2, h2) {
                 let r = sweety_h2::serve(

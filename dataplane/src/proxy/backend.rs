@@ -41,6 +41,8 @@ pub(super) struct EndpointRt {
 #[derive(Debug)]
 pub(super) struct BackendRt {
     pub(super) config: Backend,
+    /// Its metrics label (`Metrics::backend_label`).
+    pub(super) label: Arc<str>,
     pub(super) endpoints: Vec<EndpointRt>,
     pub(super) connector: Connector,
     pub(super) wrr: balance::SmoothWrr,
@@ -174,7 +176,8 @@ impl BackendRt {
     }
 
     /// Records a try's outcome for outlier ejection.
-    pub(super) fn record(&self, idx: usize, success: bool) {
+    /// Records a try's outcome; true when it ejected the endpoint.
+    pub(super) fn record(&self, idx: usize, success: bool) -> bool {
         let ejected = outlier::record(
             &self.healths(),
             idx,
@@ -190,6 +193,7 @@ impl BackendRt {
                 "endpoint ejected after consecutive failures"
             );
         }
+        ejected
     }
 
     /// One try against endpoint `idx`. Returns the result and, when the request was not

@@ -78,6 +78,8 @@ async fn run(weak: Weak<BackendRt>, idx: usize, hc: Arc<HealthCheck>, metrics: A
             local: ([127, 0, 0, 1], 0).into(),
             tls: false,
             sni: None,
+            tls_version: None,
+            tls_cipher: None,
         }),
         protocol: Protocol::Http1,
         start: Instant::now(),

@@ -59,6 +59,16 @@ pub const MIRROR_IN_FLIGHT: usize = 64;
 /// A mirrored request (connect, response and draining its body) is abandoned after this.
 pub const MIRROR_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// What the proxy phase leaves on its response (an extension) for the metrics of the
+/// response phase: the backend that answered and how long the response head took.
+#[derive(Debug, Clone)]
+pub struct UpstreamServed {
+    /// The backend's metrics label (its config name, or `other` over the label cap).
+    pub backend: Arc<str>,
+    /// From sending the last try to its response head; `None` when no try got one.
+    pub header_time: Option<Duration>,
+}
+
 /// Errors building upstreams from config.
 #[derive(Debug, thiserror::Error)]
 #[error("backends[{index}]: {message}")]
@@ -166,6 +176,7 @@ impl Upstreams {
                 }
             });
             let rt = BackendRt {
+                label: metrics.backend_label(&b.name),
                 hash_table,
                 checks: health::Checks::default(),
                 config: b.clone(),
@@ -188,6 +199,11 @@ impl Upstreams {
                 .map(|p| p.mirrors.clone())
                 .unwrap_or_else(|| Arc::new(Semaphore::new(MIRROR_IN_FLIGHT))),
         })
+    }
+
+    /// The names of the backends.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.backends.keys().map(String::as_str)
     }
 
     /// Idle pooled HTTP/1.1 connections of `backend` at `address` (`None` when unknown).
@@ -248,6 +264,26 @@ impl Upstreams {
         self.metrics.upstream_error(e.metrics_label());
         tracing::debug!(error = %e, source = ?std::error::Error::source(e), "proxy error");
         e.to_response()
+    }
+
+    /// The reply to an error of `backend`, counted under its label.
+    fn fail_on(&self, backend: &BackendRt, e: &ProxyError) -> Response<Body> {
+        self.metrics
+            .upstream_error_of(&backend.label, e.metrics_label());
+        tracing::debug!(error = %e, source = ?std::error::Error::source(e), "proxy error");
+        let mut r = e.to_response();
+        r.extensions_mut().insert(UpstreamServed {
+            backend: backend.label.clone(),
+            header_time: None,
+        });
+        r
+    }
+
+    /// Records a try's outcome on endpoint `idx`, counting an ejection it causes.
+    fn record(&self, backend: &BackendRt, idx: usize, success: bool) {
+        if backend.record(idx, success) {
+            self.metrics.upstream_ejections.inc(&backend.label);
+        }
     }
 
     /// The backend of `action` for one request, chosen at random by weight.
@@ -325,13 +361,20 @@ impl Upstreams {
         let mut tries = 0u32;
         loop {
             let Some(idx) = affinity.pick(backend, tries, &tried) else {
-                let resp = self.fail(&ProxyError::NoEndpoint {
-                    backend: backend.config.name.clone(),
-                });
+                let resp = self.fail_on(
+                    backend,
+                    &ProxyError::NoEndpoint {
+                        backend: backend.config.name.clone(),
+                    },
+                );
                 return note(resp, tried.last().copied(), None, tries);
             };
             tried.push(idx);
             tries += 1;
+            if tries > 1 {
+                self.metrics.upstream_retries.inc(&backend.label);
+            }
+            let sent = std::time::Instant::now();
             let b = match replay.as_ref().filter(|r| !r.is_empty()) {
                 Some(r) => crate::body::full(r.clone()),
                 None => body.take().unwrap_or_else(empty),
@@ -348,8 +391,9 @@ impl Upstreams {
             body = unsent;
             match result {
                 Ok(mut resp) => {
+                    let header_time = sent.elapsed();
                     let status = resp.status().as_u16();
-                    backend.record(idx, status < 500);
+                    self.record(backend, idx, status < 500);
                     if forward::should_retry(
                         policy,
                         tries,
@@ -366,11 +410,15 @@ impl Upstreams {
                         }
                     }
                     affinity.issue(backend, idx, resp.headers_mut());
+                    resp.extensions_mut().insert(UpstreamServed {
+                        backend: backend.label.clone(),
+                        header_time: Some(header_time),
+                    });
                     return note(resp, Some(idx), Some(status), tries);
                 }
                 Err(e) => {
                     if e.is_endpoint_failure() {
-                        backend.record(idx, false);
+                        self.record(backend, idx, false);
                     }
                     let retry = (body.is_some() || replayable)
                         && forward::should_retry(
@@ -380,9 +428,10 @@ impl Upstreams {
                             replayable,
                         );
                     if !retry {
-                        return note(self.fail(&e), Some(idx), None, tries);
+                        return note(self.fail_on(backend, &e), Some(idx), None, tries);
                     }
-                    self.metrics.upstream_error(e.metrics_label());
+                    self.metrics
+                        .upstream_error_of(&backend.label, e.metrics_label());
                     tracing::debug!(error = %e, tries, "retrying after upstream error");
                     backoff(policy).await;
                 }
@@ -638,6 +687,8 @@ mod tests {
                 local: "127.0.0.1:80".parse().unwrap(),
                 tls: false,
                 sni: None,
+                tls_version: None,
+                tls_cipher: None,
             }),
             protocol: Protocol::Http2,
             start: Instant::now(),

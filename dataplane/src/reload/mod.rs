@@ -221,6 +221,7 @@ impl Runtime {
     /// error nothing changes and the last good config keeps serving. Every call is counted
     /// once in the reload metrics.
     pub async fn apply(&self, change: impl Into<Change>) -> Result<(), ApplyError> {
+        let started = std::time::Instant::now();
         let result = match change.into() {
             Change::File(config) => self.apply_config(&config, None, None, None).await,
             Change::Full { generation, config } => self.apply_full(generation, config).await,
@@ -230,6 +231,19 @@ impl Runtime {
                 delta,
             } => self.apply_delta(generation, base, *delta).await,
         };
+        let m = &self.shared.metrics;
+        m.config_apply.0.observe(started.elapsed());
+        if result.is_ok() && m.backend_labels_full() {
+            let snap = self.shared.snapshot();
+            m.retain_backend_labels(&snap.upstreams.names().collect());
+        }
+        if result.is_ok() && m.requests.full() {
+            // Over a label cap: free the labels of routes this config no longer has.
+            let snap = self.shared.snapshot();
+            let live: std::collections::HashSet<&str> =
+                snap.routes.entries().map(|e| &*e.name).collect();
+            m.requests.retain_routes(&live);
+        }
         self.counted(result)
     }
 
@@ -255,6 +269,32 @@ impl Runtime {
         result
     }
 
+    /// Records the end of validity of every certificate `config` serves, for the metrics.
+    fn record_certificates(&self, config: &Config) {
+        let mut out = Vec::new();
+        for l in &config.listeners {
+            let Some(tls) = &l.tls else { continue };
+            for c in &tls.certificates {
+                let at = crate::tls::read_pem(&c.cert, "")
+                    .ok()
+                    .and_then(|pem| crate::tls::not_after(&pem));
+                if let Some(at) = at {
+                    let host = c.hostnames.first().cloned().unwrap_or_else(|| "-".into());
+                    out.push((l.name.clone(), host, at));
+                }
+            }
+        }
+        out.sort();
+        out.dedup();
+        out.truncate(crate::metrics::MAX_CERTIFICATES);
+        *self
+            .shared
+            .metrics
+            .certificates
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = out;
+    }
+
     /// Makes `snapshot` the serving one: from here new connections and requests use it. With
     /// `new_settings` the response cache bounds and the backpressure limits follow its
     /// settings first (a patch keeps the settings of the snapshot it replaces, so it leaves
@@ -262,6 +302,7 @@ impl Runtime {
     fn publish(&self, snapshot: Snapshot, new_settings: bool) {
         let generation = snapshot.config.generation;
         let limits = new_settings.then(|| {
+            self.record_certificates(&snapshot.config);
             self.shared.cache.configure(&snapshot.config.cache);
             snapshot.config.limits.clone()
         });

@@ -258,6 +258,14 @@ pub fn expect_condition(
 
 /// The chart's pod (the newest non-terminating one).
 pub async fn chart_pod(env: &Env) -> Result<Pod> {
+    chart_pods(env).await?.pop().ok_or_else(|| Error::Restart {
+        container: String::new(),
+        message: format!("no pod of release {} in {}", env.release, env.namespace),
+    })
+}
+
+/// The chart's pods that are not terminating, oldest first.
+pub async fn chart_pods(env: &Env) -> Result<Vec<Pod>> {
     let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.namespace);
     let lp = ListParams::default().labels(&format!("app.kubernetes.io/instance={}", env.release));
     let mut list = pods
@@ -267,10 +275,23 @@ pub async fn chart_pod(env: &Env) -> Result<Pod> {
         .items;
     list.retain(|p| p.metadata.deletion_timestamp.is_none());
     list.sort_by_key(|p| p.metadata.creation_timestamp.clone().map(|t| t.0));
-    list.pop().ok_or_else(|| Error::Restart {
-        container: String::new(),
-        message: format!("no pod of release {} in {}", env.release, env.namespace),
-    })
+    Ok(list)
+}
+
+/// GET `path` on `port` of pod `name` in the chart's namespace through the apiserver's pod proxy (works
+/// wherever `kubectl` does, whether or not this host reaches Pod addresses).
+pub async fn pod_get(env: &Env, name: &str, port: u16, path: &str) -> Result<String> {
+    let uri = format!(
+        "/api/v1/namespaces/{}/pods/{name}:{port}/proxy{path}",
+        env.namespace
+    );
+    let req = http::Request::get(&uri)
+        .body(Vec::new())
+        .map_err(|e| Error::Config(format!("request {uri}: {e}")))?;
+    env.client
+        .request_text(req)
+        .await
+        .map_err(Error::kube(format!("GET {uri}")))
 }
 
 /// (restartCount, ready) of a container of a pod.

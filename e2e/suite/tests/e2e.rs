@@ -785,3 +785,309 @@ async fn invalid_objects_get_a_condition_and_break_nothing() {
         .await,
     );
 }
+
+/// Pods of the chart in this test: three replicas, each a controller and a dataplane.
+const REPLICAS: i32 = 3;
+/// Bound of the request loop that runs across the leader's death (count and time).
+const LOOP_MAX_REQUESTS: usize = 5000;
+const LOOP_MAX_TIME: Duration = Duration::from_secs(240);
+
+/// The chart's Deployment: its name, replica count and the controller's `--lease-name`.
+async fn chart_deployment(env: &Env) -> Result<(String, i32, String)> {
+    use k8s_openapi::api::apps::v1::Deployment;
+    let api: kube::Api<Deployment> = kube::Api::namespaced(env.client.clone(), &env.namespace);
+    let lp = kube::api::ListParams::default()
+        .labels(&format!("app.kubernetes.io/instance={}", env.release));
+    let list = api
+        .list(&lp)
+        .await
+        .map_err(Error::kube("list chart Deployments"))?
+        .items;
+    let [d] = list.as_slice() else {
+        return Err(Error::Config(format!(
+            "expected one Deployment of release {} (chart kind Deployment), found {}",
+            env.release,
+            list.len()
+        )));
+    };
+    let name = d.metadata.name.clone().unwrap_or_default();
+    let replicas = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+    let lease = d
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .into_iter()
+        .flat_map(|p| p.containers.iter())
+        .filter(|c| c.name == "controller")
+        .flat_map(|c| c.args.iter().flatten())
+        .find_map(|a| a.strip_prefix("--lease-name=").map(str::to_string))
+        .ok_or_else(|| Error::Config(format!("Deployment {name}: no --lease-name")))?;
+    Ok((name, replicas, lease))
+}
+
+async fn scale(env: &Env, deployment: &str, replicas: i32) -> Result<()> {
+    use k8s_openapi::api::apps::v1::Deployment;
+    let api: kube::Api<Deployment> = kube::Api::namespaced(env.client.clone(), &env.namespace);
+    api.patch(
+        deployment,
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(json!({"spec": {"replicas": replicas}})),
+    )
+    .await
+    .map_err(Error::kube(format!("scale Deployment {deployment}")))?;
+    Ok(())
+}
+
+/// Waits until exactly `n` chart pods run, none terminating, every container Ready; their names.
+async fn ready_pods(env: &Env, n: usize) -> Result<Vec<String>> {
+    eventually(&format!("{n} chart pods Ready"), CONVERGE, POLL, || async {
+        let pods = cluster::chart_pods(env).await.map_err(|e| e.to_string())?;
+        let ready: Vec<String> = pods
+            .iter()
+            .filter(|p| {
+                ["controller", "dataplane"]
+                    .iter()
+                    .all(|c| cluster::container_state(p, c).is_some_and(|(_, r)| r))
+            })
+            .filter_map(|p| p.metadata.name.clone())
+            .collect();
+        (ready.len() == n && pods.len() == n)
+            .then_some(ready.clone())
+            .ok_or(format!("{} pods, Ready: {ready:?}", pods.len()))
+    })
+    .await
+}
+
+/// The content hash every dataplane serves (its admin `/config`: the hash ignores the generation,
+/// which each pod's controller numbers itself), once all `pods` serve the same one.
+async fn one_config(env: &Env, pods: &[String]) -> Result<String> {
+    eventually(
+        "every dataplane serves the same config (admin /config hash)",
+        CONVERGE,
+        POLL,
+        || async {
+            let mut hashes = Vec::new();
+            for p in pods {
+                let body = cluster::pod_get(env, p, 9901, "/config")
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let j: Value = serde_json::from_str(&body).map_err(|e| format!("{p}: {e}"))?;
+                let hash = j
+                    .get("hash")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string();
+                let generation = j.get("generation").and_then(Value::as_u64).unwrap_or(0);
+                hashes.push((p.clone(), hash, generation));
+            }
+            let first = &hashes[0].1;
+            (!first.is_empty() && hashes.iter().all(|(_, h, _)| h == first))
+                .then(|| first.clone())
+                .ok_or(format!("(pod, hash, generation): {hashes:?}"))
+        },
+    )
+    .await
+}
+
+/// The lease holder, once exactly one of `pods` says (metric `sweety_controller_leader`) it leads and the
+/// Lease names it.
+async fn one_leader(env: &Env, pods: &[String], lease: &str) -> Result<String> {
+    use k8s_openapi::api::coordination::v1::Lease;
+    let leases: kube::Api<Lease> = kube::Api::namespaced(env.client.clone(), &env.namespace);
+    eventually(
+        "exactly one leader, named by the Lease",
+        CONVERGE,
+        POLL,
+        || async {
+            let mut leaders = Vec::new();
+            for p in pods {
+                let text = cluster::pod_get(env, p, 9090, "/metrics")
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let leads = text.lines().any(|l| {
+                    l.split_whitespace().collect::<Vec<_>>() == ["sweety_controller_leader", "1"]
+                });
+                if leads {
+                    leaders.push(p.clone());
+                }
+            }
+            let holder = leases
+                .get_opt(lease)
+                .await
+                .map_err(|e| e.to_string())?
+                .and_then(|l| l.spec?.holder_identity)
+                .unwrap_or_default();
+            (leaders.len() == 1 && leaders[0] == holder)
+                .then(|| holder.clone())
+                .ok_or(format!(
+                    "leading by their metrics: {leaders:?}; Lease holder {holder:?}"
+                ))
+        },
+    )
+    .await
+}
+
+/// What the request loop saw.
+#[derive(Default, Debug)]
+struct LoopTally {
+    ok: usize,
+    failed: usize,
+    first_failures: Vec<String>,
+}
+
+/// Sends HTTP/1.1 GETs to `s` one after another (each a new connection: curl) until `stop`, at most
+/// LOOP_MAX_REQUESTS and LOOP_MAX_TIME; every answer must be a correct 200 from the echo backend.
+async fn request_loop(
+    allowed: cluster::Cidr,
+    addr: IpAddr,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> LoopTally {
+    let served = Served {
+        addr,
+        host: GATEWAY_HOST,
+        pki: TestPki {
+            ca_pem: String::new(),
+            cert_pem: String::new(),
+            key_pem: String::new(),
+        },
+        expect: GATEWAY_NS,
+        path: "/e2e/replicas",
+    };
+    let t = Target {
+        addr,
+        host: GATEWAY_HOST,
+        path: served.path,
+        ca_pem: None,
+    };
+    let start = Instant::now();
+    let mut tally = LoopTally::default();
+    while !stop.load(std::sync::atomic::Ordering::Relaxed)
+        && tally.ok + tally.failed < LOOP_MAX_REQUESTS
+        && start.elapsed() < LOOP_MAX_TIME
+    {
+        let outcome = match client::get(&allowed, Version::H1, &t).await {
+            Ok(r) => check(&served, Version::H1, &r),
+            Err(e) => Err(e.to_string()),
+        };
+        match outcome {
+            Ok(()) => tally.ok += 1,
+            Err(e) => {
+                tally.failed += 1;
+                if tally.first_failures.len() < 5 {
+                    tally
+                        .first_failures
+                        .push(format!("{:.1}s: {e}", start.elapsed().as_secs_f64()));
+                }
+            }
+        }
+    }
+    tally
+}
+
+/// With three replicas (the chart's Deployment scaled to 3 for the test, then back): every dataplane serves
+/// the same config (content hash), exactly one controller leads (its metric and the Lease agree), and
+/// deleting the leader's pod moves the leadership to another pod while a request loop through the
+/// Gateway's address sees no failed request; the new leader writes statuses (a route change gets its
+/// status at the new generation and is served).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the installed chart on a cluster: run e2e/run.sh"]
+async fn three_replicas_serve_one_config_and_survive_the_leaders_death() {
+    let env = cluster::env("three_replicas_serve_one_config_and_survive_the_leaders_death").await;
+    let _g = LOCK.lock().await;
+    let (deployment, before, lease) = match chart_deployment(&env).await {
+        Ok(d) => d,
+        Err(e) => return report(Err(e)),
+    };
+    let result = replicas_scenario(&env, &deployment, &lease).await;
+    // Back to the installed count whatever happened (the other tests assume one pod).
+    let restored = async {
+        scale(&env, &deployment, before).await?;
+        ready_pods(&env, usize::try_from(before).unwrap_or(1)).await
+    }
+    .await;
+    report(result.and(restored.map(|_| ())));
+}
+
+async fn replicas_scenario(env: &Env, deployment: &str, lease: &str) -> Result<()> {
+    let s = gateway_fixture(env).await?;
+    cluster::apply(&env.client, http_route(None)).await?;
+    scale(env, deployment, REPLICAS).await?;
+    let pods = ready_pods(env, REPLICAS as usize).await?;
+    let hash = one_config(env, &pods).await?;
+    let leader = one_leader(env, &pods, lease).await?;
+    println!("{REPLICAS} replicas {pods:?} serve config {hash}; leader {leader}");
+    fetch_all(env, &s).await?;
+
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let looping = tokio::spawn(request_loop(env.allowed, s.addr, stop.clone()));
+    // Let the loop run before the kill, so it covers a steady state too.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let pods_api: kube::Api<k8s_openapi::api::core::v1::Pod> =
+        kube::Api::namespaced(env.client.clone(), &env.namespace);
+    let killed_at = Instant::now();
+    let outcome = async {
+        pods_api
+            .delete(&leader, &kube::api::DeleteParams::default())
+            .await
+            .map_err(Error::kube(format!("delete the leader's pod {leader}")))?;
+        // A replacement pod comes; the leadership moves to a pod other than the deleted one.
+        let pods = ready_pods(env, REPLICAS as usize).await?;
+        let new_leader = one_leader(env, &pods, lease).await?;
+        if new_leader == leader {
+            return Err(Error::Config(format!(
+                "{leader} still leads after its deletion"
+            )));
+        }
+        println!(
+            "leader {leader} deleted; {new_leader} leads {:.1}s later",
+            killed_at.elapsed().as_secs_f64()
+        );
+        // The new leader writes statuses: a route change gets its status at the new generation and is
+        // served by every dataplane (the same config again, a new hash).
+        change_route_and_see_it_served(env, &s).await?;
+        route_condition(env, "echo", "Accepted", "True", None).await?;
+        let changed = one_config(env, &pods).await?;
+        if changed == hash {
+            return Err(Error::Config(
+                "the route change did not change the served config".into(),
+            ));
+        }
+        cluster::apply(&env.client, http_route(None)).await?;
+        route_condition(env, "echo", "Accepted", "True", None).await?;
+        one_config(env, &pods).await?;
+        // The loop covers the old pod's whole end (preStop sleep, SIGTERM, drain, exit).
+        eventually(
+            &format!("the deleted pod {leader} gone"),
+            CONVERGE,
+            POLL,
+            || async {
+                match pods_api.get_opt(&leader).await {
+                    Ok(None) => Ok(()),
+                    Ok(Some(_)) => Err("still there".to_string()),
+                    Err(e) => Err(e.to_string()),
+                }
+            },
+        )
+        .await?;
+        Ok::<(), Error>(())
+    }
+    .await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let tally = looping
+        .await
+        .map_err(|e| Error::Config(format!("request loop: {e}")))?;
+    println!(
+        "request loop across the leader's death: {} ok, {} failed over {:.1}s",
+        tally.ok,
+        tally.failed,
+        killed_at.elapsed().as_secs_f64() + 2.0
+    );
+    outcome?;
+    if tally.failed > 0 || tally.ok < 20 {
+        return Err(Error::Config(format!(
+            "request loop: {} ok, {} failed (first: {:?})",
+            tally.ok, tally.failed, tally.first_failures
+        )));
+    }
+    Ok(())
+}

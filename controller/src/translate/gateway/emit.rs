@@ -373,14 +373,18 @@ pub(super) fn virtual_host(group: &Group, host: String, routes: Vec<Route>) -> V
     }
 }
 
-/// The dataplane listener of an L4 group with its routes (`routes` in collection order),
-/// or None when no route is left (the config requires at least one; it stays programmed in
-/// status).
+/// The dataplane listener of an L4 group with its routes (`routes` in collection order).
+/// A group without a route left (none attached yet, or every backend of every rule
+/// unresolved) still gets its listener, without routes: the listener is programmed in
+/// status and its Service forwards to the port, so the dataplane must accept there and close
+/// the connection, as for a connection no route matches. Leaving the port closed made clients
+/// see "connection refused" (a RST from the Pod, once kube-proxy forwards straight to it)
+/// where the Gateway API wants an accepted and then closed connection.
 pub(super) fn l4_listener(
     gw: &OwnedGateway,
     group: &Group,
     mut routes: Vec<PortL4Route>,
-) -> Option<Listener> {
+) -> Listener {
     let mut listener = group.listener.clone();
     routes.sort_by(|a, b| a.0.cmp(&b.0));
     for (_, li, mut r) in routes {
@@ -403,7 +407,7 @@ pub(super) fn l4_listener(
         listener.l4_routes.push(r);
     }
     unique_l4_names(&mut listener.l4_routes);
-    (!listener.l4_routes.is_empty()).then_some(listener)
+    listener
 }
 
 /// An L4 entry as its group keeps it: reached through a Terminate listener, the dataplane
@@ -475,9 +479,7 @@ pub(super) fn emit(
                 b.listeners.push(group.listener.clone());
             } else {
                 let routes = l4.remove(&(g, group.port, group.udp)).unwrap_or_default();
-                if let Some(listener) = l4_listener(gw, group, routes) {
-                    b.listeners.push(listener);
-                }
+                b.listeners.push(l4_listener(gw, group, routes));
             }
         }
         status(b, gw);

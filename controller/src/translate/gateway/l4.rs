@@ -1,6 +1,6 @@
 //! TLSRoute (passthrough by SNI), TCPRoute and UDPRoute rules into sweety-config L4 routes.
 //! Backends that do not resolve are left out and reported; a rule with none left has no
-//! L4 route (connections to it are refused).
+//! L4 route (its connections match no route: the listener accepts and closes them).
 
 use super::backend;
 use super::listeners::{Problem, RouteKind};

@@ -198,9 +198,16 @@ impl VhostMemo {
         }
         let layout = emit::layout(b, &world.gateways);
         let mut listeners = BTreeMap::new();
-        for lay in &layout {
-            for group in lay.groups.iter().filter(|g| g.is_http()) {
-                let item = Item::new(group.listener.clone());
+        for (gw, lay) in world.gateways.iter().zip(&layout) {
+            for group in &lay.groups {
+                // An L4 group starts without routes (its port is bound all the same: see
+                // `emit::l4_listener`); the routes that reach it mark it dirty in `sync`.
+                let listener = if group.is_http() {
+                    group.listener.clone()
+                } else {
+                    emit::l4_listener(gw, group, Vec::new())
+                };
+                let item = Item::new(listener);
                 if listeners
                     .insert(group.listener.name.clone(), item)
                     .is_some()
@@ -514,7 +521,7 @@ impl VhostMemo {
                 .into_iter()
                 .flat_map(|per| per.values().flatten().cloned())
                 .collect();
-            let listener = emit::l4_listener(gw, group, routes);
+            let listener = Some(emit::l4_listener(gw, group, routes));
             set(
                 &mut self.listeners,
                 group.listener.name.clone(),

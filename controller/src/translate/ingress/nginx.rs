@@ -111,38 +111,178 @@ pub struct Annotations {
     pub refuse: Option<(u16, String)>,
 }
 
-/// Security annotations Sweety does not implement: a path carrying one answers 403 unless
-/// `Params::ignore_unsupported_security_annotations` (exact names, then prefixes).
-const SECURITY_EXACT: &[&str] = &[
-    "auth-url",
-    "auth-signin",
-    "auth-method",
-    "auth-response-headers",
-    "auth-request-redirect",
-    "auth-cache-key",
-    "auth-proxy-set-headers",
-    "auth-always-set-cookie",
-    "enable-modsecurity",
-    "enable-owasp-core-rules",
-    "modsecurity-transaction-id",
-    "satisfy",
-    "global-auth-url",
-];
-const SECURITY_PREFIXES: &[&str] = &[
-    "auth-tls-",
-    "auth-keepalive",
-    "auth-signin-",
-    "modsecurity-",
+/// How Sweety treats one ingress-nginx annotation: the one table the translator's fail-closed
+/// rule ([`is_security`]), the migration report (`crate::migrate_report`) and the annotation
+/// table of docs/migrating-from-ingress-nginx.md read (a test checks each entry against what
+/// [`Annotations::parse`] does with its example value).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Support {
+    /// Applied as ingress-nginx applies it.
+    Honoured,
+    /// Applied, with a difference the note says.
+    HonouredDifferently,
+    /// Not implemented, and a protection: the Ingress's paths are refused (403; 503 for
+    /// snippets) rather than served without it.
+    RefusedFailClosed,
+    /// Not applied, reported as an Event; not a protection.
+    IgnoredHarmless,
+}
+
+impl Support {
+    /// The words used in the report and the docs.
+    pub fn label(self) -> &'static str {
+        match self {
+            Support::Honoured => "honoured",
+            Support::HonouredDifferently => "honoured differently",
+            Support::RefusedFailClosed => "refused (fail closed)",
+            Support::IgnoredHarmless => "ignored (harmless)",
+        }
+    }
+}
+
+/// One row of [`ANNOTATIONS`]: a name without the prefix (`x-*`: every name starting with
+/// `x-`; `*-x`: every name ending in `-x`), how it is treated, a note, and a value the table
+/// test tries.
+#[derive(Debug)]
+pub struct AnnotationSpec {
+    /// The annotation name without [`PREFIX`], or a `*` pattern.
+    pub name: &'static str,
+    /// How it is treated.
+    pub support: Support,
+    /// What differs, or why it is refused or ignored.
+    pub note: &'static str,
+    /// A value the table test gives it.
+    pub example: &'static str,
+}
+
+const fn spec(
+    name: &'static str,
+    support: Support,
+    note: &'static str,
+    example: &'static str,
+) -> AnnotationSpec {
+    AnnotationSpec {
+        name,
+        support,
+        note,
+        example,
+    }
+}
+
+use Support::{
+    HonouredDifferently as Differently, IgnoredHarmless as Ignored, RefusedFailClosed as Refused,
+};
+
+/// Every ingress-nginx annotation Sweety knows, in the order of the docs table. Names not in
+/// it are ignored (reported as `UnsupportedAnnotation`).
+pub const ANNOTATIONS: &[AnnotationSpec] = &[
+    spec("app-root", Support::Honoured, "`/` redirects (302) to the root", "/app"),
+    spec("affinity", Support::Honoured, "`cookie` only", "cookie"),
+    spec("affinity-mode", Differently, "accepted; sessions stick as in `balanced` mode", "persistent"),
+    spec("session-cookie-name", Support::Honoured, "default `INGRESSCOOKIE`", "route"),
+    spec("session-cookie-path", Support::Honoured, "", "/"),
+    spec("session-cookie-max-age", Support::Honoured, "", "3600"),
+    spec("session-cookie-expires", Support::Honoured, "", "3600"),
+    spec("session-cookie-secure", Support::Honoured, "", "true"),
+    spec("session-cookie-samesite", Support::Honoured, "", "Lax"),
+    spec("upstream-hash-by", Differently, "`$remote_addr`, `$binary_remote_addr`, `$http_<header>`, `$cookie_<name>` only (ring hash); other variables are ignored", "$remote_addr"),
+    spec("backend-protocol", Support::Honoured, "HTTP, HTTPS, GRPC (h2c), GRPCS, H2C; AJP and FCGI are ignored", "GRPC"),
+    spec("canary", Support::Honoured, "weighted canaries", "true"),
+    spec("canary-weight", Support::Honoured, "", "10"),
+    spec("canary-weight-total", Support::Honoured, "", "100"),
+    spec("enable-cors", Support::Honoured, "", "true"),
+    spec("cors-allow-origin", Support::Honoured, "origins that are not `*` or `scheme://host[:port]` are dropped", "https://a.example"),
+    spec("cors-allow-methods", Support::Honoured, "", "GET, POST"),
+    spec("cors-allow-headers", Support::Honoured, "", "X-Token"),
+    spec("cors-allow-credentials", Support::Honoured, "not with origin `*`", "true"),
+    spec("cors-max-age", Support::Honoured, "", "600"),
+    spec("cors-expose-headers", Support::Honoured, "", "X-Id"),
+    spec("permanent-redirect", Support::Honoured, "", "https://new.example/"),
+    spec("permanent-redirect-code", Support::Honoured, "", "308"),
+    spec("temporal-redirect", Support::Honoured, "", "https://new.example/"),
+    spec("rewrite-target", Differently, "a target without `$n`, or the `<prefix>(/|$)(.*)` + `/$2` idiom; other capture groups: the path is not rewritten (Event)", "/"),
+    spec("use-regex", Differently, "anchored at the start like nginx's `~*` locations but case-sensitive", "true"),
+    spec("ssl-redirect", Support::Honoured, "on by default for hosts with TLS; `/.well-known/acme-challenge` is never redirected", "false"),
+    spec("force-ssl-redirect", Differently, "also redirects hosts without TLS here", "true"),
+    spec("proxy-read-timeout", Differently, "with `proxy-connect-timeout`: their sum is the whole request's timeout, not nginx's idle time between reads", "60"),
+    spec("proxy-connect-timeout", Differently, "see `proxy-read-timeout`", "5"),
+    spec("limit-rps", Differently, "per client IP, answers 429 (nginx: 503)", "10"),
+    spec("limit-rpm", Differently, "per client IP, answers 429 (nginx: 503)", "600"),
+    spec("limit-burst-multiplier", Support::Honoured, "", "5"),
+    spec("limit-connections", Differently, "requests in flight per client IP, answers 429 (nginx: 503)", "10"),
+    spec("whitelist-source-range", Support::Honoured, "entries that cannot be parsed fail closed (403)", "10.0.0.0/8"),
+    spec("allowlist-source-range", Support::Honoured, "as `whitelist-source-range`", "10.0.0.0/8"),
+    spec("denylist-source-range", Support::Honoured, "entries that cannot be parsed fail closed (403)", "192.0.2.0/24"),
+    spec("auth-type", Differently, "`basic` only (`digest` fails closed, 503); a missing or unusable Secret fails closed (503)", "basic"),
+    spec("auth-secret", Differently, "the Ingress's own namespace only; htpasswd bcrypt, `$apr1$` and `{SHA}` entries (others are refused one by one)", "basic-auth"),
+    spec("auth-secret-type", Support::Honoured, "`auth-file` or `auth-map`", "auth-file"),
+    spec("auth-realm", Support::Honoured, "", "Staff"),
+    spec("auth-url", Refused, "external authentication is not implemented yet", "http://auth.example/verify"),
+    spec("auth-signin", Refused, "see `auth-url`", "https://auth.example/start"),
+    spec("auth-signin-*", Refused, "see `auth-url`", "x"),
+    spec("auth-method", Refused, "see `auth-url`", "GET"),
+    spec("auth-response-headers", Refused, "see `auth-url`", "X-User"),
+    spec("auth-request-redirect", Refused, "see `auth-url`", "/"),
+    spec("auth-cache-key", Refused, "see `auth-url`", "$remote_user"),
+    spec("auth-proxy-set-headers", Refused, "see `auth-url`", "ns/cm"),
+    spec("auth-always-set-cookie", Refused, "see `auth-url`", "true"),
+    spec("auth-keepalive*", Refused, "see `auth-url`", "10"),
+    spec("global-auth-url", Refused, "see `auth-url`", "http://auth.example/"),
+    spec("auth-tls-*", Refused, "client certificates on Ingress hosts are not implemented yet", "on"),
+    spec("satisfy", Refused, "not implemented", "any"),
+    spec("enable-modsecurity", Refused, "no WAF", "true"),
+    spec("enable-owasp-core-rules", Refused, "no WAF", "true"),
+    spec("modsecurity-transaction-id", Refused, "no WAF", "x"),
+    spec("modsecurity-*", Refused, "no WAF", "x"),
+    spec("proxy-ssl-*", Refused, "backend certificate verification for Ingress is not implemented; `proxy-ssl-verify: off` asks for nothing and is accepted", "on"),
+    spec("*-snippet", Refused, "raw nginx configuration is never run: the whole Ingress answers 503 (unless the operator sets ignoreSnippets)", "return 200;"),
+    spec("proxy-body-size", Ignored, "no per-route limit; the dataplane-wide `limits.max_request_body_bytes` applies", "8m"),
 ];
 
-/// Whether an annotation (without the prefix) asks for a protection Sweety does not implement.
-/// `proxy-ssl-*` (verifying the backend's certificate, the client certificate shown to it, the
-/// name checked, protocols) is one too, except `proxy-ssl-verify: off`, which asks for nothing.
+/// The row of [`ANNOTATIONS`] for `name` (without the prefix): exact first, then patterns.
+pub fn annotation_spec(name: &str) -> Option<&'static AnnotationSpec> {
+    ANNOTATIONS.iter().find(|s| s.name == name).or_else(|| {
+        ANNOTATIONS.iter().find(|s| {
+            if let Some(p) = s.name.strip_suffix('*') {
+                name.starts_with(p)
+            } else if let Some(x) = s.name.strip_prefix('*') {
+                name.ends_with(x)
+            } else {
+                false
+            }
+        })
+    })
+}
+
+/// The annotation table of docs/migrating-from-ingress-nginx.md, from [`ANNOTATIONS`].
+pub fn markdown_table() -> String {
+    let mut out = String::from(
+        "| Annotation (`nginx.ingress.kubernetes.io/…`) | Sweety | Notes |\n|---|---|---|\n",
+    );
+    for s in ANNOTATIONS {
+        out.push_str(&format!(
+            "| `{}` | {} | {} |\n",
+            s.name,
+            s.support.label(),
+            s.note.replace('|', "\\|")
+        ));
+    }
+    out.push_str(
+        "| anything else | ignored (harmless) | reported as an `UnsupportedAnnotation` Event |\n",
+    );
+    out
+}
+
+/// Whether an annotation (without the prefix) asks for a protection Sweety does not implement
+/// (refused in [`ANNOTATIONS`], snippets aside). `proxy-ssl-*` (verifying the backend's
+/// certificate, the client certificate shown to it, the name checked, protocols) is one too,
+/// except `proxy-ssl-verify: off`, which asks for nothing.
 fn is_security(name: &str, value: &str) -> bool {
-    SECURITY_EXACT.contains(&name)
-        || SECURITY_PREFIXES.iter().any(|p| name.starts_with(p))
-        || (name.starts_with("proxy-ssl-")
-            && !(name == "proxy-ssl-verify" && value.trim() == "off"))
+    if name == "proxy-ssl-verify" && value.trim() == "off" {
+        return false;
+    }
+    annotation_spec(name).is_some_and(|s| s.support == Refused && !s.name.ends_with("snippet"))
 }
 
 /// An nginx allow/deny list entry as nginx reads it: an address, or `address/prefix` whose
@@ -1298,6 +1438,83 @@ mod tests {
             let cidr = Cidr::parse(&m).unwrap();
             assert!(cidr.contains(addr), "{addr}/{prefix} -> {m}");
             assert_eq!(masked_cidr(&m).unwrap(), m);
+        }
+    }
+
+    /// Every row of ANNOTATIONS says what `Annotations::parse` really does with its example
+    /// value: honoured rows raise no Unsupported* Event, ignored ones an UnsupportedAnnotation
+    /// Event and no refusal, refused ones refuse the Ingress; a name in no row is ignored.
+    #[test]
+    fn the_table_is_what_the_parser_does() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+        let parse = |name: &str, value: &str| {
+            let mut annotations: BTreeMap<String, String> =
+                [(format!("{PREFIX}{name}"), value.to_string())].into();
+            // The basic-auth settings are read with `auth-type: basic` only.
+            if matches!(name, "auth-secret" | "auth-secret-type" | "auth-realm") {
+                annotations.insert(format!("{PREFIX}auth-type"), "basic".into());
+            }
+            let ing = Ingress {
+                metadata: ObjectMeta {
+                    name: Some("i".into()),
+                    namespace: Some("n".into()),
+                    annotations: Some(annotations),
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            let mut report = Report::default();
+            let a = Annotations::parse(&ing, &Params::default(), &[], &mut report);
+            (a, report)
+        };
+        for s in ANNOTATIONS {
+            let name = s.name.replace("*-", "configuration-").replace('*', "x");
+            let (a, report) = parse(&name, s.example);
+            let unsupported = report
+                .conditions
+                .iter()
+                .any(|c| c.reason.starts_with("Unsupported") && c.message.contains(name.as_str()));
+            match s.support {
+                Support::Honoured | Support::HonouredDifferently => {
+                    assert!(!unsupported, "{name}: {:?}", report.conditions)
+                }
+                Support::IgnoredHarmless => assert!(
+                    unsupported && a.refuse.is_none(),
+                    "{name}: {:?}",
+                    report.conditions
+                ),
+                Support::RefusedFailClosed => {
+                    assert!(a.refuse.is_some(), "{name}: {:?}", report.conditions)
+                }
+            }
+        }
+        let (a, report) = parse("no-such-annotation", "x");
+        assert!(a.refuse.is_none());
+        assert_eq!(report.conditions[0].reason, "UnsupportedAnnotation");
+        assert!(annotation_spec("no-such-annotation").is_none());
+        assert_eq!(
+            annotation_spec("server-snippet").map(|s| s.support),
+            Some(Support::RefusedFailClosed)
+        );
+    }
+
+    /// docs/migrating-from-ingress-nginx.md carries the table rendered from ANNOTATIONS
+    /// (`SWEETY_BLESS=1` rewrites it).
+    #[test]
+    fn the_docs_table_is_current() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../docs/migrating-from-ingress-nginx.md");
+        let doc = std::fs::read_to_string(&path).unwrap();
+        let (begin, end) = ("<!-- annotations:begin -->\n", "<!-- annotations:end -->");
+        let i = doc.find(begin).expect("begin marker") + begin.len();
+        let j = doc.find(end).expect("end marker");
+        let want = markdown_table();
+        if doc[i..j] != want {
+            if std::env::var_os("SWEETY_BLESS").is_some() {
+                std::fs::write(&path, format!("{}{want}{}", &doc[..i], &doc[j..])).unwrap();
+            } else {
+                panic!("the annotation table of {} is stale: SWEETY_BLESS=1 cargo test -p sweety-controller the_docs_table", path.display());
+            }
         }
     }
 

@@ -1,0 +1,380 @@
+//! The dataplane's metrics as a Prometheus server sees them: real requests over real sockets
+//! (success, 404, 502, upstream timeout, retry, cache hit, hostile hosts and paths), then a
+//! scrape of the admin listener's `/metrics`, asserting the exact samples they produced. Also
+//! checks that the Grafana dashboard and the PrometheusRule of the chart name only metrics
+//! the dataplane exposes (the controller's are checked by the controller's tests).
+//!
+//! Every request is bounded by the client's and the backends' timeouts; every loop by a count.
+
+mod common;
+
+use bytes::Bytes;
+use common::*;
+use http_body_util::Full;
+use std::collections::{BTreeSet, HashMap};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use sweety_config::*;
+
+/// A backend: `/slow` answers after 2 s, `/flaky` answers 503 the first time and 200 after,
+/// `/cached` is cacheable, anything else 200.
+async fn origin() -> SocketAddr {
+    let seen: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
+    spawn_http_backend(move |req| {
+        let seen = seen.clone();
+        async move {
+            let path = req.uri().path().to_string();
+            let n = {
+                let mut m = seen.lock().unwrap();
+                let e = m.entry(path.clone()).or_default();
+                *e += 1;
+                *e
+            };
+            let b = http::Response::builder();
+            let b = match path.as_str() {
+                "/slow" => {
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                    b.status(200)
+                }
+                "/flaky" if n == 1 => b.status(503),
+                "/cached" => b.header("cache-control", "public, max-age=60"),
+                _ => b.status(200),
+            };
+            b.body(Full::new(Bytes::from("ok"))).unwrap()
+        }
+    })
+    .await
+}
+
+/// An address nothing listens on (bound, then closed).
+async fn closed_port() -> SocketAddr {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    l.local_addr().unwrap()
+}
+
+async fn send(c: &Client, addr: SocketAddr, method: &str, path: &str, host: &str) -> u16 {
+    let req = http::Request::builder()
+        .method(method)
+        .uri(format!("http://{addr}{path}"))
+        .header("host", host)
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let resp = tokio::time::timeout(Duration::from_secs(10), c.request(req))
+        .await
+        .expect("bounded")
+        .expect("response");
+    let status = resp.status().as_u16();
+    // Read the body: the request is counted when its response head is made, its bytes when
+    // the body ends.
+    let _ = http_body_util::BodyExt::collect(resp.into_body()).await;
+    status
+}
+
+async fn scrape(admin: SocketAddr) -> String {
+    let (status, text) = get(&h1_client(), &format!("http://{admin}/metrics"), None)
+        .await
+        .unwrap();
+    assert_eq!(status, 200);
+    text
+}
+
+fn lines_of<'a>(text: &'a str, prefix: &str) -> Vec<&'a str> {
+    text.lines().filter(|l| l.starts_with(prefix)).collect()
+}
+
+#[tokio::test]
+async fn real_requests_produce_exact_samples_by_route_backend_method_and_code() {
+    let up = origin().await;
+    let (dead_a, dead_b) = (closed_port().await, closed_port().await);
+    let mut flaky = proxy_route("default/flaky", "/flaky", "default/svc");
+    flaky.retry = Some(RetryPolicy {
+        attempts: 1,
+        codes: vec![503],
+        backoff: None,
+    });
+    let mut slow = proxy_route("default/slow", "/slow", "default/svc");
+    slow.timeouts.backend = Some(sweety_config::Duration::from_millis(200));
+    let mut cached = proxy_route("default/cached", "/cached", "default/svc");
+    cached.filters.push(Filter::Cache(CachePolicy::default()));
+    let mut dead = backend("default/dead", dead_a);
+    dead.endpoints.push(Endpoint {
+        address: dead_b.to_string(),
+        weight: 1,
+    });
+    dead.outlier.consecutive_failures = 2;
+    let cfg = Config {
+        backends: vec![backend("default/svc", up), dead],
+        ..http_config(vec![vhost(
+            "shop",
+            &["shop.test"],
+            vec![
+                proxy_route("default/ok", "/ok", "default/svc"),
+                flaky,
+                slow,
+                cached,
+                proxy_route("default/dead", "/dead", "default/dead"),
+                fixed_route("default/static", "/static", "hello"),
+            ],
+        )])
+    };
+    let h = Harness::start(cfg).await;
+    let web = h.addr("web").await;
+    let admin =
+        sweety_dataplane::admin::serve(h.runtime.shared.clone(), "127.0.0.1:0".parse().unwrap())
+            .await
+            .unwrap();
+    let c = h1_client();
+    let host = "shop.test";
+    for _ in 0..3 {
+        assert_eq!(send(&c, web, "GET", "/ok", host).await, 200);
+    }
+    assert_eq!(send(&c, web, "POST", "/ok", host).await, 200);
+    assert_eq!(send(&c, web, "BREW", "/ok", host).await, 200);
+    assert_eq!(send(&c, web, "GET", "/static", host).await, 200);
+    assert_eq!(send(&c, web, "GET", "/nothing", host).await, 404);
+    assert_eq!(send(&c, web, "GET", "/flaky", host).await, 200);
+    assert_eq!(send(&c, web, "GET", "/slow", host).await, 504);
+    for _ in 0..4 {
+        assert_eq!(send(&c, web, "GET", "/dead", host).await, 502);
+    }
+    assert_eq!(send(&c, web, "GET", "/cached", host).await, 200);
+    assert_eq!(send(&c, web, "GET", "/cached", host).await, 200);
+
+    let text = scrape(admin).await;
+    let req = |route: &str, backend: &str, method: &str, code: &str, n: u64| {
+        format!("sweety_requests_total{{listener=\"web\",route=\"{route}\",backend=\"{backend}\",method=\"{method}\",code=\"{code}\"}} {n}")
+    };
+    let mut want = vec![
+        req("-", "-", "GET", "404", 1),
+        req("default/cached", "-", "GET", "200", 1),
+        req("default/cached", "default/svc", "GET", "200", 1),
+        req("default/dead", "default/dead", "GET", "502", 4),
+        req("default/flaky", "default/svc", "GET", "200", 1),
+        req("default/ok", "default/svc", "GET", "200", 3),
+        req("default/ok", "default/svc", "POST", "200", 1),
+        req("default/ok", "default/svc", "other", "200", 1),
+        req("default/slow", "default/svc", "GET", "504", 1),
+        req("default/static", "-", "GET", "200", 1),
+    ];
+    want.sort();
+    let mut got = lines_of(&text, "sweety_requests_total{");
+    got.sort();
+    assert_eq!(got, want, "{text}");
+
+    for line in [
+        // Latency: every request of a triple; the upstream one only where a backend answered.
+        "sweety_route_request_duration_seconds_count{listener=\"web\",route=\"default/ok\",backend=\"default/svc\"} 5",
+        "sweety_upstream_response_duration_seconds_count{listener=\"web\",route=\"default/ok\",backend=\"default/svc\"} 5",
+        "sweety_route_request_duration_seconds_count{listener=\"web\",route=\"default/slow\",backend=\"default/svc\"} 1",
+        // The timed-out try: at least 0.1 s (the route's 0.2 s backend timeout), under 1 s.
+        "sweety_route_request_duration_seconds_bucket{listener=\"web\",route=\"default/slow\",backend=\"default/svc\",le=\"0.1\"} 0",
+        "sweety_route_request_duration_seconds_bucket{listener=\"web\",route=\"default/slow\",backend=\"default/svc\",le=\"1\"} 1",
+        // Errors, retries and ejections by backend.
+        "sweety_upstream_errors_total{backend=\"default/dead\",kind=\"connect\"} 4",
+        "sweety_upstream_errors_total{backend=\"default/svc\",kind=\"timeout\"} 1",
+        "sweety_upstream_retries_total{backend=\"default/svc\"} 1",
+        "sweety_upstream_ejections_total{backend=\"default/dead\"} 1",
+        // The cache: one miss, one hit.
+        "sweety_cache_requests_total{result=\"hit\"} 1",
+        "sweety_cache_requests_total{result=\"miss\"} 1",
+        // By protocol: all 15 requests over HTTP/1.1.
+        "sweety_request_duration_seconds_count{protocol=\"HTTP/1.1\"} 15",
+        "sweety_config_reloads_total{result=\"success\"} 1",
+        "sweety_config_apply_duration_seconds_count 1",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line} not in\n{text}");
+    }
+    // No upstream latency where no backend answered.
+    assert!(!text.contains(
+        "sweety_upstream_response_duration_seconds_count{listener=\"web\",route=\"default/dead\""
+    ));
+    assert!(!text.contains(
+        "sweety_upstream_response_duration_seconds_count{listener=\"web\",route=\"default/static\""
+    ));
+}
+
+#[tokio::test]
+async fn hostile_hosts_paths_and_methods_make_no_series() {
+    let cfg = http_config(vec![vhost(
+        "shop",
+        &["shop.test"],
+        vec![fixed_route("default/static", "/static", "hello")],
+    )]);
+    let h = Harness::start(cfg).await;
+    let web = h.addr("web").await;
+    let admin =
+        sweety_dataplane::admin::serve(h.runtime.shared.clone(), "127.0.0.1:0".parse().unwrap())
+            .await
+            .unwrap();
+    let c = h1_client();
+    assert_eq!(send(&c, web, "GET", "/static", "shop.test").await, 200);
+    assert_eq!(send(&c, web, "GET", "/nothing", "shop.test").await, 404);
+    let before = scrape(admin).await;
+    for i in 0..50 {
+        let status = send(
+            &c,
+            web,
+            ["GET", "EVIL-METHOD"][i % 2],
+            &format!("/evil-path-{i}/%22%7D"),
+            &format!("evil-host-{i}.example"),
+        )
+        .await;
+        assert_eq!(status, 404);
+        assert_eq!(
+            send(&c, web, "GET", &format!("/static/evil-{i}"), "shop.test").await,
+            200
+        );
+    }
+    let after = scrape(admin).await;
+    assert!(!after.contains("evil"), "client input in a label:\n{after}");
+    let series = |t: &str| {
+        t.lines()
+            .filter(|l| !l.starts_with('#'))
+            .map(|l| l.rsplit_once(' ').unwrap().0.to_string())
+            .collect::<BTreeSet<_>>()
+    };
+    let new: Vec<_> = series(&after)
+        .difference(&series(&before))
+        .cloned()
+        .collect();
+    // The only new series: the other-method counter of the unrouted requests.
+    assert_eq!(
+        new,
+        ["sweety_requests_total{listener=\"web\",route=\"-\",backend=\"-\",method=\"other\",code=\"404\"}"],
+        "{after}"
+    );
+    assert!(after.lines().any(|l| l == "sweety_requests_total{listener=\"web\",route=\"-\",backend=\"-\",method=\"GET\",code=\"404\"} 26"));
+    assert!(after.lines().any(|l| l == "sweety_requests_total{listener=\"web\",route=\"default/static\",backend=\"-\",method=\"GET\",code=\"200\"} 51"));
+}
+
+/// Metric names a text exposition declares (`# TYPE`), with the `_bucket`, `_sum` and
+/// `_count` series of histograms.
+fn exposed_names(text: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    for l in text.lines() {
+        let Some(rest) = l.strip_prefix("# TYPE ") else {
+            continue;
+        };
+        let (name, kind) = rest.split_once(' ').unwrap();
+        names.insert(name.to_string());
+        if kind == "histogram" {
+            for s in ["_bucket", "_sum", "_count"] {
+                names.insert(format!("{name}{s}"));
+            }
+        }
+    }
+    names
+}
+
+/// The `sweety_*` names (not the controller's) used in a dashboard or rules file.
+fn dataplane_names_used(text: &str) -> BTreeSet<String> {
+    let mut used = BTreeSet::new();
+    let b = text.as_bytes();
+    let mut i = 0;
+    while let Some(at) = text[i..].find("sweety_") {
+        let start = i + at;
+        let mut end = start;
+        while end < b.len() && (b[end].is_ascii_alphanumeric() || b[end] == b'_') {
+            end += 1;
+        }
+        let name = &text[start..end];
+        let boundary =
+            start == 0 || !(b[start - 1].is_ascii_alphanumeric() || b[start - 1] == b'_');
+        if boundary && name.len() > "sweety_".len() && !name.starts_with("sweety_controller_") {
+            used.insert(name.to_string());
+        }
+        i = end;
+    }
+    used
+}
+
+#[tokio::test]
+async fn dashboard_and_alert_rules_name_only_exposed_dataplane_metrics() {
+    let h = Harness::start(http_config(vec![])).await;
+    let admin =
+        sweety_dataplane::admin::serve(h.runtime.shared.clone(), "127.0.0.1:0".parse().unwrap())
+            .await
+            .unwrap();
+    let exposed = exposed_names(&scrape(admin).await);
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+    let mut checked = 0;
+    for file in [
+        "deploy/grafana/sweety.json",
+        "charts/sweety/files/prometheus-rules.yaml",
+    ] {
+        let Ok(text) = std::fs::read_to_string(format!("{root}/{file}")) else {
+            assert_ne!(
+                file, "deploy/grafana/sweety.json",
+                "the dashboard is missing"
+            );
+            continue;
+        };
+        let used = dataplane_names_used(&text);
+        assert!(!used.is_empty(), "{file} names no dataplane metric");
+        let missing: Vec<_> = used.difference(&exposed).collect();
+        assert!(
+            missing.is_empty(),
+            "{file} uses metrics the dataplane does not expose: {missing:?}"
+        );
+        checked += used.len();
+    }
+    assert!(checked > 0);
+}
+
+#[tokio::test]
+async fn tls_handshakes_errors_and_certificate_expiry_by_listener() {
+    let (cert, ca) = cert_for("shop.test");
+    let mut tls = listener("websecure", ListenerProtocol::Https);
+    tls.tls = Some(ListenerTls {
+        certificates: vec![cert],
+        min_version: TlsVersion::default(),
+        client_auth: None,
+    });
+    let cfg = Config {
+        generation: 1,
+        listeners: vec![tls],
+        virtual_hosts: vec![vhost(
+            "shop",
+            &["shop.test"],
+            vec![fixed_route("default/static", "/", "hello")],
+        )],
+        ..Config::default()
+    };
+    let h = Harness::start(cfg).await;
+    let addr = h.addr("websecure").await;
+    let admin =
+        sweety_dataplane::admin::serve(h.runtime.shared.clone(), "127.0.0.1:0".parse().unwrap())
+            .await
+            .unwrap();
+    for _ in 0..2 {
+        let (_, status, _) = tls_get(addr, "shop.test", &ca, &[b"http/1.1"], "/")
+            .await
+            .unwrap();
+        assert_eq!(status, 200);
+    }
+    // A client that does not speak TLS: one failed handshake.
+    {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"GET / HTTP/1.1\r\nhost: shop.test\r\n\r\n")
+            .await
+            .unwrap();
+        let mut buf = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut buf)).await;
+    }
+    let text = scrape(admin).await;
+    let expiry = sweety_dataplane::tls::not_after(ca.as_bytes()).unwrap();
+    for line in [
+        "sweety_tls_handshakes_total{listener=\"websecure\",transport=\"tcp\",version=\"TLSv1.3\"} 2".to_string(),
+        "sweety_tls_handshake_errors_total{listener=\"websecure\",transport=\"tcp\",reason=\"error\"} 1".to_string(),
+        format!("sweety_tls_certificate_expiry_timestamp_seconds{{listener=\"websecure\",hostname=\"shop.test\"}} {expiry}"),
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line} not in\n{text}");
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    assert!(expiry > now, "a fresh certificate expires in the future");
+}
