@@ -21,7 +21,6 @@ use std::collections::HashSet;
 use std::hash::{BuildHasherDefault, Hash, Hasher};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Duration;
 
 /// A counter family keyed by a label tuple.
 #[derive(Debug)]
@@ -97,39 +96,22 @@ pub const LATENCY_BUCKETS: [f64; 14] = [
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
 
-/// A fixed-bucket histogram.
-#[derive(Debug, Default)]
-pub struct Histogram {
-    buckets: [AtomicU64; LATENCY_BUCKETS.len()],
-    count: AtomicU64,
-    sum_micros: AtomicU64,
+/// A request latency histogram over [`LATENCY_BUCKETS`] (one per protocol): an
+/// [`AtomicHistogram`], the one histogram type of the metrics.
+#[derive(Debug)]
+pub struct Histogram(AtomicHistogram);
+
+impl Default for Histogram {
+    fn default() -> Self {
+        Histogram(AtomicHistogram::new(&LATENCY_BUCKETS))
+    }
 }
 
-impl Histogram {
-    /// Records one observation.
-    pub fn observe(&self, d: Duration) {
-        let secs = d.as_secs_f64();
-        if let Some(i) = LATENCY_BUCKETS.iter().position(|b| secs <= *b) {
-            self.buckets[i].fetch_add(1, Relaxed);
-        }
-        self.count.fetch_add(1, Relaxed);
-        self.sum_micros.fetch_add(d.as_micros() as u64, Relaxed);
-    }
-    /// Observations so far.
-    pub fn count(&self) -> u64 {
-        self.count.load(Relaxed)
-    }
+impl std::ops::Deref for Histogram {
+    type Target = AtomicHistogram;
 
-    fn value(&self) -> Value {
-        Value::Histogram {
-            sum: self.sum_micros.load(Relaxed) as f64 / 1e6,
-            count: self.count.load(Relaxed),
-            buckets: LATENCY_BUCKETS
-                .iter()
-                .zip(self.buckets.iter())
-                .map(|(b, n)| (*b, n.load(Relaxed)))
-                .collect(),
-        }
+    fn deref(&self) -> &AtomicHistogram {
+        &self.0
     }
 }
 
@@ -582,6 +564,7 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn renders_requests_by_route_and_protocol_histogram() {
