@@ -370,6 +370,16 @@ impl Metrics {
         self.health_checks.retain(|(b, _)| keep(b));
     }
 
+    /// Drops the per-listener counters (TLS handshakes, their failures, 0-RTT requests) of
+    /// listeners not in `live` (after a config with new settings), so that those maps hold
+    /// the listeners being served, not every name configs have used.
+    pub fn retain_listeners(&self, live: &HashSet<&str>) {
+        self.tls_handshakes.retain(|(l, _, _)| live.contains(&**l));
+        self.tls_handshake_errors
+            .retain(|(l, _, _)| live.contains(&**l));
+        self.early_data_requests.retain(|l| live.contains(&**l));
+    }
+
     /// Every family of a scrape, with its samples.
     pub fn exposition(&self) -> Exposition {
         let mut e = Exposition::default();
