@@ -141,13 +141,15 @@ impl BasicAuthRules {
                         _ => return Err(busy()),
                     };
                 let hash = hash.clone();
-                let r = tokio::task::spawn_blocking(move || {
+                // The permit moves into the blocking task: a request dropped meanwhile (the
+                // client went away) cannot free the slot while its bcrypt still runs, so at
+                // most `bcrypt_slots` checks burn CPU at once whatever clients do.
+                tokio::task::spawn_blocking(move || {
+                    let _permit = permit;
                     bcrypt::verify(&password, &hash).unwrap_or(false)
                 })
                 .await
-                .unwrap_or(false);
-                drop(permit);
-                r
+                .unwrap_or(false)
             }
         };
         if ok {
@@ -280,6 +282,58 @@ mod tests {
             "Basic {}",
             base64::engine::general_purpose::STANDARD.encode(user_pass)
         )
+    }
+
+    /// Tests that take bcrypt slots (process-wide) run one at a time.
+    static SLOTS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+    fn rules(users: &[(&str, &str)]) -> BasicAuthRules {
+        BasicAuthRules::new(&BasicAuth {
+            realm: "r".into(),
+            users: users
+                .iter()
+                .map(|(n, h)| sweety_config::BasicAuthUser {
+                    name: n.to_string(),
+                    hash: h.to_string(),
+                })
+                .collect(),
+        })
+    }
+
+    /// Waits (bounded) until `n` bcrypt slots are free.
+    async fn until_free(n: usize) -> usize {
+        for _ in 0..20_000 {
+            if BCRYPT.available_permits() == n {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        BCRYPT.available_permits()
+    }
+
+    /// A request dropped while its bcrypt runs (the client went away) keeps the slot until
+    /// bcrypt ends: clients that hang up cannot run more than `bcrypt_slots` checks at once.
+    #[tokio::test]
+    async fn dropped_request_keeps_its_bcrypt_slot() {
+        let _serial = SLOTS.lock().await;
+        let slots = bcrypt_slots();
+        let held = BCRYPT.acquire_many(slots as u32 - 1).await.unwrap();
+        let hash = bcrypt::hash("pw", 8).unwrap();
+        let r = Arc::new(rules(&[("alice", &hash)]));
+        let task = tokio::spawn({
+            let r = r.clone();
+            async move { r.check(&headers(&[&basic("alice:wrong")])).await.is_ok() }
+        });
+        assert_eq!(until_free(0).await, 0, "the check takes the last slot");
+        task.abort();
+        assert!(task.await.is_err(), "the request was dropped mid-check");
+        assert_eq!(
+            BCRYPT.available_permits(),
+            0,
+            "a dropped request freed its slot while its bcrypt still ran"
+        );
+        assert_eq!(until_free(1).await, 1, "the slot is back when bcrypt ends");
+        drop(held);
     }
 
     #[test]
