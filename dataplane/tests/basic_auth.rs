@@ -159,6 +159,20 @@ async fn basic_auth_formats_and_refusals_over_h1_and_h2() {
                 ("other scheme", "/sha", "Bearer abc".to_string()),
                 ("no credentials", "/sha", "Basic".to_string()),
                 ("huge", "/sha", format!("Basic {}", "QUFB".repeat(2000))),
+                (
+                    "non-UTF-8 user",
+                    "/sha",
+                    format!(
+                        "Basic {}",
+                        base64::engine::general_purpose::STANDARD.encode(b"carol\xff:secret")
+                    ),
+                ),
+                (
+                    "two credentials in one header",
+                    "/sha",
+                    format!("{}, {}", basic("carol:secret"), basic("carol:secret")),
+                ),
+                ("NUL in the password", "/sha", basic("carol:secret\0")),
             ];
             for (what, path, header) in &wrong {
                 let (s, challenge, _) =
