@@ -60,6 +60,10 @@ pub struct Garbage {
     content_dir: String,
     /// Directories each submitted generation names.
     by_generation: BTreeMap<u64, BTreeSet<String>>,
+    /// What the last call kept (None: no call yet). Until a directory leaves this set nothing
+    /// new can be garbage, so [`Garbage::collect`] does not scan (it runs on every
+    /// reconcile and every Ack).
+    scanned: Option<BTreeSet<String>>,
 }
 
 impl Garbage {
@@ -68,6 +72,7 @@ impl Garbage {
         Garbage {
             content_dir: content_dir.to_string(),
             by_generation: BTreeMap::new(),
+            scanned: None,
         }
     }
 
@@ -79,7 +84,8 @@ impl Garbage {
 
     /// The dataplane runs generation `acked`: forget older generations, keep at most
     /// [`KEEP_UNACKED`] newer ones, and remove the directories (and left-over temporary ones)
-    /// none of what is left names. Namespace directories left empty go too. Returns how many
+    /// none of what is left names. Namespace directories left empty go too. The directory is
+    /// scanned only the first time and when a directory stopped being kept. Returns how many
     /// directories were removed.
     pub fn collect(&mut self, acked: u64) -> usize {
         // The newest generation at or below `acked` is what the dataplane runs (a Hello after
@@ -101,8 +107,16 @@ impl Garbage {
         for g in newer.iter().take(newer.len().saturating_sub(KEEP_UNACKED)) {
             self.by_generation.remove(g);
         }
-        let keep: BTreeSet<&String> = self.by_generation.values().flatten().collect();
-        let removed = remove_unreferenced(Path::new(&self.content_dir), &keep);
+        let keep: BTreeSet<String> = self.by_generation.values().flatten().cloned().collect();
+        // Everything on disk outside the last kept set went at that scan; if nothing left the
+        // set since, nothing on disk can be garbage now.
+        let unchanged = self.scanned.as_ref().is_some_and(|s| s.is_subset(&keep));
+        self.scanned = Some(keep);
+        if unchanged {
+            return 0;
+        }
+        let keep = self.scanned.as_ref().expect("just set");
+        let removed = remove_unreferenced(Path::new(&self.content_dir), keep);
         if removed > 0 {
             tracing::info!(removed, "removed unreferenced static content directories");
         }
@@ -127,7 +141,7 @@ fn ours(name: &std::ffi::OsStr) -> bool {
 }
 
 /// Remove `<root>/<ns>/<dir>` not in `keep`; the number removed.
-fn remove_unreferenced(root: &Path, keep: &BTreeSet<&String>) -> usize {
+fn remove_unreferenced(root: &Path, keep: &BTreeSet<String>) -> usize {
     let mut removed = 0;
     let Ok(namespaces) = std::fs::read_dir(root) else {
         return 0;
@@ -252,6 +266,34 @@ mod tests {
         assert!(!exists(&v3));
         assert!(Path::new(&format!("{base}/web/not-ours")).exists());
         assert!(!Path::new(&format!("{base}/other")).exists());
+    }
+
+    #[test]
+    fn the_directory_is_scanned_only_when_a_directory_stopped_being_kept() {
+        let root = tempfile::tempdir().unwrap();
+        let base = root.path().to_str().unwrap();
+        let v = |name: &str| StaticContent {
+            dir: format!("{base}/web/pages-{name}"),
+            files: BTreeMap::from([("index.html".to_string(), name.to_string())]),
+        };
+        let (v1, v2) = (vec![v("00000000000a")], vec![v("00000000000b")]);
+        let mut garbage = Garbage::new(base);
+        write_static_content(base, &v1).unwrap();
+        garbage.submitted(1, &v1);
+        assert_eq!(garbage.collect(1), 0);
+        // A stray left now is not seen while the kept set only stays or grows (no scan on
+        // every reconcile and Ack)...
+        let stray = format!("{base}/web/pages-v0.tmp42");
+        std::fs::create_dir_all(&stray).unwrap();
+        garbage.submitted(2, &v1);
+        assert_eq!(garbage.collect(1), 0);
+        write_static_content(base, &v2).unwrap();
+        garbage.submitted(3, &v2);
+        assert_eq!(garbage.collect(2), 0);
+        assert!(Path::new(&stray).exists());
+        // ...and goes with the next scan, when v1 stops being kept.
+        assert_eq!(garbage.collect(3), 2);
+        assert!(!Path::new(&stray).exists() && !Path::new(&v1[0].dir).exists());
     }
 
     #[test]

@@ -182,6 +182,12 @@ impl RunLoop {
             .expect("join")
             .expect("run ok");
     }
+
+    /// Stop it, then the in-process `dataplane` it pushed to.
+    async fn stop_with(self, dataplane: InProcessDataplane) {
+        self.stop().await;
+        dataplane.stop().await;
+    }
 }
 
 #[tokio::test]
@@ -1420,7 +1426,6 @@ fn chart_rbac_rules() -> (Vec<Value>, Vec<Vec<Value>>) {
 #[ignore = "needs a kube-apiserver: SWEETY_KUBECONFIG (e2e/controller-it.sh)"]
 async fn controller_works_with_only_the_charts_default_rbac() {
     use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
-    use sweety_controller::run::RunOptions;
     let _guard = LOCK.lock().await;
     let client = cluster().await;
     let ns = namespace(&client, "rbacgw").await;
@@ -1526,19 +1531,14 @@ async fn controller_works_with_only_the_charts_default_rbac() {
     )
     .await;
     let dataplane = InProcessDataplane::start();
-    let options = RunOptions {
-        params: one_port_params(&ctl, gw_port, &dataplane),
-        watch: WatchOptions {
+    let options = run_options(
+        one_port_params(&ctl, gw_port, &dataplane),
+        WatchOptions {
             // The controller's namespace is not watched: its Services come from the extra watch.
-            namespaces: vec![ns.clone()],
             gateway_services_namespace: Some(ctl.clone()),
-            ..WatchOptions::default()
+            ..watching(&[&ns])
         },
-        debounce: Duration::from_millis(50),
-        lease: None,
-        initial_sync_timeout: Duration::from_secs(20),
-        status: Default::default(),
-    };
+    );
     let running = RunLoop::start(&controller, options, dataplane.socket.clone());
     let ctl_services: Api<Service> = Api::namespaced(client.clone(), &ctl);
     let svc = wait_for(
@@ -1591,8 +1591,7 @@ async fn controller_works_with_only_the_charts_default_rbac() {
         names(&in_ns.into_iter().map(Arc::new).collect::<Vec<_>>()),
         [stale]
     );
-    running.stop().await;
-    dataplane.stop().await;
+    running.stop_with(dataplane).await;
     let _ = Api::<gw::gatewayclasses::GatewayClass>::all(client.clone())
         .delete(&class_name, &DeleteParams::default())
         .await;
@@ -1612,7 +1611,6 @@ async fn controller_works_with_only_the_charts_default_rbac() {
 #[ignore = "needs a kube-apiserver: SWEETY_KUBECONFIG (e2e/controller-it.sh)"]
 async fn lookalike_gateways_get_distinct_services_and_foreign_ones_are_left_alone() {
     use sweety_controller::labels::GATEWAY_ANNOTATION;
-    use sweety_controller::run::RunOptions;
     use sweety_controller::translate::addressing::service_name;
     let _guard = LOCK.lock().await;
     let client = cluster().await;
@@ -1659,14 +1657,7 @@ async fn lookalike_gateways_get_distinct_services_and_foreign_ones_are_left_alon
     let dataplane = InProcessDataplane::start();
     let mut params = one_port_params(&ctl, gw_port, &dataplane);
     params.gateway_port_max = gw_port + 1;
-    let options = RunOptions {
-        params,
-        watch: WatchOptions::default(),
-        debounce: Duration::from_millis(50),
-        lease: None,
-        initial_sync_timeout: Duration::from_secs(20),
-        status: Default::default(),
-    };
+    let options = run_options(params, WatchOptions::default());
     let running = RunLoop::start(&client, options, dataplane.socket.clone());
     let web_svc = service_name(&team_a, "web");
     let a_web_svc = service_name(&team, "a-web");
@@ -1747,8 +1738,7 @@ async fn lookalike_gateways_get_distinct_services_and_foreign_ones_are_left_alon
     let spec = hand_made.spec.clone().unwrap();
     assert_eq!(spec.selector.unwrap()["app"], "mine");
     assert_eq!(spec.ports.unwrap()[0].port, 8080);
-    running.stop().await;
-    dataplane.stop().await;
+    running.stop_with(dataplane).await;
 
     // `sync` on its own (no translate in front): a desired Service whose name is held by the
     // hand-made one, or by an owned one made for another Gateway, is refused, not rewritten.
@@ -2116,16 +2106,6 @@ async fn run_loop_leads_reconciles_on_changes_and_releases() {
     })).await;
     let dir = tempfile::tempdir().unwrap();
     let options = RunOptions {
-        params: Params {
-            namespace: ns.clone(),
-            content_dir: dir.path().join("content").to_string_lossy().into_owned(),
-            ..Params::default()
-        },
-        watch: WatchOptions {
-            namespaces: vec![ns.clone()],
-            ..WatchOptions::default()
-        },
-        debounce: Duration::from_millis(50),
         lease: Some(LeaseOptions {
             namespace: ns.clone(),
             name: "sweety-controller".into(),
@@ -2134,8 +2114,14 @@ async fn run_loop_leads_reconciles_on_changes_and_releases() {
             renew_every: Duration::from_secs(1),
             owner_service_account: None,
         }),
-        initial_sync_timeout: Duration::from_secs(20),
-        status: Default::default(),
+        ..run_options(
+            Params {
+                namespace: ns.clone(),
+                content_dir: dir.path().join("content").to_string_lossy().into_owned(),
+                ..Params::default()
+            },
+            watching(&[&ns]),
+        )
     };
     let running = RunLoop::start(&client, options, dir.path().join("control.sock"));
 
@@ -2358,7 +2344,6 @@ async fn http_head(port: u16, host: &str) -> Option<String> {
 #[tokio::test]
 #[ignore = "needs a kube-apiserver: SWEETY_KUBECONFIG (e2e/controller-it.sh)"]
 async fn end_to_end_gateway_is_programmed_after_the_dataplane_acks() {
-    use sweety_controller::run::RunOptions;
     let _guard = LOCK.lock().await;
     let client = cluster().await;
     let ns = namespace(&client, "e2e").await;
@@ -2369,10 +2354,7 @@ async fn end_to_end_gateway_is_programmed_after_the_dataplane_acks() {
     // and its listener answers, not the proxying itself (the dataplane's own tests cover that).
     let backend_port = 8080;
     // A free port for the one Gateway listener (the allocation range is that single port).
-    let gw_port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
+    let gw_port = free_port();
 
     create::<gw::gatewayclasses::GatewayClass>(
         &Api::all(client.clone()),
@@ -2414,17 +2396,10 @@ async fn end_to_end_gateway_is_programmed_after_the_dataplane_acks() {
     // The dataplane, in process, with its control socket.
     let dataplane = InProcessDataplane::start();
 
-    let options = RunOptions {
-        params: one_port_params(&ctl, gw_port, &dataplane),
-        watch: WatchOptions {
-            namespaces: vec![ns.clone(), ctl.clone()],
-            ..WatchOptions::default()
-        },
-        debounce: Duration::from_millis(50),
-        lease: None,
-        initial_sync_timeout: Duration::from_secs(20),
-        status: Default::default(),
-    };
+    let options = run_options(
+        one_port_params(&ctl, gw_port, &dataplane),
+        watching(&[&ns, &ctl]),
+    );
     let running = RunLoop::start(&client, options, dataplane.socket.clone());
 
     // The dataplane runs the pushed config: the Gateway listener is bound on the allocated port
@@ -2578,8 +2553,7 @@ async fn end_to_end_gateway_is_programmed_after_the_dataplane_acks() {
         started.elapsed()
     );
 
-    running.stop().await;
-    dataplane.stop().await;
+    running.stop_with(dataplane).await;
     let _ = classes.delete(&class_name, &DeleteParams::default()).await;
     drop_namespace(&client, &ns).await;
     drop_namespace(&client, &ctl).await;
@@ -2760,23 +2734,20 @@ async fn run_loop_pushes_before_statuses_and_reconciles_once_per_change() {
     // Long enough that checking "nothing written yet" right after the push cannot race it.
     let ack_wait = Duration::from_secs(3);
     let options = RunOptions {
-        params: Params {
-            namespace: ns.clone(),
-            content_dir: dir.path().join("content").to_string_lossy().into_owned(),
-            ingress_service: None,
-            ..Params::default()
-        },
-        watch: WatchOptions {
-            namespaces: vec![ns.clone()],
-            ..WatchOptions::default()
-        },
         debounce: Duration::from_millis(20),
-        lease: None,
-        initial_sync_timeout: Duration::from_secs(20),
         status: StatusOptions {
             ack_wait,
             ..StatusOptions::default()
         },
+        ..run_options(
+            Params {
+                namespace: ns.clone(),
+                content_dir: dir.path().join("content").to_string_lossy().into_owned(),
+                ingress_service: None,
+                ..Params::default()
+            },
+            watching(&[&ns]),
+        )
     };
     let running = RunLoop::start(&client, options, socket.clone());
     let metrics = running.health.metrics.clone();
@@ -2925,26 +2896,16 @@ async fn ingress_event_reasons(client: &Client, namespace: &str, name: &str) -> 
 #[tokio::test]
 #[ignore = "needs a kube-apiserver: SWEETY_KUBECONFIG (e2e/controller-it.sh)"]
 async fn tenant_hosts_follow_creation_order_and_fail_closed() {
-    use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
-    use sweety_controller::run::RunOptions;
-    use sweety_controller::translate::Params;
+    use k8s_openapi::api::networking::v1::Ingress;
     let _guard = LOCK.lock().await;
     let client = cluster().await;
     let victim = namespace(&client, "victim").await;
     let attacker = namespace(&client, "attacker").await;
     let ctl = namespace(&client, "tenant-ctl").await;
     let class_name = format!("{victim}-class");
-    let http_port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
+    let http_port = free_port();
     let host = format!("shop.{victim}.test");
-    let classes: Api<IngressClass> = Api::all(client.clone());
-    create(
-        &classes,
-        json!({"metadata": {"name": class_name}, "spec": {"controller": "sweety.dev/ingress-controller"}}),
-    )
-    .await;
+    ingress_class(&client, &class_name).await;
     // The victim's Service exists without a ready endpoint; the attacker's does not exist.
     create(
         &Api::<Service>::namespaced(client.clone(), &victim),
@@ -2964,25 +2925,10 @@ async fn tenant_hosts_follow_creation_order_and_fail_closed() {
     create(&victims, ingress("ing", "/", "web", json!({}))).await;
 
     let dataplane = InProcessDataplane::start();
-    let options = RunOptions {
-        params: Params {
-            namespace: ctl.clone(),
-            ingress_classes: vec![class_name.clone()],
-            listen_address: "127.0.0.1".into(),
-            ingress_http_port: http_port,
-            content_dir: dataplane.content_dir(),
-            ingress_service: None,
-            ..Params::default()
-        },
-        watch: WatchOptions {
-            namespaces: vec![victim.clone(), attacker.clone(), ctl.clone()],
-            ..WatchOptions::default()
-        },
-        debounce: Duration::from_millis(50),
-        lease: None,
-        initial_sync_timeout: Duration::from_secs(20),
-        status: sweety_controller::status_worker::StatusOptions::default(),
-    };
+    let options = run_options(
+        ingress_params(&ctl, vec![class_name.clone()], http_port, &dataplane),
+        watching(&[&victim, &attacker, &ctl]),
+    );
     let running = RunLoop::start(&client, options, dataplane.socket.clone());
     let get_path = |path: &'static str| {
         let host = host.clone();
@@ -3058,9 +3004,8 @@ async fn tenant_hosts_follow_creation_order_and_fail_closed() {
     })
     .await;
 
-    running.stop().await;
-    dataplane.stop().await;
-    let _ = classes.delete(&class_name, &DeleteParams::default()).await;
+    running.stop_with(dataplane).await;
+    delete_ingress_class(&client, &class_name).await;
     for ns in [&victim, &attacker, &ctl] {
         drop_namespace(&client, ns).await;
     }
@@ -3104,16 +3049,6 @@ async fn status_worker_is_rate_limited_and_catches_up_after_regaining_the_lease(
     let dataplane = InProcessDataplane::start();
     let (qps, burst, concurrency) = (4.0, 2u32, 1usize);
     let options = RunOptions {
-        params: Params {
-            namespace: ns.clone(),
-            content_dir: dataplane.content_dir(),
-            ingress_service: None,
-            ..Params::default()
-        },
-        watch: WatchOptions {
-            namespaces: vec![ns.clone()],
-            ..WatchOptions::default()
-        },
         debounce: Duration::from_millis(20),
         lease: Some(LeaseOptions {
             namespace: ns.clone(),
@@ -3123,13 +3058,21 @@ async fn status_worker_is_rate_limited_and_catches_up_after_regaining_the_lease(
             renew_every: Duration::from_millis(500),
             owner_service_account: None,
         }),
-        initial_sync_timeout: Duration::from_secs(20),
         status: StatusOptions {
             qps,
             burst,
             concurrency,
             ..StatusOptions::default()
         },
+        ..run_options(
+            Params {
+                namespace: ns.clone(),
+                content_dir: dataplane.content_dir(),
+                ingress_service: None,
+                ..Params::default()
+            },
+            watching(&[&ns]),
+        )
     };
     let started = std::time::Instant::now();
     let running = RunLoop::start(&client, options, dataplane.socket.clone());
@@ -3246,8 +3189,7 @@ async fn status_worker_is_rate_limited_and_catches_up_after_regaining_the_lease(
     .await;
     assert!(metrics.render().contains("sweety_controller_leader 1\n"));
 
-    running.stop().await;
-    dataplane.stop().await;
+    running.stop_with(dataplane).await;
     drop_namespace(&client, &ns).await;
 }
 
@@ -3432,9 +3374,8 @@ fn certificate(host: &str) -> (String, String, Vec<u8>) {
 #[tokio::test]
 #[ignore = "needs a kube-apiserver: SWEETY_KUBECONFIG (e2e/controller-it.sh)"]
 async fn tenant_with_ordinary_rbac_cannot_take_another_namespaces_traffic() {
-    use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
+    use k8s_openapi::api::networking::v1::Ingress;
     use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
-    use sweety_controller::run::RunOptions;
     use sweety_controller::translate::{DefaultCertificate, Params};
     use tokio::io::AsyncWriteExt;
     let _guard = LOCK.lock().await;
@@ -3446,12 +3387,7 @@ async fn tenant_with_ordinary_rbac_cannot_take_another_namespaces_traffic() {
     let (http_port, https_port) = (free_port(), free_port());
     let host = format!("shop.{victim}.test");
     let evil_host = format!("evil.{attacker}.test");
-    let classes: Api<IngressClass> = Api::all(admin.clone());
-    create(
-        &classes,
-        json!({"metadata": {"name": class_name}, "spec": {"controller": "sweety.dev/ingress-controller"}}),
-    )
-    .await;
+    ingress_class(&admin, &class_name).await;
 
     // Ordinary tenant RBAC: a Role in each tenant's own namespace, bound to its user.
     let user = format!("mallory-{attacker}");
@@ -3629,33 +3565,20 @@ async fn tenant_with_ordinary_rbac_cannot_take_another_namespaces_traffic() {
     // The controller and an in-process dataplane.
     let (default_cert, default_key, default_der) = certificate("default.sweety.invalid");
     let dataplane = InProcessDataplane::start();
-    let options = RunOptions {
-        params: Params {
-            namespace: ctl.clone(),
-            ingress_classes: vec![class_name.clone()],
-            listen_address: "127.0.0.1".into(),
-            ingress_http_port: http_port,
+    let options = run_options(
+        Params {
             ingress_https_port: https_port,
             http3: false,
             // The takeovers are checked over plain HTTP too: no redirect of the TLS host.
             ssl_redirect: false,
-            content_dir: dataplane.content_dir(),
-            ingress_service: None,
             default_certificate: Some(DefaultCertificate {
                 cert: default_cert,
                 key: default_key,
             }),
-            ..Params::default()
+            ..ingress_params(&ctl, vec![class_name.clone()], http_port, &dataplane)
         },
-        watch: WatchOptions {
-            namespaces: vec![victim.clone(), attacker.clone(), ctl.clone()],
-            ..WatchOptions::default()
-        },
-        debounce: Duration::from_millis(50),
-        lease: None,
-        initial_sync_timeout: Duration::from_secs(20),
-        status: sweety_controller::status_worker::StatusOptions::default(),
-    };
+        watching(&[&victim, &attacker, &ctl]),
+    );
     let running = RunLoop::start(&admin, options, dataplane.socket.clone());
     let get = |host: String, path: &'static str| async move {
         http_get_raw(http_port, &host, path).await
@@ -3738,10 +3661,9 @@ async fn tenant_with_ordinary_rbac_cannot_take_another_namespaces_traffic() {
         .await;
     }
 
-    running.stop().await;
-    dataplane.stop().await;
+    running.stop_with(dataplane).await;
     leak_task.abort();
-    let _ = classes.delete(&class_name, &DeleteParams::default()).await;
+    delete_ingress_class(&admin, &class_name).await;
     for ns in [&victim, &attacker, &ctl] {
         drop_namespace(&admin, ns).await;
     }
@@ -3754,20 +3676,14 @@ async fn tenant_with_ordinary_rbac_cannot_take_another_namespaces_traffic() {
 #[tokio::test]
 #[ignore = "needs a kube-apiserver: SWEETY_KUBECONFIG (e2e/controller-it.sh)"]
 async fn default_certificate_secret_rotation_is_served() {
-    use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
-    use sweety_controller::run::RunOptions;
+    use k8s_openapi::api::networking::v1::Ingress;
     use sweety_controller::translate::{DefaultCertificate, Params};
     let _guard = LOCK.lock().await;
     let client = cluster().await;
     let ns = namespace(&client, "defcert").await;
     let class_name = format!("{ns}-class");
     let https_port = free_port();
-    let classes: Api<IngressClass> = Api::all(client.clone());
-    create(
-        &classes,
-        json!({"metadata": {"name": class_name}, "spec": {"controller": "sweety.dev/ingress-controller"}}),
-    )
-    .await;
+    ingress_class(&client, &class_name).await;
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
     let (first_cert, first_key, first_der) = certificate("default.sweety.invalid");
     create(
@@ -3789,34 +3705,23 @@ async fn default_certificate_secret_rotation_is_served() {
     .await;
 
     let dataplane = InProcessDataplane::start();
-    let options = RunOptions {
-        params: Params {
-            namespace: ns.clone(),
-            ingress_classes: vec![class_name.clone()],
-            listen_address: "127.0.0.1".into(),
-            ingress_http_port: free_port(),
+    let options = run_options(
+        Params {
             ingress_https_port: https_port,
             http3: false,
-            content_dir: dataplane.content_dir(),
-            ingress_service: None,
             // As the controller's main does: the Secret as read at start, and its name.
             default_certificate: Some(DefaultCertificate {
                 cert: first_cert.clone(),
                 key: first_key.clone(),
             }),
             default_certificate_secret: Some(format!("{ns}/default-cert")),
-            ..Params::default()
+            ..ingress_params(&ns, vec![class_name.clone()], free_port(), &dataplane)
         },
-        watch: WatchOptions {
-            namespaces: vec![ns.clone()],
+        WatchOptions {
             default_certificate_secret: Some((ns.clone(), "default-cert".into())),
-            ..WatchOptions::default()
+            ..watching(&[&ns])
         },
-        debounce: Duration::from_millis(50),
-        lease: None,
-        initial_sync_timeout: Duration::from_secs(20),
-        status: sweety_controller::status_worker::StatusOptions::default(),
-    };
+    );
     let running = RunLoop::start(&client, options, dataplane.socket.clone());
     let no_sni = |want: Vec<u8>| async move {
         served_certificate(https_port, None)
@@ -3858,9 +3763,8 @@ async fn default_certificate_secret_rotation_is_served() {
     })
     .await;
 
-    running.stop().await;
-    dataplane.stop().await;
-    let _ = classes.delete(&class_name, &DeleteParams::default()).await;
+    running.stop_with(dataplane).await;
+    delete_ingress_class(&client, &class_name).await;
     drop_namespace(&client, &ns).await;
 }
 
@@ -3927,11 +3831,7 @@ async fn ingress_of_another_class_keeps_its_status() {
     let ours_class = format!("{ns}-sweety");
     let nginx_class = format!("{ns}-nginx");
     let classes: Api<IngressClass> = Api::all(client.clone());
-    create(
-        &classes,
-        json!({"metadata": {"name": ours_class}, "spec": {"controller": "sweety.dev/ingress-controller"}}),
-    )
-    .await;
+    ingress_class(&client, &ours_class).await;
     create(
         &classes,
         json!({"metadata": {"name": nginx_class}, "spec": {"controller": "k8s.io/ingress-nginx"}}),
@@ -4009,17 +3909,19 @@ async fn ingress_of_another_class_keeps_its_status() {
     nginx_writes("theirs", "192.0.2.10").await;
 
     let dataplane = InProcessDataplane::start();
-    let http_port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
+    let http_port = free_port();
     // `nginx` is listed, but its IngressClass names another controller.
-    let options = ingress_run_options(
-        &ns,
-        vec![ours_class.clone(), nginx_class.clone()],
-        http_port,
-        &dataplane,
-        Some("sweety"),
+    let options = run_options(
+        sweety_controller::translate::Params {
+            ingress_service: Some("sweety".into()),
+            ..ingress_params(
+                &ns,
+                vec![ours_class.clone(), nginx_class.clone()],
+                http_port,
+                &dataplane,
+            )
+        },
+        watching(&[&ns]),
     );
     let running = RunLoop::start(&client, options, dataplane.socket.clone());
     for name in ["ours", "moving"] {
@@ -4075,15 +3977,9 @@ async fn ingress_of_another_class_keeps_its_status() {
         "our field manager wrote the nginx-class Ingress: {managers:?}"
     );
 
-    running.stop().await;
-    classes
-        .delete(&ours_class, &DeleteParams::default())
-        .await
-        .expect("delete class");
-    classes
-        .delete(&nginx_class, &DeleteParams::default())
-        .await
-        .expect("delete class");
+    running.stop_with(dataplane).await;
+    delete_ingress_class(&client, &ours_class).await;
+    delete_ingress_class(&client, &nginx_class).await;
     drop_namespace(&client, &ns).await;
 }
 
@@ -4095,17 +3991,12 @@ async fn ingress_of_another_class_keeps_its_status() {
 #[tokio::test]
 #[ignore = "needs a kube-apiserver: SWEETY_KUBECONFIG (e2e/controller-it.sh)"]
 async fn ingress_basic_auth_follows_its_secret_and_fails_closed() {
-    use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
+    use k8s_openapi::api::networking::v1::Ingress;
     let _guard = LOCK.lock().await;
     let client = cluster().await;
     let ns = namespace(&client, "basic-auth").await;
     let class_name = format!("{ns}-class");
-    let classes: Api<IngressClass> = Api::all(client.clone());
-    create(
-        &classes,
-        json!({"metadata": {"name": class_name}, "spec": {"controller": "sweety.dev/ingress-controller"}}),
-    )
-    .await;
+    ingress_class(&client, &class_name).await;
     create(
         &Api::<Service>::namespaced(client.clone(), &ns),
         json!({"metadata": {"name": "web"}, "spec": {"ports": [{"name": "http", "port": 80}]}}),
@@ -4125,12 +4016,12 @@ async fn ingress_basic_auth_follows_its_secret_and_fails_closed() {
         }),
     )
     .await;
-    let http_port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
+    let http_port = free_port();
     let dataplane = InProcessDataplane::start();
-    let options = ingress_run_options(&ns, vec![class_name.clone()], http_port, &dataplane, None);
+    let options = run_options(
+        ingress_params(&ns, vec![class_name.clone()], http_port, &dataplane),
+        watching(&[&ns]),
+    );
     let running = RunLoop::start(&client, options, dataplane.socket.clone());
     // GET / with optional credentials: (status, head and body).
     let get = |creds: Option<&str>| {
@@ -4229,11 +4120,8 @@ async fn ingress_basic_auth_follows_its_secret_and_fails_closed() {
     .await;
     assert_eq!(get(None).await.expect("an answer").0, 503);
 
-    running.stop().await;
-    classes
-        .delete(&class_name, &DeleteParams::default())
-        .await
-        .expect("delete class");
+    running.stop_with(dataplane).await;
+    delete_ingress_class(&client, &class_name).await;
     drop_namespace(&client, &ns).await;
 }
 
@@ -4379,32 +4267,63 @@ async fn migrate_report_reads_the_cluster_and_writes_nothing() {
     drop_namespace(&client, &ns).await;
 }
 
-/// The run options of the Ingress tests: one namespace watched (also the controller's), the
-/// given classes, Ingress HTTP on 127.0.0.1:`http_port` of the in-process `dataplane`.
-fn ingress_run_options(
-    ns: &str,
-    classes: Vec<String>,
-    http_port: u16,
-    dataplane: &InProcessDataplane,
-    ingress_service: Option<&str>,
+/// The options of a run-loop test: `params` and `watch`, a 50 ms debounce, no lease, 20 s for
+/// the first sync and the default status worker (a test changes a field with `..`).
+fn run_options(
+    params: sweety_controller::translate::Params,
+    watch: WatchOptions,
 ) -> sweety_controller::run::RunOptions {
     sweety_controller::run::RunOptions {
-        params: sweety_controller::translate::Params {
-            namespace: ns.to_string(),
-            ingress_classes: classes,
-            listen_address: "127.0.0.1".into(),
-            ingress_http_port: http_port,
-            content_dir: dataplane.content_dir(),
-            ingress_service: ingress_service.map(str::to_string),
-            ..Default::default()
-        },
-        watch: WatchOptions {
-            namespaces: vec![ns.to_string()],
-            ..WatchOptions::default()
-        },
+        params,
+        watch,
         debounce: Duration::from_millis(50),
         lease: None,
         initial_sync_timeout: Duration::from_secs(20),
         status: sweety_controller::status_worker::StatusOptions::default(),
     }
+}
+
+/// Watch the namespaces `namespaces` only.
+fn watching(namespaces: &[&String]) -> WatchOptions {
+    WatchOptions {
+        namespaces: namespaces.iter().map(|n| n.to_string()).collect(),
+        ..WatchOptions::default()
+    }
+}
+
+/// Params of the Ingress tests: a controller in namespace `ns` serving the Ingresses of
+/// `classes` over HTTP on 127.0.0.1:`http_port` through the in-process `dataplane`, without an
+/// Ingress Service.
+fn ingress_params(
+    ns: &str,
+    classes: Vec<String>,
+    http_port: u16,
+    dataplane: &InProcessDataplane,
+) -> sweety_controller::translate::Params {
+    sweety_controller::translate::Params {
+        namespace: ns.to_string(),
+        ingress_classes: classes,
+        listen_address: "127.0.0.1".into(),
+        ingress_http_port: http_port,
+        content_dir: dataplane.content_dir(),
+        ingress_service: None,
+        ..Default::default()
+    }
+}
+
+/// Create the IngressClass `name` of our Ingress controller (`delete_ingress_class` removes it).
+async fn ingress_class(client: &Client, name: &str) {
+    create(
+        &Api::<k8s_openapi::api::networking::v1::IngressClass>::all(client.clone()),
+        json!({"metadata": {"name": name}, "spec": {"controller": "sweety.dev/ingress-controller"}}),
+    )
+    .await;
+}
+
+/// Delete the cluster-wide IngressClass `name` a test created.
+async fn delete_ingress_class(client: &Client, name: &str) {
+    Api::<k8s_openapi::api::networking::v1::IngressClass>::all(client.clone())
+        .delete(name, &DeleteParams::default())
+        .await
+        .expect("delete the IngressClass");
 }

@@ -10,9 +10,7 @@ mod common;
 use bytes::Bytes;
 use common::*;
 use http_body_util::{BodyExt, Full};
-use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::Value;
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -26,35 +24,26 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 async fn origin() -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
     let seen: Arc<Mutex<Vec<String>>> = Arc::default();
     let s2 = seen.clone();
-    let addr = spawn_backend(move |s| {
+    let addr = spawn_http_backend(move |req| {
         let seen = s2.clone();
         async move {
-            let svc =
-                hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
-                    let seen = seen.clone();
-                    async move {
-                        let ids: Vec<String> = req
-                            .headers()
-                            .get_all("x-request-id")
-                            .iter()
-                            .map(|v| v.to_str().unwrap().to_string())
-                            .collect();
-                        assert_eq!(ids.len(), 1, "exactly one id upstream: {ids:?}");
-                        seen.lock().unwrap().push(ids[0].clone());
-                        if req.uri().path() == "/slow" {
-                            tokio::time::sleep(Duration::from_secs(3)).await;
-                        }
-                        let mut b = http::Response::builder().header("content-type", "text/plain");
-                        if req.uri().path().starts_with("/cached") {
-                            b = b.header("cache-control", "public, max-age=60");
-                        }
-                        let body = format!("id={}", ids[0]);
-                        Ok::<_, Infallible>(b.body(Full::new(Bytes::from(body))).unwrap())
-                    }
-                });
-            let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                .serve_connection(TokioIo::new(s), svc)
-                .await;
+            let ids: Vec<String> = req
+                .headers()
+                .get_all("x-request-id")
+                .iter()
+                .map(|v| v.to_str().unwrap().to_string())
+                .collect();
+            assert_eq!(ids.len(), 1, "exactly one id upstream: {ids:?}");
+            seen.lock().unwrap().push(ids[0].clone());
+            if req.uri().path() == "/slow" {
+                tokio::time::sleep(Duration::from_secs(3)).await;
+            }
+            let mut b = http::Response::builder().header("content-type", "text/plain");
+            if req.uri().path().starts_with("/cached") {
+                b = b.header("cache-control", "public, max-age=60");
+            }
+            let body = format!("id={}", ids[0]);
+            b.body(Full::new(Bytes::from(body))).unwrap()
         }
     })
     .await;

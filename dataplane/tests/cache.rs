@@ -8,7 +8,6 @@ use common::*;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use std::collections::HashMap;
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -21,49 +20,39 @@ type Hits = Arc<Mutex<HashMap<String, usize>>>;
 async fn origin() -> (SocketAddr, Hits) {
     let hits: Hits = Arc::default();
     let h = hits.clone();
-    let addr = spawn_backend(move |s| {
+    let addr = spawn_http_backend(move |req| {
         let h = h.clone();
         async move {
-            let svc =
-                hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
-                    let h = h.clone();
-                    async move {
-                        let path = req.uri().path().to_string();
-                        let n = {
-                            let mut m = h.lock().unwrap();
-                            let e = m.entry(path.clone()).or_default();
-                            *e += 1;
-                            *e
-                        };
-                        let hv = |k: &str| {
-                            req.headers()
-                                .get(k)
-                                .and_then(|v| v.to_str().ok())
-                                .unwrap_or("-")
-                                .to_string()
-                        };
-                        let body =
-                            format!("{path} #{n} {} {}", hv("accept-language"), hv("x-tenant"));
-                        let mut b = http::Response::builder().header("content-type", "text/plain");
-                        b = match path.as_str() {
-                            "/private" => b.header("cache-control", "private, max-age=60"),
-                            "/nostore" => b.header("cache-control", "no-store"),
-                            "/vary" => b
-                                .header("cache-control", "max-age=60")
-                                .header("vary", "Accept-Language"),
-                            "/swr" => b.header("cache-control", "no-transform"),
-                            "/slow" => {
-                                tokio::time::sleep(Duration::from_millis(300)).await;
-                                b.header("cache-control", "max-age=60")
-                            }
-                            _ => b.header("cache-control", "public, max-age=60"),
-                        };
-                        Ok::<_, Infallible>(b.body(Full::new(Bytes::from(body))).unwrap())
-                    }
-                });
-            let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                .serve_connection(TokioIo::new(s), svc)
-                .await;
+            let path = req.uri().path().to_string();
+            let n = {
+                let mut m = h.lock().unwrap();
+                let e = m.entry(path.clone()).or_default();
+                *e += 1;
+                *e
+            };
+            let hv = |k: &str| {
+                req.headers()
+                    .get(k)
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("-")
+                    .to_string()
+            };
+            let body = format!("{path} #{n} {} {}", hv("accept-language"), hv("x-tenant"));
+            let mut b = http::Response::builder().header("content-type", "text/plain");
+            b = match path.as_str() {
+                "/private" => b.header("cache-control", "private, max-age=60"),
+                "/nostore" => b.header("cache-control", "no-store"),
+                "/vary" => b
+                    .header("cache-control", "max-age=60")
+                    .header("vary", "Accept-Language"),
+                "/swr" => b.header("cache-control", "no-transform"),
+                "/slow" => {
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                    b.header("cache-control", "max-age=60")
+                }
+                _ => b.header("cache-control", "public, max-age=60"),
+            };
+            b.body(Full::new(Bytes::from(body))).unwrap()
         }
     })
     .await;

@@ -11,9 +11,7 @@ mod common;
 use bytes::Bytes;
 use common::*;
 use http_body_util::Full;
-use hyper_util::rt::{TokioExecutor, TokioIo};
 use std::collections::{BTreeSet, HashMap};
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -23,36 +21,27 @@ use sweety_config::*;
 /// `/cached` is cacheable, anything else 200.
 async fn origin() -> SocketAddr {
     let seen: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
-    spawn_backend(move |s| {
+    spawn_http_backend(move |req| {
         let seen = seen.clone();
         async move {
-            let svc =
-                hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
-                    let seen = seen.clone();
-                    async move {
-                        let path = req.uri().path().to_string();
-                        let n = {
-                            let mut m = seen.lock().unwrap();
-                            let e = m.entry(path.clone()).or_default();
-                            *e += 1;
-                            *e
-                        };
-                        let b = http::Response::builder();
-                        let b = match path.as_str() {
-                            "/slow" => {
-                                tokio::time::sleep(Duration::from_secs(2)).await;
-                                b.status(200)
-                            }
-                            "/flaky" if n == 1 => b.status(503),
-                            "/cached" => b.header("cache-control", "public, max-age=60"),
-                            _ => b.status(200),
-                        };
-                        Ok::<_, Infallible>(b.body(Full::new(Bytes::from("ok"))).unwrap())
-                    }
-                });
-            let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                .serve_connection(TokioIo::new(s), svc)
-                .await;
+            let path = req.uri().path().to_string();
+            let n = {
+                let mut m = seen.lock().unwrap();
+                let e = m.entry(path.clone()).or_default();
+                *e += 1;
+                *e
+            };
+            let b = http::Response::builder();
+            let b = match path.as_str() {
+                "/slow" => {
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                    b.status(200)
+                }
+                "/flaky" if n == 1 => b.status(503),
+                "/cached" => b.header("cache-control", "public, max-age=60"),
+                _ => b.status(200),
+            };
+            b.body(Full::new(Bytes::from("ok"))).unwrap()
         }
     })
     .await

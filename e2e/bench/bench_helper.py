@@ -350,6 +350,27 @@ def md_table(header, rows):
     return "\n".join([line(header), sep] + [line(r) for r in rows])
 
 
+def pair_row(label, a, b, b_over_a):
+    """A row of a side-by-side table of the aggregates `a` and `b` (either may be None): rps,
+    p99, CPU-µs per request and peak RSS of each, the ratio of their µs (b's over a's when
+    `b_over_a`, else a's over b's), and b's failures."""
+    g = lambda d, k: d[k] if d else None
+    num, den = (b, a) if b_over_a else (a, b)
+    return [
+        label,
+        fmt_rps(g(a, "rps")),
+        fmt_rps(g(b, "rps")),
+        fmt_ms(g(a, "p99")),
+        fmt_ms(g(b, "p99")),
+        fmt_num(g(a, "us")),
+        fmt_num(g(b, "us")),
+        fmt_ratio(g(num, "us"), g(den, "us")),
+        fmt_mb(g(a, "rss")),
+        fmt_mb(g(b, "rss")),
+        "—" if b is None else b["fail"],
+    ]
+
+
 def cmd_report(a):
     rows = []
     with open(a.results) as f:
@@ -465,22 +486,7 @@ def cmd_report(a):
         if not c.startswith("h3-"):
             continue
         h3, h2 = agg(c, "sweety"), agg("h2-" + c[3:], "sweety")
-        g = lambda d, k: d[k] if d else None
-        h3rows.append(
-            [
-                c[3:],
-                fmt_rps(g(h2, "rps")),
-                fmt_rps(g(h3, "rps")),
-                fmt_ms(g(h2, "p99")),
-                fmt_ms(g(h3, "p99")),
-                fmt_num(g(h2, "us")),
-                fmt_num(g(h3, "us")),
-                fmt_ratio(g(h3, "us"), g(h2, "us")),
-                fmt_mb(g(h2, "rss")),
-                fmt_mb(g(h3, "rss")),
-                "—" if h3 is None else h3["fail"],
-            ]
-        )
+        h3rows.append(pair_row(c[3:], h2, h3, b_over_a=True))
     if h3rows:
         out += [
             "",
@@ -498,24 +504,8 @@ def cmd_report(a):
     harows = []
     for c in cells:
         s, h = agg(c, "sweety"), agg(c, "haproxy")
-        if h is None:
-            continue
-        g = lambda d, k: d[k] if d else None
-        harows.append(
-            [
-                c,
-                fmt_rps(g(s, "rps")),
-                fmt_rps(g(h, "rps")),
-                fmt_ms(g(s, "p99")),
-                fmt_ms(g(h, "p99")),
-                fmt_num(g(s, "us")),
-                fmt_num(g(h, "us")),
-                fmt_ratio(g(s, "us"), g(h, "us")),
-                fmt_mb(g(s, "rss")),
-                fmt_mb(g(h, "rss")),
-                "—" if h is None else h["fail"],
-            ]
-        )
+        if h is not None:
+            harows.append(pair_row(c, s, h, b_over_a=False))
     if harows:
         out += [
             "",

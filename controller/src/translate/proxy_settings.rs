@@ -26,19 +26,36 @@ use super::snapshot::Snapshot;
 use super::status::{Condition, ObjectKey, ObjectStatus};
 use super::Params;
 use std::collections::{BTreeMap, BTreeSet};
-use sweety_config::{AccessLogFormat, Config, Duration, Limits};
+use sweety_config::{AccessLogFormat, Config, Duration};
 use sweety_crds::proxy_config::LogFormat;
 use sweety_crds::SweetyProxyConfig;
 
-const GROUP: &str = "sweety.dev";
-const KIND: &str = "SweetyProxyConfig";
+/// The API group of SweetyProxyConfig (also what a GatewayClass's `parametersRef` names).
+pub(crate) const GROUP: &str = "sweety.dev";
+/// The kind.
+pub(crate) const KIND: &str = "SweetyProxyConfig";
+
+/// The SweetyProxyConfig `namespace/name`, if the snapshot has it.
+pub(crate) fn find<'s>(
+    snapshot: &'s Snapshot,
+    ns: &str,
+    name: &str,
+) -> Option<&'s SweetyProxyConfig> {
+    snapshot
+        .proxy_configs
+        .iter()
+        .find(|c| {
+            c.metadata.namespace.as_deref() == Some(ns) && c.metadata.name.as_deref() == Some(name)
+        })
+        .map(|c| c.as_ref())
+}
 
 /// The settings part of the config (no listeners, virtual hosts or backends) and the statuses
 /// of the SweetyProxyConfigs in effect and of IngressClasses with parameters we ignore.
 pub fn settings(snapshot: &Snapshot, params: &Params) -> (Config, Vec<(ObjectKey, ObjectStatus)>) {
     let mut statuses = Vec::new();
     // (namespace, name) → who refers to it.
-    let mut users: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
+    let mut users: BTreeMap<(&str, &str), Vec<String>> = BTreeMap::new();
     let mut classes: Vec<_> = snapshot
         .gateway_classes
         .iter()
@@ -46,63 +63,59 @@ pub fn settings(snapshot: &Snapshot, params: &Params) -> (Config, Vec<(ObjectKey
         .collect();
     classes.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
     for class in classes {
+        // (classes::translate sets the GatewayClass's own condition for a bad or missing
+        // reference.)
         let Some(p) = class.spec.parameters_ref.as_ref() else {
             continue;
         };
-        // (classes::translate sets the GatewayClass's own condition for a bad reference.)
         if let (GROUP, KIND, Some(ns)) = (p.group.as_str(), p.kind.as_str(), p.namespace.as_deref())
         {
+            let class = class.metadata.name.as_deref().unwrap_or_default();
             users
-                .entry((ns.to_string(), p.name.clone()))
+                .entry((ns, p.name.as_str()))
                 .or_default()
-                .push(format!(
-                    "GatewayClass {}",
-                    class.metadata.name.as_deref().unwrap_or_default()
-                ));
+                .push(format!("GatewayClass {class}"));
         }
     }
     for class in served_classes(snapshot, params) {
-        let name = class.metadata.name.clone().unwrap_or_default();
+        let name = class.metadata.name.as_deref().unwrap_or_default();
         let Some(p) = class.spec.as_ref().and_then(|s| s.parameters.as_ref()) else {
             continue;
         };
         let ours = p.api_group.as_deref() == Some(GROUP) && p.kind == KIND;
-        match (ours, p.scope.as_deref(), p.namespace.as_deref()) {
-            (true, Some("Namespace"), Some(ns)) => users
-                .entry((ns.to_string(), p.name.clone()))
-                .or_default()
-                .push(format!("IngressClass {name}")),
-            _ => statuses.push((
-                ObjectKey::new("IngressClass", "", &name),
-                ObjectStatus::Conditions(vec![Condition::new(
-                    "Accepted",
-                    false,
-                    "InvalidParameters",
-                    format!(
-                        "spec.parameters must name a {KIND} of group {GROUP} with scope \
-                         Namespace and a namespace; got kind {:?} of group {:?} (scope {:?}): \
-                         ignored, the dataplane-wide settings apply",
-                        p.kind,
-                        p.api_group.as_deref().unwrap_or(""),
-                        p.scope.as_deref().unwrap_or("Cluster")
-                    ),
-                    class.metadata.generation.unwrap_or(0),
-                )]),
-            )),
-        }
+        let problem = match (ours, p.scope.as_deref(), p.namespace.as_deref()) {
+            (true, Some("Namespace"), Some(ns)) => match find(snapshot, ns, &p.name) {
+                Some(_) => {
+                    users
+                        .entry((ns, p.name.as_str()))
+                        .or_default()
+                        .push(format!("IngressClass {name}"));
+                    continue;
+                }
+                None => format!("{KIND} {ns}/{} not found", p.name),
+            },
+            _ => format!(
+                "spec.parameters must name a {KIND} of group {GROUP} with scope Namespace and a \
+                 namespace; got kind {:?} of group {:?} (scope {:?})",
+                p.kind,
+                p.api_group.as_deref().unwrap_or(""),
+                p.scope.as_deref().unwrap_or("Cluster")
+            ),
+        };
+        statuses.push((
+            ObjectKey::new("IngressClass", "", name),
+            ObjectStatus::Conditions(vec![Condition::new(
+                "Accepted",
+                false,
+                "InvalidParameters",
+                format!("{problem}: ignored, the dataplane-wide settings apply"),
+                class.metadata.generation.unwrap_or(0),
+            )]),
+        ));
     }
     let configs: Vec<(&SweetyProxyConfig, Vec<String>)> = users
         .into_iter()
-        .filter_map(|((ns, name), users)| {
-            snapshot
-                .proxy_configs
-                .iter()
-                .find(|c| {
-                    c.metadata.namespace.as_deref() == Some(ns.as_str())
-                        && c.metadata.name.as_deref() == Some(name.as_str())
-                })
-                .map(|c| (c.as_ref(), users))
-        })
+        .filter_map(|((ns, name), users)| find(snapshot, ns, name).map(|c| (c, users)))
         .collect();
     let mut merge = Merge::default();
     for (i, (c, _)) in configs.iter().enumerate() {
@@ -110,35 +123,22 @@ pub fn settings(snapshot: &Snapshot, params: &Params) -> (Config, Vec<(ObjectKey
     }
     let config = merge.config();
     for (i, (c, users)) in configs.iter().enumerate() {
-        let notes = merge.notes.get(&i).cloned().unwrap_or_default();
-        let conflicted = merge.trust_conflict.contains(&i);
         let mut message = format!("dataplane-wide settings of {}", users.join(", "));
-        for n in &notes {
+        for n in merge.notes.get(&i).into_iter().flatten() {
             message.push_str("; ");
             message.push_str(n);
         }
+        let (ok, reason) = match merge.trust_conflict.contains(&i) {
+            true => (false, "Conflicted"),
+            false => (true, "Accepted"),
+        };
         let key = ObjectKey::new(
             KIND,
             c.metadata.namespace.as_deref().unwrap_or_default(),
             c.metadata.name.as_deref().unwrap_or_default(),
         );
-        let condition = if conflicted {
-            Condition::new(
-                "Accepted",
-                false,
-                "Conflicted",
-                message,
-                c.metadata.generation.unwrap_or(0),
-            )
-        } else {
-            Condition::new(
-                "Accepted",
-                true,
-                "Accepted",
-                message,
-                c.metadata.generation.unwrap_or(0),
-            )
-        };
+        let generation = c.metadata.generation.unwrap_or(0);
+        let condition = Condition::new("Accepted", ok, reason, message, generation);
         statuses.push((key, ObjectStatus::Conditions(vec![condition])));
     }
     (config, statuses)
@@ -172,40 +172,31 @@ fn label(c: &SweetyProxyConfig) -> String {
     )
 }
 
-/// One limit: the smallest value so far and the config it came from.
-type Smallest<T> = Option<(T, usize)>;
+/// A "smallest wins" setting's value: a count or a duration (each field has one kind).
+#[derive(Clone, Copy, PartialEq, PartialOrd)]
+enum Value {
+    Count(u64),
+    Time(Duration),
+}
 
 /// The merge of the configs in effect, in order (see the module docs).
 #[derive(Default)]
 struct Merge<'a> {
     configs: Vec<&'a SweetyProxyConfig>,
-    max_connections: Smallest<u32>,
-    max_requests_in_flight: Smallest<u32>,
-    max_request_body_bytes: Smallest<u64>,
-    header_read_timeout: Smallest<Duration>,
-    idle_timeout: Smallest<Duration>,
-    body_idle_timeout: Smallest<Duration>,
-    drain_timeout: Smallest<Duration>,
+    /// Per "smallest wins" field (`limits.maxConnections`, ...): the smallest value and the
+    /// config it came from (ties keep the earlier config).
+    smallest: BTreeMap<&'static str, (Value, usize)>,
+    /// Every (config, field, value as written) offered, to say afterwards who lost.
+    offered: Vec<(usize, &'static str, String)>,
     access_log: Option<bool>,
     /// `logging.format` by config.
     formats: Vec<(usize, LogFormat)>,
-    trusted: Option<BTreeSet<String>>,
+    /// `clientIp.trustedProxies` by config, as normalised CIDRs.
+    trusted: Vec<(usize, BTreeSet<String>)>,
+    /// The configs whose trusted proxies disagree (all that set them, or none).
     trust_conflict: BTreeSet<usize>,
-    /// Configs that set trusted proxies.
-    trust_setters: Vec<usize>,
-    forwarded_for_depth: Smallest<u32>,
     /// Per config: fields where its value does not apply, and why.
     notes: BTreeMap<usize, Vec<String>>,
-    /// (config, field) pairs each limit was set by, to say who lost afterwards.
-    set: Vec<(usize, &'static str, String)>,
-}
-
-/// `slot` takes `value` when it is smaller (ties keep the earlier config).
-fn smaller<T: PartialOrd + Copy>(slot: &mut Smallest<T>, value: T, i: usize) {
-    match slot {
-        Some((v, _)) if *v <= value => {}
-        _ => *slot = Some((value, i)),
-    }
 }
 
 impl<'a> Merge<'a> {
@@ -213,68 +204,60 @@ impl<'a> Merge<'a> {
         self.notes.entry(i).or_default().push(text);
     }
 
+    /// Config `i` sets `field` to `value` (written `text`).
+    fn offer(&mut self, i: usize, field: &'static str, value: Value, text: String) {
+        self.offered.push((i, field, text));
+        match self.smallest.get(field) {
+            Some((v, _)) if *v <= value => {}
+            _ => {
+                self.smallest.insert(field, (value, i));
+            }
+        }
+    }
+
+    /// A positive count, or a note saying why it is left out.
+    fn count(&mut self, i: usize, field: &'static str, v: Option<i64>) {
+        let Some(v) = v else { return };
+        match u64::try_from(v) {
+            Ok(n) if n > 0 => self.offer(i, field, Value::Count(n), v.to_string()),
+            _ => self.note(i, format!("{field} {v} is not a positive number: left out")),
+        }
+    }
+
+    /// A non-zero duration, or a note saying why it is left out.
+    fn time(&mut self, i: usize, field: &'static str, v: Option<&String>) {
+        let Some(text) = v else { return };
+        match text.parse::<Duration>() {
+            Ok(d) if !d.is_zero() => self.offer(i, field, Value::Time(d), text.clone()),
+            _ => self.note(
+                i,
+                format!("{field} {text:?} is not a duration like 30s: left out"),
+            ),
+        }
+    }
+
     fn add(&mut self, i: usize, c: &'a SweetyProxyConfig) {
         self.configs.push(c);
         if let Some(l) = &c.spec.limits {
-            let count = |v: Option<i64>, field: &'static str, m: &mut Merge<'a>| -> Option<u64> {
-                let v = v?;
-                match u64::try_from(v) {
-                    Ok(n) if n > 0 => {
-                        m.set.push((i, field, v.to_string()));
-                        Some(n)
-                    }
-                    _ => {
-                        m.note(
-                            i,
-                            format!("limits.{field} {v} is not a positive number: left out"),
-                        );
-                        None
-                    }
-                }
-            };
-            let clamp32 = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
-            if let Some(n) = count(l.max_connections, "maxConnections", self) {
-                smaller(&mut self.max_connections, clamp32(n), i);
-            }
-            if let Some(n) = count(l.max_requests_in_flight, "maxRequestsInFlight", self) {
-                smaller(&mut self.max_requests_in_flight, clamp32(n), i);
-            }
-            if let Some(n) = count(l.max_request_body_bytes, "maxRequestBodyBytes", self) {
-                smaller(&mut self.max_request_body_bytes, n, i);
-            }
-            let durations: [(&Option<String>, &'static str); 4] = [
-                (&l.header_read_timeout, "headerReadTimeout"),
-                (&l.idle_timeout, "idleTimeout"),
-                (&l.body_idle_timeout, "bodyIdleTimeout"),
-                (&l.drain_timeout, "drainTimeout"),
-            ];
-            for (v, field) in durations {
-                let Some(text) = v else { continue };
-                let d = match text.parse::<Duration>() {
-                    Ok(d) if !d.is_zero() => d,
-                    _ => {
-                        self.note(
-                            i,
-                            format!("limits.{field} {text:?} is not a duration like 30s: left out"),
-                        );
-                        continue;
-                    }
-                };
-                self.set.push((i, field, text.clone()));
-                let slot = match field {
-                    "headerReadTimeout" => &mut self.header_read_timeout,
-                    "idleTimeout" => &mut self.idle_timeout,
-                    "bodyIdleTimeout" => &mut self.body_idle_timeout,
-                    _ => &mut self.drain_timeout,
-                };
-                smaller(slot, d, i);
-            }
+            self.count(i, "limits.maxConnections", l.max_connections);
+            self.count(i, "limits.maxRequestsInFlight", l.max_requests_in_flight);
+            self.count(i, "limits.maxRequestBodyBytes", l.max_request_body_bytes);
+            self.time(
+                i,
+                "limits.headerReadTimeout",
+                l.header_read_timeout.as_ref(),
+            );
+            self.time(i, "limits.idleTimeout", l.idle_timeout.as_ref());
+            self.time(i, "limits.bodyIdleTimeout", l.body_idle_timeout.as_ref());
+            self.time(i, "limits.drainTimeout", l.drain_timeout.as_ref());
         }
-        if let Some(on) = c.spec.logging.as_ref().and_then(|l| l.access_log) {
-            self.access_log = Some(self.access_log.unwrap_or(false) || on);
-        }
-        if let Some(f) = c.spec.logging.as_ref().and_then(|l| l.format) {
-            self.formats.push((i, f));
+        if let Some(logging) = &c.spec.logging {
+            if let Some(on) = logging.access_log {
+                self.access_log = Some(self.access_log.unwrap_or(false) || on);
+            }
+            if let Some(f) = logging.format {
+                self.formats.push((i, f));
+            }
         }
         if let Some(ip) = &c.spec.client_ip {
             if let Some(list) = &ip.trusted_proxies {
@@ -287,98 +270,48 @@ impl<'a> Merge<'a> {
                         Err(e) => self.note(i, format!("clientIp.trustedProxies: {e}: left out")),
                     }
                 }
-                self.trust_setters.push(i);
-                match &self.trusted {
-                    None => self.trusted = Some(set),
-                    Some(prev) if *prev == set => {}
-                    Some(_) => {
-                        self.trust_conflict
-                            .extend(self.trust_setters.iter().copied());
-                    }
-                }
-                if !self.trust_conflict.is_empty() {
-                    self.trust_conflict.insert(i);
-                }
+                self.trusted.push((i, set));
             }
-            if let Some(d) = ip.forwarded_for_depth {
-                match u32::try_from(d) {
-                    Ok(d) if d > 0 => {
-                        self.set.push((i, "forwardedForDepth", d.to_string()));
-                        smaller(&mut self.forwarded_for_depth, d, i);
-                    }
-                    _ => self.note(
-                        i,
-                        format!(
-                            "clientIp.forwardedForDepth {d} is not a positive number: left out"
-                        ),
-                    ),
-                }
-            }
+            let depth = ip.forwarded_for_depth.map(i64::from);
+            self.count(i, "clientIp.forwardedForDepth", depth);
         }
     }
 
-    /// The merged settings; fills in the notes of configs whose values lost.
+    /// The merged settings; fills in the notes of configs whose values do not apply.
     fn config(&mut self) -> Config {
         let mut config = Config::default();
-        let l: &mut Limits = &mut config.limits;
-        let winners: Vec<(&'static str, Option<usize>)> = vec![
-            (
-                "maxConnections",
-                self.max_connections.map(|(v, i)| {
-                    l.max_connections = v;
-                    i
-                }),
-            ),
-            (
-                "maxRequestsInFlight",
-                self.max_requests_in_flight.map(|(v, i)| {
-                    l.max_requests_in_flight = v;
-                    i
-                }),
-            ),
-            (
-                "maxRequestBodyBytes",
-                self.max_request_body_bytes.map(|(v, i)| {
-                    l.max_request_body_bytes = v;
-                    i
-                }),
-            ),
-            (
-                "headerReadTimeout",
-                self.header_read_timeout.map(|(v, i)| {
-                    l.header_read_timeout = v;
-                    i
-                }),
-            ),
-            (
-                "idleTimeout",
-                self.idle_timeout.map(|(v, i)| {
-                    l.idle_timeout = v;
-                    i
-                }),
-            ),
-            (
-                "bodyIdleTimeout",
-                self.body_idle_timeout.map(|(v, i)| {
-                    l.body_idle_timeout = v;
-                    i
-                }),
-            ),
-            (
-                "drainTimeout",
-                self.drain_timeout.map(|(v, i)| {
-                    l.drain_timeout = v;
-                    i
-                }),
-            ),
-            (
-                "forwardedForDepth",
-                self.forwarded_for_depth.map(|(v, i)| {
-                    config.client_ip.forwarded_for_depth = v;
-                    i
-                }),
-            ),
-        ];
+        let (l, ip) = (&mut config.limits, &mut config.client_ip);
+        let clamp32 = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
+        for (field, (value, _)) in &self.smallest {
+            match (*field, *value) {
+                ("limits.maxConnections", Value::Count(n)) => l.max_connections = clamp32(n),
+                ("limits.maxRequestsInFlight", Value::Count(n)) => {
+                    l.max_requests_in_flight = clamp32(n)
+                }
+                ("limits.maxRequestBodyBytes", Value::Count(n)) => l.max_request_body_bytes = n,
+                ("limits.headerReadTimeout", Value::Time(d)) => l.header_read_timeout = d,
+                ("limits.idleTimeout", Value::Time(d)) => l.idle_timeout = d,
+                ("limits.bodyIdleTimeout", Value::Time(d)) => l.body_idle_timeout = d,
+                ("limits.drainTimeout", Value::Time(d)) => l.drain_timeout = d,
+                ("clientIp.forwardedForDepth", Value::Count(n)) => {
+                    ip.forwarded_for_depth = clamp32(n)
+                }
+                _ => unreachable!("{field} is offered with its own kind of value"),
+            }
+        }
+        for (i, field, text) in std::mem::take(&mut self.offered) {
+            let w = self.smallest[field].1;
+            if w != i {
+                let winner = label(self.configs[w]);
+                self.note(
+                    i,
+                    format!(
+                        "{field} {text} does not apply: {winner} sets a smaller one (the \
+                         smallest wins)"
+                    ),
+                );
+            }
+        }
         if let Some(on) = self.access_log {
             config.access_log.enabled = on;
         }
@@ -397,44 +330,29 @@ impl<'a> Merge<'a> {
                 );
             }
         }
-        if self.trust_conflict.is_empty() {
-            if let Some(set) = &self.trusted {
-                config.client_ip.trusted_proxies = set.iter().cloned().collect();
+        match self.trusted.split_first() {
+            Some(((_, first), rest)) if rest.iter().all(|(_, set)| set == first) => {
+                config.client_ip.trusted_proxies = first.iter().cloned().collect();
             }
-        } else {
-            let who: Vec<String> = self
-                .trust_conflict
-                .iter()
-                .map(|i| label(self.configs[*i]))
-                .collect();
-            for i in self.trust_conflict.clone() {
-                self.note(
-                    i,
-                    format!(
-                        "clientIp.trustedProxies differ between {}: no proxy is trusted (the \
-                         peer address is the client) until they agree",
-                        who.join(", ")
-                    ),
-                );
+            Some(_) => {
+                self.trust_conflict = self.trusted.iter().map(|(i, _)| *i).collect();
+                let who: Vec<String> = self
+                    .trust_conflict
+                    .iter()
+                    .map(|i| label(self.configs[*i]))
+                    .collect();
+                for i in self.trust_conflict.clone() {
+                    self.note(
+                        i,
+                        format!(
+                            "clientIp.trustedProxies differ between {}: no proxy is trusted \
+                             (the peer address is the client) until they agree",
+                            who.join(", ")
+                        ),
+                    );
+                }
             }
-        }
-        for (i, field, value) in std::mem::take(&mut self.set) {
-            let Some((_, Some(w))) = winners.iter().find(|(f, _)| *f == field) else {
-                continue;
-            };
-            if *w != i {
-                let section = if field == "forwardedForDepth" {
-                    "clientIp"
-                } else {
-                    "limits"
-                };
-                let text = format!(
-                    "{section}.{field} {value} does not apply: {} sets a smaller one (the \
-                     smallest wins)",
-                    label(self.configs[*w])
-                );
-                self.note(i, text);
-            }
+            None => {}
         }
         config
     }
@@ -444,6 +362,7 @@ impl<'a> Merge<'a> {
 mod tests {
     use super::*;
     use crate::translate::snapshot::Snapshot;
+    use sweety_config::Limits;
 
     fn snapshot(yaml: &str) -> Snapshot {
         Snapshot::from_yaml(yaml).expect("valid test snapshot").0
@@ -641,5 +560,26 @@ spec:
             ("False", "InvalidParameters")
         );
         assert_eq!(c.observed_generation, 4);
+        // Ours, but the SweetyProxyConfig does not exist: said too, nothing applied.
+        let missing = snapshot(
+            r#"
+apiVersion: networking.k8s.io/v1
+kind: IngressClass
+metadata: {name: sweety}
+spec:
+  controller: sweety.dev/ingress-controller
+  parameters: {apiGroup: sweety.dev, kind: SweetyProxyConfig, scope: Namespace, namespace: sweety, name: gone}
+"#,
+        );
+        let (config, statuses) = settings(&missing, &Params::default());
+        assert_eq!(config, Config::default());
+        let c = condition(&statuses, "IngressClass", "sweety");
+        assert_eq!(c.reason, "InvalidParameters");
+        assert!(
+            c.message
+                .contains("SweetyProxyConfig sweety/gone not found"),
+            "{}",
+            c.message
+        );
     }
 }

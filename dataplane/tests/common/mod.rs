@@ -31,6 +31,29 @@ where
     addr
 }
 
+/// Starts an HTTP/1.1 and h2c test backend (hyper's auto server) on an ephemeral 127.0.0.1
+/// port, through [`spawn_backend`]: `handler` answers every request.
+pub(crate) async fn spawn_http_backend<F, Fut>(handler: F) -> SocketAddr
+where
+    F: Fn(http::Request<hyper::body::Incoming>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: std::future::Future<Output = http::Response<Full<Bytes>>> + Send + 'static,
+{
+    spawn_backend(move |s| {
+        let handler = handler.clone();
+        async move {
+            let svc = hyper::service::service_fn(move |req| {
+                let answer = handler(req);
+                async move { Ok::<_, std::convert::Infallible>(answer.await) }
+            });
+            let _ =
+                hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new())
+                    .serve_connection(TokioIo::new(s), svc)
+                    .await;
+        }
+    })
+    .await
+}
+
 /// A started runtime and the addresses of its listeners by name.
 pub(crate) struct Harness {
     pub runtime: Arc<Runtime>,

@@ -61,8 +61,9 @@ pub(super) const SUPPORTED_FEATURES: &[&str] = &[
     "UDPRoute",
 ];
 
-const PROXY_CONFIG_GROUP: &str = "sweety.dev";
-const PROXY_CONFIG_KIND: &str = "SweetyProxyConfig";
+use crate::translate::proxy_settings::{
+    self, GROUP as PROXY_CONFIG_GROUP, KIND as PROXY_CONFIG_KIND,
+};
 
 /// The Kubernetes spelling of a SweetyProxyConfig `service.type`.
 fn service_type_name(t: sweety_crds::proxy_config::ServiceType) -> &'static str {
@@ -122,11 +123,7 @@ pub(super) fn translate(b: &mut Builder<'_>) -> BTreeMap<String, ClassInfo> {
                     "parametersRef to {PROXY_CONFIG_KIND} needs a namespace"
                 ));
             };
-            let found = b.snapshot.proxy_configs.iter().find(|c| {
-                c.metadata.namespace.as_deref() == Some(ns)
-                    && c.metadata.name.as_deref() == Some(p.name.as_str())
-            });
-            match found {
+            match proxy_settings::find(b.snapshot, ns, &p.name) {
                 Some(c) => {
                     http3 = c.spec.http3;
                     service = c.spec.service.clone();
