@@ -523,19 +523,6 @@ fn route<'a>(
             "404 Not Found: listener is being removed\n",
         )));
     };
-    let limits = &snap.config.limits;
-    if let Some(len) = req
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
-    {
-        if len > limits.max_request_body_bytes {
-            shared.metrics.limit_hit("body_too_large");
-            return Routed::Answered(Served::unrouted(
-                crate::limits::BodyLimitError::TooLarge.response(),
-            ));
-        }
-    }
     let host = request_host(&req);
     if ctx.conn.tls {
         if let Some(sni) = ctx.conn.sni.as_deref() {
@@ -571,6 +558,19 @@ fn route<'a>(
         }
     };
     let route_name = entry.name.clone();
+    // The body limit: the route's (`proxy-body-size`), else the dataplane's.
+    if let Some(len) = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+    {
+        if len > body_limit(&entry.route, &snap.config.limits) {
+            shared.metrics.limit_hit("body_too_large");
+            return Routed::Answered(Served::unrouted(
+                crate::limits::BodyLimitError::TooLarge.response(),
+            ));
+        }
+    }
     // What compression needs from the request, kept only for routes that compress.
     let accept_encoding: Vec<HeaderValue> = match entry.filters.content().compress {
         Some(_) => req
@@ -767,7 +767,7 @@ async fn act<'a>(
                 }
                 let body = crate::body::boxed(LimitedBody::new(
                     body,
-                    limits.max_request_body_bytes,
+                    body_limit(route, limits),
                     limits.body_idle_timeout.get(),
                     shared.metrics.clone(),
                 ));
@@ -940,6 +940,16 @@ fn refresher(
                 _ => text_response(StatusCode::NOT_FOUND, "not a proxy route\n"),
             }
         })
+    }
+}
+
+/// The largest request body `route` accepts: its own `max_request_body_bytes` (`0`: no
+/// limit), else the dataplane's `limits.max_request_body_bytes`.
+fn body_limit(route: &sweety_config::Route, limits: &sweety_config::Limits) -> u64 {
+    match route.max_request_body_bytes {
+        Some(0) => u64::MAX,
+        Some(n) => n,
+        None => limits.max_request_body_bytes,
     }
 }
 
