@@ -451,22 +451,21 @@ async fn authenticated<'a>(
     a: Authenticating<'a>,
 ) -> Served<'a> {
     let mut a = a;
+    let refused = |a: Authenticating<'a>, r: Response<Body>| {
+        shared.metrics.edge_events.inc(&"auth_refused");
+        let r = crate::access::hold(r, a.in_flight);
+        Served::routed(a.route_name, r, a.matched, None)
+    };
     if let Some(basic) = &a.basic {
         if let Err(r) = basic.check(a.req.headers()).await {
-            shared.metrics.edge_events.inc(&"auth_refused");
-            let r = crate::access::hold(r, a.in_flight);
-            return Served::routed(a.route_name, r, a.matched, None);
+            return refused(a, r);
         }
     }
     let mut allowed = None;
-    if let Some(external) = &a.external {
+    if let Some(external) = a.external.clone() {
         match external.check(&mut a.req, &a.host, ctx).await {
             crate::ext_auth::Decision::Allow(ok) => allowed = Some(ok),
-            crate::ext_auth::Decision::Deny(r) => {
-                shared.metrics.edge_events.inc(&"auth_refused");
-                let r = crate::access::hold(r, a.in_flight);
-                return Served::routed(a.route_name, r, a.matched, None);
-            }
+            crate::ext_auth::Decision::Deny(r) => return refused(a, r),
         }
     }
     let mut served = authorized(shared, snap, view, ctx, a).await;
@@ -955,16 +954,7 @@ fn body_limit(route: &sweety_config::Route, limits: &sweety_config::Limits) -> u
 
 /// The request host: `:authority` or `Host`, lower-cased, without port or trailing dot.
 pub fn request_host<B>(req: &Request<B>) -> Cow<'_, str> {
-    let raw = req
-        .uri()
-        .authority()
-        .map(|a| a.as_str())
-        .or_else(|| {
-            req.headers()
-                .get(header::HOST)
-                .and_then(|h| h.to_str().ok())
-        })
-        .unwrap_or("");
+    let raw = crate::identity::raw_authority(req);
     let no_port = strip_port(raw);
     let no_port = no_port.strip_suffix('.').unwrap_or(no_port);
     if no_port.bytes().any(|b| b.is_ascii_uppercase()) {
