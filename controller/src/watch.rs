@@ -71,8 +71,9 @@ pub struct WatchOptions {
     /// Services there (and only those, by label) are watched into the snapshot too, for Gateway
     /// status addresses and stable container ports.
     pub gateway_services_namespace: Option<String>,
-    /// The default-certificate Secret (namespace, name): kept in every snapshot (when its
-    /// namespace is watched) although nothing references it, so a rotation is served.
+    /// The default-certificate Secret (namespace, name): kept in every snapshot although
+    /// nothing references it, so a rotation is served; when `namespaces` leaves out its
+    /// namespace, that Secret alone (by name) is watched there too.
     pub default_certificate_secret: Option<(String, String)>,
     /// First wait between discovery polls for kinds not served at start.
     pub discovery_min: Duration,
@@ -513,6 +514,22 @@ impl Watches {
                 let store = w.spawn(api, config);
                 stores
                     .services
+                    .stores
+                    .write()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(store);
+            }
+        }
+        if let Some((ns, name)) = &options.default_certificate_secret {
+            // Outside the watched namespaces: that one Secret (by name) is watched too, so a
+            // rotation or a replacement is served there as well.
+            if !options.namespaces.is_empty() && !options.namespaces.contains(ns) {
+                let api = Api::<Secret>::namespaced(w.client.clone(), ns);
+                let config = watcher::Config::default()
+                    .fields(&format!("metadata.name={name},type=kubernetes.io/tls"));
+                let store = w.spawn(api, config);
+                stores
+                    .secrets
                     .stores
                     .write()
                     .unwrap_or_else(|p| p.into_inner())
