@@ -139,8 +139,15 @@ pub fn establish(
             .map_err(|_| IdentityError::Path(PathError::BadEscape))?;
     }
     if let Some(a) = authority {
-        let v = HeaderValue::from_str(&a).map_err(|_| IdentityError::BadAuthority)?;
-        req.headers_mut().insert(header::HOST, v);
+        // A `Host` already in its normal form (one field, checked above) stays as it is.
+        let same_host = req
+            .headers()
+            .get(header::HOST)
+            .is_some_and(|h| h.as_bytes() == a.as_bytes());
+        if !same_host {
+            let v = HeaderValue::from_str(&a).map_err(|_| IdentityError::BadAuthority)?;
+            req.headers_mut().insert(header::HOST, v);
+        }
     }
     Ok(())
 }
@@ -153,7 +160,9 @@ fn authority(req: &Request<Body>, protocol: Protocol) -> Result<Option<String>, 
     if hosts.next().is_some() {
         return Err(IdentityError::DuplicateHost);
     }
-    let from_uri = req.uri().authority().map(|a| a.as_str());
+    // The URI's authority was parsed with the URI (by the same rules as `Host` below): it is
+    // not parsed again.
+    let from_uri = req.uri().authority();
     if protocol == Protocol::Http1 && req.version() != Version::HTTP_10 && host.is_none() {
         return Err(IdentityError::MissingHost);
     }
@@ -161,19 +170,18 @@ fn authority(req: &Request<Body>, protocol: Protocol) -> Result<Option<String>, 
         Some(h) => Some(h.to_str().map_err(|_| IdentityError::BadAuthority)?),
         None => None,
     };
-    let raw = match (from_uri, host) {
+    match (from_uri, host) {
         (Some(u), Some(h)) if protocol != Protocol::Http1 => {
-            let u = normalize_authority(u)?;
+            let u = normal_form(u)?;
             if u != normalize_authority(h)? {
                 return Err(IdentityError::AuthorityMismatch);
             }
-            return Ok(Some(u));
+            Ok(Some(u))
         }
-        (Some(u), _) => u,
-        (None, Some(h)) => h,
-        (None, None) => return Ok(None),
-    };
-    normalize_authority(raw).map(Some)
+        (Some(u), _) => normal_form(u).map(Some),
+        (None, Some(h)) => normalize_authority(h).map(Some),
+        (None, None) => Ok(None),
+    }
 }
 
 /// `host[:port]` lower-cased, without a trailing dot on the host.
@@ -182,13 +190,25 @@ pub fn normalize_authority(raw: &str) -> Result<String, IdentityError> {
         return Err(IdentityError::Userinfo);
     }
     let a: http::uri::Authority = raw.parse().map_err(|_| IdentityError::BadAuthority)?;
+    normal_form(&a)
+}
+
+/// [`normalize_authority`] of an authority parsed already (one allocation, the result).
+fn normal_form(a: &http::uri::Authority) -> Result<String, IdentityError> {
+    if a.as_str().contains('@') {
+        return Err(IdentityError::Userinfo);
+    }
     let host = a.host();
     let host = host.strip_suffix('.').unwrap_or(host);
     if host.is_empty() || host.starts_with('.') || host.contains("..") {
         return Err(IdentityError::BadAuthority);
     }
-    let mut out = host.to_ascii_lowercase();
-    if let Some(p) = a.port() {
+    let port = a.port();
+    let mut out =
+        String::with_capacity(host.len() + port.as_ref().map_or(0, |p| p.as_str().len() + 1));
+    out.push_str(host);
+    out.make_ascii_lowercase();
+    if let Some(p) = port {
         out.push(':');
         out.push_str(p.as_str());
     }
@@ -449,6 +469,16 @@ mod tests {
             assert_eq!(
                 r("https://A.test./x", &[]),
                 Ok(("a.test".into(), "https://a.test/x".into()))
+            );
+            // The URI's own authority (not parsed again) is held to the same rules.
+            assert_eq!(r("https://u@a.test/x", &[]), Err(IdentityError::Userinfo));
+            assert_eq!(
+                r("https://a..test/x", &[]),
+                Err(IdentityError::BadAuthority)
+            );
+            assert_eq!(
+                r("https://a.test:8443/x", &[("host", "a.test:8443")]),
+                Ok(("a.test:8443".into(), "https://a.test:8443/x".into()))
             );
         }
     }

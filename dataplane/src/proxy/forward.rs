@@ -38,10 +38,27 @@ pub const CLIENT_FORWARDING: [&str; 9] = [
 ];
 
 /// Removes [`CLIENT_FORWARDING`] from a request that did not come through a trusted proxy.
+///
+/// One pass over the names the request has (a few), removing only those present: removing
+/// each of the nine names by string would parse and hash it every request (about 3,000
+/// instructions per request, most of an HTTP/2 cache hit's pipeline), for a request that
+/// usually has none of them.
 pub fn drop_client_forwarding(headers: &mut HeaderMap) {
-    for n in CLIENT_FORWARDING {
-        headers.remove(n);
+    let mut present: Option<Vec<HeaderName>> = None;
+    for name in headers.keys() {
+        if is_client_forwarding(name) {
+            present.get_or_insert_with(Vec::new).push(name.clone());
+        }
     }
+    for name in present.into_iter().flatten() {
+        headers.remove(name);
+    }
+}
+
+/// Whether `name` is one of [`CLIENT_FORWARDING`] (names are lower case in a `HeaderName`).
+fn is_client_forwarding(name: &HeaderName) -> bool {
+    let n = name.as_str();
+    (n.starts_with("x-") || n == "forwarded") && CLIENT_FORWARDING.contains(&n)
 }
 
 /// Removes hop-by-hop headers (see the module docs): the connection-specific fields
@@ -319,6 +336,26 @@ mod tests {
         assert_eq!(h.get("x-forwarded-proto").unwrap(), "http");
         assert!(h.get("x-forwarded-host").is_none());
         assert_eq!(h.get("x-keep").unwrap(), "1");
+    }
+
+    #[test]
+    fn every_client_forwarding_field_is_dropped_in_every_repetition() {
+        let mut fields: Vec<(&str, &str)> = Vec::new();
+        for n in CLIENT_FORWARDING {
+            fields.push((n, "6.6.6.6"));
+            fields.push((n, "7.7.7.7"));
+        }
+        fields.push(("x-forwarded", "1"));
+        fields.push(("x-keep", "1"));
+        let mut h = hm(&fields);
+        drop_client_forwarding(&mut h);
+        for n in CLIENT_FORWARDING {
+            assert!(h.get(n).is_none(), "{n} was kept");
+        }
+        assert_eq!(h.len(), 2, "only the others are left: {h:?}");
+        let mut none = hm(&[("accept", "*/*")]);
+        drop_client_forwarding(&mut none);
+        assert_eq!(none.len(), 1);
     }
 
     #[test]
