@@ -133,6 +133,14 @@ where
             .clone()
     }
 
+    /// One more store (an extra watch of this kind), read with the others.
+    fn push(&self, store: Store<K>) {
+        self.stores
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(store);
+    }
+
     /// Every cached object of this kind.
     pub fn state(&self) -> Vec<Arc<K>> {
         match self.read().as_slice() {
@@ -511,13 +519,7 @@ impl Watches {
                 let config = watcher::Config::default().labels(&format!(
                     "{MANAGED_BY_LABEL}={MANAGED_BY},{GATEWAY_NAME_LABEL}"
                 ));
-                let store = w.spawn(api, config);
-                stores
-                    .services
-                    .stores
-                    .write()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .push(store);
+                stores.services.push(w.spawn(api, config));
             }
         }
         if let Some((ns, name)) = &options.default_certificate_secret {
@@ -527,13 +529,7 @@ impl Watches {
                 let api = Api::<Secret>::namespaced(w.client.clone(), ns);
                 let config = watcher::Config::default()
                     .fields(&format!("metadata.name={name},type=kubernetes.io/tls"));
-                let store = w.spawn(api, config);
-                stores
-                    .secrets
-                    .stores
-                    .write()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .push(store);
+                stores.secrets.push(w.spawn(api, config));
             }
         }
         let tasks = w.tasks.clone();
@@ -748,11 +744,7 @@ impl Starter {
             let late = stored.clone();
             self.later::<K>(Box::new(move |w: &mut Starter| {
                 let api = Api::<K>::all(w.client.clone());
-                let store = w.spawn(api, config);
-                late.stores
-                    .write()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .push(store);
+                late.push(w.spawn(api, config));
             }));
             return stored;
         }

@@ -3366,6 +3366,26 @@ async fn served_certificate(port: u16, sni: Option<&str>) -> Option<Vec<u8>> {
         .ok()?
 }
 
+/// An Ingress `site` of class `class` in `ns` with TLS for `site.<ns>.test` (its Secret
+/// `site-tls`), so the Ingress HTTPS listener, and its default certificate, exist.
+async fn tls_ingress(client: &Client, ns: &str, class: &str) {
+    let host = format!("site.{ns}.test");
+    let (site_cert, site_key, _) = certificate(&host);
+    create(
+        &Api::<Secret>::namespaced(client.clone(), ns),
+        tls_secret("site-tls", &site_cert, &site_key),
+    )
+    .await;
+    create(
+        &Api::<k8s_openapi::api::networking::v1::Ingress>::namespaced(client.clone(), ns),
+        json!({"metadata": {"name": "site"}, "spec": {"ingressClassName": class,
+               "tls": [{"hosts": [host], "secretName": "site-tls"}],
+               "rules": [{"host": host, "http": {"paths": [{"path": "/", "pathType": "Prefix",
+                 "backend": {"service": {"name": "web", "port": {"number": 80}}}}]}}]}}),
+    )
+    .await;
+}
+
 /// A self-signed certificate for `host`: (PEM chain, PEM key, DER).
 fn certificate(host: &str) -> (String, String, Vec<u8>) {
     let ck = rcgen::generate_simple_self_signed(vec![host.to_string()]).unwrap();
@@ -3701,7 +3721,6 @@ async fn tenant_with_ordinary_rbac_cannot_take_another_namespaces_traffic() {
 #[tokio::test]
 #[ignore = "needs a kube-apiserver: SWEETY_KUBECONFIG (e2e/controller-it.sh)"]
 async fn default_certificate_secret_rotation_is_served() {
-    use k8s_openapi::api::networking::v1::Ingress;
     use sweety_controller::translate::{DefaultCertificate, Params};
     let _guard = LOCK.lock().await;
     let client = cluster().await;
@@ -3717,17 +3736,7 @@ async fn default_certificate_secret_rotation_is_served() {
     )
     .await;
     // An Ingress with TLS, so the HTTPS listener exists.
-    let host = format!("site.{ns}.test");
-    let (site_cert, site_key, _) = certificate(&host);
-    create(&secrets, tls_secret("site-tls", &site_cert, &site_key)).await;
-    create(
-        &Api::<Ingress>::namespaced(client.clone(), &ns),
-        json!({"metadata": {"name": "site"}, "spec": {"ingressClassName": class_name,
-               "tls": [{"hosts": [host], "secretName": "site-tls"}],
-               "rules": [{"host": host, "http": {"paths": [{"path": "/", "pathType": "Prefix",
-                 "backend": {"service": {"name": "web", "port": {"number": 80}}}}]}}]}}),
-    )
-    .await;
+    tls_ingress(&client, &ns, &class_name).await;
 
     let dataplane = InProcessDataplane::start();
     let options = run_options(
@@ -3803,7 +3812,6 @@ async fn default_certificate_secret_rotation_is_served() {
 #[tokio::test]
 #[ignore = "needs a kube-apiserver: SWEETY_KUBECONFIG (e2e/controller-it.sh)"]
 async fn two_controllers_started_at_once_share_one_default_certificate() {
-    use k8s_openapi::api::networking::v1::Ingress;
     use sweety_controller::default_certificate::SharedDefaultCertificate;
     use sweety_controller::leader::LeaseOptions;
     use sweety_controller::translate::Params;
@@ -3819,17 +3827,7 @@ async fn two_controllers_started_at_once_share_one_default_certificate() {
     .await;
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
     // An Ingress with TLS, so the HTTPS listener (and its default certificate) exists.
-    let host = format!("site.{ns}.test");
-    let (site_cert, site_key, _) = certificate(&host);
-    create(&secrets, tls_secret("site-tls", &site_cert, &site_key)).await;
-    create(
-        &Api::<Ingress>::namespaced(client.clone(), &ns),
-        json!({"metadata": {"name": "site"}, "spec": {"ingressClassName": class_name,
-               "tls": [{"hosts": [host], "secretName": "site-tls"}],
-               "rules": [{"host": host, "http": {"paths": [{"path": "/", "pathType": "Prefix",
-                 "backend": {"service": {"name": "web", "port": {"number": 80}}}}]}}]}}),
-    )
-    .await;
+    tls_ingress(&client, &ns, &class_name).await;
     let shared = SharedDefaultCertificate {
         owner_service_account: Some("sweety".into()),
         check_every: Duration::from_secs(1),
