@@ -39,6 +39,19 @@
 //! `ignore_unsupported_security_annotations` says. `auth-type: digest` is not implemented
 //! (503). `auth-secret`/`auth-realm` without `auth-type` are ignored, as in ingress-nginx.
 //!
+//! **External authentication.** `auth-url` (with `auth-method`, `auth-signin`,
+//! `auth-signin-redirect-param`, `auth-response-headers`, `auth-request-redirect`,
+//! `auth-always-set-cookie`) becomes an `external_auth` filter on every path
+//! ([`sweety_config::ext_auth`]; the dataplane's `ext_auth` sends the subrequest) whose
+//! addresses are restricted like an ExternalName's (`restrict_addresses`; an address literal
+//! the policy refuses is refused here already). A URL or setting that cannot be honoured
+//! (nginx variables in `auth-url`, an unknown variable in `auth-signin`, a framing header in
+//! `auth-response-headers`, …) fails closed: every path answers 503 with the reason
+//! (`AuthInvalid`), whatever `ignore_unsupported_security_annotations` says. The settings
+//! without `auth-url` are ignored, as in ingress-nginx; `auth-cache-*` and `auth-keepalive*`
+//! are ignored (every request is asked; connections are kept alive anyway);
+//! `auth-proxy-set-headers` is refused (403) and `auth-snippet` refuses the Ingress (503).
+//!
 //! **Fail closed.** Security annotations Sweety does not implement (`auth-*`, `modsecurity`,
 //! `satisfy`, …; [`is_security`]) and allow/deny list entries that cannot be honoured make
 //! every path of the Ingress answer 403 with a body naming them
@@ -59,10 +72,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use sweety_config::htpasswd;
 use sweety_config::{
-    Action, BackendProtocol, BasicAuth, Cidr, ConcurrencyLimit, Cors, Duration, Filter,
-    FixedResponse, HashAlgorithm, HashOn, HashPolicy, HeaderMatch, IpAccess, MatchKind, PathMatch,
-    PathRewrite, ProxyAction, RateLimit, RateLimitKey, Redirect, Route, RouteMatch, SessionKind,
-    SessionPersistence, UrlRewrite, WeightedBackend,
+    Action, BackendProtocol, BasicAuth, Cidr, ConcurrencyLimit, Cors, Duration, ExternalAuth,
+    Filter, FixedResponse, HashAlgorithm, HashOn, HashPolicy, HeaderMatch, IpAccess, MatchKind,
+    PathMatch, PathRewrite, ProxyAction, RateLimit, RateLimitKey, Redirect, Route, RouteMatch,
+    SessionKind, SessionPersistence, UrlRewrite, WeightedBackend,
 };
 
 /// Annotation prefix of ingress-nginx.
@@ -110,6 +123,8 @@ pub struct Annotations {
     pub hash: Option<HashPolicy>,
     /// `auth-type: basic` with `auth-secret` (+ `auth-secret-type`, `auth-realm`).
     pub basic_auth: Option<BasicAuth>,
+    /// `auth-url` and its `auth-*` settings.
+    pub external_auth: Option<ExternalAuth>,
     /// Fail closed: every route of the Ingress answers this status and body instead (a
     /// security annotation Sweety does not implement, an access list entry it cannot honour:
     /// 403; a snippet: 503, the whole Ingress is refused).
@@ -227,17 +242,18 @@ pub const ANNOTATIONS: &[AnnotationSpec] = &[
     spec("auth-secret", Differently, "the Ingress's own namespace only; htpasswd bcrypt, `$apr1$` and `{SHA}` entries (others are refused one by one)", "basic-auth"),
     spec("auth-secret-type", Support::Honoured, "`auth-file` or `auth-map`", "auth-file"),
     spec("auth-realm", Support::Honoured, "", "Staff"),
-    spec("auth-url", Refused, "external authentication is not implemented yet", "http://auth.example/verify"),
-    spec("auth-signin", Refused, "see `auth-url`", "https://auth.example/start"),
-    spec("auth-signin-*", Refused, "see `auth-url`", "x"),
-    spec("auth-method", Refused, "see `auth-url`", "GET"),
-    spec("auth-response-headers", Refused, "see `auth-url`", "X-User"),
-    spec("auth-request-redirect", Refused, "see `auth-url`", "/"),
-    spec("auth-cache-key", Refused, "see `auth-url`", "$remote_user"),
-    spec("auth-proxy-set-headers", Refused, "see `auth-url`", "ns/cm"),
-    spec("auth-always-set-cookie", Refused, "see `auth-url`", "true"),
-    spec("auth-keepalive*", Refused, "see `auth-url`", "10"),
-    spec("global-auth-url", Refused, "see `auth-url`", "http://auth.example/"),
+    spec("auth-url", Differently, "a subrequest as ingress-nginx sends it (original method and headers, no body); nginx variables (`$host`) are not supported (fails closed, 503); loopback, link-local, metadata and the dataplane's own addresses are refused (500); `https` is verified against the public CAs; 5 s timeout; a service that cannot be asked answers 500", "http://auth.example/verify"),
+    spec("auth-signin", Differently, "a 302 with the original URL in `rd` as ingress-nginx adds it; variables: `$host`, `$http_host`, `$best_http_host`, `$scheme`, `$pass_access_scheme`, `$request_uri`, `$escaped_request_uri` only (others fail closed, 503)", "https://auth.example/start"),
+    spec("auth-signin-redirect-param", Support::Honoured, "", "next"),
+    spec("auth-method", Support::Honoured, "", "GET"),
+    spec("auth-response-headers", Differently, "the client's own copies are removed before the backend sees the request; `Host`, `Content-Length`, `Transfer-Encoding` and other framing headers fail closed (503)", "X-User"),
+    spec("auth-request-redirect", Support::Honoured, "", "/"),
+    spec("auth-always-set-cookie", Support::Honoured, "", "true"),
+    spec("auth-cache-key", Ignored, "auth answers are not cached: every request is asked (stricter)", "$remote_user"),
+    spec("auth-cache-duration", Ignored, "see `auth-cache-key`", "200 202 401 5m"),
+    spec("auth-keepalive*", Ignored, "connections to the auth service are kept alive (16 idle per path) anyway", "10"),
+    spec("auth-proxy-set-headers", Refused, "not implemented: the auth service would not get the headers it asks for", "ns/cm"),
+    spec("global-auth-url", Refused, "no cluster-wide external authentication", "http://auth.example/"),
     spec("auth-tls-*", Refused, "client certificates on Ingress hosts are not implemented yet", "on"),
     spec("satisfy", Refused, "not implemented", "any"),
     spec("enable-modsecurity", Refused, "no WAF", "true"),
@@ -570,6 +586,83 @@ fn basic_auth<'a>(
     })
 }
 
+/// Why an auth service address is one a tenant may not aim the subrequest at (the dataplane
+/// refuses the same, and names that resolve there, after resolution): said early for an
+/// address literal.
+fn refused_auth_host(host: &str) -> Option<&'static str> {
+    let ip: std::net::IpAddr = host.parse().ok()?;
+    let ip = match ip {
+        std::net::IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, std::net::IpAddr::V4),
+        v4 => v4,
+    };
+    match ip {
+        _ if ip.is_loopback() => Some("a loopback address"),
+        _ if ip.is_unspecified() => Some("an unspecified address"),
+        std::net::IpAddr::V4(v4) if v4.is_link_local() => {
+            Some("a link-local (or cloud metadata) address")
+        }
+        std::net::IpAddr::V6(v6) if (v6.segments()[0] & 0xffc0) == 0xfe80 => {
+            Some("a link-local address")
+        }
+        std::net::IpAddr::V6(v6) if v6.segments() == [0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254] => {
+            Some("a cloud metadata address")
+        }
+        _ if ip.is_multicast() => Some("not a unicast address"),
+        _ => None,
+    }
+}
+
+/// The `external_auth` filter of `auth-url` and its settings, or why it cannot be made (fails
+/// closed). The URL is a tenant's: the filter restricts the addresses it may reach.
+fn external_auth<'a>(get: &impl Fn(&str) -> Option<&'a str>) -> Result<ExternalAuth, String> {
+    let url = get("auth-url").unwrap_or("").trim();
+    let parsed = sweety_config::ext_auth::parse_auth_url(url)
+        .map_err(|e| format!("{PREFIX}auth-url {:?} {e}", truncate(url)))?;
+    if let Some(why) = refused_auth_host(&parsed.host) {
+        return Err(format!(
+            "{PREFIX}auth-url {:?} names {why}, which an auth service of a tenant may not be",
+            truncate(url)
+        ));
+    }
+    let mut f = ExternalAuth::new(url);
+    f.restrict_addresses = true;
+    f.method = get("auth-method").map(|m| m.trim().to_string());
+    f.signin = get("auth-signin").map(|s| s.trim().to_string());
+    if let Some(p) = get("auth-signin-redirect-param") {
+        f.signin_redirect_param = p.trim().to_string();
+    }
+    f.response_headers = get("auth-response-headers").map(list).unwrap_or_default();
+    f.request_redirect = get("auth-request-redirect")
+        .map(|r| r.trim().to_string())
+        .filter(|r| !r.is_empty());
+    if let Some(v) = get("auth-always-set-cookie") {
+        f.always_set_cookie = truthy(v).ok_or_else(|| {
+            format!(
+                "{PREFIX}auth-always-set-cookie {:?} is not \"true\" or \"false\"",
+                truncate(v)
+            )
+        })?;
+    }
+    let problems = sweety_config::ext_auth::check_external_auth(&f);
+    if !problems.is_empty() {
+        let field = |f: &str| match f.split('[').next().unwrap_or(f) {
+            "url" => "auth-url",
+            "method" => "auth-method",
+            "signin" => "auth-signin",
+            "signin_redirect_param" => "auth-signin-redirect-param",
+            "response_headers" => "auth-response-headers",
+            "request_redirect" => "auth-request-redirect",
+            _ => "auth-url",
+        };
+        return Err(problems
+            .iter()
+            .map(|(f, m)| format!("{PREFIX}{} {m}", field(f)))
+            .collect::<Vec<_>>()
+            .join("; "));
+    }
+    Ok(f)
+}
+
 impl Annotations {
     /// Read the `nginx.ingress.kubernetes.io/*` annotations, reporting the ones not applied.
     pub(crate) fn parse(
@@ -793,6 +886,28 @@ impl Annotations {
                 },
                 // Read with `auth-type` (below).
                 "auth-secret" | "auth-secret-type" | "auth-realm" => {}
+                // Read with `auth-url` (below).
+                "auth-url"
+                | "auth-method"
+                | "auth-signin"
+                | "auth-signin-redirect-param"
+                | "auth-response-headers"
+                | "auth-request-redirect"
+                | "auth-always-set-cookie" => {}
+                "auth-cache-key" | "auth-cache-duration" => report.warn(
+                    "UnsupportedAnnotation",
+                    format!(
+                        "{key} is not applied: auth answers are not cached, every request is \
+                         asked (stricter than the cache)"
+                    ),
+                ),
+                n if n.starts_with("auth-keepalive") => report.warn(
+                    "UnsupportedAnnotation",
+                    format!(
+                        "{key} is not applied: connections to the auth service are kept alive \
+                         anyway"
+                    ),
+                ),
                 "canary" => a.canary = flag(report),
                 "canary-weight" => match value.trim().parse::<u32>() {
                     Ok(w) => a.canary_weight = w,
@@ -1000,6 +1115,41 @@ impl Annotations {
         if affinity {
             a.session = Some(session_cookie(&get, report));
         }
+        if get("auth-url").is_some() {
+            match external_auth(&get) {
+                Ok(f) => a.external_auth = Some(f),
+                Err(why) => {
+                    report.warn(
+                        "AuthInvalid",
+                        format!(
+                            "external authentication: {why}; the Ingress's paths answer 503 \
+                             until it is fixed"
+                        ),
+                    );
+                    auth_failures.push(why);
+                }
+            }
+        } else if let Some(k) = all.keys().find(|k| {
+            matches!(
+                k.strip_prefix(PREFIX),
+                Some(
+                    "auth-method"
+                        | "auth-signin"
+                        | "auth-signin-redirect-param"
+                        | "auth-response-headers"
+                        | "auth-request-redirect"
+                        | "auth-always-set-cookie"
+                )
+            )
+        }) {
+            report.warn(
+                "UnsupportedAnnotation",
+                format!(
+                    "{k} without {PREFIX}auth-url is ignored (as ingress-nginx does): no \
+                     external authentication is set up"
+                ),
+            );
+        }
         if basic {
             match basic_auth(&get, ns, secrets, report) {
                 Ok(f) => a.basic_auth = Some(f),
@@ -1109,6 +1259,9 @@ impl Annotations {
         }
         if let Some(b) = &self.basic_auth {
             route.filters.push(Filter::BasicAuth(b.clone()));
+        }
+        if let Some(e) = &self.external_auth {
+            route.filters.push(Filter::ExternalAuth(e.clone()));
         }
         if let Some(target) = &self.rewrite_target {
             let m = route.matches.first_mut().and_then(|m| m.path.as_mut());
@@ -1735,7 +1888,11 @@ mod tests {
         ] {
             assert!(masked_cidr(bad).is_err(), "{bad}");
         }
-        assert!(is_security("auth-url", "x") && is_security("auth-tls-verify-client", "on"));
+        assert!(
+            is_security("auth-proxy-set-headers", "x")
+                && is_security("auth-tls-verify-client", "on")
+        );
+        assert!(!is_security("auth-url", "x"));
         assert!(
             is_security("modsecurity-snippet", "x") && is_security("enable-modsecurity", "true")
         );
@@ -1785,6 +1942,18 @@ mod tests {
             // The basic-auth settings are read with `auth-type: basic` only.
             if matches!(name, "auth-secret" | "auth-secret-type" | "auth-realm") {
                 annotations.insert(format!("{PREFIX}auth-type"), "basic".into());
+            }
+            // The external-auth settings are read with `auth-url` only.
+            if name.starts_with("auth-")
+                && !name.starts_with("auth-tls")
+                && !matches!(
+                    name,
+                    "auth-type" | "auth-secret" | "auth-secret-type" | "auth-realm"
+                )
+            {
+                annotations
+                    .entry(format!("{PREFIX}auth-url"))
+                    .or_insert_with(|| "http://auth.example/verify".into());
             }
             let ing = Ingress {
                 metadata: ObjectMeta {
