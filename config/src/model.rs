@@ -337,6 +337,11 @@ pub struct Route {
     /// Retry policy for proxied requests.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry: Option<RetryPolicy>,
+    /// The largest request body this route accepts, bytes, in place of
+    /// `limits.max_request_body_bytes` (higher or lower); `0`: no limit (ingress-nginx's
+    /// `proxy-body-size: 0`). Past it: 413.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_request_body_bytes: Option<u64>,
 }
 
 /// Conditions a request must meet, all of them (AND).
@@ -502,6 +507,15 @@ pub enum PathRewrite {
     Full(String),
     /// Replace the part of the path that the route's `prefix` match matched.
     Prefix(String),
+    /// When `pattern` (a regex, searched in the path, not anchored) matches, the whole path
+    /// becomes `substitution` with `$1`…`$9` replaced by the match's groups (an unmatched
+    /// group is empty), as nginx's `rewrite` does; otherwise the path is kept.
+    Regex {
+        /// RE2 syntax (Rust `regex`).
+        pattern: String,
+        /// Starts with `/`; `$` only before a digit 1-9.
+        substitution: String,
+    },
 }
 
 /// URL rewrite before the handler runs.

@@ -308,6 +308,7 @@ pub(crate) fn checked_route(route: Route, report: &mut dyn FnMut(String)) -> Opt
         action: unavailable(&format!("invalid route: {why}")),
         timeouts: Default::default(),
         retry: None,
+        max_request_body_bytes: None,
         ..route
     };
     check(&fallback).is_ok().then_some(fallback)
@@ -557,6 +558,7 @@ fn cluster_default_backend(b: &mut Builder<'_>, spec: &str) -> Route {
         action,
         timeouts: Default::default(),
         retry: None,
+        max_request_body_bytes: None,
     }
 }
 
@@ -764,7 +766,13 @@ pub fn translate(b: &mut Builder<'_>) -> BTreeSet<String> {
             }
             for (pi, p) in paths.iter().enumerate() {
                 let path = p.path.clone().unwrap_or_else(|| "/".into());
-                let regex = p.path_type == "ImplementationSpecific" && ann.use_regex;
+                // A target with capture groups makes the path a regex, as in ingress-nginx.
+                let regex = p.path_type == "ImplementationSpecific"
+                    && (ann.use_regex
+                        || ann
+                            .rewrite_target
+                            .as_deref()
+                            .is_some_and(|t| t.contains('$')));
                 let path_match = match p.path_type.as_str() {
                     "Exact" => PathMatch::Exact(path.clone()),
                     _ if regex => PathMatch::Regex(nginx::anchor_regex(&path)),
@@ -1006,6 +1014,7 @@ fn route_for(
         action,
         timeouts: Default::default(),
         retry: None,
+        max_request_body_bytes: None,
     }
 }
 

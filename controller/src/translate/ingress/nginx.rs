@@ -2,8 +2,9 @@
 //! mapped onto sweety-config.
 //!
 //! Supported: `use-regex`, `rewrite-target` (prefix rewrite; the `<prefix>(/|$)(.*)` + `/$2`
-//! idiom becomes a prefix match with a prefix rewrite; other capture groups are reported and
-//! the path is not rewritten), `ssl-redirect` (HTTP→HTTPS, 308, for hosts with TLS; on unless
+//! idiom becomes a prefix match with a prefix rewrite; other capture groups `$1`…`$9` a regex
+//! rewrite of the whole path, as nginx's `rewrite`; nginx variables are reported and the path
+//! is not rewritten), `ssl-redirect` (HTTP→HTTPS, 308, for hosts with TLS; on unless
 //! an Ingress sets it to `"false"` or the operator turns `Params::ssl_redirect` off, as in
 //! ingress-nginx; paths under `Params::no_tls_redirect_locations` are never redirected),
 //! `force-ssl-redirect` (also for hosts without TLS here),
@@ -38,15 +39,28 @@
 //! `ignore_unsupported_security_annotations` says. `auth-type: digest` is not implemented
 //! (503). `auth-secret`/`auth-realm` without `auth-type` are ignored, as in ingress-nginx.
 //!
+//! **External authentication.** `auth-url` (with `auth-method`, `auth-signin`,
+//! `auth-signin-redirect-param`, `auth-response-headers`, `auth-request-redirect`,
+//! `auth-always-set-cookie`) becomes an `external_auth` filter on every path
+//! ([`sweety_config::ext_auth`]; the dataplane's `ext_auth` sends the subrequest) whose
+//! addresses are restricted like an ExternalName's (`restrict_addresses`; an address literal
+//! the policy refuses is refused here already). A URL or setting that cannot be honoured
+//! (nginx variables in `auth-url`, an unknown variable in `auth-signin`, a framing header in
+//! `auth-response-headers`, …) fails closed: every path answers 503 with the reason
+//! (`AuthInvalid`), whatever `ignore_unsupported_security_annotations` says. The settings
+//! without `auth-url` are ignored, as in ingress-nginx; `auth-cache-*` and `auth-keepalive*`
+//! are ignored (every request is asked; connections are kept alive anyway);
+//! `auth-proxy-set-headers` is refused (403) and `auth-snippet` refuses the Ingress (503).
+//!
 //! **Fail closed.** Security annotations Sweety does not implement (`auth-*`, `modsecurity`,
 //! `satisfy`, …; [`is_security`]) and allow/deny list entries that cannot be honoured make
 //! every path of the Ingress answer 403 with a body naming them
 //! (`UnsupportedSecurityAnnotation` / `InvalidAnnotation`), unless
 //! `Params::ignore_unsupported_security_annotations`. A `*-snippet` annotation (raw nginx
 //! configuration, never run) refuses the whole Ingress: 503 (`SnippetRefused`), unless
-//! `Params::ignore_snippets` (`SnippetIgnored`). Everything else not listed (`proxy-body-size`:
-//! there is no per-route body limit, only the global one) is reported as
-//! `UnsupportedAnnotation` and ignored.
+//! `Params::ignore_snippets` (`SnippetIgnored`). `proxy-body-size` ([`nginx_size`]; `0`: no
+//! limit) becomes the route's `max_request_body_bytes`. Everything else not listed is reported
+//! as `UnsupportedAnnotation` and ignored.
 
 use super::{PathRoute, Report};
 use crate::translate::ownership::Hosts;
@@ -58,10 +72,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use sweety_config::htpasswd;
 use sweety_config::{
-    Action, BackendProtocol, BasicAuth, Cidr, ConcurrencyLimit, Cors, Duration, Filter,
-    FixedResponse, HashAlgorithm, HashOn, HashPolicy, HeaderMatch, IpAccess, MatchKind, PathMatch,
-    PathRewrite, ProxyAction, RateLimit, RateLimitKey, Redirect, Route, RouteMatch, SessionKind,
-    SessionPersistence, UrlRewrite, WeightedBackend,
+    Action, BackendProtocol, BasicAuth, Cidr, ConcurrencyLimit, Cors, Duration, ExternalAuth,
+    Filter, FixedResponse, HashAlgorithm, HashOn, HashPolicy, HeaderMatch, IpAccess, MatchKind,
+    PathMatch, PathRewrite, ProxyAction, RateLimit, RateLimitKey, Redirect, Route, RouteMatch,
+    SessionKind, SessionPersistence, UrlRewrite, WeightedBackend,
 };
 
 /// Annotation prefix of ingress-nginx.
@@ -109,6 +123,10 @@ pub struct Annotations {
     pub hash: Option<HashPolicy>,
     /// `auth-type: basic` with `auth-secret` (+ `auth-secret-type`, `auth-realm`).
     pub basic_auth: Option<BasicAuth>,
+    /// `proxy-body-size`: the largest request body, bytes (`0`: no limit).
+    pub body_size: Option<u64>,
+    /// `auth-url` and its `auth-*` settings.
+    pub external_auth: Option<ExternalAuth>,
     /// Fail closed: every route of the Ingress answers this status and body instead (a
     /// security annotation Sweety does not implement, an access list entry it cannot honour:
     /// 403; a snippet: 503, the whole Ingress is refused).
@@ -209,7 +227,7 @@ pub const ANNOTATIONS: &[AnnotationSpec] = &[
     spec("permanent-redirect", Support::Honoured, "", "https://new.example/"),
     spec("permanent-redirect-code", Support::Honoured, "", "308"),
     spec("temporal-redirect", Support::Honoured, "", "https://new.example/"),
-    spec("rewrite-target", Differently, "a target without `$n`, or the `<prefix>(/|$)(.*)` + `/$2` idiom; other capture groups: the path is not rewritten (Event)", "/"),
+    spec("rewrite-target", Differently, "capture groups `$1`…`$9` replace the whole path as nginx's `rewrite` does (a `$` target makes an `ImplementationSpecific` path a regex); nginx variables (`$scheme`…) are refused (Event, path not rewritten); a target without `$` on a prefix path replaces the prefix", "/"),
     spec("use-regex", Differently, "anchored at the start like nginx's `~*` locations but case-sensitive", "true"),
     spec("ssl-redirect", Support::Honoured, "on by default for hosts with TLS; `/.well-known/acme-challenge` is never redirected", "false"),
     spec("force-ssl-redirect", Differently, "also redirects hosts without TLS here", "true"),
@@ -226,17 +244,18 @@ pub const ANNOTATIONS: &[AnnotationSpec] = &[
     spec("auth-secret", Differently, "the Ingress's own namespace only; htpasswd bcrypt, `$apr1$` and `{SHA}` entries (others are refused one by one)", "basic-auth"),
     spec("auth-secret-type", Support::Honoured, "`auth-file` or `auth-map`", "auth-file"),
     spec("auth-realm", Support::Honoured, "", "Staff"),
-    spec("auth-url", Refused, "external authentication is not implemented yet", "http://auth.example/verify"),
-    spec("auth-signin", Refused, "see `auth-url`", "https://auth.example/start"),
-    spec("auth-signin-*", Refused, "see `auth-url`", "x"),
-    spec("auth-method", Refused, "see `auth-url`", "GET"),
-    spec("auth-response-headers", Refused, "see `auth-url`", "X-User"),
-    spec("auth-request-redirect", Refused, "see `auth-url`", "/"),
-    spec("auth-cache-key", Refused, "see `auth-url`", "$remote_user"),
-    spec("auth-proxy-set-headers", Refused, "see `auth-url`", "ns/cm"),
-    spec("auth-always-set-cookie", Refused, "see `auth-url`", "true"),
-    spec("auth-keepalive*", Refused, "see `auth-url`", "10"),
-    spec("global-auth-url", Refused, "see `auth-url`", "http://auth.example/"),
+    spec("auth-url", Differently, "a subrequest as ingress-nginx sends it (original method and headers, no body); nginx variables (`$host`) are not supported (fails closed, 503); loopback, link-local, metadata and the dataplane's own addresses are refused (500); `https` is verified against the public CAs; 5 s timeout; a service that cannot be asked answers 500", "http://auth.example/verify"),
+    spec("auth-signin", Differently, "a 302 with the original URL in `rd` as ingress-nginx adds it; variables: `$host`, `$http_host`, `$best_http_host`, `$scheme`, `$pass_access_scheme`, `$request_uri`, `$escaped_request_uri` only (others fail closed, 503)", "https://auth.example/start"),
+    spec("auth-signin-redirect-param", Support::Honoured, "", "next"),
+    spec("auth-method", Support::Honoured, "", "GET"),
+    spec("auth-response-headers", Differently, "the client's own copies are removed before the backend sees the request; `Host`, `Content-Length`, `Transfer-Encoding` and other framing headers fail closed (503)", "X-User"),
+    spec("auth-request-redirect", Support::Honoured, "", "/"),
+    spec("auth-always-set-cookie", Support::Honoured, "", "true"),
+    spec("auth-cache-key", Ignored, "auth answers are not cached: every request is asked (stricter)", "$remote_user"),
+    spec("auth-cache-duration", Ignored, "see `auth-cache-key`", "200 202 401 5m"),
+    spec("auth-keepalive*", Ignored, "connections to the auth service are kept alive (16 idle per path) anyway", "10"),
+    spec("auth-proxy-set-headers", Refused, "not implemented: the auth service would not get the headers it asks for", "ns/cm"),
+    spec("global-auth-url", Refused, "no cluster-wide external authentication", "http://auth.example/"),
     spec("auth-tls-*", Refused, "client certificates on Ingress hosts are not implemented yet", "on"),
     spec("satisfy", Refused, "not implemented", "any"),
     spec("enable-modsecurity", Refused, "no WAF", "true"),
@@ -245,7 +264,7 @@ pub const ANNOTATIONS: &[AnnotationSpec] = &[
     spec("modsecurity-*", Refused, "no WAF", "x"),
     spec("proxy-ssl-*", Refused, "backend certificate verification for Ingress is not implemented; `proxy-ssl-verify: off` asks for nothing and is accepted", "on"),
     spec("*-snippet", Refused, "raw nginx configuration is never run: the whole Ingress answers 503 (unless the operator sets ignoreSnippets)", "return 200;"),
-    spec("proxy-body-size", Ignored, "no per-route limit; the dataplane-wide `limits.max_request_body_bytes` applies", "8m"),
+    spec("proxy-body-size", Support::Honoured, "`0` lifts the limit; bytes or `k`/`m`/`g`; replaces the dataplane-wide `limits.max_request_body_bytes` for the Ingress's paths (413 past it)", "8m"),
 ];
 
 /// The row of [`ANNOTATIONS`] for `name` (without the prefix): exact first, then patterns.
@@ -439,6 +458,22 @@ pub fn parse_redirect_url(url: &str, status: u16) -> Option<Redirect> {
     })
 }
 
+/// An nginx size (`client_max_body_size`): bytes, or a number with `k`, `m` or `g`
+/// (either case); `0` is no limit. `None` for anything else or an overflow.
+pub fn nginx_size(v: &str) -> Option<u64> {
+    let v = v.trim();
+    let (num, mult) = match v.as_bytes().last()? {
+        b'k' | b'K' => (&v[..v.len() - 1], 1u64 << 10),
+        b'm' | b'M' => (&v[..v.len() - 1], 1 << 20),
+        b'g' | b'G' => (&v[..v.len() - 1], 1 << 30),
+        _ => (v, 1),
+    };
+    if num.is_empty() || !num.bytes().all(|b| b.is_ascii_digit()) || num.len() > 20 {
+        return None;
+    }
+    num.parse::<u64>().ok()?.checked_mul(mult)
+}
+
 /// At most this many characters of a tenant's value are quoted back in a message.
 const QUOTE_CHARS: usize = 64;
 
@@ -567,6 +602,83 @@ fn basic_auth<'a>(
         realm,
         users: parsed.users,
     })
+}
+
+/// Why an auth service address is one a tenant may not aim the subrequest at (the dataplane
+/// refuses the same, and names that resolve there, after resolution): said early for an
+/// address literal.
+fn refused_auth_host(host: &str) -> Option<&'static str> {
+    let ip: std::net::IpAddr = host.parse().ok()?;
+    let ip = match ip {
+        std::net::IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, std::net::IpAddr::V4),
+        v4 => v4,
+    };
+    match ip {
+        _ if ip.is_loopback() => Some("a loopback address"),
+        _ if ip.is_unspecified() => Some("an unspecified address"),
+        std::net::IpAddr::V4(v4) if v4.is_link_local() => {
+            Some("a link-local (or cloud metadata) address")
+        }
+        std::net::IpAddr::V6(v6) if (v6.segments()[0] & 0xffc0) == 0xfe80 => {
+            Some("a link-local address")
+        }
+        std::net::IpAddr::V6(v6) if v6.segments() == [0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254] => {
+            Some("a cloud metadata address")
+        }
+        _ if ip.is_multicast() => Some("not a unicast address"),
+        _ => None,
+    }
+}
+
+/// The `external_auth` filter of `auth-url` and its settings, or why it cannot be made (fails
+/// closed). The URL is a tenant's: the filter restricts the addresses it may reach.
+fn external_auth<'a>(get: &impl Fn(&str) -> Option<&'a str>) -> Result<ExternalAuth, String> {
+    let url = get("auth-url").unwrap_or("").trim();
+    let parsed = sweety_config::ext_auth::parse_auth_url(url)
+        .map_err(|e| format!("{PREFIX}auth-url {:?} {e}", truncate(url)))?;
+    if let Some(why) = refused_auth_host(&parsed.host) {
+        return Err(format!(
+            "{PREFIX}auth-url {:?} names {why}, which an auth service of a tenant may not be",
+            truncate(url)
+        ));
+    }
+    let mut f = ExternalAuth::new(url);
+    f.restrict_addresses = true;
+    f.method = get("auth-method").map(|m| m.trim().to_string());
+    f.signin = get("auth-signin").map(|s| s.trim().to_string());
+    if let Some(p) = get("auth-signin-redirect-param") {
+        f.signin_redirect_param = p.trim().to_string();
+    }
+    f.response_headers = get("auth-response-headers").map(list).unwrap_or_default();
+    f.request_redirect = get("auth-request-redirect")
+        .map(|r| r.trim().to_string())
+        .filter(|r| !r.is_empty());
+    if let Some(v) = get("auth-always-set-cookie") {
+        f.always_set_cookie = truthy(v).ok_or_else(|| {
+            format!(
+                "{PREFIX}auth-always-set-cookie {:?} is not \"true\" or \"false\"",
+                truncate(v)
+            )
+        })?;
+    }
+    let problems = sweety_config::ext_auth::check_external_auth(&f);
+    if !problems.is_empty() {
+        let field = |f: &str| match f.split('[').next().unwrap_or(f) {
+            "url" => "auth-url",
+            "method" => "auth-method",
+            "signin" => "auth-signin",
+            "signin_redirect_param" => "auth-signin-redirect-param",
+            "response_headers" => "auth-response-headers",
+            "request_redirect" => "auth-request-redirect",
+            _ => "auth-url",
+        };
+        return Err(problems
+            .iter()
+            .map(|(f, m)| format!("{PREFIX}{} {m}", field(f)))
+            .collect::<Vec<_>>()
+            .join("; "));
+    }
+    Ok(f)
 }
 
 impl Annotations {
@@ -792,6 +904,28 @@ impl Annotations {
                 },
                 // Read with `auth-type` (below).
                 "auth-secret" | "auth-secret-type" | "auth-realm" => {}
+                // Read with `auth-url` (below).
+                "auth-url"
+                | "auth-method"
+                | "auth-signin"
+                | "auth-signin-redirect-param"
+                | "auth-response-headers"
+                | "auth-request-redirect"
+                | "auth-always-set-cookie" => {}
+                "auth-cache-key" | "auth-cache-duration" => report.warn(
+                    "UnsupportedAnnotation",
+                    format!(
+                        "{key} is not applied: auth answers are not cached, every request is \
+                         asked (stricter than the cache)"
+                    ),
+                ),
+                n if n.starts_with("auth-keepalive") => report.warn(
+                    "UnsupportedAnnotation",
+                    format!(
+                        "{key} is not applied: connections to the auth service are kept alive \
+                         anyway"
+                    ),
+                ),
                 "canary" => a.canary = flag(report),
                 "canary-weight" => match value.trim().parse::<u32>() {
                     Ok(w) => a.canary_weight = w,
@@ -864,13 +998,10 @@ impl Annotations {
                         unsupported_security.push(key.clone());
                     }
                 }
-                "proxy-body-size" => report.warn(
-                    "UnsupportedAnnotation",
-                    format!(
-                        "{key} is not supported: there is no per-route body size limit, \
-                         only the dataplane-wide limits.max_request_body_bytes"
-                    ),
-                ),
+                "proxy-body-size" => match nginx_size(value) {
+                    Some(n) => a.body_size = Some(n),
+                    None => bad(report, "is not a size (bytes, or a number with k, m or g)"),
+                },
                 _ => report.warn(
                     "UnsupportedAnnotation",
                     format!("{key} is not supported and is ignored"),
@@ -999,6 +1130,41 @@ impl Annotations {
         if affinity {
             a.session = Some(session_cookie(&get, report));
         }
+        if get("auth-url").is_some() {
+            match external_auth(&get) {
+                Ok(f) => a.external_auth = Some(f),
+                Err(why) => {
+                    report.warn(
+                        "AuthInvalid",
+                        format!(
+                            "external authentication: {why}; the Ingress's paths answer 503 \
+                             until it is fixed"
+                        ),
+                    );
+                    auth_failures.push(why);
+                }
+            }
+        } else if let Some(k) = all.keys().find(|k| {
+            matches!(
+                k.strip_prefix(PREFIX),
+                Some(
+                    "auth-method"
+                        | "auth-signin"
+                        | "auth-signin-redirect-param"
+                        | "auth-response-headers"
+                        | "auth-request-redirect"
+                        | "auth-always-set-cookie"
+                )
+            )
+        }) {
+            report.warn(
+                "UnsupportedAnnotation",
+                format!(
+                    "{k} without {PREFIX}auth-url is ignored (as ingress-nginx does): no \
+                     external authentication is set up"
+                ),
+            );
+        }
         if basic {
             match basic_auth(&get, ns, secrets, report) {
                 Ok(f) => a.basic_auth = Some(f),
@@ -1109,19 +1275,35 @@ impl Annotations {
         if let Some(b) = &self.basic_auth {
             route.filters.push(Filter::BasicAuth(b.clone()));
         }
+        if let Some(e) = &self.external_auth {
+            route.filters.push(Filter::ExternalAuth(e.clone()));
+        }
         if let Some(target) = &self.rewrite_target {
             let m = route.matches.first_mut().and_then(|m| m.path.as_mut());
             let rewrite = match m {
-                Some(PathMatch::Regex(r)) if target.contains('$') => idiom(r, target)
-                    .map(|(prefix, to)| (Some(PathMatch::Prefix(prefix)), PathRewrite::Prefix(to))),
-                _ if target.contains('$') => None,
-                Some(PathMatch::Exact(_) | PathMatch::Regex(_)) => {
-                    Some((None, PathRewrite::Full(target.clone())))
+                Some(PathMatch::Regex(r)) if target.contains('$') => match idiom(r, target) {
+                    Some((prefix, to)) => {
+                        Ok((Some(PathMatch::Prefix(prefix)), PathRewrite::Prefix(to)))
+                    }
+                    // nginx's `rewrite`: the groups of the match the router made.
+                    None => sweety_config::check_substitution(target).map(|()| {
+                        let rewrite = PathRewrite::Regex {
+                            pattern: format!("^(?:{r})"),
+                            substitution: target.clone(),
+                        };
+                        (None, rewrite)
+                    }),
+                },
+                _ if target.contains('$') => {
+                    Err("capture groups need a regex path (pathType ImplementationSpecific)".into())
                 }
-                _ => Some((None, PathRewrite::Prefix(target.clone()))),
+                Some(PathMatch::Exact(_) | PathMatch::Regex(_)) => {
+                    Ok((None, PathRewrite::Full(target.clone())))
+                }
+                _ => Ok((None, PathRewrite::Prefix(target.clone()))),
             };
             match rewrite {
-                Some((new_match, path)) => {
+                Ok((new_match, path)) => {
                     if let Some(nm) = new_match {
                         route.matches[0].path = Some(nm);
                     }
@@ -1137,13 +1319,9 @@ impl Annotations {
                         );
                     }
                 }
-                None => report.warn(
+                Err(why) => report.warn(
                     "UnsupportedAnnotation",
-                    format!(
-                        "{PREFIX}rewrite-target {target:?} uses capture groups, which are not \
-                         supported (only the \"<prefix>(/|$)(.*)\" + \"/$2\" form is); the path \
-                         is not rewritten"
-                    ),
+                    format!("{PREFIX}rewrite-target {target:?}: {why}; the path is not rewritten"),
                 ),
             }
         }
@@ -1154,6 +1332,9 @@ impl Annotations {
             route.filters.push(Filter::Redirect(r.clone()));
         }
         route.timeouts.backend = self.backend_timeout;
+        if self.body_size.is_some() {
+            route.max_request_body_bytes = self.body_size;
+        }
         self.guard(route);
     }
 }
@@ -1304,6 +1485,7 @@ pub(crate) fn app_root_route(ns: &str, name: &str, rule: usize, root: &str) -> P
             }),
             timeouts: Default::default(),
             retry: None,
+            max_request_body_bytes: None,
         },
         http_redirect: None,
         force_redirect: false,
@@ -1725,7 +1907,11 @@ mod tests {
         ] {
             assert!(masked_cidr(bad).is_err(), "{bad}");
         }
-        assert!(is_security("auth-url", "x") && is_security("auth-tls-verify-client", "on"));
+        assert!(
+            is_security("auth-proxy-set-headers", "x")
+                && is_security("auth-tls-verify-client", "on")
+        );
+        assert!(!is_security("auth-url", "x"));
         assert!(
             is_security("modsecurity-snippet", "x") && is_security("enable-modsecurity", "true")
         );
@@ -1775,6 +1961,18 @@ mod tests {
             // The basic-auth settings are read with `auth-type: basic` only.
             if matches!(name, "auth-secret" | "auth-secret-type" | "auth-realm") {
                 annotations.insert(format!("{PREFIX}auth-type"), "basic".into());
+            }
+            // The external-auth settings are read with `auth-url` only.
+            if name.starts_with("auth-")
+                && !name.starts_with("auth-tls")
+                && !matches!(
+                    name,
+                    "auth-type" | "auth-secret" | "auth-secret-type" | "auth-realm"
+                )
+            {
+                annotations
+                    .entry(format!("{PREFIX}auth-url"))
+                    .or_insert_with(|| "http://auth.example/verify".into());
             }
             let ing = Ingress {
                 metadata: ObjectMeta {
@@ -1837,6 +2035,28 @@ mod tests {
             } else {
                 panic!("the annotation table of {} is stale: SWEETY_BLESS=1 cargo test -p sweety-controller the_docs_table", path.display());
             }
+        }
+    }
+
+    #[test]
+    fn nginx_sizes() {
+        for (v, want) in [
+            ("0", Some(0)),
+            ("1024", Some(1024)),
+            ("8m", Some(8 << 20)),
+            ("8M", Some(8 << 20)),
+            ("512k", Some(512 << 10)),
+            (" 1g ", Some(1 << 30)),
+            ("", None),
+            ("m", None),
+            ("-1", None),
+            ("1.5m", None),
+            ("10mb", None),
+            ("+5", None),
+            ("99999999999999999999g", None),
+            ("18446744073709551615k", None),
+        ] {
+            assert_eq!(nginx_size(v), want, "{v:?}");
         }
     }
 
