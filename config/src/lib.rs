@@ -16,6 +16,7 @@
 mod content;
 pub mod delta;
 mod duration;
+pub mod ext_auth;
 pub mod htpasswd;
 mod model;
 mod traffic;
@@ -24,6 +25,7 @@ pub mod wire;
 
 pub use content::*;
 pub use duration::Duration;
+pub use ext_auth::ExternalAuth;
 pub use htpasswd::{BasicAuth, BasicAuthUser};
 pub use model::*;
 pub use traffic::*;

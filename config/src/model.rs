@@ -428,6 +428,10 @@ pub enum Filter {
     /// HTTP Basic authentication (401 without valid credentials). Checked after the IP lists
     /// and limits, before every other request filter.
     BasicAuth(crate::htpasswd::BasicAuth),
+    /// External authentication: a subrequest to an auth service decides (401/403/302 or
+    /// through, with headers from its answer). Checked after basic authentication, before
+    /// every other request filter.
+    ExternalAuth(crate::ext_auth::ExternalAuth),
     /// Compress responses (gzip, br, zstd) by the client's Accept-Encoding.
     Compress(crate::Compression),
     /// Cache responses in memory.

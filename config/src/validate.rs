@@ -720,6 +720,11 @@ impl<'a> Validator<'a> {
                     self.err(format!("{path}.basic_auth.{field}"), msg);
                 }
             }
+            Filter::ExternalAuth(a) => {
+                for (field, msg) in crate::ext_auth::check_external_auth(a) {
+                    self.err(format!("{path}.external_auth.{field}"), msg);
+                }
+            }
             Filter::Compress(c) => self.compress(&format!("{path}.compress"), c),
             Filter::Cache(c) => self.cache_policy(&format!("{path}.cache"), c),
             Filter::Grpc(_) => {}

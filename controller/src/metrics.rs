@@ -372,27 +372,6 @@ mod tests {
         assert_eq!(m.errors_of("kube"), 2);
     }
 
-    /// The `sweety_controller_*` names used in a dashboard or rules file.
-    fn controller_names_used(text: &str) -> std::collections::BTreeSet<String> {
-        let b = text.as_bytes();
-        let mut used = std::collections::BTreeSet::new();
-        let mut i = 0;
-        while let Some(at) = text[i..].find("sweety_controller_") {
-            let start = i + at;
-            let mut end = start;
-            while end < b.len() && (b[end].is_ascii_alphanumeric() || b[end] == b'_') {
-                end += 1;
-            }
-            let boundary =
-                start == 0 || !(b[start - 1].is_ascii_alphanumeric() || b[start - 1] == b'_');
-            if boundary && end > start + "sweety_controller_".len() {
-                used.insert(text[start..end].to_string());
-            }
-            i = end;
-        }
-        used
-    }
-
     #[test]
     fn dashboard_and_alert_rules_name_only_exposed_controller_metrics() {
         let m = Metrics::default();
@@ -401,17 +380,9 @@ mod tests {
         m.error("kube");
         m.set_objects(&[("Gateway", 1)]);
         let _ = m.watch.set(Arc::default());
-        let mut exposed = std::collections::BTreeSet::new();
-        for l in m.render().lines() {
-            if let Some((name, kind)) = l.strip_prefix("# TYPE ").and_then(|r| r.split_once(' ')) {
-                exposed.insert(name.to_string());
-                if kind == "histogram" {
-                    for s in ["_bucket", "_sum", "_count"] {
-                        exposed.insert(format!("{name}{s}"));
-                    }
-                }
-            }
-        }
+        // The dataplane's helpers: one check for both components' names.
+        use sweety_dataplane::metrics::expo::{declared_names, names_used};
+        let exposed = declared_names(&m.render());
         let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
         let mut checked = 0;
         for file in [
@@ -425,7 +396,7 @@ mod tests {
                 );
                 continue;
             };
-            let used = controller_names_used(&text);
+            let used = names_used(&text, "sweety_controller_");
             let missing: Vec<_> = used.difference(&exposed).collect();
             assert!(
                 missing.is_empty(),

@@ -254,6 +254,7 @@ metadata:
   annotations:
     nginx.ingress.kubernetes.io/rewrite-target: /
     nginx.ingress.kubernetes.io/auth-url: http://auth.example/verify
+    nginx.ingress.kubernetes.io/auth-proxy-set-headers: app/auth-headers
     nginx.ingress.kubernetes.io/proxy-body-size: 8m
     nginx.ingress.kubernetes.io/whitelist-source-range: "office-vpn"
     nginx.ingress.kubernetes.io/x-made-up: "\u0007"
@@ -273,7 +274,11 @@ metadata:
             verdict("rewrite-target"),
             Some(Support::HonouredDifferently)
         );
-        assert_eq!(verdict("auth-url"), Some(Support::RefusedFailClosed));
+        assert_eq!(verdict("auth-url"), Some(Support::HonouredDifferently));
+        assert_eq!(
+            verdict("auth-proxy-set-headers"),
+            Some(Support::RefusedFailClosed)
+        );
         assert_eq!(verdict("proxy-body-size"), Some(Support::IgnoredHarmless));
         // Honoured in general, but this value cannot be: it fails closed.
         assert_eq!(

@@ -2983,7 +2983,7 @@ async fn tenant_hosts_follow_creation_order_and_fail_closed() {
         "guarded",
         "/",
         "web",
-        json!({"nginx.ingress.kubernetes.io/auth-url": "http://auth.example/verify"}),
+        json!({"nginx.ingress.kubernetes.io/enable-modsecurity": "true"}),
     );
     guarded["spec"]["rules"][0]["host"] = json!(guarded_host);
     create(&victims, guarded).await;
@@ -2994,7 +2994,7 @@ async fn tenant_hosts_follow_creation_order_and_fail_closed() {
             .map(|(_, text)| text)
     })
     .await;
-    assert!(body.contains("auth-url"), "{body}");
+    assert!(body.contains("enable-modsecurity"), "{body}");
     wait_for("UnsupportedSecurityAnnotation Event", || async {
         ingress_event_reasons(&client, &victim, "guarded")
             .await
@@ -4221,9 +4221,10 @@ async fn migrate_report_reads_the_cluster_and_writes_nothing() {
         Some(Support::IgnoredHarmless)
     );
     assert_eq!(verdict("app", "ssl-redirect"), Some(Support::Honoured));
+    // Honoured; the Ingress is refused for its snippet, which says so.
     assert_eq!(
         verdict("oauth", "auth-url"),
-        Some(Support::RefusedFailClosed)
+        Some(Support::HonouredDifferently)
     );
     assert_eq!(
         verdict("oauth", "configuration-snippet"),

@@ -439,6 +439,11 @@ impl RouteRules {
     pub fn basic_auth(&self) -> Option<&Arc<crate::basic_auth::BasicAuthRules>> {
         self.basic.as_ref()
     }
+
+    /// The route's external authentication, checked after [`RouteRules::basic_auth`].
+    pub fn external_auth(&self) -> Option<&Arc<crate::ext_auth::ExtAuthRules>> {
+        self.external.as_ref()
+    }
 }
 
 /// The access rules of one route, in filter order.
@@ -448,6 +453,7 @@ pub struct RouteRules {
     limits: Vec<RouteLimit>,
     concurrency: Vec<RouteConcurrency>,
     basic: Option<Arc<crate::basic_auth::BasicAuthRules>>,
+    external: Option<Arc<crate::ext_auth::ExtAuthRules>>,
 }
 
 /// The bytes a limit counts a request by.
@@ -535,6 +541,7 @@ impl AccessRules {
                     | Filter::RateLimit(_)
                     | Filter::ConcurrencyLimit(_)
                     | Filter::BasicAuth(_)
+                    | Filter::ExternalAuth(_)
             )
         })
     }
@@ -567,6 +574,9 @@ impl AccessRules {
                     Filter::BasicAuth(a) if rules.basic.is_none() => {
                         rules.basic = Some(Arc::new(crate::basic_auth::BasicAuthRules::new(a)))
                     }
+                    Filter::ExternalAuth(a) if rules.external.is_none() => {
+                        rules.external = Some(Arc::new(crate::ext_auth::ExtAuthRules::new(a)))
+                    }
                     _ => {}
                 }
             }
@@ -574,6 +584,7 @@ impl AccessRules {
                 || !rules.limits.is_empty()
                 || !rules.concurrency.is_empty()
                 || rules.basic.is_some()
+                || rules.external.is_some()
             {
                 out.insert(Arc::as_ptr(&e.route) as usize, rules);
             }

@@ -17,7 +17,10 @@
 //! deliberately slow (cost 10: tens of milliseconds of CPU), so it runs on the blocking pool and
 //! at most [`bcrypt_slots`] checks run at once; a request that waits longer than
 //! [`BCRYPT_QUEUE_TIMEOUT`] for a slot is answered 503 with `Retry-After` (a flood of wrong
-//! passwords costs bounded CPU and never blocks the event loop).
+//! passwords costs bounded CPU and never blocks the event loop). An unknown user's password is
+//! checked against the costliest of the route's hashes (the answer ignored, through the same
+//! bcrypt slots), so an unknown user is refused no faster than a known one with a wrong
+//! password: timing does not tell which users exist.
 
 use crate::body::{text_response, Body};
 use base64::Engine as _;
@@ -45,6 +48,7 @@ pub fn bcrypt_slots() -> usize {
 static BCRYPT: LazyLock<Semaphore> = LazyLock::new(|| Semaphore::new(bcrypt_slots()));
 
 /// How one user's password is checked.
+#[derive(Clone)]
 enum Verifier {
     Bcrypt(Arc<str>),
     Apr1 { salt: Box<str>, digest: Box<[u8]> },
@@ -55,6 +59,52 @@ enum Verifier {
 pub struct BasicAuthRules {
     challenge: HeaderValue,
     users: HashMap<Box<[u8]>, Verifier>,
+    /// What an unknown user's password is checked against, the answer ignored: the costliest
+    /// of the users' verifiers, so that an unknown user costs what a wrong password does (no
+    /// user enumeration by timing) and waits for the same bcrypt slots.
+    decoy: Option<Verifier>,
+}
+
+impl Verifier {
+    /// The work one check takes, to pick the decoy: bcrypt by cost, then `$apr1$`, `{SHA}`.
+    fn work(&self) -> u32 {
+        match self {
+            Verifier::Bcrypt(h) => 2 + h.get(4..6).and_then(|c| c.parse().ok()).unwrap_or(0),
+            Verifier::Apr1 { .. } => 1,
+            Verifier::Sha1(_) => 0,
+        }
+    }
+
+    /// Whether `password` matches (`Err`: 503, every bcrypt slot stayed busy).
+    async fn verify(&self, password: Vec<u8>) -> Result<bool, Response<Body>> {
+        Ok(match self {
+            Verifier::Sha1(d) => {
+                let got: [u8; 20] = sha1::Sha1::digest(&password).into();
+                bool::from(got.ct_eq(d))
+            }
+            Verifier::Apr1 { salt, digest } => {
+                let got = apr1_digest(&password, salt.as_bytes());
+                bool::from(got.as_slice().ct_eq(digest))
+            }
+            Verifier::Bcrypt(hash) => {
+                let permit =
+                    match tokio::time::timeout(BCRYPT_QUEUE_TIMEOUT, BCRYPT.acquire()).await {
+                        Ok(Ok(p)) => p,
+                        _ => return Err(busy()),
+                    };
+                let hash = hash.clone();
+                // The permit moves into the blocking task: a request dropped meanwhile (the
+                // client went away) cannot free the slot while its bcrypt still runs, so at
+                // most `bcrypt_slots` checks burn CPU at once whatever clients do.
+                tokio::task::spawn_blocking(move || {
+                    let _permit = permit;
+                    bcrypt::verify(&password, &hash).unwrap_or(false)
+                })
+                .await
+                .unwrap_or(false)
+            }
+        })
+    }
 }
 
 impl std::fmt::Debug for BasicAuthRules {
@@ -112,9 +162,11 @@ impl BasicAuthRules {
                 .entry(u.name.as_bytes().to_vec().into_boxed_slice())
                 .or_insert(v);
         }
+        let decoy = users.values().max_by_key(|v| v.work()).cloned();
         BasicAuthRules {
             challenge: challenge(&a.realm),
             users,
+            decoy,
         }
     }
 
@@ -125,29 +177,13 @@ impl BasicAuthRules {
             return Err(self.unauthorized());
         };
         let ok = match self.users.get(user.as_slice()) {
-            None => false,
-            Some(Verifier::Sha1(d)) => {
-                let got: [u8; 20] = sha1::Sha1::digest(&password).into();
-                bool::from(got.ct_eq(d))
-            }
-            Some(Verifier::Apr1 { salt, digest }) => {
-                let got = apr1_digest(&password, salt.as_bytes());
-                bool::from(got.as_slice().ct_eq(digest))
-            }
-            Some(Verifier::Bcrypt(hash)) => {
-                let permit =
-                    match tokio::time::timeout(BCRYPT_QUEUE_TIMEOUT, BCRYPT.acquire()).await {
-                        Ok(Ok(p)) => p,
-                        _ => return Err(busy()),
-                    };
-                let hash = hash.clone();
-                let r = tokio::task::spawn_blocking(move || {
-                    bcrypt::verify(&password, &hash).unwrap_or(false)
-                })
-                .await
-                .unwrap_or(false);
-                drop(permit);
-                r
+            Some(v) => v.verify(password).await?,
+            // An unknown user does a wrong password's work, then is refused.
+            None => {
+                if let Some(d) = &self.decoy {
+                    d.verify(password).await?;
+                }
+                false
             }
         };
         if ok {
@@ -280,6 +316,92 @@ mod tests {
             "Basic {}",
             base64::engine::general_purpose::STANDARD.encode(user_pass)
         )
+    }
+
+    /// Tests that take bcrypt slots (process-wide) run one at a time.
+    static SLOTS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+    fn rules(users: &[(&str, &str)]) -> BasicAuthRules {
+        BasicAuthRules::new(&BasicAuth {
+            realm: "r".into(),
+            users: users
+                .iter()
+                .map(|(n, h)| sweety_config::BasicAuthUser {
+                    name: n.to_string(),
+                    hash: h.to_string(),
+                })
+                .collect(),
+        })
+    }
+
+    /// Waits (bounded) until `n` bcrypt slots are free.
+    async fn until_free(n: usize) -> usize {
+        for _ in 0..20_000 {
+            if BCRYPT.available_permits() == n {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        BCRYPT.available_permits()
+    }
+
+    /// A request dropped while its bcrypt runs (the client went away) keeps the slot until
+    /// bcrypt ends: clients that hang up cannot run more than `bcrypt_slots` checks at once.
+    #[tokio::test]
+    async fn dropped_request_keeps_its_bcrypt_slot() {
+        let _serial = SLOTS.lock().await;
+        let slots = bcrypt_slots();
+        let held = BCRYPT.acquire_many(slots as u32 - 1).await.unwrap();
+        let hash = bcrypt::hash("pw", 8).unwrap();
+        let r = Arc::new(rules(&[("alice", &hash)]));
+        let task = tokio::spawn({
+            let r = r.clone();
+            async move { r.check(&headers(&[&basic("alice:wrong")])).await.is_ok() }
+        });
+        assert_eq!(until_free(0).await, 0, "the check takes the last slot");
+        task.abort();
+        assert!(task.await.is_err(), "the request was dropped mid-check");
+        assert_eq!(
+            BCRYPT.available_permits(),
+            0,
+            "a dropped request freed its slot while its bcrypt still ran"
+        );
+        assert_eq!(until_free(1).await, 1, "the slot is back when bcrypt ends");
+        drop(held);
+    }
+
+    /// An unknown user's password is checked like a known user's (against the costliest
+    /// hash, through the bcrypt slots): with every slot taken it waits and gets the same 503
+    /// as a known user, not a quick 401 that would tell it apart.
+    #[tokio::test]
+    async fn unknown_users_do_a_wrong_passwords_work() {
+        let _serial = SLOTS.lock().await;
+        let hash = bcrypt::hash("pw", 4).unwrap();
+        let r = rules(&[
+            ("carol", "{SHA}5en6G6MezRroT3XKqkdPOmY/BfQ="),
+            ("alice", &hash),
+        ]);
+        let held = BCRYPT.acquire_many(bcrypt_slots() as u32).await.unwrap();
+        for who in ["alice:wrong", "mallory:wrong"] {
+            let resp = r.check(&headers(&[&basic(who)])).await.unwrap_err();
+            assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE, "{who}");
+        }
+        drop(held);
+        for who in ["alice:wrong", "mallory:pw", "carol:wrong"] {
+            let resp = r.check(&headers(&[&basic(who)])).await.unwrap_err();
+            assert_eq!(resp.status(), StatusCode::UNAUTHORIZED, "{who}");
+        }
+        assert!(r.check(&headers(&[&basic("alice:pw")])).await.is_ok());
+        assert!(r.check(&headers(&[&basic("carol:secret")])).await.is_ok());
+        // Without bcrypt users no slot is taken.
+        let held = BCRYPT.acquire_many(bcrypt_slots() as u32).await.unwrap();
+        let sha = rules(&[("carol", "{SHA}5en6G6MezRroT3XKqkdPOmY/BfQ=")]);
+        let resp = sha
+            .check(&headers(&[&basic("mallory:x")]))
+            .await
+            .unwrap_err();
+        assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
+        drop(held);
     }
 
     #[test]

@@ -517,7 +517,8 @@ impl CompiledFilters {
                 Filter::RateLimit(_)
                 | Filter::IpAccess(_)
                 | Filter::ConcurrencyLimit(_)
-                | Filter::BasicAuth(_) => {}
+                | Filter::BasicAuth(_)
+                | Filter::ExternalAuth(_) => {}
                 Filter::Compress(c) => {
                     out.content.compress = crate::compress::CompressPolicy::compile(c)
                 }
@@ -628,6 +629,7 @@ fn filter_kind(f: &Filter) -> &'static str {
         Filter::IpAccess(_) => "ip_access",
         Filter::ConcurrencyLimit(_) => "concurrency_limit",
         Filter::BasicAuth(_) => "basic_auth",
+        Filter::ExternalAuth(_) => "external_auth",
         Filter::Compress(_) => "compress",
         Filter::Cache(_) => "cache",
         Filter::Grpc(_) => "grpc",

@@ -52,6 +52,7 @@ pub mod control;
 pub mod ctx;
 pub mod defaults;
 pub mod exec;
+pub mod ext_auth;
 pub mod filters;
 pub mod grpc;
 pub mod identity;

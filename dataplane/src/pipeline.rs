@@ -9,7 +9,8 @@
 //!    in a newer one meanwhile;
 //! 3. **route**: host (421 on a misdirected request), then path/method/headers/query (404);
 //! 4. **request filters**: IP access lists and rate limits first, then basic authentication
-//!    ([`crate::basic_auth`], 401), then header modifiers, rewrites, redirects, CORS preflight,
+//!    ([`crate::basic_auth`], 401), then external authentication ([`crate::ext_auth`]: a
+//!    subrequest decides 401/302/403/500 or passes with its headers), then header modifiers, rewrites, redirects, CORS preflight,
 //!    mirrors;
 //! 5. **action**: proxy, static files or a fixed reply, under the route's request timeout;
 //! 6. **response filters**: header modifiers, CORS, `Alt-Svc`;
@@ -395,9 +396,12 @@ enum Routed<'a> {
     Auth(Box<Authenticating<'a>>),
 }
 
-/// A request waiting for its basic authentication.
+/// A request waiting for its authentication (basic, then external).
 struct Authenticating<'a> {
-    auth: Arc<crate::basic_auth::BasicAuthRules>,
+    basic: Option<Arc<crate::basic_auth::BasicAuthRules>>,
+    external: Option<Arc<crate::ext_auth::ExtAuthRules>>,
+    /// The router's host (the external check's `X-Original-URL` and signin use it).
+    host: String,
     route_name: Arc<str>,
     matched: Matched<'a>,
     req: Request<Body>,
@@ -438,7 +442,7 @@ async fn route_and_serve<'a>(
     }
 }
 
-/// Phase 4b (basic authentication), then the rest of phase 4 and the action.
+/// Phase 4b (basic, then external authentication), then the rest of phase 4 and the action.
 async fn authenticated<'a>(
     shared: &Shared,
     snap: &'a crate::state::Snapshot,
@@ -446,11 +450,40 @@ async fn authenticated<'a>(
     ctx: &RequestCtx,
     a: Authenticating<'a>,
 ) -> Served<'a> {
-    if let Err(r) = a.auth.check(a.req.headers()).await {
-        shared.metrics.edge_events.inc(&"auth_refused");
-        let r = crate::access::hold(r, a.in_flight);
-        return Served::routed(a.route_name, r, a.matched, None);
+    let mut a = a;
+    if let Some(basic) = &a.basic {
+        if let Err(r) = basic.check(a.req.headers()).await {
+            shared.metrics.edge_events.inc(&"auth_refused");
+            let r = crate::access::hold(r, a.in_flight);
+            return Served::routed(a.route_name, r, a.matched, None);
+        }
     }
+    let mut allowed = None;
+    if let Some(external) = &a.external {
+        match external.check(&mut a.req, &a.host, ctx).await {
+            crate::ext_auth::Decision::Allow(ok) => allowed = Some(ok),
+            crate::ext_auth::Decision::Deny(r) => {
+                shared.metrics.edge_events.inc(&"auth_refused");
+                let r = crate::access::hold(r, a.in_flight);
+                return Served::routed(a.route_name, r, a.matched, None);
+            }
+        }
+    }
+    let mut served = authorized(shared, snap, view, ctx, a).await;
+    if let Some(ok) = allowed {
+        ok.set_cookies(&mut served.response);
+    }
+    served
+}
+
+/// The rest of phase 4 and the action of an authenticated request.
+async fn authorized<'a>(
+    shared: &Shared,
+    snap: &'a crate::state::Snapshot,
+    view: Option<&ListenerView>,
+    ctx: &RequestCtx,
+    a: Authenticating<'a>,
+) -> Served<'a> {
     // `route` only asks for authentication with a listener view.
     let Some(view) = view else {
         return Served::unrouted(text_response(
@@ -576,11 +609,17 @@ fn route<'a>(
         .cache
         .as_ref()
         .map(|_| host.to_string());
-    // 4b. basic authentication (401), run by `route_and_serve` (bcrypt runs off the
-    // event loop); before every request filter, mirror and the cache.
-    if let Some(auth) = snap.access.route(&entry.route).and_then(|r| r.basic_auth()) {
+    // 4b. basic authentication (401), then external authentication (a subrequest), run by
+    // `route_and_serve` (bcrypt runs off the event loop, the subrequest is async); before
+    // every request filter, mirror and the cache.
+    let rules = snap.access.route(&entry.route);
+    let basic = rules.and_then(|r| r.basic_auth()).cloned();
+    let external = rules.and_then(|r| r.external_auth()).cloned();
+    if basic.is_some() || external.is_some() {
         return Routed::Auth(Box::new(Authenticating {
-            auth: auth.clone(),
+            basic,
+            external,
+            host: host.to_string(),
             route_name,
             matched,
             req,

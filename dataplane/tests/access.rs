@@ -6,7 +6,7 @@ mod common;
 
 use bytes::Bytes;
 use common::*;
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
 use std::time::Duration;
 use sweety_config::*;
 use sweety_dataplane::proxy_protocol::encode_v2;
@@ -40,21 +40,7 @@ async fn get_with(
     url: &str,
     headers: &[(&str, &str)],
 ) -> (u16, Option<String>, String) {
-    let mut b = http::Request::get(url);
-    for (k, v) in headers {
-        b = b.header(*k, *v);
-    }
-    let resp = client
-        .request(b.body(Full::new(Bytes::new())).unwrap())
-        .await
-        .unwrap();
-    let status = resp.status().as_u16();
-    let ra = resp
-        .headers()
-        .get("retry-after")
-        .map(|v| v.to_str().unwrap().to_string());
-    let body = resp.into_body().collect().await.unwrap().to_bytes();
-    (status, ra, String::from_utf8_lossy(&body).into_owned())
+    get_headers(client, url, headers, "retry-after").await
 }
 
 #[tokio::test]

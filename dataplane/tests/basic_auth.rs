@@ -10,7 +10,7 @@ mod common;
 use base64::Engine as _;
 use bytes::Bytes;
 use common::*;
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -45,25 +45,7 @@ async fn fetch(
     url: &str,
     headers: &[(&str, &str)],
 ) -> (u16, Option<String>, String) {
-    let mut b = http::Request::get(url);
-    for (k, v) in headers {
-        b = b.header(*k, *v);
-    }
-    let resp = client
-        .request(b.body(Full::new(Bytes::new())).unwrap())
-        .await
-        .unwrap();
-    let status = resp.status().as_u16();
-    let challenge = resp
-        .headers()
-        .get("www-authenticate")
-        .map(|v| v.to_str().unwrap().to_string());
-    let body = resp.into_body().collect().await.unwrap().to_bytes();
-    (
-        status,
-        challenge,
-        String::from_utf8_lossy(&body).into_owned(),
-    )
+    get_headers(client, url, headers, "www-authenticate").await
 }
 
 /// A backend answering 200 with the `Authorization` it received, counting requests.
@@ -177,6 +159,20 @@ async fn basic_auth_formats_and_refusals_over_h1_and_h2() {
                 ("other scheme", "/sha", "Bearer abc".to_string()),
                 ("no credentials", "/sha", "Basic".to_string()),
                 ("huge", "/sha", format!("Basic {}", "QUFB".repeat(2000))),
+                (
+                    "non-UTF-8 user",
+                    "/sha",
+                    format!(
+                        "Basic {}",
+                        base64::engine::general_purpose::STANDARD.encode(b"carol\xff:secret")
+                    ),
+                ),
+                (
+                    "two credentials in one header",
+                    "/sha",
+                    format!("{}, {}", basic("carol:secret"), basic("carol:secret")),
+                ),
+                ("NUL in the password", "/sha", basic("carol:secret\0")),
             ];
             for (what, path, header) in &wrong {
                 let (s, challenge, _) =

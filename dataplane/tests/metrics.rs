@@ -248,47 +248,6 @@ async fn hostile_hosts_paths_and_methods_make_no_series() {
     assert!(after.lines().any(|l| l == "sweety_requests_total{listener=\"web\",route=\"default/static\",backend=\"-\",method=\"GET\",code=\"200\"} 51"));
 }
 
-/// Metric names a text exposition declares (`# TYPE`), with the `_bucket`, `_sum` and
-/// `_count` series of histograms.
-fn exposed_names(text: &str) -> BTreeSet<String> {
-    let mut names = BTreeSet::new();
-    for l in text.lines() {
-        let Some(rest) = l.strip_prefix("# TYPE ") else {
-            continue;
-        };
-        let (name, kind) = rest.split_once(' ').unwrap();
-        names.insert(name.to_string());
-        if kind == "histogram" {
-            for s in ["_bucket", "_sum", "_count"] {
-                names.insert(format!("{name}{s}"));
-            }
-        }
-    }
-    names
-}
-
-/// The `sweety_*` names (not the controller's) used in a dashboard or rules file.
-fn dataplane_names_used(text: &str) -> BTreeSet<String> {
-    let mut used = BTreeSet::new();
-    let b = text.as_bytes();
-    let mut i = 0;
-    while let Some(at) = text[i..].find("sweety_") {
-        let start = i + at;
-        let mut end = start;
-        while end < b.len() && (b[end].is_ascii_alphanumeric() || b[end] == b'_') {
-            end += 1;
-        }
-        let name = &text[start..end];
-        let boundary =
-            start == 0 || !(b[start - 1].is_ascii_alphanumeric() || b[start - 1] == b'_');
-        if boundary && name.len() > "sweety_".len() && !name.starts_with("sweety_controller_") {
-            used.insert(name.to_string());
-        }
-        i = end;
-    }
-    used
-}
-
 #[tokio::test]
 async fn dashboard_and_alert_rules_name_only_exposed_dataplane_metrics() {
     let h = Harness::start(http_config(vec![])).await;
@@ -296,7 +255,7 @@ async fn dashboard_and_alert_rules_name_only_exposed_dataplane_metrics() {
         sweety_dataplane::admin::serve(h.runtime.shared.clone(), "127.0.0.1:0".parse().unwrap())
             .await
             .unwrap();
-    let exposed = exposed_names(&scrape(admin).await);
+    let exposed = sweety_dataplane::metrics::expo::declared_names(&scrape(admin).await);
     let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
     let mut checked = 0;
     for file in [
@@ -310,7 +269,11 @@ async fn dashboard_and_alert_rules_name_only_exposed_dataplane_metrics() {
             );
             continue;
         };
-        let used = dataplane_names_used(&text);
+        // The `sweety_*` names, not the controller's (checked by the controller's tests).
+        let used: BTreeSet<String> = sweety_dataplane::metrics::expo::names_used(&text, "sweety_")
+            .into_iter()
+            .filter(|n| !n.starts_with("sweety_controller_"))
+            .collect();
         assert!(!used.is_empty(), "{file} names no dataplane metric");
         let missing: Vec<_> = used.difference(&exposed).collect();
         assert!(
@@ -377,4 +340,21 @@ async fn tls_handshakes_errors_and_certificate_expiry_by_listener() {
         .unwrap()
         .as_secs() as i64;
     assert!(expiry > now, "a fresh certificate expires in the future");
+    // A config without the listener: its per-listener series go (the maps hold the listeners
+    // being served, not every name ever configured).
+    h.runtime
+        .apply(Config {
+            generation: 2,
+            listeners: vec![listener("web", ListenerProtocol::Http)],
+            ..Config::default()
+        })
+        .await
+        .unwrap();
+    let text = scrape(admin).await;
+    assert!(
+        !text
+            .lines()
+            .any(|l| l.starts_with("sweety_tls_handshake") && l.contains("\"websecure\"")),
+        "{text}"
+    );
 }

@@ -51,7 +51,9 @@ tool() { # tool NAME VERSION MODULE_PATH
         command -v go >/dev/null || { echo "Go is required to build $1" >&2; exit 1; }
         echo "== building $1 $2 (cached in $dir)" >&2
         mkdir -p "$dir"
-        GOBIN="$dir" GOFLAGS=-buildvcs=false GOTOOLCHAIN=local go install "$3@$2" >&2
+        # Bounded: a cold build of promtool (the Prometheus module) is the longest, minutes.
+        GOBIN="$dir" GOFLAGS=-buildvcs=false GOTOOLCHAIN=local timeout 1200 go install "$3@$2" >&2 ||
+            { echo "building $1 $2 failed or took over 20 minutes" >&2; exit 1; }
     fi
     echo "$dir/$1"
 }

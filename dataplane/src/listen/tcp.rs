@@ -271,15 +271,17 @@ async fn serve_conn(
                 }
             };
             let (_, session) = tls.get_ref();
-            let version = match session.protocol_version() {
-                Some(rustls::ProtocolVersion::TLSv1_3) => "TLSv1.3",
-                Some(rustls::ProtocolVersion::TLSv1_2) => "TLSv1.2",
-                _ => "other",
+            // Named once: the metric's `version` label and the log's `tls_version`.
+            let tls_version = match session.protocol_version() {
+                Some(rustls::ProtocolVersion::TLSv1_3) => Some("TLSv1.3"),
+                Some(rustls::ProtocolVersion::TLSv1_2) => Some("TLSv1.2"),
+                _ => None,
             };
-            shared
-                .metrics
-                .tls_handshakes
-                .inc(&(view.name.clone(), "tcp", version));
+            shared.metrics.tls_handshakes.inc(&(
+                view.name.clone(),
+                "tcp",
+                tls_version.unwrap_or("other"),
+            ));
             let sni = session
                 .server_name()
                 .map(|s| Arc::<str>::from(s.to_ascii_lowercase()));
@@ -295,11 +297,7 @@ async fn serve_conn(
                 local,
                 tls: true,
                 sni,
-                tls_version: session.protocol_version().and_then(|v| match v {
-                    rustls::ProtocolVersion::TLSv1_2 => Some("TLSv1.2"),
-                    rustls::ProtocolVersion::TLSv1_3 => Some("TLSv1.3"),
-                    _ => None,
-                }),
+                tls_version,
                 tls_cipher: session
                     .negotiated_cipher_suite()
                     .and_then(|c| c.suite().as_str()),

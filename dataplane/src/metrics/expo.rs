@@ -127,6 +127,47 @@ impl Collector for Exposition {
     }
 }
 
+/// The metric names a text exposition declares (its `# TYPE` lines), with the `_bucket`,
+/// `_sum` and `_count` series of histograms: what a query may name. With [`names_used`], the
+/// one check (dataplane and controller tests) that a dashboard or alert rule names only
+/// metrics that exist.
+pub fn declared_names(scrape: &str) -> std::collections::BTreeSet<String> {
+    let mut names = std::collections::BTreeSet::new();
+    for l in scrape.lines() {
+        let Some((name, kind)) = l.strip_prefix("# TYPE ").and_then(|r| r.split_once(' ')) else {
+            continue;
+        };
+        names.insert(name.to_string());
+        if kind == "histogram" {
+            for s in ["_bucket", "_sum", "_count"] {
+                names.insert(format!("{name}{s}"));
+            }
+        }
+    }
+    names
+}
+
+/// The whole identifiers (`[A-Za-z0-9_]+`) in `text` (a dashboard, alert rules) that start
+/// with `prefix` and are longer than it.
+pub fn names_used(text: &str, prefix: &str) -> std::collections::BTreeSet<String> {
+    let ident = |b: u8| b.is_ascii_alphanumeric() || b == b'_';
+    let b = text.as_bytes();
+    let mut used = std::collections::BTreeSet::new();
+    let mut i = 0;
+    while let Some(at) = text[i..].find(prefix) {
+        let start = i + at;
+        let mut end = start + prefix.len();
+        while end < b.len() && ident(b[end]) {
+            end += 1;
+        }
+        if (start == 0 || !ident(b[start - 1])) && end > start + prefix.len() {
+            used.insert(text[start..end].to_string());
+        }
+        i = end;
+    }
+    used
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -174,6 +215,25 @@ mod tests {
              x_duration_seconds_count{route=\"r\"} 3\n\
              # HELP x_empty_total Nothing yet.\n\
              # TYPE x_empty_total counter\n"
+        );
+    }
+
+    #[test]
+    fn names_used_takes_whole_identifiers_and_declared_names_histogram_series() {
+        let text = r#"rate(sweety_a_total[5m]) xsweety_b sweety_ "sweety_c_bucket{le=\"1\"}""#;
+        let used: Vec<_> = names_used(text, "sweety_").into_iter().collect();
+        assert_eq!(used, ["sweety_a_total", "sweety_c_bucket"]);
+        let scrape = "# TYPE sweety_c histogram\n# TYPE sweety_a counter\nsweety_a_total 1\n";
+        let declared: Vec<_> = declared_names(scrape).into_iter().collect();
+        assert_eq!(
+            declared,
+            [
+                "sweety_a",
+                "sweety_c",
+                "sweety_c_bucket",
+                "sweety_c_count",
+                "sweety_c_sum"
+            ]
         );
     }
 }

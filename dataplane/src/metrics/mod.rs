@@ -21,7 +21,6 @@ use std::collections::HashSet;
 use std::hash::{BuildHasherDefault, Hash, Hasher};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Duration;
 
 /// A counter family keyed by a label tuple.
 #[derive(Debug)]
@@ -62,6 +61,24 @@ impl<K: Eq + Hash + Clone + Ord> LabeledCounter<K> {
             .map_or(0, |c| c.load(Relaxed))
     }
 
+    /// Keeps the counters whose key `keep` accepts.
+    pub fn retain(&self, mut keep: impl FnMut(&K) -> bool) {
+        self.map
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|k, _| keep(k));
+    }
+
+    /// Number of label sets counted.
+    pub fn len(&self) -> usize {
+        self.map.read().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// True before anything was counted.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     /// Snapshot sorted by key, for rendering.
     pub fn snapshot(&self) -> Vec<(K, u64)> {
         let r = self.map.read().unwrap_or_else(|e| e.into_inner());
@@ -79,39 +96,22 @@ pub const LATENCY_BUCKETS: [f64; 14] = [
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
 
-/// A fixed-bucket histogram.
-#[derive(Debug, Default)]
-pub struct Histogram {
-    buckets: [AtomicU64; LATENCY_BUCKETS.len()],
-    count: AtomicU64,
-    sum_micros: AtomicU64,
+/// A request latency histogram over [`LATENCY_BUCKETS`] (one per protocol): an
+/// [`AtomicHistogram`], the one histogram type of the metrics.
+#[derive(Debug)]
+pub struct Histogram(AtomicHistogram);
+
+impl Default for Histogram {
+    fn default() -> Self {
+        Histogram(AtomicHistogram::new(&LATENCY_BUCKETS))
+    }
 }
 
-impl Histogram {
-    /// Records one observation.
-    pub fn observe(&self, d: Duration) {
-        let secs = d.as_secs_f64();
-        if let Some(i) = LATENCY_BUCKETS.iter().position(|b| secs <= *b) {
-            self.buckets[i].fetch_add(1, Relaxed);
-        }
-        self.count.fetch_add(1, Relaxed);
-        self.sum_micros.fetch_add(d.as_micros() as u64, Relaxed);
-    }
-    /// Observations so far.
-    pub fn count(&self) -> u64 {
-        self.count.load(Relaxed)
-    }
+impl std::ops::Deref for Histogram {
+    type Target = AtomicHistogram;
 
-    fn value(&self) -> Value {
-        Value::Histogram {
-            sum: self.sum_micros.load(Relaxed) as f64 / 1e6,
-            count: self.count.load(Relaxed),
-            buckets: LATENCY_BUCKETS
-                .iter()
-                .zip(self.buckets.iter())
-                .map(|(b, n)| (*b, n.load(Relaxed)))
-                .collect(),
-        }
+    fn deref(&self) -> &AtomicHistogram {
+        &self.0
     }
 }
 
@@ -190,8 +190,9 @@ pub struct Metrics {
     pub access_log_dropped: AtomicU64,
     /// Connections accepted, all time.
     pub connections_total: AtomicU64,
-    /// Edge features: active health check results by backend and result (`pass`, `fail`),
-    /// and endpoint state changes (`down`, `up`).
+    /// Edge features: active health check results by backend label
+    /// ([`Metrics::backend_label`]) and result (`pass`, `fail`), and endpoint state changes
+    /// (`down`, `up`).
     pub health_checks: LabeledCounter<(Arc<str>, &'static str)>,
     /// Edge features: requests refused by access rules (`ip_denied`, `rate_limited`) and
     /// layer-4 events (`l4_no_route`, `udp_session_limit`, `proxy_protocol_error`…).
@@ -353,12 +354,30 @@ impl Metrics {
     }
 
     /// Keeps the labels of the backends in `live` only (after a config change), so that the
-    /// cap counts the backends being served.
+    /// cap counts the backends being served, and drops the per-backend counters of the others:
+    /// the counter maps then hold at most [`MAX_BACKENDS`] backends (plus [`OTHER`] and
+    /// [`NO_BACKEND`]) however many backends configs have named over time.
     pub fn retain_backend_labels(&self, live: &HashSet<&str>) {
-        self.backend_labels
+        let mut labels = self
+            .backend_labels
             .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .retain(|l| live.contains(&**l));
+            .unwrap_or_else(|e| e.into_inner());
+        labels.retain(|l| live.contains(&**l));
+        let keep = |b: &Arc<str>| labels.contains(b) || &**b == OTHER || &**b == NO_BACKEND;
+        self.upstream_errors.retain(|(b, _)| keep(b));
+        self.upstream_retries.retain(keep);
+        self.upstream_ejections.retain(keep);
+        self.health_checks.retain(|(b, _)| keep(b));
+    }
+
+    /// Drops the per-listener counters (TLS handshakes, their failures, 0-RTT requests) of
+    /// listeners not in `live` (after a config with new settings), so that those maps hold
+    /// the listeners being served, not every name configs have used.
+    pub fn retain_listeners(&self, live: &HashSet<&str>) {
+        self.tls_handshakes.retain(|(l, _, _)| live.contains(&**l));
+        self.tls_handshake_errors
+            .retain(|(l, _, _)| live.contains(&**l));
+        self.early_data_requests.retain(|l| live.contains(&**l));
     }
 
     /// Every family of a scrape, with its samples.
@@ -555,6 +574,7 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn renders_requests_by_route_and_protocol_histogram() {
@@ -601,5 +621,40 @@ mod tests {
         }
         assert_eq!(&*m.backend_label("one-too-many"), OTHER);
         assert_eq!(&*m.backend_label("b0"), "b0");
+    }
+
+    /// Configs that keep naming new backends: after each apply that fills the label set, the
+    /// per-backend counters of backends no longer served go with their labels, so the maps
+    /// stay bounded (they grew by one key per backend ever seen before).
+    #[test]
+    fn per_backend_counters_stay_bounded_across_config_churn() {
+        let m = Metrics::default();
+        for round in 0..3 * MAX_BACKENDS {
+            let name = format!("gen{round}");
+            let label = m.backend_label(&name);
+            m.upstream_error_of(&label, "connect");
+            m.upstream_retries.inc(&label);
+            m.upstream_ejections.inc(&label);
+            m.health_checks.inc(&(label.clone(), "pass"));
+            if m.backend_labels_full() {
+                m.retain_backend_labels(&HashSet::from([name.as_str()]));
+            }
+        }
+        m.upstream_error("connect");
+        for n in [
+            m.upstream_errors.len(),
+            m.upstream_retries.len(),
+            m.upstream_ejections.len(),
+            m.health_checks.len(),
+        ] {
+            assert!(n <= MAX_BACKENDS + 2, "{n} keys");
+        }
+        // The live backend and the no-backend series survive the pruning.
+        let last: Arc<str> = Arc::from(format!("gen{}", 3 * MAX_BACKENDS - 1).as_str());
+        assert_eq!(m.upstream_errors.get(&(last, "connect")), 1);
+        assert_eq!(
+            m.upstream_errors.get(&(Arc::from(NO_BACKEND), "connect")),
+            1
+        );
     }
 }

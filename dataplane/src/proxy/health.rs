@@ -90,7 +90,9 @@ async fn run(weak: Weak<BackendRt>, idx: usize, hc: Arc<HealthCheck>, metrics: A
             return;
         };
         let ok = check_once(&b, idx, &hc, &ctx).await;
-        let name: Arc<str> = b.config.name.as_str().into();
+        // The capped label (`Metrics::backend_label`), not the raw name: no allocation, and
+        // pruned with the other per-backend counters.
+        let name = b.label.clone();
         metrics
             .health_checks
             .inc(&(name.clone(), if ok { "pass" } else { "fail" }));

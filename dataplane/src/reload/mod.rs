@@ -303,6 +303,14 @@ impl Runtime {
         let generation = snapshot.config.generation;
         let limits = new_settings.then(|| {
             self.record_certificates(&snapshot.config);
+            self.shared.metrics.retain_listeners(
+                &snapshot
+                    .config
+                    .listeners
+                    .iter()
+                    .map(|l| l.name.as_str())
+                    .collect(),
+            );
             self.shared.cache.configure(&snapshot.config.cache);
             snapshot.config.limits.clone()
         });

@@ -227,6 +227,31 @@ pub(crate) async fn get(
     Ok((status, String::from_utf8_lossy(&body).into_owned()))
 }
 
+/// GET `url` with extra request headers; returns the status, the response header `want`
+/// and the body.
+pub(crate) async fn get_headers(
+    client: &Client,
+    url: &str,
+    headers: &[(&str, &str)],
+    want: &str,
+) -> (u16, Option<String>, String) {
+    let mut b = http::Request::get(url);
+    for (k, v) in headers {
+        b = b.header(*k, *v);
+    }
+    let resp = client
+        .request(b.body(Full::new(Bytes::new())).unwrap())
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    let got = resp
+        .headers()
+        .get(want)
+        .map(|v| v.to_str().unwrap().to_string());
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    (status, got, String::from_utf8_lossy(&body).into_owned())
+}
+
 /// A self-signed certificate for `name` as a config certificate, plus its PEM.
 pub(crate) fn cert_for(name: &str) -> (Certificate, String) {
     let (c, k) = sweety_dataplane::tls::self_signed(&[name]).unwrap();

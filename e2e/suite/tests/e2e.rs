@@ -933,6 +933,8 @@ struct LoopTally {
     ok: usize,
     failed: usize,
     first_failures: Vec<String>,
+    /// Whether the loop ran until `stop` (not ended early by its bounds).
+    stopped: bool,
 }
 
 /// Sends HTTP/1.1 GETs to `s` one after another (each a new connection: curl) until `stop`, at most
@@ -981,6 +983,7 @@ async fn request_loop(
             }
         }
     }
+    tally.stopped = stop.load(std::sync::atomic::Ordering::Relaxed);
     tally
 }
 
@@ -1083,6 +1086,13 @@ async fn replicas_scenario(env: &Env, deployment: &str, lease: &str) -> Result<(
         killed_at.elapsed().as_secs_f64() + 2.0
     );
     outcome?;
+    if !tally.stopped {
+        return Err(Error::Config(format!(
+            "the request loop ended on its bounds ({} requests, {LOOP_MAX_TIME:?}) before the \
+             scenario did: it did not cover the leader's death ({tally:?})",
+            tally.ok + tally.failed
+        )));
+    }
     if tally.failed > 0 || tally.ok < 20 {
         return Err(Error::Config(format!(
             "request loop: {} ok, {} failed (first: {:?})",

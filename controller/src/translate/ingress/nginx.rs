@@ -12,7 +12,9 @@
 //! `permanent-redirect`(`-code`), `temporal-redirect`, `app-root`, `proxy-read-timeout` and
 //! `proxy-connect-timeout` (their sum, in seconds, is the route's backend timeout), `canary` +
 //! `canary-weight` (+ `canary-weight-total`): a weighted split with the primary Ingress's route
-//! for the same host and path. `limit-rps` / `limit-rpm` (× `limit-burst-multiplier`, default
+//! for the same host and path, and `canary-by-header` (`always`/`never`, or `-value`, or
+//! `-pattern`) and `canary-by-cookie` (`always`/`never`): routes beside the primary's with one
+//! more header match, header before cookie before weight ([`CanarySelect`]). `limit-rps` / `limit-rpm` (× `limit-burst-multiplier`, default
 //! 5) become per-client-IP `rate_limit` filters whose zone is shared by the Ingress's paths,
 //! `limit-connections` a per-client-IP `concurrency_limit` (requests in flight),
 //! `whitelist-source-range` (or `allowlist-source-range`) and `denylist-source-range` an
@@ -36,6 +38,19 @@
 //! `ignore_unsupported_security_annotations` says. `auth-type: digest` is not implemented
 //! (503). `auth-secret`/`auth-realm` without `auth-type` are ignored, as in ingress-nginx.
 //!
+//! **External authentication.** `auth-url` (with `auth-method`, `auth-signin`,
+//! `auth-signin-redirect-param`, `auth-response-headers`, `auth-request-redirect`,
+//! `auth-always-set-cookie`) becomes an `external_auth` filter on every path
+//! ([`sweety_config::ext_auth`]; the dataplane's `ext_auth` sends the subrequest) whose
+//! addresses are restricted like an ExternalName's (`restrict_addresses`; an address literal
+//! the policy refuses is refused here already). A URL or setting that cannot be honoured
+//! (nginx variables in `auth-url`, an unknown variable in `auth-signin`, a framing header in
+//! `auth-response-headers`, …) fails closed: every path answers 503 with the reason
+//! (`AuthInvalid`), whatever `ignore_unsupported_security_annotations` says. The settings
+//! without `auth-url` are ignored, as in ingress-nginx; `auth-cache-*` and `auth-keepalive*`
+//! are ignored (every request is asked; connections are kept alive anyway);
+//! `auth-proxy-set-headers` is refused (403) and `auth-snippet` refuses the Ingress (503).
+//!
 //! **Fail closed.** Security annotations Sweety does not implement (`auth-*`, `modsecurity`,
 //! `satisfy`, …; [`is_security`]) and allow/deny list entries that cannot be honoured make
 //! every path of the Ingress answer 403 with a body naming them
@@ -56,10 +71,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use sweety_config::htpasswd;
 use sweety_config::{
-    Action, BackendProtocol, BasicAuth, Cidr, ConcurrencyLimit, Cors, Duration, Filter,
-    FixedResponse, HashAlgorithm, HashOn, HashPolicy, IpAccess, PathMatch, PathRewrite, RateLimit,
-    RateLimitKey, Redirect, Route, RouteMatch, SessionKind, SessionPersistence, UrlRewrite,
-    WeightedBackend,
+    Action, BackendProtocol, BasicAuth, Cidr, ConcurrencyLimit, Cors, Duration, ExternalAuth,
+    Filter, FixedResponse, HashAlgorithm, HashOn, HashPolicy, HeaderMatch, IpAccess, MatchKind,
+    PathMatch, PathRewrite, ProxyAction, RateLimit, RateLimitKey, Redirect, Route, RouteMatch,
+    SessionKind, SessionPersistence, UrlRewrite, WeightedBackend,
 };
 
 /// Annotation prefix of ingress-nginx.
@@ -93,6 +108,8 @@ pub struct Annotations {
     pub canary_weight: u32,
     /// `canary-weight-total`: the whole of the weights (default 100).
     pub canary_weight_total: u32,
+    /// `canary-by-header` (+ `-value` / `-pattern`) and `canary-by-cookie`.
+    pub canary_select: CanarySelect,
     /// `limit-rps` / `limit-rpm`, per client IP.
     pub rate_limits: Vec<RateLimit>,
     /// `limit-connections`, per client IP, shared by the Ingress's paths.
@@ -105,6 +122,8 @@ pub struct Annotations {
     pub hash: Option<HashPolicy>,
     /// `auth-type: basic` with `auth-secret` (+ `auth-secret-type`, `auth-realm`).
     pub basic_auth: Option<BasicAuth>,
+    /// `auth-url` and its `auth-*` settings.
+    pub external_auth: Option<ExternalAuth>,
     /// Fail closed: every route of the Ingress answers this status and body instead (a
     /// security annotation Sweety does not implement, an access list entry it cannot honour:
     /// 403; a snippet: 503, the whole Ingress is refused).
@@ -191,6 +210,10 @@ pub const ANNOTATIONS: &[AnnotationSpec] = &[
     spec("canary", Support::Honoured, "weighted canaries", "true"),
     spec("canary-weight", Support::Honoured, "", "10"),
     spec("canary-weight-total", Support::Honoured, "", "100"),
+    spec("canary-by-header", Support::Honoured, "`always` / `never`, before the cookie and the weights", "X-Canary"),
+    spec("canary-by-header-value", Support::Honoured, "exact value; any other value falls through to the cookie and the weights", "beta"),
+    spec("canary-by-header-pattern", Differently, "RE2 syntax (Rust `regex`), found anywhere in the value; ignored when `canary-by-header-value` is set", "^(beta|rc)$"),
+    spec("canary-by-cookie", Support::Honoured, "`always` / `never`, after the header and before the weights", "canary"),
     spec("enable-cors", Support::Honoured, "", "true"),
     spec("cors-allow-origin", Support::Honoured, "origins that are not `*` or `scheme://host[:port]` are dropped", "https://a.example"),
     spec("cors-allow-methods", Support::Honoured, "", "GET, POST"),
@@ -218,17 +241,18 @@ pub const ANNOTATIONS: &[AnnotationSpec] = &[
     spec("auth-secret", Differently, "the Ingress's own namespace only; htpasswd bcrypt, `$apr1$` and `{SHA}` entries (others are refused one by one)", "basic-auth"),
     spec("auth-secret-type", Support::Honoured, "`auth-file` or `auth-map`", "auth-file"),
     spec("auth-realm", Support::Honoured, "", "Staff"),
-    spec("auth-url", Refused, "external authentication is not implemented yet", "http://auth.example/verify"),
-    spec("auth-signin", Refused, "see `auth-url`", "https://auth.example/start"),
-    spec("auth-signin-*", Refused, "see `auth-url`", "x"),
-    spec("auth-method", Refused, "see `auth-url`", "GET"),
-    spec("auth-response-headers", Refused, "see `auth-url`", "X-User"),
-    spec("auth-request-redirect", Refused, "see `auth-url`", "/"),
-    spec("auth-cache-key", Refused, "see `auth-url`", "$remote_user"),
-    spec("auth-proxy-set-headers", Refused, "see `auth-url`", "ns/cm"),
-    spec("auth-always-set-cookie", Refused, "see `auth-url`", "true"),
-    spec("auth-keepalive*", Refused, "see `auth-url`", "10"),
-    spec("global-auth-url", Refused, "see `auth-url`", "http://auth.example/"),
+    spec("auth-url", Differently, "a subrequest as ingress-nginx sends it (original method and headers, no body); nginx variables (`$host`) are not supported (fails closed, 503); loopback, link-local, metadata and the dataplane's own addresses are refused (500); `https` is verified against the public CAs; 5 s timeout; a service that cannot be asked answers 500", "http://auth.example/verify"),
+    spec("auth-signin", Differently, "a 302 with the original URL in `rd` as ingress-nginx adds it; variables: `$host`, `$http_host`, `$best_http_host`, `$scheme`, `$pass_access_scheme`, `$request_uri`, `$escaped_request_uri` only (others fail closed, 503)", "https://auth.example/start"),
+    spec("auth-signin-redirect-param", Support::Honoured, "", "next"),
+    spec("auth-method", Support::Honoured, "", "GET"),
+    spec("auth-response-headers", Differently, "the client's own copies are removed before the backend sees the request; `Host`, `Content-Length`, `Transfer-Encoding` and other framing headers fail closed (503)", "X-User"),
+    spec("auth-request-redirect", Support::Honoured, "", "/"),
+    spec("auth-always-set-cookie", Support::Honoured, "", "true"),
+    spec("auth-cache-key", Ignored, "auth answers are not cached: every request is asked (stricter)", "$remote_user"),
+    spec("auth-cache-duration", Ignored, "see `auth-cache-key`", "200 202 401 5m"),
+    spec("auth-keepalive*", Ignored, "connections to the auth service are kept alive (16 idle per path) anyway", "10"),
+    spec("auth-proxy-set-headers", Refused, "not implemented: the auth service would not get the headers it asks for", "ns/cm"),
+    spec("global-auth-url", Refused, "no cluster-wide external authentication", "http://auth.example/"),
     spec("auth-tls-*", Refused, "client certificates on Ingress hosts are not implemented yet", "on"),
     spec("satisfy", Refused, "not implemented", "any"),
     spec("enable-modsecurity", Refused, "no WAF", "true"),
@@ -294,6 +318,67 @@ pub fn masked_cidr(entry: &str) -> Result<String, String> {
 
 const CORS_METHODS: &str = "GET, PUT, POST, DELETE, PATCH, OPTIONS";
 const CORS_HEADERS: &str = "DNT,Keep-Alive,User-Agent,X-Requested-With,If-Modified-Since,Cache-Control,Content-Type,Range,Authorization";
+
+/// A byte of an RFC 6265 cookie name (an RFC 7230 token).
+fn is_cookie_name_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+}
+
+/// `canary-by-header` (+ `-value` or `-pattern`) and `canary-by-cookie`: requests that pick
+/// the canary, or refuse it, before the weights apply (ingress-nginx's order: header, cookie,
+/// weight).
+#[derive(Debug, Clone, Default)]
+pub struct CanarySelect {
+    /// The header's name (lower case).
+    pub header: Option<String>,
+    /// Send to the canary when the header has exactly this value.
+    pub header_value: Option<String>,
+    /// Send to the canary when the header's value contains a match of this regex.
+    pub header_pattern: Option<String>,
+    /// The cookie's name.
+    pub cookie: Option<String>,
+}
+
+impl CanarySelect {
+    /// The header matches that decide for a request, in precedence order, each with where it
+    /// sends the request: `true` the canary, `false` the primary only.
+    fn matches(&self) -> Vec<(&'static str, HeaderMatch, bool)> {
+        let mut out = Vec::new();
+        if let Some(h) = &self.header {
+            let exact = |v: &str| HeaderMatch {
+                name: h.clone(),
+                value: v.to_string(),
+                kind: MatchKind::Exact,
+            };
+            if let Some(v) = &self.header_value {
+                out.push(("by-header", exact(v), true));
+            } else if let Some(p) = &self.header_pattern {
+                // nginx searches (`ngx.re.match`); the router matches the whole value.
+                let m = HeaderMatch {
+                    name: h.clone(),
+                    value: format!("(?s:.*)(?:{p})(?s:.*)"),
+                    kind: MatchKind::Regex,
+                };
+                out.push(("by-header", m, true));
+            } else {
+                out.push(("by-header", exact("always"), true));
+                out.push(("by-header-never", exact("never"), false));
+            }
+        }
+        if let Some(c) = &self.cookie {
+            // One `name=value` pair anywhere in a Cookie header (HTTP/2 may send one pair per
+            // header; the router takes a match in any of them).
+            let pair = |v: &str| HeaderMatch {
+                name: "cookie".into(),
+                value: format!("(?:.*;)?[ \\t]*{}={v}[ \\t]*(?:;.*)?", regex_escape(c)),
+                kind: MatchKind::Regex,
+            };
+            out.push(("by-cookie", pair("always"), true));
+            out.push(("by-cookie-never", pair("never"), false));
+        }
+        out
+    }
+}
 
 fn truthy(v: &str) -> Option<bool> {
     match v.trim() {
@@ -498,6 +583,83 @@ fn basic_auth<'a>(
         realm,
         users: parsed.users,
     })
+}
+
+/// Why an auth service address is one a tenant may not aim the subrequest at (the dataplane
+/// refuses the same, and names that resolve there, after resolution): said early for an
+/// address literal.
+fn refused_auth_host(host: &str) -> Option<&'static str> {
+    let ip: std::net::IpAddr = host.parse().ok()?;
+    let ip = match ip {
+        std::net::IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, std::net::IpAddr::V4),
+        v4 => v4,
+    };
+    match ip {
+        _ if ip.is_loopback() => Some("a loopback address"),
+        _ if ip.is_unspecified() => Some("an unspecified address"),
+        std::net::IpAddr::V4(v4) if v4.is_link_local() => {
+            Some("a link-local (or cloud metadata) address")
+        }
+        std::net::IpAddr::V6(v6) if (v6.segments()[0] & 0xffc0) == 0xfe80 => {
+            Some("a link-local address")
+        }
+        std::net::IpAddr::V6(v6) if v6.segments() == [0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254] => {
+            Some("a cloud metadata address")
+        }
+        _ if ip.is_multicast() => Some("not a unicast address"),
+        _ => None,
+    }
+}
+
+/// The `external_auth` filter of `auth-url` and its settings, or why it cannot be made (fails
+/// closed). The URL is a tenant's: the filter restricts the addresses it may reach.
+fn external_auth<'a>(get: &impl Fn(&str) -> Option<&'a str>) -> Result<ExternalAuth, String> {
+    let url = get("auth-url").unwrap_or("").trim();
+    let parsed = sweety_config::ext_auth::parse_auth_url(url)
+        .map_err(|e| format!("{PREFIX}auth-url {:?} {e}", truncate(url)))?;
+    if let Some(why) = refused_auth_host(&parsed.host) {
+        return Err(format!(
+            "{PREFIX}auth-url {:?} names {why}, which an auth service of a tenant may not be",
+            truncate(url)
+        ));
+    }
+    let mut f = ExternalAuth::new(url);
+    f.restrict_addresses = true;
+    f.method = get("auth-method").map(|m| m.trim().to_string());
+    f.signin = get("auth-signin").map(|s| s.trim().to_string());
+    if let Some(p) = get("auth-signin-redirect-param") {
+        f.signin_redirect_param = p.trim().to_string();
+    }
+    f.response_headers = get("auth-response-headers").map(list).unwrap_or_default();
+    f.request_redirect = get("auth-request-redirect")
+        .map(|r| r.trim().to_string())
+        .filter(|r| !r.is_empty());
+    if let Some(v) = get("auth-always-set-cookie") {
+        f.always_set_cookie = truthy(v).ok_or_else(|| {
+            format!(
+                "{PREFIX}auth-always-set-cookie {:?} is not \"true\" or \"false\"",
+                truncate(v)
+            )
+        })?;
+    }
+    let problems = sweety_config::ext_auth::check_external_auth(&f);
+    if !problems.is_empty() {
+        let field = |f: &str| match f.split('[').next().unwrap_or(f) {
+            "url" => "auth-url",
+            "method" => "auth-method",
+            "signin" => "auth-signin",
+            "signin_redirect_param" => "auth-signin-redirect-param",
+            "response_headers" => "auth-response-headers",
+            "request_redirect" => "auth-request-redirect",
+            _ => "auth-url",
+        };
+        return Err(problems
+            .iter()
+            .map(|(f, m)| format!("{PREFIX}{} {m}", field(f)))
+            .collect::<Vec<_>>()
+            .join("; "));
+    }
+    Ok(f)
 }
 
 impl Annotations {
@@ -723,6 +885,28 @@ impl Annotations {
                 },
                 // Read with `auth-type` (below).
                 "auth-secret" | "auth-secret-type" | "auth-realm" => {}
+                // Read with `auth-url` (below).
+                "auth-url"
+                | "auth-method"
+                | "auth-signin"
+                | "auth-signin-redirect-param"
+                | "auth-response-headers"
+                | "auth-request-redirect"
+                | "auth-always-set-cookie" => {}
+                "auth-cache-key" | "auth-cache-duration" => report.warn(
+                    "UnsupportedAnnotation",
+                    format!(
+                        "{key} is not applied: auth answers are not cached, every request is \
+                         asked (stricter than the cache)"
+                    ),
+                ),
+                n if n.starts_with("auth-keepalive") => report.warn(
+                    "UnsupportedAnnotation",
+                    format!(
+                        "{key} is not applied: connections to the auth service are kept alive \
+                         anyway"
+                    ),
+                ),
                 "canary" => a.canary = flag(report),
                 "canary-weight" => match value.trim().parse::<u32>() {
                     Ok(w) => a.canary_weight = w,
@@ -732,6 +916,27 @@ impl Annotations {
                     Ok(w) if w > 0 => a.canary_weight_total = w,
                     _ => bad(report, "is not a positive whole number"),
                 },
+                "canary-by-header" => match http::HeaderName::from_bytes(value.trim().as_bytes()) {
+                    Ok(h) => a.canary_select.header = Some(h.as_str().to_string()),
+                    Err(_) => bad(report, "is not a header name"),
+                },
+                "canary-by-header-value" => {
+                    if value.is_empty() || http::HeaderValue::from_str(value).is_err() {
+                        bad(report, "is not a header value");
+                    } else {
+                        a.canary_select.header_value = Some(value.clone());
+                    }
+                }
+                // Compiled with the route: one that does not compile is reported there.
+                "canary-by-header-pattern" => a.canary_select.header_pattern = Some(value.clone()),
+                "canary-by-cookie" => {
+                    let v = value.trim();
+                    if !v.is_empty() && v.bytes().all(is_cookie_name_byte) {
+                        a.canary_select.cookie = Some(v.to_string());
+                    } else {
+                        bad(report, "is not a cookie name");
+                    }
+                }
                 n if n.ends_with("snippet") => {
                     if params.ignore_snippets {
                         report.warn(
@@ -786,6 +991,26 @@ impl Annotations {
                     format!("{key} is not supported and is ignored"),
                 ),
             }
+        }
+        let sel = &mut a.canary_select;
+        if sel.header.is_none() && (sel.header_value.is_some() || sel.header_pattern.is_some()) {
+            report.warn(
+                "InvalidAnnotation",
+                format!(
+                    "{PREFIX}canary-by-header-value and -pattern need {PREFIX}canary-by-header \
+                     (the header's name); ignored"
+                ),
+            );
+            sel.header_value = None;
+            sel.header_pattern = None;
+        } else if sel.header_value.is_some() && sel.header_pattern.take().is_some() {
+            report.warn(
+                "InvalidAnnotation",
+                format!(
+                    "{PREFIX}canary-by-header-pattern is ignored: \
+                     {PREFIX}canary-by-header-value is set (as in ingress-nginx)"
+                ),
+            );
         }
         if cors_enabled {
             let mut cors = Cors {
@@ -888,6 +1113,41 @@ impl Annotations {
         });
         if affinity {
             a.session = Some(session_cookie(&get, report));
+        }
+        if get("auth-url").is_some() {
+            match external_auth(&get) {
+                Ok(f) => a.external_auth = Some(f),
+                Err(why) => {
+                    report.warn(
+                        "AuthInvalid",
+                        format!(
+                            "external authentication: {why}; the Ingress's paths answer 503 \
+                             until it is fixed"
+                        ),
+                    );
+                    auth_failures.push(why);
+                }
+            }
+        } else if let Some(k) = all.keys().find(|k| {
+            matches!(
+                k.strip_prefix(PREFIX),
+                Some(
+                    "auth-method"
+                        | "auth-signin"
+                        | "auth-signin-redirect-param"
+                        | "auth-response-headers"
+                        | "auth-request-redirect"
+                        | "auth-always-set-cookie"
+                )
+            )
+        }) {
+            report.warn(
+                "UnsupportedAnnotation",
+                format!(
+                    "{k} without {PREFIX}auth-url is ignored (as ingress-nginx does): no \
+                     external authentication is set up"
+                ),
+            );
         }
         if basic {
             match basic_auth(&get, ns, secrets, report) {
@@ -998,6 +1258,9 @@ impl Annotations {
         }
         if let Some(b) = &self.basic_auth {
             route.filters.push(Filter::BasicAuth(b.clone()));
+        }
+        if let Some(e) = &self.external_auth {
+            route.filters.push(Filter::ExternalAuth(e.clone()));
         }
         if let Some(target) = &self.rewrite_target {
             let m = route.matches.first_mut().and_then(|m| m.path.as_mut());
@@ -1280,12 +1543,13 @@ pub(crate) fn merge_canary(
                 );
                 continue;
             }
-            let primary = hosts.get_mut(&host).and_then(|routes| {
+            let routes = hosts.get_mut(&host);
+            let at = routes.as_ref().and_then(|routes| {
                 routes
-                    .iter_mut()
-                    .find(|r| r.path == path && r.path_type == p.path_type && r.namespace == ns)
+                    .iter()
+                    .position(|r| r.path == path && r.path_type == p.path_type && r.namespace == ns)
             });
-            let Some(primary) = primary else {
+            let (Some(routes), Some(at)) = (routes, at) else {
                 report.warn(
                     "CanaryWithoutPrimary",
                     format!(
@@ -1296,7 +1560,8 @@ pub(crate) fn merge_canary(
                 );
                 continue;
             };
-            let Action::Proxy(proxy) = &mut primary.route.action else {
+            let before = routes[at].clone();
+            let Action::Proxy(proxy) = &mut routes[at].route.action else {
                 report.warn(
                     "CanaryWithoutPrimary",
                     format!("the primary route for {host:?} {path:?} has no working backend; canary ignored"),
@@ -1314,10 +1579,16 @@ pub(crate) fn merge_canary(
                 Ok(name) => {
                     proxy.backends[0].weight = total - weight;
                     proxy.backends.push(WeightedBackend {
-                        backend: name,
+                        backend: name.clone(),
                         weight,
                         filters: Vec::new(),
                     });
+                    // Header and cookie rules sit right after the primary: more header matches
+                    // win over it in the router, and among them the earlier route wins.
+                    let variants = canary_variants(&before, &name, &ann.canary_select, report);
+                    for (k, v) in variants.into_iter().enumerate() {
+                        routes.insert(at + 1 + k, v);
+                    }
                 }
                 Err(why) => report.warn(
                     "CanaryIgnored",
@@ -1328,9 +1599,213 @@ pub(crate) fn merge_canary(
     }
 }
 
+/// The routes `canary-by-header` / `canary-by-cookie` add beside `primary` (still with one
+/// backend): the primary's matches each with one more header match, sending to `canary` or,
+/// for `never`, to the primary's backend only. A rule the dataplane would refuse (a pattern
+/// that does not compile) is left out and reported.
+fn canary_variants(
+    primary: &PathRoute,
+    canary: &str,
+    select: &CanarySelect,
+    report: &mut Report,
+) -> Vec<PathRoute> {
+    let Action::Proxy(proxy) = &primary.route.action else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for (suffix, header, to_canary) in select.matches() {
+        let mut route = primary.route.clone();
+        route.name = format!("{}/canary-{suffix}", primary.route.name);
+        if route.matches.is_empty() {
+            route.matches.push(RouteMatch::default());
+        }
+        for m in &mut route.matches {
+            m.headers.push(header.clone());
+        }
+        let backend = if to_canary {
+            WeightedBackend {
+                backend: canary.to_string(),
+                weight: 1,
+                filters: Vec::new(),
+            }
+        } else {
+            WeightedBackend {
+                weight: 1,
+                ..proxy.backends[0].clone()
+            }
+        };
+        route.action = Action::Proxy(ProxyAction {
+            backends: vec![backend],
+        });
+        let warn = &mut |m: String| {
+            report.warn(
+                "CanaryIgnored",
+                format!("canary-{suffix}: {m}; requests are not sent by it"),
+            )
+        };
+        if let Some(route) = super::checked_route(route, warn) {
+            out.push(PathRoute {
+                route,
+                ..primary.clone()
+            });
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The backends the real dataplane router picks for a request (`name=weight`, joined).
+    fn served_by(
+        table: &sweety_dataplane::router::RouteTable,
+        listener: &str,
+        host: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+    ) -> String {
+        let mut h = http::HeaderMap::new();
+        for (k, v) in headers {
+            h.append(
+                http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                http::HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        let req = sweety_dataplane::router::RequestHead {
+            listener,
+            host,
+            method: &http::Method::GET,
+            path,
+            query: None,
+            headers: &h,
+        };
+        let sweety_dataplane::router::Lookup::Matched(m) = table.lookup(&req) else {
+            panic!("{host}{path} {headers:?}: no route");
+        };
+        let Action::Proxy(p) = &m.entry.route.action else {
+            panic!("{host}{path}: not a proxy route");
+        };
+        let b: Vec<String> = p
+            .backends
+            .iter()
+            .map(|b| format!("{}={}", b.backend, b.weight))
+            .collect();
+        b.join(",")
+    }
+
+    #[test]
+    fn canary_selectors_choose_by_header_then_cookie_then_weight() {
+        let text = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/testdata/translate/ing-nginx-canary-by-header.in.yaml"
+        ))
+        .unwrap();
+        let (snapshot, _) = crate::translate::Snapshot::from_yaml(&text).unwrap();
+        let out = crate::translate::translate(&snapshot, &Params::default());
+        let table = sweety_dataplane::router::RouteTable::build(&out.config).unwrap();
+        let l = out.config.listeners[0].name.as_str();
+        let at = |host: &str, path: &str, headers: &[(&str, &str)]| {
+            served_by(&table, l, host, path, headers)
+        };
+        let (canary, primary, split) = (
+            "app/web-v2:80=1",
+            "app/web:80=1",
+            "app/web:80=80,app/web-v2:80=20",
+        );
+        let app = "app.example.com";
+        assert_eq!(at(app, "/", &[]), split);
+        assert_eq!(at(app, "/x", &[("x-canary", "always")]), canary);
+        assert_eq!(at(app, "/x", &[("x-canary", "never")]), primary);
+        // Exact values only; anything else falls through to the cookie, then the weights.
+        assert_eq!(at(app, "/", &[("x-canary", "ALWAYS")]), split);
+        assert_eq!(
+            at(
+                app,
+                "/",
+                &[("x-canary", "maybe"), ("cookie", "a=1; canary=always")]
+            ),
+            canary
+        );
+        // The header decides before the cookie, both ways.
+        assert_eq!(
+            at(
+                app,
+                "/",
+                &[("x-canary", "never"), ("cookie", "canary=always")]
+            ),
+            primary
+        );
+        assert_eq!(
+            at(
+                app,
+                "/",
+                &[("x-canary", "always"), ("cookie", "canary=never")]
+            ),
+            canary
+        );
+        assert_eq!(at(app, "/", &[("cookie", "canary=never; b=2")]), primary);
+        // One pair per Cookie header, as HTTP/2 clients send them.
+        assert_eq!(
+            at(app, "/", &[("cookie", "a=1"), ("cookie", "canary=always")]),
+            canary
+        );
+        // Another cookie's name or value that merely contains ours does not count.
+        assert_eq!(at(app, "/", &[("cookie", "xcanary=always")]), split);
+        assert_eq!(at(app, "/", &[("cookie", "canary=alwaysx")]), split);
+        assert_eq!(at(app, "/", &[("cookie", "a=canary=always")]), split);
+        // canary-by-header-value: that value only, no `never`; no weight given: 0.
+        let v = "value.example.com";
+        assert_eq!(at(v, "/api", &[("x-tier", "beta")]), canary);
+        assert_eq!(
+            at(v, "/api", &[("x-tier", "always")]),
+            "app/web:80=100,app/web-v2:80=0"
+        );
+        assert_eq!(
+            at(v, "/api", &[("x-tier", "never")]),
+            "app/web:80=100,app/web-v2:80=0"
+        );
+        // A pattern that does not compile adds no rule; the weighted split stays.
+        let p = "pattern.example.com";
+        assert_eq!(
+            at(p, "/", &[("x-tier", "(beta")]),
+            "app/web:80=95,app/web-v2:80=5"
+        );
+        let warned = |who: &str, reason: &str| {
+            let key = crate::translate::status::ObjectKey {
+                kind: "IngressEvent".into(),
+                namespace: "app".into(),
+                name: who.into(),
+            };
+            matches!(out.statuses.get(&key), Some(crate::translate::status::ObjectStatus::Conditions(c))
+                if c.iter().any(|c| c.reason == reason))
+        };
+        assert!(warned("canary-pattern", "CanaryIgnored"));
+        assert!(warned("canary-value", "InvalidAnnotation"));
+        assert!(warned("canary-no-header", "InvalidAnnotation"));
+        assert!(!warned("canary", "InvalidAnnotation") && !warned("canary", "CanaryIgnored"));
+    }
+
+    #[test]
+    fn a_canary_pattern_is_searched_in_the_value() {
+        let sel = CanarySelect {
+            header: Some("x-tier".into()),
+            header_pattern: Some("^beta|rc[0-9]".into()),
+            ..CanarySelect::default()
+        };
+        let m = sel.matches();
+        assert_eq!(m.len(), 1);
+        let re = regex::Regex::new(&format!("^(?:{})$", m[0].1.value)).unwrap();
+        for (v, hit) in [
+            ("beta", true),
+            ("beta-2", true),
+            ("x-rc1", true),
+            ("alpha", false),
+            ("xbeta", false),
+        ] {
+            assert_eq!(re.is_match(v), hit, "{v}");
+        }
+    }
 
     #[test]
     fn redirect_urls() {
@@ -1403,7 +1878,11 @@ mod tests {
         ] {
             assert!(masked_cidr(bad).is_err(), "{bad}");
         }
-        assert!(is_security("auth-url", "x") && is_security("auth-tls-verify-client", "on"));
+        assert!(
+            is_security("auth-proxy-set-headers", "x")
+                && is_security("auth-tls-verify-client", "on")
+        );
+        assert!(!is_security("auth-url", "x"));
         assert!(
             is_security("modsecurity-snippet", "x") && is_security("enable-modsecurity", "true")
         );
@@ -1453,6 +1932,18 @@ mod tests {
             // The basic-auth settings are read with `auth-type: basic` only.
             if matches!(name, "auth-secret" | "auth-secret-type" | "auth-realm") {
                 annotations.insert(format!("{PREFIX}auth-type"), "basic".into());
+            }
+            // The external-auth settings are read with `auth-url` only.
+            if name.starts_with("auth-")
+                && !name.starts_with("auth-tls")
+                && !matches!(
+                    name,
+                    "auth-type" | "auth-secret" | "auth-secret-type" | "auth-realm"
+                )
+            {
+                annotations
+                    .entry(format!("{PREFIX}auth-url"))
+                    .or_insert_with(|| "http://auth.example/verify".into());
             }
             let ing = Ingress {
                 metadata: ObjectMeta {
