@@ -7,7 +7,7 @@
 #   2. the Gateway API CRDs arrive (charts/sweety/crds/gateway-api-standard.yaml); `helm upgrade` (same
 #      values) adds the GatewayClass; a Gateway + HTTPRoute become Programmed/Accepted and answer — with
 #      the SAME controller container (same pod uid, restartCount 0): the controller discovered the kinds;
-#   3. `helm uninstall`: nothing of ours is left (per-Gateway Services and EndpointSlices, the Lease,
+#   3. `helm uninstall`: nothing of ours is left (per-Gateway Services and EndpointSlices, the Lease, the default-certificate Secret,
 #      every object with the release's labels, cluster-scoped ones too, Helm's release records: `ours`
 #      lists them; `installed` first checks that the listing finds each kind while installed);
 #   4. the previous chart version (charts/sweety as of $PREVIOUS_CHART_REF, from git) installed with the
@@ -111,6 +111,8 @@ ours() { # ours NAMESPACE: every object of ours, as kubectl's kind.group/name, o
     kubectl -n "$ns" get leases,deployments,daemonsets,pods,services,serviceaccounts,roles,rolebindings,configmaps,secrets,sweetyproxyconfigs \
       -l app.kubernetes.io/instance=sweety -o name &&
     kubectl -n "$ns" get leases -o name &&
+    # the Secret of the shared default certificate (the controller's label),
+    kubectl -n "$ns" get secrets -l app.kubernetes.io/managed-by=sweety -o name &&
     # its cluster-scoped objects and Helm's release records.
     kubectl get clusterroles,clusterrolebindings,ingressclasses,gatewayclasses -l app.kubernetes.io/instance=sweety -o name &&
     kubectl get secrets -n "$ns" -l owner=helm -o name
@@ -185,16 +187,18 @@ kubectl -n "$NS" get service -l app.kubernetes.io/managed-by=sweety,sweety.dev/g
   die "per-Gateway objects in the Gateway's namespace lc-gateway (expected in $NS)"
 kubectl -n "$NS" get lease sweety-controller -o jsonpath='{.metadata.ownerReferences[0].kind}' | grep -qx ServiceAccount ||
   die "the leader Lease has no ServiceAccount owner"
+kubectl -n "$NS" get secret sweety-default-certificate -o jsonpath='{.metadata.ownerReferences[0].kind}' | grep -qx ServiceAccount ||
+  die "the shared default certificate Secret has no ServiceAccount owner"
 
 # ------------------------------------------------------------------ 3. uninstall
 log "3. helm uninstall"
 # What uninstall must remove (the GatewayClass owns the per-Gateway Service and its EndpointSlices).
 installed "$NS" service/ endpointslice.discovery.k8s.io/ lease.coordination.k8s.io/sweety-controller deployment.apps/sweety \
-  serviceaccount/sweety clusterrole.rbac.authorization.k8s.io/ ingressclass.networking.k8s.io/sweety \
+  secret/sweety-default-certificate serviceaccount/sweety clusterrole.rbac.authorization.k8s.io/ ingressclass.networking.k8s.io/sweety \
   gatewayclass.gateway.networking.k8s.io/sweety sweetyproxyconfig.sweety.dev/ secret/sh.helm.release.v1.sweety.
 "$HELM" uninstall sweety -n "$NS" --wait --timeout 3m >/dev/null
 nothing_left "$NS"
-log "3. ok: nothing of ours left (Services, EndpointSlices, Lease, release objects)"
+log "3. ok: nothing of ours left (Services, EndpointSlices, Lease, default-certificate Secret, release objects)"
 kubectl delete namespace lc-ingress lc-gateway --wait=false >/dev/null
 
 # ------------------------------------------------------------------ 4. upgrade from the previous chart version
@@ -217,7 +221,7 @@ done
 kubectl -n "$NS" get lease sweety-controller -o jsonpath='{.metadata.ownerReferences[0].kind}' | grep -qx ServiceAccount ||
   die "the Lease of the previous release did not gain its owner"
 installed "$NS" endpointslice.discovery.k8s.io/ lease.coordination.k8s.io/sweety-controller deployment.apps/sweety \
-  gatewayclass.gateway.networking.k8s.io/sweety secret/sh.helm.release.v1.sweety.
+  secret/sweety-default-certificate gatewayclass.gateway.networking.k8s.io/sweety secret/sh.helm.release.v1.sweety.
 "$HELM" uninstall sweety -n "$NS" --wait --timeout 3m >/dev/null
 nothing_left "$NS"
 kubectl delete namespace lc-upgrade --wait=false >/dev/null

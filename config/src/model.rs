@@ -498,6 +498,15 @@ pub enum PathRewrite {
     Full(String),
     /// Replace the part of the path that the route's `prefix` match matched.
     Prefix(String),
+    /// When `pattern` (a regex, searched in the path, not anchored) matches, the whole path
+    /// becomes `substitution` with `$1`…`$9` replaced by the match's groups (an unmatched
+    /// group is empty), as nginx's `rewrite` does; otherwise the path is kept.
+    Regex {
+        /// RE2 syntax (Rust `regex`).
+        pattern: String,
+        /// Starts with `/`; `$` only before a digit 1-9.
+        substitution: String,
+    },
 }
 
 /// URL rewrite before the handler runs.

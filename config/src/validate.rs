@@ -849,6 +849,17 @@ impl<'a> Validator<'a> {
     fn path_rewrite(&mut self, path: &str, p: &PathRewrite, matches: Option<&[RouteMatch]>) {
         match p {
             PathRewrite::Full(v) => self.path_value(&format!("{path}.full"), v),
+            PathRewrite::Regex {
+                pattern,
+                substitution,
+            } => {
+                self.regex(&format!("{path}.regex.pattern"), pattern);
+                let spath = format!("{path}.regex.substitution");
+                self.path_value(&spath, substitution);
+                if let Err(msg) = check_substitution(substitution) {
+                    self.err(spath, msg);
+                }
+            }
             PathRewrite::Prefix(v) => {
                 let ppath = format!("{path}.prefix");
                 self.path_value(&ppath, v);
@@ -1171,6 +1182,27 @@ fn overlaps(a: IpAddr, b: IpAddr) -> bool {
         }
     }
     a == b || covers(a, b) || covers(b, a)
+}
+
+/// A regex rewrite's substitution: URI path characters only, `$` only as `$1`…`$9` (no nginx
+/// variables).
+pub fn check_substitution(s: &str) -> Result<(), String> {
+    let b = s.as_bytes();
+    for (i, &c) in b.iter().enumerate() {
+        if c == b'$' && !b.get(i + 1).is_some_and(|d| (b'1'..=b'9').contains(d)) {
+            return Err(format!(
+                "{s:?}: `$` must be followed by a group number 1-9 (variables are not supported)"
+            ));
+        }
+        // RFC 3986 path characters (`pchar` and `/`), so the result is a valid URI path.
+        if !(c.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=:@/%".contains(&c)) {
+            return Err(format!(
+                "{s:?}: {:?} is not a URI path character",
+                c as char
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn has_ctl(s: &str) -> bool {

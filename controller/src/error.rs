@@ -15,6 +15,9 @@ pub enum Error {
         #[source]
         source: serde_yaml::Error,
     },
+    /// The shared default certificate could not be made or written (the text says why).
+    #[error("default certificate: {0}")]
+    DefaultCertificate(String),
     /// Reading or writing a local file or socket failed.
     #[error("{what}: {source}")]
     Io {
@@ -33,6 +36,7 @@ impl Error {
             Error::Kube(_) => "kube",
             Error::Parse { .. } => "parse",
             Error::Io { .. } => "io",
+            Error::DefaultCertificate(_) => "default_certificate",
         }
     }
 }

@@ -68,6 +68,37 @@ pub fn default_identity() -> String {
     format!("{host}-{}", std::process::id())
 }
 
+/// The owner reference to the ServiceAccount `name` (the chart's), for what the controller
+/// creates in its namespace (the Lease, the shared default certificate) so that it goes with the
+/// installation: `Ok(None)` when it cannot be read (the caller goes on without an owner and may
+/// retry later); `Err(())` when the ServiceAccount does not exist: the installation is being
+/// removed, and an object created now would outlive it.
+pub(crate) async fn service_account_owner(
+    accounts: &Api<ServiceAccount>,
+    name: &str,
+) -> Result<Option<Vec<OwnerReference>>, ()> {
+    match accounts.get_opt(name).await {
+        Ok(Some(sa)) => Ok(sa.metadata.uid.map(|uid| {
+            vec![OwnerReference {
+                api_version: "v1".into(),
+                kind: "ServiceAccount".into(),
+                name: name.into(),
+                uid,
+                controller: Some(false),
+                block_owner_deletion: Some(false),
+            }]
+        })),
+        Ok(None) => {
+            tracing::warn!(service_account = name, "owner ServiceAccount not found");
+            Err(())
+        }
+        Err(e) => {
+            tracing::warn!(service_account = name, error = %e, "cannot read the owner ServiceAccount");
+            Ok(None)
+        }
+    }
+}
+
 /// One candidate for the lease.
 #[derive(Clone)]
 pub struct LeaderElector {
@@ -86,33 +117,11 @@ impl LeaderElector {
         }
     }
 
-    /// The Lease's owner reference to `owner_service_account`: `Ok(None)` without one, or when
-    /// it cannot be read (leadership does not wait for it: it is retried on the next renewal);
-    /// `Err(())` when the ServiceAccount does not exist: the installation is being removed, and
-    /// a Lease created now would outlive it.
+    /// The Lease's owner reference to `owner_service_account` ([`service_account_owner`]).
     async fn owner(&self) -> Result<Option<Vec<OwnerReference>>, ()> {
-        let Some(name) = self.options.owner_service_account.as_deref() else {
-            return Ok(None);
-        };
-        match self.accounts.get_opt(name).await {
-            Ok(Some(sa)) => Ok(sa.metadata.uid.map(|uid| {
-                vec![OwnerReference {
-                    api_version: "v1".into(),
-                    kind: "ServiceAccount".into(),
-                    name: name.into(),
-                    uid,
-                    controller: Some(false),
-                    block_owner_deletion: Some(false),
-                }]
-            })),
-            Ok(None) => {
-                tracing::warn!(service_account = name, "lease owner not found");
-                Err(())
-            }
-            Err(e) => {
-                tracing::warn!(service_account = name, error = %e, "cannot read the lease owner");
-                Ok(None)
-            }
+        match self.options.owner_service_account.as_deref() {
+            Some(name) => service_account_owner(&self.accounts, name).await,
+            None => Ok(None),
         }
     }
 

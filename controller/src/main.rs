@@ -8,6 +8,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
+use sweety_controller::default_certificate::{self, SharedDefaultCertificate};
 use sweety_controller::health::{self, Health};
 use sweety_controller::leader::LeaseOptions;
 use sweety_controller::metrics::Metrics;
@@ -82,8 +83,9 @@ struct Args {
     /// Name of the leader Lease.
     #[arg(long, env = "SWEETY_LEASE_NAME", default_value = "sweety-controller")]
     lease_name: String,
-    /// ServiceAccount (in the controller's namespace) set as the owner of the leader Lease, so
-    /// that it is deleted with the installation; empty for none.
+    /// ServiceAccount (in the controller's namespace) set as the owner of the leader Lease and
+    /// of the shared default-certificate Secret, so that they are deleted with the
+    /// installation; empty for none.
     #[arg(long, env = "SWEETY_LEASE_OWNER_SERVICE_ACCOUNT", default_value = "")]
     lease_owner_service_account: String,
     /// Address of /metrics, /healthz and /readyz.
@@ -129,10 +131,21 @@ struct Args {
     default_backend: String,
     /// A `kubernetes.io/tls` Secret, `namespace/name`, served on the Ingress HTTPS listener to
     /// connections without SNI or with a name no certificate covers; read at start, and
-    /// followed while its namespace is watched (a rotated Secret is served without a
-    /// restart). Empty: a self-signed certificate generated at start.
+    /// followed (a rotated Secret is served without a
+    /// restart). Empty: the self-signed certificate of `--generated-default-certificate`.
     #[arg(long, env = "SWEETY_DEFAULT_CERTIFICATE", default_value = "")]
     default_certificate: String,
+    /// Without `--default-certificate`: the `kubernetes.io/tls` Secret in the controller's
+    /// namespace holding the self-signed default certificate made once and served by every
+    /// replica (created when absent; an unusable one is reported and replaced by the leader;
+    /// owned by `--lease-owner-service-account`). Empty: each replica makes its own at start
+    /// (replicas then serve different certificates).
+    #[arg(
+        long,
+        env = "SWEETY_GENERATED_DEFAULT_CERTIFICATE",
+        default_value = "sweety-default-certificate"
+    )]
+    generated_default_certificate: String,
     /// Namespaces whose Ingresses may share hostnames (ingress-nginx's merge), comma-separated.
     /// A Namespace can also opt in with the annotation `sweety.dev/share-hosts: "true"`.
     #[arg(
@@ -221,21 +234,11 @@ fn parse_pins(
     Ok(out)
 }
 
-/// The default certificate: the configured Secret's, else a self-signed one generated now.
-async fn default_certificate(
+/// The configured default-certificate Secret's certificate (`namespace/name`), as read now.
+async fn configured_default_certificate(
     client: &kube::Client,
     secret: &str,
 ) -> anyhow::Result<DefaultCertificate> {
-    if secret.is_empty() {
-        let ck = rcgen::generate_simple_self_signed(vec![
-            sweety_controller::translate::ingress::DEFAULT_CERTIFICATE_NAME.to_string(),
-        ])
-        .context("generate the default certificate")?;
-        return Ok(DefaultCertificate {
-            cert: ck.cert.pem(),
-            key: ck.signing_key.serialize_pem(),
-        });
-    }
     let (ns, name) = secret
         .split_once('/')
         .context("--default-certificate: use namespace/name")?;
@@ -425,18 +428,30 @@ async fn main() -> anyhow::Result<()> {
             burst: args.status_burst,
             ..StatusOptions::default()
         },
+        shared_default_certificate: None,
     };
     let client = client(args.kubeconfig.as_ref()).await?;
-    options.params.default_certificate = Some(
-        match default_certificate(&client, &args.default_certificate).await {
-            Ok(c) => c,
-            Err(e) => {
-                // Still never a tenant's certificate: a generated one until a restart reads it.
-                tracing::error!(error = %format!("{e:#}"), "default certificate; using a generated self-signed one");
-                default_certificate(&client, "").await?
-            }
-        },
-    );
+    if !args.default_certificate.is_empty() {
+        options.params.default_certificate = Some(
+            match configured_default_certificate(&client, &args.default_certificate).await {
+                Ok(c) => c,
+                Err(e) => {
+                    // Still never a tenant's certificate: a generated one until the Secret is
+                    // usable (it is followed) or a restart reads it.
+                    tracing::error!(error = %format!("{e:#}"), "default certificate; using a generated self-signed one");
+                    default_certificate::generate()?
+                }
+            },
+        );
+    } else if !args.generated_default_certificate.is_empty() {
+        // Made once, kept in a Secret, served by every replica (run() reads or creates it).
+        options.shared_default_certificate = Some(SharedDefaultCertificate {
+            owner_service_account: non_empty(&args.lease_owner_service_account),
+            ..SharedDefaultCertificate::new(&args.namespace, &args.generated_default_certificate)
+        });
+    } else {
+        options.params.default_certificate = Some(default_certificate::generate()?);
+    }
     let health = Health::new(Arc::new(Metrics::default()));
     let (addr, _server) = health::serve(args.metrics_address, health.clone()).await?;
     tracing::info!(%addr, "serving /metrics, /healthz and /readyz");

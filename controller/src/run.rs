@@ -11,6 +11,7 @@
 //! latest wanted set). Status writes of our own do not wake the loop: the watches ignore
 //! status-only updates ([`crate::watch`]).
 
+use crate::default_certificate::SharedDefaultCertificate;
 use crate::gateway_services::GatewayServices;
 use crate::health::Health;
 use crate::leader::{default_identity, LeaderElector, LeaseOptions};
@@ -45,6 +46,11 @@ pub struct RunOptions {
     pub initial_sync_timeout: Duration,
     /// How statuses are written.
     pub status: StatusOptions,
+    /// The self-signed default certificate shared by every replica through a Secret
+    /// ([`crate::default_certificate`]): read (or created) before the first translation, then
+    /// followed like a configured default-certificate Secret, and kept usable by the leader.
+    /// `None`: [`Params::default_certificate`] and its Secret as given.
+    pub shared_default_certificate: Option<SharedDefaultCertificate>,
 }
 
 /// The config generation last submitted, for the latency metrics.
@@ -65,6 +71,13 @@ pub async fn run(
     health: Arc<Health>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), Error> {
+    let mut options = options;
+    if let Some(shared) = &options.shared_default_certificate {
+        options.params.default_certificate = Some(shared.at_start(&client).await?);
+        options.params.default_certificate_secret = Some(shared.key());
+        options.watch.default_certificate_secret =
+            Some((shared.namespace.clone(), shared.name.clone()));
+    }
     let metrics = health.metrics.clone();
     let watches = Watches::start(client.clone(), &options.watch).await?;
     let _ = metrics.watch.set(watches.activity.clone());
@@ -125,6 +138,10 @@ pub async fn run(
         is_leader.clone(),
         metrics.clone(),
     )));
+    let _keep_default_certificate = options
+        .shared_default_certificate
+        .clone()
+        .map(|shared| AbortOnDrop(tokio::spawn(shared.keep(client.clone(), is_leader.clone()))));
     metrics.leader.set(u64::from(*is_leader.borrow()));
     let mut shutdown = std::pin::pin!(shutdown);
     let mut tick = tokio::time::interval(Duration::from_secs(5));

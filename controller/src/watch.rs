@@ -71,8 +71,9 @@ pub struct WatchOptions {
     /// Services there (and only those, by label) are watched into the snapshot too, for Gateway
     /// status addresses and stable container ports.
     pub gateway_services_namespace: Option<String>,
-    /// The default-certificate Secret (namespace, name): kept in every snapshot (when its
-    /// namespace is watched) although nothing references it, so a rotation is served.
+    /// The default-certificate Secret (namespace, name): kept in every snapshot although
+    /// nothing references it, so a rotation is served; when `namespaces` leaves out its
+    /// namespace, that Secret alone (by name) is watched there too.
     pub default_certificate_secret: Option<(String, String)>,
     /// First wait between discovery polls for kinds not served at start.
     pub discovery_min: Duration,
@@ -130,6 +131,14 @@ where
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
+    }
+
+    /// One more store (an extra watch of this kind), read with the others.
+    fn push(&self, store: Store<K>) {
+        self.stores
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(store);
     }
 
     /// Every cached object of this kind.
@@ -510,13 +519,17 @@ impl Watches {
                 let config = watcher::Config::default().labels(&format!(
                     "{MANAGED_BY_LABEL}={MANAGED_BY},{GATEWAY_NAME_LABEL}"
                 ));
-                let store = w.spawn(api, config);
-                stores
-                    .services
-                    .stores
-                    .write()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .push(store);
+                stores.services.push(w.spawn(api, config));
+            }
+        }
+        if let Some((ns, name)) = &options.default_certificate_secret {
+            // Outside the watched namespaces: that one Secret (by name) is watched too, so a
+            // rotation or a replacement is served there as well.
+            if !options.namespaces.is_empty() && !options.namespaces.contains(ns) {
+                let api = Api::<Secret>::namespaced(w.client.clone(), ns);
+                let config = watcher::Config::default()
+                    .fields(&format!("metadata.name={name},type=kubernetes.io/tls"));
+                stores.secrets.push(w.spawn(api, config));
             }
         }
         let tasks = w.tasks.clone();
@@ -731,11 +744,7 @@ impl Starter {
             let late = stored.clone();
             self.later::<K>(Box::new(move |w: &mut Starter| {
                 let api = Api::<K>::all(w.client.clone());
-                let store = w.spawn(api, config);
-                late.stores
-                    .write()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .push(store);
+                late.push(w.spawn(api, config));
             }));
             return stored;
         }

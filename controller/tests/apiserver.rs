@@ -1531,12 +1531,28 @@ async fn controller_works_with_only_the_charts_default_rbac() {
     )
     .await;
     let dataplane = InProcessDataplane::start();
-    let options = run_options(
+    let mut options = run_options(
         one_port_params(&ctl, gw_port, &dataplane),
         WatchOptions {
             // The controller's namespace is not watched: its Services come from the extra watch.
             gateway_services_namespace: Some(ctl.clone()),
             ..watching(&[&ns])
+        },
+    );
+    // The chart's default: the shared default certificate, created in the controller's
+    // namespace with the Role's rights, owned by the chart's ServiceAccount.
+    let sa = create::<k8s_openapi::api::core::v1::ServiceAccount>(
+        &Api::namespaced(client.clone(), &ctl),
+        json!({"metadata": {"name": "sweety"}}),
+    )
+    .await;
+    options.shared_default_certificate = Some(
+        sweety_controller::default_certificate::SharedDefaultCertificate {
+            owner_service_account: Some("sweety".into()),
+            ..sweety_controller::default_certificate::SharedDefaultCertificate::new(
+                &ctl,
+                "sweety-default-certificate",
+            )
         },
     );
     let running = RunLoop::start(&controller, options, dataplane.socket.clone());
@@ -1590,6 +1606,15 @@ async fn controller_works_with_only_the_charts_default_rbac() {
     assert_eq!(
         names(&in_ns.into_iter().map(Arc::new).collect::<Vec<_>>()),
         [stale]
+    );
+    let cert = Api::<Secret>::namespaced(client.clone(), &ctl)
+        .get("sweety-default-certificate")
+        .await
+        .expect("the shared default certificate Secret");
+    sweety_controller::default_certificate::check(&cert).expect("usable");
+    assert_eq!(
+        cert.metadata.owner_references.unwrap()[0].uid,
+        sa.metadata.uid.clone().unwrap()
     );
     running.stop_with(dataplane).await;
     let _ = Api::<gw::gatewayclasses::GatewayClass>::all(client.clone())
@@ -3341,6 +3366,26 @@ async fn served_certificate(port: u16, sni: Option<&str>) -> Option<Vec<u8>> {
         .ok()?
 }
 
+/// An Ingress `site` of class `class` in `ns` with TLS for `site.<ns>.test` (its Secret
+/// `site-tls`), so the Ingress HTTPS listener, and its default certificate, exist.
+async fn tls_ingress(client: &Client, ns: &str, class: &str) {
+    let host = format!("site.{ns}.test");
+    let (site_cert, site_key, _) = certificate(&host);
+    create(
+        &Api::<Secret>::namespaced(client.clone(), ns),
+        tls_secret("site-tls", &site_cert, &site_key),
+    )
+    .await;
+    create(
+        &Api::<k8s_openapi::api::networking::v1::Ingress>::namespaced(client.clone(), ns),
+        json!({"metadata": {"name": "site"}, "spec": {"ingressClassName": class,
+               "tls": [{"hosts": [host], "secretName": "site-tls"}],
+               "rules": [{"host": host, "http": {"paths": [{"path": "/", "pathType": "Prefix",
+                 "backend": {"service": {"name": "web", "port": {"number": 80}}}}]}}]}}),
+    )
+    .await;
+}
+
 /// A self-signed certificate for `host`: (PEM chain, PEM key, DER).
 fn certificate(host: &str) -> (String, String, Vec<u8>) {
     let ck = rcgen::generate_simple_self_signed(vec![host.to_string()]).unwrap();
@@ -3676,7 +3721,6 @@ async fn tenant_with_ordinary_rbac_cannot_take_another_namespaces_traffic() {
 #[tokio::test]
 #[ignore = "needs a kube-apiserver: SWEETY_KUBECONFIG (e2e/controller-it.sh)"]
 async fn default_certificate_secret_rotation_is_served() {
-    use k8s_openapi::api::networking::v1::Ingress;
     use sweety_controller::translate::{DefaultCertificate, Params};
     let _guard = LOCK.lock().await;
     let client = cluster().await;
@@ -3692,17 +3736,7 @@ async fn default_certificate_secret_rotation_is_served() {
     )
     .await;
     // An Ingress with TLS, so the HTTPS listener exists.
-    let host = format!("site.{ns}.test");
-    let (site_cert, site_key, _) = certificate(&host);
-    create(&secrets, tls_secret("site-tls", &site_cert, &site_key)).await;
-    create(
-        &Api::<Ingress>::namespaced(client.clone(), &ns),
-        json!({"metadata": {"name": "site"}, "spec": {"ingressClassName": class_name,
-               "tls": [{"hosts": [host], "secretName": "site-tls"}],
-               "rules": [{"host": host, "http": {"paths": [{"path": "/", "pathType": "Prefix",
-                 "backend": {"service": {"name": "web", "port": {"number": 80}}}}]}}]}}),
-    )
-    .await;
+    tls_ingress(&client, &ns, &class_name).await;
 
     let dataplane = InProcessDataplane::start();
     let options = run_options(
@@ -3764,6 +3798,195 @@ async fn default_certificate_secret_rotation_is_served() {
     .await;
 
     running.stop_with(dataplane).await;
+    delete_ingress_class(&client, &class_name).await;
+    drop_namespace(&client, &ns).await;
+}
+
+/// Two controllers (each with its own in-process dataplane, both candidates for one Lease)
+/// started at once with no default-certificate Secret configured: they end with ONE Secret
+/// (create-if-absent: the loser of the create reads the winner's), owned by the ServiceAccount,
+/// and both dataplanes present its certificate to a real TLS client (no SNI, and a name no
+/// certificate covers). Unusable content written into it (a certificate with another
+/// certificate's key) is never presented: the leader replaces it, and both then present the
+/// replacement. A controller started later reads the Secret and regenerates nothing.
+#[tokio::test]
+#[ignore = "needs a kube-apiserver: SWEETY_KUBECONFIG (e2e/controller-it.sh)"]
+async fn two_controllers_started_at_once_share_one_default_certificate() {
+    use sweety_controller::default_certificate::SharedDefaultCertificate;
+    use sweety_controller::leader::LeaseOptions;
+    use sweety_controller::translate::Params;
+    let _guard = LOCK.lock().await;
+    let client = cluster().await;
+    let ns = namespace(&client, "sharedcert").await;
+    let class_name = format!("{ns}-class");
+    ingress_class(&client, &class_name).await;
+    let sa = create::<k8s_openapi::api::core::v1::ServiceAccount>(
+        &Api::namespaced(client.clone(), &ns),
+        json!({"metadata": {"name": "sweety"}}),
+    )
+    .await;
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+    // An Ingress with TLS, so the HTTPS listener (and its default certificate) exists.
+    tls_ingress(&client, &ns, &class_name).await;
+    let shared = SharedDefaultCertificate {
+        owner_service_account: Some("sweety".into()),
+        check_every: Duration::from_secs(1),
+        ..SharedDefaultCertificate::new(&ns, "sweety-default-certificate")
+    };
+    let start = |id: &str| {
+        let dataplane = InProcessDataplane::start();
+        let https_port = free_port();
+        let mut options = run_options(
+            Params {
+                ingress_https_port: https_port,
+                http3: false,
+                ..ingress_params(&ns, vec![class_name.clone()], free_port(), &dataplane)
+            },
+            watching(&[&ns]),
+        );
+        options.lease = Some(LeaseOptions {
+            identity: id.into(),
+            lease_duration: Duration::from_secs(4),
+            renew_every: Duration::from_millis(500),
+            ..LeaseOptions::new(&ns, "sweety-controller")
+        });
+        options.shared_default_certificate = Some(shared.clone());
+        let running = RunLoop::start(&client, options, dataplane.socket.clone());
+        (running, dataplane, https_port)
+    };
+    // Started together: both read, find nothing and create at once.
+    let (a, a_dataplane, a_port) = start("a");
+    let (b, b_dataplane, b_port) = start("b");
+
+    // What each presents: (no SNI, unknown name), as DER.
+    let presented = |port: u16| async move {
+        (
+            served_certificate(port, None).await,
+            served_certificate(port, Some("unknown.example.test")).await,
+        )
+    };
+    let secret_der = |s: &Secret| {
+        use rustls::pki_types::pem::PemObject;
+        let pem = &s.data.as_ref()?.get("tls.crt")?.0;
+        Some(
+            rustls::pki_types::CertificateDer::from_pem_slice(pem)
+                .ok()?
+                .to_vec(),
+        )
+    };
+    let both_present = |want: Vec<u8>| {
+        let want = Some(want);
+        async move {
+            let (a0, a1) = presented(a_port).await;
+            let (b0, b1) = presented(b_port).await;
+            [a0, a1, b0, b1].iter().all(|d| *d == want).then_some(())
+        }
+    };
+    let first = wait_for("the shared default certificate Secret", || async {
+        secrets.get_opt("sweety-default-certificate").await.ok()?
+    })
+    .await;
+    let first_der = secret_der(&first).expect("a PEM certificate in the Secret");
+    wait_for("both dataplanes present the Secret's certificate", || {
+        both_present(first_der.clone())
+    })
+    .await;
+    let ours = secrets
+        .list(&ListParams::default().labels(&format!("{MANAGED_BY_LABEL}=sweety")))
+        .await
+        .unwrap()
+        .items;
+    assert_eq!(
+        ours.iter()
+            .map(|s| s.metadata.name.clone().unwrap())
+            .collect::<Vec<_>>(),
+        ["sweety-default-certificate"],
+        "one Secret"
+    );
+    assert_eq!(first.type_.as_deref(), Some("kubernetes.io/tls"));
+    assert_eq!(
+        first
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .map(|o| (o.kind.as_str(), o.uid.as_str()))
+            .collect::<Vec<_>>(),
+        [("ServiceAccount", sa.metadata.uid.as_deref().unwrap())]
+    );
+    // The Secret was created once: its resourceVersion has not moved.
+    let again = secrets.get("sweety-default-certificate").await.unwrap();
+    assert_eq!(
+        again.metadata.resource_version,
+        first.metadata.resource_version
+    );
+
+    // Unusable content: a fresh certificate with another certificate's key.
+    let (bad_cert, _, bad_der) = certificate("default.sweety.invalid");
+    let (_, other_key, _) = certificate("other.invalid");
+    let mut bad = again.clone();
+    bad.data = None;
+    bad.string_data = Some(
+        [
+            ("tls.crt".to_string(), bad_cert.clone()),
+            ("tls.key".to_string(), other_key.clone()),
+        ]
+        .into(),
+    );
+    let written = secrets
+        .replace("sweety-default-certificate", &PostParams::default(), &bad)
+        .await
+        .expect("write unusable content");
+    let bad_version = written.metadata.resource_version.clone();
+    let replaced = wait_for("the leader replaces the unusable content", || async {
+        // Never presented meanwhile.
+        for port in [a_port, b_port] {
+            let (x, y) = presented(port).await;
+            assert!(
+                x.as_ref() != Some(&bad_der) && y.as_ref() != Some(&bad_der),
+                "the unusable certificate was presented on {port}"
+            );
+        }
+        let s = secrets.get("sweety-default-certificate").await.ok()?;
+        (s.metadata.resource_version != bad_version).then_some(s)
+    })
+    .await;
+    let replaced_der = secret_der(&replaced).expect("a PEM certificate in the replacement");
+    assert_ne!(replaced_der, bad_der);
+    assert_ne!(replaced_der, first_der);
+    wait_for("both dataplanes present the replacement", || {
+        both_present(replaced_der.clone())
+    })
+    .await;
+
+    // A controller started later (a restart) reads it: the same certificate, nothing rewritten.
+    let version = secrets
+        .get("sweety-default-certificate")
+        .await
+        .unwrap()
+        .metadata
+        .resource_version;
+    b.stop_with(b_dataplane).await;
+    let (c, c_dataplane, c_port) = start("c");
+    wait_for(
+        "a restarted controller presents the same certificate",
+        || {
+            let want = Some(replaced_der.clone());
+            async move { (presented(c_port).await.0 == want).then_some(()) }
+        },
+    )
+    .await;
+    assert_eq!(
+        secrets
+            .get("sweety-default-certificate")
+            .await
+            .unwrap()
+            .metadata
+            .resource_version,
+        version
+    );
+    c.stop_with(c_dataplane).await;
+    a.stop_with(a_dataplane).await;
     delete_ingress_class(&client, &class_name).await;
     drop_namespace(&client, &ns).await;
 }
@@ -4281,6 +4504,7 @@ fn run_options(
         lease: None,
         initial_sync_timeout: Duration::from_secs(20),
         status: sweety_controller::status_worker::StatusOptions::default(),
+        shared_default_certificate: None,
     }
 }
 

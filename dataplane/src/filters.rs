@@ -124,7 +124,31 @@ fn header_value(name: &str, value: &str) -> Result<HeaderValue, String> {
 struct CompiledRewrite {
     /// New host: the `Host` header value and the URI authority.
     host: Option<(HeaderValue, http::uri::Authority)>,
-    path: Option<PathRewrite>,
+    path: Option<CompiledPath>,
+}
+
+/// A [`PathRewrite`] ready to apply: a regex rewrite's pattern compiled once.
+#[derive(Debug)]
+enum CompiledPath {
+    Full(String),
+    Prefix(String),
+    Regex(regex::Regex, String),
+}
+
+impl CompiledPath {
+    fn compile(p: &PathRewrite) -> Result<Self, String> {
+        Ok(match p {
+            PathRewrite::Full(v) => CompiledPath::Full(v.clone()),
+            PathRewrite::Prefix(v) => CompiledPath::Prefix(v.clone()),
+            PathRewrite::Regex {
+                pattern,
+                substitution,
+            } => CompiledPath::Regex(
+                regex::Regex::new(pattern).map_err(|e| format!("invalid regex: {e}"))?,
+                substitution.clone(),
+            ),
+        })
+    }
 }
 
 #[derive(Debug)]
@@ -132,7 +156,7 @@ struct CompiledRedirect {
     scheme: Option<String>,
     host: Option<String>,
     port: Option<u16>,
-    path: Option<PathRewrite>,
+    path: Option<CompiledPath>,
     status: StatusCode,
 }
 
@@ -334,13 +358,59 @@ fn well_known_port(scheme: &str) -> Option<u16> {
 
 /// Applies a path replacement to `path`. `prefix` is the prefix the route's path match
 /// matched; a `prefix` replacement without one leaves the path as it is.
-fn rewrite_path(path: &str, rewrite: &PathRewrite, prefix: Option<&str>) -> String {
+fn rewrite_path(path: &str, rewrite: &CompiledPath, prefix: Option<&str>) -> String {
     match rewrite {
-        PathRewrite::Full(p) => p.clone(),
-        PathRewrite::Prefix(replacement) => match prefix {
+        CompiledPath::Full(p) => p.clone(),
+        CompiledPath::Prefix(replacement) => match prefix {
             Some(prefix) => replace_prefix(path, prefix, replacement),
             None => path.to_string(),
         },
+        CompiledPath::Regex(re, substitution) => substitute(path, re, substitution),
+    }
+}
+
+/// nginx's `rewrite`: when `re` is found in `path`, the whole path becomes `substitution`
+/// with `$1`…`$9` replaced by the groups (an unmatched group is empty); otherwise `path`.
+/// The result has its dot segments removed and runs of `/` merged (a group may end in `.`
+/// next to a literal `.`): the backend never gets a path that climbs or differs from what
+/// the request log shows.
+fn substitute(path: &str, re: &regex::Regex, substitution: &str) -> String {
+    let Some(caps) = re.captures(path) else {
+        return path.to_string();
+    };
+    let mut out = String::with_capacity(substitution.len() + path.len());
+    let mut rest = substitution;
+    while let Some(at) = rest.find('$') {
+        out.push_str(&rest[..at]);
+        let digit = rest.as_bytes().get(at + 1).copied();
+        match digit {
+            Some(d @ b'1'..=b'9') => {
+                if let Some(m) = caps.get(usize::from(d - b'0')) {
+                    out.push_str(m.as_str());
+                }
+                rest = &rest[at + 2..];
+            }
+            // Refused by validation; kept literally if it ever came here.
+            _ => {
+                out.push('$');
+                rest = &rest[at + 1..];
+            }
+        }
+    }
+    out.push_str(rest);
+    if !out.starts_with('/') {
+        out.insert(0, '/');
+    }
+    // Escaped slashes were judged on the request's path by the listener's policy: kept here.
+    let policy = crate::path_norm::PathNormalization {
+        escaped_slashes: crate::path_norm::EscapedSlashes::Keep,
+        ..Default::default()
+    };
+    match crate::path_norm::normalize(&out, &policy) {
+        Ok(p) => p.into_owned(),
+        // Groups come from a normalised path and the literal part is checked: unreachable,
+        // but never forward what could not be normalised.
+        Err(_) => path.to_string(),
     }
 }
 
@@ -417,7 +487,7 @@ impl CompiledRedirect {
             scheme: r.scheme.as_ref().map(|s| s.to_ascii_lowercase()),
             host: r.host.clone(),
             port: r.port,
-            path: r.path.clone(),
+            path: r.path.as_ref().map(CompiledPath::compile).transpose()?,
             status,
         })
     }
@@ -613,7 +683,7 @@ fn compile_rewrite(r: &UrlRewrite) -> Result<CompiledRewrite, String> {
     };
     Ok(CompiledRewrite {
         host,
-        path: r.path.clone(),
+        path: r.path.as_ref().map(CompiledPath::compile).transpose()?,
     })
 }
 

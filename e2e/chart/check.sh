@@ -277,7 +277,14 @@ else
     }
     can yes watch secrets -A
     can yes list secrets -n default
-    can no create secrets -n sweety
+    # The shared default certificate: created in the release namespace (RBAC cannot limit
+    # `create` to a name), updated or deleted there under its own name only; nowhere else.
+    can yes create secrets -n sweety
+    can no create secrets -n default
+    can yes update secrets/sweety-default-certificate -n sweety
+    can yes delete secrets/sweety-default-certificate -n sweety
+    can no update secrets/other -n sweety
+    can no delete secrets/other -n sweety
     can no update secrets -n default
     can no delete secrets -n sweety
     for r in ingressclasses.networking.k8s.io ingresses.networking.k8s.io \
@@ -321,6 +328,18 @@ else
     can yes get serviceaccounts/sweety -n sweety
     can no get serviceaccounts/default -n sweety
     can no update serviceaccounts/sweety -n sweety
+    k delete -f "$WORK/rbac.yaml" --wait=false >/dev/null
+
+    echo "== RBAC with defaultCertificateSecret: no Secret is written anywhere"
+    "$HELM" template sweety "$CHART" --namespace sweety --kube-version "$KUBE_VERSION" \
+        --set controller.defaultCertificateSecret=sweety/mine \
+        --show-only templates/serviceaccount.yaml --show-only templates/rbac.yaml >"$WORK/rbac.yaml"
+    k apply -f "$WORK/rbac.yaml" >/dev/null
+    can yes get secrets/mine -n sweety
+    for v in create update delete; do
+        can no "$v" secrets -n sweety
+        can no "$v" secrets/sweety-default-certificate -n sweety
+    done
     k delete -f "$WORK/rbac.yaml" --wait=false >/dev/null
 
     echo "== RBAC with gatewayServiceNamespace=gateway: Services and EndpointSlices written cluster-wide"

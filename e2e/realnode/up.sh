@@ -379,19 +379,11 @@ if [ "$helm" = 0 ]; then
 fi
 
 # ------------------------------------------------------------------ 8. helm install + smoke
-# The default certificate as a Secret (kept across runs), as a multi-replica install needs: without
-# controller.defaultCertificateSecret every replica generates its own at start, so replicas serve different
-# configs (the e2e suite's three-replica test compares their content hashes).
+# No default-certificate Secret is given: the controller makes one and every replica serves it (the e2e
+# suite's three-replica test checks that each presents the same certificate).
 kubectl create namespace "$NS" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
-if ! kubectl -n "$NS" get secret sweety-default-certificate >/dev/null 2>&1; then
-  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 365 -subj /CN=sweety-default \
-    -keyout "$RUN/default-certificate.key" -out "$RUN/default-certificate.crt" 2>/dev/null
-  kubectl -n "$NS" create secret tls sweety-default-certificate --cert "$RUN/default-certificate.crt" \
-    --key "$RUN/default-certificate.key" >/dev/null
-fi
 log "helm upgrade --install $RELEASE charts/sweety -n $NS (image $sweety_ref)"
-install_chart "$RELEASE" "$NS" "${sweety_digest#sha256:}" --set image.pullPolicy=Never \
-  --set "controller.defaultCertificateSecret=$NS/sweety-default-certificate" "${helm_extra[@]}" \
+install_chart "$RELEASE" "$NS" "${sweety_digest#sha256:}" --set image.pullPolicy=Never "${helm_extra[@]}" \
   || die "helm install failed"
 log "controller and dataplane Ready: $(kubectl -n "$NS" get pod -l "app.kubernetes.io/instance=$RELEASE" -o jsonpath='{range .items[*]}{.metadata.name} {.status.podIP} {.status.containerStatuses[*].imageID}{"\n"}{end}')"
 smoke_gateway sweety-smoke "$NET" || die "smoke check failed"

@@ -44,6 +44,12 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end -}}
 {{- end -}}
 
+{{/* The Secret (release namespace) of the self-signed default certificate the controller makes once
+and every replica serves, without controller.defaultCertificateSecret. */}}
+{{- define "sweety.generatedDefaultCertificate" -}}
+{{- printf "%s-default-certificate" (include "sweety.fullname" .) -}}
+{{- end -}}
+
 {{- define "sweety.leaseName" -}}
 {{- default (printf "%s-controller" (include "sweety.fullname" .)) .Values.controller.leaseName -}}
 {{- end -}}

@@ -764,7 +764,13 @@ pub fn translate(b: &mut Builder<'_>) -> BTreeSet<String> {
             }
             for (pi, p) in paths.iter().enumerate() {
                 let path = p.path.clone().unwrap_or_else(|| "/".into());
-                let regex = p.path_type == "ImplementationSpecific" && ann.use_regex;
+                // A target with capture groups makes the path a regex, as in ingress-nginx.
+                let regex = p.path_type == "ImplementationSpecific"
+                    && (ann.use_regex
+                        || ann
+                            .rewrite_target
+                            .as_deref()
+                            .is_some_and(|t| t.contains('$')));
                 let path_match = match p.path_type.as_str() {
                     "Exact" => PathMatch::Exact(path.clone()),
                     _ if regex => PathMatch::Regex(nginx::anchor_regex(&path)),

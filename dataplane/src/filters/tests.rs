@@ -362,6 +362,47 @@ fn rewrite_path_full_and_prefix_keep_query() {
 }
 
 #[test]
+fn regex_rewrite_replaces_the_whole_path_as_nginx_rewrite() {
+    let rx = |pattern: &str, substitution: &str| PathRewrite::Regex {
+        pattern: pattern.into(),
+        substitution: substitution.into(),
+    };
+    // (rewrite, request uri, expected uri)
+    let cases = [
+        // The ingress-nginx examples: groups in any order, query kept.
+        (
+            rx("(?i)/something(/|$)(.*)", "/$2"),
+            "/something/new?x=1",
+            "/new?x=1",
+        ),
+        (rx("(?i)/something(/|$)(.*)", "/$2"), "/something", "/"),
+        (
+            rx("(?i)/api/(v[0-9]+)/(.*)", "/$2/$1"),
+            "/API/v2/users/7",
+            "/users/7/v2",
+        ),
+        // Searched, not anchored; the whole path is replaced, not only the match.
+        (rx("b/(c)", "/x/$1"), "/a/b/c/d", "/x/c"),
+        // No match: the path is kept.
+        (rx("^/nope/(.*)", "/$1"), "/a/b", "/a/b"),
+        // An unmatched group is empty; `$9` of a pattern with fewer groups too.
+        (rx("^/(a)?(b)", "/$1-$2-$9"), "/b", "/-b-"),
+        // A group next to a literal `.` cannot make a dot segment, nor `//` a second one.
+        (rx("^/p/([^/]*)", "/$1./"), "/p/.", "/"),
+        (rx("^/p/([^/]*)", "/$1/x"), "/p/..", "/x"),
+        (rx("^/p/(.*)", "//$1"), "/p/q", "/q"),
+        // A substitution not starting with `/` gets one.
+        (rx("^/(.*)", "$1"), "/z", "/z"),
+    ];
+    for (rw, uri, want) in cases {
+        let f = rewrite(None, Some(rw.clone()));
+        let mut req = parts("GET", uri, &[]);
+        assert!(is_continue(&f.on_request(&mut req, "http", 80, None)));
+        assert_eq!(req.uri.to_string(), want, "{rw:?} on {uri}");
+    }
+}
+
+#[test]
 fn rewrite_host_sets_header_and_authority() {
     let f = rewrite(Some("internal.svc"), None);
     let mut origin_form = parts("GET", "/p?q=1", &[("host", "public.test:8080")]);
@@ -995,4 +1036,33 @@ fn cors_expose_star_is_passed_through() {
         header(&resp.headers, "access-control-expose-headers"),
         Some("*")
     );
+}
+
+proptest::proptest! {
+    /// Whatever the path and the groups it gives, a regex rewrite forwards a normal path: it
+    /// starts with `/`, has no dot segment and no `//`, and normalising it changes nothing.
+    #[test]
+    fn a_regex_rewrite_always_forwards_a_normal_path(
+        raw in "/[a-z./%2F]{0,24}",
+        substitution in "[/.a$1-3]{0,12}",
+    ) {
+        let keep = crate::path_norm::PathNormalization {
+            escaped_slashes: crate::path_norm::EscapedSlashes::Keep,
+            ..Default::default()
+        };
+        // Requests reach the filters with their path normalised.
+        let Ok(path) = crate::path_norm::normalize(&raw, &keep) else {
+            return Ok(());
+        };
+        let re = regex::Regex::new("^/([^/]*)/?([^/]*)(.*)").unwrap();
+        if sweety_config::check_substitution(&substitution).is_err() {
+            return Ok(());
+        }
+        let out = substitute(&path, &re, &substitution);
+        proptest::prop_assert!(out.starts_with('/'));
+        proptest::prop_assert!(!out.contains("//"), "{out}");
+        proptest::prop_assert!(!out.split('/').any(|s| s == "." || s == ".."), "{out}");
+        let again = crate::path_norm::normalize(&out, &keep).map(|p| p.into_owned());
+        proptest::prop_assert_eq!(again.as_deref(), Ok(out.as_str()));
+    }
 }

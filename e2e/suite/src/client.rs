@@ -1,6 +1,7 @@
 //! HTTP clients the tests use against the load-balancer address: curl for HTTP/1.1 and HTTP/2 (a real,
 //! independent client; `--resolve` pins the name to the address, `--cacert` trusts only the test CA) and a
-//! quinn + h3 client for HTTP/3 (the same construction as the dataplane's tests/h3.rs).
+//! quinn + h3 client for HTTP/3 (the same construction as the dataplane's tests/h3.rs); `openssl s_client`
+//! for the certificate a TLS server presents.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -145,6 +146,61 @@ async fn curl(version: Version, t: &Target<'_>) -> Result<Reply> {
         version,
         body: body.to_string(),
     })
+}
+
+/// The SHA-256 fingerprint (lowercase hex) of a PEM certificate chain's first certificate.
+pub fn fingerprint(pem: &str) -> Result<String> {
+    use rustls_pki_types::pem::PemObject;
+    use sha2::Digest;
+    let der = rustls_pki_types::CertificateDer::from_pem_slice(pem.as_bytes()).map_err(|e| {
+        Error::Request {
+            client: "openssl",
+            message: format!("no PEM certificate: {e}"),
+        }
+    })?;
+    Ok(sha2::Sha256::digest(der.as_ref())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect())
+}
+
+/// The fingerprint ([`fingerprint`]) of the leaf certificate the TLS server on `addr` presents to
+/// `openssl s_client` (a real, independent client) sending `sni`, or no SNI at all with `None`.
+pub async fn served_fingerprint(
+    allowed: &crate::cluster::Cidr,
+    addr: SocketAddr,
+    sni: Option<&str>,
+) -> Result<String> {
+    if !allowed.contains(addr.ip()) {
+        return Err(Error::NotAllowed(addr.ip()));
+    }
+    let mut cmd = tokio::process::Command::new("openssl");
+    cmd.args(["s_client", "-connect", &addr.to_string()]);
+    match sni {
+        Some(name) => cmd.args(["-servername", name]),
+        None => cmd.arg("-noservername"),
+    };
+    cmd.stdin(std::process::Stdio::null()).kill_on_drop(true);
+    let out = tokio::time::timeout(REQUEST_TIMEOUT, cmd.output())
+        .await
+        .map_err(|_| Error::Request {
+            client: "openssl",
+            message: format!("no handshake with {addr} in {REQUEST_TIMEOUT:?}"),
+        })?
+        .map_err(Error::io("running openssl s_client"))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let begin = text.find("-----BEGIN CERTIFICATE-----");
+    let end = text.find("-----END CERTIFICATE-----");
+    match (begin, end) {
+        (Some(b), Some(e)) if b < e => fingerprint(&text[b..e + "-----END CERTIFICATE-----".len()]),
+        _ => Err(Error::Request {
+            client: "openssl",
+            message: format!(
+                "{addr} (SNI {sni:?}) presented no certificate: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+        }),
+    }
 }
 
 /// Numbers temporary CA files (with the pid, unique on the host).

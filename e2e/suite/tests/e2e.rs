@@ -889,6 +889,92 @@ async fn one_config(env: &Env, pods: &[String]) -> Result<String> {
     .await
 }
 
+/// Container port of the Ingress HTTPS listener (the chart's `https` port of the dataplane).
+const INGRESS_HTTPS_CONTAINER_PORT: u16 = 8443;
+
+/// The default certificate (SHA-256 fingerprint) every one of `pods` presents to a real TLS client
+/// (`openssl s_client` to each Pod's address, without SNI and with a name no certificate covers), once
+/// all of them present the one the controller keeps in the Secret of `--generated-default-certificate`.
+/// Fails when the chart was given a Secret (`--default-certificate`): this proves the default install.
+async fn one_default_certificate(env: &Env, deployment: &str, pods: &[String]) -> Result<String> {
+    use k8s_openapi::api::apps::v1::Deployment;
+    use k8s_openapi::api::core::v1::{Pod, Secret};
+    let d = kube::Api::<Deployment>::namespaced(env.client.clone(), &env.namespace)
+        .get(deployment)
+        .await
+        .map_err(Error::kube(format!("get Deployment {deployment}")))?;
+    let args: Vec<String> = d
+        .spec
+        .and_then(|s| s.template.spec)
+        .into_iter()
+        .flat_map(|p| p.containers)
+        .filter(|c| c.name == "controller")
+        .flat_map(|c| c.args.unwrap_or_default())
+        .collect();
+    if let Some(a) = args
+        .iter()
+        .find(|a| a.starts_with("--default-certificate="))
+    {
+        return Err(Error::Config(format!(
+            "the chart was installed with {a}: this test proves the default (no Secret given)"
+        )));
+    }
+    let name = args
+        .iter()
+        .find_map(|a| a.strip_prefix("--generated-default-certificate="))
+        .ok_or_else(|| {
+            Error::Config(format!(
+                "Deployment {deployment}: no --generated-default-certificate"
+            ))
+        })?
+        .to_string();
+    let secrets: kube::Api<Secret> = kube::Api::namespaced(env.client.clone(), &env.namespace);
+    let pods_api: kube::Api<Pod> = kube::Api::namespaced(env.client.clone(), &env.namespace);
+    eventually(
+        &format!("every replica presents the default certificate of Secret {name}"),
+        CONVERGE,
+        POLL,
+        || async {
+            let secret = secrets
+                .get(&name)
+                .await
+                .map_err(|e| format!("Secret {name}: {e}"))?;
+            let pem = secret
+                .data
+                .as_ref()
+                .and_then(|d| d.get("tls.crt"))
+                .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+                .ok_or(format!("Secret {name} has no tls.crt"))?;
+            let want = client::fingerprint(&pem).map_err(|e| e.to_string())?;
+            let mut seen = Vec::new();
+            for p in pods {
+                let ip: IpAddr = pods_api
+                    .get(p)
+                    .await
+                    .map_err(|e| format!("pod {p}: {e}"))?
+                    .status
+                    .and_then(|s| s.pod_ip)
+                    .and_then(|ip| ip.parse().ok())
+                    .ok_or(format!("pod {p} has no address"))?;
+                let addr = std::net::SocketAddr::new(ip, INGRESS_HTTPS_CONTAINER_PORT);
+                for sni in [None, Some("unknown.sweety-e2e.invalid")] {
+                    let got = client::served_fingerprint(&env.allowed, addr, sni)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    seen.push((p.clone(), sni, got));
+                }
+            }
+            seen.iter()
+                .all(|(_, _, f)| *f == want)
+                .then(|| want.clone())
+                .ok_or(format!(
+                    "Secret {name}: {want}; presented (pod, SNI, fingerprint): {seen:?}"
+                ))
+        },
+    )
+    .await
+}
+
 /// The lease holder, once exactly one of `pods` says (metric `sweety_controller_leader`) it leads and the
 /// Lease names it.
 async fn one_leader(env: &Env, pods: &[String], lease: &str) -> Result<String> {
@@ -988,7 +1074,8 @@ async fn request_loop(
 }
 
 /// With three replicas (the chart's Deployment scaled to 3 for the test, then back): every dataplane serves
-/// the same config (content hash), exactly one controller leads (its metric and the Lease agree), and
+/// the same config (content hash) and presents the same default certificate to a real TLS client (the one
+/// the controller keeps in a Secret: the install passed none), exactly one controller leads (its metric and the Lease agree), and
 /// deleting the leader's pod moves the leadership to another pod while a request loop through the
 /// Gateway's address sees no failed request; the new leader writes statuses (a route change gets its
 /// status at the new generation and is served).
@@ -1013,12 +1100,16 @@ async fn three_replicas_serve_one_config_and_survive_the_leaders_death() {
 
 async fn replicas_scenario(env: &Env, deployment: &str, lease: &str) -> Result<()> {
     let s = gateway_fixture(env).await?;
+    // An Ingress with TLS: the Ingress HTTPS listener, which serves the default certificate.
+    ingress_fixture(env).await?;
     cluster::apply(&env.client, http_route(None)).await?;
     scale(env, deployment, REPLICAS).await?;
     let pods = ready_pods(env, REPLICAS as usize).await?;
     let hash = one_config(env, &pods).await?;
     let leader = one_leader(env, &pods, lease).await?;
     println!("{REPLICAS} replicas {pods:?} serve config {hash}; leader {leader}");
+    let certificate = one_default_certificate(env, deployment, &pods).await?;
+    println!("every replica presents the default certificate {certificate}");
     fetch_all(env, &s).await?;
 
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -1058,6 +1149,13 @@ async fn replicas_scenario(env: &Env, deployment: &str, lease: &str) -> Result<(
         cluster::apply(&env.client, http_route(None)).await?;
         route_condition(env, "echo", "Accepted", "True", None).await?;
         one_config(env, &pods).await?;
+        // The replacement pod serves the same default certificate: nothing is regenerated.
+        let after = one_default_certificate(env, deployment, &pods).await?;
+        if after != certificate {
+            return Err(Error::Config(format!(
+                "the default certificate changed across the leader's death: {certificate} -> {after}"
+            )));
+        }
         // The loop covers the old pod's whole end (preStop sleep, SIGTERM, drain, exit).
         eventually(
             &format!("the deleted pod {leader} gone"),

@@ -2,8 +2,9 @@
 //! mapped onto sweety-config.
 //!
 //! Supported: `use-regex`, `rewrite-target` (prefix rewrite; the `<prefix>(/|$)(.*)` + `/$2`
-//! idiom becomes a prefix match with a prefix rewrite; other capture groups are reported and
-//! the path is not rewritten), `ssl-redirect` (HTTP→HTTPS, 308, for hosts with TLS; on unless
+//! idiom becomes a prefix match with a prefix rewrite; other capture groups `$1`…`$9` a regex
+//! rewrite of the whole path, as nginx's `rewrite`; nginx variables are reported and the path
+//! is not rewritten), `ssl-redirect` (HTTP→HTTPS, 308, for hosts with TLS; on unless
 //! an Ingress sets it to `"false"` or the operator turns `Params::ssl_redirect` off, as in
 //! ingress-nginx; paths under `Params::no_tls_redirect_locations` are never redirected),
 //! `force-ssl-redirect` (also for hosts without TLS here),
@@ -224,7 +225,7 @@ pub const ANNOTATIONS: &[AnnotationSpec] = &[
     spec("permanent-redirect", Support::Honoured, "", "https://new.example/"),
     spec("permanent-redirect-code", Support::Honoured, "", "308"),
     spec("temporal-redirect", Support::Honoured, "", "https://new.example/"),
-    spec("rewrite-target", Differently, "a target without `$n`, or the `<prefix>(/|$)(.*)` + `/$2` idiom; other capture groups: the path is not rewritten (Event)", "/"),
+    spec("rewrite-target", Differently, "capture groups `$1`…`$9` replace the whole path as nginx's `rewrite` does (a `$` target makes an `ImplementationSpecific` path a regex); nginx variables (`$scheme`…) are refused (Event, path not rewritten); a target without `$` on a prefix path replaces the prefix", "/"),
     spec("use-regex", Differently, "anchored at the start like nginx's `~*` locations but case-sensitive", "true"),
     spec("ssl-redirect", Support::Honoured, "on by default for hosts with TLS; `/.well-known/acme-challenge` is never redirected", "false"),
     spec("force-ssl-redirect", Differently, "also redirects hosts without TLS here", "true"),
@@ -1265,16 +1266,29 @@ impl Annotations {
         if let Some(target) = &self.rewrite_target {
             let m = route.matches.first_mut().and_then(|m| m.path.as_mut());
             let rewrite = match m {
-                Some(PathMatch::Regex(r)) if target.contains('$') => idiom(r, target)
-                    .map(|(prefix, to)| (Some(PathMatch::Prefix(prefix)), PathRewrite::Prefix(to))),
-                _ if target.contains('$') => None,
-                Some(PathMatch::Exact(_) | PathMatch::Regex(_)) => {
-                    Some((None, PathRewrite::Full(target.clone())))
+                Some(PathMatch::Regex(r)) if target.contains('$') => match idiom(r, target) {
+                    Some((prefix, to)) => {
+                        Ok((Some(PathMatch::Prefix(prefix)), PathRewrite::Prefix(to)))
+                    }
+                    // nginx's `rewrite`: the groups of the match the router made.
+                    None => sweety_config::check_substitution(target).map(|()| {
+                        let rewrite = PathRewrite::Regex {
+                            pattern: format!("^(?:{r})"),
+                            substitution: target.clone(),
+                        };
+                        (None, rewrite)
+                    }),
+                },
+                _ if target.contains('$') => {
+                    Err("capture groups need a regex path (pathType ImplementationSpecific)".into())
                 }
-                _ => Some((None, PathRewrite::Prefix(target.clone()))),
+                Some(PathMatch::Exact(_) | PathMatch::Regex(_)) => {
+                    Ok((None, PathRewrite::Full(target.clone())))
+                }
+                _ => Ok((None, PathRewrite::Prefix(target.clone()))),
             };
             match rewrite {
-                Some((new_match, path)) => {
+                Ok((new_match, path)) => {
                     if let Some(nm) = new_match {
                         route.matches[0].path = Some(nm);
                     }
@@ -1290,13 +1304,9 @@ impl Annotations {
                         );
                     }
                 }
-                None => report.warn(
+                Err(why) => report.warn(
                     "UnsupportedAnnotation",
-                    format!(
-                        "{PREFIX}rewrite-target {target:?} uses capture groups, which are not \
-                         supported (only the \"<prefix>(/|$)(.*)\" + \"/$2\" form is); the path \
-                         is not rewritten"
-                    ),
+                    format!("{PREFIX}rewrite-target {target:?}: {why}; the path is not rewritten"),
                 ),
             }
         }
