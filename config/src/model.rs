@@ -333,6 +333,11 @@ pub struct Route {
     /// Retry policy for proxied requests.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry: Option<RetryPolicy>,
+    /// The largest request body this route accepts, bytes, in place of
+    /// `limits.max_request_body_bytes` (higher or lower); `0`: no limit (ingress-nginx's
+    /// `proxy-body-size: 0`). Past it: 413.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_request_body_bytes: Option<u64>,
 }
 
 /// Conditions a request must meet, all of them (AND).

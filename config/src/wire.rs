@@ -511,6 +511,7 @@ pub(crate) mod tests {
                         }),
                         timeouts: Timeouts::default(),
                         retry: None,
+                        max_request_body_bytes: None,
                     }],
                 })
                 .collect(),

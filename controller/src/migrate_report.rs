@@ -279,7 +279,7 @@ metadata:
             verdict("auth-proxy-set-headers"),
             Some(Support::RefusedFailClosed)
         );
-        assert_eq!(verdict("proxy-body-size"), Some(Support::IgnoredHarmless));
+        assert_eq!(verdict("proxy-body-size"), Some(Support::Honoured));
         // Honoured in general, but this value cannot be: it fails closed.
         assert_eq!(
             verdict("whitelist-source-range"),

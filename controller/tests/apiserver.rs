@@ -4439,10 +4439,7 @@ async fn migrate_report_reads_the_cluster_and_writes_nothing() {
         verdict("app", "limit-rps"),
         Some(Support::HonouredDifferently)
     );
-    assert_eq!(
-        verdict("app", "proxy-body-size"),
-        Some(Support::IgnoredHarmless)
-    );
+    assert_eq!(verdict("app", "proxy-body-size"), Some(Support::Honoured));
     assert_eq!(verdict("app", "ssl-redirect"), Some(Support::Honoured));
     // Honoured; the Ingress is refused for its snippet, which says so.
     assert_eq!(

@@ -97,6 +97,7 @@ pub fn default_config(site_root: &Path, cert_pem: String, key_pem: String) -> Co
                     }),
                     timeouts: Timeouts::default(),
                     retry: None,
+                    max_request_body_bytes: None,
                 },
                 Route {
                     name: "site".into(),
@@ -113,6 +114,7 @@ pub fn default_config(site_root: &Path, cert_pem: String, key_pem: String) -> Co
                     }),
                     timeouts: Timeouts::default(),
                     retry: None,
+                    max_request_body_bytes: None,
                 },
             ],
         }],

@@ -423,17 +423,7 @@ fn request_uri(uri: &Uri) -> &str {
 
 /// The router's host with the port the client named, if any (nginx's `$http_host`).
 fn http_host(req: &Request<Body>, host: &str) -> String {
-    let raw = req
-        .uri()
-        .authority()
-        .map(|a| a.as_str())
-        .or_else(|| {
-            req.headers()
-                .get(header::HOST)
-                .and_then(|h| h.to_str().ok())
-        })
-        .unwrap_or("");
-    match raw.rsplit_once(':') {
+    match crate::identity::raw_authority(req).rsplit_once(':') {
         Some((h, p))
             if !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) && !h.ends_with(':') =>
         {

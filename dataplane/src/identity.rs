@@ -417,6 +417,19 @@ impl http_body::Body for Framed {
     }
 }
 
+/// The request's authority as it came: `:authority`, else `Host` (empty when neither).
+pub fn raw_authority<B>(req: &http::Request<B>) -> &str {
+    req.uri()
+        .authority()
+        .map(|a| a.as_str())
+        .or_else(|| {
+            req.headers()
+                .get(http::header::HOST)
+                .and_then(|h| h.to_str().ok())
+        })
+        .unwrap_or("")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

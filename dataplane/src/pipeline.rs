@@ -451,22 +451,21 @@ async fn authenticated<'a>(
     a: Authenticating<'a>,
 ) -> Served<'a> {
     let mut a = a;
+    let refused = |a: Authenticating<'a>, r: Response<Body>| {
+        shared.metrics.edge_events.inc(&"auth_refused");
+        let r = crate::access::hold(r, a.in_flight);
+        Served::routed(a.route_name, r, a.matched, None)
+    };
     if let Some(basic) = &a.basic {
         if let Err(r) = basic.check(a.req.headers()).await {
-            shared.metrics.edge_events.inc(&"auth_refused");
-            let r = crate::access::hold(r, a.in_flight);
-            return Served::routed(a.route_name, r, a.matched, None);
+            return refused(a, r);
         }
     }
     let mut allowed = None;
-    if let Some(external) = &a.external {
+    if let Some(external) = a.external.clone() {
         match external.check(&mut a.req, &a.host, ctx).await {
             crate::ext_auth::Decision::Allow(ok) => allowed = Some(ok),
-            crate::ext_auth::Decision::Deny(r) => {
-                shared.metrics.edge_events.inc(&"auth_refused");
-                let r = crate::access::hold(r, a.in_flight);
-                return Served::routed(a.route_name, r, a.matched, None);
-            }
+            crate::ext_auth::Decision::Deny(r) => return refused(a, r),
         }
     }
     let mut served = authorized(shared, snap, view, ctx, a).await;
@@ -523,19 +522,6 @@ fn route<'a>(
             "404 Not Found: listener is being removed\n",
         )));
     };
-    let limits = &snap.config.limits;
-    if let Some(len) = req
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
-    {
-        if len > limits.max_request_body_bytes {
-            shared.metrics.limit_hit("body_too_large");
-            return Routed::Answered(Served::unrouted(
-                crate::limits::BodyLimitError::TooLarge.response(),
-            ));
-        }
-    }
     let host = request_host(&req);
     if ctx.conn.tls {
         if let Some(sni) = ctx.conn.sni.as_deref() {
@@ -571,6 +557,19 @@ fn route<'a>(
         }
     };
     let route_name = entry.name.clone();
+    // The body limit: the route's (`proxy-body-size`), else the dataplane's.
+    if let Some(len) = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+    {
+        if len > body_limit(&entry.route, &snap.config.limits) {
+            shared.metrics.limit_hit("body_too_large");
+            return Routed::Answered(Served::unrouted(
+                crate::limits::BodyLimitError::TooLarge.response(),
+            ));
+        }
+    }
     // What compression needs from the request, kept only for routes that compress.
     let accept_encoding: Vec<HeaderValue> = match entry.filters.content().compress {
         Some(_) => req
@@ -767,7 +766,7 @@ async fn act<'a>(
                 }
                 let body = crate::body::boxed(LimitedBody::new(
                     body,
-                    limits.max_request_body_bytes,
+                    body_limit(route, limits),
                     limits.body_idle_timeout.get(),
                     shared.metrics.clone(),
                 ));
@@ -943,18 +942,19 @@ fn refresher(
     }
 }
 
+/// The largest request body `route` accepts: its own `max_request_body_bytes` (`0`: no
+/// limit), else the dataplane's `limits.max_request_body_bytes`.
+fn body_limit(route: &sweety_config::Route, limits: &sweety_config::Limits) -> u64 {
+    match route.max_request_body_bytes {
+        Some(0) => u64::MAX,
+        Some(n) => n,
+        None => limits.max_request_body_bytes,
+    }
+}
+
 /// The request host: `:authority` or `Host`, lower-cased, without port or trailing dot.
 pub fn request_host<B>(req: &Request<B>) -> Cow<'_, str> {
-    let raw = req
-        .uri()
-        .authority()
-        .map(|a| a.as_str())
-        .or_else(|| {
-            req.headers()
-                .get(header::HOST)
-                .and_then(|h| h.to_str().ok())
-        })
-        .unwrap_or("");
+    let raw = crate::identity::raw_authority(req);
     let no_port = strip_port(raw);
     let no_port = no_port.strip_suffix('.').unwrap_or(no_port);
     if no_port.bytes().any(|b| b.is_ascii_uppercase()) {

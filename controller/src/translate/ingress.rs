@@ -308,6 +308,7 @@ pub(crate) fn checked_route(route: Route, report: &mut dyn FnMut(String)) -> Opt
         action: unavailable(&format!("invalid route: {why}")),
         timeouts: Default::default(),
         retry: None,
+        max_request_body_bytes: None,
         ..route
     };
     check(&fallback).is_ok().then_some(fallback)
@@ -557,6 +558,7 @@ fn cluster_default_backend(b: &mut Builder<'_>, spec: &str) -> Route {
         action,
         timeouts: Default::default(),
         retry: None,
+        max_request_body_bytes: None,
     }
 }
 
@@ -1012,6 +1014,7 @@ fn route_for(
         action,
         timeouts: Default::default(),
         retry: None,
+        max_request_body_bytes: None,
     }
 }
 

@@ -338,6 +338,7 @@ pub fn translate(b: &mut Builder<'_>, ingress_hosts: &BTreeSet<String>) {
                 action,
                 timeouts: Default::default(),
                 retry: None,
+                max_request_body_bytes: None,
             };
             for r in extra.iter_mut().chain(std::iter::once(&mut route)) {
                 if let Some(rl) = &site.spec.rate_limit {
@@ -581,5 +582,6 @@ fn asset_route(name: &str, r: &SiteRoute, sub: &str, root: &std::path::Path) -> 
         }),
         timeouts: Default::default(),
         retry: None,
+        max_request_body_bytes: None,
     }
 }

@@ -18,6 +18,7 @@ fn route(name: &str, matches: Vec<RouteMatch>) -> Route {
         }),
         timeouts: Default::default(),
         retry: None,
+        max_request_body_bytes: None,
     }
 }
 

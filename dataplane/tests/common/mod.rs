@@ -126,6 +126,7 @@ pub(crate) fn fixed_route(name: &str, prefix: &str, body: &str) -> Route {
         }),
         timeouts: Timeouts::default(),
         retry: None,
+        max_request_body_bytes: None,
     }
 }
 
@@ -146,6 +147,7 @@ pub(crate) fn proxy_route(name: &str, prefix: &str, backend: &str) -> Route {
         }),
         timeouts: Timeouts::default(),
         retry: None,
+        max_request_body_bytes: None,
     }
 }
 

@@ -198,6 +198,7 @@ mod tests {
             }),
             timeouts: Timeouts::default(),
             retry: None,
+            max_request_body_bytes: None,
         };
         let replaced = apply(&mut backends, &mut route, &cc());
         assert_eq!(

@@ -771,6 +771,7 @@ mod tests {
             }),
             timeouts: Timeouts::default(),
             retry: None,
+            max_request_body_bytes: None,
         }
     }
 

@@ -281,6 +281,7 @@ impl RouteCtx<'_> {
                 action: fixed_500(),
                 timeouts: Timeouts::default(),
                 retry: None,
+                max_request_body_bytes: None,
             },
             unresolved: Vec::new(),
             unsupported: None,

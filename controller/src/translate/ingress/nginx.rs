@@ -58,9 +58,9 @@
 //! (`UnsupportedSecurityAnnotation` / `InvalidAnnotation`), unless
 //! `Params::ignore_unsupported_security_annotations`. A `*-snippet` annotation (raw nginx
 //! configuration, never run) refuses the whole Ingress: 503 (`SnippetRefused`), unless
-//! `Params::ignore_snippets` (`SnippetIgnored`). Everything else not listed (`proxy-body-size`:
-//! there is no per-route body limit, only the global one) is reported as
-//! `UnsupportedAnnotation` and ignored.
+//! `Params::ignore_snippets` (`SnippetIgnored`). `proxy-body-size` ([`nginx_size`]; `0`: no
+//! limit) becomes the route's `max_request_body_bytes`. Everything else not listed is reported
+//! as `UnsupportedAnnotation` and ignored.
 
 use super::{PathRoute, Report};
 use crate::translate::ownership::Hosts;
@@ -123,6 +123,8 @@ pub struct Annotations {
     pub hash: Option<HashPolicy>,
     /// `auth-type: basic` with `auth-secret` (+ `auth-secret-type`, `auth-realm`).
     pub basic_auth: Option<BasicAuth>,
+    /// `proxy-body-size`: the largest request body, bytes (`0`: no limit).
+    pub body_size: Option<u64>,
     /// `auth-url` and its `auth-*` settings.
     pub external_auth: Option<ExternalAuth>,
     /// Fail closed: every route of the Ingress answers this status and body instead (a
@@ -262,7 +264,7 @@ pub const ANNOTATIONS: &[AnnotationSpec] = &[
     spec("modsecurity-*", Refused, "no WAF", "x"),
     spec("proxy-ssl-*", Refused, "backend certificate verification for Ingress is not implemented; `proxy-ssl-verify: off` asks for nothing and is accepted", "on"),
     spec("*-snippet", Refused, "raw nginx configuration is never run: the whole Ingress answers 503 (unless the operator sets ignoreSnippets)", "return 200;"),
-    spec("proxy-body-size", Ignored, "no per-route limit; the dataplane-wide `limits.max_request_body_bytes` applies", "8m"),
+    spec("proxy-body-size", Support::Honoured, "`0` lifts the limit; bytes or `k`/`m`/`g`; replaces the dataplane-wide `limits.max_request_body_bytes` for the Ingress's paths (413 past it)", "8m"),
 ];
 
 /// The row of [`ANNOTATIONS`] for `name` (without the prefix): exact first, then patterns.
@@ -454,6 +456,22 @@ pub fn parse_redirect_url(url: &str, status: u16) -> Option<Redirect> {
         path: Some(PathRewrite::Full(path.unwrap_or("/").into())),
         status,
     })
+}
+
+/// An nginx size (`client_max_body_size`): bytes, or a number with `k`, `m` or `g`
+/// (either case); `0` is no limit. `None` for anything else or an overflow.
+pub fn nginx_size(v: &str) -> Option<u64> {
+    let v = v.trim();
+    let (num, mult) = match v.as_bytes().last()? {
+        b'k' | b'K' => (&v[..v.len() - 1], 1u64 << 10),
+        b'm' | b'M' => (&v[..v.len() - 1], 1 << 20),
+        b'g' | b'G' => (&v[..v.len() - 1], 1 << 30),
+        _ => (v, 1),
+    };
+    if num.is_empty() || !num.bytes().all(|b| b.is_ascii_digit()) || num.len() > 20 {
+        return None;
+    }
+    num.parse::<u64>().ok()?.checked_mul(mult)
 }
 
 /// At most this many characters of a tenant's value are quoted back in a message.
@@ -980,13 +998,10 @@ impl Annotations {
                         unsupported_security.push(key.clone());
                     }
                 }
-                "proxy-body-size" => report.warn(
-                    "UnsupportedAnnotation",
-                    format!(
-                        "{key} is not supported: there is no per-route body size limit, \
-                         only the dataplane-wide limits.max_request_body_bytes"
-                    ),
-                ),
+                "proxy-body-size" => match nginx_size(value) {
+                    Some(n) => a.body_size = Some(n),
+                    None => bad(report, "is not a size (bytes, or a number with k, m or g)"),
+                },
                 _ => report.warn(
                     "UnsupportedAnnotation",
                     format!("{key} is not supported and is ignored"),
@@ -1317,6 +1332,9 @@ impl Annotations {
             route.filters.push(Filter::Redirect(r.clone()));
         }
         route.timeouts.backend = self.backend_timeout;
+        if self.body_size.is_some() {
+            route.max_request_body_bytes = self.body_size;
+        }
         self.guard(route);
     }
 }
@@ -1467,6 +1485,7 @@ pub(crate) fn app_root_route(ns: &str, name: &str, rule: usize, root: &str) -> P
             }),
             timeouts: Default::default(),
             retry: None,
+            max_request_body_bytes: None,
         },
         http_redirect: None,
         force_redirect: false,
@@ -2016,6 +2035,28 @@ mod tests {
             } else {
                 panic!("the annotation table of {} is stale: SWEETY_BLESS=1 cargo test -p sweety-controller the_docs_table", path.display());
             }
+        }
+    }
+
+    #[test]
+    fn nginx_sizes() {
+        for (v, want) in [
+            ("0", Some(0)),
+            ("1024", Some(1024)),
+            ("8m", Some(8 << 20)),
+            ("8M", Some(8 << 20)),
+            ("512k", Some(512 << 10)),
+            (" 1g ", Some(1 << 30)),
+            ("", None),
+            ("m", None),
+            ("-1", None),
+            ("1.5m", None),
+            ("10mb", None),
+            ("+5", None),
+            ("99999999999999999999g", None),
+            ("18446744073709551615k", None),
+        ] {
+            assert_eq!(nginx_size(v), want, "{v:?}");
         }
     }
 
