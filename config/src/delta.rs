@@ -17,7 +17,7 @@
 
 use crate::{
     AccessLog, Admin, Backend, CacheSettings, ClientIp, Config, Http3, L4Settings, Limits,
-    Listener, VirtualHost,
+    Listener, Tracing, VirtualHost,
 };
 use serde::{Deserialize, Serialize};
 use sha2::Digest as _;
@@ -123,6 +123,7 @@ pub fn settings_of(c: &Config) -> Config {
         l4,
         cache,
         path_normalization,
+        tracing,
     } = c;
     Config {
         version: *version,
@@ -138,6 +139,7 @@ pub fn settings_of(c: &Config) -> Config {
         l4: L4Settings::clone(l4),
         cache: CacheSettings::clone(cache),
         path_normalization: *path_normalization,
+        tracing: Option::<Tracing>::clone(tracing),
     }
 }
 

@@ -69,6 +69,9 @@ pub struct Config {
     /// How request paths are normalised before routing (default: on, encoded slashes refused).
     #[serde(default, skip_serializing_if = "crate::PathNormalization::is_default")]
     pub path_normalization: crate::PathNormalization,
+    /// OpenTelemetry tracing (W3C trace context, spans exported over OTLP/HTTP); none: off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tracing: Option<Tracing>,
 }
 
 fn schema_version() -> u32 {
@@ -91,6 +94,7 @@ impl Default for Config {
             l4: L4Settings::default(),
             cache: crate::CacheSettings::default(),
             path_normalization: crate::PathNormalization::default(),
+            tracing: None,
         }
     }
 }
@@ -1060,6 +1064,77 @@ pub struct AccessLog {
     /// Line format: `json` (one JSON object per line, the documented schema) or `combined`
     /// (ingress-nginx's "upstreaminfo"-like text line).
     pub format: AccessLogFormat,
+}
+
+/// OpenTelemetry tracing (docs/observability.md "Tracing"): the dataplane takes part in W3C
+/// trace context (`traceparent`/`tracestate`) and exports a server span per sampled request,
+/// and a client span per proxied one, to an OTLP/HTTP (protobuf) receiver. Every queue, batch
+/// and export is bounded; spans that do not fit are dropped and counted.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Tracing {
+    /// The OTLP/HTTP traces endpoint, e.g. `http://otel-collector.observability:4318/v1/traces`
+    /// (plain `http` only: point it at a collector or agent near the pod).
+    pub otlp_endpoint: String,
+    /// Share of requests sampled when no sampled parent decides (0 to 1; `0.01` is 1 %).
+    #[serde(default = "default_sampling_ratio")]
+    pub sampling_ratio: f64,
+    /// Parent-based sampling: a request with a valid incoming `traceparent` is sampled exactly
+    /// when its sampled flag is set (the ratio then decides only new traces). Off: the ratio
+    /// decides every request, and the incoming flag is ignored.
+    #[serde(default = "default_true")]
+    pub parent_based: bool,
+    /// `service.name` of the exported resource.
+    #[serde(default = "default_service_name")]
+    pub service_name: String,
+    /// Finished spans waiting for export at most; more are dropped and counted.
+    #[serde(default = "default_trace_queue")]
+    pub max_queue_spans: u32,
+    /// Spans per export request at most.
+    #[serde(default = "default_trace_batch")]
+    pub max_batch_spans: u32,
+    /// How long a span may wait for its batch to fill before the batch is sent anyway.
+    #[serde(default = "default_trace_batch_delay")]
+    pub batch_delay: Duration,
+    /// An export request (connect, send, response) is abandoned after this; its spans are
+    /// counted as failed.
+    #[serde(default = "default_trace_export_timeout")]
+    pub export_timeout: Duration,
+}
+
+fn default_sampling_ratio() -> f64 {
+    0.01
+}
+fn default_service_name() -> String {
+    "sweety".to_owned()
+}
+fn default_trace_queue() -> u32 {
+    2048
+}
+fn default_trace_batch() -> u32 {
+    512
+}
+fn default_trace_batch_delay() -> Duration {
+    Duration::from_secs(1)
+}
+fn default_trace_export_timeout() -> Duration {
+    Duration::from_secs(5)
+}
+
+impl Tracing {
+    /// Tracing to `otlp_endpoint` with every other setting at its default.
+    pub fn to(otlp_endpoint: impl Into<String>) -> Tracing {
+        Tracing {
+            otlp_endpoint: otlp_endpoint.into(),
+            sampling_ratio: default_sampling_ratio(),
+            parent_based: true,
+            service_name: default_service_name(),
+            max_queue_spans: default_trace_queue(),
+            max_batch_spans: default_trace_batch(),
+            batch_delay: default_trace_batch_delay(),
+            export_timeout: default_trace_export_timeout(),
+        }
+    }
 }
 
 /// The access log's line format.

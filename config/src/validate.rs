@@ -282,6 +282,9 @@ impl<'a> Validator<'a> {
         if log.buffer_lines == 0 {
             self.err("access_log.buffer_lines", "must be greater than 0");
         }
+        if let Some(t) = &cfg.tracing {
+            self.tracing(t);
+        }
         let found = crate::traffic::check_client_ip(&cfg.client_ip, &cfg.listeners);
         self.problems("client_ip", found);
         self.problems("l4", crate::traffic::check_l4(&cfg.l4));
@@ -293,6 +296,46 @@ impl<'a> Validator<'a> {
                 "cache.max_entry_bytes",
                 "must be greater than 0 and at most cache.max_bytes",
             );
+        }
+    }
+
+    /// `tracing`: a plain-HTTP OTLP endpoint and bounded queue, batch and timers.
+    fn tracing(&mut self, t: &crate::Tracing) {
+        if let Err(m) = check_otlp_endpoint(&t.otlp_endpoint) {
+            self.err("tracing.otlp_endpoint", m);
+        }
+        if !(t.sampling_ratio.is_finite() && (0.0..=1.0).contains(&t.sampling_ratio)) {
+            self.err("tracing.sampling_ratio", "must be between 0 and 1");
+        }
+        let name_ok = |b: u8| b.is_ascii_graphic() || b == b' ';
+        if t.service_name.is_empty()
+            || t.service_name.len() > 255
+            || !t.service_name.bytes().all(name_ok)
+        {
+            self.err(
+                "tracing.service_name",
+                "must be 1 to 255 printable ASCII characters",
+            );
+        }
+        if t.max_queue_spans == 0 || t.max_queue_spans > MAX_TRACE_QUEUE {
+            self.err(
+                "tracing.max_queue_spans",
+                format!("must be between 1 and {MAX_TRACE_QUEUE}"),
+            );
+        }
+        if t.max_batch_spans == 0 || t.max_batch_spans > MAX_TRACE_BATCH {
+            self.err(
+                "tracing.max_batch_spans",
+                format!("must be between 1 and {MAX_TRACE_BATCH}"),
+            );
+        }
+        for (field, d) in [
+            ("tracing.batch_delay", t.batch_delay),
+            ("tracing.export_timeout", t.export_timeout),
+        ] {
+            if d.is_zero() || d.get() > std::time::Duration::from_secs(60) {
+                self.err(field, "must be greater than 0 and at most 60s");
+            }
         }
     }
 
@@ -1391,6 +1434,53 @@ fn check_pem_file(file: &Path, kind: PemKind) -> Result<(), String> {
         }
         Err(e) => Err(format!("cannot read {}: {e}", file.display())),
     }
+}
+
+/// Most finished spans a tracing queue may hold.
+pub(crate) const MAX_TRACE_QUEUE: u32 = 1_000_000;
+/// Most spans in one OTLP export request.
+pub(crate) const MAX_TRACE_BATCH: u32 = 8192;
+
+/// Whether `e` is an OTLP/HTTP endpoint the dataplane can send to: `http://host[:port][/path]`,
+/// printable ASCII, at most 2048 bytes, no user information.
+pub(crate) fn check_otlp_endpoint(e: &str) -> Result<(), &'static str> {
+    if e.len() > 2048 || !e.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err("must be printable ASCII without spaces, at most 2048 bytes");
+    }
+    let Some(rest) = e.strip_prefix("http://") else {
+        return Err(
+            "only plain http:// endpoints are supported (use a collector or agent near the pod)",
+        );
+    };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    if authority.contains('@') {
+        return Err("must not carry user information");
+    }
+    let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
+        let Some((h, after)) = v6.split_once(']') else {
+            return Err("an IPv6 host must be in brackets");
+        };
+        match after {
+            "" => (h, None),
+            p => match p.strip_prefix(':') {
+                Some(p) => (h, Some(p)),
+                None => return Err("an IPv6 host must be in brackets"),
+            },
+        }
+    } else {
+        match authority.rsplit_once(':') {
+            Some((h, _)) if h.contains(':') => return Err("an IPv6 host must be in brackets"),
+            Some((h, p)) => (h, Some(p)),
+            None => (authority, None),
+        }
+    };
+    if host.is_empty() {
+        return Err("needs a host");
+    }
+    if port.is_some_and(|p| p.parse::<u16>().map_or(true, |p| p == 0)) {
+        return Err("port must be 1 to 65535");
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -2790,6 +2880,96 @@ access_log: {enabled: true, path: /var/log/sweety/access.log, buffer_lines: 1024
             "access_log.path",
             "must not be empty when set",
         );
+    }
+
+    #[test]
+    fn tracing_rules() {
+        let with = |f: fn(&mut crate::Tracing)| {
+            move |c: &mut Config| {
+                let mut t = crate::Tracing::to("http://127.0.0.1:4318/v1/traces");
+                f(&mut t);
+                c.tracing = Some(t);
+            }
+        };
+        expect_ok(with(|_| {}));
+        for (f, field, message) in [
+            (
+                (|t: &mut crate::Tracing| t.otlp_endpoint = "https://c:4318/v1/traces".into())
+                    as fn(&mut crate::Tracing),
+                "tracing.otlp_endpoint",
+                "only plain http:// endpoints are supported (use a collector or agent near the pod)",
+            ),
+            (
+                |t| t.otlp_endpoint = "http://user@c:4318/".into(),
+                "tracing.otlp_endpoint",
+                "must not carry user information",
+            ),
+            (
+                |t| t.otlp_endpoint = "http://c:0/".into(),
+                "tracing.otlp_endpoint",
+                "port must be 1 to 65535",
+            ),
+            (
+                |t| t.otlp_endpoint = "http:///v1/traces".into(),
+                "tracing.otlp_endpoint",
+                "needs a host",
+            ),
+            (
+                |t| t.otlp_endpoint = "http://c:4318/a b".into(),
+                "tracing.otlp_endpoint",
+                "must be printable ASCII without spaces, at most 2048 bytes",
+            ),
+            (
+                |t| t.sampling_ratio = 1.5,
+                "tracing.sampling_ratio",
+                "must be between 0 and 1",
+            ),
+            (
+                |t| t.sampling_ratio = f64::NAN,
+                "tracing.sampling_ratio",
+                "must be between 0 and 1",
+            ),
+            (
+                |t| t.service_name = String::new(),
+                "tracing.service_name",
+                "must be 1 to 255 printable ASCII characters",
+            ),
+            (
+                |t| t.max_queue_spans = 0,
+                "tracing.max_queue_spans",
+                "must be between 1 and 1000000",
+            ),
+            (
+                |t| t.max_batch_spans = 100_000,
+                "tracing.max_batch_spans",
+                "must be between 1 and 8192",
+            ),
+            (
+                |t| t.export_timeout = crate::Duration::from_secs(0),
+                "tracing.export_timeout",
+                "must be greater than 0 and at most 60s",
+            ),
+            (
+                |t| t.batch_delay = crate::Duration::from_secs(3600),
+                "tracing.batch_delay",
+                "must be greater than 0 and at most 60s",
+            ),
+        ] {
+            expect_one(with(f), field, message);
+        }
+    }
+
+    #[test]
+    fn otlp_endpoints_that_parse() {
+        for e in [
+            "http://127.0.0.1:4318/v1/traces",
+            "http://otel-collector.observability:4318/v1/traces",
+            "http://[::1]:4318/v1/traces",
+            "http://collector",
+            "http://[::1]/v1/traces",
+        ] {
+            assert_eq!(check_otlp_endpoint(e), Ok(()), "{e}");
+        }
     }
 
     // ------------------------------------------------------------ filesystem

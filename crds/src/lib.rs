@@ -108,7 +108,10 @@ mod tests {
         let crd = serde_json::to_value(SweetyProxyConfig::crd()).unwrap();
         let mut found = Vec::new();
         rules(&crd, &mut found);
-        assert_eq!(found.len(), 1, "{found:?}");
+        // The Service rule and tracing's samplingFraction rule.
+        assert_eq!(found.len(), 2, "{found:?}");
+        assert!(found.iter().any(|r| r.contains("externalTrafficPolicy")));
+        assert!(found.iter().any(|r| r.contains("self.numerator <=")));
         let text = serde_json::to_string(&crd).unwrap();
         for v in ["LoadBalancer", "NodePort", "ClusterIP", "json", "text"] {
             assert!(text.contains(&format!("\"{v}\"")), "enum value {v} missing");

@@ -36,6 +36,48 @@ pub struct SweetyProxyConfigSpec {
     /// Shape of the Service created for each Gateway.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service: Option<GatewayServiceSpec>,
+    /// OpenTelemetry tracing (W3C trace context, spans exported over OTLP/HTTP); off when
+    /// unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tracing: Option<TracingSpec>,
+}
+
+/// OpenTelemetry tracing: where spans go and which requests are sampled.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TracingSpec {
+    /// The OTLP/HTTP traces endpoint, plain `http` (a collector or agent near the pod), e.g.
+    /// `http://otel-collector.observability:4318/v1/traces`.
+    #[schemars(length(min = 8, max = 2048), extend("pattern" = "^http://[^/@ ]+(/[!-~]*)?$"))]
+    pub otlp_endpoint: String,
+    /// Share of new traces sampled (default 1/100).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sampling_fraction: Option<SamplingFraction>,
+    /// Follow an incoming `traceparent`'s sampled flag (default true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_based: Option<bool>,
+    /// `service.name` of the exported spans (default `sweety`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 255))]
+    pub service_name: Option<String>,
+}
+
+/// `numerator / denominator` of requests (Envoy Gateway's shape; no floating point in the
+/// API).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {"rule": "self.numerator <= (has(self.denominator) ? self.denominator : 100)",
+     "message": "numerator must not exceed denominator"}
+]))]
+pub struct SamplingFraction {
+    /// Sampled requests per `denominator`.
+    #[schemars(range(min = 0))]
+    pub numerator: i32,
+    /// Default 100.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub denominator: Option<i32>,
 }
 
 /// Dataplane limits. Durations are written `500ms`, `30s`, `5m`, `1h`.

@@ -77,8 +77,8 @@ pub struct RequestCtx {
     pub protocol: Protocol,
     /// When the request head was received.
     pub start: Instant,
-    /// Whether the access log is on: the proxy then records what it did
-    /// ([`crate::proxy::UpstreamInfo`]); off, nothing is allocated for it.
+    /// Whether the access log is on or the request is traced: the proxy then records what it
+    /// did ([`crate::proxy::UpstreamInfo`]); off, nothing is allocated for it.
     pub log: bool,
 }
 

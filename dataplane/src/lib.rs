@@ -37,6 +37,7 @@
 //! * [`admin`]: health, readiness, metrics and config endpoints.
 //! * [`metrics`]: counters and histograms, rendered in Prometheus text format.
 //! * [`access_log`]: JSON access log written off the request path.
+//! * [`trace`]: W3C trace context and OpenTelemetry spans exported over OTLP/HTTP.
 //! * [`defaults`]: the embedded default config used when no `--config` is given.
 //! * [`hpack`], [`conn_headers`]: from `sweety-h2`, shared with HTTP/1.1 and HTTP/3.
 
@@ -70,6 +71,7 @@ pub mod send_timeout;
 pub mod state;
 pub mod static_files;
 pub mod tls;
+pub mod trace;
 pub mod websocket;
 
 // The HTTP/2 engine's modules the other protocols share (connection-specific fields, HPACK).

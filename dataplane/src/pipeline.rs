@@ -183,11 +183,16 @@ async fn serve(
                 .ok(),
         }
     };
+    // Tracing (see `crate::trace`); off, one test of the config.
+    let mut trace = match &snap.config.tracing {
+        None => None,
+        Some(_) => begin_trace(&shared, &mut req, &request_id, start),
+    };
     let ctx = RequestCtx {
         conn,
         protocol,
         start,
-        log: shared.access_log.enabled(),
+        log: shared.access_log.enabled() || trace.is_some(),
     };
     let log = shared
         .access_log
@@ -292,6 +297,18 @@ async fn serve(
         );
     }
     let mut log = log;
+    let mut upstream = if ctx.log {
+        resp.extensions_mut().remove::<crate::proxy::UpstreamInfo>()
+    } else {
+        None
+    };
+    if let Some(t) = trace.as_deref_mut() {
+        t.upstream = if log.is_some() {
+            upstream.clone()
+        } else {
+            upstream.take()
+        };
+    }
     if let Some(l) = log.as_deref_mut() {
         l.cache = match &stored {
             Some(head) => Some(head.x_cache()),
@@ -305,7 +322,7 @@ async fn serve(
                     _ => None,
                 }),
         };
-        l.upstream = resp.extensions_mut().remove::<crate::proxy::UpstreamInfo>();
+        l.upstream = upstream;
     }
     let mut permit = permit;
     if let Some(slot) = resp
@@ -323,6 +340,7 @@ async fn serve(
         status,
         route: route_name,
         log,
+        trace,
         _permit: permit,
         _client: client_slot,
     };
@@ -989,6 +1007,25 @@ fn strip_port(authority: &str) -> &str {
     }
 }
 
+/// Takes part in the trace context of a request (tracing is on): see
+/// [`crate::trace::Tracer::begin`]. Returns the request's trace when it is sampled.
+fn begin_trace(
+    shared: &Shared,
+    req: &mut Request<Body>,
+    request_id: &HeaderValue,
+    start: Instant,
+) -> Option<Box<crate::trace::RequestTrace>> {
+    let tracer = shared.tracer.load_full()?;
+    let method = req.method().clone();
+    let mut t = tracer.begin(req.headers_mut(), &method, start)?;
+    t.set_target(
+        request_host(req).into_owned(),
+        req.uri().path().to_owned(),
+        request_id.clone(),
+    );
+    Some(t)
+}
+
 /// What the access log needs from the request, captured before the request is consumed
 /// (only when the log is on: boxed, so the request future grows by a pointer).
 struct LogStart {
@@ -1039,6 +1076,8 @@ struct Finish {
     status: u16,
     route: Arc<str>,
     log: Option<Box<LogStart>>,
+    /// The request's trace, when it is sampled.
+    trace: Option<Box<crate::trace::RequestTrace>>,
     _permit: Option<RequestPermit>,
     /// The client's slot (`limits.max_requests_per_client`), released with the request's.
     _client: Option<Box<crate::client_caps::ClientSlot>>,
@@ -1046,6 +1085,21 @@ struct Finish {
 
 impl Finish {
     fn done(self, sent: u64) {
+        if let Some(t) = self.trace {
+            t.finish(crate::trace::Finished {
+                route: &self.route,
+                listener: &self.ctx.conn.listener,
+                scheme: self.ctx.scheme(),
+                protocol_version: match self.ctx.protocol {
+                    Protocol::Http1 => "1.1",
+                    Protocol::Http2 => "2",
+                    Protocol::Http3 => "3",
+                },
+                client: self.ctx.conn.peer.ip(),
+                status: self.status,
+                bytes_sent: sent,
+            });
+        }
         if let Some(l) = self.log {
             let l = *l;
             let conn = &self.ctx.conn;

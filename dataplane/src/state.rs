@@ -130,6 +130,9 @@ pub struct Shared {
     pub static_files: StaticFiles,
     /// The access log.
     pub access_log: AccessLog,
+    /// The tracer of the serving config's `tracing` (none: tracing off). Set before the
+    /// snapshot that asks for it is published.
+    pub tracer: arc_swap::ArcSwapOption<crate::trace::Tracer>,
     /// True once a config has been applied.
     pub ready: AtomicBool,
     /// Rate-limit buckets, kept across reloads.

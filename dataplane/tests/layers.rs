@@ -22,7 +22,8 @@ fn layer(module: &str) -> Option<u8> {
         "access" | "access_log" | "basic_auth" | "ext_auth" | "body" | "cache" | "client_caps"
         | "compress" | "ctx" | "defaults" | "filters" | "grpc" | "identity" | "limits"
         | "metrics" | "path_norm" | "proxy" | "proxy_protocol" | "request_id" | "router"
-        | "send_timeout" | "static_files" | "tls" | "websocket" | "conn_headers" | "hpack" => 1,
+        | "send_timeout" | "static_files" | "tls" | "trace" | "websocket" | "conn_headers"
+        | "hpack" => 1,
         "exec" => 0,
         _ => return None,
     })

@@ -501,6 +501,25 @@ def cmd_report(a):
                 h3rows,
             ),
         ]
+    trrows = []
+    for c in cells:
+        if c.startswith("proxy-h2-trace"):
+            trrows.append(pair_row(c, agg("proxy-h2", "sweety"), agg(c, "sweety"), b_over_a=True))
+    if trrows:
+        out += [
+            "",
+            "## Sweety tracing cost (proxy-h2, tracing off vs on)",
+            "",
+            "Same run, same load: proxy-h2 (tracing off) beside proxy-h2-trace0 (tracing on, "
+            "sampling 0: trace context only) and proxy-h2-trace1 (1 % sampled and exported). "
+            "µs on/off is the ratio of server CPU-µs per request.",
+            "",
+            md_table(
+                ["cell", "rps off", "rps on", "p99 off", "p99 on", "µs/req off", "µs/req on",
+                 "µs on/off", "peak RSS off", "peak RSS on", "fail on"],
+                trrows,
+            ),
+        ]
     harows = []
     for c in cells:
         s, h = agg(c, "sweety"), agg(c, "haproxy")

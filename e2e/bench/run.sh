@@ -11,6 +11,7 @@
 #   CELLS=         space/comma separated glob filter over the cell names (default: all):
 #                  h1-1k h1-10k h1-100k h1-1m h2-1k h2-10k h2-100k h2-1m proxy-h1
 #                  proxy-h2 proxy-h2-4k (the proxy path with an HTTP/2-over-TLS front)
+#                  proxy-h2-trace0 proxy-h2-trace1 (proxy-h2 with tracing on, Sweety only)
 #                  h3-1k h3-10k h3-100k h3-1m (Sweety only: this nginx has no HTTP/3)
 #                  cache-h2 gzip-h2 ws-h1 (edge features, see below)
 #   SERVERS="sweety nginx haproxy"   which servers to run (HAProxy runs the proxy-* and
@@ -61,6 +62,12 @@
 # message and waiting for its echo (dataplane/examples/ws_bench.rs; messages/s in the rps
 # column). WS_BENCH= uses a prebuilt ws_bench binary.
 #
+# Tracing cells (Sweety only; the report compares them with proxy-h2, tracing off, of the same
+# run): proxy-h2-trace0 is proxy-h2 with `tracing` on and sampling_ratio 0 (trace context read,
+# checked and passed on for every request, nothing recorded); proxy-h2-trace1 samples 1 % (the
+# chart's suggested ratio), exporting OTLP/HTTP to the backend nginx (`/v1/traces` answers 200
+# there, on BACKEND_CPU, so the receiver's CPU is billed to neither server).
+#
 # HAProxy (Debian's haproxy, nbthread 1, pinned like the others) is the third peer for the
 # proxy cells and cache-h2 (its `cache` section, max-age 600 s): same front ports, TLS 1.3
 # with ALPN h2/http/1.1, `http-reuse always` keep-alive to the same backend.
@@ -78,7 +85,7 @@ BACKEND_CPU=${BACKEND_CPU:-$CLIENT_CPU}
 PORT_BASE=${PORT_BASE:-18440}
 OUT=""
 
-ALL_CELLS="h1-1k h1-10k h1-100k h1-1m h2-1k h2-10k h2-100k h2-1m proxy-h1 proxy-h2 proxy-h2-4k h3-1k h3-10k h3-100k h3-1m cache-h2 gzip-h2 ws-h1"
+ALL_CELLS="h1-1k h1-10k h1-100k h1-1m h2-1k h2-10k h2-100k h2-1m proxy-h1 proxy-h2 proxy-h2-4k proxy-h2-trace0 proxy-h2-trace1 h3-1k h3-10k h3-100k h3-1m cache-h2 gzip-h2 ws-h1"
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 
@@ -238,6 +245,7 @@ http {
         listen 127.0.0.1:$BACKEND_PORT;
         default_type text/plain;
         location = /proxy4k { alias $WORK/www/4k.bin; }
+        location = /v1/traces { return 200; }
         location / { return 200 "hello world\n"; }
     }
 }
@@ -366,6 +374,11 @@ backends:
     endpoints: [{address: "127.0.0.1:$WS_PORT"}]
 EOF
 sed 's/^    http3: false$/    http3: true/' "$WORK/sweety.yaml" >"$WORK/sweety-h3.yaml"
+for r in 0:0 1:0.01; do
+    { cat "$WORK/sweety.yaml"
+      printf 'tracing: {otlp_endpoint: "http://127.0.0.1:%s/v1/traces", sampling_ratio: %s}\n' "$BACKEND_PORT" "${r#*:}"
+    } >"$WORK/sweety-trace${r%%:*}.yaml"
+done
 [[ -n ${SWEETY_HTTP3:-} ]] && printf 'http3: {%s}\n' "$SWEETY_HTTP3" >>"$WORK/sweety-h3.yaml"
 
 # HAProxy: the proxy and cache routes only (it serves no files), on the same ports.
@@ -404,6 +417,9 @@ EOF
 
 "$SWEETY_BIN" validate "$WORK/sweety.yaml" >&2 || die "the generated Sweety config is invalid"
 "$SWEETY_BIN" validate "$WORK/sweety-h3.yaml" >&2 || die "the generated Sweety HTTP/3 config is invalid"
+for r in 0 1; do
+    "$SWEETY_BIN" validate "$WORK/sweety-trace$r.yaml" >&2 || die "the generated Sweety tracing config is invalid"
+done
 "$NGINX" -t -q -p "$WORK/nginx/" -c "$WORK/nginx.conf" -e "$WORK/nginx/error.log" ||
     die "the generated nginx config is invalid"
 if [[ " $SERVERS " == *" haproxy "* ]]; then
@@ -516,9 +532,13 @@ run_cell() { # run_cell CELL SERVER RUN
         tool=wsbench
         expect="101 64B"
         cmd=("$WS_BENCH" client "$url" 50 "$DUR" 64)
-    elif [[ $cell == proxy-h2 || $cell == proxy-h2-4k ]]; then
+    elif [[ $cell == proxy-h2 || $cell == proxy-h2-4k || $cell == proxy-h2-trace* ]]; then
         tool=h2load
-        if [[ $cell == proxy-h2 ]]; then
+        if [[ $cell == proxy-h2-trace* ]]; then
+            [[ $server == sweety ]] || return 0 # tracing cells: Sweety only
+            config=$WORK/sweety-${cell#proxy-h2-}.yaml
+        fi
+        if [[ $cell == proxy-h2 || $cell == proxy-h2-trace* ]]; then
             url=https://127.0.0.1:$TLS_PORT/proxy
             expect="200 12B"
         else

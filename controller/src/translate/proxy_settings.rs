@@ -9,6 +9,10 @@
 //! - **logging.accessLog**: on when any config says on, off only when those that say something
 //!   all say off; **logging.format** `text` (the ingress-nginx-like `combined` line) only when
 //!   every config that names a format says text, else JSON;
+//! - **tracing**: applied only when every config that sets it sets the same; on a
+//!   disagreement, or when the one set is invalid, tracing stays off (it sends request data
+//!   to a third party: nobody gets it by outvoting another config) and each config involved
+//!   says so;
 //! - **clientIp.trustedProxies**: applied only when every config that sets it sets the same
 //!   set; on a disagreement no proxy is trusted (the peer address is the client: fail
 //!   closed) and each config involved says so; `forwardedForDepth`: the smallest.
@@ -195,6 +199,8 @@ struct Merge<'a> {
     trusted: Vec<(usize, BTreeSet<String>)>,
     /// The configs whose trusted proxies disagree (all that set them, or none).
     trust_conflict: BTreeSet<usize>,
+    /// `tracing` by config.
+    tracing: Vec<(usize, &'a sweety_crds::proxy_config::TracingSpec)>,
     /// Per config: fields where its value does not apply, and why.
     notes: BTreeMap<usize, Vec<String>>,
 }
@@ -258,6 +264,9 @@ impl<'a> Merge<'a> {
             if let Some(f) = logging.format {
                 self.formats.push((i, f));
             }
+        }
+        if let Some(t) = &c.spec.tracing {
+            self.tracing.push((i, t));
         }
         if let Some(ip) = &c.spec.client_ip {
             if let Some(list) = &ip.trusted_proxies {
@@ -354,7 +363,73 @@ impl<'a> Merge<'a> {
             }
             None => {}
         }
+        config.tracing = self.tracing();
         config
+    }
+
+    /// The one `tracing` every config that sets it agrees on, when it is valid.
+    fn tracing(&mut self) -> Option<sweety_config::Tracing> {
+        let ((_, first), rest) = self.tracing.split_first()?;
+        let first = *first;
+        if !rest.iter().all(|(_, t)| *t == first) {
+            let all: Vec<usize> = self.tracing.iter().map(|(i, _)| *i).collect();
+            let who: Vec<String> = all.iter().map(|i| label(self.configs[*i])).collect();
+            for i in all {
+                self.note(
+                    i,
+                    format!(
+                        "tracing differs between {}: tracing is off until they agree",
+                        who.join(", ")
+                    ),
+                );
+            }
+            return None;
+        }
+        match tracing_config(first) {
+            Ok(t) => Some(t),
+            Err(e) => {
+                for i in self.tracing.iter().map(|(i, _)| *i).collect::<Vec<_>>() {
+                    self.note(i, format!("tracing: {e}: tracing is off"));
+                }
+                None
+            }
+        }
+    }
+}
+
+/// The dataplane's `tracing` for a SweetyProxyConfig's, validated as the dataplane will.
+fn tracing_config(
+    t: &sweety_crds::proxy_config::TracingSpec,
+) -> Result<sweety_config::Tracing, String> {
+    let (num, den) = t
+        .sampling_fraction
+        .as_ref()
+        .map_or((1, 100), |f| (f.numerator, f.denominator.unwrap_or(100)));
+    if num < 0 || den <= 0 || num > den {
+        return Err(format!(
+            "samplingFraction {num}/{den} is not between 0 and 1"
+        ));
+    }
+    let mut out = sweety_config::Tracing::to(t.otlp_endpoint.clone());
+    out.sampling_ratio = f64::from(num) / f64::from(den);
+    if let Some(p) = t.parent_based {
+        out.parent_based = p;
+    }
+    if let Some(name) = &t.service_name {
+        out.service_name = name.clone();
+    }
+    let check = Config {
+        tracing: Some(out.clone()),
+        ..Config::default()
+    };
+    match check.validate() {
+        Ok(()) => Ok(out),
+        Err(errors) => Err(errors
+            .0
+            .iter()
+            .map(|e| format!("{} {}", e.path, e.message))
+            .collect::<Vec<_>>()
+            .join("; ")),
     }
 }
 
@@ -511,6 +586,62 @@ spec:
             a.message.contains("logging.format text does not apply"),
             "{}",
             a.message
+        );
+    }
+
+    #[test]
+    fn tracing_applies_only_when_every_config_agrees_and_it_is_valid() {
+        let spec = "{tracing: {otlpEndpoint: 'http://collector.obs:4318/v1/traces', \
+                    samplingFraction: {numerator: 5, denominator: 1000}, parentBased: false, \
+                    serviceName: edge}}";
+        let agree = snapshot(&format!("{CLASSES}{}{}", spc("a", spec), spc("ing", spec)));
+        let (config, statuses) = settings(&agree, &Params::default());
+        let t = config.tracing.expect("tracing on");
+        assert_eq!(t.otlp_endpoint, "http://collector.obs:4318/v1/traces");
+        assert_eq!(t.sampling_ratio, 0.005);
+        assert!(!t.parent_based);
+        assert_eq!(t.service_name, "edge");
+        assert_eq!(condition(&statuses, KIND, "a").status, "True");
+
+        // Defaults: 1 %, parent-based.
+        let one = snapshot(&format!(
+            "{CLASSES}{}",
+            spc("a", "{tracing: {otlpEndpoint: 'http://c:4318/v1/traces'}}")
+        ));
+        let t = settings(&one, &Params::default()).0.tracing.expect("on");
+        assert_eq!((t.sampling_ratio, t.parent_based), (0.01, true));
+
+        let differ = snapshot(&format!(
+            "{CLASSES}{}{}",
+            spc("a", spec),
+            spc(
+                "ing",
+                "{tracing: {otlpEndpoint: 'http://elsewhere:4318/v1/traces'}}"
+            ),
+        ));
+        let (config, statuses) = settings(&differ, &Params::default());
+        assert_eq!(config.tracing, None, "off on a disagreement");
+        for name in ["a", "ing"] {
+            let c = condition(&statuses, KIND, name);
+            assert!(c.message.contains("tracing differs"), "{}", c.message);
+        }
+
+        let invalid = snapshot(&format!(
+            "{CLASSES}{}",
+            spc(
+                "a",
+                "{tracing: {otlpEndpoint: 'https://c:4318/v1/traces', \
+                 samplingFraction: {numerator: 1}}}"
+            ),
+        ));
+        let (config, statuses) = settings(&invalid, &Params::default());
+        assert_eq!(config.tracing, None);
+        let c = condition(&statuses, KIND, "a");
+        assert!(
+            c.message
+                .contains("tracing.otlp_endpoint only plain http://"),
+            "{}",
+            c.message
         );
     }
 

@@ -188,6 +188,9 @@ pub struct Metrics {
     pub reloads_failed: AtomicU64,
     /// Access log lines dropped because the writer fell behind.
     pub access_log_dropped: AtomicU64,
+    /// Finished trace spans by outcome: `exported` (the receiver answered 2xx), `dropped`
+    /// (the export queue was full), `failed` (the export request failed or timed out).
+    pub trace_spans: LabeledCounter<&'static str>,
     /// Connections accepted, all time.
     pub connections_total: AtomicU64,
     /// Edge features: active health check results by backend label
@@ -541,6 +544,14 @@ impl Metrics {
             "Access log lines dropped because the writer fell behind.",
             self.access_log_dropped.load(Relaxed),
         );
+        let f = e.family(
+            "sweety_trace_spans_total",
+            MetricType::Counter,
+            "Finished trace spans by outcome (exported, dropped: export queue full, failed: export failed).",
+        );
+        for (k, v) in self.trace_spans.snapshot() {
+            f.sample(vec![("outcome", k.into())], Value::Counter(v));
+        }
         let f = e.family(
             "sweety_health_checks_total",
             MetricType::Counter,

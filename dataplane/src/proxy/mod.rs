@@ -322,20 +322,26 @@ impl Upstreams {
             Err(e) => return self.fail(&e),
         };
         let started = Instant::now();
-        // For the access log: what happened, on the response (only when the log is on).
-        let note =
-            |mut resp: Response<Body>, idx: Option<usize>, status: Option<u16>, tries: u32| {
-                if ctx.log {
-                    resp.extensions_mut().insert(UpstreamInfo {
-                        backend: backend.config.name.clone(),
-                        address: idx.map(|i| backend.endpoints[i].state.address.clone()),
-                        status,
-                        header_us: Some(started.elapsed().as_micros() as u64),
-                        retries: tries.saturating_sub(1),
-                    });
-                }
-                resp
-            };
+        // For the access log and the trace: what happened, on the response (only when the
+        // log is on or the request is traced).
+        let note = |mut resp: Response<Body>,
+                    idx: Option<usize>,
+                    status: Option<u16>,
+                    tries: u32,
+                    error: Option<&ProxyError>| {
+            if ctx.log {
+                resp.extensions_mut().insert(UpstreamInfo {
+                    backend: backend.config.name.clone(),
+                    address: idx.map(|i| backend.endpoints[i].state.address.clone()),
+                    status,
+                    header_us: Some(started.elapsed().as_micros() as u64),
+                    retries: tries.saturating_sub(1),
+                    started,
+                    error: error.map(ProxyError::metrics_label),
+                });
+            }
+            resp
+        };
         let (parts, body) = req.into_parts();
         let policy = route.retry.as_ref();
         // With a retry policy, a small body of an idempotent request is read into memory first
@@ -361,13 +367,11 @@ impl Upstreams {
         let mut tries = 0u32;
         loop {
             let Some(idx) = affinity.pick(backend, tries, &tried) else {
-                let resp = self.fail_on(
-                    backend,
-                    &ProxyError::NoEndpoint {
-                        backend: backend.config.name.clone(),
-                    },
-                );
-                return note(resp, tried.last().copied(), None, tries);
+                let e = ProxyError::NoEndpoint {
+                    backend: backend.config.name.clone(),
+                };
+                let resp = self.fail_on(backend, &e);
+                return note(resp, tried.last().copied(), None, tries, Some(&e));
             };
             tried.push(idx);
             tries += 1;
@@ -414,7 +418,7 @@ impl Upstreams {
                         backend: backend.label.clone(),
                         header_time: Some(header_time),
                     });
-                    return note(resp, Some(idx), Some(status), tries);
+                    return note(resp, Some(idx), Some(status), tries, None);
                 }
                 Err(e) => {
                     if e.is_endpoint_failure() {
@@ -428,7 +432,8 @@ impl Upstreams {
                             replayable,
                         );
                     if !retry {
-                        return note(self.fail_on(backend, &e), Some(idx), None, tries);
+                        let resp = self.fail_on(backend, &e);
+                        return note(resp, Some(idx), None, tries, Some(&e));
                     }
                     self.metrics
                         .upstream_error_of(&backend.label, e.metrics_label());
@@ -497,8 +502,8 @@ impl Upstreams {
     }
 }
 
-/// What the proxy did for one request, for the access log: a response extension, set only
-/// when [`RequestCtx::log`] is on.
+/// What the proxy did for one request, for the access log and the trace: a response
+/// extension, set only when [`RequestCtx::log`] is on.
 #[derive(Debug, Clone)]
 pub struct UpstreamInfo {
     /// The backend chosen (by weight) for the request.
@@ -512,6 +517,11 @@ pub struct UpstreamInfo {
     pub header_us: Option<u64>,
     /// Tries after the first.
     pub retries: u32,
+    /// When the proxy call started (backend chosen, before the first try).
+    pub started: Instant,
+    /// The kind of error that ended the call (the `kind` label of
+    /// `sweety_upstream_errors_total`), none when a response came.
+    pub error: Option<&'static str>,
 }
 
 /// A request's session affinity towards one backend: the endpoint its session token names

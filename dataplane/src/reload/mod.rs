@@ -198,6 +198,7 @@ impl Runtime {
             ),
             static_files: StaticFiles::new(opts.static_cache_bytes),
             access_log,
+            tracer: arc_swap::ArcSwapOption::empty(),
             ready: AtomicBool::new(false),
             rate_zones: crate::access::Zones::default(),
             cache: Arc::new(crate::cache::Cache::new(
@@ -295,6 +296,22 @@ impl Runtime {
             .unwrap_or_else(|e| e.into_inner()) = out;
     }
 
+    /// Starts, replaces or stops the tracer to match `wanted` (an equal config keeps the
+    /// running tracer and its queue). A replaced tracer's exporter sends what it queued and
+    /// ends when the last request holding it finishes.
+    fn configure_tracing(&self, wanted: Option<&sweety_config::Tracing>) {
+        let slot = &self.shared.tracer;
+        if slot.load().as_deref().map(crate::trace::Tracer::config) == wanted {
+            return;
+        }
+        let next = wanted.and_then(|t| {
+            crate::trace::Tracer::start(t, self.shared.metrics.clone())
+                .map_err(|e| tracing::warn!(error = %e, "tracing not started"))
+                .ok()
+        });
+        slot.store(next);
+    }
+
     /// Makes `snapshot` the serving one: from here new connections and requests use it. With
     /// `new_settings` the response cache bounds and the backpressure limits follow its
     /// settings first (a patch keeps the settings of the snapshot it replaces, so it leaves
@@ -303,6 +320,7 @@ impl Runtime {
         let generation = snapshot.config.generation;
         let limits = new_settings.then(|| {
             self.record_certificates(&snapshot.config);
+            self.configure_tracing(snapshot.config.tracing.as_ref());
             self.shared.metrics.retain_listeners(
                 &snapshot
                     .config
