@@ -265,9 +265,19 @@ pub struct RequestKey {
 impl RequestKey {
     /// The key limited to one scope (scheme, listener port and route, see the pipeline): the
     /// same host and path on another listener, scheme or route is another entry.
-    pub fn scoped(mut self, scope: &str) -> RequestKey {
+    /// Appends `\0\u{1}scheme port route` without formatting machinery (it runs on every
+    /// cacheable request).
+    pub fn scoped(mut self, scheme: &str, port: u16, route: &str) -> RequestKey {
+        let mut buf = [0u8; 20];
+        let port = decimal(u64::from(port), &mut buf);
+        self.primary
+            .reserve(4 + scheme.len() + port.len() + route.len());
         self.primary.push_str("\0\u{1}");
-        self.primary.push_str(scope);
+        self.primary.push_str(scheme);
+        self.primary.push(' ');
+        self.primary.extend(port.iter().map(|&d| char::from(d)));
+        self.primary.push(' ');
+        self.primary.push_str(route);
         self
     }
 
@@ -317,7 +327,8 @@ pub fn request_key(
         lookup = false;
     }
     let path = uri.path_and_query().map_or("/", |p| p.as_str());
-    let mut primary = String::with_capacity(8 + host.len() + path.len());
+    // Room for the scope the pipeline appends (`RequestKey::scoped`) as well.
+    let mut primary = String::with_capacity(40 + host.len() + path.len());
     primary.push_str("GET\0");
     primary.push_str(host);
     let host_end = primary.len();
@@ -1362,15 +1373,37 @@ mod tests {
             &hm(&[("cookie", "s=1")])
         )
         .is_some());
-        let scoped = |s: &str| {
+        let scoped = |scheme: &str, port: u16, route: &str| {
             request_key(&p, &Method::GET, "a.test", &uri, &hm(&[]))
                 .unwrap()
-                .scoped(s)
+                .scoped(scheme, port, route)
         };
-        assert_ne!(scoped("http 80 r").primary, scoped("https 443 r").primary);
-        assert_ne!(scoped("http 80 r").primary, scoped("http 80 q").primary);
-        assert_eq!(scoped("http 80 r").host(), "a.test");
-        assert_eq!(scoped("http 80 r").path(), "/a");
+        assert_ne!(
+            scoped("http", 80, "r").primary,
+            scoped("https", 443, "r").primary
+        );
+        assert_ne!(
+            scoped("http", 80, "r").primary,
+            scoped("http", 80, "q").primary
+        );
+        assert_ne!(
+            scoped("http", 80, "r").primary,
+            scoped("http", 8, "0 r").primary
+        );
+        assert_eq!(scoped("http", 80, "r").host(), "a.test");
+        assert_eq!(scoped("http", 80, "r").path(), "/a");
+        // The scope's bytes: the separator, then scheme, port and route joined by spaces.
+        let unscoped = request_key(&p, &Method::GET, "a.test", &uri, &hm(&[])).unwrap();
+        for (scheme, port, route) in [
+            ("http", 0, "r"),
+            ("https", 65535, "ns/route-1"),
+            ("http", 8080, ""),
+        ] {
+            assert_eq!(
+                scoped(scheme, port, route).primary,
+                format!("{}\0\u{1}{scheme} {port} {route}", unscoped.primary)
+            );
+        }
         assert!(k(Method::GET, &[("cache-control", "no-store")]).is_none());
         assert!(
             !k(Method::GET, &[("cache-control", "no-cache")])

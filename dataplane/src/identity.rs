@@ -186,6 +186,9 @@ fn authority(req: &Request<Body>, protocol: Protocol) -> Result<Option<String>, 
 
 /// `host[:port]` lower-cased, without a trailing dot on the host.
 pub fn normalize_authority(raw: &str) -> Result<String, IdentityError> {
+    if already_normal(raw) {
+        return Ok(raw.to_owned());
+    }
     if raw.contains('@') {
         return Err(IdentityError::Userinfo);
     }
@@ -193,8 +196,36 @@ pub fn normalize_authority(raw: &str) -> Result<String, IdentityError> {
     normal_form(&a)
 }
 
+/// Whether `s` is an authority in its normal form already, by one look at each byte: a host of
+/// lower-case letters, digits, `-` and `.` (not empty, no leading or trailing dot, no `..`),
+/// then optionally `:` and a port of 1 to 5 digits up to 65535. The usual `Host` and
+/// `:authority` are; for them the parse and the checks of [`normal_form`] (several passes over
+/// the string) would only give the same string back. Anything else (upper case, IPv6, a
+/// trailing dot, userinfo, junk) goes the long way.
+fn already_normal(s: &str) -> bool {
+    let (host, port) = match s.split_once(':') {
+        Some((h, p)) => (h, Some(p)),
+        None => (s, None),
+    };
+    let h = host.as_bytes();
+    let host_ok = h.first().is_some_and(|&c| c != b'.')
+        && h.last().is_some_and(|&c| c != b'.')
+        && h.iter()
+            .all(|&c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-' || c == b'.')
+        && !h.windows(2).any(|w| w == b"..");
+    host_ok
+        && port.is_none_or(|p| {
+            (1..=5).contains(&p.len())
+                && p.bytes().all(|c| c.is_ascii_digit())
+                && p.parse::<u16>().is_ok()
+        })
+}
+
 /// [`normalize_authority`] of an authority parsed already (one allocation, the result).
 fn normal_form(a: &http::uri::Authority) -> Result<String, IdentityError> {
+    if already_normal(a.as_str()) {
+        return Ok(a.as_str().to_owned());
+    }
     if a.as_str().contains('@') {
         return Err(IdentityError::Userinfo);
     }
@@ -619,5 +650,79 @@ mod tests {
             .await
             .unwrap_err()
             .contains("longer"));
+    }
+
+    /// [`normalize_authority`] as it was before the [`already_normal`] shortcut: the reference.
+    fn reference_normalize_authority(raw: &str) -> Result<String, IdentityError> {
+        if raw.contains('@') {
+            return Err(IdentityError::Userinfo);
+        }
+        let a: http::uri::Authority = raw.parse().map_err(|_| IdentityError::BadAuthority)?;
+        let host = a.host();
+        let host = host.strip_suffix('.').unwrap_or(host);
+        if host.is_empty() || host.starts_with('.') || host.contains("..") {
+            return Err(IdentityError::BadAuthority);
+        }
+        let mut out = host.to_ascii_lowercase();
+        if let Some(p) = a.port() {
+            out.push(':');
+            out.push_str(p.as_str());
+        }
+        Ok(out)
+    }
+
+    #[test]
+    fn usual_authorities_take_the_shortcut_and_others_do_not() {
+        for s in [
+            "a.test",
+            "a.test:8443",
+            "127.0.0.1:18540",
+            "x-1.b:0",
+            "a:65535",
+        ] {
+            assert!(already_normal(s), "{s}");
+            assert_eq!(normalize_authority(s).as_deref(), Ok(s));
+        }
+        for s in [
+            "A.test",
+            "a.test.",
+            ".a",
+            "a..b",
+            "a:",
+            "a:65536",
+            "a:123456",
+            "a:1:2",
+            "[::1]:80",
+            "u@a",
+            "",
+            ":80",
+            "a_b",
+            "a.test.:80",
+        ] {
+            assert!(!already_normal(s), "{s}");
+            assert_eq!(
+                normalize_authority(s),
+                reference_normalize_authority(s),
+                "{s}"
+            );
+        }
+    }
+
+    proptest::proptest! {
+        /// The same normal form, or the same refusal, as without the shortcut, for any string
+        /// over the characters an authority is made of (and a few it must not have).
+        #[test]
+        fn the_shortcut_changes_no_authority(
+            s in proptest::collection::vec(
+                proptest::sample::select(b"aZ09.-:[]@_% ".to_vec()), 0..24)
+        ) {
+            let s = String::from_utf8(s).unwrap();
+            proptest::prop_assert_eq!(normalize_authority(&s), reference_normalize_authority(&s));
+            if let Ok(a) = s.parse::<http::uri::Authority>() {
+                if !s.contains('@') {
+                    proptest::prop_assert_eq!(normal_form(&a), reference_normalize_authority(&s));
+                }
+            }
+        }
     }
 }

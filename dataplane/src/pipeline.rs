@@ -707,7 +707,7 @@ fn after_access<'a>(
                     &parts.uri,
                     &parts.headers,
                 )?
-                .scoped(&format!("{} {} {}", ctx.scheme(), view.port, entry.name));
+                .scoped(ctx.scheme(), view.port, &entry.name);
                 Some((cp, key))
             }),
         _ => None,

@@ -25,6 +25,7 @@
 //! unchecked; hyper's own strict framing covers the request itself. The tracker keeps at most
 //! [`MAX_HEAD`] bytes (the head being read), whatever the client sends.
 
+use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -228,6 +229,24 @@ impl Tracker {
 
     /// Head bytes; returns how many of `data` were taken.
     fn feed_head(&mut self, data: &[u8]) -> usize {
+        if self.head.is_empty() {
+            // The common case: the whole head came in this read. Parse it where it is, without
+            // copying it or scanning for its end first; anything else (a head split across
+            // reads, one that does not parse) takes the path below, as if this one was not
+            // tried. The outcome is the same: a head httparse completes ends at the first
+            // empty line after its leading empty lines, which the path below finds and parses
+            // in one or more steps (`same_outcome_whole_or_byte_by_byte` checks it).
+            let mut fields = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_FIELDS];
+            let mut req = httparse::Request::new(&mut []);
+            if let Ok(httparse::Status::Complete(n)) =
+                req.parse_with_uninit_headers(data, &mut fields)
+            {
+                if n <= MAX_HEAD {
+                    self.state = self.head_state(&req);
+                    return n;
+                }
+            }
+        }
         // The head ends at the first empty line: look for "\n\n" or "\n\r\n" across the
         // bytes kept and the new ones, parsing only when one is there.
         let start = self.head.len().saturating_sub(2);
@@ -251,16 +270,20 @@ impl Tracker {
 
     /// The state after a complete head (`head` ends with its empty line).
     fn parse_head(&mut self, head: &[u8]) -> State {
-        let mut fields = [httparse::EMPTY_HEADER; MAX_FIELDS];
-        let mut req = httparse::Request::new(&mut fields);
-        match req.parse(head) {
-            Ok(httparse::Status::Complete(n)) if n == head.len() => {}
+        let mut fields = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_FIELDS];
+        let mut req = httparse::Request::new(&mut []);
+        match req.parse_with_uninit_headers(head, &mut fields) {
+            Ok(httparse::Status::Complete(n)) if n == head.len() => self.head_state(&req),
             // Leading empty lines only (hyper skips them): still before a head.
             Ok(httparse::Status::Partial) if head.iter().all(|b| matches!(b, b'\r' | b'\n')) => {
-                return State::Head
+                State::Head
             }
-            _ => return State::Off,
+            _ => State::Off,
         }
+    }
+
+    /// The state after the complete head `req`.
+    fn head_state(&mut self, req: &httparse::Request<'_, '_>) -> State {
         // An upgrade or CONNECT may turn the connection into a tunnel after this head.
         let mut upgrade = req.method == Some("CONNECT");
         let mut length: Option<u64> = None;
@@ -493,6 +516,11 @@ mod tests {
         assert!(t.head.capacity() == 0, "the buffer is freed");
     }
 
+    /// A line end, mostly CRLF (a head then parses), sometimes LF, a bare CR or none.
+    fn line_end() -> impl Strategy<Value = &'static [u8]> {
+        proptest::sample::select(vec![&b"\r\n"[..], b"\r\n", b"\r\n", b"\n", b"\r", b""])
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
@@ -520,6 +548,65 @@ mod tests {
             prop_assert_eq!(t.heads(), whole.heads());
             prop_assert_eq!(t.is_off(), whole.is_off());
             prop_assert_eq!(wire.conflict_at(), w1.conflict_at());
+        }
+
+        /// A head that comes whole in one read is parsed where it is; fed one byte at a time,
+        /// it is kept, its end found, then parsed. Both end in the same place on any stream
+        /// of requests built from head-like pieces (leading empty lines, bare CR or LF line
+        /// ends, framing fields, upgrades, CONNECT, bodies, junk): state, bytes kept, heads,
+        /// conflict, where tracking stopped.
+        #[test]
+        fn same_outcome_whole_or_byte_by_byte(
+            messages in proptest::collection::vec(
+                (
+                    proptest::collection::vec(proptest::sample::select(vec![&b"\r\n"[..], b"\n"]), 0..2),
+                    proptest::sample::select(vec![
+                        &b"GET / HTTP/1.1"[..], b"POST /x HTTP/1.0", b"CONNECT a:1 HTTP/1.1",
+                        b"GET /v HTTP/9.9", b"", b" GET / HTTP/1.1",
+                    ]),
+                    proptest::collection::vec(
+                        (
+                            proptest::sample::select(vec![
+                                &b"Host: a"[..], b"Content-Length: 3", b"content-length: 0",
+                                b"Content-Length: 1, 1", b"Transfer-Encoding: chunked",
+                                b"Upgrade: x", b"X: y", b"X : y", b"\x00: 1", b"Y:\xff",
+                            ]),
+                            line_end(),
+                        ),
+                        0..5,
+                    ),
+                    line_end(),
+                    line_end(),
+                    proptest::sample::select(vec![
+                        &b""[..], b"abc", b"0\r\n\r\n", b"3;e\r\nabc\r\n0\r\nT: 1\r\n\r\n",
+                        b"\r\n", b"\xff", b"zz\r\n",
+                    ]),
+                ),
+                1..6,
+            ),
+        ) {
+            let mut pieces: Vec<&[u8]> = Vec::new();
+            for (leading, start, fields, end, blank, body) in &messages {
+                pieces.extend(leading);
+                pieces.push(start);
+                pieces.push(end);
+                for (f, e) in fields {
+                    pieces.push(f);
+                    pieces.push(e);
+                }
+                pieces.push(blank);
+                pieces.push(body);
+            }
+            let input = pieces.concat();
+            let (whole, w1) = run(&input, input.len());
+            let (bytes, w2) = run(&input, 1);
+            prop_assert_eq!(whole.state, bytes.state);
+            prop_assert_eq!(&whole.head, &bytes.head);
+            prop_assert_eq!(whole.heads(), bytes.heads());
+            prop_assert_eq!(w1.conflict_at(), w2.conflict_at());
+            for n in 1..=whole.heads() + 1 {
+                prop_assert_eq!(w1.untracked(n), w2.untracked(n));
+            }
         }
     }
 }
