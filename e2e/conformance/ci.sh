@@ -4,9 +4,11 @@
 #                extended feature GatewayClass sweety claims) on the cluster of e2e/realnode/up.sh, which must be
 #                up with --conformance and SWEETY_GATEWAY_API_CHANNEL=experimental (the same environment:
 #                SWEETY_CLUSTER_DIR, SWEETY_POD_CIDR, ...). run.sh writes the official report into
-#                reports/v1.6.3/ and regenerates docs/conformance.md; this script then fails when either differs
-#                from what is committed (the run's date aside): the committed report is the one produced from
-#                the code under test. Commit what the run wrote when the difference is intended.
+#                reports/v1.6.3/ (its first line: the revision tested) and regenerates docs/conformance.md; this
+#                script keeps both and the suite log under ~/.cache/sweety/conformance-reports/<time>-<revision>/
+#                (SWEETY_CONF_KEEP; the 10 newest; `latest` links the last), prints where, then fails when either
+#                differs from what is committed (the run's date and revision line aside): the committed report
+#                is the one produced from the code under test. Commit the kept copy when the difference is intended.
 #   (default)    the GATEWAY-HTTP and GATEWAY-TLS subset on a fresh node-agent cluster of its own (no report).
 # Both fail when a test fails that is not listed in known-failures.txt (regressions), and also when a listed
 # test now passes (so the list is kept honest and shrinks). Bounded by SWEETY_CONF_TIMEOUT (default 1500 s).
@@ -61,10 +63,31 @@ if [ "$rc" -ne 0 ] && [ -z "$failed" ]; then echo "ci: suite aborted (exit $rc) 
 if grep -q "panic: test timed out" "$log"; then echo "ci: suite timed out"; status=1; fi
 if [ -z "$passed" ]; then echo "ci: nothing passed (setup failure?), suite exit $rc"; status=1; fi
 if [ "$real" = 1 ]; then
-  # The committed report and page must be what this run of this code wrote (the run's date aside).
+  # What this run wrote (report, page, suite log), kept outside the repo whatever the outcome, under the
+  # revision it tested: the copy to commit (e2e/conformance/README.md, "Refreshing the committed report").
   paths=(e2e/conformance/reports docs/conformance.md)
+  rep=$(cat "$SWEETY_CONF_OUT/official-report" 2>/dev/null)
+  if [ -n "$rep" ] && [ -f "$REPO/$rep" ]; then
+    revision=$(sed -n '1s/^# revision: //p' "$REPO/$rep")
+    keep_root=${SWEETY_CONF_KEEP:-$HOME/.cache/sweety/conformance-reports}
+    kept=$keep_root/$(date -u +%Y%m%dT%H%M%SZ)-${revision:-unknown}
+    mkdir -p "$kept"
+    (cd "$REPO" && cp --parents "$rep" docs/conformance.md "$kept/") && cp "$log" "$kept/suite.log"
+    ln -sfn "$kept" "$keep_root/latest"
+    # Bounded: the 10 newest runs are kept.
+    find "$keep_root" -mindepth 1 -maxdepth 1 -type d -printf '%f\n' | sort -r | tail -n +11 | while read -r old; do
+      rm -rf "${keep_root:?}/$old"
+    done
+    echo "ci: this run's report (revision ${revision:-unknown}): $kept/$rep"
+    echo "ci:   its page and the suite log: $kept/docs/conformance.md $kept/suite.log"
+    echo "ci:   to commit them: cp -r $kept/e2e $kept/docs <repo>/"
+  else
+    echo "ci: the run wrote no report (nothing kept)"; status=1
+  fi
+  # The committed report and page must be what this run of this code wrote (the run's date and the
+  # revision line aside: the committed copy names the revision CI tested, the commit that adds it is later).
   untracked=$(cd "$REPO" && git status --porcelain -- "${paths[@]}" | grep '^??')
-  if ! (cd "$REPO" && git diff --quiet -I '^date: ' -I '^Suite: Gateway API ' -- "${paths[@]}") || [ -n "$untracked" ]; then
+  if ! (cd "$REPO" && git diff --quiet -I '^date: ' -I '^# revision: ' -I '^Suite: Gateway API ' -- "${paths[@]}") || [ -n "$untracked" ]; then
     echo "ci: the conformance report or docs/conformance.md differ from what this run wrote; commit them:"
     (cd "$REPO" && git diff --stat -- "${paths[@]}"; git status --short -- "${paths[@]}")
     status=1

@@ -58,6 +58,7 @@ def main():
     ap.add_argument("--skips", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--features-why", default="", help="unclaimed-features.txt: `Feature | why`")
+    ap.add_argument("--revision", default="", help="the commit the run tested (on the Suite line)")
     a = ap.parse_args()
     with open(a.report, encoding="utf-8") as f:
         report = yaml.safe_load(f)
@@ -73,7 +74,8 @@ def main():
     w("")
     w(f"Suite: Gateway API {report.get('gatewayAPIVersion')} ({report.get('gatewayAPIChannel')} channel), "
       f"mode `{report.get('mode')}`, run {report.get('date')}, "
-      f"implementation {impl.get('organization')}/{impl.get('project')} {impl.get('version')}.")
+      f"implementation {impl.get('organization')}/{impl.get('project')} {impl.get('version')}"
+      + (f", code revision {a.revision}" if a.revision else "") + ".")
     w("")
     rel = ("e2e/conformance/reports/" + a.report.split("/reports/", 1)[-1]) if "/reports/" in a.report \
         else a.report.rsplit("/", 1)[-1]

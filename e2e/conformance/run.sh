@@ -61,6 +61,7 @@ case "$profiles,$test" in *UDP*) coredns=$("$HERE/build.sh" --coredns) ;; esac
 version=$(sed -n 's/^version *= *"\(.*\)"/\1/p' "$REPO/Cargo.toml" | head -1)
 out=${SWEETY_CONF_OUT:-$SWEETY_CLUSTER_DIR/conformance}
 mkdir -p "$out"
+rm -f "$out/official-report"
 log=$out/suite.log
 
 if [ "$install" = 1 ]; then
@@ -102,13 +103,19 @@ if [ "$mode" = full ] && [ -f "$out/report.yaml" ]; then
   channel=$(sed -n 's/^gatewayAPIChannel: *//p' "$out/report.yaml")
   # The official file name: <channel>-<version>-<mode>-report.yaml
   rep=$dest/$channel-v$version-default-report.yaml
+  # The code the run tested: this checkout's commit, marked when files other than the report and its page
+  # differ from it (the report's first line, a YAML comment; docs/conformance.md's "Suite:" line).
+  revision=$(git -C "$REPO" rev-parse HEAD 2>/dev/null || echo unknown)
+  if [ -n "$(git -C "$REPO" status --porcelain --untracked-files=no -- . ':!e2e/conformance/reports' ':!docs/conformance.md' 2>/dev/null)" ]; then
+    revision="$revision+local-changes"
+  fi
   # The suite lists the profiles in a random order (a Go map): sort them by name, so two runs with the same
-  # results write the same file (ci.sh compares it with the committed one).
-  python3 - "$out/report.yaml" "$rep" <<'PY'
+  # results write the same file (ci.sh compares it with the committed one, the date and revision aside).
+  python3 - "$out/report.yaml" "$rep" "$revision" <<'PY'
 import re, sys
-src, dst = sys.argv[1:]
+src, dst, revision = sys.argv[1:]
 lines = open(src).read().splitlines(keepends=True)
-out, items, i = [], [], 0
+out, items, i = ["# revision: " + revision + "\n"], [], 0
 while i < len(lines):
     out.append(lines[i])
     if lines[i].rstrip("\n") == "profiles:":
@@ -128,7 +135,9 @@ while i < len(lines):
 open(dst, "w").write("".join(out))
 PY
   python3 "$HERE/gen-docs.py" --report "$rep" --log "$log" --skips "$HERE/skip-tests.txt" \
-    --features-why "$HERE/unclaimed-features.txt" --out "$REPO/docs/conformance.md"
+    --features-why "$HERE/unclaimed-features.txt" --revision "$revision" --out "$REPO/docs/conformance.md"
+  # For ci.sh, which keeps a copy: where this run wrote the report (repo-relative).
+  echo "${rep#"$REPO"/}" >"$out/official-report"
   echo "report: $rep; docs/conformance.md regenerated"
 fi
 exit $rc
