@@ -139,12 +139,10 @@ struct Args {
     /// namespace holding the self-signed default certificate made once and served by every
     /// replica (created when absent; an unusable one is reported and replaced by the leader;
     /// owned by `--lease-owner-service-account`). Empty: each replica makes its own at start
-    /// (replicas then serve different certificates).
-    #[arg(
-        long,
-        env = "SWEETY_GENERATED_DEFAULT_CERTIFICATE",
-        default_value = "sweety-default-certificate"
-    )]
+    /// (replicas then serve different certificates). Empty by default: the chart names the
+    /// Secret and grants the Role it needs; a controller run by an older chart (no such Role)
+    /// must not wait on a Secret it may not create.
+    #[arg(long, env = "SWEETY_GENERATED_DEFAULT_CERTIFICATE", default_value = "")]
     generated_default_certificate: String,
     /// Namespaces whose Ingresses may share hostnames (ingress-nginx's merge), comma-separated.
     /// A Namespace can also opt in with the annotation `sweety.dev/share-hosts: "true"`.
