@@ -17,7 +17,7 @@ use bytes::Bytes;
 use http_body::{Frame, SizeHint};
 use std::future::Future as _;
 use std::pin::Pin;
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -266,7 +266,8 @@ impl BodyLimitError {
 
 pin_project_lite::pin_project! {
     /// A request body with a size cap and an idle timeout between frames; counts bytes
-    /// received in metrics.
+    /// received in metrics and in the request's own count (`received`, read by the
+    /// per-route byte counters and the access log when the response ends).
     pub struct LimitedBody {
         #[pin]
         inner: Body,
@@ -275,18 +276,26 @@ pin_project_lite::pin_project! {
         #[pin]
         timer: Option<tokio::time::Sleep>,
         metrics: Arc<Metrics>,
+        received: Option<Arc<AtomicU64>>,
     }
 }
 
 impl LimitedBody {
-    /// Wraps `inner`.
-    pub fn new(inner: Body, max_bytes: u64, idle: Duration, metrics: Arc<Metrics>) -> LimitedBody {
+    /// Wraps `inner`; the bytes read are added to `received` too, when given.
+    pub fn new(
+        inner: Body,
+        max_bytes: u64,
+        idle: Duration,
+        metrics: Arc<Metrics>,
+        received: Option<Arc<AtomicU64>>,
+    ) -> LimitedBody {
         LimitedBody {
             inner,
             remaining: max_bytes,
             idle,
             timer: None,
             metrics,
+            received,
         }
     }
 }
@@ -306,6 +315,9 @@ impl http_body::Body for LimitedBody {
                 if let Some(data) = frame.data_ref() {
                     let n = data.len() as u64;
                     this.metrics.bytes_received.fetch_add(n, Relaxed);
+                    if let Some(r) = this.received.as_ref() {
+                        r.fetch_add(n, Relaxed);
+                    }
                     if n > *this.remaining {
                         this.metrics.limit_hit("body_too_large");
                         return Poll::Ready(Some(Err(Box::new(BodyLimitError::TooLarge))));
@@ -425,6 +437,7 @@ mod tests {
             10,
             Duration::from_secs(5),
             m.clone(),
+            None,
         );
         let err = body.collect().await.unwrap_err();
         assert_eq!(
@@ -447,6 +460,7 @@ mod tests {
             1000,
             Duration::from_millis(30),
             m.clone(),
+            None,
         );
         let err = body.collect().await.unwrap_err();
         assert_eq!(

@@ -32,7 +32,7 @@ use http::{header, HeaderValue, Request, Response, StatusCode};
 use http_body::{Frame, SizeHint};
 use std::borrow::Cow;
 use std::pin::Pin;
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Instant;
@@ -237,6 +237,7 @@ async fn serve(
         response: mut resp,
         matched: filters_entry,
         mut stored,
+        received,
     } = served;
 
     // 6. response filters
@@ -279,7 +280,7 @@ async fn serve(
 
     // 7. account
     let status = resp.status().as_u16();
-    {
+    let series = {
         // The backend that answered, as the proxy phase left it (none: static content,
         // redirects, cache hits, refusals).
         let upstream = resp.extensions().get::<crate::proxy::UpstreamServed>();
@@ -294,8 +295,8 @@ async fn serve(
                 upstream: upstream.and_then(|u| u.header_time),
             },
             protocol,
-        );
-    }
+        )
+    };
     let mut log = log;
     let mut upstream = if ctx.log {
         resp.extensions_mut().remove::<crate::proxy::UpstreamInfo>()
@@ -338,6 +339,8 @@ async fn serve(
         shared,
         ctx,
         status,
+        series,
+        received,
         route: route_name,
         log,
         trace,
@@ -363,6 +366,8 @@ struct Served<'a> {
     matched: Option<Matched<'a>>,
     /// A cache hit's stored head, kept out of the header map while nothing reads it.
     stored: Option<StoredHead>,
+    /// Request body bytes the proxy read (proxied requests with a body).
+    received: Option<Arc<AtomicU64>>,
 }
 
 impl<'a> Served<'a> {
@@ -373,6 +378,7 @@ impl<'a> Served<'a> {
             response,
             matched: None,
             stored: None,
+            received: None,
         }
     }
 
@@ -388,6 +394,7 @@ impl<'a> Served<'a> {
             response,
             matched: Some(matched),
             stored,
+            received: None,
         }
     }
 }
@@ -764,6 +771,7 @@ async fn act<'a>(
     let entry = matched.entry;
     let route = &entry.route;
     let content = entry.filters.content();
+    let mut received: Option<Arc<AtomicU64>> = None;
     let action = async {
         match &route.action {
             Action::Proxy(p) => {
@@ -782,11 +790,17 @@ async fn act<'a>(
                     ))
                     .await;
                 }
+                // The request's body bytes, for the per-route counters and the access log
+                // (a request without a body allocates nothing for it).
+                if !http_body::Body::is_end_stream(&body) {
+                    received = Some(Arc::new(AtomicU64::new(0)));
+                }
                 let body = crate::body::boxed(LimitedBody::new(
                     body,
                     body_limit(route, limits),
                     limits.body_idle_timeout.get(),
                     shared.metrics.clone(),
+                    received.clone(),
                 ));
                 if let Some(kind) = web {
                     crate::grpc::web_request_head(&mut parts.headers, kind);
@@ -879,7 +893,9 @@ async fn act<'a>(
         None => action.await,
     };
     let resp = crate::access::hold(resp, in_flight);
-    Served::routed(route_name, resp, matched, None)
+    let mut served = Served::routed(route_name, resp, matched, None);
+    served.received = received;
+    served
 }
 
 /// Compression of a fetched response before the cache stores it, on routes that cache and
@@ -1074,6 +1090,10 @@ struct Finish {
     shared: Arc<Shared>,
     ctx: RequestCtx,
     status: u16,
+    /// The request's per-route series: its body bytes are counted there.
+    series: Arc<crate::metrics::series::Series>,
+    /// Request body bytes the proxy read, when the request had a body.
+    received: Option<Arc<AtomicU64>>,
     route: Arc<str>,
     log: Option<Box<LogStart>>,
     /// The request's trace, when it is sampled.
@@ -1085,6 +1105,9 @@ struct Finish {
 
 impl Finish {
     fn done(self, sent: u64) {
+        if let Some(r) = &self.received {
+            self.series.add_received(r.load(Relaxed));
+        }
         if let Some(t) = self.trace {
             t.finish(crate::trace::Finished {
                 route: &self.route,
@@ -1178,6 +1201,7 @@ impl http_body::Body for AccountedBody {
                             .metrics
                             .bytes_sent
                             .fetch_add(d.len() as u64, Relaxed);
+                        fin.series.add_sent(d.len() as u64);
                     }
                 }
             }

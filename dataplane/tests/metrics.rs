@@ -572,3 +572,160 @@ async fn upstream_connections_over_the_backend_cap_add_up_under_other() {
     assert_eq!(other, ["other active 0", "other idle 2"]);
     assert!(!got.iter().any(|l| l.contains("late")), "{got:?}");
 }
+
+/// Sends `body` by `method` (no Host field: the h2c client's `:authority` is the address)
+/// and returns the status and the number of response body bytes.
+async fn send_body(
+    c: &Client,
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: Vec<u8>,
+) -> (u16, u64) {
+    let req = http::Request::builder()
+        .method(method)
+        .uri(format!("http://{addr}{path}"))
+        .body(Full::new(Bytes::from(body)))
+        .unwrap();
+    let resp = tokio::time::timeout(Duration::from_secs(10), c.request(req))
+        .await
+        .expect("bounded")
+        .expect("response");
+    let status = resp.status().as_u16();
+    let got = http_body_util::BodyExt::collect(resp.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    (status, got.len() as u64)
+}
+
+/// Scrapes until every line of `want` is in the scrape (a request's bytes are added when its
+/// response body ends, which the server may see after the client has read the last byte), at
+/// most 5 s; then asserts.
+async fn scrape_has(admin: SocketAddr, want: &[String]) -> String {
+    let mut text = String::new();
+    for _ in 0..100 {
+        text = scrape(admin).await;
+        if want.iter().all(|w| text.lines().any(|l| l == w)) {
+            return text;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for w in want {
+        assert!(text.lines().any(|l| l == w), "{w} not in\n{text}");
+    }
+    text
+}
+
+/// `sweety_route_received_bytes_total` and `sweety_route_sent_bytes_total` by listener, route
+/// and backend, exactly: request bodies over HTTP/1.1 and h2c echoed by the origin, downloads,
+/// a cache miss then a hit (the hit's bytes under backend `-`), a fixed reply and a 404 (route
+/// `-`); the totals match the unlabelled `sweety_received_bytes_total`/`sweety_sent_bytes_total`.
+#[tokio::test]
+async fn bytes_received_and_sent_by_route() {
+    let up = spawn_http_backend(|req| async move {
+        let path = req.uri().path().to_string();
+        let body = http_body_util::BodyExt::collect(req.into_body())
+            .await
+            .unwrap()
+            .to_bytes();
+        let b = http::Response::builder();
+        match path.as_str() {
+            "/echo" => b.body(Full::new(body)).unwrap(),
+            "/cached" => b
+                .header("cache-control", "public, max-age=60")
+                .body(Full::new(Bytes::from(vec![b'c'; 1500])))
+                .unwrap(),
+            _ => b.body(Full::new(Bytes::from(vec![b'd'; 1000]))).unwrap(),
+        }
+    })
+    .await;
+    let mut cached = proxy_route("default/cached", "/cached", "default/svc");
+    cached.filters.push(Filter::Cache(CachePolicy::default()));
+    let cfg = Config {
+        backends: vec![backend("default/svc", up)],
+        ..http_config(vec![vhost(
+            "shop",
+            &[],
+            vec![
+                proxy_route("default/echo", "/echo", "default/svc"),
+                proxy_route("default/data", "/data", "default/svc"),
+                cached,
+                fixed_route("default/static", "/static", "hello"),
+            ],
+        )])
+    };
+    let h = Harness::start(cfg).await;
+    let web = h.addr("web").await;
+    let admin =
+        sweety_dataplane::admin::serve(h.runtime.shared.clone(), "127.0.0.1:0".parse().unwrap())
+            .await
+            .unwrap();
+    let (h1, h2) = (h1_client(), h2c_client());
+    assert_eq!(
+        send_body(&h1, web, "POST", "/echo", vec![1; 300]).await,
+        (200, 300)
+    );
+    assert_eq!(
+        send_body(&h2, web, "PUT", "/echo", vec![2; 70_000]).await,
+        (200, 70_000)
+    );
+    for _ in 0..2 {
+        assert_eq!(
+            send_body(&h1, web, "GET", "/data", vec![]).await,
+            (200, 1000)
+        );
+    }
+    for _ in 0..2 {
+        assert_eq!(
+            send_body(&h2, web, "GET", "/cached", vec![]).await,
+            (200, 1500)
+        );
+    }
+    for _ in 0..3 {
+        assert_eq!(
+            send_body(&h1, web, "GET", "/static", vec![]).await,
+            (200, 5)
+        );
+    }
+    let (status, not_found) = send_body(&h1, web, "GET", "/nothing", vec![]).await;
+    assert_eq!(status, 404);
+    assert!(not_found > 0);
+
+    let line = |family: &str, route: &str, backend: &str, n: u64| {
+        format!("{family}{{listener=\"web\",route=\"{route}\",backend=\"{backend}\"}} {n}")
+    };
+    let (rx, tx) = (
+        "sweety_route_received_bytes_total",
+        "sweety_route_sent_bytes_total",
+    );
+    let mut want = vec![
+        line(rx, "default/echo", "default/svc", 70_300),
+        line(tx, "default/echo", "default/svc", 70_300),
+        line(rx, "default/data", "default/svc", 0),
+        line(tx, "default/data", "default/svc", 2000),
+        line(rx, "default/cached", "default/svc", 0),
+        line(tx, "default/cached", "default/svc", 1500),
+        line(rx, "default/cached", "-", 0),
+        line(tx, "default/cached", "-", 1500),
+        line(rx, "default/static", "-", 0),
+        line(tx, "default/static", "-", 15),
+        line(rx, "-", "-", 0),
+        line(tx, "-", "-", not_found),
+        "sweety_received_bytes_total 70300".to_string(),
+        format!(
+            "sweety_sent_bytes_total {}",
+            70_300 + 2000 + 3000 + 15 + not_found
+        ),
+    ];
+    let text = scrape_has(admin, &want).await;
+    // Nothing else in the two families.
+    want.truncate(12);
+    want.sort();
+    let mut got: Vec<&str> = lines_of(&text, "sweety_route_received_bytes_total{");
+    got.extend(lines_of(&text, "sweety_route_sent_bytes_total{"));
+    got.sort();
+    assert_eq!(got, want);
+    assert!(text.contains("# TYPE sweety_route_sent_bytes_total counter\n"));
+    assert!(text.contains("# HELP sweety_route_received_bytes_total Request body bytes"));
+}

@@ -744,6 +744,7 @@ async fn small_put_bodies_are_kept_for_retries_large_and_unsized_ones_stream() {
             1 << 20,
             Duration::from_millis(50),
             Arc::new(Metrics::default()),
+            None,
         );
         let req = Request::builder()
             .method("PUT")

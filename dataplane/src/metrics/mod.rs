@@ -295,10 +295,10 @@ fn proto_index(p: Protocol) -> usize {
 
 impl Metrics {
     /// Counts one finished request: in the per-route series and in the latency histogram of
-    /// its protocol.
-    pub fn record_request(&self, r: &Record<'_>, proto: Protocol) {
-        self.requests.record(r);
+    /// its protocol. Returns the request's series (for its body bytes, counted later).
+    pub fn record_request(&self, r: &Record<'_>, proto: Protocol) -> Arc<series::Series> {
         self.latency[proto_index(proto)].observe(r.elapsed);
+        self.requests.record(r)
     }
 
     /// Counts one backpressure rejection.

@@ -1,6 +1,7 @@
 //! Per-route and per-backend request series: `sweety_requests_total` by listener, route,
-//! backend, method and exact status code, and the request and upstream latency histograms by
-//! listener, route and backend.
+//! backend, method and exact status code, the request and upstream latency histograms and the
+//! request and response body bytes (`sweety_route_received_bytes_total`,
+//! `sweety_route_sent_bytes_total`) by listener, route and backend.
 //!
 //! Label values are config names only (the listener, the route and the backend as the config
 //! names them), never what a client sends, and their number is capped: at most
@@ -128,6 +129,8 @@ pub struct Series {
     codes: RwLock<Vec<(u32, AtomicU64)>>,
     duration: AtomicHistogram,
     upstream: AtomicHistogram,
+    received_bytes: AtomicU64,
+    sent_bytes: AtomicU64,
 }
 
 const OVERFLOW_CODE: u32 = u32::MAX;
@@ -141,7 +144,19 @@ impl Series {
             codes: RwLock::new(Vec::new()),
             duration: AtomicHistogram::new(&ROUTE_BUCKETS),
             upstream: AtomicHistogram::new(&ROUTE_BUCKETS),
+            received_bytes: AtomicU64::new(0),
+            sent_bytes: AtomicU64::new(0),
         }
+    }
+
+    /// Counts response body bytes sent to the client.
+    pub fn add_sent(&self, n: u64) {
+        self.sent_bytes.fetch_add(n, Relaxed);
+    }
+
+    /// Counts request body bytes received from the client.
+    pub fn add_received(&self, n: u64) {
+        self.received_bytes.fetch_add(n, Relaxed);
     }
 
     fn count(&self, key: u32) {
@@ -259,8 +274,9 @@ pub struct RequestSeries {
 }
 
 impl RequestSeries {
-    /// Counts one finished request.
-    pub fn record(&self, r: &Record<'_>) {
+    /// Counts one finished request; returns its series, for the body bytes counted later
+    /// ([`Series::add_sent`], [`Series::add_received`]).
+    pub fn record(&self, r: &Record<'_>) -> Arc<Series> {
         let names: &dyn Names = &(&**r.listener, &**r.route, &**r.backend);
         let found = self
             .inner
@@ -278,6 +294,7 @@ impl RequestSeries {
         if let Some(u) = r.upstream {
             series.upstream.observe(u);
         }
+        series
     }
 
     #[cold]
@@ -380,7 +397,7 @@ impl RequestSeries {
         self.len() == 0
     }
 
-    /// Adds the three families to a scrape.
+    /// Adds the five families to a scrape.
     pub fn expose(&self, e: &mut Exposition) {
         let r = self.inner.read().unwrap_or_else(|e| e.into_inner());
         let mut all: Vec<&Arc<Series>> = r.by_labels.values().collect();
@@ -435,6 +452,22 @@ impl RequestSeries {
         );
         for s in all.iter().filter(|s| s.upstream.count() > 0) {
             f.sample(base(s), s.upstream.value());
+        }
+        let f = e.family(
+            "sweety_route_received_bytes_total",
+            MetricType::Counter,
+            "Request body bytes received from clients (proxied requests), by listener, route and backend.",
+        );
+        for s in &all {
+            f.sample(base(s), Value::Counter(s.received_bytes.load(Relaxed)));
+        }
+        let f = e.family(
+            "sweety_route_sent_bytes_total",
+            MetricType::Counter,
+            "Response body bytes sent to clients, by listener, route and backend.",
+        );
+        for s in &all {
+            f.sample(base(s), Value::Counter(s.sent_bytes.load(Relaxed)));
         }
     }
 }
