@@ -51,6 +51,9 @@ pub struct LogLine {
     pub route: Arc<str>,
     /// Response body bytes sent.
     pub bytes_sent: u64,
+    /// Request body bytes received (read by the proxy; 0 without a body or when the route
+    /// does not proxy).
+    pub bytes_received: u64,
     /// Microseconds from request start to the end of the response body.
     pub duration_us: u64,
     /// The backend the proxy chose.
@@ -65,6 +68,13 @@ pub struct LogLine {
     /// Microseconds from the proxy's first try to the response head (or the failure).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub upstream_header_us: Option<u64>,
+    /// Microseconds the proxy's last try took to get its connection (pooled: about 0).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub upstream_connect_us: Option<u64>,
+    /// Microseconds from the proxy's first try to the end of the response body (a backend
+    /// answered).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub upstream_response_us: Option<u64>,
     /// The proxy's tries after the first.
     pub retries: u32,
     /// Whether the connection is TLS (or QUIC).
@@ -307,11 +317,14 @@ mod tests {
             status: 200,
             route: "r".into(),
             bytes_sent: 12,
+            bytes_received: 0,
             duration_us: 1500,
             backend: Some("app/web:80".into()),
             upstream_addr: Some("10.0.0.1:8080".into()),
             upstream_status: Some(200),
             upstream_header_us: Some(1000),
+            upstream_connect_us: Some(10),
+            upstream_response_us: Some(1400),
             retries: 0,
             tls: false,
             sni: None,

@@ -1126,11 +1126,18 @@ impl Finish {
         if let Some(l) = self.log {
             let l = *l;
             let conn = &self.ctx.conn;
-            let (backend, upstream_addr, upstream_status, upstream_header_us, retries) =
-                match l.upstream {
-                    Some(u) => (Some(u.backend), u.address, u.status, u.header_us, u.retries),
-                    None => (None, None, None, None, 0),
-                };
+            let (mut upstream_connect_us, mut upstream_response_us) = (None, None);
+            let (backend, upstream_addr, upstream_status, upstream_header_us, retries) = match l
+                .upstream
+            {
+                Some(u) => {
+                    // A backend answered: its response body ends with ours (it streams).
+                    upstream_response_us = u.status.map(|_| u.started.elapsed().as_micros() as u64);
+                    upstream_connect_us = u.connect_us;
+                    (Some(u.backend), u.address, u.status, u.header_us, u.retries)
+                }
+                None => (None, None, None, None, 0),
+            };
             self.shared.access_log.log(LogLine {
                 ts_ms: l.ts_ms,
                 request_id: String::from_utf8_lossy(l.request_id.as_bytes()).into_owned(),
@@ -1145,11 +1152,14 @@ impl Finish {
                 status: self.status,
                 route: self.route,
                 bytes_sent: sent,
+                bytes_received: self.received.as_ref().map_or(0, |r| r.load(Relaxed)),
                 duration_us: self.ctx.start.elapsed().as_micros() as u64,
                 backend,
                 upstream_addr,
                 upstream_status,
                 upstream_header_us,
+                upstream_connect_us,
+                upstream_response_us,
                 retries,
                 tls: conn.tls,
                 sni: conn.sni.clone(),

@@ -387,3 +387,174 @@ async fn tls_fields_are_logged() {
         );
     }
 }
+
+/// An HTTPS origin (self-signed, ALPN http/1.1) that waits `delay` after accepting a TCP
+/// connection before its TLS handshake, and answers `got=<request body length>`.
+async fn slow_handshake_origin(delay: Duration) -> SocketAddr {
+    use rustls_pki_types::pem::PemObject;
+    let (cert, key) = sweety_dataplane::tls::self_signed(&["localhost"]).unwrap();
+    let chain = rustls_pki_types::CertificateDer::pem_slice_iter(cert.as_bytes())
+        .map(Result::unwrap)
+        .collect();
+    let key = rustls_pki_types::PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .unwrap();
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(cfg));
+    spawn_backend(move |s| {
+        let acceptor = acceptor.clone();
+        async move {
+            tokio::time::sleep(delay).await;
+            let Ok(tls) = acceptor.accept(s).await else {
+                return;
+            };
+            let svc = hyper::service::service_fn(
+                |req: http::Request<hyper::body::Incoming>| async move {
+                    let n = req
+                        .into_body()
+                        .collect()
+                        .await
+                        .map_or(0, |b| b.to_bytes().len());
+                    Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(Bytes::from(
+                        format!("got={n}"),
+                    ))))
+                },
+            );
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(hyper_util::rt::TokioIo::new(tls), svc)
+                .await;
+        }
+    })
+    .await
+}
+
+/// `bytes_received`, `upstream_connect_us` and `upstream_response_us`: a 1234-byte POST over
+/// HTTP/1.1 and a 70,000-byte PUT over h2c to an HTTPS origin whose handshake waits 300 ms
+/// (the first try opens a connection: at least 300 ms to connect; the second reuses it: far
+/// less), a GET (0 bytes), a connect failure (no connect time, no response time) and a fixed
+/// reply (no upstream fields). Times are checked by their order and the origin's delay, not
+/// by their speed.
+#[tokio::test]
+async fn bytes_received_and_upstream_connect_and_response_times_are_logged() {
+    let delay = Duration::from_millis(300);
+    let origin = slow_handshake_origin(delay).await;
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let mut tls_up = backend("tls-up", origin);
+    tls_up.protocol = BackendProtocol::Https;
+    let mut cfg = Config {
+        backends: vec![tls_up, backend("down", dead)],
+        ..http_config(vec![vhost(
+            "app",
+            &[],
+            vec![
+                proxy_route("up", "/up", "tls-up"),
+                proxy_route("down", "/down", "down"),
+                fixed_route("fixed", "/fixed", "hello"),
+            ],
+        )])
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    let runtime = Arc::new(
+        Runtime::new(RuntimeOptions {
+            access_log: AccessLog {
+                enabled: true,
+                path: Some(log.clone()),
+                buffer_lines: 1024,
+                format: AccessLogFormat::Json,
+            },
+            ..RuntimeOptions::default()
+        })
+        .unwrap(),
+    );
+    runtime.apply(cfg).await.expect("config applies");
+    let addr = *runtime.bound().await.get("web").unwrap();
+    let send = |c: Client, method: &'static str, path: &'static str, len: usize| async move {
+        let req = http::Request::builder()
+            .method(method)
+            .uri(format!("http://{addr}{path}"))
+            .body(Full::new(Bytes::from(vec![b'x'; len])))
+            .unwrap();
+        let resp = tokio::time::timeout(Duration::from_secs(10), c.request(req))
+            .await
+            .expect("in time")
+            .unwrap();
+        let status = resp.status().as_u16();
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        (status, String::from_utf8_lossy(&body).into_owned())
+    };
+    let (h1, h2) = (h1_client(), h2c_client());
+    assert_eq!(
+        send(h1.clone(), "POST", "/up", 1234).await,
+        (200, "got=1234".into())
+    );
+    assert_eq!(
+        send(h2.clone(), "PUT", "/up", 70_000).await,
+        (200, "got=70000".into())
+    );
+    assert_eq!(
+        send(h1.clone(), "GET", "/up", 0).await,
+        (200, "got=0".into())
+    );
+    assert_eq!(send(h1.clone(), "GET", "/down", 0).await.0, 502);
+    assert_eq!(
+        send(h1.clone(), "POST", "/fixed", 10).await,
+        (200, "hello".into())
+    );
+
+    let l = json_lines(&log, 5).await;
+    let us = |l: &Value, f: &str| l[f].as_u64().unwrap_or_else(|| panic!("no {f} in {l}"));
+    // The first request opened the connection: TCP, then the 300 ms wait, then TLS.
+    assert_eq!(l[0]["bytes_received"], 1234, "{}", l[0]);
+    assert!(
+        us(&l[0], "upstream_connect_us") >= delay.as_micros() as u64,
+        "{}",
+        l[0]
+    );
+    // The others reused it: no handshake to wait for.
+    assert_eq!(l[1]["bytes_received"], 70_000, "{}", l[1]);
+    assert_eq!(l[1]["protocol"], "HTTP/2");
+    assert_eq!(l[2]["bytes_received"], 0, "{}", l[2]);
+    for l in &l[1..3] {
+        assert!(
+            us(l, "upstream_connect_us") < delay.as_micros() as u64,
+            "{l}"
+        );
+    }
+    for l in &l[0..3] {
+        assert_eq!(l["upstream_status"], 200);
+        let (c, h, r, d) = (
+            us(l, "upstream_connect_us"),
+            us(l, "upstream_header_us"),
+            us(l, "upstream_response_us"),
+            us(l, "duration_us"),
+        );
+        assert!(
+            c <= h && h <= r && r <= d,
+            "connect {c} header {h} response {r} total {d}: {l}"
+        );
+    }
+    // Nothing listens: no connection, no answer.
+    assert_eq!(l[3]["status"], 502);
+    assert!(l[3].get("upstream_header_us").is_some(), "{}", l[3]);
+    assert!(l[3].get("upstream_connect_us").is_none(), "{}", l[3]);
+    assert!(l[3].get("upstream_response_us").is_none(), "{}", l[3]);
+    // Not proxied: the body is not read, no upstream fields.
+    assert_eq!(l[4]["route"], "fixed");
+    assert_eq!(l[4]["bytes_received"], 0);
+    for f in [
+        "upstream_connect_us",
+        "upstream_response_us",
+        "upstream_header_us",
+    ] {
+        assert!(l[4].get(f).is_none(), "{f}: {}", l[4]);
+    }
+}

@@ -203,6 +203,10 @@ impl BackendRt {
     /// the request back unsent, or when a replayable request (`replay`: idempotent, and the
     /// whole body, possibly empty, is in memory) meets a connection closed before any response,
     /// the try goes once more on a new connection.
+    ///
+    /// With `connect_time`, it is set to how long getting the connection that carried the
+    /// request took (a pooled one: about nothing; a new one: TCP, TLS and the HTTP/2
+    /// handshake), `None` when no connection was had.
     pub(super) async fn try_once(
         &self,
         idx: usize,
@@ -210,6 +214,7 @@ impl BackendRt {
         body: Body,
         backend_timeout: Option<Duration>,
         replay: Option<&Bytes>,
+        mut connect_time: Option<&mut Option<Duration>>,
     ) -> (Result<Response<Body>, ProxyError>, Option<Body>) {
         let ep = &self.endpoints[idx].state;
         let addr = ep.address.as_str();
@@ -230,6 +235,10 @@ impl BackendRt {
                     .min(d.saturating_duration_since(Instant::now())),
                 None => self.config.connect_timeout.get(),
             };
+            let connecting = connect_time.as_deref_mut().map(|t| {
+                *t = None;
+                Instant::now()
+            });
             let conn =
                 match tokio::time::timeout(connect_limit, ep.pool.acquire(addr, &self.connector))
                     .await
@@ -244,6 +253,9 @@ impl BackendRt {
                     Ok(Err(e)) => return (Err(e), Some(body)),
                     Ok(Ok(c)) => c,
                 };
+            if let (Some(t), Some(since)) = (connect_time.as_deref_mut(), connecting) {
+                *t = Some(since.elapsed());
+            }
             let reused = conn.reused;
             let req = head.build(body, addr, h2, self.connector.tls.is_some());
             let send = conn.send(&ep.pool, req);

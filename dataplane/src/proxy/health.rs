@@ -151,7 +151,7 @@ async fn check_once(b: &BackendRt, idx: usize, hc: &HealthCheck, ctx: &RequestCt
     let run = async {
         let none = bytes::Bytes::new();
         let (res, _) = b
-            .try_once(idx, &head, empty(), Some(timeout), Some(&none))
+            .try_once(idx, &head, empty(), Some(timeout), Some(&none), None)
             .await;
         let Ok(resp) = res else {
             return false;

@@ -356,13 +356,15 @@ impl Upstreams {
                     idx: Option<usize>,
                     status: Option<u16>,
                     tries: u32,
-                    error: Option<&ProxyError>| {
+                    error: Option<&ProxyError>,
+                    connect: Option<Duration>| {
             if ctx.log {
                 resp.extensions_mut().insert(UpstreamInfo {
                     backend: backend.config.name.clone(),
                     address: idx.map(|i| backend.endpoints[i].state.address.clone()),
                     status,
                     header_us: Some(started.elapsed().as_micros() as u64),
+                    connect_us: connect.map(|d| d.as_micros() as u64),
                     retries: tries.saturating_sub(1),
                     started,
                     error: error.map(ProxyError::metrics_label),
@@ -393,13 +395,15 @@ impl Upstreams {
         let mut body = Some(body);
         let mut tried: Vec<usize> = Vec::new();
         let mut tries = 0u32;
+        // The last try's connection time (only measured for the log and the trace).
+        let mut connect = None;
         loop {
             let Some(idx) = affinity.pick(backend, tries, &tried) else {
                 let e = ProxyError::NoEndpoint {
                     backend: backend.config.name.clone(),
                 };
                 let resp = self.fail_on(backend, &e);
-                return note(resp, tried.last().copied(), None, tries, Some(&e));
+                return note(resp, tried.last().copied(), None, tries, Some(&e), None);
             };
             tried.push(idx);
             tries += 1;
@@ -418,6 +422,7 @@ impl Upstreams {
                     b,
                     route.timeouts.backend.map(|d| d.get()),
                     replay.as_ref(),
+                    ctx.log.then_some(&mut connect),
                 )
                 .await;
             body = unsent;
@@ -446,7 +451,7 @@ impl Upstreams {
                         backend: backend.label.clone(),
                         header_time: Some(header_time),
                     });
-                    return note(resp, Some(idx), Some(status), tries, None);
+                    return note(resp, Some(idx), Some(status), tries, None, connect);
                 }
                 Err(e) => {
                     if e.is_endpoint_failure() {
@@ -461,7 +466,7 @@ impl Upstreams {
                         );
                     if !retry {
                         let resp = self.fail_on(backend, &e);
-                        return note(resp, Some(idx), None, tries, Some(&e));
+                        return note(resp, Some(idx), None, tries, Some(&e), connect);
                     }
                     self.metrics
                         .upstream_error_of(&backend.label, e.metrics_label());
@@ -505,7 +510,7 @@ impl Upstreams {
                 let idx = backend.pick(&[])?;
                 let none = bytes::Bytes::new();
                 let (res, _) = backend
-                    .try_once(idx, &head, empty(), None, Some(&none))
+                    .try_once(idx, &head, empty(), None, Some(&none), None)
                     .await;
                 let ok = match &res {
                     Ok(r) => r.status().as_u16() < 500,
@@ -543,6 +548,9 @@ pub struct UpstreamInfo {
     pub status: Option<u16>,
     /// Microseconds from the first try to the response head (or to the failure).
     pub header_us: Option<u64>,
+    /// Microseconds the last try took to get its connection (a pooled one: about 0; a new
+    /// one: TCP, TLS and the HTTP/2 handshake); none when it got none.
+    pub connect_us: Option<u64>,
     /// Tries after the first.
     pub retries: u32,
     /// When the proxy call started (backend chosen, before the first try).
