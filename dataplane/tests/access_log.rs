@@ -449,7 +449,7 @@ async fn bytes_received_and_upstream_connect_and_response_times_are_logged() {
     };
     let mut tls_up = backend("tls-up", origin);
     tls_up.protocol = BackendProtocol::Https;
-    let mut cfg = Config {
+    let cfg = Config {
         backends: vec![tls_up, backend("down", dead)],
         ..http_config(vec![vhost(
             "app",
