@@ -623,7 +623,8 @@ fn route<'a>(
         origin,
     };
 
-    // 4a. access rules: IP allow/deny lists (403), then rate and concurrency limits (429).
+    // 4a. access rules: IP allow/deny lists (403), then rate and concurrency limits (their
+    // status, 429 by default).
     let mut in_flight = Vec::new();
     if let Some(rules) = snap.access.route(&entry.route) {
         match rules.check(ctx.conn.peer.ip(), req.headers(), Instant::now()) {

@@ -590,7 +590,8 @@ pub fn translate(b: &mut Builder<'_>) -> BTreeSet<String> {
             conditions: Vec::new(),
             generation: ing.metadata.generation.unwrap_or(0),
         };
-        let ann = nginx::Annotations::parse(ing, params, &b.snapshot.secrets, &mut report);
+        let class = super::proxy_settings::ingress_settings(b.snapshot, params, ing);
+        let ann = nginx::Annotations::parse(ing, params, &class, &b.snapshot.secrets, &mut report);
         if ann.canary {
             canaries.push((ing.clone(), ann));
             reports.insert((ns, name), report);
