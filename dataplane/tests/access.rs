@@ -571,6 +571,7 @@ async fn proxy_protocol_comes_before_tls_on_https_listeners() {
             certificates: vec![cert],
             min_version: TlsVersion::Tls12,
             client_auth: None,
+            host_client_auth: Vec::new(),
         });
         let mut cfg = Config {
             listeners: vec![https],
