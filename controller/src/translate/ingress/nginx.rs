@@ -12,8 +12,11 @@
 //! `force-ssl-redirect` (also for hosts without TLS here),
 //! `backend-protocol` (HTTP, HTTPS, GRPC→h2c, GRPCS→h2), `enable-cors` with `cors-allow-origin`,
 //! `-methods`, `-headers`, `-credentials`, `-max-age`, `-expose-headers`,
-//! `permanent-redirect`(`-code`), `temporal-redirect`, `app-root`, `proxy-read-timeout` and
-//! `proxy-connect-timeout` (their sum, in seconds, is the route's backend timeout), `canary` +
+//! `permanent-redirect`(`-code`), `temporal-redirect`, `app-root`,
+//! `upstream-vhost` (the `Host` the backend receives: a rewrite host) and `x-forwarded-prefix`
+//! (an `X-Forwarded-Prefix` request header), each refused with an `InvalidAnnotation` Event
+//! when it is not a host name / a header value or uses an nginx variable, `proxy-read-timeout`
+//! and `proxy-connect-timeout` (their sum, in seconds, is the route's backend timeout), `canary` +
 //! `canary-weight` (+ `canary-weight-total`): a weighted split with the primary Ingress's route
 //! for the same host and path, and `canary-by-header` (`always`/`never`, or `-value`, or
 //! `-pattern`) and `canary-by-cookie` (`always`/`never`): routes beside the primary's with one
@@ -130,6 +133,10 @@ pub struct Annotations {
     pub body_size: Option<u64>,
     /// `auth-url` and its `auth-*` settings.
     pub external_auth: Option<ExternalAuth>,
+    /// `upstream-vhost`: the `Host` the backend receives (a lower-case DNS name).
+    pub upstream_vhost: Option<String>,
+    /// `x-forwarded-prefix`: the `X-Forwarded-Prefix` value the backend receives.
+    pub forwarded_prefix: Option<String>,
     /// Fail closed: every route of the Ingress answers this status and body instead (a
     /// security annotation Sweety does not implement, an access list entry it cannot honour:
     /// 403; a snippet: 503, the whole Ingress is refused).
@@ -291,6 +298,8 @@ pub const ANNOTATIONS: &[AnnotationSpec] = &[
     spec("modsecurity-*", Refused, "no WAF", "x"),
     spec("proxy-ssl-*", Refused, "backend certificate verification for Ingress is not implemented; `proxy-ssl-verify: off` asks for nothing and is accepted", "on"),
     spec("*-snippet", Refused, "raw nginx configuration is never run: the whole Ingress answers 503 (unless the operator sets ignoreSnippets)", "return 200;"),
+    spec("upstream-vhost", Differently, "the `Host` the backend receives; a DNS name only (no port, no nginx variable): anything else is refused with an `InvalidAnnotation` Event and the client's Host is sent", "internal.example"),
+    spec("x-forwarded-prefix", Differently, "the `X-Forwarded-Prefix` value sent upstream (replacing the client's); a header value without nginx variables, at most 1 KiB (else refused with an `InvalidAnnotation` Event)", "/app"),
     spec("proxy-body-size", Support::Honoured, "`0` lifts the limit; bytes or `k`/`m`/`g`; replaces the dataplane-wide `limits.max_request_body_bytes` for the Ingress's paths (413 past it)", "8m"),
 ];
 
@@ -708,6 +717,41 @@ fn external_auth<'a>(get: &impl Fn(&str) -> Option<&'a str>) -> Result<ExternalA
     Ok(f)
 }
 
+/// Longest `x-forwarded-prefix` value taken, bytes.
+const MAX_FORWARDED_PREFIX: usize = 1024;
+
+/// `upstream-vhost`: the `Host` header the backend receives (`proxy_set_header Host` in
+/// ingress-nginx), a DNS name as sweety-config's rewrite `host` takes it (lower-cased; no port,
+/// no nginx variable, no IP address: the dataplane sends the name as written).
+fn upstream_vhost(value: &str) -> Result<String, String> {
+    let v = value.trim();
+    if v.contains('$') {
+        return Err("uses an nginx variable, which Sweety does not expand".into());
+    }
+    let host = v.to_ascii_lowercase();
+    sweety_config::check_hostname(&host, false).map_err(|e| format!("is not a host name: {e}"))?;
+    Ok(host)
+}
+
+/// `x-forwarded-prefix`: a header value (visible ASCII, spaces and tabs inside; no control
+/// character, CR or LF; at most [`MAX_FORWARDED_PREFIX`] bytes), without nginx variables.
+fn forwarded_prefix(value: &str) -> Result<String, String> {
+    let v = value.trim_matches([' ', '\t']);
+    if v.is_empty() {
+        return Err("is empty".into());
+    }
+    if v.len() > MAX_FORWARDED_PREFIX {
+        return Err(format!("is longer than {MAX_FORWARDED_PREFIX} bytes"));
+    }
+    if !v.bytes().all(|b| b == b'\t' || (b' '..=b'~').contains(&b)) {
+        return Err("is not a header value (control characters, CR, LF or non-ASCII)".into());
+    }
+    if v.contains('$') {
+        return Err("uses an nginx variable, which Sweety does not expand".into());
+    }
+    Ok(v.to_string())
+}
+
 impl Annotations {
     /// Read the `nginx.ingress.kubernetes.io/*` annotations, reporting the ones not applied.
     pub(crate) fn parse(
@@ -1026,6 +1070,14 @@ impl Annotations {
                         unsupported_security.push(key.clone());
                     }
                 }
+                "upstream-vhost" => match upstream_vhost(value) {
+                    Ok(h) => a.upstream_vhost = Some(h),
+                    Err(why) => bad(report, &why),
+                },
+                "x-forwarded-prefix" => match forwarded_prefix(value) {
+                    Ok(v) => a.forwarded_prefix = Some(v),
+                    Err(why) => bad(report, &why),
+                },
                 "proxy-body-size" => match nginx_size(value) {
                     Some(n) => a.body_size = Some(n),
                     None => bad(report, "is not a size (bytes, or a number with k, m or g)"),
@@ -1336,7 +1388,7 @@ impl Annotations {
                     }
                     if target.starts_with('/') {
                         route.filters.push(Filter::Rewrite(UrlRewrite {
-                            host: None,
+                            host: self.upstream_vhost.clone(),
                             path: Some(path),
                         }));
                     } else {
@@ -1351,6 +1403,29 @@ impl Annotations {
                     format!("{PREFIX}rewrite-target {target:?}: {why}; the path is not rewritten"),
                 ),
             }
+        }
+        // `upstream-vhost` without a path rewrite (with one, it is part of that filter); a
+        // redirect answers without asking the backend, so there is no Host to set.
+        let rewrites = route
+            .filters
+            .iter()
+            .any(|f| matches!(f, Filter::Rewrite(_)));
+        if let (Some(h), false, None) = (&self.upstream_vhost, rewrites, &self.redirect) {
+            route.filters.push(Filter::Rewrite(UrlRewrite {
+                host: Some(h.clone()),
+                path: None,
+            }));
+        }
+        if let Some(v) = &self.forwarded_prefix {
+            route
+                .filters
+                .push(Filter::RequestHeaders(sweety_config::HeaderModifier {
+                    set: vec![sweety_config::HeaderValue {
+                        name: "x-forwarded-prefix".into(),
+                        value: v.clone(),
+                    }],
+                    ..Default::default()
+                }));
         }
         if let Some(c) = &self.cors {
             route.filters.push(Filter::Cors(c.clone()));
@@ -1899,6 +1974,89 @@ mod tests {
         // Not the guarded paths: the open catch-all, unchanged.
         for p in ["/administrator", "/login/x", "/apis", "/"] {
             assert_eq!(route(p), (open.into(), false, p.into()), "{p}");
+        }
+    }
+
+    /// `upstream-vhost` and `x-forwarded-prefix` reach the backend's request through the
+    /// dataplane's own filters (with and without a rewrite-target); refused values leave the
+    /// client's Host and no prefix header. Fails when either annotation is not applied.
+    #[test]
+    fn upstream_vhost_and_forwarded_prefix_reach_the_backend() {
+        let text = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/testdata/translate/ing-nginx-upstream-vhost.in.yaml"
+        ))
+        .unwrap();
+        let (snapshot, _) = crate::translate::Snapshot::from_yaml(&text).unwrap();
+        let out = crate::translate::translate(&snapshot, &Params::default());
+        let table = sweety_dataplane::router::RouteTable::build(&out.config).unwrap();
+        let l = out.config.listeners[0].name.as_str();
+        // (Host, X-Forwarded-Prefix, path) as the backend would receive them.
+        let upstream = |host: &str, path: &str| {
+            let mut h = http::HeaderMap::new();
+            h.insert(
+                "x-forwarded-prefix",
+                http::HeaderValue::from_static("/client"),
+            );
+            let req = sweety_dataplane::router::RequestHead {
+                listener: l,
+                host,
+                method: &http::Method::GET,
+                path,
+                query: None,
+                headers: &h,
+            };
+            let sweety_dataplane::router::Lookup::Matched(m) = table.lookup(&req) else {
+                panic!("{host}{path}: no route");
+            };
+            let r = &m.entry.route;
+            let filters = sweety_dataplane::filters::CompiledFilters::compile(&r.filters).unwrap();
+            let (mut parts, ()) = http::Request::get(path)
+                .header("host", host)
+                .header("x-forwarded-prefix", "/client")
+                .body(())
+                .unwrap()
+                .into_parts();
+            let _ = filters.on_request(&mut parts, "http", 80, None);
+            let get = |n: &str| {
+                parts
+                    .headers
+                    .get(n)
+                    .map(|v| v.to_str().unwrap().to_string())
+                    .unwrap_or_default()
+            };
+            (
+                get("host"),
+                get("x-forwarded-prefix"),
+                parts.uri.path().to_string(),
+            )
+        };
+        let t = |a: &str, b: &str, c: &str| (a.to_string(), b.to_string(), c.to_string());
+        assert_eq!(
+            upstream("a.example.com", "/x"),
+            t("internal.example.com", "/shop", "/x")
+        );
+        assert_eq!(
+            upstream("b.example.com", "/shop/cart"),
+            t("internal.example.com", "/shop", "/cart")
+        );
+        // Refused values: the client's own Host and header pass unchanged.
+        assert_eq!(
+            upstream("c.example.com", "/x"),
+            t("c.example.com", "/client", "/x")
+        );
+        assert_eq!(
+            upstream("d.example.com", "/x"),
+            t("d.example.com", "/client", "/x")
+        );
+        let events = format!("{:?}", out.statuses);
+        for refused in [
+            "upstream-vhost: \\\"internal.example.com:8080\\\" is not a host name",
+            "x-forwarded-prefix: \\\"/a\\\\r\\\\nX-Evil: 1\\\" is not a header value",
+            "upstream-vhost: \\\"$host\\\" uses an nginx variable",
+            "x-forwarded-prefix: \\\"$1\\\" uses an nginx variable",
+        ] {
+            assert!(events.contains(refused), "{refused} in {events}");
         }
     }
 
