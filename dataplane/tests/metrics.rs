@@ -293,6 +293,7 @@ async fn tls_handshakes_errors_and_certificate_expiry_by_listener() {
         certificates: vec![cert],
         min_version: TlsVersion::default(),
         client_auth: None,
+        host_client_auth: Vec::new(),
     });
     let cfg = Config {
         generation: 1,

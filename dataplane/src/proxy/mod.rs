@@ -733,6 +733,7 @@ mod tests {
                 local: "127.0.0.1:80".parse().unwrap(),
                 tls: false,
                 sni: None,
+                client_cert: None,
                 tls_version: None,
                 tls_cipher: None,
             }),
