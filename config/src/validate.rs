@@ -684,6 +684,22 @@ impl<'a> Validator<'a> {
                 self.regex(&format!("{qpath}.value"), &qm.value);
             }
         }
+        for (c, cm) in m.cookies.iter().enumerate() {
+            let cpath = format!("{path}.cookies[{c}]");
+            if let Err(msg) = check_token(&cm.name, "cookie name") {
+                self.err(format!("{cpath}.name"), msg);
+            }
+            // RFC 6265 cookie-octets: what a client can send as the value.
+            let octet =
+                |b: u8| matches!(b, 0x21 | 0x23..=0x2B | 0x2D..=0x3A | 0x3C..=0x5B | 0x5D..=0x7E);
+            if cm.value.is_empty() || !cm.value.bytes().all(octet) {
+                let msg = format!(
+                    "invalid cookie value {:?}: one or more RFC 6265 cookie-octets",
+                    cm.value
+                );
+                self.err(format!("{cpath}.value"), msg);
+            }
+        }
         if let Some(method) = &m.method {
             if check_token(method, "method").is_err()
                 || method.bytes().any(|b| b.is_ascii_lowercase())
@@ -1485,6 +1501,7 @@ pub(crate) fn check_otlp_endpoint(e: &str) -> Result<(), &'static str> {
 
 #[cfg(test)]
 pub(crate) mod tests {
+
     use super::*;
     use crate::{
         Admin, BackendTls, Congestion, Duration, Endpoint, FixedResponse, HeaderValue, Limits,
@@ -2230,6 +2247,26 @@ access_log: {enabled: true, path: /var/log/sweety/access.log, buffer_lines: 1024
             "virtual_hosts[0].routes[1].matches[0].headers[0].value",
             "invalid regex",
         );
+        let cookie = |name: &str, value: &str| {
+            let (name, value) = (name.to_string(), value.to_string());
+            move |c: &mut Config| {
+                route(c, 1).matches[0].cookies = vec![crate::CookieMatch { name, value }]
+            }
+        };
+        expect_ok(cookie("canary", "always"));
+        expect_one(
+            cookie("a b", "always"),
+            "virtual_hosts[0].routes[1].matches[0].cookies[0].name",
+            "invalid cookie name \"a b\": not an HTTP token",
+        );
+        // Separators, quotes, a second pair, CR/LF and empty: no client sends them as a value.
+        for bad in ["", "a;b", "a b", "\"q\"", "a,b", "x\r\nSet-Cookie: y", "é"] {
+            expect_one(
+                cookie("canary", bad),
+                "virtual_hosts[0].routes[1].matches[0].cookies[0].value",
+                "invalid cookie value",
+            );
+        }
         // An exact header value is not a regex.
         expect_ok(|c| {
             let h = &mut route(c, 1).matches[0].headers[0];
