@@ -1243,14 +1243,25 @@ fn overlaps(a: IpAddr, b: IpAddr) -> bool {
     a == b || covers(a, b) || covers(b, a)
 }
 
-/// A regex rewrite's substitution: URI path characters only, `$` only as `$1`…`$9` (no nginx
-/// variables).
+/// A regex rewrite's substitution: URI path characters only, `%` only in a whole
+/// percent-encoding, `$` only as `$1`…`$9` (no nginx variables).
 pub fn check_substitution(s: &str) -> Result<(), String> {
     let b = s.as_bytes();
     for (i, &c) in b.iter().enumerate() {
         if c == b'$' && !b.get(i + 1).is_some_and(|d| (b'1'..=b'9').contains(d)) {
             return Err(format!(
                 "{s:?}: `$` must be followed by a group number 1-9 (variables are not supported)"
+            ));
+        }
+        // A percent-encoding is complete here: the result is normalised, and a broken escape
+        // would only be found per request (and the path then left un-rewritten).
+        if c == b'%'
+            && !b
+                .get(i + 1..i + 3)
+                .is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit))
+        {
+            return Err(format!(
+                "{s:?}: `%` must start a percent-encoding (two hex digits)"
             ));
         }
         // RFC 3986 path characters (`pchar` and `/`), so the result is a valid URI path.
@@ -1501,6 +1512,39 @@ pub(crate) fn check_otlp_endpoint(e: &str) -> Result<(), &'static str> {
 
 #[cfg(test)]
 pub(crate) mod tests {
+    #[test]
+    fn regex_rewrite_substitutions_take_groups_and_path_characters_only() {
+        for ok in [
+            "/",
+            "/$1",
+            "/api/$2/$1",
+            "/a%2Fb/$9",
+            "$1",
+            "/~user/(x)+;=@:",
+        ] {
+            assert_eq!(check_substitution(ok), Ok(()), "{ok}");
+        }
+        // nginx variables, `$0`, `$` at the end, broken escapes, characters that are not in
+        // a URI path (space, quote, `?`, `#`, CR/LF, non-ASCII).
+        for bad in [
+            "/$host",
+            "/$0",
+            "/x$",
+            "/$$1",
+            "/%",
+            "/%2",
+            "/%zz",
+            "/a b",
+            "/\"q\"",
+            "/a?b=1",
+            "/a#f",
+            "/a\r\nX-Evil: 1",
+            "/é",
+            "/<x>",
+        ] {
+            assert!(check_substitution(bad).is_err(), "{bad:?} accepted");
+        }
+    }
 
     use super::*;
     use crate::{
