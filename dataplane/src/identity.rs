@@ -679,6 +679,9 @@ mod tests {
             "127.0.0.1:18540",
             "x-1.b:0",
             "a:65535",
+            // A zero-padded port stays as sent, as the long way keeps it.
+            "a:080",
+            "a:00080",
         ] {
             assert!(already_normal(s), "{s}");
             assert_eq!(normalize_authority(s).as_deref(), Ok(s));
@@ -698,6 +701,9 @@ mod tests {
             ":80",
             "a_b",
             "a.test.:80",
+            "[fe80::1%25eth0]:80",
+            "%61.test",
+            "a:000080",
         ] {
             assert!(!already_normal(s), "{s}");
             assert_eq!(
@@ -717,6 +723,51 @@ mod tests {
                 proptest::sample::select(b"aZ09.-:[]@_% ".to_vec()), 0..24)
         ) {
             let s = String::from_utf8(s).unwrap();
+            proptest::prop_assert_eq!(normalize_authority(&s), reference_normalize_authority(&s));
+            if let Ok(a) = s.parse::<http::uri::Authority>() {
+                if !s.contains('@') {
+                    proptest::prop_assert_eq!(normal_form(&a), reference_normalize_authority(&s));
+                }
+            }
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(4096))]
+
+        /// The same, for authorities put together from the pieces a hostile one is made of
+        /// (random strings seldom are one): userinfo, upper case, `_`, `%` escapes, empty
+        /// labels, leading, trailing and doubled dots, IPv6 with a zone, and ports that are
+        /// empty, 0, zero-padded, over 65535, overlong or not digits. Each of the shortcut's
+        /// checks (lower case, dots, port length and range) fails this test when left out.
+        #[test]
+        fn the_shortcut_changes_no_hostile_authority(
+            user in proptest::sample::select(vec!["", "", "", "u@", "@", "u:p@"]),
+            lead in proptest::sample::select(vec!["", "", "", "."]),
+            labels in proptest::collection::vec(
+                proptest::sample::select(vec![
+                    "a", "test", "x-1", "0", "127", "A", "Ab", "_", "a_b", "%61", "", "", "-",
+                ]),
+                0..5,
+            ),
+            trail in proptest::sample::select(vec!["", "", "", ".", ".."]),
+            ipv6 in proptest::option::weighted(
+                0.1,
+                proptest::sample::select(vec!["[::1]", "[fe80::1%25eth0]", "[::FFFF:1.2.3.4]"]),
+            ),
+            port in proptest::option::of(proptest::sample::select(vec![
+                "", "0", "00", "080", "00080", "000080", "80", "65535", "65536", "99999",
+                "123456", "8a", "1:2", " 80",
+            ])),
+        ) {
+            let host = match ipv6 {
+                Some(v6) => v6.to_owned(),
+                None => format!("{lead}{}{trail}", labels.join(".")),
+            };
+            let s = match port {
+                Some(p) => format!("{user}{host}:{p}"),
+                None => format!("{user}{host}"),
+            };
             proptest::prop_assert_eq!(normalize_authority(&s), reference_normalize_authority(&s));
             if let Ok(a) = s.parse::<http::uri::Authority>() {
                 if !s.contains('@') {

@@ -514,6 +514,55 @@ mod tests {
         }
         assert!(t.is_off());
         assert!(t.head.capacity() == 0, "the buffer is freed");
+        // A complete head longer than MAX_HEAD in one read is not followed either, whole or
+        // in pieces; one of MAX_HEAD bytes exactly is.
+        for (len, followed) in [(MAX_HEAD + 1, false), (MAX_HEAD, true)] {
+            let mut head = b"GET / HTTP/1.1\r\nHost: a\r\nX: ".to_vec();
+            head.resize(len - 4, b'a');
+            head.extend_from_slice(b"\r\n\r\n");
+            assert_eq!(head.len(), len);
+            for step in [len, 4096, 1] {
+                let (t, wire) = run(&head, step);
+                assert_eq!(!t.is_off(), followed, "{len} bytes in pieces of {step}");
+                assert_eq!(
+                    t.heads(),
+                    u64::from(followed),
+                    "{len} bytes in pieces of {step}"
+                );
+                assert_eq!(wire.untracked(1), !followed);
+            }
+        }
+    }
+
+    /// Every cut of a stream into two reads (so a head split at every byte, the rest coming
+    /// whole) ends where reading it whole does: heads, conflict, where tracking stopped.
+    #[test]
+    fn a_cut_at_every_byte_changes_nothing() {
+        let mut inputs = vec![KEEPALIVE.to_vec()];
+        let mut conflict = KEEPALIVE.to_vec();
+        conflict.extend_from_slice(
+            b"\r\nPOST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n\
+              0\r\n\r\nGET /smuggled HTTP/1.1\r\nHost: a\r\n\r\n",
+        );
+        inputs.push(conflict);
+        inputs.push(
+            b"GET / HTTP/1.1\nHost: a\n\nGET /b HTTP/1.1\r\nX: 1\r\n \tfolded\r\n\r\n".to_vec(),
+        );
+        for input in &inputs {
+            let (whole, w1) = run(input, input.len());
+            for cut in 0..=input.len() {
+                let wire = Wire::new();
+                let mut t = Tracker::new(wire.clone());
+                t.feed(&input[..cut]);
+                t.feed(&input[cut..]);
+                assert_eq!(t.heads(), whole.heads(), "cut at {cut}");
+                assert_eq!(t.state, whole.state, "cut at {cut}");
+                assert_eq!(wire.conflict_at(), w1.conflict_at(), "cut at {cut}");
+                for n in 1..=whole.heads() + 1 {
+                    assert_eq!(wire.untracked(n), w1.untracked(n), "cut at {cut}");
+                }
+            }
+        }
     }
 
     /// A line end, mostly CRLF (a head then parses), sometimes LF, a bare CR or none.
@@ -562,7 +611,7 @@ mod tests {
                     proptest::collection::vec(proptest::sample::select(vec![&b"\r\n"[..], b"\n"]), 0..2),
                     proptest::sample::select(vec![
                         &b"GET / HTTP/1.1"[..], b"POST /x HTTP/1.0", b"CONNECT a:1 HTTP/1.1",
-                        b"GET /v HTTP/9.9", b"", b" GET / HTTP/1.1",
+                        b"GET /v HTTP/9.9", b"", b" GET / HTTP/1.1", b"GET  / HTTP/1.1",
                     ]),
                     proptest::collection::vec(
                         (
@@ -570,6 +619,7 @@ mod tests {
                                 &b"Host: a"[..], b"Content-Length: 3", b"content-length: 0",
                                 b"Content-Length: 1, 1", b"Transfer-Encoding: chunked",
                                 b"Upgrade: x", b"X: y", b"X : y", b"\x00: 1", b"Y:\xff",
+                                b" folded", b"\tfolded",
                             ]),
                             line_end(),
                         ),
