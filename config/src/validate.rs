@@ -605,9 +605,20 @@ impl<'a> Validator<'a> {
             self.route_match(&format!("{path}.matches[{m}]"), rm);
         }
         let (mut redirect, mut rewrite) = (None, None);
+        let (mut basic, mut external) = (false, false);
         for (f, filter) in route.filters.iter().enumerate() {
             let fpath = format!("{path}.filters[{f}]");
             match filter {
+                // The dataplane compiles one of each: a second would be skipped, not checked.
+                Filter::BasicAuth(_) if std::mem::replace(&mut basic, true) => {
+                    self.err(&fpath, "at most one basic_auth filter is allowed per route");
+                }
+                Filter::ExternalAuth(_) if std::mem::replace(&mut external, true) => {
+                    self.err(
+                        &fpath,
+                        "at most one external_auth filter is allowed per route",
+                    );
+                }
                 Filter::Redirect(_) if redirect.is_some() => {
                     self.err(&fpath, "at most one redirect filter is allowed per route");
                 }
@@ -2475,6 +2486,32 @@ access_log: {enabled: true, path: /var/log/sweety/access.log, buffer_lines: 1024
             },
             &format!("{p}.host"),
             "must be lower-case",
+        );
+    }
+
+    #[test]
+    fn at_most_one_authentication_filter_of_each_kind() {
+        // The dataplane compiles one filter of each kind per route: a second is refused
+        // rather than silently left unchecked.
+        let basic = Filter::BasicAuth(crate::htpasswd::BasicAuth {
+            realm: "r".into(),
+            users: Vec::new(),
+        });
+        let external =
+            Filter::ExternalAuth(crate::ext_auth::ExternalAuth::new("http://auth.example/"));
+        let (b, e) = (basic.clone(), external.clone());
+        expect_ok(|c| route(c, 3).filters.extend([b, e]));
+        let (b1, b2) = (basic.clone(), basic);
+        expect_one(
+            |c| route(c, 3).filters.extend([b1, b2]),
+            "virtual_hosts[0].routes[3].filters[2]",
+            "at most one basic_auth filter is allowed per route",
+        );
+        let (e1, e2) = (external.clone(), external);
+        expect_one(
+            |c| route(c, 3).filters.extend([e1, e2]),
+            "virtual_hosts[0].routes[3].filters[2]",
+            "at most one external_auth filter is allowed per route",
         );
     }
 
