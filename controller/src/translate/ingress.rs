@@ -122,6 +122,7 @@ pub fn front_listeners(b: &mut Builder<'_>, certificates: Vec<Certificate>) {
                         .collect(),
                     min_version: Default::default(),
                     client_auth: None,
+                    host_client_auth: Vec::new(),
                 }),
                 http3: p.http3,
                 max_requests_in_flight: None,
@@ -270,6 +271,7 @@ pub fn certificate_from_secret(
                 certificates: vec![certificate.clone()],
                 min_version: Default::default(),
                 client_auth: None,
+                host_client_auth: Vec::new(),
             }),
             http3: false,
             max_requests_in_flight: None,
@@ -608,7 +610,8 @@ pub fn translate(b: &mut Builder<'_>) -> BTreeSet<String> {
             conditions: Vec::new(),
             generation: ing.metadata.generation.unwrap_or(0),
         };
-        let ann = nginx::Annotations::parse(ing, params, &b.snapshot.secrets, &mut report);
+        let class = super::proxy_settings::ingress_settings(b.snapshot, params, ing);
+        let ann = nginx::Annotations::parse(ing, params, &class, &b.snapshot.secrets, &mut report);
         if ann.canary {
             canaries.push((ing.clone(), ann));
             reports.insert((ns, name), report);

@@ -16,7 +16,8 @@
 //! for the same host and path, and `canary-by-header` (`always`/`never`, or `-value`, or
 //! `-pattern`) and `canary-by-cookie` (`always`/`never`): routes beside the primary's with one
 //! more header match, header before cookie before weight ([`CanarySelect`]). `limit-rps` / `limit-rpm` (× `limit-burst-multiplier`, default
-//! 5) become per-client-IP `rate_limit` filters whose zone is shared by the Ingress's paths,
+//! 5) become per-client-IP `rate_limit` filters whose zone is shared by the Ingress's paths
+//! (refusals answer 503 as nginx, or the class's `limit-req-status-code`, [`ClassSettings`]),
 //! `limit-connections` a per-client-IP `concurrency_limit` (requests in flight),
 //! `whitelist-source-range` (or `allowlist-source-range`) and `denylist-source-range` an
 //! `ip_access` filter (CIDRs with host bits are masked as nginx does, [`masked_cidr`]; an
@@ -133,6 +134,30 @@ pub struct Annotations {
     pub refuse: Option<(u16, String)>,
 }
 
+/// The settings of an Ingress's class that shape its annotations' translation: the
+/// SweetyProxyConfig `ingress` section its IngressClass's `spec.parameters` name
+/// (`crate::translate::proxy_settings::ingress_settings`), the equivalent of ingress-nginx's
+/// ConfigMap keys.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClassSettings {
+    /// `limit-req-status-code`: what `limit-rps` / `limit-rpm` answer past the limit.
+    pub limit_req_status: u16,
+    /// `limit-conn-status-code`: what `limit-connections` answers past the limit.
+    pub limit_conn_status: u16,
+}
+
+/// nginx's `limit_req_status` and `limit_conn_status` default, which ingress-nginx keeps.
+pub const NGINX_LIMIT_STATUS: u16 = 503;
+
+impl Default for ClassSettings {
+    fn default() -> Self {
+        ClassSettings {
+            limit_req_status: NGINX_LIMIT_STATUS,
+            limit_conn_status: NGINX_LIMIT_STATUS,
+        }
+    }
+}
+
 /// How Sweety treats one ingress-nginx annotation: the one table the translator's fail-closed
 /// rule ([`is_security`]), the migration report (`crate::migrate_report`) and the annotation
 /// table of docs/migrating-from-ingress-nginx.md read (a test checks each entry against what
@@ -233,10 +258,10 @@ pub const ANNOTATIONS: &[AnnotationSpec] = &[
     spec("force-ssl-redirect", Differently, "also redirects hosts without TLS here", "true"),
     spec("proxy-read-timeout", Differently, "with `proxy-connect-timeout`: their sum is the whole request's timeout, not nginx's idle time between reads", "60"),
     spec("proxy-connect-timeout", Differently, "see `proxy-read-timeout`", "5"),
-    spec("limit-rps", Differently, "per client IP, answers 429 (nginx: 503)", "10"),
-    spec("limit-rpm", Differently, "per client IP, answers 429 (nginx: 503)", "600"),
+    spec("limit-rps", Support::Honoured, "per client IP; answers 503 as nginx, or the class's SweetyProxyConfig `ingress.limitReqStatusCode` (ingress-nginx's `limit-req-status-code`)", "10"),
+    spec("limit-rpm", Support::Honoured, "as `limit-rps`", "600"),
     spec("limit-burst-multiplier", Support::Honoured, "", "5"),
-    spec("limit-connections", Differently, "requests in flight per client IP, answers 429 (nginx: 503)", "10"),
+    spec("limit-connections", Differently, "requests in flight per client IP (nginx: connections); answers 503 as nginx, or the class's SweetyProxyConfig `ingress.limitConnStatusCode` (ingress-nginx's `limit-conn-status-code`)", "10"),
     spec("whitelist-source-range", Support::Honoured, "entries that cannot be parsed fail closed (403)", "10.0.0.0/8"),
     spec("allowlist-source-range", Support::Honoured, "as `whitelist-source-range`", "10.0.0.0/8"),
     spec("denylist-source-range", Support::Honoured, "entries that cannot be parsed fail closed (403)", "192.0.2.0/24"),
@@ -691,6 +716,7 @@ impl Annotations {
     pub(crate) fn parse(
         ing: &Ingress,
         params: &Params,
+        class: &ClassSettings,
         secrets: &[Arc<Secret>],
         report: &mut Report,
     ) -> Annotations {
@@ -1123,6 +1149,7 @@ impl Annotations {
                 burst: n.saturating_mul(burst_multiplier).saturating_sub(n),
                 max_keys: 65_536,
                 zone: Some(format!("ingress-nginx/{ns}/{ing_name}/{unit}")),
+                status: class.limit_req_status,
             });
         }
         if !access.allow.is_empty() || !access.deny.is_empty() {
@@ -1132,6 +1159,7 @@ impl Annotations {
             key: RateLimitKey::ClientIp,
             max,
             zone: Some(format!("ingress-nginx/{ns}/{ing_name}/connections")),
+            status: class.limit_conn_status,
         });
         if affinity {
             a.session = Some(session_cookie(&get, report));
@@ -2002,7 +2030,13 @@ mod tests {
                 ..Default::default()
             };
             let mut report = Report::default();
-            let a = Annotations::parse(&ing, &Params::default(), &[], &mut report);
+            let a = Annotations::parse(
+                &ing,
+                &Params::default(),
+                &ClassSettings::default(),
+                &[],
+                &mut report,
+            );
             (a, report)
         };
         for s in ANNOTATIONS {
