@@ -1373,8 +1373,9 @@ pub(crate) fn check_token(s: &str, what: &str) -> Result<(), String> {
 }
 
 /// A lower-case DNS name, optionally with a leading `*.` when `wildcard` is allowed; no port,
-/// no trailing dot, not an IP address.
-fn check_hostname(name: &str, wildcard: bool) -> Result<(), String> {
+/// no trailing dot, not an IP address (what a virtual host's `hostnames` and a rewrite's
+/// `host` must be).
+pub fn check_hostname(name: &str, wildcard: bool) -> Result<(), String> {
     let bad = |why: &str| Err(format!("invalid hostname {name:?}: {why}"));
     if name.is_empty() {
         return bad("must not be empty");

@@ -35,10 +35,13 @@
 //! **Paths.** `Exact` → exact; `Prefix` → the dataplane's element-wise prefix (`/foo` matches
 //! `/foo` and `/foo/bar`, not `/foobar`; a trailing `/` is ignored, as the Ingress spec says);
 //! `ImplementationSpecific` → prefix, or a regex when `use-regex` (or a `rewrite-target` with
-//! capture groups) is set. ingress-nginx regex locations are anchored at the start only, so a
-//! regex path `p` becomes `p.*` (unless it ends in `$`); and, as in ingress-nginx, once a host
-//! has a regex path all its prefix paths become regexes too and the host's routes are ordered
-//! by path length, longest first (otherwise every prefix would beat every regex).
+//! capture groups) is set. ingress-nginx regex locations (`~*`) are case-insensitive and
+//! anchored at the start only, so a regex path `p` becomes `(?i)p.*` (unless it ends in `$`);
+//! and, as in ingress-nginx, once a host has a regex path all its prefix paths become
+//! case-insensitive regexes too (its exact paths exact regexes ignoring case) and the host's
+//! routes are ordered by path length, longest first (otherwise every prefix would beat every
+//! regex). Routing, a rewrite's captures and the route's access rules all follow that one
+//! match.
 //!
 //! **Default backend.** An Ingress's `spec.defaultBackend` is the last route of that
 //! Ingress's own hosts (the oldest Ingress's, per host); it never reaches other hosts. The
@@ -829,7 +832,7 @@ pub fn translate(b: &mut Builder<'_>) -> BTreeSet<String> {
                 else {
                     continue;
                 };
-                // The rewrite-target idiom may have turned a regex into a prefix.
+                // (What `apply` left of the match: a regex stays a regex.)
                 let regex = matches!(
                     route.matches.first().and_then(|m| m.path.as_ref()),
                     Some(PathMatch::Regex(_))
