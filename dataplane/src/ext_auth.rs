@@ -461,6 +461,7 @@ mod tests {
                 sni: None,
                 tls_version: None,
                 tls_cipher: None,
+                read_budget: None,
             }),
             protocol: crate::ctx::Protocol::Http1,
             start: std::time::Instant::now(),

@@ -839,7 +839,12 @@ async fn act<'a>(
                 {
                     return crate::identity::IdentityError::from(e).response();
                 }
-                Box::pin(shared.static_files.serve(site, &parts)).await
+                Box::pin(
+                    shared
+                        .static_files
+                        .serve(site, &parts, ctx.conn.read_budget.as_ref()),
+                )
+                .await
             }
             Action::Fixed(f) => {
                 if let Err(e) =
@@ -1286,6 +1291,7 @@ mod size_tests {
             sni: None,
             tls_version: None,
             tls_cipher: None,
+            read_budget: None,
         });
         let req = http::Request::new(crate::body::empty());
         let f = super::handle(rt.shared.clone(), conn, crate::ctx::Protocol::Http2, req);

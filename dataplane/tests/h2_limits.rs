@@ -908,6 +908,7 @@ async fn serve_recorded(
         sni: None,
         tls_version: None,
         tls_cipher: None,
+        read_budget: None,
     });
     let snap = h.runtime.shared.snapshot();
     let settings = sweety_dataplane::listen::tcp::h2_settings(&snap.config.limits);

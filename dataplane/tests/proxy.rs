@@ -150,6 +150,7 @@ fn ctx() -> RequestCtx {
             sni: None,
             tls_version: None,
             tls_cipher: None,
+            read_budget: None,
         }),
         protocol: Protocol::Http1,
         start: Instant::now(),

@@ -80,6 +80,7 @@ async fn run(weak: Weak<BackendRt>, idx: usize, hc: Arc<HealthCheck>, metrics: A
             sni: None,
             tls_version: None,
             tls_cipher: None,
+            read_budget: None,
         }),
         protocol: Protocol::Http1,
         start: Instant::now(),

@@ -699,6 +699,7 @@ mod tests {
                 sni: None,
                 tls_version: None,
                 tls_cipher: None,
+                read_budget: None,
             }),
             protocol: Protocol::Http2,
             start: Instant::now(),
