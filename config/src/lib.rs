@@ -29,7 +29,10 @@ pub use ext_auth::ExternalAuth;
 pub use htpasswd::{BasicAuth, BasicAuthUser};
 pub use model::*;
 pub use traffic::*;
-pub use validate::{check_pem, check_substitution, PemKind, ValidationError, ValidationErrors};
+pub use validate::{
+    check_error_page, check_pem, check_substitution, PemKind, ValidationError, ValidationErrors,
+    MAX_VERIFY_DEPTH,
+};
 
 /// Current schema version. A config with another `version` is rejected by validation.
 pub const SCHEMA_VERSION: u32 = 1;

@@ -202,6 +202,63 @@ pub struct ListenerTls {
     /// `spec.tls.frontend` validation. None: no client certificate is requested.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_auth: Option<ClientAuth>,
+    /// Client certificates per host (ingress-nginx `auth-tls-*`): a client whose TLS server
+    /// name (SNI) falls under an entry's `hostnames` is asked for a certificate at the
+    /// handshake, and every request whose Host falls under an entry is checked against it
+    /// (421 when the connection's SNI is not under the same entry). Not with `client_auth`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub host_client_auth: Vec<HostClientAuth>,
+}
+
+/// Client certificate verification for some hosts of an HTTPS listener (see
+/// [`ListenerTls::host_client_auth`]). The certificate is requested at the handshake only when
+/// the SNI names one of `hostnames`, and verified per request, for the request's Host.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostClientAuth {
+    /// The hosts (exact or `*.` wildcard) this applies to; no name in two entries.
+    pub hostnames: Vec<String>,
+    /// CA bundle (one or more PEM certificates) client certificates must chain to.
+    pub ca: PemSource,
+    /// What a request without a valid certificate gets.
+    #[serde(default)]
+    pub verify: HostVerify,
+    /// The longest chain accepted: client certificate plus intermediates (1: issued by a
+    /// certificate of `ca` directly, as nginx's default `ssl_verify_depth 1`).
+    #[serde(default = "default_verify_depth")]
+    pub verify_depth: u8,
+    /// Send the client certificate to the backend, URL-escaped PEM, in `ssl-client-cert`.
+    /// `ssl-client-verify`, `ssl-client-subject-dn` and `ssl-client-issuer-dn` are always
+    /// sent; a client's own copies of these four headers are always removed.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pass_certificate: bool,
+    /// Redirect (302) here instead of answering 400 when the certificate is missing (in
+    /// `require`) or does not verify: an absolute `http`/`https` URL.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error_page: Option<String>,
+    /// A regex the subject DN (RFC 2253, e.g. `CN=client,O=Example`) must match somewhere
+    /// (ingress-nginx `auth-tls-match-cn`); else 403.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub match_subject: Option<String>,
+}
+
+fn default_verify_depth() -> u8 {
+    1
+}
+
+/// How [`HostClientAuth`] treats a request's client certificate (nginx `ssl_verify_client`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HostVerify {
+    /// A certificate that chains to the CA is required: 400 without one or with one that
+    /// does not verify (nginx `on`).
+    #[default]
+    Require,
+    /// Requested and verified when sent; a request without one is served (nginx `optional`).
+    Optional,
+    /// Requested, not verified; passed on with `ssl-client-verify` saying what verification
+    /// found (nginx `optional_no_ca`).
+    OptionalNoCa,
 }
 
 /// Client certificate verification on an HTTPS listener.

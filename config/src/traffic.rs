@@ -28,7 +28,7 @@ pub enum RateLimitKey {
 }
 
 /// A local token bucket per key: `requests` per `period`, with `burst` extra requests allowed
-/// at once. Requests over it get 429 with `Retry-After`.
+/// at once. Requests over it get `status` (429 by default) with `Retry-After`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RateLimit {
@@ -50,10 +50,17 @@ pub struct RateLimit {
     /// (for a limit across several routes). Default: one zone per route and filter.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub zone: Option<String>,
+    /// The status refused requests get, 400-599 (nginx's `limit_req_status`). Default 429.
+    #[serde(
+        default = "default_limit_status",
+        skip_serializing_if = "is_default_limit_status"
+    )]
+    pub status: u16,
 }
 
 /// At most `max` requests in flight per key (ingress-nginx `limit-connections`); more get
-/// 429 with `Retry-After: 1`. A key is tracked only while it has requests in flight.
+/// `status` (429 by default) with `Retry-After: 1`. A key is tracked only while it has requests
+/// in flight.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ConcurrencyLimit {
@@ -66,6 +73,34 @@ pub struct ConcurrencyLimit {
     /// (a limit across several routes). Default: one zone per route and filter.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub zone: Option<String>,
+    /// The status refused requests get, 400-599 (nginx's `limit_conn_status`). Default 429.
+    #[serde(
+        default = "default_limit_status",
+        skip_serializing_if = "is_default_limit_status"
+    )]
+    pub status: u16,
+}
+
+/// The status of a request refused by a rate or concurrency limit unless the limit says
+/// otherwise: 429 Too Many Requests (nginx answers 503 by default; ingress-nginx's
+/// translation sets that explicitly).
+pub const DEFAULT_LIMIT_STATUS: u16 = 429;
+
+fn default_limit_status() -> u16 {
+    DEFAULT_LIMIT_STATUS
+}
+fn is_default_limit_status(s: &u16) -> bool {
+    *s == DEFAULT_LIMIT_STATUS
+}
+
+/// A refusal status a limit may answer: 400-599, as nginx's `limit_req_status` and
+/// `limit_conn_status` accept.
+pub fn check_limit_status(status: u16) -> Result<(), String> {
+    if (400..=599).contains(&status) {
+        Ok(())
+    } else {
+        Err(format!("{status} is not a status from 400 to 599"))
+    }
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -518,6 +553,9 @@ pub(crate) fn check_rate_limit(r: &RateLimit) -> Problems {
     if r.zone.as_deref() == Some("") {
         out.push(("zone".into(), "must not be empty when set".into()));
     }
+    if let Err(e) = check_limit_status(r.status) {
+        out.push(("status".into(), e));
+    }
     out
 }
 
@@ -533,6 +571,9 @@ pub(crate) fn check_concurrency_limit(c: &ConcurrencyLimit) -> Problems {
     }
     if c.zone.as_deref() == Some("") {
         out.push(("zone".into(), "must not be empty when set".into()));
+    }
+    if let Err(e) = check_limit_status(c.status) {
+        out.push(("status".into(), e));
     }
     out
 }

@@ -440,6 +440,7 @@ impl<'a> Validator<'a> {
                     }
                     self.pem(&format!("{cpath}.ca"), &ca.ca, PemKind::Certificate);
                 }
+                self.host_client_auth(&format!("{path}.tls"), tls, l.protocol);
             }
             (None, _) => {}
         }
@@ -503,6 +504,75 @@ impl<'a> Validator<'a> {
         self.hostnames(&format!("{path}.hostnames"), &c.hostnames);
         self.pem(&format!("{path}.cert"), &c.cert, PemKind::Certificate);
         self.pem(&format!("{path}.key"), &c.key, PemKind::PrivateKey);
+    }
+
+    /// `host_client_auth`: https only, not beside `client_auth`, no host in two entries, a
+    /// depth of 1..=[`MAX_VERIFY_DEPTH`], an absolute error page URL a `Location` can carry,
+    /// a subject regex that compiles.
+    fn host_client_auth(
+        &mut self,
+        path: &str,
+        tls: &crate::ListenerTls,
+        protocol: ListenerProtocol,
+    ) {
+        if tls.host_client_auth.is_empty() {
+            return;
+        }
+        let hpath = format!("{path}.host_client_auth");
+        if protocol != ListenerProtocol::Https {
+            self.err(&hpath, "only allowed on https listeners");
+        }
+        if tls.client_auth.is_some() {
+            self.err(
+                &hpath,
+                "not together with client_auth (which asks every client)",
+            );
+        }
+        let mut seen: HashMap<String, usize> = HashMap::new();
+        for (i, a) in tls.host_client_auth.iter().enumerate() {
+            let epath = format!("{hpath}[{i}]");
+            if a.hostnames.is_empty() {
+                self.err(
+                    format!("{epath}.hostnames"),
+                    "at least one hostname is required",
+                );
+            }
+            self.hostnames(&format!("{epath}.hostnames"), &a.hostnames);
+            for (h, name) in a.hostnames.iter().enumerate() {
+                let key = name.trim_end_matches('.').to_ascii_lowercase();
+                match seen.get(&key) {
+                    Some(&other) if other != i => self.err(
+                        format!("{epath}.hostnames[{h}]"),
+                        format!("{name:?} is also in host_client_auth[{other}]"),
+                    ),
+                    _ => {
+                        seen.insert(key, i);
+                    }
+                }
+            }
+            self.pem(&format!("{epath}.ca"), &a.ca, PemKind::Certificate);
+            if a.verify_depth == 0 || a.verify_depth > MAX_VERIFY_DEPTH {
+                self.err(
+                    format!("{epath}.verify_depth"),
+                    format!("must be between 1 and {MAX_VERIFY_DEPTH}"),
+                );
+            }
+            if let Some(url) = &a.error_page {
+                if let Err(msg) = check_error_page(url) {
+                    self.err(format!("{epath}.error_page"), msg);
+                }
+            }
+            if let Some(re) = &a.match_subject {
+                if re.len() > MAX_SUBJECT_REGEX {
+                    self.err(
+                        format!("{epath}.match_subject"),
+                        format!("longer than {MAX_SUBJECT_REGEX} bytes"),
+                    );
+                } else {
+                    self.regex(&format!("{epath}.match_subject"), re);
+                }
+            }
+        }
     }
 
     fn pem(&mut self, path: &str, src: &PemSource, kind: PemKind) {
@@ -1491,6 +1561,31 @@ pub(crate) fn check_otlp_endpoint(e: &str) -> Result<(), &'static str> {
     Ok(())
 }
 
+/// The longest client certificate chain `host_client_auth.verify_depth` may allow.
+pub const MAX_VERIFY_DEPTH: u8 = 8;
+
+/// The longest `host_client_auth.match_subject` regex, bytes.
+const MAX_SUBJECT_REGEX: usize = 1024;
+
+/// An error page a client is redirected to: an absolute `http`/`https` URL of printable ASCII
+/// without spaces (it goes into a `Location` header as it is), at most 2048 bytes.
+pub fn check_error_page(url: &str) -> Result<(), String> {
+    let rest = url
+        .strip_prefix("https://")
+        .or_else(|| url.strip_prefix("http://"))
+        .ok_or("must be an absolute http:// or https:// URL")?;
+    if url.len() > 2048 {
+        return Err("longer than 2048 bytes".into());
+    }
+    if rest.is_empty() || rest.starts_with('/') {
+        return Err("has no host".into());
+    }
+    if !url.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err("must be printable ASCII without spaces".into());
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -1819,6 +1914,75 @@ access_log: {enabled: true, path: /var/log/sweety/access.log, buffer_lines: 1024
     }
 
     // ------------------------------------------------------------ listeners
+
+    #[test]
+    fn host_client_auth_is_checked() {
+        let entry = |hosts: &[&str]| crate::HostClientAuth {
+            hostnames: hosts.iter().map(|h| h.to_string()).collect(),
+            ca: PemSource::Pem(CERT.into()),
+            verify: crate::HostVerify::Require,
+            verify_depth: 1,
+            pass_certificate: true,
+            error_page: None,
+            match_subject: None,
+        };
+        let with = |entries: Vec<crate::HostClientAuth>| {
+            let mut c = full();
+            c.listeners[1].tls.as_mut().unwrap().host_client_auth = entries;
+            c
+        };
+        with(vec![entry(&["example.com"]), entry(&["*.example.com"])])
+            .validate_structure()
+            .unwrap();
+        let errs = |c: Config| -> Vec<String> {
+            c.validate_structure()
+                .unwrap_err()
+                .0
+                .iter()
+                .map(|e| e.to_string())
+                .collect()
+        };
+        let p = "listeners[1].tls.host_client_auth";
+        assert_eq!(
+            errs(with(vec![entry(&["a.test"]), entry(&["a.test"])])),
+            [format!(
+                "{p}[1].hostnames[0]: \"a.test\" is also in host_client_auth[0]"
+            )]
+        );
+        let mut bad = entry(&[]);
+        bad.verify_depth = 0;
+        bad.error_page = Some("/relative".into());
+        bad.match_subject = Some("CN=(".into());
+        bad.ca = PemSource::Pem("not pem".into());
+        let e = errs(with(vec![bad]));
+        assert_eq!(e.len(), 5, "{e:?}");
+        for (i, field) in [
+            "hostnames",
+            "ca",
+            "verify_depth",
+            "error_page",
+            "match_subject",
+        ]
+        .iter()
+        .enumerate()
+        {
+            assert!(e[i].starts_with(&format!("{p}[0].{field}: ")), "{e:?}");
+        }
+        let mut c = with(vec![entry(&["a.test"])]);
+        c.listeners[1].tls.as_mut().unwrap().client_auth = Some(crate::ClientAuth {
+            ca: PemSource::Pem(CERT.into()),
+            mode: crate::ClientAuthMode::Require,
+        });
+        assert_eq!(
+            errs(c),
+            [format!(
+                "{p}: not together with client_auth (which asks every client)"
+            )]
+        );
+        assert!(check_error_page("https://login.example/denied?x=1").is_ok());
+        assert!(check_error_page("https://a b/").is_err());
+        assert!(check_error_page("javascript:alert(1)").is_err());
+    }
 
     #[test]
     fn listener_names() {

@@ -71,7 +71,14 @@ fn shown(v: &str) -> String {
 /// The report of one Ingress, given the Secrets it references (pure).
 pub fn ingress_report(ing: &Ingress, params: &Params, secrets: &[Arc<Secret>]) -> IngressReport {
     let mut report = Report::default();
-    let parsed = nginx::Annotations::parse(ing, params, secrets, &mut report);
+    // The class's limit statuses change no verdict: the defaults do.
+    let parsed = nginx::Annotations::parse(
+        ing,
+        params,
+        &nginx::ClassSettings::default(),
+        secrets,
+        &mut report,
+    );
     let refusal = parsed.refuse.as_ref();
     let mut annotations = Vec::new();
     for (key, value) in ing.metadata.annotations.iter().flatten() {

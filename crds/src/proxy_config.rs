@@ -40,6 +40,27 @@ pub struct SweetyProxyConfigSpec {
     /// unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tracing: Option<TracingSpec>,
+    /// Settings of the Ingresses of the IngressClasses whose `spec.parameters` name this
+    /// config (ingress-nginx ConfigMap keys); not dataplane-wide.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ingress: Option<IngressSettings>,
+}
+
+/// Settings of the Ingresses of a class, as ingress-nginx's ConfigMap sets them for its
+/// controller.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct IngressSettings {
+    /// The status of a request refused by `limit-rps` / `limit-rpm` (ingress-nginx's
+    /// `limit-req-status-code`); default 503, as nginx.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 400, max = 599))]
+    pub limit_req_status_code: Option<i32>,
+    /// The status of a request refused by `limit-connections` (ingress-nginx's
+    /// `limit-conn-status-code`); default 503, as nginx.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 400, max = 599))]
+    pub limit_conn_status_code: Option<i32>,
 }
 
 /// OpenTelemetry tracing: where spans go and which requests are sampled.

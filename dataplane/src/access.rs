@@ -141,7 +141,8 @@ fn parse_xff_entry(s: &str) -> Option<IpAddr> {
     Some(ip.to_canonical())
 }
 
-/// The reply to a refused request: 403, or 429 with `Retry-After`. Counted in
+/// The reply to a refused request: 403, or the limit's status (429 unless it says otherwise;
+/// ingress-nginx's `limit-*` translate to 503, nginx's default) with `Retry-After`. Counted in
 /// `sweety_edge_events_total`.
 pub fn refusal_response(
     refusal: Refusal,
@@ -156,14 +157,28 @@ pub fn refusal_response(
                 "403 Forbidden: client address not allowed\n",
             )
         }
-        Refusal::RateLimited(secs) => {
+        Refusal::RateLimited {
+            retry_after,
+            status,
+        } => {
             metrics.edge_events.inc(&"rate_limited");
-            let mut r = crate::body::text_response(
-                StatusCode::TOO_MANY_REQUESTS,
-                "429 Too Many Requests: rate limit exceeded, retry later\n",
-            );
+            // Validated 400-599 by sweety-config; anything else answers 429.
+            let status = StatusCode::from_u16(status)
+                .ok()
+                .filter(|s| s.is_client_error() || s.is_server_error())
+                .unwrap_or(StatusCode::TOO_MANY_REQUESTS);
+            let text = match status {
+                StatusCode::TOO_MANY_REQUESTS => {
+                    "429 Too Many Requests: rate limit exceeded, retry later\n"
+                }
+                StatusCode::SERVICE_UNAVAILABLE => {
+                    "503 Service Unavailable: rate limit exceeded, retry later\n"
+                }
+                _ => "rate limit exceeded, retry later\n",
+            };
+            let mut r = crate::body::text_response(status, text);
             r.headers_mut()
-                .insert(http::header::RETRY_AFTER, HeaderValue::from(secs));
+                .insert(http::header::RETRY_AFTER, HeaderValue::from(retry_after));
             r
         }
     }
@@ -423,6 +438,8 @@ struct RouteLimit {
     key: RateLimitKey,
     header: Option<HeaderName>,
     limiter: Arc<Limiter>,
+    /// The refusal status (not part of the zone: it shapes no bucket).
+    status: u16,
 }
 
 /// One compiled concurrency limit of a route.
@@ -432,6 +449,8 @@ struct RouteConcurrency {
     header: Option<HeaderName>,
     max: u32,
     table: Arc<InFlightTable>,
+    /// The refusal status.
+    status: u16,
 }
 
 impl RouteRules {
@@ -484,8 +503,14 @@ fn key_bytes<'h>(
 pub enum Refusal {
     /// The client IP is denied (403).
     Forbidden,
-    /// A rate limit is exhausted; retry after this many seconds (429).
-    RateLimited(u64),
+    /// A rate or concurrency limit is exhausted: answer `status` (the limit's, 429 by
+    /// default) and retry after `retry_after` seconds.
+    RateLimited {
+        /// Seconds until a retry may pass.
+        retry_after: u64,
+        /// The limit's refusal status.
+        status: u16,
+    },
 }
 
 impl RouteRules {
@@ -504,9 +529,10 @@ impl RouteRules {
         for l in &self.limits {
             let key = key_bytes(&l.key, l.header.as_ref(), client, headers);
             if let Err(wait) = l.limiter.take(&key, now) {
-                return Err(Refusal::RateLimited(
-                    wait.as_secs_f64().ceil().max(1.0) as u64
-                ));
+                return Err(Refusal::RateLimited {
+                    retry_after: wait.as_secs_f64().ceil().max(1.0) as u64,
+                    status: l.status,
+                });
             }
         }
         let mut guards = Vec::with_capacity(self.concurrency.len());
@@ -514,7 +540,12 @@ impl RouteRules {
             let key = key_bytes(&c.key, c.header.as_ref(), client, headers);
             match c.table.try_acquire(&key, c.max) {
                 Some(g) => guards.push(g),
-                None => return Err(Refusal::RateLimited(1)),
+                None => {
+                    return Err(Refusal::RateLimited {
+                        retry_after: 1,
+                        status: c.status,
+                    })
+                }
             }
         }
         Ok(guards)
@@ -619,6 +650,7 @@ fn route_concurrency(
         key: c.key.clone(),
         max: c.max.max(1),
         table: zones.in_flight((c.zone.clone().unwrap_or(name), c.key.clone()), keep),
+        status: c.status,
     }
 }
 
@@ -688,6 +720,7 @@ fn route_limit(
         },
         key: r.key.clone(),
         limiter: zones.get(key, keep),
+        status: r.status,
     }
 }
 
@@ -803,6 +836,7 @@ mod tests {
                 key: RateLimitKey::ClientIp,
                 header: None,
                 limiter: Arc::new(Limiter::new(1, Duration::from_secs(60), 0, 100)),
+                status: 429,
             }],
             ..RouteRules::default()
         };
@@ -810,7 +844,10 @@ mod tests {
         assert!(route.check(plain, &h, t).is_ok());
         assert_eq!(
             route.check(mapped, &h, t).unwrap_err(),
-            Refusal::RateLimited(60)
+            Refusal::RateLimited {
+                retry_after: 60,
+                status: 429
+            }
         );
         // X-Forwarded-For entries are normalized the same way.
         let r = rules(&["127.0.0.1"], 1);
@@ -833,6 +870,7 @@ mod tests {
             local: "127.0.0.1:80".parse().unwrap(),
             tls: false,
             sni: None,
+            client_cert: None,
             tls_version: None,
             tls_cipher: None,
             read_budget: None,

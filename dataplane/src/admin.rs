@@ -2,7 +2,8 @@
 //!
 //! * `GET /healthz`: 200 while the process runs;
 //! * `GET /readyz`: 200 once a config has been applied, 503 before;
-//! * `GET /metrics`: Prometheus text format;
+//! * `GET /metrics`: Prometheus text format (the metrics, and the serving config's upstream
+//!   connection pools);
 //! * `GET /config`: generation and content hash of the config being served;
 //! * `POST` or `DELETE /cache/purge?host=H&prefix=/P`: drops response-cache entries of host
 //!   `H` (any when absent) whose path starts with `/P` (any when absent); answers
@@ -41,7 +42,9 @@ pub fn respond<B>(shared: &Shared, req: &Request<B>) -> Response<Body> {
             }
         }
         "/metrics" => {
-            let mut r = Response::new(full(shared.metrics.render()));
+            let mut scrape = shared.metrics.exposition();
+            shared.snapshot().upstreams.expose_connections(&mut scrape);
+            let mut r = Response::new(full(scrape.render()));
             r.headers_mut().insert(
                 header::CONTENT_TYPE,
                 HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),

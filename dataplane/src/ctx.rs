@@ -46,6 +46,10 @@ pub struct ConnInfo {
     pub tls: bool,
     /// SNI server name sent in the handshake, lower-cased.
     pub sni: Option<Arc<str>>,
+    /// The client certificate chain the TLS handshake got (leaf first): asked for only by a
+    /// listener's `client_auth` or for an SNI under its `host_client_auth`
+    /// ([`crate::client_cert`]).
+    pub client_cert: Option<crate::client_cert::PeerChain>,
     /// Negotiated TLS version (`TLSv1.2`, `TLSv1.3`), for the access log.
     pub tls_version: Option<&'static str>,
     /// Negotiated cipher suite (rustls' name, e.g. `TLS13_AES_128_GCM_SHA256`), when known.

@@ -66,6 +66,7 @@ pub fn default_config(site_root: &Path, cert_pem: String, key_pem: String) -> Co
                     }],
                     min_version: TlsVersion::Tls12,
                     client_auth: None,
+                    host_client_auth: Vec::new(),
                 }),
                 http3: true,
                 max_requests_in_flight: None,

@@ -459,6 +459,7 @@ mod tests {
                 local: "127.0.0.1:443".parse().unwrap(),
                 tls,
                 sni: None,
+                client_cert: None,
                 tls_version: None,
                 tls_cipher: None,
                 read_budget: None,

@@ -48,6 +48,7 @@ pub mod basic_auth;
 pub mod body;
 pub mod cache;
 pub mod client_caps;
+pub mod client_cert;
 pub mod compress;
 pub mod control;
 pub mod ctx;

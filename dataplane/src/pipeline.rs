@@ -201,6 +201,11 @@ async fn serve(
     // What the response phase needs from the request (compression captures its own).
     let method = req.method().clone();
     let grpc = crate::grpc::kind(req.headers());
+    // A host that asks for client certificates is not offered HTTP/3 (QUIC handshakes never
+    // ask for one, so its requests there are answered 421).
+    let no_alt_svc = view
+        .and_then(|v| v.host_auth.as_deref())
+        .is_some_and(|a| a.protects(&request_host(&req)));
 
     let served = if let Some(e) = refused {
         shared.metrics.limit_hit("malformed_request");
@@ -242,7 +247,7 @@ async fn serve(
     // 6. response filters
     let alt_svc = view
         .and_then(|v| v.alt_svc.as_ref())
-        .filter(|_| protocol != Protocol::Http3);
+        .filter(|_| protocol != Protocol::Http3 && !no_alt_svc);
     if let Some(head) = stored.take() {
         // A hit's stored head stays out of the header map only if nothing below reads or
         // replaces its fields.
@@ -532,7 +537,7 @@ fn route<'a>(
     snap: &'a crate::state::Snapshot,
     view: Option<&ListenerView>,
     ctx: &RequestCtx,
-    req: Request<Body>,
+    mut req: Request<Body>,
 ) -> Routed<'a> {
     let Some(view) = view else {
         return Routed::Answered(Served::unrouted(text_response(
@@ -540,6 +545,15 @@ fn route<'a>(
             "404 Not Found: listener is being removed\n",
         )));
     };
+    // Client certificates of the host (`host_client_auth`): the connection must have been
+    // made for it, the certificate verify for it; the backend learns the outcome in the
+    // `ssl-client-*` headers (see `crate::client_cert`).
+    if let Some(auth) = &view.host_auth {
+        let h = request_host(&req).into_owned();
+        if let Some(r) = auth.check(&ctx.conn, ctx.protocol, &h, req.headers_mut()) {
+            return Routed::Answered(Served::unrouted(r));
+        }
+    }
     let host = request_host(&req);
     if ctx.conn.tls {
         if let Some(sni) = ctx.conn.sni.as_deref() {
@@ -609,7 +623,8 @@ fn route<'a>(
         origin,
     };
 
-    // 4a. access rules: IP allow/deny lists (403), then rate and concurrency limits (429).
+    // 4a. access rules: IP allow/deny lists (403), then rate and concurrency limits (their
+    // status, 429 by default).
     let mut in_flight = Vec::new();
     if let Some(rules) = snap.access.route(&entry.route) {
         match rules.check(ctx.conn.peer.ip(), req.headers(), Instant::now()) {
@@ -1289,6 +1304,7 @@ mod size_tests {
             local: "127.0.0.1:2".parse().unwrap(),
             tls: false,
             sni: None,
+            client_cert: None,
             tls_version: None,
             tls_cipher: None,
             read_budget: None,

@@ -38,6 +38,9 @@ pub struct ListenerView {
     pub protocol: ListenerProtocol,
     /// TLS server config for HTTPS listeners.
     pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// `host_client_auth` of an HTTPS listener: the handshake config per SNI and the check
+    /// per request ([`crate::client_cert`]).
+    pub host_auth: Option<Arc<crate::client_cert::HostAuth>>,
     /// Certificate scopes of HTTPS listeners, for 421 Misdirected Request.
     pub sni_scopes: Option<Arc<crate::tls::SniScopes>>,
     /// The listener's own in-flight cap, if any.

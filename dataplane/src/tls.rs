@@ -10,7 +10,8 @@
 //! A listener with `client_auth` asks clients for a certificate and verifies it against its CA
 //! bundle (mutual TLS): `require` fails the handshake without a valid one; in
 //! `allow_insecure_fallback` a missing or unverifiable certificate is let through
-//! ([`InsecureFallback`]).
+//! ([`InsecureFallback`]). `host_client_auth` asks only the SNIs of some hosts, with a config
+//! of their own ([`crate::client_cert`]).
 
 use rustls::client::danger::HandshakeSignatureValid;
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
@@ -263,6 +264,8 @@ pub struct ListenerTlsConfigs {
     pub tcp: Arc<rustls::ServerConfig>,
     /// For QUIC, when HTTP/3 is served.
     pub quic: Option<Arc<rustls::ServerConfig>>,
+    /// `host_client_auth`: per-host client certificates, with the TCP config of each entry.
+    pub host_auth: Option<Arc<crate::client_cert::HostAuth>>,
 }
 
 /// Builds the rustls server configs of an HTTPS listener (see [`ListenerTlsConfigs`]).
@@ -286,6 +289,19 @@ pub fn listener_configs(
         path,
         true,
     )?;
+    // Each entry's TCP config differs from `tcp` only in asking for a certificate (and has
+    // its own ticket keys: a session resumed there was made with a certificate request).
+    let host_auth = crate::client_cert::HostAuth::build(tls, path, &|v| {
+        build(
+            resolver.clone(),
+            Some(v),
+            versions,
+            &[b"h2", b"http/1.1"],
+            path,
+            true,
+        )
+    })?
+    .map(Arc::new);
     let quic = match quic {
         None => None,
         Some(early_data) => {
@@ -301,6 +317,7 @@ pub fn listener_configs(
     Ok(ListenerTlsConfigs {
         tcp: Arc::new(tcp),
         quic,
+        host_auth,
     })
 }
 
@@ -397,6 +414,13 @@ pub fn client_verifier(
 /// client cannot present a certificate whose key it does not hold.
 #[derive(Debug)]
 pub struct InsecureFallback(Arc<dyn ClientCertVerifier>);
+
+impl InsecureFallback {
+    /// Lets through what `inner` refuses (its handshake signature checks still apply).
+    pub fn new(inner: Arc<dyn ClientCertVerifier>) -> InsecureFallback {
+        InsecureFallback(inner)
+    }
+}
 
 impl ClientCertVerifier for InsecureFallback {
     fn offer_client_auth(&self) -> bool {

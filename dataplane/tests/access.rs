@@ -31,6 +31,7 @@ fn rate(requests: u32, burst: u32, key: RateLimitKey) -> Filter {
         burst,
         max_keys: 1000,
         zone: None,
+        status: DEFAULT_LIMIT_STATUS,
     })
 }
 
@@ -351,6 +352,7 @@ async fn edge_config_errors_are_reported_with_paths() {
                     burst: 0,
                     max_keys: 10,
                     zone: None,
+                    status: 200,
                 }),
                 Filter::IpAccess(IpAccess {
                     allow: vec!["10.0.0.1/8".into()],
@@ -366,6 +368,7 @@ async fn edge_config_errors_are_reported_with_paths() {
     let want = [
         "virtual_hosts[0].routes[0].filters[0].rate_limit.key.header",
         "virtual_hosts[0].routes[0].filters[0].rate_limit.requests",
+        "virtual_hosts[0].routes[0].filters[0].rate_limit.status",
         "virtual_hosts[0].routes[0].filters[1].ip_access.allow[0]",
         "client_ip.trusted_proxies[0]",
         "client_ip.proxy_protocol[0]",
@@ -414,6 +417,7 @@ async fn concurrency_limit_counts_requests_in_flight_per_client() {
                     key: RateLimitKey::Header("x-user".into()),
                     max: 2,
                     zone: None,
+                    status: DEFAULT_LIMIT_STATUS,
                 })],
             )],
         )]);
@@ -476,6 +480,88 @@ async fn concurrency_limit_counts_requests_in_flight_per_client() {
     .await;
 }
 
+/// A limit answers its own `status` (ingress-nginx's `limit-req-status-code` /
+/// `limit-conn-status-code`; nginx's default 503), 429 when it names none; the refusal keeps
+/// its Retry-After and text. Fails when the dataplane ignores `status` (every refusal 429).
+#[tokio::test]
+async fn limits_answer_their_configured_status() {
+    bounded(async {
+        let with_status = |f: Filter, status: u16| match f {
+            Filter::RateLimit(r) => Filter::RateLimit(RateLimit { status, ..r }),
+            Filter::ConcurrencyLimit(c) => {
+                Filter::ConcurrencyLimit(ConcurrencyLimit { status, ..c })
+            }
+            other => other,
+        };
+        let gate = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
+        let be = gated_backend(gate.clone()).await;
+        let concurrency = Filter::ConcurrencyLimit(ConcurrencyLimit {
+            key: RateLimitKey::ClientIp,
+            max: 1,
+            zone: None,
+            status: DEFAULT_LIMIT_STATUS,
+        });
+        let mut cfg = http_config(vec![vhost(
+            "v",
+            &[],
+            vec![
+                with_filters(
+                    fixed_route("default", "/default", "ok"),
+                    vec![rate(1, 0, RateLimitKey::ClientIp)],
+                ),
+                with_filters(
+                    fixed_route("nginx", "/nginx", "ok"),
+                    vec![with_status(rate(1, 0, RateLimitKey::ClientIp), 503)],
+                ),
+                with_filters(
+                    fixed_route("custom", "/custom", "ok"),
+                    vec![with_status(rate(1, 0, RateLimitKey::ClientIp), 420)],
+                ),
+                with_filters(
+                    proxy_route("conn", "/conn", "be"),
+                    vec![with_status(concurrency, 503)],
+                ),
+            ],
+        )]);
+        cfg.backends = vec![backend("be", be)];
+        let h = Harness::start(cfg).await;
+        let base = format!("http://{}", h.addr("web").await);
+        let c = h1_client();
+        for (path, status) in [("/default", 429), ("/nginx", 503), ("/custom", 420)] {
+            let url = format!("{base}{path}");
+            assert_eq!(get_with(&c, &url, &[]).await.0, 200, "{path}");
+            let (s, ra, body) = get_with(&c, &url, &[]).await;
+            assert_eq!(s, status, "{path}: {body}");
+            assert!(ra.is_some(), "{path}: Retry-After");
+            assert!(body.contains("rate limit exceeded"), "{path}: {body}");
+        }
+        // One request in flight (held at the backend), the next is refused with 503.
+        let first = tokio::spawn({
+            let (c, url) = (c.clone(), format!("{base}/conn"));
+            async move { get_with(&c, &url, &[]).await.0 }
+        });
+        let active = || {
+            h.runtime
+                .shared
+                .metrics
+                .active_requests
+                .load(std::sync::atomic::Ordering::SeqCst)
+        };
+        for _ in 0..500 {
+            if active() >= 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(active(), 1);
+        let (s, ra, _) = get_with(&c, &format!("{base}/conn"), &[]).await;
+        assert_eq!((s, ra.as_deref()), (503, Some("1")));
+        gate.add_permits(1);
+        assert_eq!(first.await.unwrap(), 200);
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn proxy_protocol_comes_before_tls_on_https_listeners() {
     bounded(async {
@@ -485,6 +571,7 @@ async fn proxy_protocol_comes_before_tls_on_https_listeners() {
             certificates: vec![cert],
             min_version: TlsVersion::Tls12,
             client_auth: None,
+            host_client_auth: Vec::new(),
         });
         let mut cfg = Config {
             listeners: vec![https],

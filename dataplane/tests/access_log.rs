@@ -98,6 +98,7 @@ async fn start_with(format: AccessLogFormat, client_ip: ClientIp) -> Setup {
             certificates: vec![cert],
             min_version: TlsVersion::Tls12,
             client_auth: None,
+            host_client_auth: Vec::new(),
         }),
         ..listener("tls", ListenerProtocol::Https)
     });

@@ -463,6 +463,7 @@ fn config(
                     certificates: vec![cert],
                     min_version: TlsVersion::Tls12,
                     client_auth: None,
+                    host_client_auth: Vec::new(),
                 }),
                 http3: true,
                 ..listener("tls", ListenerProtocol::Https)

@@ -394,6 +394,7 @@ async fn trailers_and_errors_over_http3() {
                 certificates: vec![cert],
                 min_version: TlsVersion::Tls13,
                 client_auth: None,
+                host_client_auth: Vec::new(),
             }),
             http3: true,
             ..listener("tls", ListenerProtocol::Https)

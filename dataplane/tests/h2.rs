@@ -173,6 +173,7 @@ async fn curl_and_h2load_get_answers_over_h2c_and_tls() {
         certificates: vec![cert],
         min_version: TlsVersion::Tls12,
         client_auth: None,
+        host_client_auth: Vec::new(),
     });
     let h = Harness::start(sweety(Config {
         listeners: vec![https],

@@ -906,6 +906,7 @@ async fn serve_recorded(
         local,
         tls: false,
         sni: None,
+        client_cert: None,
         tls_version: None,
         tls_cipher: None,
         read_budget: None,

@@ -181,6 +181,7 @@ fn https_listener(name: &str, cert: Certificate) -> Listener {
             certificates: vec![cert],
             min_version: TlsVersion::Tls12,
             client_auth: None,
+            host_client_auth: Vec::new(),
         }),
         http3: true,
         ..listener(name, ListenerProtocol::Https)
@@ -863,6 +864,7 @@ async fn early_data_is_opt_in_and_unsafe_methods_in_it_get_425() {
             local: addr,
             tls: true,
             sni: Some("localhost".into()),
+            client_cert: None,
             tls_version: None,
             tls_cipher: None,
             read_budget: None,

@@ -411,6 +411,7 @@ async fn tls_listener_terminates_or_passes_through_by_sni() {
             certificates: vec![gw_cert],
             min_version: TlsVersion::Tls12,
             client_auth: None,
+            host_client_auth: Vec::new(),
         });
         let cfg = Config {
             generation: 1,

@@ -293,6 +293,7 @@ async fn tls_handshakes_errors_and_certificate_expiry_by_listener() {
         certificates: vec![cert],
         min_version: TlsVersion::default(),
         client_auth: None,
+        host_client_auth: Vec::new(),
     });
     let cfg = Config {
         generation: 1,
@@ -357,4 +358,218 @@ async fn tls_handshakes_errors_and_certificate_expiry_by_listener() {
             .any(|l| l.starts_with("sweety_tls_handshake") && l.contains("\"websecure\"")),
         "{text}"
     );
+}
+
+/// An origin whose `.../hold` answers once `release` turns true, whose `.../close` answers
+/// with `Connection: close` (and closes), anything else at once.
+async fn holding_origin(release: tokio::sync::watch::Receiver<bool>) -> SocketAddr {
+    spawn_http_backend(move |req| {
+        let mut release = release.clone();
+        async move {
+            let path = req.uri().path();
+            if path.ends_with("/hold") {
+                let _ =
+                    tokio::time::timeout(Duration::from_secs(10), release.wait_for(|go| *go)).await;
+            }
+            let mut resp = http::Response::new(Full::new(Bytes::from("ok")));
+            if path.ends_with("/close") {
+                resp.headers_mut()
+                    .insert("connection", http::HeaderValue::from_static("close"));
+            }
+            resp
+        }
+    })
+    .await
+}
+
+/// The `sweety_upstream_connections` samples of a scrape, as `backend state value` lines.
+fn pool_lines(text: &str) -> Vec<String> {
+    lines_of(text, "sweety_upstream_connections{")
+        .into_iter()
+        .map(|l| {
+            let (labels, v) = l.rsplit_once(' ').unwrap();
+            let labels = labels
+                .trim_start_matches("sweety_upstream_connections{backend=\"")
+                .replace("\",state=\"", " ")
+                .replace("\"}", "");
+            format!("{labels} {v}")
+        })
+        .collect()
+}
+
+/// Scrapes until the pool samples are `want` (an HTTP/1.1 connection returns to the idle
+/// list from a task of its own once the response body is read), at most 5 s; then asserts.
+async fn pools_become(admin: SocketAddr, want: &[&str]) {
+    let mut got = Vec::new();
+    for _ in 0..100 {
+        got = pool_lines(&scrape(admin).await);
+        if got == want {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(got, want);
+}
+
+/// `sweety_upstream_connections` from the pools themselves: sequential requests share one
+/// kept-alive HTTP/1.1 connection (idle after), two held at once need two (active), an h2c
+/// backend carries both on one connection; a backend nobody used shows zeros; connections the
+/// origin closes leave the gauge.
+#[tokio::test]
+async fn upstream_connections_active_and_idle_by_backend() {
+    let (release, wait) = tokio::sync::watch::channel(false);
+    let up = holding_origin(wait).await;
+    let mut h2 = backend("default/h2", up);
+    h2.protocol = BackendProtocol::H2c;
+    let cfg = Config {
+        backends: vec![
+            backend("default/h1", up),
+            h2,
+            backend("default/unused", closed_port().await),
+        ],
+        ..http_config(vec![vhost(
+            "shop",
+            &["shop.test"],
+            vec![
+                proxy_route("default/one", "/one", "default/h1"),
+                proxy_route("default/two", "/two", "default/h2"),
+            ],
+        )])
+    };
+    let h = Harness::start(cfg).await;
+    let web = h.addr("web").await;
+    let admin =
+        sweety_dataplane::admin::serve(h.runtime.shared.clone(), "127.0.0.1:0".parse().unwrap())
+            .await
+            .unwrap();
+    let text = scrape(admin).await;
+    assert!(text.contains("# HELP sweety_upstream_connections Open upstream connections"));
+    assert!(text.contains("# TYPE sweety_upstream_connections gauge\n"));
+    let zeros = [
+        "default/h1 active 0",
+        "default/h1 idle 0",
+        "default/h2 active 0",
+        "default/h2 idle 0",
+        "default/unused active 0",
+        "default/unused idle 0",
+    ];
+    assert_eq!(pool_lines(&text), zeros);
+
+    let c = h1_client();
+    for _ in 0..3 {
+        assert_eq!(send(&c, web, "GET", "/one", "shop.test").await, 200);
+        assert_eq!(send(&c, web, "GET", "/two", "shop.test").await, 200);
+    }
+    pools_become(
+        admin,
+        &[
+            "default/h1 active 0",
+            "default/h1 idle 1",
+            "default/h2 active 0",
+            "default/h2 idle 1",
+            "default/unused active 0",
+            "default/unused idle 0",
+        ],
+    )
+    .await;
+
+    // Two held requests per backend: HTTP/1.1 takes the idle connection and opens a second,
+    // HTTP/2 puts both streams on its one connection.
+    let mut held = Vec::new();
+    for path in ["/one/hold", "/one/hold", "/two/hold", "/two/hold"] {
+        let c = h1_client();
+        held.push(tokio::spawn(async move {
+            send(&c, web, "GET", path, "shop.test").await
+        }));
+    }
+    pools_become(
+        admin,
+        &[
+            "default/h1 active 2",
+            "default/h1 idle 0",
+            "default/h2 active 1",
+            "default/h2 idle 0",
+            "default/unused active 0",
+            "default/unused idle 0",
+        ],
+    )
+    .await;
+    release.send(true).unwrap();
+    for t in held {
+        assert_eq!(t.await.unwrap(), 200);
+    }
+    pools_become(
+        admin,
+        &[
+            "default/h1 active 0",
+            "default/h1 idle 2",
+            "default/h2 active 0",
+            "default/h2 idle 1",
+            "default/unused active 0",
+            "default/unused idle 0",
+        ],
+    )
+    .await;
+    // The origin closes both HTTP/1.1 connections (one request on each): they leave.
+    for _ in 0..2 {
+        assert_eq!(send(&c, web, "GET", "/one/close", "shop.test").await, 200);
+    }
+    pools_become(
+        admin,
+        &[
+            "default/h1 active 0",
+            "default/h1 idle 0",
+            "default/h2 active 0",
+            "default/h2 idle 1",
+            "default/unused active 0",
+            "default/unused idle 0",
+        ],
+    )
+    .await;
+}
+
+/// Backends past the label cap (`MAX_BACKENDS`) share the label `other`: their connections
+/// add up there, and the gauge has one pair of samples per label, however many backends.
+#[tokio::test]
+async fn upstream_connections_over_the_backend_cap_add_up_under_other() {
+    let (_release, wait) = tokio::sync::watch::channel(false);
+    let up = holding_origin(wait).await;
+    let unused = closed_port().await;
+    let mut backends: Vec<Backend> = (0..sweety_dataplane::metrics::MAX_BACKENDS)
+        .map(|i| backend(&format!("default/filler-{i}"), unused))
+        .collect();
+    backends.push(backend("default/late-a", up));
+    backends.push(backend("default/late-b", up));
+    let cfg = Config {
+        backends,
+        ..http_config(vec![vhost(
+            "shop",
+            &["shop.test"],
+            vec![
+                proxy_route("default/a", "/a", "default/late-a"),
+                proxy_route("default/b", "/b", "default/late-b"),
+            ],
+        )])
+    };
+    let h = Harness::start(cfg).await;
+    let web = h.addr("web").await;
+    let admin =
+        sweety_dataplane::admin::serve(h.runtime.shared.clone(), "127.0.0.1:0".parse().unwrap())
+            .await
+            .unwrap();
+    let c = h1_client();
+    assert_eq!(send(&c, web, "GET", "/a", "shop.test").await, 200);
+    assert_eq!(send(&c, web, "GET", "/b", "shop.test").await, 200);
+    let mut got = Vec::new();
+    for _ in 0..100 {
+        got = pool_lines(&scrape(admin).await);
+        if got.iter().any(|l| l == "other idle 2") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(got.len(), 2 * (sweety_dataplane::metrics::MAX_BACKENDS + 1));
+    let other: Vec<_> = got.iter().filter(|l| l.starts_with("other ")).collect();
+    assert_eq!(other, ["other active 0", "other idle 2"]);
+    assert!(!got.iter().any(|l| l.contains("late")), "{got:?}");
 }

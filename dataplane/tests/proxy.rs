@@ -148,6 +148,7 @@ fn ctx() -> RequestCtx {
             local: "127.0.0.1:8080".parse().unwrap(),
             tls: false,
             sni: None,
+            client_cert: None,
             tls_version: None,
             tls_cipher: None,
             read_budget: None,

@@ -20,6 +20,7 @@ async fn tls_selects_the_certificate_by_sni_and_negotiates_alpn() {
         certificates: vec![cert_a, cert_b],
         min_version: TlsVersion::Tls12,
         client_auth: None,
+        host_client_auth: Vec::new(),
     });
     let cfg = Config {
         listeners: vec![https],
@@ -442,6 +443,7 @@ async fn unknown_hosts_and_paths_get_404_and_misdirected_requests_421() {
         certificates: vec![cert_a, cert_b],
         min_version: TlsVersion::Tls12,
         client_auth: None,
+        host_client_auth: Vec::new(),
     });
     let mut cfg = http_config(vec![
         vhost("a", &["a.test"], vec![fixed_route("a", "/app", "A")]),
@@ -508,6 +510,7 @@ async fn misdirected_requests_follow_the_listener_chosen_by_sni() {
         ],
         min_version: TlsVersion::Tls12,
         client_auth: None,
+        host_client_auth: Vec::new(),
     });
     let mut cfg = http_config(vec![
         vhost(
@@ -720,6 +723,7 @@ async fn client_certificates_required_or_insecure_fallback() {
                 ca: PemSource::Pem(trusted_ca.clone()),
                 mode,
             }),
+            host_client_auth: Vec::new(),
         });
         l
     };

@@ -35,10 +35,13 @@
 //! **Paths.** `Exact` → exact; `Prefix` → the dataplane's element-wise prefix (`/foo` matches
 //! `/foo` and `/foo/bar`, not `/foobar`; a trailing `/` is ignored, as the Ingress spec says);
 //! `ImplementationSpecific` → prefix, or a regex when `use-regex` (or a `rewrite-target` with
-//! capture groups) is set. ingress-nginx regex locations are anchored at the start only, so a
-//! regex path `p` becomes `p.*` (unless it ends in `$`); and, as in ingress-nginx, once a host
-//! has a regex path all its prefix paths become regexes too and the host's routes are ordered
-//! by path length, longest first (otherwise every prefix would beat every regex).
+//! capture groups) is set. ingress-nginx regex locations (`~*`) are case-insensitive and
+//! anchored at the start only, so a regex path `p` becomes `(?i)p.*` (unless it ends in `$`);
+//! and, as in ingress-nginx, once a host has a regex path all its prefix paths become
+//! case-insensitive regexes too (its exact paths exact regexes ignoring case) and the host's
+//! routes are ordered by path length, longest first (otherwise every prefix would beat every
+//! regex). Routing, a rewrite's captures and the route's access rules all follow that one
+//! match.
 //!
 //! **Default backend.** An Ingress's `spec.defaultBackend` is the last route of that
 //! Ingress's own hosts (the oldest Ingress's, per host); it never reaches other hosts. The
@@ -122,6 +125,7 @@ pub fn front_listeners(b: &mut Builder<'_>, certificates: Vec<Certificate>) {
                         .collect(),
                     min_version: Default::default(),
                     client_auth: None,
+                    host_client_auth: Vec::new(),
                 }),
                 http3: p.http3,
                 max_requests_in_flight: None,
@@ -250,6 +254,7 @@ pub fn certificate_from_secret(
                 certificates: vec![certificate.clone()],
                 min_version: Default::default(),
                 client_auth: None,
+                host_client_auth: Vec::new(),
             }),
             http3: false,
             max_requests_in_flight: None,
@@ -588,7 +593,8 @@ pub fn translate(b: &mut Builder<'_>) -> BTreeSet<String> {
             conditions: Vec::new(),
             generation: ing.metadata.generation.unwrap_or(0),
         };
-        let ann = nginx::Annotations::parse(ing, params, &b.snapshot.secrets, &mut report);
+        let class = super::proxy_settings::ingress_settings(b.snapshot, params, ing);
+        let ann = nginx::Annotations::parse(ing, params, &class, &b.snapshot.secrets, &mut report);
         if ann.canary {
             canaries.push((ing.clone(), ann));
             reports.insert((ns, name), report);
@@ -806,7 +812,7 @@ pub fn translate(b: &mut Builder<'_>) -> BTreeSet<String> {
                 else {
                     continue;
                 };
-                // The rewrite-target idiom may have turned a regex into a prefix.
+                // (What `apply` left of the match: a regex stays a regex.)
                 let regex = matches!(
                     route.matches.first().and_then(|m| m.path.as_ref()),
                     Some(PathMatch::Regex(_))

@@ -25,6 +25,7 @@
 //! Pure: a function of the snapshot and the params, used by `translate` and by the
 //! incremental translation alike.
 
+use super::ingress::nginx::ClassSettings;
 use super::ingress::served_classes;
 use super::snapshot::Snapshot;
 use super::status::{Condition, ObjectKey, ObjectStatus};
@@ -52,6 +53,71 @@ pub(crate) fn find<'s>(
             c.metadata.namespace.as_deref() == Some(ns) && c.metadata.name.as_deref() == Some(name)
         })
         .map(|c| c.as_ref())
+}
+
+/// The `ingress` settings of the SweetyProxyConfig that `ing`'s IngressClass names in
+/// `spec.parameters` (as [`settings`] accepts such a reference), with ingress-nginx's defaults
+/// for what it does not set (503 for both limit statuses). The class is the one
+/// `spec.ingressClassName` names, else the legacy `kubernetes.io/ingress.class` annotation's,
+/// else the default class among those served. A status outside 400-599 (the CRD's schema
+/// refuses it; an old schema may not) is left at the default and named in the config's
+/// `Accepted` condition ([`Merge::add`]).
+pub(crate) fn ingress_settings(
+    snapshot: &Snapshot,
+    params: &Params,
+    ing: &k8s_openapi::api::networking::v1::Ingress,
+) -> ClassSettings {
+    let mut out = ClassSettings::default();
+    let served = served_classes(snapshot, params);
+    let named = ing
+        .spec
+        .as_ref()
+        .and_then(|s| s.ingress_class_name.as_deref())
+        .or_else(|| {
+            ing.metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(super::ingress::LEGACY_CLASS_ANNOTATION))
+                .map(String::as_str)
+        });
+    let class = match named {
+        Some(name) => served
+            .iter()
+            .find(|c| c.metadata.name.as_deref() == Some(name)),
+        None => served.iter().find(|c| {
+            c.metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(super::ingress::DEFAULT_CLASS_ANNOTATION))
+                .is_some_and(|v| v == "true")
+        }),
+    };
+    let Some(p) = class.and_then(|c| c.spec.as_ref()?.parameters.as_ref()) else {
+        return out;
+    };
+    if p.api_group.as_deref() != Some(GROUP)
+        || p.kind != KIND
+        || p.scope.as_deref() != Some("Namespace")
+    {
+        return out;
+    }
+    let Some(ns) = p.namespace.as_deref() else {
+        return out;
+    };
+    let Some(i) = find(snapshot, ns, &p.name).and_then(|c| c.spec.ingress.as_ref()) else {
+        return out;
+    };
+    let status = |v: Option<i32>| {
+        v.and_then(|n| u16::try_from(n).ok())
+            .filter(|n| sweety_config::check_limit_status(*n).is_ok())
+    };
+    if let Some(s) = status(i.limit_req_status_code) {
+        out.limit_req_status = s;
+    }
+    if let Some(s) = status(i.limit_conn_status_code) {
+        out.limit_conn_status = s;
+    }
+    out
 }
 
 /// The settings part of the config (no listeners, virtual hosts or backends) and the statuses
@@ -267,6 +333,25 @@ impl<'a> Merge<'a> {
         }
         if let Some(t) = &c.spec.tracing {
             self.tracing.push((i, t));
+        }
+        if let Some(ing) = &c.spec.ingress {
+            for (field, v) in [
+                ("ingress.limitReqStatusCode", ing.limit_req_status_code),
+                ("ingress.limitConnStatusCode", ing.limit_conn_status_code),
+            ] {
+                let bad = v.is_some_and(|n| {
+                    u16::try_from(n).map_or(true, |n| sweety_config::check_limit_status(n).is_err())
+                });
+                if bad {
+                    self.note(
+                        i,
+                        format!(
+                            "{field} {} is not a status from 400 to 599: 503 applies",
+                            v.unwrap_or_default()
+                        ),
+                    );
+                }
+            }
         }
         if let Some(ip) = &c.spec.client_ip {
             if let Some(list) = &ip.trusted_proxies {

@@ -351,6 +351,7 @@ pub fn translate(b: &mut Builder<'_>, ingress_hosts: &BTreeSet<String>) {
                             burst: rl.burst.unwrap_or(0).max(0) as u32,
                             max_keys: 65_536,
                             zone: Some(format!("site/{ns}/{name}")),
+                            status: sweety_config::DEFAULT_LIMIT_STATUS,
                         }),
                     );
                 }

@@ -343,6 +343,7 @@ async fn serve_conn(
         local,
         tls: true,
         sni,
+        client_cert: None,
         // QUIC runs TLS 1.3 only (RFC 9001 §4.2); quinn does not expose the suite.
         tls_version: Some("TLSv1.3"),
         tls_cipher: None,

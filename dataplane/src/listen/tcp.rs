@@ -214,6 +214,7 @@ async fn serve_conn(
                 local,
                 tls: false,
                 sni: None,
+                client_cert: None,
                 tls_version: None,
                 tls_cipher: None,
                 read_budget: Some(ReadBudget::new(read_ahead)),
@@ -257,8 +258,12 @@ async fn serve_conn(
             }
         }
         Some(cfg) => {
-            let acceptor = tokio_rustls::TlsAcceptor::from(cfg.clone());
-            let tls = match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
+            let tls = match tokio::time::timeout(
+                handshake_timeout,
+                tls_accept(cfg, view.host_auth.as_deref(), stream),
+            )
+            .await
+            {
                 Ok(Ok(s)) => s,
                 Ok(Err(e)) => {
                     tracing::debug!(%peer, error = %e, "TLS handshake failed");
@@ -298,12 +303,16 @@ async fn serve_conn(
                 Some(b"http/1.1") => builder = builder.http1_only(),
                 _ => {}
             }
+            let client_cert = session
+                .peer_certificates()
+                .map(|c| c.iter().map(|d| d.clone().into_owned()).collect());
             let conn = Arc::new(ConnInfo {
                 listener: view.name.clone(),
                 peer,
                 local,
                 tls: true,
                 sni,
+                client_cert,
                 tls_version,
                 tls_cipher: session
                     .negotiated_cipher_suite()
@@ -328,6 +337,31 @@ async fn serve_conn(
             serve_http(shared, conn, builder, TokioIo::new(tls), watcher, idle).await;
         }
     }
+}
+
+/// The TLS handshake of a connection: with the listener's config, or, when the listener has
+/// `host_client_auth`, with the config of the entry the ClientHello's SNI falls under (it asks
+/// for a client certificate; see `crate::client_cert`), read before the handshake goes on.
+async fn tls_accept<S>(
+    cfg: &Arc<rustls::ServerConfig>,
+    host_auth: Option<&crate::client_cert::HostAuth>,
+    stream: S,
+) -> std::io::Result<tokio_rustls::server::TlsStream<S>>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let Some(host_auth) = host_auth else {
+        return tokio_rustls::TlsAcceptor::from(cfg.clone())
+            .accept(stream)
+            .await;
+    };
+    let start =
+        tokio_rustls::LazyConfigAcceptor::new(rustls::server::Acceptor::default(), stream).await?;
+    let chosen = host_auth
+        .handshake_config(start.client_hello().server_name())
+        .unwrap_or(cfg)
+        .clone();
+    start.into_stream(chosen).await
 }
 
 /// Reads the first bytes of a cleartext connection until they are the HTTP/2 client preface

@@ -78,6 +78,7 @@ async fn run(weak: Weak<BackendRt>, idx: usize, hc: Arc<HealthCheck>, metrics: A
             local: ([127, 0, 0, 1], 0).into(),
             tls: false,
             sni: None,
+            client_cert: None,
             tls_version: None,
             tls_cipher: None,
             read_budget: None,

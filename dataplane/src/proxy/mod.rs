@@ -214,6 +214,34 @@ impl Upstreams {
         Some(e.state.pool.idle_count())
     }
 
+    /// Adds `sweety_upstream_connections` to a scrape: the open connections of every backend's
+    /// pools by state (`active`, `idle`, [`Pool::connections`]), one pair of samples per
+    /// backend label (backends over the label cap add up under `other`), zero included.
+    pub fn expose_connections(&self, e: &mut crate::metrics::expo::Exposition) {
+        let mut by_label: std::collections::BTreeMap<&str, (usize, usize)> = Default::default();
+        for b in self.backends.values() {
+            let sum = by_label.entry(&b.label).or_default();
+            for ep in &b.endpoints {
+                let (active, idle) = ep.state.pool.connections();
+                sum.0 += active;
+                sum.1 += idle;
+            }
+        }
+        let f = e.family(
+            "sweety_upstream_connections",
+            prometheus_client::metrics::MetricType::Gauge,
+            "Open upstream connections of the connection pools, by backend and state (active, idle).",
+        );
+        for (backend, (active, idle)) in by_label {
+            for (state, n) in [("active", active), ("idle", idle)] {
+                f.sample(
+                    vec![("backend", backend.to_string()), ("state", state.into())],
+                    crate::metrics::expo::Value::Gauge(n as i64),
+                );
+            }
+        }
+    }
+
     /// Starts the active health checks of every backend that has them and has not started
     /// yet. Must be called inside a tokio runtime (the runtime does, after each apply).
     pub fn start_health_checks(&self) {
@@ -697,6 +725,7 @@ mod tests {
                 local: "127.0.0.1:80".parse().unwrap(),
                 tls: false,
                 sni: None,
+                client_cert: None,
                 tls_version: None,
                 tls_cipher: None,
                 read_budget: None,

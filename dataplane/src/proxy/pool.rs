@@ -11,6 +11,12 @@
 //!
 //! Upstream sockets get TCP_NODELAY and TCP keepalive. Host names in endpoint addresses are
 //! resolved on every new connection.
+//!
+//! Each pool counts its open connections (a guard lives in every connection's task, so a
+//! connection counts from its handshake until hyper's connection future ends, whoever closed
+//! it); [`Pool::connections`] splits them into idle (an HTTP/1.1 connection on the idle list,
+//! an HTTP/2 connection with no stream) and active (the rest) for
+//! `sweety_upstream_connections`, at scrape time: the request path does nothing for it.
 
 use super::error::ProxyError;
 use crate::body::Body;
@@ -69,6 +75,25 @@ pub struct Pool {
     h2: Mutex<Vec<H2Conn>>,
     h2_connect: tokio::sync::Mutex<()>,
     max_idle: AtomicUsize,
+    /// Connections open (handshake done, connection task running).
+    open: Arc<AtomicUsize>,
+}
+
+/// Counts one open connection while it lives in the connection's task.
+#[derive(Debug)]
+struct OpenGuard(Arc<AtomicUsize>);
+
+impl OpenGuard {
+    fn new(open: &Arc<AtomicUsize>) -> OpenGuard {
+        open.fetch_add(1, Ordering::Relaxed);
+        OpenGuard(open.clone())
+    }
+}
+
+impl Drop for OpenGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// Decrements an HTTP/2 connection's stream count when dropped (with the response body).
@@ -112,7 +137,34 @@ impl Pool {
             h2: Mutex::new(Vec::new()),
             h2_connect: tokio::sync::Mutex::new(()),
             max_idle: AtomicUsize::new(max_idle),
+            open: Arc::new(AtomicUsize::new(0)),
         }
+    }
+
+    /// Open connections as `(active, idle)`: idle are HTTP/1.1 connections waiting on the
+    /// idle list and HTTP/2 connections carrying no stream; active are the other open ones
+    /// (a request or a response body on them, or an HTTP/1.1 connection between its response
+    /// and its return to the list). Read at scrape time.
+    pub fn connections(&self) -> (usize, usize) {
+        let open = self.open.load(Ordering::Relaxed);
+        let idle_h1 = self
+            .idle
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|i| !i.sender.is_closed())
+            .count();
+        let idle_h2 = self
+            .h2
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|c| !c.sender.is_closed() && c.streams.load(Ordering::Acquire) == 0)
+            .count();
+        // A connection ending between the two reads is briefly on a list and no longer
+        // open: never report more idle than open.
+        let idle = (idle_h1 + idle_h2).min(open);
+        (open - idle, idle)
     }
 
     /// Changes the idle bound (on config reload).
@@ -137,7 +189,7 @@ impl Pool {
                 reused: true,
             });
         }
-        match connect(addr, c).await? {
+        match connect(addr, c, &self.open).await? {
             Opened::H1(s) => Ok(Conn {
                 sender: Sender::H1(s),
                 reused: false,
@@ -197,7 +249,7 @@ impl Pool {
         if let Some(conn) = self.take_h2_stream() {
             return Ok(conn);
         }
-        let Opened::H2(sender) = connect(addr, c).await? else {
+        let Opened::H2(sender) = connect(addr, c, &self.open).await? else {
             unreachable!("h2 connector opened h1")
         };
         let streams = Arc::new(AtomicUsize::new(1));
@@ -358,7 +410,8 @@ pub(crate) async fn connect_tcp(addr: &str, external: bool) -> std::io::Result<T
     }))
 }
 
-async fn connect(addr: &str, c: &Connector) -> Result<Opened, ProxyError> {
+/// A new connection to `addr`, counted in `open` while its connection task runs.
+async fn connect(addr: &str, c: &Connector, open: &Arc<AtomicUsize>) -> Result<Opened, ProxyError> {
     let tcp = connect_tcp(addr, c.external)
         .await
         .map_err(|e| ProxyError::Connect {
@@ -366,7 +419,7 @@ async fn connect(addr: &str, c: &Connector) -> Result<Opened, ProxyError> {
             source: e.into(),
         })?;
     match &c.tls {
-        None => handshake(addr, TokioIo::new(tcp), c.is_h2()).await,
+        None => handshake(addr, TokioIo::new(tcp), c.is_h2(), open).await,
         Some(cfg) => {
             let stream = connect_tls(addr, c, cfg, tcp).await?;
             let tls_err = |e: String| ProxyError::Tls {
@@ -383,7 +436,7 @@ async fn connect(addr: &str, c: &Connector) -> Result<Opened, ProxyError> {
                     String::from_utf8_lossy(want)
                 )));
             }
-            handshake(addr, TokioIo::new(stream), c.is_h2()).await
+            handshake(addr, TokioIo::new(stream), c.is_h2(), open).await
         }
     }
 }
@@ -410,7 +463,12 @@ pub(super) async fn connect_tls(
         })
 }
 
-async fn handshake<T>(addr: &str, io: T, h2: bool) -> Result<Opened, ProxyError>
+async fn handshake<T>(
+    addr: &str,
+    io: T,
+    h2: bool,
+    open: &Arc<AtomicUsize>,
+) -> Result<Opened, ProxyError>
 where
     T: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
 {
@@ -426,7 +484,9 @@ where
             .handshake::<_, Body>(io)
             .await
             .map_err(err)?;
+        let counted = OpenGuard::new(open);
         tokio::spawn(async move {
+            let _counted = counted;
             if let Err(e) = conn.await {
                 tracing::debug!(error = %e, "upstream h2 connection ended");
             }
@@ -437,7 +497,9 @@ where
             .handshake::<_, Body>(io)
             .await
             .map_err(err)?;
+        let counted = OpenGuard::new(open);
         tokio::spawn(async move {
+            let _counted = counted;
             if let Err(e) = conn.await {
                 tracing::debug!(error = %e, "upstream h1 connection ended");
             }

@@ -18,6 +18,7 @@ pub(super) type ListenerBuild<'c> = (
     &'c Listener,
     Option<Arc<rustls::ServerConfig>>,
     Option<quinn::ServerConfig>,
+    Option<Arc<crate::client_cert::HostAuth>>,
 );
 
 /// The listener views of a snapshot, by name and by bind key.
@@ -72,6 +73,7 @@ pub(super) fn compile<'c>(
     .ok();
     let mut views = Vec::new();
     for (i, l) in config.listeners.iter().enumerate() {
+        let mut host_auth = None;
         let (tls, quic) = match (&l.protocol, &l.tls) {
             (ListenerProtocol::Https, Some(t)) => {
                 let path = format!("listeners[{i}].tls");
@@ -88,6 +90,7 @@ pub(super) fn compile<'c>(
                             .map_err(|e| errors.push(e))
                             .ok()
                         });
+                        host_auth = c.host_auth;
                         (Some(c.tcp), quic)
                     }
                     Err(e) => {
@@ -110,7 +113,7 @@ pub(super) fn compile<'c>(
             }
             _ => (None, None),
         };
-        views.push((i, l, tls, quic));
+        views.push((i, l, tls, quic, host_auth));
     }
     let (Some(routes), Some(upstreams), true) = (routes, upstreams, errors.is_empty()) else {
         return Err(ApplyError::Invalid(errors));
@@ -139,7 +142,7 @@ pub(super) fn listener_views(
         .listener_limits
         .lock()
         .unwrap_or_else(|e| e.into_inner());
-    for (_, l, tls, quic) in views {
+    for (_, l, tls, quic, host_auth) in views {
         let key = super::sockets::bind_key(l);
         let port = port(&key, l.port);
         let limit = l.max_requests_in_flight.map(|max| {
@@ -156,6 +159,7 @@ pub(super) fn listener_views(
             port,
             protocol: l.protocol,
             tls: tls.clone(),
+            host_auth: host_auth.clone(),
             sni_scopes: l
                 .tls
                 .as_ref()

@@ -539,7 +539,7 @@ impl Runtime {
         );
         let quic_configs: HashMap<_, quinn::ServerConfig> = views
             .into_iter()
-            .filter_map(|(_, l, _, q)| Some((sockets::bind_key(l), q?)))
+            .filter_map(|(_, l, _, q, _)| Some((sockets::bind_key(l), q?)))
             .collect();
         let snapshot = build::snapshot(&self.shared, config, hash, routes, upstreams, listeners);
 

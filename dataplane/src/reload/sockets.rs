@@ -53,7 +53,7 @@ impl Sockets {
         let mut fresh = HashMap::new();
         let mut fresh_udp = HashMap::new();
         let mut fresh_l4udp = HashMap::new();
-        for (i, l, _, _) in views {
+        for (i, l, _, _, _) in views {
             if l.protocol != ListenerProtocol::Udp {
                 continue;
             }
@@ -76,7 +76,7 @@ impl Sockets {
                 })?;
             fresh_l4udp.insert(key, sock);
         }
-        for (i, l, _, quic) in views {
+        for (i, l, _, quic, _) in views {
             if l.protocol == ListenerProtocol::Udp {
                 continue; // Bound above.
             }
@@ -126,7 +126,7 @@ impl Sockets {
         }
         // Start the new QUIC endpoints (they queue handshakes until their loop runs).
         let mut fresh_quic = HashMap::new();
-        for (i, l, _, quic) in views {
+        for (i, l, _, quic, _) in views {
             let key = bind_key(l);
             let (Some(sock), Some(cfg)) = (fresh_udp.remove(&key), quic) else {
                 continue;

@@ -281,6 +281,7 @@ fn gw_layout(b: &Builder<'_>, gw: &OwnedGateway) -> GatewayLayout {
                 min_version: TlsVersion::Tls12,
                 // Per port: the same for every listener of the group.
                 client_auth: first.client_auth.clone(),
+                host_client_auth: Vec::new(),
             });
             listener.http3 = gw.http3 && !udp_ports.contains(&port);
             if listener.http3 {
@@ -301,6 +302,7 @@ fn gw_layout(b: &Builder<'_>, gw: &OwnedGateway) -> GatewayLayout {
                 min_version: TlsVersion::Tls12,
                 // Gateway spec.tls.frontend covers HTTPS listeners only.
                 client_auth: None,
+                host_client_auth: Vec::new(),
             });
         }
         out.push(Group {

@@ -566,6 +566,7 @@ fn check_certificate(c: &Certificate) -> Result<(), String> {
             certificates: vec![c.clone()],
             min_version: Default::default(),
             client_auth: None,
+            host_client_auth: Vec::new(),
         }),
         http3: false,
         max_requests_in_flight: None,

@@ -1,10 +1,12 @@
 //! ingress-nginx migration: a safe subset of `nginx.ingress.kubernetes.io/*` annotations
 //! mapped onto sweety-config.
 //!
-//! Supported: `use-regex`, `rewrite-target` (prefix rewrite; the `<prefix>(/|$)(.*)` + `/$2`
-//! idiom becomes a prefix match with a prefix rewrite; other capture groups `$1`…`$9` a regex
-//! rewrite of the whole path, as nginx's `rewrite`; nginx variables are reported and the path
-//! is not rewritten), `ssl-redirect` (HTTP→HTTPS, 308, for hosts with TLS; on unless
+//! Supported: `use-regex` (case-insensitive, start-anchored regexes, nginx's `~*`
+//! locations, [`anchor_regex`]), `rewrite-target` (a target without `$` on a prefix path: a
+//! prefix rewrite; capture groups `$1`…`$9`, the `<prefix>(/|$)(.*)` + `/$2` idiom included, a
+//! regex rewrite of the whole path with the route's own case-insensitive regex, as nginx's
+//! `rewrite` runs on the location's match; nginx variables are reported and the path is not
+//! rewritten), `ssl-redirect` (HTTP→HTTPS, 308, for hosts with TLS; on unless
 //! an Ingress sets it to `"false"` or the operator turns `Params::ssl_redirect` off, as in
 //! ingress-nginx; paths under `Params::no_tls_redirect_locations` are never redirected),
 //! `force-ssl-redirect` (also for hosts without TLS here),
@@ -16,7 +18,8 @@
 //! for the same host and path, and `canary-by-header` (`always`/`never`, or `-value`, or
 //! `-pattern`) and `canary-by-cookie` (`always`/`never`): routes beside the primary's with one
 //! more header match, header before cookie before weight ([`CanarySelect`]). `limit-rps` / `limit-rpm` (× `limit-burst-multiplier`, default
-//! 5) become per-client-IP `rate_limit` filters whose zone is shared by the Ingress's paths,
+//! 5) become per-client-IP `rate_limit` filters whose zone is shared by the Ingress's paths
+//! (refusals answer 503 as nginx, or the class's `limit-req-status-code`, [`ClassSettings`]),
 //! `limit-connections` a per-client-IP `concurrency_limit` (requests in flight),
 //! `whitelist-source-range` (or `allowlist-source-range`) and `denylist-source-range` an
 //! `ip_access` filter (CIDRs with host bits are masked as nginx does, [`masked_cidr`]; an
@@ -133,6 +136,30 @@ pub struct Annotations {
     pub refuse: Option<(u16, String)>,
 }
 
+/// The settings of an Ingress's class that shape its annotations' translation: the
+/// SweetyProxyConfig `ingress` section its IngressClass's `spec.parameters` name
+/// (`crate::translate::proxy_settings::ingress_settings`), the equivalent of ingress-nginx's
+/// ConfigMap keys.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClassSettings {
+    /// `limit-req-status-code`: what `limit-rps` / `limit-rpm` answer past the limit.
+    pub limit_req_status: u16,
+    /// `limit-conn-status-code`: what `limit-connections` answers past the limit.
+    pub limit_conn_status: u16,
+}
+
+/// nginx's `limit_req_status` and `limit_conn_status` default, which ingress-nginx keeps.
+pub const NGINX_LIMIT_STATUS: u16 = 503;
+
+impl Default for ClassSettings {
+    fn default() -> Self {
+        ClassSettings {
+            limit_req_status: NGINX_LIMIT_STATUS,
+            limit_conn_status: NGINX_LIMIT_STATUS,
+        }
+    }
+}
+
 /// How Sweety treats one ingress-nginx annotation: the one table the translator's fail-closed
 /// rule ([`is_security`]), the migration report (`crate::migrate_report`) and the annotation
 /// table of docs/migrating-from-ingress-nginx.md read (a test checks each entry against what
@@ -227,16 +254,16 @@ pub const ANNOTATIONS: &[AnnotationSpec] = &[
     spec("permanent-redirect", Support::Honoured, "", "https://new.example/"),
     spec("permanent-redirect-code", Support::Honoured, "", "308"),
     spec("temporal-redirect", Support::Honoured, "", "https://new.example/"),
-    spec("rewrite-target", Differently, "capture groups `$1`…`$9` replace the whole path as nginx's `rewrite` does (a `$` target makes an `ImplementationSpecific` path a regex); nginx variables (`$scheme`…) are refused (Event, path not rewritten); a target without `$` on a prefix path replaces the prefix", "/"),
-    spec("use-regex", Differently, "anchored at the start like nginx's `~*` locations but case-sensitive", "true"),
+    spec("rewrite-target", Differently, "capture groups `$1`…`$9` replace the whole path as nginx's `rewrite` does, with the route's case-insensitive regex (a `$` target makes an `ImplementationSpecific` path a regex); nginx variables (`$scheme`…) are refused (Event, path not rewritten); a target without `$` on a prefix path replaces the prefix", "/"),
+    spec("use-regex", Differently, "case-insensitive and anchored at the start like nginx's `~*` locations (RE2 syntax, Rust `regex`); as in ingress-nginx every other path of the host becomes a case-insensitive regex too (an `Exact` path stays exact, ignoring case; nginx makes it a start-anchored regex)", "true"),
     spec("ssl-redirect", Support::Honoured, "on by default for hosts with TLS; `/.well-known/acme-challenge` is never redirected", "false"),
     spec("force-ssl-redirect", Differently, "also redirects hosts without TLS here", "true"),
     spec("proxy-read-timeout", Differently, "with `proxy-connect-timeout`: their sum is the whole request's timeout, not nginx's idle time between reads", "60"),
     spec("proxy-connect-timeout", Differently, "see `proxy-read-timeout`", "5"),
-    spec("limit-rps", Differently, "per client IP, answers 429 (nginx: 503)", "10"),
-    spec("limit-rpm", Differently, "per client IP, answers 429 (nginx: 503)", "600"),
+    spec("limit-rps", Support::Honoured, "per client IP; answers 503 as nginx, or the class's SweetyProxyConfig `ingress.limitReqStatusCode` (ingress-nginx's `limit-req-status-code`)", "10"),
+    spec("limit-rpm", Support::Honoured, "as `limit-rps`", "600"),
     spec("limit-burst-multiplier", Support::Honoured, "", "5"),
-    spec("limit-connections", Differently, "requests in flight per client IP, answers 429 (nginx: 503)", "10"),
+    spec("limit-connections", Differently, "requests in flight per client IP (nginx: connections); answers 503 as nginx, or the class's SweetyProxyConfig `ingress.limitConnStatusCode` (ingress-nginx's `limit-conn-status-code`)", "10"),
     spec("whitelist-source-range", Support::Honoured, "entries that cannot be parsed fail closed (403)", "10.0.0.0/8"),
     spec("allowlist-source-range", Support::Honoured, "as `whitelist-source-range`", "10.0.0.0/8"),
     spec("denylist-source-range", Support::Honoured, "entries that cannot be parsed fail closed (403)", "192.0.2.0/24"),
@@ -686,6 +713,7 @@ impl Annotations {
     pub(crate) fn parse(
         ing: &Ingress,
         params: &Params,
+        class: &ClassSettings,
         secrets: &[Arc<Secret>],
         report: &mut Report,
     ) -> Annotations {
@@ -1117,6 +1145,7 @@ impl Annotations {
                 burst: n.saturating_mul(burst_multiplier).saturating_sub(n),
                 max_keys: 65_536,
                 zone: Some(format!("ingress-nginx/{ns}/{ing_name}/{unit}")),
+                status: class.limit_req_status,
             });
         }
         if !access.allow.is_empty() || !access.deny.is_empty() {
@@ -1126,6 +1155,7 @@ impl Annotations {
             key: RateLimitKey::ClientIp,
             max,
             zone: Some(format!("ingress-nginx/{ns}/{ing_name}/connections")),
+            status: class.limit_conn_status,
         });
         if affinity {
             a.session = Some(session_cookie(&get, report));
@@ -1260,8 +1290,7 @@ impl Annotations {
         }
     }
 
-    /// Apply IP lists, rate limits, rewrite, CORS, redirect and timeout to one path's route. A route whose match
-    /// is the `<prefix>(/|$)(.*)` idiom with target `…$2` becomes a prefix match.
+    /// Apply IP lists, rate limits, rewrite, CORS, redirect and timeout to one path's route.
     pub(crate) fn apply(&self, route: &mut Route, report: &mut Report) {
         if let Some(a) = &self.ip_access {
             route.filters.push(Filter::IpAccess(a.clone()));
@@ -1281,19 +1310,17 @@ impl Annotations {
         if let Some(target) = &self.rewrite_target {
             let m = route.matches.first_mut().and_then(|m| m.path.as_mut());
             let rewrite = match m {
-                Some(PathMatch::Regex(r)) if target.contains('$') => match idiom(r, target) {
-                    Some((prefix, to)) => {
-                        Ok((Some(PathMatch::Prefix(prefix)), PathRewrite::Prefix(to)))
-                    }
-                    // nginx's `rewrite`: the groups of the match the router made.
-                    None => sweety_config::check_substitution(target).map(|()| {
+                // nginx's `rewrite`: the groups of the match the router made (the same
+                // case-insensitive regex, so `/API/x` is rewritten as it is routed).
+                Some(PathMatch::Regex(r)) if target.contains('$') => {
+                    sweety_config::check_substitution(target).map(|()| {
                         let rewrite = PathRewrite::Regex {
                             pattern: format!("^(?:{r})"),
                             substitution: target.clone(),
                         };
                         (None, rewrite)
-                    }),
-                },
+                    })
+                }
                 _ if target.contains('$') => {
                     Err("capture groups need a regex path (pathType ImplementationSpecific)".into())
                 }
@@ -1428,24 +1455,6 @@ impl Annotations {
     }
 }
 
-/// `<prefix>(/|$)(.*)` with target `<to>$2` → (prefix, to), when `prefix` has no regex syntax.
-fn idiom(regex: &str, target: &str) -> Option<(String, String)> {
-    let body = regex.strip_suffix(".*").unwrap_or(regex);
-    let prefix = body.strip_suffix("(/|$)(.*)")?;
-    let prefix = prefix.strip_prefix('^').unwrap_or(prefix);
-    if !prefix.starts_with('/') || prefix.contains(|c: char| "\\.+*?()|[]{}^$".contains(c)) {
-        return None;
-    }
-    let to = target.strip_suffix("$2")?;
-    if to.contains('$') {
-        return None;
-    }
-    Some((
-        prefix.to_string(),
-        if to.is_empty() { "/".into() } else { to.into() },
-    ))
-}
-
 /// The HTTP→HTTPS redirect of `ssl-redirect` (308, as ingress-nginx).
 pub fn https_redirect() -> Redirect {
     Redirect {
@@ -1455,12 +1464,18 @@ pub fn https_redirect() -> Redirect {
     }
 }
 
-/// ingress-nginx regex locations match from the start of the path only.
+/// The regex flag of nginx's `~*` locations, which ingress-nginx writes for every path of a
+/// host with a regex path: case-insensitive.
+pub const CASE_INSENSITIVE: &str = "(?i)";
+
+/// An ingress-nginx regex location (`location ~* "^<path>"`): case-insensitive, matched from
+/// the start of the path only (the router matches whole paths, so `.*` is added unless the
+/// regex ends in `$`).
 pub fn anchor_regex(path: &str) -> String {
     if path.ends_with('$') {
-        path.to_string()
+        format!("{CASE_INSENSITIVE}{path}")
     } else {
-        format!("{path}.*")
+        format!("{CASE_INSENSITIVE}{path}.*")
     }
 }
 
@@ -1517,14 +1532,28 @@ pub(crate) fn order_regex_host(routes: &mut [PathRoute]) {
             continue;
         }
         for m in &mut r.route.matches {
-            if let Some(PathMatch::Prefix(p)) = &m.path {
-                let trimmed = p.trim_end_matches('/');
-                m.path = Some(PathMatch::Regex(if trimmed.is_empty() {
-                    "/.*".to_string()
-                } else {
-                    format!("{}(/.*)?", regex_escape(trimmed))
-                }));
-                r.regex = true;
+            // Case-insensitive like the host's regex paths (nginx's `~*` for every location
+            // of the host), so `/ADMIN` reaches the `/admin` route and its access rules.
+            match &m.path {
+                Some(PathMatch::Prefix(p)) => {
+                    let trimmed = p.trim_end_matches('/');
+                    m.path = Some(PathMatch::Regex(if trimmed.is_empty() {
+                        "/.*".to_string()
+                    } else {
+                        format!("{CASE_INSENSITIVE}{}(/.*)?", regex_escape(trimmed))
+                    }));
+                    r.regex = true;
+                }
+                // nginx makes an Exact path `~* "^<path>"` there too; it stays exact here,
+                // but without regard to case.
+                Some(PathMatch::Exact(p)) => {
+                    m.path = Some(PathMatch::Regex(format!(
+                        "{CASE_INSENSITIVE}{}",
+                        regex_escape(p)
+                    )));
+                    r.regex = true;
+                }
+                _ => {}
             }
         }
     }
@@ -1815,6 +1844,64 @@ mod tests {
         assert!(!warned("canary", "InvalidAnnotation") && !warned("canary", "CanaryIgnored"));
     }
 
+    /// use-regex is case-insensitive (nginx's `~*`) for every path of the host, and the
+    /// router, the rewrite's captures and the route's access rules agree on one match: the
+    /// dataplane's own router and filters run over the translated config. Fails when the
+    /// regexes are case-sensitive (`/ADMIN` then reaches the open catch-all, the rewrite of
+    /// `/API/V2/x` does not happen).
+    #[test]
+    fn regex_hosts_match_without_regard_to_case() {
+        let text = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/testdata/translate/ing-nginx-use-regex-case.in.yaml"
+        ))
+        .unwrap();
+        let (snapshot, _) = crate::translate::Snapshot::from_yaml(&text).unwrap();
+        let out = crate::translate::translate(&snapshot, &Params::default());
+        let table = sweety_dataplane::router::RouteTable::build(&out.config).unwrap();
+        let l = out.config.listeners[0].name.as_str();
+        let host = "r.example.com";
+        // The route a path reaches, whether it carries the allow list, and the path its
+        // backend receives.
+        let route = |path: &str| {
+            let h = http::HeaderMap::new();
+            let req = sweety_dataplane::router::RequestHead {
+                listener: l,
+                host,
+                method: &http::Method::GET,
+                path,
+                query: None,
+                headers: &h,
+            };
+            let sweety_dataplane::router::Lookup::Matched(m) = table.lookup(&req) else {
+                panic!("{path}: no route");
+            };
+            let r = &m.entry.route;
+            let guarded = r.filters.iter().any(|f| matches!(f, Filter::IpAccess(_)));
+            let filters = sweety_dataplane::filters::CompiledFilters::compile(&r.filters).unwrap();
+            let (mut parts, ()) = http::Request::get(path).body(()).unwrap().into_parts();
+            let _ = filters.on_request(&mut parts, "http", 80, None);
+            (r.name.clone(), guarded, parts.uri.path().to_string())
+        };
+        let admin = "ingress/app/admin/rule-0/path-0";
+        let login = "ingress/app/admin/rule-0/path-1";
+        let api = "ingress/app/guarded/rule-0/path-0";
+        let open = "ingress/app/site/rule-0/path-0";
+        for p in ["/admin", "/ADMIN", "/Admin/users", "/aDmIn/"] {
+            assert_eq!(route(p), (admin.into(), true, p.into()), "{p}");
+        }
+        for p in ["/Login", "/login", "/LOGIN"] {
+            assert_eq!(route(p), (login.into(), true, p.into()), "{p}");
+        }
+        assert_eq!(route("/api/v2/items"), (api.into(), true, "/items".into()));
+        assert_eq!(route("/API/V2/Items"), (api.into(), true, "/Items".into()));
+        assert_eq!(route("/Api/v10/a/b"), (api.into(), true, "/a/b".into()));
+        // Not the guarded paths: the open catch-all, unchanged.
+        for p in ["/administrator", "/login/x", "/apis", "/"] {
+            assert_eq!(route(p), (open.into(), false, p.into()), "{p}");
+        }
+    }
+
     #[test]
     fn a_canary_pattern_is_searched_in_the_value() {
         let sel = CanarySelect {
@@ -1861,19 +1948,9 @@ mod tests {
     }
 
     #[test]
-    fn rewrite_idiom_and_anchoring() {
-        assert_eq!(
-            idiom("/app(/|$)(.*).*", "/$2"),
-            Some(("/app".into(), "/".into()))
-        );
-        assert_eq!(
-            idiom("/app(/|$)(.*)", "/v2/$2"),
-            Some(("/app".into(), "/v2/".into()))
-        );
-        assert_eq!(idiom("/a.b(/|$)(.*)", "/$2"), None);
-        assert_eq!(idiom("/app(/|$)(.*)", "/$1"), None);
-        assert_eq!(anchor_regex("/api/v[0-9]+"), "/api/v[0-9]+.*");
-        assert_eq!(anchor_regex("/exact$"), "/exact$");
+    fn anchoring() {
+        assert_eq!(anchor_regex("/api/v[0-9]+"), "(?i)/api/v[0-9]+.*");
+        assert_eq!(anchor_regex("/exact$"), "(?i)/exact$");
         assert_eq!(regex_escape("/a.b"), "/a\\.b");
     }
 
@@ -1984,7 +2061,13 @@ mod tests {
                 ..Default::default()
             };
             let mut report = Report::default();
-            let a = Annotations::parse(&ing, &Params::default(), &[], &mut report);
+            let a = Annotations::parse(
+                &ing,
+                &Params::default(),
+                &ClassSettings::default(),
+                &[],
+                &mut report,
+            );
             (a, report)
         };
         for s in ANNOTATIONS {
