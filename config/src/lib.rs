@@ -30,8 +30,8 @@ pub use htpasswd::{BasicAuth, BasicAuthUser};
 pub use model::*;
 pub use traffic::*;
 pub use validate::{
-    check_error_page, check_pem, check_substitution, PemKind, ValidationError, ValidationErrors,
-    MAX_VERIFY_DEPTH,
+    check_error_page, check_hostname, check_pem, check_substitution, PemKind, ValidationError,
+    ValidationErrors, MAX_VERIFY_DEPTH,
 };
 
 /// Current schema version. A config with another `version` is rejected by validation.

@@ -152,21 +152,41 @@ pub const DEFAULT_CERTIFICATE_NAME: &str = "default.sweety.invalid";
 
 /// The default certificate entry of `ingress-https`: the configured Secret
 /// ([`Params::default_certificate_secret`]) as it is now in `secrets` when it holds a usable
-/// certificate (a rotation is served on the next translation), else
-/// [`Params::default_certificate`] (read or generated at start).
+/// certificate ([`default_certificate_from_secret`]; a rotation is served on the next
+/// translation), else [`Params::default_certificate`] (read or generated at start).
 fn default_certificate(p: &Params, secrets: &[Arc<Secret>]) -> Option<Certificate> {
-    let hostnames = || vec![DEFAULT_CERTIFICATE_NAME.to_string()];
     p.default_certificate_secret
         .as_deref()
         .and_then(|s| s.split_once('/'))
-        .and_then(|(ns, name)| certificate_from_secret(secrets, ns, name, hostnames()).ok())
+        .and_then(|(ns, name)| default_certificate_from_secret(secrets, ns, name).ok())
         .or_else(|| {
             p.default_certificate.as_ref().map(|d| Certificate {
-                hostnames: hostnames(),
+                hostnames: vec![DEFAULT_CERTIFICATE_NAME.to_string()],
                 cert: PemSource::Pem(d.cert.clone()),
                 key: PemSource::Pem(d.key.clone()),
             })
         })
+}
+
+/// The default certificate a Secret holds, for [`DEFAULT_CERTIFICATE_NAME`]: the checks of
+/// [`certificate_from_secret`] and the dataplane's own load of the pair
+/// ([`cert_names::serves`]: the key is the certificate's), since it stands on every
+/// `ingress-https` config and an unloadable one would make the dataplane refuse them all.
+pub fn default_certificate_from_secret(
+    secrets: &[Arc<Secret>],
+    namespace: &str,
+    name: &str,
+) -> Result<Certificate, SecretError> {
+    let c = certificate_from_secret(
+        secrets,
+        namespace,
+        name,
+        vec![DEFAULT_CERTIFICATE_NAME.to_string()],
+    )?;
+    if let (PemSource::Pem(cert), PemSource::Pem(key)) = (&c.cert, &c.key) {
+        cert_names::serves(cert, key).map_err(SecretError::Invalid)?;
+    }
+    Ok(c)
 }
 
 /// Whether the HTTPS listener exists (has at least one certificate).
@@ -352,6 +372,26 @@ fn hsts_header(params: &Params) -> Option<sweety_config::HeaderModifier> {
         }],
         ..Default::default()
     })
+}
+
+/// ingress-nginx's `no-tls-redirect-locations`: paths (HTTP-01 challenges) kept on HTTP.
+fn no_tls_redirect(params: &Params, path: &str) -> bool {
+    params
+        .no_tls_redirect_locations
+        .iter()
+        .any(|l| path.starts_with(l.as_str()))
+}
+
+/// Fail one route closed: it answers 503 with `body` (its match is kept).
+fn refuse_route(route: &mut Route, body: String) {
+    route.filters.clear();
+    route.timeouts = Default::default();
+    route.retry = None;
+    route.action = Action::Fixed(FixedResponse {
+        status: 503,
+        body,
+        content_type: Some("text/plain; charset=utf-8".into()),
+    });
 }
 
 /// Load-balancer addresses of the chart's ingress Service.
@@ -585,6 +625,8 @@ pub fn translate(b: &mut Builder<'_>) -> BTreeSet<String> {
     let mut certificates = Vec::new();
     let mut reports: BTreeMap<(String, String), Report> = BTreeMap::new();
     let mut canaries = Vec::new();
+    // host → (the Ingress that set it, its client certificate settings): `auth-tls-*`.
+    let mut client_tls: BTreeMap<String, (String, sweety_config::HostClientAuth)> = BTreeMap::new();
 
     for ing in &ours {
         let ns = ing.metadata.namespace.clone().unwrap_or_default();
@@ -808,6 +850,21 @@ pub fn translate(b: &mut Builder<'_>) -> BTreeSet<String> {
                     &mut report,
                 );
                 ann.apply(&mut route, &mut report);
+                if host.is_empty() && ann.client_tls.is_some() {
+                    // No TLS server name names a catch-all rule: nothing to ask by.
+                    report.warn(
+                        "AuthTLSInvalid",
+                        "auth-tls-secret: rules without a host cannot ask for client \
+                         certificates; they answer 503",
+                    );
+                    refuse_route(
+                        &mut route,
+                        format!(
+                            "Ingress {ns}/{name} is refused: a rule without a host cannot ask \
+                             for client certificates; refusing rather than serving unprotected\n"
+                        ),
+                    );
+                }
                 let Some(route) = checked_route(route, &mut |m| report.warn("InvalidPath", m))
                 else {
                     continue;
@@ -818,10 +875,7 @@ pub fn translate(b: &mut Builder<'_>) -> BTreeSet<String> {
                     Some(PathMatch::Regex(_))
                 );
                 // ingress-nginx's `no-tls-redirect-locations`: HTTP-01 challenges stay on HTTP.
-                let exempt = params
-                    .no_tls_redirect_locations
-                    .iter()
-                    .any(|l| path.starts_with(l.as_str()));
+                let exempt = no_tls_redirect(params, &path);
                 entry.push(PathRoute {
                     http_redirect: (!exempt
                         && (ann.ssl_redirect.unwrap_or(params.ssl_redirect)
@@ -834,6 +888,23 @@ pub fn translate(b: &mut Builder<'_>) -> BTreeSet<String> {
                     regex,
                     namespace: ns.clone(),
                 });
+            }
+        }
+        if let (Some(c), None) = (&ann.client_tls, &ann.refuse) {
+            for h in served.iter().filter(|h| !h.is_empty()) {
+                match client_tls.get(h) {
+                    Some((owner, first)) if first != c => report.warn(
+                        "AuthTLSConflict",
+                        format!(
+                            "host {h:?} already asks for client certificates as Ingress {owner} \
+                             says; this Ingress's auth-tls settings are not used there"
+                        ),
+                    ),
+                    Some(_) => {}
+                    None => {
+                        client_tls.insert(h.clone(), (format!("{ns}/{name}"), c.clone()));
+                    }
+                }
             }
         }
         reports.insert((ns, name), report);
@@ -870,6 +941,54 @@ pub fn translate(b: &mut Builder<'_>) -> BTreeSet<String> {
             .cloned()
             .or_else(|| cluster_default.clone());
         let hsts = hsts_header(params).filter(|_| served_tls && !host.is_empty());
+        // A host that asks for client certificates (`auth-tls-*`) is served on HTTPS only:
+        // plain HTTP redirects there (the ACME paths aside); without TLS here it is refused.
+        if let Some((owner, c)) = client_tls.get(&host) {
+            if served_tls {
+                for r in routes.iter_mut() {
+                    if !no_tls_redirect(params, &r.path) {
+                        r.http_redirect = Some(nginx::https_redirect());
+                        r.force_redirect = true;
+                    }
+                }
+                if let Some(tls) = b
+                    .listeners
+                    .iter_mut()
+                    .find(|l| l.name == HTTPS_LISTENER)
+                    .and_then(|l| l.tls.as_mut())
+                {
+                    tls.host_client_auth.push(sweety_config::HostClientAuth {
+                        hostnames: vec![host.clone()],
+                        ..c.clone()
+                    });
+                }
+            } else {
+                let body = format!(
+                    "host {host:?} asks for client certificates (Ingress {owner}) but has no \
+                     TLS certificate here; refusing rather than serving unprotected\n"
+                );
+                // ACME HTTP-01 answers stay served: they are public, and without them the
+                // host could never get the certificate it lacks.
+                for r in routes
+                    .iter_mut()
+                    .filter(|r| !no_tls_redirect(params, &r.path))
+                {
+                    refuse_route(&mut r.route, body.clone());
+                    r.http_redirect = None;
+                }
+                if let Some((ns, name)) = owner.split_once('/') {
+                    if let Some(rep) = reports.get_mut(&(ns.to_string(), name.to_string())) {
+                        rep.warn(
+                            "AuthTLSInvalid",
+                            format!(
+                                "host {host:?} has no usable TLS certificate here, so no client \
+                                 certificate can be asked for; its paths answer 503"
+                            ),
+                        );
+                    }
+                }
+            }
+        }
         let https_routes: Vec<Route> = routes
             .iter()
             .map(|r| r.route.clone())
@@ -1204,6 +1323,49 @@ data: {tls.crt: eA==}
             matches!(&e, Err(SecretError::Invalid(m)) if m.contains("END")),
             "{e:?}"
         );
+    }
+
+    #[test]
+    fn a_default_certificate_secret_is_served_only_when_its_key_is_the_certificates() {
+        let secret = |cert: &str, key: &str| {
+            snapshot(&format!(
+                "apiVersion: v1\nkind: Secret\nmetadata: {{name: d, namespace: sweety}}\n\
+                 type: kubernetes.io/tls\ndata: {{tls.crt: {}, tls.key: {}}}\n",
+                b64(cert),
+                b64(key),
+            ))
+        };
+        let fallback = |n: &str| {
+            let ck = rcgen::generate_simple_self_signed(vec![n.to_string()]).unwrap();
+            super::super::DefaultCertificate {
+                cert: ck.cert.pem(),
+                key: ck.signing_key.serialize_pem(),
+            }
+        };
+        let (a, b, started) = (fallback("a.test"), fallback("b.test"), fallback("c.test"));
+        let p = Params {
+            default_certificate: Some(started.clone()),
+            default_certificate_secret: Some("sweety/d".into()),
+            ..Params::default()
+        };
+        let served = |s: &Snapshot| {
+            let c = default_certificate(&p, &s.secrets).unwrap();
+            assert_eq!(c.hostnames, [DEFAULT_CERTIFICATE_NAME]);
+            match c.cert {
+                PemSource::Pem(pem) => pem,
+                PemSource::File(_) => unreachable!(),
+            }
+        };
+        // The Secret's pair is served...
+        assert_eq!(served(&secret(&a.cert, &a.key)), a.cert);
+        // ...but a certificate with another one's key (the PEM looks fine) would make the
+        // dataplane refuse every config: the certificate of the start is served instead.
+        assert_eq!(served(&secret(&a.cert, &b.key)), started.cert);
+        assert!(matches!(
+            default_certificate_from_secret(&secret(&a.cert, &b.key).secrets, "sweety", "d"),
+            Err(SecretError::Invalid(m)) if m.contains("not the key of the certificate")
+        ));
+        assert_eq!(served(&Snapshot::default()), started.cert);
     }
 
     #[test]

@@ -12,8 +12,11 @@
 //! `force-ssl-redirect` (also for hosts without TLS here),
 //! `backend-protocol` (HTTP, HTTPS, GRPC→h2c, GRPCS→h2), `enable-cors` with `cors-allow-origin`,
 //! `-methods`, `-headers`, `-credentials`, `-max-age`, `-expose-headers`,
-//! `permanent-redirect`(`-code`), `temporal-redirect`, `app-root`, `proxy-read-timeout` and
-//! `proxy-connect-timeout` (their sum, in seconds, is the route's backend timeout), `canary` +
+//! `permanent-redirect`(`-code`), `temporal-redirect`, `app-root`,
+//! `upstream-vhost` (the `Host` the backend receives: a rewrite host) and `x-forwarded-prefix`
+//! (an `X-Forwarded-Prefix` request header), each refused with an `InvalidAnnotation` Event
+//! when it is not a host name / a header value or uses an nginx variable, `proxy-read-timeout`
+//! and `proxy-connect-timeout` (their sum, in seconds, is the route's backend timeout), `canary` +
 //! `canary-weight` (+ `canary-weight-total`): a weighted split with the primary Ingress's route
 //! for the same host and path, and `canary-by-header` (`always`/`never`, or `-value`, or
 //! `-pattern`) and `canary-by-cookie` (`always`/`never`): routes beside the primary's with one
@@ -55,6 +58,18 @@
 //! are ignored (every request is asked; connections are kept alive anyway);
 //! `auth-proxy-set-headers` is refused (403) and `auth-snippet` refuses the Ingress (503).
 //!
+//! **Client certificates.** `auth-tls-secret` (`name` or `namespace/name`, the Ingress's own
+//! namespace only; its `ca.crt`) with `auth-tls-verify-client` (`on`, `optional`,
+//! `optional_no_ca`; `off` asks for nothing), `auth-tls-verify-depth`,
+//! `auth-tls-pass-certificate-to-upstream`, `auth-tls-error-page` and `auth-tls-match-cn` become
+//! a `host_client_auth` entry of the `ingress-https` listener for each host of the Ingress
+//! ([`client_tls`]; the dataplane's `client_cert` asks for the certificate when the SNI is the
+//! host and checks every request for the host). A missing Secret, another namespace's, a
+//! `ca.crt` that is not usable CA PEM, an unknown `auth-tls-verify-client` or a bad
+//! `auth-tls-match-cn` fails closed (503, `AuthTLSInvalid`); so does a protected host without
+//! TLS here, and the Ingress's rules without a host. The settings without `auth-tls-secret` are
+//! ignored, as in ingress-nginx.
+//!
 //! **Fail closed.** Security annotations Sweety does not implement (`auth-*`, `modsecurity`,
 //! `satisfy`, …; [`is_security`]) and allow/deny list entries that cannot be honoured make
 //! every path of the Ingress answer 403 with a body naming them
@@ -75,10 +90,11 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use sweety_config::htpasswd;
 use sweety_config::{
-    Action, BackendProtocol, BasicAuth, Cidr, ConcurrencyLimit, Cors, Duration, ExternalAuth,
-    Filter, FixedResponse, HashAlgorithm, HashOn, HashPolicy, HeaderMatch, IpAccess, MatchKind,
-    PathMatch, PathRewrite, ProxyAction, RateLimit, RateLimitKey, Redirect, Route, RouteMatch,
-    SessionKind, SessionPersistence, UrlRewrite, WeightedBackend,
+    Action, BackendProtocol, BasicAuth, Cidr, ConcurrencyLimit, CookieMatch, Cors, Duration,
+    ExternalAuth, Filter, FixedResponse, HashAlgorithm, HashOn, HashPolicy, HeaderMatch,
+    HostClientAuth, HostVerify, IpAccess, MatchKind, PathMatch, PathRewrite, PemSource,
+    ProxyAction, RateLimit, RateLimitKey, Redirect, Route, RouteMatch, SessionKind,
+    SessionPersistence, UrlRewrite, WeightedBackend,
 };
 
 /// Annotation prefix of ingress-nginx.
@@ -130,6 +146,13 @@ pub struct Annotations {
     pub body_size: Option<u64>,
     /// `auth-url` and its `auth-*` settings.
     pub external_auth: Option<ExternalAuth>,
+    /// `auth-tls-secret` and its `auth-tls-*` settings: client certificates for the
+    /// Ingress's hosts (the entry without `hostnames`; [`super::translate`] fills them).
+    pub client_tls: Option<HostClientAuth>,
+    /// `upstream-vhost`: the `Host` the backend receives (a lower-case DNS name).
+    pub upstream_vhost: Option<String>,
+    /// `x-forwarded-prefix`: the `X-Forwarded-Prefix` value the backend receives.
+    pub forwarded_prefix: Option<String>,
     /// Fail closed: every route of the Ingress answers this status and body instead (a
     /// security annotation Sweety does not implement, an access list entry it cannot honour:
     /// 403; a snippet: 503, the whole Ingress is refused).
@@ -243,7 +266,7 @@ pub const ANNOTATIONS: &[AnnotationSpec] = &[
     spec("canary-by-header", Support::Honoured, "`always` / `never`, before the cookie and the weights", "X-Canary"),
     spec("canary-by-header-value", Support::Honoured, "exact value; any other value falls through to the cookie and the weights", "beta"),
     spec("canary-by-header-pattern", Differently, "RE2 syntax (Rust `regex`), found anywhere in the value; ignored when `canary-by-header-value` is set", "^(beta|rc)$"),
-    spec("canary-by-cookie", Support::Honoured, "`always` / `never`, after the header and before the weights", "canary"),
+    spec("canary-by-cookie", Support::Honoured, "`always` / `never` (the first cookie of the name), after the header and before the weights", "canary"),
     spec("enable-cors", Support::Honoured, "", "true"),
     spec("cors-allow-origin", Support::Honoured, "origins that are not `*` or `scheme://host[:port]` are dropped", "https://a.example"),
     spec("cors-allow-methods", Support::Honoured, "", "GET, POST"),
@@ -283,7 +306,13 @@ pub const ANNOTATIONS: &[AnnotationSpec] = &[
     spec("auth-keepalive*", Ignored, "connections to the auth service are kept alive (16 idle per path) anyway", "10"),
     spec("auth-proxy-set-headers", Refused, "not implemented: the auth service would not get the headers it asks for", "ns/cm"),
     spec("global-auth-url", Refused, "no cluster-wide external authentication", "http://auth.example/"),
-    spec("auth-tls-*", Refused, "client certificates on Ingress hosts are not implemented yet", "on"),
+    spec("auth-tls-secret", Differently, "the Ingress's own namespace only; `ca.crt` must hold usable certificates, else the Ingress's paths answer 503; applies to the whole host (as nginx's server-level setting; the oldest Ingress's settings win), which must have TLS here (else 503); plain-HTTP requests for the host are redirected to HTTPS whatever `ssl-redirect` says (`no-tls-redirect-locations` aside)", "ca"),
+    spec("auth-tls-verify-client", Differently, "`on` (default), `optional`, `optional_no_ca`, `off`; the certificate is asked for only when the TLS server name (SNI) is the host, and a request for the host on a connection made for another name, without SNI or over HTTP/3 answers 421; a missing (`on`) or unverifiable (`on`, `optional`) certificate answers 400 after the handshake as nginx does", "optional"),
+    spec("auth-tls-verify-depth", Support::Honoured, "default 1; more than 8 is taken as 8", "2"),
+    spec("auth-tls-pass-certificate-to-upstream", Support::Honoured, "`ssl-client-cert` (URL-escaped PEM); `ssl-client-verify`, `ssl-client-subject-dn`, `ssl-client-issuer-dn` are always sent, as ingress-nginx does; the client's own copies of the four are removed", "true"),
+    spec("auth-tls-error-page", Differently, "an absolute `http(s)` URL, answered with a 302 instead of the 400; anything else is ignored (Event)", "https://login.example/cert"),
+    spec("auth-tls-match-cn", Differently, "a regex (Rust `regex`) searched in the RFC 2253 subject DN (`CN=client,O=Example`); 403 otherwise", "CN=client"),
+    spec("auth-tls-*", Refused, "other `auth-tls-*` settings are not implemented", "on"),
     spec("satisfy", Refused, "not implemented", "any"),
     spec("enable-modsecurity", Refused, "no WAF", "true"),
     spec("enable-owasp-core-rules", Refused, "no WAF", "true"),
@@ -291,6 +320,8 @@ pub const ANNOTATIONS: &[AnnotationSpec] = &[
     spec("modsecurity-*", Refused, "no WAF", "x"),
     spec("proxy-ssl-*", Refused, "backend certificate verification for Ingress is not implemented; `proxy-ssl-verify: off` asks for nothing and is accepted", "on"),
     spec("*-snippet", Refused, "raw nginx configuration is never run: the whole Ingress answers 503 (unless the operator sets ignoreSnippets)", "return 200;"),
+    spec("upstream-vhost", Differently, "the `Host` the backend receives; a DNS name only (no port, no nginx variable): anything else is refused with an `InvalidAnnotation` Event and the client's Host is sent", "internal.example"),
+    spec("x-forwarded-prefix", Differently, "the `X-Forwarded-Prefix` value sent upstream (replacing the client's); a header value without nginx variables, at most 1 KiB (else refused with an `InvalidAnnotation` Event)", "/app"),
     spec("proxy-body-size", Support::Honoured, "`0` lifts the limit; bytes or `k`/`m`/`g`; replaces the dataplane-wide `limits.max_request_body_bytes` for the Ingress's paths (413 past it)", "8m"),
 ];
 
@@ -349,11 +380,6 @@ pub fn masked_cidr(entry: &str) -> Result<String, String> {
 const CORS_METHODS: &str = "GET, PUT, POST, DELETE, PATCH, OPTIONS";
 const CORS_HEADERS: &str = "DNT,Keep-Alive,User-Agent,X-Requested-With,If-Modified-Since,Cache-Control,Content-Type,Range,Authorization";
 
-/// A byte of an RFC 6265 cookie name (an RFC 7230 token).
-fn is_cookie_name_byte(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
-}
-
 /// `canary-by-header` (+ `-value` or `-pattern`) and `canary-by-cookie`: requests that pick
 /// the canary, or refuse it, before the weights apply (ingress-nginx's order: header, cookie,
 /// weight).
@@ -369,16 +395,25 @@ pub struct CanarySelect {
     pub cookie: Option<String>,
 }
 
+/// One condition a canary rule adds to each of the primary's matches.
+#[derive(Debug, Clone)]
+enum CanaryCondition {
+    Header(HeaderMatch),
+    Cookie(CookieMatch),
+}
+
 impl CanarySelect {
-    /// The header matches that decide for a request, in precedence order, each with where it
+    /// The conditions that decide for a request, in precedence order, each with where it
     /// sends the request: `true` the canary, `false` the primary only.
-    fn matches(&self) -> Vec<(&'static str, HeaderMatch, bool)> {
+    fn conditions(&self) -> Vec<(&'static str, CanaryCondition, bool)> {
         let mut out = Vec::new();
         if let Some(h) = &self.header {
-            let exact = |v: &str| HeaderMatch {
-                name: h.clone(),
-                value: v.to_string(),
-                kind: MatchKind::Exact,
+            let exact = |v: &str| {
+                CanaryCondition::Header(HeaderMatch {
+                    name: h.clone(),
+                    value: v.to_string(),
+                    kind: MatchKind::Exact,
+                })
             };
             if let Some(v) = &self.header_value {
                 out.push(("by-header", exact(v), true));
@@ -389,19 +424,20 @@ impl CanarySelect {
                     value: format!("(?s:.*)(?:{p})(?s:.*)"),
                     kind: MatchKind::Regex,
                 };
-                out.push(("by-header", m, true));
+                out.push(("by-header", CanaryCondition::Header(m), true));
             } else {
                 out.push(("by-header", exact("always"), true));
                 out.push(("by-header-never", exact("never"), false));
             }
         }
         if let Some(c) = &self.cookie {
-            // One `name=value` pair anywhere in a Cookie header (HTTP/2 may send one pair per
-            // header; the router takes a match in any of them).
-            let pair = |v: &str| HeaderMatch {
-                name: "cookie".into(),
-                value: format!("(?:.*;)?[ \\t]*{}={v}[ \\t]*(?:;.*)?", regex_escape(c)),
-                kind: MatchKind::Regex,
+            // The router's cookie match reads the first cookie of the name, as nginx's
+            // `$cookie_<name>` does.
+            let pair = |v: &str| {
+                CanaryCondition::Cookie(CookieMatch {
+                    name: c.clone(),
+                    value: v.into(),
+                })
             };
             out.push(("by-cookie", pair("always"), true));
             out.push(("by-cookie-never", pair("never"), false));
@@ -631,6 +667,192 @@ fn basic_auth<'a>(
     })
 }
 
+/// The `auth-tls-*` annotations read with `auth-tls-secret` ([`client_tls`]).
+const AUTH_TLS: &[&str] = &[
+    "auth-tls-secret",
+    "auth-tls-verify-client",
+    "auth-tls-verify-depth",
+    "auth-tls-pass-certificate-to-upstream",
+    "auth-tls-error-page",
+    "auth-tls-match-cn",
+];
+
+/// Whether `pem` holds certificates the dataplane can trust as client CAs (the checks its
+/// verifier makes: PEM that decodes, at least one certificate, each usable as a trust anchor),
+/// so that one tenant's bad `ca.crt` fails that Ingress closed instead of the whole config.
+pub fn check_client_ca(pem: &str) -> Result<(), String> {
+    use rustls_pki_types::pem::PemObject;
+    let certs = rustls_pki_types::CertificateDer::pem_slice_iter(pem.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("is not PEM: {e}"))?;
+    if certs.is_empty() {
+        return Err("holds no PEM certificate".into());
+    }
+    for (i, c) in certs.iter().enumerate() {
+        webpki::anchor_from_trusted_cert(c)
+            .map_err(|e| format!("certificate {} cannot be a CA here: {e}", i + 1))?;
+    }
+    Ok(())
+}
+
+/// The client certificate settings of `auth-tls-secret` and the other `auth-tls-*`
+/// annotations (None: `auth-tls-verify-client: off`), or why they cannot be honoured (fails
+/// closed). Settings that only change how a refusal looks are ignored with an Event when bad.
+fn client_tls<'a>(
+    get: &impl Fn(&str) -> Option<&'a str>,
+    namespace: &str,
+    secrets: &[Arc<Secret>],
+    report: &mut Report,
+) -> Result<Option<HostClientAuth>, String> {
+    let verify = match get("auth-tls-verify-client").map(str::trim).unwrap_or("on") {
+        "on" => HostVerify::Require,
+        "optional" => HostVerify::Optional,
+        "optional_no_ca" => HostVerify::OptionalNoCa,
+        "off" => {
+            report.warn(
+                "AuthTLSOff",
+                format!(
+                    "{PREFIX}auth-tls-verify-client is off: no client certificate is asked for"
+                ),
+            );
+            return Ok(None);
+        }
+        other => {
+            return Err(format!(
+                "{PREFIX}auth-tls-verify-client {:?} is not on, optional, optional_no_ca or off",
+                truncate(other)
+            ))
+        }
+    };
+    let value = get("auth-tls-secret").unwrap_or("");
+    let name =
+        auth_secret_ref(value, namespace).map_err(|e| format!("{PREFIX}auth-tls-secret: {e}"))?;
+    let secret = secrets
+        .iter()
+        .find(|s| {
+            s.metadata.namespace.as_deref() == Some(namespace)
+                && s.metadata.name.as_deref() == Some(name.as_str())
+        })
+        .ok_or_else(|| format!("the Secret {namespace}/{name} does not exist"))?;
+    let ca = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get("ca.crt"))
+        .ok_or_else(|| format!("the Secret {namespace}/{name} has no key \"ca.crt\""))?;
+    let ca = String::from_utf8(ca.0.clone())
+        .map_err(|_| format!("the Secret {namespace}/{name}'s ca.crt is not PEM text"))?;
+    check_client_ca(&ca).map_err(|e| format!("the Secret {namespace}/{name}'s ca.crt {e}"))?;
+    let max = sweety_config::MAX_VERIFY_DEPTH;
+    let verify_depth = match get("auth-tls-verify-depth").map(str::trim) {
+        None => 1,
+        Some(v) => match v.parse::<u32>() {
+            Ok(n @ 1..) => u8::try_from(n.min(u32::from(max))).unwrap_or(max),
+            _ => {
+                report.warn(
+                    "InvalidAnnotation",
+                    format!(
+                        "{PREFIX}auth-tls-verify-depth: {:?} is not a positive whole number; \
+                         1 is used (as ingress-nginx)",
+                        truncate(v)
+                    ),
+                );
+                1
+            }
+        },
+    };
+    let pass_certificate = match get("auth-tls-pass-certificate-to-upstream") {
+        None => false,
+        Some(v) => truthy(v).unwrap_or_else(|| {
+            report.warn(
+                "InvalidAnnotation",
+                format!(
+                    "{PREFIX}auth-tls-pass-certificate-to-upstream: {:?} is not \"true\" or \
+                     \"false\"; the certificate is not passed",
+                    truncate(v)
+                ),
+            );
+            false
+        }),
+    };
+    let error_page = get("auth-tls-error-page")
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
+        .and_then(|v| match sweety_config::check_error_page(v) {
+            Ok(()) => Some(v.to_string()),
+            Err(why) => {
+                report.warn(
+                    "InvalidAnnotation",
+                    format!(
+                        "{PREFIX}auth-tls-error-page: {:?} {why}; refused requests get the 400 \
+                         instead",
+                        truncate(v)
+                    ),
+                );
+                None
+            }
+        });
+    let match_subject = get("auth-tls-match-cn")
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
+        .map(str::to_string);
+    let entry = HostClientAuth {
+        hostnames: vec!["probe.invalid".into()],
+        ca: PemSource::Pem(ca),
+        verify,
+        verify_depth,
+        pass_certificate,
+        error_page,
+        match_subject,
+    };
+    // The dataplane's own checks (the subject regex), on a probe listener.
+    let probe = sweety_config::Config {
+        listeners: vec![sweety_config::Listener {
+            name: "probe".into(),
+            address: "127.0.0.1".into(),
+            port: 8443,
+            protocol: sweety_config::ListenerProtocol::Https,
+            tls: Some(sweety_config::ListenerTls {
+                certificates: vec![sweety_config::Certificate {
+                    hostnames: vec![],
+                    cert: PemSource::Pem(
+                        "-----BEGIN CERTIFICATE-----\nAA==\n-----END CERTIFICATE-----\n".into(),
+                    ),
+                    key: PemSource::Pem(
+                        "-----BEGIN PRIVATE KEY-----\nAA==\n-----END PRIVATE KEY-----\n".into(),
+                    ),
+                }],
+                min_version: Default::default(),
+                client_auth: None,
+                host_client_auth: vec![entry.clone()],
+            }),
+            http3: false,
+            max_requests_in_flight: None,
+            advertised_port: None,
+            l4_routes: Vec::new(),
+        }],
+        ..Default::default()
+    };
+    if let Err(e) = probe.validate_structure() {
+        let why: Vec<String> =
+            e.0.iter()
+                .map(|e| {
+                    let field = e.path.rsplit('.').next().unwrap_or("");
+                    let name = if field == "match_subject" {
+                        "auth-tls-match-cn"
+                    } else {
+                        field
+                    };
+                    format!("{name}: {}", e.message)
+                })
+                .collect();
+        return Err(why.join("; "));
+    }
+    Ok(Some(HostClientAuth {
+        hostnames: Vec::new(),
+        ..entry
+    }))
+}
+
 /// Why an auth service address is one a tenant may not aim the subrequest at (the dataplane
 /// refuses the same, and names that resolve there, after resolution): said early for an
 /// address literal.
@@ -706,6 +928,41 @@ fn external_auth<'a>(get: &impl Fn(&str) -> Option<&'a str>) -> Result<ExternalA
             .join("; "));
     }
     Ok(f)
+}
+
+/// Longest `x-forwarded-prefix` value taken, bytes.
+const MAX_FORWARDED_PREFIX: usize = 1024;
+
+/// `upstream-vhost`: the `Host` header the backend receives (`proxy_set_header Host` in
+/// ingress-nginx), a DNS name as sweety-config's rewrite `host` takes it (lower-cased; no port,
+/// no nginx variable, no IP address: the dataplane sends the name as written).
+fn upstream_vhost(value: &str) -> Result<String, String> {
+    let v = value.trim();
+    if v.contains('$') {
+        return Err("uses an nginx variable, which Sweety does not expand".into());
+    }
+    let host = v.to_ascii_lowercase();
+    sweety_config::check_hostname(&host, false).map_err(|e| format!("is not a host name: {e}"))?;
+    Ok(host)
+}
+
+/// `x-forwarded-prefix`: a header value (visible ASCII, spaces and tabs inside; no control
+/// character, CR or LF; at most [`MAX_FORWARDED_PREFIX`] bytes), without nginx variables.
+fn forwarded_prefix(value: &str) -> Result<String, String> {
+    let v = value.trim_matches([' ', '\t']);
+    if v.is_empty() {
+        return Err("is empty".into());
+    }
+    if v.len() > MAX_FORWARDED_PREFIX {
+        return Err(format!("is longer than {MAX_FORWARDED_PREFIX} bytes"));
+    }
+    if !v.bytes().all(|b| b == b'\t' || (b' '..=b'~').contains(&b)) {
+        return Err("is not a header value (control characters, CR, LF or non-ASCII)".into());
+    }
+    if v.contains('$') {
+        return Err("uses an nginx variable, which Sweety does not expand".into());
+    }
+    Ok(v.to_string())
 }
 
 impl Annotations {
@@ -932,6 +1189,8 @@ impl Annotations {
                 },
                 // Read with `auth-type` (below).
                 "auth-secret" | "auth-secret-type" | "auth-realm" => {}
+                // Read with `auth-tls-secret` (below).
+                n if AUTH_TLS.contains(&n) => {}
                 // Read with `auth-url` (below).
                 "auth-url"
                 | "auth-method"
@@ -978,7 +1237,8 @@ impl Annotations {
                 "canary-by-header-pattern" => a.canary_select.header_pattern = Some(value.clone()),
                 "canary-by-cookie" => {
                     let v = value.trim();
-                    if !v.is_empty() && v.bytes().all(is_cookie_name_byte) {
+                    // An RFC 6265 cookie name is a token, as `session-cookie-name` checks.
+                    if is_token(v) {
                         a.canary_select.cookie = Some(v.to_string());
                     } else {
                         bad(report, "is not a cookie name");
@@ -1026,6 +1286,14 @@ impl Annotations {
                         unsupported_security.push(key.clone());
                     }
                 }
+                "upstream-vhost" => match upstream_vhost(value) {
+                    Ok(h) => a.upstream_vhost = Some(h),
+                    Err(why) => bad(report, &why),
+                },
+                "x-forwarded-prefix" => match forwarded_prefix(value) {
+                    Ok(v) => a.forwarded_prefix = Some(v),
+                    Err(why) => bad(report, &why),
+                },
                 "proxy-body-size" => match nginx_size(value) {
                     Some(n) => a.body_size = Some(n),
                     None => bad(report, "is not a size (bytes, or a number with k, m or g)"),
@@ -1224,6 +1492,32 @@ impl Annotations {
                 ),
             );
         }
+        if get("auth-tls-secret").is_some() {
+            match client_tls(&get, ns, secrets, report) {
+                Ok(c) => a.client_tls = c,
+                Err(why) => {
+                    report.warn(
+                        "AuthTLSInvalid",
+                        format!(
+                            "client certificates (auth-tls-*): {why}; the Ingress's paths \
+                             answer 503 until it is fixed"
+                        ),
+                    );
+                    auth_failures.push(why);
+                }
+            }
+        } else if all.keys().any(|k| {
+            k.strip_prefix(PREFIX)
+                .is_some_and(|n| AUTH_TLS.contains(&n))
+        }) {
+            report.warn(
+                "AuthTLSIgnored",
+                format!(
+                    "{PREFIX}auth-tls-* without auth-tls-secret are ignored (as ingress-nginx \
+                     does): no client certificate is asked for"
+                ),
+            );
+        }
         let secs = read_timeout.unwrap_or(0) + connect_timeout.unwrap_or(0);
         if secs > 0 {
             a.backend_timeout = Some(Duration::from_secs(secs));
@@ -1336,7 +1630,7 @@ impl Annotations {
                     }
                     if target.starts_with('/') {
                         route.filters.push(Filter::Rewrite(UrlRewrite {
-                            host: None,
+                            host: self.upstream_vhost.clone(),
                             path: Some(path),
                         }));
                     } else {
@@ -1351,6 +1645,29 @@ impl Annotations {
                     format!("{PREFIX}rewrite-target {target:?}: {why}; the path is not rewritten"),
                 ),
             }
+        }
+        // `upstream-vhost` without a path rewrite (with one, it is part of that filter); a
+        // redirect answers without asking the backend, so there is no Host to set.
+        let rewrites = route
+            .filters
+            .iter()
+            .any(|f| matches!(f, Filter::Rewrite(_)));
+        if let (Some(h), false, None) = (&self.upstream_vhost, rewrites, &self.redirect) {
+            route.filters.push(Filter::Rewrite(UrlRewrite {
+                host: Some(h.clone()),
+                path: None,
+            }));
+        }
+        if let Some(v) = &self.forwarded_prefix {
+            route
+                .filters
+                .push(Filter::RequestHeaders(sweety_config::HeaderModifier {
+                    set: vec![sweety_config::HeaderValue {
+                        name: "x-forwarded-prefix".into(),
+                        value: v.clone(),
+                    }],
+                    ..Default::default()
+                }));
         }
         if let Some(c) = &self.cors {
             route.filters.push(Filter::Cors(c.clone()));
@@ -1671,14 +1988,17 @@ fn canary_variants(
         return Vec::new();
     };
     let mut out = Vec::new();
-    for (suffix, header, to_canary) in select.matches() {
+    for (suffix, condition, to_canary) in select.conditions() {
         let mut route = primary.route.clone();
         route.name = format!("{}/canary-{suffix}", primary.route.name);
         if route.matches.is_empty() {
             route.matches.push(RouteMatch::default());
         }
         for m in &mut route.matches {
-            m.headers.push(header.clone());
+            match &condition {
+                CanaryCondition::Header(h) => m.headers.push(h.clone()),
+                CanaryCondition::Cookie(c) => m.cookies.push(c.clone()),
+            }
         }
         let backend = if to_canary {
             WeightedBackend {
@@ -1803,6 +2123,12 @@ mod tests {
             canary
         );
         assert_eq!(at(app, "/", &[("cookie", "canary=never; b=2")]), primary);
+        // The first cookie of the name decides (nginx's `$cookie_canary`), quotes aside.
+        assert_eq!(
+            at(app, "/", &[("cookie", "canary=never; canary=always")]),
+            primary
+        );
+        assert_eq!(at(app, "/", &[("cookie", "canary=\"always\"")]), canary);
         // One pair per Cookie header, as HTTP/2 clients send them.
         assert_eq!(
             at(app, "/", &[("cookie", "a=1"), ("cookie", "canary=always")]),
@@ -1902,6 +2228,89 @@ mod tests {
         }
     }
 
+    /// `upstream-vhost` and `x-forwarded-prefix` reach the backend's request through the
+    /// dataplane's own filters (with and without a rewrite-target); refused values leave the
+    /// client's Host and no prefix header. Fails when either annotation is not applied.
+    #[test]
+    fn upstream_vhost_and_forwarded_prefix_reach_the_backend() {
+        let text = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/testdata/translate/ing-nginx-upstream-vhost.in.yaml"
+        ))
+        .unwrap();
+        let (snapshot, _) = crate::translate::Snapshot::from_yaml(&text).unwrap();
+        let out = crate::translate::translate(&snapshot, &Params::default());
+        let table = sweety_dataplane::router::RouteTable::build(&out.config).unwrap();
+        let l = out.config.listeners[0].name.as_str();
+        // (Host, X-Forwarded-Prefix, path) as the backend would receive them.
+        let upstream = |host: &str, path: &str| {
+            let mut h = http::HeaderMap::new();
+            h.insert(
+                "x-forwarded-prefix",
+                http::HeaderValue::from_static("/client"),
+            );
+            let req = sweety_dataplane::router::RequestHead {
+                listener: l,
+                host,
+                method: &http::Method::GET,
+                path,
+                query: None,
+                headers: &h,
+            };
+            let sweety_dataplane::router::Lookup::Matched(m) = table.lookup(&req) else {
+                panic!("{host}{path}: no route");
+            };
+            let r = &m.entry.route;
+            let filters = sweety_dataplane::filters::CompiledFilters::compile(&r.filters).unwrap();
+            let (mut parts, ()) = http::Request::get(path)
+                .header("host", host)
+                .header("x-forwarded-prefix", "/client")
+                .body(())
+                .unwrap()
+                .into_parts();
+            let _ = filters.on_request(&mut parts, "http", 80, None);
+            let get = |n: &str| {
+                parts
+                    .headers
+                    .get(n)
+                    .map(|v| v.to_str().unwrap().to_string())
+                    .unwrap_or_default()
+            };
+            (
+                get("host"),
+                get("x-forwarded-prefix"),
+                parts.uri.path().to_string(),
+            )
+        };
+        let t = |a: &str, b: &str, c: &str| (a.to_string(), b.to_string(), c.to_string());
+        assert_eq!(
+            upstream("a.example.com", "/x"),
+            t("internal.example.com", "/shop", "/x")
+        );
+        assert_eq!(
+            upstream("b.example.com", "/shop/cart"),
+            t("internal.example.com", "/shop", "/cart")
+        );
+        // Refused values: the client's own Host and header pass unchanged.
+        assert_eq!(
+            upstream("c.example.com", "/x"),
+            t("c.example.com", "/client", "/x")
+        );
+        assert_eq!(
+            upstream("d.example.com", "/x"),
+            t("d.example.com", "/client", "/x")
+        );
+        let events = format!("{:?}", out.statuses);
+        for refused in [
+            "upstream-vhost: \\\"internal.example.com:8080\\\" is not a host name",
+            "x-forwarded-prefix: \\\"/a\\\\r\\\\nX-Evil: 1\\\" is not a header value",
+            "upstream-vhost: \\\"$host\\\" uses an nginx variable",
+            "x-forwarded-prefix: \\\"$1\\\" uses an nginx variable",
+        ] {
+            assert!(events.contains(refused), "{refused} in {events}");
+        }
+    }
+
     #[test]
     fn a_canary_pattern_is_searched_in_the_value() {
         let sel = CanarySelect {
@@ -1909,9 +2318,12 @@ mod tests {
             header_pattern: Some("^beta|rc[0-9]".into()),
             ..CanarySelect::default()
         };
-        let m = sel.matches();
+        let m = sel.conditions();
         assert_eq!(m.len(), 1);
-        let re = regex::Regex::new(&format!("^(?:{})$", m[0].1.value)).unwrap();
+        let CanaryCondition::Header(h) = &m[0].1 else {
+            panic!("a header condition");
+        };
+        let re = regex::Regex::new(&format!("^(?:{})$", h.value)).unwrap();
         for (v, hit) in [
             ("beta", true),
             ("beta-2", true),
@@ -1986,9 +2398,9 @@ mod tests {
         }
         assert!(
             is_security("auth-proxy-set-headers", "x")
-                && is_security("auth-tls-verify-client", "on")
+                && is_security("auth-tls-unknown-setting", "on")
         );
-        assert!(!is_security("auth-url", "x"));
+        assert!(!is_security("auth-url", "x") && !is_security("auth-tls-verify-client", "on"));
         assert!(
             is_security("modsecurity-snippet", "x") && is_security("enable-modsecurity", "true")
         );
@@ -2038,6 +2450,12 @@ mod tests {
             // The basic-auth settings are read with `auth-type: basic` only.
             if matches!(name, "auth-secret" | "auth-secret-type" | "auth-realm") {
                 annotations.insert(format!("{PREFIX}auth-type"), "basic".into());
+            }
+            // The client-certificate settings are read with `auth-tls-secret` only.
+            if AUTH_TLS.contains(&name) {
+                annotations
+                    .entry(format!("{PREFIX}auth-tls-secret"))
+                    .or_insert_with(|| "ca".into());
             }
             // The external-auth settings are read with `auth-url` only.
             if name.starts_with("auth-")
