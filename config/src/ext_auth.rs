@@ -496,11 +496,19 @@ mod tests {
         let u = parse_auth_url("http://[::1]:9000/v").unwrap();
         assert_eq!((u.host.as_str(), u.address()), ("::1", "[::1]:9000".into()));
         assert_eq!(u.authority(), "[::1]:9000");
+        // An `@` after the authority is a path (or query) character, not user information.
+        let u = parse_auth_url("http://auth/o1@x?u=a@b").unwrap();
+        assert_eq!(
+            (u.host.as_str(), u.path_and_query.as_str()),
+            ("auth", "/o1@x?u=a@b")
+        );
         for bad in [
             "https://$host/oauth2/auth",
             "ftp://a/",
             "auth.example/verify",
             "http://user@auth/",
+            "http://user@auth",
+            "http://u:p@auth?x",
             "http://auth/#frag",
             "http://auth:0/",
             "http://auth:99999/",

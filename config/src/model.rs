@@ -417,6 +417,21 @@ pub struct RouteMatch {
     /// HTTP method (`GET`, `POST`…).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub method: Option<String>,
+    /// Cookie matches: the first cookie of that name in the request's `Cookie` fields has
+    /// exactly this value (surrounding double quotes aside), as session affinity reads it.
+    /// Counted with the header matches for precedence.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cookies: Vec<CookieMatch>,
+}
+
+/// A cookie match.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CookieMatch {
+    /// Cookie name (a token), compared exactly.
+    pub name: String,
+    /// Value, compared exactly.
+    pub value: String,
 }
 
 /// A path match.

@@ -675,9 +675,20 @@ impl<'a> Validator<'a> {
             self.route_match(&format!("{path}.matches[{m}]"), rm);
         }
         let (mut redirect, mut rewrite) = (None, None);
+        let (mut basic, mut external) = (false, false);
         for (f, filter) in route.filters.iter().enumerate() {
             let fpath = format!("{path}.filters[{f}]");
             match filter {
+                // The dataplane compiles one of each: a second would be skipped, not checked.
+                Filter::BasicAuth(_) if std::mem::replace(&mut basic, true) => {
+                    self.err(&fpath, "at most one basic_auth filter is allowed per route");
+                }
+                Filter::ExternalAuth(_) if std::mem::replace(&mut external, true) => {
+                    self.err(
+                        &fpath,
+                        "at most one external_auth filter is allowed per route",
+                    );
+                }
                 Filter::Redirect(_) if redirect.is_some() => {
                     self.err(&fpath, "at most one redirect filter is allowed per route");
                 }
@@ -752,6 +763,22 @@ impl<'a> Validator<'a> {
             }
             if qm.kind == crate::MatchKind::Regex {
                 self.regex(&format!("{qpath}.value"), &qm.value);
+            }
+        }
+        for (c, cm) in m.cookies.iter().enumerate() {
+            let cpath = format!("{path}.cookies[{c}]");
+            if let Err(msg) = check_token(&cm.name, "cookie name") {
+                self.err(format!("{cpath}.name"), msg);
+            }
+            // RFC 6265 cookie-octets: what a client can send as the value.
+            let octet =
+                |b: u8| matches!(b, 0x21 | 0x23..=0x2B | 0x2D..=0x3A | 0x3C..=0x5B | 0x5D..=0x7E);
+            if cm.value.is_empty() || !cm.value.bytes().all(octet) {
+                let msg = format!(
+                    "invalid cookie value {:?}: one or more RFC 6265 cookie-octets",
+                    cm.value
+                );
+                self.err(format!("{cpath}.value"), msg);
             }
         }
         if let Some(method) = &m.method {
@@ -1297,14 +1324,25 @@ fn overlaps(a: IpAddr, b: IpAddr) -> bool {
     a == b || covers(a, b) || covers(b, a)
 }
 
-/// A regex rewrite's substitution: URI path characters only, `$` only as `$1`…`$9` (no nginx
-/// variables).
+/// A regex rewrite's substitution: URI path characters only, `%` only in a whole
+/// percent-encoding, `$` only as `$1`…`$9` (no nginx variables).
 pub fn check_substitution(s: &str) -> Result<(), String> {
     let b = s.as_bytes();
     for (i, &c) in b.iter().enumerate() {
         if c == b'$' && !b.get(i + 1).is_some_and(|d| (b'1'..=b'9').contains(d)) {
             return Err(format!(
                 "{s:?}: `$` must be followed by a group number 1-9 (variables are not supported)"
+            ));
+        }
+        // A percent-encoding is complete here: the result is normalised, and a broken escape
+        // would only be found per request (and the path then left un-rewritten).
+        if c == b'%'
+            && !b
+                .get(i + 1..i + 3)
+                .is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit))
+        {
+            return Err(format!(
+                "{s:?}: `%` must start a percent-encoding (two hex digits)"
             ));
         }
         // RFC 3986 path characters (`pchar` and `/`), so the result is a valid URI path.
@@ -1581,6 +1619,40 @@ pub fn check_error_page(url: &str) -> Result<(), String> {
 
 #[cfg(test)]
 pub(crate) mod tests {
+    #[test]
+    fn regex_rewrite_substitutions_take_groups_and_path_characters_only() {
+        for ok in [
+            "/",
+            "/$1",
+            "/api/$2/$1",
+            "/a%2Fb/$9",
+            "$1",
+            "/~user/(x)+;=@:",
+        ] {
+            assert_eq!(check_substitution(ok), Ok(()), "{ok}");
+        }
+        // nginx variables, `$0`, `$` at the end, broken escapes, characters that are not in
+        // a URI path (space, quote, `?`, `#`, CR/LF, non-ASCII).
+        for bad in [
+            "/$host",
+            "/$0",
+            "/x$",
+            "/$$1",
+            "/%",
+            "/%2",
+            "/%zz",
+            "/a b",
+            "/\"q\"",
+            "/a?b=1",
+            "/a#f",
+            "/a\r\nX-Evil: 1",
+            "/é",
+            "/<x>",
+        ] {
+            assert!(check_substitution(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
     use super::*;
     use crate::{
         Admin, BackendTls, Congestion, Duration, Endpoint, FixedResponse, HeaderValue, Limits,
@@ -2395,6 +2467,26 @@ access_log: {enabled: true, path: /var/log/sweety/access.log, buffer_lines: 1024
             "virtual_hosts[0].routes[1].matches[0].headers[0].value",
             "invalid regex",
         );
+        let cookie = |name: &str, value: &str| {
+            let (name, value) = (name.to_string(), value.to_string());
+            move |c: &mut Config| {
+                route(c, 1).matches[0].cookies = vec![crate::CookieMatch { name, value }]
+            }
+        };
+        expect_ok(cookie("canary", "always"));
+        expect_one(
+            cookie("a b", "always"),
+            "virtual_hosts[0].routes[1].matches[0].cookies[0].name",
+            "invalid cookie name \"a b\": not an HTTP token",
+        );
+        // Separators, quotes, a second pair, CR/LF and empty: no client sends them as a value.
+        for bad in ["", "a;b", "a b", "\"q\"", "a,b", "x\r\nSet-Cookie: y", "é"] {
+            expect_one(
+                cookie("canary", bad),
+                "virtual_hosts[0].routes[1].matches[0].cookies[0].value",
+                "invalid cookie value",
+            );
+        }
         // An exact header value is not a regex.
         expect_ok(|c| {
             let h = &mut route(c, 1).matches[0].headers[0];
@@ -2559,6 +2651,32 @@ access_log: {enabled: true, path: /var/log/sweety/access.log, buffer_lines: 1024
             },
             &format!("{p}.host"),
             "must be lower-case",
+        );
+    }
+
+    #[test]
+    fn at_most_one_authentication_filter_of_each_kind() {
+        // The dataplane compiles one filter of each kind per route: a second is refused
+        // rather than silently left unchecked.
+        let basic = Filter::BasicAuth(crate::htpasswd::BasicAuth {
+            realm: "r".into(),
+            users: Vec::new(),
+        });
+        let external =
+            Filter::ExternalAuth(crate::ext_auth::ExternalAuth::new("http://auth.example/"));
+        let (b, e) = (basic.clone(), external.clone());
+        expect_ok(|c| route(c, 3).filters.extend([b, e]));
+        let (b1, b2) = (basic.clone(), basic);
+        expect_one(
+            |c| route(c, 3).filters.extend([b1, b2]),
+            "virtual_hosts[0].routes[3].filters[2]",
+            "at most one basic_auth filter is allowed per route",
+        );
+        let (e1, e2) = (external.clone(), external);
+        expect_one(
+            |c| route(c, 3).filters.extend([e1, e2]),
+            "virtual_hosts[0].routes[3].filters[2]",
+            "at most one external_auth filter is allowed per route",
         );
     }
 

@@ -12,7 +12,8 @@
 //!   ([`crate::translate::Params::default_certificate_secret`]): what a replacement writes is
 //!   served by every replica without a restart.
 //! - Content that is unusable ([`check`]: not a `kubernetes.io/tls` Secret, no certificate, no
-//!   unencrypted PKCS#8 private key, or a key that is not the certificate's) is never served:
+//!   unencrypted private key the dataplane loads, or a key that is not the certificate's) is
+//!   never served:
 //!   it is reported (an error log line on every replica that reads it), and only the leader
 //!   replaces it ([`SharedDefaultCertificate::keep`]; a write conditional on the
 //!   `resourceVersion` it read, so it never overwrites a newer one). Until then a replica that
@@ -28,7 +29,9 @@
 //! too.
 
 use crate::leader::service_account_owner;
-use crate::translate::ingress::{certificate_from_secret, SecretError, DEFAULT_CERTIFICATE_NAME};
+use crate::translate::ingress::{
+    default_certificate_from_secret, SecretError, DEFAULT_CERTIFICATE_NAME,
+};
 use crate::translate::DefaultCertificate;
 use crate::Error;
 use k8s_openapi::api::core::v1::Secret;
@@ -36,9 +39,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use k8s_openapi::ByteString;
 use kube::api::{DeleteParams, PostParams, Preconditions};
 use kube::{Api, Client};
-use rcgen::PublicKeyData;
-use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::CertificateDer;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use sweety_config::PemSource;
@@ -57,36 +57,22 @@ pub fn generate() -> Result<DefaultCertificate, Error> {
     })
 }
 
-/// The certificate a Secret holds, when it can be served; else why not. The checks of a
-/// tenant's Secret ([`certificate_from_secret`]: type, PEM blocks, the dataplane's validator),
-/// and more: the first certificate parses as X.509, the key is unencrypted PKCS#8 and is the
-/// certificate's (its public key is the certificate's).
+/// The certificate a Secret holds, when it can be served; else why not: what the translation
+/// serves from it ([`default_certificate_from_secret`]: a `kubernetes.io/tls` Secret with PEM
+/// blocks the dataplane's validator accepts, a leaf that parses as X.509, and a key the
+/// dataplane loads that is the certificate's).
 pub fn check(secret: &Secret) -> Result<DefaultCertificate, String> {
-    let ns = secret.metadata.namespace.clone().unwrap_or_default();
-    let name = secret.metadata.name.clone().unwrap_or_default();
-    let c = certificate_from_secret(
-        &[Arc::new(secret.clone())],
-        &ns,
-        &name,
-        vec![DEFAULT_CERTIFICATE_NAME.into()],
-    )
-    .map_err(|e| match e {
-        SecretError::NotFound => "not found".to_string(),
-        SecretError::Invalid(why) => why,
-    })?;
+    let ns = secret.metadata.namespace.as_deref().unwrap_or_default();
+    let name = secret.metadata.name.as_deref().unwrap_or_default();
+    let c = default_certificate_from_secret(&[Arc::new(secret.clone())], ns, name).map_err(
+        |e| match e {
+            SecretError::NotFound => "not found".to_string(),
+            SecretError::Invalid(why) => why,
+        },
+    )?;
     let (PemSource::Pem(cert), PemSource::Pem(key)) = (c.cert, c.key) else {
         return Err("not inline PEM".into());
     };
-    let der =
-        CertificateDer::from_pem_slice(cert.as_bytes()).map_err(|e| format!("tls.crt: {e}"))?;
-    webpki::EndEntityCert::try_from(&der)
-        .map_err(|e| format!("tls.crt is not an X.509 certificate: {e}"))?;
-    let pair = rcgen::KeyPair::from_pem(&key)
-        .map_err(|e| format!("tls.key is no unencrypted PKCS#8 key this controller reads: {e}"))?;
-    let public = pair.der_bytes();
-    if public.is_empty() || !der.windows(public.len()).any(|w| w == public) {
-        return Err("tls.key is not the key of the certificate in tls.crt".into());
-    }
     Ok(DefaultCertificate { cert, key })
 }
 
@@ -320,6 +306,31 @@ fn found(s: Secret) -> Found {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::CertificateDer;
+
+    /// A P-256 certificate for the reserved name with its key in SEC1 (`EC PRIVATE KEY`), as
+    /// `openssl ec` writes it (and cert-manager for ECDSA with `encoding: PKCS1`): the dataplane
+    /// serves it, so it is usable although it is not PKCS#8.
+    const SEC1_CERT: &str = "-----BEGIN CERTIFICATE-----
+MIIBvTCCAWKgAwIBAgIUIDx6n9PzIbi+bgoWSbzhnE44ttQwCgYIKoZIzj0EAwIw
+ITEfMB0GA1UEAwwWZGVmYXVsdC5zd2VldHkuaW52YWxpZDAgFw0yNjExMjcxNzA0
+NDFaGA8yMTI2MTEwMzE3MDQ0MVowITEfMB0GA1UEAwwWZGVmYXVsdC5zd2VldHku
+aW52YWxpZDBZMBMGByqGSM49AgEGCCqGSM49AwEHA0IABEsIS8dndaRTWlPsHqS5
+mUgck2SH0x4NtFHd7iygr0B+F/QhgoT7KThIzgvgudOv9fhowRKhk+zFmWzynvYQ
+4L2jdjB0MB0GA1UdDgQWBBSVOyG3SZcYeV5Kc45246soYd4ZbDAfBgNVHSMEGDAW
+gBSVOyG3SZcYeV5Kc45246soYd4ZbDAPBgNVHRMBAf8EBTADAQH/MCEGA1UdEQQa
+MBiCFmRlZmF1bHQuc3dlZXR5LmludmFsaWQwCgYIKoZIzj0EAwIDSQAwRgIhAIBB
+oeBYjHOrwqRgxhrn+RaBE33MO+o8/2q1QeD6cocwAiEAs2kwzDtOY2wNTrWWaYio
+a2daGXySC75acLbrshbN7GI=
+-----END CERTIFICATE-----
+";
+    const SEC1_KEY: &str = "-----BEGIN EC PRIVATE KEY-----
+MHcCAQEEINpldWhEFmx4M0wqTISbsQIo0Nq90oVXW0UG8mp3zZw/oAoGCCqGSM49
+AwEHoUQDQgAESwhLx2d1pFNaU+wepLmZSByTZIfTHg20Ud3uLKCvQH4X9CGChPsp
+OEjOC+C506/1+GjBEqGT7MWZbPKe9hDgvQ==
+-----END EC PRIVATE KEY-----
+";
 
     fn secret(type_: Option<&str>, cert: &str, key: &str) -> Secret {
         Secret {
@@ -380,6 +391,19 @@ mod tests {
         assert!(why(empty).contains("tls.crt"));
         // A Secret without a type (as created by hand) is fine when its content is.
         assert!(check(&secret(None, &a.cert, &a.key)).is_ok());
+    }
+
+    #[test]
+    fn a_key_the_dataplane_serves_is_usable_in_any_of_its_encodings() {
+        // SEC1 is no PKCS#8, but the dataplane loads it: not unusable (the leader would
+        // otherwise replace a certificate someone put there on purpose, every round).
+        let c = check(&secret(Some(TLS_TYPE), SEC1_CERT, SEC1_KEY)).unwrap();
+        assert_eq!((c.cert.as_str(), c.key.as_str()), (SEC1_CERT, SEC1_KEY));
+        // The same certificate with another key of the same kind is not.
+        let other = generate().unwrap();
+        assert!(check(&secret(Some(TLS_TYPE), SEC1_CERT, &other.key))
+            .unwrap_err()
+            .contains("not the key of the certificate"));
     }
 
     #[test]

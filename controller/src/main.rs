@@ -232,7 +232,9 @@ fn parse_pins(
     Ok(out)
 }
 
-/// The configured default-certificate Secret's certificate (`namespace/name`), as read now.
+/// The configured default-certificate Secret's certificate (`namespace/name`), as read now,
+/// when the dataplane can serve it ([`default_certificate::check`], as the translation checks
+/// the Secret it follows).
 async fn configured_default_certificate(
     client: &kube::Client,
     secret: &str,
@@ -246,18 +248,8 @@ async fn configured_default_certificate(
         .get(name)
         .await
         .with_context(|| format!("read the default certificate Secret {secret}"))?;
-    let field = |k: &str| -> anyhow::Result<String> {
-        let v = s
-            .data
-            .as_ref()
-            .and_then(|d| d.get(k))
-            .with_context(|| format!("Secret {secret} has no {k}"))?;
-        String::from_utf8(v.0.clone()).with_context(|| format!("Secret {secret}: {k} is not PEM"))
-    };
-    Ok(DefaultCertificate {
-        cert: field("tls.crt")?,
-        key: field("tls.key")?,
-    })
+    default_certificate::check(&s)
+        .map_err(|why| anyhow::anyhow!("the default certificate Secret {secret}: {why}"))
 }
 
 /// A string flag: `None` when empty.

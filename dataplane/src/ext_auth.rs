@@ -12,7 +12,8 @@
 //! else the request URI), `X-Sent-From`, `X-Real-IP`, `X-Forwarded-For`/`-Proto`/`-Host` and
 //! `Forwarded` (with `method`, also `X-Original-URI` and `X-Scheme`). The URI and host are the
 //! normalised ones the router matched (`crate::identity`), so the decision is about the
-//! request that is served. HTTP/1.1 over keep-alive connections (a pool per filter); `https`
+//! request that is served. HTTP/1.1 over keep-alive connections (a pool per filter; one the
+//! service closed while idle is replaced once, as the proxy does: `SendError::stale`); `https`
 //! verifies the service against the well-known public CAs.
 //!
 //! **The answer**: 2xx lets the request through: each of `response_headers` is first removed
@@ -294,7 +295,7 @@ impl ExtAuthRules {
     }
 
     /// The subrequest for `req` (see the module docs).
-    fn subrequest(&self, req: &Request<Body>, host: &str, ctx: &RequestCtx) -> Request<Body> {
+    fn subrequest(&self, req: &Request<Body>, host: &str, ctx: &RequestCtx) -> Request<()> {
         let mut headers = req.headers().clone();
         crate::proxy::forward::strip_hop_by_hop(&mut headers);
         for h in [
@@ -338,7 +339,7 @@ impl ExtAuthRules {
             client_host.as_ref(),
         );
         headers.insert(header::HOST, self.host.clone());
-        let mut sub = Request::new(crate::body::empty());
+        let mut sub = Request::new(());
         *sub.method_mut() = self.method.clone().unwrap_or_else(|| req.method().clone());
         *sub.uri_mut() = self.path_and_query.clone();
         *sub.headers_mut() = headers;
@@ -350,17 +351,28 @@ impl ExtAuthRules {
     async fn ask(
         &self,
         connector: &Connector,
-        sub: Request<Body>,
+        sub: Request<()>,
     ) -> Result<(StatusCode, HeaderMap), String> {
-        let conn = self
-            .pool
-            .acquire(&self.address, connector)
-            .await
-            .map_err(|e| e.to_string())?;
-        let (resp, _guard) = conn
-            .send(&self.pool, sub)
-            .await
-            .map_err(|e| e.error.to_string())?;
+        // A pooled connection the service closed while idle gets one more try on a new one,
+        // as the proxy's (`SendError::stale`): the subrequest has no body, so it may be
+        // sent again.
+        let mut fresh_left = true;
+        let resp = loop {
+            let conn = self
+                .pool
+                .acquire(&self.address, connector)
+                .await
+                .map_err(|e| e.to_string())?;
+            let reused = conn.reused;
+            match conn
+                .send(&self.pool, sub.clone().map(|()| crate::body::empty()))
+                .await
+            {
+                Ok((resp, _)) => break resp,
+                Err(e) if fresh_left && e.stale(reused, true) => fresh_left = false,
+                Err(e) => return Err(e.error.to_string()),
+            }
+        };
         let size: usize = resp
             .headers()
             .iter()

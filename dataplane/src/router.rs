@@ -458,6 +458,8 @@ struct Rule {
     method: Option<Box<str>>,
     headers: Vec<HeaderRule>,
     query: Vec<QueryRule>,
+    /// (name, value): the first cookie of that name has exactly that value.
+    cookies: Vec<(Box<str>, Box<str>)>,
 }
 
 #[derive(Debug)]
@@ -534,6 +536,7 @@ static DEFAULT_MATCH: RouteMatch = RouteMatch {
     headers: Vec::new(),
     query: Vec::new(),
     method: None,
+    cookies: Vec::new(),
 };
 
 /// The config path of a route match, formatted only when an error needs it.
@@ -597,7 +600,8 @@ fn compile_rule(
         kind,
         Reverse(len),
         u8::from(m.method.is_none()),
-        Reverse(headers.len()),
+        // Cookies are header matches too (`Cookie`), counted with them.
+        Reverse(headers.len() + m.cookies.len()),
         Reverse(query.len()),
         at.route,
         at.index,
@@ -610,6 +614,11 @@ fn compile_rule(
             method: m.method.as_deref().map(Into::into),
             headers,
             query,
+            cookies: m
+                .cookies
+                .iter()
+                .map(|c| (c.name.as_str().into(), c.value.as_str().into()))
+                .collect(),
         },
     ))
 }
@@ -680,6 +689,9 @@ impl Rule {
                 .any(|v| h.value.matches(v.as_bytes()))
         });
         headers_ok
+            && self.cookies.iter().all(|(name, value)| {
+                crate::proxy::affinity::cookie(req.headers, name) == Some(&**value)
+            })
             && self
                 .query
                 .iter()

@@ -498,3 +498,75 @@ async fn subrequests_in_flight_are_bounded() {
     .await
     .expect("test finished in time");
 }
+
+/// An auth service that closes a keep-alive connection when a second request arrives on it,
+/// without answering: what a pooled connection looks like when the service's idle timeout
+/// fires as the subrequest is written. The subrequest has no body and is sent again on a
+/// new connection, as the proxy does for a replayable request (`proxy::backend`), so the
+/// client is not answered 500 for the auth service's housekeeping.
+#[tokio::test]
+async fn a_pooled_connection_the_auth_service_closed_is_not_a_refusal() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let auth_addr = listener.local_addr().unwrap();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let counted = accepted.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut s, _)) = listener.accept().await else {
+                    return;
+                };
+                counted.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    let mut chunk = [0u8; 4096];
+                    // Answer the first request head, then close on the second.
+                    for answered in [false, true] {
+                        while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                            match s.read(&mut chunk).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                            }
+                        }
+                        buf.clear();
+                        if answered {
+                            return;
+                        }
+                        let _ = s
+                            .write_all(
+                                b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nx-auth-request-user: alice\r\n\r\n",
+                            )
+                            .await;
+                    }
+                });
+            }
+        });
+        let hits = Arc::new(AtomicUsize::new(0));
+        let app = echo_backend(hits.clone()).await;
+        let filter = ext(format!("http://{auth_addr}/auth"), |a| {
+            a.timeout = sweety_config::Duration::from_secs(10);
+        });
+        let mut cfg = http_config(vec![vhost("v", &[], vec![guarded("app", "/", filter)])]);
+        cfg.backends = vec![backend("app", app)];
+        let h = Harness::start(cfg).await;
+        let base = format!("http://{}", h.addr("web").await);
+        let c = h1_client();
+        for (i, method) in ["GET", "POST", "GET"].into_iter().enumerate() {
+            let a = send(&c, method, &format!("{base}/r{i}"), &[], "").await;
+            assert_eq!(
+                (a.status, a.body.lines().nth(1)),
+                (200, Some("user=alice")),
+                "request {i} ({method}): {}",
+                a.body
+            );
+            // Let the answered connection go back to the pool before the next request.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        // Each later request found the pooled connection closed under it and opened a new one.
+        assert_eq!(accepted.load(Ordering::SeqCst), 3);
+        assert_eq!(hits.load(Ordering::SeqCst), 3);
+    })
+    .await
+    .expect("test finished in time");
+}

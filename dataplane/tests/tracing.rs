@@ -38,6 +38,8 @@ async fn receiver() -> (SocketAddr, Received) {
             use http_body_util::BodyExt;
             assert_eq!(req.method(), http::Method::POST);
             assert_eq!(req.uri().path(), "/v1/traces");
+            let host = req.headers()["host"].to_str().unwrap();
+            assert!(host.starts_with("127.0.0.1:"), "Host: {host}");
             assert_eq!(
                 req.headers()["content-type"].as_bytes(),
                 b"application/x-protobuf"

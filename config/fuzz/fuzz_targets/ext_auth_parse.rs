@@ -1,9 +1,9 @@
 //! `ext_auth::parse_auth_url` and `parse_signin` on arbitrary text (an ingress-nginx
 //! `auth-url` / `auth-signin`, tenant input). Checks: no panic; an accepted auth URL has a
-//! non-zero port, a path starting with `/`, no variable, user information or fragment, and
-//! rebuilds to a URL that parses the same; an accepted signin URL's literal parts carry no
-//! `$` and it names exactly as many variables as the text has `$`; a filter made of accepted
-//! values passes validation.
+//! non-zero port, a path starting with `/`, no variable, user information (an `@` before the
+//! path; one in the path is a path character) or fragment, and rebuilds to a URL that parses
+//! the same; an accepted signin URL's literal parts carry no `$` and it names exactly as many
+//! variables as the text has `$`; a filter made of accepted values passes validation.
 
 #![no_main]
 
@@ -19,7 +19,11 @@ fuzz_target!(|data: &[u8]| {
     let auth = parse_auth_url(first);
     if let Ok(u) = &auth {
         assert!(u.port != 0 && u.path_and_query.starts_with('/'));
-        assert!(!first.contains(['$', '@', '#']));
+        assert!(!first.contains(['$', '#']));
+        // No user information: no `@` before the path (an `@` in the path is a path character).
+        let rest = first.split_once("://").map_or("", |(_, r)| r);
+        let authority = &rest[..rest.find(['/', '?']).unwrap_or(rest.len())];
+        assert!(!authority.contains('@'), "{first:?}");
         let again = format!(
             "{}://{}{}",
             if u.tls { "https" } else { "http" },

@@ -2,10 +2,11 @@
 //! RFC 6125 matching (§6.4.3: a `*` only as the whole left-most label, matching exactly one
 //! label; no partial-label wildcards; the Common Name is not consulted when there is no
 //! DNS SAN, as browsers do). A Secret is used for an Ingress or SweetySite hostname only when
-//! its certificate covers the name (see `ingress` and `site`).
+//! its certificate covers the name (see `ingress` and `site`). And whether the dataplane can
+//! serve a certificate with its key at all ([`serves`]).
 
 use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::CertificateDer;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
 /// The DNS subjectAltNames of the first (leaf) certificate of a PEM chain, lower-cased.
 pub fn dns_names(pem: &str) -> Result<Vec<String>, String> {
@@ -19,6 +20,27 @@ pub fn dns_names(pem: &str) -> Result<Vec<String>, String> {
         .valid_dns_names()
         .map(|n| n.trim_end_matches('.').to_ascii_lowercase())
         .collect())
+}
+
+/// Whether the dataplane can serve the PEM chain `cert` with the PEM key `key`: its own load
+/// (`sweety_dataplane::tls::load_certified_key`: the chain parses, the key is a PKCS#8, PKCS#1
+/// or SEC1 key of the ring provider, and it is the leaf certificate's key), so that a
+/// certificate the controller puts in the config cannot make the dataplane refuse the config.
+pub fn serves(cert: &str, key: &str) -> Result<(), String> {
+    dns_names(cert)?;
+    let chain = CertificateDer::pem_slice_iter(cert.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("tls.crt is not valid PEM: {e}"))?;
+    let key = PrivateKeyDer::from_pem_slice(key.as_bytes())
+        .map_err(|e| format!("tls.key holds no private key: {e}"))?;
+    let provider = rustls::crypto::ring::default_provider();
+    match rustls::sign::CertifiedKey::from_der(chain, key, &provider) {
+        Ok(_) => Ok(()),
+        Err(rustls::Error::InconsistentKeys(_)) => {
+            Err("tls.key is not the key of the certificate in tls.crt".into())
+        }
+        Err(e) => Err(format!("tls.key is no key the dataplane can use: {e}")),
+    }
 }
 
 /// Whether a certificate with DNS names `names` covers `host` (an exact name, or a `*.`

@@ -152,21 +152,41 @@ pub const DEFAULT_CERTIFICATE_NAME: &str = "default.sweety.invalid";
 
 /// The default certificate entry of `ingress-https`: the configured Secret
 /// ([`Params::default_certificate_secret`]) as it is now in `secrets` when it holds a usable
-/// certificate (a rotation is served on the next translation), else
-/// [`Params::default_certificate`] (read or generated at start).
+/// certificate ([`default_certificate_from_secret`]; a rotation is served on the next
+/// translation), else [`Params::default_certificate`] (read or generated at start).
 fn default_certificate(p: &Params, secrets: &[Arc<Secret>]) -> Option<Certificate> {
-    let hostnames = || vec![DEFAULT_CERTIFICATE_NAME.to_string()];
     p.default_certificate_secret
         .as_deref()
         .and_then(|s| s.split_once('/'))
-        .and_then(|(ns, name)| certificate_from_secret(secrets, ns, name, hostnames()).ok())
+        .and_then(|(ns, name)| default_certificate_from_secret(secrets, ns, name).ok())
         .or_else(|| {
             p.default_certificate.as_ref().map(|d| Certificate {
-                hostnames: hostnames(),
+                hostnames: vec![DEFAULT_CERTIFICATE_NAME.to_string()],
                 cert: PemSource::Pem(d.cert.clone()),
                 key: PemSource::Pem(d.key.clone()),
             })
         })
+}
+
+/// The default certificate a Secret holds, for [`DEFAULT_CERTIFICATE_NAME`]: the checks of
+/// [`certificate_from_secret`] and the dataplane's own load of the pair
+/// ([`cert_names::serves`]: the key is the certificate's), since it stands on every
+/// `ingress-https` config and an unloadable one would make the dataplane refuse them all.
+pub fn default_certificate_from_secret(
+    secrets: &[Arc<Secret>],
+    namespace: &str,
+    name: &str,
+) -> Result<Certificate, SecretError> {
+    let c = certificate_from_secret(
+        secrets,
+        namespace,
+        name,
+        vec![DEFAULT_CERTIFICATE_NAME.to_string()],
+    )?;
+    if let (PemSource::Pem(cert), PemSource::Pem(key)) = (&c.cert, &c.key) {
+        cert_names::serves(cert, key).map_err(SecretError::Invalid)?;
+    }
+    Ok(c)
 }
 
 /// Whether the HTTPS listener exists (has at least one certificate).
@@ -1299,6 +1319,49 @@ data: {tls.crt: eA==}
             matches!(&e, Err(SecretError::Invalid(m)) if m.contains("END")),
             "{e:?}"
         );
+    }
+
+    #[test]
+    fn a_default_certificate_secret_is_served_only_when_its_key_is_the_certificates() {
+        let secret = |cert: &str, key: &str| {
+            snapshot(&format!(
+                "apiVersion: v1\nkind: Secret\nmetadata: {{name: d, namespace: sweety}}\n\
+                 type: kubernetes.io/tls\ndata: {{tls.crt: {}, tls.key: {}}}\n",
+                b64(cert),
+                b64(key),
+            ))
+        };
+        let fallback = |n: &str| {
+            let ck = rcgen::generate_simple_self_signed(vec![n.to_string()]).unwrap();
+            super::super::DefaultCertificate {
+                cert: ck.cert.pem(),
+                key: ck.signing_key.serialize_pem(),
+            }
+        };
+        let (a, b, started) = (fallback("a.test"), fallback("b.test"), fallback("c.test"));
+        let p = Params {
+            default_certificate: Some(started.clone()),
+            default_certificate_secret: Some("sweety/d".into()),
+            ..Params::default()
+        };
+        let served = |s: &Snapshot| {
+            let c = default_certificate(&p, &s.secrets).unwrap();
+            assert_eq!(c.hostnames, [DEFAULT_CERTIFICATE_NAME]);
+            match c.cert {
+                PemSource::Pem(pem) => pem,
+                PemSource::File(_) => unreachable!(),
+            }
+        };
+        // The Secret's pair is served...
+        assert_eq!(served(&secret(&a.cert, &a.key)), a.cert);
+        // ...but a certificate with another one's key (the PEM looks fine) would make the
+        // dataplane refuse every config: the certificate of the start is served instead.
+        assert_eq!(served(&secret(&a.cert, &b.key)), started.cert);
+        assert!(matches!(
+            default_certificate_from_secret(&secret(&a.cert, &b.key).secrets, "sweety", "d"),
+            Err(SecretError::Invalid(m)) if m.contains("not the key of the certificate")
+        ));
+        assert_eq!(served(&Snapshot::default()), started.cert);
     }
 
     #[test]

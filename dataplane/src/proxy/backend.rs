@@ -274,33 +274,28 @@ impl BackendRt {
                         None,
                     );
                 }
-                Err(SendError {
-                    error,
-                    request: Some(req),
-                }) => {
-                    body = req.into_body();
-                    // A pooled connection that died while idle: try once on a new one.
-                    if reused && allow_fresh {
-                        allow_fresh = false;
-                        continue;
+                Err(e) => {
+                    let again = allow_fresh && e.stale(reused, replay.is_some());
+                    let SendError { error, request } = e;
+                    if let Some(req) = request {
+                        body = req.into_body();
+                        if again {
+                            allow_fresh = false;
+                            continue;
+                        }
+                        let e = ProxyError::Connect {
+                            addr: addr.to_string(),
+                            source: error.into(),
+                        };
+                        return (Err(e), Some(body));
                     }
-                    let e = ProxyError::Connect {
-                        addr: addr.to_string(),
-                        source: error.into(),
-                    };
-                    return (Err(e), Some(body));
-                }
-                Err(SendError {
-                    error,
-                    request: None,
-                }) => {
-                    let stale = error.is_incomplete_message() || error.is_canceled();
-                    if let (true, true, true, Some(again)) = (reused, allow_fresh, stale, replay) {
+                    // Sent (a response never came): only a replayable request goes again.
+                    if let (true, Some(bytes)) = (again, replay) {
                         allow_fresh = false;
-                        body = if again.is_empty() {
+                        body = if bytes.is_empty() {
                             empty()
                         } else {
-                            crate::body::full(again.clone())
+                            crate::body::full(bytes.clone())
                         };
                         continue;
                     }

@@ -129,6 +129,19 @@ pub struct SendError {
     pub request: Option<Request<Body>>,
 }
 
+impl SendError {
+    /// Whether a request that failed this way on a connection from the pool (`reused`)
+    /// deserves one more try on a new connection: hyper gave it back unsent, or, when it can
+    /// be sent again (`replayable`: idempotent or no side effect, its whole body in memory),
+    /// the connection closed before any response. Both are what a pooled connection the peer
+    /// closed while it was idle looks like. Callers try at most once more.
+    pub fn stale(&self, reused: bool, replayable: bool) -> bool {
+        reused
+            && (self.request.is_some()
+                || (replayable && (self.error.is_incomplete_message() || self.error.is_canceled())))
+    }
+}
+
 impl Pool {
     /// An empty pool keeping at most `max_idle` idle HTTP/1.1 connections.
     pub fn new(max_idle: usize) -> Pool {

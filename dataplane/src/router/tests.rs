@@ -85,6 +85,14 @@ fn header_re(mut m: RouteMatch, name: &str, value: &str) -> RouteMatch {
     m
 }
 
+fn cookie(mut m: RouteMatch, name: &str, value: &str) -> RouteMatch {
+    m.cookies.push(sweety_config::CookieMatch {
+        name: name.into(),
+        value: value.into(),
+    });
+    m
+}
+
 fn query(mut m: RouteMatch, name: &str, value: &str) -> RouteMatch {
     m.query.push(QueryMatch {
         name: name.into(),
@@ -967,6 +975,85 @@ fn header_and_query_matching() {
 }
 
 // ---- reported prefix ----
+
+#[test]
+fn cookie_matching() {
+    let c = |headers| Req { headers, ..GET };
+    let canary = || {
+        any(vec![
+            route("all", vec![prefix("/")]),
+            route("always", vec![cookie(prefix("/"), "canary", "always")]),
+            route("header", vec![header(prefix("/"), "x-canary", "always")]),
+        ])
+    };
+    check(vec![
+        case("no cookie", canary(), c(&[]), r("all")),
+        case(
+            "among others",
+            canary(),
+            c(&[("cookie", "a=1; canary=always; b=2")]),
+            r("always"),
+        ),
+        // HTTP/2 clients send one pair per field.
+        case(
+            "a later field",
+            canary(),
+            c(&[("cookie", "a=1"), ("cookie", "canary=always")]),
+            r("always"),
+        ),
+        case(
+            "quoted",
+            canary(),
+            c(&[("cookie", "canary=\"always\"")]),
+            r("always"),
+        ),
+        case(
+            "value case",
+            canary(),
+            c(&[("cookie", "canary=ALWAYS")]),
+            r("all"),
+        ),
+        // The first cookie of the name decides, as nginx's $cookie_ and session affinity read it.
+        case(
+            "first wins",
+            canary(),
+            c(&[("cookie", "canary=never; canary=always")]),
+            r("all"),
+        ),
+        // Lookalikes: another name ending in ours, our pair inside another's value, a prefix.
+        case(
+            "longer name",
+            canary(),
+            c(&[("cookie", "xcanary=always")]),
+            r("all"),
+        ),
+        case(
+            "inside a value",
+            canary(),
+            c(&[("cookie", "a=canary=always")]),
+            r("all"),
+        ),
+        case(
+            "longer value",
+            canary(),
+            c(&[("cookie", "canary=alwaysx")]),
+            r("all"),
+        ),
+        case(
+            "not a header",
+            canary(),
+            c(&[("canary", "always")]),
+            r("all"),
+        ),
+        // A cookie match counts as a header match: the earlier route wins between them.
+        case(
+            "cookie and header tie",
+            canary(),
+            c(&[("x-canary", "always"), ("cookie", "canary=always")]),
+            r("always"),
+        ),
+    ]);
+}
 
 #[test]
 fn reported_prefix() {

@@ -1,19 +1,23 @@
 //! The OTLP/HTTP exporter task: takes finished spans off the bounded queue, sends them in
 //! batches as `ExportTraceServiceRequest` protobuf (`POST`, `application/x-protobuf`) with
-//! the hyper client, one request at a time, each abandoned after `export_timeout`.
+//! the proxy's connection pool ([`crate::proxy::pool`]: the same HTTP/1.1 client, resolver and
+//! keep-alive as a backend's, one idle connection kept), one request at a time, each abandoned
+//! after `export_timeout`.
 //!
 //! A batch goes out when it has `max_batch_spans` spans or its first span has waited
 //! `batch_delay`. A failed or timed-out export is not retried (the spans are counted as
 //! `failed`): while the receiver is away the queue fills and later spans are dropped and
 //! counted, so a dead receiver costs memory bounded by the queue and one export at a time,
 //! and never a request's time. The receiver's answer is read up to [`MAX_RESPONSE`] bytes.
+//!
+//! No address policy: the endpoint is operator input (a SweetyProxyConfig named by a class,
+//! or the standalone file), and a collector next to the pod on 127.0.0.1 is a normal setup.
 
 use super::otlp;
 use crate::metrics::Metrics;
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full, Limited};
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
+use crate::proxy::pool::{Connector, Pool};
+use http::{header, HeaderValue, Request};
+use http_body_util::{BodyExt, Limited};
 use prost::Message;
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,8 +27,46 @@ use tokio::sync::mpsc::Receiver;
 /// Most bytes of the receiver's answer read (an `ExportTraceServiceResponse` is small).
 pub(super) const MAX_RESPONSE: usize = 64 * 1024;
 
+/// Where exports go: the parts of a valid `http://` endpoint URL.
+#[derive(Debug)]
+pub(super) struct Endpoint {
+    /// `host:port` to connect to (port 80 when the URL names none).
+    address: String,
+    /// The `Host` field: the URL's authority.
+    host: HeaderValue,
+    /// The request target: the URL's path and query.
+    target: http::Uri,
+}
+
+impl Endpoint {
+    /// The endpoint of `uri`, when it is an `http://` URL with a host.
+    pub(super) fn of(uri: &http::Uri) -> Option<Endpoint> {
+        let authority = uri
+            .authority()
+            .filter(|_| uri.scheme_str() == Some("http"))?;
+        Some(Endpoint {
+            address: format!(
+                "{}:{}",
+                authority.host(),
+                authority.port_u16().unwrap_or(80)
+            ),
+            host: HeaderValue::from_str(authority.as_str()).ok()?,
+            target: uri
+                .path_and_query()
+                .map_or("/", |p| p.as_str())
+                .parse()
+                .ok()?,
+        })
+    }
+}
+
 /// Spawns the exporter of `rx` (ends when every sender is gone and the queue is sent).
-pub(super) fn spawn(config: &Tracing, uri: http::Uri, rx: Receiver<otlp::Span>, m: Arc<Metrics>) {
+pub(super) fn spawn(
+    config: &Tracing,
+    endpoint: Endpoint,
+    rx: Receiver<otlp::Span>,
+    m: Arc<Metrics>,
+) {
     let resource = otlp::Resource {
         attributes: vec![
             otlp::KeyValue::string("service.name", config.service_name.as_str()),
@@ -34,7 +76,8 @@ pub(super) fn spawn(config: &Tracing, uri: http::Uri, rx: Receiver<otlp::Span>, 
         ],
     };
     let exporter = Exporter {
-        uri,
+        endpoint,
+        pool: Arc::new(Pool::new(1)),
         resource,
         max_batch: config.max_batch_spans.max(1) as usize,
         batch_delay: config.batch_delay.get(),
@@ -45,7 +88,8 @@ pub(super) fn spawn(config: &Tracing, uri: http::Uri, rx: Receiver<otlp::Span>, 
 }
 
 struct Exporter {
-    uri: http::Uri,
+    endpoint: Endpoint,
+    pool: Arc<Pool>,
     resource: otlp::Resource,
     max_batch: usize,
     batch_delay: Duration,
@@ -55,13 +99,6 @@ struct Exporter {
 
 impl Exporter {
     async fn run(self, mut rx: Receiver<otlp::Span>) {
-        let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
-        http.set_connect_timeout(Some(self.timeout));
-        http.set_nodelay(true);
-        let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new())
-            .pool_max_idle_per_host(1)
-            .pool_idle_timeout(Duration::from_secs(30))
-            .build(http);
         let mut batch = Vec::with_capacity(self.max_batch.min(1024));
         loop {
             if rx.recv_many(&mut batch, self.max_batch).await == 0 {
@@ -78,7 +115,7 @@ impl Exporter {
             }
             let spans = std::mem::take(&mut batch);
             let n = spans.len() as u64;
-            match tokio::time::timeout(self.timeout, self.export(&client, spans)).await {
+            match tokio::time::timeout(self.timeout, self.export(spans)).await {
                 Ok(Ok(())) => self.metrics.trace_spans.add(&"exported", n),
                 Ok(Err(e)) => {
                     tracing::debug!(error = %e, spans = n, "trace export failed");
@@ -95,11 +132,7 @@ impl Exporter {
         }
     }
 
-    async fn export(
-        &self,
-        client: &Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>,
-        spans: Vec<otlp::Span>,
-    ) -> Result<(), String> {
+    async fn export(&self, spans: Vec<otlp::Span>) -> Result<(), String> {
         let body = otlp::ExportTraceServiceRequest {
             resource_spans: vec![otlp::ResourceSpans {
                 resource: Some(self.resource.clone()),
@@ -113,11 +146,30 @@ impl Exporter {
             }],
         }
         .encode_to_vec();
-        let req = http::Request::post(self.uri.clone())
-            .header(http::header::CONTENT_TYPE, "application/x-protobuf")
-            .body(Full::new(Bytes::from(body)))
+        let mut req = Request::new(crate::body::full(body));
+        *req.method_mut() = http::Method::POST;
+        *req.uri_mut() = self.endpoint.target.clone();
+        let h = req.headers_mut();
+        h.insert(header::HOST, self.endpoint.host.clone());
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/x-protobuf"),
+        );
+        let connector = Connector {
+            protocol: sweety_config::BackendProtocol::Http1,
+            tls: None,
+            sni: None,
+            external: false,
+        };
+        let conn = self
+            .pool
+            .acquire(&self.endpoint.address, &connector)
+            .await
             .map_err(|e| e.to_string())?;
-        let resp = client.request(req).await.map_err(|e| e.to_string())?;
+        let (resp, _) = conn
+            .send(&self.pool, req)
+            .await
+            .map_err(|e| e.error.to_string())?;
         let status = resp.status();
         // Read (boundedly) so the connection can be reused.
         let _ = Limited::new(resp.into_body(), MAX_RESPONSE).collect().await;
@@ -126,5 +178,26 @@ impl Exporter {
         } else {
             Err(format!("receiver answered {status}"))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Endpoint;
+
+    #[test]
+    fn endpoint_parts() {
+        let e = |s: &str| Endpoint::of(&s.parse().unwrap());
+        let one = e("http://collector.obs:4318/v1/traces").unwrap();
+        assert_eq!(one.address, "collector.obs:4318");
+        assert_eq!(one.host, "collector.obs:4318");
+        assert_eq!(one.target, "/v1/traces");
+        let v6 = e("http://[::1]/v1/traces?x=1").unwrap();
+        assert_eq!(v6.address, "[::1]:80");
+        assert_eq!(v6.host, "[::1]");
+        assert_eq!(v6.target, "/v1/traces?x=1");
+        assert_eq!(e("http://c").unwrap().target, "/");
+        assert!(e("https://c/v1/traces").is_none());
+        assert!(e("/v1/traces").is_none());
     }
 }

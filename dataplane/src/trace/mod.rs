@@ -84,18 +84,19 @@ impl Tracer {
     /// runtime. The exporter ends once the tracer and every request holding it are gone,
     /// after sending what was queued.
     pub fn start(config: &Tracing, metrics: Arc<Metrics>) -> Result<Arc<Tracer>, TraceError> {
-        let uri: http::Uri = config.otlp_endpoint.parse().map_err(|e| TraceError {
-            endpoint: config.otlp_endpoint.clone(),
-            reason: format!("{e}"),
-        })?;
-        if uri.scheme_str() != Some("http") || uri.host().is_none() {
-            return Err(TraceError {
+        let endpoint = config
+            .otlp_endpoint
+            .parse::<http::Uri>()
+            .map_err(|e| e.to_string())
+            .and_then(|uri| {
+                export::Endpoint::of(&uri).ok_or_else(|| "not an http:// URL with a host".into())
+            })
+            .map_err(|reason| TraceError {
                 endpoint: config.otlp_endpoint.clone(),
-                reason: "not an http:// URL with a host".into(),
-            });
-        }
+                reason,
+            })?;
         let (queue, rx) = tokio::sync::mpsc::channel(config.max_queue_spans.max(1) as usize);
-        export::spawn(config, uri, rx, metrics.clone());
+        export::spawn(config, endpoint, rx, metrics.clone());
         Ok(Arc::new(Tracer {
             threshold: threshold(config.sampling_ratio),
             config: config.clone(),

@@ -117,6 +117,7 @@ fn convert_match(m: &HttpMatchSpec) -> Result<RouteMatch, String> {
             })
             .collect(),
         method: m.method.clone(),
+        cookies: Vec::new(),
     })
 }
 

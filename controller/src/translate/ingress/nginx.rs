@@ -81,10 +81,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use sweety_config::htpasswd;
 use sweety_config::{
-    Action, BackendProtocol, BasicAuth, Cidr, ConcurrencyLimit, Cors, Duration, ExternalAuth,
-    Filter, FixedResponse, HashAlgorithm, HashOn, HashPolicy, HeaderMatch, IpAccess, MatchKind,
-    PathMatch, PathRewrite, ProxyAction, RateLimit, RateLimitKey, Redirect, Route, RouteMatch,
-    SessionKind, SessionPersistence, UrlRewrite, WeightedBackend,
+    Action, BackendProtocol, BasicAuth, Cidr, ConcurrencyLimit, CookieMatch, Cors, Duration,
+    ExternalAuth, Filter, FixedResponse, HashAlgorithm, HashOn, HashPolicy, HeaderMatch, IpAccess,
+    MatchKind, PathMatch, PathRewrite, ProxyAction, RateLimit, RateLimitKey, Redirect, Route,
+    RouteMatch, SessionKind, SessionPersistence, UrlRewrite, WeightedBackend,
 };
 
 /// Annotation prefix of ingress-nginx.
@@ -253,7 +253,7 @@ pub const ANNOTATIONS: &[AnnotationSpec] = &[
     spec("canary-by-header", Support::Honoured, "`always` / `never`, before the cookie and the weights", "X-Canary"),
     spec("canary-by-header-value", Support::Honoured, "exact value; any other value falls through to the cookie and the weights", "beta"),
     spec("canary-by-header-pattern", Differently, "RE2 syntax (Rust `regex`), found anywhere in the value; ignored when `canary-by-header-value` is set", "^(beta|rc)$"),
-    spec("canary-by-cookie", Support::Honoured, "`always` / `never`, after the header and before the weights", "canary"),
+    spec("canary-by-cookie", Support::Honoured, "`always` / `never` (the first cookie of the name), after the header and before the weights", "canary"),
     spec("enable-cors", Support::Honoured, "", "true"),
     spec("cors-allow-origin", Support::Honoured, "origins that are not `*` or `scheme://host[:port]` are dropped", "https://a.example"),
     spec("cors-allow-methods", Support::Honoured, "", "GET, POST"),
@@ -363,11 +363,6 @@ pub fn masked_cidr(entry: &str) -> Result<String, String> {
 const CORS_METHODS: &str = "GET, PUT, POST, DELETE, PATCH, OPTIONS";
 const CORS_HEADERS: &str = "DNT,Keep-Alive,User-Agent,X-Requested-With,If-Modified-Since,Cache-Control,Content-Type,Range,Authorization";
 
-/// A byte of an RFC 6265 cookie name (an RFC 7230 token).
-fn is_cookie_name_byte(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
-}
-
 /// `canary-by-header` (+ `-value` or `-pattern`) and `canary-by-cookie`: requests that pick
 /// the canary, or refuse it, before the weights apply (ingress-nginx's order: header, cookie,
 /// weight).
@@ -383,16 +378,25 @@ pub struct CanarySelect {
     pub cookie: Option<String>,
 }
 
+/// One condition a canary rule adds to each of the primary's matches.
+#[derive(Debug, Clone)]
+enum CanaryCondition {
+    Header(HeaderMatch),
+    Cookie(CookieMatch),
+}
+
 impl CanarySelect {
-    /// The header matches that decide for a request, in precedence order, each with where it
+    /// The conditions that decide for a request, in precedence order, each with where it
     /// sends the request: `true` the canary, `false` the primary only.
-    fn matches(&self) -> Vec<(&'static str, HeaderMatch, bool)> {
+    fn conditions(&self) -> Vec<(&'static str, CanaryCondition, bool)> {
         let mut out = Vec::new();
         if let Some(h) = &self.header {
-            let exact = |v: &str| HeaderMatch {
-                name: h.clone(),
-                value: v.to_string(),
-                kind: MatchKind::Exact,
+            let exact = |v: &str| {
+                CanaryCondition::Header(HeaderMatch {
+                    name: h.clone(),
+                    value: v.to_string(),
+                    kind: MatchKind::Exact,
+                })
             };
             if let Some(v) = &self.header_value {
                 out.push(("by-header", exact(v), true));
@@ -403,19 +407,20 @@ impl CanarySelect {
                     value: format!("(?s:.*)(?:{p})(?s:.*)"),
                     kind: MatchKind::Regex,
                 };
-                out.push(("by-header", m, true));
+                out.push(("by-header", CanaryCondition::Header(m), true));
             } else {
                 out.push(("by-header", exact("always"), true));
                 out.push(("by-header-never", exact("never"), false));
             }
         }
         if let Some(c) = &self.cookie {
-            // One `name=value` pair anywhere in a Cookie header (HTTP/2 may send one pair per
-            // header; the router takes a match in any of them).
-            let pair = |v: &str| HeaderMatch {
-                name: "cookie".into(),
-                value: format!("(?:.*;)?[ \\t]*{}={v}[ \\t]*(?:;.*)?", regex_escape(c)),
-                kind: MatchKind::Regex,
+            // The router's cookie match reads the first cookie of the name, as nginx's
+            // `$cookie_<name>` does.
+            let pair = |v: &str| {
+                CanaryCondition::Cookie(CookieMatch {
+                    name: c.clone(),
+                    value: v.into(),
+                })
             };
             out.push(("by-cookie", pair("always"), true));
             out.push(("by-cookie-never", pair("never"), false));
@@ -1093,7 +1098,8 @@ impl Annotations {
                 "canary-by-header-pattern" => a.canary_select.header_pattern = Some(value.clone()),
                 "canary-by-cookie" => {
                     let v = value.trim();
-                    if !v.is_empty() && v.bytes().all(is_cookie_name_byte) {
+                    // An RFC 6265 cookie name is a token, as `session-cookie-name` checks.
+                    if is_token(v) {
                         a.canary_select.cookie = Some(v.to_string());
                     } else {
                         bad(report, "is not a cookie name");
@@ -1851,14 +1857,17 @@ fn canary_variants(
         return Vec::new();
     };
     let mut out = Vec::new();
-    for (suffix, header, to_canary) in select.matches() {
+    for (suffix, condition, to_canary) in select.conditions() {
         let mut route = primary.route.clone();
         route.name = format!("{}/canary-{suffix}", primary.route.name);
         if route.matches.is_empty() {
             route.matches.push(RouteMatch::default());
         }
         for m in &mut route.matches {
-            m.headers.push(header.clone());
+            match &condition {
+                CanaryCondition::Header(h) => m.headers.push(h.clone()),
+                CanaryCondition::Cookie(c) => m.cookies.push(c.clone()),
+            }
         }
         let backend = if to_canary {
             WeightedBackend {
@@ -1983,6 +1992,12 @@ mod tests {
             canary
         );
         assert_eq!(at(app, "/", &[("cookie", "canary=never; b=2")]), primary);
+        // The first cookie of the name decides (nginx's `$cookie_canary`), quotes aside.
+        assert_eq!(
+            at(app, "/", &[("cookie", "canary=never; canary=always")]),
+            primary
+        );
+        assert_eq!(at(app, "/", &[("cookie", "canary=\"always\"")]), canary);
         // One pair per Cookie header, as HTTP/2 clients send them.
         assert_eq!(
             at(app, "/", &[("cookie", "a=1"), ("cookie", "canary=always")]),
@@ -2248,9 +2263,12 @@ mod tests {
             header_pattern: Some("^beta|rc[0-9]".into()),
             ..CanarySelect::default()
         };
-        let m = sel.matches();
+        let m = sel.conditions();
         assert_eq!(m.len(), 1);
-        let re = regex::Regex::new(&format!("^(?:{})$", m[0].1.value)).unwrap();
+        let CanaryCondition::Header(h) = &m[0].1 else {
+            panic!("a header condition");
+        };
+        let re = regex::Regex::new(&format!("^(?:{})$", h.value)).unwrap();
         for (v, hit) in [
             ("beta", true),
             ("beta-2", true),
