@@ -374,6 +374,26 @@ fn hsts_header(params: &Params) -> Option<sweety_config::HeaderModifier> {
     })
 }
 
+/// ingress-nginx's `no-tls-redirect-locations`: paths (HTTP-01 challenges) kept on HTTP.
+fn no_tls_redirect(params: &Params, path: &str) -> bool {
+    params
+        .no_tls_redirect_locations
+        .iter()
+        .any(|l| path.starts_with(l.as_str()))
+}
+
+/// Fail one route closed: it answers 503 with `body` (its match is kept).
+fn refuse_route(route: &mut Route, body: String) {
+    route.filters.clear();
+    route.timeouts = Default::default();
+    route.retry = None;
+    route.action = Action::Fixed(FixedResponse {
+        status: 503,
+        body,
+        content_type: Some("text/plain; charset=utf-8".into()),
+    });
+}
+
 /// Load-balancer addresses of the chart's ingress Service.
 pub fn load_balancer(b: &Builder<'_>) -> Vec<LoadBalancerIngress> {
     let Some(name) = b.params.ingress_service.as_deref() else {
@@ -607,6 +627,8 @@ pub fn translate(b: &mut Builder<'_>) -> BTreeSet<String> {
     let mut canaries = Vec::new();
     // `from-to-www-redirect`: other name → the rule host it redirects to (oldest first).
     let mut www_redirects: BTreeMap<String, String> = BTreeMap::new();
+    // host → (the Ingress that set it, its client certificate settings): `auth-tls-*`.
+    let mut client_tls: BTreeMap<String, (String, sweety_config::HostClientAuth)> = BTreeMap::new();
 
     for ing in &ours {
         let ns = ing.metadata.namespace.clone().unwrap_or_default();
@@ -884,6 +906,21 @@ pub fn translate(b: &mut Builder<'_>) -> BTreeSet<String> {
                     &mut report,
                 );
                 ann.apply(&mut route, &mut report);
+                if host.is_empty() && ann.client_tls.is_some() {
+                    // No TLS server name names a catch-all rule: nothing to ask by.
+                    report.warn(
+                        "AuthTLSInvalid",
+                        "auth-tls-secret: rules without a host cannot ask for client \
+                         certificates; they answer 503",
+                    );
+                    refuse_route(
+                        &mut route,
+                        format!(
+                            "Ingress {ns}/{name} is refused: a rule without a host cannot ask \
+                             for client certificates; refusing rather than serving unprotected\n"
+                        ),
+                    );
+                }
                 let Some(route) = checked_route(route, &mut |m| report.warn("InvalidPath", m))
                 else {
                     continue;
@@ -894,10 +931,7 @@ pub fn translate(b: &mut Builder<'_>) -> BTreeSet<String> {
                     Some(PathMatch::Regex(_))
                 );
                 // ingress-nginx's `no-tls-redirect-locations`: HTTP-01 challenges stay on HTTP.
-                let exempt = params
-                    .no_tls_redirect_locations
-                    .iter()
-                    .any(|l| path.starts_with(l.as_str()));
+                let exempt = no_tls_redirect(params, &path);
                 entry.push(PathRoute {
                     http_redirect: (!exempt
                         && (ann.ssl_redirect.unwrap_or(params.ssl_redirect)
@@ -931,6 +965,24 @@ pub fn translate(b: &mut Builder<'_>) -> BTreeSet<String> {
                             continue;
                         }
                         e.push(r.clone());
+                    }
+                }
+            }
+        }
+        if let (Some(c), None) = (&ann.client_tls, &ann.refuse) {
+            // The aliases serve the same routes: they ask for the same certificates.
+            for h in served.iter().filter(|h| !h.is_empty()).chain(&aliases) {
+                match client_tls.get(h) {
+                    Some((owner, first)) if first != c => report.warn(
+                        "AuthTLSConflict",
+                        format!(
+                            "host {h:?} already asks for client certificates as Ingress {owner} \
+                             says; this Ingress's auth-tls settings are not used there"
+                        ),
+                    ),
+                    Some(_) => {}
+                    None => {
+                        client_tls.insert(h.clone(), (format!("{ns}/{name}"), c.clone()));
                     }
                 }
             }
@@ -969,6 +1021,54 @@ pub fn translate(b: &mut Builder<'_>) -> BTreeSet<String> {
             .cloned()
             .or_else(|| cluster_default.clone());
         let hsts = hsts_header(params).filter(|_| served_tls && !host.is_empty());
+        // A host that asks for client certificates (`auth-tls-*`) is served on HTTPS only:
+        // plain HTTP redirects there (the ACME paths aside); without TLS here it is refused.
+        if let Some((owner, c)) = client_tls.get(&host) {
+            if served_tls {
+                for r in routes.iter_mut() {
+                    if !no_tls_redirect(params, &r.path) {
+                        r.http_redirect = Some(nginx::https_redirect());
+                        r.force_redirect = true;
+                    }
+                }
+                if let Some(tls) = b
+                    .listeners
+                    .iter_mut()
+                    .find(|l| l.name == HTTPS_LISTENER)
+                    .and_then(|l| l.tls.as_mut())
+                {
+                    tls.host_client_auth.push(sweety_config::HostClientAuth {
+                        hostnames: vec![host.clone()],
+                        ..c.clone()
+                    });
+                }
+            } else {
+                let body = format!(
+                    "host {host:?} asks for client certificates (Ingress {owner}) but has no \
+                     TLS certificate here; refusing rather than serving unprotected\n"
+                );
+                // ACME HTTP-01 answers stay served: they are public, and without them the
+                // host could never get the certificate it lacks.
+                for r in routes
+                    .iter_mut()
+                    .filter(|r| !no_tls_redirect(params, &r.path))
+                {
+                    refuse_route(&mut r.route, body.clone());
+                    r.http_redirect = None;
+                }
+                if let Some((ns, name)) = owner.split_once('/') {
+                    if let Some(rep) = reports.get_mut(&(ns.to_string(), name.to_string())) {
+                        rep.warn(
+                            "AuthTLSInvalid",
+                            format!(
+                                "host {host:?} has no usable TLS certificate here, so no client \
+                                 certificate can be asked for; its paths answer 503"
+                            ),
+                        );
+                    }
+                }
+            }
+        }
         let https_routes: Vec<Route> = routes
             .iter()
             .map(|r| r.route.clone())

@@ -61,6 +61,18 @@
 //! are ignored (every request is asked; connections are kept alive anyway);
 //! `auth-proxy-set-headers` is refused (403) and `auth-snippet` refuses the Ingress (503).
 //!
+//! **Client certificates.** `auth-tls-secret` (`name` or `namespace/name`, the Ingress's own
+//! namespace only; its `ca.crt`) with `auth-tls-verify-client` (`on`, `optional`,
+//! `optional_no_ca`; `off` asks for nothing), `auth-tls-verify-depth`,
+//! `auth-tls-pass-certificate-to-upstream`, `auth-tls-error-page` and `auth-tls-match-cn` become
+//! a `host_client_auth` entry of the `ingress-https` listener for each host of the Ingress
+//! ([`client_tls`]; the dataplane's `client_cert` asks for the certificate when the SNI is the
+//! host and checks every request for the host). A missing Secret, another namespace's, a
+//! `ca.crt` that is not usable CA PEM, an unknown `auth-tls-verify-client` or a bad
+//! `auth-tls-match-cn` fails closed (503, `AuthTLSInvalid`); so does a protected host without
+//! TLS here, and the Ingress's rules without a host. The settings without `auth-tls-secret` are
+//! ignored, as in ingress-nginx.
+//!
 //! **Fail closed.** Security annotations Sweety does not implement (`auth-*`, `modsecurity`,
 //! `satisfy`, …; [`is_security`]) and allow/deny list entries that cannot be honoured make
 //! every path of the Ingress answer 403 with a body naming them
@@ -82,9 +94,10 @@ use std::sync::Arc;
 use sweety_config::htpasswd;
 use sweety_config::{
     Action, BackendProtocol, BasicAuth, Cidr, ConcurrencyLimit, CookieMatch, Cors, Duration,
-    ExternalAuth, Filter, FixedResponse, HashAlgorithm, HashOn, HashPolicy, HeaderMatch, IpAccess,
-    MatchKind, PathMatch, PathRewrite, ProxyAction, RateLimit, RateLimitKey, Redirect, Route,
-    RouteMatch, SessionKind, SessionPersistence, UrlRewrite, WeightedBackend,
+    ExternalAuth, Filter, FixedResponse, HashAlgorithm, HashOn, HashPolicy, HeaderMatch,
+    HostClientAuth, HostVerify, IpAccess, MatchKind, PathMatch, PathRewrite, PemSource,
+    ProxyAction, RateLimit, RateLimitKey, Redirect, Route, RouteMatch, SessionKind,
+    SessionPersistence, UrlRewrite, WeightedBackend,
 };
 
 /// Annotation prefix of ingress-nginx.
@@ -136,6 +149,9 @@ pub struct Annotations {
     pub body_size: Option<u64>,
     /// `auth-url` and its `auth-*` settings.
     pub external_auth: Option<ExternalAuth>,
+    /// `auth-tls-secret` and its `auth-tls-*` settings: client certificates for the
+    /// Ingress's hosts (the entry without `hostnames`; [`super::translate`] fills them).
+    pub client_tls: Option<HostClientAuth>,
     /// `upstream-vhost`: the `Host` the backend receives (a lower-case DNS name).
     pub upstream_vhost: Option<String>,
     /// `x-forwarded-prefix`: the `X-Forwarded-Prefix` value the backend receives.
@@ -293,7 +309,13 @@ pub const ANNOTATIONS: &[AnnotationSpec] = &[
     spec("auth-keepalive*", Ignored, "connections to the auth service are kept alive (16 idle per path) anyway", "10"),
     spec("auth-proxy-set-headers", Refused, "not implemented: the auth service would not get the headers it asks for", "ns/cm"),
     spec("global-auth-url", Refused, "no cluster-wide external authentication", "http://auth.example/"),
-    spec("auth-tls-*", Refused, "client certificates on Ingress hosts are not implemented yet", "on"),
+    spec("auth-tls-secret", Differently, "the Ingress's own namespace only; `ca.crt` must hold usable certificates, else the Ingress's paths answer 503; applies to the whole host (as nginx's server-level setting; the oldest Ingress's settings win), which must have TLS here (else 503); plain-HTTP requests for the host are redirected to HTTPS whatever `ssl-redirect` says (`no-tls-redirect-locations` aside)", "ca"),
+    spec("auth-tls-verify-client", Differently, "`on` (default), `optional`, `optional_no_ca`, `off`; the certificate is asked for only when the TLS server name (SNI) is the host, and a request for the host on a connection made for another name, without SNI or over HTTP/3 answers 421; a missing (`on`) or unverifiable (`on`, `optional`) certificate answers 400 after the handshake as nginx does", "optional"),
+    spec("auth-tls-verify-depth", Support::Honoured, "default 1; more than 8 is taken as 8", "2"),
+    spec("auth-tls-pass-certificate-to-upstream", Support::Honoured, "`ssl-client-cert` (URL-escaped PEM); `ssl-client-verify`, `ssl-client-subject-dn`, `ssl-client-issuer-dn` are always sent, as ingress-nginx does; the client's own copies of the four are removed", "true"),
+    spec("auth-tls-error-page", Differently, "an absolute `http(s)` URL, answered with a 302 instead of the 400; anything else is ignored (Event)", "https://login.example/cert"),
+    spec("auth-tls-match-cn", Differently, "a regex (Rust `regex`) searched in the RFC 2253 subject DN (`CN=client,O=Example`); 403 otherwise", "CN=client"),
+    spec("auth-tls-*", Refused, "other `auth-tls-*` settings are not implemented", "on"),
     spec("satisfy", Refused, "not implemented", "any"),
     spec("enable-modsecurity", Refused, "no WAF", "true"),
     spec("enable-owasp-core-rules", Refused, "no WAF", "true"),
@@ -648,6 +670,192 @@ fn basic_auth<'a>(
         realm,
         users: parsed.users,
     })
+}
+
+/// The `auth-tls-*` annotations read with `auth-tls-secret` ([`client_tls`]).
+const AUTH_TLS: &[&str] = &[
+    "auth-tls-secret",
+    "auth-tls-verify-client",
+    "auth-tls-verify-depth",
+    "auth-tls-pass-certificate-to-upstream",
+    "auth-tls-error-page",
+    "auth-tls-match-cn",
+];
+
+/// Whether `pem` holds certificates the dataplane can trust as client CAs (the checks its
+/// verifier makes: PEM that decodes, at least one certificate, each usable as a trust anchor),
+/// so that one tenant's bad `ca.crt` fails that Ingress closed instead of the whole config.
+pub fn check_client_ca(pem: &str) -> Result<(), String> {
+    use rustls_pki_types::pem::PemObject;
+    let certs = rustls_pki_types::CertificateDer::pem_slice_iter(pem.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("is not PEM: {e}"))?;
+    if certs.is_empty() {
+        return Err("holds no PEM certificate".into());
+    }
+    for (i, c) in certs.iter().enumerate() {
+        webpki::anchor_from_trusted_cert(c)
+            .map_err(|e| format!("certificate {} cannot be a CA here: {e}", i + 1))?;
+    }
+    Ok(())
+}
+
+/// The client certificate settings of `auth-tls-secret` and the other `auth-tls-*`
+/// annotations (None: `auth-tls-verify-client: off`), or why they cannot be honoured (fails
+/// closed). Settings that only change how a refusal looks are ignored with an Event when bad.
+fn client_tls<'a>(
+    get: &impl Fn(&str) -> Option<&'a str>,
+    namespace: &str,
+    secrets: &[Arc<Secret>],
+    report: &mut Report,
+) -> Result<Option<HostClientAuth>, String> {
+    let verify = match get("auth-tls-verify-client").map(str::trim).unwrap_or("on") {
+        "on" => HostVerify::Require,
+        "optional" => HostVerify::Optional,
+        "optional_no_ca" => HostVerify::OptionalNoCa,
+        "off" => {
+            report.warn(
+                "AuthTLSOff",
+                format!(
+                    "{PREFIX}auth-tls-verify-client is off: no client certificate is asked for"
+                ),
+            );
+            return Ok(None);
+        }
+        other => {
+            return Err(format!(
+                "{PREFIX}auth-tls-verify-client {:?} is not on, optional, optional_no_ca or off",
+                truncate(other)
+            ))
+        }
+    };
+    let value = get("auth-tls-secret").unwrap_or("");
+    let name =
+        auth_secret_ref(value, namespace).map_err(|e| format!("{PREFIX}auth-tls-secret: {e}"))?;
+    let secret = secrets
+        .iter()
+        .find(|s| {
+            s.metadata.namespace.as_deref() == Some(namespace)
+                && s.metadata.name.as_deref() == Some(name.as_str())
+        })
+        .ok_or_else(|| format!("the Secret {namespace}/{name} does not exist"))?;
+    let ca = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get("ca.crt"))
+        .ok_or_else(|| format!("the Secret {namespace}/{name} has no key \"ca.crt\""))?;
+    let ca = String::from_utf8(ca.0.clone())
+        .map_err(|_| format!("the Secret {namespace}/{name}'s ca.crt is not PEM text"))?;
+    check_client_ca(&ca).map_err(|e| format!("the Secret {namespace}/{name}'s ca.crt {e}"))?;
+    let max = sweety_config::MAX_VERIFY_DEPTH;
+    let verify_depth = match get("auth-tls-verify-depth").map(str::trim) {
+        None => 1,
+        Some(v) => match v.parse::<u32>() {
+            Ok(n @ 1..) => u8::try_from(n.min(u32::from(max))).unwrap_or(max),
+            _ => {
+                report.warn(
+                    "InvalidAnnotation",
+                    format!(
+                        "{PREFIX}auth-tls-verify-depth: {:?} is not a positive whole number; \
+                         1 is used (as ingress-nginx)",
+                        truncate(v)
+                    ),
+                );
+                1
+            }
+        },
+    };
+    let pass_certificate = match get("auth-tls-pass-certificate-to-upstream") {
+        None => false,
+        Some(v) => truthy(v).unwrap_or_else(|| {
+            report.warn(
+                "InvalidAnnotation",
+                format!(
+                    "{PREFIX}auth-tls-pass-certificate-to-upstream: {:?} is not \"true\" or \
+                     \"false\"; the certificate is not passed",
+                    truncate(v)
+                ),
+            );
+            false
+        }),
+    };
+    let error_page = get("auth-tls-error-page")
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
+        .and_then(|v| match sweety_config::check_error_page(v) {
+            Ok(()) => Some(v.to_string()),
+            Err(why) => {
+                report.warn(
+                    "InvalidAnnotation",
+                    format!(
+                        "{PREFIX}auth-tls-error-page: {:?} {why}; refused requests get the 400 \
+                         instead",
+                        truncate(v)
+                    ),
+                );
+                None
+            }
+        });
+    let match_subject = get("auth-tls-match-cn")
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
+        .map(str::to_string);
+    let entry = HostClientAuth {
+        hostnames: vec!["probe.invalid".into()],
+        ca: PemSource::Pem(ca),
+        verify,
+        verify_depth,
+        pass_certificate,
+        error_page,
+        match_subject,
+    };
+    // The dataplane's own checks (the subject regex), on a probe listener.
+    let probe = sweety_config::Config {
+        listeners: vec![sweety_config::Listener {
+            name: "probe".into(),
+            address: "127.0.0.1".into(),
+            port: 8443,
+            protocol: sweety_config::ListenerProtocol::Https,
+            tls: Some(sweety_config::ListenerTls {
+                certificates: vec![sweety_config::Certificate {
+                    hostnames: vec![],
+                    cert: PemSource::Pem(
+                        "-----BEGIN CERTIFICATE-----\nAA==\n-----END CERTIFICATE-----\n".into(),
+                    ),
+                    key: PemSource::Pem(
+                        "-----BEGIN PRIVATE KEY-----\nAA==\n-----END PRIVATE KEY-----\n".into(),
+                    ),
+                }],
+                min_version: Default::default(),
+                client_auth: None,
+                host_client_auth: vec![entry.clone()],
+            }),
+            http3: false,
+            max_requests_in_flight: None,
+            advertised_port: None,
+            l4_routes: Vec::new(),
+        }],
+        ..Default::default()
+    };
+    if let Err(e) = probe.validate_structure() {
+        let why: Vec<String> =
+            e.0.iter()
+                .map(|e| {
+                    let field = e.path.rsplit('.').next().unwrap_or("");
+                    let name = if field == "match_subject" {
+                        "auth-tls-match-cn"
+                    } else {
+                        field
+                    };
+                    format!("{name}: {}", e.message)
+                })
+                .collect();
+        return Err(why.join("; "));
+    }
+    Ok(Some(HostClientAuth {
+        hostnames: Vec::new(),
+        ..entry
+    }))
 }
 
 /// Why an auth service address is one a tenant may not aim the subrequest at (the dataplane
@@ -1052,6 +1260,8 @@ impl Annotations {
                 },
                 // Read with `auth-type` (below).
                 "auth-secret" | "auth-secret-type" | "auth-realm" => {}
+                // Read with `auth-tls-secret` (below).
+                n if AUTH_TLS.contains(&n) => {}
                 // Read with `auth-url` (below).
                 "auth-url"
                 | "auth-method"
@@ -1362,6 +1572,32 @@ impl Annotations {
                 format!(
                     "{PREFIX}auth-secret/auth-realm without auth-type are ignored (as \
                      ingress-nginx does): no authentication is set up"
+                ),
+            );
+        }
+        if get("auth-tls-secret").is_some() {
+            match client_tls(&get, ns, secrets, report) {
+                Ok(c) => a.client_tls = c,
+                Err(why) => {
+                    report.warn(
+                        "AuthTLSInvalid",
+                        format!(
+                            "client certificates (auth-tls-*): {why}; the Ingress's paths \
+                             answer 503 until it is fixed"
+                        ),
+                    );
+                    auth_failures.push(why);
+                }
+            }
+        } else if all.keys().any(|k| {
+            k.strip_prefix(PREFIX)
+                .is_some_and(|n| AUTH_TLS.contains(&n))
+        }) {
+            report.warn(
+                "AuthTLSIgnored",
+                format!(
+                    "{PREFIX}auth-tls-* without auth-tls-secret are ignored (as ingress-nginx \
+                     does): no client certificate is asked for"
                 ),
             );
         }
@@ -2343,9 +2579,9 @@ mod tests {
         }
         assert!(
             is_security("auth-proxy-set-headers", "x")
-                && is_security("auth-tls-verify-client", "on")
+                && is_security("auth-tls-unknown-setting", "on")
         );
-        assert!(!is_security("auth-url", "x"));
+        assert!(!is_security("auth-url", "x") && !is_security("auth-tls-verify-client", "on"));
         assert!(
             is_security("modsecurity-snippet", "x") && is_security("enable-modsecurity", "true")
         );
@@ -2395,6 +2631,12 @@ mod tests {
             // The basic-auth settings are read with `auth-type: basic` only.
             if matches!(name, "auth-secret" | "auth-secret-type" | "auth-realm") {
                 annotations.insert(format!("{PREFIX}auth-type"), "basic".into());
+            }
+            // The client-certificate settings are read with `auth-tls-secret` only.
+            if AUTH_TLS.contains(&name) {
+                annotations
+                    .entry(format!("{PREFIX}auth-tls-secret"))
+                    .or_insert_with(|| "ca".into());
             }
             // The external-auth settings are read with `auth-url` only.
             if name.starts_with("auth-")
