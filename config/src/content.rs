@@ -183,6 +183,16 @@ pub fn default_websocket_idle_timeout() -> Duration {
     Duration::from_secs(300)
 }
 
+/// The default `limits.static_read_ahead`, bytes.
+pub const DEFAULT_STATIC_READ_AHEAD: u32 = 128 * 1024;
+/// Smallest `limits.static_read_ahead` (a stream past a full budget reads this much anyway).
+pub const MIN_STATIC_READ_AHEAD: u32 = 16 * 1024;
+
+/// True for the default `limits.static_read_ahead` (left out of serialized configs).
+pub fn is_default_static_read_ahead(n: &u32) -> bool {
+    *n == DEFAULT_STATIC_READ_AHEAD
+}
+
 /// True for the default WebSocket idle timeout (left out of serialized configs).
 pub fn is_default_websocket_idle_timeout(d: &Duration) -> bool {
     *d == default_websocket_idle_timeout()

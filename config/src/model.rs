@@ -975,6 +975,12 @@ pub struct Limits {
     /// own; hyper's stays selectable, see docs/config.md).
     #[serde(skip_serializing_if = "Http2Engine::is_default")]
     pub http2_engine: Http2Engine,
+    /// Bytes of static files one connection may hold read ahead of its client, all its
+    /// streams together (at least 16384). A stream that finds it used up reads 16 KiB at a
+    /// time outside it, so a connection holds at most this plus 16 KiB per stream of file
+    /// data. Default 128 KiB (one 128 KiB chunk; HTTP/1.1 reads files in such chunks).
+    #[serde(skip_serializing_if = "crate::is_default_static_read_ahead")]
+    pub static_read_ahead: u32,
 }
 
 /// The HTTP/2 server implementation (`limits.http2_engine`).
@@ -1015,6 +1021,7 @@ impl Default for Limits {
             drain_timeout: Duration::from_secs(20),
             websocket_idle_timeout: crate::default_websocket_idle_timeout(),
             http2_engine: Http2Engine::default(),
+            static_read_ahead: crate::DEFAULT_STATIC_READ_AHEAD,
         }
     }
 }

@@ -1239,6 +1239,14 @@ impl<'a> Validator<'a> {
                 self.err(format!("limits.{field}"), "must be greater than 0");
             }
         }
+        if l.static_read_ahead < crate::MIN_STATIC_READ_AHEAD {
+            let msg = format!(
+                "must be at least {}, got {}",
+                crate::MIN_STATIC_READ_AHEAD,
+                l.static_read_ahead
+            );
+            self.err("limits.static_read_ahead", msg);
+        }
     }
 }
 
@@ -3088,6 +3096,12 @@ access_log: {enabled: true, path: /var/log/sweety/access.log, buffer_lines: 1024
             "must be at least 1024, got 1023",
         );
         expect_ok(|c| c.limits.max_header_bytes = 1024);
+        expect_one(
+            |c| c.limits.static_read_ahead = 16383,
+            "limits.static_read_ahead",
+            "must be at least 16384, got 16383",
+        );
+        expect_ok(|c| c.limits.static_read_ahead = 16384);
     }
 
     #[test]

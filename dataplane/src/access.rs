@@ -873,6 +873,7 @@ mod tests {
             client_cert: None,
             tls_version: None,
             tls_cipher: None,
+            read_budget: None,
         });
         let mut h = xff(&["203.0.113.5, 198.51.100.7"]);
         let c = r.resolve(&conn, &mut h);

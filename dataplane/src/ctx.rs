@@ -54,6 +54,9 @@ pub struct ConnInfo {
     pub tls_version: Option<&'static str>,
     /// Negotiated cipher suite (rustls' name, e.g. `TLS13_AES_128_GCM_SHA256`), when known.
     pub tls_cipher: Option<&'static str>,
+    /// The file bytes this connection may hold read ahead of its client, all its requests
+    /// together (`limits.static_read_ahead`); `None`: unbounded (internal requests).
+    pub read_budget: Option<crate::static_files::ReadBudget>,
 }
 
 /// Request extension set by the HTTP/3 adapter on a request received in TLS early data

@@ -474,6 +474,7 @@ mod tests {
                 client_cert: None,
                 tls_version: None,
                 tls_cipher: None,
+                read_budget: None,
             }),
             protocol: crate::ctx::Protocol::Http1,
             start: std::time::Instant::now(),

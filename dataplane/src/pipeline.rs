@@ -868,7 +868,12 @@ async fn act<'a>(
                 {
                     return crate::identity::IdentityError::from(e).response();
                 }
-                Box::pin(shared.static_files.serve(site, &parts)).await
+                Box::pin(
+                    shared
+                        .static_files
+                        .serve(site, &parts, ctx.conn.read_budget.as_ref()),
+                )
+                .await
             }
             Action::Fixed(f) => {
                 if let Err(e) =
@@ -1336,6 +1341,7 @@ mod size_tests {
             client_cert: None,
             tls_version: None,
             tls_cipher: None,
+            read_budget: None,
         });
         let req = http::Request::new(crate::body::empty());
         let f = super::handle(rt.shared.clone(), conn, crate::ctx::Protocol::Http2, req);

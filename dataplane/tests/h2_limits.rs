@@ -909,6 +909,7 @@ async fn serve_recorded(
         client_cert: None,
         tls_version: None,
         tls_cipher: None,
+        read_budget: None,
     });
     let snap = h.runtime.shared.snapshot();
     let settings = sweety_dataplane::listen::tcp::h2_settings(&snap.config.limits);

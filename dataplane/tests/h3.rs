@@ -867,6 +867,7 @@ async fn early_data_is_opt_in_and_unsafe_methods_in_it_get_425() {
             client_cert: None,
             tls_version: None,
             tls_cipher: None,
+            read_budget: None,
         });
         for (method, want) in [
             (Method::GET, 200),

@@ -151,6 +151,7 @@ fn ctx() -> RequestCtx {
             client_cert: None,
             tls_version: None,
             tls_cipher: None,
+            read_budget: None,
         }),
         protocol: Protocol::Http1,
         start: Instant::now(),

@@ -59,7 +59,7 @@ fn req(method: Method, uri: &str, headers: &[(&str, &str)]) -> http::request::Pa
 }
 
 async fn get(sf: &StaticFiles, s: &StaticSite, uri: &str, h: &[(&str, &str)]) -> Response<Body> {
-    sf.serve(s, &req(Method::GET, uri, h)).await
+    sf.serve(s, &req(Method::GET, uri, h), None).await
 }
 
 async fn body(resp: Response<Body>) -> Bytes {
@@ -432,7 +432,7 @@ async fn head_and_method_not_allowed() {
     write(&root, "f.txt", b"twelve bytes");
     let (sf, s) = (StaticFiles::new(1 << 20), site(&root));
     let g = get(&sf, &s, "/f.txt", &[]).await;
-    let h = sf.serve(&s, &req(Method::HEAD, "/f.txt", &[])).await;
+    let h = sf.serve(&s, &req(Method::HEAD, "/f.txt", &[]), None).await;
     assert_eq!(h.status(), StatusCode::OK);
     for name in [
         header::CONTENT_LENGTH,
@@ -446,7 +446,7 @@ async fn head_and_method_not_allowed() {
     assert!(body(h).await.is_empty());
 
     for m in [Method::POST, Method::PUT, Method::DELETE, Method::OPTIONS] {
-        let resp = sf.serve(&s, &req(m.clone(), "/f.txt", &[])).await;
+        let resp = sf.serve(&s, &req(m.clone(), "/f.txt", &[]), None).await;
         assert_eq!(resp.status(), StatusCode::METHOD_NOT_ALLOWED, "{m}");
         assert_eq!(hdr(&resp, header::ALLOW), Some("GET, HEAD"));
     }

@@ -11,6 +11,8 @@
 #   CELLS=         space/comma separated glob filter over the cell names (default: all):
 #                  h1-1k h1-10k h1-100k h1-1m h2-1k h2-10k h2-100k h2-1m proxy-h1
 #                  proxy-h2 proxy-h2-4k (the proxy path with an HTTP/2-over-TLS front)
+#                  proxy-h1-100k proxy-h2-100k (100 KB through the proxy, for memory)
+#                  h1-100k-c1000 h2-100k-c1000 h3-100k-c1000 (1,000 connections, for memory)
 #                  proxy-h2-trace0 proxy-h2-trace1 (proxy-h2 with tracing on, Sweety only)
 #                  h3-1k h3-10k h3-100k h3-1m (Sweety only: this nginx has no HTTP/3)
 #                  cache-h2 gzip-h2 ws-h1 (edge features, see below)
@@ -46,7 +48,11 @@
 # Cells: static files over TLS with h2load (H1: --h1 -c 100 -t 1; H2: -c 100 -m 10 -t 1;
 # 1 MB: -c 10), and proxy-h1 with wrk -t1 -c100 over plain HTTP. proxy-h2 and proxy-h2-4k
 # are the proxy path with an HTTP/2-over-TLS front (h2load -c 100 -m 10) to the same
-# HTTP/1.1 keep-alive backend, answering 12 bytes and 4 KB (/proxy4k). p99 of h2load cells comes
+# HTTP/1.1 keep-alive backend, answering 12 bytes and 4 KB (/proxy4k). proxy-h1-100k (wrk
+# -c 100 over plain HTTP) and proxy-h2-100k (h2load -c 100 -m 10 over TLS) proxy a 100 KB file
+# of the backend (/proxy100k), and the *-c1000 cells are the 100 KB static cells with 1,000
+# connections (H2 and H3 with 10 streams each): their figure is peak RSS (memory under bulk
+# load, issue 23). p99 of h2load cells comes
 # from h2load's --log-file (one line per request), of wrk from --latency. The h3 cells serve
 # the same files over HTTP/3 (QUIC on the TLS port; Sweety started with http3 on) with oha
 # (-c 100 -p 10, 1 MB: -c 10 -p 10, like h2load -m 10; JSON output), Sweety only; the report then also compares Sweety's H3
@@ -85,7 +91,7 @@ BACKEND_CPU=${BACKEND_CPU:-$CLIENT_CPU}
 PORT_BASE=${PORT_BASE:-18440}
 OUT=""
 
-ALL_CELLS="h1-1k h1-10k h1-100k h1-1m h2-1k h2-10k h2-100k h2-1m proxy-h1 proxy-h2 proxy-h2-4k proxy-h2-trace0 proxy-h2-trace1 h3-1k h3-10k h3-100k h3-1m cache-h2 gzip-h2 ws-h1"
+ALL_CELLS="h1-1k h1-10k h1-100k h1-1m h2-1k h2-10k h2-100k h2-1m proxy-h1 proxy-h2 proxy-h2-4k proxy-h1-100k proxy-h2-100k proxy-h2-trace0 proxy-h2-trace1 h3-1k h3-10k h3-100k h3-1m h1-100k-c1000 h2-100k-c1000 h3-100k-c1000 cache-h2 gzip-h2 ws-h1"
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 
@@ -245,6 +251,7 @@ http {
         listen 127.0.0.1:$BACKEND_PORT;
         default_type text/plain;
         location = /proxy4k { alias $WORK/www/4k.bin; }
+        location = /proxy100k { alias $WORK/www/100k.bin; }
         location = /v1/traces { return 200; }
         location / { return 200 "hello world\n"; }
     }
@@ -350,6 +357,9 @@ virtual_hosts:
     routes:
       - name: proxy
         matches: [{path: {prefix: /proxy}}]
+        action: {proxy: {backends: [{backend: hello}]}}
+      - name: proxy-files
+        matches: [{path: {exact: /proxy4k}}, {path: {exact: /proxy100k}}]
         action: {proxy: {backends: [{backend: hello}]}}
       - name: cached
         matches: [{path: {prefix: /cached}}]
@@ -504,6 +514,10 @@ selected() { # selected CELL: matches the CELLS filter?
 run_cell() { # run_cell CELL SERVER RUN
     local cell=$1 server=$2 run=$3 proto=${1%%-*} size=${1#*-} conns=100 url tool cmd idle probe expect
     local tag=$WORK/out/$cell.$server.$run config=$WORK/sweety.yaml
+    if [[ $cell == *-c1000 ]]; then # the 1,000-connection memory cells
+        conns=1000
+        size=${size%-c1000}
+    fi
     # HAProxy serves no files: only the proxy and cache cells.
     [[ $server == haproxy && $cell != proxy-* && $cell != cache-h2 ]] && return 0
     if [[ $proto == h3 ]]; then
@@ -532,7 +546,7 @@ run_cell() { # run_cell CELL SERVER RUN
         tool=wsbench
         expect="101 64B"
         cmd=("$WS_BENCH" client "$url" 50 "$DUR" 64)
-    elif [[ $cell == proxy-h2 || $cell == proxy-h2-4k || $cell == proxy-h2-trace* ]]; then
+    elif [[ $cell == proxy-h2 || $cell == proxy-h2-4k || $cell == proxy-h2-100k || $cell == proxy-h2-trace* ]]; then
         tool=h2load
         if [[ $cell == proxy-h2-trace* ]]; then
             [[ $server == sweety ]] || return 0 # tracing cells: Sweety only
@@ -541,16 +555,23 @@ run_cell() { # run_cell CELL SERVER RUN
         if [[ $cell == proxy-h2 || $cell == proxy-h2-trace* ]]; then
             url=https://127.0.0.1:$TLS_PORT/proxy
             expect="200 12B"
-        else
+        elif [[ $cell == proxy-h2-4k ]]; then
             url=https://127.0.0.1:$TLS_PORT/proxy4k
             expect="200 4096B"
+        else
+            url=https://127.0.0.1:$TLS_PORT/proxy100k
+            expect="200 102400B"
         fi
         cmd=(h2load -c "$conns" -m 10 -t 1 -D "$DUR" --log-file "$tag.log" "$url")
-    elif [[ $cell == proxy-h1 ]]; then
+    elif [[ $cell == proxy-h1 || $cell == proxy-h1-100k ]]; then
         url=http://127.0.0.1:$PLAIN_PORT/proxy
+        expect="200 12B"
+        if [[ $cell == proxy-h1-100k ]]; then
+            url=http://127.0.0.1:$PLAIN_PORT/proxy100k
+            expect="200 102400B"
+        fi
         tool=wrk
         cmd=(wrk -t1 -c100 "-d${DUR}s" --timeout 5s --latency "$url")
-        expect="200 12B"
     else
         url=https://127.0.0.1:$TLS_PORT/$size.bin
         [[ $size == 1m ]] && conns=10

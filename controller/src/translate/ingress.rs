@@ -625,6 +625,8 @@ pub fn translate(b: &mut Builder<'_>) -> BTreeSet<String> {
     let mut certificates = Vec::new();
     let mut reports: BTreeMap<(String, String), Report> = BTreeMap::new();
     let mut canaries = Vec::new();
+    // `from-to-www-redirect`: other name → the rule host it redirects to (oldest first).
+    let mut www_redirects: BTreeMap<String, String> = BTreeMap::new();
     // host → (the Ingress that set it, its client certificate settings): `auth-tls-*`.
     let mut client_tls: BTreeMap<String, (String, sweety_config::HostClientAuth)> = BTreeMap::new();
 
@@ -660,6 +662,59 @@ pub fn translate(b: &mut Builder<'_>) -> BTreeSet<String> {
                         }
                     ),
                 ),
+            }
+        }
+        // `server-alias`: more names for the first rule host, unless a rule or a site names
+        // them or another namespace claims them (ownership's weak claims).
+        let mut aliases: Vec<String> = Vec::new();
+        for a in nginx::server_aliases(ing).0 {
+            if owners.is_rule_host(&a) {
+                report.warn(
+                    "AliasIgnored",
+                    format!(
+                        "{}server-alias {a:?} is a host of an Ingress rule or a SweetySite; \
+                         ignored (as ingress-nginx ignores an alias in use)",
+                        nginx::PREFIX
+                    ),
+                );
+            } else {
+                match owners.ingress_may_serve(&a, &ns) {
+                    Ok(()) => aliases.push(a),
+                    Err(r) => report.warn(
+                        r.reason,
+                        format!(
+                            "{}; {}server-alias {a:?} is ignored",
+                            r.message,
+                            nginx::PREFIX
+                        ),
+                    ),
+                }
+            }
+        }
+        let alias_source = served.iter().find(|h| !h.is_empty()).cloned();
+        // `from-to-www-redirect`: the other name redirects to the rule host, unless a rule or
+        // a site names it (silently, as ingress-nginx) or another namespace claims it.
+        if nginx::from_to_www(ing) {
+            for h in &served {
+                let Some(other) = nginx::www_other(h) else {
+                    continue;
+                };
+                if owners.is_rule_host(&other) || www_redirects.contains_key(&other) {
+                    continue;
+                }
+                match owners.ingress_may_serve(&other, &ns) {
+                    Ok(()) => {
+                        www_redirects.insert(other, h.clone());
+                    }
+                    Err(r) => report.warn(
+                        r.reason,
+                        format!(
+                            "{}; {}from-to-www-redirect from {other:?} is not served",
+                            r.message,
+                            nginx::PREFIX
+                        ),
+                    ),
+                }
             }
         }
         // TLS.
@@ -806,6 +861,7 @@ pub fn translate(b: &mut Builder<'_>) -> BTreeSet<String> {
                 .as_ref()
                 .map(|h| h.paths.as_slice())
                 .unwrap_or_default();
+            let start = hosts.get(&host).map_or(0, Vec::len);
             let entry = hosts.entry(host.clone()).or_default();
             if let (Some(app_root), true) = (ann.app_root.as_deref(), !paths.is_empty()) {
                 let mut r = nginx::app_root_route(&ns, &name, ri, app_root);
@@ -889,9 +945,33 @@ pub fn translate(b: &mut Builder<'_>) -> BTreeSet<String> {
                     namespace: ns.clone(),
                 });
             }
+            // The same routes under the aliases of the first rule host.
+            if alias_source.as_ref() == Some(&host) {
+                let added: Vec<PathRoute> = hosts[&host][start..].to_vec();
+                for a in &aliases {
+                    let e = hosts.entry(a.clone()).or_default();
+                    for r in &added {
+                        if let Some(first) = e
+                            .iter()
+                            .find(|x| x.path == r.path && x.path_type == r.path_type)
+                        {
+                            report.warn(
+                                "PathConflict",
+                                format!(
+                                    "alias {a:?} path {:?} ({}) is already served by {}; ignored",
+                                    r.path, r.path_type, first.route.name
+                                ),
+                            );
+                            continue;
+                        }
+                        e.push(r.clone());
+                    }
+                }
+            }
         }
         if let (Some(c), None) = (&ann.client_tls, &ann.refuse) {
-            for h in served.iter().filter(|h| !h.is_empty()) {
+            // The aliases serve the same routes: they ask for the same certificates.
+            for h in served.iter().filter(|h| !h.is_empty()).chain(&aliases) {
                 match client_tls.get(h) {
                     Some((owner, first)) if first != c => report.warn(
                         "AuthTLSConflict",
@@ -1047,6 +1127,22 @@ pub fn translate(b: &mut Builder<'_>) -> BTreeSet<String> {
                 routes: http_routes,
             });
         }
+    }
+    for (other, to) in www_redirects {
+        if served.contains(&other) {
+            continue;
+        }
+        served.insert(other.clone());
+        let mut listeners = vec![HTTP_LISTENER.to_string()];
+        if https && covered(&tls_hosts, &owners, &other) {
+            listeners.push(HTTPS_LISTENER.into());
+        }
+        b.virtual_hosts.push(VirtualHost {
+            name: format!("ingress/{other}"),
+            hostnames: vec![other.clone()],
+            listeners,
+            routes: vec![nginx::www_redirect_route(&other, &to)],
+        });
     }
     if let Some(db) = cluster_default {
         if !b.virtual_hosts.iter().any(|v| v.name == "ingress/*") {

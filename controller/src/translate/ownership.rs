@@ -18,6 +18,12 @@
 //!   by an Ingress of another sharing namespace (ingress-nginx's merge). SweetySites never
 //!   share: a site serves only the hostnames whose owner it is.
 //!
+//! - **Extra names.** An Ingress's `server-alias` names and the other name of its
+//!   `from-to-www-redirect` hosts ([`nginx::extra_hosts`]) are weak claims: they own a
+//!   hostname only when no rule host and no SweetySite claims it (then the oldest weak claim,
+//!   pins applying alike), so an alias never takes a host another Ingress or a site names;
+//!   [`Hosts::is_rule_host`] tells the translator to skip them there, as ingress-nginx does.
+//!
 //! A claim that loses gets a reason naming the owner; the rest of its object still applies.
 
 use super::ingress::nginx;
@@ -101,6 +107,8 @@ fn taken(message: String) -> Refusal {
 #[derive(Debug, Default)]
 pub struct Hosts {
     owners: BTreeMap<String, Claim>,
+    /// Hostnames an Ingress rule or a SweetySite claims (not only a weak claim).
+    rule_hosts: BTreeSet<String>,
     /// hostname → namespaces it is pinned to (only pinned hostnames that someone claims).
     pinned: BTreeMap<String, BTreeSet<String>>,
     sharing: BTreeSet<String>,
@@ -193,8 +201,19 @@ impl Hosts {
                     .push(claim.clone());
             }
         }
+        let rule_hosts: BTreeSet<String> = claims.keys().cloned().collect();
+        // Weak claims (aliases, www names) count only for hosts nobody else names.
+        for ing in ingresses.iter().filter(|i| !is_canary(i)) {
+            let claim = Claim::new(&ing.metadata, ClaimKind::Ingress);
+            for h in nginx::extra_hosts(ing) {
+                if !rule_hosts.contains(&h) {
+                    claims.entry(h).or_default().push(claim.clone());
+                }
+            }
+        }
         let mut hosts = Hosts {
             sharing,
+            rule_hosts,
             ..Default::default()
         };
         for (host, list) in claims {
@@ -219,6 +238,12 @@ impl Hosts {
             }
         }
         hosts
+    }
+
+    /// Whether an Ingress rule or a SweetySite names `host` (an alias or a www name for it is
+    /// then ignored).
+    pub fn is_rule_host(&self, host: &str) -> bool {
+        self.rule_hosts.contains(host)
     }
 
     /// The owner of `host`, if anyone may serve it.

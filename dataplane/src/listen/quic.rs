@@ -182,6 +182,7 @@ pub async fn run_quic(
             handshake_timeout: snap.config.limits.header_read_timeout.get(),
             max_header_bytes: snap.config.limits.max_header_bytes.into(),
             static_chunk: snap.config.http3.static_chunk_size as usize,
+            read_ahead: snap.config.limits.static_read_ahead,
             send_timeout: snap.config.limits.send_timeout.get(),
             max_per_client: crate::listen::tcp::per_client_cap(
                 &snap.access,
@@ -216,6 +217,8 @@ struct ConnSettings {
     handshake_timeout: Duration,
     max_header_bytes: u64,
     static_chunk: usize,
+    /// `limits.static_read_ahead`: the connection's file read-ahead budget.
+    read_ahead: u32,
     /// `limits.send_timeout`: a response write the client does not accept within it resets
     /// the stream.
     send_timeout: Duration,
@@ -344,6 +347,7 @@ async fn serve_conn(
         // QUIC runs TLS 1.3 only (RFC 9001 §4.2); quinn does not expose the suite.
         tls_version: Some("TLSv1.3"),
         tls_cipher: None,
+        read_budget: Some(crate::static_files::ReadBudget::new(settings.read_ahead)),
     });
     let quic = conn.clone();
     let mut h3: H3Conn = match h3::server::builder()

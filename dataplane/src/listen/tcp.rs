@@ -22,6 +22,7 @@
 use crate::ctx::{ConnInfo, Protocol};
 use crate::exec::{Batched, StreamExecutor};
 use crate::state::{BindKey, ListenerView, Shared};
+use crate::static_files::ReadBudget;
 use bytes::{Bytes, BytesMut};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
@@ -83,6 +84,7 @@ pub async fn run_tcp(
         let handshake_timeout = snap.config.limits.header_read_timeout.get();
         let idle_timeout = snap.config.limits.idle_timeout.get();
         let send_timeout = snap.config.limits.send_timeout.get();
+        let read_ahead = snap.config.limits.static_read_ahead;
         // The per-client cap is judged on the client's address: after a PROXY header.
         let access = (snap.config.limits.max_connections_per_client > 0).then(|| {
             (
@@ -147,6 +149,7 @@ pub async fn run_tcp(
                 handshake_timeout,
                 idle_timeout,
                 send_timeout,
+                read_ahead,
                 watcher,
                 h2,
                 drain,
@@ -173,6 +176,8 @@ struct Serving {
     idle_timeout: Duration,
     /// `limits.send_timeout` (see `crate::send_timeout`).
     send_timeout: Duration,
+    /// `limits.static_read_ahead`: the connection's file read-ahead budget.
+    read_ahead: u32,
     /// Held while the connection is served: the listener's drain waits for it.
     watcher: Watcher,
     /// Sweety's HTTP/2 engine and its settings, when `limits.http2_engine` is `sweety`.
@@ -193,6 +198,7 @@ async fn serve_conn(
         handshake_timeout,
         idle_timeout,
         send_timeout,
+        read_ahead,
         watcher,
         h2,
         drain,
@@ -211,6 +217,7 @@ async fn serve_conn(
                 client_cert: None,
                 tls_version: None,
                 tls_cipher: None,
+                read_budget: Some(ReadBudget::new(read_ahead)),
             });
             // h2c by prior knowledge or HTTP/1.1: told by the first bytes, read within the
             // header-read timeout (a client that sends nothing, or a part of the preface, is
@@ -310,6 +317,7 @@ async fn serve_conn(
                 tls_cipher: session
                     .negotiated_cipher_suite()
                     .and_then(|c| c.suite().as_str()),
+                read_budget: Some(ReadBudget::new(read_ahead)),
             });
             if let (true, Some(settings)) = (alpn_h2, h2) {
                 let r = sweety_h2::serve(

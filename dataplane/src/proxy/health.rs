@@ -81,6 +81,7 @@ async fn run(weak: Weak<BackendRt>, idx: usize, hc: Arc<HealthCheck>, metrics: A
             client_cert: None,
             tls_version: None,
             tls_cipher: None,
+            read_budget: None,
         }),
         protocol: Protocol::Http1,
         start: Instant::now(),

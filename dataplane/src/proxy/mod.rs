@@ -736,6 +736,7 @@ mod tests {
                 client_cert: None,
                 tls_version: None,
                 tls_cipher: None,
+                read_budget: None,
             }),
             protocol: Protocol::Http2,
             start: Instant::now(),

@@ -28,7 +28,7 @@ mod path;
 mod range;
 mod resolve;
 
-pub use file_body::{ReadChunk, CHUNK_SIZE};
+pub use file_body::{read_ahead_bytes, ReadBudget, ReadChunk, CHUNK_SIZE, UNBUDGETED_CHUNK};
 
 use crate::body::{boxed, empty, full, text_response, Body};
 use arc_swap::ArcSwapOption;
@@ -70,7 +70,7 @@ struct Variant {
 /// Where the body comes from.
 enum Source {
     Bytes(Bytes),
-    File(File),
+    File(File, Option<ReadBudget>),
 }
 
 /// What a miss produced.
@@ -102,8 +102,14 @@ impl StaticFiles {
         self.cache.charged_bytes()
     }
 
-    /// Serves `req` (its path after any rewrite) from `site`.
-    pub async fn serve(&self, site: &StaticSite, req: &http::request::Parts) -> Response<Body> {
+    /// Serves `req` (its path after any rewrite) from `site`; a streamed file takes its chunks
+    /// from `budget`, the connection's read-ahead budget, when there is one.
+    pub async fn serve(
+        &self,
+        site: &StaticSite,
+        req: &http::request::Parts,
+        budget: Option<&ReadBudget>,
+    ) -> Response<Body> {
         let head = match req.method {
             Method::GET => false,
             Method::HEAD => true,
@@ -168,7 +174,8 @@ impl StaticFiles {
                 self.respond(site, req, head, variant.vary, &rep, Source::Bytes(bytes))
             }
             Ok(Ok(Opened::Large(rep, file))) => {
-                self.respond(site, req, head, variant.vary, &rep, Source::File(file))
+                let source = Source::File(file, budget.cloned());
+                self.respond(site, req, head, variant.vary, &rep, source)
             }
             Ok(Ok(Opened::Refused)) => not_found(),
             Ok(Err(e)) => io_error(&e),
@@ -264,12 +271,12 @@ impl StaticFiles {
             match source {
                 Source::Bytes(b) if status == StatusCode::OK => full(b),
                 Source::Bytes(b) => full(b.slice(start as usize..(start + count) as usize)),
-                Source::File(f) => {
+                Source::File(f, budget) => {
                     let chunk = req
                         .extensions
                         .get::<ReadChunk>()
                         .map_or(CHUNK_SIZE, |c| c.0);
-                    boxed(FileBody::new(f, start, count, chunk))
+                    boxed(FileBody::new(f, start, count, chunk, budget))
                 }
             }
         };

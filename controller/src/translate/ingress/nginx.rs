@@ -15,7 +15,10 @@
 //! `permanent-redirect`(`-code`), `temporal-redirect`, `app-root`,
 //! `upstream-vhost` (the `Host` the backend receives: a rewrite host) and `x-forwarded-prefix`
 //! (an `X-Forwarded-Prefix` request header), each refused with an `InvalidAnnotation` Event
-//! when it is not a host name / a header value or uses an nginx variable, `proxy-read-timeout`
+//! when it is not a host name / a header value or uses an nginx variable, `server-alias`
+//! (the first rule host's routes under more names) and `from-to-www-redirect` (308 between
+//! `www.<host>` and `<host>`), both only for names no rule or site names and no other
+//! namespace claimed first ([`extra_hosts`], weak claims of `ownership`), `proxy-read-timeout`
 //! and `proxy-connect-timeout` (their sum, in seconds, is the route's backend timeout), `canary` +
 //! `canary-weight` (+ `canary-weight-total`): a weighted split with the primary Ingress's route
 //! for the same host and path, and `canary-by-header` (`always`/`never`, or `-value`, or
@@ -320,6 +323,8 @@ pub const ANNOTATIONS: &[AnnotationSpec] = &[
     spec("modsecurity-*", Refused, "no WAF", "x"),
     spec("proxy-ssl-*", Refused, "backend certificate verification for Ingress is not implemented; `proxy-ssl-verify: off` asks for nothing and is accepted", "on"),
     spec("*-snippet", Refused, "raw nginx configuration is never run: the whole Ingress answers 503 (unless the operator sets ignoreSnippets)", "return 200;"),
+    spec("server-alias", Differently, "more names for the Ingress's first rule host; an alias that is a host of an Ingress rule or a SweetySite, or that another namespace already claims, is ignored with an Event (ingress-nginx also ignores one already in use); invalid names are refused one by one", "alias.example"),
+    spec("from-to-www-redirect", Support::Honoured, "308 from `www.<host>` to `<host>` or back, keeping scheme, path and query, only when the other name is no rule's host and no other namespace claims it", "true"),
     spec("upstream-vhost", Differently, "the `Host` the backend receives; a DNS name only (no port, no nginx variable): anything else is refused with an `InvalidAnnotation` Event and the client's Host is sent", "internal.example"),
     spec("x-forwarded-prefix", Differently, "the `X-Forwarded-Prefix` value sent upstream (replacing the client's); a header value without nginx variables, at most 1 KiB (else refused with an `InvalidAnnotation` Event)", "/app"),
     spec("proxy-body-size", Support::Honoured, "`0` lifts the limit; bytes or `k`/`m`/`g`; replaces the dataplane-wide `limits.max_request_body_bytes` for the Ingress's paths (413 past it)", "8m"),
@@ -930,6 +935,72 @@ fn external_auth<'a>(get: &impl Fn(&str) -> Option<&'a str>) -> Result<ExternalA
     Ok(f)
 }
 
+/// Most `server-alias` names taken per Ingress.
+const MAX_ALIASES: usize = 32;
+
+/// `server-alias`: the valid names (lower-cased DNS names, a leading `*.` allowed, at most
+/// [`MAX_ALIASES`]) and, for each refused one, why.
+pub fn server_aliases(ing: &Ingress) -> (Vec<String>, Vec<String>) {
+    let (mut ok, mut bad) = (Vec::new(), Vec::new());
+    let Some(v) = annotation(ing, "server-alias") else {
+        return (ok, bad);
+    };
+    for name in list(v) {
+        let h = name.trim_end_matches('.').to_ascii_lowercase();
+        match sweety_config::check_hostname(&h, true) {
+            _ if ok.len() >= MAX_ALIASES => {
+                bad.push(format!("{name:?}: more than {MAX_ALIASES} aliases"))
+            }
+            Ok(()) if !ok.contains(&h) => ok.push(h),
+            Ok(()) => {}
+            Err(e) => bad.push(e),
+        }
+    }
+    (ok, bad)
+}
+
+/// `from-to-www-redirect`: the other name of `host` (`www.` added or removed), for a plain DNS
+/// name (no wildcard; not `www.` alone).
+pub fn www_other(host: &str) -> Option<String> {
+    if host.is_empty() || host.starts_with("*.") {
+        return None;
+    }
+    let other = match host.strip_prefix("www.") {
+        Some(rest) => rest.to_string(),
+        None => format!("www.{host}"),
+    };
+    sweety_config::check_hostname(&other, false).ok()?;
+    Some(other)
+}
+
+/// The value of annotation `name` (without the prefix) on `ing`.
+fn annotation<'a>(ing: &'a Ingress, name: &str) -> Option<&'a str> {
+    ing.metadata
+        .annotations
+        .as_ref()?
+        .get(&format!("{PREFIX}{name}"))
+        .map(String::as_str)
+}
+
+/// Whether `from-to-www-redirect` is on.
+pub fn from_to_www(ing: &Ingress) -> bool {
+    annotation(ing, "from-to-www-redirect").and_then(truthy) == Some(true)
+}
+
+/// The names an Ingress asks for besides its rule hosts: its `server-alias` names and the www
+/// names of `from-to-www-redirect` (weak claims, [`crate::translate::ownership`]).
+pub fn extra_hosts(ing: &Ingress) -> Vec<String> {
+    let mut out = server_aliases(ing).0;
+    if from_to_www(ing) {
+        out.extend(
+            super::super::ownership::ingress_hosts(ing)
+                .iter()
+                .filter_map(|h| www_other(h)),
+        );
+    }
+    out
+}
+
 /// Longest `x-forwarded-prefix` value taken, bytes.
 const MAX_FORWARDED_PREFIX: usize = 1024;
 
@@ -1285,6 +1356,18 @@ impl Annotations {
                         );
                         unsupported_security.push(key.clone());
                     }
+                }
+                // Read by the translator with the Ingress's hosts (ownership decides).
+                "server-alias" => {
+                    for why in server_aliases(ing).1 {
+                        report.warn(
+                            "InvalidAnnotation",
+                            format!("{key}: {why}; this alias is ignored"),
+                        );
+                    }
+                }
+                "from-to-www-redirect" => {
+                    flag(report);
                 }
                 "upstream-vhost" => match upstream_vhost(value) {
                     Ok(h) => a.upstream_vhost = Some(h),
@@ -1793,6 +1876,28 @@ pub fn anchor_regex(path: &str) -> String {
         format!("{CASE_INSENSITIVE}{path}")
     } else {
         format!("{CASE_INSENSITIVE}{path}.*")
+    }
+}
+
+/// `from-to-www-redirect`: every request for `from` is redirected to `to`, keeping the
+/// scheme, port, path and query, with ingress-nginx's `http-redirect-code` default, 308.
+pub(crate) fn www_redirect_route(from: &str, to: &str) -> Route {
+    Route {
+        name: format!("ingress/www-redirect/{from}"),
+        matches: Vec::new(),
+        filters: vec![Filter::Redirect(Redirect {
+            host: Some(to.to_string()),
+            status: 308,
+            ..Default::default()
+        })],
+        action: Action::Fixed(FixedResponse {
+            status: 308,
+            body: String::new(),
+            content_type: None,
+        }),
+        timeouts: Default::default(),
+        retry: None,
+        max_request_body_bytes: None,
     }
 }
 
@@ -2309,6 +2414,82 @@ mod tests {
         ] {
             assert!(events.contains(refused), "{refused} in {events}");
         }
+    }
+
+    /// `server-alias` names reach the first rule host's routes and `from-to-www-redirect`
+    /// answers 308 to the other name keeping path and query, through the dataplane's router
+    /// and filters; names another Ingress rules, or another namespace claimed first, are not
+    /// taken. Fails when aliases or www names are not served, or served over a rule host.
+    #[test]
+    fn aliases_and_www_redirects_follow_ownership() {
+        let text = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/testdata/translate/ing-nginx-server-alias-www.in.yaml"
+        ))
+        .unwrap();
+        let (snapshot, _) = crate::translate::Snapshot::from_yaml(&text).unwrap();
+        let out = crate::translate::translate(&snapshot, &Params::default());
+        let table = sweety_dataplane::router::RouteTable::build(&out.config).unwrap();
+        let l = out.config.listeners[0].name.as_str();
+        // (route name, redirect status and Location, if the route answers one).
+        let at = |host: &str, path: &str| {
+            let h = http::HeaderMap::new();
+            let req = sweety_dataplane::router::RequestHead {
+                listener: l,
+                host,
+                method: &http::Method::GET,
+                path,
+                query: Some("q=1"),
+                headers: &h,
+            };
+            let sweety_dataplane::router::Lookup::Matched(m) = table.lookup(&req) else {
+                return ("none".to_string(), None);
+            };
+            let r = &m.entry.route;
+            let filters = sweety_dataplane::filters::CompiledFilters::compile(&r.filters).unwrap();
+            let (mut parts, ()) = http::Request::get(format!("{path}?q=1"))
+                .header("host", host)
+                .body(())
+                .unwrap()
+                .into_parts();
+            let answer = match filters.on_request(&mut parts, "http", 80, None) {
+                sweety_dataplane::filters::RequestOutcome::Respond(resp) => Some((
+                    resp.status().as_u16(),
+                    resp.headers()["location"].to_str().unwrap().to_string(),
+                )),
+                _ => None,
+            };
+            (r.name.clone(), answer)
+        };
+        let main = "ingress/app/main/rule-0/path-0";
+        assert_eq!(at("a.example.com", "/x"), (main.into(), None));
+        assert_eq!(at("alias.example.com", "/x"), (main.into(), None));
+        // b.example.com stays bee's, taken.example.com other's: no alias over a rule host.
+        assert_eq!(at("b.example.com", "/b").0, "ingress/app/bee/rule-0/path-0");
+        assert_eq!(at("b.example.com", "/x").0, "none");
+        assert_eq!(
+            at("taken.example.com", "/x").0,
+            "ingress/other/owner/rule-0/path-0"
+        );
+        let redirect = |to: &str| Some((308, format!("http://{to}/p/q?q=1")));
+        assert_eq!(
+            at("www.a.example.com", "/p/q"),
+            (
+                "ingress/www-redirect/www.a.example.com".into(),
+                redirect("a.example.com")
+            )
+        );
+        assert_eq!(at("c.example.com", "/p/q").1, redirect("www.c.example.com"));
+        // Both names are rule hosts: each serves its own rule, no redirect.
+        assert_eq!(at("d.example.com", "/").0, "ingress/app/www/rule-1/path-0");
+        assert_eq!(
+            at("www.d.example.com", "/").0,
+            "ingress/app/www/rule-2/path-0"
+        );
+        assert_eq!(
+            at("www.evil.example.com", "/").1,
+            redirect("evil.example.com").map(|(s, l)| (s, l.replace("/p/q", "/")))
+        );
     }
 
     #[test]
