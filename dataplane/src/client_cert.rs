@@ -377,6 +377,44 @@ mod tests {
         assert_eq!(escape_dn_value("plain"), "plain");
     }
 
+    /// RFC 2253 §2.4 read back: `\` and a special character, or `\XX` (hex) for a byte; None
+    /// when a special character stands unescaped (it would split the value).
+    fn unescape_dn_value(v: &str) -> Option<String> {
+        let (mut out, mut bytes, mut it) = (String::new(), Vec::new(), v.chars());
+        while let Some(c) = it.next() {
+            if ",+\"<>;".contains(c) {
+                return None;
+            }
+            if c != '\\' {
+                out.push_str(&String::from_utf8(std::mem::take(&mut bytes)).unwrap());
+                out.push(c);
+                continue;
+            }
+            let n = it.next().expect("an escape ends the value");
+            if n.is_ascii_hexdigit() {
+                let lo = it.next().expect("two hex digits");
+                bytes.push(u8::from_str_radix(&format!("{n}{lo}"), 16).unwrap());
+            } else {
+                out.push_str(&String::from_utf8(std::mem::take(&mut bytes)).unwrap());
+                out.push(n);
+            }
+        }
+        Some(out + &String::from_utf8(bytes).unwrap())
+    }
+
+    proptest::proptest! {
+        /// Any value (a client's certificate says what it likes) escapes to text with no control
+        /// character, a valid header value, and reads back to itself: nothing a client puts in
+        /// its subject can end the header, add one, or pass as another DN's separator.
+        #[test]
+        fn any_dn_value_escapes_to_one_header_safe_value(v in "\\PC*|[ -~\\x00-\\x1f\\x7f,+\"\\\\<>;#]{0,24}") {
+            let e = escape_dn_value(&v);
+            proptest::prop_assert!(!e.chars().any(char::is_control), "{:?}", e);
+            proptest::prop_assert!(HeaderValue::from_str(&e).is_ok(), "{:?}", e);
+            proptest::prop_assert_eq!(unescape_dn_value(&e), Some(v));
+        }
+    }
+
     #[test]
     fn the_escaped_pem_keeps_only_unreserved_bytes() {
         let der = CertificateDer::from(vec![0xfbu8, 0xff, 0x3e]);
