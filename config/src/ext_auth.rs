@@ -222,7 +222,9 @@ fn split_authority(authority: &str, tls: bool) -> Result<(String, u16), String> 
     if host.is_empty() {
         return Err("has no host".into());
     }
-    if !host.contains(':') {
+    // Only a bracketed host is an IPv6 address; any other must be a host name or IPv4 address
+    // (an unbracketed `a:b:8` is not taken as host `a:b`).
+    if !authority.starts_with('[') {
         let labels_ok = host.len() <= 253
             && host.split('.').all(|l| {
                 !l.is_empty()
@@ -521,6 +523,9 @@ mod tests {
             "http://[::1/",
             "http://[zz]/",
             "http://[::1]x/",
+            "http://a:b:8/",
+            "http://::1/",
+            "http://oaut`:-pth.s:vchttp:8//c",
         ] {
             assert!(parse_auth_url(bad).is_err(), "{bad}");
         }
