@@ -17,13 +17,18 @@
 //!   a missing certificate answers 400 "No required SSL certificate was sent" and one that
 //!   does not verify 400 "The SSL certificate error", as nginx does after the handshake (or a
 //!   302 to `error_page`); `optional` serves a request without one; `optional_no_ca` serves
-//!   any. `match_subject` then answers 403 unless the subject DN matches.
+//!   any. `match_subject` then answers 403 unless the subject DN matches. The chain is
+//!   verified once per connection and entry ([`VerdictCache`] in the connection's
+//!   [`ConnInfo`]; HTTP/1.1 keep-alive and HTTP/2 streams alike), each verification counted as
+//!   `sweety_edge_events_total{kind="client_cert_verify"}`.
 //!
 //! The backend gets `ssl-client-verify` (`SUCCESS`, `FAILED:<reason>`, `NONE`),
 //! `ssl-client-subject-dn` and `ssl-client-issuer-dn` (RFC 2253, as nginx's `$ssl_client_s_dn`)
 //! and, with `pass_certificate`, `ssl-client-cert` (the URL-escaped PEM, as nginx's
-//! `$ssl_client_escaped_cert`), as ingress-nginx's template sets them; a client's own copies of
-//! these four headers are always removed on a protected host.
+//! `$ssl_client_escaped_cert`), as ingress-nginx's template sets them. A client's own copies of
+//! these four headers are removed on every host ([`strip_headers`], protected or not: stricter
+//! than ingress-nginx, which passes them on where `auth-tls` is off; an edge must not let a
+//! client forge what a backend may trust).
 
 use crate::body::{text_response, Body};
 use crate::ctx::{ConnInfo, Protocol};
@@ -32,7 +37,8 @@ use http::{header, HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 use rustls::server::danger::ClientCertVerifier;
 use rustls::server::WebPkiClientVerifier;
 use rustls_pki_types::{CertificateDer, UnixTime};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use sweety_config::{HostClientAuth, HostVerify, ListenerTls};
 
 /// `ssl-client-cert`: the client certificate, URL-escaped PEM.
@@ -46,6 +52,61 @@ pub static SSL_CLIENT_ISSUER_DN: HeaderName = HeaderName::from_static("ssl-clien
 
 /// The client certificate chain a TLS connection presented (leaf first).
 pub type PeerChain = Arc<[CertificateDer<'static>]>;
+
+/// Removes a client's own `ssl-client-*` headers: only Sweety sets them (on a host with client
+/// certificates), so a backend can trust what it finds there.
+pub fn strip_headers(headers: &mut HeaderMap) {
+    for h in [
+        &SSL_CLIENT_CERT,
+        &SSL_CLIENT_VERIFY,
+        &SSL_CLIENT_SUBJECT_DN,
+        &SSL_CLIENT_ISSUER_DN,
+    ] {
+        headers.remove(h);
+    }
+}
+
+/// A connection's verdict on its client certificate chain, kept in its [`ConnInfo`] so the
+/// chain is verified once per connection (the chain cannot change within one), for the entry
+/// (of the running config) it was verified against: a reload with another CA verifies again.
+#[derive(Debug, Default)]
+pub struct VerdictCache(Mutex<Option<(u64, Checked)>>);
+
+impl Clone for VerdictCache {
+    fn clone(&self) -> Self {
+        VerdictCache(Mutex::new(self.lock().clone()))
+    }
+}
+
+impl VerdictCache {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<(u64, Checked)>> {
+        // Nothing that panics runs under the lock; a poisoned one holds a complete value.
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The cached value for entry `id`, else `check()`'s, kept.
+    fn get_or(&self, id: u64, check: impl FnOnce() -> Checked) -> Checked {
+        let mut slot = self.lock();
+        match &*slot {
+            Some((i, c)) if *i == id => c.clone(),
+            _ => {
+                let c = check();
+                *slot = Some((id, c.clone()));
+                c
+            }
+        }
+    }
+}
+
+/// What one verification of a chain found: the verdict and the leaf's subject and issuer.
+#[derive(Debug, Clone)]
+struct Checked {
+    verdict: Verdict,
+    names: Option<Arc<(String, String)>>,
+}
+
+/// Makes each compiled entry's id (for [`VerdictCache`]), unique in the process.
+static NEXT_ENTRY: AtomicU64 = AtomicU64::new(1);
 
 /// The compiled `host_client_auth` of one HTTPS listener.
 pub struct HostAuth {
@@ -62,6 +123,8 @@ impl std::fmt::Debug for HostAuth {
 }
 
 struct Entry {
+    /// Unique in the process ([`NEXT_ENTRY`]): what a connection's [`VerdictCache`] is for.
+    id: u64,
     /// Verifies a chain against the entry's CA (strict: no certificate is an error).
     verifier: Arc<dyn ClientCertVerifier>,
     /// The handshake config for SNIs under the entry (asks for a certificate).
@@ -113,24 +176,19 @@ impl HostAuth {
     }
 
     /// Checks a request for `host` (see the module docs): None with the request's headers
-    /// set for the backend, or the answer to send instead.
+    /// set for the backend, or the answer to send instead. The caller has removed the
+    /// client's own `ssl-client-*` headers ([`strip_headers`]); a verification of the chain
+    /// (once per connection) is counted in `metrics`.
     pub fn check(
         &self,
         conn: &ConnInfo,
         protocol: Protocol,
         host: &str,
         headers: &mut HeaderMap,
+        metrics: &crate::metrics::Metrics,
     ) -> Option<Response<Body>> {
         // An unprotected host: nothing to check, nothing to answer.
         let i = self.scopes.scope(host)?;
-        for h in [
-            &SSL_CLIENT_CERT,
-            &SSL_CLIENT_VERIFY,
-            &SSL_CLIENT_SUBJECT_DN,
-            &SSL_CLIENT_ISSUER_DN,
-        ] {
-            headers.remove(h);
-        }
         let e = &self.entries[i];
         if protocol == Protocol::Http3 {
             return Some(text_response(
@@ -148,20 +206,26 @@ impl HostAuth {
             ));
         }
         let chain = conn.client_cert.as_deref().filter(|c| !c.is_empty());
-        let verdict = match chain {
-            None => Verdict::None,
-            Some(chain) => {
+        let Checked { verdict, names } = match chain {
+            None => Checked {
+                verdict: Verdict::None,
+                names: None,
+            },
+            Some(chain) => conn.client_cert_verdict.get_or(e.id, || {
+                metrics.edge_events.inc(&"client_cert_verify");
                 // At most `depth - 1` intermediates are offered, so no path is longer than
                 // `depth` certificates below the trust anchor.
                 let inter = &chain[1..chain.len().min(e.depth)];
-                match e
+                let verdict = match e
                     .verifier
                     .verify_client_cert(&chain[0], inter, UnixTime::now())
                 {
                     Ok(_) => Verdict::Success,
-                    Err(err) => Verdict::Failed(err.to_string()),
-                }
-            }
+                    Err(err) => Verdict::Failed(err.to_string().into()),
+                };
+                let names = subject_and_issuer(&chain[0]).map(Arc::new);
+                Checked { verdict, names }
+            }),
         };
         let refused = match (&verdict, e.verify) {
             (Verdict::None, HostVerify::Require) => {
@@ -182,9 +246,8 @@ impl HostAuth {
                 None => text_response(StatusCode::BAD_REQUEST, text),
             });
         }
-        let names = chain.and_then(|c| subject_and_issuer(&c[0]));
         if let Some(re) = &e.match_subject {
-            let subject = names.as_ref().map_or("", |(s, _)| s.as_str());
+            let subject = names.as_ref().map_or("", |n| n.0.as_str());
             if !re.is_match(subject) {
                 return Some(text_response(
                     StatusCode::FORBIDDEN,
@@ -200,12 +263,12 @@ impl HostAuth {
         if let Ok(v) = HeaderValue::from_str(&verify) {
             headers.insert(SSL_CLIENT_VERIFY.clone(), v);
         }
-        if let Some((subject, issuer)) = names {
+        if let Some(n) = names {
             for (name, value) in [
-                (&SSL_CLIENT_SUBJECT_DN, subject),
-                (&SSL_CLIENT_ISSUER_DN, issuer),
+                (&SSL_CLIENT_SUBJECT_DN, &n.0),
+                (&SSL_CLIENT_ISSUER_DN, &n.1),
             ] {
-                if let Ok(v) = HeaderValue::from_str(&value) {
+                if let Ok(v) = HeaderValue::from_str(value) {
                     headers.insert(name.clone(), v);
                 }
             }
@@ -219,10 +282,11 @@ impl HostAuth {
     }
 }
 
+#[derive(Debug, Clone)]
 enum Verdict {
     Success,
     None,
-    Failed(String),
+    Failed(Arc<str>),
 }
 
 impl Entry {
@@ -269,6 +333,7 @@ impl Entry {
             None => None,
         };
         Ok(Entry {
+            id: NEXT_ENTRY.fetch_add(1, Ordering::Relaxed),
             verifier,
             tls: Arc::new(tls),
             verify: a.verify,

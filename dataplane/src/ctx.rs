@@ -50,6 +50,8 @@ pub struct ConnInfo {
     /// listener's `client_auth` or for an SNI under its `host_client_auth`
     /// ([`crate::client_cert`]).
     pub client_cert: Option<crate::client_cert::PeerChain>,
+    /// The verdict on `client_cert`, made at the first request of a host that checks it.
+    pub client_cert_verdict: crate::client_cert::VerdictCache,
     /// Negotiated TLS version (`TLSv1.2`, `TLSv1.3`), for the access log.
     pub tls_version: Option<&'static str>,
     /// Negotiated cipher suite (rustls' name, e.g. `TLS13_AES_128_GCM_SHA256`), when known.

@@ -554,10 +554,12 @@ fn route<'a>(
     };
     // Client certificates of the host (`host_client_auth`): the connection must have been
     // made for it, the certificate verify for it; the backend learns the outcome in the
-    // `ssl-client-*` headers (see `crate::client_cert`).
+    // `ssl-client-*` headers (see `crate::client_cert`), which only Sweety sets, on any host.
+    crate::client_cert::strip_headers(req.headers_mut());
     if let Some(auth) = &view.host_auth {
         let h = request_host(&req).into_owned();
-        if let Some(r) = auth.check(&ctx.conn, ctx.protocol, &h, req.headers_mut()) {
+        let m = &shared.metrics;
+        if let Some(r) = auth.check(&ctx.conn, ctx.protocol, &h, req.headers_mut(), m) {
             return Routed::Answered(Served::unrouted(r));
         }
     }
@@ -1339,6 +1341,7 @@ mod size_tests {
             tls: false,
             sni: None,
             client_cert: None,
+            client_cert_verdict: Default::default(),
             tls_version: None,
             tls_cipher: None,
             read_budget: None,

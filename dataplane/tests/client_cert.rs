@@ -498,3 +498,95 @@ async fn optional_modes_error_page_and_subject_match() {
     assert_eq!(a.status, 403, "{a:?}");
     assert!(a.body.contains("client certificate unauthorized"), "{a:?}");
 }
+
+/// How many times a client certificate chain was verified
+/// (`sweety_edge_events_total{kind="client_cert_verify"}`).
+fn verifications(h: &Harness) -> u64 {
+    h.runtime
+        .shared
+        .metrics
+        .edge_events
+        .snapshot()
+        .into_iter()
+        .filter(|(k, _)| *k == "client_cert_verify")
+        .map(|(_, n)| n)
+        .sum()
+}
+
+#[tokio::test]
+async fn a_chain_is_verified_once_per_connection_h1_and_h2() {
+    let s = setup().await;
+    let three: &[(&str, &[(&str, &str)])] = &[
+        ("mtls.test", FORGED),
+        ("mtls.test", &[]),
+        ("mtls.test", FORGED),
+    ];
+    for (alpn, connections) in [(&b"http/1.1"[..], 1), (&b"h2"[..], 2)] {
+        let v = fetch(
+            s.addr,
+            &s.server_ca,
+            Some("mtls.test"),
+            alpn,
+            &s.good,
+            three,
+        )
+        .await
+        .unwrap();
+        assert_eq!(v.len(), 3);
+        for a in &v {
+            // Every request carries the verdict and the names, none of the client's own.
+            assert_eq!(a.status, 200, "{a:?}");
+            assert!(a.body.contains("ssl-client-verify=SUCCESS\n"), "{a:?}");
+            assert!(
+                a.body
+                    .contains("ssl-client-subject-dn=CN=client one,O=Example\n"),
+                "{a:?}"
+            );
+            assert!(
+                !a.body.contains("FORGED") && !a.body.contains("CN=admin"),
+                "{a:?}"
+            );
+        }
+        assert_eq!(
+            verifications(&s._h),
+            connections,
+            "{}",
+            String::from_utf8_lossy(alpn)
+        );
+    }
+    // A refused chain is refused on every request of its connection, verified once too.
+    let v = fetch(
+        s.addr,
+        &s.server_ca,
+        Some("mtls.test"),
+        b"h2",
+        &s.other,
+        &[("mtls.test", &[]), ("mtls.test", &[])],
+    )
+    .await
+    .unwrap();
+    assert_eq!((v[0].status, v[1].status), (400, 400), "{v:?}");
+    assert_eq!(verifications(&s._h), 3);
+}
+
+#[tokio::test]
+async fn forged_client_cert_headers_are_removed_on_every_host() {
+    // A host of a listener with client certificates for other hosts only.
+    let s = setup().await;
+    let a = s
+        .with(Some("open.test"), "open.test", &s.good, FORGED)
+        .await;
+    assert_eq!(a.status, 200, "{a:?}");
+    assert_eq!(a.body, "backend\n", "{a:?}");
+    // A plain HTTP listener without any client certificates.
+    let be = echo_backend().await;
+    let mut cfg = http_config(vec![vhost("v", &[], vec![proxy_route("r", "/", "be")])]);
+    cfg.backends = vec![backend("be", be)];
+    let h = Harness::start(cfg).await;
+    let addr = h.addr("web").await;
+    for client in [h1_client(), h2c_client()] {
+        let (status, _, body) =
+            get_headers(&client, &format!("http://{addr}/echo"), FORGED, "x").await;
+        assert_eq!((status, body.as_str()), (200, "backend\n"));
+    }
+}

@@ -907,6 +907,7 @@ async fn serve_recorded(
         tls: false,
         sni: None,
         client_cert: None,
+        client_cert_verdict: Default::default(),
         tls_version: None,
         tls_cipher: None,
         read_budget: None,

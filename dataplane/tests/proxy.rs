@@ -149,6 +149,7 @@ fn ctx() -> RequestCtx {
             tls: false,
             sni: None,
             client_cert: None,
+            client_cert_verdict: Default::default(),
             tls_version: None,
             tls_cipher: None,
             read_budget: None,

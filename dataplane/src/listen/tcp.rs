@@ -215,6 +215,7 @@ async fn serve_conn(
                 tls: false,
                 sni: None,
                 client_cert: None,
+                client_cert_verdict: Default::default(),
                 tls_version: None,
                 tls_cipher: None,
                 read_budget: Some(ReadBudget::new(read_ahead)),
@@ -313,6 +314,7 @@ async fn serve_conn(
                 tls: true,
                 sni,
                 client_cert,
+                client_cert_verdict: Default::default(),
                 tls_version,
                 tls_cipher: session
                     .negotiated_cipher_suite()

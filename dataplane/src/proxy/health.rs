@@ -79,6 +79,7 @@ async fn run(weak: Weak<BackendRt>, idx: usize, hc: Arc<HealthCheck>, metrics: A
             tls: false,
             sni: None,
             client_cert: None,
+            client_cert_verdict: Default::default(),
             tls_version: None,
             tls_cipher: None,
             read_budget: None,

@@ -737,6 +737,7 @@ mod tests {
                 tls: false,
                 sni: None,
                 client_cert: None,
+                client_cert_verdict: Default::default(),
                 tls_version: None,
                 tls_cipher: None,
                 read_budget: None,
