@@ -3,7 +3,7 @@
 //!
 //! Supported: `use-regex` (case-insensitive, start-anchored regexes, nginx's `~*`
 //! locations, [`anchor_regex`]), `rewrite-target` (a target without `$` on a prefix path: a
-//! prefix rewrite; capture groups `$1`…`$9`, the `<prefix>(/|$)(.*)` + `/$2` idiom included, a
+//! prefix rewrite, case-insensitive like its match in a regex host; capture groups `$1`…`$9`, the `<prefix>(/|$)(.*)` + `/$2` idiom included, a
 //! regex rewrite of the whole path with the route's own case-insensitive regex, as nginx's
 //! `rewrite` runs on the location's match; nginx variables are reported and the path is not
 //! rewritten), `ssl-redirect` (HTTP→HTTPS, 308, for hosts with TLS; on unless
@@ -283,7 +283,7 @@ pub const ANNOTATIONS: &[AnnotationSpec] = &[
     spec("permanent-redirect", Support::Honoured, "", "https://new.example/"),
     spec("permanent-redirect-code", Support::Honoured, "", "308"),
     spec("temporal-redirect", Support::Honoured, "", "https://new.example/"),
-    spec("rewrite-target", Differently, "capture groups `$1`…`$9` replace the whole path as nginx's `rewrite` does, with the route's case-insensitive regex (a `$` target makes an `ImplementationSpecific` path a regex); nginx variables (`$scheme`…) are refused (Event, path not rewritten); a target without `$` on a prefix path replaces the prefix", "/"),
+    spec("rewrite-target", Differently, "capture groups `$1`…`$9` replace the whole path as nginx's `rewrite` does, with the route's case-insensitive regex (a `$` target makes an `ImplementationSpecific` path a regex); nginx variables (`$scheme`…) are refused (Event, path not rewritten); a target without `$` on a prefix path replaces the prefix (ignoring case in a `use-regex` host, as its match does)", "/"),
     spec("use-regex", Differently, "case-insensitive and anchored at the start like nginx's `~*` locations (RE2 syntax, Rust `regex`); as in ingress-nginx every other path of the host becomes a case-insensitive regex too (an `Exact` path stays exact, ignoring case; nginx makes it a start-anchored regex)", "true"),
     spec("ssl-redirect", Support::Honoured, "on by default for hosts with TLS; `/.well-known/acme-challenge` is never redirected", "false"),
     spec("force-ssl-redirect", Differently, "also redirects hosts without TLS here", "true"),
@@ -1948,18 +1948,27 @@ pub(crate) fn order_regex_host(routes: &mut [PathRoute]) {
         return;
     }
     for r in routes.iter_mut() {
-        // A prefix rewrite needs a prefix match: such a route keeps its prefix match.
-        let prefix_rewrite = r.route.filters.iter().any(|f| {
-            matches!(
-                f,
+        // A prefix rewrite (`rewrite-target` without `$`) follows its match: the same
+        // case-insensitive prefix, as a regex rewrite ([`case_insensitive_prefix_rewrite`]).
+        let prefix = match r.route.matches.first().and_then(|m| m.path.as_ref()) {
+            Some(PathMatch::Prefix(p)) => Some(p.clone()),
+            _ => None,
+        };
+        for f in &mut r.route.filters {
+            if let (
+                Some(p),
                 Filter::Rewrite(UrlRewrite {
-                    path: Some(PathRewrite::Prefix(_)),
+                    path: Some(rw @ PathRewrite::Prefix(_)),
                     ..
-                })
-            )
-        });
-        if prefix_rewrite {
-            continue;
+                }),
+            ) = (&prefix, f)
+            {
+                if let PathRewrite::Prefix(target) = rw {
+                    if let Some(regex) = case_insensitive_prefix_rewrite(p, target) {
+                        *rw = regex;
+                    }
+                }
+            }
         }
         for m in &mut r.route.matches {
             // Case-insensitive like the host's regex paths (nginx's `~*` for every location
@@ -1988,6 +1997,30 @@ pub(crate) fn order_regex_host(routes: &mut [PathRoute]) {
         }
     }
     routes.sort_by_key(|r| std::cmp::Reverse(r.path.len()));
+}
+
+/// The prefix rewrite of `prefix` to `target` (the dataplane's `PathRewrite::Prefix`: `/v1/x`
+/// with `/v1` → `/v2` becomes `/v2/x`, with `/v1` → `/` becomes `/x`) as a regex rewrite of
+/// the whole path with the case-insensitive match [`order_regex_host`] gives the prefix, so
+/// `/V1/x` is routed and rewritten alike (to `/v2/x`). None when `target` is no valid
+/// substitution (it then stays a prefix rewrite).
+fn case_insensitive_prefix_rewrite(prefix: &str, target: &str) -> Option<PathRewrite> {
+    let p = regex_escape(prefix.trim_end_matches('/'));
+    let t = target.trim_end_matches('/');
+    let (pattern, substitution) = if t.is_empty() {
+        // The rest without its leading `/`, so `/v1` and `/v1/` become `/`, `/v1/x` `/x`.
+        (
+            format!("^{CASE_INSENSITIVE}{p}(?:/(.*))?$"),
+            "/$1".to_string(),
+        )
+    } else {
+        (format!("^{CASE_INSENSITIVE}{p}(/.*)?$"), format!("{t}$1"))
+    };
+    sweety_config::check_substitution(&substitution).ok()?;
+    Some(PathRewrite::Regex {
+        pattern,
+        substitution,
+    })
 }
 
 /// Merge a canary Ingress into the primary routes of the same host and path.
@@ -2336,8 +2369,25 @@ mod tests {
         assert_eq!(route("/API/V2/Items"), (api.into(), true, "/Items".into()));
         assert_eq!(route("/Api/v10/a/b"), (api.into(), true, "/a/b".into()));
         // Not the guarded paths: the open catch-all, unchanged.
-        for p in ["/administrator", "/login/x", "/apis", "/"] {
+        for p in [
+            "/administrator",
+            "/login/x",
+            "/apis",
+            "/",
+            "/stripped",
+            "/v10",
+        ] {
             assert_eq!(route(p), (open.into(), false, p.into()), "{p}");
+        }
+        // A prefix rewrite-target (no `$`) follows the same case-insensitive match: routed
+        // and rewritten alike, with its access rules.
+        let strip = "ingress/app/strip/rule-0/path-0";
+        for (p, to) in [("/strip", "/"), ("/STRIP/", "/"), ("/Strip/A/b", "/A/b")] {
+            assert_eq!(route(p), (strip.into(), true, to.into()), "{p}");
+        }
+        let moved = "ingress/app/moved/rule-0/path-0";
+        for (p, to) in [("/v1", "/v2"), ("/V1/Items", "/v2/Items")] {
+            assert_eq!(route(p), (moved.into(), false, to.into()), "{p}");
         }
     }
 
