@@ -152,6 +152,8 @@ pub async fn run(
     let mut cache = TranslateCache::default();
     let mut garbage = Garbage::new(&options.params.content_dir);
     let mut last: Option<Submitted> = None;
+    // The route journal's position of the last snapshot (the next lists what changed since).
+    let mut routes_at: Option<u64> = None;
     // A closed channel (the pusher or the election task ended) disables its branch.
     let (mut push_open, mut leader_open) = (true, true);
     loop {
@@ -171,6 +173,7 @@ pub async fn run(
                 &mut cache,
                 &mut garbage,
                 &statuses,
+                &mut routes_at,
             );
             let submitted_at = Instant::now();
             match last.as_mut().filter(|l| l.generation == generation) {
@@ -294,8 +297,10 @@ fn reconcile(
     cache: &mut TranslateCache,
     garbage: &mut Garbage,
     statuses: &StatusQueue,
+    routes_at: &mut Option<u64>,
 ) -> (u64, Vec<GatewayService>) {
-    let snapshot = watches.stores.snapshot();
+    let snapshot = watches.stores.snapshot_since(*routes_at);
+    *routes_at = snapshot.routes_at;
     metrics.set_objects(&object_counts(&snapshot));
     let started = Instant::now();
     let fallback_before = cache.unsupported();
