@@ -235,8 +235,11 @@ pub struct Stores {
 /// Journal entries kept (route changes between two snapshots; more: every route is compared).
 const JOURNAL_MAX: usize = 4096;
 
+/// A route object in [`RouteJournal`]: kind, namespace, name.
+type RouteKey = (&'static str, String, String);
+
 /// The route kinds (the kinds [`RouteJournal`] records).
-const ROUTE_KINDS: [&str; 5] = ["HTTPRoute", "GRPCRoute", "TLSRoute", "TCPRoute", "UDPRoute"];
+pub const ROUTE_KINDS: [&str; 5] = ["HTTPRoute", "GRPCRoute", "TLSRoute", "TCPRoute", "UDPRoute"];
 
 /// The route objects whose watch events reached the stores, in order (see the module docs).
 #[derive(Debug, Default)]
@@ -250,7 +253,7 @@ struct Journal {
     seq: u64,
     /// Positions before this one are not answered (entries dropped, or a relist).
     floor: u64,
-    entries: VecDeque<(u64, &'static str, String, String)>,
+    entries: VecDeque<(u64, RouteKey)>,
 }
 
 impl RouteJournal {
@@ -259,7 +262,7 @@ impl RouteJournal {
         let mut j = lock(&self.inner);
         j.seq += 1;
         let seq = j.seq;
-        j.entries.push_back((seq, kind, namespace, name));
+        j.entries.push_back((seq, (kind, namespace, name)));
         if j.entries.len() > JOURNAL_MAX {
             if let Some((dropped, ..)) = j.entries.pop_front() {
                 j.floor = dropped;
@@ -277,17 +280,14 @@ impl RouteJournal {
 
     /// The current position, and the route objects recorded after `since` (each once;
     /// `None`: not known from here).
-    pub fn since(
-        &self,
-        since: Option<u64>,
-    ) -> (u64, Option<BTreeSet<(&'static str, String, String)>>) {
+    pub fn since(&self, since: Option<u64>) -> (u64, Option<BTreeSet<RouteKey>>) {
         let j = lock(&self.inner);
         let keys = since.filter(|s| *s >= j.floor && *s <= j.seq).map(|s| {
             j.entries
                 .iter()
                 .rev()
                 .take_while(|e| e.0 > s)
-                .map(|(_, kind, ns, name)| (*kind, ns.clone(), name.clone()))
+                .map(|(_, key)| key.clone())
                 .collect()
         });
         (j.seq, keys)
@@ -551,6 +551,15 @@ impl Activity {
     /// covers it and every later one).
     pub fn take_first(&self) -> Option<(Instant, &'static str)> {
         Self::lock(&self.first).take()
+    }
+
+    /// Events passed on to a reconcile so far, of every kind but `except`.
+    pub fn passed_except(&self, except: &[&str]) -> u64 {
+        Self::lock(&self.events)
+            .iter()
+            .filter(|((kind, passed), _)| *passed && !except.contains(kind))
+            .map(|(_, n)| *n)
+            .sum()
     }
 
     /// Events so far: (kind, passed on to a reconcile) → count.
