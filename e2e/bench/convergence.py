@@ -22,7 +22,8 @@ start in any figure) and keep-alive HTTP/1.1 to the Gateway's address:
 4. where a change's time goes (with --metrics, the controller's /metrics URL): the controller's
    histograms over the change phase only (their difference before and after it): watch event →
    dataplane Ack, translate, reconcile, submit → Ack, as bucket upper bounds at p50/p99, and the
-   reconciles by cause and watch events by kind in that phase; beside them the poller's own
+   reconciles by cause, watch events by kind, per-Gateway Service syncs, status writes and
+   full translations in that phase; beside them the poller's own
    request time (the floor of every change figure). The rest of a change's time is the API
    server's watch delivery and the poll that shows the change.
 
@@ -388,6 +389,12 @@ def phase(before, after):
                                   if k.startswith("sweety_controller_reconciles_total{") and v}
     res["watch_events"] = {k[k.index("{"):]: int(v) for k, v in d.items()
                            if k.startswith("sweety_controller_watch_events_total{") and v}
+    # Counts per phase: API work the controller did besides the pushes.
+    for short, name in (("gateway_service_syncs", "sweety_controller_gateway_service_syncs_total"),
+                        ("status_writes", "sweety_controller_status_writes_total"),
+                        ("full_translates", "sweety_controller_full_translates_total")):
+        if name in after:
+            res[short] = int(d.get(name, 0))
     return res
 
 
