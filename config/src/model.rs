@@ -890,6 +890,14 @@ pub struct BackendTls {
     /// BackendTLSPolicy `wellKnownCACertificates: System`.
     #[serde(default, skip_serializing_if = "is_false")]
     pub well_known_ca: bool,
+    /// The longest chain accepted: the backend's certificate plus intermediates (1: issued by
+    /// a certificate of `ca` directly, as nginx's default `proxy_ssl_verify_depth 1`), at most
+    /// [`crate::MAX_VERIFY_DEPTH`]; needs `ca` or `well_known_ca`. None: no limit of its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verify_depth: Option<u8>,
+    /// Lowest TLS version offered to the backend. None: 1.2 (TLS 1.2 and 1.3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_version: Option<TlsVersion>,
 }
 
 /// Passive outlier ejection.

@@ -1162,6 +1162,20 @@ impl<'a> Validator<'a> {
                     }
                 }
             }
+            if let Some(d) = tls.verify_depth {
+                if d == 0 || d > MAX_VERIFY_DEPTH {
+                    self.err(
+                        format!("{tpath}.verify_depth"),
+                        format!("must be between 1 and {MAX_VERIFY_DEPTH}"),
+                    );
+                } else if tls.ca.is_none() && !tls.well_known_ca {
+                    self.err(
+                        format!("{tpath}.verify_depth"),
+                        "requires ca or well_known_ca (without them the backend certificate is \
+                         not verified)",
+                    );
+                }
+            }
             match (&tls.client_cert, &tls.client_key) {
                 (Some(cert), Some(key)) => {
                     self.pem(&format!("{tpath}.client_cert"), cert, PemKind::Certificate);
@@ -3027,6 +3041,24 @@ access_log: {enabled: true, path: /var/log/sweety/access.log, buffer_lines: 1024
             |c| c.backends[1].tls.as_mut().unwrap().subject_alt_names[0] = "A.b".into(),
             "backends[1].tls.subject_alt_names[0]",
             "must be lower-case",
+        );
+        expect_ok(|c| c.backends[1].tls.as_mut().unwrap().verify_depth = Some(MAX_VERIFY_DEPTH));
+        for bad in [0, MAX_VERIFY_DEPTH + 1] {
+            expect_one(
+                |c| c.backends[1].tls.as_mut().unwrap().verify_depth = Some(bad),
+                "backends[1].tls.verify_depth",
+                "must be between 1 and 8",
+            );
+        }
+        expect_one(
+            |c| {
+                let t = c.backends[1].tls.as_mut().unwrap();
+                t.verify_depth = Some(1);
+                t.ca = None;
+                t.subject_alt_names.clear();
+            },
+            "backends[1].tls.verify_depth",
+            "requires ca or well_known_ca",
         );
     }
 
