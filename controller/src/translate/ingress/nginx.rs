@@ -1056,7 +1056,7 @@ fn proxy_ssl<'a>(
         );
     }
     Ok(BackendTls {
-        ca: verify.then(|| PemSource::Pem(ca)),
+        ca: verify.then_some(PemSource::Pem(ca)),
         sni,
         subject_alt_names: Vec::new(),
         client_cert,
