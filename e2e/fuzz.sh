@@ -30,6 +30,23 @@ if [ ${#dirs[@]} -eq 0 ]; then
   exit 1
 fi
 
+# prune_stale DEPS NAME...: of each NAME (a fuzz target, or lib<workspace crate>), keep only the newest build.
+# Every source change makes new ~400 MB target binaries under a new hash and cargo never removes the old
+# ones: without this the cache grew by GBs per run until the disk was full.
+prune_stale() {
+  local deps=$1 name newest f; shift
+  [ -d "$deps" ] || return 0
+  for name in "$@"; do
+    # The newest file of the name's builds (mtime), reduced to its "<name>-<hash>" stem.
+    newest=$(find "$deps" -maxdepth 1 -regextype posix-extended -regex ".*/$name-[0-9a-f]{16}(\.[a-z]+)?" -printf '%T@ %f\n' |
+      sort -rn | head -1 | sed -E 's/^[^ ]* //; s/\.[a-z]+$//')
+    [ -n "$newest" ] || continue
+    while IFS= read -r f; do
+      case $f in "$newest" | "$newest".*) ;; *) rm -f -- "${deps:?}/$f" ;; esac
+    done < <(find "$deps" -maxdepth 1 -regextype posix-extended -regex ".*/$name-[0-9a-f]{16}(\.[a-z]+)?" -printf '%f\n')
+  done
+}
+
 failed=0
 for dir in "${dirs[@]}"; do
   name="$(echo "$dir" | tr '/' '_')"
@@ -37,6 +54,10 @@ for dir in "${dirs[@]}"; do
   crate="$(dirname "$dir")"
   echo "== $dir: build"
   (cd "$crate" && cargo fuzz build -s none -a)
+  deps="$CARGO_TARGET_DIR/$(rustc -vV | sed -n 's/^host: //p')/release/deps"
+  # shellcheck disable=SC2046 # one word per name
+  prune_stale "$deps" $(cd "$crate" && cargo fuzz list) \
+    $(find "$deps" -maxdepth 1 -name 'libsweety_*' -printf '%f\n' | sed -E 's/-[0-9a-f]{16}\..*//' | sort -u)
   for target in $(cd "$crate" && cargo fuzz list); do
     if [ -n "${FUZZ_TARGETS:-}" ] && [[ " $FUZZ_TARGETS " != *" $target "* ]]; then
       continue

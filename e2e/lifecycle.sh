@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# e2e/lifecycle.sh — the chart's life on a cluster, as a new user meets it:
-#   1. a cluster WITHOUT the Gateway API CRDs (e2e/install.sh --no-helm, SWEETY_GATEWAY_API_CHANNEL=none);
+# e2e/lifecycle.sh — the chart's life on a cluster, as a new user meets it, on a REAL node (e2e/realnode: kubelet,
+# containerd, runc, CNI bridge, kube-proxy) running the image deploy/image/build.sh makes:
+#   1. a cluster WITHOUT the Gateway API CRDs (e2e/realnode/up.sh --no-helm, SWEETY_GATEWAY_API_CHANNEL=none);
 #      `helm install --skip-crds` of charts/sweety (our two CRDs applied by hand, as docs/install.md says):
 #      the release deploys, no GatewayClass is rendered, and an Ingress answers through the `sweety`
 #      Service's load-balancer address;
@@ -13,30 +14,29 @@
 #   4. the previous chart version (charts/sweety as of $PREVIOUS_CHART_REF, from git) installed with the
 #      Gateway API CRDs present, a Gateway serving; `helm upgrade` to this chart: it still serves, the
 #      Lease gains its owner; `helm uninstall` again leaves nothing.
+# Both chart versions run this tree's image (image.tag = the workspace version, imagePullPolicy Never: nothing is
+# pulled); the node agent's only part here is the LoadBalancer address allocator (e2e/realnode/up.sh, step 7).
 #
-# Usage: e2e/lifecycle.sh [--down] [--no-build]   (--down: tear the cluster down afterwards, also on
-#        failure, as CI does; --no-build: use the binaries e2e/install.sh built last time)
-# Environment: as e2e/install.sh (SWEETY_CLUSTER_DIR, ports, SWEETY_BRIDGE, SWEETY_POD_CIDR, ...);
+# Usage: e2e/lifecycle.sh [--down]   (--down: tear the cluster down afterwards, also on failure, as CI does)
+# Environment: as e2e/realnode/up.sh (SWEETY_CLUSTER_DIR [~/.cache/sweety/cluster-lifecycle], ports, SWEETY_BRIDGE,
+#   SWEETY_POD_CIDR, SWEETY_IMAGE_TAR (empty: the image is built), ...);
 #   PREVIOUS_CHART_REF [the commit before the chart's 0.2.0]  git ref of the previous chart version.
 # Needs root, go, cargo, curl, git (a clone with history back to PREVIOUS_CHART_REF).
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$REPO"
+export SWEETY_CLUSTER_DIR=${SWEETY_CLUSTER_DIR:-$HOME/.cache/sweety/cluster-lifecycle}
+# shellcheck source=e2e/realnode/env.sh
+. e2e/realnode/env.sh
 # shellcheck source=e2e/lib.sh
 . e2e/lib.sh
-export SWEETY_CLUSTER_DIR=${SWEETY_CLUSTER_DIR:-$HOME/.cache/sweety/cluster-lifecycle}
 # The last commit with chart version 0.1.0 (ingressClass.default true, GatewayClass always rendered).
 PREVIOUS_CHART_REF=${PREVIOUS_CHART_REF:-526aad9cd3816ef4b49168e19b043306832cdb26}
-K8S_BIN=${SWEETY_K8S_BIN:-$HOME/.cache/sweety/k8s/k8s-${K8S_VERSION:-1.34.4}-etcd-${ETCD_VERSION:-3.6.16}/bin}
-HELM=${SWEETY_HELM:-$HOME/.cache/sweety/tools/helm-v3.22.0/helm}
-export PATH="$K8S_BIN:$PATH"
-export KUBECONFIG=$SWEETY_CLUSTER_DIR/run/kubeconfig
 
-down=0 install_args=(--no-helm)
+down=0
 for a in "$@"; do
   case $a in
     --down) down=1 ;;
-    --no-build) install_args+=(--no-build) ;;
     *) echo "unknown argument $a (see the header of $0)" >&2; exit 2 ;;
   esac
 done
@@ -45,7 +45,7 @@ log() { echo "[lifecycle $(( $(date +%s) - t0 ))s] $*"; }
 WORK=$(mktemp -d)
 cleanup() {
   rm -rf "$WORK"
-  if [ "$down" = 1 ]; then bash e2e/install.sh down --purge >/dev/null 2>&1 || true; fi
+  if [ "$down" = 1 ]; then bash e2e/realnode/down.sh --purge >/dev/null 2>&1 || true; fi
 }
 trap cleanup EXIT
 die() {
@@ -56,18 +56,15 @@ die() {
 }
 
 # ------------------------------------------------------------------ 0. a cluster without the Gateway API
-SWEETY_GATEWAY_API_CHANNEL=none bash e2e/install.sh "${install_args[@]}"
-[ -x "$HELM" ] || die "helm is missing at $HELM (e2e/install.sh builds it)"
+SWEETY_GATEWAY_API_CHANNEL=none bash e2e/realnode/up.sh --no-helm
+HELM=$(helm_bin)
 if kubectl get crd gateways.gateway.networking.k8s.io >/dev/null 2>&1; then
-  die "the cluster already serves the Gateway API (an earlier run?): e2e/install.sh down --purge first"
+  die "the cluster already serves the Gateway API (an earlier run?): e2e/realnode/down.sh --purge first"
 fi
-IMAGE_DIR=$SWEETY_CLUSTER_DIR/image
-build_id=$(cat "$IMAGE_DIR/build-id") || die "no build id in $IMAGE_DIR (e2e/install.sh writes it)"
-POD_CIDR=${SWEETY_POD_CIDR:-10.246.0.0/24}
-NET=${POD_CIDR%.0/24}
+version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 
-# Per-Gateway Services are LoadBalancers here: the node agent allocates their addresses.
-helm_args=(--set-string "podAnnotations.sweety\.dev/build=$build_id" --wait --timeout 5m)
+# The image up.sh imported, by tag, never pulled; per-Gateway Services are LoadBalancers (the allocator's addresses).
+helm_args=(--set image.pullPolicy=Never --set-string "image.tag=$version" --wait --timeout 5m)
 
 wait_http() { # wait_http URL HOST NEEDLE: the body of URL (Host HOST) contains NEEDLE within 60 s
   local body=""

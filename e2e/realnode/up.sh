@@ -34,7 +34,8 @@
 #                                   healthz/metrics, all on 127.0.0.1 except the kubelet API on the bridge)
 #   SWEETY_IMAGE_TAR []             an archive made by deploy/image/build.sh to run (empty: built here)
 #   SWEETY_BIN_DIR []               release sweety-controller/sweety-dataplane for the image (empty: cargo builds)
-#   SWEETY_GATEWAY_API_CHANNEL [standard]  the Gateway API CRDs (experimental for the conformance suite)
+#   SWEETY_GATEWAY_API_CHANNEL [standard]  the Gateway API CRDs (experimental for the conformance suite; none:
+#                                   no Gateway API, as e2e/lifecycle.sh wants it; only with --no-helm)
 #   SWEETY_NODE_AGENT [<CARGO_TARGET_DIR>/debug/sweety-node-agent]  (built with cargo when missing)
 #   SWEETY_NAMESPACE [sweety] SWEETY_RELEASE [sweety] SWEETY_HELM [as e2e/install.sh]
 set -euo pipefail
@@ -57,6 +58,9 @@ while [ $# -gt 0 ]; do
   shift
 done
 [ "$(id -u)" = 0 ] || { echo "realnode: needs root" >&2; exit 1; }
+if [ "${SWEETY_GATEWAY_API_CHANNEL:-}" = none ] && [ "$helm" = 1 ]; then
+  echo "realnode: SWEETY_GATEWAY_API_CHANNEL=none only with --no-helm (the smoke check needs a Gateway)" >&2; exit 2
+fi
 
 t0=$(date +%s)
 log() { echo "[realnode $(( $(date +%s) - t0 ))s] $*"; }
@@ -98,8 +102,12 @@ fi
 WITH_NODE=1 APISERVER_ADDRESS=$NODE_IP ENDPOINT_RECONCILER=lease POD_CIDRS=$POD_CIDR CLUSTER_CIDR=$POD_CIDR \
   SERVICE_CIDR=$SERVICE_CIDR SERVICE_API_IP=$SERVICE_API_IP KCM_CONTROLLERS='*' bash e2e/cluster/up.sh
 channel=${SWEETY_GATEWAY_API_CHANNEL:-standard}
-timeout 180 bash e2e/cluster/gateway-api.sh crds "$channel" >/dev/null
-log "Gateway API CRDs ($channel) established"
+if [ "$channel" = none ]; then
+  log "no Gateway API CRDs (SWEETY_GATEWAY_API_CHANNEL=none, as on a fresh cluster)"
+else
+  timeout 180 bash e2e/cluster/gateway-api.sh crds "$channel" >/dev/null
+  log "Gateway API CRDs ($channel) established"
+fi
 
 # ------------------------------------------------------------------ 4. containerd
 # Node PKI: the kubelet's client certificate (system:node:<name>, the Node authorizer's subject) and its
