@@ -731,12 +731,32 @@ pub struct Timeouts {
     /// Each try to a backend (504 after).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backend: Option<Duration>,
+    /// TCP (and TLS) connect to a backend endpoint, instead of the backend's own
+    /// `connect_timeout` (504 after), as nginx's `proxy_connect_timeout`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connect: Option<Duration>,
+    /// Longest wait for the backend between two successive reads, as nginx's
+    /// `proxy_read_timeout`: from the request sent to the response head (504 after), then
+    /// between two chunks of the response body (the response is aborted after: the HTTP/1.1
+    /// connection is closed, the HTTP/2 or HTTP/3 stream reset). Time spent waiting for a
+    /// slow client does not count.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_idle: Option<Duration>,
+    /// Longest wait for the backend to take the next chunk of the request (head or body), as
+    /// nginx's `proxy_send_timeout` (504 after). Time spent waiting for the client's next
+    /// chunk does not count (that is `limits.body_idle_timeout`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub send_idle: Option<Duration>,
 }
+
+/// The longest `timeouts.connect`, `timeouts.read_idle` or `timeouts.send_idle` a route may
+/// set (a day: longer idle streams belong to a WebSocket or gRPC stream policy, not here).
+pub const MAX_IDLE_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 
 impl Timeouts {
     /// True when no timeout is set.
     pub fn is_empty(&self) -> bool {
-        self.request.is_none() && self.backend.is_none()
+        *self == Timeouts::default()
     }
 }
 

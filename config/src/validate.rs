@@ -717,6 +717,19 @@ impl<'a> Validator<'a> {
         if t.backend.is_some_and(|d| d.is_zero()) {
             self.err(format!("{path}.timeouts.backend"), "must be greater than 0");
         }
+        for (name, d) in [
+            ("connect", t.connect),
+            ("read_idle", t.read_idle),
+            ("send_idle", t.send_idle),
+        ] {
+            if let Some(d) = d {
+                if d.is_zero() || d > crate::model::MAX_IDLE_TIMEOUT {
+                    let max = crate::model::MAX_IDLE_TIMEOUT;
+                    let msg = format!("must be greater than 0 and at most {max}, got {d}");
+                    self.err(format!("{path}.timeouts.{name}"), msg);
+                }
+            }
+        }
         if let (Some(req), Some(be)) = (t.request, t.backend) {
             if be > req && !req.is_zero() {
                 let msg = format!("backend timeout {be} exceeds the request timeout {req}");
@@ -2928,6 +2941,26 @@ access_log: {enabled: true, path: /var/log/sweety/access.log, buffer_lines: 1024
             "backend timeout 1m exceeds the request timeout 30s",
         );
         expect_ok(|c| route(c, 1).timeouts.request = None);
+        type Field = fn(&mut crate::Timeouts) -> &mut Option<Duration>;
+        let idle: [(&str, Field); 3] = [
+            ("connect", |t| &mut t.connect),
+            ("read_idle", |t| &mut t.read_idle),
+            ("send_idle", |t| &mut t.send_idle),
+        ];
+        for (name, field) in idle {
+            for (bad, got) in [
+                (Duration::from_millis(0), "0ms"),
+                (Duration::from_secs(86_401), "86401s"),
+            ] {
+                expect_one(
+                    |c| *field(&mut route(c, 1).timeouts) = Some(bad),
+                    &format!("{p}.timeouts.{name}"),
+                    &format!("must be greater than 0 and at most 24h, got {got}"),
+                );
+            }
+            // Longer than the request timeout is fine: they are idle clocks, not deadlines.
+            expect_ok(|c| *field(&mut route(c, 1).timeouts) = Some(Duration::from_secs(86_400)));
+        }
         expect_one(
             |c| route(c, 1).retry.as_mut().unwrap().attempts = 11,
             &format!("{p}.retry.attempts"),

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
-use sweety_config::{Backend, BackendProtocol, LbPolicy};
+use sweety_config::{Backend, BackendProtocol, LbPolicy, Timeouts};
 
 /// State of one endpoint that survives config reloads: its pool, health and load.
 #[derive(Debug)]
@@ -243,6 +243,10 @@ impl BackendRt {
     /// whole body, possibly empty, is in memory) meets a connection closed before any response,
     /// the try goes once more on a new connection.
     ///
+    /// `timeouts` are the route's: `backend` bounds the whole try up to the response head,
+    /// `connect` (else the backend's `connect_timeout`) the connection, `send_idle` and
+    /// `read_idle` the backend's pauses ([`idle`](super::idle)).
+    ///
     /// With `connect_time`, it is set to how long getting the connection that carried the
     /// request took (a pooled one: about nothing; a new one: TCP, TLS and the HTTP/2
     /// handshake), `None` when no connection was had.
@@ -251,14 +255,21 @@ impl BackendRt {
         idx: usize,
         head: &Head,
         body: Body,
-        backend_timeout: Option<Duration>,
+        timeouts: &Timeouts,
         replay: Option<&Bytes>,
         mut connect_time: Option<&mut Option<Duration>>,
     ) -> (Result<Response<Body>, ProxyError>, Option<Body>) {
         let ep = &self.endpoints[idx].state;
         let addr = ep.address.as_str();
         let in_flight = InFlight::new(ep.clone());
+        let backend_timeout = timeouts.backend.map(|d| d.get());
         let deadline = backend_timeout.map(|t| Instant::now() + t);
+        let connect_timeout = timeouts
+            .connect
+            .unwrap_or(self.config.connect_timeout)
+            .get();
+        let read_idle = timeouts.read_idle.map(|d| d.get());
+        let send_idle = timeouts.send_idle.map(|d| d.get());
         let h2 = matches!(
             self.config.protocol,
             BackendProtocol::H2 | BackendProtocol::H2c
@@ -267,12 +278,8 @@ impl BackendRt {
         let mut allow_fresh = true;
         loop {
             let connect_limit = match deadline {
-                Some(d) => self
-                    .config
-                    .connect_timeout
-                    .get()
-                    .min(d.saturating_duration_since(Instant::now())),
-                None => self.config.connect_timeout.get(),
+                Some(d) => connect_timeout.min(d.saturating_duration_since(Instant::now())),
+                None => connect_timeout,
             };
             let connecting = connect_time.as_deref_mut().map(|t| {
                 *t = None;
@@ -296,20 +303,32 @@ impl BackendRt {
                 *t = Some(since.elapsed());
             }
             let reused = conn.reused;
-            let req = head.build(body, addr, h2, self.connector.tls.is_some());
+            let (watched, clock) = super::idle::Clock::start(body, send_idle, read_idle);
+            let req = head.build(watched, addr, h2, self.connector.tls.is_some());
             let send = conn.send(&ep.pool, req);
-            let sent = match deadline {
-                Some(d) => match tokio::time::timeout_at(d.into(), send).await {
-                    Ok(r) => r,
-                    Err(_) => {
-                        let e = ProxyError::Timeout {
-                            addr: addr.to_string(),
-                            after: backend_timeout.unwrap_or_default(),
-                        };
-                        return (Err(e), None);
-                    }
-                },
-                None => send.await,
+            let deadline_passed = async {
+                match deadline {
+                    Some(d) => tokio::time::sleep_until(d.into()).await,
+                    None => std::future::pending().await,
+                }
+            };
+            let stalled = async {
+                match clock {
+                    Some(c) => c.stalled().await,
+                    None => std::future::pending().await,
+                }
+            };
+            let timed_out = |after: Duration| {
+                let e = ProxyError::Timeout {
+                    addr: addr.to_string(),
+                    after,
+                };
+                (Err(e), None)
+            };
+            let sent = tokio::select! {
+                r = send => r,
+                () = deadline_passed => return timed_out(backend_timeout.unwrap_or_default()),
+                after = stalled => return timed_out(after),
             };
             match sent {
                 Ok((resp, stream)) => {
@@ -320,10 +339,11 @@ impl BackendRt {
                         inner: incoming,
                         guards: (in_flight, stream),
                     };
-                    return (
-                        Ok(Response::from_parts(parts, crate::body::boxed(guarded))),
-                        None,
-                    );
+                    let mut body = crate::body::boxed(guarded);
+                    if let Some(idle) = read_idle {
+                        body = super::idle::ReadIdle::wrap(body, idle, addr);
+                    }
+                    return (Ok(Response::from_parts(parts, body)), None);
                 }
                 Err(e) => {
                     let again = allow_fresh && e.stale(reused, replay.is_some());

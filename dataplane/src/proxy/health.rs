@@ -152,8 +152,12 @@ async fn check_once(b: &BackendRt, idx: usize, hc: &HealthCheck, ctx: &RequestCt
     let head = Head::prepare(parts, ctx, None);
     let run = async {
         let none = bytes::Bytes::new();
+        let timeouts = sweety_config::Timeouts {
+            backend: Some(sweety_config::Duration(timeout)),
+            ..Default::default()
+        };
         let (res, _) = b
-            .try_once(idx, &head, empty(), Some(timeout), Some(&none), None)
+            .try_once(idx, &head, empty(), &timeouts, Some(&none), None)
             .await;
         let Ok(resp) = res else {
             return false;

@@ -8,7 +8,9 @@
 //!    filters ([`forward`]);
 //! 3. per try: pick an endpoint (round robin or least request over non-ejected endpoints,
 //!    preferring one not tried yet), get a pooled or new connection ([`pool`]), send, wait for
-//!    the response head within `route.timeouts.backend`;
+//!    the response head within `route.timeouts.backend`, the backend's pauses bounded by
+//!    `send_idle` / `read_idle` as nginx's `proxy_send_timeout` / `proxy_read_timeout`
+//!    ([`idle`]);
 //! 4. record the outcome for outlier ejection ([`outlier`]) and decide on a retry
 //!    ([`forward::should_retry`]); errors become 502/504 replies ([`error`]).
 //!
@@ -26,6 +28,7 @@ pub mod error;
 pub mod forward;
 mod head;
 mod health;
+mod idle;
 pub mod outlier;
 pub mod pool;
 pub mod tls;
@@ -426,7 +429,7 @@ impl Upstreams {
                     idx,
                     &head,
                     b,
-                    route.timeouts.backend.map(|d| d.get()),
+                    &route.timeouts,
                     replay.as_ref(),
                     ctx.log.then_some(&mut connect),
                 )
@@ -516,7 +519,7 @@ impl Upstreams {
                 let idx = backend.pick(&[])?;
                 let none = bytes::Bytes::new();
                 let (res, _) = backend
-                    .try_once(idx, &head, empty(), None, Some(&none), None)
+                    .try_once(idx, &head, empty(), &Default::default(), Some(&none), None)
                     .await;
                 let ok = match &res {
                     Ok(r) => r.status().as_u16() < 500,

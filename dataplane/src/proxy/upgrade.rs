@@ -88,7 +88,11 @@ impl Upstreams {
                 backend: backend.config.name.clone(),
             })?;
         let addr = backend.endpoints[idx].state.address.clone();
-        let connect_limit = backend.config.connect_timeout.get();
+        let connect_limit = route
+            .timeouts
+            .connect
+            .unwrap_or(backend.config.connect_timeout)
+            .get();
         let mut sender =
             match tokio::time::timeout(connect_limit, open(&addr, &backend.connector)).await {
                 Ok(Ok(s)) => s,

@@ -18,8 +18,10 @@
 //! when it is not a host name / a header value or uses an nginx variable, `server-alias`
 //! (the first rule host's routes under more names) and `from-to-www-redirect` (308 between
 //! `www.<host>` and `<host>`), both only for names no rule or site names and no other
-//! namespace claimed first ([`extra_hosts`], weak claims of `ownership`), `proxy-read-timeout`
-//! and `proxy-connect-timeout` (their sum, in seconds, is the route's backend timeout), `canary` +
+//! namespace claimed first ([`extra_hosts`], weak claims of `ownership`), `proxy-read-timeout`,
+//! `proxy-send-timeout` and `proxy-connect-timeout` (seconds, at most a day: the route's
+//! `timeouts.read_idle`, `send_idle` and `connect`, nginx's idle clocks between two reads from
+//! / writes to the backend and its connect timeout; unset ones stay unset), `canary` +
 //! `canary-weight` (+ `canary-weight-total`): a weighted split with the primary Ingress's route
 //! for the same host and path, and `canary-by-header` (`always`/`never`, or `-value`, or
 //! `-pattern`) and `canary-by-cookie` (`always`/`never`): routes beside the primary's with one
@@ -123,8 +125,9 @@ pub struct Annotations {
     pub redirect: Option<Redirect>,
     /// `app-root`: where a request for `/` is redirected.
     pub app_root: Option<String>,
-    /// `proxy-read-timeout` + `proxy-connect-timeout`, as the route's request timeout.
-    pub backend_timeout: Option<Duration>,
+    /// `proxy-connect-timeout`, `proxy-read-timeout` and `proxy-send-timeout`: the route's
+    /// `timeouts.connect`, `read_idle` and `send_idle` (its other timeouts stay unset).
+    pub proxy_timeouts: sweety_config::Timeouts,
     /// `canary`: this Ingress is a weighted variant of another Ingress's paths.
     pub canary: bool,
     /// `canary-weight`: the canary's share, out of `canary_weight_total`.
@@ -284,8 +287,9 @@ pub const ANNOTATIONS: &[AnnotationSpec] = &[
     spec("use-regex", Differently, "case-insensitive and anchored at the start like nginx's `~*` locations (RE2 syntax, Rust `regex`); as in ingress-nginx every other path of the host becomes a case-insensitive regex too (an `Exact` path stays exact, ignoring case; nginx makes it a start-anchored regex)", "true"),
     spec("ssl-redirect", Support::Honoured, "on by default for hosts with TLS; `/.well-known/acme-challenge` is never redirected", "false"),
     spec("force-ssl-redirect", Differently, "also redirects hosts without TLS here", "true"),
-    spec("proxy-read-timeout", Differently, "with `proxy-connect-timeout`: their sum is the whole request's timeout, not nginx's idle time between reads", "60"),
-    spec("proxy-connect-timeout", Differently, "see `proxy-read-timeout`", "5"),
+    spec("proxy-read-timeout", Support::Honoured, "nginx's idle time between two reads from the backend: until the response head (504), then between two body chunks (the response is aborted); at most 86400; unset: no limit (ingress-nginx: 60)", "60"),
+    spec("proxy-send-timeout", Support::Honoured, "nginx's idle time between two writes of the request to the backend (504); at most 86400; unset: no limit (ingress-nginx: 60)", "60"),
+    spec("proxy-connect-timeout", Support::Honoured, "the connect timeout alone (504); at most 86400; unset: the backend's (5 s, as ingress-nginx)", "5"),
     spec("limit-rps", Support::Honoured, "per client IP; answers 503 as nginx, or the class's SweetyProxyConfig `ingress.limitReqStatusCode` (ingress-nginx's `limit-req-status-code`)", "10"),
     spec("limit-rpm", Support::Honoured, "as `limit-rps`", "600"),
     spec("limit-burst-multiplier", Support::Honoured, "", "5"),
@@ -1053,8 +1057,6 @@ impl Annotations {
         let all = ing.metadata.annotations.as_ref().unwrap_or(&empty);
         let get = |k: &str| all.get(&format!("{PREFIX}{k}")).map(String::as_str);
         let mut cors_enabled = false;
-        let mut read_timeout = None;
-        let mut connect_timeout = None;
         let mut redirect_code: Option<u16> = None;
         let mut rps: Option<u32> = None;
         let mut rpm: Option<u32> = None;
@@ -1088,8 +1090,14 @@ impl Annotations {
                 }
                 v.unwrap_or(false)
             };
+            // Bounded as the config bounds route timeouts (`MAX_IDLE_TIMEOUT`).
+            let max = sweety_config::MAX_IDLE_TIMEOUT.get().as_secs();
             let seconds = |report: &mut Report| match value.trim().parse::<u64>() {
-                Ok(n) if n > 0 => Some(n),
+                Ok(n) if n > 0 && n <= max => Some(Duration::from_secs(n)),
+                Ok(n) if n > max => {
+                    bad(report, &format!("is more than {max} seconds"));
+                    None
+                }
                 _ => {
                     bad(report, "is not a positive number of seconds");
                     None
@@ -1136,8 +1144,9 @@ impl Annotations {
                         bad(report, "is not a path starting with \"/\"");
                     }
                 }
-                "proxy-read-timeout" => read_timeout = seconds(report),
-                "proxy-connect-timeout" => connect_timeout = seconds(report),
+                "proxy-read-timeout" => a.proxy_timeouts.read_idle = seconds(report),
+                "proxy-send-timeout" => a.proxy_timeouts.send_idle = seconds(report),
+                "proxy-connect-timeout" => a.proxy_timeouts.connect = seconds(report),
                 "limit-rps" | "limit-rpm" | "limit-burst-multiplier" | "limit-connections" => {
                     match value.trim().parse::<u32>() {
                         Ok(n) if n > 0 => match name {
@@ -1601,10 +1610,6 @@ impl Annotations {
                 ),
             );
         }
-        let secs = read_timeout.unwrap_or(0) + connect_timeout.unwrap_or(0);
-        if secs > 0 {
-            a.backend_timeout = Some(Duration::from_secs(secs));
-        }
         if !snippets.is_empty() {
             a.refuse = Some((
                 503,
@@ -1758,7 +1763,10 @@ impl Annotations {
         if let Some(r) = &self.redirect {
             route.filters.push(Filter::Redirect(r.clone()));
         }
-        route.timeouts.backend = self.backend_timeout;
+        let t = &self.proxy_timeouts;
+        route.timeouts.connect = t.connect;
+        route.timeouts.read_idle = t.read_idle;
+        route.timeouts.send_idle = t.send_idle;
         if self.body_size.is_some() {
             route.max_request_body_bytes = self.body_size;
         }
