@@ -4,12 +4,14 @@
 //! [`Metrics::render`] writes the Prometheus text format (served on `/metrics`). Every metric
 //! and its labels: docs/observability.md.
 
+use crate::translate::status::{Condition, ObjectStatus};
 use prometheus_client::encoding::{EncodeMetric, MetricEncoder, NoLabelSet};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -107,6 +109,9 @@ impl EncodeMetric for WatchEvents {
 /// One label naming a kind or a cause.
 type Label = [(&'static str, &'static str); 1];
 
+/// The labels of `sweety_controller_objects`: kind, condition type, status.
+type ConditionLabels = [(&'static str, String); 3];
+
 /// Every metric the controller exports.
 #[derive(Debug)]
 pub struct Metrics {
@@ -142,6 +147,8 @@ pub struct Metrics {
     pub config_bytes: Gauge<u64, AtomicU64>,
     /// Status subresources written (server-side apply calls) and Event sets published.
     pub status_writes: Counter,
+    /// Syncs of the per-Gateway Services (each lists what it owns and applies what differs).
+    pub service_syncs: Counter,
     /// 1 while this replica holds the leader lease.
     pub leader: Gauge<u64, AtomicU64>,
     /// Highest config generation submitted to the pusher.
@@ -152,6 +159,9 @@ pub struct Metrics {
     pub dataplane_connected: Gauge<u64, AtomicU64>,
     /// Objects in the last snapshot, by kind.
     objects: Family<Label, Gauge>,
+    /// Objects `translate` reports a status for, by kind, condition type and that condition's
+    /// status (see [`ConditionCounts`]).
+    objects_by_condition: Family<ConditionLabels, Gauge>,
     /// Errors by `Error::kind()`.
     errors: Family<Label, Counter>,
     registry: Registry,
@@ -174,11 +184,13 @@ impl Default for Metrics {
             push_latency: SharedHistogram::default(),
             config_bytes: Gauge::default(),
             status_writes: Counter::default(),
+            service_syncs: Counter::default(),
             leader: Gauge::default(),
             submitted_generation: Gauge::default(),
             acked_generation: Gauge::default(),
             dataplane_connected: Gauge::default(),
             objects: Family::default(),
+            objects_by_condition: Family::default(),
             errors: Family::default(),
             registry: Registry::default(),
         };
@@ -240,6 +252,11 @@ impl Default for Metrics {
             m.status_writes.clone(),
         );
         r.register(
+            "sweety_controller_gateway_service_syncs",
+            "Syncs of the per-Gateway Services (API reads and writes): after a reconcile whose wanted Services changed or that followed a watch event of another kind than a route, after gaining the lease, and retries.",
+            m.service_syncs.clone(),
+        );
+        r.register(
             "sweety_controller_status_queue_depth",
             "Statuses waiting to be written or in flight.",
             m.status_queue_depth.clone(),
@@ -270,9 +287,14 @@ impl Default for Metrics {
             m.dataplane_connected.clone(),
         );
         r.register(
-            "sweety_controller_objects",
+            "sweety_controller_snapshot_objects",
             "Objects in the last snapshot, by kind.",
             m.objects.clone(),
+        );
+        r.register(
+            "sweety_controller_objects",
+            "Objects translate reports a status for, by kind, condition type and status (an object with several parents counts once per condition: False if any parent says False, else Unknown if any says Unknown, else True).",
+            m.objects_by_condition.clone(),
         );
         r.register(
             "sweety_controller_errors",
@@ -318,6 +340,22 @@ impl Metrics {
         }
     }
 
+    /// Sets the number of objects of `kind` whose `condition` is `status` (0: the series goes).
+    fn set_condition_count(&self, (kind, condition, status): &ConditionKey, n: u64) {
+        let labels = [
+            ("kind", kind.clone()),
+            ("condition", condition.clone()),
+            ("status", status.to_string()),
+        ];
+        if n == 0 {
+            self.objects_by_condition.remove(&labels);
+        } else {
+            self.objects_by_condition
+                .get_or_create(&labels)
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+    }
+
     /// The Prometheus text exposition (version 0.0.4) of every metric. A labelled family
     /// with no sample yet is left out (the library's rule).
     pub fn render(&self) -> String {
@@ -326,6 +364,86 @@ impl Metrics {
             .expect("writing to a String cannot fail");
         out
     }
+}
+
+/// (kind, condition type, status) of `sweety_controller_objects`.
+type ConditionKey = (String, String, &'static str);
+
+/// Objects by kind, condition type and status, kept up to date from the statuses `translate`
+/// wants as they change (the status worker adds an object's new wanted status and takes out
+/// its old one: no pass over every object per reconcile). Bounded labels: the kinds and
+/// condition types are `translate`'s own (a fixed set), the statuses True, False, Unknown.
+#[derive(Debug, Default)]
+pub struct ConditionCounts {
+    counts: BTreeMap<ConditionKey, u64>,
+    /// Keys changed since the last [`ConditionCounts::publish`].
+    touched: BTreeSet<ConditionKey>,
+}
+
+impl ConditionCounts {
+    /// Counts an object of `kind` with `status`.
+    pub fn add(&mut self, kind: &str, status: &ObjectStatus) {
+        for key in keys(kind, status) {
+            *self.counts.entry(key.clone()).or_default() += 1;
+            self.touched.insert(key);
+        }
+    }
+
+    /// Takes out an object of `kind` counted with `status`.
+    pub fn remove(&mut self, kind: &str, status: &ObjectStatus) {
+        for key in keys(kind, status) {
+            if let Some(n) = self.counts.get_mut(&key) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    self.counts.remove(&key);
+                }
+            }
+            self.touched.insert(key);
+        }
+    }
+
+    /// Sets the gauge of every key changed since the last call.
+    pub fn publish(&mut self, metrics: &Metrics) {
+        for key in std::mem::take(&mut self.touched) {
+            let n = self.counts.get(&key).copied().unwrap_or(0);
+            metrics.set_condition_count(&key, n);
+        }
+    }
+}
+
+/// The (kind, condition type, status) keys one object's status counts under: each condition
+/// type once, False if any of its entries (route parents, policy ancestors) says False, else
+/// Unknown if any says Unknown, else True. An Ingress status has no conditions.
+fn keys(kind: &str, status: &ObjectStatus) -> Vec<ConditionKey> {
+    let lists: Vec<&[Condition]> = match status {
+        ObjectStatus::GatewayClass(s) => vec![&s.conditions],
+        ObjectStatus::Gateway(s) => vec![&s.conditions],
+        ObjectStatus::ListenerSet(s) => vec![&s.conditions],
+        ObjectStatus::Route(s) => s.parents.iter().map(|p| &p.conditions[..]).collect(),
+        ObjectStatus::Policy(s) => s.ancestors.iter().map(|p| &p.conditions[..]).collect(),
+        ObjectStatus::Ingress(_) => Vec::new(),
+        ObjectStatus::Site(s) => vec![&s.conditions],
+        ObjectStatus::Conditions(c) => vec![c],
+    };
+    // Worst first: False, Unknown, True.
+    let rank = |s: &str| match s {
+        "False" => 0,
+        "True" => 2,
+        _ => 1,
+    };
+    let mut worst: BTreeMap<&str, u8> = BTreeMap::new();
+    for c in lists.into_iter().flatten() {
+        let r = rank(&c.status);
+        let w = worst.entry(c.type_.as_str()).or_insert(r);
+        *w = (*w).min(r);
+    }
+    worst
+        .into_iter()
+        .map(|(t, r)| {
+            let status = ["False", "Unknown", "True"][usize::from(r)];
+            (kind.to_string(), t.to_string(), status)
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -368,7 +486,7 @@ mod tests {
         assert!(text.contains("sweety_controller_full_translates_total 5\n"));
         assert!(text.contains("sweety_controller_plain_translates_total 3\n"));
         assert!(text.contains("sweety_controller_errors_total{kind=\"kube\"} 2\n"));
-        assert!(text.contains("sweety_controller_objects{kind=\"Gateway\"} 4\n"));
+        assert!(text.contains("sweety_controller_snapshot_objects{kind=\"Gateway\"} 4\n"));
         assert_eq!(m.errors_of("kube"), 2);
     }
 

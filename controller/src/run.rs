@@ -21,7 +21,7 @@ use crate::static_content::{write_static_content, Garbage};
 use crate::status_worker::{StatusOptions, StatusQueue};
 use crate::status_writer::{StatusWriter, FIELD_MANAGER};
 use crate::translate::{GatewayService, Params, TranslateCache};
-use crate::watch::{object_counts, WatchOptions, Watches};
+use crate::watch::{object_counts, WatchOptions, Watches, ROUTE_KINDS};
 use crate::Error;
 use kube::runtime::events::Reporter;
 use kube::Client;
@@ -148,10 +148,11 @@ pub async fn run(
     let mut cause: Option<&'static str> = Some("start");
     // Earliest time the next watch event may reconcile (debounce after the last reconcile).
     let mut next_allowed: Option<Instant> = None;
-    // Per-route translations reused across reconciles (see `translate_incremental`).
-    let mut cache = TranslateCache::default();
+    let mut carried = Carried::default();
     let mut garbage = Garbage::new(&options.params.content_dir);
     let mut last: Option<Submitted> = None;
+    // Watch events of other kinds than routes at the last Services notification.
+    let mut services_seen: Option<u64> = None;
     // A closed channel (the pusher or the election task ended) disables its branch.
     let (mut push_open, mut leader_open) = (true, true);
     loop {
@@ -168,10 +169,11 @@ pub async fn run(
                 &options.params,
                 &pusher,
                 &metrics,
-                &mut cache,
+                &mut carried,
                 &mut garbage,
                 &statuses,
-            );
+            )
+            .await;
             let submitted_at = Instant::now();
             match last.as_mut().filter(|l| l.generation == generation) {
                 // Same config: nothing new to measure.
@@ -185,10 +187,19 @@ pub async fn run(
                     })
                 }
             }
+            // The Services task syncs (it lists the Services and EndpointSlices it owns and
+            // applies what differs) only when the wanted Services changed or a watch event of
+            // another kind than a route came (a Service, an EndpointSlice, a Gateway...): a
+            // route change alone cannot change what it syncs, and costs no API request there.
+            let others = watches.activity.passed_except(&ROUTE_KINDS);
             services_tx.send_if_modified(|s| {
-                *s = Some(gateway_services);
-                true
+                let due = services_seen != Some(others) || s.as_ref() != Some(&gateway_services);
+                if due {
+                    *s = Some(gateway_services);
+                }
+                due
             });
+            services_seen = Some(others);
             metrics.reconcile_duration.observe(started.elapsed());
             metrics.reconciled(why);
             record_ack(&push_state.borrow(), &mut last, &metrics);
@@ -284,18 +295,29 @@ impl Drop for AbortOnDrop {
     }
 }
 
+/// What the reconcile loop carries from one reconcile to the next.
+#[derive(Default)]
+struct Carried {
+    /// Per-route translations reused across reconciles (see `translate_incremental`).
+    cache: TranslateCache,
+    /// The route journal's position of the last snapshot (the next lists what changed since).
+    routes_at: Option<u64>,
+}
+
 /// Snapshot → translate → static content → submit → offer the statuses. The submitted
 /// generation and the per-Gateway Services wanted.
-fn reconcile(
+async fn reconcile(
     watches: &Watches,
     params: &Params,
     pusher: &Pusher,
     metrics: &Metrics,
-    cache: &mut TranslateCache,
+    carried: &mut Carried,
     garbage: &mut Garbage,
     statuses: &StatusQueue,
 ) -> (u64, Vec<GatewayService>) {
-    let snapshot = watches.stores.snapshot();
+    let snapshot = watches.stores.snapshot_since(carried.routes_at);
+    carried.routes_at = snapshot.routes_at;
+    let cache = &mut carried.cache;
     metrics.set_objects(&object_counts(&snapshot));
     let started = Instant::now();
     let fallback_before = cache.unsupported();
@@ -309,6 +331,10 @@ fn reconcile(
     metrics.config_bytes.set(output.config.json_len() as u64);
     // Bursts are coalesced here (the debounce above); the pusher sends at once.
     let generation = pusher.submit(output.config.clone());
+    // The pusher task, just woken, runs before anything else this task wakes (the status
+    // worker, the Services task): otherwise the last task woken runs first on this worker
+    // and the pusher waits behind it, or for another worker thread to be woken to take it.
+    tokio::task::yield_now().await;
     // Directories only configs older than the one the dataplane runs named go now; the rest
     // when it acknowledges a newer one (the push-state branch of the loop).
     garbage.submitted(generation, &output.static_content);
@@ -356,6 +382,7 @@ pub async fn sync_services_task(
             retry_at = None;
             let want = desired.borrow_and_update().clone();
             if let Some(want) = want {
+                metrics.service_syncs.inc();
                 match services.sync(&want).await {
                     Ok(report) => {
                         if !report.applied.is_empty() || !report.deleted.is_empty() {

@@ -30,7 +30,7 @@
 //!   longer reports are queued to have them removed.
 //! - **Failures** are retried after [`StatusOptions::retry`] (the latest wanted status then).
 
-use crate::metrics::Metrics;
+use crate::metrics::{ConditionCounts, Metrics};
 use crate::push::PushState;
 use crate::status_writer::{self, Current, Gate, Prepared, StatusWriter};
 use crate::translate::status::{ObjectKey, ObjectStatus, Statuses};
@@ -155,6 +155,8 @@ struct Queue {
     /// Look for routes with entries of ours that `translate` does not report (after the first
     /// offer, and after gaining the lease).
     scan_routes: bool,
+    /// The wanted statuses (`want: Some`) by kind, condition and status, for the metrics.
+    conditions: ConditionCounts,
 }
 
 impl Queue {
@@ -230,15 +232,18 @@ impl Queue {
         match self.entries.get_mut(key) {
             Some(e) if e.want.as_ref() == Some(status) => return 0,
             Some(e) => {
-                if e.want.is_none() {
-                    self.reported += 1;
+                match &e.want {
+                    None => self.reported += 1,
+                    Some(old) => self.conditions.remove(&key.kind, old),
                 }
+                self.conditions.add(&key.kind, status);
                 e.want = Some(status.clone());
                 e.generation = generation;
                 e.since = now;
             }
             None => {
                 self.reported += 1;
+                self.conditions.add(&key.kind, status);
                 self.entries.insert(
                     key.clone(),
                     Entry {
@@ -262,7 +267,9 @@ impl Queue {
             return 0;
         };
         self.reported -= 1;
-        e.want = None;
+        if let Some(old) = e.want.take() {
+            self.conditions.remove(&key.kind, &old);
+        }
         e.generation = generation;
         e.since = now;
         if status_writer::is_atomic_kind(&key.kind) {
@@ -308,6 +315,7 @@ impl Shared {
 /// The reconcile loop's handle on the status worker (the worker stops when it is dropped).
 pub struct StatusQueue {
     shared: Arc<Shared>,
+    metrics: Arc<Metrics>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -338,7 +346,7 @@ impl StatusQueue {
             stores,
             push,
             leading,
-            metrics,
+            metrics: metrics.clone(),
             bucket: TokenBucket::new(options.qps, options.burst, Instant::now()),
             options,
             jobs: JoinSet::new(),
@@ -346,6 +354,7 @@ impl StatusQueue {
         };
         StatusQueue {
             shared,
+            metrics,
             task: tokio::spawn(worker.run()),
         }
     }
@@ -354,11 +363,15 @@ impl StatusQueue {
     /// status changed since the last offer are queued (an object already queued keeps its
     /// place, with the new status); objects no longer reported are forgotten, routes and
     /// policies among them queued to have our entries removed.
+    /// The objects by kind and condition (`sweety_controller_objects`) follow the same
+    /// comparison: only the changed statuses are counted again.
     pub fn offer(&self, statuses: &Statuses, changes: &StatusChanges, generation: u64) {
-        let changed = self
-            .shared
-            .queue()
-            .offer(statuses, changes, generation, Instant::now());
+        let changed = {
+            let mut q = self.shared.queue();
+            let changed = q.offer(statuses, changes, generation, Instant::now());
+            q.conditions.publish(&self.metrics);
+            changed
+        };
         if changed > 0 {
             self.shared.notify.notify_one();
         }
@@ -932,5 +945,124 @@ mod tests {
             b.take(t2).unwrap();
         }
         assert!(b.take(t2).is_err());
+    }
+
+    /// `sweety_controller_objects` lines of a /metrics page, sorted.
+    fn objects_series(page: &str) -> Vec<String> {
+        let mut v: Vec<String> = page
+            .lines()
+            .filter(|l| l.starts_with("sweety_controller_objects{"))
+            .map(String::from)
+            .collect();
+        v.sort();
+        v
+    }
+
+    async fn scrape(addr: std::net::SocketAddr) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.unwrap();
+        assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+        out
+    }
+
+    #[tokio::test]
+    async fn objects_by_condition_follow_the_offers_on_the_metrics_endpoint() {
+        use crate::translate::{Params, Snapshot, TranslateCache};
+        // A Gateway, a Service, two routes to it and one to a Service that does not exist:
+        // translate's statuses, offered as the reconcile loop does, scraped from /metrics.
+        let mut y = String::from(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {name: sweety}\nspec: {controllerName: sweety.dev/gateway-controller}\n---\n\
+apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: gw, namespace: app}\n\
+spec:\n  gatewayClassName: sweety\n  listeners: [{name: http, port: 80, protocol: HTTP}]\n---\n\
+apiVersion: v1\nkind: Service\nmetadata: {name: svc, namespace: app}\nspec: {ports: [{name: http, port: 80, targetPort: 8080}]}\n---\n",
+        );
+        for (name, svc) in [("a", "svc"), ("b", "svc"), ("c", "missing")] {
+            y.push_str(&format!(
+                "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{name: {name}, namespace: app}}\n\
+spec:\n  parentRefs: [{{name: gw}}]\n  hostnames: [{name}.example.com]\n  rules: [{{backendRefs: [{{name: {svc}, port: 80}}]}}]\n---\n"
+            ));
+        }
+        let (mut s, _) = Snapshot::from_yaml(&y).unwrap();
+        let params = Params::default();
+        let mut cache = TranslateCache::default();
+        let metrics = Arc::new(Metrics::default());
+        let q = StatusQueue {
+            shared: Arc::new(Shared {
+                queue: Mutex::new(Queue::default()),
+                notify: Notify::new(),
+            }),
+            metrics: metrics.clone(),
+            task: tokio::spawn(async {}),
+        };
+        let t = cache.update(&s, &params);
+        assert_eq!(t.status_changes, StatusChanges::All);
+        q.offer(&t.statuses, &t.status_changes, 1);
+        let health = crate::health::Health::new(metrics.clone());
+        let (addr, server) = crate::health::serve("127.0.0.1:0".parse().unwrap(), health)
+            .await
+            .unwrap();
+        let line = |kind: &str, condition: &str, status: &str, n: u64| {
+            format!("sweety_controller_objects{{kind=\"{kind}\",condition=\"{condition}\",status=\"{status}\"}} {n}")
+        };
+        let mut want = vec![
+            line("Gateway", "Accepted", "True", 1),
+            // No address (no Service for it in this snapshot): not programmed.
+            line("Gateway", "Programmed", "False", 1),
+            line("Gateway", "ResolvedRefs", "True", 1),
+            line("GatewayClass", "Accepted", "True", 1),
+            line("HTTPRoute", "Accepted", "True", 3),
+            line("HTTPRoute", "ResolvedRefs", "False", 1),
+            line("HTTPRoute", "ResolvedRefs", "True", 2),
+        ];
+        want.sort();
+        assert_eq!(objects_series(&scrape(addr).await), want);
+        // Route c now points at the Service: one changed status (only it is compared), the
+        // False series goes.
+        let i = s
+            .http_routes
+            .iter()
+            .position(|r| r.metadata.name.as_deref() == Some("c"))
+            .unwrap();
+        let mut c = (*s.http_routes[i]).clone();
+        c.spec.rules.as_mut().unwrap()[0]
+            .backend_refs
+            .as_mut()
+            .unwrap()[0]
+            .name = "svc".into();
+        s.http_routes[i] = Arc::new(c);
+        let t = cache.update(&s, &params);
+        assert!(matches!(&t.status_changes, StatusChanges::Only(k) if k.len() <= 3));
+        q.offer(&t.statuses, &t.status_changes, 2);
+        let mut want = vec![
+            line("Gateway", "Accepted", "True", 1),
+            // No address (no Service for it in this snapshot): not programmed.
+            line("Gateway", "Programmed", "False", 1),
+            line("Gateway", "ResolvedRefs", "True", 1),
+            line("GatewayClass", "Accepted", "True", 1),
+            line("HTTPRoute", "Accepted", "True", 3),
+            line("HTTPRoute", "ResolvedRefs", "True", 3),
+        ];
+        want.sort();
+        assert_eq!(objects_series(&scrape(addr).await), want);
+        // Route a goes: counted out.
+        s.http_routes
+            .retain(|r| r.metadata.name.as_deref() != Some("a"));
+        let t = cache.update(&s, &params);
+        q.offer(&t.statuses, &t.status_changes, 3);
+        let page = scrape(addr).await;
+        assert!(
+            page.contains(&line("HTTPRoute", "Accepted", "True", 2)),
+            "{page}"
+        );
+        assert!(
+            page.contains(&line("HTTPRoute", "ResolvedRefs", "True", 2)),
+            "{page}"
+        );
+        server.abort();
     }
 }

@@ -32,11 +32,18 @@
 //!   the one translated, so a status write costs no translation; its cached status can then
 //!   lag (the status writer relies on what it wrote itself, and reads the live object on a
 //!   conflict). A relist refreshes every object.
+//! - [`RouteJournal`] lists the route objects (kind, namespace, name) whose events reached
+//!   the stores, in order and bounded, so that [`Stores::snapshot_since`] can tell the
+//!   translate cache which routes changed since its last snapshot (it then looks at those
+//!   only, not at every route). An event is journalled after the reflector applied it to the
+//!   store, and a snapshot reads the journal before the stores, so every change a snapshot's
+//!   position covers is in its lists; a relist, or a position older than the journal keeps,
+//!   gives no list (every route is compared).
 //! - [`Activity`] counts watch events by kind (passed on or ignored) and keeps the time and
 //!   kind of the first event not yet reconciled, for the controller's metrics.
 
 use crate::labels::{GATEWAY_NAME_LABEL, MANAGED_BY, MANAGED_BY_LABEL, SERVICE_NAME_LABEL};
-use crate::translate::Snapshot;
+use crate::translate::{ChangedRoute, RouteChanges, RouteObject, Snapshot};
 use crate::Error;
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service};
@@ -46,7 +53,7 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::fmt::Debug;
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, RwLock};
@@ -221,12 +228,84 @@ pub struct Stores {
     pub namespaces: Stored<Namespace>,
     /// [`WatchOptions::default_certificate_secret`].
     pub default_certificate_secret: Option<(String, String)>,
+    /// Route changes in order, for [`Stores::snapshot_since`].
+    pub route_journal: Arc<RouteJournal>,
+}
+
+/// Journal entries kept (route changes between two snapshots; more: every route is compared).
+const JOURNAL_MAX: usize = 4096;
+
+/// A route object in [`RouteJournal`]: kind, namespace, name.
+type RouteKey = (&'static str, String, String);
+
+/// The route kinds (the kinds [`RouteJournal`] records).
+pub const ROUTE_KINDS: [&str; 5] = ["HTTPRoute", "GRPCRoute", "TLSRoute", "TCPRoute", "UDPRoute"];
+
+/// The route objects whose watch events reached the stores, in order (see the module docs).
+#[derive(Debug, Default)]
+pub struct RouteJournal {
+    inner: Mutex<Journal>,
+}
+
+#[derive(Debug, Default)]
+struct Journal {
+    /// Position of the last entry (or reset).
+    seq: u64,
+    /// Positions before this one are not answered (entries dropped, or a relist).
+    floor: u64,
+    entries: VecDeque<(u64, RouteKey)>,
+}
+
+impl RouteJournal {
+    /// Records an applied event of route `kind` `namespace/name`.
+    pub fn record(&self, kind: &'static str, namespace: String, name: String) {
+        let mut j = lock(&self.inner);
+        j.seq += 1;
+        let seq = j.seq;
+        j.entries.push_back((seq, (kind, namespace, name)));
+        if j.entries.len() > JOURNAL_MAX {
+            if let Some((dropped, ..)) = j.entries.pop_front() {
+                j.floor = dropped;
+            }
+        }
+    }
+
+    /// A relist (the store is replaced): no earlier position is answered any more.
+    pub fn reset(&self) {
+        let mut j = lock(&self.inner);
+        j.seq += 1;
+        j.floor = j.seq;
+        j.entries.clear();
+    }
+
+    /// The current position, and the route objects recorded after `since` (each once;
+    /// `None`: not known from here).
+    pub fn since(&self, since: Option<u64>) -> (u64, Option<BTreeSet<RouteKey>>) {
+        let j = lock(&self.inner);
+        let keys = since.filter(|s| *s >= j.floor && *s <= j.seq).map(|s| {
+            j.entries
+                .iter()
+                .rev()
+                .take_while(|e| e.0 > s)
+                .map(|(_, key)| key.clone())
+                .collect()
+        });
+        (j.seq, keys)
+    }
 }
 
 impl Stores {
     /// A consistent-enough view of every store: each list is one store read. Secrets and
     /// ConfigMaps are filtered to those something references.
     pub fn snapshot(&self) -> Snapshot {
+        self.snapshot_since(None)
+    }
+
+    /// [`Stores::snapshot`], with the route objects changed since journal position `since`
+    /// (that of an earlier snapshot) when the journal still knows them.
+    pub fn snapshot_since(&self, since: Option<u64>) -> Snapshot {
+        // The journal before the stores: whatever it lists up to `at` is in them already.
+        let (at, keys) = self.route_journal.since(since);
         let mut s = Snapshot {
             ingress_classes: self.ingress_classes.state(),
             ingresses: self.ingresses.state(),
@@ -247,7 +326,24 @@ impl Stores {
             secrets: Vec::new(),
             config_maps: Vec::new(),
             namespaces: self.namespaces.state(),
+            routes_at: Some(at),
+            routes_changed: None,
         };
+        s.routes_changed = since.zip(keys).map(|(since, keys)| RouteChanges {
+            since,
+            routes: keys
+                .into_iter()
+                .map(|(kind, namespace, name)| {
+                    let object = self.route(kind, &namespace, &name);
+                    ChangedRoute {
+                        kind,
+                        namespace,
+                        name,
+                        object,
+                    }
+                })
+                .collect(),
+        });
         let mut refs = References::of(&s);
         refs.secrets.extend(self.default_certificate_secret.clone());
         s.secrets = self
@@ -261,6 +357,20 @@ impl Stores {
             .config_maps
             .state_filter(|o| refs.config_maps.contains(&key(o)));
         s
+    }
+}
+
+impl Stores {
+    /// The route object `kind` `namespace/name` in the stores.
+    fn route(&self, kind: &str, namespace: &str, name: &str) -> Option<RouteObject> {
+        match kind {
+            "HTTPRoute" => self.http_routes.get(namespace, name).map(RouteObject::Http),
+            "GRPCRoute" => self.grpc_routes.get(namespace, name).map(RouteObject::Grpc),
+            "TLSRoute" => self.tls_routes.get(namespace, name).map(RouteObject::Tls),
+            "TCPRoute" => self.tcp_routes.get(namespace, name).map(RouteObject::Tcp),
+            "UDPRoute" => self.udp_routes.get(namespace, name).map(RouteObject::Udp),
+            _ => None,
+        }
     }
 }
 
@@ -443,6 +553,15 @@ impl Activity {
         Self::lock(&self.first).take()
     }
 
+    /// Events passed on to a reconcile so far, of every kind but `except`.
+    pub fn passed_except(&self, except: &[&str]) -> u64 {
+        Self::lock(&self.events)
+            .iter()
+            .filter(|((kind, passed), _)| *passed && !except.contains(kind))
+            .map(|(_, n)| *n)
+            .sum()
+    }
+
     /// Events so far: (kind, passed on to a reconcile) → count.
     pub fn events(&self) -> BTreeMap<(&'static str, bool), u64> {
         Self::lock(&self.events).clone()
@@ -472,8 +591,10 @@ impl Watches {
         let (tx, changes) = watch::channel(0u64);
         let tx = Arc::new(tx);
         let activity = Arc::new(Activity::default());
+        let journal = Arc::new(RouteJournal::default());
         let mut w = Starter {
             activity: activity.clone(),
+            journal: journal.clone(),
             client,
             namespaces: options.namespaces.clone(),
             served,
@@ -504,6 +625,7 @@ impl Watches {
             config_maps: w.namespaced(watcher::Config::default()),
             namespaces: w.cluster(watcher::Config::default()),
             default_certificate_secret: options.default_certificate_secret.clone(),
+            route_journal: journal,
         };
         if let Some((ns, name)) = &options.dataplane_service {
             if !options.namespaces.is_empty() && !options.namespaces.contains(ns) {
@@ -710,6 +832,7 @@ impl ServedResources {
 
 struct Starter {
     activity: Arc<Activity>,
+    journal: Arc<RouteJournal>,
     client: Client,
     namespaces: Vec<String>,
     served: ServedResources,
@@ -857,9 +980,21 @@ impl Starter {
                 std::future::ready(pass)
             })
             .reflect(writer);
+        // Route kinds are journalled (after the reflector applied the event to the store).
+        let journal = ROUTE_KINDS.contains(&kind).then(|| self.journal.clone());
         lock(&self.tasks).push(tokio::spawn(async move {
             let mut stream = std::pin::pin!(stream);
             while let Some(event) = stream.next().await {
+                if let (Some(j), Ok(e)) = (&journal, &event) {
+                    match e {
+                        watcher::Event::Apply(o) | watcher::Event::Delete(o) => {
+                            let (ns, name) = key(o);
+                            j.record(kind, ns, name);
+                        }
+                        watcher::Event::Init | watcher::Event::InitDone => j.reset(),
+                        watcher::Event::InitApply(_) => {}
+                    }
+                }
                 match event {
                     Ok(watcher::Event::Init) | Ok(watcher::Event::InitApply(_)) => {}
                     Ok(_) => {
@@ -1147,5 +1282,41 @@ spec:
         assert_eq!(r.secrets.len(), 1);
         assert!(r.config_maps.contains(&("ns".into(), "pages".into())));
         assert_eq!(r.config_maps.len(), 1);
+    }
+
+    #[test]
+    fn route_journal_lists_what_came_after_a_position_and_refuses_what_it_lost() {
+        let j = RouteJournal::default();
+        let (start, all) = j.since(None);
+        assert!(all.is_none(), "no position: unknown");
+        j.record("HTTPRoute", "a".into(), "r1".into());
+        j.record("HTTPRoute", "a".into(), "r2".into());
+        j.record("HTTPRoute", "a".into(), "r1".into());
+        let (at, keys) = j.since(Some(start));
+        let keys = keys.expect("answered");
+        assert_eq!(
+            keys.into_iter().collect::<Vec<_>>(),
+            vec![
+                ("HTTPRoute", "a".to_string(), "r1".to_string()),
+                ("HTTPRoute", "a".to_string(), "r2".to_string())
+            ],
+            "each route once"
+        );
+        assert_eq!(j.since(Some(at)).1, Some(BTreeSet::new()), "nothing since");
+        assert_eq!(j.since(Some(at + 1)).1, None, "a position it never gave");
+        // A relist: no earlier position is answered.
+        j.reset();
+        assert_eq!(j.since(Some(at)).1, None);
+        let (after, _) = j.since(None);
+        j.record("GRPCRoute", "b".into(), "g".into());
+        assert_eq!(j.since(Some(after)).1.map(|k| k.len()), Some(1));
+        // Bounded: positions older than the entries kept are not answered.
+        for i in 0..JOURNAL_MAX + 1 {
+            j.record("HTTPRoute", "a".into(), format!("x{i}"));
+        }
+        assert_eq!(j.since(Some(after)).1, None);
+        let (now, _) = j.since(None);
+        assert_eq!(j.since(Some(now - 10)).1.map(|k| k.len()), Some(10));
+        assert!(lock(&j.inner).entries.len() <= JOURNAL_MAX);
     }
 }

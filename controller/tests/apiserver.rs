@@ -2186,7 +2186,7 @@ async fn run_loop_leads_reconciles_on_changes_and_releases() {
     wait_for("the new Service is counted", || async {
         metrics
             .render()
-            .contains("sweety_controller_objects{kind=\"Service\"} 1\n")
+            .contains("sweety_controller_snapshot_objects{kind=\"Service\"} 1\n")
             .then_some(())
     })
     .await;

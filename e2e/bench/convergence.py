@@ -13,12 +13,17 @@ start in any figure) and keep-alive HTTP/1.1 to the Gateway's address:
    at a time, on routes the background load does not use, while a separate process sends
    RPS requests/s to up to 50 other routes; per change, from the PATCH response to the first
    response that shows the change; failed requests (non-200 or connection errors) of the
-   background load and of the pollers during the changes;
+   background load and of the pollers during the changes. The changes and their polls run in
+   a process of their own (started fresh, one thread: no GIL shared with the background load,
+   the route creators or the status watch), with a raw-socket HTTP/1.1 client (one prebuilt
+   request, no http.client parsing), at most --poll-gap-ms (0.5) between two polls; the
+   poller's own request time (send → whole response) is reported beside the figures;
 3. controller and dataplane RSS (VmRSS, VmHWM) of the processes run from IMAGE_DIR;
 4. where a change's time goes (with --metrics, the controller's /metrics URL): the controller's
    histograms over the change phase only (their difference before and after it): watch event →
    dataplane Ack, translate, reconcile, submit → Ack, as bucket upper bounds at p50/p99, and the
-   reconciles by cause and watch events by kind in that phase; beside them the poller's own
+   reconciles by cause, watch events by kind, per-Gateway Service syncs, status writes and
+   full translations in that phase; beside them the poller's own
    request time (the floor of every change figure). The rest of a change's time is the API
    server's watch delivery and the poll that shows the change.
 
@@ -27,12 +32,14 @@ Every loop is bounded in count and time. Prints one JSON line and one markdown r
 
 import argparse
 import base64
+import gc
 import http.client
 import json
 import multiprocessing
 import os
 import random
 import re
+import socket
 import ssl
 import statistics
 import sys
@@ -181,7 +188,128 @@ def background(addr, hosts, rps, stop, counts, limit_s):
         else:
             failed += 1
         i += 1
-    counts["ok"], counts["failed"] = ok, failed
+    counts.put({"ok": ok, "failed": failed})
+
+
+class RawHttp:
+    """A minimal keep-alive HTTP/1.1 GET client on one socket (the poller): the request is
+    prebuilt bytes, the answer read with Content-Length or chunked framing, at most MAX bytes."""
+
+    MAX = 1 << 20
+
+    def __init__(self, addr, port=80, timeout=2.0):
+        self.addr, self.port, self.timeout = addr, port, timeout
+        self.sock = None
+        self.buf = b""
+
+    def close(self):
+        if self.sock is not None:
+            self.sock.close()
+        self.sock, self.buf = None, b""
+
+    def _fill(self):
+        chunk = self.sock.recv(65536)
+        if not chunk:
+            raise OSError("connection closed by the server")
+        self.buf += chunk
+        if len(self.buf) > self.MAX:
+            raise OSError("answer too large")
+
+    def _until(self, sep):
+        while True:
+            i = self.buf.find(sep)
+            if i >= 0:
+                out, self.buf = self.buf[:i], self.buf[i + len(sep):]
+                return out
+            self._fill()
+
+    def _take(self, n):
+        while len(self.buf) < n:
+            self._fill()
+        out, self.buf = self.buf[:n], self.buf[n:]
+        return out
+
+    def get(self, request):
+        """(status, body) or (None, error) for one prebuilt request."""
+        try:
+            if self.sock is None:
+                self.sock = socket.create_connection((self.addr, self.port), timeout=self.timeout)
+                self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.sock.sendall(request)
+            head = self._until(b"\r\n\r\n").decode("latin-1").split("\r\n")
+            status = int(head[0].split(" ", 2)[1])
+            fields = {}
+            for line in head[1:]:
+                k, _, v = line.partition(":")
+                fields[k.strip().lower()] = v.strip().lower()
+            if "content-length" in fields:
+                body = self._take(int(fields["content-length"]))
+            elif fields.get("transfer-encoding") == "chunked":
+                parts = []
+                for _ in range(10000):
+                    size = int(self._until(b"\r\n").split(b";")[0], 16)
+                    if size == 0:
+                        self._until(b"\r\n")
+                        break
+                    parts.append(self._take(size))
+                    self._take(2)
+                body = b"".join(parts)
+            else:
+                raise OSError("answer without a length")
+            if fields.get("connection") == "close":
+                self.close()
+            return status, body
+        except (OSError, ValueError, IndexError) as e:
+            self.close()
+            return None, str(e).encode()
+
+
+def changer(server, token, ca, ns, gateway, candidates, changes, seconds, gap_s, out):
+    """The change phase's own process: M PATCHes, each followed by polls (one raw-socket client,
+    nothing else in this process) until the change shows, at most 10 s and 20,000 polls per
+    change and `seconds` in all. Puts (latencies ms, poll request times ms, failed polls,
+    timeouts) on `out`."""
+    gc.disable()  # bounded: a few lists of floats
+    end = time.monotonic() + seconds
+    api = Api(server, token, ca)
+    dp = RawHttp(gateway)
+    rng = random.Random(7)
+    lat, poll_ms, poll_failed, timeouts = [], [], 0, 0
+    for j in range(changes):
+        if time.monotonic() > end:
+            break
+        k = rng.choice(candidates)
+        value = f"c{j}"
+        patch = {"spec": route(k, ns, value)["spec"]}
+        request = (f"GET /bench HTTP/1.1\r\nHost: r{k}.bench.example\r\n\r\n").encode()
+        marker = re.compile(rb'x-bench-change"\s*:\s*\[\s*"' + value.encode() + rb'"', re.I)
+        s, body = api.request("PATCH", f"{GROUP}/namespaces/{ns}/httproutes/r{k}", patch,
+                              ctype="application/merge-patch+json")
+        t0 = time.monotonic()
+        if s != 200:
+            out.put(("error", f"patch r{k}: {s} {str(body)[:200]}"))
+            return
+        shown = None
+        for _ in range(20000):
+            t_get = time.monotonic()
+            if t_get - t0 > 10:
+                break
+            s, body = dp.get(request)
+            t_done = time.monotonic()
+            poll_ms.append((t_done - t_get) * 1000)
+            if s != 200:
+                poll_failed += 1
+            elif marker.search(body):
+                shown = t_done
+                break
+            if gap_s > 0:
+                time.sleep(gap_s)
+        if shown is None:
+            timeouts += 1
+        else:
+            lat.append((shown - t0) * 1000)
+        time.sleep(0.05)
+    out.put(("ok", lat, poll_ms, poll_failed, timeouts))
 
 
 def rss(image_dir):
@@ -261,6 +389,12 @@ def phase(before, after):
                                   if k.startswith("sweety_controller_reconciles_total{") and v}
     res["watch_events"] = {k[k.index("{"):]: int(v) for k, v in d.items()
                            if k.startswith("sweety_controller_watch_events_total{") and v}
+    # Counts per phase: API work the controller did besides the pushes.
+    for short, name in (("gateway_service_syncs", "sweety_controller_gateway_service_syncs_total"),
+                        ("status_writes", "sweety_controller_status_writes_total"),
+                        ("full_translates", "sweety_controller_full_translates_total")):
+        if name in after:
+            res[short] = int(d.get(name, 0))
     return res
 
 
@@ -283,6 +417,8 @@ def main():
     ap.add_argument("--threads", type=int, default=8)
     ap.add_argument("--deadline", type=float, default=900, help="seconds for the whole run")
     ap.add_argument("--metrics", default="", help="the controller's /metrics URL (where the time goes)")
+    ap.add_argument("--poll-gap-ms", type=float, default=0.5,
+                    help="pause between two polls of a change (ms; at most ~1)")
     a = ap.parse_args()
     start = time.monotonic()
     deadline = start + a.deadline
@@ -342,45 +478,37 @@ def main():
     # -------------------------------------------------------------- 2. changes under load
     bg_hosts = [f"r{i}.bench.example" for i in range(min(n, 50))]
     candidates = list(range(50, n)) if n > 50 else list(range(n))
-    stop = multiprocessing.Event()
-    counts = multiprocessing.Manager().dict()
-    bg = multiprocessing.Process(target=background,
-                                 args=(a.gateway, bg_hosts, a.rps, stop, counts,
-                                       max(1.0, deadline - time.monotonic())))
+    # Fresh processes (spawn): the background load and the changes each have their own
+    # interpreter; this one only waits (the status watch may still run here).
+    ctx = multiprocessing.get_context("spawn")
+    stop, counts = ctx.Event(), ctx.Queue()
+    bg = ctx.Process(target=background,
+                     args=(a.gateway, bg_hosts, a.rps, stop, counts,
+                           max(1.0, deadline - time.monotonic())))
     bg.start()
     time.sleep(1.0)
-    lat, poll_failed, timeouts, poll_ms = [], 0, 0, []
     metrics_before = scrape(a.metrics)
-    rng = random.Random(7)
-    for j in range(a.changes):
-        if time.monotonic() > deadline:
-            break
-        k = rng.choice(candidates)
-        value = f"c{j}"
-        patch = {"spec": route(k, a.ns, value)["spec"]}
-        s, body = api.request("PATCH", f"{GROUP}/namespaces/{a.ns}/httproutes/r{k}", patch,
-                              ctype="application/merge-patch+json")
-        t0 = time.monotonic()
-        if s != 200:
-            sys.exit(f"patch r{k}: {s} {str(body)[:200]}")
-        want = re.compile(r'x-bench-change"\s*:\s*\[\s*"' + value + '"', re.I)
-        shown = None
-        while time.monotonic() - t0 < 10:
-            t_get = time.monotonic()
-            s, body = dp.get(f"r{k}.bench.example")
-            poll_ms.append((time.monotonic() - t_get) * 1000)
-            if s != 200:
-                poll_failed += 1
-            elif want.search(body.decode("utf-8", "replace")):
-                shown = time.monotonic()
-                break
-        if shown is None:
-            timeouts += 1
-        else:
-            lat.append((shown - t0) * 1000)
-        time.sleep(0.05)
+    results = ctx.Queue()
+    budget = max(1.0, deadline - time.monotonic())
+    ch = ctx.Process(target=changer,
+                     args=(server, token, ca, a.ns, a.gateway, candidates, a.changes, budget,
+                           a.poll_gap_ms / 1000, results))
+    ch.start()
+    try:
+        got = results.get(timeout=budget + 30)
+    except Exception:  # queue.Empty: the changer died or hung
+        got = ("error", "the change process gave no result")
+    ch.join(30)
+    if got[0] != "ok":
+        stop.set()
+        sys.exit(got[1])
+    _, lat, poll_ms, poll_failed, timeouts = got
     breakdown = phase(metrics_before, scrape(a.metrics)) if a.metrics else {}
     stop.set()
+    try:
+        bg_counts = counts.get(timeout=30)
+    except Exception:
+        bg_counts = {}
     bg.join(30)
     mem = rss(a.image_dir)
 
@@ -396,8 +524,8 @@ def main():
         "change_p50_ms": round(statistics.median(lat), 1) if lat else None,
         "change_p99_ms": round(pct(lat, 99), 1) if lat else None,
         "change_max_ms": round(max(lat), 1) if lat else None,
-        "failed_requests": poll_failed + counts.get("failed", 0),
-        "background_ok": counts.get("ok", 0),
+        "failed_requests": poll_failed + bg_counts.get("failed", 0),
+        "background_ok": bg_counts.get("ok", 0),
         "rss_kb": mem,
         "poll_request_ms_p50_p99": [round(statistics.median(poll_ms), 2), round(pct(poll_ms, 99), 2)]
         if poll_ms else None,

@@ -75,6 +75,8 @@ pub struct TranslateCache {
     front_translates: u64,
     /// The statuses [`super::proxy_settings::settings`] gave last time (with `vhosts`).
     setting_statuses: Vec<(ObjectKey, ObjectStatus)>,
+    /// Route objects the last call looked at (see [`TranslateCache::visited`]).
+    visited: usize,
 }
 
 /// The route objects, Ingresses, IngressClasses and SweetySites the per-virtual-host memo
@@ -185,6 +187,13 @@ impl TranslateCache {
     /// Why the per-virtual-host memo does not serve the last snapshot (None: it does).
     pub fn unsupported(&self) -> Option<gateway::vhost_cache::Unsupported> {
         self.unsupported.as_ref().map(|(u, _)| *u)
+    }
+
+    /// How many route objects the last call looked at: with the per-virtual-host memo and the
+    /// snapshot's [`super::RouteChanges`] continuing from the last call, those it lists;
+    /// otherwise every route of the snapshot.
+    pub fn visited(&self) -> usize {
+        self.visited
     }
 
     /// How many calls so far translated the Ingresses and SweetySites (with the
@@ -306,6 +315,7 @@ impl TranslateCache {
             replayed: memo.reused,
             translated: memo.translated,
         };
+        self.visited = memo.visited;
         // A first sync assembles everything: the front's items and statuses all count as new.
         let prev_front = std::mem::take(&mut self.front);
         let prev_front = if first {
@@ -408,6 +418,7 @@ impl TranslateCache {
                 + snapshot.tcp_routes.len()
                 + snapshot.udp_routes.len(),
         };
+        self.visited = self.stats.translated;
         let config = match &self.out {
             Some(prev) => ConfigItems::from_config_reusing(out.config, &prev.config),
             None => ConfigItems::from_config(out.config),
@@ -745,6 +756,8 @@ fn world(s: &Snapshot) -> (Vec<Vec<usize>>, Snapshot) {
         secrets: s.secrets.clone(),
         config_maps: s.config_maps.clone(),
         namespaces: s.namespaces.clone(),
+        routes_at: None,
+        routes_changed: None,
     };
     let a = vec![
         addrs(&s.gateway_classes),
@@ -776,6 +789,7 @@ pub fn translate_incremental(
 mod tests {
     use super::super::translate;
     use super::*;
+    use crate::translate::RouteChanges;
     use std::path::{Path, PathBuf};
 
     fn goldens() -> Vec<(PathBuf, Snapshot, Params)> {
@@ -836,6 +850,25 @@ mod tests {
             + s.tls_routes.len()
             + s.tcp_routes.len()
             + s.udp_routes.len()
+    }
+
+    /// `next` as the watch layer gives it after `prev`: its route lists one journal position
+    /// further, with the route objects changed since `prev` listed. At `step`s where
+    /// `step % 7 == 3` no list is given, and where `step % 11 == 5` the list starts at a
+    /// position the cache did not see (a gap in the journal) and lists nothing: both must
+    /// compare every route (the output differs from `translate` if the gap's list is used).
+    fn journalled(prev: &Snapshot, next: &Snapshot, step: usize) -> Snapshot {
+        let mut j = next.clone();
+        let at = prev.routes_at.unwrap_or_default() + 2;
+        let mut changes = RouteChanges::between(prev, next);
+        if step % 11 == 5 {
+            // Lists only what came after a position the cache never saw: here nothing.
+            changes.since += 1;
+            changes.routes.clear();
+        }
+        j.routes_at = Some(at);
+        j.routes_changed = (step % 7 != 3).then_some(changes);
+        j
     }
 
     /// xorshift64*: deterministic edit sequences without a dependency.
@@ -1273,6 +1306,7 @@ mod tests {
         assert!(cases.len() >= 60, "golden inputs: {}", cases.len());
         let total = cases.len();
         let (mut replayed_total, mut edit_replays, mut vhost_memo) = (0, 0, 0);
+        let mut listed_steps = 0;
         let mut counts = EditCounts::new();
         for (n, (path, snapshot, params)) in cases.into_iter().enumerate() {
             let name = path.file_name().unwrap().to_string_lossy().to_string();
@@ -1326,13 +1360,20 @@ mod tests {
             let mut removed = Removed::default();
             let mut done = Vec::new();
             let mut prev = Some(cache.update(&s, &params).statuses.clone());
+            let mut last = s.clone();
             for step in 0..40 {
                 let what = edit(&mut rng, &mut s, &mut removed);
                 *counts.entry(what).or_default() += 1;
                 done.push(what);
                 let at = format!("{name}: step {step}");
-                let incremental = checked(&s, &params, &mut cache, &mut prev, &at);
+                // Through the journal's lists (and, some steps, without them).
+                let j = journalled(&last, &s, step);
+                let incremental = checked(&j, &params, &mut cache, &mut prev, &at);
                 edit_replays += cache.stats().replayed;
+                if memo && cache.vhosts.is_some() && cache.visited() < route_count(&s) {
+                    listed_steps += 1;
+                }
+                last = j;
                 let full = translate(&s, &params);
                 assert!(
                     incremental == full,
@@ -1352,6 +1393,11 @@ mod tests {
         assert!(
             edit_replays >= 500,
             "replays during edit sequences: {edit_replays}"
+        );
+        // Most edit steps looked only at the routes the journal listed.
+        assert!(
+            listed_steps >= 1000,
+            "steps that looked at the listed routes only: {listed_steps}"
         );
         // Both paths were compared: most goldens use the per-virtual-host memo, those with a
         // backend client certificate (and the like) plain translation.
@@ -1413,6 +1459,7 @@ spec:\n  parentRefs: [{{name: gw}}]\n  hostnames: [h{}.example.com]\n  rules: [{
         let mut done = Vec::new();
         let mut counts = EditCounts::new();
         let mut prev = Some(cache.update(&s, &params).statuses.clone());
+        let mut last = s.clone();
         for step in 0..80 {
             // Every third edit is one of the Ingresses.
             let what = if step % 3 == 0 {
@@ -1422,7 +1469,9 @@ spec:\n  parentRefs: [{{name: gw}}]\n  hostnames: [h{}.example.com]\n  rules: [{
             };
             *counts.entry(what).or_default() += 1;
             done.push(what);
-            let incremental = checked(&s, &params, &mut cache, &mut prev, &format!("step {step}"));
+            let j = journalled(&last, &s, step);
+            let incremental = checked(&j, &params, &mut cache, &mut prev, &format!("step {step}"));
+            last = j;
             assert!(
                 incremental == translate(&s, &params),
                 "step {step}, after {done:?}: incremental output differs"
@@ -1988,6 +2037,155 @@ spec:\n  ingressClassName: sweety\n  rules:\n  - host: ing.example.com\n    http
         );
         assert_eq!(cache.front_translates(), 3);
         assert_eq!(cache.full_translates(), 1);
+    }
+
+    /// A Gateway, a Service with one endpoint, and `n` HTTPRoutes to it, one hostname each
+    /// (the convergence benchmark's shape).
+    fn many_routes(n: usize) -> Snapshot {
+        let y = "apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {name: sweety}\nspec: {controllerName: sweety.dev/gateway-controller}\n---\n\
+apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: bench, namespace: b}\n\
+spec:\n  gatewayClassName: sweety\n  listeners: [{name: http, port: 80, protocol: HTTP}]\n---\n\
+apiVersion: v1\nkind: Service\nmetadata: {name: echo, namespace: b}\nspec: {ports: [{name: http, port: 8080, targetPort: 3000}]}\n---\n\
+apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: echo-a, namespace: b, labels: {kubernetes.io/service-name: echo}}\n\
+addressType: IPv4\nports: [{name: http, port: 3000}]\nendpoints: [{addresses: [10.0.0.9]}]\n";
+        let (mut s, _) = Snapshot::from_yaml(y).unwrap();
+        for i in 0..n {
+            s.http_routes.push(Arc::new(bench_route(i, None)));
+        }
+        s.routes_at = Some(1);
+        s
+    }
+
+    fn bench_route(i: usize, header: Option<&str>) -> sweety_gateway_api::httproutes::HttpRoute {
+        let mut rule = serde_json::json!({"backendRefs": [{"name": "echo", "port": 8080}]});
+        if let Some(h) = header {
+            rule["filters"] = serde_json::json!([{"type": "RequestHeaderModifier",
+                "requestHeaderModifier": {"set": [{"name": "x-bench-change", "value": h}]}}]);
+        }
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+            "metadata": {"name": format!("r{i}"), "namespace": "b", "generation": 1,
+                         "creationTimestamp": "2026-01-01T00:00:00Z"},
+            "spec": {"parentRefs": [{"name": "bench"}],
+                     "hostnames": [format!("r{i}.bench.example")], "rules": [rule]},
+        }))
+        .unwrap()
+    }
+
+    /// `s` with route `k` changed (its header filter set to `value`), one journal position
+    /// further, with (`listed`) or without the journal's list of that one route.
+    fn one_change(s: &Snapshot, k: usize, value: &str, listed: bool) -> Snapshot {
+        let mut next = s.clone();
+        next.http_routes[k] = Arc::new(bench_route(k, Some(value)));
+        let at = s.routes_at.unwrap_or_default();
+        next.routes_at = Some(at + 1);
+        next.routes_changed = listed.then(|| RouteChanges {
+            since: at,
+            routes: vec![crate::translate::ChangedRoute {
+                kind: "HTTPRoute",
+                namespace: "b".into(),
+                name: format!("r{k}"),
+                object: Some(crate::translate::RouteObject::Http(
+                    next.http_routes[k].clone(),
+                )),
+            }],
+        });
+        next
+    }
+
+    #[test]
+    fn one_route_change_visits_only_the_listed_route_at_5000_routes() {
+        // The watch layer's journal lists the one changed route: the memo looks at it only,
+        // not at the 5,000 routes (fails if the sync goes back to a pass over every route).
+        let n = 5000;
+        let params = Params::default();
+        let mut cache = TranslateCache::default();
+        let s0 = many_routes(n);
+        cache.update(&s0, &params);
+        assert_eq!(cache.visited(), n, "the first call compares every route");
+        let s1 = one_change(&s0, 1234, "c1", true);
+        let out = cache.update(&s1, &params).to_output();
+        assert_eq!(
+            (cache.visited(), cache.stats()),
+            (
+                1,
+                CacheStats {
+                    replayed: n - 1,
+                    translated: 1
+                }
+            )
+        );
+        assert_eq!(cache.full_translates(), 1);
+        let vh = out
+            .config
+            .virtual_hosts
+            .iter()
+            .find(|v| v.hostnames.iter().any(|h| h == "r1234.bench.example"))
+            .expect("the changed route's virtual host");
+        assert!(
+            serde_json::to_string(vh).unwrap().contains("c1"),
+            "the change is in the output: {vh:?}"
+        );
+        assert_eq!(out, translate(&s1, &params), "listed sync = translate");
+        // Without the list (or with a list from a position the cache did not see), every
+        // route is compared, and the result is the same.
+        let s2 = one_change(&s1, 77, "c2", false);
+        cache.update(&s2, &params);
+        assert_eq!(cache.visited(), n);
+        let mut s3 = one_change(&s2, 78, "c3", true);
+        s3.routes_changed.as_mut().unwrap().since = 0;
+        let out = cache.update(&s3, &params).to_output();
+        assert_eq!((cache.visited(), cache.stats().translated), (n, 1));
+        assert_eq!(out, translate(&s3, &params));
+        // A route deleted, listed: taken out without a pass.
+        let mut s4 = s3.clone();
+        s4.http_routes.remove(10);
+        s4.routes_at = Some(s3.routes_at.unwrap() + 1);
+        s4.routes_changed = Some(RouteChanges::between(&s3, &s4));
+        let out = cache.update(&s4, &params).to_output();
+        assert_eq!(cache.visited(), 1);
+        assert_eq!(out, translate(&s4, &params));
+    }
+
+    /// Per-change work of the translate cache at 5,000 routes, for callgrind (instructions,
+    /// a count that does not depend on the machine's load):
+    /// `SWEETY_BENCH_LISTED=0|1 valgrind --tool=callgrind --collect-atstart=no
+    /// --toggle-collect='*bench_changes*' TESTBINARY --ignored --exact
+    /// translate::cache::tests::bench_one_change_at_5000_routes`; the Ir of the window / 20
+    /// is one change's. Prints the routes visited per change.
+    #[test]
+    #[ignore]
+    fn bench_one_change_at_5000_routes() {
+        let listed = std::env::var("SWEETY_BENCH_LISTED").map_or(true, |v| v != "0");
+        let params = Params::default();
+        let mut cache = TranslateCache::default();
+        let s = many_routes(5000);
+        cache.update(&s, &params);
+        // The snapshots are made before the window: only the translate cache's work is in it.
+        let mut snapshots = Vec::new();
+        let mut last = s;
+        for j in 0..20 {
+            let next = one_change(&last, 50 + j * 97, &format!("c{j}"), listed);
+            snapshots.push(next.clone());
+            last = next;
+        }
+        let visited = bench_changes(&mut cache, &snapshots, &params);
+        println!("listed={listed}: routes visited per change {visited:?}");
+    }
+
+    #[inline(never)]
+    fn bench_changes(
+        cache: &mut TranslateCache,
+        snapshots: &[Snapshot],
+        params: &Params,
+    ) -> Vec<usize> {
+        snapshots
+            .iter()
+            .map(|s| {
+                cache.update(s, params);
+                cache.visited()
+            })
+            .collect()
     }
 }
 

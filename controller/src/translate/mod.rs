@@ -30,7 +30,7 @@ mod golden_tests;
 use backends::{Backends, ServiceIndex};
 pub use cache::{translate_incremental, CacheStats, StatusChanges, TranslateCache, Translation};
 use serde::{Deserialize, Serialize};
-pub use snapshot::Snapshot;
+pub use snapshot::{ChangedRoute, RouteChanges, RouteObject, Snapshot};
 
 /// The world `examples/scale.rs` measures: one GatewayClass and Gateway, `services` Services
 /// with an EndpointSlice each, and `routes` HTTPRoutes of two rules on their own hostnames. Kept

@@ -57,6 +57,110 @@ pub struct Snapshot {
     pub config_maps: Vec<Arc<ConfigMap>>,
     /// Namespaces (labels drive Gateway `allowedRoutes` namespace selectors).
     pub namespaces: Vec<Arc<Namespace>>,
+    /// Where the route lists stand in the watch layer's journal of route changes (`None`:
+    /// unknown, as for golden inputs).
+    pub routes_at: Option<u64>,
+    /// The route objects that changed since an earlier journal position (`None`: unknown).
+    /// With it, the translate cache visits only these routes, not every route of the lists
+    /// (see [`RouteChanges`]).
+    pub routes_changed: Option<RouteChanges>,
+}
+
+/// The route objects that may differ between the snapshot at journal position `since` and
+/// this one ([`Snapshot::routes_at`]), each with its object in this snapshot (`None`: gone).
+/// A route object that differs must be listed; a listed one may be unchanged. The watch
+/// layer fills it from its journal; [`RouteChanges::between`] computes it by comparison.
+#[derive(Clone, Debug, Default)]
+pub struct RouteChanges {
+    /// The journal position of the earlier snapshot.
+    pub since: u64,
+    /// The route objects that may have changed, each listed once.
+    pub routes: Vec<ChangedRoute>,
+}
+
+/// One route object of [`RouteChanges`].
+#[derive(Clone, Debug)]
+pub struct ChangedRoute {
+    /// `HTTPRoute`, `GRPCRoute`, `TLSRoute`, `TCPRoute` or `UDPRoute`.
+    pub kind: &'static str,
+    /// Its namespace.
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+    /// The object in this snapshot; `None` when it is gone.
+    pub object: Option<RouteObject>,
+}
+
+/// A route object of one of the route kinds.
+#[derive(Clone, Debug)]
+pub enum RouteObject {
+    /// An HTTPRoute.
+    Http(Arc<gw::httproutes::HttpRoute>),
+    /// A GRPCRoute.
+    Grpc(Arc<gw::grpcroutes::GrpcRoute>),
+    /// A TLSRoute.
+    Tls(Arc<gw::tlsroutes::TlsRoute>),
+    /// A TCPRoute.
+    Tcp(Arc<gw::tcproutes::TcpRoute>),
+    /// A UDPRoute.
+    Udp(Arc<gw::udproutes::UdpRoute>),
+}
+
+impl RouteChanges {
+    /// The route objects of `next` that are not those of `prev` (by `Arc` identity), and
+    /// those of `prev` gone from `next`: what the watch layer's journal lists between two
+    /// snapshots, computed by comparing every route (tests and tools).
+    pub fn between(prev: &Snapshot, next: &Snapshot) -> RouteChanges {
+        use std::collections::BTreeMap;
+        type Key = (&'static str, String, String);
+        let mut before: BTreeMap<Key, usize> = BTreeMap::new();
+        let mut routes = Vec::new();
+        macro_rules! diff {
+            ($list:ident, $kind:literal, $variant:ident) => {
+                for r in &prev.$list {
+                    before.insert(key($kind, &r.metadata), Arc::as_ptr(r) as usize);
+                }
+                for r in &next.$list {
+                    let k = key($kind, &r.metadata);
+                    if before.remove(&k) != Some(Arc::as_ptr(r) as usize) {
+                        routes.push(ChangedRoute {
+                            kind: $kind,
+                            namespace: k.1,
+                            name: k.2,
+                            object: Some(RouteObject::$variant(r.clone())),
+                        });
+                    }
+                }
+            };
+        }
+        fn key(
+            kind: &'static str,
+            m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+        ) -> (&'static str, String, String) {
+            (
+                kind,
+                m.namespace.clone().unwrap_or_default(),
+                m.name.clone().unwrap_or_default(),
+            )
+        }
+        diff!(http_routes, "HTTPRoute", Http);
+        diff!(grpc_routes, "GRPCRoute", Grpc);
+        diff!(tls_routes, "TLSRoute", Tls);
+        diff!(tcp_routes, "TCPRoute", Tcp);
+        diff!(udp_routes, "UDPRoute", Udp);
+        for ((kind, namespace, name), _) in before {
+            routes.push(ChangedRoute {
+                kind,
+                namespace,
+                name,
+                object: None,
+            });
+        }
+        RouteChanges {
+            since: prev.routes_at.unwrap_or_default(),
+            routes,
+        }
+    }
 }
 
 #[derive(Deserialize)]

@@ -82,7 +82,7 @@ impl RouteKind {
             RouteKind::Udp => "UDPRoute",
         }
     }
-    fn from_name(kind: &str) -> Option<RouteKind> {
+    pub(super) fn from_name(kind: &str) -> Option<RouteKind> {
         [
             RouteKind::Http,
             RouteKind::Grpc,

@@ -11,7 +11,11 @@
 //! [`VhostMemo::sync`] takes a snapshot of the same world: route objects whose `Arc` it has
 //! not seen are translated, those gone (or whose Services changed) are taken out, and only
 //! the virtual hosts, L4 listeners, Gateway statuses and policy statuses they touched are
-//! emitted again. Emission uses the same functions as `emit::emit` (`place_http`,
+//! emitted again. Which route objects changed it learns from the snapshot's
+//! [`RouteChanges`] when they start where the memo's last sync ended (the watch layer's
+//! journal; [`VhostMemo::visited`] is then the number of routes listed): only those are
+//! looked at. Otherwise (the first sync, a gap in the journal, Services that changed) it
+//! compares every route object of the snapshot with the ones it holds. Emission uses the same functions as `emit::emit` (`place_http`,
 //! `virtual_host`, `l4_listener`, `status`), so the result is what `translate` gives;
 //! `translate_incremental_matches_translate` checks it.
 //!
@@ -26,6 +30,7 @@ use super::listeners::RouteKind;
 use super::routes::{self, Collected, SortKey};
 use super::{policy, World};
 use crate::config_items::Item;
+use crate::translate::snapshot::{RouteChanges, RouteObject};
 use crate::translate::status::{ObjectKey, ObjectStatus};
 use crate::translate::{Builder, GatewayService};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -142,6 +147,22 @@ pub struct VhostMemo {
     pub translated: usize,
     /// Route objects the last sync found unchanged (their output reused).
     pub reused: usize,
+    /// Route objects the last sync looked at: every route of the snapshot, or only those
+    /// its [`RouteChanges`] listed.
+    pub visited: usize,
+    /// The journal position of the snapshot of the last sync ([`crate::translate::Snapshot::routes_at`]).
+    routes_at: Option<u64>,
+}
+
+/// A changed route object's kind, metadata and [`Object`].
+fn parts(o: &RouteObject) -> (RouteKind, &ObjectMeta, Object<'_>) {
+    match o {
+        RouteObject::Http(r) => (RouteKind::Http, &r.metadata, Object::new(r, &r.spec)),
+        RouteObject::Grpc(r) => (RouteKind::Grpc, &r.metadata, Object::new(r, &r.spec)),
+        RouteObject::Tls(r) => (RouteKind::Tls, &r.metadata, Object::new(r, &r.spec)),
+        RouteObject::Tcp(r) => (RouteKind::Tcp, &r.metadata, Object::new(r, &r.spec)),
+        RouteObject::Udp(r) => (RouteKind::Udp, &r.metadata, Object::new(r, &r.spec)),
+    }
 }
 
 /// The route objects of the snapshot that `known` does not know (with `known` marking the
@@ -232,6 +253,8 @@ impl VhostMemo {
             gateway_services: Vec::new(),
             translated: 0,
             reused: 0,
+            visited: 0,
+            routes_at: None,
         })
     }
 
@@ -278,6 +301,31 @@ impl VhostMemo {
                 self.remove(addr, &mut dirty, changes);
             }
         }
+        let s = b.snapshot;
+        // The routes that changed since the last sync, when the snapshot's journal says so
+        // from where that sync ended (Services that changed need every route compared).
+        let listed = s.routes_changed.as_ref().filter(|c| {
+            !first
+                && stale_services.is_none()
+                && s.routes_at.is_some()
+                && self.routes_at == Some(c.since)
+        });
+        self.routes_at = s.routes_at;
+        match listed {
+            Some(c) => self.sync_listed(b, c, &mut dirty, changes)?,
+            None => self.sync_all(b, &mut dirty, changes)?,
+        }
+        self.emit(b, dirty, first, changes);
+        Ok(())
+    }
+
+    /// Compares every route object of the snapshot with those held.
+    fn sync_all(
+        &mut self,
+        b: &mut Builder<'_>,
+        dirty: &mut Dirty,
+        changes: &mut Changes,
+    ) -> Result<(), Unsupported> {
         let epoch = self.epoch;
         let routes = &mut self.routes;
         let (new, seen) = unknown(b, |addr| match routes.get_mut(&addr) {
@@ -288,6 +336,7 @@ impl VhostMemo {
             None => false,
         });
         self.reused = seen;
+        self.visited = seen + new.len();
         // Take out what left before adding what came, so a replaced object's backends are
         // never compared with its successor's.
         let gone: Vec<usize> = self
@@ -297,13 +346,58 @@ impl VhostMemo {
             .map(|(a, _)| *a)
             .collect();
         for addr in gone {
-            self.remove(addr, &mut dirty, changes);
+            self.remove(addr, dirty, changes);
         }
         for (kind, meta, object) in new {
-            self.add(b, kind, meta, object, &mut dirty, changes)?;
+            self.add(b, kind, meta, object, dirty, changes)?;
             self.translated += 1;
         }
-        self.emit(b, dirty, first, changes);
+        Ok(())
+    }
+
+    /// Looks only at the route objects `listed` names: each one held under that name and
+    /// not the listed object is taken out, each listed object not held is added.
+    fn sync_listed(
+        &mut self,
+        b: &mut Builder<'_>,
+        listed: &RouteChanges,
+        dirty: &mut Dirty,
+        changes: &mut Changes,
+    ) -> Result<(), Unsupported> {
+        // Take out first (as `sync_all`), then add.
+        let mut add = Vec::new();
+        for r in &listed.routes {
+            let object = r.object.as_ref().map(parts);
+            let kind = match &object {
+                Some((kind, _, _)) => *kind,
+                None => match RouteKind::from_name(r.kind) {
+                    Some(kind) => kind,
+                    None => continue,
+                },
+            };
+            let held = self
+                .ids
+                .get(&(kind, r.namespace.clone(), r.name.clone()))
+                .copied();
+            let addr = object.as_ref().map(|(_, _, o)| o.addr());
+            if held.is_some() && held == addr {
+                continue;
+            }
+            if let Some(a) = held {
+                self.remove(a, dirty, changes);
+            }
+            add.extend(object);
+        }
+        for (kind, meta, object) in add {
+            if self.routes.contains_key(&object.addr()) {
+                // Listed twice: added already.
+                continue;
+            }
+            self.add(b, kind, meta, object, dirty, changes)?;
+            self.translated += 1;
+        }
+        self.visited = listed.routes.len();
+        self.reused = self.routes.len() - self.translated;
         Ok(())
     }
 
