@@ -1266,13 +1266,32 @@ impl<'a> Validator<'a> {
                 self.err(format!("limits.{field}"), "must be greater than 0");
             }
         }
-        if l.static_read_ahead < crate::MIN_STATIC_READ_AHEAD {
-            let msg = format!(
-                "must be at least {}, got {}",
+        let read_ahead = [
+            (
+                "static_read_ahead",
+                l.static_read_ahead,
                 crate::MIN_STATIC_READ_AHEAD,
-                l.static_read_ahead
-            );
-            self.err("limits.static_read_ahead", msg);
+            ),
+            (
+                "proxy_read_ahead",
+                l.proxy_read_ahead,
+                crate::MIN_PROXY_READ_AHEAD,
+            ),
+        ];
+        let buffers = read_ahead
+            .into_iter()
+            .map(|(f, n, min)| (f, n, min, crate::MAX_READ_AHEAD));
+        let write = (
+            "http2_write_buffer",
+            l.http2_write_buffer,
+            crate::MIN_HTTP2_WRITE_BUFFER,
+            crate::MAX_HTTP2_WRITE_BUFFER,
+        );
+        for (field, n, min, max) in buffers.chain([write]) {
+            if !(min..=max).contains(&n) {
+                let msg = format!("must be between {min} and {max}, got {n}");
+                self.err(format!("limits.{field}"), msg);
+            }
         }
     }
 }
@@ -3164,9 +3183,37 @@ access_log: {enabled: true, path: /var/log/sweety/access.log, buffer_lines: 1024
         expect_one(
             |c| c.limits.static_read_ahead = 16383,
             "limits.static_read_ahead",
-            "must be at least 16384, got 16383",
+            "must be between 16384 and 16777216, got 16383",
         );
         expect_ok(|c| c.limits.static_read_ahead = 16384);
+        expect_one(
+            |c| c.limits.static_read_ahead = 16 * 1024 * 1024 + 1,
+            "limits.static_read_ahead",
+            "must be between 16384 and 16777216, got 16777217",
+        );
+        expect_one(
+            |c| c.limits.proxy_read_ahead = 8191,
+            "limits.proxy_read_ahead",
+            "must be between 8192 and 16777216, got 8191",
+        );
+        expect_ok(|c| c.limits.proxy_read_ahead = 8192);
+        expect_ok(|c| c.limits.proxy_read_ahead = 16 * 1024 * 1024);
+        expect_one(
+            |c| c.limits.http2_write_buffer = 16383,
+            "limits.http2_write_buffer",
+            "must be between 16384 and 1048576, got 16383",
+        );
+        expect_ok(|c| c.limits.http2_write_buffer = 16384);
+        expect_one(
+            |c| c.limits.http2_write_buffer = 1024 * 1024 + 1,
+            "limits.http2_write_buffer",
+            "must be between 16384 and 1048576, got 1048577",
+        );
+        expect_one(
+            |c| c.limits.proxy_read_ahead = u32::MAX,
+            "limits.proxy_read_ahead",
+            "must be between 8192 and 16777216, got 4294967295",
+        );
     }
 
     #[test]
