@@ -193,6 +193,30 @@ pub fn is_default_static_read_ahead(n: &u32) -> bool {
     *n == DEFAULT_STATIC_READ_AHEAD
 }
 
+/// The default `limits.proxy_read_ahead`, bytes (one HTTP/2 DATA frame of the default size).
+pub const DEFAULT_PROXY_READ_AHEAD: u32 = 16 * 1024;
+/// Smallest `limits.proxy_read_ahead` (hyper's smallest HTTP/1.1 read buffer).
+pub const MIN_PROXY_READ_AHEAD: u32 = 8 * 1024;
+/// Largest `limits.proxy_read_ahead`, also the largest `limits.static_read_ahead`.
+pub const MAX_READ_AHEAD: u32 = 16 * 1024 * 1024;
+
+/// The default `limits.http2_write_buffer`, bytes.
+pub const DEFAULT_HTTP2_WRITE_BUFFER: u32 = 32 * 1024;
+/// Smallest `limits.http2_write_buffer` (one DATA frame of the default size).
+pub const MIN_HTTP2_WRITE_BUFFER: u32 = 16 * 1024;
+/// Largest `limits.http2_write_buffer`.
+pub const MAX_HTTP2_WRITE_BUFFER: u32 = 1024 * 1024;
+
+/// True for the default `limits.http2_write_buffer` (left out of serialized configs).
+pub fn is_default_http2_write_buffer(n: &u32) -> bool {
+    *n == DEFAULT_HTTP2_WRITE_BUFFER
+}
+
+/// True for the default `limits.proxy_read_ahead` (left out of serialized configs).
+pub fn is_default_proxy_read_ahead(n: &u32) -> bool {
+    *n == DEFAULT_PROXY_READ_AHEAD
+}
+
 /// True for the default WebSocket idle timeout (left out of serialized configs).
 pub fn is_default_websocket_idle_timeout(d: &Duration) -> bool {
     *d == default_websocket_idle_timeout()

@@ -910,6 +910,14 @@ pub struct BackendTls {
     /// BackendTLSPolicy `wellKnownCACertificates: System`.
     #[serde(default, skip_serializing_if = "is_false")]
     pub well_known_ca: bool,
+    /// The longest chain accepted: the backend's certificate plus intermediates (1: issued by
+    /// a certificate of `ca` directly, as nginx's default `proxy_ssl_verify_depth 1`), at most
+    /// [`crate::MAX_VERIFY_DEPTH`]; needs `ca` or `well_known_ca`. None: no limit of its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verify_depth: Option<u8>,
+    /// Lowest TLS version offered to the backend. None: 1.2 (TLS 1.2 and 1.3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_version: Option<TlsVersion>,
 }
 
 /// Passive outlier ejection.
@@ -1001,6 +1009,18 @@ pub struct Limits {
     /// data. Default 128 KiB (one 128 KiB chunk; HTTP/1.1 reads files in such chunks).
     #[serde(skip_serializing_if = "crate::is_default_static_read_ahead")]
     pub static_read_ahead: u32,
+    /// Bytes of a proxied response one backend connection or stream may read ahead of the
+    /// client (8192 to 16 MiB): an HTTP/1.1 backend connection's read buffer (so also the
+    /// largest response head a backend may send) and an HTTP/2 backend stream's flow-control
+    /// window. A proxied stream holds at most about twice this of its response (one chunk
+    /// being written to the client, one read). Default 16 KiB.
+    #[serde(skip_serializing_if = "crate::is_default_proxy_read_ahead")]
+    pub proxy_read_ahead: u32,
+    /// Bytes of output one HTTP/2 connection (Sweety's engine) buffers before it stops
+    /// taking response data and reading requests (16 KiB to 1 MiB; it holds at most this plus
+    /// one DATA frame, the TLS layer below adds its own 64 KiB). Default 32 KiB.
+    #[serde(skip_serializing_if = "crate::is_default_http2_write_buffer")]
+    pub http2_write_buffer: u32,
 }
 
 /// The HTTP/2 server implementation (`limits.http2_engine`).
@@ -1042,6 +1062,8 @@ impl Default for Limits {
             websocket_idle_timeout: crate::default_websocket_idle_timeout(),
             http2_engine: Http2Engine::default(),
             static_read_ahead: crate::DEFAULT_STATIC_READ_AHEAD,
+            proxy_read_ahead: crate::DEFAULT_PROXY_READ_AHEAD,
+            http2_write_buffer: crate::DEFAULT_HTTP2_WRITE_BUFFER,
         }
     }
 }

@@ -1175,6 +1175,20 @@ impl<'a> Validator<'a> {
                     }
                 }
             }
+            if let Some(d) = tls.verify_depth {
+                if d == 0 || d > MAX_VERIFY_DEPTH {
+                    self.err(
+                        format!("{tpath}.verify_depth"),
+                        format!("must be between 1 and {MAX_VERIFY_DEPTH}"),
+                    );
+                } else if tls.ca.is_none() && !tls.well_known_ca {
+                    self.err(
+                        format!("{tpath}.verify_depth"),
+                        "requires ca or well_known_ca (without them the backend certificate is \
+                         not verified)",
+                    );
+                }
+            }
             match (&tls.client_cert, &tls.client_key) {
                 (Some(cert), Some(key)) => {
                     self.pem(&format!("{tpath}.client_cert"), cert, PemKind::Certificate);
@@ -1252,13 +1266,32 @@ impl<'a> Validator<'a> {
                 self.err(format!("limits.{field}"), "must be greater than 0");
             }
         }
-        if l.static_read_ahead < crate::MIN_STATIC_READ_AHEAD {
-            let msg = format!(
-                "must be at least {}, got {}",
+        let read_ahead = [
+            (
+                "static_read_ahead",
+                l.static_read_ahead,
                 crate::MIN_STATIC_READ_AHEAD,
-                l.static_read_ahead
-            );
-            self.err("limits.static_read_ahead", msg);
+            ),
+            (
+                "proxy_read_ahead",
+                l.proxy_read_ahead,
+                crate::MIN_PROXY_READ_AHEAD,
+            ),
+        ];
+        let buffers = read_ahead
+            .into_iter()
+            .map(|(f, n, min)| (f, n, min, crate::MAX_READ_AHEAD));
+        let write = (
+            "http2_write_buffer",
+            l.http2_write_buffer,
+            crate::MIN_HTTP2_WRITE_BUFFER,
+            crate::MAX_HTTP2_WRITE_BUFFER,
+        );
+        for (field, n, min, max) in buffers.chain([write]) {
+            if !(min..=max).contains(&n) {
+                let msg = format!("must be between {min} and {max}, got {n}");
+                self.err(format!("limits.{field}"), msg);
+            }
         }
     }
 }
@@ -3061,6 +3094,24 @@ access_log: {enabled: true, path: /var/log/sweety/access.log, buffer_lines: 1024
             "backends[1].tls.subject_alt_names[0]",
             "must be lower-case",
         );
+        expect_ok(|c| c.backends[1].tls.as_mut().unwrap().verify_depth = Some(MAX_VERIFY_DEPTH));
+        for bad in [0, MAX_VERIFY_DEPTH + 1] {
+            expect_one(
+                |c| c.backends[1].tls.as_mut().unwrap().verify_depth = Some(bad),
+                "backends[1].tls.verify_depth",
+                "must be between 1 and 8",
+            );
+        }
+        expect_one(
+            |c| {
+                let t = c.backends[1].tls.as_mut().unwrap();
+                t.verify_depth = Some(1);
+                t.ca = None;
+                t.subject_alt_names.clear();
+            },
+            "backends[1].tls.verify_depth",
+            "requires ca or well_known_ca",
+        );
     }
 
     #[test]
@@ -3132,9 +3183,37 @@ access_log: {enabled: true, path: /var/log/sweety/access.log, buffer_lines: 1024
         expect_one(
             |c| c.limits.static_read_ahead = 16383,
             "limits.static_read_ahead",
-            "must be at least 16384, got 16383",
+            "must be between 16384 and 16777216, got 16383",
         );
         expect_ok(|c| c.limits.static_read_ahead = 16384);
+        expect_one(
+            |c| c.limits.static_read_ahead = 16 * 1024 * 1024 + 1,
+            "limits.static_read_ahead",
+            "must be between 16384 and 16777216, got 16777217",
+        );
+        expect_one(
+            |c| c.limits.proxy_read_ahead = 8191,
+            "limits.proxy_read_ahead",
+            "must be between 8192 and 16777216, got 8191",
+        );
+        expect_ok(|c| c.limits.proxy_read_ahead = 8192);
+        expect_ok(|c| c.limits.proxy_read_ahead = 16 * 1024 * 1024);
+        expect_one(
+            |c| c.limits.http2_write_buffer = 16383,
+            "limits.http2_write_buffer",
+            "must be between 16384 and 1048576, got 16383",
+        );
+        expect_ok(|c| c.limits.http2_write_buffer = 16384);
+        expect_one(
+            |c| c.limits.http2_write_buffer = 1024 * 1024 + 1,
+            "limits.http2_write_buffer",
+            "must be between 16384 and 1048576, got 1048577",
+        );
+        expect_one(
+            |c| c.limits.proxy_read_ahead = u32::MAX,
+            "limits.proxy_read_ahead",
+            "must be between 8192 and 16777216, got 4294967295",
+        );
     }
 
     #[test]

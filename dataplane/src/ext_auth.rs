@@ -141,6 +141,9 @@ impl ExtAuthRules {
                 tls,
                 sni: None,
                 external: a.restrict_addresses,
+                // Room for an answer head over the limit to be read whole, then refused
+                // with its size (see `MAX_RESPONSE_HEADER_BYTES`).
+                read_ahead: 4 * MAX_RESPONSE_HEADER_BYTES as u32,
             })
         });
         let (address, path_and_query, host) = match &url {

@@ -110,7 +110,8 @@ impl Snapshot {
             hash: String::new(),
             routes: RouteTable::default(),
             upstreams: Arc::new(
-                Upstreams::build(&[], None, metrics).expect("empty upstreams build"),
+                Upstreams::build(&[], None, metrics, sweety_config::DEFAULT_PROXY_READ_AHEAD)
+                    .expect("empty upstreams build"),
             ),
             listeners: HashMap::default(),
             by_key: HashMap::new(),

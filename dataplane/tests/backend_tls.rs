@@ -1,7 +1,10 @@
 //! Backend TLS (BackendTLSPolicy) against real rustls backends on 127.0.0.1 with rcgen
 //! certificates signed by a test CA: verification by CA bundle, the SNI/hostname check,
 //! subject alternative names (DNS and URI) replacing the hostname check, the well-known public
-//! CAs, and mTLS to a backend that requires a client certificate.
+//! CAs, and mTLS to a backend that requires a client certificate; the chain depth bound and
+//! the TLS 1.3-only setting; and the backends the controller makes of ingress-nginx's
+//! `proxy-ssl-*` annotations (its golden output, `ing-nginx-proxy-ssl`) against a backend
+//! whose fixed certificate is signed by the golden's private CA.
 
 mod common;
 
@@ -62,15 +65,26 @@ async fn tls_backend(
     key: PrivateKeyDer<'static>,
     client_ca: Option<&Ca>,
 ) -> SocketAddr {
+    let roots = client_ca.map(|ca| ca.der.clone());
+    tls_backend_with(chain, key, roots, rustls::DEFAULT_VERSIONS).await
+}
+
+/// [`tls_backend`] with the client CA as DER and the TLS versions it speaks.
+async fn tls_backend_with(
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+    client_ca: Option<CertificateDer<'static>>,
+    versions: &[&'static rustls::SupportedProtocolVersion],
+) -> SocketAddr {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()
+        .with_protocol_versions(versions)
         .unwrap();
     let builder = match client_ca {
         None => builder.with_no_client_auth(),
         Some(ca) => {
             let mut roots = rustls::RootCertStore::empty();
-            roots.add(ca.der.clone()).unwrap();
+            roots.add(ca).unwrap();
             let v = rustls::server::WebPkiClientVerifier::builder_with_provider(
                 Arc::new(roots),
                 provider,
@@ -109,6 +123,17 @@ async fn through(addr: SocketAddr, tls: BackendTls) -> (u16, String) {
     let mut b = backend("be", addr);
     b.protocol = BackendProtocol::Https;
     b.tls = Some(tls);
+    through_backend(addr, b).await
+}
+
+/// Serves a proxy route to `b` (its endpoints replaced by `addr`) and returns (status, body)
+/// of a GET.
+async fn through_backend(addr: SocketAddr, mut b: Backend) -> (u16, String) {
+    b.name = "be".into();
+    b.endpoints = vec![Endpoint {
+        address: addr.to_string(),
+        weight: 1,
+    }];
     b.outlier.consecutive_failures = 0;
     let mut cfg = http_config(vec![vhost("v", &[], vec![proxy_route("r", "/", "be")])]);
     cfg.backends = vec![b];
@@ -232,6 +257,145 @@ async fn mtls_backend_requires_the_client_certificate() {
             ..base
         };
         assert_eq!(through(addr, wrong).await.0, 502);
+    })
+    .await
+    .expect("test took too long");
+}
+
+/// A chain leaf ← intermediate ← root: `verify_depth` 1 (the leaf issued by a certificate of
+/// `ca` directly) refuses it, 2 accepts it, and no bound accepts it.
+#[tokio::test]
+async fn verify_depth_bounds_the_backend_chain() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let root = ca("root");
+        let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+        p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        p.distinguished_name
+            .push(rcgen::DnType::CommonName, "intermediate");
+        let ikey = KeyPair::generate().unwrap();
+        let icert = p.signed_by(&ikey, &root.issuer).unwrap();
+        let inter = Ca {
+            pem: icert.pem(),
+            der: icert.der().clone(),
+            issuer: Issuer::new(p, ikey),
+        };
+        let (_, _, der, key) = leaf(&inter, &["deep.internal"], &[]);
+        let addr = tls_backend(vec![der, inter.der.clone()], key, None).await;
+        let base = BackendTls {
+            ca: pem(&root.pem),
+            sni: Some("deep.internal".into()),
+            ..Default::default()
+        };
+        assert_eq!(through(addr, base.clone()).await.0, 200);
+        let depth = |d| BackendTls {
+            verify_depth: Some(d),
+            ..base.clone()
+        };
+        assert_eq!(through(addr, depth(1)).await.0, 502);
+        assert_eq!(through(addr, depth(2)).await.0, 200);
+    })
+    .await
+    .expect("test took too long");
+}
+
+/// The controller's golden output for ingress-nginx `proxy-ssl-*` (the test reads it, so a
+/// change of the mapping is tried here too).
+const PROXY_SSL_GOLDEN: &str =
+    include_str!("../../controller/testdata/translate/ing-nginx-proxy-ssl.out.yaml");
+const PROXY_SSL_DIR: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../controller/testdata/proxy-ssl"
+);
+
+/// The backend the golden's Ingress `name` (host `<name>.example.com`) proxies to.
+fn golden_backend(name: &str) -> Backend {
+    let out: serde_yaml::Value = serde_yaml::from_str(PROXY_SSL_GOLDEN).unwrap();
+    let cfg: Config = serde_yaml::from_value(out["config"].clone()).unwrap();
+    let vhost = format!("ingress/{name}.example.com");
+    let v = cfg.virtual_hosts.iter().find(|v| v.name == vhost).unwrap();
+    let Action::Proxy(p) = &v.routes[0].action else {
+        panic!("{vhost}: not a proxy route: {:?}", v.routes[0].action);
+    };
+    let b = &p.backends[0].backend;
+    cfg.backends.iter().find(|x| &x.name == b).unwrap().clone()
+}
+
+fn fixture(file: &str) -> Vec<u8> {
+    std::fs::read(format!("{PROXY_SSL_DIR}/{file}")).unwrap()
+}
+
+/// The golden's private CA (`ca.crt`) and the backend's certificate and key it signed (for
+/// `backend.internal`).
+fn proxy_ssl_fixtures() -> (
+    CertificateDer<'static>,
+    CertificateDer<'static>,
+    PrivateKeyDer<'static>,
+) {
+    use rustls::pki_types::pem::PemObject;
+    let ca = CertificateDer::from_pem_slice(&fixture("ca.crt")).unwrap();
+    let cert = CertificateDer::from_pem_slice(&fixture("server.crt")).unwrap();
+    let key = PrivateKeyDer::from_pem_slice(&fixture("server.key")).unwrap();
+    (ca, cert, key)
+}
+
+/// ingress-nginx `proxy-ssl-*` as the controller maps them, served against real TLS
+/// backends whose certificate (`backend.internal`) the golden's private CA signed: verified
+/// with the CA and the name, and the Secret's client certificate shown to a backend that
+/// requires one; refused (502) with another CA, another name, or no client certificate;
+/// `proxy-ssl-verify: off` accepts a certificate no CA signed; `TLSv1.3` alone refuses a TLS
+/// 1.2-only backend.
+#[tokio::test]
+async fn ingress_nginx_proxy_ssl_against_a_private_ca_backend() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let (ca_der, cert, key) = proxy_ssl_fixtures();
+        let mtls = tls_backend_with(
+            vec![cert.clone()],
+            key.clone_key(),
+            Some(ca_der),
+            rustls::DEFAULT_VERSIONS,
+        )
+        .await;
+        let plain = tls_backend_with(
+            vec![cert.clone()],
+            key.clone_key(),
+            None,
+            rustls::DEFAULT_VERSIONS,
+        )
+        .await;
+        let tls12 = tls_backend_with(vec![cert], key, None, &[&rustls::version::TLS12]).await;
+        // Not signed by the golden's CA (self-signed, the right name).
+        let (_, _, self_der, self_key) = leaf(&ca("self"), &["backend.internal"], &[]);
+        let stranger = tls_backend(vec![self_der], self_key, None).await;
+
+        let valid = golden_backend("valid");
+        let (s, body) = through_backend(mtls, valid.clone()).await;
+        assert_eq!((s, body.as_str()), (200, "secure client_cert=true"));
+        assert_eq!(through_backend(plain, valid.clone()).await.0, 200);
+        assert_eq!(through_backend(stranger, valid.clone()).await.0, 502);
+        assert_eq!(through_backend(tls12, valid).await.0, 200);
+        // Another name than the certificate's.
+        assert_eq!(
+            through_backend(plain, golden_backend("wrong-name")).await.0,
+            502
+        );
+        // A Secret with ca.crt only: verified, but no client certificate to show.
+        let ca_only = golden_backend("ca-only");
+        assert_eq!(through_backend(plain, ca_only.clone()).await.0, 200);
+        assert_eq!(through_backend(mtls, ca_only).await.0, 502);
+        // Another CA in ca.crt.
+        assert_eq!(
+            through_backend(plain, golden_backend("other-ca")).await.0,
+            502
+        );
+        // verify off: any certificate, and still the client certificate.
+        let off = golden_backend("verify-off");
+        assert_eq!(through_backend(stranger, off.clone()).await.0, 200);
+        let (s, body) = through_backend(mtls, off).await;
+        assert_eq!((s, body.as_str()), (200, "secure client_cert=true"));
+        // TLSv1.3 alone: a TLS 1.2-only backend is refused.
+        let tls13 = golden_backend("tls13");
+        assert_eq!(through_backend(tls12, tls13.clone()).await.0, 502);
+        assert_eq!(through_backend(mtls, tls13).await.0, 200);
     })
     .await
     .expect("test took too long");

@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
-use sweety_config::{Backend, Mirror, ProxyAction, Route};
+use sweety_config::{Backend, Mirror, ProxyAction, Route, DEFAULT_PROXY_READ_AHEAD};
 use sweety_dataplane::body::{boxed, empty, full, Body};
 use sweety_dataplane::ctx::{ConnInfo, Protocol, RequestCtx};
 use sweety_dataplane::metrics::Metrics;
@@ -200,7 +200,10 @@ async fn bounded<F: Future>(f: F) -> F::Output {
 
 fn upstreams(backends: Vec<Backend>) -> (Upstreams, Arc<Metrics>) {
     let m = Arc::new(Metrics::default());
-    (Upstreams::build(&backends, None, m.clone()).unwrap(), m)
+    (
+        Upstreams::build(&backends, None, m.clone(), DEFAULT_PROXY_READ_AHEAD).unwrap(),
+        m,
+    )
 }
 
 /// A request body fed from a channel.
@@ -992,7 +995,7 @@ async fn reload_keeps_warm_connections() {
             json!({"name": "b", "endpoints": [{"address": server.address()}]}),
         )];
         let m = Arc::new(Metrics::default());
-        let first = Upstreams::build(&cfg, None, m.clone()).unwrap();
+        let first = Upstreams::build(&cfg, None, m.clone(), DEFAULT_PROXY_READ_AHEAD).unwrap();
         let resp = first
             .forward(get("/"), &action(&[("b", 1)]), &route(json!({})), &ctx())
             .await;
@@ -1003,7 +1006,7 @@ async fn reload_keeps_warm_connections() {
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        let second = Upstreams::build(&cfg, Some(&first), m).unwrap();
+        let second = Upstreams::build(&cfg, Some(&first), m, DEFAULT_PROXY_READ_AHEAD).unwrap();
         drop(first);
         assert_eq!(second.idle_connections("b", &server.address()), Some(1));
         let resp = second

@@ -1,10 +1,20 @@
-//! Memory bounded by design under bulk load (issue 23): the static-file bytes a connection
-//! holds ahead of a slow client stay within `limits.static_read_ahead` plus
-//! `UNBUDGETED_CHUNK` per stream, whatever the number of streams and the file size. One
-//! HTTP/2 (h2c) client with ten streams of a 1 MiB file reads frame by frame, slower than the
-//! server can read the file, while the test samples the process-wide count of file bytes read
-//! and not yet released (`static_files::read_ahead_bytes`). Counts, not timings; its own test
-//! binary, because the count is process-wide. Bounded in time and count.
+//! Memory bounded by design under bulk load (issue 23): what a connection holds ahead of a
+//! slow client stays within its caps, whatever the number of streams and the body size.
+//! One HTTP/2 (h2c) client with ten streams of a 1 MiB body reads frame by frame, slower
+//! than the server can read the body, while the test samples a process-wide count:
+//!
+//! * static files: the file bytes read and not yet released
+//!   (`static_files::read_ahead_bytes`) stay within `limits.static_read_ahead` plus
+//!   `UNBUDGETED_CHUNK` per stream;
+//! * proxied responses: the bytes taken from backend connections and not yet released
+//!   (`proxy::held_bytes`) stay within one `limits.proxy_read_ahead` per stream (hyper's
+//!   read buffer of each backend connection is bounded by the same setting).
+//!
+//! * every test: the output an HTTP/2 connection buffers (`sweety_h2::peak_output_bytes`, the
+//!   largest of any ended connection) stays within `limits.http2_write_buffer` plus one frame.
+//!
+//! Counts, not timings; its own test binary, because the counts are process-wide. Bounded in
+//! time and count.
 
 mod common;
 
@@ -12,6 +22,7 @@ use common::h2 as raw2;
 use common::*;
 use std::time::Duration;
 use sweety_config::*;
+use sweety_dataplane::proxy::held_bytes;
 use sweety_dataplane::static_files::{read_ahead_bytes, CHUNK_SIZE, UNBUDGETED_CHUNK};
 use tokio::io::AsyncWriteExt;
 use tokio::time::Instant;
@@ -19,6 +30,12 @@ use tokio::time::Instant;
 const FILE: usize = 1 << 20;
 const STREAMS: u32 = 10;
 const BUDGET: u32 = 64 * 1024;
+const PROXY_READ_AHEAD: u32 = 16 * 1024;
+/// `limits.http2_write_buffer` of every test here (the output peak is process-wide).
+const WRITE_BUFFER: u32 = 16 * 1024;
+/// One frame the output may take past `WRITE_BUFFER`: a DATA frame of the client's (default)
+/// largest size, or a response's HEADERS, with its frame header.
+const ONE_FRAME: usize = 16 * 1024 + 9;
 
 #[tokio::test]
 async fn a_slow_h2_client_with_ten_streams_holds_one_budget_of_file_bytes() {
@@ -38,29 +55,46 @@ async fn a_slow_h2_client_with_ten_streams_holds_one_budget_of_file_bytes() {
     };
     let mut cfg = http_config(vec![vhost("v", &[], vec![route])]);
     cfg.limits.static_read_ahead = BUDGET;
+    cfg.limits.http2_write_buffer = WRITE_BUFFER;
     let h = Harness::start(cfg).await;
-    let addr = h.addr("web").await;
 
-    // Windows wide open (2^31-1): only the socket paces the server, not flow control.
+    let (data, max_held) = slow_download(&h, "/big.bin", read_ahead_bytes).await;
+    assert_eq!(data, FILE * STREAMS as usize, "every response whole");
+    let bound = BUDGET as u64 + STREAMS as u64 * UNBUDGETED_CHUNK as u64;
+    eprintln!("file bytes held ahead of the client: at most {max_held} (bound {bound})");
+    assert!(max_held > 0, "the count saw the file being read");
+    assert!(
+        max_held <= bound,
+        "{max_held} file bytes held ahead of the client, bound {bound} \
+         (unbounded it is up to {STREAMS} x {CHUNK_SIZE})"
+    );
+    // Everything read was released once sent.
+    assert_eq!(read_ahead_bytes(), 0);
+}
+
+/// One h2c client of `h`'s listener with [`STREAMS`] streams of `path` (each [`FILE`] bytes),
+/// windows wide open (only the socket paces the server), reading frame by frame with a short
+/// pause every 16 frames (slower than the server), sampling `held` before each read. Returns
+/// the DATA bytes received and the largest sample, once the output buffer's peak (of every
+/// connection so far) was checked against [`WRITE_BUFFER`].
+async fn slow_download(h: &Harness, path: &str, held: fn() -> u64) -> (usize, u64) {
+    let addr = h.addr("web").await;
     let (mut rd, mut wr) = raw2::open_from("127.0.0.1", addr, &[(0x4, 0x7fff_ffff)]).await;
     let grow = (0x7fff_ffffu32 - 65_535).to_be_bytes();
     wr.write_all(&raw2::frame(raw2::WINDOW_UPDATE, 0, 0, &grow))
         .await
         .unwrap();
     for i in 0..STREAMS {
-        let block = raw2::request_block("/big.bin");
+        let block = raw2::request_block(path);
         let flags = raw2::END_STREAM | raw2::END_HEADERS;
         wr.write_all(&raw2::frame(raw2::HEADERS, flags, 1 + 2 * i, &block))
             .await
             .unwrap();
     }
-
-    // Read every frame until all ten responses ended, sampling the count before each read;
-    // a short pause every 16 frames keeps the client slower than the server.
     let deadline = Instant::now() + Duration::from_secs(60);
     let (mut data, mut ended, mut max_held, mut frames) = (0usize, 0u32, 0u64, 0u64);
     while ended < STREAMS {
-        max_held = max_held.max(read_ahead_bytes());
+        max_held = max_held.max(held());
         let ev = rd.next(deadline).await;
         let raw2::Event::Frame(f) = ev else {
             panic!("connection ended early: {ev:?} after {data} bytes");
@@ -84,16 +118,41 @@ async fn a_slow_h2_client_with_ten_streams_holds_one_budget_of_file_bytes() {
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
     }
+    let peak = sweety_h2::peak_output_bytes();
+    let bound = WRITE_BUFFER as usize + ONE_FRAME;
+    eprintln!("HTTP/2 output buffered: at most {peak} (bound {bound})");
+    assert!(peak > 0, "the peak was recorded");
+    assert!(
+        peak <= bound,
+        "an HTTP/2 connection buffered {peak} bytes of output, bound {bound}"
+    );
+    (data, max_held)
+}
+
+#[tokio::test]
+async fn a_slow_h2_client_with_ten_streams_holds_one_proxy_read_ahead_per_stream() {
+    let body = bytes::Bytes::from(vec![9u8; FILE]);
+    let backend_addr = spawn_http_backend(move |_req| {
+        let body = body.clone();
+        async move { http::Response::new(http_body_util::Full::new(body)) }
+    })
+    .await;
+    let mut cfg = http_config(vec![vhost("v", &[], vec![proxy_route("up", "/", "b")])]);
+    cfg.backends = vec![backend("b", backend_addr)];
+    cfg.limits.proxy_read_ahead = PROXY_READ_AHEAD;
+    cfg.limits.http2_write_buffer = WRITE_BUFFER;
+    let h = Harness::start(cfg).await;
+
+    let (data, max_held) = slow_download(&h, "/big.bin", held_bytes).await;
     assert_eq!(data, FILE * STREAMS as usize, "every response whole");
-    let bound = BUDGET as u64 + STREAMS as u64 * UNBUDGETED_CHUNK as u64;
-    eprintln!("file bytes held ahead of the client: at most {max_held} (bound {bound})");
-    assert!(max_held > 0, "the count saw the file being read");
+    let bound = STREAMS as u64 * PROXY_READ_AHEAD as u64;
+    eprintln!("proxied bytes held ahead of the client: at most {max_held} (bound {bound})");
+    assert!(max_held > 0, "the count saw the responses");
     assert!(
         max_held <= bound,
-        "{max_held} file bytes held ahead of the client, bound {bound} \
-         (unbounded it is up to {STREAMS} x {CHUNK_SIZE})"
+        "{max_held} proxied bytes held ahead of the client, bound {bound} \
+         (unbounded, hyper reads up to ~400 KiB at a time per backend connection)"
     );
-    // Everything read was released once sent.
-    drop((rd, wr));
-    assert_eq!(read_ahead_bytes(), 0);
+    // Everything taken was released once sent.
+    assert_eq!(held_bytes(), 0);
 }

@@ -1268,10 +1268,13 @@ pub(crate) fn resolve_backend(
     };
     b.backends
         .service(&b.services, ns, &svc.name, port.as_ref(), &options)
-        .map(|name| ann.balanced_backend(b, name))
         .map_err(|e| {
             report.warn(e.reason(), e.to_string());
             e.to_string()
+        })
+        .map(|name| {
+            let name = ann.backend_tls_variant(b, name, report);
+            ann.balanced_backend(b, name)
         })
 }
 

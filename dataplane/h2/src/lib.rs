@@ -25,7 +25,7 @@ pub mod frame;
 pub mod hpack;
 
 pub use body::{Upgrade, Upgraded};
-pub use conn::{serve, serve_read, H2Error, Settings};
+pub use conn::{peak_output_bytes, serve, serve_read, H2Error, Settings, WRITE_HIGH};
 pub use encoded::Encoded;
 pub use frame::Reason;
 

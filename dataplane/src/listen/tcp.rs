@@ -632,6 +632,7 @@ pub fn h2_settings(l: &sweety_config::Limits) -> sweety_h2::Settings {
         stream_window: 256 * 1024,
         conn_window: 1024 * 1024,
         send_timeout: l.send_timeout.get(),
+        write_buffer: l.http2_write_buffer as usize,
     }
 }
 

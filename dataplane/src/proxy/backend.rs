@@ -12,7 +12,7 @@ use bytes::Bytes;
 use http::{Response, Version};
 use http_body::Frame;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -76,9 +76,45 @@ impl Drop for InFlight {
     }
 }
 
+/// Proxied response bytes taken from backend connections and not yet released (framed or
+/// written for the client), all streams together.
+static HELD: AtomicU64 = AtomicU64::new(0);
+
+/// Proxied response bytes the dataplane holds right now outside the backend connections'
+/// own buffers: every chunk taken from a backend body until the last reference to it is
+/// dropped. Each chunk is at most `limits.proxy_read_ahead` bytes.
+pub fn held_bytes() -> u64 {
+    HELD.load(Ordering::Relaxed)
+}
+
+/// A chunk of a backend's response body, counted in [`HELD`] while alive.
+struct HeldChunk(Bytes);
+
+impl HeldChunk {
+    fn wrap(b: Bytes) -> Bytes {
+        if b.is_empty() {
+            return b;
+        }
+        HELD.fetch_add(b.len() as u64, Ordering::Relaxed);
+        Bytes::from_owner(HeldChunk(b))
+    }
+}
+
+impl AsRef<[u8]> for HeldChunk {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl Drop for HeldChunk {
+    fn drop(&mut self) {
+        HELD.fetch_sub(self.0.len() as u64, Ordering::Relaxed);
+    }
+}
+
 pin_project_lite::pin_project! {
     /// The upstream response body, holding the endpoint's in-flight count and the HTTP/2
-    /// stream slot until it is finished or dropped.
+    /// stream slot until it is finished or dropped. Its chunks are counted in [`held_bytes`].
     struct Guarded<B> {
         #[pin]
         inner: B,
@@ -94,7 +130,10 @@ impl<B: http_body::Body<Data = Bytes>> http_body::Body for Guarded<B> {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
-        self.project().inner.poll_frame(cx)
+        self.project()
+            .inner
+            .poll_frame(cx)
+            .map_ok(|f| f.map_data(HeldChunk::wrap))
     }
 
     fn is_end_stream(&self) -> bool {

@@ -34,6 +34,7 @@ pub mod pool;
 pub mod tls;
 mod upgrade;
 
+pub use backend::held_bytes;
 pub use error::{ErrorOrigin, ProxyError};
 
 use crate::body::{empty, Body};
@@ -104,10 +105,14 @@ impl Upstreams {
     /// endpoints then keep their warm connections, health and load by address. Other settings
     /// (weights, policy, timeouts, outlier thresholds, idle bound) take effect immediately.
     /// For `https`/`h2` without `tls`, the backend certificate is not verified.
+    ///
+    /// `read_ahead` (`limits.proxy_read_ahead`) bounds what each new backend connection reads
+    /// ahead of the client (connections already pooled keep theirs).
     pub fn build(
         backends: &[Backend],
         previous: Option<&Upstreams>,
         metrics: Arc<Metrics>,
+        read_ahead: u32,
     ) -> Result<Upstreams, BuildError> {
         let mut out = HashMap::with_capacity(backends.len());
         for (index, b) in backends.iter().enumerate() {
@@ -190,6 +195,7 @@ impl Upstreams {
                     tls: tls_cfg,
                     sni: b.tls.as_ref().and_then(|t| t.sni.clone()),
                     external: b.external,
+                    read_ahead,
                 },
                 eject_lock: Mutex::new(()),
             };
@@ -728,6 +734,8 @@ mod tests {
     use std::time::Instant;
     use sweety_config::Endpoint;
 
+    const RA: u32 = sweety_config::DEFAULT_PROXY_READ_AHEAD;
+
     fn ctx() -> RequestCtx {
         RequestCtx {
             conn: Arc::new(ConnInfo {
@@ -760,8 +768,8 @@ mod tests {
     fn build_validates_and_reuses_state() {
         let m = Arc::new(Metrics::default());
         let b = vec![backend("a", &["127.0.0.1:1", "127.0.0.1:2"])];
-        let first = Upstreams::build(&b, None, m.clone()).unwrap();
-        let again = Upstreams::build(&b, Some(&first), m.clone()).unwrap();
+        let first = Upstreams::build(&b, None, m.clone(), RA).unwrap();
+        let again = Upstreams::build(&b, Some(&first), m.clone(), RA).unwrap();
         let same = |x: &Upstreams, y: &Upstreams, i: usize| {
             Arc::ptr_eq(
                 &x.backends["a"].endpoints[i].state,
@@ -771,16 +779,18 @@ mod tests {
         assert!(same(&first, &again, 0) && same(&first, &again, 1));
         let mut changed = b.clone();
         changed[0].protocol = BackendProtocol::H2c;
-        let other = Upstreams::build(&changed, Some(&again), m.clone()).unwrap();
+        let other = Upstreams::build(&changed, Some(&again), m.clone(), RA).unwrap();
         assert!(!same(&again, &other, 0));
 
         let dup = vec![backend("a", &[]), backend("a", &[])];
         assert_eq!(
-            Upstreams::build(&dup, None, m.clone()).unwrap_err().index,
+            Upstreams::build(&dup, None, m.clone(), RA)
+                .unwrap_err()
+                .index,
             1
         );
         let bad = vec![backend("a", &["nohost"])];
-        assert!(Upstreams::build(&bad, None, m).is_err());
+        assert!(Upstreams::build(&bad, None, m, RA).is_err());
     }
 
     #[test]
@@ -809,7 +819,7 @@ mod tests {
         let m = Arc::new(Metrics::default());
         let mut b = backend("a", &["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"]);
         b.endpoints[1].weight = 0;
-        let u = Upstreams::build(&[b], None, m).unwrap();
+        let u = Upstreams::build(&[b], None, m, RA).unwrap();
         let rt = &u.backends["a"];
         for _ in 0..20 {
             assert_ne!(rt.pick(&[]), Some(1));

@@ -48,6 +48,9 @@ pub struct Connector {
     pub sni: Option<String>,
     /// `Backend.external`: refuse internal addresses after resolution ([`refused_address`]).
     pub external: bool,
+    /// `limits.proxy_read_ahead`: response bytes a new connection reads ahead of the client
+    /// (HTTP/1.1: the read buffer's bound; HTTP/2: each stream's flow-control window).
+    pub read_ahead: u32,
 }
 
 impl Connector {
@@ -432,7 +435,7 @@ async fn connect(addr: &str, c: &Connector, open: &Arc<AtomicUsize>) -> Result<O
             source: e.into(),
         })?;
     match &c.tls {
-        None => handshake(addr, TokioIo::new(tcp), c.is_h2(), open).await,
+        None => handshake(addr, TokioIo::new(tcp), c, open).await,
         Some(cfg) => {
             let stream = connect_tls(addr, c, cfg, tcp).await?;
             let tls_err = |e: String| ProxyError::Tls {
@@ -449,7 +452,7 @@ async fn connect(addr: &str, c: &Connector, open: &Arc<AtomicUsize>) -> Result<O
                     String::from_utf8_lossy(want)
                 )));
             }
-            handshake(addr, TokioIo::new(stream), c.is_h2(), open).await
+            handshake(addr, TokioIo::new(stream), c, open).await
         }
     }
 }
@@ -476,10 +479,14 @@ pub(super) async fn connect_tls(
         })
 }
 
+/// hyper's client handshake on a connected stream. What the connection reads ahead of the
+/// client is bounded by `c.read_ahead`: an HTTP/1.1 connection reads into a buffer of at most
+/// that many bytes, and reads again only once the body's last chunk was taken (hyper's body
+/// channel holds one); an HTTP/2 stream's window is that size, re-opened as the body is taken.
 async fn handshake<T>(
     addr: &str,
     io: T,
-    h2: bool,
+    c: &Connector,
     open: &Arc<AtomicUsize>,
 ) -> Result<Opened, ProxyError>
 where
@@ -489,9 +496,13 @@ where
         addr: addr.to_string(),
         source: e.into(),
     };
-    if h2 {
+    // hyper's smallest HTTP/1.1 buffer bound is 8 KiB (it panics below; validation refuses
+    // less); the HTTP/2 window cannot pass 2^31-1.
+    let read_ahead = (c.read_ahead as usize).max(sweety_config::MIN_PROXY_READ_AHEAD as usize);
+    if c.is_h2() {
         let (sender, conn) = http2::Builder::new(TokioExecutor::new())
             .timer(TokioTimer::new())
+            .initial_stream_window_size(read_ahead.min(i32::MAX as usize) as u32)
             .keep_alive_interval(Duration::from_secs(30))
             .keep_alive_timeout(Duration::from_secs(10))
             .handshake::<_, Body>(io)
@@ -507,6 +518,7 @@ where
         Ok(Opened::H2(sender))
     } else {
         let (sender, conn) = http1::Builder::new()
+            .max_buf_size(read_ahead)
             .handshake::<_, Body>(io)
             .await
             .map_err(err)?;

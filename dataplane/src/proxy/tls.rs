@@ -11,6 +11,9 @@
 //! * **Without a CA the backend is not verified at all** (any certificate is accepted, the
 //!   handshake signatures are still checked). This suits in-cluster backends with self-signed
 //!   certificates but gives no protection against an active attacker; configure `ca` to get it.
+//! * `verify_depth` bounds the chain: at most `verify_depth - 1` intermediates are used
+//!   (nginx's `proxy_ssl_verify_depth`, read as the client certificate check reads its depth).
+//! * `min_version: 1.3` offers TLS 1.3 only; otherwise TLS 1.2 and 1.3 are offered.
 //! * An optional client certificate and key are presented for mTLS.
 //! * ALPN offers `h2` for the `h2` protocol and `http/1.1` for `https`.
 
@@ -23,7 +26,7 @@ use rustls::{
     CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme,
 };
 use std::sync::Arc;
-use sweety_config::{BackendTls, PemSource};
+use sweety_config::{BackendTls, PemSource, TlsVersion};
 
 fn read_pem(src: &PemSource) -> Result<Vec<u8>, String> {
     match src {
@@ -46,8 +49,12 @@ fn certs(src: &PemSource, what: &str) -> Result<Vec<CertificateDer<'static>>, St
 /// Builds the rustls client config for a backend. `h2` selects the ALPN protocol.
 pub fn client_config(tls: &BackendTls, h2: bool) -> Result<Arc<ClientConfig>, String> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let versions: &[&rustls::SupportedProtocolVersion] = match tls.min_version {
+        Some(TlsVersion::Tls13) => &[&rustls::version::TLS13],
+        None | Some(TlsVersion::Tls12) => rustls::DEFAULT_VERSIONS,
+    };
     let builder = ClientConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()
+        .with_protocol_versions(versions)
         .map_err(|e| e.to_string())?;
     let verifier: Arc<dyn ServerCertVerifier> = match (&tls.ca, tls.well_known_ca) {
         (None, false) => Arc::new(NoVerifier(provider)),
@@ -88,7 +95,15 @@ pub fn client_config(tls: &BackendTls, h2: bool) -> Result<Arc<ClientConfig>, St
                     );
                 }
             }
-            Arc::new(SanVerifier { inner, names, uris })
+            let max_intermediates = tls
+                .verify_depth
+                .map_or(usize::MAX, |d| usize::from(d.max(1)) - 1);
+            Arc::new(SanVerifier {
+                inner,
+                names,
+                uris,
+                max_intermediates,
+            })
         }
     };
     let builder = builder
@@ -138,6 +153,10 @@ struct SanVerifier {
     inner: Arc<WebPkiServerVerifier>,
     names: Vec<ServerName<'static>>,
     uris: Vec<String>,
+    /// `verify_depth - 1`: at most this many of the intermediates the backend sends are
+    /// offered to webpki, so no path is longer than `verify_depth` certificates below the
+    /// trust anchor (as the client certificate check does).
+    max_intermediates: usize,
 }
 
 /// The URI subject alternative names of a DER certificate (empty when it has none or does
@@ -178,6 +197,7 @@ impl ServerCertVerifier for SanVerifier {
         ocsp: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
+        let intermediates = &intermediates[..intermediates.len().min(self.max_intermediates)];
         if self.names.is_empty() && self.uris.is_empty() {
             return self.inner.verify_server_cert(
                 end_entity,

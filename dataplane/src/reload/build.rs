@@ -68,6 +68,7 @@ pub(super) fn compile<'c>(
         &config.backends,
         Some(&prev.upstreams),
         shared.metrics.clone(),
+        config.limits.proxy_read_ahead,
     )
     .map_err(|e| errors.push(e.to_string()))
     .ok();
@@ -241,6 +242,7 @@ pub(super) fn patched(
             &config.backends,
             Some(&prev.upstreams),
             shared.metrics.clone(),
+            config.limits.proxy_read_ahead,
         )
         .map_err(|e| ApplyError::Invalid(vec![e.to_string()]))?;
         Arc::new(built)

@@ -160,6 +160,7 @@ impl Exporter {
             tls: None,
             sni: None,
             external: false,
+            read_ahead: sweety_config::DEFAULT_PROXY_READ_AHEAD,
         };
         let conn = self
             .pool

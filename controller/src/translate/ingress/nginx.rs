@@ -95,8 +95,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use sweety_config::htpasswd;
 use sweety_config::{
-    Action, BackendProtocol, BasicAuth, Cidr, ConcurrencyLimit, CookieMatch, Cors, Duration,
-    ExternalAuth, Filter, FixedResponse, HashAlgorithm, HashOn, HashPolicy, HeaderMatch,
+    Action, BackendProtocol, BackendTls, BasicAuth, Cidr, ConcurrencyLimit, CookieMatch, Cors,
+    Duration, ExternalAuth, Filter, FixedResponse, HashAlgorithm, HashOn, HashPolicy, HeaderMatch,
     HostClientAuth, HostVerify, IpAccess, MatchKind, PathMatch, PathRewrite, PemSource,
     ProxyAction, RateLimit, RateLimitKey, Redirect, Route, RouteMatch, SessionKind,
     SessionPersistence, UrlRewrite, WeightedBackend,
@@ -159,6 +159,10 @@ pub struct Annotations {
     pub upstream_vhost: Option<String>,
     /// `x-forwarded-prefix`: the `X-Forwarded-Prefix` value the backend receives.
     pub forwarded_prefix: Option<String>,
+    /// `proxy-ssl-secret` and its `proxy-ssl-*` settings: TLS towards the backend, applied
+    /// when it is spoken to over TLS (`backend-protocol: HTTPS`/`GRPCS`,
+    /// [`Annotations::backend_tls_variant`]).
+    pub proxy_ssl: Option<BackendTls>,
     /// Fail closed: every route of the Ingress answers this status and body instead (a
     /// security annotation Sweety does not implement, an access list entry it cannot honour:
     /// 403; a snippet: 503, the whole Ingress is refused).
@@ -325,7 +329,14 @@ pub const ANNOTATIONS: &[AnnotationSpec] = &[
     spec("enable-owasp-core-rules", Refused, "no WAF", "true"),
     spec("modsecurity-transaction-id", Refused, "no WAF", "x"),
     spec("modsecurity-*", Refused, "no WAF", "x"),
-    spec("proxy-ssl-*", Refused, "backend certificate verification for Ingress is not implemented; `proxy-ssl-verify: off` asks for nothing and is accepted", "on"),
+    spec("proxy-ssl-secret", Differently, "`namespace/name` (or `name`) of the Ingress's own namespace only; `ca.crt` is required and must hold usable CA certificates, `tls.crt` + `tls.key` (both or neither) are the client certificate shown to the backend; a missing Secret, another namespace's, bad PEM, a key that does not fit its certificate or a `ca.crl` (CRLs are not implemented) fail closed: the Ingress's paths answer 503; applies when the backend is spoken to over TLS (`backend-protocol: HTTPS`/`GRPCS`), else ignored with an Event as in ingress-nginx", "ca"),
+    spec("proxy-ssl-verify", Support::Honoured, "`off` (default, as ingress-nginx: the backend's certificate is not verified) or `on`; anything else, or `on` without `proxy-ssl-secret`, fails closed (503)", "off"),
+    spec("proxy-ssl-verify-depth", Differently, "default 1; 1: the backend's certificate is issued by a certificate of `ca.crt` directly, each more allows one intermediate (as `auth-tls-verify-depth`; stricter than OpenSSL's count by one); more than 8 is taken as 8", "2"),
+    spec("proxy-ssl-name", Differently, "the name the backend's certificate is verified against, always sent as SNI; a value that is not a DNS name fails closed (503); unset: the endpoint's address is verified (nginx: the upstream's name)", "api.internal"),
+    spec("proxy-ssl-server-name", Differently, "`proxy-ssl-name` is always sent as SNI (nginx sends it only with `on`)", "on"),
+    spec("proxy-ssl-protocols", Differently, "`TLSv1.3` alone: TLS 1.3 only; a list with `TLSv1.2`: TLS 1.2 and 1.3 (1.3 also offered); older versions are never offered (ignored with an Event)", "TLSv1.2 TLSv1.3"),
+    spec("proxy-ssl-ciphers", Refused, "`DEFAULT` only (rustls' AEAD suites with forward secrecy); any other OpenSSL cipher list cannot be expressed and fails closed (503)", "ECDHE-RSA-AES128-GCM-SHA256"),
+    spec("proxy-ssl-*", Refused, "other `proxy-ssl-*` settings are not implemented", "on"),
     spec("*-snippet", Refused, "raw nginx configuration is never run: the whole Ingress answers 503 (unless the operator sets ignoreSnippets)", "return 200;"),
     spec("server-alias", Differently, "more names for the Ingress's first rule host; an alias that is a host of an Ingress rule or a SweetySite, or that another namespace already claims, is ignored with an Event (ingress-nginx also ignores one already in use); invalid names are refused one by one", "alias.example"),
     spec("from-to-www-redirect", Support::Honoured, "308 from `www.<host>` to `<host>` or back, keeping scheme, path and query, only when the other name is no rule's host and no other namespace claims it", "true"),
@@ -369,13 +380,8 @@ pub fn markdown_table() -> String {
 }
 
 /// Whether an annotation (without the prefix) asks for a protection Sweety does not implement
-/// (refused in [`ANNOTATIONS`], snippets aside). `proxy-ssl-*` (verifying the backend's
-/// certificate, the client certificate shown to it, the name checked, protocols) is one too,
-/// except `proxy-ssl-verify: off`, which asks for nothing.
-fn is_security(name: &str, value: &str) -> bool {
-    if name == "proxy-ssl-verify" && value.trim() == "off" {
-        return false;
-    }
+/// (refused in [`ANNOTATIONS`], snippets aside).
+fn is_security(name: &str) -> bool {
     annotation_spec(name).is_some_and(|s| s.support == Refused && !s.name.ends_with("snippet"))
 }
 
@@ -862,6 +868,209 @@ fn client_tls<'a>(
     }))
 }
 
+/// The `proxy-ssl-*` annotations read with `proxy-ssl-secret` ([`proxy_ssl`]).
+const PROXY_SSL: &[&str] = &[
+    "proxy-ssl-secret",
+    "proxy-ssl-verify",
+    "proxy-ssl-verify-depth",
+    "proxy-ssl-name",
+    "proxy-ssl-server-name",
+    "proxy-ssl-protocols",
+    "proxy-ssl-ciphers",
+];
+
+/// Whether a client certificate and key are ones the dataplane can present (the checks its
+/// backend TLS builder makes: certificates that decode, a private key that decodes and fits
+/// them), so that one tenant's bad `tls.crt`/`tls.key` fails that Ingress closed instead of
+/// the whole config.
+pub fn check_client_pair(cert: &str, key: &str) -> Result<(), String> {
+    use rustls_pki_types::pem::PemObject;
+    let chain = rustls_pki_types::CertificateDer::pem_slice_iter(cert.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("tls.crt is not PEM: {e}"))?;
+    if chain.is_empty() {
+        return Err("tls.crt holds no PEM certificate".into());
+    }
+    let key = rustls_pki_types::PrivateKeyDer::from_pem_slice(key.as_bytes())
+        .map_err(|e| format!("tls.key is not a PEM private key: {e}"))?;
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(rustls::RootCertStore::empty())
+        .with_client_auth_cert(chain, key)
+        .map(|_| ())
+        .map_err(|e| format!("tls.crt and tls.key cannot be used: {e}"))
+}
+
+/// `proxy-ssl-ciphers`: None when it asks for nothing rustls does not do (absent or
+/// `DEFAULT`), else why it cannot be honoured (fails closed, with or without
+/// `proxy-ssl-secret`: a cipher list is a restriction, and dropping it would be looser).
+fn proxy_ssl_ciphers(value: Option<&str>) -> Option<String> {
+    match value.map(str::trim) {
+        None | Some("" | "DEFAULT") => None,
+        Some(v) => Some(format!(
+            "{PREFIX}proxy-ssl-ciphers {:?} cannot be expressed: only DEFAULT (rustls' AEAD \
+             suites with forward secrecy) is supported",
+            truncate(v)
+        )),
+    }
+}
+
+/// TLS towards the backend from `proxy-ssl-secret` and the other `proxy-ssl-*` annotations
+/// (ingress-nginx's `proxyssl` parser: `proxy_ssl_trusted_certificate`, `proxy_ssl_verify`,
+/// `_verify_depth`, `_name`, `_protocols`, `proxy_ssl_certificate`), or why they cannot be
+/// honoured (fails closed). The Secret is the tenant's own: only the Ingress's namespace.
+fn proxy_ssl<'a>(
+    get: &impl Fn(&str) -> Option<&'a str>,
+    namespace: &str,
+    secrets: &[Arc<Secret>],
+    report: &mut Report,
+) -> Result<BackendTls, String> {
+    let verify = match get("proxy-ssl-verify").map(str::trim) {
+        None | Some("off") => false,
+        Some("on") => true,
+        Some(other) => {
+            return Err(format!(
+                "{PREFIX}proxy-ssl-verify {:?} is not on or off",
+                truncate(other)
+            ))
+        }
+    };
+    let value = get("proxy-ssl-secret").unwrap_or("");
+    let name =
+        auth_secret_ref(value, namespace).map_err(|e| format!("{PREFIX}proxy-ssl-secret: {e}"))?;
+    let secret = secrets
+        .iter()
+        .find(|s| {
+            s.metadata.namespace.as_deref() == Some(namespace)
+                && s.metadata.name.as_deref() == Some(name.as_str())
+        })
+        .ok_or_else(|| format!("the Secret {namespace}/{name} does not exist"))?;
+    let data = secret.data.clone().unwrap_or_default();
+    let text = |key: &str| -> Result<Option<String>, String> {
+        data.get(key)
+            .map(|v| {
+                String::from_utf8(v.0.clone())
+                    .map_err(|_| format!("the Secret {namespace}/{name}'s {key} is not PEM text"))
+            })
+            .transpose()
+    };
+    let ca = text("ca.crt")?
+        .ok_or_else(|| format!("the Secret {namespace}/{name} has no key \"ca.crt\""))?;
+    check_client_ca(&ca).map_err(|e| format!("the Secret {namespace}/{name}'s ca.crt {e}"))?;
+    if data.contains_key("ca.crl") {
+        return Err(format!(
+            "the Secret {namespace}/{name} has a ca.crl: revocation lists are not implemented"
+        ));
+    }
+    let (client_cert, client_key) = match (text("tls.crt")?, text("tls.key")?) {
+        (Some(c), Some(k)) => {
+            check_client_pair(&c, &k).map_err(|e| format!("the Secret {namespace}/{name}: {e}"))?;
+            (Some(PemSource::Pem(c)), Some(PemSource::Pem(k)))
+        }
+        (None, None) => (None, None),
+        _ => {
+            return Err(format!(
+                "the Secret {namespace}/{name} has only one of tls.crt and tls.key"
+            ))
+        }
+    };
+    let sni = match get("proxy-ssl-name").map(str::trim) {
+        None | Some("") => None,
+        Some(v) => {
+            let host = v.trim_end_matches('.').to_ascii_lowercase();
+            if v.contains('$') {
+                return Err(format!(
+                    "{PREFIX}proxy-ssl-name {:?} uses an nginx variable, which Sweety does not \
+                     expand",
+                    truncate(v)
+                ));
+            }
+            sweety_config::check_hostname(&host, false).map_err(|e| {
+                format!(
+                    "{PREFIX}proxy-ssl-name {:?} is not a host name: {e}",
+                    truncate(v)
+                )
+            })?;
+            Some(host)
+        }
+    };
+    if let Some(v) = get("proxy-ssl-server-name").map(str::trim) {
+        if v != "on" && v != "off" {
+            report.warn(
+                "InvalidAnnotation",
+                format!(
+                    "{PREFIX}proxy-ssl-server-name: {:?} is not on or off; ignored (the name of \
+                     proxy-ssl-name is sent as SNI either way)",
+                    truncate(v)
+                ),
+            );
+        }
+    }
+    let mut min_version = None;
+    if let Some(v) = get("proxy-ssl-protocols") {
+        let (mut tls12, mut tls13) = (false, false);
+        for p in v.split_whitespace() {
+            match p {
+                "TLSv1.2" => tls12 = true,
+                "TLSv1.3" => tls13 = true,
+                other => report.warn(
+                    "InvalidAnnotation",
+                    format!(
+                        "{PREFIX}proxy-ssl-protocols: {:?} is never offered (TLS 1.2 and 1.3 \
+                         only)",
+                        truncate(other)
+                    ),
+                ),
+            }
+        }
+        if tls13 && !tls12 {
+            min_version = Some(sweety_config::TlsVersion::Tls13);
+        }
+    }
+    let verify_depth = match get("proxy-ssl-verify-depth").map(str::trim) {
+        None => 1,
+        Some(v) => match v.parse::<u32>() {
+            Ok(n @ 1..) => {
+                let max = sweety_config::MAX_VERIFY_DEPTH;
+                u8::try_from(n.min(u32::from(max))).unwrap_or(max)
+            }
+            _ => {
+                report.warn(
+                    "InvalidAnnotation",
+                    format!(
+                        "{PREFIX}proxy-ssl-verify-depth: {:?} is not a positive whole number; \
+                         1 is used (as ingress-nginx)",
+                        truncate(v)
+                    ),
+                );
+                1
+            }
+        },
+    };
+    if !verify {
+        report.warn(
+            "ProxySSLVerifyOff",
+            format!(
+                "{PREFIX}proxy-ssl-verify is off (ingress-nginx's default): the backend's \
+                 certificate is not verified; set it to \"on\" to verify it against the Secret \
+                 {namespace}/{name}'s ca.crt"
+            ),
+        );
+    }
+    Ok(BackendTls {
+        ca: verify.then_some(PemSource::Pem(ca)),
+        sni,
+        subject_alt_names: Vec::new(),
+        client_cert,
+        client_key,
+        well_known_ca: false,
+        verify_depth: verify.then_some(verify_depth),
+        min_version,
+    })
+}
+
 /// Why an auth service address is one a tenant may not aim the subrequest at (the dataplane
 /// refuses the same, and names that resolve there, after resolution): said early for an
 /// address literal.
@@ -1271,6 +1480,8 @@ impl Annotations {
                 "auth-secret" | "auth-secret-type" | "auth-realm" => {}
                 // Read with `auth-tls-secret` (below).
                 n if AUTH_TLS.contains(&n) => {}
+                // Read with `proxy-ssl-secret` (below).
+                n if PROXY_SSL.contains(&n) => {}
                 // Read with `auth-url` (below).
                 "auth-url"
                 | "auth-method"
@@ -1346,7 +1557,7 @@ impl Annotations {
                         snippets.push(key.clone());
                     }
                 }
-                n if is_security(n, value) => {
+                n if is_security(n) => {
                     if params.ignore_unsupported_security_annotations {
                         report.warn(
                             "UnsupportedSecurityAnnotation",
@@ -1610,6 +1821,43 @@ impl Annotations {
                 ),
             );
         }
+        // `proxy-ssl-*`: a failure fails closed whatever the backend protocol, as ingress-nginx
+        // denies the location when its parser fails.
+        let mut tls_failures: Vec<String> = Vec::new();
+        if let Some(why) = proxy_ssl_ciphers(get("proxy-ssl-ciphers")) {
+            tls_failures.push(why);
+        }
+        if get("proxy-ssl-secret").is_some() {
+            match proxy_ssl(&get, ns, secrets, report) {
+                Ok(t) => a.proxy_ssl = Some(t),
+                Err(why) => tls_failures.push(why),
+            }
+        } else if get("proxy-ssl-verify").map(str::trim) == Some("on") {
+            tls_failures.push(format!(
+                "{PREFIX}proxy-ssl-verify is on without {PREFIX}proxy-ssl-secret (whose ca.crt \
+                 the backend is verified against)"
+            ));
+        } else if let Some(k) = all.keys().find(|k| {
+            k.strip_prefix(PREFIX)
+                .is_some_and(|n| PROXY_SSL.contains(&n) && n != "proxy-ssl-ciphers")
+        }) {
+            report.warn(
+                "ProxySSLIgnored",
+                format!(
+                    "{k} without {PREFIX}proxy-ssl-secret is ignored (as ingress-nginx does): no \
+                     backend TLS setting is applied"
+                ),
+            );
+        }
+        for why in &tls_failures {
+            report.warn(
+                "ProxySSLInvalid",
+                format!(
+                    "backend TLS (proxy-ssl-*): {why}; the Ingress's paths answer 503 until it is \
+                     fixed"
+                ),
+            );
+        }
         if !snippets.is_empty() {
             a.refuse = Some((
                 503,
@@ -1626,6 +1874,15 @@ impl Annotations {
                     "Ingress {ns}/{ing_name} is refused: its authentication cannot be set up \
                      ({}); refusing rather than serving unprotected\n",
                     auth_failures.join("; ")
+                ),
+            ));
+        } else if !tls_failures.is_empty() {
+            a.refuse = Some((
+                503,
+                format!(
+                    "Ingress {ns}/{ing_name} is refused: its backend TLS cannot be set up ({}); \
+                     refusing rather than speaking to the backend without it\n",
+                    tls_failures.join("; ")
                 ),
             ));
         } else {
@@ -1833,6 +2090,45 @@ impl Annotations {
     /// The backend to use for `name` given the affinity and hash annotations: `name` itself,
     /// or a variant of it registered with session persistence (preferred) or a hash policy.
     /// Variants differing in cookie settings get distinct names.
+    /// `proxy-ssl-*`: a variant of the backend `name` with the Ingress's backend TLS (named
+    /// `<backend>~proxy-ssl-<digest of the settings>`, so Ingresses of the same Service with
+    /// other settings are unaffected), when the backend is spoken to over TLS; otherwise
+    /// (ingress-nginx only applies `proxy_ssl_*` to `https://` upstreams) `name` unchanged and
+    /// an Event.
+    pub(crate) fn backend_tls_variant(
+        &self,
+        b: &mut Builder<'_>,
+        name: String,
+        report: &mut Report,
+    ) -> String {
+        let Some(tls) = &self.proxy_ssl else {
+            return name;
+        };
+        let Some(base) = b.backends.get(&name) else {
+            return name;
+        };
+        if !matches!(base.protocol, BackendProtocol::Https | BackendProtocol::H2) {
+            report.warn(
+                "ProxySSLIgnored",
+                format!(
+                    "{PREFIX}proxy-ssl-* apply to backends spoken to over TLS; {name} is not \
+                     ({PREFIX}backend-protocol is not HTTPS or GRPCS), so they are not used (as \
+                     in ingress-nginx)"
+                ),
+            );
+            return name;
+        }
+        use sha2::Digest as _;
+        let digest = sha2::Sha256::digest(format!("{tls:?}").as_bytes());
+        let hex: String = digest[..6].iter().map(|b| format!("{b:02x}")).collect();
+        let mut variant = base.clone();
+        variant.tls = Some(tls.clone());
+        variant.name = format!("{name}~proxy-ssl-{hex}");
+        let variant_name = variant.name.clone();
+        b.backends.insert(variant);
+        variant_name
+    }
+
     pub(crate) fn balanced_backend(&self, b: &mut Builder<'_>, name: String) -> String {
         if self.session.is_none() && self.hash.is_none() {
             return name;
@@ -2635,18 +2931,14 @@ mod tests {
         ] {
             assert!(masked_cidr(bad).is_err(), "{bad}");
         }
-        assert!(
-            is_security("auth-proxy-set-headers", "x")
-                && is_security("auth-tls-unknown-setting", "on")
-        );
-        assert!(!is_security("auth-url", "x") && !is_security("auth-tls-verify-client", "on"));
-        assert!(
-            is_security("modsecurity-snippet", "x") && is_security("enable-modsecurity", "true")
-        );
-        assert!(!is_security("use-regex", "true") && !is_security("limit-rps", "5"));
-        assert!(is_security("proxy-ssl-verify", "on") && is_security("proxy-ssl-secret", "ns/ca"));
-        assert!(is_security("proxy-ssl-name", "api.internal"));
-        assert!(!is_security("proxy-ssl-verify", " off "));
+        assert!(is_security("auth-proxy-set-headers") && is_security("auth-tls-unknown-setting"));
+        assert!(!is_security("auth-url") && !is_security("auth-tls-verify-client"));
+        assert!(is_security("modsecurity-snippet") && is_security("enable-modsecurity"));
+        assert!(!is_security("use-regex") && !is_security("limit-rps"));
+        // The proxy-ssl-* settings are read with proxy-ssl-secret; an unknown one is refused.
+        assert!(!is_security("proxy-ssl-verify") && !is_security("proxy-ssl-secret"));
+        assert!(!is_security("proxy-ssl-name") && is_security("proxy-ssl-unknown-setting"));
+        assert!(is_security("proxy-ssl-ciphers"));
     }
 
     /// Property: any address with any valid prefix masks to a CIDR that sweety-config accepts,

@@ -64,6 +64,7 @@ fn settings() -> Settings {
         stream_window: 64 * 1024,
         conn_window: 256 * 1024,
         send_timeout: Duration::from_secs(60),
+        write_buffer: sweety_h2::WRITE_HIGH,
     }
 }
 

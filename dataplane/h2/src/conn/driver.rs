@@ -36,6 +36,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
             ready: Vec::new(),
             read_buf: BytesMut::with_capacity(READ_CHUNK),
             write_buf,
+            peak_output: 0,
             unflushed: false,
             data_out: false,
             data_progress: false,
@@ -106,7 +107,10 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
             let mut progress = false;
             // Handle the frames left from the last read, or read and handle a batch of frames,
             // unless the output is not draining.
-            if self.closing.is_none() && self.frames_pending && self.write_buf.len() < WRITE_HIGH {
+            if self.closing.is_none()
+                && self.frames_pending
+                && self.write_buf.len() < self.cfg.write_buffer
+            {
                 // Frames left from an earlier read may have waited for the output to drain:
                 // their requests start now, not at that read.
                 self.batch_clock = Instant::now();
@@ -116,7 +120,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
                 progress = true;
             } else if self.closing.is_none()
                 && !self.read_closed
-                && self.write_buf.len() < WRITE_HIGH
+                && self.write_buf.len() < self.cfg.write_buffer
             {
                 match self.poll_read(cx) {
                     Poll::Ready(Ok(0)) => {
@@ -187,19 +191,20 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
             if self.frames_pending
                 && self.inline_polls >= INLINE_FIRST_POLLS
                 && self.closing.is_none()
-                && self.write_buf.len() < WRITE_HIGH
+                && self.write_buf.len() < self.cfg.write_buffer
             {
                 // This poll's budget is spent: yield, and go on in the next poll.
                 cx.waker().wake_by_ref();
                 return Poll::Pending;
             }
             let more_work = (!self.queue.is_empty() || self.frames_pending)
-                && self.write_buf.len() < WRITE_HIGH;
+                && self.write_buf.len() < self.cfg.write_buffer;
             if !progress && !more_work {
                 if self.streams.is_empty() {
                     // Idle: the service holds nothing for requests (a reload frees the old
-                    // config).
+                    // config), nor the connection large empty buffers.
                     self.service.on_idle();
+                    self.shrink_buffers();
                 }
                 return Poll::Pending;
             }
@@ -209,6 +214,18 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
     }
 
     // ------------------------------------------------------------------ I/O
+
+    /// Frees the read and write buffers when they are empty and larger than [`IDLE_BUFFER`]:
+    /// an idle keep-alive connection holds no more than that of each (they grow again with
+    /// the next responses).
+    pub(super) fn shrink_buffers(&mut self) {
+        if self.write_buf.is_empty() && self.write_buf.capacity() > IDLE_BUFFER {
+            self.write_buf = BytesMut::new();
+        }
+        if self.read_buf.is_empty() && self.read_buf.capacity() > IDLE_BUFFER {
+            self.read_buf = BytesMut::new();
+        }
+    }
 
     pub(super) fn poll_read(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<usize>> {
         self.read_buf.reserve(READ_CHUNK);
@@ -223,6 +240,10 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
     /// records only on a later write or flush, so the end of a response would otherwise wait
     /// for the connection's next output.
     pub(super) fn poll_write(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        if self.write_buf.len() > self.peak_output {
+            self.peak_output = self.write_buf.len();
+            PEAK_OUTPUT.fetch_max(self.peak_output, Ordering::Relaxed);
+        }
         while !self.write_buf.is_empty() {
             match Pin::new(&mut self.io).poll_write(cx, &self.write_buf) {
                 Poll::Ready(Ok(0)) => {
@@ -437,7 +458,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
     // ---------------------------------------------------------------- frames
 
     /// Handles the complete frames in the read buffer, until the output reaches
-    /// [`WRITE_HIGH`] (what one read can make the connection queue is bounded: a read of
+    /// `Settings::write_buffer` (what one read can make the connection queue is bounded: a read of
     /// 15-byte requests or PINGs would otherwise queue an answer to each); the rest wait
     /// (`frames_pending`) until the output has drained.
     pub(super) fn handle_frames(&mut self) -> FResult {
@@ -455,7 +476,9 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
             self.preface_done = true;
         }
         while self.read_buf.len() >= HEADER_LEN && self.closing.is_none() {
-            if self.write_buf.len() >= WRITE_HIGH || self.inline_polls >= INLINE_FIRST_POLLS {
+            if self.write_buf.len() >= self.cfg.write_buffer
+                || self.inline_polls >= INLINE_FIRST_POLLS
+            {
                 self.frames_pending = true;
                 break;
             }

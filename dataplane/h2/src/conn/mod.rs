@@ -15,7 +15,8 @@
 //! through [`Signal`] with the stream's id, and the driver then writes what is ready.
 //!
 //! Bounds: the read buffer holds at most one frame past `SETTINGS_MAX_FRAME_SIZE` (16 KiB);
-//! the write buffer stops taking body data at [`WRITE_HIGH`], and the driver stops handling
+//! the write buffer stops taking body data at `Settings::write_buffer` (plus one frame), and
+//! the driver stops handling
 //! frames (the rest of a read waits in the read buffer) and stops reading while it is over
 //! that mark (a client that does not read its responses stops being read);
 //! request bodies are bounded by the stream and connection windows we grant, re-opened only
@@ -40,6 +41,7 @@ use http_body::Body as _;
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
@@ -47,13 +49,16 @@ use streams::{Resp, Stream, StreamIds};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::task::JoinHandle;
 
-/// Output bytes past which the driver stops taking body data and stops reading.
-pub const WRITE_HIGH: usize = 64 * 1024;
+/// The default `Settings::write_buffer`: output bytes past which the driver stops taking
+/// body data and stops reading.
+pub const WRITE_HIGH: usize = 32 * 1024;
+/// Largest empty read or write buffer an idle connection keeps.
+const IDLE_BUFFER: usize = 16 * 1024 + HEADER_LEN;
 /// Bytes read at a time.
 const READ_CHUNK: usize = 16 * 1024 + HEADER_LEN;
 /// Our SETTINGS_MAX_FRAME_SIZE (the default; larger frames are a FRAME_SIZE_ERROR).
 const LOCAL_MAX_FRAME: u32 = frame::DEFAULT_MAX_FRAME_SIZE;
-/// Largest DATA frame written (bounds the output buffer past [`WRITE_HIGH`]).
+/// Largest DATA frame written (bounds the output buffer past `Settings::write_buffer`).
 const MAX_DATA_FRAME: usize = 32 * 1024;
 /// Most frames of one stream written before the driver turns to the next stream.
 const FRAMES_PER_TURN: usize = 4;
@@ -75,6 +80,15 @@ const MAX_CONTROL_PER_SEC: u32 = 1_000;
 const MAX_EMPTY_PER_SEC: u32 = 200;
 /// Frames that deliver nothing (see `guards`) a client may send per second.
 const MAX_GLITCHES_PER_SEC: u32 = 1_000;
+
+/// The largest output buffer (bytes waiting to be written) of any connection so far.
+static PEAK_OUTPUT: AtomicUsize = AtomicUsize::new(0);
+
+/// The most output bytes any connection of this process has held at once: at most its
+/// `Settings::write_buffer` plus one frame (what `limits.http2_write_buffer` bounds).
+pub fn peak_output_bytes() -> usize {
+    PEAK_OUTPUT.load(Ordering::Relaxed)
+}
 
 /// The connection's settings (the dataplane makes them from the config's limits).
 #[derive(Debug, Clone)]
@@ -98,6 +112,10 @@ pub struct Settings {
     /// RST_STREAM(CANCEL): a client answering PINGs with its windows at zero cannot hold a
     /// response, its request slot and its upstream connection for ever.
     pub send_timeout: Duration,
+    /// Output bytes past which the connection stops taking response data and stops reading
+    /// (at least one frame is always taken): the output buffer holds at most this plus one
+    /// DATA frame (the TLS layer below keeps its own). Default [`WRITE_HIGH`].
+    pub write_buffer: usize,
 }
 
 /// Why a connection ended other than cleanly.
@@ -177,6 +195,9 @@ struct Driver<I, S: H2Service> {
 
     read_buf: BytesMut,
     write_buf: BytesMut,
+    /// The most bytes `write_buf` has held at once (each new high recorded in [`PEAK_OUTPUT`]:
+    /// a few times per connection).
+    peak_output: usize,
     /// Written since the last completed flush: a TLS layer may hold what it accepted until
     /// it is flushed.
     unflushed: bool,

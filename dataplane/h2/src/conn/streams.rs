@@ -411,7 +411,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
     pub(super) fn produce(&mut self) {
         // Bounded: a body yielding empty chunks forever cannot spin the task.
         let mut steps = 0usize;
-        while self.write_buf.len() < WRITE_HIGH && steps < 10_000 {
+        while self.write_buf.len() < self.cfg.write_buffer && steps < 10_000 {
             steps += 1;
             let Some(id) = self.queue.pop_front() else {
                 break;
@@ -543,7 +543,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
                     self.maybe_close(id);
                     return false;
                 }
-                if self.write_buf.len() >= WRITE_HIGH {
+                if self.write_buf.len() >= self.cfg.write_buffer {
                     return true;
                 }
                 continue;

@@ -46,6 +46,7 @@ fn settings() -> Settings {
         stream_window: 256 * 1024,
         conn_window: 1024 * 1024,
         send_timeout: Duration::from_secs(60),
+        write_buffer: WRITE_HIGH,
     }
 }
 
