@@ -592,6 +592,26 @@ pub fn auth_secret_ref(value: &str, namespace: &str) -> Result<String, String> {
     Ok(name.to_string())
 }
 
+/// The Secret an annotation (`auth-secret`, `auth-tls-secret`, `proxy-ssl-secret`) names, with
+/// its name: one of the Ingress's own namespace only ([`auth_secret_ref`]), and one that exists.
+fn own_secret<'s>(
+    annotation: &str,
+    value: &str,
+    namespace: &str,
+    secrets: &'s [Arc<Secret>],
+) -> Result<(String, &'s Secret), String> {
+    let name =
+        auth_secret_ref(value, namespace).map_err(|e| format!("{PREFIX}{annotation}: {e}"))?;
+    let secret = secrets
+        .iter()
+        .find(|s| {
+            s.metadata.namespace.as_deref() == Some(namespace)
+                && s.metadata.name.as_deref() == Some(name.as_str())
+        })
+        .ok_or_else(|| format!("the Secret {namespace}/{name} does not exist"))?;
+    Ok((name, secret))
+}
+
 /// Most rejected htpasswd lines listed one by one in the status.
 const MAX_REJECTED_REPORTED: usize = 10;
 
@@ -609,15 +629,7 @@ fn basic_auth<'a>(
     let Some(value) = get("auth-secret") else {
         return Err(format!("{PREFIX}auth-secret is not set"));
     };
-    let name =
-        auth_secret_ref(value, namespace).map_err(|e| format!("{PREFIX}auth-secret: {e}"))?;
-    let secret = secrets
-        .iter()
-        .find(|s| {
-            s.metadata.namespace.as_deref() == Some(namespace)
-                && s.metadata.name.as_deref() == Some(name.as_str())
-        })
-        .ok_or_else(|| format!("the Secret {namespace}/{name} does not exist"))?;
+    let (name, secret) = own_secret("auth-secret", value, namespace, secrets)?;
     let data = secret.data.clone().unwrap_or_default();
     let parsed = match get("auth-secret-type")
         .map(str::trim)
@@ -740,15 +752,7 @@ fn client_tls<'a>(
         }
     };
     let value = get("auth-tls-secret").unwrap_or("");
-    let name =
-        auth_secret_ref(value, namespace).map_err(|e| format!("{PREFIX}auth-tls-secret: {e}"))?;
-    let secret = secrets
-        .iter()
-        .find(|s| {
-            s.metadata.namespace.as_deref() == Some(namespace)
-                && s.metadata.name.as_deref() == Some(name.as_str())
-        })
-        .ok_or_else(|| format!("the Secret {namespace}/{name} does not exist"))?;
+    let (name, secret) = own_secret("auth-tls-secret", value, namespace, secrets)?;
     let ca = secret
         .data
         .as_ref()
@@ -938,15 +942,7 @@ fn proxy_ssl<'a>(
         }
     };
     let value = get("proxy-ssl-secret").unwrap_or("");
-    let name =
-        auth_secret_ref(value, namespace).map_err(|e| format!("{PREFIX}proxy-ssl-secret: {e}"))?;
-    let secret = secrets
-        .iter()
-        .find(|s| {
-            s.metadata.namespace.as_deref() == Some(namespace)
-                && s.metadata.name.as_deref() == Some(name.as_str())
-        })
-        .ok_or_else(|| format!("the Secret {namespace}/{name} does not exist"))?;
+    let (name, secret) = own_secret("proxy-ssl-secret", value, namespace, secrets)?;
     let data = secret.data.clone().unwrap_or_default();
     let text = |key: &str| -> Result<Option<String>, String> {
         data.get(key)
