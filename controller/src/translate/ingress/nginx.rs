@@ -612,6 +612,30 @@ fn own_secret<'s>(
     Ok((name, secret))
 }
 
+/// `auth-tls-verify-depth` / `proxy-ssl-verify-depth`: default 1, more than
+/// [`sweety_config::MAX_VERIFY_DEPTH`] taken as that; anything but a positive whole number is
+/// 1 with an `InvalidAnnotation` Event (as ingress-nginx).
+fn verify_depth<'a>(get: &impl Fn(&str) -> Option<&'a str>, key: &str, report: &mut Report) -> u8 {
+    let max = sweety_config::MAX_VERIFY_DEPTH;
+    match get(key).map(str::trim) {
+        None => 1,
+        Some(v) => match v.parse::<u32>() {
+            Ok(n @ 1..) => u8::try_from(n.min(u32::from(max))).unwrap_or(max),
+            _ => {
+                report.warn(
+                    "InvalidAnnotation",
+                    format!(
+                        "{PREFIX}{key}: {:?} is not a positive whole number; 1 is used (as \
+                         ingress-nginx)",
+                        truncate(v)
+                    ),
+                );
+                1
+            }
+        },
+    }
+}
+
 /// Most rejected htpasswd lines listed one by one in the status.
 const MAX_REJECTED_REPORTED: usize = 10;
 
@@ -761,24 +785,7 @@ fn client_tls<'a>(
     let ca = String::from_utf8(ca.0.clone())
         .map_err(|_| format!("the Secret {namespace}/{name}'s ca.crt is not PEM text"))?;
     check_client_ca(&ca).map_err(|e| format!("the Secret {namespace}/{name}'s ca.crt {e}"))?;
-    let max = sweety_config::MAX_VERIFY_DEPTH;
-    let verify_depth = match get("auth-tls-verify-depth").map(str::trim) {
-        None => 1,
-        Some(v) => match v.parse::<u32>() {
-            Ok(n @ 1..) => u8::try_from(n.min(u32::from(max))).unwrap_or(max),
-            _ => {
-                report.warn(
-                    "InvalidAnnotation",
-                    format!(
-                        "{PREFIX}auth-tls-verify-depth: {:?} is not a positive whole number; \
-                         1 is used (as ingress-nginx)",
-                        truncate(v)
-                    ),
-                );
-                1
-            }
-        },
-    };
+    let verify_depth = verify_depth(get, "auth-tls-verify-depth", report);
     let pass_certificate = match get("auth-tls-pass-certificate-to-upstream") {
         None => false,
         Some(v) => truthy(v).unwrap_or_else(|| {
@@ -1025,26 +1032,7 @@ fn proxy_ssl<'a>(
             min_version = Some(sweety_config::TlsVersion::Tls13);
         }
     }
-    let verify_depth = match get("proxy-ssl-verify-depth").map(str::trim) {
-        None => 1,
-        Some(v) => match v.parse::<u32>() {
-            Ok(n @ 1..) => {
-                let max = sweety_config::MAX_VERIFY_DEPTH;
-                u8::try_from(n.min(u32::from(max))).unwrap_or(max)
-            }
-            _ => {
-                report.warn(
-                    "InvalidAnnotation",
-                    format!(
-                        "{PREFIX}proxy-ssl-verify-depth: {:?} is not a positive whole number; \
-                         1 is used (as ingress-nginx)",
-                        truncate(v)
-                    ),
-                );
-                1
-            }
-        },
-    };
+    let verify_depth = verify_depth(get, "proxy-ssl-verify-depth", report);
     if !verify {
         report.warn(
             "ProxySSLVerifyOff",
