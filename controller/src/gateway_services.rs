@@ -218,6 +218,14 @@ impl GatewayServices {
                 )
                 .await
                 .map_err(Error::Kube)?;
+                // Which listener port reaches which dataplane container port, and what it was:
+                // what a misrouted request is traced back to.
+                tracing::info!(
+                    service = %format!("{}/{}", k.0, k.1),
+                    ports = %port_map(&want),
+                    was = %current.as_ref().map(port_map).unwrap_or_default(),
+                    "per-Gateway Service applied"
+                );
                 report.applied.push(format!("{}/{}", k.0, k.1));
             }
             if self.beside_dataplane(d) {
@@ -556,6 +564,23 @@ fn same_slice(current: &EndpointSlice, want: &EndpointSlice) -> bool {
 }
 
 /// Whether the cluster's Service already matches what we would apply (the fields we set).
+/// A Service's ports as `<port>/<protocol>-><targetPort> ...`, for the log.
+fn port_map(s: &Service) -> String {
+    let ports = s.spec.iter().flat_map(|sp| sp.ports.iter().flatten());
+    ports
+        .map(|p| {
+            let target = match &p.target_port {
+                Some(IntOrString::Int(n)) => n.to_string(),
+                Some(IntOrString::String(n)) => n.clone(),
+                None => p.port.to_string(),
+            };
+            let protocol = p.protocol.as_deref().unwrap_or("TCP");
+            format!("{}/{protocol}->{target}", p.port)
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 fn same(current: &Service, want: &Service) -> bool {
     let subset = |want: &Option<BTreeMap<String, String>>,
                   have: &Option<BTreeMap<String, String>>| {

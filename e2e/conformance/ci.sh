@@ -9,6 +9,9 @@
 #                (SWEETY_CONF_KEEP; the 10 newest; `latest` links the last), prints where, then fails when either
 #                differs from what is committed (the run's date and revision line aside): the committed report
 #                is the one produced from the code under test. Commit the kept copy when the difference is intended.
+#                A failing run also keeps the controller's and dataplane's logs with the suite log and report
+#                under ~/.cache/sweety/conformance-failures/<time>-<revision>/ (SWEETY_CONF_FAILURES; the 3
+#                newest) and prints where.
 #   (default)    the GATEWAY-HTTP and GATEWAY-TLS subset on a fresh node-agent cluster of its own (no report).
 # Both fail when a test fails that is not listed in known-failures.txt (regressions), and also when a listed
 # test now passes (so the list is kept honest and shrinks). Bounded by SWEETY_CONF_TIMEOUT (default 1500 s).
@@ -93,6 +96,26 @@ if [ "$real" = 1 ]; then
     status=1
   else
     echo "ci: the committed report and docs/conformance.md are this run's (date aside)"
+  fi
+  # A failing run's evidence, kept before .ci/run purges the node: the suite log and report, the Sweety
+  # Pods' container logs as the kubelet wrote them (controller and dataplane, restarted containers and
+  # rotated files too), the Gateways, Services and EndpointSlices as the run left them, and the end of the
+  # kube-proxy log. Under SWEETY_CONF_FAILURES (default ~/.cache/sweety/conformance-failures); the 3 newest.
+  if [ "$status" -ne 0 ]; then
+    fail_root=${SWEETY_CONF_FAILURES:-$HOME/.cache/sweety/conformance-failures}
+    rev=${revision:-$(git -C "$REPO" rev-parse HEAD 2>/dev/null || echo unknown)}
+    fdir=$fail_root/$(date -u +%Y%m%dT%H%M%SZ)-$rev
+    mkdir -p "$fdir"
+    cp "$log" "$fdir/suite.log"
+    if [ -n "${rep:-}" ] && [ -f "$REPO/$rep" ]; then cp "$REPO/$rep" "$fdir/"; fi
+    (cd "$NODE_DIR/pod-logs" 2>/dev/null && tar -czf "$fdir/pod-logs-$NS.tar.gz" "${NS}"_*) \
+      || echo "ci: no Pod logs of namespace $NS under $NODE_DIR/pod-logs"
+    kubectl --request-timeout=30s get gateways,services,endpointslices -A -o yaml 2>&1 | gzip > "$fdir/objects.yaml.gz"
+    if [ -f "$LOG/kube-proxy.log" ]; then tail -c 5000000 "$LOG/kube-proxy.log" | gzip > "$fdir/kube-proxy.log.gz"; fi
+    find "$fail_root" -mindepth 1 -maxdepth 1 -type d -printf '%f\n' | sort -r | tail -n +4 | while read -r old; do
+      rm -rf "${fail_root:?}/$old"
+    done
+    echo "ci: this failing run's logs (suite log, report, controller and dataplane logs, objects): $fdir"
   fi
 fi
 exit $status

@@ -5,9 +5,14 @@
 //! Service is read back from either place, the current one first, so a release that moves
 //! the Services (or a change of the setting) keeps each Gateway's container ports.
 //!
-//! Allocation is deterministic: first every Gateway keeps the container ports its existing
-//! Service already maps (when still free and in range), then the remaining ports take the
-//! lowest free port of `[gateway_port_min, gateway_port_max]`, Gateways in namespace/name order.
+//! Allocation ([`allocate`]) is deterministic and stable per listener: first every Gateway
+//! keeps the container ports its existing Service already maps (when still free and in
+//! range), then each remaining listener port takes the first free port at or after its
+//! [`preferred_port`], a SHA-256 of `<namespace>/<name>:<port>` within
+//! `[gateway_port_min, gateway_port_max]` (wrapping), older Gateways first. A listener's port
+//! thus does not depend on which other Gateways exist, and a port a deleted Gateway freed is
+//! not handed to the next Gateway that needs one (the lowest-free rule of before did, and
+//! moved a Gateway whose Service was not in the cache yet onto another's port).
 
 use super::status::Address;
 use super::{Params, Snapshot};
@@ -101,11 +106,15 @@ pub fn is_service_of(s: &Service, params: &Params, namespace: &str, name: &str) 
 }
 
 /// A Gateway that needs container ports for these listener ports.
+#[derive(Clone, Debug)]
 pub struct PortRequest {
     /// The Gateway's namespace.
     pub namespace: String,
     /// The Gateway's name.
     pub name: String,
+    /// Its `metadata.creationTimestamp` as RFC 3339 text (empty when unknown): with
+    /// namespace/name, the age order in which Gateways claim ports they both want.
+    pub created: String,
     /// Its listener ports (what clients connect to).
     pub ports: BTreeSet<u16>,
 }
@@ -120,9 +129,46 @@ fn target_port(p: &k8s_openapi::api::core::v1::ServicePort) -> Option<u16> {
     }
 }
 
-/// Allocate container ports for `requests` (any order; sorted here by namespace/name).
+/// The container port where the probe for listener port `port` of Gateway `namespace/name`
+/// starts: `min + (h mod (max - min + 1))`, `h` the first 8 bytes (big-endian) of
+/// SHA-256(`<namespace>/<name>:<port>`). SHA-256 and not Rust's `DefaultHasher` (SipHash
+/// with a per-process random key in `HashMap`, unspecified across releases): the port must be
+/// the same in every controller process and release, so a controller whose Service cache is
+/// behind (or a restarted one) picks what the Services it wrote map. `/` cannot occur
+/// in a namespace or a name and `:` not in a name, so the text spells each listener once.
+/// The modulo bias is below 2^-48 for any range.
+pub fn preferred_port(namespace: &str, name: &str, port: u16, min: u16, max: u16) -> u16 {
+    let digest = Sha256::digest(format!("{namespace}/{name}:{port}").as_bytes());
+    let mut head = [0u8; 8];
+    head.copy_from_slice(&digest[..8]);
+    let size = u64::from(max.saturating_sub(min)) + 1;
+    // `h % size < size <= 65536`, and `min + that <= max`.
+    min + u16::try_from(u64::from_be_bytes(head) % size).unwrap_or(0)
+}
+
+/// Allocate container ports for `requests` (any order: the result does not depend on it).
+///
+/// Pass 1: every listener port that the Gateway's existing Service maps keeps that container
+/// port, when in range, not an Ingress port and not kept already by an older Gateway (age:
+/// creation time, then namespace/name). Pass 2: every other listener port probes upwards
+/// from its [`preferred_port`] (wrapping at `gateway_port_max`) for the first port that is
+/// free. Not free: a port given out in this allocation, an Ingress container port, a port
+/// that an owned Service of no requesting Gateway maps (a deleted Gateway's, until its
+/// Service is gone), and a port that another Gateway's Service maps (until that Service
+/// is rewritten without it). Gateways probe in age order, so a new Gateway never takes a port
+/// an older one would probe to.
+///
+/// So a listener's container port depends on its own identity, not on which other Gateways
+/// exist: it keeps its port when others come and go, and when its Service is missing from
+/// the cache (just created, or a fresh controller) it picks the same port again unless a
+/// collision moved it. A port freed by a deleted Gateway goes to another one only when that
+/// one's probe lands there (chance 1 in the range size per listener), and never while any
+/// Service still maps it. Within one allocation no container port is given twice, so one
+/// dataplane config never has two Gateways' listeners on one port (the dataplane's config
+/// check refuses that too).
 pub fn allocate(snapshot: &Snapshot, params: &Params, requests: &[PortRequest]) -> Allocation {
-    let range = params.gateway_port_min..=params.gateway_port_max;
+    let (min, max) = (params.gateway_port_min, params.gateway_port_max);
+    let range = min..=max;
     // (namespace, name) of every Service we own: labelled ones anywhere, and those in the
     // controller's namespace named by prefix (an older release set no labels).
     let owned: Vec<_> = snapshot
@@ -157,54 +203,88 @@ pub fn allocate(snapshot: &Snapshot, params: &Params, requests: &[PortRequest]) 
         mine && (s.metadata.namespace.as_deref() == Some(requests[g].namespace.as_str())
             || s.metadata.namespace.as_deref() == Some(params.namespace.as_str()))
     };
-    // The current-location Service first, then the one in the other place.
-    let ports_of = |g: usize| -> Vec<(u16, u16)> {
-        let mut mine: Vec<_> = owned.iter().filter(|s| belongs(s, g)).collect();
-        let current = params.gateway_service_namespace(&requests[g].namespace);
-        mine.sort_by_key(|s| s.metadata.namespace.as_deref() != Some(current));
-        mine.iter()
-            .flat_map(|s| s.spec.iter().flat_map(|sp| sp.ports.iter().flatten()))
+    let mapped = |s: &Service| -> Vec<(u16, u16)> {
+        s.spec
+            .iter()
+            .flat_map(|sp| sp.ports.iter().flatten())
             .filter_map(|p| Some((u16::try_from(p.port).ok()?, target_port(p)?)))
             .collect()
     };
+    // Per request, what its Services map: the current-location Service first, then the one
+    // in the other place.
+    let mut held: Vec<Vec<(u16, u16)>> = vec![Vec::new(); requests.len()];
+    // Ports an owned Service of no requesting Gateway maps (stale or other Gateways): given
+    // to nobody.
+    let mut taken: BTreeSet<u16> = BTreeSet::new();
+    for s in &owned {
+        match (0..requests.len()).find(|&g| belongs(s, g)) {
+            Some(g) => {
+                let current = params.gateway_service_namespace(&requests[g].namespace);
+                let ports = mapped(s);
+                if s.metadata.namespace.as_deref() == Some(current) {
+                    held[g].splice(0..0, ports);
+                } else {
+                    held[g].extend(ports);
+                }
+            }
+            None => taken.extend(mapped(s).into_iter().map(|(_, t)| t)),
+        }
+    }
+    // The Ingress listeners' fixed container ports, should the range include them.
+    taken.extend([params.ingress_http_port, params.ingress_https_port]);
+    // Who else's Service maps a port: a port held by Gateway `g`'s Service is free for `g`
+    // only.
+    let mut holders: BTreeMap<u16, BTreeSet<usize>> = BTreeMap::new();
+    for (g, ports) in held.iter().enumerate() {
+        for &(_, target) in ports {
+            holders.entry(target).or_default().insert(g);
+        }
+    }
     let mut order: Vec<usize> = (0..requests.len()).collect();
-    order.sort_by(|&a, &b| {
-        (&requests[a].namespace, &requests[a].name)
-            .cmp(&(&requests[b].namespace, &requests[b].name))
+    order.sort_by_key(|&g| {
+        (
+            &requests[g].created,
+            &requests[g].namespace,
+            &requests[g].name,
+        )
     });
-    // Ports held by owned Services that belong to none of the requesting Gateways (stale or
-    // other Gateways) stay reserved.
-    let mut used: BTreeSet<u16> = owned
-        .iter()
-        .filter(|s| !(0..requests.len()).any(|g| belongs(s, g)))
-        .flat_map(|s| s.spec.iter().flat_map(|sp| sp.ports.iter().flatten()))
-        .filter_map(target_port)
-        .collect();
     let mut out: Allocation = requests
         .iter()
         .map(|r| r.ports.iter().map(|p| (*p, None)).collect())
         .collect();
     // Pass 1: keep what existing Services map.
     for &g in &order {
-        for (port, target) in ports_of(g) {
+        for &(port, target) in &held[g] {
             if let Some(slot) = out[g].get_mut(&port) {
-                if slot.is_none() && range.contains(&target) && !used.contains(&target) {
+                if slot.is_none() && range.contains(&target) && !taken.contains(&target) {
                     *slot = Some(target);
-                    used.insert(target);
+                    taken.insert(target);
                 }
             }
         }
     }
-    // Pass 2: the lowest free port for the rest.
-    let mut next = params.gateway_port_min;
+    // Pass 2: probe from each listener's preferred port.
+    if range.is_empty() {
+        return out;
+    }
+    let size = u32::from(max - min) + 1;
     for &g in &order {
-        for slot in out[g].values_mut().filter(|s| s.is_none()) {
-            while next <= params.gateway_port_max && used.contains(&next) {
-                next += 1;
-            }
-            if next <= params.gateway_port_max && range.contains(&next) {
-                *slot = Some(next);
-                used.insert(next);
+        let r = &requests[g];
+        for (&port, slot) in out[g].iter_mut().filter(|(_, s)| s.is_none()) {
+            let start = preferred_port(&r.namespace, &r.name, port, min, max);
+            let free = |p: &u16| {
+                !taken.contains(p) && holders.get(p).is_none_or(|h| h.iter().all(|&o| o == g))
+            };
+            let found = (0..size)
+                .map(|i| {
+                    let offset = (u32::from(start - min) + i) % size;
+                    // `offset < size`, so `min + offset <= max`.
+                    min + u16::try_from(offset).unwrap_or(0)
+                })
+                .find(free);
+            if let Some(p) = found {
+                *slot = Some(p);
+                taken.insert(p);
             }
         }
     }
@@ -330,8 +410,80 @@ mod tests {
         PortRequest {
             namespace: ns.into(),
             name: name.into(),
+            created: String::new(),
             ports: ports.iter().copied().collect(),
         }
+    }
+
+    /// The Services the controller writes for `alloc` (what the cache holds after a sync):
+    /// one per Gateway with a port, in the controller's namespace, mapping each listener
+    /// port that has a container port.
+    fn services_for(params: &Params, requests: &[PortRequest], alloc: &Allocation) -> Vec<Service> {
+        use k8s_openapi::api::core::v1::{ServicePort, ServiceSpec};
+        requests
+            .iter()
+            .zip(alloc)
+            .filter(|(_, a)| a.values().any(Option::is_some))
+            .map(|(r, a)| Service {
+                metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                    name: Some(service_name(&r.namespace, &r.name)),
+                    namespace: Some(params.namespace.clone()),
+                    labels: Some(
+                        [
+                            (MANAGED_BY_LABEL.to_string(), MANAGED_BY.to_string()),
+                            (GATEWAY_NAME_LABEL.to_string(), label_value(&r.name)),
+                            (OWNER_LABEL.to_string(), label_value(&params.namespace)),
+                        ]
+                        .into(),
+                    ),
+                    annotations: Some(
+                        [(
+                            GATEWAY_ANNOTATION.to_string(),
+                            format!("{}/{}", r.namespace, r.name),
+                        )]
+                        .into(),
+                    ),
+                    ..Default::default()
+                },
+                spec: Some(ServiceSpec {
+                    ports: Some(
+                        a.iter()
+                            .filter_map(|(&port, &target)| {
+                                Some(ServicePort {
+                                    name: Some(format!("tcp-{port}")),
+                                    port: i32::from(port),
+                                    target_port: Some(IntOrString::Int(i32::from(target?))),
+                                    ..Default::default()
+                                })
+                            })
+                            .collect(),
+                    ),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })
+            .collect()
+    }
+
+    fn cache(services: impl IntoIterator<Item = Service>) -> Snapshot {
+        Snapshot {
+            services: services.into_iter().map(std::sync::Arc::new).collect(),
+            ..Snapshot::default()
+        }
+    }
+
+    /// The container ports of Gateway `ns/name` in `alloc`.
+    fn ports_of(
+        requests: &[PortRequest],
+        alloc: &Allocation,
+        ns: &str,
+        name: &str,
+    ) -> BTreeMap<u16, Option<u16>> {
+        let g = requests
+            .iter()
+            .position(|r| r.namespace == ns && r.name == name)
+            .unwrap();
+        alloc[g].clone()
     }
 
     /// A valid DNS label (RFC 1123): what a Service name must be.
@@ -459,7 +611,7 @@ metadata: {name: e, namespace: team-a, labels: {app.kubernetes.io/managed-by: sw
     }
 
     #[test]
-    fn lowest_free_in_gateway_order_and_existing_kept() {
+    fn existing_mapping_kept_and_held_ports_given_to_nobody_else() {
         let (snapshot, _) = Snapshot::from_yaml(
             r#"
 apiVersion: v1
@@ -475,7 +627,7 @@ spec: {ports: [{name: tcp-80, port: 80, targetPort: 20000}]}
         )
         .unwrap();
         let params = Params::default();
-        // Given out of order: allocation follows namespace/name.
+        let (min, max) = (params.gateway_port_min, params.gateway_port_max);
         let requests = [req("b", "gw", &[80, 443]), req("a", "gw", &[80])];
         let a = allocate(&snapshot, &params, &requests);
         assert_eq!(
@@ -483,12 +635,9 @@ spec: {ports: [{name: tcp-80, port: 80, targetPort: 20000}]}
             Some(20005),
             "existing mapping kept (found by the Gateway it names, under an older name)"
         );
-        assert_eq!(
-            a[1][&80],
-            Some(20001),
-            "20000 is held by another owned Service"
-        );
-        assert_eq!(a[0][&443], Some(20002));
+        assert_eq!(a[0][&443], Some(preferred_port("b", "gw", 443, min, max)));
+        assert_eq!(a[1][&80], Some(preferred_port("a", "gw", 80, min, max)));
+        // Two ports: the stale Service's 20000 is given to nobody.
         let tight = Params {
             gateway_port_min: 20000,
             gateway_port_max: 20001,
@@ -497,5 +646,265 @@ spec: {ports: [{name: tcp-80, port: 80, targetPort: 20000}]}
         let a = allocate(&snapshot, &tight, &[req("c", "gw", &[80, 81])]);
         assert_eq!(a[0][&80], Some(20001));
         assert_eq!(a[0][&81], None, "range exhausted");
+        // A range that covers the Ingress listeners' container ports leaves them out.
+        let over_ingress = Params {
+            gateway_port_min: 8080,
+            gateway_port_max: 8082,
+            ..Params::default()
+        };
+        let a = allocate(
+            &cache([]),
+            &over_ingress,
+            &[req("c", "gw", &[80, 443, 444])],
+        );
+        let given: BTreeSet<u16> = a[0].values().flatten().copied().collect();
+        assert_eq!(given, BTreeSet::from([8081, 8082]));
+    }
+
+    /// A port that Gateway x's Service still maps, for a listener x no longer has, is not
+    /// given to Gateway y until that Service is rewritten without it: until then clients of
+    /// x's Service on that port would reach y's listener. (The allocator of before gave it
+    /// to y at once.)
+    #[test]
+    fn a_port_another_gateways_service_maps_waits_until_it_is_unmapped() {
+        let params = Params {
+            gateway_port_min: 20000,
+            gateway_port_max: 20001,
+            ..Params::default()
+        };
+        let before = [req("a", "x", &[80, 443])];
+        let mapped = allocate(&cache([]), &params, &before);
+        assert_eq!(mapped[0].len(), 2);
+        let x443 = mapped[0][&443].unwrap();
+        // x drops listener 443; y (younger) wants a port.
+        let mut y = req("b", "y", &[80]);
+        y.created = "2026-01-01T00:00:00Z".into();
+        let mut now = vec![req("a", "x", &[80]), y];
+        now[0].created = "2025-01-01T00:00:00Z".into();
+        let stale = cache(services_for(&params, &before, &mapped));
+        let a = allocate(&stale, &params, &now);
+        assert_eq!(a[0][&80], mapped[0][&80], "x keeps its port");
+        assert_eq!(a[1][&80], None, "x's Service still maps {x443}");
+        // x's Service rewritten (only 80 now): the port is free.
+        let rewritten = cache(services_for(&params, &now[..1], &a[..1].to_vec()));
+        let a = allocate(&rewritten, &params, &now);
+        assert_eq!(a[1][&80], Some(x443));
+    }
+
+    /// Gateways come and go around the ones that stay: with or without their Services in
+    /// the cache, the survivors keep their ports, and a new Gateway does not get the ports a
+    /// just-deleted one freed (it gets what it would get alone). The allocator of before
+    /// (lowest free port, Gateways in namespace/name order) gave the new `a/zero` the ports
+    /// `b/two` had, and moved `c/three` down when its Service was missing.
+    #[test]
+    fn churn_moves_no_survivor_and_hands_out_no_freed_port() {
+        let params = Params::default();
+        let first = [
+            req("a", "one", &[80, 443]),
+            req("b", "two", &[80, 443]),
+            req("c", "three", &[80, 443, 8443]),
+        ];
+        let alloc1 = allocate(&cache([]), &params, &first);
+        let freed: BTreeSet<u16> = alloc1[1].values().flatten().copied().collect();
+        // b/two is deleted (and its Service with it), a/zero is created; a/one is changed
+        // (listener 8080 added).
+        let second = [
+            req("a", "one", &[80, 443, 8080]),
+            req("c", "three", &[80, 443, 8443]),
+            req("a", "zero", &[80, 443]),
+        ];
+        let all_services = services_for(&params, &first, &alloc1);
+        let survivors: Vec<Service> = all_services
+            .iter()
+            .filter(|s| !s.metadata.name.as_deref().unwrap().contains("-b-two-"))
+            .cloned()
+            .collect();
+        let alone = allocate(&cache([]), &params, &[req("a", "zero", &[80, 443])]);
+        for (what, snapshot) in [
+            ("Services in the cache", cache(survivors.clone())),
+            ("no Service in the cache", cache([])),
+            ("c/three's Service missing", cache(survivors[..1].to_vec())),
+        ] {
+            let alloc2 = allocate(&snapshot, &params, &second);
+            for (ns, name) in [("a", "one"), ("c", "three")] {
+                let before = ports_of(&first, &alloc1, ns, name);
+                let after = ports_of(&second, &alloc2, ns, name);
+                for (port, target) in &before {
+                    assert_eq!(after[port], *target, "{what}: {ns}/{name}:{port} moved");
+                }
+            }
+            let zero = ports_of(&second, &alloc2, "a", "zero");
+            assert_eq!(zero, alone[0], "{what}: a/zero gets what it gets alone");
+            for target in zero.values().flatten() {
+                assert!(!freed.contains(target), "{what}: a/zero got freed {target}");
+            }
+        }
+        // While b/two's Service is still in the cache, its ports stay given to nobody.
+        let alloc2 = allocate(&cache(all_services), &params, &second);
+        for g in &alloc2 {
+            assert!(g.values().flatten().all(|t| !freed.contains(t)));
+        }
+    }
+
+    /// A Gateway whose Service is not in the cache (just created, or a controller that has
+    /// not listed Services yet) gets the ports its Service maps, so the Service is not
+    /// re-pointed while its old target is served by another Gateway. The allocator of
+    /// before gave it the lowest free port, which after any deletion was another's old one.
+    #[test]
+    fn a_gateway_missing_its_service_gets_the_same_ports() {
+        let params = Params::default();
+        let first = [
+            req("app", "a", &[80]),
+            req("app", "b", &[80, 443]),
+            req("app", "c", &[443]),
+        ];
+        let alloc1 = allocate(&cache([]), &params, &first);
+        let services = services_for(&params, &first, &alloc1);
+        // app/a is deleted with its Service; app/b's Service is not in the cache.
+        let rest = &first[1..];
+        let without_b: Vec<Service> = services
+            .iter()
+            .filter(|s| !s.metadata.name.as_deref().unwrap().contains("-app-b-"))
+            .skip(1)
+            .cloned()
+            .collect();
+        assert_eq!(without_b.len(), 1);
+        let alloc2 = allocate(&cache(without_b), &params, rest);
+        assert_eq!(alloc2[0], alloc1[1], "app/b without its Service");
+        assert_eq!(alloc2[1], alloc1[2], "app/c with its Service");
+        let with_b = allocate(&cache(services[1..].to_vec()), &params, rest);
+        assert_eq!(with_b, alloc2);
+    }
+
+    fn gateway_set() -> impl proptest::strategy::Strategy<Value = Vec<PortRequest>> {
+        use proptest::prelude::*;
+        // Few names and ports: collisions within small ranges are the point.
+        proptest::collection::vec(
+            (
+                "[ab]{1,2}",
+                "[a-c]{1,2}",
+                0u8..4,
+                proptest::collection::btree_set(
+                    prop_oneof![Just(80u16), Just(443), Just(8080), Just(8443), 1u16..100],
+                    0..4,
+                ),
+            ),
+            0..8,
+        )
+        .prop_map(|v| {
+            let mut seen = BTreeSet::new();
+            v.into_iter()
+                .filter(|(ns, name, _, _)| seen.insert((ns.clone(), name.clone())))
+                .map(|(ns, name, age, ports)| PortRequest {
+                    namespace: ns,
+                    name,
+                    created: format!("2026-01-0{}T00:00:00Z", age + 1),
+                    ports,
+                })
+                .collect()
+        })
+    }
+
+    fn tagged(
+        requests: &[PortRequest],
+        alloc: &Allocation,
+    ) -> BTreeMap<(String, String, u16), Option<u16>> {
+        requests
+            .iter()
+            .zip(alloc)
+            .flat_map(|(r, a)| {
+                a.iter()
+                    .map(|(&p, &t)| ((r.namespace.clone(), r.name.clone(), p), t))
+            })
+            .collect()
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(500))]
+
+        /// Allocation gives no container port twice, stays in range (Ingress ports left
+        /// out), fills the range before it leaves a listener without a port, does not depend
+        /// on the order of the requests, and a Gateway's ports do not depend on Gateways
+        /// younger than it, nor (with its Service in the cache) on any other Gateway coming
+        /// or going. The allocator of before failed the younger-Gateways property: a
+        /// younger Gateway earlier in namespace/name order took the lowest ports.
+        #[test]
+        fn allocation_is_injective_in_range_and_independent_of_others(
+            old in gateway_set(),
+            young in gateway_set(),
+            min in 8070u16..8090,
+            span in 0u16..24,
+            keep in proptest::collection::vec(proptest::bool::ANY, 8),
+            reverse in proptest::bool::ANY,
+        ) {
+            let params = Params {
+                gateway_port_min: min,
+                gateway_port_max: min + span,
+                ..Params::default()
+            };
+            // The younger set: created after every old Gateway, names distinct from them.
+            let young: Vec<PortRequest> = young
+                .iter()
+                .filter(|y| !old.iter().any(|o| o.namespace == y.namespace && o.name == y.name))
+                .map(|y| PortRequest { created: format!("2027{}", &y.created[4..]), ..y.clone() })
+                .collect();
+            let alloc = allocate(&cache([]), &params, &old);
+            let mut seen = BTreeSet::new();
+            let free = (min..=min + span)
+                .filter(|p| ![params.ingress_http_port, params.ingress_https_port].contains(p))
+                .count();
+            let wanted: usize = old.iter().map(|r| r.ports.len()).sum();
+            let given = alloc.iter().flat_map(|a| a.values().flatten()).count();
+            proptest::prop_assert_eq!(given, wanted.min(free));
+            for t in alloc.iter().flat_map(|a| a.values().flatten()) {
+                proptest::prop_assert!(seen.insert(*t), "{} twice", t);
+                proptest::prop_assert!((min..=min + span).contains(t));
+                proptest::prop_assert!(*t != 8080 && *t != 8443);
+            }
+            // Deterministic, whatever the order of the requests.
+            let mut shuffled: Vec<PortRequest> = old.to_vec();
+            if reverse {
+                shuffled.reverse();
+            } else {
+                shuffled.rotate_left(old.len() / 2);
+            }
+            let again = allocate(&cache([]), &params, &shuffled);
+            proptest::prop_assert_eq!(tagged(&old, &alloc), tagged(&shuffled, &again));
+            // Younger Gateways added: the older ones keep their ports.
+            let both: Vec<PortRequest> = old.iter().chain(&young).cloned().collect();
+            let with_young = tagged(&both, &allocate(&cache([]), &params, &both));
+            for (k, t) in tagged(&old, &alloc) {
+                proptest::prop_assert_eq!(with_young[&k], t, "{:?} moved", k);
+            }
+            // With the Services in the cache, some old Gateways deleted (Services too) and
+            // the young ones added, of any age: the survivors keep their ports.
+            let services = services_for(&params, &old, &alloc);
+            let kept: Vec<PortRequest> = old
+                .iter()
+                .zip(keep.iter().cycle())
+                .filter(|(_, k)| **k)
+                .map(|(r, _)| r.clone())
+                .collect();
+            let kept_services: Vec<Service> = services
+                .into_iter()
+                .filter(|s| {
+                    kept.iter().any(|r| {
+                        s.metadata.name.as_deref() == Some(service_name(&r.namespace, &r.name).as_str())
+                    })
+                })
+                .collect();
+            let mut now: Vec<PortRequest> = kept.to_vec();
+            now.extend(young.iter().map(|y| PortRequest { created: String::new(), ..y.clone() }));
+            let after = tagged(&now, &allocate(&cache(kept_services), &params, &now));
+            let before = tagged(&old, &alloc);
+            for r in &kept {
+                for p in &r.ports {
+                    let k = (r.namespace.clone(), r.name.clone(), *p);
+                    if before[&k].is_some() {
+                        proptest::prop_assert_eq!(after[&k], before[&k], "{:?} moved", k);
+                    }
+                }
+            }
+        }
     }
 }

@@ -140,6 +140,7 @@ pub(super) fn allocate(b: &Builder<'_>, gateways: &mut [OwnedGateway]) -> Alloca
         .map(|g| PortRequest {
             namespace: g.namespace.clone(),
             name: g.name.clone(),
+            created: routes::meta_key(&g.gateway.metadata).0,
             ports: g
                 .listeners
                 .iter()
