@@ -360,6 +360,7 @@ pub const ANNOTATIONS: &[AnnotationSpec] = &[
     spec("auth-tls-match-cn", Differently, "a regex (Rust `regex`) searched in the RFC 2253 subject DN (`CN=client,O=Example`); 403 otherwise", "CN=client"),
     spec("auth-tls-*", Refused, "other `auth-tls-*` settings are not implemented", "on"),
     spec("satisfy", Refused, "not implemented", "any"),
+    spec("ssl-passthrough", Refused, "TLS passthrough for Ingress hosts is not implemented: with `true` the Ingress's paths answer 403 rather than Sweety terminating TLS that the backend was to terminate (a Gateway listener with `tls.mode: Passthrough` and a TLSRoute does it); `false` is the default and changes nothing", "true"),
     spec("enable-modsecurity", Refused, "no WAF", "true"),
     spec("enable-owasp-core-rules", Refused, "no WAF", "true"),
     spec("modsecurity-transaction-id", Refused, "no WAF", "x"),
@@ -1595,7 +1596,8 @@ impl Annotations {
                         snippets.push(key.clone());
                     }
                 }
-                n if is_security(n) => {
+                // `ssl-passthrough: false` asks for nothing (ingress-nginx's default).
+                n if is_security(n) && (n != "ssl-passthrough" || truthy(value) == Some(true)) => {
                     if params.ignore_unsupported_security_annotations {
                         report.warn(
                             "UnsupportedSecurityAnnotation",
@@ -1614,6 +1616,9 @@ impl Annotations {
                         );
                         unsupported_security.push(key.clone());
                     }
+                }
+                "ssl-passthrough" => {
+                    flag(report);
                 }
                 // Read by the translator with the Ingress's hosts (ownership decides).
                 "server-alias" => {
