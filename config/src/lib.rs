@@ -16,6 +16,7 @@
 mod content;
 pub mod delta;
 mod duration;
+pub mod error_pages;
 pub mod ext_auth;
 pub mod htpasswd;
 mod model;
@@ -25,6 +26,7 @@ pub mod wire;
 
 pub use content::*;
 pub use duration::Duration;
+pub use error_pages::ErrorPages;
 pub use ext_auth::ExternalAuth;
 pub use htpasswd::{BasicAuth, BasicAuthUser};
 pub use model::*;

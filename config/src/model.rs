@@ -519,6 +519,9 @@ pub enum Filter {
     Cache(crate::CachePolicy),
     /// gRPC options (gRPC-Web translation).
     Grpc(crate::GrpcOptions),
+    /// Error pages: listed statuses of the action are replaced by a page from another backend
+    /// (or the built-in one), which also serves the route while its backends have no endpoint.
+    ErrorPages(crate::error_pages::ErrorPages),
 }
 
 /// Header edits: set (replace), add (append), remove.

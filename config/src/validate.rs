@@ -881,6 +881,17 @@ impl<'a> Validator<'a> {
             Filter::Compress(c) => self.compress(&format!("{path}.compress"), c),
             Filter::Cache(c) => self.cache_policy(&format!("{path}.cache"), c),
             Filter::Grpc(_) => {}
+            Filter::ErrorPages(e) => {
+                let fpath = format!("{path}.error_pages");
+                if let Some(b) = &e.backend {
+                    if !self.backends.contains(b.as_str()) {
+                        self.err(format!("{fpath}.backend"), format!("unknown backend {b:?}"));
+                    }
+                }
+                for (field, msg) in crate::error_pages::check_error_pages(e) {
+                    self.err(format!("{fpath}.{field}"), msg);
+                }
+            }
         }
     }
 
@@ -2763,6 +2774,32 @@ access_log: {enabled: true, path: /var/log/sweety/access.log, buffer_lines: 1024
             |c| route(c, 1).filters.push(redirect),
             "virtual_hosts[0].routes[1].filters[5]",
             "cannot have both a redirect and a rewrite filter",
+        );
+    }
+
+    #[test]
+    fn error_pages_rules() {
+        let p = "virtual_hosts[0].routes[1].filters[3].error_pages";
+        let pages = |backend: &str, codes: Vec<u16>| {
+            Filter::ErrorPages(crate::ErrorPages {
+                codes,
+                backend: Some(backend.into()),
+                ..Default::default()
+            })
+        };
+        let ok = pages("shadow", vec![404, 503]);
+        expect_ok(|c| route(c, 1).filters[3] = ok);
+        let e = pages("nope", vec![404]);
+        expect_one(
+            |c| route(c, 1).filters[3] = e,
+            &format!("{p}.backend"),
+            "unknown backend \"nope\"",
+        );
+        let e = pages("shadow", vec![302]);
+        expect_one(
+            |c| route(c, 1).filters[3] = e,
+            &format!("{p}.codes[0]"),
+            "302 is not from 400 to 599",
         );
     }
 

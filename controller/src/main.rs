@@ -121,7 +121,9 @@ struct Args {
         default_value = "/var/run/sweety/content"
     )]
     content_dir: String,
-    /// Coalescing window for watch events (bursts within it make one reconcile; a lone event after a quiet period is reconciled at once), e.g. `20ms` or `1s`.
+    /// Coalescing window for watch events, e.g. `20ms` or `1s`: a change is reconciled as soon
+    /// as it is seen, and so are the next few (4) in quick succession; past those, a burst
+    /// costs one reconcile per window.
     #[arg(long, env = "SWEETY_DEBOUNCE", default_value = "20ms")]
     debounce: String,
     /// The cluster-wide default backend of Ingress, `namespace/service:port` (requests for

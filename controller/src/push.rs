@@ -12,7 +12,7 @@
 //!   the config last sent on the connection, carrying only changed items. A `Nack`ed delta
 //!   (base mismatch, or a result the dataplane rejects) is followed by the full config.
 //! * A submitted config is sent at once: bursts are coalesced before the pusher, by the
-//!   reconcile loop's debounce ([`crate::run`]). Only the latest config is kept, so configs
+//!   reconcile loop's pacing ([`crate::run`]). Only the latest config is kept, so configs
 //!   submitted while a frame is being written, or while the dataplane is unreachable, are
 //!   replaced by the newest and never sent.
 //! * On every connection the dataplane's `Hello` says which generation and hash it runs: a

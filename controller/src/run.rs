@@ -1,4 +1,5 @@
-//! The reconcile loop: watch events (leading-edge debounced) → snapshot →
+//! The reconcile loop: watch events (paced by [`Pacer`]: a lone change is reconciled at once,
+//! a burst in a bounded number of reconciles) → snapshot →
 //! `TranslateCache::update` (incremental translate) → static content on disk →
 //! `Pusher::submit` → the statuses offered to the status worker and the per-Gateway
 //! Services to their own task. Config first: no API write happens inside a reconcile, so a
@@ -38,7 +39,8 @@ pub struct RunOptions {
     pub params: Params,
     /// Which namespaces and extra objects are watched.
     pub watch: WatchOptions,
-    /// Bursts of watch events within this window become one reconcile.
+    /// Past the first [`BURST`] reconciles at once, at most one reconcile per this window
+    /// ([`Pacer`]): the watch events of a longer burst are coalesced.
     pub debounce: Duration,
     /// Leader election; `None` means this replica always writes.
     pub lease: Option<LeaseOptions>,
@@ -51,6 +53,49 @@ pub struct RunOptions {
     /// followed like a configured default-certificate Secret, and kept usable by the leader.
     /// `None`: [`Params::default_certificate`] and its Secret as given.
     pub shared_default_certificate: Option<SharedDefaultCertificate>,
+}
+
+/// Reconciles the loop may start one right after the other before [`Pacer`] spaces them by
+/// the debounce window.
+pub const BURST: u32 = 4;
+
+/// When the reconcile loop may start the next reconcile: a token bucket of [`BURST`]
+/// reconciles that gains one per `window` (the generic cell rate algorithm). A lone change, or
+/// a few in quick succession (a route and its ReferenceGrant, a change right after another),
+/// is reconciled as soon as it is seen; a longer burst gets one reconcile per `window`, which
+/// covers every watch event that came meanwhile. Bounded: at most `BURST + t / window`
+/// reconciles start in any span `t`, and an event waits at most one `window` (plus the
+/// reconcile running when it came) before a reconcile that covers it starts.
+#[derive(Debug)]
+struct Pacer {
+    window: Duration,
+    /// When the bucket would be full again (the algorithm's theoretical arrival time);
+    /// `None` before the first reconcile.
+    full_at: Option<Instant>,
+}
+
+impl Pacer {
+    fn new(window: Duration) -> Pacer {
+        Pacer {
+            window,
+            full_at: None,
+        }
+    }
+
+    /// The earliest a reconcile asked for at `now` may start: `now` while a token is left.
+    fn allowed_at(&self, now: Instant) -> Instant {
+        let Some(full_at) = self.full_at else {
+            return now;
+        };
+        let slack = self.window * (BURST - 1);
+        full_at.checked_sub(slack).map_or(now, |at| at.max(now))
+    }
+
+    /// A reconcile started at `at` takes a token.
+    fn started(&mut self, at: Instant) {
+        let from = self.full_at.map_or(at, |t| t.max(at));
+        self.full_at = Some(from + self.window);
+    }
 }
 
 /// The config generation last submitted, for the latency metrics.
@@ -146,8 +191,7 @@ pub async fn run(
     let mut shutdown = std::pin::pin!(shutdown);
     let mut tick = tokio::time::interval(Duration::from_secs(5));
     let mut cause: Option<&'static str> = Some("start");
-    // Earliest time the next watch event may reconcile (debounce after the last reconcile).
-    let mut next_allowed: Option<Instant> = None;
+    let mut pacer = Pacer::new(options.debounce);
     let mut carried = Carried::default();
     let mut garbage = Garbage::new(&options.params.content_dir);
     let mut last: Option<Submitted> = None;
@@ -158,7 +202,7 @@ pub async fn run(
     loop {
         if let Some(why) = cause.take() {
             let started = Instant::now();
-            next_allowed = Some(started + options.debounce);
+            pacer.started(started);
             let first = watches.activity.take_first();
             let why = match (why, first) {
                 ("watch", Some((_, kind))) => kind,
@@ -210,10 +254,12 @@ pub async fn run(
                 if changed.is_err() {
                     break;
                 }
-                // Leading edge: a change after a quiet period is translated at once (the
-                // single-change latency); changes within `debounce` of the last reconcile wait
-                // for the end of that window, so a burst costs at most one reconcile per window.
-                if let Some(at) = next_allowed.filter(|at| *at > Instant::now()) {
+                // A change is reconciled at once while the pacer has a token (a lone
+                // change always); in a longer burst it waits for the next one, and the
+                // events that come meanwhile are in that reconcile too.
+                let now = Instant::now();
+                let at = pacer.allowed_at(now);
+                if at > now {
                     tokio::time::sleep_until(at.into()).await;
                 }
                 changes.borrow_and_update();
@@ -329,7 +375,7 @@ async fn reconcile(
         metrics.error(e.kind());
     }
     metrics.config_bytes.set(output.config.json_len() as u64);
-    // Bursts are coalesced here (the debounce above); the pusher sends at once.
+    // Bursts are coalesced before this (the loop's pacer); the pusher sends at once.
     let generation = pusher.submit(output.config.clone());
     // The pusher task, just woken, runs before anything else this task wakes (the status
     // worker, the Services task): otherwise the last task woken runs first on this worker
@@ -424,6 +470,77 @@ pub async fn sync_services_task(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The reconcile loop's pacing, with event times as given: the start times of the
+    /// reconciles for watch events at `events` (sorted), each reconcile taking `took`. As in
+    /// [`run`]: an event seen while the loop is idle asks the pacer; one that comes during a
+    /// reconcile is seen when it ends; a reconcile covers every event up to its start.
+    fn reconciles(window: Duration, events: &[Instant], took: Duration) -> Vec<Instant> {
+        let mut pacer = Pacer::new(window);
+        let (mut starts, mut idle_from, mut i) = (Vec::new(), events[0], 0);
+        while i < events.len() {
+            let at = pacer.allowed_at(events[i].max(idle_from));
+            pacer.started(at);
+            starts.push(at);
+            i += events[i..].partition_point(|e| *e <= at);
+            idle_from = at + took;
+        }
+        starts
+    }
+
+    /// A change that comes soon after the previous reconcile (here 5 ms after it, within the
+    /// 20 ms window) is reconciled as soon as it is seen, and so are the next few. With
+    /// `BURST = 1` (a reconcile per window, what the loop did before) the second change waits
+    /// until 20 ms after the first reconcile and this test fails.
+    #[test]
+    fn a_change_soon_after_another_is_reconciled_at_once() {
+        let (t0, ms) = (Instant::now(), Duration::from_millis);
+        let events = [t0, t0 + ms(5), t0 + ms(9), t0 + ms(14)];
+        let starts = reconciles(ms(20), &events, ms(2));
+        assert_eq!(starts, events, "one reconcile per change, none waited");
+        // After a quiet window the pacer is ready again.
+        let mut pacer = Pacer::new(ms(20));
+        for e in events {
+            pacer.started(e);
+        }
+        assert_eq!(pacer.allowed_at(t0 + ms(200)), t0 + ms(200));
+        // A window of 0 never waits.
+        let burst: Vec<Instant> = (0..100).map(|i| t0 + Duration::from_micros(i)).collect();
+        assert_eq!(reconciles(Duration::ZERO, &burst, Duration::ZERO), burst);
+    }
+
+    /// A burst (one event per millisecond for 2 s, as when thousands of routes are created)
+    /// costs at most `BURST` + one reconcile per 20 ms window, and no event waits more than a
+    /// window plus the reconcile running when it came.
+    #[test]
+    fn a_burst_is_coalesced_into_a_bounded_number_of_reconciles() {
+        let (t0, ms) = (Instant::now(), Duration::from_millis);
+        let (window, took) = (ms(20), ms(2));
+        let events: Vec<Instant> = (0..2000).map(|i| t0 + ms(i)).collect();
+        let starts = reconciles(window, &events, took);
+        let bound = BURST as usize + 2000 / 20;
+        assert!(
+            starts.len() <= bound,
+            "{} reconciles for 2,000 events, bound {bound}",
+            starts.len()
+        );
+        assert!(starts.len() >= 2000 / 20, "{} reconciles", starts.len());
+        for e in &events {
+            let covered = starts
+                .iter()
+                .find(|s| *s >= e)
+                .expect("every event is covered");
+            assert!(
+                *covered - *e <= window + took,
+                "an event waited {:?}",
+                *covered - *e
+            );
+        }
+        // In any window past the first ones, at most one reconcile starts.
+        for pair in starts[BURST as usize..].windows(2) {
+            assert!(pair[1] - pair[0] >= window, "{:?}", pair[1] - pair[0]);
+        }
+    }
 
     #[test]
     fn push_latency_runs_from_submit_to_the_ack_and_is_recorded_once() {

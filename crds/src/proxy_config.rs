@@ -61,6 +61,24 @@ pub struct IngressSettings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 400, max = 599))]
     pub limit_conn_status_code: Option<i32>,
+    /// Longest wait for the backend between two reads (ingress-nginx's `proxy-read-timeout`),
+    /// for the class's Ingresses without the annotation; default `60s`, as nginx; at most
+    /// `24h`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("pattern" = "^[0-9]+(ms|s|m|h)$"))]
+    pub proxy_read_timeout: Option<String>,
+    /// Longest wait for the backend to take the next chunk of the request (ingress-nginx's
+    /// `proxy-send-timeout`), for the class's Ingresses without the annotation; default `60s`,
+    /// as nginx; at most `24h`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("pattern" = "^[0-9]+(ms|s|m|h)$"))]
+    pub proxy_send_timeout: Option<String>,
+    /// Connect timeout to a backend endpoint (ingress-nginx's `proxy-connect-timeout`), for
+    /// the class's Ingresses without the annotation; default: the backend's own (5 s, as
+    /// nginx); at most `24h`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("pattern" = "^[0-9]+(ms|s|m|h)$"))]
+    pub proxy_connect_timeout: Option<String>,
 }
 
 /// OpenTelemetry tracing: where spans go and which requests are sampled.

@@ -53,7 +53,7 @@ pub struct CompiledFilters {
     content: ContentFilters,
 }
 
-/// The compiled `compress`, `cache` and `grpc` filters of a route.
+/// The compiled `compress`, `cache`, `grpc` and `error_pages` filters of a route.
 #[derive(Debug, Default, Clone)]
 pub struct ContentFilters {
     /// Response compression (`None`: off).
@@ -62,6 +62,8 @@ pub struct ContentFilters {
     pub cache: Option<sweety_config::CachePolicy>,
     /// gRPC options.
     pub grpc: Option<sweety_config::GrpcOptions>,
+    /// Error pages (`None`: responses pass as they are).
+    pub error_pages: Option<std::sync::Arc<crate::error_pages::ErrorPagesRt>>,
 }
 
 #[derive(Debug)]
@@ -594,6 +596,11 @@ impl CompiledFilters {
                 }
                 Filter::Cache(c) => out.content.cache = Some(c.clone()),
                 Filter::Grpc(g) => out.content.grpc = Some(g.clone()),
+                Filter::ErrorPages(e) => {
+                    out.content.error_pages = Some(std::sync::Arc::new(
+                        crate::error_pages::ErrorPagesRt::compile(e).map_err(err)?,
+                    ))
+                }
             }
         }
         Ok(out)
@@ -608,6 +615,7 @@ impl CompiledFilters {
             && self.content.compress.is_none()
             && self.content.cache.is_none()
             && self.content.grpc.is_none()
+            && self.content.error_pages.is_none()
     }
 
     /// The route's compression, cache and gRPC settings.
@@ -703,6 +711,7 @@ fn filter_kind(f: &Filter) -> &'static str {
         Filter::Compress(_) => "compress",
         Filter::Cache(_) => "cache",
         Filter::Grpc(_) => "grpc",
+        Filter::ErrorPages(_) => "error_pages",
     }
 }
 

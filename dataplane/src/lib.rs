@@ -23,6 +23,8 @@
 //! * [`static_files`]: the static-file handler (Range, conditionals, precompressed, cache).
 //! * [`proxy`]: upstream pools, load balancing, outlier ejection, forwarding, mirrors.
 //! * [`access`]: real client IP behind trusted proxies, IP allow/deny lists, rate limits.
+//! * [`error_pages`]: listed error statuses replaced by a page backend's answer, and that
+//!   backend serving routes without endpoints (`error_pages` filter).
 //! * [`cache`]: the in-memory response cache (`cache` filter), purged through admin.
 //! * [`compress`]: on-the-fly gzip/brotli/zstd of responses (`compress` filter).
 //! * [`websocket`]: HTTP/1.1 Upgrade and HTTP/2 extended CONNECT tunnels to backends.
@@ -53,6 +55,7 @@ pub mod compress;
 pub mod control;
 pub mod ctx;
 pub mod defaults;
+pub mod error_pages;
 pub mod exec;
 pub mod ext_auth;
 pub mod filters;

@@ -446,13 +446,18 @@ struct Acting<'a> {
     matched: Matched<'a>,
     parts: http::request::Parts,
     body: Body,
-    upgrade: Option<crate::websocket::UpgradeRequest>,
+    /// (Boxed: upgrades are rare, and the request future stays small.)
+    upgrade: Option<Box<crate::websocket::UpgradeRequest>>,
     /// gRPC-Web translation of a proxy route.
     web: Option<crate::grpc::GrpcKind>,
     /// The cache policy and key of a cacheable request, and what the lookup found.
     cache: Option<(&'a sweety_config::CachePolicy, crate::cache::RequestKey)>,
     found: Option<crate::cache::Found>,
     in_flight: Vec<crate::access::InFlightGuard>,
+    /// What an error page request needs of this request, taken before the route's request
+    /// filters (routes with error pages only).
+    /// (One boxed field: the request future stays small.)
+    pages: Option<Box<crate::error_pages::Plan<'a>>>,
 }
 
 /// Phases 2–5. Phases 2–4 and a fresh cache hit are plain code ([`route`]): a request they
@@ -694,6 +699,12 @@ fn after_access<'a>(
 
     // 4. request filters
     let (mut parts, body) = req.into_parts();
+    let page_request = entry
+        .filters
+        .content()
+        .error_pages
+        .as_ref()
+        .and_then(|e| e.page_request(&parts));
     if let RequestOutcome::Respond(r) =
         entry
             .filters
@@ -718,8 +729,21 @@ fn after_access<'a>(
             .filter(|k| *k != crate::grpc::GrpcKind::Grpc),
         _ => None,
     };
+    // A route without an endpoint is served by its page backend (`error_pages`), whose
+    // answer passes as it is: not cached, never intercepted.
+    let unavailable = match (&route.action, content.error_pages.as_deref()) {
+        (Action::Proxy(p), Some(e)) => e.unavailable(p, &snap.upstreams, &mut parts.headers),
+        _ => None,
+    };
+    let pages = match unavailable {
+        Some(p) => {
+            shared.metrics.edge_events.inc(&"default_backend");
+            Some(Box::new(crate::error_pages::Plan::Unavailable(p)))
+        }
+        None => page_request.map(|r| Box::new(crate::error_pages::Plan::Intercept(r))),
+    };
     let cache_key = match &route.action {
-        Action::Proxy(_) if upgrade.is_none() && web.is_none() => content
+        Action::Proxy(_) if upgrade.is_none() && web.is_none() && unavailable.is_none() => content
             .cache
             .as_ref()
             .zip(cache_host)
@@ -758,11 +782,12 @@ fn after_access<'a>(
         matched,
         parts,
         body,
-        upgrade,
+        upgrade: upgrade.map(Box::new),
         web,
         cache: cache_key,
         found,
         in_flight,
+        pages,
     }))
 }
 
@@ -783,6 +808,7 @@ async fn act<'a>(
         cache: cache_key,
         found: first,
         in_flight,
+        pages,
     } = a;
     let limits = &snap.config.limits;
     let entry = matched.entry;
@@ -792,6 +818,7 @@ async fn act<'a>(
     let action = async {
         match &route.action {
             Action::Proxy(p) => {
+                let p = crate::error_pages::Plan::action(pages.as_deref(), p);
                 // The content filters' futures are boxed so that the common path's state machine
                 // (moved into a task per request) stays small.
                 if let Some(kind) = upgrade {
@@ -799,7 +826,7 @@ async fn act<'a>(
                         &snap.upstreams,
                         shared.metrics.clone(),
                         Request::from_parts(parts, body),
-                        kind,
+                        *kind,
                         p,
                         route,
                         ctx,
@@ -913,6 +940,13 @@ async fn act<'a>(
             }
         },
         None => action.await,
+    };
+    // Phase 5b: a listed status of the action replaced by the route's error page.
+    let resp = match (content.error_pages.as_deref(), pages) {
+        (Some(e), Some(plan)) => {
+            Box::pin(e.finish(*plan, resp, &snap.upstreams, ctx, &shared.metrics)).await
+        }
+        (_, _) => resp,
     };
     let resp = crate::access::hold(resp, in_flight);
     let mut served = Served::routed(route_name, resp, matched, None);

@@ -32,7 +32,7 @@ async fn bounded<F: Future>(secs: u64, f: F) -> F::Output {
 
 /// An HTTP/3 client connection.
 struct H3 {
-    _endpoint: quinn::Endpoint,
+    endpoint: quinn::Endpoint,
     conn: quinn::Connection,
     send: h3::client::SendRequest<h3_quinn::OpenStreams, Bytes>,
     sni: String,
@@ -76,7 +76,7 @@ impl H3 {
             let _ = driver.wait_idle().await;
         });
         Ok(H3 {
-            _endpoint: endpoint,
+            endpoint,
             conn,
             send,
             sni: sni.to_string(),
@@ -312,6 +312,40 @@ async fn unknown_path_is_404_over_h3_with_request_ids() {
         assert_eq!(id(&h1).len(), 32);
         assert_eq!(id(&h2).len(), 32);
         assert_ne!(id(&h1), id(&h2));
+    })
+    .await;
+}
+
+/// A client whose address changes mid-connection (its UDP socket rebound: NAT rebinding, a
+/// new network) keeps its connection: quinn validates the new path and the next request is
+/// answered over it; `sweety_http3_connection_migrations_total` counts the change once,
+/// and not again for requests that follow on the same path (issue 21).
+#[tokio::test]
+async fn a_migrated_h3_connection_keeps_serving_and_is_counted() {
+    bounded(20, async {
+        let (cfg, ca) = h3_config(vec![fixed_route("only", "/only", "yes")]);
+        let h = Harness::start(cfg).await;
+        let c = H3::connect(h.addr("tls").await, "localhost", &ca)
+            .await
+            .unwrap();
+        let m = &h.runtime.shared.metrics;
+        let migrations = || m.quic_migrations.get(&Arc::from("tls"));
+        let (status, _, body) = c.get("/only").await.unwrap();
+        assert_eq!((status, &body[..]), (200, &b"yes"[..]));
+        assert_eq!(migrations(), 0);
+        let before = c.endpoint.local_addr().unwrap();
+        c.endpoint
+            .rebind(std::net::UdpSocket::bind("127.0.0.1:0").unwrap())
+            .unwrap();
+        assert_ne!(c.endpoint.local_addr().unwrap(), before);
+        for _ in 0..3 {
+            let (status, _, body) = c.get("/only").await.unwrap();
+            assert_eq!((status, &body[..]), (200, &b"yes"[..]));
+        }
+        assert_eq!(migrations(), 1, "{}", m.render());
+        assert!(m
+            .render()
+            .contains("sweety_http3_connection_migrations_total{listener=\"tls\"} 1"));
     })
     .await;
 }

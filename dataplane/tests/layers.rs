@@ -20,10 +20,10 @@ fn layer(module: &str) -> Option<u8> {
         "pipeline" => 3,
         "state" => 2,
         "access" | "access_log" | "basic_auth" | "ext_auth" | "body" | "cache" | "client_caps"
-        | "client_cert" | "compress" | "ctx" | "defaults" | "filters" | "grpc" | "identity"
-        | "limits" | "metrics" | "path_norm" | "proxy" | "proxy_protocol" | "request_id"
-        | "router" | "send_timeout" | "static_files" | "tls" | "trace" | "websocket"
-        | "conn_headers" | "hpack" => 1,
+        | "client_cert" | "compress" | "ctx" | "defaults" | "error_pages" | "filters" | "grpc"
+        | "identity" | "limits" | "metrics" | "path_norm" | "proxy" | "proxy_protocol"
+        | "request_id" | "router" | "send_timeout" | "static_files" | "tls" | "trace"
+        | "websocket" | "conn_headers" | "hpack" => 1,
         "exec" => 0,
         _ => return None,
     })

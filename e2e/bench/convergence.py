@@ -18,6 +18,11 @@ start in any figure) and keep-alive HTTP/1.1 to the Gateway's address:
    the route creators or the status watch), with a raw-socket HTTP/1.1 client (one prebuilt
    request, no http.client parsing), at most --poll-gap-ms (0.5) between two polls; the
    poller's own request time (send → whole response) is reported beside the figures;
+   with --direct (the dataplane Pod's address and the Gateway listener's container port, as
+   convergence.sh finds them), a second change phase of M changes polls there instead of the
+   Gateway's address: the same figures without the node agent's user-space load balancer
+   (two more hops per request, which a real cluster's kube-proxy or cloud load balancer does
+   not add the same way) in every poll;
 3. controller and dataplane RSS (VmRSS, VmHWM) of the processes run from IMAGE_DIR;
 4. where a change's time goes (with --metrics, the controller's /metrics URL): the controller's
    histograms over the change phase only (their difference before and after it): watch event →
@@ -264,18 +269,19 @@ class RawHttp:
             return None, str(e).encode()
 
 
-def changer(server, token, ca, ns, gateway, candidates, changes, seconds, gap_s, out):
-    """The change phase's own process: M PATCHes, each followed by polls (one raw-socket client,
-    nothing else in this process) until the change shows, at most 10 s and 20,000 polls per
-    change and `seconds` in all. Puts (latencies ms, poll request times ms, failed polls,
-    timeouts) on `out`."""
+def changer(server, token, ca, ns, target, candidates, changes, seconds, gap_s, out, first=0):
+    """The change phase's own process: M PATCHes, each followed by polls of `target` (address,
+    port; one raw-socket client, nothing else in this process) until the change shows, at most
+    10 s and 20,000 polls per change and `seconds` in all. Changes are numbered from `first`
+    (each sets a value no earlier one did). Puts (latencies ms, poll request times ms, failed
+    polls, timeouts) on `out`."""
     gc.disable()  # bounded: a few lists of floats
     end = time.monotonic() + seconds
     api = Api(server, token, ca)
-    dp = RawHttp(gateway)
-    rng = random.Random(7)
+    dp = RawHttp(*target)
+    rng = random.Random(7 + first)
     lat, poll_ms, poll_failed, timeouts = [], [], 0, 0
-    for j in range(changes):
+    for j in range(first, first + changes):
         if time.monotonic() > end:
             break
         k = rng.choice(candidates)
@@ -419,6 +425,9 @@ def main():
     ap.add_argument("--metrics", default="", help="the controller's /metrics URL (where the time goes)")
     ap.add_argument("--poll-gap-ms", type=float, default=0.5,
                     help="pause between two polls of a change (ms; at most ~1)")
+    ap.add_argument("--direct", default="",
+                    help="ADDR:PORT of the dataplane Pod's Gateway listener: a second change "
+                         "phase polls there")
     a = ap.parse_args()
     start = time.monotonic()
     deadline = start + a.deadline
@@ -487,23 +496,45 @@ def main():
                            max(1.0, deadline - time.monotonic())))
     bg.start()
     time.sleep(1.0)
-    metrics_before = scrape(a.metrics)
-    results = ctx.Queue()
-    budget = max(1.0, deadline - time.monotonic())
-    ch = ctx.Process(target=changer,
-                     args=(server, token, ca, a.ns, a.gateway, candidates, a.changes, budget,
-                           a.poll_gap_ms / 1000, results))
-    ch.start()
-    try:
-        got = results.get(timeout=budget + 30)
-    except Exception:  # queue.Empty: the changer died or hung
-        got = ("error", "the change process gave no result")
-    ch.join(30)
-    if got[0] != "ok":
-        stop.set()
-        sys.exit(got[1])
-    _, lat, poll_ms, poll_failed, timeouts = got
-    breakdown = phase(metrics_before, scrape(a.metrics)) if a.metrics else {}
+    def change_phase(target, first):
+        """One change phase (its own process) polling `target`: (its result, the controller's
+        figures over it)."""
+        before = scrape(a.metrics)
+        results = ctx.Queue()
+        budget = max(1.0, deadline - time.monotonic())
+        ch = ctx.Process(target=changer,
+                         args=(server, token, ca, a.ns, target, candidates, a.changes, budget,
+                               a.poll_gap_ms / 1000, results, first))
+        ch.start()
+        try:
+            got = results.get(timeout=budget + 30)
+        except Exception:  # queue.Empty: the changer died or hung
+            got = ("error", "the change process gave no result")
+        ch.join(30)
+        if got[0] != "ok":
+            stop.set()
+            sys.exit(got[1])
+        return got[1:], (phase(before, scrape(a.metrics)) if a.metrics else {})
+
+    (lat, poll_ms, poll_failed, timeouts), breakdown = change_phase((a.gateway, 80), 0)
+    direct = None
+    if a.direct:
+        host, _, port = a.direct.rpartition(":")
+        (d_lat, d_poll, d_failed, d_timeouts), d_breakdown = change_phase(
+            (host, int(port)), a.changes)
+        poll_failed += d_failed
+        direct = {
+            "target": a.direct,
+            "changes": len(d_lat),
+            "change_timeouts": d_timeouts,
+            "change_p50_ms": round(statistics.median(d_lat), 1) if d_lat else None,
+            "change_p99_ms": round(pct(d_lat, 99), 1) if d_lat else None,
+            "change_max_ms": round(max(d_lat), 1) if d_lat else None,
+            "failed_polls": d_failed,
+            "poll_request_ms_p50_p99": [round(statistics.median(d_poll), 2),
+                                        round(pct(d_poll, 99), 2)] if d_poll else None,
+            "controller_during_changes": d_breakdown,
+        }
     stop.set()
     try:
         bg_counts = counts.get(timeout=30)
@@ -531,6 +562,8 @@ def main():
         if poll_ms else None,
         "controller_during_changes": breakdown,
     }
+    if direct is not None:
+        res["direct"] = direct
     print(json.dumps(res))
     c = mem.get("sweety-controller", (0, 0))
     d = mem.get("sweety-dataplane", (0, 0))
@@ -539,6 +572,11 @@ def main():
           f"| {res['change_p50_ms']} / {res['change_p99_ms']} / {res['change_max_ms']} ms ({len(lat)} changes, {timeouts} timed out) "
           f"| {res['failed_requests']} of {res['background_ok'] + res['failed_requests']} "
           f"| {c[0] // 1024} MB ({c[1] // 1024} MB peak) | {d[0] // 1024} MB ({d[1] // 1024} MB peak) |")
+    if direct is not None:
+        print(f"polled at the dataplane Pod ({direct['target']}): change -> served "
+              f"{direct['change_p50_ms']} / {direct['change_p99_ms']} / {direct['change_max_ms']} ms "
+              f"({direct['changes']} changes, {direct['change_timeouts']} timed out), "
+              f"poll request p50/p99 {direct['poll_request_ms_p50_p99']} ms")
 
 
 if __name__ == "__main__":

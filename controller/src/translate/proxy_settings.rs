@@ -57,7 +57,8 @@ pub(crate) fn find<'s>(
 
 /// The `ingress` settings of the SweetyProxyConfig that `ing`'s IngressClass names in
 /// `spec.parameters` (as [`settings`] accepts such a reference), with ingress-nginx's defaults
-/// for what it does not set (503 for both limit statuses). The class is the one
+/// for what it does not set (503 for both limit statuses, 60 s read and send idle clocks, the
+/// backend's connect timeout). The class is the one
 /// `spec.ingressClassName` names, else the legacy `kubernetes.io/ingress.class` annotation's,
 /// else the default class among those served. A status outside 400-599 (the CRD's schema
 /// refuses it; an old schema may not) is left at the default and named in the config's
@@ -117,7 +118,40 @@ pub(crate) fn ingress_settings(
     if let Some(s) = status(i.limit_conn_status_code) {
         out.limit_conn_status = s;
     }
+    for (field, v, slot) in [
+        (
+            "ingress.proxyReadTimeout",
+            &i.proxy_read_timeout,
+            &mut out.read_idle,
+        ),
+        (
+            "ingress.proxySendTimeout",
+            &i.proxy_send_timeout,
+            &mut out.send_idle,
+        ),
+        (
+            "ingress.proxyConnectTimeout",
+            &i.proxy_connect_timeout,
+            &mut out.connect,
+        ),
+    ] {
+        if let Ok(Some(d)) = proxy_timeout(field, v.as_ref()) {
+            *slot = Some(d);
+        }
+    }
     out
+}
+
+/// An `ingress.proxy*Timeout` value: a positive duration of at most a day (as the
+/// annotations and the config bound route idle clocks), or why it is left out.
+fn proxy_timeout(field: &str, v: Option<&String>) -> Result<Option<Duration>, String> {
+    let Some(text) = v else { return Ok(None) };
+    match text.parse::<Duration>() {
+        Ok(d) if !d.is_zero() && d <= sweety_config::MAX_IDLE_TIMEOUT => Ok(Some(d)),
+        _ => Err(format!(
+            "{field} {text:?} is not a duration from 1ms to 24h like 60s: the default applies"
+        )),
+    }
 }
 
 /// The settings part of the config (no listeners, virtual hosts or backends) and the statuses
@@ -350,6 +384,15 @@ impl<'a> Merge<'a> {
                             v.unwrap_or_default()
                         ),
                     );
+                }
+            }
+            for (field, v) in [
+                ("ingress.proxyReadTimeout", &ing.proxy_read_timeout),
+                ("ingress.proxySendTimeout", &ing.proxy_send_timeout),
+                ("ingress.proxyConnectTimeout", &ing.proxy_connect_timeout),
+            ] {
+                if let Err(why) = proxy_timeout(field, v.as_ref()) {
+                    self.note(i, why);
                 }
             }
         }

@@ -363,6 +363,17 @@ async fn serve_conn(
         }
     };
     let mut requests = tokio::task::JoinSet::new();
+    // The client's address as last seen: quinn migrates a connection to a new path it has
+    // validated without telling (0.11 has no event), so a change is counted when the next
+    // request comes or the connection ends. `info.peer` keeps the handshake's address (the
+    // one the access rules and logs saw at the start).
+    let mut remote = quic.remote_address();
+    let mut migrated = |now: SocketAddr| {
+        if now != remote {
+            remote = now;
+            shared.metrics.quic_migrations.inc(&view.name);
+        }
+    };
     let mut draining = *drain.borrow();
     if draining {
         let _ = h3.shutdown(1).await;
@@ -391,6 +402,7 @@ async fn serve_conn(
         };
         match accepted {
             Ok(Some(resolver)) => {
+                migrated(quic.remote_address());
                 while requests.try_join_next().is_some() {}
                 requests.spawn(serve_request(
                     shared.clone(),
@@ -410,6 +422,7 @@ async fn serve_conn(
         }
     }
     while requests.join_next().await.is_some() {}
+    migrated(quic.remote_address());
     quic.close(H3_NO_ERROR, b"");
 }
 

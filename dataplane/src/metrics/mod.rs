@@ -177,6 +177,10 @@ pub struct Metrics {
     pub tls_handshake_errors: LabeledCounter<(Arc<str>, &'static str, &'static str)>,
     /// HTTP/3 requests received in 0-RTT early data, by listener.
     pub early_data_requests: LabeledCounter<Arc<str>>,
+    /// QUIC connection migrations seen, by listener: the client's address changed (a new
+    /// path quinn validated: NAT rebinding, Wi-Fi to cellular) between two requests of a
+    /// connection, or before its end.
+    pub quic_migrations: LabeledCounter<Arc<str>>,
     /// End of validity of the served certificates: (listener, first hostname, Unix seconds),
     /// at most [`MAX_CERTIFICATES`], set by each full config apply.
     pub certificates: Mutex<Vec<(String, String, i64)>>,
@@ -373,7 +377,8 @@ impl Metrics {
         self.health_checks.retain(|(b, _)| keep(b));
     }
 
-    /// Drops the per-listener counters (TLS handshakes, their failures, 0-RTT requests) of
+    /// Drops the per-listener counters (TLS handshakes, their failures, 0-RTT requests,
+    /// QUIC migrations) of
     /// listeners not in `live` (after a config with new settings), so that those maps hold
     /// the listeners being served, not every name configs have used.
     pub fn retain_listeners(&self, live: &HashSet<&str>) {
@@ -381,6 +386,7 @@ impl Metrics {
         self.tls_handshake_errors
             .retain(|(l, _, _)| live.contains(&**l));
         self.early_data_requests.retain(|l| live.contains(&**l));
+        self.quic_migrations.retain(|l| live.contains(&**l));
     }
 
     /// Every family of a scrape, with its samples.
@@ -521,6 +527,14 @@ impl Metrics {
             "HTTP/3 requests received in 0-RTT early data, by listener.",
         );
         for (l, n) in self.early_data_requests.snapshot() {
+            f.sample(vec![("listener", l.to_string())], Value::Counter(n));
+        }
+        let f = e.family(
+            "sweety_http3_connection_migrations_total",
+            MetricType::Counter,
+            "QUIC connection migrations (the client's address changed on a validated path), by listener.",
+        );
+        for (l, n) in self.quic_migrations.snapshot() {
             f.sample(vec![("listener", l.to_string())], Value::Counter(n));
         }
         let f = e.family(

@@ -375,6 +375,25 @@ impl RequestSeries {
             .map_or(0, |(_, n)| n.load(Relaxed))
     }
 
+    /// True when the route `name` has a label of its own.
+    pub fn has_route(&self, name: &str) -> bool {
+        self.inner
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .routes
+            .contains(name)
+    }
+
+    /// Entries of the lookup map (emptied by [`RequestSeries::retain_routes`]).
+    #[cfg(test)]
+    pub(crate) fn lookup_len(&self) -> usize {
+        self.inner
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .lookup
+            .len()
+    }
+
     /// True when a cap is reached (some request may count under [`OTHER`]).
     pub fn full(&self) -> bool {
         let r = self.inner.read().unwrap_or_else(|e| e.into_inner());

@@ -345,6 +345,18 @@ impl Upstreams {
         }
     }
 
+    /// Whether some backend of `action` with a weight has an endpoint that may take traffic
+    /// now (weight > 0, not down by health checks, not ejected).
+    pub fn has_endpoint(&self, action: &ProxyAction) -> bool {
+        action.backends.iter().any(|wb| {
+            wb.weight > 0
+                && self
+                    .backends
+                    .get(&wb.backend)
+                    .is_some_and(|b| !b.eligible().is_empty())
+        })
+    }
+
     /// Forwards `req` to one of `action`'s backends, honouring `route`'s timeouts and retry
     /// policy. Never fails: upstream errors become 502 (connect) or 504 (timeout) replies.
     pub async fn forward(

@@ -222,6 +222,8 @@ pub(super) fn snapshot(
 /// The snapshot of `config`, the serving one (`prev`) with a patch of its virtual hosts
 /// (`edit`) and, when `backends_changed`, its backends: only what changed is compiled;
 /// listeners, their TLS and the settings are `prev`'s. The caller validated the patch.
+/// Beside it, the names of the routes the replaced and removed virtual hosts had that the
+/// new ones do not (a name can still be served by another virtual host).
 pub(super) fn patched(
     shared: &Shared,
     prev: &Snapshot,
@@ -229,14 +231,26 @@ pub(super) fn patched(
     hash: String,
     edit: &sweety_config::delta::ListPatch,
     backends_changed: bool,
-) -> Result<Snapshot, ApplyError> {
+) -> Result<(Snapshot, Vec<Arc<str>>), ApplyError> {
     let mut access_touched = false;
+    // Every route of the changed virtual hosts, old and new.
+    let mut touched: Vec<Arc<str>> = Vec::new();
     let routes = prev
         .routes
         .patch(config, edit, &mut |e| {
-            access_touched |= crate::access::AccessRules::has_route_rules(&e.route)
+            access_touched |= crate::access::AccessRules::has_route_rules(&e.route);
+            touched.push(e.name.clone());
         })
         .map_err(|e| ApplyError::Invalid(vec![e.to_string()]))?;
+    let kept: std::collections::HashSet<&str> = edit
+        .changed_positions(config.virtual_hosts.len())
+        .into_iter()
+        .flat_map(|i| config.virtual_hosts[i].routes.iter())
+        .map(|r| r.name.as_str())
+        .collect();
+    touched.retain(|name| !kept.contains(&**name));
+    touched.sort_unstable();
+    touched.dedup();
     let upstreams = if backends_changed {
         let built = Upstreams::build(
             &config.backends,
@@ -258,11 +272,11 @@ pub(super) fn patched(
     } else {
         prev.access.clone()
     };
-    let mut kept = Config::clone(&prev.config);
-    kept.generation = config.generation;
-    Ok(Snapshot {
-        http: http_builder(&kept.limits),
-        config: Arc::new(kept),
+    let mut settings = Config::clone(&prev.config);
+    settings.generation = config.generation;
+    let snapshot = Snapshot {
+        http: http_builder(&settings.limits),
+        config: Arc::new(settings),
         virtual_host_count: config.virtual_hosts.len(),
         backend_count: config.backends.len(),
         hash,
@@ -271,5 +285,6 @@ pub(super) fn patched(
         listeners: prev.listeners.clone(),
         by_key: prev.by_key.clone(),
         access,
-    })
+    };
+    Ok((snapshot, touched))
 }

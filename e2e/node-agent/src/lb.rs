@@ -523,7 +523,7 @@ async fn forward_tcp(listener: TcpListener, backends: Backends) {
         let Ok(permit) = permits.clone().acquire_owned().await else {
             return;
         };
-        let Ok((mut inbound, _)) = listener.accept().await else {
+        let Ok((inbound, _)) = listener.accept().await else {
             tokio::time::sleep(Duration::from_millis(50)).await;
             continue;
         };
@@ -532,11 +532,27 @@ async fn forward_tcp(listener: TcpListener, backends: Backends) {
         };
         tokio::spawn(async move {
             let _permit = permit;
-            if let Ok(mut out) = tokio::net::TcpStream::connect(target).await {
+            if let Ok((mut inbound, mut out)) = relay_ends(inbound, target).await {
                 let _ = tokio::io::copy_bidirectional(&mut inbound, &mut out).await;
             }
         });
     }
+}
+
+/// The two ends of a relayed TCP connection: the accepted one and a new one to `target`, both
+/// with TCP_NODELAY, as Go's net package gives every TCP connection (kube-proxy's user-space
+/// mode, the Go backends of the tests). Without it a response that reaches the relay in two
+/// reads leaves it as two writes, the second held back by Nagle's algorithm until the
+/// client acknowledges the first (a delayed ACK): latency no load balancer of a real cluster
+/// adds to what the e2e tests and benchmarks measure.
+async fn relay_ends(
+    inbound: tokio::net::TcpStream,
+    target: SocketAddr,
+) -> std::io::Result<(tokio::net::TcpStream, tokio::net::TcpStream)> {
+    inbound.set_nodelay(true)?;
+    let out = tokio::net::TcpStream::connect(target).await?;
+    out.set_nodelay(true)?;
+    Ok((inbound, out))
 }
 
 /// One UDP flow: its upstream socket (connected to one backend), when it last carried a datagram either way,
@@ -709,6 +725,36 @@ async fn udp_replies(
 mod tests {
     use super::*;
     use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort};
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    /// Both ends of a relayed TCP connection have TCP_NODELAY (without it a response in two
+    /// writes waits for the client's delayed ACK), and bytes go through both ways.
+    #[tokio::test]
+    async fn tcp_relay_ends_have_nodelay() {
+        let backend = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let front = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut client = tokio::net::TcpStream::connect(front.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (accepted, _) = front.accept().await.unwrap();
+        let (mut inbound, mut out) = relay_ends(accepted, backend.local_addr().unwrap())
+            .await
+            .unwrap();
+        assert!(inbound.nodelay().unwrap(), "the client's end");
+        assert!(out.nodelay().unwrap(), "the backend's end");
+        let relay = tokio::spawn(async move {
+            let _ = tokio::io::copy_bidirectional(&mut inbound, &mut out).await;
+        });
+        let (mut server, _) = backend.accept().await.unwrap();
+        client.write_all(b"ping").await.unwrap();
+        let mut buf = [0u8; 4];
+        server.read_exact(&mut buf).await.unwrap();
+        assert_eq!(&buf, b"ping");
+        server.write_all(b"pong").await.unwrap();
+        client.read_exact(&mut buf).await.unwrap();
+        assert_eq!(&buf, b"pong");
+        relay.abort();
+    }
 
     #[test]
     fn status_address_is_kept_only_inside_the_range() {

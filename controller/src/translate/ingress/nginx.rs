@@ -179,16 +179,34 @@ pub struct ClassSettings {
     pub limit_req_status: u16,
     /// `limit-conn-status-code`: what `limit-connections` answers past the limit.
     pub limit_conn_status: u16,
+    /// `proxy-read-timeout` of the class's Ingresses without the annotation (the route's
+    /// `timeouts.read_idle`).
+    pub read_idle: Option<Duration>,
+    /// `proxy-send-timeout` likewise (`timeouts.send_idle`).
+    pub send_idle: Option<Duration>,
+    /// `proxy-connect-timeout` likewise (`timeouts.connect`; unset: the backend's own).
+    pub connect: Option<Duration>,
 }
 
 /// nginx's `limit_req_status` and `limit_conn_status` default, which ingress-nginx keeps.
 pub const NGINX_LIMIT_STATUS: u16 = 503;
+
+/// nginx's `proxy_read_timeout` and `proxy_send_timeout` default, which ingress-nginx keeps
+/// (its `proxy-read-timeout` / `proxy-send-timeout` ConfigMap keys default to 60): an
+/// Ingress that sets neither the annotation nor its class gets this idle clock, so a backend
+/// that stops sending or reading holds a request for a minute at most, as under
+/// ingress-nginx.
+pub const NGINX_PROXY_IDLE: Duration = Duration::from_secs(60);
 
 impl Default for ClassSettings {
     fn default() -> Self {
         ClassSettings {
             limit_req_status: NGINX_LIMIT_STATUS,
             limit_conn_status: NGINX_LIMIT_STATUS,
+            read_idle: Some(NGINX_PROXY_IDLE),
+            send_idle: Some(NGINX_PROXY_IDLE),
+            // The backend's own connect timeout (5 s), as nginx's `proxy_connect_timeout`.
+            connect: None,
         }
     }
 }
@@ -291,9 +309,9 @@ pub const ANNOTATIONS: &[AnnotationSpec] = &[
     spec("use-regex", Differently, "case-insensitive and anchored at the start like nginx's `~*` locations (RE2 syntax, Rust `regex`); as in ingress-nginx every other path of the host becomes a case-insensitive regex too (an `Exact` path stays exact, ignoring case; nginx makes it a start-anchored regex)", "true"),
     spec("ssl-redirect", Support::Honoured, "on by default for hosts with TLS; `/.well-known/acme-challenge` is never redirected", "false"),
     spec("force-ssl-redirect", Differently, "also redirects hosts without TLS here", "true"),
-    spec("proxy-read-timeout", Support::Honoured, "nginx's idle time between two reads from the backend: until the response head (504), then between two body chunks (the response is aborted); at most 86400; unset: no limit (ingress-nginx: 60)", "60"),
-    spec("proxy-send-timeout", Support::Honoured, "nginx's idle time between two writes of the request to the backend (504); at most 86400; unset: no limit (ingress-nginx: 60)", "60"),
-    spec("proxy-connect-timeout", Support::Honoured, "the connect timeout alone (504); at most 86400; unset: the backend's (5 s, as ingress-nginx)", "5"),
+    spec("proxy-read-timeout", Support::Honoured, "nginx's idle time between two reads from the backend: until the response head (504), then between two body chunks (the response is aborted); at most 86400; unset or invalid: the class's SweetyProxyConfig `ingress.proxyReadTimeout`, else 60 as ingress-nginx", "60"),
+    spec("proxy-send-timeout", Support::Honoured, "nginx's idle time between two writes of the request to the backend (504); at most 86400; unset or invalid: the class's `ingress.proxySendTimeout`, else 60 as ingress-nginx", "60"),
+    spec("proxy-connect-timeout", Support::Honoured, "the connect timeout alone (504); at most 86400; unset or invalid: the class's `ingress.proxyConnectTimeout`, else the backend's (5 s, as ingress-nginx)", "5"),
     spec("limit-rps", Support::Honoured, "per client IP; answers 503 as nginx, or the class's SweetyProxyConfig `ingress.limitReqStatusCode` (ingress-nginx's `limit-req-status-code`)", "10"),
     spec("limit-rpm", Support::Honoured, "as `limit-rps`", "600"),
     spec("limit-burst-multiplier", Support::Honoured, "", "5"),
@@ -1244,6 +1262,13 @@ impl Annotations {
     ) -> Annotations {
         let mut a = Annotations {
             canary_weight_total: 100,
+            // The class's (or nginx's) idle clocks; each annotation replaces its own.
+            proxy_timeouts: sweety_config::Timeouts {
+                read_idle: class.read_idle,
+                send_idle: class.send_idle,
+                connect: class.connect,
+                ..Default::default()
+            },
             ..Default::default()
         };
         let empty = BTreeMap::new();
@@ -1337,9 +1362,19 @@ impl Annotations {
                         bad(report, "is not a path starting with \"/\"");
                     }
                 }
-                "proxy-read-timeout" => a.proxy_timeouts.read_idle = seconds(report),
-                "proxy-send-timeout" => a.proxy_timeouts.send_idle = seconds(report),
-                "proxy-connect-timeout" => a.proxy_timeouts.connect = seconds(report),
+                // An invalid value keeps the class's (or nginx's) clock.
+                "proxy-read-timeout" => {
+                    let t = &mut a.proxy_timeouts;
+                    t.read_idle = seconds(report).or(t.read_idle);
+                }
+                "proxy-send-timeout" => {
+                    let t = &mut a.proxy_timeouts;
+                    t.send_idle = seconds(report).or(t.send_idle);
+                }
+                "proxy-connect-timeout" => {
+                    let t = &mut a.proxy_timeouts;
+                    t.connect = seconds(report).or(t.connect);
+                }
                 "limit-rps" | "limit-rpm" | "limit-burst-multiplier" | "limit-connections" => {
                     match value.trim().parse::<u32>() {
                         Ok(n) if n > 0 => match name {
