@@ -22,7 +22,7 @@ start in any figure) and keep-alive HTTP/1.1 to the Gateway's address:
    convergence.sh finds them), a second change phase of M changes polls there instead of the
    Gateway's address: the same figures without the node agent's user-space load balancer
    (two more hops per request, which a real cluster's kube-proxy or cloud load balancer does
-   not add the same way) in every poll;
+   not add the same way) in every poll (its failed polls are counted apart);
 3. controller and dataplane RSS (VmRSS, VmHWM) of the processes run from IMAGE_DIR;
 4. where a change's time goes (with --metrics, the controller's /metrics URL): the controller's
    histograms over the change phase only (their difference before and after it): watch event →
@@ -496,9 +496,9 @@ def main():
                            max(1.0, deadline - time.monotonic())))
     bg.start()
     time.sleep(1.0)
-    def change_phase(target, first):
+    def change_phase(target, first, required):
         """One change phase (its own process) polling `target`: (its result, the controller's
-        figures over it)."""
+        figures over it); a failure ends the run when `required`, else gives (None, error)."""
         before = scrape(a.metrics)
         results = ctx.Queue()
         budget = max(1.0, deadline - time.monotonic())
@@ -512,17 +512,28 @@ def main():
             got = ("error", "the change process gave no result")
         ch.join(30)
         if got[0] != "ok":
+            if not required:
+                return None, str(got[1])
             stop.set()
             sys.exit(got[1])
         return got[1:], (phase(before, scrape(a.metrics)) if a.metrics else {})
 
-    (lat, poll_ms, poll_failed, timeouts), breakdown = change_phase((a.gateway, 80), 0)
+    (lat, poll_ms, poll_failed, timeouts), breakdown = change_phase((a.gateway, 80), 0, True)
     direct = None
+    host, _, port = a.direct.rpartition(":")
+    got_direct = None
     if a.direct:
-        host, _, port = a.direct.rpartition(":")
-        (d_lat, d_poll, d_failed, d_timeouts), d_breakdown = change_phase(
-            (host, int(port)), a.changes)
-        poll_failed += d_failed
+        # The target must answer for a served route first (a wrong address would only time out).
+        probe = RawHttp(host, int(port)).get(f"GET /bench HTTP/1.1\r\nHost: {bg_hosts[0]}\r\n\r\n".encode())
+        if probe[0] == 200:
+            got_direct = change_phase((host, int(port)), a.changes, False)
+        else:
+            got_direct = (None, f"{a.direct} answered {probe[0]} {probe[1][:200]!r}")
+    if got_direct is not None and got_direct[0] is None:
+        direct = {"target": a.direct, "error": got_direct[1]}
+        print(f"direct phase failed: {got_direct[1]}", file=sys.stderr)
+    elif got_direct is not None:
+        (d_lat, d_poll, d_failed, d_timeouts), d_breakdown = got_direct
         direct = {
             "target": a.direct,
             "changes": len(d_lat),
@@ -572,7 +583,7 @@ def main():
           f"| {res['change_p50_ms']} / {res['change_p99_ms']} / {res['change_max_ms']} ms ({len(lat)} changes, {timeouts} timed out) "
           f"| {res['failed_requests']} of {res['background_ok'] + res['failed_requests']} "
           f"| {c[0] // 1024} MB ({c[1] // 1024} MB peak) | {d[0] // 1024} MB ({d[1] // 1024} MB peak) |")
-    if direct is not None:
+    if direct is not None and "error" not in direct:
         print(f"polled at the dataplane Pod ({direct['target']}): change -> served "
               f"{direct['change_p50_ms']} / {direct['change_p99_ms']} / {direct['change_max_ms']} ms "
               f"({direct['changes']} changes, {direct['change_timeouts']} timed out), "
