@@ -150,13 +150,15 @@ pub fn preferred_port(namespace: &str, name: &str, port: u16, min: u16, max: u16
 ///
 /// Pass 1: every listener port that the Gateway's existing Service maps keeps that container
 /// port, when in range, not an Ingress port and not kept already by an older Gateway (age:
-/// creation time, then namespace/name). Pass 2: every other listener port probes upwards
+/// creation time, then namespace/name); Services in the controller's namespace first, then
+/// (with `--gateway-service-namespace=gateway` only) the Service in the Gateway's own
+/// namespace, which its tenant can write. Pass 2: every other listener port probes upwards
 /// from its [`preferred_port`] (wrapping at `gateway_port_max`) for the first port that is
 /// free. Not free: a port given out in this allocation, an Ingress container port, a port
-/// that an owned Service of no requesting Gateway maps (a deleted Gateway's, until its
-/// Service is gone), and a port that another Gateway's Service maps (until that Service
-/// is rewritten without it). Gateways probe in age order, so a new Gateway never takes a port
-/// an older one would probe to.
+/// that a Service in the controller's namespace of no requesting Gateway maps (a deleted
+/// Gateway's, until its Service is gone), and a port that another Gateway's Service in the
+/// controller's namespace maps (until that Service is rewritten without it). Gateways probe
+/// in age order, so a new Gateway never takes a port an older one would probe to.
 ///
 /// So a listener's container port depends on its own identity, not on which other Gateways
 /// exist: it keeps its port when others come and go, and when its Service is missing from
@@ -210,24 +212,31 @@ pub fn allocate(snapshot: &Snapshot, params: &Params, requests: &[PortRequest]) 
             .filter_map(|p| Some((u16::try_from(p.port).ok()?, target_port(p)?)))
             .collect()
     };
-    // Per request, what its Services map: the current-location Service first, then the one
-    // in the other place.
-    let mut held: Vec<Vec<(u16, u16)>> = vec![Vec::new(); requests.len()];
-    // Ports an owned Service of no requesting Gateway maps (stale or other Gateways): given
-    // to nobody.
+    // Per request, what its Services map, by trust. Only the operator and this controller
+    // write Services in the controller's namespace; a Service in a Gateway's namespace is
+    // writable by that namespace's tenant, who could copy our labels and annotation onto a
+    // Service of its own. So: what a Service in the controller's namespace maps is kept
+    // first, reserves its ports and, when its Gateway is gone, keeps them from everyone;
+    // what a Service in a Gateway's own namespace maps is kept only where that is where its
+    // Services live (`--gateway-service-namespace=gateway`), only for that Gateway's own
+    // listener ports, after every claim from the controller's namespace, and reserves
+    // nothing (a tenant's copy could otherwise claim another's port or the whole range).
+    let mut trusted: Vec<Vec<(u16, u16)>> = vec![Vec::new(); requests.len()];
+    let mut own: Vec<Vec<(u16, u16)>> = vec![Vec::new(); requests.len()];
+    // Ports a Service in the controller's namespace of no requesting Gateway maps (a
+    // deleted Gateway's, until its Service is deleted): given to nobody.
     let mut taken: BTreeSet<u16> = BTreeSet::new();
     for s in &owned {
+        let ns = s.metadata.namespace.as_deref();
+        let in_controller_ns = ns == Some(params.namespace.as_str());
         match (0..requests.len()).find(|&g| belongs(s, g)) {
-            Some(g) => {
-                let current = params.gateway_service_namespace(&requests[g].namespace);
-                let ports = mapped(s);
-                if s.metadata.namespace.as_deref() == Some(current) {
-                    held[g].splice(0..0, ports);
-                } else {
-                    held[g].extend(ports);
-                }
+            Some(g) if in_controller_ns => trusted[g].extend(mapped(s)),
+            Some(g) if ns == Some(params.gateway_service_namespace(&requests[g].namespace)) => {
+                own[g].extend(mapped(s));
             }
-            None => taken.extend(mapped(s).into_iter().map(|(_, t)| t)),
+            Some(_) => {}
+            None if in_controller_ns => taken.extend(mapped(s).into_iter().map(|(_, t)| t)),
+            None => {}
         }
     }
     // The Ingress listeners' fixed container ports, should the range include them.
@@ -235,7 +244,7 @@ pub fn allocate(snapshot: &Snapshot, params: &Params, requests: &[PortRequest]) 
     // Who else's Service maps a port: a port held by Gateway `g`'s Service is free for `g`
     // only.
     let mut holders: BTreeMap<u16, BTreeSet<usize>> = BTreeMap::new();
-    for (g, ports) in held.iter().enumerate() {
+    for (g, ports) in trusted.iter().enumerate() {
         for &(_, target) in ports {
             holders.entry(target).or_default().insert(g);
         }
@@ -252,13 +261,15 @@ pub fn allocate(snapshot: &Snapshot, params: &Params, requests: &[PortRequest]) 
         .iter()
         .map(|r| r.ports.iter().map(|p| (*p, None)).collect())
         .collect();
-    // Pass 1: keep what existing Services map.
-    for &g in &order {
-        for &(port, target) in &held[g] {
-            if let Some(slot) = out[g].get_mut(&port) {
-                if slot.is_none() && range.contains(&target) && !taken.contains(&target) {
-                    *slot = Some(target);
-                    taken.insert(target);
+    // Pass 1: keep what existing Services map, those in the controller's namespace first.
+    for held in [&trusted, &own] {
+        for &g in &order {
+            for &(port, target) in &held[g] {
+                if let Some(slot) = out[g].get_mut(&port) {
+                    if slot.is_none() && range.contains(&target) && !taken.contains(&target) {
+                        *slot = Some(target);
+                        taken.insert(target);
+                    }
                 }
             }
         }
@@ -689,6 +700,77 @@ spec: {ports: [{name: tcp-80, port: 80, targetPort: 20000}]}
         let rewritten = cache(services_for(&params, &now[..1], &a[..1].to_vec()));
         let a = allocate(&rewritten, &params, &now);
         assert_eq!(a[1][&80], Some(x443));
+    }
+
+    /// A Service of our name, labels and annotation in a tenant's namespace (which the tenant
+    /// can write) claims nothing in the default layout, reserves nothing in any layout, and
+    /// in `--gateway-service-namespace=gateway` keeps only its own Gateway's listener ports,
+    /// after what Services in the controller's namespace keep. The allocator of before let
+    /// such a copy take another Gateway's port (`a/evil`, older, took `v/web`'s) and reserve
+    /// the whole range (`a/ghost`).
+    #[test]
+    fn a_tenants_copy_of_our_service_claims_and_reserves_nothing() {
+        use super::super::GatewayServiceNamespace;
+        let params = Params::default();
+        let (min, max) = (params.gateway_port_min, params.gateway_port_max);
+        let victim = preferred_port("v", "web", 443, min, max);
+        let copy = |ns: &str, gw: &str, ports: &[(u16, u16)]| {
+            let ports: Vec<String> = ports
+                .iter()
+                .map(|(p, t)| format!("{{name: tcp-{p}, port: {p}, targetPort: {t}}}"))
+                .collect();
+            format!(
+                "apiVersion: v1\nkind: Service\nmetadata: {{name: {}, namespace: {ns}, \
+                 labels: {{app.kubernetes.io/managed-by: sweety, sweety.dev/gateway-name: {gw}, \
+                 sweety.dev/owner: sweety}}, annotations: {{sweety.dev/gateway: {ns}/{gw}}}}}\n\
+                 spec: {{ports: [{}]}}\n",
+                service_name(ns, gw),
+                ports.join(", ")
+            )
+        };
+        let mut evil = req("a", "evil", &[443]);
+        evil.created = "2025-01-01T00:00:00Z".into();
+        let mut web = req("v", "web", &[443]);
+        web.created = "2026-01-01T00:00:00Z".into();
+        let requests = [evil, web];
+        let (snapshot, _) = Snapshot::from_yaml(&copy("a", "evil", &[(443, victim)])).unwrap();
+        let a = allocate(&snapshot, &params, &requests);
+        assert_eq!(a[1][&443], Some(victim), "v/web keeps its port");
+        assert_eq!(a[0][&443], Some(preferred_port("a", "evil", 443, min, max)));
+        // A copy naming no Gateway, mapping the whole (small) range.
+        let tight = Params {
+            gateway_port_min: 20000,
+            gateway_port_max: 20003,
+            ..Params::default()
+        };
+        let all: Vec<(u16, u16)> = (0..4).map(|i| (80 + i, 20000 + i)).collect();
+        let (snapshot, _) = Snapshot::from_yaml(&copy("a", "ghost", &all)).unwrap();
+        let a = allocate(&snapshot, &tight, &requests[1..]);
+        assert!(a[0][&443].is_some(), "the range is not reserved by a copy");
+        // Gateway layout: the Service in the Gateway's namespace is kept for its own ports,
+        // after a claim from the controller's namespace. `x`: a port a/evil would not get by
+        // its hash.
+        let x = (20000..=20003)
+            .find(|&p| p != preferred_port("a", "evil", 443, 20000, 20003))
+            .unwrap();
+        let gateway_layout = Params {
+            gateway_service_namespace: GatewayServiceNamespace::Gateway,
+            ..tight.clone()
+        };
+        let text = format!(
+            "{}---\n{}",
+            copy("a", "evil", &[(443, x)]),
+            copy("sweety", "web", &[(443, x)]).replace("sweety/web", "v/web")
+        );
+        let (snapshot, _) = Snapshot::from_yaml(&text).unwrap();
+        let a = allocate(&snapshot, &gateway_layout, &requests);
+        assert_eq!(a[1][&443], Some(x), "the controller's namespace first");
+        assert_ne!(a[0][&443], Some(x));
+        let (snapshot, _) = Snapshot::from_yaml(&copy("a", "evil", &[(443, x)])).unwrap();
+        let a = allocate(&snapshot, &gateway_layout, &requests);
+        assert_eq!(a[0][&443], Some(x), "its own Service, where they live");
+        let a = allocate(&snapshot, &tight, &requests);
+        assert_ne!(a[0][&443], Some(x), "not where they do not live");
     }
 
     /// Gateways come and go around the ones that stay: with or without their Services in

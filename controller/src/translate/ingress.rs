@@ -301,6 +301,9 @@ pub fn certificate_from_secret(
 pub(crate) fn checked_route(route: Route, report: &mut dyn FnMut(String)) -> Option<Route> {
     fn check(route: &Route) -> Result<(), String> {
         let mut r = route.clone();
+        // Error pages name a backend translate registered (not in this one-route config).
+        r.filters
+            .retain(|f| !matches!(f, sweety_config::Filter::ErrorPages(_)));
         if let Action::Proxy(_) = r.action {
             r.action = Action::Fixed(FixedResponse {
                 status: 200,
@@ -564,9 +567,9 @@ pub fn our_ingresses(snapshot: &Snapshot, params: &Params) -> Vec<Arc<Ingress>> 
     ours
 }
 
-/// The route of [`Params::default_backend`] (`namespace/service:port`): a proxy, or a 503
-/// saying why it does not resolve.
-fn cluster_default_backend(b: &mut Builder<'_>, spec: &str) -> Route {
+/// The backend of [`Params::default_backend`] (`namespace/service:port`), or why it does not
+/// resolve.
+fn cluster_default_backend_name(b: &mut Builder<'_>, spec: &str) -> Result<String, String> {
     let parsed = spec.split_once('/').and_then(|(ns, rest)| {
         let (svc, port) = rest.rsplit_once(':')?;
         let port = match port.parse::<i32>() {
@@ -575,26 +578,103 @@ fn cluster_default_backend(b: &mut Builder<'_>, spec: &str) -> Route {
         };
         (!ns.is_empty() && !svc.is_empty()).then(|| (ns.to_string(), svc.to_string(), port))
     });
-    let action = match parsed {
-        None => unavailable(&format!(
+    let Some((ns, svc, port)) = parsed else {
+        return Err(format!(
             "the controller's default backend {spec:?} is not namespace/service:port"
-        )),
-        Some((ns, svc, port)) => match b.backends.service(
+        ));
+    };
+    b.backends
+        .service(
             &b.services,
             &ns,
             &svc,
             Some(&port),
             &BackendOptions::default(),
-        ) {
-            Ok(backend) => Action::Proxy(ProxyAction {
-                backends: vec![WeightedBackend {
-                    backend,
-                    weight: 1,
-                    filters: Vec::new(),
-                }],
-            }),
-            Err(e) => unavailable(&e.to_string()),
-        },
+        )
+        .map_err(|e| e.to_string())
+}
+
+/// The `error_pages` filter of an Ingress's paths (ingress-nginx's `custom-http-errors` and
+/// `default-backend`), without the per-path `X-Service-*` headers: the annotation's Service
+/// (its first port, as ingress-nginx), else for `custom-http-errors` the controller's default
+/// backend, else the built-in page. `None` when neither annotation applies.
+fn error_pages(
+    b: &mut Builder<'_>,
+    ns: &str,
+    name: &str,
+    ann: &nginx::Annotations,
+    report: &mut Report,
+) -> Option<sweety_config::ErrorPages> {
+    let mut backend = None;
+    if let Some(svc) = &ann.default_backend {
+        let key = format!("{}default-backend", nginx::PREFIX);
+        let first_port = b.services.service(ns, svc).map(|s| {
+            s.spec
+                .as_ref()
+                .and_then(|s| s.ports.as_deref())
+                .and_then(|p| p.first())
+                .map(|p| p.port)
+        });
+        match first_port {
+            None => report.warn(
+                "DefaultBackendNotFound",
+                format!("{key}: Service {ns}/{svc} not found; ignored"),
+            ),
+            Some(None) => report.warn(
+                "DefaultBackendNotFound",
+                format!("{key}: Service {ns}/{svc} has no port; ignored"),
+            ),
+            Some(Some(port)) => {
+                let r = IngressBackend {
+                    service: Some(k8s_openapi::api::networking::v1::IngressServiceBackend {
+                        name: svc.clone(),
+                        port: Some(k8s_openapi::api::networking::v1::ServiceBackendPort {
+                            number: Some(port),
+                            name: None,
+                        }),
+                    }),
+                    resource: None,
+                };
+                backend = resolve_backend(b, ns, &r, ann, report).ok();
+            }
+        }
+    }
+    let unavailable = backend.is_some();
+    if ann.custom_errors.is_empty() && !unavailable {
+        return None;
+    }
+    if backend.is_none() {
+        backend = b
+            .params
+            .default_backend
+            .as_deref()
+            .and_then(|spec| cluster_default_backend_name(b, spec).ok());
+    }
+    let header = |n: &str, v: &str| sweety_config::HeaderValue {
+        name: n.into(),
+        value: v.into(),
+    };
+    Some(sweety_config::ErrorPages {
+        codes: ann.custom_errors.clone(),
+        backend,
+        unavailable,
+        headers: vec![header("X-Namespace", ns), header("X-Ingress-Name", name)],
+        ..Default::default()
+    })
+}
+
+/// The route of [`Params::default_backend`] (`namespace/service:port`): a proxy, or a 503
+/// saying why it does not resolve.
+fn cluster_default_backend(b: &mut Builder<'_>, spec: &str) -> Route {
+    let action = match cluster_default_backend_name(b, spec) {
+        Err(why) => unavailable(&why),
+        Ok(backend) => Action::Proxy(ProxyAction {
+            backends: vec![WeightedBackend {
+                backend,
+                weight: 1,
+                filters: Vec::new(),
+            }],
+        }),
     };
     Route {
         name: "ingress/default-backend".into(),
@@ -638,12 +718,14 @@ pub fn translate(b: &mut Builder<'_>) -> BTreeSet<String> {
             generation: ing.metadata.generation.unwrap_or(0),
         };
         let class = super::proxy_settings::ingress_settings(b.snapshot, params, ing);
-        let ann = nginx::Annotations::parse(ing, params, &class, &b.snapshot.secrets, &mut report);
+        let mut ann =
+            nginx::Annotations::parse(ing, params, &class, &b.snapshot.secrets, &mut report);
         if ann.canary {
             canaries.push((ing.clone(), ann));
             reports.insert((ns, name), report);
             continue;
         }
+        ann.error_pages = error_pages(b, &ns, &name, &ann, &mut report);
         let spec = ing.spec.clone().unwrap_or_default();
         // The hosts this Ingress may serve: its own, or shared by the operator's choice.
         let mut served: Vec<String> = Vec::new();
@@ -1221,6 +1303,31 @@ fn route_for(
         }),
         Err(why) => unavailable(&why),
     };
+    // `custom-http-errors` / `default-backend`, naming this path's Service.
+    let filters = ann
+        .error_pages
+        .iter()
+        .map(|e| {
+            let mut e = e.clone();
+            if let Some(svc) = &backend.service {
+                let port = svc
+                    .port
+                    .as_ref()
+                    .and_then(|p| p.number.map(|n| n.to_string()).or_else(|| p.name.clone()));
+                e.headers.push(sweety_config::HeaderValue {
+                    name: "X-Service-Name".into(),
+                    value: svc.name.clone(),
+                });
+                if let Some(port) = port {
+                    e.headers.push(sweety_config::HeaderValue {
+                        name: "X-Service-Port".into(),
+                        value: port,
+                    });
+                }
+            }
+            sweety_config::Filter::ErrorPages(e)
+        })
+        .collect();
     Route {
         name,
         matches: path
@@ -1231,7 +1338,7 @@ fn route_for(
                 }]
             })
             .unwrap_or_default(),
-        filters: Vec::new(),
+        filters,
         action,
         timeouts: Default::default(),
         retry: None,

@@ -39,6 +39,15 @@
 //! of the backend (named `<backend>~affinity…` / `~hash…`) so other Ingresses of the same
 //! Service are unaffected.
 //!
+//! **Error pages.** `custom-http-errors` ([`sweety_config::error_pages::parse_codes`]: 400-599,
+//! else `InvalidAnnotation` and ignored) and `default-backend` (a Service name of the Ingress's
+//! own namespace, its first port as ingress-nginx) become an `error_pages` filter on every path
+//! (`super::error_pages` resolves the Service; each path names its own Service and port in
+//! `X-Service-Name` / `X-Service-Port`): the annotation's Service, else the controller's
+//! default backend, else the dataplane's built-in page, serves the listed statuses, and the
+//! annotation's Service also serves paths whose backends have no endpoint. A missing Service is
+//! ignored with a `DefaultBackendNotFound` Event.
+//!
 //! **Basic authentication.** `auth-type: basic` with `auth-secret` (`name` or `namespace/name`,
 //! the Ingress's own namespace only), `auth-secret-type` (`auth-file`: the htpasswd text under
 //! the key `auth`, the default; `auth-map`: one user per key) and `auth-realm` becomes a
@@ -163,6 +172,14 @@ pub struct Annotations {
     /// when it is spoken to over TLS (`backend-protocol: HTTPS`/`GRPCS`,
     /// [`Annotations::backend_tls_variant`]).
     pub proxy_ssl: Option<BackendTls>,
+    /// `custom-http-errors`: the statuses replaced by an error page (sorted, distinct).
+    pub custom_errors: Vec<u16>,
+    /// `default-backend`: a Service of the Ingress's namespace that serves the error pages
+    /// and the paths whose backends have no endpoint.
+    pub default_backend: Option<String>,
+    /// The `error_pages` filter both make ([`super::translate`] resolves the Service; each
+    /// path adds its own `X-Service-Name` / `X-Service-Port`).
+    pub error_pages: Option<sweety_config::ErrorPages>,
     /// Fail closed: every route of the Ingress answers this status and body instead (a
     /// security annotation Sweety does not implement, an access list entry it cannot honour:
     /// 403; a snippet: 503, the whole Ingress is refused).
@@ -343,6 +360,7 @@ pub const ANNOTATIONS: &[AnnotationSpec] = &[
     spec("auth-tls-match-cn", Differently, "a regex (Rust `regex`) searched in the RFC 2253 subject DN (`CN=client,O=Example`); 403 otherwise", "CN=client"),
     spec("auth-tls-*", Refused, "other `auth-tls-*` settings are not implemented", "on"),
     spec("satisfy", Refused, "not implemented", "any"),
+    spec("ssl-passthrough", Refused, "TLS passthrough for Ingress hosts is not implemented: with `true` the Ingress's paths answer 403 rather than Sweety terminating TLS that the backend was to terminate (a Gateway listener with `tls.mode: Passthrough` and a TLSRoute does it); `false` is the default and changes nothing", "true"),
     spec("enable-modsecurity", Refused, "no WAF", "true"),
     spec("enable-owasp-core-rules", Refused, "no WAF", "true"),
     spec("modsecurity-transaction-id", Refused, "no WAF", "x"),
@@ -360,6 +378,8 @@ pub const ANNOTATIONS: &[AnnotationSpec] = &[
     spec("from-to-www-redirect", Support::Honoured, "308 from `www.<host>` to `<host>` or back, keeping scheme, path and query, only when the other name is no rule's host and no other namespace claims it", "true"),
     spec("upstream-vhost", Differently, "the `Host` the backend receives; a DNS name only (no port, no nginx variable): anything else is refused with an `InvalidAnnotation` Event and the client's Host is sent", "internal.example"),
     spec("x-forwarded-prefix", Differently, "the `X-Forwarded-Prefix` value sent upstream (replacing the client's); a header value without nginx variables, at most 1 KiB (else refused with an `InvalidAnnotation` Event)", "/app"),
+    spec("custom-http-errors", Differently, "statuses 400-599, comma-separated (anything else: an `InvalidAnnotation` Event, the annotation ignored); the page comes from the `default-backend` annotation's Service, else the controller's default backend (`--default-backend`), else Sweety's own short page, asked for `/` with ingress-nginx's `X-Code`, `X-Format`, `X-Original-URI`, `X-Namespace`, `X-Ingress-Name`, `X-Service-Name`, `X-Service-Port`, `X-Request-ID`, the request's method and headers and no body, within 5 s; the client gets the ORIGINAL status with the page's body and content headers (ingress-nginx: the page's status); a page backend that does not answer lets the original answer pass; a page is never intercepted again; only the backend's answers (and the proxy's own 502/504) are replaced, not Sweety's refusals; a Service without endpoints answers 502 here (ingress-nginx: 503)", "404,503"),
+    spec("default-backend", Differently, "a Service of the Ingress's own namespace, its first port as ingress-nginx; serves the paths whose backends have no ready endpoint (the request as it is, with `X-Code: 503` and the `X-*` headers; its answer unchanged) when it has endpoints itself, and the `custom-http-errors` pages; a name that is not a Service name (another namespace's `ns/name` included) or a Service that does not exist or has no port is ignored with an Event", "errors"),
     spec("proxy-body-size", Support::Honoured, "`0` lifts the limit; bytes or `k`/`m`/`g`; replaces the dataplane-wide `limits.max_request_body_bytes` for the Ingress's paths (413 past it)", "8m"),
 ];
 
@@ -1576,7 +1596,8 @@ impl Annotations {
                         snippets.push(key.clone());
                     }
                 }
-                n if is_security(n) => {
+                // `ssl-passthrough: false` asks for nothing (ingress-nginx's default).
+                n if is_security(n) && (n != "ssl-passthrough" || truthy(value) == Some(true)) => {
                     if params.ignore_unsupported_security_annotations {
                         report.warn(
                             "UnsupportedSecurityAnnotation",
@@ -1595,6 +1616,9 @@ impl Annotations {
                         );
                         unsupported_security.push(key.clone());
                     }
+                }
+                "ssl-passthrough" => {
+                    flag(report);
                 }
                 // Read by the translator with the Ingress's hosts (ownership decides).
                 "server-alias" => {
@@ -1615,6 +1639,20 @@ impl Annotations {
                 "x-forwarded-prefix" => match forwarded_prefix(value) {
                     Ok(v) => a.forwarded_prefix = Some(v),
                     Err(why) => bad(report, &why),
+                },
+                "custom-http-errors" => match sweety_config::error_pages::parse_codes(value) {
+                    Ok(codes) => a.custom_errors = codes,
+                    Err(why) => report.warn(
+                        "InvalidAnnotation",
+                        format!("{key}: {:?}: {why}; ignored", truncate(value)),
+                    ),
+                },
+                "default-backend" => match service_name(value) {
+                    Ok(n) => a.default_backend = Some(n),
+                    Err(why) => report.warn(
+                        "InvalidAnnotation",
+                        format!("{key}: {:?} {why}; ignored", truncate(value)),
+                    ),
                 },
                 "proxy-body-size" => match nginx_size(value) {
                     Some(n) => a.body_size = Some(n),
@@ -2175,6 +2213,30 @@ impl Annotations {
         variant.name = variant_name.clone();
         b.backends.insert(variant);
         variant_name
+    }
+}
+
+/// The Service name of a `default-backend` annotation: a DNS-1035 label (ingress-nginx's
+/// `ValidateServiceName`), read in the Ingress's own namespace only.
+fn service_name(value: &str) -> Result<String, String> {
+    let v = value.trim();
+    if v.contains('/') {
+        return Err(
+            "names a Service of another namespace; only the Ingress's own namespace \
+                    is used"
+                .into(),
+        );
+    }
+    let ok = !v.is_empty()
+        && v.len() <= 63
+        && v.starts_with(|c: char| c.is_ascii_lowercase())
+        && !v.ends_with('-')
+        && v.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+    if ok {
+        Ok(v.to_string())
+    } else {
+        Err("is not a Service name".into())
     }
 }
 
