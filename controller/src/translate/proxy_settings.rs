@@ -122,17 +122,17 @@ pub(crate) fn ingress_settings(
         (
             "ingress.proxyReadTimeout",
             &i.proxy_read_timeout,
-            &mut out.read_idle,
+            &mut out.proxy_timeouts.read_idle,
         ),
         (
             "ingress.proxySendTimeout",
             &i.proxy_send_timeout,
-            &mut out.send_idle,
+            &mut out.proxy_timeouts.send_idle,
         ),
         (
             "ingress.proxyConnectTimeout",
             &i.proxy_connect_timeout,
-            &mut out.connect,
+            &mut out.proxy_timeouts.connect,
         ),
     ] {
         if let Ok(Some(d)) = proxy_timeout(field, v.as_ref()) {

@@ -196,13 +196,10 @@ pub struct ClassSettings {
     pub limit_req_status: u16,
     /// `limit-conn-status-code`: what `limit-connections` answers past the limit.
     pub limit_conn_status: u16,
-    /// `proxy-read-timeout` of the class's Ingresses without the annotation (the route's
-    /// `timeouts.read_idle`).
-    pub read_idle: Option<Duration>,
-    /// `proxy-send-timeout` likewise (`timeouts.send_idle`).
-    pub send_idle: Option<Duration>,
-    /// `proxy-connect-timeout` likewise (`timeouts.connect`; unset: the backend's own).
-    pub connect: Option<Duration>,
+    /// `proxy-read-timeout`, `proxy-send-timeout` and `proxy-connect-timeout` of the class's
+    /// Ingresses without the annotations: the route's `timeouts.read_idle`, `send_idle` and
+    /// `connect` (`connect` unset: the backend's own; the other timeouts stay unset).
+    pub proxy_timeouts: sweety_config::Timeouts,
 }
 
 /// nginx's `limit_req_status` and `limit_conn_status` default, which ingress-nginx keeps.
@@ -220,10 +217,12 @@ impl Default for ClassSettings {
         ClassSettings {
             limit_req_status: NGINX_LIMIT_STATUS,
             limit_conn_status: NGINX_LIMIT_STATUS,
-            read_idle: Some(NGINX_PROXY_IDLE),
-            send_idle: Some(NGINX_PROXY_IDLE),
             // The backend's own connect timeout (5 s), as nginx's `proxy_connect_timeout`.
-            connect: None,
+            proxy_timeouts: sweety_config::Timeouts {
+                read_idle: Some(NGINX_PROXY_IDLE),
+                send_idle: Some(NGINX_PROXY_IDLE),
+                ..Default::default()
+            },
         }
     }
 }
@@ -1283,12 +1282,7 @@ impl Annotations {
         let mut a = Annotations {
             canary_weight_total: 100,
             // The class's (or nginx's) idle clocks; each annotation replaces its own.
-            proxy_timeouts: sweety_config::Timeouts {
-                read_idle: class.read_idle,
-                send_idle: class.send_idle,
-                connect: class.connect,
-                ..Default::default()
-            },
+            proxy_timeouts: class.proxy_timeouts,
             ..Default::default()
         };
         let empty = BTreeMap::new();
