@@ -1590,8 +1590,10 @@ impl Annotations {
                         snippets.push(key.clone());
                     }
                 }
-                // `ssl-passthrough: false` asks for nothing (ingress-nginx's default).
-                n if is_security(n) && (n != "ssl-passthrough" || truthy(value) == Some(true)) => {
+                // A security annotation set to "false" (`ssl-passthrough`, `enable-modsecurity`,
+                // ingress-nginx's defaults) asks for nothing; any other value asks for what
+                // Sweety does not implement, an unreadable one too.
+                n if is_security(n) && truthy(value) != Some(false) => {
                     if params.ignore_unsupported_security_annotations {
                         report.warn(
                             "UnsupportedSecurityAnnotation",
@@ -1611,9 +1613,7 @@ impl Annotations {
                         unsupported_security.push(key.clone());
                     }
                 }
-                "ssl-passthrough" => {
-                    flag(report);
-                }
+                n if is_security(n) => {}
                 // Read by the translator with the Ingress's hosts (ownership decides).
                 "server-alias" => {
                     for why in server_aliases(ing).1 {
