@@ -226,6 +226,11 @@ async fn error_pages_over_h1_and_h2() {
                     ("accept", "application/json"),
                     ("cookie", "session=s1"),
                     ("x-request-id", "client-chosen"),
+                    // Forged page-backend headers: each is replaced, never passed on.
+                    ("x-code", "200"),
+                    ("x-original-uri", "/forged"),
+                    ("x-namespace", "other-tenant"),
+                    ("x-service-name", "forged"),
                 ],
             )
             .await;
