@@ -924,9 +924,16 @@ mod tests {
         });
     }
 
-    fn delta_of(from: &Config, to: &Config) -> Box<ConfigDelta> {
+    /// Applies `to` (generation `to.generation`) as a delta on `from`, which `rt` serves.
+    async fn apply_patch(rt: &Runtime, from: &Config, to: &Config) {
         let (fd, td) = (Digests::of(from), Digests::of(to));
-        Box::new(ConfigDelta::between(from, &fd, to, &td).unwrap())
+        rt.apply(Change::Delta {
+            generation: to.generation,
+            base: from.generation,
+            delta: Box::new(ConfigDelta::between(from, &fd, to, &td).unwrap()),
+        })
+        .await
+        .unwrap();
     }
 
     /// A config of `MAX_ROUTES` + 2 virtual hosts with a request counted on each of the first
@@ -967,13 +974,7 @@ mod tests {
         let mut next = c.clone();
         next.generation = 2;
         next.virtual_hosts[7].hostnames = vec!["moved.test".into()];
-        rt.apply(Change::Delta {
-            generation: 2,
-            base: 1,
-            delta: delta_of(&c, &next),
-        })
-        .await
-        .unwrap();
+        apply_patch(&rt, &c, &next).await;
         assert_eq!(
             rt.shared.snapshot().routes.vhost_name("web", "moved.test"),
             Some("v7")
@@ -1001,13 +1002,7 @@ mod tests {
         next.generation = 2;
         next.virtual_hosts
             .retain(|v| v.name != "v3" && v.name != "x1");
-        rt.apply(Change::Delta {
-            generation: 2,
-            base: 1,
-            delta: delta_of(&c, &next),
-        })
-        .await
-        .unwrap();
+        apply_patch(&rt, &c, &next).await;
         assert!(!m.requests.has_route("v3-r"), "v3-r is no longer served");
         assert_eq!(m.requests.get("web", "v3-r", "-", "GET", 200), 0);
         assert!(m.requests.has_route("shared"), "x2 still serves `shared`");
