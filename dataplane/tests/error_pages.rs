@@ -81,33 +81,10 @@ async fn error_backend(
     .await
 }
 
-struct Answer {
-    status: u16,
-    headers: http::HeaderMap,
-    body: String,
-}
-
+/// [`common::send`] with a body for POST.
 async fn send(c: &Client, method: &str, url: &str, headers: &[(&str, &str)]) -> Answer {
-    let mut b = http::Request::builder().method(method).uri(url);
-    for (k, v) in headers {
-        b = b.header(*k, *v);
-    }
     let body = if method == "POST" { "payload" } else { "" };
-    let resp = c
-        .request(
-            b.body(Full::new(Bytes::from_static(body.as_bytes())))
-                .unwrap(),
-        )
-        .await
-        .unwrap();
-    let status = resp.status().as_u16();
-    let headers = resp.headers().clone();
-    let body = resp.into_body().collect().await.unwrap().to_bytes();
-    Answer {
-        status,
-        headers,
-        body: String::from_utf8_lossy(&body).into_owned(),
-    }
+    common::send(c, method, url, headers, body).await
 }
 
 fn fixed(name: &str, value: &str) -> HeaderValue {

@@ -165,40 +165,6 @@ async fn echo_backend(hits: Arc<AtomicUsize>) -> std::net::SocketAddr {
     .await
 }
 
-struct Answer {
-    status: u16,
-    headers: http::HeaderMap,
-    body: String,
-}
-
-async fn send(
-    client: &Client,
-    method: &str,
-    url: &str,
-    headers: &[(&str, &str)],
-    body: &'static str,
-) -> Answer {
-    let mut b = http::Request::builder().method(method).uri(url);
-    for (k, v) in headers {
-        b = b.header(*k, *v);
-    }
-    let resp = client
-        .request(
-            b.body(Full::new(Bytes::from_static(body.as_bytes())))
-                .unwrap(),
-        )
-        .await
-        .unwrap();
-    let status = resp.status().as_u16();
-    let headers = resp.headers().clone();
-    let body = resp.into_body().collect().await.unwrap().to_bytes();
-    Answer {
-        status,
-        headers,
-        body: String::from_utf8_lossy(&body).into_owned(),
-    }
-}
-
 fn ext(url: String, f: impl FnOnce(&mut ExternalAuth)) -> Filter {
     let mut a = ExternalAuth::new(url);
     a.response_headers = vec!["X-Auth-Request-User".into(), "X-Auth-Request-Email".into()];

@@ -254,6 +254,42 @@ pub(crate) async fn get_headers(
     (status, got, String::from_utf8_lossy(&body).into_owned())
 }
 
+/// A whole answer: status, headers and the body as text.
+pub(crate) struct Answer {
+    pub(crate) status: u16,
+    pub(crate) headers: http::HeaderMap,
+    pub(crate) body: String,
+}
+
+/// Sends `method url` with `headers` and `body`; the whole answer.
+pub(crate) async fn send(
+    client: &Client,
+    method: &str,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: &'static str,
+) -> Answer {
+    let mut b = http::Request::builder().method(method).uri(url);
+    for (k, v) in headers {
+        b = b.header(*k, *v);
+    }
+    let resp = client
+        .request(
+            b.body(Full::new(Bytes::from_static(body.as_bytes())))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    Answer {
+        status,
+        headers,
+        body: String::from_utf8_lossy(&body).into_owned(),
+    }
+}
+
 /// A self-signed certificate for `name` as a config certificate, plus its PEM.
 pub(crate) fn cert_for(name: &str) -> (Certificate, String) {
     let (c, k) = sweety_dataplane::tls::self_signed(&[name]).unwrap();
