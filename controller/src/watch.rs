@@ -18,13 +18,15 @@
 //!   (`tls.certificateRefs`), a Gateway's
 //!   client certificate validation (`spec.tls.frontend` CA refs) or backend client certificate
 //!   (`spec.tls.backend.clientCertificateRef`), a
-//!   BackendTLSPolicy (`validation.caCertificateRefs`) or a SweetySite (`tls.secretName`,
+//!   BackendTLSPolicy (`validation.caCertificateRefs`), a SweetySecurityPolicy (`basicAuth.secretRef`,
+//!   `clientCertificate.caCertificateRefs`) or a SweetySite (`tls.secretName`,
 //!   `routes[].static.configMap`) references reach the snapshot. ConfigMaps have no natural selector, so they are all watched (in the watched
 //!   namespaces) and filtered the same way into the snapshot: users need not label them, at the
 //!   cost of caching them. Secret data is never logged.
 //! - `managedFields` is stripped from every cached object to keep the stores small.
 //! - Kinds whose status this controller writes and `translate` does not read (GatewayClass,
-//!   Gateway, ListenerSet, the route kinds, BackendTLSPolicy, Ingress, SweetySite) pass a
+//!   Gateway, ListenerSet, the route kinds, BackendTLSPolicy, SweetySecurityPolicy, Ingress,
+//!   SweetySite) pass a
 //!   predicate before the store: an update that changes neither `metadata.generation` (the
 //!   spec) nor the labels, annotations, owner references, finalizers or deletion timestamp —
 //!   a status write, ours or another controller's — neither reaches the store nor triggers a
@@ -58,7 +60,7 @@ use std::fmt::Debug;
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
-use sweety_crds::{SweetyProxyConfig, SweetySite};
+use sweety_crds::{SweetyProxyConfig, SweetySecurityPolicy, SweetySite};
 use sweety_gateway_api as gw;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -214,6 +216,8 @@ pub struct Stores {
     pub sites: Stored<SweetySite>,
     /// SweetyProxyConfigs: dataplane settings a GatewayClass points at (`parametersRef`).
     pub proxy_configs: Stored<SweetyProxyConfig>,
+    /// SweetySecurityPolicies: authentication and IP rules for Gateways and HTTPRoutes.
+    pub security_policies: Stored<SweetySecurityPolicy>,
     /// Services: ports and types of the backends.
     pub services: Stored<Service>,
     /// EndpointSlices: the backends' addresses and readiness.
@@ -321,6 +325,7 @@ impl Stores {
             listener_sets: self.listener_sets.state(),
             sites: self.sites.state(),
             proxy_configs: self.proxy_configs.state(),
+            security_policies: self.security_policies.state(),
             services: self.services.state(),
             endpoint_slices: self.endpoint_slices.state(),
             secrets: Vec::new(),
@@ -392,7 +397,8 @@ pub struct References {
 }
 
 impl References {
-    /// Collect the references of every Ingress, Gateway, BackendTLSPolicy and SweetySite.
+    /// Collect the references of every Ingress, Gateway, BackendTLSPolicy, SweetySecurityPolicy
+    /// and SweetySite.
     pub fn of(s: &Snapshot) -> References {
         let mut r = References::default();
         for ing in &s.ingresses {
@@ -507,6 +513,29 @@ impl References {
                 }
             }
         }
+        for p in &s.security_policies {
+            let ns = p.metadata.namespace.clone().unwrap_or_default();
+            let key = |o: &sweety_crds::security_policy::ObjectRef| {
+                (
+                    o.namespace.clone().unwrap_or_else(|| ns.clone()),
+                    o.name.clone(),
+                )
+            };
+            if let Some(b) = &p.spec.basic_auth {
+                r.secrets.insert(key(&b.secret_ref));
+            }
+            for c in p
+                .spec
+                .client_certificate
+                .iter()
+                .flat_map(|c| &c.ca_certificate_refs)
+            {
+                match c.kind.as_deref().unwrap_or("Secret") {
+                    "ConfigMap" => r.config_maps.insert(key(c)),
+                    _ => r.secrets.insert(key(c)),
+                };
+            }
+        }
         for site in &s.sites {
             let ns = site.metadata.namespace.clone().unwrap_or_default();
             if let Some(tls) = &site.spec.tls {
@@ -618,6 +647,7 @@ impl Watches {
             listener_sets: w.namespaced(watcher::Config::default()),
             sites: w.namespaced(watcher::Config::default()),
             proxy_configs: w.namespaced(watcher::Config::default()),
+            security_policies: w.namespaced(watcher::Config::default()),
             services: w.namespaced(watcher::Config::default()),
             endpoint_slices: w.namespaced(watcher::Config::default()),
             secrets: w.namespaced(watcher::Config::default().fields("type=kubernetes.io/tls")),
@@ -725,6 +755,7 @@ impl Watches {
                 backend_tls_policies,
                 sites,
                 proxy_configs,
+                security_policies,
                 services,
                 endpoint_slices,
                 secrets,
@@ -1101,7 +1132,7 @@ fn meaning<K: Resource>(o: &K) -> Option<u64> {
 }
 
 /// Object counts per kind, for the `objects` metric.
-pub fn object_counts(s: &Snapshot) -> [(&'static str, usize); 19] {
+pub fn object_counts(s: &Snapshot) -> [(&'static str, usize); 20] {
     [
         ("IngressClass", s.ingress_classes.len()),
         ("Ingress", s.ingresses.len()),
@@ -1117,6 +1148,7 @@ pub fn object_counts(s: &Snapshot) -> [(&'static str, usize); 19] {
         ("BackendTLSPolicy", s.backend_tls_policies.len()),
         ("SweetySite", s.sites.len()),
         ("SweetyProxyConfig", s.proxy_configs.len()),
+        ("SweetySecurityPolicy", s.security_policies.len()),
         ("Service", s.services.len()),
         ("EndpointSlice", s.endpoint_slices.len()),
         ("Secret", s.secrets.len()),
