@@ -14,7 +14,8 @@
 //! - Secrets are watched with the field selectors `type=kubernetes.io/tls` and `type=Opaque`
 //!   (ingress-nginx's `auth-secret` htpasswd files are Opaque Secrets users do not label; the
 //!   cost is caching the Opaque Secrets of the watched namespaces), and only Secrets that
-//!   an Ingress (`spec.tls[].secretName`, the `auth-secret` annotation), a Gateway or ListenerSet listener
+//!   an Ingress (`spec.tls[].secretName`, the `auth-secret`, `auth-tls-secret` and
+//!   `proxy-ssl-secret` annotations), a Gateway or ListenerSet listener
 //!   (`tls.certificateRefs`), a Gateway's
 //!   client certificate validation (`spec.tls.frontend` CA refs) or backend client certificate
 //!   (`spec.tls.backend.clientCertificateRef`), a
@@ -402,15 +403,10 @@ impl References {
                     r.secrets.insert((ns.clone(), name.clone()));
                 }
             }
-            let auth_secret = ing.metadata.annotations.as_ref().and_then(|a| {
-                a.get(&format!(
-                    "{}auth-secret",
-                    crate::translate::ingress::nginx::PREFIX
-                ))
-            });
-            if let Some(Ok(name)) =
-                auth_secret.map(|v| crate::translate::ingress::nginx::auth_secret_ref(v, &ns))
-            {
+            for name in crate::translate::ingress::nginx::secret_refs(
+                ing.metadata.annotations.as_ref(),
+                &ns,
+            ) {
                 r.secrets.insert((ns.clone(), name));
             }
         }
@@ -1221,6 +1217,24 @@ metadata: {name: i, namespace: a}
 spec:
   tls: [{secretName: ing-cert}]
 ---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: annotated
+  namespace: a
+  annotations:
+    nginx.ingress.kubernetes.io/auth-secret: htpasswd
+    nginx.ingress.kubernetes.io/auth-tls-secret: a/client-ca
+    nginx.ingress.kubernetes.io/proxy-ssl-secret: backend-ca
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: foreign
+  namespace: a
+  annotations:
+    nginx.ingress.kubernetes.io/auth-tls-secret: other/ca
+---
 apiVersion: gateway.networking.k8s.io/v1
 kind: Gateway
 metadata: {name: g, namespace: b}
@@ -1255,7 +1269,16 @@ spec:
         };
         assert_eq!(
             r.secrets,
-            set(&[("a", "ing-cert"), ("b", "gw-cert"), ("c", "other-ns")])
+            set(&[
+                ("a", "ing-cert"),
+                // ingress-nginx's Secret annotations (Opaque Secrets users do not label); another
+                // namespace's is never read.
+                ("a", "htpasswd"),
+                ("a", "client-ca"),
+                ("a", "backend-ca"),
+                ("b", "gw-cert"),
+                ("c", "other-ns")
+            ])
         );
         assert_eq!(r.config_maps, set(&[("d", "ca")]));
     }
