@@ -758,7 +758,7 @@ spec:
             "{CLASSES}{}",
             spc(
                 "a",
-                "{tracing: {otlpEndpoint: 'https://c:4318/v1/traces', \
+                "{tracing: {otlpEndpoint: 'ftp://c:4318/v1/traces', \
                  samplingFraction: {numerator: 1}}}"
             ),
         ));
@@ -767,7 +767,7 @@ spec:
         let c = condition(&statuses, KIND, "a");
         assert!(
             c.message
-                .contains("tracing.otlp_endpoint only plain http://"),
+                .contains("tracing.otlp_endpoint must be an http:// or https:// URL"),
             "{}",
             c.message
         );
