@@ -393,7 +393,8 @@ pub struct References {
 }
 
 impl References {
-    /// Collect the references of every Ingress, Gateway, BackendTLSPolicy and SweetySite.
+    /// Collect the references of every Ingress, Gateway, BackendTLSPolicy, SweetySite and
+    /// SweetyProxyConfig.
     pub fn of(s: &Snapshot) -> References {
         let mut r = References::default();
         for ing in &s.ingresses {
@@ -500,6 +501,18 @@ impl References {
                         r.secrets.insert((ns.clone(), c.name.clone()));
                     }
                     _ => {}
+                }
+            }
+        }
+        // Tracing's CA ConfigMap and client certificate Secret.
+        for pc in &s.proxy_configs {
+            let ns = pc.metadata.namespace.clone().unwrap_or_default();
+            if let Some(t) = &pc.spec.tracing {
+                if let Some(ca) = &t.ca_certificate_ref {
+                    r.config_maps.insert((ns.clone(), ca.name.clone()));
+                }
+                if let Some(c) = &t.client_certificate_ref {
+                    r.secrets.insert((ns.clone(), c.name.clone()));
                 }
             }
         }
@@ -1281,6 +1294,34 @@ spec:
             ])
         );
         assert_eq!(r.config_maps, set(&[("d", "ca")]));
+    }
+
+    #[test]
+    fn proxy_config_references_cover_the_tracing_ca_and_client_certificate() {
+        let (s, _) = Snapshot::from_yaml(
+            r#"
+apiVersion: sweety.dev/v1alpha1
+kind: SweetyProxyConfig
+metadata: {name: a, namespace: obs}
+spec:
+  tracing:
+    otlpEndpoint: https://collector:4317
+    otlpProtocol: grpc
+    caCertificateRef: {name: otlp-ca}
+    clientCertificateRef: {name: otlp-client}
+---
+apiVersion: sweety.dev/v1alpha1
+kind: SweetyProxyConfig
+metadata: {name: b, namespace: other}
+spec:
+  tracing: {otlpEndpoint: 'http://collector:4318/v1/traces'}
+"#,
+        )
+        .unwrap();
+        let r = References::of(&s);
+        let one = |ns: &str, name: &str| HashSet::from([(ns.to_string(), name.to_string())]);
+        assert_eq!(r.config_maps, one("obs", "otlp-ca"));
+        assert_eq!(r.secrets, one("obs", "otlp-client"));
     }
 
     #[test]
