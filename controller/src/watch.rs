@@ -14,7 +14,8 @@
 //! - Secrets are watched with the field selectors `type=kubernetes.io/tls` and `type=Opaque`
 //!   (ingress-nginx's `auth-secret` htpasswd files are Opaque Secrets users do not label; the
 //!   cost is caching the Opaque Secrets of the watched namespaces), and only Secrets that
-//!   an Ingress (`spec.tls[].secretName`, the `auth-secret` annotation), a Gateway or ListenerSet listener
+//!   an Ingress (`spec.tls[].secretName`, the `auth-secret`, `auth-tls-secret` and
+//!   `proxy-ssl-secret` annotations), a Gateway or ListenerSet listener
 //!   (`tls.certificateRefs`), a Gateway's
 //!   client certificate validation (`spec.tls.frontend` CA refs) or backend client certificate
 //!   (`spec.tls.backend.clientCertificateRef`), a
@@ -397,8 +398,8 @@ pub struct References {
 }
 
 impl References {
-    /// Collect the references of every Ingress, Gateway, BackendTLSPolicy, SweetySecurityPolicy
-    /// and SweetySite.
+    /// Collect the references of every Ingress, Gateway, BackendTLSPolicy,
+    /// SweetySecurityPolicy, SweetySite and SweetyProxyConfig.
     pub fn of(s: &Snapshot) -> References {
         let mut r = References::default();
         for ing in &s.ingresses {
@@ -408,15 +409,10 @@ impl References {
                     r.secrets.insert((ns.clone(), name.clone()));
                 }
             }
-            let auth_secret = ing.metadata.annotations.as_ref().and_then(|a| {
-                a.get(&format!(
-                    "{}auth-secret",
-                    crate::translate::ingress::nginx::PREFIX
-                ))
-            });
-            if let Some(Ok(name)) =
-                auth_secret.map(|v| crate::translate::ingress::nginx::auth_secret_ref(v, &ns))
-            {
+            for name in crate::translate::ingress::nginx::secret_refs(
+                ing.metadata.annotations.as_ref(),
+                &ns,
+            ) {
                 r.secrets.insert((ns.clone(), name));
             }
         }
@@ -534,6 +530,18 @@ impl References {
                     "ConfigMap" => r.config_maps.insert(key(c)),
                     _ => r.secrets.insert(key(c)),
                 };
+            }
+        }
+        // Tracing's CA ConfigMap and client certificate Secret.
+        for pc in &s.proxy_configs {
+            let ns = pc.metadata.namespace.clone().unwrap_or_default();
+            if let Some(t) = &pc.spec.tracing {
+                if let Some(ca) = &t.ca_certificate_ref {
+                    r.config_maps.insert((ns.clone(), ca.name.clone()));
+                }
+                if let Some(c) = &t.client_certificate_ref {
+                    r.secrets.insert((ns.clone(), c.name.clone()));
+                }
             }
         }
         for site in &s.sites {
@@ -1253,6 +1261,24 @@ metadata: {name: i, namespace: a}
 spec:
   tls: [{secretName: ing-cert}]
 ---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: annotated
+  namespace: a
+  annotations:
+    nginx.ingress.kubernetes.io/auth-secret: htpasswd
+    nginx.ingress.kubernetes.io/auth-tls-secret: a/client-ca
+    nginx.ingress.kubernetes.io/proxy-ssl-secret: backend-ca
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: foreign
+  namespace: a
+  annotations:
+    nginx.ingress.kubernetes.io/auth-tls-secret: other/ca
+---
 apiVersion: gateway.networking.k8s.io/v1
 kind: Gateway
 metadata: {name: g, namespace: b}
@@ -1287,9 +1313,46 @@ spec:
         };
         assert_eq!(
             r.secrets,
-            set(&[("a", "ing-cert"), ("b", "gw-cert"), ("c", "other-ns")])
+            set(&[
+                ("a", "ing-cert"),
+                // ingress-nginx's Secret annotations (Opaque Secrets users do not label); another
+                // namespace's is never read.
+                ("a", "htpasswd"),
+                ("a", "client-ca"),
+                ("a", "backend-ca"),
+                ("b", "gw-cert"),
+                ("c", "other-ns")
+            ])
         );
         assert_eq!(r.config_maps, set(&[("d", "ca")]));
+    }
+
+    #[test]
+    fn proxy_config_references_cover_the_tracing_ca_and_client_certificate() {
+        let (s, _) = Snapshot::from_yaml(
+            r#"
+apiVersion: sweety.dev/v1alpha1
+kind: SweetyProxyConfig
+metadata: {name: a, namespace: obs}
+spec:
+  tracing:
+    otlpEndpoint: https://collector:4317
+    otlpProtocol: grpc
+    caCertificateRef: {name: otlp-ca}
+    clientCertificateRef: {name: otlp-client}
+---
+apiVersion: sweety.dev/v1alpha1
+kind: SweetyProxyConfig
+metadata: {name: b, namespace: other}
+spec:
+  tracing: {otlpEndpoint: 'http://collector:4318/v1/traces'}
+"#,
+        )
+        .unwrap();
+        let r = References::of(&s);
+        let one = |ns: &str, name: &str| HashSet::from([(ns.to_string(), name.to_string())]);
+        assert_eq!(r.config_maps, one("obs", "otlp-ca"));
+        assert_eq!(r.secrets, one("obs", "otlp-client"));
     }
 
     #[test]

@@ -629,6 +629,26 @@ pub fn auth_secret_ref(value: &str, namespace: &str) -> Result<String, String> {
     Ok(name.to_string())
 }
 
+/// The annotations that name a Secret of the Ingress's namespace.
+pub const SECRET_ANNOTATIONS: [&str; 3] = ["auth-secret", "auth-tls-secret", "proxy-ssl-secret"];
+
+/// The Secrets (names in the Ingress's namespace `namespace`) that the Ingress's
+/// [`SECRET_ANNOTATIONS`] name, each once, in annotation order; a value that names no Secret of
+/// the namespace ([`auth_secret_ref`]) names none (the translator reports it). The watch keeps
+/// these Secrets in the snapshot and `migrate-report` reads them.
+pub fn secret_refs(annotations: Option<&BTreeMap<String, String>>, namespace: &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for a in SECRET_ANNOTATIONS {
+        let value = annotations.and_then(|m| m.get(&format!("{PREFIX}{a}")));
+        if let Some(Ok(name)) = value.map(|v| auth_secret_ref(v, namespace)) {
+            if !out.contains(&name) {
+                out.push(name);
+            }
+        }
+    }
+    out
+}
+
 /// The Secret an annotation (`auth-secret`, `auth-tls-secret`, `proxy-ssl-secret`) names, with
 /// its name: one of the Ingress's own namespace only ([`auth_secret_ref`]), and one that exists.
 fn own_secret<'s>(
