@@ -742,7 +742,8 @@ pub struct Timeouts {
     /// `proxy_read_timeout`: from the request sent to the response head (504 after), then
     /// between two chunks of the response body (the response is aborted after: the HTTP/1.1
     /// connection is closed, the HTTP/2 or HTTP/3 stream reset). Time spent waiting for a
-    /// slow client does not count.
+    /// slow client does not count. A WebSocket tunnel of the route is closed after no byte
+    /// moved either way for this long (instead of `limits.websocket_idle_timeout`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub read_idle: Option<Duration>,
     /// Longest wait for the backend to take the next chunk of the request (head or body), as
@@ -999,7 +1000,8 @@ pub struct Limits {
     pub max_request_body_bytes: u64,
     /// Time in-flight requests get to finish on shutdown or listener removal.
     pub drain_timeout: Duration,
-    /// A WebSocket tunnel with no byte either way for this long is closed. Default 5m.
+    /// A WebSocket tunnel with no byte either way for this long is closed, unless its route
+    /// sets `timeouts.read_idle`. Default 5m.
     #[serde(skip_serializing_if = "crate::is_default_websocket_idle_timeout")]
     pub websocket_idle_timeout: Duration,
     /// Which HTTP/2 server implementation serves h2 and h2c connections (default: Sweety's
