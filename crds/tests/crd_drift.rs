@@ -15,3 +15,19 @@ fn committed_crd_yaml_is_current() {
         );
     }
 }
+
+/// deploy/sweety.yaml (the chart's default render, kept by `e2e/chart/check.sh`) embeds each of our
+/// CRDs as the chart ships it. A CRD change that forgot the re-render fails here, in `cargo test`,
+/// not only in CI's chart step (a stop's CI once failed there after a field was added).
+#[test]
+fn deploy_manifest_embeds_the_current_crds() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/sweety.yaml");
+    let deploy = std::fs::read_to_string(&path).unwrap();
+    for (name, want) in sweety_crds::crd_files().unwrap() {
+        assert!(
+            deploy.contains(&format!("# Source: sweety/crds/{name}\n{want}")),
+            "{} does not embed the current {name}: run `SWEETY_BLESS=1 bash e2e/chart/check.sh` and commit deploy/sweety.yaml",
+            path.display()
+        );
+    }
+}
