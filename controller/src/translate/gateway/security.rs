@@ -332,6 +332,11 @@ impl SecurityPolicies {
         if !filters.is_empty() {
             filters.append(&mut route.filters);
             route.filters = filters;
+            // What the dataplane would refuse must not reach it: one bad rule would make it
+            // reject every config after this one (every tenant's). Its status says why.
+            if super::http::check_route(route).is_err() {
+                self.refuse(p, route);
+            }
         }
     }
 
@@ -379,6 +384,9 @@ fn settings(b: &Builder<'_>, ns: &str, p: &SweetySecurityPolicy) -> Result<Setti
                 .map(|c| masked_cidr(c).map_err(|e| format!("ipRules.{field}: {e}")))
                 .collect()
         };
+        if rules.allow.is_empty() && rules.deny.is_empty() {
+            return Err("ipRules lists no address: name at least one in allow or deny".into());
+        }
         s.ip = Some(IpAccess {
             allow: read(&rules.allow, "allow")?,
             deny: read(&rules.deny, "deny")?,
