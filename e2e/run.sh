@@ -4,7 +4,9 @@
 #      (skipped with --no-install when it is already up);
 #   2. cargo test -p sweety-e2e (e2e/suite/tests/e2e.rs) with --ignored (the tests are ignored without a
 #      cluster), one test at a time: Ingress, HTTPRoute and SweetySite over HTTP/1.1, HTTP/2 and
-#      HTTP/3 through the load-balancer address, a route change, container kills, invalid objects;
+#      HTTP/3 through the load-balancer address, a route change, container kills, invalid objects, the
+#      ingress-nginx user guide's examples and `sweety-controller migrate-report` on them (the debug binary
+#      `cargo test --workspace` builds, or SWEETY_E2E_CONTROLLER_BIN);
 #   3. with --down, e2e/install.sh down --purge afterwards (also when the tests fail).
 #
 # Usage: e2e/run.sh [--real-node] [--no-install] [--down] [-- <cargo test filter and test-binary args>]

@@ -742,7 +742,8 @@ pub struct Timeouts {
     /// `proxy_read_timeout`: from the request sent to the response head (504 after), then
     /// between two chunks of the response body (the response is aborted after: the HTTP/1.1
     /// connection is closed, the HTTP/2 or HTTP/3 stream reset). Time spent waiting for a
-    /// slow client does not count.
+    /// slow client does not count. A WebSocket tunnel of the route is closed after no byte
+    /// moved either way for this long (instead of `limits.websocket_idle_timeout`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub read_idle: Option<Duration>,
     /// Longest wait for the backend to take the next chunk of the request (head or body), as
@@ -999,7 +1000,8 @@ pub struct Limits {
     pub max_request_body_bytes: u64,
     /// Time in-flight requests get to finish on shutdown or listener removal.
     pub drain_timeout: Duration,
-    /// A WebSocket tunnel with no byte either way for this long is closed. Default 5m.
+    /// A WebSocket tunnel with no byte either way for this long is closed, unless its route
+    /// sets `timeouts.read_idle`. Default 5m.
     #[serde(skip_serializing_if = "crate::is_default_websocket_idle_timeout")]
     pub websocket_idle_timeout: Duration,
     /// Which HTTP/2 server implementation serves h2 and h2c connections (default: Sweety's
@@ -1192,14 +1194,34 @@ pub struct AccessLog {
 
 /// OpenTelemetry tracing (docs/observability.md "Tracing"): the dataplane takes part in W3C
 /// trace context (`traceparent`/`tracestate`) and exports a server span per sampled request,
-/// and a client span per proxied one, to an OTLP/HTTP (protobuf) receiver. Every queue, batch
-/// and export is bounded; spans that do not fit are dropped and counted.
+/// and a client span per proxied one, to an OTLP receiver over HTTP (protobuf) or gRPC, in
+/// plain text or TLS. Every queue, batch and export is bounded; spans that do not fit are
+/// dropped and counted.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Tracing {
-    /// The OTLP/HTTP traces endpoint, e.g. `http://otel-collector.observability:4318/v1/traces`
-    /// (plain `http` only: point it at a collector or agent near the pod).
+    /// The OTLP traces endpoint. `http/protobuf`: the URL spans are POSTed to, e.g.
+    /// `http://otel-collector.observability:4318/v1/traces`; `grpc`: the receiver's
+    /// `scheme://host:port`, e.g. `http://otel-collector.observability:4317` (no path: the
+    /// method's path is fixed). `https://` sends over TLS, `http://` in plain text (for gRPC:
+    /// HTTP/2 with prior knowledge), as OpenTelemetry's exporters read the scheme.
     pub otlp_endpoint: String,
+    /// The transport, by OpenTelemetry's `OTEL_EXPORTER_OTLP_PROTOCOL` values:
+    /// `http/protobuf` (the default, as the specification recommends) or `grpc`.
+    #[serde(default, skip_serializing_if = "OtlpProtocol::is_default")]
+    pub otlp_protocol: OtlpProtocol,
+    /// CA bundle the receiver's certificate is verified with (`https://` endpoints only), as
+    /// `OTEL_EXPORTER_OTLP_CERTIFICATE`: given, it is the only trust; absent, the well-known
+    /// public CAs (Mozilla's root program, compiled in) are.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub otlp_ca: Option<PemSource>,
+    /// Client certificate presented to the receiver (mTLS; `https://` only, with
+    /// `otlp_client_key`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub otlp_client_cert: Option<PemSource>,
+    /// The key of `otlp_client_cert`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub otlp_client_key: Option<PemSource>,
     /// Share of requests sampled when no sampled parent decides (0 to 1; `0.01` is 1 %).
     #[serde(default = "default_sampling_ratio")]
     pub sampling_ratio: f64,
@@ -1250,6 +1272,10 @@ impl Tracing {
     pub fn to(otlp_endpoint: impl Into<String>) -> Tracing {
         Tracing {
             otlp_endpoint: otlp_endpoint.into(),
+            otlp_protocol: OtlpProtocol::default(),
+            otlp_ca: None,
+            otlp_client_cert: None,
+            otlp_client_key: None,
             sampling_ratio: default_sampling_ratio(),
             parent_based: true,
             service_name: default_service_name(),
@@ -1258,6 +1284,27 @@ impl Tracing {
             batch_delay: default_trace_batch_delay(),
             export_timeout: default_trace_export_timeout(),
         }
+    }
+}
+
+/// How spans travel to the OTLP receiver (the values of OpenTelemetry's
+/// `OTEL_EXPORTER_OTLP_PROTOCOL`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum OtlpProtocol {
+    /// OTLP/HTTP: `POST` of a protobuf `ExportTraceServiceRequest` (HTTP/1.1).
+    #[default]
+    #[serde(rename = "http/protobuf")]
+    HttpProtobuf,
+    /// OTLP/gRPC: unary `opentelemetry.proto.collector.trace.v1.TraceService/Export` over
+    /// HTTP/2.
+    #[serde(rename = "grpc")]
+    Grpc,
+}
+
+impl OtlpProtocol {
+    /// Whether it is the default (`http/protobuf`), which is not written out.
+    pub fn is_default(&self) -> bool {
+        *self == OtlpProtocol::default()
     }
 }
 

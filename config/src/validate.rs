@@ -299,10 +299,41 @@ impl<'a> Validator<'a> {
         }
     }
 
-    /// `tracing`: a plain-HTTP OTLP endpoint and bounded queue, batch and timers.
+    /// `tracing`: an OTLP endpoint its protocol can reach, its TLS material, and bounded
+    /// queue, batch and timers.
     fn tracing(&mut self, t: &crate::Tracing) {
-        if let Err(m) = check_otlp_endpoint(&t.otlp_endpoint) {
+        if let Err(m) = check_otlp_endpoint(&t.otlp_endpoint, t.otlp_protocol) {
             self.err("tracing.otlp_endpoint", m);
+        }
+        let tls = t.otlp_endpoint.starts_with("https://");
+        for (field, src, kind) in [
+            ("tracing.otlp_ca", &t.otlp_ca, PemKind::Certificate),
+            (
+                "tracing.otlp_client_cert",
+                &t.otlp_client_cert,
+                PemKind::Certificate,
+            ),
+            (
+                "tracing.otlp_client_key",
+                &t.otlp_client_key,
+                PemKind::PrivateKey,
+            ),
+        ] {
+            let Some(src) = src else { continue };
+            if tls {
+                self.pem(field, src, kind);
+            } else {
+                self.err(field, "needs an https:// otlp_endpoint");
+            }
+        }
+        match (&t.otlp_client_cert, &t.otlp_client_key) {
+            (Some(_), None) => {
+                self.err("tracing.otlp_client_key", "required with otlp_client_cert")
+            }
+            (None, Some(_)) => {
+                self.err("tracing.otlp_client_cert", "required with otlp_client_key")
+            }
+            _ => {}
         }
         if !(t.sampling_ratio.is_finite() && (0.0..=1.0).contains(&t.sampling_ratio)) {
             self.err("tracing.sampling_ratio", "must be between 0 and 1");
@@ -1615,20 +1646,30 @@ pub(crate) const MAX_TRACE_QUEUE: u32 = 1_000_000;
 /// Most spans in one OTLP export request.
 pub(crate) const MAX_TRACE_BATCH: u32 = 8192;
 
-/// Whether `e` is an OTLP/HTTP endpoint the dataplane can send to: `http://host[:port][/path]`,
-/// printable ASCII, at most 2048 bytes, no user information.
-pub(crate) fn check_otlp_endpoint(e: &str) -> Result<(), &'static str> {
+/// Whether `e` is an OTLP endpoint the dataplane can send to with `protocol`:
+/// `http[s]://host[:port][/path]` (for gRPC no path but `/`, no query), printable ASCII, at
+/// most 2048 bytes, no user information.
+pub(crate) fn check_otlp_endpoint(
+    e: &str,
+    protocol: crate::OtlpProtocol,
+) -> Result<(), &'static str> {
     if e.len() > 2048 || !e.bytes().all(|b| b.is_ascii_graphic()) {
         return Err("must be printable ASCII without spaces, at most 2048 bytes");
     }
-    let Some(rest) = e.strip_prefix("http://") else {
-        return Err(
-            "only plain http:// endpoints are supported (use a collector or agent near the pod)",
-        );
+    let Some(rest) = e
+        .strip_prefix("http://")
+        .or_else(|| e.strip_prefix("https://"))
+    else {
+        return Err("must be an http:// or https:// URL");
     };
-    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let (authority, path) = rest.split_at(rest.find(['/', '?', '#']).unwrap_or(rest.len()));
     if authority.contains('@') {
         return Err("must not carry user information");
+    }
+    if protocol == crate::OtlpProtocol::Grpc && !matches!(path, "" | "/") {
+        return Err(
+            "a grpc endpoint is scheme://host[:port] without path or query (the method path is fixed)",
+        );
     }
     let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
         let Some((h, after)) = v6.split_once(']') else {
@@ -3340,10 +3381,80 @@ access_log: {enabled: true, path: /var/log/sweety/access.log, buffer_lines: 1024
         expect_ok(with(|_| {}));
         for (f, field, message) in [
             (
-                (|t: &mut crate::Tracing| t.otlp_endpoint = "https://c:4318/v1/traces".into())
+                (|t: &mut crate::Tracing| t.otlp_endpoint = "ftp://c:4318/v1/traces".into())
                     as fn(&mut crate::Tracing),
                 "tracing.otlp_endpoint",
-                "only plain http:// endpoints are supported (use a collector or agent near the pod)",
+                "must be an http:// or https:// URL",
+            ),
+            (
+                |t| {
+                    t.otlp_protocol = crate::OtlpProtocol::Grpc;
+                    t.otlp_endpoint = "grpc://c:4317".into();
+                },
+                "tracing.otlp_endpoint",
+                "must be an http:// or https:// URL",
+            ),
+            (
+                |t| {
+                    t.otlp_protocol = crate::OtlpProtocol::Grpc;
+                    t.otlp_endpoint = "c:4317".into();
+                },
+                "tracing.otlp_endpoint",
+                "must be an http:// or https:// URL",
+            ),
+            (
+                |t| {
+                    t.otlp_protocol = crate::OtlpProtocol::Grpc;
+                    t.otlp_endpoint = "http://c:4317/v1/traces".into();
+                },
+                "tracing.otlp_endpoint",
+                "a grpc endpoint is scheme://host[:port] without path or query",
+            ),
+            (
+                |t| {
+                    t.otlp_protocol = crate::OtlpProtocol::Grpc;
+                    t.otlp_endpoint = "https://c:4317?x=1".into();
+                },
+                "tracing.otlp_endpoint",
+                "a grpc endpoint is scheme://host[:port] without path or query",
+            ),
+            (
+                |t| t.otlp_ca = Some(PemSource::Pem(CERT.into())),
+                "tracing.otlp_ca",
+                "needs an https:// otlp_endpoint",
+            ),
+            (
+                |t| {
+                    t.otlp_endpoint = "https://c:4318/v1/traces".into();
+                    t.otlp_ca = Some(PemSource::Pem(KEY.into()));
+                },
+                "tracing.otlp_ca",
+                "CERTIFICATE",
+            ),
+            (
+                |t| {
+                    t.otlp_endpoint = "https://c:4318/v1/traces".into();
+                    t.otlp_ca = Some(PemSource::File(PathBuf::new()));
+                },
+                "tracing.otlp_ca",
+                "file path must not be empty",
+            ),
+            (
+                |t| {
+                    t.otlp_endpoint = "https://c:4318/v1/traces".into();
+                    t.otlp_client_cert = Some(PemSource::Pem(CERT.into()));
+                },
+                "tracing.otlp_client_key",
+                "required with otlp_client_cert",
+            ),
+            (
+                |t| {
+                    t.otlp_endpoint = "https://c:4318/v1/traces".into();
+                    t.otlp_client_cert = Some(PemSource::Pem(CERT.into()));
+                    t.otlp_client_key = Some(PemSource::Pem(CERT.into()));
+                },
+                "tracing.otlp_client_key",
+                "PRIVATE KEY",
             ),
             (
                 |t| t.otlp_endpoint = "http://user@c:4318/".into(),
@@ -3407,15 +3518,65 @@ access_log: {enabled: true, path: /var/log/sweety/access.log, buffer_lines: 1024
 
     #[test]
     fn otlp_endpoints_that_parse() {
+        use crate::OtlpProtocol::{Grpc, HttpProtobuf};
         for e in [
             "http://127.0.0.1:4318/v1/traces",
             "http://otel-collector.observability:4318/v1/traces",
+            "https://otel-collector.observability:4318/v1/traces",
             "http://[::1]:4318/v1/traces",
             "http://collector",
             "http://[::1]/v1/traces",
         ] {
-            assert_eq!(check_otlp_endpoint(e), Ok(()), "{e}");
+            assert_eq!(check_otlp_endpoint(e, HttpProtobuf), Ok(()), "{e}");
         }
+        for e in [
+            "http://otel-collector.observability:4317",
+            "https://otel-collector.observability:4317/",
+            "http://[::1]:4317",
+            "https://collector",
+        ] {
+            assert_eq!(check_otlp_endpoint(e, Grpc), Ok(()), "{e}");
+        }
+    }
+
+    #[test]
+    fn otlp_tls_material_passes_and_an_unreadable_ca_file_is_refused() {
+        let tls = |ca: PemSource| {
+            move |c: &mut Config| {
+                let mut t = crate::Tracing::to("https://collector.obs:4317");
+                t.otlp_protocol = crate::OtlpProtocol::Grpc;
+                t.otlp_ca = Some(ca);
+                t.otlp_client_cert = Some(PemSource::Pem(CERT.into()));
+                t.otlp_client_key = Some(PemSource::Pem(KEY.into()));
+                c.tracing = Some(t);
+            }
+        };
+        expect_ok(tls(PemSource::Pem(CERT.into())));
+        // A CA file that is not there: structure passes, the file check does not.
+        let missing = PathBuf::from("/nonexistent/sweety-config-test/otlp-ca.crt");
+        let mut c = Config::default();
+        tls(PemSource::File(missing.clone()))(&mut c);
+        c.validate_structure().unwrap();
+        let errors = c.validate().unwrap_err().0;
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert_eq!(errors[0].path, "tracing.otlp_ca");
+        assert_eq!(
+            errors[0].message,
+            format!("file not found: {}", missing.display())
+        );
+        // A directory is unreadable as a file.
+        let dir = TempDir::new("otlp-ca");
+        let mut c = Config::default();
+        tls(PemSource::File(dir.0.clone()))(&mut c);
+        let errors = c.validate().unwrap_err().0;
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert_eq!(errors[0].path, "tracing.otlp_ca");
+        assert!(errors[0].message.starts_with("cannot read "), "{errors:?}");
+        // A readable CA file passes.
+        std::fs::write(dir.0.join("ca.crt"), CERT).unwrap();
+        let mut c = Config::default();
+        tls(PemSource::File(dir.0.join("ca.crt")))(&mut c);
+        c.validate().unwrap();
     }
 
     // ------------------------------------------------------------ filesystem

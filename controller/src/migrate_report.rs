@@ -1,7 +1,8 @@
 //! `sweety-controller migrate-report`: before traffic moves from ingress-nginx, what Sweety
 //! would do with every Ingress of the cluster (any class), annotation by annotation: honoured,
 //! honoured differently (how), refused and failing closed, or ignored. Read-only: it lists
-//! Ingresses and reads the Secrets their `auth-secret` names, and writes nothing.
+//! Ingresses and reads the Secrets their `auth-secret`, `auth-tls-secret` and `proxy-ssl-secret`
+//! name, and writes nothing.
 //!
 //! The verdicts come from the translator itself: the row of
 //! [`nginx::ANNOTATIONS`](crate::translate::ingress::nginx::ANNOTATIONS) (the table the
@@ -132,7 +133,8 @@ pub fn ingress_report(ing: &Ingress, params: &Params, secrets: &[Arc<Secret>]) -
     }
 }
 
-/// Read every Ingress (of `namespace`, or all) and the Secrets their `auth-secret` names, and
+/// Read every Ingress (of `namespace`, or all) and the Secrets their annotations name
+/// ([`nginx::secret_refs`]), and
 /// report on each, ordered by namespace and name.
 pub async fn collect(
     client: &Client,
@@ -156,13 +158,8 @@ pub async fn collect(
         let ns = ing.metadata.namespace.clone().unwrap_or_default();
         let mut secrets = Vec::new();
         let mut notes = Vec::new();
-        let auth_secret = ing
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(&format!("{PREFIX}auth-secret")));
-        if let Some(Ok(name)) = auth_secret.map(|v| nginx::auth_secret_ref(v, &ns)) {
-            let secrets_api: Api<Secret> = Api::namespaced(client.clone(), &ns);
+        let secrets_api: Api<Secret> = Api::namespaced(client.clone(), &ns);
+        for name in nginx::secret_refs(ing.metadata.annotations.as_ref(), &ns) {
             match secrets_api.get_opt(&name).await {
                 Ok(Some(s)) => secrets.push(Arc::new(s)),
                 Ok(None) => {}

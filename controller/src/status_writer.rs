@@ -6,12 +6,13 @@
 //!   defaults or other writers add do not count as a change).
 //! - `lastTransitionTime` is added here from the clock: the previous time is kept when a
 //!   condition's type, status and reason are unchanged.
-//! - Route `status.parents` and BackendTLSPolicy `status.ancestors` are `atomic` lists in the
-//!   Gateway API CRDs, so server-side apply would replace other controllers' entries. For those
-//!   kinds the writer reads the live object, keeps every entry whose `controllerName` is not
-//!   ours, puts ours after them, and applies with the read `resourceVersion` as a precondition
-//!   (a conflict is retried on the next reconcile). Entries of ours for parents `translate` no
-//!   longer reports are removed, also from routes `translate` no longer reports at all.
+//! - Route `status.parents` and BackendTLSPolicy (and SweetySecurityPolicy) `status.ancestors`
+//!   are `atomic` lists in the Gateway API CRDs (and ours), so server-side apply would replace
+//!   other controllers' entries. For those kinds the writer reads the live object, keeps every
+//!   entry whose `controllerName` is not ours, puts ours after them, and applies with the read
+//!   `resourceVersion` as a precondition (a conflict is retried on the next reconcile). Entries
+//!   of ours for parents `translate` no longer reports are removed, also from routes
+//!   `translate` no longer reports at all.
 //! - `Programmed=True` is held back as `Unknown`/`Pending` until the dataplane acknowledged the
 //!   generation that contains the object ([`Gate`]); a rejected generation gives
 //!   `False`/`Invalid` with the dataplane's errors.
@@ -879,11 +880,11 @@ const ROUTE_KINDS: [&str; 5] = ["HTTPRoute", "GRPCRoute", "TLSRoute", "TCPRoute"
 
 /// Route and policy kinds, whose status lists are `atomic` (see the module docs).
 pub fn is_atomic_kind(kind: &str) -> bool {
-    ROUTE_KINDS.contains(&kind) || kind == "BackendTLSPolicy"
+    ROUTE_KINDS.contains(&kind) || kind == "BackendTLSPolicy" || kind == "SweetySecurityPolicy"
 }
 
 fn list_field(kind: &str) -> &'static str {
-    if kind == "BackendTLSPolicy" {
+    if kind == "BackendTLSPolicy" || kind == "SweetySecurityPolicy" {
         "ancestors"
     } else {
         "parents"
@@ -905,6 +906,7 @@ pub fn api_resource(kind: &str) -> Option<ApiResource> {
         "BackendTLSPolicy" => ApiResource::erase::<backendtlspolicies::BackendTlsPolicy>(&()),
         "Ingress" => ApiResource::erase::<k8s_openapi::api::networking::v1::Ingress>(&()),
         "SweetySite" => ApiResource::erase::<sweety_crds::SweetySite>(&()),
+        "SweetySecurityPolicy" => ApiResource::erase::<sweety_crds::SweetySecurityPolicy>(&()),
         _ => return None,
     })
 }
@@ -946,7 +948,8 @@ impl_current!(
     gw::udproutes::UdpRoute,
     gw::backendtlspolicies::BackendTlsPolicy,
     k8s_openapi::api::networking::v1::Ingress,
-    sweety_crds::SweetySite
+    sweety_crds::SweetySite,
+    sweety_crds::SweetySecurityPolicy
 );
 
 /// Every kind whose status the writer writes, with its field in [`Snapshot`] and in
@@ -966,7 +969,8 @@ macro_rules! status_kinds {
             "UDPRoute" udp_routes,
             "BackendTLSPolicy" backend_tls_policies,
             "Ingress" ingresses,
-            "SweetySite" sites
+            "SweetySite" sites,
+            "SweetySecurityPolicy" security_policies
         )
     };
 }
@@ -980,7 +984,7 @@ macro_rules! kind_names {
 
 /// The kinds whose status the writer writes. `translate` reads none of their statuses, so the
 /// watches treat a status-only update of one of them as no change of the input.
-pub const STATUS_KINDS: [&str; 11] = status_kinds!(kind_names!());
+pub const STATUS_KINDS: [&str; 12] = status_kinds!(kind_names!());
 
 type IndexKey<'a> = (&'static str, &'a str, &'a str);
 

@@ -14,17 +14,20 @@
 //! - Secrets are watched with the field selectors `type=kubernetes.io/tls` and `type=Opaque`
 //!   (ingress-nginx's `auth-secret` htpasswd files are Opaque Secrets users do not label; the
 //!   cost is caching the Opaque Secrets of the watched namespaces), and only Secrets that
-//!   an Ingress (`spec.tls[].secretName`, the `auth-secret` annotation), a Gateway or ListenerSet listener
+//!   an Ingress (`spec.tls[].secretName`, the `auth-secret`, `auth-tls-secret` and
+//!   `proxy-ssl-secret` annotations), a Gateway or ListenerSet listener
 //!   (`tls.certificateRefs`), a Gateway's
 //!   client certificate validation (`spec.tls.frontend` CA refs) or backend client certificate
 //!   (`spec.tls.backend.clientCertificateRef`), a
-//!   BackendTLSPolicy (`validation.caCertificateRefs`) or a SweetySite (`tls.secretName`,
+//!   BackendTLSPolicy (`validation.caCertificateRefs`), a SweetySecurityPolicy (`basicAuth.secretRef`,
+//!   `clientCertificate.caCertificateRefs`) or a SweetySite (`tls.secretName`,
 //!   `routes[].static.configMap`) references reach the snapshot. ConfigMaps have no natural selector, so they are all watched (in the watched
 //!   namespaces) and filtered the same way into the snapshot: users need not label them, at the
 //!   cost of caching them. Secret data is never logged.
 //! - `managedFields` is stripped from every cached object to keep the stores small.
 //! - Kinds whose status this controller writes and `translate` does not read (GatewayClass,
-//!   Gateway, ListenerSet, the route kinds, BackendTLSPolicy, Ingress, SweetySite) pass a
+//!   Gateway, ListenerSet, the route kinds, BackendTLSPolicy, SweetySecurityPolicy, Ingress,
+//!   SweetySite) pass a
 //!   predicate before the store: an update that changes neither `metadata.generation` (the
 //!   spec) nor the labels, annotations, owner references, finalizers or deletion timestamp —
 //!   a status write, ours or another controller's — neither reaches the store nor triggers a
@@ -58,7 +61,7 @@ use std::fmt::Debug;
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
-use sweety_crds::{SweetyProxyConfig, SweetySite};
+use sweety_crds::{SweetyProxyConfig, SweetySecurityPolicy, SweetySite};
 use sweety_gateway_api as gw;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -214,6 +217,8 @@ pub struct Stores {
     pub sites: Stored<SweetySite>,
     /// SweetyProxyConfigs: dataplane settings a GatewayClass points at (`parametersRef`).
     pub proxy_configs: Stored<SweetyProxyConfig>,
+    /// SweetySecurityPolicies: authentication and IP rules for Gateways and HTTPRoutes.
+    pub security_policies: Stored<SweetySecurityPolicy>,
     /// Services: ports and types of the backends.
     pub services: Stored<Service>,
     /// EndpointSlices: the backends' addresses and readiness.
@@ -321,6 +326,7 @@ impl Stores {
             listener_sets: self.listener_sets.state(),
             sites: self.sites.state(),
             proxy_configs: self.proxy_configs.state(),
+            security_policies: self.security_policies.state(),
             services: self.services.state(),
             endpoint_slices: self.endpoint_slices.state(),
             secrets: Vec::new(),
@@ -392,7 +398,8 @@ pub struct References {
 }
 
 impl References {
-    /// Collect the references of every Ingress, Gateway, BackendTLSPolicy and SweetySite.
+    /// Collect the references of every Ingress, Gateway, BackendTLSPolicy,
+    /// SweetySecurityPolicy, SweetySite and SweetyProxyConfig.
     pub fn of(s: &Snapshot) -> References {
         let mut r = References::default();
         for ing in &s.ingresses {
@@ -402,15 +409,10 @@ impl References {
                     r.secrets.insert((ns.clone(), name.clone()));
                 }
             }
-            let auth_secret = ing.metadata.annotations.as_ref().and_then(|a| {
-                a.get(&format!(
-                    "{}auth-secret",
-                    crate::translate::ingress::nginx::PREFIX
-                ))
-            });
-            if let Some(Ok(name)) =
-                auth_secret.map(|v| crate::translate::ingress::nginx::auth_secret_ref(v, &ns))
-            {
+            for name in crate::translate::ingress::nginx::secret_refs(
+                ing.metadata.annotations.as_ref(),
+                &ns,
+            ) {
                 r.secrets.insert((ns.clone(), name));
             }
         }
@@ -504,6 +506,41 @@ impl References {
                         r.secrets.insert((ns.clone(), c.name.clone()));
                     }
                     _ => {}
+                }
+            }
+        }
+        for p in &s.security_policies {
+            let ns = p.metadata.namespace.clone().unwrap_or_default();
+            let key = |o: &sweety_crds::security_policy::ObjectRef| {
+                (
+                    o.namespace.clone().unwrap_or_else(|| ns.clone()),
+                    o.name.clone(),
+                )
+            };
+            if let Some(b) = &p.spec.basic_auth {
+                r.secrets.insert(key(&b.secret_ref));
+            }
+            for c in p
+                .spec
+                .client_certificate
+                .iter()
+                .flat_map(|c| &c.ca_certificate_refs)
+            {
+                match c.kind.as_deref().unwrap_or("Secret") {
+                    "ConfigMap" => r.config_maps.insert(key(c)),
+                    _ => r.secrets.insert(key(c)),
+                };
+            }
+        }
+        // Tracing's CA ConfigMap and client certificate Secret.
+        for pc in &s.proxy_configs {
+            let ns = pc.metadata.namespace.clone().unwrap_or_default();
+            if let Some(t) = &pc.spec.tracing {
+                if let Some(ca) = &t.ca_certificate_ref {
+                    r.config_maps.insert((ns.clone(), ca.name.clone()));
+                }
+                if let Some(c) = &t.client_certificate_ref {
+                    r.secrets.insert((ns.clone(), c.name.clone()));
                 }
             }
         }
@@ -618,6 +655,7 @@ impl Watches {
             listener_sets: w.namespaced(watcher::Config::default()),
             sites: w.namespaced(watcher::Config::default()),
             proxy_configs: w.namespaced(watcher::Config::default()),
+            security_policies: w.namespaced(watcher::Config::default()),
             services: w.namespaced(watcher::Config::default()),
             endpoint_slices: w.namespaced(watcher::Config::default()),
             secrets: w.namespaced(watcher::Config::default().fields("type=kubernetes.io/tls")),
@@ -725,6 +763,7 @@ impl Watches {
                 backend_tls_policies,
                 sites,
                 proxy_configs,
+                security_policies,
                 services,
                 endpoint_slices,
                 secrets,
@@ -1101,7 +1140,7 @@ fn meaning<K: Resource>(o: &K) -> Option<u64> {
 }
 
 /// Object counts per kind, for the `objects` metric.
-pub fn object_counts(s: &Snapshot) -> [(&'static str, usize); 19] {
+pub fn object_counts(s: &Snapshot) -> [(&'static str, usize); 20] {
     [
         ("IngressClass", s.ingress_classes.len()),
         ("Ingress", s.ingresses.len()),
@@ -1117,6 +1156,7 @@ pub fn object_counts(s: &Snapshot) -> [(&'static str, usize); 19] {
         ("BackendTLSPolicy", s.backend_tls_policies.len()),
         ("SweetySite", s.sites.len()),
         ("SweetyProxyConfig", s.proxy_configs.len()),
+        ("SweetySecurityPolicy", s.security_policies.len()),
         ("Service", s.services.len()),
         ("EndpointSlice", s.endpoint_slices.len()),
         ("Secret", s.secrets.len()),
@@ -1221,6 +1261,24 @@ metadata: {name: i, namespace: a}
 spec:
   tls: [{secretName: ing-cert}]
 ---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: annotated
+  namespace: a
+  annotations:
+    nginx.ingress.kubernetes.io/auth-secret: htpasswd
+    nginx.ingress.kubernetes.io/auth-tls-secret: a/client-ca
+    nginx.ingress.kubernetes.io/proxy-ssl-secret: backend-ca
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: foreign
+  namespace: a
+  annotations:
+    nginx.ingress.kubernetes.io/auth-tls-secret: other/ca
+---
 apiVersion: gateway.networking.k8s.io/v1
 kind: Gateway
 metadata: {name: g, namespace: b}
@@ -1255,9 +1313,46 @@ spec:
         };
         assert_eq!(
             r.secrets,
-            set(&[("a", "ing-cert"), ("b", "gw-cert"), ("c", "other-ns")])
+            set(&[
+                ("a", "ing-cert"),
+                // ingress-nginx's Secret annotations (Opaque Secrets users do not label); another
+                // namespace's is never read.
+                ("a", "htpasswd"),
+                ("a", "client-ca"),
+                ("a", "backend-ca"),
+                ("b", "gw-cert"),
+                ("c", "other-ns")
+            ])
         );
         assert_eq!(r.config_maps, set(&[("d", "ca")]));
+    }
+
+    #[test]
+    fn proxy_config_references_cover_the_tracing_ca_and_client_certificate() {
+        let (s, _) = Snapshot::from_yaml(
+            r#"
+apiVersion: sweety.dev/v1alpha1
+kind: SweetyProxyConfig
+metadata: {name: a, namespace: obs}
+spec:
+  tracing:
+    otlpEndpoint: https://collector:4317
+    otlpProtocol: grpc
+    caCertificateRef: {name: otlp-ca}
+    clientCertificateRef: {name: otlp-client}
+---
+apiVersion: sweety.dev/v1alpha1
+kind: SweetyProxyConfig
+metadata: {name: b, namespace: other}
+spec:
+  tracing: {otlpEndpoint: 'http://collector:4318/v1/traces'}
+"#,
+        )
+        .unwrap();
+        let r = References::of(&s);
+        let one = |ns: &str, name: &str| HashSet::from([(ns.to_string(), name.to_string())]);
+        assert_eq!(r.config_maps, one("obs", "otlp-ca"));
+        assert_eq!(r.secrets, one("obs", "otlp-client"));
     }
 
     #[test]

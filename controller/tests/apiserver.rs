@@ -53,6 +53,7 @@ async fn cluster() -> Client {
     for crd in [
         sweety_crds::SweetySite::crd(),
         sweety_crds::SweetyProxyConfig::crd(),
+        sweety_crds::SweetySecurityPolicy::crd(),
     ] {
         let name = crd.name_any();
         crds.patch(
@@ -2294,6 +2295,225 @@ async fn status_writer_policy_ancestors_keep_foreign_entries() {
         get(&api, "btls").await.resource_version(),
         policy.resource_version()
     );
+    drop_namespace(&client, &ns).await;
+}
+
+/// SweetySecurityPolicy against a real apiserver (issue 19): the CRD's CEL rule refuses a
+/// policy that asks for nothing; the watch layer brings the policies and the htpasswd Secret
+/// one names (an Opaque Secret) into the snapshot; translate puts the basic_auth filter on the
+/// HTTPRoute's rule; the status writer writes `status.ancestors` that read back as Gateway
+/// API's PolicyAncestorStatus: `basic` Accepted, `zz-conflict` (same target, younger)
+/// Conflicted, `broken` (a missing Secret) Invalid with the reason, each naming the Gateway.
+#[tokio::test]
+#[ignore = "needs a kube-apiserver: SWEETY_KUBECONFIG (e2e/controller-it.sh)"]
+async fn security_policy_status_is_written_and_read_back() {
+    use sweety_crds::SweetySecurityPolicy;
+    let _guard = LOCK.lock().await;
+    let client = cluster().await;
+    let ns = namespace(&client, "secpol").await;
+    let class_name = format!("{ns}-class");
+    let policies: Api<SweetySecurityPolicy> = Api::namespaced(client.clone(), &ns);
+    let route_target =
+        json!([{"group": "gateway.networking.k8s.io", "kind": "HTTPRoute", "name": "web"}]);
+    let policy = |name: &str, spec: Value| {
+        json!({"apiVersion": "sweety.dev/v1alpha1", "kind": "SweetySecurityPolicy",
+               "metadata": {"name": name}, "spec": spec})
+    };
+    // Admission: at least one power.
+    let empty: SweetySecurityPolicy =
+        serde_json::from_value(policy("empty", json!({"targetRefs": route_target}))).unwrap();
+    let refused = policies.create(&PostParams::default(), &empty).await;
+    assert!(
+        format!("{refused:?}").contains("at least one of extAuth"),
+        "{refused:?}"
+    );
+
+    create::<gw::gatewayclasses::GatewayClass>(
+        &Api::all(client.clone()),
+        json!({"metadata": {"name": class_name}, "spec": {"controllerName": CONTROLLER}}),
+    )
+    .await;
+    create::<gw::gateways::Gateway>(&Api::namespaced(client.clone(), &ns), json!({
+        "metadata": {"name": "gw"},
+        "spec": {"gatewayClassName": class_name, "listeners": [{"name": "http", "port": 80, "protocol": "HTTP"}]}
+    })).await;
+    create::<Service>(
+        &Api::namespaced(client.clone(), &ns),
+        json!({"metadata": {"name": "web"}, "spec": {"ports": [{"name": "http", "port": 80}]}}),
+    )
+    .await;
+    create::<gw::httproutes::HttpRoute>(
+        &Api::namespaced(client.clone(), &ns),
+        json!({
+            "metadata": {"name": "web"},
+            "spec": {"parentRefs": [{"name": "gw"}], "hostnames": ["web.example"],
+                     "rules": [{"backendRefs": [{"name": "web", "port": 80}]}]}
+        }),
+    )
+    .await;
+    // `htpasswd -m` (openssl passwd -apr1 -salt sL5yBeMm secret), as `kubectl create secret
+    // generic htpasswd --from-file=auth` stores it.
+    create::<Secret>(
+        &Api::namespaced(client.clone(), &ns),
+        json!({"metadata": {"name": "htpasswd"}, "type": "Opaque",
+               "stringData": {"auth": "alice:$apr1$sL5yBeMm$Ru3.Rv6KbPb.NJWjCDVKo1\n"}}),
+    )
+    .await;
+    create::<SweetySecurityPolicy>(
+        &policies,
+        policy(
+            "basic",
+            json!({"targetRefs": route_target,
+                               "basicAuth": {"secretRef": {"name": "htpasswd"}, "realm": "Staff"}}),
+        ),
+    )
+    .await;
+    create::<SweetySecurityPolicy>(
+        &policies,
+        policy(
+            "zz-conflict",
+            json!({"targetRefs": route_target,
+                                     "ipRules": {"deny": ["192.0.2.0/24"]}}),
+        ),
+    )
+    .await;
+    create::<SweetySecurityPolicy>(
+        &policies,
+        policy(
+            "broken",
+            json!({
+            "targetRefs": [{"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "gw"}],
+            "basicAuth": {"secretRef": {"name": "missing"}}}),
+        ),
+    )
+    .await;
+
+    let watches = Watches::start(
+        client.clone(),
+        &WatchOptions {
+            namespaces: vec![ns.clone()],
+            ..WatchOptions::default()
+        },
+    )
+    .await
+    .expect("start watches");
+    assert!(
+        watches.wait_ready(Duration::from_secs(20)).await,
+        "initial lists"
+    );
+    let snap: Snapshot = wait_for("the policies and their Secret in the snapshot", || async {
+        let s = watches.stores.snapshot();
+        (s.security_policies.len() == 3 && s.http_routes.len() == 1 && s.gateways.len() == 1)
+            .then_some(s)
+    })
+    .await;
+    assert_eq!(
+        names(&snap.secrets),
+        ["htpasswd"],
+        "the Secret a policy names"
+    );
+    let params = sweety_controller::translate::Params::default();
+    let out = sweety_controller::translate::translate(&snap, &params);
+    let route = out
+        .config
+        .virtual_hosts
+        .iter()
+        .flat_map(|v| &v.routes)
+        .find(|r| r.name.contains("web"))
+        .expect("the HTTPRoute's rule");
+    assert!(
+        route
+            .filters
+            .iter()
+            .any(|f| matches!(f, sweety_config::Filter::BasicAuth(b) if b.realm == "Staff")),
+        "{route:?}"
+    );
+    let mut writer = StatusWriter::new(client.clone(), CONTROLLER);
+    let report = writer.write(&out.statuses, &snap, &Gate::open()).await;
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+
+    let ancestor = |status: &Option<sweety_crds::SweetySecurityPolicyStatus>| {
+        let v = serde_json::to_value(status).unwrap();
+        let list = v["ancestors"].as_array().cloned().unwrap_or_default();
+        assert_eq!(list.len(), 1, "{v}");
+        list[0].clone()
+    };
+    let condition = |a: &Value, t: &str| -> Value {
+        a["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == t)
+            .cloned()
+            .unwrap_or_else(|| panic!("no {t} in {a}"))
+    };
+    let basic = ancestor(&get(&policies, "basic").await.status);
+    assert_eq!(basic["controllerName"], CONTROLLER);
+    assert_eq!(basic["ancestorRef"]["kind"], "Gateway");
+    assert_eq!(basic["ancestorRef"]["name"], "gw");
+    assert_eq!(basic["ancestorRef"]["namespace"], ns.as_str());
+    let accepted = condition(&basic, "Accepted");
+    assert_eq!(
+        (&accepted["status"], &accepted["reason"]),
+        (&json!("True"), &json!("Accepted"))
+    );
+    assert!(accepted["lastTransitionTime"].is_string(), "{accepted}");
+    assert_eq!(accepted["observedGeneration"], 1);
+    assert_eq!(condition(&basic, "Conflicted")["status"], "False");
+
+    let conflict = ancestor(&get(&policies, "zz-conflict").await.status);
+    let accepted = condition(&conflict, "Accepted");
+    assert_eq!(
+        (&accepted["status"], &accepted["reason"]),
+        (&json!("False"), &json!("Conflicted"))
+    );
+    assert!(
+        accepted["message"]
+            .as_str()
+            .unwrap()
+            .contains("/basic is older"),
+        "{accepted}"
+    );
+    assert_eq!(condition(&conflict, "Conflicted")["status"], "True");
+
+    let broken = ancestor(&get(&policies, "broken").await.status);
+    let accepted = condition(&broken, "Accepted");
+    assert_eq!(
+        (&accepted["status"], &accepted["reason"]),
+        (&json!("False"), &json!("Invalid"))
+    );
+    assert!(
+        accepted["message"]
+            .as_str()
+            .unwrap()
+            .contains("missing does not exist"),
+        "{accepted}"
+    );
+
+    // Written once: a second writer over the read-back objects has nothing to do.
+    let snap = Snapshot {
+        security_policies: vec![
+            get(&policies, "basic").await,
+            get(&policies, "broken").await,
+            get(&policies, "zz-conflict").await,
+        ],
+        ..Default::default()
+    };
+    let report = StatusWriter::new(client.clone(), CONTROLLER)
+        .write(&out.statuses, &snap, &Gate::open())
+        .await;
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    assert!(
+        !report
+            .written
+            .iter()
+            .any(|k| k.kind == "SweetySecurityPolicy"),
+        "{report:?}"
+    );
+
+    drop(watches);
+    let classes: Api<gw::gatewayclasses::GatewayClass> = Api::all(client.clone());
+    let _ = classes.delete(&class_name, &DeleteParams::default()).await;
     drop_namespace(&client, &ns).await;
 }
 

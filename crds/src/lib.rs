@@ -1,15 +1,21 @@
-//! Sweety's custom resources: `SweetySite` (a whole site in one object) and
-//! `SweetyProxyConfig` (dataplane settings a GatewayClass points at through `parametersRef`).
+//! Sweety's custom resources: `SweetySite` (a whole site in one object),
+//! `SweetyProxyConfig` (dataplane settings a GatewayClass points at through `parametersRef`)
+//! and `SweetySecurityPolicy` (authentication, client certificates and IP rules attached to
+//! Gateways and HTTPRoutes).
 //!
 //! The CRD YAML in `charts/sweety/crds/` is generated from these types by the `crdgen` binary
 //! (`cargo run -p sweety-crds --bin crdgen`); the `crd_drift` test fails when the committed YAML
 //! is stale.
 
 pub mod proxy_config;
+pub mod security_policy;
 pub mod site;
 
 use kube::CustomResourceExt;
 pub use proxy_config::{SweetyProxyConfig, SweetyProxyConfigSpec};
+pub use security_policy::{
+    SweetySecurityPolicy, SweetySecurityPolicySpec, SweetySecurityPolicyStatus,
+};
 pub use site::{SweetySite, SweetySiteSpec, SweetySiteStatus};
 
 /// The API group of every Sweety resource.
@@ -45,6 +51,10 @@ pub fn crd_files() -> Result<Vec<(&'static str, String)>, Error> {
         (
             "sweetyproxyconfigs.yaml",
             render("SweetyProxyConfig", SweetyProxyConfig::crd())?,
+        ),
+        (
+            "sweetysecuritypolicies.yaml",
+            render("SweetySecurityPolicy", SweetySecurityPolicy::crd())?,
         ),
     ])
 }
@@ -116,6 +126,70 @@ mod tests {
         for v in ["LoadBalancer", "NodePort", "ClusterIP", "json", "text"] {
             assert!(text.contains(&format!("\"{v}\"")), "enum value {v} missing");
         }
+    }
+
+    #[test]
+    fn security_policy_crd_has_its_rules_status_and_example() {
+        let crd = serde_json::to_value(SweetySecurityPolicy::crd()).unwrap();
+        let mut found = Vec::new();
+        rules(&crd, &mut found);
+        assert!(
+            found
+                .iter()
+                .any(|r| r.contains("has(self.extAuth) || has(self.basicAuth)")),
+            "{found:?}"
+        );
+        assert!(
+            found.iter().any(|r| r == "self.startsWith('/')"),
+            "{found:?}"
+        );
+        let version = &crd["spec"]["versions"][0];
+        assert_eq!(version["subresources"]["status"], serde_json::json!({}));
+        let schema = &version["schema"]["openAPIV3Schema"]["properties"];
+        let target = &schema["spec"]["properties"]["targetRefs"];
+        assert_eq!(target["minItems"], 1);
+        let ancestor = &schema["status"]["properties"]["ancestors"]["items"]["properties"];
+        for field in ["ancestorRef", "controllerName", "conditions"] {
+            assert!(
+                ancestor.get(field).is_some(),
+                "status.ancestors[].{field} missing"
+            );
+        }
+        let text = serde_json::to_string(&crd).unwrap();
+        for v in ["Require", "Optional", "OptionalNoCA"] {
+            assert!(text.contains(&format!("\"{v}\"")), "mode {v} missing");
+        }
+        let p: SweetySecurityPolicy = serde_yaml::from_str(
+            r#"
+apiVersion: sweety.dev/v1alpha1
+kind: SweetySecurityPolicy
+metadata: {name: auth, namespace: app}
+spec:
+  targetRefs:
+  - {group: gateway.networking.k8s.io, kind: Gateway, name: gw, sectionName: https}
+  - {group: gateway.networking.k8s.io, kind: HTTPRoute, name: web}
+  extAuth:
+    backendRef: {name: oauth2-proxy, port: 4180}
+    path: /oauth2/auth
+    headersToBackend: [X-Auth-Request-User]
+    signinURL: "https://auth.example.com/oauth2/start"
+  basicAuth: {secretRef: {name: htpasswd}, realm: Staff}
+  clientCertificate:
+    caCertificateRefs: [{kind: ConfigMap, name: client-ca}]
+    mode: OptionalNoCA
+    passCertificateToUpstream: true
+  ipRules: {allow: [10.0.0.0/8], deny: [10.9.0.0/16]}
+"#,
+        )
+        .unwrap();
+        let s = &p.spec;
+        assert_eq!(s.target_refs[0].section_name.as_deref(), Some("https"));
+        assert_eq!(s.ext_auth.as_ref().unwrap().backend_ref.port, 4180);
+        assert_eq!(
+            s.client_certificate.as_ref().unwrap().mode,
+            security_policy::ClientCertificateMode::OptionalNoCA
+        );
+        assert_eq!(s.ip_rules.as_ref().unwrap().deny, ["10.9.0.0/16"]);
     }
 
     const SITE: &str = r#"

@@ -36,8 +36,8 @@ pub struct SweetyProxyConfigSpec {
     /// Shape of the Service created for each Gateway.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service: Option<GatewayServiceSpec>,
-    /// OpenTelemetry tracing (W3C trace context, spans exported over OTLP/HTTP); off when
-    /// unset.
+    /// OpenTelemetry tracing (W3C trace context, spans exported over OTLP/HTTP or gRPC);
+    /// off when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tracing: Option<TracingSpec>,
     /// Settings of the Ingresses of the IngressClasses whose `spec.parameters` name this
@@ -85,10 +85,25 @@ pub struct IngressSettings {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TracingSpec {
-    /// The OTLP/HTTP traces endpoint, plain `http` (a collector or agent near the pod), e.g.
-    /// `http://otel-collector.observability:4318/v1/traces`.
-    #[schemars(length(min = 8, max = 2048), extend("pattern" = "^http://[^/@ ]+(/[!-~]*)?$"))]
+    /// The OTLP endpoint. `http/protobuf`: the traces URL, e.g.
+    /// `http://otel-collector.observability:4318/v1/traces`; `grpc`: the receiver's
+    /// `scheme://host:port`, e.g. `http://otel-collector.observability:4317`. `https://` sends
+    /// over TLS.
+    #[schemars(length(min = 8, max = 2048), extend("pattern" = "^https?://[^/@ ]+(/[!-~]*)?$"))]
     pub otlp_endpoint: String,
+    /// The transport, by OpenTelemetry's `OTEL_EXPORTER_OTLP_PROTOCOL` values: `http/protobuf`
+    /// (default) or `grpc`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub otlp_protocol: Option<OtlpProtocol>,
+    /// A ConfigMap in this config's namespace whose `ca.crt` is the only CA the receiver's
+    /// certificate is verified with (`https://` endpoints only); default: the well-known public
+    /// CAs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_certificate_ref: Option<crate::site::ConfigMapRef>,
+    /// A `kubernetes.io/tls` Secret in this config's namespace whose `tls.crt` and `tls.key`
+    /// are presented to the receiver (mTLS; `https://` endpoints only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_certificate_ref: Option<SecretRef>,
     /// Share of new traces sampled (default 1/100).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sampling_fraction: Option<SamplingFraction>,
@@ -99,6 +114,26 @@ pub struct TracingSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 255))]
     pub service_name: Option<String>,
+}
+
+/// How spans travel to the OTLP receiver.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum OtlpProtocol {
+    /// OTLP/HTTP with protobuf bodies (the OpenTelemetry Collector's port 4318).
+    #[serde(rename = "http/protobuf")]
+    HttpProtobuf,
+    /// OTLP/gRPC (the OpenTelemetry Collector's port 4317).
+    #[serde(rename = "grpc")]
+    Grpc,
+}
+
+/// A Secret in the referring object's namespace.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretRef {
+    /// Secret name.
+    #[schemars(extend("minLength" = 1))]
+    pub name: String,
 }
 
 /// `numerator / denominator` of requests (Envoy Gateway's shape; no floating point in the

@@ -150,7 +150,7 @@ pub struct StaticAction {
     pub directory: Option<String>,
 }
 
-/// A ConfigMap in the site's namespace.
+/// A ConfigMap in the referring object's namespace.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 pub struct ConfigMapRef {
     /// ConfigMap name.

@@ -830,7 +830,14 @@ async fn act<'a>(
                         p,
                         route,
                         ctx,
-                        limits.websocket_idle_timeout.get(),
+                        // The route's `read_idle` (ingress-nginx's `proxy-read-timeout`) is its
+                        // tunnels' idle clock, as nginx's `proxy_read_timeout` is an upgraded
+                        // connection's; else the dataplane-wide one.
+                        route
+                            .timeouts
+                            .read_idle
+                            .unwrap_or(limits.websocket_idle_timeout)
+                            .get(),
                     ))
                     .await;
                 }

@@ -14,7 +14,9 @@ mod common;
 use bytes::Bytes;
 use common::*;
 use http_body_util::Full;
-use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTracePartialSuccess, ExportTraceServiceRequest, ExportTraceServiceResponse,
+};
 use opentelemetry_proto::tonic::common::v1::any_value::Value;
 use opentelemetry_proto::tonic::trace::v1::{span::SpanKind, status::StatusCode, Span};
 use prost::Message;
@@ -28,46 +30,207 @@ use sweety_config::*;
 /// Spans received, with the resource's `service.name` of their request.
 type Received = Arc<Mutex<Vec<(String, Span)>>>;
 
-/// An OTLP/HTTP receiver: decodes each export, answers 200 with an empty response.
-async fn receiver() -> (SocketAddr, Received) {
+/// How a receiver was called, one entry per export: `grpc` or `http/protobuf`, then ` over tls`
+/// or ` over tcp`.
+type Calls = Arc<Mutex<Vec<String>>>;
+
+/// The gRPC method of an OTLP trace export.
+const GRPC_EXPORT: &str = "/opentelemetry.proto.collector.trace.v1.TraceService/Export";
+
+/// How a receiver answers each export (after decoding and recording it).
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Answer {
+    /// Success, nothing rejected.
+    Accept,
+    /// Success with `partial_success.rejected_spans` of this many.
+    Reject(i64),
+    /// gRPC: a trailers-only `grpc-status: 14` (UNAVAILABLE); HTTP: 503.
+    Unavailable,
+}
+
+/// A response body: data frames, then trailers for gRPC.
+type Frames = http_body_util::StreamBody<
+    futures_util::stream::Iter<
+        std::vec::IntoIter<Result<hyper::body::Frame<Bytes>, std::convert::Infallible>>,
+    >,
+>;
+
+fn frames(v: Vec<hyper::body::Frame<Bytes>>) -> Frames {
+    http_body_util::StreamBody::new(futures_util::stream::iter(
+        v.into_iter().map(Ok).collect::<Vec<_>>(),
+    ))
+}
+
+/// Records the spans of an export.
+fn record(export: ExportTraceServiceRequest, got: &Received) {
+    for rs in export.resource_spans {
+        let service = rs
+            .resource
+            .iter()
+            .flat_map(|r| &r.attributes)
+            .find(|kv| kv.key == "service.name")
+            .and_then(|kv| match kv.value.as_ref()?.value.as_ref()? {
+                Value::StringValue(s) => Some(s.clone()),
+                _ => None,
+            })
+            .unwrap_or_default();
+        for ss in rs.scope_spans {
+            assert_eq!(ss.scope.unwrap().name, "sweety-dataplane");
+            for s in ss.spans {
+                got.lock().unwrap().push((service.clone(), s));
+            }
+        }
+    }
+}
+
+/// The encoded `ExportTraceServiceResponse` for `answer`.
+fn response_message(answer: Answer) -> Vec<u8> {
+    ExportTraceServiceResponse {
+        partial_success: match answer {
+            Answer::Reject(n) => Some(ExportTracePartialSuccess {
+                rejected_spans: n,
+                error_message: "spans too old".into(),
+            }),
+            _ => None,
+        },
+    }
+    .encode_to_vec()
+}
+
+/// One OTLP export, decoded and answered. OTLP/HTTP: `POST /v1/traces` over HTTP/1.1 with a
+/// protobuf body. OTLP/gRPC: the `Export` method over HTTP/2, one length-prefixed message,
+/// answered with a length-prefixed `ExportTraceServiceResponse` and `grpc-status` trailers (or
+/// a trailers-only UNAVAILABLE).
+async fn export(
+    req: http::Request<hyper::body::Incoming>,
+    port: u16,
+    (got, calls, tls): (Received, Calls, bool),
+    answer: Answer,
+) -> http::Response<Frames> {
+    use http_body_util::BodyExt;
+    assert_eq!(req.method(), http::Method::POST);
+    let authority = format!("127.0.0.1:{port}");
+    let grpc = req.headers()["content-type"] == "application/grpc";
+    calls.lock().unwrap().push(format!(
+        "{} over {}",
+        if grpc { "grpc" } else { "http/protobuf" },
+        if tls { "tls" } else { "tcp" }
+    ));
+    if grpc {
+        assert_eq!(req.version(), http::Version::HTTP_2);
+        assert_eq!(req.uri().path(), GRPC_EXPORT);
+        assert_eq!(req.uri().authority().unwrap().as_str(), authority);
+        assert_eq!(req.headers()["te"], "trailers");
+        let timeout = req.headers()["grpc-timeout"].to_str().unwrap();
+        assert!(timeout.ends_with('m'), "{timeout}");
+    } else {
+        assert_eq!(req.version(), http::Version::HTTP_11);
+        assert_eq!(req.uri().path(), "/v1/traces");
+        assert_eq!(req.headers()["host"], authority.as_str());
+        assert_eq!(
+            req.headers()["content-type"].as_bytes(),
+            b"application/x-protobuf"
+        );
+    }
+    let body = req.into_body().collect().await.unwrap().to_bytes();
+    let message = if grpc {
+        // One uncompressed length-prefixed message, nothing after it.
+        assert_eq!(body[0], 0, "not compressed");
+        let len = u32::from_be_bytes(body[1..5].try_into().unwrap()) as usize;
+        assert_eq!(body.len(), 5 + len);
+        body.slice(5..)
+    } else {
+        body
+    };
+    record(
+        ExportTraceServiceRequest::decode(message).expect("a valid OTLP export"),
+        &got,
+    );
+    let reply = response_message(answer);
+    match (grpc, answer) {
+        (true, Answer::Unavailable) => http::Response::builder()
+            .header("content-type", "application/grpc")
+            .header("grpc-status", "14")
+            .header("grpc-message", "collector%20shutting%20down")
+            .body(frames(vec![]))
+            .unwrap(),
+        (true, _) => {
+            let mut framed = vec![0];
+            framed.extend_from_slice(&(reply.len() as u32).to_be_bytes());
+            framed.extend_from_slice(&reply);
+            let mut t = http::HeaderMap::new();
+            t.insert("grpc-status", "0".parse().unwrap());
+            http::Response::builder()
+                .header("content-type", "application/grpc")
+                .body(frames(vec![
+                    hyper::body::Frame::data(Bytes::from(framed)),
+                    hyper::body::Frame::trailers(t),
+                ]))
+                .unwrap()
+        }
+        (false, Answer::Unavailable) => http::Response::builder()
+            .status(503)
+            .body(frames(vec![]))
+            .unwrap(),
+        (false, _) => http::Response::builder()
+            .header("content-type", "application/x-protobuf")
+            .body(frames(vec![hyper::body::Frame::data(Bytes::from(reply))]))
+            .unwrap(),
+    }
+}
+
+/// An OTLP receiver on 127.0.0.1 speaking OTLP/HTTP (HTTP/1.1) and OTLP/gRPC (HTTP/2) on one
+/// port, in plain text or, with `tls`, over TLS (ALPN `h2` and `http/1.1`): decodes each
+/// export with opentelemetry-proto's types, records its spans and answers as `answer` says.
+async fn receiver_with(
+    tls: Option<Arc<rustls::ServerConfig>>,
+    answer: Answer,
+) -> (SocketAddr, Received, Calls) {
     let got: Received = Arc::default();
-    let g = got.clone();
-    let addr = spawn_http_backend(move |req| {
-        let got = g.clone();
-        async move {
-            use http_body_util::BodyExt;
-            assert_eq!(req.method(), http::Method::POST);
-            assert_eq!(req.uri().path(), "/v1/traces");
-            let host = req.headers()["host"].to_str().unwrap();
-            assert!(host.starts_with("127.0.0.1:"), "Host: {host}");
-            assert_eq!(
-                req.headers()["content-type"].as_bytes(),
-                b"application/x-protobuf"
-            );
-            let body = req.into_body().collect().await.unwrap().to_bytes();
-            let export = ExportTraceServiceRequest::decode(body).expect("a valid OTLP export");
-            for rs in export.resource_spans {
-                let service = rs
-                    .resource
-                    .iter()
-                    .flat_map(|r| &r.attributes)
-                    .find(|kv| kv.key == "service.name")
-                    .and_then(|kv| match kv.value.as_ref()?.value.as_ref()? {
-                        Value::StringValue(s) => Some(s.clone()),
-                        _ => None,
-                    })
-                    .unwrap_or_default();
-                for ss in rs.scope_spans {
-                    assert_eq!(ss.scope.unwrap().name, "sweety-dataplane");
-                    for s in ss.spans {
-                        got.lock().unwrap().push((service.clone(), s));
+    let calls: Calls = Arc::default();
+    let (g, c) = (got.clone(), calls.clone());
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = l.accept().await {
+            let (g, c, tls) = (g.clone(), c.clone(), tls.clone());
+            tokio::spawn(async move {
+                let on_tls = tls.is_some();
+                let svc = hyper::service::service_fn(move |req| {
+                    let seen = (g.clone(), c.clone(), on_tls);
+                    async move {
+                        Ok::<_, std::convert::Infallible>(
+                            export(req, addr.port(), seen, answer).await,
+                        )
+                    }
+                });
+                let server = hyper_util::server::conn::auto::Builder::new(
+                    hyper_util::rt::TokioExecutor::new(),
+                );
+                match tls {
+                    None => {
+                        let _ = server
+                            .serve_connection(hyper_util::rt::TokioIo::new(s), svc)
+                            .await;
+                    }
+                    Some(cfg) => {
+                        // A handshake the client gives up (an untrusted CA) just ends here.
+                        if let Ok(s) = tokio_rustls::TlsAcceptor::from(cfg).accept(s).await {
+                            let _ = server
+                                .serve_connection(hyper_util::rt::TokioIo::new(s), svc)
+                                .await;
+                        }
                     }
                 }
-            }
-            http::Response::new(Full::new(Bytes::new()))
+            });
         }
-    })
-    .await;
+    });
+    (addr, got, calls)
+}
+
+/// A plain OTLP receiver that accepts every export.
+async fn receiver() -> (SocketAddr, Received) {
+    let (addr, got, _) = receiver_with(None, Answer::Accept).await;
     (addr, got)
 }
 
@@ -126,6 +289,118 @@ fn tracing_to(endpoint: SocketAddr, ratio: f64, parent_based: bool) -> Tracing {
         export_timeout: sweety_config::Duration::from_millis(500),
         ..Tracing::to(format!("http://{endpoint}/v1/traces"))
     }
+}
+
+/// Tracing by `protocol` to `scheme://endpoint` (with `/v1/traces` for OTLP/HTTP): ratio 0,
+/// parent-based, so exactly the requests with a sampled `traceparent` are traced.
+fn tracing_by(protocol: OtlpProtocol, scheme: &str, endpoint: SocketAddr) -> Tracing {
+    let url = match protocol {
+        OtlpProtocol::Grpc => format!("{scheme}://{endpoint}"),
+        OtlpProtocol::HttpProtobuf => format!("{scheme}://{endpoint}/v1/traces"),
+    };
+    Tracing {
+        otlp_protocol: protocol,
+        otlp_endpoint: url,
+        ..tracing_to(endpoint, 0.0, true)
+    }
+}
+
+/// A private CA (PEM) and a receiver TLS config with a certificate it signed for the IP
+/// address 127.0.0.1, offering ALPN `h2` and `http/1.1`; with `client_ca` (PEM) the receiver
+/// requires a client certificate signed by it.
+fn private_ca_receiver(client_ca: Option<&str>) -> (String, Arc<rustls::ServerConfig>) {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, SanType};
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.distinguished_name
+        .push(DnType::CommonName, "otlp test ca");
+    let ca_pem = ca.self_signed(&ca_key).unwrap().pem();
+    let issuer = Issuer::new(ca, ca_key);
+    let key = KeyPair::generate().unwrap();
+    let mut leaf = CertificateParams::new(Vec::<String>::new()).unwrap();
+    leaf.subject_alt_names = vec![SanType::IpAddress(std::net::Ipv4Addr::LOCALHOST.into())];
+    let cert = leaf.signed_by(&key, &issuer).unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .unwrap();
+    let builder = match client_ca {
+        None => builder.with_no_client_auth(),
+        Some(pem) => {
+            use rustls::pki_types::pem::PemObject;
+            let mut roots = rustls::RootCertStore::empty();
+            for c in rustls::pki_types::CertificateDer::pem_slice_iter(pem.as_bytes()) {
+                roots.add(c.unwrap()).unwrap();
+            }
+            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                Arc::new(roots),
+                provider,
+            )
+            .build()
+            .unwrap();
+            builder.with_client_cert_verifier(verifier)
+        }
+    };
+    let mut cfg = builder
+        .with_single_cert(
+            vec![cert.der().clone()],
+            rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+        )
+        .unwrap();
+    cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    (ca_pem, Arc::new(cfg))
+}
+
+/// Waits (bounded) until the `outcome` count of exported spans is `n`; returns it.
+async fn counted(s: &Setup, outcome: &'static str, n: u64) -> u64 {
+    let m = &s.h.runtime.shared.metrics;
+    for _ in 0..400 {
+        if m.trace_spans.get(&outcome) == n {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    m.trace_spans.get(&outcome)
+}
+
+/// Sends one request to `path` with a sampled client `traceparent` and checks what arrives at
+/// the receiver holding `got` (empty before), every export by `transport` (an entry of
+/// [`Calls`]): the server span's parent is the client's span, the upstream span's parent is the
+/// server span, the origin's parent is the upstream span, all under the client's trace; both
+/// spans counted as exported.
+async fn assert_chain(s: &Setup, (got, calls): (&Received, &Calls), path: &str, transport: &str) {
+    let tp = format!("00-{TRACE}-{CLIENT_SPAN}-01");
+    assert_eq!(send(s.addr, path, &[("traceparent", &tp)]).await, 200);
+    let v = spans(got, 2).await;
+    assert_eq!(v.len(), 2, "{v:?}");
+    let kind = |k: SpanKind| {
+        v.iter()
+            .find(|(_, s)| s.kind == k as i32)
+            .unwrap()
+            .1
+            .clone()
+    };
+    let (server, client) = (kind(SpanKind::Server), kind(SpanKind::Client));
+    assert_eq!(v[0].0, "edge-test");
+    assert_eq!(attrs(&server)["url.path"], path);
+    assert_eq!(hex(&server.trace_id), TRACE);
+    assert_eq!(hex(&server.parent_span_id), CLIENT_SPAN);
+    assert_eq!(hex(&client.trace_id), TRACE);
+    assert_eq!(client.parent_span_id, server.span_id);
+    assert_eq!(
+        upstream_traceparent(&s.seen, path).0,
+        vec![format!("00-{TRACE}-{}-01", hex(&client.span_id))]
+    );
+    assert_eq!(counted(s, "exported", 2).await, 2);
+    let calls = calls.lock().unwrap().clone();
+    assert!(
+        !calls.is_empty() && calls.iter().all(|c| c == transport),
+        "{calls:?}"
+    );
+    let m = &s.h.runtime.shared.metrics;
+    assert_eq!(m.trace_spans.get(&"failed"), 0);
+    assert_eq!(m.trace_spans.get(&"rejected"), 0);
 }
 
 async fn start(tracing: Option<Tracing>) -> Setup {
@@ -619,4 +894,134 @@ async fn a_reload_changes_the_tracer_and_turning_it_off_stops_it() {
     let tp = format!("00-{TRACE}-{CLIENT_SPAN}-01");
     assert_eq!(send(s.addr, "/two", &[("traceparent", &tp)]).await, 200);
     assert_eq!(upstream_traceparent(&s.seen, "/two").0, vec![tp]);
+}
+
+#[tokio::test]
+async fn grpc_over_h2c_exports_the_same_chain() {
+    let (rx, got, calls) = receiver_with(None, Answer::Accept).await;
+    let s = start(Some(tracing_by(OtlpProtocol::Grpc, "http", rx))).await;
+    assert_chain(&s, (&got, &calls), "/grpc", "grpc over tcp").await;
+    // A second export reuses the HTTP/2 connection and still arrives.
+    got.lock().unwrap().clear();
+    let tp = format!("00-{TRACE}-{CLIENT_SPAN}-01");
+    assert_eq!(send(s.addr, "/again", &[("traceparent", &tp)]).await, 200);
+    spans(&got, 2).await;
+    assert_eq!(counted(&s, "exported", 4).await, 4);
+}
+
+#[tokio::test]
+async fn both_protocols_reach_a_tls_receiver_of_a_private_ca_with_a_client_certificate() {
+    let (client_ca, client_cert, client_key) = client_ca_and_cert("otlp clients");
+    let (ca, server) = private_ca_receiver(Some(&client_ca));
+    for (protocol, transport) in [
+        (OtlpProtocol::Grpc, "grpc over tls"),
+        (OtlpProtocol::HttpProtobuf, "http/protobuf over tls"),
+    ] {
+        let (rx, got, calls) = receiver_with(Some(server.clone()), Answer::Accept).await;
+        let t = Tracing {
+            otlp_ca: Some(PemSource::Pem(ca.clone())),
+            otlp_client_cert: Some(PemSource::Pem(client_cert.clone())),
+            otlp_client_key: Some(PemSource::Pem(client_key.clone())),
+            ..tracing_by(protocol, "https", rx)
+        };
+        let s = start(Some(t)).await;
+        assert_chain(&s, (&got, &calls), "/tls", transport).await;
+    }
+}
+
+#[tokio::test]
+async fn a_wrong_ca_a_missing_client_certificate_or_a_refusal_fails_exports_not_requests() {
+    let (_, server) = private_ca_receiver(None);
+    let (other_ca, _) = private_ca_receiver(None);
+    let (client_ca, _, _) = client_ca_and_cert("otlp clients");
+    let (mtls_ca, mtls_server) = private_ca_receiver(Some(&client_ca));
+    let (_, unknown_server) = private_ca_receiver(None);
+    let grpc = OtlpProtocol::Grpc;
+    let http = OtlpProtocol::HttpProtobuf;
+    // (what, protocol, the receiver's TLS, the CA we trust, how the receiver answers)
+    let cases = [
+        // TLS: the receiver's certificate is not signed by the configured CA, or (no CA
+        // configured) by a well-known one.
+        (
+            "wrong ca",
+            grpc,
+            Some(server.clone()),
+            Some(other_ca.clone()),
+            Answer::Accept,
+        ),
+        (
+            "wrong ca",
+            http,
+            Some(server),
+            Some(other_ca),
+            Answer::Accept,
+        ),
+        (
+            "not a public ca",
+            grpc,
+            Some(unknown_server),
+            None,
+            Answer::Accept,
+        ),
+        // TLS: the receiver wants a client certificate and we have none.
+        (
+            "no client cert",
+            grpc,
+            Some(mtls_server),
+            Some(mtls_ca),
+            Answer::Accept,
+        ),
+        // The receiver refuses: grpc-status 14 (trailers-only), HTTP 503.
+        ("unavailable", grpc, None, None, Answer::Unavailable),
+        ("unavailable", http, None, None, Answer::Unavailable),
+    ];
+    for (what, protocol, tls, ca, answer) in cases {
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let (rx, got, _) = receiver_with(tls, answer).await;
+        let mut t = tracing_by(protocol, scheme, rx);
+        t.sampling_ratio = 1.0;
+        t.otlp_ca = ca.map(PemSource::Pem);
+        let s = start(Some(t)).await;
+        for i in 0..3 {
+            assert_eq!(send(s.addr, &format!("/r{i}"), &[]).await, 200, "{what}");
+        }
+        assert_eq!(counted(&s, "failed", 6).await, 6, "{what} {protocol:?}");
+        let m = &s.h.runtime.shared.metrics;
+        assert_eq!(m.trace_spans.get(&"exported"), 0, "{what}");
+        // A refusing receiver got (and decoded) the spans; a TLS failure sent none.
+        let received = got.lock().unwrap().len();
+        if answer == Answer::Unavailable {
+            assert_eq!(received, 6, "{what} {protocol:?}");
+        } else {
+            assert_eq!(received, 0, "{what} {protocol:?}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn spans_rejected_in_a_partial_success_are_counted() {
+    for (protocol, transport) in [
+        (OtlpProtocol::Grpc, "grpc over tcp"),
+        (OtlpProtocol::HttpProtobuf, "http/protobuf over tcp"),
+    ] {
+        let (rx, got, calls) = receiver_with(None, Answer::Reject(1)).await;
+        let s = start(Some(tracing_by(protocol, "http", rx))).await;
+        let tp = format!("00-{TRACE}-{CLIENT_SPAN}-01");
+        assert_eq!(send(s.addr, "/partly", &[("traceparent", &tp)]).await, 200);
+        spans(&got, 2).await;
+        // Each export has one span rejected (the two spans normally travel in one).
+        let m = &s.h.runtime.shared.metrics;
+        let answered = || m.trace_spans.get(&"rejected") + m.trace_spans.get(&"exported");
+        for _ in 0..400 {
+            if answered() == 2 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        assert_eq!(answered(), 2, "{protocol:?}");
+        let calls = calls.lock().unwrap().clone();
+        assert!(calls.iter().all(|c| c == transport), "{calls:?}");
+        assert_eq!(m.trace_spans.get(&"rejected"), calls.len() as u64);
+        assert_eq!(m.trace_spans.get(&"failed"), 0);
+    }
 }

@@ -50,10 +50,17 @@ async fn echo_backend() -> SocketAddr {
 }
 
 async fn start(idle: Duration) -> (Harness, SocketAddr) {
+    start_with(idle, None).await
+}
+
+/// As [`start`], with the route's `timeouts.read_idle`.
+async fn start_with(idle: Duration, read_idle: Option<Duration>) -> (Harness, SocketAddr) {
     let up = echo_backend().await;
+    let mut route = proxy_route("ws", "/", "ws");
+    route.timeouts.read_idle = read_idle.map(sweety_config::Duration);
     let mut cfg = Config {
         backends: vec![backend("ws", up)],
-        ..http_config(vec![vhost("v", &[], vec![proxy_route("ws", "/", "ws")])])
+        ..http_config(vec![vhost("v", &[], vec![route])])
     };
     cfg.limits.websocket_idle_timeout = sweety_config::Duration(idle);
     let h = Harness::start(cfg).await;
@@ -135,6 +142,19 @@ async fn http1_upgrade_echoes_and_passes_subprotocol() {
 #[tokio::test]
 async fn idle_tunnel_is_closed() {
     let (_h, addr) = start(Duration::from_millis(300)).await;
+    echo_then_closed_when_quiet(addr).await;
+}
+
+/// The route's `read_idle` (ingress-nginx's `proxy-read-timeout`) is its tunnels' idle clock:
+/// 300 ms closes a quiet tunnel although the dataplane-wide timeout is an hour.
+#[tokio::test]
+async fn route_read_idle_is_the_tunnels_idle_clock() {
+    let (_h, addr) = start_with(Duration::from_secs(3600), Some(Duration::from_millis(300))).await;
+    echo_then_closed_when_quiet(addr).await;
+}
+
+/// One message echoed, then silence longer than a 300 ms idle clock: the tunnel ends.
+async fn echo_then_closed_when_quiet(addr: SocketAddr) {
     let (mut ws, _) = bounded(ws_connect(addr)).await.unwrap();
     bounded(ws.send(Message::text("ping"))).await.unwrap();
     assert_eq!(

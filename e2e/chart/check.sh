@@ -293,7 +293,7 @@ else
         tlsroutes.gateway.networking.k8s.io tcproutes.gateway.networking.k8s.io \
         udproutes.gateway.networking.k8s.io referencegrants.gateway.networking.k8s.io \
         backendtlspolicies.gateway.networking.k8s.io sweetysites.sweety.dev \
-        sweetyproxyconfigs.sweety.dev configmaps namespaces; do
+        sweetyproxyconfigs.sweety.dev sweetysecuritypolicies.sweety.dev configmaps namespaces; do
         can yes watch "$r" -A
         can no update "$r" -n default
     done
@@ -313,11 +313,13 @@ else
     done
     for r in gateways.gateway.networking.k8s.io httproutes.gateway.networking.k8s.io \
         gatewayclasses.gateway.networking.k8s.io backendtlspolicies.gateway.networking.k8s.io \
-        ingresses.networking.k8s.io sweetysites.sweety.dev; do
+        ingresses.networking.k8s.io sweetysites.sweety.dev sweetysecuritypolicies.sweety.dev; do
         can yes patch "$r" --subresource=status -n default
         can yes get "$r" --subresource=status -n default
     done
     can no patch sweetyproxyconfigs.sweety.dev --subresource=status -n default
+    can no create sweetysecuritypolicies.sweety.dev -n default
+    can no delete sweetysecuritypolicies.sweety.dev -n default
     can yes create events -n default
     can yes create events.events.k8s.io -n default
     can yes update leases.coordination.k8s.io -n sweety

@@ -10,12 +10,13 @@
 //! * the world of the routes: every object that is not a route, an Ingress, an IngressClass
 //!   or a SweetySite (GatewayClasses, Gateways, ReferenceGrants, BackendTLSPolicies,
 //!   ListenerSets, Services, EndpointSlices, Secrets, ConfigMaps, Namespaces,
-//!   SweetyProxyConfigs) and the [`Params`]. When any of them changed (compared by `Arc`
-//!   identity, in any order) every route is translated again, except for Services and
+//!   SweetyProxyConfigs, SweetySecurityPolicies) and the [`Params`]. When any of them changed
+//!   (compared by `Arc` identity, in any order) every route is translated again, except for Services and
 //!   EndpointSlices: when only those changed, only the routes whose translation looked up a
 //!   changed Service (or the Service of a changed EndpointSlice) are translated again.
 //!   A Service object named like a per-Gateway Service (which port allocation and Gateway
-//!   status read, in any namespace) still counts as a change of the world; EndpointSlices
+//!   status read, in any namespace) or named by a SweetySecurityPolicy's `extAuth` (the
+//!   policies read it) still counts as a change of the world; EndpointSlices
 //!   never do (translation reads them only through a Service lookup), so a readiness flip
 //!   of the dataplane's own Service or of any other costs only the routes that use it;
 //! * otherwise a route object whose `Arc` is the one seen last time is not translated again;
@@ -265,11 +266,16 @@ impl TranslateCache {
             // controller's). Any other Service, and every EndpointSlice, is read only through
             // the backend lookups each route records: a dataplane readiness flip (its
             // Service's slices) re-translates only the routes that use that Service.
+            // The auth Services of SweetySecurityPolicies are read by the policies (the
+            // world), not through a route's lookups: a change of one is a change of the world.
             Some(changed)
                 if !changed
                     .objects
                     .iter()
-                    .any(|(_, name)| name.starts_with(addressing::SERVICE_PREFIX)) =>
+                    .any(|(_, name)| name.starts_with(addressing::SERVICE_PREFIX))
+                    && !gateway::security_services(&held)
+                        .iter()
+                        .any(|s| changed.objects.contains(s)) =>
             {
                 Change::Services(changed)
             }
@@ -685,8 +691,8 @@ struct World {
 }
 
 /// Positions of the Service and EndpointSlice lists in `World::addrs`.
-const SERVICES: usize = 6;
-const ENDPOINT_SLICES: usize = 7;
+const SERVICES: usize = 7;
+const ENDPOINT_SLICES: usize = 8;
 
 /// The Services whose object or EndpointSlices differ between `old` and `new` (by `Arc`
 /// identity).
@@ -751,6 +757,7 @@ fn world(s: &Snapshot) -> (Vec<Vec<usize>>, Snapshot) {
         listener_sets: s.listener_sets.clone(),
         sites: Vec::new(),
         proxy_configs: s.proxy_configs.clone(),
+        security_policies: s.security_policies.clone(),
         services: s.services.clone(),
         endpoint_slices: s.endpoint_slices.clone(),
         secrets: s.secrets.clone(),
@@ -766,6 +773,7 @@ fn world(s: &Snapshot) -> (Vec<Vec<usize>>, Snapshot) {
         addrs(&s.backend_tls_policies),
         addrs(&s.listener_sets),
         addrs(&s.proxy_configs),
+        addrs(&s.security_policies),
         addrs(&s.services),
         addrs(&s.endpoint_slices),
         addrs(&s.secrets),

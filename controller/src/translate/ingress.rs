@@ -987,7 +987,7 @@ pub fn translate(b: &mut Builder<'_>) -> BTreeSet<String> {
                     Some(path_match),
                     &mut report,
                 );
-                ann.apply(&mut route, &mut report);
+                ann.apply(&mut route, &host, &mut report);
                 if host.is_empty() && ann.client_tls.is_some() {
                     // No TLS server name names a catch-all rule: nothing to ask by.
                     report.warn(

@@ -27,11 +27,11 @@
 
 use super::ingress::nginx::ClassSettings;
 use super::ingress::served_classes;
-use super::snapshot::Snapshot;
+use super::snapshot::{Snapshot, CA_KEY};
 use super::status::{Condition, ObjectKey, ObjectStatus};
 use super::Params;
 use std::collections::{BTreeMap, BTreeSet};
-use sweety_config::{AccessLogFormat, Config, Duration};
+use sweety_config::{AccessLogFormat, Config, Duration, PemSource};
 use sweety_crds::proxy_config::LogFormat;
 use sweety_crds::SweetyProxyConfig;
 
@@ -221,7 +221,10 @@ pub fn settings(snapshot: &Snapshot, params: &Params) -> (Config, Vec<(ObjectKey
         .into_iter()
         .filter_map(|((ns, name), users)| find(snapshot, ns, name).map(|c| (c, users)))
         .collect();
-    let mut merge = Merge::default();
+    let mut merge = Merge {
+        snapshot: Some(snapshot),
+        ..Merge::default()
+    };
     for (i, (c, _)) in configs.iter().enumerate() {
         merge.add(i, c);
     }
@@ -286,6 +289,8 @@ enum Value {
 /// The merge of the configs in effect, in order (see the module docs).
 #[derive(Default)]
 struct Merge<'a> {
+    /// Where the configs' references (tracing's CA ConfigMap and client Secret) are read.
+    snapshot: Option<&'a Snapshot>,
     configs: Vec<&'a SweetyProxyConfig>,
     /// Per "smallest wins" field (`limits.maxConnections`, ...): the smallest value and the
     /// config it came from (ties keep the earlier config).
@@ -495,11 +500,23 @@ impl<'a> Merge<'a> {
         config
     }
 
-    /// The one `tracing` every config that sets it agrees on, when it is valid.
+    /// The one `tracing` every config that sets it agrees on (as resolved: endpoint, sampling,
+    /// CA and client certificate), when it is valid.
     fn tracing(&mut self) -> Option<sweety_config::Tracing> {
-        let ((_, first), rest) = self.tracing.split_first()?;
-        let first = *first;
-        if !rest.iter().all(|(_, t)| *t == first) {
+        let resolved: Vec<Result<sweety_config::Tracing, String>> = self
+            .tracing
+            .iter()
+            .map(|(i, t)| {
+                let ns = self.configs[*i]
+                    .metadata
+                    .namespace
+                    .as_deref()
+                    .unwrap_or_default();
+                tracing_config(t, ns, self.snapshot)
+            })
+            .collect();
+        let (first, rest) = resolved.split_first()?;
+        if !rest.iter().all(|t| t == first) {
             let all: Vec<usize> = self.tracing.iter().map(|(i, _)| *i).collect();
             let who: Vec<String> = all.iter().map(|i| label(self.configs[*i])).collect();
             for i in all {
@@ -513,8 +530,8 @@ impl<'a> Merge<'a> {
             }
             return None;
         }
-        match tracing_config(first) {
-            Ok(t) => Some(t),
+        match first {
+            Ok(t) => Some(t.clone()),
             Err(e) => {
                 for i in self.tracing.iter().map(|(i, _)| *i).collect::<Vec<_>>() {
                     self.note(i, format!("tracing: {e}: tracing is off"));
@@ -525,9 +542,12 @@ impl<'a> Merge<'a> {
     }
 }
 
-/// The dataplane's `tracing` for a SweetyProxyConfig's, validated as the dataplane will.
+/// The dataplane's `tracing` for a SweetyProxyConfig's in namespace `ns` (its CA ConfigMap and
+/// client certificate Secret read from `snapshot`), validated as the dataplane will.
 fn tracing_config(
     t: &sweety_crds::proxy_config::TracingSpec,
+    ns: &str,
+    snapshot: Option<&Snapshot>,
 ) -> Result<sweety_config::Tracing, String> {
     let (num, den) = t
         .sampling_fraction
@@ -545,6 +565,47 @@ fn tracing_config(
     }
     if let Some(name) = &t.service_name {
         out.service_name = name.clone();
+    }
+    if t.otlp_protocol == Some(sweety_crds::proxy_config::OtlpProtocol::Grpc) {
+        out.otlp_protocol = sweety_config::OtlpProtocol::Grpc;
+    }
+    if let Some(r) = &t.ca_certificate_ref {
+        let pem = match snapshot.and_then(|s| s.config_map_ca(ns, &r.name)) {
+            Some(Some(pem)) => pem,
+            Some(None) => {
+                return Err(format!(
+                    "caCertificateRef: ConfigMap {ns}/{} has no {CA_KEY}",
+                    r.name
+                ))
+            }
+            None => {
+                return Err(format!(
+                    "caCertificateRef: ConfigMap {ns}/{} not found",
+                    r.name
+                ))
+            }
+        };
+        out.otlp_ca = Some(PemSource::Pem(pem.to_owned()));
+    }
+    if let Some(r) = &t.client_certificate_ref {
+        let secret = snapshot
+            .into_iter()
+            .flat_map(|s| &s.secrets)
+            .find(|s| {
+                s.metadata.namespace.as_deref() == Some(ns)
+                    && s.metadata.name.as_deref() == Some(r.name.as_str())
+            })
+            .ok_or_else(|| format!("clientCertificateRef: Secret {ns}/{} not found", r.name))?;
+        let get = |key: &str| {
+            secret
+                .data
+                .as_ref()
+                .and_then(|d| d.get(key))
+                .and_then(|v| String::from_utf8(v.0.clone()).ok())
+                .ok_or_else(|| format!("clientCertificateRef: Secret {ns}/{} has no {key}", r.name))
+        };
+        out.otlp_client_cert = Some(PemSource::Pem(get("tls.crt")?));
+        out.otlp_client_key = Some(PemSource::Pem(get("tls.key")?));
     }
     let check = Config {
         tracing: Some(out.clone()),
@@ -758,7 +819,7 @@ spec:
             "{CLASSES}{}",
             spc(
                 "a",
-                "{tracing: {otlpEndpoint: 'https://c:4318/v1/traces', \
+                "{tracing: {otlpEndpoint: 'http://c:4317/v1/traces', otlpProtocol: grpc, \
                  samplingFraction: {numerator: 1}}}"
             ),
         ));
@@ -767,7 +828,67 @@ spec:
         let c = condition(&statuses, KIND, "a");
         assert!(
             c.message
-                .contains("tracing.otlp_endpoint only plain http://"),
+                .contains("tracing.otlp_endpoint a grpc endpoint is scheme://host[:port]"),
+            "{}",
+            c.message
+        );
+    }
+
+    #[test]
+    fn tracing_over_grpc_and_tls_reads_its_ca_configmap_and_client_secret() {
+        use base64::Engine as _;
+        const CERT: &str = "-----BEGIN CERTIFICATE-----\nAA==\n-----END CERTIFICATE-----\n";
+        const KEY: &str = "-----BEGIN PRIVATE KEY-----\nAA==\n-----END PRIVATE KEY-----\n";
+        let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+        let ca_map = format!(
+            "---\napiVersion: v1\nkind: ConfigMap\nmetadata: {{name: otlp-ca, namespace: sweety}}\n\
+             data: {{ca.crt: {CERT:?}}}\n"
+        );
+        let client = format!(
+            "---\napiVersion: v1\nkind: Secret\nmetadata: {{name: otlp-client, namespace: sweety}}\n\
+             type: kubernetes.io/tls\ndata: {{tls.crt: {}, tls.key: {}}}\n",
+            b64(CERT),
+            b64(KEY)
+        );
+        let spec = "{tracing: {otlpEndpoint: 'https://collector.obs:4317', otlpProtocol: grpc, \
+                    caCertificateRef: {name: otlp-ca}, clientCertificateRef: {name: otlp-client}}}";
+        let s = snapshot(&format!("{CLASSES}{}{ca_map}{client}", spc("a", spec)));
+        let (config, statuses) = settings(&s, &Params::default());
+        let t = config.tracing.expect("tracing on");
+        assert_eq!(t.otlp_endpoint, "https://collector.obs:4317");
+        assert_eq!(t.otlp_protocol, sweety_config::OtlpProtocol::Grpc);
+        assert_eq!(t.otlp_ca, Some(PemSource::Pem(CERT.into())));
+        assert_eq!(t.otlp_client_cert, Some(PemSource::Pem(CERT.into())));
+        assert_eq!(t.otlp_client_key, Some(PemSource::Pem(KEY.into())));
+        assert_eq!(condition(&statuses, KIND, "a").status, "True");
+
+        // Without the ConfigMap (or the Secret) tracing stays off and the config says why.
+        for (objects, why) in [
+            (
+                client.clone(),
+                "caCertificateRef: ConfigMap sweety/otlp-ca not found",
+            ),
+            (
+                ca_map.clone(),
+                "clientCertificateRef: Secret sweety/otlp-client not found",
+            ),
+        ] {
+            let s = snapshot(&format!("{CLASSES}{}{objects}", spc("a", spec)));
+            let (config, statuses) = settings(&s, &Params::default());
+            assert_eq!(config.tracing, None, "{why}");
+            let c = condition(&statuses, KIND, "a");
+            assert!(c.message.contains(why), "{}", c.message);
+        }
+        // A CA for a plain http:// endpoint is refused by validation.
+        let plain = "{tracing: {otlpEndpoint: 'http://collector.obs:4317', otlpProtocol: grpc, \
+                     caCertificateRef: {name: otlp-ca}}}";
+        let s = snapshot(&format!("{CLASSES}{}{ca_map}", spc("a", plain)));
+        let (config, statuses) = settings(&s, &Params::default());
+        assert_eq!(config.tracing, None);
+        let c = condition(&statuses, KIND, "a");
+        assert!(
+            c.message
+                .contains("tracing.otlp_ca needs an https:// otlp_endpoint"),
             "{}",
             c.message
         );

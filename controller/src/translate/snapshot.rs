@@ -10,7 +10,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
 use serde::Deserialize;
 use std::sync::Arc;
-use sweety_crds::{SweetyProxyConfig, SweetySite};
+use sweety_crds::{SweetyProxyConfig, SweetySecurityPolicy, SweetySite};
 use sweety_gateway_api as gw;
 
 /// The key of a CA bundle in a ConfigMap (or Secret) that a Gateway or BackendTLSPolicy names.
@@ -47,6 +47,9 @@ pub struct Snapshot {
     pub sites: Vec<Arc<SweetySite>>,
     /// SweetyProxyConfigs: dataplane settings of a GatewayClass (`parametersRef`).
     pub proxy_configs: Vec<Arc<SweetyProxyConfig>>,
+    /// SweetySecurityPolicies: authentication, client certificates and IP rules attached to
+    /// Gateways and HTTPRoutes.
+    pub security_policies: Vec<Arc<SweetySecurityPolicy>>,
     /// Services: backends' ports and types.
     pub services: Vec<Arc<Service>>,
     /// EndpointSlices: backends' addresses and readiness.
@@ -223,6 +226,7 @@ impl Snapshot {
                 "BackendTLSPolicy" => push!(backend_tls_policies),
                 "SweetySite" => push!(sites),
                 "SweetyProxyConfig" => push!(proxy_configs),
+                "SweetySecurityPolicy" => push!(security_policies),
                 "Service" => push!(services),
                 "EndpointSlice" => push!(endpoint_slices),
                 "Secret" => push!(secrets),

@@ -192,8 +192,10 @@ pub struct Metrics {
     pub reloads_failed: AtomicU64,
     /// Access log lines dropped because the writer fell behind.
     pub access_log_dropped: AtomicU64,
-    /// Finished trace spans by outcome: `exported` (the receiver answered 2xx), `dropped`
-    /// (the export queue was full), `failed` (the export request failed or timed out).
+    /// Finished trace spans by outcome: `exported` (the receiver accepted them), `rejected`
+    /// (the receiver answered success but counted them in `partial_success.rejected_spans`),
+    /// `dropped` (the export queue was full), `failed` (the export request failed, was refused
+    /// or timed out).
     pub trace_spans: LabeledCounter<&'static str>,
     /// Connections accepted, all time.
     pub connections_total: AtomicU64,
@@ -561,7 +563,7 @@ impl Metrics {
         let f = e.family(
             "sweety_trace_spans_total",
             MetricType::Counter,
-            "Finished trace spans by outcome (exported, dropped: export queue full, failed: export failed).",
+            "Finished trace spans by outcome (exported; rejected: by the receiver's partial success; dropped: export queue full; failed: export failed).",
         );
         for (k, v) in self.trace_spans.snapshot() {
             f.sample(vec![("outcome", k.into())], Value::Counter(v));

@@ -1,5 +1,5 @@
 //! OpenTelemetry tracing (issue 21; docs/observability.md "Tracing"): W3C trace context
-//! propagation and spans exported over OTLP/HTTP.
+//! propagation and spans exported over OTLP (HTTP/protobuf or gRPC, plain or TLS).
 //!
 //! With `tracing` in the config, every request takes part in the trace context
 //! ([`Tracer::begin`]): the incoming `traceparent`/`tracestate` are read strictly
@@ -22,6 +22,7 @@
 pub mod context;
 mod export;
 pub mod otlp;
+pub mod reply;
 
 use crate::metrics::Metrics;
 use crate::proxy::UpstreamInfo;
@@ -84,19 +85,21 @@ impl Tracer {
     /// runtime. The exporter ends once the tracer and every request holding it are gone,
     /// after sending what was queued.
     pub fn start(config: &Tracing, metrics: Arc<Metrics>) -> Result<Arc<Tracer>, TraceError> {
-        let endpoint = config
+        let (endpoint, connector) = config
             .otlp_endpoint
             .parse::<http::Uri>()
             .map_err(|e| e.to_string())
             .and_then(|uri| {
-                export::Endpoint::of(&uri).ok_or_else(|| "not an http:// URL with a host".into())
+                export::Endpoint::of(&uri, config.otlp_protocol)
+                    .ok_or_else(|| "not an http:// or https:// URL with a host".into())
             })
+            .and_then(|e| e.connector(config).map(|c| (e, c)))
             .map_err(|reason| TraceError {
                 endpoint: config.otlp_endpoint.clone(),
                 reason,
             })?;
         let (queue, rx) = tokio::sync::mpsc::channel(config.max_queue_spans.max(1) as usize);
-        export::spawn(config, endpoint, rx, metrics.clone());
+        export::spawn(config, endpoint, connector, rx, metrics.clone());
         Ok(Arc::new(Tracer {
             threshold: threshold(config.sampling_ratio),
             config: config.clone(),

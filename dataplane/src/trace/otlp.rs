@@ -1,7 +1,8 @@
 //! The OTLP trace messages the exporter sends (opentelemetry-proto's `trace/v1/trace.proto`,
 //! `common/v1/common.proto`, `resource/v1/resource.proto` and
-//! `collector/trace/v1/trace_service.proto`), reduced to the fields Sweety fills, with the
-//! field numbers and wire types of those files. prost encodes them.
+//! `collector/trace/v1/trace_service.proto`), reduced to the fields Sweety fills (and, of the
+//! receiver's answer, reads), with the field numbers and wire types of those files. prost
+//! encodes and decodes them.
 //!
 //! Not the generated `opentelemetry-proto` crate: its trace types need its `trace` feature,
 //! which brings the OpenTelemetry SDK and a second `rand` into the binary (deny.toml bans the
@@ -10,11 +11,29 @@
 
 #![allow(missing_docs)]
 
-/// `ExportTraceServiceRequest`: the body of `POST /v1/traces`.
+/// `ExportTraceServiceRequest`: the body of `POST /v1/traces`, or the gRPC `Export` call's
+/// message.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct ExportTraceServiceRequest {
     #[prost(message, repeated, tag = "1")]
     pub resource_spans: Vec<ResourceSpans>,
+}
+
+/// `ExportTraceServiceResponse`: the receiver's answer (OTLP/HTTP body, or the one message of
+/// the gRPC answer).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ExportTraceServiceResponse {
+    #[prost(message, optional, tag = "1")]
+    pub partial_success: Option<ExportTracePartialSuccess>,
+}
+
+/// `ExportTracePartialSuccess`: spans the receiver dropped although it answered success.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ExportTracePartialSuccess {
+    #[prost(int64, tag = "1")]
+    pub rejected_spans: i64,
+    #[prost(string, tag = "2")]
+    pub error_message: String,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]

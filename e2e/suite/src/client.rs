@@ -86,11 +86,72 @@ pub async fn get(
 }
 
 async fn curl(version: Version, t: &Target<'_>) -> Result<Reply> {
+    let full = curl_full(version, t, &[]).await?;
+    Ok(Reply {
+        status: full.status,
+        version: full.version,
+        body: full.body,
+    })
+}
+
+/// A response with its head, as curl saw it.
+#[derive(Debug, Clone)]
+pub struct FullReply {
+    /// Status code of the (last) response.
+    pub status: u16,
+    /// HTTP version curl reports ("1.1", "2").
+    pub version: String,
+    /// The header fields of the last response, names lowercased, in order.
+    pub headers: Vec<(String, String)>,
+    /// Response body, decoded as UTF-8 (lossy).
+    pub body: String,
+}
+
+impl FullReply {
+    /// The first value of header `name` (lowercase).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// One request with curl (`version` H1 or H2) to `t`, with `extra` curl arguments before the URL (request
+/// headers `-H`, cookies `-b`, a client certificate `--cert`/`--key`, a body `--data-binary @FILE`; never
+/// `-L`: redirects are answers to check). Checks `allowed` like [`get`].
+pub async fn request(
+    allowed: &crate::cluster::Cidr,
+    version: Version,
+    t: &Target<'_>,
+    extra: &[&str],
+) -> Result<FullReply> {
+    if !allowed.contains(t.addr) {
+        return Err(Error::NotAllowed(t.addr));
+    }
+    if version == Version::H3 {
+        return Err(Error::Request {
+            client: "curl",
+            message: "HTTP/3 requests go through `get`".into(),
+        });
+    }
+    curl_full(version, t, extra).await
+}
+
+async fn curl_full(version: Version, t: &Target<'_>, extra: &[&str]) -> Result<FullReply> {
     let (scheme, port) = if t.ca_pem.is_some() {
         ("https", 443)
     } else {
         ("http", 80)
     };
+    let temp = |what: &str| {
+        std::env::temp_dir().join(format!(
+            "sweety-e2e-{what}-{}-{}",
+            std::process::id(),
+            NEXT_FILE.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        ))
+    };
+    let head_file = temp("head");
     let mut cmd = tokio::process::Command::new("curl");
     cmd.args([
         "-sS",
@@ -106,22 +167,23 @@ async fn curl(version: Version, t: &Target<'_>) -> Result<Reply> {
     })
     .arg("--resolve")
     .arg(format!("{}:{port}:{}", t.host, t.addr))
+    .arg("--dump-header")
+    .arg(&head_file)
     .args(["-w", "\n%{http_code} %{http_version}"]);
     let ca_file = match t.ca_pem {
         Some(pem) => {
-            let f = std::env::temp_dir().join(format!(
-                "sweety-e2e-ca-{}-{}.pem",
-                std::process::id(),
-                NEXT_FILE.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-            ));
+            let f = temp("ca");
             std::fs::write(&f, pem).map_err(Error::io("writing the CA file for curl"))?;
             cmd.arg("--cacert").arg(&f);
             Some(f)
         }
         None => None,
     };
+    cmd.args(extra);
     cmd.arg(format!("{scheme}://{}:{port}{}", t.host, t.path));
     let out = cmd.output().await;
+    let head = std::fs::read_to_string(&head_file).unwrap_or_default();
+    let _ = std::fs::remove_file(&head_file);
     if let Some(f) = ca_file {
         let _ = std::fs::remove_file(f);
     }
@@ -141,11 +203,28 @@ async fn curl(version: Version, t: &Target<'_>) -> Result<Reply> {
     let mut it = tail.split_whitespace();
     let status = it.next().and_then(|s| s.parse().ok()).unwrap_or(0);
     let version = it.next().unwrap_or("").to_string();
-    Ok(Reply {
+    Ok(FullReply {
         status,
         version,
+        headers: last_head(&head),
         body: body.to_string(),
     })
+}
+
+/// The header fields of the last response head in curl's `--dump-header` output (an interim `100
+/// Continue` head comes first), names lowercased.
+fn last_head(dump: &str) -> Vec<(String, String)> {
+    let dump = dump.replace("\r\n", "\n");
+    let last = dump
+        .split("\n\n")
+        .filter(|b| b.trim_start().starts_with("HTTP/"))
+        .last()
+        .unwrap_or("");
+    last.lines()
+        .skip(1)
+        .filter_map(|l| l.split_once(':'))
+        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect()
 }
 
 /// The SHA-256 fingerprint (lowercase hex) of a PEM certificate chain's first certificate.
@@ -203,7 +282,7 @@ pub async fn served_fingerprint(
     }
 }
 
-/// Numbers temporary CA files (with the pid, unique on the host).
+/// Numbers temporary files (CA, dumped heads; with the pid, unique on the host).
 static NEXT_FILE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 fn quic_client_config(ca_pem: &str) -> Result<quinn::ClientConfig> {
@@ -278,4 +357,22 @@ pub async fn h3_get(addr: SocketAddr, host: &str, path: &str, ca_pem: &str) -> R
         version: "3".into(),
         body: String::from_utf8_lossy(&body).into_owned(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn last_head_skips_interim_responses_and_lowercases_names() {
+        let dump = "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 413 Payload Too Large\r\nContent-Length: 0\r\nX-Request-Id: a:b\r\n\r\n";
+        assert_eq!(
+            last_head(dump),
+            [
+                ("content-length".to_string(), "0".to_string()),
+                ("x-request-id".to_string(), "a:b".to_string())
+            ]
+        );
+        assert!(last_head("").is_empty());
+    }
 }

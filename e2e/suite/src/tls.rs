@@ -15,22 +15,44 @@ pub struct TestPki {
     pub key_pem: String,
 }
 
-/// Generates a CA and a server certificate for `hosts` (DNS names).
-pub fn generate(hosts: &[&str]) -> Result<TestPki> {
+/// A throwaway CA named `common_name`: its PEM certificate and the issuer that signs leaves with it.
+fn new_ca(common_name: &str) -> Result<(String, rcgen::Issuer<'static, KeyPair>)> {
     let ca_key = KeyPair::generate().map_err(Error::Cert)?;
     let mut ca = CertificateParams::new(Vec::<String>::new()).map_err(Error::Cert)?;
     ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
     ca.distinguished_name
-        .push(rcgen::DnType::CommonName, "sweety e2e CA");
+        .push(rcgen::DnType::CommonName, common_name);
     let ca_cert = ca.self_signed(&ca_key).map_err(Error::Cert)?;
+    Ok((ca_cert.pem(), rcgen::Issuer::new(ca, ca_key)))
+}
+
+/// Generates a CA and a server certificate for `hosts` (DNS names).
+pub fn generate(hosts: &[&str]) -> Result<TestPki> {
+    let (ca_pem, issuer) = new_ca("sweety e2e CA")?;
     let leaf_key = KeyPair::generate().map_err(Error::Cert)?;
     let leaf = CertificateParams::new(hosts.iter().map(|h| h.to_string()).collect::<Vec<_>>())
         .map_err(Error::Cert)?;
-    let issuer = rcgen::Issuer::new(ca, ca_key);
     let leaf_cert = leaf.signed_by(&leaf_key, &issuer).map_err(Error::Cert)?;
     Ok(TestPki {
-        ca_pem: ca_cert.pem(),
+        ca_pem,
+        cert_pem: leaf_cert.pem(),
+        key_pem: leaf_key.serialize_pem(),
+    })
+}
+
+/// Generates a throwaway CA and a client certificate for `common_name` signed by it (extended key usage:
+/// client authentication): `ca_pem` for the server's `ca.crt`, `cert_pem`/`key_pem` for the client.
+pub fn client(common_name: &str) -> Result<TestPki> {
+    let (ca_pem, issuer) = new_ca("sweety e2e client CA")?;
+    let leaf_key = KeyPair::generate().map_err(Error::Cert)?;
+    let mut leaf = CertificateParams::new(Vec::<String>::new()).map_err(Error::Cert)?;
+    leaf.distinguished_name
+        .push(rcgen::DnType::CommonName, common_name);
+    leaf.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+    let leaf_cert = leaf.signed_by(&leaf_key, &issuer).map_err(Error::Cert)?;
+    Ok(TestPki {
+        ca_pem,
         cert_pem: leaf_cert.pem(),
         key_pem: leaf_key.serialize_pem(),
     })

@@ -4,7 +4,9 @@
 //! an Ingress with TLS, a Gateway + HTTPRoute with TLS, and a SweetySite serving a ConfigMap. Statuses are
 //! checked on every object. Further tests change a route and watch it being served, kill the dataplane and
 //! then the controller container and check nothing is lost, and apply invalid objects that must get a clear
-//! condition without breaking the valid ones. Tests take a shared lock, so they never overlap.
+//! condition without breaking the valid ones; the ingress-nginx user guide's examples are applied and checked
+//! request by request, and `sweety-controller migrate-report` judges them (the binary beside the test's
+//! directory, or `SWEETY_E2E_CONTROLLER_BIN`). Tests take a shared lock, so they never overlap.
 
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
@@ -65,7 +67,7 @@ async fn namespace(env: &Env, name: &str) -> Result<()> {
     Ok(())
 }
 
-async fn tls_secret(env: &Env, ns: &str, host: &str) -> Result<TestPki> {
+async fn tls_secret(env: &Env, ns: &str, hosts: &[&str]) -> Result<TestPki> {
     // Reuse the Secret's certificate if it exists (kept in an annotation with the CA), so re-running a
     // fixture does not rotate certificates under a running test.
     if let Some(s) = cluster::get(&env.client, "v1", "Secret", Some(ns), "tls").await? {
@@ -94,7 +96,7 @@ async fn tls_secret(env: &Env, ns: &str, host: &str) -> Result<TestPki> {
             }
         }
     }
-    let pki = tls::generate(&[host])?;
+    let pki = tls::generate(hosts)?;
     cluster::apply(
         &env.client,
         json!({
@@ -110,16 +112,22 @@ async fn tls_secret(env: &Env, ns: &str, host: &str) -> Result<TestPki> {
 
 /// An echo-basic Deployment + Service `echo` (port 8080) in `ns`, waited for until available.
 async fn echo(env: &Env, ns: &str) -> Result<()> {
+    echo_named(env, ns, "echo").await
+}
+
+/// An echo-basic Deployment + Service `name` (port 8080; its pods are named `name-…`) in `ns`, waited for
+/// until available.
+async fn echo_named(env: &Env, ns: &str, name: &str) -> Result<()> {
     cluster::apply(
         &env.client,
         json!({
             "apiVersion": "apps/v1", "kind": "Deployment",
-            "metadata": {"name": "echo", "namespace": ns},
+            "metadata": {"name": name, "namespace": ns},
             "spec": {
                 "replicas": 1,
-                "selector": {"matchLabels": {"app": "echo"}},
+                "selector": {"matchLabels": {"app": name}},
                 "template": {
-                    "metadata": {"labels": {"app": "echo"}},
+                    "metadata": {"labels": {"app": name}},
                     "spec": {
                         "terminationGracePeriodSeconds": 2,
                         "containers": [{
@@ -141,17 +149,17 @@ async fn echo(env: &Env, ns: &str) -> Result<()> {
         &env.client,
         json!({
             "apiVersion": "v1", "kind": "Service",
-            "metadata": {"name": "echo", "namespace": ns},
-            "spec": {"selector": {"app": "echo"}, "ports": [{"name": "http", "port": 8080, "targetPort": "http"}]}
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {"selector": {"app": name}, "ports": [{"name": "http", "port": 8080, "targetPort": "http"}]}
         }),
     )
     .await?;
     eventually(
-        &format!("echo in {ns} available"),
+        &format!("{name} in {ns} available"),
         CONVERGE,
         POLL,
         || async {
-            let d = cluster::get(&env.client, "apps/v1", "Deployment", Some(ns), "echo")
+            let d = cluster::get(&env.client, "apps/v1", "Deployment", Some(ns), name)
                 .await
                 .map_err(|e| e.to_string())?
                 .ok_or("no deployment")?;
@@ -194,7 +202,7 @@ async fn gateway_class_accepted(env: &Env) -> Result<()> {
 
 async fn ingress_fixture(env: &Env) -> Result<Served> {
     namespace(env, INGRESS_NS).await?;
-    let pki = tls_secret(env, INGRESS_NS, INGRESS_HOST).await?;
+    let pki = tls_secret(env, INGRESS_NS, &[INGRESS_HOST]).await?;
     echo(env, INGRESS_NS).await?;
     cluster::apply(
         &env.client,
@@ -302,7 +310,7 @@ async fn route_condition(
 async fn gateway_fixture(env: &Env) -> Result<Served> {
     gateway_class_accepted(env).await?;
     namespace(env, GATEWAY_NS).await?;
-    let pki = tls_secret(env, GATEWAY_NS, GATEWAY_HOST).await?;
+    let pki = tls_secret(env, GATEWAY_NS, &[GATEWAY_HOST]).await?;
     echo(env, GATEWAY_NS).await?;
     cluster::apply(
         &env.client,
@@ -384,7 +392,7 @@ async fn gateway_fixture(env: &Env) -> Result<Served> {
 
 async fn site_fixture(env: &Env) -> Result<Served> {
     namespace(env, SITE_NS).await?;
-    let pki = tls_secret(env, SITE_NS, SITE_HOST).await?;
+    let pki = tls_secret(env, SITE_NS, &[SITE_HOST]).await?;
     cluster::apply(
         &env.client,
         json!({
@@ -1197,5 +1205,725 @@ async fn replicas_scenario(env: &Env, deployment: &str, lease: &str) -> Result<(
             tally.ok, tally.failed, tally.first_failures
         )));
     }
+    Ok(())
+}
+
+/// Namespace of the ingress-nginx user-guide examples.
+const NGINX_NS: &str = "e2e-nginx";
+/// `foo:bar` as `htpasswd -c auth foo` writes it (`openssl passwd -apr1 -salt e2eSalt1 bar`).
+const HTPASSWD_FOO_BAR: &str = "foo:$apr1$e2eSalt1$ybKFD4K1BXq0i42eEx0mC0\n";
+
+fn nginx_host(name: &str) -> String {
+    format!("{name}.nginx.e2e.test")
+}
+
+/// An Ingress of class `sweety` in [`NGINX_NS`]: `host`, one path to `service:8080`, the annotations
+/// (names without the `nginx.ingress.kubernetes.io/` prefix).
+fn nginx_ingress(
+    name: &str,
+    host: &str,
+    path: (&str, &str),
+    service: &str,
+    annotations: &[(&str, &str)],
+    tls: bool,
+) -> Value {
+    let annotations: serde_json::Map<String, Value> = annotations
+        .iter()
+        .map(|(k, v)| (format!("nginx.ingress.kubernetes.io/{k}"), json!(v)))
+        .collect();
+    let mut spec = json!({
+        "ingressClassName": "sweety",
+        "rules": [{"host": host, "http": {"paths": [{
+            "path": path.0, "pathType": path.1,
+            "backend": {"service": {"name": service, "port": {"number": 8080}}}
+        }]}}]
+    });
+    if tls {
+        spec["tls"] = json!([{"hosts": [host], "secretName": "tls"}]);
+    }
+    json!({
+        "apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
+        "metadata": {"name": name, "namespace": NGINX_NS, "annotations": annotations},
+        "spec": spec
+    })
+}
+
+/// The echo JSON of a reply: (pod, path, request headers), or why the reply is not one.
+fn echoed(r: &client::FullReply) -> std::result::Result<(String, String, Value), String> {
+    if r.status != 200 {
+        return Err(format!("status {} body {:?}", r.status, r.body));
+    }
+    let j: Value =
+        serde_json::from_str(&r.body).map_err(|e| format!("not echo JSON ({e}): {:?}", r.body))?;
+    if j.get("namespace").and_then(Value::as_str) != Some(NGINX_NS) {
+        return Err(format!("another namespace's echo answered: {j}"));
+    }
+    let s = |k: &str| j.get(k).and_then(Value::as_str).unwrap_or("").to_string();
+    Ok((
+        s("pod"),
+        s("path"),
+        j.get("headers").cloned().unwrap_or(Value::Null),
+    ))
+}
+
+/// The first value of request header `name` (as echo-basic reports them: canonical case) in `headers`.
+fn echoed_header<'a>(headers: &'a Value, name: &str) -> Option<&'a str> {
+    headers
+        .as_object()?
+        .iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case(name))
+        .and_then(|(_, v)| v.get(0))
+        .and_then(Value::as_str)
+}
+
+/// The ClusterIP of Service `name` in [`NGINX_NS`].
+async fn cluster_ip(env: &Env, name: &str) -> Result<String> {
+    eventually(&format!("ClusterIP of {name}"), CONVERGE, POLL, || async {
+        let svc = cluster::get(&env.client, "v1", "Service", Some(NGINX_NS), name)
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or("no Service")?;
+        svc.data
+            .pointer("/spec/clusterIP")
+            .and_then(Value::as_str)
+            .filter(|ip| ip.parse::<IpAddr>().is_ok())
+            .map(str::to_string)
+            .ok_or_else(|| "no ClusterIP".to_string())
+    })
+    .await
+}
+
+/// The examples of the ingress-nginx user guide (issue 19), applied as the guide writes them (class
+/// `sweety`; an `auth-url` names the echo Service's ClusterIP, as the real node runs no cluster DNS) and
+/// checked through the load-balancer address with curl: rewrite with capture groups, canary by header,
+/// cookie and weight, basic authentication, external authentication (allow, deny, sign-in redirect and an
+/// unreachable service failing closed), client certificates, ssl-redirect with HSTS and the body-size
+/// limit. Then `sweety-controller migrate-report --output json` (the binary, read-only) judges the same
+/// Ingresses: none refused, each annotation honoured.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the installed chart on a cluster: run e2e/run.sh"]
+async fn ingress_nginx_user_guide_examples() {
+    let env = cluster::env("ingress_nginx_user_guide_examples").await;
+    let _g = LOCK.lock().await;
+    report(nginx_examples(&env).await);
+}
+
+async fn nginx_examples(env: &Env) -> Result<()> {
+    namespace(env, NGINX_NS).await?;
+    let (rewrite, canary, weight, basic) = (
+        nginx_host("rewrite"),
+        nginx_host("canary"),
+        nginx_host("weight"),
+        nginx_host("basic"),
+    );
+    let (ext_allow, ext_signin, ext_deny, ext_down) = (
+        nginx_host("ext-allow"),
+        nginx_host("ext-signin"),
+        nginx_host("ext-deny"),
+        nginx_host("ext-down"),
+    );
+    let (mtls, hsts, body) = (nginx_host("mtls"), nginx_host("hsts"), nginx_host("body"));
+    let pki = tls_secret(env, NGINX_NS, &[mtls.as_str(), hsts.as_str()]).await?;
+    echo(env, NGINX_NS).await?;
+    echo_named(env, NGINX_NS, "echo-canary").await?;
+    // A Service without endpoints: an auth service that cannot be asked.
+    cluster::apply(
+        &env.client,
+        json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "auth-down", "namespace": NGINX_NS},
+               "spec": {"selector": {"app": "no-such-pod"}, "ports": [{"name": "http", "port": 8080}]}}),
+    )
+    .await?;
+    let echo_ip = cluster_ip(env, "echo").await?;
+    let down_ip = cluster_ip(env, "auth-down").await?;
+    let client_pki = tls::client("e2e client")?;
+    let other_client = tls::client("stranger")?;
+    cluster::apply(
+        &env.client,
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "basic-auth", "namespace": NGINX_NS},
+               "type": "Opaque", "stringData": {"auth": HTPASSWD_FOO_BAR}}),
+    )
+    .await?;
+    cluster::apply(
+        &env.client,
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "ca-secret", "namespace": NGINX_NS},
+               "type": "Opaque", "stringData": {"ca.crt": client_pki.ca_pem}}),
+    )
+    .await?;
+    let auth_ok = format!("http://{echo_ip}:8080/status/200");
+    let auth_401 = format!("http://{echo_ip}:8080/status/401");
+    let auth_down = format!("http://{down_ip}:8080/verify");
+    let ca_secret = format!("{NGINX_NS}/ca-secret");
+    let prefix = ("/", "Prefix");
+    let ingresses = [
+        // docs/examples/rewrite: `/something(/|$)(.*)` to `/$2`.
+        nginx_ingress(
+            "rewrite",
+            &rewrite,
+            ("/something(/|$)(.*)", "ImplementationSpecific"),
+            "echo",
+            &[("use-regex", "true"), ("rewrite-target", "/$2")],
+            false,
+        ),
+        // docs/examples/canary: production, and a canary by header, then cookie, weight 0.
+        nginx_ingress("production", &canary, prefix, "echo", &[], false),
+        nginx_ingress(
+            "canary",
+            &canary,
+            prefix,
+            "echo-canary",
+            &[
+                ("canary", "true"),
+                ("canary-by-header", "X-Canary"),
+                ("canary-by-cookie", "canary"),
+            ],
+            false,
+        ),
+        nginx_ingress("weight-production", &weight, prefix, "echo", &[], false),
+        nginx_ingress(
+            "weight-canary",
+            &weight,
+            prefix,
+            "echo-canary",
+            &[("canary", "true"), ("canary-weight", "100")],
+            false,
+        ),
+        // docs/examples/auth/basic.
+        nginx_ingress(
+            "basic",
+            &basic,
+            prefix,
+            "echo",
+            &[
+                ("auth-type", "basic"),
+                ("auth-secret", "basic-auth"),
+                ("auth-realm", "Authentication Required - foo"),
+            ],
+            false,
+        ),
+        // docs/examples/auth/external-auth and oauth-external-auth (auth-url + auth-signin).
+        nginx_ingress(
+            "ext-allow",
+            &ext_allow,
+            prefix,
+            "echo",
+            &[("auth-url", &auth_ok)],
+            false,
+        ),
+        nginx_ingress(
+            "ext-signin",
+            &ext_signin,
+            prefix,
+            "echo",
+            &[
+                ("auth-url", &auth_401),
+                (
+                    "auth-signin",
+                    "https://signin.nginx.e2e.test/oauth2/start?rd=$escaped_request_uri",
+                ),
+            ],
+            false,
+        ),
+        nginx_ingress(
+            "ext-deny",
+            &ext_deny,
+            prefix,
+            "echo",
+            &[("auth-url", &auth_401)],
+            false,
+        ),
+        nginx_ingress(
+            "ext-down",
+            &ext_down,
+            prefix,
+            "echo",
+            &[("auth-url", &auth_down)],
+            false,
+        ),
+        // docs/examples/auth/client-certs.
+        nginx_ingress(
+            "mtls",
+            &mtls,
+            prefix,
+            "echo",
+            &[
+                ("auth-tls-verify-client", "on"),
+                ("auth-tls-secret", &ca_secret),
+                ("auth-tls-verify-depth", "1"),
+                ("auth-tls-pass-certificate-to-upstream", "true"),
+            ],
+            true,
+        ),
+        // TLS with ingress-nginx's defaults: ssl-redirect on, HSTS.
+        nginx_ingress("hsts", &hsts, prefix, "echo", &[], true),
+        // docs/user-guide/nginx-configuration/annotations.md#custom-max-body-size.
+        nginx_ingress(
+            "body",
+            &body,
+            prefix,
+            "echo",
+            &[("proxy-body-size", "64k")],
+            false,
+        ),
+    ];
+    for ing in &ingresses {
+        cluster::apply(&env.client, ing.clone()).await?;
+    }
+    // Every Ingress gets the load-balancer address (the same Service for all).
+    let mut addr = None;
+    for ing in &ingresses {
+        let name = ing["metadata"]["name"].as_str().unwrap_or_default();
+        let ip = eventually(
+            &format!("Ingress {name} load-balancer address"),
+            CONVERGE,
+            POLL,
+            || async {
+                let i = cluster::get(
+                    &env.client,
+                    "networking.k8s.io/v1",
+                    "Ingress",
+                    Some(NGINX_NS),
+                    name,
+                )
+                .await
+                .map_err(|e| e.to_string())?
+                .ok_or("no ingress")?;
+                ip_of(i.data.pointer("/status/loadBalancer/ingress/0/ip"))
+            },
+        )
+        .await?;
+        addr.get_or_insert(ip);
+    }
+    let addr = addr.ok_or_else(|| Error::Config("no Ingress".into()))?;
+
+    // One check, retried until the configuration has converged: `what` names it, `f` judges a reply.
+    async fn expect<F>(
+        env: &Env,
+        what: &str,
+        t: &Target<'_>,
+        extra: &[&str],
+        f: F,
+    ) -> Result<client::FullReply>
+    where
+        F: Fn(&client::FullReply) -> std::result::Result<(), String>,
+    {
+        eventually(what, CONVERGE, POLL, || async {
+            let r = client::request(&env.allowed, Version::H1, t, extra)
+                .await
+                .map_err(|e| e.to_string())?;
+            f(&r).map(|()| r.clone())
+        })
+        .await
+    }
+    let at = |host: &'static str, path: &'static str| Target {
+        addr,
+        host,
+        path,
+        ca_pem: None,
+    };
+    // `Target` borrows its strings: the hosts live for the test.
+    let leak = |s: &String| -> &'static str { Box::leak(s.clone().into_boxed_str()) };
+    let (rewrite, canary, weight, basic) =
+        (leak(&rewrite), leak(&canary), leak(&weight), leak(&basic));
+    let (ext_allow, ext_signin, ext_deny, ext_down) = (
+        leak(&ext_allow),
+        leak(&ext_signin),
+        leak(&ext_deny),
+        leak(&ext_down),
+    );
+    let (mtls, hsts, body) = (leak(&mtls), leak(&hsts), leak(&body));
+
+    // Rewrite: the second capture group is the backend's path.
+    for (path, want) in [
+        ("/something", "/"),
+        ("/something/", "/"),
+        ("/something/new", "/new"),
+        ("/something/a/b?x=1", "/a/b?x=1"),
+    ] {
+        expect(
+            env,
+            &format!("rewrite {path} -> {want}"),
+            &at(rewrite, path),
+            &[],
+            |r| {
+                let (_, got, _) = echoed(r)?;
+                (got == want)
+                    .then_some(())
+                    .ok_or(format!("backend path {got:?}"))
+            },
+        )
+        .await?;
+    }
+    expect(
+        env,
+        "rewrite: no match is 404",
+        &at(rewrite, "/other"),
+        &[],
+        |r| {
+            (r.status == 404)
+                .then_some(())
+                .ok_or(format!("status {}", r.status))
+        },
+    )
+    .await?;
+
+    // Canary: header before cookie; weight 100 sends everything to the canary.
+    let pod_of = |want_canary: bool| {
+        move |r: &client::FullReply| {
+            let (pod, _, _) = echoed(r)?;
+            (pod.starts_with("echo-canary-") == want_canary)
+                .then_some(())
+                .ok_or(format!("answered by {pod}"))
+        }
+    };
+    expect(
+        env,
+        "canary: plain request to production",
+        &at(canary, "/"),
+        &[],
+        pod_of(false),
+    )
+    .await?;
+    expect(
+        env,
+        "canary: X-Canary always",
+        &at(canary, "/"),
+        &["-H", "X-Canary: always"],
+        pod_of(true),
+    )
+    .await?;
+    expect(
+        env,
+        "canary: cookie always",
+        &at(canary, "/"),
+        &["-b", "canary=always"],
+        pod_of(true),
+    )
+    .await?;
+    expect(
+        env,
+        "canary: X-Canary never wins over the cookie",
+        &at(canary, "/"),
+        &["-H", "X-Canary: never", "-b", "canary=always"],
+        pod_of(false),
+    )
+    .await?;
+    for _ in 0..5 {
+        expect(
+            env,
+            "canary-weight 100",
+            &at(weight, "/"),
+            &[],
+            pod_of(true),
+        )
+        .await?;
+    }
+
+    // Basic authentication.
+    let r = expect(
+        env,
+        "basic: no credentials is 401",
+        &at(basic, "/"),
+        &[],
+        |r| {
+            (r.status == 401)
+                .then_some(())
+                .ok_or(format!("status {}", r.status))
+        },
+    )
+    .await?;
+    let realm = r.header("www-authenticate").unwrap_or_default();
+    if realm != "Basic realm=\"Authentication Required - foo\"" {
+        return Err(Error::Config(format!("basic: WWW-Authenticate {realm:?}")));
+    }
+    expect(
+        env,
+        "basic: foo:bar passes",
+        &at(basic, "/"),
+        &["-u", "foo:bar"],
+        |r| echoed(r).map(drop),
+    )
+    .await?;
+    expect(
+        env,
+        "basic: a wrong password is 401",
+        &at(basic, "/"),
+        &["-u", "foo:baz"],
+        |r| {
+            (r.status == 401)
+                .then_some(())
+                .ok_or(format!("status {}", r.status))
+        },
+    )
+    .await?;
+
+    // External authentication.
+    expect(env, "ext auth allows", &at(ext_allow, "/app"), &[], |r| {
+        echoed(r).map(drop)
+    })
+    .await?;
+    let r = expect(
+        env,
+        "ext auth denies with a sign-in redirect",
+        &at(ext_signin, "/app?x=1"),
+        &[],
+        |r| {
+            (r.status == 302)
+                .then_some(())
+                .ok_or(format!("status {} body {:?}", r.status, r.body))
+        },
+    )
+    .await?;
+    let location = r.header("location").unwrap_or_default();
+    if !location.starts_with("https://signin.nginx.e2e.test/oauth2/start?rd=")
+        || !location.contains("%2Fapp%3Fx%3D1")
+    {
+        return Err(Error::Config(format!(
+            "ext auth sign-in: Location {location:?}"
+        )));
+    }
+    expect(
+        env,
+        "ext auth denies (401)",
+        &at(ext_deny, "/app"),
+        &[],
+        |r| {
+            (r.status == 401)
+                .then_some(())
+                .ok_or(format!("status {}", r.status))
+        },
+    )
+    .await?;
+    expect(
+        env,
+        "ext auth service down fails closed",
+        &at(ext_down, "/app"),
+        &[],
+        |r| {
+            (r.status >= 500 && !r.body.contains("\"namespace\""))
+                .then_some(())
+                .ok_or(format!("status {} body {:?}", r.status, r.body))
+        },
+    )
+    .await?;
+
+    // Client certificates (HTTP/1.1 over TLS, SNI = the host).
+    let tls_at = |host: &'static str, path: &'static str| Target {
+        ca_pem: Some(leak(&pki.ca_pem)),
+        ..at(host, path)
+    };
+    let dir = std::env::temp_dir().join(format!("sweety-e2e-nginx-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(Error::io("temp dir"))?;
+    let file = |name: &str, text: &str| -> Result<String> {
+        let p = dir.join(name);
+        std::fs::write(&p, text).map_err(Error::io("writing a test file"))?;
+        Ok(p.to_string_lossy().into_owned())
+    };
+    let (cert, key) = (
+        file("client.crt", &client_pki.cert_pem)?,
+        file("client.key", &client_pki.key_pem)?,
+    );
+    let (other_cert, other_key) = (
+        file("other.crt", &other_client.cert_pem)?,
+        file("other.key", &other_client.key_pem)?,
+    );
+    let r = expect(
+        env,
+        "mtls: the CA's client passes",
+        &tls_at(mtls, "/"),
+        &["--cert", &cert, "--key", &key],
+        |r| {
+            let (_, _, headers) = echoed(r)?;
+            let verify = echoed_header(&headers, "ssl-client-verify");
+            let passed = echoed_header(&headers, "ssl-client-cert").unwrap_or_default();
+            (verify == Some("SUCCESS") && passed.starts_with("-----BEGIN%20CERTIFICATE-----"))
+                .then_some(())
+                .ok_or(format!(
+                    "ssl-client-verify {verify:?}, ssl-client-cert {passed:?}"
+                ))
+        },
+    )
+    .await?;
+    let (_, _, headers) = echoed(&r).map_err(Error::Config)?;
+    let dn = echoed_header(&headers, "ssl-client-subject-dn").unwrap_or_default();
+    if dn != "CN=e2e client" {
+        return Err(Error::Config(format!("mtls: ssl-client-subject-dn {dn:?}")));
+    }
+    expect(
+        env,
+        "mtls: no certificate is 400",
+        &tls_at(mtls, "/"),
+        &[],
+        |r| {
+            (r.status == 400)
+                .then_some(())
+                .ok_or(format!("status {}", r.status))
+        },
+    )
+    .await?;
+    expect(
+        env,
+        "mtls: another CA's certificate is 400",
+        &tls_at(mtls, "/"),
+        &["--cert", &other_cert, "--key", &other_key],
+        |r| {
+            (r.status == 400)
+                .then_some(())
+                .ok_or(format!("status {}", r.status))
+        },
+    )
+    .await?;
+
+    // ssl-redirect (on by default for a TLS host) and HSTS with nginx's defaults.
+    let r = expect(
+        env,
+        "hsts: http redirects to https",
+        &at(hsts, "/page?q=1"),
+        &[],
+        |r| {
+            (r.status == 308)
+                .then_some(())
+                .ok_or(format!("status {}", r.status))
+        },
+    )
+    .await?;
+    let location = r.header("location").unwrap_or_default();
+    if location != format!("https://{hsts}/page?q=1") {
+        return Err(Error::Config(format!(
+            "ssl-redirect: Location {location:?}"
+        )));
+    }
+    let r = expect(env, "hsts: https is served", &tls_at(hsts, "/"), &[], |r| {
+        echoed(r).map(drop)
+    })
+    .await?;
+    let sts = r.header("strict-transport-security").unwrap_or_default();
+    if sts != "max-age=31536000; includeSubDomains" {
+        return Err(Error::Config(format!("HSTS header {sts:?}")));
+    }
+
+    // proxy-body-size 64k: 64 KiB passes, one byte more is 413.
+    let small = file("small.bin", &"a".repeat(64 * 1024))?;
+    let large = file("large.bin", &"a".repeat(64 * 1024 + 1))?;
+    expect(
+        env,
+        "body: 64 KiB passes",
+        &at(body, "/upload"),
+        &["--data-binary", &format!("@{small}")],
+        |r| echoed(r).map(drop),
+    )
+    .await?;
+    expect(
+        env,
+        "body: 64 KiB + 1 is 413",
+        &at(body, "/upload"),
+        &["--data-binary", &format!("@{large}")],
+        |r| {
+            (r.status == 413)
+                .then_some(())
+                .ok_or(format!("status {}", r.status))
+        },
+    )
+    .await?;
+    let _ = std::fs::remove_dir_all(&dir);
+
+    // The migration report on the same Ingresses: the controller binary, read-only, JSON.
+    let bin = std::env::var("SWEETY_E2E_CONTROLLER_BIN").unwrap_or_else(|_| {
+        // Beside this test binary's directory (target/debug/deps -> target/debug).
+        std::env::current_exe()
+            .ok()
+            .and_then(|p| Some(p.parent()?.parent()?.join("sweety-controller")))
+            .map(|p| p.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "sweety-controller".into())
+    });
+    let kubeconfig = std::env::var("SWEETY_E2E_KUBECONFIG")
+        .map_err(|_| Error::Config("SWEETY_E2E_KUBECONFIG".into()))?;
+    let out = tokio::process::Command::new(&bin)
+        .args([
+            "--kubeconfig",
+            &kubeconfig,
+            "migrate-report",
+            "--namespace",
+            NGINX_NS,
+            "--output",
+            "json",
+        ])
+        .output()
+        .await
+        .map_err(Error::io(format!(
+            "running {bin} migrate-report (build it with `cargo build -p sweety-controller`, or name it in \
+             SWEETY_E2E_CONTROLLER_BIN)"
+        )))?;
+    if !out.status.success() {
+        return Err(Error::Config(format!(
+            "migrate-report: {}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        )));
+    }
+    let reports: Value = serde_json::from_slice(&out.stdout)
+        .map_err(|e| Error::Config(format!("migrate-report JSON: {e}")))?;
+    let reports = reports.as_array().cloned().unwrap_or_default();
+    let mut names: Vec<&str> = reports.iter().filter_map(|r| r["name"].as_str()).collect();
+    names.sort_unstable();
+    let mut want: Vec<&str> = ingresses
+        .iter()
+        .filter_map(|i| i["metadata"]["name"].as_str())
+        .collect();
+    want.sort_unstable();
+    if names != want {
+        return Err(Error::Config(format!(
+            "migrate-report lists {names:?}, want {want:?}"
+        )));
+    }
+    for r in &reports {
+        let name = r["name"].as_str().unwrap_or_default();
+        if !r["refused"].is_null() {
+            return Err(Error::Config(format!(
+                "migrate-report refuses {name}: {}",
+                r["refused"]
+            )));
+        }
+        if r["class"] != "sweety" {
+            return Err(Error::Config(format!(
+                "migrate-report: {name} class {}",
+                r["class"]
+            )));
+        }
+        for a in r["annotations"].as_array().into_iter().flatten() {
+            let support = a["support"].as_str().unwrap_or_default();
+            if !matches!(support, "honoured" | "honoured-differently") {
+                return Err(Error::Config(format!(
+                    "migrate-report: {name} {} is {support}: {}",
+                    a["annotation"], a["how"]
+                )));
+            }
+        }
+    }
+    let verdict = |ing: &str, ann: &str| -> Option<String> {
+        reports.iter().find(|r| r["name"] == ing)?["annotations"]
+            .as_array()?
+            .iter()
+            .find(|a| a["annotation"] == ann)
+            .and_then(|a| a["support"].as_str().map(str::to_string))
+    };
+    for (ing, ann) in [
+        ("rewrite", "rewrite-target"),
+        ("canary", "canary-by-header"),
+        ("weight-canary", "canary-weight"),
+        ("basic", "auth-type"),
+        ("ext-signin", "auth-signin"),
+        ("mtls", "auth-tls-secret"),
+        ("body", "proxy-body-size"),
+    ] {
+        if verdict(ing, ann).is_none() {
+            return Err(Error::Config(format!(
+                "migrate-report: no verdict on {ing} {ann}"
+            )));
+        }
+    }
+    println!(
+        "ingress-nginx examples: {} Ingresses served as the guide says; migrate-report agrees",
+        ingresses.len()
+    );
     Ok(())
 }

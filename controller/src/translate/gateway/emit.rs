@@ -63,6 +63,7 @@ pub(super) fn gateways(
         let backend_client_cert = client_cert::resolve(b.snapshot, &gw, &ns);
         out.push(OwnedGateway {
             backend_client_cert,
+            client_certs: BTreeMap::new(),
             listener_sets,
             gateway: gw,
             namespace: ns,
@@ -282,7 +283,11 @@ fn gw_layout(b: &Builder<'_>, gw: &OwnedGateway) -> GatewayLayout {
                 min_version: TlsVersion::Tls12,
                 // Per port: the same for every listener of the group.
                 client_auth: first.client_auth.clone(),
-                host_client_auth: Vec::new(),
+                // Per listener hostname: SweetySecurityPolicy client certificates.
+                host_client_auth: idx
+                    .iter()
+                    .filter_map(|i| gw.client_certs.get(i)?.entry.clone().ok())
+                    .collect(),
             });
             listener.http3 = gw.http3 && !udp_ports.contains(&port);
             if listener.http3 {

@@ -1,5 +1,6 @@
 //! Gateway API front end: GatewayClass, Gateway, HTTPRoute, GRPCRoute, TLSRoute, TCPRoute,
-//! UDPRoute, ReferenceGrant and BackendTLSPolicy into listeners, virtual hosts and statuses.
+//! UDPRoute, ReferenceGrant, BackendTLSPolicy and SweetySecurityPolicy into listeners,
+//! virtual hosts and statuses.
 //!
 //! Order of work: classes → policies → Gateways and their listeners → container ports
 //! (`addressing`) → routes attach to listeners and become routes/L4 routes → dataplane
@@ -8,7 +9,7 @@
 //!
 //! Modules: `model` (uniform route spec types), `classes`, `listeners`, `frontend` (client
 //! certificate validation), `listenersets`, `client_cert` (the Gateway's certificate towards backends), `attach`, `refgrant`,
-//! `policy`, `backend` (backendRef resolution), `http` (HTTPRoute rules), `grpc` (GRPCRoute
+//! `policy`, `security` (SweetySecurityPolicy), `backend` (backendRef resolution), `http` (HTTPRoute rules), `grpc` (GRPCRoute
 //! matches), `l4` (TLS/TCP/UDP routes), `routes` (attachment and route status), `emit`
 //! (dataplane listeners, virtual hosts, Gateway status), `capture` (what one route adds),
 //! `vhost_cache` (the per-virtual-host memo of `translate_incremental`).
@@ -29,15 +30,18 @@ mod model;
 mod policy;
 mod refgrant;
 mod routes;
+mod security;
 mod tls_secret;
 pub(crate) mod vhost_cache;
 
+pub use security::services as security_services;
 pub use vhost_cache::{Changes, VhostMemo};
 
 use super::addressing::Allocation;
 use super::Builder;
 use listeners::ValidatedListener;
 use policy::Policies;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use sweety_gateway_api::gateways::Gateway;
 
@@ -67,13 +71,15 @@ pub struct OwnedGateway {
     pub listener_sets: Vec<listenersets::AttachedListenerSet>,
     /// `spec.tls.backend.clientCertificateRef`, resolved (Err: why not, for `ResolvedRefs`).
     pub backend_client_cert: Result<Option<client_cert::ClientCert>, listeners::Problem>,
+    /// Client certificates SweetySecurityPolicies ask for, by listener index.
+    pub client_certs: BTreeMap<usize, security::ListenerCert>,
 }
 
 /// What the Gateway API front end derives from every object but the routes.
 pub struct World {
     /// Our Gateways, listeners validated and container ports allocated (nothing attached).
     pub gateways: Vec<OwnedGateway>,
-    /// Validated BackendTLSPolicies (`used_by` empty).
+    /// Validated BackendTLSPolicies (`used_by` empty) and SweetySecurityPolicies.
     pub policies: Policies,
     /// Container port of every Gateway listener port, by index in `gateways`.
     pub allocation: Allocation,
@@ -83,8 +89,9 @@ pub struct World {
 /// they do not depend on routes).
 pub fn world(b: &mut Builder<'_>) -> World {
     let classes = classes::translate(b);
-    let policies = policy::collect(b);
+    let mut policies = policy::collect(b);
     let mut gateways = emit::gateways(b, &classes);
+    policies.security = security::collect(b, &mut gateways);
     let allocation = emit::allocate(b, &mut gateways);
     World {
         gateways,
@@ -104,4 +111,5 @@ pub fn translate(b: &mut Builder<'_>) {
     routes::translate(b, &mut gateways, &mut policies, &mut out);
     emit::emit(b, &gateways, &allocation, out);
     policy::statuses(b, &policies);
+    security::statuses(b, &policies.security, &gateways);
 }

@@ -33,6 +33,8 @@ pub struct Policies {
     targets: BTreeMap<(String, String), Vec<Target>>,
     /// policy → Gateways (namespace, name) whose routes use a targeted Service.
     pub used_by: BTreeMap<(String, String), BTreeSet<(String, String)>>,
+    /// The SweetySecurityPolicies (`super::security`).
+    pub security: super::security::SecurityPolicies,
 }
 
 impl Policies {

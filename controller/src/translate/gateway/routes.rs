@@ -8,7 +8,7 @@ use super::l4;
 use super::listeners::{RouteKind, GROUP};
 use super::model::{self, GrpcRuleSpec, HttpRuleSpec, L4RuleSpec, ParentRefSpec, RouteSpec};
 use super::policy::Policies;
-use super::{grpc, OwnedGateway};
+use super::{grpc, security, OwnedGateway};
 use crate::translate::status::{
     Condition, ObjectKey, ObjectStatus, ParentRef, RouteParentStatus, RouteStatus,
 };
@@ -147,6 +147,13 @@ pub(super) fn route(
     let rules = translate_rules(b, policies, kind, &ns, &name, spec);
     let scratch = std::mem::replace(&mut b.backends, kept);
     let all_unsupported = !rules.rules.is_empty() && rules.unsupported.len() == rules.rules.len();
+    // The rule names, when a SweetySecurityPolicy may target one (`sectionName`).
+    let rule_names = if kind == RouteKind::Http && policies.security.targets_route(&ns, &name) {
+        security::rule_names(spec)
+    } else {
+        Vec::new()
+    };
+    let http_route = (kind == RouteKind::Http).then_some((ns.as_str(), name.as_str()));
     let mut statuses = Vec::new();
     let mut attached_to: BTreeSet<(usize, usize)> = BTreeSet::new();
     let mut used_gateways: BTreeSet<(String, String)> = BTreeSet::new();
@@ -244,13 +251,18 @@ pub(super) fn route(
             for (i, rule) in rules.rules.iter().enumerate() {
                 let key = (created.clone(), ns.clone(), name.clone(), i);
                 match rule {
-                    Rule::Http(r) if !r.dropped => out.http.push(HttpEntry {
-                        gw: *g,
-                        listener: l,
-                        hostnames: hostnames.clone(),
-                        key,
-                        route: r.route.clone(),
-                    }),
+                    Rule::Http(r) if !r.dropped => {
+                        let mut route = r.route.clone();
+                        let rule = rule_names.get(i).and_then(Option::as_deref);
+                        policies.security.apply(gw, l, http_route, rule, &mut route);
+                        out.http.push(HttpEntry {
+                            gw: *g,
+                            listener: l,
+                            hostnames: hostnames.clone(),
+                            key,
+                            route,
+                        })
+                    }
                     Rule::L4(Some(r)) => {
                         let mut r = r.clone();
                         if kind == RouteKind::Tls {

@@ -28,7 +28,7 @@ use super::capture::{self, Object};
 use super::emit::{self, GatewayLayout, PortL4Route};
 use super::listeners::RouteKind;
 use super::routes::{self, Collected, SortKey};
-use super::{policy, World};
+use super::{policy, security, World};
 use crate::config_items::Item;
 use crate::translate::snapshot::{RouteChanges, RouteObject};
 use crate::translate::status::{ObjectKey, ObjectStatus};
@@ -136,6 +136,8 @@ pub struct VhostMemo {
     used_by: BTreeMap<(String, String), BTreeMap<(String, String), usize>>,
     /// Keys of the BackendTLSPolicy statuses last written.
     policy_keys: BTreeSet<ObjectKey>,
+    /// Keys of the SweetySecurityPolicy statuses last written.
+    security_keys: BTreeSet<ObjectKey>,
     epoch: u64,
     /// The emitted Gateway listeners, by name.
     pub listeners: BTreeMap<String, Item<Listener>>,
@@ -203,6 +205,8 @@ struct Dirty {
     l4: BTreeSet<(usize, usize)>,
     gateways: BTreeSet<usize>,
     policies: bool,
+    /// A route object came or went (SweetySecurityPolicy statuses read the routes).
+    routes: bool,
 }
 
 impl VhostMemo {
@@ -247,6 +251,7 @@ impl VhostMemo {
             backend_refs: BTreeMap::new(),
             used_by: BTreeMap::new(),
             policy_keys: BTreeSet::new(),
+            security_keys: BTreeSet::new(),
             epoch: 0,
             listeners,
             virtual_hosts: BTreeMap::new(),
@@ -419,6 +424,7 @@ impl VhostMemo {
         if self.ids.contains_key(&id) {
             return Err(Unsupported::DuplicateRoute);
         }
+        dirty.routes = true;
         let mut out = Collected::default();
         let (fx, services) = capture::capture(
             b,
@@ -535,6 +541,7 @@ impl VhostMemo {
             return;
         };
         self.ids.remove(&m.id);
+        dirty.routes = true;
         for (g, l) in m.attached {
             self.world.gateways[g].listeners[l].attached -= 1;
             dirty.gateways.insert(g);
@@ -652,6 +659,20 @@ impl VhostMemo {
                 .statuses
                 .keys()
                 .filter(|k| k.kind == POLICY_KIND)
+                .cloned()
+                .collect();
+        }
+        // SweetySecurityPolicy statuses read the world and the route objects (parents, rule
+        // names): written again on the first sync and whenever a route object came or went.
+        if first || (dirty.routes && !self.world.policies.security.is_empty()) {
+            for key in std::mem::take(&mut self.security_keys) {
+                changes.statuses.push((key, None));
+            }
+            security::statuses(b, &self.world.policies.security, &self.world.gateways);
+            self.security_keys = b
+                .statuses
+                .keys()
+                .filter(|k| k.kind == security::KIND)
                 .cloned()
                 .collect();
         }

@@ -65,7 +65,7 @@
 //! ([`sweety_config::ext_auth`]; the dataplane's `ext_auth` sends the subrequest) whose
 //! addresses are restricted like an ExternalName's (`restrict_addresses`; an address literal
 //! the policy refuses is refused here already). A URL or setting that cannot be honoured
-//! (nginx variables in `auth-url`, an unknown variable in `auth-signin`, a framing header in
+//! (nginx variables in `auth-url` other than `$host`, which is the rule's host, an unknown variable in `auth-signin`, a framing header in
 //! `auth-response-headers`, …) fails closed: every path answers 503 with the reason
 //! (`AuthInvalid`), whatever `ignore_unsupported_security_annotations` says. The settings
 //! without `auth-url` are ignored, as in ingress-nginx; `auth-cache-*` and `auth-keepalive*`
@@ -325,7 +325,7 @@ pub const ANNOTATIONS: &[AnnotationSpec] = &[
     spec("use-regex", Differently, "case-insensitive and anchored at the start like nginx's `~*` locations (RE2 syntax, Rust `regex`); as in ingress-nginx every other path of the host becomes a case-insensitive regex too (an `Exact` path stays exact, ignoring case; nginx makes it a start-anchored regex)", "true"),
     spec("ssl-redirect", Support::Honoured, "on by default for hosts with TLS; `/.well-known/acme-challenge` is never redirected", "false"),
     spec("force-ssl-redirect", Differently, "also redirects hosts without TLS here", "true"),
-    spec("proxy-read-timeout", Support::Honoured, "nginx's idle time between two reads from the backend: until the response head (504), then between two body chunks (the response is aborted); at most 86400; unset or invalid: the class's SweetyProxyConfig `ingress.proxyReadTimeout`, else 60 as ingress-nginx", "60"),
+    spec("proxy-read-timeout", Support::Honoured, "nginx's idle time between two reads from the backend: until the response head (504), then between two body chunks (the response is aborted); a WebSocket of the path is closed after that long with no byte either way (nginx: no byte from the backend); at most 86400; unset or invalid: the class's SweetyProxyConfig `ingress.proxyReadTimeout`, else 60 as ingress-nginx", "60"),
     spec("proxy-send-timeout", Support::Honoured, "nginx's idle time between two writes of the request to the backend (504); at most 86400; unset or invalid: the class's `ingress.proxySendTimeout`, else 60 as ingress-nginx", "60"),
     spec("proxy-connect-timeout", Support::Honoured, "the connect timeout alone (504); at most 86400; unset or invalid: the class's `ingress.proxyConnectTimeout`, else the backend's (5 s, as ingress-nginx)", "5"),
     spec("limit-rps", Support::Honoured, "per client IP; answers 503 as nginx, or the class's SweetyProxyConfig `ingress.limitReqStatusCode` (ingress-nginx's `limit-req-status-code`)", "10"),
@@ -339,7 +339,7 @@ pub const ANNOTATIONS: &[AnnotationSpec] = &[
     spec("auth-secret", Differently, "the Ingress's own namespace only; htpasswd bcrypt, `$apr1$` and `{SHA}` entries (others are refused one by one)", "basic-auth"),
     spec("auth-secret-type", Support::Honoured, "`auth-file` or `auth-map`", "auth-file"),
     spec("auth-realm", Support::Honoured, "", "Staff"),
-    spec("auth-url", Differently, "a subrequest as ingress-nginx sends it (original method and headers, no body); nginx variables (`$host`) are not supported (fails closed, 503); loopback, link-local, metadata and the dataplane's own addresses are refused (500); `https` is verified against the public CAs; 5 s timeout; a service that cannot be asked answers 500", "http://auth.example/verify"),
+    spec("auth-url", Differently, "a subrequest as ingress-nginx sends it (original method and headers, no body); `$host`, `$http_host` and `$best_http_host` are the rule's host (no port; a rule without a host or with a wildcard host fails closed, 503), other nginx variables fail closed (503); loopback, link-local, metadata and the dataplane's own addresses are refused (500); `https` is verified against the public CAs; 5 s timeout; a service that cannot be asked answers 500", "http://auth.example/verify"),
     spec("auth-signin", Differently, "a 302 with the original URL in `rd` as ingress-nginx adds it; variables: `$host`, `$http_host`, `$best_http_host`, `$scheme`, `$pass_access_scheme`, `$request_uri`, `$escaped_request_uri` only (others fail closed, 503)", "https://auth.example/start"),
     spec("auth-signin-redirect-param", Support::Honoured, "", "next"),
     spec("auth-method", Support::Honoured, "", "GET"),
@@ -627,6 +627,26 @@ pub fn auth_secret_ref(value: &str, namespace: &str) -> Result<String, String> {
         ));
     }
     Ok(name.to_string())
+}
+
+/// The annotations that name a Secret of the Ingress's namespace.
+pub const SECRET_ANNOTATIONS: [&str; 3] = ["auth-secret", "auth-tls-secret", "proxy-ssl-secret"];
+
+/// The Secrets (names in the Ingress's namespace `namespace`) that the Ingress's
+/// [`SECRET_ANNOTATIONS`] name, each once, in annotation order; a value that names no Secret of
+/// the namespace ([`auth_secret_ref`]) names none (the translator reports it). The watch keeps
+/// these Secrets in the snapshot and `migrate-report` reads them.
+pub fn secret_refs(annotations: Option<&BTreeMap<String, String>>, namespace: &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for a in SECRET_ANNOTATIONS {
+        let value = annotations.and_then(|m| m.get(&format!("{PREFIX}{a}")));
+        if let Some(Ok(name)) = value.map(|v| auth_secret_ref(v, namespace)) {
+            if !out.contains(&name) {
+                out.push(name);
+            }
+        }
+    }
+    out
 }
 
 /// The Secret an annotation (`auth-secret`, `auth-tls-secret`, `proxy-ssl-secret`) names, with
@@ -1121,16 +1141,23 @@ fn refused_auth_host(host: &str) -> Option<&'static str> {
 /// The `external_auth` filter of `auth-url` and its settings, or why it cannot be made (fails
 /// closed). The URL is a tenant's: the filter restricts the addresses it may reach.
 fn external_auth<'a>(get: &impl Fn(&str) -> Option<&'a str>) -> Result<ExternalAuth, String> {
-    let url = get("auth-url").unwrap_or("").trim();
-    let parsed = sweety_config::ext_auth::parse_auth_url(url)
-        .map_err(|e| format!("{PREFIX}auth-url {:?} {e}", truncate(url)))?;
+    let template = get("auth-url").unwrap_or("").trim();
+    // `$host` (the oauth2-proxy pattern): checked here with a stand-in host, expanded per rule
+    // host by `apply` ([`auth_url_for_host`]).
+    let url = if auth_url_names_host(template)? {
+        expand_auth_url(template, AUTH_URL_PROBE_HOST)
+    } else {
+        template.to_string()
+    };
+    let parsed = sweety_config::ext_auth::parse_auth_url(&url)
+        .map_err(|e| format!("{PREFIX}auth-url {:?} {e}", truncate(template)))?;
     if let Some(why) = refused_auth_host(&parsed.host) {
         return Err(format!(
             "{PREFIX}auth-url {:?} names {why}, which an auth service of a tenant may not be",
-            truncate(url)
+            truncate(template)
         ));
     }
-    let mut f = ExternalAuth::new(url);
+    let mut f = ExternalAuth::new(&url);
     f.restrict_addresses = true;
     f.method = get("auth-method").map(|m| m.trim().to_string());
     f.signin = get("auth-signin").map(|s| s.trim().to_string());
@@ -1166,7 +1193,85 @@ fn external_auth<'a>(get: &impl Fn(&str) -> Option<&'a str>) -> Result<ExternalA
             .collect::<Vec<_>>()
             .join("; "));
     }
+    f.url = template.to_string();
     Ok(f)
+}
+
+/// The nginx variables `auth-url` may name: the host of the rule being served (nginx's `$host`;
+/// `$http_host` and `$best_http_host` are the same here: the rule's host, without a port).
+const AUTH_URL_HOST_VARS: [&str; 3] = ["host", "http_host", "best_http_host"];
+/// The stand-in host `external_auth` checks a `$host` auth URL with (a reserved name).
+const AUTH_URL_PROBE_HOST: &str = "auth-url-host.invalid";
+
+/// The `$name`s of an auth URL, in order (`$` then `[A-Za-z0-9_]*`).
+fn auth_url_vars(url: &str) -> impl Iterator<Item = (usize, &str)> {
+    url.match_indices('$').map(move |(i, _)| {
+        let rest = &url[i + 1..];
+        let len = rest
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(rest.len());
+        (i, &rest[..len])
+    })
+}
+
+/// Whether `auth-url` names the rule's host ([`AUTH_URL_HOST_VARS`]); any other variable is
+/// refused, naming it.
+fn auth_url_names_host(url: &str) -> Result<bool, String> {
+    let mut any = false;
+    for (_, name) in auth_url_vars(url) {
+        if !AUTH_URL_HOST_VARS.contains(&name) {
+            return Err(format!(
+                "{PREFIX}auth-url {:?} uses the nginx variable ${name}; only $host, $http_host \
+                 and $best_http_host (the rule's host) are supported in the auth URL",
+                truncate(url)
+            ));
+        }
+        any = true;
+    }
+    Ok(any)
+}
+
+/// `url` with every [`AUTH_URL_HOST_VARS`] variable replaced by `host`.
+fn expand_auth_url(url: &str, host: &str) -> String {
+    let mut out = String::with_capacity(url.len() + host.len());
+    let mut last = 0;
+    for (i, name) in auth_url_vars(url) {
+        out.push_str(&url[last..i]);
+        out.push_str(host);
+        last = i + 1 + name.len();
+    }
+    out.push_str(&url[last..]);
+    out
+}
+
+/// The `external_auth` filter `f` for a rule of host `host`: `f` itself when its URL names no
+/// variable, else with `$host` expanded, the result checked as `auth-url` is; a rule without a
+/// host or with a wildcard host has no host to ask (fails closed).
+fn auth_url_for_host(f: &ExternalAuth, host: &str) -> Result<ExternalAuth, String> {
+    if !f.url.contains('$') {
+        return Ok(f.clone());
+    }
+    if host.is_empty() || host.starts_with('*') {
+        return Err(format!(
+            "{PREFIX}auth-url {:?} names the request's host, and a rule {} has none to ask",
+            truncate(&f.url),
+            if host.is_empty() {
+                "without a host".to_string()
+            } else {
+                format!("of the wildcard host {host:?}")
+            }
+        ));
+    }
+    let url = expand_auth_url(&f.url, host);
+    let parsed = sweety_config::ext_auth::parse_auth_url(&url)
+        .map_err(|e| format!("{PREFIX}auth-url {:?} {e}", truncate(&url)))?;
+    if let Some(why) = refused_auth_host(&parsed.host) {
+        return Err(format!(
+            "{PREFIX}auth-url {:?} names {why}, which an auth service of a tenant may not be",
+            truncate(&url)
+        ));
+    }
+    Ok(ExternalAuth { url, ..f.clone() })
 }
 
 /// Most `server-alias` names taken per Ingress.
@@ -1980,8 +2085,9 @@ impl Annotations {
         }
     }
 
-    /// Apply IP lists, rate limits, rewrite, CORS, redirect and timeout to one path's route.
-    pub(crate) fn apply(&self, route: &mut Route, report: &mut Report) {
+    /// Apply IP lists, rate limits, rewrite, CORS, redirect and timeout to one path's route of
+    /// a rule of `host` (empty: a rule without a host).
+    pub(crate) fn apply(&self, route: &mut Route, host: &str, report: &mut Report) {
         if let Some(a) = &self.ip_access {
             route.filters.push(Filter::IpAccess(a.clone()));
         }
@@ -1995,7 +2101,22 @@ impl Annotations {
             route.filters.push(Filter::BasicAuth(b.clone()));
         }
         if let Some(e) = &self.external_auth {
-            route.filters.push(Filter::ExternalAuth(e.clone()));
+            match auth_url_for_host(e, host) {
+                Ok(f) => route.filters.push(Filter::ExternalAuth(f)),
+                Err(why) => {
+                    report.warn(
+                        "AuthInvalid",
+                        format!("external authentication: {why}; the rule's paths answer 503"),
+                    );
+                    let body = format!(
+                        "{} is refused: its authentication cannot be set up ({why}); refusing \
+                         rather than serving unprotected\n",
+                        route.name
+                    );
+                    super::refuse_route(route, body);
+                    return;
+                }
+            }
         }
         if let Some(target) = &self.rewrite_target {
             let m = route.matches.first_mut().and_then(|m| m.path.as_mut());
@@ -3142,6 +3263,77 @@ mod tests {
             } else {
                 panic!("the annotation table of {} is stale: SWEETY_BLESS=1 cargo test -p sweety-controller the_docs_table", path.display());
             }
+        }
+    }
+
+    #[test]
+    fn auth_url_host_variables() {
+        let ok = |u: &str| auth_url_names_host(u).unwrap();
+        assert!(!ok("http://auth.example/verify"));
+        assert!(ok("https://$host/oauth2/auth"));
+        assert!(ok("https://$best_http_host:8443/a?h=$http_host"));
+        assert_eq!(
+            expand_auth_url("https://$best_http_host:8443/a?h=$http_host", "app.example"),
+            "https://app.example:8443/a?h=app.example"
+        );
+        for bad in [
+            "http://$hostname/check",
+            "http://auth.example/?u=$request_uri",
+            "http://$/x",
+            "http://$host$remote_addr/",
+        ] {
+            let e = auth_url_names_host(bad).unwrap_err();
+            assert!(e.contains("only $host"), "{bad}: {e}");
+        }
+        let f = ExternalAuth::new("https://$host/oauth2/auth");
+        assert_eq!(
+            auth_url_for_host(&f, "app.example").unwrap().url,
+            "https://app.example/oauth2/auth"
+        );
+        for host in ["", "*.example.com"] {
+            assert!(auth_url_for_host(&f, host)
+                .unwrap_err()
+                .contains("has none to ask"));
+        }
+        // The expanded URL is checked as auth-url is: a host that is an internal address is
+        // refused.
+        assert!(auth_url_for_host(&f, "127.0.0.1")
+            .unwrap_err()
+            .contains("may not be"));
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
+        /// Without `$` nothing is a variable and nothing changes; with only the host variables
+        /// between literal parts, the expansion is those parts joined by the host and names no
+        /// variable any more.
+        #[test]
+        fn auth_url_expansion(
+            parts in proptest::collection::vec("[^$]{0,12}", 1..5),
+            vars in proptest::collection::vec(0usize..3, 4),
+            host in "[a-z0-9.-]{1,20}",
+        ) {
+            let plain = parts.concat();
+            proptest::prop_assert_eq!(auth_url_names_host(&plain), Ok(false));
+            proptest::prop_assert_eq!(expand_auth_url(&plain, &host), plain.clone());
+            // A variable name ends at the first character that is not [A-Za-z0-9_].
+            let mut template = String::new();
+            let mut want = String::new();
+            for (i, p) in parts.iter().enumerate() {
+                if i > 0 {
+                    template.push('$');
+                    template.push_str(AUTH_URL_HOST_VARS[vars[i - 1]]);
+                    template.push('/');
+                    want.push_str(&host);
+                    want.push('/');
+                }
+                template.push_str(p);
+                want.push_str(p);
+            }
+            proptest::prop_assert_eq!(auth_url_names_host(&template), Ok(parts.len() > 1));
+            let got = expand_auth_url(&template, &host);
+            proptest::prop_assert_eq!(&got, &want);
+            proptest::prop_assert!(!got.contains('$'));
         }
     }
 
