@@ -427,7 +427,18 @@ fn settings(b: &Builder<'_>, ns: &str, p: &SweetySecurityPolicy) -> Result<Setti
             ));
         }
         if !parsed.rejected.is_empty() {
-            let lines: Vec<String> = parsed.rejected.iter().map(|r| r.line.to_string()).collect();
+            // Bounded: a Secret of a million bad lines must not make a status the apiserver
+            // refuses.
+            let max = crate::translate::ingress::nginx::MAX_REJECTED_REPORTED;
+            let mut lines: Vec<String> = parsed
+                .rejected
+                .iter()
+                .take(max)
+                .map(|r| r.line.to_string())
+                .collect();
+            if parsed.rejected.len() > max {
+                lines.push(format!("and {} more", parsed.rejected.len() - max));
+            }
             s.notes.push(format!(
                 "basicAuth: htpasswd lines {} refused (only bcrypt, $apr1$ and {{SHA}}); those \
                  users cannot log in",
