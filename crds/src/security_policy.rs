@@ -191,6 +191,10 @@ pub struct ClientCertificate {
 /// Client address rules.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {"rule": "(has(self.allow) && size(self.allow) > 0) || (has(self.deny) && size(self.deny) > 0)",
+     "message": "ipRules must list at least one address in allow or deny"}
+]))]
 pub struct IpRules {
     /// Only these CIDRs (or addresses) are served (403 otherwise); empty: every address not
     /// denied.

@@ -78,7 +78,11 @@ fn crds_install_and_cel_rules_reject_bad_input() {
         let (ok, out) = kubectl(&["apply", "--server-side", "-f", "-"], Some(&text));
         assert!(ok, "{name} did not install: {out}");
     }
-    for crd in ["sweetysites.sweety.dev", "sweetyproxyconfigs.sweety.dev"] {
+    for crd in [
+        "sweetysites.sweety.dev",
+        "sweetyproxyconfigs.sweety.dev",
+        "sweetysecuritypolicies.sweety.dev",
+    ] {
         let (ok, out) = kubectl(
             &[
                 "wait",
@@ -176,6 +180,32 @@ fn crds_install_and_cel_rules_reject_bad_input() {
         if ok || !out.contains(want) {
             failures.push(format!(
                 "spec {spec}: expected rejection with {want:?}, got: {out}"
+            ));
+        }
+    }
+    let policy = |spec: &str| {
+        format!("apiVersion: sweety.dev/v1alpha1\nkind: SweetySecurityPolicy\nmetadata: {{name: sp, namespace: {NS}}}\nspec: {{targetRefs: [{{group: gateway.networking.k8s.io, kind: HTTPRoute, name: r}}], {spec}}}\n")
+    };
+    let (ok, out) = kubectl(
+        &["apply", "-f", "-"],
+        Some(&policy("ipRules: {deny: [192.0.2.0/24]}")),
+    );
+    assert!(
+        ok,
+        "a SweetySecurityPolicy with ipRules was rejected: {out}"
+    );
+    for (spec, want) in [
+        // The dataplane would refuse a config with it (the translator refuses it too).
+        ("ipRules: {}", "ipRules must list at least one address"),
+        (
+            "ipRules: {allow: []}",
+            "ipRules must list at least one address",
+        ),
+    ] {
+        let (ok, out) = kubectl(&["apply", "-f", "-"], Some(&policy(spec)));
+        if ok || !out.contains(want) {
+            failures.push(format!(
+                "policy {spec}: expected rejection with {want:?}, got: {out}"
             ));
         }
     }

@@ -54,6 +54,9 @@ struct RunArgs {
     /// Worker threads (default: one per CPU; with one, a single-threaded runtime).
     #[arg(long, env = "SWEETY_WORKERS")]
     workers: Option<usize>,
+    /// Keep the pages of code and constants mapped at startup (see `release_startup_code`).
+    #[arg(long, env = "SWEETY_KEEP_STARTUP_PAGES")]
+    keep_startup_pages: bool,
     /// Set from the global `--control-socket`.
     #[arg(skip)]
     control_socket: Option<PathBuf>,
@@ -83,6 +86,73 @@ fn purge_freed_memory_promptly() {
             libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 0);
         }
     }
+}
+
+/// Unmaps the pages of the executable's code and constants that startup brought in, once the
+/// first config serves; returns the bytes of the ranges released. Most of an idle dataplane's
+/// RSS is not heap but these file pages (issue 23, docs/benchmarks.md "Idle RSS"): YAML
+/// parsing, validation, the router and TLS set-up run once, and the kernel maps 64 KiB
+/// around every page they touch. Released, they stay in the page cache: what the requests use
+/// is mapped again at its first use (a minor fault each, once), the rest no longer counts.
+///
+/// Only mappings of the executable that cannot be written and hold no anonymous (private,
+/// modified) page are released: their pages are the file's, so a later access reads the same
+/// bytes. The relocated read-only data (RELRO) holds anonymous pages and is left alone.
+#[allow(unsafe_code)] // the workspace's second `unsafe` in shipped code: the proof is inside
+fn release_startup_code() -> usize {
+    let Ok(exe) = std::fs::read_link("/proc/self/exe") else {
+        return 0;
+    };
+    let Ok(smaps) = std::fs::read_to_string("/proc/self/smaps") else {
+        return 0;
+    };
+    let mut released = 0;
+    for (start, end) in releasable(&smaps, &exe.to_string_lossy()) {
+        // SAFETY: [start, end) is a whole mapping of this process (read from its smaps just
+        // now), of the executable file, without write permission and without an anonymous
+        // page: every page in it is the file's page-cache page, never modified. MADV_DONTNEED
+        // on a private file mapping only drops the page-table entries; the next access maps
+        // the same file page again, so no thread (one may run code in the range meanwhile)
+        // can observe a difference. Nothing can make the range writable between the read of
+        // smaps and this call: only this thread changes mappings here, and it does not.
+        let r =
+            unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED) };
+        if r == 0 {
+            released += end - start;
+        }
+    }
+    released
+}
+
+/// The `(start, end)` of the mappings in `smaps` (the text of /proc/self/smaps) of the file
+/// `exe` that are not writable and hold no anonymous page.
+fn releasable(smaps: &str, exe: &str) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    let mut current: Option<(usize, usize)> = None;
+    for line in smaps.lines() {
+        let mut fields = line.split_whitespace();
+        let first = fields.next().unwrap_or("");
+        if let Some((a, b)) = first.split_once('-') {
+            // A mapping's header: "start-end perms offset dev inode path".
+            current = None;
+            let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16))
+            else {
+                continue;
+            };
+            let perms = fields.next().unwrap_or("");
+            let path = fields.nth(3).unwrap_or("");
+            if path == exe && perms.starts_with('r') && perms.as_bytes().get(1) == Some(&b'-') {
+                current = Some((a, b));
+            }
+        } else if first == "Anonymous:" {
+            if let Some(range) = current.take() {
+                if fields.next() == Some("0") {
+                    out.push(range);
+                }
+            }
+        }
+    }
+    out
 }
 
 fn main() -> anyhow::Result<()> {
@@ -215,6 +285,12 @@ async fn serve(args: RunArgs) -> anyhow::Result<()> {
     }
 
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    if !args.keep_startup_pages {
+        // Once the tasks spawned above have started (the config watch's first look).
+        tokio::task::yield_now().await;
+        let released = release_startup_code();
+        tracing::debug!(kib = released / 1024, "startup code released");
+    }
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
@@ -271,5 +347,40 @@ async fn watch_file(runtime: Arc<Runtime>, path: PathBuf) {
                 tracing::error!("{e:#}; keeping the previous config");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::releasable;
+
+    #[test]
+    fn only_unwritable_mappings_of_the_executable_without_anonymous_pages_are_releasable() {
+        let smaps = "\
+55d000000000-55d000431000 r--p 00000000 fe:00 1234 /usr/bin/sweety-dataplane
+Size:               4292 kB
+Rss:                2048 kB
+Anonymous:             0 kB
+55d000431000-55d000e48000 r-xp 00431000 fe:00 1234 /usr/bin/sweety-dataplane
+Size:              10332 kB
+Anonymous:             0 kB
+55d000e48000-55d000ee2000 r--p 00e48000 fe:00 1234 /usr/bin/sweety-dataplane
+Size:                616 kB
+Anonymous:           616 kB
+55d000ee2000-55d000eea000 rw-p 00ee2000 fe:00 1234 /usr/bin/sweety-dataplane
+Anonymous:             0 kB
+7f0000000000-7f0000171000 r-xp 00028000 fe:00 99 /usr/lib/x86_64-linux-gnu/libc.so.6
+Anonymous:             0 kB
+7f1000000000-7f1000021000 rw-p 00000000 00:00 0
+Anonymous:           132 kB
+";
+        assert_eq!(
+            releasable(smaps, "/usr/bin/sweety-dataplane"),
+            vec![
+                (0x55d0_0000_0000, 0x55d0_0043_1000),
+                (0x55d0_0043_1000, 0x55d0_00e4_8000)
+            ]
+        );
+        assert!(releasable(smaps, "/other").is_empty());
     }
 }

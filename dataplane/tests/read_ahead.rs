@@ -8,9 +8,13 @@
 //!   `UNBUDGETED_CHUNK` per stream;
 //! * proxied responses: the bytes taken from backend connections and not yet released
 //!   (`proxy::held_bytes`) stay within one `limits.proxy_read_ahead` per stream (hyper's
-//!   read buffer of each backend connection is bounded by the same setting).
+//!   read buffer of each backend connection is bounded by the same setting);
+//! * an HTTP/2 (h2c) backend, to a client that also grants window only for what it read:
+//!   what the backend has produced and the client not yet received stays within the proxy's
+//!   upstream stream window (`limits.proxy_read_ahead`) and a few chunks per stream, plus the
+//!   output buffer and the client's window.
 //!
-//! * every test: the output an HTTP/2 connection buffers (`sweety_h2::peak_output_bytes`, the
+//! * the tests of a static or HTTP/1.1 body: the output an HTTP/2 connection buffers (`sweety_h2::peak_output_bytes`, the
 //!   largest of any ended connection) stays within `limits.http2_write_buffer` plus one frame.
 //!
 //! Counts, not timings; its own test binary, because the counts are process-wide. Bounded in
@@ -20,6 +24,7 @@ mod common;
 
 use common::h2 as raw2;
 use common::*;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use sweety_config::*;
 use sweety_dataplane::proxy::held_bytes;
@@ -129,8 +134,13 @@ async fn slow_download(h: &Harness, path: &str, held: fn() -> u64) -> (usize, u6
     (data, max_held)
 }
 
+/// Taken by the tests that proxy: [`held_bytes`] counts the chunks of every backend body in the
+/// process, so they run one at a time.
+static PROXYING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 #[tokio::test]
 async fn a_slow_h2_client_with_ten_streams_holds_one_proxy_read_ahead_per_stream() {
+    let _alone = PROXYING.lock().await;
     let body = bytes::Bytes::from(vec![9u8; FILE]);
     let backend_addr = spawn_http_backend(move |_req| {
         let body = body.clone();
@@ -155,4 +165,122 @@ async fn a_slow_h2_client_with_ten_streams_holds_one_proxy_read_ahead_per_stream
     );
     // Everything taken was released once sent.
     assert_eq!(held_bytes(), 0);
+}
+
+/// Bytes the h2c backend of [`a_slow_h2_client_of_an_h2c_backend_is_ahead_by_at_most_the_windows`]
+/// has produced (hyper's HTTP/2 server pulls a body's next chunk as send capacity opens).
+static PRODUCED: AtomicU64 = AtomicU64::new(0);
+/// The h2c backend's body chunk.
+const BACKEND_CHUNK: usize = 4 * 1024;
+/// The client's stream window (SETTINGS_INITIAL_WINDOW_SIZE); its connection window stays the
+/// default 65,535, re-opened by what it reads.
+const CLIENT_WINDOW: u32 = 16 * 1024;
+const CLIENT_CONN_WINDOW: u64 = 65_535;
+
+/// An HTTP/2 backend (`protocol: h2c`) answers ten streams of 1 MiB to a client that reads
+/// slowly and grants window only for what it read. The proxy's upstream stream window is
+/// `limits.proxy_read_ahead`, so what the chain has taken from the backend's bodies and not yet
+/// delivered stays within, per stream, that window, the chunks the proxy holds (at most two
+/// DATA frames of the backend, each at most `BACKEND_CHUNK`) and the two chunks hyper's server
+/// has in hand past its send capacity; plus, per connection, the HTTP/2 output buffer and
+/// the client's connection window. Without the window, hyper's client grants 2 MiB per stream
+/// and 5 MiB per connection: the backend sends megabytes ahead of the slow client.
+#[tokio::test]
+async fn a_slow_h2_client_of_an_h2c_backend_is_ahead_by_at_most_the_windows() {
+    let _alone = PROXYING.lock().await;
+    let backend_addr = spawn_backend(|s| async move {
+        let svc = hyper::service::service_fn(|_req: http::Request<hyper::body::Incoming>| {
+            let chunks = futures_util::stream::unfold(0usize, |sent| async move {
+                if sent >= FILE {
+                    return None;
+                }
+                PRODUCED.fetch_add(BACKEND_CHUNK as u64, Ordering::Relaxed);
+                let chunk = bytes::Bytes::from(vec![5u8; BACKEND_CHUNK]);
+                let frame = http_body::Frame::data(chunk);
+                Some((
+                    Ok::<_, std::convert::Infallible>(frame),
+                    sent + BACKEND_CHUNK,
+                ))
+            });
+            let body = http_body_util::StreamBody::new(chunks);
+            async move { Ok::<_, std::convert::Infallible>(http::Response::new(body)) }
+        });
+        let _ = hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .serve_connection(hyper_util::rt::TokioIo::new(s), svc)
+            .await;
+    })
+    .await;
+    let mut cfg = http_config(vec![vhost("v", &[], vec![proxy_route("up", "/", "b")])]);
+    cfg.backends = vec![Backend {
+        protocol: BackendProtocol::H2c,
+        ..backend("b", backend_addr)
+    }];
+    cfg.limits.proxy_read_ahead = PROXY_READ_AHEAD;
+    cfg.limits.http2_write_buffer = WRITE_BUFFER;
+    let h = Harness::start(cfg).await;
+
+    let addr = h.addr("web").await;
+    let (mut rd, mut wr) = raw2::open_from("127.0.0.1", addr, &[(0x4, CLIENT_WINDOW)]).await;
+    for i in 0..STREAMS {
+        let block = raw2::request_block("/big.bin");
+        let flags = raw2::END_STREAM | raw2::END_HEADERS;
+        wr.write_all(&raw2::frame(raw2::HEADERS, flags, 1 + 2 * i, &block))
+            .await
+            .unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let (mut data, mut ended, mut frames) = (0u64, 0u32, 0u64);
+    let mut max_ahead = 0u64;
+    while ended < STREAMS {
+        max_ahead = max_ahead.max(PRODUCED.load(Ordering::Relaxed) - data);
+        let ev = rd.next(deadline).await;
+        let raw2::Event::Frame(f) = ev else {
+            panic!("connection ended early: {ev:?} after {data} bytes");
+        };
+        frames += 1;
+        match f.ty {
+            raw2::SETTINGS if f.flags & raw2::ACK == 0 => {
+                wr.write_all(&raw2::frame(raw2::SETTINGS, raw2::ACK, 0, &[]))
+                    .await
+                    .unwrap();
+            }
+            raw2::HEADERS => assert_eq!(f.status, Some(200)),
+            raw2::DATA if !f.payload.is_empty() => {
+                data += f.payload.len() as u64;
+                // Re-open what was read: the connection's window, and the stream's unless
+                // it ended.
+                let n = (f.payload.len() as u32).to_be_bytes();
+                let mut grant = raw2::frame(raw2::WINDOW_UPDATE, 0, 0, &n);
+                if f.flags & raw2::END_STREAM == 0 {
+                    grant.extend(raw2::frame(raw2::WINDOW_UPDATE, 0, f.stream, &n));
+                }
+                wr.write_all(&grant).await.unwrap();
+            }
+            raw2::RST_STREAM | raw2::GOAWAY => panic!("stream reset: {f:?}"),
+            _ => {}
+        }
+        if f.ty == raw2::DATA && f.flags & raw2::END_STREAM != 0 {
+            ended += 1;
+        }
+        if frames % 16 == 0 {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+    assert_eq!(
+        data,
+        (FILE * STREAMS as usize) as u64,
+        "every response whole"
+    );
+    assert_eq!(PRODUCED.load(Ordering::Relaxed), data);
+    let per_stream = PROXY_READ_AHEAD as u64 + 4 * BACKEND_CHUNK as u64;
+    let bound = STREAMS as u64 * per_stream
+        + (WRITE_BUFFER as usize + ONE_FRAME) as u64
+        + CLIENT_CONN_WINDOW;
+    eprintln!("h2c backend: produced ahead of the slow client at most {max_ahead} (bound {bound})");
+    assert!(max_ahead > 0, "the count saw the responses");
+    assert!(
+        max_ahead <= bound,
+        "the backend produced {max_ahead} bytes ahead of the slow client, bound {bound} \
+         ({STREAMS} x {per_stream} + the output buffer + the client's window)"
+    );
 }

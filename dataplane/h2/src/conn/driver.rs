@@ -219,12 +219,8 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
     /// an idle keep-alive connection holds no more than that of each (they grow again with
     /// the next responses).
     pub(super) fn shrink_buffers(&mut self) {
-        if self.write_buf.is_empty() && self.write_buf.capacity() > IDLE_BUFFER {
-            self.write_buf = BytesMut::new();
-        }
-        if self.read_buf.is_empty() && self.read_buf.capacity() > IDLE_BUFFER {
-            self.read_buf = BytesMut::new();
-        }
+        shrink_idle(&mut self.write_buf);
+        shrink_idle(&mut self.read_buf);
     }
 
     pub(super) fn poll_read(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<usize>> {
@@ -699,5 +695,17 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
         for id in ids {
             self.drop_stream(id, "connection closed");
         }
+    }
+}
+
+/// Frees `buf` when it is empty and its allocation is larger than [`IDLE_BUFFER`]. Its
+/// `capacity()` alone does not tell: written or consumed bytes move the start of the buffer
+/// forward, so a drained 64 KiB output buffer may report a few bytes of capacity while it
+/// holds all 64 KiB. `try_reclaim` moves the start back when the allocation is this buffer's
+/// alone and answers whether it then has more than [`IDLE_BUFFER`] bytes: no copy (the buffer
+/// is empty) and no allocation.
+fn shrink_idle(buf: &mut BytesMut) {
+    if buf.is_empty() && buf.try_reclaim(IDLE_BUFFER + 1) {
+        *buf = BytesMut::new();
     }
 }
