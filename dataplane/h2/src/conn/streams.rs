@@ -196,7 +196,11 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
                 return self.reset_flood();
             }
         }
-        // A closed or finished stream's: nothing to do.
+        // A closed or finished stream's: nothing to do. If we had reset it, the frames the
+        // client sent before it saw that are behind it now: whatever comes after its own
+        // RST_STREAM it sent on a stream it knew closed, a STREAM_CLOSED error (RFC 9113 §5.1),
+        // no longer ignored.
+        self.forget_reset(head.stream);
         self.glitch()
     }
 
@@ -238,6 +242,13 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
             }
         }
         self.locally_reset.push_back(id);
+    }
+
+    /// Forgets that we reset `id` (its frames are no longer ignored).
+    pub(super) fn forget_reset(&mut self, id: u32) {
+        if self.locally_reset_set.remove(&id) {
+            self.locally_reset.retain(|r| *r != id);
+        }
     }
 
     /// Removes a stream: aborts its response, fails its request body, releases its window.

@@ -359,19 +359,28 @@ async fn hand_driver(
     Driver<tokio::io::DuplexStream, NotFound>,
     tokio::io::DuplexStream,
 ) {
+    hand_driver_serving(NotFound, edit, input).await
+}
+
+/// [`hand_driver`] serving `service`.
+async fn hand_driver_serving<S: H2Service>(
+    service: S,
+    edit: impl FnOnce(&mut Settings),
+    input: &[u8],
+) -> (Driver<tokio::io::DuplexStream, S>, tokio::io::DuplexStream) {
     let (mut c, server) = tokio::io::duplex(1);
     let (tx, stop) = tokio::sync::watch::channel(false);
     std::mem::forget(tx);
     let mut settings = settings();
     edit(&mut settings);
-    let mut d = Driver::new(server, NotFound, settings, stop);
+    let mut d = Driver::new(server, service, settings, stop);
     feed(&mut d, &mut c, input).await;
     (d, c)
 }
 
 /// Writes `input` through the one-byte pipe, polling the driver between the bytes.
-async fn feed(
-    d: &mut Driver<tokio::io::DuplexStream, NotFound>,
+async fn feed<S: H2Service>(
+    d: &mut Driver<tokio::io::DuplexStream, S>,
     c: &mut tokio::io::DuplexStream,
     mut input: &[u8],
 ) {
@@ -400,8 +409,8 @@ async fn feed(
 }
 
 /// What the driver has written: the byte in the pipe, then its buffer.
-fn written(
-    d: &Driver<tokio::io::DuplexStream, NotFound>,
+fn written<S: H2Service>(
+    d: &Driver<tokio::io::DuplexStream, S>,
     c: &mut tokio::io::DuplexStream,
 ) -> BytesMut {
     use tokio::io::AsyncRead;
@@ -1323,4 +1332,173 @@ async fn a_response_held_by_a_zero_window_is_reset_after_send_timeout() {
     assert!(!driver.is_finished());
     let log = log.lock().unwrap().clone();
     assert!(!log.iter().any(|l| l.starts_with("error")), "{log:?}");
+}
+
+/// The frames in `b`, in order.
+fn frames_of(mut b: BytesMut) -> Vec<(Head, Bytes)> {
+    let mut frames = Vec::new();
+    while let Some(f) = take_frame(&mut b) {
+        frames.push(f);
+    }
+    assert!(b.is_empty(), "whole frames only: {} bytes left", b.len());
+    frames
+}
+
+/// The frames of stream `id` in `frames` as (type, END_STREAM, RST_STREAM's error code),
+/// and whether a PING ACK follows the last of them.
+fn stream_frames(frames: &[(Head, Bytes)], id: u32) -> (Vec<(u8, bool, Option<Reason>)>, bool) {
+    let mut on_id = Vec::new();
+    let mut ping_after = false;
+    for (h, p) in frames {
+        if h.stream == id {
+            let code = (h.kind == kind::RST_STREAM)
+                .then(|| Reason(u32::from_be_bytes([p[0], p[1], p[2], p[3]])));
+            on_id.push((h.kind, h.has(flag::END_STREAM), code));
+            ping_after = false;
+        } else if h.kind == kind::PING && h.has(flag::ACK) {
+            ping_after = true;
+        }
+    }
+    (on_id, ping_after)
+}
+
+/// A 30-byte response body that tells its owner when it is dropped (the sender's drop).
+struct Guarded {
+    body: Body,
+    _dropped: tokio::sync::oneshot::Sender<()>,
+}
+
+impl http_body::Body for Guarded {
+    type Data = Bytes;
+    type Error = crate::BoxError;
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, crate::BoxError>>> {
+        Pin::new(&mut self.get_mut().body).poll_frame(cx)
+    }
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// Answers its one request (head and a [`Guarded`] body) only once `gate` is released, as
+/// a proxied backend answers later: the response is made in the request's own task.
+struct Gated {
+    gate: Option<tokio::sync::oneshot::Receiver<()>>,
+    dropped: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl H2Service for Gated {
+    type Head = crate::NoHead;
+    type Future = Pin<Box<dyn Future<Output = (Response<Body>, Option<crate::NoHead>)> + Send>>;
+
+    fn call(&mut self, _request: Request<Body>, _now: Instant) -> Self::Future {
+        let gate = self.gate.take().expect("one request");
+        let body = Guarded {
+            body: full(Bytes::from_static(b"hello from the h2spec backend\n")),
+            _dropped: self.dropped.take().expect("one request"),
+        };
+        Box::pin(async move {
+            let _ = gate.await;
+            (Response::new(crate::boxed(body)), None)
+        })
+    }
+
+    fn limit_hit(&self, _what: &'static str) {}
+
+    fn connection_error(&self, _reason: Reason, _why: &'static str) {}
+}
+
+/// h2spec http2/5.1/8 when the client's RST_STREAM comes before the response: HEADERS
+/// without END_STREAM, RST_STREAM(CANCEL), the response released only then, then DATA.
+/// Nothing of the response is written on the reset stream (the request's task is aborted
+/// and its body dropped), the stream's state and window are gone, and the late DATA gets
+/// RST_STREAM(STREAM_CLOSED) (RFC 9113 §5.1: frames after the peer's RST_STREAM).
+#[tokio::test]
+async fn a_response_released_after_the_clients_reset_is_never_written() {
+    let (gate_tx, gate) = tokio::sync::oneshot::channel();
+    let (dropped, mut dropped_rx) = tokio::sync::oneshot::channel();
+    let service = Gated {
+        gate: Some(gate),
+        dropped: Some(dropped),
+    };
+    let mut input = hello();
+    input.extend_from_slice(&request(1, false));
+    let (mut d, mut c) = hand_driver_serving(service, |_| {}, &input).await;
+    assert!(
+        matches!(d.streams.get(&1).map(|s| &s.resp), Some(Resp::Running(_))),
+        "the response waits for the gate"
+    );
+    let mut rst = BytesMut::new();
+    frame::put_rst(&mut rst, 1, Reason::CANCEL);
+    feed(&mut d, &mut c, &rst).await;
+    assert!(d.streams.is_empty() && d.queue.is_empty() && d.blocked.is_empty());
+    // The service answers now (its task may already be gone: then the gate is not heard).
+    let _ = gate_tx.send(());
+    let dropped = tokio::time::timeout(Duration::from_secs(10), &mut dropped_rx).await;
+    assert!(
+        matches!(dropped, Ok(Err(_))),
+        "the response body is dropped unsent"
+    );
+    let mut late = BytesMut::new();
+    frame::put_data(&mut late, 1, b"test", true);
+    frame::put_ping(&mut late, *b"h2spec!!");
+    feed(&mut d, &mut c, &late).await;
+    let mut cx = Context::from_waker(Waker::noop());
+    assert!(d.poll(&mut cx).is_pending());
+    let (on_1, ping_after) = stream_frames(&frames_of(written(&d, &mut c)), 1);
+    assert_eq!(
+        on_1,
+        [(kind::RST_STREAM, false, Some(Reason::STREAM_CLOSED))],
+        "no HEADERS or DATA on the reset stream; its late DATA is an error"
+    );
+    assert!(ping_after, "the connection goes on");
+    assert!(d.streams.is_empty() && d.closing.is_none());
+    // Every byte the client sent is credited back to the connection.
+    assert_eq!(
+        d.conn_recv_window + d.conn_release as i64,
+        settings().conn_window as i64
+    );
+}
+
+/// h2spec http2/5.1/8 when the response comes first (CI, TLS, loaded machine): the request
+/// is answered before its body ended and the body is not wanted, so the stream is reset
+/// with NO_ERROR (RFC 9113 §8.1); the client, which had not seen that, sends
+/// RST_STREAM(CANCEL), then DATA. Frames the client sent before it saw our reset are
+/// ignored, but after its own RST_STREAM it may send none (RFC 9113 §5.1): the DATA gets
+/// RST_STREAM(STREAM_CLOSED), not silence.
+#[tokio::test]
+async fn frames_after_the_clients_own_reset_of_a_stream_we_reset_are_errors() {
+    let mut input = hello();
+    input.extend_from_slice(&request(1, false));
+    let (mut d, mut c) = hand_driver(|_| {}, &input).await;
+    assert!(d.locally_reset_set.contains(&1), "answered and reset");
+    let mut late = BytesMut::new();
+    frame::put_rst(&mut late, 1, Reason::CANCEL);
+    frame::put_data(&mut late, 1, b"test", true);
+    frame::put_ping(&mut late, *b"h2spec!!");
+    feed(&mut d, &mut c, &late).await;
+    let mut cx = Context::from_waker(Waker::noop());
+    assert!(d.poll(&mut cx).is_pending());
+    let (on_1, ping_after) = stream_frames(&frames_of(written(&d, &mut c)), 1);
+    assert_eq!(
+        on_1,
+        [
+            (kind::HEADERS, false, None),
+            (kind::DATA, true, None),
+            (kind::RST_STREAM, false, Some(Reason::NO_ERROR)),
+            (kind::RST_STREAM, false, Some(Reason::STREAM_CLOSED)),
+        ],
+        "the late DATA is answered before the PING"
+    );
+    assert!(ping_after);
+    assert!(d.streams.is_empty() && d.closing.is_none());
+    assert_eq!(
+        d.conn_recv_window + d.conn_release as i64,
+        settings().conn_window as i64
+    );
 }
