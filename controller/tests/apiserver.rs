@@ -2517,6 +2517,207 @@ async fn security_policy_status_is_written_and_read_back() {
     drop_namespace(&client, &ns).await;
 }
 
+/// SweetySecurityPolicy through the whole controller (issue 19): the run loop watches the
+/// policies and pushes to an in-process dataplane, which enforces them, and the status worker
+/// writes their status. The HTTPRoute's own policy (basic auth) overrides the Gateway's (deny
+/// 127.0.0.0/8, the test client's address): while its Secret is missing the route answers 500
+/// (fails closed) and the policy says Invalid; once the Secret exists, 401 without or with
+/// wrong credentials, through with them; the route's policy deleted, the Gateway's applies
+/// (403) and says Accepted.
+#[tokio::test]
+#[ignore = "needs a kube-apiserver: SWEETY_KUBECONFIG (e2e/controller-it.sh)"]
+async fn security_policy_is_enforced_by_the_dataplane_and_fails_closed() {
+    use sweety_crds::SweetySecurityPolicy;
+    let _guard = LOCK.lock().await;
+    let client = cluster().await;
+    let ns = namespace(&client, "secpol-e2e").await;
+    let ctl = namespace(&client, "secpol-ctl").await;
+    let class_name = format!("{ns}-class");
+    let gw_port = free_port();
+    create::<gw::gatewayclasses::GatewayClass>(
+        &Api::all(client.clone()),
+        json!({"metadata": {"name": class_name}, "spec": {"controllerName": CONTROLLER}}),
+    )
+    .await;
+    // No endpoints: a request let through answers 502 at once.
+    create::<Service>(
+        &Api::namespaced(client.clone(), &ns),
+        json!({"metadata": {"name": "web"}, "spec": {"ports": [{"name": "http", "port": 80}]}}),
+    )
+    .await;
+    create::<gw::gateways::Gateway>(&Api::namespaced(client.clone(), &ns), json!({
+        "metadata": {"name": "gw"},
+        "spec": {"gatewayClassName": class_name, "listeners": [{"name": "http", "port": 80, "protocol": "HTTP"}]}
+    })).await;
+    create::<gw::httproutes::HttpRoute>(
+        &Api::namespaced(client.clone(), &ns),
+        json!({
+            "metadata": {"name": "web"},
+            "spec": {"parentRefs": [{"name": "gw"}], "hostnames": ["app.test"],
+                     "rules": [{"backendRefs": [{"name": "web", "port": 80}]}]}
+        }),
+    )
+    .await;
+    let policies: Api<SweetySecurityPolicy> = Api::namespaced(client.clone(), &ns);
+    let policy = |name: &str, spec: Value| {
+        json!({"apiVersion": "sweety.dev/v1alpha1", "kind": "SweetySecurityPolicy",
+               "metadata": {"name": name}, "spec": spec})
+    };
+    create::<SweetySecurityPolicy>(
+        &policies,
+        policy(
+            "gw-deny",
+            json!({
+        "targetRefs": [{"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "gw"}],
+        "ipRules": {"deny": ["127.0.0.0/8"]}}),
+        ),
+    )
+    .await;
+    create::<SweetySecurityPolicy>(
+        &policies,
+        policy(
+            "route-basic",
+            json!({
+        "targetRefs": [{"group": "gateway.networking.k8s.io", "kind": "HTTPRoute", "name": "web"}],
+        "basicAuth": {"secretRef": {"name": "htpasswd"}, "realm": "Staff"}}),
+        ),
+    )
+    .await;
+
+    let dataplane = InProcessDataplane::start();
+    let options = run_options(
+        one_port_params(&ctl, gw_port, &dataplane),
+        watching(&[&ns, &ctl]),
+    );
+    let running = RunLoop::start(&client, options, dataplane.socket.clone());
+    // GET / for app.test with optional credentials: (status, head and body).
+    let get = |creds: Option<&str>| {
+        let auth = creds.map(|c| {
+            use base64::Engine as _;
+            format!(
+                "authorization: Basic {}\r\n",
+                base64::engine::general_purpose::STANDARD.encode(c)
+            )
+        });
+        async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let fut = async {
+                let mut s = tokio::net::TcpStream::connect(("127.0.0.1", gw_port))
+                    .await
+                    .ok()?;
+                let req = format!(
+                    "GET / HTTP/1.1\r\nhost: app.test\r\n{}connection: close\r\n\r\n",
+                    auth.unwrap_or_default()
+                );
+                s.write_all(req.as_bytes()).await.ok()?;
+                let mut out = Vec::new();
+                s.read_to_end(&mut out).await.ok()?;
+                let text = String::from_utf8_lossy(&out).into_owned();
+                let status: u16 = text.get(9..12)?.parse().ok()?;
+                Some((status, text))
+            };
+            tokio::time::timeout(Duration::from_secs(5), fut)
+                .await
+                .ok()
+                .flatten()
+        }
+    };
+    let accepted = |name: &'static str| {
+        let policies = policies.clone();
+        async move {
+            let p = policies.get(name).await.ok()?;
+            let v = serde_json::to_value(&p.status).ok()?;
+            let ours = v["ancestors"]
+                .as_array()?
+                .iter()
+                .find(|a| a["controllerName"] == CONTROLLER)?
+                .clone();
+            let c = ours["conditions"]
+                .as_array()?
+                .iter()
+                .find(|c| c["type"] == "Accepted")?
+                .clone();
+            Some((ours, c))
+        }
+    };
+    // The route's policy cannot be honoured (no Secret): closed, never open, and said.
+    let (_, text) = wait_for("the route fails closed", || async {
+        get(Some("alice:secret")).await.filter(|(s, _)| *s == 500)
+    })
+    .await;
+    assert!(text.contains("route-basic cannot be honoured"), "{text}");
+    let (_, c) = wait_for("route-basic says Invalid", || async {
+        accepted("route-basic")
+            .await
+            .filter(|(_, c)| c["reason"] == "Invalid")
+    })
+    .await;
+    assert_eq!(c["status"], "False");
+    assert!(
+        c["message"]
+            .as_str()
+            .unwrap()
+            .contains("htpasswd does not exist"),
+        "{c}"
+    );
+    // `openssl passwd -apr1 -salt sL5yBeMm secret`.
+    create::<Secret>(
+        &Api::namespaced(client.clone(), &ns),
+        json!({"metadata": {"name": "htpasswd"}, "type": "Opaque",
+               "stringData": {"auth": "alice:$apr1$sL5yBeMm$Ru3.Rv6KbPb.NJWjCDVKo1\n"}}),
+    )
+    .await;
+    wait_for(
+        "alice is let through (to a backend without endpoints)",
+        || async {
+            get(Some("alice:secret"))
+                .await
+                .filter(|(s, t)| *s == 502 && t.contains("no healthy upstream endpoint"))
+        },
+    )
+    .await;
+    for creds in [None, Some("alice:wrong")] {
+        let (status, text) = get(creds).await.expect("an answer");
+        assert_eq!(status, 401, "{creds:?}: {text}");
+        assert!(
+            text.to_ascii_lowercase()
+                .contains("www-authenticate: basic realm=\"staff\""),
+            "{text}"
+        );
+    }
+    let (ancestor, c) = wait_for("route-basic says Accepted", || async {
+        accepted("route-basic")
+            .await
+            .filter(|(_, c)| c["status"] == "True")
+    })
+    .await;
+    assert_eq!(c["reason"], "Accepted");
+    assert_eq!(ancestor["ancestorRef"]["name"], "gw");
+    // Without the route's policy the Gateway's applies: the client's address is denied.
+    policies
+        .delete("route-basic", &DeleteParams::default())
+        .await
+        .expect("delete the route's policy");
+    wait_for("the Gateway's deny list applies", || async {
+        get(Some("alice:secret")).await.filter(|(s, _)| *s == 403)
+    })
+    .await;
+    let (ancestor, c) = wait_for("gw-deny says Accepted", || async {
+        accepted("gw-deny")
+            .await
+            .filter(|(_, c)| c["status"] == "True")
+    })
+    .await;
+    assert_eq!(c["reason"], "Accepted");
+    assert_eq!(ancestor["ancestorRef"]["kind"], "Gateway");
+
+    running.stop_with(dataplane).await;
+    let classes: Api<gw::gatewayclasses::GatewayClass> = Api::all(client.clone());
+    let _ = classes.delete(&class_name, &DeleteParams::default()).await;
+    drop_namespace(&client, &ns).await;
+    drop_namespace(&client, &ctl).await;
+}
+
 /// GET / with a Host header over a fresh connection: (status, body).
 async fn http_get(port: u16, host: &str) -> Option<(u16, String)> {
     http_get_path(port, host, "/").await

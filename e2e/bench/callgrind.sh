@@ -6,6 +6,8 @@
 # Usage:
 #   e2e/bench/callgrind.sh BINARY [BINARY...]     # one line per binary and cell
 #   CELLS="h2-1k cache-h2" TOP=25 e2e/bench/callgrind.sh BINARY   # and the costliest functions
+#   CELLS=proxy-h1 PEERS="haproxy nginx" e2e/bench/callgrind.sh BINARY   # the proxy path beside
+#                                                 # HAProxy and nginx, and Sweety/HAProxy
 #
 # Environment:
 #   CELLS="h1-1k h2-1k proxy-h1 cache-h2"   which cells (the run.sh cells of the same name)
@@ -15,6 +17,8 @@
 #   SERVER_CPU=0 CLIENT_CPU=1   taskset CPU of the server (under valgrind) and of h2load and the backend
 #   PORT_BASE=18540   ports on 127.0.0.1: TLS = base, plain = base+1, backend = base+2, admin = base+3
 #   KEEP_WORK=1       keep the work dir (configs, callgrind dumps)
+#   PEERS=""          "haproxy nginx": also count HAProxy and nginx as the proxy of cell proxy-h1
+#                     (once per run, not per binary), then print each binary's ratio to them
 #
 # Method: run.sh's Sweety config (same routes, files, backend: a one-worker nginx answering
 # "hello world\n"), with `header_read_timeout: 120s` so that 100 TLS handshakes under valgrind do
@@ -24,6 +28,16 @@
 # one of N2 requests (h2load -c 100, each on new connections; H2: -m 10; proxy-h1: --h1 over plain
 # HTTP), each dumped; per request = (Ir(N2) - Ir(N1)) / (N2 - N1), which cancels the handshakes
 # and connection setup. Same-binary repeats differ by up to ~2 %. Everything listens on 127.0.0.1.
+#
+# Peers (PEERS, cell proxy-h1 only): HAProxy (Debian's haproxy) and nginx (Debian's nginx-light)
+# as the proxy in front of the same backend, with run.sh's configs for the proxy cells: HAProxy
+# nbthread 1, `option http-keep-alive` and `http-reuse always`; nginx one worker, an upstream with
+# `keepalive 128` and `proxy_http_version 1.1` (here `master_process off`, so that the one process
+# under valgrind is the worker). Both run under the same valgrind command and glibc setting, with
+# the same client, warm-up and windows; access logs off in all three. Caveat: valgrind runs a
+# process's threads one at a time and counts instructions, not cycles, so a count weighs neither
+# cache misses nor a syscall's kernel time (the syscalls themselves are not in any count; the
+# three make similar ones per request: a read and a write each side, epoll).
 set -euo pipefail
 
 CELLS=${CELLS:-h1-1k h2-1k proxy-h1 cache-h2}
@@ -33,6 +47,7 @@ TOP=${TOP:-0}
 SERVER_CPU=${SERVER_CPU:-0}
 CLIENT_CPU=${CLIENT_CPU:-1}
 PORT_BASE=${PORT_BASE:-18540}
+PEERS=${PEERS:-}
 TLS_PORT=$PORT_BASE
 PLAIN_PORT=$((PORT_BASE + 1))
 BACKEND_PORT=$((PORT_BASE + 2))
@@ -41,11 +56,36 @@ ADMIN_PORT=$((PORT_BASE + 3))
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
 (($#)) || die "usage: $0 BINARY [BINARY...] (see the top of this file)"
 for bin in "$@"; do [[ -x $bin ]] || die "not an executable: $bin"; done
+for peer in $PEERS; do
+    [[ $peer == haproxy || $peer == nginx ]] || die "unknown peer $peer (PEERS: haproxy, nginx)"
+    [[ " $CELLS " == *" proxy-h1 "* ]] || die "PEERS needs the cell proxy-h1 in CELLS"
+done
+
+# Debian packages of the tools that are missing (as .ci/run does).
+need=()
+command -v valgrind >/dev/null || need+=(valgrind)
+command -v h2load >/dev/null || need+=(nghttp2-client)
+command -v openssl >/dev/null || need+=(openssl)
+command -v curl >/dev/null || need+=(curl)
+command -v taskset >/dev/null || need+=(util-linux)
+command -v nginx >/dev/null || [[ -x /usr/sbin/nginx ]] || need+=(nginx-light)
+if [[ " $PEERS " == *" haproxy "* ]]; then
+    command -v haproxy >/dev/null || [[ -x /usr/sbin/haproxy ]] || need+=(haproxy)
+fi
+if ((${#need[@]})); then
+    echo "installing ${need[*]}" >&2
+    sudo=()
+    ((EUID == 0)) || sudo=(sudo)
+    export DEBIAN_FRONTEND=noninteractive
+    "${sudo[@]}" apt-get install -y -qq "${need[@]}" >&2 ||
+        { "${sudo[@]}" apt-get update -qq && "${sudo[@]}" apt-get install -y -qq "${need[@]}" >&2; }
+fi
 for tool in valgrind callgrind_control callgrind_annotate h2load openssl curl taskset; do
     command -v "$tool" >/dev/null || die "$tool is missing (Debian: valgrind, nghttp2-client, openssl, curl, util-linux)"
 done
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 [[ -x $NGINX ]] || die "nginx is missing (Debian: nginx-light)"
+HAPROXY=$(command -v haproxy || echo /usr/sbin/haproxy)
 
 WORK=$(mktemp -d -t sweety-callgrind.XXXXXX)
 chmod 755 "$WORK"
@@ -123,6 +163,66 @@ backends:
     max_idle_per_endpoint: 128
 EOF
 
+# The peers as proxies of cell proxy-h1: run.sh's configs for it, on the plain port only.
+mkdir -p "$WORK/nginx/tmp"
+cat >"$WORK/nginx.conf" <<EOF
+worker_processes 1;
+master_process off;
+daemon off;
+pid $WORK/nginx/nginx.pid;
+error_log $WORK/nginx/error.log warn;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    default_type application/octet-stream;
+    tcp_nodelay on;
+    keepalive_requests 1000000000;
+    keepalive_timeout 75s;
+    client_body_temp_path $WORK/nginx/tmp/body;
+    proxy_temp_path $WORK/nginx/tmp/proxy;
+    fastcgi_temp_path $WORK/nginx/tmp/fastcgi;
+    uwsgi_temp_path $WORK/nginx/tmp/uwsgi;
+    scgi_temp_path $WORK/nginx/tmp/scgi;
+    upstream hello {
+        server 127.0.0.1:$BACKEND_PORT;
+        keepalive 128;
+        keepalive_requests 1000000000;
+    }
+    server {
+        listen 127.0.0.1:$PLAIN_PORT;
+        location /proxy {
+            proxy_pass http://hello;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+        }
+    }
+}
+EOF
+cat >"$WORK/haproxy.cfg" <<EOF
+global
+    nbthread 1
+defaults
+    mode http
+    timeout connect 5s
+    timeout client 75s
+    timeout server 75s
+    timeout http-keep-alive 75s
+    option http-keep-alive
+    http-reuse always
+frontend plain
+    bind 127.0.0.1:$PLAIN_PORT
+    default_backend hello
+backend hello
+    server be 127.0.0.1:$BACKEND_PORT
+EOF
+for peer in $PEERS; do
+    case $peer in
+        haproxy) "$HAPROXY" -c -q -f "$WORK/haproxy.cfg" || die "the generated HAProxy config is invalid" ;;
+        nginx) "$NGINX" -t -q -p "$WORK/nginx/" -c "$WORK/nginx.conf" -e "$WORK/nginx/error.log" ||
+            die "the generated nginx config is invalid" ;;
+    esac
+done
+
 taskset -c "$CLIENT_CPU" "$NGINX" -p "$WORK/backend/" -c "$WORK/backend.conf" -e "$WORK/backend/error.log" &
 PIDS+=("$!")
 for _ in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$BACKEND_PORT/" && break; sleep 0.1; done
@@ -150,27 +250,33 @@ functions() { callgrind_annotate --inclusive=no --threshold=100 "$1" 2>/dev/null
     sed -n 's/^ *\([0-9,]*\) ([ 0-9.%]*) *\(.*\)$/\1\t\2/p' | tr -d , |
     awk -F '\t' -v t="$(total "$1")" '$1 != t'; }
 
-measure() { # measure BINARY CELL
-    local bin=$1 cell=$2 dir pid i
-    dir=$WORK/$cell.$(basename "$bin").$RANDOM
+declare -A PER_REQUEST # "label cell" -> instructions per request
+
+measure() { # measure LABEL CELL COMMAND...: COMMAND (a server) under callgrind, serving CELL
+    local label=$1 cell=$2 dir pid i probe
+    shift 2
+    dir=$WORK/$cell.$(basename "${label// /-}").$RANDOM
     mkdir -p "$dir"
     GLIBC_TUNABLES=glibc.cpu.x86_rep_movsb_threshold=4294967295 taskset -c "$SERVER_CPU" \
         valgrind --tool=callgrind --callgrind-out-file="$dir/cg.out" \
-        "$bin" run --config "$WORK/sweety.yaml" --workers 1 >"$dir/server.log" 2>&1 &
+        "$@" >"$dir/server.log" 2>&1 &
     pid=$!
     PIDS+=("$pid")
+    case $cell in
+        proxy-h1) probe=(curl -s -o /dev/null --max-time 5 "http://127.0.0.1:$PLAIN_PORT/proxy") ;;
+        *) probe=(curl -sk -o /dev/null --max-time 5 "https://127.0.0.1:$TLS_PORT/1k.bin") ;;
+    esac
     for ((i = 0; i < 600; i++)); do
-        curl -sk -o /dev/null --max-time 5 "https://127.0.0.1:$TLS_PORT/1k.bin" &&
-            curl -s -o /dev/null --max-time 5 "http://127.0.0.1:$PLAIN_PORT/proxy" && break
-        kill -0 "$pid" 2>/dev/null || die "the server did not start: $(tail -5 "$dir/server.log")"
+        "${probe[@]}" && break
+        kill -0 "$pid" 2>/dev/null || die "$label did not start: $(tail -5 "$dir/server.log")"
         sleep 0.5
     done
     load "$cell" 1000 # warm-up
-    callgrind_control -z "$pid" >/dev/null
+    callgrind_control -z "$pid" >/dev/null 2>&1
     load "$cell" "$N1"
-    callgrind_control -d "$cell-$N1" "$pid" >/dev/null
+    callgrind_control -d "$cell-$N1" "$pid" >/dev/null 2>&1
     load "$cell" "$N2"
-    callgrind_control -d "$cell-$N2" "$pid" >/dev/null
+    callgrind_control -d "$cell-$N2" "$pid" >/dev/null 2>&1
     kill "$pid"
     wait "$pid" 2>/dev/null || true
     local d1 d2 i1 i2
@@ -179,8 +285,9 @@ measure() { # measure BINARY CELL
     [[ -f $d1 && -f $d2 ]] || die "no callgrind dumps in $dir"
     i1=$(total "$d1")
     i2=$(total "$d2")
-    printf '%-40s %-9s Ir(%d)=%-12s Ir(%d)=%-12s per request: %d\n' "$bin" "$cell" "$N1" "$i1" \
-        "$N2" "$i2" $(((i2 - i1) / (N2 - N1)))
+    PER_REQUEST["$label $cell"]=$(((i2 - i1) / (N2 - N1)))
+    printf '%-40s %-9s Ir(%d)=%-12s Ir(%d)=%-12s per request: %d\n' "$label" "$cell" "$N1" "$i1" \
+        "$N2" "$i2" "${PER_REQUEST["$label $cell"]}"
     if ((TOP > 0)); then
         join -t $'\t' -j 2 -a 2 -e 0 -o 0,1.1,2.1 <(functions "$d1" | sort -t $'\t' -k2,2) \
             <(functions "$d2" | sort -t $'\t' -k2,2) |
@@ -191,6 +298,24 @@ measure() { # measure BINARY CELL
 
 for bin in "$@"; do
     for cell in $CELLS; do
-        measure "$bin" "$cell"
+        measure "$bin" "$cell" "$bin" run --config "$WORK/sweety.yaml" --workers 1
+    done
+done
+PEER_LABELS=()
+for peer in $PEERS; do
+    case $peer in
+        haproxy) # -db: foreground, one process
+            PEER_LABELS+=("haproxy $("$HAPROXY" -v | sed -n 's/^HAProxy version \([^ ]*\).*/\1/p')")
+            measure "${PEER_LABELS[-1]}" proxy-h1 "$HAPROXY" -db -f "$WORK/haproxy.cfg" ;;
+        nginx)
+            PEER_LABELS+=("nginx $("$NGINX" -v 2>&1 | sed -n 's|^nginx version: nginx/||p')")
+            measure "${PEER_LABELS[-1]}" proxy-h1 \
+                "$NGINX" -p "$WORK/nginx/" -c "$WORK/nginx.conf" -e "$WORK/nginx/error.log" ;;
+    esac
+done
+for bin in "$@"; do
+    for peer in "${PEER_LABELS[@]}"; do
+        awk -v b="$bin" -v p="$peer" -v x="${PER_REQUEST["$bin proxy-h1"]}" -v y="${PER_REQUEST["$peer proxy-h1"]}" \
+            'BEGIN { printf "proxy-h1 %s / %s: %.2fx\n", b, p, x / y }'
     done
 done

@@ -263,6 +263,9 @@ pub(super) fn route(
                             route,
                         })
                     }
+                    // A security policy covers the listener: a byte stream cannot be guarded,
+                    // so it is not served (fail closed; the policy's status says why).
+                    Rule::L4(Some(_)) if policies.security.guards_listener(gw, l) => {}
                     Rule::L4(Some(r)) => {
                         let mut r = r.clone();
                         if kind == RouteKind::Tls {

@@ -32,7 +32,7 @@
 //! served) and says why in its status (`Accepted: False`, `Invalid`); the rest of the config
 //! is unaffected.
 
-use super::listeners::{Proto, GROUP};
+use super::listeners::{Proto, RouteKind, GROUP};
 use super::model::{self, HttpRuleSpec, RouteSpec};
 use super::refgrant::{self, Reference};
 use super::routes::meta_key;
@@ -260,6 +260,13 @@ impl SecurityPolicies {
             .map(|(p, _)| *p)
     }
 
+    /// Whether a policy of Gateway `gw` (or of its listener `l`) covers that listener: its
+    /// TCP, TLS and UDP routes are then not served, as none of a policy's powers can guard a
+    /// byte stream (fail closed; the policy's status says so).
+    pub(super) fn guards_listener(&self, gw: &OwnedGateway, l: usize) -> bool {
+        !self.policies.is_empty() && self.gateway_policy(gw, l).is_some()
+    }
+
     /// Whether some policy targets HTTPRoute `namespace/name` (its rule names are then needed).
     pub fn targets_route(&self, namespace: &str, name: &str) -> bool {
         let from: TargetKey = ("HTTPRoute", namespace.into(), name.into(), None);
@@ -420,7 +427,18 @@ fn settings(b: &Builder<'_>, ns: &str, p: &SweetySecurityPolicy) -> Result<Setti
             ));
         }
         if !parsed.rejected.is_empty() {
-            let lines: Vec<String> = parsed.rejected.iter().map(|r| r.line.to_string()).collect();
+            // Bounded: a Secret of a million bad lines must not make a status the apiserver
+            // refuses.
+            let max = crate::translate::ingress::nginx::MAX_REJECTED_REPORTED;
+            let mut lines: Vec<String> = parsed
+                .rejected
+                .iter()
+                .take(max)
+                .map(|r| r.line.to_string())
+                .collect();
+            if parsed.rejected.len() > max {
+                lines.push(format!("and {} more", parsed.rejected.len() - max));
+            }
             s.notes.push(format!(
                 "basicAuth: htpasswd lines {} refused (only bcrypt, $apr1$ and {{SHA}}); those \
                  users cannot log in",
@@ -735,6 +753,24 @@ pub(super) fn statuses(b: &mut Builder<'_>, sec: &SecurityPolicies, gateways: &[
                                     "Gateway {}/{name} has no listener {}",
                                     p.namespace,
                                     section.as_deref().unwrap_or_default()
+                                ),
+                            ));
+                        } else if let Some(l4) = gw.listeners.iter().find(|l| {
+                            result.is_ok()
+                                && l.owner.is_none()
+                                && section.as_ref().is_none_or(|s| &l.name == s)
+                                && l.kinds
+                                    .iter()
+                                    .any(|k| !matches!(k, RouteKind::Http | RouteKind::Grpc))
+                        }) {
+                            result = Err((
+                                "Invalid",
+                                format!(
+                                    "listener {} of Gateway {}/{name} takes TCP, TLS or UDP routes, \
+                                     which extAuth, basicAuth, clientCertificate and ipRules cannot \
+                                     guard: its routes are not served while the policy covers it \
+                                     (target the HTTP listeners by sectionName)",
+                                    l4.name, p.namespace
                                 ),
                             ));
                         } else if result.is_ok() {

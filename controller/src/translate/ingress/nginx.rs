@@ -693,8 +693,8 @@ fn verify_depth<'a>(get: &impl Fn(&str) -> Option<&'a str>, key: &str, report: &
     }
 }
 
-/// Most rejected htpasswd lines listed one by one in the status.
-const MAX_REJECTED_REPORTED: usize = 10;
+/// Most rejected htpasswd lines listed one by one in a status or Event.
+pub(crate) const MAX_REJECTED_REPORTED: usize = 10;
 
 /// The `basic_auth` filter of `auth-type: basic`, or why it cannot be made (fails closed).
 fn basic_auth<'a>(
