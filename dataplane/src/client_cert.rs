@@ -56,6 +56,14 @@ pub type PeerChain = Arc<[CertificateDer<'static>]>;
 /// Removes a client's own `ssl-client-*` headers: only Sweety sets them (on a host with client
 /// certificates), so a backend can trust what it finds there.
 pub fn strip_headers(headers: &mut HeaderMap) {
+    // One pass over the names the request has: a request rarely has any of the four, and
+    // removing each by name hashes it (~650 instructions per request).
+    if !headers
+        .keys()
+        .any(|n| n.as_str().starts_with("ssl-client-"))
+    {
+        return;
+    }
     for h in [
         &SSL_CLIENT_CERT,
         &SSL_CLIENT_VERIFY,

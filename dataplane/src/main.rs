@@ -124,6 +124,12 @@ fn release_startup_code() -> usize {
     released
 }
 
+/// [`release_startup_code`], and how much it released in the debug log.
+fn release_startup_code_logged() {
+    let released = release_startup_code();
+    tracing::debug!(kib = released / 1024, "startup code released");
+}
+
 /// The `(start, end)` of the mappings in `smaps` (the text of /proc/self/smaps) of the file
 /// `exe` that are not writable and hold no anonymous page.
 fn releasable(smaps: &str, exe: &str) -> Vec<(usize, usize)> {
@@ -286,10 +292,23 @@ async fn serve(args: RunArgs) -> anyhow::Result<()> {
 
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     if !args.keep_startup_pages {
-        // Once the tasks spawned above have started (the config watch's first look).
+        // Once the tasks spawned above have started (the config watch's first look) and a
+        // config serves: with `--control-socket` and no `--config`, once the first push did.
         tokio::task::yield_now().await;
-        let released = release_startup_code();
-        tracing::debug!(kib = released / 1024, "startup code released");
+        let ready = |rt: &Runtime| rt.shared.ready.load(std::sync::atomic::Ordering::Relaxed);
+        if ready(&runtime) {
+            release_startup_code_logged();
+        } else {
+            let runtime = runtime.clone();
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(Duration::from_millis(100));
+                while !ready(&runtime) {
+                    tick.tick().await;
+                }
+                tokio::task::yield_now().await;
+                release_startup_code_logged();
+            });
+        }
     }
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}

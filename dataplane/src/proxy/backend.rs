@@ -152,22 +152,31 @@ impl BackendRt {
 
     /// Endpoints that may take traffic: weight > 0, not down by active health checks, and
     /// not ejected (or all of those, in panic mode).
+    ///
+    /// (`outlier::eligible` over the weighted, up endpoints, without the intermediate lists:
+    /// this runs for every proxied request.)
     pub(super) fn eligible(&self) -> Vec<usize> {
-        let weighted: Vec<usize> = (0..self.endpoints.len())
+        let weighted = (0..self.endpoints.len()).filter(|&i| {
+            self.endpoints[i].weight > 0 && self.endpoints[i].state.hc_up.load(Ordering::Acquire)
+        });
+        let now = Instant::now();
+        let healthy: Vec<usize> = weighted
+            .clone()
             .filter(|&i| {
-                self.endpoints[i].weight > 0
-                    && self.endpoints[i].state.hc_up.load(Ordering::Acquire)
+                !self.endpoints[i]
+                    .state
+                    .health
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .is_ejected(now)
             })
             .collect();
-        if weighted.is_empty() {
-            return weighted;
+        if healthy.is_empty() {
+            // Every weighted endpoint ejected: all of them (panic mode); or none is weighted.
+            weighted.collect()
+        } else {
+            healthy
         }
-        let all = self.healths();
-        let subset: Vec<&Mutex<Health>> = weighted.iter().map(|&i| all[i]).collect();
-        outlier::eligible(&subset, Instant::now())
-            .into_iter()
-            .map(|j| weighted[j])
-            .collect()
     }
 
     /// The eligible endpoint `key` hashes to (preferring endpoints not in `tried`); `None`
@@ -194,12 +203,20 @@ impl BackendRt {
         if eligible.is_empty() {
             return None;
         }
-        let fresh: Vec<usize> = eligible
-            .iter()
-            .copied()
-            .filter(|i| !tried.contains(i))
-            .collect();
-        let pool = if fresh.is_empty() { eligible } else { fresh };
+        let pool = if tried.is_empty() {
+            eligible
+        } else {
+            let fresh: Vec<usize> = eligible
+                .iter()
+                .copied()
+                .filter(|i| !tried.contains(i))
+                .collect();
+            if fresh.is_empty() {
+                eligible
+            } else {
+                fresh
+            }
+        };
         let cands: Vec<(usize, u32)> = pool
             .into_iter()
             .map(|i| (i, self.endpoints[i].weight))
@@ -217,6 +234,16 @@ impl BackendRt {
     /// Records a try's outcome for outlier ejection.
     /// Records a try's outcome; true when it ejected the endpoint.
     pub(super) fn record(&self, idx: usize, success: bool) -> bool {
+        if success {
+            // What `outlier::record` does with a success, without listing every endpoint.
+            self.endpoints[idx]
+                .state
+                .health
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .succeeded();
+            return false;
+        }
         let ejected = outlier::record(
             &self.healths(),
             idx,

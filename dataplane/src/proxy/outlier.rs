@@ -30,6 +30,11 @@ impl Health {
         self.ejected_until.is_some_and(|t| t > now)
     }
 
+    /// Records a success: the consecutive failures start again from 0.
+    pub fn succeeded(&mut self) {
+        self.consecutive = 0;
+    }
+
     /// Consecutive failures counted so far.
     pub fn consecutive_failures(&self) -> u32 {
         self.consecutive
@@ -48,8 +53,10 @@ pub fn record(
     now: Instant,
 ) -> bool {
     if success {
-        let mut h = all[idx].lock().unwrap_or_else(|p| p.into_inner());
-        h.consecutive = 0;
+        all[idx]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .succeeded();
         return false;
     }
     if cfg.consecutive_failures == 0 {
