@@ -1276,6 +1276,15 @@ fn echoed_header<'a>(headers: &'a Value, name: &str) -> Option<&'a str> {
         .and_then(Value::as_str)
 }
 
+/// A check of one example's reply: its status is `want` (else the status and body, for the report).
+fn status_is(want: u16) -> impl Fn(&client::FullReply) -> std::result::Result<(), String> {
+    move |r| {
+        (r.status == want)
+            .then_some(())
+            .ok_or(format!("status {} body {:?}", r.status, r.body))
+    }
+}
+
 /// The ClusterIP of Service `name` in [`NGINX_NS`].
 async fn cluster_ip(env: &Env, name: &str) -> Result<String> {
     eventually(&format!("ClusterIP of {name}"), CONVERGE, POLL, || async {
@@ -1558,11 +1567,7 @@ async fn nginx_examples(env: &Env) -> Result<()> {
         "rewrite: no match is 404",
         &at(rewrite, "/other"),
         &[],
-        |r| {
-            (r.status == 404)
-                .then_some(())
-                .ok_or(format!("status {}", r.status))
-        },
+        status_is(404),
     )
     .await?;
 
@@ -1624,11 +1629,7 @@ async fn nginx_examples(env: &Env) -> Result<()> {
         "basic: no credentials is 401",
         &at(basic, "/"),
         &[],
-        |r| {
-            (r.status == 401)
-                .then_some(())
-                .ok_or(format!("status {}", r.status))
-        },
+        status_is(401),
     )
     .await?;
     let realm = r.header("www-authenticate").unwrap_or_default();
@@ -1648,11 +1649,7 @@ async fn nginx_examples(env: &Env) -> Result<()> {
         "basic: a wrong password is 401",
         &at(basic, "/"),
         &["-u", "foo:baz"],
-        |r| {
-            (r.status == 401)
-                .then_some(())
-                .ok_or(format!("status {}", r.status))
-        },
+        status_is(401),
     )
     .await?;
 
@@ -1686,11 +1683,7 @@ async fn nginx_examples(env: &Env) -> Result<()> {
         "ext auth denies (401)",
         &at(ext_deny, "/app"),
         &[],
-        |r| {
-            (r.status == 401)
-                .then_some(())
-                .ok_or(format!("status {}", r.status))
-        },
+        status_is(401),
     )
     .await?;
     expect(
@@ -1753,11 +1746,7 @@ async fn nginx_examples(env: &Env) -> Result<()> {
         "mtls: no certificate is 400",
         &tls_at(mtls, "/"),
         &[],
-        |r| {
-            (r.status == 400)
-                .then_some(())
-                .ok_or(format!("status {}", r.status))
-        },
+        status_is(400),
     )
     .await?;
     expect(
@@ -1765,11 +1754,7 @@ async fn nginx_examples(env: &Env) -> Result<()> {
         "mtls: another CA's certificate is 400",
         &tls_at(mtls, "/"),
         &["--cert", &other_cert, "--key", &other_key],
-        |r| {
-            (r.status == 400)
-                .then_some(())
-                .ok_or(format!("status {}", r.status))
-        },
+        status_is(400),
     )
     .await?;
 
@@ -1779,11 +1764,7 @@ async fn nginx_examples(env: &Env) -> Result<()> {
         "hsts: http redirects to https",
         &at(hsts, "/page?q=1"),
         &[],
-        |r| {
-            (r.status == 308)
-                .then_some(())
-                .ok_or(format!("status {}", r.status))
-        },
+        status_is(308),
     )
     .await?;
     let location = r.header("location").unwrap_or_default();
@@ -1817,11 +1798,7 @@ async fn nginx_examples(env: &Env) -> Result<()> {
         "body: 64 KiB + 1 is 413",
         &at(body, "/upload"),
         &["--data-binary", &format!("@{large}")],
-        |r| {
-            (r.status == 413)
-                .then_some(())
-                .ok_or(format!("status {}", r.status))
-        },
+        status_is(413),
     )
     .await?;
     let _ = std::fs::remove_dir_all(&dir);
