@@ -2591,37 +2591,7 @@ async fn security_policy_is_enforced_by_the_dataplane_and_fails_closed() {
     );
     let running = RunLoop::start(&client, options, dataplane.socket.clone());
     // GET / for app.test with optional credentials: (status, head and body).
-    let get = |creds: Option<&str>| {
-        let auth = creds.map(|c| {
-            use base64::Engine as _;
-            format!(
-                "authorization: Basic {}\r\n",
-                base64::engine::general_purpose::STANDARD.encode(c)
-            )
-        });
-        async move {
-            use tokio::io::{AsyncReadExt, AsyncWriteExt};
-            let fut = async {
-                let mut s = tokio::net::TcpStream::connect(("127.0.0.1", gw_port))
-                    .await
-                    .ok()?;
-                let req = format!(
-                    "GET / HTTP/1.1\r\nhost: app.test\r\n{}connection: close\r\n\r\n",
-                    auth.unwrap_or_default()
-                );
-                s.write_all(req.as_bytes()).await.ok()?;
-                let mut out = Vec::new();
-                s.read_to_end(&mut out).await.ok()?;
-                let text = String::from_utf8_lossy(&out).into_owned();
-                let status: u16 = text.get(9..12)?.parse().ok()?;
-                Some((status, text))
-            };
-            tokio::time::timeout(Duration::from_secs(5), fut)
-                .await
-                .ok()
-                .flatten()
-        }
-    };
+    let get = |creds: Option<&str>| basic_get(gw_port, "app.test".into(), creds.map(String::from));
     let accepted = |name: &'static str| {
         let policies = policies.clone();
         async move {
@@ -2719,6 +2689,38 @@ async fn security_policy_is_enforced_by_the_dataplane_and_fails_closed() {
 }
 
 /// GET / with a Host header over a fresh connection: (status, body).
+/// GET / for `host` on 127.0.0.1:`port` over HTTP/1.1, with Basic credentials `user:password`
+/// when given: the status and the whole answer (head and body), or None without an answer in 5 s.
+async fn basic_get(port: u16, host: String, creds: Option<String>) -> Option<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let auth = creds.map(|c| {
+        use base64::Engine as _;
+        format!(
+            "authorization: Basic {}\r\n",
+            base64::engine::general_purpose::STANDARD.encode(c)
+        )
+    });
+    let fut = async {
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .ok()?;
+        let req = format!(
+            "GET / HTTP/1.1\r\nhost: {host}\r\n{}connection: close\r\n\r\n",
+            auth.unwrap_or_default()
+        );
+        s.write_all(req.as_bytes()).await.ok()?;
+        let mut out = Vec::new();
+        s.read_to_end(&mut out).await.ok()?;
+        let text = String::from_utf8_lossy(&out).into_owned();
+        let status: u16 = text.get(9..12)?.parse().ok()?;
+        Some((status, text))
+    };
+    tokio::time::timeout(Duration::from_secs(5), fut)
+        .await
+        .ok()
+        .flatten()
+}
+
 async fn http_get(port: u16, host: &str) -> Option<(u16, String)> {
     http_get_path(port, host, "/").await
 }
@@ -4668,38 +4670,7 @@ async fn ingress_basic_auth_follows_its_secret_and_fails_closed() {
     );
     let running = RunLoop::start(&client, options, dataplane.socket.clone());
     // GET / with optional credentials: (status, head and body).
-    let get = |creds: Option<&str>| {
-        let host = host.clone();
-        let auth = creds.map(|c| {
-            use base64::Engine as _;
-            format!(
-                "authorization: Basic {}\r\n",
-                base64::engine::general_purpose::STANDARD.encode(c)
-            )
-        });
-        async move {
-            use tokio::io::{AsyncReadExt, AsyncWriteExt};
-            let fut = async {
-                let mut s = tokio::net::TcpStream::connect(("127.0.0.1", http_port))
-                    .await
-                    .ok()?;
-                let req = format!(
-                    "GET / HTTP/1.1\r\nhost: {host}\r\n{}connection: close\r\n\r\n",
-                    auth.unwrap_or_default()
-                );
-                s.write_all(req.as_bytes()).await.ok()?;
-                let mut out = Vec::new();
-                s.read_to_end(&mut out).await.ok()?;
-                let text = String::from_utf8_lossy(&out).into_owned();
-                let status: u16 = text.get(9..12)?.parse().ok()?;
-                Some((status, text))
-            };
-            tokio::time::timeout(Duration::from_secs(5), fut)
-                .await
-                .ok()
-                .flatten()
-        }
-    };
+    let get = |creds: Option<&str>| basic_get(http_port, host.clone(), creds.map(String::from));
     // No Secret yet: closed, with the reason.
     let (_, text) = wait_for("the Ingress fails closed without its Secret", || async {
         get(Some("alice:secret"))
