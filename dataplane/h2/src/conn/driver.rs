@@ -10,7 +10,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
         cfg: Settings,
         mut stop: tokio::sync::watch::Receiver<bool>,
     ) -> Driver<I, S> {
-        let now = Instant::now();
+        let now = clock();
         let mut write_buf = BytesMut::with_capacity(4096);
         frame::put_settings(
             &mut write_buf,
@@ -54,7 +54,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
             last_stream: 0,
             recently_closed: VecDeque::new(),
             recently_closed_max: 0,
-            batch_clock: Instant::now(),
+            batch_clock: clock(),
             locally_reset: VecDeque::new(),
             locally_reset_set: Default::default(),
             cont: None,
@@ -113,7 +113,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
             {
                 // Frames left from an earlier read may have waited for the output to drain:
                 // their requests start now, not at that read.
-                self.batch_clock = Instant::now();
+                self.batch_clock = clock();
                 if let Err(f) = self.handle_frames() {
                     self.fault(f);
                 }
@@ -129,7 +129,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
                         progress = true;
                     }
                     Poll::Ready(Ok(_)) => {
-                        self.last_active = Instant::now();
+                        self.last_active = clock();
                         self.batch_clock = self.last_active;
                         self.ping_sent = None;
                         if let Err(f) = self.handle_frames() {
@@ -170,7 +170,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
                 self.set_close_deadline();
             }
             if done && self.write_buf.is_empty() {
-                let expired = self.close_deadline.is_some_and(|d| Instant::now() >= d);
+                let expired = self.close_deadline.is_some_and(|d| clock() >= d);
                 match Pin::new(&mut self.io).poll_shutdown(cx) {
                     Poll::Pending if !expired => {
                         let _ = self.poll_timer(cx);
@@ -273,7 +273,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
         if self.timer.as_mut().poll(cx).is_pending() {
             return Poll::Pending;
         }
-        let now = Instant::now();
+        let now = clock();
         let fired = self.on_deadlines(now);
         let next = self.next_deadline(now);
         self.timer.as_mut().reset(next.into());
@@ -446,7 +446,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
     /// deadline (every deadline is derived from the state, so none is lost).
     pub(super) fn arm(&mut self, at: Instant) {
         let current = self.timer.deadline().into_std();
-        if at < current && current > Instant::now() {
+        if at < current && current > clock() {
             self.timer.as_mut().reset(at.into());
         }
     }
@@ -684,7 +684,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
 
     pub(super) fn set_close_deadline(&mut self) {
         if self.close_deadline.is_none() {
-            let d = Instant::now() + self.cfg.header_read_timeout;
+            let d = clock() + self.cfg.header_read_timeout;
             self.close_deadline = Some(d);
             self.arm(d);
         }

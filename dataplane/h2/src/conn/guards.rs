@@ -23,7 +23,7 @@ pub(super) struct Flood {
 impl Flood {
     /// Counts one event; true when the connection is over a limit.
     pub(super) fn hit(&mut self, which: fn(&mut Flood) -> &mut u32, limit: u32) -> bool {
-        let now = Instant::now();
+        let now = clock();
         if now.duration_since(self.since) >= Duration::from_secs(1) {
             self.since = now;
             self.resets = 0;
@@ -91,7 +91,7 @@ mod tests {
     #[test]
     fn flood_counters_reset_every_second() {
         let mut f = Flood {
-            since: Instant::now(),
+            since: clock(),
             resets: 0,
             control: 0,
             empty: 0,

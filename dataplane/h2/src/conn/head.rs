@@ -57,7 +57,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
             bad_priority,
             block: BytesMut::from(block),
         };
-        let now = Instant::now();
+        let now = clock();
         self.cont = Some((c, now));
         self.arm(now + self.cfg.header_read_timeout);
         Ok(())

@@ -46,6 +46,14 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 use streams::{Resp, Stream, StreamIds};
+
+/// The connection's clock: tokio's, as std's [`Instant`] (the same time in production; under
+/// a paused test clock, the paused time, so that the deadlines and the timer that waits for
+/// them agree: with std's clock a paused runtime's timer fired at once and the driver re-polled
+/// until the real time reached the deadline, seconds of busy loop per run of the fuzz harness).
+pub(super) fn clock() -> Instant {
+    tokio::time::Instant::now().into_std()
+}
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::task::JoinHandle;
 

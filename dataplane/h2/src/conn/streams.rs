@@ -304,7 +304,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
             if self.streams.is_empty() {
                 // The idle timeout counts from the last stream's end (the timer may be set
                 // later: the preface's deadline).
-                self.last_active = Instant::now();
+                self.last_active = clock();
                 self.arm(self.last_active + self.cfg.idle_timeout);
             }
         } else if matches!(s.resp, Resp::Done) && s.recv_open {
@@ -531,7 +531,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
                     if s.stalled.is_none() {
                         // The send-progress clock of this stream starts (one timer per
                         // connection: armed to the earliest deadline).
-                        let now = Instant::now();
+                        let now = clock();
                         s.stalled = Some(now);
                         self.arm(now + self.cfg.send_timeout);
                     }

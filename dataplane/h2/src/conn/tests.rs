@@ -1502,3 +1502,14 @@ async fn frames_after_the_clients_own_reset_of_a_stream_we_reset_are_errors() {
         settings().conn_window as i64
     );
 }
+
+/// The driver's clock is the runtime's: a paused runtime's advance moves it (the deadlines and
+/// the timer that waits for them then agree). With std's clock it stood still here, and the fuzz
+/// harness (paused, auto-advancing) spun until the real time reached a deadline: 10 s per run of
+/// the input libFuzzer reported as a timeout.
+#[tokio::test(start_paused = true)]
+async fn the_clock_is_the_runtimes() {
+    let before = clock();
+    tokio::time::advance(Duration::from_secs(30)).await;
+    assert!(clock().duration_since(before) >= Duration::from_secs(30));
+}
