@@ -57,16 +57,7 @@ pub fn strip(h: &mut HeaderMap, te: Te) {
     if !any {
         return;
     }
-    let te_trailers = te == Te::KeepTrailers
-        && h.get_all(header::TE)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .any(|t| {
-                t.split(';')
-                    .next()
-                    .is_some_and(|t| t.trim().eq_ignore_ascii_case("trailers"))
-            });
+    let te_trailers = te == Te::KeepTrailers && te_asks_trailers(h);
     let mut gone: Vec<HeaderName> = h.keys().filter(|n| may_strip(n)).cloned().collect();
     // The fields `Connection` names (usually none but `keep-alive`, listed already): each
     // token once against the names present. `Connection: te` asks to remove TE, which
@@ -96,6 +87,19 @@ pub fn strip(h: &mut HeaderMap, te: Te) {
     }
 }
 
+/// Whether a `TE` field of `h` names `trailers` (its parameters aside, any case).
+fn te_asks_trailers(h: &HeaderMap) -> bool {
+    h.get_all(header::TE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| {
+            t.split(';')
+                .next()
+                .is_some_and(|t| t.trim().eq_ignore_ascii_case("trailers"))
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -121,16 +125,7 @@ mod tests {
                 h.remove(n);
             }
         }
-        let te_trailers = te == Te::KeepTrailers
-            && h.get_all(header::TE)
-                .iter()
-                .filter_map(|v| v.to_str().ok())
-                .flat_map(|v| v.split(','))
-                .any(|t| {
-                    t.split(';')
-                        .next()
-                        .is_some_and(|t| t.trim().eq_ignore_ascii_case("trailers"))
-                });
+        let te_trailers = te == Te::KeepTrailers && te_asks_trailers(h);
         for n in ALWAYS {
             h.remove(n);
         }
