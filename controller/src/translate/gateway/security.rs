@@ -965,3 +965,6 @@ fn ancestors(
     }
     out
 }
+
+#[cfg(test)]
+mod tests;
