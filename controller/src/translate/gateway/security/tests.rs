@@ -932,3 +932,49 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_route_policy_takes_effect_through_the_gateways_that_accepted_the_route_only() {
+    // Two parentRefs to the same Gateway, one refused (no listener nope): attached through
+    // the other, so the Gateway is an ancestor with the policy Accepted.
+    let both = route("r", &[None]).replace(
+        "parentRefs: [{name: gw}]",
+        "parentRefs: [{name: gw, sectionName: nope}, {name: gw, sectionName: http}]",
+    );
+    let p = policy(
+        "p",
+        T2024,
+        &["HTTPRoute/r"],
+        "  ipRules: {allow: [10.0.0.0/8]}\n",
+    );
+    let out = run(&[both, p.clone()]);
+    assert_eq!(
+        accepted(&out, "p", None),
+        ("True".into(), "Accepted".into(), "policy applied".into())
+    );
+    assert_eq!(
+        ip(rule(&out, 80, "r", "rule-0")),
+        vec![(strings(&["10.0.0.0/8"]), vec![])]
+    );
+    // Refused through every parentRef: the Gateway says why, nothing is served.
+    let none = route("r", &[None]).replace(
+        "parentRefs: [{name: gw}]",
+        "parentRefs: [{name: gw, sectionName: nope}]",
+    );
+    let out = run(&[none, p]);
+    let (status, reason, message) = accepted(&out, "p", None);
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("False", "TargetNotFound")
+    );
+    assert!(
+        message
+            .contains("HTTPRoute app/r is not attached to Gateway app/gw (no listener named nope)"),
+        "{message}"
+    );
+    assert!(out
+        .config
+        .virtual_hosts
+        .iter()
+        .all(|v| v.routes.is_empty() || !v.name.contains("r.example.com")));
+}
