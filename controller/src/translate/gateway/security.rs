@@ -956,12 +956,7 @@ fn find_route<'s>(
 /// why: a Gateway of ours that the route names but that did not accept it (the reason from
 /// the route's status), or, when the route does not exist or names no Gateway of ours, the
 /// HTTPRoute itself (the policy takes effect nowhere).
-fn route_reach(
-    s: &Snapshot,
-    sec: &SecurityPolicies,
-    ns: &str,
-    name: &str,
-) -> Vec<Entry> {
+fn route_reach(s: &Snapshot, sec: &SecurityPolicies, ns: &str, name: &str) -> Vec<Entry> {
     let itself = |why: String| {
         vec![(
             ParentRef {
