@@ -72,6 +72,10 @@ pub struct Config {
     /// OpenTelemetry tracing (W3C trace context, spans exported over OTLP/HTTP); none: off.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tracing: Option<Tracing>,
+    /// Named user lists that `basic_auth` filters name by `user_set` instead of listing their
+    /// users: one copy of an htpasswd file shared by every rule it guards.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub user_sets: Vec<crate::htpasswd::UserSet>,
 }
 
 fn schema_version() -> u32 {
@@ -95,6 +99,7 @@ impl Default for Config {
             cache: crate::CacheSettings::default(),
             path_normalization: crate::PathNormalization::default(),
             tracing: None,
+            user_sets: Vec::new(),
         }
     }
 }
@@ -832,9 +837,7 @@ pub struct Backend {
     /// Passive outlier ejection.
     #[serde(default)]
     pub outlier: OutlierDetection,
-    /// The most idle pooled HTTP/1.1 connections kept per endpoint (0: no pooling). Under
-    /// it the pool keeps only what recent demand needs: as many as were in use at once at the
-    /// peak of the last 10-20 s. Default 1024.
+    /// Idle pooled connections kept per endpoint. Default 64.
     #[serde(default = "default_pool_idle")]
     pub max_idle_per_endpoint: u32,
     /// Session affinity by cookie or header (takes precedence over `hash`).
@@ -882,7 +885,7 @@ fn default_connect_timeout() -> Duration {
     Duration::from_secs(5)
 }
 fn default_pool_idle() -> u32 {
-    1024
+    64
 }
 
 /// One upstream address.

@@ -237,10 +237,7 @@ async fn serve_conn(
         h2,
         drain,
     } = serving;
-    if first.is_some() {
-        // Peeked only on https listeners, which always have a TLS config: never here.
-        return;
-    }
+    debug_assert!(first.is_none(), "bytes are peeked on https listeners only");
     let mut stream = stream;
     let conn = Arc::new(ConnInfo {
         listener: view.name.clone(),
