@@ -6,19 +6,27 @@
 # Usage:
 #   e2e/bench/callgrind.sh BINARY [BINARY...]     # one line per binary and cell
 #   CELLS="h2-1k cache-h2" TOP=25 e2e/bench/callgrind.sh BINARY   # and the costliest functions
-#   CELLS=proxy-h1 PEERS="haproxy nginx" e2e/bench/callgrind.sh BINARY   # the proxy path beside
-#                                                 # HAProxy and nginx, and Sweety/HAProxy
+#   CELLS="proxy-h1 proxy-h2" PEERS="haproxy nginx" e2e/bench/callgrind.sh BINARY   # the proxy
+#                                                 # path beside HAProxy and nginx, and Sweety/HAProxy
 #
 # Environment:
-#   CELLS="h1-1k h2-1k proxy-h1 cache-h2"   which cells (the run.sh cells of the same name)
-#   N1=1000 N2=5000   the two measured windows (requests, on 100 new connections each)
+#   CELLS="h1-1k h2-1k proxy-h1 cache-h2"   which cells (the run.sh cells of the same name; also
+#                     proxy-h2 and proxy-h2-4k: the proxy path with an HTTP/2-over-TLS front,
+#                     12-byte and 4 KB answers)
+#   N1=1000 N2=5000   the two measured windows (requests, on 100 new connections each; the
+#                     proxy-h2 cells: on H2_CONNS)
+#   H2_CONNS=10       connections of the proxy-h2 cells (10 streams each: H2_CONNS x 10 requests
+#                     in flight; run.sh's cells have 100 x 10)
+#   POOL_IDLE=        Sweety's `max_idle_per_endpoint` for the backend (default: unset, the
+#                     dataplane's default, as in run.sh)
 #   TOP=0             print the TOP functions by instructions per request (self cost, from the
 #                     two windows' difference, so the TLS handshakes cancel out)
 #   SERVER_CPU=0 CLIENT_CPU=1   taskset CPU of the server (under valgrind) and of h2load and the backend
 #   PORT_BASE=18540   ports on 127.0.0.1: TLS = base, plain = base+1, backend = base+2, admin = base+3
 #   KEEP_WORK=1       keep the work dir (configs, callgrind dumps)
-#   PEERS=""          "haproxy nginx": also count HAProxy and nginx as the proxy of cell proxy-h1
-#                     (once per run, not per binary), then print each binary's ratio to them
+#   PEERS=""          "haproxy nginx": also count HAProxy and nginx as the proxy of each proxy-*
+#                     cell in CELLS (once per run, not per binary), then print each binary's
+#                     ratio to them
 #
 # Method: run.sh's Sweety config (same routes, files, backend: a one-worker nginx answering
 # "hello world\n"), with `header_read_timeout: 120s` so that 100 TLS handshakes under valgrind do
@@ -26,13 +34,13 @@
 # `rep movsb` memcpy turned off (valgrind counts every byte a `rep movsb` moves as an instruction).
 # Per cell: a fresh server, a 1,000-request warm-up, counters zeroed, a window of N1 requests and
 # one of N2 requests (h2load -c 100, each on new connections; H2: -m 10; proxy-h1: --h1 over plain
-# HTTP), each dumped; per request = (Ir(N2) - Ir(N1)) / (N2 - N1), which cancels the handshakes
+# HTTP; proxy-h2*: -c H2_CONNS -m 10 over TLS), each dumped; per request = (Ir(N2) - Ir(N1)) / (N2 - N1), which cancels the handshakes
 # and connection setup. Same-binary repeats differ by up to ~2 %. Everything listens on 127.0.0.1.
 #
-# Peers (PEERS, cell proxy-h1 only): HAProxy (Debian's haproxy) and nginx (Debian's nginx-light)
+# Peers (PEERS, the proxy-* cells): HAProxy (Debian's haproxy) and nginx (Debian's nginx-light)
 # as the proxy in front of the same backend, with run.sh's configs for the proxy cells: HAProxy
-# nbthread 1, `option http-keep-alive` and `http-reuse always`; nginx one worker, an upstream with
-# `keepalive 128` and `proxy_http_version 1.1` (here `master_process off`, so that the one process
+# nbthread 1, `option http-keep-alive` and `http-reuse always`, TLS 1.3 with ALPN h2; nginx one
+# worker, `listen ssl http2`, an upstream with `keepalive 128` and `proxy_http_version 1.1` (here `master_process off`, so that the one process
 # under valgrind is the worker). Both run under the same valgrind command and glibc setting, with
 # the same client, warm-up and windows; access logs off in all three. Caveat: valgrind runs a
 # process's threads one at a time and counts instructions, not cycles, so a count weighs neither
@@ -48,6 +56,8 @@ SERVER_CPU=${SERVER_CPU:-0}
 CLIENT_CPU=${CLIENT_CPU:-1}
 PORT_BASE=${PORT_BASE:-18540}
 PEERS=${PEERS:-}
+H2_CONNS=${H2_CONNS:-10}
+POOL_IDLE=${POOL_IDLE:-}
 TLS_PORT=$PORT_BASE
 PLAIN_PORT=$((PORT_BASE + 1))
 BACKEND_PORT=$((PORT_BASE + 2))
@@ -58,8 +68,10 @@ die() { printf 'error: %s\n' "$*" >&2; exit 1; }
 for bin in "$@"; do [[ -x $bin ]] || die "not an executable: $bin"; done
 for peer in $PEERS; do
     [[ $peer == haproxy || $peer == nginx ]] || die "unknown peer $peer (PEERS: haproxy, nginx)"
-    [[ " $CELLS " == *" proxy-h1 "* ]] || die "PEERS needs the cell proxy-h1 in CELLS"
 done
+PROXY_CELLS=()
+for cell in $CELLS; do [[ $cell == proxy-* ]] && PROXY_CELLS+=("$cell"); done
+[[ -z $PEERS ]] || ((${#PROXY_CELLS[@]})) || die "PEERS needs a proxy-* cell in CELLS"
 
 # Debian packages of the tools that are missing (as .ci/run does).
 need=()
@@ -104,6 +116,7 @@ openssl ecparam -name prime256v1 -genkey -noout -out "$WORK/key.pem" 2>/dev/null
 openssl req -x509 -new -key "$WORK/key.pem" -out "$WORK/cert.pem" -days 30 \
     -subj "/CN=127.0.0.1" -addext "subjectAltName=IP:127.0.0.1" 2>/dev/null
 dd if=/dev/urandom of="$WORK/www/1k.bin" bs=1024 count=1 status=none
+dd if=/dev/urandom of="$WORK/www/4k.bin" bs=1024 count=4 status=none
 chmod -R a+rX "$WORK/www"
 
 cat >"$WORK/backend.conf" <<EOF
@@ -123,6 +136,7 @@ http {
     server {
         listen 127.0.0.1:$BACKEND_PORT;
         default_type text/plain;
+        location = /proxy4k { alias $WORK/www/4k.bin; }
         location / { return 200 "hello world\n"; }
     }
 }
@@ -150,6 +164,9 @@ virtual_hosts:
       - name: proxy
         matches: [{path: {prefix: /proxy}}]
         action: {proxy: {backends: [{backend: hello}]}}
+      - name: proxy-files
+        matches: [{path: {exact: /proxy4k}}]
+        action: {proxy: {backends: [{backend: hello}]}}
       - name: cached
         matches: [{path: {prefix: /cached}}]
         filters: [{cache: {ttl: 10m}}]
@@ -160,10 +177,12 @@ backends:
   - name: hello
     protocol: http1
     endpoints: [{address: "127.0.0.1:$BACKEND_PORT"}]
-    max_idle_per_endpoint: 128
+${POOL_IDLE:+    max_idle_per_endpoint: $POOL_IDLE}
 EOF
 
-# The peers as proxies of cell proxy-h1: run.sh's configs for it, on the plain port only.
+# The peers as proxies of the proxy cells: run.sh's configs for them (the plain port for proxy-h1,
+# TLS with HTTP/2 for proxy-h2*).
+cat "$WORK/cert.pem" "$WORK/key.pem" >"$WORK/haproxy.pem"
 mkdir -p "$WORK/nginx/tmp"
 cat >"$WORK/nginx.conf" <<EOF
 worker_processes 1;
@@ -196,11 +215,23 @@ http {
             proxy_set_header Connection "";
         }
     }
+    server {
+        listen 127.0.0.1:$TLS_PORT ssl http2;
+        ssl_certificate $WORK/cert.pem;
+        ssl_certificate_key $WORK/key.pem;
+        ssl_protocols TLSv1.3;
+        location /proxy {
+            proxy_pass http://hello;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+        }
+    }
 }
 EOF
 cat >"$WORK/haproxy.cfg" <<EOF
 global
     nbthread 1
+    ssl-default-bind-options ssl-min-ver TLSv1.3
 defaults
     mode http
     timeout connect 5s
@@ -211,6 +242,9 @@ defaults
     http-reuse always
 frontend plain
     bind 127.0.0.1:$PLAIN_PORT
+    default_backend hello
+frontend tls
+    bind 127.0.0.1:$TLS_PORT ssl crt $WORK/haproxy.pem alpn h2,http/1.1
     default_backend hello
 backend hello
     server be 127.0.0.1:$BACKEND_PORT
@@ -227,13 +261,16 @@ taskset -c "$CLIENT_CPU" "$NGINX" -p "$WORK/backend/" -c "$WORK/backend.conf" -e
 PIDS+=("$!")
 for _ in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$BACKEND_PORT/" && break; sleep 0.1; done
 
-load() { # load CELL N: N requests on 100 new connections
+load() { # load CELL N: N requests on 100 (proxy-h2*: H2_CONNS) new connections
     local args=(-c 100 -t 1 -n "$2")
+    [[ $1 == proxy-h2* ]] && args=(-c "$H2_CONNS" -t 1 -n "$2")
     case $1 in
         h1-1k) args+=(--h1 "https://127.0.0.1:$TLS_PORT/1k.bin") ;;
         h2-1k) args+=(-m 10 "https://127.0.0.1:$TLS_PORT/1k.bin") ;;
         cache-h2) args+=(-m 10 -H "accept-encoding: gzip" "https://127.0.0.1:$TLS_PORT/cached") ;;
         proxy-h1) args+=(--h1 "http://127.0.0.1:$PLAIN_PORT/proxy") ;;
+        proxy-h2) args+=(-m 10 "https://127.0.0.1:$TLS_PORT/proxy") ;;
+        proxy-h2-4k) args+=(-m 10 "https://127.0.0.1:$TLS_PORT/proxy4k") ;;
         *) die "unknown cell $1" ;;
     esac
     local out
@@ -264,6 +301,7 @@ measure() { # measure LABEL CELL COMMAND...: COMMAND (a server) under callgrind,
     PIDS+=("$pid")
     case $cell in
         proxy-h1) probe=(curl -s -o /dev/null --max-time 5 "http://127.0.0.1:$PLAIN_PORT/proxy") ;;
+        proxy-h2*) probe=(curl -skf --http2 -o /dev/null --max-time 5 "https://127.0.0.1:$TLS_PORT/proxy") ;;
         *) probe=(curl -sk -o /dev/null --max-time 5 "https://127.0.0.1:$TLS_PORT/1k.bin") ;;
     esac
     for ((i = 0; i < 600; i++)); do
@@ -306,16 +344,22 @@ for peer in $PEERS; do
     case $peer in
         haproxy) # -db: foreground, one process
             PEER_LABELS+=("haproxy $("$HAPROXY" -v | sed -n 's/^HAProxy version \([^ ]*\).*/\1/p')")
-            measure "${PEER_LABELS[-1]}" proxy-h1 "$HAPROXY" -db -f "$WORK/haproxy.cfg" ;;
+            for cell in "${PROXY_CELLS[@]}"; do
+                measure "${PEER_LABELS[-1]}" "$cell" "$HAPROXY" -db -f "$WORK/haproxy.cfg"
+            done ;;
         nginx)
             PEER_LABELS+=("nginx $("$NGINX" -v 2>&1 | sed -n 's|^nginx version: nginx/||p')")
-            measure "${PEER_LABELS[-1]}" proxy-h1 \
-                "$NGINX" -p "$WORK/nginx/" -c "$WORK/nginx.conf" -e "$WORK/nginx/error.log" ;;
+            for cell in "${PROXY_CELLS[@]}"; do
+                measure "${PEER_LABELS[-1]}" "$cell" \
+                    "$NGINX" -p "$WORK/nginx/" -c "$WORK/nginx.conf" -e "$WORK/nginx/error.log"
+            done ;;
     esac
 done
 for bin in "$@"; do
     for peer in "${PEER_LABELS[@]}"; do
-        awk -v b="$bin" -v p="$peer" -v x="${PER_REQUEST["$bin proxy-h1"]}" -v y="${PER_REQUEST["$peer proxy-h1"]}" \
-            'BEGIN { printf "proxy-h1 %s / %s: %.2fx\n", b, p, x / y }'
+        for cell in "${PROXY_CELLS[@]}"; do
+            awk -v c="$cell" -v b="$bin" -v p="$peer" -v x="${PER_REQUEST["$bin $cell"]}" \
+                -v y="${PER_REQUEST["$peer $cell"]}" 'BEGIN { printf "%s %s / %s: %.2fx\n", c, b, p, x / y }'
+        done
     done
 done
