@@ -162,7 +162,10 @@ pub struct Listener {
     pub advertised_port: Option<u16>,
     /// For `tcp`/`udp`/`tls_passthrough`/`tls` listeners: where to forward. Empty: the
     /// listener still binds its port, and closes every connection (drops every datagram)
-    /// it gets, as for a connection that matches no route.
+    /// it gets, as for a connection that matches no route. On an `https` listener: its
+    /// passthrough hosts (each route names at least one), whose TLS connections are passed
+    /// through unterminated by SNI as on `tls_passthrough`; any other connection is served
+    /// here as before. HTTP/3 refuses those names.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub l4_routes: Vec<L4Route>,
 }
@@ -177,8 +180,8 @@ fn default_address() -> String {
 pub struct L4Route {
     /// Name for metrics and logs.
     pub name: String,
-    /// SNI hostnames (`tls_passthrough` and `tls` only; exact or `*.` wildcard). Empty
-    /// matches any.
+    /// SNI hostnames (`tls_passthrough`, `tls` and `https` only; exact or `*.` wildcard).
+    /// Empty matches any (not on `https`, where at least one is required).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub hostnames: Vec<String>,
     /// `tls` listeners only: terminate TLS here (with the listener's certificates) and forward

@@ -488,13 +488,15 @@ impl<'a> Validator<'a> {
             );
         }
         let l4 = l.protocol.is_l4();
-        let by_sni = matches!(l.protocol, P::TlsPassthrough | P::Tls);
+        // An `https` listener's `l4_routes` are its passthrough hosts: TLS connections whose
+        // SNI they name are passed through unterminated, the others are served here.
+        let by_sni = matches!(l.protocol, P::TlsPassthrough | P::Tls | P::Https);
         // An L4 listener without routes is valid: it accepts connections and closes them (a
         // Gateway listener that is programmed but has no usable route must not refuse them).
-        if !l4 && !l.l4_routes.is_empty() {
+        if !l4 && l.protocol != P::Https && !l.l4_routes.is_empty() {
             self.err(
                 format!("{path}.l4_routes"),
-                "only allowed on tcp, udp, tls_passthrough and tls listeners",
+                "only allowed on tcp, udp, tls_passthrough, tls and https listeners",
             );
         }
         let mut route_names = HashMap::new();
@@ -504,7 +506,14 @@ impl<'a> Validator<'a> {
             if !route.hostnames.is_empty() && !by_sni {
                 self.err(
                     format!("{rpath}.hostnames"),
-                    "only allowed on tls_passthrough and tls listeners",
+                    "only allowed on tls_passthrough, tls and https listeners",
+                );
+            } else if route.hostnames.is_empty() && l.protocol == P::Https {
+                // Without a name every TLS connection would pass through: that is a
+                // `tls_passthrough` listener, not an `https` one.
+                self.err(
+                    format!("{rpath}.hostnames"),
+                    "at least one hostname is required on an https listener's passthrough route",
                 );
             } else {
                 self.hostnames(&format!("{rpath}.hostnames"), &route.hostnames);
@@ -2326,7 +2335,7 @@ access_log: {enabled: true, path: /var/log/sweety/access.log, buffer_lines: 1024
         expect_one(
             |c| c.listeners[0].l4_routes = c.listeners[2].l4_routes.clone(),
             "listeners[0].l4_routes",
-            "only allowed on tcp, udp, tls_passthrough and tls listeners",
+            "only allowed on tcp, udp, tls_passthrough, tls and https listeners",
         );
         // No route: valid (connections are accepted and closed, datagrams dropped).
         expect_ok(|c| c.listeners[2].l4_routes.clear());
@@ -2343,7 +2352,31 @@ access_log: {enabled: true, path: /var/log/sweety/access.log, buffer_lines: 1024
         expect_one(
             |c| c.listeners[2].l4_routes[0].hostnames = vec!["a.test".into()],
             "listeners[2].l4_routes[0].hostnames",
-            "only allowed on tls_passthrough and tls listeners",
+            "only allowed on tls_passthrough, tls and https listeners",
+        );
+        // An https listener's passthrough hosts: named (exact or wildcard), never terminated.
+        expect_ok(|c| {
+            let mut r = c.listeners[3].l4_routes[0].clone();
+            r.hostnames = vec!["db.example.com".into(), "*.db.example.com".into()];
+            c.listeners[1].l4_routes = vec![r];
+        });
+        expect_one(
+            |c| {
+                let mut r = c.listeners[3].l4_routes[0].clone();
+                r.hostnames.clear();
+                c.listeners[1].l4_routes = vec![r];
+            },
+            "listeners[1].l4_routes[0].hostnames",
+            "at least one hostname is required on an https listener's passthrough route",
+        );
+        expect_one(
+            |c| {
+                let mut r = c.listeners[3].l4_routes[0].clone();
+                r.terminate = true;
+                c.listeners[1].l4_routes = vec![r];
+            },
+            "listeners[1].l4_routes[0].terminate",
+            "only allowed on tls listeners",
         );
         expect_one(
             |c| {

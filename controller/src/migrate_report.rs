@@ -262,6 +262,7 @@ metadata:
     nginx.ingress.kubernetes.io/proxy-body-size: 8m
     nginx.ingress.kubernetes.io/whitelist-source-range: "office-vpn"
     nginx.ingress.kubernetes.io/x-made-up: "\u0007"
+    nginx.ingress.kubernetes.io/ssl-passthrough: "true"
     kubernetes.io/ingress.class: nginx
 "#,
         )
@@ -290,6 +291,13 @@ metadata:
             Some(Support::RefusedFailClosed)
         );
         assert_eq!(verdict("x-made-up"), Some(Support::IgnoredHarmless));
+        // Honoured differently where the class allows it; the report reads it against a
+        // class that does not (ingress-nginx's default too), where it fails closed.
+        assert_eq!(
+            annotation_spec("ssl-passthrough").map(|s| s.support),
+            Some(Support::HonouredDifferently)
+        );
+        assert_eq!(verdict("ssl-passthrough"), Some(Support::RefusedFailClosed));
         assert_eq!(
             r.annotations
                 .iter()

@@ -79,6 +79,13 @@ pub struct IngressSettings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("pattern" = "^[0-9]+(ms|s|m|h)$"))]
     pub proxy_connect_timeout: Option<String>,
+    /// Let the class's Ingresses use `nginx.ingress.kubernetes.io/ssl-passthrough`
+    /// (ingress-nginx's `--enable-ssl-passthrough` flag): TLS connections for the host of such
+    /// an Ingress's rule pass through unterminated, by SNI, to the Service of the rule's `/`
+    /// path. Default false: an Ingress with `ssl-passthrough: "true"` is refused (its paths
+    /// answer 403).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ssl_passthrough: Option<bool>,
 }
 
 /// OpenTelemetry tracing: where spans go and which requests are sampled.

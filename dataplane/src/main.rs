@@ -88,33 +88,38 @@ fn purge_freed_memory_promptly() {
     }
 }
 
-/// Unmaps the pages of the executable's code and constants that startup brought in, once the
-/// first config serves; returns the bytes of the ranges released. Most of an idle dataplane's
-/// RSS is not heap but these file pages (issue 23, docs/benchmarks.md "Idle RSS"): YAML
-/// parsing, validation, the router and TLS set-up run once, and the kernel maps 64 KiB
-/// around every page they touch. Released, they stay in the page cache: what the requests use
-/// is mapped again at its first use (a minor fault each, once), the rest no longer counts.
+/// Unmaps the pages of code and constants that startup brought in (of the executable and of
+/// the shared libraries it loaded), once the first config serves; returns the bytes of the
+/// ranges released. Most of an idle dataplane's RSS is not heap but these file pages (issue 23,
+/// docs/benchmarks.md "Idle RSS"): YAML parsing, validation, the router and TLS set-up run
+/// once, and the kernel maps 64 KiB around every page they touch, in libc and libm as in the
+/// executable. Released, they stay in the page cache: what the requests use is mapped again at
+/// its first use (a minor fault each, once), the rest no longer counts.
 ///
-/// Only mappings of the executable that cannot be written and hold no anonymous (private,
-/// modified) page are released: their pages are the file's, so a later access reads the same
-/// bytes. The relocated read-only data (RELRO) holds anonymous pages and is left alone.
+/// Only private mappings of the files mapped when `main` began (the executable and the
+/// libraries loaded with it, [`STARTUP_OBJECTS`]) that cannot be written and hold no anonymous
+/// (private, modified) page are released: their pages are the file's, so a later access reads
+/// the same bytes. The relocated read-only data (RELRO) holds anonymous pages and is left alone.
 #[allow(unsafe_code)] // the workspace's second `unsafe` in shipped code: the proof is inside
 fn release_startup_code() -> usize {
-    let Ok(exe) = std::fs::read_link("/proc/self/exe") else {
+    let Some(objects) = STARTUP_OBJECTS.get() else {
         return 0;
     };
     let Ok(smaps) = std::fs::read_to_string("/proc/self/smaps") else {
         return 0;
     };
     let mut released = 0;
-    for (start, end) in releasable(&smaps, &exe.to_string_lossy()) {
+    for (start, end) in releasable(&smaps, objects) {
         // SAFETY: [start, end) is a whole mapping of this process (read from its smaps just
-        // now), of the executable file, without write permission and without an anonymous
-        // page: every page in it is the file's page-cache page, never modified. MADV_DONTNEED
-        // on a private file mapping only drops the page-table entries; the next access maps
-        // the same file page again, so no thread (one may run code in the range meanwhile)
-        // can observe a difference. Nothing can make the range writable between the read of
-        // smaps and this call: only this thread changes mappings here, and it does not.
+        // now), private, of a file, without write permission and without an anonymous page:
+        // every page in it is the file's clean page-cache page, never modified, which the
+        // kernel may already unmap at any time to reclaim memory. MADV_DONTNEED on a private
+        // file mapping only drops the page-table entries; the next access maps the same file
+        // page again, so no thread (one may run code in the range meanwhile) can observe a
+        // difference. The range cannot become another mapping between the read of smaps and this
+        // call: the file is one the process was started with (the executable, or a library of
+        // the initial link map, which the dynamic loader never unloads), and nothing in this
+        // process unmaps or mprotects such a mapping.
         let r =
             unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED) };
         if r == 0 {
@@ -130,9 +135,29 @@ fn release_startup_code_logged() {
     tracing::debug!(kib = released / 1024, "startup code released");
 }
 
-/// The `(start, end)` of the mappings in `smaps` (the text of /proc/self/smaps) of the file
-/// `exe` that are not writable and hold no anonymous page.
-fn releasable(smaps: &str, exe: &str) -> Vec<(usize, usize)> {
+/// The files mapped when `main` began: the executable and the shared libraries of the initial
+/// link map (never unloaded), whose read-only mappings [`release_startup_code`] may release.
+static STARTUP_OBJECTS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+
+/// Records [`STARTUP_OBJECTS`] from /proc/self/maps; called first thing in `main`, before any
+/// library could be loaded later (NSS modules by a name lookup, say).
+fn record_startup_objects() {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+    let mut objects: Vec<String> = maps
+        .lines()
+        .filter_map(|line| line.split_whitespace().nth(5))
+        .filter(|path| path.starts_with('/'))
+        .map(str::to_owned)
+        .collect();
+    objects.sort();
+    objects.dedup();
+    let _ = STARTUP_OBJECTS.set(objects);
+}
+
+/// The `(start, end)` of the mappings in `smaps` (the text of /proc/self/smaps) that are
+/// private mappings of one of the files `objects` (sorted), not writable, and hold no anonymous
+/// page. Special mappings (`[vdso]`, `[vvar]`, `[stack]`) and anonymous ones are never.
+fn releasable(smaps: &str, objects: &[String]) -> Vec<(usize, usize)> {
     let mut out = Vec::new();
     let mut current: Option<(usize, usize)> = None;
     for line in smaps.lines() {
@@ -145,9 +170,12 @@ fn releasable(smaps: &str, exe: &str) -> Vec<(usize, usize)> {
             else {
                 continue;
             };
-            let perms = fields.next().unwrap_or("");
+            let perms = fields.next().unwrap_or("").as_bytes();
             let path = fields.nth(3).unwrap_or("");
-            if path == exe && perms.starts_with('r') && perms.as_bytes().get(1) == Some(&b'-') {
+            let unwritable_private =
+                perms.len() == 4 && perms[0] == b'r' && perms[1] == b'-' && perms[3] == b'p';
+            let startup_object = objects.binary_search_by(|o| o.as_str().cmp(path)).is_ok();
+            if unwritable_private && path.starts_with('/') && startup_object {
                 current = Some((a, b));
             }
         } else if first == "Anonymous:" {
@@ -162,6 +190,7 @@ fn releasable(smaps: &str, exe: &str) -> Vec<(usize, usize)> {
 }
 
 fn main() -> anyhow::Result<()> {
+    record_startup_objects();
     purge_freed_memory_promptly();
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -374,7 +403,7 @@ mod tests {
     use super::releasable;
 
     #[test]
-    fn only_unwritable_mappings_of_the_executable_without_anonymous_pages_are_releasable() {
+    fn only_unwritable_private_file_mappings_without_anonymous_pages_are_releasable() {
         let smaps = "\
 55d000000000-55d000431000 r--p 00000000 fe:00 1234 /usr/bin/sweety-dataplane
 Size:               4292 kB
@@ -390,16 +419,37 @@ Anonymous:           616 kB
 Anonymous:             0 kB
 7f0000000000-7f0000171000 r-xp 00028000 fe:00 99 /usr/lib/x86_64-linux-gnu/libc.so.6
 Anonymous:             0 kB
+7f0000171000-7f0000180000 r--s 00000000 fe:00 98 /some/shared/file
+Anonymous:             0 kB
 7f1000000000-7f1000021000 rw-p 00000000 00:00 0
 Anonymous:           132 kB
+7f2000000000-7f2000002000 r-xp 00000000 00:00 0                          [vdso]
+Anonymous:             0 kB
+7f3000000000-7f3000001000 r--p 00000000 00:00 0
+Anonymous:             0 kB
 ";
+        let objects = |paths: &[&str]| paths.iter().map(|p| p.to_string()).collect::<Vec<_>>();
+        let started_with = objects(&[
+            "/some/shared/file",
+            "/usr/bin/sweety-dataplane",
+            "/usr/lib/x86_64-linux-gnu/libc.so.6",
+        ]);
         assert_eq!(
-            releasable(smaps, "/usr/bin/sweety-dataplane"),
+            releasable(smaps, &started_with),
             vec![
                 (0x55d0_0000_0000, 0x55d0_0043_1000),
-                (0x55d0_0043_1000, 0x55d0_00e4_8000)
+                (0x55d0_0043_1000, 0x55d0_00e4_8000),
+                (0x7f00_0000_0000, 0x7f00_0017_1000),
             ]
         );
-        assert!(releasable(smaps, "/other").is_empty());
+        // A library loaded later (not in the list) is never released.
+        assert_eq!(
+            releasable(smaps, &objects(&["/usr/bin/sweety-dataplane"])),
+            vec![
+                (0x55d0_0000_0000, 0x55d0_0043_1000),
+                (0x55d0_0043_1000, 0x55d0_00e4_8000),
+            ]
+        );
+        assert!(releasable(smaps, &[]).is_empty());
     }
 }

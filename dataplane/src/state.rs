@@ -49,6 +49,9 @@ pub struct ListenerView {
     pub alt_svc: Option<HeaderValue>,
     /// Routes of a layer-4 (`tcp`, `udp`, `tls_passthrough`, `tls`) listener.
     pub l4: Option<Arc<crate::router::l4::L4Listener>>,
+    /// Passthrough hosts of an `https` listener: a connection whose ClientHello names one is
+    /// passed through unterminated. `None` (no ClientHello is peeked) when it has none.
+    pub passthrough: Option<Arc<crate::router::l4::L4Listener>>,
     /// Set when connections start with a PROXY protocol header.
     pub proxy_protocol: Option<Arc<crate::proxy_protocol::Expect>>,
 }

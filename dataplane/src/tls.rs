@@ -114,11 +114,15 @@ pub fn load_certified_key(cert: &Certificate, path: &str) -> Result<Arc<Certifie
 
 /// Chooses a certificate by SNI: exact name, then the longest matching `*.` wildcard, then the
 /// listener's first certificate (also used when the client sends no SNI).
+/// Names under `refused` (an `https` listener's passthrough hosts) get no certificate: their
+/// handshake fails here (a QUIC ClientHello for one, or a TCP one the passthrough peek could
+/// not read), never terminated with another host's certificate.
 #[derive(Debug, Default)]
 pub struct SniResolver {
     exact: HashMap<String, Arc<CertifiedKey>>,
     wildcard: HashMap<String, Arc<CertifiedKey>>,
     fallback: Option<Arc<CertifiedKey>>,
+    refused: Option<SniScopes>,
 }
 
 impl SniResolver {
@@ -150,9 +154,26 @@ impl SniResolver {
         Ok(r)
     }
 
+    /// The same, refusing the names of `passthrough` (routes with hostnames only).
+    pub fn refusing(mut self, passthrough: &[sweety_config::L4Route]) -> SniResolver {
+        if !passthrough.is_empty() {
+            self.refused = Some(SniScopes::from_hostnames(
+                passthrough.iter().map(|r| r.hostnames.as_slice()),
+            ));
+        }
+        self
+    }
+
     /// The certificate for a server name.
     pub fn lookup(&self, sni: Option<&str>) -> Option<Arc<CertifiedKey>> {
         if let Some(name) = sni {
+            if self
+                .refused
+                .as_ref()
+                .is_some_and(|r| r.scope(name).is_some())
+            {
+                return None;
+            }
             let name = name.trim_end_matches('.').to_ascii_lowercase();
             if let Some(ck) = self.exact.get(&name) {
                 return Some(ck.clone());
@@ -269,13 +290,15 @@ pub struct ListenerTlsConfigs {
 }
 
 /// Builds the rustls server configs of an HTTPS listener (see [`ListenerTlsConfigs`]).
-/// `quic` is `Some(early_data)` when HTTP/3 is served.
+/// `quic` is `Some(early_data)` when HTTP/3 is served; `passthrough` are the listener's
+/// passthrough hosts, refused by both (see [`SniResolver`]).
 pub fn listener_configs(
     tls: &ListenerTls,
     path: &str,
     quic: Option<bool>,
+    passthrough: &[sweety_config::L4Route],
 ) -> Result<ListenerTlsConfigs, TlsError> {
-    let resolver = Arc::new(SniResolver::new(&tls.certificates, path)?);
+    let resolver = Arc::new(SniResolver::new(&tls.certificates, path)?.refusing(passthrough));
     let verifier = client_verifier(tls.client_auth.as_ref(), path)?;
     let versions: &[&rustls::SupportedProtocolVersion] = match tls.min_version {
         TlsVersion::Tls12 => &[&rustls::version::TLS13, &rustls::version::TLS12],
@@ -515,6 +538,20 @@ mod tests {
         assert_eq!(id(r.lookup(Some("x.a.example.com")).unwrap()), der(2));
         assert_eq!(id(r.lookup(Some("api.example.com")).unwrap()), der(1));
         assert_eq!(id(r.lookup(Some("example.com")).unwrap()), der(0));
+        assert_eq!(id(r.lookup(None).unwrap()), der(0));
+        // Passthrough hosts get no certificate (exact and wildcard); the others are as before.
+        let pt: sweety_config::L4Route = serde_json::from_value(serde_json::json!({
+            "name": "pt", "hostnames": ["www.example.com", "*.pt.test"],
+            "backends": [{"backend": "b"}],
+        }))
+        .unwrap();
+        let r = SniResolver::new(&certs, "listeners[0].tls")
+            .unwrap()
+            .refusing(&[pt]);
+        assert!(r.lookup(Some("WWW.example.com.")).is_none());
+        assert!(r.lookup(Some("a.pt.test")).is_none());
+        assert_eq!(id(r.lookup(Some("api.example.com")).unwrap()), der(1));
+        assert_eq!(id(r.lookup(Some("pt.test")).unwrap()), der(0));
         assert_eq!(id(r.lookup(None).unwrap()), der(0));
     }
 

@@ -27,6 +27,15 @@
 //! responses of a host with TLS carry `Strict-Transport-Security` ([`Params::hsts_max_age`],
 //! ingress-nginx's defaults).
 //!
+//! **SSL passthrough.** An Ingress with `ssl-passthrough` on a class that allows it
+//! ([`nginx::ClassSettings::ssl_passthrough`]) does not become routes: each rule host it may
+//! serve and names first (the oldest Ingress naming a host decides; `SSLPassthroughConflict`
+//! for the others) becomes an `l4_routes` entry of `ingress-https` to the Service of the rule's
+//! `/` path (the dataplane passes TLS with that SNI through, unterminated), and a virtual host on
+//! `ingress-http` that redirects (308) to HTTPS. Rules without a host, wildcard hosts and rules
+//! without `/` are refused (`SSLPassthroughInvalid`); its other paths, `spec.tls`, default
+//! backend and annotations are reported ignored (`SSLPassthroughIgnored`).
+//!
 //! **TLS.** A `spec.tls` Secret serves a host only when its certificate covers it
 //! ([`super::cert_names`]) and the Ingress's namespace may serve it; no `hosts` means the
 //! Ingress's own hosts. The HTTPS listener's first certificate is
@@ -109,7 +118,21 @@ pub fn front_listeners(b: &mut Builder<'_>, certificates: Vec<Certificate>) {
     if certificates.is_empty() {
         return;
     }
-    let idx = match b.listeners.iter().position(|l| l.name == HTTPS_LISTENER) {
+    let idx = https_listener(b);
+    if let Some(tls) = b.listeners[idx].tls.as_mut() {
+        for c in certificates {
+            if !tls.certificates.contains(&c) {
+                tls.certificates.push(c);
+            }
+        }
+    }
+}
+
+/// The index of the shared `ingress-https` listener, created (with the default certificate
+/// first) when it does not exist yet.
+fn https_listener(b: &mut Builder<'_>) -> usize {
+    let p = b.params;
+    match b.listeners.iter().position(|l| l.name == HTTPS_LISTENER) {
         Some(i) => i,
         None => {
             b.listeners.push(Listener {
@@ -134,13 +157,6 @@ pub fn front_listeners(b: &mut Builder<'_>, certificates: Vec<Certificate>) {
                 l4_routes: Vec::new(),
             });
             b.listeners.len() - 1
-        }
-    };
-    if let Some(tls) = b.listeners[idx].tls.as_mut() {
-        for c in certificates {
-            if !tls.certificates.contains(&c) {
-                tls.certificates.push(c);
-            }
         }
     }
 }
@@ -710,28 +726,55 @@ pub fn translate(b: &mut Builder<'_>) -> BTreeSet<String> {
     // host → (the Ingress that set it, its client certificate settings): `auth-tls-*`.
     let mut client_tls: BTreeMap<String, (String, sweety_config::HostClientAuth)> = BTreeMap::new();
 
-    for ing in &ours {
+    // `ssl-passthrough` hosts: host → (the Ingress, its `/` path's backend).
+    let mut passthrough: BTreeMap<String, (String, String)> = BTreeMap::new();
+    let snapshot = b.snapshot;
+    let parsed: Vec<(Arc<Ingress>, nginx::Annotations, Report)> = ours
+        .iter()
+        .map(|ing| {
+            let mut report = Report {
+                conditions: Vec::new(),
+                generation: ing.metadata.generation.unwrap_or(0),
+            };
+            let class = super::proxy_settings::ingress_settings(snapshot, params, ing);
+            let ann =
+                nginx::Annotations::parse(ing, params, &class, &snapshot.secrets, &mut report);
+            (ing.clone(), ann, report)
+        })
+        .collect();
+    let claims = first_claims(&parsed, &owners);
+
+    for (ing, mut ann, mut report) in parsed {
+        let ing = &ing;
         let ns = ing.metadata.namespace.clone().unwrap_or_default();
         let name = ing.metadata.name.clone().unwrap_or_default();
-        let mut report = Report {
-            conditions: Vec::new(),
-            generation: ing.metadata.generation.unwrap_or(0),
-        };
-        let class = super::proxy_settings::ingress_settings(b.snapshot, params, ing);
-        let mut ann =
-            nginx::Annotations::parse(ing, params, &class, &b.snapshot.secrets, &mut report);
         if ann.canary {
             canaries.push((ing.clone(), ann));
             reports.insert((ns, name), report);
             continue;
         }
+        if passes_through(&ann) {
+            passthrough_ingress(b, ing, &owners, &claims, &mut passthrough, &mut report);
+            reports.insert((ns, name), report);
+            continue;
+        }
         ann.error_pages = error_pages(b, &ns, &name, &ann, &mut report);
         let spec = ing.spec.clone().unwrap_or_default();
+        let key = format!("{ns}/{name}");
         // The hosts this Ingress may serve: its own, or shared by the operator's choice.
         let mut served: Vec<String> = Vec::new();
         for h in ownership::ingress_hosts(ing) {
             match owners.ingress_may_serve(&h, &ns) {
-                Ok(()) => served.push(h),
+                Ok(()) => match claims.get(&h) {
+                    Some((first, true)) if *first != key => report.warn(
+                        "SSLPassthroughConflict",
+                        format!(
+                            "host {h:?} is passed through (ssl-passthrough) by the older Ingress \
+                             {first}; this Ingress's rules for it are not served"
+                        ),
+                    ),
+                    _ => served.push(h),
+                },
                 Err(r) => report.warn(
                     r.reason,
                     format!(
@@ -836,7 +879,15 @@ pub fn translate(b: &mut Builder<'_>) -> BTreeSet<String> {
                     };
                     let mut kept = Vec::new();
                     for h in wanted {
-                        if let Err(r) = owners.ingress_may_serve(&h, &ns) {
+                        if let Some((first, true)) = claims.get(&h) {
+                            report.warn(
+                                "SSLPassthroughConflict",
+                                format!(
+                                    "TLS Secret {ns}/{secret} is not used for {h:?}: its TLS is \
+                                     passed through (ssl-passthrough) by Ingress {first}"
+                                ),
+                            );
+                        } else if let Err(r) = owners.ingress_may_serve(&h, &ns) {
                             report.warn(
                                 "TLSHostNotOwned",
                                 format!(
@@ -1085,13 +1136,14 @@ pub fn translate(b: &mut Builder<'_>) -> BTreeSet<String> {
 
     certificates.sort_by(|a, b| a.hostnames.cmp(&b.hostnames));
     front_listeners(b, certificates);
+    let mut served = BTreeSet::new();
+    passthrough_listeners(b, passthrough, &mut served);
     let https = has_https(b);
     let cluster_default = params
         .default_backend
         .as_deref()
         .map(|spec| cluster_default_backend(b, spec));
 
-    let mut served = BTreeSet::new();
     for (host, mut routes) in hosts {
         if !host.is_empty() {
             served.insert(host.clone());
@@ -1260,6 +1312,235 @@ pub fn translate(b: &mut Builder<'_>) -> BTreeSet<String> {
         }
     }
     served
+}
+
+/// Whether an Ingress's TLS passes through (`ssl-passthrough` on a class that allows it): not
+/// when it is refused (a protection it asks for cannot be given), nor for a canary.
+fn passes_through(ann: &nginx::Annotations) -> bool {
+    ann.ssl_passthrough && ann.refuse.is_none() && !ann.canary
+}
+
+/// For each rule host: the Ingress that names it first (oldest first, among those that may
+/// serve it) and whether that Ingress passes its TLS through. It decides the host's fate: a
+/// host first named by a passthrough Ingress is passed through and every other Ingress's rules
+/// for it are left out; a host first named by another Ingress is not passed through.
+fn first_claims(
+    parsed: &[(Arc<Ingress>, nginx::Annotations, Report)],
+    owners: &Hosts,
+) -> BTreeMap<String, (String, bool)> {
+    let mut claims = BTreeMap::new();
+    for (ing, ann, _) in parsed.iter().filter(|(_, a, _)| !a.canary) {
+        let ns = ing.metadata.namespace.clone().unwrap_or_default();
+        let key = format!("{ns}/{}", ing.metadata.name.clone().unwrap_or_default());
+        for h in ownership::ingress_hosts(ing) {
+            if !h.is_empty() && owners.ingress_may_serve(&h, &ns).is_ok() {
+                claims
+                    .entry(h)
+                    .or_insert_with(|| (key.clone(), passes_through(ann)));
+            }
+        }
+    }
+    claims
+}
+
+/// An Ingress whose TLS passes through (ingress-nginx `ssl-passthrough`): for each rule with a
+/// host it may serve and names first, TLS connections whose SNI is the host go, untouched, to
+/// the Service of the rule's `/` path (`passthrough`: host → (the Ingress, that backend)). The
+/// rest of the Ingress (other paths, `spec.tls`, its default backend, its other annotations)
+/// does not apply to those connections and is reported as ignored; rules without a host,
+/// wildcard hosts and rules without a `/` path are refused.
+fn passthrough_ingress(
+    b: &mut Builder<'_>,
+    ing: &Ingress,
+    owners: &Hosts,
+    claims: &BTreeMap<String, (String, bool)>,
+    passthrough: &mut BTreeMap<String, (String, String)>,
+    report: &mut Report,
+) {
+    let ns = ing.metadata.namespace.clone().unwrap_or_default();
+    let key = format!("{ns}/{}", ing.metadata.name.clone().unwrap_or_default());
+    let spec = ing.spec.clone().unwrap_or_default();
+    let mut ignored: Vec<String> = Vec::new();
+    let mut others: Vec<&str> = ing
+        .metadata
+        .annotations
+        .iter()
+        .flatten()
+        .filter_map(|(k, _)| k.strip_prefix(nginx::PREFIX))
+        .filter(|n| *n != "ssl-passthrough")
+        .collect();
+    others.sort_unstable();
+    if !others.is_empty() {
+        ignored.push(format!("the annotations {}", others.join(", ")));
+    }
+    if spec.tls.as_ref().is_some_and(|t| !t.is_empty()) {
+        ignored.push("spec.tls (the backend presents its own certificate)".into());
+    }
+    if spec.default_backend.is_some() {
+        ignored.push("spec.defaultBackend".into());
+    }
+    for rule in spec.rules.as_deref().unwrap_or_default() {
+        let host = rule.host.clone().unwrap_or_default().to_ascii_lowercase();
+        let paths = rule
+            .http
+            .as_ref()
+            .map(|h| h.paths.as_slice())
+            .unwrap_or_default();
+        if host.is_empty() || host.starts_with("*.") {
+            report.warn(
+                "SSLPassthroughInvalid",
+                if host.is_empty() {
+                    "ssl-passthrough: a rule without a host cannot be passed through (TLS is \
+                     routed by the exact SNI name, as in ingress-nginx); its paths are not served"
+                        .to_string()
+                } else {
+                    format!(
+                        "ssl-passthrough: the wildcard host {host:?} cannot be passed through \
+                         (ingress-nginx matches the exact SNI name only); its paths are not served"
+                    )
+                },
+            );
+            continue;
+        }
+        if let Err(r) = owners.ingress_may_serve(&host, &ns) {
+            report.warn(
+                r.reason,
+                format!("{}; the rules for {host:?} are not served", r.message),
+            );
+            continue;
+        }
+        match claims.get(&host) {
+            Some((first, _)) if *first != key => {
+                report.warn(
+                    "SSLPassthroughConflict",
+                    format!(
+                        "host {host:?} is already served by the older Ingress {first}; it is \
+                         not passed through and this Ingress's rules for it are not served"
+                    ),
+                );
+                continue;
+            }
+            _ => {}
+        }
+        if passthrough.contains_key(&host) {
+            report.warn(
+                "SSLPassthroughConflict",
+                format!("host {host:?} is in two rules; the first one is passed through"),
+            );
+            continue;
+        }
+        let is_root = |p: &&k8s_openapi::api::networking::v1::HTTPIngressPath| {
+            p.path.as_deref().unwrap_or("/") == "/"
+        };
+        for p in paths.iter().filter(|p| !is_root(p)) {
+            ignored.push(format!(
+                "path {:?} of {host:?}",
+                p.path.as_deref().unwrap_or_default()
+            ));
+        }
+        let Some(root) = paths.iter().find(is_root) else {
+            report.warn(
+                "SSLPassthroughInvalid",
+                format!(
+                    "ssl-passthrough: host {host:?} has no `/` path whose Service TLS could pass \
+                     through to; it is not served"
+                ),
+            );
+            continue;
+        };
+        let Some(svc) = root.backend.service.as_ref() else {
+            report.warn(
+                "SSLPassthroughInvalid",
+                format!(
+                    "ssl-passthrough: the `/` path of {host:?} names no Service; it is not served"
+                ),
+            );
+            continue;
+        };
+        let port = svc.port.as_ref().and_then(|p| match (&p.number, &p.name) {
+            (Some(n), _) => Some(PortRef::Number(*n)),
+            (None, Some(n)) => Some(PortRef::Name(n.clone())),
+            _ => None,
+        });
+        match b.backends.service(
+            &b.services,
+            &ns,
+            &svc.name,
+            port.as_ref(),
+            &BackendOptions::default(),
+        ) {
+            Ok(backend) => {
+                passthrough.insert(host, (key.clone(), backend));
+            }
+            Err(e) => report.warn(
+                e.reason(),
+                format!("{e}; TLS for {host:?} is not passed through"),
+            ),
+        }
+    }
+    if !ignored.is_empty() {
+        report.warn(
+            "SSLPassthroughIgnored",
+            format!(
+                "ssl-passthrough: TLS connections for the Ingress's hosts pass through, \
+                 untouched, to the Service of each rule's `/` path and plain HTTP is redirected to \
+                 HTTPS, so these do not apply and are ignored: {}",
+                ignored.join("; ")
+            ),
+        );
+    }
+}
+
+/// The passthrough hosts on the shared listeners: on `ingress-https`, an `l4_routes` entry per
+/// host to its backend (the dataplane passes a connection whose SNI is the host through,
+/// unterminated, and refuses the name on HTTP/3); on `ingress-http`, every request for the host
+/// is redirected (308) to HTTPS (the backend's port speaks TLS). `served` gets the hosts.
+fn passthrough_listeners(
+    b: &mut Builder<'_>,
+    passthrough: BTreeMap<String, (String, String)>,
+    served: &mut BTreeSet<String>,
+) {
+    if passthrough.is_empty() {
+        return;
+    }
+    let idx = https_listener(b);
+    for (host, (ingress, backend)) in passthrough {
+        served.insert(host.clone());
+        if b.listeners[idx]
+            .tls
+            .as_ref()
+            .is_some_and(|t| !t.certificates.is_empty())
+        {
+            b.listeners[idx].l4_routes.push(sweety_config::L4Route {
+                name: format!("ingress/{host}"),
+                hostnames: vec![host.clone()],
+                terminate: false,
+                backends: vec![WeightedBackend {
+                    backend,
+                    weight: 1,
+                    filters: Vec::new(),
+                }],
+            });
+        }
+        b.virtual_hosts.push(VirtualHost {
+            name: format!("ingress/{host}"),
+            hostnames: vec![host.clone()],
+            listeners: vec![HTTP_LISTENER.into()],
+            routes: vec![Route {
+                name: format!("ingress/{ingress}/ssl-passthrough"),
+                matches: Vec::new(),
+                filters: vec![sweety_config::Filter::Redirect(nginx::https_redirect())],
+                action: Action::Fixed(FixedResponse {
+                    status: 308,
+                    body: String::new(),
+                    content_type: None,
+                }),
+                timeouts: Default::default(),
+                retry: None,
+                max_request_body_bytes: None,
+            }],
+        });
+    }
 }
 
 fn host_list(hosts: &[String]) -> String {
@@ -1600,5 +1881,124 @@ data: {tls.crt: eA==}
         assert_eq!(https.advertised_port, Some(443));
         assert!(https.http3);
         assert_eq!(https.tls.as_ref().unwrap().certificates.len(), 1);
+    }
+
+    /// One generated Ingress: namespace (0: app, 1: evil), the hosts it names (bits of
+    /// a/b/c.example.com), ssl-passthrough, spec.tls for its hosts, a `/` path (else `/x`).
+    type Gen = (usize, u8, bool, bool, bool);
+
+    /// The objects of [`Gen`]s, oldest first, on class pt (ssl-passthrough allowed).
+    fn passthrough_objects(ings: &[Gen]) -> String {
+        let golden = include_str!("../../testdata/translate/ing-tls.in.yaml");
+        let i = golden.find("apiVersion: v1\nkind: Secret").unwrap();
+        let j = i + golden[i..].find("---\n").unwrap();
+        let mut out = String::from(
+            "apiVersion: v1\nkind: TranslateParams\ningressClasses: [pt]\n---\n\
+             apiVersion: networking.k8s.io/v1\nkind: IngressClass\nmetadata: {name: pt}\n\
+             spec:\n  controller: sweety.dev/ingress-controller\n  parameters: {apiGroup: \
+             sweety.dev, kind: SweetyProxyConfig, scope: Namespace, namespace: sweety, name: \
+             p}\n---\napiVersion: sweety.dev/v1alpha1\nkind: SweetyProxyConfig\n\
+             metadata: {name: p, namespace: sweety}\nspec: {ingress: {sslPassthrough: true}}\n---\n",
+        );
+        for ns in ["app", "evil"] {
+            out.push_str(&golden[i..j].replace("namespace: app", &format!("namespace: {ns}")));
+            out.push_str(&format!(
+                "---\napiVersion: v1\nkind: Service\nmetadata: {{name: svc, namespace: {ns}}}\n\
+                 spec: {{ports: [{{port: 8200}}]}}\n---\n"
+            ));
+        }
+        for (k, (ns, hosts, pt, tls, root)) in ings.iter().enumerate() {
+            let ns = ["app", "evil"][*ns];
+            let names: Vec<String> = (0..3)
+                .filter(|b| hosts & (1 << b) != 0)
+                .map(|b| format!("{}.example.com", ["a", "b", "c"][b]))
+                .collect();
+            out.push_str(&format!(
+                "apiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata:\n  name: i{k}\n  \
+                 namespace: {ns}\n  creationTimestamp: \"2026-01-01T00:00:{k:02}Z\"\n  \
+                 annotations: {{nginx.ingress.kubernetes.io/ssl-passthrough: \"{pt}\"}}\n\
+                 spec:\n  ingressClassName: pt\n"
+            ));
+            if *tls {
+                out.push_str(&format!(
+                    "  tls: [{{hosts: [{}], secretName: app-tls}}]\n",
+                    names.join(", ")
+                ));
+            }
+            out.push_str("  rules:\n");
+            for h in &names {
+                out.push_str(&format!(
+                    "  - host: {h}\n    http: {{paths: [{{path: {}, pathType: Prefix, backend: \
+                     {{service: {{name: svc, port: {{number: 8200}}}}}}}}]}}\n",
+                    if *root { "/" } else { "/x" }
+                ));
+            }
+            out.push_str("---\n");
+        }
+        out
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(96))]
+
+        /// Whatever Ingresses two namespaces create, in any order: a host passes through
+        /// exactly when the oldest Ingress naming it asks for it and has a `/` path, always
+        /// to a Service of the namespace that owns the host (a tenant never takes another's
+        /// host via passthrough); a passthrough host is never served terminated (no virtual
+        /// host on ingress-https), its plain HTTP only redirects; the config validates.
+        #[test]
+        fn passthrough_follows_the_oldest_claim_within_its_namespace(
+            ings in proptest::collection::vec(
+                (0usize..2, 1u8..8, proptest::bool::ANY, proptest::bool::ANY, proptest::bool::ANY),
+                1..7,
+            ),
+        ) {
+            let text = passthrough_objects(&ings);
+            let (snap, overrides) = Snapshot::from_yaml(&text).unwrap();
+            let mut params: Params = serde_yaml::from_value(overrides.map(|mut v| {
+                if let Some(m) = v.as_mapping_mut() {
+                    m.remove("kind");
+                    m.remove("apiVersion");
+                }
+                v
+            }).unwrap()).unwrap();
+            let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata");
+            params.default_certificate = Some(crate::translate::DefaultCertificate {
+                cert: std::fs::read_to_string(dir.join("default-cert.pem")).unwrap(),
+                key: std::fs::read_to_string(dir.join("default-key.pem")).unwrap(),
+            });
+            let out = crate::translate::translate(&snap, &params);
+            proptest::prop_assert!(out.config.validate_structure().is_ok());
+            let l4: Vec<&sweety_config::L4Route> = out
+                .config
+                .listeners
+                .iter()
+                .filter(|l| l.name == HTTPS_LISTENER)
+                .flat_map(|l| &l.l4_routes)
+                .collect();
+            for b in 0..3 {
+                let host = format!("{}.example.com", ["a", "b", "c"][b]);
+                let first = ings.iter().find(|g| g.1 & (1 << b) != 0);
+                let want = first.filter(|g| g.2 && g.4).map(|g| format!(
+                    "{}/svc:8200",
+                    ["app", "evil"][g.0]
+                ));
+                let got: Vec<&str> = l4
+                    .iter()
+                    .filter(|r| r.hostnames == [host.clone()])
+                    .flat_map(|r| &r.backends)
+                    .map(|w| w.backend.as_str())
+                    .collect();
+                proptest::prop_assert_eq!(got.first().copied(), want.as_deref(), "{}", host);
+                proptest::prop_assert!(got.len() <= 1);
+                if want.is_some() {
+                    for vh in out.config.virtual_hosts.iter().filter(|v| v.hostnames.contains(&host)) {
+                        proptest::prop_assert!(!vh.listeners.iter().any(|l| l == HTTPS_LISTENER));
+                        proptest::prop_assert_eq!(vh.routes.len(), 1);
+                        proptest::prop_assert!(vh.routes[0].name.ends_with("/ssl-passthrough"));
+                    }
+                }
+            }
+        }
     }
 }

@@ -118,6 +118,7 @@ pub(crate) fn ingress_settings(
     if let Some(s) = status(i.limit_conn_status_code) {
         out.limit_conn_status = s;
     }
+    out.ssl_passthrough = i.ssl_passthrough == Some(true);
     for (field, v, slot) in [
         (
             "ingress.proxyReadTimeout",

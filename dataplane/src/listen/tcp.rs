@@ -144,6 +144,24 @@ pub async fn run_tcp(
                 crate::listen::l4::serve_tcp(shared, view, stream, peer, local).await;
                 return;
             }
+            // An https listener with passthrough hosts: its ClientHello says whether the
+            // connection passes through or is served here (the bytes read replayed first).
+            // Without them no byte is peeked.
+            let mut first = None;
+            if let Some(pt) = view.passthrough.clone() {
+                use crate::listen::l4::Peeked;
+                match crate::listen::l4::peek_passthrough(&shared, &pt, &mut stream, peer).await {
+                    Peeked::Pass(route, hello) => {
+                        let local = dest.unwrap_or_else(|| stream.local_addr().unwrap_or(peer));
+                        let route = &pt.routes[route];
+                        crate::listen::l4::pass_through(shared, route, stream, hello, peer, local)
+                            .await;
+                        return;
+                    }
+                    Peeked::Serve(hello) => first = Some(hello),
+                    Peeked::Closed => return,
+                }
+            }
             let serving = Serving {
                 builder,
                 handshake_timeout,
@@ -154,7 +172,7 @@ pub async fn run_tcp(
                 h2,
                 drain,
             };
-            serve_conn(shared, view, serving, stream, peer).await;
+            serve_conn(shared, view, serving, stream, peer, first).await;
         });
     }
     drop(listener);
@@ -186,159 +204,195 @@ struct Serving {
     drain: watch::Receiver<bool>,
 }
 
+/// Serves one HTTP(S) connection. `first`: bytes already read from it (the ClientHello an
+/// `https` listener with passthrough hosts peeked), handed to the TLS handshake first.
 async fn serve_conn(
     shared: Arc<Shared>,
     view: Arc<ListenerView>,
     serving: Serving,
     stream: TcpStream,
     peer: SocketAddr,
+    first: Option<Vec<u8>>,
 ) {
+    let _ = stream.set_nodelay(true);
+    let local = stream.local_addr().unwrap_or(peer);
+    let stream = crate::send_timeout::SendProgress::new(stream, serving.send_timeout);
+    if view.tls.is_some() {
+        match first {
+            None => serve_tls(shared, view, serving, stream, peer, local).await,
+            Some(first) => {
+                let stream = crate::listen::l4::Replay::new(first, stream);
+                serve_tls(shared, view, serving, stream, peer, local).await
+            }
+        }
+        return;
+    }
     let Serving {
-        mut builder,
+        builder,
         handshake_timeout,
         idle_timeout,
-        send_timeout,
+        send_timeout: _,
         read_ahead,
         watcher,
         h2,
         drain,
     } = serving;
-    let _ = stream.set_nodelay(true);
-    let local = stream.local_addr().unwrap_or(peer);
-    let mut stream = crate::send_timeout::SendProgress::new(stream, send_timeout);
-    match &view.tls {
-        None => {
-            let conn = Arc::new(ConnInfo {
-                listener: view.name.clone(),
-                peer,
-                local,
-                tls: false,
-                sni: None,
-                client_cert: None,
-                client_cert_verdict: Default::default(),
-                tls_version: None,
-                tls_cipher: None,
-                read_budget: Some(ReadBudget::new(read_ahead)),
-            });
-            // h2c by prior knowledge or HTTP/1.1: told by the first bytes, read within the
-            // header-read timeout (a client that sends nothing, or a part of the preface, is
-            // closed then, whichever engine serves HTTP/2).
-            let (is_h2, first) =
-                match tokio::time::timeout(handshake_timeout, read_preface(&mut stream)).await {
-                    Ok(Ok(r)) => r,
-                    Ok(Err(_)) => return,
-                    Err(_) => {
-                        shared.metrics.limit_hit("header_read_timeout");
-                        return;
-                    }
-                };
-            match (is_h2, h2) {
-                (true, Some(settings)) => {
-                    let r = sweety_h2::serve_read(
-                        stream,
-                        first,
-                        crate::pipeline::H2Pipeline::new(shared, conn),
-                        settings,
-                        drain,
-                    )
-                    .await;
-                    drop(watcher);
-                    if let Err(e) = r {
-                        tracing::debug!(error = %e, "HTTP/2 connection ended with an error");
-                    }
-                }
-                (true, None) => {
-                    let io = TokioIo::new(Prefixed::new(first.freeze(), stream));
-                    let idle = Some((idle_timeout, drain));
-                    serve_http(shared, conn, builder.http2_only(), io, watcher, idle).await;
-                }
-                (false, _) => {
-                    let io = TokioIo::new(Prefixed::new(first.freeze(), stream));
-                    serve_http(shared, conn, builder, io, watcher, None).await;
-                }
-            }
-        }
-        Some(cfg) => {
-            let tls = match tokio::time::timeout(
-                handshake_timeout,
-                tls_accept(cfg, view.host_auth.as_deref(), stream),
-            )
-            .await
-            {
-                Ok(Ok(s)) => s,
-                Ok(Err(e)) => {
-                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
-                    shared
-                        .metrics
-                        .tls_handshake_errors
-                        .inc(&(view.name.clone(), "tcp", "error"));
-                    return;
-                }
-                Err(_) => {
-                    shared.metrics.limit_hit("tls_handshake_timeout");
-                    shared
-                        .metrics
-                        .tls_handshake_errors
-                        .inc(&(view.name.clone(), "tcp", "timeout"));
-                    return;
-                }
-            };
-            let (_, session) = tls.get_ref();
-            // Named once: the metric's `version` label and the log's `tls_version`.
-            let tls_version = match session.protocol_version() {
-                Some(rustls::ProtocolVersion::TLSv1_3) => Some("TLSv1.3"),
-                Some(rustls::ProtocolVersion::TLSv1_2) => Some("TLSv1.2"),
-                _ => None,
-            };
-            shared.metrics.tls_handshakes.inc(&(
-                view.name.clone(),
-                "tcp",
-                tls_version.unwrap_or("other"),
-            ));
-            let sni = session
-                .server_name()
-                .map(|s| Arc::<str>::from(s.to_ascii_lowercase()));
-            let alpn_h2 = session.alpn_protocol() == Some(b"h2");
-            match session.alpn_protocol() {
-                Some(b"h2") => builder = builder.http2_only(),
-                Some(b"http/1.1") => builder = builder.http1_only(),
-                _ => {}
-            }
-            let client_cert = session
-                .peer_certificates()
-                .map(|c| c.iter().map(|d| d.clone().into_owned()).collect());
-            let conn = Arc::new(ConnInfo {
-                listener: view.name.clone(),
-                peer,
-                local,
-                tls: true,
-                sni,
-                client_cert,
-                client_cert_verdict: Default::default(),
-                tls_version,
-                tls_cipher: session
-                    .negotiated_cipher_suite()
-                    .and_then(|c| c.suite().as_str()),
-                read_budget: Some(ReadBudget::new(read_ahead)),
-            });
-            if let (true, Some(settings)) = (alpn_h2, h2) {
-                let r = sweety_h2::serve(
-                    tls,
-                    crate::pipeline::H2Pipeline::new(shared, conn),
-                    settings,
-                    drain,
-                )
-                .await;
-                drop(watcher);
-                if let Err(e) = r {
-                    tracing::debug!(error = %e, "HTTP/2 connection ended with an error");
-                }
+    debug_assert!(first.is_none(), "bytes are peeked on https listeners only");
+    let mut stream = stream;
+    let conn = Arc::new(ConnInfo {
+        listener: view.name.clone(),
+        peer,
+        local,
+        tls: false,
+        sni: None,
+        client_cert: None,
+        client_cert_verdict: Default::default(),
+        tls_version: None,
+        tls_cipher: None,
+        read_budget: Some(ReadBudget::new(read_ahead)),
+    });
+    // h2c by prior knowledge or HTTP/1.1: told by the first bytes, read within the
+    // header-read timeout (a client that sends nothing, or a part of the preface, is
+    // closed then, whichever engine serves HTTP/2).
+    let (is_h2, first) =
+        match tokio::time::timeout(handshake_timeout, read_preface(&mut stream)).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(_)) => return,
+            Err(_) => {
+                shared.metrics.limit_hit("header_read_timeout");
                 return;
             }
-            let idle = alpn_h2.then_some((idle_timeout, drain));
-            serve_http(shared, conn, builder, TokioIo::new(tls), watcher, idle).await;
+        };
+    match (is_h2, h2) {
+        (true, Some(settings)) => {
+            let r = sweety_h2::serve_read(
+                stream,
+                first,
+                crate::pipeline::H2Pipeline::new(shared, conn),
+                settings,
+                drain,
+            )
+            .await;
+            drop(watcher);
+            if let Err(e) = r {
+                tracing::debug!(error = %e, "HTTP/2 connection ended with an error");
+            }
+        }
+        (true, None) => {
+            let io = TokioIo::new(Prefixed::new(first.freeze(), stream));
+            let idle = Some((idle_timeout, drain));
+            serve_http(shared, conn, builder.http2_only(), io, watcher, idle).await;
+        }
+        (false, _) => {
+            let io = TokioIo::new(Prefixed::new(first.freeze(), stream));
+            serve_http(shared, conn, builder, io, watcher, None).await;
         }
     }
+}
+
+/// Serves one connection of an `https` listener: the TLS handshake (within the handshake
+/// timeout), then HTTP/1.1 or HTTP/2 by ALPN. `stream` is the connection, or the connection
+/// behind the ClientHello bytes peeked for passthrough.
+async fn serve_tls<S>(
+    shared: Arc<Shared>,
+    view: Arc<ListenerView>,
+    serving: Serving,
+    stream: S,
+    peer: SocketAddr,
+    local: SocketAddr,
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let Serving {
+        mut builder,
+        handshake_timeout,
+        idle_timeout,
+        send_timeout: _,
+        read_ahead,
+        watcher,
+        h2,
+        drain,
+    } = serving;
+    let Some(cfg) = view.tls.as_ref() else {
+        return;
+    };
+    let tls = match tokio::time::timeout(
+        handshake_timeout,
+        tls_accept(cfg, view.host_auth.as_deref(), stream),
+    )
+    .await
+    {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => {
+            tracing::debug!(%peer, error = %e, "TLS handshake failed");
+            shared
+                .metrics
+                .tls_handshake_errors
+                .inc(&(view.name.clone(), "tcp", "error"));
+            return;
+        }
+        Err(_) => {
+            shared.metrics.limit_hit("tls_handshake_timeout");
+            shared
+                .metrics
+                .tls_handshake_errors
+                .inc(&(view.name.clone(), "tcp", "timeout"));
+            return;
+        }
+    };
+    let (_, session) = tls.get_ref();
+    // Named once: the metric's `version` label and the log's `tls_version`.
+    let tls_version = match session.protocol_version() {
+        Some(rustls::ProtocolVersion::TLSv1_3) => Some("TLSv1.3"),
+        Some(rustls::ProtocolVersion::TLSv1_2) => Some("TLSv1.2"),
+        _ => None,
+    };
+    shared
+        .metrics
+        .tls_handshakes
+        .inc(&(view.name.clone(), "tcp", tls_version.unwrap_or("other")));
+    let sni = session
+        .server_name()
+        .map(|s| Arc::<str>::from(s.to_ascii_lowercase()));
+    let alpn_h2 = session.alpn_protocol() == Some(b"h2");
+    match session.alpn_protocol() {
+        Some(b"h2") => builder = builder.http2_only(),
+        Some(b"http/1.1") => builder = builder.http1_only(),
+        _ => {}
+    }
+    let client_cert = session
+        .peer_certificates()
+        .map(|c| c.iter().map(|d| d.clone().into_owned()).collect());
+    let conn = Arc::new(ConnInfo {
+        listener: view.name.clone(),
+        peer,
+        local,
+        tls: true,
+        sni,
+        client_cert,
+        client_cert_verdict: Default::default(),
+        tls_version,
+        tls_cipher: session
+            .negotiated_cipher_suite()
+            .and_then(|c| c.suite().as_str()),
+        read_budget: Some(ReadBudget::new(read_ahead)),
+    });
+    if let (true, Some(settings)) = (alpn_h2, h2) {
+        let r = sweety_h2::serve(
+            tls,
+            crate::pipeline::H2Pipeline::new(shared, conn),
+            settings,
+            drain,
+        )
+        .await;
+        drop(watcher);
+        if let Err(e) = r {
+            tracing::debug!(error = %e, "HTTP/2 connection ended with an error");
+        }
+        return;
+    }
+    let idle = alpn_h2.then_some((idle_timeout, drain));
+    serve_http(shared, conn, builder, TokioIo::new(tls), watcher, idle).await;
 }
 
 /// The TLS handshake of a connection: with the listener's config, or, when the listener has

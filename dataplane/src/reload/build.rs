@@ -79,7 +79,7 @@ pub(super) fn compile<'c>(
             (ListenerProtocol::Https, Some(t)) => {
                 let path = format!("listeners[{i}].tls");
                 let early = l.http3.then_some(config.http3.early_data);
-                match crate::tls::listener_configs(t, &path, early) {
+                match crate::tls::listener_configs(t, &path, early, &l.l4_routes) {
                     Ok(c) => {
                         let quic = c.quic.and_then(|q| {
                             crate::listen::quic::server_config(
@@ -174,6 +174,7 @@ pub(super) fn listener_views(
                 )
             }),
             l4: crate::router::l4::L4Listener::compile(l),
+            passthrough: crate::router::l4::L4Listener::passthrough(l),
             proxy_protocol: crate::proxy_protocol::Expect::for_listener(&config.client_ip, &l.name),
         });
         by_key.insert(key.clone(), view.clone());

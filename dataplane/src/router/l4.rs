@@ -1,5 +1,6 @@
 //! The compiled routes of a layer-4 listener (`tcp`, `udp`, `tls_passthrough`, `tls`): the
 //! route for a connection by SNI (exact, longest wildcard, catch-all) or the first route.
+//! The passthrough hosts of an `https` listener compile the same way ([`L4Listener::passthrough`]).
 //! Pure; served by `listen::l4`.
 
 use crate::tls::SniScopes;
@@ -51,11 +52,34 @@ impl L4Listener {
         }))
     }
 
+    /// The passthrough hosts of an `https` listener (its `l4_routes`, each naming at least
+    /// one host, never terminating); `None` when it has none (or is not `https`), so a
+    /// listener without them takes no passthrough step at all.
+    pub fn passthrough(l: &Listener) -> Option<Arc<L4Listener>> {
+        if l.protocol != ListenerProtocol::Https || l.l4_routes.is_empty() {
+            return None;
+        }
+        let routes = l
+            .l4_routes
+            .iter()
+            .map(|r| L4RouteRt {
+                name: r.name.as_str().into(),
+                terminate: false,
+                backends: r.backends.clone(),
+            })
+            .collect();
+        Some(Arc::new(L4Listener {
+            protocol: l.protocol,
+            routes,
+            by_sni: SniScopes::from_hostnames(l.l4_routes.iter().map(|r| r.hostnames.as_slice())),
+        }))
+    }
+
     /// Whether connections start with a ClientHello that picks the route.
     pub fn routes_by_sni(&self) -> bool {
         matches!(
             self.protocol,
-            ListenerProtocol::TlsPassthrough | ListenerProtocol::Tls
+            ListenerProtocol::TlsPassthrough | ListenerProtocol::Tls | ListenerProtocol::Https
         )
     }
 
@@ -63,14 +87,18 @@ impl L4Listener {
     /// matching wildcard, then a route without hostnames. TCP and UDP listeners use their
     /// first route.
     pub fn route(&self, sni: Option<&str>) -> Option<&L4RouteRt> {
+        self.routes.get(self.route_index(sni)?)
+    }
+
+    /// The index in `routes` of [`L4Listener::route`]'s answer.
+    pub fn route_index(&self, sni: Option<&str>) -> Option<usize> {
         if !self.routes_by_sni() {
-            return self.routes.first();
+            return (!self.routes.is_empty()).then_some(0);
         }
-        let i = match sni {
+        match sni {
             Some(name) => self.by_sni.scope(name),
             None => self.by_sni.any(),
-        }?;
-        self.routes.get(i)
+        }
     }
 }
 
@@ -101,6 +129,28 @@ mod tests {
         assert_eq!(name(Some("v1.api.example.com")).as_deref(), Some("deep"));
         assert_eq!(name(Some("example.com")).as_deref(), Some("any"));
         assert_eq!(name(None).as_deref(), Some("any"));
+        // An https listener's passthrough hosts: only the names they list, never a catch-all.
+        let https: Listener = serde_json::from_value(serde_json::json!({
+            "name": "web", "port": 0, "protocol": "https",
+            "l4_routes": [{"name": "pt", "hostnames": ["pt.test", "*.wild.test"], "backends": b}],
+        }))
+        .unwrap();
+        assert!(L4Listener::compile(&https).is_none());
+        let pt = L4Listener::passthrough(&https).unwrap();
+        assert_eq!(pt.route(Some("PT.test")).map(|r| &*r.name), Some("pt"));
+        assert_eq!(pt.route(Some("a.wild.test")).map(|r| &*r.name), Some("pt"));
+        assert!(pt.route(Some("other.test")).is_none());
+        assert!(pt.route(None).is_none());
+        assert!(!pt.routes[0].terminate);
+        let mut plain = https.clone();
+        plain.l4_routes.clear();
+        assert!(L4Listener::passthrough(&plain).is_none());
+        assert!(L4Listener::passthrough(&{
+            let mut t = https.clone();
+            t.protocol = ListenerProtocol::TlsPassthrough;
+            t
+        })
+        .is_none());
         let strict = listener(serde_json::json!([
             {"name": "only", "hostnames": ["a.test"], "backends": b},
         ]));

@@ -57,6 +57,9 @@ pub(super) struct Effects {
     /// (gateway, listener) attachment increments.
     pub attached: Vec<(usize, usize)>,
     pub used_by: UsedBy,
+    /// Where the HTTPRoute a SweetySecurityPolicy targets is attached (see
+    /// `SecurityPolicies::record_attachment`).
+    pub security_attachments: super::security::Attachments,
 }
 
 fn attached(gateways: &[OwnedGateway]) -> Vec<i32> {
@@ -79,6 +82,7 @@ pub(super) fn capture(
     let (http_len, l4_len) = (out.http.len(), out.l4.len());
     let backends = std::mem::take(&mut b.backends);
     let used_by = std::mem::take(&mut policies.used_by);
+    let attachments = std::mem::take(&mut policies.security.attachments);
     let before = attached(gateways);
 
     b.services.record();
@@ -87,6 +91,7 @@ pub(super) fn capture(
 
     let added = std::mem::replace(&mut b.backends, backends).into_config();
     let used = std::mem::replace(&mut policies.used_by, used_by);
+    let security_attachments = std::mem::replace(&mut policies.security.attachments, attachments);
     let mut increments = Vec::new();
     let mut i = 0;
     for (g, gw) in gateways.iter().enumerate() {
@@ -103,6 +108,7 @@ pub(super) fn capture(
         backends: added,
         attached: increments,
         used_by: used,
+        security_attachments,
     };
     (effects, services)
 }

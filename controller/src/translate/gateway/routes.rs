@@ -148,7 +148,8 @@ pub(super) fn route(
     let scratch = std::mem::replace(&mut b.backends, kept);
     let all_unsupported = !rules.rules.is_empty() && rules.unsupported.len() == rules.rules.len();
     // The rule names, when a SweetySecurityPolicy may target one (`sectionName`).
-    let rule_names = if kind == RouteKind::Http && policies.security.targets_route(&ns, &name) {
+    let targeted = kind == RouteKind::Http && policies.security.targets_route(&ns, &name);
+    let rule_names = if targeted {
         security::rule_names(spec)
     } else {
         Vec::new()
@@ -192,6 +193,13 @@ pub(super) fn route(
                 &head.hostnames,
             )
         };
+        if targeted {
+            // A policy on this route takes effect through the Gateways that accepted it.
+            let attached = result.as_ref().map(|_| ()).map_err(|(_, m)| m.clone());
+            policies
+                .security
+                .record_attachment(&ns, &name, &gw.namespace, &gw.name, attached);
+        }
         let accepted = match &result {
             Ok(_) => Condition::new("Accepted", true, "Accepted", "route accepted", generation),
             Err((r, m)) => Condition::new("Accepted", false, r, m.clone(), generation),

@@ -14,6 +14,12 @@
 //! (creation time, then namespace/name) wins; the others are not applied there and say
 //! `Accepted: False` / `Conflicted` and `Conflicted: True`.
 //!
+//! **Ancestors** (the status, GEP-713 `PolicyAncestorStatus`): a Gateway target is its own
+//! ancestor (with `sectionName`); an HTTPRoute target's are the Gateways of ours its parentRefs
+//! name (directly or through a ListenerSet), `Accepted` only through those that accepted the
+//! route: through the others `TargetNotFound` with the route's reason. A target that does not
+//! exist, or an HTTPRoute naming no Gateway of ours, is its own ancestor, `TargetNotFound`.
+//!
 //! **What each part becomes.** `ipRules`: an `ip_access` filter (entries read with
 //! ingress-nginx's [`masked_cidr`]); `basicAuth`: a `basic_auth` filter from the Secret's
 //! htpasswd file ([`sweety_config::htpasswd`], key `auth` or `.htpasswd`); `extAuth`: an
@@ -105,6 +111,12 @@ pub struct ListenerCert {
     pub entry: Result<HostClientAuth, String>,
 }
 
+/// Per targeted HTTPRoute (namespace, name), per Gateway of ours (namespace, name) its
+/// parentRefs name (directly or through a ListenerSet): attached there, or why not (the
+/// message of its route status's `Accepted: False`).
+pub(super) type Attachments =
+    BTreeMap<(String, String), BTreeMap<(String, String), Result<(), String>>>;
+
 /// Every SweetySecurityPolicy, resolved, with the winner of each target.
 #[derive(Default)]
 pub struct SecurityPolicies {
@@ -113,6 +125,9 @@ pub struct SecurityPolicies {
     outcomes: Vec<Vec<Outcome>>,
     /// The policy applied at each target, and whether it applies there.
     winners: BTreeMap<TargetKey, (usize, Result<(), String>)>,
+    /// Where the HTTPRoutes some policy targets are attached: the ancestors of their
+    /// policies (filled by the route translation, [`SecurityPolicies::record_attachment`]).
+    pub(super) attachments: Attachments,
 }
 
 /// The Services SweetySecurityPolicies name as auth services (their changes are changes of
@@ -274,6 +289,27 @@ impl SecurityPolicies {
             .range(from..)
             .next()
             .is_some_and(|(k, _)| k.0 == "HTTPRoute" && k.1 == namespace && k.2 == name)
+    }
+
+    /// Record whether HTTPRoute `namespace/name` (one some policy targets) is attached to
+    /// Gateway `gw_namespace/gw_name` through one of its parentRefs: attached through any of
+    /// them is attached; otherwise the first reason is kept.
+    pub(super) fn record_attachment(
+        &mut self,
+        namespace: &str,
+        name: &str,
+        gw_namespace: &str,
+        gw_name: &str,
+        attached: Result<(), String>,
+    ) {
+        let per = self
+            .attachments
+            .entry((namespace.into(), name.into()))
+            .or_default();
+        let gw = (gw_namespace.to_string(), gw_name.to_string());
+        if attached.is_ok() || !per.contains_key(&gw) {
+            per.insert(gw, attached);
+        }
     }
 
     /// Apply the policy in effect to one rule of a route placed on Gateway `g`'s listener `l`:
@@ -717,12 +753,21 @@ pub(super) fn statuses(b: &mut Builder<'_>, sec: &SecurityPolicies, gateways: &[
                             .map(|s| format!(" section {s}"))
                             .unwrap_or_default()
                     );
-                    for r in ancestors(b.snapshot, gateways, &p.namespace, t) {
-                        entries.push((r, Err(("Conflicted", why.clone()))));
+                    let conflicted = Err(("Conflicted", why));
+                    if t.kind == "Gateway" {
+                        if ours(&p.namespace, &t.name).is_some() {
+                            entries.push((
+                                gateway_ref(&p.namespace, &t.name, t.section_name.clone()),
+                                conflicted,
+                            ));
+                        }
+                    } else {
+                        for (r, attached) in route_reach(b.snapshot, sec, &p.namespace, &t.name) {
+                            entries.push((r, attached.and(conflicted.clone())));
+                        }
                     }
                 }
                 Outcome::Applied((kind, _, name, section), fits) => {
-                    let found = ancestors(b.snapshot, gateways, &p.namespace, t);
                     if *kind == "Gateway" {
                         let Some(g) = ours(&p.namespace, name) else {
                             if !b.snapshot.gateways.iter().any(|o| {
@@ -790,34 +835,16 @@ pub(super) fn statuses(b: &mut Builder<'_>, sec: &SecurityPolicies, gateways: &[
                         }
                         entries.push((gateway_ref(&p.namespace, name, section.clone()), result));
                     } else {
-                        let route = b.snapshot.http_routes.iter().find(|r| {
-                            r.metadata.namespace.as_deref() == Some(&p.namespace)
-                                && r.metadata.name.as_deref() == Some(name)
-                        });
-                        let Some(route) = route else {
-                            entries.push((
-                                ParentRef {
-                                    group: Some(GROUP.into()),
-                                    kind: Some("HTTPRoute".into()),
-                                    namespace: Some(p.namespace.clone()),
-                                    name: name.clone(),
-                                    section_name: section.clone(),
-                                    port: None,
-                                },
-                                Err((
-                                    "TargetNotFound",
-                                    format!("HTTPRoute {}/{name} does not exist", p.namespace),
-                                )),
-                            ));
-                            continue;
-                        };
+                        let route = find_route(b.snapshot, &p.namespace, name);
                         let has_rule = section.as_ref().is_none_or(|s| {
-                            route
-                                .spec
-                                .rules
-                                .iter()
-                                .flatten()
-                                .any(|r| r.name.as_ref() == Some(s))
+                            route.is_none_or(|route| {
+                                route
+                                    .spec
+                                    .rules
+                                    .iter()
+                                    .flatten()
+                                    .any(|r| r.name.as_ref() == Some(s))
+                            })
                         });
                         let result = if has_rule {
                             verdict(fits)
@@ -831,8 +858,8 @@ pub(super) fn statuses(b: &mut Builder<'_>, sec: &SecurityPolicies, gateways: &[
                                 ),
                             ))
                         };
-                        for r in found {
-                            entries.push((r, result.clone()));
+                        for (r, attached) in route_reach(b.snapshot, sec, &p.namespace, name) {
+                            entries.push((r, attached.and(result.clone())));
                         }
                     }
                 }
@@ -911,57 +938,66 @@ pub(super) fn statuses(b: &mut Builder<'_>, sec: &SecurityPolicies, gateways: &[
     }
 }
 
-/// The Gateways of ours a target reaches: a Gateway (with the section), or the Gateways an
-/// HTTPRoute names as parents (directly or through a ListenerSet attached to them).
-fn ancestors(
-    s: &Snapshot,
-    gateways: &[OwnedGateway],
+fn find_route<'s>(
+    s: &'s Snapshot,
     ns: &str,
-    t: &sweety_crds::security_policy::TargetRef,
-) -> Vec<ParentRef> {
-    let mut out = Vec::new();
-    match t.kind.as_str() {
-        "Gateway" => {
-            if gateways
-                .iter()
-                .any(|g| g.namespace == ns && g.name == t.name)
-            {
-                out.push(gateway_ref(ns, &t.name, t.section_name.clone()));
-            }
-        }
-        _ => {
-            let Some(route) = s.http_routes.iter().find(|r| {
-                r.metadata.namespace.as_deref() == Some(ns)
-                    && r.metadata.name.as_deref() == Some(t.name.as_str())
-            }) else {
-                return out;
-            };
-            let mut seen = BTreeSet::new();
-            for p in route.spec.parent_refs.iter().flatten() {
-                let pns = p.namespace.as_deref().unwrap_or(ns);
-                let kind = p.kind.as_deref().unwrap_or("Gateway");
-                let group = p.group.as_deref().unwrap_or(GROUP);
-                if group != GROUP {
-                    continue;
-                }
-                let gw = match kind {
-                    "Gateway" => gateways
-                        .iter()
-                        .find(|g| g.namespace == pns && g.name == p.name),
-                    "ListenerSet" => gateways.iter().find(|g| {
-                        g.listener_sets
-                            .iter()
-                            .any(|ls| ls.namespace == pns && ls.name == p.name)
-                    }),
-                    _ => None,
-                };
-                if let Some(g) = gw {
-                    if seen.insert((g.namespace.clone(), g.name.clone())) {
-                        out.push(gateway_ref(&g.namespace, &g.name, None));
-                    }
-                }
-            }
-        }
-    }
-    out
+    name: &str,
+) -> Option<&'s sweety_gateway_api::httproutes::HttpRoute> {
+    s.http_routes
+        .iter()
+        .find(|r| {
+            r.metadata.namespace.as_deref() == Some(ns) && r.metadata.name.as_deref() == Some(name)
+        })
+        .map(|r| &**r)
 }
+
+/// The ancestors of a policy targeting HTTPRoute `ns/name` (GEP-713: the Gateways the route
+/// is attached to), each with Ok when the route is attached there, else `TargetNotFound` and
+/// why: a Gateway of ours that the route names but that did not accept it (the reason from
+/// the route's status), or, when the route does not exist or names no Gateway of ours, the
+/// HTTPRoute itself (the policy takes effect nowhere).
+fn route_reach(s: &Snapshot, sec: &SecurityPolicies, ns: &str, name: &str) -> Vec<Entry> {
+    let itself = |why: String| {
+        vec![(
+            ParentRef {
+                group: Some(GROUP.into()),
+                kind: Some("HTTPRoute".into()),
+                namespace: Some(ns.into()),
+                name: name.into(),
+                section_name: None,
+                port: None,
+            },
+            Err(("TargetNotFound", why)),
+        )]
+    };
+    if find_route(s, ns, name).is_none() {
+        return itself(format!("HTTPRoute {ns}/{name} does not exist"));
+    }
+    let Some(per) = sec
+        .attachments
+        .get(&(ns.to_string(), name.to_string()))
+        .filter(|per| !per.is_empty())
+    else {
+        return itself(format!(
+            "HTTPRoute {ns}/{name} names no Gateway of this controller in its parentRefs: \
+             the policy takes effect nowhere"
+        ));
+    };
+    per.iter()
+        .map(|((gns, gname), attached)| {
+            let result = attached.clone().map_err(|why| {
+                (
+                    "TargetNotFound",
+                    format!(
+                        "HTTPRoute {ns}/{name} is not attached to Gateway {gns}/{gname} ({why}): \
+                         the policy takes no effect through it"
+                    ),
+                )
+            });
+            (gateway_ref(gns, gname, None), result)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;

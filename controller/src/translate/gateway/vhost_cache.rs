@@ -64,6 +64,8 @@ struct RouteMemo {
     attached: Vec<(usize, usize)>,
     /// (policy, Gateway) uses.
     used_by: Vec<((String, String), (String, String))>,
+    /// The HTTPRoute whose attachments it recorded for SweetySecurityPolicies.
+    security_attachments: Vec<(String, String)>,
     status: Option<ObjectKey>,
     /// Services (namespace, name) its translation looked up.
     services: BTreeSet<(String, String)>,
@@ -444,6 +446,7 @@ impl VhostMemo {
             backends: Vec::new(),
             attached: fx.attached,
             used_by: Vec::new(),
+            security_attachments: Vec::new(),
             status,
             services,
             seen: self.epoch,
@@ -464,6 +467,14 @@ impl VhostMemo {
                 dirty.policies |= *n == 1;
                 memo.used_by.push((policy.clone(), gw));
             }
+        }
+        for (route, gateways) in fx.security_attachments {
+            memo.security_attachments.push(route.clone());
+            self.world
+                .policies
+                .security
+                .attachments
+                .insert(route, gateways);
         }
         for backend in fx.backends {
             let name = backend.name.clone();
@@ -559,6 +570,9 @@ impl VhostMemo {
                     self.used_by.remove(&policy);
                 }
             }
+        }
+        for route in m.security_attachments {
+            self.world.policies.security.attachments.remove(&route);
         }
         for name in m.backends {
             if let Some((_, n)) = self.backend_refs.get_mut(&name) {

@@ -84,6 +84,12 @@
 //! TLS here, and the Ingress's rules without a host. The settings without `auth-tls-secret` are
 //! ignored, as in ingress-nginx.
 //!
+//! **SSL passthrough.** `ssl-passthrough: "true"` is read only on a class whose
+//! SweetyProxyConfig sets `ingress.sslPassthrough` ([`ClassSettings::ssl_passthrough`],
+//! ingress-nginx's `--enable-ssl-passthrough`); elsewhere (or unreadable) the Ingress is refused,
+//! 403 (`SSLPassthroughNotEnabled`). The translator (`super::translate`) passes the TLS of the
+//! rule hosts through to each rule's `/` Service and reports the rest as ignored.
+//!
 //! **Fail closed.** Security annotations Sweety does not implement (`auth-*`, `modsecurity`,
 //! `satisfy`, …; [`is_security`]) and allow/deny list entries that cannot be honoured make
 //! every path of the Ingress answer 403 with a body naming them
@@ -180,6 +186,10 @@ pub struct Annotations {
     /// The `error_pages` filter both make ([`super::translate`] resolves the Service; each
     /// path adds its own `X-Service-Name` / `X-Service-Port`).
     pub error_pages: Option<sweety_config::ErrorPages>,
+    /// `ssl-passthrough: "true"` on a class that allows it ([`ClassSettings::ssl_passthrough`]):
+    /// the TLS connections of the Ingress's rule hosts pass through to the Service of each
+    /// rule's `/` path ([`super::translate`]).
+    pub ssl_passthrough: bool,
     /// Fail closed: every route of the Ingress answers this status and body instead (a
     /// security annotation Sweety does not implement, an access list entry it cannot honour:
     /// 403; a snippet: 503, the whole Ingress is refused).
@@ -200,6 +210,9 @@ pub struct ClassSettings {
     /// Ingresses without the annotations: the route's `timeouts.read_idle`, `send_idle` and
     /// `connect` (`connect` unset: the backend's own; the other timeouts stay unset).
     pub proxy_timeouts: sweety_config::Timeouts,
+    /// `ingress.sslPassthrough` (ingress-nginx's `--enable-ssl-passthrough`): the class's
+    /// Ingresses may use `ssl-passthrough`; off, an Ingress asking for it is refused (403).
+    pub ssl_passthrough: bool,
 }
 
 /// nginx's `limit_req_status` and `limit_conn_status` default, which ingress-nginx keeps.
@@ -223,6 +236,7 @@ impl Default for ClassSettings {
                 send_idle: Some(NGINX_PROXY_IDLE),
                 ..Default::default()
             },
+            ssl_passthrough: false,
         }
     }
 }
@@ -359,7 +373,7 @@ pub const ANNOTATIONS: &[AnnotationSpec] = &[
     spec("auth-tls-match-cn", Differently, "a regex (Rust `regex`) searched in the RFC 2253 subject DN (`CN=client,O=Example`); 403 otherwise", "CN=client"),
     spec("auth-tls-*", Refused, "other `auth-tls-*` settings are not implemented", "on"),
     spec("satisfy", Refused, "not implemented", "any"),
-    spec("ssl-passthrough", Refused, "TLS passthrough for Ingress hosts is not implemented: with `true` the Ingress's paths answer 403 rather than Sweety terminating TLS that the backend was to terminate (a Gateway listener with `tls.mode: Passthrough` and a TLSRoute does it); `false` is the default and changes nothing", "true"),
+    spec("ssl-passthrough", Differently, "only when the IngressClass's SweetyProxyConfig sets `ingress.sslPassthrough: true` (ingress-nginx's `--enable-ssl-passthrough`; without it the Ingress's paths answer 403 rather than Sweety terminating TLS the backend was to terminate). TLS connections for each rule host go by SNI, untouched, to the endpoints of the Service of the rule's `/` path (ingress-nginx: the Service's ClusterIP); plain HTTP for the host is redirected (308) to HTTPS (ingress-nginx serves the paths over HTTP); the Ingress's other paths, `spec.tls`, default backend and other annotations are ignored with an `SSLPassthroughIgnored` Event; rules without a host, wildcard hosts and rules without a `/` path are refused (`SSLPassthroughInvalid`); a host another Ingress already serves stays the oldest's (`SSLPassthroughConflict`); HTTP/3 refuses the host (clients use TCP)", "true"),
     spec("enable-modsecurity", Refused, "no WAF", "true"),
     spec("enable-owasp-core-rules", Refused, "no WAF", "true"),
     spec("modsecurity-transaction-id", Refused, "no WAF", "x"),
@@ -1403,6 +1417,8 @@ impl Annotations {
         let mut connections: Option<u32> = None;
         // Fail-closed findings: (annotation, why).
         let mut unsupported_security: Vec<String> = Vec::new();
+        // `ssl-passthrough` asked for where the class does not allow it: why.
+        let mut passthrough_refused: Option<String> = None;
         let mut bad_access: Vec<String> = Vec::new();
         // Allow lists left without a usable entry: refused whatever the operator's setting.
         let mut empty_allow: Vec<String> = Vec::new();
@@ -1695,9 +1711,45 @@ impl Annotations {
                         snippets.push(key.clone());
                     }
                 }
-                // A security annotation set to "false" (`ssl-passthrough`, `enable-modsecurity`,
-                // ingress-nginx's defaults) asks for nothing; any other value asks for what
-                // Sweety does not implement, an unreadable one too.
+                // Allowed per class, as ingress-nginx's `--enable-ssl-passthrough`; asked for
+                // on a class that does not allow it (or unreadable), the Ingress is refused
+                // rather than Sweety terminating TLS the backend was to terminate.
+                "ssl-passthrough" => match truthy(value) {
+                    Some(false) => {}
+                    Some(true) if class.ssl_passthrough => a.ssl_passthrough = true,
+                    v => {
+                        let why = if v.is_none() {
+                            format!("{key}: {value:?} is not \"true\" or \"false\"")
+                        } else {
+                            format!(
+                                "{key} is not enabled for the Ingress's class (its \
+                                 SweetyProxyConfig's ingress.sslPassthrough, as ingress-nginx's \
+                                 --enable-ssl-passthrough)"
+                            )
+                        };
+                        if params.ignore_unsupported_security_annotations {
+                            report.warn(
+                                "SSLPassthroughNotEnabled",
+                                format!(
+                                    "{why}; the operator chose to serve the Ingress with TLS \
+                                     terminated here instead"
+                                ),
+                            );
+                        } else {
+                            report.warn(
+                                "SSLPassthroughNotEnabled",
+                                format!(
+                                    "{why}; the Ingress's paths answer 403 rather than TLS the \
+                                     backend was to terminate being terminated here"
+                                ),
+                            );
+                            passthrough_refused = Some(why);
+                        }
+                    }
+                },
+                // A security annotation set to "false" (`enable-modsecurity`, ingress-nginx's
+                // default) asks for nothing; any other value asks for what Sweety does not
+                // implement, an unreadable one too.
                 n if is_security(n) && truthy(value) != Some(false) => {
                     if params.ignore_unsupported_security_annotations {
                         report.warn(
@@ -2050,6 +2102,7 @@ impl Annotations {
                         .map(|k| format!("{k} is not implemented")),
                 );
                 why.extend(bad_access.iter().map(|e| format!("{e} cannot be honoured")));
+                why.extend(passthrough_refused);
             }
             why.extend(
                 empty_allow
