@@ -4740,6 +4740,244 @@ async fn ingress_basic_auth_follows_its_secret_and_fails_closed() {
     drop_namespace(&client, &ns).await;
 }
 
+/// This machine's address on its first non-loopback interface (an EndpointSlice may not name
+/// a loopback address): the interface the default route would use.
+fn node_address() -> std::net::IpAddr {
+    let s = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+    // UDP connect sends nothing; it only picks the route and the source address.
+    s.connect("192.0.2.1:9").unwrap();
+    let ip = s.local_addr().unwrap().ip();
+    assert!(
+        !ip.is_loopback() && !ip.is_unspecified(),
+        "no non-loopback address for the backend: {ip}"
+    );
+    ip
+}
+
+/// Ingress `ssl-passthrough` through the whole controller (issue 19): the run loop pushes to an
+/// in-process dataplane over real sockets; a TLS backend with its own certificate listens on
+/// this machine's address behind a selector-less Service and its EndpointSlice. While the
+/// IngressClass's SweetyProxyConfig does not allow passthrough, the Ingress is refused (403 on
+/// HTTP, an `SSLPassthroughNotEnabled` Event) and TLS for its host is never the backend's;
+/// once `ingress.sslPassthrough: true` exists, a client for the host verifies the BACKEND's
+/// certificate and gets its answer, another host of the same listener is still terminated
+/// with its own certificate, and plain HTTP for the host is redirected (308); the config
+/// deleted, the host fails closed again.
+#[tokio::test]
+#[ignore = "needs a kube-apiserver: SWEETY_KUBECONFIG (e2e/controller-it.sh)"]
+async fn ingress_ssl_passthrough_follows_the_class_opt_in() {
+    use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
+    use sweety_controller::translate::{DefaultCertificate, Params};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let _guard = LOCK.lock().await;
+    let client = cluster().await;
+    let ns = namespace(&client, "passthrough").await;
+    let class_name = format!("{ns}-class");
+    create(
+        &Api::<IngressClass>::all(client.clone()),
+        json!({"metadata": {"name": class_name}, "spec": {
+            "controller": "sweety.dev/ingress-controller",
+            "parameters": {"apiGroup": "sweety.dev", "kind": "SweetyProxyConfig",
+                           "scope": "Namespace", "namespace": ns, "name": "passthrough"}}}),
+    )
+    .await;
+    // The backend: TLS with its own certificate, answers "BACKEND:<what it read>".
+    let vault_host = format!("vault.{ns}.test");
+    let (b_cert, b_key, b_der) = certificate(&vault_host);
+    let acceptor = {
+        use rustls::pki_types::pem::PemObject;
+        let cfg = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![rustls::pki_types::CertificateDer::from_pem_slice(b_cert.as_bytes()).unwrap()],
+            rustls::pki_types::PrivateKeyDer::from_pem_slice(b_key.as_bytes()).unwrap(),
+        )
+        .unwrap();
+        tokio_rustls::TlsAcceptor::from(Arc::new(cfg))
+    };
+    let ip = node_address();
+    let listener = tokio::net::TcpListener::bind((ip, 0)).await.unwrap();
+    let backend_port = listener.local_addr().unwrap().port();
+    let backend = tokio::spawn(async move {
+        while let Ok((s, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                if let Ok(mut tls) = acceptor.accept(s).await {
+                    let mut buf = [0u8; 64];
+                    if let Ok(n) = tls.read(&mut buf).await {
+                        let mut out = b"BACKEND:".to_vec();
+                        out.extend_from_slice(&buf[..n]);
+                        let _ = tls.write_all(&out).await;
+                        let _ = tls.shutdown().await;
+                    }
+                }
+            });
+        }
+    });
+    create(
+        &Api::<Service>::namespaced(client.clone(), &ns),
+        json!({"metadata": {"name": "vault"}, "spec": {"ports": [{"name": "https", "port": 8443}]}}),
+    )
+    .await;
+    create(
+        &Api::<EndpointSlice>::namespaced(client.clone(), &ns),
+        json!({"metadata": {"name": "vault-1", "labels": {"kubernetes.io/service-name": "vault"}},
+               "addressType": if ip.is_ipv4() { "IPv4" } else { "IPv6" },
+               "endpoints": [{"addresses": [ip.to_string()], "conditions": {"ready": true}}],
+               "ports": [{"name": "https", "port": backend_port, "protocol": "TCP"}]}),
+    )
+    .await;
+    // A host the same listener terminates, and the passthrough Ingress.
+    tls_ingress(&client, &ns, &class_name).await;
+    let site_host = format!("site.{ns}.test");
+    create(
+        &Api::<Ingress>::namespaced(client.clone(), &ns),
+        json!({"metadata": {"name": "vault", "annotations": {
+                   "nginx.ingress.kubernetes.io/ssl-passthrough": "true"}},
+               "spec": {"ingressClassName": class_name, "rules": [{"host": vault_host, "http":
+                   {"paths": [{"path": "/", "pathType": "Prefix",
+                     "backend": {"service": {"name": "vault", "port": {"number": 8443}}}}]}}]}}),
+    )
+    .await;
+
+    let http_port = free_port();
+    let https_port = free_port();
+    let (default_cert, default_key, default_der) = certificate("default.sweety.invalid");
+    let dataplane = InProcessDataplane::start();
+    let options = run_options(
+        Params {
+            ingress_https_port: https_port,
+            http3: false,
+            default_certificate: Some(DefaultCertificate {
+                cert: default_cert,
+                key: default_key,
+            }),
+            ..ingress_params(&ns, vec![class_name.clone()], http_port, &dataplane)
+        },
+        watching(&[&ns]),
+    );
+    let running = RunLoop::start(&client, options, dataplane.socket.clone());
+    // TLS to the listener for `host`, trusting only `ca`: what it answers to "ping".
+    let exchange = |host: String, ca: String| async move {
+        use rustls::pki_types::pem::PemObject;
+        let mut roots = rustls::RootCertStore::empty();
+        roots
+            .add(rustls::pki_types::CertificateDer::from_pem_slice(ca.as_bytes()).ok()?)
+            .ok()?;
+        let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .ok()?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        let fut = async {
+            let tcp = tokio::net::TcpStream::connect(("127.0.0.1", https_port))
+                .await
+                .ok()?;
+            let name = rustls::pki_types::ServerName::try_from(host).ok()?;
+            let mut tls = tokio_rustls::TlsConnector::from(Arc::new(cfg))
+                .connect(name, tcp)
+                .await
+                .ok()?;
+            tls.write_all(b"ping").await.ok()?;
+            let mut out = Vec::new();
+            let _ = tls.read_to_end(&mut out).await;
+            Some(String::from_utf8_lossy(&out).into_owned())
+        };
+        tokio::time::timeout(Duration::from_secs(5), fut)
+            .await
+            .ok()?
+    };
+
+    // Not allowed by the class: refused on HTTP, and TLS for the host is Sweety's default
+    // certificate, never the backend's.
+    wait_for(
+        "the Ingress is refused without the class's opt-in",
+        || async {
+            http_get_raw(http_port, &vault_host, "/")
+                .await
+                .filter(|(s, t)| *s == 403 && t.contains("ssl-passthrough is not enabled"))
+        },
+    )
+    .await;
+    let der = wait_for("the listener serves TLS", || async {
+        served_certificate(https_port, Some(&vault_host)).await
+    })
+    .await;
+    assert_eq!(der, default_der);
+    assert_eq!(exchange(vault_host.clone(), b_cert.clone()).await, None);
+    wait_for("SSLPassthroughNotEnabled Event", || async {
+        ingress_event_reasons(&client, &ns, "vault")
+            .await
+            .iter()
+            .any(|r| r == "SSLPassthroughNotEnabled")
+            .then_some(())
+    })
+    .await;
+
+    // The class allows it: the backend's own handshake and answer.
+    let configs: Api<sweety_crds::SweetyProxyConfig> = Api::namespaced(client.clone(), &ns);
+    create(
+        &configs,
+        json!({"apiVersion": "sweety.dev/v1alpha1", "kind": "SweetyProxyConfig",
+               "metadata": {"name": "passthrough"}, "spec": {"ingress": {"sslPassthrough": true}}}),
+    )
+    .await;
+    wait_for("TLS for the host is the backend's", || async {
+        served_certificate(https_port, Some(&vault_host))
+            .await
+            .filter(|d| *d == b_der)
+    })
+    .await;
+    assert_eq!(
+        exchange(vault_host.clone(), b_cert.clone())
+            .await
+            .as_deref(),
+        Some("BACKEND:ping")
+    );
+    // The other host is still terminated here, with its own certificate.
+    let site_der = served_certificate(https_port, Some(&site_host))
+        .await
+        .expect("handshake");
+    assert!(site_der != b_der && site_der != default_der);
+    // Plain HTTP for the host: redirected to HTTPS.
+    let (status, text) = http_get_raw(http_port, &vault_host, "/x?y=1")
+        .await
+        .expect("answer");
+    assert_eq!(status, 308, "{text}");
+    assert!(
+        text.to_ascii_lowercase()
+            .contains(&format!("location: https://{vault_host}/x?y=1")),
+        "{text}"
+    );
+
+    // The opt-in removed: fails closed again.
+    configs
+        .delete("passthrough", &DeleteParams::default())
+        .await
+        .expect("delete the SweetyProxyConfig");
+    wait_for("refused again", || async {
+        http_get_raw(http_port, &vault_host, "/")
+            .await
+            .filter(|(s, _)| *s == 403)
+    })
+    .await;
+    assert_eq!(
+        served_certificate(https_port, Some(&vault_host)).await,
+        Some(default_der)
+    );
+
+    running.stop_with(dataplane).await;
+    backend.abort();
+    delete_ingress_class(&client, &class_name).await;
+    drop_namespace(&client, &ns).await;
+}
+
 /// `migrate-report` against the real apiserver (issue 19): Ingresses of any class, each
 /// annotation judged by the translator's table and parser (a basic-auth Secret read through
 /// the API decides whether that Ingress fails closed), and nothing is written: every

@@ -4,7 +4,8 @@
 //! verifies the backend's certificate and gets its answer), the other name, a client without
 //! SNI and a fragmented ClientHello are served here, a fragmented hello for the passthrough
 //! name still passes through, a ClientHello that never completes is closed at
-//! `l4.peek_timeout`, and HTTP/3 refuses the passthrough name.
+//! `l4.peek_timeout`, HTTP/3 refuses the passthrough name, and reloads add and remove
+//! passthrough hosts on the kept sockets.
 
 mod common;
 
@@ -286,6 +287,92 @@ async fn a_client_hello_that_never_completes_is_closed_at_the_peek_timeout() {
     .await;
 }
 
+/// A QUIC handshake (ALPN h3, trusting only `ca`) with `addr` for `name`.
+async fn quic_handshake(addr: SocketAddr, name: &str, ca: String) -> Result<(), String> {
+    use rustls_pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    for c in rustls_pki_types::CertificateDer::pem_slice_iter(ca.as_bytes()) {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let mut tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_protocol_versions(&[&rustls::version::TLS13])
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    tls.alpn_protocols = vec![b"h3".to_vec()];
+    let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(tls).unwrap();
+    let mut ep = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+    ep.set_default_client_config(quinn::ClientConfig::new(Arc::new(crypto)));
+    let r = ep.connect(addr, name).unwrap().await;
+    r.map(|c| c.close(0u32.into(), b"done"))
+        .map_err(|e| e.to_string())
+}
+
+/// Sweety's certificate for site.test that would also be valid for pt.test, and its PEM.
+fn site_cert_covering_both() -> (Certificate, String) {
+    let (c, k) = sweety_dataplane::tls::self_signed(&["site.test", "pt.test"]).unwrap();
+    (
+        Certificate {
+            hostnames: vec![],
+            cert: PemSource::Pem(c.clone()),
+            key: PemSource::Pem(k),
+        },
+        c,
+    )
+}
+
+/// Hot reload: passthrough hosts added to and removed from an https listener take effect on
+/// the kept TCP and UDP sockets, for TCP (peek or not) and QUIC (refused or not) alike.
+#[tokio::test]
+async fn reloads_add_and_remove_passthrough_hosts_on_the_kept_sockets() {
+    bounded(async {
+        let (pt, pem_pt) = tls_backend("pt.test", "B").await;
+        let (site, pem_site) = site_cert_covering_both();
+        let with = config(pt, site);
+        let mut without = with.clone();
+        without.listeners[0].l4_routes.clear();
+        let h = Harness::start(without.clone()).await;
+        let (tcp, quic) = (h.addr("web").await, h.runtime.bound_quic().await["web"]);
+        let terminated = |h3: Result<(), String>, tcp: Result<String, String>| {
+            assert_eq!(h3, Ok(()));
+            let reply = tcp.unwrap();
+            assert!(!reply.contains("B:"), "{reply}");
+        };
+        terminated(
+            quic_handshake(quic, "pt.test", pem_site.clone()).await,
+            tls_exchange(tcp, "pt.test", &pem_site, true, GET).await,
+        );
+        let mut next = with.clone();
+        next.generation = 2;
+        h.runtime.apply(next).await.unwrap();
+        assert_eq!(
+            (h.addr("web").await, h.runtime.bound_quic().await["web"]),
+            (tcp, quic),
+            "sockets kept"
+        );
+        assert_eq!(
+            tls_exchange(tcp, "pt.test", &pem_pt, true, b"ping").await,
+            Ok("B:ping".into())
+        );
+        assert!(quic_handshake(quic, "pt.test", pem_site.clone())
+            .await
+            .is_err());
+        assert_eq!(
+            quic_handshake(quic, "site.test", pem_site.clone()).await,
+            Ok(())
+        );
+        without.generation = 3;
+        h.runtime.apply(without).await.unwrap();
+        terminated(
+            quic_handshake(quic, "pt.test", pem_site.clone()).await,
+            tls_exchange(tcp, "pt.test", &pem_site, true, GET).await,
+        );
+    })
+    .await;
+}
+
 /// QUIC cannot be passed through by SNI here: HTTP/3 refuses the passthrough name at its
 /// handshake (no certificate of ours is offered for it), so the client falls back to TCP,
 /// which passes through; the other name is served over HTTP/3 as before.
@@ -294,36 +381,10 @@ async fn http3_refuses_the_passthrough_name() {
     bounded(async {
         let (pt, pem_pt) = tls_backend("pt.test", "B").await;
         // Sweety's own certificate would even be valid for the passthrough name.
-        let (c, k) = sweety_dataplane::tls::self_signed(&["site.test", "pt.test"]).unwrap();
-        let site = Certificate {
-            hostnames: vec![],
-            cert: PemSource::Pem(c.clone()),
-            key: PemSource::Pem(k),
-        };
-        let pem_site = c;
+        let (site, pem_site) = site_cert_covering_both();
         let h = Harness::start(config(pt, site)).await;
         let quic = h.runtime.bound_quic().await["web"];
-        let connect = |name: &'static str, ca: String| async move {
-            use rustls_pki_types::pem::PemObject;
-            let mut roots = rustls::RootCertStore::empty();
-            for c in rustls_pki_types::CertificateDer::pem_slice_iter(ca.as_bytes()) {
-                roots.add(c.unwrap()).unwrap();
-            }
-            let mut tls = rustls::ClientConfig::builder_with_provider(Arc::new(
-                rustls::crypto::ring::default_provider(),
-            ))
-            .with_protocol_versions(&[&rustls::version::TLS13])
-            .unwrap()
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-            tls.alpn_protocols = vec![b"h3".to_vec()];
-            let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(tls).unwrap();
-            let mut ep = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
-            ep.set_default_client_config(quinn::ClientConfig::new(Arc::new(crypto)));
-            let r = ep.connect(quic, name).unwrap().await;
-            r.map(|c| c.close(0u32.into(), b"done"))
-                .map_err(|e| e.to_string())
-        };
+        let connect = |name: &'static str, ca: String| quic_handshake(quic, name, ca);
         assert_eq!(connect("site.test", pem_site.clone()).await, Ok(()));
         // Whichever certificate the client trusts, no handshake completes for the name.
         let err = connect("pt.test", pem_pt.clone()).await.unwrap_err();

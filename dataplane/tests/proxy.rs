@@ -1018,6 +1018,81 @@ async fn reload_keeps_warm_connections() {
     .await;
 }
 
+/// A backend handler that holds each request until `n` are in, then answers them all ("ok"):
+/// `n` requests in flight at once, each on a connection of its own.
+fn gathering(n: usize) -> Handler {
+    let barrier = Arc::new(tokio::sync::Barrier::new(n));
+    handler(move |_req| {
+        let barrier = barrier.clone();
+        async move {
+            barrier.wait().await;
+            Response::new(full("ok"))
+        }
+    })
+}
+
+/// Sends `n` GETs through `u` at once (the backend must gather them, see [`gathering`]), checks
+/// each answer, then waits until every backend connection is idle or closed (the pool takes a
+/// connection back once its response was read) and returns `(active, idle)` then.
+async fn burst(u: &Upstreams, addr: &str, n: usize) -> (usize, usize) {
+    let sends = (0..n).map(|_| async {
+        let resp = u
+            .forward(get("/"), &action(&[("b", 1)]), &route(json!({})), &ctx())
+            .await;
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert_eq!(text(resp).await, "ok");
+    });
+    futures_util::future::join_all(sends).await;
+    loop {
+        let (active, idle) = u.connections("b", addr).unwrap();
+        if active == 0 {
+            return (active, idle);
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Real sockets: the idle pool follows demand. A burst of 100 requests in flight (more than the
+/// 64 the pool used to keep) opens 100 backend connections, and every later burst of the same
+/// size is served by them: no connection is closed and opened again. (With a fixed cap of 64,
+/// every burst closed 36 connections and opened them again.)
+#[tokio::test]
+async fn bursts_reuse_the_connections_the_last_burst_opened() {
+    bounded(async {
+        const N: usize = 100;
+        let server = spawn_server(None, gathering(N)).await;
+        let addr = server.address();
+        let (u, _) = upstreams(vec![backend(
+            json!({"name": "b", "endpoints": [{"address": addr}]}),
+        )]);
+        for round in 1..=3 {
+            assert_eq!(burst(&u, &addr, N).await, (0, N), "round {round}");
+            assert_eq!(server.conns.load(Ordering::SeqCst), N, "round {round}");
+        }
+        assert_eq!(server.hits(), 3 * N);
+    })
+    .await;
+}
+
+/// Real sockets: `max_idle_per_endpoint` stays the hard bound of the idle list. A burst of 40
+/// keeps 10 connections; the next burst of 40 reuses those 10 and opens 30.
+#[tokio::test]
+async fn the_configured_idle_bound_holds_under_a_larger_burst() {
+    bounded(async {
+        const N: usize = 40;
+        let server = spawn_server(None, gathering(N)).await;
+        let addr = server.address();
+        let (u, _) = upstreams(vec![backend(
+            json!({"name": "b", "max_idle_per_endpoint": 10, "endpoints": [{"address": addr}]}),
+        )]);
+        assert_eq!(burst(&u, &addr, N).await, (0, 10));
+        assert_eq!(server.conns.load(Ordering::SeqCst), N);
+        assert_eq!(burst(&u, &addr, N).await, (0, 10));
+        assert_eq!(server.conns.load(Ordering::SeqCst), N + (N - 10));
+    })
+    .await;
+}
+
 /// A raw HTTP/1.1 server that answers one request per connection with keep-alive, then closes
 /// the connection without answering when a second request arrives on it.
 async fn one_shot_keepalive_server() -> (SocketAddr, Arc<AtomicUsize>) {

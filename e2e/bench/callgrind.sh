@@ -6,15 +6,21 @@
 # Usage:
 #   e2e/bench/callgrind.sh BINARY [BINARY...]     # one line per binary and cell
 #   CELLS="h2-1k cache-h2" TOP=25 e2e/bench/callgrind.sh BINARY   # and the costliest functions
-#   CELLS=proxy-h1 PEERS="haproxy nginx" e2e/bench/callgrind.sh BINARY   # the proxy path beside
-#                                                 # HAProxy and nginx, and Sweety/HAProxy
+#   CELLS="proxy-h1 proxy-h2" PEERS="haproxy nginx" e2e/bench/callgrind.sh BINARY   # the proxy
+#                                                 # path beside HAProxy and nginx, and Sweety/HAProxy
 #   CELLS="h1-100k h2-100k h3-100k" PEERS=nginx WARM=200 N1=300 N2=1300 e2e/bench/callgrind.sh BINARY
 #                                                 # bulk downloads, beside nginx (h1, h2)
 #
 # Environment:
-#   CELLS="h1-1k h2-1k proxy-h1 cache-h2"   which cells (the run.sh cells of the same name;
-#                     also h1-100k, h2-100k and h3-100k, the last with oha over HTTP/3)
-#   N1=1000 N2=5000   the two measured windows (requests, on 100 new connections each)
+#   CELLS="h1-1k h2-1k proxy-h1 cache-h2"   which cells (the run.sh cells of the same name; also
+#                     proxy-h2 and proxy-h2-4k: the proxy path with an HTTP/2-over-TLS front,
+#                     12-byte and 4 KB answers; h1-100k, h2-100k, and h3-100k with oha over HTTP/3)
+#   N1=1000 N2=5000   the two measured windows (requests, on 100 new connections each; the
+#                     proxy-h2 cells: on H2_CONNS)
+#   H2_CONNS=10       connections of the proxy-h2 cells (10 streams each: H2_CONNS x 10 requests
+#                     in flight; run.sh's cells have 100 x 10)
+#   POOL_IDLE=        Sweety's `max_idle_per_endpoint` for the backend (default: unset, the
+#                     dataplane's default, as in run.sh)
 #   WARM=1000         requests of the warm-up before the counters are zeroed
 #   OHA=              oha with HTTP/3 for the h3 cells (default: oha on PATH, else
 #                     ~/.cache/sweety/tools/bin/oha, as in run.sh)
@@ -23,9 +29,9 @@
 #   SERVER_CPU=0 CLIENT_CPU=1   taskset CPU of the server (under valgrind) and of h2load and the backend
 #   PORT_BASE=18540   ports on 127.0.0.1: TLS = base, plain = base+1, backend = base+2, admin = base+3
 #   KEEP_WORK=1       keep the work dir (configs, callgrind dumps)
-#   PEERS=""          "haproxy nginx": also count HAProxy and nginx as the proxy of cell proxy-h1,
-#                     and nginx as the server of the static h1-* and h2-* cells (once per run, not
-#                     per binary), then print each binary's ratio to them per cell
+#   PEERS=""          "haproxy nginx": also count HAProxy and nginx as the proxy of each proxy-*
+#                     cell in CELLS, and nginx as the server of the static h1-*/h2-* cells (once
+#                     per run, not per binary), then print each binary's ratio to them
 #
 # Method: run.sh's Sweety config (same routes, files, backend: a one-worker nginx answering
 # "hello world\n"), with `header_read_timeout: 120s` so that 100 TLS handshakes under valgrind do
@@ -33,16 +39,18 @@
 # `rep movsb` memcpy turned off (valgrind counts every byte a `rep movsb` moves as an instruction).
 # Per cell: a fresh server, a 1,000-request warm-up, counters zeroed, a window of N1 requests and
 # one of N2 requests (h2load -c 100, each on new connections; H2: -m 10; proxy-h1: --h1 over plain
-# HTTP; h3-100k: oha -c 100 -p 10 over HTTP/3, Sweety with `http3: true`), each dumped; per request = (Ir(N2) - Ir(N1)) / (N2 - N1), which cancels the handshakes
+# HTTP; proxy-h2*: -c H2_CONNS -m 10 over TLS; h3-100k: oha -c 100 -p 10 over HTTP/3, Sweety
+# with `http3: true`), each dumped; per request = (Ir(N2) - Ir(N1)) / (N2 - N1), which cancels the handshakes
 # and connection setup. Same-binary repeats differ by up to ~2 %. Everything listens on 127.0.0.1.
 #
-# Peers (PEERS): HAProxy (Debian's haproxy; cell proxy-h1 only) and nginx (Debian's nginx-light;
-# proxy-h1 and the static h1-*/h2-* cells) with run.sh's configs: HAProxy nbthread 1,
-# `option http-keep-alive` and `http-reuse always`; nginx one worker, an upstream with
-# `keepalive 128` and `proxy_http_version 1.1`, and run.sh's TLS server for the files (TLS 1.3,
-# http2, sendfile, open_file_cache; here `master_process off`, so that the one process under
-# valgrind is the worker). Both run under the same valgrind command and glibc setting, with
-# the same client, warm-up and windows; access logs off in all three. Caveat: valgrind runs a
+# Peers (PEERS; the proxy-* cells, and for nginx the static h1-*/h2-* cells too): HAProxy
+# (Debian's haproxy) and nginx (Debian's nginx-light)
+# as the proxy in front of the same backend, with run.sh's configs for the proxy cells: HAProxy
+# nbthread 1, `option http-keep-alive` and `http-reuse always`, TLS 1.3 with ALPN h2; nginx one
+# worker, `listen ssl http2`, an upstream with `keepalive 128` and `proxy_http_version 1.1`; nginx
+# also serves the files of the static cells as run.sh's does (sendfile, open_file_cache; here
+# `master_process off`, so that the one process under valgrind is the worker). Both run under
+# the same valgrind command and glibc setting, with the same client, warm-up and windows; access logs off in all three. Caveat: valgrind runs a
 # process's threads one at a time and counts instructions, not cycles, so a count weighs neither
 # cache misses nor a syscall's kernel time (the syscalls themselves are not in any count; the
 # three make similar ones per request: a read and a write each side, epoll).
@@ -56,6 +64,8 @@ SERVER_CPU=${SERVER_CPU:-0}
 CLIENT_CPU=${CLIENT_CPU:-1}
 PORT_BASE=${PORT_BASE:-18540}
 PEERS=${PEERS:-}
+H2_CONNS=${H2_CONNS:-10}
+POOL_IDLE=${POOL_IDLE:-}
 WARM=${WARM:-1000}
 OHA=${OHA:-$(command -v oha || echo "$HOME/.cache/sweety/tools/bin/oha")}
 TLS_PORT=$PORT_BASE
@@ -66,17 +76,22 @@ ADMIN_PORT=$((PORT_BASE + 3))
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
 (($#)) || die "usage: $0 BINARY [BINARY...] (see the top of this file)"
 for bin in "$@"; do [[ -x $bin ]] || die "not an executable: $bin"; done
-peer_serves() { # peer_serves PEER CELL: does the peer run this cell?
-    case $1:$2 in
-        haproxy:proxy-h1 | nginx:proxy-h1 | nginx:h1-* | nginx:h2-*) return 0 ;;
-        *) return 1 ;;
-    esac
-}
 for peer in $PEERS; do
     [[ $peer == haproxy || $peer == nginx ]] || die "unknown peer $peer (PEERS: haproxy, nginx)"
-    served=""
-    for cell in $CELLS; do peer_serves "$peer" "$cell" && served=1; done
-    [[ -n $served ]] || die "PEERS: $peer runs none of CELLS=$CELLS (haproxy: proxy-h1; nginx: proxy-h1, h1-*, h2-*)"
+done
+PROXY_CELLS=() STATIC_CELLS=()
+for cell in $CELLS; do
+    [[ $cell == proxy-* ]] && PROXY_CELLS+=("$cell")
+    [[ $cell == h1-* || $cell == h2-* ]] && STATIC_CELLS+=("$cell")
+done
+peer_cells() { # peer_cells PEER: the cells of CELLS the peer runs
+    printf '%s\n' "${PROXY_CELLS[@]}"
+    [[ $1 == nginx ]] && printf '%s\n' "${STATIC_CELLS[@]}"
+    return 0
+}
+for peer in $PEERS; do
+    [[ -n $(peer_cells "$peer") ]] ||
+        die "PEERS: $peer runs none of CELLS=$CELLS (haproxy: proxy-*; nginx: proxy-*, h1-*, h2-*)"
 done
 [[ " $CELLS " != *" h3-"* || -x $OHA ]] || die "the h3 cells need oha with HTTP/3 (OHA=, see run.sh)"
 
@@ -123,6 +138,7 @@ openssl ecparam -name prime256v1 -genkey -noout -out "$WORK/key.pem" 2>/dev/null
 openssl req -x509 -new -key "$WORK/key.pem" -out "$WORK/cert.pem" -days 30 \
     -subj "/CN=127.0.0.1" -addext "subjectAltName=IP:127.0.0.1" 2>/dev/null
 dd if=/dev/urandom of="$WORK/www/1k.bin" bs=1024 count=1 status=none
+dd if=/dev/urandom of="$WORK/www/4k.bin" bs=1024 count=4 status=none
 dd if=/dev/urandom of="$WORK/www/100k.bin" bs=1024 count=100 status=none
 chmod -R a+rX "$WORK/www"
 
@@ -143,6 +159,7 @@ http {
     server {
         listen 127.0.0.1:$BACKEND_PORT;
         default_type text/plain;
+        location = /proxy4k { alias $WORK/www/4k.bin; }
         location / { return 200 "hello world\n"; }
     }
 }
@@ -170,6 +187,9 @@ virtual_hosts:
       - name: proxy
         matches: [{path: {prefix: /proxy}}]
         action: {proxy: {backends: [{backend: hello}]}}
+      - name: proxy-files
+        matches: [{path: {exact: /proxy4k}}]
+        action: {proxy: {backends: [{backend: hello}]}}
       - name: cached
         matches: [{path: {prefix: /cached}}]
         filters: [{cache: {ttl: 10m}}]
@@ -180,11 +200,13 @@ backends:
   - name: hello
     protocol: http1
     endpoints: [{address: "127.0.0.1:$BACKEND_PORT"}]
-    max_idle_per_endpoint: 128
+${POOL_IDLE:+    max_idle_per_endpoint: $POOL_IDLE}
 EOF
 sed 's/^    http3: false$/    http3: true/' "$WORK/sweety.yaml" >"$WORK/sweety-h3.yaml"
 
-# The peers as proxies of cell proxy-h1: run.sh's configs for it, on the plain port only.
+# The peers as proxies of the proxy cells: run.sh's configs for them (the plain port for proxy-h1,
+# TLS with HTTP/2 for proxy-h2*).
+cat "$WORK/cert.pem" "$WORK/key.pem" >"$WORK/haproxy.pem"
 mkdir -p "$WORK/nginx/tmp"
 cat >"$WORK/nginx.conf" <<EOF
 worker_processes 1;
@@ -215,14 +237,19 @@ http {
         keepalive_requests 1000000000;
     }
     server {
+        listen 127.0.0.1:$PLAIN_PORT;
+        location /proxy {
+            proxy_pass http://hello;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+        }
+    }
+    server {
         listen 127.0.0.1:$TLS_PORT ssl http2;
         ssl_certificate $WORK/cert.pem;
         ssl_certificate_key $WORK/key.pem;
         ssl_protocols TLSv1.3;
         root $WORK/www;
-    }
-    server {
-        listen 127.0.0.1:$PLAIN_PORT;
         location /proxy {
             proxy_pass http://hello;
             proxy_http_version 1.1;
@@ -234,6 +261,7 @@ EOF
 cat >"$WORK/haproxy.cfg" <<EOF
 global
     nbthread 1
+    ssl-default-bind-options ssl-min-ver TLSv1.3
 defaults
     mode http
     timeout connect 5s
@@ -244,6 +272,9 @@ defaults
     http-reuse always
 frontend plain
     bind 127.0.0.1:$PLAIN_PORT
+    default_backend hello
+frontend tls
+    bind 127.0.0.1:$TLS_PORT ssl crt $WORK/haproxy.pem alpn h2,http/1.1
     default_backend hello
 backend hello
     server be 127.0.0.1:$BACKEND_PORT
@@ -260,8 +291,9 @@ taskset -c "$CLIENT_CPU" "$NGINX" -p "$WORK/backend/" -c "$WORK/backend.conf" -e
 PIDS+=("$!")
 for _ in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$BACKEND_PORT/" && break; sleep 0.1; done
 
-load() { # load CELL N: N requests on 100 new connections
+load() { # load CELL N: N requests on 100 (proxy-h2*: H2_CONNS) new connections
     local args=(-c 100 -t 1 -n "$2") out ok
+    [[ $1 == proxy-h2* ]] && args=(-c "$H2_CONNS" -t 1 -n "$2")
     case $1 in
         h1-1k | h1-100k) args+=(--h1 "https://127.0.0.1:$TLS_PORT/${1#h1-}.bin") ;;
         h2-1k | h2-100k) args+=(-m 10 "https://127.0.0.1:$TLS_PORT/${1#h2-}.bin") ;;
@@ -274,8 +306,11 @@ load() { # load CELL N: N requests on 100 new connections
             ;;
         cache-h2) args+=(-m 10 -H "accept-encoding: gzip" "https://127.0.0.1:$TLS_PORT/cached") ;;
         proxy-h1) args+=(--h1 "http://127.0.0.1:$PLAIN_PORT/proxy") ;;
+        proxy-h2) args+=(-m 10 "https://127.0.0.1:$TLS_PORT/proxy") ;;
+        proxy-h2-4k) args+=(-m 10 "https://127.0.0.1:$TLS_PORT/proxy4k") ;;
         *) die "unknown cell $1" ;;
     esac
+    local out
     out=$(taskset -c "$CLIENT_CPU" timeout 600 h2load "${args[@]}")
     grep -q "requests: $2 total, $2 started, $2 done, $2 succeeded" <<<"$out" ||
         die "$1: not all of $2 requests succeeded: $(grep '^requests:' <<<"$out")"
@@ -303,6 +338,7 @@ measure() { # measure LABEL CELL COMMAND...: COMMAND (a server) under callgrind,
     PIDS+=("$pid")
     case $cell in
         proxy-h1) probe=(curl -s -o /dev/null --max-time 5 "http://127.0.0.1:$PLAIN_PORT/proxy") ;;
+        proxy-h2*) probe=(curl -skf --http2 -o /dev/null --max-time 5 "https://127.0.0.1:$TLS_PORT/proxy") ;;
         *) probe=(curl -sk -o /dev/null --max-time 5 "https://127.0.0.1:$TLS_PORT/1k.bin") ;;
     esac
     for ((i = 0; i < 600; i++)); do
@@ -310,7 +346,7 @@ measure() { # measure LABEL CELL COMMAND...: COMMAND (a server) under callgrind,
         kill -0 "$pid" 2>/dev/null || die "$label did not start: $(tail -5 "$dir/server.log")"
         sleep 0.5
     done
-    load "$cell" "$WARM" # warm-up
+    load "$cell" 1000 # warm-up
     callgrind_control -z "$pid" >/dev/null 2>&1
     load "$cell" "$N1"
     callgrind_control -d "$cell-$N1" "$pid" >/dev/null 2>&1
@@ -348,8 +384,7 @@ for peer in $PEERS; do
         haproxy) PEER_LABELS+=("haproxy $("$HAPROXY" -v | sed -n 's/^HAProxy version \([^ ]*\).*/\1/p')") ;;
         nginx) PEER_LABELS+=("nginx $("$NGINX" -v 2>&1 | sed -n 's|^nginx version: nginx/||p')") ;;
     esac
-    for cell in $CELLS; do
-        peer_serves "$peer" "$cell" || continue
+    for cell in $(peer_cells "$peer"); do
         case $peer in
             haproxy) # -db: foreground, one process
                 measure "${PEER_LABELS[-1]}" "$cell" "$HAPROXY" -db -f "$WORK/haproxy.cfg" ;;

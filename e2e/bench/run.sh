@@ -24,8 +24,9 @@
 #   SWEETY_BIN=    use this binary instead of building (else: cargo build --release into
 #                  $CARGO_TARGET_DIR, default ~/.cache/sweety/target)
 #   KEEP_WORK=1    keep the temporary work dir (configs, logs, client outputs)
-#   POOL_IDLE=128  Sweety's `max_idle_per_endpoint` for the proxy backend (nginx's `keepalive 128`
-#                  is the same bound; HAProxy keeps every connection)
+#   POOL_IDLE=     Sweety's `max_idle_per_endpoint` for the proxy backend (default: unset, the
+#                  dataplane's default: idle connections follow demand up to 1024; nginx here
+#                  keeps at most 128 idle, `keepalive 128`; HAProxy keeps every connection)
 #   SWEETY_HTTP3=  extra `http3:` settings for the h3 cells, as YAML flow-mapping entries,
 #                  e.g. "send_window: 262144, static_chunk_size: 16384" (default: none, the
 #                  documented defaults of docs/config.md apply)
@@ -380,7 +381,7 @@ backends:
   - name: hello
     protocol: http1
     endpoints: [{address: "127.0.0.1:$BACKEND_PORT"}]
-    max_idle_per_endpoint: ${POOL_IDLE:-128}
+${POOL_IDLE:+    max_idle_per_endpoint: $POOL_IDLE}
   - name: wsecho
     protocol: http1
     endpoints: [{address: "127.0.0.1:$WS_PORT"}]

@@ -237,7 +237,10 @@ async fn serve_conn(
         h2,
         drain,
     } = serving;
-    debug_assert!(first.is_none(), "bytes are peeked on https listeners only");
+    if first.is_some() {
+        // Peeked only on https listeners, which always have a TLS config: never here.
+        return;
+    }
     let mut stream = stream;
     let conn = Arc::new(ConnInfo {
         listener: view.name.clone(),

@@ -223,6 +223,14 @@ impl Upstreams {
         Some(e.state.pool.idle_count())
     }
 
+    /// Open connections of `backend`'s endpoint `address` as `(active, idle)`
+    /// ([`Pool::connections`]).
+    pub fn connections(&self, backend: &str, address: &str) -> Option<(usize, usize)> {
+        let b = self.backends.get(backend)?;
+        let e = b.endpoints.iter().find(|e| e.state.address == address)?;
+        Some(e.state.pool.connections())
+    }
+
     /// Adds `sweety_upstream_connections` to a scrape: the open connections of every backend's
     /// pools by state (`active`, `idle`, [`Pool::connections`]), one pair of samples per
     /// backend label (backends over the label cap add up under `other`), zero included.

@@ -1,10 +1,18 @@
 //! Per-endpoint connection pools on hyper's low-level client connections.
 //!
-//! * HTTP/1.1 (`http1`, `https`): keep-alive connections. After a response head arrives a
-//!   small task waits until the connection is ready again (response body fully read) and puts
-//!   it back on the endpoint's idle list, which is bounded by `max_idle_per_endpoint` (the
-//!   oldest is closed first) and expires entries idle longer than [`IDLE_TIMEOUT`] (checked
-//!   lazily on checkout and checkin). The most recently used connection is reused first.
+//! * HTTP/1.1 (`http1`, `https`): keep-alive connections. A connection goes back on the
+//!   endpoint's idle list once it is ready again (its response read from the socket): at once
+//!   when it already is as the response head arrives (a small response read whole with its
+//!   head), else from a small task that waits for it. The most recently used connection is
+//!   reused first. The idle list follows demand ([`Demand`]): it keeps at most as many
+//!   connections as were in use at once at the peak of the current or the previous
+//!   [`DEMAND_WINDOW`], never more than `max_idle_per_endpoint` (the hard bound), and none idle
+//!   longer than [`IDLE_TIMEOUT`]; the oldest go first. So a burst of n requests in flight
+//!   finds the n connections the last burst opened instead of opening them again (a fixed
+//!   small cap under a larger load closes connections it needs a moment later, one new
+//!   connection per few requests), and after the load falls the surplus is closed within two
+//!   windows, by a timer task per pool (running while the list is not empty) when no request
+//!   comes to do it.
 //! * HTTP/2 (`h2c` prior knowledge, `h2` over TLS): one multiplexed connection per endpoint;
 //!   another is opened when every open one carries [`H2_MAX_STREAMS`] streams or has died.
 //!   Connection opening is serialised per endpoint so a burst shares one new connection.
@@ -25,15 +33,21 @@ use hyper::body::Incoming;
 use hyper::client::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use rustls::ClientConfig;
+use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 use sweety_config::BackendProtocol;
 use tokio::net::TcpStream;
 
 /// Idle HTTP/1.1 connections older than this are closed instead of reused.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+/// The period over which an endpoint's demand (HTTP/1.1 connections in use at once) is
+/// measured; the idle list keeps what the peak of this window or the previous one needed, and
+/// it is trimmed to that once per window even without traffic.
+pub const DEMAND_WINDOW: Duration = Duration::from_secs(10);
 /// Streams we put on one HTTP/2 connection before opening another (the usual server limit).
 pub const H2_MAX_STREAMS: usize = 100;
 
@@ -71,10 +85,74 @@ struct H2Conn {
     streams: Arc<AtomicUsize>,
 }
 
+/// The peak number of an endpoint's HTTP/1.1 connections in use at once (checked out for a
+/// request, their response not yet read whole) in the current window of [`DEMAND_WINDOW`]
+/// and in the one before it: how many idle connections the endpoint's traffic needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Demand {
+    start: Instant,
+    peak: usize,
+    previous: usize,
+}
+
+impl Demand {
+    fn new(now: Instant) -> Demand {
+        Demand {
+            start: now,
+            peak: 0,
+            previous: 0,
+        }
+    }
+
+    /// Notes `in_use` connections in use at `now`, starting a new window when the current
+    /// one is over (a window with no note at all counts as a peak of 0).
+    fn note(&mut self, now: Instant, in_use: usize) {
+        let elapsed = now.saturating_duration_since(self.start);
+        if elapsed >= DEMAND_WINDOW {
+            self.previous = if elapsed < 2 * DEMAND_WINDOW {
+                self.peak
+            } else {
+                0
+            };
+            self.peak = 0;
+            self.start = now;
+        }
+        self.peak = self.peak.max(in_use);
+    }
+
+    /// Idle connections worth keeping: the larger of the two windows' peaks.
+    fn wanted(&self) -> usize {
+        self.peak.max(self.previous)
+    }
+}
+
+/// An endpoint's idle HTTP/1.1 connections, oldest first, and the demand bounding them.
+#[derive(Debug)]
+struct IdleList {
+    conns: VecDeque<Idle>,
+    demand: Demand,
+    /// A trimming task ([`Pool::reaper`]) runs for this list (while it is not empty).
+    reaping: bool,
+}
+
+impl IdleList {
+    /// Closes the connections idle since `cutoff` or longer (they are at the front) and the
+    /// oldest beyond `keep`.
+    fn trim(&mut self, cutoff: Option<Instant>, keep: usize) {
+        while let Some(front) = self.conns.front() {
+            if self.conns.len() > keep || cutoff.is_some_and(|c| front.since <= c) {
+                self.conns.pop_front();
+            } else {
+                break;
+            }
+        }
+    }
+}
+
 /// Connections of one endpoint.
 #[derive(Debug)]
 pub struct Pool {
-    idle: Mutex<Vec<Idle>>,
+    idle: Mutex<IdleList>,
     h2: Mutex<Vec<H2Conn>>,
     h2_connect: tokio::sync::Mutex<()>,
     max_idle: AtomicUsize,
@@ -149,7 +227,11 @@ impl Pool {
     /// An empty pool keeping at most `max_idle` idle HTTP/1.1 connections.
     pub fn new(max_idle: usize) -> Pool {
         Pool {
-            idle: Mutex::new(Vec::new()),
+            idle: Mutex::new(IdleList {
+                conns: VecDeque::new(),
+                demand: Demand::new(Instant::now()),
+                reaping: false,
+            }),
             h2: Mutex::new(Vec::new()),
             h2_connect: tokio::sync::Mutex::new(()),
             max_idle: AtomicUsize::new(max_idle),
@@ -167,6 +249,7 @@ impl Pool {
             .idle
             .lock()
             .unwrap_or_else(|p| p.into_inner())
+            .conns
             .iter()
             .filter(|i| !i.sender.is_closed())
             .count();
@@ -190,7 +273,11 @@ impl Pool {
 
     /// Idle HTTP/1.1 connections currently pooled.
     pub fn idle_count(&self) -> usize {
-        self.idle.lock().unwrap_or_else(|p| p.into_inner()).len()
+        self.idle
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .conns
+            .len()
     }
 
     /// A connection to `addr`: pooled if one is usable, else a new one. The caller bounds the
@@ -216,30 +303,81 @@ impl Pool {
 
     fn checkout_h1(&self) -> Option<http1::SendRequest<Body>> {
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-        while let Some(i) = idle.pop() {
-            if i.since.elapsed() < IDLE_TIMEOUT && !i.sender.is_closed() && i.sender.is_ready() {
+        let mut now = None;
+        while let Some(i) = idle.conns.pop_back() {
+            // The newest first: when it is too old, so is every other one.
+            if now
+                .get_or_insert_with(Instant::now)
+                .saturating_duration_since(i.since)
+                >= IDLE_TIMEOUT
+            {
+                idle.conns.clear();
+                return None;
+            }
+            if !i.sender.is_closed() && i.sender.is_ready() {
                 return Some(i.sender);
             }
         }
         None
     }
 
-    fn checkin_h1(&self, sender: http1::SendRequest<Body>) {
+    /// Puts a connection that is ready for its next request on the idle list, within the
+    /// demand and the hard bound; starts the list's trimming task if none runs.
+    fn checkin_h1(self: &Arc<Self>, sender: http1::SendRequest<Body>) {
         let max = self.max_idle.load(Ordering::Relaxed);
         if max == 0 || sender.is_closed() {
             return;
         }
         let now = Instant::now();
-        // Entries from after `cutoff` are younger than IDLE_TIMEOUT: one clock reading for the
-        // whole list (reading it per entry cost ~1,500 instructions per request with 100
-        // clients' connections pooled).
+        // The list is in check-in order, so one clock reading and a look at its front find
+        // every entry older than IDLE_TIMEOUT (a pass over the list per check-in cost ~1,500
+        // instructions per request with 128 connections pooled).
         let cutoff = now.checked_sub(IDLE_TIMEOUT);
+        let open = self.open.load(Ordering::Relaxed);
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-        idle.retain(|i| cutoff.is_none_or(|c| i.since > c) && !i.sender.is_closed());
-        while idle.len() >= max {
-            idle.remove(0);
+        // In use: the open connections not on the list, this one included.
+        let in_use = open.saturating_sub(idle.conns.len()).max(1);
+        idle.demand.note(now, in_use);
+        let keep = idle.demand.wanted().min(max);
+        idle.trim(cutoff, keep.saturating_sub(1));
+        idle.conns.push_back(Idle { sender, since: now });
+        if !idle.reaping && tokio::runtime::Handle::try_current().is_ok() {
+            idle.reaping = true;
+            tokio::spawn(Pool::reaper(Arc::downgrade(self)));
         }
-        idle.push(Idle { sender, since: now });
+    }
+
+    /// Once per [`DEMAND_WINDOW`] while the pool lives and its idle list is not empty: closes
+    /// the idle connections beyond the demand (so those of a past burst go within two windows
+    /// of its end, traffic or not), the expired ones and those the backend closed.
+    async fn reaper(pool: Weak<Pool>) {
+        loop {
+            tokio::time::sleep(DEMAND_WINDOW).await;
+            let Some(pool) = pool.upgrade() else {
+                return;
+            };
+            if !pool.reap(Instant::now()) {
+                return;
+            }
+        }
+    }
+
+    /// One trimming pass at `now`; false (and the list marked as having no task) when the
+    /// list is left empty.
+    fn reap(&self, now: Instant) -> bool {
+        let max = self.max_idle.load(Ordering::Relaxed);
+        let open = self.open.load(Ordering::Relaxed);
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        let in_use = open.saturating_sub(idle.conns.len());
+        idle.demand.note(now, in_use);
+        let keep = idle.demand.wanted().min(max);
+        idle.conns.retain(|i| !i.sender.is_closed());
+        idle.trim(now.checked_sub(IDLE_TIMEOUT), keep);
+        if idle.conns.is_empty() {
+            idle.reaping = false;
+            return false;
+        }
+        true
     }
 
     fn take_h2_stream(&self) -> Option<Conn> {
@@ -305,12 +443,20 @@ impl Conn {
                 let sent = s.try_send_request(req);
                 match sent.await {
                     Ok(resp) => {
-                        let pool = pool.clone();
-                        tokio::spawn(async move {
-                            if s.ready().await.is_ok() {
-                                pool.checkin_h1(s);
+                        // A small response usually came whole with its head: the connection
+                        // is ready now and goes back without a task of its own.
+                        match s.poll_ready(&mut Context::from_waker(Waker::noop())) {
+                            Poll::Ready(Ok(())) => pool.checkin_h1(s),
+                            Poll::Ready(Err(_)) => {}
+                            Poll::Pending => {
+                                let pool = pool.clone();
+                                tokio::spawn(async move {
+                                    if s.ready().await.is_ok() {
+                                        pool.checkin_h1(s);
+                                    }
+                                });
                             }
-                        });
+                        }
                         Ok((resp, None))
                     }
                     Err(mut e) => Err(SendError {
@@ -532,6 +678,132 @@ where
             }
         });
         Ok(Opened::H1(sender))
+    }
+}
+
+#[cfg(test)]
+mod demand_tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    #[test]
+    fn demand_is_the_larger_peak_of_this_window_and_the_last() {
+        let t0 = Instant::now();
+        let mut d = Demand::new(t0);
+        assert_eq!(d.wanted(), 0);
+        d.note(t0, 5);
+        d.note(t0 + Duration::from_secs(1), 100);
+        d.note(t0 + Duration::from_secs(2), 3);
+        assert_eq!(d.wanted(), 100);
+        // The next window: the last one's peak still counts.
+        d.note(t0 + DEMAND_WINDOW, 2);
+        assert_eq!((d.peak, d.previous, d.wanted()), (2, 100, 100));
+        // The one after: only the window before it (peak 2) and its own.
+        d.note(t0 + 2 * DEMAND_WINDOW, 1);
+        assert_eq!((d.peak, d.previous, d.wanted()), (1, 2, 2));
+        // Two silent windows: the demand is what is noted now.
+        d.note(t0 + 5 * DEMAND_WINDOW, 0);
+        assert_eq!((d.peak, d.previous, d.wanted()), (0, 0, 0));
+        // A clock reading from before the window's start (another thread's) is in the window.
+        d.note(t0, 7);
+        assert_eq!(d.wanted(), 7);
+    }
+
+    /// A raw HTTP/1.1 backend answering every request of every connection "ok", keep-alive.
+    async fn ok_backend() -> String {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = l.accept().await {
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    let mut chunk = [0u8; 1024];
+                    loop {
+                        while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                            buf.drain(..end + 4);
+                            let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+                            if s.write_all(ok).await.is_err() {
+                                return;
+                            }
+                        }
+                        match s.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                });
+            }
+        });
+        addr
+    }
+
+    /// `n` connections in use at once, then all back on the idle list.
+    async fn use_at_once(pool: &Arc<Pool>, addr: &str, n: usize) {
+        let c = Connector {
+            protocol: BackendProtocol::Http1,
+            tls: None,
+            sni: None,
+            external: false,
+            read_ahead: sweety_config::DEFAULT_PROXY_READ_AHEAD,
+        };
+        let mut conns = Vec::new();
+        for _ in 0..n {
+            conns.push(pool.acquire(addr, &c).await.unwrap());
+        }
+        for conn in conns {
+            let req = Request::get("/")
+                .header("host", "b")
+                .body(crate::body::empty())
+                .unwrap();
+            let (resp, _) = conn.send(pool, req).await.unwrap();
+            use http_body_util::BodyExt;
+            assert_eq!(
+                &resp.into_body().collect().await.unwrap().to_bytes()[..],
+                b"ok"
+            );
+        }
+        while pool.connections().0 != 0 {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+
+    /// Real sockets: the idle list keeps a burst's connections for the rest of its window and
+    /// the next, bounded by `max_idle`; a trimming pass two windows after the burst closes them.
+    #[tokio::test]
+    async fn idle_connections_follow_the_recent_peak_within_the_bound() {
+        let addr = ok_backend().await;
+        let wait_open = |pool: Arc<Pool>, want: usize| async move {
+            while pool.connections() != (0, want) {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        };
+        let run = async {
+            // Bounded by max_idle: 8 in use at once, 3 kept.
+            let small = Arc::new(Pool::new(3));
+            use_at_once(&small, &addr, 8).await;
+            assert_eq!(small.connections(), (0, 3));
+
+            let pool = Arc::new(Pool::new(1024));
+            use_at_once(&pool, &addr, 8).await;
+            assert_eq!(pool.connections(), (0, 8));
+            let t0 = Instant::now();
+            assert!(pool.reap(t0));
+            assert_eq!(pool.idle_count(), 8);
+            // The next window still wants the burst's peak.
+            assert!(pool.reap(t0 + DEMAND_WINDOW + Duration::from_millis(1)));
+            assert_eq!(pool.idle_count(), 8);
+            // Two windows on with nothing in use: all closed, the trimming task would end.
+            assert!(!pool.reap(t0 + 3 * DEMAND_WINDOW + Duration::from_millis(2)));
+            assert_eq!(pool.idle_count(), 0);
+            assert!(!pool.idle.lock().unwrap().reaping);
+            wait_open(pool.clone(), 0).await;
+            // A new burst is served by new connections and kept again.
+            use_at_once(&pool, &addr, 4).await;
+            assert_eq!(pool.connections(), (0, 4));
+        };
+        tokio::time::timeout(Duration::from_secs(60), run)
+            .await
+            .expect("bounded");
     }
 }
 
