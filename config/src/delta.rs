@@ -124,6 +124,7 @@ pub fn settings_of(c: &Config) -> Config {
         cache,
         path_normalization,
         tracing,
+        user_sets,
     } = c;
     Config {
         version: *version,
@@ -140,6 +141,7 @@ pub fn settings_of(c: &Config) -> Config {
         cache: CacheSettings::clone(cache),
         path_normalization: *path_normalization,
         tracing: Option::<Tracing>::clone(tracing),
+        user_sets: user_sets.clone(),
     }
 }
 

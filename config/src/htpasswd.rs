@@ -32,17 +32,32 @@ pub const MAX_BCRYPT_COST: u32 = 14;
 /// Longest line read (a longer one is rejected).
 pub const MAX_LINE_BYTES: usize = 4096;
 
-/// Require HTTP Basic credentials matching one of `users` (401 with
-/// `WWW-Authenticate: Basic realm="<realm>"` otherwise). Checked after the IP lists and rate
-/// limits, before the other request filters.
+/// Require HTTP Basic credentials matching one of `users` (or of the config's user set
+/// `user_set`) (401 with `WWW-Authenticate: Basic realm="<realm>"` otherwise). Checked after
+/// the IP lists and rate limits, before the other request filters.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BasicAuth {
     /// The realm shown to the client (quoted and escaped by the dataplane).
     #[serde(default)]
     pub realm: String,
-    /// Users and their password hashes ([`check_hash`] formats). None: every request is
-    /// answered 401.
+    /// Users and their password hashes ([`check_hash`] formats). None (and no `user_set`):
+    /// every request is answered 401.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub users: Vec<BasicAuthUser>,
+    /// The name of one of the config's `user_sets` whose users these are, instead of
+    /// `users` (which must then be empty). A name the config lacks refuses the config.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_set: Option<String>,
+}
+
+/// A named list of users (one htpasswd file) that `basic_auth` filters share by name.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UserSet {
+    /// Unique among the config's user sets, not empty.
+    pub name: String,
+    /// Users and their password hashes, as [`BasicAuth::users`].
     #[serde(default)]
     pub users: Vec<BasicAuthUser>,
 }
@@ -287,13 +302,28 @@ pub fn check_basic_auth(a: &BasicAuth) -> Vec<(String, String)> {
     if let Err(e) = check_realm(&a.realm) {
         out.push(("realm".to_string(), e));
     }
-    if a.users.len() > MAX_USERS {
+    if a.user_set.is_some() && !a.users.is_empty() {
+        out.push((
+            "users".to_string(),
+            "must be empty when user_set names the users".into(),
+        ));
+    }
+    out.extend(check_users(&a.users));
+    out
+}
+
+/// Problems of a list of users (a [`BasicAuth`]'s or a [`UserSet`]'s): too many, an entry
+/// [`check_entry`] refuses, a name listed twice.
+pub fn check_users(users: &[BasicAuthUser]) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    if users.len() > MAX_USERS {
         out.push(("users".to_string(), format!("more than {MAX_USERS} users")));
     }
-    for (i, u) in a.users.iter().enumerate() {
+    let mut seen = std::collections::HashSet::new();
+    for (i, u) in users.iter().enumerate() {
         if let Err(e) = check_entry(&u.name, &u.hash) {
             out.push((format!("users[{i}]"), e));
-        } else if a.users[..i].iter().any(|o| o.name == u.name) {
+        } else if !seen.insert(u.name.as_str()) {
             out.push((format!("users[{i}].name"), "listed more than once".into()));
         }
     }
@@ -386,6 +416,7 @@ mod tests {
                     hash: "plain".into(),
                 },
             ],
+            user_set: None,
         };
         let problems: Vec<String> = check_basic_auth(&f).into_iter().map(|p| p.0).collect();
         assert_eq!(problems, ["users[1].name", "users[2]"]);
@@ -429,7 +460,7 @@ mod tests {
                     prop_assert!(check_entry(&u.name, &u.hash).is_ok());
                     prop_assert!(!p.users[..i].iter().any(|o| o.name == u.name));
                 }
-                let f = BasicAuth { realm: String::new(), users: p.users };
+                let f = BasicAuth { realm: String::new(), users: p.users, user_set: None };
                 prop_assert!(check_basic_auth(&f).is_empty());
             }
 

@@ -28,7 +28,7 @@ pub use content::*;
 pub use duration::Duration;
 pub use error_pages::ErrorPages;
 pub use ext_auth::ExternalAuth;
-pub use htpasswd::{BasicAuth, BasicAuthUser};
+pub use htpasswd::{BasicAuth, BasicAuthUser, UserSet};
 pub use model::*;
 pub use traffic::*;
 pub use validate::{

@@ -72,6 +72,10 @@ pub struct Config {
     /// OpenTelemetry tracing (W3C trace context, spans exported over OTLP/HTTP); none: off.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tracing: Option<Tracing>,
+    /// Named user lists that `basic_auth` filters name by `user_set` instead of listing their
+    /// users: one copy of an htpasswd file shared by every rule it guards.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub user_sets: Vec<crate::htpasswd::UserSet>,
 }
 
 fn schema_version() -> u32 {
@@ -95,6 +99,7 @@ impl Default for Config {
             cache: crate::CacheSettings::default(),
             path_normalization: crate::PathNormalization::default(),
             tracing: None,
+            user_sets: Vec::new(),
         }
     }
 }

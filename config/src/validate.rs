@@ -155,6 +155,8 @@ struct Validator<'a> {
     errors: Vec<ValidationError>,
     /// Backend names (all of them, so references may point forward).
     backends: HashSet<&'a str>,
+    /// User set names (`basic_auth.user_set` references).
+    user_sets: HashSet<&'a str>,
     /// Listener name to protocol (first occurrence of each name).
     listeners: HashMap<&'a str, ListenerProtocol>,
     /// Sockets bound by listeners seen so far.
@@ -188,6 +190,7 @@ impl<'a> Validator<'a> {
             files,
             errors: Vec::new(),
             backends: cfg.backends.iter().map(|b| b.name.as_str()).collect(),
+            user_sets: cfg.user_sets.iter().map(|s| s.name.as_str()).collect(),
             listeners,
             bound: Vec::new(),
         };
@@ -266,6 +269,14 @@ impl<'a> Validator<'a> {
         let mut names = HashMap::new();
         for (i, b) in cfg.backends.iter().enumerate() {
             self.backend(&format!("backends[{i}]"), b, &mut names);
+        }
+        let mut names = HashMap::new();
+        for (i, set) in cfg.user_sets.iter().enumerate() {
+            let path = format!("user_sets[{i}]");
+            self.unique_name(&path, "user set", &set.name, &mut names);
+            for (field, msg) in crate::htpasswd::check_users(&set.users) {
+                self.err(format!("{path}.{field}"), msg);
+            }
         }
         self.limits(cfg);
         if cfg.limits.websocket_idle_timeout.is_zero() {
@@ -911,6 +922,14 @@ impl<'a> Validator<'a> {
             Filter::BasicAuth(a) => {
                 for (field, msg) in crate::htpasswd::check_basic_auth(a) {
                     self.err(format!("{path}.basic_auth.{field}"), msg);
+                }
+                if let Some(set) = &a.user_set {
+                    if !self.user_sets.contains(set.as_str()) {
+                        self.err(
+                            format!("{path}.basic_auth.user_set"),
+                            format!("unknown user set {set:?}"),
+                        );
+                    }
                 }
             }
             Filter::ExternalAuth(a) => {
@@ -2800,6 +2819,7 @@ access_log: {enabled: true, path: /var/log/sweety/access.log, buffer_lines: 1024
         let basic = Filter::BasicAuth(crate::htpasswd::BasicAuth {
             realm: "r".into(),
             users: Vec::new(),
+            user_set: None,
         });
         let external =
             Filter::ExternalAuth(crate::ext_auth::ExternalAuth::new("http://auth.example/"));
@@ -2816,6 +2836,80 @@ access_log: {enabled: true, path: /var/log/sweety/access.log, buffer_lines: 1024
             |c| route(c, 3).filters.extend([e1, e2]),
             "virtual_hosts[0].routes[3].filters[2]",
             "at most one external_auth filter is allowed per route",
+        );
+    }
+
+    #[test]
+    fn basic_auth_user_sets_are_named_unique_valid_and_every_reference_resolves() {
+        use crate::htpasswd::{BasicAuth, BasicAuthUser, UserSet};
+        let alice = BasicAuthUser {
+            name: "alice".into(),
+            hash: "{SHA}5en6G6MezRroT3XKqkdPOmY/BfQ=".into(),
+        };
+        let set = |name: &str, users: Vec<BasicAuthUser>| UserSet {
+            name: name.into(),
+            users,
+        };
+        let by = |name: &str| {
+            Filter::BasicAuth(BasicAuth {
+                realm: "r".into(),
+                users: Vec::new(),
+                user_set: Some(name.into()),
+            })
+        };
+        let (s, f) = (set("staff", vec![alice.clone()]), by("staff"));
+        expect_ok(|c| {
+            c.user_sets.push(s);
+            route(c, 3).filters.push(f);
+        });
+        // A reference to a set the config lacks refuses the whole config.
+        let (s, f) = (set("staff", vec![alice.clone()]), by("ops"));
+        expect_one(
+            |c| {
+                c.user_sets.push(s);
+                route(c, 3).filters.push(f);
+            },
+            "virtual_hosts[0].routes[3].filters[1].basic_auth.user_set",
+            "unknown user set \"ops\"",
+        );
+        // Users and a set at once: which would count is unclear, so neither does.
+        let s = set("staff", vec![alice.clone()]);
+        let both = Filter::BasicAuth(BasicAuth {
+            realm: "r".into(),
+            users: vec![alice.clone()],
+            user_set: Some("staff".into()),
+        });
+        expect_one(
+            |c| {
+                c.user_sets.push(s);
+                route(c, 3).filters.push(both);
+            },
+            "virtual_hosts[0].routes[3].filters[1].basic_auth.users",
+            "must be empty when user_set names the users",
+        );
+        // The sets themselves: a name, unique; entries checked as a filter's.
+        let sets = vec![
+            set("", vec![alice.clone()]),
+            set("a", vec![alice.clone()]),
+            set("a", vec![alice.clone()]),
+            set(
+                "b",
+                vec![BasicAuthUser {
+                    name: "bob".into(),
+                    hash: "plain".into(),
+                }],
+            ),
+        ];
+        expect(
+            |c| c.user_sets = sets,
+            &[
+                ("user_sets[0].name", "must not be empty"),
+                (
+                    "user_sets[2].name",
+                    "duplicate user set name \"a\" (first used by user_sets[1])",
+                ),
+                ("user_sets[3].users[0]", ""),
+            ],
         );
     }
 

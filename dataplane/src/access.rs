@@ -577,8 +577,17 @@ impl AccessRules {
         })
     }
 
-    /// Compiles the rules of `routes` (zones come from, and are kept in, `zones`).
-    pub fn build(client_ip: &ClientIp, routes: &RouteTable, zones: &Zones) -> AccessRules {
+    /// Compiles the rules of `routes` (zones come from, and are kept in, `zones`; the users
+    /// of `basic_auth` filters naming a set from `user_sets`, compiled once per set and realm
+    /// and shared).
+    pub fn build(
+        client_ip: &ClientIp,
+        user_sets: &[sweety_config::UserSet],
+        routes: &RouteTable,
+        zones: &Zones,
+    ) -> AccessRules {
+        let mut shared: HashMap<(&str, &str), Arc<crate::basic_auth::BasicAuthRules>> =
+            HashMap::new();
         let mut out = HashMap::new();
         let mut keep = Vec::new();
         let mut keep_in_flight = Vec::new();
@@ -603,7 +612,28 @@ impl AccessRules {
                         &mut keep_in_flight,
                     )),
                     Filter::BasicAuth(a) if rules.basic.is_none() => {
-                        rules.basic = Some(Arc::new(crate::basic_auth::BasicAuthRules::new(a)))
+                        rules.basic = Some(match &a.user_set {
+                            None => Arc::new(crate::basic_auth::BasicAuthRules::new(a)),
+                            Some(set) => shared
+                                .entry((set.as_str(), a.realm.as_str()))
+                                .or_insert_with(|| {
+                                    // Validation refuses a name the config lacks; were one
+                                    // left, no user would be let in (fail closed).
+                                    let users = user_sets
+                                        .iter()
+                                        .find(|s| s.name == *set)
+                                        .map(|s| s.users.clone())
+                                        .unwrap_or_default();
+                                    Arc::new(crate::basic_auth::BasicAuthRules::new(
+                                        &sweety_config::BasicAuth {
+                                            realm: a.realm.clone(),
+                                            users,
+                                            user_set: None,
+                                        },
+                                    ))
+                                })
+                                .clone(),
+                        })
                     }
                     Filter::ExternalAuth(a) if rules.external.is_none() => {
                         rules.external = Some(Arc::new(crate::ext_auth::ExtAuthRules::new(a)))

@@ -331,6 +331,7 @@ mod tests {
                     hash: h.to_string(),
                 })
                 .collect(),
+            user_set: None,
         })
     }
 

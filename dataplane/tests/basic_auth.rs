@@ -29,6 +29,7 @@ fn auth(realm: &str, users: &[(&str, &str)]) -> Filter {
                 hash: h.to_string(),
             })
             .collect(),
+        user_set: None,
     })
 }
 
@@ -223,6 +224,97 @@ async fn basic_auth_formats_and_refusals_over_h1_and_h2() {
         );
         let metrics = h.runtime.shared.metrics.render();
         assert!(metrics.contains("kind=\"auth_refused\""), "{metrics}");
+    })
+    .await
+    .expect("test finished in time");
+}
+
+/// Filters naming one of the config's user sets (`user_set`) ask for its users, each with
+/// its own realm; a config naming a set it lacks is refused as a whole.
+#[tokio::test]
+async fn filters_share_a_user_set_by_name() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let by_set = |realm: &str, set: &str| {
+            Filter::BasicAuth(BasicAuth {
+                realm: realm.into(),
+                users: Vec::new(),
+                user_set: Some(set.into()),
+            })
+        };
+        let mut one = fixed_route("one", "/one", "one ok");
+        one.filters = vec![by_set("One", "staff")];
+        let mut two = fixed_route("two", "/two", "two ok");
+        two.filters = vec![by_set("Two", "staff")];
+        let mut ops = fixed_route("ops", "/ops", "ops ok");
+        ops.filters = vec![by_set("Ops", "ops")];
+        let mut cfg = http_config(vec![vhost("v", &[], vec![one, two, ops])]);
+        let set = |name: &str, users: &[(&str, &str)]| UserSet {
+            name: name.into(),
+            users: users
+                .iter()
+                .map(|(n, h)| BasicAuthUser {
+                    name: n.to_string(),
+                    hash: h.to_string(),
+                })
+                .collect(),
+        };
+        cfg.user_sets = vec![
+            set("staff", &[("alice", SHA), ("bob", APR1)]),
+            set("ops", &[("carol", SHA)]),
+        ];
+        let h = Harness::start(cfg.clone()).await;
+        let base = format!("http://{}", h.addr("web").await);
+        let c = h1_client();
+        for (path, realm) in [("one", "One"), ("two", "Two")] {
+            for user in ["alice:secret", "bob:secret"] {
+                let (s, _, body) = fetch(
+                    &c,
+                    &format!("{base}/{path}"),
+                    &[("authorization", &basic(user))],
+                )
+                .await;
+                assert_eq!((s, body), (200, format!("{path} ok")), "{path} {user}");
+            }
+            for user in ["alice:wrong", "carol:secret"] {
+                let (s, challenge, _) = fetch(
+                    &c,
+                    &format!("{base}/{path}"),
+                    &[("authorization", &basic(user))],
+                )
+                .await;
+                assert_eq!(s, 401, "{path} {user}");
+                assert_eq!(challenge, Some(format!("Basic realm=\"{realm}\"")));
+            }
+        }
+        let (s, _, _) = fetch(
+            &c,
+            &format!("{base}/ops"),
+            &[("authorization", &basic("alice:secret"))],
+        )
+        .await;
+        assert_eq!(s, 401, "another set's user");
+        let (s, _, _) = fetch(
+            &c,
+            &format!("{base}/ops"),
+            &[("authorization", &basic("carol:secret"))],
+        )
+        .await;
+        assert_eq!(s, 200);
+        // The set `ops` dropped while a filter names it: refused, the old config serves on.
+        let mut dangling = cfg.clone();
+        dangling.user_sets.truncate(1);
+        let err = h.runtime.apply(dangling).await.unwrap_err().messages();
+        assert!(
+            err.iter().any(|m| m.contains("unknown user set \"ops\"")),
+            "{err:?}"
+        );
+        let (s, _, _) = fetch(
+            &c,
+            &format!("{base}/ops"),
+            &[("authorization", &basic("carol:secret"))],
+        )
+        .await;
+        assert_eq!(s, 200, "the previous config still serves");
     })
     .await
     .expect("test finished in time");

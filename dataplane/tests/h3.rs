@@ -1124,6 +1124,7 @@ async fn basic_auth_over_h3() {
                     hash: "{SHA}5en6G6MezRroT3XKqkdPOmY/BfQ=".into(),
                 },
             ],
+            user_set: None,
         })];
         let (cfg, ca) = h3_config(vec![r]);
         let h = Harness::start(cfg).await;

@@ -231,6 +231,25 @@ write_kubeconfig "$RUN/scheduler.kubeconfig" system:kube-scheduler "$(token_of s
 # ---------------------------------------------------------------- start
 # running / start / wait_for: e2e/lib.sh
 
+# need_free NAME PORT...: unless NAME (ours) already runs, refuse to start it when another process listens on
+# one of its ports: the wait below would then succeed against that process (another cluster's etcd or
+# apiserver on the same host) and this cluster would write into it.
+need_free() {
+  local name=$1 p; shift
+  running "$name" && return 0
+  for p in "$@"; do
+    if [ -n "$(ss -Hltn "sport = :$p" 2>/dev/null)" ]; then
+      echo "up.sh: port $p for $name is already in use by another process: $(ss -Hltnp "sport = :$p" | tr -s ' ' | cut -d' ' -f6-)" >&2
+      echo "up.sh: choose other ports (ETCD_PORT, ETCD_PEER_PORT, APISERVER_PORT, KCM_PORT, SCHED_PORT)" >&2
+      exit 1
+    fi
+  done
+}
+need_free etcd "$ETCD_PORT" "$ETCD_PEER_PORT"
+need_free kube-apiserver "$APISERVER_PORT"
+[ "$START_KCM" = 1 ] && need_free kube-controller-manager "$KCM_PORT"
+[ "$START_SCHEDULER" = 1 ] && need_free kube-scheduler "$SCHED_PORT"
+
 start etcd "$BIN/etcd" --name default --data-dir "$ETCD_DATA_DIR" \
   --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
   --listen-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \

@@ -28,6 +28,7 @@ fuzz_target!(|data: &[u8]| {
     let f = BasicAuth {
         realm: String::new(),
         users: p.users,
+        user_set: None,
     };
     assert!(check_basic_auth(&f).is_empty());
 });

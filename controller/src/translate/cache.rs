@@ -343,8 +343,10 @@ impl TranslateCache {
         let prev = if first { Vec::new() } else { prev };
         super::proxy_settings::status_changes(&prev, &setting_statuses, &mut ch.statuses);
         self.setting_statuses = setting_statuses;
-        let settings = settings_of(&settings);
+        let mut settings = settings_of(&settings);
         let (memo, front) = (self.vhosts.as_ref().expect("just set"), &self.front);
+        // The SweetySecurityPolicies' user sets depend on the world only (as in `translate`).
+        settings.user_sets = memo.user_sets();
         match self.out.as_mut().filter(|_| !first) {
             Some(out) => {
                 if *out.config.settings.value != settings {

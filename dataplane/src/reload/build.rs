@@ -197,6 +197,7 @@ pub(super) fn snapshot(
 ) -> Snapshot {
     let access = Arc::new(crate::access::AccessRules::build(
         &config.client_ip,
+        &config.user_sets,
         &routes,
         &shared.rate_zones,
     ));
@@ -267,6 +268,7 @@ pub(super) fn patched(
     let access = if access_touched {
         Arc::new(crate::access::AccessRules::build(
             &config.client_ip,
+            &config.user_sets,
             &routes,
             &shared.rate_zones,
         ))

@@ -629,12 +629,23 @@ impl Runtime {
     }
 }
 
-/// True when `delta` keeps the listeners and the backend names of `base` (backends may be
-/// replaced, not added or removed): then unchanged virtual hosts, checked against those,
-/// need no validation. Linear in the backends and the delta's upserts.
+/// True when `delta` keeps the listeners, the backend names and the user set names of
+/// `base` (backends and user sets may be replaced, not added or removed): then unchanged
+/// virtual hosts, checked against those, need no validation. Linear in the backends, the
+/// user sets and the delta's upserts.
 fn same_context(delta: &ConfigDelta, base: &Config) -> bool {
     if !delta.listeners.is_empty() || !delta.backends.remove.is_empty() {
         return false;
+    }
+    if let Some(settings) = &delta.settings {
+        let names = |c: &Config| -> Vec<String> {
+            let mut n: Vec<String> = c.user_sets.iter().map(|s| s.name.clone()).collect();
+            n.sort_unstable();
+            n
+        };
+        if names(settings) != names(base) {
+            return false;
+        }
     }
     if delta.backends.upsert.is_empty() {
         return true;
@@ -824,6 +835,79 @@ mod tests {
         let mut want = wider.clone();
         want.generation = 7;
         assert_eq!(rt.applied_config(), Some(want));
+        rt.shutdown().await;
+    }
+
+    /// A user set is part of the settings: a delta that drops one an unchanged virtual host
+    /// names is validated against every virtual host and refused (the serving config stays);
+    /// one that only replaces a set's users keeps the context and applies.
+    #[tokio::test]
+    async fn a_delta_dropping_a_user_set_an_unchanged_virtual_host_names_is_refused() {
+        use sweety_config::{BasicAuth, BasicAuthUser, Filter, UserSet};
+        let rt = runtime();
+        let set = |name: &str, user: &str| UserSet {
+            name: name.into(),
+            users: vec![BasicAuthUser {
+                name: user.into(),
+                hash: "{SHA}5en6G6MezRroT3XKqkdPOmY/BfQ=".into(),
+            }],
+        };
+        let mut good = config(1, &["a", "b"]);
+        good.user_sets = vec![set("staff", "alice")];
+        good.virtual_hosts[0].routes[0].filters = vec![Filter::BasicAuth(BasicAuth {
+            realm: "r".into(),
+            users: Vec::new(),
+            user_set: Some("staff".into()),
+        })];
+        let full = |generation, config: &Config| Change::Full {
+            generation,
+            config: Box::new(config.clone()),
+        };
+        let delta = |from: &Config, to: &Config| {
+            let (fd, td) = (Digests::of(from), Digests::of(to));
+            Box::new(ConfigDelta::between(from, &fd, to, &td).unwrap())
+        };
+        rt.apply(full(1, &good)).await.unwrap();
+        // Only `b` changes, and the set `a` names is renamed away.
+        let mut next = good.clone();
+        next.generation = 2;
+        next.user_sets = vec![set("ops", "alice")];
+        next.virtual_hosts[1].hostnames = vec!["b2.test".into()];
+        let d = delta(&good, &next);
+        assert!(!same_context(&d, &good));
+        let err = rt
+            .apply(Change::Delta {
+                generation: 2,
+                base: 1,
+                delta: d,
+            })
+            .await
+            .unwrap_err();
+        assert!(
+            err.messages().iter().any(|m| m
+                .starts_with("virtual_hosts[0].routes[0].filters[0].basic_auth.user_set")
+                && m.contains("unknown user set \"staff\"")),
+            "{err}"
+        );
+        assert_eq!(rt.shared.snapshot().config.generation, 1);
+        // The same name with other users: the same context, applied.
+        rt.apply(full(3, &good)).await.unwrap();
+        let mut other = good.clone();
+        other.generation = 4;
+        other.user_sets = vec![set("staff", "bob")];
+        let d = delta(&good, &other);
+        assert!(same_context(&d, &good));
+        rt.apply(Change::Delta {
+            generation: 4,
+            base: 3,
+            delta: d,
+        })
+        .await
+        .unwrap();
+        assert_eq!(
+            rt.shared.snapshot().config.user_sets[0].users[0].name,
+            "bob"
+        );
         rt.shutdown().await;
     }
 

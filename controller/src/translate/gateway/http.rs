@@ -392,7 +392,8 @@ pub(super) fn check_route(route: &Route) -> Result<(), String> {
                 .0
                 .iter()
                 .map(|e| e.to_string())
-                .filter(|e| !e.contains("unknown backend"))
+                // Backends and user sets are the config's, checked with it.
+                .filter(|e| !e.contains("unknown backend") && !e.contains("unknown user set"))
                 .collect();
             if real.is_empty() {
                 Ok(())

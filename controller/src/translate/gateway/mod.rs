@@ -112,4 +112,5 @@ pub fn translate(b: &mut Builder<'_>) {
     emit::emit(b, &gateways, &allocation, out);
     policy::statuses(b, &policies);
     security::statuses(b, &policies.security, &gateways);
+    b.config.user_sets = policies.security.user_sets();
 }

@@ -128,6 +128,15 @@ pub struct SecurityPolicies {
     /// Where the HTTPRoutes some policy targets are attached: the ancestors of their
     /// policies (filled by the route translation, [`SecurityPolicies::record_attachment`]).
     pub(super) attachments: Attachments,
+    /// The users of every htpasswd Secret a valid policy reads, by user set name (see
+    /// [`user_set_name`]): the `basic_auth` filters name them instead of copying them.
+    user_sets: BTreeMap<String, Vec<sweety_config::BasicAuthUser>>,
+}
+
+/// The name of the config's user set holding the users of htpasswd Secret `ns/name` (one
+/// per Secret, whichever policies read it).
+fn user_set_name(ns: &str, name: &str) -> String {
+    format!("secret/{ns}/{name}")
 }
 
 /// The Services SweetySecurityPolicies name as auth services (their changes are changes of
@@ -191,7 +200,7 @@ pub(super) fn collect(b: &Builder<'_>, gateways: &mut [OwnedGateway]) -> Securit
             }
         }
         out.policies.push(Resolved {
-            settings: settings(b, &ns, p),
+            settings: settings(b, &ns, p, &mut out.user_sets),
             has_client_cert: p.spec.client_certificate.is_some(),
             namespace: ns,
             name,
@@ -258,6 +267,18 @@ impl SecurityPolicies {
     /// No policy at all.
     pub fn is_empty(&self) -> bool {
         self.policies.is_empty()
+    }
+
+    /// The user sets the `basic_auth` filters of the policies name (the config's
+    /// `user_sets`): every one a valid policy's filter can name, so none is ever missing.
+    pub fn user_sets(&self) -> Vec<sweety_config::UserSet> {
+        self.user_sets
+            .iter()
+            .map(|(name, users)| sweety_config::UserSet {
+                name: name.clone(),
+                users: users.clone(),
+            })
+            .collect()
     }
 
     /// The policy of Gateway listener `l`: its own (by `sectionName`; the Gateway's own
@@ -410,8 +431,14 @@ pub(super) fn rule_names(spec: &[u8]) -> Vec<Option<String>> {
         .collect()
 }
 
-/// The settings of one policy, or why it cannot be honoured.
-fn settings(b: &Builder<'_>, ns: &str, p: &SweetySecurityPolicy) -> Result<Settings, String> {
+/// The settings of one policy, or why it cannot be honoured; the users of its htpasswd
+/// Secret go into `user_sets` (its `basic_auth` filter names them).
+fn settings(
+    b: &Builder<'_>,
+    ns: &str,
+    p: &SweetySecurityPolicy,
+    user_sets: &mut BTreeMap<String, Vec<sweety_config::BasicAuthUser>>,
+) -> Result<Settings, String> {
     let spec = &p.spec;
     let mut s = Settings::default();
     if spec.ext_auth.is_none()
@@ -481,9 +508,21 @@ fn settings(b: &Builder<'_>, ns: &str, p: &SweetySecurityPolicy) -> Result<Setti
                 lines.join(", ")
             ));
         }
+        // What the dataplane would refuse (too many users) must not reach it: a set is
+        // checked with the config (not with each rule), so here.
+        if let Some((field, m)) = htpasswd::check_users(&parsed.users).into_iter().next() {
+            return Err(format!(
+                "basicAuth: the Secret {}'s htpasswd file: {field} {m}",
+                ref_name(ns, &basic.secret_ref)
+            ));
+        }
+        let to_ns = basic.secret_ref.namespace.as_deref().unwrap_or(ns);
+        let set = user_set_name(to_ns, &basic.secret_ref.name);
+        user_sets.insert(set.clone(), parsed.users);
         s.basic = Some(BasicAuth {
             realm,
-            users: parsed.users,
+            users: Vec::new(),
+            user_set: Some(set),
         });
     }
     if let Some(ext) = &spec.ext_auth {

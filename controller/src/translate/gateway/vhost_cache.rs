@@ -265,6 +265,11 @@ impl VhostMemo {
         })
     }
 
+    /// The user sets of the world's SweetySecurityPolicies (the config's `user_sets`).
+    pub fn user_sets(&self) -> Vec<sweety_config::UserSet> {
+        self.world.policies.security.user_sets()
+    }
+
     /// The backends every route registered, by name.
     pub fn backends(&self) -> impl Iterator<Item = (&String, &Item<Backend>)> {
         self.backend_refs.iter().map(|(n, (i, _))| (n, i))

@@ -786,6 +786,7 @@ fn basic_auth<'a>(
     Ok(BasicAuth {
         realm,
         users: parsed.users,
+        user_set: None,
     })
 }
 

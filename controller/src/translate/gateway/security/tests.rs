@@ -167,6 +167,20 @@ fn ip(r: &Route) -> Vec<(Vec<String>, Vec<String>)> {
         .collect()
 }
 
+/// The users a `basic_auth` filter asks for: those of the config's user set it names (it
+/// lists none itself), which must exist.
+fn users_of(out: &Output, f: &sweety_config::BasicAuth) -> Vec<sweety_config::BasicAuthUser> {
+    assert!(f.users.is_empty(), "the users are named by set, not copied");
+    let name = f.user_set.as_deref().expect("a user set");
+    out.config
+        .user_sets
+        .iter()
+        .find(|s| s.name == name)
+        .unwrap_or_else(|| panic!("no user set {name}"))
+        .users
+        .clone()
+}
+
 fn strings(list: &[&str]) -> Vec<String> {
     list.iter().map(|s| s.to_string()).collect()
 }
@@ -566,8 +580,9 @@ fn each_valid_power_becomes_its_filter_in_front_of_the_rules_own() {
     assert_eq!(ip.allow, strings(&["192.168.1.7/32", "2001:db8::/64"]));
     assert_eq!(ip.deny, strings(&["10.9.0.0/16"]));
     assert_eq!(basic.realm, "Staff");
-    let users: Vec<&str> = basic.users.iter().map(|u| u.name.as_str()).collect();
+    let users: Vec<String> = users_of(&out, basic).into_iter().map(|u| u.name).collect();
     assert_eq!(users, ["alice", "bob"]);
+    assert_eq!(basic.user_set.as_deref(), Some("secret/app/htpasswd"));
     assert_eq!(ext.url, "http://10.96.0.50:8080/verify");
     assert!(ext.restrict_addresses, "a tenant's auth URL is restricted");
     assert_eq!(ext.response_headers, strings(&["X-User"]));
@@ -815,7 +830,11 @@ fn refused_htpasswd_lines_are_said_up_to_a_bound_and_counted_beyond_it() {
         let Filter::BasicAuth(f) = &rule(&out, 80, "t", "rule-0").filters[0] else {
             panic!()
         };
-        assert_eq!(f.users.len(), 1, "the refused users cannot log in");
+        assert_eq!(
+            users_of(&out, f).len(),
+            1,
+            "the refused users cannot log in"
+        );
         if bad == 0 {
             assert_eq!(message, "policy applied");
             continue;
@@ -926,7 +945,7 @@ proptest! {
             let [Filter::BasicAuth(f)] = &r.filters[..] else {
                 return Err(TestCaseError::fail(format!("filters {:?}", r.filters)));
             };
-            prop_assert_eq!(&f.users, &parsed.users);
+            prop_assert_eq!(&users_of(&out, f), &parsed.users);
             prop_assert_eq!(status, "True");
             prop_assert_eq!(message.contains("refused"), !parsed.rejected.is_empty());
         }
@@ -977,4 +996,68 @@ fn a_route_policy_takes_effect_through_the_gateways_that_accepted_the_route_only
         .virtual_hosts
         .iter()
         .all(|v| v.routes.is_empty() || !v.name.contains("r.example.com")));
+}
+
+/// A Gateway with `routes` HTTPRoutes of `rules` rules each and a basicAuth policy on the
+/// Gateway whose htpasswd file has `users` users: the config's compact JSON size.
+fn config_bytes(routes: usize, rules: usize, users: usize) -> usize {
+    let mut docs = Vec::new();
+    let names: Vec<String> = (0..rules).map(|i| format!("r{i}")).collect();
+    let names: Vec<Option<&str>> = names.iter().map(|n| Some(n.as_str())).collect();
+    for r in 0..routes {
+        docs.push(route(&format!("route{r}"), &names));
+    }
+    docs.push(secret(
+        "htpasswd",
+        "auth",
+        htpasswd_file(users, 0).as_bytes(),
+    ));
+    docs.push(policy(
+        "p",
+        T2024,
+        &["Gateway/gw"],
+        "  basicAuth: {secretRef: {name: htpasswd}, realm: Staff}\n",
+    ));
+    let out = run(&docs);
+    assert_eq!(accepted(&out, "p", None).0, "True");
+    serde_json::to_vec(&out.config).unwrap().len()
+}
+
+#[test]
+fn a_gateway_policys_users_are_in_the_config_once_whatever_the_number_of_rules() {
+    // 200 routes: 100 more users cost one copy of them, with one rule per route or three.
+    let one = config_bytes(200, 1, 101) - config_bytes(200, 1, 1);
+    let three = config_bytes(200, 3, 101) - config_bytes(200, 3, 1);
+    assert_eq!(one, three, "the users are not copied per rule");
+    // One user is about 85 bytes of JSON (name and bcrypt hash); a copy per rule would be
+    // 200 times that.
+    assert!(one / 100 < 120, "{} bytes per user", one / 100);
+    for (rules, users) in [(1, 1), (1, 100), (3, 100), (1, 1000)] {
+        eprintln!(
+            "200 routes x {rules} rule(s), {users} users: config {} bytes",
+            config_bytes(200, rules, users)
+        );
+    }
+    // Every rule names the one set.
+    let mut docs: Vec<String> = (0..3)
+        .map(|r| route(&format!("route{r}"), &[None]))
+        .collect();
+    docs.push(secret("htpasswd", "auth", htpasswd_file(2, 0).as_bytes()));
+    docs.push(policy(
+        "p",
+        T2024,
+        &["Gateway/gw"],
+        "  basicAuth: {secretRef: {name: htpasswd}, realm: Staff}\n",
+    ));
+    let out = run(&docs);
+    assert_eq!(out.config.user_sets.len(), 1);
+    for port in [80, 8080] {
+        for r in 0..3 {
+            let Filter::BasicAuth(f) = &rule(&out, port, &format!("route{r}"), "rule-0").filters[0]
+            else {
+                panic!()
+            };
+            assert_eq!(users_of(&out, f).len(), 2);
+        }
+    }
 }
