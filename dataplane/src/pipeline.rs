@@ -570,6 +570,19 @@ fn route<'a>(
     }
     let host = request_host(&req);
     if ctx.conn.tls {
+        // A passthrough host is served by its backend's own TLS: a request for it on a
+        // connection made for another name (HTTP/2 or HTTP/3 connection reuse under a shared
+        // certificate) is told to connect again, which then passes through.
+        if view
+            .passthrough
+            .as_ref()
+            .is_some_and(|p| p.route_index(Some(&host)).is_some())
+        {
+            return Routed::Answered(Served::unrouted(text_response(
+                StatusCode::MISDIRECTED_REQUEST,
+                "421 Misdirected Request: host is passed through on its own connections\n",
+            )));
+        }
         if let Some(sni) = ctx.conn.sni.as_deref() {
             // 421 only when the Host falls into another certificate scope (Gateway
             // listener) than the SNI chose; the same scope's other names are served.

@@ -208,6 +208,18 @@ async fn passthrough_hosts_reach_their_backend_and_the_others_are_served_here() 
         assert!(tls_exchange(addr, "site.test", &pem_pt, true, GET)
             .await
             .is_err());
+        // A request for the passthrough host on a connection made for another name (what
+        // HTTP/2 connection reuse does under a certificate covering both): 421, connect again.
+        let reply = tls_exchange(
+            addr,
+            "site.test",
+            &pem_site,
+            true,
+            b"GET / HTTP/1.1\r\nhost: PT.test\r\nconnection: close\r\n\r\n",
+        )
+        .await
+        .unwrap();
+        assert!(reply.starts_with("HTTP/1.1 421"), "{reply}");
         // No SNI: served here with the listener's certificate.
         let reply = tls_exchange(addr, "site.test", &pem_site, false, GET)
             .await
