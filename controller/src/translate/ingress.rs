@@ -1661,6 +1661,8 @@ pub(crate) fn resolve_backend(
             e.to_string()
         })
         .map(|name| {
+            let name =
+                ann.service_upstream_variant(b, (ns, &svc.name, port.as_ref()), name, report);
             let name = ann.backend_tls_variant(b, name, report);
             ann.balanced_backend(b, name)
         })
@@ -1719,6 +1721,120 @@ kind: Ingress
 metadata: {name: legacy-other, namespace: a, annotations: {kubernetes.io/ingress.class: nginx}}
 spec: {}
 "#;
+
+    /// `service-upstream`: the path's backend has the ClusterIP as its one endpoint, and the
+    /// variants other annotations make (affinity) keep it; the same Service without the
+    /// annotation keeps its endpoints; a headless Service keeps its endpoints with an Event.
+    #[test]
+    fn service_upstream_is_the_cluster_ip_and_other_variants_keep_it() {
+        let text = r#"
+apiVersion: networking.k8s.io/v1
+kind: IngressClass
+metadata: {name: sweety}
+spec: {controller: sweety.dev/ingress-controller}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: app}
+spec: {clusterIP: 10.96.0.10, ports: [{port: 80, targetPort: 8080}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: headless, namespace: app}
+spec: {clusterIP: None, ports: [{port: 80, targetPort: 8080}]}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-1, namespace: app, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{port: 8080}]
+endpoints: [{addresses: [10.1.0.1]}, {addresses: [10.1.0.2]}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: headless-1, namespace: app, labels: {kubernetes.io/service-name: headless}}
+addressType: IPv4
+ports: [{port: 8080}]
+endpoints: [{addresses: [10.2.0.1]}]
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: su
+  namespace: app
+  annotations:
+    nginx.ingress.kubernetes.io/service-upstream: "true"
+    nginx.ingress.kubernetes.io/affinity: cookie
+spec:
+  ingressClassName: sweety
+  rules:
+  - host: a.example.com
+    http:
+      paths:
+      - {path: /, pathType: Prefix, backend: {service: {name: web, port: {number: 80}}}}
+      - {path: /h, pathType: Prefix, backend: {service: {name: headless, port: {number: 80}}}}
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata: {name: plain, namespace: app}
+spec:
+  ingressClassName: sweety
+  rules:
+  - host: b.example.com
+    http:
+      paths:
+      - {path: /, pathType: Prefix, backend: {service: {name: web, port: {number: 80}}}}
+"#;
+        let out = crate::translate::translate(&snapshot(text), &Params::default());
+        assert!(out.config.validate_structure().is_ok());
+        let backend_of = |host: &str, path: &str| {
+            let vh = out
+                .config
+                .virtual_hosts
+                .iter()
+                .find(|v| v.hostnames == [host.to_string()])
+                .unwrap();
+            let r = vh
+                .routes
+                .iter()
+                .find(|r| {
+                    r.matches.first().and_then(|m| m.path.as_ref())
+                        == Some(&sweety_config::PathMatch::Prefix(path.into()))
+                })
+                .unwrap();
+            let Action::Proxy(p) = &r.action else {
+                panic!("{r:?}")
+            };
+            let name = &p.backends[0].backend;
+            let b = out
+                .config
+                .backends
+                .iter()
+                .find(|b| &b.name == name)
+                .unwrap();
+            let eps: Vec<&str> = b.endpoints.iter().map(|e| e.address.as_str()).collect();
+            (name.clone(), eps.join(","), b.session_persistence.is_some())
+        };
+        let (name, eps, sticky) = backend_of("a.example.com", "/");
+        assert!(name.starts_with("app/web:80~service-upstream"), "{name}");
+        assert_eq!((eps.as_str(), sticky), ("10.96.0.10:80", true));
+        let (name, eps, _) = backend_of("b.example.com", "/");
+        assert_eq!(
+            (name.as_str(), eps.as_str()),
+            ("app/web:80", "10.1.0.1:8080,10.1.0.2:8080")
+        );
+        let (name, eps, _) = backend_of("a.example.com", "/h");
+        assert!(!name.contains("service-upstream"), "{name}");
+        assert_eq!(eps, "10.2.0.1:8080");
+        let events = out
+            .statuses
+            .iter()
+            .find(|(k, _)| k.kind == "IngressEvent" && k.name == "su")
+            .map(|(_, s)| format!("{s:?}"))
+            .unwrap_or_default();
+        assert!(events.contains("ServiceUpstreamIgnored"), "{events}");
+        assert!(events.contains("app/headless"), "{events}");
+    }
 
     #[test]
     fn class_selection() {

@@ -99,7 +99,9 @@
 //! `Params::ignore_unsupported_security_annotations`. A `*-snippet` annotation (raw nginx
 //! configuration, never run) refuses the whole Ingress: 503 (`SnippetRefused`), unless
 //! `Params::ignore_snippets` (`SnippetIgnored`). `proxy-body-size` ([`nginx_size`]; `0`: no
-//! limit) becomes the route's `max_request_body_bytes`, `proxy-next-upstream` (+ `-tries`) its
+//! limit) becomes the route's `max_request_body_bytes`, `service-upstream` a backend whose
+//! one endpoint is the Service's ClusterIP ([`Annotations::service_upstream_variant`]),
+//! `proxy-next-upstream` (+ `-tries`) its
 //! `retry` ([`next_upstream`]: safe retries only, `non_idempotent` refused; `-timeout` is
 //! validated only). Everything else not listed is reported
 //! as `UnsupportedAnnotation` and ignored.
@@ -169,6 +171,9 @@ pub struct Annotations {
     pub basic_auth: Option<BasicAuth>,
     /// `proxy-body-size`: the largest request body, bytes (`0`: no limit).
     pub body_size: Option<u64>,
+    /// `service-upstream: "true"`: the backend is the Service's ClusterIP and port, one
+    /// endpoint ([`Annotations::service_upstream_variant`]).
+    pub service_upstream: bool,
     /// `proxy-next-upstream` (+ `-tries`, `-timeout`): the route's retry policy
     /// ([`next_upstream`]); None without them, with `off` or with a single try.
     pub retry: Option<RetryPolicy>,
@@ -402,6 +407,7 @@ pub const ANNOTATIONS: &[AnnotationSpec] = &[
     spec("x-forwarded-prefix", Differently, "the `X-Forwarded-Prefix` value sent upstream (replacing the client's); a header value without nginx variables, at most 1 KiB (else refused with an `InvalidAnnotation` Event)", "/app"),
     spec("custom-http-errors", Differently, "statuses 400-599, comma-separated (anything else: an `InvalidAnnotation` Event, the annotation ignored); the page comes from the `default-backend` annotation's Service, else the controller's default backend (`--default-backend`), else Sweety's own short page, asked for `/` with ingress-nginx's `X-Code`, `X-Format`, `X-Original-URI`, `X-Namespace`, `X-Ingress-Name`, `X-Service-Name`, `X-Service-Port`, `X-Request-ID`, the request's method and headers and no body, within 5 s; the client gets the ORIGINAL status with the page's body and content headers (ingress-nginx: the page's status); a page backend that does not answer lets the original answer pass; a page is never intercepted again; only the backend's answers (and the proxy's own 502/504) are replaced, not Sweety's refusals; a Service without endpoints answers 502 here (ingress-nginx: 503)", "404,503"),
     spec("default-backend", Differently, "a Service of the Ingress's own namespace, its first port as ingress-nginx; serves the paths whose backends have no ready endpoint (the request as it is, with `X-Code: 503` and the `X-*` headers; its answer unchanged) when it has endpoints itself, and the `custom-http-errors` pages; a name that is not a Service name (another namespace's `ns/name` included) or a Service that does not exist or has no port is ignored with an Event", "errors"),
+    spec("service-upstream", Support::Honoured, "the paths' backends are the Service's ClusterIP and port, one endpoint (kube-proxy balances; `affinity` and `upstream-hash-by` then choose among one endpoint and mean nothing); a Service without a ClusterIP (headless, ExternalName) keeps its endpoints with a `ServiceUpstreamIgnored` Event, as ingress-nginx falls back; the `default-backend` annotation's Service and `ssl-passthrough` keep endpoints", "true"),
     spec("proxy-next-upstream", Differently, "`error`, `timeout` and `invalid_header` retry the request on another endpoint after a connect, TLS, timeout or protocol error, `http_500`/`502`/`503`/`504`/`403`/`404`/`429` after that status; only idempotent requests without a body or with a body of at most 64 KiB (kept to be sent again) are retried, other requests only when their request never reached the backend (a connect or TLS error), as nginx without `non_idempotent`; `non_idempotent` is refused (an `InvalidAnnotation` Event; non-idempotent requests are never sent twice), other unknown tokens too; errors are retried whenever a policy is set (a list of statuses alone also retries errors); `off`: no retry. Without any `proxy-next-upstream*` annotation nothing is retried (ingress-nginx's default is `error timeout` with 3 tries: set the annotation to keep that)", "error timeout http_502"),
     spec("proxy-next-upstream-tries", Differently, "the tries in all (the first included, default 3, with `proxy-next-upstream`'s default `error timeout` when only this is set); `1`: no retry; `0` (nginx: no limit) and more than 11 are taken as 11", "3"),
     spec("proxy-next-upstream-timeout", Differently, "validated (whole seconds; else an `InvalidAnnotation` Event) but not an overall budget: each try is bounded by the connect, read and send timeouts and their number by `proxy-next-upstream-tries`", "10"),
@@ -1841,6 +1847,7 @@ impl Annotations {
                         format!("{key}: {:?} {why}; ignored", truncate(value)),
                     ),
                 },
+                "service-upstream" => a.service_upstream = flag(report),
                 // Read together (below).
                 "proxy-next-upstream" | "proxy-next-upstream-tries" => {}
                 // Validated only: no overall retry budget ([`next_upstream`]).
@@ -2478,6 +2485,54 @@ impl Annotations {
     /// other settings are unaffected), when the backend is spoken to over TLS; otherwise
     /// (ingress-nginx only applies `proxy_ssl_*` to `https://` upstreams) `name` unchanged and
     /// an Event.
+    /// `service-upstream: "true"`: a variant of the backend `name` (the Service
+    /// `namespace/service`, port `port`) whose one endpoint is the Service's ClusterIP and
+    /// port, as ingress-nginx's `proxy_pass` to the Service (kube-proxy balances); named
+    /// `<name>~service-upstream` so other Ingresses of the Service keep its endpoints. A Service
+    /// without a ClusterIP (headless, ExternalName) keeps its endpoints, with a
+    /// `ServiceUpstreamIgnored` Event, as ingress-nginx falls back.
+    pub(crate) fn service_upstream_variant(
+        &self,
+        b: &mut Builder<'_>,
+        (namespace, service, port): (&str, &str, Option<&crate::translate::backends::PortRef>),
+        name: String,
+        report: &mut Report,
+    ) -> String {
+        if !self.service_upstream {
+            return name;
+        }
+        let Ok((svc, sp)) = b.services.port(namespace, service, port) else {
+            return name;
+        };
+        let (Some(base), Ok(port)) = (b.backends.get(&name), u16::try_from(sp.port)) else {
+            return name;
+        };
+        let ip = svc
+            .spec
+            .as_ref()
+            .and_then(|s| s.cluster_ip.as_deref())
+            .and_then(|ip| ip.parse::<std::net::IpAddr>().ok());
+        let Some(ip) = ip else {
+            report.warn(
+                "ServiceUpstreamIgnored",
+                format!(
+                    "{PREFIX}service-upstream: the Service {namespace}/{service} has no ClusterIP \
+                     (headless or ExternalName); its endpoints are used (as ingress-nginx does)"
+                ),
+            );
+            return name;
+        };
+        let mut variant = base.clone();
+        variant.name = format!("{name}~service-upstream");
+        variant.endpoints = vec![sweety_config::Endpoint {
+            address: std::net::SocketAddr::new(ip, port).to_string(),
+            weight: 1,
+        }];
+        let variant_name = variant.name.clone();
+        b.backends.insert(variant);
+        variant_name
+    }
+
     pub(crate) fn backend_tls_variant(
         &self,
         b: &mut Builder<'_>,
