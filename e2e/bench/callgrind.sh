@@ -8,25 +8,30 @@
 #   CELLS="h2-1k cache-h2" TOP=25 e2e/bench/callgrind.sh BINARY   # and the costliest functions
 #   CELLS="proxy-h1 proxy-h2" PEERS="haproxy nginx" e2e/bench/callgrind.sh BINARY   # the proxy
 #                                                 # path beside HAProxy and nginx, and Sweety/HAProxy
+#   CELLS="h1-100k h2-100k h3-100k" PEERS=nginx WARM=200 N1=300 N2=1300 e2e/bench/callgrind.sh BINARY
+#                                                 # bulk downloads, beside nginx (h1, h2)
 #
 # Environment:
 #   CELLS="h1-1k h2-1k proxy-h1 cache-h2"   which cells (the run.sh cells of the same name; also
 #                     proxy-h2 and proxy-h2-4k: the proxy path with an HTTP/2-over-TLS front,
-#                     12-byte and 4 KB answers)
+#                     12-byte and 4 KB answers; h1-100k, h2-100k, and h3-100k with oha over HTTP/3)
 #   N1=1000 N2=5000   the two measured windows (requests, on 100 new connections each; the
 #                     proxy-h2 cells: on H2_CONNS)
 #   H2_CONNS=10       connections of the proxy-h2 cells (10 streams each: H2_CONNS x 10 requests
 #                     in flight; run.sh's cells have 100 x 10)
 #   POOL_IDLE=        Sweety's `max_idle_per_endpoint` for the backend (default: unset, the
 #                     dataplane's default, as in run.sh)
+#   WARM=1000         requests of the warm-up before the counters are zeroed
+#   OHA=              oha with HTTP/3 for the h3 cells (default: oha on PATH, else
+#                     ~/.cache/sweety/tools/bin/oha, as in run.sh)
 #   TOP=0             print the TOP functions by instructions per request (self cost, from the
 #                     two windows' difference, so the TLS handshakes cancel out)
 #   SERVER_CPU=0 CLIENT_CPU=1   taskset CPU of the server (under valgrind) and of h2load and the backend
 #   PORT_BASE=18540   ports on 127.0.0.1: TLS = base, plain = base+1, backend = base+2, admin = base+3
 #   KEEP_WORK=1       keep the work dir (configs, callgrind dumps)
 #   PEERS=""          "haproxy nginx": also count HAProxy and nginx as the proxy of each proxy-*
-#                     cell in CELLS (once per run, not per binary), then print each binary's
-#                     ratio to them
+#                     cell in CELLS, and nginx as the server of the static h1-*/h2-* cells (once
+#                     per run, not per binary), then print each binary's ratio to them
 #
 # Method: run.sh's Sweety config (same routes, files, backend: a one-worker nginx answering
 # "hello world\n"), with `header_read_timeout: 120s` so that 100 TLS handshakes under valgrind do
@@ -34,15 +39,18 @@
 # `rep movsb` memcpy turned off (valgrind counts every byte a `rep movsb` moves as an instruction).
 # Per cell: a fresh server, a 1,000-request warm-up, counters zeroed, a window of N1 requests and
 # one of N2 requests (h2load -c 100, each on new connections; H2: -m 10; proxy-h1: --h1 over plain
-# HTTP; proxy-h2*: -c H2_CONNS -m 10 over TLS), each dumped; per request = (Ir(N2) - Ir(N1)) / (N2 - N1), which cancels the handshakes
+# HTTP; proxy-h2*: -c H2_CONNS -m 10 over TLS; h3-100k: oha -c 100 -p 10 over HTTP/3, Sweety
+# with `http3: true`), each dumped; per request = (Ir(N2) - Ir(N1)) / (N2 - N1), which cancels the handshakes
 # and connection setup. Same-binary repeats differ by up to ~2 %. Everything listens on 127.0.0.1.
 #
-# Peers (PEERS, the proxy-* cells): HAProxy (Debian's haproxy) and nginx (Debian's nginx-light)
+# Peers (PEERS; the proxy-* cells, and for nginx the static h1-*/h2-* cells too): HAProxy
+# (Debian's haproxy) and nginx (Debian's nginx-light)
 # as the proxy in front of the same backend, with run.sh's configs for the proxy cells: HAProxy
 # nbthread 1, `option http-keep-alive` and `http-reuse always`, TLS 1.3 with ALPN h2; nginx one
-# worker, `listen ssl http2`, an upstream with `keepalive 128` and `proxy_http_version 1.1` (here `master_process off`, so that the one process
-# under valgrind is the worker). Both run under the same valgrind command and glibc setting, with
-# the same client, warm-up and windows; access logs off in all three. Caveat: valgrind runs a
+# worker, `listen ssl http2`, an upstream with `keepalive 128` and `proxy_http_version 1.1`; nginx
+# also serves the files of the static cells as run.sh's does (sendfile, open_file_cache; here
+# `master_process off`, so that the one process under valgrind is the worker). Both run under
+# the same valgrind command and glibc setting, with the same client, warm-up and windows; access logs off in all three. Caveat: valgrind runs a
 # process's threads one at a time and counts instructions, not cycles, so a count weighs neither
 # cache misses nor a syscall's kernel time (the syscalls themselves are not in any count; the
 # three make similar ones per request: a read and a write each side, epoll).
@@ -58,6 +66,8 @@ PORT_BASE=${PORT_BASE:-18540}
 PEERS=${PEERS:-}
 H2_CONNS=${H2_CONNS:-10}
 POOL_IDLE=${POOL_IDLE:-}
+WARM=${WARM:-1000}
+OHA=${OHA:-$(command -v oha || echo "$HOME/.cache/sweety/tools/bin/oha")}
 TLS_PORT=$PORT_BASE
 PLAIN_PORT=$((PORT_BASE + 1))
 BACKEND_PORT=$((PORT_BASE + 2))
@@ -69,9 +79,21 @@ for bin in "$@"; do [[ -x $bin ]] || die "not an executable: $bin"; done
 for peer in $PEERS; do
     [[ $peer == haproxy || $peer == nginx ]] || die "unknown peer $peer (PEERS: haproxy, nginx)"
 done
-PROXY_CELLS=()
-for cell in $CELLS; do [[ $cell == proxy-* ]] && PROXY_CELLS+=("$cell"); done
-[[ -z $PEERS ]] || ((${#PROXY_CELLS[@]})) || die "PEERS needs a proxy-* cell in CELLS"
+PROXY_CELLS=() STATIC_CELLS=()
+for cell in $CELLS; do
+    [[ $cell == proxy-* ]] && PROXY_CELLS+=("$cell")
+    [[ $cell == h1-* || $cell == h2-* ]] && STATIC_CELLS+=("$cell")
+done
+peer_cells() { # peer_cells PEER: the cells of CELLS the peer runs
+    printf '%s\n' "${PROXY_CELLS[@]}"
+    [[ $1 == nginx ]] && printf '%s\n' "${STATIC_CELLS[@]}"
+    return 0
+}
+for peer in $PEERS; do
+    [[ -n $(peer_cells "$peer") ]] ||
+        die "PEERS: $peer runs none of CELLS=$CELLS (haproxy: proxy-*; nginx: proxy-*, h1-*, h2-*)"
+done
+[[ " $CELLS " != *" h3-"* || -x $OHA ]] || die "the h3 cells need oha with HTTP/3 (OHA=, see run.sh)"
 
 # Debian packages of the tools that are missing (as .ci/run does).
 need=()
@@ -117,6 +139,7 @@ openssl req -x509 -new -key "$WORK/key.pem" -out "$WORK/cert.pem" -days 30 \
     -subj "/CN=127.0.0.1" -addext "subjectAltName=IP:127.0.0.1" 2>/dev/null
 dd if=/dev/urandom of="$WORK/www/1k.bin" bs=1024 count=1 status=none
 dd if=/dev/urandom of="$WORK/www/4k.bin" bs=1024 count=4 status=none
+dd if=/dev/urandom of="$WORK/www/100k.bin" bs=1024 count=100 status=none
 chmod -R a+rX "$WORK/www"
 
 cat >"$WORK/backend.conf" <<EOF
@@ -179,6 +202,7 @@ backends:
     endpoints: [{address: "127.0.0.1:$BACKEND_PORT"}]
 ${POOL_IDLE:+    max_idle_per_endpoint: $POOL_IDLE}
 EOF
+sed 's/^    http3: false$/    http3: true/' "$WORK/sweety.yaml" >"$WORK/sweety-h3.yaml"
 
 # The peers as proxies of the proxy cells: run.sh's configs for them (the plain port for proxy-h1,
 # TLS with HTTP/2 for proxy-h2*).
@@ -195,6 +219,11 @@ http {
     access_log off;
     default_type application/octet-stream;
     tcp_nodelay on;
+    sendfile on;
+    tcp_nopush on;
+    open_file_cache max=1024 inactive=60s;
+    open_file_cache_valid 60s;
+    open_file_cache_errors on;
     keepalive_requests 1000000000;
     keepalive_timeout 75s;
     client_body_temp_path $WORK/nginx/tmp/body;
@@ -220,6 +249,7 @@ http {
         ssl_certificate $WORK/cert.pem;
         ssl_certificate_key $WORK/key.pem;
         ssl_protocols TLSv1.3;
+        root $WORK/www;
         location /proxy {
             proxy_pass http://hello;
             proxy_http_version 1.1;
@@ -262,11 +292,18 @@ PIDS+=("$!")
 for _ in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$BACKEND_PORT/" && break; sleep 0.1; done
 
 load() { # load CELL N: N requests on 100 (proxy-h2*: H2_CONNS) new connections
-    local args=(-c 100 -t 1 -n "$2")
+    local args=(-c 100 -t 1 -n "$2") out ok
     [[ $1 == proxy-h2* ]] && args=(-c "$H2_CONNS" -t 1 -n "$2")
     case $1 in
-        h1-1k) args+=(--h1 "https://127.0.0.1:$TLS_PORT/1k.bin") ;;
-        h2-1k) args+=(-m 10 "https://127.0.0.1:$TLS_PORT/1k.bin") ;;
+        h1-1k | h1-100k) args+=(--h1 "https://127.0.0.1:$TLS_PORT/${1#h1-}.bin") ;;
+        h2-1k | h2-100k) args+=(-m 10 "https://127.0.0.1:$TLS_PORT/${1#h2-}.bin") ;;
+        h3-100k)
+            out=$(taskset -c "$CLIENT_CPU" timeout 600 "$OHA" --http-version 3 --insecure --no-tui \
+                --output-format json -c 100 -p 10 -n "$2" "https://127.0.0.1:$TLS_PORT/100k.bin")
+            ok=$(python3 -c 'import json, sys; print(json.load(sys.stdin).get("statusCodeDistribution", {}).get("200", 0))' <<<"$out")
+            [[ $ok == "$2" ]] || die "$1: $ok of $2 requests got 200"
+            return 0
+            ;;
         cache-h2) args+=(-m 10 -H "accept-encoding: gzip" "https://127.0.0.1:$TLS_PORT/cached") ;;
         proxy-h1) args+=(--h1 "http://127.0.0.1:$PLAIN_PORT/proxy") ;;
         proxy-h2) args+=(-m 10 "https://127.0.0.1:$TLS_PORT/proxy") ;;
@@ -336,28 +373,31 @@ measure() { # measure LABEL CELL COMMAND...: COMMAND (a server) under callgrind,
 
 for bin in "$@"; do
     for cell in $CELLS; do
-        measure "$bin" "$cell" "$bin" run --config "$WORK/sweety.yaml" --workers 1
+        config=$WORK/sweety.yaml
+        [[ $cell == h3-* ]] && config=$WORK/sweety-h3.yaml
+        measure "$bin" "$cell" "$bin" run --config "$config" --workers 1
     done
 done
 PEER_LABELS=()
 for peer in $PEERS; do
     case $peer in
-        haproxy) # -db: foreground, one process
-            PEER_LABELS+=("haproxy $("$HAPROXY" -v | sed -n 's/^HAProxy version \([^ ]*\).*/\1/p')")
-            for cell in "${PROXY_CELLS[@]}"; do
-                measure "${PEER_LABELS[-1]}" "$cell" "$HAPROXY" -db -f "$WORK/haproxy.cfg"
-            done ;;
-        nginx)
-            PEER_LABELS+=("nginx $("$NGINX" -v 2>&1 | sed -n 's|^nginx version: nginx/||p')")
-            for cell in "${PROXY_CELLS[@]}"; do
-                measure "${PEER_LABELS[-1]}" "$cell" \
-                    "$NGINX" -p "$WORK/nginx/" -c "$WORK/nginx.conf" -e "$WORK/nginx/error.log"
-            done ;;
+        haproxy) PEER_LABELS+=("haproxy $("$HAPROXY" -v | sed -n 's/^HAProxy version \([^ ]*\).*/\1/p')") ;;
+        nginx) PEER_LABELS+=("nginx $("$NGINX" -v 2>&1 | sed -n 's|^nginx version: nginx/||p')") ;;
     esac
+    for cell in $(peer_cells "$peer"); do
+        case $peer in
+            haproxy) # -db: foreground, one process
+                measure "${PEER_LABELS[-1]}" "$cell" "$HAPROXY" -db -f "$WORK/haproxy.cfg" ;;
+            nginx)
+                measure "${PEER_LABELS[-1]}" "$cell" \
+                    "$NGINX" -p "$WORK/nginx/" -c "$WORK/nginx.conf" -e "$WORK/nginx/error.log" ;;
+        esac
+    done
 done
 for bin in "$@"; do
     for peer in "${PEER_LABELS[@]}"; do
-        for cell in "${PROXY_CELLS[@]}"; do
+        for cell in $CELLS; do
+            [[ -n ${PER_REQUEST["$peer $cell"]:-} ]] || continue
             awk -v c="$cell" -v b="$bin" -v p="$peer" -v x="${PER_REQUEST["$bin $cell"]}" \
                 -v y="${PER_REQUEST["$peer $cell"]}" 'BEGIN { printf "%s %s / %s: %.2fx\n", c, b, p, x / y }'
         done

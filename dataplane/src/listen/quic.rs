@@ -19,13 +19,14 @@
 //! quinn-udp uses UDP GSO (segmentation offload) and GRO where the kernel supports them; the
 //! first endpoint logs what it found (info level). Static files are read in
 //! `http3.static_chunk_size` chunks for HTTP/3 (a [`ReadChunk`] request extension), so a
-//! stream waiting for the send window holds one small chunk, not 128 KiB.
+//! stream waiting for the send window holds one small chunk, not 128 KiB, and on the blocking
+//! pool only ([`PoolReads`], which says why).
 
 use crate::body::{Body, BoxError};
 use crate::ctx::{ConnInfo, EarlyData, Protocol};
 use crate::limits::ConnPermit;
 use crate::state::{BindKey, ListenerView, Shared};
-use crate::static_files::ReadChunk;
+use crate::static_files::{PoolReads, ReadChunk};
 use bytes::{Buf, Bytes};
 use h3::server::RequestStream;
 use http::{header, Request, Response};
@@ -494,6 +495,7 @@ async fn serve_request(
         shared.metrics.early_data_requests.inc(&conn.listener);
     }
     parts.extensions.insert(ReadChunk(settings.static_chunk));
+    parts.extensions.insert(PoolReads);
     let body = RecvBody::new(recv, &parts.headers).primed().await;
     let req = Request::from_parts(parts, crate::body::boxed(body));
     let resp = crate::pipeline::handle(shared, conn, Protocol::Http3, req).await;

@@ -13,13 +13,21 @@
 //! Racy-timestamp guard: a file whose mtime is less than `RACY_WINDOW` old is served but
 //! not cached, because a second write within the same coarse timestamp tick could leave
 //! size and mtime unchanged.
+//!
+//! The same structure, in a second instance, is the open-file cache of the files too large to
+//! hold ([`Entry::open`]): an open descriptor plus the headers, validated the same way, so that
+//! a hit streams the very file without canonicalising and opening it again (a blocking-pool
+//! hop per request). Each such entry weighs 1, so that cache's size is a count of
+//! descriptors. Like nginx's `open_file_cache`, a descriptor is held until its entry is
+//! evicted or found stale by a request: a file deleted or replaced on disk keeps its old
+//! inode (and disk space) until then, at most that many files.
 
 use super::encoding::Encoding;
 use bytes::Bytes;
 use http::HeaderValue;
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
-use std::fs::Metadata;
+use std::fs::{File, Metadata};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime};
@@ -80,12 +88,14 @@ pub(crate) struct Representation {
     pub(crate) content_length: HeaderValue,
 }
 
-/// A cached file variant.
+/// A cached file variant: its bytes, or (open-file cache) an open descriptor of it.
 #[derive(Debug)]
 pub(crate) struct Entry {
     key: OsString,
     pub(crate) rep: Representation,
     pub(crate) bytes: Bytes,
+    /// The open file, for an entry of the open-file cache.
+    pub(crate) file: Option<Arc<File>>,
     referenced: AtomicBool,
 }
 
@@ -96,11 +106,29 @@ impl Entry {
             key,
             rep,
             bytes,
+            file: None,
             referenced: AtomicBool::new(false),
         }
     }
 
+    /// An entry of the open-file cache: `file`, opened from `key`'s canonical path, whose
+    /// `fstat` gave `rep`'s stamp.
+    pub(crate) fn open(key: OsString, rep: Representation, file: Arc<File>) -> Entry {
+        Entry {
+            key,
+            rep,
+            bytes: Bytes::new(),
+            file: Some(file),
+            referenced: AtomicBool::new(false),
+        }
+    }
+
+    /// What the entry counts against its cache's size: bytes, key and bookkeeping; 1 for an
+    /// open file (the open-file cache counts descriptors).
     fn weight(&self) -> usize {
+        if self.file.is_some() {
+            return 1;
+        }
         self.bytes.len() + self.key.len() + ENTRY_OVERHEAD
     }
 }
@@ -308,6 +336,37 @@ mod tests {
         let cache = Cache::new(1 << 20);
         assert!(cache.admits(MAX_ENTRY_BYTES));
         assert!(!cache.admits(MAX_ENTRY_BYTES + 1));
+    }
+
+    /// The open-file cache counts descriptors: at most its size, the least recently used
+    /// evicted first, and an evicted descriptor is closed once no body streams from it.
+    #[test]
+    fn open_file_entries_weigh_one_and_close_when_evicted() {
+        let tmp = tempfile::NamedTempFile::new().unwrap();
+        let cache = Cache::new(2);
+        let open = |key: &str| {
+            let f = Arc::new(File::open(tmp.path()).unwrap());
+            (
+                Entry::open(key.into(), rep(Encoding::Identity), f.clone()),
+                f,
+            )
+        };
+        let (a, fa) = open("a");
+        let (b, _) = open("b");
+        let (c, _) = open("c");
+        cache.insert(a);
+        cache.insert(b);
+        assert_eq!((cache.len(), cache.charged_bytes()), (2, 2));
+        assert!(cache.get(OsStr::new("a"), Encoding::Identity).is_some());
+        cache.insert(c);
+        assert_eq!((cache.len(), cache.charged_bytes()), (2, 2));
+        assert!(cache.get(OsStr::new("b"), Encoding::Identity).is_none());
+        let hit = cache.get(OsStr::new("a"), Encoding::Identity).unwrap();
+        assert!(Arc::ptr_eq(hit.file.as_ref().unwrap(), &fa));
+        drop(hit);
+        // Only the test's own reference is left once the entry is gone.
+        cache.remove(&cache.get(OsStr::new("a"), Encoding::Identity).unwrap());
+        assert_eq!(Arc::strong_count(&fa), 1);
     }
 
     #[test]

@@ -8,13 +8,20 @@
 //! streams (one the client pauses with its flow-control window must not stall the rest). So
 //! the file bytes a connection holds ahead of its client are at most
 //! `static_read_ahead + streams x UNBUDGETED_CHUNK`, where they were `streams x CHUNK_SIZE`.
+//!
+//! A chunk whose bytes are in the page cache (the common case for a served file) is read on
+//! the runtime thread, without a hop to the blocking pool: `preadv2` with `RWF_NOWAIT` (Linux)
+//! copies what is cached and never waits for the disk; whatever it did not return is read on
+//! the blocking pool as before. A file system that refuses `RWF_NOWAIT` is not asked again for
+//! that body. Reads are positional, so bodies may share one open file (the open-file cache).
+//! HTTP/3 responses ([`PoolReads`]) read on the blocking pool only (see there).
 
 use crate::body::BoxError;
 use bytes::Bytes;
 use http_body::{Frame, SizeHint};
 use std::fs::File;
 use std::future::Future;
-use std::io::{self, Read, Seek, SeekFrom};
+use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -34,6 +41,14 @@ pub const UNBUDGETED_CHUNK: usize = 16 * 1024;
 /// from `http3.static_chunk_size`: each stream holds one chunk while QUIC paces it).
 #[derive(Debug, Clone, Copy)]
 pub struct ReadChunk(pub usize);
+
+/// A request extension: read the request's file chunks on the blocking pool only, never from
+/// the page cache on the runtime thread. HTTP/3 sets it: quinn copies each chunk into its own
+/// send buffer (up to `http3.send_window` per connection), so chunks read at once let every
+/// stream of a connection fill that buffer together; measured on h3-100k (100 connections x
+/// 10 streams), peak RSS went from 70 to 136 MiB, for a CPU gain within the run's noise.
+#[derive(Debug, Clone, Copy)]
+pub struct PoolReads;
 
 /// File bytes read and not yet released, all connections: what [`ReadBudget`]s hold.
 static HELD: AtomicU64 = AtomicU64::new(0);
@@ -69,43 +84,52 @@ impl ReadBudget {
 }
 
 enum State {
-    /// Waiting for the next poll; `Some(offset)` when a seek is still due.
-    Idle(File, Option<u64>),
+    /// Waiting for the next poll.
+    Idle(Arc<File>),
     /// A chunk read is in flight on the blocking pool.
-    Reading(JoinHandle<io::Result<(File, Bytes)>>),
+    Reading(JoinHandle<io::Result<(Arc<File>, Bytes)>>),
     Done,
 }
 
 /// Streams `remaining` bytes of a file starting at an offset, `CHUNK_SIZE` at a time.
 pub(crate) struct FileBody {
     state: State,
+    /// File position of the next chunk.
+    offset: u64,
     remaining: u64,
     chunk: usize,
     budget: Option<ReadBudget>,
+    /// Whether to try reading from the page cache on the runtime thread (off once the file
+    /// system has refused `RWF_NOWAIT`).
+    nowait: bool,
 }
 
 impl FileBody {
     /// A body of `len` bytes of `file` starting at `offset`, read `chunk` bytes at a time
     /// (clamped to 1..=[`CHUNK_SIZE`] and to the budget's size), each chunk taken from
-    /// `budget` when there is one.
+    /// `budget` when there is one; from the page cache on the runtime thread when `inline`
+    /// and it can, else on the blocking pool.
     pub(crate) fn new(
-        file: File,
+        file: Arc<File>,
         offset: u64,
         len: u64,
         chunk: usize,
         budget: Option<ReadBudget>,
+        inline: bool,
     ) -> FileBody {
         let state = if len == 0 {
             State::Done
         } else {
-            State::Idle(file, (offset != 0).then_some(offset))
+            State::Idle(file)
         };
         let cap = budget.as_ref().map_or(CHUNK_SIZE, |b| b.size as usize);
         FileBody {
             state,
+            offset,
             remaining: len,
             chunk: chunk.clamp(1, CHUNK_SIZE).min(cap),
             budget,
+            nowait: inline && cfg!(target_os = "linux"),
         }
     }
 
@@ -133,38 +157,137 @@ impl Drop for Held {
     }
 }
 
-/// Reads exactly `n` bytes into the empty `buf` (after an optional seek); a
-/// short file is an error, since the response length was already promised.
+/// The bytes of a chunk as a `Bytes` holding `permit` until they are dropped.
+fn held(buf: Vec<u8>, permit: Option<OwnedSemaphorePermit>) -> Bytes {
+    HELD.fetch_add(buf.len() as u64, Ordering::Relaxed);
+    Bytes::from_owner(Held {
+        buf,
+        _permit: permit,
+    })
+}
+
+/// Reads the rest of a chunk of `n` bytes that starts at file position `offset` into `buf`,
+/// which holds its first `buf.len()` bytes and has room for `n`; a short file is an error,
+/// since the response length was already promised.
 ///
 /// `buf` is allocated by the caller, on the runtime thread that later frees it: allocated on
 /// the blocking-pool thread, each of up to `max_blocking_threads` threads kept its own
 /// allocator pages of chunks (mimalloc returns a block to the heap of the thread that
 /// allocated it), tens of MiB of RSS under bulk load.
 fn read_chunk(
-    mut file: File,
-    seek: Option<u64>,
+    file: Arc<File>,
+    offset: u64,
     n: usize,
     mut buf: Vec<u8>,
     permit: Option<OwnedSemaphorePermit>,
-) -> io::Result<(File, Bytes)> {
-    if let Some(off) = seek {
-        file.seek(SeekFrom::Start(off))?;
+) -> io::Result<(Arc<File>, Bytes)> {
+    // Bounded: every turn reads at least one byte or returns.
+    while buf.len() < n {
+        match read_at(&file, offset, &mut buf, n, false) {
+            Ok(0) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "file shrank while being served",
+                ))
+            }
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
     }
-    (&mut file).take(n as u64).read_to_end(&mut buf)?;
-    if buf.len() != n {
-        return Err(io::Error::new(
-            io::ErrorKind::UnexpectedEof,
-            "file shrank while being served",
-        ));
+    Ok((file, held(buf, permit)))
+}
+
+/// What a read from the page cache on the runtime thread got.
+#[derive(Debug, PartialEq, Eq)]
+enum Cached {
+    /// The chunk holds this many bytes now (fewer than asked when the rest is not cached, or
+    /// is past the file's end).
+    Read(usize),
+    /// The file system does not read without waiting (`RWF_NOWAIT` refused): do not ask again.
+    Unsupported,
+}
+
+/// Reads the chunk of `n` bytes at `offset` into the empty `buf` (room for `n`), only what the
+/// page cache holds: `preadv2(RWF_NOWAIT)` never waits for the disk. Errors other than "not
+/// cached" are left to the blocking read that follows, which reports them.
+fn read_cached(file: &File, offset: u64, buf: &mut Vec<u8>, n: usize) -> Cached {
+    if !cfg!(target_os = "linux") {
+        return Cached::Unsupported;
     }
-    HELD.fetch_add(n as u64, Ordering::Relaxed);
-    Ok((
-        file,
-        Bytes::from_owner(Held {
-            buf,
-            _permit: permit,
-        }),
-    ))
+    // Bounded: every turn reads at least one byte or ends the loop.
+    while buf.len() < n {
+        match read_at(file, offset, buf, n, true) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if buf.is_empty() && refuses_nowait(&e) => return Cached::Unsupported,
+            Err(_) => break,
+        }
+    }
+    Cached::Read(buf.len())
+}
+
+/// The errors of a file system (or kernel) that does not take `RWF_NOWAIT`.
+fn refuses_nowait(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EOPNOTSUPP | libc::ENOSYS | libc::EINVAL)
+    )
+}
+
+/// One positional read of the chunk's bytes `buf.len()..n` (the chunk starts at file position
+/// `offset`), appended to `buf` without initialising its spare capacity first (chunks are up
+/// to 128 KiB: zeroing each first cost as many instructions as encrypting it); with `nowait`,
+/// only what the page cache holds. Returns the count read, 0 at the end of the file.
+#[cfg(target_os = "linux")]
+#[allow(unsafe_code)] // the workspace's third `unsafe` in shipped code: the proof is inside
+fn read_at(
+    file: &File,
+    offset: u64,
+    buf: &mut Vec<u8>,
+    n: usize,
+    nowait: bool,
+) -> io::Result<usize> {
+    use std::os::fd::AsRawFd;
+    let at = libc::off_t::try_from(offset + buf.len() as u64).map_err(io::Error::other)?;
+    let want = n.saturating_sub(buf.len());
+    let spare = buf.spare_capacity_mut();
+    let iov = libc::iovec {
+        iov_base: spare.as_mut_ptr().cast(),
+        iov_len: want.min(spare.len()),
+    };
+    let flags = if nowait { libc::RWF_NOWAIT } else { 0 };
+    // SAFETY: `iov` describes the first `iov_len` bytes of `buf`'s spare capacity: memory
+    // `buf` owns, valid for writes, and not read or written by anything else while `buf` is
+    // borrowed mutably here. preadv2 writes at most `iov_len` bytes there and returns how many
+    // it wrote, or -1.
+    let r = unsafe { libc::preadv2(file.as_raw_fd(), &iov, 1, at, flags) };
+    let r = usize::try_from(r).map_err(|_| io::Error::last_os_error())?;
+    // SAFETY: the kernel initialised the `r` bytes (r <= iov_len <= spare.len()) that follow
+    // `buf.len()`; the length grows over exactly those.
+    unsafe { buf.set_len(buf.len() + r.min(iov.iov_len)) };
+    Ok(r)
+}
+
+/// The same with a zeroed buffer, where there is no preadv2 (and no `nowait`).
+#[cfg(not(target_os = "linux"))]
+fn read_at(
+    file: &File,
+    offset: u64,
+    buf: &mut Vec<u8>,
+    n: usize,
+    nowait: bool,
+) -> io::Result<usize> {
+    use std::os::unix::fs::FileExt;
+    if nowait {
+        return Err(io::ErrorKind::Unsupported.into());
+    }
+    let start = buf.len();
+    buf.resize(n.max(start), 0);
+    let r = file.read_at(&mut buf[start..], offset + start as u64);
+    buf.truncate(start + *r.as_ref().unwrap_or(&0));
+    r
 }
 
 impl http_body::Body for FileBody {
@@ -179,7 +302,7 @@ impl http_body::Body for FileBody {
         loop {
             match std::mem::replace(&mut this.state, State::Done) {
                 State::Done => return Poll::Ready(None),
-                State::Idle(file, seek) => {
+                State::Idle(file) => {
                     let mut n = this.next_len();
                     let permit = match &this.budget {
                         None => None,
@@ -192,9 +315,26 @@ impl http_body::Body for FileBody {
                             }
                         },
                     };
-                    let buf = Vec::with_capacity(n);
-                    let handle =
-                        tokio::task::spawn_blocking(move || read_chunk(file, seek, n, buf, permit));
+                    let offset = this.offset;
+                    let mut buf = Vec::with_capacity(n);
+                    if this.nowait {
+                        match read_cached(&file, offset, &mut buf, n) {
+                            Cached::Read(k) if k == n => {
+                                this.offset += n as u64;
+                                this.remaining -= n as u64;
+                                if this.remaining > 0 {
+                                    this.state = State::Idle(file);
+                                }
+                                return Poll::Ready(Some(Ok(Frame::data(held(buf, permit)))));
+                            }
+                            Cached::Read(_) => {}
+                            Cached::Unsupported => this.nowait = false,
+                        }
+                    }
+                    // The rest on the blocking pool.
+                    let handle = tokio::task::spawn_blocking(move || {
+                        read_chunk(file, offset, n, buf, permit)
+                    });
                     this.state = State::Reading(handle);
                 }
 
@@ -208,9 +348,10 @@ impl http_body::Body for FileBody {
                     };
                     return Poll::Ready(Some(match res {
                         Ok(Ok((file, bytes))) => {
+                            this.offset += bytes.len() as u64;
                             this.remaining -= bytes.len() as u64;
                             if this.remaining > 0 {
-                                this.state = State::Idle(file, None);
+                                this.state = State::Idle(file);
                             }
                             Ok(Frame::data(bytes))
                         }
@@ -254,17 +395,82 @@ mod tests {
     async fn reads_in_the_requested_chunk_size_capped_at_chunk_size() {
         let mut tmp = tempfile::NamedTempFile::new().unwrap();
         tmp.write_all(&vec![7u8; 40_000]).unwrap();
-        let open = || File::open(tmp.path()).unwrap();
-        let small = FileBody::new(open(), 0, 40_000, 16 * 1024, None);
+        let open = || Arc::new(File::open(tmp.path()).unwrap());
+        let small = FileBody::new(open(), 0, 40_000, 16 * 1024, None, true);
         assert_eq!(frame_sizes(small).await, vec![16_384, 16_384, 7_232]);
         // From an offset, and a chunk above CHUNK_SIZE is clamped (the whole range fits one).
-        let big = FileBody::new(open(), 1_000, 39_000, 10 * CHUNK_SIZE, None);
+        let big = FileBody::new(open(), 1_000, 39_000, 10 * CHUNK_SIZE, None, true);
         assert_eq!(frame_sizes(big).await, vec![39_000]);
         // A chunk larger than the budget is clamped to it.
         let budget = ReadBudget::new(10_000);
-        let capped = FileBody::new(open(), 0, 40_000, CHUNK_SIZE, Some(budget.clone()));
+        let capped = FileBody::new(open(), 0, 40_000, CHUNK_SIZE, Some(budget.clone()), true);
         assert_eq!(frame_sizes(capped).await, vec![10_000; 4]);
         assert_eq!(budget.held(), 0, "every chunk released once dropped");
+    }
+
+    /// Every way a chunk is read gives the file's bytes at the right offsets: from the page
+    /// cache on the runtime thread, on the blocking pool, and the blocking pool finishing a
+    /// chunk the page-cache read began.
+    #[tokio::test]
+    async fn chunks_read_from_the_cache_or_the_pool_are_the_files_bytes() {
+        let data: Vec<u8> = (0..300_000u32).map(|i| (i * 7 + i / 251) as u8).collect();
+        let mut tmp = tempfile::NamedTempFile::new().unwrap();
+        tmp.write_all(&data).unwrap();
+        let open = || Arc::new(File::open(tmp.path()).unwrap());
+        for nowait in [true, false] {
+            for (offset, len, chunk) in [
+                (0, 300_000, CHUNK_SIZE),
+                (1_000, 250_001, 16_384),
+                (299_999, 1, 7),
+            ] {
+                let body = FileBody::new(open(), offset, len, chunk, None, nowait);
+                let got = body.collect().await.unwrap().to_bytes();
+                assert_eq!(&got[..], &data[offset as usize..(offset + len) as usize]);
+            }
+        }
+        // The page-cache read: all of a cached range, a short count at the end of the file.
+        if cfg!(target_os = "linux") {
+            let mut buf = Vec::with_capacity(5_000);
+            assert_eq!(
+                read_cached(&open(), 10_000, &mut buf, 5_000),
+                Cached::Read(5_000)
+            );
+            assert_eq!(&buf[..], &data[10_000..15_000]);
+            let mut buf = Vec::with_capacity(5_000);
+            assert_eq!(
+                read_cached(&open(), 298_000, &mut buf, 5_000),
+                Cached::Read(2_000)
+            );
+            assert_eq!(&buf[..], &data[298_000..]);
+        }
+        // The pool finishing a chunk whose first 100 bytes were read already.
+        let mut first = Vec::with_capacity(20_000);
+        first.extend_from_slice(&data[50_000..50_100]);
+        let (_, bytes) = read_chunk(open(), 50_000, 20_000, first, None).unwrap();
+        assert_eq!(&bytes[..], &data[50_000..70_000]);
+        // Bodies sharing one open file read their own ranges.
+        let shared = open();
+        let a = FileBody::new(shared.clone(), 0, 100_000, 16_384, None, true);
+        let b = FileBody::new(shared, 100_000, 100_000, 16_384, None, false);
+        let (a, b) = tokio::join!(a.collect(), b.collect());
+        assert_eq!(&a.unwrap().to_bytes()[..], &data[..100_000]);
+        assert_eq!(&b.unwrap().to_bytes()[..], &data[100_000..200_000]);
+        // A file shorter than promised is an error, not a short body.
+        for nowait in [true, false] {
+            let mut short = FileBody::new(open(), 280_000, 30_000, 16_384, None, nowait);
+            assert_eq!(
+                short
+                    .frame()
+                    .await
+                    .unwrap()
+                    .unwrap()
+                    .into_data()
+                    .unwrap()
+                    .len(),
+                16_384
+            );
+            assert!(short.frame().await.unwrap().is_err(), "nowait {nowait}");
+        }
     }
 
     /// Two bodies sharing a budget of one chunk: while the first's chunk is alive the second
@@ -274,10 +480,10 @@ mod tests {
     async fn bodies_sharing_a_full_budget_read_small_chunks_and_never_wait() {
         let mut tmp = tempfile::NamedTempFile::new().unwrap();
         tmp.write_all(&vec![7u8; 200_000]).unwrap();
-        let open = || File::open(tmp.path()).unwrap();
+        let open = || Arc::new(File::open(tmp.path()).unwrap());
         let budget = ReadBudget::new(64_000);
-        let mut a = FileBody::new(open(), 0, 200_000, 64_000, Some(budget.clone()));
-        let mut b = FileBody::new(open(), 0, 200_000, 64_000, Some(budget.clone()));
+        let mut a = FileBody::new(open(), 0, 200_000, 64_000, Some(budget.clone()), true);
+        let mut b = FileBody::new(open(), 0, 200_000, 64_000, Some(budget.clone()), true);
         let first = a.frame().await.unwrap().unwrap().into_data().unwrap();
         assert_eq!((first.len(), budget.held()), (64_000, 64_000));
         let small = b.frame().await.unwrap().unwrap().into_data().unwrap();

@@ -12,7 +12,10 @@
 //!    the response from precomputed header values.
 //! 5. On a miss, one blocking-pool hop canonicalises the path, refuses anything outside the
 //!    canonical root (symlink escapes), opens the file and `fstat`s it; small files are read
-//!    whole (and cached), large ones are streamed in [`CHUNK_SIZE`] frames (`file_body`).
+//!    whole (and cached), large ones are streamed in [`CHUNK_SIZE`] frames (`file_body`) and
+//!    their open descriptor is kept in the open-file cache ([`OPEN_FILES`] descriptors,
+//!    validated like the small-file cache), so the next request for the file streams it
+//!    without that hop.
 //! 6. Conditionals (`If-None-Match`, then `If-Modified-Since`) and a single `Range`
 //!    (honouring `If-Range`) are evaluated against the chosen representation (`conditional`,
 //!    `range`).
@@ -28,7 +31,9 @@ mod path;
 mod range;
 mod resolve;
 
-pub use file_body::{read_ahead_bytes, ReadBudget, ReadChunk, CHUNK_SIZE, UNBUDGETED_CHUNK};
+pub use file_body::{
+    read_ahead_bytes, PoolReads, ReadBudget, ReadChunk, CHUNK_SIZE, UNBUDGETED_CHUNK,
+};
 
 use crate::body::{boxed, empty, full, text_response, Body};
 use arc_swap::ArcSwapOption;
@@ -49,10 +54,15 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 use sweety_config::StaticSite;
 
-/// The static-file handler, shared by all routes; owns the small-file cache.
+/// Open descriptors of large files kept for the next request (the open-file cache's size).
+pub const OPEN_FILES: usize = 256;
+
+/// The static-file handler, shared by all routes; owns the small-file and open-file caches.
 #[derive(Debug)]
 pub struct StaticFiles {
     cache: Cache,
+    /// Large files' open descriptors and headers (see `cache`).
+    open_files: Cache,
     /// Last `Cache-Control` string seen and its parsed header value, to avoid re-validating
     /// and re-allocating it per request.
     cache_control: ArcSwapOption<(String, HeaderValue)>,
@@ -70,7 +80,7 @@ struct Variant {
 /// Where the body comes from.
 enum Source {
     Bytes(Bytes),
-    File(File, Option<ReadBudget>),
+    File(Arc<File>, Option<ReadBudget>),
 }
 
 /// What a miss produced.
@@ -88,6 +98,7 @@ impl StaticFiles {
     pub fn new(cache_max_bytes: usize) -> StaticFiles {
         StaticFiles {
             cache: Cache::new(cache_max_bytes),
+            open_files: Cache::new(OPEN_FILES),
             cache_control: ArcSwapOption::empty(),
         }
     }
@@ -100,6 +111,12 @@ impl StaticFiles {
     /// Bytes currently charged against the cache limit (file bytes plus bookkeeping).
     pub fn cached_bytes(&self) -> usize {
         self.cache.charged_bytes()
+    }
+
+    /// Large files whose open descriptor is kept for the next request (at most
+    /// [`OPEN_FILES`]).
+    pub fn open_files(&self) -> usize {
+        self.open_files.len()
     }
 
     /// Serves `req` (its path after any rewrite) from `site`; a streamed file takes its chunks
@@ -155,6 +172,14 @@ impl StaticFiles {
             }
             self.cache.remove(&hit);
         }
+        // A large file opened before: the same validation, then stream from its descriptor.
+        if let Some(hit) = self.open_files.get(file_path.as_os_str(), variant.encoding) {
+            if let (true, Some(file)) = (hit.rep.stamp == Stamp::of(serve_meta), &hit.file) {
+                let source = Source::File(file.clone(), budget.cloned());
+                return self.respond(site, req, head, variant.vary, &hit.rep, source);
+            }
+            self.open_files.remove(&hit);
+        }
 
         // Miss: canonicalise, check containment, open, read or stream (one blocking hop).
         let root = site.root.clone();
@@ -174,6 +199,12 @@ impl StaticFiles {
                 self.respond(site, req, head, variant.vary, &rep, Source::Bytes(bytes))
             }
             Ok(Ok(Opened::Large(rep, file))) => {
+                let file = Arc::new(file);
+                if rep.stamp.cacheable(SystemTime::now()) {
+                    let key: OsString = file_path.into_os_string();
+                    self.open_files
+                        .insert(Entry::open(key, rep.clone(), file.clone()));
+                }
                 let source = Source::File(file, budget.cloned());
                 self.respond(site, req, head, variant.vary, &rep, source)
             }
@@ -276,7 +307,8 @@ impl StaticFiles {
                         .extensions
                         .get::<ReadChunk>()
                         .map_or(CHUNK_SIZE, |c| c.0);
-                    boxed(FileBody::new(f, start, count, chunk, budget))
+                    let inline = req.extensions.get::<PoolReads>().is_none();
+                    boxed(FileBody::new(f, start, count, chunk, budget, inline))
                 }
             }
         };

@@ -137,6 +137,7 @@ pub fn resource_of(api_version: &str, kind: &str) -> Result<ApiResource> {
         "HTTPRoute" => "httproutes",
         "GatewayClass" => "gatewayclasses",
         "SweetySite" => "sweetysites",
+        "SweetySecurityPolicy" => "sweetysecuritypolicies",
         other => {
             return Err(Error::Config(format!(
                 "kind {other} is not known to the e2e helpers"

@@ -1904,3 +1904,217 @@ async fn nginx_examples(env: &Env) -> Result<()> {
     );
     Ok(())
 }
+
+const POLICY_NS: &str = "e2e-policy";
+const POLICY_HOST: &str = "policy.e2e.test";
+
+/// SweetySecurityPolicy (issue 19) through the load-balancer address: Gateway `policy-gw`'s
+/// policy denies every IPv4 client, HTTPRoute `guarded`'s rule `admin` has its own policy
+/// (basic auth, realm Staff) that replaces it whole, HTTPRoute `broken`'s names a Secret that
+/// does not exist. `/` answers 403; `/admin` 401 with the realm without or with wrong
+/// credentials and the echo with `foo:bar`; `/broken` 500; the policies' statuses name the
+/// Gateway as ancestor (Accepted True, and False/Invalid for `broken`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the installed chart on a cluster: run e2e/run.sh"]
+async fn security_policy_guards_gateway_routes() {
+    let env = cluster::env("security_policy_guards_gateway_routes").await;
+    let _g = LOCK.lock().await;
+    report(security_policy(&env).await);
+}
+
+async fn security_policy(env: &Env) -> Result<()> {
+    gateway_class_accepted(env).await?;
+    namespace(env, POLICY_NS).await?;
+    echo(env, POLICY_NS).await?;
+    let route = |name: &str, rules: Value| {
+        json!({
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+            "metadata": {"name": name, "namespace": POLICY_NS},
+            "spec": {"parentRefs": [{"name": "policy-gw"}], "hostnames": [POLICY_HOST], "rules": rules}
+        })
+    };
+    let policy = |name: &str, target: Value, spec: Value| {
+        let mut spec = spec;
+        spec["targetRefs"] = json!([target]);
+        json!({
+            "apiVersion": "sweety.dev/v1alpha1", "kind": "SweetySecurityPolicy",
+            "metadata": {"name": name, "namespace": POLICY_NS}, "spec": spec
+        })
+    };
+    let backend = json!([{"name": "echo", "port": 8080}]);
+    for o in [
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "htpasswd", "namespace": POLICY_NS},
+               "type": "Opaque", "stringData": {"auth": HTPASSWD_FOO_BAR}}),
+        json!({
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+            "metadata": {"name": "policy-gw", "namespace": POLICY_NS},
+            "spec": {"gatewayClassName": "sweety",
+                     "listeners": [{"name": "http", "protocol": "HTTP", "port": 80, "hostname": POLICY_HOST}]}
+        }),
+        route(
+            "guarded",
+            json!([
+                {"name": "admin", "matches": [{"path": {"type": "PathPrefix", "value": "/admin"}}], "backendRefs": backend},
+                {"name": "open", "matches": [{"path": {"type": "PathPrefix", "value": "/"}}], "backendRefs": backend}
+            ]),
+        ),
+        route(
+            "broken",
+            json!([{"matches": [{"path": {"type": "PathPrefix", "value": "/broken"}}], "backendRefs": backend}]),
+        ),
+        policy(
+            "deny-all",
+            json!({"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "policy-gw"}),
+            json!({"ipRules": {"deny": ["0.0.0.0/0"]}}),
+        ),
+        policy(
+            "staff",
+            json!({"group": "gateway.networking.k8s.io", "kind": "HTTPRoute", "name": "guarded", "sectionName": "admin"}),
+            json!({"basicAuth": {"secretRef": {"name": "htpasswd"}, "realm": "Staff"}}),
+        ),
+        policy(
+            "broken",
+            json!({"group": "gateway.networking.k8s.io", "kind": "HTTPRoute", "name": "broken"}),
+            json!({"basicAuth": {"secretRef": {"name": "no-such-secret"}}}),
+        ),
+    ] {
+        cluster::apply(&env.client, o).await?;
+    }
+    let addr = eventually("Gateway policy-gw address", CONVERGE, POLL, || async {
+        let g = cluster::get(
+            &env.client,
+            "gateway.networking.k8s.io/v1",
+            "Gateway",
+            Some(POLICY_NS),
+            "policy-gw",
+        )
+        .await
+        .map_err(|e| e.to_string())?
+        .ok_or("no gateway")?;
+        expect_condition(
+            g.data.pointer("/status/conditions"),
+            "Programmed",
+            "True",
+            None,
+            g.metadata.generation,
+        )?;
+        ip_of(g.data.pointer("/status/addresses/0/value"))
+    })
+    .await?;
+    let at = |path: &'static str| Target {
+        addr,
+        host: POLICY_HOST,
+        path,
+        ca_pem: None,
+    };
+    async fn expect<F>(
+        env: &Env,
+        what: &str,
+        t: &Target<'_>,
+        extra: &[&str],
+        f: F,
+    ) -> Result<client::FullReply>
+    where
+        F: Fn(&client::FullReply) -> std::result::Result<(), String>,
+    {
+        eventually(what, CONVERGE, POLL, || async {
+            let r = client::request(&env.allowed, Version::H1, t, extra)
+                .await
+                .map_err(|e| e.to_string())?;
+            f(&r).map(|()| r.clone())
+        })
+        .await
+    }
+    expect(
+        env,
+        "the Gateway's deny list: / is 403",
+        &at("/"),
+        &[],
+        status_is(403),
+    )
+    .await?;
+    for (what, extra) in [
+        ("no credentials", &[][..]),
+        ("a wrong password", &["-u", "foo:wrong"][..]),
+    ] {
+        let r = expect(
+            env,
+            &format!("/admin with {what} is 401"),
+            &at("/admin"),
+            extra,
+            status_is(401),
+        )
+        .await?;
+        let realm = r.header("www-authenticate").unwrap_or_default();
+        if realm != "Basic realm=\"Staff\"" {
+            return Err(Error::Config(format!("/admin: WWW-Authenticate {realm:?}")));
+        }
+    }
+    expect(
+        env,
+        "/admin with foo:bar reaches the echo (the rule's policy replaces the Gateway's)",
+        &at("/admin/x"),
+        &["-u", "foo:bar"],
+        |r| {
+            let j: Value = serde_json::from_str(&r.body)
+                .map_err(|e| format!("status {} not echo JSON ({e}): {:?}", r.status, r.body))?;
+            (r.status == 200 && j.get("path").and_then(Value::as_str) == Some("/admin/x"))
+                .then_some(())
+                .ok_or(format!("status {} {j}", r.status))
+        },
+    )
+    .await?;
+    expect(
+        env,
+        "/broken (its policy's Secret is missing) is 500",
+        &at("/broken"),
+        &["-u", "foo:bar"],
+        status_is(500),
+    )
+    .await?;
+    // Each policy's status names the Gateway as ancestor.
+    for (name, status, reason) in [
+        ("deny-all", "True", "Accepted"),
+        ("staff", "True", "Accepted"),
+        ("broken", "False", "Invalid"),
+    ] {
+        eventually(
+            &format!("SweetySecurityPolicy {name} Accepted={status} through policy-gw"),
+            CONVERGE,
+            POLL,
+            || async {
+                let p = cluster::get(
+                    &env.client,
+                    "sweety.dev/v1alpha1",
+                    "SweetySecurityPolicy",
+                    Some(POLICY_NS),
+                    name,
+                )
+                .await
+                .map_err(|e| e.to_string())?
+                .ok_or("no policy")?;
+                let ancestors = p
+                    .data
+                    .pointer("/status/ancestors")
+                    .and_then(Value::as_array)
+                    .cloned()
+                    .unwrap_or_default();
+                let a = ancestors
+                    .iter()
+                    .find(|a| {
+                        a.pointer("/ancestorRef/name").and_then(Value::as_str) == Some("policy-gw")
+                    })
+                    .ok_or(format!("ancestors {ancestors:?}"))?;
+                expect_condition(
+                    a.get("conditions"),
+                    "Accepted",
+                    status,
+                    Some(reason),
+                    p.metadata.generation,
+                )
+            },
+        )
+        .await?;
+    }
+    Ok(())
+}

@@ -97,7 +97,9 @@
 //! `Params::ignore_unsupported_security_annotations`. A `*-snippet` annotation (raw nginx
 //! configuration, never run) refuses the whole Ingress: 503 (`SnippetRefused`), unless
 //! `Params::ignore_snippets` (`SnippetIgnored`). `proxy-body-size` ([`nginx_size`]; `0`: no
-//! limit) becomes the route's `max_request_body_bytes`. Everything else not listed is reported
+//! limit) becomes the route's `max_request_body_bytes`, `proxy-next-upstream` (+ `-tries`) its
+//! `retry` ([`next_upstream`]: safe retries only, `non_idempotent` refused; `-timeout` is
+//! validated only). Everything else not listed is reported
 //! as `UnsupportedAnnotation` and ignored.
 
 use super::{PathRoute, Report};
@@ -113,7 +115,7 @@ use sweety_config::{
     Action, BackendProtocol, BackendTls, BasicAuth, Cidr, ConcurrencyLimit, CookieMatch, Cors,
     Duration, ExternalAuth, Filter, FixedResponse, HashAlgorithm, HashOn, HashPolicy, HeaderMatch,
     HostClientAuth, HostVerify, IpAccess, MatchKind, PathMatch, PathRewrite, PemSource,
-    ProxyAction, RateLimit, RateLimitKey, Redirect, Route, RouteMatch, SessionKind,
+    ProxyAction, RateLimit, RateLimitKey, Redirect, RetryPolicy, Route, RouteMatch, SessionKind,
     SessionPersistence, UrlRewrite, WeightedBackend,
 };
 
@@ -165,6 +167,9 @@ pub struct Annotations {
     pub basic_auth: Option<BasicAuth>,
     /// `proxy-body-size`: the largest request body, bytes (`0`: no limit).
     pub body_size: Option<u64>,
+    /// `proxy-next-upstream` (+ `-tries`, `-timeout`): the route's retry policy
+    /// ([`next_upstream`]); None without them, with `off` or with a single try.
+    pub retry: Option<RetryPolicy>,
     /// `auth-url` and its `auth-*` settings.
     pub external_auth: Option<ExternalAuth>,
     /// `auth-tls-secret` and its `auth-tls-*` settings: client certificates for the
@@ -393,6 +398,9 @@ pub const ANNOTATIONS: &[AnnotationSpec] = &[
     spec("x-forwarded-prefix", Differently, "the `X-Forwarded-Prefix` value sent upstream (replacing the client's); a header value without nginx variables, at most 1 KiB (else refused with an `InvalidAnnotation` Event)", "/app"),
     spec("custom-http-errors", Differently, "statuses 400-599, comma-separated (anything else: an `InvalidAnnotation` Event, the annotation ignored); the page comes from the `default-backend` annotation's Service, else the controller's default backend (`--default-backend`), else Sweety's own short page, asked for `/` with ingress-nginx's `X-Code`, `X-Format`, `X-Original-URI`, `X-Namespace`, `X-Ingress-Name`, `X-Service-Name`, `X-Service-Port`, `X-Request-ID`, the request's method and headers and no body, within 5 s; the client gets the ORIGINAL status with the page's body and content headers (ingress-nginx: the page's status); a page backend that does not answer lets the original answer pass; a page is never intercepted again; only the backend's answers (and the proxy's own 502/504) are replaced, not Sweety's refusals; a Service without endpoints answers 502 here (ingress-nginx: 503)", "404,503"),
     spec("default-backend", Differently, "a Service of the Ingress's own namespace, its first port as ingress-nginx; serves the paths whose backends have no ready endpoint (the request as it is, with `X-Code: 503` and the `X-*` headers; its answer unchanged) when it has endpoints itself, and the `custom-http-errors` pages; a name that is not a Service name (another namespace's `ns/name` included) or a Service that does not exist or has no port is ignored with an Event", "errors"),
+    spec("proxy-next-upstream", Differently, "`error`, `timeout` and `invalid_header` retry the request on another endpoint after a connect, TLS, timeout or protocol error, `http_500`/`502`/`503`/`504`/`403`/`404`/`429` after that status; only idempotent requests without a body or with a body of at most 64 KiB (kept to be sent again) are retried, other requests only when their request never reached the backend (a connect or TLS error), as nginx without `non_idempotent`; `non_idempotent` is refused (an `InvalidAnnotation` Event; non-idempotent requests are never sent twice), other unknown tokens too; errors are retried whenever a policy is set (a list of statuses alone also retries errors); `off`: no retry. Without any `proxy-next-upstream*` annotation nothing is retried (ingress-nginx's default is `error timeout` with 3 tries: set the annotation to keep that)", "error timeout http_502"),
+    spec("proxy-next-upstream-tries", Differently, "the tries in all (the first included, default 3, with `proxy-next-upstream`'s default `error timeout` when only this is set); `1`: no retry; `0` (nginx: no limit) and more than 11 are taken as 11", "3"),
+    spec("proxy-next-upstream-timeout", Differently, "validated (whole seconds; else an `InvalidAnnotation` Event) but not an overall budget: each try is bounded by the connect, read and send timeouts and their number by `proxy-next-upstream-tries`", "10"),
     spec("proxy-body-size", Support::Honoured, "`0` lifts the limit; bytes or `k`/`m`/`g`; replaces the dataplane-wide `limits.max_request_body_bytes` for the Ingress's paths (413 past it)", "8m"),
 ];
 
@@ -1806,6 +1814,14 @@ impl Annotations {
                         format!("{key}: {:?} {why}; ignored", truncate(value)),
                     ),
                 },
+                // Read together (below).
+                "proxy-next-upstream" | "proxy-next-upstream-tries" => {}
+                // Validated only: no overall retry budget ([`next_upstream`]).
+                "proxy-next-upstream-timeout" => {
+                    if value.trim().parse::<u64>().is_err() {
+                        bad(report, "is not a whole number of seconds");
+                    }
+                }
                 "proxy-body-size" => match nginx_size(value) {
                     Some(n) => a.body_size = Some(n),
                     None => bad(report, "is not a size (bytes, or a number with k, m or g)"),
@@ -1940,6 +1956,7 @@ impl Annotations {
         if affinity {
             a.session = Some(session_cookie(&get, report));
         }
+        a.retry = next_upstream(&get, report);
         if get("auth-url").is_some() {
             match external_auth(&get) {
                 Ok(f) => a.external_auth = Some(f),
@@ -2253,8 +2270,119 @@ impl Annotations {
         if self.body_size.is_some() {
             route.max_request_body_bytes = self.body_size;
         }
+        if self.retry.is_some() {
+            route.retry = self.retry.clone();
+        }
         self.guard(route);
     }
+}
+
+/// ingress-nginx's `proxy-next-upstream` default (its ConfigMap's), used when only `-tries`
+/// or `-timeout` is set.
+const NEXT_UPSTREAM_DEFAULT: &str = "error timeout";
+
+/// ingress-nginx's `proxy-next-upstream-tries` default (its ConfigMap's).
+const NEXT_UPSTREAM_TRIES_DEFAULT: u32 = 3;
+
+/// The most tries of a request (the first included): the dataplane's most retry attempts
+/// (sweety-config's validation, 10) plus the first.
+pub const MAX_NEXT_UPSTREAM_TRIES: u32 = 11;
+
+/// The route's retry policy from `proxy-next-upstream` (space-separated nginx tokens) and
+/// `proxy-next-upstream-tries` (the tries in all), read through `get`; None when neither is
+/// set, with `off`, with a single try, or when no token asks for anything.
+///
+/// | nginx token                          | Sweety                                          |
+/// |--------------------------------------|-------------------------------------------------|
+/// | `error`, `timeout`, `invalid_header` | connect / TLS / timeout / protocol errors       |
+/// | `http_500` … `http_429`              | that status ([`RetryPolicy::codes`])            |
+/// | `non_idempotent`                     | refused (Event): never sends a POST twice       |
+/// | `off`                                | no retry                                        |
+///
+/// The dataplane retries a request only when that is safe: an idempotent one whose body it
+/// could keep, or any request that never reached the backend. It cannot retry on statuses
+/// without also retrying errors, so any policy retries errors. No backoff (nginx has none).
+fn next_upstream<'a>(
+    get: &impl Fn(&str) -> Option<&'a str>,
+    report: &mut Report,
+) -> Option<RetryPolicy> {
+    let (tokens, tries) = (get("proxy-next-upstream"), get("proxy-next-upstream-tries"));
+    if tokens.is_none() && tries.is_none() {
+        return None;
+    }
+    let tries = match tries.map(str::trim) {
+        None => NEXT_UPSTREAM_TRIES_DEFAULT,
+        // nginx: no limit; the dataplane's most.
+        Some("0") => MAX_NEXT_UPSTREAM_TRIES,
+        Some(v) => match v.parse::<u32>() {
+            Ok(n) => n.min(MAX_NEXT_UPSTREAM_TRIES),
+            Err(_) => {
+                report.warn(
+                    "InvalidAnnotation",
+                    format!(
+                        "{PREFIX}proxy-next-upstream-tries: {:?} is not a whole number; \
+                         {NEXT_UPSTREAM_TRIES_DEFAULT} is used (as ingress-nginx)",
+                        truncate(v)
+                    ),
+                );
+                NEXT_UPSTREAM_TRIES_DEFAULT
+            }
+        },
+    };
+    let mut errors = false;
+    let mut off = false;
+    let mut codes: Vec<u16> = Vec::new();
+    for t in tokens.unwrap_or(NEXT_UPSTREAM_DEFAULT).split_whitespace() {
+        match t {
+            "error" | "timeout" | "invalid_header" => errors = true,
+            "http_500" | "http_502" | "http_503" | "http_504" | "http_403" | "http_404"
+            | "http_429" => {
+                let code = t["http_".len()..].parse().unwrap_or(502);
+                if !codes.contains(&code) {
+                    codes.push(code);
+                }
+            }
+            "off" => off = true,
+            "non_idempotent" => report.warn(
+                "InvalidAnnotation",
+                format!(
+                    "{PREFIX}proxy-next-upstream: non_idempotent is refused: a request that is \
+                     not idempotent (POST, PATCH) is never sent twice (only when it never reached \
+                     the backend); the other tokens apply"
+                ),
+            ),
+            other => report.warn(
+                "InvalidAnnotation",
+                format!(
+                    "{PREFIX}proxy-next-upstream: {:?} is not error, timeout, invalid_header, \
+                     http_500, http_502, http_503, http_504, http_403, http_404, http_429 or \
+                     off; ignored",
+                    truncate(other)
+                ),
+            ),
+        }
+    }
+    if off {
+        if errors || !codes.is_empty() {
+            report.warn(
+                "InvalidAnnotation",
+                format!(
+                    "{PREFIX}proxy-next-upstream: off is given with other tokens; nothing is \
+                     retried"
+                ),
+            );
+        }
+        return None;
+    }
+    if (!errors && codes.is_empty()) || tries <= 1 {
+        return None;
+    }
+    codes.sort_unstable();
+    Some(RetryPolicy {
+        attempts: tries - 1,
+        codes,
+        backoff: None,
+    })
 }
 
 /// The cookie session persistence of `affinity: cookie` from the `session-cookie-*`
@@ -3298,6 +3426,101 @@ mod tests {
             annotation_spec("server-snippet").map(|s| s.support),
             Some(Support::RefusedFailClosed)
         );
+    }
+
+    /// `proxy-next-upstream*`: each nginx token maps to a retry the dataplane can make safely
+    /// (`non_idempotent` refused, `off` none), tries are the tries in all, bounded.
+    #[test]
+    fn next_upstream_maps_nginx_tokens_to_a_safe_retry_policy() {
+        let run = |tokens: Option<&str>, tries: Option<&str>| {
+            let get = |k: &str| match k {
+                "proxy-next-upstream" => tokens,
+                "proxy-next-upstream-tries" => tries,
+                _ => None,
+            };
+            let mut report = Report::default();
+            let p = next_upstream(&get, &mut report);
+            let events: Vec<String> = report
+                .conditions
+                .iter()
+                .map(|c| c.message.clone())
+                .collect();
+            (p.map(|p| (p.attempts, p.codes, p.backoff)), events)
+        };
+        // Neither annotation: nothing is retried (no default policy).
+        assert_eq!(run(None, None), (None, vec![]));
+        // ingress-nginx's default: error timeout, 3 tries -> 2 retries, no status.
+        assert_eq!(
+            run(Some("error timeout"), None),
+            (Some((2, vec![], None)), vec![])
+        );
+        assert_eq!(run(None, Some("3")), (Some((2, vec![], None)), vec![]));
+        // Statuses, sorted and distinct; invalid_header is an error.
+        assert_eq!(
+            run(
+                Some("invalid_header http_504 http_502 http_502 http_429"),
+                Some("5")
+            )
+            .0,
+            Some((4, vec![429, 502, 504], None))
+        );
+        // A status list alone still gives a policy (errors retried too, documented).
+        assert_eq!(run(Some("http_503"), None).0, Some((2, vec![503], None)));
+        // non_idempotent is refused with an Event; the rest applies.
+        let (p, ev) = run(Some("error non_idempotent"), None);
+        assert_eq!(p, Some((2, vec![], None)));
+        assert!(
+            ev.len() == 1 && ev[0].contains("non_idempotent is refused"),
+            "{ev:?}"
+        );
+        // non_idempotent alone asks for nothing Sweety does.
+        assert_eq!(run(Some("non_idempotent"), None).0, None);
+        // off: nothing, with an Event when mixed.
+        assert_eq!(run(Some("off"), None), (None, vec![]));
+        let (p, ev) = run(Some("off error"), Some("4"));
+        assert!(p.is_none() && ev.len() == 1, "{ev:?}");
+        // Unknown tokens are reported and ignored.
+        let (p, ev) = run(Some("error http_418 updating"), None);
+        assert_eq!(p, Some((2, vec![], None)));
+        assert_eq!(ev.len(), 2, "{ev:?}");
+        // Tries: 1 is no retry, 0 (nginx: unlimited) and too many are the most, junk is 3.
+        assert_eq!(run(Some("error"), Some("1")).0, None);
+        let most = MAX_NEXT_UPSTREAM_TRIES - 1;
+        assert_eq!(run(Some("error"), Some("0")).0, Some((most, vec![], None)));
+        assert_eq!(run(Some("error"), Some("99")).0, Some((most, vec![], None)));
+        let (p, ev) = run(Some("error"), Some("many"));
+        assert_eq!((p, ev.len()), (Some((2, vec![], None)), 1));
+        // The most is what the dataplane accepts.
+        let mut route = Route {
+            name: "r".into(),
+            matches: vec![],
+            filters: vec![],
+            action: Action::Fixed(FixedResponse {
+                status: 200,
+                body: String::new(),
+                content_type: None,
+            }),
+            timeouts: Default::default(),
+            retry: Some(RetryPolicy {
+                attempts: most,
+                codes: vec![403, 404, 429, 500, 502, 503, 504],
+                backoff: None,
+            }),
+            max_request_body_bytes: None,
+        };
+        let valid = |route: &Route| {
+            let mut cfg = sweety_config::Config::default();
+            cfg.virtual_hosts.push(sweety_config::VirtualHost {
+                name: "check".into(),
+                hostnames: Vec::new(),
+                listeners: Vec::new(),
+                routes: vec![route.clone()],
+            });
+            cfg.validate_structure().is_ok()
+        };
+        assert!(valid(&route));
+        route.retry.as_mut().unwrap().attempts = most + 1;
+        assert!(!valid(&route));
     }
 
     /// docs/migrating-from-ingress-nginx.md carries the table rendered from ANNOTATIONS

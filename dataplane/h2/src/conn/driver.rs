@@ -35,6 +35,8 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
             signal: Arc::new(Signal::default()),
             ready: Vec::new(),
             read_buf: BytesMut::with_capacity(READ_CHUNK),
+            out: VecDeque::new(),
+            out_len: 0,
             write_buf,
             peak_output: 0,
             unflushed: false,
@@ -109,7 +111,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
             // unless the output is not draining.
             if self.closing.is_none()
                 && self.frames_pending
-                && self.write_buf.len() < self.cfg.write_buffer
+                && self.output_len() < self.cfg.write_buffer
             {
                 // Frames left from an earlier read may have waited for the output to drain:
                 // their requests start now, not at that read.
@@ -120,7 +122,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
                 progress = true;
             } else if self.closing.is_none()
                 && !self.read_closed
-                && self.write_buf.len() < self.cfg.write_buffer
+                && self.output_len() < self.cfg.write_buffer
             {
                 match self.poll_read(cx) {
                     Poll::Ready(Ok(0)) => {
@@ -169,7 +171,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
                 // drained connection's GOAWAY to a client that does not read would wait forever).
                 self.set_close_deadline();
             }
-            if done && self.write_buf.is_empty() {
+            if done && self.output_len() == 0 {
                 let expired = self.close_deadline.is_some_and(|d| clock() >= d);
                 match Pin::new(&mut self.io).poll_shutdown(cx) {
                     Poll::Pending if !expired => {
@@ -191,14 +193,14 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
             if self.frames_pending
                 && self.inline_polls >= INLINE_FIRST_POLLS
                 && self.closing.is_none()
-                && self.write_buf.len() < self.cfg.write_buffer
+                && self.output_len() < self.cfg.write_buffer
             {
                 // This poll's budget is spent: yield, and go on in the next poll.
                 cx.waker().wake_by_ref();
                 return Poll::Pending;
             }
             let more_work = (!self.queue.is_empty() || self.frames_pending)
-                && self.write_buf.len() < self.cfg.write_buffer;
+                && self.output_len() < self.cfg.write_buffer;
             if !progress && !more_work {
                 if self.streams.is_empty() {
                     // Idle: the service holds nothing for requests (a reload frees the old
@@ -221,6 +223,9 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
     pub(super) fn shrink_buffers(&mut self) {
         shrink_idle(&mut self.write_buf);
         shrink_idle(&mut self.read_buf);
+        if self.out.is_empty() && self.out.capacity() > 8 {
+            self.out = VecDeque::new();
+        }
     }
 
     pub(super) fn poll_read(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<usize>> {
@@ -230,23 +235,87 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
         fut.as_mut().poll(cx)
     }
 
-    /// Writes the output buffer; Ready(Ok) when it is empty and flushed. The flush is
+    /// Output bytes queued: `out` and `write_buf`.
+    pub(super) fn output_len(&self) -> usize {
+        self.out_len + self.write_buf.len()
+    }
+
+    /// Queues a DATA frame: its header in `write_buf`, and its payload copied after it when
+    /// small, else queued as it is (the vectored write gathers it; no copy).
+    pub(super) fn put_data(&mut self, id: u32, data: Bytes, end: bool) {
+        if data.len() < GATHER_DATA {
+            frame::put_data(&mut self.write_buf, id, &data, end);
+            return;
+        }
+        let flags = if end { flag::END_STREAM } else { 0 };
+        frame::put_head(&mut self.write_buf, data.len(), kind::DATA, flags, id);
+        let frames = self.write_buf.split().freeze();
+        self.out_len += frames.len() + data.len();
+        self.out.push_back(frames);
+        self.out.push_back(data);
+    }
+
+    /// Drops the first `n` output bytes (written).
+    fn consume_output(&mut self, mut n: usize) {
+        while n > 0 {
+            let Some(seg) = self.out.front_mut() else {
+                break;
+            };
+            if n < seg.len() {
+                seg.advance(n);
+                self.out_len -= n;
+                return;
+            }
+            n -= seg.len();
+            self.out_len -= seg.len();
+            self.out.pop_front();
+        }
+        self.write_buf.advance(n);
+    }
+
+    /// Drops all output (the connection gives up on it).
+    pub(super) fn clear_output(&mut self) {
+        self.out.clear();
+        self.out_len = 0;
+        self.write_buf.clear();
+    }
+
+    /// One write of the output's first bytes: `write_buf` alone with a plain write, else up to
+    /// [`MAX_IOVECS`] buffers with a vectored one.
+    fn poll_write_some(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<usize>> {
+        if self.out.is_empty() {
+            return Pin::new(&mut self.io).poll_write(cx, &self.write_buf);
+        }
+        let mut bufs = [std::io::IoSlice::new(&[]); MAX_IOVECS];
+        let mut k = 0;
+        for seg in self.out.iter().take(MAX_IOVECS) {
+            bufs[k] = std::io::IoSlice::new(seg);
+            k += 1;
+        }
+        if k < MAX_IOVECS && !self.write_buf.is_empty() {
+            bufs[k] = std::io::IoSlice::new(&self.write_buf);
+            k += 1;
+        }
+        Pin::new(&mut self.io).poll_write_vectored(cx, &bufs[..k])
+    }
+
+    /// Writes the output; Ready(Ok) when it is empty and flushed. The flush is
     /// retried until it completes, also in later polls with nothing new to write:
     /// tokio-rustls takes plaintext (`Ok(n)`) while the socket would block and sends the
     /// records only on a later write or flush, so the end of a response would otherwise wait
     /// for the connection's next output.
     pub(super) fn poll_write(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        if self.write_buf.len() > self.peak_output {
-            self.peak_output = self.write_buf.len();
+        if self.output_len() > self.peak_output {
+            self.peak_output = self.output_len();
             PEAK_OUTPUT.fetch_max(self.peak_output, Ordering::Relaxed);
         }
-        while !self.write_buf.is_empty() {
-            match Pin::new(&mut self.io).poll_write(cx, &self.write_buf) {
+        while self.output_len() > 0 {
+            match self.poll_write_some(cx) {
                 Poll::Ready(Ok(0)) => {
                     return Poll::Ready(Err(std::io::ErrorKind::WriteZero.into()));
                 }
                 Poll::Ready(Ok(n)) => {
-                    self.write_buf.advance(n);
+                    self.consume_output(n);
                     self.unflushed = true;
                     self.data_progress |= self.data_out;
                 }
@@ -292,7 +361,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
         if let Some(d) = self.close_deadline {
             if now >= d {
                 // The client does not read: give up on the final flush.
-                self.write_buf.clear();
+                self.clear_output();
                 self.closing
                     .get_or_insert(H2Error::Protocol(Reason::NO_ERROR, "close timed out"));
                 return true;
@@ -472,8 +541,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
             self.preface_done = true;
         }
         while self.read_buf.len() >= HEADER_LEN && self.closing.is_none() {
-            if self.write_buf.len() >= self.cfg.write_buffer
-                || self.inline_polls >= INLINE_FIRST_POLLS
+            if self.output_len() >= self.cfg.write_buffer || self.inline_polls >= INLINE_FIRST_POLLS
             {
                 self.frames_pending = true;
                 break;

@@ -68,6 +68,11 @@ const READ_CHUNK: usize = 16 * 1024 + HEADER_LEN;
 const LOCAL_MAX_FRAME: u32 = frame::DEFAULT_MAX_FRAME_SIZE;
 /// Largest DATA frame written (bounds the output buffer past `Settings::write_buffer`).
 const MAX_DATA_FRAME: usize = 32 * 1024;
+/// DATA payloads of at least this many bytes are queued as they are (a reference to the
+/// body's chunk) and gathered by a vectored write, instead of being copied into `write_buf`.
+const GATHER_DATA: usize = 4 * 1024;
+/// Most buffers handed to one vectored write.
+const MAX_IOVECS: usize = 64;
 /// Most frames of one stream written before the driver turns to the next stream.
 const FRAMES_PER_TURN: usize = 4;
 /// Most rounds of (read, answer, write) in one poll before the task yields.
@@ -202,14 +207,19 @@ struct Driver<I, S: H2Service> {
     ready: Vec<u32>,
 
     read_buf: BytesMut,
+    /// The output, in order: `out` (frozen frame bytes split off `write_buf`, and DATA payloads
+    /// of at least [`GATHER_DATA`] bytes referenced, not copied), then `write_buf`.
+    out: VecDeque<Bytes>,
+    /// Bytes in `out`.
+    out_len: usize,
     write_buf: BytesMut,
-    /// The most bytes `write_buf` has held at once (each new high recorded in [`PEAK_OUTPUT`]:
-    /// a few times per connection).
+    /// The most output bytes (`out` and `write_buf`) held at once (each new high recorded in
+    /// [`PEAK_OUTPUT`]: a few times per connection).
     peak_output: usize,
     /// Written since the last completed flush: a TLS layer may hold what it accepted until
     /// it is flushed.
     unflushed: bool,
-    /// `write_buf` holds DATA payload bytes.
+    /// The output holds DATA payload bytes.
     data_out: bool,
     /// The socket took some of that output since the keep-alive check last looked: the client
     /// is reading (our own control frames, which the kernel takes from a vanished client too,

@@ -422,7 +422,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
     pub(super) fn produce(&mut self) {
         // Bounded: a body yielding empty chunks forever cannot spin the task.
         let mut steps = 0usize;
-        while self.write_buf.len() < self.cfg.write_buffer && steps < 10_000 {
+        while self.output_len() < self.cfg.write_buffer && steps < 10_000 {
             steps += 1;
             let Some(id) = self.queue.pop_front() else {
                 break;
@@ -547,14 +547,16 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
                 s.send_window -= n as i64;
                 self.conn_send_window -= n as i64;
                 let end = s.pending.is_empty() && s.body_done && s.trailers.is_none();
-                frame::put_data(&mut self.write_buf, id, &chunk, end);
-                self.data_out = true;
                 if end {
                     s.resp = Resp::Done;
+                }
+                self.put_data(id, chunk, end);
+                self.data_out = true;
+                if end {
                     self.maybe_close(id);
                     return false;
                 }
-                if self.write_buf.len() >= self.cfg.write_buffer {
+                if self.output_len() >= self.cfg.write_buffer {
                     return true;
                 }
                 continue;
