@@ -56,6 +56,11 @@ pub struct RateLimit {
         skip_serializing_if = "is_default_limit_status"
     )]
     pub status: u16,
+    /// Client networks (`address/prefix`, host bits clear) this limit does not count: their
+    /// requests always pass it and take nothing from the buckets (ingress-nginx's
+    /// `limit-whitelist`). The real client IP ([`ClientIp`]) is checked, whatever `key` is.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exempt: Vec<String>,
 }
 
 /// At most `max` requests in flight per key (ingress-nginx `limit-connections`); more get
@@ -79,6 +84,9 @@ pub struct ConcurrencyLimit {
         skip_serializing_if = "is_default_limit_status"
     )]
     pub status: u16,
+    /// Client networks this limit does not count, as [`RateLimit::exempt`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exempt: Vec<String>,
 }
 
 /// The status of a request refused by a rate or concurrency limit unless the limit says
@@ -556,6 +564,7 @@ pub(crate) fn check_rate_limit(r: &RateLimit) -> Problems {
     if let Err(e) = check_limit_status(r.status) {
         out.push(("status".into(), e));
     }
+    cidr_list("exempt", &r.exempt, &mut out);
     out
 }
 
@@ -575,6 +584,7 @@ pub(crate) fn check_concurrency_limit(c: &ConcurrencyLimit) -> Problems {
     if let Err(e) = check_limit_status(c.status) {
         out.push(("status".into(), e));
     }
+    cidr_list("exempt", &c.exempt, &mut out);
     out
 }
 
@@ -797,9 +807,11 @@ virtual_hosts:
     routes:
       - name: r
         filters:
-          - rate_limit: {key: {header: "a b"}, requests: 0, period: 0ms, max_keys: 0, zone: ""}
+          - rate_limit: {key: {header: "a b"}, requests: 0, period: 0ms, max_keys: 0, zone: "",
+                         exempt: [10.0.0.0/8, 10.0.0.1/8]}
           - ip_access: {}
           - ip_access: {deny: [300.0.0.1]}
+          - concurrency_limit: {max: 1, exempt: [nope, "2001:db8::/32"]}
         action: {proxy: {backends: [{backend: b}]}}
 backends:
   - name: b
@@ -823,6 +835,8 @@ backends:
             "virtual_hosts[0].routes[0].filters[0].rate_limit.zone",
             "virtual_hosts[0].routes[0].filters[1].ip_access",
             "virtual_hosts[0].routes[0].filters[2].ip_access.deny[0]",
+            "virtual_hosts[0].routes[0].filters[0].rate_limit.exempt[1]",
+            "virtual_hosts[0].routes[0].filters[3].concurrency_limit.exempt[0]",
             "backends[0].tls.subject_alt_names",
             "backends[0].tls.subject_alt_names[1]",
             "backends[0].session_persistence.name",
@@ -854,6 +868,14 @@ backends:
             !paths.contains(&"backends[0].tls.subject_alt_names[0]"),
             "URI SANs are fine"
         );
+        // Good exempt entries pass.
+        for fine in [
+            "virtual_hosts[0].routes[0].filters[0].rate_limit.exempt[0]",
+            "virtual_hosts[0].routes[0].filters[3].concurrency_limit.exempt[1]",
+            "virtual_hosts[0].routes[0].filters[3].concurrency_limit.max",
+        ] {
+            assert!(!paths.contains(&fine), "{fine} in {paths:?}");
+        }
         // Defaults serialize to nothing: configs without traffic policy look as before.
         let plain = crate::Config::default();
         let yaml = serde_yaml::to_string(&plain).unwrap();

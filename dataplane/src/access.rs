@@ -440,6 +440,8 @@ struct RouteLimit {
     limiter: Arc<Limiter>,
     /// The refusal status (not part of the zone: it shapes no bucket).
     status: u16,
+    /// Client networks the limit does not count (`RateLimit::exempt`).
+    exempt: Vec<Cidr>,
 }
 
 /// One compiled concurrency limit of a route.
@@ -451,6 +453,8 @@ struct RouteConcurrency {
     table: Arc<InFlightTable>,
     /// The refusal status.
     status: u16,
+    /// Client networks the limit does not count (`ConcurrencyLimit::exempt`).
+    exempt: Vec<Cidr>,
 }
 
 impl RouteRules {
@@ -527,6 +531,9 @@ impl RouteRules {
             return Err(Refusal::Forbidden);
         }
         for l in &self.limits {
+            if any_contains(&l.exempt, client) {
+                continue;
+            }
             let key = key_bytes(&l.key, l.header.as_ref(), client, headers);
             if let Err(wait) = l.limiter.take(&key, now) {
                 return Err(Refusal::RateLimited {
@@ -537,6 +544,9 @@ impl RouteRules {
         }
         let mut guards = Vec::with_capacity(self.concurrency.len());
         for c in &self.concurrency {
+            if any_contains(&c.exempt, client) {
+                continue;
+            }
             let key = key_bytes(&c.key, c.header.as_ref(), client, headers);
             match c.table.try_acquire(&key, c.max) {
                 Some(g) => guards.push(g),
@@ -681,6 +691,8 @@ fn route_concurrency(
         max: c.max.max(1),
         table: zones.in_flight((c.zone.clone().unwrap_or(name), c.key.clone()), keep),
         status: c.status,
+        // Validation refuses entries that do not parse; were one left, it would exempt no one.
+        exempt: parse_cidrs(&c.exempt).0,
     }
 }
 
@@ -751,6 +763,8 @@ fn route_limit(
         key: r.key.clone(),
         limiter: zones.get(key, keep),
         status: r.status,
+        // Validation refuses entries that do not parse; were one left, it would exempt no one.
+        exempt: parse_cidrs(&r.exempt).0,
     }
 }
 
@@ -847,6 +861,62 @@ mod tests {
         );
     }
 
+    /// `exempt` networks pass rate and concurrency limits without counting (an IPv4-mapped
+    /// address as its IPv4 address); every other client is limited as before.
+    #[test]
+    fn exempt_clients_pass_the_limits_and_others_are_limited() {
+        let exempt = vec![
+            Cidr::parse("10.0.0.0/8").unwrap(),
+            Cidr::parse("2001:db8::/32").unwrap(),
+        ];
+        let route = RouteRules {
+            limits: vec![RouteLimit {
+                key: RateLimitKey::ClientIp,
+                header: None,
+                limiter: Arc::new(Limiter::new(1, Duration::from_secs(60), 0, 100)),
+                status: 503,
+                exempt: exempt.clone(),
+            }],
+            concurrency: vec![RouteConcurrency {
+                key: RateLimitKey::Route,
+                header: None,
+                max: 1,
+                table: Arc::new(InFlightTable::default()),
+                status: 503,
+                exempt,
+            }],
+            ..RouteRules::default()
+        };
+        let h = HeaderMap::new();
+        let now = Instant::now();
+        // Exempt clients: never refused, never counted (no guard held).
+        let mut held = Vec::new();
+        for c in ["10.1.2.3", "::ffff:10.9.9.9", "2001:db8::7"] {
+            for _ in 0..5 {
+                let g = route.check(ip(c), &h, now).expect(c);
+                assert!(g.is_empty(), "{c} counted");
+                held.extend(g);
+            }
+        }
+        // Another client: one request per minute, one in flight for the whole route.
+        let g = route.check(ip("192.0.2.1"), &h, now).unwrap();
+        assert_eq!(g.len(), 1);
+        let limited = Refusal::RateLimited {
+            retry_after: 1,
+            status: 503,
+        };
+        // The route's one slot is taken: another client is refused by the concurrency limit
+        // (its own first request passes the rate limit), an exempt one is not.
+        assert_eq!(route.check(ip("192.0.2.2"), &h, now).unwrap_err(), limited);
+        assert!(route.check(ip("10.0.0.1"), &h, now).is_ok());
+        drop(g);
+        // The first client's bucket is empty.
+        assert!(matches!(
+            route.check(ip("192.0.2.1"), &h, now),
+            Err(Refusal::RateLimited { status: 503, .. })
+        ));
+    }
+
     #[test]
     fn ipv4_mapped_clients_share_the_ipv4_key() {
         let mapped = ip("::ffff:192.0.2.1");
@@ -867,6 +937,7 @@ mod tests {
                 header: None,
                 limiter: Arc::new(Limiter::new(1, Duration::from_secs(60), 0, 100)),
                 status: 429,
+                exempt: vec![],
             }],
             ..RouteRules::default()
         };

@@ -32,6 +32,7 @@ fn rate(requests: u32, burst: u32, key: RateLimitKey) -> Filter {
         max_keys: 1000,
         zone: None,
         status: DEFAULT_LIMIT_STATUS,
+        exempt: vec![],
     })
 }
 
@@ -123,6 +124,91 @@ async fn rate_limit_answers_429_with_retry_after_per_key() {
             text.contains("sweety_edge_events_total{kind=\"rate_limited\"} 3"),
             "{text}"
         );
+    })
+    .await;
+}
+
+/// `exempt` client networks (ingress-nginx's `limit-whitelist`) pass a rate limit and a
+/// concurrency limit uncounted; a client outside them is limited as before, on the same route.
+#[tokio::test]
+async fn exempt_clients_pass_rate_and_concurrency_limits() {
+    bounded(async {
+        let gate = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
+        let be = gated_backend(gate.clone()).await;
+        let exempt = |f: Filter| match f {
+            Filter::RateLimit(r) => Filter::RateLimit(RateLimit {
+                exempt: vec!["127.0.0.0/8".into()],
+                ..r
+            }),
+            other => other,
+        };
+        let conn = |exempt: Vec<String>| {
+            Filter::ConcurrencyLimit(ConcurrencyLimit {
+                key: RateLimitKey::Route,
+                max: 1,
+                zone: None,
+                status: 503,
+                exempt,
+            })
+        };
+        let mut cfg = http_config(vec![vhost(
+            "v",
+            &[],
+            vec![
+                with_filters(
+                    fixed_route("exempt", "/exempt", "ok"),
+                    vec![exempt(rate(1, 0, RateLimitKey::ClientIp))],
+                ),
+                with_filters(
+                    fixed_route("other", "/other", "ok"),
+                    // 192.0.2.0/24 is not this client: still limited.
+                    vec![Filter::RateLimit(RateLimit {
+                        exempt: vec!["192.0.2.0/24".into()],
+                        ..match rate(1, 0, RateLimitKey::ClientIp) {
+                            Filter::RateLimit(r) => r,
+                            _ => unreachable!(),
+                        }
+                    })],
+                ),
+                with_filters(
+                    proxy_route("conn", "/conn", "be"),
+                    vec![conn(vec!["127.0.0.1/32".into()])],
+                ),
+            ],
+        )]);
+        cfg.backends = vec![backend("be", be)];
+        let h = Harness::start(cfg).await;
+        let base = format!("http://{}", h.addr("web").await);
+        let c = h1_client();
+        for i in 0..5 {
+            let (s, _, _) = get_with(&c, &format!("{base}/exempt"), &[]).await;
+            assert_eq!(s, 200, "exempt request {i}");
+        }
+        assert_eq!(get_with(&c, &format!("{base}/other"), &[]).await.0, 200);
+        assert_eq!(get_with(&c, &format!("{base}/other"), &[]).await.0, 429);
+        // Two requests in flight (held at the backend) on a route allowing one: the exempt
+        // client is not counted.
+        let active = || {
+            h.runtime
+                .shared
+                .metrics
+                .active_requests
+                .load(std::sync::atomic::Ordering::SeqCst)
+        };
+        let spawn = || {
+            let (c, url) = (c.clone(), format!("{base}/conn"));
+            tokio::spawn(async move { get_with(&c, &url, &[]).await.0 })
+        };
+        let (a, b) = (spawn(), spawn());
+        for _ in 0..500 {
+            if active() >= 2 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(active(), 2, "both requests are in flight");
+        gate.add_permits(2);
+        assert_eq!((a.await.unwrap(), b.await.unwrap()), (200, 200));
     })
     .await;
 }
@@ -353,6 +439,7 @@ async fn edge_config_errors_are_reported_with_paths() {
                     max_keys: 10,
                     zone: None,
                     status: 200,
+                    exempt: vec![],
                 }),
                 Filter::IpAccess(IpAccess {
                     allow: vec!["10.0.0.1/8".into()],
@@ -418,6 +505,7 @@ async fn concurrency_limit_counts_requests_in_flight_per_client() {
                     max: 2,
                     zone: None,
                     status: DEFAULT_LIMIT_STATUS,
+                    exempt: vec![],
                 })],
             )],
         )]);
@@ -500,6 +588,7 @@ async fn limits_answer_their_configured_status() {
             max: 1,
             zone: None,
             status: DEFAULT_LIMIT_STATUS,
+            exempt: vec![],
         });
         let mut cfg = http_config(vec![vhost(
             "v",

@@ -352,6 +352,7 @@ pub fn translate(b: &mut Builder<'_>, ingress_hosts: &BTreeSet<String>) {
                             max_keys: 65_536,
                             zone: Some(format!("site/{ns}/{name}")),
                             status: sweety_config::DEFAULT_LIMIT_STATUS,
+                            exempt: Vec::new(),
                         }),
                     );
                 }

@@ -28,7 +28,9 @@
 //! more header match, header before cookie before weight ([`CanarySelect`]). `limit-rps` / `limit-rpm` (× `limit-burst-multiplier`, default
 //! 5) become per-client-IP `rate_limit` filters whose zone is shared by the Ingress's paths
 //! (refusals answer 503 as nginx, or the class's `limit-req-status-code`, [`ClassSettings`]),
-//! `limit-connections` a per-client-IP `concurrency_limit` (requests in flight),
+//! `limit-connections` a per-client-IP `concurrency_limit` (requests in flight), all three
+//! with `limit-whitelist` / `limit-allowlist` as their `exempt` networks (an entry that cannot
+//! be parsed exempts no one, with an Event: not an access rule, nothing fails closed),
 //! `whitelist-source-range` (or `allowlist-source-range`) and `denylist-source-range` an
 //! `ip_access` filter (CIDRs with host bits are masked as nginx does, [`masked_cidr`]; an
 //! entry that cannot be parsed fails closed, see below, and an allowlist left with no usable
@@ -351,6 +353,8 @@ pub const ANNOTATIONS: &[AnnotationSpec] = &[
     spec("limit-rpm", Support::Honoured, "as `limit-rps`", "600"),
     spec("limit-burst-multiplier", Support::Honoured, "", "5"),
     spec("limit-connections", Differently, "requests in flight per client IP (nginx: connections); answers 503 as nginx, or the class's SweetyProxyConfig `ingress.limitConnStatusCode` (ingress-nginx's `limit-conn-status-code`)", "10"),
+    spec("limit-whitelist", Support::Honoured, "client networks (comma-separated addresses or CIDRs, host bits cleared as nginx does) that `limit-rps`, `limit-rpm` and `limit-connections` of the Ingress do not count; not an access rule: an entry that cannot be parsed exempts no one (an `InvalidAnnotation` Event; the other entries still do, the limits still apply to everyone else); without a `limit-*` it has nothing to exempt", "10.0.0.0/8, 192.168.1.7"),
+    spec("limit-allowlist", Support::Honoured, "as `limit-whitelist` (both: every entry of either)", "10.0.0.0/8"),
     spec("whitelist-source-range", Support::Honoured, "entries that cannot be parsed fail closed (403)", "10.0.0.0/8"),
     spec("allowlist-source-range", Support::Honoured, "as `whitelist-source-range`", "10.0.0.0/8"),
     spec("denylist-source-range", Support::Honoured, "entries that cannot be parsed fail closed (403)", "192.0.2.0/24"),
@@ -1424,6 +1428,8 @@ impl Annotations {
         let mut access = IpAccess::default();
         let mut affinity = false;
         let mut connections: Option<u32> = None;
+        // `limit-whitelist` / `limit-allowlist`: client networks the limits do not count.
+        let mut limit_exempt: Vec<String> = Vec::new();
         // Fail-closed findings: (annotation, why).
         let mut unsupported_security: Vec<String> = Vec::new();
         // `ssl-passthrough` asked for where the class does not allow it: why.
@@ -1528,6 +1534,27 @@ impl Annotations {
                             _ => burst_multiplier = n,
                         },
                         _ => bad(report, "is not a positive whole number"),
+                    }
+                }
+                // Not an access rule: an entry that cannot be parsed exempts no one (the limits
+                // still apply to it), the others are kept.
+                "limit-whitelist" | "limit-allowlist" => {
+                    let entries = list(value);
+                    if entries.is_empty() {
+                        bad(report, "lists no address or network");
+                    }
+                    for c in entries {
+                        match masked_cidr(&c) {
+                            Ok(m) if !limit_exempt.contains(&m) => limit_exempt.push(m),
+                            Ok(_) => {}
+                            Err(e) => report.warn(
+                                "InvalidAnnotation",
+                                format!(
+                                    "{key}: {e}; this entry is not exempt (the limits still \
+                                     apply to it), the other entries are"
+                                ),
+                            ),
+                        }
                     }
                 }
                 "whitelist-source-range" | "allowlist-source-range" | "denylist-source-range" => {
@@ -1942,6 +1969,7 @@ impl Annotations {
                 max_keys: 65_536,
                 zone: Some(format!("ingress-nginx/{ns}/{ing_name}/{unit}")),
                 status: class.limit_req_status,
+                exempt: limit_exempt.clone(),
             });
         }
         if !access.allow.is_empty() || !access.deny.is_empty() {
@@ -1952,6 +1980,7 @@ impl Annotations {
             max,
             zone: Some(format!("ingress-nginx/{ns}/{ing_name}/connections")),
             status: class.limit_conn_status,
+            exempt: limit_exempt.clone(),
         });
         if affinity {
             a.session = Some(session_cookie(&get, report));
@@ -3426,6 +3455,61 @@ mod tests {
             annotation_spec("server-snippet").map(|s| s.support),
             Some(Support::RefusedFailClosed)
         );
+    }
+
+    /// `limit-whitelist` / `limit-allowlist`: the exempt networks of every limit of the
+    /// Ingress; an unparsable entry exempts no one (an Event), the rest stay, nothing is refused.
+    #[test]
+    fn limit_whitelist_exempts_networks_and_a_bad_entry_widens_nothing() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+        let parse = |pairs: &[(&str, &str)]| {
+            let ing = Ingress {
+                metadata: ObjectMeta {
+                    name: Some("i".into()),
+                    namespace: Some("n".into()),
+                    annotations: Some(
+                        pairs
+                            .iter()
+                            .map(|(k, v)| (format!("{PREFIX}{k}"), v.to_string()))
+                            .collect(),
+                    ),
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            let mut report = Report::default();
+            let class = ClassSettings::default();
+            let a = Annotations::parse(&ing, &Params::default(), &class, &[], &mut report);
+            (a, report)
+        };
+        let (a, report) = parse(&[
+            ("limit-rps", "5"),
+            ("limit-rpm", "100"),
+            ("limit-connections", "3"),
+            ("limit-whitelist", "10.1.2.3/8, not-an-ip, ::1, 10.0.0.0/8"),
+        ]);
+        let want = vec!["10.0.0.0/8".to_string(), "::1/128".to_string()];
+        assert_eq!(a.rate_limits.len(), 2);
+        for r in &a.rate_limits {
+            assert_eq!(r.exempt, want);
+        }
+        assert_eq!(a.concurrency.as_ref().map(|c| &c.exempt), Some(&want));
+        assert!(a.refuse.is_none() && a.ip_access.is_none());
+        let events: Vec<_> = report
+            .conditions
+            .iter()
+            .map(|c| c.reason.as_str())
+            .collect();
+        assert_eq!(events, ["InvalidAnnotation"]);
+        assert!(report.conditions[0].message.contains("not-an-ip"));
+        // Nothing parsable: the limits apply to everyone, still not refused.
+        let (a, report) = parse(&[("limit-rps", "5"), ("limit-allowlist", "x, y")]);
+        assert!(a.rate_limits[0].exempt.is_empty() && a.refuse.is_none());
+        assert_eq!(report.conditions.len(), 2);
+        // With the operator's fail-closed setting for access lists untouched, an access list's
+        // bad entry still refuses: the two are not confused.
+        let (a, _) = parse(&[("whitelist-source-range", "bogus, 10.0.0.0/8")]);
+        assert!(a.refuse.is_some());
     }
 
     /// `proxy-next-upstream*`: each nginx token maps to a retry the dataplane can make safely
