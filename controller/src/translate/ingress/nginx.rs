@@ -101,6 +101,7 @@
 //! `Params::ignore_snippets` (`SnippetIgnored`). `proxy-body-size` ([`nginx_size`]; `0`: no
 //! limit) becomes the route's `max_request_body_bytes`, `service-upstream` a backend whose
 //! one endpoint is the Service's ClusterIP ([`Annotations::service_upstream_variant`]),
+//! `client-body-buffer-size` is only checked (bodies stream, never spooled),
 //! `proxy-next-upstream` (+ `-tries`) its
 //! `retry` ([`next_upstream`]: safe retries only, `non_idempotent` refused; `-timeout` is
 //! validated only). Everything else not listed is reported
@@ -411,6 +412,7 @@ pub const ANNOTATIONS: &[AnnotationSpec] = &[
     spec("proxy-next-upstream", Differently, "`error`, `timeout` and `invalid_header` retry the request on another endpoint after a connect, TLS, timeout or protocol error, `http_500`/`502`/`503`/`504`/`403`/`404`/`429` after that status; only idempotent requests without a body or with a body of at most 64 KiB (kept to be sent again) are retried, other requests only when their request never reached the backend (a connect or TLS error), as nginx without `non_idempotent`; `non_idempotent` is refused (an `InvalidAnnotation` Event; non-idempotent requests are never sent twice), other unknown tokens too; errors are retried whenever a policy is set (a list of statuses alone also retries errors); `off`: no retry. Without any `proxy-next-upstream*` annotation nothing is retried (ingress-nginx's default is `error timeout` with 3 tries: set the annotation to keep that)", "error timeout http_502"),
     spec("proxy-next-upstream-tries", Differently, "the tries in all (the first included, default 3, with `proxy-next-upstream`'s default `error timeout` when only this is set); `1`: no retry; `0` (nginx: no limit) and more than 11 are taken as 11", "3"),
     spec("proxy-next-upstream-timeout", Differently, "validated (whole seconds; else an `InvalidAnnotation` Event) but not an overall budget: each try is bounded by the connect, read and send timeouts and their number by `proxy-next-upstream-tries`", "10"),
+    spec("client-body-buffer-size", Differently, "request bodies stream to the backend as they arrive and are never spooled to disk, so there is no buffer to size (the only body kept in memory is an idempotent request's of at most 64 KiB on a path with `proxy-next-upstream`, to send it again); a size (bytes or `k`/`m`/`g`) is accepted, anything else is an `InvalidAnnotation` Event", "16k"),
     spec("proxy-body-size", Support::Honoured, "`0` lifts the limit; bytes or `k`/`m`/`g`; replaces the dataplane-wide `limits.max_request_body_bytes` for the Ingress's paths (413 past it)", "8m"),
 ];
 
@@ -1922,6 +1924,13 @@ impl Annotations {
                 "proxy-next-upstream-timeout" => {
                     if value.trim().parse::<u64>().is_err() {
                         bad(report, "is not a whole number of seconds");
+                    }
+                }
+                // Request bodies stream to the backend and are never spooled to disk: there is
+                // no buffer to size. The value is checked so that a typo is reported.
+                "client-body-buffer-size" => {
+                    if nginx_size(value).is_none() {
+                        bad(report, "is not a size (bytes, or a number with k, m or g)");
                     }
                 }
                 "proxy-body-size" => match nginx_size(value) {
