@@ -123,17 +123,7 @@ async fn fetch(
     who: &Arc<Presenter>,
     requests: &[(&str, &[(&str, &str)])],
 ) -> Result<Vec<Answer>, String> {
-    let mut roots = rustls::RootCertStore::empty();
-    for c in CertificateDer::pem_slice_iter(server_ca.as_bytes()) {
-        roots.add(c.unwrap()).unwrap();
-    }
-    let mut cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_root_certificates(roots)
-    .with_client_cert_resolver(who.clone());
+    let mut cfg = client_config_trusting(server_ca).with_client_cert_resolver(who.clone());
     cfg.alpn_protocols = vec![alpn.to_vec()];
     let connector = tokio_rustls::TlsConnector::from(Arc::new(cfg));
     let tcp = tokio::net::TcpStream::connect(addr)

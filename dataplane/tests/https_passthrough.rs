@@ -24,57 +24,9 @@ async fn bounded<F: std::future::Future>(f: F) -> F::Output {
         .expect("test took too long")
 }
 
-/// A TLS backend for `name` with its own self-signed certificate: answers `<tag>:<what it
-/// read>` and closes. Returns its address and certificate PEM.
-async fn tls_backend(name: &str, tag: &'static str) -> (SocketAddr, String) {
-    let (cert, pem) = cert_for(name);
-    let (PemSource::Pem(c), PemSource::Pem(k)) = (cert.cert, cert.key) else {
-        unreachable!()
-    };
-    use rustls_pki_types::pem::PemObject;
-    let chain = vec![rustls_pki_types::CertificateDer::from_pem_slice(c.as_bytes()).unwrap()];
-    let key = rustls_pki_types::PrivateKeyDer::from_pem_slice(k.as_bytes()).unwrap();
-    let cfg = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_no_client_auth()
-    .with_single_cert(chain, key)
-    .unwrap();
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(cfg));
-    let addr = spawn_backend(move |s| {
-        let acceptor = acceptor.clone();
-        async move {
-            if let Ok(mut tls) = acceptor.accept(s).await {
-                let mut buf = [0u8; 64];
-                if let Ok(n) = tls.read(&mut buf).await {
-                    let mut out = format!("{tag}:").into_bytes();
-                    out.extend_from_slice(&buf[..n]);
-                    let _ = tls.write_all(&out).await;
-                    let _ = tls.shutdown().await;
-                }
-            }
-        }
-    })
-    .await;
-    (addr, pem)
-}
-
 /// A rustls client config trusting only `ca_pem` (TLS 1.2 and 1.3), sending SNI or not.
 fn client_config(ca_pem: &str, sni: bool) -> Arc<rustls::ClientConfig> {
-    use rustls_pki_types::pem::PemObject;
-    let mut roots = rustls::RootCertStore::empty();
-    for c in rustls_pki_types::CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
-        roots.add(c.unwrap()).unwrap();
-    }
-    let mut cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_root_certificates(roots)
-    .with_no_client_auth();
+    let mut cfg = client_config_trusting(ca_pem).with_no_client_auth();
     cfg.enable_sni = sni;
     Arc::new(cfg)
 }

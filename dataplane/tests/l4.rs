@@ -9,7 +9,6 @@ mod common;
 
 use common::*;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 use sweety_config::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -226,42 +225,6 @@ async fn tcp_proxy_forwards_the_addresses_of_a_received_proxy_header() {
         assert_eq!(roundtrip(&mut s, "x").await, "P:x");
     })
     .await;
-}
-
-/// A TLS backend for `name` with its own self-signed certificate; answers "<tag>".
-async fn tls_backend(name: &str, tag: &'static str) -> (SocketAddr, String) {
-    let (cert, pem) = cert_for(name);
-    let (PemSource::Pem(c), PemSource::Pem(k)) = (cert.cert, cert.key) else {
-        unreachable!()
-    };
-    use rustls_pki_types::pem::PemObject;
-    let chain = vec![rustls_pki_types::CertificateDer::from_pem_slice(c.as_bytes()).unwrap()];
-    let key = rustls_pki_types::PrivateKeyDer::from_pem_slice(k.as_bytes()).unwrap();
-    let cfg = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_no_client_auth()
-    .with_single_cert(chain, key)
-    .unwrap();
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(cfg));
-    let addr = spawn_backend(move |s| {
-        let acceptor = acceptor.clone();
-        async move {
-            if let Ok(mut tls) = acceptor.accept(s).await {
-                let mut buf = [0u8; 64];
-                if let Ok(n) = tls.read(&mut buf).await {
-                    let mut out = format!("{tag}:").into_bytes();
-                    out.extend_from_slice(&buf[..n]);
-                    let _ = tls.write_all(&out).await;
-                    let _ = tls.shutdown().await;
-                }
-            }
-        }
-    })
-    .await;
-    (addr, pem)
 }
 
 async fn tls_roundtrip(addr: SocketAddr, sni: &str, ca: &str) -> Result<String, String> {
