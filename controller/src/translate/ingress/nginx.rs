@@ -388,7 +388,7 @@ pub const ANNOTATIONS: &[AnnotationSpec] = &[
     spec("auth-tls-match-cn", Differently, "a regex (Rust `regex`) searched in the RFC 2253 subject DN (`CN=client,O=Example`); 403 otherwise", "CN=client"),
     spec("auth-tls-*", Refused, "other `auth-tls-*` settings are not implemented", "on"),
     spec("satisfy", Refused, "not implemented", "any"),
-    spec("ssl-passthrough", Differently, "only when the IngressClass's SweetyProxyConfig sets `ingress.sslPassthrough: true` (ingress-nginx's `--enable-ssl-passthrough`; without it the Ingress's paths answer 403 rather than Sweety terminating TLS the backend was to terminate). TLS connections for each rule host go by SNI, untouched, to the endpoints of the Service of the rule's `/` path (ingress-nginx: the Service's ClusterIP); plain HTTP for the host is redirected (308) to HTTPS (ingress-nginx serves the paths over HTTP); the Ingress's other paths, `spec.tls`, default backend and other annotations are ignored with an `SSLPassthroughIgnored` Event; rules without a host, wildcard hosts and rules without a `/` path are refused (`SSLPassthroughInvalid`); a host another Ingress already serves stays the oldest's (`SSLPassthroughConflict`); HTTP/3 refuses the host (clients use TCP)", "true"),
+    spec("ssl-passthrough", Differently, "only when the IngressClass's SweetyProxyConfig sets `ingress.sslPassthrough: true` (ingress-nginx's `--enable-ssl-passthrough`; without it the Ingress's paths answer 403 rather than Sweety terminating TLS the backend was to terminate). TLS connections for each rule host go by SNI, untouched, to the endpoints of the Service of the rule's `/` path (ingress-nginx: the Service's ClusterIP); plain HTTP for the host is redirected (308) to HTTPS (ingress-nginx serves the paths over HTTP); the Ingress's other paths, `spec.tls`, default backend and other annotations are ignored with an `SSLPassthroughIgnored` Event, except access rules, authentication, client certificates and rate limits (`*-source-range`, `auth-type`, `auth-url`, `auth-tls-secret`, `limit-rps`/`-rpm`/`-connections`), which a passed-through connection cannot have: then the Ingress is not passed through and its paths answer 403 (`SSLPassthroughUnprotected`; ingress-nginx drops them silently); rules without a host, wildcard hosts and rules without a `/` path are refused (`SSLPassthroughInvalid`); a host another Ingress already serves stays the oldest's (`SSLPassthroughConflict`); HTTP/3 refuses the host (clients use TCP)", "true"),
     spec("enable-modsecurity", Refused, "no WAF", "true"),
     spec("enable-owasp-core-rules", Refused, "no WAF", "true"),
     spec("modsecurity-transaction-id", Refused, "no WAF", "x"),
@@ -454,6 +454,74 @@ pub fn markdown_table() -> String {
 /// (refused in [`ANNOTATIONS`], snippets aside).
 fn is_security(name: &str) -> bool {
     annotation_spec(name).is_some_and(|s| s.support == Refused && !s.name.ends_with("snippet"))
+}
+
+/// The annotations that restrict who reaches an Ingress's backend, or how often: enforced on
+/// the requests Sweety terminates, they cannot be on a connection passed through untouched
+/// (ingress-nginx ignores them there).
+const PASSTHROUGH_UNENFORCEABLE: &[&str] = &[
+    "whitelist-source-range",
+    "allowlist-source-range",
+    "denylist-source-range",
+    "auth-type",
+    "auth-url",
+    "auth-tls-secret",
+    "limit-rps",
+    "limit-rpm",
+    "limit-connections",
+];
+
+/// Fail closed on `ssl-passthrough` beside a protection it would silently drop
+/// ([`PASSTHROUGH_UNENFORCEABLE`]): the Ingress is not passed through and its paths answer 403
+/// (an `SSLPassthroughUnprotected` Event says which annotations), unless the operator chose to
+/// ignore what cannot be honoured, when it passes through without them (and the Event says so).
+fn passthrough_protections(
+    ing: &Ingress,
+    params: &Params,
+    a: &mut Annotations,
+    report: &mut Report,
+) {
+    let mut dropped: Vec<&str> = ing
+        .metadata
+        .annotations
+        .iter()
+        .flatten()
+        .filter_map(|(k, _)| k.strip_prefix(PREFIX))
+        .filter(|n| PASSTHROUGH_UNENFORCEABLE.contains(n))
+        .collect();
+    if dropped.is_empty() {
+        return;
+    }
+    dropped.sort_unstable();
+    let list = dropped.join(", ");
+    if params.ignore_unsupported_security_annotations {
+        report.warn(
+            "SSLPassthroughUnprotected",
+            format!(
+                "ssl-passthrough: {list} cannot apply to TLS passed through untouched; the \
+                 operator chose to serve the Ingress WITHOUT them"
+            ),
+        );
+        return;
+    }
+    report.warn(
+        "SSLPassthroughUnprotected",
+        format!(
+            "ssl-passthrough: {list} cannot apply to TLS passed through untouched (Sweety \
+             never sees the requests); the Ingress is not passed through and its paths answer \
+             403 until these annotations or ssl-passthrough are removed"
+        ),
+    );
+    let ns = ing.metadata.namespace.as_deref().unwrap_or("");
+    let name = ing.metadata.name.as_deref().unwrap_or("");
+    a.ssl_passthrough = false;
+    a.refuse = Some((
+        403,
+        format!(
+            "forbidden: Ingress {ns}/{name} asks for ssl-passthrough and for {list}, which a \
+             connection passed through cannot have; refusing rather than serving unprotected\n"
+        ),
+    ));
 }
 
 /// An nginx allow/deny list entry as nginx reads it: an address, or `address/prefix` whose
@@ -2178,6 +2246,9 @@ impl Annotations {
                     ),
                 ));
             }
+        }
+        if a.ssl_passthrough && a.refuse.is_none() {
+            passthrough_protections(ing, params, &mut a, report);
         }
         a
     }
