@@ -785,6 +785,10 @@ pub struct RetryPolicy {
     /// Wait between attempts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backoff: Option<Duration>,
+    /// No new try starts once this long has passed since the first began, the backoff before
+    /// it counted (ingress-nginx's `proxy-next-upstream-timeout`). Default: no limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<Duration>,
 }
 
 /// Upstream wire protocol.

@@ -3191,6 +3191,7 @@ access_log: {enabled: true, path: /var/log/sweety/access.log, buffer_lines: 1024
                     attempts: 1,
                     codes: vec![503, 200],
                     backoff: None,
+                    budget: None,
                 })
             },
             &format!("{p}.retry.codes[1]"),

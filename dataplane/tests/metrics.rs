@@ -92,6 +92,7 @@ async fn real_requests_produce_exact_samples_by_route_backend_method_and_code() 
         attempts: 1,
         codes: vec![503],
         backoff: None,
+        budget: None,
     });
     let mut slow = proxy_route("default/slow", "/slow", "default/svc");
     slow.timeouts.backend = Some(sweety_config::Duration::from_millis(200));

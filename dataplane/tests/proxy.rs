@@ -471,6 +471,37 @@ async fn get_retried_on_503_against_another_endpoint() {
     .await;
 }
 
+/// `budget` (ingress-nginx's `proxy-next-upstream-timeout`): no try starts past it, the
+/// backoff before it counted. A backoff longer than the budget leaves the first answer; with
+/// room in the budget the same policy tries both endpoints.
+#[tokio::test]
+async fn no_retry_starts_past_the_budget() {
+    bounded(async {
+        let a = spawn_server(None, status_handler(503)).await;
+        let b = spawn_server(None, status_handler(503)).await;
+        let (u, _) = upstreams(vec![two_endpoints(&a, &b)]);
+        let tight = route(json!({"retry":
+            {"attempts": 1, "codes": [503], "backoff": "50ms", "budget": "10ms"}}));
+        let resp = u
+            .forward(get("/"), &action(&[("b", 1)]), &tight, &ctx())
+            .await;
+        assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(a.hits() + b.hits(), 1, "no second try past the budget");
+        let roomy = route(json!({"retry":
+            {"attempts": 1, "codes": [503], "backoff": "1ms", "budget": "1h"}}));
+        let resp = u
+            .forward(get("/"), &action(&[("b", 1)]), &roomy, &ctx())
+            .await;
+        assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(
+            a.hits() + b.hits(),
+            3,
+            "both endpoints tried within the budget"
+        );
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn post_with_body_not_retried_on_503() {
     bounded(async {

@@ -414,6 +414,7 @@ async fn start(tracing: Option<Tracing>) -> Setup {
         attempts: 2,
         codes: vec![503],
         backoff: None,
+        budget: None,
     });
     let cfg = Config {
         backends: vec![backend("up", origin), backend("down", dead)],

@@ -451,6 +451,7 @@ mod tests {
             attempts: 2,
             codes: vec![503],
             backoff: None,
+            budget: None,
         };
         let connect = ProxyError::Connect {
             addr: "a".into(),

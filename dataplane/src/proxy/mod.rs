@@ -465,7 +465,8 @@ impl Upstreams {
                         tries,
                         forward::TryOutcome::Status(status),
                         replayable,
-                    ) {
+                    ) && within_budget(policy, started)
+                    {
                         tracing::debug!(status, tries, "retrying on upstream status");
                         backoff(policy).await;
                         continue;
@@ -492,7 +493,8 @@ impl Upstreams {
                             tries,
                             forward::TryOutcome::Error(&e),
                             replayable,
-                        );
+                        )
+                        && within_budget(policy, started);
                     if !retry {
                         let resp = self.fail_on(backend, &e);
                         return note(resp, Some(idx), None, tries, Some(&e), connect);
@@ -739,6 +741,18 @@ async fn retry_buffer(
         ));
     }
     Ok((empty(), Some(buf.freeze())))
+}
+
+/// Whether another try, after the policy's backoff, would start within its `budget` counted
+/// from `started` (the first try).
+fn within_budget(policy: Option<&sweety_config::RetryPolicy>, started: Instant) -> bool {
+    let Some(budget) = policy.and_then(|p| p.budget) else {
+        return true;
+    };
+    let wait = policy
+        .and_then(|p| p.backoff)
+        .map_or(Duration::ZERO, |d| d.get());
+    started.elapsed() + wait < budget.get()
 }
 
 async fn backoff(policy: Option<&sweety_config::RetryPolicy>) {

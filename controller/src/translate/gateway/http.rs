@@ -366,6 +366,7 @@ impl RouteCtx<'_> {
                         .filter_map(|c| u16::try_from(*c).ok())
                         .collect(),
                     backoff,
+                    budget: None,
                 });
             }
         }

@@ -103,8 +103,8 @@
 //! one endpoint is the Service's ClusterIP ([`Annotations::service_upstream_variant`]),
 //! `client-body-buffer-size` is only checked (bodies stream, never spooled),
 //! `proxy-next-upstream` (+ `-tries`) its
-//! `retry` ([`next_upstream`]: safe retries only, `non_idempotent` refused; `-timeout` is
-//! validated only). Everything else not listed is reported
+//! `retry` ([`next_upstream`]: safe retries only, `non_idempotent` refused; `-timeout` its
+//! `budget`). Everything else not listed is reported
 //! as `UnsupportedAnnotation` and ignored.
 
 use super::{PathRoute, Report};
@@ -410,8 +410,8 @@ pub const ANNOTATIONS: &[AnnotationSpec] = &[
     spec("default-backend", Differently, "a Service of the Ingress's own namespace, its first port as ingress-nginx; serves the paths whose backends have no ready endpoint (the request as it is, with `X-Code: 503` and the `X-*` headers; its answer unchanged) when it has endpoints itself, and the `custom-http-errors` pages; a name that is not a Service name (another namespace's `ns/name` included) or a Service that does not exist or has no port is ignored with an Event", "errors"),
     spec("service-upstream", Support::Honoured, "the paths' backends are the Service's ClusterIP and port, one endpoint (kube-proxy balances; `affinity` and `upstream-hash-by` then choose among one endpoint and mean nothing); a Service without a ClusterIP (headless, ExternalName) keeps its endpoints with a `ServiceUpstreamIgnored` Event, as ingress-nginx falls back; the `default-backend` annotation's Service and `ssl-passthrough` keep endpoints", "true"),
     spec("proxy-next-upstream", Differently, "`error`, `timeout` and `invalid_header` retry the request on another endpoint after a connect, TLS, timeout or protocol error, `http_500`/`502`/`503`/`504`/`403`/`404`/`429` after that status; only idempotent requests without a body or with a body of at most 64 KiB (kept to be sent again) are retried, other requests only when their request never reached the backend (a connect or TLS error), as nginx without `non_idempotent`; `non_idempotent` is refused (an `InvalidAnnotation` Event; non-idempotent requests are never sent twice), other unknown tokens too; errors are retried whenever a policy is set (a list of statuses alone also retries errors); `off`: no retry. Without any `proxy-next-upstream*` annotation nothing is retried (ingress-nginx's default is `error timeout` with 3 tries: set the annotation to keep that)", "error timeout http_502"),
-    spec("proxy-next-upstream-tries", Differently, "the tries in all (the first included, default 3, with `proxy-next-upstream`'s default `error timeout` when only this is set); `1`: no retry; `0` (nginx: no limit) and more than 11 are taken as 11", "3"),
-    spec("proxy-next-upstream-timeout", Differently, "validated (whole seconds; else an `InvalidAnnotation` Event) but not an overall budget: each try is bounded by the connect, read and send timeouts and their number by `proxy-next-upstream-tries`", "10"),
+    spec("proxy-next-upstream-tries", Differently, "the tries in all (the first included, default 3, with `proxy-next-upstream`'s default `error timeout` when only this or `-timeout` is set); `1`: no retry; `0` (nginx: no limit) and more than 11 are taken as 11", "3"),
+    spec("proxy-next-upstream-timeout", Support::Honoured, "whole seconds, at most 86400: no further try starts once that long has passed since the first began (the retry's wait counted); `0`: no limit, the default; anything else is an `InvalidAnnotation` Event (no limit); alone it also retries with the defaults, as `-tries`", "10"),
     spec("client-body-buffer-size", Differently, "request bodies stream to the backend as they arrive and are never spooled to disk, so there is no buffer to size (the only body kept in memory is an idempotent request's of at most 64 KiB on a path with `proxy-next-upstream`, to send it again); a size (bytes or `k`/`m`/`g`) is accepted, anything else is an `InvalidAnnotation` Event", "16k"),
     spec("proxy-body-size", Support::Honoured, "`0` lifts the limit; bytes or `k`/`m`/`g`; replaces the dataplane-wide `limits.max_request_body_bytes` for the Ingress's paths (413 past it)", "8m"),
 ];
@@ -1920,12 +1920,8 @@ impl Annotations {
                 "service-upstream" => a.service_upstream = flag(report),
                 // Read together (below).
                 "proxy-next-upstream" | "proxy-next-upstream-tries" => {}
-                // Validated only: no overall retry budget ([`next_upstream`]).
-                "proxy-next-upstream-timeout" => {
-                    if value.trim().parse::<u64>().is_err() {
-                        bad(report, "is not a whole number of seconds");
-                    }
-                }
+                // Read together (below).
+                "proxy-next-upstream-timeout" => {}
                 // Request bodies stream to the backend and are never spooled to disk: there is
                 // no buffer to size. The value is checked so that a typo is reported.
                 "client-body-buffer-size" => {
@@ -2404,9 +2400,9 @@ const NEXT_UPSTREAM_TRIES_DEFAULT: u32 = 3;
 /// (sweety-config's validation, 10) plus the first.
 pub const MAX_NEXT_UPSTREAM_TRIES: u32 = 11;
 
-/// The route's retry policy from `proxy-next-upstream` (space-separated nginx tokens) and
-/// `proxy-next-upstream-tries` (the tries in all), read through `get`; None when neither is
-/// set, with `off`, with a single try, or when no token asks for anything.
+/// The route's retry policy from `proxy-next-upstream` (space-separated nginx tokens),
+/// `proxy-next-upstream-tries` (the tries in all) and `proxy-next-upstream-timeout` (the
+/// policy's `budget`), read through `get`; None when none is set, with `off`, with a single try, or when no token asks for anything.
 ///
 /// | nginx token                          | Sweety                                          |
 /// |--------------------------------------|-------------------------------------------------|
@@ -2423,9 +2419,29 @@ fn next_upstream<'a>(
     report: &mut Report,
 ) -> Option<RetryPolicy> {
     let (tokens, tries) = (get("proxy-next-upstream"), get("proxy-next-upstream-tries"));
-    if tokens.is_none() && tries.is_none() {
+    let timeout = get("proxy-next-upstream-timeout");
+    if tokens.is_none() && tries.is_none() && timeout.is_none() {
         return None;
     }
+    let max = sweety_config::MAX_IDLE_TIMEOUT.get().as_secs();
+    let budget = match timeout.map(str::trim) {
+        None => None,
+        Some(v) => match v.parse::<u64>() {
+            Ok(0) => None,
+            Ok(n) if n <= max => Some(Duration::from_secs(n)),
+            _ => {
+                report.warn(
+                    "InvalidAnnotation",
+                    format!(
+                        "{PREFIX}proxy-next-upstream-timeout: {:?} is not a whole number of \
+                         seconds up to {max}; the tries have no time limit",
+                        truncate(v)
+                    ),
+                );
+                None
+            }
+        },
+    };
     let tries = match tries.map(str::trim) {
         None => NEXT_UPSTREAM_TRIES_DEFAULT,
         // nginx: no limit; the dataplane's most.
@@ -2498,6 +2514,7 @@ fn next_upstream<'a>(
         attempts: tries - 1,
         codes,
         backoff: None,
+        budget,
     })
 }
 
@@ -3709,6 +3726,20 @@ mod tests {
         assert_eq!(run(Some("error"), Some("99")).0, Some((most, vec![], None)));
         let (p, ev) = run(Some("error"), Some("many"));
         assert_eq!((p, ev.len()), (Some((2, vec![], None)), 1));
+        // -timeout: the budget; alone it turns the defaults on; 0 is no limit; junk an Event.
+        let with_timeout = |t: &str| {
+            let get = |k: &str| (k == "proxy-next-upstream-timeout").then_some(t);
+            let mut report = Report::default();
+            let p = next_upstream(&get, &mut report);
+            (p.map(|p| (p.attempts, p.budget)), report.conditions.len())
+        };
+        assert_eq!(
+            with_timeout("10"),
+            (Some((2, Some(Duration::from_secs(10)))), 0)
+        );
+        assert_eq!(with_timeout("0"), (Some((2, None)), 0));
+        assert_eq!(with_timeout("86401"), (Some((2, None)), 1));
+        assert_eq!(with_timeout("soon"), (Some((2, None)), 1));
         // The most is what the dataplane accepts.
         let mut route = Route {
             name: "r".into(),
@@ -3724,6 +3755,7 @@ mod tests {
                 attempts: most,
                 codes: vec![403, 404, 429, 500, 502, 503, 504],
                 backoff: None,
+                budget: Some(Duration::from_secs(86400)),
             }),
             max_request_body_bytes: None,
         };
