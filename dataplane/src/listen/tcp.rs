@@ -268,18 +268,7 @@ async fn serve_conn(
         };
     match (is_h2, h2) {
         (true, Some(settings)) => {
-            let r = sweety_h2::serve_read(
-                stream,
-                first,
-                crate::pipeline::H2Pipeline::new(shared, conn),
-                settings,
-                drain,
-            )
-            .await;
-            drop(watcher);
-            if let Err(e) = r {
-                tracing::debug!(error = %e, "HTTP/2 connection ended with an error");
-            }
+            serve_h2(shared, conn, stream, first, settings, drain, watcher).await;
         }
         (true, None) => {
             let io = TokioIo::new(Prefixed::new(first.freeze(), stream));
@@ -381,17 +370,7 @@ async fn serve_tls<S>(
         read_budget: Some(ReadBudget::new(read_ahead)),
     });
     if let (true, Some(settings)) = (alpn_h2, h2) {
-        let r = sweety_h2::serve(
-            tls,
-            crate::pipeline::H2Pipeline::new(shared, conn),
-            settings,
-            drain,
-        )
-        .await;
-        drop(watcher);
-        if let Err(e) = r {
-            tracing::debug!(error = %e, "HTTP/2 connection ended with an error");
-        }
+        serve_h2(shared, conn, tls, BytesMut::new(), settings, drain, watcher).await;
         return;
     }
     let idle = alpn_h2.then_some((idle_timeout, drain));
@@ -555,6 +534,34 @@ impl http_body::Body for Tracked {
     }
     fn size_hint(&self) -> http_body::SizeHint {
         self.body.size_hint()
+    }
+}
+
+/// Serves one HTTP/2 connection with Sweety's own engine (`limits.http2_engine: sweety`):
+/// `first` holds the bytes already read from `io` (the client preface, perhaps more; empty
+/// when none). `watcher` is held until the connection ends, so the listener's drain waits.
+async fn serve_h2<I>(
+    shared: Arc<Shared>,
+    conn: Arc<ConnInfo>,
+    io: I,
+    first: BytesMut,
+    settings: sweety_h2::Settings,
+    drain: watch::Receiver<bool>,
+    watcher: Watcher,
+) where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let r = sweety_h2::serve_read(
+        io,
+        first,
+        crate::pipeline::H2Pipeline::new(shared, conn),
+        settings,
+        drain,
+    )
+    .await;
+    drop(watcher);
+    if let Err(e) = r {
+        tracing::debug!(error = %e, "HTTP/2 connection ended with an error");
     }
 }
 

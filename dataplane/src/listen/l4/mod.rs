@@ -485,7 +485,7 @@ mod tests {
 
     /// A real ClientHello from rustls for `name`, with `max_fragment` bytes of handshake per
     /// record when set (a fragmented hello).
-    fn client_hello(name: &str, max_fragment: Option<usize>) -> Vec<u8> {
+    pub(super) fn client_hello(name: &str, max_fragment: Option<usize>) -> Vec<u8> {
         let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
             rustls::crypto::ring::default_provider(),
         ))

@@ -136,22 +136,10 @@ fn client_hello_sni(body: &[u8]) -> Result<Option<String>, &'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
 
-    /// A real ClientHello from rustls for `name`.
-    pub(crate) fn client_hello(name: &str) -> Vec<u8> {
-        let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(rustls::RootCertStore::empty())
-        .with_no_client_auth();
-        let server = rustls::pki_types::ServerName::try_from(name.to_string()).unwrap();
-        let mut conn = rustls::ClientConnection::new(Arc::new(cfg), server).unwrap();
-        let mut out = Vec::new();
-        conn.write_tls(&mut out).unwrap();
-        out
+    /// A real ClientHello from rustls for `name`, in one record.
+    fn client_hello(name: &str) -> Vec<u8> {
+        crate::listen::l4::tests::client_hello(name, None)
     }
 
     #[test]
