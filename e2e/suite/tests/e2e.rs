@@ -1276,6 +1276,27 @@ fn echoed_header<'a>(headers: &'a Value, name: &str) -> Option<&'a str> {
         .and_then(Value::as_str)
 }
 
+/// One check over HTTP/1.1 to `t` (curl arguments `extra`), retried until the configuration
+/// has converged: `what` names it, `f` judges a reply. Returns the reply `f` accepted.
+async fn expect<F>(
+    env: &Env,
+    what: &str,
+    t: &Target<'_>,
+    extra: &[&str],
+    f: F,
+) -> Result<client::FullReply>
+where
+    F: Fn(&client::FullReply) -> std::result::Result<(), String>,
+{
+    eventually(what, CONVERGE, POLL, || async {
+        let r = client::request(&env.allowed, Version::H1, t, extra)
+            .await
+            .map_err(|e| e.to_string())?;
+        f(&r).map(|()| r.clone())
+    })
+    .await
+}
+
 /// A check of one example's reply: its status is `want` (else the status and body, for the report).
 fn status_is(want: u16) -> impl Fn(&client::FullReply) -> std::result::Result<(), String> {
     move |r| {
@@ -1504,25 +1525,6 @@ async fn nginx_examples(env: &Env) -> Result<()> {
     }
     let addr = addr.ok_or_else(|| Error::Config("no Ingress".into()))?;
 
-    // One check, retried until the configuration has converged: `what` names it, `f` judges a reply.
-    async fn expect<F>(
-        env: &Env,
-        what: &str,
-        t: &Target<'_>,
-        extra: &[&str],
-        f: F,
-    ) -> Result<client::FullReply>
-    where
-        F: Fn(&client::FullReply) -> std::result::Result<(), String>,
-    {
-        eventually(what, CONVERGE, POLL, || async {
-            let r = client::request(&env.allowed, Version::H1, t, extra)
-                .await
-                .map_err(|e| e.to_string())?;
-            f(&r).map(|()| r.clone())
-        })
-        .await
-    }
     let at = |host: &'static str, path: &'static str| Target {
         addr,
         host,
@@ -2007,24 +2009,6 @@ async fn security_policy(env: &Env) -> Result<()> {
         path,
         ca_pem: None,
     };
-    async fn expect<F>(
-        env: &Env,
-        what: &str,
-        t: &Target<'_>,
-        extra: &[&str],
-        f: F,
-    ) -> Result<client::FullReply>
-    where
-        F: Fn(&client::FullReply) -> std::result::Result<(), String>,
-    {
-        eventually(what, CONVERGE, POLL, || async {
-            let r = client::request(&env.allowed, Version::H1, t, extra)
-                .await
-                .map_err(|e| e.to_string())?;
-            f(&r).map(|()| r.clone())
-        })
-        .await
-    }
     expect(
         env,
         "the Gateway's deny list: / is 403",
