@@ -2574,14 +2574,6 @@ fn session_cookie<'a>(
 }
 
 impl Annotations {
-    /// The backend to use for `name` given the affinity and hash annotations: `name` itself,
-    /// or a variant of it registered with session persistence (preferred) or a hash policy.
-    /// Variants differing in cookie settings get distinct names.
-    /// `proxy-ssl-*`: a variant of the backend `name` with the Ingress's backend TLS (named
-    /// `<backend>~proxy-ssl-<digest of the settings>`, so Ingresses of the same Service with
-    /// other settings are unaffected), when the backend is spoken to over TLS; otherwise
-    /// (ingress-nginx only applies `proxy_ssl_*` to `https://` upstreams) `name` unchanged and
-    /// an Event.
     /// `service-upstream: "true"`: a variant of the backend `name` (the Service
     /// `namespace/service`, port `port`) whose one endpoint is the Service's ClusterIP and
     /// port, as ingress-nginx's `proxy_pass` to the Service (kube-proxy balances); named
@@ -2630,6 +2622,11 @@ impl Annotations {
         variant_name
     }
 
+    /// `proxy-ssl-*`: a variant of the backend `name` with the Ingress's backend TLS (named
+    /// `<backend>~proxy-ssl-<digest of the settings>`, so Ingresses of the same Service with
+    /// other settings are unaffected), when the backend is spoken to over TLS; otherwise
+    /// (ingress-nginx only applies `proxy_ssl_*` to `https://` upstreams) `name` unchanged and
+    /// an Event.
     pub(crate) fn backend_tls_variant(
         &self,
         b: &mut Builder<'_>,
@@ -2664,6 +2661,9 @@ impl Annotations {
         variant_name
     }
 
+    /// The backend to use for `name` given the affinity and hash annotations: `name` itself,
+    /// or a variant of it registered with session persistence (preferred) or a hash policy.
+    /// Variants differing in cookie settings get distinct names.
     pub(crate) fn balanced_backend(&self, b: &mut Builder<'_>, name: String) -> String {
         if self.session.is_none() && self.hash.is_none() {
             return name;
