@@ -1457,11 +1457,7 @@ fn passthrough_ingress(
             );
             continue;
         };
-        let port = svc.port.as_ref().and_then(|p| match (&p.number, &p.name) {
-            (Some(n), _) => Some(PortRef::Number(*n)),
-            (None, Some(n)) => Some(PortRef::Name(n.clone())),
-            _ => None,
-        });
+        let port = port_ref(svc);
         match b.backends.service(
             &b.services,
             &ns,
@@ -1489,6 +1485,15 @@ fn passthrough_ingress(
             ),
         );
     }
+}
+
+/// The Service port an Ingress backend names: its number, else its name (None: neither).
+fn port_ref(svc: &k8s_openapi::api::networking::v1::IngressServiceBackend) -> Option<PortRef> {
+    svc.port.as_ref().and_then(|p| match (&p.number, &p.name) {
+        (Some(n), _) => Some(PortRef::Number(*n)),
+        (None, Some(n)) => Some(PortRef::Name(n.clone())),
+        _ => None,
+    })
 }
 
 /// The passthrough hosts on the shared listeners: on `ingress-https`, an `l4_routes` entry per
@@ -1674,11 +1679,7 @@ pub(crate) fn resolve_backend(
         report.warn("UnsupportedBackend", why.clone());
         return Err(why);
     };
-    let port = svc.port.as_ref().and_then(|p| match (&p.number, &p.name) {
-        (Some(n), _) => Some(PortRef::Number(*n)),
-        (None, Some(n)) => Some(PortRef::Name(n.clone())),
-        _ => None,
-    });
+    let port = port_ref(svc);
     let options = BackendOptions {
         protocol: ann.backend_protocol,
         tls: None,
