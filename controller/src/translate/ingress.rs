@@ -1804,6 +1804,26 @@ spec:
       - {path: /, pathType: Prefix, backend: {service: {name: web, port: {number: 80}}}}
       - {path: /h, pathType: Prefix, backend: {service: {name: headless, port: {number: 80}}}}
 ---
+apiVersion: v1
+kind: Service
+metadata: {name: web6, namespace: app}
+spec: {clusterIP: "fd00::10", ports: [{name: http, port: 80, targetPort: 8080}]}
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: hostile
+  namespace: app
+  annotations: {nginx.ingress.kubernetes.io/service-upstream: " TRUE "}
+spec:
+  ingressClassName: sweety
+  rules:
+  - host: c.example.com
+    http:
+      paths:
+      - {path: /, pathType: Prefix, backend: {service: {name: web6, port: {name: http}}}}
+      - {path: /x, pathType: Prefix, backend: {service: {name: web, port: {name: nope}}}}
+---
 apiVersion: networking.k8s.io/v1
 kind: Ingress
 metadata: {name: plain, namespace: app}
@@ -1864,6 +1884,33 @@ spec:
             .unwrap_or_default();
         assert!(events.contains("ServiceUpstreamIgnored"), "{events}");
         assert!(events.contains("app/headless"), "{events}");
+        // Hostile: an IPv6 ClusterIP (bracketed), a port by name, a padded upper-case "true";
+        // a port name the Service lacks makes no variant and is reported.
+        let (name, eps, _) = backend_of("c.example.com", "/");
+        assert!(name.ends_with("~service-upstream"), "{name}");
+        assert_eq!(eps, "[fd00::10]:80");
+        let vh = out
+            .config
+            .virtual_hosts
+            .iter()
+            .find(|v| v.hostnames == ["c.example.com".to_string()])
+            .unwrap();
+        let x = vh
+            .routes
+            .iter()
+            .find(|r| {
+                r.matches.first().and_then(|m| m.path.as_ref())
+                    == Some(&sweety_config::PathMatch::Prefix("/x".into()))
+            })
+            .unwrap();
+        assert!(!matches!(x.action, Action::Proxy(_)), "{x:?}");
+        let events = out
+            .statuses
+            .iter()
+            .find(|(k, _)| k.kind == "IngressEvent" && k.name == "hostile")
+            .map(|(_, s)| format!("{s:?}"))
+            .unwrap_or_default();
+        assert!(events.contains("nope"), "{events}");
     }
 
     #[test]
