@@ -3663,6 +3663,22 @@ mod tests {
         // bad entry still refuses: the two are not confused.
         let (a, _) = parse(&[("whitelist-source-range", "bogus, 10.0.0.0/8")]);
         assert!(a.refuse.is_some());
+        // Hostile entries: IPv6 with host bits is masked, prefixes past the family's width,
+        // negative or unicode are Events (exempt no one), duplicates once, empties skipped.
+        let (a, report) = parse(&[
+            ("limit-rps", "5"),
+            (
+                "limit-whitelist",
+                "2001:db8::1/64, 10.0.0.0/33, ::1/129, 10.0.0.1/-1, \u{ff11}0.0.0.1, ,,\
+                 2001:DB8::/64, 0.0.0.0/0",
+            ),
+        ]);
+        assert_eq!(
+            a.rate_limits[0].exempt,
+            ["2001:db8::/64".to_string(), "0.0.0.0/0".to_string()]
+        );
+        assert_eq!(report.conditions.len(), 4, "{:?}", report.conditions);
+        assert!(a.refuse.is_none());
     }
 
     /// `proxy-next-upstream*`: each nginx token maps to a retry the dataplane can make safely
