@@ -251,6 +251,38 @@ async fn a_client_hello_that_never_completes_is_closed_at_the_peek_timeout() {
     .await;
 }
 
+#[tokio::test]
+async fn the_peek_and_the_tls_handshake_share_one_handshake_timeout() {
+    bounded(async {
+        let (pt, _) = tls_backend("pt.test", "B").await;
+        let (site, _) = cert_for("site.test");
+        let mut cfg = config(pt, site);
+        // A peek timeout far beyond the test's wait: only the handshake bound (300 ms) can
+        // close a client that trickles half a hello and stops.
+        cfg.l4.peek_timeout = sweety_config::Duration::from_secs(120);
+        cfg.limits.header_read_timeout = sweety_config::Duration::from_millis(300);
+        let h = Harness::start(cfg).await;
+        let addr = h.addr("web").await;
+        let hello = {
+            let server = rustls_pki_types::ServerName::try_from("site.test").unwrap();
+            let mut conn = rustls::ClientConnection::new(client_config("", true), server).unwrap();
+            let mut out = Vec::new();
+            conn.write_tls(&mut out).unwrap();
+            out
+        };
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(&hello[..hello.len() / 2]).await.unwrap();
+        let mut buf = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(30), s.read_to_end(&mut buf))
+            .await
+            .expect("closed at the handshake bound, not at the 120 s peek timeout");
+        assert!(buf.is_empty(), "{read:?} {buf:?}");
+        let text = h.runtime.shared.metrics.render();
+        assert!(text.contains("kind=\"tls_peek_timeout\"} 1"), "{text}");
+    })
+    .await;
+}
+
 /// A QUIC handshake (ALPN h3, trusting only `ca`) with `addr` for `name`.
 async fn quic_handshake(addr: SocketAddr, name: &str, ca: String) -> Result<(), String> {
     use rustls_pki_types::pem::PemObject;

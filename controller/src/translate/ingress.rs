@@ -1137,7 +1137,7 @@ pub fn translate(b: &mut Builder<'_>) -> BTreeSet<String> {
     certificates.sort_by(|a, b| a.hostnames.cmp(&b.hostnames));
     front_listeners(b, certificates);
     let mut served = BTreeSet::new();
-    passthrough_listeners(b, passthrough, &mut served);
+    passthrough_listeners(b, passthrough, &mut served, &mut reports);
     let https = has_https(b);
     let cluster_default = params
         .default_backend
@@ -1495,23 +1495,33 @@ fn passthrough_ingress(
 /// host to its backend (the dataplane passes a connection whose SNI is the host through,
 /// unterminated, and refuses the name on HTTP/3); on `ingress-http`, every request for the host
 /// is redirected (308) to HTTPS (the backend's port speaks TLS). `served` gets the hosts.
+/// Without any certificate (no default certificate, no Ingress TLS) there is no
+/// `ingress-https` (the dataplane refuses one without a certificate): nothing is passed
+/// through, plain HTTP still only redirects, and each Ingress gets an `SSLPassthroughInvalid`
+/// Event.
 fn passthrough_listeners(
     b: &mut Builder<'_>,
     passthrough: BTreeMap<String, (String, String)>,
     served: &mut BTreeSet<String>,
+    reports: &mut BTreeMap<(String, String), Report>,
 ) {
     if passthrough.is_empty() {
         return;
     }
-    let idx = https_listener(b);
-    for (host, (ingress, backend)) in passthrough {
-        served.insert(host.clone());
-        if b.listeners[idx]
+    let mut idx = Some(https_listener(b));
+    if let Some(i) = idx.filter(|&i| {
+        b.listeners[i]
             .tls
             .as_ref()
-            .is_some_and(|t| !t.certificates.is_empty())
-        {
-            b.listeners[idx].l4_routes.push(sweety_config::L4Route {
+            .is_none_or(|t| t.certificates.is_empty())
+    }) {
+        b.listeners.remove(i);
+        idx = None;
+    }
+    for (host, (ingress, backend)) in passthrough {
+        served.insert(host.clone());
+        match idx {
+            Some(idx) => b.listeners[idx].l4_routes.push(sweety_config::L4Route {
                 name: format!("ingress/{host}"),
                 hostnames: vec![host.clone()],
                 terminate: false,
@@ -1520,26 +1530,45 @@ fn passthrough_listeners(
                     weight: 1,
                     filters: Vec::new(),
                 }],
-            });
+            }),
+            None => {
+                let (ns, name) = ingress.split_once('/').unwrap_or_default();
+                if let Some(r) = reports.get_mut(&(ns.to_string(), name.to_string())) {
+                    r.warn(
+                        "SSLPassthroughInvalid",
+                        format!(
+                            "ssl-passthrough: the controller has no HTTPS listener (no default \
+                             certificate and no Ingress TLS certificate), so TLS for {host:?} is \
+                             not passed through; plain HTTP for it is only redirected to HTTPS"
+                        ),
+                    );
+                }
+            }
         }
-        b.virtual_hosts.push(VirtualHost {
-            name: format!("ingress/{host}"),
-            hostnames: vec![host.clone()],
-            listeners: vec![HTTP_LISTENER.into()],
-            routes: vec![Route {
-                name: format!("ingress/{ingress}/ssl-passthrough"),
-                matches: Vec::new(),
-                filters: vec![sweety_config::Filter::Redirect(nginx::https_redirect())],
-                action: Action::Fixed(FixedResponse {
-                    status: 308,
-                    body: String::new(),
-                    content_type: None,
-                }),
-                timeouts: Default::default(),
-                retry: None,
-                max_request_body_bytes: None,
-            }],
-        });
+        b.virtual_hosts.push(passthrough_redirect(&host, &ingress));
+    }
+}
+
+/// The `ingress-http` virtual host of passthrough host `host` (of Ingress `ingress`): every
+/// request is redirected (308) to HTTPS.
+fn passthrough_redirect(host: &str, ingress: &str) -> VirtualHost {
+    VirtualHost {
+        name: format!("ingress/{host}"),
+        hostnames: vec![host.to_string()],
+        listeners: vec![HTTP_LISTENER.into()],
+        routes: vec![Route {
+            name: format!("ingress/{ingress}/ssl-passthrough"),
+            matches: Vec::new(),
+            filters: vec![sweety_config::Filter::Redirect(nginx::https_redirect())],
+            action: Action::Fixed(FixedResponse {
+                status: 308,
+                body: String::new(),
+                content_type: None,
+            }),
+            timeouts: Default::default(),
+            retry: None,
+            max_request_body_bytes: None,
+        }],
     }
 }
 
@@ -2052,6 +2081,43 @@ data: {tls.crt: eA==}
             out.push_str("---\n");
         }
         out
+    }
+
+    /// Without any certificate for `ingress-https` (no default certificate, no `spec.tls`),
+    /// a passthrough Ingress still yields a config the dataplane accepts: one tenant's
+    /// annotation never makes the whole config invalid.
+    #[test]
+    fn passthrough_without_any_certificate_keeps_the_config_valid() {
+        let text = passthrough_objects(&[(0, 1, true, false, true)]);
+        let (snap, overrides) = Snapshot::from_yaml(&text).unwrap();
+        let mut v = overrides.unwrap();
+        if let Some(m) = v.as_mapping_mut() {
+            m.remove("kind");
+            m.remove("apiVersion");
+        }
+        let params: Params = serde_yaml::from_value(v).unwrap();
+        assert!(params.default_certificate.is_none());
+        let out = crate::translate::translate(&snap, &params);
+        let r = out.config.validate_structure();
+        assert!(r.is_ok(), "{r:?}");
+        // Nothing is passed through (no listener to do it on); plain HTTP only redirects.
+        assert!(!out
+            .config
+            .listeners
+            .iter()
+            .any(|l| l.name == HTTPS_LISTENER));
+        let vh: Vec<_> = out
+            .config
+            .virtual_hosts
+            .iter()
+            .filter(|v| v.hostnames.iter().any(|h| h == "a.example.com"))
+            .collect();
+        assert_eq!(vh.len(), 1);
+        assert_eq!(vh[0].listeners, [HTTP_LISTENER]);
+        assert!(vh[0].routes[0].name.ends_with("/ssl-passthrough"));
+        assert!(matches!(vh[0].routes[0].action, Action::Fixed(ref f) if f.status == 308));
+        let said = format!("{:?}", out.statuses);
+        assert!(said.contains("has no HTTPS listener"), "{said}");
     }
 
     proptest::proptest! {

@@ -147,10 +147,23 @@ pub async fn run_tcp(
             // An https listener with passthrough hosts: its ClientHello says whether the
             // connection passes through or is served here (the bytes read replayed first).
             // Without them no byte is peeked.
+            // The peek is part of the handshake: it and the TLS handshake after it share
+            // `handshake_timeout` (a client trickling its hello does not get both clocks).
             let mut first = None;
+            let mut handshake_timeout = handshake_timeout;
             if let Some(pt) = view.passthrough.clone() {
                 use crate::listen::l4::Peeked;
-                match crate::listen::l4::peek_passthrough(&shared, &pt, &mut stream, peer).await {
+                let started = tokio::time::Instant::now();
+                let peeked = crate::listen::l4::peek_passthrough(
+                    &shared,
+                    &pt,
+                    &mut stream,
+                    peer,
+                    handshake_timeout,
+                )
+                .await;
+                handshake_timeout = handshake_timeout.saturating_sub(started.elapsed());
+                match peeked {
                     Peeked::Pass(route, hello) => {
                         let local = dest.unwrap_or_else(|| stream.local_addr().unwrap_or(peer));
                         let route = &pt.routes[route];

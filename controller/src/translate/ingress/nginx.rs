@@ -1918,10 +1918,10 @@ impl Annotations {
                     ),
                 },
                 "service-upstream" => a.service_upstream = flag(report),
-                // Read together (below).
-                "proxy-next-upstream" | "proxy-next-upstream-tries" => {}
-                // Read together (below).
-                "proxy-next-upstream-timeout" => {}
+                // Read together (below, [`next_upstream`]).
+                "proxy-next-upstream"
+                | "proxy-next-upstream-tries"
+                | "proxy-next-upstream-timeout" => {}
                 // Request bodies stream to the backend and are never spooled to disk: there is
                 // no buffer to size. The value is checked so that a typo is reported.
                 "client-body-buffer-size" => {
@@ -2446,20 +2446,21 @@ fn next_upstream<'a>(
         None => NEXT_UPSTREAM_TRIES_DEFAULT,
         // nginx: no limit; the dataplane's most.
         Some("0") => MAX_NEXT_UPSTREAM_TRIES,
-        Some(v) => match v.parse::<u32>() {
-            Ok(n) => n.min(MAX_NEXT_UPSTREAM_TRIES),
-            Err(_) => {
-                report.warn(
-                    "InvalidAnnotation",
-                    format!(
-                        "{PREFIX}proxy-next-upstream-tries: {:?} is not a whole number; \
-                         {NEXT_UPSTREAM_TRIES_DEFAULT} is used (as ingress-nginx)",
-                        truncate(v)
-                    ),
-                );
-                NEXT_UPSTREAM_TRIES_DEFAULT
-            }
-        },
+        // A count past u32 is still a count: the most.
+        Some(v) if !v.is_empty() && v.bytes().all(|c| c.is_ascii_digit()) => v
+            .parse::<u32>()
+            .map_or(MAX_NEXT_UPSTREAM_TRIES, |n| n.min(MAX_NEXT_UPSTREAM_TRIES)),
+        Some(v) => {
+            report.warn(
+                "InvalidAnnotation",
+                format!(
+                    "{PREFIX}proxy-next-upstream-tries: {:?} is not a whole number; \
+                     {NEXT_UPSTREAM_TRIES_DEFAULT} is used (as ingress-nginx)",
+                    truncate(v)
+                ),
+            );
+            NEXT_UPSTREAM_TRIES_DEFAULT
+        }
     };
     let mut errors = false;
     let mut off = false;
@@ -2469,7 +2470,7 @@ fn next_upstream<'a>(
             "error" | "timeout" | "invalid_header" => errors = true,
             "http_500" | "http_502" | "http_503" | "http_504" | "http_403" | "http_404"
             | "http_429" => {
-                let code = t["http_".len()..].parse().unwrap_or(502);
+                let code: u16 = t["http_".len()..].parse().expect("three digits");
                 if !codes.contains(&code) {
                     codes.push(code);
                 }
@@ -2574,14 +2575,6 @@ fn session_cookie<'a>(
 }
 
 impl Annotations {
-    /// The backend to use for `name` given the affinity and hash annotations: `name` itself,
-    /// or a variant of it registered with session persistence (preferred) or a hash policy.
-    /// Variants differing in cookie settings get distinct names.
-    /// `proxy-ssl-*`: a variant of the backend `name` with the Ingress's backend TLS (named
-    /// `<backend>~proxy-ssl-<digest of the settings>`, so Ingresses of the same Service with
-    /// other settings are unaffected), when the backend is spoken to over TLS; otherwise
-    /// (ingress-nginx only applies `proxy_ssl_*` to `https://` upstreams) `name` unchanged and
-    /// an Event.
     /// `service-upstream: "true"`: a variant of the backend `name` (the Service
     /// `namespace/service`, port `port`) whose one endpoint is the Service's ClusterIP and
     /// port, as ingress-nginx's `proxy_pass` to the Service (kube-proxy balances); named
@@ -2630,6 +2623,11 @@ impl Annotations {
         variant_name
     }
 
+    /// `proxy-ssl-*`: a variant of the backend `name` with the Ingress's backend TLS (named
+    /// `<backend>~proxy-ssl-<digest of the settings>`, so Ingresses of the same Service with
+    /// other settings are unaffected), when the backend is spoken to over TLS; otherwise
+    /// (ingress-nginx only applies `proxy_ssl_*` to `https://` upstreams) `name` unchanged and
+    /// an Event.
     pub(crate) fn backend_tls_variant(
         &self,
         b: &mut Builder<'_>,
@@ -2664,6 +2662,9 @@ impl Annotations {
         variant_name
     }
 
+    /// The backend to use for `name` given the affinity and hash annotations: `name` itself,
+    /// or a variant of it registered with session persistence (preferred) or a hash policy.
+    /// Variants differing in cookie settings get distinct names.
     pub(crate) fn balanced_backend(&self, b: &mut Builder<'_>, name: String) -> String {
         if self.session.is_none() && self.hash.is_none() {
             return name;
@@ -3726,6 +3727,22 @@ mod tests {
         assert_eq!(run(Some("error"), Some("99")).0, Some((most, vec![], None)));
         let (p, ev) = run(Some("error"), Some("many"));
         assert_eq!((p, ev.len()), (Some((2, vec![], None)), 1));
+        // Hostile counts: past u32 is still the most; negative, fractional, unicode digits
+        // and an empty value are not counts (an Event, the default 3); whitespace is trimmed.
+        let huge = run(Some("error"), Some("99999999999999999999"));
+        assert_eq!(huge.0, Some((most, vec![], None)));
+        assert_eq!(
+            run(Some("error"), Some(" 4 ")),
+            (Some((3, vec![], None)), vec![])
+        );
+        for v in ["-1", "2.5", "\u{0663}", ""] {
+            let (p, ev) = run(Some("error"), Some(v));
+            assert_eq!((p, ev.len()), (Some((2, vec![], None)), 1), "{v:?}");
+        }
+        // Tokens repeated, upper case (nginx's are lower case only: unknown), tabs between.
+        let (p, ev) = run(Some("error\terror  HTTP_502 http_502"), None);
+        assert_eq!(p, Some((2, vec![502], None)));
+        assert_eq!(ev.len(), 1, "{ev:?}");
         // -timeout: the budget; alone it turns the defaults on; 0 is no limit; junk an Event.
         let with_timeout = |t: &str| {
             let get = |k: &str| (k == "proxy-next-upstream-timeout").then_some(t);
@@ -3740,6 +3757,8 @@ mod tests {
         assert_eq!(with_timeout("0"), (Some((2, None)), 0));
         assert_eq!(with_timeout("86401"), (Some((2, None)), 1));
         assert_eq!(with_timeout("soon"), (Some((2, None)), 1));
+        assert_eq!(with_timeout("-5"), (Some((2, None)), 1));
+        assert_eq!(with_timeout("99999999999999999999"), (Some((2, None)), 1));
         // The most is what the dataplane accepts.
         let mut route = Route {
             name: "r".into(),

@@ -96,17 +96,21 @@ pub enum Peeked {
 }
 
 /// Reads the ClientHello of a connection to an `https` listener with passthrough hosts
-/// (`routes`), within `l4.peek_timeout` and `l4.max_peek_bytes`, and says where it goes.
+/// (`routes`), within `l4.max_peek_bytes` and the shorter of `l4.peek_timeout` and
+/// `handshake_timeout` (the listener's TLS handshake bound, which the peek is part of), and
+/// says where it goes.
 pub async fn peek_passthrough(
     shared: &Shared,
     routes: &crate::router::l4::L4Listener,
     stream: &mut TcpStream,
     peer: SocketAddr,
+    handshake_timeout: Duration,
 ) -> Peeked {
     let settings = shared.snapshot().config.l4.clone();
     let mut buf = Vec::new();
     let read = read_client_hello_into(stream, settings.max_peek_bytes as usize, &mut buf);
-    match tokio::time::timeout(settings.peek_timeout.get(), read).await {
+    let bound = settings.peek_timeout.get().min(handshake_timeout);
+    match tokio::time::timeout(bound, read).await {
         Ok(Ok(name)) => match name.as_deref().and_then(|n| routes.route_index(Some(n))) {
             Some(i) => Peeked::Pass(i, buf),
             None => Peeked::Serve(buf),
