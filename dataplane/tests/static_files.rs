@@ -487,6 +487,44 @@ async fn large_file_is_streamed_in_chunks() {
     assert!(got == data[start..start + 300_000], "range bytes differ");
 }
 
+/// The open-file cache: a large, aged file's descriptor is kept after its first request and
+/// reused; a file replaced by rename with the same size and mtime (only the inode differs) is
+/// served anew, never from the stale descriptor; a file modified just now is not kept.
+#[tokio::test]
+async fn open_file_cache_keeps_descriptors_and_drops_replaced_files() {
+    let (_d, root) = setup();
+    let one = pattern(2 << 20);
+    let p = write(&root, "big.bin", &one);
+    let (sf, s) = (StaticFiles::new(1 << 20), site(&root));
+    for _ in 0..2 {
+        let got = body(get(&sf, &s, "/big.bin", &[]).await).await;
+        assert!(got == one, "first version");
+        assert_eq!((sf.cached_entries(), sf.open_files()), (0, 1));
+    }
+
+    let mtime = fs::metadata(&p).unwrap().modified().unwrap();
+    let two: Vec<u8> = one.iter().map(|b| b ^ 0xff).collect();
+    let tmp = write(&root, "big.tmp", &two);
+    fs::File::options()
+        .write(true)
+        .open(&tmp)
+        .unwrap()
+        .set_modified(mtime)
+        .unwrap();
+    fs::rename(&tmp, &p).unwrap();
+    let got = body(get(&sf, &s, "/big.bin", &[]).await).await;
+    assert!(
+        got == two,
+        "the replaced file's bytes, not the stale descriptor's"
+    );
+    assert_eq!(sf.open_files(), 1, "the stale entry replaced");
+
+    fs::write(root.join("fresh.bin"), &one).unwrap();
+    let got = body(get(&sf, &s, "/fresh.bin", &[]).await).await;
+    assert!(got == one);
+    assert_eq!(sf.open_files(), 1, "a file modified just now is not kept");
+}
+
 #[tokio::test]
 async fn cache_hits_and_invalidation() {
     let (_d, root) = setup();

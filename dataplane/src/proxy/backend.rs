@@ -152,31 +152,13 @@ impl BackendRt {
 
     /// Endpoints that may take traffic: weight > 0, not down by active health checks, and
     /// not ejected (or all of those, in panic mode).
-    ///
-    /// (`outlier::eligible` over the weighted, up endpoints, without the intermediate lists:
-    /// this runs for every proxied request.)
     pub(super) fn eligible(&self) -> Vec<usize> {
-        let weighted = (0..self.endpoints.len()).filter(|&i| {
-            self.endpoints[i].weight > 0 && self.endpoints[i].state.hc_up.load(Ordering::Acquire)
-        });
-        let now = Instant::now();
-        let healthy: Vec<usize> = weighted
-            .clone()
-            .filter(|&i| {
-                !self.endpoints[i]
-                    .state
-                    .health
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .is_ejected(now)
-            })
-            .collect();
-        if healthy.is_empty() {
-            // Every weighted endpoint ejected: all of them (panic mode); or none is weighted.
-            weighted.collect()
-        } else {
-            healthy
-        }
+        let weighted = self
+            .endpoints
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| e.weight > 0 && e.state.hc_up.load(Ordering::Acquire));
+        outlier::eligible(weighted.map(|(i, e)| (i, &e.state.health)), Instant::now())
     }
 
     /// The eligible endpoint `key` hashes to (preferring endpoints not in `tried`); `None`

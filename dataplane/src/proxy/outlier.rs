@@ -99,16 +99,20 @@ pub fn record(
 }
 
 /// The endpoints that may receive traffic: those not ejected, or all of them when every one is
-/// ejected (panic mode). Input and output are endpoint indexes.
-pub fn eligible(all: &[&Mutex<Health>], now: Instant) -> Vec<usize> {
-    let healthy: Vec<usize> = all
-        .iter()
-        .enumerate()
+/// ejected (panic mode). Input (the candidates with their health) and output are endpoint
+/// indexes; the candidates are walked at most twice, without an intermediate list (this runs
+/// for every proxied request).
+pub fn eligible<'a, I>(candidates: I, now: Instant) -> Vec<usize>
+where
+    I: Iterator<Item = (usize, &'a Mutex<Health>)> + Clone,
+{
+    let healthy: Vec<usize> = candidates
+        .clone()
         .filter(|(_, m)| !m.lock().unwrap_or_else(|p| p.into_inner()).is_ejected(now))
         .map(|(i, _)| i)
         .collect();
     if healthy.is_empty() {
-        (0..all.len()).collect()
+        candidates.map(|(i, _)| i).collect()
     } else {
         healthy
     }
@@ -146,7 +150,7 @@ mod tests {
             record(&self.refs(), idx, ok, c, &self.lock, now)
         }
         fn eligible(&self, now: Instant) -> Vec<usize> {
-            eligible(&self.refs(), now)
+            eligible(self.h.iter().enumerate(), now)
         }
     }
 
