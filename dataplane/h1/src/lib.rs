@@ -1,0 +1,13 @@
+//! `sweety-h1`: Sweety's own HTTP/1.1 (RFC 9112) message handling, for the proxy path of
+//! issue 23. hyper's two HTTP/1.1 halves (the server for client connections, the client for
+//! keep-alive backends) cost more instructions per proxied request than the whole budget of
+//! 0.8x HAProxy's; this crate parses a head once into the form the dataplane uses and writes a
+//! head straight from it, as `sweety-h2` does for HTTP/2.
+//!
+//! It knows nothing of routes or configs. Every byte it reads is hostile: each parser here is
+//! bounded (head size, field count, chunk-size digits), refuses rather than guesses where
+//! RFC 9112 allows a choice that could desync a peer (both `Content-Length` and
+//! `Transfer-Encoding`, bare CR, obs-fold, a chunk size that overflows), and has a fuzz target
+//! and property tests beside its unit tests.
+
+#![forbid(unsafe_code)]
