@@ -11,3 +11,5 @@
 //! and property tests beside its unit tests.
 
 #![forbid(unsafe_code)]
+
+pub mod chunked;
