@@ -1395,6 +1395,10 @@ impl Validator<'_> {
                 self.err(format!("http3.{field}"), msg);
             }
         }
+        if h.send_budget < u64::from(MIN_QUIC_WINDOW) {
+            let msg = format!("must be at least {MIN_QUIC_WINDOW}, got {}", h.send_budget);
+            self.err("http3.send_budget", msg);
+        }
         if h.connection_receive_window < h.stream_receive_window {
             let msg = format!(
                 "must be at least stream_receive_window ({}), got {}",
@@ -3446,6 +3450,11 @@ access_log: {enabled: true, path: /var/log/sweety/access.log, buffer_lines: 1024
             |c| c.http3.send_window = 100,
             "http3.send_window",
             "must be at least 16384, got 100",
+        );
+        expect_one(
+            |c| c.http3.send_budget = 16383,
+            "http3.send_budget",
+            "must be at least 16384, got 16383",
         );
         expect_one(
             |c| c.http3.connection_receive_window = 64 * 1024,

@@ -15,6 +15,7 @@
 #                  proxy-h1s proxy-h1s-4k (the proxy path with an HTTP/1.1-over-TLS front)
 #                  proxy-h3 proxy-h3-4k (an HTTP/3 front; Sweety only, see below)
 #                  proxy-h2c proxy-h2c-4k (HTTP/2-over-TLS front, h2c backend; no nginx)
+#                  proxy-h1s-rate proxy-h2-rate (proxy-h1s / proxy-h2 at a fixed request rate)
 #                  proxy-h1-100k proxy-h2-100k (100 KB through the proxy, for memory)
 #                  h1-100k-c1000 h2-100k-c1000 h3-100k-c1000 (1,000 connections, for memory)
 #                  proxy-h2-trace0 proxy-h2-trace1 (proxy-h2 with tracing on, Sweety only)
@@ -32,6 +33,8 @@
 #   POOL_IDLE=     Sweety's `max_idle_per_endpoint` for the proxy backend (default: unset, the
 #                  dataplane's default: idle connections follow demand up to 1024; nginx here
 #                  keeps at most 128 idle, `keepalive 128`; HAProxy keeps every connection)
+#   PROXY_RATE=10000  requests/s of the *-rate cells (below every server's capacity here, so
+#                  that all three serve the same load and their p99 compares)
 #   SWEETY_HTTP3=  extra `http3:` settings for the h3 cells, as YAML flow-mapping entries,
 #                  e.g. "send_window: 262144, static_chunk_size: 16384" (default: none, the
 #                  documented defaults of docs/config.md apply)
@@ -63,7 +66,11 @@
 # proxy-h2c-4k are proxy-h2 / proxy-h2-4k to an h2c backend instead (the backend nginx's second
 # server, `listen ... http2` in clear text, prior knowledge, 1,024 concurrent streams; Sweety
 # `protocol: h2c`, HAProxy `proto h2`); nginx has no such cell: it proxies to HTTP/2 only
-# through its gRPC module (grpc_pass), which is not its HTTP proxy. proxy-h1-100k (wrk
+# through its gRPC module (grpc_pass), which is not its HTTP proxy. proxy-h1s-rate and
+# proxy-h2-rate send the 12-byte proxy requests at a fixed rate, PROXY_RATE, with oha (H1 over
+# TLS: -c 100; H2: -c 10 -p 10; --latency-correction, so a stall counts against every request it
+# delays): the same load for every server, for issue 23's "p99 not worse than HAProxy's at the
+# same load" (the closed-loop cells give a faster server more load). proxy-h1-100k (wrk
 # -c 100 over plain HTTP) and proxy-h2-100k (h2load -c 100 -m 10 over TLS) proxy a 100 KB file
 # of the backend (/proxy100k), and the *-c1000 cells are the 100 KB static cells with 1,000
 # connections (H2 and H3 with 10 streams each): their figure is peak RSS (memory under bulk
@@ -104,9 +111,10 @@ SERVER_CPU=${SERVER_CPU:-0}
 CLIENT_CPU=${CLIENT_CPU:-1}
 BACKEND_CPU=${BACKEND_CPU:-$CLIENT_CPU}
 PORT_BASE=${PORT_BASE:-18440}
+PROXY_RATE=${PROXY_RATE:-10000}
 OUT=""
 
-ALL_CELLS="h1-1k h1-10k h1-100k h1-1m h2-1k h2-10k h2-100k h2-1m proxy-h1 proxy-h1s proxy-h1s-4k proxy-h2 proxy-h2-4k proxy-h3 proxy-h3-4k proxy-h2c proxy-h2c-4k proxy-h1-100k proxy-h2-100k proxy-h2-trace0 proxy-h2-trace1 h3-1k h3-10k h3-100k h3-1m h1-100k-c1000 h2-100k-c1000 h3-100k-c1000 cache-h2 gzip-h2 ws-h1"
+ALL_CELLS="h1-1k h1-10k h1-100k h1-1m h2-1k h2-10k h2-100k h2-1m proxy-h1 proxy-h1s proxy-h1s-4k proxy-h2 proxy-h2-4k proxy-h3 proxy-h3-4k proxy-h2c proxy-h2c-4k proxy-h1s-rate proxy-h2-rate proxy-h1-100k proxy-h2-100k proxy-h2-trace0 proxy-h2-trace1 h3-1k h3-10k h3-100k h3-1m h1-100k-c1000 h2-100k-c1000 h3-100k-c1000 cache-h2 gzip-h2 ws-h1"
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 
@@ -120,6 +128,7 @@ while (($#)); do
 done
 [[ $DUR =~ ^[1-9][0-9]*$ ]] || { echo "DUR must be a positive integer (seconds)" >&2; exit 2; }
 [[ $RUNS =~ ^[1-9][0-9]*$ ]] || { echo "RUNS must be a positive integer" >&2; exit 2; }
+[[ $PROXY_RATE =~ ^[1-9][0-9]*$ ]] || { echo "PROXY_RATE must be a positive integer" >&2; exit 2; }
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
@@ -559,7 +568,17 @@ run_cell() { # run_cell CELL SERVER RUN
     [[ $server == haproxy && $cell != proxy-* && $cell != cache-h2 ]] && return 0
     [[ $server != sweety && $cell == proxy-h3* ]] && return 0
     [[ $server == nginx && $cell == proxy-h2c* ]] && return 0
-    if [[ $cell == proxy-h3 || $cell == proxy-h3-4k ]]; then
+    if [[ $cell == proxy-h1s-rate || $cell == proxy-h2-rate ]]; then
+        url=https://127.0.0.1:$TLS_PORT/proxy
+        expect="200 12B"
+        tool=oha
+        cmd=("$OHA" --insecure --no-tui --output-format json --latency-correction -q "$PROXY_RATE" -z "${DUR}s")
+        if [[ $cell == proxy-h2-rate ]]; then
+            cmd+=(--http-version 2 -c 10 -p 10 "$url")
+        else
+            cmd+=(--http-version 1.1 -c "$conns" "$url")
+        fi
+    elif [[ $cell == proxy-h3 || $cell == proxy-h3-4k ]]; then
         url=https://127.0.0.1:$TLS_PORT/proxy
         expect="200 12B"
         if [[ $cell == proxy-h3-4k ]]; then
@@ -654,7 +673,11 @@ run_cell() { # run_cell CELL SERVER RUN
         return 0
     }
     read -r idle _ < <("${HELPER[@]}" mem "$SERVER_PID")
-    if [[ $tool == oha ]]; then
+    if [[ $cell == *-rate ]]; then
+        probe=$(curl -sk --max-time 5 -o /dev/null -w '%{http_code} %{size_download}B' "$url" || true)
+        taskset -c "$CLIENT_CPU" timeout 10 h2load -n 200 -c 10 -t 1 \
+            "$([[ $cell == proxy-h2-rate ]] && echo -m10 || echo --h1)" "$url" >/dev/null 2>&1 || true
+    elif [[ $tool == oha ]]; then
         probe=$(timeout 10 "$OHA" --http-version 3 --insecure --no-tui --output-format json \
             -n 1 -c 1 "$url" 2>/dev/null | "${HELPER[@]}" oha-probe || true)
         # short warm-up, as for the other cells
