@@ -1116,6 +1116,11 @@ pub struct Http3 {
     /// Bytes of response data buffered per connection ahead of the client's acknowledgements:
     /// the per-connection memory budget for responses (memory scales with connections × this).
     pub send_window: u32,
+    /// Bytes of response data buffered ahead of acknowledgements by all HTTP/3 connections
+    /// together: the connections with a response in flight share it (each gets at most
+    /// `send_window`, at least 16 KiB), so memory under many downloads stays bounded while a
+    /// lone connection keeps its full `send_window`.
+    pub send_budget: u64,
     /// Congestion controller.
     pub congestion: Congestion,
     /// UDP payload size, bytes, of the first packets of a connection, before path MTU
@@ -1150,6 +1155,7 @@ impl Default for Http3 {
             stream_receive_window: 1024 * 1024,
             connection_receive_window: 4 * 1024 * 1024,
             send_window: 512 * 1024,
+            send_budget: 16 * 1024 * 1024,
             congestion: Congestion::Cubic,
             initial_mtu: 1200,
             mtu_discovery_upper_bound: 1452,

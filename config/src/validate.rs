@@ -801,6 +801,13 @@ impl<'a> Validator<'a> {
                     self.err(format!("{path}.retry.codes[{c}]"), msg);
                 }
             }
+            // ingress-nginx's `proxy-next-upstream-timeout: 0` means no limit, where a budget
+            // of 0 would allow no retry at all: a hand-written 0 is refused rather than read
+            // either way.
+            if retry.budget.is_some_and(crate::Duration::is_zero) {
+                let msg = "must be greater than 0 (omit it for no limit; attempts: 0 for no retry)";
+                self.err(format!("{path}.retry.budget"), msg.to_string());
+            }
         }
     }
 
@@ -1387,6 +1394,10 @@ impl Validator<'_> {
                 let msg = format!("must be at least {MIN_QUIC_WINDOW}, got {v}");
                 self.err(format!("http3.{field}"), msg);
             }
+        }
+        if h.send_budget < u64::from(MIN_QUIC_WINDOW) {
+            let msg = format!("must be at least {MIN_QUIC_WINDOW}, got {}", h.send_budget);
+            self.err("http3.send_budget", msg);
         }
         if h.connection_receive_window < h.stream_receive_window {
             let msg = format!(
@@ -3197,6 +3208,12 @@ access_log: {enabled: true, path: /var/log/sweety/access.log, buffer_lines: 1024
             &format!("{p}.retry.codes[1]"),
             "must be in 400..=599, got 200",
         );
+        expect_one(
+            |c| route(c, 1).retry.as_mut().unwrap().budget = Some(Duration::from_millis(0)),
+            &format!("{p}.retry.budget"),
+            "must be greater than 0 (omit it for no limit; attempts: 0 for no retry)",
+        );
+        expect_ok(|c| route(c, 1).retry.as_mut().unwrap().budget = Some(Duration::from_millis(1)));
     }
 
     // ------------------------------------------------------------ backends
@@ -3433,6 +3450,11 @@ access_log: {enabled: true, path: /var/log/sweety/access.log, buffer_lines: 1024
             |c| c.http3.send_window = 100,
             "http3.send_window",
             "must be at least 16384, got 100",
+        );
+        expect_one(
+            |c| c.http3.send_budget = 16383,
+            "http3.send_budget",
+            "must be at least 16384, got 16383",
         );
         expect_one(
             |c| c.http3.connection_receive_window = 64 * 1024,

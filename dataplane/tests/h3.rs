@@ -1163,3 +1163,80 @@ async fn basic_auth_over_h3() {
     })
     .await;
 }
+
+/// `http3.send_budget` (issue 23): the send windows of all connections share one budget. A
+/// lone connection downloading gets its full `send_window`; with nine connections, each with
+/// two stalled 2 MiB responses in flight (the clients read nothing until every response head
+/// has arrived), the windows granted sum to at most the budget, where nine full windows would
+/// be 4.5 MiB; and every body then arrives whole. Counts of the server's own budget, not
+/// timings.
+#[tokio::test]
+async fn h3_send_windows_share_one_budget_across_connections() {
+    const WINDOW: u64 = 512 * 1024;
+    const BUDGET: u64 = 512 * 1024;
+    const MIN: u64 = sweety_dataplane::listen::quic_budget::MIN_SHARE;
+    bounded(60, async {
+        let dir = tempfile::tempdir().unwrap();
+        // Larger than the client's stream window (quinn's default, 1.25 MB): a response the
+        // client does not read stays in flight.
+        let big: Vec<u8> = (0..2 * 1024 * 1024u32).map(|i| (i % 251) as u8).collect();
+        std::fs::write(dir.path().join("big.bin"), &big).unwrap();
+        let (mut cfg, ca) = h3_config(vec![static_route("site", "/", dir.path())]);
+        cfg.http3.send_window = WINDOW as u32;
+        cfg.http3.send_budget = BUDGET;
+        let h = Harness::start(cfg).await;
+        let budget = h.runtime.shared.quic_send_budget.clone();
+        let addr = h.runtime.bound_quic().await["tls"];
+
+        /// Sends a GET of /big.bin and waits for the response head only.
+        async fn started(c: &H3) -> h3::client::RequestStream<h3_quinn::BidiStream<Bytes>, Bytes> {
+            let req = Request::get("https://localhost/big.bin").body(()).unwrap();
+            let mut s = c.send.clone().send_request(req).await.unwrap();
+            s.finish().await.unwrap();
+            let resp = s.recv_response().await.unwrap();
+            assert_eq!(resp.status(), 200);
+            s
+        }
+
+        let lone = H3::connect(addr, "localhost", &ca).await.unwrap();
+        let mut streams = vec![started(&lone).await];
+        assert_eq!(
+            budget.granted(),
+            WINDOW,
+            "a lone connection keeps its full window"
+        );
+
+        let mut conns = Vec::new();
+        for _ in 0..8 {
+            let c = H3::connect(addr, "localhost", &ca).await.unwrap();
+            streams.push(started(&c).await);
+            streams.push(started(&c).await);
+            conns.push(c);
+        }
+        // 9 active connections: cap 16, a sixteenth of the budget each.
+        let granted = budget.granted();
+        assert!(
+            granted <= BUDGET,
+            "{granted} bytes of window for 9 connections"
+        );
+        assert_eq!(granted, 9 * BUDGET / 16);
+        // Connections come in holding the minimum before their first response.
+        let peak = budget.peak_granted();
+        assert!(peak <= BUDGET + 9 * MIN, "peak {peak}");
+
+        for mut s in streams {
+            let mut n = 0;
+            let mut body = BytesMut::new();
+            while let Some(mut d) = s.recv_data().await.unwrap() {
+                n += d.remaining();
+                body.extend_from_slice(&d.copy_to_bytes(d.remaining()));
+            }
+            assert_eq!(n, big.len());
+            assert!(body[..] == big[..], "body intact");
+        }
+        let peak = budget.peak_granted();
+        assert!(peak <= BUDGET + 9 * MIN, "peak {peak}");
+        drop(conns);
+    })
+    .await;
+}

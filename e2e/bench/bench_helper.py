@@ -393,6 +393,93 @@ def pair_row(label, a, b, b_over_a):
     ]
 
 
+PROXY_FRONT = {"proxy-h1", "proxy-h1s", "proxy-h1s-4k", "proxy-h2", "proxy-h2-4k", "proxy-h2c",
+               "proxy-h2c-4k"}
+
+
+def goal_checks(cell, agg):
+    """Issue 23's goal for CELL as (text, [(label, (ratio, met))]), both None where a figure
+    is missing."""
+    g = lambda d, k: d[k] if d else None
+    le = lambda x, y, f: (None, None) if not x or not y else (x / y, x <= f * y)
+    s = agg(cell, "sweety")
+    if cell in PROXY_FRONT or cell in ("proxy-h3", "proxy-h3-4k"):
+        ref = cell if cell in PROXY_FRONT else cell.replace("h3", "h2")
+        h = agg(ref, "haproxy")
+        text = "µs ≤ 0.8x H, p99 ≤ H" + ("" if ref == cell else f" (H of {ref})")
+        return text, [("µs", le(g(s, "us"), g(h, "us"), 0.8)), ("p99", le(g(s, "p99"), g(h, "p99"), 1.0))]
+    if cell.endswith("-rate"):
+        h = agg(cell, "haproxy")
+        return "p99 ≤ H at the same rate", [("p99", le(g(s, "p99"), g(h, "p99"), 1.0))]
+    if cell in ("proxy-h1-100k", "proxy-h2-100k"):
+        return "RSS ≤ 1.5x N", [("RSS", le(g(s, "rss"), g(agg(cell, "nginx"), "rss"), 1.5))]
+    if cell in ("h1-100k", "h2-100k"):
+        n = agg(cell, "nginx")
+        return "µs ≤ 1.0x N, RSS ≤ 1.5x N", [("µs", le(g(s, "us"), g(n, "us"), 1.0)),
+                                             ("RSS", le(g(s, "rss"), g(n, "rss"), 1.5))]
+    if cell in ("h1-1m", "h2-1m"):
+        return "µs ≤ 1.0x N", [("µs", le(g(s, "us"), g(agg(cell, "nginx"), "us"), 1.0))]
+    if cell == "h3-100k":
+        return "µs ≤ 1.5x our h2-100k, RSS ≤ 1.5x N's h2-100k", [
+            ("µs", le(g(s, "us"), g(agg("h2-100k", "sweety"), "us"), 1.5)),
+            ("RSS", le(g(s, "rss"), g(agg("h2-100k", "nginx"), "rss"), 1.5))]
+    if cell.endswith("-c1000"):
+        return "RSS reported", []
+    return "", []
+
+
+def goal_table(cells, agg, by):
+    """The report's first table: every cell, the three servers side by side, ratios to the
+    best peer and issue 23's goal for the cell."""
+    servers = ("sweety", "nginx", "haproxy")
+    g = lambda d, k: d[k] if d else None
+    trio = lambda c, k, f: " · ".join(f(g(agg(c, srv), k)) for srv in servers)
+    mib = lambda kb: "—" if not kb else f"{kb / 1024:.1f}"
+    ms = lambda v: "—" if v is None else (f"{v:.2f}" if v < 100 else f"{v:,.0f}")
+    rows = []
+    for c in cells:
+        s = agg(c, "sweety")
+        peers = [agg(c, srv) for srv in servers[1:]]
+        best_us = min((p["us"] for p in peers if p and p["us"]), default=None)
+        best_rss = min((p["rss"] for p in peers if p and p["rss"]), default=None)
+        text, checks = goal_checks(c, agg)
+        if not checks:
+            met = "—"
+        else:
+            mark = lambda r: "?" if r[1] is None else f"{r[0]:.2f}x {'✅' if r[1] else '❌'}"
+            met = ", ".join(f"{label} {mark(r)}" for label, r in checks)
+        fails = sum((agg(c, srv) or {"fail": 0})["fail"] for srv in servers)
+        rows.append([
+            c,
+            trio(c, "us", fmt_num),
+            fmt_ratio(g(s, "us"), best_us),
+            trio(c, "rps", fmt_rps),
+            trio(c, "p99", ms),
+            trio(c, "rss", mib),
+            fmt_ratio(g(s, "rss"), best_rss),
+            fails,
+            text or "—",
+            met,
+        ])
+    idle = {}
+    for (cell, srv), rs in by.items():
+        idle.setdefault(srv, []).extend(r["idle_rss_kb"] for r in rs if r.get("idle_rss_kb"))
+    rng = lambda v: "—" if not v else (mib(min(v)) if mib(min(v)) == mib(max(v)) else f"{mib(min(v))}–{mib(max(v))}")
+    si = idle.get("sweety") or []
+    best_idle = min((mean(idle.get(srv) or [None]) for srv in servers[1:] if idle.get(srv)), default=None)
+    rows.append([
+        "idle RSS (min–max over starts)", "", "", "", "",
+        " · ".join(rng(idle.get(srv)) for srv in servers),
+        fmt_ratio(mean(si or [None]), best_idle), "", "max ≤ 8 MiB",
+        "—" if not si else f"max {mib(max(si))} MiB {'✅' if max(si) <= 8 * 1024 else '❌'}",
+    ])
+    return md_table(
+        ["cell", "µs/req S · N · H", "µs S/best", "rps S · N · H", "p99 ms S · N · H",
+         "peak RSS MiB S · N · H", "RSS S/best", "fail", "issue 23 goal", "met"],
+        rows,
+    )
+
+
 def cmd_report(a):
     rows = []
     with open(a.results) as f:
@@ -414,6 +501,8 @@ def cmd_report(a):
             "fail": sum(r["failed"] + r["bad_status"] for r in rs),
             "n": len(rs),
         }
+
+    current = goal_table(cells, agg, by)
 
     summary = []
     for c in cells:
@@ -481,7 +570,7 @@ def cmd_report(a):
     for kv in a.meta or []:
         k, _, v = kv.partition("=")
         meta[k] = v
-    out = ["# Sweety vs nginx", ""]
+    out = ["# Sweety vs nginx and HAProxy", ""]
     out += [f"- {k}: {v}" for k, v in meta.items()]
     bad = [r for r in rows if not r.get("probe_ok", True)]
     if bad:
@@ -490,6 +579,21 @@ def cmd_report(a):
         out += [f"- {r['cell']} {r['server']} run {r['run']}: got `{r.get('probe')}`, expected "
                 f"`{r.get('expect')}`" for r in bad]
     out += [
+        "",
+        "## Every cell against issue 23's goals",
+        "",
+        "Means over runs; S · N · H = Sweety · nginx · HAProxy (— where one does not serve the "
+        "cell). µs = server CPU-µs per request; best = the lower of nginx's and HAProxy's; p99 "
+        "in ms; peak RSS in MiB (VmHWM). Goals (issue 23): the proxy cells ≤ 0.8x HAProxy's µs "
+        "and p99 ≤ HAProxy's, also at a fixed request rate (*-rate cells; HTTP/3 front: against HAProxy's HTTP/2 front, it has no HTTP/3 "
+        "here); the 100 KB cells peak RSS ≤ 1.5x nginx's (HTTP/3: nginx's HTTP/2), H1/H2 100 KB "
+        "and 1 MB µs ≤ 1.0x nginx's, H3 100 KB µs ≤ 1.5x our H2's; idle RSS ≤ 8 MiB. met: "
+        "Sweety's figure over the goal's reference, ✅ within the goal. Cells without a goal "
+        "are there for regressions.",
+        "",
+        current,
+        "",
+        "## Sweety vs nginx",
         "",
         "Means over runs. µs = server CPU-microseconds per request (utime+stime of the server's "
         "processes over the run / completed requests); lower is better, and it is the fair "

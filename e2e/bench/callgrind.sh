@@ -14,7 +14,9 @@
 # Environment:
 #   CELLS="h1-1k h2-1k proxy-h1 cache-h2"   which cells (the run.sh cells of the same name; also
 #                     proxy-h2 and proxy-h2-4k: the proxy path with an HTTP/2-over-TLS front,
-#                     12-byte and 4 KB answers; h1-100k, h2-100k, and h3-100k with oha over HTTP/3)
+#                     12-byte and 4 KB answers; proxy-h1s and proxy-h1s-4k: the same with an
+#                     HTTP/1.1-over-TLS front; proxy-h2c and proxy-h2c-4k: the HTTP/2 front to an
+#                     h2c backend, no nginx peer; h1-100k, h2-100k, and h3-100k with oha over HTTP/3)
 #   N1=1000 N2=5000   the two measured windows (requests, on 100 new connections each; the
 #                     proxy-h2 cells: on H2_CONNS)
 #   H2_CONNS=10       connections of the proxy-h2 cells (10 streams each: H2_CONNS x 10 requests
@@ -27,7 +29,8 @@
 #   TOP=0             print the TOP functions by instructions per request (self cost, from the
 #                     two windows' difference, so the TLS handshakes cancel out)
 #   SERVER_CPU=0 CLIENT_CPU=1   taskset CPU of the server (under valgrind) and of h2load and the backend
-#   PORT_BASE=18540   ports on 127.0.0.1: TLS = base, plain = base+1, backend = base+2, admin = base+3
+#   PORT_BASE=18540   ports on 127.0.0.1: TLS = base, plain = base+1, backend = base+2, admin = base+3,
+#                     h2c backend = base+5
 #   KEEP_WORK=1       keep the work dir (configs, callgrind dumps)
 #   PEERS=""          "haproxy nginx": also count HAProxy and nginx as the proxy of each proxy-*
 #                     cell in CELLS, and nginx as the server of the static h1-*/h2-* cells (once
@@ -39,7 +42,7 @@
 # `rep movsb` memcpy turned off (valgrind counts every byte a `rep movsb` moves as an instruction).
 # Per cell: a fresh server, a 1,000-request warm-up, counters zeroed, a window of N1 requests and
 # one of N2 requests (h2load -c 100, each on new connections; H2: -m 10; proxy-h1: --h1 over plain
-# HTTP; proxy-h2*: -c H2_CONNS -m 10 over TLS; h3-100k: oha -c 100 -p 10 over HTTP/3, Sweety
+# HTTP; proxy-h1s*: --h1 over TLS; proxy-h2* and proxy-h2c*: -c H2_CONNS -m 10 over TLS; h3-100k: oha -c 100 -p 10 over HTTP/3, Sweety
 # with `http3: true`), each dumped; per request = (Ir(N2) - Ir(N1)) / (N2 - N1), which cancels the handshakes
 # and connection setup. Same-binary repeats differ by up to ~2 %. Everything listens on 127.0.0.1.
 #
@@ -72,6 +75,7 @@ TLS_PORT=$PORT_BASE
 PLAIN_PORT=$((PORT_BASE + 1))
 BACKEND_PORT=$((PORT_BASE + 2))
 ADMIN_PORT=$((PORT_BASE + 3))
+H2C_PORT=$((PORT_BASE + 5))
 
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
 (($#)) || die "usage: $0 BINARY [BINARY...] (see the top of this file)"
@@ -84,8 +88,11 @@ for cell in $CELLS; do
     [[ $cell == proxy-* ]] && PROXY_CELLS+=("$cell")
     [[ $cell == h1-* || $cell == h2-* ]] && STATIC_CELLS+=("$cell")
 done
-peer_cells() { # peer_cells PEER: the cells of CELLS the peer runs
-    printf '%s\n' "${PROXY_CELLS[@]}"
+peer_cells() { # peer_cells PEER: the cells of CELLS the peer runs (nginx: no h2c backend)
+    local c
+    for c in "${PROXY_CELLS[@]}"; do
+        [[ $1 == nginx && $c == proxy-h2c* ]] || printf '%s\n' "$c"
+    done
     [[ $1 == nginx ]] && printf '%s\n' "${STATIC_CELLS[@]}"
     return 0
 }
@@ -162,6 +169,13 @@ http {
         location = /proxy4k { alias $WORK/www/4k.bin; }
         location / { return 200 "hello world\n"; }
     }
+    server {
+        listen 127.0.0.1:$H2C_PORT http2;
+        http2_max_concurrent_streams 1024;
+        default_type text/plain;
+        location = /h2c4k { alias $WORK/www/4k.bin; }
+        location / { return 200 "hello world\n"; }
+    }
 }
 EOF
 # run.sh's Sweety config (the routes these cells use), with a header timeout for valgrind's pace.
@@ -190,6 +204,9 @@ virtual_hosts:
       - name: proxy-files
         matches: [{path: {exact: /proxy4k}}]
         action: {proxy: {backends: [{backend: hello}]}}
+      - name: h2c
+        matches: [{path: {prefix: /h2c}}, {path: {exact: /h2c4k}}]
+        action: {proxy: {backends: [{backend: hello-h2c}]}}
       - name: cached
         matches: [{path: {prefix: /cached}}]
         filters: [{cache: {ttl: 10m}}]
@@ -201,6 +218,9 @@ backends:
     protocol: http1
     endpoints: [{address: "127.0.0.1:$BACKEND_PORT"}]
 ${POOL_IDLE:+    max_idle_per_endpoint: $POOL_IDLE}
+  - name: hello-h2c
+    protocol: h2c
+    endpoints: [{address: "127.0.0.1:$H2C_PORT"}]
 EOF
 sed 's/^    http3: false$/    http3: true/' "$WORK/sweety.yaml" >"$WORK/sweety-h3.yaml"
 
@@ -275,9 +295,12 @@ frontend plain
     default_backend hello
 frontend tls
     bind 127.0.0.1:$TLS_PORT ssl crt $WORK/haproxy.pem alpn h2,http/1.1
+    use_backend h2c if { path_beg /h2c }
     default_backend hello
 backend hello
     server be 127.0.0.1:$BACKEND_PORT
+backend h2c
+    server be 127.0.0.1:$H2C_PORT proto h2
 EOF
 for peer in $PEERS; do
     case $peer in
@@ -308,6 +331,10 @@ load() { # load CELL N: N requests on 100 (proxy-h2*: H2_CONNS) new connections
         proxy-h1) args+=(--h1 "http://127.0.0.1:$PLAIN_PORT/proxy") ;;
         proxy-h2) args+=(-m 10 "https://127.0.0.1:$TLS_PORT/proxy") ;;
         proxy-h2-4k) args+=(-m 10 "https://127.0.0.1:$TLS_PORT/proxy4k") ;;
+        proxy-h1s) args+=(--h1 "https://127.0.0.1:$TLS_PORT/proxy") ;;
+        proxy-h1s-4k) args+=(--h1 "https://127.0.0.1:$TLS_PORT/proxy4k") ;;
+        proxy-h2c) args+=(-m 10 "https://127.0.0.1:$TLS_PORT/h2c") ;;
+        proxy-h2c-4k) args+=(-m 10 "https://127.0.0.1:$TLS_PORT/h2c4k") ;;
         *) die "unknown cell $1" ;;
     esac
     local out
@@ -339,6 +366,7 @@ measure() { # measure LABEL CELL COMMAND...: COMMAND (a server) under callgrind,
     case $cell in
         proxy-h1) probe=(curl -s -o /dev/null --max-time 5 "http://127.0.0.1:$PLAIN_PORT/proxy") ;;
         proxy-h2*) probe=(curl -skf --http2 -o /dev/null --max-time 5 "https://127.0.0.1:$TLS_PORT/proxy") ;;
+        proxy-h1s*) probe=(curl -skf --http1.1 -o /dev/null --max-time 5 "https://127.0.0.1:$TLS_PORT/proxy") ;;
         *) probe=(curl -sk -o /dev/null --max-time 5 "https://127.0.0.1:$TLS_PORT/1k.bin") ;;
     esac
     for ((i = 0; i < 600; i++)); do

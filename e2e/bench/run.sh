@@ -1,26 +1,32 @@
 #!/usr/bin/env bash
-# Side-by-side benchmark of the Sweety dataplane and nginx on one machine.
+# Side-by-side benchmark of the Sweety dataplane, nginx and HAProxy on one machine.
 #
 # Usage:
 #   e2e/bench/run.sh [--out FILE]            # full run; markdown table on stdout (and in FILE)
 #   DUR=1 RUNS=1 CELLS="h1-1k proxy-h1" e2e/bench/run.sh     # quick smoke test
 #
 # Environment:
-#   DUR=8          seconds of load per cell (every load run is bounded by it)
+#   DUR=5          seconds of load per cell (every load run is bounded by it; 5 s keeps a full
+#                  run of every cell, three servers and two runs at ~20 min)
 #   RUNS=2         passes over all cells (the machine is noisy; the report shows every run)
 #   CELLS=         space/comma separated glob filter over the cell names (default: all):
 #                  h1-1k h1-10k h1-100k h1-1m h2-1k h2-10k h2-100k h2-1m proxy-h1
 #                  proxy-h2 proxy-h2-4k (the proxy path with an HTTP/2-over-TLS front)
+#                  proxy-h1s proxy-h1s-4k (the proxy path with an HTTP/1.1-over-TLS front)
+#                  proxy-h3 proxy-h3-4k (an HTTP/3 front; Sweety only, see below)
+#                  proxy-h2c proxy-h2c-4k (HTTP/2-over-TLS front, h2c backend; no nginx)
+#                  proxy-h1s-rate proxy-h2-rate (proxy-h1s / proxy-h2 at a fixed request rate)
 #                  proxy-h1-100k proxy-h2-100k (100 KB through the proxy, for memory)
 #                  h1-100k-c1000 h2-100k-c1000 h3-100k-c1000 (1,000 connections, for memory)
 #                  proxy-h2-trace0 proxy-h2-trace1 (proxy-h2 with tracing on, Sweety only)
 #                  h3-1k h3-10k h3-100k h3-1m (Sweety only: this nginx has no HTTP/3)
 #                  cache-h2 gzip-h2 ws-h1 (edge features, see below)
 #   SERVERS="sweety nginx haproxy"   which servers to run (HAProxy runs the proxy-* and
-#                  cache-h2 cells only: it serves no files)
+#                  cache-h2 cells only: it serves no files; neither peer runs proxy-h3*)
 #   SERVER_CPU=0 CLIENT_CPU=1 BACKEND_CPU=$CLIENT_CPU   taskset CPU of each role
 #   PORT_BASE=18440  ports used on 127.0.0.1: TLS = base, plain HTTP = base+1,
-#                    backend = base+2, Sweety admin = base+3, WebSocket echo backend = base+4
+#                    backend = base+2, Sweety admin = base+3, WebSocket echo backend = base+4,
+#                    h2c backend = base+5 (HTTP/3: UDP on the TLS port)
 #   SWEETY_BIN=    use this binary instead of building (else: cargo build --release into
 #                  $CARGO_TARGET_DIR, default ~/.cache/sweety/target)
 #   KEEP_WORK=1    keep the temporary work dir (configs, logs, client outputs)
@@ -29,6 +35,8 @@
 #   POOL_IDLE=     Sweety's `max_idle_per_endpoint` for the proxy backend (default: unset, the
 #                  dataplane's default: idle connections follow demand up to 1024; nginx here
 #                  keeps at most 128 idle, `keepalive 128`; HAProxy keeps every connection)
+#   PROXY_RATE=10000  requests/s of the *-rate cells (below every server's capacity here, so
+#                  that all three serve the same load and their p99 compares)
 #   SWEETY_HTTP3=  extra `http3:` settings for the h3 cells, as YAML flow-mapping entries,
 #                  e.g. "send_window: 262144, static_chunk_size: 16384" (default: none, the
 #                  documented defaults of docs/config.md apply)
@@ -54,7 +62,18 @@
 # Cells: static files over TLS with h2load (H1: --h1 -c 100 -t 1; H2: -c 100 -m 10 -t 1;
 # 1 MB: -c 10), and proxy-h1 with wrk -t1 -c100 over plain HTTP. proxy-h2 and proxy-h2-4k
 # are the proxy path with an HTTP/2-over-TLS front (h2load -c 100 -m 10) to the same
-# HTTP/1.1 keep-alive backend, answering 12 bytes and 4 KB (/proxy4k). proxy-h1-100k (wrk
+# HTTP/1.1 keep-alive backend, answering 12 bytes and 4 KB (/proxy4k); proxy-h1s and
+# proxy-h1s-4k are the same over HTTP/1.1 over TLS (h2load --h1 -c 100), proxy-h3 and
+# proxy-h3-4k over HTTP/3 (oha -c 100 -p 10; Sweety only: Debian's HAProxy 2.6 is built
+# without QUIC, `haproxy -vv` says -QUIC, and nginx 1.22 has no HTTP/3 module). proxy-h2c and
+# proxy-h2c-4k are proxy-h2 / proxy-h2-4k to an h2c backend instead (the backend nginx's second
+# server, `listen ... http2` in clear text, prior knowledge, 1,024 concurrent streams; Sweety
+# `protocol: h2c`, HAProxy `proto h2`); nginx has no such cell: it proxies to HTTP/2 only
+# through its gRPC module (grpc_pass), which is not its HTTP proxy. proxy-h1s-rate and
+# proxy-h2-rate send the 12-byte proxy requests at a fixed rate, PROXY_RATE, with oha (H1 over
+# TLS: -c 100; H2: -c 10 -p 10; --latency-correction, so a stall counts against every request it
+# delays): the same load for every server, for issue 23's "p99 not worse than HAProxy's at the
+# same load" (the closed-loop cells give a faster server more load). proxy-h1-100k (wrk
 # -c 100 over plain HTTP) and proxy-h2-100k (h2load -c 100 -m 10 over TLS) proxy a 100 KB file
 # of the backend (/proxy100k), and the *-c1000 cells are the 100 KB static cells with 1,000
 # connections (H2 and H3 with 10 streams each): their figure is peak RSS (memory under bulk
@@ -87,7 +106,7 @@
 # Everything listens on 127.0.0.1 only; every process started here is killed on exit.
 set -euo pipefail
 
-DUR=${DUR:-8}
+DUR=${DUR:-5}
 RUNS=${RUNS:-2}
 CELLS=${CELLS:-}
 SERVERS=${SERVERS:-sweety nginx haproxy}
@@ -95,9 +114,10 @@ SERVER_CPU=${SERVER_CPU:-0}
 CLIENT_CPU=${CLIENT_CPU:-1}
 BACKEND_CPU=${BACKEND_CPU:-$CLIENT_CPU}
 PORT_BASE=${PORT_BASE:-18440}
+PROXY_RATE=${PROXY_RATE:-10000}
 OUT=""
 
-ALL_CELLS="h1-1k h1-10k h1-100k h1-1m h2-1k h2-10k h2-100k h2-1m proxy-h1 proxy-h2 proxy-h2-4k proxy-h1-100k proxy-h2-100k proxy-h2-trace0 proxy-h2-trace1 h3-1k h3-10k h3-100k h3-1m h1-100k-c1000 h2-100k-c1000 h3-100k-c1000 cache-h2 gzip-h2 ws-h1"
+ALL_CELLS="h1-1k h1-10k h1-100k h1-1m h2-1k h2-10k h2-100k h2-1m proxy-h1 proxy-h1s proxy-h1s-4k proxy-h2 proxy-h2-4k proxy-h3 proxy-h3-4k proxy-h2c proxy-h2c-4k proxy-h1s-rate proxy-h2-rate proxy-h1-100k proxy-h2-100k proxy-h2-trace0 proxy-h2-trace1 h3-1k h3-10k h3-100k h3-1m h1-100k-c1000 h2-100k-c1000 h3-100k-c1000 cache-h2 gzip-h2 ws-h1"
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 
@@ -111,6 +131,7 @@ while (($#)); do
 done
 [[ $DUR =~ ^[1-9][0-9]*$ ]] || { echo "DUR must be a positive integer (seconds)" >&2; exit 2; }
 [[ $RUNS =~ ^[1-9][0-9]*$ ]] || { echo "RUNS must be a positive integer" >&2; exit 2; }
+[[ $PROXY_RATE =~ ^[1-9][0-9]*$ ]] || { echo "PROXY_RATE must be a positive integer" >&2; exit 2; }
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
@@ -120,6 +141,7 @@ PLAIN_PORT=$((PORT_BASE + 1))
 BACKEND_PORT=$((PORT_BASE + 2))
 ADMIN_PORT=$((PORT_BASE + 3))
 WS_PORT=$((PORT_BASE + 4))
+H2C_PORT=$((PORT_BASE + 5))
 
 log() { printf '==> %s\n' "$*" >&2; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
@@ -200,6 +222,7 @@ stop() { # stop PID: SIGTERM, up to 5 s grace, then SIGKILL the tree; reap it
     forget "$pid"
 }
 
+# shellcheck disable=SC2317 # run by the EXIT trap
 cleanup() {
     local p
     trap - EXIT INT TERM
@@ -259,6 +282,13 @@ http {
         location = /proxy4k { alias $WORK/www/4k.bin; }
         location = /proxy100k { alias $WORK/www/100k.bin; }
         location = /v1/traces { return 200; }
+        location / { return 200 "hello world\n"; }
+    }
+    server {
+        listen 127.0.0.1:$H2C_PORT http2;
+        http2_max_concurrent_streams 1024;
+        default_type text/plain;
+        location = /h2c4k { alias $WORK/www/4k.bin; }
         location / { return 200 "hello world\n"; }
     }
 }
@@ -367,6 +397,9 @@ virtual_hosts:
       - name: proxy-files
         matches: [{path: {exact: /proxy4k}}, {path: {exact: /proxy100k}}]
         action: {proxy: {backends: [{backend: hello}]}}
+      - name: h2c
+        matches: [{path: {prefix: /h2c}}, {path: {exact: /h2c4k}}]
+        action: {proxy: {backends: [{backend: hello-h2c}]}}
       - name: cached
         matches: [{path: {prefix: /cached}}]
         filters: [{cache: {ttl: 10m}}]
@@ -385,6 +418,9 @@ backends:
     protocol: http1
     endpoints: [{address: "127.0.0.1:$BACKEND_PORT"}]
 ${POOL_IDLE:+    max_idle_per_endpoint: $POOL_IDLE}
+  - name: hello-h2c
+    protocol: h2c
+    endpoints: [{address: "127.0.0.1:$H2C_PORT"}]
   - name: wsecho
     protocol: http1
     endpoints: [{address: "127.0.0.1:$WS_PORT"}]
@@ -418,13 +454,17 @@ cache bench
 frontend tls
     bind 127.0.0.1:$TLS_PORT ssl crt $WORK/haproxy.pem alpn h2,http/1.1
     use_backend cached if { path_beg /cached }
+    use_backend h2c if { path_beg /h2c }
     default_backend hello
 frontend plain
     bind 127.0.0.1:$PLAIN_PORT
     use_backend cached if { path_beg /cached }
+    use_backend h2c if { path_beg /h2c }
     default_backend hello
 backend hello
     server be 127.0.0.1:$BACKEND_PORT
+backend h2c
+    server be 127.0.0.1:$H2C_PORT proto h2
 backend cached
     http-request cache-use bench
     http-response cache-store bench
@@ -444,7 +484,7 @@ fi
 
 # ----------------------------------------------------------------------------- servers
 
-for port in "$TLS_PORT" "$PLAIN_PORT" "$BACKEND_PORT" "$ADMIN_PORT" "$WS_PORT"; do
+for port in "$TLS_PORT" "$PLAIN_PORT" "$BACKEND_PORT" "$ADMIN_PORT" "$WS_PORT" "$H2C_PORT"; do
     "${HELPER[@]}" port-state "$port" free 0 || die "127.0.0.1:$port is already in use (set PORT_BASE)"
 done
 
@@ -454,6 +494,7 @@ STARTED+=($!)
 "${HELPER[@]}" port-state "$BACKEND_PORT" open 10 || die "backend did not start: $(tail -5 "$WORK/backend/error.log")"
 body=$(curl -s --max-time 5 "http://127.0.0.1:$BACKEND_PORT/")
 [[ $body == "hello world" ]] || die "backend answers '$body'"
+"${HELPER[@]}" port-state "$H2C_PORT" open 10 || die "h2c backend did not start"
 if [[ -n $WS_BENCH ]]; then
     taskset -c "$BACKEND_CPU" "$WS_BENCH" server "127.0.0.1:$WS_PORT" &
     STARTED+=($!)
@@ -501,8 +542,9 @@ start_server() { # start_server NAME [CONFIG]: sets SERVER_PID; returns 1 if it 
 
 stop_server() {
     stop "$SERVER_PID"
-    "${HELPER[@]}" port-state "$TLS_PORT" free 10 && "${HELPER[@]}" port-state "$PLAIN_PORT" free 10 ||
+    if ! "${HELPER[@]}" port-state "$TLS_PORT" free 10 || ! "${HELPER[@]}" port-state "$PLAIN_PORT" free 10; then
         die "ports still busy after stopping the server"
+    fi
 }
 
 # ----------------------------------------------------------------------------- cells
@@ -524,9 +566,33 @@ run_cell() { # run_cell CELL SERVER RUN
         conns=1000
         size=${size%-c1000}
     fi
-    # HAProxy serves no files: only the proxy and cache cells.
+    # HAProxy serves no files: only the proxy and cache cells; neither peer has HTTP/3 here,
+    # and nginx proxies to no h2c backend (see the top).
     [[ $server == haproxy && $cell != proxy-* && $cell != cache-h2 ]] && return 0
-    if [[ $proto == h3 ]]; then
+    [[ $server != sweety && $cell == proxy-h3* ]] && return 0
+    [[ $server == nginx && $cell == proxy-h2c* ]] && return 0
+    if [[ $cell == proxy-h1s-rate || $cell == proxy-h2-rate ]]; then
+        url=https://127.0.0.1:$TLS_PORT/proxy
+        expect="200 12B"
+        tool=oha
+        cmd=("$OHA" --insecure --no-tui --output-format json --latency-correction -q "$PROXY_RATE" -z "${DUR}s")
+        if [[ $cell == proxy-h2-rate ]]; then
+            cmd+=(--http-version 2 -c 10 -p 10 "$url")
+        else
+            cmd+=(--http-version 1.1 -c "$conns" "$url")
+        fi
+    elif [[ $cell == proxy-h3 || $cell == proxy-h3-4k ]]; then
+        url=https://127.0.0.1:$TLS_PORT/proxy
+        expect="200 12B"
+        if [[ $cell == proxy-h3-4k ]]; then
+            url=https://127.0.0.1:$TLS_PORT/proxy4k
+            expect="200 4096B"
+        fi
+        tool=oha
+        config=$WORK/sweety-h3.yaml
+        cmd=("$OHA" --http-version 3 --insecure --no-tui --output-format json
+            -c "$conns" -p 10 -z "${DUR}s" "$url")
+    elif [[ $proto == h3 ]]; then
         [[ $server == sweety ]] || return 0 # nginx here has no HTTP/3
         url=https://127.0.0.1:$TLS_PORT/$size.bin
         [[ $size == 1m ]] && conns=10
@@ -552,7 +618,8 @@ run_cell() { # run_cell CELL SERVER RUN
         tool=wsbench
         expect="101 64B"
         cmd=("$WS_BENCH" client "$url" 50 "$DUR" 64)
-    elif [[ $cell == proxy-h2 || $cell == proxy-h2-4k || $cell == proxy-h2-100k || $cell == proxy-h2-trace* ]]; then
+    elif [[ $cell == proxy-h2 || $cell == proxy-h2-4k || $cell == proxy-h2-100k || $cell == proxy-h2-trace* ||
+        $cell == proxy-h2c || $cell == proxy-h2c-4k ]]; then
         tool=h2load
         if [[ $cell == proxy-h2-trace* ]]; then
             [[ $server == sweety ]] || return 0 # tracing cells: Sweety only
@@ -563,6 +630,12 @@ run_cell() { # run_cell CELL SERVER RUN
             expect="200 12B"
         elif [[ $cell == proxy-h2-4k ]]; then
             url=https://127.0.0.1:$TLS_PORT/proxy4k
+            expect="200 4096B"
+        elif [[ $cell == proxy-h2c ]]; then
+            url=https://127.0.0.1:$TLS_PORT/h2c
+            expect="200 12B"
+        elif [[ $cell == proxy-h2c-4k ]]; then
+            url=https://127.0.0.1:$TLS_PORT/h2c4k
             expect="200 4096B"
         else
             url=https://127.0.0.1:$TLS_PORT/proxy100k
@@ -578,6 +651,15 @@ run_cell() { # run_cell CELL SERVER RUN
         fi
         tool=wrk
         cmd=(wrk -t1 -c100 "-d${DUR}s" --timeout 5s --latency "$url")
+    elif [[ $cell == proxy-h1s || $cell == proxy-h1s-4k ]]; then
+        url=https://127.0.0.1:$TLS_PORT/proxy
+        expect="200 12B"
+        if [[ $cell == proxy-h1s-4k ]]; then
+            url=https://127.0.0.1:$TLS_PORT/proxy4k
+            expect="200 4096B"
+        fi
+        tool=h2load
+        cmd=(h2load --h1 -c "$conns" -t 1 -D "$DUR" --log-file "$tag.log" "$url")
     else
         url=https://127.0.0.1:$TLS_PORT/$size.bin
         [[ $size == 1m ]] && conns=10
@@ -594,7 +676,11 @@ run_cell() { # run_cell CELL SERVER RUN
         return 0
     }
     read -r idle _ < <("${HELPER[@]}" mem "$SERVER_PID")
-    if [[ $proto == h3 ]]; then
+    if [[ $cell == *-rate ]]; then
+        probe=$(curl -sk --max-time 5 -o /dev/null -w '%{http_code} %{size_download}B' "$url" || true)
+        taskset -c "$CLIENT_CPU" timeout 10 h2load -n 200 -c 10 -t 1 \
+            "$([[ $cell == proxy-h2-rate ]] && echo -m10 || echo --h1)" "$url" >/dev/null 2>&1 || true
+    elif [[ $tool == oha ]]; then
         probe=$(timeout 10 "$OHA" --http-version 3 --insecure --no-tui --output-format json \
             -n 1 -c 1 "$url" 2>/dev/null | "${HELPER[@]}" oha-probe || true)
         # short warm-up, as for the other cells
@@ -603,16 +689,23 @@ run_cell() { # run_cell CELL SERVER RUN
     elif [[ $tool == wsbench ]]; then
         probe=$(timeout 10 "$WS_BENCH" probe "$url" || true)
     else
+        local curl_proto=(--http1.1) h2load_proto=(--h1)
+        if [[ $proto == h2 || $cell == cache-h2 || $cell == gzip-h2 || $cell == proxy-h2* ]]; then
+            curl_proto=(--http2)
+            h2load_proto=()
+        fi
         probe=$(curl -sk --max-time 5 -o /dev/null -w '%{http_code} %{size_download}B' \
-            $([[ $proto == h2 || $cell == cache-h2 || $cell == gzip-h2 || $cell == proxy-h2* ]] && echo --http2 || echo --http1.1) "$url" || true)
+            "${curl_proto[@]}" "$url" || true)
         # short warm-up so both servers start the measured window with warm caches and pools
         taskset -c "$CLIENT_CPU" timeout 10 h2load -n 200 -c 10 -t 1 \
-            $([[ $proto == h2 || $cell == cache-h2 || $cell == gzip-h2 || $cell == proxy-h2* ]] || echo --h1) "$url" >/dev/null 2>&1 || true
+            "${h2load_proto[@]}" "$url" >/dev/null 2>&1 || true
     fi
+    local log_arg=()
+    [[ $tool == h2load ]] && log_arg=(--log "$tag.log")
     "${HELPER[@]}" measure --results "$RESULTS" --cell "$cell" \
         --server "$server" --run "$run" --tool "$tool" --server-pid "$SERVER_PID" \
         --idle-rss "${idle:-0}" --probe "${probe:-no answer}" --expect "$expect" --client-out "$tag.out" \
-        --timeout $((DUR + 30)) --settle "${SETTLE:-0}" $([[ $tool == h2load ]] && echo --log "$tag.log") \
+        --timeout $((DUR + 30)) --settle "${SETTLE:-0}" "${log_arg[@]}" \
         -- taskset -c "$CLIENT_CPU" "${cmd[@]}" &
     # in the background so that Ctrl-C / SIGTERM run the cleanup trap at once
     local helper=$!

@@ -8,6 +8,9 @@
 //! * takes a connection slot from the backpressure core for every QUIC connection (refusing
 //!   the attempt when none is free), bounds concurrent request streams and flow-control
 //!   windows per connection, and times out idle connections;
+//! * gives each connection with a response in flight its share of `http3.send_budget` as
+//!   quinn's send window ([`super::quic_budget`]), so what quinn buffers for all connections
+//!   together stays bounded;
 //! * turns each request stream into an `http::Request<Body>` whose body streams from the QUIC
 //!   stream, calls the pipeline with [`Protocol::Http3`], and streams the response back,
 //!   awaiting every frame so QUIC flow control paces the handler (a static file is read
@@ -25,6 +28,7 @@
 use crate::body::{Body, BoxError};
 use crate::ctx::{ConnInfo, EarlyData, Protocol};
 use crate::limits::ConnPermit;
+use crate::listen::quic_budget::ConnShare;
 use crate::state::{BindKey, ListenerView, Shared};
 use crate::static_files::{PoolReads, ReadChunk};
 use bytes::{Buf, Bytes};
@@ -47,6 +51,7 @@ type H3Conn = h3::server::Connection<QuicConn, Bytes>;
 type Resolver = h3::server::RequestResolver<QuicConn, Bytes>;
 type SendHalf = RequestStream<h3_quinn::SendStream<Bytes>, Bytes>;
 type RecvHalf = RequestStream<h3_quinn::RecvStream, Bytes>;
+type Share = Arc<ConnShare<quinn::Connection>>;
 
 /// The HTTP/3 application error code for a clean close.
 const H3_NO_ERROR: quinn::VarInt = quinn::VarInt::from_u32(0x100);
@@ -178,7 +183,11 @@ pub async fn run_quic(
             incoming.refuse();
             continue;
         };
+        shared
+            .quic_send_budget
+            .set_total(snap.config.http3.send_budget);
         let settings = ConnSettings {
+            send_window: snap.config.http3.send_window.into(),
             early_data: snap.config.http3.early_data,
             handshake_timeout: snap.config.limits.header_read_timeout.get(),
             max_header_bytes: snap.config.limits.max_header_bytes.into(),
@@ -214,6 +223,8 @@ pub async fn run_quic(
 
 #[derive(Clone, Copy)]
 struct ConnSettings {
+    /// `http3.send_window`: the most of the send budget this connection may get.
+    send_window: u64,
     early_data: bool,
     handshake_timeout: Duration,
     max_header_bytes: u64,
@@ -352,6 +363,9 @@ async fn serve_conn(
         read_budget: Some(crate::static_files::ReadBudget::new(settings.read_ahead)),
     });
     let quic = conn.clone();
+    let share = shared
+        .quic_send_budget
+        .connection(conn.clone(), settings.send_window);
     let mut h3: H3Conn = match h3::server::builder()
         .max_field_section_size(settings.max_header_bytes)
         .build(h3_quinn::Connection::new(conn))
@@ -409,6 +423,7 @@ async fn serve_conn(
                     shared.clone(),
                     info.clone(),
                     handshake.clone(),
+                    share.clone(),
                     settings,
                     resolver,
                 ));
@@ -459,6 +474,7 @@ async fn serve_request(
     shared: Arc<Shared>,
     conn: Arc<ConnInfo>,
     handshake: Arc<Handshake>,
+    share: Share,
     settings: ConnSettings,
     resolver: Resolver,
 ) {
@@ -499,13 +515,20 @@ async fn serve_request(
     let body = RecvBody::new(recv, &parts.headers).primed().await;
     let req = Request::from_parts(parts, crate::body::boxed(body));
     let resp = crate::pipeline::handle(shared, conn, Protocol::Http3, req).await;
-    send_response(send, resp, settings.send_timeout).await;
+    // Active (a share of `http3.send_budget`) while the response is sent.
+    let _responding = share.responding();
+    send_response(send, resp, &share, settings.send_timeout).await;
 }
 
 /// Sends the head, then every body frame, awaiting each so QUIC flow control paces the body.
 /// Every write (head, DATA, trailers) the client does not accept within `send_timeout` resets
 /// the stream: a zero stream window cannot hold the request slot for ever.
-async fn send_response(mut send: SendHalf, resp: Response<Body>, send_timeout: Duration) {
+async fn send_response(
+    mut send: SendHalf,
+    resp: Response<Body>,
+    share: &Share,
+    send_timeout: Duration,
+) {
     let (mut parts, mut body) = resp.into_parts();
     crate::conn_headers::strip(&mut parts.headers, crate::conn_headers::Te::Remove);
     let head = Response::from_parts(parts, ());
@@ -522,6 +545,7 @@ async fn send_response(mut send: SendHalf, resp: Response<Body>, send_timeout: D
                 return;
             }
         };
+        share.refresh();
         let write = async {
             match frame.into_data() {
                 Ok(data) if data.is_empty() => Ok(()),

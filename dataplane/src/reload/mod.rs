@@ -217,6 +217,7 @@ impl Runtime {
             )),
             client_conns: Arc::default(),
             client_requests: Arc::default(),
+            quic_send_budget: Arc::default(),
             listener_limits: Mutex::new(HashMap::new()),
             metrics,
         });

@@ -297,6 +297,10 @@ pub struct AnnotationSpec {
     pub note: &'static str,
     /// A value the table test gives it.
     pub example: &'static str,
+    /// It restricts who reaches the backend, or how often, and is enforced on requests Sweety
+    /// terminates: it cannot hold on a connection passed through untouched, so beside
+    /// `ssl-passthrough` it fails closed ([`passthrough_protections`]).
+    pub guards_terminated: bool,
 }
 
 const fn spec(
@@ -310,6 +314,21 @@ const fn spec(
         support,
         note,
         example,
+        guards_terminated: false,
+    }
+}
+
+/// [`spec`] of an annotation that guards access on terminated requests
+/// ([`AnnotationSpec::guards_terminated`]).
+const fn guard(
+    name: &'static str,
+    support: Support,
+    note: &'static str,
+    example: &'static str,
+) -> AnnotationSpec {
+    AnnotationSpec {
+        guards_terminated: true,
+        ..spec(name, support, note, example)
     }
 }
 
@@ -355,20 +374,20 @@ pub const ANNOTATIONS: &[AnnotationSpec] = &[
     spec("proxy-read-timeout", Support::Honoured, "nginx's idle time between two reads from the backend: until the response head (504), then between two body chunks (the response is aborted); a WebSocket of the path is closed after that long with no byte either way (nginx: no byte from the backend); at most 86400; unset or invalid: the class's SweetyProxyConfig `ingress.proxyReadTimeout`, else 60 as ingress-nginx", "60"),
     spec("proxy-send-timeout", Support::Honoured, "nginx's idle time between two writes of the request to the backend (504); at most 86400; unset or invalid: the class's `ingress.proxySendTimeout`, else 60 as ingress-nginx", "60"),
     spec("proxy-connect-timeout", Support::Honoured, "the connect timeout alone (504); at most 86400; unset or invalid: the class's `ingress.proxyConnectTimeout`, else the backend's (5 s, as ingress-nginx)", "5"),
-    spec("limit-rps", Support::Honoured, "per client IP; answers 503 as nginx, or the class's SweetyProxyConfig `ingress.limitReqStatusCode` (ingress-nginx's `limit-req-status-code`)", "10"),
-    spec("limit-rpm", Support::Honoured, "as `limit-rps`", "600"),
+    guard("limit-rps", Support::Honoured, "per client IP; answers 503 as nginx, or the class's SweetyProxyConfig `ingress.limitReqStatusCode` (ingress-nginx's `limit-req-status-code`)", "10"),
+    guard("limit-rpm", Support::Honoured, "as `limit-rps`", "600"),
     spec("limit-burst-multiplier", Support::Honoured, "", "5"),
-    spec("limit-connections", Differently, "requests in flight per client IP (nginx: connections); answers 503 as nginx, or the class's SweetyProxyConfig `ingress.limitConnStatusCode` (ingress-nginx's `limit-conn-status-code`)", "10"),
+    guard("limit-connections", Differently, "requests in flight per client IP (nginx: connections); answers 503 as nginx, or the class's SweetyProxyConfig `ingress.limitConnStatusCode` (ingress-nginx's `limit-conn-status-code`)", "10"),
     spec("limit-whitelist", Support::Honoured, "client networks (comma-separated addresses or CIDRs, host bits cleared as nginx does) that `limit-rps`, `limit-rpm` and `limit-connections` of the Ingress do not count; not an access rule: an entry that cannot be parsed exempts no one (an `InvalidAnnotation` Event; the other entries still do, the limits still apply to everyone else); without a `limit-*` it has nothing to exempt", "10.0.0.0/8, 192.168.1.7"),
     spec("limit-allowlist", Support::Honoured, "as `limit-whitelist` (both: every entry of either)", "10.0.0.0/8"),
-    spec("whitelist-source-range", Support::Honoured, "entries that cannot be parsed fail closed (403)", "10.0.0.0/8"),
-    spec("allowlist-source-range", Support::Honoured, "as `whitelist-source-range`", "10.0.0.0/8"),
-    spec("denylist-source-range", Support::Honoured, "entries that cannot be parsed fail closed (403)", "192.0.2.0/24"),
-    spec("auth-type", Differently, "`basic` only (`digest` fails closed, 503); a missing or unusable Secret fails closed (503)", "basic"),
+    guard("whitelist-source-range", Support::Honoured, "entries that cannot be parsed fail closed (403)", "10.0.0.0/8"),
+    guard("allowlist-source-range", Support::Honoured, "as `whitelist-source-range`", "10.0.0.0/8"),
+    guard("denylist-source-range", Support::Honoured, "entries that cannot be parsed fail closed (403)", "192.0.2.0/24"),
+    guard("auth-type", Differently, "`basic` only (`digest` fails closed, 503); a missing or unusable Secret fails closed (503)", "basic"),
     spec("auth-secret", Differently, "the Ingress's own namespace only; htpasswd bcrypt, `$apr1$` and `{SHA}` entries (others are refused one by one)", "basic-auth"),
     spec("auth-secret-type", Support::Honoured, "`auth-file` or `auth-map`", "auth-file"),
     spec("auth-realm", Support::Honoured, "", "Staff"),
-    spec("auth-url", Differently, "a subrequest as ingress-nginx sends it (original method and headers, no body); `$host`, `$http_host` and `$best_http_host` are the rule's host (no port; a rule without a host or with a wildcard host fails closed, 503), other nginx variables fail closed (503); loopback, link-local, metadata and the dataplane's own addresses are refused (500); `https` is verified against the public CAs; 5 s timeout; a service that cannot be asked answers 500", "http://auth.example/verify"),
+    guard("auth-url", Differently, "a subrequest as ingress-nginx sends it (original method and headers, no body); `$host`, `$http_host` and `$best_http_host` are the rule's host (no port; a rule without a host or with a wildcard host fails closed, 503), other nginx variables fail closed (503); loopback, link-local, metadata and the dataplane's own addresses are refused (500); `https` is verified against the public CAs; 5 s timeout; a service that cannot be asked answers 500", "http://auth.example/verify"),
     spec("auth-signin", Differently, "a 302 with the original URL in `rd` as ingress-nginx adds it; variables: `$host`, `$http_host`, `$best_http_host`, `$scheme`, `$pass_access_scheme`, `$request_uri`, `$escaped_request_uri` only (others fail closed, 503)", "https://auth.example/start"),
     spec("auth-signin-redirect-param", Support::Honoured, "", "next"),
     spec("auth-method", Support::Honoured, "", "GET"),
@@ -380,7 +399,7 @@ pub const ANNOTATIONS: &[AnnotationSpec] = &[
     spec("auth-keepalive*", Ignored, "connections to the auth service are kept alive (16 idle per path) anyway", "10"),
     spec("auth-proxy-set-headers", Refused, "not implemented: the auth service would not get the headers it asks for", "ns/cm"),
     spec("global-auth-url", Refused, "no cluster-wide external authentication", "http://auth.example/"),
-    spec("auth-tls-secret", Differently, "the Ingress's own namespace only; `ca.crt` must hold usable certificates, else the Ingress's paths answer 503; applies to the whole host (as nginx's server-level setting; the oldest Ingress's settings win), which must have TLS here (else 503); plain-HTTP requests for the host are redirected to HTTPS whatever `ssl-redirect` says (`no-tls-redirect-locations` aside)", "ca"),
+    guard("auth-tls-secret", Differently, "the Ingress's own namespace only; `ca.crt` must hold usable certificates, else the Ingress's paths answer 503; applies to the whole host (as nginx's server-level setting; the oldest Ingress's settings win), which must have TLS here (else 503); plain-HTTP requests for the host are redirected to HTTPS whatever `ssl-redirect` says (`no-tls-redirect-locations` aside)", "ca"),
     spec("auth-tls-verify-client", Differently, "`on` (default), `optional`, `optional_no_ca`, `off`; the certificate is asked for only when the TLS server name (SNI) is the host, and a request for the host on a connection made for another name, without SNI or over HTTP/3 answers 421; a missing (`on`) or unverifiable (`on`, `optional`) certificate answers 400 after the handshake as nginx does", "optional"),
     spec("auth-tls-verify-depth", Support::Honoured, "default 1; more than 8 is taken as 8", "2"),
     spec("auth-tls-pass-certificate-to-upstream", Support::Honoured, "`ssl-client-cert` (URL-escaped PEM); `ssl-client-verify`, `ssl-client-subject-dn`, `ssl-client-issuer-dn` are always sent, as ingress-nginx does; the client's own copies of the four are removed", "true"),
@@ -437,8 +456,14 @@ pub fn markdown_table() -> String {
         "| Annotation (`nginx.ingress.kubernetes.io/…`) | Sweety | Notes |\n|---|---|---|\n",
     );
     for s in ANNOTATIONS {
+        let passthrough = if s.guards_terminated {
+            "; beside `ssl-passthrough` the Ingress is not passed through and its paths answer \
+             403 (`SSLPassthroughUnprotected`)"
+        } else {
+            ""
+        };
         out.push_str(&format!(
-            "| `{}` | {} | {} |\n",
+            "| `{}` | {} | {}{passthrough} |\n",
             s.name,
             s.support.label(),
             s.note.replace('|', "\\|")
@@ -456,23 +481,8 @@ fn is_security(name: &str) -> bool {
     annotation_spec(name).is_some_and(|s| s.support == Refused && !s.name.ends_with("snippet"))
 }
 
-/// The annotations that restrict who reaches an Ingress's backend, or how often: enforced on
-/// the requests Sweety terminates, they cannot be on a connection passed through untouched
-/// (ingress-nginx ignores them there).
-const PASSTHROUGH_UNENFORCEABLE: &[&str] = &[
-    "whitelist-source-range",
-    "allowlist-source-range",
-    "denylist-source-range",
-    "auth-type",
-    "auth-url",
-    "auth-tls-secret",
-    "limit-rps",
-    "limit-rpm",
-    "limit-connections",
-];
-
 /// Fail closed on `ssl-passthrough` beside a protection it would silently drop
-/// ([`PASSTHROUGH_UNENFORCEABLE`]): the Ingress is not passed through and its paths answer 403
+/// (the [`AnnotationSpec::guards_terminated`] rows of [`ANNOTATIONS`]): the Ingress is not passed through and its paths answer 403
 /// (an `SSLPassthroughUnprotected` Event says which annotations), unless the operator chose to
 /// ignore what cannot be honoured, when it passes through without them (and the Event says so).
 fn passthrough_protections(
@@ -487,7 +497,7 @@ fn passthrough_protections(
         .iter()
         .flatten()
         .filter_map(|(k, _)| k.strip_prefix(PREFIX))
-        .filter(|n| PASSTHROUGH_UNENFORCEABLE.contains(n))
+        .filter(|n| annotation_spec(n).is_some_and(|s| s.guards_terminated))
         .collect();
     if dropped.is_empty() {
         return;
@@ -3607,6 +3617,72 @@ mod tests {
         assert_eq!(
             annotation_spec("server-snippet").map(|s| s.support),
             Some(Support::RefusedFailClosed)
+        );
+    }
+
+    /// Every row flagged `guards_terminated` keeps an Ingress from being passed through (its
+    /// paths refused) when it sits beside `ssl-passthrough` on a class that allows it, and a row
+    /// without the flag on its own does not; the rows the ssl-passthrough note names (access
+    /// rules, authentication, client certificates, rate limits) are the flagged ones.
+    #[test]
+    fn guard_rows_are_what_keeps_an_ingress_from_passthrough() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+        let class = ClassSettings {
+            ssl_passthrough: true,
+            ..Default::default()
+        };
+        let parse = |name: &str, value: &str| {
+            let annotations: BTreeMap<String, String> = [
+                (format!("{PREFIX}ssl-passthrough"), "true".to_string()),
+                (format!("{PREFIX}{name}"), value.to_string()),
+            ]
+            .into();
+            let ing = Ingress {
+                metadata: ObjectMeta {
+                    name: Some("i".into()),
+                    namespace: Some("n".into()),
+                    annotations: Some(annotations),
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            let mut report = Report::default();
+            let a = Annotations::parse(&ing, &Params::default(), &class, &[], &mut report);
+            (a, report)
+        };
+        let mut flagged = Vec::new();
+        for s in ANNOTATIONS.iter().filter(|s| !s.name.contains('*')) {
+            let (a, report) = parse(s.name, s.example);
+            if s.guards_terminated {
+                flagged.push(s.name);
+                // Passed through only without a refusal (ingress.rs, `passes_through`).
+                assert!(a.refuse.is_some(), "{}: {:?}", s.name, report.conditions);
+                assert!(matches!(
+                    s.support,
+                    Support::Honoured | Support::HonouredDifferently
+                ));
+            } else if a.ssl_passthrough {
+                assert!(
+                    !report
+                        .conditions
+                        .iter()
+                        .any(|c| c.reason == "SSLPassthroughUnprotected"),
+                    "{}",
+                    s.name
+                );
+            }
+        }
+        flagged.sort_unstable();
+        let named = |n: &str| {
+            n.ends_with("-source-range")
+                || matches!(n, "auth-type" | "auth-url" | "auth-tls-secret")
+                || matches!(n, "limit-rps" | "limit-rpm" | "limit-connections")
+        };
+        assert!(flagged.iter().all(|n| named(n)), "{flagged:?}");
+        assert_eq!(
+            ANNOTATIONS.iter().filter(|s| named(s.name)).count(),
+            flagged.len(),
+            "{flagged:?}"
         );
     }
 

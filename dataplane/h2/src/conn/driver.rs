@@ -25,8 +25,10 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
             frame::put_window_update(&mut write_buf, 0, cfg.conn_window - frame::DEFAULT_WINDOW);
         }
         let first_deadline = now + cfg.header_read_timeout;
+        let gather = io.is_write_vectored();
         Driver {
             io,
+            gather,
             service,
             stop: Box::pin(async move {
                 let _ = stop.wait_for(|v| *v).await;
@@ -241,9 +243,10 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
     }
 
     /// Queues a DATA frame: its header in `write_buf`, and its payload copied after it when
-    /// small, else queued as it is (the vectored write gathers it; no copy).
+    /// small or when the I/O cannot gather, else queued as it is (the vectored write gathers
+    /// it; no copy).
     pub(super) fn put_data(&mut self, id: u32, data: Bytes, end: bool) {
-        if data.len() < GATHER_DATA {
+        if data.len() < GATHER_DATA || !self.gather {
             frame::put_data(&mut self.write_buf, id, &data, end);
             return;
         }

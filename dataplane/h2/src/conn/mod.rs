@@ -212,6 +212,10 @@ struct Driver<I, S: H2Service> {
     out: VecDeque<Bytes>,
     /// Bytes in `out`.
     out_len: usize,
+    /// Whether the I/O gathers buffers in one write (`is_write_vectored`). Without it a
+    /// vectored write would send only its first buffer, so large DATA payloads are copied
+    /// into `write_buf` like small ones and `out` stays empty.
+    gather: bool,
     write_buf: BytesMut,
     /// The most output bytes (`out` and `write_buf`) held at once (each new high recorded in
     /// [`PEAK_OUTPUT`]: a few times per connection).
