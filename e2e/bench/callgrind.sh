@@ -26,6 +26,8 @@
 #   WARM=1000         requests of the warm-up before the counters are zeroed
 #   OHA=              oha with HTTP/3 for the h3 cells (default: oha on PATH, else
 #                     ~/.cache/sweety/tools/bin/oha, as in run.sh)
+#   SWEETY_HTTP3=     extra `http3:` settings for the h3 cells, as YAML flow-mapping entries
+#                     (as in run.sh), e.g. "ack_eliciting_threshold: 8"
 #   TOP=0             print the TOP functions by instructions per request (self cost, from the
 #                     two windows' difference, so the TLS handshakes cancel out)
 #   SERVER_CPU=0 CLIENT_CPU=1   taskset CPU of the server (under valgrind) and of h2load and the backend
@@ -223,6 +225,7 @@ ${POOL_IDLE:+    max_idle_per_endpoint: $POOL_IDLE}
     endpoints: [{address: "127.0.0.1:$H2C_PORT"}]
 EOF
 sed 's/^    http3: false$/    http3: true/' "$WORK/sweety.yaml" >"$WORK/sweety-h3.yaml"
+[[ -n ${SWEETY_HTTP3:-} ]] && printf 'http3: {%s}\n' "$SWEETY_HTTP3" >>"$WORK/sweety-h3.yaml"
 
 # The peers as proxies of the proxy cells: run.sh's configs for them (the plain port for proxy-h1,
 # TLS with HTTP/2 for proxy-h2*).
