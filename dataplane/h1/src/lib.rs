@@ -9,7 +9,18 @@
 //! RFC 9112 allows a choice that could desync a peer (both `Content-Length` and
 //! `Transfer-Encoding`, bare CR, obs-fold, a chunk size that overflows), and has a fuzz target
 //! and property tests beside its unit tests.
+//!
+//! * [`chunked`]: the chunked transfer coding, an incremental decoder and the encoder, used by
+//!   both halves.
+//! * [`client`]: the client side for keep-alive backends (the proxy's `http1` and `https`
+//!   backends): the request head written straight from the proxy's fields, the response head
+//!   parsed once into [`http::Response`] without its hop-by-hop fields, bodies streamed both
+//!   ways on the caller's task (no connection task, no channel), the read buffer bounded.
+//!
+//! Depends on `bytes`, `http`, `http-body`, `httparse` and tokio's I/O traits; nothing of the
+//! dataplane.
 
 #![forbid(unsafe_code)]
 
 pub mod chunked;
+pub mod client;

@@ -247,8 +247,8 @@ impl BackendRt {
     /// One try against endpoint `idx`. Returns the result and, when the request was not
     /// sent, the body back (so the caller may retry any request).
     ///
-    /// A pooled connection may have been closed by the backend while idle. When hyper gives
-    /// the request back unsent, or when a replayable request (`replay`: idempotent, and the
+    /// A pooled connection may have been closed by the backend while idle. When no byte of
+    /// the request was written (the body comes back), or when a replayable request (`replay`: idempotent, and the
     /// whole body, possibly empty, is in memory) meets a connection closed before any response,
     /// the try goes once more on a new connection.
     ///
@@ -313,8 +313,7 @@ impl BackendRt {
             }
             let reused = conn.reused;
             let (watched, clock) = super::idle::Clock::start(body, send_idle, read_idle);
-            let req = head.build(watched, addr, h2, self.connector.tls.is_some());
-            let send = conn.send(&ep.pool, req);
+            let send = conn.send_head(&ep.pool, head, watched, addr, self.connector.tls.is_some());
             let deadline_passed = async {
                 match deadline {
                     Some(d) => tokio::time::sleep_until(d.into()).await,
@@ -342,7 +341,10 @@ impl BackendRt {
             match sent {
                 Ok((resp, stream)) => {
                     let (mut parts, incoming) = resp.into_parts();
-                    forward::strip_hop_by_hop(&mut parts.headers);
+                    // An HTTP/1.1 head comes without its hop-by-hop fields already.
+                    if h2 {
+                        forward::strip_hop_by_hop(&mut parts.headers);
+                    }
                     parts.version = Version::HTTP_11;
                     let guarded = Guarded {
                         inner: incoming,
@@ -356,16 +358,16 @@ impl BackendRt {
                 }
                 Err(e) => {
                     let again = allow_fresh && e.stale(reused, replay.is_some());
-                    let SendError { error, request } = e;
-                    if let Some(req) = request {
-                        body = req.into_body();
+                    let SendError { error, unsent, .. } = e;
+                    if let Some(unsent) = unsent {
+                        body = unsent;
                         if again {
                             allow_fresh = false;
                             continue;
                         }
                         let e = ProxyError::Connect {
                             addr: addr.to_string(),
-                            source: error.into(),
+                            source: error,
                         };
                         return (Err(e), Some(body));
                     }
@@ -381,7 +383,7 @@ impl BackendRt {
                     }
                     let e = ProxyError::Protocol {
                         addr: addr.to_string(),
-                        source: error.into(),
+                        source: error,
                     };
                     return (Err(e), None);
                 }

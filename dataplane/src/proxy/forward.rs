@@ -577,6 +577,57 @@ mod tests {
     }
 
     proptest::proptest! {
+        /// A backend's response head parsed by our HTTP/1.1 client has exactly the fields (each
+        /// name's values in their order; the strip's removals reorder the names) that parsing
+        /// every field and then [`strip_hop_by_hop`] (what the proxy did to hyper's responses)
+        /// leaves: the hop-by-hop names in any case, the names
+        /// `Connection` lists, `TE` (kept as `te: trailers` when it names trailers).
+        #[test]
+        fn response_heads_lose_what_the_strip_removed(
+            fields in proptest::collection::vec((
+                proptest::sample::select(vec![
+                    "Connection", "connection", "keep-alive", "Keep-Alive", "proxy-connection",
+                    "te", "TE", "trailer", "upgrade", "x-a", "X-A", "x-b", "set-cookie",
+                    "content-type", "close",
+                ]),
+                proptest::sample::select(vec![
+                    "keep-alive", "close", "x-a", "X-B, close", " x-b ,, te", "trailers",
+                    "gzip, trailers;q=1", "a", "", "content-type",
+                ]),
+            ), 0..10),
+        ) {
+            let mut raw = String::from("HTTP/1.1 200 OK\r\n");
+            for (n, v) in &fields {
+                raw.push_str(&format!("{n}: {v}\r\n"));
+            }
+            raw.push_str("content-length: 0\r\n\r\n");
+            let ours = match sweety_h1::client::head::parse_response(raw.as_bytes(), false) {
+                Ok(sweety_h1::client::head::Parsed::Final(_, h)) => h.response.into_parts().0.headers,
+                other => panic!("{raw:?}: {other:?}"),
+            };
+            let mut reference = HeaderMap::new();
+            for (n, v) in fields.iter().chain([("content-length", "0")].iter()) {
+                reference.append(
+                    HeaderName::from_bytes(n.as_bytes()).unwrap(),
+                    HeaderValue::from_str(v.trim()).unwrap(),
+                );
+            }
+            strip_hop_by_hop(&mut reference);
+            proptest::prop_assert_eq!(fields_of(&ours), fields_of(&reference), "{}", raw);
+        }
+    }
+
+    /// The fields by name (stable: each name's values keep their order).
+    fn fields_of(h: &HeaderMap) -> Vec<(String, Vec<u8>)> {
+        let mut f: Vec<_> = h
+            .iter()
+            .map(|(n, v)| (n.to_string(), v.as_bytes().to_vec()))
+            .collect();
+        f.sort_by(|a, b| a.0.cmp(&b.0));
+        f
+    }
+
+    proptest::proptest! {
         /// The same fields, values and order as the reference, for any client address (IPv4,
         /// IPv6, IPv4-mapped), scheme, host (tokens, quoted, obs-text) and prior fields.
         #[test]

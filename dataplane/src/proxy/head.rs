@@ -1,5 +1,7 @@
-//! The rewritten request head of a proxied request, prepared once and turned into a request
-//! for each try (origin-form URI and Host for HTTP/1.1, absolute URI for HTTP/2).
+//! The rewritten request head of a proxied request, prepared once and used by every try: an
+//! HTTP/1.1 backend connection writes its request head straight from these fields
+//! (`pool::Conn::send_head`, no copy of the map); for HTTP/2 and upgrades it is turned into a
+//! request ([`Head::build`]: absolute URI for HTTP/2, origin-form URI and Host for HTTP/1.1).
 
 use super::forward;
 use crate::body::Body;

@@ -1,9 +1,12 @@
-//! Per-endpoint connection pools on hyper's low-level client connections.
+//! Per-endpoint connection pools: HTTP/1.1 on Sweety's own client connections
+//! ([`sweety_h1::client`]), HTTP/2 on hyper's.
 //!
 //! * HTTP/1.1 (`http1`, `https`): keep-alive connections. A connection goes back on the
-//!   endpoint's idle list once it is ready again (its response read from the socket): at once
-//!   when it already is as the response head arrives (a small response read whole with its
-//!   head), else from a small task that waits for it. The most recently used connection is
+//!   endpoint's idle list once its response was read whole and neither side asked to close:
+//!   at once when the response came whole with its head (a small response), else when its body
+//!   reads its last byte ([`Checkin`]); a connection the backend closed or reset while idle is
+//!   dropped when it is next looked at ([`sweety_h1::client::Conn::is_closed`]: at check-out,
+//!   by the trimming task, at scrape time). The most recently used connection is
 //!   reused first. The idle list follows demand ([`Demand`]): it keeps at most as many
 //!   connections as were in use at once at the peak of the current or the previous
 //!   [`DEMAND_WINDOW`], never more than `max_idle_per_endpoint` (the hard bound), and none idle
@@ -20,26 +23,34 @@
 //! Upstream sockets get TCP_NODELAY and TCP keepalive. Host names in endpoint addresses are
 //! resolved on every new connection.
 //!
-//! Each pool counts its open connections (a guard lives in every connection's task, so a
-//! connection counts from its handshake until hyper's connection future ends, whoever closed
-//! it); [`Pool::connections`] splits them into idle (an HTTP/1.1 connection on the idle list,
+//! Each pool counts its open connections (a guard lives in every HTTP/1.1 connection's
+//! transport and in every HTTP/2 connection's task, so a connection counts from its handshake
+//! until it is dropped or hyper's connection future ends, whoever closed it);
+//! [`Pool::connections`] splits them into idle (an HTTP/1.1 connection on the idle list,
 //! an HTTP/2 connection with no stream) and active (the rest) for
 //! `sweety_upstream_connections`, at scrape time: the request path does nothing for it.
 
 use super::error::ProxyError;
-use crate::body::Body;
-use http::{Request, Response};
+use super::head::Head;
+use crate::body::{Body, BoxError};
+use bytes::Bytes;
+use http::header::HeaderValue;
+use http::Response;
+use http_body::{Frame, SizeHint};
 use hyper::body::Incoming;
-use hyper::client::conn::{http1, http2};
+use hyper::client::conn::http2;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use rustls::ClientConfig;
 use std::collections::VecDeque;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use sweety_config::BackendProtocol;
+use sweety_h1::client as h1;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
 /// Idle HTTP/1.1 connections older than this are closed instead of reused.
@@ -73,9 +84,131 @@ impl Connector {
     }
 }
 
+/// The transport of an HTTP/1.1 backend connection, counted open while it lives.
+#[derive(Debug)]
+pub struct BackendIo {
+    stream: Stream,
+    _open: OpenGuard,
+}
+
+#[derive(Debug)]
+enum Stream {
+    Tcp(TcpStream),
+    Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+}
+
+impl AsyncRead for BackendIo {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        match &mut self.stream {
+            Stream::Tcp(s) => Pin::new(s).poll_read(cx, buf),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for BackendIo {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        match &mut self.stream {
+            Stream::Tcp(s) => Pin::new(s).poll_write(cx, buf),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        match &mut self.stream {
+            Stream::Tcp(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match &self.stream {
+            Stream::Tcp(s) => s.is_write_vectored(),
+            Stream::Tls(s) => s.is_write_vectored(),
+        }
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match &mut self.stream {
+            Stream::Tcp(s) => Pin::new(s).poll_flush(cx),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match &mut self.stream {
+            Stream::Tcp(s) => Pin::new(s).poll_shutdown(cx),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
+}
+
+/// An HTTP/1.1 backend connection.
+type H1Conn = h1::Conn<BackendIo>;
+
+/// Puts an HTTP/1.1 connection whose response was read whole back on its pool's idle list.
+#[derive(Debug)]
+pub struct Checkin(Arc<Pool>);
+
+impl h1::Release<BackendIo> for Checkin {
+    fn release(self, conn: H1Conn) {
+        self.0.checkin_h1(conn);
+    }
+}
+
+/// A backend's response body: read by our HTTP/1.1 client or hyper's HTTP/2 one.
+#[derive(Debug)]
+pub enum UpstreamBody {
+    /// From an HTTP/1.1 connection (which it owns until the body is read).
+    H1(h1::ResponseBody<BackendIo, Body, Checkin>),
+    /// From an HTTP/2 stream.
+    H2(Incoming),
+}
+
+impl http_body::Body for UpstreamBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.get_mut() {
+            UpstreamBody::H1(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
+            UpstreamBody::H2(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            UpstreamBody::H1(b) => b.is_end_stream(),
+            UpstreamBody::H2(b) => b.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            UpstreamBody::H1(b) => b.size_hint(),
+            UpstreamBody::H2(b) => b.size_hint(),
+        }
+    }
+}
+
 #[derive(Debug)]
 struct Idle {
-    sender: http1::SendRequest<Body>,
+    conn: H1Conn,
     since: Instant,
 }
 
@@ -189,7 +322,7 @@ impl Drop for StreamGuard {
 
 #[derive(Debug)]
 enum Sender {
-    H1(http1::SendRequest<Body>),
+    H1(H1Conn),
     H2(http2::SendRequest<Body>, StreamGuard),
 }
 
@@ -201,25 +334,26 @@ pub struct Conn {
     pub reused: bool,
 }
 
-/// Why a send failed; `request` is given back when nothing was written.
+/// Why a send failed; the body is given back (`unsent`) when no byte of the request was
+/// written.
 #[derive(Debug)]
 pub struct SendError {
     /// The cause.
-    pub error: hyper::Error,
-    /// The unsent request.
-    pub request: Option<Request<Body>>,
+    pub error: BoxError,
+    /// The body of the unsent request.
+    pub unsent: Option<Body>,
+    /// The backend closed or reset the connection before any byte of a response.
+    pub closed_before_response: bool,
 }
 
 impl SendError {
     /// Whether a request that failed this way on a connection from the pool (`reused`)
-    /// deserves one more try on a new connection: hyper gave it back unsent, or, when it can
+    /// deserves one more try on a new connection: nothing of it was written, or, when it can
     /// be sent again (`replayable`: idempotent or no side effect, its whole body in memory),
     /// the connection closed before any response. Both are what a pooled connection the peer
     /// closed while it was idle looks like. Callers try at most once more.
     pub fn stale(&self, reused: bool, replayable: bool) -> bool {
-        reused
-            && (self.request.is_some()
-                || (replayable && (self.error.is_incomplete_message() || self.error.is_canceled())))
+        reused && (self.unsent.is_some() || (replayable && self.closed_before_response))
     }
 }
 
@@ -244,15 +378,13 @@ impl Pool {
     /// (a request or a response body on them, or an HTTP/1.1 connection between its response
     /// and its return to the list). Read at scrape time.
     pub fn connections(&self) -> (usize, usize) {
+        let idle_h1 = {
+            let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+            // Those the backend closed are closed here too (no longer open).
+            idle.conns.retain_mut(|i| !i.conn.is_closed());
+            idle.conns.len()
+        };
         let open = self.open.load(Ordering::Relaxed);
-        let idle_h1 = self
-            .idle
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .conns
-            .iter()
-            .filter(|i| !i.sender.is_closed())
-            .count();
         let idle_h2 = self
             .h2
             .lock()
@@ -286,9 +418,9 @@ impl Pool {
         if c.is_h2() {
             return self.acquire_h2(addr, c).await;
         }
-        if let Some(sender) = self.checkout_h1() {
+        if let Some(conn) = self.checkout_h1() {
             return Ok(Conn {
-                sender: Sender::H1(sender),
+                sender: Sender::H1(conn),
                 reused: true,
             });
         }
@@ -301,7 +433,7 @@ impl Pool {
         }
     }
 
-    fn checkout_h1(&self) -> Option<http1::SendRequest<Body>> {
+    fn checkout_h1(&self) -> Option<H1Conn> {
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
         let mut now = None;
         while let Some(i) = idle.conns.pop_back() {
@@ -314,8 +446,9 @@ impl Pool {
                 idle.conns.clear();
                 return None;
             }
-            if !i.sender.is_closed() && i.sender.is_ready() {
-                return Some(i.sender);
+            let mut i = i;
+            if !i.conn.is_closed() {
+                return Some(i.conn);
             }
         }
         None
@@ -323,9 +456,9 @@ impl Pool {
 
     /// Puts a connection that is ready for its next request on the idle list, within the
     /// demand and the hard bound; starts the list's trimming task if none runs.
-    fn checkin_h1(self: &Arc<Self>, sender: http1::SendRequest<Body>) {
+    fn checkin_h1(self: &Arc<Self>, conn: H1Conn) {
         let max = self.max_idle.load(Ordering::Relaxed);
-        if max == 0 || sender.is_closed() {
+        if max == 0 {
             return;
         }
         let now = Instant::now();
@@ -340,7 +473,7 @@ impl Pool {
         idle.demand.note(now, in_use);
         let keep = idle.demand.wanted().min(max);
         idle.trim(cutoff, keep.saturating_sub(1));
-        idle.conns.push_back(Idle { sender, since: now });
+        idle.conns.push_back(Idle { conn, since: now });
         if !idle.reaping && tokio::runtime::Handle::try_current().is_ok() {
             idle.reaping = true;
             tokio::spawn(Pool::reaper(Arc::downgrade(self)));
@@ -371,7 +504,7 @@ impl Pool {
         let in_use = open.saturating_sub(idle.conns.len());
         idle.demand.note(now, in_use);
         let keep = idle.demand.wanted().min(max);
-        idle.conns.retain(|i| !i.sender.is_closed());
+        idle.conns.retain_mut(|i| !i.conn.is_closed());
         idle.trim(now.checked_sub(IDLE_TIMEOUT), keep);
         if idle.conns.is_empty() {
             idle.reaping = false;
@@ -424,68 +557,107 @@ impl Pool {
 }
 
 impl Conn {
-    /// Sends `req` and waits for the response head. An HTTP/1.1 connection goes back to
-    /// `pool` once the response body has been read; the returned guard (HTTP/2) must live as
-    /// long as the response body.
+    /// Sends the request `head` describes with `body` to `addr` (over TLS: `tls`) and waits
+    /// for the response head. An HTTP/1.1 connection goes back to `pool` once the response
+    /// was read whole (see the module docs); the returned guard (HTTP/2) must live as long as
+    /// the response body.
+    pub(super) async fn send_head(
+        self,
+        pool: &Arc<Pool>,
+        head: &Head,
+        body: Body,
+        addr: &str,
+        tls: bool,
+    ) -> Result<(Response<UpstreamBody>, Option<StreamGuard>), SendError> {
+        match self.sender {
+            Sender::H1(conn) => {
+                let fallback;
+                let host = match &head.host {
+                    Some(h) => Some(h),
+                    None => {
+                        fallback = HeaderValue::from_str(addr).ok();
+                        fallback.as_ref()
+                    }
+                };
+                let req = h1::RequestHead {
+                    method: &head.method,
+                    target: head.uri.path_and_query().map_or("/", |p| p.as_str()),
+                    host,
+                    headers: &head.headers,
+                };
+                send_h1(conn, pool, req, body).await
+            }
+            Sender::H2(s, guard) => send_h2(s, guard, head.build(body, addr, true, tls)).await,
+        }
+    }
+
+    /// Sends `req` as it is (origin-form target and its own `Host` over HTTP/1.1) and waits
+    /// for the response head, as [`Conn::send_head`] does.
     pub async fn send(
         self,
         pool: &Arc<Pool>,
-        req: Request<Body>,
-    ) -> Result<(Response<Incoming>, Option<StreamGuard>), SendError> {
+        req: http::Request<Body>,
+    ) -> Result<(Response<UpstreamBody>, Option<StreamGuard>), SendError> {
         match self.sender {
-            Sender::H1(mut s) => {
-                if let Err(error) = s.ready().await {
-                    return Err(SendError {
-                        error,
-                        request: Some(req),
-                    });
-                }
-                let sent = s.try_send_request(req);
-                match sent.await {
-                    Ok(resp) => {
-                        // A small response usually came whole with its head: the connection
-                        // is ready now and goes back without a task of its own.
-                        match s.poll_ready(&mut Context::from_waker(Waker::noop())) {
-                            Poll::Ready(Ok(())) => pool.checkin_h1(s),
-                            Poll::Ready(Err(_)) => {}
-                            Poll::Pending => {
-                                let pool = pool.clone();
-                                tokio::spawn(async move {
-                                    if s.ready().await.is_ok() {
-                                        pool.checkin_h1(s);
-                                    }
-                                });
-                            }
-                        }
-                        Ok((resp, None))
-                    }
-                    Err(mut e) => Err(SendError {
-                        request: e.take_message(),
-                        error: e.into_error(),
-                    }),
-                }
+            Sender::H1(conn) => {
+                let (parts, body) = req.into_parts();
+                let req = h1::RequestHead {
+                    method: &parts.method,
+                    target: parts.uri.path_and_query().map_or("/", |p| p.as_str()),
+                    host: None,
+                    headers: &parts.headers,
+                };
+                send_h1(conn, pool, req, body).await
             }
-            Sender::H2(mut s, guard) => {
-                if let Err(error) = s.ready().await {
-                    return Err(SendError {
-                        error,
-                        request: Some(req),
-                    });
-                }
-                match s.try_send_request(req).await {
-                    Ok(resp) => Ok((resp, Some(guard))),
-                    Err(mut e) => Err(SendError {
-                        request: e.take_message(),
-                        error: e.into_error(),
-                    }),
-                }
-            }
+            Sender::H2(s, guard) => send_h2(s, guard, req).await,
+        }
+    }
+}
+
+async fn send_h1(
+    conn: H1Conn,
+    pool: &Arc<Pool>,
+    req: h1::RequestHead<'_>,
+    body: Body,
+) -> Result<(Response<UpstreamBody>, Option<StreamGuard>), SendError> {
+    match conn.send(req, body, Checkin(pool.clone())).await {
+        Ok(resp) => Ok((resp.map(UpstreamBody::H1), None)),
+        Err(e) => Err(SendError {
+            closed_before_response: e.error.is_disconnect() && !e.response_started,
+            error: e.error.into(),
+            unsent: e.unsent.map(crate::body::boxed),
+        }),
+    }
+}
+
+async fn send_h2(
+    mut s: http2::SendRequest<Body>,
+    guard: StreamGuard,
+    req: http::Request<Body>,
+) -> Result<(Response<UpstreamBody>, Option<StreamGuard>), SendError> {
+    if let Err(error) = s.ready().await {
+        return Err(SendError {
+            closed_before_response: false,
+            error: error.into(),
+            unsent: Some(req.into_body()),
+        });
+    }
+    match s.try_send_request(req).await {
+        Ok(resp) => Ok((resp.map(UpstreamBody::H2), Some(guard))),
+        Err(mut e) => {
+            let request = e.take_message();
+            let error = e.into_error();
+            Err(SendError {
+                closed_before_response: error.is_incomplete_message() || error.is_canceled(),
+                error: error.into(),
+                unsent: request.map(http::Request::into_body),
+            })
         }
     }
 }
 
 enum Opened {
-    H1(http1::SendRequest<Body>),
+    H1(H1Conn),
     H2(http2::SendRequest<Body>),
 }
 
@@ -574,7 +746,7 @@ pub(crate) async fn connect_tcp(addr: &str, external: bool) -> std::io::Result<T
     }))
 }
 
-/// A new connection to `addr`, counted in `open` while its connection task runs.
+/// A new connection to `addr`, counted in `open` while it lives.
 async fn connect(addr: &str, c: &Connector, open: &Arc<AtomicUsize>) -> Result<Opened, ProxyError> {
     let tcp = connect_tcp(addr, c.external)
         .await
@@ -583,7 +755,8 @@ async fn connect(addr: &str, c: &Connector, open: &Arc<AtomicUsize>) -> Result<O
             source: e.into(),
         })?;
     match &c.tls {
-        None => handshake(addr, TokioIo::new(tcp), c, open).await,
+        None if c.is_h2() => h2_handshake(addr, TokioIo::new(tcp), c, open).await,
+        None => Ok(Opened::H1(h1_conn(Stream::Tcp(tcp), c, open))),
         Some(cfg) => {
             let stream = connect_tls(addr, c, cfg, tcp).await?;
             let tls_err = |e: String| ProxyError::Tls {
@@ -600,7 +773,11 @@ async fn connect(addr: &str, c: &Connector, open: &Arc<AtomicUsize>) -> Result<O
                     String::from_utf8_lossy(want)
                 )));
             }
-            handshake(addr, TokioIo::new(stream), c, open).await
+            if c.is_h2() {
+                h2_handshake(addr, TokioIo::new(stream), c, open).await
+            } else {
+                Ok(Opened::H1(h1_conn(Stream::Tls(Box::new(stream)), c, open)))
+            }
         }
     }
 }
@@ -627,11 +804,24 @@ pub(super) async fn connect_tls(
         })
 }
 
-/// hyper's client handshake on a connected stream. What the connection reads ahead of the
-/// client is bounded by `c.read_ahead`: an HTTP/1.1 connection reads into a buffer of at most
-/// that many bytes, and reads again only once the body's last chunk was taken (hyper's body
-/// channel holds one); an HTTP/2 stream's window is that size, re-opened as the body is taken.
-async fn handshake<T>(
+/// An HTTP/1.1 connection over `stream`, counted in `open` while it lives. Its read buffer
+/// (what it reads ahead of the client, and the response head's bound) holds at most
+/// `c.read_ahead` bytes; a body piece leaves it only when the body is polled.
+fn h1_conn(stream: Stream, c: &Connector, open: &Arc<AtomicUsize>) -> H1Conn {
+    let read_ahead = (c.read_ahead as usize).max(sweety_config::MIN_PROXY_READ_AHEAD as usize);
+    h1::Conn::new(
+        BackendIo {
+            stream,
+            _open: OpenGuard::new(open),
+        },
+        read_ahead,
+    )
+}
+
+/// hyper's HTTP/2 client handshake on a connected stream. Each stream's window is
+/// `c.read_ahead` (what the backend may send ahead of the client), re-opened as the body is
+/// taken.
+async fn h2_handshake<T>(
     addr: &str,
     io: T,
     c: &Connector,
@@ -644,41 +834,24 @@ where
         addr: addr.to_string(),
         source: e.into(),
     };
-    // hyper's smallest HTTP/1.1 buffer bound is 8 KiB (it panics below; validation refuses
-    // less); the HTTP/2 window cannot pass 2^31-1.
+    // The HTTP/2 window cannot pass 2^31-1.
     let read_ahead = (c.read_ahead as usize).max(sweety_config::MIN_PROXY_READ_AHEAD as usize);
-    if c.is_h2() {
-        let (sender, conn) = http2::Builder::new(TokioExecutor::new())
-            .timer(TokioTimer::new())
-            .initial_stream_window_size(read_ahead.min(i32::MAX as usize) as u32)
-            .keep_alive_interval(Duration::from_secs(30))
-            .keep_alive_timeout(Duration::from_secs(10))
-            .handshake::<_, Body>(io)
-            .await
-            .map_err(err)?;
-        let counted = OpenGuard::new(open);
-        tokio::spawn(async move {
-            let _counted = counted;
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "upstream h2 connection ended");
-            }
-        });
-        Ok(Opened::H2(sender))
-    } else {
-        let (sender, conn) = http1::Builder::new()
-            .max_buf_size(read_ahead)
-            .handshake::<_, Body>(io)
-            .await
-            .map_err(err)?;
-        let counted = OpenGuard::new(open);
-        tokio::spawn(async move {
-            let _counted = counted;
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "upstream h1 connection ended");
-            }
-        });
-        Ok(Opened::H1(sender))
-    }
+    let (sender, conn) = http2::Builder::new(TokioExecutor::new())
+        .timer(TokioTimer::new())
+        .initial_stream_window_size(read_ahead.min(i32::MAX as usize) as u32)
+        .keep_alive_interval(Duration::from_secs(30))
+        .keep_alive_timeout(Duration::from_secs(10))
+        .handshake::<_, Body>(io)
+        .await
+        .map_err(err)?;
+    let counted = OpenGuard::new(open);
+    tokio::spawn(async move {
+        let _counted = counted;
+        if let Err(e) = conn.await {
+            tracing::debug!(error = %e, "upstream h2 connection ended");
+        }
+    });
+    Ok(Opened::H2(sender))
 }
 
 #[cfg(test)]
@@ -750,12 +923,17 @@ mod demand_tests {
         for _ in 0..n {
             conns.push(pool.acquire(addr, &c).await.unwrap());
         }
+        let head = Head {
+            method: http::Method::GET,
+            uri: http::Uri::from_static("/"),
+            headers: http::HeaderMap::new(),
+            host: Some(HeaderValue::from_static("b")),
+        };
         for conn in conns {
-            let req = Request::get("/")
-                .header("host", "b")
-                .body(crate::body::empty())
+            let (resp, _) = conn
+                .send_head(pool, &head, crate::body::empty(), addr, false)
+                .await
                 .unwrap();
-            let (resp, _) = conn.send(pool, req).await.unwrap();
             use http_body_util::BodyExt;
             assert_eq!(
                 &resp.into_body().collect().await.unwrap().to_bytes()[..],

@@ -331,7 +331,7 @@ impl Exporter {
         let (resp, _stream) = conn
             .send(&self.pool, req)
             .await
-            .map_err(|e| chain(&e.error))?;
+            .map_err(|e| chain(&*e.error))?;
         let (head, body) = resp.into_parts();
         if self.endpoint.grpc {
             if head.status != http::StatusCode::OK {

@@ -1,0 +1,360 @@
+//! The two heads of a backend exchange: the request head written straight from the proxy's
+//! rewritten fields into one buffer, and the backend's response head parsed once with
+//! httparse into the [`http`] types, its hop-by-hop fields left out as it is built.
+//!
+//! The response head is hostile input. It is bounded by the caller's buffer (its size bound
+//! is the head's) and by [`MAX_FIELDS`]; its framing is refused rather than guessed when it
+//! could desync the connection: `Content-Length` with `Transfer-Encoding`, differing or
+//! malformed `Content-Length` values, `Transfer-Encoding` in an HTTP/1.0 response, `chunked`
+//! that is not the last coding or is there twice, obs-fold, a 101 to a request that asked for
+//! no upgrade.
+
+use bytes::{BufMut, Bytes};
+use http::header::{HeaderMap, HeaderName, HeaderValue};
+use http::{Method, StatusCode, Version};
+
+/// Most fields a response head may have (hyper's default bound).
+pub const MAX_FIELDS: usize = 100;
+
+/// How a request body goes on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestFraming {
+    /// No body.
+    Empty,
+    /// Exactly this many bytes (`Content-Length`).
+    Length(u64),
+    /// `Transfer-Encoding: chunked`.
+    Chunked,
+}
+
+/// What the request's body is known to be before it is sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BodyShape {
+    /// The body has ended already (`is_end_stream`): nothing to send.
+    pub end: bool,
+    /// Its exact length when known (`size_hint().exact()`).
+    pub exact: Option<u64>,
+}
+
+/// Methods whose requests carry a body as a rule: an empty one is announced as
+/// `Content-Length: 0` (as hyper does), so the backend does not wait for one.
+fn expects_body(method: &Method) -> bool {
+    *method == Method::POST || *method == Method::PUT || *method == Method::PATCH
+}
+
+/// The value of a `Content-Length` field when it is one decimal length (digits only, no
+/// sign, no list), else `None`.
+pub fn parse_length(v: &[u8]) -> Option<u64> {
+    if v.is_empty() || v.len() > 19 {
+        return None;
+    }
+    let mut n: u64 = 0;
+    for &b in v {
+        if !b.is_ascii_digit() {
+            return None;
+        }
+        n = n * 10 + u64::from(b - b'0');
+    }
+    Some(n)
+}
+
+/// Writes a request head into `out`: the request line (`method`, `target`: origin-form path
+/// and query), `Host` (`host`, else the map's own), the fields of `headers` in their order and
+/// the framing of the body, and returns that framing.
+///
+/// The framing is the map's `Content-Length` when it has one valid value (the body must then
+/// be exactly that long); else none for a body that has ended (with `Content-Length: 0` for
+/// POST, PUT and PATCH), `Content-Length` for a body of known length, and chunked for the rest.
+/// `Transfer-Encoding` and malformed `Content-Length` fields of the map are not written: the
+/// framing written is the one the body is sent with.
+pub fn write_request_head(
+    out: &mut Vec<u8>,
+    method: &Method,
+    target: &str,
+    host: Option<&HeaderValue>,
+    headers: &HeaderMap,
+    body: BodyShape,
+) -> RequestFraming {
+    let mut framing = None;
+    let mut lengths = headers.get_all(http::header::CONTENT_LENGTH).iter();
+    if let (Some(v), None) = (lengths.next(), lengths.next()) {
+        framing = parse_length(v.as_bytes()).map(RequestFraming::Length);
+    }
+    out.reserve(64 + target.len() + headers.len() * 32);
+    out.put_slice(method.as_str().as_bytes());
+    out.put_u8(b' ');
+    out.put_slice(target.as_bytes());
+    out.put_slice(b" HTTP/1.1\r\n");
+    if let Some(h) = host {
+        put_field(out, b"host", h.as_bytes());
+    }
+    for (name, value) in headers {
+        let skip = match *name {
+            http::header::HOST => host.is_some(),
+            http::header::TRANSFER_ENCODING => true,
+            http::header::CONTENT_LENGTH => framing.is_none(),
+            _ => false,
+        };
+        if !skip {
+            put_field(out, name.as_str().as_bytes(), value.as_bytes());
+        }
+    }
+    let framing = match framing {
+        Some(f) => f,
+        None if body.end => {
+            if expects_body(method) {
+                put_field(out, b"content-length", b"0");
+            }
+            RequestFraming::Empty
+        }
+        None => match body.exact {
+            Some(n) => {
+                put_field(out, b"content-length", n.to_string().as_bytes());
+                RequestFraming::Length(n)
+            }
+            None => {
+                put_field(out, b"transfer-encoding", b"chunked");
+                RequestFraming::Chunked
+            }
+        },
+    };
+    out.put_slice(b"\r\n");
+    framing
+}
+
+fn put_field(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+    out.put_slice(name);
+    out.put_slice(b": ");
+    out.put_slice(value);
+    out.put_slice(b"\r\n");
+}
+
+/// How a response body is delimited.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResponseFraming {
+    /// No body (a response to HEAD, 204, 304).
+    Empty,
+    /// Exactly this many bytes.
+    Length(u64),
+    /// Chunked.
+    Chunked,
+    /// Until the backend closes the connection.
+    Close,
+}
+
+/// A parsed final response head.
+#[derive(Debug)]
+pub struct ResponseHead {
+    /// Status, version (HTTP/1.1 whatever the backend spoke) and the end-to-end fields; the
+    /// body is `()`.
+    pub response: http::Response<()>,
+    /// How the body is delimited.
+    pub framing: ResponseFraming,
+    /// Neither side asked to close: the connection may carry another request once this
+    /// response was read whole.
+    pub keep_alive: bool,
+}
+
+/// What [`parse_response`] found at the start of a buffer.
+#[derive(Debug)]
+pub enum Parsed {
+    /// The head is not complete yet.
+    Partial,
+    /// An interim (1xx other than 101) response of this many bytes, to be skipped.
+    Interim(usize),
+    /// A final response head of this many bytes.
+    Final(usize, ResponseHead),
+}
+
+/// Why a response head is refused. The connection cannot be used any more.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum HeadError {
+    /// Not an HTTP/1.x response head (httparse's verdict: bad status line, bad field syntax,
+    /// obs-fold, bare CR…).
+    #[error("malformed response head: {0}")]
+    Syntax(httparse::Error),
+    /// More than [`MAX_FIELDS`] fields.
+    #[error("response head has more than {MAX_FIELDS} fields")]
+    TooManyFields,
+    /// A field name or value the `http` types refuse.
+    #[error("response head has an invalid field")]
+    InvalidField,
+    /// `Content-Length` malformed, or several that differ.
+    #[error("response has an invalid Content-Length")]
+    BadLength,
+    /// Both `Content-Length` and `Transfer-Encoding`.
+    #[error("response has both Content-Length and Transfer-Encoding")]
+    LengthAndEncoding,
+    /// `Transfer-Encoding` in an HTTP/1.0 response, or `chunked` applied twice.
+    #[error("response has an invalid Transfer-Encoding")]
+    BadEncoding,
+    /// 101 Switching Protocols to a request that asked for no upgrade.
+    #[error("response switches protocols unasked")]
+    UnaskedSwitch,
+}
+
+/// Whether `name` (any case) is hop-by-hop whatever its value: the connection-specific fields
+/// and `Trailer` (what the proxy strips from every response).
+fn always_hop_by_hop(name: &[u8]) -> bool {
+    match name.len() {
+        2 => name.eq_ignore_ascii_case(b"te"),
+        7 => name.eq_ignore_ascii_case(b"upgrade") || name.eq_ignore_ascii_case(b"trailer"),
+        10 => name.eq_ignore_ascii_case(b"connection") || name.eq_ignore_ascii_case(b"keep-alive"),
+        16 => name.eq_ignore_ascii_case(b"proxy-connection"),
+        17 => name.eq_ignore_ascii_case(b"transfer-encoding"),
+        _ => false,
+    }
+}
+
+/// The comma-separated elements of a field value, trimmed, empty ones left out.
+fn elements(v: &[u8]) -> impl Iterator<Item = &[u8]> {
+    v.split(|&b| b == b',')
+        .map(<[u8]>::trim_ascii)
+        .filter(|e| !e.is_empty())
+}
+
+/// Parses a response head at the start of `buf` (a response to a HEAD request when
+/// `head_request`).
+///
+/// The final head's map has the end-to-end fields only: `Connection` and every field it
+/// names, `Keep-Alive`, `Proxy-Connection`, `Transfer-Encoding`, `Upgrade`, `Trailer` and
+/// `TE` are left out as it is built (a `TE` naming `trailers` is kept as `te: trailers`, as the
+/// proxy's strip of a map does). The framing is read from the fields as they came.
+pub fn parse_response(buf: &[u8], head_request: bool) -> Result<Parsed, HeadError> {
+    let mut fields = [httparse::EMPTY_HEADER; MAX_FIELDS];
+    let mut resp = httparse::Response::new(&mut fields);
+    let len = match resp.parse(buf) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) => return Ok(Parsed::Partial),
+        Err(httparse::Error::TooManyHeaders) => return Err(HeadError::TooManyFields),
+        Err(e) => return Err(HeadError::Syntax(e)),
+    };
+    let code = resp.code.unwrap_or(0);
+    if code == 101 {
+        return Err(HeadError::UnaskedSwitch);
+    }
+    if (100..200).contains(&code) {
+        return Ok(Parsed::Interim(len));
+    }
+    let status =
+        StatusCode::from_u16(code).map_err(|_| HeadError::Syntax(httparse::Error::Status))?;
+    let http10 = resp.version == Some(0);
+    let fields = resp.headers;
+
+    // Framing and the Connection options, from the fields as they came.
+    let mut length: Option<u64> = None;
+    let mut encoded = false;
+    let mut chunked_last = false;
+    let mut chunked_seen = false;
+    let mut close = false;
+    let mut keep_alive_asked = false;
+    // Connection names a field other than the ones left out anyway (`keep-alive`, the usual
+    // value, names none: the per-field look-up is skipped).
+    let mut names_others = false;
+    let mut te_trailers = false;
+    for f in fields.iter() {
+        let name = f.name.as_bytes();
+        if name.eq_ignore_ascii_case(b"content-length") {
+            // A list of equal values is one length (RFC 9110 §8.6); anything else is refused.
+            for e in f.value.split(|&b| b == b',').map(<[u8]>::trim_ascii) {
+                let n = parse_length(e).ok_or(HeadError::BadLength)?;
+                if length.is_some_and(|l| l != n) {
+                    return Err(HeadError::BadLength);
+                }
+                length = Some(n);
+            }
+        } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
+            // An empty field still says the body is encoded.
+            encoded = true;
+            for e in elements(f.value) {
+                if e.eq_ignore_ascii_case(b"chunked") {
+                    if chunked_seen {
+                        return Err(HeadError::BadEncoding);
+                    }
+                    chunked_seen = true;
+                    chunked_last = true;
+                } else {
+                    // A coding after chunked: the body is not chunked as a whole.
+                    chunked_last = false;
+                }
+            }
+        } else if name.eq_ignore_ascii_case(b"connection") {
+            for e in elements(f.value) {
+                if e.eq_ignore_ascii_case(b"close") {
+                    close = true;
+                } else if e.eq_ignore_ascii_case(b"keep-alive") {
+                    keep_alive_asked = true;
+                }
+                // `close` names a field too (one called so is left out, as the strip does).
+                if !always_hop_by_hop(e) {
+                    names_others = true;
+                }
+            }
+        } else if name.eq_ignore_ascii_case(b"te") {
+            te_trailers |= elements(f.value).any(|e| {
+                e.split(|&b| b == b';')
+                    .next()
+                    .is_some_and(|t| t.trim_ascii().eq_ignore_ascii_case(b"trailers"))
+            });
+        }
+    }
+    if encoded && length.is_some() {
+        return Err(HeadError::LengthAndEncoding);
+    }
+    if encoded && http10 {
+        return Err(HeadError::BadEncoding);
+    }
+    let framing = if head_request || code == 204 || code == 304 {
+        ResponseFraming::Empty
+    } else if encoded {
+        if chunked_last {
+            ResponseFraming::Chunked
+        } else {
+            ResponseFraming::Close
+        }
+    } else if let Some(n) = length {
+        ResponseFraming::Length(n)
+    } else {
+        ResponseFraming::Close
+    };
+    let keep_alive = framing != ResponseFraming::Close && !close && (!http10 || keep_alive_asked);
+
+    // The end-to-end fields. Their values share one copy of the head's bytes.
+    let block = Bytes::copy_from_slice(&buf[..len]);
+    let mut headers = HeaderMap::with_capacity(fields.len());
+    for f in fields.iter() {
+        let name = f.name.as_bytes();
+        if always_hop_by_hop(name) || (names_others && named_by_connection(fields, name)) {
+            continue;
+        }
+        let name = HeaderName::from_bytes(name).map_err(|_| HeadError::InvalidField)?;
+        // The value's place in `buf` is its place in the copy.
+        let at = f.value.as_ptr() as usize - buf.as_ptr() as usize;
+        let value = HeaderValue::from_maybe_shared(block.slice(at..at + f.value.len()))
+            .map_err(|_| HeadError::InvalidField)?;
+        headers.append(name, value);
+    }
+    if te_trailers {
+        headers.insert(http::header::TE, HeaderValue::from_static("trailers"));
+    }
+    let mut response = http::Response::new(());
+    *response.status_mut() = status;
+    *response.version_mut() = Version::HTTP_11;
+    *response.headers_mut() = headers;
+    Ok(Parsed::Final(
+        len,
+        ResponseHead {
+            response,
+            framing,
+            keep_alive,
+        },
+    ))
+}
+
+/// Whether a `Connection` field of `fields` lists `name` (any case).
+fn named_by_connection(fields: &[httparse::Header<'_>], name: &[u8]) -> bool {
+    fields
+        .iter()
+        .filter(|f| f.name.eq_ignore_ascii_case("connection"))
+        .any(|f| elements(f.value).any(|e| e.eq_ignore_ascii_case(name)))
+}
