@@ -16,7 +16,8 @@
 #                     proxy-h2 and proxy-h2-4k: the proxy path with an HTTP/2-over-TLS front,
 #                     12-byte and 4 KB answers; proxy-h1s and proxy-h1s-4k: the same with an
 #                     HTTP/1.1-over-TLS front; proxy-h2c and proxy-h2c-4k: the HTTP/2 front to an
-#                     h2c backend, no nginx peer; h1-100k, h2-100k, and h3-100k with oha over HTTP/3)
+#                     h2c backend, no nginx peer; h1-100k, h2-100k, and h3-100k with oha over HTTP/3;
+#                     h3-1k, and h3-1k-p1 with one request at a time per connection)
 #   N1=1000 N2=5000   the two measured windows (requests, on 100 new connections each; the
 #                     proxy-h2 cells: on H2_CONNS)
 #   H2_CONNS=10       connections of the proxy-h2 cells (10 streams each: H2_CONNS x 10 requests
@@ -26,6 +27,8 @@
 #   WARM=1000         requests of the warm-up before the counters are zeroed
 #   OHA=              oha with HTTP/3 for the h3 cells (default: oha on PATH, else
 #                     ~/.cache/sweety/tools/bin/oha, as in run.sh)
+#   SWEETY_HTTP3=     extra `http3:` settings for the h3 cells, as YAML flow-mapping entries
+#                     (as in run.sh), e.g. "ack_eliciting_threshold: 8"
 #   TOP=0             print the TOP functions by instructions per request (self cost, from the
 #                     two windows' difference, so the TLS handshakes cancel out)
 #   SERVER_CPU=0 CLIENT_CPU=1   taskset CPU of the server (under valgrind) and of h2load and the backend
@@ -223,6 +226,7 @@ ${POOL_IDLE:+    max_idle_per_endpoint: $POOL_IDLE}
     endpoints: [{address: "127.0.0.1:$H2C_PORT"}]
 EOF
 sed 's/^    http3: false$/    http3: true/' "$WORK/sweety.yaml" >"$WORK/sweety-h3.yaml"
+[[ -n ${SWEETY_HTTP3:-} ]] && printf 'http3: {%s}\n' "$SWEETY_HTTP3" >>"$WORK/sweety-h3.yaml"
 
 # The peers as proxies of the proxy cells: run.sh's configs for them (the plain port for proxy-h1,
 # TLS with HTTP/2 for proxy-h2*).
@@ -320,9 +324,11 @@ load() { # load CELL N: N requests on 100 (proxy-h2*: H2_CONNS) new connections
     case $1 in
         h1-1k | h1-100k) args+=(--h1 "https://127.0.0.1:$TLS_PORT/${1#h1-}.bin") ;;
         h2-1k | h2-100k) args+=(-m 10 "https://127.0.0.1:$TLS_PORT/${1#h2-}.bin") ;;
-        h3-100k)
+        h3-100k | h3-1k | h3-1k-p1)
+            local size=${1#h3-} streams=10
+            [[ $1 == *-p1 ]] && size=${size%-p1} streams=1
             out=$(taskset -c "$CLIENT_CPU" timeout 600 "$OHA" --http-version 3 --insecure --no-tui \
-                --output-format json -c 100 -p 10 -n "$2" "https://127.0.0.1:$TLS_PORT/100k.bin")
+                --output-format json -c 100 -p "$streams" -n "$2" "https://127.0.0.1:$TLS_PORT/$size.bin")
             ok=$(python3 -c 'import json, sys; print(json.load(sys.stdin).get("statusCodeDistribution", {}).get("200", 0))' <<<"$out")
             [[ $ok == "$2" ]] || die "$1: $ok of $2 requests got 200"
             return 0

@@ -47,6 +47,9 @@ pub struct ReadChunk(pub usize);
 /// send buffer (up to `http3.send_window` per connection), so chunks read at once let every
 /// stream of a connection fill that buffer together; measured on h3-100k (100 connections x
 /// 10 streams), peak RSS went from 70 to 136 MiB, for a CPU gain within the run's noise.
+/// Measured again with `http3.send_budget` bounding those buffers: inline reads cut context
+/// switches ~140-fold but not CPU per request, and raised peak RSS (64-69 -> 79 MiB;
+/// e2e/bench/HISTORY.md, "HTTP/3 send budget").
 #[derive(Debug, Clone, Copy)]
 pub struct PoolReads;
 
