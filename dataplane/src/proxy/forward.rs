@@ -96,26 +96,56 @@ pub fn client_host(headers: &HeaderMap, uri: &Uri) -> Option<HeaderValue> {
     })
 }
 
+/// RFC 9110 `tchar` by octet: a table, as every proxied request checks its host with it.
+const TCHAR: [bool; 256] = {
+    let mut t = [false; 256];
+    let mut b = 0;
+    while b < 256 {
+        let c = b as u8;
+        t[b] = c.is_ascii_alphanumeric()
+            || matches!(
+                c,
+                b'!' | b'#'
+                    | b'$'
+                    | b'%'
+                    | b'&'
+                    | b'\''
+                    | b'*'
+                    | b'+'
+                    | b'-'
+                    | b'.'
+                    | b'^'
+                    | b'_'
+                    | b'`'
+                    | b'|'
+                    | b'~'
+            );
+        b += 1;
+    }
+    t
+};
+
 fn is_token(s: &str) -> bool {
-    !s.is_empty()
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+    !s.is_empty() && s.bytes().all(|b| TCHAR[usize::from(b)])
 }
 
 /// Appends `s` as an RFC 7239 value: as it is when it is a token, else quoted with `"` and `\`
-/// escaped.
+/// escaped (copied in runs between the octets to escape: a host with a port is quoted).
 fn push_token_or_quoted(out: &mut String, s: &str) {
     if is_token(s) {
         out.push_str(s);
         return;
     }
     out.push('"');
-    for c in s.chars() {
-        if c == '"' || c == '\\' {
-            out.push('\\');
-        }
-        out.push(c);
+    let mut rest = s;
+    while let Some(i) = rest.bytes().position(|b| b == b'"' || b == b'\\') {
+        out.push_str(&rest[..i]);
+        out.push('\\');
+        // An ASCII octet: one char.
+        out.push_str(&rest[i..=i]);
+        rest = &rest[i + 1..];
     }
+    out.push_str(rest);
     out.push('"');
 }
 
@@ -433,6 +463,17 @@ mod tests {
         let h = hm(&[("host", "h1.example")]);
         assert_eq!(client_host(&h, &uri).unwrap(), "h1.example");
         assert!(client_host(&HeaderMap::new(), &"/x".parse().unwrap()).is_none());
+    }
+
+    #[test]
+    fn the_token_table_is_rfc_9110_tchar() {
+        for b in 0..=255u8 {
+            let tchar = b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
+            assert_eq!(TCHAR[usize::from(b)], tchar, "octet {b}");
+        }
+        let mut out = String::new();
+        push_token_or_quoted(&mut out, "a\\b\"c:1");
+        assert_eq!(out, "\"a\\\\b\\\"c:1\"");
     }
 
     #[test]
