@@ -9,6 +9,8 @@
 //! * [`reload`]: hot reload through one entry point, `Runtime::apply(Change)`: validates and
 //!   compiles a config (`reload::build`), binds, starts and drains listeners
 //!   (`reload::sockets`), swaps the snapshot, keeps the base of the next delta.
+//! * [`idle_purge`]: when the binary returns the allocator's freed memory to the OS (after
+//!   an apply, and when the workers go idle).
 //! * [`listen`]: listeners and protocol adapters: [`listen::tcp`] (H1, h2c, TLS with ALPN;
 //!   HTTP/2 by the `sweety-h2` engine or hyper's), [`listen::quic`] (HTTP/3 over quinn + h3),
 //!   [`listen::l4`] (TLS passthrough by SNI, TCP and UDP proxying).
@@ -63,6 +65,7 @@ pub mod ext_auth;
 pub mod filters;
 pub mod grpc;
 pub mod identity;
+pub mod idle_purge;
 pub mod limits;
 pub mod listen;
 pub mod metrics;
