@@ -9,11 +9,15 @@
 //! * [`reload`]: hot reload through one entry point, `Runtime::apply(Change)`: validates and
 //!   compiles a config (`reload::build`), binds, starts and drains listeners
 //!   (`reload::sockets`), swaps the snapshot, keeps the base of the next delta.
+//! * [`idle_purge`]: when the binary returns the allocator's freed memory to the OS (after
+//!   an apply, and when the workers go idle).
 //! * [`listen`]: listeners and protocol adapters: [`listen::tcp`] (H1, h2c, TLS with ALPN;
 //!   HTTP/2 by the `sweety-h2` engine or hyper's), [`listen::quic`] (HTTP/3 over quinn + h3),
 //!   [`listen::l4`] (TLS passthrough by SNI, TCP and UDP proxying).
 //! * [`exec`]: how a connection task runs its streams (inline first poll, batched writes).
 //! * [`send_timeout`]: the send-progress timeout of a client connection.
+//! * [`quic_budget`]: the HTTP/3 send windows' one budget across connections
+//!   (`http3.send_budget`), held in the snapshot's shared state.
 //! * [`pipeline`]: the single request path shared by all protocols; also the HTTP/2 engine's
 //!   `H2Service`.
 //! * [`identity`]: the one authority, path and body framing of a request, settled first.
@@ -61,6 +65,7 @@ pub mod ext_auth;
 pub mod filters;
 pub mod grpc;
 pub mod identity;
+pub mod idle_purge;
 pub mod limits;
 pub mod listen;
 pub mod metrics;
@@ -68,6 +73,7 @@ pub mod path_norm;
 pub mod pipeline;
 pub mod proxy;
 pub mod proxy_protocol;
+pub mod quic_budget;
 pub mod reload;
 pub mod request_id;
 pub mod router;

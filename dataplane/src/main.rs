@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 use sweety_config::Config;
+use sweety_dataplane::idle_purge;
 use sweety_dataplane::reload::{Runtime, RuntimeOptions};
 
 #[derive(Parser, Debug)]
@@ -70,11 +71,18 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// names no constant for it). Its documented default is 1000 ms, checked before it is changed.
 const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 
-/// Return freed memory to the OS at once instead of after mimalloc's default 1 s delay, which
-/// only elapses when the freeing thread allocates again: an idle dataplane would otherwise keep
-/// the previous config's memory after a reload. A `MIMALLOC_PURGE_DELAY` set by the operator wins.
-#[allow(unsafe_code)] // the workspace's one `unsafe` in shipped code: the proof is inside
-fn purge_freed_memory_promptly() {
+/// How long mimalloc keeps a freed page before returning it to the OS, in ms (issue 23,
+/// docs/benchmarks.md "Memory under bulk load"). At 0 (until then) every page freed under load
+/// was returned at once and faulted in again a moment later: 2 page faults per proxied HTTP/2
+/// request. At mimalloc's default of 1 s the faults go (0.2 per request) but a 100 KB proxy load
+/// peaks ~12 MiB higher (pages freed within the last second kept beside the new ones); at
+/// 100 ms the faults are a third and the peak is as at 0. An idle dataplane does not wait for
+/// it: [`return_freed_memory`] runs when the workers go idle.
+const PURGE_DELAY_MS: std::ffi::c_long = 100;
+
+/// Sets [`PURGE_DELAY_MS`]. A `MIMALLOC_PURGE_DELAY` set by the operator wins.
+#[allow(unsafe_code)] // the workspace's first `unsafe` in shipped code: the proof is inside
+fn set_purge_delay() {
     if std::env::var_os("MIMALLOC_PURGE_DELAY").is_some() {
         return;
     }
@@ -83,9 +91,27 @@ fn purge_freed_memory_promptly() {
     // which the default check below confirms (an unknown index reads as 0 and is left alone).
     unsafe {
         if libmimalloc_sys::mi_option_get(MI_OPTION_PURGE_DELAY) == 1000 {
-            libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 0);
+            libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, PURGE_DELAY_MS);
         }
     }
+}
+
+/// Returns the memory freed so far to the OS: the calling thread's empty pages to mimalloc's
+/// arenas, then every arena's freed pages (whichever thread freed them) to the OS. mimalloc's
+/// own purge runs [`PURGE_DELAY_MS`] after a free and only when a thread next allocates a page,
+/// which spares the page faults of memory freed and needed again under load; this is called
+/// when that delay would keep memory an idle dataplane no longer uses: once the first config
+/// serves, then by [`sweety_dataplane::idle_purge::run`] after an apply and when the workers go
+/// idle (issue 23; docs/benchmarks.md, "Memory under bulk load").
+#[allow(unsafe_code)] // the workspace's fourth `unsafe` in shipped code: the proof is inside
+fn return_freed_memory() {
+    // SAFETY: mi_collect takes no pointer and has no precondition: it may be called at any
+    // time from any thread that may allocate. It walks only the calling thread's own heap (no
+    // other thread allocates from it; blocks other threads free into it are taken from their
+    // atomic free lists), frees only pages with no live block, and purges arena ranges that
+    // are free in the arenas' atomic bitmaps (claimed before purging, so a concurrent
+    // allocation cannot be handed a range being purged). No live allocation is touched.
+    unsafe { libmimalloc_sys::mi_collect(true) }
 }
 
 /// Unmaps the pages of code and constants that startup brought in (of the executable and of
@@ -129,9 +155,11 @@ fn release_startup_code() -> usize {
     released
 }
 
-/// [`release_startup_code`], and how much it released in the debug log.
+/// [`release_startup_code`], and how much it released in the debug log; and the heap memory
+/// startup freed ([`return_freed_memory`]).
 fn release_startup_code_logged() {
     let released = release_startup_code();
+    return_freed_memory();
     tracing::debug!(kib = released / 1024, "startup code released");
 }
 
@@ -191,7 +219,7 @@ fn releasable(smaps: &str, objects: &[String]) -> Vec<(usize, usize)> {
 
 fn main() -> anyhow::Result<()> {
     record_startup_objects();
-    purge_freed_memory_promptly();
+    set_purge_delay();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
@@ -320,24 +348,33 @@ async fn serve(args: RunArgs) -> anyhow::Result<()> {
     }
 
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    if !args.keep_startup_pages {
-        // Once the tasks spawned above have started (the config watch's first look) and a
-        // config serves: with `--control-socket` and no `--config`, once the first push did.
-        tokio::task::yield_now().await;
-        let ready = |rt: &Runtime| rt.shared.ready.load(std::sync::atomic::Ordering::Relaxed);
-        if ready(&runtime) {
-            release_startup_code_logged();
+    // Once the tasks spawned above have started (the config watch's first look) and a config
+    // serves (with `--control-socket` and no `--config`, once the first push did): startup's
+    // pages released, then the allocator's freed memory returned whenever the workers go idle.
+    tokio::task::yield_now().await;
+    let keep = args.keep_startup_pages;
+    let startup_done = move || {
+        if keep {
+            return_freed_memory();
         } else {
-            let runtime = runtime.clone();
-            tokio::spawn(async move {
-                let mut tick = tokio::time::interval(Duration::from_millis(100));
-                while !ready(&runtime) {
-                    tick.tick().await;
-                }
-                tokio::task::yield_now().await;
-                release_startup_code_logged();
-            });
+            release_startup_code_logged();
         }
+    };
+    let ready = |rt: &Runtime| rt.shared.ready.load(std::sync::atomic::Ordering::Relaxed);
+    if ready(&runtime) {
+        startup_done();
+        tokio::spawn(idle_purge::run(runtime.shared.clone(), return_freed_memory));
+    } else {
+        let runtime = runtime.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(100));
+            while !ready(&runtime) {
+                tick.tick().await;
+            }
+            tokio::task::yield_now().await;
+            startup_done();
+            idle_purge::run(runtime.shared.clone(), return_freed_memory).await;
+        });
     }
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}

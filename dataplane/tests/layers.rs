@@ -2,8 +2,8 @@
 //! outside comments and its `#[cfg(test)]` part) only modules of a lower layer; the handler
 //! layer's modules may name each other. From the top:
 //!
-//! control → reload, admin → listen → pipeline → state → handlers (router, filters, proxy,
-//! cache, static files, access, …) → exec.
+//! control → reload, admin, idle_purge → listen → pipeline → state → handlers (router,
+//! filters, proxy, cache, static files, access, …) → exec.
 //!
 //! The snapshot (`state`) is made of the handlers' compiled types, so it sits above them: the
 //! handlers see neither the snapshot nor anything that reloads or serves it.
@@ -15,15 +15,15 @@ use std::path::{Path, PathBuf};
 fn layer(module: &str) -> Option<u8> {
     Some(match module {
         "control" => 6,
-        "reload" | "admin" => 5,
+        "reload" | "admin" | "idle_purge" => 5,
         "listen" => 4,
         "pipeline" => 3,
         "state" => 2,
         "access" | "access_log" | "basic_auth" | "ext_auth" | "body" | "cache" | "client_caps"
         | "client_cert" | "compress" | "ctx" | "defaults" | "error_pages" | "filters" | "grpc"
         | "identity" | "limits" | "metrics" | "path_norm" | "proxy" | "proxy_protocol"
-        | "request_id" | "router" | "send_timeout" | "static_files" | "tls" | "trace"
-        | "websocket" | "conn_headers" | "hpack" => 1,
+        | "quic_budget" | "request_id" | "router" | "send_timeout" | "static_files" | "tls"
+        | "trace" | "websocket" | "conn_headers" | "hpack" => 1,
         "exec" => 0,
         _ => return None,
     })

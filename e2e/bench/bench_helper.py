@@ -9,8 +9,9 @@ Subcommands:
   report RESULTS [--out FILE]    print the markdown report (and write it to FILE)
 
 `measure` samples the server's CPU time (utime+stime from /proc/PID/stat, summed over the
-server process and its descendants, e.g. nginx master + worker) right before and right after
-the client runs, reads peak memory (VmHWM) at the end, parses the client's output (h2load,
+server process and its descendants, e.g. nginx master + worker) and page faults right before
+and right after the client runs, reads peak memory (VmHWM) at the end (and VmRSS again
+`--settle` seconds later), parses the client's output (h2load,
 wrk or oha's JSON), and appends everything as one JSON line to the results file.
 """
 
@@ -65,6 +66,20 @@ def cpu_ticks(pids):
                 rest = f.read().rsplit(")", 1)[1].split()
             # after ")": state(0) ppid(1) ... utime is field 14 overall -> index 11, stime 12
             total += int(rest[11]) + int(rest[12])
+        except (OSError, IndexError, ValueError):
+            pass
+    return total
+
+
+def faults(pids):
+    """Sum of minor+major page faults of pids; a vanished pid counts as 0."""
+    total = 0
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                rest = f.read().rsplit(")", 1)[1].split()
+            # after ")": state(0) ppid(1) pgrp session tty tpgid flags minflt(7) cminflt majflt(9)
+            total += int(rest[7]) + int(rest[9])
         except (OSError, IndexError, ValueError):
             pass
     return total
@@ -262,11 +277,15 @@ def run_bounded(cmd, stdout_path, timeout):
 
 def cmd_measure(a):
     pids = tree(a.server_pid)
-    t0 = cpu_ticks(pids)
+    t0, f0 = cpu_ticks(pids), faults(pids)
     code, client_cpu, wall = run_bounded(a.command, a.client_out, a.timeout)
-    t1 = cpu_ticks(pids)
+    t1, f1 = cpu_ticks(pids), faults(pids)
     alive = os.path.exists(f"/proc/{a.server_pid}")
     rss, hwm = mem_kb(pids)
+    settled = None
+    if a.settle > 0 and alive:
+        time.sleep(a.settle)  # the load is over: what the server keeps once idle
+        settled, _ = mem_kb(pids)
     with open(a.client_out, errors="replace") as f:
         out = f.read()
     if a.tool == "h2load":
@@ -289,10 +308,12 @@ def cmd_measure(a):
         server_cpu_s=cpu_s,
         server_cpu_pct=100.0 * cpu_s / wall if wall > 0 else None,
         cpu_us_per_req=(cpu_s * 1e6 / r["done"]) if r["done"] else None,
+        faults_per_req=((f1 - f0) / r["done"]) if r["done"] else None,
         client_cpu_pct=100.0 * client_cpu / wall if wall > 0 else None,
         idle_rss_kb=a.idle_rss,
         peak_rss_kb=hwm,
         end_rss_kb=rss,
+        settled_rss_kb=settled,
         probe=a.probe,
         expect=a.expect,
         probe_ok=(not a.expect) or a.probe == a.expect,
@@ -303,7 +324,8 @@ def cmd_measure(a):
         f"  {a.server:7s} {a.cell:8s} run {a.run}: {fmt_rps(r['rps'])} rps, "
         f"p99 {fmt_ms(r['p99_ms'])}, {fmt_num(r['cpu_us_per_req'])} CPU-us/req, "
         f"server CPU {fmt_num(r['server_cpu_pct'], 0)}%, client CPU "
-        f"{fmt_num(r['client_cpu_pct'], 0)}%, peak RSS {fmt_mb(hwm)}, "
+        f"{fmt_num(r['client_cpu_pct'], 0)}%, {fmt_num(r['faults_per_req'], 2)} faults/req, "
+        f"peak RSS {fmt_mb(hwm)}{'' if settled is None else ', settled ' + fmt_mb(settled)}, "
         f"failed {r['failed']}, non-2xx {r['bad_status']} (probe: {a.probe}"
         f"{'' if r['probe_ok'] else ', UNEXPECTED: want ' + a.expect})",
         file=sys.stderr,
@@ -535,6 +557,8 @@ def cmd_report(a):
                 fmt_num(r["client_cpu_pct"], 0),
                 fmt_mb(r["idle_rss_kb"]),
                 fmt_mb(r["peak_rss_kb"]),
+                fmt_num(r.get("faults_per_req"), 2),
+                fmt_mb(r["settled_rss_kb"]) if r.get("settled_rss_kb") else "—",
                 r["done"],
                 r["failed"],
                 r["bad_status"],
@@ -648,11 +672,14 @@ def cmd_report(a):
         "## Every run",
         "",
         "non-2xx: h2load and oha count 3xx/4xx/5xx, wrk counts 4xx/5xx. probe: status and size "
-        "of one request made before the load (curl; oha for h3).",
+        "of one request made before the load (curl; oha for h3). faults/req: the server's page "
+        "faults (minor + major, /proc/PID/stat) over the run per completed request. settled "
+        "RSS: VmRSS SETTLE seconds after the load ended (run.sh's SETTLE; — when 0).",
         "",
         md_table(
             ["cell", "server", "run", "rps", "p99", "µs/req", "server CPU %", "client CPU %",
-             "idle RSS", "peak RSS", "done", "failed", "non-2xx", "probe"],
+             "idle RSS", "peak RSS", "faults/req", "settled RSS", "done", "failed", "non-2xx",
+             "probe"],
             raw,
         ),
         "",
@@ -695,6 +722,8 @@ def main():
     s.add_argument("--log", help="h2load --log-file path, for p99")
     s.add_argument("--client-out", required=True)
     s.add_argument("--timeout", type=float, required=True)
+    s.add_argument("--settle", type=float, default=0,
+                   help="seconds to wait after the load before reading VmRSS again (0: no)")
     s.add_argument("command", nargs=argparse.REMAINDER, help="-- CLIENT COMMAND...")
     s.set_defaults(fn=cmd_measure)
 

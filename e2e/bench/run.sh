@@ -30,6 +30,8 @@
 #   SWEETY_BIN=    use this binary instead of building (else: cargo build --release into
 #                  $CARGO_TARGET_DIR, default ~/.cache/sweety/target)
 #   KEEP_WORK=1    keep the temporary work dir (configs, logs, client outputs)
+#   SETTLE=0       seconds to wait after each cell's load before reading the server's RSS
+#                  again ("settled RSS": what it keeps once idle; 0: not read)
 #   POOL_IDLE=     Sweety's `max_idle_per_endpoint` for the proxy backend (default: unset, the
 #                  dataplane's default: idle connections follow demand up to 1024; nginx here
 #                  keeps at most 128 idle, `keepalive 128`; HAProxy keeps every connection)
@@ -54,7 +56,8 @@
 # log off; nginx: worker_processes 1, access_log off), records its idle RSS, probes the URL
 # once with curl, runs the load generator pinned to CLIENT_CPU for DUR seconds, and records
 # RPS, p99 latency, failed and non-2xx counts, server CPU-µs per request (utime+stime delta
-# from /proc/PID/stat over the run) and peak RSS (VmHWM, summed over the server's processes).
+# from /proc/PID/stat over the run), page faults per request (minflt+majflt delta) and peak
+# RSS (VmHWM, summed over the server's processes).
 #
 # Cells: static files over TLS with h2load (H1: --h1 -c 100 -t 1; H2: -c 100 -m 10 -t 1;
 # 1 MB: -c 10), and proxy-h1 with wrk -t1 -c100 over plain HTTP. proxy-h2 and proxy-h2-4k
@@ -702,7 +705,7 @@ run_cell() { # run_cell CELL SERVER RUN
     "${HELPER[@]}" measure --results "$RESULTS" --cell "$cell" \
         --server "$server" --run "$run" --tool "$tool" --server-pid "$SERVER_PID" \
         --idle-rss "${idle:-0}" --probe "${probe:-no answer}" --expect "$expect" --client-out "$tag.out" \
-        --timeout $((DUR + 30)) "${log_arg[@]}" \
+        --timeout $((DUR + 30)) --settle "${SETTLE:-0}" "${log_arg[@]}" \
         -- taskset -c "$CLIENT_CPU" "${cmd[@]}" &
     # in the background so that Ctrl-C / SIGTERM run the cleanup trap at once
     local helper=$!

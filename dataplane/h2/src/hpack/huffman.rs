@@ -75,6 +75,18 @@ const fn build_codes() -> [u32; 257] {
 /// Code of each symbol, aligned to the least significant bit (the "as hex" column).
 const CODES: [u32; 257] = build_codes();
 
+/// Each octet's code and length in one word, `code << 8 | length`: one load per octet in
+/// [`encode_short`].
+const PACKED: [u64; 256] = {
+    let mut packed = [0u64; 256];
+    let mut sym = 0;
+    while sym < 256 {
+        packed[sym] = (CODES[sym] as u64) << 8 | LENS[sym] as u64;
+        sym += 1;
+    }
+    packed
+};
+
 /// Marks a child slot of [`TREE`] that is a leaf; the low bits are the symbol.
 const LEAF: u16 = 0x8000;
 
@@ -244,6 +256,58 @@ pub(crate) fn encode(src: &[u8], len: usize, dst: &mut BytesMut) {
     }
 }
 
+/// The longest string [`encode_short`] takes: its coding, shorter, has a length below 127,
+/// which a string literal's 7-bit prefix holds in its one octet.
+pub(crate) const SHORT: usize = 127;
+
+/// Appends the string literal of `src` (at most [`SHORT`] octets) Huffman-coded, its length
+/// octet first, when the coding is strictly shorter than `src`; otherwise appends nothing and
+/// returns false. One pass over `src` into a buffer on the stack, given up as soon as the
+/// coding cannot be shorter: a response's field values (dates, server names, types, lengths,
+/// ids) are coded for every response, and [`encoded_len`] followed by [`encode`] reads each
+/// octet twice and writes through `BytesMut`'s capacity checks four octets at a time.
+pub(crate) fn encode_short(src: &[u8], dst: &mut BytesMut) -> bool {
+    debug_assert!(src.len() <= SHORT);
+    let limit = src.len();
+    // The length octet, then at most `limit - 1` < 127 coded octets.
+    let mut out = [0u8; SHORT + 1];
+    let mut n = 1;
+    // As in `encode`: at most 31 pending bits plus one 30-bit code.
+    let mut acc: u64 = 0;
+    let mut pending: u32 = 0;
+    for &b in src {
+        let e = PACKED[b as usize];
+        let len = (e & 0xff) as u32;
+        acc = (acc << len) | (e >> 8);
+        pending += len;
+        if pending >= 32 {
+            pending -= 32;
+            // n - 1 coded octets so far, four more: no longer shorter once n + 3 >= limit.
+            if n + 3 >= limit {
+                return false;
+            }
+            out[n..n + 4].copy_from_slice(&((acc >> pending) as u32).to_be_bytes());
+            n += 4;
+        }
+    }
+    // Pad to a whole octet with ones (EOS's high bits), then the rest high octet first.
+    let pad = (8 - pending % 8) % 8;
+    acc = (acc << pad) | ((1 << pad) - 1);
+    pending += pad;
+    let total = n + (pending / 8) as usize;
+    if total > limit {
+        return false;
+    }
+    while pending > 0 {
+        pending -= 8;
+        out[n] = (acc >> pending) as u8;
+        n += 1;
+    }
+    out[0] = 0x80 | (total - 1) as u8;
+    dst.extend_from_slice(&out[..total]);
+    true
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -341,6 +405,70 @@ mod tests {
         assert_eq!(&enc[..], &www);
         assert_eq!(dec(&[0x64, 0x02]).unwrap(), b"302");
         assert_eq!(dec(&[]).unwrap(), b"");
+    }
+
+    /// What `encode_short` must append: the literal by the two-pass [`encode`] when its
+    /// coding is strictly shorter, else nothing.
+    fn reference_short(src: &[u8]) -> Option<Vec<u8>> {
+        let len = encoded_len(src);
+        if len >= src.len() {
+            return None;
+        }
+        let mut out = BytesMut::new();
+        out.extend_from_slice(&[0x80 | len as u8]);
+        encode(src, len, &mut out);
+        Some(out.to_vec())
+    }
+
+    fn check_short(src: &[u8]) {
+        let mut dst = BytesMut::from(&b"ab"[..]);
+        let coded = encode_short(src, &mut dst);
+        let expect = reference_short(src);
+        assert_eq!(coded, expect.is_some(), "{src:?}");
+        assert_eq!(&dst[..2], b"ab", "{src:?}");
+        assert_eq!(&dst[2..], expect.as_deref().unwrap_or_default(), "{src:?}");
+        if coded {
+            assert_eq!(dec(&dst[3..]).unwrap(), src);
+        }
+    }
+
+    #[test]
+    fn the_one_pass_coding_is_the_two_pass_one() {
+        check_short(b"");
+        check_short(b"www.example.com");
+        check_short(b"Sat, 28 Nov 2026 10:11:44 GMT");
+        check_short(b"nginx/1.22.1");
+        check_short(&[b'0'; SHORT]);
+        check_short(&[b'e'; SHORT]);
+        check_short(&[0xff; SHORT]);
+        // At every length, strings around the break-even point: short codes with one long
+        // one placed anywhere, and random octets from narrow and full alphabets.
+        let mut rng = fastrand::Rng::with_seed(7);
+        for len in 0..=SHORT {
+            for at in [0, len / 2, len.saturating_sub(1)] {
+                let mut s = vec![b'a'; len];
+                if len > 0 {
+                    s[at] = b'<';
+                }
+                check_short(&s);
+            }
+            for alphabet in [
+                &b"0123456789"[..],
+                b"abcdefghijklmnopqrstuvwxyz-./:; ",
+                b"!\"<>[]^`{|}~",
+            ] {
+                let s: Vec<u8> = (0..len)
+                    .map(|_| alphabet[rng.usize(..alphabet.len())])
+                    .collect();
+                check_short(&s);
+            }
+            for _ in 0..20 {
+                let s: Vec<u8> = (0..len).map(|_| rng.u8(..)).collect();
+                check_short(&s);
+                let s: Vec<u8> = (0..len).map(|_| rng.u8(32..127)).collect();
+                check_short(&s);
+            }
+        }
     }
 
     #[test]

@@ -7,12 +7,14 @@
 //! * [`Encoder`] encodes response header blocks without ever inserting into the dynamic
 //!   table, so the output depends only on the fields and encoded blocks can be cached and
 //!   replayed on any connection. Its only state is whether the connection's first block,
-//!   which shrinks the peer's table to zero, has been written.
+//!   which shrinks the peer's table to zero, has been written (and, per thread, the coded
+//!   literals of recent values of fields that repeat, `literal_cache`).
 //!
 //! Field names and values are passed through as octets: checking them (lowercase names, no
 //! CR/LF/NUL, pseudo-header rules) is the HTTP/2 layer's job (RFC 9113 §8.2).
 
 mod huffman;
+mod literal_cache;
 
 use std::collections::VecDeque;
 
@@ -287,6 +289,14 @@ fn encode_int(dst: &mut BytesMut, value: usize, prefix: u8, flags: u8) {
 
 /// Writes a string literal, Huffman-coded only when that is strictly shorter.
 fn encode_str(dst: &mut BytesMut, s: &[u8]) {
+    if s.len() <= huffman::SHORT {
+        // Nearly every field: one pass that gives up once the coding cannot be shorter.
+        if !huffman::encode_short(s, dst) {
+            encode_int(dst, s.len(), 7, 0);
+            dst.put_slice(s);
+        }
+        return;
+    }
     let huff = huffman::encoded_len(s);
     if huff < s.len() {
         encode_int(dst, huff, 7, 0x80);
@@ -726,7 +736,14 @@ impl Encoder {
         }
         let flags = if sensitive { 0x10 } else { 0x00 };
         match name_index {
-            Some(i) => encode_int(dst, i, 4, flags),
+            Some(i) => {
+                encode_int(dst, i, 4, flags);
+                if !sensitive && literal_cache::cacheable(i) {
+                    // A value that repeats (server, date, content-type): coded once per thread.
+                    literal_cache::encode(dst, value, encode_str);
+                    return;
+                }
+            }
             None => {
                 dst.put_u8(flags);
                 encode_str(dst, name);
