@@ -16,6 +16,8 @@
 //!   [`listen::l4`] (TLS passthrough by SNI, TCP and UDP proxying).
 //! * [`exec`]: how a connection task runs its streams (inline first poll, batched writes).
 //! * [`send_timeout`]: the send-progress timeout of a client connection.
+//! * [`quic_budget`]: the HTTP/3 send windows' one budget across connections
+//!   (`http3.send_budget`), held in the snapshot's shared state.
 //! * [`pipeline`]: the single request path shared by all protocols; also the HTTP/2 engine's
 //!   `H2Service`.
 //! * [`identity`]: the one authority, path and body framing of a request, settled first.
@@ -71,6 +73,7 @@ pub mod path_norm;
 pub mod pipeline;
 pub mod proxy;
 pub mod proxy_protocol;
+pub mod quic_budget;
 pub mod reload;
 pub mod request_id;
 pub mod router;

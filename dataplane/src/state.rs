@@ -151,7 +151,7 @@ pub struct Shared {
     /// Requests in flight per client address (`limits.max_requests_per_client`).
     pub client_requests: Arc<crate::client_caps::ClientCaps>,
     /// The HTTP/3 send budget (`http3.send_budget`), shared by all QUIC connections.
-    pub quic_send_budget: Arc<crate::listen::quic_budget::SendBudget>,
+    pub quic_send_budget: Arc<crate::quic_budget::SendBudget>,
     pub(crate) listener_limits: Mutex<HashMap<String, Arc<Limit>>>,
 }
 

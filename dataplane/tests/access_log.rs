@@ -58,6 +58,8 @@ struct Setup {
     ca: String,
     origin: SocketAddr,
     dead: SocketAddr,
+    /// Keeps `dead` refusing connections (common::refused_addr).
+    _refusing: socket2::Socket,
     seen: Arc<Mutex<Vec<String>>>,
     log: PathBuf,
     _dir: tempfile::TempDir,
@@ -70,10 +72,7 @@ async fn start(format: AccessLogFormat) -> Setup {
 async fn start_with(format: AccessLogFormat, client_ip: ClientIp) -> Setup {
     let (origin, seen) = origin().await;
     // A port nothing listens on.
-    let dead = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap()
-    };
+    let (_refusing, dead) = common::refused_addr();
     let mut cached = proxy_route("cached", "/cached", "up");
     cached.filters.push(Filter::Cache(CachePolicy::default()));
     let mut slow = proxy_route("slow", "/slow", "up");
@@ -126,6 +125,7 @@ async fn start_with(format: AccessLogFormat, client_ip: ClientIp) -> Setup {
         ca,
         origin,
         dead,
+        _refusing,
         seen,
         log,
         _dir: dir,
@@ -444,10 +444,7 @@ async fn slow_handshake_origin(delay: Duration) -> SocketAddr {
 async fn bytes_received_and_upstream_connect_and_response_times_are_logged() {
     let delay = Duration::from_millis(300);
     let origin = slow_handshake_origin(delay).await;
-    let dead = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap()
-    };
+    let (_refusing, dead) = common::refused_addr();
     let mut tls_up = backend("tls-up", origin);
     tls_up.protocol = BackendProtocol::Https;
     let cfg = Config {

@@ -134,10 +134,7 @@ async fn error_pages_over_h1_and_h2() {
         let slow_seen = Arc::new(Mutex::new(Vec::new()));
         let slow = error_backend(slow_seen.clone(), 200, Duration::from_secs(3)).await;
         // A port nothing listens on.
-        let dead = {
-            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            l.local_addr().unwrap()
-        };
+        let (_refusing, dead) = common::refused_addr();
         let routes = vec![
             paged("/a", "app", pages(&[404, 503], Some("errors"))),
             paged("/builtin", "app", pages(&[404], None)),

@@ -191,10 +191,7 @@ async fn external_auth_decisions_over_h1_and_h2() {
         let hits = Arc::new(AtomicUsize::new(0));
         let app = echo_backend(hits.clone()).await;
         // A port nothing listens on.
-        let dead = {
-            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            l.local_addr().unwrap()
-        };
+        let (_refusing, dead) = common::refused_addr();
         let url = format!("http://{auth_addr}/oauth2/auth?from=sweety");
         let routes = vec![
             guarded("app", "/app", ext(url.clone(), |_| {})),

@@ -90,10 +90,7 @@ fn h2c_backend(name: &str, addr: SocketAddr) -> Backend {
 async fn start() -> (Harness, SocketAddr) {
     let up = grpc_backend().await;
     // A closed port for the "backend down" case.
-    let closed = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap()
-    };
+    let (_refusing, closed) = common::refused_addr();
     let mut timed = proxy_route("timed", "/slow.Slow/", "g");
     timed.timeouts.request = Some(sweety_config::Duration::from_millis(300));
     let mut web = proxy_route("web", "/", "g");

@@ -1174,7 +1174,7 @@ async fn basic_auth_over_h3() {
 async fn h3_send_windows_share_one_budget_across_connections() {
     const WINDOW: u64 = 512 * 1024;
     const BUDGET: u64 = 512 * 1024;
-    const MIN: u64 = sweety_dataplane::listen::quic_budget::MIN_SHARE;
+    const MIN: u64 = sweety_dataplane::quic_budget::MIN_SHARE;
     bounded(60, async {
         let dir = tempfile::tempdir().unwrap();
         // Larger than the client's stream window (quinn's default, 1.25 MB): a response the

@@ -12,7 +12,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 use sweety_config::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream, UdpSocket};
+use tokio::net::{TcpStream, UdpSocket};
 
 async fn bounded<F: std::future::Future>(f: F) -> F::Output {
     tokio::time::timeout(Duration::from_secs(60), f)
@@ -600,10 +600,7 @@ async fn tcp_health_checks_keep_connections_off_a_dead_endpoint() {
     bounded(async {
         let a = tcp_echo("A", false).await;
         // A port with nothing listening.
-        let dead = {
-            let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-            l.local_addr().unwrap()
-        };
+        let (_refusing, dead) = common::refused_addr();
         let mut be = backend("a", a);
         be.endpoints.push(Endpoint {
             address: dead.to_string(),

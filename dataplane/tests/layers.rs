@@ -22,8 +22,8 @@ fn layer(module: &str) -> Option<u8> {
         "access" | "access_log" | "basic_auth" | "ext_auth" | "body" | "cache" | "client_caps"
         | "client_cert" | "compress" | "ctx" | "defaults" | "error_pages" | "filters" | "grpc"
         | "identity" | "limits" | "metrics" | "path_norm" | "proxy" | "proxy_protocol"
-        | "request_id" | "router" | "send_timeout" | "static_files" | "tls" | "trace"
-        | "websocket" | "conn_headers" | "hpack" => 1,
+        | "quic_budget" | "request_id" | "router" | "send_timeout" | "static_files" | "tls"
+        | "trace" | "websocket" | "conn_headers" | "hpack" => 1,
         "exec" => 0,
         _ => return None,
     })

@@ -9,7 +9,7 @@
 //!   the attempt when none is free), bounds concurrent request streams and flow-control
 //!   windows per connection, and times out idle connections;
 //! * gives each connection with a response in flight its share of `http3.send_budget` as
-//!   quinn's send window ([`super::quic_budget`]), so what quinn buffers for all connections
+//!   quinn's send window ([`crate::quic_budget`]), so what quinn buffers for all connections
 //!   together stays bounded;
 //! * turns each request stream into an `http::Request<Body>` whose body streams from the QUIC
 //!   stream, calls the pipeline with [`Protocol::Http3`], and streams the response back,
@@ -28,7 +28,7 @@
 use crate::body::{Body, BoxError};
 use crate::ctx::{ConnInfo, EarlyData, Protocol};
 use crate::limits::ConnPermit;
-use crate::listen::quic_budget::ConnShare;
+use crate::quic_budget::ConnShare;
 use crate::state::{BindKey, ListenerView, Shared};
 use crate::static_files::{PoolReads, ReadChunk};
 use bytes::{Buf, Bytes};

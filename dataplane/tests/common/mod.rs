@@ -160,6 +160,18 @@ pub(crate) fn vhost(name: &str, hostnames: &[&str], routes: Vec<Route>) -> Virtu
     }
 }
 
+/// An address that refuses connections for as long as the returned socket lives: bound on
+/// 127.0.0.1, never listening. Binding a listener and dropping it is not enough: the freed port
+/// can be handed to another socket (under parallel tests, the connect to it may even pick it
+/// as its own source port and connect to itself), and the "dead" backend then answers.
+pub(crate) fn refused_addr() -> (socket2::Socket, SocketAddr) {
+    let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    s.bind(&SocketAddr::from(([127, 0, 0, 1], 0)).into())
+        .unwrap();
+    let addr = s.local_addr().unwrap().as_socket().unwrap();
+    (s, addr)
+}
+
 pub(crate) fn backend(name: &str, addr: SocketAddr) -> Backend {
     Backend {
         name: name.into(),
