@@ -1022,6 +1022,10 @@ pub struct Limits {
     /// own; hyper's stays selectable, see docs/config.md).
     #[serde(skip_serializing_if = "Http2Engine::is_default")]
     pub http2_engine: Http2Engine,
+    /// Which HTTP/1.1 server implementation serves HTTP/1.1 connections (hyper's for now;
+    /// Sweety's own, `sweety-h1`, selectable; see docs/config.md).
+    #[serde(skip_serializing_if = "Http1Engine::is_default")]
+    pub http1_engine: Http1Engine,
     /// Bytes of static files one connection may hold read ahead of its client, all its
     /// streams together (at least 16384). A stream that finds it used up reads 16 KiB at a
     /// time outside it, so a connection holds at most this plus 16 KiB per stream of file
@@ -1060,6 +1064,24 @@ impl Http2Engine {
     }
 }
 
+/// The HTTP/1.1 server implementation (`limits.http1_engine`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Http1Engine {
+    /// Sweety's own HTTP/1.1 connection layer (`sweety-h1`, the default).
+    #[default]
+    Sweety,
+    /// hyper's HTTP/1.1 server, the fallback.
+    Hyper,
+}
+
+impl Http1Engine {
+    /// True for the default engine (left out when a config is written).
+    pub fn is_default(&self) -> bool {
+        *self == Http1Engine::default()
+    }
+}
+
 impl Default for Limits {
     fn default() -> Self {
         Limits {
@@ -1080,6 +1102,7 @@ impl Default for Limits {
             drain_timeout: Duration::from_secs(20),
             websocket_idle_timeout: crate::default_websocket_idle_timeout(),
             http2_engine: Http2Engine::default(),
+            http1_engine: Http1Engine::default(),
             static_read_ahead: crate::DEFAULT_STATIC_READ_AHEAD,
             proxy_read_ahead: crate::DEFAULT_PROXY_READ_AHEAD,
             http2_write_buffer: crate::DEFAULT_HTTP2_WRITE_BUFFER,

@@ -33,10 +33,9 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 /// Request extension: this HTTP/1.1 request had both `Content-Length` and `Transfer-Encoding`
-/// on the wire (hyper removed the first); set by the connection's wire tracker
-/// (`listen::h1_wire`), refused here.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ConflictingFraming;
+/// on the wire (the first removed); set by Sweety's HTTP/1.1 engine (`sweety_h1::server`) or,
+/// on hyper's, by the connection's wire tracker (`listen::h1_wire`); refused here.
+pub use sweety_h1::server::ConflictingFraming;
 
 /// Why a request has no single identity (answered 400).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -119,6 +119,63 @@ impl sweety_h2::H2Service for H2Pipeline {
     }
 }
 
+/// The pipeline as Sweety's HTTP/1.1 engine's service for one connection: like
+/// [`H2Pipeline`], it keeps the snapshot of its last request while no reload happened and
+/// boxes each request future where it is built.
+pub struct H1Pipeline {
+    shared: Arc<Shared>,
+    conn: Arc<ConnInfo>,
+    snap: Option<(u64, Arc<crate::state::Snapshot>)>,
+}
+
+impl H1Pipeline {
+    /// The service of one connection.
+    pub fn new(shared: Arc<Shared>, conn: Arc<ConnInfo>) -> H1Pipeline {
+        H1Pipeline {
+            shared,
+            conn,
+            snap: None,
+        }
+    }
+}
+
+/// A request's answer as Sweety's HTTP/1.1 engine runs it.
+type H1Answer = Pin<Box<dyn std::future::Future<Output = Response<Body>> + Send>>;
+
+impl sweety_h1::server::Service for H1Pipeline {
+    type Body = Body;
+    type Future = H1Answer;
+
+    fn call(&mut self, req: Request<sweety_h1::server::RecvBody>) -> H1Answer {
+        let (shared, conn) = (self.shared.clone(), self.conn.clone());
+        let snap = self.shared.snapshot_for(&mut self.snap);
+        let req = req.map(crate::body::boxed);
+        sweety_h2::box_in_place(move || async move {
+            let (mut resp, stored) = serve(
+                shared,
+                conn,
+                Protocol::Http1,
+                req,
+                Some(snap),
+                Instant::now(),
+            )
+            .await;
+            if let Some(head) = stored {
+                head.materialize(&mut resp, false);
+            }
+            resp
+        })
+    }
+
+    fn limit_hit(&self, what: &'static str) {
+        self.shared.metrics.limit_hit(what);
+    }
+
+    fn on_idle(&mut self) {
+        self.snap = None;
+    }
+}
+
 /// Phases 1–7 of one request. `snap`: the snapshot to use (else the current one); `start`:
 /// when the request was read. A cache hit's stored head may come back beside the response
 /// ([`StoredHead`]) instead of in its header map, when nothing in the response phase needs

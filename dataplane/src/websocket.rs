@@ -127,7 +127,13 @@ pub async fn proxy(
         .extensions_mut()
         .remove::<sweety_h2::Upgrade>()
         .and_then(|u| u.take());
-    let client_upgrade = h2_client.is_none().then(|| hyper::upgrade::on(&mut req));
+    // Sweety's HTTP/1.1 engine hands the connection over through its own extension.
+    let h1_client = req
+        .extensions_mut()
+        .remove::<sweety_h1::server::OnUpgrade>()
+        .and_then(|u| u.take());
+    let client_upgrade =
+        (h2_client.is_none() && h1_client.is_none()).then(|| hyper::upgrade::on(&mut req));
     let (mut parts, _body) = req.into_parts();
     let upgrade_value = match &kind {
         UpgradeRequest::Http1(v) => v.clone(),
@@ -179,6 +185,20 @@ pub async fn proxy(
         // there is nothing to hold.
         let permit = rx.await.ok();
         let r = match (h2_client, client_upgrade) {
+            (None, None) if h1_client.is_some() => {
+                let Some(client) = h1_client else {
+                    return;
+                };
+                let (client, backend) = match tokio::join!(client, backend_upgrade) {
+                    (Ok(c), Ok(b)) => (c, b),
+                    (c, b) => {
+                        tracing::debug!(client = ?c.err(), backend = ?b.err(), "upgrade failed");
+                        return;
+                    }
+                };
+                metrics.websocket_tunnels.fetch_add(1, Relaxed);
+                tunnel(client, TokioIo::new(backend), idle).await
+            }
             (Some(client), _) => {
                 let backend = match backend_upgrade.await {
                     Ok(b) => b,

@@ -35,6 +35,8 @@
 #   PORT_BASE=18540   ports on 127.0.0.1: TLS = base, plain = base+1, backend = base+2, admin = base+3,
 #                     h2c backend = base+5
 #   KEEP_WORK=1       keep the work dir (configs, callgrind dumps)
+#   SWEETY_LIMITS=    extra `limits:` settings of the Sweety config, as YAML flow-mapping entries
+#                     (as in run.sh), e.g. "http1_engine: hyper" to count one binary's two engines
 #   PEERS=""          "haproxy nginx": also count HAProxy and nginx as the proxy of each proxy-*
 #                     cell in CELLS, and nginx as the server of the static h1-*/h2-* cells (once
 #                     per run, not per binary), then print each binary's ratio to them
@@ -186,7 +188,7 @@ cat >"$WORK/sweety.yaml" <<EOF
 version: 1
 admin: {address: 127.0.0.1, port: $ADMIN_PORT}
 access_log: {enabled: false}
-limits: {drain_timeout: 1s, header_read_timeout: 120s}
+limits: {drain_timeout: 1s, header_read_timeout: 120s${SWEETY_LIMITS:+, $SWEETY_LIMITS}}
 listeners:
   - name: tls
     address: 127.0.0.1

@@ -16,11 +16,16 @@
 //!   backends): the request head written straight from the proxy's fields, the response head
 //!   parsed once into [`http::Response`] without its hop-by-hop fields, bodies streamed both
 //!   ways on the caller's task (no connection task, no channel), the read buffer bounded.
+//! * [`server`]: one client connection served (`limits.http1_engine: sweety`): request heads
+//!   parsed once into `http::Request`, bodies fed with backpressure, responses framed and
+//!   written in order, keep-alive, pipelining, `Expect: 100-continue`, upgrades, timeouts and
+//!   drain.
 //!
-//! Depends on `bytes`, `http`, `http-body`, `httparse` and tokio's I/O traits; nothing of the
-//! dataplane.
+//! Depends on `bytes`, `http`, `http-body`, `httparse`, tokio's I/O traits, timers and
+//! channels, and `httpdate`/`thiserror`; nothing of the dataplane.
 
 #![forbid(unsafe_code)]
 
 pub mod chunked;
 pub mod client;
+pub mod server;

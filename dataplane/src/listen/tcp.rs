@@ -94,6 +94,8 @@ pub async fn run_tcp(
         });
         let h2 = (snap.config.limits.http2_engine == sweety_config::Http2Engine::Sweety)
             .then(|| h2_settings(&snap.config.limits));
+        let h1 = (snap.config.limits.http1_engine == sweety_config::Http1Engine::Sweety)
+            .then(|| h1_settings(&snap.config.limits));
         drop(snap);
         let drain = stop.clone();
         let watcher = graceful.watcher();
@@ -183,6 +185,7 @@ pub async fn run_tcp(
                 read_ahead,
                 watcher,
                 h2,
+                h1,
                 drain,
             };
             serve_conn(shared, view, serving, stream, peer, first).await;
@@ -213,6 +216,8 @@ struct Serving {
     watcher: Watcher,
     /// Sweety's HTTP/2 engine and its settings, when `limits.http2_engine` is `sweety`.
     h2: Option<sweety_h2::Settings>,
+    /// Sweety's HTTP/1.1 engine and its settings, when `limits.http1_engine` is `sweety`.
+    h1: Option<sweety_h1::server::Settings>,
     /// Turns true when the listener drains (GOAWAY for Sweety's HTTP/2 engine).
     drain: watch::Receiver<bool>,
 }
@@ -248,6 +253,7 @@ async fn serve_conn(
         read_ahead,
         watcher,
         h2,
+        h1,
         drain,
     } = serving;
     if first.is_some() {
@@ -288,10 +294,13 @@ async fn serve_conn(
             let idle = Some((idle_timeout, drain));
             serve_http(shared, conn, builder.http2_only(), io, watcher, idle).await;
         }
-        (false, _) => {
-            let io = TokioIo::new(Prefixed::new(first.freeze(), stream));
-            serve_http(shared, conn, builder, io, watcher, None).await;
-        }
+        (false, _) => match h1 {
+            Some(settings) => serve_h1(shared, conn, stream, first, settings, drain, watcher).await,
+            None => {
+                let io = TokioIo::new(Prefixed::new(first.freeze(), stream));
+                serve_http(shared, conn, builder, io, watcher, None).await;
+            }
+        },
     }
 }
 
@@ -316,6 +325,7 @@ async fn serve_tls<S>(
         read_ahead,
         watcher,
         h2,
+        h1,
         drain,
     } = serving;
     let Some(cfg) = view.tls.as_ref() else {
@@ -360,6 +370,7 @@ async fn serve_tls<S>(
         .server_name()
         .map(|s| Arc::<str>::from(s.to_ascii_lowercase()));
     let alpn_h2 = session.alpn_protocol() == Some(b"h2");
+    let alpn_http1 = session.alpn_protocol() == Some(b"http/1.1");
     match session.alpn_protocol() {
         Some(b"h2") => builder = builder.http2_only(),
         Some(b"http/1.1") => builder = builder.http1_only(),
@@ -382,8 +393,47 @@ async fn serve_tls<S>(
             .and_then(|c| c.suite().as_str()),
         read_budget: Some(ReadBudget::new(read_ahead)),
     });
-    if let (true, Some(settings)) = (alpn_h2, h2) {
-        serve_h2(shared, conn, tls, BytesMut::new(), settings, drain, watcher).await;
+    if let (true, Some(settings)) = (alpn_h2, &h2) {
+        serve_h2(
+            shared,
+            conn,
+            tls,
+            BytesMut::new(),
+            settings.clone(),
+            drain,
+            watcher,
+        )
+        .await;
+        return;
+    }
+    if let (false, Some(settings)) = (alpn_h2, h1) {
+        let mut tls = tls;
+        let first = if alpn_http1 {
+            BytesMut::new()
+        } else {
+            // No ALPN: HTTP/2 by prior knowledge or HTTP/1.1, told by the first bytes (as on
+            // cleartext listeners).
+            match tokio::time::timeout(handshake_timeout, read_preface(&mut tls)).await {
+                Ok(Ok((false, first))) => first,
+                Ok(Ok((true, first))) => {
+                    match h2 {
+                        Some(h2) => serve_h2(shared, conn, tls, first, h2, drain, watcher).await,
+                        None => {
+                            let io = TokioIo::new(Prefixed::new(first.freeze(), tls));
+                            let idle = Some((idle_timeout, drain));
+                            serve_http(shared, conn, builder.http2_only(), io, watcher, idle).await;
+                        }
+                    }
+                    return;
+                }
+                Ok(Err(_)) => return,
+                Err(_) => {
+                    shared.metrics.limit_hit("header_read_timeout");
+                    return;
+                }
+            }
+        };
+        serve_h1(shared, conn, tls, first, settings, drain, watcher).await;
         return;
     }
     let idle = alpn_h2.then_some((idle_timeout, drain));
@@ -578,6 +628,32 @@ async fn serve_h2<I>(
     }
 }
 
+/// Serves one HTTP/1.1 connection with Sweety's own engine (`limits.http1_engine: sweety`):
+/// `first` holds the bytes already read from `io`. `watcher` is held until the connection
+/// ends, so the listener's drain waits; `drain` turning true closes it after the current
+/// response (at once when idle).
+async fn serve_h1<I>(
+    shared: Arc<Shared>,
+    conn: Arc<ConnInfo>,
+    io: I,
+    first: BytesMut,
+    settings: sweety_h1::server::Settings,
+    drain: watch::Receiver<bool>,
+    watcher: Watcher,
+) where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let service = crate::pipeline::H1Pipeline::new(shared, conn);
+    let r = Batched::new(sweety_h1::server::serve(
+        io, first, service, settings, drain,
+    ))
+    .await;
+    drop(watcher);
+    if let Err(e) = r {
+        tracing::debug!(error = %e, "HTTP/1.1 connection ended with an error");
+    }
+}
+
 /// Serves a connection with hyper (HTTP/1.1, or HTTP/2 when the builder is set so). `idle`,
 /// for HTTP/2: the idle timeout and the listener's drain signal; hyper has no idle timeout of
 /// its own (its keep-alive PINGs keep a silent connection open as long as the client answers
@@ -695,6 +771,16 @@ pub fn per_client_cap(access: &crate::access::AccessRules, max: u32, peer: IpAdd
         0
     } else {
         max
+    }
+}
+
+/// The HTTP/1.1 engine's connection settings from the config's limits.
+pub fn h1_settings(l: &sweety_config::Limits) -> sweety_h1::server::Settings {
+    sweety_h1::server::Settings {
+        max_head_bytes: l.max_header_bytes as usize,
+        max_fields: sweety_h1::server::DEFAULT_MAX_FIELDS,
+        header_read_timeout: l.header_read_timeout.get(),
+        chunked: sweety_h1::chunked::Limits::default(),
     }
 }
 

@@ -6,8 +6,9 @@
 //! is the head's) and by [`MAX_FIELDS`]; its framing is refused rather than guessed when it
 //! could desync the connection: `Content-Length` with `Transfer-Encoding`, differing or
 //! malformed `Content-Length` values, `Transfer-Encoding` in an HTTP/1.0 response, `chunked`
-//! that is not the last coding or is there twice, obs-fold, a 101 to a request that asked for
-//! no upgrade.
+//! that is not the last coding or is there twice, obs-fold, any 101 (upgrades go through
+//! hyper's client, not this one), a `Connection` field naming more than [`MAX_FIELDS`]
+//! options. An HTTP/1.0 response is never followed by another request on its connection.
 
 use bytes::{BufMut, Bytes};
 use http::header::{HeaderMap, HeaderName, HeaderValue};
@@ -37,7 +38,7 @@ pub struct BodyShape {
 }
 
 /// Methods whose requests carry a body as a rule: an empty one is announced as
-/// `Content-Length: 0` (as hyper does), so the backend does not wait for one.
+/// `Content-Length: 0`, so the backend does not wait for one.
 fn expects_body(method: &Method) -> bool {
     *method == Method::POST || *method == Method::PUT || *method == Method::PATCH
 }
@@ -92,6 +93,10 @@ pub fn write_request_head(
         let skip = match *name {
             http::header::HOST => host.is_some(),
             http::header::TRANSFER_ENCODING => true,
+            // The body is sent at once, so a backend that answers early without `100
+            // Continue` and keeps the connection would read the body as its next request
+            // (nginx clears it toward upstreams too); the client's 100 is the server's.
+            http::header::EXPECT => true,
             http::header::CONTENT_LENGTH => framing.is_none(),
             _ => false,
         };
@@ -188,7 +193,7 @@ pub enum HeadError {
     /// `Transfer-Encoding` in an HTTP/1.0 response, or `chunked` applied twice.
     #[error("response has an invalid Transfer-Encoding")]
     BadEncoding,
-    /// 101 Switching Protocols to a request that asked for no upgrade.
+    /// 101 Switching Protocols (this client sends no upgrade request).
     #[error("response switches protocols unasked")]
     UnaskedSwitch,
 }
@@ -247,10 +252,9 @@ pub fn parse_response(buf: &[u8], head_request: bool) -> Result<Parsed, HeadErro
     let mut chunked_last = false;
     let mut chunked_seen = false;
     let mut close = false;
-    let mut keep_alive_asked = false;
-    // Connection names a field other than the ones left out anyway (`keep-alive`, the usual
-    // value, names none: the per-field look-up is skipped).
-    let mut names_others = false;
+    // The fields Connection names other than the ones left out anyway (`keep-alive`, the
+    // usual value, names none: the per-field look-up is skipped), at most MAX_FIELDS.
+    let mut named: Vec<&[u8]> = Vec::new();
     let mut te_trailers = false;
     for f in fields.iter() {
         let name = f.name.as_bytes();
@@ -282,12 +286,13 @@ pub fn parse_response(buf: &[u8], head_request: bool) -> Result<Parsed, HeadErro
             for e in elements(f.value) {
                 if e.eq_ignore_ascii_case(b"close") {
                     close = true;
-                } else if e.eq_ignore_ascii_case(b"keep-alive") {
-                    keep_alive_asked = true;
                 }
                 // `close` names a field too (one called so is left out, as the strip does).
                 if !always_hop_by_hop(e) {
-                    names_others = true;
+                    if named.len() == MAX_FIELDS {
+                        return Err(HeadError::InvalidField);
+                    }
+                    named.push(e);
                 }
             }
         } else if name.eq_ignore_ascii_case(b"te") {
@@ -317,14 +322,16 @@ pub fn parse_response(buf: &[u8], head_request: bool) -> Result<Parsed, HeadErro
     } else {
         ResponseFraming::Close
     };
-    let keep_alive = framing != ResponseFraming::Close && !close && (!http10 || keep_alive_asked);
+    // An HTTP/1.0 backend is never sent a second request: every request is written as
+    // HTTP/1.1 and may be chunked, which a 1.0 parser would read as a second request.
+    let keep_alive = framing != ResponseFraming::Close && !close && !http10;
 
     // The end-to-end fields. Their values share one copy of the head's bytes.
     let block = Bytes::copy_from_slice(&buf[..len]);
     let mut headers = HeaderMap::with_capacity(fields.len());
     for f in fields.iter() {
         let name = f.name.as_bytes();
-        if always_hop_by_hop(name) || (names_others && named_by_connection(fields, name)) {
+        if always_hop_by_hop(name) || named.iter().any(|e| e.eq_ignore_ascii_case(name)) {
             continue;
         }
         let name = HeaderName::from_bytes(name).map_err(|_| HeadError::InvalidField)?;
@@ -349,12 +356,4 @@ pub fn parse_response(buf: &[u8], head_request: bool) -> Result<Parsed, HeadErro
             keep_alive,
         },
     ))
-}
-
-/// Whether a `Connection` field of `fields` lists `name` (any case).
-fn named_by_connection(fields: &[httparse::Header<'_>], name: &[u8]) -> bool {
-    fields
-        .iter()
-        .filter(|f| f.name.eq_ignore_ascii_case("connection"))
-        .any(|f| elements(f.value).any(|e| e.eq_ignore_ascii_case(name)))
 }

@@ -72,7 +72,14 @@ pub enum Error {
     /// The response body is broken.
     #[error(transparent)]
     Body(#[from] BodyError),
+    /// More than [`MAX_INTERIM`] interim (1xx) responses before the final one.
+    #[error("more than {MAX_INTERIM} interim responses")]
+    TooManyInterim,
 }
+
+/// Interim (1xx) responses read before a final one at most (hyper reads any number): a
+/// backend streaming `100 Continue` for ever holds the try only until this many.
+pub const MAX_INTERIM: usize = 16;
 
 impl Error {
     /// Whether the backend went away (closed or reset the connection) rather than answered
@@ -204,13 +211,14 @@ where
         Ok(())
     }
 
-    /// The body ended: checks its length, queues the chunked terminator (with `trailers`).
-    fn finish(&mut self, wbuf: &mut Vec<u8>, trailers: Option<&HeaderMap>) -> Result<(), Error> {
+    /// The body ended: checks its length, queues the chunked terminator. A request's
+    /// trailer fields are never sent (as hyper's client sent none once the proxy had removed
+    /// `Trailer`): a client could otherwise hand a backend that merges trailers into the
+    /// head a `Host`, `X-Forwarded-For` or credential field the proxy never checked.
+    fn finish(&mut self, wbuf: &mut Vec<u8>) -> Result<(), Error> {
         match self.framing {
             RequestFraming::Length(_) if self.left != 0 => return Err(Error::RequestLength),
-            RequestFraming::Chunked => {
-                crate::chunked::put_end(wbuf, trailers.unwrap_or(&HeaderMap::new()));
-            }
+            RequestFraming::Chunked => wbuf.extend_from_slice(crate::chunked::LAST_CHUNK),
             _ => {}
         }
         self.finished = true;
@@ -288,7 +296,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Conn<T> {
             {
                 match Pin::new(&mut w.body).poll_frame(cx) {
                     Poll::Pending => break,
-                    Poll::Ready(None) => w.finish(&mut self.wbuf, None)?,
+                    Poll::Ready(None) => w.finish(&mut self.wbuf)?,
                     Poll::Ready(Some(Err(e))) => {
                         return Poll::Ready(Err(Error::RequestBody(e.into())))
                     }
@@ -300,17 +308,16 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Conn<T> {
                                 }
                                 w.queue(&mut self.wbuf, data)?;
                             }
-                            Err(frame) => {
-                                // Trailers end the body.
-                                let trailers = frame.into_trailers().ok();
-                                w.finish(&mut self.wbuf, trailers.as_ref())?;
+                            Err(_trailers) => {
+                                // Trailers end the body; they are not sent (`finish`).
+                                w.finish(&mut self.wbuf)?;
                                 continue;
                             }
                         }
                         // The end goes after a large chunk still to be written: it is seen
                         // when the body is polled again.
                         if w.pending.is_empty() && w.body.is_end_stream() {
-                            w.finish(&mut self.wbuf, None)?;
+                            w.finish(&mut self.wbuf)?;
                         }
                     }
                 }
@@ -355,6 +362,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Conn<T> {
         &mut self,
         head_request: bool,
         started: &mut bool,
+        interim: &mut usize,
         cx: &mut Context<'_>,
     ) -> Poll<Result<ResponseHead, Error>> {
         loop {
@@ -366,6 +374,10 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Conn<T> {
                     }
                     Parsed::Interim(n) => {
                         self.rbuf.advance(n);
+                        *interim += 1;
+                        if *interim > MAX_INTERIM {
+                            return Poll::Ready(Err(Error::TooManyInterim));
+                        }
                         continue;
                     }
                     Parsed::Partial if self.rbuf.len() >= self.read_ahead => {
@@ -413,6 +425,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Conn<T> {
         );
         let mut w = Writer::new(body, framing);
         let mut started = false;
+        let mut interim = 0;
         // The write failed after some bytes went: the backend may answer all the same.
         let mut write_error = None;
         let mut sent = false;
@@ -428,7 +441,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Conn<T> {
                     Poll::Pending => {}
                 }
             }
-            match ready!(self.poll_head(head_request, &mut started, cx)) {
+            match ready!(self.poll_head(head_request, &mut started, &mut interim, cx)) {
                 Ok(h) => Poll::Ready(Ok(h)),
                 Err(e) => Poll::Ready(Err(write_error.take().unwrap_or(e))),
             }
@@ -461,7 +474,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Conn<T> {
         // Read whole with its head: the connection goes back now.
         if sent {
             let whole = match decoder.remaining() {
-                Some(n) => (n as usize) <= self.rbuf.len(),
+                Some(n) => n <= self.rbuf.len() as u64,
                 None => false,
             };
             if whole {

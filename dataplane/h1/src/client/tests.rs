@@ -218,11 +218,13 @@ fn response_framing_and_keep_alive() {
             ResponseFraming::Length(1),
             false,
         ),
+        // Not even with keep-alive asked: the next request would be written as HTTP/1.1 and
+        // may be chunked, which a 1.0 parser reads as a second request.
         (
             "HTTP/1.0 200 OK\r\ncontent-length: 1\r\nconnection: Keep-Alive\r\n\r\n",
             false,
             ResponseFraming::Length(1),
-            true,
+            false,
         ),
     ];
     for (raw, head_request, framing, keep_alive) in cases {
@@ -881,4 +883,101 @@ proptest::proptest! {
             }
         }
     }
+}
+
+/// A body of one data frame and then trailer fields, of unknown length (sent chunked).
+#[derive(Debug)]
+struct WithTrailers(Option<Bytes>, Option<HeaderMap>);
+
+impl Body for WithTrailers {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        if let Some(d) = self.0.take() {
+            return Poll::Ready(Some(Ok(http_body::Frame::data(d))));
+        }
+        Poll::Ready(self.1.take().map(|t| Ok(http_body::Frame::trailers(t))))
+    }
+}
+
+// A client's trailer fields and its `Expect` never reach the backend: the trailers could
+// carry a Host, forwarding or credential field the proxy never checked (a backend that merges
+// trailers into the head would believe them), and `Expect: 100-continue` with a body sent at
+// once would let a backend that answers early read the body as its next request.
+#[test]
+fn request_trailers_and_expect_never_reach_the_backend() {
+    rt().block_on(async {
+        let h = map(&[("expect", "100-continue"), ("x-a", "1")]);
+        let slot = Released::default();
+        let mock = Mock::new(vec![Step::Send(
+            b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n".to_vec(),
+        )]);
+        let trailers = map(&[
+            ("host", "admin.internal"),
+            ("x-forwarded-for", "10.0.0.1"),
+            ("authorization", "Basic YTpi"),
+        ]);
+        let post = RequestHead {
+            method: &Method::POST,
+            target: "/up",
+            ..get_head(&h)
+        };
+        let body = WithTrailers(Some(Bytes::from_static(b"abc")), Some(trailers));
+        let resp = Conn::new(mock.clone(), 16384)
+            .send(post, body, release_into(&slot))
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        assert_eq!(
+            mock.written(),
+            "POST /up HTTP/1.1\r\nx-a: 1\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n"
+        );
+    });
+}
+
+// A backend that streams interim responses gets at most MAX_INTERIM of them read before the
+// try fails; that many and then a final response is fine.
+#[test]
+fn interim_responses_are_bounded() {
+    rt().block_on(async {
+        let h = HeaderMap::new();
+        let slot = Released::default();
+        let interim = "HTTP/1.1 100 Continue\r\n\r\n";
+        let fine = format!(
+            "{}HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n",
+            interim.repeat(MAX_INTERIM)
+        );
+        let resp = Conn::new(Mock::new(vec![Step::Send(fine.into_bytes())]), 16384)
+            .send(get_head(&h), empty(), release_into(&slot))
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        let endless = interim.repeat(MAX_INTERIM + 1);
+        let e = Conn::new(Mock::new(vec![Step::Send(endless.into_bytes())]), 16384)
+            .send(get_head(&h), empty(), release_into(&slot))
+            .await
+            .unwrap_err();
+        assert!(matches!(e.error, Error::TooManyInterim), "{e:?}");
+    });
+}
+
+// A `Connection` field may name at most MAX_FIELDS options: the names are collected once, so
+// a head's cost stays fields x that bound however long the list.
+#[test]
+fn a_connection_field_naming_too_many_options_is_refused() {
+    let opts: Vec<String> = (0..MAX_FIELDS).map(|i| format!("x-{i}")).collect();
+    let ok = format!(
+        "HTTP/1.1 200 OK\r\nconnection: {}\r\nx-5: dropped\r\ny: kept\r\ncontent-length: 0\r\n\r\n",
+        opts.join(", ")
+    );
+    let h = final_head(&ok, false);
+    assert_eq!(names(&h), ["y=kept", "content-length=0"]);
+    let over = format!(
+        "HTTP/1.1 200 OK\r\nconnection: {}, one-more\r\ncontent-length: 0\r\n\r\n",
+        opts.join(", ")
+    );
+    assert!(matches!(parse(&over), Err(HeadError::InvalidField)));
 }

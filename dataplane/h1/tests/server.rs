@@ -1,0 +1,750 @@
+//! `sweety_h1::server` over an in-memory pipe with test services: pipelining, bodies by length
+//! and chunked, refusals, keep-alive rules, HEAD/204/304 framing, `Expect: 100-continue`,
+//! upgrades, the header-read timeout, drain, and (property tests) generated request streams
+//! split at random points and arbitrary bytes.
+
+use bytes::{Bytes, BytesMut};
+use http::{header, Request, Response, StatusCode};
+use http_body_util::{combinators::UnsyncBoxBody, BodyExt, Full};
+use proptest::prelude::*;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use sweety_h1::server::{self, ConflictingFraming, OnUpgrade, RecvBody, Service, Settings};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
+use tokio::sync::watch;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+type Body = UnsyncBoxBody<Bytes, BoxError>;
+type Answer = Pin<Box<dyn Future<Output = Response<Body>> + Send>>;
+type Handler = Arc<dyn Fn(Request<RecvBody>) -> Answer + Send + Sync>;
+
+struct Svc {
+    handler: Handler,
+    hits: Arc<Mutex<Vec<&'static str>>>,
+}
+
+impl Service for Svc {
+    type Body = Body;
+    type Future = Answer;
+    fn call(&mut self, request: Request<RecvBody>) -> Answer {
+        (self.handler)(request)
+    }
+    fn limit_hit(&self, what: &'static str) {
+        self.hits.lock().unwrap().push(what);
+    }
+}
+
+fn full(s: impl Into<Bytes>) -> Body {
+    Full::new(s.into()).map_err(|e| match e {}).boxed_unsync()
+}
+
+/// Answers with a description of the request: method, target, version, Content-Length and
+/// Transfer-Encoding as received, the conflict mark, the body and its trailers.
+fn describe() -> Handler {
+    Arc::new(|req: Request<RecvBody>| {
+        Box::pin(async move {
+            let (parts, body) = req.into_parts();
+            let collected = body.collect().await;
+            let (body, trailers) = match collected {
+                Ok(c) => {
+                    let t = c.trailers().cloned();
+                    (
+                        String::from_utf8_lossy(&c.to_bytes()).into_owned(),
+                        t.map(|t| format!("{t:?}")),
+                    )
+                }
+                Err(e) => (format!("error: {e}"), None),
+            };
+            let text = format!(
+                "{} {} {:?} cl={:?} te={:?} conflict={} body={} trailers={:?}",
+                parts.method,
+                parts.uri,
+                parts.version,
+                parts.headers.get(header::CONTENT_LENGTH),
+                parts.headers.get(header::TRANSFER_ENCODING),
+                parts.extensions.get::<ConflictingFraming>().is_some(),
+                body,
+                trailers
+            );
+            Response::new(full(text))
+        })
+    })
+}
+
+/// A served connection: the client side, the limit hits, the drain signal, the task.
+type Served = (
+    DuplexStream,
+    Arc<Mutex<Vec<&'static str>>>,
+    watch::Sender<bool>,
+    tokio::task::JoinHandle<std::io::Result<()>>,
+);
+
+/// Serves one connection.
+fn start(handler: Handler, settings: Settings) -> Served {
+    let (client, server_io) = tokio::io::duplex(1 << 20);
+    let hits = Arc::new(Mutex::new(Vec::new()));
+    let (tx, rx) = watch::channel(false);
+    let svc = Svc {
+        handler,
+        hits: hits.clone(),
+    };
+    let task = tokio::spawn(server::serve(server_io, BytesMut::new(), svc, settings, rx));
+    (client, hits, tx, task)
+}
+
+/// Sends `input`, closes the sending side, reads everything the server answers.
+async fn exchange_with(input: &[u8], handler: Handler, settings: Settings) -> String {
+    let (mut c, _hits, _tx, task) = start(handler, settings);
+    c.write_all(input).await.unwrap();
+    c.shutdown().await.unwrap();
+    let mut out = Vec::new();
+    tokio::time::timeout(Duration::from_secs(20), c.read_to_end(&mut out))
+        .await
+        .expect("the server ends the exchange")
+        .unwrap();
+    let _ = task.await;
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+async fn exchange(input: &[u8]) -> String {
+    exchange_with(input, describe(), Settings::default()).await
+}
+
+/// The bodies of the responses in `out` (each framed by Content-Length).
+fn bodies(out: &str) -> Vec<String> {
+    let mut v = Vec::new();
+    let mut rest = out;
+    while let Some(end) = rest.find("\r\n\r\n") {
+        let head = &rest[..end];
+        let len = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length: "))
+            .map(|n| n.parse::<usize>().unwrap())
+            .unwrap_or(0);
+        let body_start = end + 4;
+        v.push(rest[body_start..body_start + len].to_string());
+        rest = &rest[body_start + len..];
+    }
+    v
+}
+
+#[tokio::test]
+async fn pipelined_requests_are_answered_in_order() {
+    let out = exchange(
+        b"GET /a HTTP/1.1\r\nHost: x\r\n\r\nGET /b?q=1 HTTP/1.1\r\nHost: x\r\n\r\n\r\nGET /c HTTP/1.1\r\nHost: x\r\n\r\n",
+    )
+    .await;
+    assert_eq!(out.matches("HTTP/1.1 200 OK\r\n").count(), 3, "{out}");
+    let b = bodies(&out);
+    assert!(b[0].starts_with("GET /a HTTP/1.1"), "{b:?}");
+    assert!(b[1].starts_with("GET /b?q=1 HTTP/1.1"), "{b:?}");
+    assert!(b[2].starts_with("GET /c HTTP/1.1"), "{b:?}");
+    assert_eq!(out.matches("\r\ndate: ").count(), 3);
+    assert!(!out.contains("connection: close"));
+}
+
+/// A pipelined request whose answer waits does not hold back the answers before it.
+#[tokio::test]
+async fn answers_already_made_go_out_while_a_later_one_waits() {
+    let (release, wait) = tokio::sync::oneshot::channel::<()>();
+    let wait = Arc::new(Mutex::new(Some(wait)));
+    let h: Handler = Arc::new(move |req: Request<RecvBody>| {
+        let wait = (req.uri().path() == "/slow")
+            .then(|| wait.lock().unwrap().take())
+            .flatten();
+        Box::pin(async move {
+            if let Some(w) = wait {
+                let _ = w.await;
+            }
+            Response::new(full("done"))
+        })
+    });
+    let (mut c, _hits, _tx, _task) = start(h, Settings::default());
+    c.write_all(b"GET /fast HTTP/1.1\r\nHost: x\r\n\r\nGET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = vec![0u8; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(20), c.read(&mut buf))
+        .await
+        .expect("the first answer is written while the second waits")
+        .unwrap();
+    assert!(String::from_utf8_lossy(&buf[..n]).ends_with("\r\n\r\ndone"));
+    release.send(()).unwrap();
+    c.shutdown().await.unwrap();
+    let mut out = Vec::new();
+    tokio::time::timeout(Duration::from_secs(20), c.read_to_end(&mut out))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(bodies(&String::from_utf8_lossy(&out)), vec!["done"]);
+}
+
+#[tokio::test]
+async fn bodies_by_length_and_chunked_with_trailers() {
+    let out = exchange(
+        b"POST /l HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello\
+          POST /c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5;ext=1\r\nhello\r\n6\r\n world\r\n0\r\nX-Sum: 9\r\n\r\n\
+          GET /after HTTP/1.1\r\nHost: x\r\n\r\n",
+    )
+    .await;
+    let b = bodies(&out);
+    assert_eq!(b.len(), 3, "{out}");
+    assert!(
+        b[0].contains("cl=Some(\"5\")") && b[0].contains("body=hello "),
+        "{}",
+        b[0]
+    );
+    assert!(b[1].contains("te=Some(\"chunked\")"), "{}", b[1]);
+    assert!(b[1].contains("body=hello world "), "{}", b[1]);
+    assert!(
+        b[1].contains("x-sum"),
+        "trailers reach the service: {}",
+        b[1]
+    );
+    assert!(b[2].starts_with("GET /after"));
+}
+
+#[tokio::test]
+async fn a_streamed_response_of_unknown_length_is_chunked() {
+    let echo: Handler = Arc::new(|req: Request<RecvBody>| {
+        Box::pin(async move {
+            let body = req.into_body().map_err(|e| Box::new(e) as BoxError);
+            Response::new(body.boxed_unsync())
+        })
+    });
+    let big = vec![b'z'; 70_000];
+    let mut input =
+        b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n".to_vec();
+    input.extend_from_slice(format!("{:x}\r\n", big.len()).as_bytes());
+    input.extend_from_slice(&big);
+    input.extend_from_slice(
+        b"\r\n0\r\n\r\nGET / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nok",
+    );
+    let out = exchange_with(&input, echo, Settings::default()).await;
+    assert!(out.starts_with("HTTP/1.1 200 OK\r\n"), "{}", &out[..100]);
+    let first_end = out.find("\r\n\r\n").unwrap();
+    assert!(out[..first_end].contains("transfer-encoding: chunked"));
+    // The chunked body decodes to the request's body.
+    let mut d = sweety_h1::chunked::Decoder::new(Default::default());
+    let mut buf = BytesMut::from(&out.as_bytes()[first_end + 4..]);
+    let mut got = Vec::new();
+    while let Some(c) = d.decode(&mut buf).unwrap() {
+        match c {
+            sweety_h1::chunked::Chunk::Data(b) => got.extend_from_slice(&b),
+            sweety_h1::chunked::Chunk::End(_) => break,
+        }
+    }
+    assert_eq!(got.len(), 3 + big.len());
+    assert!(got.starts_with(b"abc"));
+    // The second request's body has a known length: Content-Length.
+    let rest = String::from_utf8_lossy(&buf);
+    assert!(rest.starts_with("HTTP/1.1 200 OK\r\n") && rest.contains("content-length: 2\r\n"));
+    assert!(rest.ends_with("\r\n\r\nok"), "{rest}");
+}
+
+#[tokio::test]
+async fn heads_an_edge_must_refuse_get_400_or_431_and_close() {
+    let small = Settings {
+        max_head_bytes: 1024,
+        ..Settings::default()
+    };
+    let long = format!(
+        "GET / HTTP/1.1\r\nHost: x\r\nX-Long: {}\r\n\r\n",
+        "a".repeat(2000)
+    );
+    let many = format!(
+        "GET / HTTP/1.1\r\nHost: x\r\n{}\r\n",
+        (0..101)
+            .map(|i| format!("X-{i}: 1\r\n"))
+            .collect::<String>()
+    );
+    let cases: Vec<(Vec<u8>, &str)> = vec![
+        (
+            b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab"
+                .to_vec(),
+            "400",
+        ),
+        (
+            b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: 1, 2\r\n\r\nab".to_vec(),
+            "400",
+        ),
+        (
+            b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: +1\r\n\r\na".to_vec(),
+            "400",
+        ),
+        (
+            b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: 0x1\r\n\r\na".to_vec(),
+            "400",
+        ),
+        (
+            b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n".to_vec(),
+            "400",
+        ),
+        (
+            b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked, gzip\r\n\r\n".to_vec(),
+            "400",
+        ),
+        (
+            b"POST / HTTP/1.0\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n".to_vec(),
+            "400",
+        ),
+        (
+            b"GET / HTTP/1.1\r\nHost: x\r\nX-A: a\r\n folded\r\n\r\n".to_vec(),
+            "400",
+        ),
+        (b"GET / HTTP/1.1\rHost: x\r\n\r\n".to_vec(), "400"),
+        (
+            b"GET / HTTP/1.1\r\nHost: x\r\nX-A: a\0b\r\n\r\n".to_vec(),
+            "400",
+        ),
+        (b"GET / HTTP/1.1\r\nHo st: x\r\n\r\n".to_vec(), "400"),
+        (b"GET / HTTP/9.9\r\nHost: x\r\n\r\n".to_vec(), "400"),
+        (long.into_bytes(), "431"),
+        (many.into_bytes(), "431"),
+    ];
+    for (mut input, status) in cases {
+        // A second request after it: never answered (the connection closes).
+        input.extend_from_slice(b"GET /next HTTP/1.1\r\nHost: x\r\n\r\n");
+        let out = exchange_with(&input, describe(), small).await;
+        let shown = String::from_utf8_lossy(&input[..input.len().min(60)]).into_owned();
+        assert!(
+            out.starts_with(&format!("HTTP/1.1 {status} ")),
+            "{shown:?}: {out}"
+        );
+        assert!(
+            out.contains("\r\nconnection: close\r\n"),
+            "{shown:?}: {out}"
+        );
+        assert_eq!(out.matches("HTTP/1.1").count(), 1, "{shown:?}: {out}");
+    }
+}
+
+#[tokio::test]
+async fn both_framing_fields_reach_the_service_marked_and_end_the_connection() {
+    let out = exchange(
+        b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n\
+          GET /smuggled HTTP/1.1\r\nHost: x\r\n\r\n",
+    )
+    .await;
+    let b = bodies(&out);
+    assert_eq!(b.len(), 1, "{out}");
+    assert!(b[0].contains("cl=None"), "Content-Length removed: {}", b[0]);
+    assert!(b[0].contains("conflict=true"), "{}", b[0]);
+    assert!(b[0].contains("body= "), "the body is not read: {}", b[0]);
+    assert!(out.contains("connection: close"));
+    assert!(!out.contains("smuggled"));
+}
+
+#[tokio::test]
+async fn keep_alive_rules_of_each_version() {
+    // HTTP/1.0 closes by default, with an HTTP/1.0 status line.
+    let out = exchange(b"GET /a HTTP/1.0\r\n\r\nGET /b HTTP/1.0\r\n\r\n").await;
+    assert!(out.starts_with("HTTP/1.0 200 OK\r\n"), "{out}");
+    assert!(out.contains("connection: close"));
+    assert_eq!(bodies(&out).len(), 1);
+    // HTTP/1.0 keep-alive is kept and said.
+    let out =
+        exchange(b"GET /a HTTP/1.0\r\nConnection: keep-alive\r\n\r\nGET /b HTTP/1.0\r\n\r\n").await;
+    assert!(out.contains("connection: keep-alive"), "{out}");
+    assert_eq!(bodies(&out).len(), 2, "{out}");
+    // HTTP/1.1 Connection: close ends it.
+    let out = exchange(b"GET /a HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\nGET /b HTTP/1.1\r\nHost: x\r\n\r\n").await;
+    assert!(out.contains("connection: close"), "{out}");
+    assert_eq!(bodies(&out).len(), 1);
+    // HTTP/1.0 and a body of unknown length: close-delimited, no chunked.
+    let stream: Handler = Arc::new(|_req| {
+        Box::pin(async move {
+            let body = Chunks([Bytes::from_static(b"one "), Bytes::from_static(b"two")].into());
+            Response::new(body.boxed_unsync())
+        })
+    });
+    let out = exchange_with(
+        b"GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n",
+        stream,
+        Settings::default(),
+    )
+    .await;
+    assert!(
+        !out.contains("transfer-encoding") && !out.contains("content-length"),
+        "{out}"
+    );
+    assert!(
+        out.contains("connection: close") && out.ends_with("\r\n\r\none two"),
+        "{out}"
+    );
+}
+
+/// Data frames of unknown total length.
+struct Chunks(std::collections::VecDeque<Bytes>);
+
+impl http_body::Body for Chunks {
+    type Data = Bytes;
+    type Error = BoxError;
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, BoxError>>> {
+        std::task::Poll::Ready(self.0.pop_front().map(|b| Ok(http_body::Frame::data(b))))
+    }
+}
+
+#[tokio::test]
+async fn head_204_and_304_have_no_body() {
+    let h: Handler = Arc::new(|req: Request<RecvBody>| {
+        Box::pin(async move {
+            let status = match req.uri().path() {
+                "/204" => StatusCode::NO_CONTENT,
+                "/304" => StatusCode::NOT_MODIFIED,
+                _ => StatusCode::OK,
+            };
+            let mut r = Response::new(full("twelve bytes"));
+            *r.status_mut() = status;
+            if status == StatusCode::NOT_MODIFIED {
+                r.headers_mut()
+                    .insert(header::CONTENT_LENGTH, "12".parse().unwrap());
+            }
+            r
+        })
+    });
+    let out = exchange_with(
+        b"HEAD / HTTP/1.1\r\nHost: x\r\n\r\nGET /204 HTTP/1.1\r\nHost: x\r\n\r\nGET /304 HTTP/1.1\r\nHost: x\r\n\r\nGET / HTTP/1.1\r\nHost: x\r\n\r\n",
+        h,
+        Settings::default(),
+    )
+    .await;
+    let parts: Vec<&str> = out.split("HTTP/1.1 ").skip(1).collect();
+    assert_eq!(parts.len(), 4, "{out}");
+    assert!(parts[0].starts_with("200") && parts[0].contains("content-length: 12\r\n"));
+    assert!(
+        parts[0].ends_with("\r\n\r\n"),
+        "HEAD has no body: {:?}",
+        parts[0]
+    );
+    assert!(parts[1].starts_with("204") && !parts[1].contains("content-length"));
+    assert!(parts[1].ends_with("\r\n\r\n"));
+    assert!(parts[2].starts_with("304") && parts[2].contains("content-length: 12\r\n"));
+    assert!(parts[2].ends_with("\r\n\r\n"));
+    assert!(parts[3].ends_with("\r\n\r\ntwelve bytes"));
+}
+
+#[tokio::test]
+async fn expect_100_continue_is_answered_when_the_body_is_read() {
+    let (mut c, _hits, _tx, _task) = start(describe(), Settings::default());
+    c.write_all(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nExpect: 100-continue\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = vec![0u8; 25];
+    tokio::time::timeout(Duration::from_secs(20), c.read_exact(&mut buf))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(&buf, b"HTTP/1.1 100 Continue\r\n\r\n");
+    c.write_all(b"data").await.unwrap();
+    c.shutdown().await.unwrap();
+    let mut out = Vec::new();
+    tokio::time::timeout(Duration::from_secs(20), c.read_to_end(&mut out))
+        .await
+        .unwrap()
+        .unwrap();
+    let out = String::from_utf8_lossy(&out);
+    assert!(
+        out.starts_with("HTTP/1.1 200 OK") && out.contains("body=data "),
+        "{out}"
+    );
+}
+
+#[tokio::test]
+async fn an_unread_body_ends_the_connection_unless_it_is_all_here() {
+    let ignore: Handler = Arc::new(|_req| Box::pin(async move { Response::new(full("no")) }));
+    // All of it buffered: skipped, the next request is served.
+    let out = exchange_with(
+        b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabcGET / HTTP/1.1\r\nHost: x\r\n\r\n",
+        ignore.clone(),
+        Settings::default(),
+    )
+    .await;
+    assert_eq!(bodies(&out), vec!["no", "no"], "{out}");
+    // Not all of it: closed after the answer.
+    let (mut c, _hits, _tx, task) = start(ignore, Settings::default());
+    c.write_all(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nabc")
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    tokio::time::timeout(Duration::from_secs(20), c.read_to_end(&mut out))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out).ends_with("\r\n\r\nno"));
+    task.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn a_101_hands_the_connection_over_with_the_bytes_read_past_the_head() {
+    let h: Handler = Arc::new(|mut req: Request<RecvBody>| {
+        Box::pin(async move {
+            let up = req
+                .extensions_mut()
+                .remove::<OnUpgrade>()
+                .and_then(|u| u.take())
+                .expect("an upgrade request has the extension");
+            tokio::spawn(async move {
+                let mut io = up.await.expect("handed over");
+                let mut b = [0u8; 4];
+                io.read_exact(&mut b).await.unwrap();
+                io.write_all(&b).await.unwrap();
+                io.write_all(b"!").await.unwrap();
+            });
+            let mut r = Response::new(full(""));
+            *r.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+            r.headers_mut()
+                .insert(header::CONNECTION, "upgrade".parse().unwrap());
+            r.headers_mut()
+                .insert(header::UPGRADE, "websocket".parse().unwrap());
+            r
+        })
+    });
+    let out = exchange_with(
+        b"GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\nping",
+        h,
+        Settings::default(),
+    )
+    .await;
+    assert!(
+        out.starts_with("HTTP/1.1 101 Switching Protocols\r\n"),
+        "{out}"
+    );
+    assert!(!out.contains("content-length") && !out.contains("transfer-encoding"));
+    assert!(out.ends_with("\r\n\r\nping!"), "{out}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_head_not_finished_in_time_closes_the_connection() {
+    let settings = Settings {
+        header_read_timeout: Duration::from_secs(5),
+        ..Settings::default()
+    };
+    let (mut c, hits, _tx, task) = start(describe(), settings);
+    c.write_all(b"GET / HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    c.read_to_end(&mut out).await.unwrap();
+    assert!(out.is_empty());
+    task.await.unwrap().unwrap();
+    assert_eq!(*hits.lock().unwrap(), vec!["header_read_timeout"]);
+    // An idle keep-alive connection closes after the same time, without a limit hit.
+    let (mut c, hits, _tx, task) = start(describe(), settings);
+    c.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    c.read_to_end(&mut out).await.unwrap();
+    assert!(String::from_utf8_lossy(&out).starts_with("HTTP/1.1 200 OK"));
+    task.await.unwrap().unwrap();
+    assert!(hits.lock().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn drain_closes_an_idle_connection_and_a_busy_one_after_its_answer() {
+    let (mut c, _hits, tx, task) = start(describe(), Settings::default());
+    c.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = vec![0u8; 4096];
+    let n = c.read(&mut buf).await.unwrap();
+    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200 OK"));
+    tx.send(true).unwrap();
+    let mut rest = Vec::new();
+    tokio::time::timeout(Duration::from_secs(20), c.read_to_end(&mut rest))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(rest.is_empty());
+    task.await.unwrap().unwrap();
+
+    let (release, wait) = tokio::sync::oneshot::channel::<()>();
+    let wait = Arc::new(Mutex::new(Some(wait)));
+    let slow: Handler = Arc::new(move |_req| {
+        let wait = wait.lock().unwrap().take();
+        Box::pin(async move {
+            if let Some(w) = wait {
+                let _ = w.await;
+            }
+            Response::new(full("late"))
+        })
+    });
+    let (mut c, _hits, tx, task) = start(slow, Settings::default());
+    c.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    tokio::task::yield_now().await;
+    tx.send(true).unwrap();
+    release.send(()).unwrap();
+    let mut out = Vec::new();
+    tokio::time::timeout(Duration::from_secs(20), c.read_to_end(&mut out))
+        .await
+        .unwrap()
+        .unwrap();
+    let out = String::from_utf8_lossy(&out);
+    assert!(
+        out.contains("connection: close") && out.ends_with("late"),
+        "{out}"
+    );
+    task.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn a_large_body_is_written_whole() {
+    let big: Handler =
+        Arc::new(|_req| Box::pin(async move { Response::new(full(vec![b'q'; 300_000])) }));
+    let out = exchange_with(
+        b"GET / HTTP/1.1\r\nHost: x\r\n\r\nGET / HTTP/1.1\r\nHost: x\r\n\r\n",
+        big,
+        Settings::default(),
+    )
+    .await;
+    let b = bodies(&out);
+    assert_eq!(b.len(), 2);
+    assert!(b
+        .iter()
+        .all(|b| b.len() == 300_000 && b.bytes().all(|c| c == b'q')));
+}
+
+/// One generated request: method, path, fields, body (sent by length or chunked in pieces).
+#[derive(Debug, Clone)]
+struct Gen {
+    method: &'static str,
+    path: String,
+    fields: Vec<(String, String)>,
+    body: Vec<u8>,
+    chunks: Option<Vec<usize>>,
+}
+
+impl Gen {
+    fn wire(&self) -> Vec<u8> {
+        let mut w = format!("{} {} HTTP/1.1\r\nHost: x\r\n", self.method, self.path).into_bytes();
+        for (n, v) in &self.fields {
+            w.extend_from_slice(format!("{n}: {v}\r\n").as_bytes());
+        }
+        match &self.chunks {
+            None => {
+                if !self.body.is_empty() {
+                    w.extend_from_slice(
+                        format!("Content-Length: {}\r\n", self.body.len()).as_bytes(),
+                    );
+                }
+                w.extend_from_slice(b"\r\n");
+                w.extend_from_slice(&self.body);
+            }
+            Some(cuts) => {
+                w.extend_from_slice(b"Transfer-Encoding: chunked\r\n\r\n");
+                let mut rest = &self.body[..];
+                for &c in cuts {
+                    let n = c.min(rest.len());
+                    if n == 0 {
+                        continue;
+                    }
+                    w.extend_from_slice(format!("{n:X}\r\n").as_bytes());
+                    w.extend_from_slice(&rest[..n]);
+                    w.extend_from_slice(b"\r\n");
+                    rest = &rest[n..];
+                }
+                if !rest.is_empty() {
+                    w.extend_from_slice(format!("{:x}\r\n", rest.len()).as_bytes());
+                    w.extend_from_slice(rest);
+                    w.extend_from_slice(b"\r\n");
+                }
+                w.extend_from_slice(b"0\r\n\r\n");
+            }
+        }
+        w
+    }
+}
+
+fn gen_request() -> impl Strategy<Value = Gen> {
+    (
+        prop_oneof![Just("GET"), Just("POST"), Just("PUT"), Just("DELETE")],
+        "/[a-z0-9/._-]{0,20}",
+        proptest::collection::vec(("x-[a-z]{1,8}", "[!-~]{1,12}"), 0..4),
+        proptest::collection::vec(b'a'..=b'z', 0..200),
+        proptest::option::of(proptest::collection::vec(1usize..60, 0..5)),
+    )
+        .prop_map(|(method, path, fields, body, chunks)| Gen {
+            method,
+            path,
+            fields,
+            body,
+            chunks,
+        })
+}
+
+/// Writes `input` in pieces of the given sizes, reads everything back.
+async fn exchange_split(input: Vec<u8>, cuts: Vec<usize>) -> String {
+    let (mut c, _hits, _tx, task) = start(describe(), Settings::default());
+    let writer = tokio::spawn(async move {
+        let mut rest = &input[..];
+        let mut k = 0;
+        while !rest.is_empty() {
+            let n = cuts[k % cuts.len()].max(1).min(rest.len());
+            k += 1;
+            // The server may close first (after a refusal): the rest is not sent.
+            if c.write_all(&rest[..n]).await.is_err() {
+                break;
+            }
+            rest = &rest[n..];
+            tokio::task::yield_now().await;
+        }
+        let _ = c.shutdown().await;
+        c
+    });
+    let mut c = writer.await.unwrap();
+    let mut out = Vec::new();
+    tokio::time::timeout(Duration::from_secs(20), c.read_to_end(&mut out))
+        .await
+        .unwrap()
+        .unwrap();
+    let _ = task.await;
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// Pipelined generated requests, split anywhere: each is answered, in order, with its
+    /// method, target and body as sent.
+    #[test]
+    fn generated_requests_split_anywhere_reach_the_service_whole(
+        reqs in proptest::collection::vec(gen_request(), 1..5),
+        cuts in proptest::collection::vec(1usize..50, 1..6),
+    ) {
+        let input: Vec<u8> = reqs.iter().flat_map(|r| r.wire()).collect();
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let out = rt.block_on(exchange_split(input, cuts));
+        let b = bodies(&out);
+        prop_assert_eq!(b.len(), reqs.len(), "{}", out);
+        for (got, want) in b.iter().zip(&reqs) {
+            let start = format!("{} {} HTTP/1.1", want.method, want.path);
+            prop_assert!(got.starts_with(&start), "{} vs {}", got, start);
+            let body = format!("body={} ", String::from_utf8_lossy(&want.body));
+            prop_assert!(got.contains(&body), "{} lacks {}", got, body);
+        }
+    }
+
+    /// Arbitrary bytes: the connection ends, and what it wrote is responses only.
+    #[test]
+    fn arbitrary_bytes_end_in_responses_or_nothing(
+        input in proptest::collection::vec(
+            prop_oneof![Just(b'G'), Just(b' '), Just(b'/'), Just(b'\r'), Just(b'\n'), Just(b':'),
+                        Just(b'0'), Just(b'a'), any::<u8>()], 0..300),
+        prefix in prop_oneof![Just(&b""[..]), Just(&b"GET / HTTP/1.1\r\n"[..]),
+                              Just(&b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"[..])],
+    ) {
+        let mut all = prefix.to_vec();
+        all.extend_from_slice(&input);
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let out = rt.block_on(exchange_split(all, vec![7, 1, 30]));
+        prop_assert!(out.is_empty() || out.starts_with("HTTP/1."), "{}", out);
+    }
+}
