@@ -37,6 +37,7 @@ use http_body::{Body, Frame, SizeHint};
 use std::collections::VecDeque;
 use std::future::{poll_fn, Future};
 use std::io::{self, IoSlice};
+use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
@@ -62,7 +63,7 @@ pub const DEFAULT_MAX_FIELDS: usize = 100;
 pub struct Settings {
     /// Bytes of one request head, its empty line included (431 past it).
     pub max_head_bytes: usize,
-    /// Header fields of one request head (431 past it).
+    /// Header fields of one request head (431 past it; at most [`MAX_FIELDS`]).
     pub max_fields: usize,
     /// Time to read a whole request head, from the moment the connection waits for it (after
     /// the previous response, or from the start). An idle keep-alive connection closes then.
@@ -554,15 +555,6 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Conn<I> {
     }
 }
 
-/// Whether a comma-separated header has `token` (case-insensitive) in any of its values.
-fn has_token(headers: &HeaderMap, name: &HeaderName, token: &str) -> bool {
-    headers.get_all(name).iter().any(|v| {
-        v.as_bytes()
-            .split(|&b| b == b',')
-            .any(|t| t.trim_ascii().eq_ignore_ascii_case(token.as_bytes()))
-    })
-}
-
 /// A `Content-Length` value: 1 to 19 ASCII digits.
 fn content_length(v: &[u8]) -> Option<u64> {
     if v.is_empty() || v.len() > 19 || !v.iter().all(u8::is_ascii_digit) {
@@ -571,17 +563,77 @@ fn content_length(v: &[u8]) -> Option<u64> {
     Some(v.iter().fold(0u64, |n, d| n * 10 + u64::from(d - b'0')))
 }
 
+/// The most header fields a request head may have, whatever [`Settings::max_fields`] says.
+pub const MAX_FIELDS: usize = 128;
+
+/// What a request head's fields say of its framing and of the connection.
+#[derive(Default)]
+struct Fields {
+    length: Option<u64>,
+    has_cl: bool,
+    bad_cl: bool,
+    /// Whether the last `Transfer-Encoding` coding is `chunked` (None: no such field).
+    te_chunked_last: Option<bool>,
+    conn_close: bool,
+    conn_keep_alive: bool,
+    conn_upgrade: bool,
+    has_upgrade: bool,
+    expect_continue: bool,
+    te_trailers: bool,
+}
+
+impl Fields {
+    fn note(&mut self, name: &[u8], value: &[u8]) {
+        let tokens = || {
+            value
+                .split(|&b| b == b',')
+                .map(|t| t.trim_ascii())
+                .filter(|t| !t.is_empty())
+        };
+        if name.eq_ignore_ascii_case(b"content-length") {
+            self.has_cl = true;
+            match content_length(value) {
+                Some(n) if self.length.is_none_or(|l| l == n) => self.length = Some(n),
+                _ => self.bad_cl = true,
+            }
+        } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
+            let last = value
+                .rsplit(|&b| b == b',')
+                .next()
+                .is_some_and(|t| t.trim_ascii().eq_ignore_ascii_case(b"chunked"));
+            self.te_chunked_last = Some(last);
+        } else if name.eq_ignore_ascii_case(b"connection") {
+            for t in tokens() {
+                if t.eq_ignore_ascii_case(b"close") {
+                    self.conn_close = true;
+                } else if t.eq_ignore_ascii_case(b"keep-alive") {
+                    self.conn_keep_alive = true;
+                } else if t.eq_ignore_ascii_case(b"upgrade") {
+                    self.conn_upgrade = true;
+                }
+            }
+        } else if name.eq_ignore_ascii_case(b"upgrade") {
+            self.has_upgrade = true;
+        } else if name.eq_ignore_ascii_case(b"expect") {
+            self.expect_continue = value.eq_ignore_ascii_case(b"100-continue");
+        } else if name.eq_ignore_ascii_case(b"te") {
+            self.te_trailers |= tokens().any(|t| t.eq_ignore_ascii_case(b"trailers"));
+        }
+    }
+}
+
 /// Parses a request head at the start of `buf`. Ok(None): incomplete.
 #[allow(clippy::type_complexity)]
 fn parse_head(
     buf: &mut BytesMut,
     settings: &Settings,
 ) -> Result<Option<(Request<RecvBody>, HeadInfo)>, Refusal> {
-    // Offsets into the head of each part, so that the head can be frozen once and the
-    // request's values share it.
-    let mut fields = vec![httparse::EMPTY_HEADER; settings.max_fields];
-    let mut req = httparse::Request::new(&mut fields);
-    let n = match req.parse(buf) {
+    // The fields are not initialised first (httparse writes those it parses); the offsets of
+    // each part are kept so that the head can be frozen once and the request's values share it.
+    let cap = settings.max_fields.min(MAX_FIELDS);
+    let mut fields = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_FIELDS];
+    let mut req = httparse::Request::new(&mut []);
+    let n = match req.parse_with_uninit_headers(buf, &mut fields[..cap]) {
         Ok(httparse::Status::Complete(n)) => n,
         Ok(httparse::Status::Partial) => {
             if buf.len() >= settings.max_head_bytes {
@@ -601,58 +653,52 @@ fn parse_head(
     let path = off(req.path.unwrap_or_default().as_bytes());
     let version = req.version.unwrap_or(1);
     let method = Method::from_bytes(method.as_bytes()).map_err(|_| Refusal::Bad("bad method"))?;
-    let mut spans = Vec::with_capacity(req.headers.len());
-    for h in req.headers.iter() {
-        spans.push((off(h.name.as_bytes()), off(h.value)));
+    let count = req.headers.len();
+    let mut spans = [[0u32; 4]; MAX_FIELDS];
+    // What the connection needs of the fields, read while they are at hand.
+    let mut f = Fields::default();
+    for (span, h) in spans.iter_mut().zip(req.headers.iter()) {
+        let (no, nl) = off(h.name.as_bytes());
+        let (vo, vl) = off(h.value);
+        *span = [no as u32, nl as u32, vo as u32, vl as u32];
+        f.note(h.name.as_bytes(), h.value);
     }
-    drop(fields);
     let head = buf.split_to(n).freeze();
-    let slice = |(o, l): (usize, usize)| head.slice(o..o + l);
-    let uri =
-        Uri::from_maybe_shared(slice(path)).map_err(|_| Refusal::Bad("bad request target"))?;
-    let mut headers = HeaderMap::with_capacity(spans.len());
-    let mut length: Option<u64> = None;
-    let mut has_cl = false;
-    let mut bad_cl = false;
-    let mut te_chunked_last = None;
-    for (name, value) in spans {
-        let name = HeaderName::from_bytes(&head[name.0..name.0 + name.1])
+    let slice = |o: u32, l: u32| head.slice(o as usize..(o + l) as usize);
+    let uri = Uri::from_maybe_shared(slice(path.0 as u32, path.1 as u32))
+        .map_err(|_| Refusal::Bad("bad request target"))?;
+    let mut headers = HeaderMap::with_capacity(count);
+    for &[no, nl, vo, vl] in &spans[..count] {
+        let name = HeaderName::from_bytes(&head[no as usize..(no + nl) as usize])
             .map_err(|_| Refusal::Bad("bad header name"))?;
-        let value = HeaderValue::from_maybe_shared(slice(value))
+        let value = HeaderValue::from_maybe_shared(slice(vo, vl))
             .map_err(|_| Refusal::Bad("bad header value"))?;
-        if name == header::CONTENT_LENGTH {
-            has_cl = true;
-            match content_length(value.as_bytes()) {
-                Some(n) if length.is_none_or(|l| l == n) => length = Some(n),
-                _ => bad_cl = true,
-            }
-        } else if name == header::TRANSFER_ENCODING {
-            let last = value
-                .as_bytes()
-                .rsplit(|&b| b == b',')
-                .next()
-                .map(|t| t.trim_ascii().eq_ignore_ascii_case(b"chunked"));
-            te_chunked_last = Some(last.unwrap_or(false));
-        }
         headers.append(name, value);
     }
+    let Fields {
+        length,
+        has_cl,
+        bad_cl,
+        te_chunked_last,
+        conn_close,
+        conn_keep_alive,
+        conn_upgrade,
+        has_upgrade,
+        expect_continue,
+        te_trailers,
+    } = f;
     let version = if version == 0 {
         Version::HTTP_10
     } else {
         Version::HTTP_11
     };
-    let conn_close = has_token(&headers, &header::CONNECTION, "close");
     let keep_alive = match version {
-        Version::HTTP_10 => !conn_close && has_token(&headers, &header::CONNECTION, "keep-alive"),
+        Version::HTTP_10 => !conn_close && conn_keep_alive,
         _ => !conn_close,
     };
-    let upgrade = headers.contains_key(header::UPGRADE)
-        && has_token(&headers, &header::CONNECTION, "upgrade");
-    let expect = version == Version::HTTP_11
-        && headers
-            .get(header::EXPECT)
-            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
-    let trailers_ok = has_token(&headers, &header::TE, "trailers");
+    let upgrade = has_upgrade && conn_upgrade;
+    let expect = version == Version::HTTP_11 && expect_continue;
+    let trailers_ok = te_trailers;
     let mut conflict = false;
     let framing = match te_chunked_last {
         Some(_) if version == Version::HTTP_10 => {
@@ -904,15 +950,23 @@ where
             // No tunnel for a plain CONNECT: its 2xx ends the connection.
             keep_alive = false;
         }
-        if has_token(&parts.headers, &header::CONNECTION, "close") || draining {
+        // What the response's fields say of its framing and the connection (one pass).
+        let (mut declared, mut te_present, mut says_close) = (None, false, false);
+        for (name, value) in parts.headers.iter() {
+            if name == header::CONTENT_LENGTH {
+                declared = content_length(value.as_bytes());
+            } else if name == header::TRANSFER_ENCODING {
+                te_present = true;
+            } else if name == header::CONNECTION {
+                says_close |= value
+                    .as_bytes()
+                    .split(|&b| b == b',')
+                    .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"close"));
+            }
+        }
+        if says_close || draining {
             keep_alive = false;
         }
-        // Framing of the response.
-        let declared = parts
-            .headers
-            .get(header::CONTENT_LENGTH)
-            .and_then(|v| content_length(v.as_bytes()));
-        let te_present = parts.headers.contains_key(header::TRANSFER_ENCODING);
         let hint = body.size_hint().exact();
         let framed = if suppressed {
             Framed::Length(0)

@@ -566,6 +566,28 @@ fn connections_are_released_only_after_a_clean_complete_response() {
 }
 
 #[test]
+fn chunked_trailers_come_after_the_data_and_the_connection_goes_back() {
+    rt().block_on(async {
+        let h = HeaderMap::new();
+        let slot = Released::default();
+        let mock = Mock::new(vec![Step::Send(
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ntrailer: x-t\r\n\r\n3\r\nabc\r\n0\r\nx-t: 1\r\n\r\n".to_vec(),
+        )]);
+        let resp = Conn::new(mock, 16384)
+            .send(get_head(&h), empty(), release_into(&slot))
+            .await
+            .unwrap();
+        assert!(resp.headers().get("trailer").is_none());
+        let mut body = resp.into_body();
+        assert_eq!(body.frame().await.unwrap().unwrap().into_data().unwrap(), "abc");
+        let trailers = body.frame().await.unwrap().unwrap().into_trailers().unwrap();
+        assert_eq!(trailers["x-t"], "1");
+        assert!(body.is_end_stream() && body.frame().await.is_none());
+        assert!(slot.lock().unwrap().is_some(), "read whole: released");
+    });
+}
+
+#[test]
 fn refused_heads_and_early_closes_are_errors_that_say_what_was_sent() {
     rt().block_on(async {
         let h = HeaderMap::new();
