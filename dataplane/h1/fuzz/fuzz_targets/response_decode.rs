@@ -1,13 +1,15 @@
 //! A backend's response, arbitrary bytes, read by the client side (`sweety_h1::client`) as the
 //! proxy reads it: `Conn::send` of a GET (or HEAD) then the whole response body, over an
 //! in-memory transport. The first byte picks the request method, the read buffer's bound
-//! (1 KiB to 32 KiB) and how the rest is split into reads (1..=64 bytes each, or whole); the
-//! transport ends after the rest.
+//! (1, 2, 4, 8, 16 or 32 KiB) and how the rest is split into reads (1..=64 bytes each; each
+//! input is also read whole); the transport ends after the rest.
 //! Checks: no panic and no hang (every poll makes progress or ends); the outcome (head,
 //! body, trailers, error kind, released or not) is the same however the bytes arrive; no body
 //! piece is empty or larger than the read buffer's bound; a `Content-Length` body that ends
 //! cleanly has exactly that length; a released connection had a keep-alive response read to
-//! its end with nothing after it; a response refused for its framing is never released.
+//! its end with nothing after it, by an oracle of its own ([`may_keep_alive`]: HTTP/1.1, no
+//! `close`, a framing that ends), and with no byte left unread; a response refused for its
+//! framing is never released.
 
 #![no_main]
 
@@ -55,16 +57,62 @@ impl AsyncWrite for Wire {
     }
 }
 
+/// (released, bytes the transport had not handed out yet when it was).
 #[derive(Clone, Default)]
-struct Slot(Arc<Mutex<bool>>);
+struct Slot(Arc<Mutex<(bool, usize)>>);
 
-/// Released, and nothing left unread behind the response (bytes a split read has not
-/// reached yet would be found by the pool's idle check, as the whole read finds them in the
-/// buffer and does not release).
+/// Records the release and what was left unread behind the response: bytes a split read
+/// had not reached yet would be found by the pool's idle check (`is_closed`), as the whole
+/// read finds them in its buffer and must not release.
 impl Release<Wire> for Slot {
-    fn release(self, conn: Conn<Wire>) {
+    fn release(self, mut conn: Conn<Wire>) {
         let wire = conn.get_ref();
-        *self.0.lock().unwrap() = wire.pos == wire.data.len();
+        let unread = wire.data.len() - wire.pos;
+        if unread > 0 {
+            assert!(conn.is_closed(), "the idle check misses bytes behind the response");
+        }
+        *self.0.lock().unwrap() = (true, unread);
+    }
+}
+
+/// Whether the first final response in `data` allows its connection to carry another
+/// request, by a reading of its own: HTTP/1.1, no `close` in `Connection`, and a body that
+/// ends by its framing (none for HEAD, 204 and 304; `Content-Length`; chunked as the last
+/// coding), not by the connection closing. An upper bound: the client may still refuse it.
+fn may_keep_alive(mut data: &[u8], head_request: bool) -> bool {
+    loop {
+        let mut fields = [httparse::EMPTY_HEADER; 128];
+        let mut resp = httparse::Response::new(&mut fields);
+        let Ok(httparse::Status::Complete(n)) = resp.parse(data) else {
+            return false;
+        };
+        let code = resp.code.unwrap_or(0);
+        if (100..200).contains(&code) && code != 101 {
+            data = &data[n..];
+            continue;
+        }
+        if resp.version != Some(1) {
+            return false;
+        }
+        let fields: &[httparse::Header<'_>] = resp.headers;
+        let has = |name: &str| fields.iter().any(|f| f.name.eq_ignore_ascii_case(name));
+        let tokens = |name: &str| -> Vec<String> {
+            fields
+                .iter()
+                .filter(|f| f.name.eq_ignore_ascii_case(name))
+                .flat_map(|f| String::from_utf8_lossy(f.value).split(',').map(|t| t.trim().to_ascii_lowercase()).collect::<Vec<_>>())
+                .collect()
+        };
+        if tokens("connection").iter().any(|t| t == "close") {
+            return false;
+        }
+        if head_request || code == 204 || code == 304 {
+            return true;
+        }
+        if has("transfer-encoding") {
+            return tokens("transfer-encoding").last().is_some_and(|t| t == "chunked");
+        }
+        return has("content-length");
     }
 }
 
@@ -99,7 +147,7 @@ fn run(data: &[u8], step: usize, head_request: bool, read_ahead: usize) -> Outco
         Ok(r) => r,
         Err(e) => {
             assert!(e.unsent.is_none(), "the request was written");
-            assert!(!*slot.0.lock().unwrap(), "released after an error");
+            assert!(!slot.0.lock().unwrap().0, "released after an error");
             return Outcome::Refused(format!("{:?}", std::mem::discriminant(&e.error)));
         }
     };
@@ -135,10 +183,14 @@ fn run(data: &[u8], step: usize, head_request: bool, read_ahead: usize) -> Outco
     if let (Ok((b, _)), Some(n), false, false) = (&result, declared, head_request, status == 204 || status == 304) {
         assert_eq!(b.len() as u64, n, "a clean Content-Length body has its length");
     }
-    let released = *slot.0.lock().unwrap();
+    let (released, unread) = *slot.0.lock().unwrap();
     if released {
         assert!(result.is_ok(), "released after a broken body");
+        assert!(may_keep_alive(data, head_request), "released a response that closes its connection");
     }
+    // Bytes left behind the response: the pool's idle check drops the connection (see
+    // `Slot`), as the whole read does not release it.
+    let released = released && unread == 0;
     Outcome::Response { status, headers, body: result, released }
 }
 
@@ -147,9 +199,9 @@ fuzz_target!(|input: &[u8]| {
         return;
     };
     let head_request = first & 1 == 1;
-    let read_ahead = 1024 << ((first >> 1) & 5);
-    let step = usize::from(first >> 4) * 4;
+    let read_ahead = 1024 << (((first >> 1) & 7) % 6);
+    let step = 1 + usize::from(first >> 4) * 4 + usize::from((first >> 1) & 3);
     let whole = run(data, 0, head_request, read_ahead);
-    let split = run(data, step.max(1), head_request, read_ahead);
+    let split = run(data, step, head_request, read_ahead);
     assert_eq!(whole, split, "the outcome depends on how the bytes arrive");
 });
