@@ -305,7 +305,38 @@ pub fn put_chunk_head(out: &mut impl BufMut, len: usize) {
     out.put_slice(b"\r\n");
 }
 
-/// Writes the end of a chunked body: the last chunk, the trailer fields, the empty line.
+/// Whether a field may not be sent as a trailer (RFC 9110 §6.5.1): framing, routing,
+/// connection-specific and credential fields, which a peer merging trailers into the head
+/// would otherwise take as the message's own (hyper's encoder refuses much the same list).
+pub fn forbidden_trailer(name: &http::HeaderName) -> bool {
+    use http::header::*;
+    [
+        CONTENT_LENGTH,
+        TRANSFER_ENCODING,
+        TRAILER,
+        TE,
+        CONNECTION,
+        UPGRADE,
+        HOST,
+        AUTHORIZATION,
+        PROXY_AUTHORIZATION,
+        SET_COOKIE,
+        COOKIE,
+        CONTENT_ENCODING,
+        CONTENT_TYPE,
+        CONTENT_RANGE,
+        CACHE_CONTROL,
+        EXPECT,
+        MAX_FORWARDS,
+    ]
+    .contains(name)
+        || name.as_str() == "keep-alive"
+        || name.as_str() == "proxy-connection"
+}
+
+/// Writes the end of a chunked body: the last chunk, the trailer fields, the empty line. A
+/// writer of a message to a peer that did not write it leaves the [`forbidden_trailer`]
+/// fields out first.
 pub fn put_end(out: &mut impl BufMut, trailers: &HeaderMap) {
     out.put_slice(b"0\r\n");
     for (name, value) in trailers {

@@ -340,6 +340,22 @@ struct Feeder {
     broken: bool,
 }
 
+impl Drop for Feeder {
+    /// A body the connection stops feeding before its end (the connection ended or was
+    /// handed over) ends with [`BodyError::Incomplete`] at once, instead of waiting for a
+    /// wake-up that never comes.
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        let mut f = self.feed.lock().unwrap_or_else(|p| p.into_inner());
+        if f.end.is_none() {
+            f.end = Some(Err(BodyError::Incomplete));
+        }
+        f.wake_body();
+    }
+}
+
 /// A parsed request head's framing facts.
 struct HeadInfo {
     keep_alive: bool,
@@ -597,11 +613,11 @@ impl Fields {
                 _ => self.bad_cl = true,
             }
         } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
-            let last = value
-                .rsplit(|&b| b == b',')
-                .next()
-                .is_some_and(|t| t.trim_ascii().eq_ignore_ascii_case(b"chunked"));
-            self.te_chunked_last = Some(last);
+            // Exactly one field of exactly `chunked`: a coding before it (`gzip, chunked`),
+            // `identity`, or a second field is refused here rather than framed and left to a
+            // later phase (HAProxy refuses chunked applied twice, nginx any coding but chunked).
+            let only_chunked = value.trim_ascii().eq_ignore_ascii_case(b"chunked");
+            self.te_chunked_last = Some(self.te_chunked_last.is_none() && only_chunked);
         } else if name.eq_ignore_ascii_case(b"connection") {
             for t in tokens() {
                 if t.eq_ignore_ascii_case(b"close") {
@@ -696,7 +712,8 @@ fn parse_head(
         Version::HTTP_10 => !conn_close && conn_keep_alive,
         _ => !conn_close,
     };
-    let upgrade = has_upgrade && conn_upgrade;
+    // HTTP/1.0 has no Upgrade (RFC 9110 §7.8: a 1.0 request's Upgrade is ignored).
+    let upgrade = version == Version::HTTP_11 && has_upgrade && conn_upgrade;
     let expect = version == Version::HTTP_11 && expect_continue;
     let trailers_ok = te_trailers;
     let mut conflict = false;
@@ -704,7 +721,7 @@ fn parse_head(
         Some(_) if version == Version::HTTP_10 => {
             return Err(Refusal::Bad("Transfer-Encoding in an HTTP/1.0 request"))
         }
-        Some(false) => return Err(Refusal::Bad("Transfer-Encoding not ending in chunked")),
+        Some(false) => return Err(Refusal::Bad("Transfer-Encoding other than one chunked")),
         Some(true) if has_cl => {
             conflict = true;
             headers.remove(header::CONTENT_LENGTH);
@@ -766,6 +783,11 @@ where
         vectored,
     };
     loop {
+        // The clock of this head: `header_read_timeout` from when the previous answers are all
+        // written (they are flushed while waiting; a slow reader is `send_timeout`'s), once
+        // for the whole head, however many reads bring it (a head trickled in byte by byte
+        // must not restart it).
+        let mut header_clock: Option<tokio::time::Instant> = None;
         // A head: from what is buffered, else read (flushing the previous answers first).
         let parsed = loop {
             match parse_head(&mut c.rbuf, &settings) {
@@ -784,9 +806,9 @@ where
             if c.rbuf.is_empty() {
                 service.on_idle();
             }
-            let started = tokio::time::Instant::now();
-            let deadline = started + settings.header_read_timeout;
-            let mut sleep = std::pin::pin!(tokio::time::sleep_until(deadline));
+            let timeout = settings.header_read_timeout;
+            let far = tokio::time::Instant::now() + timeout;
+            let mut sleep = std::pin::pin!(tokio::time::sleep_until(header_clock.unwrap_or(far)));
             // Kept across polls: a dropped `changed` future would lose its wake-up.
             let mut changed = std::pin::pin!(drain.changed());
             let read = poll_fn(|cx| {
@@ -794,6 +816,11 @@ where
                     if let Poll::Ready(r) = c.poll_flush_out(cx) {
                         r?;
                     }
+                }
+                if header_clock.is_none() && c.pending_out() == 0 {
+                    let deadline = tokio::time::Instant::now() + timeout;
+                    header_clock = Some(deadline);
+                    sleep.as_mut().reset(deadline);
                 }
                 if let Poll::Ready(r) = c.poll_read_more(cx) {
                     return Poll::Ready(r.map(Some));
@@ -805,7 +832,7 @@ where
                         return Poll::Ready(Ok(None));
                     }
                 }
-                if sleep.as_mut().poll(cx).is_ready() {
+                if header_clock.is_some() && sleep.as_mut().poll(cx).is_ready() {
                     return Poll::Ready(Err(io::ErrorKind::TimedOut.into()));
                 }
                 Poll::Pending
@@ -950,6 +977,14 @@ where
             // No tunnel for a plain CONNECT: its 2xx ends the connection.
             keep_alive = false;
         }
+        // A final answer before the body was asked for under `Expect: 100-continue`: no 100
+        // may follow it (the client would read it as the start of its next response), and the
+        // client may never send the body, so the connection ends after this response.
+        if let Some(fd) = feeder.as_mut() {
+            if std::mem::take(&mut fd.expect) && !fd.done {
+                keep_alive = false;
+            }
+        }
         // What the response's fields say of its framing and the connection (one pass).
         let (mut declared, mut te_present, mut says_close) = (None, false, false);
         for (name, value) in parts.headers.iter() {
@@ -1036,7 +1071,16 @@ where
                         }
                         Err(frame) => {
                             if let (Ok(t), Framed::Chunked) = (frame.into_trailers(), framed) {
-                                let t = if trailers_ok { t } else { HeaderMap::new() };
+                                // Only to a client that said `TE: trailers`, and never a
+                                // framing, routing or credential field.
+                                let t: HeaderMap = if trailers_ok {
+                                    t.iter()
+                                        .filter(|(name, _)| !chunked::forbidden_trailer(name))
+                                        .map(|(n, v)| (n.clone(), v.clone()))
+                                        .collect()
+                                } else {
+                                    HeaderMap::new()
+                                };
                                 chunked::put_end(&mut c.out, &t);
                                 left = 0;
                                 return Poll::Ready(Ok(true));

@@ -748,3 +748,136 @@ proptest! {
         prop_assert!(out.is_empty() || out.starts_with("HTTP/1."), "{}", out);
     }
 }
+
+// A head trickled in a byte at a time is timed from when the wait for it began, not from its
+// last byte: one byte every 2 s with a 5 s timeout ends the connection at 5 s, as a head sent
+// in one piece and never finished does (a slowloris client held it for ever before).
+#[tokio::test(start_paused = true)]
+async fn a_trickled_head_is_timed_as_a_whole() {
+    let settings = Settings {
+        header_read_timeout: Duration::from_secs(5),
+        ..Settings::default()
+    };
+    let (mut c, hits, _tx, task) = start(describe(), settings);
+    let begun = tokio::time::Instant::now();
+    let head = b"GET / HTTP/1.1\r\nHost: x\r\nX-Slow: abcdefghijklmnopqrstuvwxyz";
+    // Bounded: the head is 52 bytes; the server closes after ~3 of them.
+    for b in head {
+        if c.write_all(&[*b]).await.is_err() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        if task.is_finished() {
+            break;
+        }
+    }
+    task.await.unwrap().unwrap();
+    let took = begun.elapsed();
+    assert!(
+        took >= Duration::from_secs(5) && took <= Duration::from_secs(7),
+        "closed after {took:?}"
+    );
+    assert_eq!(*hits.lock().unwrap(), vec!["header_read_timeout"]);
+    let mut out = Vec::new();
+    c.read_to_end(&mut out).await.unwrap();
+    assert!(out.is_empty());
+}
+
+// A final answer made before the body was asked for under `Expect: 100-continue` is never
+// followed by a `100 Continue` (the client would read it as its next response), even when the
+// service then streams the body back; and the connection ends after it, since the client may
+// never send the body.
+#[tokio::test]
+async fn no_100_continue_follows_a_final_answer() {
+    let echo: Handler = Arc::new(|req: Request<RecvBody>| {
+        Box::pin(async move {
+            let body = req.into_body().map_err(|e| Box::new(e) as BoxError);
+            Response::new(body.boxed_unsync())
+        })
+    });
+    let (mut c, _hits, _tx, task) = start(echo, Settings::default());
+    c.write_all(b"POST / HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 4\r\n\r\n")
+        .await
+        .unwrap();
+    c.write_all(b"data").await.unwrap();
+    let mut out = Vec::new();
+    tokio::time::timeout(Duration::from_secs(20), c.read_to_end(&mut out))
+        .await
+        .expect("the connection ends after the answer")
+        .unwrap();
+    let out = String::from_utf8_lossy(&out);
+    assert!(out.starts_with("HTTP/1.1 200 OK\r\n"), "{out}");
+    assert!(!out.contains("100 Continue"), "{out}");
+    assert!(out.contains("connection: close\r\n"), "{out}");
+    let _ = task.await;
+}
+
+// Transfer-Encoding other than one field of exactly `chunked` is refused at the edge (400 and
+// close), not framed and left to a later phase; HTTP/1.0 Upgrade is ignored.
+#[tokio::test]
+async fn transfer_codings_other_than_one_chunked_are_refused() {
+    for te in [
+        "Transfer-Encoding: gzip, chunked\r\n",
+        "Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n",
+        "Transfer-Encoding: chunked, chunked\r\n",
+        "Transfer-Encoding: identity\r\n",
+        "Transfer-Encoding: \r\n",
+    ] {
+        let input = format!("POST / HTTP/1.1\r\nHost: x\r\n{te}\r\n0\r\n\r\n");
+        let out = exchange(input.as_bytes()).await;
+        assert!(
+            out.starts_with("HTTP/1.1 400 Bad Request\r\n") && out.contains("connection: close"),
+            "{te:?}: {out}"
+        );
+        assert_eq!(out.matches("HTTP/1.1").count(), 1, "{te:?}: {out}");
+    }
+    let out =
+        exchange(b"GET / HTTP/1.0\r\nHost: x\r\nConnection: upgrade\r\nUpgrade: websocket\r\n\r\n")
+            .await;
+    assert!(out.starts_with("HTTP/1.0 200 OK\r\n"), "{out}");
+}
+
+// Response trailers reach a client that asked for them, but never a framing, routing or
+// credential field.
+#[tokio::test]
+async fn response_trailers_leave_out_forbidden_fields() {
+    let with_trailers: Handler = Arc::new(|_req: Request<RecvBody>| {
+        Box::pin(async move {
+            let mut t = http::HeaderMap::new();
+            t.insert("x-checksum", "abc".parse().unwrap());
+            t.insert(header::CONTENT_LENGTH, "99".parse().unwrap());
+            t.insert(header::HOST, "admin.internal".parse().unwrap());
+            t.insert(header::SET_COOKIE, "s=1".parse().unwrap());
+            let body = DataThenTrailers(Some(Bytes::from_static(b"hi")), Some(t));
+            Response::new(body.boxed_unsync())
+        })
+    });
+    let out = exchange_with(
+        b"GET / HTTP/1.1\r\nHost: x\r\nTE: trailers\r\nConnection: close\r\n\r\n",
+        with_trailers,
+        Settings::default(),
+    )
+    .await;
+    assert!(out.contains("transfer-encoding: chunked"), "{out}");
+    assert!(
+        out.ends_with("\r\n2\r\nhi\r\n0\r\nx-checksum: abc\r\n\r\n"),
+        "{out:?}"
+    );
+}
+
+/// A body of one data frame and then trailer fields, of unknown length.
+struct DataThenTrailers(Option<Bytes>, Option<http::HeaderMap>);
+
+impl http_body::Body for DataThenTrailers {
+    type Data = Bytes;
+    type Error = BoxError;
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, BoxError>>> {
+        if let Some(d) = self.0.take() {
+            return std::task::Poll::Ready(Some(Ok(http_body::Frame::data(d))));
+        }
+        std::task::Poll::Ready(self.1.take().map(|t| Ok(http_body::Frame::trailers(t))))
+    }
+}
