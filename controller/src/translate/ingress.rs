@@ -1561,19 +1561,10 @@ fn passthrough_redirect(host: &str, ingress: &str) -> VirtualHost {
         name: format!("ingress/{host}"),
         hostnames: vec![host.to_string()],
         listeners: vec![HTTP_LISTENER.into()],
-        routes: vec![Route {
-            name: format!("ingress/{ingress}/ssl-passthrough"),
-            matches: Vec::new(),
-            filters: vec![sweety_config::Filter::Redirect(nginx::https_redirect())],
-            action: Action::Fixed(FixedResponse {
-                status: 308,
-                body: String::new(),
-                content_type: None,
-            }),
-            timeouts: Default::default(),
-            retry: None,
-            max_request_body_bytes: None,
-        }],
+        routes: vec![nginx::redirect_route(
+            format!("ingress/{ingress}/ssl-passthrough"),
+            nginx::https_redirect(),
+        )],
     }
 }
 

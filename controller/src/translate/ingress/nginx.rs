@@ -2756,16 +2756,25 @@ pub fn anchor_regex(path: &str) -> String {
 /// `from-to-www-redirect`: every request for `from` is redirected to `to`, keeping the
 /// scheme, port, path and query, with ingress-nginx's `http-redirect-code` default, 308.
 pub(crate) fn www_redirect_route(from: &str, to: &str) -> Route {
-    Route {
-        name: format!("ingress/www-redirect/{from}"),
-        matches: Vec::new(),
-        filters: vec![Filter::Redirect(Redirect {
+    redirect_route(
+        format!("ingress/www-redirect/{from}"),
+        Redirect {
             host: Some(to.to_string()),
             status: 308,
             ..Default::default()
-        })],
+        },
+    )
+}
+
+/// A route of every path that answers `redirect` (its status is the fixed answer's too).
+pub(crate) fn redirect_route(name: String, redirect: Redirect) -> Route {
+    let status = redirect.status;
+    Route {
+        name,
+        matches: Vec::new(),
+        filters: vec![Filter::Redirect(redirect)],
         action: Action::Fixed(FixedResponse {
-            status: 308,
+            status,
             body: String::new(),
             content_type: None,
         }),
