@@ -477,6 +477,8 @@ async fn an_unread_body_ends_the_connection_unless_it_is_all_here() {
         .unwrap()
         .unwrap();
     assert!(String::from_utf8_lossy(&out).ends_with("\r\n\r\nno"));
+    // (The connection lingers until the client closes.)
+    drop(c);
     task.await.unwrap().unwrap();
 }
 
@@ -880,4 +882,239 @@ impl http_body::Body for DataThenTrailers {
         }
         std::task::Poll::Ready(self.1.take().map(|t| Ok(http_body::Frame::trailers(t))))
     }
+}
+
+/// Sends a message on drop: tells the test a service future (or body) was dropped.
+struct DropSignal(Option<tokio::sync::oneshot::Sender<()>>);
+
+impl Drop for DropSignal {
+    fn drop(&mut self) {
+        if let Some(tx) = self.0.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+/// A handler whose answers never come (head or body, as `in_body` says), holding a
+/// [`DropSignal`] until they are dropped.
+fn never_answers(in_body: bool) -> (Handler, tokio::sync::oneshot::Receiver<()>) {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let tx = Arc::new(Mutex::new(Some(tx)));
+    let h: Handler = Arc::new(move |req: Request<RecvBody>| {
+        let signal = DropSignal(tx.lock().unwrap().take());
+        Box::pin(async move {
+            // The body read to its end (a proxy sends it on, then waits), or let go of.
+            if req.uri().path() == "/read" {
+                let _ = req.into_body().collect().await;
+            } else {
+                drop(req);
+            }
+            if !in_body {
+                let _held = signal;
+                std::future::pending::<()>().await;
+                unreachable!()
+            }
+            Response::new(BodyExt::boxed_unsync(never_yields(signal)))
+        })
+    });
+    (h, rx)
+}
+
+/// A body stream that never yields, holding `signal`.
+fn never_yields(
+    signal: DropSignal,
+) -> impl http_body::Body<Data = Bytes, Error = BoxError> + Send + 'static {
+    struct Never(#[allow(dead_code)] DropSignal);
+    impl http_body::Body for Never {
+        type Data = Bytes;
+        type Error = BoxError;
+        fn poll_frame(
+            self: Pin<&mut Self>,
+            _cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, BoxError>>> {
+            std::task::Poll::Pending
+        }
+    }
+    Never(signal)
+}
+
+// A client that closes while its answer is awaited (the head, or a body that does not come):
+// the service's future (or the body) is dropped at once, which cancels the backend request
+// behind it, as hyper's server does; the connection ends. Before, the engine read nothing
+// while the service ran, and held the future until the answer was written.
+#[tokio::test]
+async fn a_client_gone_while_its_answer_waits_drops_the_answer() {
+    for (in_body, request) in [
+        (false, &b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n"[..]),
+        (
+            false,
+            &b"POST /read HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nok"[..],
+        ),
+        (
+            false,
+            &b"POST /slow HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nok"[..],
+        ),
+        (true, &b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n"[..]),
+    ] {
+        let (h, dropped) = never_answers(in_body);
+        let (mut c, _hits, _tx, task) = start(h, Settings::default());
+        c.write_all(request).await.unwrap();
+        if in_body {
+            // The head is out before the client goes.
+            let mut buf = vec![0u8; 512];
+            let n = c.read(&mut buf).await.unwrap();
+            assert!(buf[..n].starts_with(b"HTTP/1.1 200 OK\r\n"));
+        }
+        drop(c);
+        tokio::time::timeout(Duration::from_secs(20), dropped)
+            .await
+            .expect("the answer is dropped when the client goes")
+            .unwrap();
+        let r = tokio::time::timeout(Duration::from_secs(20), task)
+            .await
+            .expect("the connection ends")
+            .unwrap();
+        assert!(
+            r.is_err(),
+            "a client gone mid-request ends the connection with an error"
+        );
+    }
+}
+
+// Pipelined bytes that come while an answer waits are kept for their turn (one read ahead at
+// most), and the client's end is not noticed behind them: both requests are answered.
+#[tokio::test]
+async fn a_request_pipelined_behind_a_waiting_answer_is_kept() {
+    let (release, wait) = tokio::sync::oneshot::channel::<()>();
+    let wait = Arc::new(Mutex::new(Some(wait)));
+    let h: Handler = Arc::new(move |req: Request<RecvBody>| {
+        let wait = (req.uri().path() == "/slow")
+            .then(|| wait.lock().unwrap().take())
+            .flatten();
+        let path = req.uri().path().to_owned();
+        Box::pin(async move {
+            if let Some(w) = wait {
+                let _ = w.await;
+            }
+            Response::new(full(path))
+        })
+    });
+    let (mut c, _hits, _tx, task) = start(h, Settings::default());
+    c.write_all(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    tokio::task::yield_now().await;
+    c.write_all(b"GET /next HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    c.shutdown().await.unwrap();
+    tokio::task::yield_now().await;
+    release.send(()).unwrap();
+    let mut out = Vec::new();
+    tokio::time::timeout(Duration::from_secs(20), c.read_to_end(&mut out))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        bodies(&String::from_utf8_lossy(&out)),
+        vec!["/slow", "/next"]
+    );
+    task.await.unwrap().unwrap();
+}
+
+// An answer to an upload the service did not read (a 401, a 413) says `Connection: close`:
+// the connection ends after it. Before, it went out as if the connection stayed, and the close
+// that followed surprised a client that would send its next request on it. The connection
+// then reads and drops what the client still sends (bounded), so the client gets to read the
+// answer before the connection closes (lingering close): its writes after the answer succeed.
+#[tokio::test]
+async fn an_early_answer_to_an_unread_upload_says_close_and_lingers() {
+    let (keep_tx, keep_rx) = std::sync::mpsc::channel::<RecvBody>();
+    let keep_tx = Arc::new(Mutex::new(keep_tx));
+    let h: Handler = Arc::new(move |req: Request<RecvBody>| {
+        let status = if req.uri().path() == "/held" {
+            // The body stays held (as a proxy still sending it would), unread.
+            keep_tx.lock().unwrap().send(req.into_body()).unwrap();
+            StatusCode::PAYLOAD_TOO_LARGE
+        } else {
+            StatusCode::UNAUTHORIZED
+        };
+        Box::pin(async move {
+            let mut r = Response::new(full("no"));
+            *r.status_mut() = status;
+            r
+        })
+    });
+    for path in ["/dropped", "/held"] {
+        let (mut c, _hits, _tx, task) = start(h.clone(), Settings::default());
+        c.write_all(
+            format!("POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\nabc")
+                .as_bytes(),
+        )
+        .await
+        .unwrap();
+        let mut out = Vec::new();
+        tokio::time::timeout(Duration::from_secs(20), c.read_to_end(&mut out))
+            .await
+            .unwrap()
+            .unwrap();
+        let out = String::from_utf8_lossy(&out);
+        assert!(out.contains("\r\nconnection: close\r\n"), "{path}: {out}");
+        assert!(out.ends_with("\r\n\r\nno"), "{out}");
+        // The connection still reads what comes (and drops it).
+        c.write_all(&[b'x'; 64 * 1024]).await.expect("lingering");
+        assert!(!task.is_finished());
+        drop(c);
+        task.await.unwrap().unwrap();
+    }
+    drop(keep_rx);
+}
+
+// Bytes split off the read buffer as a body chunk before the service answered 101 go to the
+// tunnel first, in order: a request with `Content-Length: 4` and the bytes after it, answered
+// 101 without its body read, hands all eight bytes over. Before, the four bytes fed as the
+// body chunk were lost. An upgrade request with a chunked body is not offered the upgrade.
+#[tokio::test]
+async fn bytes_fed_as_a_body_before_a_101_go_to_the_tunnel() {
+    let h: Handler = Arc::new(|mut req: Request<RecvBody>| {
+        Box::pin(async move {
+            let Some(up) = req
+                .extensions_mut()
+                .remove::<OnUpgrade>()
+                .and_then(|u| u.take())
+            else {
+                return Response::new(full("not offered"));
+            };
+            // Let the connection feed the body before answering.
+            tokio::task::yield_now().await;
+            tokio::spawn(async move {
+                let mut io = up.await.expect("handed over");
+                let mut b = [0u8; 8];
+                io.read_exact(&mut b).await.unwrap();
+                io.write_all(&b).await.unwrap();
+                io.write_all(b"!").await.unwrap();
+            });
+            let mut r = Response::new(full(""));
+            *r.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+            r.headers_mut()
+                .insert(header::UPGRADE, "websocket".parse().unwrap());
+            r
+        })
+    });
+    let out = exchange_with(
+        b"GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nContent-Length: 4\r\n\r\nabcdping",
+        h.clone(),
+        Settings::default(),
+    )
+    .await;
+    assert!(out.starts_with("HTTP/1.1 101 "), "{out}");
+    assert!(out.ends_with("\r\n\r\nabcdping!"), "{out}");
+    let out = exchange_with(
+        b"GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nabcd\r\n0\r\n\r\n",
+        h,
+        Settings::default(),
+    )
+    .await;
+    assert!(out.starts_with("HTTP/1.1 200 OK"), "{out}");
+    assert!(out.ends_with("\r\n\r\nnot offered"), "{out}");
 }

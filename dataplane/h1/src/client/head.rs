@@ -43,6 +43,18 @@ fn expects_body(method: &Method) -> bool {
     *method == Method::POST || *method == Method::PUT || *method == Method::PATCH
 }
 
+/// Whether a request of `method` sent with `framing` asks the backend to close the connection
+/// after its response (`Connection: close`), and the connection is then not reused: a GET or
+/// HEAD whose body has no known length, sent chunked. A backend that ignores a body on these
+/// methods (many do not expect one) would read the chunked body as the next request on the
+/// connection (a request no route or access rule saw, and a response for someone else); told
+/// to close, it processes nothing after the first request (RFC 9112 §9.6). The body still
+/// goes, as HAProxy forwards it (nginx buffers it and sends a length; hyper's client sent none
+/// at all, dropping the client's body unseen).
+pub fn closes_after(method: &Method, framing: RequestFraming) -> bool {
+    framing == RequestFraming::Chunked && (*method == Method::GET || *method == Method::HEAD)
+}
+
 /// The value of a `Content-Length` field when it is one decimal length (digits only, no
 /// sign, no list), else `None`.
 pub fn parse_length(v: &[u8]) -> Option<u64> {
@@ -65,7 +77,8 @@ pub fn parse_length(v: &[u8]) -> Option<u64> {
 ///
 /// The framing is the map's `Content-Length` when it has one valid value (the body must then
 /// be exactly that long); else none for a body that has ended (with `Content-Length: 0` for
-/// POST, PUT and PATCH), `Content-Length` for a body of known length, and chunked for the rest.
+/// POST, PUT and PATCH), `Content-Length` for a body of known length, and chunked for the rest
+/// (with `Connection: close` for a GET or HEAD, see [`closes_after`]).
 /// `Transfer-Encoding` and malformed `Content-Length` fields of the map are not written: the
 /// framing written is the one the body is sent with.
 pub fn write_request_head(
@@ -119,6 +132,9 @@ pub fn write_request_head(
             }
             None => {
                 put_field(out, b"transfer-encoding", b"chunked");
+                if closes_after(method, RequestFraming::Chunked) {
+                    put_field(out, b"connection", b"close");
+                }
                 RequestFraming::Chunked
             }
         },

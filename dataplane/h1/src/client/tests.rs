@@ -1003,3 +1003,65 @@ fn a_connection_field_naming_too_many_options_is_refused() {
     );
     assert!(matches!(parse(&over), Err(HeadError::InvalidField)));
 }
+
+// A GET or HEAD whose body has no known length goes chunked with `Connection: close`, and the
+// connection is not reused: a backend that ignores bodies on GET would read the chunked body
+// as a next request (no route or access rule saw it); told to close, it reads nothing after
+// the first request. A POST's chunked body keeps the connection; so does a GET of known
+// length. Before, the GET went chunked on a kept connection.
+#[test]
+fn a_get_with_a_body_of_unknown_length_asks_the_backend_to_close() {
+    rt().block_on(async {
+        let h = HeaderMap::new();
+        for (method, chunked, closes) in [
+            (Method::GET, true, true),
+            (Method::HEAD, true, true),
+            (Method::POST, true, false),
+            (Method::GET, false, false),
+        ] {
+            let slot = Released::default();
+            let mock = Mock::new(vec![Step::Send(
+                b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n".to_vec(),
+            )]);
+            let req = RequestHead {
+                method: &method,
+                ..get_head(&h)
+            };
+            let got = if chunked {
+                let (tx, rx) = tokio::sync::mpsc::channel(1);
+                tx.send(Bytes::from_static(b"GET /admin HTTP/1.1\r\n\r\n"))
+                    .await
+                    .unwrap();
+                drop(tx);
+                let resp = Conn::new(mock.clone(), 16384)
+                    .send(req, Chunks(rx), release_into(&slot))
+                    .await
+                    .unwrap();
+                collect(resp.into_body()).await.unwrap()
+            } else {
+                let resp = Conn::new(mock.clone(), 16384)
+                    .send(
+                        req,
+                        Full::new(Bytes::from_static(b"{}")),
+                        release_into(&slot),
+                    )
+                    .await
+                    .unwrap();
+                collect(resp.into_body()).await.unwrap()
+            };
+            assert_eq!(got, b"");
+            let written = mock.written();
+            assert_eq!(
+                written.contains("\r\nconnection: close\r\n"),
+                closes,
+                "{method}: {written}"
+            );
+            assert_eq!(
+                written.contains("\r\ntransfer-encoding: chunked\r\n"),
+                chunked,
+                "{written}"
+            );
+            assert_eq!(slot.lock().unwrap().is_some(), !closes, "{method} released");
+        }
+    });
+}
