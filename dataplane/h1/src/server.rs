@@ -748,10 +748,14 @@ fn parse_head(
     let cap = settings.max_fields.min(MAX_FIELDS);
     let mut fields = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_FIELDS];
     let mut req = httparse::Request::new(&mut []);
-    let n = match req.parse_with_uninit_headers(buf, &mut fields[..cap]) {
+    // Only the head's first `max_head_bytes` are looked at: what is refused, and how, must not
+    // depend on how many bytes past the limit one read happened to bring (a head malformed
+    // after the limit is 431 whether it came whole or in pieces).
+    let seen = buf.len().min(settings.max_head_bytes);
+    let n = match req.parse_with_uninit_headers(&buf[..seen], &mut fields[..cap]) {
         Ok(httparse::Status::Complete(n)) => n,
         Ok(httparse::Status::Partial) => {
-            if buf.len() >= settings.max_head_bytes {
+            if seen >= settings.max_head_bytes {
                 return Err(Refusal::TooLarge);
             }
             return Ok(None);

@@ -1118,3 +1118,42 @@ async fn bytes_fed_as_a_body_before_a_101_go_to_the_tunnel() {
     assert!(out.starts_with("HTTP/1.1 200 OK"), "{out}");
     assert!(out.ends_with("\r\n\r\nnot offered"), "{out}");
 }
+
+// A head is judged on its first `max_head_bytes` only: one malformed past the limit is 431
+// whether it came whole or a byte at a time. Before, the whole head got 400 (httparse saw the
+// bad line) and the trickled one 431 (the limit was reached first). Found by the server_conn
+// fuzz target's whole-vs-split differential.
+#[tokio::test]
+async fn a_head_is_judged_on_its_first_max_head_bytes() {
+    let settings = Settings {
+        max_head_bytes: 256,
+        ..Settings::default()
+    };
+    let mut input = b"GET / HTTP/1.1\r\nHost: x\r\nX-Long: ".to_vec();
+    input.extend_from_slice(&[b'a'; 300]);
+    input.extend_from_slice(b"\r\nno colon here\r\n\r\n");
+    let whole = exchange_with(&input, describe(), settings).await;
+    assert!(
+        whole.starts_with("HTTP/1.1 431 "),
+        "{}",
+        whole.lines().next().unwrap_or("")
+    );
+    let (mut c, _hits, _tx, task) = start(describe(), settings);
+    for b in &input {
+        if c.write_all(&[*b]).await.is_err() {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    let _ = c.shutdown().await;
+    let mut out = Vec::new();
+    tokio::time::timeout(Duration::from_secs(20), c.read_to_end(&mut out))
+        .await
+        .unwrap()
+        .unwrap();
+    let _ = task.await;
+    assert_eq!(
+        String::from_utf8_lossy(&out).lines().next(),
+        whole.lines().next()
+    );
+}
