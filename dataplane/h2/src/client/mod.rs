@@ -115,6 +115,7 @@ where
         shared: shared.clone(),
         io,
         tick: Box::pin(tokio::time::sleep(TICK)),
+        tick_registered: false,
     };
     std::future::poll_fn(|cx| {
         if let Poll::Ready(r) = Pin::new(&mut conn).poll(cx) {
@@ -127,6 +128,8 @@ where
         }
     })
     .await?;
+    // The task that runs it from now on registers its own waker with the timer.
+    conn.tick_registered = false;
     Ok((SendRequest { shared }, conn))
 }
 
@@ -297,6 +300,8 @@ pub struct Connection<T> {
     shared: Arc<Shared>,
     io: T,
     tick: Pin<Box<tokio::time::Sleep>>,
+    /// The timer holds this task's waker (false: poll it once more).
+    tick_registered: bool,
 }
 
 impl<T> std::fmt::Debug for Connection<T> {
@@ -325,18 +330,26 @@ fn io_fault(e: &std::io::Error) -> Fault {
 fn drive<T: AsyncRead + AsyncWrite + Unpin>(
     io: &mut T,
     tick: &mut Pin<Box<tokio::time::Sleep>>,
+    tick_registered: &mut bool,
     orphan: bool,
     core: &mut Core,
     cx: &mut Context<'_>,
 ) -> Poll<Result<(), H2Error>> {
-    while tick.as_mut().poll(cx).is_ready() {
-        if core.fault.is_some() {
-            // The GOAWAY we owe could not be written in a whole tick: give up.
-            return Poll::Ready(Err(fault_error(core)));
+    // The timer is polled (its waker registered) once per task and again only once it has
+    // fired: polling it on every wake-up cost the request path for nothing.
+    if *tick_registered && !tick.is_elapsed() {
+        // Registered, not due.
+    } else {
+        *tick_registered = true;
+        while tick.as_mut().poll(cx).is_ready() {
+            if core.fault.is_some() {
+                // The GOAWAY we owe could not be written in a whole tick: give up.
+                return Poll::Ready(Err(fault_error(core)));
+            }
+            core.tick(IDLE_TICKS);
+            let next = tokio::time::Instant::now() + TICK;
+            tick.as_mut().reset(next);
         }
-        core.tick(IDLE_TICKS);
-        let next = tokio::time::Instant::now() + TICK;
-        tick.as_mut().reset(next);
     }
     if core.fault.is_none() && orphan {
         // Nobody can send on it any more, and no stream is left.
@@ -352,7 +365,7 @@ fn drive<T: AsyncRead + AsyncWrite + Unpin>(
             match poll_read_buf(&mut *io, &mut core.rbuf, cx) {
                 Poll::Ready(Ok(0)) => core.fail(Fault::Eof),
                 Poll::Ready(Ok(_)) => {
-                    core.process(crate::conn::clock());
+                    core.process(None);
                     again = true;
                 }
                 Poll::Ready(Err(e)) => core.fail(io_fault(&e)),
@@ -425,7 +438,14 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Future for Connection<T> {
         let mut core = shared.lock();
         // Wake-ups from inside this poll (a stream opened by what it reads) are not needed.
         core.task_waker = None;
-        let r = drive(&mut this.io, &mut this.tick, orphan, &mut core, cx);
+        let r = drive(
+            &mut this.io,
+            &mut this.tick,
+            &mut this.tick_registered,
+            orphan,
+            &mut core,
+            cx,
+        );
         shared
             .max_streams
             .store(core.peer_max_streams, Ordering::Relaxed);
