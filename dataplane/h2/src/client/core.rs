@@ -528,15 +528,15 @@ impl Core {
         let mut block = std::mem::take(&mut self.block);
         block.clear();
         self.encoder.begin_block(&mut block);
-        Encoder::field(
+        Encoder::field_raw(
             &mut block,
             b":method",
             req.method.as_str().as_bytes(),
             false,
         );
-        Encoder::field(&mut block, b":scheme", req.scheme.as_bytes(), false);
-        Encoder::field(&mut block, b":authority", req.authority, false);
-        Encoder::field(&mut block, b":path", req.path.as_bytes(), false);
+        Encoder::field_raw(&mut block, b":scheme", req.scheme.as_bytes(), false);
+        Encoder::field_raw(&mut block, b":authority", req.authority, false);
+        Encoder::field_raw(&mut block, b":path", req.path.as_bytes(), false);
         // The request's content-length, read in the same pass: one valid value (repeats
         // equal), checked against the body as it goes.
         let mut length = None;
@@ -554,7 +554,12 @@ impl Core {
                     _ => bad_length = true,
                 }
             }
-            crate::encode_field(&mut block, n, v);
+            Encoder::field_raw(
+                &mut block,
+                n.as_str().as_bytes(),
+                v.as_bytes(),
+                v.is_sensitive(),
+            );
         }
         if bad_length || (end && length.is_some_and(|l| l != 0)) {
             self.block = block;
@@ -807,7 +812,12 @@ impl Core {
                         self.encoder.begin_block(&mut block);
                         for (n, v) in &t {
                             if !crate::conn_headers::may_strip(n) {
-                                crate::encode_field(&mut block, n, v);
+                                Encoder::field_raw(
+                                    &mut block,
+                                    n.as_str().as_bytes(),
+                                    v.as_bytes(),
+                                    v.is_sensitive(),
+                                );
                             }
                         }
                         let id = self.streams[i].id;

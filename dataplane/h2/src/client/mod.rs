@@ -9,8 +9,8 @@
 //! request bodies as the windows allow and writes.
 //!
 //! [`SendRequest::send`] opens a stream under the connection's lock: the HEADERS block is
-//! encoded straight from the caller's fields into the output (no request value is built, the
-//! table-less encoder of [`crate::hpack`]) and the connection task is woken to write it. The
+//! encoded straight from the caller's fields into the output (no request value is built; the
+//! table-less encoder of [`crate::hpack`], strings as they are: `Encoder::field_raw`) and the connection task is woken to write it. The
 //! returned [`ResponseFuture`] gives the final head (interim 1xx skipped, at most
 //! [`core::MAX_INTERIM`]); the [`ResponseBody`] its data and trailers, each chunk granting
 //! its bytes back to the windows as it is taken (a WINDOW_UPDATE once half a window is due).
