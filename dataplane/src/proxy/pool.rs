@@ -572,10 +572,12 @@ impl Pool {
 
     fn take_h2_stream(&self, client: Http2Client) -> Option<Conn> {
         let mut conns = self.h2.lock().unwrap_or_else(|p| p.into_inner());
-        conns.retain(|c| !c.sender.is_closed());
+        // Those of the other client (`limits.http2_client` changed) are let go: each closes
+        // once its streams are done.
+        conns.retain(|c| !c.sender.is_closed() && c.sender.client() == client);
         let c = conns
             .iter()
-            .filter(|c| c.sender.client() == client && c.sender.is_ready())
+            .filter(|c| c.sender.is_ready())
             .min_by_key(|c| c.streams.load(Ordering::Acquire))?;
         if c.streams.load(Ordering::Acquire) >= c.sender.max_streams() {
             return None;
