@@ -26,11 +26,14 @@
 //! (`Connection: close`) when the service let go of the body before answering or answers an
 //! error while it still comes (a 401 or 413 to an upload), and the connection then reads and
 //! drops what the client still sends for a bounded time ([`LINGER_TIME`], [`LINGER_BYTES`]) so
-//! that the close does not reset the answer away. `Expect: 100-continue` gets its
-//! `100 Continue` when the service first polls the body. A `101` answer to an upgrade request
-//! hands the connection (and every byte read past the head the service did not take, in
-//! order) to the request's [`OnUpgrade`]; an upgrade request with a chunked body is not
-//! offered one.
+//! that the close does not reset the answer away (refusals of a head linger too). A body the
+//! service still holds when its answer has ended is fed no more and ends with
+//! [`BodyError::Incomplete`], never as a shorter body that looks whole.
+//! `Expect: 100-continue` gets its `100 Continue` when the service first polls the body. A
+//! `101` answer to an upgrade request hands the connection (and every byte read past the head
+//! the service did not take, in order) to the request's [`OnUpgrade`]; an upgrade request with
+//! a chunked body is not offered one, and a body by length the service let go of before its
+//! end turns the 101 into a 500 (its buffered part is gone, the tunnel would start inside it).
 //!
 //! While an answer is awaited with nothing of the request left to read, the connection reads
 //! once into its empty buffer: a client that closed or reset the connection ends it then, and
@@ -521,7 +524,8 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Conn<I> {
     }
 
     /// A request body the service let go of before its end: takes what of it is already
-    /// buffered (reading no more). True when that was all of it.
+    /// buffered (reading no more). True when that was all of it; else the body stays marked
+    /// as let go of (`dropped`).
     fn skip_buffered(&mut self, fd: &mut Feeder) -> io::Result<bool> {
         if fd.done || fd.broken {
             return Ok(fd.done);
@@ -536,7 +540,10 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Conn<I> {
         let mut cx = Context::from_waker(Waker::noop());
         loop {
             self.poll_feed(&mut cx, fd)?;
-            if lock(&fd.feed).chunk.take().is_none() {
+            let mut f = lock(&fd.feed);
+            if f.chunk.take().is_none() {
+                // Still let go of: the mark stays, so the answer's rules see it.
+                f.dropped = !fd.done;
                 return Ok(fd.done);
             }
         }
@@ -977,6 +984,9 @@ where
                 write_refusal(&mut c.out, status, why);
                 poll_fn(|cx| c.poll_flush_out(cx)).await?;
                 let _ = poll_fn(|cx| Pin::new(&mut c.io).poll_shutdown(cx)).await;
+                // The client may still be sending (the rest of a long head, a body): closing
+                // at once could reset the refusal away.
+                c.linger().await;
                 return Ok(());
             }
         };
@@ -1061,7 +1071,13 @@ where
         let (mut parts, mut body) = response.into_parts();
         let status = parts.status;
         // 101 to an upgrade request: the connection is handed over after the head.
-        if status == StatusCode::SWITCHING_PROTOCOLS {
+        // A body by length the service let go of before its end had its buffered part
+        // thrown away: the tunnel would start inside the body, so no upgrade (the 101 is
+        // replaced below, and the connection ends).
+        let let_go = feeder
+            .as_ref()
+            .is_some_and(|fd| !fd.done && !fd.broken && lock(&fd.feed).dropped);
+        if status == StatusCode::SWITCHING_PROTOCOLS && !let_go {
             if let Some(tx) = upgrade_tx.take() {
                 write_head(
                     &mut c.out,
@@ -1271,13 +1287,25 @@ where
             }
         }
         drop(body);
-        // The request body: finished, or its rest already here, or the connection ends.
-        let mut unread = false;
-        if let Some(mut fd) = feeder.take() {
-            // The service left some of it: take what is already buffered, read no more.
-            if !c.skip_buffered(&mut fd)? {
+        // The request body: finished, or its rest already here, or the connection ends. A
+        // request refused for its framing has its body unread too.
+        let mut unread = info.conflict;
+        if let Some(mut fd) = feeder.take().filter(|fd| !fd.done && !fd.broken) {
+            if lock(&fd.feed).dropped {
+                // The service let go of it: take what is already buffered, read no more.
+                if !c.skip_buffered(&mut fd)? {
+                    keep_alive = false;
+                    unread = !fd.broken;
+                }
+            } else {
+                // Still held after the answer (by a task the service handed it to): it is fed
+                // no more, so it ends Incomplete after what it was handed, never as a shorter
+                // body that looks whole; the connection ends.
+                let mut f = lock(&fd.feed);
+                f.end = Some(Err(BodyError::Incomplete));
+                f.wake_body();
                 keep_alive = false;
-                unread = !fd.broken;
+                unread = true;
             }
         }
         if !keep_alive {

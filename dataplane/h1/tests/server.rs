@@ -1157,3 +1157,207 @@ async fn a_head_is_judged_on_its_first_max_head_bytes() {
         whole.lines().next()
     );
 }
+
+// A body the service let go of while its answer was still awaited stays let go of: the
+// answer, a 200 here, says `Connection: close`. Before, taking the buffered part of the body
+// in the wait cleared the mark, the head said keep-alive and the connection then closed.
+#[tokio::test]
+async fn a_body_let_go_of_before_a_late_success_says_close() {
+    let h: Handler = Arc::new(|req: Request<RecvBody>| {
+        Box::pin(async move {
+            drop(req.into_body());
+            tokio::task::yield_now().await;
+            tokio::task::yield_now().await;
+            Response::new(full("ok"))
+        })
+    });
+    let (mut c, _hits, _tx, task) = start(h, Settings::default());
+    c.write_all(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\nabc")
+        .await
+        .unwrap();
+    let mut out = vec![0u8; 4096];
+    let mut got = Vec::new();
+    while !got.ends_with(b"\r\n\r\nok") {
+        let n = tokio::time::timeout(Duration::from_secs(20), c.read(&mut out))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_ne!(n, 0, "{}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&out[..n]);
+    }
+    let got = String::from_utf8_lossy(&got);
+    assert!(got.starts_with("HTTP/1.1 200 OK\r\n"), "{got}");
+    assert!(got.contains("\r\nconnection: close\r\n"), "{got}");
+    drop(c);
+    task.await.unwrap().unwrap();
+}
+
+// A body the service still holds when its answer has ended (handed to a task) is fed no more:
+// it ends with an error after the bytes it was handed, never as a shorter body that looks
+// whole. Before, the chunk not yet taken and the buffered rest were thrown away and the body
+// ended as complete, missing "01234" (or everything).
+#[tokio::test]
+async fn a_body_still_held_after_the_answer_never_ends_short_as_whole() {
+    let (seen_tx, seen_rx) = tokio::sync::oneshot::channel::<Result<Bytes, String>>();
+    let seen_tx = Arc::new(Mutex::new(Some(seen_tx)));
+    let h: Handler = Arc::new(move |req: Request<RecvBody>| {
+        let seen_tx = seen_tx.lock().unwrap().take().unwrap();
+        let body = req.into_body();
+        tokio::spawn(async move {
+            let got = body
+                .collect()
+                .await
+                .map(|c| c.to_bytes())
+                .map_err(|e| e.to_string());
+            let _ = seen_tx.send(got);
+        });
+        Box::pin(async move {
+            let mut r = Response::new(full("ok"));
+            *r.status_mut() = StatusCode::ACCEPTED;
+            r
+        })
+    });
+    let out = exchange_with(
+        b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n01234\r\n5\r\n56789\r\n0\r\n\r\n",
+        h,
+        Settings::default(),
+    )
+    .await;
+    assert!(out.starts_with("HTTP/1.1 202 "), "{out}");
+    match tokio::time::timeout(Duration::from_secs(20), seen_rx)
+        .await
+        .unwrap()
+        .unwrap()
+    {
+        Ok(b) => assert_eq!(&b[..], b"0123456789", "a body that ended short as whole"),
+        Err(e) => assert_eq!(e, server::BodyError::Incomplete.to_string()),
+    }
+}
+
+// A 101 to a request whose body by length the service let go of before its end is not an
+// upgrade: the buffered part of the body was thrown away, so the tunnel would start inside
+// the body. The answer is a 500 and the connection ends. Before, the 101 went out and the
+// tunnel got "efghping" without "abcd".
+#[tokio::test]
+async fn no_upgrade_after_a_body_let_go_of_before_its_end() {
+    let h: Handler = Arc::new(|mut req: Request<RecvBody>| {
+        Box::pin(async move {
+            let up = req.extensions_mut().remove::<OnUpgrade>();
+            drop(req.into_body());
+            tokio::task::yield_now().await;
+            tokio::task::yield_now().await;
+            if let Some(up) = up.and_then(|u| u.take()) {
+                tokio::spawn(async move {
+                    if let Ok(mut io) = up.await {
+                        let _ = io.write_all(b"tunnel").await;
+                    }
+                });
+            }
+            let mut r = Response::new(full(""));
+            *r.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+            r.headers_mut()
+                .insert(header::UPGRADE, "websocket".parse().unwrap());
+            r
+        })
+    });
+    let out = exchange_with(
+        b"GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nContent-Length: 8\r\n\r\nabcd",
+        h,
+        Settings::default(),
+    )
+    .await;
+    assert!(out.starts_with("HTTP/1.1 500 "), "{out}");
+    assert!(out.contains("\r\nconnection: close\r\n"), "{out}");
+    assert!(!out.contains("tunnel"), "{out}");
+}
+
+/// Answers 413 without reading the body.
+fn refuses_uploads() -> Handler {
+    Arc::new(|req: Request<RecvBody>| {
+        drop(req.into_body());
+        Box::pin(async move {
+            let mut r = Response::new(full("no"));
+            *r.status_mut() = StatusCode::PAYLOAD_TOO_LARGE;
+            r
+        })
+    })
+}
+
+// The lingering close after an early answer is bounded in time: a client that sends nothing
+// more and never closes is let go after LINGER_TIME (paused clock).
+#[tokio::test(start_paused = true)]
+async fn lingering_ends_after_linger_time() {
+    let (mut c, _hits, _tx, task) = start(refuses_uploads(), Settings::default());
+    c.write_all(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\nabc")
+        .await
+        .unwrap();
+    let started = tokio::time::Instant::now();
+    tokio::time::timeout(server::LINGER_TIME * 2, task)
+        .await
+        .expect("the connection ends while the client stays")
+        .unwrap()
+        .unwrap();
+    assert!(started.elapsed() >= server::LINGER_TIME);
+    let mut out = Vec::new();
+    c.read_to_end(&mut out).await.unwrap();
+    assert!(String::from_utf8_lossy(&out).starts_with("HTTP/1.1 413 "));
+}
+
+// ... and in bytes: a client that goes on sending is read (and dropped) for at most
+// LINGER_BYTES, then the connection ends; the duplex pipe holds at most 1 MiB more.
+#[tokio::test]
+async fn lingering_ends_after_linger_bytes() {
+    let (c, _hits, _tx, task) = start(refuses_uploads(), Settings::default());
+    let (mut rd, mut wr) = tokio::io::split(c);
+    wr.write_all(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100000000\r\n\r\nabc")
+        .await
+        .unwrap();
+    let writer = tokio::spawn(async move {
+        let piece = vec![b'x'; 64 * 1024];
+        let mut sent = 0usize;
+        while sent < 8 * server::LINGER_BYTES {
+            if wr.write_all(&piece).await.is_err() {
+                break;
+            }
+            sent += piece.len();
+        }
+        sent
+    });
+    tokio::time::timeout(Duration::from_secs(20), task)
+        .await
+        .expect("the connection ends while the client sends")
+        .unwrap()
+        .unwrap();
+    let sent = writer.await.unwrap();
+    assert!(
+        sent <= server::LINGER_BYTES + (1 << 20) + 64 * 1024,
+        "{sent}"
+    );
+    let mut out = Vec::new();
+    rd.read_to_end(&mut out).await.unwrap();
+    assert!(String::from_utf8_lossy(&out).starts_with("HTTP/1.1 413 "));
+}
+
+// A refused head (431 here) is followed by the lingering close too: the client may still be
+// sending the rest of it, and closing at once could reset the refusal away.
+#[tokio::test]
+async fn a_refused_head_lingers() {
+    let settings = Settings {
+        max_head_bytes: 256,
+        ..Settings::default()
+    };
+    let (mut c, _hits, _tx, task) = start(describe(), settings);
+    let mut head = b"GET / HTTP/1.1\r\nHost: x\r\nX-Long: ".to_vec();
+    head.extend_from_slice(&[b'a'; 1024]);
+    c.write_all(&head).await.unwrap();
+    let mut out = vec![0u8; 1024];
+    let n = tokio::time::timeout(Duration::from_secs(20), c.read(&mut out))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out[..n]).starts_with("HTTP/1.1 431 "));
+    c.write_all(&[b'a'; 64 * 1024]).await.expect("lingering");
+    assert!(!task.is_finished());
+    drop(c);
+    task.await.unwrap().unwrap();
+}
