@@ -1146,6 +1146,82 @@ mod demand_tests {
 }
 
 #[cfg(test)]
+mod h2_client_tests {
+    use super::*;
+
+    /// An h2c backend (hyper's server) answering 200 with no body.
+    async fn h2c_backend() -> String {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        tokio::spawn(async move {
+            while let Ok((s, _)) = l.accept().await {
+                tokio::spawn(async move {
+                    let svc = hyper::service::service_fn(|_r| async {
+                        Ok::<_, std::convert::Infallible>(Response::new(crate::body::empty()))
+                    });
+                    let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(s), svc)
+                        .await;
+                });
+            }
+        });
+        addr
+    }
+
+    /// A pool whose connector's client changes (`limits.http2_client` reloaded) serves with
+    /// the new client at once and lets the other's connections go: they close.
+    #[tokio::test]
+    async fn a_pool_lets_its_connections_of_the_other_client_go() {
+        let addr = h2c_backend().await;
+        let pool = Arc::new(Pool::new(8));
+        let head = Head {
+            method: http::Method::GET,
+            uri: http::Uri::from_static("/"),
+            headers: http::HeaderMap::new(),
+            host: Some(HeaderValue::from_static("b.test")),
+        };
+        let run = async {
+            for client in [Http2Client::Sweety, Http2Client::Hyper, Http2Client::Sweety] {
+                let c = Connector {
+                    protocol: BackendProtocol::H2c,
+                    tls: None,
+                    sni: None,
+                    external: false,
+                    read_ahead: sweety_config::DEFAULT_PROXY_READ_AHEAD,
+                    h2_client: client,
+                };
+                let conn = pool.acquire(&addr, &c).await.unwrap();
+                let kind = match &conn.sender {
+                    Sender::H2(..) => Http2Client::Hyper,
+                    Sender::H2s(..) => Http2Client::Sweety,
+                    Sender::H1(_) => panic!("an h2c connector gave HTTP/1.1"),
+                };
+                assert_eq!(kind, client);
+                let (resp, _guard) = conn
+                    .send_head(&pool, &head, crate::body::empty(), &addr, false)
+                    .await
+                    .unwrap();
+                assert_eq!(resp.status(), 200);
+                drop(resp);
+                assert!(pool
+                    .h2
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .all(|h| h.sender.client() == client));
+            }
+            // The two let go closed: one connection open, idle.
+            while pool.connections() != (0, 1) {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(20), run)
+            .await
+            .expect("bounded");
+    }
+}
+
+#[cfg(test)]
 mod external_tests {
     use super::*;
     use std::net::IpAddr;

@@ -88,6 +88,19 @@ impl std::fmt::Debug for SendRequest {
     }
 }
 
+impl Drop for SendRequest {
+    fn drop(&mut self) {
+        // The last handle but the task's: the task closes the connection once no stream is
+        // left, so it is woken to see that now rather than at its next tick.
+        if Arc::strong_count(&self.shared) == 2 {
+            let w = self.shared.lock().task_waker.take();
+            if let Some(w) = w {
+                w.wake();
+            }
+        }
+    }
+}
+
 /// A failed request.
 #[derive(Debug)]
 pub struct SendError {
