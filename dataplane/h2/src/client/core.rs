@@ -196,7 +196,9 @@ pub(crate) struct Stream {
     send_done: bool,
     /// The request's `content-length`, counted down as data goes.
     length_left: Option<u64>,
-    /// Our bytes queued up to the end of this stream's HEADERS.
+    /// Our bytes queued up to the start and to the end of this stream's HEADERS (frame
+    /// boundaries: HEADERS and its CONTINUATION frames are queued together).
+    headers_start: u64,
     headers_end: u64,
     // Receiving.
     recv: Recv,
@@ -520,6 +522,7 @@ impl Core {
             crate::encode_field(&mut block, n, v);
         }
         let before = self.out.len();
+        let headers_start = self.queued_total;
         frame::put_headers(&mut self.out, id, &block, end, self.peer_max_frame);
         self.queue_len_changed(before);
         self.block = block;
@@ -538,6 +541,7 @@ impl Core {
             pending_trailers: None,
             send_done: end,
             length_left: length,
+            headers_start,
             headers_end: self.queued_total,
             recv: Recv::Head { interim: 0 },
             head_request: *req.method == Method::HEAD,
@@ -563,7 +567,6 @@ impl Core {
         let Some(i) = self.find(id) else {
             return HeadPoll::Failed(H2Error::Closed, None, false);
         };
-        let unwritten = self.written_total < self.streams[i].headers_end;
         let s = &mut self.streams[i];
         if let Some(h) = s.head.take() {
             if s.closed() && s.fault.is_none() {
@@ -577,8 +580,9 @@ impl Core {
         }
         if let Some(f) = s.fault.take() {
             // Not processed by the backend: the body goes back when nothing was taken from it.
-            let refused = matches!(f, StreamFault::Refused)
-                || (matches!(f, StreamFault::Conn(_)) && unwritten && !s.response_started);
+            // (A stream whose bytes never reached the transport was made `Refused` when the
+            // connection failed, and its frames cut from the output then.)
+            let refused = matches!(f, StreamFault::Refused);
             let closed = match &f {
                 StreamFault::Refused => true,
                 StreamFault::Conn(c) => c.is_disconnect() && !s.response_started,
@@ -589,10 +593,7 @@ impl Core {
             } else {
                 None
             };
-            let err = match f {
-                StreamFault::Conn(_) if refused => H2Error::Refused,
-                f => stream_error(f),
-            };
+            let err = stream_error(f);
             self.remove(i);
             return HeadPoll::Failed(err, body, closed || refused);
         }
@@ -1088,13 +1089,64 @@ impl Core {
         if reason != Reason::NO_ERROR {
             self.goaway_reason = Some(reason);
         }
-        // Streams above `last` were not processed: they may go again elsewhere.
+        // Streams above `last` were not processed: they may go again elsewhere. Their frames
+        // not yet written leave the output first: the backend never sees a request its
+        // client was told to send elsewhere.
+        self.cut_streams_above(last);
         for i in (0..self.streams.len()).rev() {
             if self.streams[i].id > last && self.streams[i].fault.is_none() {
                 self.end_stream(i, StreamFault::Refused);
             }
         }
         Ok(())
+    }
+
+    /// Removes from the output every frame not yet begun of the streams above `last`. Their
+    /// frames all follow their HEADERS (ids grow with the order of the queue, and no stream
+    /// opens after a GOAWAY), so the output is walked frame by frame from the first of their
+    /// HEADERS not begun (or the end of a HEADERS begun): a frame boundary.
+    fn cut_streams_above(&mut self, last: u32) {
+        let w = self.written_total;
+        let start = self
+            .streams
+            .iter()
+            .filter(|s| s.id > last)
+            .filter_map(|s| {
+                [s.headers_start, s.headers_end]
+                    .into_iter()
+                    .find(|&b| b >= w)
+            })
+            .min();
+        let Some(start) = start else {
+            return;
+        };
+        let tail = self.out.split_off((start - w) as usize);
+        let mut rest = &tail[..];
+        while rest.len() >= HEADER_LEN {
+            let h = Head::parse(rest);
+            let n = (HEADER_LEN + h.len as usize).min(rest.len());
+            if h.stream <= last {
+                self.out.extend_from_slice(&rest[..n]);
+            }
+            rest = &rest[n..];
+        }
+        self.queued_total = w + self.out.len() as u64;
+    }
+
+    /// Cuts the output at the first HEADERS of a live stream none of whose bytes were
+    /// written (a frame boundary; what follows goes too), for a connection that ends. The
+    /// cut point, from which on the streams are `Refused`: the backend never gets them.
+    fn cut_unwritten(&mut self) -> Option<u64> {
+        let w = self.written_total;
+        let cut = self
+            .streams
+            .iter()
+            .filter(|s| s.fault.is_none() && s.headers_start >= w)
+            .map(|s| s.headers_start)
+            .min()?;
+        self.out.truncate((cut - w) as usize);
+        self.queued_total = cut;
+        Some(cut)
     }
 
     fn on_rst(&mut self, head: Head, payload: &[u8], now: Instant) -> FResult {
@@ -1494,17 +1546,17 @@ impl Core {
     /// A connection error: GOAWAY queued, every stream ends.
     pub(crate) fn conn_error(&mut self, reason: Reason, why: &'static str) {
         tracing::debug!(%reason, why, "HTTP/2 backend connection error");
-        if self.fault.is_none() {
-            let before = self.out.len();
-            frame::put_goaway(&mut self.out, 0, reason, why.as_bytes());
-            self.queue_len_changed(before);
-        }
-        self.fail(Fault::Local(reason, why));
+        self.fail_with(Fault::Local(reason, why), Some((reason, why)));
     }
 
     /// The connection ended for `fault`: every stream ends with it (those the backend
     /// refused or never got keep that).
     pub(crate) fn fail(&mut self, fault: Fault) {
+        self.fail_with(fault, None);
+    }
+
+    /// [`Core::fail`], with the GOAWAY to queue after the output is cut.
+    fn fail_with(&mut self, fault: Fault, goaway: Option<(Reason, &'static str)>) {
         if self.fault.is_some() {
             return;
         }
@@ -1512,11 +1564,25 @@ impl Core {
             (Fault::Eof | Fault::Io(..), Some(r)) => Fault::Remote(r),
             _ => fault,
         };
+        // Streams none of whose bytes were written are cut from the output and refused
+        // (decided now: nothing of theirs is written later).
+        let cut = self.cut_unwritten();
+        if let Some((reason, why)) = goaway {
+            let before = self.out.len();
+            frame::put_goaway(&mut self.out, 0, reason, why.as_bytes());
+            self.queue_len_changed(before);
+        }
         self.fault = Some(fault.clone());
         for i in 0..self.streams.len() {
             let s = &mut self.streams[i];
             if s.fault.is_none() && s.recv != Recv::Done {
-                self.end_stream(i, StreamFault::Conn(fault.clone()));
+                let unsent = cut.is_some_and(|c| s.headers_start >= c) && !s.response_started;
+                let why = if unsent {
+                    StreamFault::Refused
+                } else {
+                    StreamFault::Conn(fault.clone())
+                };
+                self.end_stream(i, why);
             } else {
                 // A whole response stays readable; nothing more goes out.
                 s.send_done = true;
