@@ -34,6 +34,11 @@ use std::time::{Duration, Instant};
 pub const MAX_INTERIM: usize = 16;
 /// CONTINUATION frames accepted in one header block.
 pub const MAX_CONTINUATIONS: usize = 64;
+/// Fields accepted in one response head or trailer block (more fail the stream; a
+/// `HeaderMap` holds at most 32,768 names).
+pub const MAX_FIELDS: usize = 1_000;
+/// The largest `max_header_list` a connection takes, whatever it is asked for.
+pub const MAX_HEADER_LIST: u32 = 256 * 1024;
 /// Our SETTINGS_MAX_FRAME_SIZE (the default; a larger frame is a FRAME_SIZE_ERROR).
 pub const LOCAL_MAX_FRAME: u32 = frame::DEFAULT_MAX_FRAME_SIZE;
 /// Output bytes past which request bodies are not polled and the backend is not read.
@@ -64,13 +69,14 @@ pub struct Config {
 }
 
 impl Config {
-    /// The bounds with every value in range (windows 1..=2^31-1, header list at least 1 KiB).
+    /// The bounds with every value in range (windows 1..=2^31-1, header list 1 KiB to
+    /// [`MAX_HEADER_LIST`]).
     pub fn clamped(self) -> Config {
         let w = |v: u32| v.clamp(1, MAX_WINDOW as u32);
         Config {
             stream_window: w(self.stream_window),
             conn_window: w(self.conn_window).max(DEFAULT_WINDOW),
-            max_header_list: self.max_header_list.max(1024),
+            max_header_list: self.max_header_list.clamp(1024, MAX_HEADER_LIST),
         }
     }
 }
@@ -84,6 +90,8 @@ pub enum Fault {
     Remote(Reason),
     /// The transport failed.
     Io(std::io::ErrorKind, String),
+    /// The connection task ended (dropped, or it panicked) before the connection did.
+    Gone,
     /// The backend closed the connection.
     Eof,
     /// No frame came in answer to our PING.
@@ -100,7 +108,7 @@ impl Fault {
             Fault::Io(k, m) => H2Error::Io(std::io::Error::new(*k, m.clone())),
             Fault::Eof => H2Error::Closed,
             Fault::KeepAlive => H2Error::Protocol(Reason::NO_ERROR, "no answer to PING"),
-            Fault::Idle => H2Error::Closed,
+            Fault::Idle | Fault::Gone => H2Error::Closed,
         }
     }
 
@@ -340,6 +348,8 @@ fn parse_length(b: &[u8]) -> Option<u64> {
 struct ResponseBlock {
     status: Option<u16>,
     headers: HeaderMap,
+    /// Fields seen, up to [`MAX_FIELDS`].
+    fields: usize,
     regular_seen: bool,
     malformed: Option<&'static str>,
 }
@@ -354,6 +364,10 @@ impl ResponseBlock {
     }
 
     fn try_field(&mut self, f: Field<'_>, trailers: bool) -> Result<(), &'static str> {
+        self.fields += 1;
+        if self.fields > MAX_FIELDS {
+            return Err("too many fields");
+        }
         if let Some(pseudo) = f.name.strip_prefix(b":") {
             if trailers {
                 return Err("pseudo-header in trailers");
@@ -388,7 +402,9 @@ impl ResponseBlock {
         if f.sensitive {
             value.set_sensitive(true);
         }
-        self.headers.append(name, value);
+        self.headers
+            .try_append(name, value)
+            .map_err(|_| "too many fields")?;
         Ok(())
     }
 }
