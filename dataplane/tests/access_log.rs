@@ -556,3 +556,80 @@ async fn bytes_received_and_upstream_connect_and_response_times_are_logged() {
         assert!(l[4].get(f).is_none(), "{f}: {}", l[4]);
     }
 }
+
+// A client that closes its connection while its request waits for the backend: on both
+// HTTP/1.1 engines the request is dropped at once, which closes the backend connection (the
+// backend request is cancelled, not left to run to its timeout), and the request writes no
+// access log line (hyper's engine drops the request's future before any response exists;
+// Sweety's engine does the same). Before, Sweety's engine read nothing while the request ran
+// and noticed the client only when it wrote the answer.
+#[tokio::test]
+async fn a_client_gone_mid_request_cancels_the_backend_request_on_both_engines() {
+    for engine in [Http1Engine::Sweety, Http1Engine::Hyper] {
+        let (arrived_tx, mut arrived) = tokio::sync::mpsc::unbounded_channel();
+        let (gone_tx, mut gone) = tokio::sync::mpsc::unbounded_channel();
+        // A backend that takes the request and never answers; it tells when its connection ends.
+        let hang = spawn_backend(move |mut s| {
+            let (arrived, gone) = (arrived_tx.clone(), gone_tx.clone());
+            async move {
+                let mut buf = vec![0u8; 4096];
+                while let Ok(n) = s.read(&mut buf).await {
+                    if n == 0 {
+                        break;
+                    }
+                    let _ = arrived.send(());
+                }
+                let _ = gone.send(());
+            }
+        })
+        .await;
+        let (origin, _seen) = origin().await;
+        let mut cfg = Config {
+            backends: vec![backend("up", origin), backend("hang", hang)],
+            ..http_config(vec![vhost(
+                "app",
+                &[],
+                vec![
+                    proxy_route("hang", "/hang", "hang"),
+                    proxy_route("ok", "/hello", "up"),
+                ],
+            )])
+        };
+        cfg.limits.http1_engine = engine;
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("access.log");
+        let runtime = Arc::new(
+            Runtime::new(RuntimeOptions {
+                access_log: AccessLog {
+                    enabled: true,
+                    path: Some(log.clone()),
+                    buffer_lines: 1024,
+                    format: AccessLogFormat::Json,
+                },
+                ..RuntimeOptions::default()
+            })
+            .unwrap(),
+        );
+        runtime.apply(cfg).await.expect("config applies");
+        let addr = *runtime.bound().await.get("web").unwrap();
+        let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+        c.write_all(b"GET /hang HTTP/1.1\r\nHost: app\r\n\r\n")
+            .await
+            .unwrap();
+        tokio::time::timeout(Duration::from_secs(10), arrived.recv())
+            .await
+            .expect("the request reaches the backend")
+            .unwrap();
+        drop(c);
+        tokio::time::timeout(Duration::from_secs(10), gone.recv())
+            .await
+            .unwrap_or_else(|_| panic!("{engine:?}: the backend request is cancelled"))
+            .unwrap();
+        // The next request's line is the first: the abandoned one wrote none.
+        let got = fetch(&h1_client(), addr, "/hello").await;
+        assert_eq!(got.status, 200);
+        let l = json_lines(&log, 1).await;
+        assert_eq!(l.len(), 1, "{engine:?}: {l:?}");
+        assert_eq!(l[0]["path"], "/hello", "{engine:?}");
+    }
+}

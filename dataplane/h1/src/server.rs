@@ -22,9 +22,24 @@
 //! Keep-alive follows RFC 9112 §9.3: HTTP/1.1 unless `Connection: close` (either side), HTTP/1.0
 //! only with `Connection: keep-alive`; a response of unknown length to HTTP/1.0 is
 //! close-delimited. A request body the service did not read to its end closes the connection
-//! after the response (unless the rest is already buffered). `Expect: 100-continue` gets its
-//! `100 Continue` when the service first polls the body. A `101` answer to an upgrade request
-//! hands the connection (and any bytes read past the head) to the request's [`OnUpgrade`].
+//! after the response (unless the rest is already buffered); the response says so
+//! (`Connection: close`) when the service let go of the body before answering or answers an
+//! error while it still comes (a 401 or 413 to an upload), and the connection then reads and
+//! drops what the client still sends for a bounded time ([`LINGER_TIME`], [`LINGER_BYTES`]) so
+//! that the close does not reset the answer away (refusals of a head linger too). A body the
+//! service still holds when its answer has ended is fed no more and ends with
+//! [`BodyError::Incomplete`], never as a shorter body that looks whole.
+//! `Expect: 100-continue` gets its `100 Continue` when the service first polls the body. A
+//! `101` answer to an upgrade request hands the connection (and every byte read past the head
+//! the service did not take, in order) to the request's [`OnUpgrade`]; an upgrade request with
+//! a chunked body is not offered one, and a body by length the service let go of before its
+//! end turns the 101 into a 500 (its buffered part is gone, the tunnel would start inside it).
+//!
+//! While an answer is awaited with nothing of the request left to read, the connection reads
+//! once into its empty buffer: a client that closed or reset the connection ends it then, and
+//! the service's future (or the response body) is dropped, cancelling the backend request
+//! (hyper's server does the same); bytes that come are the next pipelined request's, kept for
+//! its turn.
 //! Waiting for a head is bounded by [`Settings::header_read_timeout`] (also between
 //! requests: an idle keep-alive connection closes then), and a drain signal closes an idle
 //! connection at once and a busy one after its current response.
@@ -54,6 +69,13 @@ const COPY_MAX: usize = 4096;
 
 /// Bytes read from the socket at a time (at least).
 const READ_CHUNK: usize = 16 * 1024;
+
+/// How long a connection closing with a request body unread goes on reading (and dropping)
+/// what the client still sends (nginx's `lingering_timeout`).
+pub const LINGER_TIME: Duration = Duration::from_secs(5);
+
+/// How many bytes a connection closing with a request body unread reads (and drops) at most.
+pub const LINGER_BYTES: usize = 1 << 20;
 
 /// Header fields a request head may have (hyper's default).
 pub const DEFAULT_MAX_FIELDS: usize = 100;
@@ -474,6 +496,75 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Conn<I> {
         Poll::Ready(Ok(n))
     }
 
+    /// After an answer that left a request body unread and shut the sending side: reads
+    /// and drops what the client still sends, until it closes, for at most [`LINGER_TIME`]
+    /// and [`LINGER_BYTES`] (nginx's lingering close). Closing at once with unread bytes
+    /// would reset the connection, and a reset may destroy the answer in the client's
+    /// receive buffer before it reads it (the 413 to an upload lost).
+    async fn linger(&mut self) {
+        let mut left = LINGER_BYTES;
+        let mut deadline = std::pin::pin!(tokio::time::sleep(LINGER_TIME));
+        poll_fn(|cx| loop {
+            if deadline.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(());
+            }
+            self.rbuf.clear();
+            match self.poll_read_more(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => return Poll::Ready(()),
+                Poll::Ready(Ok(n)) => {
+                    left = left.saturating_sub(n);
+                    if left == 0 {
+                        return Poll::Ready(());
+                    }
+                }
+            }
+        })
+        .await
+    }
+
+    /// A request body the service let go of before its end: takes what of it is already
+    /// buffered (reading no more). True when that was all of it; else the body stays marked
+    /// as let go of (`dropped`).
+    fn skip_buffered(&mut self, fd: &mut Feeder) -> io::Result<bool> {
+        if fd.done || fd.broken {
+            return Ok(fd.done);
+        }
+        {
+            let mut f = lock(&fd.feed);
+            f.chunk = None;
+            f.want = false;
+            f.dropped = false;
+        }
+        // With `want` false `poll_feed` only decodes what is buffered: it never waits.
+        let mut cx = Context::from_waker(Waker::noop());
+        loop {
+            self.poll_feed(&mut cx, fd)?;
+            let mut f = lock(&fd.feed);
+            if f.chunk.take().is_none() {
+                // Still let go of: the mark stays, so the answer's rules see it.
+                f.dropped = !fd.done;
+                return Ok(fd.done);
+            }
+        }
+    }
+
+    /// While an answer is awaited and the request has nothing more to read (no body, or its
+    /// end fed): notices a client that closed or reset the connection. It reads only into an
+    /// empty buffer, so at most one read ahead: bytes that come are the next pipelined
+    /// request's, kept for its turn, and nothing more is read (nor an end noticed) until then,
+    /// as hyper's server does mid-message. Ready with the error the connection ends with.
+    fn poll_client_gone(&mut self, cx: &mut Context<'_>) -> Poll<io::Error> {
+        if self.eof || !self.rbuf.is_empty() {
+            return Poll::Pending;
+        }
+        match self.poll_read_more(cx) {
+            Poll::Ready(Ok(0)) => Poll::Ready(io::ErrorKind::ConnectionAborted.into()),
+            Poll::Ready(Err(e)) => Poll::Ready(e),
+            Poll::Ready(Ok(_)) | Poll::Pending => Poll::Pending,
+        }
+    }
+
     /// Feeds the request body from what is read (reading more only when the body wants it).
     /// Makes what progress it can and registers for the rest; true when it handed the body
     /// a chunk or its end.
@@ -571,6 +662,21 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Conn<I> {
     }
 }
 
+/// The body chunk the connection split off its buffer and the service has not taken (the
+/// start of what an upgrade hands over); the body is fed no more.
+fn untaken_chunk(feeder: &mut Option<Feeder>) -> BytesMut {
+    let Some(mut fd) = feeder.take() else {
+        return BytesMut::new();
+    };
+    let chunk = lock(&fd.feed).chunk.take();
+    // The rest goes to the tunnel: the body ends here for the service.
+    fd.broken = true;
+    match (chunk, &fd.framing) {
+        (Some(c), Framing::Length(_)) => BytesMut::from(&c[..]),
+        _ => BytesMut::new(),
+    }
+}
+
 /// A `Content-Length` value: 1 to 19 ASCII digits.
 fn content_length(v: &[u8]) -> Option<u64> {
     if v.is_empty() || v.len() > 19 || !v.iter().all(u8::is_ascii_digit) {
@@ -649,10 +755,14 @@ fn parse_head(
     let cap = settings.max_fields.min(MAX_FIELDS);
     let mut fields = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_FIELDS];
     let mut req = httparse::Request::new(&mut []);
-    let n = match req.parse_with_uninit_headers(buf, &mut fields[..cap]) {
+    // Only the head's first `max_head_bytes` are looked at: what is refused, and how, must not
+    // depend on how many bytes past the limit one read happened to bring (a head malformed
+    // after the limit is 431 whether it came whole or in pieces).
+    let seen = buf.len().min(settings.max_head_bytes);
+    let n = match req.parse_with_uninit_headers(&buf[..seen], &mut fields[..cap]) {
         Ok(httparse::Status::Complete(n)) => n,
         Ok(httparse::Status::Partial) => {
-            if buf.len() >= settings.max_head_bytes {
+            if seen >= settings.max_head_bytes {
                 return Err(Refusal::TooLarge);
             }
             return Ok(None);
@@ -712,8 +822,12 @@ fn parse_head(
         Version::HTTP_10 => !conn_close && conn_keep_alive,
         _ => !conn_close,
     };
-    // HTTP/1.0 has no Upgrade (RFC 9110 §7.8: a 1.0 request's Upgrade is ignored).
-    let upgrade = version == Version::HTTP_11 && has_upgrade && conn_upgrade;
+    // HTTP/1.0 has no Upgrade (RFC 9110 §7.8: a 1.0 request's Upgrade is ignored), nor does
+    // a request with a chunked body here: the bytes of its body the connection decoded are not
+    // the bytes that came, so what follows the 101 could not be handed over as it came (a
+    // server may ignore Upgrade, RFC 9110 §7.8).
+    let upgrade =
+        version == Version::HTTP_11 && has_upgrade && conn_upgrade && te_chunked_last.is_none();
     let expect = version == Version::HTTP_11 && expect_continue;
     let trailers_ok = te_trailers;
     let mut conflict = false;
@@ -870,6 +984,9 @@ where
                 write_refusal(&mut c.out, status, why);
                 poll_fn(|cx| c.poll_flush_out(cx)).await?;
                 let _ = poll_fn(|cx| Pin::new(&mut c.io).poll_shutdown(cx)).await;
+                // The client may still be sending (the rest of a long head, a body): closing
+                // at once could reset the refusal away.
+                c.linger().await;
                 return Ok(());
             }
         };
@@ -921,9 +1038,16 @@ where
                     }
                 }
                 let Some(fd) = feeder.as_mut() else {
-                    return Poll::Pending;
+                    return c.poll_client_gone(cx).map(Err);
                 };
                 if !c.poll_feed(cx, fd)? {
+                    if !fd.done && !fd.broken && lock(&fd.feed).dropped {
+                        // Let go of by the service: what of it is here is taken.
+                        c.skip_buffered(fd)?;
+                    }
+                    if fd.done {
+                        return c.poll_client_gone(cx).map(Err);
+                    }
                     return Poll::Pending;
                 }
                 // A chunk handed over may let the service go on at once.
@@ -934,14 +1058,26 @@ where
         .await;
         let response: Response<S::Body> = match response {
             Ok(r) => r,
-            Err(e) => return Err(e),
+            Err(e) => {
+                // The client went away (or the connection broke) before the answer: the
+                // service's future is dropped here, cancelling what it waits for (the
+                // backend request), as hyper's server does.
+                drop(fut);
+                return Err(e);
+            }
         };
         drop(fut);
         let draining = *drain.borrow();
         let (mut parts, mut body) = response.into_parts();
         let status = parts.status;
         // 101 to an upgrade request: the connection is handed over after the head.
-        if status == StatusCode::SWITCHING_PROTOCOLS {
+        // A body by length the service let go of before its end had its buffered part
+        // thrown away: the tunnel would start inside the body, so no upgrade (the 101 is
+        // replaced below, and the connection ends).
+        let let_go = feeder
+            .as_ref()
+            .is_some_and(|fd| !fd.done && !fd.broken && lock(&fd.feed).dropped);
+        if status == StatusCode::SWITCHING_PROTOCOLS && !let_go {
             if let Some(tx) = upgrade_tx.take() {
                 write_head(
                     &mut c.out,
@@ -952,9 +1088,20 @@ where
                 );
                 poll_fn(|cx| c.poll_flush_out(cx)).await?;
                 drop(body);
+                // Every byte read past the head and not taken by the service goes to the
+                // tunnel, in order: a body chunk split off the buffer but not taken (only a
+                // body by length: an upgrade request with a chunked body is not offered the
+                // upgrade, its framing is gone from what was decoded), then the buffer.
+                let mut read = untaken_chunk(&mut feeder);
                 let Conn { io, rbuf, .. } = c;
+                let read = if read.is_empty() {
+                    rbuf.freeze()
+                } else {
+                    read.extend_from_slice(&rbuf);
+                    read.freeze()
+                };
                 let _ = tx.send(Upgraded {
-                    read: rbuf.freeze(),
+                    read,
                     io: Box::new(io),
                 });
                 return Ok(());
@@ -983,6 +1130,23 @@ where
         if let Some(fd) = feeder.as_mut() {
             if std::mem::take(&mut fd.expect) && !fd.done {
                 keep_alive = false;
+            }
+            // An early answer to a body still coming (a 401 or 413 to an upload): the body is
+            // not read on, so the connection ends after this answer, and the answer says so
+            // (`Connection: close`), so the client sends nothing more on it and reads this
+            // answer before its unsent body meets the close. Said when the service let go of
+            // the body (what of it is buffered is taken first: all of it here keeps the
+            // connection), or when the answer is an error while the body still comes.
+            if !fd.done && !fd.broken {
+                let dropped = lock(&fd.feed).dropped;
+                let unread = if dropped {
+                    !c.skip_buffered(fd)?
+                } else {
+                    status.is_client_error() || status.is_server_error()
+                };
+                if unread {
+                    keep_alive = false;
+                }
             }
         }
         // What the response's fields say of its framing and the connection (one pass).
@@ -1104,6 +1268,13 @@ where
                                 r?;
                             }
                         }
+                        // A client gone while the body waits (a slow or silent backend)
+                        // ends the connection now, not at the next write.
+                        if feeder.as_ref().is_none_or(|fd| fd.done) {
+                            if let Poll::Ready(e) = c.poll_client_gone(cx) {
+                                return Poll::Ready(Err(e));
+                            }
+                        }
                         return Poll::Pending;
                     }
                 }
@@ -1116,31 +1287,33 @@ where
             }
         }
         drop(body);
-        // The request body: finished, or its rest already here, or the connection ends.
-        if let Some(mut fd) = feeder.take() {
-            if !fd.done && !fd.broken {
-                // The service left some of it: take what is already buffered, read no more.
-                {
-                    let mut f = lock(&fd.feed);
-                    f.chunk = None;
-                    f.want = false;
-                    f.dropped = false;
+        // The request body: finished, or its rest already here, or the connection ends. A
+        // request refused for its framing has its body unread too.
+        let mut unread = info.conflict;
+        if let Some(mut fd) = feeder.take().filter(|fd| !fd.done && !fd.broken) {
+            if lock(&fd.feed).dropped {
+                // The service let go of it: take what is already buffered, read no more.
+                if !c.skip_buffered(&mut fd)? {
+                    keep_alive = false;
+                    unread = !fd.broken;
                 }
-                poll_fn(|cx| loop {
-                    c.poll_feed(cx, &mut fd)?;
-                    if lock(&fd.feed).chunk.take().is_none() {
-                        return Poll::Ready(Ok::<_, io::Error>(()));
-                    }
-                })
-                .await?;
-            }
-            if !fd.done || fd.broken {
+            } else {
+                // Still held after the answer (by a task the service handed it to): it is fed
+                // no more, so it ends Incomplete after what it was handed, never as a shorter
+                // body that looks whole; the connection ends.
+                let mut f = lock(&fd.feed);
+                f.end = Some(Err(BodyError::Incomplete));
+                f.wake_body();
                 keep_alive = false;
+                unread = true;
             }
         }
         if !keep_alive {
             poll_fn(|cx| c.poll_flush_out(cx)).await?;
             let _ = poll_fn(|cx| Pin::new(&mut c.io).poll_shutdown(cx)).await;
+            if unread {
+                c.linger().await;
+            }
             return Ok(());
         }
         if c.pending_out() >= FLUSH_AT {

@@ -43,6 +43,31 @@ fn expects_body(method: &Method) -> bool {
     *method == Method::POST || *method == Method::PUT || *method == Method::PATCH
 }
 
+/// Whether a request of `method` sent with `framing` asks the backend to close the connection
+/// after its response (`Connection: close`), and the connection is then not reused: a GET,
+/// HEAD, DELETE, OPTIONS or TRACE request with a body, whatever its framing (RFC 9110 gives
+/// content on these methods no meaning). A backend that does not expect a body there and does
+/// not read it (the "CL.0" desync: a static-file handler answering a GET without consuming
+/// its `Content-Length` bytes, or a chunked body ignored) would read the body as the next
+/// request on the connection: a request no route or access rule saw, and a response that
+/// would go to the next client given the pooled connection. Told to close, it processes
+/// nothing after the first request (RFC 9112 §9.6). The body still goes, as HAProxy and nginx
+/// forward it (hyper's client sent none at all for a GET of unknown length, dropping the
+/// client's body unseen); such a request costs one backend connection. HAProxy and nginx
+/// keep the connection; Sweety does not trust every backend to frame what it does not expect.
+pub fn closes_after(method: &Method, framing: RequestFraming) -> bool {
+    let has_body = match framing {
+        RequestFraming::Empty | RequestFraming::Length(0) => false,
+        RequestFraming::Length(_) | RequestFraming::Chunked => true,
+    };
+    has_body
+        && (*method == Method::GET
+            || *method == Method::HEAD
+            || *method == Method::DELETE
+            || *method == Method::OPTIONS
+            || *method == Method::TRACE)
+}
+
 /// The value of a `Content-Length` field when it is one decimal length (digits only, no
 /// sign, no list), else `None`.
 pub fn parse_length(v: &[u8]) -> Option<u64> {
@@ -65,7 +90,9 @@ pub fn parse_length(v: &[u8]) -> Option<u64> {
 ///
 /// The framing is the map's `Content-Length` when it has one valid value (the body must then
 /// be exactly that long); else none for a body that has ended (with `Content-Length: 0` for
-/// POST, PUT and PATCH), `Content-Length` for a body of known length, and chunked for the rest.
+/// POST, PUT and PATCH), `Content-Length` for a body of known length, and chunked for the rest
+/// (with `Connection: close` for a body on a method that gives it no meaning, see
+/// [`closes_after`]).
 /// `Transfer-Encoding` and malformed `Content-Length` fields of the map are not written: the
 /// framing written is the one the body is sent with.
 pub fn write_request_head(
@@ -123,6 +150,9 @@ pub fn write_request_head(
             }
         },
     };
+    if closes_after(method, framing) {
+        put_field(out, b"connection", b"close");
+    }
     out.put_slice(b"\r\n");
     framing
 }

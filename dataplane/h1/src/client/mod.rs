@@ -17,7 +17,8 @@
 //!
 //! A connection goes back to its owner (the [`Release`] given to [`Conn::send`]) only
 //! when the response was read to its declared end, the request was sent whole, nothing
-//! follows the response in the buffer, and neither side asked to close; a response read whole
+//! follows the response in the buffer, and neither side asked to close (the client asks for a
+//! GET or HEAD with a chunked body, [`head::closes_after`]); a response read whole
 //! with its head (no body, or a `Content-Length` body already in the buffer) releases it before
 //! `send` returns. Everything else closes the connection (it is dropped).
 //!
@@ -423,6 +424,8 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Conn<T> {
             req.headers,
             shape,
         );
+        // Asked the backend to close after this request: not reused.
+        let closes = head::closes_after(req.method, framing);
         let mut w = Writer::new(body, framing);
         let mut started = false;
         let mut interim = 0;
@@ -470,7 +473,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Conn<T> {
         } = head;
         let (parts, ()) = response.into_parts();
         let decoder = Decoder::new(framing);
-        let reusable = keep_alive && write_error.is_none();
+        let reusable = keep_alive && write_error.is_none() && !closes;
         // Read whole with its head: the connection goes back now.
         if sent {
             let whole = match decoder.remaining() {

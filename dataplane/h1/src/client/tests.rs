@@ -1003,3 +1003,77 @@ fn a_connection_field_naming_too_many_options_is_refused() {
     );
     assert!(matches!(parse(&over), Err(HeadError::InvalidField)));
 }
+
+// A GET or HEAD whose body has no known length goes chunked with `Connection: close`, and the
+// connection is not reused: a backend that ignores bodies on GET would read the chunked body
+// as a next request (no route or access rule saw it); told to close, it reads nothing after
+// the first request. A POST's chunked body keeps the connection; so does a GET of known
+// length. Before, the GET went chunked on a kept connection.
+#[test]
+fn a_body_on_a_method_that_gives_it_no_meaning_asks_the_backend_to_close() {
+    rt().block_on(async {
+        let h = HeaderMap::new();
+        // (method, body: "chunked" of unknown length, "length" of 2 bytes, or "empty", closes)
+        for (method, body, closes) in [
+            (Method::GET, "chunked", true),
+            (Method::HEAD, "chunked", true),
+            (Method::OPTIONS, "chunked", true),
+            (Method::POST, "chunked", false),
+            (Method::GET, "length", true),
+            (Method::DELETE, "length", true),
+            (Method::TRACE, "length", true),
+            (Method::POST, "length", false),
+            (Method::PUT, "length", false),
+            (Method::GET, "empty", false),
+            (Method::DELETE, "empty", false),
+        ] {
+            let slot = Released::default();
+            let mock = Mock::new(vec![Step::Send(
+                b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n".to_vec(),
+            )]);
+            let req = RequestHead {
+                method: &method,
+                ..get_head(&h)
+            };
+            let conn = Conn::new(mock.clone(), 16384);
+            let got = match body {
+                "chunked" => {
+                    let (tx, rx) = tokio::sync::mpsc::channel(1);
+                    tx.send(Bytes::from_static(b"GET /admin HTTP/1.1\r\n\r\n"))
+                        .await
+                        .unwrap();
+                    drop(tx);
+                    let resp = conn.send(req, Chunks(rx), release_into(&slot)).await;
+                    collect(resp.unwrap().into_body()).await.unwrap()
+                }
+                "length" => {
+                    let full = Full::new(Bytes::from_static(b"{}"));
+                    let resp = conn.send(req, full, release_into(&slot)).await;
+                    collect(resp.unwrap().into_body()).await.unwrap()
+                }
+                _ => {
+                    let full = Full::new(Bytes::new());
+                    let resp = conn.send(req, full, release_into(&slot)).await;
+                    collect(resp.unwrap().into_body()).await.unwrap()
+                }
+            };
+            assert_eq!(got, b"");
+            let written = mock.written();
+            assert_eq!(
+                written.contains("\r\nconnection: close\r\n"),
+                closes,
+                "{method} {body}: {written}"
+            );
+            assert_eq!(
+                written.contains("\r\ntransfer-encoding: chunked\r\n"),
+                body == "chunked",
+                "{written}"
+            );
+            assert_eq!(
+                slot.lock().unwrap().is_some(),
+                !closes,
+                "{method} {body} released"
+            );
+        }
+    });
+}
