@@ -1026,6 +1026,9 @@ pub struct Limits {
     /// Sweety's own, `sweety-h1`, selectable; see docs/config.md).
     #[serde(skip_serializing_if = "Http1Engine::is_default")]
     pub http1_engine: Http1Engine,
+    /// Which HTTP/2 client carries requests to `h2c` and `h2` backends (see docs/config.md).
+    #[serde(skip_serializing_if = "Http2Client::is_default")]
+    pub http2_client: Http2Client,
     /// Bytes of static files one connection may hold read ahead of its client, all its
     /// streams together (at least 16384). A stream that finds it used up reads 16 KiB at a
     /// time outside it, so a connection holds at most this plus 16 KiB per stream of file
@@ -1082,6 +1085,24 @@ impl Http1Engine {
     }
 }
 
+/// The HTTP/2 client of `h2c` and `h2` backends (`limits.http2_client`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Http2Client {
+    /// Sweety's own (`sweety_h2::client`).
+    Sweety,
+    /// hyper's HTTP/2 client (the h2 crate), the default for now.
+    #[default]
+    Hyper,
+}
+
+impl Http2Client {
+    /// True for the default client (left out when a config is written).
+    pub fn is_default(&self) -> bool {
+        *self == Http2Client::default()
+    }
+}
+
 impl Default for Limits {
     fn default() -> Self {
         Limits {
@@ -1103,6 +1124,7 @@ impl Default for Limits {
             websocket_idle_timeout: crate::default_websocket_idle_timeout(),
             http2_engine: Http2Engine::default(),
             http1_engine: Http1Engine::default(),
+            http2_client: Http2Client::default(),
             static_read_ahead: crate::DEFAULT_STATIC_READ_AHEAD,
             proxy_read_ahead: crate::DEFAULT_PROXY_READ_AHEAD,
             http2_write_buffer: crate::DEFAULT_HTTP2_WRITE_BUFFER,

@@ -144,6 +144,7 @@ impl ExtAuthRules {
                 // Room for an answer head over the limit to be read whole, then refused
                 // with its size (see `MAX_RESPONSE_HEADER_BYTES`).
                 read_ahead: 4 * MAX_RESPONSE_HEADER_BYTES as u32,
+                h2_client: sweety_config::Http2Client::default(),
             })
         });
         let (address, path_and_query, host) = match &url {

@@ -87,7 +87,7 @@ fn h2c_backend(name: &str, addr: SocketAddr) -> Backend {
     }
 }
 
-async fn start() -> (Harness, SocketAddr) {
+async fn start(client: Http2Client) -> (Harness, SocketAddr) {
     let up = grpc_backend().await;
     // A closed port for the "backend down" case.
     let (_refusing, closed) = common::refused_addr();
@@ -113,6 +113,7 @@ async fn start() -> (Harness, SocketAddr) {
     };
     cfg.listeners[0].max_requests_in_flight = Some(2);
     cfg.limits.queue_timeout = sweety_config::Duration::from_millis(50);
+    cfg.limits.http2_client = client;
     let h = Harness::start(cfg).await;
     let addr = h.addr("web").await;
     (h, addr)
@@ -159,9 +160,8 @@ async fn h2c_call(addr: SocketAddr, host: &str, path: &str, body: Bytes) -> Repl
     }
 }
 
-#[tokio::test]
-async fn trailers_pass_through_h2c() {
-    let (_h, addr) = start().await;
+async fn trailers_pass_through_h2c(client: Http2Client) {
+    let (_h, addr) = start(client).await;
     let msg = grpc_frame(b"hello grpc");
     let r = h2c_call(addr, "g.test", "/echo.Echo/Say", msg.clone()).await;
     assert_eq!(r.status, 200);
@@ -181,9 +181,8 @@ fn assert_grpc_error(r: &Reply, code: &str) {
     assert!(r.body.is_empty(), "no body, got {:?}", r.body);
 }
 
-#[tokio::test]
-async fn sweety_errors_are_trailers_only_grpc_statuses() {
-    let (_h, addr) = start().await;
+async fn sweety_errors_are_trailers_only_grpc_statuses(client: Http2Client) {
+    let (_h, addr) = start(client).await;
     let m = grpc_frame(b"x");
     // No route: UNIMPLEMENTED.
     let r = h2c_call(addr, "g.test", "/nope.Nope/Call", m.clone()).await;
@@ -200,9 +199,8 @@ async fn sweety_errors_are_trailers_only_grpc_statuses() {
     assert_grpc_error(&r, "4");
 }
 
-#[tokio::test]
-async fn overload_is_unavailable_with_retry_after() {
-    let (_h, addr) = start().await;
+async fn overload_is_unavailable_with_retry_after(client: Http2Client) {
+    let (_h, addr) = start(client).await;
     let m = grpc_frame(b"x");
     // Two slow calls fill the listener's two in-flight slots (`/slow.Untimed/` has no
     // timeout).
@@ -219,9 +217,8 @@ async fn overload_is_unavailable_with_retry_after() {
     }
 }
 
-#[tokio::test]
-async fn grpc_web_binary_and_text_are_translated() {
-    let (_h, addr) = start().await;
+async fn grpc_web_binary_and_text_are_translated(client: Http2Client) {
+    let (_h, addr) = start(client).await;
     let client = h1_client();
     let msg = grpc_frame(b"from the browser");
     let trailer_block = b"grpc-status: 0\r\ngrpc-message: ok\r\nx-trailer: yes\r\n";
@@ -291,8 +288,7 @@ fn tls_server(name: &str) -> (std::sync::Arc<rustls::ServerConfig>, String) {
     (std::sync::Arc::new(cfg), ck.cert.pem())
 }
 
-#[tokio::test]
-async fn trailers_pass_through_tls_h2_backend() {
+async fn trailers_pass_through_tls_h2_backend(client: Http2Client) {
     let (tls, ca) = tls_server("grpc.internal");
     let up = grpc_backend_on(Some(tls)).await;
     let b = Backend {
@@ -304,10 +300,11 @@ async fn trailers_pass_through_tls_h2_backend() {
         }),
         ..backend("gs", up)
     };
-    let cfg = Config {
+    let mut cfg = Config {
         backends: vec![b],
         ..http_config(vec![vhost("g", &[], vec![proxy_route("echo", "/", "gs")])])
     };
+    cfg.limits.http2_client = client;
     let h = Harness::start(cfg).await;
     let addr = h.addr("web").await;
     let msg = grpc_frame(b"over tls");
@@ -380,11 +377,10 @@ async fn h3_call(addr: SocketAddr, ca_pem: &str, path: &str, body: Bytes) -> Rep
         .expect("HTTP/3 call in time")
 }
 
-#[tokio::test]
-async fn trailers_and_errors_over_http3() {
+async fn trailers_and_errors_over_http3(client: Http2Client) {
     let up = grpc_backend().await;
     let (cert, ca) = cert_for("localhost");
-    let cfg = Config {
+    let mut cfg = Config {
         generation: 1,
         listeners: vec![Listener {
             tls: Some(ListenerTls {
@@ -404,6 +400,7 @@ async fn trailers_and_errors_over_http3() {
         backends: vec![h2c_backend("g", up)],
         ..Config::default()
     };
+    cfg.limits.http2_client = client;
     let h = Harness::start(cfg).await;
     let quic = *h
         .runtime
@@ -422,3 +419,12 @@ async fn trailers_and_errors_over_http3() {
     let r = h3_call(quic, &ca, "/none.None/X", msg).await;
     assert_grpc_error(&r, "12");
 }
+
+common::on_both_h2_clients!(
+    trailers_pass_through_h2c,
+    sweety_errors_are_trailers_only_grpc_statuses,
+    overload_is_unavailable_with_retry_after,
+    grpc_web_binary_and_text_are_translated,
+    trailers_pass_through_tls_h2_backend,
+    trailers_and_errors_over_http3,
+);

@@ -293,11 +293,12 @@ async fn bodies_larger_than_both_windows_go_both_ways() {
     }
 }
 
-#[tokio::test]
-async fn trailers_pass_both_ways() {
-    let (_h, addr) = start(|_| {}).await;
+async fn trailers_pass_both_ways(client: Http2Client) {
+    let (_h, addr) = start(|c| c.limits.http2_client = client).await;
     trailers_round_trip(addr).await;
 }
+
+common::on_both_h2_clients!(trailers_pass_both_ways);
 
 /// A POST with request trailers to the h2c backend; its response trailers echo them.
 async fn trailers_round_trip(addr: SocketAddr) {

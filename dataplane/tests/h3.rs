@@ -461,8 +461,7 @@ async fn echo_backend() -> SocketAddr {
     .await
 }
 
-#[tokio::test]
-async fn proxies_to_h1_and_h2c_backends_streaming_bodies_both_ways() {
+async fn proxies_to_h1_and_h2c_backends_streaming_bodies_both_ways(client: Http2Client) {
     bounded(30, async {
         let be = echo_backend().await;
         let (mut cfg, ca) = h3_config(vec![
@@ -472,6 +471,7 @@ async fn proxies_to_h1_and_h2c_backends_streaming_bodies_both_ways() {
         let mut h2c = backend("h2c", be);
         h2c.protocol = BackendProtocol::H2c;
         cfg.backends = vec![backend("h1", be), h2c];
+        cfg.limits.http2_client = client;
         let h = Harness::start(cfg).await;
         let c = H3::connect(h.addr("tls").await, "localhost", &ca)
             .await
@@ -1240,3 +1240,5 @@ async fn h3_send_windows_share_one_budget_across_connections() {
     })
     .await;
 }
+
+common::on_both_h2_clients!(proxies_to_h1_and_h2c_backends_streaming_bodies_both_ways);

@@ -416,13 +416,12 @@ async fn pools_become(admin: SocketAddr, want: &[&str]) {
 /// kept-alive HTTP/1.1 connection (idle after), two held at once need two (active), an h2c
 /// backend carries both on one connection; a backend nobody used shows zeros; connections the
 /// origin closes leave the gauge.
-#[tokio::test]
-async fn upstream_connections_active_and_idle_by_backend() {
+async fn upstream_connections_active_and_idle_by_backend(client: Http2Client) {
     let (release, wait) = tokio::sync::watch::channel(false);
     let up = holding_origin(wait).await;
     let mut h2 = backend("default/h2", up);
     h2.protocol = BackendProtocol::H2c;
-    let cfg = Config {
+    let mut cfg = Config {
         backends: vec![
             backend("default/h1", up),
             h2,
@@ -437,6 +436,7 @@ async fn upstream_connections_active_and_idle_by_backend() {
             ],
         )])
     };
+    cfg.limits.http2_client = client;
     let h = Harness::start(cfg).await;
     let web = h.addr("web").await;
     let admin =
@@ -731,3 +731,5 @@ async fn bytes_received_and_sent_by_route() {
     assert!(text.contains("# TYPE sweety_route_sent_bytes_total counter\n"));
     assert!(text.contains("# HELP sweety_route_received_bytes_total Request body bytes"));
 }
+
+common::on_both_h2_clients!(upstream_connections_active_and_idle_by_backend);

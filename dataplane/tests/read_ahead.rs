@@ -185,9 +185,9 @@ const CLIENT_CONN_WINDOW: u64 = 65_535;
 /// has in hand past its send capacity; plus, per connection, the HTTP/2 output buffer and
 /// the client's connection window. Without the window, hyper's client grants 2 MiB per stream
 /// and 5 MiB per connection: the backend sends megabytes ahead of the slow client.
-#[tokio::test]
-async fn a_slow_h2_client_of_an_h2c_backend_is_ahead_by_at_most_the_windows() {
+async fn a_slow_h2_client_of_an_h2c_backend_is_ahead_by_at_most_the_windows(client: Http2Client) {
     let _alone = PROXYING.lock().await;
+    PRODUCED.store(0, Ordering::Relaxed);
     let backend_addr = spawn_backend(|s| async move {
         let svc = hyper::service::service_fn(|_req: http::Request<hyper::body::Incoming>| {
             let chunks = futures_util::stream::unfold(0usize, |sent| async move {
@@ -217,6 +217,7 @@ async fn a_slow_h2_client_of_an_h2c_backend_is_ahead_by_at_most_the_windows() {
     }];
     cfg.limits.proxy_read_ahead = PROXY_READ_AHEAD;
     cfg.limits.http2_write_buffer = WRITE_BUFFER;
+    cfg.limits.http2_client = client;
     let h = Harness::start(cfg).await;
 
     let addr = h.addr("web").await;
@@ -284,3 +285,5 @@ async fn a_slow_h2_client_of_an_h2c_backend_is_ahead_by_at_most_the_windows() {
          ({STREAMS} x {per_stream} + the output buffer + the client's window)"
     );
 }
+
+common::on_both_h2_clients!(a_slow_h2_client_of_an_h2c_backend_is_ahead_by_at_most_the_windows);

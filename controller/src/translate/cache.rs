@@ -347,6 +347,7 @@ impl TranslateCache {
         let (memo, front) = (self.vhosts.as_ref().expect("just set"), &self.front);
         // The SweetySecurityPolicies' user sets depend on the world only (as in `translate`).
         settings.user_sets = memo.user_sets();
+        settings.user_sets.extend(front.user_sets.iter().cloned());
         match self.out.as_mut().filter(|_| !first) {
             Some(out) => {
                 if *out.config.settings.value != settings {
@@ -467,6 +468,9 @@ struct IngressSiteOutput {
     backends: BTreeMap<String, Item<Backend>>,
     statuses: Statuses,
     static_content: Vec<StaticContent>,
+    /// The user sets of the Ingresses' `auth-secret`s (after the SweetySecurityPolicies' in
+    /// the config's `user_sets`, as `translate` puts them).
+    user_sets: Vec<sweety_config::UserSet>,
     /// None: translate next time.
     inputs: Option<IngressSiteInputs>,
 }
@@ -576,6 +580,7 @@ impl IngressSiteOutput {
                     .insert(bk.name.clone(), reuse(&prev.backends, bk));
             }
             next.statuses = b.statuses;
+            next.user_sets = std::mem::take(&mut b.config.user_sets);
             next.static_content = b.static_content;
             next.static_content.sort_by(|a, b| a.dir.cmp(&b.dir));
         }

@@ -327,6 +327,20 @@ pub(crate) fn checked_route(route: Route, report: &mut dyn FnMut(String)) -> Opt
                 content_type: None,
             });
         }
+        // The user sets `basic_auth` names are the config's (translate adds one with every
+        // filter naming it): known here, their users checked where they are read.
+        let user_sets = r
+            .filters
+            .iter()
+            .filter_map(|f| match f {
+                sweety_config::Filter::BasicAuth(a) => a.user_set.clone(),
+                _ => None,
+            })
+            .map(|name| sweety_config::UserSet {
+                name,
+                users: Vec::new(),
+            })
+            .collect();
         let cfg = sweety_config::Config {
             virtual_hosts: vec![VirtualHost {
                 name: "check".into(),
@@ -334,6 +348,7 @@ pub(crate) fn checked_route(route: Route, report: &mut dyn FnMut(String)) -> Opt
                 listeners: Vec::new(),
                 routes: vec![r],
             }],
+            user_sets,
             ..Default::default()
         };
         cfg.validate_structure().map_err(|e| {
@@ -743,6 +758,19 @@ pub fn translate(b: &mut Builder<'_>) -> BTreeSet<String> {
         })
         .collect();
     let claims = first_claims(&parsed, &owners);
+    // The users of each `auth-secret`, once (their `basic_auth` filters name the set); those
+    // no route ends up naming are left out at the end.
+    let sets_from = b.config.user_sets.len();
+    for (_, ann, _) in &parsed {
+        if let Some(set) = &ann.user_set {
+            if !b.config.user_sets[sets_from..]
+                .iter()
+                .any(|s| s.name == set.name)
+            {
+                b.config.user_sets.push(set.clone());
+            }
+        }
+    }
 
     for (ing, mut ann, mut report) in parsed {
         let ing = &ing;
@@ -1290,6 +1318,25 @@ pub fn translate(b: &mut Builder<'_>) -> BTreeSet<String> {
                 listeners,
                 routes: vec![db],
             });
+        }
+    }
+
+    let named: BTreeSet<&str> = b
+        .virtual_hosts
+        .iter()
+        .flat_map(|v| &v.routes)
+        .flat_map(|r| &r.filters)
+        .filter_map(|f| match f {
+            sweety_config::Filter::BasicAuth(a) => a.user_set.as_deref(),
+            _ => None,
+        })
+        .collect();
+    let mut i = sets_from;
+    while i < b.config.user_sets.len() {
+        if named.contains(b.config.user_sets[i].name.as_str()) {
+            i += 1;
+        } else {
+            b.config.user_sets.remove(i);
         }
     }
 

@@ -28,4 +28,5 @@
 
 pub mod chunked;
 pub mod client;
+mod name;
 pub mod server;

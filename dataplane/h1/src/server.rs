@@ -46,7 +46,7 @@
 
 use crate::chunked::{self, Chunk, ChunkedError};
 use bytes::{Buf, Bytes, BytesMut};
-use http::header::{self, HeaderName, HeaderValue};
+use http::header::{self, HeaderValue};
 use http::{HeaderMap, Method, Request, Response, StatusCode, Uri, Version};
 use http_body::{Body, Frame, SizeHint};
 use std::collections::VecDeque;
@@ -688,6 +688,11 @@ fn content_length(v: &[u8]) -> Option<u64> {
 /// The most header fields a request head may have, whatever [`Settings::max_fields`] says.
 pub const MAX_FIELDS: usize = 128;
 
+/// Room a request's header map is made with beyond its own fields: what a proxy adds before
+/// it forwards the request (`X-Request-Id`, the five forwarding fields, `Host`), so that the
+/// map is not grown (re-hashed and re-allocated) once or twice per request on the way.
+pub const FIELD_ROOM: usize = 8;
+
 /// What a request head's fields say of its framing and of the connection.
 #[derive(Default)]
 struct Fields {
@@ -750,6 +755,10 @@ fn parse_head(
     buf: &mut BytesMut,
     settings: &Settings,
 ) -> Result<Option<(Request<RecvBody>, HeadInfo)>, Refusal> {
+    if buf.is_empty() {
+        // Nothing read yet (a kept-alive connection after its answers): incomplete.
+        return Ok(None);
+    }
     // The fields are not initialised first (httparse writes those it parses); the offsets of
     // each part are kept so that the head can be frozen once and the request's values share it.
     let cap = settings.max_fields.min(MAX_FIELDS);
@@ -780,7 +789,17 @@ fn parse_head(
     let version = req.version.unwrap_or(1);
     let method = Method::from_bytes(method.as_bytes()).map_err(|_| Refusal::Bad("bad method"))?;
     let count = req.headers.len();
-    let mut spans = [[0u32; 4]; MAX_FIELDS];
+    // The fields' places in the head: on the stack for a usual head, in a Vec past
+    // `SMALL_HEAD` fields (zeroing room for `MAX_FIELDS` of them cost more, on every head).
+    const SMALL_HEAD: usize = 16;
+    let mut small = [[0u32; 4]; SMALL_HEAD];
+    let mut large = Vec::new();
+    let spans: &mut [[u32; 4]] = if count <= SMALL_HEAD {
+        &mut small[..count]
+    } else {
+        large.resize(count, [0u32; 4]);
+        &mut large
+    };
     // What the connection needs of the fields, read while they are at hand.
     let mut f = Fields::default();
     for (span, h) in spans.iter_mut().zip(req.headers.iter()) {
@@ -793,9 +812,9 @@ fn parse_head(
     let slice = |o: u32, l: u32| head.slice(o as usize..(o + l) as usize);
     let uri = Uri::from_maybe_shared(slice(path.0 as u32, path.1 as u32))
         .map_err(|_| Refusal::Bad("bad request target"))?;
-    let mut headers = HeaderMap::with_capacity(count);
-    for &[no, nl, vo, vl] in &spans[..count] {
-        let name = HeaderName::from_bytes(&head[no as usize..(no + nl) as usize])
+    let mut headers = HeaderMap::with_capacity(count + FIELD_ROOM);
+    for &[no, nl, vo, vl] in spans.iter() {
+        let name = crate::name::from_bytes(&head[no as usize..(no + nl) as usize])
             .map_err(|_| Refusal::Bad("bad header name"))?;
         let value = HeaderValue::from_maybe_shared(slice(vo, vl))
             .map_err(|_| Refusal::Bad("bad header value"))?;
@@ -876,7 +895,7 @@ pub async fn serve<I, S>(
     first: BytesMut,
     mut service: S,
     settings: Settings,
-    mut drain: watch::Receiver<bool>,
+    drain: watch::Receiver<bool>,
 ) -> io::Result<()>
 where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -896,6 +915,16 @@ where
         eof: false,
         vectored,
     };
+    // One timer and one drain wait for the whole connection, not one of each per head: each
+    // costs a registration and a removal (a lock, a list or wheel update) per request.
+    // `sleep` is armed at some deadline no later than the current head's (`armed`); when it
+    // fires early (it was armed for an earlier head), it is set to the current one. The drain
+    // wait is polled only while the connection is idle, and never again once it is ready.
+    let timeout = settings.header_read_timeout;
+    let mut sleep = std::pin::pin!(tokio::time::sleep(timeout));
+    let mut armed: Option<tokio::time::Instant> = None;
+    let mut drain_wait = drain.clone();
+    let mut changed = std::pin::pin!(drain_wait.changed());
     loop {
         // The clock of this head: `header_read_timeout` from when the previous answers are all
         // written (they are flushed while waiting; a slow reader is `send_timeout`'s), once
@@ -920,11 +949,6 @@ where
             if c.rbuf.is_empty() {
                 service.on_idle();
             }
-            let timeout = settings.header_read_timeout;
-            let far = tokio::time::Instant::now() + timeout;
-            let mut sleep = std::pin::pin!(tokio::time::sleep_until(header_clock.unwrap_or(far)));
-            // Kept across polls: a dropped `changed` future would lose its wake-up.
-            let mut changed = std::pin::pin!(drain.changed());
             let read = poll_fn(|cx| {
                 if c.pending_out() > 0 {
                     if let Poll::Ready(r) = c.poll_flush_out(cx) {
@@ -934,20 +958,31 @@ where
                 if header_clock.is_none() && c.pending_out() == 0 {
                     let deadline = tokio::time::Instant::now() + timeout;
                     header_clock = Some(deadline);
-                    sleep.as_mut().reset(deadline);
+                    if armed.is_none_or(|a| a > deadline) {
+                        sleep.as_mut().reset(deadline);
+                        armed = Some(deadline);
+                    }
                 }
                 if let Poll::Ready(r) = c.poll_read_more(cx) {
                     return Poll::Ready(r.map(Some));
                 }
                 if c.rbuf.is_empty() && c.pending_out() == 0 {
                     if let Poll::Ready(r) = changed.as_mut().poll(cx) {
-                        // A drain (or the listener gone): close now. Polled no more after.
+                        // A drain (or the listener gone): close now (the connection ends,
+                        // so `changed` is polled no more after it was ready).
                         let _ = r;
                         return Poll::Ready(Ok(None));
                     }
                 }
-                if header_clock.is_some() && sleep.as_mut().poll(cx).is_ready() {
-                    return Poll::Ready(Err(io::ErrorKind::TimedOut.into()));
+                if let Some(deadline) = header_clock {
+                    while sleep.as_mut().poll(cx).is_ready() {
+                        if tokio::time::Instant::now() >= deadline {
+                            return Poll::Ready(Err(io::ErrorKind::TimedOut.into()));
+                        }
+                        // Armed for an earlier head: wait for this one's deadline.
+                        sleep.as_mut().reset(deadline);
+                        armed = Some(deadline);
+                    }
                 }
                 Poll::Pending
             })

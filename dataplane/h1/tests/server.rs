@@ -884,6 +884,68 @@ impl http_body::Body for DataThenTrailers {
     }
 }
 
+// The connection keeps one timer for all its heads, armed for an earlier head's deadline and
+// moved on when it fires early: a kept-alive connection is still timed from its last answer
+// (closed 5 s after the second answer, not 5 s after the first), and a head trickled after
+// earlier requests is still timed as a whole.
+#[tokio::test(start_paused = true)]
+async fn a_kept_alive_connection_is_timed_from_its_last_answer() {
+    let settings = Settings {
+        header_read_timeout: Duration::from_secs(5),
+        ..Settings::default()
+    };
+    let (mut c, hits, _tx, task) = start(describe(), settings);
+    let begun = tokio::time::Instant::now();
+    let mut buf = vec![0u8; 4096];
+    c.write_all(b"GET /1 HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let n = c.read(&mut buf).await.unwrap();
+    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200 OK"));
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    c.write_all(b"GET /2 HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let n = c.read(&mut buf).await.unwrap();
+    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200 OK"));
+    let mut rest = Vec::new();
+    c.read_to_end(&mut rest).await.unwrap();
+    assert!(rest.is_empty());
+    task.await.unwrap().unwrap();
+    let took = begun.elapsed();
+    assert!(
+        took >= Duration::from_secs(9) && took <= Duration::from_secs(10),
+        "closed after {took:?}"
+    );
+    assert!(hits.lock().unwrap().is_empty());
+
+    // The third head trickles in, a byte every 2 s, after two answers 3 s apart.
+    let (mut c, hits, _tx, task) = start(describe(), settings);
+    for _ in 0..2 {
+        c.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let n = c.read(&mut buf).await.unwrap();
+        assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200 OK"));
+        tokio::time::sleep(Duration::from_secs(3)).await;
+    }
+    let waited_from = tokio::time::Instant::now() - Duration::from_secs(3);
+    // Bounded: the server closes after ~1 byte of it.
+    for b in b"GET / HTTP/1.1\r\nHost: x\r\nX-Slow: abcdefghijklmnopqrstuvwxyz" {
+        if c.write_all(&[*b]).await.is_err() || task.is_finished() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    task.await.unwrap().unwrap();
+    let took = waited_from.elapsed();
+    assert!(
+        took >= Duration::from_secs(5) && took <= Duration::from_secs(7),
+        "closed after {took:?}"
+    );
+    assert_eq!(*hits.lock().unwrap(), vec!["header_read_timeout"]);
+}
+
 /// Sends a message on drop: tells the test a service future (or body) was dropped.
 struct DropSignal(Option<tokio::sync::oneshot::Sender<()>>);
 
@@ -1117,6 +1179,45 @@ async fn bytes_fed_as_a_body_before_a_101_go_to_the_tunnel() {
     .await;
     assert!(out.starts_with("HTTP/1.1 200 OK"), "{out}");
     assert!(out.ends_with("\r\n\r\nnot offered"), "{out}");
+}
+
+// Every field reaches the service in the order it came, for a head of a few fields (their
+// places kept on the stack) and one of many (kept in a Vec), with the usual names in any case
+// and other names as they are.
+#[tokio::test]
+async fn every_field_reaches_the_service_in_order() {
+    let fields: Handler = Arc::new(|req: Request<RecvBody>| {
+        Box::pin(async move {
+            let text: Vec<String> = req
+                .headers()
+                .iter()
+                .map(|(n, v)| format!("{n}={}", v.to_str().unwrap()))
+                .collect();
+            Response::new(full(text.join(";")))
+        })
+    });
+    for count in [3usize, 16, 17, 40] {
+        let mut head = String::from("GET / HTTP/1.1\r\nHost: x\r\nCONTENT-type: a\r\n");
+        let mut want = vec!["host=x".to_string(), "content-type=a".to_string()];
+        for i in 0..count {
+            head.push_str(&format!("X-F{i}: v{i}\r\nuser-AGENT: u{i}\r\n"));
+            want.push(format!("x-f{i}=v{i}"));
+        }
+        head.push_str("Connection: close\r\n\r\n");
+        let out = exchange_with(head.as_bytes(), fields.clone(), Settings::default()).await;
+        let body = out.split("\r\n\r\n").nth(1).unwrap_or_default().to_string();
+        // A map lists each name's values together, in the order they came.
+        let agents: Vec<String> = (0..count).map(|i| format!("user-agent=u{i}")).collect();
+        let mut got: Vec<&str> = body.split(';').collect();
+        got.retain(|f| !f.starts_with("user-agent="));
+        let got_agents: Vec<&str> = body
+            .split(';')
+            .filter(|f| f.starts_with("user-agent="))
+            .collect();
+        want.push("connection=close".into());
+        assert_eq!(got, want, "{count} fields");
+        assert_eq!(got_agents, agents, "{count} fields");
+    }
 }
 
 // A head is judged on its first `max_head_bytes` only: one malformed past the limit is 431

@@ -1,4 +1,4 @@
-//! `sweety-h2`: Sweety's own server-side HTTP/2 (RFC 9113) engine, used by the dataplane for
+//! `sweety-h2`: Sweety's own HTTP/2 (RFC 9113) engine. Its server side is used by the dataplane for
 //! h2 (TLS with ALPN) and h2c (prior knowledge) connections when `limits.http2_engine` is
 //! `sweety` (the default). It knows nothing of routes, caches or configs: each connection
 //! hands its requests to an [`H2Service`], and the dataplane's request pipeline is one.
@@ -8,6 +8,8 @@
 //! * [`body`]: request bodies fed from DATA frames, the stream-to-connection wake-up path,
 //!   and extended CONNECT (RFC 8441) tunnels.
 //! * [`conn`]: the connection driver: state machine, flow control, limits, batching.
+//! * [`client`]: the client side, for the proxy's h2c and h2 backends: one multiplexed
+//!   connection, its frames checked as hostile input (`limits.http2_client: sweety`).
 //! * [`conn_headers`]: connection-specific header fields (RFC 9110 §7.6.1, RFC 9113 §8.2.2),
 //!   shared with the dataplane's HTTP/1.1 and HTTP/3 paths.
 //! * [`first_poll`]: the inline first poll of a request future, spawned only if it waits.
@@ -18,6 +20,7 @@
 #![forbid(unsafe_code)]
 
 pub mod body;
+pub mod client;
 pub mod conn;
 pub mod conn_headers;
 pub mod first_poll;

@@ -644,10 +644,10 @@ async fn serve_h1<I>(
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let service = crate::pipeline::H1Pipeline::new(shared, conn);
-    let r = Batched::new(sweety_h1::server::serve(
-        io, first, service, settings, drain,
-    ))
-    .await;
+    // Not `Batched`: nothing under this engine hands futures to `StreamExecutor` (requests run
+    // on the connection's task, backend connections on their own), so there is nothing to
+    // batch, and its collection set-up would run at every poll.
+    let r = sweety_h1::server::serve(io, first, service, settings, drain).await;
     drop(watcher);
     if let Err(e) = r {
         tracing::debug!(error = %e, "HTTP/1.1 connection ended with an error");

@@ -37,13 +37,20 @@ impl Head {
             ctx.scheme(),
             original_host.as_ref(),
         );
+        let mut filtered = false;
         for f in wb.map(|w| w.filters.as_slice()).unwrap_or_default() {
             if let Filter::RequestHeaders(m) = f {
                 modify_headers(&mut headers, m);
+                filtered = true;
             }
         }
-        // A per-backend filter may have set Host; otherwise the client's host is kept.
-        let host = headers.get(header::HOST).cloned().or(original_host);
+        // A per-backend filter may have set Host; otherwise the client's host is kept (without
+        // a filter the map's Host is the one `original_host` was taken from, when it has one).
+        let host = if filtered {
+            headers.get(header::HOST).cloned().or(original_host)
+        } else {
+            original_host
+        };
         Head {
             method: parts.method,
             uri: parts.uri,

@@ -114,6 +114,25 @@ impl Upstreams {
         metrics: Arc<Metrics>,
         read_ahead: u32,
     ) -> Result<Upstreams, BuildError> {
+        Upstreams::build_with(
+            backends,
+            previous,
+            metrics,
+            read_ahead,
+            sweety_config::Http2Client::default(),
+        )
+    }
+
+    /// [`Upstreams::build`] with `h2_client` (`limits.http2_client`) for `h2c` and `h2`
+    /// backends: a pool kept from `previous` opens connections of this client from now on
+    /// (those it has of the other close as they empty).
+    pub fn build_with(
+        backends: &[Backend],
+        previous: Option<&Upstreams>,
+        metrics: Arc<Metrics>,
+        read_ahead: u32,
+        h2_client: sweety_config::Http2Client,
+    ) -> Result<Upstreams, BuildError> {
         let mut out = HashMap::with_capacity(backends.len());
         for (index, b) in backends.iter().enumerate() {
             let err = |message: String| BuildError { index, message };
@@ -196,6 +215,7 @@ impl Upstreams {
                     sni: b.tls.as_ref().and_then(|t| t.sni.clone()),
                     external: b.external,
                     read_ahead,
+                    h2_client,
                 },
                 eject_lock: Mutex::new(()),
             };

@@ -1,5 +1,6 @@
 //! Per-endpoint connection pools: HTTP/1.1 on Sweety's own client connections
-//! ([`sweety_h1::client`]), HTTP/2 on hyper's.
+//! ([`sweety_h1::client`]), HTTP/2 on Sweety's own ([`sweety_h2::client`],
+//! `limits.http2_client: sweety`) or hyper's (`hyper`).
 //!
 //! * HTTP/1.1 (`http1`, `https`): keep-alive connections. A connection goes back on the
 //!   endpoint's idle list once its response was read whole and neither side asked to close:
@@ -17,7 +18,9 @@
 //!   windows, by a timer task per pool (running while the list is not empty) when no request
 //!   comes to do it.
 //! * HTTP/2 (`h2c` prior knowledge, `h2` over TLS): one multiplexed connection per endpoint;
-//!   another is opened when every open one carries [`H2_MAX_STREAMS`] streams or has died.
+//!   another is opened when every open one carries [`H2_MAX_STREAMS`] streams (or, on Sweety's
+//!   client, the backend's SETTINGS_MAX_CONCURRENT_STREAMS if lower) or is closing (GOAWAY,
+//!   error, EOF). A pool holds the connections of the client its connector names only.
 //!   Connection opening is serialised per endpoint so a burst shares one new connection.
 //!
 //! Upstream sockets get TCP_NODELAY and TCP keepalive. Host names in endpoint addresses are
@@ -48,8 +51,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
-use sweety_config::BackendProtocol;
+use sweety_config::{BackendProtocol, Http2Client};
 use sweety_h1::client as h1;
+use sweety_h2::client as h2s;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
@@ -76,6 +80,8 @@ pub struct Connector {
     /// `limits.proxy_read_ahead`: response bytes a new connection reads ahead of the client
     /// (HTTP/1.1: the read buffer's bound; HTTP/2: each stream's flow-control window).
     pub read_ahead: u32,
+    /// `limits.http2_client`: whose HTTP/2 client `h2c` and `h2` backends get.
+    pub h2_client: Http2Client,
 }
 
 impl Connector {
@@ -168,13 +174,15 @@ impl h1::Release<BackendIo> for Checkin {
     }
 }
 
-/// A backend's response body: read by our HTTP/1.1 client or hyper's HTTP/2 one.
+/// A backend's response body: read by our HTTP/1.1 client, or an HTTP/2 one.
 #[derive(Debug)]
 pub enum UpstreamBody {
     /// From an HTTP/1.1 connection (which it owns until the body is read).
     H1(h1::ResponseBody<BackendIo, Body, Checkin>),
-    /// From an HTTP/2 stream.
+    /// From an HTTP/2 stream of hyper's client.
     H2(Incoming),
+    /// From an HTTP/2 stream of Sweety's client.
+    H2s(h2s::ResponseBody),
 }
 
 impl http_body::Body for UpstreamBody {
@@ -188,6 +196,7 @@ impl http_body::Body for UpstreamBody {
         match self.get_mut() {
             UpstreamBody::H1(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
             UpstreamBody::H2(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
+            UpstreamBody::H2s(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
         }
     }
 
@@ -195,6 +204,7 @@ impl http_body::Body for UpstreamBody {
         match self {
             UpstreamBody::H1(b) => b.is_end_stream(),
             UpstreamBody::H2(b) => b.is_end_stream(),
+            UpstreamBody::H2s(b) => b.is_end_stream(),
         }
     }
 
@@ -202,6 +212,7 @@ impl http_body::Body for UpstreamBody {
         match self {
             UpstreamBody::H1(b) => b.size_hint(),
             UpstreamBody::H2(b) => b.size_hint(),
+            UpstreamBody::H2s(b) => b.size_hint(),
         }
     }
 }
@@ -214,8 +225,53 @@ struct Idle {
 
 #[derive(Debug, Clone)]
 struct H2Conn {
-    sender: http2::SendRequest<Body>,
+    sender: H2Sender,
     streams: Arc<AtomicUsize>,
+}
+
+/// The handle of an HTTP/2 connection, of either client.
+#[derive(Debug, Clone)]
+enum H2Sender {
+    Hyper(http2::SendRequest<Body>),
+    Sweety(h2s::SendRequest),
+}
+
+impl H2Sender {
+    fn is_closed(&self) -> bool {
+        match self {
+            H2Sender::Hyper(s) => s.is_closed(),
+            H2Sender::Sweety(s) => s.is_closing(),
+        }
+    }
+
+    fn is_ready(&self) -> bool {
+        match self {
+            H2Sender::Hyper(s) => s.is_ready(),
+            H2Sender::Sweety(s) => !s.is_closing(),
+        }
+    }
+
+    /// Streams this connection may carry at once.
+    fn max_streams(&self) -> usize {
+        match self {
+            H2Sender::Hyper(_) => H2_MAX_STREAMS,
+            H2Sender::Sweety(s) => s.max_streams().min(H2_MAX_STREAMS),
+        }
+    }
+
+    fn client(&self) -> Http2Client {
+        match self {
+            H2Sender::Hyper(_) => Http2Client::Hyper,
+            H2Sender::Sweety(_) => Http2Client::Sweety,
+        }
+    }
+
+    fn sender(self, guard: StreamGuard) -> Sender {
+        match self {
+            H2Sender::Hyper(s) => Sender::H2(s, guard),
+            H2Sender::Sweety(s) => Sender::H2s(s, guard),
+        }
+    }
 }
 
 /// The peak number of an endpoint's HTTP/1.1 connections in use at once (checked out for a
@@ -324,6 +380,7 @@ impl Drop for StreamGuard {
 enum Sender {
     H1(H1Conn),
     H2(http2::SendRequest<Body>, StreamGuard),
+    H2s(h2s::SendRequest, StreamGuard),
 }
 
 /// A connection checked out for one request.
@@ -429,7 +486,7 @@ impl Pool {
                 sender: Sender::H1(s),
                 reused: false,
             }),
-            Opened::H2(_) => unreachable!("h1 connector opened h2"),
+            Opened::H2(_) | Opened::H2s(_) => unreachable!("h1 connector opened h2"),
         }
     }
 
@@ -513,33 +570,35 @@ impl Pool {
         true
     }
 
-    fn take_h2_stream(&self) -> Option<Conn> {
+    fn take_h2_stream(&self, client: Http2Client) -> Option<Conn> {
         let mut conns = self.h2.lock().unwrap_or_else(|p| p.into_inner());
         conns.retain(|c| !c.sender.is_closed());
         let c = conns
             .iter()
-            .filter(|c| c.sender.is_ready())
+            .filter(|c| c.sender.client() == client && c.sender.is_ready())
             .min_by_key(|c| c.streams.load(Ordering::Acquire))?;
-        if c.streams.load(Ordering::Acquire) >= H2_MAX_STREAMS {
+        if c.streams.load(Ordering::Acquire) >= c.sender.max_streams() {
             return None;
         }
         c.streams.fetch_add(1, Ordering::AcqRel);
         Some(Conn {
-            sender: Sender::H2(c.sender.clone(), StreamGuard(c.streams.clone())),
+            sender: c.sender.clone().sender(StreamGuard(c.streams.clone())),
             reused: true,
         })
     }
 
     async fn acquire_h2(&self, addr: &str, c: &Connector) -> Result<Conn, ProxyError> {
-        if let Some(conn) = self.take_h2_stream() {
+        if let Some(conn) = self.take_h2_stream(c.h2_client) {
             return Ok(conn);
         }
         let _opening = self.h2_connect.lock().await;
-        if let Some(conn) = self.take_h2_stream() {
+        if let Some(conn) = self.take_h2_stream(c.h2_client) {
             return Ok(conn);
         }
-        let Opened::H2(sender) = connect(addr, c, &self.open).await? else {
-            unreachable!("h2 connector opened h1")
+        let sender = match connect(addr, c, &self.open).await? {
+            Opened::H2(s) => H2Sender::Hyper(s),
+            Opened::H2s(s) => H2Sender::Sweety(s),
+            Opened::H1(_) => unreachable!("h2 connector opened h1"),
         };
         let streams = Arc::new(AtomicUsize::new(1));
         self.h2
@@ -550,7 +609,7 @@ impl Pool {
                 streams: streams.clone(),
             });
         Ok(Conn {
-            sender: Sender::H2(sender, StreamGuard(streams)),
+            sender: sender.sender(StreamGuard(streams)),
             reused: false,
         })
     }
@@ -588,6 +647,20 @@ impl Conn {
                 send_h1(conn, pool, req, body).await
             }
             Sender::H2(s, guard) => send_h2(s, guard, head.build(body, addr, true, tls)).await,
+            Sender::H2s(s, guard) => {
+                let authority = match &head.host {
+                    Some(h) if is_authority(h) => h.as_bytes(),
+                    _ => addr.as_bytes(),
+                };
+                let req = h2s::core::RequestHead {
+                    method: &head.method,
+                    scheme: if tls { "https" } else { "http" },
+                    authority,
+                    path: head.uri.path_and_query().map_or("/", |p| p.as_str()),
+                    headers: &head.headers,
+                };
+                send_h2s(&s, guard, req, body).await
+            }
         }
     }
 
@@ -610,7 +683,49 @@ impl Conn {
                 send_h1(conn, pool, req, body).await
             }
             Sender::H2(s, guard) => send_h2(s, guard, req).await,
+            Sender::H2s(s, guard) => {
+                let (parts, body) = req.into_parts();
+                let authority = match (parts.uri.authority(), parts.headers.get(http::header::HOST))
+                {
+                    (Some(a), _) => a.as_str().as_bytes(),
+                    (None, Some(h)) => h.as_bytes(),
+                    (None, None) => b"",
+                };
+                let req = h2s::core::RequestHead {
+                    method: &parts.method,
+                    scheme: parts.uri.scheme_str().unwrap_or("http"),
+                    authority,
+                    path: parts.uri.path_and_query().map_or("/", |p| p.as_str()),
+                    headers: &parts.headers,
+                };
+                send_h2s(&s, guard, req, body).await
+            }
         }
+    }
+}
+
+/// Whether a Host value can be an HTTP/2 `:authority` (else the endpoint address is sent,
+/// as for hyper's client, whose request URI needs one).
+fn is_authority(h: &HeaderValue) -> bool {
+    h.to_str()
+        .is_ok_and(|s| s.parse::<http::uri::Authority>().is_ok())
+}
+
+async fn send_h2s(
+    s: &h2s::SendRequest,
+    guard: StreamGuard,
+    req: h2s::core::RequestHead<'_>,
+    body: Body,
+) -> Result<(Response<UpstreamBody>, Option<StreamGuard>), SendError> {
+    let failed = |e: h2s::SendError| SendError {
+        error: e.error.into(),
+        unsent: e.unsent,
+        closed_before_response: e.closed_before_response,
+    };
+    let pending = s.send(req, body).map_err(failed)?;
+    match pending.await {
+        Ok(resp) => Ok((resp.map(UpstreamBody::H2s), Some(guard))),
+        Err(e) => Err(failed(e)),
     }
 }
 
@@ -659,6 +774,7 @@ async fn send_h2(
 enum Opened {
     H1(H1Conn),
     H2(http2::SendRequest<Body>),
+    H2s(h2s::SendRequest),
 }
 
 /// Why an address an external (ExternalName) endpoint resolved to must not be connected to:
@@ -755,6 +871,9 @@ async fn connect(addr: &str, c: &Connector, open: &Arc<AtomicUsize>) -> Result<O
             source: e.into(),
         })?;
     match &c.tls {
+        None if c.is_h2() && c.h2_client == Http2Client::Sweety => {
+            h2s_handshake(addr, tcp, c, open).await
+        }
         None if c.is_h2() => h2_handshake(addr, TokioIo::new(tcp), c, open).await,
         None => Ok(Opened::H1(h1_conn(Stream::Tcp(tcp), c, open))),
         Some(cfg) => {
@@ -773,7 +892,9 @@ async fn connect(addr: &str, c: &Connector, open: &Arc<AtomicUsize>) -> Result<O
                     String::from_utf8_lossy(want)
                 )));
             }
-            if c.is_h2() {
+            if c.is_h2() && c.h2_client == Http2Client::Sweety {
+                h2s_handshake(addr, stream, c, open).await
+            } else if c.is_h2() {
                 h2_handshake(addr, TokioIo::new(stream), c, open).await
             } else {
                 Ok(Opened::H1(h1_conn(Stream::Tls(Box::new(stream)), c, open)))
@@ -854,6 +975,42 @@ where
     Ok(Opened::H2(sender))
 }
 
+/// Sweety's HTTP/2 client handshake on a connected stream (preface out, the backend's
+/// SETTINGS in); the connection's task is spawned, counted open while it runs. Each stream's
+/// window is `c.read_ahead` (what the backend may send ahead of the client), re-opened as
+/// the body is taken; the connection's is that for every stream the pool puts on it; a
+/// response head may hold `c.read_ahead` octets of fields (16 KiB at least).
+async fn h2s_handshake<T>(
+    addr: &str,
+    io: T,
+    c: &Connector,
+    open: &Arc<AtomicUsize>,
+) -> Result<Opened, ProxyError>
+where
+    T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let read_ahead = c.read_ahead.max(sweety_config::MIN_PROXY_READ_AHEAD);
+    let cfg = h2s::core::Config {
+        stream_window: read_ahead,
+        conn_window: read_ahead.saturating_mul(H2_MAX_STREAMS as u32),
+        max_header_list: read_ahead.max(16 * 1024),
+    };
+    let (sender, conn) = h2s::handshake(io, cfg)
+        .await
+        .map_err(|e| ProxyError::Connect {
+            addr: addr.to_string(),
+            source: e.into(),
+        })?;
+    let counted = OpenGuard::new(open);
+    tokio::spawn(async move {
+        let _counted = counted;
+        if let Err(e) = conn.await {
+            tracing::debug!(error = %e, "upstream h2 connection ended");
+        }
+    });
+    Ok(Opened::H2s(sender))
+}
+
 #[cfg(test)]
 mod demand_tests {
     use super::*;
@@ -918,6 +1075,7 @@ mod demand_tests {
             sni: None,
             external: false,
             read_ahead: sweety_config::DEFAULT_PROXY_READ_AHEAD,
+            h2_client: Http2Client::default(),
         };
         let mut conns = Vec::new();
         for _ in 0..n {

@@ -64,11 +64,12 @@ pub(super) fn compile<'c>(
     }
     .map_err(|e| errors.push(e.to_string()))
     .ok();
-    let upstreams = Upstreams::build(
+    let upstreams = Upstreams::build_with(
         &config.backends,
         Some(&prev.upstreams),
         shared.metrics.clone(),
         config.limits.proxy_read_ahead,
+        config.limits.http2_client,
     )
     .map_err(|e| errors.push(e.to_string()))
     .ok();
@@ -254,11 +255,12 @@ pub(super) fn patched(
     touched.sort_unstable();
     touched.dedup();
     let upstreams = if backends_changed {
-        let built = Upstreams::build(
+        let built = Upstreams::build_with(
             &config.backends,
             Some(&prev.upstreams),
             shared.metrics.clone(),
             config.limits.proxy_read_ahead,
+            config.limits.http2_client,
         )
         .map_err(|e| ApplyError::Invalid(vec![e.to_string()]))?;
         Arc::new(built)

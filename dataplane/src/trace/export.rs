@@ -123,6 +123,7 @@ impl Endpoint {
             sni: None,
             external: false,
             read_ahead: sweety_config::DEFAULT_PROXY_READ_AHEAD,
+            h2_client: sweety_config::Http2Client::default(),
         })
     }
 }

@@ -457,3 +457,27 @@ pub(crate) fn client_ca_and_cert(ca_name: &str) -> (String, String, String) {
     let cert = leaf.signed_by(&key, &issuer).unwrap().pem();
     (ca_pem, cert, key.serialize_pem())
 }
+
+/// Runs each named `async fn case(client: Http2Client)` of the calling file as two tests in a
+/// module of its name, `sweety` and `hyper`: one per HTTP/2 client of `h2c` and `h2` backends
+/// (`limits.http2_client`).
+#[allow(unused_macros)]
+macro_rules! on_both_h2_clients {
+    ($($case:ident),* $(,)?) => {
+        $(
+            mod $case {
+                #[tokio::test]
+                async fn sweety() {
+                    super::$case(sweety_config::Http2Client::Sweety).await
+                }
+
+                #[tokio::test]
+                async fn hyper() {
+                    super::$case(sweety_config::Http2Client::Hyper).await
+                }
+            }
+        )*
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use on_both_h2_clients;

@@ -54,9 +54,11 @@
 //! the Ingress's own namespace only), `auth-secret-type` (`auth-file`: the htpasswd text under
 //! the key `auth`, the default; `auth-map`: one user per key) and `auth-realm` becomes a
 //! `basic_auth` filter on every path ([`sweety_config::htpasswd`]: bcrypt, `$apr1$`, `{SHA}`;
-//! other entries are refused one by one with an `AuthEntryRefused` Event). A missing Secret,
-//! another namespace's, a missing `auth` key, an unknown `auth-type`/`auth-secret-type`, a
-//! realm with control characters or no usable entry fails closed: every path answers 503 with
+//! other entries are refused one by one with an `AuthEntryRefused` Event) naming the Secret's
+//! users as one of the config's user sets ([`user_set_name`]: one per Secret and secret type,
+//! however many Ingresses and paths read it). A missing Secret, another namespace's, a
+//! missing `auth` key, an unknown `auth-type`/`auth-secret-type`, a realm with control
+//! characters, too many users or no usable entry fails closed: every path answers 503 with
 //! the reason (`AuthSecretInvalid`), as ingress-nginx denies such locations, whatever
 //! `ignore_unsupported_security_annotations` says. `auth-type: digest` is not implemented
 //! (503). `auth-secret`/`auth-realm` without `auth-type` are ignored, as in ingress-nginx.
@@ -168,8 +170,12 @@ pub struct Annotations {
     pub session: Option<SessionPersistence>,
     /// `upstream-hash-by`.
     pub hash: Option<HashPolicy>,
-    /// `auth-type: basic` with `auth-secret` (+ `auth-secret-type`, `auth-realm`).
+    /// `auth-type: basic` with `auth-secret` (+ `auth-secret-type`, `auth-realm`): the filter
+    /// names the Secret's user set ([`Annotations::user_set`]) instead of copying its users.
     pub basic_auth: Option<BasicAuth>,
+    /// The users of the `auth-secret`, as the config's user set `basic_auth` names (one per
+    /// Secret and `auth-secret-type`, however many Ingresses and paths use it).
+    pub user_set: Option<sweety_config::UserSet>,
     /// `proxy-body-size`: the largest request body, bytes (`0`: no limit).
     pub body_size: Option<u64>,
     /// `service-upstream: "true"`: the backend is the Service's ClusterIP and port, one
@@ -808,13 +814,21 @@ fn verify_depth<'a>(get: &impl Fn(&str) -> Option<&'a str>, key: &str, report: &
 /// Most rejected htpasswd lines listed one by one in a status or Event.
 pub(crate) const MAX_REJECTED_REPORTED: usize = 10;
 
-/// The `basic_auth` filter of `auth-type: basic`, or why it cannot be made (fails closed).
+/// The name of the config's user set holding the users of Secret `namespace/name` read as
+/// `kind` (`auth-file` or `auth-map`): the same Secret read the same way is the same users.
+/// (SweetySecurityPolicies name theirs `secret/...`: a Secret both read is two sets.)
+pub fn user_set_name(namespace: &str, name: &str, kind: &str) -> String {
+    format!("ingress/{namespace}/{name}/{kind}")
+}
+
+/// The `basic_auth` filter of `auth-type: basic` and the user set it names, or why they
+/// cannot be made (fails closed).
 fn basic_auth<'a>(
     get: &impl Fn(&str) -> Option<&'a str>,
     namespace: &str,
     secrets: &[Arc<Secret>],
     report: &mut Report,
-) -> Result<BasicAuth, String> {
+) -> Result<(BasicAuth, sweety_config::UserSet), String> {
     let realm = get("auth-realm").unwrap_or("").to_string();
     if let Err(e) = htpasswd::check_realm(&realm) {
         return Err(format!("{PREFIX}auth-realm {e}"));
@@ -824,10 +838,10 @@ fn basic_auth<'a>(
     };
     let (name, secret) = own_secret("auth-secret", value, namespace, secrets)?;
     let data = secret.data.clone().unwrap_or_default();
-    let parsed = match get("auth-secret-type")
+    let kind = get("auth-secret-type")
         .map(str::trim)
-        .unwrap_or("auth-file")
-    {
+        .unwrap_or("auth-file");
+    let parsed = match kind {
         "auth-file" => {
             let auth = data
                 .get("auth")
@@ -881,11 +895,25 @@ fn basic_auth<'a>(
             "the Secret {namespace}/{name} has no usable htpasswd entry (bcrypt, $apr1$ or {{SHA}})"
         ));
     }
-    Ok(BasicAuth {
-        realm,
-        users: parsed.users,
-        user_set: None,
-    })
+    // What the dataplane would refuse (too many users) must not reach it: a set is checked
+    // with the whole config, so here, where it fails this Ingress only.
+    if let Some((field, m)) = htpasswd::check_users(&parsed.users).into_iter().next() {
+        return Err(format!(
+            "the Secret {namespace}/{name}'s htpasswd entries: {field} {m}"
+        ));
+    }
+    let set = user_set_name(namespace, &name, kind);
+    Ok((
+        BasicAuth {
+            realm,
+            users: Vec::new(),
+            user_set: Some(set.clone()),
+        },
+        sweety_config::UserSet {
+            name: set,
+            users: parsed.users,
+        },
+    ))
 }
 
 /// The `auth-tls-*` annotations read with `auth-tls-secret` ([`client_tls`]).
@@ -2113,7 +2141,10 @@ impl Annotations {
         }
         if basic {
             match basic_auth(&get, ns, secrets, report) {
-                Ok(f) => a.basic_auth = Some(f),
+                Ok((f, set)) => {
+                    a.basic_auth = Some(f);
+                    a.user_set = Some(set);
+                }
                 Err(why) => {
                     report.warn(
                         "AuthSecretInvalid",

@@ -11,11 +11,17 @@
 //! options. An HTTP/1.0 response is never followed by another request on its connection.
 
 use bytes::{BufMut, Bytes};
-use http::header::{HeaderMap, HeaderName, HeaderValue};
+use http::header::{HeaderMap, HeaderValue};
 use http::{Method, StatusCode, Version};
+use std::mem::MaybeUninit;
 
 /// Most fields a response head may have (hyper's default bound).
 pub const MAX_FIELDS: usize = 100;
+
+/// Room a response's header map is made with beyond the backend's fields: what the proxy may
+/// add on the way to the client (`X-Request-Id`, a session cookie, a filter's fields), so that
+/// the map is not grown (re-hashed and re-allocated) per response.
+pub const FIELD_ROOM: usize = 4;
 
 /// How a request body goes on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -256,9 +262,15 @@ fn elements(v: &[u8]) -> impl Iterator<Item = &[u8]> {
 /// `TE` are left out as it is built (a `TE` naming `trailers` is kept as `te: trailers`, as the
 /// proxy's strip of a map does). The framing is read from the fields as they came.
 pub fn parse_response(buf: &[u8], head_request: bool) -> Result<Parsed, HeadError> {
-    let mut fields = [httparse::EMPTY_HEADER; MAX_FIELDS];
-    let mut resp = httparse::Response::new(&mut fields);
-    let len = match resp.parse(buf) {
+    // The fields are not initialised first: httparse writes those it parses (the default
+    // parser configuration, as `Response::parse`'s).
+    let mut fields = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_FIELDS];
+    let mut resp = httparse::Response::new(&mut []);
+    let len = match httparse::ParserConfig::default().parse_response_with_uninit_headers(
+        &mut resp,
+        buf,
+        &mut fields,
+    ) {
         Ok(httparse::Status::Complete(n)) => n,
         Ok(httparse::Status::Partial) => return Ok(Parsed::Partial),
         Err(httparse::Error::TooManyHeaders) => return Err(HeadError::TooManyFields),
@@ -358,13 +370,13 @@ pub fn parse_response(buf: &[u8], head_request: bool) -> Result<Parsed, HeadErro
 
     // The end-to-end fields. Their values share one copy of the head's bytes.
     let block = Bytes::copy_from_slice(&buf[..len]);
-    let mut headers = HeaderMap::with_capacity(fields.len());
+    let mut headers = HeaderMap::with_capacity(fields.len() + FIELD_ROOM);
     for f in fields.iter() {
         let name = f.name.as_bytes();
         if always_hop_by_hop(name) || named.iter().any(|e| e.eq_ignore_ascii_case(name)) {
             continue;
         }
-        let name = HeaderName::from_bytes(name).map_err(|_| HeadError::InvalidField)?;
+        let name = crate::name::from_bytes(name).map_err(|_| HeadError::InvalidField)?;
         // The value's place in `buf` is its place in the copy.
         let at = f.value.as_ptr() as usize - buf.as_ptr() as usize;
         let value = HeaderValue::from_maybe_shared(block.slice(at..at + f.value.len()))

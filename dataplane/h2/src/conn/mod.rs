@@ -51,7 +51,7 @@ use streams::{Resp, Stream, StreamIds};
 /// a paused test clock, the paused time, so that the deadlines and the timer that waits for
 /// them agree: with std's clock a paused runtime's timer fired at once and the driver re-polled
 /// until the real time reached the deadline, seconds of busy loop per run of the fuzz harness).
-pub(super) fn clock() -> Instant {
+pub(crate) fn clock() -> Instant {
     tokio::time::Instant::now().into_std()
 }
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
@@ -137,12 +137,31 @@ pub enum H2Error {
     /// A connection error we sent GOAWAY for.
     #[error("HTTP/2 connection error {0}: {1}")]
     Protocol(Reason, &'static str),
-    /// The client sent GOAWAY with an error.
-    #[error("client closed the connection with {0}")]
+    /// The peer sent GOAWAY with an error.
+    #[error("peer closed the connection with {0}")]
     Remote(Reason),
     /// The socket failed.
     #[error("HTTP/2 connection I/O: {0}")]
     Io(#[from] std::io::Error),
+    /// Client: the backend did not process the stream (REFUSED_STREAM, above the last
+    /// stream id of its GOAWAY, or the request never reached it); it may go again.
+    #[error("HTTP/2 stream refused by the backend (not processed)")]
+    Refused,
+    /// Client: the backend reset the stream.
+    #[error("backend reset the HTTP/2 stream with {0}")]
+    StreamReset(Reason),
+    /// Client: we reset the stream, its response broke a rule.
+    #[error("HTTP/2 stream error {0}: {1}")]
+    Stream(Reason, &'static str),
+    /// Client: the backend closed the connection.
+    #[error("backend closed the HTTP/2 connection")]
+    Closed,
+    /// Client: the request body failed.
+    #[error("request body: {0}")]
+    RequestBody(crate::BoxError),
+    /// Client: the request body's length differs from its `content-length`.
+    #[error("request body length differs from its content-length")]
+    RequestLength,
 }
 
 /// An error while handling a frame: of the connection (GOAWAY) or one stream (RST_STREAM).

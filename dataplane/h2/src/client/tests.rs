@@ -1,0 +1,798 @@
+//! Tests of the client over in-memory pipes: a scripted backend writing frames by hand (the
+//! hostile cases), and Sweety's own server engine (whole exchanges, many streams at once).
+
+use super::*;
+use crate::frame::{self, flag, kind, setting, Head, Reason, HEADER_LEN};
+use crate::hpack::{Decoder, Encoder};
+use bytes::{Buf, BytesMut};
+use http::{HeaderValue, Method};
+use http_body_util::BodyExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
+
+fn cfg() -> Config {
+    Config {
+        stream_window: 16 * 1024,
+        conn_window: 1024 * 1024,
+        max_header_list: 16 * 1024,
+    }
+}
+
+/// The backend end of a pipe, written by hand.
+struct Peer {
+    io: DuplexStream,
+    buf: BytesMut,
+    dec: Decoder,
+}
+
+impl Peer {
+    /// A client connection (its task spawned) and the backend end, the preface exchanged:
+    /// the backend's SETTINGS carry `settings`.
+    async fn start(settings: &[(u16, u32)]) -> (SendRequest, Peer) {
+        Peer::start_with(cfg(), settings).await
+    }
+
+    async fn start_with(cfg: Config, settings: &[(u16, u32)]) -> (SendRequest, Peer) {
+        let (client, mut server) = tokio::io::duplex(1 << 20);
+        let mut out = BytesMut::new();
+        frame::put_settings(&mut out, settings);
+        server.write_all(&out).await.unwrap();
+        let (send, conn) = handshake(client, cfg).await.expect("handshake");
+        tokio::spawn(conn);
+        let mut peer = Peer {
+            io: server,
+            buf: BytesMut::new(),
+            dec: Decoder::new(),
+        };
+        while peer.buf.len() < frame::PREFACE.len() {
+            peer.io.read_buf(&mut peer.buf).await.unwrap();
+        }
+        assert_eq!(&peer.buf[..24], frame::PREFACE);
+        peer.buf.advance(24);
+        let (h, p) = peer.frame().await.expect("our SETTINGS");
+        assert_eq!((h.kind, h.flags), (kind::SETTINGS, 0));
+        let params: Vec<_> = frame::settings_params(&p).collect();
+        assert!(params.contains(&(setting::ENABLE_PUSH, 0)));
+        assert!(params.contains(&(setting::INITIAL_WINDOW_SIZE, cfg.stream_window)));
+        let mut ack = BytesMut::new();
+        frame::put_settings_ack(&mut ack);
+        peer.io.write_all(&ack).await.unwrap();
+        (send, peer)
+    }
+
+    /// The next frame the client wrote (`None`: it closed).
+    async fn frame(&mut self) -> Option<(Head, Bytes)> {
+        loop {
+            if self.buf.len() >= HEADER_LEN {
+                let h = Head::parse(&self.buf);
+                if self.buf.len() >= HEADER_LEN + h.len as usize {
+                    let mut f = self.buf.split_to(HEADER_LEN + h.len as usize);
+                    f.advance(HEADER_LEN);
+                    return Some((h, f.freeze()));
+                }
+            }
+            let read =
+                tokio::time::timeout(Duration::from_secs(10), self.io.read_buf(&mut self.buf));
+            if read.await.expect("a frame in time").ok()? == 0 {
+                return None;
+            }
+        }
+    }
+
+    /// The next frame of kind `k`, others (SETTINGS ACK, WINDOW_UPDATE) skipped.
+    async fn next(&mut self, k: u8) -> (Head, Bytes) {
+        loop {
+            let (h, p) = self.frame().await.expect("a frame");
+            if h.kind == k {
+                return (h, p);
+            }
+        }
+    }
+
+    /// A request's HEADERS decoded into its fields.
+    async fn request(&mut self) -> (u32, bool, Vec<(String, String)>) {
+        let (h, p) = self.next(kind::HEADERS).await;
+        assert!(h.has(flag::END_HEADERS));
+        let mut fields = Vec::new();
+        self.dec
+            .decode(&p, 1 << 20, |f| {
+                fields.push((
+                    String::from_utf8(f.name.to_vec()).unwrap(),
+                    String::from_utf8(f.value.to_vec()).unwrap(),
+                ))
+            })
+            .unwrap();
+        (h.stream, h.has(flag::END_STREAM), fields)
+    }
+
+    async fn write(&mut self, b: &[u8]) {
+        self.io.write_all(b).await.unwrap();
+    }
+
+    /// Writes a HEADERS frame with `fields` (`:status` first if given).
+    async fn headers(&mut self, id: u32, fields: &[(&str, &str)], end: bool) {
+        let out = headers_frame(id, fields, end);
+        self.write(&out).await;
+    }
+
+    async fn data(&mut self, id: u32, d: &[u8], end: bool) {
+        let mut out = BytesMut::new();
+        frame::put_data(&mut out, id, d, end);
+        self.write(&out).await;
+    }
+}
+
+fn headers_frame(id: u32, fields: &[(&str, &str)], end: bool) -> BytesMut {
+    let mut block = BytesMut::new();
+    for (n, v) in fields {
+        Encoder::field(&mut block, n.as_bytes(), v.as_bytes(), false);
+    }
+    let mut out = BytesMut::new();
+    frame::put_headers(&mut out, id, &block, end, 16_384);
+    out
+}
+
+fn get<'a>(headers: &'a HeaderMap, path: &'a str) -> RequestHead<'a> {
+    RequestHead {
+        method: &Method::GET,
+        scheme: "http",
+        authority: b"a.test",
+        path,
+        headers,
+    }
+}
+
+fn full(b: &'static [u8]) -> Body {
+    crate::boxed(http_body_util::Full::new(Bytes::from_static(b)))
+}
+
+/// Reads a body to its end: data and trailers, or the error.
+async fn collect(b: ResponseBody) -> Result<(Vec<u8>, Option<HeaderMap>), H2Error> {
+    let c = tokio::time::timeout(Duration::from_secs(10), b.collect())
+        .await
+        .expect("body in time")?;
+    let trailers = c.trailers().cloned();
+    Ok((c.to_bytes().to_vec(), trailers))
+}
+
+async fn respond(f: ResponseFuture) -> Result<http::Response<ResponseBody>, SendError> {
+    tokio::time::timeout(Duration::from_secs(10), f)
+        .await
+        .expect("response in time")
+}
+
+#[tokio::test]
+async fn a_request_gets_its_response_and_the_fields_go_as_sent() {
+    let (send, mut peer) = Peer::start(&[(setting::MAX_CONCURRENT_STREAMS, 7)]).await;
+    let mut h = HeaderMap::new();
+    h.insert("host", HeaderValue::from_static("ignored.test"));
+    h.insert("x-a", HeaderValue::from_static("1"));
+    h.insert("te", HeaderValue::from_static("trailers"));
+    h.insert("connection", HeaderValue::from_static("close"));
+    let f = send.send(get(&h, "/p?q=1"), crate::empty()).unwrap();
+    let (id, end, fields) = peer.request().await;
+    assert_eq!(id, 1);
+    assert!(end, "an empty body ends the stream with its HEADERS");
+    let names: Vec<(&str, &str)> = fields
+        .iter()
+        .map(|(n, v)| (n.as_str(), v.as_str()))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            (":method", "GET"),
+            (":scheme", "http"),
+            (":authority", "a.test"),
+            (":path", "/p?q=1"),
+            ("x-a", "1"),
+            ("te", "trailers"),
+        ]
+    );
+    peer.headers(1, &[(":status", "200"), ("content-length", "2")], false)
+        .await;
+    peer.data(1, b"ok", true).await;
+    let resp = respond(f).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["content-length"], "2");
+    assert_eq!(collect(resp.into_body()).await.unwrap().0, b"ok");
+    assert_eq!(send.max_streams(), 7);
+    assert!(!send.is_closing());
+}
+
+#[tokio::test]
+async fn trailers_end_the_body_and_interim_heads_are_skipped() {
+    let (send, mut peer) = Peer::start(&[]).await;
+    let h = HeaderMap::new();
+    let f = send.send(get(&h, "/"), crate::empty()).unwrap();
+    let (id, ..) = peer.request().await;
+    peer.headers(id, &[(":status", "103"), ("link", "</a>")], false)
+        .await;
+    peer.headers(
+        id,
+        &[(":status", "200"), ("content-type", "application/grpc")],
+        false,
+    )
+    .await;
+    peer.data(id, b"abc", false).await;
+    let resp = respond(f).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    peer.data(id, b"def", false).await;
+    peer.headers(id, &[("grpc-status", "0"), ("grpc-message", "ok")], true)
+        .await;
+    let (data, trailers) = collect(resp.into_body()).await.unwrap();
+    assert_eq!(data, b"abcdef");
+    let t = trailers.expect("trailers");
+    assert_eq!(t["grpc-status"], "0");
+    assert_eq!(t["grpc-message"], "ok");
+}
+
+#[tokio::test]
+async fn goaway_refuses_the_streams_above_its_last_id_and_gives_their_bodies_back() {
+    let (send, mut peer) = Peer::start(&[]).await;
+    let h = HeaderMap::new();
+    let f1 = send.send(get(&h, "/1"), crate::empty()).unwrap();
+    let f3 = send.send(get(&h, "/3"), crate::empty()).unwrap();
+    let f5 = send.send(get(&h, "/5"), full(b"body")).unwrap();
+    // The body of stream 5 is sent at once.
+    peer.next(kind::DATA).await;
+    let mut out = BytesMut::new();
+    frame::put_goaway(&mut out, 1, Reason::NO_ERROR, b"");
+    peer.write(&out).await;
+    let e = respond(f3).await.unwrap_err();
+    assert!(matches!(e.error, H2Error::Refused), "{:?}", e.error);
+    assert!(e.closed_before_response);
+    assert!(e.unsent.is_some(), "nothing was taken from the body");
+    // Not processed either, but its body went: only a replayable request may go again.
+    let e = respond(f5).await.unwrap_err();
+    assert!(matches!(e.error, H2Error::Refused), "{:?}", e.error);
+    assert!(e.closed_before_response && e.unsent.is_none());
+    assert!(
+        send.is_closing() || {
+            tokio::task::yield_now().await;
+            send.is_closing()
+        }
+    );
+    let e = send.send(get(&h, "/7"), full(b"x")).unwrap_err();
+    assert!(matches!(e.error, H2Error::Refused) && e.unsent.is_some());
+    // Stream 1 goes on.
+    peer.headers(1, &[(":status", "204")], true).await;
+    let resp = respond(f1).await.unwrap();
+    assert_eq!(resp.status(), 204);
+    drop(resp);
+    // Every stream done after the GOAWAY: the client closes.
+    while let Some((h, _)) = peer.frame().await {
+        assert_ne!(h.kind, kind::HEADERS);
+    }
+}
+
+#[tokio::test]
+async fn resets_end_their_stream_refused_ones_may_go_again() {
+    let (send, mut peer) = Peer::start(&[]).await;
+    let h = HeaderMap::new();
+    let f1 = send.send(get(&h, "/"), crate::empty()).unwrap();
+    let f3 = send.send(get(&h, "/"), crate::empty()).unwrap();
+    let mut out = BytesMut::new();
+    frame::put_rst(&mut out, 1, Reason::REFUSED_STREAM);
+    frame::put_rst(&mut out, 3, Reason::INTERNAL_ERROR);
+    peer.write(&out).await;
+    let e1 = respond(f1).await.unwrap_err();
+    assert!(matches!(e1.error, H2Error::Refused) && e1.unsent.is_some());
+    let e3 = respond(f3).await.unwrap_err();
+    assert!(matches!(
+        e3.error,
+        H2Error::StreamReset(Reason::INTERNAL_ERROR)
+    ));
+    assert!(e3.unsent.is_none() && !e3.closed_before_response);
+    // The connection still serves.
+    let f5 = send.send(get(&h, "/"), crate::empty()).unwrap();
+    peer.headers(5, &[(":status", "200")], true).await;
+    assert_eq!(respond(f5).await.unwrap().status(), 200);
+}
+
+#[tokio::test]
+async fn pings_are_answered() {
+    let (_send, mut peer) = Peer::start(&[]).await;
+    let mut out = BytesMut::new();
+    frame::put_ping(&mut out, *b"12345678");
+    peer.write(&out).await;
+    let (h, p) = peer.next(kind::PING).await;
+    assert!(h.has(flag::ACK));
+    assert_eq!(&p[..], b"12345678");
+}
+
+/// A response head's fields, whether it ends the stream, and what it tests.
+type Case = (&'static [(&'static str, &'static str)], bool, &'static str);
+
+/// A response breaking a rule fails its stream (RST_STREAM sent), the connection goes on.
+#[tokio::test]
+async fn malformed_responses_fail_their_stream() {
+    let cases: &[Case] = &[
+        (
+            &[(":status", "200"), ("connection", "close")],
+            true,
+            "connection-specific",
+        ),
+        (
+            &[(":status", "200"), ("transfer-encoding", "chunked")],
+            true,
+            "transfer-encoding",
+        ),
+        (&[(":status", "200"), ("te", "trailers")], true, "te"),
+        (
+            &[(":status", "200"), ("keep-alive", "1")],
+            true,
+            "keep-alive",
+        ),
+        (&[(":status", "200"), ("upgrade", "h2c")], true, "upgrade"),
+        (&[(":status", "200"), ("X-Upper", "1")], true, "upper case"),
+        (&[(":status", "20")], true, "short status"),
+        (
+            &[(":status", "200"), (":status", "200")],
+            true,
+            "two statuses",
+        ),
+        (&[(":path", "/")], true, "request pseudo-field"),
+        (&[("x", "1")], true, "no status"),
+        (&[(":status", "101")], false, "101"),
+        (
+            &[(":status", "200"), ("content-length", "x")],
+            true,
+            "bad length",
+        ),
+        (
+            &[(":status", "200"), ("content-length", "5")],
+            true,
+            "shorter than its length",
+        ),
+    ];
+    let (send, mut peer) = Peer::start(&[]).await;
+    let h = HeaderMap::new();
+    for (fields, end, what) in cases {
+        let f = send.send(get(&h, "/"), crate::empty()).unwrap();
+        let (id, ..) = peer.request().await;
+        peer.headers(id, fields, *end).await;
+        let e = respond(f).await.unwrap_err();
+        assert!(
+            matches!(e.error, H2Error::Stream(Reason::PROTOCOL_ERROR, _)),
+            "{what}: {:?}",
+            e.error
+        );
+        let (rst, p) = peer.next(kind::RST_STREAM).await;
+        assert_eq!(
+            (rst.stream, &p[..]),
+            (id, &Reason::PROTOCOL_ERROR.0.to_be_bytes()[..]),
+            "{what}"
+        );
+    }
+    // Bodies longer or shorter than their length.
+    for (len, sent, end) in [("3", &b"abcd"[..], true), ("5", &b"abc"[..], true)] {
+        let f = send.send(get(&h, "/"), crate::empty()).unwrap();
+        let (id, ..) = peer.request().await;
+        peer.headers(id, &[(":status", "200"), ("content-length", len)], false)
+            .await;
+        peer.data(id, sent, end).await;
+        let r = match respond(f).await {
+            Ok(resp) => collect(resp.into_body()).await.map(|_| ()),
+            Err(e) => Err(e.error),
+        };
+        assert!(
+            matches!(r, Err(H2Error::Stream(Reason::PROTOCOL_ERROR, _))),
+            "{len}: {r:?}"
+        );
+    }
+    // Data on a HEAD response.
+    let head = RequestHead {
+        method: &Method::HEAD,
+        ..get(&h, "/")
+    };
+    let f = send.send(head, crate::empty()).unwrap();
+    let (id, ..) = peer.request().await;
+    peer.headers(id, &[(":status", "200"), ("content-length", "10")], false)
+        .await;
+    peer.data(id, b"x", true).await;
+    let r = match respond(f).await {
+        Ok(resp) => collect(resp.into_body()).await.map(|_| ()),
+        Err(e) => Err(e.error),
+    };
+    assert!(r.is_err(), "a HEAD response has no body");
+    // Still usable.
+    let f = send.send(get(&h, "/"), crate::empty()).unwrap();
+    let (id, ..) = peer.request().await;
+    peer.headers(id, &[(":status", "200")], true).await;
+    assert_eq!(respond(f).await.unwrap().status(), 200);
+}
+
+#[tokio::test]
+async fn interim_responses_are_bounded() {
+    let (send, mut peer) = Peer::start(&[]).await;
+    let h = HeaderMap::new();
+    let f = send.send(get(&h, "/"), crate::empty()).unwrap();
+    let (id, ..) = peer.request().await;
+    for _ in 0..=core::MAX_INTERIM {
+        peer.headers(id, &[(":status", "100")], false).await;
+    }
+    let e = respond(f).await.unwrap_err();
+    assert!(
+        matches!(e.error, H2Error::Stream(_, "too many interim responses")),
+        "{:?}",
+        e.error
+    );
+}
+
+#[tokio::test]
+async fn a_header_list_over_the_bound_fails_its_stream() {
+    let (send, mut peer) = Peer::start(&[]).await;
+    let h = HeaderMap::new();
+    let f = send.send(get(&h, "/"), crate::empty()).unwrap();
+    let (id, ..) = peer.request().await;
+    let big = "v".repeat(9000);
+    peer.headers(
+        id,
+        &[(":status", "200"), ("x-a", &big), ("x-b", &big)],
+        true,
+    )
+    .await;
+    let e = respond(f).await.unwrap_err();
+    assert!(
+        matches!(e.error, H2Error::Stream(Reason::CANCEL, _)),
+        "{:?}",
+        e.error
+    );
+}
+
+/// Connection errors: every stream ends with the error, GOAWAY goes out.
+#[tokio::test]
+async fn connection_errors_end_every_stream() {
+    let mut cont_flood = headers_frame(1, &[(":status", "200")], false);
+    // Clear END_HEADERS on the HEADERS frame and send empty-ish CONTINUATIONs.
+    cont_flood[4] &= !flag::END_HEADERS;
+    for _ in 0..=core::MAX_CONTINUATIONS {
+        frame::put_head(&mut cont_flood, 1, kind::CONTINUATION, 0, 1);
+        cont_flood.extend_from_slice(&[0x80 | 8]);
+    }
+    let mut push = BytesMut::new();
+    frame::put_head(&mut push, 4, kind::PUSH_PROMISE, flag::END_HEADERS, 1);
+    push.extend_from_slice(&[0, 0, 0, 2]);
+    let mut even = BytesMut::new();
+    frame::put_data(&mut even, 2, b"x", false);
+    let mut big = BytesMut::new();
+    frame::put_head(&mut big, 20_000, kind::DATA, 0, 1);
+    big.extend_from_slice(&[0; 20_000]);
+    let mut hpack = BytesMut::new();
+    frame::put_head(&mut hpack, 1, kind::HEADERS, flag::END_HEADERS, 1);
+    hpack.extend_from_slice(&[0xff]);
+    let mut window = BytesMut::new();
+    frame::put_window_update(&mut window, 0, 0x7fff_ffff);
+    let mut bad_settings = BytesMut::new();
+    frame::put_settings(&mut bad_settings, &[(setting::ENABLE_PUSH, 1)]);
+    let cases: Vec<(BytesMut, Reason, &str)> = vec![
+        (cont_flood, Reason::ENHANCE_YOUR_CALM, "CONTINUATION count"),
+        (push, Reason::PROTOCOL_ERROR, "push"),
+        (even, Reason::PROTOCOL_ERROR, "even stream"),
+        (big, Reason::FRAME_SIZE_ERROR, "frame size"),
+        (hpack, Reason::COMPRESSION_ERROR, "hpack"),
+        (window, Reason::FLOW_CONTROL_ERROR, "window overflow"),
+        (bad_settings, Reason::PROTOCOL_ERROR, "push enabled"),
+    ];
+    for (bytes, reason, what) in cases {
+        let (send, mut peer) = Peer::start(&[]).await;
+        let h = HeaderMap::new();
+        let f = send.send(get(&h, "/"), crate::empty()).unwrap();
+        peer.request().await;
+        peer.write(&bytes).await;
+        let e = respond(f).await.unwrap_err();
+        assert!(
+            matches!(e.error, H2Error::Protocol(r, _) if r == reason),
+            "{what}: {:?}",
+            e.error
+        );
+        let (g, p) = peer.next(kind::GOAWAY).await;
+        assert_eq!(g.stream, 0);
+        assert_eq!(&p[4..8], &reason.0.to_be_bytes(), "{what}");
+        assert!(peer.frame().await.is_none(), "{what}: closed after GOAWAY");
+        assert!(send.is_closing());
+        let e = send.send(get(&h, "/"), crate::empty()).unwrap_err();
+        assert!(e.unsent.is_some());
+    }
+}
+
+#[tokio::test]
+async fn a_backend_closing_before_the_response_is_reported_as_such() {
+    let (send, mut peer) = Peer::start(&[]).await;
+    let h = HeaderMap::new();
+    let f = send.send(get(&h, "/"), crate::empty()).unwrap();
+    peer.request().await;
+    drop(peer);
+    let e = respond(f).await.unwrap_err();
+    assert!(matches!(e.error, H2Error::Closed), "{:?}", e.error);
+    assert!(e.closed_before_response);
+    assert!(e.unsent.is_none(), "the request was written");
+}
+
+#[tokio::test]
+async fn the_first_frame_must_be_settings() {
+    let (client, mut server) = tokio::io::duplex(1 << 16);
+    let mut out = BytesMut::new();
+    frame::put_ping(&mut out, [0; 8]);
+    server.write_all(&out).await.unwrap();
+    let r = handshake(client, cfg()).await;
+    assert!(
+        matches!(r, Err(H2Error::Protocol(Reason::PROTOCOL_ERROR, _))),
+        "{:?}",
+        r.err()
+    );
+    // Not HTTP/2 at all.
+    let (client, mut server) = tokio::io::duplex(1 << 16);
+    server
+        .write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+        .await
+        .unwrap();
+    assert!(handshake(client, cfg()).await.is_err());
+}
+
+/// The request body goes as the backend's windows allow; WINDOW_UPDATEs let the rest out.
+#[tokio::test]
+async fn request_bodies_follow_the_backends_windows() {
+    let (send, mut peer) = Peer::start(&[(setting::INITIAL_WINDOW_SIZE, 10)]).await;
+    let mut h = HeaderMap::new();
+    h.insert("content-length", HeaderValue::from_static("25"));
+    let req = RequestHead {
+        method: &Method::POST,
+        ..get(&h, "/")
+    };
+    let f = send.send(req, full(b"0123456789abcdefghijklmno")).unwrap();
+    let (id, end, _) = peer.request().await;
+    assert!(!end);
+    let (d, p) = peer.next(kind::DATA).await;
+    assert_eq!((d.stream, &p[..]), (id, &b"0123456789"[..]));
+    assert!(!d.has(flag::END_STREAM));
+    let mut out = BytesMut::new();
+    frame::put_window_update(&mut out, id, 100);
+    peer.write(&out).await;
+    let (d, p) = peer.next(kind::DATA).await;
+    assert_eq!(&p[..], b"abcdefghijklmno");
+    assert!(d.has(flag::END_STREAM));
+    peer.headers(id, &[(":status", "201")], true).await;
+    assert_eq!(respond(f).await.unwrap().status(), 201);
+}
+
+#[tokio::test]
+async fn request_trailers_follow_the_data() {
+    let (send, mut peer) = Peer::start(&[]).await;
+    let h = HeaderMap::new();
+    let mut t = HeaderMap::new();
+    t.insert("x-sum", HeaderValue::from_static("7"));
+    t.insert("connection", HeaderValue::from_static("close"));
+    let body = Frames(VecDeque::from([
+        Frame::data(Bytes::from_static(b"abc")),
+        Frame::trailers(t),
+    ]));
+    let req = RequestHead {
+        method: &Method::POST,
+        ..get(&h, "/")
+    };
+    let f = send.send(req, crate::boxed(body)).unwrap();
+    let (id, ..) = peer.request().await;
+    let (_, p) = peer.next(kind::DATA).await;
+    assert_eq!(&p[..], b"abc");
+    let (th, _tp, trailers) = {
+        let (h, p) = peer.next(kind::HEADERS).await;
+        let mut fields = Vec::new();
+        peer.dec
+            .decode(&p, 1 << 20, |f| {
+                fields.push((f.name.to_vec(), f.value.to_vec()))
+            })
+            .unwrap();
+        (h, p, fields)
+    };
+    assert!(th.has(flag::END_STREAM));
+    assert_eq!(trailers, vec![(b"x-sum".to_vec(), b"7".to_vec())]);
+    peer.headers(id, &[(":status", "200")], true).await;
+    assert_eq!(respond(f).await.unwrap().status(), 200);
+}
+
+/// A body of frames given in advance.
+struct Frames(VecDeque<Frame<Bytes>>);
+
+impl http_body::Body for Frames {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        Poll::Ready(self.0.pop_front().map(Ok))
+    }
+}
+
+/// A response larger than the stream window: WINDOW_UPDATEs as it is read; more than the
+/// window at once is a FLOW_CONTROL_ERROR.
+#[tokio::test]
+async fn response_windows_are_granted_as_the_body_is_read() {
+    let (send, mut peer) = Peer::start(&[]).await;
+    let h = HeaderMap::new();
+    let f = send.send(get(&h, "/"), crate::empty()).unwrap();
+    let (id, ..) = peer.request().await;
+    peer.headers(id, &[(":status", "200")], false).await;
+    let resp = respond(f).await.unwrap();
+    let mut body = resp.into_body();
+    let chunk = vec![7u8; 8 * 1024];
+    peer.data(id, &chunk, false).await;
+    peer.data(id, &chunk, false).await;
+    // 16 KiB sent: the window is used up until the client reads.
+    let got = body.frame().await.unwrap().unwrap().into_data().unwrap();
+    assert_eq!(got.len(), 8 * 1024);
+    let (w, p) = peer.next(kind::WINDOW_UPDATE).await;
+    let inc = u32::from_be_bytes([p[0], p[1], p[2], p[3]]);
+    assert_eq!((w.stream, inc), (id, 8 * 1024));
+    peer.data(id, &chunk, false).await;
+    // Over the window: the stream is reset.
+    peer.data(id, &chunk, false).await;
+    peer.data(id, &chunk, true).await;
+    let mut err = None;
+    while let Some(f) = body.frame().await {
+        if let Err(e) = f {
+            err = Some(e);
+            break;
+        }
+    }
+    assert!(
+        matches!(err, Some(H2Error::Stream(Reason::FLOW_CONTROL_ERROR, _))),
+        "{err:?}"
+    );
+}
+
+#[tokio::test]
+async fn dropping_an_open_stream_resets_it() {
+    let (send, mut peer) = Peer::start(&[]).await;
+    let h = HeaderMap::new();
+    let f = send.send(get(&h, "/"), crate::empty()).unwrap();
+    let (id, ..) = peer.request().await;
+    drop(f);
+    let (r, p) = peer.next(kind::RST_STREAM).await;
+    assert_eq!(
+        (r.stream, &p[..]),
+        (id, &Reason::CANCEL.0.to_be_bytes()[..])
+    );
+    // Late frames for it are credited and ignored.
+    peer.headers(id, &[(":status", "200")], false).await;
+    peer.data(id, b"late", true).await;
+    let f = send.send(get(&h, "/"), crate::empty()).unwrap();
+    peer.headers(id + 2, &[(":status", "200")], true).await;
+    assert_eq!(respond(f).await.unwrap().status(), 200);
+}
+
+/// Many streams at once through Sweety's own server engine, with bodies both ways.
+#[tokio::test]
+async fn many_streams_through_the_sweety_server() {
+    let (client, server) = tokio::io::duplex(1 << 16);
+    let (_tx, stop) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        let _ = crate::serve(server, Echo, server_settings(), stop).await;
+    });
+    let (send, conn) = handshake(client, cfg()).await.unwrap();
+    tokio::spawn(conn);
+    let mut tasks = Vec::new();
+    for i in 0..40u32 {
+        let send = send.clone();
+        tasks.push(tokio::spawn(async move {
+            let body: Vec<u8> = (0..(i * 997 % 50_000)).map(|b| b as u8).collect();
+            let mut h = HeaderMap::new();
+            h.insert("content-length", HeaderValue::from(body.len()));
+            let path = format!("/s{i}");
+            let req = RequestHead {
+                method: &Method::POST,
+                ..get(&h, &path)
+            };
+            let f = send
+                .send(
+                    req,
+                    crate::boxed(http_body_util::Full::new(Bytes::from(body.clone()))),
+                )
+                .unwrap();
+            let resp = respond(f).await.unwrap();
+            assert_eq!(resp.headers()["x-path"], path.as_str());
+            let (data, _) = collect(resp.into_body()).await.unwrap();
+            assert_eq!(data, body, "stream {i}");
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+}
+
+fn server_settings() -> crate::Settings {
+    crate::Settings {
+        max_concurrent_streams: 100,
+        max_header_bytes: 64 * 1024,
+        header_read_timeout: Duration::from_secs(10),
+        idle_timeout: Duration::from_secs(60),
+        max_resets_per_sec: 32,
+        stream_window: 8 * 1024,
+        conn_window: 64 * 1024,
+        send_timeout: Duration::from_secs(60),
+        write_buffer: crate::WRITE_HIGH,
+    }
+}
+
+/// Answers every request with its own body, and its path in `x-path`.
+struct Echo;
+
+impl crate::H2Service for Echo {
+    type Head = crate::NoHead;
+    type Future = std::future::Ready<(http::Response<Body>, Option<crate::NoHead>)>;
+
+    fn call(&mut self, request: http::Request<Body>, _now: std::time::Instant) -> Self::Future {
+        let (parts, body) = request.into_parts();
+        let mut r = http::Response::new(body);
+        r.headers_mut()
+            .insert("x-path", HeaderValue::from_str(parts.uri.path()).unwrap());
+        std::future::ready((r, None))
+    }
+
+    fn limit_hit(&self, _what: &'static str) {}
+
+    fn connection_error(&self, _reason: Reason, _why: &'static str) {}
+}
+
+/// A 320 KiB request body, its chunks all ready at once, through Sweety's server and echoed
+/// back whole.
+#[tokio::test]
+async fn a_large_body_ready_at_once_is_echoed_whole_by_the_sweety_server() {
+    let (client, server) = tokio::io::duplex(1 << 16);
+    let (_tx, stop) = tokio::sync::watch::channel(false);
+    let mut settings = server_settings();
+    settings.stream_window = 1 << 20;
+    settings.conn_window = 1 << 20;
+    tokio::spawn(async move {
+        let _ = crate::serve(server, Echo, settings, stop).await;
+    });
+    let (send, conn) = handshake(client, cfg()).await.unwrap();
+    tokio::spawn(conn);
+    let chunk: Vec<u8> = (0..64 * 1024u32).map(|i| (i % 251) as u8).collect();
+    let frames: VecDeque<_> = (0..5)
+        .map(|_| Frame::data(Bytes::from(chunk.clone())))
+        .collect();
+    let h = HeaderMap::new();
+    let req = RequestHead {
+        method: &Method::POST,
+        ..get(&h, "/big")
+    };
+    let f = send.send(req, crate::boxed(Frames(frames))).unwrap();
+    let resp = respond(f).await.unwrap();
+    let (data, _) = collect(resp.into_body()).await.unwrap();
+    assert_eq!(data.len(), 5 * chunk.len());
+    assert!(data.chunks(chunk.len()).all(|c| c == &chunk[..]));
+}
+
+/// The same with a backend that sends nothing while it reads (windows opened up front): no
+/// read wakes the connection, only its own output draining does.
+#[tokio::test]
+async fn a_body_larger_than_the_output_mark_goes_to_a_silent_backend() {
+    let (send, mut peer) = Peer::start(&[(setting::INITIAL_WINDOW_SIZE, 1 << 20)]).await;
+    let mut out = BytesMut::new();
+    frame::put_window_update(&mut out, 0, 1 << 20);
+    peer.write(&out).await;
+    let chunk = vec![9u8; 64 * 1024];
+    let frames: VecDeque<_> = (0..4)
+        .map(|_| Frame::data(Bytes::from(chunk.clone())))
+        .collect();
+    let h = HeaderMap::new();
+    let req = RequestHead {
+        method: &Method::POST,
+        ..get(&h, "/")
+    };
+    let f = send.send(req, crate::boxed(Frames(frames))).unwrap();
+    let (id, ..) = peer.request().await;
+    let mut got = 0;
+    loop {
+        let (d, p) = peer.next(kind::DATA).await;
+        got += p.len();
+        if d.has(flag::END_STREAM) {
+            break;
+        }
+    }
+    assert_eq!(got, 4 * chunk.len());
+    peer.headers(id, &[(":status", "200")], true).await;
+    assert_eq!(respond(f).await.unwrap().status(), 200);
+}
