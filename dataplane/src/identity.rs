@@ -202,22 +202,39 @@ pub fn normalize_authority(raw: &str) -> Result<String, IdentityError> {
 /// the string) would only give the same string back. Anything else (upper case, IPv6, a
 /// trailing dot, userinfo, junk) goes the long way.
 fn already_normal(s: &str) -> bool {
-    let (host, port) = match s.split_once(':') {
-        Some((h, p)) => (h, Some(p)),
-        None => (s, None),
+    // One pass: the host's bytes up to the first `:`, then the port's. `prev` starts as a dot
+    // so that a leading dot fails like a doubled one.
+    let b = s.as_bytes();
+    let mut prev = b'.';
+    let mut i = 0;
+    while let Some(&c) = b.get(i) {
+        match c {
+            b'a'..=b'z' | b'0'..=b'9' | b'-' => {}
+            b'.' if prev != b'.' => {}
+            b':' => break,
+            _ => return false,
+        }
+        prev = c;
+        i += 1;
+    }
+    // Not empty, no trailing dot.
+    if i == 0 || prev == b'.' {
+        return false;
+    }
+    let Some(port) = b.get(i + 1..) else {
+        return true;
     };
-    let h = host.as_bytes();
-    let host_ok = h.first().is_some_and(|&c| c != b'.')
-        && h.last().is_some_and(|&c| c != b'.')
-        && h.iter()
-            .all(|&c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-' || c == b'.')
-        && !h.windows(2).any(|w| w == b"..");
-    host_ok
-        && port.is_none_or(|p| {
-            (1..=5).contains(&p.len())
-                && p.bytes().all(|c| c.is_ascii_digit())
-                && p.parse::<u16>().is_ok()
-        })
+    if port.is_empty() || port.len() > 5 {
+        return false;
+    }
+    let mut n: u32 = 0;
+    for &c in port {
+        if !c.is_ascii_digit() {
+            return false;
+        }
+        n = n * 10 + u32::from(c - b'0');
+    }
+    n <= u32::from(u16::MAX)
 }
 
 /// [`normalize_authority`] of an authority parsed already (one allocation, the result).
@@ -668,6 +685,44 @@ mod tests {
             out.push_str(p.as_str());
         }
         Ok(out)
+    }
+
+    /// [`already_normal`] as it was written first (split at the first `:`, then a check per
+    /// rule): the one-pass version must say the same of every string.
+    fn reference_already_normal(s: &str) -> bool {
+        let (host, port) = match s.split_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (s, None),
+        };
+        let h = host.as_bytes();
+        let host_ok = h.first().is_some_and(|&c| c != b'.')
+            && h.last().is_some_and(|&c| c != b'.')
+            && h.iter()
+                .all(|&c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-' || c == b'.')
+            && !h.windows(2).any(|w| w == b"..");
+        host_ok
+            && port.is_none_or(|p| {
+                (1..=5).contains(&p.len())
+                    && p.bytes().all(|c| c.is_ascii_digit())
+                    && p.parse::<u16>().is_ok()
+            })
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(4096))]
+
+        /// The one-pass shortcut answers as the rule-by-rule one, for strings over the bytes
+        /// its rules tell apart (dots, colons, digits, upper case, others) and for any string.
+        #[test]
+        fn the_one_pass_shortcut_is_the_reference_one(
+            s in proptest::collection::vec(
+                proptest::sample::select(b"a9z0-.:..::65536Z_@[] \xff".to_vec()), 0..20),
+            any in ".{0,12}",
+        ) {
+            let s = String::from_utf8_lossy(&s).into_owned();
+            proptest::prop_assert_eq!(already_normal(&s), reference_already_normal(&s), "{:?}", s);
+            proptest::prop_assert_eq!(already_normal(&any), reference_already_normal(&any), "{:?}", any);
+        }
     }
 
     #[test]

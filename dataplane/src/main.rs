@@ -65,7 +65,68 @@ struct RunArgs {
 
 /// mimalloc: less fragmentation and lower RSS across config reloads (e2e/bench/HISTORY.md, "Earlier measurements").
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: WordAligned = WordAligned;
+
+/// The alignment every block of `mi_malloc` has: a machine word.
+const WORD: usize = std::mem::size_of::<usize>();
+
+/// mimalloc as the global allocator, asked by size alone (`mi_malloc`) when the alignment
+/// wanted is at most a word, as it is for nearly every Rust allocation. The `mimalloc` crate's
+/// own allocator always calls `mi_malloc_aligned`, whose fast path is for blocks of at most
+/// 1 KiB: a larger block (a request's future, ~1.5-3 KiB, twice per proxied request) went
+/// through mimalloc v3's aligned fallback, which over-allocates `size + align - 1` (a larger
+/// size class), marks the page as holding interior pointers and so slows its frees too:
+/// ~500-700 instructions per such allocation (issue 23, callgrind).
+struct WordAligned;
+
+// SAFETY (the workspace's fifth `unsafe` in shipped code): each method forwards to mimalloc
+// with the layout's size, and the pointer it returns is aligned to `layout.align()`:
+// - `mi_malloc`/`mi_zalloc`/`mi_realloc` blocks are whole words and start on a word: mimalloc's
+//   size classes are multiples of the word size (`_mi_wsize_from_size`), a page's blocks start
+//   at an offset aligned to 16 (`mi_page_info_size`) or to the block size, and huge blocks at
+//   an OS page; so any `align <= WORD` is met. Larger alignments go to the `_aligned` calls
+//   exactly as `mimalloc::MiMalloc` does.
+// - Every pointer handed to `dealloc`/`realloc` came from one of these calls (the
+//   `GlobalAlloc` contract), and `mi_free`/`mi_realloc` accept a block from any of them
+//   (mimalloc finds a block's page from its address, aligned or not).
+// - `realloc` keeps the old layout's alignment: a block first allocated with `align <= WORD`
+//   is reallocated with `mi_realloc`, whose new block is word-aligned again; otherwise with
+//   `mi_realloc_aligned` and the same alignment, as `MiMalloc` does.
+// - Null on failure is passed through, as `GlobalAlloc` requires.
+#[allow(unsafe_code)]
+unsafe impl std::alloc::GlobalAlloc for WordAligned {
+    #[inline]
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        if layout.align() <= WORD {
+            libmimalloc_sys::mi_malloc(layout.size()).cast()
+        } else {
+            libmimalloc_sys::mi_malloc_aligned(layout.size(), layout.align()).cast()
+        }
+    }
+
+    #[inline]
+    unsafe fn alloc_zeroed(&self, layout: std::alloc::Layout) -> *mut u8 {
+        if layout.align() <= WORD {
+            libmimalloc_sys::mi_zalloc(layout.size()).cast()
+        } else {
+            libmimalloc_sys::mi_zalloc_aligned(layout.size(), layout.align()).cast()
+        }
+    }
+
+    #[inline]
+    unsafe fn dealloc(&self, ptr: *mut u8, _layout: std::alloc::Layout) {
+        libmimalloc_sys::mi_free(ptr.cast());
+    }
+
+    #[inline]
+    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, new_size: usize) -> *mut u8 {
+        if layout.align() <= WORD {
+            libmimalloc_sys::mi_realloc(ptr.cast(), new_size).cast()
+        } else {
+            libmimalloc_sys::mi_realloc_aligned(ptr.cast(), new_size, layout.align()).cast()
+        }
+    }
+}
 
 /// mimalloc v3's `mi_option_purge_delay` (its index in `mi_option_e`, mimalloc.h; the sys crate
 /// names no constant for it). Its documented default is 1000 ms, checked before it is changed.

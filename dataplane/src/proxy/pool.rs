@@ -979,7 +979,8 @@ where
 /// SETTINGS in); the connection's task is spawned, counted open while it runs. Each stream's
 /// window is `c.read_ahead` (what the backend may send ahead of the client), re-opened as
 /// the body is taken; the connection's is that for every stream the pool puts on it; a
-/// response head may hold `c.read_ahead` octets of fields (16 KiB at least).
+/// response head may hold `c.read_ahead` octets of fields, 16 KiB to 64 KiB (a head is not
+/// a body: a large read-ahead does not make large heads welcome).
 async fn h2s_handshake<T>(
     addr: &str,
     io: T,
@@ -993,7 +994,7 @@ where
     let cfg = h2s::core::Config {
         stream_window: read_ahead,
         conn_window: read_ahead.saturating_mul(H2_MAX_STREAMS as u32),
-        max_header_list: read_ahead.max(16 * 1024),
+        max_header_list: read_ahead.clamp(16 * 1024, 64 * 1024),
     };
     let (sender, conn) = h2s::handshake(io, cfg)
         .await

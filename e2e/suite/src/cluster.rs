@@ -133,11 +133,13 @@ pub fn resource_of(api_version: &str, kind: &str) -> Result<ApiResource> {
         "Service" => "services",
         "Deployment" => "deployments",
         "Ingress" => "ingresses",
+        "IngressClass" => "ingressclasses",
         "Gateway" => "gateways",
         "HTTPRoute" => "httproutes",
         "GatewayClass" => "gatewayclasses",
         "SweetySite" => "sweetysites",
         "SweetySecurityPolicy" => "sweetysecuritypolicies",
+        "SweetyProxyConfig" => "sweetyproxyconfigs",
         other => {
             return Err(Error::Config(format!(
                 "kind {other} is not known to the e2e helpers"

@@ -6,7 +6,8 @@
 //! then the controller container and check nothing is lost, and apply invalid objects that must get a clear
 //! condition without breaking the valid ones; the ingress-nginx user guide's examples are applied and checked
 //! request by request, and `sweety-controller migrate-report` judges them (the binary beside the test's
-//! directory, or `SWEETY_E2E_CONTROLLER_BIN`). Tests take a shared lock, so they never overlap.
+//! directory, or `SWEETY_E2E_CONTROLLER_BIN`); an Ingress with `ssl-passthrough` hands its host's TLS
+//! connections to a backend that terminates TLS itself. Tests take a shared lock, so they never overlap.
 
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
@@ -2101,4 +2102,198 @@ async fn security_policy(env: &Env) -> Result<()> {
         .await?;
     }
     Ok(())
+}
+
+/// Namespace of the ssl-passthrough test.
+const PASSTHROUGH_NS: &str = "e2e-passthrough";
+const PASSTHROUGH_HOST: &str = "passthrough.e2e.test";
+
+/// ssl-passthrough on the real node (issue 19's `nginx.ingress.kubernetes.io/ssl-passthrough`): the chart's
+/// SweetyProxyConfig allows it for the test (`spec.ingress.sslPassthrough`, the test's own field, removed at the
+/// end), an echo-basic backend terminates TLS itself (its certificate for the host from the test's CA, HTTPS on
+/// 8443), and an Ingress with the annotation sends the host's TLS connections on port 443 to it untouched. Checked
+/// through the load-balancer address: the certificate `openssl s_client` gets for the host is the backend's own,
+/// and curl (trusting only the test CA) gets the echo's answer with none of the fields a terminating proxy adds
+/// (`X-Forwarded-For`, `X-Request-Id`): the bytes went through, not a proxied request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the installed chart on a cluster: run e2e/run.sh"]
+async fn ingress_ssl_passthrough_reaches_the_backends_tls() {
+    let env = cluster::env("ingress_ssl_passthrough_reaches_the_backends_tls").await;
+    let _g = LOCK.lock().await;
+    let result = ssl_passthrough(&env).await;
+    // Whatever happened, the class goes back to refusing ssl-passthrough.
+    let cleanup = passthrough_allowed(&env, false).await;
+    report(result.and(cleanup));
+}
+
+/// Sets (or removes) the test's `spec.ingress.sslPassthrough: true` on the SweetyProxyConfig of IngressClass
+/// `sweety` (the chart's).
+async fn passthrough_allowed(env: &Env, on: bool) -> Result<()> {
+    let class = cluster::get(
+        &env.client,
+        "networking.k8s.io/v1",
+        "IngressClass",
+        None,
+        "sweety",
+    )
+    .await?
+    .ok_or_else(|| Error::Config("no IngressClass sweety".into()))?;
+    let p = |k: &str| {
+        class
+            .data
+            .pointer(&format!("/spec/parameters/{k}"))
+            .and_then(Value::as_str)
+            .map(str::to_string)
+            .ok_or_else(|| Error::Config(format!("IngressClass sweety has no parameters.{k}")))
+    };
+    let (ns, name) = (p("namespace")?, p("name")?);
+    let spec = if on {
+        json!({"ingress": {"sslPassthrough": true}})
+    } else {
+        json!({})
+    };
+    cluster::apply(
+        &env.client,
+        json!({
+            "apiVersion": "sweety.dev/v1alpha1", "kind": "SweetyProxyConfig",
+            "metadata": {"name": name, "namespace": ns},
+            "spec": spec
+        }),
+    )
+    .await?;
+    Ok(())
+}
+
+async fn ssl_passthrough(env: &Env) -> Result<()> {
+    namespace(env, PASSTHROUGH_NS).await?;
+    let pki = tls_secret(env, PASSTHROUGH_NS, &[PASSTHROUGH_HOST]).await?;
+    passthrough_allowed(env, true).await?;
+    // An echo-basic that serves HTTPS itself (TLS_SERVER_CERT/TLS_SERVER_PRIVKEY, port 8443).
+    cluster::apply(
+        &env.client,
+        json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "echo-tls", "namespace": PASSTHROUGH_NS},
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": {"app": "echo-tls"}},
+                "template": {
+                    "metadata": {"labels": {"app": "echo-tls"}},
+                    "spec": {
+                        "terminationGracePeriodSeconds": 2,
+                        "volumes": [{"name": "tls", "secret": {"secretName": "tls"}}],
+                        "containers": [{
+                            "name": "echo", "image": echo_image(), "imagePullPolicy": echo_pull_policy(),
+                            "env": [
+                                {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                                {"name": "NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+                                {"name": "TLS_SERVER_CERT", "value": "/etc/tls/tls.crt"},
+                                {"name": "TLS_SERVER_PRIVKEY", "value": "/etc/tls/tls.key"}
+                            ],
+                            "volumeMounts": [{"name": "tls", "mountPath": "/etc/tls", "readOnly": true}],
+                            "ports": [{"name": "http", "containerPort": 3000}, {"name": "https", "containerPort": 8443}],
+                            "readinessProbe": {"tcpSocket": {"port": "https"}, "periodSeconds": 1}
+                        }]
+                    }
+                }
+            }
+        }),
+    )
+    .await?;
+    cluster::apply(
+        &env.client,
+        json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "echo-tls", "namespace": PASSTHROUGH_NS},
+            "spec": {"selector": {"app": "echo-tls"}, "ports": [{"name": "https", "port": 8443, "targetPort": "https"}]}
+        }),
+    )
+    .await?;
+    cluster::apply(
+        &env.client,
+        json!({
+            "apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
+            "metadata": {"name": "passthrough", "namespace": PASSTHROUGH_NS,
+                         "annotations": {"nginx.ingress.kubernetes.io/ssl-passthrough": "true"}},
+            "spec": {
+                "ingressClassName": "sweety",
+                "rules": [{"host": PASSTHROUGH_HOST, "http": {"paths": [{
+                    "path": "/", "pathType": "Prefix",
+                    "backend": {"service": {"name": "echo-tls", "port": {"number": 8443}}}
+                }]}}]
+            }
+        }),
+    )
+    .await?;
+    let addr = eventually(
+        "passthrough Ingress load-balancer address",
+        CONVERGE,
+        POLL,
+        || async {
+            let i = cluster::get(
+                &env.client,
+                "networking.k8s.io/v1",
+                "Ingress",
+                Some(PASSTHROUGH_NS),
+                "passthrough",
+            )
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or("no ingress")?;
+            ip_of(i.data.pointer("/status/loadBalancer/ingress/0/ip"))
+        },
+    )
+    .await?;
+    // The backend's own certificate, not one Sweety holds.
+    let want = client::fingerprint(&pki.cert_pem)?;
+    eventually(
+        "the backend's certificate for the host",
+        CONVERGE,
+        POLL,
+        || async {
+            let got = client::served_fingerprint(
+                &env.allowed,
+                std::net::SocketAddr::new(addr, 443),
+                Some(PASSTHROUGH_HOST),
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+            (got == want)
+                .then_some(())
+                .ok_or(format!("certificate {got}, the backend's is {want}"))
+        },
+    )
+    .await?;
+    let t = Target {
+        addr,
+        host: PASSTHROUGH_HOST,
+        path: "/e2e/passthrough",
+        ca_pem: Some(&pki.ca_pem),
+    };
+    expect(env, "the echo's answer through the tunnel", &t, &[], |r| {
+        if r.status != 200 {
+            return Err(format!("status {} body {:?}", r.status, r.body));
+        }
+        let j: Value = serde_json::from_str(&r.body)
+            .map_err(|e| format!("not echo JSON ({e}): {:?}", r.body))?;
+        if j.get("namespace").and_then(Value::as_str) != Some(PASSTHROUGH_NS) {
+            return Err(format!("another echo answered: {j}"));
+        }
+        let headers = j.get("headers").cloned().unwrap_or(Value::Null);
+        for f in ["X-Forwarded-For", "X-Request-Id"] {
+            if let Some(v) = echoed_header(&headers, f) {
+                return Err(format!(
+                    "{f}: {v}: the request was proxied, not passed through"
+                ));
+            }
+        }
+        Ok(())
+    })
+    .await?;
+    cluster::delete(
+        &env.client,
+        &json!({"apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
+                "metadata": {"name": "passthrough", "namespace": PASSTHROUGH_NS}}),
+    )
+    .await
 }

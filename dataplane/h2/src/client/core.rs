@@ -34,6 +34,11 @@ use std::time::{Duration, Instant};
 pub const MAX_INTERIM: usize = 16;
 /// CONTINUATION frames accepted in one header block.
 pub const MAX_CONTINUATIONS: usize = 64;
+/// Fields accepted in one response head or trailer block (more fail the stream; a
+/// `HeaderMap` holds at most 32,768 names).
+pub const MAX_FIELDS: usize = 1_000;
+/// The largest `max_header_list` a connection takes, whatever it is asked for.
+pub const MAX_HEADER_LIST: u32 = 256 * 1024;
 /// Our SETTINGS_MAX_FRAME_SIZE (the default; a larger frame is a FRAME_SIZE_ERROR).
 pub const LOCAL_MAX_FRAME: u32 = frame::DEFAULT_MAX_FRAME_SIZE;
 /// Output bytes past which request bodies are not polled and the backend is not read.
@@ -64,13 +69,14 @@ pub struct Config {
 }
 
 impl Config {
-    /// The bounds with every value in range (windows 1..=2^31-1, header list at least 1 KiB).
+    /// The bounds with every value in range (windows 1..=2^31-1, header list 1 KiB to
+    /// [`MAX_HEADER_LIST`]).
     pub fn clamped(self) -> Config {
         let w = |v: u32| v.clamp(1, MAX_WINDOW as u32);
         Config {
             stream_window: w(self.stream_window),
             conn_window: w(self.conn_window).max(DEFAULT_WINDOW),
-            max_header_list: self.max_header_list.max(1024),
+            max_header_list: self.max_header_list.clamp(1024, MAX_HEADER_LIST),
         }
     }
 }
@@ -84,6 +90,8 @@ pub enum Fault {
     Remote(Reason),
     /// The transport failed.
     Io(std::io::ErrorKind, String),
+    /// The connection task ended (dropped, or it panicked) before the connection did.
+    Gone,
     /// The backend closed the connection.
     Eof,
     /// No frame came in answer to our PING.
@@ -100,7 +108,7 @@ impl Fault {
             Fault::Io(k, m) => H2Error::Io(std::io::Error::new(*k, m.clone())),
             Fault::Eof => H2Error::Closed,
             Fault::KeepAlive => H2Error::Protocol(Reason::NO_ERROR, "no answer to PING"),
-            Fault::Idle => H2Error::Closed,
+            Fault::Idle | Fault::Gone => H2Error::Closed,
         }
     }
 
@@ -196,7 +204,9 @@ pub(crate) struct Stream {
     send_done: bool,
     /// The request's `content-length`, counted down as data goes.
     length_left: Option<u64>,
-    /// Our bytes queued up to the end of this stream's HEADERS.
+    /// Our bytes queued up to the start and to the end of this stream's HEADERS (frame
+    /// boundaries: HEADERS and its CONTINUATION frames are queued together).
+    headers_start: u64,
     headers_end: u64,
     // Receiving.
     recv: Recv,
@@ -331,6 +341,8 @@ pub(crate) fn content_length(h: &HeaderMap) -> Result<Option<u64>, ()> {
 struct ResponseBlock {
     status: Option<u16>,
     headers: HeaderMap,
+    /// Fields seen, up to [`MAX_FIELDS`].
+    fields: usize,
     regular_seen: bool,
     malformed: Option<&'static str>,
 }
@@ -345,6 +357,10 @@ impl ResponseBlock {
     }
 
     fn try_field(&mut self, f: Field<'_>, trailers: bool) -> Result<(), &'static str> {
+        self.fields += 1;
+        if self.fields > MAX_FIELDS {
+            return Err("too many fields");
+        }
         if let Some(pseudo) = f.name.strip_prefix(b":") {
             if trailers {
                 return Err("pseudo-header in trailers");
@@ -379,7 +395,9 @@ impl ResponseBlock {
         if f.sensitive {
             value.set_sensitive(true);
         }
-        self.headers.append(name, value);
+        self.headers
+            .try_append(name, value)
+            .map_err(|_| "too many fields")?;
         Ok(())
     }
 }
@@ -520,6 +538,7 @@ impl Core {
             crate::encode_field(&mut block, n, v);
         }
         let before = self.out.len();
+        let headers_start = self.queued_total;
         frame::put_headers(&mut self.out, id, &block, end, self.peer_max_frame);
         self.queue_len_changed(before);
         self.block = block;
@@ -538,6 +557,7 @@ impl Core {
             pending_trailers: None,
             send_done: end,
             length_left: length,
+            headers_start,
             headers_end: self.queued_total,
             recv: Recv::Head { interim: 0 },
             head_request: *req.method == Method::HEAD,
@@ -563,7 +583,6 @@ impl Core {
         let Some(i) = self.find(id) else {
             return HeadPoll::Failed(H2Error::Closed, None, false);
         };
-        let unwritten = self.written_total < self.streams[i].headers_end;
         let s = &mut self.streams[i];
         if let Some(h) = s.head.take() {
             if s.closed() && s.fault.is_none() {
@@ -577,8 +596,9 @@ impl Core {
         }
         if let Some(f) = s.fault.take() {
             // Not processed by the backend: the body goes back when nothing was taken from it.
-            let refused = matches!(f, StreamFault::Refused)
-                || (matches!(f, StreamFault::Conn(_)) && unwritten && !s.response_started);
+            // (A stream whose bytes never reached the transport was made `Refused` when the
+            // connection failed, and its frames cut from the output then.)
+            let refused = matches!(f, StreamFault::Refused);
             let closed = match &f {
                 StreamFault::Refused => true,
                 StreamFault::Conn(c) => c.is_disconnect() && !s.response_started,
@@ -589,10 +609,7 @@ impl Core {
             } else {
                 None
             };
-            let err = match f {
-                StreamFault::Conn(_) if refused => H2Error::Refused,
-                f => stream_error(f),
-            };
+            let err = stream_error(f);
             self.remove(i);
             return HeadPoll::Failed(err, body, closed || refused);
         }
@@ -1088,13 +1105,64 @@ impl Core {
         if reason != Reason::NO_ERROR {
             self.goaway_reason = Some(reason);
         }
-        // Streams above `last` were not processed: they may go again elsewhere.
+        // Streams above `last` were not processed: they may go again elsewhere. Their frames
+        // not yet written leave the output first: the backend never sees a request its
+        // client was told to send elsewhere.
+        self.cut_streams_above(last);
         for i in (0..self.streams.len()).rev() {
             if self.streams[i].id > last && self.streams[i].fault.is_none() {
                 self.end_stream(i, StreamFault::Refused);
             }
         }
         Ok(())
+    }
+
+    /// Removes from the output every frame not yet begun of the streams above `last`. Their
+    /// frames all follow their HEADERS (ids grow with the order of the queue, and no stream
+    /// opens after a GOAWAY), so the output is walked frame by frame from the first of their
+    /// HEADERS not begun (or the end of a HEADERS begun): a frame boundary.
+    fn cut_streams_above(&mut self, last: u32) {
+        let w = self.written_total;
+        let start = self
+            .streams
+            .iter()
+            .filter(|s| s.id > last)
+            .filter_map(|s| {
+                [s.headers_start, s.headers_end]
+                    .into_iter()
+                    .find(|&b| b >= w)
+            })
+            .min();
+        let Some(start) = start else {
+            return;
+        };
+        let tail = self.out.split_off((start - w) as usize);
+        let mut rest = &tail[..];
+        while rest.len() >= HEADER_LEN {
+            let h = Head::parse(rest);
+            let n = (HEADER_LEN + h.len as usize).min(rest.len());
+            if h.stream <= last {
+                self.out.extend_from_slice(&rest[..n]);
+            }
+            rest = &rest[n..];
+        }
+        self.queued_total = w + self.out.len() as u64;
+    }
+
+    /// Cuts the output at the first HEADERS of a live stream none of whose bytes were
+    /// written (a frame boundary; what follows goes too), for a connection that ends. The
+    /// cut point, from which on the streams are `Refused`: the backend never gets them.
+    fn cut_unwritten(&mut self) -> Option<u64> {
+        let w = self.written_total;
+        let cut = self
+            .streams
+            .iter()
+            .filter(|s| s.fault.is_none() && s.headers_start >= w)
+            .map(|s| s.headers_start)
+            .min()?;
+        self.out.truncate((cut - w) as usize);
+        self.queued_total = cut;
+        Some(cut)
     }
 
     fn on_rst(&mut self, head: Head, payload: &[u8], now: Instant) -> FResult {
@@ -1494,17 +1562,17 @@ impl Core {
     /// A connection error: GOAWAY queued, every stream ends.
     pub(crate) fn conn_error(&mut self, reason: Reason, why: &'static str) {
         tracing::debug!(%reason, why, "HTTP/2 backend connection error");
-        if self.fault.is_none() {
-            let before = self.out.len();
-            frame::put_goaway(&mut self.out, 0, reason, why.as_bytes());
-            self.queue_len_changed(before);
-        }
-        self.fail(Fault::Local(reason, why));
+        self.fail_with(Fault::Local(reason, why), Some((reason, why)));
     }
 
     /// The connection ended for `fault`: every stream ends with it (those the backend
     /// refused or never got keep that).
     pub(crate) fn fail(&mut self, fault: Fault) {
+        self.fail_with(fault, None);
+    }
+
+    /// [`Core::fail`], with the GOAWAY to queue after the output is cut.
+    fn fail_with(&mut self, fault: Fault, goaway: Option<(Reason, &'static str)>) {
         if self.fault.is_some() {
             return;
         }
@@ -1512,11 +1580,25 @@ impl Core {
             (Fault::Eof | Fault::Io(..), Some(r)) => Fault::Remote(r),
             _ => fault,
         };
+        // Streams none of whose bytes were written are cut from the output and refused
+        // (decided now: nothing of theirs is written later).
+        let cut = self.cut_unwritten();
+        if let Some((reason, why)) = goaway {
+            let before = self.out.len();
+            frame::put_goaway(&mut self.out, 0, reason, why.as_bytes());
+            self.queue_len_changed(before);
+        }
         self.fault = Some(fault.clone());
         for i in 0..self.streams.len() {
             let s = &mut self.streams[i];
             if s.fault.is_none() && s.recv != Recv::Done {
-                self.end_stream(i, StreamFault::Conn(fault.clone()));
+                let unsent = cut.is_some_and(|c| s.headers_start >= c) && !s.response_started;
+                let why = if unsent {
+                    StreamFault::Refused
+                } else {
+                    StreamFault::Conn(fault.clone())
+                };
+                self.end_stream(i, why);
             } else {
                 // A whole response stays readable; nothing more goes out.
                 s.send_done = true;

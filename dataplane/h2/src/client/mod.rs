@@ -446,5 +446,15 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Future for Connection<T> {
     }
 }
 
+impl<T> Drop for Connection<T> {
+    /// However the task ends (its end, dropped, a panic), the connection is closing and
+    /// every stream still waiting fails: nothing waits on a task that is gone.
+    fn drop(&mut self) {
+        let mut core = self.shared.lock();
+        core.fail(Fault::Gone);
+        self.shared.closing.store(true, Ordering::Release);
+    }
+}
+
 #[cfg(test)]
 mod tests;

@@ -796,3 +796,177 @@ async fn a_body_larger_than_the_output_mark_goes_to_a_silent_backend() {
     peer.headers(id, &[(":status", "200")], true).await;
     assert_eq!(respond(f).await.unwrap().status(), 200);
 }
+
+/// A connection over a 4 KiB pipe (the client's writes block once that much waits unread),
+/// with a 12 KB GET on stream 1 filling it and a POST without body queued behind it on
+/// stream 3, the backend reading nothing yet.
+async fn stream_3_queued_behind_a_blocked_pipe(
+) -> (SendRequest, Peer, ResponseFuture, ResponseFuture) {
+    let (client, mut server) = tokio::io::duplex(4096);
+    let mut out = BytesMut::new();
+    frame::put_settings(&mut out, &[]);
+    server.write_all(&out).await.unwrap();
+    let (send, conn) = handshake(client, cfg()).await.expect("handshake");
+    tokio::spawn(conn);
+    let mut peer = Peer {
+        io: server,
+        buf: BytesMut::new(),
+        dec: Decoder::new(),
+    };
+    while peer.buf.len() < frame::PREFACE.len() {
+        peer.io.read_buf(&mut peer.buf).await.unwrap();
+    }
+    peer.buf.advance(24);
+    peer.frame().await.expect("our SETTINGS");
+    let mut big = HeaderMap::new();
+    big.insert("x-big", HeaderValue::from_str(&"v".repeat(12_000)).unwrap());
+    let fa = send.send(get(&big, "/a"), crate::empty()).unwrap();
+    let h = HeaderMap::new();
+    let post = RequestHead {
+        method: &Method::POST,
+        ..get(&h, "/b")
+    };
+    let fb = send.send(post, crate::empty()).unwrap();
+    (send, peer, fa, fb)
+}
+
+/// Every frame the client writes until it closes or is silent for a second.
+async fn frames_until_quiet(peer: &mut Peer) -> Vec<(u8, u32)> {
+    let mut seen = Vec::new();
+    while let Ok(Some((h, _))) = tokio::time::timeout(Duration::from_secs(1), peer.frame()).await {
+        seen.push((h.kind, h.stream));
+    }
+    seen
+}
+
+#[tokio::test]
+async fn a_stream_refused_by_a_connection_error_is_never_written() {
+    let (_send, mut peer, _fa, fb) = stream_3_queued_behind_a_blocked_pipe().await;
+    // The backend breaks a connection rule (PUSH_PROMISE) while its reads wait.
+    let mut push = BytesMut::new();
+    frame::put_head(&mut push, 4, kind::PUSH_PROMISE, flag::END_HEADERS, 1);
+    push.extend_from_slice(&[0, 0, 0, 2]);
+    peer.write(&push).await;
+    let e = respond(fb).await.unwrap_err();
+    assert!(matches!(e.error, H2Error::Refused), "{:?}", e.error);
+    assert!(e.unsent.is_some() && e.closed_before_response);
+    // The backend reads on: stream 1's HEADERS end, the GOAWAY follows, stream 3 never.
+    let seen = frames_until_quiet(&mut peer).await;
+    assert!(seen.contains(&(kind::GOAWAY, 0)), "{seen:?}");
+    assert!(!seen.iter().any(|f| f.1 == 3), "{seen:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stream_refused_by_a_keep_alive_failure_is_never_written() {
+    let (_send, mut peer, _fa, fb) = stream_3_queued_behind_a_blocked_pipe().await;
+    // The backend neither reads nor writes until the keep-alive gives up.
+    let e = fb.await.unwrap_err();
+    assert!(matches!(e.error, H2Error::Refused), "{:?}", e.error);
+    assert!(e.unsent.is_some());
+    let seen = frames_until_quiet(&mut peer).await;
+    assert!(!seen.iter().any(|f| f.1 == 3), "{seen:?}");
+}
+
+#[tokio::test]
+async fn a_stream_refused_by_goaway_is_never_written_and_the_others_go_on() {
+    let (_send, mut peer, fa, fb) = stream_3_queued_behind_a_blocked_pipe().await;
+    let mut goaway = BytesMut::new();
+    frame::put_goaway(&mut goaway, 1, Reason::NO_ERROR, b"");
+    peer.write(&goaway).await;
+    let e = respond(fb).await.unwrap_err();
+    assert!(matches!(e.error, H2Error::Refused), "{:?}", e.error);
+    assert!(e.unsent.is_some());
+    // Stream 1 is whole and answered; stream 3 never reaches the backend.
+    let (id, end, _) = peer.request().await;
+    assert_eq!((id, end), (1, true));
+    peer.headers(1, &[(":status", "200")], true).await;
+    assert_eq!(respond(fa).await.unwrap().status(), 200);
+    let seen = frames_until_quiet(&mut peer).await;
+    assert!(!seen.iter().any(|f| f.1 == 3), "{seen:?}");
+}
+
+/// A response head of `n` distinct literal fields (`f0` .. `f{n-1}`, empty values) for
+/// stream `id`, ending the stream.
+fn many_fields_frame(id: u32, n: u32) -> BytesMut {
+    let mut block = BytesMut::new();
+    block.extend_from_slice(&[0x88]); // :status 200
+    for i in 0..n {
+        let name = format!("f{i}");
+        block.extend_from_slice(&[0x00, name.len() as u8]);
+        block.extend_from_slice(name.as_bytes());
+        block.extend_from_slice(&[0x00]);
+    }
+    let mut out = BytesMut::new();
+    frame::put_headers(&mut out, id, &block, true, 16_384);
+    out
+}
+
+#[tokio::test]
+async fn a_head_of_too_many_fields_fails_its_stream_not_the_connection() {
+    let (send, mut peer) = Peer::start_with(
+        Config {
+            max_header_list: 64 * 1024,
+            ..cfg()
+        },
+        &[],
+    )
+    .await;
+    let h = HeaderMap::new();
+    let f = send.send(get(&h, "/"), crate::empty()).unwrap();
+    let (id, ..) = peer.request().await;
+    peer.write(&many_fields_frame(id, core::MAX_FIELDS as u32 + 1))
+        .await;
+    let e = respond(f).await.unwrap_err();
+    assert!(
+        matches!(e.error, H2Error::Stream(Reason::PROTOCOL_ERROR, _)),
+        "{:?}",
+        e.error
+    );
+    let f = send.send(get(&h, "/"), crate::empty()).unwrap();
+    let (id, ..) = peer.request().await;
+    // :status and MAX_FIELDS - 1 others: at the bound.
+    peer.write(&many_fields_frame(id, core::MAX_FIELDS as u32 - 1))
+        .await;
+    let r = respond(f).await.unwrap();
+    assert_eq!(r.headers().len(), core::MAX_FIELDS - 1);
+}
+
+#[tokio::test]
+async fn a_head_past_what_a_header_map_holds_ends_the_connection_cleanly() {
+    // The largest header list asked for (a 2 MiB read-ahead) is bounded: 33,000 distinct
+    // names (more than a HeaderMap holds) end the connection with GOAWAY, no panic.
+    let c = Config {
+        stream_window: 2 << 20,
+        conn_window: 200 << 20,
+        max_header_list: 2 << 20,
+    };
+    let (send, mut peer) = Peer::start_with(c, &[]).await;
+    let h = HeaderMap::new();
+    let f = send.send(get(&h, "/"), crate::empty()).unwrap();
+    let (id, ..) = peer.request().await;
+    peer.write(&many_fields_frame(id, 33_000)).await;
+    let e = respond(f).await.unwrap_err();
+    assert!(matches!(e.error, H2Error::Protocol(..)), "{:?}", e.error);
+    let (_, p) = peer.next(kind::GOAWAY).await;
+    assert_eq!(&p[4..8], &Reason::ENHANCE_YOUR_CALM.0.to_be_bytes());
+    assert!(send.is_closing());
+}
+
+#[tokio::test]
+async fn a_connection_whose_task_is_gone_is_closing_and_fails_its_streams() {
+    let (client, mut server) = tokio::io::duplex(1 << 16);
+    let mut out = BytesMut::new();
+    frame::put_settings(&mut out, &[]);
+    server.write_all(&out).await.unwrap();
+    let (send, conn) = handshake(client, cfg()).await.expect("handshake");
+    let task = tokio::spawn(conn);
+    let h = HeaderMap::new();
+    let f = send.send(get(&h, "/"), crate::empty()).unwrap();
+    task.abort();
+    assert!(task.await.unwrap_err().is_cancelled());
+    assert!(send.is_closing());
+    let e = respond(f).await.unwrap_err();
+    assert!(e.closed_before_response, "{:?}", e.error);
+    let e = send.send(get(&h, "/"), crate::empty()).unwrap_err();
+    assert!(e.unsent.is_some(), "{:?}", e.error);
+}

@@ -9,7 +9,8 @@
 //! each of [`SLOTS`] slots, chosen by the value's length and three of its octets; a hit copies
 //! it. Only the values of the fields [`cacheable`] names are kept: fields whose values repeat
 //! and are no secrets (never a cookie, an authorization or a location), and never a field
-//! sent as sensitive.
+//! sent as sensitive. Field names the static table lacks are kept too (`x-request-id` on
+//! every response): a name is no secret.
 
 use std::cell::RefCell;
 
@@ -185,6 +186,30 @@ mod tests {
             Encoder::field(&mut got, name, value, true);
             assert_eq!(got[0] & 0xf0, 0x10);
             assert_eq!(got[1..], expect[1..]);
+        }
+    }
+
+    #[test]
+    fn a_literal_name_answered_by_the_cache_is_the_name_as_coded() {
+        use super::super::{encode_str, Encoder};
+        for (name, value) in [
+            (
+                &b"x-request-id"[..],
+                &b"0123456789abcdef0123456789abcdef"[..],
+            ),
+            (b"x-cache", b"HIT"),
+            (b"x-a", b"v"),
+        ] {
+            let mut expect = BytesMut::new();
+            expect.extend_from_slice(&[0]);
+            encode_str(&mut expect, name);
+            encode_str(&mut expect, value);
+            for sensitive in [false, false, true] {
+                let mut got = BytesMut::new();
+                Encoder::field(&mut got, name, value, sensitive);
+                assert_eq!(got[0], if sensitive { 0x10 } else { 0 });
+                assert_eq!(got[1..], expect[1..]);
+            }
         }
     }
 

@@ -746,7 +746,10 @@ impl Encoder {
             }
             None => {
                 dst.put_u8(flags);
-                encode_str(dst, name);
+                // A name the static table lacks (`x-request-id`, `x-cache`, `x-powered-by`)
+                // repeats from response to response like the values above, and a name is no
+                // secret (a sensitive field's value is what is never cached).
+                literal_cache::encode(dst, name, encode_str);
             }
         }
         encode_str(dst, value);
