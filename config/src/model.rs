@@ -1089,10 +1089,10 @@ impl Http1Engine {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Http2Client {
-    /// Sweety's own (`sweety_h2::client`).
-    Sweety,
-    /// hyper's HTTP/2 client (the h2 crate), the default for now.
+    /// Sweety's own (`sweety_h2::client`, the default).
     #[default]
+    Sweety,
+    /// hyper's HTTP/2 client (the h2 crate), the fallback.
     Hyper,
 }
 
