@@ -466,9 +466,19 @@ impl Core {
         self.cfg
     }
 
-    /// No new stream may open: the connection ended or the backend sent GOAWAY.
+    /// No new stream may open: the connection ended, the backend sent GOAWAY or allows no
+    /// stream (SETTINGS_MAX_CONCURRENT_STREAMS 0), or the stream ids are used up.
     pub fn is_closing(&self) -> bool {
-        self.fault.is_some() || self.goaway.is_some()
+        self.fault.is_some()
+            || self.goaway.is_some()
+            || self.peer_max_streams == 0
+            || self.next_id > MAX_WINDOW as u32
+    }
+
+    /// Makes `id` the next stream id (tests of the ids' exhaustion).
+    #[cfg(test)]
+    pub(crate) fn set_next_id(&mut self, id: u32) {
+        self.next_id = id;
     }
 
     fn find(&self, id: u32) -> Option<usize> {
@@ -502,7 +512,7 @@ impl Core {
         if let Some(f) = &self.fault {
             return Err((f.to_error(), body));
         }
-        if self.goaway.is_some() || self.next_id > MAX_WINDOW as u32 {
+        if self.is_closing() {
             return Err((H2Error::Refused, body));
         }
         let length = match content_length(req.headers) {

@@ -145,7 +145,12 @@ impl SendRequest {
     /// connection takes no new stream.
     pub fn send(&self, req: RequestHead<'_>, body: Body) -> Result<ResponseFuture, SendError> {
         let mut core = self.shared.lock();
-        match core.open(&req, body) {
+        let opened = core.open(&req, body);
+        if core.is_closing() {
+            // The ids ran out with this stream: no other opens here.
+            self.shared.closing.store(true, Ordering::Release);
+        }
+        match opened {
             Ok(id) => Ok(ResponseFuture {
                 shared: Some(self.shared.clone()),
                 id,

@@ -970,3 +970,31 @@ async fn a_connection_whose_task_is_gone_is_closing_and_fails_its_streams() {
     let e = send.send(get(&h, "/"), crate::empty()).unwrap_err();
     assert!(e.unsent.is_some(), "{:?}", e.error);
 }
+
+#[tokio::test]
+async fn a_backend_allowing_no_stream_makes_the_connection_closing() {
+    let (send, _peer) = Peer::start(&[(setting::MAX_CONCURRENT_STREAMS, 0)]).await;
+    assert!(send.is_closing());
+    let h = HeaderMap::new();
+    let e = send.send(get(&h, "/"), crate::empty()).unwrap_err();
+    assert!(matches!(e.error, H2Error::Refused), "{:?}", e.error);
+    assert!(e.unsent.is_some());
+}
+
+#[tokio::test]
+async fn a_connection_whose_stream_ids_ran_out_is_closing() {
+    let (send, mut peer) = Peer::start(&[]).await;
+    send.shared
+        .lock()
+        .set_next_id(crate::frame::MAX_WINDOW as u32);
+    let h = HeaderMap::new();
+    // The last id goes; then the connection takes no stream and says so.
+    let f = send.send(get(&h, "/"), crate::empty()).unwrap();
+    assert!(send.is_closing());
+    let e = send.send(get(&h, "/"), crate::empty()).unwrap_err();
+    assert!(matches!(e.error, H2Error::Refused), "{:?}", e.error);
+    let (id, ..) = peer.request().await;
+    assert_eq!(id, crate::frame::MAX_WINDOW as u32);
+    peer.headers(id, &[(":status", "204")], true).await;
+    assert_eq!(respond(f).await.unwrap().status(), 204);
+}
