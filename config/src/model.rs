@@ -1089,10 +1089,10 @@ impl Http1Engine {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Http2Client {
-    /// Sweety's own (`sweety_h2::client`).
-    Sweety,
-    /// hyper's HTTP/2 client (the h2 crate), the default for now.
+    /// Sweety's own (`sweety_h2::client`, the default).
     #[default]
+    Sweety,
+    /// hyper's HTTP/2 client (the h2 crate), the fallback.
     Hyper,
 }
 
@@ -1182,9 +1182,9 @@ pub struct Http3 {
     /// Interleave the data of concurrent streams of a connection packet by packet (fair) or
     /// send streams one after another (fewer frames per packet).
     pub send_fairness: bool,
-    /// Size, bytes, of the chunks a static file is read in for an HTTP/3 response. Each
-    /// stream holds at most one chunk while QUIC flow control paces it, so this bounds memory
-    /// per stream (HTTP/1.1 and HTTP/2 read 128 KiB chunks).
+    /// Size, bytes, of the chunks a static file is read in for an HTTP/3 response (16 KiB).
+    /// Each stream holds at most one chunk while QUIC flow control paces it, so this bounds
+    /// memory per stream (HTTP/1.1 and HTTP/2 read 128 KiB chunks).
     pub static_chunk_size: u32,
     /// Accept TLS 1.3 early data (0-RTT). Off by default; when on, only safe methods (GET,
     /// HEAD, OPTIONS, TRACE) are served from early data, anything else gets 425 Too Early.
@@ -1206,7 +1206,7 @@ impl Default for Http3 {
             mtu_discovery_upper_bound: 1452,
             ack_eliciting_threshold: 1,
             send_fairness: true,
-            static_chunk_size: 32 * 1024,
+            static_chunk_size: 16 * 1024,
             early_data: false,
             alt_svc_max_age: Duration::from_secs(86_400),
         }

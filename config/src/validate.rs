@@ -3493,7 +3493,7 @@ access_log: {enabled: true, path: /var/log/sweety/access.log, buffer_lines: 1024
             c.http3.mtu_discovery_upper_bound = 65527;
             c.http3.ack_eliciting_threshold = 9;
             c.http3.send_fairness = false;
-            c.http3.static_chunk_size = 16384;
+            c.http3.static_chunk_size = 65536;
         });
         let cfg = Config::from_yaml(
             "http3: {congestion: new_reno, early_data: true, stream_receive_window: 65536}\n",

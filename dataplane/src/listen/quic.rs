@@ -514,7 +514,9 @@ async fn serve_request(
     parts.extensions.insert(PoolReads);
     let body = RecvBody::new(recv, &parts.headers).primed().await;
     let req = Request::from_parts(parts, crate::body::boxed(body));
-    let resp = crate::pipeline::handle(shared, conn, Protocol::Http3, req).await;
+    // Boxed: the pipeline's future is most of a request's state (~6 KiB); inline, the task of
+    // every stream would carry it from spawn until its last byte is acknowledged.
+    let resp = Box::pin(crate::pipeline::handle(shared, conn, Protocol::Http3, req)).await;
     // Active (a share of `http3.send_budget`) while the response is sent.
     let _responding = share.responding();
     send_response(send, resp, &share, settings.send_timeout).await;

@@ -313,6 +313,7 @@ impl BackendRt {
             }
             let reused = conn.reused;
             let (watched, clock) = super::idle::Clock::start(body, send_idle, read_idle);
+            let has_clock = clock.is_some();
             let send = conn.send_head(&ep.pool, head, watched, addr, self.connector.tls.is_some());
             let deadline_passed = async {
                 match deadline {
@@ -333,10 +334,17 @@ impl BackendRt {
                 };
                 (Err(e), None)
             };
-            let sent = tokio::select! {
-                r = send => r,
-                () = deadline_passed => return timed_out(backend_timeout.unwrap_or_default()),
-                after = stalled => return timed_out(after),
+            // Without a deadline or an idle clock nothing can end the wait but the send: it is
+            // awaited alone (a select over two futures that never finish costs their set-up and
+            // a poll of each at every wake-up).
+            let sent = if deadline.is_none() && !has_clock {
+                send.await
+            } else {
+                tokio::select! {
+                    r = send => r,
+                    () = deadline_passed => return timed_out(backend_timeout.unwrap_or_default()),
+                    after = stalled => return timed_out(after),
+                }
             };
             match sent {
                 Ok((resp, stream)) => {

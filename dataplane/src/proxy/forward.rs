@@ -224,22 +224,35 @@ pub fn add_forwarding_headers(
     let ip = client_text(client);
     let host_str = host.and_then(|h| h.to_str().ok());
     let forwarded = forwarded_for(&ip, client.is_ipv6(), scheme, host_str);
-    let prior: Vec<&str> = headers
-        .get_all(&X_FORWARDED_FOR)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .map(str::trim)
-        .filter(|v| !v.is_empty())
-        .collect();
-    let xff = if prior.is_empty() {
-        None
-    } else {
-        HeaderValue::from_str(&format!("{}, {ip}", prior.join(", "))).ok()
-    };
-    // An address's text is a valid field value.
-    let ip = HeaderValue::from_maybe_shared(bytes::Bytes::from(ip)).ok();
-    if let Some(v) = xff.or_else(|| ip.clone()) {
-        headers.insert(&X_FORWARDED_FOR, v);
+    // An address's text is a valid field value (shared by X-Forwarded-For and X-Real-IP).
+    let ip_value = HeaderValue::from_maybe_shared(bytes::Bytes::from(ip)).ok();
+    let ip = ip_value
+        .as_ref()
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    // X-Forwarded-For found (or its place) with one look-up: the name is hashed once.
+    match headers.entry(&X_FORWARDED_FOR) {
+        http::header::Entry::Occupied(mut e) => {
+            let prior: Vec<&str> = e
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .map(str::trim)
+                .filter(|v| !v.is_empty())
+                .collect();
+            let xff = if prior.is_empty() {
+                None
+            } else {
+                HeaderValue::from_str(&format!("{}, {ip}", prior.join(", "))).ok()
+            };
+            if let Some(v) = xff.or_else(|| ip_value.clone()) {
+                e.insert(v);
+            }
+        }
+        http::header::Entry::Vacant(e) => {
+            if let Some(v) = ip_value.clone() {
+                e.insert(v);
+            }
+        }
     }
     if let Some(v) = scheme_value(scheme) {
         headers.insert(&X_FORWARDED_PROTO, v);
@@ -257,7 +270,7 @@ pub fn add_forwarding_headers(
     }
     // The client address as ingress-nginx sets it (`X-Real-IP: $remote_addr`, the client
     // after trusted proxies).
-    if let Some(v) = ip {
+    if let Some(v) = ip_value {
         headers.insert(&X_REAL_IP, v);
     }
 }

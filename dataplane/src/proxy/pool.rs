@@ -578,14 +578,14 @@ impl Pool {
 
     fn take_h2_stream(&self, client: Http2Client) -> Option<Conn> {
         let mut conns = self.h2.lock().unwrap_or_else(|p| p.into_inner());
-        conns.retain(|c| !c.sender.is_closed());
+        // Those of the other client (`limits.http2_client` changed) are let go: each closes
+        // once its streams are done.
+        conns.retain(|c| !c.sender.is_closed() && c.sender.client() == client);
         // The least loaded of those with room (each has its own limit).
         let c = conns
             .iter()
             .filter(|c| {
-                c.sender.client() == client
-                    && c.sender.is_ready()
-                    && c.streams.load(Ordering::Acquire) < c.sender.max_streams()
+                c.sender.is_ready() && c.streams.load(Ordering::Acquire) < c.sender.max_streams()
             })
             .min_by_key(|c| c.streams.load(Ordering::Acquire))?;
         c.streams.fetch_add(1, Ordering::AcqRel);
@@ -1206,6 +1206,82 @@ mod demand_tests {
             assert_eq!(pool.connections(), (0, 4));
         };
         tokio::time::timeout(Duration::from_secs(60), run)
+            .await
+            .expect("bounded");
+    }
+}
+
+#[cfg(test)]
+mod h2_client_tests {
+    use super::*;
+
+    /// An h2c backend (hyper's server) answering 200 with no body.
+    async fn h2c_backend() -> String {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        tokio::spawn(async move {
+            while let Ok((s, _)) = l.accept().await {
+                tokio::spawn(async move {
+                    let svc = hyper::service::service_fn(|_r| async {
+                        Ok::<_, std::convert::Infallible>(Response::new(crate::body::empty()))
+                    });
+                    let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(s), svc)
+                        .await;
+                });
+            }
+        });
+        addr
+    }
+
+    /// A pool whose connector's client changes (`limits.http2_client` reloaded) serves with
+    /// the new client at once and lets the other's connections go: they close.
+    #[tokio::test]
+    async fn a_pool_lets_its_connections_of_the_other_client_go() {
+        let addr = h2c_backend().await;
+        let pool = Arc::new(Pool::new(8));
+        let head = Head {
+            method: http::Method::GET,
+            uri: http::Uri::from_static("/"),
+            headers: http::HeaderMap::new(),
+            host: Some(HeaderValue::from_static("b.test")),
+        };
+        let run = async {
+            for client in [Http2Client::Sweety, Http2Client::Hyper, Http2Client::Sweety] {
+                let c = Connector {
+                    protocol: BackendProtocol::H2c,
+                    tls: None,
+                    sni: None,
+                    external: false,
+                    read_ahead: sweety_config::DEFAULT_PROXY_READ_AHEAD,
+                    h2_client: client,
+                };
+                let conn = pool.acquire(&addr, &c).await.unwrap();
+                let kind = match &conn.sender {
+                    Sender::H2(..) => Http2Client::Hyper,
+                    Sender::H2s(..) => Http2Client::Sweety,
+                    Sender::H1(_) => panic!("an h2c connector gave HTTP/1.1"),
+                };
+                assert_eq!(kind, client);
+                let (resp, _guard) = conn
+                    .send_head(&pool, &head, crate::body::empty(), &addr, false)
+                    .await
+                    .unwrap();
+                assert_eq!(resp.status(), 200);
+                drop(resp);
+                assert!(pool
+                    .h2
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .all(|h| h.sender.client() == client));
+            }
+            // The two let go closed: one connection open, idle.
+            while pool.connections() != (0, 1) {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(20), run)
             .await
             .expect("bounded");
     }

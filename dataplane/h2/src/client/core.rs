@@ -236,7 +236,7 @@ impl Stream {
 }
 
 /// What the response future finds.
-pub(crate) enum HeadPoll {
+pub enum HeadPoll {
     /// The final head; the body follows on the stream.
     Ready(http::response::Parts),
     /// The final head and the whole body (data, trailers): the stream is closed and gone.
@@ -244,6 +244,7 @@ pub(crate) enum HeadPoll {
     /// The stream failed: the error, the body if it can be sent again, and whether the
     /// connection closed before any response (`closed_before_response`).
     Failed(H2Error, Option<Body>, bool),
+    /// Not yet (the waker is kept).
     Pending,
 }
 
@@ -290,6 +291,8 @@ pub struct Core {
     turn: usize,
     /// Scratch for header blocks.
     block: BytesMut,
+    /// The clock reading of the read being handled, taken when a flood counter needs it.
+    now: Option<Instant>,
 }
 
 impl std::fmt::Debug for Core {
@@ -323,17 +326,21 @@ pub struct RequestHead<'a> {
 pub(crate) fn content_length(h: &HeaderMap) -> Result<Option<u64>, ()> {
     let mut out = None;
     for v in h.get_all(CONTENT_LENGTH) {
-        let b = v.as_bytes();
-        if b.is_empty() || b.len() > 19 || !b.iter().all(u8::is_ascii_digit) {
-            return Err(());
-        }
-        let n = b.iter().fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
+        let n = parse_length(v.as_bytes()).ok_or(())?;
         if out.is_some_and(|o| o != n) {
             return Err(());
         }
         out = Some(n);
     }
     Ok(out)
+}
+
+/// One `content-length` value: 1 to 19 digits (RFC 9110 §8.6; 19 digits fit a u64).
+fn parse_length(b: &[u8]) -> Option<u64> {
+    if b.is_empty() || b.len() > 19 || !b.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    Some(b.iter().fold(0u64, |n, d| n * 10 + u64::from(d - b'0')))
 }
 
 /// A response or trailer block being validated field by field (RFC 9113 §8.2, §8.3.2).
@@ -458,12 +465,46 @@ impl Core {
             ping_out: false,
             turn: 0,
             block: BytesMut::new(),
+            now: None,
         }
     }
 
     /// The configuration in force.
     pub fn config(&self) -> Config {
         self.cfg
+    }
+
+    /// Hands the backend's bytes `b` to the read buffer (then [`Core::process`] them): the
+    /// way in for tests and the fuzz target, which have no transport.
+    pub fn feed(&mut self, b: &[u8]) {
+        self.rbuf.extend_from_slice(b);
+    }
+
+    /// Bytes read and not yet handled (less than one frame once processed).
+    pub fn read_buffered(&self) -> usize {
+        self.rbuf.len()
+    }
+
+    /// The bytes queued for the backend, taken.
+    pub fn take_output(&mut self) -> BytesMut {
+        let out = self.out.split();
+        self.written_total += out.len() as u64;
+        out
+    }
+
+    /// Bytes queued for the backend.
+    pub fn output_len(&self) -> usize {
+        self.out.len()
+    }
+
+    /// Each stream's unread response bytes.
+    pub fn stream_buffered(&self) -> impl Iterator<Item = (u32, usize)> + '_ {
+        self.streams.iter().map(|s| (s.id, s.queued))
+    }
+
+    /// Why the connection ended, if it did.
+    pub fn fault(&self) -> Option<&Fault> {
+        self.fault.as_ref()
     }
 
     /// No new stream may open: the connection ended, the backend sent GOAWAY or allows no
@@ -504,40 +545,30 @@ impl Core {
 
     /// Opens a stream for `req` with `body`: HEADERS queued (END_STREAM when the body is
     /// empty). Fails, giving the body back, when the connection takes no new stream.
-    pub(crate) fn open(
-        &mut self,
-        req: &RequestHead<'_>,
-        body: Body,
-    ) -> Result<u32, (H2Error, Body)> {
+    pub fn open(&mut self, req: &RequestHead<'_>, body: Body) -> Result<u32, (H2Error, Body)> {
         if let Some(f) = &self.fault {
             return Err((f.to_error(), body));
         }
         if self.is_closing() {
             return Err((H2Error::Refused, body));
         }
-        let length = match content_length(req.headers) {
-            Ok(l) => l,
-            Err(()) => return Err((H2Error::RequestLength, body)),
-        };
-        let id = self.next_id;
-        self.next_id += 2;
         let end = body.is_end_stream();
-        if end && length.is_some_and(|l| l != 0) {
-            self.next_id -= 2;
-            return Err((H2Error::RequestLength, body));
-        }
         let mut block = std::mem::take(&mut self.block);
         block.clear();
         self.encoder.begin_block(&mut block);
-        Encoder::field(
+        Encoder::field_raw(
             &mut block,
             b":method",
             req.method.as_str().as_bytes(),
             false,
         );
-        Encoder::field(&mut block, b":scheme", req.scheme.as_bytes(), false);
-        Encoder::field(&mut block, b":authority", req.authority, false);
-        Encoder::field(&mut block, b":path", req.path.as_bytes(), false);
+        Encoder::field_raw(&mut block, b":scheme", req.scheme.as_bytes(), false);
+        Encoder::field_raw(&mut block, b":authority", req.authority, false);
+        Encoder::field_raw(&mut block, b":path", req.path.as_bytes(), false);
+        // The request's content-length, read in the same pass: one valid value (repeats
+        // equal), checked against the body as it goes.
+        let mut length = None;
+        let mut bad_length = false;
         for (n, v) in req.headers {
             if n == HOST
                 || (crate::conn_headers::may_strip(n)
@@ -545,8 +576,25 @@ impl Core {
             {
                 continue;
             }
-            crate::encode_field(&mut block, n, v);
+            if n == CONTENT_LENGTH {
+                match parse_length(v.as_bytes()) {
+                    Some(l) if length.is_none_or(|o| o == l) => length = Some(l),
+                    _ => bad_length = true,
+                }
+            }
+            Encoder::field_raw(
+                &mut block,
+                n.as_str().as_bytes(),
+                v.as_bytes(),
+                v.is_sensitive(),
+            );
         }
+        if bad_length || (end && length.is_some_and(|l| l != 0)) {
+            self.block = block;
+            return Err((H2Error::RequestLength, body));
+        }
+        let id = self.next_id;
+        self.next_id += 2;
         let before = self.out.len();
         let headers_start = self.queued_total;
         frame::put_headers(&mut self.out, id, &block, end, self.peer_max_frame);
@@ -589,7 +637,7 @@ impl Core {
     }
 
     /// The response head of stream `id`, its failure, or `Pending` (the waker kept).
-    pub(crate) fn poll_head(&mut self, id: u32, cx: &mut Context<'_>) -> HeadPoll {
+    pub fn poll_head(&mut self, id: u32, cx: &mut Context<'_>) -> HeadPoll {
         let Some(i) = self.find(id) else {
             return HeadPoll::Failed(H2Error::Closed, None, false);
         };
@@ -630,7 +678,7 @@ impl Core {
     }
 
     /// The next frame of stream `id`'s response body (`Ready(None)`: the end).
-    pub(crate) fn poll_body(
+    pub fn poll_body(
         &mut self,
         id: u32,
         cx: &mut Context<'_>,
@@ -677,7 +725,7 @@ impl Core {
 
     /// The handle of stream `id` is gone: a stream still open is reset with CANCEL, its
     /// unread data credited back to the connection, and it is forgotten.
-    pub(crate) fn drop_stream(&mut self, id: u32) {
+    pub fn drop_stream(&mut self, id: u32) {
         let Some(i) = self.find(id) else {
             return;
         };
@@ -791,7 +839,12 @@ impl Core {
                         self.encoder.begin_block(&mut block);
                         for (n, v) in &t {
                             if !crate::conn_headers::may_strip(n) {
-                                crate::encode_field(&mut block, n, v);
+                                Encoder::field_raw(
+                                    &mut block,
+                                    n.as_str().as_bytes(),
+                                    v.as_bytes(),
+                                    v.is_sensitive(),
+                                );
                             }
                         }
                         let id = self.streams[i].id;
@@ -895,8 +948,10 @@ impl Core {
 
     // ------------------------------------------------------------------ frames in
 
-    /// Handles every complete frame in the read buffer (`now`: the clock of the read).
-    pub fn process(&mut self, now: Instant) {
+    /// Handles every complete frame in the read buffer (`now`: the clock of the read; `None`:
+    /// read when a flood counter first needs it, which the usual frames never do).
+    pub fn process(&mut self, now: Option<Instant>) {
+        self.now = now;
         while self.fault.is_none() && self.rbuf.len() >= HEADER_LEN {
             let head = Head::parse(&self.rbuf);
             if head.len > LOCAL_MAX_FRAME {
@@ -920,7 +975,7 @@ impl Core {
                     "the backend's first frame is not SETTINGS",
                 ))
             } else {
-                self.on_frame(head, payload, now)
+                self.on_frame(head, payload)
             };
             match r {
                 Ok(()) => {}
@@ -933,7 +988,7 @@ impl Core {
         }
     }
 
-    fn on_frame(&mut self, head: Head, payload: BytesMut, now: Instant) -> FResult {
+    fn on_frame(&mut self, head: Head, payload: BytesMut) -> FResult {
         if let Some((id, ..)) = &self.cont {
             if head.kind != kind::CONTINUATION || head.stream != *id {
                 return Err(Err::Conn(
@@ -943,9 +998,9 @@ impl Core {
             }
         }
         match head.kind {
-            kind::DATA => self.on_data(head, payload.freeze(), now),
-            kind::HEADERS => self.on_headers(head, &payload, now),
-            kind::CONTINUATION => self.on_continuation(head, &payload, now),
+            kind::DATA => self.on_data(head, payload.freeze()),
+            kind::HEADERS => self.on_headers(head, &payload),
+            kind::CONTINUATION => self.on_continuation(head, &payload),
             kind::PRIORITY => {
                 if head.stream == 0 {
                     return Err(Err::Conn(Reason::PROTOCOL_ERROR, "PRIORITY on stream 0"));
@@ -953,10 +1008,10 @@ impl Core {
                 if payload.len() != 5 {
                     return Err(Err::Conn(Reason::FRAME_SIZE_ERROR, "PRIORITY length"));
                 }
-                self.control(now)
+                self.control()
             }
-            kind::RST_STREAM => self.on_rst(head, &payload, now),
-            kind::SETTINGS => self.on_settings(head, &payload, now),
+            kind::RST_STREAM => self.on_rst(head, &payload),
+            kind::SETTINGS => self.on_settings(head, &payload),
             kind::PUSH_PROMISE => Err(Err::Conn(
                 Reason::PROTOCOL_ERROR,
                 "PUSH_PROMISE with push disabled",
@@ -968,7 +1023,7 @@ impl Core {
                 if payload.len() != 8 {
                     return Err(Err::Conn(Reason::FRAME_SIZE_ERROR, "PING length"));
                 }
-                self.control(now)?;
+                self.control()?;
                 if head.has(flag::ACK) {
                     self.ping_out = false;
                 } else {
@@ -978,27 +1033,35 @@ impl Core {
                 }
                 Ok(())
             }
-            kind::GOAWAY => self.on_goaway(head, &payload, now),
-            kind::WINDOW_UPDATE => self.on_window_update(head, &payload, now),
-            _ => self.glitch(now),
+            kind::GOAWAY => self.on_goaway(head, &payload),
+            kind::WINDOW_UPDATE => self.on_window_update(head, &payload),
+            _ => self.glitch(),
         }
     }
 
-    fn control(&mut self, now: Instant) -> FResult {
+    /// The clock of the read being handled (read once, when first needed).
+    fn now(&mut self) -> Instant {
+        *self.now.get_or_insert_with(crate::conn::clock)
+    }
+
+    fn control(&mut self) -> FResult {
+        let now = self.now();
         if self.flood.hit(now, |f| &mut f.control, MAX_CONTROL_PER_SEC) {
             return Err(Err::Conn(Reason::ENHANCE_YOUR_CALM, "control frame flood"));
         }
         Ok(())
     }
 
-    fn empty(&mut self, now: Instant) -> FResult {
+    fn empty(&mut self) -> FResult {
+        let now = self.now();
         if self.flood.hit(now, |f| &mut f.empty, MAX_EMPTY_PER_SEC) {
             return Err(Err::Conn(Reason::ENHANCE_YOUR_CALM, "empty frame flood"));
         }
         Ok(())
     }
 
-    fn glitch(&mut self, now: Instant) -> FResult {
+    fn glitch(&mut self) -> FResult {
+        let now = self.now();
         if self
             .flood
             .hit(now, |f| &mut f.glitches, MAX_GLITCHES_PER_SEC)
@@ -1011,7 +1074,7 @@ impl Core {
         Ok(())
     }
 
-    fn on_settings(&mut self, head: Head, payload: &[u8], now: Instant) -> FResult {
+    fn on_settings(&mut self, head: Head, payload: &[u8]) -> FResult {
         if head.stream != 0 {
             return Err(Err::Conn(Reason::PROTOCOL_ERROR, "SETTINGS on a stream"));
         }
@@ -1022,7 +1085,7 @@ impl Core {
                     "SETTINGS ACK with a payload",
                 ));
             }
-            self.control(now)?;
+            self.control()?;
             if !self.settings_acked {
                 self.settings_acked = true;
                 // Our stream window holds from now on (the backend may have used the
@@ -1039,7 +1102,7 @@ impl Core {
             return Err(Err::Conn(Reason::FRAME_SIZE_ERROR, "SETTINGS length"));
         }
         if self.preface_seen {
-            self.control(now)?;
+            self.control()?;
         }
         self.preface_seen = true;
         for (id, v) in frame::settings_params(payload) {
@@ -1097,14 +1160,14 @@ impl Core {
         Ok(())
     }
 
-    fn on_goaway(&mut self, head: Head, payload: &[u8], now: Instant) -> FResult {
+    fn on_goaway(&mut self, head: Head, payload: &[u8]) -> FResult {
         if head.stream != 0 {
             return Err(Err::Conn(Reason::PROTOCOL_ERROR, "GOAWAY on a stream"));
         }
         if payload.len() < 8 {
             return Err(Err::Conn(Reason::FRAME_SIZE_ERROR, "GOAWAY length"));
         }
-        self.control(now)?;
+        self.control()?;
         let last =
             u32::from_be_bytes([payload[0], payload[1], payload[2], payload[3]]) & 0x7fff_ffff;
         let reason = Reason(u32::from_be_bytes([
@@ -1175,7 +1238,7 @@ impl Core {
         Some(cut)
     }
 
-    fn on_rst(&mut self, head: Head, payload: &[u8], now: Instant) -> FResult {
+    fn on_rst(&mut self, head: Head, payload: &[u8]) -> FResult {
         if head.stream == 0 {
             return Err(Err::Conn(Reason::PROTOCOL_ERROR, "RST_STREAM on stream 0"));
         }
@@ -1188,6 +1251,7 @@ impl Core {
                 "RST_STREAM on an idle stream",
             ));
         }
+        let now = self.now();
         if self.flood.hit(now, |f| &mut f.resets, MAX_RESETS_PER_SEC) {
             return Err(Err::Conn(Reason::ENHANCE_YOUR_CALM, "reset flood"));
         }
@@ -1195,7 +1259,7 @@ impl Core {
             payload[0], payload[1], payload[2], payload[3],
         ]));
         let Some(i) = self.find(head.stream) else {
-            return self.glitch(now);
+            return self.glitch();
         };
         let s = &mut self.streams[i];
         if s.recv == Recv::Done && s.fault.is_none() && reason == Reason::NO_ERROR {
@@ -1207,7 +1271,7 @@ impl Core {
             return Ok(());
         }
         if s.recv == Recv::Done && s.fault.is_none() && s.send_done {
-            return self.glitch(now);
+            return self.glitch();
         }
         let why = if reason == Reason::REFUSED_STREAM {
             StreamFault::Refused
@@ -1218,7 +1282,7 @@ impl Core {
         Ok(())
     }
 
-    fn on_window_update(&mut self, head: Head, payload: &[u8], now: Instant) -> FResult {
+    fn on_window_update(&mut self, head: Head, payload: &[u8]) -> FResult {
         if payload.len() != 4 {
             return Err(Err::Conn(Reason::FRAME_SIZE_ERROR, "WINDOW_UPDATE length"));
         }
@@ -1245,7 +1309,7 @@ impl Core {
             ));
         }
         let Some(i) = self.find(head.stream) else {
-            return self.glitch(now);
+            return self.glitch();
         };
         if inc == 0 {
             return Err(Err::Stream(
@@ -1266,7 +1330,7 @@ impl Core {
         Ok(())
     }
 
-    fn on_data(&mut self, head: Head, payload: Bytes, now: Instant) -> FResult {
+    fn on_data(&mut self, head: Head, payload: Bytes) -> FResult {
         let id = head.stream;
         if id == 0 {
             return Err(Err::Conn(Reason::PROTOCOL_ERROR, "DATA on stream 0"));
@@ -1293,7 +1357,7 @@ impl Core {
         };
         let end = head.has(flag::END_STREAM);
         if content.is_empty() && !end {
-            self.empty(now)?;
+            self.empty()?;
         }
         let Some(i) = self.find(id) else {
             // A stream we closed: credited back.
@@ -1360,7 +1424,7 @@ impl Core {
         self.cfg.max_header_list as usize + 16 * 1024
     }
 
-    fn on_headers(&mut self, head: Head, payload: &[u8], now: Instant) -> FResult {
+    fn on_headers(&mut self, head: Head, payload: &[u8]) -> FResult {
         let id = head.stream;
         if id == 0 {
             return Err(Err::Conn(Reason::PROTOCOL_ERROR, "HEADERS on stream 0"));
@@ -1389,16 +1453,16 @@ impl Core {
         }
         let end = head.has(flag::END_STREAM);
         if head.has(flag::END_HEADERS) {
-            return self.on_block(id, end, block, now);
+            return self.on_block(id, end, block);
         }
         if block.is_empty() {
-            self.empty(now)?;
+            self.empty()?;
         }
         self.cont = Some((id, end, BytesMut::from(block), 0));
         Ok(())
     }
 
-    fn on_continuation(&mut self, head: Head, payload: &[u8], now: Instant) -> FResult {
+    fn on_continuation(&mut self, head: Head, payload: &[u8]) -> FResult {
         let max = self.max_block();
         let Some((_, _, block, frames)) = self.cont.as_mut() else {
             return Err(Err::Conn(
@@ -1422,15 +1486,15 @@ impl Core {
         block.extend_from_slice(payload);
         if !head.has(flag::END_HEADERS) {
             if payload.is_empty() {
-                self.empty(now)?;
+                self.empty()?;
             }
             return Ok(());
         }
         let (id, end, block, _) = self.cont.take().expect("checked above");
-        self.on_block(id, end, &block, now)
+        self.on_block(id, end, &block)
     }
 
-    fn on_block(&mut self, id: u32, end: bool, block: &[u8], now: Instant) -> FResult {
+    fn on_block(&mut self, id: u32, end: bool, block: &[u8]) -> FResult {
         let i = self.find(id);
         let trailers = i.is_some_and(|i| !matches!(self.streams[i].recv, Recv::Head { .. }));
         let live = i.is_some_and(|i| self.streams[i].fault.is_none());
@@ -1451,7 +1515,7 @@ impl Core {
             }
         };
         let Some(i) = i else {
-            return self.glitch(now);
+            return self.glitch();
         };
         if !live {
             return Ok(());

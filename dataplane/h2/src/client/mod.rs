@@ -9,8 +9,8 @@
 //! request bodies as the windows allow and writes.
 //!
 //! [`SendRequest::send`] opens a stream under the connection's lock: the HEADERS block is
-//! encoded straight from the caller's fields into the output (no request value is built, the
-//! table-less encoder of [`crate::hpack`]) and the connection task is woken to write it. The
+//! encoded straight from the caller's fields into the output (no request value is built; the
+//! table-less encoder of [`crate::hpack`], strings as they are: `Encoder::field_raw`) and the connection task is woken to write it. The
 //! returned [`ResponseFuture`] gives the final head (interim 1xx skipped, at most
 //! [`core::MAX_INTERIM`]); the [`ResponseBody`] its data and trailers, each chunk granting
 //! its bytes back to the windows as it is taken (a WINDOW_UPDATE once half a window is due).
@@ -88,6 +88,19 @@ impl std::fmt::Debug for SendRequest {
     }
 }
 
+impl Drop for SendRequest {
+    fn drop(&mut self) {
+        // The last handle but the task's: the task closes the connection once no stream is
+        // left, so it is woken to see that now rather than at its next tick.
+        if Arc::strong_count(&self.shared) == 2 {
+            let w = self.shared.lock().task_waker.take();
+            if let Some(w) = w {
+                w.wake();
+            }
+        }
+    }
+}
+
 /// A failed request.
 #[derive(Debug)]
 pub struct SendError {
@@ -115,6 +128,7 @@ where
         shared: shared.clone(),
         io,
         tick: Box::pin(tokio::time::sleep(TICK)),
+        tick_registered: false,
     };
     std::future::poll_fn(|cx| {
         if let Poll::Ready(r) = Pin::new(&mut conn).poll(cx) {
@@ -127,6 +141,8 @@ where
         }
     })
     .await?;
+    // The task that runs it from now on registers its own waker with the timer.
+    conn.tick_registered = false;
     Ok((SendRequest { shared }, conn))
 }
 
@@ -302,6 +318,8 @@ pub struct Connection<T> {
     shared: Arc<Shared>,
     io: T,
     tick: Pin<Box<tokio::time::Sleep>>,
+    /// The timer holds this task's waker (false: poll it once more).
+    tick_registered: bool,
 }
 
 impl<T> std::fmt::Debug for Connection<T> {
@@ -330,18 +348,26 @@ fn io_fault(e: &std::io::Error) -> Fault {
 fn drive<T: AsyncRead + AsyncWrite + Unpin>(
     io: &mut T,
     tick: &mut Pin<Box<tokio::time::Sleep>>,
+    tick_registered: &mut bool,
     orphan: bool,
     core: &mut Core,
     cx: &mut Context<'_>,
 ) -> Poll<Result<(), H2Error>> {
-    while tick.as_mut().poll(cx).is_ready() {
-        if core.fault.is_some() {
-            // The GOAWAY we owe could not be written in a whole tick: give up.
-            return Poll::Ready(Err(fault_error(core)));
+    // The timer is polled (its waker registered) once per task and again only once it has
+    // fired: polling it on every wake-up cost the request path for nothing.
+    if *tick_registered && !tick.is_elapsed() {
+        // Registered, not due.
+    } else {
+        *tick_registered = true;
+        while tick.as_mut().poll(cx).is_ready() {
+            if core.fault.is_some() {
+                // The GOAWAY we owe could not be written in a whole tick: give up.
+                return Poll::Ready(Err(fault_error(core)));
+            }
+            core.tick(IDLE_TICKS);
+            let next = tokio::time::Instant::now() + TICK;
+            tick.as_mut().reset(next);
         }
-        core.tick(IDLE_TICKS);
-        let next = tokio::time::Instant::now() + TICK;
-        tick.as_mut().reset(next);
     }
     if core.fault.is_none() && orphan {
         // Nobody can send on it any more, and no stream is left.
@@ -357,7 +383,7 @@ fn drive<T: AsyncRead + AsyncWrite + Unpin>(
             match poll_read_buf(&mut *io, &mut core.rbuf, cx) {
                 Poll::Ready(Ok(0)) => core.fail(Fault::Eof),
                 Poll::Ready(Ok(_)) => {
-                    core.process(crate::conn::clock());
+                    core.process(None);
                     again = true;
                 }
                 Poll::Ready(Err(e)) => core.fail(io_fault(&e)),
@@ -430,7 +456,14 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Future for Connection<T> {
         let mut core = shared.lock();
         // Wake-ups from inside this poll (a stream opened by what it reads) are not needed.
         core.task_waker = None;
-        let r = drive(&mut this.io, &mut this.tick, orphan, &mut core, cx);
+        let r = drive(
+            &mut this.io,
+            &mut this.tick,
+            &mut this.tick_registered,
+            orphan,
+            &mut core,
+            cx,
+        );
         shared
             .max_streams
             .store(core.peer_max_streams, Ordering::Relaxed);

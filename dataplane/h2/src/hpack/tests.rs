@@ -753,3 +753,45 @@ fn random_garbage_is_rejected_cleanly() {
         }
     }
 }
+
+/// `field_raw` writes what `field` writes but for the strings, which go as they are: both
+/// decode to the same fields, indexed static fields alike, the raw form never Huffman-coded.
+#[test]
+fn raw_fields_decode_as_the_coded_ones() {
+    let list: &[(&str, &str, bool)] = &[
+        (":method", "GET", false),
+        (":method", "PATCH", false),
+        (":path", "/", false),
+        (":path", "/a/b?c=d", false),
+        (":authority", "backend.test:8080", false),
+        ("x-forwarded-for", "192.0.2.1, 198.51.100.7", false),
+        ("authorization", "Bearer abc", true),
+        ("accept-encoding", "gzip, deflate", false),
+        ("x-long", &"v".repeat(300), false),
+        ("", "", false),
+    ];
+    let (mut coded, mut raw) = (BytesMut::new(), BytesMut::new());
+    for (n, v, s) in list {
+        Encoder::field(&mut coded, n.as_bytes(), v.as_bytes(), *s);
+        Encoder::field_raw(&mut raw, n.as_bytes(), v.as_bytes(), *s);
+    }
+    let mut a = Vec::new();
+    Decoder::new()
+        .decode(&coded, usize::MAX, |f| {
+            a.push((f.name.to_vec(), f.value.to_vec(), f.sensitive))
+        })
+        .unwrap();
+    let mut b = Vec::new();
+    Decoder::new()
+        .decode(&raw, usize::MAX, |f| {
+            b.push((f.name.to_vec(), f.value.to_vec(), f.sensitive))
+        })
+        .unwrap();
+    assert_eq!(a, b);
+    assert_eq!(a.len(), list.len());
+    assert!(raw.len() > coded.len(), "the coded form is the shorter");
+    // `:method: GET` is static entry 2, one octet either way.
+    let mut get = BytesMut::new();
+    Encoder::field_raw(&mut get, b":method", b"GET", false);
+    assert_eq!(&get[..], &[0x82]);
+}
