@@ -242,6 +242,7 @@ pub(crate) fn run(data: &[u8]) {
 
 /// A response's frames for stream `id`: a head (`status`, `fields`), body pieces, optional
 /// trailers, cut into HEADERS/CONTINUATION of at most `max_block` octets.
+#[allow(dead_code)] // the property tests' (not the fuzz target's)
 pub(crate) fn response_frames(
     id: u32,
     status: u16,
