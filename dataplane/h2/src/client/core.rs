@@ -1183,8 +1183,15 @@ impl Core {
         // client was told to send elsewhere.
         self.cut_streams_above(last);
         for i in (0..self.streams.len()).rev() {
-            if self.streams[i].id > last && self.streams[i].fault.is_none() {
-                self.end_stream(i, StreamFault::Refused);
+            let s = &self.streams[i];
+            if s.id > last && s.fault.is_none() {
+                // A stream with a response frame already was seen: reset, not refused.
+                let why = if s.response_started {
+                    StreamFault::Reset(Reason::REFUSED_STREAM)
+                } else {
+                    StreamFault::Refused
+                };
+                self.end_stream(i, why);
             }
         }
         Ok(())
@@ -1273,7 +1280,8 @@ impl Core {
         if s.recv == Recv::Done && s.fault.is_none() && s.send_done {
             return self.glitch();
         }
-        let why = if reason == Reason::REFUSED_STREAM {
+        // Refused only before any frame of a response: once one came, the request was seen.
+        let why = if reason == Reason::REFUSED_STREAM && !s.response_started {
             StreamFault::Refused
         } else {
             StreamFault::Reset(reason)
@@ -1311,6 +1319,11 @@ impl Core {
         let Some(i) = self.find(head.stream) else {
             return self.glitch();
         };
+        if self.streams[i].fault.is_some() {
+            // A stream that already failed (reset, kept for its handle): nothing to do, and
+            // no reset reflected per frame.
+            return self.glitch();
+        }
         if inc == 0 {
             return Err(Err::Stream(
                 head.stream,

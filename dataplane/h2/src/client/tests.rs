@@ -998,3 +998,60 @@ async fn a_connection_whose_stream_ids_ran_out_is_closing() {
     peer.headers(id, &[(":status", "204")], true).await;
     assert_eq!(respond(f).await.unwrap().status(), 204);
 }
+
+#[tokio::test]
+async fn frames_on_a_failed_stream_are_counted_not_answered_each() {
+    let (send, mut peer) = Peer::start(&[]).await;
+    let h = HeaderMap::new();
+    let _f = send.send(get(&h, "/"), crate::empty()).unwrap();
+    let (id, ..) = peer.request().await;
+    // The first zero increment resets the stream; the others, on a stream already failed,
+    // are glitches until the flood limit ends the connection.
+    let mut out = BytesMut::new();
+    for _ in 0..2 * core::MAX_GLITCHES_PER_SEC {
+        frame::put_window_update(&mut out, id, 0);
+    }
+    peer.write(&out).await;
+    let mut rst = 0;
+    loop {
+        let (h, p) = peer.frame().await.expect("a GOAWAY before the end");
+        if h.kind == kind::RST_STREAM {
+            rst += 1;
+        }
+        if h.kind == kind::GOAWAY {
+            assert_eq!(&p[4..8], &Reason::ENHANCE_YOUR_CALM.0.to_be_bytes());
+            break;
+        }
+    }
+    assert_eq!(rst, 1);
+}
+
+#[tokio::test]
+async fn a_refusal_after_a_response_frame_is_a_reset() {
+    let (send, mut peer) = Peer::start(&[]).await;
+    let h = HeaderMap::new();
+    let post = RequestHead {
+        method: &Method::POST,
+        ..get(&h, "/")
+    };
+    let f1 = send.send(post, crate::empty()).unwrap();
+    let f3 = send.send(post, crate::empty()).unwrap();
+    let (id1, ..) = peer.request().await;
+    let (id3, ..) = peer.request().await;
+    // Both streams get an interim response: the backend has seen them.
+    peer.headers(id1, &[(":status", "103")], false).await;
+    peer.headers(id3, &[(":status", "103")], false).await;
+    let mut out = BytesMut::new();
+    frame::put_rst(&mut out, id1, Reason::REFUSED_STREAM);
+    frame::put_goaway(&mut out, 0, Reason::NO_ERROR, b"");
+    peer.write(&out).await;
+    for f in [f1, f3] {
+        let e = respond(f).await.unwrap_err();
+        assert!(
+            matches!(e.error, H2Error::StreamReset(Reason::REFUSED_STREAM)),
+            "{:?}",
+            e.error
+        );
+        assert!(e.unsent.is_none());
+    }
+}
