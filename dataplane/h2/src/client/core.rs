@@ -838,7 +838,9 @@ impl Core {
                         block.clear();
                         self.encoder.begin_block(&mut block);
                         for (n, v) in &t {
-                            if !crate::conn_headers::may_strip(n) {
+                            if !crate::conn_headers::may_strip(n)
+                                && !crate::conn_headers::forbidden_trailer(n)
+                            {
                                 Encoder::field_raw(
                                     &mut block,
                                     n.as_str().as_bytes(),
@@ -1616,7 +1618,17 @@ impl Core {
                         "response body length differs from its content-length",
                     ));
                 }
-                s.trailers = Some(h.headers);
+                // Fields that may not be trailers are left out (RFC 9110 §6.5.1).
+                let mut t = h.headers;
+                let forbidden: Vec<HeaderName> = t
+                    .keys()
+                    .filter(|n| crate::conn_headers::forbidden_trailer(n))
+                    .cloned()
+                    .collect();
+                for n in forbidden {
+                    t.remove(n);
+                }
+                s.trailers = Some(t);
                 s.recv = Recv::Done;
             }
             Recv::Done => {

@@ -562,6 +562,9 @@ async fn request_trailers_follow_the_data() {
     let mut t = HeaderMap::new();
     t.insert("x-sum", HeaderValue::from_static("7"));
     t.insert("connection", HeaderValue::from_static("close"));
+    // Fields that may not be trailers are left out (RFC 9110 §6.5.1).
+    t.insert("authorization", HeaderValue::from_static("Basic eDp5"));
+    t.insert("content-length", HeaderValue::from_static("3"));
     let body = Frames(VecDeque::from([
         Frame::data(Bytes::from_static(b"abc")),
         Frame::trailers(t),
@@ -1054,4 +1057,32 @@ async fn a_refusal_after_a_response_frame_is_a_reset() {
         );
         assert!(e.unsent.is_none());
     }
+}
+
+#[tokio::test]
+async fn response_trailers_leave_out_the_fields_that_may_not_be_trailers() {
+    let (send, mut peer) = Peer::start(&[]).await;
+    let h = HeaderMap::new();
+    let f = send.send(get(&h, "/"), crate::empty()).unwrap();
+    let (id, ..) = peer.request().await;
+    peer.headers(id, &[(":status", "200")], false).await;
+    peer.data(id, b"ok", false).await;
+    peer.headers(
+        id,
+        &[
+            ("grpc-status", "0"),
+            ("set-cookie", "s=1"),
+            ("content-type", "text/html"),
+            ("grpc-status-details-bin", "AA"),
+        ],
+        true,
+    )
+    .await;
+    let r = respond(f).await.unwrap();
+    let (body, trailers) = collect(r.into_body()).await.unwrap();
+    assert_eq!(body, b"ok");
+    let t = trailers.expect("trailers");
+    let mut names: Vec<_> = t.keys().map(|n| n.as_str()).collect();
+    names.sort_unstable();
+    assert_eq!(names, ["grpc-status", "grpc-status-details-bin"]);
 }
