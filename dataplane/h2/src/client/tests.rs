@@ -1086,3 +1086,23 @@ async fn response_trailers_leave_out_the_fields_that_may_not_be_trailers() {
     names.sort_unstable();
     assert_eq!(names, ["grpc-status", "grpc-status-details-bin"]);
 }
+
+#[tokio::test]
+async fn a_handshake_whose_connection_failed_at_once_fails() {
+    // A pipe too small for our preface: the GOAWAY we owe cannot be written. The backend's
+    // SETTINGS come with a PUSH_PROMISE (a connection error), and it reads nothing.
+    let (client, mut server) = tokio::io::duplex(32);
+    let mut out = BytesMut::new();
+    frame::put_settings(&mut out, &[]);
+    frame::put_head(&mut out, 4, kind::PUSH_PROMISE, flag::END_HEADERS, 1);
+    out.extend_from_slice(&[0, 0, 0, 2]);
+    server.write_all(&out).await.unwrap();
+    let r = tokio::time::timeout(Duration::from_secs(10), handshake(client, cfg()))
+        .await
+        .expect("handshake in time");
+    assert!(
+        matches!(r, Err(H2Error::Protocol(Reason::PROTOCOL_ERROR, _))),
+        "{:?}",
+        r.map(|_| ())
+    );
+}
