@@ -1107,6 +1107,7 @@ impl Core {
             self.control()?;
         }
         self.preface_seen = true;
+        let mut initial_window = None;
         for (id, v) in frame::settings_params(payload) {
             match id {
                 setting::ENABLE_PUSH if v != 0 => {
@@ -1123,17 +1124,9 @@ impl Core {
                             "SETTINGS_INITIAL_WINDOW_SIZE above 2^31-1",
                         ));
                     }
-                    let delta = i64::from(v) - self.peer_initial_window;
-                    self.peer_initial_window = i64::from(v);
-                    for s in &mut self.streams {
-                        s.send_window += delta;
-                        if s.send_window > MAX_WINDOW {
-                            return Err(Err::Conn(
-                                Reason::FLOW_CONTROL_ERROR,
-                                "stream window above 2^31-1",
-                            ));
-                        }
-                    }
+                    // Applied once, after the frame: the last value holds (a frame of
+                    // thousands of entries does not walk the streams for each).
+                    initial_window = Some(i64::from(v));
                 }
                 setting::MAX_FRAME_SIZE => {
                     if !(frame::DEFAULT_MAX_FRAME_SIZE..=frame::MAX_MAX_FRAME_SIZE).contains(&v) {
@@ -1154,6 +1147,19 @@ impl Core {
                 // first block sizes it to 0), so any value is honoured. MAX_HEADER_LIST_SIZE
                 // is advisory. Unknown parameters are ignored (RFC 9113 §6.5.2).
                 _ => {}
+            }
+        }
+        if let Some(w) = initial_window {
+            let delta = w - self.peer_initial_window;
+            self.peer_initial_window = w;
+            for s in &mut self.streams {
+                s.send_window += delta;
+                if s.send_window > MAX_WINDOW {
+                    return Err(Err::Conn(
+                        Reason::FLOW_CONTROL_ERROR,
+                        "stream window above 2^31-1",
+                    ));
+                }
             }
         }
         let before = self.out.len();

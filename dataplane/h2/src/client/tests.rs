@@ -1106,3 +1106,27 @@ async fn a_handshake_whose_connection_failed_at_once_fails() {
         r.map(|_| ())
     );
 }
+
+#[tokio::test]
+async fn initial_window_size_is_applied_once_per_settings_frame() {
+    let (send, mut peer) = Peer::start(&[]).await;
+    let h = HeaderMap::new();
+    let f = send.send(get(&h, "/"), crate::empty()).unwrap();
+    let (id, ..) = peer.request().await;
+    // Stream 1's send window at 2^31-1; then SETTINGS whose entries raise it by one and put
+    // it back: the last value holds (walked per entry, the first overflowed: GOAWAY).
+    let mut out = BytesMut::new();
+    frame::put_window_update(&mut out, id, (crate::frame::MAX_WINDOW - 65_535) as u32);
+    frame::put_settings(
+        &mut out,
+        &[
+            (setting::INITIAL_WINDOW_SIZE, 65_536),
+            (setting::INITIAL_WINDOW_SIZE, 65_535),
+        ],
+    );
+    peer.write(&out).await;
+    let (h, _) = peer.next(kind::SETTINGS).await;
+    assert!(h.has(flag::ACK));
+    peer.headers(id, &[(":status", "200")], true).await;
+    assert_eq!(respond(f).await.unwrap().status(), 200);
+}
