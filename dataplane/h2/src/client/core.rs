@@ -1381,9 +1381,13 @@ impl Core {
             self.empty()?;
         }
         let Some(i) = self.find(id) else {
-            // A stream we closed: credited back.
+            // A stream we closed: credited back. An empty one delivers nothing even in
+            // flight (data in flight after our reset is bounded by the window; these are not).
             self.conn_unreleased = self.conn_unreleased.saturating_add(len as u32);
             self.grant_conn();
+            if content.is_empty() {
+                return self.glitch();
+            }
             return Ok(());
         };
         let s = &mut self.streams[i];
@@ -1393,6 +1397,9 @@ impl Core {
             let s = &self.streams[i];
             if s.fault.is_some() {
                 // Already failed (refused, reset by us): in flight, dropped.
+                if content.is_empty() {
+                    return self.glitch();
+                }
                 return Ok(());
             }
             return Err(match s.recv {
@@ -1539,7 +1546,8 @@ impl Core {
             return self.glitch();
         };
         if !live {
-            return Ok(());
+            // A block on a stream that already failed: decoded for the table, nothing more.
+            return self.glitch();
         }
         if too_large {
             return Err(Err::Stream(

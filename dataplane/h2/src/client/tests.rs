@@ -1130,3 +1130,28 @@ async fn initial_window_size_is_applied_once_per_settings_frame() {
     peer.headers(id, &[(":status", "200")], true).await;
     assert_eq!(respond(f).await.unwrap().status(), 200);
 }
+
+#[tokio::test]
+async fn empty_frames_and_blocks_on_failed_or_closed_streams_are_counted() {
+    for kind_sent in [kind::DATA, kind::HEADERS] {
+        let (send, mut peer) = Peer::start(&[]).await;
+        let h = HeaderMap::new();
+        let f = send.send(get(&h, "/"), crate::empty()).unwrap();
+        let (id, ..) = peer.request().await;
+        // A reset makes the stream failed (kept for its handle); then frames that deliver
+        // nothing on it: empty DATA ending the stream, or trailer blocks.
+        let mut out = BytesMut::new();
+        frame::put_rst(&mut out, id, Reason::INTERNAL_ERROR);
+        for _ in 0..2 * core::MAX_GLITCHES_PER_SEC {
+            if kind_sent == kind::DATA {
+                frame::put_data(&mut out, id, &[], true);
+            } else {
+                out.extend_from_slice(&headers_frame(id, &[("x-a", "1")], true));
+            }
+        }
+        peer.write(&out).await;
+        let (_, p) = peer.next(kind::GOAWAY).await;
+        assert_eq!(&p[4..8], &Reason::ENHANCE_YOUR_CALM.0.to_be_bytes());
+        drop(f);
+    }
+}
