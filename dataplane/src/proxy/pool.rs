@@ -19,8 +19,10 @@
 //!   comes to do it.
 //! * HTTP/2 (`h2c` prior knowledge, `h2` over TLS): one multiplexed connection per endpoint;
 //!   another is opened when every open one carries [`H2_MAX_STREAMS`] streams (or, on Sweety's
-//!   client, the backend's SETTINGS_MAX_CONCURRENT_STREAMS if lower) or is closing (GOAWAY,
-//!   error, EOF). A pool holds the connections of the client its connector names only.
+//!   client, the backend's SETTINGS_MAX_CONCURRENT_STREAMS if lower; 0 counts as closing) or
+//!   is closing (GOAWAY, error, EOF, stream ids used up), at most [`H2_MAX_CONNS`] of them
+//!   (beyond, a request fails at once). A pool holds the connections of the client its
+//!   connector names only.
 //!   Connection opening is serialised per endpoint so a burst shares one new connection.
 //!
 //! Upstream sockets get TCP_NODELAY and TCP keepalive. Host names in endpoint addresses are
@@ -65,6 +67,10 @@ pub const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 pub const DEMAND_WINDOW: Duration = Duration::from_secs(10);
 /// Streams we put on one HTTP/2 connection before opening another (the usual server limit).
 pub const H2_MAX_STREAMS: usize = 100;
+/// HTTP/2 connections a pool (one endpoint) holds open at once; a request that would need
+/// another fails at once (a backend allowing one stream or none per connection does not
+/// get a connection per request).
+pub const H2_MAX_CONNS: usize = 64;
 
 /// How to open connections to a backend's endpoints.
 #[derive(Debug, Clone)]
@@ -575,13 +581,13 @@ impl Pool {
         // Those of the other client (`limits.http2_client` changed) are let go: each closes
         // once its streams are done.
         conns.retain(|c| !c.sender.is_closed() && c.sender.client() == client);
+        // The least loaded of those with room (each has its own limit).
         let c = conns
             .iter()
-            .filter(|c| c.sender.is_ready())
+            .filter(|c| {
+                c.sender.is_ready() && c.streams.load(Ordering::Acquire) < c.sender.max_streams()
+            })
             .min_by_key(|c| c.streams.load(Ordering::Acquire))?;
-        if c.streams.load(Ordering::Acquire) >= c.sender.max_streams() {
-            return None;
-        }
         c.streams.fetch_add(1, Ordering::AcqRel);
         Some(Conn {
             sender: c.sender.clone().sender(StreamGuard(c.streams.clone())),
@@ -596,6 +602,15 @@ impl Pool {
         let _opening = self.h2_connect.lock().await;
         if let Some(conn) = self.take_h2_stream(c.h2_client) {
             return Ok(conn);
+        }
+        if self.open.load(Ordering::Acquire) >= H2_MAX_CONNS {
+            return Err(ProxyError::Connect {
+                addr: addr.to_string(),
+                source: format!(
+                    "{H2_MAX_CONNS} HTTP/2 connections open to this endpoint, none with room"
+                )
+                .into(),
+            });
         }
         let sender = match connect(addr, c, &self.open).await? {
             Opened::H2(s) => H2Sender::Hyper(s),
@@ -1104,6 +1119,56 @@ mod demand_tests {
         while pool.connections().0 != 0 {
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
+    }
+
+    /// Real sockets: an h2c backend whose SETTINGS allow no stream. Its connections are
+    /// closing (not reused); the pool opens at most H2_MAX_CONNS of them, then fails at once.
+    #[tokio::test]
+    async fn a_backend_allowing_no_h2_stream_gets_a_bounded_number_of_connections() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = l.accept().await {
+                tokio::spawn(async move {
+                    // SETTINGS: MAX_CONCURRENT_STREAMS (3) = 0; then read until the end.
+                    let settings = [0, 0, 6, 4, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 0];
+                    if s.write_all(&settings).await.is_err() {
+                        return;
+                    }
+                    let mut chunk = [0u8; 1024];
+                    while matches!(s.read(&mut chunk).await, Ok(n) if n > 0) {}
+                });
+            }
+        });
+        let c = Connector {
+            protocol: BackendProtocol::H2c,
+            tls: None,
+            sni: None,
+            external: false,
+            read_ahead: sweety_config::DEFAULT_PROXY_READ_AHEAD,
+            h2_client: Http2Client::Sweety,
+        };
+        let pool = Arc::new(Pool::new(8));
+        let mut held = Vec::new();
+        let mut failed = None;
+        for _ in 0..H2_MAX_CONNS + 8 {
+            match pool.acquire(&addr, &c).await {
+                Ok(conn) => {
+                    assert!(!conn.reused);
+                    held.push(conn);
+                }
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            }
+        }
+        assert_eq!(held.len(), H2_MAX_CONNS);
+        let e = failed.expect("the cap");
+        assert!(
+            format!("{:?}", e).contains("HTTP/2 connections open"),
+            "{e:?}"
+        );
     }
 
     /// Real sockets: the idle list keeps a burst's connections for the rest of its window and

@@ -507,9 +507,19 @@ impl Core {
         self.fault.as_ref()
     }
 
-    /// No new stream may open: the connection ended or the backend sent GOAWAY.
+    /// No new stream may open: the connection ended, the backend sent GOAWAY or allows no
+    /// stream (SETTINGS_MAX_CONCURRENT_STREAMS 0), or the stream ids are used up.
     pub fn is_closing(&self) -> bool {
-        self.fault.is_some() || self.goaway.is_some()
+        self.fault.is_some()
+            || self.goaway.is_some()
+            || self.peer_max_streams == 0
+            || self.next_id > MAX_WINDOW as u32
+    }
+
+    /// Makes `id` the next stream id (tests of the ids' exhaustion).
+    #[cfg(test)]
+    pub(crate) fn set_next_id(&mut self, id: u32) {
+        self.next_id = id;
     }
 
     fn find(&self, id: u32) -> Option<usize> {
@@ -539,7 +549,7 @@ impl Core {
         if let Some(f) = &self.fault {
             return Err((f.to_error(), body));
         }
-        if self.goaway.is_some() || self.next_id > MAX_WINDOW as u32 {
+        if self.is_closing() {
             return Err((H2Error::Refused, body));
         }
         let end = body.is_end_stream();
@@ -828,7 +838,9 @@ impl Core {
                         block.clear();
                         self.encoder.begin_block(&mut block);
                         for (n, v) in &t {
-                            if !crate::conn_headers::may_strip(n) {
+                            if !crate::conn_headers::may_strip(n)
+                                && !crate::conn_headers::forbidden_trailer(n)
+                            {
                                 Encoder::field_raw(
                                     &mut block,
                                     n.as_str().as_bytes(),
@@ -1095,6 +1107,7 @@ impl Core {
             self.control()?;
         }
         self.preface_seen = true;
+        let mut initial_window = None;
         for (id, v) in frame::settings_params(payload) {
             match id {
                 setting::ENABLE_PUSH if v != 0 => {
@@ -1111,17 +1124,9 @@ impl Core {
                             "SETTINGS_INITIAL_WINDOW_SIZE above 2^31-1",
                         ));
                     }
-                    let delta = i64::from(v) - self.peer_initial_window;
-                    self.peer_initial_window = i64::from(v);
-                    for s in &mut self.streams {
-                        s.send_window += delta;
-                        if s.send_window > MAX_WINDOW {
-                            return Err(Err::Conn(
-                                Reason::FLOW_CONTROL_ERROR,
-                                "stream window above 2^31-1",
-                            ));
-                        }
-                    }
+                    // Applied once, after the frame: the last value holds (a frame of
+                    // thousands of entries does not walk the streams for each).
+                    initial_window = Some(i64::from(v));
                 }
                 setting::MAX_FRAME_SIZE => {
                     if !(frame::DEFAULT_MAX_FRAME_SIZE..=frame::MAX_MAX_FRAME_SIZE).contains(&v) {
@@ -1142,6 +1147,19 @@ impl Core {
                 // first block sizes it to 0), so any value is honoured. MAX_HEADER_LIST_SIZE
                 // is advisory. Unknown parameters are ignored (RFC 9113 §6.5.2).
                 _ => {}
+            }
+        }
+        if let Some(w) = initial_window {
+            let delta = w - self.peer_initial_window;
+            self.peer_initial_window = w;
+            for s in &mut self.streams {
+                s.send_window += delta;
+                if s.send_window > MAX_WINDOW {
+                    return Err(Err::Conn(
+                        Reason::FLOW_CONTROL_ERROR,
+                        "stream window above 2^31-1",
+                    ));
+                }
             }
         }
         let before = self.out.len();
@@ -1173,8 +1191,15 @@ impl Core {
         // client was told to send elsewhere.
         self.cut_streams_above(last);
         for i in (0..self.streams.len()).rev() {
-            if self.streams[i].id > last && self.streams[i].fault.is_none() {
-                self.end_stream(i, StreamFault::Refused);
+            let s = &self.streams[i];
+            if s.id > last && s.fault.is_none() {
+                // A stream with a response frame already was seen: reset, not refused.
+                let why = if s.response_started {
+                    StreamFault::Reset(Reason::REFUSED_STREAM)
+                } else {
+                    StreamFault::Refused
+                };
+                self.end_stream(i, why);
             }
         }
         Ok(())
@@ -1263,7 +1288,8 @@ impl Core {
         if s.recv == Recv::Done && s.fault.is_none() && s.send_done {
             return self.glitch();
         }
-        let why = if reason == Reason::REFUSED_STREAM {
+        // Refused only before any frame of a response: once one came, the request was seen.
+        let why = if reason == Reason::REFUSED_STREAM && !s.response_started {
             StreamFault::Refused
         } else {
             StreamFault::Reset(reason)
@@ -1301,6 +1327,11 @@ impl Core {
         let Some(i) = self.find(head.stream) else {
             return self.glitch();
         };
+        if self.streams[i].fault.is_some() {
+            // A stream that already failed (reset, kept for its handle): nothing to do, and
+            // no reset reflected per frame.
+            return self.glitch();
+        }
         if inc == 0 {
             return Err(Err::Stream(
                 head.stream,
@@ -1350,9 +1381,13 @@ impl Core {
             self.empty()?;
         }
         let Some(i) = self.find(id) else {
-            // A stream we closed: credited back.
+            // A stream we closed: credited back. An empty one delivers nothing even in
+            // flight (data in flight after our reset is bounded by the window; these are not).
             self.conn_unreleased = self.conn_unreleased.saturating_add(len as u32);
             self.grant_conn();
+            if content.is_empty() {
+                return self.glitch();
+            }
             return Ok(());
         };
         let s = &mut self.streams[i];
@@ -1362,6 +1397,9 @@ impl Core {
             let s = &self.streams[i];
             if s.fault.is_some() {
                 // Already failed (refused, reset by us): in flight, dropped.
+                if content.is_empty() {
+                    return self.glitch();
+                }
                 return Ok(());
             }
             return Err(match s.recv {
@@ -1508,7 +1546,8 @@ impl Core {
             return self.glitch();
         };
         if !live {
-            return Ok(());
+            // A block on a stream that already failed: decoded for the table, nothing more.
+            return self.glitch();
         }
         if too_large {
             return Err(Err::Stream(
@@ -1593,7 +1632,17 @@ impl Core {
                         "response body length differs from its content-length",
                     ));
                 }
-                s.trailers = Some(h.headers);
+                // Fields that may not be trailers are left out (RFC 9110 §6.5.1).
+                let mut t = h.headers;
+                let forbidden: Vec<HeaderName> = t
+                    .keys()
+                    .filter(|n| crate::conn_headers::forbidden_trailer(n))
+                    .cloned()
+                    .collect();
+                for n in forbidden {
+                    t.remove(n);
+                }
+                s.trailers = Some(t);
                 s.recv = Recv::Done;
             }
             Recv::Done => {

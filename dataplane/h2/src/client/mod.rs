@@ -30,8 +30,12 @@
 //!
 //! Bounds: the read buffer holds one frame (16 KiB, our SETTINGS_MAX_FRAME_SIZE) and one read
 //! past it; the output stops taking body data past [`core::WRITE_HIGH`], and the backend
-//! stops being read past four times that (only acknowledgements can take it there); each stream holds at most its window of unread response data, the
-//! connection its window; the limits on the backend's frames are in [`core`].
+//! stops being read past four times that (only acknowledgements can take it there); each
+//! stream holds at most its window of unread response data. The connection's window does not
+//! bound what the streams hold together by itself (a body handed over whole, or data taken
+//! from a stream, is credited back while its consumer may still hold it): the caller bounds
+//! the streams per connection (the dataplane's pool: 100, each of a window of its
+//! read-ahead). The limits on the backend's frames are in [`core`].
 
 pub mod core;
 
@@ -134,7 +138,12 @@ where
         if let Poll::Ready(r) = Pin::new(&mut conn).poll(cx) {
             return Poll::Ready(Err(r.err().unwrap_or(H2Error::Closed)));
         }
-        if shared.lock().preface_seen {
+        let core = shared.lock();
+        if core.fault.is_some() {
+            // Failed with the backend's first frames (its GOAWAY may still be unwritten).
+            return Poll::Ready(Err(fault_error(&core)));
+        }
+        if core.preface_seen {
             Poll::Ready(Ok(()))
         } else {
             Poll::Pending
@@ -161,7 +170,12 @@ impl SendRequest {
     /// connection takes no new stream.
     pub fn send(&self, req: RequestHead<'_>, body: Body) -> Result<ResponseFuture, SendError> {
         let mut core = self.shared.lock();
-        match core.open(&req, body) {
+        let opened = core.open(&req, body);
+        if core.is_closing() {
+            // The ids ran out with this stream: no other opens here.
+            self.shared.closing.store(true, Ordering::Release);
+        }
+        match opened {
             Ok(id) => Ok(ResponseFuture {
                 shared: Some(self.shared.clone()),
                 id,

@@ -562,6 +562,9 @@ async fn request_trailers_follow_the_data() {
     let mut t = HeaderMap::new();
     t.insert("x-sum", HeaderValue::from_static("7"));
     t.insert("connection", HeaderValue::from_static("close"));
+    // Fields that may not be trailers are left out (RFC 9110 §6.5.1).
+    t.insert("authorization", HeaderValue::from_static("Basic eDp5"));
+    t.insert("content-length", HeaderValue::from_static("3"));
     let body = Frames(VecDeque::from([
         Frame::data(Bytes::from_static(b"abc")),
         Frame::trailers(t),
@@ -969,4 +972,186 @@ async fn a_connection_whose_task_is_gone_is_closing_and_fails_its_streams() {
     assert!(e.closed_before_response, "{:?}", e.error);
     let e = send.send(get(&h, "/"), crate::empty()).unwrap_err();
     assert!(e.unsent.is_some(), "{:?}", e.error);
+}
+
+#[tokio::test]
+async fn a_backend_allowing_no_stream_makes_the_connection_closing() {
+    let (send, _peer) = Peer::start(&[(setting::MAX_CONCURRENT_STREAMS, 0)]).await;
+    assert!(send.is_closing());
+    let h = HeaderMap::new();
+    let e = send.send(get(&h, "/"), crate::empty()).unwrap_err();
+    assert!(matches!(e.error, H2Error::Refused), "{:?}", e.error);
+    assert!(e.unsent.is_some());
+}
+
+#[tokio::test]
+async fn a_connection_whose_stream_ids_ran_out_is_closing() {
+    let (send, mut peer) = Peer::start(&[]).await;
+    send.shared
+        .lock()
+        .set_next_id(crate::frame::MAX_WINDOW as u32);
+    let h = HeaderMap::new();
+    // The last id goes; then the connection takes no stream and says so.
+    let f = send.send(get(&h, "/"), crate::empty()).unwrap();
+    assert!(send.is_closing());
+    let e = send.send(get(&h, "/"), crate::empty()).unwrap_err();
+    assert!(matches!(e.error, H2Error::Refused), "{:?}", e.error);
+    let (id, ..) = peer.request().await;
+    assert_eq!(id, crate::frame::MAX_WINDOW as u32);
+    peer.headers(id, &[(":status", "204")], true).await;
+    assert_eq!(respond(f).await.unwrap().status(), 204);
+}
+
+#[tokio::test]
+async fn frames_on_a_failed_stream_are_counted_not_answered_each() {
+    let (send, mut peer) = Peer::start(&[]).await;
+    let h = HeaderMap::new();
+    let _f = send.send(get(&h, "/"), crate::empty()).unwrap();
+    let (id, ..) = peer.request().await;
+    // The first zero increment resets the stream; the others, on a stream already failed,
+    // are glitches until the flood limit ends the connection.
+    let mut out = BytesMut::new();
+    for _ in 0..2 * core::MAX_GLITCHES_PER_SEC {
+        frame::put_window_update(&mut out, id, 0);
+    }
+    peer.write(&out).await;
+    let mut rst = 0;
+    loop {
+        let (h, p) = peer.frame().await.expect("a GOAWAY before the end");
+        if h.kind == kind::RST_STREAM {
+            rst += 1;
+        }
+        if h.kind == kind::GOAWAY {
+            assert_eq!(&p[4..8], &Reason::ENHANCE_YOUR_CALM.0.to_be_bytes());
+            break;
+        }
+    }
+    assert_eq!(rst, 1);
+}
+
+#[tokio::test]
+async fn a_refusal_after_a_response_frame_is_a_reset() {
+    let (send, mut peer) = Peer::start(&[]).await;
+    let h = HeaderMap::new();
+    let post = RequestHead {
+        method: &Method::POST,
+        ..get(&h, "/")
+    };
+    let f1 = send.send(post, crate::empty()).unwrap();
+    let f3 = send.send(post, crate::empty()).unwrap();
+    let (id1, ..) = peer.request().await;
+    let (id3, ..) = peer.request().await;
+    // Both streams get an interim response: the backend has seen them.
+    peer.headers(id1, &[(":status", "103")], false).await;
+    peer.headers(id3, &[(":status", "103")], false).await;
+    let mut out = BytesMut::new();
+    frame::put_rst(&mut out, id1, Reason::REFUSED_STREAM);
+    frame::put_goaway(&mut out, 0, Reason::NO_ERROR, b"");
+    peer.write(&out).await;
+    for f in [f1, f3] {
+        let e = respond(f).await.unwrap_err();
+        assert!(
+            matches!(e.error, H2Error::StreamReset(Reason::REFUSED_STREAM)),
+            "{:?}",
+            e.error
+        );
+        assert!(e.unsent.is_none());
+    }
+}
+
+#[tokio::test]
+async fn response_trailers_leave_out_the_fields_that_may_not_be_trailers() {
+    let (send, mut peer) = Peer::start(&[]).await;
+    let h = HeaderMap::new();
+    let f = send.send(get(&h, "/"), crate::empty()).unwrap();
+    let (id, ..) = peer.request().await;
+    peer.headers(id, &[(":status", "200")], false).await;
+    peer.data(id, b"ok", false).await;
+    peer.headers(
+        id,
+        &[
+            ("grpc-status", "0"),
+            ("set-cookie", "s=1"),
+            ("content-type", "text/html"),
+            ("grpc-status-details-bin", "AA"),
+        ],
+        true,
+    )
+    .await;
+    let r = respond(f).await.unwrap();
+    let (body, trailers) = collect(r.into_body()).await.unwrap();
+    assert_eq!(body, b"ok");
+    let t = trailers.expect("trailers");
+    let mut names: Vec<_> = t.keys().map(|n| n.as_str()).collect();
+    names.sort_unstable();
+    assert_eq!(names, ["grpc-status", "grpc-status-details-bin"]);
+}
+
+#[tokio::test]
+async fn a_handshake_whose_connection_failed_at_once_fails() {
+    // A pipe too small for our preface: the GOAWAY we owe cannot be written. The backend's
+    // SETTINGS come with a PUSH_PROMISE (a connection error), and it reads nothing.
+    let (client, mut server) = tokio::io::duplex(32);
+    let mut out = BytesMut::new();
+    frame::put_settings(&mut out, &[]);
+    frame::put_head(&mut out, 4, kind::PUSH_PROMISE, flag::END_HEADERS, 1);
+    out.extend_from_slice(&[0, 0, 0, 2]);
+    server.write_all(&out).await.unwrap();
+    let r = tokio::time::timeout(Duration::from_secs(10), handshake(client, cfg()))
+        .await
+        .expect("handshake in time");
+    assert!(
+        matches!(r, Err(H2Error::Protocol(Reason::PROTOCOL_ERROR, _))),
+        "{:?}",
+        r.map(|_| ())
+    );
+}
+
+#[tokio::test]
+async fn initial_window_size_is_applied_once_per_settings_frame() {
+    let (send, mut peer) = Peer::start(&[]).await;
+    let h = HeaderMap::new();
+    let f = send.send(get(&h, "/"), crate::empty()).unwrap();
+    let (id, ..) = peer.request().await;
+    // Stream 1's send window at 2^31-1; then SETTINGS whose entries raise it by one and put
+    // it back: the last value holds (walked per entry, the first overflowed: GOAWAY).
+    let mut out = BytesMut::new();
+    frame::put_window_update(&mut out, id, (crate::frame::MAX_WINDOW - 65_535) as u32);
+    frame::put_settings(
+        &mut out,
+        &[
+            (setting::INITIAL_WINDOW_SIZE, 65_536),
+            (setting::INITIAL_WINDOW_SIZE, 65_535),
+        ],
+    );
+    peer.write(&out).await;
+    let (h, _) = peer.next(kind::SETTINGS).await;
+    assert!(h.has(flag::ACK));
+    peer.headers(id, &[(":status", "200")], true).await;
+    assert_eq!(respond(f).await.unwrap().status(), 200);
+}
+
+#[tokio::test]
+async fn empty_frames_and_blocks_on_failed_or_closed_streams_are_counted() {
+    for kind_sent in [kind::DATA, kind::HEADERS] {
+        let (send, mut peer) = Peer::start(&[]).await;
+        let h = HeaderMap::new();
+        let f = send.send(get(&h, "/"), crate::empty()).unwrap();
+        let (id, ..) = peer.request().await;
+        // A reset makes the stream failed (kept for its handle); then frames that deliver
+        // nothing on it: empty DATA ending the stream, or trailer blocks.
+        let mut out = BytesMut::new();
+        frame::put_rst(&mut out, id, Reason::INTERNAL_ERROR);
+        for _ in 0..2 * core::MAX_GLITCHES_PER_SEC {
+            if kind_sent == kind::DATA {
+                frame::put_data(&mut out, id, &[], true);
+            } else {
+                out.extend_from_slice(&headers_frame(id, &[("x-a", "1")], true));
+            }
+        }
+        peer.write(&out).await;
+        let (_, p) = peer.next(kind::GOAWAY).await;
+        assert_eq!(&p[4..8], &Reason::ENHANCE_YOUR_CALM.0.to_be_bytes());
+        drop(f);
+    }
 }
