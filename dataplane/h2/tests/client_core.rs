@@ -129,3 +129,78 @@ proptest! {
         harness::run(&data);
     }
 }
+
+/// A frame as the backend sends it.
+fn raw_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let mut v = (payload.len() as u32).to_be_bytes()[1..].to_vec();
+    v.push(kind);
+    v.push(flags);
+    v.extend_from_slice(&stream.to_be_bytes());
+    v.extend_from_slice(payload);
+    v
+}
+
+fn goaway(last: u32) -> Vec<u8> {
+    let mut p = last.to_be_bytes().to_vec();
+    p.extend_from_slice(&0u32.to_be_bytes());
+    raw_frame(7, 0, 0, &p)
+}
+
+/// A second GOAWAY with a lower last id, after output was written past where a stream the
+/// first one refused had its HEADERS: the output is still cut only at frame boundaries of
+/// live streams. Before, the refused stream's stale offsets were used again: the cut panicked
+/// (`split_off` out of bounds) or fell inside a frame, dropping PING ACKs and leaving a
+/// partial frame for the backend (found by a read-only review).
+#[test]
+fn a_second_goaway_never_cuts_inside_a_frame() {
+    use http::{HeaderMap, Method};
+    use std::time::Instant;
+    use sweety_h2::client::core::{Config, Core, RequestHead};
+    for pings in [1u8, 20] {
+        let mut core = Core::new(Config {
+            stream_window: 65535,
+            conn_window: 1 << 20,
+            max_header_list: 16384,
+        });
+        let none = HeaderMap::new();
+        let path = format!("/{}", "a".repeat(200));
+        let req = RequestHead {
+            method: &Method::GET,
+            scheme: "http",
+            authority: b"backend.test",
+            path: &path,
+            headers: &none,
+        };
+        let now = Instant::now();
+        core.open(&req, sweety_h2::empty()).unwrap();
+        drop(core.take_output());
+        core.feed(&raw_frame(4, 0, 0, &[]));
+        core.process(Some(now));
+        core.open(&req, sweety_h2::empty()).unwrap();
+        // GOAWAY(1): stream 3's unwritten HEADERS leave the output; stream 3 stays listed.
+        core.feed(&goaway(1));
+        core.process(Some(now));
+        drop(core.take_output());
+        // A PING ACK written past where stream 3's HEADERS began.
+        core.feed(&raw_frame(6, 0, 0, &[0; 8]));
+        core.process(Some(now));
+        drop(core.take_output());
+        let mut input = Vec::new();
+        for k in 0..pings {
+            input.extend(raw_frame(6, 0, 0, &[k, 0, 0, 5, 1, 0, 0, 0]));
+        }
+        input.extend(goaway(0));
+        core.feed(&input);
+        core.process(Some(now));
+        let out = core.take_output();
+        let (mut rest, mut acks) = (&out[..], 0);
+        while !rest.is_empty() {
+            assert!(rest.len() >= 9, "a partial frame: {out:02x?}");
+            let len = u32::from_be_bytes([0, rest[0], rest[1], rest[2]]) as usize;
+            assert!(rest.len() >= 9 + len, "a partial frame: {out:02x?}");
+            acks += usize::from(rest[3] == 6 && rest[4] == 1);
+            rest = &rest[9 + len..];
+        }
+        assert_eq!(acks, usize::from(pings), "{out:02x?}");
+    }
+}

@@ -1205,26 +1205,31 @@ impl Core {
         Ok(())
     }
 
-    /// Removes from the output every frame not yet begun of the streams above `last`. Their
-    /// frames all follow their HEADERS (ids grow with the order of the queue, and no stream
-    /// opens after a GOAWAY), so the output is walked frame by frame from the first of their
-    /// HEADERS not begun (or the end of a HEADERS begun): a frame boundary.
+    /// Removes from the output every frame not yet begun of the live streams above `last`.
+    /// Their frames all follow their HEADERS (ids grow with the order of the queue, and no
+    /// stream opens after a GOAWAY), so the output is walked frame by frame from the first of
+    /// their HEADERS not begun (or the end of a HEADERS begun): a frame boundary. A stream an
+    /// earlier GOAWAY (or any fault) ended is left out: its frames are gone already and its
+    /// offsets may point into output queued since, inside a frame or past the end.
     fn cut_streams_above(&mut self, last: u32) {
         let w = self.written_total;
         let start = self
             .streams
             .iter()
-            .filter(|s| s.id > last)
+            .filter(|s| s.id > last && s.fault.is_none())
             .filter_map(|s| {
                 [s.headers_start, s.headers_end]
                     .into_iter()
                     .find(|&b| b >= w)
             })
             .min();
-        let Some(start) = start else {
+        let Some(at) = start
+            .and_then(|s| usize::try_from(s - w).ok())
+            .filter(|&at| at <= self.out.len())
+        else {
             return;
         };
-        let tail = self.out.split_off((start - w) as usize);
+        let tail = self.out.split_off(at);
         let mut rest = &tail[..];
         while rest.len() >= HEADER_LEN {
             let h = Head::parse(rest);
