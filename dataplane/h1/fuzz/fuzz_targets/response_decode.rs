@@ -101,6 +101,8 @@ fn may_keep_alive(mut data: &[u8], head_request: bool) -> bool {
                 .iter()
                 .filter(|f| f.name.eq_ignore_ascii_case(name))
                 .flat_map(|f| String::from_utf8_lossy(f.value).split(',').map(|t| t.trim().to_ascii_lowercase()).collect::<Vec<_>>())
+                // Empty list elements are ignored (RFC 9110 §5.6.1): `chunked,` is chunked.
+                .filter(|t| !t.is_empty())
                 .collect()
         };
         if tokens("connection").iter().any(|t| t == "close") {
