@@ -982,6 +982,16 @@ where
         .handshake::<_, Body>(io)
         .await
         .map_err(err)?;
+    spawn_h2_conn(open, conn);
+    Ok(Opened::H2(sender))
+}
+
+/// Runs an HTTP/2 connection's task (hyper's or Sweety's), counted open while it runs.
+fn spawn_h2_conn<F, E>(open: &Arc<AtomicUsize>, conn: F)
+where
+    F: std::future::Future<Output = Result<(), E>> + Send + 'static,
+    E: std::fmt::Display,
+{
     let counted = OpenGuard::new(open);
     tokio::spawn(async move {
         let _counted = counted;
@@ -989,7 +999,6 @@ where
             tracing::debug!(error = %e, "upstream h2 connection ended");
         }
     });
-    Ok(Opened::H2(sender))
 }
 
 /// Sweety's HTTP/2 client handshake on a connected stream (preface out, the backend's
@@ -1019,13 +1028,7 @@ where
             addr: addr.to_string(),
             source: e.into(),
         })?;
-    let counted = OpenGuard::new(open);
-    tokio::spawn(async move {
-        let _counted = counted;
-        if let Err(e) = conn.await {
-            tracing::debug!(error = %e, "upstream h2 connection ended");
-        }
-    });
+    spawn_h2_conn(open, conn);
     Ok(Opened::H2s(sender))
 }
 
