@@ -1,3 +1,5 @@
+// Sweety patch: the bit-by-bit coder of these three modules is no longer used by `decode`
+// and `encode` below (vendor/README.md).
 mod bitwin;
 mod decode;
 mod encode;
@@ -10,12 +12,8 @@ use bytes::{Buf, BufMut};
 
 pub use self::bitwin::BitWindow;
 
-pub use self::{
-    decode::{Error as HuffmanDecodingError, HpackStringDecode},
-    encode::{Error as HuffmanEncodingError, HpackStringEncode},
-};
+pub use self::{decode::Error as HuffmanDecodingError, encode::Error as HuffmanEncodingError};
 
-use crate::proto::coding::BufMutExt;
 use crate::qpack::prefix_int::{self, Error as IntegerError};
 
 #[derive(Debug, PartialEq)]
@@ -25,6 +23,8 @@ pub enum Error {
     HuffmanDecoding(HuffmanDecodingError),
     HuffmanEncoding(HuffmanEncodingError),
     BufSize(TryFromIntError),
+    // Sweety patch: an invalid Huffman-coded string (the decoder above).
+    HuffmanCode,
 }
 
 impl std::fmt::Display for Error {
@@ -35,6 +35,7 @@ impl std::fmt::Display for Error {
             Error::HuffmanDecoding(e) => write!(f, "Huffman decode failed: {:?}", e),
             Error::HuffmanEncoding(e) => write!(f, "Huffman encode failed: {:?}", e),
             Error::BufSize(_) => write!(f, "number in buffer wrong size"),
+            Error::HuffmanCode => write!(f, "invalid Huffman code"),
         }
     }
 }
@@ -48,22 +49,28 @@ pub fn decode<B: Buf>(size: u8, buf: &mut B) -> Result<Vec<u8>, Error> {
 
     let payload = buf.copy_to_bytes(len);
     let value = if flags & 1 == 0 {
-        payload.into_iter().collect()
+        payload.to_vec()
     } else {
+        // Sweety patch: sweety-h2's table-driven decoder (four bits a step), which refuses
+        // EOS, padding over 7 bits and padding not of ones (RFC 7541 §5.2).
         let mut decoded = Vec::new();
-        for byte in payload.into_iter().collect::<Vec<u8>>().hpack_decode() {
-            decoded.push(byte?);
-        }
+        sweety_h2::hpack::huffman::decode(&payload, &mut decoded)
+            .map_err(|_| Error::HuffmanCode)?;
         decoded
     };
     Ok(value)
 }
 
 pub fn encode<B: BufMut>(size: u8, flags: u8, value: &[u8], buf: &mut B) -> Result<(), Error> {
-    let encoded = Vec::from(value).hpack_encode()?;
-    prefix_int::encode(size - 1, flags << 1 | 1, encoded.len().try_into()?, buf);
-    for byte in encoded {
-        buf.write(byte);
+    // Sweety patch: Huffman-coded only when strictly shorter (else the octets as they are, H
+    // bit clear), by sweety-h2's coder: a 64-bit accumulator instead of a bit-by-bit Vec.
+    let coded = sweety_h2::hpack::huffman::encoded_len(value);
+    if coded < value.len() {
+        prefix_int::encode(size - 1, flags << 1 | 1, coded.try_into()?, buf);
+        sweety_h2::hpack::huffman::encode(value, buf);
+    } else {
+        prefix_int::encode(size - 1, flags << 1, value.len().try_into()?, buf);
+        buf.put_slice(value);
     }
     Ok(())
 }
