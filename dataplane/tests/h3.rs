@@ -1243,6 +1243,43 @@ async fn h3_send_windows_share_one_budget_across_connections() {
 
 common::on_both_h2_clients!(proxies_to_h1_and_h2c_backends_streaming_bodies_both_ways);
 
+/// The patched quinn-proto (vendor/README.md) wakes streams blocked by the server's own send
+/// window only once a quarter of it (at most 16 KiB) is free, and at once when the client's
+/// connection flow control is what limits. Both ways, eight 1 MiB responses at once on one
+/// connection arrive whole: with the send window at its 16 KiB minimum share, and with a client
+/// whose connection receive window (8 KiB) is below that threshold, so that only the client's
+/// MAX_DATA can unblock the writers.
+#[tokio::test]
+async fn h3_writers_blocked_by_either_window_are_woken() {
+    bounded(60, async {
+        let (dir, big) = site();
+        let (mut cfg, ca) = h3_config(vec![static_route("site", "/", dir.path())]);
+        cfg.http3.send_window = sweety_dataplane::quic_budget::MIN_SHARE as u32;
+        let h = Harness::start(cfg).await;
+        let addr = h.runtime.bound_quic().await["tls"];
+
+        let mut small_window = client_config(&ca, false);
+        let mut t = quinn::TransportConfig::default();
+        t.receive_window(8192u32.into())
+            .stream_receive_window(8192u32.into());
+        small_window.transport_config(Arc::new(t));
+        for cfg in [client_config(&ca, false), small_window] {
+            let c = Arc::new(H3::connect_with(addr, "localhost", cfg).await.unwrap());
+            let mut tasks = Vec::new();
+            for _ in 0..8 {
+                let c = c.clone();
+                tasks.push(tokio::spawn(async move { c.get("/big.bin").await }));
+            }
+            for t in tasks {
+                let (status, _, body) = t.await.unwrap().unwrap();
+                assert_eq!(status, 200);
+                assert!(body[..] == big[..], "1 MiB body intact");
+            }
+        }
+    })
+    .await;
+}
+
 /// QPACK string literals (the patched h3, vendor/README.md: sweety-h2's Huffman coder) both
 /// ways: request fields the client codes and the server decodes, then the same values sent
 /// back by the backend as response fields the server codes and the client decodes. The values

@@ -845,6 +845,20 @@ impl StreamsState {
             .min(self.send_window.saturating_sub(self.buffered_data))
     }
 
+    /// Sweety patch (vendor/README.md): whether the streams blocked on the connection-level
+    /// limit are woken. When the peer's MAX_DATA is what limits, at once, as before (only the
+    /// peer can raise it); when our own `send_window` is, once a quarter of it or 16 KiB,
+    /// whichever is less, is free. Upstream wakes them whenever any of it is: with a full window
+    /// each acknowledgement (a few packets) woke every blocked stream, one of them wrote about
+    /// a packet's worth and the others found the window full again. The threshold is at most
+    /// a quarter of the window, so once the data in flight is acknowledged it is always met.
+    fn unblock_writers(&self) -> bool {
+        const LOW_WATER: u64 = 16 * 1024;
+        let peer = self.max_data - self.data_sent;
+        let own = self.send_window.saturating_sub(self.buffered_data);
+        peer < own || own >= (self.send_window / 4).min(LOW_WATER)
+    }
+
     /// Yield stream events
     pub(crate) fn poll(&mut self) -> Option<StreamEvent> {
         if let Some(dir) = Dir::iter().find(|&i| mem::replace(&mut self.opened[i as usize], false))
@@ -852,7 +866,9 @@ impl StreamsState {
             return Some(StreamEvent::Opened { dir });
         }
 
-        if self.write_limit() > 0 {
+        // Sweety patch (vendor/README.md): streams blocked by our own send window are woken
+        // once a useful part of it is free, not at every acknowledgement.
+        if self.write_limit() > 0 && self.unblock_writers() {
             while let Some(id) = self.connection_blocked.pop() {
                 let stream = match self.send.get_mut(&id).and_then(|s| s.as_mut()) {
                     None => continue,
