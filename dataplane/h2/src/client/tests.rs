@@ -270,6 +270,9 @@ async fn resets_end_their_stream_refused_ones_may_go_again() {
     let h = HeaderMap::new();
     let f1 = send.send(get(&h, "/"), crate::empty()).unwrap();
     let f3 = send.send(get(&h, "/"), crate::empty()).unwrap();
+    // Both written (a reset of a stream not yet sent is a connection error).
+    peer.request().await;
+    peer.request().await;
     let mut out = BytesMut::new();
     frame::put_rst(&mut out, 1, Reason::REFUSED_STREAM);
     frame::put_rst(&mut out, 3, Reason::INTERNAL_ERROR);
