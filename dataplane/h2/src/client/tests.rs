@@ -61,6 +61,11 @@ impl Peer {
 
     /// The next frame the client wrote (`None`: it closed).
     async fn frame(&mut self) -> Option<(Head, Bytes)> {
+        self.frame_within(Duration::from_secs(10)).await
+    }
+
+    /// The next frame the client wrote within `limit` (`None`: it closed).
+    async fn frame_within(&mut self, limit: Duration) -> Option<(Head, Bytes)> {
         loop {
             if self.buf.len() >= HEADER_LEN {
                 let h = Head::parse(&self.buf);
@@ -70,8 +75,7 @@ impl Peer {
                     return Some((h, f.freeze()));
                 }
             }
-            let read =
-                tokio::time::timeout(Duration::from_secs(10), self.io.read_buf(&mut self.buf));
+            let read = tokio::time::timeout(limit, self.io.read_buf(&mut self.buf));
             if read.await.expect("a frame in time").ok()? == 0 {
                 return None;
             }
@@ -80,8 +84,13 @@ impl Peer {
 
     /// The next frame of kind `k`, others (SETTINGS ACK, WINDOW_UPDATE) skipped.
     async fn next(&mut self, k: u8) -> (Head, Bytes) {
+        self.next_within(k, Duration::from_secs(10)).await
+    }
+
+    /// [`Peer::next`], each frame within `limit`.
+    async fn next_within(&mut self, k: u8, limit: Duration) -> (Head, Bytes) {
         loop {
-            let (h, p) = self.frame().await.expect("a frame");
+            let (h, p) = self.frame_within(limit).await.expect("a frame");
             if h.kind == k {
                 return (h, p);
             }
@@ -270,6 +279,9 @@ async fn resets_end_their_stream_refused_ones_may_go_again() {
     let h = HeaderMap::new();
     let f1 = send.send(get(&h, "/"), crate::empty()).unwrap();
     let f3 = send.send(get(&h, "/"), crate::empty()).unwrap();
+    // Both written (a reset of a stream not yet sent is a connection error).
+    peer.request().await;
+    peer.request().await;
     let mut out = BytesMut::new();
     frame::put_rst(&mut out, 1, Reason::REFUSED_STREAM);
     frame::put_rst(&mut out, 3, Reason::INTERNAL_ERROR);
@@ -1154,4 +1166,267 @@ async fn empty_frames_and_blocks_on_failed_or_closed_streams_are_counted() {
         assert_eq!(&p[4..8], &Reason::ENHANCE_YOUR_CALM.0.to_be_bytes());
         drop(f);
     }
+}
+
+/// A frame of `kind` with `flags` and PADDED: the pad length, `content`, `pad` zero octets.
+fn padded(kind: u8, flags: u8, id: u32, content: &[u8], pad: u8) -> BytesMut {
+    let mut out = BytesMut::new();
+    frame::put_head(
+        &mut out,
+        1 + content.len() + usize::from(pad),
+        kind,
+        flags | flag::PADDED,
+        id,
+    );
+    out.extend_from_slice(&[pad]);
+    out.extend_from_slice(content);
+    out.extend_from_slice(&vec![0; usize::from(pad)]);
+    out
+}
+
+/// A Core past the backend's SETTINGS (no parameters), with one GET open and written.
+fn core_with_a_stream() -> (Core, u32) {
+    let mut core = Core::new(cfg());
+    let mut settings = BytesMut::new();
+    frame::put_settings(&mut settings, &[]);
+    core.feed(&settings);
+    core.process(None);
+    let h = HeaderMap::new();
+    let id = core.open(&get(&h, "/"), crate::empty()).unwrap();
+    drop(core.take_output());
+    (core, id)
+}
+
+/// The frames of `out`, as (kind, flags, stream, payload).
+fn frames_of(out: &[u8]) -> Vec<(u8, u8, u32, Vec<u8>)> {
+    let mut rest = out;
+    let mut v = Vec::new();
+    while rest.len() >= HEADER_LEN {
+        let h = Head::parse(rest);
+        let n = HEADER_LEN + h.len as usize;
+        v.push((h.kind, h.flags, h.stream, rest[HEADER_LEN..n].to_vec()));
+        rest = &rest[n..];
+    }
+    assert!(rest.is_empty(), "a partial frame");
+    v
+}
+
+/// Keep-alive, tick by tick: with a stream open, three silent ticks send one PING; any frame
+/// read (its ACK) starts the count again; three more silent ticks send another, and a fourth
+/// without a frame fails the connection and the stream with it.
+#[test]
+fn keep_alive_pings_a_silent_backend_and_gives_up_on_no_answer() {
+    let (mut core, id) = core_with_a_stream();
+    // The tick that sees the backend's SETTINGS (read since the last one) is not silent.
+    core.tick(IDLE_TICKS);
+    assert!(core.take_output().is_empty());
+    let ping = (kind::PING, 0, 0, b"sweety\0\0".to_vec());
+    for round in 0..2 {
+        for _ in 0..2 {
+            core.tick(IDLE_TICKS);
+            assert!(core.take_output().is_empty(), "round {round}");
+        }
+        core.tick(IDLE_TICKS);
+        assert_eq!(
+            frames_of(&core.take_output()),
+            std::slice::from_ref(&ping),
+            "round {round}"
+        );
+        if round == 0 {
+            let mut ack = BytesMut::new();
+            frame::put_ping_ack(&mut ack, b"sweety\0\0");
+            core.feed(&ack);
+            core.process(None);
+            core.tick(IDLE_TICKS);
+            assert!(core.fault().is_none());
+            assert!(
+                core.take_output().is_empty(),
+                "answered: no second PING at once"
+            );
+        }
+    }
+    core.tick(IDLE_TICKS);
+    assert_eq!(core.fault(), Some(&Fault::KeepAlive));
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    match core.poll_head(id, &mut cx) {
+        HeadPoll::Failed(H2Error::Protocol(Reason::NO_ERROR, why), None, false) => {
+            assert_eq!(why, "no answer to PING")
+        }
+        _ => panic!("the stream did not fail with the keep-alive"),
+    }
+}
+
+/// A connection without streams closes after IDLE_TICKS ticks (GOAWAY NO_ERROR "idle"), not
+/// one earlier; a stream opened meanwhile starts the count again, and ticks with a stream
+/// open do not count.
+#[test]
+fn an_idle_connection_closes_after_its_idle_ticks() {
+    let (mut core, id) = core_with_a_stream();
+    let mut resp = BytesMut::new();
+    resp.extend_from_slice(&headers_frame(id, &[(":status", "204")], true));
+    core.feed(&resp);
+    core.process(None);
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    assert!(matches!(core.poll_head(id, &mut cx), HeadPoll::Whole(..)));
+    for _ in 0..IDLE_TICKS - 1 {
+        core.tick(IDLE_TICKS);
+    }
+    // A stream opens and ends before the last idle tick: the count starts again.
+    let h = HeaderMap::new();
+    let id = core.open(&get(&h, "/"), crate::empty()).unwrap();
+    core.tick(IDLE_TICKS);
+    core.feed(&headers_frame(id, &[(":status", "204")], true));
+    core.process(None);
+    assert!(matches!(core.poll_head(id, &mut cx), HeadPoll::Whole(..)));
+    drop(core.take_output());
+    for _ in 0..IDLE_TICKS - 1 {
+        core.tick(IDLE_TICKS);
+        assert!(core.fault().is_none());
+    }
+    assert!(core.take_output().is_empty());
+    core.tick(IDLE_TICKS);
+    assert_eq!(core.fault(), Some(&Fault::Idle));
+    assert!(core.is_closing());
+    let mut goaway = 0u32.to_be_bytes().to_vec();
+    goaway.extend_from_slice(&Reason::NO_ERROR.0.to_be_bytes());
+    goaway.extend_from_slice(b"idle");
+    assert_eq!(
+        frames_of(&core.take_output()),
+        [(kind::GOAWAY, 0, 0, goaway)]
+    );
+}
+
+/// The same over a pipe with the clock paused (no wall time): the PING goes out on the wire,
+/// its ACK keeps the stream, the response comes, and the connection left without streams
+/// sends GOAWAY "idle" and closes; its handle is closing.
+#[tokio::test(start_paused = true)]
+async fn keep_alive_and_idle_close_over_a_pipe() {
+    let (send, mut peer) = Peer::start(&[]).await;
+    let h = HeaderMap::new();
+    let f = send.send(get(&h, "/"), crate::empty()).unwrap();
+    let (id, ..) = peer.request().await;
+    let long = TICK * (IDLE_TICKS + 2);
+    let (h1, p) = peer.next_within(kind::PING, long).await;
+    assert_eq!((h1.flags, &p[..]), (0, &b"sweety\0\0"[..]));
+    let mut ack = BytesMut::new();
+    frame::put_ping_ack(&mut ack, &p);
+    peer.write(&ack).await;
+    peer.headers(id, &[(":status", "200")], true).await;
+    assert_eq!(respond(f).await.unwrap().status(), 200);
+    let (_, p) = peer.next_within(kind::GOAWAY, long).await;
+    assert_eq!(&p[4..], &[0, 0, 0, 0, b'i', b'd', b'l', b'e']);
+    assert!(
+        peer.frame_within(long).await.is_none(),
+        "closed after the GOAWAY"
+    );
+    assert!(send.is_closing());
+}
+
+/// Padded HEADERS (with PRIORITY) and DATA frames: the content arrives as sent, and the
+/// padding, which nobody reads, is granted back to the windows at once. 80 DATA frames of one
+/// byte and 255 of padding are 20,480 octets, more than the 16 KiB stream window: they only
+/// fit because the padding is credited (WINDOW_UPDATEs with the body not yet read). A pad
+/// length past the payload is a connection error.
+#[tokio::test]
+async fn padded_frames_deliver_their_content_and_credit_their_padding() {
+    let (send, mut peer) = Peer::start(&[]).await;
+    let h = HeaderMap::new();
+    let f = send.send(get(&h, "/"), crate::empty()).unwrap();
+    let (id, ..) = peer.request().await;
+    let mut block = BytesMut::new();
+    Encoder::status(&mut block, 200);
+    Encoder::field(&mut block, b"x-a", b"1", false);
+    // PRIORITY: stream dependency 0, weight 16, then the block.
+    let mut content = vec![0, 0, 0, 0, 15];
+    content.extend_from_slice(&block);
+    let flags = flag::END_HEADERS | flag::PRIORITY;
+    peer.write(&padded(kind::HEADERS, flags, id, &content, 7))
+        .await;
+    let resp = respond(f).await.unwrap();
+    assert_eq!(resp.headers()["x-a"], "1");
+    let mut body = resp.into_body();
+    let mut granted = 0u32;
+    for i in 0..80u8 {
+        peer.write(&padded(kind::DATA, 0, id, &[b'a' + i % 26], 255))
+            .await;
+        // A WINDOW_UPDATE of the stream each time half its window of padding is due.
+        if (u32::from(i) + 1) * 255 >= granted + 2 * 8 * 1024 {
+            let (w, p) = peer.next(kind::WINDOW_UPDATE).await;
+            if w.stream == id {
+                granted += u32::from_be_bytes([p[0], p[1], p[2], p[3]]);
+            }
+        }
+    }
+    peer.data(id, b"", true).await;
+    let (data, _) = collect_now(&mut body).await;
+    let want: Vec<u8> = (0..80u8).map(|i| b'a' + i % 26).collect();
+    assert_eq!(data, want);
+    assert!(granted >= 8 * 1024, "padding credited: {granted}");
+    // A pad length beyond the payload: PROTOCOL_ERROR for the connection.
+    let f = send.send(get(&h, "/"), crate::empty()).unwrap();
+    let (id, ..) = peer.request().await;
+    let mut bad = BytesMut::new();
+    frame::put_head(&mut bad, 2, kind::DATA, flag::PADDED, id);
+    bad.extend_from_slice(&[5, 0]);
+    peer.headers(id, &[(":status", "200")], false).await;
+    peer.write(&bad).await;
+    let (_, p) = peer.next(kind::GOAWAY).await;
+    assert_eq!(&p[4..8], &Reason::PROTOCOL_ERROR.0.to_be_bytes());
+    drop(f);
+}
+
+/// Reads `body` to its end (data, trailers).
+async fn collect_now(body: &mut ResponseBody) -> (Vec<u8>, Option<HeaderMap>) {
+    let mut data = Vec::new();
+    let mut trailers = None;
+    while let Some(f) = tokio::time::timeout(Duration::from_secs(10), body.frame())
+        .await
+        .expect("a frame in time")
+    {
+        match f.unwrap().into_data() {
+            Ok(d) => data.extend_from_slice(&d),
+            Err(f) => trailers = f.into_trailers().ok(),
+        }
+    }
+    (data, trailers)
+}
+
+/// Responses that came whole before their head was asked for (HeadPoll::Whole: the stream is
+/// gone, its data handed over in one piece) give their bytes back to the connection window
+/// at once: eight whole 16 KiB responses, 128 KiB through a 64 KiB connection window, each
+/// read only after a PING round trip shows the client handled it. Without the credit the
+/// fifth overran the connection window (FLOW_CONTROL_ERROR).
+#[tokio::test]
+async fn whole_responses_credit_the_connection_window() {
+    let small = Config {
+        conn_window: frame::DEFAULT_WINDOW,
+        ..cfg()
+    };
+    let (send, mut peer) = Peer::start_with(small, &[]).await;
+    let h = HeaderMap::new();
+    let chunk = vec![9u8; 16 * 1024];
+    for round in 0..8u8 {
+        let f = send.send(get(&h, "/"), crate::empty()).unwrap();
+        let (id, ..) = peer.request().await;
+        peer.headers(id, &[(":status", "200")], false).await;
+        peer.data(id, &chunk, true).await;
+        let mut ping = BytesMut::new();
+        frame::put_ping(&mut ping, [round; 8]);
+        peer.write(&ping).await;
+        let (h, _) = peer.next(kind::PING).await;
+        assert!(h.has(flag::ACK));
+        let resp = respond(f).await.unwrap();
+        let mut body = resp.into_body();
+        assert_eq!(
+            format!("{body:?}"),
+            "ResponseBody(whole, 1 pieces)",
+            "round {round}"
+        );
+        assert_eq!(collect_now(&mut body).await.0.len(), chunk.len());
+    }
+    // The connection still serves.
+    let f = send.send(get(&h, "/"), crate::empty()).unwrap();
+    let (id, ..) = peer.request().await;
+    peer.headers(id, &[(":status", "204")], true).await;
+    assert_eq!(respond(f).await.unwrap().status(), 204);
 }
