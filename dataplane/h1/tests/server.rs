@@ -222,10 +222,13 @@ async fn a_streamed_response_of_unknown_length_is_chunked() {
     input.extend_from_slice(
         b"\r\n0\r\n\r\nGET / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nok",
     );
-    let out = exchange_with(&input, echo, Settings::default()).await;
+    let out = exchange_with(&input, echo.clone(), Settings::default()).await;
     assert!(out.starts_with("HTTP/1.1 200 OK\r\n"), "{}", &out[..100]);
     let first_end = out.find("\r\n\r\n").unwrap();
     assert!(out[..first_end].contains("transfer-encoding: chunked"));
+    // The answer's head goes before the request body has ended: the connection closes after
+    // it (see an_early_success_to_a_held_body_says_close), and says so.
+    assert!(out[..first_end].contains("connection: close"));
     // The chunked body decodes to the request's body.
     let mut d = sweety_h1::chunked::Decoder::new(Default::default());
     let mut buf = BytesMut::from(&out.as_bytes()[first_end + 4..]);
@@ -238,10 +241,16 @@ async fn a_streamed_response_of_unknown_length_is_chunked() {
     }
     assert_eq!(got.len(), 3 + big.len());
     assert!(got.starts_with(b"abc"));
-    // The second request's body has a known length: Content-Length.
-    let rest = String::from_utf8_lossy(&buf);
-    assert!(rest.starts_with("HTTP/1.1 200 OK\r\n") && rest.contains("content-length: 2\r\n"));
-    assert!(rest.ends_with("\r\n\r\nok"), "{rest}");
+    assert!(buf.is_empty(), "the request after it is not read");
+    // A body of known length: Content-Length.
+    let out = exchange_with(
+        b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nok",
+        echo,
+        Settings::default(),
+    )
+    .await;
+    assert!(out.starts_with("HTTP/1.1 200 OK\r\n") && out.contains("content-length: 2\r\n"));
+    assert!(out.ends_with("\r\n\r\nok"), "{out}");
 }
 
 #[tokio::test]
@@ -1291,6 +1300,72 @@ async fn a_body_let_go_of_before_a_late_success_says_close() {
     assert!(got.contains("\r\nconnection: close\r\n"), "{got}");
     drop(c);
     task.await.unwrap().unwrap();
+}
+
+// An early success while the body is still held and unread (a proxy whose backend answered
+// before the upload ended): the connection cannot be kept (the body is not read on after the
+// answer), so the answer says `Connection: close` before it closes, whatever its status.
+// Before, a 2xx said keep-alive (no `Connection: close`) and the connection then closed; an
+// error status said close already. A body read to its end before the answer keeps it.
+#[tokio::test]
+async fn an_early_success_to_a_held_body_says_close() {
+    let (keep_tx, keep_rx) = std::sync::mpsc::channel::<RecvBody>();
+    let keep_tx = Arc::new(Mutex::new(keep_tx));
+    let h: Handler = Arc::new(move |req: Request<RecvBody>| {
+        let keep_tx = keep_tx.clone();
+        Box::pin(async move {
+            if req.uri().path() == "/held" {
+                keep_tx.lock().unwrap().send(req.into_body()).unwrap();
+            } else {
+                req.into_body().collect().await.unwrap();
+            }
+            Response::new(full("ok"))
+        })
+    });
+    for (path, length, close) in [("/held", 1_000_000, true), ("/read", 3, false)] {
+        let (mut c, _hits, _tx, task) = start(h.clone(), Settings::default());
+        c.write_all(
+            format!("POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {length}\r\n\r\nabc")
+                .as_bytes(),
+        )
+        .await
+        .unwrap();
+        let mut buf = vec![0u8; 4096];
+        let mut got = Vec::new();
+        while !got.ends_with(b"\r\n\r\nok") {
+            let n = tokio::time::timeout(Duration::from_secs(20), c.read(&mut buf))
+                .await
+                .unwrap()
+                .unwrap();
+            assert_ne!(n, 0, "{path}: {}", String::from_utf8_lossy(&got));
+            got.extend_from_slice(&buf[..n]);
+        }
+        let got = String::from_utf8_lossy(&got);
+        assert!(got.starts_with("HTTP/1.1 200 OK\r\n"), "{path}: {got}");
+        assert_eq!(
+            got.contains("\r\nconnection: close\r\n"),
+            close,
+            "{path}: {got}"
+        );
+        // Kept: the next request is answered. Closed: the connection ends (after lingering).
+        c.write_all(b"GET /next HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        c.shutdown().await.unwrap();
+        let mut rest = Vec::new();
+        tokio::time::timeout(Duration::from_secs(20), c.read_to_end(&mut rest))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            !rest.is_empty(),
+            !close,
+            "{path}: {}",
+            String::from_utf8_lossy(&rest)
+        );
+        task.await.unwrap().unwrap();
+    }
+    drop(keep_rx);
 }
 
 // A body the service still holds when its answer has ended (handed to a task) is fed no more:
