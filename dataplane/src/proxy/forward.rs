@@ -298,6 +298,7 @@ pub enum TryOutcome<'a> {
 /// | outcome                          | retried when                    |
 /// |----------------------------------|---------------------------------|
 /// | connect / connect timeout / TLS  | always (nothing was sent)       |
+/// | local overload                   | always (nothing was sent)       |
 /// | timeout, protocol error          | replayable                      |
 /// | status listed in `codes`         | replayable                      |
 /// | no endpoint / no backend / other | never                           |

@@ -781,8 +781,9 @@ impl Core {
     // ------------------------------------------------------------------ sending bodies
 
     /// Polls request bodies for data the windows allow and frames it, round robin, until
-    /// the output passes [`WRITE_HIGH`] or nothing more can go.
-    pub(crate) fn poll_send(&mut self, cx: &mut Context<'_>) {
+    /// the output passes [`WRITE_HIGH`] or nothing more can go (public for the fuzz target,
+    /// which sends bodies without a transport).
+    pub fn poll_send(&mut self, cx: &mut Context<'_>) {
         if self.fault.is_some() || self.streams.is_empty() {
             return;
         }
@@ -1281,6 +1282,15 @@ impl Core {
         let Some(i) = self.find(head.stream) else {
             return self.glitch();
         };
+        if self.streams[i].headers_end > self.written_total {
+            // Its HEADERS have not all reached the transport: for the backend the stream is
+            // still idle (RFC 9113 §5.1), it cannot have refused it. Taken as a refusal, the
+            // request would go elsewhere and then be written here all the same.
+            return Err(Err::Conn(
+                Reason::PROTOCOL_ERROR,
+                "RST_STREAM on a stream not yet sent",
+            ));
+        }
         let s = &mut self.streams[i];
         if s.recv == Recv::Done && s.fault.is_none() && reason == Reason::NO_ERROR {
             // The response is whole: the backend wants no more of the request (RFC 9113
