@@ -13,6 +13,7 @@
 //! Field names and values are passed through as octets: checking them (lowercase names, no
 //! CR/LF/NUL, pseudo-header rules) is the HTTP/2 layer's job (RFC 9113 §8.2).
 
+mod decode_memo;
 mod huffman;
 mod literal_cache;
 
@@ -446,8 +447,13 @@ enum Name {
 }
 
 /// Reads a string literal (RFC 7541 §5.2) at `*pos`; Huffman-coded ones are decoded into
-/// `scratch`.
-fn read_str(block: &[u8], pos: &mut usize, scratch: &mut Vec<u8>) -> Result<Str, HpackError> {
+/// `scratch`, through `memo` when it is given (a value of a field whose values repeat).
+fn read_str(
+    block: &[u8],
+    pos: &mut usize,
+    scratch: &mut Vec<u8>,
+    memo: Option<&mut Option<Box<decode_memo::Memo>>>,
+) -> Result<Str, HpackError> {
     let huffman = *block.get(*pos).ok_or(HpackError::Truncated)? & 0x80 != 0;
     let len = decode_int(block, pos, 7)?;
     let start = *pos;
@@ -460,7 +466,19 @@ fn read_str(block: &[u8], pos: &mut usize, scratch: &mut Vec<u8>) -> Result<Str,
         return Ok(Str::Block(start, end));
     }
     let from = scratch.len();
-    huffman::decode(&block[start..end], scratch)?;
+    let coded = &block[start..end];
+    match memo {
+        Some(memo) if (1..=decode_memo::MAX_CODED).contains(&coded.len()) => {
+            let memo = memo.get_or_insert_with(decode_memo::Memo::new);
+            if let Some(decoded) = memo.get(coded) {
+                scratch.extend_from_slice(decoded);
+            } else {
+                huffman::decode(coded, scratch)?;
+                memo.put(coded, &scratch[from..]);
+            }
+        }
+        _ => huffman::decode(coded, scratch)?,
+    }
     Ok(Str::Scratch(from, scratch.len()))
 }
 
@@ -479,6 +497,11 @@ pub struct Decoder {
     update_required: Option<usize>,
     /// Huffman-decoded name and value of the current field.
     scratch: Vec<u8>,
+    /// Huffman-coded values of repeating response fields decoded last (allocated at the
+    /// first one).
+    memo: Option<Box<decode_memo::Memo>>,
+    /// The memo is not used (the fuzz target's reference decoder).
+    memo_off: bool,
     poisoned: bool,
 }
 
@@ -502,8 +525,18 @@ impl Decoder {
             max_allowed: n,
             update_required: None,
             scratch: Vec::new(),
+            memo: None,
+            memo_off: false,
             poisoned: false,
         }
+    }
+
+    /// This decoder without its memo of repeating values: every Huffman-coded string is
+    /// decoded. The fuzz target's reference: both decoders answer every block the same.
+    #[doc(hidden)]
+    pub fn without_memo(mut self) -> Self {
+        self.memo_off = true;
+        self
     }
 
     /// Sets the SETTINGS_HEADER_TABLE_SIZE value we advertised (once the peer acknowledged
@@ -612,14 +645,18 @@ impl Decoder {
             let index = decode_int(block, &mut pos, if indexing { 6 } else { 4 })?;
             self.scratch.clear();
             let name = match index {
-                0 => Name::Literal(read_str(block, &mut pos, &mut self.scratch)?),
+                0 => Name::Literal(read_str(block, &mut pos, &mut self.scratch, None)?),
                 1..=61 => Name::Static(STATIC[index - 1].0),
                 _ => {
                     self.lookup(index)?;
                     Name::Dynamic(index - STATIC.len())
                 }
             };
-            let value = read_str(block, &mut pos, &mut self.scratch)?;
+            // A value of a field whose values repeat and are no secret (`server`, `date`,
+            // `content-type`...: named by a static index) is looked up in the memo first.
+            let memo = (!sensitive && !self.memo_off && literal_cache::cacheable(index))
+                .then_some(&mut self.memo);
+            let value = read_str(block, &mut pos, &mut self.scratch, memo)?;
             let value = value.get(block, &self.scratch);
             let name_bytes = match name {
                 Name::Static(n) => n,
