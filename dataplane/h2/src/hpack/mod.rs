@@ -770,59 +770,67 @@ impl Encoder {
     /// indexed when `sensitive`, without indexing otherwise. Strings are Huffman-coded only
     /// when that is shorter. `name` must already be lowercase (RFC 9113 §8.2.1).
     pub fn field(dst: &mut BytesMut, name: &[u8], value: &[u8], sensitive: bool) {
-        let name_index = static_name_index(name);
-        if !sensitive {
-            if let Some(i) = name_index.and_then(|n| static_field_index(n, value)) {
-                encode_int(dst, i, 7, 0x80);
-                return;
-            }
-        }
-        let flags = if sensitive { 0x10 } else { 0x00 };
-        match name_index {
-            Some(i) => {
-                encode_int(dst, i, 4, flags);
-                if !sensitive && literal_cache::cacheable(i) {
-                    // A value that repeats (server, date, content-type): coded once per thread.
-                    literal_cache::encode(dst, value, encode_str);
-                    return;
-                }
-            }
-            None => {
-                dst.put_u8(flags);
-                // A name the static table lacks (`x-request-id`, `x-cache`, `x-powered-by`)
-                // repeats from response to response like the values above, and a name is no
-                // secret (a sensitive field's value is what is never cached).
-                literal_cache::encode(dst, name, encode_str);
-            }
-        }
-        encode_str(dst, value);
+        field_with(dst, name, value, sensitive, Literals::Coded);
     }
-}
 
-impl Encoder {
     /// [`Encoder::field`] with its string literals never Huffman-coded: the HTTP/2 client's
     /// request fields, which differ per request (addresses, paths, forwarding fields), where
     /// the Huffman pass cost more instructions (about 7,000 per proxied request) than the
-    /// octets it saves on a backend link are worth. Indexed when the whole field is in the
-    /// static table (unless sensitive), else a literal with the static name index where there
-    /// is one, never indexed when `sensitive`, without indexing otherwise.
+    /// octets it saves on a backend link are worth. The same representation rules as
+    /// [`Encoder::field`] (one function: `field_with`).
     pub fn field_raw(dst: &mut BytesMut, name: &[u8], value: &[u8], sensitive: bool) {
-        let name_index = static_name_index(name);
-        if !sensitive {
-            if let Some(i) = name_index.and_then(|n| static_field_index(n, value)) {
-                encode_int(dst, i, 7, 0x80);
+        field_with(dst, name, value, sensitive, Literals::Raw);
+    }
+}
+
+/// How a field's string literals are written.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Literals {
+    /// Huffman-coded when shorter; repeating values (and names the static table lacks)
+    /// through the per-thread [`literal_cache`].
+    Coded,
+    /// As they are.
+    Raw,
+}
+
+/// [`Encoder::field`] and [`Encoder::field_raw`]: the representation rules (indexed when the
+/// whole field is in the static table unless sensitive, else a literal with the static name
+/// index where there is one, never indexed when `sensitive`, without indexing otherwise) in
+/// one place, the literals written as `literals` says. Inlined into both, each with its
+/// constant `literals`, so neither pays for the other's branch.
+#[inline(always)]
+fn field_with(dst: &mut BytesMut, name: &[u8], value: &[u8], sensitive: bool, literals: Literals) {
+    let name_index = static_name_index(name);
+    if !sensitive {
+        if let Some(i) = name_index.and_then(|n| static_field_index(n, value)) {
+            encode_int(dst, i, 7, 0x80);
+            return;
+        }
+    }
+    let flags = if sensitive { 0x10 } else { 0x00 };
+    match name_index {
+        Some(i) => {
+            encode_int(dst, i, 4, flags);
+            if literals == Literals::Coded && !sensitive && literal_cache::cacheable(i) {
+                // A value that repeats (server, date, content-type): coded once per thread.
+                literal_cache::encode(dst, value, encode_str);
                 return;
             }
         }
-        let flags = if sensitive { 0x10 } else { 0x00 };
-        match name_index {
-            Some(i) => encode_int(dst, i, 4, flags),
-            None => {
-                dst.put_u8(flags);
-                encode_raw(dst, name);
+        None => {
+            dst.put_u8(flags);
+            match literals {
+                // A name the static table lacks (`x-request-id`, `x-cache`, `x-powered-by`)
+                // repeats from response to response like the values above, and a name is no
+                // secret (a sensitive field's value is what is never cached).
+                Literals::Coded => literal_cache::encode(dst, name, encode_str),
+                Literals::Raw => encode_raw(dst, name),
             }
         }
-        encode_raw(dst, value);
+    }
+    match literals {
+        Literals::Coded => encode_str(dst, value),
+        Literals::Raw => encode_raw(dst, value),
     }
 }
 
