@@ -32,7 +32,26 @@ impl Peer {
     }
 
     async fn start_with(cfg: Config, settings: &[(u16, u32)]) -> (SendRequest, Peer) {
-        let (client, mut server) = tokio::io::duplex(1 << 20);
+        let (send, mut peer, (h, p)) = Peer::open(1 << 20, cfg, settings).await;
+        assert_eq!((h.kind, h.flags), (kind::SETTINGS, 0));
+        let params: Vec<_> = frame::settings_params(&p).collect();
+        assert!(params.contains(&(setting::ENABLE_PUSH, 0)));
+        assert!(params.contains(&(setting::INITIAL_WINDOW_SIZE, cfg.stream_window)));
+        let mut ack = BytesMut::new();
+        frame::put_settings_ack(&mut ack);
+        peer.io.write_all(&ack).await.unwrap();
+        (send, peer)
+    }
+
+    /// A client connection over a pipe of `pipe` bytes (its task spawned) and the backend
+    /// end: the backend's SETTINGS (`settings`) sent, our preface read, and our SETTINGS
+    /// frame, not yet acknowledged.
+    async fn open(
+        pipe: usize,
+        cfg: Config,
+        settings: &[(u16, u32)],
+    ) -> (SendRequest, Peer, (Head, Bytes)) {
+        let (client, mut server) = tokio::io::duplex(pipe);
         let mut out = BytesMut::new();
         frame::put_settings(&mut out, settings);
         server.write_all(&out).await.unwrap();
@@ -48,15 +67,19 @@ impl Peer {
         }
         assert_eq!(&peer.buf[..24], frame::PREFACE);
         peer.buf.advance(24);
-        let (h, p) = peer.frame().await.expect("our SETTINGS");
-        assert_eq!((h.kind, h.flags), (kind::SETTINGS, 0));
-        let params: Vec<_> = frame::settings_params(&p).collect();
-        assert!(params.contains(&(setting::ENABLE_PUSH, 0)));
-        assert!(params.contains(&(setting::INITIAL_WINDOW_SIZE, cfg.stream_window)));
-        let mut ack = BytesMut::new();
-        frame::put_settings_ack(&mut ack);
-        peer.io.write_all(&ack).await.unwrap();
-        (send, peer)
+        let ours = peer.frame().await.expect("our SETTINGS");
+        (send, peer, ours)
+    }
+
+    /// [`Peer::start`] with no parameters, and a GET of `/` sent and read by the backend:
+    /// its response future and stream id.
+    async fn one_get() -> (SendRequest, Peer, ResponseFuture, u32) {
+        let (send, mut peer) = Peer::start(&[]).await;
+        let f = send
+            .send(get(&HeaderMap::new(), "/"), crate::empty())
+            .unwrap();
+        let (id, ..) = peer.request().await;
+        (send, peer, f, id)
     }
 
     /// The next frame the client wrote (`None`: it closed).
@@ -150,6 +173,21 @@ fn get<'a>(headers: &'a HeaderMap, path: &'a str) -> RequestHead<'a> {
     }
 }
 
+/// A POST of `path` with `headers`.
+fn post<'a>(headers: &'a HeaderMap, path: &'a str) -> RequestHead<'a> {
+    RequestHead {
+        method: &Method::POST,
+        ..get(headers, path)
+    }
+}
+
+/// `n` data frames of `chunk`, for [`Frames`].
+fn repeated(chunk: &[u8], n: usize) -> VecDeque<Frame<Bytes>> {
+    (0..n)
+        .map(|_| Frame::data(Bytes::copy_from_slice(chunk)))
+        .collect()
+}
+
 fn full(b: &'static [u8]) -> Body {
     crate::boxed(http_body_util::Full::new(Bytes::from_static(b)))
 }
@@ -209,10 +247,7 @@ async fn a_request_gets_its_response_and_the_fields_go_as_sent() {
 
 #[tokio::test]
 async fn trailers_end_the_body_and_interim_heads_are_skipped() {
-    let (send, mut peer) = Peer::start(&[]).await;
-    let h = HeaderMap::new();
-    let f = send.send(get(&h, "/"), crate::empty()).unwrap();
-    let (id, ..) = peer.request().await;
+    let (_send, mut peer, f, id) = Peer::one_get().await;
     peer.headers(id, &[(":status", "103"), ("link", "</a>")], false)
         .await;
     peer.headers(
@@ -415,10 +450,7 @@ async fn malformed_responses_fail_their_stream() {
 
 #[tokio::test]
 async fn interim_responses_are_bounded() {
-    let (send, mut peer) = Peer::start(&[]).await;
-    let h = HeaderMap::new();
-    let f = send.send(get(&h, "/"), crate::empty()).unwrap();
-    let (id, ..) = peer.request().await;
+    let (_send, mut peer, f, id) = Peer::one_get().await;
     for _ in 0..=core::MAX_INTERIM {
         peer.headers(id, &[(":status", "100")], false).await;
     }
@@ -432,10 +464,7 @@ async fn interim_responses_are_bounded() {
 
 #[tokio::test]
 async fn a_header_list_over_the_bound_fails_its_stream() {
-    let (send, mut peer) = Peer::start(&[]).await;
-    let h = HeaderMap::new();
-    let f = send.send(get(&h, "/"), crate::empty()).unwrap();
-    let (id, ..) = peer.request().await;
+    let (_send, mut peer, f, id) = Peer::one_get().await;
     let big = "v".repeat(9000);
     peer.headers(
         id,
@@ -547,10 +576,7 @@ async fn request_bodies_follow_the_backends_windows() {
     let (send, mut peer) = Peer::start(&[(setting::INITIAL_WINDOW_SIZE, 10)]).await;
     let mut h = HeaderMap::new();
     h.insert("content-length", HeaderValue::from_static("25"));
-    let req = RequestHead {
-        method: &Method::POST,
-        ..get(&h, "/")
-    };
+    let req = post(&h, "/");
     let f = send.send(req, full(b"0123456789abcdefghijklmno")).unwrap();
     let (id, end, _) = peer.request().await;
     assert!(!end);
@@ -581,10 +607,7 @@ async fn request_trailers_follow_the_data() {
         Frame::data(Bytes::from_static(b"abc")),
         Frame::trailers(t),
     ]));
-    let req = RequestHead {
-        method: &Method::POST,
-        ..get(&h, "/")
-    };
+    let req = post(&h, "/");
     let f = send.send(req, crate::boxed(body)).unwrap();
     let (id, ..) = peer.request().await;
     let (_, p) = peer.next(kind::DATA).await;
@@ -624,10 +647,7 @@ impl http_body::Body for Frames {
 /// window at once is a FLOW_CONTROL_ERROR.
 #[tokio::test]
 async fn response_windows_are_granted_as_the_body_is_read() {
-    let (send, mut peer) = Peer::start(&[]).await;
-    let h = HeaderMap::new();
-    let f = send.send(get(&h, "/"), crate::empty()).unwrap();
-    let (id, ..) = peer.request().await;
+    let (_send, mut peer, f, id) = Peer::one_get().await;
     peer.headers(id, &[(":status", "200")], false).await;
     let resp = respond(f).await.unwrap();
     let mut body = resp.into_body();
@@ -659,10 +679,8 @@ async fn response_windows_are_granted_as_the_body_is_read() {
 
 #[tokio::test]
 async fn dropping_an_open_stream_resets_it() {
-    let (send, mut peer) = Peer::start(&[]).await;
+    let (send, mut peer, f, id) = Peer::one_get().await;
     let h = HeaderMap::new();
-    let f = send.send(get(&h, "/"), crate::empty()).unwrap();
-    let (id, ..) = peer.request().await;
     drop(f);
     let (r, p) = peer.next(kind::RST_STREAM).await;
     assert_eq!(
@@ -695,10 +713,7 @@ async fn many_streams_through_the_sweety_server() {
             let mut h = HeaderMap::new();
             h.insert("content-length", HeaderValue::from(body.len()));
             let path = format!("/s{i}");
-            let req = RequestHead {
-                method: &Method::POST,
-                ..get(&h, &path)
-            };
+            let req = post(&h, &path);
             let f = send
                 .send(
                     req,
@@ -765,14 +780,9 @@ async fn a_large_body_ready_at_once_is_echoed_whole_by_the_sweety_server() {
     let (send, conn) = handshake(client, cfg()).await.unwrap();
     tokio::spawn(conn);
     let chunk: Vec<u8> = (0..64 * 1024u32).map(|i| (i % 251) as u8).collect();
-    let frames: VecDeque<_> = (0..5)
-        .map(|_| Frame::data(Bytes::from(chunk.clone())))
-        .collect();
+    let frames = repeated(&chunk, 5);
     let h = HeaderMap::new();
-    let req = RequestHead {
-        method: &Method::POST,
-        ..get(&h, "/big")
-    };
+    let req = post(&h, "/big");
     let f = send.send(req, crate::boxed(Frames(frames))).unwrap();
     let resp = respond(f).await.unwrap();
     let (data, _) = collect(resp.into_body()).await.unwrap();
@@ -789,14 +799,9 @@ async fn a_body_larger_than_the_output_mark_goes_to_a_silent_backend() {
     frame::put_window_update(&mut out, 0, 1 << 20);
     peer.write(&out).await;
     let chunk = vec![9u8; 64 * 1024];
-    let frames: VecDeque<_> = (0..4)
-        .map(|_| Frame::data(Bytes::from(chunk.clone())))
-        .collect();
+    let frames = repeated(&chunk, 4);
     let h = HeaderMap::new();
-    let req = RequestHead {
-        method: &Method::POST,
-        ..get(&h, "/")
-    };
+    let req = post(&h, "/");
     let f = send.send(req, crate::boxed(Frames(frames))).unwrap();
     let (id, ..) = peer.request().await;
     let mut got = 0;
@@ -817,30 +822,12 @@ async fn a_body_larger_than_the_output_mark_goes_to_a_silent_backend() {
 /// stream 3, the backend reading nothing yet.
 async fn stream_3_queued_behind_a_blocked_pipe(
 ) -> (SendRequest, Peer, ResponseFuture, ResponseFuture) {
-    let (client, mut server) = tokio::io::duplex(4096);
-    let mut out = BytesMut::new();
-    frame::put_settings(&mut out, &[]);
-    server.write_all(&out).await.unwrap();
-    let (send, conn) = handshake(client, cfg()).await.expect("handshake");
-    tokio::spawn(conn);
-    let mut peer = Peer {
-        io: server,
-        buf: BytesMut::new(),
-        dec: Decoder::new(),
-    };
-    while peer.buf.len() < frame::PREFACE.len() {
-        peer.io.read_buf(&mut peer.buf).await.unwrap();
-    }
-    peer.buf.advance(24);
-    peer.frame().await.expect("our SETTINGS");
+    let (send, peer, _) = Peer::open(4096, cfg(), &[]).await;
     let mut big = HeaderMap::new();
     big.insert("x-big", HeaderValue::from_str(&"v".repeat(12_000)).unwrap());
     let fa = send.send(get(&big, "/a"), crate::empty()).unwrap();
     let h = HeaderMap::new();
-    let post = RequestHead {
-        method: &Method::POST,
-        ..get(&h, "/b")
-    };
+    let post = post(&h, "/b");
     let fb = send.send(post, crate::empty()).unwrap();
     (send, peer, fa, fb)
 }
@@ -1016,10 +1003,7 @@ async fn a_connection_whose_stream_ids_ran_out_is_closing() {
 
 #[tokio::test]
 async fn frames_on_a_failed_stream_are_counted_not_answered_each() {
-    let (send, mut peer) = Peer::start(&[]).await;
-    let h = HeaderMap::new();
-    let _f = send.send(get(&h, "/"), crate::empty()).unwrap();
-    let (id, ..) = peer.request().await;
+    let (_send, mut peer, _f, id) = Peer::one_get().await;
     // The first zero increment resets the stream; the others, on a stream already failed,
     // are glitches until the flood limit ends the connection.
     let mut out = BytesMut::new();
@@ -1045,10 +1029,7 @@ async fn frames_on_a_failed_stream_are_counted_not_answered_each() {
 async fn a_refusal_after_a_response_frame_is_a_reset() {
     let (send, mut peer) = Peer::start(&[]).await;
     let h = HeaderMap::new();
-    let post = RequestHead {
-        method: &Method::POST,
-        ..get(&h, "/")
-    };
+    let post = post(&h, "/");
     let f1 = send.send(post, crate::empty()).unwrap();
     let f3 = send.send(post, crate::empty()).unwrap();
     let (id1, ..) = peer.request().await;
@@ -1073,10 +1054,7 @@ async fn a_refusal_after_a_response_frame_is_a_reset() {
 
 #[tokio::test]
 async fn response_trailers_leave_out_the_fields_that_may_not_be_trailers() {
-    let (send, mut peer) = Peer::start(&[]).await;
-    let h = HeaderMap::new();
-    let f = send.send(get(&h, "/"), crate::empty()).unwrap();
-    let (id, ..) = peer.request().await;
+    let (_send, mut peer, f, id) = Peer::one_get().await;
     peer.headers(id, &[(":status", "200")], false).await;
     peer.data(id, b"ok", false).await;
     peer.headers(
@@ -1121,10 +1099,7 @@ async fn a_handshake_whose_connection_failed_at_once_fails() {
 
 #[tokio::test]
 async fn initial_window_size_is_applied_once_per_settings_frame() {
-    let (send, mut peer) = Peer::start(&[]).await;
-    let h = HeaderMap::new();
-    let f = send.send(get(&h, "/"), crate::empty()).unwrap();
-    let (id, ..) = peer.request().await;
+    let (_send, mut peer, f, id) = Peer::one_get().await;
     // Stream 1's send window at 2^31-1; then SETTINGS whose entries raise it by one and put
     // it back: the last value holds (walked per entry, the first overflowed: GOAWAY).
     let mut out = BytesMut::new();
@@ -1301,10 +1276,7 @@ fn an_idle_connection_closes_after_its_idle_ticks() {
 /// sends GOAWAY "idle" and closes; its handle is closing.
 #[tokio::test(start_paused = true)]
 async fn keep_alive_and_idle_close_over_a_pipe() {
-    let (send, mut peer) = Peer::start(&[]).await;
-    let h = HeaderMap::new();
-    let f = send.send(get(&h, "/"), crate::empty()).unwrap();
-    let (id, ..) = peer.request().await;
+    let (send, mut peer, f, id) = Peer::one_get().await;
     let long = TICK * (IDLE_TICKS + 2);
     let (h1, p) = peer.next_within(kind::PING, long).await;
     assert_eq!((h1.flags, &p[..]), (0, &b"sweety\0\0"[..]));
@@ -1329,10 +1301,8 @@ async fn keep_alive_and_idle_close_over_a_pipe() {
 /// length past the payload is a connection error.
 #[tokio::test]
 async fn padded_frames_deliver_their_content_and_credit_their_padding() {
-    let (send, mut peer) = Peer::start(&[]).await;
+    let (send, mut peer, f, id) = Peer::one_get().await;
     let h = HeaderMap::new();
-    let f = send.send(get(&h, "/"), crate::empty()).unwrap();
-    let (id, ..) = peer.request().await;
     let mut block = BytesMut::new();
     Encoder::status(&mut block, 200);
     Encoder::field(&mut block, b"x-a", b"1", false);

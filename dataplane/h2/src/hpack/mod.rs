@@ -14,7 +14,7 @@
 //! CR/LF/NUL, pseudo-header rules) is the HTTP/2 layer's job (RFC 9113 §8.2).
 
 mod decode_memo;
-mod huffman;
+pub mod huffman;
 mod literal_cache;
 
 use std::collections::VecDeque;
@@ -307,7 +307,8 @@ fn encode_str(dst: &mut BytesMut, s: &[u8]) {
     let huff = huffman::encoded_len(s);
     if huff < s.len() {
         encode_int(dst, huff, 7, 0x80);
-        huffman::encode(s, huff, dst);
+        dst.reserve(huff);
+        huffman::encode(s, dst);
     } else {
         encode_int(dst, s.len(), 7, 0);
         dst.put_slice(s);

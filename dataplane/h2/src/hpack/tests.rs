@@ -836,7 +836,7 @@ fn the_decode_memo_answers_as_the_decoder() {
             encode_int(&mut block, index, prefix, flags);
             let huff = huffman::encoded_len(&value);
             encode_int(&mut block, huff, 7, 0x80);
-            huffman::encode(&value, huff, &mut block);
+            huffman::encode(&value, &mut block);
             hits += usize::from(d.memo.as_ref().is_some_and(|m| {
                 let coded = &block[block.len() - huff..];
                 m.get(coded).is_some()
