@@ -8,6 +8,9 @@
 //!   backend's 101 the client's stream gets `200` and becomes the tunnel. Subprotocol and
 //!   extension headers are passed both ways.
 //!
+//! An HTTP/1.1 upgrade request with a chunked body is refused (400) before any backend sees
+//! it: a WebSocket handshake has no body, and the tunnel would start after one.
+//!
 //! The forwarding proxy (`proxy::forward`) strips `Upgrade`/`Connection` as hop-by-hop; the
 //! pipeline sends upgrade requests here instead. A tunnel is closed when neither side sent a
 //! byte for `limits.websocket_idle_timeout`, and holds the request's backpressure slot (and a
@@ -121,6 +124,20 @@ pub async fn proxy(
     ctx: &RequestCtx,
     idle: Duration,
 ) -> Response<Body> {
+    // An HTTP/1.1 upgrade request with a body of unknown length (chunked) is refused before
+    // any backend sees it: the tunnel starts after the request's body, which would have to be
+    // forwarded whole first, and a WebSocket handshake has none (RFC 6455 §4.1: a GET).
+    // Sweety's HTTP/1.1 engine offers no upgrade to such a request, so a backend's 101 could
+    // only end in a 500 after the backend took the upgrade.
+    if matches!(kind, UpgradeRequest::Http1(_))
+        && req.headers().contains_key(header::TRANSFER_ENCODING)
+    {
+        tracing::debug!("upgrade request with a chunked body refused");
+        return crate::body::text_response(
+            StatusCode::BAD_REQUEST,
+            "400 Bad Request: an upgrade request may not have a chunked body\n",
+        );
+    }
     // Sweety's HTTP/2 engine hands the stream's tunnel over in an extension; hyper's
     // connections (HTTP/1.1, and HTTP/2 with `http2_engine: hyper`) through its upgrades.
     let h2_client = req

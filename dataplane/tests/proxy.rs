@@ -837,6 +837,71 @@ async fn outlier_ejection_stops_traffic_to_failing_endpoint() {
     .await;
 }
 
+/// Real sockets: an h2c backend allowing one stream per connection holds `H2_MAX_CONNS` (64)
+/// requests in flight, one per connection; a request beyond finds the pool's cap reached.
+/// That cap is our own limit and nothing of the request was sent: it is a 503 counted as
+/// `local_overload`, never an endpoint failure, so three of them in a row (the outlier
+/// threshold) eject nothing, and the held requests and the next one are answered.
+#[tokio::test]
+async fn the_h2_connection_cap_is_a_local_503_that_never_ejects() {
+    use sweety_dataplane::proxy::pool::H2_MAX_CONNS;
+    bounded(async {
+        let hits = Arc::new(AtomicUsize::new(0));
+        let (release, released) = tokio::sync::watch::channel(false);
+        let h = hits.clone();
+        let addr = spawn_backend(move |tcp| {
+            let (h, released) = (h.clone(), released.clone());
+            async move {
+                let svc = hyper::service::service_fn(move |_req| {
+                    let (h, mut released) = (h.clone(), released.clone());
+                    async move {
+                        h.fetch_add(1, Ordering::SeqCst);
+                        let _ = released.wait_for(|r| *r).await;
+                        Ok::<_, Infallible>(Response::new(full("ok")))
+                    }
+                });
+                let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                    .max_concurrent_streams(1)
+                    .serve_connection(TokioIo::new(tcp), svc)
+                    .await;
+            }
+        })
+        .await;
+        let (u, m) = upstreams(vec![backend(json!({"name": "b", "protocol": "h2c",
+            "endpoints": [{"address": addr.to_string()}],
+            "outlier": {"consecutive_failures": 3, "base_ejection_time": "1m", "max_ejection_percent": 100}}))]);
+        let (a, r) = (action(&[("b", 1)]), route(json!({})));
+        let held = (0..H2_MAX_CONNS).map(|_| async {
+            let resp = u.forward(get("/"), &a, &r, &ctx()).await;
+            (resp.status(), text(resp).await)
+        });
+        let beyond = async {
+            while hits.load(Ordering::SeqCst) < H2_MAX_CONNS {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            for _ in 0..3 {
+                let resp = u.forward(get("/"), &a, &r, &ctx()).await;
+                assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+                assert_eq!(
+                    text(resp).await,
+                    "503 Service Unavailable: upstream connection limit reached\n"
+                );
+            }
+            assert_eq!(m.upstream_errors_of_kind("local_overload"), 3);
+            assert_eq!(m.upstream_errors_of_kind("connect"), 0);
+            release.send_replace(true);
+        };
+        let (held, ()) = tokio::join!(futures_util::future::join_all(held), beyond);
+        assert!(held.iter().all(|(s, b)| *s == StatusCode::OK && b == "ok"));
+        assert_eq!(hits.load(Ordering::SeqCst), H2_MAX_CONNS);
+        let ejected: u64 = m.upstream_ejections.snapshot().iter().map(|(_, n)| n).sum();
+        assert_eq!(ejected, 0, "the endpoint was ejected for our own limit");
+        let resp = u.forward(get("/"), &a, &r, &ctx()).await;
+        assert_eq!(resp.status(), StatusCode::OK);
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn weighted_split_roughly_respects_weights() {
     bounded(async {

@@ -383,3 +383,46 @@ async fn upgrades_follow_session_affinity_and_hashing() {
     assert!(used.len() > 1, "keys spread over endpoints: {used:?}");
     h.runtime.shutdown().await;
 }
+
+/// An upgrade request with a chunked body (`Transfer-Encoding: chunked`) is refused 400 before
+/// any backend sees it, on both HTTP/1.1 engines. A WebSocket handshake has no body (RFC 6455
+/// §4.1: a GET), the tunnel would start after a body the proxy does not forward, and Sweety's
+/// engine offers no upgrade to such a request. Before, the backend got the upgrade request,
+/// answered 101, and the client got a 500 (Sweety's engine) with the backend's connection
+/// dropped.
+#[tokio::test]
+async fn a_chunked_upgrade_request_is_refused_before_the_backend() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    for engine in [Http1Engine::Sweety, Http1Engine::Hyper] {
+        let seen = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let s2 = seen.clone();
+        let up = spawn_backend(move |s| {
+            s2.fetch_add(1, Relaxed);
+            // Counted, then closed: no backend may get this far.
+            async move { drop(s) }
+        })
+        .await;
+        let mut cfg = Config {
+            backends: vec![backend("ws", up)],
+            ..http_config(vec![vhost("v", &[], vec![proxy_route("ws", "/", "ws")])])
+        };
+        cfg.limits.http1_engine = engine;
+        let h = Harness::start(cfg).await;
+        let addr = h.addr("web").await;
+        let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+        c.write_all(
+            b"GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
+              Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
+              Transfer-Encoding: chunked\r\n\r\n4\r\nabcd\r\n0\r\n\r\n",
+        )
+        .await
+        .unwrap();
+        c.shutdown().await.unwrap();
+        let mut out = Vec::new();
+        let _ = bounded(c.read_to_end(&mut out)).await;
+        let out = String::from_utf8_lossy(&out);
+        assert!(out.starts_with("HTTP/1.1 400 "), "{engine:?}: {out}");
+        assert!(out.contains("chunked"), "{engine:?}: {out}");
+        assert_eq!(seen.load(Relaxed), 0, "{engine:?}: the backend saw it");
+    }
+}

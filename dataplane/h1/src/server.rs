@@ -23,8 +23,9 @@
 //! only with `Connection: keep-alive`; a response of unknown length to HTTP/1.0 is
 //! close-delimited. A request body the service did not read to its end closes the connection
 //! after the response (unless the rest is already buffered); the response says so
-//! (`Connection: close`) when the service let go of the body before answering or answers an
-//! error while it still comes (a 401 or 413 to an upload), and the connection then reads and
+//! (`Connection: close`) when the service let go of the body before answering or answers
+//! while it still comes (a 401 or 413 to an upload, a 200 from a backend that answered
+//! early), and the connection then reads and
 //! drops what the client still sends for a bounded time ([`LINGER_TIME`], [`LINGER_BYTES`]) so
 //! that the close does not reset the answer away (refusals of a head linger too). A body the
 //! service still holds when its answer has ended is fed no more and ends with
@@ -1166,19 +1167,18 @@ where
             if std::mem::take(&mut fd.expect) && !fd.done {
                 keep_alive = false;
             }
-            // An early answer to a body still coming (a 401 or 413 to an upload): the body is
-            // not read on, so the connection ends after this answer, and the answer says so
-            // (`Connection: close`), so the client sends nothing more on it and reads this
-            // answer before its unsent body meets the close. Said when the service let go of
-            // the body (what of it is buffered is taken first: all of it here keeps the
-            // connection), or when the answer is an error while the body still comes.
+            // An early answer to a body still coming (a 401 or 413 to an upload, or a backend's
+            // 200 before the upload ended): the body is not read on after the answer, so the
+            // connection ends after it, and the answer says so (`Connection: close`), so the
+            // client sends nothing more on it and reads this answer before its unsent body
+            // meets the close. Said when the service let go of the body (what of it is
+            // buffered is taken first: all of it here keeps the connection), and when it
+            // still holds it, whatever the status: whether it is read to its end while the
+            // answer goes out cannot be known when the head is written, and a head saying
+            // keep-alive must not be followed by a close.
             if !fd.done && !fd.broken {
                 let dropped = lock(&fd.feed).dropped;
-                let unread = if dropped {
-                    !c.skip_buffered(fd)?
-                } else {
-                    status.is_client_error() || status.is_server_error()
-                };
+                let unread = !dropped || !c.skip_buffered(fd)?;
                 if unread {
                     keep_alive = false;
                 }

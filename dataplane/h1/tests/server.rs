@@ -94,18 +94,51 @@ fn start(handler: Handler, settings: Settings) -> Served {
     (client, hits, tx, task)
 }
 
+/// Serves one connection and sends `input` on it.
+async fn start_sending(handler: Handler, settings: Settings, input: &[u8]) -> Served {
+    let mut served = start(handler, settings);
+    served.0.write_all(input).await.unwrap();
+    served
+}
+
 /// Sends `input`, closes the sending side, reads everything the server answers.
 async fn exchange_with(input: &[u8], handler: Handler, settings: Settings) -> String {
-    let (mut c, _hits, _tx, task) = start(handler, settings);
-    c.write_all(input).await.unwrap();
+    let (mut c, _hits, _tx, task) = start_sending(handler, settings, input).await;
     c.shutdown().await.unwrap();
+    let out = read_all(&mut c).await;
+    let _ = task.await;
+    out
+}
+
+/// Everything the server writes until it closes the connection (bounded), as text.
+async fn read_all(c: &mut DuplexStream) -> String {
     let mut out = Vec::new();
     tokio::time::timeout(Duration::from_secs(20), c.read_to_end(&mut out))
         .await
-        .expect("the server ends the exchange")
+        .expect("the server closes the connection")
         .unwrap();
-    let _ = task.await;
     String::from_utf8_lossy(&out).into_owned()
+}
+
+/// What the server writes until it has written something ending with `end` (bounded; the
+/// connection may stay open), as text.
+async fn read_until(c: &mut DuplexStream, end: &str) -> String {
+    let mut buf = vec![0u8; 4096];
+    let mut got = Vec::new();
+    while !got.ends_with(end.as_bytes()) {
+        let n = tokio::time::timeout(Duration::from_secs(20), c.read(&mut buf))
+            .await
+            .expect("an answer in time")
+            .unwrap();
+        assert_ne!(
+            n,
+            0,
+            "closed before {end:?}: {}",
+            String::from_utf8_lossy(&got)
+        );
+        got.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8_lossy(&got).into_owned()
 }
 
 async fn exchange(input: &[u8]) -> String {
@@ -161,10 +194,12 @@ async fn answers_already_made_go_out_while_a_later_one_waits() {
             Response::new(full("done"))
         })
     });
-    let (mut c, _hits, _tx, _task) = start(h, Settings::default());
-    c.write_all(b"GET /fast HTTP/1.1\r\nHost: x\r\n\r\nGET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
-        .await
-        .unwrap();
+    let (mut c, _hits, _tx, _task) = start_sending(
+        h,
+        Settings::default(),
+        b"GET /fast HTTP/1.1\r\nHost: x\r\n\r\nGET /slow HTTP/1.1\r\nHost: x\r\n\r\n",
+    )
+    .await;
     let mut buf = vec![0u8; 4096];
     let n = tokio::time::timeout(Duration::from_secs(20), c.read(&mut buf))
         .await
@@ -173,12 +208,8 @@ async fn answers_already_made_go_out_while_a_later_one_waits() {
     assert!(String::from_utf8_lossy(&buf[..n]).ends_with("\r\n\r\ndone"));
     release.send(()).unwrap();
     c.shutdown().await.unwrap();
-    let mut out = Vec::new();
-    tokio::time::timeout(Duration::from_secs(20), c.read_to_end(&mut out))
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(bodies(&String::from_utf8_lossy(&out)), vec!["done"]);
+    let out = read_all(&mut c).await;
+    assert_eq!(bodies(&out), vec!["done"]);
 }
 
 #[tokio::test]
@@ -222,10 +253,13 @@ async fn a_streamed_response_of_unknown_length_is_chunked() {
     input.extend_from_slice(
         b"\r\n0\r\n\r\nGET / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nok",
     );
-    let out = exchange_with(&input, echo, Settings::default()).await;
+    let out = exchange_with(&input, echo.clone(), Settings::default()).await;
     assert!(out.starts_with("HTTP/1.1 200 OK\r\n"), "{}", &out[..100]);
     let first_end = out.find("\r\n\r\n").unwrap();
     assert!(out[..first_end].contains("transfer-encoding: chunked"));
+    // The answer's head goes before the request body has ended: the connection closes after
+    // it (see an_early_success_to_a_held_body_says_close), and says so.
+    assert!(out[..first_end].contains("connection: close"));
     // The chunked body decodes to the request's body.
     let mut d = sweety_h1::chunked::Decoder::new(Default::default());
     let mut buf = BytesMut::from(&out.as_bytes()[first_end + 4..]);
@@ -238,10 +272,16 @@ async fn a_streamed_response_of_unknown_length_is_chunked() {
     }
     assert_eq!(got.len(), 3 + big.len());
     assert!(got.starts_with(b"abc"));
-    // The second request's body has a known length: Content-Length.
-    let rest = String::from_utf8_lossy(&buf);
-    assert!(rest.starts_with("HTTP/1.1 200 OK\r\n") && rest.contains("content-length: 2\r\n"));
-    assert!(rest.ends_with("\r\n\r\nok"), "{rest}");
+    assert!(buf.is_empty(), "the request after it is not read");
+    // A body of known length: Content-Length.
+    let out = exchange_with(
+        b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nok",
+        echo,
+        Settings::default(),
+    )
+    .await;
+    assert!(out.starts_with("HTTP/1.1 200 OK\r\n") && out.contains("content-length: 2\r\n"));
+    assert!(out.ends_with("\r\n\r\nok"), "{out}");
 }
 
 #[tokio::test]
@@ -431,10 +471,12 @@ async fn head_204_and_304_have_no_body() {
 
 #[tokio::test]
 async fn expect_100_continue_is_answered_when_the_body_is_read() {
-    let (mut c, _hits, _tx, _task) = start(describe(), Settings::default());
-    c.write_all(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nExpect: 100-continue\r\n\r\n")
-        .await
-        .unwrap();
+    let (mut c, _hits, _tx, _task) = start_sending(
+        describe(),
+        Settings::default(),
+        b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nExpect: 100-continue\r\n\r\n",
+    )
+    .await;
     let mut buf = vec![0u8; 25];
     tokio::time::timeout(Duration::from_secs(20), c.read_exact(&mut buf))
         .await
@@ -443,12 +485,7 @@ async fn expect_100_continue_is_answered_when_the_body_is_read() {
     assert_eq!(&buf, b"HTTP/1.1 100 Continue\r\n\r\n");
     c.write_all(b"data").await.unwrap();
     c.shutdown().await.unwrap();
-    let mut out = Vec::new();
-    tokio::time::timeout(Duration::from_secs(20), c.read_to_end(&mut out))
-        .await
-        .unwrap()
-        .unwrap();
-    let out = String::from_utf8_lossy(&out);
+    let out = read_all(&mut c).await;
     assert!(
         out.starts_with("HTTP/1.1 200 OK") && out.contains("body=data "),
         "{out}"
@@ -467,16 +504,14 @@ async fn an_unread_body_ends_the_connection_unless_it_is_all_here() {
     .await;
     assert_eq!(bodies(&out), vec!["no", "no"], "{out}");
     // Not all of it: closed after the answer.
-    let (mut c, _hits, _tx, task) = start(ignore, Settings::default());
-    c.write_all(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nabc")
-        .await
-        .unwrap();
-    let mut out = Vec::new();
-    tokio::time::timeout(Duration::from_secs(20), c.read_to_end(&mut out))
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(String::from_utf8_lossy(&out).ends_with("\r\n\r\nno"));
+    let (mut c, _hits, _tx, task) = start_sending(
+        ignore,
+        Settings::default(),
+        b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nabc",
+    )
+    .await;
+    let out = read_all(&mut c).await;
+    assert!(out.ends_with("\r\n\r\nno"));
     // (The connection lingers until the client closes.)
     drop(c);
     task.await.unwrap().unwrap();
@@ -527,20 +562,20 @@ async fn a_head_not_finished_in_time_closes_the_connection() {
         header_read_timeout: Duration::from_secs(5),
         ..Settings::default()
     };
-    let (mut c, hits, _tx, task) = start(describe(), settings);
-    c.write_all(b"GET / HTTP/1.1\r\nHost: x\r\nX-Slow: ")
-        .await
-        .unwrap();
+    let (mut c, hits, _tx, task) = start_sending(
+        describe(),
+        settings,
+        b"GET / HTTP/1.1\r\nHost: x\r\nX-Slow: ",
+    )
+    .await;
     let mut out = Vec::new();
     c.read_to_end(&mut out).await.unwrap();
     assert!(out.is_empty());
     task.await.unwrap().unwrap();
     assert_eq!(*hits.lock().unwrap(), vec!["header_read_timeout"]);
     // An idle keep-alive connection closes after the same time, without a limit hit.
-    let (mut c, hits, _tx, task) = start(describe(), settings);
-    c.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-        .await
-        .unwrap();
+    let (mut c, hits, _tx, task) =
+        start_sending(describe(), settings, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await;
     let mut out = Vec::new();
     c.read_to_end(&mut out).await.unwrap();
     assert!(String::from_utf8_lossy(&out).starts_with("HTTP/1.1 200 OK"));
@@ -550,19 +585,17 @@ async fn a_head_not_finished_in_time_closes_the_connection() {
 
 #[tokio::test]
 async fn drain_closes_an_idle_connection_and_a_busy_one_after_its_answer() {
-    let (mut c, _hits, tx, task) = start(describe(), Settings::default());
-    c.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-        .await
-        .unwrap();
+    let (mut c, _hits, tx, task) = start_sending(
+        describe(),
+        Settings::default(),
+        b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+    )
+    .await;
     let mut buf = vec![0u8; 4096];
     let n = c.read(&mut buf).await.unwrap();
     assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200 OK"));
     tx.send(true).unwrap();
-    let mut rest = Vec::new();
-    tokio::time::timeout(Duration::from_secs(20), c.read_to_end(&mut rest))
-        .await
-        .unwrap()
-        .unwrap();
+    let rest = read_all(&mut c).await;
     assert!(rest.is_empty());
     task.await.unwrap().unwrap();
 
@@ -577,19 +610,16 @@ async fn drain_closes_an_idle_connection_and_a_busy_one_after_its_answer() {
             Response::new(full("late"))
         })
     });
-    let (mut c, _hits, tx, task) = start(slow, Settings::default());
-    c.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-        .await
-        .unwrap();
+    let (mut c, _hits, tx, task) = start_sending(
+        slow,
+        Settings::default(),
+        b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+    )
+    .await;
     tokio::task::yield_now().await;
     tx.send(true).unwrap();
     release.send(()).unwrap();
-    let mut out = Vec::new();
-    tokio::time::timeout(Duration::from_secs(20), c.read_to_end(&mut out))
-        .await
-        .unwrap()
-        .unwrap();
-    let out = String::from_utf8_lossy(&out);
+    let out = read_all(&mut c).await;
     assert!(
         out.contains("connection: close") && out.ends_with("late"),
         "{out}"
@@ -702,13 +732,9 @@ async fn exchange_split(input: Vec<u8>, cuts: Vec<usize>) -> String {
         c
     });
     let mut c = writer.await.unwrap();
-    let mut out = Vec::new();
-    tokio::time::timeout(Duration::from_secs(20), c.read_to_end(&mut out))
-        .await
-        .unwrap()
-        .unwrap();
+    let out = read_all(&mut c).await;
     let _ = task.await;
-    String::from_utf8_lossy(&out).into_owned()
+    out
 }
 
 proptest! {
@@ -797,17 +823,14 @@ async fn no_100_continue_follows_a_final_answer() {
             Response::new(body.boxed_unsync())
         })
     });
-    let (mut c, _hits, _tx, task) = start(echo, Settings::default());
-    c.write_all(b"POST / HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 4\r\n\r\n")
-        .await
-        .unwrap();
+    let (mut c, _hits, _tx, task) = start_sending(
+        echo,
+        Settings::default(),
+        b"POST / HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 4\r\n\r\n",
+    )
+    .await;
     c.write_all(b"data").await.unwrap();
-    let mut out = Vec::new();
-    tokio::time::timeout(Duration::from_secs(20), c.read_to_end(&mut out))
-        .await
-        .expect("the connection ends after the answer")
-        .unwrap();
-    let out = String::from_utf8_lossy(&out);
+    let out = read_all(&mut c).await;
     assert!(out.starts_with("HTTP/1.1 200 OK\r\n"), "{out}");
     assert!(!out.contains("100 Continue"), "{out}");
     assert!(out.contains("connection: close\r\n"), "{out}");
@@ -1019,8 +1042,7 @@ async fn a_client_gone_while_its_answer_waits_drops_the_answer() {
         (true, &b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n"[..]),
     ] {
         let (h, dropped) = never_answers(in_body);
-        let (mut c, _hits, _tx, task) = start(h, Settings::default());
-        c.write_all(request).await.unwrap();
+        let (mut c, _hits, _tx, task) = start_sending(h, Settings::default(), request).await;
         if in_body {
             // The head is out before the client goes.
             let mut buf = vec![0u8; 512];
@@ -1061,10 +1083,12 @@ async fn a_request_pipelined_behind_a_waiting_answer_is_kept() {
             Response::new(full(path))
         })
     });
-    let (mut c, _hits, _tx, task) = start(h, Settings::default());
-    c.write_all(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
-        .await
-        .unwrap();
+    let (mut c, _hits, _tx, task) = start_sending(
+        h,
+        Settings::default(),
+        b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n",
+    )
+    .await;
     tokio::task::yield_now().await;
     c.write_all(b"GET /next HTTP/1.1\r\nHost: x\r\n\r\n")
         .await
@@ -1072,16 +1096,40 @@ async fn a_request_pipelined_behind_a_waiting_answer_is_kept() {
     c.shutdown().await.unwrap();
     tokio::task::yield_now().await;
     release.send(()).unwrap();
-    let mut out = Vec::new();
-    tokio::time::timeout(Duration::from_secs(20), c.read_to_end(&mut out))
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(
-        bodies(&String::from_utf8_lossy(&out)),
-        vec!["/slow", "/next"]
-    );
+    let out = read_all(&mut c).await;
+    assert_eq!(bodies(&out), vec!["/slow", "/next"]);
     task.await.unwrap().unwrap();
+}
+
+/// A service keeping the body of a request to `/held` unread (held, as a proxy still sending
+/// it would: the receiver keeps it), letting go of it on `/dropped` and reading it to its end
+/// on any other path, then answering `status(path)` with `text`.
+fn holding(
+    status: fn(&str) -> StatusCode,
+    text: &'static str,
+) -> (Handler, std::sync::mpsc::Receiver<RecvBody>) {
+    let (keep_tx, keep_rx) = std::sync::mpsc::channel::<RecvBody>();
+    let keep_tx = Arc::new(Mutex::new(keep_tx));
+    let h: Handler = Arc::new(move |req: Request<RecvBody>| {
+        let keep_tx = keep_tx.clone();
+        Box::pin(async move {
+            let path = req.uri().path().to_owned();
+            match path.as_str() {
+                "/held" => keep_tx.lock().unwrap().send(req.into_body()).unwrap(),
+                "/dropped" => drop(req.into_body()),
+                _ => drop(req.into_body().collect().await.unwrap()),
+            }
+            let mut r = Response::new(full(text));
+            *r.status_mut() = status(&path);
+            r
+        })
+    });
+    (h, keep_rx)
+}
+
+/// A POST to `path` saying `Content-Length: length`, with the first three bytes of its body.
+fn upload(path: &str, length: u64) -> Vec<u8> {
+    format!("POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {length}\r\n\r\nabc").into_bytes()
 }
 
 // An answer to an upload the service did not read (a 401, a 413) says `Connection: close`:
@@ -1091,36 +1139,17 @@ async fn a_request_pipelined_behind_a_waiting_answer_is_kept() {
 // answer before the connection closes (lingering close): its writes after the answer succeed.
 #[tokio::test]
 async fn an_early_answer_to_an_unread_upload_says_close_and_lingers() {
-    let (keep_tx, keep_rx) = std::sync::mpsc::channel::<RecvBody>();
-    let keep_tx = Arc::new(Mutex::new(keep_tx));
-    let h: Handler = Arc::new(move |req: Request<RecvBody>| {
-        let status = if req.uri().path() == "/held" {
-            // The body stays held (as a proxy still sending it would), unread.
-            keep_tx.lock().unwrap().send(req.into_body()).unwrap();
-            StatusCode::PAYLOAD_TOO_LARGE
-        } else {
-            StatusCode::UNAUTHORIZED
-        };
-        Box::pin(async move {
-            let mut r = Response::new(full("no"));
-            *r.status_mut() = status;
-            r
-        })
-    });
+    let (h, keep_rx) = holding(
+        |path| match path {
+            "/held" => StatusCode::PAYLOAD_TOO_LARGE,
+            _ => StatusCode::UNAUTHORIZED,
+        },
+        "no",
+    );
     for path in ["/dropped", "/held"] {
-        let (mut c, _hits, _tx, task) = start(h.clone(), Settings::default());
-        c.write_all(
-            format!("POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\nabc")
-                .as_bytes(),
-        )
-        .await
-        .unwrap();
-        let mut out = Vec::new();
-        tokio::time::timeout(Duration::from_secs(20), c.read_to_end(&mut out))
-            .await
-            .unwrap()
-            .unwrap();
-        let out = String::from_utf8_lossy(&out);
+        let (mut c, _hits, _tx, task) =
+            start_sending(h.clone(), Settings::default(), &upload(path, 1_000_000)).await;
+        let out = read_all(&mut c).await;
         assert!(out.contains("\r\nconnection: close\r\n"), "{path}: {out}");
         assert!(out.ends_with("\r\n\r\nno"), "{out}");
         // The connection still reads what comes (and drops it).
@@ -1247,16 +1276,9 @@ async fn a_head_is_judged_on_its_first_max_head_bytes() {
         tokio::task::yield_now().await;
     }
     let _ = c.shutdown().await;
-    let mut out = Vec::new();
-    tokio::time::timeout(Duration::from_secs(20), c.read_to_end(&mut out))
-        .await
-        .unwrap()
-        .unwrap();
+    let out = read_all(&mut c).await;
     let _ = task.await;
-    assert_eq!(
-        String::from_utf8_lossy(&out).lines().next(),
-        whole.lines().next()
-    );
+    assert_eq!(out.lines().next(), whole.lines().next());
 }
 
 // A body the service let go of while its answer was still awaited stays let go of: the
@@ -1272,25 +1294,47 @@ async fn a_body_let_go_of_before_a_late_success_says_close() {
             Response::new(full("ok"))
         })
     });
-    let (mut c, _hits, _tx, task) = start(h, Settings::default());
-    c.write_all(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\nabc")
-        .await
-        .unwrap();
-    let mut out = vec![0u8; 4096];
-    let mut got = Vec::new();
-    while !got.ends_with(b"\r\n\r\nok") {
-        let n = tokio::time::timeout(Duration::from_secs(20), c.read(&mut out))
-            .await
-            .unwrap()
-            .unwrap();
-        assert_ne!(n, 0, "{}", String::from_utf8_lossy(&got));
-        got.extend_from_slice(&out[..n]);
-    }
-    let got = String::from_utf8_lossy(&got);
+    let (mut c, _hits, _tx, task) = start_sending(
+        h,
+        Settings::default(),
+        b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\nabc",
+    )
+    .await;
+    let got = read_until(&mut c, "\r\n\r\nok").await;
     assert!(got.starts_with("HTTP/1.1 200 OK\r\n"), "{got}");
     assert!(got.contains("\r\nconnection: close\r\n"), "{got}");
     drop(c);
     task.await.unwrap().unwrap();
+}
+
+// An early success while the body is still held and unread (a proxy whose backend answered
+// before the upload ended): the connection cannot be kept (the body is not read on after the
+// answer), so the answer says `Connection: close` before it closes, whatever its status.
+// Before, a 2xx said keep-alive (no `Connection: close`) and the connection then closed; an
+// error status said close already. A body read to its end before the answer keeps it.
+#[tokio::test]
+async fn an_early_success_to_a_held_body_says_close() {
+    let (h, keep_rx) = holding(|_| StatusCode::OK, "ok");
+    for (path, length, close) in [("/held", 1_000_000, true), ("/read", 3, false)] {
+        let (mut c, _hits, _tx, task) =
+            start_sending(h.clone(), Settings::default(), &upload(path, length)).await;
+        let got = read_until(&mut c, "\r\n\r\nok").await;
+        assert!(got.starts_with("HTTP/1.1 200 OK\r\n"), "{path}: {got}");
+        assert_eq!(
+            got.contains("\r\nconnection: close\r\n"),
+            close,
+            "{path}: {got}"
+        );
+        // Kept: the next request is answered. Closed: the connection ends (after lingering).
+        c.write_all(b"GET /next HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        c.shutdown().await.unwrap();
+        let rest = read_all(&mut c).await;
+        assert_eq!(!rest.is_empty(), !close, "{path}: {}", rest);
+        task.await.unwrap().unwrap();
+    }
+    drop(keep_rx);
 }
 
 // A body the service still holds when its answer has ended (handed to a task) is fed no more:
@@ -1388,10 +1432,12 @@ fn refuses_uploads() -> Handler {
 // more and never closes is let go after LINGER_TIME (paused clock).
 #[tokio::test(start_paused = true)]
 async fn lingering_ends_after_linger_time() {
-    let (mut c, _hits, _tx, task) = start(refuses_uploads(), Settings::default());
-    c.write_all(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\nabc")
-        .await
-        .unwrap();
+    let (mut c, _hits, _tx, task) = start_sending(
+        refuses_uploads(),
+        Settings::default(),
+        b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\nabc",
+    )
+    .await;
     let started = tokio::time::Instant::now();
     tokio::time::timeout(server::LINGER_TIME * 2, task)
         .await

@@ -67,8 +67,9 @@ pub trait H2Service: Send {
     /// Response header fields the service has HPACK-encoded already (a cache hit's stored
     /// head), sent ahead of the fields of the response's map.
     type Head: EncodedHead;
-    /// The answer to one request: polled once inline, then run as its own task if it waits.
-    /// A large future is best boxed where it is built ([`box_in_place`]).
+    /// The answer to one request. [`conn`] polls it on the connection's own task (woken per
+    /// stream), and drops it when the stream goes (a reset, the connection's end): that
+    /// cancels the request. A large future is best boxed where it is built ([`box_in_place`]).
     type Future: Future<Output = (Response<Body>, Option<Self::Head>)> + Send + Unpin + 'static;
 
     /// Starts answering `request`, read at `now` (the clock reading of the batch of frames it

@@ -204,3 +204,62 @@ fn a_second_goaway_never_cuts_inside_a_frame() {
         assert_eq!(acks, usize::from(pings), "{out:02x?}");
     }
 }
+
+/// A backend resetting a stream whose HEADERS it cannot have read yet (still queued, not
+/// written) breaks RFC 9113 §5.1 (the stream is idle for it): a connection error. Taken as a
+/// refusal (REFUSED_STREAM), the request was handed back to go elsewhere and its HEADERS were
+/// written here after all (the `client_core` target's refused-never-written oracle, which
+/// this input fails without the change).
+#[test]
+fn a_reset_of_a_stream_not_yet_sent_is_a_connection_error() {
+    use http::{HeaderMap, Method};
+    use std::task::{Context, Waker};
+    use std::time::Instant;
+    use sweety_h2::client::core::{Core, Fault, HeadPoll, RequestHead};
+    // Through the harness: two requests (the second a POST with a body), the backend's
+    // SETTINGS and RST_STREAM(3, REFUSED_STREAM) in its first read, before any write.
+    let mut data = vec![0xc9u8];
+    data.extend(raw_frame(3, 0, 3, &7u32.to_be_bytes()));
+    harness::run(&data);
+    // Directly: stream 1 written, stream 3 queued behind it.
+    let mut core = Core::new(harness::CONFIG);
+    let none = HeaderMap::new();
+    let req = RequestHead {
+        method: &Method::GET,
+        scheme: "http",
+        authority: b"backend.test",
+        path: "/",
+        headers: &none,
+    };
+    core.open(&req, sweety_h2::empty()).unwrap();
+    drop(core.take_output());
+    core.open(&req, sweety_h2::empty()).unwrap();
+    let mut input = harness::preface();
+    input.extend(raw_frame(3, 0, 3, &7u32.to_be_bytes()));
+    core.feed(&input);
+    core.process(Some(Instant::now()));
+    assert!(
+        matches!(core.fault(), Some(Fault::Local(r, _)) if *r == sweety_h2::frame::Reason::PROTOCOL_ERROR),
+        "{:?}",
+        core.fault()
+    );
+    let mut cx = Context::from_waker(Waker::noop());
+    // Stream 3 never reached the backend: refused, its HEADERS cut, nothing of it written.
+    assert!(matches!(
+        core.poll_head(3, &mut cx),
+        HeadPoll::Failed(sweety_h2::H2Error::Refused, Some(_), true)
+    ));
+    let out = core.take_output();
+    let mut rest = &out[..];
+    let mut kinds = Vec::new();
+    while rest.len() >= 9 {
+        let len = u32::from_be_bytes([0, rest[0], rest[1], rest[2]]) as usize;
+        kinds.push((
+            rest[3],
+            u32::from_be_bytes([rest[5], rest[6], rest[7], rest[8]]),
+        ));
+        rest = &rest[9 + len..];
+    }
+    assert!(!kinds.iter().any(|k| k.1 == 3), "{kinds:?}");
+    assert_eq!(kinds.last(), Some(&(7, 0)), "{kinds:?}");
+}

@@ -10,7 +10,7 @@ use std::time::Duration;
 pub enum ErrorOrigin {
     /// The backend (or the network towards it) misbehaved.
     Upstream,
-    /// Our own configuration or state (no backend, no endpoint).
+    /// Our own configuration or state (no backend, no endpoint, a local limit reached).
     Internal,
 }
 
@@ -73,6 +73,16 @@ pub enum ProxyError {
         /// Why.
         reason: String,
     },
+    /// A limit of our own towards the endpoint is reached (every HTTP/2 connection the pool
+    /// may hold to it is open and none has room). No byte of the request was sent and the
+    /// endpoint did nothing wrong: it never counts towards outlier ejection.
+    #[error("local limit towards {addr}: {reason}")]
+    LocalOverload {
+        /// Endpoint address.
+        addr: String,
+        /// Which limit.
+        reason: &'static str,
+    },
 }
 
 impl ProxyError {
@@ -86,13 +96,16 @@ impl ProxyError {
             ProxyError::Protocol { .. } => "protocol",
             ProxyError::NoEndpoint { .. } => "no_endpoint",
             ProxyError::NoBackend { .. } => "no_backend",
+            ProxyError::LocalOverload { .. } => "local_overload",
         }
     }
 
     /// Whether the backend or our own state caused it.
     pub fn origin(&self) -> ErrorOrigin {
         match self {
-            ProxyError::NoEndpoint { .. } | ProxyError::NoBackend { .. } => ErrorOrigin::Internal,
+            ProxyError::NoEndpoint { .. }
+            | ProxyError::NoBackend { .. }
+            | ProxyError::LocalOverload { .. } => ErrorOrigin::Internal,
             _ => ErrorOrigin::Upstream,
         }
     }
@@ -101,7 +114,10 @@ impl ProxyError {
     pub fn request_not_sent(&self) -> bool {
         matches!(
             self,
-            ProxyError::Connect { .. } | ProxyError::ConnectTimeout { .. } | ProxyError::Tls { .. }
+            ProxyError::Connect { .. }
+                | ProxyError::ConnectTimeout { .. }
+                | ProxyError::Tls { .. }
+                | ProxyError::LocalOverload { .. }
         )
     }
 
@@ -111,7 +127,8 @@ impl ProxyError {
         match self {
             ProxyError::Connect { .. }
             | ProxyError::ConnectTimeout { .. }
-            | ProxyError::Tls { .. } => true,
+            | ProxyError::Tls { .. }
+            | ProxyError::LocalOverload { .. } => true,
             ProxyError::Timeout { .. } | ProxyError::Protocol { .. } => replayable,
             ProxyError::NoEndpoint { .. } | ProxyError::NoBackend { .. } => false,
         }
@@ -129,6 +146,7 @@ impl ProxyError {
                 StatusCode::GATEWAY_TIMEOUT
             }
             ProxyError::NoBackend { .. } => StatusCode::INTERNAL_SERVER_ERROR,
+            ProxyError::LocalOverload { .. } => StatusCode::SERVICE_UNAVAILABLE,
             _ => StatusCode::BAD_GATEWAY,
         }
     }
@@ -145,6 +163,9 @@ impl ProxyError {
             ProxyError::Protocol { .. } => "502 Bad Gateway: upstream protocol error\n",
             ProxyError::NoEndpoint { .. } => "502 Bad Gateway: no healthy upstream endpoint\n",
             ProxyError::NoBackend { .. } => "500 Internal Server Error: no backend\n",
+            ProxyError::LocalOverload { .. } => {
+                "503 Service Unavailable: upstream connection limit reached\n"
+            }
         };
         text_response(self.status(), text)
     }
@@ -183,6 +204,10 @@ mod tests {
             ProxyError::NoBackend {
                 reason: "zero weights".into(),
             },
+            ProxyError::LocalOverload {
+                addr: addr(),
+                reason: "h2 connections",
+            },
         ]
     }
 
@@ -211,6 +236,36 @@ mod tests {
                 ("protocol", 502, false, true, Upstream),
                 ("no_endpoint", 502, false, false, Internal),
                 ("no_backend", 500, false, false, Internal),
+                ("local_overload", 503, true, true, Internal),
+            ]
+        );
+    }
+
+    /// Only the endpoint's own failures count towards its ejection; every error that sent
+    /// nothing says so.
+    #[test]
+    fn endpoint_failures_and_unsent_requests() {
+        let table: Vec<(&str, bool, bool)> = all()
+            .iter()
+            .map(|e| {
+                (
+                    e.metrics_label(),
+                    e.is_endpoint_failure(),
+                    e.request_not_sent(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            table,
+            vec![
+                ("connect", true, true),
+                ("connect_timeout", true, true),
+                ("tls", true, true),
+                ("timeout", true, false),
+                ("protocol", true, false),
+                ("no_endpoint", false, false),
+                ("no_backend", false, false),
+                ("local_overload", false, true),
             ]
         );
     }

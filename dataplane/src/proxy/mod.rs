@@ -563,11 +563,13 @@ impl Upstreams {
                 let (res, _) = backend
                     .try_once(idx, &head, empty(), &Default::default(), Some(&none), None)
                     .await;
-                let ok = match &res {
-                    Ok(r) => r.status().as_u16() < 500,
-                    Err(e) => !e.is_endpoint_failure(),
-                };
-                backend.record(idx, ok);
+                // An error of our own (a local limit) says nothing of the endpoint: not
+                // recorded, as on the request path.
+                match &res {
+                    Ok(r) => _ = backend.record(idx, r.status().as_u16() < 500),
+                    Err(e) if e.is_endpoint_failure() => _ = backend.record(idx, false),
+                    Err(_) => {}
+                }
                 let mut body = res.ok()?.into_body();
                 while let Some(frame) = body.frame().await {
                     frame.ok()?;

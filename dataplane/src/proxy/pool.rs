@@ -21,7 +21,8 @@
 //!   another is opened when every open one carries [`H2_MAX_STREAMS`] streams (or, on Sweety's
 //!   client, the backend's SETTINGS_MAX_CONCURRENT_STREAMS if lower; 0 counts as closing) or
 //!   is closing (GOAWAY, error, EOF, stream ids used up), at most [`H2_MAX_CONNS`] of them
-//!   (beyond, a request fails at once). A pool holds the connections of the client its
+//!   (beyond, a request fails at once with [`ProxyError::LocalOverload`]: a 503, never
+//!   counted against the endpoint). A pool holds the connections of the client its
 //!   connector names only.
 //!   Connection opening is serialised per endpoint so a burst shares one new connection.
 //!
@@ -68,7 +69,7 @@ pub const DEMAND_WINDOW: Duration = Duration::from_secs(10);
 /// Streams we put on one HTTP/2 connection before opening another (the usual server limit).
 pub const H2_MAX_STREAMS: usize = 100;
 /// HTTP/2 connections a pool (one endpoint) holds open at once; a request that would need
-/// another fails at once (a backend allowing one stream or none per connection does not
+/// another fails at once with [`ProxyError::LocalOverload`] (a backend allowing one stream or none per connection does not
 /// get a connection per request).
 pub const H2_MAX_CONNS: usize = 64;
 
@@ -604,12 +605,10 @@ impl Pool {
             return Ok(conn);
         }
         if self.open.load(Ordering::Acquire) >= H2_MAX_CONNS {
-            return Err(ProxyError::Connect {
+            // Our own bound, not the endpoint's failure: nothing is sent, nothing is ejected.
+            return Err(ProxyError::LocalOverload {
                 addr: addr.to_string(),
-                source: format!(
-                    "{H2_MAX_CONNS} HTTP/2 connections open to this endpoint, none with room"
-                )
-                .into(),
+                reason: "every HTTP/2 connection the pool may hold to the endpoint is full",
             });
         }
         let sender = match connect(addr, c, &self.open).await? {
@@ -1168,10 +1167,7 @@ mod demand_tests {
         }
         assert_eq!(held.len(), H2_MAX_CONNS);
         let e = failed.expect("the cap");
-        assert!(
-            format!("{:?}", e).contains("HTTP/2 connections open"),
-            "{e:?}"
-        );
+        assert!(matches!(e, ProxyError::LocalOverload { .. }), "{e:?}");
     }
 
     /// Real sockets: the idle list keeps a burst's connections for the rest of its window and

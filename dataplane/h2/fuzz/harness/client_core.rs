@@ -14,13 +14,21 @@
 //! after every read: less than one frame left unhandled, each stream's unread bytes within
 //! the largest window we grant, all of them within the connection window, the output we
 //! owe within 64 KiB, each head's fields within the header list bound.
+//!
+//! A fourth run ([`drive_late`]) lets the requests race the backend's bytes: nothing is
+//! written before the first read, the last request (of two or more) has a body larger than
+//! the default window, one more request opens after the first read, and the output is taken
+//! (written) only after every other read. Oracle: every take is whole frames, and once a
+//! stream was reported refused (`H2Error::Refused`: the caller may send it elsewhere), no
+//! HEADERS, CONTINUATION or DATA frame of it is ever written.
 
 use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, Method};
 use std::task::{Context, Poll, Waker};
 use std::time::Instant;
-use sweety_h2::client::core::{Config, Core, HeadPoll, RequestHead, LOCAL_MAX_FRAME};
+use sweety_h2::client::core::{Config, Core, HeadPoll, RequestHead, LOCAL_MAX_FRAME, WRITE_HIGH};
 use sweety_h2::frame::{self, HEADER_LEN};
+use sweety_h2::H2Error;
 
 /// The bounds of the harness's connections (small, so the fuzzer reaches them).
 pub(crate) const CONFIG: Config = Config {
@@ -127,8 +135,12 @@ fn check_list(f: &Fields) {
     );
 }
 
-/// The bounds that hold after every read.
-fn check_bounds(core: &Core) {
+/// What we may owe the backend after a read, the output taken after each read: its
+/// acknowledgements.
+const OWED: usize = 64 * 1024;
+
+/// The bounds that hold after every read, with at most `owed` bytes for the backend.
+fn check_bounds(core: &Core, owed: usize) {
     if core.fault().is_none() {
         assert!(
             core.read_buffered() < HEADER_LEN + LOCAL_MAX_FRAME as usize,
@@ -144,7 +156,7 @@ fn check_bounds(core: &Core) {
     }
     assert!(all <= CONFIG.conn_window as usize, "{all} unread bytes");
     assert!(
-        core.output_len() <= 64 * 1024,
+        core.output_len() <= owed,
         "{} bytes owed",
         core.output_len()
     );
@@ -194,7 +206,7 @@ pub(crate) fn drive(streams: usize, head: bool, input: &[u8], cuts: &[usize], ea
         core.feed(&input[at..end]);
         at = end;
         core.process(Some(now));
-        check_bounds(&core);
+        check_bounds(&core, OWED);
         if eager {
             for (o, id) in outcomes.iter_mut().zip(&ids) {
                 read_stream(&mut core, *id, o, &mut cx);
@@ -207,6 +219,125 @@ pub(crate) fn drive(streams: usize, head: bool, input: &[u8], cuts: &[usize], ea
         read_stream(&mut core, *id, o, &mut cx);
     }
     (outcomes, core.fault().map(|f| format!("{f:?}")))
+}
+
+/// The request body of [`drive_late`]'s last request: more than the default stream window.
+const LATE_BODY: usize = 70_000;
+
+/// The frames written so far, parsed: the ids of the request frames (HEADERS, CONTINUATION,
+/// DATA) of each take.
+struct Written {
+    /// The preface is still to come (the first take starts with it).
+    preface: bool,
+    /// Streams reported refused.
+    refused: Vec<u32>,
+}
+
+impl Written {
+    /// Takes what `core` owes the backend (written now): whole frames, none of a request
+    /// reported refused.
+    fn take(&mut self, core: &mut Core) {
+        let out = core.take_output();
+        let mut rest = &out[..];
+        if self.preface && !rest.is_empty() {
+            assert!(rest.starts_with(frame::PREFACE), "no preface: {out:02x?}");
+            rest = &rest[frame::PREFACE.len()..];
+            self.preface = false;
+        }
+        while !rest.is_empty() {
+            assert!(rest.len() >= HEADER_LEN, "a partial frame head: {out:02x?}");
+            let h = frame::Head::parse(rest);
+            let n = HEADER_LEN + h.len as usize;
+            assert!(rest.len() >= n, "a partial frame: {out:02x?}");
+            let request = matches!(
+                h.kind,
+                frame::kind::HEADERS | frame::kind::CONTINUATION | frame::kind::DATA
+            );
+            assert!(
+                !(request && self.refused.contains(&h.stream)),
+                "stream {} was reported refused, then its {} frame written",
+                h.stream,
+                h.kind
+            );
+            rest = &rest[n..];
+        }
+    }
+}
+
+/// The run of the requests racing the backend's bytes (see the module docs): `streams`
+/// requests opened (the first a HEAD when `head`, the last a POST with a body when there are
+/// two or more), `input` fed in pieces of the sizes `cuts` cycles through, the streams read
+/// and the bodies polled after every piece, the output written after every other piece.
+pub(crate) fn drive_late(streams: usize, head: bool, input: &[u8], cuts: &[usize]) {
+    let mut core = Core::new(CONFIG);
+    let none = HeaderMap::new();
+    let open = |core: &mut Core, i: usize, last: bool| {
+        let method = match (i, last) {
+            (0, _) if head => &Method::HEAD,
+            (_, true) => &Method::POST,
+            _ => &Method::GET,
+        };
+        let body = if last {
+            sweety_h2::boxed(http_body_util::Full::new(Bytes::from(vec![
+                b'x';
+                LATE_BODY
+            ])))
+        } else {
+            sweety_h2::empty()
+        };
+        let req = RequestHead {
+            method,
+            scheme: "http",
+            authority: b"backend.test",
+            path: "/",
+            headers: &none,
+        };
+        core.open(&req, body).ok()
+    };
+    let mut ids = Vec::new();
+    for i in 0..streams {
+        ids.extend(open(&mut core, i, streams > 1 && i + 1 == streams));
+    }
+    let mut outcomes = vec![Outcome::default(); ids.len()];
+    let mut written = Written {
+        preface: true,
+        refused: Vec::new(),
+    };
+    let refused = H2Error::Refused.to_string();
+    let mut cx = Context::from_waker(Waker::noop());
+    let now = Instant::now();
+    let (mut at, mut k) = (0, 0);
+    let mut step = |core: &mut Core, ids: &[u32], outcomes: &mut [Outcome], write: bool| {
+        for (o, id) in outcomes.iter_mut().zip(ids) {
+            read_stream(core, *id, o, &mut cx);
+            if o.error.as_deref() == Some(refused.as_str()) && !written.refused.contains(id) {
+                written.refused.push(*id);
+            }
+        }
+        core.poll_send(&mut cx);
+        if write {
+            written.take(core);
+        }
+    };
+    while at < input.len() {
+        k += 1;
+        let n = cuts[(k - 1) % cuts.len()].max(1);
+        let end = (at + n).min(input.len());
+        core.feed(&input[at..end]);
+        at = end;
+        core.process(Some(now));
+        // Two reads' acknowledgements, and request bodies up to the output mark and a frame.
+        check_bounds(&core, 2 * OWED + WRITE_HIGH + HEADER_LEN + 16 * 1024);
+        if k == 1 {
+            // One more request, opened after the backend's first bytes.
+            if let Some(id) = open(&mut core, streams, false) {
+                ids.push(id);
+                outcomes.push(Outcome::default());
+            }
+        }
+        step(&mut core, &ids, &mut outcomes, k % 2 == 0);
+    }
+    step(&mut core, &ids, &mut outcomes, true);
 }
 
 /// The fuzz target's body (see the module docs for the input).
@@ -238,6 +369,7 @@ pub(crate) fn run(data: &[u8]) {
         "the same bytes cut into reads ({cuts:?}) differ"
     );
     drive(streams, head, &input, &cuts, true);
+    drive_late(streams, head, &input, &cuts);
 }
 
 /// A response's frames for stream `id`: a head (`status`, `fields`), body pieces, optional

@@ -32,7 +32,26 @@ impl Peer {
     }
 
     async fn start_with(cfg: Config, settings: &[(u16, u32)]) -> (SendRequest, Peer) {
-        let (client, mut server) = tokio::io::duplex(1 << 20);
+        let (send, mut peer, (h, p)) = Peer::open(1 << 20, cfg, settings).await;
+        assert_eq!((h.kind, h.flags), (kind::SETTINGS, 0));
+        let params: Vec<_> = frame::settings_params(&p).collect();
+        assert!(params.contains(&(setting::ENABLE_PUSH, 0)));
+        assert!(params.contains(&(setting::INITIAL_WINDOW_SIZE, cfg.stream_window)));
+        let mut ack = BytesMut::new();
+        frame::put_settings_ack(&mut ack);
+        peer.io.write_all(&ack).await.unwrap();
+        (send, peer)
+    }
+
+    /// A client connection over a pipe of `pipe` bytes (its task spawned) and the backend
+    /// end: the backend's SETTINGS (`settings`) sent, our preface read, and our SETTINGS
+    /// frame, not yet acknowledged.
+    async fn open(
+        pipe: usize,
+        cfg: Config,
+        settings: &[(u16, u32)],
+    ) -> (SendRequest, Peer, (Head, Bytes)) {
+        let (client, mut server) = tokio::io::duplex(pipe);
         let mut out = BytesMut::new();
         frame::put_settings(&mut out, settings);
         server.write_all(&out).await.unwrap();
@@ -48,19 +67,28 @@ impl Peer {
         }
         assert_eq!(&peer.buf[..24], frame::PREFACE);
         peer.buf.advance(24);
-        let (h, p) = peer.frame().await.expect("our SETTINGS");
-        assert_eq!((h.kind, h.flags), (kind::SETTINGS, 0));
-        let params: Vec<_> = frame::settings_params(&p).collect();
-        assert!(params.contains(&(setting::ENABLE_PUSH, 0)));
-        assert!(params.contains(&(setting::INITIAL_WINDOW_SIZE, cfg.stream_window)));
-        let mut ack = BytesMut::new();
-        frame::put_settings_ack(&mut ack);
-        peer.io.write_all(&ack).await.unwrap();
-        (send, peer)
+        let ours = peer.frame().await.expect("our SETTINGS");
+        (send, peer, ours)
+    }
+
+    /// [`Peer::start`] with no parameters, and a GET of `/` sent and read by the backend:
+    /// its response future and stream id.
+    async fn one_get() -> (SendRequest, Peer, ResponseFuture, u32) {
+        let (send, mut peer) = Peer::start(&[]).await;
+        let f = send
+            .send(get(&HeaderMap::new(), "/"), crate::empty())
+            .unwrap();
+        let (id, ..) = peer.request().await;
+        (send, peer, f, id)
     }
 
     /// The next frame the client wrote (`None`: it closed).
     async fn frame(&mut self) -> Option<(Head, Bytes)> {
+        self.frame_within(Duration::from_secs(10)).await
+    }
+
+    /// The next frame the client wrote within `limit` (`None`: it closed).
+    async fn frame_within(&mut self, limit: Duration) -> Option<(Head, Bytes)> {
         loop {
             if self.buf.len() >= HEADER_LEN {
                 let h = Head::parse(&self.buf);
@@ -70,8 +98,7 @@ impl Peer {
                     return Some((h, f.freeze()));
                 }
             }
-            let read =
-                tokio::time::timeout(Duration::from_secs(10), self.io.read_buf(&mut self.buf));
+            let read = tokio::time::timeout(limit, self.io.read_buf(&mut self.buf));
             if read.await.expect("a frame in time").ok()? == 0 {
                 return None;
             }
@@ -80,8 +107,13 @@ impl Peer {
 
     /// The next frame of kind `k`, others (SETTINGS ACK, WINDOW_UPDATE) skipped.
     async fn next(&mut self, k: u8) -> (Head, Bytes) {
+        self.next_within(k, Duration::from_secs(10)).await
+    }
+
+    /// [`Peer::next`], each frame within `limit`.
+    async fn next_within(&mut self, k: u8, limit: Duration) -> (Head, Bytes) {
         loop {
-            let (h, p) = self.frame().await.expect("a frame");
+            let (h, p) = self.frame_within(limit).await.expect("a frame");
             if h.kind == k {
                 return (h, p);
             }
@@ -139,6 +171,21 @@ fn get<'a>(headers: &'a HeaderMap, path: &'a str) -> RequestHead<'a> {
         path,
         headers,
     }
+}
+
+/// A POST of `path` with `headers`.
+fn post<'a>(headers: &'a HeaderMap, path: &'a str) -> RequestHead<'a> {
+    RequestHead {
+        method: &Method::POST,
+        ..get(headers, path)
+    }
+}
+
+/// `n` data frames of `chunk`, for [`Frames`].
+fn repeated(chunk: &[u8], n: usize) -> VecDeque<Frame<Bytes>> {
+    (0..n)
+        .map(|_| Frame::data(Bytes::copy_from_slice(chunk)))
+        .collect()
 }
 
 fn full(b: &'static [u8]) -> Body {
@@ -200,10 +247,7 @@ async fn a_request_gets_its_response_and_the_fields_go_as_sent() {
 
 #[tokio::test]
 async fn trailers_end_the_body_and_interim_heads_are_skipped() {
-    let (send, mut peer) = Peer::start(&[]).await;
-    let h = HeaderMap::new();
-    let f = send.send(get(&h, "/"), crate::empty()).unwrap();
-    let (id, ..) = peer.request().await;
+    let (_send, mut peer, f, id) = Peer::one_get().await;
     peer.headers(id, &[(":status", "103"), ("link", "</a>")], false)
         .await;
     peer.headers(
@@ -270,6 +314,9 @@ async fn resets_end_their_stream_refused_ones_may_go_again() {
     let h = HeaderMap::new();
     let f1 = send.send(get(&h, "/"), crate::empty()).unwrap();
     let f3 = send.send(get(&h, "/"), crate::empty()).unwrap();
+    // Both written (a reset of a stream not yet sent is a connection error).
+    peer.request().await;
+    peer.request().await;
     let mut out = BytesMut::new();
     frame::put_rst(&mut out, 1, Reason::REFUSED_STREAM);
     frame::put_rst(&mut out, 3, Reason::INTERNAL_ERROR);
@@ -403,10 +450,7 @@ async fn malformed_responses_fail_their_stream() {
 
 #[tokio::test]
 async fn interim_responses_are_bounded() {
-    let (send, mut peer) = Peer::start(&[]).await;
-    let h = HeaderMap::new();
-    let f = send.send(get(&h, "/"), crate::empty()).unwrap();
-    let (id, ..) = peer.request().await;
+    let (_send, mut peer, f, id) = Peer::one_get().await;
     for _ in 0..=core::MAX_INTERIM {
         peer.headers(id, &[(":status", "100")], false).await;
     }
@@ -420,10 +464,7 @@ async fn interim_responses_are_bounded() {
 
 #[tokio::test]
 async fn a_header_list_over_the_bound_fails_its_stream() {
-    let (send, mut peer) = Peer::start(&[]).await;
-    let h = HeaderMap::new();
-    let f = send.send(get(&h, "/"), crate::empty()).unwrap();
-    let (id, ..) = peer.request().await;
+    let (_send, mut peer, f, id) = Peer::one_get().await;
     let big = "v".repeat(9000);
     peer.headers(
         id,
@@ -535,10 +576,7 @@ async fn request_bodies_follow_the_backends_windows() {
     let (send, mut peer) = Peer::start(&[(setting::INITIAL_WINDOW_SIZE, 10)]).await;
     let mut h = HeaderMap::new();
     h.insert("content-length", HeaderValue::from_static("25"));
-    let req = RequestHead {
-        method: &Method::POST,
-        ..get(&h, "/")
-    };
+    let req = post(&h, "/");
     let f = send.send(req, full(b"0123456789abcdefghijklmno")).unwrap();
     let (id, end, _) = peer.request().await;
     assert!(!end);
@@ -569,10 +607,7 @@ async fn request_trailers_follow_the_data() {
         Frame::data(Bytes::from_static(b"abc")),
         Frame::trailers(t),
     ]));
-    let req = RequestHead {
-        method: &Method::POST,
-        ..get(&h, "/")
-    };
+    let req = post(&h, "/");
     let f = send.send(req, crate::boxed(body)).unwrap();
     let (id, ..) = peer.request().await;
     let (_, p) = peer.next(kind::DATA).await;
@@ -612,10 +647,7 @@ impl http_body::Body for Frames {
 /// window at once is a FLOW_CONTROL_ERROR.
 #[tokio::test]
 async fn response_windows_are_granted_as_the_body_is_read() {
-    let (send, mut peer) = Peer::start(&[]).await;
-    let h = HeaderMap::new();
-    let f = send.send(get(&h, "/"), crate::empty()).unwrap();
-    let (id, ..) = peer.request().await;
+    let (_send, mut peer, f, id) = Peer::one_get().await;
     peer.headers(id, &[(":status", "200")], false).await;
     let resp = respond(f).await.unwrap();
     let mut body = resp.into_body();
@@ -647,10 +679,8 @@ async fn response_windows_are_granted_as_the_body_is_read() {
 
 #[tokio::test]
 async fn dropping_an_open_stream_resets_it() {
-    let (send, mut peer) = Peer::start(&[]).await;
+    let (send, mut peer, f, id) = Peer::one_get().await;
     let h = HeaderMap::new();
-    let f = send.send(get(&h, "/"), crate::empty()).unwrap();
-    let (id, ..) = peer.request().await;
     drop(f);
     let (r, p) = peer.next(kind::RST_STREAM).await;
     assert_eq!(
@@ -683,10 +713,7 @@ async fn many_streams_through_the_sweety_server() {
             let mut h = HeaderMap::new();
             h.insert("content-length", HeaderValue::from(body.len()));
             let path = format!("/s{i}");
-            let req = RequestHead {
-                method: &Method::POST,
-                ..get(&h, &path)
-            };
+            let req = post(&h, &path);
             let f = send
                 .send(
                     req,
@@ -753,14 +780,9 @@ async fn a_large_body_ready_at_once_is_echoed_whole_by_the_sweety_server() {
     let (send, conn) = handshake(client, cfg()).await.unwrap();
     tokio::spawn(conn);
     let chunk: Vec<u8> = (0..64 * 1024u32).map(|i| (i % 251) as u8).collect();
-    let frames: VecDeque<_> = (0..5)
-        .map(|_| Frame::data(Bytes::from(chunk.clone())))
-        .collect();
+    let frames = repeated(&chunk, 5);
     let h = HeaderMap::new();
-    let req = RequestHead {
-        method: &Method::POST,
-        ..get(&h, "/big")
-    };
+    let req = post(&h, "/big");
     let f = send.send(req, crate::boxed(Frames(frames))).unwrap();
     let resp = respond(f).await.unwrap();
     let (data, _) = collect(resp.into_body()).await.unwrap();
@@ -777,14 +799,9 @@ async fn a_body_larger_than_the_output_mark_goes_to_a_silent_backend() {
     frame::put_window_update(&mut out, 0, 1 << 20);
     peer.write(&out).await;
     let chunk = vec![9u8; 64 * 1024];
-    let frames: VecDeque<_> = (0..4)
-        .map(|_| Frame::data(Bytes::from(chunk.clone())))
-        .collect();
+    let frames = repeated(&chunk, 4);
     let h = HeaderMap::new();
-    let req = RequestHead {
-        method: &Method::POST,
-        ..get(&h, "/")
-    };
+    let req = post(&h, "/");
     let f = send.send(req, crate::boxed(Frames(frames))).unwrap();
     let (id, ..) = peer.request().await;
     let mut got = 0;
@@ -805,30 +822,12 @@ async fn a_body_larger_than_the_output_mark_goes_to_a_silent_backend() {
 /// stream 3, the backend reading nothing yet.
 async fn stream_3_queued_behind_a_blocked_pipe(
 ) -> (SendRequest, Peer, ResponseFuture, ResponseFuture) {
-    let (client, mut server) = tokio::io::duplex(4096);
-    let mut out = BytesMut::new();
-    frame::put_settings(&mut out, &[]);
-    server.write_all(&out).await.unwrap();
-    let (send, conn) = handshake(client, cfg()).await.expect("handshake");
-    tokio::spawn(conn);
-    let mut peer = Peer {
-        io: server,
-        buf: BytesMut::new(),
-        dec: Decoder::new(),
-    };
-    while peer.buf.len() < frame::PREFACE.len() {
-        peer.io.read_buf(&mut peer.buf).await.unwrap();
-    }
-    peer.buf.advance(24);
-    peer.frame().await.expect("our SETTINGS");
+    let (send, peer, _) = Peer::open(4096, cfg(), &[]).await;
     let mut big = HeaderMap::new();
     big.insert("x-big", HeaderValue::from_str(&"v".repeat(12_000)).unwrap());
     let fa = send.send(get(&big, "/a"), crate::empty()).unwrap();
     let h = HeaderMap::new();
-    let post = RequestHead {
-        method: &Method::POST,
-        ..get(&h, "/b")
-    };
+    let post = post(&h, "/b");
     let fb = send.send(post, crate::empty()).unwrap();
     (send, peer, fa, fb)
 }
@@ -1004,10 +1003,7 @@ async fn a_connection_whose_stream_ids_ran_out_is_closing() {
 
 #[tokio::test]
 async fn frames_on_a_failed_stream_are_counted_not_answered_each() {
-    let (send, mut peer) = Peer::start(&[]).await;
-    let h = HeaderMap::new();
-    let _f = send.send(get(&h, "/"), crate::empty()).unwrap();
-    let (id, ..) = peer.request().await;
+    let (_send, mut peer, _f, id) = Peer::one_get().await;
     // The first zero increment resets the stream; the others, on a stream already failed,
     // are glitches until the flood limit ends the connection.
     let mut out = BytesMut::new();
@@ -1033,10 +1029,7 @@ async fn frames_on_a_failed_stream_are_counted_not_answered_each() {
 async fn a_refusal_after_a_response_frame_is_a_reset() {
     let (send, mut peer) = Peer::start(&[]).await;
     let h = HeaderMap::new();
-    let post = RequestHead {
-        method: &Method::POST,
-        ..get(&h, "/")
-    };
+    let post = post(&h, "/");
     let f1 = send.send(post, crate::empty()).unwrap();
     let f3 = send.send(post, crate::empty()).unwrap();
     let (id1, ..) = peer.request().await;
@@ -1061,10 +1054,7 @@ async fn a_refusal_after_a_response_frame_is_a_reset() {
 
 #[tokio::test]
 async fn response_trailers_leave_out_the_fields_that_may_not_be_trailers() {
-    let (send, mut peer) = Peer::start(&[]).await;
-    let h = HeaderMap::new();
-    let f = send.send(get(&h, "/"), crate::empty()).unwrap();
-    let (id, ..) = peer.request().await;
+    let (_send, mut peer, f, id) = Peer::one_get().await;
     peer.headers(id, &[(":status", "200")], false).await;
     peer.data(id, b"ok", false).await;
     peer.headers(
@@ -1109,10 +1099,7 @@ async fn a_handshake_whose_connection_failed_at_once_fails() {
 
 #[tokio::test]
 async fn initial_window_size_is_applied_once_per_settings_frame() {
-    let (send, mut peer) = Peer::start(&[]).await;
-    let h = HeaderMap::new();
-    let f = send.send(get(&h, "/"), crate::empty()).unwrap();
-    let (id, ..) = peer.request().await;
+    let (_send, mut peer, f, id) = Peer::one_get().await;
     // Stream 1's send window at 2^31-1; then SETTINGS whose entries raise it by one and put
     // it back: the last value holds (walked per entry, the first overflowed: GOAWAY).
     let mut out = BytesMut::new();
@@ -1154,4 +1141,262 @@ async fn empty_frames_and_blocks_on_failed_or_closed_streams_are_counted() {
         assert_eq!(&p[4..8], &Reason::ENHANCE_YOUR_CALM.0.to_be_bytes());
         drop(f);
     }
+}
+
+/// A frame of `kind` with `flags` and PADDED: the pad length, `content`, `pad` zero octets.
+fn padded(kind: u8, flags: u8, id: u32, content: &[u8], pad: u8) -> BytesMut {
+    let mut out = BytesMut::new();
+    frame::put_head(
+        &mut out,
+        1 + content.len() + usize::from(pad),
+        kind,
+        flags | flag::PADDED,
+        id,
+    );
+    out.extend_from_slice(&[pad]);
+    out.extend_from_slice(content);
+    out.extend_from_slice(&vec![0; usize::from(pad)]);
+    out
+}
+
+/// A Core past the backend's SETTINGS (no parameters), with one GET open and written.
+fn core_with_a_stream() -> (Core, u32) {
+    let mut core = Core::new(cfg());
+    let mut settings = BytesMut::new();
+    frame::put_settings(&mut settings, &[]);
+    core.feed(&settings);
+    core.process(None);
+    let h = HeaderMap::new();
+    let id = core.open(&get(&h, "/"), crate::empty()).unwrap();
+    drop(core.take_output());
+    (core, id)
+}
+
+/// The frames of `out`, as (kind, flags, stream, payload).
+fn frames_of(out: &[u8]) -> Vec<(u8, u8, u32, Vec<u8>)> {
+    let mut rest = out;
+    let mut v = Vec::new();
+    while rest.len() >= HEADER_LEN {
+        let h = Head::parse(rest);
+        let n = HEADER_LEN + h.len as usize;
+        v.push((h.kind, h.flags, h.stream, rest[HEADER_LEN..n].to_vec()));
+        rest = &rest[n..];
+    }
+    assert!(rest.is_empty(), "a partial frame");
+    v
+}
+
+/// Keep-alive, tick by tick: with a stream open, three silent ticks send one PING; any frame
+/// read (its ACK) starts the count again; three more silent ticks send another, and a fourth
+/// without a frame fails the connection and the stream with it.
+#[test]
+fn keep_alive_pings_a_silent_backend_and_gives_up_on_no_answer() {
+    let (mut core, id) = core_with_a_stream();
+    // The tick that sees the backend's SETTINGS (read since the last one) is not silent.
+    core.tick(IDLE_TICKS);
+    assert!(core.take_output().is_empty());
+    let ping = (kind::PING, 0, 0, b"sweety\0\0".to_vec());
+    for round in 0..2 {
+        for _ in 0..2 {
+            core.tick(IDLE_TICKS);
+            assert!(core.take_output().is_empty(), "round {round}");
+        }
+        core.tick(IDLE_TICKS);
+        assert_eq!(
+            frames_of(&core.take_output()),
+            std::slice::from_ref(&ping),
+            "round {round}"
+        );
+        if round == 0 {
+            let mut ack = BytesMut::new();
+            frame::put_ping_ack(&mut ack, b"sweety\0\0");
+            core.feed(&ack);
+            core.process(None);
+            core.tick(IDLE_TICKS);
+            assert!(core.fault().is_none());
+            assert!(
+                core.take_output().is_empty(),
+                "answered: no second PING at once"
+            );
+        }
+    }
+    core.tick(IDLE_TICKS);
+    assert_eq!(core.fault(), Some(&Fault::KeepAlive));
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    match core.poll_head(id, &mut cx) {
+        HeadPoll::Failed(H2Error::Protocol(Reason::NO_ERROR, why), None, false) => {
+            assert_eq!(why, "no answer to PING")
+        }
+        _ => panic!("the stream did not fail with the keep-alive"),
+    }
+}
+
+/// A connection without streams closes after IDLE_TICKS ticks (GOAWAY NO_ERROR "idle"), not
+/// one earlier; a stream opened meanwhile starts the count again, and ticks with a stream
+/// open do not count.
+#[test]
+fn an_idle_connection_closes_after_its_idle_ticks() {
+    let (mut core, id) = core_with_a_stream();
+    let mut resp = BytesMut::new();
+    resp.extend_from_slice(&headers_frame(id, &[(":status", "204")], true));
+    core.feed(&resp);
+    core.process(None);
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    assert!(matches!(core.poll_head(id, &mut cx), HeadPoll::Whole(..)));
+    for _ in 0..IDLE_TICKS - 1 {
+        core.tick(IDLE_TICKS);
+    }
+    // A stream opens and ends before the last idle tick: the count starts again.
+    let h = HeaderMap::new();
+    let id = core.open(&get(&h, "/"), crate::empty()).unwrap();
+    core.tick(IDLE_TICKS);
+    core.feed(&headers_frame(id, &[(":status", "204")], true));
+    core.process(None);
+    assert!(matches!(core.poll_head(id, &mut cx), HeadPoll::Whole(..)));
+    drop(core.take_output());
+    for _ in 0..IDLE_TICKS - 1 {
+        core.tick(IDLE_TICKS);
+        assert!(core.fault().is_none());
+    }
+    assert!(core.take_output().is_empty());
+    core.tick(IDLE_TICKS);
+    assert_eq!(core.fault(), Some(&Fault::Idle));
+    assert!(core.is_closing());
+    let mut goaway = 0u32.to_be_bytes().to_vec();
+    goaway.extend_from_slice(&Reason::NO_ERROR.0.to_be_bytes());
+    goaway.extend_from_slice(b"idle");
+    assert_eq!(
+        frames_of(&core.take_output()),
+        [(kind::GOAWAY, 0, 0, goaway)]
+    );
+}
+
+/// The same over a pipe with the clock paused (no wall time): the PING goes out on the wire,
+/// its ACK keeps the stream, the response comes, and the connection left without streams
+/// sends GOAWAY "idle" and closes; its handle is closing.
+#[tokio::test(start_paused = true)]
+async fn keep_alive_and_idle_close_over_a_pipe() {
+    let (send, mut peer, f, id) = Peer::one_get().await;
+    let long = TICK * (IDLE_TICKS + 2);
+    let (h1, p) = peer.next_within(kind::PING, long).await;
+    assert_eq!((h1.flags, &p[..]), (0, &b"sweety\0\0"[..]));
+    let mut ack = BytesMut::new();
+    frame::put_ping_ack(&mut ack, &p);
+    peer.write(&ack).await;
+    peer.headers(id, &[(":status", "200")], true).await;
+    assert_eq!(respond(f).await.unwrap().status(), 200);
+    let (_, p) = peer.next_within(kind::GOAWAY, long).await;
+    assert_eq!(&p[4..], &[0, 0, 0, 0, b'i', b'd', b'l', b'e']);
+    assert!(
+        peer.frame_within(long).await.is_none(),
+        "closed after the GOAWAY"
+    );
+    assert!(send.is_closing());
+}
+
+/// Padded HEADERS (with PRIORITY) and DATA frames: the content arrives as sent, and the
+/// padding, which nobody reads, is granted back to the windows at once. 80 DATA frames of one
+/// byte and 255 of padding are 20,480 octets, more than the 16 KiB stream window: they only
+/// fit because the padding is credited (WINDOW_UPDATEs with the body not yet read). A pad
+/// length past the payload is a connection error.
+#[tokio::test]
+async fn padded_frames_deliver_their_content_and_credit_their_padding() {
+    let (send, mut peer, f, id) = Peer::one_get().await;
+    let h = HeaderMap::new();
+    let mut block = BytesMut::new();
+    Encoder::status(&mut block, 200);
+    Encoder::field(&mut block, b"x-a", b"1", false);
+    // PRIORITY: stream dependency 0, weight 16, then the block.
+    let mut content = vec![0, 0, 0, 0, 15];
+    content.extend_from_slice(&block);
+    let flags = flag::END_HEADERS | flag::PRIORITY;
+    peer.write(&padded(kind::HEADERS, flags, id, &content, 7))
+        .await;
+    let resp = respond(f).await.unwrap();
+    assert_eq!(resp.headers()["x-a"], "1");
+    let mut body = resp.into_body();
+    let mut granted = 0u32;
+    for i in 0..80u8 {
+        peer.write(&padded(kind::DATA, 0, id, &[b'a' + i % 26], 255))
+            .await;
+        // A WINDOW_UPDATE of the stream each time half its window of padding is due.
+        if (u32::from(i) + 1) * 255 >= granted + 2 * 8 * 1024 {
+            let (w, p) = peer.next(kind::WINDOW_UPDATE).await;
+            if w.stream == id {
+                granted += u32::from_be_bytes([p[0], p[1], p[2], p[3]]);
+            }
+        }
+    }
+    peer.data(id, b"", true).await;
+    let (data, _) = collect_now(&mut body).await;
+    let want: Vec<u8> = (0..80u8).map(|i| b'a' + i % 26).collect();
+    assert_eq!(data, want);
+    assert!(granted >= 8 * 1024, "padding credited: {granted}");
+    // A pad length beyond the payload: PROTOCOL_ERROR for the connection.
+    let f = send.send(get(&h, "/"), crate::empty()).unwrap();
+    let (id, ..) = peer.request().await;
+    let mut bad = BytesMut::new();
+    frame::put_head(&mut bad, 2, kind::DATA, flag::PADDED, id);
+    bad.extend_from_slice(&[5, 0]);
+    peer.headers(id, &[(":status", "200")], false).await;
+    peer.write(&bad).await;
+    let (_, p) = peer.next(kind::GOAWAY).await;
+    assert_eq!(&p[4..8], &Reason::PROTOCOL_ERROR.0.to_be_bytes());
+    drop(f);
+}
+
+/// Reads `body` to its end (data, trailers).
+async fn collect_now(body: &mut ResponseBody) -> (Vec<u8>, Option<HeaderMap>) {
+    let mut data = Vec::new();
+    let mut trailers = None;
+    while let Some(f) = tokio::time::timeout(Duration::from_secs(10), body.frame())
+        .await
+        .expect("a frame in time")
+    {
+        match f.unwrap().into_data() {
+            Ok(d) => data.extend_from_slice(&d),
+            Err(f) => trailers = f.into_trailers().ok(),
+        }
+    }
+    (data, trailers)
+}
+
+/// Responses that came whole before their head was asked for (HeadPoll::Whole: the stream is
+/// gone, its data handed over in one piece) give their bytes back to the connection window
+/// at once: eight whole 16 KiB responses, 128 KiB through a 64 KiB connection window, each
+/// read only after a PING round trip shows the client handled it. Without the credit the
+/// fifth overran the connection window (FLOW_CONTROL_ERROR).
+#[tokio::test]
+async fn whole_responses_credit_the_connection_window() {
+    let small = Config {
+        conn_window: frame::DEFAULT_WINDOW,
+        ..cfg()
+    };
+    let (send, mut peer) = Peer::start_with(small, &[]).await;
+    let h = HeaderMap::new();
+    let chunk = vec![9u8; 16 * 1024];
+    for round in 0..8u8 {
+        let f = send.send(get(&h, "/"), crate::empty()).unwrap();
+        let (id, ..) = peer.request().await;
+        peer.headers(id, &[(":status", "200")], false).await;
+        peer.data(id, &chunk, true).await;
+        let mut ping = BytesMut::new();
+        frame::put_ping(&mut ping, [round; 8]);
+        peer.write(&ping).await;
+        let (h, _) = peer.next(kind::PING).await;
+        assert!(h.has(flag::ACK));
+        let resp = respond(f).await.unwrap();
+        let mut body = resp.into_body();
+        assert_eq!(
+            format!("{body:?}"),
+            "ResponseBody(whole, 1 pieces)",
+            "round {round}"
+        );
+        assert_eq!(collect_now(&mut body).await.0.len(), chunk.len());
+    }
+    // The connection still serves.
+    let f = send.send(get(&h, "/"), crate::empty()).unwrap();
+    let (id, ..) = peer.request().await;
+    peer.headers(id, &[(":status", "204")], true).await;
+    assert_eq!(respond(f).await.unwrap().status(), 204);
 }

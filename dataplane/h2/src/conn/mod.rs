@@ -6,13 +6,17 @@
 //! `streams` (stream state, requests, resets, responses), `flow` (DATA and the windows),
 //! `guards` (flood counters), `head` (header blocks into requests).
 //!
-//! One task drives the connection. After each read it handles the complete frames, answers
-//! every stream whose response is ready at once (polled inline: cache hits, fixed replies,
+//! One task drives the connection and its streams. After each read it handles the complete
+//! frames, answers every stream whose response is ready at once (cache hits, fixed replies,
 //! refusals), then writes the whole batch with one `write`. At most
 //! [`INLINE_FIRST_POLLS`] requests are started per poll of the task: past that it yields
-//! (the rest of the read waits in the buffer), so one connection cannot hold its worker. A response that has to wait
-//! (backend, file) runs as its own task; it and every response body wake the connection
-//! through [`Signal`] with the stream's id, and the driver then writes what is ready.
+//! (the rest of the read waits in the buffer), so one connection cannot hold its worker. A
+//! response that has to wait (backend, file) stays with its stream: the request future is
+//! polled by this task, never spawned (no task, no hand-over between tasks per request), and
+//! never awaited (one stream waiting never holds the others); it and every response body wake
+//! the connection through [`Signal`] with the stream's id, and the driver then polls and
+//! writes what is ready. A stream that goes (the client's RST_STREAM, a reset of ours, the
+//! connection's end) drops its future: its backend request is cancelled with it.
 //!
 //! Bounds: the read buffer holds at most one frame past `SETTINGS_MAX_FRAME_SIZE` (16 KiB);
 //! the write buffer stops taking body data at `Settings::write_buffer` (plus one frame), and
@@ -28,7 +32,7 @@
 //! one timer per connection serves every deadline, armed to the earliest.
 
 use crate::body::{RecvBody, RecvShared, Signal, StreamWaker, Upgrade};
-use crate::first_poll::{FirstPoll, INLINE_FIRST_POLLS};
+use crate::first_poll::INLINE_FIRST_POLLS;
 use crate::frame::{self, flag, kind, setting, Head, Reason, HEADER_LEN, MAX_WINDOW};
 use crate::hpack::{Decoder, Encoder, Field};
 use crate::{Body, EncodedHead, H2Service};
@@ -45,7 +49,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
-use streams::{Resp, Stream, StreamIds};
+use streams::{Stream, StreamIds};
 
 /// The connection's clock: tokio's, as std's [`Instant`] (the same time in production; under
 /// a paused test clock, the paused time, so that the deadlines and the timer that waits for
@@ -55,7 +59,6 @@ pub(crate) fn clock() -> Instant {
     tokio::time::Instant::now().into_std()
 }
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
-use tokio::task::JoinHandle;
 
 /// The default `Settings::write_buffer`: output bytes past which the driver stops taking
 /// body data and stops reading.
@@ -261,7 +264,7 @@ struct Driver<I, S: H2Service> {
     inline_polls: usize,
     got_settings: bool,
     read_closed: bool,
-    streams: HashMap<u32, Stream<S::Head>, StreamIds>,
+    streams: HashMap<u32, Stream<S::Future>, StreamIds>,
     queue: VecDeque<u32>,
     blocked: Vec<u32>,
     last_stream: u32,
@@ -308,12 +311,11 @@ struct Driver<I, S: H2Service> {
 
 impl<I, S: H2Service> Drop for Driver<I, S> {
     fn drop(&mut self) {
+        // The request futures still running are dropped with the streams after this:
+        // their backend requests are cancelled.
         for s in self.streams.values() {
             if let Some(r) = &s.recv {
                 r.fail("connection closed");
-            }
-            if let Resp::Running(h) = &s.resp {
-                h.abort();
             }
         }
     }

@@ -4,16 +4,17 @@
 use super::*;
 
 /// What a stream's response is doing.
-pub(super) enum Resp<H> {
-    /// The pipeline is working on it in its own task.
-    Running(JoinHandle<(Response<Body>, Option<H>)>),
+pub(super) enum Resp<F> {
+    /// The pipeline is working on it: the request future, polled by the connection's task
+    /// when the stream's waker fires (no task of its own; dropping it cancels the request).
+    Running(F),
     /// HEADERS sent; the body is being sent.
     Body(Body),
     /// END_STREAM sent (or the stream reset).
     Done,
 }
 
-pub(super) struct Stream<H> {
+pub(super) struct Stream<F> {
     /// The request body's sink while the client may send data.
     pub(super) recv: Option<Arc<RecvShared>>,
     pub(super) recv_open: bool,
@@ -26,7 +27,7 @@ pub(super) struct Stream<H> {
     pub(super) content_length: Option<u64>,
     pub(super) received: u64,
     pub(super) send_window: i64,
-    pub(super) resp: Resp<H>,
+    pub(super) resp: Resp<F>,
     /// Body data taken but not yet framed.
     pub(super) pending: Bytes,
     /// The body has no more data (trailers may follow in `trailers`).
@@ -44,8 +45,8 @@ pub(super) struct Stream<H> {
     pub(super) stalled: Option<Instant>,
 }
 
-impl<H> Stream<H> {
-    pub(super) fn new(send_window: i64, recv_window: i64) -> Stream<H> {
+impl<F> Stream<F> {
+    pub(super) fn new(send_window: i64, recv_window: i64) -> Stream<F> {
         Stream {
             recv: None,
             recv_open: true,
@@ -153,24 +154,43 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
         let req = Request::from_parts(parts, body);
         // The request's start: this batch's clock reading.
         let fut = self.service.call(req, self.batch_clock);
+        s.resp = Resp::Running(fut);
         self.streams.insert(id, s);
-        // First poll inline: ready responses (cache hits, fixed replies, refusals) are
-        // answered in this read's write without a task.
+        // First poll at once, with the stream's waker: ready responses (cache hits, fixed
+        // replies, refusals) are answered in this read's write; one that waits is polled
+        // again by this task when its waker fires.
         self.inline_polls += 1;
-        match crate::first_poll::first_poll(fut) {
-            FirstPoll::Ready((resp, stored)) => self.start_response(id, resp, stored),
-            FirstPoll::Spawned(handle) => {
-                if let Some(s) = self.streams.get_mut(&id) {
-                    s.resp = Resp::Running(handle);
-                }
-                self.enqueue(id);
-            }
-            // Our fault, not the client's: not counted as a reset.
-            FirstPoll::Panicked => {
-                return self.reset_stream(id, Reason::INTERNAL_ERROR, Charge::Server)
+        self.poll_response(id);
+        Ok(())
+    }
+
+    /// Polls stream `id`'s request future (with the stream's waker, which marks the stream
+    /// ready for this task) and starts its response once it is ready. A panic in the future
+    /// ends only its stream (RST_STREAM INTERNAL_ERROR, as a panicking task did), never the
+    /// connection.
+    pub(super) fn poll_response(&mut self, id: u32) {
+        let waker = self.stream_waker(id);
+        let Some(s) = self.streams.get_mut(&id) else {
+            return;
+        };
+        let Resp::Running(fut) = &mut s.resp else {
+            return;
+        };
+        let mut cx = Context::from_waker(&waker);
+        // Unwind safety: after a panic the future is dropped with its stream, never polled
+        // again, and the driver's own state is not touched inside the closure.
+        let polled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            Pin::new(&mut *fut).poll(&mut cx)
+        }));
+        match polled {
+            Ok(Poll::Pending) => {}
+            Ok(Poll::Ready((resp, stored))) => self.start_response(id, resp, stored),
+            Err(_) => {
+                tracing::error!(stream = id, "a request future panicked");
+                // Our fault, not the client's: not counted as a reset.
+                let _ = self.reset_stream(id, Reason::INTERNAL_ERROR, Charge::Server);
             }
         }
-        Ok(())
     }
 
     pub(super) fn on_rst(&mut self, head: Head, payload: &[u8]) -> FResult {
@@ -225,7 +245,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
     }
 
     /// Drops a removed stream's id from the `blocked` list.
-    pub(super) fn forget_blocked(&mut self, s: &Stream<S::Head>, id: u32) {
+    pub(super) fn forget_blocked(&mut self, s: &Stream<S::Future>, id: u32) {
         if s.blocked {
             self.blocked.retain(|b| *b != id);
         }
@@ -263,9 +283,9 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
             r.fail(why);
             r.discard();
         }
-        if let Resp::Running(h) = &s.resp {
-            h.abort();
-        }
+        // A request future still running is dropped with the stream: its backend request is
+        // cancelled here (a pooled connection in the middle of it is closed, never reused).
+        drop(s);
     }
 
     /// Sends RST_STREAM for `id`, removes the stream if it was open, and remembers it as
@@ -464,21 +484,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
             self.streams.get(&id).map(|s| &s.resp),
             Some(Resp::Running(_))
         ) {
-            let waker = self.stream_waker(id);
-            let s = self.streams.get_mut(&id).expect("present");
-            let Resp::Running(h) = &mut s.resp else {
-                unreachable!()
-            };
-            let mut cx = Context::from_waker(&waker);
-            match Pin::new(h).poll(&mut cx) {
-                Poll::Pending => return false,
-                Poll::Ready(Ok((resp, stored))) => self.start_response(id, resp, stored),
-                Poll::Ready(Err(e)) => {
-                    tracing::error!(error = %e, "a request task failed");
-                    let _ = self.reset_stream(id, Reason::INTERNAL_ERROR, Charge::Server);
-                    return false;
-                }
-            }
+            self.poll_response(id);
             return false;
         }
         for _ in 0..FRAMES_PER_TURN {

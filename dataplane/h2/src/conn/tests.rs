@@ -1,5 +1,6 @@
 //! Tests of the connection driver over in-memory pipes, with a mock service.
 
+use super::streams::Resp;
 use super::*;
 use http_body_util::BodyExt;
 
@@ -1685,4 +1686,103 @@ async fn data_through_partial_writes(gathers: bool) -> usize {
         "both bodies arrive whole and in order"
     );
     vectored.load(Ordering::Relaxed)
+}
+
+/// What one request of [`Scripted`] does.
+enum Script {
+    /// Answers once the gate opens; the sender tells when the future is dropped.
+    Gate(
+        tokio::sync::oneshot::Receiver<()>,
+        tokio::sync::oneshot::Sender<()>,
+    ),
+    /// Panics in its first poll.
+    Panic,
+}
+
+/// Runs its requests' scripts in order.
+struct Scripted(VecDeque<Script>);
+
+impl H2Service for Scripted {
+    type Head = crate::NoHead;
+    type Future = Pin<Box<dyn Future<Output = (Response<Body>, Option<crate::NoHead>)> + Send>>;
+
+    fn call(&mut self, _request: Request<Body>, _now: Instant) -> Self::Future {
+        match self.0.pop_front().expect("a script per request") {
+            Script::Gate(gate, dropped) => Box::pin(async move {
+                let _dropped = dropped;
+                let _ = gate.await;
+                (Response::new(full(Bytes::from_static(b"answered\n"))), None)
+            }),
+            Script::Panic => Box::pin(async { panic!("a request future panics") }),
+        }
+    }
+
+    fn limit_hit(&self, _what: &'static str) {}
+
+    fn connection_error(&self, _reason: Reason, _why: &'static str) {}
+}
+
+/// The request futures run on the connection's task, each on its own: a waiting one holds
+/// no other (stream 3 is answered while stream 1 waits), one that panics resets only its
+/// stream (INTERNAL_ERROR), the client's RST_STREAM drops its stream's future at once (its
+/// backend request is cancelled: no task is left running it), and so does the connection's
+/// end for every future still waiting.
+#[tokio::test]
+async fn request_futures_run_on_the_connection_and_go_with_their_stream() {
+    use tokio::sync::oneshot::{channel, error::TryRecvError};
+    let (gate1_tx, gate1) = channel();
+    let (dropped1, mut dropped1_rx) = channel();
+    let (gate3_tx, gate3) = channel();
+    let (dropped3, mut dropped3_rx) = channel();
+    let (_gate7_tx, gate7) = channel();
+    let (dropped7, mut dropped7_rx) = channel();
+    let service = Scripted(VecDeque::from([
+        Script::Gate(gate1, dropped1),
+        Script::Gate(gate3, dropped3),
+        Script::Panic,
+        Script::Gate(gate7, dropped7),
+    ]));
+    let mut input = hello();
+    for id in [1, 3, 5, 7] {
+        input.extend_from_slice(&request(id, true));
+    }
+    let (mut d, mut c) = hand_driver_serving(service, |_| {}, &input).await;
+    for id in [1, 3, 7] {
+        assert!(
+            matches!(d.streams.get(&id).map(|s| &s.resp), Some(Resp::Running(_))),
+            "stream {id} waits"
+        );
+    }
+    assert!(!d.streams.contains_key(&5), "the panicking stream is gone");
+    // Stream 3's answer comes: its waker marks it ready, the next poll answers it.
+    gate3_tx.send(()).expect("stream 3 waits");
+    let mut cx = Context::from_waker(Waker::noop());
+    assert!(d.poll(&mut cx).is_pending());
+    assert!(matches!(dropped3_rx.try_recv(), Err(TryRecvError::Closed)));
+    assert!(!d.streams.contains_key(&3), "answered and closed");
+    assert!(matches!(dropped1_rx.try_recv(), Err(TryRecvError::Empty)));
+    let frames = frames_of(written(&d, &mut c));
+    assert_eq!(stream_frames(&frames, 1).0, [], "stream 1 still waits");
+    assert_eq!(
+        stream_frames(&frames, 3).0,
+        [(kind::HEADERS, false, None), (kind::DATA, true, None)]
+    );
+    assert_eq!(
+        stream_frames(&frames, 5).0,
+        [(kind::RST_STREAM, false, Some(Reason::INTERNAL_ERROR))]
+    );
+    // The client resets stream 1: its future is dropped with it, before the next poll.
+    let mut rst = BytesMut::new();
+    frame::put_rst(&mut rst, 1, Reason::CANCEL);
+    feed(&mut d, &mut c, &rst).await;
+    assert!(matches!(dropped1_rx.try_recv(), Err(TryRecvError::Closed)));
+    assert!(
+        gate1_tx.send(()).is_err(),
+        "nobody waits for stream 1's answer"
+    );
+    assert!(!d.streams.contains_key(&1) && d.closing.is_none());
+    // The connection's end drops the futures still waiting.
+    assert!(matches!(dropped7_rx.try_recv(), Err(TryRecvError::Empty)));
+    drop(d);
+    assert!(matches!(dropped7_rx.try_recv(), Err(TryRecvError::Closed)));
 }

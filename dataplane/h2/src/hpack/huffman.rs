@@ -7,6 +7,10 @@
 //! step: its state is an internal node of the code tree (257 leaves, so 256 internal nodes,
 //! which fits a `u8`), and each of the 256 × 16 transitions says where the walk ends up,
 //! whether it completed a symbol on the way, and whether it ran into EOS.
+//!
+//! [`decode`], [`encoded_len`] and [`encode`] are public for the HTTP/3 front's QPACK, whose
+//! string literals use the same code (RFC 9204 §4.1.2): the dataplane's patched h3 crate
+//! (vendor/h3-0.0.8) codes its field strings with them.
 
 use bytes::{BufMut, BytesMut};
 
@@ -199,8 +203,10 @@ const fn build_steps() -> [[Step; 16]; 256] {
 
 static STEPS: [[Step; 16]; 256] = build_steps();
 
-/// Decodes a Huffman-coded string literal, appending the octets to `dst`.
-pub(crate) fn decode(src: &[u8], dst: &mut Vec<u8>) -> Result<(), HpackError> {
+/// Decodes a Huffman-coded string literal, appending the octets to `dst`. Fails on the EOS
+/// symbol, on padding longer than 7 bits and on padding that is not the high bits of EOS
+/// (RFC 7541 §5.2); `dst` may then hold part of the string.
+pub fn decode(src: &[u8], dst: &mut Vec<u8>) -> Result<(), HpackError> {
     // The shortest code is 5 bits, so the output is at most 8/5 of the input.
     dst.reserve(src.len() + src.len() / 2 + src.len() / 8 + 1);
     let mut state = 0usize;
@@ -224,15 +230,14 @@ pub(crate) fn decode(src: &[u8], dst: &mut Vec<u8>) -> Result<(), HpackError> {
 }
 
 /// Length in octets of `src` once Huffman-coded.
-pub(crate) fn encoded_len(src: &[u8]) -> usize {
+pub fn encoded_len(src: &[u8]) -> usize {
     let bits: usize = src.iter().map(|&b| LENS[b as usize] as usize).sum();
     bits.div_ceil(8)
 }
 
-/// Appends the Huffman coding of `src` to `dst`, padded with the high bits of EOS.
-/// `len` is [`encoded_len`]`(src)`, which the caller has already computed.
-pub(crate) fn encode(src: &[u8], len: usize, dst: &mut BytesMut) {
-    dst.reserve(len);
+/// Appends the Huffman coding of `src` ([`encoded_len`]`(src)` octets) to `dst`, padded with
+/// the high bits of EOS.
+pub fn encode<B: BufMut>(src: &[u8], dst: &mut B) {
     // Holds at most 31 pending bits plus one 30-bit code; bits above those are stale and
     // never written out. Written 32 bits at a time.
     let mut acc: u64 = 0;
@@ -379,12 +384,12 @@ mod tests {
     fn every_octet_round_trips() {
         let all: Vec<u8> = (0..=255).collect();
         let mut enc = BytesMut::new();
-        encode(&all, encoded_len(&all), &mut enc);
+        encode(&all, &mut enc);
         assert_eq!(enc.len(), encoded_len(&all));
         assert_eq!(dec(&enc).unwrap(), all);
         for b in 0..=255u8 {
             let mut enc = BytesMut::new();
-            encode(&[b, b, b], encoded_len(&[b, b, b]), &mut enc);
+            encode(&[b, b, b], &mut enc);
             assert_eq!(dec(&enc).unwrap(), [b, b, b], "octet {b}");
         }
     }
@@ -397,11 +402,7 @@ mod tests {
         ];
         assert_eq!(dec(&www).unwrap(), b"www.example.com");
         let mut enc = BytesMut::new();
-        encode(
-            b"www.example.com",
-            encoded_len(b"www.example.com"),
-            &mut enc,
-        );
+        encode(b"www.example.com", &mut enc);
         assert_eq!(&enc[..], &www);
         assert_eq!(dec(&[0x64, 0x02]).unwrap(), b"302");
         assert_eq!(dec(&[]).unwrap(), b"");
@@ -416,7 +417,7 @@ mod tests {
         }
         let mut out = BytesMut::new();
         out.extend_from_slice(&[0x80 | len as u8]);
-        encode(src, len, &mut out);
+        encode(src, &mut out);
         Some(out.to_vec())
     }
 
