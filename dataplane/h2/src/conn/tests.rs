@@ -1688,6 +1688,25 @@ async fn data_through_partial_writes(gathers: bool) -> usize {
     vectored.load(Ordering::Relaxed)
 }
 
+/// A response body that ends (empty) once its sender is dropped.
+struct Held(Option<tokio::sync::oneshot::Receiver<()>>);
+
+impl http_body::Body for Held {
+    type Data = Bytes;
+    type Error = crate::BoxError;
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, crate::BoxError>>> {
+        let Some(rx) = self.0.as_mut() else {
+            return Poll::Ready(None);
+        };
+        std::task::ready!(Pin::new(rx).poll(cx)).ok();
+        self.0 = None;
+        Poll::Ready(None)
+    }
+}
+
 /// What one request of [`Scripted`] does.
 enum Script {
     /// Answers once the gate opens; the sender tells when the future is dropped.
@@ -1697,6 +1716,8 @@ enum Script {
     ),
     /// Panics in its first poll.
     Panic,
+    /// Answers at once with a body that ends when the sender is dropped.
+    Streaming(tokio::sync::oneshot::Receiver<()>),
 }
 
 /// Runs its requests' scripts in order.
@@ -1714,6 +1735,9 @@ impl H2Service for Scripted {
                 (Response::new(full(Bytes::from_static(b"answered\n"))), None)
             }),
             Script::Panic => Box::pin(async { panic!("a request future panics") }),
+            Script::Streaming(more) => {
+                Box::pin(async move { (Response::new(crate::boxed(Held(Some(more)))), None) })
+            }
         }
     }
 
@@ -1785,4 +1809,120 @@ async fn request_futures_run_on_the_connection_and_go_with_their_stream() {
     assert!(matches!(dropped7_rx.try_recv(), Err(TryRecvError::Empty)));
     drop(d);
     assert!(matches!(dropped7_rx.try_recv(), Err(TryRecvError::Closed)));
+}
+
+/// A server I/O whose reads fail (a connection reset) once `fail` is set.
+struct ResetOnRead {
+    inner: tokio::io::DuplexStream,
+    fail: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl AsyncRead for ResetOnRead {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        if self.fail.load(std::sync::atomic::Ordering::SeqCst) {
+            return Poll::Ready(Err(std::io::ErrorKind::ConnectionReset.into()));
+        }
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for ResetOnRead {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// The client's end of the connection ends every request still waiting for its answer at
+/// once: its future is dropped (its backend request cancelled), not kept until the backend
+/// answers or the keep-alive PING goes unanswered (about 70 s). At EOF the waiting stream is
+/// reset (CANCEL) and a response already being sent goes on; a read error (the client reset
+/// the connection) ends the connection and every stream at once.
+#[tokio::test]
+async fn the_clients_eof_or_read_error_drops_the_waiting_futures() {
+    use tokio::io::AsyncWriteExt;
+    use tokio::sync::oneshot::{channel, error::TryRecvError};
+    // EOF: stream 1 waits, stream 3's response is being sent (its body waits).
+    let (_gate1_tx, gate1) = channel();
+    let (dropped1, mut dropped1_rx) = channel();
+    let (more3_tx, more3) = channel::<()>();
+    let service = Scripted(VecDeque::from([
+        Script::Gate(gate1, dropped1),
+        Script::Streaming(more3),
+    ]));
+    let mut input = hello();
+    for id in [1, 3] {
+        input.extend_from_slice(&request(id, true));
+    }
+    let (mut d, mut c) = hand_driver_serving(service, |_| {}, &input).await;
+    assert!(matches!(
+        d.streams.get(&1).map(|s| &s.resp),
+        Some(Resp::Running(_))
+    ));
+    assert!(matches!(
+        d.streams.get(&3).map(|s| &s.resp),
+        Some(Resp::Body(_))
+    ));
+    c.shutdown().await.expect("the client closes its side");
+    let mut cx = Context::from_waker(Waker::noop());
+    assert!(d.poll(&mut cx).is_pending(), "stream 3 still sends");
+    assert!(
+        matches!(dropped1_rx.try_recv(), Err(TryRecvError::Closed)),
+        "the waiting request is cancelled at EOF"
+    );
+    assert!(!d.streams.contains_key(&1));
+    let frames = frames_of(written(&d, &mut c));
+    assert_eq!(
+        stream_frames(&frames, 1).0,
+        [(kind::RST_STREAM, false, Some(Reason::CANCEL))]
+    );
+    assert!(d.streams.contains_key(&3), "a response being sent goes on");
+    drop(more3_tx);
+
+    // A read error: the connection ends with every stream.
+    let (_gate_tx, gate) = channel();
+    let (dropped, mut dropped_rx) = channel();
+    let service = Scripted(VecDeque::from([Script::Gate(gate, dropped)]));
+    let (mut c, server) = tokio::io::duplex(1 << 16);
+    let fail = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let io = ResetOnRead {
+        inner: server,
+        fail: fail.clone(),
+    };
+    let (tx, stop) = tokio::sync::watch::channel(false);
+    let mut d = Driver::new(io, service, settings(), stop);
+    let mut input = hello();
+    input.extend_from_slice(&request(1, true));
+    c.write_all(&input)
+        .await
+        .expect("the pipe takes the request");
+    assert!(d.poll(&mut cx).is_pending());
+    assert!(matches!(
+        d.streams.get(&1).map(|s| &s.resp),
+        Some(Resp::Running(_))
+    ));
+    fail.store(true, std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        matches!(d.poll(&mut cx), Poll::Ready(Err(_))),
+        "a read error ends the connection"
+    );
+    assert!(
+        matches!(dropped_rx.try_recv(), Err(TryRecvError::Closed)),
+        "the waiting request is cancelled on a read error"
+    );
+    assert!(d.streams.is_empty());
+    drop(tx);
 }
