@@ -34,6 +34,10 @@ pub(super) struct Stream<F> {
     pub(super) body_done: bool,
     pub(super) trailers: Option<Box<HeaderMap>>,
     pub(super) waker: Option<Waker>,
+    /// The stream's waker fired (through `Signal`) since its request future was last polled:
+    /// only then is a Running future polled again. A window change or a grant also queues
+    /// the stream, and must not make the client a lever for re-polling the whole pipeline.
+    pub(super) woken: bool,
     pub(super) queued: bool,
     /// Listed in the driver's `blocked` (waiting for connection window).
     pub(super) blocked: bool,
@@ -61,6 +65,7 @@ impl<F> Stream<F> {
             body_done: false,
             trailers: None,
             waker: None,
+            woken: false,
             queued: false,
             blocked: false,
             tunnel_body: None,
@@ -355,6 +360,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
                 s.grant += consumed;
             }
         }
+        s.woken = true;
         self.enqueue(id);
     }
 
@@ -479,13 +485,15 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
 
     /// Advances one stream's response; true when it can do more right away.
     pub(super) fn step(&mut self, id: u32) -> bool {
-        // A response still being produced.
-        if matches!(
-            self.streams.get(&id).map(|s| &s.resp),
-            Some(Resp::Running(_))
-        ) {
-            self.poll_response(id);
-            return false;
+        // A response still being produced: polled only when its waker fired (the stream may
+        // be queued for a window change or a grant, which the future does not wait for).
+        if let Some(s) = self.streams.get_mut(&id) {
+            if matches!(s.resp, Resp::Running(_)) {
+                if std::mem::take(&mut s.woken) {
+                    self.poll_response(id);
+                }
+                return false;
+            }
         }
         for _ in 0..FRAMES_PER_TURN {
             let Some(s) = self.streams.get_mut(&id) else {

@@ -1718,6 +1718,11 @@ enum Script {
     Panic,
     /// Answers at once with a body that ends when the sender is dropped.
     Streaming(tokio::sync::oneshot::Receiver<()>),
+    /// Answers once the gate opens, counting its polls.
+    Counted(
+        tokio::sync::oneshot::Receiver<()>,
+        Arc<std::sync::atomic::AtomicUsize>,
+    ),
 }
 
 /// Runs its requests' scripts in order.
@@ -1735,6 +1740,14 @@ impl H2Service for Scripted {
                 (Response::new(full(Bytes::from_static(b"answered\n"))), None)
             }),
             Script::Panic => Box::pin(async { panic!("a request future panics") }),
+            Script::Counted(mut gate, polls) => Box::pin(async move {
+                std::future::poll_fn(|cx| {
+                    polls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    Pin::new(&mut gate).poll(cx).map(|_| ())
+                })
+                .await;
+                (Response::new(full(Bytes::from_static(b"answered\n"))), None)
+            }),
             Script::Streaming(more) => {
                 Box::pin(async move { (Response::new(crate::boxed(Held(Some(more)))), None) })
             }
@@ -1925,4 +1938,43 @@ async fn the_clients_eof_or_read_error_drops_the_waiting_futures() {
     );
     assert!(d.streams.is_empty());
     drop(tx);
+}
+
+/// A waiting request future is polled again only when its own waker fires: the client's
+/// WINDOW_UPDATEs on its stream and SETTINGS raising INITIAL_WINDOW_SIZE (each queues every
+/// stream) no longer re-poll it (before: one poll of the whole pipeline future per frame or
+/// read batch). Its answer still comes in the poll after its waker fired.
+#[tokio::test]
+async fn window_changes_do_not_poll_a_waiting_future() {
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    let (gate_tx, gate) = tokio::sync::oneshot::channel();
+    let polls = Arc::new(AtomicUsize::new(0));
+    let service = Scripted(VecDeque::from([Script::Counted(gate, polls.clone())]));
+    let mut input = hello();
+    input.extend_from_slice(&request(1, true));
+    let (mut d, mut c) = hand_driver_serving(service, |_| {}, &input).await;
+    assert_eq!(polls.load(SeqCst), 1, "the first poll");
+    let mut updates = BytesMut::new();
+    for _ in 0..1_000 {
+        frame::put_window_update(&mut updates, 1, 1);
+    }
+    for i in 0..10u32 {
+        frame::put_settings(
+            &mut updates,
+            &[(setting::INITIAL_WINDOW_SIZE, frame::DEFAULT_WINDOW + i + 1)],
+        );
+    }
+    feed(&mut d, &mut c, &updates).await;
+    assert!(d.closing.is_none());
+    assert_eq!(polls.load(SeqCst), 1, "window changes polled the future");
+    gate_tx.send(()).expect("the future waits");
+    let mut cx = Context::from_waker(Waker::noop());
+    assert!(d.poll(&mut cx).is_pending());
+    assert_eq!(polls.load(SeqCst), 2, "its waker fired: polled once more");
+    assert!(!d.streams.contains_key(&1), "answered");
+    let frames = frames_of(written(&d, &mut c));
+    assert_eq!(
+        stream_frames(&frames, 1).0,
+        [(kind::HEADERS, false, None), (kind::DATA, true, None)]
+    );
 }
