@@ -79,6 +79,41 @@ impl<F> Stream<F> {
     }
 }
 
+/// Stream `id`'s waker (made once, kept in `slot`): it marks the stream ready in `signal` and
+/// wakes the connection's task.
+fn waker_of(slot: &mut Option<Waker>, signal: &Arc<Signal>, id: u32) -> Waker {
+    slot.get_or_insert_with(|| {
+        Waker::from(Arc::new(StreamWaker {
+            signal: signal.clone(),
+            id,
+        }))
+    })
+    .clone()
+}
+
+/// A panic's message (a `&str` or `String` payload), for the log line.
+pub(super) fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {
+    payload
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("a panic without a message")
+}
+
+/// Drops a stream's response (a request future still running, a response body) on the
+/// connection's stack, where a task's harness no longer catches a panic in its `Drop`: such a
+/// panic is logged and ends only this stream, never the connection (nor, while the driver is
+/// itself unwinding, the process). The guard costs one call on the path without a panic.
+pub(super) fn drop_guarded<F>(resp: Resp<F>, id: u32) {
+    // Unwind safety: the value is dropped whole inside the closure; nothing of it is used
+    // after a panic.
+    let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(resp)));
+    if let Err(payload) = dropped {
+        let panic = panic_message(&*payload);
+        tracing::error!(stream = id, panic, "dropping a request future panicked");
+    }
+}
+
 /// Hashing of stream ids: a multiplicative hash (the ids are a client's choice, but a
 /// connection holds at most `max_concurrent_streams` of them, so collisions cost little).
 #[derive(Default, Clone, Copy)]
@@ -174,13 +209,13 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
     /// ends only its stream (RST_STREAM INTERNAL_ERROR, as a panicking task did), never the
     /// connection.
     pub(super) fn poll_response(&mut self, id: u32) {
-        let waker = self.stream_waker(id);
         let Some(s) = self.streams.get_mut(&id) else {
             return;
         };
         let Resp::Running(fut) = &mut s.resp else {
             return;
         };
+        let waker = waker_of(&mut s.waker, &self.signal, id);
         let mut cx = Context::from_waker(&waker);
         // Unwind safety: after a panic the future is dropped with its stream, never polled
         // again, and the driver's own state is not touched inside the closure.
@@ -190,8 +225,9 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
         match polled {
             Ok(Poll::Pending) => {}
             Ok(Poll::Ready((resp, stored))) => self.start_response(id, resp, stored),
-            Err(_) => {
-                tracing::error!(stream = id, "a request future panicked");
+            Err(payload) => {
+                let panic = panic_message(&*payload);
+                tracing::error!(stream = id, panic, "a request future panicked");
                 // Our fault, not the client's: not counted as a reset.
                 let _ = self.reset_stream(id, Reason::INTERNAL_ERROR, Charge::Server);
             }
@@ -290,7 +326,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
         }
         // A request future still running is dropped with the stream: its backend request is
         // cancelled here (a pooled connection in the middle of it is closed, never reused).
-        drop(s);
+        drop_guarded(s.resp, id);
     }
 
     /// Sends RST_STREAM for `id`, removes the stream if it was open, and remembers it as
@@ -444,14 +480,6 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
         }
     }
 
-    pub(super) fn stream_waker(&mut self, id: u32) -> Waker {
-        let signal = self.signal.clone();
-        let s = self.streams.get_mut(&id).expect("stream present");
-        s.waker
-            .get_or_insert_with(|| Waker::from(Arc::new(StreamWaker { signal, id })))
-            .clone()
-    }
-
     /// Sends what the queued streams have, fairly, until the output buffer is full.
     pub(super) fn produce(&mut self) {
         // Bounded: a body yielding empty chunks forever cannot spin the task.
@@ -507,11 +535,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
                 let mut polled =
                     Pin::new(&mut *body).poll_frame(&mut Context::from_waker(Waker::noop()));
                 if polled.is_pending() {
-                    let waker = self.stream_waker(id);
-                    let s = self.streams.get_mut(&id).expect("present");
-                    let Resp::Body(body) = &mut s.resp else {
-                        unreachable!()
-                    };
+                    let waker = waker_of(&mut s.waker, &self.signal, id);
                     polled = Pin::new(&mut *body).poll_frame(&mut Context::from_waker(&waker));
                 }
                 let s = self.streams.get_mut(&id).expect("present");

@@ -395,7 +395,7 @@ async fn feed<S: H2Service>(
             input = &input[n..];
         }
         assert!(d.poll(&mut cx).is_pending());
-        // Lets the request tasks run.
+        // Lets the tasks the test runs beside the driver run (backends, bodies).
         tokio::task::yield_now().await;
     }
     assert!(
@@ -1707,6 +1707,15 @@ impl http_body::Body for Held {
     }
 }
 
+/// Panics when dropped.
+struct PanicsOnDrop;
+
+impl Drop for PanicsOnDrop {
+    fn drop(&mut self) {
+        panic!("a request future's drop panics");
+    }
+}
+
 /// What one request of [`Scripted`] does.
 enum Script {
     /// Answers once the gate opens; the sender tells when the future is dropped.
@@ -1718,6 +1727,8 @@ enum Script {
     Panic,
     /// Answers at once with a body that ends when the sender is dropped.
     Streaming(tokio::sync::oneshot::Receiver<()>),
+    /// Never answers; its `Drop` panics.
+    PanicsOnDrop,
     /// Answers once the gate opens, counting its polls.
     Counted(
         tokio::sync::oneshot::Receiver<()>,
@@ -1740,6 +1751,11 @@ impl H2Service for Scripted {
                 (Response::new(full(Bytes::from_static(b"answered\n"))), None)
             }),
             Script::Panic => Box::pin(async { panic!("a request future panics") }),
+            Script::PanicsOnDrop => Box::pin(async move {
+                let _bomb = PanicsOnDrop;
+                std::future::pending::<()>().await;
+                unreachable!("never answers")
+            }),
             Script::Counted(mut gate, polls) => Box::pin(async move {
                 std::future::poll_fn(|cx| {
                     polls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
@@ -1977,4 +1993,39 @@ async fn window_changes_do_not_poll_a_waiting_future() {
         stream_frames(&frames, 1).0,
         [(kind::HEADERS, false, None), (kind::DATA, true, None)]
     );
+}
+
+/// A request future whose `Drop` panics ends only its stream: the client's RST_STREAM drops it
+/// (the panic is caught and logged), the connection and its other streams go on; the driver's
+/// own drop with such futures still running does not panic (a panic there, while the driver
+/// unwinds from another, would abort the process). Before, both panics went through the driver.
+#[tokio::test]
+async fn a_panic_dropping_a_future_ends_only_its_stream() {
+    let (gate3_tx, gate3) = tokio::sync::oneshot::channel();
+    let (dropped3, _dropped3_rx) = tokio::sync::oneshot::channel();
+    let service = Scripted(VecDeque::from([
+        Script::PanicsOnDrop,
+        Script::Gate(gate3, dropped3),
+        Script::PanicsOnDrop,
+    ]));
+    let mut input = hello();
+    for id in [1, 3, 5] {
+        input.extend_from_slice(&request(id, true));
+    }
+    let (mut d, mut c) = hand_driver_serving(service, |_| {}, &input).await;
+    let mut rst = BytesMut::new();
+    frame::put_rst(&mut rst, 1, Reason::CANCEL);
+    feed(&mut d, &mut c, &rst).await;
+    assert!(!d.streams.contains_key(&1) && d.closing.is_none());
+    gate3_tx.send(()).expect("stream 3 waits");
+    let mut cx = Context::from_waker(Waker::noop());
+    assert!(d.poll(&mut cx).is_pending());
+    let frames = frames_of(written(&d, &mut c));
+    assert_eq!(
+        stream_frames(&frames, 3).0,
+        [(kind::HEADERS, false, None), (kind::DATA, true, None)],
+        "the connection goes on"
+    );
+    assert!(d.streams.contains_key(&5));
+    drop(d);
 }
