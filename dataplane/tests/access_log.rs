@@ -65,6 +65,37 @@ struct Setup {
     _dir: tempfile::TempDir,
 }
 
+/// A runtime writing its access log (`format`) to a file in a temporary directory, with `cfg`
+/// applied: the runtime, its bound listeners, the log's path, and the directory (kept while
+/// the test runs).
+async fn logging(
+    cfg: Config,
+    format: AccessLogFormat,
+) -> (
+    Arc<Runtime>,
+    std::collections::HashMap<String, SocketAddr>,
+    PathBuf,
+    tempfile::TempDir,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    let runtime = Arc::new(
+        Runtime::new(RuntimeOptions {
+            access_log: AccessLog {
+                enabled: true,
+                path: Some(log.clone()),
+                buffer_lines: 1024,
+                format,
+            },
+            ..RuntimeOptions::default()
+        })
+        .unwrap(),
+    );
+    runtime.apply(cfg).await.expect("config applies");
+    let bound = runtime.bound().await;
+    (runtime, bound, log, dir)
+}
+
 async fn start(format: AccessLogFormat) -> Setup {
     start_with(format, ClientIp::default()).await
 }
@@ -101,22 +132,7 @@ async fn start_with(format: AccessLogFormat, client_ip: ClientIp) -> Setup {
         }),
         ..listener("tls", ListenerProtocol::Https)
     });
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("access.log");
-    let runtime = Arc::new(
-        Runtime::new(RuntimeOptions {
-            access_log: AccessLog {
-                enabled: true,
-                path: Some(log.clone()),
-                buffer_lines: 1024,
-                format,
-            },
-            ..RuntimeOptions::default()
-        })
-        .unwrap(),
-    );
-    runtime.apply(cfg).await.expect("config applies");
-    let bound = runtime.bound().await;
+    let (runtime, bound, log, dir) = logging(cfg, format).await;
     let (addr, tls_addr) = (*bound.get("web").unwrap(), *bound.get("tls").unwrap());
     Setup {
         _runtime: runtime,
@@ -459,22 +475,8 @@ async fn bytes_received_and_upstream_connect_and_response_times_are_logged() {
             ],
         )])
     };
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("access.log");
-    let runtime = Arc::new(
-        Runtime::new(RuntimeOptions {
-            access_log: AccessLog {
-                enabled: true,
-                path: Some(log.clone()),
-                buffer_lines: 1024,
-                format: AccessLogFormat::Json,
-            },
-            ..RuntimeOptions::default()
-        })
-        .unwrap(),
-    );
-    runtime.apply(cfg).await.expect("config applies");
-    let addr = *runtime.bound().await.get("web").unwrap();
+    let (_runtime, bound, log, _dir) = logging(cfg, AccessLogFormat::Json).await;
+    let addr = *bound.get("web").unwrap();
     let send = |c: Client, method: &'static str, path: &'static str, len: usize| async move {
         let req = http::Request::builder()
             .method(method)
@@ -596,22 +598,8 @@ async fn a_client_gone_mid_request_cancels_the_backend_request_on_both_engines()
             )])
         };
         cfg.limits.http1_engine = engine;
-        let dir = tempfile::tempdir().unwrap();
-        let log = dir.path().join("access.log");
-        let runtime = Arc::new(
-            Runtime::new(RuntimeOptions {
-                access_log: AccessLog {
-                    enabled: true,
-                    path: Some(log.clone()),
-                    buffer_lines: 1024,
-                    format: AccessLogFormat::Json,
-                },
-                ..RuntimeOptions::default()
-            })
-            .unwrap(),
-        );
-        runtime.apply(cfg).await.expect("config applies");
-        let addr = *runtime.bound().await.get("web").unwrap();
+        let (_runtime, bound, log, _dir) = logging(cfg, AccessLogFormat::Json).await;
+        let addr = *bound.get("web").unwrap();
         let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
         c.write_all(b"GET /hang HTTP/1.1\r\nHost: app\r\n\r\n")
             .await

@@ -305,34 +305,9 @@ pub fn put_chunk_head(out: &mut impl BufMut, len: usize) {
     out.put_slice(b"\r\n");
 }
 
-/// Whether a field may not be sent as a trailer (RFC 9110 §6.5.1): framing, routing,
-/// connection-specific and credential fields, which a peer merging trailers into the head
-/// would otherwise take as the message's own (hyper's encoder refuses much the same list).
-pub fn forbidden_trailer(name: &http::HeaderName) -> bool {
-    use http::header::*;
-    [
-        CONTENT_LENGTH,
-        TRANSFER_ENCODING,
-        TRAILER,
-        TE,
-        CONNECTION,
-        UPGRADE,
-        HOST,
-        AUTHORIZATION,
-        PROXY_AUTHORIZATION,
-        SET_COOKIE,
-        COOKIE,
-        CONTENT_ENCODING,
-        CONTENT_TYPE,
-        CONTENT_RANGE,
-        CACHE_CONTROL,
-        EXPECT,
-        MAX_FORWARDS,
-    ]
-    .contains(name)
-        || name.as_str() == "keep-alive"
-        || name.as_str() == "proxy-connection"
-}
+/// Whether a field may not be sent as a trailer (RFC 9110 §6.5.1): the rule of
+/// `sweety-fields`, shared with `sweety-h2`.
+pub use sweety_fields::forbidden_trailer;
 
 /// Writes the end of a chunked body: the last chunk, the trailer fields, the empty line. A
 /// writer of a message to a peer that did not write it leaves the [`forbidden_trailer`]

@@ -100,35 +100,9 @@ fn te_asks_trailers(h: &HeaderMap) -> bool {
         })
 }
 
-/// Whether a field may not be sent as a trailer (RFC 9110 §6.5.1): framing, routing,
-/// connection-specific and credential fields, which a peer merging trailers into the head
-/// would otherwise take as the message's own. The same rule (and list) as
-/// `sweety_h1::chunked::forbidden_trailer`, which this crate does not depend on.
-pub fn forbidden_trailer(name: &HeaderName) -> bool {
-    use http::header::*;
-    [
-        CONTENT_LENGTH,
-        TRANSFER_ENCODING,
-        TRAILER,
-        TE,
-        CONNECTION,
-        UPGRADE,
-        HOST,
-        AUTHORIZATION,
-        PROXY_AUTHORIZATION,
-        SET_COOKIE,
-        COOKIE,
-        CONTENT_ENCODING,
-        CONTENT_TYPE,
-        CONTENT_RANGE,
-        CACHE_CONTROL,
-        EXPECT,
-        MAX_FORWARDS,
-    ]
-    .contains(name)
-        || name.as_str() == "keep-alive"
-        || name.as_str() == "proxy-connection"
-}
+/// Whether a field may not be sent as a trailer (RFC 9110 §6.5.1): the rule of
+/// `sweety-fields`, shared with `sweety-h1`.
+pub use sweety_fields::forbidden_trailer;
 
 #[cfg(test)]
 mod tests {

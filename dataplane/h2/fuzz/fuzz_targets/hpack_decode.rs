@@ -2,7 +2,8 @@
 //! table carries over. Input: [table size byte] then blocks, each [len u16 BE][bytes].
 //! Checks: no panic; a block that decodes is within the list-size bound it was given; after a
 //! `ListTooLarge` the decoder stays usable; what decodes re-encodes (table-less) into a block a
-//! fresh decoder reads back as the same fields.
+//! fresh decoder reads back as the same fields; a decoder without its memo of repeating
+//! Huffman-coded values, fed the same blocks, answers each block the same (fields or error).
 
 #![no_main]
 
@@ -16,6 +17,8 @@ fuzz_target!(|data: &[u8]| {
     };
     let mut d = Decoder::new();
     d.set_max_allowed_table_size(size as usize * 64);
+    let mut reference = Decoder::new().without_memo();
+    reference.set_max_allowed_table_size(size as usize * 64);
     // A small list bound for odd sizes, so the ListTooLarge path is reached too.
     let max_list = if size & 1 == 1 { 256 } else { 64 * 1024 };
     while rest.len() >= 2 {
@@ -28,6 +31,12 @@ fuzz_target!(|data: &[u8]| {
             list += f.name.len() + f.value.len() + 32;
             fields.push((f.name.to_vec(), f.value.to_vec(), f.sensitive));
         });
+        let mut expected: Vec<(Vec<u8>, Vec<u8>, bool)> = Vec::new();
+        let r_ref = reference.decode(block, max_list, |f| {
+            expected.push((f.name.to_vec(), f.value.to_vec(), f.sensitive));
+        });
+        assert_eq!(r, r_ref, "the memo changed the result");
+        assert_eq!(fields, expected, "the memo changed a field");
         match r {
             Ok(()) => {
                 assert!(list <= max_list, "{list} bytes of fields past the {max_list} bound");

@@ -13,6 +13,7 @@
 //! Field names and values are passed through as octets: checking them (lowercase names, no
 //! CR/LF/NUL, pseudo-header rules) is the HTTP/2 layer's job (RFC 9113 §8.2).
 
+mod decode_memo;
 pub mod huffman;
 mod literal_cache;
 
@@ -447,8 +448,13 @@ enum Name {
 }
 
 /// Reads a string literal (RFC 7541 §5.2) at `*pos`; Huffman-coded ones are decoded into
-/// `scratch`.
-fn read_str(block: &[u8], pos: &mut usize, scratch: &mut Vec<u8>) -> Result<Str, HpackError> {
+/// `scratch`, through `memo` when it is given (a value of a field whose values repeat).
+fn read_str(
+    block: &[u8],
+    pos: &mut usize,
+    scratch: &mut Vec<u8>,
+    memo: Option<&mut Option<Box<decode_memo::Memo>>>,
+) -> Result<Str, HpackError> {
     let huffman = *block.get(*pos).ok_or(HpackError::Truncated)? & 0x80 != 0;
     let len = decode_int(block, pos, 7)?;
     let start = *pos;
@@ -461,7 +467,19 @@ fn read_str(block: &[u8], pos: &mut usize, scratch: &mut Vec<u8>) -> Result<Str,
         return Ok(Str::Block(start, end));
     }
     let from = scratch.len();
-    huffman::decode(&block[start..end], scratch)?;
+    let coded = &block[start..end];
+    match memo {
+        Some(memo) if (1..=decode_memo::MAX_CODED).contains(&coded.len()) => {
+            let memo = memo.get_or_insert_with(decode_memo::Memo::new);
+            if let Some(decoded) = memo.get(coded) {
+                scratch.extend_from_slice(decoded);
+            } else {
+                huffman::decode(coded, scratch)?;
+                memo.put(coded, &scratch[from..]);
+            }
+        }
+        _ => huffman::decode(coded, scratch)?,
+    }
     Ok(Str::Scratch(from, scratch.len()))
 }
 
@@ -480,6 +498,11 @@ pub struct Decoder {
     update_required: Option<usize>,
     /// Huffman-decoded name and value of the current field.
     scratch: Vec<u8>,
+    /// Huffman-coded values of repeating response fields decoded last (allocated at the
+    /// first one).
+    memo: Option<Box<decode_memo::Memo>>,
+    /// The memo is not used (the fuzz target's reference decoder).
+    memo_off: bool,
     poisoned: bool,
 }
 
@@ -503,8 +526,18 @@ impl Decoder {
             max_allowed: n,
             update_required: None,
             scratch: Vec::new(),
+            memo: None,
+            memo_off: false,
             poisoned: false,
         }
+    }
+
+    /// This decoder without its memo of repeating values: every Huffman-coded string is
+    /// decoded. The fuzz target's reference: both decoders answer every block the same.
+    #[doc(hidden)]
+    pub fn without_memo(mut self) -> Self {
+        self.memo_off = true;
+        self
     }
 
     /// Sets the SETTINGS_HEADER_TABLE_SIZE value we advertised (once the peer acknowledged
@@ -613,14 +646,18 @@ impl Decoder {
             let index = decode_int(block, &mut pos, if indexing { 6 } else { 4 })?;
             self.scratch.clear();
             let name = match index {
-                0 => Name::Literal(read_str(block, &mut pos, &mut self.scratch)?),
+                0 => Name::Literal(read_str(block, &mut pos, &mut self.scratch, None)?),
                 1..=61 => Name::Static(STATIC[index - 1].0),
                 _ => {
                     self.lookup(index)?;
                     Name::Dynamic(index - STATIC.len())
                 }
             };
-            let value = read_str(block, &mut pos, &mut self.scratch)?;
+            // A value of a field whose values repeat and are no secret (`server`, `date`,
+            // `content-type`...: named by a static index) is looked up in the memo first.
+            let memo = (!sensitive && !self.memo_off && literal_cache::cacheable(index))
+                .then_some(&mut self.memo);
+            let value = read_str(block, &mut pos, &mut self.scratch, memo)?;
             let value = value.get(block, &self.scratch);
             let name_bytes = match name {
                 Name::Static(n) => n,
@@ -734,59 +771,67 @@ impl Encoder {
     /// indexed when `sensitive`, without indexing otherwise. Strings are Huffman-coded only
     /// when that is shorter. `name` must already be lowercase (RFC 9113 §8.2.1).
     pub fn field(dst: &mut BytesMut, name: &[u8], value: &[u8], sensitive: bool) {
-        let name_index = static_name_index(name);
-        if !sensitive {
-            if let Some(i) = name_index.and_then(|n| static_field_index(n, value)) {
-                encode_int(dst, i, 7, 0x80);
-                return;
-            }
-        }
-        let flags = if sensitive { 0x10 } else { 0x00 };
-        match name_index {
-            Some(i) => {
-                encode_int(dst, i, 4, flags);
-                if !sensitive && literal_cache::cacheable(i) {
-                    // A value that repeats (server, date, content-type): coded once per thread.
-                    literal_cache::encode(dst, value, encode_str);
-                    return;
-                }
-            }
-            None => {
-                dst.put_u8(flags);
-                // A name the static table lacks (`x-request-id`, `x-cache`, `x-powered-by`)
-                // repeats from response to response like the values above, and a name is no
-                // secret (a sensitive field's value is what is never cached).
-                literal_cache::encode(dst, name, encode_str);
-            }
-        }
-        encode_str(dst, value);
+        field_with(dst, name, value, sensitive, Literals::Coded);
     }
-}
 
-impl Encoder {
     /// [`Encoder::field`] with its string literals never Huffman-coded: the HTTP/2 client's
     /// request fields, which differ per request (addresses, paths, forwarding fields), where
     /// the Huffman pass cost more instructions (about 7,000 per proxied request) than the
-    /// octets it saves on a backend link are worth. Indexed when the whole field is in the
-    /// static table (unless sensitive), else a literal with the static name index where there
-    /// is one, never indexed when `sensitive`, without indexing otherwise.
+    /// octets it saves on a backend link are worth. The same representation rules as
+    /// [`Encoder::field`] (one function: `field_with`).
     pub fn field_raw(dst: &mut BytesMut, name: &[u8], value: &[u8], sensitive: bool) {
-        let name_index = static_name_index(name);
-        if !sensitive {
-            if let Some(i) = name_index.and_then(|n| static_field_index(n, value)) {
-                encode_int(dst, i, 7, 0x80);
+        field_with(dst, name, value, sensitive, Literals::Raw);
+    }
+}
+
+/// How a field's string literals are written.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Literals {
+    /// Huffman-coded when shorter; repeating values (and names the static table lacks)
+    /// through the per-thread [`literal_cache`].
+    Coded,
+    /// As they are.
+    Raw,
+}
+
+/// [`Encoder::field`] and [`Encoder::field_raw`]: the representation rules (indexed when the
+/// whole field is in the static table unless sensitive, else a literal with the static name
+/// index where there is one, never indexed when `sensitive`, without indexing otherwise) in
+/// one place, the literals written as `literals` says. Inlined into both, each with its
+/// constant `literals`, so neither pays for the other's branch.
+#[inline(always)]
+fn field_with(dst: &mut BytesMut, name: &[u8], value: &[u8], sensitive: bool, literals: Literals) {
+    let name_index = static_name_index(name);
+    if !sensitive {
+        if let Some(i) = name_index.and_then(|n| static_field_index(n, value)) {
+            encode_int(dst, i, 7, 0x80);
+            return;
+        }
+    }
+    let flags = if sensitive { 0x10 } else { 0x00 };
+    match name_index {
+        Some(i) => {
+            encode_int(dst, i, 4, flags);
+            if literals == Literals::Coded && !sensitive && literal_cache::cacheable(i) {
+                // A value that repeats (server, date, content-type): coded once per thread.
+                literal_cache::encode(dst, value, encode_str);
                 return;
             }
         }
-        let flags = if sensitive { 0x10 } else { 0x00 };
-        match name_index {
-            Some(i) => encode_int(dst, i, 4, flags),
-            None => {
-                dst.put_u8(flags);
-                encode_raw(dst, name);
+        None => {
+            dst.put_u8(flags);
+            match literals {
+                // A name the static table lacks (`x-request-id`, `x-cache`, `x-powered-by`)
+                // repeats from response to response like the values above, and a name is no
+                // secret (a sensitive field's value is what is never cached).
+                Literals::Coded => literal_cache::encode(dst, name, encode_str),
+                Literals::Raw => encode_raw(dst, name),
             }
         }
-        encode_raw(dst, value);
+    }
+    match literals {
+        Literals::Coded => encode_str(dst, value),
+        Literals::Raw => encode_raw(dst, value),
     }
 }
 

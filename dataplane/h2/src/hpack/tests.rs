@@ -795,3 +795,58 @@ fn raw_fields_decode_as_the_coded_ones() {
     Encoder::field_raw(&mut get, b":method", b"GET", false);
     assert_eq!(&get[..], &[0x82]);
 }
+
+/// One decoder over many blocks (its memo of coded values warm) decodes every block as a
+/// fresh decoder does: repeated and changing Huffman-coded values of the fields the memo
+/// keeps (`server`, `date`, `content-type`), values that differ in one coded octet, with and
+/// without incremental indexing, sensitive ones, and values too long to keep.
+#[test]
+fn the_decode_memo_answers_as_the_decoder() {
+    let mut rng = fastrand::Rng::with_seed(0x00de_c0de);
+    let pool: Vec<Vec<u8>> = (0..6)
+        .map(|i| format!("nginx/1.{i}2.1 value-{i}").into_bytes())
+        .chain([
+            b"Sat, 28 Nov 2026 16:50:05 GMT".to_vec(),
+            b"text/plain".to_vec(),
+        ])
+        .collect();
+    let mut d = Decoder::new();
+    let mut hits = 0;
+    for round in 0..3000 {
+        let mut block = BytesMut::new();
+        let mut expect: Owned = Vec::new();
+        for _ in 0..rng.usize(1..6) {
+            // server (54), date (33), content-type (31), and one the memo does not keep.
+            let index = [54usize, 33, 31, 58][rng.usize(..4)];
+            let value: Vec<u8> = match rng.u8(0..4) {
+                0 | 1 => pool[rng.usize(..pool.len())].clone(),
+                2 => {
+                    let mut v = pool[rng.usize(..pool.len())].clone();
+                    let i = rng.usize(..v.len());
+                    v[i] = rng.u8(b' '..=b'~');
+                    v
+                }
+                _ => (0..rng.usize(0..80)).map(|_| rng.u8(..)).collect(),
+            };
+            let (flags, prefix, sensitive) = match rng.u8(0..3) {
+                0 => (0x40, 6, false),
+                1 => (0x00, 4, false),
+                _ => (0x10, 4, true),
+            };
+            encode_int(&mut block, index, prefix, flags);
+            let huff = huffman::encoded_len(&value);
+            encode_int(&mut block, huff, 7, 0x80);
+            huffman::encode(&value, &mut block);
+            hits += usize::from(d.memo.as_ref().is_some_and(|m| {
+                let coded = &block[block.len() - huff..];
+                m.get(coded).is_some()
+            }));
+            expect.push((STATIC[index - 1].0.to_vec(), value, sensitive));
+        }
+        let fresh = decode_all(&mut Decoder::new(), &block, BIG);
+        let got = decode_all(&mut d, &block, BIG);
+        assert_eq!(got, fresh, "round {round}");
+        assert_eq!(got.unwrap_or_else(|e| panic!("round {round}: {e}")), expect);
+    }
+    assert!(hits > 1000, "the memo answered {hits} values");
+}
