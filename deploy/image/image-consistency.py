@@ -115,6 +115,16 @@ def workspace_members(dockerfile):
         return tomllib.load(f)["workspace"]["members"]
 
 
+def patched_paths(dockerfile):
+    """The paths of the crates Cargo.toml's [patch] tables replace (vendor/...)."""
+    import os
+    import tomllib
+    root = os.path.join(os.path.dirname(os.path.abspath(dockerfile)), "..")
+    with open(os.path.join(root, "Cargo.toml"), "rb") as f:
+        patch = tomllib.load(f).get("patch", {})
+    return [dep["path"] for table in patch.values() for dep in table.values() if "path" in dep]
+
+
 def main():
     dockerfile, tarball = sys.argv[1:3]
     d, i = dockerfile_facts(dockerfile), image_facts(tarball)
@@ -124,6 +134,10 @@ def main():
     for m in workspace_members(dockerfile):
         if not any(m == c or m.startswith(c + "/") for c in d["context"]):
             errors.append(f"workspace member {m}: not copied into the Dockerfile's build stage")
+    # A [patch] path cargo cannot find breaks `docker build` the same way.
+    for p in patched_paths(dockerfile):
+        if not any(p == c or p.startswith(c + "/") for c in d["context"]):
+            errors.append(f"patched crate {p}: not copied into the Dockerfile's build stage")
     for key in ("user", "entrypoint", "cmd", "ports"):
         if d[key] != i[key]:
             errors.append(f"{key}: Dockerfile {d[key]!r}, image {i[key]!r}")

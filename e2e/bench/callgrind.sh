@@ -45,6 +45,11 @@
 #                     valgrind's model of this machine's caches, not of its hardware)
 #   SWEETY_LIMITS=    extra `limits:` settings of the Sweety config, as YAML flow-mapping entries
 #                     (as in run.sh), e.g. "http1_engine: hyper" to count one binary's two engines
+#   ORDER=FILE        instead of counting: write the link order of BINARY's functions to FILE
+#                     (dataplane/symbol-order.txt, read by dataplane/build.rs): the functions an
+#                     idle server runs, with run.sh's two probe connections, first, then those
+#                     of a few requests of each of CELLS (default for ORDER: every cell below
+#                     but the h3 ones), each group by instructions (e2e/bench/symbol_order.py)
 #   PEERS=""          "haproxy nginx": also count HAProxy and nginx as the proxy of each proxy-*
 #                     cell in CELLS, and nginx as the server of the static h1-*/h2-* cells (once
 #                     per run, not per binary), then print each binary's ratio to them
@@ -72,6 +77,9 @@
 # three make similar ones per request: a read and a write each side, epoll).
 set -euo pipefail
 
+ORDER=${ORDER:-}
+[[ -n $ORDER && -z ${CELLS:-} ]] &&
+    CELLS="h1-1k h2-1k h1-100k h2-100k proxy-h1 proxy-h1s proxy-h1s-4k proxy-h2 proxy-h2-4k proxy-h2c proxy-h2c-4k cache-h2"
 CELLS=${CELLS:-h1-1k h2-1k proxy-h1 cache-h2}
 N1=${N1:-1000}
 N2=${N2:-5000}
@@ -428,6 +436,50 @@ measure() { # measure LABEL CELL COMMAND...: COMMAND (a server) under callgrind,
             sort -rn | head -n "$TOP" || true # head closes the pipe early
     fi
 }
+
+profile_order() { # profile_order BINARY: writes $ORDER (see ORDER at the top)
+    local bin=$1 dir=$WORK/order pid i cell
+    mkdir -p "$dir"
+    # Started as run.sh starts it (one worker, warn logs), the counters zeroed when the start-up
+    # code is released (release_startup_code_logged in dataplane/src/main.rs, once the first
+    # config serves): what runs from there on is what an idle server has mapped.
+    GLIBC_TUNABLES=glibc.cpu.x86_rep_movsb_threshold=4294967295 RUST_LOG=warn taskset -c "$SERVER_CPU" \
+        valgrind --tool=callgrind --demangle=no --zero-before='*release_startup_code_logged*' \
+        --callgrind-out-file="$dir/cg.out" \
+        "$bin" run --config "$WORK/sweety.yaml" --workers 1 >"$dir/server.log" 2>&1 &
+    pid=$!
+    PIDS+=("$pid")
+    # Left alone until it listens (a connection before the release would leave its first-use
+    # code out) and a moment more, for the release.
+    for ((i = 0; i < 600; i++)); do
+        [[ -n $(ss -Hltn "sport = :$TLS_PORT") && -n $(ss -Hltn "sport = :$PLAIN_PORT") ]] && break
+        kill -0 "$pid" 2>/dev/null || die "$bin did not start: $(tail -5 "$dir/server.log")"
+        sleep 0.5
+    done
+    sleep 2
+    # run.sh's idle probe: one connect and close per port (bench_helper.py port-state), then idle
+    python3 -B "$(dirname "$0")/bench_helper.py" port-state "$TLS_PORT" open 0
+    python3 -B "$(dirname "$0")/bench_helper.py" port-state "$PLAIN_PORT" open 0
+    sleep 3
+    callgrind_control -d idle "$pid" >/dev/null 2>&1
+    for cell in $CELLS; do
+        load "$cell" 200
+    done
+    callgrind_control -d requests "$pid" >/dev/null 2>&1
+    kill "$pid"
+    wait "$pid" 2>/dev/null || true
+    [[ -f $dir/cg.out.1 && -f $dir/cg.out.2 ]] || die "no callgrind dumps in $dir"
+    python3 -B "$(dirname "$0")/symbol_order.py" "$bin" "$dir/cg.out.1" "$dir/cg.out.2" >"$ORDER.tmp"
+    [[ -s $ORDER.tmp ]] || die "no function of $bin in the dumps"
+    mv "$ORDER.tmp" "$ORDER"
+    echo "$ORDER: $(grep -vc "^#" "$ORDER") functions, $(sed -n "2,/^# dump 2/p" "$ORDER" | grep -vc "^#") of them run by the idle server"
+}
+
+if [[ -n $ORDER ]]; then
+    (($# == 1)) || die "ORDER= takes one binary"
+    profile_order "$1"
+    exit 0
+fi
 
 for bin in "$@"; do
     for cell in $CELLS; do

@@ -52,6 +52,18 @@ struct Served {
     path: &'static str,
 }
 
+impl Served {
+    /// Its host and path over plain HTTP (port 80).
+    fn plain(&self) -> Target<'static> {
+        Target {
+            addr: self.addr,
+            host: self.host,
+            path: self.path,
+            ca_pem: None,
+        }
+    }
+}
+
 fn ip_of(v: Option<&Value>) -> std::result::Result<IpAddr, String> {
     v.and_then(Value::as_str)
         .ok_or_else(|| "no address yet".to_string())?
@@ -226,16 +238,7 @@ async fn ingress_fixture(env: &Env) -> Result<Served> {
     .await?;
     // Ingress status: the chart Service's load-balancer address.
     let addr = eventually("Ingress load-balancer address", CONVERGE, POLL, || async {
-        let i = cluster::get(
-            &env.client,
-            "networking.k8s.io/v1",
-            "Ingress",
-            Some(INGRESS_NS),
-            "echo",
-        )
-        .await
-        .map_err(|e| e.to_string())?
-        .ok_or("no ingress")?;
+        let i = object(env, ("networking.k8s.io/v1", "Ingress"), INGRESS_NS, "echo").await?;
         ip_of(i.data.pointer("/status/loadBalancer/ingress/0/ip"))
     })
     .await?;
@@ -276,16 +279,13 @@ async fn route_condition(
         CONVERGE,
         POLL,
         || async {
-            let r = cluster::get(
-                &env.client,
-                "gateway.networking.k8s.io/v1",
-                "HTTPRoute",
-                Some(GATEWAY_NS),
+            let r = object(
+                env,
+                ("gateway.networking.k8s.io/v1", "HTTPRoute"),
+                GATEWAY_NS,
                 name,
             )
-            .await
-            .map_err(|e| e.to_string())?
-            .ok_or("no route")?;
+            .await?;
             let parents = r
                 .data
                 .pointer("/status/parents")
@@ -336,16 +336,13 @@ async fn gateway_fixture(env: &Env) -> Result<Served> {
         CONVERGE,
         POLL,
         || async {
-            let g = cluster::get(
-                &env.client,
-                "gateway.networking.k8s.io/v1",
-                "Gateway",
-                Some(GATEWAY_NS),
+            let g = object(
+                env,
+                ("gateway.networking.k8s.io/v1", "Gateway"),
+                GATEWAY_NS,
                 "gw",
             )
-            .await
-            .map_err(|e| e.to_string())?
-            .ok_or("no gateway")?;
+            .await?;
             let gen = g.metadata.generation;
             expect_condition(
                 g.data.pointer("/status/conditions"),
@@ -421,16 +418,7 @@ async fn site_fixture(env: &Env) -> Result<Served> {
         CONVERGE,
         POLL,
         || async {
-            let s = cluster::get(
-                &env.client,
-                "sweety.dev/v1alpha1",
-                "SweetySite",
-                Some(SITE_NS),
-                "site",
-            )
-            .await
-            .map_err(|e| e.to_string())?
-            .ok_or("no site")?;
+            let s = object(env, SITE, SITE_NS, "site").await?;
             let c = s.data.pointer("/status/conditions");
             let gen = s.metadata.generation;
             expect_condition(c, "Accepted", "True", None, gen)?;
@@ -483,12 +471,7 @@ fn check(s: &Served, v: Version, r: &Reply) -> std::result::Result<(), String> {
 /// Fetches `s` over HTTP/1.1 (plain and TLS), HTTP/2 and HTTP/3 until each answers correctly (bounded:
 /// a fresh object needs the controller and the dataplane to converge).
 async fn fetch_all(env: &Env, s: &Served) -> Result<()> {
-    let plain = Target {
-        addr: s.addr,
-        host: s.host,
-        path: s.path,
-        ca_pem: None,
-    };
+    let plain = s.plain();
     let tls = Target {
         ca_pem: Some(&s.pki.ca_pem),
         ..plain.clone()
@@ -532,6 +515,55 @@ fn report(result: Result<()>) {
         }
         panic!("{msg}");
     }
+}
+
+/// A SweetySite's API version and kind.
+const SITE: (&str, &str) = ("sweety.dev/v1alpha1", "SweetySite");
+
+/// The object `kind` `name` (of `api_version`, in `namespace`) as the API server has it; an
+/// error (for [`eventually`]) while it is missing.
+async fn object(
+    env: &Env,
+    (api_version, kind): (&str, &str),
+    namespace: &str,
+    name: &str,
+) -> std::result::Result<kube::api::DynamicObject, String> {
+    cluster::get(&env.client, api_version, kind, Some(namespace), name)
+        .await
+        .map_err(|e| e.to_string())?
+        .ok_or_else(|| format!("no {kind} {name}"))
+}
+/// The Ingress, the Gateway and the SweetySite fixtures, in that order.
+async fn every_fixture(env: &Env) -> Result<[Served; 3]> {
+    Ok([
+        ingress_fixture(env).await?,
+        gateway_fixture(env).await?,
+        site_fixture(env).await?,
+    ])
+}
+
+/// Polls a GET of `t` over HTTP/1.1 (every 20 ms, for 30 s at most) until `check` accepts
+/// the answer and its body read as JSON (the echo backend's).
+async fn until_echoed(
+    env: &Env,
+    what: &str,
+    t: &Target<'_>,
+    check: impl Fn(&Reply, &Value) -> std::result::Result<(), String>,
+) -> Result<()> {
+    eventually(
+        what,
+        Duration::from_secs(30),
+        Duration::from_millis(20),
+        || async {
+            let r = client::get(&env.allowed, Version::H1, t)
+                .await
+                .map_err(|e| e.to_string())?;
+            let j: Value = serde_json::from_str(&r.body)
+                .map_err(|e| format!("{} {e}: {:?}", r.status, r.body))?;
+            check(&r, &j)
+        },
+    )
+    .await
 }
 
 /// An e2e test of the installed chart, ignored unless asked for (e2e/run.sh): `$name` takes
@@ -587,30 +619,15 @@ async fn change_route_and_see_it_served(env: &Env, s: &Served) -> Result<Duratio
     );
     let filter = json!([{"type": "RequestHeaderModifier",
         "requestHeaderModifier": {"set": [{"name": "X-E2e-Change", "value": nonce}]}}]);
-    let t = Target {
-        addr: s.addr,
-        host: s.host,
-        path: s.path,
-        ca_pem: None,
-    };
+    let t = s.plain();
     let start = Instant::now();
     cluster::apply(&env.client, http_route(Some(filter))).await?;
-    eventually(
-        "the changed route served",
-        Duration::from_secs(30),
-        Duration::from_millis(20),
-        || async {
-            let r = client::get(&env.allowed, Version::H1, &t)
-                .await
-                .map_err(|e| e.to_string())?;
-            let j: Value =
-                serde_json::from_str(&r.body).map_err(|e| format!("{e}: {:?}", r.body))?;
-            let got = j.pointer("/headers/X-E2e-Change/0").and_then(Value::as_str);
-            (got == Some(nonce.as_str()))
-                .then_some(())
-                .ok_or(format!("header {got:?}"))
-        },
-    )
+    until_echoed(env, "the changed route served", &t, |_, j| {
+        let got = j.pointer("/headers/X-E2e-Change/0").and_then(Value::as_str);
+        (got == Some(nonce.as_str()))
+            .then_some(())
+            .ok_or(format!("header {got:?}"))
+    })
     .await?;
     let took = start.elapsed();
     println!("route change: applied → served in {} ms", took.as_millis());
@@ -625,33 +642,18 @@ cluster_test! {
         change_route_and_see_it_served(&env, &s).await?;
         // And back: the plain route again (the header disappears).
         cluster::apply(&env.client, http_route(None)).await?;
-        let t = Target {
-            addr: s.addr,
-            host: s.host,
-            path: s.path,
-            ca_pem: None,
-        };
-        eventually(
-            "the reverted route served",
-            Duration::from_secs(30),
-            Duration::from_millis(20),
-            || async {
-                let r = client::get(&env.allowed, Version::H1, &t)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                // An echo of this very request (echo-basic names the path it saw) without the header.
-                let j: Value = serde_json::from_str(&r.body)
-                    .map_err(|e| format!("{} {e}: {:?}", r.status, r.body))?;
-                let echoed = j.pointer("/path").and_then(Value::as_str) == Some(s.path);
-                let header = j.pointer("/headers/X-E2e-Change");
-                (r.status == 200 && echoed && header.is_none())
-                    .then_some(())
-                    .ok_or(format!(
-                        "{} path echoed: {echoed}, header {header:?}",
-                        r.status
-                    ))
-            },
-        )
+        let t = s.plain();
+        until_echoed(&env, "the reverted route served", &t, |r, j| {
+            // An echo of this very request (echo-basic names the path it saw) without the header.
+            let echoed = j.pointer("/path").and_then(Value::as_str) == Some(s.path);
+            let header = j.pointer("/headers/X-E2e-Change");
+            (r.status == 200 && echoed && header.is_none())
+                .then_some(())
+                .ok_or(format!(
+                    "{} path echoed: {echoed}, header {header:?}",
+                    r.status
+                ))
+        })
         .await
     }
     .await
@@ -659,11 +661,7 @@ cluster_test! {
 
 cluster_test! {
     killed_dataplane_then_controller_lose_no_config, |env| async {
-        let all = [
-            ingress_fixture(&env).await?,
-            gateway_fixture(&env).await?,
-            site_fixture(&env).await?,
-        ];
+        let all = every_fixture(&env).await?;
         for s in &all {
             fetch_all(&env, s).await?;
         }
@@ -691,11 +689,7 @@ cluster_test! {
 
 cluster_test! {
     invalid_objects_get_a_condition_and_break_nothing, |env| async {
-        let all = [
-            ingress_fixture(&env).await?,
-            gateway_fixture(&env).await?,
-            site_fixture(&env).await?,
-        ];
+        let all = every_fixture(&env).await?;
         // A route to a Service that does not exist, and a site claiming the Ingress's hostname.
         let broken_route = json!({
             "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
@@ -725,16 +719,7 @@ cluster_test! {
             CONVERGE,
             POLL,
             || async {
-                let s = cluster::get(
-                    &env.client,
-                    "sweety.dev/v1alpha1",
-                    "SweetySite",
-                    Some(SITE_NS),
-                    "dup",
-                )
-                .await
-                .map_err(|e| e.to_string())?
-                .ok_or("no site")?;
+                let s = object(&env, SITE, SITE_NS, "dup").await?;
                 expect_condition(
                     s.data.pointer("/status/conditions"),
                     "Accepted",
@@ -1484,16 +1469,7 @@ async fn nginx_examples(env: &Env) -> Result<()> {
             CONVERGE,
             POLL,
             || async {
-                let i = cluster::get(
-                    &env.client,
-                    "networking.k8s.io/v1",
-                    "Ingress",
-                    Some(NGINX_NS),
-                    name,
-                )
-                .await
-                .map_err(|e| e.to_string())?
-                .ok_or("no ingress")?;
+                let i = object(env, ("networking.k8s.io/v1", "Ingress"), NGINX_NS, name).await?;
                 ip_of(i.data.pointer("/status/loadBalancer/ingress/0/ip"))
             },
         )
@@ -1956,16 +1932,13 @@ async fn security_policy(env: &Env) -> Result<()> {
         cluster::apply(&env.client, o).await?;
     }
     let addr = eventually("Gateway policy-gw address", CONVERGE, POLL, || async {
-        let g = cluster::get(
-            &env.client,
-            "gateway.networking.k8s.io/v1",
-            "Gateway",
-            Some(POLICY_NS),
+        let g = object(
+            env,
+            ("gateway.networking.k8s.io/v1", "Gateway"),
+            POLICY_NS,
             "policy-gw",
         )
-        .await
-        .map_err(|e| e.to_string())?
-        .ok_or("no gateway")?;
+        .await?;
         expect_condition(
             g.data.pointer("/status/conditions"),
             "Programmed",
@@ -2040,16 +2013,13 @@ async fn security_policy(env: &Env) -> Result<()> {
             CONVERGE,
             POLL,
             || async {
-                let p = cluster::get(
-                    &env.client,
-                    "sweety.dev/v1alpha1",
-                    "SweetySecurityPolicy",
-                    Some(POLICY_NS),
+                let p = object(
+                    env,
+                    ("sweety.dev/v1alpha1", "SweetySecurityPolicy"),
+                    POLICY_NS,
                     name,
                 )
-                .await
-                .map_err(|e| e.to_string())?
-                .ok_or("no policy")?;
+                .await?;
                 let ancestors = p
                     .data
                     .pointer("/status/ancestors")
@@ -2202,16 +2172,13 @@ async fn ssl_passthrough(env: &Env) -> Result<()> {
         CONVERGE,
         POLL,
         || async {
-            let i = cluster::get(
-                &env.client,
-                "networking.k8s.io/v1",
-                "Ingress",
-                Some(PASSTHROUGH_NS),
+            let i = object(
+                env,
+                ("networking.k8s.io/v1", "Ingress"),
+                PASSTHROUGH_NS,
                 "passthrough",
             )
-            .await
-            .map_err(|e| e.to_string())?
-            .ok_or("no ingress")?;
+            .await?;
             ip_of(i.data.pointer("/status/loadBalancer/ingress/0/ip"))
         },
     )
