@@ -150,7 +150,7 @@ async fn check_once(b: &BackendRt, idx: usize, hc: &HealthCheck, ctx: &RequestCt
         return false;
     };
     let (parts, ()) = req.into_parts();
-    let head = Head::prepare(parts, ctx, None);
+    let head = Head::prepare(parts, ctx, None, false);
     let run = async {
         let none = bytes::Bytes::new();
         let timeouts = sweety_config::Timeouts {

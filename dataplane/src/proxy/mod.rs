@@ -440,7 +440,11 @@ impl Upstreams {
         };
         let replayable = replay.is_some();
         let affinity = Affinity::of(backend, &parts.headers, ctx);
-        let head = Head::prepare(parts, ctx, Some(wb));
+        let h1 = matches!(
+            backend.config.protocol,
+            BackendProtocol::Http1 | BackendProtocol::Https
+        );
+        let head = Head::prepare(parts, ctx, Some(wb), h1);
         let mut body = Some(body);
         let mut tried: Vec<usize> = Vec::new();
         let mut tries = 0u32;
@@ -553,7 +557,7 @@ impl Upstreams {
         *copy.headers_mut() = parts.headers.clone();
         copy.headers_mut().remove(header::CONTENT_LENGTH);
         let (copy, ()) = copy.into_parts();
-        let head = Head::prepare(copy, ctx, None);
+        let head = Head::prepare(copy, ctx, None, false);
         let metrics = self.metrics.clone();
         tokio::spawn(async move {
             let _permit = permit;
@@ -858,7 +862,7 @@ mod tests {
             .body(())
             .unwrap();
         let (parts, ()) = req.into_parts();
-        let head = Head::prepare(parts, &ctx(), None);
+        let head = Head::prepare(parts, &ctx(), None, false);
         let h1 = head.build(empty(), "10.0.0.1:80", false, false);
         assert_eq!(h1.uri(), "/p?q=1");
         assert_eq!(h1.headers()["host"], "app.example:8443");

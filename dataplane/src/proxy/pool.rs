@@ -659,11 +659,13 @@ impl Conn {
                     target: head.uri.path_and_query().map_or("/", |p| p.as_str()),
                     host,
                     headers: &head.headers,
+                    extra: Some(&head.forwarding),
                 };
                 send_h1(conn, pool, req, body).await
             }
             Sender::H2(s, guard) => send_h2(s, guard, head.build(body, addr, true, tls)).await,
             Sender::H2s(s, guard) => {
+                let headers = head.map();
                 let authority = match &head.host {
                     Some(h) if is_authority(h) => h.as_bytes(),
                     _ => addr.as_bytes(),
@@ -673,7 +675,7 @@ impl Conn {
                     scheme: if tls { "https" } else { "http" },
                     authority,
                     path: head.uri.path_and_query().map_or("/", |p| p.as_str()),
-                    headers: &head.headers,
+                    headers: &headers,
                 };
                 send_h2s(&s, guard, req, body).await
             }
@@ -695,6 +697,7 @@ impl Conn {
                     target: parts.uri.path_and_query().map_or("/", |p| p.as_str()),
                     host: None,
                     headers: &parts.headers,
+                    extra: None,
                 };
                 send_h1(conn, pool, req, body).await
             }
@@ -1106,6 +1109,7 @@ mod demand_tests {
             uri: http::Uri::from_static("/"),
             headers: http::HeaderMap::new(),
             host: Some(HeaderValue::from_static("b")),
+            forwarding: Default::default(),
         };
         for conn in conns {
             let (resp, _) = conn
@@ -1244,6 +1248,7 @@ mod h2_client_tests {
             uri: http::Uri::from_static("/"),
             headers: http::HeaderMap::new(),
             host: Some(HeaderValue::from_static("b.test")),
+            forwarding: Default::default(),
         };
         let run = async {
             for client in [Http2Client::Sweety, Http2Client::Hyper, Http2Client::Sweety] {

@@ -81,7 +81,7 @@ impl Upstreams {
             });
         }
         let affinity = Affinity::of(backend, &parts.headers, ctx);
-        let head = Head::prepare(parts, ctx, Some(wb));
+        let head = Head::prepare(parts, ctx, Some(wb), false);
         let idx = affinity
             .pick(backend, 0, &[])
             .ok_or_else(|| ProxyError::NoEndpoint {

@@ -143,7 +143,7 @@ fn run(data: &[u8], step: usize, head_request: bool, read_ahead: usize) -> Outco
     let slot = Slot::default();
     let headers = HeaderMap::new();
     let method = if head_request { Method::HEAD } else { Method::GET };
-    let req = RequestHead { method: &method, target: "/", host: None, headers: &headers };
+    let req = RequestHead { method: &method, target: "/", host: None, headers: &headers, extra: None };
     let empty = http_body_util::Empty::<Bytes>::new();
     let resp = match now(Conn::new(wire, read_ahead).send(req, empty, slot.clone())) {
         Ok(r) => r,

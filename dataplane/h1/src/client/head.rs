@@ -11,7 +11,7 @@
 //! options. An HTTP/1.0 response is never followed by another request on its connection.
 
 use bytes::{BufMut, Bytes};
-use http::header::{HeaderMap, HeaderValue};
+use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::{Method, StatusCode, Version};
 use std::mem::MaybeUninit;
 
@@ -90,9 +90,141 @@ pub fn parse_length(v: &[u8]) -> Option<u64> {
     Some(n)
 }
 
+/// Field lines a caller adds to a request head beside its header map ([`RequestHead::extra`](super::RequestHead::extra)),
+/// written after the map's fields: what a proxy adds to every request (the forwarding fields)
+/// goes straight into the head this way, without a look-up and an insertion in the map each.
+///
+/// Every value is checked as it is added, with the rule of [`HeaderValue::from_bytes`] (no
+/// CR, LF, NUL or DEL), so that nothing added can end a line early or smuggle a field; the
+/// fields that frame the message or name its target (`Host`, `Content-Length`,
+/// `Transfer-Encoding`, `Connection`, `Expect`, `TE`, `Upgrade`, `Trailer`, `Keep-Alive`) are
+/// refused: [`write_request_head`] alone writes those.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct ExtraFields {
+    /// `name: value\r\n` lines.
+    buf: Vec<u8>,
+}
+
+impl ExtraFields {
+    /// No fields, with room for `bytes` bytes of lines.
+    pub fn with_capacity(bytes: usize) -> ExtraFields {
+        ExtraFields {
+            buf: Vec::with_capacity(bytes),
+        }
+    }
+
+    /// Whether no field was added.
+    pub fn is_empty(&self) -> bool {
+        self.buf.is_empty()
+    }
+
+    /// The field lines as they are written (`name: value\r\n` each).
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.buf
+    }
+
+    /// Starts the field `name`; its value is the parts [`Line::put`] adds, and it is kept
+    /// only if [`Line::finish`] is called and every part was valid.
+    pub fn line(&mut self, name: &HeaderName) -> Line<'_> {
+        let start = self.buf.len();
+        let ok = !framing_or_target(name);
+        self.buf.extend_from_slice(name.as_str().as_bytes());
+        self.buf.extend_from_slice(b": ");
+        Line {
+            buf: &mut self.buf,
+            start,
+            ok,
+            done: false,
+        }
+    }
+
+    /// Adds `name: value` (see [`ExtraFields::line`]); false (nothing added) when the value
+    /// has a byte a field value may not have or `name` is refused.
+    pub fn push(&mut self, name: &HeaderName, value: &[u8]) -> bool {
+        let mut line = self.line(name);
+        line.put(value);
+        line.finish()
+    }
+
+    /// The fields as (name, value) pairs, in the order they were added.
+    pub fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+        self.buf
+            .split(|&b| b == b'\n')
+            .filter(|l| !l.is_empty())
+            .filter_map(|l| {
+                let l = l.strip_suffix(b"\r").unwrap_or(l);
+                let colon = l.iter().position(|&b| b == b':')?;
+                Some((&l[..colon], &l[colon + 2..]))
+            })
+    }
+}
+
+/// One field being added to [`ExtraFields`]; dropped without [`Line::finish`], it is left out.
+#[derive(Debug)]
+pub struct Line<'a> {
+    buf: &'a mut Vec<u8>,
+    start: usize,
+    ok: bool,
+    done: bool,
+}
+
+impl Line<'_> {
+    /// Appends `part` to the value (the line is left out at the end when `part` has a byte a
+    /// field value may not have).
+    pub fn put(&mut self, part: &[u8]) -> &mut Self {
+        // No early exit: the check runs over short parts as a plain loop.
+        self.ok &= part.iter().fold(true, |ok, &b| ok & valid_value_byte(b));
+        self.buf.extend_from_slice(part);
+        self
+    }
+
+    /// Ends the field; true when it was kept.
+    pub fn finish(mut self) -> bool {
+        self.done = true;
+        if self.ok {
+            self.buf.extend_from_slice(b"\r\n");
+        } else {
+            self.buf.truncate(self.start);
+        }
+        self.ok
+    }
+}
+
+impl Drop for Line<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.buf.truncate(self.start);
+        }
+    }
+}
+
+/// A byte [`HeaderValue::from_bytes`] accepts: HTAB, SP, visible ASCII and obs-text.
+fn valid_value_byte(b: u8) -> bool {
+    b == b'\t' || (b >= 0x20 && b != 0x7f)
+}
+
+/// Fields only [`write_request_head`] writes (see [`ExtraFields`]).
+fn framing_or_target(name: &HeaderName) -> bool {
+    let n = name.as_str();
+    !n.starts_with("x-")
+        && matches!(
+            n,
+            "host"
+                | "content-length"
+                | "transfer-encoding"
+                | "connection"
+                | "expect"
+                | "te"
+                | "upgrade"
+                | "trailer"
+                | "keep-alive"
+                | "proxy-connection"
+        )
+}
+
 /// Writes a request head into `out`: the request line (`method`, `target`: origin-form path
-/// and query), `Host` (`host`, else the map's own), the fields of `headers` in their order and
-/// the framing of the body, and returns that framing.
+/// and query), `Host` (`host`, else the map's own), the fields of `headers` in their order,
+/// the `extra` fields, and the framing of the body, and returns that framing.
 ///
 /// The framing is the map's `Content-Length` when it has one valid value (the body must then
 /// be exactly that long); else none for a body that has ended (with `Content-Length: 0` for
@@ -107,6 +239,7 @@ pub fn write_request_head(
     target: &str,
     host: Option<&HeaderValue>,
     headers: &HeaderMap,
+    extra: Option<&ExtraFields>,
     body: BodyShape,
 ) -> RequestFraming {
     let mut framing = None;
@@ -136,6 +269,9 @@ pub fn write_request_head(
         if !skip {
             put_field(out, name.as_str().as_bytes(), value.as_bytes());
         }
+    }
+    if let Some(extra) = extra {
+        out.put_slice(extra.as_bytes());
     }
     let framing = match framing {
         Some(f) => f,

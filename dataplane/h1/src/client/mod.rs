@@ -121,6 +121,8 @@ pub struct RequestHead<'a> {
     pub host: Option<&'a HeaderValue>,
     /// The fields to send, hop-by-hop ones removed already.
     pub headers: &'a HeaderMap,
+    /// Fields written after those of `headers` (see [`head::ExtraFields`]).
+    pub extra: Option<&'a head::ExtraFields>,
 }
 
 /// Where a connection goes once it can carry another request (a pool's check-in).
@@ -422,6 +424,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Conn<T> {
             req.target,
             req.host,
             req.headers,
+            req.extra,
             shape,
         );
         // Asked the backend to close after this request: not reused.

@@ -39,6 +39,7 @@ fn request_heads_carry_the_fields_and_the_body_framing() {
         "/p?q=1",
         Some(&host),
         &h,
+        None,
         shape(true, Some(0)),
     );
     assert_eq!(f, RequestFraming::Empty);
@@ -48,7 +49,15 @@ fn request_heads_carry_the_fields_and_the_body_framing() {
     );
     // The map's Host when none is given; an empty POST says so.
     let mut out = Vec::new();
-    let f = write_request_head(&mut out, &Method::POST, "/", None, &h, shape(true, Some(0)));
+    let f = write_request_head(
+        &mut out,
+        &Method::POST,
+        "/",
+        None,
+        &h,
+        None,
+        shape(true, Some(0)),
+    );
     assert_eq!(f, RequestFraming::Empty);
     assert!(String::from_utf8(out)
         .unwrap()
@@ -62,6 +71,7 @@ fn request_heads_carry_the_fields_and_the_body_framing() {
             "/",
             None,
             &HeaderMap::new(),
+            None,
             shape(false, Some(5))
         ),
         RequestFraming::Length(5)
@@ -75,6 +85,7 @@ fn request_heads_carry_the_fields_and_the_body_framing() {
             "/",
             None,
             &HeaderMap::new(),
+            None,
             shape(false, None)
         ),
         RequestFraming::Chunked
@@ -83,7 +94,15 @@ fn request_heads_carry_the_fields_and_the_body_framing() {
     let mut out = Vec::new();
     let cl = map(&[("content-length", "7")]);
     assert_eq!(
-        write_request_head(&mut out, &Method::POST, "/", None, &cl, shape(false, None)),
+        write_request_head(
+            &mut out,
+            &Method::POST,
+            "/",
+            None,
+            &cl,
+            None,
+            shape(false, None)
+        ),
         RequestFraming::Length(7)
     );
     assert_eq!(out, b"POST / HTTP/1.1\r\ncontent-length: 7\r\n\r\n");
@@ -91,10 +110,112 @@ fn request_heads_carry_the_fields_and_the_body_framing() {
     let mut out = Vec::new();
     let bad = map(&[("content-length", "7, 7")]);
     assert_eq!(
-        write_request_head(&mut out, &Method::POST, "/", None, &bad, shape(false, None)),
+        write_request_head(
+            &mut out,
+            &Method::POST,
+            "/",
+            None,
+            &bad,
+            None,
+            shape(false, None)
+        ),
         RequestFraming::Chunked
     );
     assert!(!String::from_utf8(out).unwrap().contains("content-length"));
+}
+
+#[test]
+fn extra_fields_follow_the_map_and_are_checked() {
+    let name = |n: &'static str| http::header::HeaderName::from_static(n);
+    let mut extra = ExtraFields::default();
+    assert!(extra.is_empty());
+    assert!(extra.push(&name("x-a"), b"1"));
+    // A value with CR, LF, NUL or DEL is left out whole, as `HeaderValue` refuses it.
+    for bad in [&b"a\r\nx-evil: 1"[..], b"a\nb", b"a\rb", b"a\0", b"a\x7f"] {
+        assert!(!extra.push(&name("x-b"), bad), "{bad:?}");
+    }
+    // The fields only the head writer writes are refused, whatever their value.
+    for n in [
+        "host",
+        "content-length",
+        "transfer-encoding",
+        "connection",
+        "expect",
+        "te",
+        "upgrade",
+        "trailer",
+        "keep-alive",
+        "proxy-connection",
+    ] {
+        assert!(!extra.push(&name(n), b"1"), "{n}");
+    }
+    // A line dropped before its end is left out.
+    {
+        let mut line = extra.line(&name("x-c"));
+        line.put(b"half");
+    }
+    let mut line = extra.line(&name("forwarded"));
+    line.put(b"for=1").put(b";proto=http");
+    assert!(line.finish());
+    assert_eq!(
+        extra.as_bytes(),
+        b"x-a: 1\r\nforwarded: for=1;proto=http\r\n"
+    );
+    assert_eq!(
+        extra.iter().collect::<Vec<_>>(),
+        [
+            (&b"x-a"[..], &b"1"[..]),
+            (&b"forwarded"[..], &b"for=1;proto=http"[..])
+        ]
+    );
+    let mut out = Vec::new();
+    let h = map(&[("x-m", "m")]);
+    let f = write_request_head(
+        &mut out,
+        &Method::POST,
+        "/",
+        None,
+        &h,
+        Some(&extra),
+        shape(false, Some(3)),
+    );
+    assert_eq!(f, RequestFraming::Length(3));
+    assert_eq!(
+        String::from_utf8(out).unwrap(),
+        "POST / HTTP/1.1\r\nx-m: m\r\nx-a: 1\r\nforwarded: for=1;proto=http\r\n\
+         content-length: 3\r\n\r\n"
+    );
+}
+
+proptest::proptest! {
+    /// An extra field is kept exactly when `HeaderValue` takes its value, and then the head
+    /// parses with it as one more field of that value (its surrounding whitespace aside,
+    /// which no parser keeps): no value can end its line or add a field.
+    #[test]
+    fn extra_fields_never_break_the_head(
+        parts in proptest::collection::vec(proptest::collection::vec(proptest::prelude::any::<u8>(), 0..12), 1..4),
+    ) {
+        let value: Vec<u8> = parts.concat();
+        let mut extra = ExtraFields::default();
+        let mut line = extra.line(&http::header::HeaderName::from_static("x-v"));
+        for p in &parts {
+            line.put(p);
+        }
+        let kept = line.finish();
+        proptest::prop_assert_eq!(kept, HeaderValue::from_bytes(&value).is_ok());
+        let mut out = Vec::new();
+        write_request_head(&mut out, &Method::GET, "/", None, &map(&[("x-m", "m")]), Some(&extra), shape(true, None));
+        let mut fields = [httparse::EMPTY_HEADER; 8];
+        let mut req = httparse::Request::new(&mut fields);
+        let n = req.parse(&out);
+        proptest::prop_assert!(matches!(n, Ok(httparse::Status::Complete(len)) if len == out.len()), "{:?}", out);
+        let got: Vec<(String, Vec<u8>)> = req.headers.iter().map(|f| (f.name.to_string(), f.value.to_vec())).collect();
+        let mut want = vec![("x-m".to_string(), b"m".to_vec())];
+        if kept {
+            want.push(("x-v".to_string(), value.trim_ascii().to_vec()));
+        }
+        proptest::prop_assert_eq!(got, want);
+    }
 }
 
 fn parse(raw: &str) -> Result<Parsed, HeadError> {
@@ -422,6 +543,7 @@ fn get_head<'a>(headers: &'a HeaderMap) -> RequestHead<'a> {
         target: "/",
         host: None,
         headers,
+        extra: None,
     }
 }
 
@@ -720,6 +842,7 @@ fn request_bodies_longer_or_shorter_than_their_length_fail() {
                 target: "/",
                 host: None,
                 headers: &cl,
+                extra: None,
             };
             let e = Conn::new(mock, 16384)
                 .send(
@@ -816,7 +939,7 @@ proptest::proptest! {
         let mock = Mock::new(vec![Step::Send(b"HTTP/1.1 204 No Content\r\n\r\n".to_vec())]);
         mock.0.lock().unwrap().write_max = write_max;
         let slot = Released::default();
-        let post = RequestHead { method: &Method::POST, target: "/", host: None, headers: &headers };
+        let post = RequestHead { method: &Method::POST, target: "/", host: None, headers: &headers, extra: None };
         let resp = rt().block_on(Conn::new(mock.clone(), 16384).send(post, Frames(chunks), release_into(&slot)));
         proptest::prop_assert_eq!(resp.unwrap().status(), 204);
         proptest::prop_assert!(slot.lock().unwrap().is_some());

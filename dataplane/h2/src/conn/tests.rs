@@ -395,7 +395,7 @@ async fn feed<S: H2Service>(
             input = &input[n..];
         }
         assert!(d.poll(&mut cx).is_pending());
-        // Lets the request tasks run.
+        // Lets the tasks the test runs beside the driver run (backends, bodies).
         tokio::task::yield_now().await;
     }
     assert!(
@@ -1688,6 +1688,34 @@ async fn data_through_partial_writes(gathers: bool) -> usize {
     vectored.load(Ordering::Relaxed)
 }
 
+/// A response body that ends (empty) once its sender is dropped.
+struct Held(Option<tokio::sync::oneshot::Receiver<()>>);
+
+impl http_body::Body for Held {
+    type Data = Bytes;
+    type Error = crate::BoxError;
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, crate::BoxError>>> {
+        let Some(rx) = self.0.as_mut() else {
+            return Poll::Ready(None);
+        };
+        std::task::ready!(Pin::new(rx).poll(cx)).ok();
+        self.0 = None;
+        Poll::Ready(None)
+    }
+}
+
+/// Panics when dropped.
+struct PanicsOnDrop;
+
+impl Drop for PanicsOnDrop {
+    fn drop(&mut self) {
+        panic!("a request future's drop panics");
+    }
+}
+
 /// What one request of [`Scripted`] does.
 enum Script {
     /// Answers once the gate opens; the sender tells when the future is dropped.
@@ -1697,6 +1725,15 @@ enum Script {
     ),
     /// Panics in its first poll.
     Panic,
+    /// Answers at once with a body that ends when the sender is dropped.
+    Streaming(tokio::sync::oneshot::Receiver<()>),
+    /// Never answers; its `Drop` panics.
+    PanicsOnDrop,
+    /// Answers once the gate opens, counting its polls.
+    Counted(
+        tokio::sync::oneshot::Receiver<()>,
+        Arc<std::sync::atomic::AtomicUsize>,
+    ),
 }
 
 /// Runs its requests' scripts in order.
@@ -1714,6 +1751,22 @@ impl H2Service for Scripted {
                 (Response::new(full(Bytes::from_static(b"answered\n"))), None)
             }),
             Script::Panic => Box::pin(async { panic!("a request future panics") }),
+            Script::PanicsOnDrop => Box::pin(async move {
+                let _bomb = PanicsOnDrop;
+                std::future::pending::<()>().await;
+                unreachable!("never answers")
+            }),
+            Script::Counted(mut gate, polls) => Box::pin(async move {
+                std::future::poll_fn(|cx| {
+                    polls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    Pin::new(&mut gate).poll(cx).map(|_| ())
+                })
+                .await;
+                (Response::new(full(Bytes::from_static(b"answered\n"))), None)
+            }),
+            Script::Streaming(more) => {
+                Box::pin(async move { (Response::new(crate::boxed(Held(Some(more)))), None) })
+            }
         }
     }
 
@@ -1785,4 +1838,194 @@ async fn request_futures_run_on_the_connection_and_go_with_their_stream() {
     assert!(matches!(dropped7_rx.try_recv(), Err(TryRecvError::Empty)));
     drop(d);
     assert!(matches!(dropped7_rx.try_recv(), Err(TryRecvError::Closed)));
+}
+
+/// A server I/O whose reads fail (a connection reset) once `fail` is set.
+struct ResetOnRead {
+    inner: tokio::io::DuplexStream,
+    fail: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl AsyncRead for ResetOnRead {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        if self.fail.load(std::sync::atomic::Ordering::SeqCst) {
+            return Poll::Ready(Err(std::io::ErrorKind::ConnectionReset.into()));
+        }
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for ResetOnRead {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// The client's end of the connection ends every request still waiting for its answer at
+/// once: its future is dropped (its backend request cancelled), not kept until the backend
+/// answers or the keep-alive PING goes unanswered (about 70 s). At EOF the waiting stream is
+/// reset (CANCEL) and a response already being sent goes on; a read error (the client reset
+/// the connection) ends the connection and every stream at once.
+#[tokio::test]
+async fn the_clients_eof_or_read_error_drops_the_waiting_futures() {
+    use tokio::io::AsyncWriteExt;
+    use tokio::sync::oneshot::{channel, error::TryRecvError};
+    // EOF: stream 1 waits, stream 3's response is being sent (its body waits).
+    let (_gate1_tx, gate1) = channel();
+    let (dropped1, mut dropped1_rx) = channel();
+    let (more3_tx, more3) = channel::<()>();
+    let service = Scripted(VecDeque::from([
+        Script::Gate(gate1, dropped1),
+        Script::Streaming(more3),
+    ]));
+    let mut input = hello();
+    for id in [1, 3] {
+        input.extend_from_slice(&request(id, true));
+    }
+    let (mut d, mut c) = hand_driver_serving(service, |_| {}, &input).await;
+    assert!(matches!(
+        d.streams.get(&1).map(|s| &s.resp),
+        Some(Resp::Running(_))
+    ));
+    assert!(matches!(
+        d.streams.get(&3).map(|s| &s.resp),
+        Some(Resp::Body(_))
+    ));
+    c.shutdown().await.expect("the client closes its side");
+    let mut cx = Context::from_waker(Waker::noop());
+    assert!(d.poll(&mut cx).is_pending(), "stream 3 still sends");
+    assert!(
+        matches!(dropped1_rx.try_recv(), Err(TryRecvError::Closed)),
+        "the waiting request is cancelled at EOF"
+    );
+    assert!(!d.streams.contains_key(&1));
+    let frames = frames_of(written(&d, &mut c));
+    assert_eq!(
+        stream_frames(&frames, 1).0,
+        [(kind::RST_STREAM, false, Some(Reason::CANCEL))]
+    );
+    assert!(d.streams.contains_key(&3), "a response being sent goes on");
+    drop(more3_tx);
+
+    // A read error: the connection ends with every stream.
+    let (_gate_tx, gate) = channel();
+    let (dropped, mut dropped_rx) = channel();
+    let service = Scripted(VecDeque::from([Script::Gate(gate, dropped)]));
+    let (mut c, server) = tokio::io::duplex(1 << 16);
+    let fail = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let io = ResetOnRead {
+        inner: server,
+        fail: fail.clone(),
+    };
+    let (tx, stop) = tokio::sync::watch::channel(false);
+    let mut d = Driver::new(io, service, settings(), stop);
+    let mut input = hello();
+    input.extend_from_slice(&request(1, true));
+    c.write_all(&input)
+        .await
+        .expect("the pipe takes the request");
+    assert!(d.poll(&mut cx).is_pending());
+    assert!(matches!(
+        d.streams.get(&1).map(|s| &s.resp),
+        Some(Resp::Running(_))
+    ));
+    fail.store(true, std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        matches!(d.poll(&mut cx), Poll::Ready(Err(_))),
+        "a read error ends the connection"
+    );
+    assert!(
+        matches!(dropped_rx.try_recv(), Err(TryRecvError::Closed)),
+        "the waiting request is cancelled on a read error"
+    );
+    assert!(d.streams.is_empty());
+    drop(tx);
+}
+
+/// A waiting request future is polled again only when its own waker fires: the client's
+/// WINDOW_UPDATEs on its stream and SETTINGS raising INITIAL_WINDOW_SIZE (each queues every
+/// stream) no longer re-poll it (before: one poll of the whole pipeline future per frame or
+/// read batch). Its answer still comes in the poll after its waker fired.
+#[tokio::test]
+async fn window_changes_do_not_poll_a_waiting_future() {
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    let (gate_tx, gate) = tokio::sync::oneshot::channel();
+    let polls = Arc::new(AtomicUsize::new(0));
+    let service = Scripted(VecDeque::from([Script::Counted(gate, polls.clone())]));
+    let mut input = hello();
+    input.extend_from_slice(&request(1, true));
+    let (mut d, mut c) = hand_driver_serving(service, |_| {}, &input).await;
+    assert_eq!(polls.load(SeqCst), 1, "the first poll");
+    let mut updates = BytesMut::new();
+    for _ in 0..1_000 {
+        frame::put_window_update(&mut updates, 1, 1);
+    }
+    for i in 0..10u32 {
+        frame::put_settings(
+            &mut updates,
+            &[(setting::INITIAL_WINDOW_SIZE, frame::DEFAULT_WINDOW + i + 1)],
+        );
+    }
+    feed(&mut d, &mut c, &updates).await;
+    assert!(d.closing.is_none());
+    assert_eq!(polls.load(SeqCst), 1, "window changes polled the future");
+    gate_tx.send(()).expect("the future waits");
+    let mut cx = Context::from_waker(Waker::noop());
+    assert!(d.poll(&mut cx).is_pending());
+    assert_eq!(polls.load(SeqCst), 2, "its waker fired: polled once more");
+    assert!(!d.streams.contains_key(&1), "answered");
+    let frames = frames_of(written(&d, &mut c));
+    assert_eq!(
+        stream_frames(&frames, 1).0,
+        [(kind::HEADERS, false, None), (kind::DATA, true, None)]
+    );
+}
+
+/// A request future whose `Drop` panics ends only its stream: the client's RST_STREAM drops it
+/// (the panic is caught and logged), the connection and its other streams go on; the driver's
+/// own drop with such futures still running does not panic (a panic there, while the driver
+/// unwinds from another, would abort the process). Before, both panics went through the driver.
+#[tokio::test]
+async fn a_panic_dropping_a_future_ends_only_its_stream() {
+    let (gate3_tx, gate3) = tokio::sync::oneshot::channel();
+    let (dropped3, _dropped3_rx) = tokio::sync::oneshot::channel();
+    let service = Scripted(VecDeque::from([
+        Script::PanicsOnDrop,
+        Script::Gate(gate3, dropped3),
+        Script::PanicsOnDrop,
+    ]));
+    let mut input = hello();
+    for id in [1, 3, 5] {
+        input.extend_from_slice(&request(id, true));
+    }
+    let (mut d, mut c) = hand_driver_serving(service, |_| {}, &input).await;
+    let mut rst = BytesMut::new();
+    frame::put_rst(&mut rst, 1, Reason::CANCEL);
+    feed(&mut d, &mut c, &rst).await;
+    assert!(!d.streams.contains_key(&1) && d.closing.is_none());
+    gate3_tx.send(()).expect("stream 3 waits");
+    let mut cx = Context::from_waker(Waker::noop());
+    assert!(d.poll(&mut cx).is_pending());
+    let frames = frames_of(written(&d, &mut c));
+    assert_eq!(
+        stream_frames(&frames, 3).0,
+        [(kind::HEADERS, false, None), (kind::DATA, true, None)],
+        "the connection goes on"
+    );
+    assert!(d.streams.contains_key(&5));
+    drop(d);
 }
