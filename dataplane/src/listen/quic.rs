@@ -22,15 +22,15 @@
 //! quinn-udp uses UDP GSO (segmentation offload) and GRO where the kernel supports them; the
 //! first endpoint logs what it found (info level). Static files are read in
 //! `http3.static_chunk_size` chunks for HTTP/3 (a [`ReadChunk`] request extension), so a
-//! stream waiting for the send window holds one small chunk, not 128 KiB, and on the blocking
-//! pool only ([`PoolReads`], which says why).
+//! stream waiting for the send window holds one small chunk, not 128 KiB; like HTTP/1.1's and
+//! HTTP/2's, they are read from the page cache on the runtime thread first.
 
 use crate::body::{Body, BoxError};
 use crate::ctx::{ConnInfo, EarlyData, Protocol};
 use crate::limits::ConnPermit;
 use crate::quic_budget::ConnShare;
 use crate::state::{BindKey, ListenerView, Shared};
-use crate::static_files::{PoolReads, ReadChunk};
+use crate::static_files::ReadChunk;
 use bytes::{Buf, Bytes};
 use h3::server::RequestStream;
 use http::{header, Request, Response};
@@ -513,7 +513,6 @@ async fn serve_request(
         shared.metrics.early_data_requests.inc(&conn.listener);
     }
     parts.extensions.insert(ReadChunk(settings.static_chunk));
-    parts.extensions.insert(PoolReads);
     let body = RecvBody::new(recv, &parts.headers).primed().await;
     let req = Request::from_parts(parts, crate::body::boxed(body));
     // Boxed: the pipeline's future is most of a request's state (~6 KiB); inline, the task of

@@ -14,7 +14,6 @@
 //! copies what is cached and never waits for the disk; whatever it did not return is read on
 //! the blocking pool as before. A file system that refuses `RWF_NOWAIT` is not asked again for
 //! that body. Reads are positional, so bodies may share one open file (the open-file cache).
-//! HTTP/3 responses ([`PoolReads`]) read on the blocking pool only (see there).
 
 use crate::body::BoxError;
 use bytes::Bytes;
@@ -41,17 +40,6 @@ pub const UNBUDGETED_CHUNK: usize = 16 * 1024;
 /// from `http3.static_chunk_size`: each stream holds one chunk while QUIC paces it).
 #[derive(Debug, Clone, Copy)]
 pub struct ReadChunk(pub usize);
-
-/// A request extension: read the request's file chunks on the blocking pool only, never from
-/// the page cache on the runtime thread. HTTP/3 sets it: quinn copies each chunk into its own
-/// send buffer (up to `http3.send_window` per connection), so chunks read at once let every
-/// stream of a connection fill that buffer together; measured on h3-100k (100 connections x
-/// 10 streams), peak RSS went from 70 to 136 MiB, for a CPU gain within the run's noise.
-/// Measured again with `http3.send_budget` bounding those buffers: inline reads cut context
-/// switches ~140-fold but not CPU per request, and raised peak RSS (64-69 -> 79 MiB;
-/// e2e/bench/HISTORY.md, "HTTP/3 send budget").
-#[derive(Debug, Clone, Copy)]
-pub struct PoolReads;
 
 /// File bytes read and not yet released, all connections: what [`ReadBudget`]s hold.
 static HELD: AtomicU64 = AtomicU64::new(0);

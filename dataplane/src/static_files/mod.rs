@@ -31,9 +31,7 @@ mod path;
 mod range;
 mod resolve;
 
-pub use file_body::{
-    read_ahead_bytes, PoolReads, ReadBudget, ReadChunk, CHUNK_SIZE, UNBUDGETED_CHUNK,
-};
+pub use file_body::{read_ahead_bytes, ReadBudget, ReadChunk, CHUNK_SIZE, UNBUDGETED_CHUNK};
 
 use crate::body::{boxed, empty, full, text_response, Body};
 use arc_swap::ArcSwapOption;
@@ -307,8 +305,7 @@ impl StaticFiles {
                         .extensions
                         .get::<ReadChunk>()
                         .map_or(CHUNK_SIZE, |c| c.0);
-                    let inline = req.extensions.get::<PoolReads>().is_none();
-                    boxed(FileBody::new(f, start, count, chunk, budget, inline))
+                    boxed(FileBody::new(f, start, count, chunk, budget, true))
                 }
             }
         };
