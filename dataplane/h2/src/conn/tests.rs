@@ -2029,3 +2029,140 @@ async fn a_panic_dropping_a_future_ends_only_its_stream() {
     assert!(d.streams.contains_key(&5));
     drop(d);
 }
+
+/// Every request waits until `open` turns true; each tells `arrived` when it is first polled.
+struct Waiters {
+    arrived: tokio::sync::mpsc::UnboundedSender<()>,
+    open: tokio::sync::watch::Receiver<bool>,
+}
+
+impl H2Service for Waiters {
+    type Head = crate::NoHead;
+    type Future = Pin<Box<dyn Future<Output = (Response<Body>, Option<crate::NoHead>)> + Send>>;
+
+    fn call(&mut self, _request: Request<Body>, _now: Instant) -> Self::Future {
+        let arrived = self.arrived.clone();
+        let mut open = self.open.clone();
+        Box::pin(async move {
+            let _ = arrived.send(());
+            let _ = open.wait_for(|v| *v).await;
+            (Response::new(full(Bytes::from_static(b"answered\n"))), None)
+        })
+    }
+
+    fn limit_hit(&self, _what: &'static str) {}
+
+    fn connection_error(&self, _reason: Reason, _why: &'static str) {}
+}
+
+/// On a multi-thread runtime, 32 requests waiting on one connection are 32 futures in its
+/// streams, not 32 tasks (the runtime's alive tasks grow by the connection's task alone), and
+/// an answer that comes from another task, on any worker, wakes the connection: every stream
+/// is answered. Before 8ad2887 each waiting request was a task of its own (33 more).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_requests_are_no_tasks_and_wake_across_workers() {
+    use tokio::io::AsyncWriteExt;
+    let metrics = tokio::runtime::Handle::current().metrics();
+    let before = metrics.num_alive_tasks();
+    let (arrived_tx, mut arrived) = tokio::sync::mpsc::unbounded_channel();
+    let (open_tx, open) = tokio::sync::watch::channel(false);
+    let service = Waiters {
+        arrived: arrived_tx,
+        open,
+    };
+    let (mut c, server) = tokio::io::duplex(1 << 20);
+    let (_stop_tx, stop) = tokio::sync::watch::channel(false);
+    let conn = tokio::spawn(serve(server, service, settings(), stop));
+    let mut input = hello();
+    for i in 0..32u32 {
+        input.extend_from_slice(&request(1 + 2 * i, true));
+    }
+    c.write_all(&input)
+        .await
+        .expect("the pipe takes the requests");
+    for _ in 0..32 {
+        tokio::time::timeout(Duration::from_secs(10), arrived.recv())
+            .await
+            .expect("every request reaches the service in time")
+            .expect("the service is alive");
+    }
+    assert_eq!(
+        metrics.num_alive_tasks(),
+        before + 1,
+        "the connection's task, and no task per waiting request"
+    );
+    // The answers come from another task.
+    tokio::spawn(async move { open_tx.send(true) })
+        .await
+        .expect("the opener ran")
+        .expect("the streams wait");
+    let mut buf = BytesMut::new();
+    let mut ended = 0;
+    while ended < 32 {
+        let (h, _) = read_frame(&mut c, &mut buf).await.expect("the answers");
+        if h.kind == kind::DATA && h.has(flag::END_STREAM) {
+            ended += 1;
+        }
+        assert_ne!(h.kind, kind::RST_STREAM, "no stream is reset");
+        assert_ne!(h.kind, kind::GOAWAY, "the connection goes on");
+    }
+    conn.abort();
+}
+
+/// A graceful drain with a request still waiting: GOAWAY (NO_ERROR, last stream 1) goes out
+/// at once, the waiting future is kept (not dropped), its answer is written when it comes,
+/// and only then does the connection end, without error.
+#[tokio::test]
+async fn a_drain_waits_for_the_running_future_then_ends() {
+    use tokio::io::AsyncWriteExt;
+    use tokio::sync::oneshot::{channel, error::TryRecvError};
+    let (gate_tx, gate) = channel();
+    let (dropped, mut dropped_rx) = channel();
+    let service = Scripted(VecDeque::from([Script::Gate(gate, dropped)]));
+    let (mut c, server) = tokio::io::duplex(1 << 16);
+    let (stop_tx, stop) = tokio::sync::watch::channel(false);
+    let conn = tokio::spawn(serve(server, service, settings(), stop));
+    let mut input = hello();
+    input.extend_from_slice(&request(1, true));
+    c.write_all(&input)
+        .await
+        .expect("the pipe takes the request");
+    // The ACK of the client's SETTINGS: the batch with the request was handled.
+    let mut buf = BytesMut::new();
+    loop {
+        let (h, _) = read_frame(&mut c, &mut buf)
+            .await
+            .expect("our SETTINGS ACK");
+        if h.kind == kind::SETTINGS && h.has(flag::ACK) {
+            break;
+        }
+    }
+    stop_tx.send(true).expect("the connection listens");
+    let (h, p) = read_frame(&mut c, &mut buf).await.expect("GOAWAY");
+    assert_eq!(h.kind, kind::GOAWAY);
+    assert_eq!(
+        &p[..8],
+        &[0, 0, 0, 1, 0, 0, 0, 0],
+        "last stream 1, NO_ERROR"
+    );
+    assert!(
+        matches!(dropped_rx.try_recv(), Err(TryRecvError::Empty)),
+        "the waiting future is kept"
+    );
+    gate_tx.send(()).expect("stream 1 waits");
+    let mut got = Vec::new();
+    while let Some((h, _)) = read_frame(&mut c, &mut buf).await {
+        got.push((h.kind, h.stream, h.has(flag::END_STREAM)));
+    }
+    assert_eq!(
+        got,
+        [(kind::HEADERS, 1, false), (kind::DATA, 1, true)],
+        "the answer, then the end"
+    );
+    let ended = tokio::time::timeout(Duration::from_secs(10), conn).await;
+    assert!(
+        matches!(ended, Ok(Ok(Ok(())))),
+        "a clean end: {:?}",
+        ended.map(|j| j.map(|r| r.map_err(|e| e.to_string())))
+    );
+}
