@@ -16,6 +16,7 @@ use http_body_util::{BodyExt, Full, StreamBody};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 use sweety_config::*;
 use sweety_dataplane::hpack::Encoder;
@@ -458,6 +459,80 @@ async fn drain_sends_goaway_and_in_flight_streams_finish() {
     }
     assert!(saw_goaway, "GOAWAY on drain");
     assert!(got_body, "the in-flight stream finished");
+}
+
+/// How a client leaves a proxied request waiting for its backend.
+#[derive(Debug, Clone, Copy)]
+enum Leave {
+    /// RST_STREAM(CANCEL) on the stream.
+    ResetStream,
+    /// FIN on the connection (the server reads EOF).
+    Eof,
+    /// RST on the connection (the server's read fails).
+    ResetConnection,
+}
+
+// A client that leaves a proxied request waiting for its backend (its RST_STREAM, the
+// connection's EOF or its reset) cancels the backend request at once: the backend sees its
+// connection closed, and the request's in-flight slot is free for the next (the limit is one).
+// Before, EOF and a reset left the request running until the backend answered or the
+// keep-alive PING went unanswered (idle_timeout + header_read_timeout, about 70 s); the
+// bound here is 10 s. The H2 twin of access_log.rs
+// a_client_gone_mid_request_cancels_the_backend_request_on_both_engines.
+#[tokio::test]
+async fn a_client_gone_mid_request_cancels_the_backend_request() {
+    for leave in [Leave::ResetStream, Leave::Eof, Leave::ResetConnection] {
+        let (arrived_tx, mut arrived) = tokio::sync::mpsc::unbounded_channel();
+        let (gone_tx, mut gone) = tokio::sync::mpsc::unbounded_channel();
+        // A backend that takes the request and never answers; it tells when its connection ends.
+        let hang = spawn_backend(move |mut s| {
+            let (arrived, gone) = (arrived_tx.clone(), gone_tx.clone());
+            async move {
+                let mut buf = vec![0u8; 4096];
+                while let Ok(n) = s.read(&mut buf).await {
+                    if n == 0 {
+                        break;
+                    }
+                    let _ = arrived.send(());
+                }
+                let _ = gone.send(());
+            }
+        })
+        .await;
+        let (h, addr) = start(|c| {
+            c.limits.max_requests_in_flight = 1;
+            c.backends.push(backend("hang", hang));
+            c.virtual_hosts[0]
+                .routes
+                .insert(0, proxy_route("hang", "/hang", "hang"));
+        })
+        .await;
+        let mut raw = Raw::connect(addr).await;
+        raw.send(&headers_frame(1, &get_block("/hang"), true)).await;
+        tokio::time::timeout(Duration::from_secs(10), arrived.recv())
+            .await
+            .expect("the request reaches the backend")
+            .unwrap();
+        let metrics = &h.runtime.shared.metrics;
+        assert_eq!(metrics.active_requests.load(Relaxed), 1);
+        match leave {
+            Leave::ResetStream => {
+                let mut rst = BytesMut::new();
+                frame::put_rst(&mut rst, 1, Reason::CANCEL);
+                raw.send(&rst).await;
+            }
+            Leave::Eof => raw.shut_write().await,
+            Leave::ResetConnection => raw.reset(),
+        }
+        tokio::time::timeout(Duration::from_secs(10), gone.recv())
+            .await
+            .unwrap_or_else(|_| panic!("{leave:?}: the backend request is cancelled"))
+            .unwrap();
+        assert_eq!(metrics.active_requests.load(Relaxed), 0, "{leave:?}");
+        // The one in-flight slot is free: the next request is answered, not refused.
+        let got = bounded(get(&h2c_client(), &format!("http://{addr}/"), None)).await;
+        assert_eq!(got, Ok((200, "hello".to_string())), "{leave:?}");
+    }
 }
 
 #[tokio::test]

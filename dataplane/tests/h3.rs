@@ -376,6 +376,56 @@ async fn connection_specific_request_fields_are_malformed_over_h3() {
     .await;
 }
 
+/// QPACK string literals from a hostile client, decoded by sweety-h2's Huffman decoder through the
+/// vendored h3's patch (vendor/README.md): the EOS symbol, padding over 7 bits, padding that is
+/// not ones, or a length past the field section's end closes the connection with
+/// QPACK_DECOMPRESSION_FAILED (0x200, RFC 9204 §6), and the server goes on serving. The
+/// HEADERS frames are written by hand on a raw QUIC stream, so the client's own QPACK encoder
+/// (the same patched crate) plays no part.
+#[tokio::test]
+async fn hostile_qpack_literals_close_the_connection_and_the_server_serves_on() {
+    bounded(40, async {
+        let (cfg, ca) = h3_config(vec![fixed_route("only", "/only", "yes")]);
+        let h = Harness::start(cfg).await;
+        let addr = h.addr("tls").await;
+        // A `:path` value after `01NT` + static index 1: the H bit, a 7-bit length, the octets.
+        let cases: [(&str, &[u8]); 4] = [
+            ("the EOS symbol", &[0x84, 0xff, 0xff, 0xff, 0xff]),
+            ("a whole octet of padding", &[0x81, 0xff]),
+            ("padding of zeros", &[0x81, 0x18]),
+            ("a length past the end", &[0x85, 0x1f]),
+        ];
+        for (what, path_value) in cases {
+            let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+            endpoint.set_default_client_config(client_config(&ca, false));
+            let conn = endpoint.connect(addr, "localhost").unwrap().await.unwrap();
+            // Required Insert Count 0, Delta Base 0; :method GET (static 17), :scheme https
+            // (static 23), :authority (static 0) "localhost", then :path (static 1).
+            let mut block = vec![0x00, 0x00, 0xc0 | 17, 0xc0 | 23, 0x50, 9];
+            block.extend_from_slice(b"localhost");
+            block.push(0x51);
+            block.extend_from_slice(path_value);
+            let mut frame = vec![0x01, u8::try_from(block.len()).unwrap()];
+            frame.extend_from_slice(&block);
+            let (mut send, _recv) = conn.open_bi().await.unwrap();
+            send.write_all(&frame).await.unwrap();
+            send.finish().unwrap();
+            let reason = tokio::time::timeout(Duration::from_secs(5), conn.closed())
+                .await
+                .unwrap_or_else(|_| panic!("{what}: the connection stayed open"));
+            assert!(
+                matches!(reason, quinn::ConnectionError::ApplicationClosed(ref a) if a.error_code == quinn::VarInt::from_u32(0x200)),
+                "{what}: {reason:?}"
+            );
+            endpoint.wait_idle().await;
+        }
+        let c = H3::connect(addr, "localhost", &ca).await.unwrap();
+        let (status, _, body) = c.get("/only").await.unwrap();
+        assert_eq!((status, body), (200, Bytes::from_static(b"yes")));
+    })
+    .await;
+}
+
 /// 421 over HTTP/3 follows the same rule as over TCP: only a Host in another certificate
 /// scope (Gateway listener) than the SNI is misdirected.
 #[tokio::test]

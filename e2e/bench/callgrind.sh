@@ -37,6 +37,12 @@
 #   PORT_BASE=18540   ports on 127.0.0.1: TLS = base, plain = base+1, backend = base+2, admin = base+3,
 #                     h2c backend = base+5
 #   KEEP_WORK=1       keep the work dir (configs, callgrind dumps)
+#   CACHE_SIM=        1: also simulate the caches (`--cache-sim=yes`, slower) and print each
+#                     event per request from the two windows' difference: instruction fetch
+#                     and data read/write misses of the first level (I1mr, D1mr, D1mw) and
+#                     the last level (ILmr, DLmr, DLmw). Where a count ratio and a timed ratio
+#                     differ, these tell whether cache misses take the difference (a count of
+#                     valgrind's model of this machine's caches, not of its hardware)
 #   SWEETY_LIMITS=    extra `limits:` settings of the Sweety config, as YAML flow-mapping entries
 #                     (as in run.sh), e.g. "http1_engine: hyper" to count one binary's two engines
 #   ORDER=FILE        instead of counting: write the link order of BINARY's functions to FILE
@@ -82,6 +88,7 @@ SERVER_CPU=${SERVER_CPU:-0}
 CLIENT_CPU=${CLIENT_CPU:-1}
 PORT_BASE=${PORT_BASE:-18540}
 PEERS=${PEERS:-}
+CACHE_SIM=${CACHE_SIM:-}
 H2_CONNS=${H2_CONNS:-10}
 POOL_IDLE=${POOL_IDLE:-}
 WARM=${WARM:-1000}
@@ -384,7 +391,7 @@ measure() { # measure LABEL CELL COMMAND...: COMMAND (a server) under callgrind,
     dir=$WORK/$cell.$(basename "${label// /-}").$RANDOM
     mkdir -p "$dir"
     GLIBC_TUNABLES=glibc.cpu.x86_rep_movsb_threshold=4294967295 taskset -c "$SERVER_CPU" \
-        valgrind --tool=callgrind --callgrind-out-file="$dir/cg.out" \
+        valgrind --tool=callgrind ${CACHE_SIM:+--cache-sim=yes} --callgrind-out-file="$dir/cg.out" \
         "$@" >"$dir/server.log" 2>&1 &
     pid=$!
     PIDS+=("$pid")
@@ -416,6 +423,12 @@ measure() { # measure LABEL CELL COMMAND...: COMMAND (a server) under callgrind,
     PER_REQUEST["$label $cell"]=$(((i2 - i1) / (N2 - N1)))
     printf '%-40s %-9s Ir(%d)=%-12s Ir(%d)=%-12s per request: %d\n' "$label" "$cell" "$N1" "$i1" \
         "$N2" "$i2" "${PER_REQUEST["$label $cell"]}"
+    if [[ -n $CACHE_SIM ]]; then # every event of the dumps, per request
+        paste <(sed -n 's/^events: *//p' "$d1" | tr ' ' '\n') \
+            <(sed -n 's/^\(summary\|totals\): *//p' "$d1" | head -1 | tr ' ' '\n') \
+            <(sed -n 's/^\(summary\|totals\): *//p' "$d2" | head -1 | tr ' ' '\n') |
+            awk -v d=$((N2 - N1)) '{ printf "%s=%.1f ", $1, ($3 - $2) / d } END { print "per request" }'
+    fi
     if ((TOP > 0)); then
         join -t $'\t' -j 2 -a 2 -e 0 -o 0,1.1,2.1 <(functions "$d1" | sort -t $'\t' -k2,2) \
             <(functions "$d2" | sort -t $'\t' -k2,2) |

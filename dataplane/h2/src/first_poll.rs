@@ -24,9 +24,10 @@ pub enum FirstPoll<T> {
 
 /// Polls a request future once on the caller's task with a no-op waker, and spawns it when
 /// it is not finished: its first poll on the runtime registers the real waker (a future
-/// re-checks its state on every poll, so nothing that happened in between is missed). Both
-/// HTTP/2 servers answer ready requests this way (hyper's through the dataplane's stream
-/// executor, this crate's [`crate::conn`]), each capped at [`INLINE_FIRST_POLLS`] per connection poll.
+/// re-checks its state on every poll, so nothing that happened in between is missed). hyper's
+/// HTTP/2 server answers ready requests this way, through the dataplane's stream executor; this
+/// crate's [`crate::conn`] keeps every request future in its stream instead (never spawned),
+/// with the same cap of [`INLINE_FIRST_POLLS`] first polls per connection poll.
 pub fn first_poll<F>(mut fut: F) -> FirstPoll<F::Output>
 where
     F: Future + Unpin + Send + 'static,

@@ -67,7 +67,7 @@ fn every_conn_driver_seed_reaches_the_request_paths() {
         .map(|e| e.unwrap().path())
         .collect();
     seeds.sort();
-    assert_eq!(seeds.len(), 7, "a new seed gets its expectation below");
+    assert_eq!(seeds.len(), 9, "a new seed gets its expectation below");
     for path in seeds {
         let name = path.file_name().unwrap().to_str().unwrap().to_owned();
         let out = harness::run(&std::fs::read(&path).unwrap());
@@ -82,6 +82,18 @@ fn every_conn_driver_seed_reaches_the_request_paths() {
                 assert_eq!(got, [(1, "200", "0"), (3, "200", "0")], "{name}")
             }
             "continuation" | "padded_priority" => assert_eq!(got, [(1, "200", "0")], "{name}"),
+            // The two GETs followed by the client's EOF (option bit 3): both were answered in
+            // their first poll, before the EOF was read, and are sent.
+            "get_after_preface_eof" => {
+                assert_eq!(got, [(1, "200", "0"), (3, "200", "0")], "{name}")
+            }
+            // The POST followed by the client's EOF: its future still waited (woken by its
+            // body, not yet polled again) when the EOF was read, so it is cancelled and its
+            // stream reset, never answered.
+            "post_body_trailers_eof" => {
+                assert!(got.is_empty(), "{name}: {got:?}");
+                assert!(kinds.contains(&kind::RST_STREAM), "{name}: {kinds:?}");
+            }
             // A 5-byte body and trailers: the service read the body.
             "post_body_trailers" => assert_eq!(got, [(1, "200", "5")], "{name}"),
             // An extended CONNECT (RFC 8441) the driver accepted as a tunnel.

@@ -419,14 +419,16 @@ async fn serve_conn(
             Ok(Some(resolver)) => {
                 migrated(quic.remote_address());
                 while requests.try_join_next().is_some() {}
-                requests.spawn(serve_request(
+                // Boxed: the task then holds a pointer, not the ~4 KiB request future, which
+                // the spawn, the task list and the completion would each copy.
+                requests.spawn(Box::pin(serve_request(
                     shared.clone(),
                     info.clone(),
                     handshake.clone(),
                     share.clone(),
                     settings,
                     resolver,
-                ));
+                )));
             }
             Ok(None) => break,
             Err(e) => {

@@ -312,6 +312,24 @@ impl Raw {
         None
     }
 
+    /// Closes the client's sending side (FIN): the server reads EOF.
+    pub(crate) async fn shut_write(&mut self) {
+        let _ = self.wr.shutdown().await;
+    }
+
+    /// Resets the connection (RST, SO_LINGER 0): the server's read fails.
+    pub(crate) fn reset(self) {
+        let tcp = self
+            .rd
+            .rd
+            .reunite(self.wr)
+            .expect("the two halves of one stream");
+        socket2::SockRef::from(&tcp)
+            .set_linger(Some(Duration::ZERO))
+            .expect("SO_LINGER");
+        drop(tcp);
+    }
+
     /// Reads until GOAWAY and returns its error code (None at EOF without one).
     pub(crate) async fn goaway(&mut self) -> Option<sweety_h2::frame::Reason> {
         let (_, p) = self.until(GOAWAY).await?;

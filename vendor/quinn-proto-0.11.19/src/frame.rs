@@ -576,7 +576,13 @@ impl Iter {
         let ty = self.bytes.get::<FrameType>()?;
         self.last_ty = Some(ty);
         Ok(match ty {
-            FrameType::PADDING => Frame::Padding,
+            FrameType::PADDING => {
+                // Sweety patch (vendor/README.md): the rest of a run of PADDING frames (zero
+                // octets) is skipped at once, not decoded as one frame per octet.
+                let run = self.bytes.iter().position(|&b| b != 0);
+                self.bytes.advance(run.unwrap_or(self.bytes.len()));
+                Frame::Padding
+            }
             FrameType::RESET_STREAM => Frame::ResetStream(ResetStream {
                 id: self.bytes.get()?,
                 error_code: self.bytes.get()?,

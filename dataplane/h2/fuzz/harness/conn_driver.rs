@@ -3,7 +3,9 @@
 //! connection driver fed client bytes over an in-memory pipe, with a mock service that reads
 //! each request body (bounded) and answers 200 with its length. Input: one byte of options
 //! (bit 0: prepend a valid preface and SETTINGS so the fuzzer starts past it; bits 1-2: how
-//! the input is cut into writes), then the client's bytes.
+//! the input is cut into writes; bit 3: the client closes its side after the input, so the
+//! server reads EOF and cancels the requests still waiting; else it keeps it open and the
+//! connection ends by the server's own timeouts), then the client's bytes.
 //! Checks: no panic (also in the driver's debug assertions), the connection ends (the clock
 //! is paused and auto-advances, so every timeout fires; the run is bounded), and what the
 //! server writes is a sequence of whole frames, SETTINGS first.
@@ -81,6 +83,7 @@ pub(crate) fn run(data: &[u8]) -> Vec<u8> {
     }
     bytes.extend_from_slice(input);
     let cut = [1usize << 20, 7, 64, 1024][((opts >> 1) & 3) as usize];
+    let eof = opts & 8 == 8;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .start_paused(true)
@@ -97,14 +100,22 @@ pub(crate) fn run(data: &[u8]) -> Vec<u8> {
                     break;
                 }
             }
-            let _ = wr.shutdown().await;
+            if eof {
+                let _ = wr.shutdown().await;
+            }
+            // The half is held (open, unless shut down) until the server ends the connection.
+            std::future::pending::<std::convert::Infallible>().await
         };
         let reader = async move {
             let mut out = Vec::new();
             let _ = rd.read_to_end(&mut out).await;
             out
         };
-        let (_, out) = tokio::join!(writer, reader);
+        // The reader ends when the server closes the connection; the writer is dropped then.
+        let out = tokio::select! {
+            out = reader => out,
+            never = writer => match never {},
+        };
         // Every timeout fires on the paused clock: the connection ends within this bound.
         let ended = tokio::time::timeout(Duration::from_secs(3600), conn).await;
         assert!(ended.is_ok(), "the connection did not end");

@@ -1,6 +1,7 @@
 //! The connection task: construction, the poll loop (read, handle frames, produce, write),
 //! deadlines and timers, frame dispatch, SETTINGS, GOAWAY and connection errors.
 
+use super::streams::Resp;
 use super::*;
 
 impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
@@ -130,6 +131,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
                     Poll::Ready(Ok(0)) => {
                         self.read_closed = true;
                         self.on_read_closed();
+                        self.cancel_running();
                         progress = true;
                     }
                     Poll::Ready(Ok(_)) => {
@@ -142,12 +144,13 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
                         progress = true;
                     }
                     Poll::Ready(Err(e)) => {
+                        // The client is gone (reset, TLS failure): nothing can reach it, so
+                        // every stream ends here, its request cancelled (see `cancel_running`).
                         self.read_closed = true;
                         self.on_read_closed();
-                        if self.streams.is_empty() {
-                            return Poll::Ready(Err(e.into()));
-                        }
-                        progress = true;
+                        self.clear_output();
+                        self.abort_all();
+                        return Poll::Ready(Err(e.into()));
                     }
                     Poll::Pending => {}
                 }
@@ -718,6 +721,26 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
         let ids: Vec<u32> = self.streams.keys().copied().collect();
         for id in ids {
             self.maybe_close(id);
+        }
+    }
+
+    /// The client closed its side (EOF): it can no longer acknowledge our SETTINGS or PING,
+    /// nor send WINDOW_UPDATE, and a request it has not had an answer to is one it no longer
+    /// waits for (an HTTP/2 client does not half-close to wait for answers; h2 ends every
+    /// stream at EOF). Each request future still running is dropped at once, cancelling its
+    /// backend request and releasing its slots, as the HTTP/1.1 engine does when its client
+    /// goes, with RST_STREAM(CANCEL) in case the client still reads. Before, they ran until the
+    /// backend answered or the keep-alive PING went unanswered (up to about 70 s). Responses
+    /// already being sent go on (the client may read them; `send_timeout` bounds a stall).
+    pub(super) fn cancel_running(&mut self) {
+        let running: Vec<u32> = self
+            .streams
+            .iter()
+            .filter(|(_, s)| matches!(s.resp, Resp::Running(_)))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in running {
+            let _ = self.reset_stream(id, Reason::CANCEL, Charge::Server);
         }
     }
 

@@ -15,8 +15,17 @@
 //! polled by this task, never spawned (no task, no hand-over between tasks per request), and
 //! never awaited (one stream waiting never holds the others); it and every response body wake
 //! the connection through [`Signal`] with the stream's id, and the driver then polls and
-//! writes what is ready. A stream that goes (the client's RST_STREAM, a reset of ours, the
-//! connection's end) drops its future: its backend request is cancelled with it.
+//! writes what is ready (a waiting future only when its own waker fired, never for a window
+//! change). A stream that goes (the client's RST_STREAM, a reset of ours, the client's EOF or a
+//! read error, the connection's end) drops its future: its backend request is cancelled with
+//! it; a panic in that drop is caught and ends only the stream.
+//!
+//! The trade-off: all of one connection's request phases (routing, the backend's dial and TLS
+//! handshake, the HTTP/1.1 exchange with it, filters) run on the worker that runs the
+//! connection's task, one after another, where tasks of their own could have been stolen by
+//! idle workers. Many connections spread over the workers as before; one connection carrying
+//! many streams (a gRPC client, a fronting balancer) is served by one worker at a time. See
+//! e2e/bench/HISTORY.md (one connection, 128 streams, two workers) for what that measured.
 //!
 //! Bounds: the read buffer holds at most one frame past `SETTINGS_MAX_FRAME_SIZE` (16 KiB);
 //! the write buffer stops taking body data at `Settings::write_buffer` (plus one frame), and
@@ -311,12 +320,14 @@ struct Driver<I, S: H2Service> {
 
 impl<I, S: H2Service> Drop for Driver<I, S> {
     fn drop(&mut self) {
-        // The request futures still running are dropped with the streams after this:
-        // their backend requests are cancelled.
-        for s in self.streams.values() {
+        // The request futures still running are dropped here: their backend requests are
+        // cancelled, and a panic in one's `Drop` is caught (a second panic while the driver
+        // unwinds from its own would abort the process).
+        for (id, s) in self.streams.drain() {
             if let Some(r) = &s.recv {
                 r.fail("connection closed");
             }
+            streams::drop_guarded(s.resp, id);
         }
     }
 }

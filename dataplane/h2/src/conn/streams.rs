@@ -34,6 +34,10 @@ pub(super) struct Stream<F> {
     pub(super) body_done: bool,
     pub(super) trailers: Option<Box<HeaderMap>>,
     pub(super) waker: Option<Waker>,
+    /// The stream's waker fired (through `Signal`) since its request future was last polled:
+    /// only then is a Running future polled again. A window change or a grant also queues
+    /// the stream, and must not make the client a lever for re-polling the whole pipeline.
+    pub(super) woken: bool,
     pub(super) queued: bool,
     /// Listed in the driver's `blocked` (waiting for connection window).
     pub(super) blocked: bool,
@@ -61,6 +65,7 @@ impl<F> Stream<F> {
             body_done: false,
             trailers: None,
             waker: None,
+            woken: false,
             queued: false,
             blocked: false,
             tunnel_body: None,
@@ -71,6 +76,41 @@ impl<F> Stream<F> {
 
     pub(super) fn finished(&self) -> bool {
         !self.recv_open && matches!(self.resp, Resp::Done)
+    }
+}
+
+/// Stream `id`'s waker (made once, kept in `slot`): it marks the stream ready in `signal` and
+/// wakes the connection's task.
+fn waker_of(slot: &mut Option<Waker>, signal: &Arc<Signal>, id: u32) -> Waker {
+    slot.get_or_insert_with(|| {
+        Waker::from(Arc::new(StreamWaker {
+            signal: signal.clone(),
+            id,
+        }))
+    })
+    .clone()
+}
+
+/// A panic's message (a `&str` or `String` payload), for the log line.
+pub(super) fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {
+    payload
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("a panic without a message")
+}
+
+/// Drops a stream's response (a request future still running, a response body) on the
+/// connection's stack, where a task's harness no longer catches a panic in its `Drop`: such a
+/// panic is logged and ends only this stream, never the connection (nor, while the driver is
+/// itself unwinding, the process). The guard costs one call on the path without a panic.
+pub(super) fn drop_guarded<F>(resp: Resp<F>, id: u32) {
+    // Unwind safety: the value is dropped whole inside the closure; nothing of it is used
+    // after a panic.
+    let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(resp)));
+    if let Err(payload) = dropped {
+        let panic = panic_message(&*payload);
+        tracing::error!(stream = id, panic, "dropping a request future panicked");
     }
 }
 
@@ -169,13 +209,13 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
     /// ends only its stream (RST_STREAM INTERNAL_ERROR, as a panicking task did), never the
     /// connection.
     pub(super) fn poll_response(&mut self, id: u32) {
-        let waker = self.stream_waker(id);
         let Some(s) = self.streams.get_mut(&id) else {
             return;
         };
         let Resp::Running(fut) = &mut s.resp else {
             return;
         };
+        let waker = waker_of(&mut s.waker, &self.signal, id);
         let mut cx = Context::from_waker(&waker);
         // Unwind safety: after a panic the future is dropped with its stream, never polled
         // again, and the driver's own state is not touched inside the closure.
@@ -185,8 +225,9 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
         match polled {
             Ok(Poll::Pending) => {}
             Ok(Poll::Ready((resp, stored))) => self.start_response(id, resp, stored),
-            Err(_) => {
-                tracing::error!(stream = id, "a request future panicked");
+            Err(payload) => {
+                let panic = panic_message(&*payload);
+                tracing::error!(stream = id, panic, "a request future panicked");
                 // Our fault, not the client's: not counted as a reset.
                 let _ = self.reset_stream(id, Reason::INTERNAL_ERROR, Charge::Server);
             }
@@ -285,7 +326,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
         }
         // A request future still running is dropped with the stream: its backend request is
         // cancelled here (a pooled connection in the middle of it is closed, never reused).
-        drop(s);
+        drop_guarded(s.resp, id);
     }
 
     /// Sends RST_STREAM for `id`, removes the stream if it was open, and remembers it as
@@ -355,6 +396,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
                 s.grant += consumed;
             }
         }
+        s.woken = true;
         self.enqueue(id);
     }
 
@@ -438,14 +480,6 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
         }
     }
 
-    pub(super) fn stream_waker(&mut self, id: u32) -> Waker {
-        let signal = self.signal.clone();
-        let s = self.streams.get_mut(&id).expect("stream present");
-        s.waker
-            .get_or_insert_with(|| Waker::from(Arc::new(StreamWaker { signal, id })))
-            .clone()
-    }
-
     /// Sends what the queued streams have, fairly, until the output buffer is full.
     pub(super) fn produce(&mut self) {
         // Bounded: a body yielding empty chunks forever cannot spin the task.
@@ -479,13 +513,15 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
 
     /// Advances one stream's response; true when it can do more right away.
     pub(super) fn step(&mut self, id: u32) -> bool {
-        // A response still being produced.
-        if matches!(
-            self.streams.get(&id).map(|s| &s.resp),
-            Some(Resp::Running(_))
-        ) {
-            self.poll_response(id);
-            return false;
+        // A response still being produced: polled only when its waker fired (the stream may
+        // be queued for a window change or a grant, which the future does not wait for).
+        if let Some(s) = self.streams.get_mut(&id) {
+            if matches!(s.resp, Resp::Running(_)) {
+                if std::mem::take(&mut s.woken) {
+                    self.poll_response(id);
+                }
+                return false;
+            }
         }
         for _ in 0..FRAMES_PER_TURN {
             let Some(s) = self.streams.get_mut(&id) else {
@@ -499,11 +535,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
                 let mut polled =
                     Pin::new(&mut *body).poll_frame(&mut Context::from_waker(Waker::noop()));
                 if polled.is_pending() {
-                    let waker = self.stream_waker(id);
-                    let s = self.streams.get_mut(&id).expect("present");
-                    let Resp::Body(body) = &mut s.resp else {
-                        unreachable!()
-                    };
+                    let waker = waker_of(&mut s.waker, &self.signal, id);
                     polled = Pin::new(&mut *body).poll_frame(&mut Context::from_waker(&waker));
                 }
                 let s = self.streams.get_mut(&id).expect("present");

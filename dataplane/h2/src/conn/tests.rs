@@ -395,7 +395,7 @@ async fn feed<S: H2Service>(
             input = &input[n..];
         }
         assert!(d.poll(&mut cx).is_pending());
-        // Lets the request tasks run.
+        // Lets the tasks the test runs beside the driver run (backends, bodies).
         tokio::task::yield_now().await;
     }
     assert!(
@@ -1688,6 +1688,34 @@ async fn data_through_partial_writes(gathers: bool) -> usize {
     vectored.load(Ordering::Relaxed)
 }
 
+/// A response body that ends (empty) once its sender is dropped.
+struct Held(Option<tokio::sync::oneshot::Receiver<()>>);
+
+impl http_body::Body for Held {
+    type Data = Bytes;
+    type Error = crate::BoxError;
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, crate::BoxError>>> {
+        let Some(rx) = self.0.as_mut() else {
+            return Poll::Ready(None);
+        };
+        std::task::ready!(Pin::new(rx).poll(cx)).ok();
+        self.0 = None;
+        Poll::Ready(None)
+    }
+}
+
+/// Panics when dropped.
+struct PanicsOnDrop;
+
+impl Drop for PanicsOnDrop {
+    fn drop(&mut self) {
+        panic!("a request future's drop panics");
+    }
+}
+
 /// What one request of [`Scripted`] does.
 enum Script {
     /// Answers once the gate opens; the sender tells when the future is dropped.
@@ -1697,6 +1725,15 @@ enum Script {
     ),
     /// Panics in its first poll.
     Panic,
+    /// Answers at once with a body that ends when the sender is dropped.
+    Streaming(tokio::sync::oneshot::Receiver<()>),
+    /// Never answers; its `Drop` panics.
+    PanicsOnDrop,
+    /// Answers once the gate opens, counting its polls.
+    Counted(
+        tokio::sync::oneshot::Receiver<()>,
+        Arc<std::sync::atomic::AtomicUsize>,
+    ),
 }
 
 /// Runs its requests' scripts in order.
@@ -1714,6 +1751,22 @@ impl H2Service for Scripted {
                 (Response::new(full(Bytes::from_static(b"answered\n"))), None)
             }),
             Script::Panic => Box::pin(async { panic!("a request future panics") }),
+            Script::PanicsOnDrop => Box::pin(async move {
+                let _bomb = PanicsOnDrop;
+                std::future::pending::<()>().await;
+                unreachable!("never answers")
+            }),
+            Script::Counted(mut gate, polls) => Box::pin(async move {
+                std::future::poll_fn(|cx| {
+                    polls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    Pin::new(&mut gate).poll(cx).map(|_| ())
+                })
+                .await;
+                (Response::new(full(Bytes::from_static(b"answered\n"))), None)
+            }),
+            Script::Streaming(more) => {
+                Box::pin(async move { (Response::new(crate::boxed(Held(Some(more)))), None) })
+            }
         }
     }
 
@@ -1785,4 +1838,413 @@ async fn request_futures_run_on_the_connection_and_go_with_their_stream() {
     assert!(matches!(dropped7_rx.try_recv(), Err(TryRecvError::Empty)));
     drop(d);
     assert!(matches!(dropped7_rx.try_recv(), Err(TryRecvError::Closed)));
+}
+
+/// A server I/O whose reads fail (a connection reset) once `fail` is set, and its writes
+/// once `fail_writes` is.
+struct ResetOnRead {
+    inner: tokio::io::DuplexStream,
+    fail: Arc<std::sync::atomic::AtomicBool>,
+    fail_writes: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl AsyncRead for ResetOnRead {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        if self.fail.load(std::sync::atomic::Ordering::SeqCst) {
+            return Poll::Ready(Err(std::io::ErrorKind::ConnectionReset.into()));
+        }
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for ResetOnRead {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        if self.fail_writes.load(std::sync::atomic::Ordering::SeqCst) {
+            return Poll::Ready(Err(std::io::ErrorKind::BrokenPipe.into()));
+        }
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// A driver over [`ResetOnRead`] that has read the client's opening and `requests` (each must
+/// be waiting), with the client end and the two failure switches (reads, writes).
+async fn faulty_driver<S: H2Service>(
+    service: S,
+    edit: impl FnOnce(&mut Settings),
+    requests: &[u32],
+) -> (
+    Driver<ResetOnRead, S>,
+    tokio::io::DuplexStream,
+    Arc<std::sync::atomic::AtomicBool>,
+    Arc<std::sync::atomic::AtomicBool>,
+) {
+    use tokio::io::AsyncWriteExt;
+    let (mut c, server) = tokio::io::duplex(1 << 16);
+    let fail = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let fail_writes = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let io = ResetOnRead {
+        inner: server,
+        fail: fail.clone(),
+        fail_writes: fail_writes.clone(),
+    };
+    let (tx, stop) = tokio::sync::watch::channel(false);
+    std::mem::forget(tx);
+    let mut settings = settings();
+    edit(&mut settings);
+    let mut d = Driver::new(io, service, settings, stop);
+    let mut input = hello();
+    for &id in requests {
+        input.extend_from_slice(&request(id, true));
+    }
+    c.write_all(&input)
+        .await
+        .expect("the pipe takes the requests");
+    let mut cx = Context::from_waker(Waker::noop());
+    assert!(d.poll(&mut cx).is_pending());
+    for &id in requests {
+        assert!(
+            matches!(d.streams.get(&id).map(|s| &s.resp), Some(Resp::Running(_))),
+            "stream {id} waits"
+        );
+    }
+    (d, c, fail, fail_writes)
+}
+
+/// The client's end of the connection ends every request still waiting for its answer at
+/// once: its future is dropped (its backend request cancelled), not kept until the backend
+/// answers or the keep-alive PING goes unanswered (about 70 s). At EOF the waiting stream is
+/// reset (CANCEL) and a response already being sent goes on; a read error (the client reset
+/// the connection) ends the connection and every stream at once.
+#[tokio::test]
+async fn the_clients_eof_or_read_error_drops_the_waiting_futures() {
+    use tokio::io::AsyncWriteExt;
+    use tokio::sync::oneshot::{channel, error::TryRecvError};
+    // EOF: stream 1 waits, stream 3's response is being sent (its body waits).
+    let (_gate1_tx, gate1) = channel();
+    let (dropped1, mut dropped1_rx) = channel();
+    let (more3_tx, more3) = channel::<()>();
+    let service = Scripted(VecDeque::from([
+        Script::Gate(gate1, dropped1),
+        Script::Streaming(more3),
+    ]));
+    let mut input = hello();
+    for id in [1, 3] {
+        input.extend_from_slice(&request(id, true));
+    }
+    let (mut d, mut c) = hand_driver_serving(service, |_| {}, &input).await;
+    assert!(matches!(
+        d.streams.get(&1).map(|s| &s.resp),
+        Some(Resp::Running(_))
+    ));
+    assert!(matches!(
+        d.streams.get(&3).map(|s| &s.resp),
+        Some(Resp::Body(_))
+    ));
+    c.shutdown().await.expect("the client closes its side");
+    let mut cx = Context::from_waker(Waker::noop());
+    assert!(d.poll(&mut cx).is_pending(), "stream 3 still sends");
+    assert!(
+        matches!(dropped1_rx.try_recv(), Err(TryRecvError::Closed)),
+        "the waiting request is cancelled at EOF"
+    );
+    assert!(!d.streams.contains_key(&1));
+    let frames = frames_of(written(&d, &mut c));
+    assert_eq!(
+        stream_frames(&frames, 1).0,
+        [(kind::RST_STREAM, false, Some(Reason::CANCEL))]
+    );
+    assert!(d.streams.contains_key(&3), "a response being sent goes on");
+    drop(more3_tx);
+
+    // A read error: the connection ends with every stream.
+    let (_gate_tx, gate) = channel();
+    let (dropped, mut dropped_rx) = channel();
+    let service = Scripted(VecDeque::from([Script::Gate(gate, dropped)]));
+    let (mut d, _c, fail, _) = faulty_driver(service, |_| {}, &[1]).await;
+    fail.store(true, std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        matches!(d.poll(&mut cx), Poll::Ready(Err(_))),
+        "a read error ends the connection"
+    );
+    assert!(
+        matches!(dropped_rx.try_recv(), Err(TryRecvError::Closed)),
+        "the waiting request is cancelled on a read error"
+    );
+    assert!(d.streams.is_empty());
+}
+
+/// A waiting request future is polled again only when its own waker fires: the client's
+/// WINDOW_UPDATEs on its stream and SETTINGS raising INITIAL_WINDOW_SIZE (each queues every
+/// stream) no longer re-poll it (before: one poll of the whole pipeline future per frame or
+/// read batch). Its answer still comes in the poll after its waker fired.
+#[tokio::test]
+async fn window_changes_do_not_poll_a_waiting_future() {
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    let (gate_tx, gate) = tokio::sync::oneshot::channel();
+    let polls = Arc::new(AtomicUsize::new(0));
+    let service = Scripted(VecDeque::from([Script::Counted(gate, polls.clone())]));
+    let mut input = hello();
+    input.extend_from_slice(&request(1, true));
+    let (mut d, mut c) = hand_driver_serving(service, |_| {}, &input).await;
+    assert_eq!(polls.load(SeqCst), 1, "the first poll");
+    let mut updates = BytesMut::new();
+    for _ in 0..1_000 {
+        frame::put_window_update(&mut updates, 1, 1);
+    }
+    for i in 0..10u32 {
+        frame::put_settings(
+            &mut updates,
+            &[(setting::INITIAL_WINDOW_SIZE, frame::DEFAULT_WINDOW + i + 1)],
+        );
+    }
+    feed(&mut d, &mut c, &updates).await;
+    assert!(d.closing.is_none());
+    assert_eq!(polls.load(SeqCst), 1, "window changes polled the future");
+    gate_tx.send(()).expect("the future waits");
+    let mut cx = Context::from_waker(Waker::noop());
+    assert!(d.poll(&mut cx).is_pending());
+    assert_eq!(polls.load(SeqCst), 2, "its waker fired: polled once more");
+    assert!(!d.streams.contains_key(&1), "answered");
+    let frames = frames_of(written(&d, &mut c));
+    assert_eq!(
+        stream_frames(&frames, 1).0,
+        [(kind::HEADERS, false, None), (kind::DATA, true, None)]
+    );
+}
+
+/// A request future whose `Drop` panics ends only its stream: the client's RST_STREAM drops it
+/// (the panic is caught and logged), the connection and its other streams go on; the driver's
+/// own drop with such futures still running does not panic (a panic there, while the driver
+/// unwinds from another, would abort the process). Before, both panics went through the driver.
+#[tokio::test]
+async fn a_panic_dropping_a_future_ends_only_its_stream() {
+    let (gate3_tx, gate3) = tokio::sync::oneshot::channel();
+    let (dropped3, _dropped3_rx) = tokio::sync::oneshot::channel();
+    let service = Scripted(VecDeque::from([
+        Script::PanicsOnDrop,
+        Script::Gate(gate3, dropped3),
+        Script::PanicsOnDrop,
+    ]));
+    let mut input = hello();
+    for id in [1, 3, 5] {
+        input.extend_from_slice(&request(id, true));
+    }
+    let (mut d, mut c) = hand_driver_serving(service, |_| {}, &input).await;
+    let mut rst = BytesMut::new();
+    frame::put_rst(&mut rst, 1, Reason::CANCEL);
+    feed(&mut d, &mut c, &rst).await;
+    assert!(!d.streams.contains_key(&1) && d.closing.is_none());
+    gate3_tx.send(()).expect("stream 3 waits");
+    let mut cx = Context::from_waker(Waker::noop());
+    assert!(d.poll(&mut cx).is_pending());
+    let frames = frames_of(written(&d, &mut c));
+    assert_eq!(
+        stream_frames(&frames, 3).0,
+        [(kind::HEADERS, false, None), (kind::DATA, true, None)],
+        "the connection goes on"
+    );
+    assert!(d.streams.contains_key(&5));
+    drop(d);
+}
+
+/// Every request waits until `open` turns true; each tells `arrived` when it is first polled.
+struct Waiters {
+    arrived: tokio::sync::mpsc::UnboundedSender<()>,
+    open: tokio::sync::watch::Receiver<bool>,
+}
+
+impl H2Service for Waiters {
+    type Head = crate::NoHead;
+    type Future = Pin<Box<dyn Future<Output = (Response<Body>, Option<crate::NoHead>)> + Send>>;
+
+    fn call(&mut self, _request: Request<Body>, _now: Instant) -> Self::Future {
+        let arrived = self.arrived.clone();
+        let mut open = self.open.clone();
+        Box::pin(async move {
+            let _ = arrived.send(());
+            let _ = open.wait_for(|v| *v).await;
+            (Response::new(full(Bytes::from_static(b"answered\n"))), None)
+        })
+    }
+
+    fn limit_hit(&self, _what: &'static str) {}
+
+    fn connection_error(&self, _reason: Reason, _why: &'static str) {}
+}
+
+/// On a multi-thread runtime, 32 requests waiting on one connection are 32 futures in its
+/// streams, not 32 tasks (the runtime's alive tasks grow by the connection's task alone), and
+/// an answer that comes from another task, on any worker, wakes the connection: every stream
+/// is answered. Before 8ad2887 each waiting request was a task of its own (33 more).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_requests_are_no_tasks_and_wake_across_workers() {
+    use tokio::io::AsyncWriteExt;
+    let metrics = tokio::runtime::Handle::current().metrics();
+    let before = metrics.num_alive_tasks();
+    let (arrived_tx, mut arrived) = tokio::sync::mpsc::unbounded_channel();
+    let (open_tx, open) = tokio::sync::watch::channel(false);
+    let service = Waiters {
+        arrived: arrived_tx,
+        open,
+    };
+    let (mut c, server) = tokio::io::duplex(1 << 20);
+    let (_stop_tx, stop) = tokio::sync::watch::channel(false);
+    let conn = tokio::spawn(serve(server, service, settings(), stop));
+    let mut input = hello();
+    for i in 0..32u32 {
+        input.extend_from_slice(&request(1 + 2 * i, true));
+    }
+    c.write_all(&input)
+        .await
+        .expect("the pipe takes the requests");
+    for _ in 0..32 {
+        tokio::time::timeout(Duration::from_secs(10), arrived.recv())
+            .await
+            .expect("every request reaches the service in time")
+            .expect("the service is alive");
+    }
+    assert_eq!(
+        metrics.num_alive_tasks(),
+        before + 1,
+        "the connection's task, and no task per waiting request"
+    );
+    // The answers come from another task.
+    tokio::spawn(async move { open_tx.send(true) })
+        .await
+        .expect("the opener ran")
+        .expect("the streams wait");
+    let mut buf = BytesMut::new();
+    let mut ended = 0;
+    while ended < 32 {
+        let (h, _) = read_frame(&mut c, &mut buf).await.expect("the answers");
+        if h.kind == kind::DATA && h.has(flag::END_STREAM) {
+            ended += 1;
+        }
+        assert_ne!(h.kind, kind::RST_STREAM, "no stream is reset");
+        assert_ne!(h.kind, kind::GOAWAY, "the connection goes on");
+    }
+    conn.abort();
+}
+
+/// A graceful drain with a request still waiting: GOAWAY (NO_ERROR, last stream 1) goes out
+/// at once, the waiting future is kept (not dropped), its answer is written when it comes,
+/// and only then does the connection end, without error.
+#[tokio::test]
+async fn a_drain_waits_for_the_running_future_then_ends() {
+    use tokio::io::AsyncWriteExt;
+    use tokio::sync::oneshot::{channel, error::TryRecvError};
+    let (gate_tx, gate) = channel();
+    let (dropped, mut dropped_rx) = channel();
+    let service = Scripted(VecDeque::from([Script::Gate(gate, dropped)]));
+    let (mut c, server) = tokio::io::duplex(1 << 16);
+    let (stop_tx, stop) = tokio::sync::watch::channel(false);
+    let conn = tokio::spawn(serve(server, service, settings(), stop));
+    let mut input = hello();
+    input.extend_from_slice(&request(1, true));
+    c.write_all(&input)
+        .await
+        .expect("the pipe takes the request");
+    // The ACK of the client's SETTINGS: the batch with the request was handled.
+    let mut buf = BytesMut::new();
+    loop {
+        let (h, _) = read_frame(&mut c, &mut buf)
+            .await
+            .expect("our SETTINGS ACK");
+        if h.kind == kind::SETTINGS && h.has(flag::ACK) {
+            break;
+        }
+    }
+    stop_tx.send(true).expect("the connection listens");
+    let (h, p) = read_frame(&mut c, &mut buf).await.expect("GOAWAY");
+    assert_eq!(h.kind, kind::GOAWAY);
+    assert_eq!(
+        &p[..8],
+        &[0, 0, 0, 1, 0, 0, 0, 0],
+        "last stream 1, NO_ERROR"
+    );
+    assert!(
+        matches!(dropped_rx.try_recv(), Err(TryRecvError::Empty)),
+        "the waiting future is kept"
+    );
+    gate_tx.send(()).expect("stream 1 waits");
+    let mut got = Vec::new();
+    while let Some((h, _)) = read_frame(&mut c, &mut buf).await {
+        got.push((h.kind, h.stream, h.has(flag::END_STREAM)));
+    }
+    assert_eq!(
+        got,
+        [(kind::HEADERS, 1, false), (kind::DATA, 1, true)],
+        "the answer, then the end"
+    );
+    let ended = tokio::time::timeout(Duration::from_secs(10), conn).await;
+    assert!(
+        matches!(ended, Ok(Ok(Ok(())))),
+        "a clean end: {:?}",
+        ended.map(|j| j.map(|r| r.map_err(|e| e.to_string())))
+    );
+}
+
+/// A write error, and a keep-alive PING the client leaves unanswered, end the connection and
+/// drop the request futures still waiting at once (their backend requests are cancelled).
+#[tokio::test(start_paused = true)]
+async fn a_write_error_or_an_unanswered_ping_drops_the_waiting_futures() {
+    use tokio::io::AsyncWriteExt;
+    use tokio::sync::oneshot::{channel, error::TryRecvError};
+    let mut cx = Context::from_waker(Waker::noop());
+    // A write error, on the answer to a PING.
+    let (_gate_tx, gate) = channel();
+    let (dropped, mut dropped_rx) = channel();
+    let service = Scripted(VecDeque::from([Script::Gate(gate, dropped)]));
+    let (mut d, mut c, _, fail_writes) = faulty_driver(service, |_| {}, &[1]).await;
+    fail_writes.store(true, std::sync::atomic::Ordering::SeqCst);
+    let mut ping = BytesMut::new();
+    frame::put_ping(&mut ping, *b"12345678");
+    c.write_all(&ping).await.expect("the pipe takes the PING");
+    assert!(
+        matches!(d.poll(&mut cx), Poll::Ready(Err(_))),
+        "a write error ends the connection"
+    );
+    assert!(matches!(dropped_rx.try_recv(), Err(TryRecvError::Closed)));
+    assert!(d.streams.is_empty());
+
+    // The keep-alive PING goes unanswered (the client is silent, its side open).
+    let (_gate_tx, gate) = channel();
+    let (dropped, mut dropped_rx) = channel();
+    let service = Scripted(VecDeque::from([Script::Gate(gate, dropped)]));
+    let t = Duration::from_secs(1);
+    let edit = |s: &mut Settings| {
+        s.idle_timeout = t;
+        s.header_read_timeout = t;
+    };
+    let (mut d, _c, _, _) = faulty_driver(service, edit, &[1]).await;
+    tokio::time::sleep(t).await;
+    assert!(d.poll(&mut cx).is_pending());
+    assert!(d.ping_sent.is_some(), "the keep-alive PING went out");
+    assert!(
+        matches!(dropped_rx.try_recv(), Err(TryRecvError::Empty)),
+        "the request still waits for its answer"
+    );
+    for _ in 0..2 {
+        tokio::time::sleep(t).await;
+        let _ = d.poll(&mut cx);
+    }
+    assert!(
+        matches!(dropped_rx.try_recv(), Err(TryRecvError::Closed)),
+        "the unanswered PING ends the waiting request"
+    );
+    assert!(d.streams.is_empty());
 }
