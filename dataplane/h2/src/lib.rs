@@ -68,8 +68,11 @@ pub trait H2Service: Send {
     /// head), sent ahead of the fields of the response's map.
     type Head: EncodedHead;
     /// The answer to one request. [`conn`] polls it on the connection's own task (woken per
-    /// stream), and drops it when the stream goes (a reset, the connection's end): that
-    /// cancels the request. A large future is best boxed where it is built ([`box_in_place`]).
+    /// stream), and drops it when the stream goes (a reset, the client's EOF, the connection's
+    /// end): that cancels the request. It never becomes a task of its own, so it runs on the
+    /// connection's worker: CPU-heavy work in it (a backend TLS handshake) is not spread over
+    /// the runtime's workers, and anything blocking in it holds every stream of the connection.
+    /// A large future is best boxed where it is built ([`box_in_place`]).
     type Future: Future<Output = (Response<Body>, Option<Self::Head>)> + Send + Unpin + 'static;
 
     /// Starts answering `request`, read at `now` (the clock reading of the batch of frames it

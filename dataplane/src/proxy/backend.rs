@@ -18,6 +18,9 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use sweety_config::{Backend, BackendProtocol, LbPolicy, Timeouts};
 
+/// Backends of at most this many endpoints pick one with bit sets, without a list.
+const PICK_SET: usize = 64;
+
 /// State of one endpoint that survives config reloads: its pool, health and load.
 #[derive(Debug)]
 pub(super) struct EndpointState {
@@ -181,6 +184,48 @@ impl BackendRt {
     /// Picks an endpoint index: weight > 0, healthy, not ejected (or all in panic mode),
     /// preferring endpoints not in `tried`.
     pub(super) fn pick(&self, tried: &[usize]) -> Option<usize> {
+        if self.endpoints.len() > PICK_SET {
+            return self.pick_listed(tried);
+        }
+        // The same choice as `pick_listed`, with the endpoint sets as bits (this runs for
+        // every proxied request; the lists cost two allocations).
+        let now = Instant::now();
+        let (mut up, mut healthy) = (0u64, 0u64);
+        for (i, e) in self.endpoints.iter().enumerate() {
+            if e.weight > 0 && e.state.hc_up.load(Ordering::Acquire) {
+                up |= 1 << i;
+                let h = e.state.health.lock().unwrap_or_else(|p| p.into_inner());
+                if !h.is_ejected(now) {
+                    healthy |= 1 << i;
+                }
+            }
+        }
+        // Panic mode: every endpoint ejected, all of them again.
+        let eligible = if healthy != 0 { healthy } else { up };
+        if eligible == 0 {
+            return None;
+        }
+        let tried = tried
+            .iter()
+            .filter(|&&i| i < PICK_SET)
+            .fold(0u64, |m, &i| m | 1 << i);
+        let pool = match eligible & !tried {
+            0 => eligible,
+            fresh => fresh,
+        };
+        let mut cands = [(0usize, 0u32); PICK_SET];
+        let mut n = 0;
+        for (i, e) in self.endpoints.iter().enumerate() {
+            if pool & (1 << i) != 0 {
+                cands[n] = (i, e.weight);
+                n += 1;
+            }
+        }
+        self.pick_among(&cands[..n])
+    }
+
+    /// [`BackendRt::pick`] with lists, for backends of more than [`PICK_SET`] endpoints.
+    pub(super) fn pick_listed(&self, tried: &[usize]) -> Option<usize> {
         let eligible = self.eligible();
         if eligible.is_empty() {
             return None;
@@ -203,10 +248,15 @@ impl BackendRt {
             .into_iter()
             .map(|i| (i, self.endpoints[i].weight))
             .collect();
+        self.pick_among(&cands)
+    }
+
+    /// The backend's policy over `cands` (`(endpoint index, weight)`, in index order).
+    fn pick_among(&self, cands: &[(usize, u32)]) -> Option<usize> {
         match self.config.lb {
-            LbPolicy::RoundRobin => self.wrr.pick(&cands),
+            LbPolicy::RoundRobin => self.wrr.pick(cands),
             LbPolicy::LeastRequest => balance::p2c(
-                &cands,
+                cands,
                 |i| self.endpoints[i].state.in_flight.load(Ordering::Acquire),
                 &mut fastrand::Rng::new(),
             ),

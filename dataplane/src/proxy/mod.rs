@@ -458,7 +458,11 @@ impl Upstreams {
                 let resp = self.fail_on(backend, &e);
                 return note(resp, tried.last().copied(), None, tries, Some(&e), None);
             };
-            tried.push(idx);
+            // Only a retry policy tries again (each `continue` below asks it): without one
+            // the list stays empty, unallocated.
+            if policy.is_some() {
+                tried.push(idx);
+            }
             tries += 1;
             if tries > 1 {
                 self.metrics.upstream_retries.inc(&backend.label);
@@ -887,5 +891,57 @@ mod tests {
         }
         // Everything tried: any eligible endpoint again.
         assert!(matches!(rt.pick(&[0, 2]), Some(0) | Some(2)));
+    }
+
+    proptest::proptest! {
+        /// The pick by bit sets chooses as the listed one: the same endpoint under round robin
+        /// (both states advance alike), one of the same candidates under least request, for
+        /// any weights (0 among them), health-check verdicts, ejections (all of them: panic
+        /// mode) and endpoints tried already.
+        #[test]
+        fn picks_by_bits_are_the_listed_ones(
+            eps in proptest::collection::vec((0u32..3, proptest::bool::ANY, proptest::bool::ANY), 1..7),
+            tried in proptest::collection::vec(0usize..7, 0..4),
+            least in proptest::bool::ANY,
+        ) {
+            let addrs: Vec<String> = (0..eps.len()).map(|i| format!("127.0.0.1:{}", 1 + i)).collect();
+            let refs: Vec<&str> = addrs.iter().map(String::as_str).collect();
+            let mut b = backend("a", &refs);
+            if least {
+                b.lb = sweety_config::LbPolicy::LeastRequest;
+            }
+            b.outlier.consecutive_failures = 1;
+            b.outlier.max_ejection_percent = 100;
+            for (i, (w, _, _)) in eps.iter().enumerate() {
+                b.endpoints[i].weight = *w;
+            }
+            let m = Arc::new(Metrics::default());
+            let bits = Upstreams::build(&[b.clone()], None, m.clone(), RA).unwrap();
+            let listed = Upstreams::build(&[b], None, m, RA).unwrap();
+            for u in [&bits, &listed] {
+                let rt = &u.backends["a"];
+                for (i, (_, down, ejected)) in eps.iter().enumerate() {
+                    rt.endpoints[i].state.hc_up.store(!down, std::sync::atomic::Ordering::Release);
+                    if *ejected {
+                        rt.record(i, false);
+                    }
+                }
+            }
+            let (a, b) = (&bits.backends["a"], &listed.backends["a"]);
+            for _ in 0..8 {
+                let x = a.pick(&tried);
+                let y = b.pick_listed(&tried);
+                if least {
+                    let eligible = b.eligible();
+                    let fresh: Vec<usize> =
+                        eligible.iter().copied().filter(|i| !tried.contains(i)).collect();
+                    let pool = if fresh.is_empty() { eligible } else { fresh };
+                    proptest::prop_assert_eq!(x.is_some(), y.is_some());
+                    proptest::prop_assert!(x.is_none_or(|i| pool.contains(&i)), "{:?} {:?}", x, pool);
+                } else {
+                    proptest::prop_assert_eq!(x, y);
+                }
+            }
+        }
     }
 }

@@ -20,6 +20,13 @@
 //! read error, the connection's end) drops its future: its backend request is cancelled with
 //! it; a panic in that drop is caught and ends only the stream.
 //!
+//! The trade-off: all of one connection's request phases (routing, the backend's dial and TLS
+//! handshake, the HTTP/1.1 exchange with it, filters) run on the worker that runs the
+//! connection's task, one after another, where tasks of their own could have been stolen by
+//! idle workers. Many connections spread over the workers as before; one connection carrying
+//! many streams (a gRPC client, a fronting balancer) is served by one worker at a time. See
+//! e2e/bench/HISTORY.md (one connection, 128 streams, two workers) for what that measured.
+//!
 //! Bounds: the read buffer holds at most one frame past `SETTINGS_MAX_FRAME_SIZE` (16 KiB);
 //! the write buffer stops taking body data at `Settings::write_buffer` (plus one frame), and
 //! the driver stops handling

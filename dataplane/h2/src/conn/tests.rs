@@ -1840,10 +1840,12 @@ async fn request_futures_run_on_the_connection_and_go_with_their_stream() {
     assert!(matches!(dropped7_rx.try_recv(), Err(TryRecvError::Closed)));
 }
 
-/// A server I/O whose reads fail (a connection reset) once `fail` is set.
+/// A server I/O whose reads fail (a connection reset) once `fail` is set, and its writes
+/// once `fail_writes` is.
 struct ResetOnRead {
     inner: tokio::io::DuplexStream,
     fail: Arc<std::sync::atomic::AtomicBool>,
+    fail_writes: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl AsyncRead for ResetOnRead {
@@ -1865,6 +1867,9 @@ impl AsyncWrite for ResetOnRead {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
+        if self.fail_writes.load(std::sync::atomic::Ordering::SeqCst) {
+            return Poll::Ready(Err(std::io::ErrorKind::BrokenPipe.into()));
+        }
         Pin::new(&mut self.inner).poll_write(cx, buf)
     }
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
@@ -1873,6 +1878,50 @@ impl AsyncWrite for ResetOnRead {
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         Pin::new(&mut self.inner).poll_shutdown(cx)
     }
+}
+
+/// A driver over [`ResetOnRead`] that has read the client's opening and `requests` (each must
+/// be waiting), with the client end and the two failure switches (reads, writes).
+async fn faulty_driver<S: H2Service>(
+    service: S,
+    edit: impl FnOnce(&mut Settings),
+    requests: &[u32],
+) -> (
+    Driver<ResetOnRead, S>,
+    tokio::io::DuplexStream,
+    Arc<std::sync::atomic::AtomicBool>,
+    Arc<std::sync::atomic::AtomicBool>,
+) {
+    use tokio::io::AsyncWriteExt;
+    let (mut c, server) = tokio::io::duplex(1 << 16);
+    let fail = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let fail_writes = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let io = ResetOnRead {
+        inner: server,
+        fail: fail.clone(),
+        fail_writes: fail_writes.clone(),
+    };
+    let (tx, stop) = tokio::sync::watch::channel(false);
+    std::mem::forget(tx);
+    let mut settings = settings();
+    edit(&mut settings);
+    let mut d = Driver::new(io, service, settings, stop);
+    let mut input = hello();
+    for &id in requests {
+        input.extend_from_slice(&request(id, true));
+    }
+    c.write_all(&input)
+        .await
+        .expect("the pipe takes the requests");
+    let mut cx = Context::from_waker(Waker::noop());
+    assert!(d.poll(&mut cx).is_pending());
+    for &id in requests {
+        assert!(
+            matches!(d.streams.get(&id).map(|s| &s.resp), Some(Resp::Running(_))),
+            "stream {id} waits"
+        );
+    }
+    (d, c, fail, fail_writes)
 }
 
 /// The client's end of the connection ends every request still waiting for its answer at
@@ -1925,24 +1974,7 @@ async fn the_clients_eof_or_read_error_drops_the_waiting_futures() {
     let (_gate_tx, gate) = channel();
     let (dropped, mut dropped_rx) = channel();
     let service = Scripted(VecDeque::from([Script::Gate(gate, dropped)]));
-    let (mut c, server) = tokio::io::duplex(1 << 16);
-    let fail = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let io = ResetOnRead {
-        inner: server,
-        fail: fail.clone(),
-    };
-    let (tx, stop) = tokio::sync::watch::channel(false);
-    let mut d = Driver::new(io, service, settings(), stop);
-    let mut input = hello();
-    input.extend_from_slice(&request(1, true));
-    c.write_all(&input)
-        .await
-        .expect("the pipe takes the request");
-    assert!(d.poll(&mut cx).is_pending());
-    assert!(matches!(
-        d.streams.get(&1).map(|s| &s.resp),
-        Some(Resp::Running(_))
-    ));
+    let (mut d, _c, fail, _) = faulty_driver(service, |_| {}, &[1]).await;
     fail.store(true, std::sync::atomic::Ordering::SeqCst);
     assert!(
         matches!(d.poll(&mut cx), Poll::Ready(Err(_))),
@@ -1953,7 +1985,6 @@ async fn the_clients_eof_or_read_error_drops_the_waiting_futures() {
         "the waiting request is cancelled on a read error"
     );
     assert!(d.streams.is_empty());
-    drop(tx);
 }
 
 /// A waiting request future is polled again only when its own waker fires: the client's
@@ -2165,4 +2196,55 @@ async fn a_drain_waits_for_the_running_future_then_ends() {
         "a clean end: {:?}",
         ended.map(|j| j.map(|r| r.map_err(|e| e.to_string())))
     );
+}
+
+/// A write error, and a keep-alive PING the client leaves unanswered, end the connection and
+/// drop the request futures still waiting at once (their backend requests are cancelled).
+#[tokio::test(start_paused = true)]
+async fn a_write_error_or_an_unanswered_ping_drops_the_waiting_futures() {
+    use tokio::io::AsyncWriteExt;
+    use tokio::sync::oneshot::{channel, error::TryRecvError};
+    let mut cx = Context::from_waker(Waker::noop());
+    // A write error, on the answer to a PING.
+    let (_gate_tx, gate) = channel();
+    let (dropped, mut dropped_rx) = channel();
+    let service = Scripted(VecDeque::from([Script::Gate(gate, dropped)]));
+    let (mut d, mut c, _, fail_writes) = faulty_driver(service, |_| {}, &[1]).await;
+    fail_writes.store(true, std::sync::atomic::Ordering::SeqCst);
+    let mut ping = BytesMut::new();
+    frame::put_ping(&mut ping, *b"12345678");
+    c.write_all(&ping).await.expect("the pipe takes the PING");
+    assert!(
+        matches!(d.poll(&mut cx), Poll::Ready(Err(_))),
+        "a write error ends the connection"
+    );
+    assert!(matches!(dropped_rx.try_recv(), Err(TryRecvError::Closed)));
+    assert!(d.streams.is_empty());
+
+    // The keep-alive PING goes unanswered (the client is silent, its side open).
+    let (_gate_tx, gate) = channel();
+    let (dropped, mut dropped_rx) = channel();
+    let service = Scripted(VecDeque::from([Script::Gate(gate, dropped)]));
+    let t = Duration::from_secs(1);
+    let edit = |s: &mut Settings| {
+        s.idle_timeout = t;
+        s.header_read_timeout = t;
+    };
+    let (mut d, _c, _, _) = faulty_driver(service, edit, &[1]).await;
+    tokio::time::sleep(t).await;
+    assert!(d.poll(&mut cx).is_pending());
+    assert!(d.ping_sent.is_some(), "the keep-alive PING went out");
+    assert!(
+        matches!(dropped_rx.try_recv(), Err(TryRecvError::Empty)),
+        "the request still waits for its answer"
+    );
+    for _ in 0..2 {
+        tokio::time::sleep(t).await;
+        let _ = d.poll(&mut cx);
+    }
+    assert!(
+        matches!(dropped_rx.try_recv(), Err(TryRecvError::Closed)),
+        "the unanswered PING ends the waiting request"
+    );
+    assert!(d.streams.is_empty());
 }
