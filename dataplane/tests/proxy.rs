@@ -945,6 +945,75 @@ async fn all_zero_weights_is_500() {
     .await;
 }
 
+/// A client's forwarding fields, repeated and in mixed case, reach an HTTP/1.1 backend as
+/// exactly one of each (ours, `X-Forwarded-For` carrying the trusted chain first) and two
+/// `Forwarded` lines (the client's, then ours); a backend's request-header filter that removes
+/// or sets one of these names still wins over the fields Sweety writes straight into the head.
+#[tokio::test]
+async fn forwarding_fields_reach_the_backend_once_and_a_backend_filter_wins() {
+    bounded(async {
+        let h = handler(|req: Request<Incoming>| async move {
+            let mut s = String::new();
+            for (k, v) in req.headers() {
+                s.push_str(&format!("{k}: {}\n", v.to_str().unwrap_or("?")));
+            }
+            Response::new(full(s))
+        });
+        let server = spawn_server(None, h).await;
+        let (u, _) = upstreams(vec![backend(
+            json!({"name": "b", "endpoints": [{"address": server.address()}]}),
+        )]);
+        let mk = || {
+            Request::builder()
+                .uri("/")
+                .header("host", "app.example")
+                .header("X-Forwarded-For", "203.0.113.1")
+                .header("x-forwarded-for", "203.0.113.2")
+                .header("X-Forwarded-Proto", "https")
+                .header("X-Forwarded-Host", "evil.example")
+                .header("X-Real-IP", "203.0.113.3")
+                .header("Forwarded", "for=203.0.113.1")
+                .body(empty())
+                .unwrap()
+        };
+        let count = |seen: &str, n: &str| {
+            seen.lines()
+                .filter(|l| l.starts_with(&format!("{n}:")))
+                .count()
+        };
+        let seen = text(
+            u.forward(mk(), &action(&[("b", 1)]), &route(json!({})), &ctx())
+                .await,
+        )
+        .await;
+        for n in [
+            "x-forwarded-for",
+            "x-forwarded-proto",
+            "x-forwarded-host",
+            "x-real-ip",
+        ] {
+            assert_eq!(count(&seen, n), 1, "{n}: {seen}");
+        }
+        assert_eq!(count(&seen, "forwarded"), 2, "{seen}");
+        assert!(
+            seen.contains("x-forwarded-for: 203.0.113.1, 203.0.113.2, 192.0.2.9\n"),
+            "{seen}"
+        );
+        assert!(seen.contains("x-forwarded-host: app.example\n"), "{seen}");
+        assert!(seen.contains("x-real-ip: 192.0.2.9\n"), "{seen}");
+        let a: ProxyAction = serde_json::from_value(json!({"backends": [{"backend": "b",
+            "filters": [{"request_headers": {"remove": ["x-forwarded-for", "forwarded"],
+                "set": [{"name": "x-real-ip", "value": "1.1.1.1"}]}}]}]}))
+        .unwrap();
+        let seen = text(u.forward(mk(), &a, &route(json!({})), &ctx()).await).await;
+        assert_eq!(count(&seen, "x-forwarded-for"), 0, "{seen}");
+        assert_eq!(count(&seen, "forwarded"), 0, "{seen}");
+        assert_eq!(count(&seen, "x-real-ip"), 1, "{seen}");
+        assert!(seen.contains("x-real-ip: 1.1.1.1\n"), "{seen}");
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn hop_by_hop_stripped_and_forwarding_headers_set() {
     bounded(async {

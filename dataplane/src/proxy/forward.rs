@@ -180,18 +180,20 @@ pub fn forwarded_element(client: IpAddr, proto: &str, host: Option<&str>) -> Str
 
 /// [`forwarded_element`] of a client address written already (`ip`, [`client_text`]).
 fn forwarded_for(ip: &str, v6: bool, proto: &str, host: Option<&str>) -> String {
-    let mut s = String::with_capacity(
+    let mut s = Vec::with_capacity(
         "for=\"[]\";proto=;host=\"\"".len() + ip.len() + proto.len() + host.map_or(0, str::len),
     );
-    // Every piece is ASCII text (the address, the scheme, a host `to_str` accepted).
     put_forwarded(
-        &mut |b: &[u8]| s.push_str(std::str::from_utf8(b).unwrap_or_default()),
+        &mut |b: &[u8]| s.extend_from_slice(b),
         ip.as_bytes(),
         v6,
         proto,
         host,
     );
-    s
+    // The pieces are the address's text, `proto`, `host` and ASCII punctuation, each `host`
+    // piece cut at an ASCII octet (`put_token_or_quoted`): the whole is UTF-8, checked once
+    // here rather than once per piece (eight checks per proxied request to an HTTP/2 backend).
+    String::from_utf8(s).unwrap_or_default()
 }
 
 /// The pieces of [`forwarded_for`]'s element, in order, into `put`.

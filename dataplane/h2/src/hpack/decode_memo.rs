@@ -10,7 +10,9 @@
 //! [`super::literal_cache::cacheable`] names are kept (no cookie, credential or location:
 //! nothing secret stays around), per connection (nothing crosses connections), in
 //! [`SLOTS`] slots of at most [`MAX_CODED`] coded octets, allocated at the first such value
-//! (a connection that never gets one, a client's, holds nothing).
+//! (a connection that never gets one holds nothing). The server's decoder of client requests
+//! has one too: a client that sends a kept name (`cache-control`, `content-type`, `via`)
+//! Huffman-coded makes its connection hold the one fixed box (~350 octets), bounded as above.
 
 /// Values kept per connection (the usual response has three such Huffman-coded values).
 pub(crate) const SLOTS: usize = 4;
