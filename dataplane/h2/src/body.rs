@@ -118,7 +118,7 @@ pub struct RecvShared {
     notify_at: usize,
 }
 
-/// DATA payloads smaller than this are copied into a shared chunk ([`RecvState::tail`])
+/// DATA payloads smaller than this are copied into a shared chunk (`RecvState::tail`)
 /// rather than queued as their own slice of the connection's read buffer: each slice keeps
 /// its whole read buffer alive (~16 KiB), and each queued chunk costs its own bookkeeping, so
 /// 1-byte DATA frames would hold far more memory than the window they use. Larger payloads

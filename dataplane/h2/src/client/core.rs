@@ -1,7 +1,7 @@
 //! The state of one client connection without its transport: what the backend's bytes do to
 //! the streams (frames, HPACK, response heads, bodies, trailers, windows, SETTINGS, PING,
 //! GOAWAY, RST_STREAM) and the bytes we owe it in return. The connection task
-//! ([`super::Task`]) feeds it what it reads and writes what it queues; requests and response
+//! ([`super::Connection`]) feeds it what it reads and writes what it queues; requests and response
 //! bodies ([`super::SendRequest`], [`super::ResponseBody`]) open, read and cancel streams in
 //! it under the connection's lock. Kept apart from I/O so that the fuzz target can drive it
 //! with any bytes, whole or split, and compare.

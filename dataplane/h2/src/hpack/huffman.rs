@@ -2,7 +2,7 @@
 //! decoder.
 //!
 //! The code is canonical, so only the code length of each symbol is written down here
-//! ([`LENS`], transcribed from Appendix B); the codes themselves and the decoder's state
+//! (`LENS`, transcribed from Appendix B); the codes themselves and the decoder's state
 //! machine are computed at compile time by `const fn`s. The decoder consumes four bits per
 //! step: its state is an internal node of the code tree (257 leaves, so 256 internal nodes,
 //! which fits a `u8`), and each of the 256 × 16 transitions says where the walk ends up,
