@@ -811,33 +811,17 @@ mod tests {
         /// proxy's `X-Forwarded-*`, `X-Real-IP` and `Forwarded`).
         #[test]
         fn forwarding_lines_are_the_map_fields(
-            v4 in proptest::prelude::any::<[u8; 4]>(),
-            v6 in proptest::prelude::any::<[u16; 8]>(),
-            kind in 0u8..3,
+            client in clients(),
             scheme in proptest::sample::select(vec!["http", "https", "h t"]),
-            host in proptest::option::of(proptest::collection::vec(
-                proptest::sample::select(b"aZ09.-:[]\"\\ ;,=\x80\xff".to_vec()), 0..12)),
-            prior in proptest::collection::vec(
-                proptest::sample::select(vec!["", " 10.0.0.1 ", "a, b", "\u{7f}"]), 0..3),
+            host in hosts(),
+            prior in priors(),
             others in proptest::collection::vec(
                 proptest::sample::select(vec![
                     "x-forwarded-proto", "x-forwarded-host", "x-real-ip", "forwarded",
                     "x-forwarded-port", "x-other",
                 ]), 0..4),
         ) {
-            let client = match kind {
-                0 => IpAddr::from(v4),
-                1 => IpAddr::from(v6),
-                _ => IpAddr::V6(std::net::Ipv4Addr::from(v4).to_ipv6_mapped()),
-            };
-            let host = host.and_then(|h| HeaderValue::from_bytes(&h).ok());
-            let mut start = HeaderMap::new();
-            start.insert(header::HOST, HeaderValue::from_static("a.test"));
-            for p in &prior {
-                if let Ok(v) = HeaderValue::from_str(p) {
-                    start.append(&X_FORWARDED_FOR, v);
-                }
-            }
+            let mut start = start_map(&prior);
             for (i, n) in others.iter().enumerate() {
                 start.append(
                     HeaderName::from_static(n),
@@ -858,6 +842,53 @@ mod tests {
         }
     }
 
+    /// The client addresses the forwarding proptests draw: IPv4, IPv6 and IPv4-mapped IPv6.
+    fn clients() -> impl proptest::strategy::Strategy<Value = IpAddr> {
+        use proptest::strategy::Strategy;
+        (
+            proptest::prelude::any::<[u8; 4]>(),
+            proptest::prelude::any::<[u16; 8]>(),
+            0u8..3,
+        )
+            .prop_map(|(v4, v6, kind)| match kind {
+                0 => IpAddr::from(v4),
+                1 => IpAddr::from(v6),
+                _ => IpAddr::V6(std::net::Ipv4Addr::from(v4).to_ipv6_mapped()),
+            })
+    }
+
+    /// Hosts of tokens, quoting-worthy octets and obs-text (none where the octets are no
+    /// field value).
+    fn hosts() -> impl proptest::strategy::Strategy<Value = Option<HeaderValue>> {
+        use proptest::strategy::Strategy;
+        proptest::option::of(proptest::collection::vec(
+            proptest::sample::select(b"aZ09.-:[]\"\\ ;,=\x80\xff".to_vec()),
+            0..12,
+        ))
+        .prop_map(|h| h.and_then(|h| HeaderValue::from_bytes(&h).ok()))
+    }
+
+    /// A trusted proxy's `X-Forwarded-For` values: empty, padded, a list, an invalid octet.
+    fn priors() -> impl proptest::strategy::Strategy<Value = Vec<&'static str>> {
+        proptest::collection::vec(
+            proptest::sample::select(vec!["", " 10.0.0.1 ", "a, b", "\u{7f}"]),
+            0..3,
+        )
+    }
+
+    /// A request's map before the forwarding fields: a Host and the `prior` values (those
+    /// that are field values) as `X-Forwarded-For`.
+    fn start_map(prior: &[&str]) -> HeaderMap {
+        let mut start = HeaderMap::new();
+        start.insert(header::HOST, HeaderValue::from_static("a.test"));
+        for p in prior {
+            if let Ok(v) = HeaderValue::from_str(p) {
+                start.append(&X_FORWARDED_FOR, v);
+            }
+        }
+        start
+    }
+
     /// The fields by name (stable: each name's values keep their order).
     fn fields_of(h: &HeaderMap) -> Vec<(String, Vec<u8>)> {
         let mut f: Vec<_> = h
@@ -873,28 +904,12 @@ mod tests {
         /// IPv6, IPv4-mapped), scheme, host (tokens, quoted, obs-text) and prior fields.
         #[test]
         fn forwarding_fields_are_the_reference_ones(
-            v4 in proptest::prelude::any::<[u8; 4]>(),
-            v6 in proptest::prelude::any::<[u16; 8]>(),
-            kind in 0u8..3,
+            client in clients(),
             scheme in proptest::sample::select(vec!["http", "https", "h t"]),
-            host in proptest::option::of(proptest::collection::vec(
-                proptest::sample::select(b"aZ09.-:[]\"\\ ;,=\x80\xff".to_vec()), 0..12)),
-            prior in proptest::collection::vec(
-                proptest::sample::select(vec!["", " 10.0.0.1 ", "a, b", "\u{7f}"]), 0..3),
+            host in hosts(),
+            prior in priors(),
         ) {
-            let client = match kind {
-                0 => IpAddr::from(v4),
-                1 => IpAddr::from(v6),
-                _ => IpAddr::V6(std::net::Ipv4Addr::from(v4).to_ipv6_mapped()),
-            };
-            let host = host.and_then(|h| HeaderValue::from_bytes(&h).ok());
-            let mut start = HeaderMap::new();
-            start.insert(header::HOST, HeaderValue::from_static("a.test"));
-            for p in &prior {
-                if let Ok(v) = HeaderValue::from_str(p) {
-                    start.append(&X_FORWARDED_FOR, v);
-                }
-            }
+            let mut start = start_map(&prior);
             start.insert(&X_FORWARDED_HOST, HeaderValue::from_static("old"));
             let (mut ours, mut reference) = (start.clone(), start);
             add_forwarding_headers(&mut ours, client, scheme, host.as_ref());
