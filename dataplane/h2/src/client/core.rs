@@ -542,6 +542,14 @@ impl Core {
         id.is_multiple_of(2) || id >= self.next_id
     }
 
+    /// Whether all of stream `i`'s HEADERS reached the transport. Until then the stream is
+    /// idle for the backend (RFC 9113 §5.1): any frame of its on the stream but PRIORITY
+    /// (HEADERS, DATA, WINDOW_UPDATE, RST_STREAM) is a connection error of type
+    /// PROTOCOL_ERROR, which also refuses the stream (its HEADERS are cut from the output).
+    fn sent(&self, i: usize) -> bool {
+        self.streams[i].headers_end <= self.written_total
+    }
+
     fn wake_task(&mut self) {
         if let Some(w) = self.task_waker.take() {
             w.wake();
@@ -1295,10 +1303,9 @@ impl Core {
         let Some(i) = self.find(head.stream) else {
             return self.glitch();
         };
-        if self.streams[i].headers_end > self.written_total {
-            // Its HEADERS have not all reached the transport: for the backend the stream is
-            // still idle (RFC 9113 §5.1), it cannot have refused it. Taken as a refusal, the
-            // request would go elsewhere and then be written here all the same.
+        if !self.sent(i) {
+            // Taken as a refusal, the request would go elsewhere and then be written here all
+            // the same.
             return Err(Err::Conn(
                 Reason::PROTOCOL_ERROR,
                 "RST_STREAM on a stream not yet sent",
@@ -1355,6 +1362,12 @@ impl Core {
         let Some(i) = self.find(head.stream) else {
             return self.glitch();
         };
+        if !self.sent(i) {
+            return Err(Err::Conn(
+                Reason::PROTOCOL_ERROR,
+                "WINDOW_UPDATE on a stream not yet sent",
+            ));
+        }
         if self.streams[i].fault.is_some() {
             // A stream that already failed (reset, kept for its handle): nothing to do, and
             // no reset reflected per frame.
@@ -1418,6 +1431,12 @@ impl Core {
             }
             return Ok(());
         };
+        if !self.sent(i) {
+            return Err(Err::Conn(
+                Reason::PROTOCOL_ERROR,
+                "DATA on a stream not yet sent",
+            ));
+        }
         let s = &mut self.streams[i];
         if s.recv != Recv::Body {
             self.conn_unreleased = self.conn_unreleased.saturating_add(len as u32);
@@ -1552,6 +1571,12 @@ impl Core {
 
     fn on_block(&mut self, id: u32, end: bool, block: &[u8]) -> FResult {
         let i = self.find(id);
+        if i.is_some_and(|i| !self.sent(i)) {
+            return Err(Err::Conn(
+                Reason::PROTOCOL_ERROR,
+                "HEADERS on a stream not yet sent",
+            ));
+        }
         let trailers = i.is_some_and(|i| !matches!(self.streams[i].recv, Recv::Head { .. }));
         let live = i.is_some_and(|i| self.streams[i].fault.is_none());
         let mut h = ResponseBlock::default();
