@@ -199,7 +199,9 @@ pub(crate) struct Stream {
     pending: Bytes,
     /// The body ended (after `pending`, and `pending_trailers` if any).
     body_end: bool,
-    pending_trailers: Option<HeaderMap>,
+    /// Boxed, as `trailers`: rare, and a map is 96 octets of every stream otherwise (the
+    /// streams are pushed and swap-removed whole, one per request).
+    pending_trailers: Option<Box<HeaderMap>>,
     /// END_STREAM (or RST_STREAM) queued.
     send_done: bool,
     /// The request's `content-length`, counted down as data goes.
@@ -218,7 +220,7 @@ pub(crate) struct Stream {
     unreleased: u32,
     data: VecDeque<Bytes>,
     queued: usize,
-    trailers: Option<HeaderMap>,
+    trailers: Option<Box<HeaderMap>>,
     /// The body's length must be this (`content-length`; 0 for HEAD, 204, 304).
     expect_len: Option<u64>,
     received: u64,
@@ -240,7 +242,11 @@ pub enum HeadPoll {
     /// The final head; the body follows on the stream.
     Ready(http::response::Parts),
     /// The final head and the whole body (data, trailers): the stream is closed and gone.
-    Whole(http::response::Parts, VecDeque<Bytes>, Option<HeaderMap>),
+    Whole(
+        http::response::Parts,
+        VecDeque<Bytes>,
+        Option<Box<HeaderMap>>,
+    ),
     /// The stream failed: the error, the body if it can be sent again, and whether the
     /// connection closed before any response (`closed_before_response`).
     Failed(H2Error, Option<Body>, bool),
@@ -718,7 +724,7 @@ impl Core {
         }
         if s.recv == Recv::Done {
             if let Some(t) = s.trailers.take() {
-                return Poll::Ready(Some(Ok(http_body::Frame::trailers(t))));
+                return Poll::Ready(Some(Ok(http_body::Frame::trailers(*t))));
             }
             return Poll::Ready(None);
         }
@@ -859,7 +865,7 @@ impl Core {
                         let mut block = std::mem::take(&mut self.block);
                         block.clear();
                         self.encoder.begin_block(&mut block);
-                        for (n, v) in &t {
+                        for (n, v) in t.iter() {
                             if !crate::conn_headers::may_strip(n)
                                 && !crate::conn_headers::forbidden_trailer(n)
                             {
@@ -929,7 +935,11 @@ impl Core {
                             if s.length_left.is_some_and(|l| l != 0) {
                                 return self.fail_request(i, StreamFault::RequestLength);
                             }
-                            s.pending_trailers = f.into_trailers().ok().filter(|t| !t.is_empty());
+                            s.pending_trailers = f
+                                .into_trailers()
+                                .ok()
+                                .filter(|t| !t.is_empty())
+                                .map(Box::new);
                         }
                     }
                 }
@@ -1695,7 +1705,7 @@ impl Core {
                 for n in forbidden {
                     t.remove(n);
                 }
-                s.trailers = Some(t);
+                s.trailers = Some(Box::new(t));
                 s.recv = Recv::Done;
             }
             Recv::Done => {

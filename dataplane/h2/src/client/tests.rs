@@ -1403,3 +1403,12 @@ async fn whole_responses_credit_the_connection_window() {
     peer.headers(id, &[(":status", "204")], true).await;
     assert_eq!(respond(f).await.unwrap().status(), 204);
 }
+
+/// A stream is pushed whole when its request opens and the last one moved into its place
+/// when it goes (`Core::remove`), once per request: it stays small. The trailer maps (96
+/// octets each, rarely used) are boxed; 544 octets with them inline.
+#[test]
+fn a_stream_stays_small() {
+    let size = std::mem::size_of::<core::Stream>();
+    assert!(size <= 384, "client Stream: {size} octets");
+}
