@@ -37,6 +37,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
             stop_seen: false,
             signal: Arc::new(Signal::default()),
             ready: Vec::new(),
+            spare_wakers: Default::default(),
             read_buf: BytesMut::with_capacity(READ_CHUNK),
             out: VecDeque::new(),
             out_len: 0,

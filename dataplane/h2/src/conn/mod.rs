@@ -240,6 +240,8 @@ struct Driver<I, S: H2Service> {
     stop_seen: bool,
     signal: Arc<Signal>,
     ready: Vec<u32>,
+    /// Wakers of closed streams for the next ones.
+    spare_wakers: streams::Spares,
 
     read_buf: BytesMut,
     /// The output, in order: `out` (frozen frame bytes split off `write_buf`, and DATA payloads

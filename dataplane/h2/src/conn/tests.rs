@@ -2328,3 +2328,36 @@ async fn answers_made_ready_by_futures_that_spent_the_budget_are_written_in_that
     }
     assert!(answered, "no HEADERS for stream 1 in the poll's output");
 }
+
+/// A closed stream's waker is kept for the next stream only when nothing else holds it: a
+/// clone still held (by a backend, a body) could otherwise wake the stream that reuses it.
+/// A kept one becomes the next stream's, with its id, and wakes that stream.
+#[test]
+fn only_wakers_nothing_else_holds_are_reused() {
+    use super::streams::Spares;
+    let signal = Arc::new(Signal::default());
+    let mut spares = Spares::default();
+    let held = Arc::new(StreamWaker {
+        signal: signal.clone(),
+        id: 1,
+    });
+    let clone = Waker::from(held.clone());
+    spares.keep(Some(held));
+    assert!(
+        spares.take(3).is_none(),
+        "a waker with a clone left is not kept"
+    );
+    drop(clone);
+    let unique = Arc::new(StreamWaker {
+        signal: signal.clone(),
+        id: 5,
+    });
+    spares.keep(Some(unique));
+    let reused = spares.take(7).expect("kept");
+    assert_eq!(reused.id, 7);
+    Waker::from(reused).wake();
+    let mut ready = Vec::new();
+    signal.take(&mut ready, Waker::noop());
+    assert_eq!(ready, [7]);
+    assert!(spares.take(9).is_none(), "one spare, taken");
+}
