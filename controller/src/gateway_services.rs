@@ -34,7 +34,7 @@
 //!
 //! Ownership is by label: `app.kubernetes.io/managed-by: sweety`, the Gateway's namespace and
 //! name labels (values longer than 63 characters are shortened with a hash suffix) and
-//! [`OWNER_LABEL`](crate::labels::OWNER_LABEL) = the controller's namespace (so two installations never delete each other's
+//! [`crate::labels::OWNER_LABEL`] = the controller's namespace (so two installations never delete each other's
 //! objects). The Service also carries the standard `gateway.networking.k8s.io/gateway-name`
 //! label and the Gateway's `spec.infrastructure` labels and annotations (e.g. load-balancer
 //! annotations of a cloud provider); ours win where a key clashes. The EndpointSlices carry

@@ -5,7 +5,7 @@
 //! name, and writes nothing.
 //!
 //! The verdicts come from the translator itself: the row of
-//! [`nginx::ANNOTATIONS`](crate::translate::ingress::nginx::ANNOTATIONS) (the table the
+//! [`crate::translate::ingress::nginx::ANNOTATIONS`] (the table the
 //! translator's fail-closed rule and the docs use) plus what
 //! `Annotations::parse` reports for this Ingress's values (an invalid value, a missing Secret:
 //! that annotation then fails closed here too).

@@ -9,7 +9,7 @@
 //! * On connect the dataplane sends `Hello` with the generation and content hash it runs, so a
 //!   controller can skip a resend or resend after a dataplane restart.
 //! * This module only frames: it decodes `Apply` and `ApplyDelta` into a
-//!   [`Change`](crate::reload::Change), hands it to [`Runtime::apply`] (which validates,
+//!   [`crate::reload::Change`], hands it to [`Runtime::apply`] (which validates,
 //!   builds and swaps, and keeps the base of the next delta) and answers `Ack`, or `Nack`
 //!   with every error (with its path); on any error the last good config keeps serving.
 //! * `ApplyDelta` names its base generation: it applies onto the config last pushed here

@@ -91,7 +91,7 @@ impl std::fmt::Debug for ExtAuthRules {
 #[derive(Debug)]
 pub enum Decision {
     /// The request passes (its headers already carry what the answer granted); these
-    /// `Set-Cookie` values go to the client with the response ([`Decision::set_cookies`]).
+    /// `Set-Cookie` values go to the client with the response ([`Allowed::set_cookies`]).
     Allow(Allowed),
     /// The request is answered with this response (401, 302, 403, 500, 503).
     Deny(Response<Body>),

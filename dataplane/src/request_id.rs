@@ -3,7 +3,7 @@
 //!
 //! An id from the client is kept only when the peer is a trusted proxy (the
 //! `client_ip.trusted_proxies` that also decide `X-Forwarded-For`, see
-//! [`crate::access::ClientIp`]) and the id is 1 to [`MAX_LEN`] bytes of a small charset
+//! [`crate::access::ClientIpRules`]) and the id is 1 to [`MAX_LEN`] bytes of a small charset
 //! ([`valid`]); any other incoming id is **replaced**, like Envoy's default
 //! (`preserve_external_request_id: false`): an untrusted client must not choose the id under
 //! which its request appears in our logs and the backend's (it could reuse another request's

@@ -47,32 +47,45 @@ impl SendBuffer {
         range.start = base_offset.max(range.start);
         range.end = base_offset.max(range.end);
 
+        // Sweety patch (vendor/README.md): an acknowledgement of the oldest unacknowledged
+        // data, with no other range waiting (the usual, in-order case), is discarded at once,
+        // not inserted into `acks` and popped again (a B-tree node allocated and freed for
+        // every acknowledged STREAM frame).
+        if self.acks.is_empty() && range.start == base_offset {
+            self.discard_front((range.end - range.start) as usize);
+            return;
+        }
+
         self.acks.insert(range);
 
         while self.acks.min() == Some(self.offset - self.unacked_len as u64) {
             let prefix = self.acks.pop_min().unwrap();
-            let mut to_advance = (prefix.end - prefix.start) as usize;
+            self.discard_front((prefix.end - prefix.start) as usize);
+        }
+    }
 
-            self.unacked_len -= to_advance;
-            while to_advance > 0 {
-                let front = self
-                    .unacked_segments
-                    .front_mut()
-                    .expect("Expected buffered data");
+    /// Sweety patch (vendor/README.md): drops `to_advance` acknowledged bytes from the front
+    /// (the loop `ack` ran inline before).
+    fn discard_front(&mut self, mut to_advance: usize) {
+        self.unacked_len -= to_advance;
+        while to_advance > 0 {
+            let front = self
+                .unacked_segments
+                .front_mut()
+                .expect("Expected buffered data");
 
-                if front.len() <= to_advance {
-                    to_advance -= front.len();
-                    self.unacked_segments.pop_front();
-                    self.front_trimmed = 0;
+            if front.len() <= to_advance {
+                to_advance -= front.len();
+                self.unacked_segments.pop_front();
+                self.front_trimmed = 0;
 
-                    if self.unacked_segments.len() * 4 < self.unacked_segments.capacity() {
-                        self.unacked_segments.shrink_to_fit();
-                    }
-                } else {
-                    front.advance(to_advance);
-                    self.front_trimmed += to_advance;
-                    to_advance = 0;
+                if self.unacked_segments.len() * 4 < self.unacked_segments.capacity() {
+                    self.unacked_segments.shrink_to_fit();
                 }
+            } else {
+                front.advance(to_advance);
+                self.front_trimmed += to_advance;
+                to_advance = 0;
             }
         }
     }
