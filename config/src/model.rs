@@ -1035,6 +1035,13 @@ pub struct Limits {
     /// data. Default 128 KiB (one 128 KiB chunk; HTTP/1.1 reads files in such chunks).
     #[serde(skip_serializing_if = "crate::is_default_static_read_ahead")]
     pub static_read_ahead: u32,
+    /// Bytes of static files all connections together may hold read ahead of their clients
+    /// in `static_read_ahead`'s chunks (16384 to 16 GiB). Past it, a stream reads 16 KiB at a
+    /// time outside it, as past its connection's `static_read_ahead`, so the file data held
+    /// is at most this plus 16 KiB per stream reading, however many connections there are.
+    /// Default 16 MiB.
+    #[serde(skip_serializing_if = "crate::is_default_static_read_ahead_total")]
+    pub static_read_ahead_total: u64,
     /// Bytes of a proxied response one backend connection or stream may read ahead of the
     /// client (8192 to 16 MiB): an HTTP/1.1 backend connection's read buffer (so also the
     /// largest response head a backend may send) and an HTTP/2 backend stream's flow-control
@@ -1126,6 +1133,7 @@ impl Default for Limits {
             http1_engine: Http1Engine::default(),
             http2_client: Http2Client::default(),
             static_read_ahead: crate::DEFAULT_STATIC_READ_AHEAD,
+            static_read_ahead_total: crate::DEFAULT_STATIC_READ_AHEAD_TOTAL,
             proxy_read_ahead: crate::DEFAULT_PROXY_READ_AHEAD,
             http2_write_buffer: crate::DEFAULT_HTTP2_WRITE_BUFFER,
         }

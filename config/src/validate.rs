@@ -1370,6 +1370,15 @@ impl<'a> Validator<'a> {
                 self.err(format!("limits.{field}"), msg);
             }
         }
+        let total = l.static_read_ahead_total;
+        let (min, max) = (
+            u64::from(crate::MIN_STATIC_READ_AHEAD),
+            crate::MAX_STATIC_READ_AHEAD_TOTAL,
+        );
+        if !(min..=max).contains(&total) {
+            let msg = format!("must be between {min} and {max}, got {total}");
+            self.err("limits.static_read_ahead_total", msg);
+        }
     }
 }
 
@@ -3413,6 +3422,18 @@ access_log: {enabled: true, path: /var/log/sweety/access.log, buffer_lines: 1024
             |c| c.limits.static_read_ahead = 16 * 1024 * 1024 + 1,
             "limits.static_read_ahead",
             "must be between 16384 and 16777216, got 16777217",
+        );
+        expect_one(
+            |c| c.limits.static_read_ahead_total = 16383,
+            "limits.static_read_ahead_total",
+            "must be between 16384 and 17179869184, got 16383",
+        );
+        expect_ok(|c| c.limits.static_read_ahead_total = 16384);
+        expect_ok(|c| c.limits.static_read_ahead_total = 16 << 30);
+        expect_one(
+            |c| c.limits.static_read_ahead_total = (16 << 30) + 1,
+            "limits.static_read_ahead_total",
+            "must be between 16384 and 17179869184, got 17179869185",
         );
         expect_one(
             |c| c.limits.proxy_read_ahead = 8191,
