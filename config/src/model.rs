@@ -1159,12 +1159,14 @@ pub enum Congestion {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Http3 {
-    /// Concurrent request streams (bidirectional) a client may open per connection.
+    /// Concurrent request streams (bidirectional) a client may open per connection (64: quinn
+    /// keeps a few hundred bytes of receive state for each once used).
     pub max_concurrent_bidi_streams: u32,
     /// Flow-control window of one request stream, bytes (how much request body a client may
-    /// send ahead of the server reading it).
+    /// send ahead of the server reading it; 256 KiB, as Sweety's HTTP/2 engine).
     pub stream_receive_window: u32,
-    /// Flow-control window of a whole connection, bytes.
+    /// Flow-control window of a whole connection, bytes: the most request body quinn buffers
+    /// for one connection (1 MiB, as Sweety's HTTP/2 engine).
     pub connection_receive_window: u32,
     /// Bytes of response data buffered per connection ahead of the client's acknowledgements:
     /// the per-connection memory budget for responses (memory scales with connections × this).
@@ -1204,11 +1206,11 @@ pub struct Http3 {
 impl Default for Http3 {
     fn default() -> Self {
         Http3 {
-            max_concurrent_bidi_streams: 128,
-            stream_receive_window: 1024 * 1024,
-            connection_receive_window: 4 * 1024 * 1024,
+            max_concurrent_bidi_streams: 64,
+            stream_receive_window: 256 * 1024,
+            connection_receive_window: 1024 * 1024,
             send_window: 512 * 1024,
-            send_budget: 16 * 1024 * 1024,
+            send_budget: 8 * 1024 * 1024,
             congestion: Congestion::Cubic,
             initial_mtu: 1200,
             mtu_discovery_upper_bound: 1452,

@@ -3480,7 +3480,7 @@ access_log: {enabled: true, path: /var/log/sweety/access.log, buffer_lines: 1024
         expect_one(
             |c| c.http3.connection_receive_window = 64 * 1024,
             "http3.connection_receive_window",
-            "must be at least stream_receive_window (1048576), got 65536",
+            "must be at least stream_receive_window (262144), got 65536",
         );
         expect_one(
             |c| c.http3.alt_svc_max_age = Duration::from_millis(10),
@@ -3523,7 +3523,7 @@ access_log: {enabled: true, path: /var/log/sweety/access.log, buffer_lines: 1024
         assert_eq!(cfg.http3.congestion, Congestion::NewReno);
         assert!(cfg.http3.early_data);
         assert_eq!(cfg.http3.stream_receive_window, 65536);
-        assert_eq!(cfg.http3.max_concurrent_bidi_streams, 128);
+        assert_eq!(cfg.http3.max_concurrent_bidi_streams, 64);
     }
 
     #[test]
