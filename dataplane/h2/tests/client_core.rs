@@ -263,3 +263,83 @@ fn a_reset_of_a_stream_not_yet_sent_is_a_connection_error() {
     assert!(!kinds.iter().any(|k| k.1 == 3), "{kinds:?}");
     assert_eq!(kinds.last(), Some(&(7, 0)), "{kinds:?}");
 }
+
+/// Any frame but PRIORITY on a stream whose HEADERS are still queued breaks RFC 9113 §5.1 as a
+/// RST_STREAM does (the stream is idle for the backend): DATA, HEADERS (a response to a request
+/// it cannot have read) and WINDOW_UPDATE end the connection with PROTOCOL_ERROR, and the
+/// unsent stream is refused with its body handed back and its HEADERS cut from the output.
+/// PRIORITY is allowed on an idle stream and changes nothing. Without the check, DATA failed
+/// only the stream, and HEADERS and WINDOW_UPDATE were taken.
+#[test]
+fn frames_on_a_stream_not_yet_sent_are_a_connection_error_but_priority() {
+    use http::{HeaderMap, Method};
+    use std::task::{Context, Waker};
+    use std::time::Instant;
+    use sweety_h2::client::core::{Core, Fault, HeadPoll, RequestHead};
+    use sweety_h2::frame::Reason;
+    let none = HeaderMap::new();
+    let req = RequestHead {
+        method: &Method::GET,
+        scheme: "http",
+        authority: b"backend.test",
+        path: "/",
+        headers: &none,
+    };
+    // Stream 1 written, stream 3 queued behind it; then `frame` on stream 3.
+    let run = |frame: Vec<u8>| {
+        let mut core = Core::new(harness::CONFIG);
+        core.open(&req, sweety_h2::empty()).unwrap();
+        drop(core.take_output());
+        core.open(&req, sweety_h2::empty()).unwrap();
+        let mut input = harness::preface();
+        input.extend(frame);
+        core.feed(&input);
+        core.process(Some(Instant::now()));
+        core
+    };
+    let cases = [
+        ("DATA", raw_frame(0, 0, 3, b"x")),
+        // `:status: 200` (static index 8), END_HEADERS.
+        ("HEADERS", raw_frame(1, 4, 3, &[0x88])),
+        ("WINDOW_UPDATE", raw_frame(8, 0, 3, &100u32.to_be_bytes())),
+    ];
+    for (what, frame) in cases {
+        let mut core = run(frame);
+        assert!(
+            matches!(core.fault(), Some(Fault::Local(r, _)) if *r == Reason::PROTOCOL_ERROR),
+            "{what}: {:?}",
+            core.fault()
+        );
+        let mut cx = Context::from_waker(Waker::noop());
+        assert!(
+            matches!(
+                core.poll_head(3, &mut cx),
+                HeadPoll::Failed(sweety_h2::H2Error::Refused, Some(_), true)
+            ),
+            "{what}"
+        );
+        let out = core.take_output();
+        let mut rest = &out[..];
+        while rest.len() >= 9 {
+            let len = u32::from_be_bytes([0, rest[0], rest[1], rest[2]]) as usize;
+            let stream = u32::from_be_bytes([rest[5], rest[6], rest[7], rest[8]]);
+            assert_ne!(stream, 3, "{what}: stream 3's frames went out: {out:02x?}");
+            rest = &rest[9 + len..];
+        }
+    }
+    // PRIORITY (exclusive off, depends on 0, weight 16): no fault, stream 3 waits on.
+    let mut core = run(raw_frame(2, 0, 3, &[0, 0, 0, 0, 15]));
+    assert!(core.fault().is_none(), "{:?}", core.fault());
+    let mut cx = Context::from_waker(Waker::noop());
+    assert!(matches!(core.poll_head(3, &mut cx), HeadPoll::Pending));
+    let out = core.take_output();
+    let mut rest = &out[..];
+    let mut headers_3 = false;
+    while rest.len() >= 9 {
+        let len = u32::from_be_bytes([0, rest[0], rest[1], rest[2]]) as usize;
+        let stream = u32::from_be_bytes([rest[5], rest[6], rest[7], rest[8]]);
+        headers_3 |= rest[3] == 1 && stream == 3;
+        rest = &rest[9 + len..];
+    }
+    assert!(headers_3, "stream 3's HEADERS still go: {out:02x?}");
+}

@@ -344,20 +344,14 @@ impl BackendRt {
                 *t = None;
                 Instant::now()
             });
-            let conn =
-                match tokio::time::timeout(connect_limit, ep.pool.acquire(addr, &self.connector))
-                    .await
-                {
-                    Err(_) => {
-                        let e = ProxyError::ConnectTimeout {
-                            addr: addr.to_string(),
-                            after: connect_limit,
-                        };
-                        return (Err(e), Some(body));
-                    }
-                    Ok(Err(e)) => return (Err(e), Some(body)),
-                    Ok(Ok(c)) => c,
-                };
+            let conn = match ep
+                .pool
+                .acquire_within(addr, &self.connector, Some(connect_limit))
+                .await
+            {
+                Err(e) => return (Err(e), Some(body)),
+                Ok(c) => c,
+            };
             if let (Some(t), Some(since)) = (connect_time.as_deref_mut(), connecting) {
                 *t = Some(since.elapsed());
             }

@@ -35,6 +35,18 @@ pub enum ProxyError {
         /// The limit that elapsed.
         after: Duration,
     },
+    /// The HTTP/2 connection this request waited for, which another request was opening for
+    /// both, failed (`after` none) or was not open within this request's connect timeout
+    /// (`after`). No byte of the request was sent. The endpoint's failure is counted once,
+    /// on the request that opened the connection, so this one never counts towards outlier
+    /// ejection.
+    #[error("connect to {addr} failed: the connection this request waited for did not open")]
+    ConnectWaited {
+        /// Endpoint address.
+        addr: String,
+        /// The limit that elapsed, when it was the wait that ended it.
+        after: Option<Duration>,
+    },
     /// The TLS handshake failed (certificate not trusted, wrong name, no common ALPN…).
     #[error("TLS handshake with {addr} failed")]
     Tls {
@@ -90,7 +102,9 @@ impl ProxyError {
     pub fn metrics_label(&self) -> &'static str {
         match self {
             ProxyError::Connect { .. } => "connect",
-            ProxyError::ConnectTimeout { .. } => "connect_timeout",
+            ProxyError::ConnectTimeout { .. }
+            | ProxyError::ConnectWaited { after: Some(_), .. } => "connect_timeout",
+            ProxyError::ConnectWaited { after: None, .. } => "connect",
             ProxyError::Tls { .. } => "tls",
             ProxyError::Timeout { .. } => "timeout",
             ProxyError::Protocol { .. } => "protocol",
@@ -116,6 +130,7 @@ impl ProxyError {
             self,
             ProxyError::Connect { .. }
                 | ProxyError::ConnectTimeout { .. }
+                | ProxyError::ConnectWaited { .. }
                 | ProxyError::Tls { .. }
                 | ProxyError::LocalOverload { .. }
         )
@@ -127,6 +142,7 @@ impl ProxyError {
         match self {
             ProxyError::Connect { .. }
             | ProxyError::ConnectTimeout { .. }
+            | ProxyError::ConnectWaited { .. }
             | ProxyError::Tls { .. }
             | ProxyError::LocalOverload { .. } => true,
             ProxyError::Timeout { .. } | ProxyError::Protocol { .. } => replayable,
@@ -134,17 +150,18 @@ impl ProxyError {
         }
     }
 
-    /// True when the endpoint misbehaved (counts towards outlier ejection).
+    /// True when the endpoint misbehaved (counts towards outlier ejection): an upstream error
+    /// of this try's own (a shared connection's failure counts on the try that opened it).
     pub fn is_endpoint_failure(&self) -> bool {
-        self.origin() == ErrorOrigin::Upstream
+        self.origin() == ErrorOrigin::Upstream && !matches!(self, ProxyError::ConnectWaited { .. })
     }
 
     /// Status code of the reply to the client.
     pub fn status(&self) -> StatusCode {
         match self {
-            ProxyError::Timeout { .. } | ProxyError::ConnectTimeout { .. } => {
-                StatusCode::GATEWAY_TIMEOUT
-            }
+            ProxyError::Timeout { .. }
+            | ProxyError::ConnectTimeout { .. }
+            | ProxyError::ConnectWaited { after: Some(_), .. } => StatusCode::GATEWAY_TIMEOUT,
             ProxyError::NoBackend { .. } => StatusCode::INTERNAL_SERVER_ERROR,
             ProxyError::LocalOverload { .. } => StatusCode::SERVICE_UNAVAILABLE,
             _ => StatusCode::BAD_GATEWAY,
@@ -154,8 +171,11 @@ impl ProxyError {
     /// A short plain-text reply for the client; details stay in logs.
     pub fn to_response(&self) -> Response<Body> {
         let text = match self {
-            ProxyError::Connect { .. } => "502 Bad Gateway: upstream connect error\n",
-            ProxyError::ConnectTimeout { .. } => {
+            ProxyError::Connect { .. } | ProxyError::ConnectWaited { after: None, .. } => {
+                "502 Bad Gateway: upstream connect error\n"
+            }
+            ProxyError::ConnectTimeout { .. }
+            | ProxyError::ConnectWaited { after: Some(_), .. } => {
                 "504 Gateway Timeout: upstream connect timed out\n"
             }
             ProxyError::Tls { .. } => "502 Bad Gateway: upstream TLS handshake failed\n",
@@ -185,6 +205,14 @@ mod tests {
             ProxyError::ConnectTimeout {
                 addr: addr(),
                 after: Duration::from_secs(1),
+            },
+            ProxyError::ConnectWaited {
+                addr: addr(),
+                after: None,
+            },
+            ProxyError::ConnectWaited {
+                addr: addr(),
+                after: Some(Duration::from_secs(1)),
             },
             ProxyError::Tls {
                 addr: addr(),
@@ -231,6 +259,8 @@ mod tests {
             vec![
                 ("connect", 502, true, true, Upstream),
                 ("connect_timeout", 504, true, true, Upstream),
+                ("connect", 502, true, true, Upstream),
+                ("connect_timeout", 504, true, true, Upstream),
                 ("tls", 502, true, true, Upstream),
                 ("timeout", 504, false, true, Upstream),
                 ("protocol", 502, false, true, Upstream),
@@ -260,6 +290,8 @@ mod tests {
             vec![
                 ("connect", true, true),
                 ("connect_timeout", true, true),
+                ("connect", false, true),
+                ("connect_timeout", false, true),
                 ("tls", true, true),
                 ("timeout", true, false),
                 ("protocol", true, false),

@@ -86,7 +86,9 @@ pub struct BuildError {
 /// All upstream backends of one config, with their pools and endpoint health.
 #[derive(Debug)]
 pub struct Upstreams {
-    backends: HashMap<String, Arc<BackendRt>>,
+    /// By name: the names are the config's (every request looks its backend up here), so
+    /// FNV, not a keyed hash: no client chooses a key.
+    backends: HashMap<String, Arc<BackendRt>, crate::metrics::FnvBuild>,
     metrics: Arc<Metrics>,
     mirrors: Arc<Semaphore>,
 }
@@ -133,7 +135,8 @@ impl Upstreams {
         read_ahead: u32,
         h2_client: sweety_config::Http2Client,
     ) -> Result<Upstreams, BuildError> {
-        let mut out = HashMap::with_capacity(backends.len());
+        let mut out =
+            HashMap::with_capacity_and_hasher(backends.len(), crate::metrics::FnvBuild::default());
         for (index, b) in backends.iter().enumerate() {
             let err = |message: String| BuildError { index, message };
             if out.contains_key(&b.name) {

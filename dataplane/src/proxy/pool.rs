@@ -23,8 +23,12 @@
 //!   is closing (GOAWAY, error, EOF, stream ids used up), at most [`H2_MAX_CONNS`] of them
 //!   (beyond, a request fails at once with [`ProxyError::LocalOverload`]: a 503, never
 //!   counted against the endpoint). A pool holds the connections of the client its
-//!   connector names only.
-//!   Connection opening is serialised per endpoint so a burst shares one new connection.
+//!   connector names only. Connections are opened in parallel, as many at once as the
+//!   requests waiting for a stream need (a burst of 1,000 requests to a backend of 100
+//!   streams per connection opens 10 together); a request that opens one gets its first
+//!   stream, the others wait for an opening to end and look again. An opening that fails
+//!   fails the requests waiting for it with [`ProxyError::ConnectWaited`], which does not
+//!   count against the endpoint (its opener's error does, once).
 //!
 //! Upstream sockets get TCP_NODELAY and TCP keepalive. Host names in endpoint addresses are
 //! resolved on every new connection.
@@ -345,12 +349,41 @@ impl IdleList {
     }
 }
 
+/// An endpoint's HTTP/2 connections, those being opened and the requests waiting for them.
+#[derive(Debug)]
+struct H2List {
+    conns: Vec<H2Conn>,
+    /// Connections being opened (TCP, TLS, the HTTP/2 handshake), each by one request (its
+    /// opener, which gets the connection's first stream); each counts towards
+    /// [`H2_MAX_CONNS`] as an open one does.
+    connecting: usize,
+    /// Requests waiting for a connection being opened (every open one being full).
+    waiting: usize,
+    /// Streams the connection opened last allows: what one being opened is expected to carry.
+    per_conn: usize,
+    /// Openings that failed (or timed out) so far: a request waiting when it moves fails with
+    /// them, uncounted ([`ProxyError::ConnectWaited`]).
+    failures: u64,
+    /// The limit that elapsed when the last failed opening timed out.
+    timed_out: Option<Duration>,
+}
+
+impl H2List {
+    /// Whether a request finding no stream free (`waiting` others wait) needs a connection of
+    /// its own opened: more streams are wanted than the connections being opened will carry
+    /// (each carries its opener's stream and `per_conn - 1` more).
+    fn needs_another(&self) -> bool {
+        self.waiting + self.connecting + 1 > self.connecting * self.per_conn
+    }
+}
+
 /// Connections of one endpoint.
 #[derive(Debug)]
 pub struct Pool {
     idle: Mutex<IdleList>,
-    h2: Mutex<Vec<H2Conn>>,
-    h2_connect: tokio::sync::Mutex<()>,
+    h2: Mutex<H2List>,
+    /// Woken when an HTTP/2 opening ends (opened, failed or given up).
+    h2_opened: tokio::sync::Notify,
     max_idle: AtomicUsize,
     /// Connections open (handshake done, connection task running).
     open: Arc<AtomicUsize>,
@@ -430,8 +463,15 @@ impl Pool {
                 demand: Demand::new(Instant::now()),
                 reaping: false,
             }),
-            h2: Mutex::new(Vec::new()),
-            h2_connect: tokio::sync::Mutex::new(()),
+            h2: Mutex::new(H2List {
+                conns: Vec::new(),
+                connecting: 0,
+                waiting: 0,
+                per_conn: H2_MAX_STREAMS,
+                failures: 0,
+                timed_out: None,
+            }),
+            h2_opened: tokio::sync::Notify::new(),
             max_idle: AtomicUsize::new(max_idle),
             open: Arc::new(AtomicUsize::new(0)),
         }
@@ -453,6 +493,7 @@ impl Pool {
             .h2
             .lock()
             .unwrap_or_else(|p| p.into_inner())
+            .conns
             .iter()
             .filter(|c| !c.sender.is_closed() && c.streams.load(Ordering::Acquire) == 0)
             .count();
@@ -477,10 +518,24 @@ impl Pool {
     }
 
     /// A connection to `addr`: pooled if one is usable, else a new one. The caller bounds the
-    /// time this takes (connect timeout).
+    /// time this takes; [`Pool::acquire_within`] bounds it itself.
     pub async fn acquire(&self, addr: &str, c: &Connector) -> Result<Conn, ProxyError> {
+        self.acquire_within(addr, c, None).await
+    }
+
+    /// [`Pool::acquire`] within `limit` (the connect timeout) when given: a new connection
+    /// that is not open by then fails with [`ProxyError::ConnectTimeout`]; a request waiting
+    /// for an HTTP/2 connection another request opens fails with [`ProxyError::ConnectWaited`]
+    /// (after `limit`, or at once when that opening fails), which does not count against the
+    /// endpoint: its opener's error does, once. A pooled connection needs no clock.
+    pub async fn acquire_within(
+        &self,
+        addr: &str,
+        c: &Connector,
+        limit: Option<Duration>,
+    ) -> Result<Conn, ProxyError> {
         if c.is_h2() {
-            return self.acquire_h2(addr, c).await;
+            return self.acquire_h2(addr, c, limit).await;
         }
         if let Some(conn) = self.checkout_h1() {
             return Ok(Conn {
@@ -488,7 +543,8 @@ impl Pool {
                 reused: true,
             });
         }
-        match connect(addr, c, &self.open).await? {
+        let deadline = limit.map(|l| tokio::time::Instant::now() + l);
+        match within(deadline, limit, addr, connect(addr, c, &self.open)).await? {
             Opened::H1(s) => Ok(Conn {
                 sender: Sender::H1(s),
                 reused: false,
@@ -577,8 +633,9 @@ impl Pool {
         true
     }
 
-    fn take_h2_stream(&self, client: Http2Client) -> Option<Conn> {
-        let mut conns = self.h2.lock().unwrap_or_else(|p| p.into_inner());
+    /// A stream on the least loaded of the open HTTP/2 connections of `client` with room.
+    fn take_h2_stream(list: &mut H2List, client: Http2Client) -> Option<Conn> {
+        let conns = &mut list.conns;
         // Those of the other client (`limits.http2_client` changed) are let go: each closes
         // once its streams are done.
         conns.retain(|c| !c.sender.is_closed() && c.sender.client() == client);
@@ -596,38 +653,190 @@ impl Pool {
         })
     }
 
-    async fn acquire_h2(&self, addr: &str, c: &Connector) -> Result<Conn, ProxyError> {
-        if let Some(conn) = self.take_h2_stream(c.h2_client) {
-            return Ok(conn);
+    fn h2_list(&self) -> std::sync::MutexGuard<'_, H2List> {
+        self.h2.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A stream to `addr`: on an open connection with room, else on a connection opened for
+    /// it, or for it and others. Openings run in parallel, as many as the requests waiting
+    /// need ([`H2List::needs_another`]: 1,000 requests arriving at once to a backend allowing
+    /// 100 streams per connection open 10 connections at once, not one after the other, and
+    /// not 1,000), with the open ones at most [`H2_MAX_CONNS`]; past that, and with no opening
+    /// left to wait for, a request fails at once with [`ProxyError::LocalOverload`]. A
+    /// request that opens a connection gets its first stream; the others wait until an
+    /// opening ends, then look again. When an opening fails, the requests waiting then fail
+    /// with it ([`ProxyError::ConnectWaited`]: the failure counts once, against its opener);
+    /// when its opener gives up (the request was dropped) another request opens one.
+    async fn acquire_h2(
+        &self,
+        addr: &str,
+        c: &Connector,
+        limit: Option<Duration>,
+    ) -> Result<Conn, ProxyError> {
+        let mut deadline = None;
+        loop {
+            let wait = {
+                let mut list = self.h2_list();
+                if let Some(conn) = Pool::take_h2_stream(&mut list, c.h2_client) {
+                    return Ok(conn);
+                }
+                let open = self.open.load(Ordering::Acquire);
+                if open + list.connecting < H2_MAX_CONNS && list.needs_another() {
+                    list.connecting += 1;
+                    None
+                } else if list.connecting == 0 {
+                    // Our own bound, not the endpoint's failure: nothing is sent, nothing is
+                    // ejected.
+                    return Err(ProxyError::LocalOverload {
+                        addr: addr.to_string(),
+                        reason: "every HTTP/2 connection the pool may hold to the endpoint is full",
+                    });
+                } else {
+                    list.waiting += 1;
+                    // Made under the lock: an opening ending after it wakes it.
+                    Some((self.h2_opened.notified(), list.failures))
+                }
+            };
+            // The clock starts when the request first has to wait or open.
+            let deadline =
+                *deadline.get_or_insert_with(|| limit.map(|l| tokio::time::Instant::now() + l));
+            let Some((notified, failures)) = wait else {
+                return self.open_h2(addr, c, deadline, limit).await;
+            };
+            let waiting = Waiting(self);
+            let woken = match deadline {
+                Some(d) => tokio::time::timeout_at(d, notified).await.is_ok(),
+                None => {
+                    notified.await;
+                    true
+                }
+            };
+            drop(waiting);
+            if !woken {
+                return Err(ProxyError::ConnectWaited {
+                    addr: addr.to_string(),
+                    after: limit,
+                });
+            }
+            let list = self.h2_list();
+            if list.failures != failures {
+                return Err(ProxyError::ConnectWaited {
+                    addr: addr.to_string(),
+                    after: list.timed_out,
+                });
+            }
         }
-        let _opening = self.h2_connect.lock().await;
-        if let Some(conn) = self.take_h2_stream(c.h2_client) {
-            return Ok(conn);
-        }
-        if self.open.load(Ordering::Acquire) >= H2_MAX_CONNS {
-            // Our own bound, not the endpoint's failure: nothing is sent, nothing is ejected.
-            return Err(ProxyError::LocalOverload {
-                addr: addr.to_string(),
-                reason: "every HTTP/2 connection the pool may hold to the endpoint is full",
-            });
-        }
-        let sender = match connect(addr, c, &self.open).await? {
-            Opened::H2(s) => H2Sender::Hyper(s),
-            Opened::H2s(s) => H2Sender::Sweety(s),
-            Opened::H1(_) => unreachable!("h2 connector opened h1"),
+    }
+
+    /// Opens an HTTP/2 connection (counted in `connecting` by the caller) and takes its first
+    /// stream; waiting requests are woken when it ends, whichever way.
+    async fn open_h2(
+        &self,
+        addr: &str,
+        c: &Connector,
+        deadline: Option<tokio::time::Instant>,
+        limit: Option<Duration>,
+    ) -> Result<Conn, ProxyError> {
+        let mut opening = Opening {
+            pool: self,
+            ended: false,
+        };
+        let sender = match within(deadline, limit, addr, connect(addr, c, &self.open)).await {
+            Ok(Opened::H2(s)) => H2Sender::Hyper(s),
+            Ok(Opened::H2s(s)) => H2Sender::Sweety(s),
+            Ok(Opened::H1(_)) => unreachable!("h2 connector opened h1"),
+            Err(e) => {
+                let timed_out = match &e {
+                    ProxyError::ConnectTimeout { after, .. } => Some(*after),
+                    _ => None,
+                };
+                opening.end(Err(timed_out));
+                return Err(e);
+            }
         };
         let streams = Arc::new(AtomicUsize::new(1));
-        self.h2
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(H2Conn {
-                sender: sender.clone(),
-                streams: streams.clone(),
-            });
+        opening.end(Ok(H2Conn {
+            sender: sender.clone(),
+            streams: streams.clone(),
+        }));
         Ok(Conn {
             sender: sender.sender(StreamGuard(streams)),
             reused: false,
         })
+    }
+}
+
+/// Bounds `connect` by `deadline` (a [`ProxyError::ConnectTimeout`] after `limit`).
+async fn within<F, T>(
+    deadline: Option<tokio::time::Instant>,
+    limit: Option<Duration>,
+    addr: &str,
+    connect: F,
+) -> Result<T, ProxyError>
+where
+    F: std::future::Future<Output = Result<T, ProxyError>>,
+{
+    match deadline {
+        None => connect.await,
+        Some(d) => tokio::time::timeout_at(d, connect)
+            .await
+            .unwrap_or_else(|_| {
+                Err(ProxyError::ConnectTimeout {
+                    addr: addr.to_string(),
+                    after: limit.unwrap_or_default(),
+                })
+            }),
+    }
+}
+
+/// One request waiting for an HTTP/2 opening, counted in [`H2List::waiting`] while it lives
+/// (a dropped request no longer counts).
+struct Waiting<'a>(&'a Pool);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.h2_list().waiting -= 1;
+    }
+}
+
+/// One HTTP/2 opening, counted in [`H2List::connecting`] until it ends: opened (the connection
+/// joins the list), failed ([`Opening::end`] with an error: a failure the waiting requests
+/// share) or dropped unfinished (its request went away: the waiting requests look again, one
+/// of them opens). The waiting requests are woken in every case.
+struct Opening<'a> {
+    pool: &'a Pool,
+    ended: bool,
+}
+
+impl Opening<'_> {
+    /// Ends the opening with the connection opened, or failed (`Err`: with the limit that
+    /// elapsed when it timed out).
+    fn end(&mut self, outcome: Result<H2Conn, Option<Duration>>) {
+        self.ended = true;
+        {
+            let mut list = self.pool.h2_list();
+            list.connecting -= 1;
+            match outcome {
+                Ok(conn) => {
+                    list.per_conn = conn.sender.max_streams().max(1);
+                    list.conns.push(conn);
+                }
+                Err(timed_out) => {
+                    list.failures += 1;
+                    list.timed_out = timed_out;
+                }
+            }
+        }
+        self.pool.h2_opened.notify_waiters();
+    }
+}
+
+impl Drop for Opening<'_> {
+    fn drop(&mut self) {
+        if !self.ended {
+            self.pool.h2_list().connecting -= 1;
+            self.pool.h2_opened.notify_waiters();
+        }
     }
 }
 
@@ -1277,6 +1486,7 @@ mod h2_client_tests {
                     .h2
                     .lock()
                     .unwrap()
+                    .conns
                     .iter()
                     .all(|h| h.sender.client() == client));
             }
@@ -1365,5 +1575,269 @@ mod external_tests {
         }
         let err = connect_tcp("169.254.169.254:80", true).await.unwrap_err();
         assert!(err.to_string().contains("metadata"), "{err}");
+    }
+}
+
+#[cfg(test)]
+mod h2_open_tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::sync::watch;
+
+    /// What the raw h2c backend of these tests does with a connection once its gate opens.
+    #[derive(Clone, Copy)]
+    enum Answer {
+        /// SETTINGS (MAX_CONCURRENT_STREAMS = `n` when given), then reads until the end.
+        Settings(Option<u32>),
+        /// Closes the connection before any frame: the handshake fails.
+        Close,
+    }
+
+    /// A raw h2c backend counting the connections it accepted; each waits for the gate
+    /// (`true`) before it answers (never, while the gate stays shut).
+    async fn gated_backend(answer: Answer) -> (String, Arc<AtomicUsize>, watch::Sender<bool>) {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let (gate, rx) = watch::channel(false);
+        let count = accepted.clone();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = l.accept().await {
+                count.fetch_add(1, Ordering::SeqCst);
+                let mut rx = rx.clone();
+                tokio::spawn(async move {
+                    if rx.wait_for(|open| *open).await.is_err() {
+                        return;
+                    }
+                    let mut settings = vec![0, 0, 0, 4, 0, 0, 0, 0, 0];
+                    match answer {
+                        Answer::Close => return,
+                        Answer::Settings(None) => {}
+                        Answer::Settings(Some(n)) => {
+                            settings[2] = 6;
+                            settings.extend_from_slice(&[0, 3]);
+                            settings.extend_from_slice(&n.to_be_bytes());
+                        }
+                    }
+                    if s.write_all(&settings).await.is_err() {
+                        return;
+                    }
+                    let mut chunk = [0u8; 1024];
+                    while matches!(s.read(&mut chunk).await, Ok(n) if n > 0) {}
+                });
+            }
+        });
+        (addr, accepted, gate)
+    }
+
+    fn h2c() -> Connector {
+        Connector {
+            protocol: BackendProtocol::H2c,
+            tls: None,
+            sni: None,
+            external: false,
+            read_ahead: sweety_config::DEFAULT_PROXY_READ_AHEAD,
+            h2_client: Http2Client::Sweety,
+        }
+    }
+
+    /// `n` requests asking `pool` for a stream at once, each on a task of its own.
+    fn ask(
+        pool: &Arc<Pool>,
+        addr: &str,
+        n: usize,
+        limit: Option<Duration>,
+    ) -> Vec<tokio::task::JoinHandle<Result<Conn, ProxyError>>> {
+        (0..n)
+            .map(|_| {
+                let (pool, addr) = (pool.clone(), addr.to_string());
+                tokio::spawn(async move { pool.acquire_within(&addr, &h2c(), limit).await })
+            })
+            .collect()
+    }
+
+    /// Yields until the pool has `connecting` openings in flight and `waiting` requests
+    /// waiting for them.
+    async fn until(pool: &Pool, connecting: usize, waiting: usize) {
+        loop {
+            {
+                let list = pool.h2_list();
+                if (list.connecting, list.waiting) == (connecting, waiting) {
+                    return;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    fn bounded<F: std::future::Future>(f: F) -> tokio::time::Timeout<F> {
+        tokio::time::timeout(Duration::from_secs(30), f)
+    }
+
+    /// 250 requests at once to an endpoint with no connection open yet: 3 connections of up
+    /// to 100 streams are opened at once (not one after the other, not one per request) and
+    /// carry all 250.
+    #[tokio::test]
+    async fn a_burst_opens_the_connections_it_needs_at_once() {
+        let (addr, accepted, gate) = gated_backend(Answer::Settings(None)).await;
+        let pool = Arc::new(Pool::new(8));
+        let run = async {
+            let asks = ask(&pool, &addr, 250, None);
+            until(&pool, 3, 247).await;
+            // All three are connected before any handshake ends: in parallel.
+            while accepted.load(Ordering::SeqCst) < 3 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            gate.send_replace(true);
+            let mut conns = Vec::new();
+            for a in asks {
+                conns.push(a.await.unwrap().unwrap());
+            }
+            assert_eq!(conns.iter().filter(|c| !c.reused).count(), 3);
+            let list = pool.h2_list();
+            assert_eq!((list.connecting, list.waiting), (0, 0));
+            let streams: Vec<usize> = list
+                .conns
+                .iter()
+                .map(|c| c.streams.load(Ordering::SeqCst))
+                .collect();
+            assert_eq!(streams.iter().sum::<usize>(), 250, "{streams:?}");
+            assert!(streams.iter().all(|&n| n <= H2_MAX_STREAMS), "{streams:?}");
+        };
+        bounded(run).await.expect("bounded");
+        assert_eq!(accepted.load(Ordering::SeqCst), 3);
+    }
+
+    /// A backend allowing one stream per connection: 200 requests at once get at most
+    /// H2_MAX_CONNS connections, however the openings interleave; the rest fail with the
+    /// local overload (503, never counted against the endpoint).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_openings_never_pass_the_cap() {
+        let (addr, accepted, gate) = gated_backend(Answer::Settings(Some(1))).await;
+        gate.send_replace(true);
+        let pool = Arc::new(Pool::new(8));
+        let run = async {
+            let (mut held, mut overloaded) = (Vec::new(), 0);
+            for a in ask(&pool, &addr, 200, Some(Duration::from_secs(20))) {
+                match a.await.unwrap() {
+                    Ok(c) => held.push(c),
+                    Err(e) => {
+                        assert!(matches!(e, ProxyError::LocalOverload { .. }), "{e:?}");
+                        assert!(!e.is_endpoint_failure());
+                        overloaded += 1;
+                    }
+                }
+            }
+            assert_eq!((held.len(), overloaded), (H2_MAX_CONNS, 200 - H2_MAX_CONNS));
+            assert_eq!(pool.h2_list().connecting, 0);
+        };
+        bounded(run).await.expect("bounded");
+        assert_eq!(accepted.load(Ordering::SeqCst), H2_MAX_CONNS);
+    }
+
+    /// A failed opening fails the requests waiting for it with it, and counts once: its
+    /// opener's error is the endpoint's failure, the 49 others' are not.
+    #[tokio::test]
+    async fn a_failed_opening_counts_once() {
+        let (addr, accepted, gate) = gated_backend(Answer::Close).await;
+        let pool = Arc::new(Pool::new(8));
+        let run = async {
+            let asks = ask(&pool, &addr, 50, Some(Duration::from_secs(20)));
+            until(&pool, 1, 49).await;
+            gate.send_replace(true);
+            let mut errors = Vec::new();
+            for a in asks {
+                errors.push(a.await.unwrap().expect_err("no connection"));
+            }
+            let counted: Vec<_> = errors.iter().filter(|e| e.is_endpoint_failure()).collect();
+            assert_eq!(counted.len(), 1, "{errors:?}");
+            assert!(matches!(counted[0], ProxyError::Connect { .. }));
+            for e in errors.iter().filter(|e| !e.is_endpoint_failure()) {
+                assert!(
+                    matches!(e, ProxyError::ConnectWaited { after: None, .. }),
+                    "{e:?}"
+                );
+                assert_eq!(e.status(), 502);
+                assert!(e.request_not_sent());
+            }
+        };
+        bounded(run).await.expect("bounded");
+        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+    }
+
+    /// A slow opening: the waiting requests end at their own connect timeout (a 504 that does
+    /// not count), the opener at its own (which does); the requests after them start afresh.
+    #[tokio::test]
+    async fn a_slow_opening_leaves_no_request_waiting_past_its_timeout() {
+        let (addr, accepted, _gate) = gated_backend(Answer::Settings(None)).await;
+        let pool = Arc::new(Pool::new(8));
+        let limit = Duration::from_millis(300);
+        let run = async {
+            // An opener with no limit of its own (the caller bounds it): the waiters' clocks
+            // end their waits.
+            let opener = ask(&pool, &addr, 1, None);
+            until(&pool, 1, 0).await;
+            for a in ask(&pool, &addr, 10, Some(limit)) {
+                let e = a.await.unwrap().expect_err("no connection");
+                assert!(
+                    matches!(e, ProxyError::ConnectWaited { after: Some(l), .. } if l == limit),
+                    "{e:?}"
+                );
+                assert!(!e.is_endpoint_failure());
+                assert_eq!(e.status(), 504);
+            }
+            assert_eq!(pool.h2_list().waiting, 0);
+            opener.into_iter().for_each(|o| o.abort());
+            until(&pool, 0, 0).await;
+            // An opener with the limit times out, counted; its waiters fail with it, uncounted.
+            let asks = ask(&pool, &addr, 5, Some(limit));
+            let mut errors = Vec::new();
+            for a in asks {
+                errors.push(a.await.unwrap().expect_err("no connection"));
+            }
+            let counted: Vec<_> = errors.iter().filter(|e| e.is_endpoint_failure()).collect();
+            assert_eq!(counted.len(), 1, "{errors:?}");
+            assert!(matches!(counted[0], ProxyError::ConnectTimeout { .. }));
+            assert!(errors.iter().all(|e| e.status() == 504), "{errors:?}");
+            let list = pool.h2_list();
+            assert_eq!((list.connecting, list.waiting), (0, 0));
+        };
+        bounded(run).await.expect("bounded");
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
+    }
+
+    /// A dropped waiting request no longer counts as waiting; a dropped opener lets one of
+    /// the waiting requests open instead, and they are served by it.
+    #[tokio::test]
+    async fn dropped_requests_free_their_places() {
+        let (addr, accepted, gate) = gated_backend(Answer::Settings(None)).await;
+        let pool = Arc::new(Pool::new(8));
+        let run = async {
+            let opener = ask(&pool, &addr, 1, None).pop().unwrap();
+            until(&pool, 1, 0).await;
+            let mut waiters = ask(&pool, &addr, 10, None);
+            until(&pool, 1, 10).await;
+            for w in waiters.drain(..5) {
+                w.abort();
+                assert!(w.await.unwrap_err().is_cancelled());
+            }
+            until(&pool, 1, 5).await;
+            opener.abort();
+            assert!(opener.await.unwrap_err().is_cancelled());
+            // One of the five opens; the four others wait for it.
+            until(&pool, 1, 4).await;
+            while accepted.load(Ordering::SeqCst) < 2 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            gate.send_replace(true);
+            for w in waiters {
+                let served = w.await.unwrap();
+                assert!(served.is_ok(), "{:?}", served.err());
+            }
+            let list = pool.h2_list();
+            assert_eq!((list.connecting, list.waiting, list.conns.len()), (0, 0, 1));
+        };
+        bounded(run).await.expect("bounded");
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
     }
 }

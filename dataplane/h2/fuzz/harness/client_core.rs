@@ -95,7 +95,7 @@ fn read_stream(core: &mut Core, id: u32, o: &mut Outcome, cx: &mut Context<'_>) 
                 for d in data {
                     o.data.extend_from_slice(&d);
                 }
-                o.trailers = trailers.as_ref().map(fields);
+                o.trailers = trailers.as_deref().map(fields);
                 o.ended = true;
                 return true;
             }

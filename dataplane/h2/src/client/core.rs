@@ -199,7 +199,9 @@ pub(crate) struct Stream {
     pending: Bytes,
     /// The body ended (after `pending`, and `pending_trailers` if any).
     body_end: bool,
-    pending_trailers: Option<HeaderMap>,
+    /// Boxed, as `trailers`: rare, and a map is 96 octets of every stream otherwise (the
+    /// streams are pushed and swap-removed whole, one per request).
+    pending_trailers: Option<Box<HeaderMap>>,
     /// END_STREAM (or RST_STREAM) queued.
     send_done: bool,
     /// The request's `content-length`, counted down as data goes.
@@ -218,7 +220,7 @@ pub(crate) struct Stream {
     unreleased: u32,
     data: VecDeque<Bytes>,
     queued: usize,
-    trailers: Option<HeaderMap>,
+    trailers: Option<Box<HeaderMap>>,
     /// The body's length must be this (`content-length`; 0 for HEAD, 204, 304).
     expect_len: Option<u64>,
     received: u64,
@@ -240,7 +242,11 @@ pub enum HeadPoll {
     /// The final head; the body follows on the stream.
     Ready(http::response::Parts),
     /// The final head and the whole body (data, trailers): the stream is closed and gone.
-    Whole(http::response::Parts, VecDeque<Bytes>, Option<HeaderMap>),
+    Whole(
+        http::response::Parts,
+        VecDeque<Bytes>,
+        Option<Box<HeaderMap>>,
+    ),
     /// The stream failed: the error, the body if it can be sent again, and whether the
     /// connection closed before any response (`closed_before_response`).
     Failed(H2Error, Option<Body>, bool),
@@ -542,6 +548,14 @@ impl Core {
         id.is_multiple_of(2) || id >= self.next_id
     }
 
+    /// Whether all of stream `i`'s HEADERS reached the transport. Until then the stream is
+    /// idle for the backend (RFC 9113 §5.1): any frame of its on the stream but PRIORITY
+    /// (HEADERS, DATA, WINDOW_UPDATE, RST_STREAM) is a connection error of type
+    /// PROTOCOL_ERROR, which also refuses the stream (its HEADERS are cut from the output).
+    fn sent(&self, i: usize) -> bool {
+        self.streams[i].headers_end <= self.written_total
+    }
+
     fn wake_task(&mut self) {
         if let Some(w) = self.task_waker.take() {
             w.wake();
@@ -710,7 +724,7 @@ impl Core {
         }
         if s.recv == Recv::Done {
             if let Some(t) = s.trailers.take() {
-                return Poll::Ready(Some(Ok(http_body::Frame::trailers(t))));
+                return Poll::Ready(Some(Ok(http_body::Frame::trailers(*t))));
             }
             return Poll::Ready(None);
         }
@@ -851,7 +865,7 @@ impl Core {
                         let mut block = std::mem::take(&mut self.block);
                         block.clear();
                         self.encoder.begin_block(&mut block);
-                        for (n, v) in &t {
+                        for (n, v) in t.iter() {
                             if !crate::conn_headers::may_strip(n)
                                 && !crate::conn_headers::forbidden_trailer(n)
                             {
@@ -921,7 +935,11 @@ impl Core {
                             if s.length_left.is_some_and(|l| l != 0) {
                                 return self.fail_request(i, StreamFault::RequestLength);
                             }
-                            s.pending_trailers = f.into_trailers().ok().filter(|t| !t.is_empty());
+                            s.pending_trailers = f
+                                .into_trailers()
+                                .ok()
+                                .filter(|t| !t.is_empty())
+                                .map(Box::new);
                         }
                     }
                 }
@@ -1295,10 +1313,9 @@ impl Core {
         let Some(i) = self.find(head.stream) else {
             return self.glitch();
         };
-        if self.streams[i].headers_end > self.written_total {
-            // Its HEADERS have not all reached the transport: for the backend the stream is
-            // still idle (RFC 9113 §5.1), it cannot have refused it. Taken as a refusal, the
-            // request would go elsewhere and then be written here all the same.
+        if !self.sent(i) {
+            // Taken as a refusal, the request would go elsewhere and then be written here all
+            // the same.
             return Err(Err::Conn(
                 Reason::PROTOCOL_ERROR,
                 "RST_STREAM on a stream not yet sent",
@@ -1355,6 +1372,12 @@ impl Core {
         let Some(i) = self.find(head.stream) else {
             return self.glitch();
         };
+        if !self.sent(i) {
+            return Err(Err::Conn(
+                Reason::PROTOCOL_ERROR,
+                "WINDOW_UPDATE on a stream not yet sent",
+            ));
+        }
         if self.streams[i].fault.is_some() {
             // A stream that already failed (reset, kept for its handle): nothing to do, and
             // no reset reflected per frame.
@@ -1418,6 +1441,12 @@ impl Core {
             }
             return Ok(());
         };
+        if !self.sent(i) {
+            return Err(Err::Conn(
+                Reason::PROTOCOL_ERROR,
+                "DATA on a stream not yet sent",
+            ));
+        }
         let s = &mut self.streams[i];
         if s.recv != Recv::Body {
             self.conn_unreleased = self.conn_unreleased.saturating_add(len as u32);
@@ -1552,6 +1581,12 @@ impl Core {
 
     fn on_block(&mut self, id: u32, end: bool, block: &[u8]) -> FResult {
         let i = self.find(id);
+        if i.is_some_and(|i| !self.sent(i)) {
+            return Err(Err::Conn(
+                Reason::PROTOCOL_ERROR,
+                "HEADERS on a stream not yet sent",
+            ));
+        }
         let trailers = i.is_some_and(|i| !matches!(self.streams[i].recv, Recv::Head { .. }));
         let live = i.is_some_and(|i| self.streams[i].fault.is_none());
         let mut h = ResponseBlock::default();
@@ -1670,7 +1705,7 @@ impl Core {
                 for n in forbidden {
                     t.remove(n);
                 }
-                s.trailers = Some(t);
+                s.trailers = Some(Box::new(t));
                 s.recv = Recv::Done;
             }
             Recv::Done => {

@@ -265,7 +265,7 @@ pub struct ResponseBody {
 
 enum State {
     /// Read whole before the head was asked for (the stream is gone).
-    Whole(VecDeque<Bytes>, Option<HeaderMap>),
+    Whole(VecDeque<Bytes>, Option<Box<HeaderMap>>),
     /// Read from the stream as it is polled.
     Streaming { shared: Arc<Shared>, id: u32 },
 }
@@ -290,7 +290,7 @@ impl http_body::Body for ResponseBody {
         match &mut self.state {
             State::Whole(data, trailers) => Poll::Ready(match data.pop_front() {
                 Some(d) => Some(Ok(Frame::data(d))),
-                None => trailers.take().map(|t| Ok(Frame::trailers(t))),
+                None => trailers.take().map(|t| Ok(Frame::trailers(*t))),
             }),
             State::Streaming { shared, id } => shared.lock().poll_body(*id, cx),
         }

@@ -331,6 +331,7 @@ async fn resets_end_their_stream_refused_ones_may_go_again() {
     assert!(e3.unsent.is_none() && !e3.closed_before_response);
     // The connection still serves.
     let f5 = send.send(get(&h, "/"), crate::empty()).unwrap();
+    peer.request().await;
     peer.headers(5, &[(":status", "200")], true).await;
     assert_eq!(respond(f5).await.unwrap().status(), 200);
 }
@@ -691,6 +692,7 @@ async fn dropping_an_open_stream_resets_it() {
     peer.headers(id, &[(":status", "200")], false).await;
     peer.data(id, b"late", true).await;
     let f = send.send(get(&h, "/"), crate::empty()).unwrap();
+    peer.request().await;
     peer.headers(id + 2, &[(":status", "200")], true).await;
     assert_eq!(respond(f).await.unwrap().status(), 200);
 }
@@ -1249,6 +1251,7 @@ fn an_idle_connection_closes_after_its_idle_ticks() {
     // A stream opens and ends before the last idle tick: the count starts again.
     let h = HeaderMap::new();
     let id = core.open(&get(&h, "/"), crate::empty()).unwrap();
+    drop(core.take_output());
     core.tick(IDLE_TICKS);
     core.feed(&headers_frame(id, &[(":status", "204")], true));
     core.process(None);
@@ -1399,4 +1402,13 @@ async fn whole_responses_credit_the_connection_window() {
     let (id, ..) = peer.request().await;
     peer.headers(id, &[(":status", "204")], true).await;
     assert_eq!(respond(f).await.unwrap().status(), 204);
+}
+
+/// A stream is pushed whole when its request opens and the last one moved into its place
+/// when it goes (`Core::remove`), once per request: it stays small. The trailer maps (96
+/// octets each, rarely used) are boxed; 544 octets with them inline.
+#[test]
+fn a_stream_stays_small() {
+    let size = std::mem::size_of::<core::Stream>();
+    assert!(size <= 384, "client Stream: {size} octets");
 }

@@ -37,6 +37,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
             stop_seen: false,
             signal: Arc::new(Signal::default()),
             ready: Vec::new(),
+            spare_wakers: Default::default(),
             read_buf: BytesMut::with_capacity(READ_CHUNK),
             out: VecDeque::new(),
             out_len: 0,
@@ -310,7 +311,21 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
     /// tokio-rustls takes plaintext (`Ok(n)`) while the socket would block and sends the
     /// records only on a later write or flush, so the end of a response would otherwise wait
     /// for the connection's next output.
+    ///
+    /// Outside tokio's cooperative budget: the task's budget (128 resource operations per
+    /// poll) is spent by the stream futures this task polls (each backend read or write, each
+    /// timer), and answers they made ready in this poll must not wait a scheduler tick for the
+    /// socket because of that (with many busy streams, every write would). The write is
+    /// bounded without it: by the output (at most `Settings::write_buffer` plus one frame)
+    /// and the socket taking it. Reads stay under the budget: a connection whose futures spent
+    /// it reads its next frames (new work) in its next poll, after the other tasks.
     pub(super) fn poll_write(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let mut write =
+            tokio::task::coop::unconstrained(std::future::poll_fn(|cx| self.write_output(cx)));
+        Pin::new(&mut write).poll(cx)
+    }
+
+    fn write_output(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         if self.output_len() > self.peak_output {
             self.peak_output = self.output_len();
             PEAK_OUTPUT.fetch_max(self.peak_output, Ordering::Relaxed);

@@ -26,6 +26,10 @@
 //! idle workers. Many connections spread over the workers as before; one connection carrying
 //! many streams (a gRPC client, a fronting balancer) is served by one worker at a time. See
 //! e2e/bench/HISTORY.md (one connection, 128 streams, two workers) for what that measured.
+//! The futures also share the task's tokio coop budget (128 resource operations per poll);
+//! the connection's socket writes are kept out of it (`Driver::poll_write`), so answers made
+//! ready in a poll are written in that poll however much of the budget the futures spent,
+//! while its reads stay under it (new work waits for the next poll, after the other tasks).
 //!
 //! Bounds: the read buffer holds at most one frame past `SETTINGS_MAX_FRAME_SIZE` (16 KiB);
 //! the write buffer stops taking body data at `Settings::write_buffer` (plus one frame), and
@@ -236,6 +240,8 @@ struct Driver<I, S: H2Service> {
     stop_seen: bool,
     signal: Arc<Signal>,
     ready: Vec<u32>,
+    /// Wakers of closed streams for the next ones.
+    spare_wakers: streams::Spares,
 
     read_buf: BytesMut,
     /// The output, in order: `out` (frozen frame bytes split off `write_buf`, and DATA payloads

@@ -33,7 +33,9 @@ pub(super) struct Stream<F> {
     /// The body has no more data (trailers may follow in `trailers`).
     pub(super) body_done: bool,
     pub(super) trailers: Option<Box<HeaderMap>>,
-    pub(super) waker: Option<Waker>,
+    /// The waker of the stream's future and body, made at its first poll (or taken from the
+    /// connection's spares, see [`Spares`]).
+    pub(super) waker: Option<Arc<StreamWaker>>,
     /// The stream's waker fired (through `Signal`) since its request future was last polled:
     /// only then is a Running future polled again. A window change or a grant also queues
     /// the stream, and must not make the client a lever for re-polling the whole pipeline.
@@ -79,16 +81,53 @@ impl<F> Stream<F> {
     }
 }
 
-/// Stream `id`'s waker (made once, kept in `slot`): it marks the stream ready in `signal` and
-/// wakes the connection's task.
-fn waker_of(slot: &mut Option<Waker>, signal: &Arc<Signal>, id: u32) -> Waker {
-    slot.get_or_insert_with(|| {
-        Waker::from(Arc::new(StreamWaker {
-            signal: signal.clone(),
-            id,
-        }))
-    })
-    .clone()
+/// Stream `id`'s waker (made once, kept in `slot`, a spare of a closed stream reused when
+/// there is one): it marks the stream ready in `signal` and wakes the connection's task.
+fn waker_of(
+    slot: &mut Option<Arc<StreamWaker>>,
+    spares: &mut Spares,
+    signal: &Arc<Signal>,
+    id: u32,
+) -> Waker {
+    let w = slot.get_or_insert_with(|| {
+        spares.take(id).unwrap_or_else(|| {
+            Arc::new(StreamWaker {
+                signal: signal.clone(),
+                id,
+            })
+        })
+    });
+    Waker::from(w.clone())
+}
+
+/// Most stream wakers a connection keeps for its next streams.
+const SPARE_WAKERS: usize = 64;
+
+/// The wakers of closed streams that nothing else holds, for the connection's next streams:
+/// one allocation (and one count of the connection's `Signal`) less per stream. Only a waker
+/// no clone of which is left is kept (`Arc::get_mut`), so a stale clone (a backend still
+/// holding a closed stream's waker) can never mark the stream that reuses it ready: there is
+/// none.
+#[derive(Default)]
+pub(super) struct Spares(Vec<Arc<StreamWaker>>);
+
+impl Spares {
+    /// A spare waker, now stream `id`'s.
+    pub(super) fn take(&mut self, id: u32) -> Option<Arc<StreamWaker>> {
+        let mut w = self.0.pop()?;
+        // Unique when it was kept, and nothing could clone it since.
+        Arc::get_mut(&mut w)?.id = id;
+        Some(w)
+    }
+
+    /// Keeps the waker of a closed stream if nothing else holds it (and there is room).
+    pub(super) fn keep(&mut self, w: Option<Arc<StreamWaker>>) {
+        if let Some(mut w) = w {
+            if self.0.len() < SPARE_WAKERS && Arc::get_mut(&mut w).is_some() {
+                self.0.push(w);
+            }
+        }
+    }
 }
 
 /// A panic's message (a `&str` or `String` payload), for the log line.
@@ -215,7 +254,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
         let Resp::Running(fut) = &mut s.resp else {
             return;
         };
-        let waker = waker_of(&mut s.waker, &self.signal, id);
+        let waker = waker_of(&mut s.waker, &mut self.spare_wakers, &self.signal, id);
         let mut cx = Context::from_waker(&waker);
         // Unwind safety: after a panic the future is dropped with its stream, never polled
         // again, and the driver's own state is not touched inside the closure.
@@ -327,6 +366,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
         // A request future still running is dropped with the stream: its backend request is
         // cancelled here (a pooled connection in the middle of it is closed, never reused).
         drop_guarded(s.resp, id);
+        self.spare_wakers.keep(s.waker);
     }
 
     /// Sends RST_STREAM for `id`, removes the stream if it was open, and remembers it as
@@ -361,6 +401,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
             if let Some(s) = self.streams.remove(&id) {
                 self.forget_blocked(&s, id);
                 self.remember_closed(id);
+                self.spare_wakers.keep(s.waker);
             }
             if self.streams.is_empty() {
                 // The idle timeout counts from the last stream's end (the timer may be set
@@ -535,7 +576,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
                 let mut polled =
                     Pin::new(&mut *body).poll_frame(&mut Context::from_waker(Waker::noop()));
                 if polled.is_pending() {
-                    let waker = waker_of(&mut s.waker, &self.signal, id);
+                    let waker = waker_of(&mut s.waker, &mut self.spare_wakers, &self.signal, id);
                     polled = Pin::new(&mut *body).poll_frame(&mut Context::from_waker(&waker));
                 }
                 let s = self.streams.get_mut(&id).expect("present");

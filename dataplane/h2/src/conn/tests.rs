@@ -2248,3 +2248,116 @@ async fn a_write_error_or_an_unanswered_ping_drops_the_waiting_futures() {
     );
     assert!(d.streams.is_empty());
 }
+
+/// The service of the coop budget test: its future spends the task's whole cooperative budget
+/// (as a request future polling many backend sockets and timers does) before it answers, and
+/// says that it found the budget spent.
+struct BudgetSpender(Arc<std::sync::atomic::AtomicBool>);
+
+type BoxedAnswer =
+    Pin<Box<dyn Future<Output = (Response<Body>, Option<crate::NoHead>)> + Send + 'static>>;
+
+impl H2Service for BudgetSpender {
+    type Head = crate::NoHead;
+    type Future = BoxedAnswer;
+
+    fn call(&mut self, _request: Request<Body>, _now: Instant) -> BoxedAnswer {
+        let spent = self.0.clone();
+        Box::pin(std::future::poll_fn(move |cx| {
+            // Bounded: tokio's budget is 128 units.
+            for _ in 0..1_000 {
+                let mut unit = std::pin::pin!(tokio::task::coop::consume_budget());
+                if unit.as_mut().poll(cx).is_pending() {
+                    spent.store(true, Ordering::Relaxed);
+                    break;
+                }
+            }
+            Poll::Ready((Response::new(full(Bytes::from_static(b"ok"))), None))
+        }))
+    }
+
+    fn limit_hit(&self, _what: &'static str) {}
+
+    fn connection_error(&self, _reason: Reason, _why: &'static str) {}
+}
+
+/// Review L2 of the stream futures change: the stream futures a connection polls spend its
+/// task's coop budget, and the answers they made ready are still written in the same poll of
+/// the connection (its socket writes are outside the budget, see `Driver::poll_write`), not a
+/// scheduler tick later. One poll of the connection, by hand: the request's HEADERS and our
+/// answer's HEADERS must be in the pipe after it. With the writes under the budget the pipe
+/// stayed empty (the write got the budget's `Pending`).
+#[tokio::test]
+async fn answers_made_ready_by_futures_that_spent_the_budget_are_written_in_that_poll() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (mut client, server) = tokio::io::duplex(1 << 16);
+    let mut out = BytesMut::from(&frame::PREFACE[..]);
+    frame::put_settings(&mut out, &[]);
+    out.extend_from_slice(&request(1, true));
+    client.write_all(&out).await.unwrap();
+    let (_tx, stop) = tokio::sync::watch::channel(false);
+    let spent = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut conn = std::pin::pin!(serve(
+        server,
+        BudgetSpender(spent.clone()),
+        settings(),
+        stop
+    ));
+    // A fresh budget for the one poll below.
+    tokio::task::yield_now().await;
+    let pending = std::future::poll_fn(|cx| Poll::Ready(conn.as_mut().poll(cx).is_pending())).await;
+    assert!(pending, "the connection goes on");
+    assert!(
+        spent.load(Ordering::Relaxed),
+        "the future found the budget spent"
+    );
+    tokio::task::yield_now().await;
+    // What that poll wrote, read without waiting (a later poll of the connection is not made).
+    let mut buf = BytesMut::with_capacity(1 << 16);
+    let read = {
+        let mut read = std::pin::pin!(client.read_buf(&mut buf));
+        std::future::poll_fn(|cx| Poll::Ready(read.as_mut().poll(cx))).await
+    };
+    assert!(
+        matches!(read, Poll::Ready(Ok(n)) if n > 0),
+        "nothing written in the poll: {read:?}"
+    );
+    let mut answered = false;
+    while let Some((h, _)) = take_frame(&mut buf) {
+        answered |= h.kind == kind::HEADERS && h.stream == 1;
+    }
+    assert!(answered, "no HEADERS for stream 1 in the poll's output");
+}
+
+/// A closed stream's waker is kept for the next stream only when nothing else holds it: a
+/// clone still held (by a backend, a body) could otherwise wake the stream that reuses it.
+/// A kept one becomes the next stream's, with its id, and wakes that stream.
+#[test]
+fn only_wakers_nothing_else_holds_are_reused() {
+    use super::streams::Spares;
+    let signal = Arc::new(Signal::default());
+    let mut spares = Spares::default();
+    let held = Arc::new(StreamWaker {
+        signal: signal.clone(),
+        id: 1,
+    });
+    let clone = Waker::from(held.clone());
+    spares.keep(Some(held));
+    assert!(
+        spares.take(3).is_none(),
+        "a waker with a clone left is not kept"
+    );
+    drop(clone);
+    let unique = Arc::new(StreamWaker {
+        signal: signal.clone(),
+        id: 5,
+    });
+    spares.keep(Some(unique));
+    let reused = spares.take(7).expect("kept");
+    assert_eq!(reused.id, 7);
+    Waker::from(reused).wake();
+    let mut ready = Vec::new();
+    signal.take(&mut ready, Waker::noop());
+    assert_eq!(ready, [7]);
+    assert!(spares.take(9).is_none(), "one spare, taken");
+}

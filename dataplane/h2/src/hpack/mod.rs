@@ -171,63 +171,59 @@ const STATIC: [(&[u8], &[u8]); 61] = [
     (b"www-authenticate", b""),
 ];
 
-/// First static table index with this name.
+/// The multiplier of the static names' perfect hash ([`name_slot`]), found by search: no
+/// two of the table's 52 names share a slot (checked when [`NAME_SLOTS`] is built).
+const NAME_HASH: u32 = 0x1e09_b8a3;
+
+/// The slot of a name of `len` octets, first octet `first`, last `last`, in [`NAME_SLOTS`].
+const fn name_slot(len: usize, first: u8, last: u8) -> usize {
+    let key = (len as u32) | (first as u32) << 8 | (last as u32) << 16;
+    (key.wrapping_mul(NAME_HASH) >> 25) as usize
+}
+
+/// The octets of `a` and `b` are equal (slices compare only at run time in a `const`).
+const fn same_octets(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    let mut i = 0;
+    while i < a.len() {
+        if a[i] != b[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
+
+/// The first static table index of each name, in its [`name_slot`]; 0 in an empty slot. A
+/// table of 128 octets where a `match` over the names was ~2 KiB of code, run for every
+/// field encoded (each response field to a client, each request field to an HTTP/2 backend).
+const NAME_SLOTS: [u8; 128] = {
+    let mut slots = [0u8; 128];
+    let mut i = 0;
+    while i < STATIC.len() {
+        let name = STATIC[i].0;
+        let s = name_slot(name.len(), name[0], name[name.len() - 1]);
+        if slots[s] == 0 {
+            slots[s] = (i + 1) as u8;
+        } else {
+            // The same name again (`:method`, `:path`, `:scheme`, `:status`): the first kept.
+            assert!(
+                same_octets(STATIC[slots[s] as usize - 1].0, name),
+                "two static table names share a slot: change NAME_HASH"
+            );
+        }
+        i += 1;
+    }
+    slots
+};
+
+/// First static table index with this name: its slot's entry, if that is this name.
 fn static_name_index(name: &[u8]) -> Option<usize> {
-    Some(match name {
-        b":authority" => 1,
-        b":method" => 2,
-        b":path" => 4,
-        b":scheme" => 6,
-        b":status" => 8,
-        b"accept-charset" => 15,
-        b"accept-encoding" => 16,
-        b"accept-language" => 17,
-        b"accept-ranges" => 18,
-        b"accept" => 19,
-        b"access-control-allow-origin" => 20,
-        b"age" => 21,
-        b"allow" => 22,
-        b"authorization" => 23,
-        b"cache-control" => 24,
-        b"content-disposition" => 25,
-        b"content-encoding" => 26,
-        b"content-language" => 27,
-        b"content-length" => 28,
-        b"content-location" => 29,
-        b"content-range" => 30,
-        b"content-type" => 31,
-        b"cookie" => 32,
-        b"date" => 33,
-        b"etag" => 34,
-        b"expect" => 35,
-        b"expires" => 36,
-        b"from" => 37,
-        b"host" => 38,
-        b"if-match" => 39,
-        b"if-modified-since" => 40,
-        b"if-none-match" => 41,
-        b"if-range" => 42,
-        b"if-unmodified-since" => 43,
-        b"last-modified" => 44,
-        b"link" => 45,
-        b"location" => 46,
-        b"max-forwards" => 47,
-        b"proxy-authenticate" => 48,
-        b"proxy-authorization" => 49,
-        b"range" => 50,
-        b"referer" => 51,
-        b"refresh" => 52,
-        b"retry-after" => 53,
-        b"server" => 54,
-        b"set-cookie" => 55,
-        b"strict-transport-security" => 56,
-        b"transfer-encoding" => 57,
-        b"user-agent" => 58,
-        b"vary" => 59,
-        b"via" => 60,
-        b"www-authenticate" => 61,
-        _ => return None,
-    })
+    let (&first, &last) = (name.first()?, name.last()?);
+    let i = NAME_SLOTS[name_slot(name.len(), first, last)] as usize;
+    (i != 0 && STATIC[i - 1].0 == name).then_some(i)
 }
 
 /// Static table index of the exact field, for the entries that have a value.

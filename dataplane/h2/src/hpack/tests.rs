@@ -627,6 +627,35 @@ fn static_name_index_matches_the_table() {
     }
     assert_eq!(static_name_index(b"x-custom"), None);
     assert_eq!(static_name_index(b"Content-Type"), None);
+    assert_eq!(static_name_index(b""), None);
+}
+
+/// The slot look-up answers as a scan of the table for names near the table's: each name
+/// with one octet changed (every position, a few values), cut short, or made longer.
+#[test]
+fn static_name_index_is_a_scan_of_the_table() {
+    let scan = |name: &[u8]| STATIC.iter().position(|(n, _)| *n == name).map(|i| i + 1);
+    let mut tried = 0;
+    for (name, _) in STATIC.iter() {
+        let mut near = vec![name[..name.len() - 1].to_vec(), [*name, b"s"].concat()];
+        for i in 0..name.len() {
+            for b in [b'a', b'e', b'-', b'A', b':', 0, 0xff] {
+                let mut n = name.to_vec();
+                n[i] = b;
+                near.push(n);
+            }
+        }
+        for n in near {
+            assert_eq!(
+                static_name_index(&n),
+                scan(&n),
+                "{:?}",
+                String::from_utf8_lossy(&n)
+            );
+            tried += 1;
+        }
+    }
+    assert_eq!(tried, 4_476, "names tried");
 }
 
 /// Seeded randomized round trip: blocks from [`Encoder`] decode to the same fields, and the

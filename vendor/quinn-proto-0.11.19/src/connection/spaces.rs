@@ -1,8 +1,8 @@
 use std::{
     cmp,
-    collections::VecDeque,
+    collections::{BTreeMap, VecDeque},
     mem,
-    ops::{Bound, Index, IndexMut, Range, RangeBounds},
+    ops::{Bound, Index, IndexMut, Range},
 };
 
 use rand::{Rng, RngExt};
@@ -38,8 +38,8 @@ pub(super) struct PacketSpace {
     /// Number of packets in `sent_packets` with numbers above `largest_ack_eliciting_sent`
     pub(super) unacked_non_ack_eliciting_tail: u64,
     /// Transmitted but not acked
-    // Sweety patch (vendor/README.md): `SentPackets` (below), not a `BTreeMap`.
-    pub(super) sent_packets: SentPackets,
+    // We use a BTreeMap here so we can efficiently query by range on ACK and for loss detection
+    pub(super) sent_packets: BTreeMap<u64, SentPacket>,
     /// Number of explicit congestion notification codepoints seen on incoming packets
     pub(super) ecn_counters: frame::EcnCounts,
     /// Recent ECN counters sent by the peer in ACK frames
@@ -84,7 +84,7 @@ impl PacketSpace {
             largest_acked_packet_sent: now,
             largest_ack_eliciting_sent: 0,
             unacked_non_ack_eliciting_tail: 0,
-            sent_packets: SentPackets::default(),
+            sent_packets: BTreeMap::new(),
             ecn_counters: frame::EcnCounts::ZERO,
             ecn_feedback: frame::EcnCounts::ZERO,
 
@@ -261,8 +261,7 @@ impl PacketSpace {
         // The number of non-congestion-controlled (i.e. size == 0) packets in flight at a time
         // should be small, since otherwise congestion control wouldn't be effective. Therefore,
         // this shouldn't need to visit many packets before finishing one way or another.
-        // Sweety patch (vendor/README.md): counted, not searched for.
-        self.sent_packets.in_flight != 0
+        self.sent_packets.values().any(|x| x.size != 0)
     }
 }
 
@@ -276,111 +275,6 @@ impl Index<SpaceId> for [PacketSpace; 3] {
 impl IndexMut<SpaceId> for [PacketSpace; 3] {
     fn index_mut(&mut self, space: SpaceId) -> &mut PacketSpace {
         &mut self.as_mut()[space as usize]
-    }
-}
-
-/// Sweety patch (vendor/README.md): the packets of a space sent and not yet acknowledged or
-/// lost, in the order they were sent, in place of a `BTreeMap<u64, SentPacket>` (which cost a
-/// tree insertion per packet sent and a tree removal per packet acknowledged).
-///
-/// Packet numbers only grow, so a packet is appended at the back; acknowledgements and loss
-/// detection remove mostly from the front. A packet removed elsewhere leaves a hole that keeps
-/// its number, so that a lookup is still a binary search; holes at either end are dropped at
-/// once, and when holes are more than the live packets plus `SLACK`, they are all compacted
-/// out. So the storage stays below twice the live packets plus `SLACK` whatever order a peer
-/// acknowledges in, a removal costs O(1) amortized and a lookup O(log n). Iteration yields
-/// the live packets only, in packet number order, as the map's did.
-#[derive(Debug, Default)]
-pub(super) struct SentPackets {
-    /// Packet numbers, strictly increasing, each with its packet or a hole (`None`)
-    entries: VecDeque<(u64, Option<SentPacket>)>,
-    /// Entries that are not holes
-    live: usize,
-    /// Live packets counted towards congestion control (`size != 0`)
-    pub(super) in_flight: usize,
-}
-
-impl SentPackets {
-    /// Holes allowed beyond the number of live packets before they are compacted out
-    const SLACK: usize = 32;
-
-    /// Records packet `number`, larger than any recorded before
-    pub(super) fn insert(&mut self, number: u64, packet: SentPacket) {
-        debug_assert!(self.entries.back().is_none_or(|&(n, _)| n < number));
-        self.live += 1;
-        self.in_flight += usize::from(packet.size != 0);
-        self.entries.push_back((number, Some(packet)));
-    }
-
-    /// Index of the first entry whose number is not below `number`
-    fn lower_bound(&self, number: u64) -> usize {
-        match self.entries.front() {
-            Some(&(first, _)) if first >= number => 0,
-            _ => self.entries.partition_point(|&(n, _)| n < number),
-        }
-    }
-
-    fn index_of(&self, number: u64) -> Option<usize> {
-        let i = self.lower_bound(number);
-        (self.entries.get(i)?.0 == number).then_some(i)
-    }
-
-    pub(super) fn get(&self, number: &u64) -> Option<&SentPacket> {
-        self.entries[self.index_of(*number)?].1.as_ref()
-    }
-
-    pub(super) fn remove(&mut self, number: &u64) -> Option<SentPacket> {
-        let i = self.index_of(*number)?;
-        let packet = self.entries[i].1.take()?;
-        self.live -= 1;
-        self.in_flight -= usize::from(packet.size != 0);
-        while matches!(self.entries.front(), Some((_, None))) {
-            self.entries.pop_front();
-        }
-        while matches!(self.entries.back(), Some((_, None))) {
-            self.entries.pop_back();
-        }
-        if self.entries.len() > 2 * self.live + Self::SLACK {
-            self.entries.retain(|(_, p)| p.is_some());
-        }
-        Some(packet)
-    }
-
-    /// The live packets whose numbers are in `range`, in order
-    pub(super) fn range(
-        &self,
-        range: impl RangeBounds<u64>,
-    ) -> impl Iterator<Item = (&u64, &SentPacket)> {
-        let start = match range.start_bound() {
-            Bound::Included(&n) => self.lower_bound(n),
-            Bound::Excluded(&n) => n
-                .checked_add(1)
-                .map_or(self.entries.len(), |n| self.lower_bound(n)),
-            Bound::Unbounded => 0,
-        };
-        let end = match range.end_bound() {
-            Bound::Included(&n) => self.entries.partition_point(|&(x, _)| x <= n),
-            Bound::Excluded(&n) => self.entries.partition_point(|&(x, _)| x < n),
-            Bound::Unbounded => self.entries.len(),
-        };
-        self.entries
-            .range(start..end.max(start))
-            .filter_map(|(n, p)| Some((n, p.as_ref()?)))
-    }
-
-    pub(super) fn values_mut(&mut self) -> impl Iterator<Item = &mut SentPacket> {
-        self.entries.iter_mut().filter_map(|(_, p)| p.as_mut())
-    }
-
-    pub(super) fn into_values(self) -> impl Iterator<Item = SentPacket> {
-        self.entries.into_iter().filter_map(|(_, p)| p)
-    }
-}
-
-impl Index<&u64> for SentPackets {
-    type Output = SentPacket;
-    fn index(&self, number: &u64) -> &SentPacket {
-        self.get(number).expect("no sent packet of this number")
     }
 }
 
@@ -1032,88 +926,6 @@ const MAX_ACK_BLOCKS: usize = 64;
 #[cfg(test)]
 mod test {
     use super::*;
-
-    /// Sweety patch (vendor/README.md): `SentPackets` answers as the `BTreeMap` it replaces,
-    /// under random sends (with skipped numbers, in-flight or not) and removals in any order,
-    /// and its storage stays within twice the live packets plus `SLACK`.
-    #[test]
-    fn sent_packets_answer_as_the_map() {
-        use std::collections::BTreeMap;
-        let now = Instant::now();
-        let packet = |size: u16| SentPacket {
-            path_generation: 0,
-            time_sent: now,
-            size,
-            ack_eliciting: size != 0,
-            largest_acked: None,
-            retransmits: ThinRetransmits::default(),
-            stream_frames: frame::StreamMetaVec::new(),
-        };
-        // A fixed-seed xorshift: the same sequences on every run.
-        let mut state = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = move |below: u64| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state % below
-        };
-        for round in 0..40 {
-            let mut ours = SentPackets::default();
-            let mut map = BTreeMap::<u64, u16>::new();
-            let mut number = 0u64;
-            for _ in 0..1_000 {
-                match next(10) {
-                    0..=4 => {
-                        number += 1 + next(3) / 2; // sometimes a skipped number
-                        let size = if next(4) == 0 { 0 } else { 1200 };
-                        ours.insert(number, packet(size));
-                        map.insert(number, size);
-                    }
-                    5..=7 if !map.is_empty() => {
-                        // mostly the oldest, as acknowledgements do; in some rounds anywhere
-                        let pick = if round % 2 == 0 && next(4) != 0 {
-                            *map.keys().next().unwrap()
-                        } else {
-                            *map.keys().nth(next(map.len() as u64) as usize).unwrap()
-                        };
-                        assert_eq!(ours.remove(&pick).map(|p| p.size), map.remove(&pick));
-                    }
-                    _ => {
-                        let probe = next(number + 2);
-                        assert_eq!(ours.remove(&probe).map(|p| p.size), map.remove(&probe));
-                        assert_eq!(ours.get(&probe).map(|p| p.size), map.get(&probe).copied());
-                    }
-                }
-                let (a, b) = (next(number + 2), next(number + 2));
-                let (lo, hi) = (a.min(b), a.max(b));
-                assert!(
-                    ours.range(lo..hi)
-                        .map(|(&n, p)| (n, p.size))
-                        .eq(map.range(lo..hi).map(|(&n, &s)| (n, s)))
-                );
-                assert!(
-                    ours.range(lo..=hi)
-                        .map(|(&n, _)| n)
-                        .eq(map.range(lo..=hi).map(|(&n, _)| n))
-                );
-                assert!(
-                    ours.range((Bound::Excluded(lo), Bound::Unbounded))
-                        .map(|(&n, _)| n)
-                        .eq(map
-                            .range((Bound::Excluded(lo), Bound::Unbounded))
-                            .map(|(&n, _)| n))
-                );
-                assert!(
-                    ours.range(..)
-                        .map(|(_, p)| p.size)
-                        .eq(map.values().copied())
-                );
-                assert_eq!(ours.in_flight, map.values().filter(|&&s| s != 0).count());
-                assert!(ours.entries.len() <= 2 * map.len() + SentPackets::SLACK);
-            }
-            assert!(ours.into_values().map(|p| p.size).eq(map.into_values()));
-        }
-    }
 
     #[test]
     fn sanity() {
