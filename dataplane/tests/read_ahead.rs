@@ -91,7 +91,8 @@ async fn a_slow_h2_client_with_ten_streams_holds_one_budget_of_file_bytes() {
 /// bytes at a time, outside both), and every response still arrives whole.
 #[tokio::test]
 async fn the_read_ahead_total_of_all_connections_caps_the_budgeted_chunks() {
-    const TOTAL: u64 = 32 * 1024;
+    // Room for one chunk (128 KiB) but not for the two the connection's budget allows.
+    const TOTAL: u64 = 160 * 1024;
     let _one = SERVING_FILES.lock().await;
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("big.bin"), vec![7u8; FILE]).unwrap();
@@ -108,7 +109,7 @@ async fn the_read_ahead_total_of_all_connections_caps_the_budgeted_chunks() {
         ..fixed_route("files", "/", "")
     };
     let mut cfg = http_config(vec![vhost("v", &[], vec![route])]);
-    cfg.limits.static_read_ahead = BUDGET;
+    cfg.limits.static_read_ahead = 2 * CHUNK_SIZE as u32;
     cfg.limits.static_read_ahead_total = TOTAL;
     cfg.limits.http2_write_buffer = WRITE_BUFFER;
     let h = Harness::start(cfg).await;
@@ -124,7 +125,8 @@ async fn the_read_ahead_total_of_all_connections_caps_the_budgeted_chunks() {
     );
     assert!(
         max_total <= TOTAL,
-        "{max_total} bytes held against a total of {TOTAL} (the connection's own budget is {BUDGET})"
+        "{max_total} bytes held against a total of {TOTAL} (the connection's own budget is {})",
+        2 * CHUNK_SIZE
     );
     assert_eq!(total.held(), 0, "every chunk released once sent");
     assert_eq!(read_ahead_bytes(), 0);
