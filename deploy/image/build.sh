@@ -14,7 +14,8 @@
 #
 # What is in it (one layer, reproducible: fixed owners and mtimes from the commit's time):
 #   /usr/local/bin/sweety-controller, /usr/local/bin/sweety-dataplane  release builds from this
-#       host (`cargo build --release --locked`, or the binaries in --bin-dir), stripped;
+#       host (`cargo build --release --locked`, the dataplane profile-guided by dataplane/release.sh
+#       as in deploy/Dockerfile, or the binaries in --bin-dir), stripped;
 #   the shared libraries they load (from `ldd`: glibc, libm, libgcc_s, the dynamic loader);
 #   /etc/ssl/certs/ca-certificates.crt  Mozilla's roots as Debian's ca-certificates package ships
 #       them (/usr/share/ca-certificates/mozilla), never this machine's local additions;
@@ -61,8 +62,9 @@ source_url=https://github.com/sweety-dev/sweety
 bins=(sweety-controller sweety-dataplane)
 
 if [[ -z $bin_dir ]]; then
-    echo "== cargo build --release (${bins[*]})" >&2
-    cargo build --release --locked --bin sweety-controller --bin sweety-dataplane >&2
+    echo "== cargo build --release (${bins[*]}; the dataplane profile-guided, as deploy/Dockerfile)" >&2
+    bash dataplane/release.sh build --locked >&2
+    cargo build --release --locked -p sweety-controller --bin sweety-controller >&2
     bin_dir=$target/release
 fi
 for b in "${bins[@]}"; do

@@ -27,7 +27,8 @@
 #   PORT_BASE=18440  ports used on 127.0.0.1: TLS = base, plain HTTP = base+1,
 #                    backend = base+2, Sweety admin = base+3, WebSocket echo backend = base+4,
 #                    h2c backend = base+5 (HTTP/3: UDP on the TLS port)
-#   SWEETY_BIN=    use this binary instead of building (else: cargo build --release into
+#   SWEETY_BIN=    use this binary instead of building (else: the profile-guided release build,
+#                  dataplane/release.sh, into
 #                  $CARGO_TARGET_DIR, default ~/.cache/sweety/target)
 #   KEEP_WORK=1    keep the temporary work dir (configs, logs, client outputs)
 #   SETTLE=0       seconds to wait after each cell's load before reading the server's RSS
@@ -181,7 +182,7 @@ NOFILE=$(ulimit -n) # servers' descriptor limit (nginx: worker_rlimit_nofile)
 if [[ -z ${SWEETY_BIN:-} ]]; then
     export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/sweety/target}
     log "building sweety-dataplane (release, target dir $CARGO_TARGET_DIR)"
-    (cd "$REPO" && cargo build --release -p sweety-dataplane)
+    bash "$REPO/dataplane/release.sh" build
     SWEETY_BIN=$CARGO_TARGET_DIR/release/sweety-dataplane
     BUILT=1
 fi

@@ -38,6 +38,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
             signal: Arc::new(Signal::default()),
             ready: Vec::new(),
             spare_wakers: Default::default(),
+            starting: Vec::new(),
             read_buf: BytesMut::with_capacity(READ_CHUNK),
             out: VecDeque::new(),
             out_len: 0,
@@ -123,6 +124,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
                 if let Err(f) = self.handle_frames() {
                     self.fault(f);
                 }
+                self.first_polls();
                 progress = true;
             } else if self.closing.is_none()
                 && !self.read_closed
@@ -142,6 +144,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
                         if let Err(f) = self.handle_frames() {
                             self.fault(f);
                         }
+                        self.first_polls();
                         progress = true;
                     }
                     Poll::Ready(Err(e)) => {

@@ -242,6 +242,9 @@ struct Driver<I, S: H2Service> {
     ready: Vec<u32>,
     /// Wakers of closed streams for the next ones.
     spare_wakers: streams::Spares,
+    /// Streams the batch of frames being handled started, for their first poll after it
+    /// (`first_polls`).
+    starting: Vec<u32>,
 
     read_buf: BytesMut,
     /// The output, in order: `out` (frozen frame bytes split off `write_buf`, and DATA payloads

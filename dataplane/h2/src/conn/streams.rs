@@ -235,12 +235,37 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
         let fut = self.service.call(req, self.batch_clock);
         s.resp = Resp::Running(fut);
         self.streams.insert(id, s);
-        // First poll at once, with the stream's waker: ready responses (cache hits, fixed
-        // replies, refusals) are answered in this read's write; one that waits is polled
-        // again by this task when its waker fires.
+        // First poll after this batch of frames ([`Driver::first_polls`]), with the stream's
+        // waker: ready responses (cache hits, fixed replies, refusals) are answered in this
+        // read's write; one that waits is polled again by this task when its waker fires.
         self.inline_polls += 1;
-        self.poll_response(id);
+        self.starting.push(id);
         Ok(())
+    }
+
+    /// The first polls of the streams the last batch of frames started, in their order. A
+    /// batch's header blocks are decoded one after another and then its requests run one
+    /// after another, so that each of the two code paths stays in the instruction cache for
+    /// the whole batch (decoding between two requests evicted much of the request path).
+    /// Past the output bound (`Settings::write_buffer`) the rest wait as woken streams in the
+    /// queue, polled by [`Driver::produce`] once the output drains: the answers' heads, which
+    /// go straight to the output, stay within the bound as before.
+    pub(super) fn first_polls(&mut self) {
+        let mut ids = std::mem::take(&mut self.starting);
+        for (k, &id) in ids.iter().enumerate() {
+            if self.output_len() >= self.cfg.write_buffer {
+                for &id in &ids[k..] {
+                    if let Some(s) = self.streams.get_mut(&id) {
+                        s.woken = true;
+                    }
+                    self.enqueue(id);
+                }
+                break;
+            }
+            self.poll_response(id);
+        }
+        ids.clear();
+        self.starting = ids;
     }
 
     /// Polls stream `id`'s request future (with the stream's waker, which marks the stream
