@@ -193,6 +193,17 @@ pub fn is_default_static_read_ahead(n: &u32) -> bool {
     *n == DEFAULT_STATIC_READ_AHEAD
 }
 
+/// The default `limits.static_read_ahead_total`, bytes: 128 connections' full
+/// `static_read_ahead` at its default.
+pub const DEFAULT_STATIC_READ_AHEAD_TOTAL: u64 = 16 * 1024 * 1024;
+/// Largest `limits.static_read_ahead_total` (16 GiB).
+pub const MAX_STATIC_READ_AHEAD_TOTAL: u64 = 16 * 1024 * 1024 * 1024;
+
+/// True for the default `limits.static_read_ahead_total` (left out of serialized configs).
+pub fn is_default_static_read_ahead_total(n: &u64) -> bool {
+    *n == DEFAULT_STATIC_READ_AHEAD_TOTAL
+}
+
 /// The default `limits.proxy_read_ahead`, bytes (one HTTP/2 DATA frame of the default size).
 pub const DEFAULT_PROXY_READ_AHEAD: u32 = 16 * 1024;
 /// Smallest `limits.proxy_read_ahead` (hyper's smallest HTTP/1.1 read buffer).

@@ -1035,6 +1035,13 @@ pub struct Limits {
     /// data. Default 128 KiB (one 128 KiB chunk; HTTP/1.1 reads files in such chunks).
     #[serde(skip_serializing_if = "crate::is_default_static_read_ahead")]
     pub static_read_ahead: u32,
+    /// Bytes of static files all connections together may hold read ahead of their clients
+    /// in `static_read_ahead`'s chunks (16384 to 16 GiB). Past it, a stream reads 16 KiB at a
+    /// time outside it, as past its connection's `static_read_ahead`, so the file data held
+    /// is at most this plus 16 KiB per stream reading, however many connections there are.
+    /// Default 16 MiB.
+    #[serde(skip_serializing_if = "crate::is_default_static_read_ahead_total")]
+    pub static_read_ahead_total: u64,
     /// Bytes of a proxied response one backend connection or stream may read ahead of the
     /// client (8192 to 16 MiB): an HTTP/1.1 backend connection's read buffer (so also the
     /// largest response head a backend may send) and an HTTP/2 backend stream's flow-control
@@ -1126,6 +1133,7 @@ impl Default for Limits {
             http1_engine: Http1Engine::default(),
             http2_client: Http2Client::default(),
             static_read_ahead: crate::DEFAULT_STATIC_READ_AHEAD,
+            static_read_ahead_total: crate::DEFAULT_STATIC_READ_AHEAD_TOTAL,
             proxy_read_ahead: crate::DEFAULT_PROXY_READ_AHEAD,
             http2_write_buffer: crate::DEFAULT_HTTP2_WRITE_BUFFER,
         }
@@ -1151,12 +1159,14 @@ pub enum Congestion {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Http3 {
-    /// Concurrent request streams (bidirectional) a client may open per connection.
+    /// Concurrent request streams (bidirectional) a client may open per connection (64: quinn
+    /// keeps a few hundred bytes of receive state for each once used).
     pub max_concurrent_bidi_streams: u32,
     /// Flow-control window of one request stream, bytes (how much request body a client may
-    /// send ahead of the server reading it).
+    /// send ahead of the server reading it; 256 KiB, as Sweety's HTTP/2 engine).
     pub stream_receive_window: u32,
-    /// Flow-control window of a whole connection, bytes.
+    /// Flow-control window of a whole connection, bytes: the most request body quinn buffers
+    /// for one connection (1 MiB, as Sweety's HTTP/2 engine).
     pub connection_receive_window: u32,
     /// Bytes of response data buffered per connection ahead of the client's acknowledgements:
     /// the per-connection memory budget for responses (memory scales with connections × this).
@@ -1196,11 +1206,11 @@ pub struct Http3 {
 impl Default for Http3 {
     fn default() -> Self {
         Http3 {
-            max_concurrent_bidi_streams: 128,
-            stream_receive_window: 1024 * 1024,
-            connection_receive_window: 4 * 1024 * 1024,
+            max_concurrent_bidi_streams: 64,
+            stream_receive_window: 256 * 1024,
+            connection_receive_window: 1024 * 1024,
             send_window: 512 * 1024,
-            send_budget: 16 * 1024 * 1024,
+            send_budget: 8 * 1024 * 1024,
             congestion: Congestion::Cubic,
             initial_mtu: 1200,
             mtu_discovery_upper_bound: 1452,

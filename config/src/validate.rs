@@ -1370,6 +1370,15 @@ impl<'a> Validator<'a> {
                 self.err(format!("limits.{field}"), msg);
             }
         }
+        let total = l.static_read_ahead_total;
+        let (min, max) = (
+            u64::from(crate::MIN_STATIC_READ_AHEAD),
+            crate::MAX_STATIC_READ_AHEAD_TOTAL,
+        );
+        if !(min..=max).contains(&total) {
+            let msg = format!("must be between {min} and {max}, got {total}");
+            self.err("limits.static_read_ahead_total", msg);
+        }
     }
 }
 
@@ -3415,6 +3424,18 @@ access_log: {enabled: true, path: /var/log/sweety/access.log, buffer_lines: 1024
             "must be between 16384 and 16777216, got 16777217",
         );
         expect_one(
+            |c| c.limits.static_read_ahead_total = 16383,
+            "limits.static_read_ahead_total",
+            "must be between 16384 and 17179869184, got 16383",
+        );
+        expect_ok(|c| c.limits.static_read_ahead_total = 16384);
+        expect_ok(|c| c.limits.static_read_ahead_total = 16 << 30);
+        expect_one(
+            |c| c.limits.static_read_ahead_total = (16 << 30) + 1,
+            "limits.static_read_ahead_total",
+            "must be between 16384 and 17179869184, got 17179869185",
+        );
+        expect_one(
             |c| c.limits.proxy_read_ahead = 8191,
             "limits.proxy_read_ahead",
             "must be between 8192 and 16777216, got 8191",
@@ -3459,7 +3480,7 @@ access_log: {enabled: true, path: /var/log/sweety/access.log, buffer_lines: 1024
         expect_one(
             |c| c.http3.connection_receive_window = 64 * 1024,
             "http3.connection_receive_window",
-            "must be at least stream_receive_window (1048576), got 65536",
+            "must be at least stream_receive_window (262144), got 65536",
         );
         expect_one(
             |c| c.http3.alt_svc_max_age = Duration::from_millis(10),
@@ -3502,7 +3523,7 @@ access_log: {enabled: true, path: /var/log/sweety/access.log, buffer_lines: 1024
         assert_eq!(cfg.http3.congestion, Congestion::NewReno);
         assert!(cfg.http3.early_data);
         assert_eq!(cfg.http3.stream_receive_window, 65536);
-        assert_eq!(cfg.http3.max_concurrent_bidi_streams, 128);
+        assert_eq!(cfg.http3.max_concurrent_bidi_streams, 64);
     }
 
     #[test]

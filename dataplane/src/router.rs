@@ -118,9 +118,9 @@ pub struct RouteTable {
     vhosts: Chunked<Slot>,
     /// Number of routes over all virtual hosts.
     len: usize,
-    /// Host selection per listener name: the names are the config's (looked up for every
-    /// request by the listener it came on), so FNV, not a keyed hash: no client chooses a key.
-    listeners: HashMap<Box<str>, HostIndex, crate::metrics::FnvBuild>,
+    /// Host selection per listener name, looked up for every request by the listener it came
+    /// on: the names are the config's, keyed as `Upstreams`' backend names are (foldhash).
+    listeners: HashMap<Box<str>, HostIndex, foldhash::fast::RandomState>,
     /// Host selection for a listener name the config does not mention: only the virtual hosts
     /// attached to every listener.
     any_listener: HostIndex,
@@ -796,7 +796,7 @@ impl RouteTable {
         }
         drop(old);
         let shards = sqrt_pow2(slots.len());
-        let mut listeners: HashMap<Box<str>, HostIndex, crate::metrics::FnvBuild> =
+        let mut listeners: HashMap<Box<str>, HostIndex, foldhash::fast::RandomState> =
             HashMap::default();
         let names = cfg.listeners.iter().map(|l| l.name.as_str()).chain(
             cfg.virtual_hosts

@@ -5,7 +5,8 @@
 //!
 //! * static files: the file bytes read and not yet released
 //!   (`static_files::read_ahead_bytes`) stay within `limits.static_read_ahead` plus
-//!   `UNBUDGETED_CHUNK` per stream;
+//!   `UNBUDGETED_CHUNK` per stream, and the chunks taken in that budget's size stay within
+//!   the process's `limits.static_read_ahead_total` when it is the smaller;
 //! * proxied responses: the bytes taken from backend connections and not yet released
 //!   (`proxy::held_bytes`) stay within one `limits.proxy_read_ahead` per stream (hyper's
 //!   read buffer of each backend connection is bounded by the same setting);
@@ -28,7 +29,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use sweety_config::*;
 use sweety_dataplane::proxy::held_bytes;
-use sweety_dataplane::static_files::{read_ahead_bytes, CHUNK_SIZE, UNBUDGETED_CHUNK};
+use sweety_dataplane::static_files::{
+    read_ahead_bytes, ReadAheadTotal, CHUNK_SIZE, UNBUDGETED_CHUNK,
+};
 use tokio::io::AsyncWriteExt;
 use tokio::time::Instant;
 
@@ -42,8 +45,13 @@ const WRITE_BUFFER: u32 = 16 * 1024;
 /// largest size, or a response's HEADERS, with its frame header.
 const ONE_FRAME: usize = 16 * 1024 + 9;
 
+/// Taken by the tests that serve files: [`read_ahead_bytes`] counts the chunks of every file
+/// body in the process, so they run one at a time.
+static SERVING_FILES: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 #[tokio::test]
 async fn a_slow_h2_client_with_ten_streams_holds_one_budget_of_file_bytes() {
+    let _one = SERVING_FILES.lock().await;
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("big.bin"), vec![7u8; FILE]).unwrap();
     let route = Route {
@@ -75,6 +83,61 @@ async fn a_slow_h2_client_with_ten_streams_holds_one_budget_of_file_bytes() {
     );
     // Everything read was released once sent.
     assert_eq!(read_ahead_bytes(), 0);
+}
+
+/// `limits.static_read_ahead_total` below the connection's own budget: the chunks the
+/// connection takes in `static_read_ahead`'s size are held against the process's total, which
+/// follows the config and is never exceeded (past it the streams read `UNBUDGETED_CHUNK`
+/// bytes at a time, outside both), and every response still arrives whole.
+#[tokio::test]
+async fn the_read_ahead_total_of_all_connections_caps_the_budgeted_chunks() {
+    // Room for one chunk (128 KiB) but not for the two the connection's budget allows.
+    const TOTAL: u64 = 160 * 1024;
+    let _one = SERVING_FILES.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("big.bin"), vec![7u8; FILE]).unwrap();
+    let route = Route {
+        action: Action::Static(StaticSite {
+            root: dir.path().to_path_buf(),
+            index: vec![],
+            try_files: vec![],
+            precompressed: false,
+            cache_control: None,
+            strip_prefix: None,
+            hide_dotfiles: true,
+        }),
+        ..fixed_route("files", "/", "")
+    };
+    let mut cfg = http_config(vec![vhost("v", &[], vec![route])]);
+    cfg.limits.static_read_ahead = 2 * CHUNK_SIZE as u32;
+    cfg.limits.static_read_ahead_total = TOTAL;
+    cfg.limits.http2_write_buffer = WRITE_BUFFER;
+    let h = Harness::start(cfg).await;
+    let total = h.runtime.shared.read_ahead_total.clone();
+    let _ = TOTAL_OF_TEST.set(total.clone());
+
+    let (data, max_total) = slow_download(&h, "/big.bin", total_held).await;
+    assert_eq!(data, FILE * STREAMS as usize, "every response whole");
+    eprintln!("budgeted file bytes held, all connections: at most {max_total} (total {TOTAL})");
+    assert!(
+        max_total > 0,
+        "the connection's chunks were held against the total"
+    );
+    assert!(
+        max_total <= TOTAL,
+        "{max_total} bytes held against a total of {TOTAL} (the connection's own budget is {})",
+        2 * CHUNK_SIZE
+    );
+    assert_eq!(total.held(), 0, "every chunk released once sent");
+    assert_eq!(read_ahead_bytes(), 0);
+}
+
+/// The total of [`the_read_ahead_total_of_all_connections_caps_the_budgeted_chunks`]'s server.
+static TOTAL_OF_TEST: std::sync::OnceLock<std::sync::Arc<ReadAheadTotal>> =
+    std::sync::OnceLock::new();
+
+fn total_held() -> u64 {
+    TOTAL_OF_TEST.get().map_or(0, |t| t.held())
 }
 
 /// One h2c client of `h`'s listener with [`STREAMS`] streams of `path` (each [`FILE`] bytes),

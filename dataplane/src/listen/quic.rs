@@ -360,7 +360,10 @@ async fn serve_conn(
         // QUIC runs TLS 1.3 only (RFC 9001 §4.2); quinn does not expose the suite.
         tls_version: Some("TLSv1.3"),
         tls_cipher: None,
-        read_budget: Some(crate::static_files::ReadBudget::new(settings.read_ahead)),
+        read_budget: Some(crate::static_files::ReadBudget::new(
+            settings.read_ahead,
+            shared.read_ahead_total.clone(),
+        )),
     });
     let quic = conn.clone();
     let share = shared

@@ -271,7 +271,7 @@ async fn serve_conn(
         client_cert_verdict: Default::default(),
         tls_version: None,
         tls_cipher: None,
-        read_budget: Some(ReadBudget::new(read_ahead)),
+        read_budget: Some(ReadBudget::new(read_ahead, shared.read_ahead_total.clone())),
     });
     // h2c by prior knowledge or HTTP/1.1: told by the first bytes, read within the
     // header-read timeout (a client that sends nothing, or a part of the preface, is
@@ -391,7 +391,7 @@ async fn serve_tls<S>(
         tls_cipher: session
             .negotiated_cipher_suite()
             .and_then(|c| c.suite().as_str()),
-        read_budget: Some(ReadBudget::new(read_ahead)),
+        read_budget: Some(ReadBudget::new(read_ahead, shared.read_ahead_total.clone())),
     });
     if let (true, Some(settings)) = (alpn_h2, &h2) {
         serve_h2(

@@ -86,9 +86,11 @@ pub struct BuildError {
 /// All upstream backends of one config, with their pools and endpoint health.
 #[derive(Debug)]
 pub struct Upstreams {
-    /// By name: the names are the config's (every request looks its backend up here), so
-    /// FNV, not a keyed hash: no client chooses a key.
-    backends: HashMap<String, Arc<BackendRt>, crate::metrics::FnvBuild>,
+    /// By name, looked up by every request. The names are the config's, not a client's, but in
+    /// a shared cluster a tenant names its Services and routes: a keyed hash (foldhash, seeded
+    /// at random per process: no list of names collides in every process) at about FNV's cost,
+    /// not std's SipHash.
+    backends: HashMap<String, Arc<BackendRt>, foldhash::fast::RandomState>,
     metrics: Arc<Metrics>,
     mirrors: Arc<Semaphore>,
 }
@@ -135,8 +137,7 @@ impl Upstreams {
         read_ahead: u32,
         h2_client: sweety_config::Http2Client,
     ) -> Result<Upstreams, BuildError> {
-        let mut out =
-            HashMap::with_capacity_and_hasher(backends.len(), crate::metrics::FnvBuild::default());
+        let mut out = HashMap::with_capacity_and_hasher(backends.len(), Default::default());
         for (index, b) in backends.iter().enumerate() {
             let err = |message: String| BuildError { index, message };
             if out.contains_key(&b.name) {

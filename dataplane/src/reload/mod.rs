@@ -218,6 +218,9 @@ impl Runtime {
             client_conns: Arc::default(),
             client_requests: Arc::default(),
             quic_send_budget: Arc::default(),
+            read_ahead_total: Arc::new(crate::static_files::ReadAheadTotal::new(
+                limits.static_read_ahead_total,
+            )),
             listener_limits: Mutex::new(HashMap::new()),
             metrics,
         });
@@ -376,6 +379,9 @@ impl Runtime {
                 limits.max_connections as usize,
                 limits.max_requests_in_flight as usize,
             );
+            self.shared
+                .read_ahead_total
+                .set_limit(limits.static_read_ahead_total);
         }
         self.shared
             .metrics

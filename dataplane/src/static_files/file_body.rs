@@ -8,6 +8,11 @@
 //! streams (one the client pauses with its flow-control window must not stall the rest). So
 //! the file bytes a connection holds ahead of its client are at most
 //! `static_read_ahead + streams x UNBUDGETED_CHUNK`, where they were `streams x CHUNK_SIZE`.
+//! All connections' budgeted chunks together also stay within one [`ReadAheadTotal`]
+//! (`limits.static_read_ahead_total`): past it a stream reads [`UNBUDGETED_CHUNK`] bytes at a
+//! time as past its connection's budget, so under many connections the process holds at most
+//! `static_read_ahead_total + streams reading x UNBUDGETED_CHUNK` of file data, not
+//! `connections x static_read_ahead`.
 //!
 //! A chunk whose bytes are in the page cache (the common case for a served file) is read on
 //! the runtime thread, without a hop to the blocking pool: `preadv2` with `RWF_NOWAIT` (Linux)
@@ -50,27 +55,112 @@ pub fn read_ahead_bytes() -> u64 {
     HELD.load(Ordering::Relaxed)
 }
 
+/// The file bytes all connections of the process together may hold in budgeted chunks
+/// (`limits.static_read_ahead_total`; one in [`crate::state::Shared`], following the config).
+#[derive(Debug)]
+pub struct ReadAheadTotal {
+    limit: AtomicU64,
+    held: AtomicU64,
+}
+
+impl Default for ReadAheadTotal {
+    /// Unlimited until a config sets it.
+    fn default() -> Self {
+        ReadAheadTotal {
+            limit: AtomicU64::new(u64::MAX),
+            held: AtomicU64::new(0),
+        }
+    }
+}
+
+impl ReadAheadTotal {
+    /// A total of `bytes`.
+    pub fn new(bytes: u64) -> ReadAheadTotal {
+        let total = ReadAheadTotal::default();
+        total.set_limit(bytes);
+        total
+    }
+
+    /// Follows the config's `limits.static_read_ahead_total`. Lowering it takes no chunk
+    /// back: only new chunks find the total full.
+    pub fn set_limit(&self, bytes: u64) {
+        self.limit.store(bytes, Ordering::Relaxed);
+    }
+
+    /// Bytes held by budgeted chunks right now, all connections.
+    pub fn held(&self) -> u64 {
+        self.held.load(Ordering::Relaxed)
+    }
+
+    /// Takes `n` bytes if they fit under the limit; never more than the limit in total.
+    fn try_take(self: &Arc<Self>, n: u64) -> Option<TotalPermit> {
+        let limit = self.limit.load(Ordering::Relaxed);
+        self.held
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |h| {
+                h.checked_add(n).filter(|&t| t <= limit)
+            })
+            .ok()?;
+        Some(TotalPermit {
+            total: self.clone(),
+            n,
+        })
+    }
+}
+
+/// `n` bytes of a [`ReadAheadTotal`], given back when dropped.
+#[derive(Debug)]
+struct TotalPermit {
+    total: Arc<ReadAheadTotal>,
+    n: u64,
+}
+
+impl Drop for TotalPermit {
+    fn drop(&mut self) {
+        self.total.held.fetch_sub(self.n, Ordering::Relaxed);
+    }
+}
+
+/// What a budgeted chunk holds: its bytes of the connection's budget and of the total.
+#[derive(Debug)]
+struct Permit {
+    _conn: OwnedSemaphorePermit,
+    _total: TotalPermit,
+}
+
 /// The file bytes one connection may hold read ahead of its client, all its streams
-/// together (`limits.static_read_ahead`). Cloned into every request of the connection.
+/// together (`limits.static_read_ahead`), within the process's [`ReadAheadTotal`]. Cloned
+/// into every request of the connection.
 #[derive(Debug, Clone)]
 pub struct ReadBudget {
     permits: Arc<Semaphore>,
     size: u32,
+    total: Arc<ReadAheadTotal>,
 }
 
 impl ReadBudget {
-    /// A budget of `bytes` (at least 1).
-    pub fn new(bytes: u32) -> ReadBudget {
+    /// A budget of `bytes` (at least 1) within `total`.
+    pub fn new(bytes: u32, total: Arc<ReadAheadTotal>) -> ReadBudget {
         let size = bytes.max(1);
         ReadBudget {
             permits: Arc::new(Semaphore::new(size as usize)),
             size,
+            total,
         }
     }
 
     /// Bytes of this budget held by chunks read and not yet released.
     pub fn held(&self) -> usize {
         self.size as usize - self.permits.available_permits()
+    }
+
+    /// `n` bytes of both the connection's budget and the total, or `None` if either is full.
+    fn take(&self, n: u32) -> Option<Permit> {
+        let conn = self.permits.clone().try_acquire_many_owned(n).ok()?;
+        let total = self.total.try_take(u64::from(n))?;
+        Some(Permit {
+            _conn: conn,
+            _total: total,
+        })
     }
 }
 
@@ -133,7 +223,7 @@ impl FileBody {
 /// to them is dropped.
 struct Held {
     buf: Vec<u8>,
-    _permit: Option<OwnedSemaphorePermit>,
+    _permit: Option<Permit>,
 }
 
 impl AsRef<[u8]> for Held {
@@ -149,7 +239,7 @@ impl Drop for Held {
 }
 
 /// The bytes of a chunk as a `Bytes` holding `permit` until they are dropped.
-fn held(buf: Vec<u8>, permit: Option<OwnedSemaphorePermit>) -> Bytes {
+fn held(buf: Vec<u8>, permit: Option<Permit>) -> Bytes {
     HELD.fetch_add(buf.len() as u64, Ordering::Relaxed);
     Bytes::from_owner(Held {
         buf,
@@ -170,7 +260,7 @@ fn read_chunk(
     offset: u64,
     n: usize,
     mut buf: Vec<u8>,
-    permit: Option<OwnedSemaphorePermit>,
+    permit: Option<Permit>,
 ) -> io::Result<(Arc<File>, Bytes)> {
     // Bounded: every turn reads at least one byte or returns.
     while buf.len() < n {
@@ -297,9 +387,9 @@ impl http_body::Body for FileBody {
                     let mut n = this.next_len();
                     let permit = match &this.budget {
                         None => None,
-                        Some(b) => match b.permits.clone().try_acquire_many_owned(n as u32) {
-                            Ok(p) => Some(p),
-                            Err(_) => {
+                        Some(b) => match b.take(n as u32) {
+                            Some(p) => Some(p),
+                            None => {
                                 // Full: a small chunk outside it (see the module docs).
                                 n = n.min(UNBUDGETED_CHUNK);
                                 None
@@ -393,7 +483,7 @@ mod tests {
         let big = FileBody::new(open(), 1_000, 39_000, 10 * CHUNK_SIZE, None, true);
         assert_eq!(frame_sizes(big).await, vec![39_000]);
         // A chunk larger than the budget is clamped to it.
-        let budget = ReadBudget::new(10_000);
+        let budget = ReadBudget::new(10_000, Arc::default());
         let capped = FileBody::new(open(), 0, 40_000, CHUNK_SIZE, Some(budget.clone()), true);
         assert_eq!(frame_sizes(capped).await, vec![10_000; 4]);
         assert_eq!(budget.held(), 0, "every chunk released once dropped");
@@ -472,7 +562,7 @@ mod tests {
         let mut tmp = tempfile::NamedTempFile::new().unwrap();
         tmp.write_all(&vec![7u8; 200_000]).unwrap();
         let open = || Arc::new(File::open(tmp.path()).unwrap());
-        let budget = ReadBudget::new(64_000);
+        let budget = ReadBudget::new(64_000, Arc::default());
         let mut a = FileBody::new(open(), 0, 200_000, 64_000, Some(budget.clone()), true);
         let mut b = FileBody::new(open(), 0, 200_000, 64_000, Some(budget.clone()), true);
         let first = a.frame().await.unwrap().unwrap().into_data().unwrap();
@@ -486,5 +576,46 @@ mod tests {
         assert_eq!(budget.held(), 0);
         let big = b.frame().await.unwrap().unwrap().into_data().unwrap();
         assert_eq!((big.len(), budget.held()), (64_000, 64_000));
+    }
+
+    /// Two connections' budgets within one total of one chunk: while the first connection's
+    /// chunk is alive the second connection, its own budget empty, reads `UNBUDGETED_CHUNK`
+    /// bytes at a time (it never waits) and takes no budget; once the chunk is dropped both the
+    /// total and the first connection's budget are free, and a full chunk is taken again. A
+    /// config lowering the total takes effect at the next chunk.
+    #[tokio::test]
+    async fn connections_share_the_total_and_past_it_read_small_chunks() {
+        let mut tmp = tempfile::NamedTempFile::new().unwrap();
+        tmp.write_all(&vec![7u8; 200_000]).unwrap();
+        let open = || Arc::new(File::open(tmp.path()).unwrap());
+        let total = Arc::new(ReadAheadTotal::new(64_000));
+        let one = ReadBudget::new(128_000, total.clone());
+        let two = ReadBudget::new(128_000, total.clone());
+        let mut a = FileBody::new(open(), 0, 200_000, 64_000, Some(one.clone()), true);
+        let mut b = FileBody::new(open(), 0, 200_000, 64_000, Some(two.clone()), true);
+        let first = a.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert_eq!(
+            (first.len(), one.held(), total.held()),
+            (64_000, 64_000, 64_000)
+        );
+        let small = b.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert_eq!(
+            (small.len(), two.held(), total.held()),
+            (UNBUDGETED_CHUNK, 0, 64_000)
+        );
+        drop(first);
+        assert_eq!((one.held(), total.held()), (0, 0));
+        let big = b.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert_eq!(
+            (big.len(), two.held(), total.held()),
+            (64_000, 64_000, 64_000)
+        );
+        drop(big);
+        total.set_limit(63_999);
+        let small = a.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert_eq!(
+            (small.len(), one.held(), total.held()),
+            (UNBUDGETED_CHUNK, 0, 0)
+        );
     }
 }

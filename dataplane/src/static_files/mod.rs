@@ -31,7 +31,9 @@ mod path;
 mod range;
 mod resolve;
 
-pub use file_body::{read_ahead_bytes, ReadBudget, ReadChunk, CHUNK_SIZE, UNBUDGETED_CHUNK};
+pub use file_body::{
+    read_ahead_bytes, ReadAheadTotal, ReadBudget, ReadChunk, CHUNK_SIZE, UNBUDGETED_CHUNK,
+};
 
 use crate::body::{boxed, empty, full, text_response, Body};
 use arc_swap::ArcSwapOption;
