@@ -664,8 +664,10 @@ impl Pool {
     /// not 1,000), with the open ones at most [`H2_MAX_CONNS`]; past that, and with no opening
     /// left to wait for, a request fails at once with [`ProxyError::LocalOverload`]. A
     /// request that opens a connection gets its first stream; the others wait until an
-    /// opening ends, then look again. When an opening fails, the requests waiting then fail
-    /// with it ([`ProxyError::ConnectWaited`]: the failure counts once, against its opener);
+    /// opening ends, then look again. When an opening fails, the requests waiting then open no
+    /// more connections themselves: each takes a stream that is free or frees up from the
+    /// other openings still under way, and fails with the failure
+    /// ([`ProxyError::ConnectWaited`]: it counts once, against its opener) when none is left;
     /// when its opener gives up (the request was dropped) another request opens one.
     async fn acquire_h2(
         &self,
@@ -674,6 +676,11 @@ impl Pool {
         limit: Option<Duration>,
     ) -> Result<Conn, ProxyError> {
         let mut deadline = None;
+        // Set once an opening failed while this request waited: from then on it opens none
+        // itself, and fails with that failure only when no stream is free and no other
+        // opening is left under way (one failed handshake out of several in flight must not
+        // fail every request waiting for the others).
+        let mut failed_while_waiting = false;
         loop {
             let wait = {
                 let mut list = self.h2_list();
@@ -681,7 +688,16 @@ impl Pool {
                     return Ok(conn);
                 }
                 let open = self.open.load(Ordering::Acquire);
-                if open + list.connecting < H2_MAX_CONNS && list.needs_another() {
+                if failed_while_waiting && list.connecting == 0 {
+                    return Err(ProxyError::ConnectWaited {
+                        addr: addr.to_string(),
+                        after: list.timed_out,
+                    });
+                }
+                if !failed_while_waiting
+                    && open + list.connecting < H2_MAX_CONNS
+                    && list.needs_another()
+                {
                     list.connecting += 1;
                     None
                 } else if list.connecting == 0 {
@@ -718,12 +734,8 @@ impl Pool {
                     after: limit,
                 });
             }
-            let list = self.h2_list();
-            if list.failures != failures {
-                return Err(ProxyError::ConnectWaited {
-                    addr: addr.to_string(),
-                    after: list.timed_out,
-                });
+            if self.h2_list().failures != failures {
+                failed_while_waiting = true;
             }
         }
     }
@@ -1763,6 +1775,66 @@ mod h2_open_tests {
         };
         bounded(run).await.expect("bounded");
         assert_eq!(accepted.load(Ordering::SeqCst), 1);
+    }
+
+    /// Two openings in flight for 150 requests; the first handshake fails while the second is
+    /// still under way: the requests waiting take the second connection's streams (100) and
+    /// only those it cannot carry fail with the failure, uncounted (session 20's review, P1:
+    /// every waiter failed with the first failure, 148 502s beside a connection about to open).
+    #[tokio::test]
+    async fn one_failed_opening_of_two_fails_only_what_the_other_cannot_carry() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let (first, first_rx) = watch::channel(false);
+        let (second, second_rx) = watch::channel(false);
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let count = accepted.clone();
+        tokio::spawn(async move {
+            let mut gates = vec![first_rx, second_rx].into_iter();
+            while let Ok((mut s, _)) = l.accept().await {
+                let fails = count.fetch_add(1, Ordering::SeqCst) == 0;
+                let Some(mut gate) = gates.next() else { return };
+                tokio::spawn(async move {
+                    if gate.wait_for(|open| *open).await.is_err() || fails {
+                        return; // the first connection closes: its handshake fails
+                    }
+                    if s.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]).await.is_err() {
+                        return;
+                    }
+                    let mut chunk = [0u8; 1024];
+                    while matches!(s.read(&mut chunk).await, Ok(n) if n > 0) {}
+                });
+            }
+        });
+        let pool = Arc::new(Pool::new(8));
+        let run = async {
+            let asks = ask(&pool, &addr, 150, Some(Duration::from_secs(20)));
+            until(&pool, 2, 148).await;
+            while accepted.load(Ordering::SeqCst) < 2 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            first.send_replace(true);
+            until(&pool, 1, 148).await;
+            second.send_replace(true);
+            let (mut held, mut errors) = (Vec::new(), Vec::new());
+            for a in asks {
+                match a.await.unwrap() {
+                    Ok(conn) => held.push(conn),
+                    Err(e) => errors.push(e),
+                }
+            }
+            assert_eq!(held.len(), 100, "{errors:?}");
+            let counted: Vec<_> = errors.iter().filter(|e| e.is_endpoint_failure()).collect();
+            assert_eq!(counted.len(), 1, "{errors:?}");
+            assert!(matches!(counted[0], ProxyError::Connect { .. }));
+            let waited = errors
+                .iter()
+                .filter(|e| matches!(e, ProxyError::ConnectWaited { after: None, .. }))
+                .count();
+            assert_eq!(waited, 49, "{errors:?}");
+        };
+        bounded(run).await.expect("bounded");
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
     }
 
     /// A slow opening: the waiting requests end at their own connect timeout (a 504 that does
