@@ -1169,7 +1169,8 @@ pub struct Http3 {
     /// for one connection (1 MiB, as Sweety's HTTP/2 engine).
     pub connection_receive_window: u32,
     /// Bytes of response data buffered per connection ahead of the client's acknowledgements:
-    /// the per-connection memory budget for responses (memory scales with connections × this).
+    /// one connection's ceiling; all connections together share `send_budget`, so memory does
+    /// not scale with connections × this.
     pub send_window: u32,
     /// Bytes of response data buffered ahead of acknowledgements by all HTTP/3 connections
     /// together: the connections with a response in flight share it (each gets at most
