@@ -235,6 +235,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
         if self.out.is_empty() && self.out.capacity() > 8 {
             self.out = VecDeque::new();
         }
+        self.spare_wakers.clear();
     }
 
     pub(super) fn poll_read(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<usize>> {

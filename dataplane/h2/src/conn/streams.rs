@@ -121,6 +121,18 @@ impl Spares {
     }
 
     /// Keeps the waker of a closed stream if nothing else holds it (and there is room).
+    /// Spare wakers kept now.
+    #[cfg(test)]
+    pub(super) fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Lets every spare go (an idle connection keeps none: up to [`SPARE_WAKERS`] allocations
+    /// of ~40 bytes otherwise stay for the connection's life).
+    pub(super) fn clear(&mut self) {
+        self.0 = Vec::new();
+    }
+
     pub(super) fn keep(&mut self, w: Option<Arc<StreamWaker>>) {
         if let Some(mut w) = w {
             if self.0.len() < SPARE_WAKERS && Arc::get_mut(&mut w).is_some() {

@@ -2332,6 +2332,22 @@ async fn answers_made_ready_by_futures_that_spent_the_budget_are_written_in_that
 /// A closed stream's waker is kept for the next stream only when nothing else holds it: a
 /// clone still held (by a backend, a body) could otherwise wake the stream that reuses it.
 /// A kept one becomes the next stream's, with its id, and wakes that stream.
+/// An idle connection lets its spare stream wakers go with its other buffers (session 20's
+/// review, L2: they stayed for the connection's life).
+#[tokio::test]
+async fn an_idle_connection_keeps_no_spare_wakers() {
+    let (mut d, _c) = hand_driver(|_| {}, &hello()).await;
+    for id in [1, 3] {
+        d.spare_wakers.keep(Some(Arc::new(StreamWaker {
+            signal: d.signal.clone(),
+            id,
+        })));
+    }
+    assert_eq!(d.spare_wakers.len(), 2);
+    d.shrink_buffers();
+    assert_eq!(d.spare_wakers.len(), 0);
+}
+
 #[test]
 fn only_wakers_nothing_else_holds_are_reused() {
     use super::streams::Spares;
