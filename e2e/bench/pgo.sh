@@ -202,7 +202,7 @@ order_line() { # order_line FILE: functions, of which idle
         bin=$CARGO_TARGET_DIR/release/sweety-dataplane
         first=$(grep -vm1 '^#' "$ORDER_FILE")
         text=$(readelf -SW "$bin" | awk '$2 == ".text" { print $4 }')
-        at=$(nm --defined-only "$bin" | awk -v n="$first" '$3 == n || index($3, n ".llvm.") == 1 { print $1; exit }')
+        at=$(nm --defined-only "$bin" | awk -v n="$first" '!at && ($3 == n || index($3, n ".llvm.") == 1) { at = $1 } END { print at }')
         if [[ -n $at && -n $text && $((16#$at)) == $((16#$text)) ]]; then
             echo "   the final build starts .text with the list's first function ($first): the order is applied"
         else
