@@ -2352,27 +2352,28 @@ async fn an_idle_connection_keeps_no_spare_wakers() {
     assert_eq!(d.spare_wakers.len(), 0);
 }
 
+/// `keep` itself refuses a waker with a clone left: the clone is dropped before `take`, so
+/// only `keep`'s check can leave the list empty (`take` checks again, and with the clone
+/// still held would hide a `keep` that kept it: session 20's review, L1). And `keep` keeps at
+/// most [`SPARE_WAKERS`](super::streams::SPARE_WAKERS), however many streams close.
 #[test]
 fn only_wakers_nothing_else_holds_are_reused() {
-    use super::streams::Spares;
+    use super::streams::{Spares, SPARE_WAKERS};
     let signal = Arc::new(Signal::default());
+    let waker = |id| {
+        Arc::new(StreamWaker {
+            signal: signal.clone(),
+            id,
+        })
+    };
     let mut spares = Spares::default();
-    let held = Arc::new(StreamWaker {
-        signal: signal.clone(),
-        id: 1,
-    });
+    let held = waker(1);
     let clone = Waker::from(held.clone());
     spares.keep(Some(held));
-    assert!(
-        spares.take(3).is_none(),
-        "a waker with a clone left is not kept"
-    );
     drop(clone);
-    let unique = Arc::new(StreamWaker {
-        signal: signal.clone(),
-        id: 5,
-    });
-    spares.keep(Some(unique));
+    assert_eq!(spares.len(), 0, "a waker with a clone left is not kept");
+    assert!(spares.take(3).is_none());
+    spares.keep(Some(waker(5)));
     let reused = spares.take(7).expect("kept");
     assert_eq!(reused.id, 7);
     Waker::from(reused).wake();
@@ -2380,4 +2381,8 @@ fn only_wakers_nothing_else_holds_are_reused() {
     signal.take(&mut ready, Waker::noop());
     assert_eq!(ready, [7]);
     assert!(spares.take(9).is_none(), "one spare, taken");
+    for id in 0..2 * SPARE_WAKERS as u32 {
+        spares.keep(Some(waker(2 * id + 11)));
+    }
+    assert_eq!(spares.len(), SPARE_WAKERS, "the spares are bounded");
 }
