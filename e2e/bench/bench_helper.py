@@ -59,16 +59,22 @@ def tree(pid):
 
 def cpu_ticks(pids):
     """Sum of utime+stime (clock ticks) of pids; a vanished pid counts as 0."""
-    total = 0
+    return sum(user_system_ticks(pids))
+
+
+def user_system_ticks(pids):
+    """(utime, stime) summed over pids, in clock ticks; a vanished pid counts as 0."""
+    user = system = 0
     for p in pids:
         try:
             with open(f"/proc/{p}/stat") as f:
                 rest = f.read().rsplit(")", 1)[1].split()
             # after ")": state(0) ppid(1) ... utime is field 14 overall -> index 11, stime 12
-            total += int(rest[11]) + int(rest[12])
+            user += int(rest[11])
+            system += int(rest[12])
         except (OSError, IndexError, ValueError):
             pass
-    return total
+    return user, system
 
 
 def faults(pids):
@@ -309,9 +315,10 @@ def run_bounded(cmd, stdout_path, timeout):
 
 def cmd_measure(a):
     pids = tree(a.server_pid)
-    t0, f0 = cpu_ticks(pids), faults(pids)
+    (u0, s0), f0 = user_system_ticks(pids), faults(pids)
     code, client_cpu, wall = run_bounded(a.command, a.client_out, a.timeout)
-    t1, f1 = cpu_ticks(pids), faults(pids)
+    (u1, s1), f1 = user_system_ticks(pids), faults(pids)
+    t0, t1 = u0 + s0, u1 + s1
     alive = os.path.exists(f"/proc/{a.server_pid}")
     rss, hwm = mem_kb(pids)
     settled = None
@@ -346,6 +353,9 @@ def cmd_measure(a):
         server_cpu_s=cpu_s,
         server_cpu_pct=100.0 * cpu_s / wall if wall > 0 else None,
         cpu_us_per_req=(cpu_s * 1e6 / r["done"]) if r["done"] else None,
+        # the user / system split of it (HISTORY.md "User and system time per request")
+        user_us_per_req=((u1 - u0) / CLK_TCK * 1e6 / r["done"]) if r["done"] else None,
+        sys_us_per_req=((s1 - s0) / CLK_TCK * 1e6 / r["done"]) if r["done"] else None,
         faults_per_req=((f1 - f0) / r["done"]) if r["done"] else None,
         client_cpu_pct=100.0 * client_cpu / wall if wall > 0 else None,
         idle_rss_kb=a.idle_rss,
@@ -603,6 +613,7 @@ def cmd_report(a):
                 fmt_ms(r["p99_ms"]),
                 fmt_ms(r.get("p99_steady_ms")),
                 fmt_num(r["cpu_us_per_req"]),
+                f"{fmt_num(r.get('user_us_per_req'))} / {fmt_num(r.get('sys_us_per_req'))}",
                 fmt_num(r["server_cpu_pct"], 0),
                 fmt_num(r["client_cpu_pct"], 0),
                 fmt_mb(r["idle_rss_kb"]),
@@ -711,6 +722,7 @@ def cmd_report(a):
             rate_rows.append([
                 c, srv, d["n"], fmt_rps(d["rps"]), fmt_ms(d["p99"]), fmt_ms(d["p99s"]),
                 fmt_ratio(d["p99"], h and h["p99"]), fmt_ratio(d["p99s"], h and h["p99s"]),
+                " · ".join(fmt_num(r.get("p99_steady_ms")) for r in by[(c, srv)]),
                 fmt_num(d["lag"]),
                 " · ".join(fmt_num(r.get("start_lag_ms")) for r in by[(c, srv)]),
             ])
@@ -729,10 +741,14 @@ def cmd_report(a):
             "or more after the start (oha --db-url records every request; the same cut for every "
             "server); the goal (p99 ≤ HAProxy's at the same load) is read on it. late = the "
             "longest oha took to send a request due in the part left out, after it was due (the "
-            "mean over runs; then every run). Means over runs; ratios to HAProxy's.",
+            "mean over runs; then every run). Means over runs; ratios to HAProxy's. On a loaded "
+            "machine a run's steady p99 can still jump (other processes stall the client or the "
+            "backend on CPU 1 for whole seconds, whichever server runs): read the runs beside "
+            "the mean.",
             "",
             md_table(["cell", "server", "runs", "rps", "p99 whole run", "p99 steady",
-                      "whole / H", "steady / H", "late ms", "late ms per run"], rate_rows),
+                      "whole / H", "steady / H", "steady ms per run", "late ms",
+                      "late ms per run"], rate_rows),
         ]
     harows = []
     for c in cells:
@@ -757,13 +773,14 @@ def cmd_report(a):
         "",
         "## Every run",
         "",
+        "user / sys µs: µs/req split into the server's user and kernel time (utime, stime). "
         "non-2xx: h2load and oha count 3xx/4xx/5xx, wrk counts 4xx/5xx. probe: status and size "
         "of one request made before the load (curl; oha for h3). faults/req: the server's page "
         "faults (minor + major, /proc/PID/stat) over the run per completed request. settled "
         "RSS: VmRSS SETTLE seconds after the load ended (run.sh's SETTLE; — when 0).",
         "",
         md_table(
-            ["cell", "server", "run", "rps", "p99", "p99 steady", "µs/req", "server CPU %", "client CPU %",
+            ["cell", "server", "run", "rps", "p99", "p99 steady", "µs/req", "user / sys µs", "server CPU %", "client CPU %",
              "idle RSS", "peak RSS", "faults/req", "settled RSS", "done", "failed", "non-2xx",
              "probe"],
             raw,

@@ -144,10 +144,8 @@ done
 [[ $DUR =~ ^[1-9][0-9]*$ ]] || { echo "DUR must be a positive integer (seconds)" >&2; exit 2; }
 [[ $RUNS =~ ^[1-9][0-9]*$ ]] || { echo "RUNS must be a positive integer" >&2; exit 2; }
 [[ $PROXY_RATE =~ ^[1-9][0-9]*$ ]] || { echo "PROXY_RATE must be a positive integer" >&2; exit 2; }
-if ! [[ $RATE_SKIP =~ ^[0-9]+(\.[0-9]+)?$ ]] || ! awk -v s="$RATE_SKIP" -v d="$DUR" 'BEGIN { exit !(s < d) }'; then
-    echo "RATE_SKIP must be a number of seconds below DUR" >&2
-    exit 2
-fi
+# (at or past DUR the steady p99 has no request and reads "—")
+[[ $RATE_SKIP =~ ^[0-9]+(\.[0-9]+)?$ ]] || { echo "RATE_SKIP must be a number of seconds" >&2; exit 2; }
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
