@@ -524,10 +524,12 @@ impl Pool {
     }
 
     /// [`Pool::acquire`] within `limit` (the connect timeout) when given: a new connection
-    /// that is not open by then fails with [`ProxyError::ConnectTimeout`]; a request waiting
-    /// for an HTTP/2 connection another request opens fails with [`ProxyError::ConnectWaited`]
-    /// (after `limit`, or at once when that opening fails), which does not count against the
-    /// endpoint: its opener's error does, once. A pooled connection needs no clock.
+    /// that is not open `limit` after its connect began fails with
+    /// [`ProxyError::ConnectTimeout`]; a request waiting for an HTTP/2 connection another
+    /// request opens fails with [`ProxyError::ConnectWaited`] (after `limit`, or at once when
+    /// that opening fails), which does not count against the endpoint: its opener's error
+    /// does, once. A waiting request that becomes an opener (the one it waited for went away)
+    /// takes at most twice `limit`. A pooled connection needs no clock.
     pub async fn acquire_within(
         &self,
         addr: &str,
@@ -713,12 +715,17 @@ impl Pool {
                     Some((self.h2_opened.notified(), list.failures))
                 }
             };
-            // The clock starts when the request first has to wait or open.
+            let Some((notified, failures)) = wait else {
+                // A connect has the whole limit, also when its request waited first (its
+                // opener went away): a timeout counted against the endpoint is then one the
+                // endpoint took, not the rest of a wait (session 20's review, P2). Such a
+                // request waits and connects for at most twice the limit.
+                let connect_by = limit.map(|l| tokio::time::Instant::now() + l);
+                return self.open_h2(addr, c, connect_by, limit).await;
+            };
+            // The clock of the waits starts when the request first has to wait.
             let deadline =
                 *deadline.get_or_insert_with(|| limit.map(|l| tokio::time::Instant::now() + l));
-            let Some((notified, failures)) = wait else {
-                return self.open_h2(addr, c, deadline, limit).await;
-            };
             let waiting = Waiting(self);
             let woken = match deadline {
                 Some(d) => tokio::time::timeout_at(d, notified).await.is_ok(),
@@ -1908,6 +1915,37 @@ mod h2_open_tests {
             }
             let list = pool.h2_list();
             assert_eq!((list.connecting, list.waiting, list.conns.len()), (0, 0, 1));
+        };
+        bounded(run).await.expect("bounded");
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
+    }
+
+    /// A request that waited for most of its connect timeout and then opens (its opener went
+    /// away) has the whole timeout for its connect: a backend that takes 3 s past the request's
+    /// first deadline, within 10 s of the connect, serves it; the spent wait used to end the
+    /// connect early and count the timeout against the endpoint (session 20's review, P2).
+    /// On tokio's paused clock: the seconds are the test's, not the machine's.
+    #[tokio::test(start_paused = true)]
+    async fn a_waiting_request_that_opens_has_the_whole_connect_timeout() {
+        let (addr, accepted, gate) = gated_backend(Answer::Settings(None)).await;
+        let pool = Arc::new(Pool::new(8));
+        let limit = Duration::from_secs(10);
+        let run = async {
+            let opener = ask(&pool, &addr, 1, None).pop().unwrap();
+            until(&pool, 1, 0).await;
+            let waiter = ask(&pool, &addr, 1, Some(limit)).pop().unwrap();
+            until(&pool, 1, 1).await;
+            tokio::time::sleep(Duration::from_secs(9)).await;
+            opener.abort();
+            until(&pool, 1, 0).await;
+            while accepted.load(Ordering::SeqCst) < 2 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            // Past the request's first deadline (10 s after it began to wait).
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            gate.send_replace(true);
+            let served = waiter.await.unwrap();
+            assert!(matches!(&served, Ok(c) if !c.reused), "{:?}", served.err());
         };
         bounded(run).await.expect("bounded");
         assert_eq!(accepted.load(Ordering::SeqCst), 2);
