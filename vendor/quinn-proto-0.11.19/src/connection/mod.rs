@@ -67,9 +67,6 @@ pub(crate) mod qlog;
 
 mod send_buffer;
 
-// Sweety patch (vendor/README.md): sent packets kept in a deque, not a `BTreeMap`.
-mod sent_packets;
-
 mod spaces;
 #[cfg(fuzzing)]
 pub use spaces::Retransmits;

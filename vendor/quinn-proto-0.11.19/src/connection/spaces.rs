@@ -1,6 +1,6 @@
 use std::{
     cmp,
-    collections::VecDeque,
+    collections::{BTreeMap, VecDeque},
     mem,
     ops::{Bound, Index, IndexMut, Range},
 };
@@ -10,8 +10,6 @@ use rustc_hash::FxHashSet;
 use tracing::trace;
 
 use super::assembler::Assembler;
-// Sweety patch (vendor/README.md): sent packets kept in a deque, not a `BTreeMap`.
-use super::sent_packets::{InFlight, SentPackets};
 use crate::{
     Dir, Duration, Instant, SocketAddr, StreamId, TransportError, VarInt, cid_queue::CidQueue,
     connection::StreamsState, crypto::Keys, frame, packet::SpaceId, range_set::ArrayRangeSet,
@@ -40,8 +38,8 @@ pub(super) struct PacketSpace {
     /// Number of packets in `sent_packets` with numbers above `largest_ack_eliciting_sent`
     pub(super) unacked_non_ack_eliciting_tail: u64,
     /// Transmitted but not acked
-    // Sweety patch (vendor/README.md): `SentPackets` (sent_packets.rs), not a `BTreeMap`.
-    pub(super) sent_packets: SentPackets<SentPacket>,
+    // We use a BTreeMap here so we can efficiently query by range on ACK and for loss detection
+    pub(super) sent_packets: BTreeMap<u64, SentPacket>,
     /// Number of explicit congestion notification codepoints seen on incoming packets
     pub(super) ecn_counters: frame::EcnCounts,
     /// Recent ECN counters sent by the peer in ACK frames
@@ -86,7 +84,7 @@ impl PacketSpace {
             largest_acked_packet_sent: now,
             largest_ack_eliciting_sent: 0,
             unacked_non_ack_eliciting_tail: 0,
-            sent_packets: SentPackets::default(),
+            sent_packets: BTreeMap::new(),
             ecn_counters: frame::EcnCounts::ZERO,
             ecn_feedback: frame::EcnCounts::ZERO,
 
@@ -263,8 +261,7 @@ impl PacketSpace {
         // The number of non-congestion-controlled (i.e. size == 0) packets in flight at a time
         // should be small, since otherwise congestion control wouldn't be effective. Therefore,
         // this shouldn't need to visit many packets before finishing one way or another.
-        // Sweety patch (vendor/README.md): counted, not searched for.
-        self.sent_packets.has_in_flight()
+        self.sent_packets.values().any(|x| x.size != 0)
     }
 }
 
@@ -278,13 +275,6 @@ impl Index<SpaceId> for [PacketSpace; 3] {
 impl IndexMut<SpaceId> for [PacketSpace; 3] {
     fn index_mut(&mut self, space: SpaceId) -> &mut PacketSpace {
         &mut self.as_mut()[space as usize]
-    }
-}
-
-// Sweety patch (vendor/README.md): what `SentPackets` counts.
-impl InFlight for SentPacket {
-    fn in_flight(&self) -> bool {
-        self.size != 0
     }
 }
 
