@@ -26,10 +26,11 @@ mod common;
 use common::h2 as raw2;
 use common::*;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 use sweety_config::*;
 use sweety_dataplane::proxy::held_bytes;
-use sweety_dataplane::static_files::{CHUNK_SIZE, UNBUDGETED_CHUNK};
+use sweety_dataplane::static_files::{ReadAheadTotal, CHUNK_SIZE, UNBUDGETED_CHUNK};
 use tokio::io::AsyncWriteExt;
 use tokio::time::Instant;
 
@@ -52,11 +53,7 @@ static SERVING_FILES: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(())
 #[tokio::test]
 async fn a_slow_h2_client_with_ten_streams_holds_one_budget_of_file_bytes() {
     let _one = SERVING_FILES.lock().await;
-    let (_dir, mut cfg) = big_file();
-    cfg.limits.static_read_ahead = BUDGET;
-    cfg.limits.http2_write_buffer = WRITE_BUFFER;
-    let h = Harness::start(cfg).await;
-    let total = h.runtime.shared.read_ahead_total.clone();
+    let (_dir, h, total) = serve_big_file(|l| l.static_read_ahead = BUDGET).await;
 
     let (data, max_held) = slow_download(&h, "/big.bin", || total.bytes()).await;
     assert_eq!(data, FILE * STREAMS as usize, "every response whole");
@@ -82,12 +79,11 @@ async fn the_read_ahead_total_of_all_connections_caps_the_budgeted_chunks() {
     // Room for one chunk (128 KiB) but not for the two the connection's budget allows.
     const TOTAL: u64 = 160 * 1024;
     let _one = SERVING_FILES.lock().await;
-    let (_dir, mut cfg) = big_file();
-    cfg.limits.static_read_ahead = 2 * CHUNK_SIZE as u32;
-    cfg.limits.static_read_ahead_total = TOTAL;
-    cfg.limits.http2_write_buffer = WRITE_BUFFER;
-    let h = Harness::start(cfg).await;
-    let total = h.runtime.shared.read_ahead_total.clone();
+    let (_dir, h, total) = serve_big_file(|l| {
+        l.static_read_ahead = 2 * CHUNK_SIZE as u32;
+        l.static_read_ahead_total = TOTAL;
+    })
+    .await;
 
     let (data, _) = slow_download(&h, "/big.bin", || total.held()).await;
     assert_eq!(data, FILE * STREAMS as usize, "every response whole");
@@ -117,12 +113,11 @@ async fn the_read_ahead_total_of_all_connections_caps_the_budgeted_chunks() {
 async fn connections_that_never_read_slow_the_others_and_never_stall_them() {
     const TOTAL: u64 = 2 * CHUNK_SIZE as u64;
     let _one = SERVING_FILES.lock().await;
-    let (_dir, mut cfg) = big_file();
-    cfg.limits.static_read_ahead = CHUNK_SIZE as u32;
-    cfg.limits.static_read_ahead_total = TOTAL;
-    cfg.limits.http2_write_buffer = WRITE_BUFFER;
-    let h = Harness::start(cfg).await;
-    let total = h.runtime.shared.read_ahead_total.clone();
+    let (_dir, h, total) = serve_big_file(|l| {
+        l.static_read_ahead = CHUNK_SIZE as u32;
+        l.static_read_ahead_total = TOTAL;
+    })
+    .await;
     let addr = h.addr("web").await;
 
     let mut idle = Vec::new();
@@ -175,12 +170,19 @@ async fn connections_that_never_read_slow_the_others_and_never_stall_them() {
     }
 }
 
-/// A temporary directory with `big.bin` ([`FILE`] bytes) and a config serving it.
-fn big_file() -> (tempfile::TempDir, Config) {
+/// A server of a temporary directory with `big.bin` ([`FILE`] bytes), its limits set by
+/// `limits` after `http2_write_buffer` ([`WRITE_BUFFER`]), and its read-ahead total.
+async fn serve_big_file(
+    limits: impl FnOnce(&mut Limits),
+) -> (tempfile::TempDir, Harness, Arc<ReadAheadTotal>) {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("big.bin"), vec![7u8; FILE]).unwrap();
-    let cfg = static_config(dir.path());
-    (dir, cfg)
+    let mut cfg = static_config(dir.path());
+    cfg.limits.http2_write_buffer = WRITE_BUFFER;
+    limits(&mut cfg.limits);
+    let h = Harness::start(cfg).await;
+    let total = h.runtime.shared.read_ahead_total.clone();
+    (dir, h, total)
 }
 
 /// One h2c client of `h`'s listener with [`STREAMS`] streams of `path` (each [`FILE`] bytes),

@@ -1423,14 +1423,7 @@ mod demand_tests {
                 });
             }
         });
-        let c = Connector {
-            protocol: BackendProtocol::H2c,
-            tls: None,
-            sni: None,
-            external: false,
-            read_ahead: sweety_config::DEFAULT_PROXY_READ_AHEAD,
-            h2_client: Http2Client::Sweety,
-        };
+        let c = super::h2_open_tests::h2c();
         let pool = Arc::new(Pool::new(8));
         let mut held = Vec::new();
         let mut failed = None;
@@ -1708,7 +1701,8 @@ mod h2_open_tests {
         (addr, accepted)
     }
 
-    fn h2c() -> Connector {
+    /// An h2c connector on Sweety's client.
+    pub(super) fn h2c() -> Connector {
         Connector {
             protocol: BackendProtocol::H2c,
             tls: None,
@@ -1750,6 +1744,17 @@ mod h2_open_tests {
 
     fn bounded<F: std::future::Future>(f: F) -> tokio::time::Timeout<F> {
         tokio::time::timeout(Duration::from_secs(30), f)
+    }
+
+    /// Runs a test's `run` within [`bounded`], then checks that the backend accepted
+    /// `connections`.
+    async fn finish(
+        run: impl std::future::Future<Output = ()>,
+        accepted: &AtomicUsize,
+        connections: usize,
+    ) {
+        bounded(run).await.expect("bounded");
+        assert_eq!(accepted.load(Ordering::SeqCst), connections);
     }
 
     /// What `asks` got: the connections served and the errors.
@@ -1803,8 +1808,7 @@ mod h2_open_tests {
             assert_eq!(streams.iter().sum::<usize>(), 250, "{streams:?}");
             assert!(streams.iter().all(|&n| n <= H2_MAX_STREAMS), "{streams:?}");
         };
-        bounded(run).await.expect("bounded");
-        assert_eq!(accepted.load(Ordering::SeqCst), 3);
+        finish(run, &accepted, 3).await;
     }
 
     /// A backend allowing one stream per connection: 200 requests at once get at most
@@ -1830,8 +1834,7 @@ mod h2_open_tests {
             assert_eq!((held.len(), overloaded), (H2_MAX_CONNS, 200 - H2_MAX_CONNS));
             assert_eq!(pool.h2_list().connecting, 0);
         };
-        bounded(run).await.expect("bounded");
-        assert_eq!(accepted.load(Ordering::SeqCst), H2_MAX_CONNS);
+        finish(run, &accepted, H2_MAX_CONNS).await;
     }
 
     /// A failed opening fails the requests waiting for it with it, and counts once: its
@@ -1856,8 +1859,7 @@ mod h2_open_tests {
                 assert!(e.request_not_sent());
             }
         };
-        bounded(run).await.expect("bounded");
-        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+        finish(run, &accepted, 1).await;
     }
 
     /// Two openings in flight for 150 requests; the first handshake fails while the second is
@@ -1893,8 +1895,7 @@ mod h2_open_tests {
                 .count();
             assert_eq!(waited, 49, "{errors:?}");
         };
-        bounded(run).await.expect("bounded");
-        assert_eq!(accepted.load(Ordering::SeqCst), 2);
+        finish(run, &accepted, 2).await;
     }
 
     /// A slow opening: the waiting requests end at their own connect timeout (a 504 that does
@@ -1930,8 +1931,7 @@ mod h2_open_tests {
             let list = pool.h2_list();
             assert_eq!((list.connecting, list.waiting), (0, 0));
         };
-        bounded(run).await.expect("bounded");
-        assert_eq!(accepted.load(Ordering::SeqCst), 2);
+        finish(run, &accepted, 2).await;
     }
 
     /// A dropped waiting request no longer counts as waiting; a dropped opener lets one of
@@ -1965,8 +1965,7 @@ mod h2_open_tests {
             let list = pool.h2_list();
             assert_eq!((list.connecting, list.waiting, list.conns.len()), (0, 0, 1));
         };
-        bounded(run).await.expect("bounded");
-        assert_eq!(accepted.load(Ordering::SeqCst), 2);
+        finish(run, &accepted, 2).await;
     }
 
     /// A request that waited for most of its connect timeout and then opens (its opener went
@@ -1996,8 +1995,7 @@ mod h2_open_tests {
             let served = waiter.await.unwrap();
             assert!(matches!(&served, Ok(c) if !c.reused), "{:?}", served.err());
         };
-        bounded(run).await.expect("bounded");
-        assert_eq!(accepted.load(Ordering::SeqCst), 2);
+        finish(run, &accepted, 2).await;
     }
 
     /// A stream freed on an open connection wakes a request waiting while another opening
