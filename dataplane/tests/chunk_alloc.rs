@@ -5,13 +5,15 @@
 //! A counting global allocator (its own test binary) counts allocations of chunk size made on
 //! any thread but the test's, whose current-thread runtime serves the file.
 
+mod common;
+
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use common::static_site;
 use http::Method;
 use http_body_util::BodyExt;
-use sweety_config::StaticSite;
 use sweety_dataplane::static_files::StaticFiles;
 
 /// Allocations this large are file chunks (nothing else in the test allocates as much).
@@ -69,15 +71,7 @@ async fn file_chunks_are_allocated_on_the_runtime_thread() {
     let dir = tempfile::tempdir().unwrap();
     let file: Vec<u8> = (0..(1usize << 20)).map(|i| (i % 251) as u8).collect();
     std::fs::write(dir.path().join("big.bin"), &file).unwrap();
-    let site = StaticSite {
-        root: dir.path().to_path_buf(),
-        index: vec![],
-        try_files: vec![],
-        precompressed: false,
-        cache_control: None,
-        strip_prefix: None,
-        hide_dotfiles: true,
-    };
+    let site = static_site(dir.path());
     let sf = StaticFiles::new(1 << 20);
     let req = http::Request::builder()
         .method(Method::GET)

@@ -4,7 +4,7 @@
 //! than the server can read the body, while the test samples a process-wide count:
 //!
 //! * static files: the file bytes read and not yet released
-//!   (`static_files::read_ahead_bytes`) stay within `limits.static_read_ahead` plus
+//!   (`ReadAheadTotal::bytes`) stay within `limits.static_read_ahead` plus
 //!   `UNBUDGETED_CHUNK` per stream, and the chunks taken in that budget's size stay within
 //!   the process's `limits.static_read_ahead_total` when it is the smaller;
 //! * proxied responses: the bytes taken from backend connections and not yet released
@@ -26,12 +26,11 @@ mod common;
 use common::h2 as raw2;
 use common::*;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 use sweety_config::*;
 use sweety_dataplane::proxy::held_bytes;
-use sweety_dataplane::static_files::{
-    read_ahead_bytes, ReadAheadTotal, CHUNK_SIZE, UNBUDGETED_CHUNK,
-};
+use sweety_dataplane::static_files::{ReadAheadTotal, CHUNK_SIZE, UNBUDGETED_CHUNK};
 use tokio::io::AsyncWriteExt;
 use tokio::time::Instant;
 
@@ -45,33 +44,18 @@ const WRITE_BUFFER: u32 = 16 * 1024;
 /// largest size, or a response's HEADERS, with its frame header.
 const ONE_FRAME: usize = 16 * 1024 + 9;
 
-/// Taken by the tests that serve files: [`read_ahead_bytes`] counts the chunks of every file
-/// body in the process, so they run one at a time.
+/// Taken by the tests that serve files: [`unbudgeted_bytes`] counts the chunks outside a
+/// budget of every file body in the process, so they run one at a time.
+///
+/// [`unbudgeted_bytes`]: sweety_dataplane::static_files::unbudgeted_bytes
 static SERVING_FILES: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 #[tokio::test]
 async fn a_slow_h2_client_with_ten_streams_holds_one_budget_of_file_bytes() {
     let _one = SERVING_FILES.lock().await;
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("big.bin"), vec![7u8; FILE]).unwrap();
-    let route = Route {
-        action: Action::Static(StaticSite {
-            root: dir.path().to_path_buf(),
-            index: vec![],
-            try_files: vec![],
-            precompressed: false,
-            cache_control: None,
-            strip_prefix: None,
-            hide_dotfiles: true,
-        }),
-        ..fixed_route("files", "/", "")
-    };
-    let mut cfg = http_config(vec![vhost("v", &[], vec![route])]);
-    cfg.limits.static_read_ahead = BUDGET;
-    cfg.limits.http2_write_buffer = WRITE_BUFFER;
-    let h = Harness::start(cfg).await;
+    let (_dir, h, total) = serve_big_file(|l| l.static_read_ahead = BUDGET).await;
 
-    let (data, max_held) = slow_download(&h, "/big.bin", read_ahead_bytes).await;
+    let (data, max_held) = slow_download(&h, "/big.bin", || total.bytes()).await;
     assert_eq!(data, FILE * STREAMS as usize, "every response whole");
     let bound = BUDGET as u64 + STREAMS as u64 * UNBUDGETED_CHUNK as u64;
     eprintln!("file bytes held ahead of the client: at most {max_held} (bound {bound})");
@@ -82,62 +66,123 @@ async fn a_slow_h2_client_with_ten_streams_holds_one_budget_of_file_bytes() {
          (unbounded it is up to {STREAMS} x {CHUNK_SIZE})"
     );
     // Everything read was released once sent.
-    assert_eq!(read_ahead_bytes(), 0);
+    assert_eq!(total.bytes(), 0);
 }
 
 /// `limits.static_read_ahead_total` below the connection's own budget: the chunks the
 /// connection takes in `static_read_ahead`'s size are held against the process's total, which
 /// follows the config and is never exceeded (past it the streams read `UNBUDGETED_CHUNK`
-/// bytes at a time, outside both), and every response still arrives whole.
+/// bytes at a time, outside both), and every response still arrives whole. The total's own
+/// high-water mark is read, not a sample taken between frames (session 20's review, R2).
 #[tokio::test]
 async fn the_read_ahead_total_of_all_connections_caps_the_budgeted_chunks() {
     // Room for one chunk (128 KiB) but not for the two the connection's budget allows.
     const TOTAL: u64 = 160 * 1024;
     let _one = SERVING_FILES.lock().await;
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("big.bin"), vec![7u8; FILE]).unwrap();
-    let route = Route {
-        action: Action::Static(StaticSite {
-            root: dir.path().to_path_buf(),
-            index: vec![],
-            try_files: vec![],
-            precompressed: false,
-            cache_control: None,
-            strip_prefix: None,
-            hide_dotfiles: true,
-        }),
-        ..fixed_route("files", "/", "")
-    };
-    let mut cfg = http_config(vec![vhost("v", &[], vec![route])]);
-    cfg.limits.static_read_ahead = 2 * CHUNK_SIZE as u32;
-    cfg.limits.static_read_ahead_total = TOTAL;
-    cfg.limits.http2_write_buffer = WRITE_BUFFER;
-    let h = Harness::start(cfg).await;
-    let total = h.runtime.shared.read_ahead_total.clone();
-    let _ = TOTAL_OF_TEST.set(total.clone());
+    let (_dir, h, total) = serve_big_file(|l| {
+        l.static_read_ahead = 2 * CHUNK_SIZE as u32;
+        l.static_read_ahead_total = TOTAL;
+    })
+    .await;
 
-    let (data, max_total) = slow_download(&h, "/big.bin", total_held).await;
+    let (data, _) = slow_download(&h, "/big.bin", || total.held()).await;
     assert_eq!(data, FILE * STREAMS as usize, "every response whole");
-    eprintln!("budgeted file bytes held, all connections: at most {max_total} (total {TOTAL})");
+    let peak = total.peak();
+    eprintln!("budgeted file bytes held, all connections: at most {peak} (total {TOTAL})");
+    // The first chunk finds the total empty.
     assert!(
-        max_total > 0,
+        peak >= CHUNK_SIZE as u64,
         "the connection's chunks were held against the total"
     );
     assert!(
-        max_total <= TOTAL,
-        "{max_total} bytes held against a total of {TOTAL} (the connection's own budget is {})",
+        peak <= TOTAL,
+        "{peak} bytes held against a total of {TOTAL} (the connection's own budget is {})",
         2 * CHUNK_SIZE
     );
-    assert_eq!(total.held(), 0, "every chunk released once sent");
-    assert_eq!(read_ahead_bytes(), 0);
+    assert_eq!(total.bytes(), 0, "every chunk released once sent");
 }
 
-/// The total of [`the_read_ahead_total_of_all_connections_caps_the_budgeted_chunks`]'s server.
-static TOTAL_OF_TEST: std::sync::OnceLock<std::sync::Arc<ReadAheadTotal>> =
-    std::sync::OnceLock::new();
+/// Connections that never read can take the whole `limits.static_read_ahead_total` (one
+/// client's 128, with the defaults and no `max_connections_per_client`): another client is
+/// then slower, never stalled (session 20's review, R1). Two h2c connections ask for the file
+/// and read nothing; each holds its one budgeted chunk (its window took the first 64 KiB of
+/// it), so the total of two chunks is full. A third connection still downloads ten streams of
+/// the file whole, `UNBUDGETED_CHUNK` at a time: the total stays full the whole time (it got
+/// none of it) and is never passed.
+#[tokio::test]
+async fn connections_that_never_read_slow_the_others_and_never_stall_them() {
+    const TOTAL: u64 = 2 * CHUNK_SIZE as u64;
+    let _one = SERVING_FILES.lock().await;
+    let (_dir, h, total) = serve_big_file(|l| {
+        l.static_read_ahead = CHUNK_SIZE as u32;
+        l.static_read_ahead_total = TOTAL;
+    })
+    .await;
+    let addr = h.addr("web").await;
 
-fn total_held() -> u64 {
-    TOTAL_OF_TEST.get().map_or(0, |t| t.held())
+    let mut idle = Vec::new();
+    for _ in 0..2 {
+        let (rd, mut wr) = raw2::open_from("127.0.0.1", addr, &[]).await;
+        let mut hello = raw2::frame(raw2::SETTINGS, raw2::ACK, 0, &[]);
+        let flags = raw2::END_STREAM | raw2::END_HEADERS;
+        hello.extend(raw2::frame(
+            raw2::HEADERS,
+            flags,
+            1,
+            &raw2::request_block("/big.bin"),
+        ));
+        wr.write_all(&hello).await.unwrap();
+        idle.push((rd, wr));
+    }
+    // A condition, bounded: both chunks taken.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while total.held() < TOTAL {
+        assert!(
+            Instant::now() < deadline,
+            "held {} of {TOTAL}",
+            total.held()
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+
+    let (data, _) = slow_download(&h, "/big.bin", || total.held()).await;
+    assert_eq!(data, FILE * STREAMS as usize, "every response whole");
+    assert_eq!(
+        total.held(),
+        TOTAL,
+        "the idle connections still hold the total"
+    );
+    assert_eq!(total.peak(), TOTAL, "never passed");
+
+    // Their chunks go with their streams (cancelled: CANCEL is 0x8).
+    for (_, wr) in &mut idle {
+        let cancel = raw2::frame(raw2::RST_STREAM, 0, 1, &8u32.to_be_bytes());
+        wr.write_all(&cancel).await.unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while total.bytes() > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "{} bytes still held",
+            total.bytes()
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+/// A server of a temporary directory with `big.bin` ([`FILE`] bytes), its limits set by
+/// `limits` after `http2_write_buffer` ([`WRITE_BUFFER`]), and its read-ahead total.
+async fn serve_big_file(
+    limits: impl FnOnce(&mut Limits),
+) -> (tempfile::TempDir, Harness, Arc<ReadAheadTotal>) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("big.bin"), vec![7u8; FILE]).unwrap();
+    let mut cfg = static_config(dir.path());
+    cfg.limits.http2_write_buffer = WRITE_BUFFER;
+    limits(&mut cfg.limits);
+    let h = Harness::start(cfg).await;
+    let total = h.runtime.shared.read_ahead_total.clone();
+    (dir, h, total)
 }
 
 /// One h2c client of `h`'s listener with [`STREAMS`] streams of `path` (each [`FILE`] bytes),
@@ -145,7 +190,7 @@ fn total_held() -> u64 {
 /// pause every 16 frames (slower than the server), sampling `held` before each read. Returns
 /// the DATA bytes received and the largest sample, once the output buffer's peak (of every
 /// connection so far) was checked against [`WRITE_BUFFER`].
-async fn slow_download(h: &Harness, path: &str, held: fn() -> u64) -> (usize, u64) {
+async fn slow_download(h: &Harness, path: &str, held: impl Fn() -> u64) -> (usize, u64) {
     let addr = h.addr("web").await;
     let (mut rd, mut wr) = raw2::open_from("127.0.0.1", addr, &[(0x4, 0x7fff_ffff)]).await;
     let grow = (0x7fff_ffffu32 - 65_535).to_be_bytes();

@@ -45,19 +45,8 @@ fn big_site() -> (tempfile::TempDir, Config) {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("big.bin"), vec![7u8; 48 << 20]).unwrap();
     std::fs::write(dir.path().join("small.txt"), b"small\n").unwrap();
-    let route = Route {
-        action: Action::Static(StaticSite {
-            root: dir.path().to_path_buf(),
-            index: vec![],
-            try_files: vec![],
-            precompressed: false,
-            cache_control: None,
-            strip_prefix: None,
-            hide_dotfiles: true,
-        }),
-        ..fixed_route("files", "/", "")
-    };
-    (dir, http_config(vec![vhost("v", &[], vec![route])]))
+    let cfg = static_config(dir.path());
+    (dir, cfg)
 }
 
 #[tokio::test]

@@ -31,6 +31,7 @@
 #                     ~/.cache/sweety/tools/bin/oha, as in run.sh)
 #   SWEETY_HTTP3=     extra `http3:` settings for the h3 cells, as YAML flow-mapping entries
 #                     (as in run.sh), e.g. "ack_eliciting_threshold: 8"
+#   TOP_EVENT=Ir      the event TOP ranks by: Ir, or with CACHE_SIM=1 I1mr, D1mr, D1mw, ILmr, ...
 #   TOP=0             print the TOP functions by instructions per request (self cost, from the
 #                     two windows' difference, so the TLS handshakes cancel out)
 #   SERVER_CPU=0 CLIENT_CPU=1   taskset CPU of the server (under valgrind) and of h2load and the backend
@@ -84,6 +85,7 @@ CELLS=${CELLS:-h1-1k h2-1k proxy-h1 cache-h2}
 N1=${N1:-1000}
 N2=${N2:-5000}
 TOP=${TOP:-0}
+TOP_EVENT=${TOP_EVENT:-Ir}
 SERVER_CPU=${SERVER_CPU:-0}
 CLIENT_CPU=${CLIENT_CPU:-1}
 PORT_BASE=${PORT_BASE:-18540}
@@ -353,8 +355,10 @@ load() { # load CELL N: N requests on 100 (proxy-h2*: H2_CONNS) new connections
             local path=${1#h3-}.bin streams=10
             [[ $1 == *-p1 ]] && path=${path%-p1.bin}.bin streams=1
             [[ $1 == proxy-h3 ]] && path=proxy
+            # --connect-timeout: 100 QUIC handshakes under valgrind on a loaded machine take
+            # longer than oha's 5 s default, and a connection that gives up fails its requests.
             out=$(taskset -c "$CLIENT_CPU" timeout 600 "$OHA" --http-version 3 --insecure --no-tui \
-                --output-format json -c 100 -p "$streams" -n "$2" "https://127.0.0.1:$TLS_PORT/$path")
+                --connect-timeout 120s --output-format json -c 100 -p "$streams" -n "$2" "https://127.0.0.1:$TLS_PORT/$path")
             ok=$(python3 -c 'import json, sys; print(json.load(sys.stdin).get("statusCodeDistribution", {}).get("200", 0))' <<<"$out")
             [[ $ok == "$2" ]] || die "$1: $ok of $2 requests got 200"
             return 0
@@ -377,11 +381,21 @@ load() { # load CELL N: N requests on 100 (proxy-h2*: H2_CONNS) new connections
 
 total() { sed -n 's/^\(summary\|totals\): *\([0-9]*\).*/\2/p' "$1" | head -1; }
 
-# Self cost per function in a dump, "Ir<TAB>function" lines (without the frames that were on the
-# stack when the dump was taken, which callgrind_annotate shows with the whole dump's total).
-functions() { callgrind_annotate --inclusive=no --threshold=100 "$1" 2>/dev/null |
+# A dump's total of one event (Ir, or with CACHE_SIM I1mr, D1mr, D1mw, ...).
+event_total() { # event_total DUMP EVENT
+    paste <(sed -n 's/^events: *//p' "$1" | tr ' ' '\n') \
+        <(sed -n 's/^\(summary\|totals\): *//p' "$1" | head -1 | tr ' ' '\n') |
+        awk -v e="$2" '$1 == e { print $2 }'
+}
+
+# Self cost per function in a dump, "COUNT<TAB>function" lines of the event TOP_EVENT (without
+# the frames that were on the stack when the dump was taken, which callgrind_annotate shows with
+# the whole dump's total). One event column only (--show): with CACHE_SIM the other events'
+# columns would otherwise end up in the function's name, and no function of one dump would
+# match its other dump's.
+functions() { callgrind_annotate --inclusive=no --threshold=100 --show="$TOP_EVENT" --sort="$TOP_EVENT" "$1" 2>/dev/null |
     sed -n 's/^ *\([0-9,]*\) ([ 0-9.%]*) *\(.*\)$/\1\t\2/p' | tr -d , |
-    awk -F '\t' -v t="$(total "$1")" '$1 != t'; }
+    awk -F '\t' -v t="$(event_total "$1" "$TOP_EVENT")" '$1 != t'; }
 
 declare -A PER_REQUEST # "label cell" -> instructions per request
 
@@ -432,7 +446,7 @@ measure() { # measure LABEL CELL COMMAND...: COMMAND (a server) under callgrind,
     if ((TOP > 0)); then
         join -t $'\t' -j 2 -a 2 -e 0 -o 0,1.1,2.1 <(functions "$d1" | sort -t $'\t' -k2,2) \
             <(functions "$d2" | sort -t $'\t' -k2,2) |
-            awk -F '\t' -v d=$((N2 - N1)) '{ printf "%10.0f  %s\n", ($3 - $2) / d, $1 }' |
+            awk -F '\t' -v d=$((N2 - N1)) -v f="$([[ $TOP_EVENT == Ir ]] && echo %10.0f || echo %10.1f)" '{ printf f "  %s\n", ($3 - $2) / d, $1 }' |
             sort -rn | head -n "$TOP" || true # head closes the pipe early
     fi
 }

@@ -47,6 +47,7 @@ pub async fn run_tcp(
     mut stop: watch::Receiver<bool>,
 ) {
     let graceful = GracefulShutdown::new();
+    let bound = bound_address(&listener);
     // The connection tasks, aborted when the drain timeout has passed (finished ones are
     // taken out as they finish, also while the loop waits: the set holds only live
     // connections, not the futures of every connection since the last accept).
@@ -142,7 +143,7 @@ pub async fn run_tcp(
                 }
             };
             if view.l4.is_some() {
-                let local = dest.unwrap_or_else(|| stream.local_addr().unwrap_or(peer));
+                let local = dest.unwrap_or_else(|| local_address(bound, &stream, peer));
                 crate::listen::l4::serve_tcp(shared, view, stream, peer, local).await;
                 return;
             }
@@ -167,7 +168,7 @@ pub async fn run_tcp(
                 handshake_timeout = handshake_timeout.saturating_sub(started.elapsed());
                 match peeked {
                     Peeked::Pass(route, hello) => {
-                        let local = dest.unwrap_or_else(|| stream.local_addr().unwrap_or(peer));
+                        let local = dest.unwrap_or_else(|| local_address(bound, &stream, peer));
                         let route = &pt.routes[route];
                         crate::listen::l4::pass_through(shared, route, stream, hello, peer, local)
                             .await;
@@ -178,6 +179,7 @@ pub async fn run_tcp(
                 }
             }
             let serving = Serving {
+                bound,
                 builder,
                 handshake_timeout,
                 idle_timeout,
@@ -202,8 +204,29 @@ pub async fn run_tcp(
     }
 }
 
+/// The address of every connection `listener` accepts, when it is bound to one address (not
+/// a wildcard): a TCP socket accepted on such a listener has exactly the listener's address
+/// and port, so a connection's own address need not be asked for (a getsockname(2) per
+/// connection, one of the ~12 system calls of a connection carrying one request;
+/// e2e/bench/HISTORY.md, session 21). None for a wildcard listener, whose connections each
+/// have the address the client reached.
+fn bound_address(listener: &TcpListener) -> Option<SocketAddr> {
+    listener
+        .local_addr()
+        .ok()
+        .filter(|a| !a.ip().is_unspecified())
+}
+
+/// A connection's own address: its listener's (`bound`, see [`bound_address`]), else asked
+/// of the socket (else the peer's, as before).
+fn local_address(bound: Option<SocketAddr>, stream: &TcpStream, peer: SocketAddr) -> SocketAddr {
+    bound.unwrap_or_else(|| stream.local_addr().unwrap_or(peer))
+}
+
 /// How one accepted connection is to be served.
 struct Serving {
+    /// The listener's address when it is bound to one (see [`bound_address`]).
+    bound: Option<SocketAddr>,
     builder: hyper_util::server::conn::auto::Builder<StreamExecutor>,
     handshake_timeout: Duration,
     /// Closes hyper's HTTP/2 connections without requests for this long.
@@ -233,7 +256,7 @@ async fn serve_conn(
     first: Option<Vec<u8>>,
 ) {
     let _ = stream.set_nodelay(true);
-    let local = stream.local_addr().unwrap_or(peer);
+    let local = local_address(serving.bound, &stream, peer);
     let stream = crate::send_timeout::SendProgress::new(stream, serving.send_timeout);
     if view.tls.is_some() {
         match first {
@@ -246,6 +269,7 @@ async fn serve_conn(
         return;
     }
     let Serving {
+        bound: _,
         builder,
         handshake_timeout,
         idle_timeout,
@@ -318,6 +342,7 @@ async fn serve_tls<S>(
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let Serving {
+        bound: _,
         mut builder,
         handshake_timeout,
         idle_timeout,
@@ -814,6 +839,37 @@ mod tests {
         fn wake(self: Arc<Self>) {
             self.0.fetch_add(1, SeqCst);
         }
+    }
+
+    /// The premise of `bound_address`: a connection accepted on a listener bound to one
+    /// address has the listener's address and port (what getsockname says), for IPv4 and
+    /// IPv6; a wildcard listener has none, so its connections are asked.
+    #[tokio::test]
+    async fn a_bound_listeners_connections_have_its_address() {
+        for addr in ["127.0.0.1:0", "[::1]:0", "127.0.0.2:0"] {
+            let Ok(l) = TcpListener::bind(addr).await else {
+                continue; // no IPv6 loopback (or no 127.0.0.2) here
+            };
+            let bound = bound_address(&l).expect("bound to one address");
+            assert_eq!(bound, l.local_addr().unwrap());
+            for _ in 0..3 {
+                let c = TcpStream::connect(bound).await.unwrap();
+                let (s, peer) = l.accept().await.unwrap();
+                assert_eq!(s.local_addr().unwrap(), bound);
+                assert_eq!(c.peer_addr().unwrap(), bound);
+                assert_eq!(local_address(Some(bound), &s, peer), bound);
+                assert_eq!(local_address(None, &s, peer), bound);
+            }
+        }
+        let any = TcpListener::bind("0.0.0.0:0").await.unwrap();
+        assert_eq!(bound_address(&any), None);
+        let port = any.local_addr().unwrap().port();
+        let c = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        let (s, peer) = any.accept().await.unwrap();
+        assert_eq!(
+            local_address(bound_address(&any), &s, peer),
+            c.peer_addr().unwrap()
+        );
     }
 
     #[tokio::test]

@@ -26,7 +26,8 @@
 //!   connector names only. Connections are opened in parallel, as many at once as the
 //!   requests waiting for a stream need (a burst of 1,000 requests to a backend of 100
 //!   streams per connection opens 10 together); a request that opens one gets its first
-//!   stream, the others wait for an opening to end and look again. An opening that fails
+//!   stream, the others wait for an opening to end, or a stream of an open connection to be
+//!   freed, and look again. An opening that fails
 //!   fails the requests waiting for it with [`ProxyError::ConnectWaited`], which does not
 //!   count against the endpoint (its opener's error does, once).
 //!
@@ -237,7 +238,32 @@ struct Idle {
 #[derive(Debug, Clone)]
 struct H2Conn {
     sender: H2Sender,
-    streams: Arc<AtomicUsize>,
+    streams: Arc<Streams>,
+}
+
+/// The streams an HTTP/2 connection carries now, counted by their [`StreamGuard`]s.
+#[derive(Debug)]
+struct Streams {
+    n: AtomicUsize,
+    /// The pool's waiting requests, woken when a stream is freed.
+    wake: Arc<H2Wake>,
+}
+
+impl Streams {
+    fn load(&self, order: Ordering) -> usize {
+        self.n.load(order)
+    }
+}
+
+/// What wakes the requests of a pool waiting for an HTTP/2 stream: an opening that ends, or a
+/// stream freed on an open connection while any request waits (session 20's review, P3:
+/// they waited for an opening that could hang up to the connect timeout, beside free
+/// streams).
+#[derive(Debug, Default)]
+struct H2Wake {
+    notify: tokio::sync::Notify,
+    /// [`H2List::waiting`], for a [`StreamGuard`] to read without the pool's lock.
+    waiting: AtomicUsize,
 }
 
 /// The handle of an HTTP/2 connection, of either client.
@@ -382,8 +408,9 @@ impl H2List {
 pub struct Pool {
     idle: Mutex<IdleList>,
     h2: Mutex<H2List>,
-    /// Woken when an HTTP/2 opening ends (opened, failed or given up).
-    h2_opened: tokio::sync::Notify,
+    /// Woken when an HTTP/2 opening ends (opened, failed or given up) or a stream is freed
+    /// while requests wait.
+    h2_wake: Arc<H2Wake>,
     max_idle: AtomicUsize,
     /// Connections open (handshake done, connection task running).
     open: Arc<AtomicUsize>,
@@ -406,13 +433,21 @@ impl Drop for OpenGuard {
     }
 }
 
-/// Decrements an HTTP/2 connection's stream count when dropped (with the response body).
+/// Decrements an HTTP/2 connection's stream count when dropped (with the response body),
+/// and wakes the requests waiting for a stream if there are any (one load when none waits).
 #[derive(Debug)]
-pub struct StreamGuard(Arc<AtomicUsize>);
+pub struct StreamGuard(Arc<Streams>);
 
 impl Drop for StreamGuard {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        self.0.n.fetch_sub(1, Ordering::SeqCst);
+        // SeqCst with the waiter's count and its second look (acquire_h2): either it sees
+        // the stream freed, or this sees it waiting and wakes it.
+        // One stream, one request woken (all of them would herd onto the lock at every
+        // stream freed); a woken request dropped meanwhile passes it on (tokio's Notify).
+        if self.0.wake.waiting.load(Ordering::SeqCst) > 0 {
+            self.0.wake.notify.notify_one();
+        }
     }
 }
 
@@ -471,7 +506,7 @@ impl Pool {
                 failures: 0,
                 timed_out: None,
             }),
-            h2_opened: tokio::sync::Notify::new(),
+            h2_wake: Arc::default(),
             max_idle: AtomicUsize::new(max_idle),
             open: Arc::new(AtomicUsize::new(0)),
         }
@@ -524,18 +559,34 @@ impl Pool {
     }
 
     /// [`Pool::acquire`] within `limit` (the connect timeout) when given: a new connection
-    /// that is not open by then fails with [`ProxyError::ConnectTimeout`]; a request waiting
-    /// for an HTTP/2 connection another request opens fails with [`ProxyError::ConnectWaited`]
-    /// (after `limit`, or at once when that opening fails), which does not count against the
-    /// endpoint: its opener's error does, once. A pooled connection needs no clock.
+    /// that is not open `limit` after its connect began fails with
+    /// [`ProxyError::ConnectTimeout`]; a request waiting for an HTTP/2 connection another
+    /// request opens fails with [`ProxyError::ConnectWaited`] (after `limit`, or at once when
+    /// that opening fails), which does not count against the endpoint: its opener's error
+    /// does, once. A waiting request that becomes an opener (the one it waited for went away)
+    /// takes at most twice `limit`. A pooled connection needs no clock.
     pub async fn acquire_within(
         &self,
         addr: &str,
         c: &Connector,
         limit: Option<Duration>,
     ) -> Result<Conn, ProxyError> {
+        self.acquire_by(addr, c, limit, None).await
+    }
+
+    /// [`Pool::acquire_within`], and never past `by` (the request's own deadline, the route's
+    /// backend timeout): a connect ends at the earlier of `limit` from its start and `by`, and
+    /// so does a wait, so a request that waits and then opens a connection itself still ends by
+    /// `by` (session 21's review, M2-2: it could take up to one more `limit` past it).
+    pub async fn acquire_by(
+        &self,
+        addr: &str,
+        c: &Connector,
+        limit: Option<Duration>,
+        by: Option<tokio::time::Instant>,
+    ) -> Result<Conn, ProxyError> {
         if c.is_h2() {
-            return self.acquire_h2(addr, c, limit).await;
+            return self.acquire_h2(addr, c, limit, by).await;
         }
         if let Some(conn) = self.checkout_h1() {
             return Ok(Conn {
@@ -543,7 +594,7 @@ impl Pool {
                 reused: true,
             });
         }
-        let deadline = limit.map(|l| tokio::time::Instant::now() + l);
+        let (deadline, limit) = deadline_from(tokio::time::Instant::now(), limit, by);
         match within(deadline, limit, addr, connect(addr, c, &self.open)).await? {
             Opened::H1(s) => Ok(Conn {
                 sender: Sender::H1(s),
@@ -646,7 +697,7 @@ impl Pool {
                 c.sender.is_ready() && c.streams.load(Ordering::Acquire) < c.sender.max_streams()
             })
             .min_by_key(|c| c.streams.load(Ordering::Acquire))?;
-        c.streams.fetch_add(1, Ordering::AcqRel);
+        c.streams.n.fetch_add(1, Ordering::AcqRel);
         Some(Conn {
             sender: c.sender.clone().sender(StreamGuard(c.streams.clone())),
             reused: true,
@@ -674,6 +725,7 @@ impl Pool {
         addr: &str,
         c: &Connector,
         limit: Option<Duration>,
+        by: Option<tokio::time::Instant>,
     ) -> Result<Conn, ProxyError> {
         let mut deadline = None;
         // Set once an opening failed while this request waited: from then on it opens none
@@ -682,6 +734,11 @@ impl Pool {
         // fail every request waiting for the others).
         let mut failed_while_waiting = false;
         loop {
+            // Enabled under the lock below when the request waits, so that every wake from
+            // then on reaches it: a freed stream's notify_one before its first poll would
+            // otherwise be one stored permit, and a second such wake in that gap would be lost
+            // (a request asleep beside a free stream; session 21's review, M2-1).
+            let mut notified = std::pin::pin!(self.h2_wake.notify.notified());
             let wait = {
                 let mut list = self.h2_list();
                 if let Some(conn) = Pool::take_h2_stream(&mut list, c.h2_client) {
@@ -709,16 +766,32 @@ impl Pool {
                     });
                 } else {
                     list.waiting += 1;
-                    // Made under the lock: an opening ending after it wakes it.
-                    Some((self.h2_opened.notified(), list.failures))
+                    self.h2_wake.waiting.fetch_add(1, Ordering::SeqCst);
+                    // Enabled under the lock: an opening ending after it wakes it, and so does
+                    // each freed stream (one notify_one each).
+                    notified.as_mut().enable();
+                    // A second look, now that a stream freed from here on wakes it (the
+                    // guard's lock-free side: see StreamGuard's drop).
+                    std::sync::atomic::fence(Ordering::SeqCst);
+                    if let Some(conn) = Pool::take_h2_stream(&mut list, c.h2_client) {
+                        list.waiting -= 1;
+                        self.h2_wake.waiting.fetch_sub(1, Ordering::SeqCst);
+                        return Ok(conn);
+                    }
+                    Some(list.failures)
                 }
             };
-            // The clock starts when the request first has to wait or open.
-            let deadline =
-                *deadline.get_or_insert_with(|| limit.map(|l| tokio::time::Instant::now() + l));
-            let Some((notified, failures)) = wait else {
-                return self.open_h2(addr, c, deadline, limit).await;
+            let Some(failures) = wait else {
+                // A connect has the whole limit, also when its request waited first (its
+                // opener went away): a timeout counted against the endpoint is then one the
+                // endpoint took, not the rest of a wait (session 20's review, P2). Such a
+                // request waits and connects for at most twice the limit, and never past `by`.
+                let (connect_by, limit) = deadline_from(tokio::time::Instant::now(), limit, by);
+                return self.open_h2(addr, c, connect_by, limit).await;
             };
+            // The clock of the waits starts when the request first has to wait.
+            let deadline = *deadline
+                .get_or_insert_with(|| deadline_from(tokio::time::Instant::now(), limit, by).0);
             let waiting = Waiting(self);
             let woken = match deadline {
                 Some(d) => tokio::time::timeout_at(d, notified).await.is_ok(),
@@ -766,7 +839,10 @@ impl Pool {
                 return Err(e);
             }
         };
-        let streams = Arc::new(AtomicUsize::new(1));
+        let streams = Arc::new(Streams {
+            n: AtomicUsize::new(1),
+            wake: self.h2_wake.clone(),
+        });
         opening.end(Ok(H2Conn {
             sender: sender.clone(),
             streams: streams.clone(),
@@ -776,6 +852,20 @@ impl Pool {
             reused: false,
         })
     }
+}
+
+/// The earlier of `limit` from `now` and `by`, with the time from `now` to it (what a
+/// [`ProxyError::ConnectTimeout`] reports).
+fn deadline_from(
+    now: tokio::time::Instant,
+    limit: Option<Duration>,
+    by: Option<tokio::time::Instant>,
+) -> (Option<tokio::time::Instant>, Option<Duration>) {
+    let d = match (limit.map(|l| now + l), by) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    (d, d.map(|d| d.saturating_duration_since(now)))
 }
 
 /// Bounds `connect` by `deadline` (a [`ProxyError::ConnectTimeout`] after `limit`).
@@ -808,6 +898,7 @@ struct Waiting<'a>(&'a Pool);
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
         self.0.h2_list().waiting -= 1;
+        self.0.h2_wake.waiting.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -839,7 +930,7 @@ impl Opening<'_> {
                 }
             }
         }
-        self.pool.h2_opened.notify_waiters();
+        self.pool.h2_wake.notify.notify_waiters();
     }
 }
 
@@ -847,7 +938,7 @@ impl Drop for Opening<'_> {
     fn drop(&mut self) {
         if !self.ended {
             self.pool.h2_list().connecting -= 1;
-            self.pool.h2_opened.notify_waiters();
+            self.pool.h2_wake.notify.notify_waiters();
         }
     }
 }
@@ -1367,14 +1458,7 @@ mod demand_tests {
                 });
             }
         });
-        let c = Connector {
-            protocol: BackendProtocol::H2c,
-            tls: None,
-            sni: None,
-            external: false,
-            read_ahead: sweety_config::DEFAULT_PROXY_READ_AHEAD,
-            h2_client: Http2Client::Sweety,
-        };
+        let c = super::h2_open_tests::h2c();
         let pool = Arc::new(Pool::new(8));
         let mut held = Vec::new();
         let mut failed = None;
@@ -1608,15 +1692,25 @@ mod h2_open_tests {
     /// A raw h2c backend counting the connections it accepted; each waits for the gate
     /// (`true`) before it answers (never, while the gate stays shut).
     async fn gated_backend(answer: Answer) -> (String, Arc<AtomicUsize>, watch::Sender<bool>) {
+        let (gate, rx) = watch::channel(false);
+        let (addr, accepted) = backend_of(vec![(answer, rx)]).await;
+        (addr, accepted, gate)
+    }
+
+    /// A raw h2c backend counting the connections it accepted: the `k`th (from 0) waits for
+    /// the gate of `answers[k]` (the last one's, past the end) to be `true`, then answers as
+    /// it says.
+    async fn backend_of(
+        answers: Vec<(Answer, watch::Receiver<bool>)>,
+    ) -> (String, Arc<AtomicUsize>) {
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = l.local_addr().unwrap().to_string();
         let accepted = Arc::new(AtomicUsize::new(0));
-        let (gate, rx) = watch::channel(false);
         let count = accepted.clone();
         tokio::spawn(async move {
             while let Ok((mut s, _)) = l.accept().await {
-                count.fetch_add(1, Ordering::SeqCst);
-                let mut rx = rx.clone();
+                let k = count.fetch_add(1, Ordering::SeqCst);
+                let (answer, mut rx) = answers[k.min(answers.len() - 1)].clone();
                 tokio::spawn(async move {
                     if rx.wait_for(|open| *open).await.is_err() {
                         return;
@@ -1639,10 +1733,11 @@ mod h2_open_tests {
                 });
             }
         });
-        (addr, accepted, gate)
+        (addr, accepted)
     }
 
-    fn h2c() -> Connector {
+    /// An h2c connector on Sweety's client.
+    pub(super) fn h2c() -> Connector {
         Connector {
             protocol: BackendProtocol::H2c,
             tls: None,
@@ -1686,6 +1781,38 @@ mod h2_open_tests {
         tokio::time::timeout(Duration::from_secs(30), f)
     }
 
+    /// Runs a test's `run` within [`bounded`], then checks that the backend accepted
+    /// `connections`.
+    async fn finish(
+        run: impl std::future::Future<Output = ()>,
+        accepted: &AtomicUsize,
+        connections: usize,
+    ) {
+        bounded(run).await.expect("bounded");
+        assert_eq!(accepted.load(Ordering::SeqCst), connections);
+    }
+
+    /// What `asks` got: the connections served and the errors.
+    async fn outcomes(
+        asks: Vec<tokio::task::JoinHandle<Result<Conn, ProxyError>>>,
+    ) -> (Vec<Conn>, Vec<ProxyError>) {
+        let (mut held, mut errors) = (Vec::new(), Vec::new());
+        for a in asks {
+            match a.await.unwrap() {
+                Ok(conn) => held.push(conn),
+                Err(e) => errors.push(e),
+            }
+        }
+        (held, errors)
+    }
+
+    /// The one error of `errors` counted against the endpoint (a failed opening counts once).
+    fn counted_once(errors: &[ProxyError]) -> &ProxyError {
+        let counted: Vec<_> = errors.iter().filter(|e| e.is_endpoint_failure()).collect();
+        assert_eq!(counted.len(), 1, "{errors:?}");
+        counted[0]
+    }
+
     /// 250 requests at once to an endpoint with no connection open yet: 3 connections of up
     /// to 100 streams are opened at once (not one after the other, not one per request) and
     /// carry all 250.
@@ -1716,8 +1843,7 @@ mod h2_open_tests {
             assert_eq!(streams.iter().sum::<usize>(), 250, "{streams:?}");
             assert!(streams.iter().all(|&n| n <= H2_MAX_STREAMS), "{streams:?}");
         };
-        bounded(run).await.expect("bounded");
-        assert_eq!(accepted.load(Ordering::SeqCst), 3);
+        finish(run, &accepted, 3).await;
     }
 
     /// A backend allowing one stream per connection: 200 requests at once get at most
@@ -1743,8 +1869,7 @@ mod h2_open_tests {
             assert_eq!((held.len(), overloaded), (H2_MAX_CONNS, 200 - H2_MAX_CONNS));
             assert_eq!(pool.h2_list().connecting, 0);
         };
-        bounded(run).await.expect("bounded");
-        assert_eq!(accepted.load(Ordering::SeqCst), H2_MAX_CONNS);
+        finish(run, &accepted, H2_MAX_CONNS).await;
     }
 
     /// A failed opening fails the requests waiting for it with it, and counts once: its
@@ -1757,13 +1882,9 @@ mod h2_open_tests {
             let asks = ask(&pool, &addr, 50, Some(Duration::from_secs(20)));
             until(&pool, 1, 49).await;
             gate.send_replace(true);
-            let mut errors = Vec::new();
-            for a in asks {
-                errors.push(a.await.unwrap().expect_err("no connection"));
-            }
-            let counted: Vec<_> = errors.iter().filter(|e| e.is_endpoint_failure()).collect();
-            assert_eq!(counted.len(), 1, "{errors:?}");
-            assert!(matches!(counted[0], ProxyError::Connect { .. }));
+            let (held, errors) = outcomes(asks).await;
+            assert!(held.is_empty());
+            assert!(matches!(counted_once(&errors), ProxyError::Connect { .. }));
             for e in errors.iter().filter(|e| !e.is_endpoint_failure()) {
                 assert!(
                     matches!(e, ProxyError::ConnectWaited { after: None, .. }),
@@ -1773,8 +1894,7 @@ mod h2_open_tests {
                 assert!(e.request_not_sent());
             }
         };
-        bounded(run).await.expect("bounded");
-        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+        finish(run, &accepted, 1).await;
     }
 
     /// Two openings in flight for 150 requests; the first handshake fails while the second is
@@ -1783,29 +1903,14 @@ mod h2_open_tests {
     /// every waiter failed with the first failure, 148 502s beside a connection about to open).
     #[tokio::test]
     async fn one_failed_opening_of_two_fails_only_what_the_other_cannot_carry() {
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = l.local_addr().unwrap().to_string();
         let (first, first_rx) = watch::channel(false);
         let (second, second_rx) = watch::channel(false);
-        let accepted = Arc::new(AtomicUsize::new(0));
-        let count = accepted.clone();
-        tokio::spawn(async move {
-            let mut gates = vec![first_rx, second_rx].into_iter();
-            while let Ok((mut s, _)) = l.accept().await {
-                let fails = count.fetch_add(1, Ordering::SeqCst) == 0;
-                let Some(mut gate) = gates.next() else { return };
-                tokio::spawn(async move {
-                    if gate.wait_for(|open| *open).await.is_err() || fails {
-                        return; // the first connection closes: its handshake fails
-                    }
-                    if s.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]).await.is_err() {
-                        return;
-                    }
-                    let mut chunk = [0u8; 1024];
-                    while matches!(s.read(&mut chunk).await, Ok(n) if n > 0) {}
-                });
-            }
-        });
+        // The first connection closes: its handshake fails.
+        let (addr, accepted) = backend_of(vec![
+            (Answer::Close, first_rx),
+            (Answer::Settings(None), second_rx),
+        ])
+        .await;
         let pool = Arc::new(Pool::new(8));
         let run = async {
             let asks = ask(&pool, &addr, 150, Some(Duration::from_secs(20)));
@@ -1816,25 +1921,16 @@ mod h2_open_tests {
             first.send_replace(true);
             until(&pool, 1, 148).await;
             second.send_replace(true);
-            let (mut held, mut errors) = (Vec::new(), Vec::new());
-            for a in asks {
-                match a.await.unwrap() {
-                    Ok(conn) => held.push(conn),
-                    Err(e) => errors.push(e),
-                }
-            }
+            let (held, errors) = outcomes(asks).await;
             assert_eq!(held.len(), 100, "{errors:?}");
-            let counted: Vec<_> = errors.iter().filter(|e| e.is_endpoint_failure()).collect();
-            assert_eq!(counted.len(), 1, "{errors:?}");
-            assert!(matches!(counted[0], ProxyError::Connect { .. }));
+            assert!(matches!(counted_once(&errors), ProxyError::Connect { .. }));
             let waited = errors
                 .iter()
                 .filter(|e| matches!(e, ProxyError::ConnectWaited { after: None, .. }))
                 .count();
             assert_eq!(waited, 49, "{errors:?}");
         };
-        bounded(run).await.expect("bounded");
-        assert_eq!(accepted.load(Ordering::SeqCst), 2);
+        finish(run, &accepted, 2).await;
     }
 
     /// A slow opening: the waiting requests end at their own connect timeout (a 504 that does
@@ -1862,20 +1958,15 @@ mod h2_open_tests {
             opener.into_iter().for_each(|o| o.abort());
             until(&pool, 0, 0).await;
             // An opener with the limit times out, counted; its waiters fail with it, uncounted.
-            let asks = ask(&pool, &addr, 5, Some(limit));
-            let mut errors = Vec::new();
-            for a in asks {
-                errors.push(a.await.unwrap().expect_err("no connection"));
-            }
-            let counted: Vec<_> = errors.iter().filter(|e| e.is_endpoint_failure()).collect();
-            assert_eq!(counted.len(), 1, "{errors:?}");
-            assert!(matches!(counted[0], ProxyError::ConnectTimeout { .. }));
+            let (held, errors) = outcomes(ask(&pool, &addr, 5, Some(limit))).await;
+            assert!(held.is_empty());
+            let counted = counted_once(&errors);
+            assert!(matches!(counted, ProxyError::ConnectTimeout { .. }));
             assert!(errors.iter().all(|e| e.status() == 504), "{errors:?}");
             let list = pool.h2_list();
             assert_eq!((list.connecting, list.waiting), (0, 0));
         };
-        bounded(run).await.expect("bounded");
-        assert_eq!(accepted.load(Ordering::SeqCst), 2);
+        finish(run, &accepted, 2).await;
     }
 
     /// A dropped waiting request no longer counts as waiting; a dropped opener lets one of
@@ -1909,7 +2000,117 @@ mod h2_open_tests {
             let list = pool.h2_list();
             assert_eq!((list.connecting, list.waiting, list.conns.len()), (0, 0, 1));
         };
-        bounded(run).await.expect("bounded");
+        finish(run, &accepted, 2).await;
+    }
+
+    /// A request that waited for most of its connect timeout and then opens (its opener went
+    /// away) has the whole timeout for its connect: a backend that takes 3 s past the request's
+    /// first deadline, within 10 s of the connect, serves it; the spent wait used to end the
+    /// connect early and count the timeout against the endpoint (session 20's review, P2).
+    /// On tokio's paused clock: the seconds are the test's, not the machine's.
+    #[tokio::test(start_paused = true)]
+    async fn a_waiting_request_that_opens_has_the_whole_connect_timeout() {
+        let (addr, accepted, gate) = gated_backend(Answer::Settings(None)).await;
+        let pool = Arc::new(Pool::new(8));
+        let limit = Duration::from_secs(10);
+        let run = async {
+            let opener = ask(&pool, &addr, 1, None).pop().unwrap();
+            until(&pool, 1, 0).await;
+            let waiter = ask(&pool, &addr, 1, Some(limit)).pop().unwrap();
+            until(&pool, 1, 1).await;
+            tokio::time::sleep(Duration::from_secs(9)).await;
+            opener.abort();
+            until(&pool, 1, 0).await;
+            while accepted.load(Ordering::SeqCst) < 2 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            // Past the request's first deadline (10 s after it began to wait).
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            gate.send_replace(true);
+            let served = waiter.await.unwrap();
+            assert!(matches!(&served, Ok(c) if !c.reused), "{:?}", served.err());
+        };
+        finish(run, &accepted, 2).await;
+    }
+
+    /// ... and never past the request's own deadline (`by`, the route's backend timeout): the
+    /// same waiter with a deadline 12 s after it began, its own connect begun at 9 s, ends at
+    /// 12 s with a timeout, where it took until the backend answered at 13 s (session 21's
+    /// review, M2-2: up to one more limit past the route's deadline).
+    #[tokio::test(start_paused = true)]
+    async fn a_waiting_request_that_opens_still_ends_by_its_deadline() {
+        let (addr, accepted, gate) = gated_backend(Answer::Settings(None)).await;
+        let pool = Arc::new(Pool::new(8));
+        let limit = Duration::from_secs(10);
+        let run = async {
+            let opener = ask(&pool, &addr, 1, None).pop().unwrap();
+            until(&pool, 1, 0).await;
+            let start = tokio::time::Instant::now();
+            let by = start + Duration::from_secs(12);
+            let waiter = {
+                let (pool, addr) = (pool.clone(), addr.clone());
+                tokio::spawn(
+                    async move { pool.acquire_by(&addr, &h2c(), Some(limit), Some(by)).await },
+                )
+            };
+            until(&pool, 1, 1).await;
+            tokio::time::sleep(Duration::from_secs(9)).await;
+            opener.abort();
+            until(&pool, 1, 0).await;
+            while accepted.load(Ordering::SeqCst) < 2 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            // 13 s after it began: it has ended, before the backend answers.
+            tokio::time::sleep(Duration::from_secs(4)).await;
+            assert!(waiter.is_finished(), "still connecting past its deadline");
+            gate.send_replace(true);
+            let ended = waiter.await.unwrap();
+            assert!(
+                matches!(&ended, Err(ProxyError::ConnectTimeout { after, .. }) if *after <= Duration::from_secs(3)),
+                "{:?}",
+                ended.as_ref().map(|c| c.reused)
+            );
+        };
+        finish(run, &accepted, 2).await;
+    }
+
+    /// A stream freed on an open connection wakes a request waiting while another opening
+    /// hangs: a backend allowing 2 streams per connection, both taken, a third request opens a
+    /// connection the backend never answers and a fourth waits for it; the first request's
+    /// stream ends and the fourth is served on it (session 20's review, P3: it waited for the
+    /// opening, up to its connect timeout; forever here, with none).
+    #[tokio::test(start_paused = true)]
+    async fn a_freed_stream_wakes_a_waiting_request() {
+        let (_open, open_rx) = watch::channel(true);
+        let (_shut, shut_rx) = watch::channel(false);
+        let (addr, accepted) = backend_of(vec![
+            (Answer::Settings(Some(2)), open_rx),
+            (Answer::Settings(None), shut_rx),
+        ])
+        .await;
+        let pool = Arc::new(Pool::new(8));
+        let run = async {
+            let mut first = Vec::new();
+            for a in ask(&pool, &addr, 1, None)
+                .into_iter()
+                .chain(ask(&pool, &addr, 1, None))
+            {
+                first.push(a.await.unwrap().expect("served"));
+            }
+            let third = ask(&pool, &addr, 1, None).pop().unwrap();
+            until(&pool, 1, 0).await;
+            let fourth = ask(&pool, &addr, 1, None).pop().unwrap();
+            until(&pool, 1, 1).await;
+            drop(first.pop());
+            let served = fourth.await.unwrap();
+            assert!(matches!(&served, Ok(c) if c.reused), "{:?}", served.err());
+            third.abort();
+            let _ = third.await;
+            until(&pool, 0, 0).await;
+        };
+        bounded(run)
+            .await
+            .expect("bounded: the waiting request was woken");
         assert_eq!(accepted.load(Ordering::SeqCst), 2);
     }
 }

@@ -14,6 +14,12 @@
 //! `static_read_ahead_total + streams reading x UNBUDGETED_CHUNK` of file data, not
 //! `connections x static_read_ahead`.
 //!
+//! Each chunk is counted once: a budgeted chunk in its [`ReadAheadTotal`] (what the limit
+//! checks), any other in one process-wide count ([`unbudgeted_bytes`]);
+//! [`ReadAheadTotal::bytes`] is their sum, the file data the process holds. (Every budgeted
+//! chunk was counted twice before, in the total and in a global count of all chunks: two
+//! atomic read-modify-writes at its read and two at its release, for the same bytes.)
+//!
 //! A chunk whose bytes are in the page cache (the common case for a served file) is read on
 //! the runtime thread, without a hop to the blocking pool: `preadv2` with `RWF_NOWAIT` (Linux)
 //! copies what is cached and never waits for the disk; whatever it did not return is read on
@@ -46,21 +52,30 @@ pub const UNBUDGETED_CHUNK: usize = 16 * 1024;
 #[derive(Debug, Clone, Copy)]
 pub struct ReadChunk(pub usize);
 
-/// File bytes read and not yet released, all connections: what [`ReadBudget`]s hold.
-static HELD: AtomicU64 = AtomicU64::new(0);
+/// File bytes read and not yet released in chunks outside any budget, all connections:
+/// past a full [`ReadBudget`] or [`ReadAheadTotal`], or of a body without a budget.
+static UNBUDGETED: AtomicU64 = AtomicU64::new(0);
 
-/// File bytes read ahead of clients right now, all connections together (the sum of what
-/// their [`ReadBudget`]s hold, each at most its size).
-pub fn read_ahead_bytes() -> u64 {
-    HELD.load(Ordering::Relaxed)
+/// File bytes held right now in chunks outside any budget, all connections together.
+pub fn unbudgeted_bytes() -> u64 {
+    UNBUDGETED.load(Ordering::Relaxed)
 }
 
 /// The file bytes all connections of the process together may hold in budgeted chunks
 /// (`limits.static_read_ahead_total`; one in [`crate::state::Shared`], following the config).
+///
+/// A semaphore of bytes, by hand rather than tokio's `Semaphore`, whose limit a config reload
+/// moves: tokio's releases every permit under its waiters' mutex (`batch_semaphore::release`:
+/// a lock, a `fetch_add`, an unlock against one `fetch_sub` here) and `forget_permits` takes
+/// back only permits not held, so lowering the limit below what is held would need a debt
+/// kept beside it: more code on the hot path, no waiting to gain (a full total is never
+/// waited for).
 #[derive(Debug)]
 pub struct ReadAheadTotal {
     limit: AtomicU64,
     held: AtomicU64,
+    /// The most `held` has been (tests; a `fetch_max` only when a take passes it).
+    peak: AtomicU64,
 }
 
 impl Default for ReadAheadTotal {
@@ -69,6 +84,7 @@ impl Default for ReadAheadTotal {
         ReadAheadTotal {
             limit: AtomicU64::new(u64::MAX),
             held: AtomicU64::new(0),
+            peak: AtomicU64::new(0),
         }
     }
 }
@@ -87,19 +103,36 @@ impl ReadAheadTotal {
         self.limit.store(bytes, Ordering::Relaxed);
     }
 
-    /// Bytes held by budgeted chunks right now, all connections.
+    /// Bytes held by budgeted chunks right now, all connections: what the limit checks.
     pub fn held(&self) -> u64 {
         self.held.load(Ordering::Relaxed)
+    }
+
+    /// The most bytes budgeted chunks held at once so far, all connections.
+    pub fn peak(&self) -> u64 {
+        self.peak.load(Ordering::Relaxed)
+    }
+
+    /// File bytes held right now, budgeted or not: [`ReadAheadTotal::held`] and
+    /// [`unbudgeted_bytes`] (the process has one total).
+    pub fn bytes(&self) -> u64 {
+        self.held() + unbudgeted_bytes()
     }
 
     /// Takes `n` bytes if they fit under the limit; never more than the limit in total.
     fn try_take(self: &Arc<Self>, n: u64) -> Option<TotalPermit> {
         let limit = self.limit.load(Ordering::Relaxed);
-        self.held
+        let before = self
+            .held
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |h| {
                 h.checked_add(n).filter(|&t| t <= limit)
             })
             .ok()?;
+        // Within the limit: no overflow.
+        let now = before + n;
+        if now > self.peak.load(Ordering::Relaxed) {
+            self.peak.fetch_max(now, Ordering::Relaxed);
+        }
         Some(TotalPermit {
             total: self.clone(),
             n,
@@ -220,10 +253,10 @@ impl FileBody {
 }
 
 /// The bytes of one chunk and the budget they hold, released when the last `Bytes` referring
-/// to them is dropped.
+/// to them is dropped; without a budget, counted in [`UNBUDGETED`] until then.
 struct Held {
     buf: Vec<u8>,
-    _permit: Option<Permit>,
+    permit: Option<Permit>,
 }
 
 impl AsRef<[u8]> for Held {
@@ -234,17 +267,19 @@ impl AsRef<[u8]> for Held {
 
 impl Drop for Held {
     fn drop(&mut self) {
-        HELD.fetch_sub(self.buf.len() as u64, Ordering::Relaxed);
+        // A budgeted chunk's bytes go back with its permit.
+        if self.permit.is_none() {
+            UNBUDGETED.fetch_sub(self.buf.len() as u64, Ordering::Relaxed);
+        }
     }
 }
 
 /// The bytes of a chunk as a `Bytes` holding `permit` until they are dropped.
 fn held(buf: Vec<u8>, permit: Option<Permit>) -> Bytes {
-    HELD.fetch_add(buf.len() as u64, Ordering::Relaxed);
-    Bytes::from_owner(Held {
-        buf,
-        _permit: permit,
-    })
+    if permit.is_none() {
+        UNBUDGETED.fetch_add(buf.len() as u64, Ordering::Relaxed);
+    }
+    Bytes::from_owner(Held { buf, permit })
 }
 
 /// Reads the rest of a chunk of `n` bytes that starts at file position `offset` into `buf`,

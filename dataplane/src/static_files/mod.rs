@@ -32,7 +32,7 @@ mod range;
 mod resolve;
 
 pub use file_body::{
-    read_ahead_bytes, ReadAheadTotal, ReadBudget, ReadChunk, CHUNK_SIZE, UNBUDGETED_CHUNK,
+    unbudgeted_bytes, ReadAheadTotal, ReadBudget, ReadChunk, CHUNK_SIZE, UNBUDGETED_CHUNK,
 };
 
 use crate::body::{boxed, empty, full, text_response, Body};

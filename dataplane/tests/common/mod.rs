@@ -130,6 +130,29 @@ pub(crate) fn fixed_route(name: &str, prefix: &str, body: &str) -> Route {
     }
 }
 
+/// A static site serving the files under `root` as they are (no index, no precompressed
+/// variants, dotfiles hidden).
+pub(crate) fn static_site(root: &std::path::Path) -> StaticSite {
+    StaticSite {
+        root: root.to_path_buf(),
+        index: vec![],
+        try_files: vec![],
+        precompressed: false,
+        cache_control: None,
+        strip_prefix: None,
+        hide_dotfiles: true,
+    }
+}
+
+/// A config of one plain HTTP listener serving [`static_site`]`(root)` at `/`.
+pub(crate) fn static_config(root: &std::path::Path) -> Config {
+    let route = Route {
+        action: Action::Static(static_site(root)),
+        ..fixed_route("files", "/", "")
+    };
+    http_config(vec![vhost("v", &[], vec![route])])
+}
+
 pub(crate) fn proxy_route(name: &str, prefix: &str, backend: &str) -> Route {
     Route {
         name: name.into(),

@@ -568,7 +568,8 @@ async fn until_echoed(
 
 /// An e2e test of the installed chart, ignored unless asked for (e2e/run.sh): `$name` takes
 /// the cluster's environment (named after the test) as `$env` and the suite's lock, and
-/// reports what `$body` returns.
+/// reports what `$body` returns. Keep `$body` a call of a named `async fn`: rustfmt does not
+/// format a macro's arguments, so code written inline here goes unformatted.
 macro_rules! cluster_test {
     ($(#[$doc:meta])* $name:ident, |$env:ident| $body:expr) => {
         $(#[$doc])*
@@ -583,27 +584,30 @@ macro_rules! cluster_test {
 }
 
 cluster_test! {
-    ingress_with_tls_over_h1_h2_h3, |env| async {
-        let s = ingress_fixture(&env).await?;
-        fetch_all(&env, &s).await
-    }
-    .await
+    ingress_with_tls_over_h1_h2_h3, |env| ingress_over_h1_h2_h3(&env).await
+}
+
+async fn ingress_over_h1_h2_h3(env: &Env) -> Result<()> {
+    let s = ingress_fixture(env).await?;
+    fetch_all(env, &s).await
 }
 
 cluster_test! {
-    httproute_with_tls_over_h1_h2_h3, |env| async {
-        let s = gateway_fixture(&env).await?;
-        fetch_all(&env, &s).await
-    }
-    .await
+    httproute_with_tls_over_h1_h2_h3, |env| httproute_over_h1_h2_h3(&env).await
+}
+
+async fn httproute_over_h1_h2_h3(env: &Env) -> Result<()> {
+    let s = gateway_fixture(env).await?;
+    fetch_all(env, &s).await
 }
 
 cluster_test! {
-    sweetysite_static_over_h1_h2_h3, |env| async {
-        let s = site_fixture(&env).await?;
-        fetch_all(&env, &s).await
-    }
-    .await
+    sweetysite_static_over_h1_h2_h3, |env| sweetysite_over_h1_h2_h3(&env).await
+}
+
+async fn sweetysite_over_h1_h2_h3(env: &Env) -> Result<()> {
+    let s = site_fixture(env).await?;
+    fetch_all(env, &s).await
 }
 
 /// Applies a changed HTTPRoute (a request header set by a filter; echo-basic echoes request headers) and
@@ -636,128 +640,131 @@ async fn change_route_and_see_it_served(env: &Env, s: &Served) -> Result<Duratio
 }
 
 cluster_test! {
-    changed_route_is_served, |env| async {
-        let s = gateway_fixture(&env).await?;
-        fetch_all(&env, &s).await?;
-        change_route_and_see_it_served(&env, &s).await?;
-        // And back: the plain route again (the header disappears).
-        cluster::apply(&env.client, http_route(None)).await?;
-        let t = s.plain();
-        until_echoed(&env, "the reverted route served", &t, |r, j| {
-            // An echo of this very request (echo-basic names the path it saw) without the header.
-            let echoed = j.pointer("/path").and_then(Value::as_str) == Some(s.path);
-            let header = j.pointer("/headers/X-E2e-Change");
-            (r.status == 200 && echoed && header.is_none())
-                .then_some(())
-                .ok_or(format!(
-                    "{} path echoed: {echoed}, header {header:?}",
-                    r.status
-                ))
-        })
-        .await
-    }
-    .await
+    changed_route_is_served, |env| change_route_and_back(&env).await
 }
 
-cluster_test! {
-    killed_dataplane_then_controller_lose_no_config, |env| async {
-        let all = every_fixture(&env).await?;
-        for s in &all {
-            fetch_all(&env, s).await?;
-        }
-        for container in ["dataplane", "controller"] {
-            let pod = cluster::kill_container(&env, container).await?;
-            println!(
-                "killed the {container} container of {pod}; it restarted and the pod is Ready"
-            );
-            for s in &all {
-                fetch_all(&env, s).await.map_err(|e| Error::Restart {
-                    container: container.into(),
-                    message: format!("after the restart: {e}"),
-                })?;
-            }
-        }
-        // The restarted controller still acts on changes and keeps the statuses.
-        change_route_and_see_it_served(&env, &all[1]).await?;
-        cluster::apply(&env.client, http_route(None)).await?;
-        gateway_fixture(&env).await?;
-        site_fixture(&env).await?;
-        Ok(())
-    }
-    .await
-}
-
-cluster_test! {
-    invalid_objects_get_a_condition_and_break_nothing, |env| async {
-        let all = every_fixture(&env).await?;
-        // A route to a Service that does not exist, and a site claiming the Ingress's hostname.
-        let broken_route = json!({
-            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
-            "metadata": {"name": "broken", "namespace": GATEWAY_NS},
-            "spec": {"parentRefs": [{"name": "gw"}], "hostnames": [GATEWAY_HOST],
-                "rules": [{"matches": [{"path": {"type": "PathPrefix", "value": "/broken"}}],
-                           "backendRefs": [{"name": "no-such-service", "port": 8080}]}]}
-        });
-        let dup_site = json!({
-            "apiVersion": "sweety.dev/v1alpha1", "kind": "SweetySite",
-            "metadata": {"name": "dup", "namespace": SITE_NS},
-            "spec": {"hostnames": [INGRESS_HOST],
-                "routes": [{"path": "/", "static": {"configMap": {"name": "content"}}}]}
-        });
-        cluster::apply(&env.client, broken_route.clone()).await?;
-        cluster::apply(&env.client, dup_site.clone()).await?;
-        route_condition(
-            &env,
-            "broken",
-            "ResolvedRefs",
-            "False",
-            Some("BackendNotFound"),
-        )
-        .await?;
-        eventually(
-            "SweetySite dup Accepted=False HostnameConflict",
-            CONVERGE,
-            POLL,
-            || async {
-                let s = object(&env, SITE, SITE_NS, "dup").await?;
-                expect_condition(
-                    s.data.pointer("/status/conditions"),
-                    "Accepted",
-                    "False",
-                    Some("HostnameConflict"),
-                    s.metadata.generation,
-                )
-            },
-        )
-        .await?;
-        // The broken rule answers an error, never another backend.
-        let t = Target {
-            addr: all[1].addr,
-            host: GATEWAY_HOST,
-            path: "/broken",
-            ca_pem: None,
-        };
-        eventually("/broken answers 5xx", CONVERGE, POLL, || async {
-            let r = client::get(&env.allowed, Version::H1, &t)
-                .await
-                .map_err(|e| e.to_string())?;
-            (r.status >= 500).then_some(()).ok_or(format!(
-                "a rule without a usable backend must answer 5xx, got {} {:?}",
-                r.status, r.body
+async fn change_route_and_back(env: &Env) -> Result<()> {
+    let s = gateway_fixture(env).await?;
+    fetch_all(env, &s).await?;
+    change_route_and_see_it_served(env, &s).await?;
+    // And back: the plain route again (the header disappears).
+    cluster::apply(&env.client, http_route(None)).await?;
+    let t = s.plain();
+    until_echoed(env, "the reverted route served", &t, |r, j| {
+        // An echo of this very request (echo-basic names the path it saw) without the header.
+        let echoed = j.pointer("/path").and_then(Value::as_str) == Some(s.path);
+        let header = j.pointer("/headers/X-E2e-Change");
+        (r.status == 200 && echoed && header.is_none())
+            .then_some(())
+            .ok_or(format!(
+                "{} path echoed: {echoed}, header {header:?}",
+                r.status
             ))
-        })
-        .await?;
-        // Everything valid is still served, with its statuses unchanged.
-        for s in &all {
-            fetch_all(&env, s).await?;
-        }
-        route_condition(&env, "echo", "ResolvedRefs", "True", None).await?;
-        site_fixture(&env).await?;
-        cluster::delete(&env.client, &broken_route).await?;
-        cluster::delete(&env.client, &dup_site).await?;
-        Ok(())
-    }
+    })
     .await
+}
+
+cluster_test! {
+    killed_dataplane_then_controller_lose_no_config,
+    |env| kill_dataplane_then_controller(&env).await
+}
+
+async fn kill_dataplane_then_controller(env: &Env) -> Result<()> {
+    let all = every_fixture(env).await?;
+    for s in &all {
+        fetch_all(env, s).await?;
+    }
+    for container in ["dataplane", "controller"] {
+        let pod = cluster::kill_container(env, container).await?;
+        println!("killed the {container} container of {pod}; it restarted and the pod is Ready");
+        for s in &all {
+            fetch_all(env, s).await.map_err(|e| Error::Restart {
+                container: container.into(),
+                message: format!("after the restart: {e}"),
+            })?;
+        }
+    }
+    // The restarted controller still acts on changes and keeps the statuses.
+    change_route_and_see_it_served(env, &all[1]).await?;
+    cluster::apply(&env.client, http_route(None)).await?;
+    gateway_fixture(env).await?;
+    site_fixture(env).await?;
+    Ok(())
+}
+
+cluster_test! {
+    invalid_objects_get_a_condition_and_break_nothing,
+    |env| apply_invalid_objects(&env).await
+}
+
+async fn apply_invalid_objects(env: &Env) -> Result<()> {
+    let all = every_fixture(env).await?;
+    // A route to a Service that does not exist, and a site claiming the Ingress's hostname.
+    let broken_route = json!({
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+        "metadata": {"name": "broken", "namespace": GATEWAY_NS},
+        "spec": {"parentRefs": [{"name": "gw"}], "hostnames": [GATEWAY_HOST],
+            "rules": [{"matches": [{"path": {"type": "PathPrefix", "value": "/broken"}}],
+                       "backendRefs": [{"name": "no-such-service", "port": 8080}]}]}
+    });
+    let dup_site = json!({
+        "apiVersion": "sweety.dev/v1alpha1", "kind": "SweetySite",
+        "metadata": {"name": "dup", "namespace": SITE_NS},
+        "spec": {"hostnames": [INGRESS_HOST],
+            "routes": [{"path": "/", "static": {"configMap": {"name": "content"}}}]}
+    });
+    cluster::apply(&env.client, broken_route.clone()).await?;
+    cluster::apply(&env.client, dup_site.clone()).await?;
+    route_condition(
+        env,
+        "broken",
+        "ResolvedRefs",
+        "False",
+        Some("BackendNotFound"),
+    )
+    .await?;
+    eventually(
+        "SweetySite dup Accepted=False HostnameConflict",
+        CONVERGE,
+        POLL,
+        || async {
+            let s = object(env, SITE, SITE_NS, "dup").await?;
+            expect_condition(
+                s.data.pointer("/status/conditions"),
+                "Accepted",
+                "False",
+                Some("HostnameConflict"),
+                s.metadata.generation,
+            )
+        },
+    )
+    .await?;
+    // The broken rule answers an error, never another backend.
+    let t = Target {
+        addr: all[1].addr,
+        host: GATEWAY_HOST,
+        path: "/broken",
+        ca_pem: None,
+    };
+    eventually("/broken answers 5xx", CONVERGE, POLL, || async {
+        let r = client::get(&env.allowed, Version::H1, &t)
+            .await
+            .map_err(|e| e.to_string())?;
+        (r.status >= 500).then_some(()).ok_or(format!(
+            "a rule without a usable backend must answer 5xx, got {} {:?}",
+            r.status, r.body
+        ))
+    })
+    .await?;
+    // Everything valid is still served, with its statuses unchanged.
+    for s in &all {
+        fetch_all(env, s).await?;
+    }
+    route_condition(env, "echo", "ResolvedRefs", "True", None).await?;
+    site_fixture(env).await?;
+    cluster::delete(&env.client, &broken_route).await?;
+    cluster::delete(&env.client, &dup_site).await?;
+    Ok(())
 }
 
 /// Pods of the chart in this test: three replicas, each a controller and a dataplane.

@@ -326,11 +326,21 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Conn<T> {
                 }
             }
             if self.wpos < self.wbuf.len() || !w.pending.is_empty() {
-                let bufs = [
-                    IoSlice::new(&self.wbuf[self.wpos..]),
-                    IoSlice::new(&w.pending),
-                ];
-                let n = ready!(Pin::new(&mut self.io).poll_write_vectored(cx, &bufs))?;
+                // One piece (a head with no body, or with its body copied in: the usual
+                // request) goes by a plain write: on a socket that is `send`, where a vectored
+                // write is `writev`, whose VFS path (the iovec import, the file checks) costs
+                // more kernel time for the same bytes (e2e/bench/HISTORY.md, session 21).
+                let n = if w.pending.is_empty() {
+                    ready!(Pin::new(&mut self.io).poll_write(cx, &self.wbuf[self.wpos..]))?
+                } else if self.wpos == self.wbuf.len() {
+                    ready!(Pin::new(&mut self.io).poll_write(cx, &w.pending))?
+                } else {
+                    let bufs = [
+                        IoSlice::new(&self.wbuf[self.wpos..]),
+                        IoSlice::new(&w.pending),
+                    ];
+                    ready!(Pin::new(&mut self.io).poll_write_vectored(cx, &bufs))?
+                };
                 if n == 0 {
                     return Poll::Ready(Err(Error::Io(std::io::ErrorKind::WriteZero.into())));
                 }

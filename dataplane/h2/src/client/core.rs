@@ -210,6 +210,9 @@ pub(crate) struct Stream {
     /// boundaries: HEADERS and its CONTINUATION frames are queued together).
     headers_start: u64,
     headers_end: u64,
+    /// The octets of its first HEADERS frame (frame header included): once they reached the
+    /// transport the backend knows the stream (see [`Core::sent`]).
+    headers_first: u32,
     // Receiving.
     recv: Recv,
     head_request: bool,
@@ -548,12 +551,17 @@ impl Core {
         id.is_multiple_of(2) || id >= self.next_id
     }
 
-    /// Whether all of stream `i`'s HEADERS reached the transport. Until then the stream is
-    /// idle for the backend (RFC 9113 §5.1): any frame of its on the stream but PRIORITY
+    /// Whether stream `i`'s first HEADERS frame reached the transport. Until then the stream
+    /// is idle for the backend (RFC 9113 §5.1): any frame of its on the stream but PRIORITY
     /// (HEADERS, DATA, WINDOW_UPDATE, RST_STREAM) is a connection error of type
     /// PROTOCOL_ERROR, which also refuses the stream (its HEADERS are cut from the output).
+    /// The first frame, not the whole block: a header block larger than the backend's
+    /// MAX_FRAME_SIZE goes out as HEADERS and CONTINUATIONs, and a backend may act on the
+    /// HEADERS frame alone (refuse the stream with RST_STREAM(REFUSED_STREAM) when it is over
+    /// its concurrency limit, as nghttp2 does) while the socket has not taken the rest yet.
     fn sent(&self, i: usize) -> bool {
-        self.streams[i].headers_end <= self.written_total
+        let s = &self.streams[i];
+        s.headers_start + u64::from(s.headers_first) <= self.written_total
     }
 
     fn wake_task(&mut self) {
@@ -623,6 +631,7 @@ impl Core {
         let before = self.out.len();
         let headers_start = self.queued_total;
         frame::put_headers(&mut self.out, id, &block, end, self.peer_max_frame);
+        let headers_first = HEADER_LEN + block.len().min(self.peer_max_frame.max(1));
         self.queue_len_changed(before);
         self.block = block;
         let recv_window = if self.settings_acked {
@@ -643,6 +652,8 @@ impl Core {
             length_left: length,
             headers_start,
             headers_end: self.queued_total,
+            // At most HEADER_LEN + the largest MAX_FRAME_SIZE (2^24 - 1).
+            headers_first: headers_first as u32,
             recv: Recv::Head { interim: 0 },
             head_request: *req.method == Method::HEAD,
             head: None,
@@ -1241,8 +1252,11 @@ impl Core {
     /// Their frames all follow their HEADERS (ids grow with the order of the queue, and no
     /// stream opens after a GOAWAY), so the output is walked frame by frame from the first of
     /// their HEADERS not begun (or the end of a HEADERS begun): a frame boundary. A stream an
-    /// earlier GOAWAY (or any fault) ended is left out: its frames are gone already and its
-    /// offsets may point into output queued since, inside a frame or past the end.
+    /// earlier GOAWAY (or any fault) ended is left out: its offsets may point into output
+    /// queued since, inside a frame or past the end. Its frames are gone already, but for the
+    /// rest of a header block whose first frame was written before the stream was refused
+    /// (bb14e0a): those CONTINUATIONs stay, and they lie before the cut, since a block is
+    /// queued whole and no other frame comes between its frames (RFC 9113 §6.10).
     fn cut_streams_above(&mut self, last: u32) {
         let w = self.written_total;
         let start = self

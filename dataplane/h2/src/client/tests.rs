@@ -1174,6 +1174,56 @@ fn core_with_a_stream() -> (Core, u32) {
     (core, id)
 }
 
+/// A request whose header block is larger than the backend's MAX_FRAME_SIZE goes out as
+/// HEADERS and CONTINUATIONs; the socket took the HEADERS frame and not yet the rest. The
+/// backend refuses the stream on its HEADERS frame (RST_STREAM(REFUSED_STREAM), as nghttp2
+/// does above its concurrency limit): the stream is refused, its body handed back for
+/// another connection, and the connection and its other stream live on, the rest of the
+/// header block still to go (session 20's review, L3: a stream counted as sent only once its
+/// whole block was written, so this RST_STREAM failed the connection).
+#[test]
+fn a_refusal_after_the_first_frame_of_a_split_header_block_refuses_only_that_stream() {
+    let mut core = Core::new(cfg());
+    let mut settings = BytesMut::new();
+    frame::put_settings(&mut settings, &[]);
+    core.feed(&settings);
+    core.process(None);
+    drop(core.take_output());
+    let mut big = HeaderMap::new();
+    big.insert("x-big", HeaderValue::from_str(&"x".repeat(40_000)).unwrap());
+    let id1 = core.open(&post(&big, "/big"), crate::empty()).unwrap();
+    let split = core.output_len();
+    let h = HeaderMap::new();
+    let id3 = core.open(&get(&h, "/"), crate::empty()).unwrap();
+    let first = HEADER_LEN + frame::DEFAULT_MAX_FRAME_SIZE as usize;
+    assert!(split > first + HEADER_LEN, "the block is split");
+    // The transport took the HEADERS frame, not its CONTINUATIONs.
+    core.wrote(first);
+    let mut rst = BytesMut::new();
+    frame::put_rst(&mut rst, id1, Reason::REFUSED_STREAM);
+    core.feed(&rst);
+    core.process(None);
+    assert!(core.fault().is_none(), "{:?}", core.fault());
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    assert!(
+        matches!(
+            core.poll_head(id1, &mut cx),
+            HeadPoll::Failed(H2Error::Refused, Some(_), _)
+        ),
+        "stream {id1} refused, its body handed back"
+    );
+    assert!(matches!(core.poll_head(id3, &mut cx), HeadPoll::Pending));
+    // The rest of the block still goes (the backend's HPACK decoder needs it), then stream 3.
+    let frames = frames_of(&core.take_output());
+    let kinds: Vec<_> = frames.iter().map(|f| (f.0, f.2)).collect();
+    assert_eq!(kinds.last(), Some(&(kind::HEADERS, id3)), "{kinds:?}");
+    assert!(kinds[..kinds.len() - 1]
+        .iter()
+        .all(|&k| k == (kind::CONTINUATION, id1)));
+    let continued: usize = frames[..frames.len() - 1].iter().map(|f| f.3.len()).sum();
+    assert_eq!(continued + first, split - (kinds.len() - 1) * HEADER_LEN);
+}
+
 /// The frames of `out`, as (kind, flags, stream, payload).
 fn frames_of(out: &[u8]) -> Vec<(u8, u8, u32, Vec<u8>)> {
     let mut rest = out;

@@ -101,7 +101,7 @@ fn waker_of(
 }
 
 /// Most stream wakers a connection keeps for its next streams.
-const SPARE_WAKERS: usize = 64;
+pub(super) const SPARE_WAKERS: usize = 64;
 
 /// The wakers of closed streams that nothing else holds, for the connection's next streams:
 /// one allocation (and one count of the connection's `Signal`) less per stream. Only a waker
@@ -120,7 +120,6 @@ impl Spares {
         Some(w)
     }
 
-    /// Keeps the waker of a closed stream if nothing else holds it (and there is room).
     /// Spare wakers kept now.
     #[cfg(test)]
     pub(super) fn len(&self) -> usize {
@@ -133,6 +132,8 @@ impl Spares {
         self.0 = Vec::new();
     }
 
+    /// Keeps the waker of a closed stream if nothing else holds it (and there is room: at
+    /// most [`SPARE_WAKERS`]).
     pub(super) fn keep(&mut self, w: Option<Arc<StreamWaker>>) {
         if let Some(mut w) = w {
             if self.0.len() < SPARE_WAKERS && Arc::get_mut(&mut w).is_some() {

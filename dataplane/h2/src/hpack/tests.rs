@@ -598,6 +598,55 @@ fn encoder_fields() {
         enc("custom-key", "custom-value", false),
         hex("00 88 25a8 49e9 5ba9 7d7f 89 25a8 49e9 5bb8 e8b4 bf")
     );
+    // The request id's value: never Huffman-coded (a random value, coded shorter by 9 of its
+    // 32 octets at ~15 instructions per octet); its name as any other literal name.
+    let id = "0123456789abcdef0123456789abcdef";
+    let mut expect = BytesMut::new();
+    expect.put_u8(0);
+    encode_str(&mut expect, b"x-request-id");
+    // length 32 without the Huffman bit, then the digits as they are
+    expect.put_u8(0x20);
+    expect.extend_from_slice(id.as_bytes());
+    for sensitive in [false, true] {
+        let got = enc("x-request-id", id, sensitive);
+        assert_eq!(got[0], if sensitive { 0x10 } else { 0 });
+        assert_eq!(got[1..], expect[1..]);
+        let back = decode_all(&mut Decoder::new(), &got, BIG).unwrap();
+        assert_eq!(
+            back,
+            vec![(b"x-request-id".to_vec(), id.as_bytes().to_vec(), sensitive)]
+        );
+    }
+    // Any value of it (a trusted proxy's id, up to 128 octets, or longer and of any octets
+    // here): the length's prefix integer continues past 126, and octets of 0x80 and above
+    // go as they are; each decodes back (session 21's review, L4-1).
+    for value in [
+        vec![b'a'; 126],
+        vec![b'a'; 127],
+        vec![b'a'; 128],
+        vec![b'z'; 300],
+        (0x80..=0xff).collect::<Vec<u8>>(),
+    ] {
+        let mut got = BytesMut::new();
+        Encoder::field(&mut got, b"x-request-id", &value, false);
+        let back = decode_all(&mut Decoder::new(), &got, BIG).unwrap();
+        assert_eq!(back, vec![(b"x-request-id".to_vec(), value.clone(), false)]);
+        let mut raw = BytesMut::new();
+        encode_raw(&mut raw, &value);
+        assert!(got.ends_with(&raw), "the value is written as it is");
+    }
+    // Other values of literal names are still coded (the custom-key case above), also an
+    // id under another name.
+    assert_eq!(
+        enc("x-trace-id", id, false)[1..],
+        {
+            let mut e = BytesMut::new();
+            e.put_u8(0);
+            encode_str(&mut e, b"x-trace-id");
+            encode_str(&mut e, id.as_bytes());
+            e.to_vec()
+        }[1..]
+    );
     // Sensitive: never indexed, even when the whole field is in the static table.
     assert_eq!(enc("accept-encoding", "gzip, deflate", true)[0], 0x1f);
     let got = decode_all(
