@@ -336,17 +336,20 @@ impl BackendRt {
         let mut body = body;
         let mut allow_fresh = true;
         loop {
-            let connect_limit = match deadline {
-                Some(d) => connect_timeout.min(d.saturating_duration_since(Instant::now())),
-                None => connect_timeout,
-            };
             let connecting = connect_time.as_deref_mut().map(|t| {
                 *t = None;
                 Instant::now()
             });
+            // The connect timeout, and never past the route's deadline: the pool ends a connect
+            // or a wait for one at the earlier of the two.
             let conn = match ep
                 .pool
-                .acquire_within(addr, &self.connector, Some(connect_limit))
+                .acquire_by(
+                    addr,
+                    &self.connector,
+                    Some(connect_timeout),
+                    deadline.map(tokio::time::Instant::from_std),
+                )
                 .await
             {
                 Err(e) => return (Err(e), Some(body)),

@@ -900,6 +900,7 @@ mod tests {
             ("Upstreams::forward", 4096),
             ("BackendRt::try_once", 3072),
             ("Pool::acquire_within", 1024),
+            ("Pool::acquire_by", 1024),
             ("Pool::acquire_h2", 1024),
             ("Pool::open_h2", 1024),
         ] {

@@ -571,8 +571,22 @@ impl Pool {
         c: &Connector,
         limit: Option<Duration>,
     ) -> Result<Conn, ProxyError> {
+        self.acquire_by(addr, c, limit, None).await
+    }
+
+    /// [`Pool::acquire_within`], and never past `by` (the request's own deadline, the route's
+    /// backend timeout): a connect ends at the earlier of `limit` from its start and `by`, and
+    /// so does a wait, so a request that waits and then opens a connection itself still ends by
+    /// `by` (session 21's review, M2-2: it could take up to one more `limit` past it).
+    pub async fn acquire_by(
+        &self,
+        addr: &str,
+        c: &Connector,
+        limit: Option<Duration>,
+        by: Option<tokio::time::Instant>,
+    ) -> Result<Conn, ProxyError> {
         if c.is_h2() {
-            return self.acquire_h2(addr, c, limit).await;
+            return self.acquire_h2(addr, c, limit, by).await;
         }
         if let Some(conn) = self.checkout_h1() {
             return Ok(Conn {
@@ -580,7 +594,7 @@ impl Pool {
                 reused: true,
             });
         }
-        let deadline = limit.map(|l| tokio::time::Instant::now() + l);
+        let (deadline, limit) = deadline_from(tokio::time::Instant::now(), limit, by);
         match within(deadline, limit, addr, connect_boxed(addr, c, &self.open)).await? {
             Opened::H1(s) => Ok(Conn {
                 sender: Sender::H1(s),
@@ -711,6 +725,7 @@ impl Pool {
         addr: &str,
         c: &Connector,
         limit: Option<Duration>,
+        by: Option<tokio::time::Instant>,
     ) -> Result<Conn, ProxyError> {
         let mut deadline = None;
         // Set once an opening failed while this request waited: from then on it opens none
@@ -719,6 +734,11 @@ impl Pool {
         // fail every request waiting for the others).
         let mut failed_while_waiting = false;
         loop {
+            // Enabled under the lock below when the request waits, so that every wake from
+            // then on reaches it: a freed stream's notify_one before its first poll would
+            // otherwise be one stored permit, and a second such wake in that gap would be lost
+            // (a request asleep beside a free stream; session 21's review, M2-1).
+            let mut notified = std::pin::pin!(self.h2_wake.notify.notified());
             let wait = {
                 let mut list = self.h2_list();
                 if let Some(conn) = Pool::take_h2_stream(&mut list, c.h2_client) {
@@ -747,8 +767,9 @@ impl Pool {
                 } else {
                     list.waiting += 1;
                     self.h2_wake.waiting.fetch_add(1, Ordering::SeqCst);
-                    // Made under the lock: an opening ending after it wakes it.
-                    let notified = self.h2_wake.notify.notified();
+                    // Enabled under the lock: an opening ending after it wakes it, and so does
+                    // each freed stream (one notify_one each).
+                    notified.as_mut().enable();
                     // A second look, now that a stream freed from here on wakes it (the
                     // guard's lock-free side: see StreamGuard's drop).
                     std::sync::atomic::fence(Ordering::SeqCst);
@@ -757,20 +778,20 @@ impl Pool {
                         self.h2_wake.waiting.fetch_sub(1, Ordering::SeqCst);
                         return Ok(conn);
                     }
-                    Some((notified, list.failures))
+                    Some(list.failures)
                 }
             };
-            let Some((notified, failures)) = wait else {
+            let Some(failures) = wait else {
                 // A connect has the whole limit, also when its request waited first (its
                 // opener went away): a timeout counted against the endpoint is then one the
                 // endpoint took, not the rest of a wait (session 20's review, P2). Such a
-                // request waits and connects for at most twice the limit.
-                let connect_by = limit.map(|l| tokio::time::Instant::now() + l);
+                // request waits and connects for at most twice the limit, and never past `by`.
+                let (connect_by, limit) = deadline_from(tokio::time::Instant::now(), limit, by);
                 return self.open_h2(addr, c, connect_by, limit).await;
             };
             // The clock of the waits starts when the request first has to wait.
-            let deadline =
-                *deadline.get_or_insert_with(|| limit.map(|l| tokio::time::Instant::now() + l));
+            let deadline = *deadline
+                .get_or_insert_with(|| deadline_from(tokio::time::Instant::now(), limit, by).0);
             let waiting = Waiting(self);
             let woken = match deadline {
                 Some(d) => tokio::time::timeout_at(d, notified).await.is_ok(),
@@ -831,6 +852,20 @@ impl Pool {
             reused: false,
         })
     }
+}
+
+/// The earlier of `limit` from `now` and `by`, with the time from `now` to it (what a
+/// [`ProxyError::ConnectTimeout`] reports).
+fn deadline_from(
+    now: tokio::time::Instant,
+    limit: Option<Duration>,
+    by: Option<tokio::time::Instant>,
+) -> (Option<tokio::time::Instant>, Option<Duration>) {
+    let d = match (limit.map(|l| now + l), by) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    (d, d.map(|d| d.saturating_duration_since(now)))
 }
 
 /// Bounds `connect` by `deadline` (a [`ProxyError::ConnectTimeout`] after `limit`).
@@ -1339,7 +1374,8 @@ pub(super) fn future_sizes() -> Vec<(&'static str, usize)> {
     use super::returned::*;
     vec![
         ("Pool::acquire_within", of4(&Pool::acquire_within)),
-        ("Pool::acquire_h2", of4(&Pool::acquire_h2)),
+        ("Pool::acquire_by", of5(&Pool::acquire_by)),
+        ("Pool::acquire_h2", of5(&Pool::acquire_h2)),
         ("Pool::open_h2", of5(&Pool::open_h2)),
         ("pool::connect", of3(&connect)),
         ("pool::connect_tls", of4(&connect_tls)),
@@ -2056,6 +2092,47 @@ mod h2_open_tests {
             gate.send_replace(true);
             let served = waiter.await.unwrap();
             assert!(matches!(&served, Ok(c) if !c.reused), "{:?}", served.err());
+        };
+        finish(run, &accepted, 2).await;
+    }
+
+    /// ... and never past the request's own deadline (`by`, the route's backend timeout): the
+    /// same waiter with a deadline 12 s after it began, its own connect begun at 9 s, ends at
+    /// 12 s with a timeout, where it took until the backend answered at 13 s (session 21's
+    /// review, M2-2: up to one more limit past the route's deadline).
+    #[tokio::test(start_paused = true)]
+    async fn a_waiting_request_that_opens_still_ends_by_its_deadline() {
+        let (addr, accepted, gate) = gated_backend(Answer::Settings(None)).await;
+        let pool = Arc::new(Pool::new(8));
+        let limit = Duration::from_secs(10);
+        let run = async {
+            let opener = ask(&pool, &addr, 1, None).pop().unwrap();
+            until(&pool, 1, 0).await;
+            let start = tokio::time::Instant::now();
+            let by = start + Duration::from_secs(12);
+            let waiter = {
+                let (pool, addr) = (pool.clone(), addr.clone());
+                tokio::spawn(
+                    async move { pool.acquire_by(&addr, &h2c(), Some(limit), Some(by)).await },
+                )
+            };
+            until(&pool, 1, 1).await;
+            tokio::time::sleep(Duration::from_secs(9)).await;
+            opener.abort();
+            until(&pool, 1, 0).await;
+            while accepted.load(Ordering::SeqCst) < 2 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            // 13 s after it began: it has ended, before the backend answers.
+            tokio::time::sleep(Duration::from_secs(4)).await;
+            assert!(waiter.is_finished(), "still connecting past its deadline");
+            gate.send_replace(true);
+            let ended = waiter.await.unwrap();
+            assert!(
+                matches!(&ended, Err(ProxyError::ConnectTimeout { after, .. }) if *after <= Duration::from_secs(3)),
+                "{:?}",
+                ended.as_ref().map(|c| c.reused)
+            );
         };
         finish(run, &accepted, 2).await;
     }
