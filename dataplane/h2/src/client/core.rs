@@ -1252,8 +1252,11 @@ impl Core {
     /// Their frames all follow their HEADERS (ids grow with the order of the queue, and no
     /// stream opens after a GOAWAY), so the output is walked frame by frame from the first of
     /// their HEADERS not begun (or the end of a HEADERS begun): a frame boundary. A stream an
-    /// earlier GOAWAY (or any fault) ended is left out: its frames are gone already and its
-    /// offsets may point into output queued since, inside a frame or past the end.
+    /// earlier GOAWAY (or any fault) ended is left out: its offsets may point into output
+    /// queued since, inside a frame or past the end. Its frames are gone already, but for the
+    /// rest of a header block whose first frame was written before the stream was refused
+    /// (bb14e0a): those CONTINUATIONs stay, and they lie before the cut, since a block is
+    /// queued whole and no other frame comes between its frames (RFC 9113 §6.10).
     fn cut_streams_above(&mut self, last: u32) {
         let w = self.written_total;
         let start = self

@@ -617,6 +617,24 @@ fn encoder_fields() {
             vec![(b"x-request-id".to_vec(), id.as_bytes().to_vec(), sensitive)]
         );
     }
+    // Any value of it (a trusted proxy's id, up to 128 octets, or longer and of any octets
+    // here): the length's prefix integer continues past 126, and octets of 0x80 and above
+    // go as they are; each decodes back (session 21's review, L4-1).
+    for value in [
+        vec![b'a'; 126],
+        vec![b'a'; 127],
+        vec![b'a'; 128],
+        vec![b'z'; 300],
+        (0x80..=0xff).collect::<Vec<u8>>(),
+    ] {
+        let mut got = BytesMut::new();
+        Encoder::field(&mut got, b"x-request-id", &value, false);
+        let back = decode_all(&mut Decoder::new(), &got, BIG).unwrap();
+        assert_eq!(back, vec![(b"x-request-id".to_vec(), value.clone(), false)]);
+        let mut raw = BytesMut::new();
+        encode_raw(&mut raw, &value);
+        assert!(got.ends_with(&raw), "the value is written as it is");
+    }
     // Other values of literal names are still coded (the custom-key case above), also an
     // id under another name.
     assert_eq!(
