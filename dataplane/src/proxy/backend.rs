@@ -362,31 +362,33 @@ impl BackendRt {
             let (watched, clock) = super::idle::Clock::start(body, send_idle, read_idle);
             let has_clock = clock.is_some();
             let send = conn.send_head(&ep.pool, head, watched, addr, self.connector.tls.is_some());
-            let deadline_passed = async {
-                match deadline {
-                    Some(d) => tokio::time::sleep_until(d.into()).await,
-                    None => std::future::pending().await,
-                }
-            };
-            let stalled = async {
-                match clock {
-                    Some(c) => c.stalled().await,
-                    None => std::future::pending().await,
-                }
-            };
-            let timed_out = |after: Duration| {
-                let e = ProxyError::Timeout {
-                    addr: addr.to_string(),
-                    after,
-                };
-                (Err(e), None)
-            };
             // Without a deadline or an idle clock nothing can end the wait but the send: it is
             // awaited alone (a select over two futures that never finish costs their set-up and
-            // a poll of each at every wake-up).
+            // a poll of each at every wake-up). The clocks' futures are made in the other
+            // branch only: made before it, they were kept (unpolled, ~500 bytes) beside the
+            // send of every request.
             let sent = if deadline.is_none() && !has_clock {
                 send.await
             } else {
+                let deadline_passed = async {
+                    match deadline {
+                        Some(d) => tokio::time::sleep_until(d.into()).await,
+                        None => std::future::pending().await,
+                    }
+                };
+                let stalled = async {
+                    match clock {
+                        Some(c) => c.stalled().await,
+                        None => std::future::pending().await,
+                    }
+                };
+                let timed_out = |after: Duration| {
+                    let e = ProxyError::Timeout {
+                        addr: addr.to_string(),
+                        after,
+                    };
+                    (Err(e), None)
+                };
                 tokio::select! {
                     r = send => r,
                     () = deadline_passed => return timed_out(backend_timeout.unwrap_or_default()),

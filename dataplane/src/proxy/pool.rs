@@ -595,7 +595,7 @@ impl Pool {
             });
         }
         let (deadline, limit) = deadline_from(tokio::time::Instant::now(), limit, by);
-        match within(deadline, limit, addr, connect(addr, c, &self.open)).await? {
+        match within(deadline, limit, addr, connect_boxed(addr, c, &self.open)).await? {
             Opened::H1(s) => Ok(Conn {
                 sender: Sender::H1(s),
                 reused: false,
@@ -826,7 +826,7 @@ impl Pool {
             pool: self,
             ended: false,
         };
-        let sender = match within(deadline, limit, addr, connect(addr, c, &self.open)).await {
+        let sender = match within(deadline, limit, addr, connect_boxed(addr, c, &self.open)).await {
             Ok(Opened::H2(s)) => H2Sender::Hyper(s),
             Ok(Opened::H2s(s)) => H2Sender::Sweety(s),
             Ok(Opened::H1(_)) => unreachable!("h2 connector opened h1"),
@@ -973,7 +973,12 @@ impl Conn {
                     headers: &head.headers,
                     extra: Some(&head.forwarding),
                 };
-                send_h1(conn, pool, req, body).await
+                // `send_h1`'s body, inline: one future less nested on every HTTP/1.1 request
+                // (each level keeps its own copy of the connection and the head).
+                conn.send(req, body, Checkin(pool.clone()))
+                    .await
+                    .map(|resp| (resp.map(UpstreamBody::H1), None))
+                    .map_err(h1_send_error)
             }
             Sender::H2(s, guard) => send_h2(s, guard, head.build(body, addr, true, tls)).await,
             Sender::H2s(s, guard) => {
@@ -1066,13 +1071,18 @@ async fn send_h1(
     req: h1::RequestHead<'_>,
     body: Body,
 ) -> Result<(Response<UpstreamBody>, Option<StreamGuard>), SendError> {
-    match conn.send(req, body, Checkin(pool.clone())).await {
-        Ok(resp) => Ok((resp.map(UpstreamBody::H1), None)),
-        Err(e) => Err(SendError {
-            closed_before_response: e.error.is_disconnect() && !e.response_started,
-            error: e.error.into(),
-            unsent: e.unsent.map(crate::body::boxed),
-        }),
+    conn.send(req, body, Checkin(pool.clone()))
+        .await
+        .map(|resp| (resp.map(UpstreamBody::H1), None))
+        .map_err(h1_send_error)
+}
+
+/// A failed HTTP/1.1 send as the pool's [`SendError`].
+fn h1_send_error(e: h1::SendError<Body>) -> SendError {
+    SendError {
+        closed_before_response: e.error.is_disconnect() && !e.response_started,
+        error: e.error.into(),
+        unsent: e.unsent.map(crate::body::boxed),
     }
 }
 
@@ -1191,6 +1201,17 @@ pub(crate) async fn connect_tcp(addr: &str, external: bool) -> std::io::Result<T
     Err(last.unwrap_or_else(|| {
         std::io::Error::new(std::io::ErrorKind::NotFound, "no address resolved")
     }))
+}
+
+/// [`connect`] in its own allocation. Opening a connection (TCP, TLS, the HTTP/2 handshake)
+/// is the cold path of a request, and its future is several KiB: held inline, it made every
+/// request's forward future that large, and every request wrote and copied (moved) it.
+fn connect_boxed<'a>(
+    addr: &'a str,
+    c: &'a Connector,
+    open: &'a Arc<AtomicUsize>,
+) -> Pin<Box<impl std::future::Future<Output = Result<Opened, ProxyError>> + Send + 'a>> {
+    sweety_h2::box_in_place(|| connect(addr, c, open))
 }
 
 /// A new connection to `addr`, counted in `open` while it lives.
@@ -1344,6 +1365,48 @@ where
         })?;
     spawn_h2_conn(open, conn);
     Ok(Opened::H2s(sender))
+}
+
+/// The sizes of this module's futures on the request path (bytes), for
+/// `proxy::tests::request_path_futures_stay_small`.
+#[cfg(test)]
+pub(super) fn future_sizes() -> Vec<(&'static str, usize)> {
+    use super::returned::*;
+    vec![
+        ("Pool::acquire_within", of4(&Pool::acquire_within)),
+        ("Pool::acquire_by", of5(&Pool::acquire_by)),
+        ("Pool::acquire_h2", of5(&Pool::acquire_h2)),
+        ("Pool::open_h2", of5(&Pool::open_h2)),
+        ("pool::connect", of3(&connect)),
+        ("pool::connect_tls", of4(&connect_tls)),
+        (
+            "pool::h2_handshake",
+            of4(&h2_handshake::<TokioIo<TcpStream>>),
+        ),
+        ("pool::h2s_handshake", of4(&h2s_handshake::<TcpStream>)),
+        ("Conn::send_head", of6(&Conn::send_head)),
+        ("pool::send_h1", of4(&send_h1)),
+        ("pool::send_h2", of3(&send_h2)),
+        ("pool::send_h2s", of4(&send_h2s)),
+        ("h1::Conn::send", of4(&H1Conn::send::<Body, Checkin>)),
+        (
+            "h2s::ResponseFuture",
+            std::mem::size_of::<h2s::ResponseFuture>(),
+        ),
+        ("Conn", std::mem::size_of::<Conn>()),
+        ("UpstreamBody", std::mem::size_of::<UpstreamBody>()),
+        (
+            "h1::ResponseBody",
+            std::mem::size_of::<h1::ResponseBody<BackendIo, Body, Checkin>>(),
+        ),
+        (
+            "h2s::ResponseBody",
+            std::mem::size_of::<h2s::ResponseBody>(),
+        ),
+        ("hyper Incoming", std::mem::size_of::<Incoming>()),
+        ("SendError", std::mem::size_of::<SendError>()),
+        ("ProxyError", std::mem::size_of::<ProxyError>()),
+    ]
 }
 
 #[cfg(test)]
