@@ -2066,6 +2066,32 @@ mod h2_open_tests {
         finish(run, &accepted, 2).await;
     }
 
+    /// A request (`limit`, `by`) that waits 9 s for another's opening, whose opener then goes
+    /// away, so that it opens a connection itself: returned once the backend accepted that
+    /// second connection (its gate still closed).
+    async fn opens_after_a_wait(
+        pool: &Arc<Pool>,
+        addr: &str,
+        accepted: &AtomicUsize,
+        limit: Duration,
+        by: Option<tokio::time::Instant>,
+    ) -> tokio::task::JoinHandle<Result<Conn, ProxyError>> {
+        let opener = ask(pool, addr, 1, None).pop().unwrap();
+        until(pool, 1, 0).await;
+        let waiter = {
+            let (pool, addr) = (pool.clone(), addr.to_string());
+            tokio::spawn(async move { pool.acquire_by(&addr, &h2c(), Some(limit), by).await })
+        };
+        until(pool, 1, 1).await;
+        tokio::time::sleep(Duration::from_secs(9)).await;
+        opener.abort();
+        until(pool, 1, 0).await;
+        while accepted.load(Ordering::SeqCst) < 2 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        waiter
+    }
+
     /// A request that waited for most of its connect timeout and then opens (its opener went
     /// away) has the whole timeout for its connect: a backend that takes 3 s past the request's
     /// first deadline, within 10 s of the connect, serves it; the spent wait used to end the
@@ -2077,16 +2103,7 @@ mod h2_open_tests {
         let pool = Arc::new(Pool::new(8));
         let limit = Duration::from_secs(10);
         let run = async {
-            let opener = ask(&pool, &addr, 1, None).pop().unwrap();
-            until(&pool, 1, 0).await;
-            let waiter = ask(&pool, &addr, 1, Some(limit)).pop().unwrap();
-            until(&pool, 1, 1).await;
-            tokio::time::sleep(Duration::from_secs(9)).await;
-            opener.abort();
-            until(&pool, 1, 0).await;
-            while accepted.load(Ordering::SeqCst) < 2 {
-                tokio::time::sleep(Duration::from_millis(1)).await;
-            }
+            let waiter = opens_after_a_wait(&pool, &addr, &accepted, limit, None).await;
             // Past the request's first deadline (10 s after it began to wait).
             tokio::time::sleep(Duration::from_secs(3)).await;
             gate.send_replace(true);
@@ -2106,23 +2123,8 @@ mod h2_open_tests {
         let pool = Arc::new(Pool::new(8));
         let limit = Duration::from_secs(10);
         let run = async {
-            let opener = ask(&pool, &addr, 1, None).pop().unwrap();
-            until(&pool, 1, 0).await;
-            let start = tokio::time::Instant::now();
-            let by = start + Duration::from_secs(12);
-            let waiter = {
-                let (pool, addr) = (pool.clone(), addr.clone());
-                tokio::spawn(
-                    async move { pool.acquire_by(&addr, &h2c(), Some(limit), Some(by)).await },
-                )
-            };
-            until(&pool, 1, 1).await;
-            tokio::time::sleep(Duration::from_secs(9)).await;
-            opener.abort();
-            until(&pool, 1, 0).await;
-            while accepted.load(Ordering::SeqCst) < 2 {
-                tokio::time::sleep(Duration::from_millis(1)).await;
-            }
+            let by = tokio::time::Instant::now() + Duration::from_secs(12);
+            let waiter = opens_after_a_wait(&pool, &addr, &accepted, limit, Some(by)).await;
             // 13 s after it began: it has ended, before the backend answers.
             tokio::time::sleep(Duration::from_secs(4)).await;
             assert!(waiter.is_finished(), "still connecting past its deadline");
