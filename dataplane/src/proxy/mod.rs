@@ -815,6 +815,25 @@ pub(crate) mod returned {
             }
         )*};
     }
+    /// Prints `sizes` (seen with `--nocapture`) and asserts each of `bounds`: a future named
+    /// there that grew past its bound fails the test, by name.
+    pub(crate) fn within_bounds(sizes: &[(&'static str, usize)], bounds: &[(&str, usize)]) {
+        for (name, size) in sizes {
+            eprintln!("{name:<28} {size:>6}");
+        }
+        for &(name, bound) in bounds {
+            let got = sizes
+                .iter()
+                .find(|(n, _)| *n == name)
+                .unwrap_or_else(|| panic!("no size for {name}"))
+                .1;
+            assert!(
+                got <= bound,
+                "{name}'s future grew to {got} bytes (bound {bound})"
+            );
+        }
+    }
+
     returned! {
         of1(A);
         of2(A, B);
@@ -888,28 +907,19 @@ mod tests {
     /// Every proxied request writes (and moves) these futures: opening a connection (TCP,
     /// TLS, the HTTP/2 handshake: ~7.8 KB in a debug build, twice in `within`) is boxed where
     /// it starts, so they stay within these bounds of a debug build (before: forward 18,320,
-    /// try_once 17,088, acquire_within 16,168 bytes).
+    /// try_once 17,088, the pool's acquire 16,168 bytes).
     #[test]
     fn request_path_futures_stay_small() {
-        let sizes = request_path_sizes();
-        for (name, size) in &sizes {
-            eprintln!("{name:<24} {size:>6}");
-        }
-        let size = |n: &str| sizes.iter().find(|(name, _)| *name == n).expect(n).1;
-        for (name, bound) in [
-            ("Upstreams::forward", 4096),
-            ("BackendRt::try_once", 3072),
-            ("Pool::acquire_within", 1024),
-            ("Pool::acquire_by", 1024),
-            ("Pool::acquire_h2", 1024),
-            ("Pool::open_h2", 1024),
-        ] {
-            let got = size(name);
-            assert!(
-                got <= bound,
-                "{name}'s future grew to {got} bytes (bound {bound})"
-            );
-        }
+        super::returned::within_bounds(
+            &request_path_sizes(),
+            &[
+                ("Upstreams::forward", 4096),
+                ("BackendRt::try_once", 3072),
+                ("Pool::acquire_by", 1024),
+                ("Pool::acquire_h2", 1024),
+                ("Pool::open_h2", 1024),
+            ],
+        );
     }
 
     #[test]

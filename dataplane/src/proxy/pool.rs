@@ -553,31 +553,20 @@ impl Pool {
     }
 
     /// A connection to `addr`: pooled if one is usable, else a new one. The caller bounds the
-    /// time this takes; [`Pool::acquire_within`] bounds it itself.
+    /// time this takes; [`Pool::acquire_by`] bounds it itself.
     pub async fn acquire(&self, addr: &str, c: &Connector) -> Result<Conn, ProxyError> {
-        self.acquire_within(addr, c, None).await
+        self.acquire_by(addr, c, None, None).await
     }
 
-    /// [`Pool::acquire`] within `limit` (the connect timeout) when given: a new connection
-    /// that is not open `limit` after its connect began fails with
+    /// [`Pool::acquire`] within `limit` (the connect timeout) when given, and never past `by`
+    /// (the request's own deadline, the route's backend timeout): a new connection that is not
+    /// open by the earlier of `limit` after its connect began and `by` fails with
     /// [`ProxyError::ConnectTimeout`]; a request waiting for an HTTP/2 connection another
-    /// request opens fails with [`ProxyError::ConnectWaited`] (after `limit`, or at once when
-    /// that opening fails), which does not count against the endpoint: its opener's error
+    /// request opens fails with [`ProxyError::ConnectWaited`] (at that earlier time, or at once
+    /// when that opening fails), which does not count against the endpoint: its opener's error
     /// does, once. A waiting request that becomes an opener (the one it waited for went away)
-    /// takes at most twice `limit`. A pooled connection needs no clock.
-    pub async fn acquire_within(
-        &self,
-        addr: &str,
-        c: &Connector,
-        limit: Option<Duration>,
-    ) -> Result<Conn, ProxyError> {
-        self.acquire_by(addr, c, limit, None).await
-    }
-
-    /// [`Pool::acquire_within`], and never past `by` (the request's own deadline, the route's
-    /// backend timeout): a connect ends at the earlier of `limit` from its start and `by`, and
-    /// so does a wait, so a request that waits and then opens a connection itself still ends by
-    /// `by` (session 21's review, M2-2: it could take up to one more `limit` past it).
+    /// takes at most twice `limit`, and still ends by `by` (session 21's review, M2-2). A pooled
+    /// connection needs no clock.
     pub async fn acquire_by(
         &self,
         addr: &str,
@@ -1373,7 +1362,6 @@ where
 pub(super) fn future_sizes() -> Vec<(&'static str, usize)> {
     use super::returned::*;
     vec![
-        ("Pool::acquire_within", of4(&Pool::acquire_within)),
         ("Pool::acquire_by", of5(&Pool::acquire_by)),
         ("Pool::acquire_h2", of5(&Pool::acquire_h2)),
         ("Pool::open_h2", of5(&Pool::open_h2)),
@@ -1821,7 +1809,7 @@ mod h2_open_tests {
         (0..n)
             .map(|_| {
                 let (pool, addr) = (pool.clone(), addr.to_string());
-                tokio::spawn(async move { pool.acquire_within(&addr, &h2c(), limit).await })
+                tokio::spawn(async move { pool.acquire_by(&addr, &h2c(), limit, None).await })
             })
             .collect()
     }
