@@ -720,10 +720,9 @@ async fn output_buffered_by_the_tls_layer_is_flushed() {
     );
 }
 
-// The same over real tokio-rustls on a small pipe.
-#[tokio::test]
-async fn tls_response_tail_is_not_stuck_in_rustls() {
-    use tokio::io::AsyncWriteExt;
+/// A server config (ALPN h2, a self-signed certificate for `h2.test`) and a client config
+/// that trusts it.
+fn tls_configs() -> (rustls::ServerConfig, Arc<rustls::ClientConfig>) {
     let ck = rcgen::generate_simple_self_signed(vec!["h2.test".into()]).unwrap();
     let cert = rustls::pki_types::CertificateDer::from(ck.cert.der().to_vec());
     let key = rustls::pki_types::PrivateKeyDer::Pkcs8(rustls::pki_types::PrivatePkcs8KeyDer::from(
@@ -749,6 +748,14 @@ async fn tls_response_tail_is_not_stuck_in_rustls() {
         .with_root_certificates(roots)
         .with_no_client_auth(),
     );
+    (server_cfg, client_cfg)
+}
+
+// The same over real tokio-rustls on a small pipe.
+#[tokio::test]
+async fn tls_response_tail_is_not_stuck_in_rustls() {
+    use tokio::io::AsyncWriteExt;
+    let (server_cfg, client_cfg) = tls_configs();
     let (client_io, server_io) = tokio::io::duplex(64);
     let (tx, stop) = tokio::sync::watch::channel(false);
     let settings = settings();
@@ -2584,4 +2591,71 @@ async fn at_the_clients_eof_streams_without_window_are_reset_and_the_rest_finish
             "body {k}"
         );
     }
+}
+
+/// The same EOF over TLS: the client's close_notify (tokio-rustls' shutdown, which then shuts
+/// the transport's write side) reads as EOF, and the server can still write. Stream 1 waits
+/// for window after the first 100 bytes of its 100,000; at the close_notify it is reset with
+/// CANCEL, GOAWAY(NO_ERROR) follows and the server closes its side too, where before the
+/// connection stayed open for `send_timeout` (an hour here; the read is bounded at 10 s).
+#[tokio::test]
+async fn a_tls_close_notify_resets_the_streams_without_window() {
+    use tokio::io::AsyncWriteExt;
+    let (server_cfg, client_cfg) = tls_configs();
+    let (client_io, server_io) = tokio::io::duplex(1 << 16);
+    let (tx, stop) = tokio::sync::watch::channel(false);
+    let mut cfg = settings();
+    cfg.send_timeout = Duration::from_secs(3600);
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let server = tokio::spawn(async move {
+        let _tx = tx;
+        let tls = tokio_rustls::TlsAcceptor::from(Arc::new(server_cfg))
+            .accept(server_io)
+            .await
+            .unwrap();
+        serve(tls, Sized(100_000, log), cfg, stop).await
+    });
+    let name = rustls::pki_types::ServerName::try_from("h2.test").unwrap();
+    let mut c = tokio_rustls::TlsConnector::from(client_cfg)
+        .connect(name, client_io)
+        .await
+        .unwrap();
+    let mut out = BytesMut::from(&frame::PREFACE[..]);
+    frame::put_settings(&mut out, &[(setting::INITIAL_WINDOW_SIZE, 100)]);
+    frame::put_settings_ack(&mut out);
+    out.extend_from_slice(&request(1, true));
+    c.write_all(&out).await.unwrap();
+    c.flush().await.unwrap();
+    // Everything the server writes until it closes; the close_notify once stream 1 got its
+    // window's 100 bytes.
+    let mut buf = BytesMut::new();
+    let mut frames = Vec::new();
+    let mut shut = false;
+    let closed = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            while let Some(f) = take_frame(&mut buf) {
+                frames.push(f);
+            }
+            let got: usize = frames
+                .iter()
+                .filter(|(h, _)| h.stream == 1 && h.kind == kind::DATA)
+                .map(|(_, p)| p.len())
+                .sum();
+            if got == 100 && !shut {
+                c.shutdown().await.expect("close_notify sent");
+                shut = true;
+            }
+            if c.read_buf(&mut buf).await.unwrap() == 0 {
+                return;
+            }
+        }
+    })
+    .await;
+    assert!(closed.is_ok(), "the server closed the connection");
+    assert!(shut, "stream 1 got its window's 100 bytes first");
+    let (streams, goaways) = tally(&frames);
+    assert_eq!(streams.get(&1), Some(&(100, false, Some(Reason::CANCEL))));
+    assert_eq!(goaways, [Reason::NO_ERROR]);
+    let ended = tokio::time::timeout(Duration::from_secs(10), server).await;
+    assert!(matches!(ended, Ok(Ok(Ok(())))), "{ended:?}");
 }
