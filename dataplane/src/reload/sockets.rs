@@ -5,6 +5,7 @@
 
 use super::build::ListenerBuild;
 use super::ApplyError;
+use crate::listen::l4::udp::UdpListening;
 use crate::listen::quic_socket::QuicSocket;
 use crate::listen::tcp::Listening;
 use crate::state::{BindKey, Shared, Snapshot};
@@ -15,8 +16,11 @@ use sweety_config::ListenerProtocol;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-struct Running {
+/// A running layer-4 UDP listener; the reload closes its socket when it is removed (its
+/// sessions end on `stop`).
+struct RunningUdp {
     local: SocketAddr,
+    socket: Arc<UdpListening>,
     stop: watch::Sender<bool>,
     task: JoinHandle<()>,
 }
@@ -51,7 +55,7 @@ struct RunningQuic {
 pub(super) struct Sockets {
     tcp: HashMap<BindKey, RunningTcp>,
     udp: HashMap<BindKey, RunningQuic>,
-    l4udp: HashMap<BindKey, Running>,
+    l4udp: HashMap<BindKey, RunningUdp>,
     /// Removed HTTP/3 endpoints still draining (their tasks not finished when last looked).
     draining_quic: Vec<RunningQuic>,
 }
@@ -297,19 +301,26 @@ impl Sockets {
         for (key, sock) in std::mem::take(&mut fresh.l4udp) {
             let local = sock.local_addr().unwrap_or(key.0);
             let (stop, stop_rx) = watch::channel(false);
+            let socket = UdpListening::new(sock);
             let task = tokio::spawn(crate::listen::l4::udp::run_udp(
                 shared.clone(),
-                Arc::new(sock),
+                socket.clone(),
                 key.clone(),
                 stop_rx,
             ));
-            self.l4udp.insert(key, Running { local, stop, task });
+            let r = RunningUdp {
+                local,
+                socket,
+                stop,
+                task,
+            };
+            self.l4udp.insert(key, r);
         }
     }
 
     /// Stops the TCP and layer-4 UDP listeners that `snap` (now serving) no longer has; their
-    /// open connections drain. A removed TCP listener's socket is closed here, before this
-    /// returns: its port is free for the next config.
+    /// open connections drain (UDP sessions end). A removed listener's socket is closed here,
+    /// before this returns: its port is free for the next config.
     pub(super) fn drain_removed(&mut self, snap: &Snapshot) {
         let udp_l4 = |k: &BindKey| {
             snap.listener_by_key(k)
@@ -318,6 +329,7 @@ impl Sockets {
         self.l4udp.retain(|key, r| {
             let keep = udp_l4(key);
             if !keep {
+                r.socket.close();
                 let _ = r.stop.send(true);
                 tracing::info!(addr = %r.local, "UDP listener removed");
             }
@@ -347,7 +359,7 @@ impl Sockets {
         self.udp.get(key).map(|r| r.local)
     }
 
-    /// Tells every listener to stop accepting (closing the TCP sockets now); their tasks,
+    /// Tells every listener to stop accepting (closing the TCP and layer-4 UDP sockets now); their tasks,
     /// which end once their connections have drained.
     pub(super) fn stop_all(&mut self) -> Vec<JoinHandle<()>> {
         let mut tasks = Vec::new();
@@ -361,6 +373,7 @@ impl Sockets {
             tasks.push(r.task);
         }
         for (_, r) in self.l4udp.drain() {
+            r.socket.close();
             let _ = r.stop.send(true);
             tasks.push(r.task);
         }
