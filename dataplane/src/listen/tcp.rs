@@ -39,10 +39,56 @@ use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
-/// Runs the accept loop of one TCP listener until `stop` turns true, then drains.
+/// A listening TCP socket whose accept loop ([`run_tcp`]) runs in its own task while the
+/// reload that starts it keeps the power to close it: [`Listening::close`] drops the socket
+/// on the caller's thread before it returns, so its port is free for the next bind at once,
+/// whether or not the accept task has run since (it learns of it on its next poll and drains
+/// its connections, which have sockets of their own). The lock is held for one poll of
+/// `accept` or for the close, never across an await.
+#[derive(Debug)]
+pub struct Listening {
+    socket: std::sync::Mutex<Option<TcpListener>>,
+}
+
+impl Listening {
+    /// Wraps a bound, listening socket.
+    pub fn new(listener: TcpListener) -> Arc<Listening> {
+        Arc::new(Listening {
+            socket: std::sync::Mutex::new(Some(listener)),
+        })
+    }
+
+    /// Closes the socket now (its port is free when this returns); false if it was closed
+    /// already. Connections it accepted are not touched.
+    pub fn close(&self) -> bool {
+        let taken = self.lock().take();
+        taken.is_some()
+    }
+
+    /// The socket's local address; None once closed.
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.lock().as_ref().and_then(|l| l.local_addr().ok())
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<TcpListener>> {
+        self.socket.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The next accepted connection; None once the socket is closed.
+    async fn accept(&self) -> Option<std::io::Result<(TcpStream, SocketAddr)>> {
+        std::future::poll_fn(|cx| match self.lock().as_ref() {
+            Some(l) => l.poll_accept(cx).map(Some),
+            None => Poll::Ready(None),
+        })
+        .await
+    }
+}
+
+/// Runs the accept loop of one TCP listener until `stop` turns true or the socket is closed
+/// ([`Listening::close`]), then drains.
 pub async fn run_tcp(
     shared: Arc<Shared>,
-    listener: TcpListener,
+    listener: Arc<Listening>,
     key: BindKey,
     mut stop: watch::Receiver<bool>,
 ) {
@@ -62,7 +108,7 @@ pub async fn run_tcp(
         // Finished connections are reaped while accept waits, keeping the permit taken.
         let accepted = loop {
             tokio::select! {
-                r = listener.accept() => break Some(r),
+                r = listener.accept() => break r,
                 Some(_) = conns.join_next(), if !conns.is_empty() => {}
                 _ = stop.changed() => break None,
             }
@@ -193,6 +239,8 @@ pub async fn run_tcp(
             serve_conn(shared, view, serving, stream, peer, first).await;
         });
     }
+    // Closed here when the loop stopped on `stop` alone (the reload closes it first).
+    listener.close();
     drop(listener);
     let drain = shared.snapshot().config.limits.drain_timeout.get();
     if tokio::time::timeout(drain, graceful.shutdown())
@@ -210,11 +258,8 @@ pub async fn run_tcp(
 /// connection, one of the ~12 system calls of a connection carrying one request;
 /// e2e/bench/HISTORY.md, session 21). None for a wildcard listener, whose connections each
 /// have the address the client reached.
-fn bound_address(listener: &TcpListener) -> Option<SocketAddr> {
-    listener
-        .local_addr()
-        .ok()
-        .filter(|a| !a.ip().is_unspecified())
+fn bound_address(listener: &Listening) -> Option<SocketAddr> {
+    listener.local_addr().filter(|a| !a.ip().is_unspecified())
 }
 
 /// A connection's own address: its listener's (`bound`, see [`bound_address`]), else asked
@@ -850,22 +895,23 @@ mod tests {
             let Ok(l) = TcpListener::bind(addr).await else {
                 continue; // no IPv6 loopback (or no 127.0.0.2) here
             };
+            let l = Listening::new(l);
             let bound = bound_address(&l).expect("bound to one address");
             assert_eq!(bound, l.local_addr().unwrap());
             for _ in 0..3 {
                 let c = TcpStream::connect(bound).await.unwrap();
-                let (s, peer) = l.accept().await.unwrap();
+                let (s, peer) = l.accept().await.unwrap().unwrap();
                 assert_eq!(s.local_addr().unwrap(), bound);
                 assert_eq!(c.peer_addr().unwrap(), bound);
                 assert_eq!(local_address(Some(bound), &s, peer), bound);
                 assert_eq!(local_address(None, &s, peer), bound);
             }
         }
-        let any = TcpListener::bind("0.0.0.0:0").await.unwrap();
+        let any = Listening::new(TcpListener::bind("0.0.0.0:0").await.unwrap());
         assert_eq!(bound_address(&any), None);
         let port = any.local_addr().unwrap().port();
         let c = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
-        let (s, peer) = any.accept().await.unwrap();
+        let (s, peer) = any.accept().await.unwrap().unwrap();
         assert_eq!(
             local_address(bound_address(&any), &s, peer),
             c.peer_addr().unwrap()
