@@ -7,9 +7,11 @@
 //! A QUIC connection has no socket of its own: closing the endpoint's ends its connections
 //! (after the close nothing is received and what is sent is dropped, as lost datagrams), so
 //! the reload closes a removed listener's only when a new socket needs its port, and its
-//! connections drain until then. The lock is a read lock held for one poll or one send, never across an await;
-//! only the close takes it for writing.
+//! connections drain until then. A socket closed for a config that is then rejected is put
+//! back ([`QuicSocket::reopen`], bound again on its address). The lock is a read lock held for
+//! one poll or one send, never across an await; only a close or a reopen takes it for writing.
 
+use futures_util::task::AtomicWaker;
 use std::io::{self, IoSliceMut};
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -23,20 +25,36 @@ use quinn::udp::{RecvMeta, Transmit, UdpSocketState};
 /// A UDP socket for a quinn endpoint that can be closed while quinn's tasks hold it.
 #[derive(Debug)]
 pub struct QuicSocket {
-    io: RwLock<Option<UdpSocket>>,
-    /// Offload and ECN state of the socket (no file descriptor of its own).
-    state: UdpSocketState,
+    io: RwLock<Option<Io>>,
+    /// The endpoint's receive task, waiting while the socket is closed.
+    waiting: AtomicWaker,
     local: SocketAddr,
+}
+
+/// The socket and its offload and ECN state (which has no file descriptor of its own).
+#[derive(Debug)]
+struct Io {
+    socket: UdpSocket,
+    state: UdpSocketState,
+}
+
+impl Io {
+    fn new(sock: std::net::UdpSocket) -> io::Result<Io> {
+        let state = UdpSocketState::new((&sock).into())?;
+        Ok(Io {
+            socket: UdpSocket::from_std(sock)?,
+            state,
+        })
+    }
 }
 
 impl QuicSocket {
     /// Wraps a bound, non-blocking UDP socket. Must be called inside a tokio runtime.
     pub fn new(sock: std::net::UdpSocket) -> io::Result<Arc<QuicSocket>> {
-        let state = UdpSocketState::new((&sock).into())?;
         let local = sock.local_addr()?;
         Ok(Arc::new(QuicSocket {
-            io: RwLock::new(Some(UdpSocket::from_std(sock)?)),
-            state,
+            io: RwLock::new(Some(Io::new(sock)?)),
+            waiting: AtomicWaker::new(),
             local,
         }))
     }
@@ -48,12 +66,26 @@ impl QuicSocket {
         taken.is_some()
     }
 
-    /// Whether [`QuicSocket::close`] has been called.
+    /// Puts a socket bound on [`QuicSocket::local`] back after a close; the endpoint receives
+    /// and sends on it (its connections' datagrams in between were lost).
+    pub fn reopen(&self, sock: std::net::UdpSocket) -> io::Result<()> {
+        let io = Io::new(sock)?;
+        *self.io.write().unwrap_or_else(|e| e.into_inner()) = Some(io);
+        self.waiting.wake();
+        Ok(())
+    }
+
+    /// The address it was bound to.
+    pub fn local(&self) -> SocketAddr {
+        self.local
+    }
+
+    /// Whether it is closed.
     pub fn is_closed(&self) -> bool {
         self.read().is_none()
     }
 
-    fn read(&self) -> RwLockReadGuard<'_, Option<UdpSocket>> {
+    fn read(&self) -> RwLockReadGuard<'_, Option<Io>> {
         self.io.read().unwrap_or_else(|e| e.into_inner())
     }
 }
@@ -65,7 +97,9 @@ impl quinn::AsyncUdpSocket for QuicSocket {
 
     fn try_send(&self, transmit: &Transmit) -> io::Result<()> {
         match self.read().as_ref() {
-            Some(io) => io.try_io(Interest::WRITABLE, || self.state.send(io.into(), transmit)),
+            Some(Io { socket, state }) => {
+                socket.try_io(Interest::WRITABLE, || state.send(socket.into(), transmit))
+            }
             // Closed: dropped, as a lost datagram.
             None => Ok(()),
         }
@@ -78,15 +112,16 @@ impl quinn::AsyncUdpSocket for QuicSocket {
         meta: &mut [RecvMeta],
     ) -> Poll<io::Result<usize>> {
         let io = self.read();
-        // Closed: nothing arrives any more (the endpoint's task is woken by its other events).
-        let Some(io) = io.as_ref() else {
+        // Closed: nothing arrives until a reopen.
+        let Some(Io { socket, state }) = io.as_ref() else {
+            self.waiting.register(cx.waker());
             return Poll::Pending;
         };
         loop {
-            ready!(io.poll_recv_ready(cx))?;
-            if let Ok(n) = io.try_io(Interest::READABLE, || {
-                self.state.recv(io.into(), bufs, meta)
-            }) {
+            ready!(socket.poll_recv_ready(cx))?;
+            if let Ok(n) =
+                socket.try_io(Interest::READABLE, || state.recv(socket.into(), bufs, meta))
+            {
                 return Poll::Ready(Ok(n));
             }
         }
@@ -97,15 +132,19 @@ impl quinn::AsyncUdpSocket for QuicSocket {
     }
 
     fn may_fragment(&self) -> bool {
-        self.state.may_fragment()
+        self.read()
+            .as_ref()
+            .is_none_or(|io| io.state.may_fragment())
     }
 
     fn max_transmit_segments(&self) -> usize {
-        self.state.max_gso_segments()
+        self.read()
+            .as_ref()
+            .map_or(1, |io| io.state.max_gso_segments())
     }
 
     fn max_receive_segments(&self) -> usize {
-        self.state.gro_segments()
+        self.read().as_ref().map_or(1, |io| io.state.gro_segments())
     }
 }
 
@@ -116,7 +155,7 @@ struct Writable(Arc<QuicSocket>);
 impl quinn::UdpPoller for Writable {
     fn poll_writable(self: Pin<&mut Self>, cx: &mut Context) -> Poll<io::Result<()>> {
         match self.0.read().as_ref() {
-            Some(io) => io.poll_send_ready(cx),
+            Some(io) => io.socket.poll_send_ready(cx),
             None => Poll::Ready(Ok(())),
         }
     }
@@ -129,7 +168,7 @@ mod tests {
 
     /// Closing frees the port at once while another holder of the socket (as quinn's tasks
     /// are) still has it; sends after the close are dropped without an error, nothing is
-    /// received, and the poller does not wait.
+    /// received, and the poller does not wait. A socket put back receives again.
     #[tokio::test]
     async fn close_frees_the_port_while_the_socket_is_held() {
         let sock = crate::listen::quic::bind_udp("127.0.0.1:0".parse().unwrap()).unwrap();
@@ -162,5 +201,15 @@ mod tests {
             poller.as_mut().poll_writable(&mut cx),
             Poll::Ready(Ok(()))
         ));
+        // Put back (a rejected config): it receives on the address again.
+        held.reopen(again).unwrap();
+        assert!(!s.is_closed());
+        let client = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        client.send_to(b"back", addr).unwrap();
+        let n = std::future::poll_fn(|cx| held.poll_recv(cx, &mut bufs, &mut meta))
+            .await
+            .unwrap();
+        assert_eq!(n, 1);
+        assert_eq!(&buf[..meta[0].len], b"back");
     }
 }
