@@ -37,10 +37,8 @@ struct RunningTcp {
     task: JoinHandle<()>,
 }
 
-/// A running HTTP/3 endpoint, or (in [`Sockets::draining_quic`]) a removed one whose
-/// connections drain. Its socket ([`QuicSocket`]) is shared by its connections, so a removed
-/// one keeps it while they drain, unless a new config binds an address that overlaps it:
-/// then [`Sockets::release_udp`] closes it (and its connections) before that bind.
+/// A running HTTP/3 endpoint. Its socket ([`QuicSocket`]) is shared by its connections, so a
+/// removed one keeps it while they drain ([`DrainingQuic`]).
 struct RunningQuic {
     local: SocketAddr,
     endpoint: quinn::Endpoint,
@@ -57,7 +55,17 @@ pub(super) struct Sockets {
     udp: HashMap<BindKey, RunningQuic>,
     l4udp: HashMap<BindKey, RunningUdp>,
     /// Removed HTTP/3 endpoints still draining (their tasks not finished when last looked).
-    draining_quic: Vec<RunningQuic>,
+    draining_quic: Vec<DrainingQuic>,
+}
+
+/// A removed HTTP/3 endpoint whose connections drain on its socket, unless a new config binds
+/// an address that contends with it: then [`Sockets::release_udp`] closes the socket and ends
+/// the drain (its connections) before that bind. It holds no endpoint handle: quinn's
+/// endpoint (and its receive buffers) goes when its task ends.
+struct DrainingQuic {
+    local: SocketAddr,
+    socket: Arc<QuicSocket>,
+    task: JoinHandle<()>,
 }
 
 /// The sockets bound for a config that does not serve yet, by bind key: started by
@@ -330,8 +338,9 @@ impl Sockets {
             if !overlaps(d.local, addr) {
                 return true;
             }
-            d.endpoint.close(0u32.into(), b"listener removed");
             d.socket.close();
+            // Its connections end with the task (their handles dropped), the endpoint with them.
+            d.task.abort();
             tracing::info!(addr = %d.local, "removed HTTP/3 listener closed: its port is bound again");
             false
         });
@@ -401,7 +410,11 @@ impl Sockets {
                         r.endpoint.close(0u32.into(), b"listener removed");
                     }
                     tracing::info!(addr = %r.local, "HTTP/3 listener removed; draining");
-                    removed.push(r);
+                    removed.push(DrainingQuic {
+                        local: r.local,
+                        socket: r.socket,
+                        task: r.task,
+                    });
                 }
             }
         }
