@@ -867,6 +867,59 @@ async fn a_udp_port_freed_by_one_apply_is_bound_by_the_next_at_once() {
     .await;
 }
 
+/// The reverse order, in one apply, for HTTP/3: a listener whose bind key changes to one that
+/// contends with its old sockets (from port 0 to the port it was given) has its old TCP and
+/// UDP sockets closed before the new ones are bound, and serves HTTP/3 on the port. When the
+/// config is rejected after that close (another listener's port is held by a foreign
+/// socket), both are bound again: the open QUIC connection serves on, and new ones are
+/// accepted. Before, the new binds came first and failed with "address in use".
+#[tokio::test]
+async fn an_h3_listener_moved_onto_a_contending_address_binds_it_in_the_same_apply() {
+    bounded(30, async {
+        let (cert, ca) = cert_for("localhost");
+        let foreign = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let taken = foreign.local_addr().unwrap().port();
+        let cfg = |generation: u64, port: u16, body: &str, x: bool| Config {
+            generation,
+            listeners: std::iter::once(Listener {
+                port,
+                ..https_listener("tls", cert.clone())
+            })
+            .chain(x.then(|| Listener {
+                port: taken,
+                ..listener("x", ListenerProtocol::Http)
+            }))
+            .collect(),
+            virtual_hosts: vec![vhost("v", &[], vec![fixed_route("r", "/", body)])],
+            ..Config::default()
+        };
+        let h = Harness::start(cfg(1, 0, "a", false)).await;
+        let addr = h.addr("tls").await;
+        let c = H3::connect(addr, "localhost", &ca).await.unwrap();
+        assert_eq!(&c.get("/").await.unwrap().2[..], b"a");
+
+        // Rejected: `tls` moves onto its port, but `x` cannot bind.
+        let err = h.runtime.apply(cfg(2, addr.port(), "b", true)).await;
+        let msg = err.unwrap_err().to_string();
+        assert!(msg.contains("(x)") && msg.contains("cannot bind"), "{msg}");
+        assert_eq!(h.runtime.bound_quic().await["tls"], addr);
+        assert_eq!(&c.get("/").await.unwrap().2[..], b"a");
+        let again = H3::connect(addr, "localhost", &ca).await.unwrap();
+        assert_eq!(&again.get("/").await.unwrap().2[..], b"a");
+
+        // Applied: `tls` alone moves onto its port.
+        h.runtime
+            .apply(cfg(3, addr.port(), "c", false))
+            .await
+            .unwrap();
+        assert_eq!(h.runtime.bound_quic().await["tls"], addr);
+        let new = H3::connect(addr, "localhost", &ca).await.unwrap();
+        assert_eq!(&new.get("/").await.unwrap().2[..], b"c");
+        drop(foreign);
+    })
+    .await;
+}
+
 /// A UDP port held by a socket that is not the dataplane's is still a bind error for an
 /// HTTP/3 listener: the config is rejected whole and the last good one keeps serving.
 #[tokio::test]

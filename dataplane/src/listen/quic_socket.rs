@@ -7,14 +7,16 @@
 //! A QUIC connection has no socket of its own: closing the endpoint's ends its connections
 //! (after the close nothing is received and what is sent is dropped, as lost datagrams), so
 //! the reload closes a removed listener's only when a new socket needs its port, and its
-//! connections drain until then. The lock is a read lock held for one poll or one send, never across an await;
-//! only the close takes it for writing.
+//! connections drain until then. A socket closed for a config that is then rejected is put
+//! back ([`QuicSocket::reopen`], bound again on its address). The lock is a read lock held for
+//! one poll or one send, never across an await; only a close or a reopen takes it for writing.
 
+use futures_util::task::AtomicWaker;
 use std::io::{self, IoSliceMut};
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::{Arc, RwLock, RwLockReadGuard};
-use std::task::{ready, Context, Poll};
+use std::task::{ready, Context, Poll, Waker};
 use tokio::io::Interest;
 use tokio::net::UdpSocket;
 
@@ -23,20 +25,106 @@ use quinn::udp::{RecvMeta, Transmit, UdpSocketState};
 /// A UDP socket for a quinn endpoint that can be closed while quinn's tasks hold it.
 #[derive(Debug)]
 pub struct QuicSocket {
-    io: RwLock<Option<UdpSocket>>,
-    /// Offload and ECN state of the socket (no file descriptor of its own).
-    state: UdpSocketState,
+    io: RwLock<Option<Io>>,
+    /// The endpoint's receive task, waiting while the socket is closed.
+    waiting: AtomicWaker,
+    /// The connections waiting for room to send.
+    writers: Writers,
     local: SocketAddr,
+}
+
+/// The tasks waiting for a UDP socket shared by several of them to take more datagrams. tokio
+/// keeps one waker per socket for `poll_send_ready` / `poll_send_to` (the last caller's), so
+/// each waiter registers here and tokio is given one waker that wakes them all. At most one
+/// entry per waiting task (the connections of an endpoint, the sessions of a UDP listener);
+/// a wake empties it.
+#[derive(Debug)]
+pub(crate) struct Writers {
+    waiting: Arc<Waiting>,
+    /// Wakes every waiting task; the waker tokio gets.
+    all: Waker,
+}
+
+#[derive(Debug, Default)]
+struct Waiting(std::sync::Mutex<Vec<Waker>>);
+
+impl std::task::Wake for Waiting {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        let woken = std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()));
+        for w in woken {
+            w.wake();
+        }
+    }
+}
+
+impl Default for Writers {
+    fn default() -> Writers {
+        let waiting = Arc::new(Waiting::default());
+        Writers {
+            all: Waker::from(waiting.clone()),
+            waiting,
+        }
+    }
+}
+
+impl Writers {
+    /// Polls `send` (a `poll_send_*` of the shared socket) for the task of `cx`: when the
+    /// socket is full the task is registered and woken with every other waiting one.
+    pub(crate) fn poll<T>(
+        &self,
+        cx: &mut Context<'_>,
+        mut send: impl FnMut(&mut Context<'_>) -> Poll<io::Result<T>>,
+    ) -> Poll<io::Result<T>> {
+        let mut all = Context::from_waker(&self.all);
+        if let Poll::Ready(r) = send(&mut all) {
+            return Poll::Ready(r);
+        }
+        {
+            let mut w = self.waiting.0.lock().unwrap_or_else(|e| e.into_inner());
+            if !w.iter().any(|w| w.will_wake(cx.waker())) {
+                w.push(cx.waker().clone());
+            }
+        }
+        // Again, now registered: a wake between the first poll and the registration is not
+        // lost.
+        send(&mut all)
+    }
+
+    /// Wakes every waiting task (the socket closed, or put back).
+    pub(crate) fn wake_all(&self) {
+        self.all.wake_by_ref();
+    }
+}
+
+/// The socket and its offload and ECN state (which has no file descriptor of its own).
+#[derive(Debug)]
+struct Io {
+    socket: UdpSocket,
+    state: UdpSocketState,
+}
+
+impl Io {
+    fn new(sock: std::net::UdpSocket) -> io::Result<Io> {
+        let state = UdpSocketState::new((&sock).into())?;
+        Ok(Io {
+            socket: UdpSocket::from_std(sock)?,
+            state,
+        })
+    }
 }
 
 impl QuicSocket {
     /// Wraps a bound, non-blocking UDP socket. Must be called inside a tokio runtime.
     pub fn new(sock: std::net::UdpSocket) -> io::Result<Arc<QuicSocket>> {
-        let state = UdpSocketState::new((&sock).into())?;
         let local = sock.local_addr()?;
         Ok(Arc::new(QuicSocket {
-            io: RwLock::new(Some(UdpSocket::from_std(sock)?)),
-            state,
+            io: RwLock::new(Some(Io::new(sock)?)),
+            waiting: AtomicWaker::new(),
+            writers: Writers::default(),
             local,
         }))
     }
@@ -45,15 +133,31 @@ impl QuicSocket {
     /// already.
     pub fn close(&self) -> bool {
         let taken = self.io.write().unwrap_or_else(|e| e.into_inner()).take();
+        self.writers.wake_all();
         taken.is_some()
     }
 
-    /// Whether [`QuicSocket::close`] has been called.
+    /// Puts a socket bound on [`QuicSocket::local`] back after a close; the endpoint receives
+    /// and sends on it (its connections' datagrams in between were lost).
+    pub fn reopen(&self, sock: std::net::UdpSocket) -> io::Result<()> {
+        let io = Io::new(sock)?;
+        *self.io.write().unwrap_or_else(|e| e.into_inner()) = Some(io);
+        self.waiting.wake();
+        self.writers.wake_all();
+        Ok(())
+    }
+
+    /// The address it was bound to.
+    pub fn local(&self) -> SocketAddr {
+        self.local
+    }
+
+    /// Whether it is closed.
     pub fn is_closed(&self) -> bool {
         self.read().is_none()
     }
 
-    fn read(&self) -> RwLockReadGuard<'_, Option<UdpSocket>> {
+    fn read(&self) -> RwLockReadGuard<'_, Option<Io>> {
         self.io.read().unwrap_or_else(|e| e.into_inner())
     }
 }
@@ -65,7 +169,9 @@ impl quinn::AsyncUdpSocket for QuicSocket {
 
     fn try_send(&self, transmit: &Transmit) -> io::Result<()> {
         match self.read().as_ref() {
-            Some(io) => io.try_io(Interest::WRITABLE, || self.state.send(io.into(), transmit)),
+            Some(Io { socket, state }) => {
+                socket.try_io(Interest::WRITABLE, || state.send(socket.into(), transmit))
+            }
             // Closed: dropped, as a lost datagram.
             None => Ok(()),
         }
@@ -78,15 +184,16 @@ impl quinn::AsyncUdpSocket for QuicSocket {
         meta: &mut [RecvMeta],
     ) -> Poll<io::Result<usize>> {
         let io = self.read();
-        // Closed: nothing arrives any more (the endpoint's task is woken by its other events).
-        let Some(io) = io.as_ref() else {
+        // Closed: nothing arrives until a reopen.
+        let Some(Io { socket, state }) = io.as_ref() else {
+            self.waiting.register(cx.waker());
             return Poll::Pending;
         };
         loop {
-            ready!(io.poll_recv_ready(cx))?;
-            if let Ok(n) = io.try_io(Interest::READABLE, || {
-                self.state.recv(io.into(), bufs, meta)
-            }) {
+            ready!(socket.poll_recv_ready(cx))?;
+            if let Ok(n) =
+                socket.try_io(Interest::READABLE, || state.recv(socket.into(), bufs, meta))
+            {
                 return Poll::Ready(Ok(n));
             }
         }
@@ -97,15 +204,19 @@ impl quinn::AsyncUdpSocket for QuicSocket {
     }
 
     fn may_fragment(&self) -> bool {
-        self.state.may_fragment()
+        self.read()
+            .as_ref()
+            .is_none_or(|io| io.state.may_fragment())
     }
 
     fn max_transmit_segments(&self) -> usize {
-        self.state.max_gso_segments()
+        self.read()
+            .as_ref()
+            .map_or(1, |io| io.state.max_gso_segments())
     }
 
     fn max_receive_segments(&self) -> usize {
-        self.state.gro_segments()
+        self.read().as_ref().map_or(1, |io| io.state.gro_segments())
     }
 }
 
@@ -116,7 +227,7 @@ struct Writable(Arc<QuicSocket>);
 impl quinn::UdpPoller for Writable {
     fn poll_writable(self: Pin<&mut Self>, cx: &mut Context) -> Poll<io::Result<()>> {
         match self.0.read().as_ref() {
-            Some(io) => io.poll_send_ready(cx),
+            Some(io) => self.0.writers.poll(cx, |cx| io.socket.poll_send_ready(cx)),
             None => Poll::Ready(Ok(())),
         }
     }
@@ -126,10 +237,49 @@ impl quinn::UdpPoller for Writable {
 mod tests {
     use super::*;
     use quinn::AsyncUdpSocket;
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+
+    struct Count(AtomicUsize);
+
+    impl std::task::Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, SeqCst);
+        }
+    }
+
+    /// Every task that found the shared socket full is woken when it takes datagrams again
+    /// (tokio wakes the one waker it was given), each once however often it polled; the next
+    /// wake finds none.
+    #[test]
+    fn every_waiting_writer_is_woken() {
+        let writers = Writers::default();
+        let counts: Vec<Arc<Count>> = (0..3)
+            .map(|_| Arc::new(Count(AtomicUsize::new(0))))
+            .collect();
+        let wakers: Vec<Waker> = counts.iter().map(|c| Waker::from(c.clone())).collect();
+        let mut given = Vec::new();
+        for w in wakers.iter().chain(&wakers[..1]) {
+            let mut cx = Context::from_waker(w);
+            let full = writers.poll(&mut cx, |cx| -> Poll<io::Result<()>> {
+                given.push(cx.waker().clone());
+                Poll::Pending
+            });
+            assert!(full.is_pending());
+        }
+        // What tokio keeps: the waker of the last poll, the same for every task.
+        assert!(given.iter().all(|g| g.will_wake(&given[0])));
+        given.pop().unwrap().wake();
+        assert!(counts.iter().all(|c| c.0.load(SeqCst) == 1));
+        writers.wake_all();
+        assert!(counts.iter().all(|c| c.0.load(SeqCst) == 1));
+        let mut cx = Context::from_waker(&wakers[0]);
+        let ready = writers.poll(&mut cx, |_| Poll::Ready(Ok(7)));
+        assert!(matches!(ready, Poll::Ready(Ok(7))));
+    }
 
     /// Closing frees the port at once while another holder of the socket (as quinn's tasks
     /// are) still has it; sends after the close are dropped without an error, nothing is
-    /// received, and the poller does not wait.
+    /// received, and the poller does not wait. A socket put back receives again.
     #[tokio::test]
     async fn close_frees_the_port_while_the_socket_is_held() {
         let sock = crate::listen::quic::bind_udp("127.0.0.1:0".parse().unwrap()).unwrap();
@@ -162,5 +312,15 @@ mod tests {
             poller.as_mut().poll_writable(&mut cx),
             Poll::Ready(Ok(()))
         ));
+        // Put back (a rejected config): it receives on the address again.
+        held.reopen(again).unwrap();
+        assert!(!s.is_closed());
+        let client = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        client.send_to(b"back", addr).unwrap();
+        let n = std::future::poll_fn(|cx| held.poll_recv(cx, &mut bufs, &mut meta))
+            .await
+            .unwrap();
+        assert_eq!(n, 1);
+        assert_eq!(&buf[..meta[0].len], b"back");
     }
 }

@@ -42,50 +42,79 @@ use tokio::sync::watch;
 /// A listening TCP socket whose accept loop ([`run_tcp`]) runs in its own task while the
 /// reload that starts it keeps the power to close it: [`Listening::close`] drops the socket
 /// on the caller's thread before it returns, so its port is free for the next bind at once,
-/// whether or not the accept task has run since (it learns of it on its next poll and drains
-/// its connections, which have sockets of their own). The lock is held for one poll of
-/// `accept` or for the close, never across an await.
+/// whether or not the accept task has run since (its connections, which have sockets of their
+/// own, drain when it is told to stop). A socket closed for a config that is then rejected is
+/// put back ([`Listening::reopen`]) and the loop accepts on it. The lock is held for one poll
+/// of `accept`, a close or a reopen, never across an await.
 #[derive(Debug)]
 pub struct Listening {
-    socket: std::sync::Mutex<Option<TcpListener>>,
+    slot: std::sync::Mutex<Slot>,
+}
+
+#[derive(Debug)]
+struct Slot {
+    socket: Option<TcpListener>,
+    /// The accept loop, waiting while the socket is closed.
+    waiting: Option<std::task::Waker>,
 }
 
 impl Listening {
     /// Wraps a bound, listening socket.
     pub fn new(listener: TcpListener) -> Arc<Listening> {
         Arc::new(Listening {
-            socket: std::sync::Mutex::new(Some(listener)),
+            slot: std::sync::Mutex::new(Slot {
+                socket: Some(listener),
+                waiting: None,
+            }),
         })
     }
 
     /// Closes the socket now (its port is free when this returns); false if it was closed
-    /// already. Connections it accepted are not touched.
+    /// already. Connections it accepted are not touched; the accept loop waits (for `stop`,
+    /// or a [`Listening::reopen`]).
     pub fn close(&self) -> bool {
-        let taken = self.lock().take();
+        let taken = self.lock().socket.take();
         taken.is_some()
     }
 
-    /// The socket's local address; None once closed.
+    /// Puts a socket back after a [`Listening::close`]; the accept loop takes it up.
+    pub fn reopen(&self, listener: TcpListener) {
+        let mut slot = self.lock();
+        slot.socket = Some(listener);
+        if let Some(w) = slot.waiting.take() {
+            w.wake();
+        }
+    }
+
+    /// The socket's local address; None while closed.
     pub fn local_addr(&self) -> Option<SocketAddr> {
-        self.lock().as_ref().and_then(|l| l.local_addr().ok())
+        self.lock()
+            .socket
+            .as_ref()
+            .and_then(|l| l.local_addr().ok())
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Option<TcpListener>> {
-        self.socket.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> std::sync::MutexGuard<'_, Slot> {
+        self.slot.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The next accepted connection; None once the socket is closed.
-    async fn accept(&self) -> Option<std::io::Result<(TcpStream, SocketAddr)>> {
-        std::future::poll_fn(|cx| match self.lock().as_ref() {
-            Some(l) => l.poll_accept(cx).map(Some),
-            None => Poll::Ready(None),
+    /// The next accepted connection (none while the socket is closed).
+    async fn accept(&self) -> std::io::Result<(TcpStream, SocketAddr)> {
+        std::future::poll_fn(|cx| {
+            let mut slot = self.lock();
+            match slot.socket.as_ref() {
+                Some(l) => l.poll_accept(cx),
+                None => {
+                    slot.waiting = Some(cx.waker().clone());
+                    Poll::Pending
+                }
+            }
         })
         .await
     }
 }
 
-/// Runs the accept loop of one TCP listener until `stop` turns true or the socket is closed
-/// ([`Listening::close`]), then drains.
+/// Runs the accept loop of one TCP listener until `stop` turns true, then drains.
 pub async fn run_tcp(
     shared: Arc<Shared>,
     listener: Arc<Listening>,
@@ -108,7 +137,7 @@ pub async fn run_tcp(
         // Finished connections are reaped while accept waits, keeping the permit taken.
         let accepted = loop {
             tokio::select! {
-                r = listener.accept() => break r,
+                r = listener.accept() => break Some(r),
                 Some(_) = conns.join_next(), if !conns.is_empty() => {}
                 _ = stop.changed() => break None,
             }
@@ -239,7 +268,7 @@ pub async fn run_tcp(
             serve_conn(shared, view, serving, stream, peer, first).await;
         });
     }
-    // Closed here when the loop stopped on `stop` alone (the reload closes it first).
+    // The reload closed it when it sent `stop`; closed here too should it not have.
     listener.close();
     drop(listener);
     let drain = shared.snapshot().config.limits.drain_timeout.get();
@@ -900,7 +929,7 @@ mod tests {
             assert_eq!(bound, l.local_addr().unwrap());
             for _ in 0..3 {
                 let c = TcpStream::connect(bound).await.unwrap();
-                let (s, peer) = l.accept().await.unwrap().unwrap();
+                let (s, peer) = l.accept().await.unwrap();
                 assert_eq!(s.local_addr().unwrap(), bound);
                 assert_eq!(c.peer_addr().unwrap(), bound);
                 assert_eq!(local_address(Some(bound), &s, peer), bound);
@@ -911,7 +940,7 @@ mod tests {
         assert_eq!(bound_address(&any), None);
         let port = any.local_addr().unwrap().port();
         let c = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
-        let (s, peer) = any.accept().await.unwrap().unwrap();
+        let (s, peer) = any.accept().await.unwrap();
         assert_eq!(
             local_address(bound_address(&any), &s, peer),
             c.peer_addr().unwrap()

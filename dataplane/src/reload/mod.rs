@@ -1000,6 +1000,68 @@ mod tests {
         rt.shutdown().await;
     }
 
+    /// GET `/` for host t.test on a new connection to 127.0.0.1:`port`; the whole response.
+    async fn get_once(port: u16) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut c = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .unwrap();
+        c.write_all(b"GET / HTTP/1.1\r\nhost: t.test\r\nconnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut got = Vec::new();
+        c.read_to_end(&mut got).await.unwrap();
+        String::from_utf8(got).unwrap()
+    }
+
+    /// The reverse order, in one apply: a listener whose bind key changes to one that contends
+    /// with its old socket (here from port 0 to the port it was given; likewise 0.0.0.0:P to
+    /// 127.0.0.1:P) has its old socket closed before the new one is bound, and serves on the
+    /// port. Before, the new bind came first and failed with "address in use". When the config
+    /// is rejected after that close (another listener's port is held by a foreign socket),
+    /// the old socket is bound again and serves the last good config.
+    #[tokio::test]
+    async fn a_listener_moved_onto_a_contending_address_binds_it_in_the_same_apply() {
+        let foreign = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let taken = foreign.local_addr().unwrap();
+        let fixed = |body: &str| format!("{{fixed: {{status: 200, body: {body}}}}}");
+        let rt = runtime();
+        rt.apply(one_listener("web", 0, &fixed("a"), taken))
+            .await
+            .unwrap();
+        let port = rt.bound().await["web"].port();
+
+        // Rejected: `web` moves onto its port, but `x` cannot bind.
+        let mut rejected = one_listener("web", port, &fixed("b"), taken);
+        let mut x = rejected.listeners[0].clone();
+        x.name = "x".into();
+        x.port = taken.port();
+        rejected.listeners.push(x);
+        let err = rt.apply(rejected).await.unwrap_err();
+        assert!(
+            matches!(&err, ApplyError::Bind { name, .. } if name == "x"),
+            "{err}"
+        );
+        assert_eq!(rt.bound().await["web"].port(), port);
+        let got = get_once(port).await;
+        assert!(
+            got.starts_with("HTTP/1.1 200") && got.ends_with("a"),
+            "{got}"
+        );
+
+        // Applied: `web` alone moves onto its port.
+        rt.apply(one_listener("web", port, &fixed("b"), taken))
+            .await
+            .unwrap();
+        assert_eq!(rt.bound().await["web"].port(), port);
+        let got = get_once(port).await;
+        assert!(
+            got.starts_with("HTTP/1.1 200") && got.ends_with("b"),
+            "{got}"
+        );
+        rt.shutdown().await;
+    }
+
     /// A port held by a socket that is not the dataplane's is still a bind error: the config
     /// is rejected whole, naming the listener and the address, and the last good one keeps
     /// serving.

@@ -9,7 +9,7 @@ use crate::listen::l4::udp::UdpListening;
 use crate::listen::quic_socket::QuicSocket;
 use crate::listen::tcp::Listening;
 use crate::state::{BindKey, Shared, Snapshot};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use sweety_config::ListenerProtocol;
@@ -37,10 +37,8 @@ struct RunningTcp {
     task: JoinHandle<()>,
 }
 
-/// A running HTTP/3 endpoint, or (in [`Sockets::draining_quic`]) a removed one whose
-/// connections drain. Its socket ([`QuicSocket`]) is shared by its connections, so a removed
-/// one keeps it while they drain, unless a new config binds an address that overlaps it:
-/// then [`Sockets::release_udp`] closes it (and its connections) before that bind.
+/// A running HTTP/3 endpoint. Its socket ([`QuicSocket`]) is shared by its connections, so a
+/// removed one keeps it while they drain ([`DrainingQuic`]).
 struct RunningQuic {
     local: SocketAddr,
     endpoint: quinn::Endpoint,
@@ -57,7 +55,17 @@ pub(super) struct Sockets {
     udp: HashMap<BindKey, RunningQuic>,
     l4udp: HashMap<BindKey, RunningUdp>,
     /// Removed HTTP/3 endpoints still draining (their tasks not finished when last looked).
-    draining_quic: Vec<RunningQuic>,
+    draining_quic: Vec<DrainingQuic>,
+}
+
+/// A removed HTTP/3 endpoint whose connections drain on its socket, unless a new config binds
+/// an address that contends with it: then [`Sockets::release_udp`] closes the socket and ends
+/// the drain (its connections) before that bind. It holds no endpoint handle: quinn's
+/// endpoint (and its receive buffers) goes when its task ends.
+struct DrainingQuic {
+    local: SocketAddr,
+    socket: Arc<QuicSocket>,
+    task: JoinHandle<()>,
 }
 
 /// The sockets bound for a config that does not serve yet, by bind key: started by
@@ -87,12 +95,98 @@ fn overlaps(a: SocketAddr, b: SocketAddr) -> bool {
         && (a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified())
 }
 
+/// The bind keys a new config keeps, by kind of socket: any other running one is removed by it.
+struct Kept {
+    tcp: HashSet<BindKey>,
+    quic: HashSet<BindKey>,
+    l4udp: HashSet<BindKey>,
+}
+
+impl Kept {
+    fn of(views: &[ListenerBuild<'_>]) -> Kept {
+        let mut kept = Kept {
+            tcp: HashSet::new(),
+            quic: HashSet::new(),
+            l4udp: HashSet::new(),
+        };
+        for (_, l, _, quic, _) in views {
+            let key = bind_key(l);
+            if l.protocol == ListenerProtocol::Udp {
+                kept.l4udp.insert(key);
+                continue;
+            }
+            if quic.is_some() {
+                kept.quic.insert(key.clone());
+            }
+            kept.tcp.insert(key);
+        }
+        kept
+    }
+}
+
+/// A socket of a listener the new config removes, closed before the swap because a socket of
+/// the new config contends with it (a listener whose address changes, say 0.0.0.0:P to
+/// 127.0.0.1:P, or from port 0 to the port it had): put back, bound again on its address, if
+/// the config is rejected after all.
+enum Closed {
+    Tcp(Arc<Listening>, SocketAddr),
+    Quic(Arc<QuicSocket>, SocketAddr),
+    L4Udp(Arc<UdpListening>, SocketAddr),
+}
+
+impl Closed {
+    /// Binds the address again and puts the socket back (logged when that fails).
+    fn reopen(self) {
+        let (addr, result) = match self {
+            Closed::Tcp(l, addr) => (addr, bind_tcp(addr).map(|s| l.reopen(s))),
+            Closed::Quic(q, addr) => (
+                addr,
+                crate::listen::quic::bind_udp(addr).and_then(|s| q.reopen(s)),
+            ),
+            Closed::L4Udp(u, addr) => (
+                addr,
+                crate::listen::quic::bind_udp(addr)
+                    .and_then(tokio::net::UdpSocket::from_std)
+                    .map(|s| u.reopen(s)),
+            ),
+        };
+        match result {
+            Ok(()) => tracing::info!(%addr, "config rejected: listener socket reopened"),
+            Err(e) => {
+                tracing::warn!(%addr, error = %e, "config rejected: listener socket not reopened")
+            }
+        }
+    }
+}
+
 impl Sockets {
     /// Binds the listeners of `views` that are new, before anything is swapped: TCP, then UDP
     /// on the same port for HTTP/3 (a new ephemeral-port listener retries until both are
     /// free), and starts their QUIC endpoints (they queue handshakes until their loop runs).
+    /// A socket of a removed listener that contends with one of them is closed first (see
+    /// [`Closed`]; HTTP/3 endpoints still draining, [`Sockets::release_udp`]); on error those
+    /// of this config's removed listeners are put back.
     pub(super) fn bind_new(&mut self, views: &[ListenerBuild<'_>]) -> Result<Fresh, ApplyError> {
         self.draining_quic.retain(|d| !d.task.is_finished());
+        let mut closed = Vec::new();
+        let result = self.bind_views(views, &Kept::of(views), &mut closed);
+        if result.is_err() {
+            // Every socket bound for the config is closed by now (dropped with it).
+            for c in closed {
+                c.reopen();
+            }
+        }
+        result
+    }
+
+    /// [`Sockets::bind_new`]'s binding, recording in `closed` what it closed of the listeners
+    /// that `kept` does not keep.
+    fn bind_views(
+        &mut self,
+        views: &[ListenerBuild<'_>],
+        kept: &Kept,
+        closed: &mut Vec<Closed>,
+    ) -> Result<Fresh, ApplyError> {
         let mut fresh = HashMap::new();
         let mut fresh_udp = HashMap::new();
         let mut fresh_l4udp = HashMap::new();
@@ -104,7 +198,7 @@ impl Sockets {
             if self.l4udp.contains_key(&key) || fresh_l4udp.contains_key(&key) {
                 continue;
             }
-            self.release_udp(key.0);
+            self.free_udp(key.0, kept, closed);
             let sock = crate::listen::quic::bind_udp(key.0).map_err(|source| ApplyError::Bind {
                 index: *i,
                 name: l.name.clone(),
@@ -142,7 +236,7 @@ impl Sockets {
                         .or_else(|| fresh.get(&key).and_then(local_port))
                         .unwrap_or(l.port);
                     let addr = SocketAddr::new(key.0.ip(), port);
-                    self.release_udp(addr);
+                    self.free_udp(addr, kept, closed);
                     let sock =
                         crate::listen::quic::bind_udp(addr).map_err(|e| bind_err(addr, e))?;
                     fresh_udp.insert(key, sock);
@@ -150,6 +244,7 @@ impl Sockets {
                 continue;
             }
             let mut tries = 0;
+            self.free_tcp(key.0, kept, closed);
             let (tcp, udp) = loop {
                 let tcp = bind_tcp(key.0).map_err(|e| bind_err(key.0, e))?;
                 if !want_udp {
@@ -157,7 +252,7 @@ impl Sockets {
                 }
                 let addr = SocketAddr::new(key.0.ip(), local_port(&tcp).unwrap_or(l.port));
                 if key.0.port() != 0 {
-                    self.release_udp(addr);
+                    self.free_udp(addr, kept, closed);
                 }
                 match crate::listen::quic::bind_udp(addr) {
                     Ok(u) => break (tcp, Some(u)),
@@ -198,6 +293,42 @@ impl Sockets {
         Ok(out)
     }
 
+    /// Before a TCP bind on `addr` (not port 0): closes the running TCP listeners that `kept`
+    /// does not keep and that contend with it, into `closed`.
+    fn free_tcp(&self, addr: SocketAddr, kept: &Kept, closed: &mut Vec<Closed>) {
+        if addr.port() == 0 {
+            return;
+        }
+        for (key, r) in &self.tcp {
+            if !kept.tcp.contains(key) && overlaps(r.local, addr) && r.listening.close() {
+                tracing::info!(addr = %r.local, "removed listener closed first: its port is bound again");
+                closed.push(Closed::Tcp(r.listening.clone(), r.local));
+            }
+        }
+    }
+
+    /// Before a UDP bind on `addr` (not port 0): closes the HTTP/3 endpoints still draining
+    /// ([`Sockets::release_udp`]), and the running HTTP/3 endpoints and layer-4 UDP listeners
+    /// that `kept` does not keep (into `closed`), that contend with it.
+    fn free_udp(&mut self, addr: SocketAddr, kept: &Kept, closed: &mut Vec<Closed>) {
+        if addr.port() == 0 {
+            return;
+        }
+        self.release_udp(addr);
+        for (key, r) in &self.udp {
+            if !kept.quic.contains(key) && overlaps(r.local, addr) && r.socket.close() {
+                tracing::info!(addr = %r.local, "removed HTTP/3 listener closed first: its port is bound again");
+                closed.push(Closed::Quic(r.socket.clone(), r.local));
+            }
+        }
+        for (key, r) in &self.l4udp {
+            if !kept.l4udp.contains(key) && overlaps(r.local, addr) && r.socket.close() {
+                tracing::info!(addr = %r.local, "removed UDP listener closed first: its port is bound again");
+                closed.push(Closed::L4Udp(r.socket.clone(), r.local));
+            }
+        }
+    }
+
     /// Closes the sockets of removed HTTP/3 endpoints still draining that contend with a
     /// bind on `addr` (see [`overlaps`]), before that bind: their connections end now
     /// (closed; the close is not sent, the socket being gone). The port is the dataplane's
@@ -207,8 +338,9 @@ impl Sockets {
             if !overlaps(d.local, addr) {
                 return true;
             }
-            d.endpoint.close(0u32.into(), b"listener removed");
             d.socket.close();
+            // Its connections end with the task (their handles dropped), the endpoint with them.
+            d.task.abort();
             tracing::info!(addr = %d.local, "removed HTTP/3 listener closed: its port is bound again");
             false
         });
@@ -273,8 +405,16 @@ impl Sockets {
                 }
                 None => {
                     let _ = r.stop.send(true);
+                    if r.socket.is_closed() {
+                        // Closed for a bind of this config: its connections cannot drain.
+                        r.endpoint.close(0u32.into(), b"listener removed");
+                    }
                     tracing::info!(addr = %r.local, "HTTP/3 listener removed; draining");
-                    removed.push(r);
+                    removed.push(DrainingQuic {
+                        local: r.local,
+                        socket: r.socket,
+                        task: r.task,
+                    });
                 }
             }
         }

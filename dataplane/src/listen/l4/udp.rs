@@ -45,6 +45,10 @@ type Table = Arc<Mutex<HashMap<SocketAddr, Arc<Session>>>>;
 #[derive(Debug)]
 pub struct UdpListening {
     socket: RwLock<Option<UdpSocket>>,
+    /// The receive loop, waiting while the socket is closed.
+    waiting: futures_util::task::AtomicWaker,
+    /// The relays waiting for room to send.
+    writers: crate::listen::quic_socket::Writers,
 }
 
 impl UdpListening {
@@ -52,7 +56,17 @@ impl UdpListening {
     pub fn new(socket: UdpSocket) -> Arc<UdpListening> {
         Arc::new(UdpListening {
             socket: RwLock::new(Some(socket)),
+            waiting: Default::default(),
+            writers: Default::default(),
         })
+    }
+
+    /// Puts a socket back after a close (a config that closed it for its own bind was
+    /// rejected); the listener receives on it.
+    pub fn reopen(&self, socket: UdpSocket) {
+        *self.socket.write().unwrap_or_else(|e| e.into_inner()) = Some(socket);
+        self.waiting.wake();
+        self.writers.wake_all();
     }
 
     /// Closes the socket now; false if it was closed already. Its tasks end on `stop`.
@@ -62,6 +76,7 @@ impl UdpListening {
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .take();
+        self.writers.wake_all();
         taken.is_some()
     }
 
@@ -73,12 +88,13 @@ impl UdpListening {
         self.read().as_ref().and_then(|s| s.local_addr().ok())
     }
 
-    /// The next datagram into `buf`: its length and sender. Once closed it never comes (the
-    /// caller stops on `stop`, sent with the close).
+    /// The next datagram into `buf`: its length and sender. While closed none comes (the
+    /// caller stops on `stop`, sent with the close, unless the socket is put back).
     async fn recv_from(&self, buf: &mut [u8]) -> std::io::Result<(usize, SocketAddr)> {
         std::future::poll_fn(|cx| {
             let socket = self.read();
             let Some(s) = socket.as_ref() else {
+                self.waiting.register(cx.waker());
                 return Poll::Pending;
             };
             let mut read = ReadBuf::new(buf);
@@ -91,7 +107,7 @@ impl UdpListening {
     /// Sends `buf` to `to`; dropped once closed.
     async fn send_to(&self, buf: &[u8], to: SocketAddr) -> std::io::Result<usize> {
         std::future::poll_fn(|cx| match self.read().as_ref() {
-            Some(s) => s.poll_send_to(cx, buf, to),
+            Some(s) => self.writers.poll(cx, |cx| s.poll_send_to(cx, buf, to)),
             None => Poll::Ready(Ok(0)),
         })
         .await
