@@ -497,10 +497,22 @@ struct Authenticating<'a> {
     in_flight: Vec<crate::access::InFlightGuard>,
 }
 
-/// What phase 5 (the action) needs from phases 2–4.
+/// What phase 5 (the action) needs from phases 2–4: the request, which [`start_action`]
+/// takes whole, and what [`act`] keeps for the response phase.
 struct Acting<'a> {
     route_name: Arc<str>,
     matched: Matched<'a>,
+    request: ActionRequest<'a>,
+    in_flight: Vec<crate::access::InFlightGuard>,
+    /// What an error page request needs of this request, taken before the route's request
+    /// filters (routes with error pages only).
+    /// (One boxed field: the request future stays small.)
+    pages: Option<Box<crate::error_pages::Plan<'a>>>,
+}
+
+/// The request as the route's action takes it ([`start_action`]), and how the action is to
+/// run it.
+struct ActionRequest<'a> {
     parts: http::request::Parts,
     body: Body,
     /// (Boxed: upgrades are rare, and the request future stays small.)
@@ -510,11 +522,6 @@ struct Acting<'a> {
     /// The cache policy and key of a cacheable request, and what the lookup found.
     cache: Option<(&'a sweety_config::CachePolicy, crate::cache::RequestKey)>,
     found: Option<crate::cache::Found>,
-    in_flight: Vec<crate::access::InFlightGuard>,
-    /// What an error page request needs of this request, taken before the route's request
-    /// filters (routes with error pages only).
-    /// (One boxed field: the request future stays small.)
-    pages: Option<Box<crate::error_pages::Plan<'a>>>,
 }
 
 /// Phases 2–5. Phases 2–4 and a fresh cache hit are plain code ([`route`]), run when this is
@@ -856,12 +863,14 @@ fn after_access<'a>(
     Routed::Act(Box::new(Acting {
         route_name,
         matched,
-        parts,
-        body,
-        upgrade: upgrade.map(Box::new),
-        web,
-        cache: cache_key,
-        found,
+        request: ActionRequest {
+            parts,
+            body,
+            upgrade: upgrade.map(Box::new),
+            web,
+            cache: cache_key,
+            found,
+        },
         in_flight,
         pages,
     }))
@@ -880,12 +889,7 @@ async fn act<'a>(
     let Acting {
         route_name,
         matched,
-        parts,
-        body,
-        upgrade,
-        web,
-        cache,
-        found,
+        request,
         in_flight,
         pages,
     } = *a;
@@ -893,17 +897,15 @@ async fn act<'a>(
     let route = &entry.route;
     let content = entry.filters.content();
     let mut received: Option<Arc<AtomicU64>> = None;
-    let start = Start {
+    let action = start_action(
+        shared,
+        snap,
+        ctx,
         entry,
-        parts,
-        body,
-        upgrade,
-        web,
-        cache,
-        found,
-        pages: pages.as_deref(),
-    };
-    let action = start_action(shared, snap, ctx, start, &mut received);
+        request,
+        pages.as_deref(),
+        &mut received,
+    );
     let resp = match route.timeouts.request {
         Some(t) => match tokio::time::timeout(t.get(), action).await {
             Ok(r) => r,
@@ -930,18 +932,6 @@ async fn act<'a>(
     served
 }
 
-/// What [`start_action`] takes of the request ([`Acting`] without what [`act`] keeps).
-struct Start<'a, 'p> {
-    entry: &'a crate::router::RouteEntry,
-    parts: http::request::Parts,
-    body: Body,
-    upgrade: Option<Box<crate::websocket::UpgradeRequest>>,
-    web: Option<crate::grpc::GrpcKind>,
-    cache: Option<(&'a sweety_config::CachePolicy, crate::cache::RequestKey)>,
-    found: Option<crate::cache::Found>,
-    pages: Option<&'p crate::error_pages::Plan<'a>>,
-}
-
 /// The future of a route's action: an answer made at once (a fixed reply), or the action
 /// running in its own allocation (the proxy's forwarding future is built in its box).
 enum ActionFuture<'x> {
@@ -962,26 +952,27 @@ impl std::future::Future for ActionFuture<'_> {
     }
 }
 
-/// Starts the route's action (phase 5) with the request: the proxy (WebSocket, gRPC-Web,
-/// through the cache, or straight to the backend), static files or a fixed reply. Sets
-/// `received` to the request body's byte counter when a proxied request has a body.
+/// Starts `entry`'s action (phase 5) with the request: the proxy (WebSocket, gRPC-Web,
+/// through the cache, or straight to the backend), static files or a fixed reply; `pages`:
+/// the route's error page plan for this request. Sets `received` to the request body's byte
+/// counter when a proxied request has a body.
 fn start_action<'x, 'a: 'x>(
     shared: &'x Shared,
     snap: &'a crate::state::Snapshot,
     ctx: &'x RequestCtx,
-    s: Start<'a, '_>,
+    entry: &'a crate::router::RouteEntry,
+    request: ActionRequest<'a>,
+    pages: Option<&crate::error_pages::Plan<'a>>,
     received: &mut Option<Arc<AtomicU64>>,
 ) -> ActionFuture<'x> {
-    let Start {
-        entry,
+    let ActionRequest {
         mut parts,
         body,
         upgrade,
         web,
         cache,
         found: first,
-        pages,
-    } = s;
+    } = request;
     let limits = &snap.config.limits;
     let route = &entry.route;
     let content = entry.filters.content();
@@ -1555,6 +1546,7 @@ mod size_tests {
             ("identity::settle_body", of2(&crate::identity::settle_body)),
             ("Served", size_of::<super::Served<'_>>()),
             ("Acting", size_of::<super::Acting<'_>>()),
+            ("ActionRequest", size_of::<super::ActionRequest<'_>>()),
             ("Finish", size_of::<super::Finish>()),
             ("AccountedBody", size_of::<super::AccountedBody>()),
             ("LimitedBody", size_of::<crate::limits::LimitedBody>()),
