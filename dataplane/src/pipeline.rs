@@ -472,13 +472,14 @@ struct Matched<'a> {
 }
 
 /// What [`route`] decided: the answer (a refusal, a redirect, a cache hit…), or the
-/// route's action to run. `Acting` is boxed: the answered requests (cache hits) then copy
-/// ~250 bytes back, not ~470.
+/// route's action to run. `Acting` is not boxed: [`act`] takes it apart before any await (the
+/// request into the action's own allocation, the rest into its future); boxed, it cost every
+/// routed request an allocation and a copy of its ~450 bytes into fresh memory.
 // Boxing `Answered` instead would allocate for every answered request.
 #[allow(clippy::large_enum_variant)]
 enum Routed<'a> {
     Answered(Served<'a>),
-    Act(Box<Acting<'a>>),
+    Act(Acting<'a>),
     /// The route asks for credentials: checked (async) before the rest of phase 4.
     Auth(Box<Authenticating<'a>>),
 }
@@ -860,7 +861,7 @@ fn after_access<'a>(
             Err(f) => found = f,
         }
     }
-    Routed::Act(Box::new(Acting {
+    Routed::Act(Acting {
         route_name,
         matched,
         request: ActionRequest {
@@ -873,63 +874,68 @@ fn after_access<'a>(
         },
         in_flight,
         pages,
-    }))
+    })
 }
 
-/// Phase 5: the route's action, under its request timeout. Its future holds what the
-/// response phase needs of the request and the action's future ([`ActionFuture`]), boxed where the
-/// action starts ([`start_action`]): the request's head and body are moved into that box
-/// before the first await, never kept beside it.
-async fn act<'a>(
-    shared: &Shared,
+/// Phase 5: starts the route's action with the request ([`start_action`]: the request's head
+/// and body go into the action's own allocation now, before any await) and returns the future
+/// of its answer under the route's request timeout, which holds what the response phase needs
+/// and the action's future ([`ActionFuture`]), never the request. A plain function: as an
+/// `async fn` it took [`Acting`] boxed (an allocation and a copy per request), or kept it
+/// whole in its future. Inlined, so that the future is built where its caller keeps it
+/// (returned from a call that is not inlined, a future is copied whole once more).
+#[inline(always)]
+fn act<'x, 'a: 'x>(
+    shared: &'x Shared,
     snap: &'a crate::state::Snapshot,
-    ctx: &RequestCtx,
-    a: Box<Acting<'a>>,
-) -> Served<'a> {
+    ctx: &'x RequestCtx,
+    a: Acting<'a>,
+) -> impl std::future::Future<Output = Served<'a>> + use<'x, 'a> {
     let Acting {
         route_name,
         matched,
         request,
         in_flight,
         pages,
-    } = *a;
-    let entry = matched.entry;
-    let route = &entry.route;
-    let content = entry.filters.content();
+    } = a;
     let mut received: Option<Arc<AtomicU64>> = None;
     let action = start_action(
         shared,
         snap,
         ctx,
-        entry,
+        matched.entry,
         request,
         pages.as_deref(),
         &mut received,
     );
-    let resp = match route.timeouts.request {
-        Some(t) => match tokio::time::timeout(t.get(), action).await {
-            Ok(r) => r,
-            Err(_) => {
-                shared.metrics.upstream_error("request_timeout");
-                text_response(
-                    StatusCode::GATEWAY_TIMEOUT,
-                    "504 Gateway Timeout: request timeout exceeded\n",
-                )
+    async move {
+        let entry = matched.entry;
+        let content = entry.filters.content();
+        let resp = match entry.route.timeouts.request {
+            Some(t) => match tokio::time::timeout(t.get(), action).await {
+                Ok(r) => r,
+                Err(_) => {
+                    shared.metrics.upstream_error("request_timeout");
+                    text_response(
+                        StatusCode::GATEWAY_TIMEOUT,
+                        "504 Gateway Timeout: request timeout exceeded\n",
+                    )
+                }
+            },
+            None => action.await,
+        };
+        // Phase 5b: a listed status of the action replaced by the route's error page.
+        let resp = match (content.error_pages.as_deref(), pages) {
+            (Some(e), Some(plan)) => {
+                Box::pin(e.finish(*plan, resp, &snap.upstreams, ctx, &shared.metrics)).await
             }
-        },
-        None => action.await,
-    };
-    // Phase 5b: a listed status of the action replaced by the route's error page.
-    let resp = match (content.error_pages.as_deref(), pages) {
-        (Some(e), Some(plan)) => {
-            Box::pin(e.finish(*plan, resp, &snap.upstreams, ctx, &shared.metrics)).await
-        }
-        (_, _) => resp,
-    };
-    let resp = crate::access::hold(resp, in_flight);
-    let mut served = Served::routed(route_name, resp, matched, None);
-    served.received = received;
-    served
+            (_, _) => resp,
+        };
+        let resp = crate::access::hold(resp, in_flight);
+        let mut served = Served::routed(route_name, resp, matched, None);
+        served.received = received;
+        served
+    }
 }
 
 /// The future of a route's action: an answer made at once (a fixed reply), or the action
