@@ -72,7 +72,8 @@ pub struct PushState {
     /// `Hello` on (re)connect (which can be lower after a dataplane restart, until the latest
     /// config is resent and acknowledged).
     pub acked: u64,
-    /// The last rejection: generation and the dataplane's errors.
+    /// The last rejection: generation and the dataplane's errors (dropped on a reconnect
+    /// once an `Ack` of that generation or a later one has superseded it).
     pub last_nack: Option<(u64, Vec<String>)>,
     /// When the pusher received the last `Ack` (for latency metrics).
     pub acked_at: Option<std::time::Instant>,
@@ -357,6 +358,11 @@ fn on_hello(shared: &Shared, hello: &Hello) -> Option<u64> {
     shared.state.send_modify(|s| {
         s.connected = true;
         s.submitted = s.submitted.max(latest);
+        // A rejection an Ack has superseded goes: a restarted dataplane's lower generation
+        // would otherwise make it the answer again for the generations above it.
+        if s.last_nack.as_ref().is_some_and(|(g, _)| *g <= s.acked) {
+            s.last_nack = None;
+        }
         s.acked = running.unwrap_or(hello.generation);
     });
     running
@@ -558,6 +564,73 @@ mod tests {
             "virtual_hosts: [{{name: v, routes: [{{name: r, action: {{fixed: {{status: 200, body: {body}}}}}}}]}}]"
         ))
         .unwrap())
+    }
+
+    /// Waits (at most 10 s) for the pusher's state to satisfy `pred`.
+    async fn state_where(pusher: &Pusher, pred: impl Fn(&PushState) -> bool) -> PushState {
+        let mut rx = pusher.state();
+        let got = tokio::time::timeout(Duration::from_secs(10), rx.wait_for(|s| pred(s)))
+            .await
+            .map(|r| r.map(|s| s.clone()));
+        match got {
+            Ok(Ok(s)) => s,
+            _ => panic!("state not reached within 10 s: {:?}", *rx.borrow()),
+        }
+    }
+
+    fn hello(generation: u64) -> Vec<u8> {
+        Message::Hello(Hello {
+            version: wire::PROTOCOL_VERSION,
+            generation,
+            hash: String::new(),
+        })
+        .encode()
+        .unwrap()
+    }
+
+    /// A rejection that an Ack superseded does not come back when the dataplane restarts:
+    /// its `Hello` lowers the acknowledged generation below the rejected one, and the gate
+    /// of that generation's statuses must then say "pending", not the old rejection.
+    #[tokio::test]
+    async fn a_superseded_nack_does_not_come_back_with_a_restarted_dataplane() {
+        use crate::status_writer::Gate;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.sock");
+        let listener = tokio::net::UnixListener::bind(&path).unwrap();
+        let pusher = Pusher::spawn(PushOptions {
+            socket: path.clone(),
+            max_backoff: Duration::from_millis(100),
+        });
+        let (mut s, _) = listener.accept().await.unwrap();
+        s.write_all(&hello(0)).await.unwrap();
+        let mut buf = Vec::new();
+        assert_eq!(pusher.submit(items("one")), 1);
+        assert_eq!(next_apply(&mut s, &mut buf).await, 1);
+        let nack = Message::Nack {
+            generation: 1,
+            errors: vec!["cannot bind: Address already in use".into()],
+        };
+        s.write_all(&nack.encode().unwrap()).await.unwrap();
+        let st = state_where(&pusher, |st| st.last_nack.is_some()).await;
+        assert!(Gate::new(&st, 1).nack.is_some());
+        // The rejected generation is acknowledged after all (sent again on a new
+        // connection, as after a rejected delta).
+        drop(s);
+        let (mut s, _) = listener.accept().await.unwrap();
+        s.write_all(&hello(0)).await.unwrap();
+        let mut buf = Vec::new();
+        assert_eq!(next_apply(&mut s, &mut buf).await, 1);
+        let ack = Message::Ack { generation: 1 }.encode().unwrap();
+        s.write_all(&ack).await.unwrap();
+        let st = state_where(&pusher, |st| st.acked == 1).await;
+        assert_eq!(Gate::new(&st, 1), Gate::open());
+        // The dataplane restarts: generation 0 again until the config is resent.
+        drop(s);
+        let (mut s, _) = listener.accept().await.unwrap();
+        s.write_all(&hello(0)).await.unwrap();
+        let st = state_where(&pusher, |st| st.connected && st.acked == 0).await;
+        assert_eq!(st.last_nack, None);
+        assert_eq!(Gate::new(&st, 1), Gate::default(), "pending, not rejected");
     }
 
     #[tokio::test]

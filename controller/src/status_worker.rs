@@ -23,7 +23,10 @@
 //!   status usually goes out once, already `Programmed`. Past that wait it is written with
 //!   `Programmed` held as `Unknown`/`Pending` ([`Gate`]), and written again when the answer
 //!   comes: `Programmed=True` is only ever written after the dataplane acknowledged a
-//!   generation that contains the object, `False`/`Invalid` after it rejected it.
+//!   generation that contains the object, `False`/`Invalid` after it rejected it. A status
+//!   written before an `Ack` is written again whenever its gate changes, so it follows the
+//!   last answer: an `Ack` after a `Nack` (the full config sent again after a rejected delta,
+//!   or a later generation whose statuses are the same) replaces the rejection.
 //! - **Leader only.** Nothing is written while this replica does not lead. On losing the lease
 //!   the writer forgets what it wrote; on gaining it every object is queued again (the writer
 //!   skips what is already right), and routes carrying entries of ours that `translate` no
@@ -36,7 +39,7 @@ use crate::status_writer::{self, Current, Gate, Prepared, StatusWriter};
 use crate::translate::status::{ObjectKey, ObjectStatus, Statuses};
 use crate::translate::StatusChanges;
 use crate::watch::Stores;
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{watch, Notify};
@@ -143,8 +146,12 @@ struct Queue {
     dirty: VecDeque<ObjectKey>,
     held: Vec<ObjectKey>,
     retry: VecDeque<(Instant, ObjectKey)>,
-    /// Entries written while their generation was unanswered: written again on the answer.
-    unanswered: HashSet<ObjectKey>,
+    /// Entries written while their generation was not acknowledged (no answer yet, or a
+    /// `Nack`), with the gate they were written under: written again when the gate of their
+    /// generation changes (the answer, an `Ack` after a `Nack`, another `Nack`'s errors), so
+    /// the status always follows the dataplane's last answer. Acknowledged entries are not
+    /// here: a truly unchanged status is never looked at again.
+    unacked: HashMap<ObjectKey, Gate>,
     /// Objects that left: the writer forgets them.
     gone: Vec<ObjectKey>,
     /// Entries with `want: Some` (objects `translate` reports).
@@ -292,7 +299,7 @@ impl Queue {
                 Place::Idle | Place::InFlight => {}
             }
         }
-        self.unanswered.remove(key);
+        self.unacked.remove(key);
     }
 
     /// Statuses waiting or in flight.
@@ -343,7 +350,7 @@ impl StatusQueue {
         let worker = Worker {
             shared: shared.clone(),
             writer,
-            stores,
+            objects: Box::new(stores),
             push,
             leading,
             metrics: metrics.clone(),
@@ -381,7 +388,7 @@ impl StatusQueue {
 struct Worker {
     shared: Arc<Shared>,
     writer: StatusWriter,
-    stores: Stores,
+    objects: Box<dyn Objects>,
     push: watch::Receiver<PushState>,
     leading: watch::Receiver<bool>,
     metrics: Arc<Metrics>,
@@ -417,8 +424,7 @@ impl Worker {
                         push_open = false;
                         continue;
                     }
-                    self.push.borrow_and_update();
-                    self.release_held(true);
+                    self.push_changed();
                 }
                 changed = self.leading.changed(), if leader_open => {
                     if changed.is_err() {
@@ -435,7 +441,7 @@ impl Worker {
                         q.scan_routes = q.offered;
                     } else {
                         self.writer.forget();
-                        self.shared.queue().unanswered.clear();
+                        self.shared.queue().unacked.clear();
                     }
                 }
                 Some(done) = self.jobs.join_next(), if !self.jobs.is_empty() => {
@@ -446,6 +452,12 @@ impl Worker {
                 _ = sleep => self.release_held(false),
             }
         }
+    }
+
+    /// The dataplane's answer (or the pusher's state) changed.
+    fn push_changed(&mut self) {
+        self.push.borrow_and_update();
+        self.release_held(true);
     }
 
     fn leads(&self) -> bool {
@@ -503,7 +515,7 @@ impl Worker {
                 break;
             }
             let want = q.entries.get(&key).expect("present").want.clone();
-            let current = lookup(&self.stores, &key);
+            let current = self.objects.lookup(&key);
             let prepared =
                 if current.is_none() && !matches!(want, Some(ObjectStatus::Conditions(_))) {
                     // Not in the cache (deleted): nothing to write; translate drops it next.
@@ -513,10 +525,10 @@ impl Worker {
                     self.writer
                         .prepare(&key, want.as_ref(), current.as_deref(), &gate, &now_str)
                 };
-            if answered {
-                q.unanswered.remove(&key);
+            if gate.acked {
+                q.unacked.remove(&key);
             } else {
-                q.unanswered.insert(key.clone());
+                q.unacked.insert(key.clone(), gate);
             }
             match prepared {
                 Prepared::Unchanged => {
@@ -544,7 +556,7 @@ impl Worker {
     }
 
     /// Move held entries whose generation has an answer (or whose wait is over, unless
-    /// `answers_only`) to the queue, and unanswered written entries with an answer too.
+    /// `answers_only`) to the queue, and written entries whose gate changed too.
     fn release_held(&mut self, answers_only: bool) {
         let state = self.push.borrow().clone();
         let now = Instant::now();
@@ -567,19 +579,24 @@ impl Worker {
             }
         }
         self.held_until = until;
-        if answers_only && !q.unanswered.is_empty() {
-            let done: Vec<ObjectKey> = q
-                .unanswered
+        if answers_only && !q.unacked.is_empty() {
+            // One gate per generation (a Nack's errors are joined once, not per entry).
+            let mut gates: HashMap<u64, Gate> = HashMap::new();
+            let changed: Vec<ObjectKey> = q
+                .unacked
                 .iter()
-                .filter(|k| {
-                    q.entries
-                        .get(*k)
-                        .is_some_and(|e| answered(&Gate::new(&state, e.generation)))
+                .filter(|(k, written)| {
+                    q.entries.get(*k).is_some_and(|e| {
+                        *gates
+                            .entry(e.generation)
+                            .or_insert_with(|| Gate::new(&state, e.generation))
+                            != **written
+                    })
                 })
-                .cloned()
+                .map(|(k, _)| k.clone())
                 .collect();
-            for key in done {
-                q.unanswered.remove(&key);
+            for key in changed {
+                q.unacked.remove(&key);
                 q.mark(&key);
             }
         }
@@ -627,11 +644,13 @@ impl Worker {
         q.scan_routes = false;
         let generation = q.generation;
         let now = Instant::now();
-        let s = &self.stores;
         let mut found: Vec<ObjectKey> = Vec::new();
         let name = self.writer.controller_name().to_string();
-        let mut look = |kind: &str, list: Vec<(String, String, serde_json::Value)>| {
-            for (ns, n, status) in list {
+        for kind in status_writer::STATUS_KINDS {
+            if !status_writer::is_atomic_kind(kind) {
+                continue;
+            }
+            for (ns, n, status) in self.objects.statuses(kind) {
                 let key = ObjectKey::new(kind, &ns, &n);
                 if !q.entries.contains_key(&key)
                     && status_writer::has_our_entries(&name, kind, &status)
@@ -639,15 +658,7 @@ impl Worker {
                     found.push(key);
                 }
             }
-        };
-        macro_rules! look_all {
-            ($($kind:literal $field:ident),*) => {
-                $(if status_writer::is_atomic_kind($kind) {
-                    look($kind, statuses_of(&s.$field.state()));
-                })*
-            };
         }
-        status_writer::status_kinds!(look_all!());
         for key in found {
             q.entries.insert(
                 key.clone(),
@@ -668,6 +679,48 @@ fn earliest(a: Option<Instant>, b: Instant) -> Option<Instant> {
     Some(a.map_or(b, |a| a.min(b)))
 }
 
+/// Where the worker finds the objects it writes statuses for: the watch caches
+/// ([`Stores`]; tests give their own).
+trait Objects: Send + Sync + 'static {
+    /// The cached object a status is for.
+    fn lookup(&self, key: &ObjectKey) -> Option<Arc<dyn Current>>;
+    /// (namespace, name, status) of the cached objects of `kind` (asked for atomic kinds only).
+    fn statuses(&self, kind: &str) -> Vec<(String, String, serde_json::Value)>;
+}
+
+impl Objects for Stores {
+    fn lookup(&self, key: &ObjectKey) -> Option<Arc<dyn Current>> {
+        fn get<K>(st: &crate::watch::Stored<K>, key: &ObjectKey) -> Option<Arc<dyn Current>>
+        where
+            K: Current + kube::Resource<DynamicType = ()> + Clone + 'static,
+        {
+            st.get(&key.namespace, &key.name)
+                .map(|o| o as Arc<dyn Current>)
+        }
+        macro_rules! find {
+            ($($kind:literal $field:ident),*) => {
+                match key.kind.as_str() {
+                    $($kind => get(&self.$field, key),)*
+                    _ => None,
+                }
+            };
+        }
+        status_writer::status_kinds!(find!())
+    }
+
+    fn statuses(&self, kind: &str) -> Vec<(String, String, serde_json::Value)> {
+        macro_rules! of {
+            ($($kind:literal $field:ident),*) => {
+                match kind {
+                    $($kind => statuses_of(&self.$field.state()),)*
+                    _ => Vec::new(),
+                }
+            };
+        }
+        status_writer::status_kinds!(of!())
+    }
+}
+
 /// (namespace, name, status) of cached objects.
 fn statuses_of<K>(list: &[Arc<K>]) -> Vec<(String, String, serde_json::Value)>
 where
@@ -683,26 +736,6 @@ where
             )
         })
         .collect()
-}
-
-/// The cached object a status is for.
-fn lookup(s: &Stores, key: &ObjectKey) -> Option<Arc<dyn Current>> {
-    fn get<K>(st: &crate::watch::Stored<K>, key: &ObjectKey) -> Option<Arc<dyn Current>>
-    where
-        K: Current + kube::Resource<DynamicType = ()> + Clone + 'static,
-    {
-        st.get(&key.namespace, &key.name)
-            .map(|o| o as Arc<dyn Current>)
-    }
-    macro_rules! find {
-        ($($kind:literal $field:ident),*) => {
-            match key.kind.as_str() {
-                $($kind => get(&s.$field, key),)*
-                _ => None,
-            }
-        };
-    }
-    status_writer::status_kinds!(find!())
 }
 
 #[cfg(test)]
@@ -921,6 +954,448 @@ mod tests {
             }
             prev = cur;
         }
+    }
+
+    /// A stand-in for the API server's `status` subresource, enough for [`WriteJob::run`]:
+    /// a PATCH is answered with the object as applied (a new resourceVersion), and every
+    /// request is recorded.
+    struct FakeApi {
+        addr: std::net::SocketAddr,
+        log: Log,
+        task: tokio::task::JoinHandle<()>,
+    }
+
+    /// (method, kind, namespace, name, status) of every request, in order.
+    type Log = Arc<Mutex<Vec<(String, String, String, String, serde_json::Value)>>>;
+
+    impl FakeApi {
+        async fn start() -> FakeApi {
+            use http_body_util::BodyExt as _;
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap();
+            let log: Log = Arc::default();
+            let seen = log.clone();
+            let task = tokio::spawn(async move {
+                loop {
+                    let Ok((stream, _)) = listener.accept().await else {
+                        continue;
+                    };
+                    let seen = seen.clone();
+                    tokio::spawn(async move {
+                        let svc = hyper::service::service_fn(
+                            move |req: http::Request<hyper::body::Incoming>| {
+                                let seen = seen.clone();
+                                async move {
+                                    let method = req.method().to_string();
+                                    let body = req.into_body().collect().await?.to_bytes();
+                                    let mut obj: serde_json::Value =
+                                        serde_json::from_slice(&body).unwrap_or_default();
+                                    let text = |v: &serde_json::Value| {
+                                        v.as_str().unwrap_or_default().to_string()
+                                    };
+                                    let mut seen = seen.lock().unwrap();
+                                    seen.push((
+                                        method,
+                                        text(&obj["kind"]),
+                                        text(&obj["metadata"]["namespace"]),
+                                        text(&obj["metadata"]["name"]),
+                                        obj["status"].clone(),
+                                    ));
+                                    obj["metadata"]["resourceVersion"] =
+                                        serde_json::json!((seen.len() + 1).to_string());
+                                    let mut resp = http::Response::new(http_body_util::Full::new(
+                                        bytes::Bytes::from(obj.to_string()),
+                                    ));
+                                    resp.headers_mut().insert(
+                                        http::header::CONTENT_TYPE,
+                                        http::HeaderValue::from_static("application/json"),
+                                    );
+                                    Ok::<_, hyper::Error>(resp)
+                                }
+                            },
+                        );
+                        let _ = hyper::server::conn::http1::Builder::new()
+                            .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
+                            .await;
+                    });
+                }
+            });
+            FakeApi { addr, log, task }
+        }
+
+        fn client(&self) -> kube::Client {
+            let url = format!("http://{}", self.addr).parse().unwrap();
+            kube::Client::try_from(kube::Config::new(url)).unwrap()
+        }
+
+        /// Status writes (PATCHes) so far, by kind.
+        fn writes(&self) -> std::collections::BTreeMap<String, usize> {
+            let mut by_kind = std::collections::BTreeMap::new();
+            for (method, kind, ..) in self.log.lock().unwrap().iter() {
+                assert_eq!(method, "PATCH", "the writer only patches here");
+                *by_kind.entry(kind.clone()).or_default() += 1;
+            }
+            by_kind
+        }
+
+        /// The status last written for each object.
+        fn last(&self) -> HashMap<ObjectKey, serde_json::Value> {
+            self.log
+                .lock()
+                .unwrap()
+                .iter()
+                .map(|(_, k, ns, n, status)| (ObjectKey::new(k, ns, n), status.clone()))
+                .collect()
+        }
+    }
+
+    impl Drop for FakeApi {
+        fn drop(&mut self) {
+            self.task.abort();
+        }
+    }
+
+    /// The objects of a snapshot as a watch cache holds them (resourceVersion 1; the cache
+    /// never sees our writes, as when it lags behind them).
+    struct Cached(HashMap<ObjectKey, Arc<dyn Current>>);
+
+    impl Cached {
+        fn of(s: &crate::translate::Snapshot) -> Cached {
+            use kube::Resource as _;
+            let mut map: HashMap<ObjectKey, Arc<dyn Current>> = HashMap::new();
+            macro_rules! add {
+                ($($kind:literal $field:ident),*) => {$(
+                    for o in &s.$field {
+                        let mut o = (**o).clone();
+                        o.meta_mut().resource_version = Some("1".into());
+                        let m = o.meta();
+                        let key = ObjectKey::new(
+                            $kind,
+                            m.namespace.as_deref().unwrap_or_default(),
+                            m.name.as_deref().unwrap_or_default(),
+                        );
+                        map.insert(key, Arc::new(o));
+                    }
+                )*};
+            }
+            status_writer::status_kinds!(add!());
+            Cached(map)
+        }
+    }
+
+    impl Objects for Cached {
+        fn lookup(&self, key: &ObjectKey) -> Option<Arc<dyn Current>> {
+            self.0.get(key).cloned()
+        }
+
+        fn statuses(&self, kind: &str) -> Vec<(String, String, serde_json::Value)> {
+            self.0
+                .iter()
+                .filter(|(k, _)| k.kind == kind)
+                .map(|(k, o)| (k.namespace.clone(), k.name.clone(), o.status()))
+                .collect()
+        }
+    }
+
+    /// A worker writing to `api`, leading, gated on `push`, that never times a wait out
+    /// (an entry waits for its answer however long the test takes) and is never short of
+    /// tokens.
+    fn test_worker(
+        api: &FakeApi,
+        objects: Cached,
+        push: watch::Receiver<PushState>,
+    ) -> (Worker, watch::Sender<bool>) {
+        let (leader, leading) = watch::channel(true);
+        let options = StatusOptions {
+            concurrency: 8,
+            qps: 1e9,
+            burst: 1_000_000,
+            ack_wait: Duration::from_secs(3600),
+            retry: Duration::from_secs(3600),
+        };
+        let worker = Worker {
+            shared: Arc::new(Shared {
+                queue: Mutex::new(Queue::default()),
+                notify: Notify::new(),
+            }),
+            writer: StatusWriter::new(api.client(), "sweety.dev/gateway-controller"),
+            objects: Box::new(objects),
+            push,
+            leading,
+            metrics: Arc::new(Metrics::default()),
+            bucket: TokenBucket::new(options.qps, options.burst, Instant::now()),
+            options,
+            jobs: JoinSet::new(),
+            held_until: None,
+        };
+        (worker, leader)
+    }
+
+    /// What the worker's loop does until it would sleep: start writes, finish them, again.
+    /// No write may fail (a failed one would wait for its retry).
+    async fn drain(w: &mut Worker) {
+        loop {
+            w.start_writes();
+            let Some(done) = w.jobs.join_next().await else {
+                break;
+            };
+            let (outcome, took) = done.expect("a write job");
+            w.finish(outcome, took);
+        }
+        assert!(w.shared.queue().retry.is_empty(), "a status write failed");
+    }
+
+    /// (type, status, reason, message) of every condition in `v`, depth first (the written
+    /// status and `translate`'s serialized one list them in the same order).
+    fn conditions_in(v: &serde_json::Value) -> Vec<[String; 4]> {
+        let mut out = Vec::new();
+        fn walk(v: &serde_json::Value, out: &mut Vec<[String; 4]>) {
+            match v {
+                serde_json::Value::Object(m) => {
+                    for (k, v) in m {
+                        match (k.as_str(), v) {
+                            ("conditions", serde_json::Value::Array(list)) => {
+                                for c in list {
+                                    let f = |name: &str| c[name].as_str().unwrap_or("").to_string();
+                                    out.push([f("type"), f("status"), f("reason"), f("message")]);
+                                }
+                            }
+                            _ => walk(v, out),
+                        }
+                    }
+                }
+                serde_json::Value::Array(list) => list.iter().for_each(|v| walk(v, out)),
+                _ => {}
+            }
+        }
+        walk(v, &mut out);
+        out
+    }
+
+    /// `translate`'s own conditions of a status.
+    fn translated(status: &ObjectStatus) -> Vec<[String; 4]> {
+        conditions_in(&serde_json::to_value(status).unwrap())
+    }
+
+    /// Whether `translate` says the object is programmed somewhere (the only conditions the
+    /// gate changes).
+    fn programmed(status: &ObjectStatus) -> bool {
+        translated(status)
+            .iter()
+            .any(|c| c[0] == "Programmed" && c[1] == "True")
+    }
+
+    const EADDRINUSE: &str = "config rejected: listeners[6] (gw/gateway-conformance-infra/gateway-with-listenerset-protocol-conflict/80): cannot bind 0.0.0.0:28921: Address already in use (os error 98)";
+
+    /// The conformance suite's ListenerSetProtocolConflict objects (the Gateway stop 34's CI
+    /// run left unprogrammed) and `routes` HTTPRoutes on its first listener, translated.
+    fn conflict_world(routes: usize) -> (crate::translate::Snapshot, Statuses) {
+        let mut y =
+            include_str!("../testdata/translate/conf-listenerset-protocol-conflict.in.yaml")
+                .to_string();
+        for i in 0..routes {
+            y.push_str(&format!(
+                "\n---\napiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\n\
+metadata: {{name: r{i}, namespace: gateway-conformance-infra, generation: 1}}\n\
+spec:\n  parentRefs: [{{name: gateway-with-listenerset-protocol-conflict, sectionName: gateway-listener}}]\n  \
+hostnames: [gateway-listener.com]\n  rules: [{{matches: [{{path: {{type: PathPrefix, value: /r{i}}}}}]}}]\n"
+            ));
+        }
+        let (snapshot, _) = crate::translate::Snapshot::from_yaml(&y).unwrap();
+        let statuses =
+            crate::translate::translate(&snapshot, &crate::translate::Params::default()).statuses;
+        (snapshot, statuses)
+    }
+
+    fn gateway_key() -> ObjectKey {
+        ObjectKey::new(
+            "Gateway",
+            "gateway-conformance-infra",
+            "gateway-with-listenerset-protocol-conflict",
+        )
+    }
+
+    /// Stop 34's failed conformance run: the dataplane rejected generation 322 (a port it was
+    /// still releasing), the full config of 322 went again and was acknowledged 40 ms later,
+    /// but the Gateway kept "Programmed=False Invalid: the dataplane rejected the
+    /// configuration ... Address already in use" until the suite gave up. After the Ack, every
+    /// status the Nack wrote must be `translate`'s own again: here the Gateway and its
+    /// ListenerSets, with their listeners.
+    #[tokio::test]
+    async fn an_ack_after_a_nack_of_the_same_generation_rewrites_what_the_nack_wrote() {
+        let api = FakeApi::start().await;
+        let (snapshot, statuses) = conflict_world(2);
+        let (push_tx, push) = watch::channel(PushState {
+            connected: true,
+            submitted: 322,
+            acked: 321,
+            ..Default::default()
+        });
+        let (mut w, _leader) = test_worker(&api, Cached::of(&snapshot), push);
+        w.shared
+            .queue()
+            .offer(&statuses, &StatusChanges::All, 322, Instant::now());
+        // Nothing is written before the dataplane answers.
+        drain(&mut w).await;
+        assert!(api.writes().is_empty(), "{:?}", api.writes());
+
+        // The dataplane rejects 322: the programmed objects say so.
+        push_tx.send_modify(|s| s.last_nack = Some((322, vec![EADDRINUSE.into()])));
+        w.push_changed();
+        drain(&mut w).await;
+        let gated: Vec<&ObjectKey> = statuses
+            .iter()
+            .filter(|(_, s)| programmed(s))
+            .map(|(k, _)| k)
+            .collect();
+        assert!(
+            gated.contains(&&gateway_key()) && gated.len() >= 3,
+            "{gated:?}"
+        );
+        for key in &gated {
+            let written = conditions_in(&api.last()[*key]);
+            assert!(
+                written.iter().any(|c| c[0] == "Programmed"
+                    && c[1] == "False"
+                    && c[2] == "Invalid"
+                    && c[3].contains("Address already in use")),
+                "{key:?}: {written:?}"
+            );
+        }
+
+        // The full config of 322 is applied: every status is translate's own.
+        push_tx.send_modify(|s| s.acked = 322);
+        w.push_changed();
+        drain(&mut w).await;
+        let last = api.last();
+        for (key, status) in &statuses {
+            let written = &last[key];
+            assert_eq!(conditions_in(written), translated(status), "{key:?}");
+        }
+    }
+
+    /// The same, when the Ack is of a later generation whose statuses are the ones the
+    /// rejected generation had: the offer of 323 queues nothing (the statuses did not change),
+    /// yet the Nack's message must go once 323 is acknowledged.
+    #[tokio::test]
+    async fn an_ack_of_a_later_generation_with_the_same_statuses_rewrites_what_the_nack_wrote() {
+        let api = FakeApi::start().await;
+        let (snapshot, statuses) = conflict_world(2);
+        let (push_tx, push) = watch::channel(PushState {
+            connected: true,
+            submitted: 322,
+            acked: 321,
+            ..Default::default()
+        });
+        let (mut w, _leader) = test_worker(&api, Cached::of(&snapshot), push);
+        w.shared
+            .queue()
+            .offer(&statuses, &StatusChanges::All, 322, Instant::now());
+        push_tx.send_modify(|s| s.last_nack = Some((322, vec![EADDRINUSE.into()])));
+        w.push_changed();
+        drain(&mut w).await;
+        let after_nack = api.writes();
+        let gateway = conditions_in(&api.last()[&gateway_key()]);
+        assert!(
+            gateway
+                .iter()
+                .any(|c| c[0] == "Programmed" && c[1] == "False"),
+            "{gateway:?}"
+        );
+
+        // 323: another config, the same statuses. Nothing is queued for them.
+        let queued = w
+            .shared
+            .queue()
+            .offer(&statuses, &StatusChanges::All, 323, Instant::now());
+        assert_eq!(queued, 0);
+        push_tx.send_modify(|s| s.submitted = 323);
+        w.push_changed();
+        drain(&mut w).await;
+        assert_eq!(
+            api.writes(),
+            after_nack,
+            "no answer on 323 yet: nothing to write"
+        );
+
+        push_tx.send_modify(|s| s.acked = 323);
+        w.push_changed();
+        drain(&mut w).await;
+        let last = api.last();
+        for (key, status) in &statuses {
+            let written = &last[key];
+            assert_eq!(conditions_in(written), translated(status), "{key:?}");
+        }
+    }
+
+    /// With thousands of routes, a Nack and then an Ack cost no more writes than the statuses
+    /// that change: every object once while nothing is programmed yet (held until the
+    /// answer, then written with the rejection), then only the objects `translate` says are
+    /// programmed (the routes' statuses do not depend on the answer and are not written
+    /// again), then nothing for a later acknowledged generation with the same statuses. And no
+    /// status of any kind keeps the rejection's message.
+    #[tokio::test]
+    async fn after_a_nack_and_an_ack_only_the_programmed_statuses_are_written_again() {
+        const ROUTES: usize = 1000;
+        let api = FakeApi::start().await;
+        let (snapshot, statuses) = conflict_world(ROUTES);
+        let (push_tx, push) = watch::channel(PushState {
+            connected: true,
+            submitted: 322,
+            acked: 321,
+            ..Default::default()
+        });
+        let (mut w, _leader) = test_worker(&api, Cached::of(&snapshot), push);
+        w.shared
+            .queue()
+            .offer(&statuses, &StatusChanges::All, 322, Instant::now());
+        push_tx.send_modify(|s| s.last_nack = Some((322, vec![EADDRINUSE.into()])));
+        w.push_changed();
+        drain(&mut w).await;
+        let mut every_kind = std::collections::BTreeMap::new();
+        for key in statuses.keys() {
+            *every_kind.entry(key.kind.clone()).or_insert(0usize) += 1;
+        }
+        assert_eq!(every_kind["HTTPRoute"], ROUTES);
+        assert_eq!(api.writes(), every_kind, "each object written once");
+
+        push_tx.send_modify(|s| s.acked = 322);
+        w.push_changed();
+        drain(&mut w).await;
+        let mut programmed_kinds = std::collections::BTreeMap::new();
+        for (key, status) in &statuses {
+            if programmed(status) {
+                *programmed_kinds.entry(key.kind.clone()).or_insert(0usize) += 1;
+            }
+        }
+        assert!(!programmed_kinds.contains_key("HTTPRoute"));
+        let mut want = every_kind.clone();
+        for (kind, n) in &programmed_kinds {
+            *want.get_mut(kind).unwrap() += n;
+        }
+        assert_eq!(api.writes(), want, "only the programmed objects again");
+        let last = api.last();
+        for (key, status) in &statuses {
+            let written = &last[key];
+            assert!(
+                !written.to_string().contains("rejected"),
+                "{key:?}: {written}"
+            );
+            assert_eq!(conditions_in(written), translated(status), "{key:?}");
+        }
+
+        // A later generation with the same statuses, acknowledged: nothing to write.
+        w.shared
+            .queue()
+            .offer(&statuses, &StatusChanges::All, 323, Instant::now());
+        push_tx.send_modify(|s| {
+            s.submitted = 323;
+            s.acked = 323;
+        });
+        w.push_changed();
+        drain(&mut w).await;
+        assert_eq!(api.writes(), want);
+        assert!(w.shared.queue().unacked.is_empty());
     }
 
     #[test]

@@ -813,15 +813,141 @@ async fn reloads_during_h3_traffic_keep_connections_and_swap_certificates() {
         assert!(h.runtime.bound_quic().await.is_empty());
         let (_, status, alt) = tls_alt_svc(addr, &ca2, b"h2").await;
         assert_eq!((status, alt), (200, None));
-        // The removed endpoint frees its UDP port once its connections have drained; until
-        // then a re-add is rejected whole (bind error) and the last good config keeps serving.
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while let Err(e) = h.runtime.apply(gen(32, cert2.clone(), true, "gen32")).await {
-            assert!(Instant::now() < deadline, "{e}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        // The removed endpoint keeps its UDP port while its connections drain, but it is the
+        // dataplane's own: a re-add closes it and binds the port at once.
+        h.runtime
+            .apply(gen(32, cert2.clone(), true, "gen32"))
+            .await
+            .unwrap();
         let again = H3::connect(addr, "localhost", &ca2).await.unwrap();
         assert_eq!(&again.get("/").await.unwrap().2[..], b"gen32");
+    })
+    .await;
+}
+
+/// An HTTP/3 listener removed by one apply gives up its UDP port to the next apply, which
+/// gives the port to another listener, at once: right after it and with no chance for the
+/// removed endpoint's tasks to run in between (this runtime has one thread, and neither
+/// apply yields to them), while a connection of the removed listener is still open. The new
+/// listener serves HTTP/3 on the port. The removed endpoint's connections share its socket,
+/// so they end with it (they drain when the port is not needed). Before, the socket was
+/// closed by quinn once the last of those tasks had ended, and the second apply failed
+/// with "address in use".
+#[tokio::test]
+async fn a_udp_port_freed_by_one_apply_is_bound_by_the_next_at_once() {
+    bounded(30, async {
+        let (cert, ca) = cert_for("localhost");
+        let one = |generation: u64, name: &str, port: u16, body: &str| Config {
+            generation,
+            listeners: vec![Listener {
+                port,
+                ..https_listener(name, cert.clone())
+            }],
+            virtual_hosts: vec![vhost("v", &[], vec![fixed_route("r", "/", body)])],
+            ..Config::default()
+        };
+        let h = Harness::start(one(1, "a", 0, "a")).await;
+        let addr = h.addr("a").await;
+        assert_eq!(h.runtime.bound_quic().await["a"], addr);
+        let old = H3::connect(addr, "localhost", &ca).await.unwrap();
+        assert_eq!(&old.get("/").await.unwrap().2[..], b"a");
+
+        // `a` taken out, then its port given to `c`, back to back.
+        h.runtime.apply(one(2, "other", 0, "other")).await.unwrap();
+        h.runtime
+            .apply(one(3, "c", addr.port(), "c"))
+            .await
+            .unwrap();
+        assert_eq!(h.runtime.bound_quic().await["c"], addr);
+        assert_eq!(h.addr("c").await, addr);
+        let new = H3::connect(addr, "localhost", &ca).await.unwrap();
+        assert_eq!(&new.get("/").await.unwrap().2[..], b"c");
+        drop(old);
+    })
+    .await;
+}
+
+/// The reverse order, in one apply, for HTTP/3: a listener whose bind key changes to one that
+/// contends with its old sockets (from port 0 to the port it was given) has its old TCP and
+/// UDP sockets closed before the new ones are bound, and serves HTTP/3 on the port. When the
+/// config is rejected after that close (another listener's port is held by a foreign
+/// socket), both are bound again: the open QUIC connection serves on, and new ones are
+/// accepted. Before, the new binds came first and failed with "address in use".
+#[tokio::test]
+async fn an_h3_listener_moved_onto_a_contending_address_binds_it_in_the_same_apply() {
+    bounded(30, async {
+        let (cert, ca) = cert_for("localhost");
+        let foreign = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let taken = foreign.local_addr().unwrap().port();
+        let cfg = |generation: u64, port: u16, body: &str, x: bool| Config {
+            generation,
+            listeners: std::iter::once(Listener {
+                port,
+                ..https_listener("tls", cert.clone())
+            })
+            .chain(x.then(|| Listener {
+                port: taken,
+                ..listener("x", ListenerProtocol::Http)
+            }))
+            .collect(),
+            virtual_hosts: vec![vhost("v", &[], vec![fixed_route("r", "/", body)])],
+            ..Config::default()
+        };
+        let h = Harness::start(cfg(1, 0, "a", false)).await;
+        let addr = h.addr("tls").await;
+        let c = H3::connect(addr, "localhost", &ca).await.unwrap();
+        assert_eq!(&c.get("/").await.unwrap().2[..], b"a");
+
+        // Rejected: `tls` moves onto its port, but `x` cannot bind.
+        let err = h.runtime.apply(cfg(2, addr.port(), "b", true)).await;
+        let msg = err.unwrap_err().to_string();
+        assert!(msg.contains("(x)") && msg.contains("cannot bind"), "{msg}");
+        assert_eq!(h.runtime.bound_quic().await["tls"], addr);
+        assert_eq!(&c.get("/").await.unwrap().2[..], b"a");
+        let again = H3::connect(addr, "localhost", &ca).await.unwrap();
+        assert_eq!(&again.get("/").await.unwrap().2[..], b"a");
+
+        // Applied: `tls` alone moves onto its port.
+        h.runtime
+            .apply(cfg(3, addr.port(), "c", false))
+            .await
+            .unwrap();
+        assert_eq!(h.runtime.bound_quic().await["tls"], addr);
+        let new = H3::connect(addr, "localhost", &ca).await.unwrap();
+        assert_eq!(&new.get("/").await.unwrap().2[..], b"c");
+        drop(foreign);
+    })
+    .await;
+}
+
+/// A UDP port held by a socket that is not the dataplane's is still a bind error for an
+/// HTTP/3 listener: the config is rejected whole and the last good one keeps serving.
+#[tokio::test]
+async fn a_udp_port_held_by_another_socket_is_still_a_bind_error() {
+    bounded(30, async {
+        let (cert, _ca) = cert_for("localhost");
+        let (cfg, _) = h3_config(vec![fixed_route("r", "/", "x")]);
+        let h = Harness::start(cfg).await;
+        // A UDP port held by another socket (its TCP twin is most likely free).
+        let foreign = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let port = foreign.local_addr().unwrap().port();
+        let next = Config {
+            generation: 2,
+            listeners: vec![Listener {
+                port,
+                ..https_listener("c", cert)
+            }],
+            virtual_hosts: vec![vhost("v", &[], vec![fixed_route("r", "/", "y")])],
+            ..Config::default()
+        };
+        let err = h.runtime.apply(next).await.unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            msg.contains("cannot bind") && msg.contains(&port.to_string()),
+            "{msg}"
+        );
+        assert_eq!(h.runtime.shared.snapshot().config.generation, 1);
+        assert!(h.runtime.bound().await.contains_key("tls"));
     })
     .await;
 }

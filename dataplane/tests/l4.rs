@@ -494,6 +494,49 @@ async fn udp_ask(s: &UdpSocket, to: SocketAddr, msg: &str, wait: Duration) -> Op
     Some(String::from_utf8_lossy(&buf[..n]).into_owned())
 }
 
+/// A UDP listener removed by one apply gives up its port to the next apply, which gives the
+/// port to another UDP listener, at once: right after it and with no chance for the removed
+/// listener's tasks (its receive loop, and the relay of the session open on it) to run in
+/// between (this runtime has one thread, and neither apply yields to them). The new listener
+/// relays on the port. Before, those tasks closed the socket once they had all run, and the
+/// second apply failed with "address in use".
+#[tokio::test]
+async fn a_udp_listener_port_freed_by_one_apply_is_bound_by_the_next_at_once() {
+    bounded(async {
+        let (a, c) = (udp_echo("A").await, udp_echo("C").await);
+        let one = |generation: u64, name: &str, port: u16, to: &str| Config {
+            generation,
+            listeners: vec![Listener {
+                port,
+                ..l4_listener(
+                    name,
+                    ListenerProtocol::Udp,
+                    vec![route("r", &[], vec![wb(to, 1)])],
+                )
+            }],
+            backends: vec![backend("a", a), backend("c", c)],
+            ..Config::default()
+        };
+        let h = Harness::start(one(1, "a", 0, "a")).await;
+        let addr = h.addr("a").await;
+        let client = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let long = Duration::from_secs(10);
+        let got = udp_ask(&client, addr, "one", long).await.unwrap();
+        assert!(got.starts_with("A:") && got.ends_with(":one"), "{got}");
+
+        // `a` taken out, then its port given to `c`, back to back.
+        h.runtime.apply(one(2, "other", 0, "a")).await.unwrap();
+        h.runtime
+            .apply(one(3, "c", addr.port(), "c"))
+            .await
+            .unwrap();
+        assert_eq!(h.addr("c").await, addr);
+        let got = udp_ask(&client, addr, "two", long).await.unwrap();
+        assert!(got.starts_with("C:") && got.ends_with(":two"), "{got}");
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn udp_sessions_expire_when_idle_and_are_bounded() {
     bounded(async {

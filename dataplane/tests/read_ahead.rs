@@ -170,6 +170,128 @@ async fn connections_that_never_read_slow_the_others_and_never_stall_them() {
     }
 }
 
+/// A client that stops granting window and then shuts its write side (a half-close): no
+/// WINDOW_UPDATE can come after its EOF, so the three streams waiting for window are reset
+/// (CANCEL) at once and their read-ahead chunks given back, not held until `send_timeout`
+/// (an hour here; each phase of the test is bounded far below it), while a stream that has
+/// window still receives its whole file after the EOF; then GOAWAY, and the connection
+/// closes when that stream is done. The fourth file is larger than the socket buffers can
+/// hold, so it is still being sent when the EOF comes.
+#[tokio::test]
+async fn a_half_closed_h2_client_gets_its_blocked_streams_released_and_the_rest_served() {
+    const HUGE: usize = 16 << 20;
+    let _one = SERVING_FILES.lock().await;
+    let (dir, h, total) = serve_big_file(|l| {
+        l.send_timeout = sweety_config::Duration::from_secs(3600);
+    })
+    .await;
+    std::fs::write(dir.path().join("huge.bin"), vec![3u8; HUGE]).unwrap();
+    let start = total.bytes();
+    let addr = h.addr("web").await;
+    // The stream windows stay at the default 65,535; the connection's is opened wide.
+    let (mut rd, mut wr) = raw2::open_from("127.0.0.1", addr, &[]).await;
+    let grow = (0x7fff_ffffu32 - 65_535).to_be_bytes();
+    let mut hello = raw2::frame(raw2::WINDOW_UPDATE, 0, 0, &grow);
+    let flags = raw2::END_STREAM | raw2::END_HEADERS;
+    for id in [1, 3, 5] {
+        let block = raw2::request_block("/big.bin");
+        hello.extend(raw2::frame(raw2::HEADERS, flags, id, &block));
+    }
+    wr.write_all(&hello).await.unwrap();
+    let mut data = std::collections::HashMap::<u32, usize>::new();
+    let blocked = |data: &std::collections::HashMap<u32, usize>| {
+        [1, 3, 5].iter().all(|id| data.get(id) == Some(&65_535))
+    };
+    while !blocked(&data) {
+        let ev = rd
+            .until(
+                &mut wr,
+                "each stream's window of data",
+                |ev| matches!(ev, raw2::Event::Frame(f) if f.ty == raw2::DATA),
+            )
+            .await;
+        let raw2::Event::Frame(f) = ev else {
+            unreachable!()
+        };
+        assert_eq!(f.flags & raw2::END_STREAM, 0, "{f:?}");
+        *data.entry(f.stream).or_default() += f.payload.len();
+    }
+    assert!(
+        total.bytes() > start,
+        "the blocked streams hold the rest of their chunks"
+    );
+    // A fourth stream with window for its whole file: its response has started.
+    let mut more = raw2::frame(raw2::HEADERS, flags, 7, &raw2::request_block("/huge.bin"));
+    more.extend(raw2::frame(
+        raw2::WINDOW_UPDATE,
+        0,
+        7,
+        &(HUGE as u32).to_be_bytes(),
+    ));
+    wr.write_all(&more).await.unwrap();
+    rd.until(
+        &mut wr,
+        "the fourth stream's response",
+        |ev| matches!(ev, raw2::Event::Frame(f) if f.ty == raw2::HEADERS && f.stream == 7),
+    )
+    .await;
+
+    // The half-close: the client reads on.
+    wr.shutdown().await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut resets = Vec::new();
+    let (mut goaway, mut ended7, mut held_at_resets) = (None, false, None);
+    loop {
+        match rd.next(deadline).await {
+            raw2::Event::Frame(f) => match f.ty {
+                raw2::DATA => {
+                    *data.entry(f.stream).or_default() += f.payload.len();
+                    if f.stream == 7 && f.flags & raw2::END_STREAM != 0 {
+                        ended7 = true;
+                    }
+                }
+                raw2::RST_STREAM => {
+                    resets.push((f.stream, f.error_code()));
+                    if resets.len() == 3 {
+                        held_at_resets = Some(total.bytes());
+                    }
+                }
+                raw2::GOAWAY => goaway = Some(f.error_code()),
+                _ => {}
+            },
+            raw2::Event::Closed => break,
+            raw2::Event::Timeout => panic!(
+                "the connection is still open: resets {resets:?}, data {data:?}, goaway {goaway:?}"
+            ),
+        }
+    }
+    resets.sort();
+    assert_eq!(
+        resets,
+        [(1, raw2::CANCEL), (3, raw2::CANCEL), (5, raw2::CANCEL)]
+    );
+    assert_eq!(goaway, Some(raw2::NO_ERROR));
+    for id in [1, 3, 5] {
+        assert_eq!(data[&id], 65_535, "stream {id} got nothing more");
+    }
+    assert!(ended7, "the stream with window finished");
+    assert_eq!(data[&7], HUGE);
+    eprintln!(
+        "file bytes held: {start} at the start, {:?} once the blocked streams were reset",
+        held_at_resets
+    );
+    // Every chunk given back (the connection's task may still be ending: a bounded wait).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while total.bytes() != start {
+        assert!(
+            Instant::now() < deadline,
+            "{} file bytes still held (start {start})",
+            total.bytes()
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
 /// A server of a temporary directory with `big.bin` ([`FILE`] bytes), its limits set by
 /// `limits` after `http2_write_buffer` ([`WRITE_BUFFER`]), and its read-ahead total.
 async fn serve_big_file(

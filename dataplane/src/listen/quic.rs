@@ -28,6 +28,7 @@
 use crate::body::{Body, BoxError};
 use crate::ctx::{ConnInfo, EarlyData, Protocol};
 use crate::limits::ConnPermit;
+use crate::listen::quic_socket::QuicSocket;
 use crate::quic_budget::ConnShare;
 use crate::state::{BindKey, ListenerView, Shared};
 use crate::static_files::ReadChunk;
@@ -131,11 +132,12 @@ pub fn bind_udp(addr: SocketAddr) -> std::io::Result<std::net::UdpSocket> {
     Ok(sock.into())
 }
 
-/// Starts a quinn endpoint on a bound UDP socket.
+/// Starts a quinn endpoint on a bound UDP socket; with the handle that closes the socket
+/// ([`QuicSocket::close`]).
 pub fn endpoint(
     sock: std::net::UdpSocket,
     config: quinn::ServerConfig,
-) -> std::io::Result<quinn::Endpoint> {
+) -> std::io::Result<(quinn::Endpoint, Arc<QuicSocket>)> {
     let runtime = quinn::default_runtime()
         .ok_or_else(|| std::io::Error::other("no async runtime for quinn"))?;
     static LOGGED: std::sync::Once = std::sync::Once::new();
@@ -147,19 +149,23 @@ pub fn endpoint(
         ),
         Err(e) => tracing::info!(error = %e, "QUIC UDP offload unknown"),
     });
-    quinn::Endpoint::new(
+    let socket = QuicSocket::new(sock)?;
+    let endpoint = quinn::Endpoint::new_with_abstract_socket(
         quinn::EndpointConfig::default(),
         Some(config),
-        sock,
+        socket.clone(),
         runtime,
-    )
+    )?;
+    Ok((endpoint, socket))
 }
 
 /// Runs the accept loop of one QUIC endpoint until `stop` turns true, then drains: GOAWAY on
-/// every connection, up to the drain timeout for in-flight requests, then close.
+/// every connection, up to the drain timeout for in-flight requests, then close, and its
+/// `socket` with it (unless the reload closed it before, for a new listener on its port).
 pub async fn run_quic(
     shared: Arc<Shared>,
     endpoint: quinn::Endpoint,
+    socket: Arc<QuicSocket>,
     key: BindKey,
     mut stop: watch::Receiver<bool>,
 ) {
@@ -219,6 +225,7 @@ pub async fn run_quic(
     }
     endpoint.close(0u32.into(), b"shutdown");
     let _ = tokio::time::timeout(Duration::from_secs(1), endpoint.wait_idle()).await;
+    socket.close();
 }
 
 #[derive(Clone, Copy)]

@@ -39,10 +39,85 @@ use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
+/// A listening TCP socket whose accept loop ([`run_tcp`]) runs in its own task while the
+/// reload that starts it keeps the power to close it: [`Listening::close`] drops the socket
+/// on the caller's thread before it returns, so its port is free for the next bind at once,
+/// whether or not the accept task has run since (its connections, which have sockets of their
+/// own, drain when it is told to stop). A socket closed for a config that is then rejected is
+/// put back ([`Listening::reopen`]) and the loop accepts on it. The lock is held for one poll
+/// of `accept`, a close or a reopen, never across an await.
+#[derive(Debug)]
+pub struct Listening {
+    slot: std::sync::Mutex<Slot>,
+}
+
+#[derive(Debug)]
+struct Slot {
+    socket: Option<TcpListener>,
+    /// The accept loop, waiting while the socket is closed.
+    waiting: Option<std::task::Waker>,
+}
+
+impl Listening {
+    /// Wraps a bound, listening socket.
+    pub fn new(listener: TcpListener) -> Arc<Listening> {
+        Arc::new(Listening {
+            slot: std::sync::Mutex::new(Slot {
+                socket: Some(listener),
+                waiting: None,
+            }),
+        })
+    }
+
+    /// Closes the socket now (its port is free when this returns); false if it was closed
+    /// already. Connections it accepted are not touched; the accept loop waits (for `stop`,
+    /// or a [`Listening::reopen`]).
+    pub fn close(&self) -> bool {
+        let taken = self.lock().socket.take();
+        taken.is_some()
+    }
+
+    /// Puts a socket back after a [`Listening::close`]; the accept loop takes it up.
+    pub fn reopen(&self, listener: TcpListener) {
+        let mut slot = self.lock();
+        slot.socket = Some(listener);
+        if let Some(w) = slot.waiting.take() {
+            w.wake();
+        }
+    }
+
+    /// The socket's local address; None while closed.
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.lock()
+            .socket
+            .as_ref()
+            .and_then(|l| l.local_addr().ok())
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Slot> {
+        self.slot.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The next accepted connection (none while the socket is closed).
+    async fn accept(&self) -> std::io::Result<(TcpStream, SocketAddr)> {
+        std::future::poll_fn(|cx| {
+            let mut slot = self.lock();
+            match slot.socket.as_ref() {
+                Some(l) => l.poll_accept(cx),
+                None => {
+                    slot.waiting = Some(cx.waker().clone());
+                    Poll::Pending
+                }
+            }
+        })
+        .await
+    }
+}
+
 /// Runs the accept loop of one TCP listener until `stop` turns true, then drains.
 pub async fn run_tcp(
     shared: Arc<Shared>,
-    listener: TcpListener,
+    listener: Arc<Listening>,
     key: BindKey,
     mut stop: watch::Receiver<bool>,
 ) {
@@ -193,6 +268,8 @@ pub async fn run_tcp(
             serve_conn(shared, view, serving, stream, peer, first).await;
         });
     }
+    // The reload closed it when it sent `stop`; closed here too should it not have.
+    listener.close();
     drop(listener);
     let drain = shared.snapshot().config.limits.drain_timeout.get();
     if tokio::time::timeout(drain, graceful.shutdown())
@@ -210,11 +287,8 @@ pub async fn run_tcp(
 /// connection, one of the ~12 system calls of a connection carrying one request;
 /// e2e/bench/HISTORY.md, session 21). None for a wildcard listener, whose connections each
 /// have the address the client reached.
-fn bound_address(listener: &TcpListener) -> Option<SocketAddr> {
-    listener
-        .local_addr()
-        .ok()
-        .filter(|a| !a.ip().is_unspecified())
+fn bound_address(listener: &Listening) -> Option<SocketAddr> {
+    listener.local_addr().filter(|a| !a.ip().is_unspecified())
 }
 
 /// A connection's own address: its listener's (`bound`, see [`bound_address`]), else asked
@@ -850,6 +924,7 @@ mod tests {
             let Ok(l) = TcpListener::bind(addr).await else {
                 continue; // no IPv6 loopback (or no 127.0.0.2) here
             };
+            let l = Listening::new(l);
             let bound = bound_address(&l).expect("bound to one address");
             assert_eq!(bound, l.local_addr().unwrap());
             for _ in 0..3 {
@@ -861,7 +936,7 @@ mod tests {
                 assert_eq!(local_address(None, &s, peer), bound);
             }
         }
-        let any = TcpListener::bind("0.0.0.0:0").await.unwrap();
+        let any = Listening::new(TcpListener::bind("0.0.0.0:0").await.unwrap());
         assert_eq!(bound_address(&any), None);
         let port = any.local_addr().unwrap().port();
         let c = TcpStream::connect(("127.0.0.1", port)).await.unwrap();

@@ -14,6 +14,11 @@
 //!   socket and its established connections; only removed listeners are closed, gracefully;
 //!   the same holds for the UDP (QUIC) socket of an HTTPS listener serving HTTP/3, which is
 //!   bound on the listener's TCP port and added or removed with the listener or its `http3`;
+//! * a removed listener's TCP socket is closed before the apply that removes it returns (its
+//!   connections drain on their own sockets), so the next config can bind its port at once; a
+//!   removed HTTP/3 endpoint keeps its UDP socket while its connections (which share it) drain,
+//!   unless a later config binds an address that contends with it: then the reload closes it,
+//!   ending them, right before that bind. A port held by another process is a bind error;
 //! * certificates are part of the snapshot, so changed ones apply to new handshakes; a kept
 //!   QUIC endpoint gets the new TLS and transport config for its new handshakes;
 //! * a delta applies only onto the config it was made from, still serving; the result must
@@ -915,6 +920,177 @@ mod tests {
             rt.shared.snapshot().config.user_sets[0].users[0].name,
             "bob"
         );
+        rt.shutdown().await;
+    }
+
+    /// One plain HTTP listener `name` on 127.0.0.1:`port` whose one route does `action`
+    /// (YAML), with backend `b` at `backend`.
+    fn one_listener(name: &str, port: u16, action: &str, backend: SocketAddr) -> Config {
+        Config::from_yaml(&format!(
+            "listeners: [{{name: {name}, address: 127.0.0.1, port: {port}, protocol: http, \
+             http3: false}}]\n\
+             virtual_hosts: [{{name: t, hostnames: [t.test], routes: [{{name: r, \
+             action: {action}}}]}}]\n\
+             backends: [{{name: b, endpoints: [{{address: \"{backend}\"}}]}}]"
+        ))
+        .unwrap()
+    }
+
+    /// Reads from `s` until what was read ends with `end`; what was read. Panics on EOF
+    /// before.
+    async fn read_until(s: &mut tokio::net::TcpStream, end: &[u8]) -> String {
+        use tokio::io::AsyncReadExt;
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !got.ends_with(end) {
+            let n = s.read(&mut buf).await.unwrap();
+            assert!(n > 0, "EOF after {:?}", String::from_utf8_lossy(&got));
+            got.extend_from_slice(&buf[..n]);
+        }
+        String::from_utf8(got).unwrap()
+    }
+
+    /// A listener removed by one apply has its port free when that apply returns: the next
+    /// apply, right after it and with no chance for the removed listener's accept task to run
+    /// in between (this runtime has one thread, and neither apply yields to it), gives the port
+    /// to another listener, which serves. A request in flight on a connection of the removed
+    /// listener (held at the backend across both applies) still completes: only the
+    /// listening socket was closed. Before, that task closed the socket once it ran, and the
+    /// second apply failed with "address in use" (a CI conformance failure: the controller
+    /// gives a freed Gateway port to another listener at once).
+    #[tokio::test]
+    async fn a_port_freed_by_one_apply_is_bound_by_the_next_at_once() {
+        use tokio::io::AsyncWriteExt;
+        use tokio::net::{TcpListener, TcpStream};
+        let backend = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let at = backend.local_addr().unwrap();
+        let proxy = "{proxy: {backends: [{backend: b}]}}";
+        let rt = runtime();
+        rt.apply(one_listener("a", 0, proxy, at)).await.unwrap();
+        let port = rt.bound().await["a"].port();
+        // A keep-alive connection of `a` with a request held at the backend.
+        let mut old = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        old.write_all(b"GET /old HTTP/1.1\r\nhost: t.test\r\n\r\n")
+            .await
+            .unwrap();
+        let (mut upstream, _) = backend.accept().await.unwrap();
+        read_until(&mut upstream, b"\r\n\r\n").await;
+
+        // `a` taken out, then its port given to `c`, back to back.
+        rt.apply(one_listener("other", 0, proxy, at)).await.unwrap();
+        let fixed = "{fixed: {status: 200, body: new}}";
+        rt.apply(one_listener("c", port, fixed, at)).await.unwrap();
+        assert_eq!(rt.shared.metrics.reloads_failed.load(Relaxed), 0);
+        assert_eq!(rt.bound().await["c"].port(), port);
+
+        // The old request completes on its draining connection.
+        upstream
+            .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\n\r\nold")
+            .await
+            .unwrap();
+        let got = read_until(&mut old, b"old").await;
+        assert!(got.starts_with("HTTP/1.1 200"), "{got}");
+        // The new listener serves the port.
+        let mut new = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        new.write_all(b"GET / HTTP/1.1\r\nhost: t.test\r\n\r\n")
+            .await
+            .unwrap();
+        let got = read_until(&mut new, b"new").await;
+        assert!(got.starts_with("HTTP/1.1 200"), "{got}");
+        rt.shutdown().await;
+    }
+
+    /// GET `/` for host t.test on a new connection to 127.0.0.1:`port`; the whole response.
+    async fn get_once(port: u16) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut c = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .unwrap();
+        c.write_all(b"GET / HTTP/1.1\r\nhost: t.test\r\nconnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut got = Vec::new();
+        c.read_to_end(&mut got).await.unwrap();
+        String::from_utf8(got).unwrap()
+    }
+
+    /// The reverse order, in one apply: a listener whose bind key changes to one that contends
+    /// with its old socket (here from port 0 to the port it was given; likewise 0.0.0.0:P to
+    /// 127.0.0.1:P) has its old socket closed before the new one is bound, and serves on the
+    /// port. Before, the new bind came first and failed with "address in use". When the config
+    /// is rejected after that close (another listener's port is held by a foreign socket),
+    /// the old socket is bound again and serves the last good config.
+    #[tokio::test]
+    async fn a_listener_moved_onto_a_contending_address_binds_it_in_the_same_apply() {
+        let foreign = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let taken = foreign.local_addr().unwrap();
+        let fixed = |body: &str| format!("{{fixed: {{status: 200, body: {body}}}}}");
+        let rt = runtime();
+        rt.apply(one_listener("web", 0, &fixed("a"), taken))
+            .await
+            .unwrap();
+        let port = rt.bound().await["web"].port();
+
+        // Rejected: `web` moves onto its port, but `x` cannot bind.
+        let mut rejected = one_listener("web", port, &fixed("b"), taken);
+        let mut x = rejected.listeners[0].clone();
+        x.name = "x".into();
+        x.port = taken.port();
+        rejected.listeners.push(x);
+        let err = rt.apply(rejected).await.unwrap_err();
+        assert!(
+            matches!(&err, ApplyError::Bind { name, .. } if name == "x"),
+            "{err}"
+        );
+        assert_eq!(rt.bound().await["web"].port(), port);
+        let got = get_once(port).await;
+        assert!(
+            got.starts_with("HTTP/1.1 200") && got.ends_with("a"),
+            "{got}"
+        );
+
+        // Applied: `web` alone moves onto its port.
+        rt.apply(one_listener("web", port, &fixed("b"), taken))
+            .await
+            .unwrap();
+        assert_eq!(rt.bound().await["web"].port(), port);
+        let got = get_once(port).await;
+        assert!(
+            got.starts_with("HTTP/1.1 200") && got.ends_with("b"),
+            "{got}"
+        );
+        rt.shutdown().await;
+    }
+
+    /// A port held by a socket that is not the dataplane's is still a bind error: the config
+    /// is rejected whole, naming the listener and the address, and the last good one keeps
+    /// serving.
+    #[tokio::test]
+    async fn a_port_held_by_another_socket_is_still_a_bind_error() {
+        let foreign = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = foreign.local_addr().unwrap().port();
+        // The backend is never used (the route answers itself).
+        let unused = foreign.local_addr().unwrap();
+        let fixed = "{fixed: {status: 200, body: x}}";
+        let rt = runtime();
+        let mut first = one_listener("a", 0, fixed, unused);
+        first.generation = 1;
+        rt.apply(first).await.unwrap();
+        let before = rt.bound().await["a"];
+        let mut next = one_listener("c", port, fixed, unused);
+        next.generation = 2;
+        let err = rt.apply(next).await.unwrap_err();
+        match &err {
+            ApplyError::Bind {
+                name, addr, source, ..
+            } => {
+                assert_eq!((name.as_str(), addr.port()), ("c", port));
+                assert_eq!(source.kind(), std::io::ErrorKind::AddrInUse, "{err}");
+            }
+            other => panic!("{other}"),
+        }
+        assert_eq!(rt.shared.snapshot().config.generation, 1);
+        assert_eq!(rt.bound().await["a"], before);
         rt.shutdown().await;
     }
 

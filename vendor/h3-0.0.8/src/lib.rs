@@ -51,6 +51,9 @@ mod webtransport;
 
 #[allow(dead_code)]
 mod qpack;
+// Sweety patch (vendor/README.md): the response head's QPACK coding, for Sweety's tests.
+#[doc(hidden)]
+pub mod sweety_qpack;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]

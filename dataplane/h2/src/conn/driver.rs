@@ -135,6 +135,13 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
                         self.read_closed = true;
                         self.on_read_closed();
                         self.cancel_running();
+                        self.cancel_blocked();
+                        if self.got_settings {
+                            // No new streams can come: the client learns which it sent were
+                            // taken, if it still reads; the connection closes when the streams
+                            // still sending are done.
+                            self.go_away(Reason::NO_ERROR, b"");
+                        }
                         progress = true;
                     }
                     Poll::Ready(Ok(_)) => {
@@ -750,7 +757,9 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
     /// backend request and releasing its slots, as the HTTP/1.1 engine does when its client
     /// goes, with RST_STREAM(CANCEL) in case the client still reads. Before, they ran until the
     /// backend answered or the keep-alive PING went unanswered (up to about 70 s). Responses
-    /// already being sent go on (the client may read them; `send_timeout` bounds a stall).
+    /// already being sent go on while they have flow-control window (the client may read
+    /// them; `send_timeout` bounds a client that does not); those without are reset too
+    /// ([`Driver::cancel_blocked`]).
     pub(super) fn cancel_running(&mut self) {
         let running: Vec<u32> = self
             .streams
@@ -759,6 +768,27 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
             .map(|(id, _)| *id)
             .collect();
         for id in running {
+            let _ = self.reset_stream(id, Reason::CANCEL, Charge::Server);
+        }
+    }
+
+    /// The client closed its side (EOF): a response waiting for flow-control window (the
+    /// stream's or the connection's) can never get it, as only the client's WINDOW_UPDATE or
+    /// SETTINGS opens a window. Each such stream is reset at once with RST_STREAM(CANCEL),
+    /// its body dropped (its read-ahead file chunks, its upstream request), rather than held
+    /// until `send_timeout`. Responses that still have window go on; one that runs out of it
+    /// later is reset when it does (`step`). A half-closed client that still reads gets the
+    /// RST_STREAM frames.
+    pub(super) fn cancel_blocked(&mut self) {
+        let conn_window = self.conn_send_window;
+        let blocked: Vec<u32> = self
+            .streams
+            .iter()
+            .filter(|(_, s)| s.waits_for_window(conn_window))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in blocked {
+            tracing::debug!(stream = id, "no flow-control window after the client's EOF");
             let _ = self.reset_stream(id, Reason::CANCEL, Charge::Server);
         }
     }

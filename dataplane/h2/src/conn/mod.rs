@@ -41,7 +41,8 @@
 //! reset, SETTINGS/PING/PRIORITY/GOAWAY and acknowledgements, empty frames, frames that do
 //! nothing: see `guards`) are counted per connection per second and
 //! end the connection with GOAWAY ENHANCE_YOUR_CALM. A response held by a flow-control
-//! window the client keeps at zero is reset after `send_timeout` (see `Stream::stalled`);
+//! window the client keeps at zero is reset after `send_timeout` (see `Stream::stalled`), or
+//! at once after the client's EOF (no WINDOW_UPDATE can come: `Driver::cancel_blocked`);
 //! one timer per connection serves every deadline, armed to the earliest.
 
 use crate::body::{RecvBody, RecvShared, Signal, StreamWaker, Upgrade};

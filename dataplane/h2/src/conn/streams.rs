@@ -79,6 +79,14 @@ impl<F> Stream<F> {
     pub(super) fn finished(&self) -> bool {
         !self.recv_open && matches!(self.resp, Resp::Done)
     }
+
+    /// The response has body bytes in hand that no window lets out: the stream's own, or
+    /// the connection's (`conn_window`), is used up. Only a frame of the client can open it.
+    pub(super) fn waits_for_window(&self, conn_window: i64) -> bool {
+        matches!(self.resp, Resp::Body(_))
+            && !self.pending.is_empty()
+            && self.send_window.min(conn_window) <= 0
+    }
 }
 
 /// Stream `id`'s waker (made once, kept in `slot`, a spare of a closed stream reused when
@@ -648,6 +656,12 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
             let s = self.streams.get_mut(&id).expect("present");
             if !s.pending.is_empty() {
                 let avail = s.send_window.min(self.conn_send_window);
+                if avail <= 0 && self.read_closed {
+                    // After the client's EOF no window can open (see `cancel_blocked`).
+                    tracing::debug!(stream = id, "no flow-control window after the client's EOF");
+                    let _ = self.reset_stream(id, Reason::CANCEL, Charge::Server);
+                    return false;
+                }
                 if avail <= 0 {
                     if !s.blocked {
                         s.blocked = true;

@@ -720,10 +720,9 @@ async fn output_buffered_by_the_tls_layer_is_flushed() {
     );
 }
 
-// The same over real tokio-rustls on a small pipe.
-#[tokio::test]
-async fn tls_response_tail_is_not_stuck_in_rustls() {
-    use tokio::io::AsyncWriteExt;
+/// A server config (ALPN h2, a self-signed certificate for `h2.test`) and a client config
+/// that trusts it.
+fn tls_configs() -> (rustls::ServerConfig, Arc<rustls::ClientConfig>) {
     let ck = rcgen::generate_simple_self_signed(vec!["h2.test".into()]).unwrap();
     let cert = rustls::pki_types::CertificateDer::from(ck.cert.der().to_vec());
     let key = rustls::pki_types::PrivateKeyDer::Pkcs8(rustls::pki_types::PrivatePkcs8KeyDer::from(
@@ -749,6 +748,14 @@ async fn tls_response_tail_is_not_stuck_in_rustls() {
         .with_root_certificates(roots)
         .with_no_client_auth(),
     );
+    (server_cfg, client_cfg)
+}
+
+// The same over real tokio-rustls on a small pipe.
+#[tokio::test]
+async fn tls_response_tail_is_not_stuck_in_rustls() {
+    use tokio::io::AsyncWriteExt;
+    let (server_cfg, client_cfg) = tls_configs();
     let (client_io, server_io) = tokio::io::duplex(64);
     let (tx, stop) = tokio::sync::watch::channel(false);
     let settings = settings();
@@ -2385,4 +2392,270 @@ fn only_wakers_nothing_else_holds_are_reused() {
         spares.keep(Some(waker(2 * id + 11)));
     }
     assert_eq!(spares.len(), SPARE_WAKERS, "the spares are bounded");
+}
+
+/// A response body: `first` at once, then, once `gate` opens, `then` (if any) and its end.
+/// The sender tells when the body is dropped (as a static file's body gives its read-ahead
+/// chunks back).
+struct AfterGate {
+    first: Option<Bytes>,
+    gate: Option<tokio::sync::oneshot::Receiver<()>>,
+    then: Option<Bytes>,
+    _dropped: tokio::sync::oneshot::Sender<()>,
+}
+
+impl http_body::Body for AfterGate {
+    type Data = Bytes;
+    type Error = crate::BoxError;
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, crate::BoxError>>> {
+        if let Some(d) = self.first.take() {
+            return Poll::Ready(Some(Ok(http_body::Frame::data(d))));
+        }
+        if let Some(gate) = self.gate.as_mut() {
+            std::task::ready!(Pin::new(gate).poll(cx)).ok();
+            self.gate = None;
+        }
+        Poll::Ready(self.then.take().map(|d| Ok(http_body::Frame::data(d))))
+    }
+}
+
+/// Answers each request at once with the next of its bodies.
+struct Bodies(VecDeque<AfterGate>);
+
+impl H2Service for Bodies {
+    type Head = crate::NoHead;
+    type Future = std::future::Ready<(Response<Body>, Option<crate::NoHead>)>;
+
+    fn call(&mut self, _request: Request<Body>, _now: Instant) -> Self::Future {
+        let body = self.0.pop_front().expect("a body per request");
+        std::future::ready((Response::new(crate::boxed(body)), None))
+    }
+
+    fn limit_hit(&self, _what: &'static str) {}
+
+    fn connection_error(&self, _reason: Reason, _why: &'static str) {}
+}
+
+/// Everything the driver has written to the client end so far.
+fn read_available(c: &mut tokio::io::DuplexStream) -> BytesMut {
+    use tokio::io::AsyncRead;
+    let mut cx = Context::from_waker(Waker::noop());
+    let mut out = BytesMut::new();
+    loop {
+        let mut b = [0u8; 4096];
+        let mut rb = tokio::io::ReadBuf::new(&mut b);
+        match Pin::new(&mut *c).poll_read(&mut cx, &mut rb) {
+            Poll::Ready(Ok(())) if !rb.filled().is_empty() => out.extend_from_slice(rb.filled()),
+            _ => return out,
+        }
+    }
+}
+
+/// Per stream: DATA bytes, whether a DATA frame ended it, its RST_STREAM code.
+type Tally = HashMap<u32, (usize, bool, Option<Reason>)>;
+
+/// The [`Tally`] of `frames`, and the codes of their GOAWAY frames.
+fn tally(frames: &[(Head, Bytes)]) -> (Tally, Vec<Reason>) {
+    let mut streams = Tally::new();
+    let mut goaways = Vec::new();
+    for (h, p) in frames {
+        let code = |at: usize| Reason(u32::from_be_bytes([p[at], p[at + 1], p[at + 2], p[at + 3]]));
+        match h.kind {
+            kind::DATA => {
+                let e = streams.entry(h.stream).or_default();
+                e.0 += p.len();
+                e.1 |= h.has(flag::END_STREAM);
+            }
+            kind::RST_STREAM => streams.entry(h.stream).or_default().2 = Some(code(0)),
+            kind::GOAWAY => goaways.push(code(4)),
+            _ => {}
+        }
+    }
+    (streams, goaways)
+}
+
+/// After the client's EOF (its write side shut, as a half-closed client's) no WINDOW_UPDATE
+/// can come: a response waiting for window is reset (CANCEL) at once and its body dropped,
+/// not held until `send_timeout` (an hour here), while a response with window still goes
+/// out whole; one that runs out of window after the EOF is reset when it does, and one whose
+/// window is used up but has nothing more to send still ends (an empty DATA needs none).
+/// The client is told GOAWAY(NO_ERROR), and the connection ends when the last stream does.
+#[tokio::test]
+async fn at_the_clients_eof_streams_without_window_are_reset_and_the_rest_finish() {
+    use tokio::io::AsyncWriteExt;
+    use tokio::sync::oneshot::{channel, error::TryRecvError};
+    const WINDOW: usize = 100;
+    let mut gates = Vec::new();
+    let mut dropped = Vec::new();
+    let mut body = |first: usize, then: Option<usize>| {
+        let (gate_tx, gate) = channel();
+        let (dropped_tx, dropped_rx) = channel();
+        gates.push(gate_tx);
+        dropped.push(dropped_rx);
+        AfterGate {
+            first: Some(Bytes::from(vec![b'x'; first])),
+            gate: Some(gate),
+            then: then.map(|n| Bytes::from(vec![b'y'; n])),
+            _dropped: dropped_tx,
+        }
+    };
+    // Streams 1 and 3: 1,000 bytes at once, blocked after the window's 100. Stream 5: its
+    // window opened wide, 50 bytes, then 500 after the EOF. Stream 7: the window's 100, then
+    // 10 more after the EOF. Stream 9: the window's 100, then its end after the EOF.
+    let service = Bodies(VecDeque::from([
+        body(1_000, None),
+        body(1_000, None),
+        body(50, Some(500)),
+        body(WINDOW, Some(10)),
+        body(WINDOW, None),
+    ]));
+    let (mut c, server) = tokio::io::duplex(1 << 20);
+    let (tx, stop) = tokio::sync::watch::channel(false);
+    std::mem::forget(tx);
+    let mut cfg = settings();
+    cfg.send_timeout = Duration::from_secs(3600);
+    let mut d = Driver::new(server, service, cfg, stop);
+    let mut input = BytesMut::from(&frame::PREFACE[..]);
+    frame::put_settings(&mut input, &[(setting::INITIAL_WINDOW_SIZE, WINDOW as u32)]);
+    frame::put_settings_ack(&mut input);
+    for id in [1, 3, 5, 7, 9] {
+        input.extend_from_slice(&request(id, true));
+    }
+    frame::put_window_update(&mut input, 5, 10_000);
+    c.write_all(&input).await.unwrap();
+    let mut cx = Context::from_waker(Waker::noop());
+    for _ in 0..4 {
+        assert!(d.poll(&mut cx).is_pending());
+    }
+    let (before, goaways) = tally(&frames_of(read_available(&mut c)));
+    assert!(goaways.is_empty());
+    for (id, sent) in [(1, WINDOW), (3, WINDOW), (5, 50), (7, WINDOW), (9, WINDOW)] {
+        assert_eq!(before.get(&id), Some(&(sent, false, None)), "stream {id}");
+    }
+    let conn_window = d.conn_send_window;
+    for id in [1, 3] {
+        assert!(d.streams[&id].waits_for_window(conn_window), "stream {id}");
+    }
+    for (id, rx) in dropped.iter_mut().enumerate() {
+        assert!(
+            matches!(rx.try_recv(), Err(TryRecvError::Empty)),
+            "body {id}"
+        );
+    }
+
+    // The client's EOF: streams 1 and 3 go at once, with their bodies.
+    c.shutdown().await.expect("the client shuts its side");
+    assert!(
+        d.poll(&mut cx).is_pending(),
+        "streams 5, 7 and 9 wait for their bodies"
+    );
+    for k in [0, 1] {
+        assert!(
+            matches!(dropped[k].try_recv(), Err(TryRecvError::Closed)),
+            "the blocked body {k} is dropped at the EOF"
+        );
+    }
+    let mut open: Vec<u32> = d.streams.keys().copied().collect();
+    open.sort();
+    assert_eq!(open, [5, 7, 9]);
+    let (at_eof, goaways) = tally(&frames_of(read_available(&mut c)));
+    assert_eq!(at_eof.get(&1), Some(&(0, false, Some(Reason::CANCEL))));
+    assert_eq!(at_eof.get(&3), Some(&(0, false, Some(Reason::CANCEL))));
+    assert_eq!(goaways, [Reason::NO_ERROR]);
+
+    // The bodies go on: 5 has window for its 500 bytes, 7 has none for its 10, 9 ends.
+    for g in gates.drain(..) {
+        let _ = g.send(());
+    }
+    let mut ended = false;
+    for _ in 0..8 {
+        if let Poll::Ready(r) = d.poll(&mut cx) {
+            r.expect("a clean end");
+            ended = true;
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    assert!(ended, "the connection ends with its last stream");
+    let (after, goaways) = tally(&frames_of(read_available(&mut c)));
+    assert_eq!(after.get(&5), Some(&(500, true, None)), "stream 5 finishes");
+    assert_eq!(after.get(&7), Some(&(0, false, Some(Reason::CANCEL))));
+    assert_eq!(after.get(&9), Some(&(0, true, None)), "stream 9 ends");
+    assert!(goaways.is_empty(), "one GOAWAY");
+    for (k, rx) in dropped.iter_mut().enumerate() {
+        assert!(
+            matches!(rx.try_recv(), Err(TryRecvError::Closed)),
+            "body {k}"
+        );
+    }
+}
+
+/// The same EOF over TLS: the client's close_notify (tokio-rustls' shutdown, which then shuts
+/// the transport's write side) reads as EOF, and the server can still write. Stream 1 waits
+/// for window after the first 100 bytes of its 100,000; at the close_notify it is reset with
+/// CANCEL, GOAWAY(NO_ERROR) follows and the server closes its side too, where before the
+/// connection stayed open for `send_timeout` (an hour here; the read is bounded at 10 s).
+#[tokio::test]
+async fn a_tls_close_notify_resets_the_streams_without_window() {
+    use tokio::io::AsyncWriteExt;
+    let (server_cfg, client_cfg) = tls_configs();
+    let (client_io, server_io) = tokio::io::duplex(1 << 16);
+    let (tx, stop) = tokio::sync::watch::channel(false);
+    let mut cfg = settings();
+    cfg.send_timeout = Duration::from_secs(3600);
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let server = tokio::spawn(async move {
+        let _tx = tx;
+        let tls = tokio_rustls::TlsAcceptor::from(Arc::new(server_cfg))
+            .accept(server_io)
+            .await
+            .unwrap();
+        serve(tls, Sized(100_000, log), cfg, stop).await
+    });
+    let name = rustls::pki_types::ServerName::try_from("h2.test").unwrap();
+    let mut c = tokio_rustls::TlsConnector::from(client_cfg)
+        .connect(name, client_io)
+        .await
+        .unwrap();
+    let mut out = BytesMut::from(&frame::PREFACE[..]);
+    frame::put_settings(&mut out, &[(setting::INITIAL_WINDOW_SIZE, 100)]);
+    frame::put_settings_ack(&mut out);
+    out.extend_from_slice(&request(1, true));
+    c.write_all(&out).await.unwrap();
+    c.flush().await.unwrap();
+    // Everything the server writes until it closes; the close_notify once stream 1 got its
+    // window's 100 bytes.
+    let mut buf = BytesMut::new();
+    let mut frames = Vec::new();
+    let mut shut = false;
+    let closed = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            while let Some(f) = take_frame(&mut buf) {
+                frames.push(f);
+            }
+            let got: usize = frames
+                .iter()
+                .filter(|(h, _)| h.stream == 1 && h.kind == kind::DATA)
+                .map(|(_, p)| p.len())
+                .sum();
+            if got == 100 && !shut {
+                c.shutdown().await.expect("close_notify sent");
+                shut = true;
+            }
+            if c.read_buf(&mut buf).await.unwrap() == 0 {
+                return;
+            }
+        }
+    })
+    .await;
+    assert!(closed.is_ok(), "the server closed the connection");
+    assert!(shut, "stream 1 got its window's 100 bytes first");
+    let (streams, goaways) = tally(&frames);
+    assert_eq!(streams.get(&1), Some(&(100, false, Some(Reason::CANCEL))));
+    assert_eq!(goaways, [Reason::NO_ERROR]);
+    let ended = tokio::time::timeout(Duration::from_secs(10), server).await;
+    assert!(matches!(ended, Ok(Ok(Ok(())))), "{ended:?}");
 }

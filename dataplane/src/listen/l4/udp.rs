@@ -3,14 +3,20 @@
 //! table is bounded by `l4.udp_max_sessions` and every session holds a slot of
 //! `limits.max_connections`; datagrams from new clients past either bound are dropped and
 //! counted (`udp_session_limit`, `udp_connection_limit` in `sweety_edge_events_total`).
+//!
+//! The listener's socket ([`UdpListening`]) is the reload's to close: a removed listener's
+//! port is free when the apply that removes it returns, whether or not its tasks have run
+//! since (its sessions end on `stop`, as before).
 
 use crate::limits::ConnPermit;
 use crate::state::{BindKey, Shared};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
+use std::task::{ready, Poll};
 use std::time::{Duration, Instant};
+use tokio::io::ReadBuf;
 use tokio::net::UdpSocket;
 use tokio::sync::watch;
 
@@ -32,17 +38,88 @@ struct Session {
 
 type Table = Arc<Mutex<HashMap<SocketAddr, Arc<Session>>>>;
 
+/// A UDP proxy listener's socket, shared by its receive loop and its sessions' relays, that
+/// the reload closes ([`UdpListening::close`]: dropped on the caller's thread, its port free
+/// when it returns) instead of the last of those tasks once it has seen `stop`. Each use holds
+/// a read lock for one poll, never across an await.
+#[derive(Debug)]
+pub struct UdpListening {
+    socket: RwLock<Option<UdpSocket>>,
+    /// The receive loop, waiting while the socket is closed.
+    waiting: futures_util::task::AtomicWaker,
+}
+
+impl UdpListening {
+    /// Wraps a bound socket.
+    pub fn new(socket: UdpSocket) -> Arc<UdpListening> {
+        Arc::new(UdpListening {
+            socket: RwLock::new(Some(socket)),
+            waiting: Default::default(),
+        })
+    }
+
+    /// Puts a socket back after a close (a config that closed it for its own bind was
+    /// rejected); the listener receives on it.
+    pub fn reopen(&self, socket: UdpSocket) {
+        *self.socket.write().unwrap_or_else(|e| e.into_inner()) = Some(socket);
+        self.waiting.wake();
+    }
+
+    /// Closes the socket now; false if it was closed already. Its tasks end on `stop`.
+    pub fn close(&self) -> bool {
+        let taken = self
+            .socket
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        taken.is_some()
+    }
+
+    fn read(&self) -> RwLockReadGuard<'_, Option<UdpSocket>> {
+        self.socket.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn local_addr(&self) -> Option<SocketAddr> {
+        self.read().as_ref().and_then(|s| s.local_addr().ok())
+    }
+
+    /// The next datagram into `buf`: its length and sender. While closed none comes (the
+    /// caller stops on `stop`, sent with the close, unless the socket is put back).
+    async fn recv_from(&self, buf: &mut [u8]) -> std::io::Result<(usize, SocketAddr)> {
+        std::future::poll_fn(|cx| {
+            let socket = self.read();
+            let Some(s) = socket.as_ref() else {
+                self.waiting.register(cx.waker());
+                return Poll::Pending;
+            };
+            let mut read = ReadBuf::new(buf);
+            let from = ready!(s.poll_recv_from(cx, &mut read))?;
+            Poll::Ready(Ok((read.filled().len(), from)))
+        })
+        .await
+    }
+
+    /// Sends `buf` to `to`; dropped once closed.
+    async fn send_to(&self, buf: &[u8], to: SocketAddr) -> std::io::Result<usize> {
+        std::future::poll_fn(|cx| match self.read().as_ref() {
+            Some(s) => s.poll_send_to(cx, buf, to),
+            None => Poll::Ready(Ok(0)),
+        })
+        .await
+    }
+}
+
 /// Runs a UDP proxy listener on `socket` until `stop` turns true.
 pub async fn run_udp(
     shared: Arc<Shared>,
-    socket: Arc<UdpSocket>,
+    socket: Arc<UdpListening>,
     key: BindKey,
     mut stop: watch::Receiver<bool>,
 ) {
     let epoch = Instant::now();
     let table: Table = Arc::default();
     let mut buf = vec![0u8; HEADROOM + MAX_DATAGRAM];
-    let local = socket.local_addr().ok();
+    let local = socket.local_addr();
     loop {
         let (n, client) = tokio::select! {
             r = socket.recv_from(&mut buf[HEADROOM..]) => match r {
@@ -97,7 +174,7 @@ async fn open(
     client: SocketAddr,
     local: Option<SocketAddr>,
     epoch: Instant,
-    socket: &Arc<UdpSocket>,
+    socket: &Arc<UdpListening>,
     stop: &watch::Receiver<bool>,
 ) -> Option<Arc<Session>> {
     let snap = shared.snapshot();
@@ -177,7 +254,7 @@ async fn open(
 async fn relay(
     session: Arc<Session>,
     table: Table,
-    socket: Arc<UdpSocket>,
+    socket: Arc<UdpListening>,
     client: SocketAddr,
     epoch: Instant,
     idle: Duration,

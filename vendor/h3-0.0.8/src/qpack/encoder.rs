@@ -12,8 +12,8 @@ use super::{
         Error as DynamicTableError,
     },
     parse_error::ParseError,
-    prefix_int::Error as IntError,
-    prefix_string::Error as StringError,
+    prefix_int::{self, Error as IntError},
+    prefix_string::{self, Error as StringError},
     static_::StaticTable,
     stream::{
         DecoderInstruction, Duplicate, DynamicTableSizeUpdate, HeaderAck, InsertCountIncrement,
@@ -212,6 +212,71 @@ where
         size += field.mem_size() as u64;
     }
     Ok(size)
+}
+
+/// Sweety patch (vendor/README.md): `encode_stateless` of a response head, read from the
+/// status and the `HeaderMap` in place. Upstream's path (`Header::response` turned into
+/// `HeaderField`s) copied every name and value into two new `Vec`s and each literal's strings
+/// into two more; this writes the same field lines from the borrowed octets, into a block
+/// reserved once. The value of `x-request-id` is written as it is, never Huffman-coded
+/// (`stateless_value`). Returns the field section's size as `encode_stateless` does.
+pub fn encode_response_stateless(
+    block: &mut bytes::BytesMut,
+    status: http::StatusCode,
+    fields: &http::HeaderMap,
+) -> Result<u64, EncoderError> {
+    // Reserved once: the prefix (2 octets), `:status` (at most 5), and each field line's
+    // strings plus 3 octets for its lengths or index (a Huffman-coded string is never longer
+    // than its octets). Only a hint: a longer length prefix grows the block as before.
+    let lines: usize = fields
+        .iter()
+        .map(|(n, v)| n.as_str().len() + v.len() + 3)
+        .sum();
+    block.reserve(2 + 5 + lines);
+    HeaderPrefix::new(0, 0, 0, 0).encode(block);
+    let mut size = stateless_field(block, b":status", status.as_str().as_bytes())?;
+    for (name, value) in fields {
+        size += stateless_field(block, name.as_str().as_bytes(), value.as_bytes())?;
+    }
+    Ok(size)
+}
+
+/// Sweety patch (vendor/README.md): one field line of `encode_response_stateless`, as
+/// `encode_stateless` writes it (indexed when the static table has the field, else a literal
+/// with the static name's index, else a literal name), from borrowed octets; its size.
+fn stateless_field<W: BufMut>(
+    block: &mut W,
+    name: &[u8],
+    value: &[u8],
+) -> Result<u64, EncoderError> {
+    if let Some(index) = StaticTable::find_parts(name, value) {
+        Indexed::Static(index).encode(block);
+    } else if let Some(index) = StaticTable::find_name(name) {
+        // LiteralWithNameRef::Static
+        prefix_int::encode(4, 0b0101, index as u64, block);
+        stateless_value(name, value, block)?;
+    } else {
+        // Literal
+        prefix_string::encode(4, 0b0010, name, block)?;
+        stateless_value(name, value, block)?;
+    }
+    Ok((name.len() + value.len() + super::field::ESTIMATED_OVERHEAD_BYTES) as u64)
+}
+
+/// Sweety patch (vendor/README.md): a literal field value. `x-request-id` (the dataplane puts
+/// a new random id of 32 hex digits on every response) is written as it is: Huffman-coding it
+/// cost ~15 instructions an octet to save 9 of its 32 octets. Any other value as before.
+fn stateless_value<W: BufMut>(
+    name: &[u8],
+    value: &[u8],
+    block: &mut W,
+) -> Result<(), EncoderError> {
+    if name == b"x-request-id" {
+        prefix_string::encode_raw(8, 0, value, block)?;
+    } else {
+        prefix_string::encode(8, 0, value, block)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

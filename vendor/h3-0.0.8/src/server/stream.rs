@@ -27,7 +27,7 @@ use http::{response, HeaderMap, Response};
 use quic::StreamId;
 
 use crate::{
-    proto::{frame::Frame, headers::Header},
+    proto::frame::Frame,
     qpack,
     quic::SendStream as _,
     stream::{self},
@@ -121,15 +121,16 @@ where
         let response::Parts {
             status, headers, ..
         } = parts;
-        let headers = Header::response(status, headers);
-
+        // Sweety patch (vendor/README.md): the head is encoded from the status and the
+        // `HeaderMap` in place, not through `Header::response`'s owned `HeaderField`s.
         let mut block = BytesMut::new();
-        let mem_size = qpack::encode_stateless(&mut block, headers).map_err(|_e| {
-            self.handle_connection_error_on_stream(InternalConnectionError {
-                code: Code::H3_INTERNAL_ERROR,
-                message: "Failed to encode headers".to_string(),
-            })
-        })?;
+        let mem_size =
+            qpack::encode_response_stateless(&mut block, status, &headers).map_err(|_e| {
+                self.handle_connection_error_on_stream(InternalConnectionError {
+                    code: Code::H3_INTERNAL_ERROR,
+                    message: "Failed to encode headers".to_string(),
+                })
+            })?;
 
         let max_mem_size = self.inner.settings().max_field_section_size;
 

@@ -2749,6 +2749,13 @@ impl Connection {
         number: u64,
         packet: Packet,
     ) -> Result<(), TransportError> {
+        // Sweety patch (vendor/README.md): a peer that leaves more of our packets
+        // unacknowledged than our windows explain is closed, not kept at our expense.
+        if self.spaces[SpaceId::Data].sent_packets.len() > self.max_sent_packets() {
+            return Err(TransportError::PROTOCOL_VIOLATION(
+                "too many of our packets left unacknowledged",
+            ));
+        }
         let payload = packet.payload.freeze();
         let mut is_probing_packet = true;
         let mut close = None;
@@ -3489,6 +3496,26 @@ impl Connection {
         for &timer in &Timer::VALUES {
             self.timers.stop(timer);
         }
+    }
+
+    /// Sweety patch (vendor/README.md): the most packets of the Data space we keep state for;
+    /// a peer that leaves more unacknowledged is closed. An honest peer acknowledges what it
+    /// receives within about a round trip (what it skips is then declared lost), so we keep
+    /// about one window each way: ACK-eliciting packets carrying at most `send_window` bytes
+    /// of stream data, and ACK-only packets answering the peer's (one per two), whose data is
+    /// at most `receive_window` bytes; plus the ACK-only packets after our latest
+    /// ACK-eliciting one, of which `PacketSpace::sent` keeps at most 1,001. The limit counts
+    /// both windows in 64-byte packets, 19x the full-size packets (1,200-1,452 bytes) of a
+    /// 1500-byte path. Upstream forgets only that tail: a peer that acknowledges just our
+    /// oldest packets keeps every earlier run of ACK-only packets for as long as it sends.
+    fn max_sent_packets(&self) -> usize {
+        const TAIL: u64 = 1_001;
+        const MIN_PACKET: u64 = 64;
+        let windows = self
+            .config
+            .send_window
+            .saturating_add(self.config.receive_window.into_inner());
+        usize::try_from(TAIL + windows / MIN_PACKET).unwrap_or(usize::MAX)
     }
 
     fn set_close_timer(&mut self, now: Instant) {

@@ -75,6 +75,14 @@ pub fn encode<B: BufMut>(size: u8, flags: u8, value: &[u8], buf: &mut B) -> Resu
     Ok(())
 }
 
+/// Sweety patch (vendor/README.md): the octets as they are (H bit clear), never Huffman-coded:
+/// for values that are new on every response, where coding costs more than the octets saved.
+pub fn encode_raw<B: BufMut>(size: u8, flags: u8, value: &[u8], buf: &mut B) -> Result<(), Error> {
+    prefix_int::encode(size - 1, flags << 1, value.len().try_into()?, buf);
+    buf.put_slice(value);
+    Ok(())
+}
+
 impl From<HuffmanEncodingError> for Error {
     fn from(error: HuffmanEncodingError) -> Self {
         Error::HuffmanEncoding(error)

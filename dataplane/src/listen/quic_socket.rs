@@ -1,0 +1,215 @@
+//! The UDP socket of an HTTP/3 endpoint, closable by the reload: quinn reads and writes it
+//! through [`quinn::AsyncUdpSocket`] from its endpoint and connection tasks, and quinn alone
+//! would close it only once the last of those has ended (after the listener's connections
+//! have drained). [`QuicSocket::close`] drops the socket on the caller's thread instead, so
+//! its port is free when it returns, for a listener a later config binds there.
+//!
+//! A QUIC connection has no socket of its own: closing the endpoint's ends its connections
+//! (after the close nothing is received and what is sent is dropped, as lost datagrams), so
+//! the reload closes a removed listener's only when a new socket needs its port, and its
+//! connections drain until then. A socket closed for a config that is then rejected is put
+//! back ([`QuicSocket::reopen`], bound again on its address). The lock is a read lock held for
+//! one poll or one send, never across an await; only a close or a reopen takes it for writing.
+
+use futures_util::task::AtomicWaker;
+use std::io::{self, IoSliceMut};
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::{Arc, RwLock, RwLockReadGuard};
+use std::task::{ready, Context, Poll};
+use tokio::io::Interest;
+use tokio::net::UdpSocket;
+
+use quinn::udp::{RecvMeta, Transmit, UdpSocketState};
+
+/// A UDP socket for a quinn endpoint that can be closed while quinn's tasks hold it.
+#[derive(Debug)]
+pub struct QuicSocket {
+    io: RwLock<Option<Io>>,
+    /// The endpoint's receive task, waiting while the socket is closed.
+    waiting: AtomicWaker,
+    local: SocketAddr,
+}
+
+/// The socket and its offload and ECN state (which has no file descriptor of its own).
+#[derive(Debug)]
+struct Io {
+    socket: UdpSocket,
+    state: UdpSocketState,
+}
+
+impl Io {
+    fn new(sock: std::net::UdpSocket) -> io::Result<Io> {
+        let state = UdpSocketState::new((&sock).into())?;
+        Ok(Io {
+            socket: UdpSocket::from_std(sock)?,
+            state,
+        })
+    }
+}
+
+impl QuicSocket {
+    /// Wraps a bound, non-blocking UDP socket. Must be called inside a tokio runtime.
+    pub fn new(sock: std::net::UdpSocket) -> io::Result<Arc<QuicSocket>> {
+        let local = sock.local_addr()?;
+        Ok(Arc::new(QuicSocket {
+            io: RwLock::new(Some(Io::new(sock)?)),
+            waiting: AtomicWaker::new(),
+            local,
+        }))
+    }
+
+    /// Closes the socket now: its port is free when this returns. False if it was closed
+    /// already.
+    pub fn close(&self) -> bool {
+        let taken = self.io.write().unwrap_or_else(|e| e.into_inner()).take();
+        taken.is_some()
+    }
+
+    /// Puts a socket bound on [`QuicSocket::local`] back after a close; the endpoint receives
+    /// and sends on it (its connections' datagrams in between were lost).
+    pub fn reopen(&self, sock: std::net::UdpSocket) -> io::Result<()> {
+        let io = Io::new(sock)?;
+        *self.io.write().unwrap_or_else(|e| e.into_inner()) = Some(io);
+        self.waiting.wake();
+        Ok(())
+    }
+
+    /// The address it was bound to.
+    pub fn local(&self) -> SocketAddr {
+        self.local
+    }
+
+    /// Whether it is closed.
+    pub fn is_closed(&self) -> bool {
+        self.read().is_none()
+    }
+
+    fn read(&self) -> RwLockReadGuard<'_, Option<Io>> {
+        self.io.read().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl quinn::AsyncUdpSocket for QuicSocket {
+    fn create_io_poller(self: Arc<Self>) -> Pin<Box<dyn quinn::UdpPoller>> {
+        Box::pin(Writable(self))
+    }
+
+    fn try_send(&self, transmit: &Transmit) -> io::Result<()> {
+        match self.read().as_ref() {
+            Some(Io { socket, state }) => {
+                socket.try_io(Interest::WRITABLE, || state.send(socket.into(), transmit))
+            }
+            // Closed: dropped, as a lost datagram.
+            None => Ok(()),
+        }
+    }
+
+    fn poll_recv(
+        &self,
+        cx: &mut Context,
+        bufs: &mut [IoSliceMut<'_>],
+        meta: &mut [RecvMeta],
+    ) -> Poll<io::Result<usize>> {
+        let io = self.read();
+        // Closed: nothing arrives until a reopen.
+        let Some(Io { socket, state }) = io.as_ref() else {
+            self.waiting.register(cx.waker());
+            return Poll::Pending;
+        };
+        loop {
+            ready!(socket.poll_recv_ready(cx))?;
+            if let Ok(n) =
+                socket.try_io(Interest::READABLE, || state.recv(socket.into(), bufs, meta))
+            {
+                return Poll::Ready(Ok(n));
+            }
+        }
+    }
+
+    fn local_addr(&self) -> io::Result<SocketAddr> {
+        Ok(self.local)
+    }
+
+    fn may_fragment(&self) -> bool {
+        self.read()
+            .as_ref()
+            .is_none_or(|io| io.state.may_fragment())
+    }
+
+    fn max_transmit_segments(&self) -> usize {
+        self.read()
+            .as_ref()
+            .map_or(1, |io| io.state.max_gso_segments())
+    }
+
+    fn max_receive_segments(&self) -> usize {
+        self.read().as_ref().map_or(1, |io| io.state.gro_segments())
+    }
+}
+
+/// Waits until the socket can be written (at once once it is closed: the send drops).
+#[derive(Debug)]
+struct Writable(Arc<QuicSocket>);
+
+impl quinn::UdpPoller for Writable {
+    fn poll_writable(self: Pin<&mut Self>, cx: &mut Context) -> Poll<io::Result<()>> {
+        match self.0.read().as_ref() {
+            Some(io) => io.socket.poll_send_ready(cx),
+            None => Poll::Ready(Ok(())),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use quinn::AsyncUdpSocket;
+
+    /// Closing frees the port at once while another holder of the socket (as quinn's tasks
+    /// are) still has it; sends after the close are dropped without an error, nothing is
+    /// received, and the poller does not wait. A socket put back receives again.
+    #[tokio::test]
+    async fn close_frees_the_port_while_the_socket_is_held() {
+        let sock = crate::listen::quic::bind_udp("127.0.0.1:0".parse().unwrap()).unwrap();
+        let s = QuicSocket::new(sock).unwrap();
+        let held = s.clone();
+        let addr = s.local_addr().unwrap();
+        assert!(crate::listen::quic::bind_udp(addr).is_err(), "in use");
+        assert!(!held.is_closed());
+        assert!(s.close());
+        assert!(!s.close(), "closed once");
+        assert!(held.is_closed());
+        let again = crate::listen::quic::bind_udp(addr).expect("the port is free");
+        let payload = [1u8; 8];
+        let t = Transmit {
+            destination: again.local_addr().unwrap(),
+            ecn: None,
+            contents: &payload,
+            segment_size: None,
+            src_ip: None,
+        };
+        held.try_send(&t).unwrap();
+        let waker = futures_util::task::noop_waker();
+        let mut cx = Context::from_waker(&waker);
+        let mut buf = [0u8; 64];
+        let mut bufs = [IoSliceMut::new(&mut buf)];
+        let mut meta = [RecvMeta::default()];
+        assert!(held.poll_recv(&mut cx, &mut bufs, &mut meta).is_pending());
+        let mut poller = held.clone().create_io_poller();
+        assert!(matches!(
+            poller.as_mut().poll_writable(&mut cx),
+            Poll::Ready(Ok(()))
+        ));
+        // Put back (a rejected config): it receives on the address again.
+        held.reopen(again).unwrap();
+        assert!(!s.is_closed());
+        let client = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        client.send_to(b"back", addr).unwrap();
+        let n = std::future::poll_fn(|cx| held.poll_recv(cx, &mut bufs, &mut meta))
+            .await
+            .unwrap();
+        assert_eq!(n, 1);
+        assert_eq!(&buf[..meta[0].len], b"back");
+    }
+}
