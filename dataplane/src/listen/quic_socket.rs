@@ -16,7 +16,7 @@ use std::io::{self, IoSliceMut};
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::{Arc, RwLock, RwLockReadGuard};
-use std::task::{ready, Context, Poll};
+use std::task::{ready, Context, Poll, Waker};
 use tokio::io::Interest;
 use tokio::net::UdpSocket;
 
@@ -28,7 +28,76 @@ pub struct QuicSocket {
     io: RwLock<Option<Io>>,
     /// The endpoint's receive task, waiting while the socket is closed.
     waiting: AtomicWaker,
+    /// The connections waiting for room to send.
+    writers: Writers,
     local: SocketAddr,
+}
+
+/// The tasks waiting for a UDP socket shared by several of them to take more datagrams. tokio
+/// keeps one waker per socket for `poll_send_ready` / `poll_send_to` (the last caller's), so
+/// each waiter registers here and tokio is given one waker that wakes them all. At most one
+/// entry per waiting task (the connections of an endpoint, the sessions of a UDP listener);
+/// a wake empties it.
+#[derive(Debug)]
+pub(crate) struct Writers {
+    waiting: Arc<Waiting>,
+    /// Wakes every waiting task; the waker tokio gets.
+    all: Waker,
+}
+
+#[derive(Debug, Default)]
+struct Waiting(std::sync::Mutex<Vec<Waker>>);
+
+impl std::task::Wake for Waiting {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        let woken = std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()));
+        for w in woken {
+            w.wake();
+        }
+    }
+}
+
+impl Default for Writers {
+    fn default() -> Writers {
+        let waiting = Arc::new(Waiting::default());
+        Writers {
+            all: Waker::from(waiting.clone()),
+            waiting,
+        }
+    }
+}
+
+impl Writers {
+    /// Polls `send` (a `poll_send_*` of the shared socket) for the task of `cx`: when the
+    /// socket is full the task is registered and woken with every other waiting one.
+    pub(crate) fn poll<T>(
+        &self,
+        cx: &mut Context<'_>,
+        mut send: impl FnMut(&mut Context<'_>) -> Poll<io::Result<T>>,
+    ) -> Poll<io::Result<T>> {
+        let mut all = Context::from_waker(&self.all);
+        if let Poll::Ready(r) = send(&mut all) {
+            return Poll::Ready(r);
+        }
+        {
+            let mut w = self.waiting.0.lock().unwrap_or_else(|e| e.into_inner());
+            if !w.iter().any(|w| w.will_wake(cx.waker())) {
+                w.push(cx.waker().clone());
+            }
+        }
+        // Again, now registered: a wake between the first poll and the registration is not
+        // lost.
+        send(&mut all)
+    }
+
+    /// Wakes every waiting task (the socket closed, or put back).
+    pub(crate) fn wake_all(&self) {
+        self.all.wake_by_ref();
+    }
 }
 
 /// The socket and its offload and ECN state (which has no file descriptor of its own).
@@ -55,6 +124,7 @@ impl QuicSocket {
         Ok(Arc::new(QuicSocket {
             io: RwLock::new(Some(Io::new(sock)?)),
             waiting: AtomicWaker::new(),
+            writers: Writers::default(),
             local,
         }))
     }
@@ -63,6 +133,7 @@ impl QuicSocket {
     /// already.
     pub fn close(&self) -> bool {
         let taken = self.io.write().unwrap_or_else(|e| e.into_inner()).take();
+        self.writers.wake_all();
         taken.is_some()
     }
 
@@ -72,6 +143,7 @@ impl QuicSocket {
         let io = Io::new(sock)?;
         *self.io.write().unwrap_or_else(|e| e.into_inner()) = Some(io);
         self.waiting.wake();
+        self.writers.wake_all();
         Ok(())
     }
 
@@ -155,7 +227,7 @@ struct Writable(Arc<QuicSocket>);
 impl quinn::UdpPoller for Writable {
     fn poll_writable(self: Pin<&mut Self>, cx: &mut Context) -> Poll<io::Result<()>> {
         match self.0.read().as_ref() {
-            Some(io) => io.socket.poll_send_ready(cx),
+            Some(io) => self.0.writers.poll(cx, |cx| io.socket.poll_send_ready(cx)),
             None => Poll::Ready(Ok(())),
         }
     }
@@ -165,6 +237,45 @@ impl quinn::UdpPoller for Writable {
 mod tests {
     use super::*;
     use quinn::AsyncUdpSocket;
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+
+    struct Count(AtomicUsize);
+
+    impl std::task::Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, SeqCst);
+        }
+    }
+
+    /// Every task that found the shared socket full is woken when it takes datagrams again
+    /// (tokio wakes the one waker it was given), each once however often it polled; the next
+    /// wake finds none.
+    #[test]
+    fn every_waiting_writer_is_woken() {
+        let writers = Writers::default();
+        let counts: Vec<Arc<Count>> = (0..3)
+            .map(|_| Arc::new(Count(AtomicUsize::new(0))))
+            .collect();
+        let wakers: Vec<Waker> = counts.iter().map(|c| Waker::from(c.clone())).collect();
+        let mut given = Vec::new();
+        for w in wakers.iter().chain(&wakers[..1]) {
+            let mut cx = Context::from_waker(w);
+            let full = writers.poll(&mut cx, |cx| -> Poll<io::Result<()>> {
+                given.push(cx.waker().clone());
+                Poll::Pending
+            });
+            assert!(full.is_pending());
+        }
+        // What tokio keeps: the waker of the last poll, the same for every task.
+        assert!(given.iter().all(|g| g.will_wake(&given[0])));
+        given.pop().unwrap().wake();
+        assert!(counts.iter().all(|c| c.0.load(SeqCst) == 1));
+        writers.wake_all();
+        assert!(counts.iter().all(|c| c.0.load(SeqCst) == 1));
+        let mut cx = Context::from_waker(&wakers[0]);
+        let ready = writers.poll(&mut cx, |_| Poll::Ready(Ok(7)));
+        assert!(matches!(ready, Poll::Ready(Ok(7))));
+    }
 
     /// Closing frees the port at once while another holder of the socket (as quinn's tasks
     /// are) still has it; sends after the close are dropped without an error, nothing is

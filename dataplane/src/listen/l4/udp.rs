@@ -47,6 +47,8 @@ pub struct UdpListening {
     socket: RwLock<Option<UdpSocket>>,
     /// The receive loop, waiting while the socket is closed.
     waiting: futures_util::task::AtomicWaker,
+    /// The relays waiting for room to send.
+    writers: crate::listen::quic_socket::Writers,
 }
 
 impl UdpListening {
@@ -55,6 +57,7 @@ impl UdpListening {
         Arc::new(UdpListening {
             socket: RwLock::new(Some(socket)),
             waiting: Default::default(),
+            writers: Default::default(),
         })
     }
 
@@ -63,6 +66,7 @@ impl UdpListening {
     pub fn reopen(&self, socket: UdpSocket) {
         *self.socket.write().unwrap_or_else(|e| e.into_inner()) = Some(socket);
         self.waiting.wake();
+        self.writers.wake_all();
     }
 
     /// Closes the socket now; false if it was closed already. Its tasks end on `stop`.
@@ -72,6 +76,7 @@ impl UdpListening {
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .take();
+        self.writers.wake_all();
         taken.is_some()
     }
 
@@ -102,7 +107,7 @@ impl UdpListening {
     /// Sends `buf` to `to`; dropped once closed.
     async fn send_to(&self, buf: &[u8], to: SocketAddr) -> std::io::Result<usize> {
         std::future::poll_fn(|cx| match self.read().as_ref() {
-            Some(s) => s.poll_send_to(cx, buf, to),
+            Some(s) => self.writers.poll(cx, |cx| s.poll_send_to(cx, buf, to)),
             None => Poll::Ready(Ok(0)),
         })
         .await
