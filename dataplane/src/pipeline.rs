@@ -107,6 +107,10 @@ impl sweety_h2::H2Service for H2Pipeline {
         self.shared.metrics.edge_events.inc(&"h2_connection_error");
     }
 
+    fn blocked_at_eof(&self) {
+        self.shared.metrics.edge_events.inc(&"h2_blocked_at_eof");
+    }
+
     fn on_poll(&mut self) {
         if !self.shared.is_current(&self.snap) {
             // A reload happened: hold no older config than the in-flight requests do.

@@ -280,6 +280,9 @@ async fn a_half_closed_h2_client_gets_its_blocked_streams_released_and_the_rest_
     for id in [1, 3, 5] {
         assert_eq!(data[&id], 65_535, "stream {id} got nothing more");
     }
+    // Each reset is counted (before its RST_STREAM is written).
+    let metrics = &h.runtime.shared.metrics;
+    assert_eq!(metrics.edge_events.get(&"h2_blocked_at_eof"), 3);
     assert!(ended7, "the stream with window finished");
     assert_eq!(data[&7], HUGE);
     eprintln!(
