@@ -1587,6 +1587,59 @@ hostnames: [gateway-listener.com]\n  rules: [{{matches: [{{path: {{type: PathPre
         );
     }
 
+    /// A SweetySite's status is written by the same worker under the same gate (its
+    /// `Programmed` condition waits for the dataplane's answer): a Nack of its generation
+    /// writes the rejection, and the Ack that follows (the full config sent again) must
+    /// replace it with `translate`'s own status.
+    #[tokio::test]
+    async fn an_ack_after_a_nack_rewrites_a_sweetysites_status() {
+        const NACK: &str =
+            "config rejected: cannot bind 0.0.0.0:443: Address already in use (os error 98)";
+        let api = FakeApi::start().await;
+        let (snapshot, _) = crate::translate::Snapshot::from_yaml(include_str!(
+            "../testdata/translate/site-configmap.in.yaml"
+        ))
+        .unwrap();
+        let statuses =
+            crate::translate::translate(&snapshot, &crate::translate::Params::default()).statuses;
+        let site = ObjectKey::new("SweetySite", "web", "www");
+        assert!(programmed(&statuses[&site]), "{:?}", statuses.get(&site));
+        let (push_tx, push) = watch::channel(PushState {
+            connected: true,
+            submitted: 7,
+            acked: 6,
+            ..Default::default()
+        });
+        let (mut w, _leader) = test_worker(&api, Cached::of(&snapshot), push);
+        w.shared
+            .queue()
+            .offer(&statuses, &StatusChanges::All, 7, Instant::now());
+        drain(&mut w).await;
+        assert!(api.writes().is_empty(), "{:?}", api.writes());
+
+        push_tx.send_modify(|s| s.last_nack = Some((7, vec![NACK.into()])));
+        w.push_changed();
+        drain(&mut w).await;
+        assert_eq!(api.writes().get("SweetySite"), Some(&1));
+        let written = conditions_in(&api.last()[&site]);
+        assert!(
+            written.iter().any(|c| c[0] == "Programmed"
+                && c[1] == "False"
+                && c[2] == "Invalid"
+                && c[3].contains("Address already in use")),
+            "{written:?}"
+        );
+
+        push_tx.send_modify(|s| s.acked = 7);
+        w.push_changed();
+        drain(&mut w).await;
+        assert_eq!(api.writes().get("SweetySite"), Some(&2));
+        let written = &api.last()[&site];
+        assert!(!written.to_string().contains("rejected"), "{written}");
+        assert_eq!(conditions_in(written), translated(&statuses[&site]));
+        assert!(w.shared.queue().unacked.is_empty());
+    }
+
     #[test]
     fn token_bucket_allows_a_burst_then_the_rate() {
         let t0 = Instant::now();

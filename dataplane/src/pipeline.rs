@@ -107,6 +107,10 @@ impl sweety_h2::H2Service for H2Pipeline {
         self.shared.metrics.edge_events.inc(&"h2_connection_error");
     }
 
+    fn blocked_at_eof(&self) {
+        self.shared.metrics.edge_events.inc(&"h2_blocked_at_eof");
+    }
+
     fn on_poll(&mut self) {
         if !self.shared.is_current(&self.snap) {
             // A reload happened: hold no older config than the in-flight requests do.
@@ -472,13 +476,14 @@ struct Matched<'a> {
 }
 
 /// What [`route`] decided: the answer (a refusal, a redirect, a cache hit…), or the
-/// route's action to run. `Acting` is boxed: the answered requests (cache hits) then copy
-/// ~250 bytes back, not ~470.
+/// route's action to run. `Acting` is not boxed: [`act`] takes it apart before any await (the
+/// request into the action's own allocation, the rest into its future); boxed, it cost every
+/// routed request an allocation and a copy of its ~450 bytes into fresh memory.
 // Boxing `Answered` instead would allocate for every answered request.
 #[allow(clippy::large_enum_variant)]
 enum Routed<'a> {
     Answered(Served<'a>),
-    Act(Box<Acting<'a>>),
+    Act(Acting<'a>),
     /// The route asks for credentials: checked (async) before the rest of phase 4.
     Auth(Box<Authenticating<'a>>),
 }
@@ -497,10 +502,22 @@ struct Authenticating<'a> {
     in_flight: Vec<crate::access::InFlightGuard>,
 }
 
-/// What phase 5 (the action) needs from phases 2–4.
+/// What phase 5 (the action) needs from phases 2–4: the request, which [`start_action`]
+/// takes whole, and what [`act`] keeps for the response phase.
 struct Acting<'a> {
     route_name: Arc<str>,
     matched: Matched<'a>,
+    request: ActionRequest<'a>,
+    in_flight: Vec<crate::access::InFlightGuard>,
+    /// What an error page request needs of this request, taken before the route's request
+    /// filters (routes with error pages only).
+    /// (One boxed field: the request future stays small.)
+    pages: Option<Box<crate::error_pages::Plan<'a>>>,
+}
+
+/// The request as the route's action takes it ([`start_action`]), and how the action is to
+/// run it.
+struct ActionRequest<'a> {
     parts: http::request::Parts,
     body: Body,
     /// (Boxed: upgrades are rare, and the request future stays small.)
@@ -510,11 +527,6 @@ struct Acting<'a> {
     /// The cache policy and key of a cacheable request, and what the lookup found.
     cache: Option<(&'a sweety_config::CachePolicy, crate::cache::RequestKey)>,
     found: Option<crate::cache::Found>,
-    in_flight: Vec<crate::access::InFlightGuard>,
-    /// What an error page request needs of this request, taken before the route's request
-    /// filters (routes with error pages only).
-    /// (One boxed field: the request future stays small.)
-    pages: Option<Box<crate::error_pages::Plan<'a>>>,
 }
 
 /// Phases 2–5. Phases 2–4 and a fresh cache hit are plain code ([`route`]), run when this is
@@ -853,93 +865,81 @@ fn after_access<'a>(
             Err(f) => found = f,
         }
     }
-    Routed::Act(Box::new(Acting {
+    Routed::Act(Acting {
         route_name,
         matched,
-        parts,
-        body,
-        upgrade: upgrade.map(Box::new),
-        web,
-        cache: cache_key,
-        found,
+        request: ActionRequest {
+            parts,
+            body,
+            upgrade: upgrade.map(Box::new),
+            web,
+            cache: cache_key,
+            found,
+        },
         in_flight,
         pages,
-    }))
+    })
 }
 
-/// Phase 5: the route's action, under its request timeout. Its future holds what the
-/// response phase needs of the request and the action's future ([`ActionFuture`]), boxed where the
-/// action starts ([`start_action`]): the request's head and body are moved into that box
-/// before the first await, never kept beside it.
-async fn act<'a>(
-    shared: &Shared,
+/// Phase 5: starts the route's action with the request ([`start_action`]: the request's head
+/// and body go into the action's own allocation now, before any await) and returns the future
+/// of its answer under the route's request timeout, which holds what the response phase needs
+/// and the action's future ([`ActionFuture`]), never the request. A plain function: as an
+/// `async fn` it took [`Acting`] boxed (an allocation and a copy per request), or kept it
+/// whole in its future. Inlined, so that the future is built where its caller keeps it
+/// (returned from a call that is not inlined, a future is copied whole once more).
+#[inline(always)]
+fn act<'x, 'a: 'x>(
+    shared: &'x Shared,
     snap: &'a crate::state::Snapshot,
-    ctx: &RequestCtx,
-    a: Box<Acting<'a>>,
-) -> Served<'a> {
+    ctx: &'x RequestCtx,
+    a: Acting<'a>,
+) -> impl std::future::Future<Output = Served<'a>> + use<'x, 'a> {
     let Acting {
         route_name,
         matched,
-        parts,
-        body,
-        upgrade,
-        web,
-        cache,
-        found,
+        request,
         in_flight,
         pages,
-    } = *a;
-    let entry = matched.entry;
-    let route = &entry.route;
-    let content = entry.filters.content();
+    } = a;
     let mut received: Option<Arc<AtomicU64>> = None;
-    let start = Start {
-        entry,
-        parts,
-        body,
-        upgrade,
-        web,
-        cache,
-        found,
-        pages: pages.as_deref(),
-    };
-    let action = start_action(shared, snap, ctx, start, &mut received);
-    let resp = match route.timeouts.request {
-        Some(t) => match tokio::time::timeout(t.get(), action).await {
-            Ok(r) => r,
-            Err(_) => {
-                shared.metrics.upstream_error("request_timeout");
-                text_response(
-                    StatusCode::GATEWAY_TIMEOUT,
-                    "504 Gateway Timeout: request timeout exceeded\n",
-                )
+    let action = start_action(
+        shared,
+        snap,
+        ctx,
+        matched.entry,
+        request,
+        pages.as_deref(),
+        &mut received,
+    );
+    async move {
+        let entry = matched.entry;
+        let content = entry.filters.content();
+        let resp = match entry.route.timeouts.request {
+            Some(t) => match tokio::time::timeout(t.get(), action).await {
+                Ok(r) => r,
+                Err(_) => {
+                    shared.metrics.upstream_error("request_timeout");
+                    text_response(
+                        StatusCode::GATEWAY_TIMEOUT,
+                        "504 Gateway Timeout: request timeout exceeded\n",
+                    )
+                }
+            },
+            None => action.await,
+        };
+        // Phase 5b: a listed status of the action replaced by the route's error page.
+        let resp = match (content.error_pages.as_deref(), pages) {
+            (Some(e), Some(plan)) => {
+                Box::pin(e.finish(*plan, resp, &snap.upstreams, ctx, &shared.metrics)).await
             }
-        },
-        None => action.await,
-    };
-    // Phase 5b: a listed status of the action replaced by the route's error page.
-    let resp = match (content.error_pages.as_deref(), pages) {
-        (Some(e), Some(plan)) => {
-            Box::pin(e.finish(*plan, resp, &snap.upstreams, ctx, &shared.metrics)).await
-        }
-        (_, _) => resp,
-    };
-    let resp = crate::access::hold(resp, in_flight);
-    let mut served = Served::routed(route_name, resp, matched, None);
-    served.received = received;
-    served
-}
-
-/// What [`start_action`] takes of the request ([`Acting`] without what [`act`] keeps).
-struct Start<'a, 'p> {
-    entry: &'a crate::router::RouteEntry,
-    parts: http::request::Parts,
-    body: Body,
-    upgrade: Option<Box<crate::websocket::UpgradeRequest>>,
-    web: Option<crate::grpc::GrpcKind>,
-    cache: Option<(&'a sweety_config::CachePolicy, crate::cache::RequestKey)>,
-    found: Option<crate::cache::Found>,
-    pages: Option<&'p crate::error_pages::Plan<'a>>,
+            (_, _) => resp,
+        };
+        let resp = crate::access::hold(resp, in_flight);
+        let mut served = Served::routed(route_name, resp, matched, None);
+        served.received = received;
+        served
+    }
 }
 
 /// The future of a route's action: an answer made at once (a fixed reply), or the action
@@ -962,26 +962,27 @@ impl std::future::Future for ActionFuture<'_> {
     }
 }
 
-/// Starts the route's action (phase 5) with the request: the proxy (WebSocket, gRPC-Web,
-/// through the cache, or straight to the backend), static files or a fixed reply. Sets
-/// `received` to the request body's byte counter when a proxied request has a body.
+/// Starts `entry`'s action (phase 5) with the request: the proxy (WebSocket, gRPC-Web,
+/// through the cache, or straight to the backend), static files or a fixed reply; `pages`:
+/// the route's error page plan for this request. Sets `received` to the request body's byte
+/// counter when a proxied request has a body.
 fn start_action<'x, 'a: 'x>(
     shared: &'x Shared,
     snap: &'a crate::state::Snapshot,
     ctx: &'x RequestCtx,
-    s: Start<'a, '_>,
+    entry: &'a crate::router::RouteEntry,
+    request: ActionRequest<'a>,
+    pages: Option<&crate::error_pages::Plan<'a>>,
     received: &mut Option<Arc<AtomicU64>>,
 ) -> ActionFuture<'x> {
-    let Start {
-        entry,
+    let ActionRequest {
         mut parts,
         body,
         upgrade,
         web,
         cache,
         found: first,
-        pages,
-    } = s;
+    } = request;
     let limits = &snap.config.limits;
     let route = &entry.route;
     let content = entry.filters.content();
@@ -1555,6 +1556,7 @@ mod size_tests {
             ("identity::settle_body", of2(&crate::identity::settle_body)),
             ("Served", size_of::<super::Served<'_>>()),
             ("Acting", size_of::<super::Acting<'_>>()),
+            ("ActionRequest", size_of::<super::ActionRequest<'_>>()),
             ("Finish", size_of::<super::Finish>()),
             ("AccountedBody", size_of::<super::AccountedBody>()),
             ("LimitedBody", size_of::<crate::limits::LimitedBody>()),

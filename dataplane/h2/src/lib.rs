@@ -85,6 +85,10 @@ pub trait H2Service: Send {
     /// The connection ends with a connection error: GOAWAY with `reason`, for `why`.
     fn connection_error(&self, reason: Reason, why: &'static str);
 
+    /// A stream was reset with RST_STREAM(CANCEL) because its response waits for
+    /// flow-control window after the client's EOF, when none can come (once per stream).
+    fn blocked_at_eof(&self) {}
+
     /// The start of a poll of the connection: drop what the service keeps for requests if it
     /// is out of date (the dataplane drops a config snapshot older than the current one).
     fn on_poll(&mut self) {}

@@ -204,7 +204,8 @@ pub struct Metrics {
     /// (`down`, `up`).
     pub health_checks: LabeledCounter<(Arc<str>, &'static str)>,
     /// Edge features: requests refused by access rules (`ip_denied`, `rate_limited`) and
-    /// layer-4 events (`l4_no_route`, `udp_session_limit`, `proxy_protocol_error`…).
+    /// layer-4 and protocol events (`l4_no_route`, `udp_session_limit`, `proxy_protocol_error`,
+    /// `h2_connection_error`, `h2_blocked_at_eof`…).
     pub edge_events: LabeledCounter<&'static str>,
     /// Response cache and WebSocket tunnel figures.
     pub edge: EdgeMetrics,

@@ -262,7 +262,9 @@ impl Streams {
 #[derive(Debug, Default)]
 struct H2Wake {
     notify: tokio::sync::Notify,
-    /// [`H2List::waiting`], for a [`StreamGuard`] to read without the pool's lock.
+    /// Requests waiting for a stream (every open connection being full), each counted by its
+    /// [`Waiting`]: the one count of them. Raised under the pool's lock (where
+    /// [`H2List::needs_another`]'s caller reads it), read by a [`StreamGuard`] without it.
     waiting: AtomicUsize,
 }
 
@@ -383,8 +385,6 @@ struct H2List {
     /// opener, which gets the connection's first stream); each counts towards
     /// [`H2_MAX_CONNS`] as an open one does.
     connecting: usize,
-    /// Requests waiting for a connection being opened (every open one being full).
-    waiting: usize,
     /// Streams the connection opened last allows: what one being opened is expected to carry.
     per_conn: usize,
     /// Openings that failed (or timed out) so far: a request waiting when it moves fails with
@@ -395,11 +395,11 @@ struct H2List {
 }
 
 impl H2List {
-    /// Whether a request finding no stream free (`waiting` others wait) needs a connection of
-    /// its own opened: more streams are wanted than the connections being opened will carry
-    /// (each carries its opener's stream and `per_conn - 1` more).
-    fn needs_another(&self) -> bool {
-        self.waiting + self.connecting + 1 > self.connecting * self.per_conn
+    /// Whether a request finding no stream free (`waiting` others wait: [`H2Wake::waiting`])
+    /// needs a connection of its own opened: more streams are wanted than the connections
+    /// being opened will carry (each carries its opener's stream and `per_conn - 1` more).
+    fn needs_another(&self, waiting: usize) -> bool {
+        waiting + self.connecting + 1 > self.connecting * self.per_conn
     }
 }
 
@@ -501,7 +501,6 @@ impl Pool {
             h2: Mutex::new(H2List {
                 conns: Vec::new(),
                 connecting: 0,
-                waiting: 0,
                 per_conn: H2_MAX_STREAMS,
                 failures: 0,
                 timed_out: None,
@@ -577,11 +576,8 @@ impl Pool {
         if c.is_h2() {
             return self.acquire_h2(addr, c, limit, by).await;
         }
-        if let Some(conn) = self.checkout_h1() {
-            return Ok(Conn {
-                sender: Sender::H1(conn),
-                reused: true,
-            });
+        if let Some(conn) = self.take_pooled(c) {
+            return Ok(conn);
         }
         let (deadline, limit) = deadline_from(tokio::time::Instant::now(), limit, by);
         match within(deadline, limit, addr, connect_boxed(addr, c, &self.open)).await? {
@@ -591,6 +587,21 @@ impl Pool {
             }),
             Opened::H2(_) | Opened::H2s(_) => unreachable!("h1 connector opened h2"),
         }
+    }
+
+    /// A pooled connection to use at once, without a wait or a connect: a stream on an open
+    /// HTTP/2 connection with room, or an idle HTTP/1.1 connection; what [`Pool::acquire_by`]
+    /// looks for first. A caller that finds one builds no acquire future: its unstarted
+    /// state (~870 bytes in a release build) was copied into every request's future before
+    /// its first poll.
+    pub fn take_pooled(&self, c: &Connector) -> Option<Conn> {
+        if c.is_h2() {
+            return Pool::take_h2_stream(&mut self.h2_list(), c.h2_client);
+        }
+        self.checkout_h1().map(|conn| Conn {
+            sender: Sender::H1(conn),
+            reused: true,
+        })
     }
 
     fn checkout_h1(&self) -> Option<H1Conn> {
@@ -740,9 +751,13 @@ impl Pool {
                         after: list.timed_out,
                     });
                 }
+                // Demand, not a wake: a waiting request dropped meanwhile lowers the count
+                // without the lock, and a count read just before its drop is as good as one
+                // read after it (the drop could have come after this decision).
+                let waiting = self.h2_wake.waiting.load(Ordering::Relaxed);
                 if !failed_while_waiting
                     && open + list.connecting < H2_MAX_CONNS
-                    && list.needs_another()
+                    && list.needs_another(waiting)
                 {
                     list.connecting += 1;
                     None
@@ -754,7 +769,6 @@ impl Pool {
                         reason: "every HTTP/2 connection the pool may hold to the endpoint is full",
                     });
                 } else {
-                    list.waiting += 1;
                     self.h2_wake.waiting.fetch_add(1, Ordering::SeqCst);
                     // Enabled under the lock: an opening ending after it wakes it, and so does
                     // each freed stream (one notify_one each).
@@ -763,7 +777,6 @@ impl Pool {
                     // guard's lock-free side: see StreamGuard's drop).
                     std::sync::atomic::fence(Ordering::SeqCst);
                     if let Some(conn) = Pool::take_h2_stream(&mut list, c.h2_client) {
-                        list.waiting -= 1;
                         self.h2_wake.waiting.fetch_sub(1, Ordering::SeqCst);
                         return Ok(conn);
                     }
@@ -880,13 +893,14 @@ where
     }
 }
 
-/// One request waiting for an HTTP/2 opening, counted in [`H2List::waiting`] while it lives
-/// (a dropped request no longer counts).
+/// One request waiting for an HTTP/2 opening or a freed stream, counted in
+/// [`H2Wake::waiting`] while it lives (a dropped request no longer counts). Its drop takes
+/// no lock: the count only sizes the openings ([`H2List::needs_another`]) and tells a freed
+/// stream whether to wake anyone, and neither needs it lowered under the lock.
 struct Waiting<'a>(&'a Pool);
 
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
-        self.0.h2_list().waiting -= 1;
         self.0.h2_wake.waiting.fetch_sub(1, Ordering::SeqCst);
     }
 }
@@ -1814,13 +1828,18 @@ mod h2_open_tests {
             .collect()
     }
 
+    /// The requests of `pool` waiting for a stream.
+    fn waiting_of(pool: &Pool) -> usize {
+        pool.h2_wake.waiting.load(Ordering::SeqCst)
+    }
+
     /// Yields until the pool has `connecting` openings in flight and `waiting` requests
     /// waiting for them.
     async fn until(pool: &Pool, connecting: usize, waiting: usize) {
         loop {
             {
                 let list = pool.h2_list();
-                if (list.connecting, list.waiting) == (connecting, waiting) {
+                if (list.connecting, waiting_of(pool)) == (connecting, waiting) {
                     return;
                 }
             }
@@ -1885,7 +1904,7 @@ mod h2_open_tests {
             }
             assert_eq!(conns.iter().filter(|c| !c.reused).count(), 3);
             let list = pool.h2_list();
-            assert_eq!((list.connecting, list.waiting), (0, 0));
+            assert_eq!((list.connecting, waiting_of(&pool)), (0, 0));
             let streams: Vec<usize> = list
                 .conns
                 .iter()
@@ -2005,7 +2024,7 @@ mod h2_open_tests {
                 assert!(!e.is_endpoint_failure());
                 assert_eq!(e.status(), 504);
             }
-            assert_eq!(pool.h2_list().waiting, 0);
+            assert_eq!(waiting_of(&pool), 0);
             opener.into_iter().for_each(|o| o.abort());
             until(&pool, 0, 0).await;
             // An opener with the limit times out, counted; its waiters fail with it, uncounted.
@@ -2015,7 +2034,7 @@ mod h2_open_tests {
             assert!(matches!(counted, ProxyError::ConnectTimeout { .. }));
             assert!(errors.iter().all(|e| e.status() == 504), "{errors:?}");
             let list = pool.h2_list();
-            assert_eq!((list.connecting, list.waiting), (0, 0));
+            assert_eq!((list.connecting, waiting_of(&pool)), (0, 0));
         };
         finish(run, &accepted, 2).await;
     }
@@ -2049,7 +2068,10 @@ mod h2_open_tests {
                 assert!(served.is_ok(), "{:?}", served.err());
             }
             let list = pool.h2_list();
-            assert_eq!((list.connecting, list.waiting, list.conns.len()), (0, 0, 1));
+            assert_eq!(
+                (list.connecting, waiting_of(&pool), list.conns.len()),
+                (0, 0, 1)
+            );
         };
         finish(run, &accepted, 2).await;
     }

@@ -789,6 +789,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
             .collect();
         for id in blocked {
             tracing::debug!(stream = id, "no flow-control window after the client's EOF");
+            self.service.blocked_at_eof();
             let _ = self.reset_stream(id, Reason::CANCEL, Charge::Server);
         }
     }

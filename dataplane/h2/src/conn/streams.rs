@@ -659,6 +659,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
                 if avail <= 0 && self.read_closed {
                     // After the client's EOF no window can open (see `cancel_blocked`).
                     tracing::debug!(stream = id, "no flow-control window after the client's EOF");
+                    self.service.blocked_at_eof();
                     let _ = self.reset_stream(id, Reason::CANCEL, Charge::Server);
                     return false;
                 }

@@ -2422,8 +2422,9 @@ impl http_body::Body for AfterGate {
     }
 }
 
-/// Answers each request at once with the next of its bodies.
-struct Bodies(VecDeque<AfterGate>);
+/// Answers each request at once with the next of its bodies, and counts the streams reset
+/// for want of window after the client's EOF ([`H2Service::blocked_at_eof`]).
+struct Bodies(VecDeque<AfterGate>, Arc<std::sync::atomic::AtomicUsize>);
 
 impl H2Service for Bodies {
     type Head = crate::NoHead;
@@ -2437,6 +2438,10 @@ impl H2Service for Bodies {
     fn limit_hit(&self, _what: &'static str) {}
 
     fn connection_error(&self, _reason: Reason, _why: &'static str) {}
+
+    fn blocked_at_eof(&self) {
+        self.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 /// Everything the driver has written to the client end so far.
@@ -2505,13 +2510,18 @@ async fn at_the_clients_eof_streams_without_window_are_reset_and_the_rest_finish
     // Streams 1 and 3: 1,000 bytes at once, blocked after the window's 100. Stream 5: its
     // window opened wide, 50 bytes, then 500 after the EOF. Stream 7: the window's 100, then
     // 10 more after the EOF. Stream 9: the window's 100, then its end after the EOF.
-    let service = Bodies(VecDeque::from([
-        body(1_000, None),
-        body(1_000, None),
-        body(50, Some(500)),
-        body(WINDOW, Some(10)),
-        body(WINDOW, None),
-    ]));
+    let eof_resets = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = || eof_resets.load(std::sync::atomic::Ordering::Relaxed);
+    let service = Bodies(
+        VecDeque::from([
+            body(1_000, None),
+            body(1_000, None),
+            body(50, Some(500)),
+            body(WINDOW, Some(10)),
+            body(WINDOW, None),
+        ]),
+        eof_resets.clone(),
+    );
     let (mut c, server) = tokio::io::duplex(1 << 20);
     let (tx, stop) = tokio::sync::watch::channel(false);
     std::mem::forget(tx);
@@ -2539,6 +2549,7 @@ async fn at_the_clients_eof_streams_without_window_are_reset_and_the_rest_finish
     for id in [1, 3] {
         assert!(d.streams[&id].waits_for_window(conn_window), "stream {id}");
     }
+    assert_eq!(counted(), 0, "nothing is reset before the EOF");
     for (id, rx) in dropped.iter_mut().enumerate() {
         assert!(
             matches!(rx.try_recv(), Err(TryRecvError::Empty)),
@@ -2565,6 +2576,11 @@ async fn at_the_clients_eof_streams_without_window_are_reset_and_the_rest_finish
     assert_eq!(at_eof.get(&1), Some(&(0, false, Some(Reason::CANCEL))));
     assert_eq!(at_eof.get(&3), Some(&(0, false, Some(Reason::CANCEL))));
     assert_eq!(goaways, [Reason::NO_ERROR]);
+    assert_eq!(
+        counted(),
+        2,
+        "the service is told of each stream reset at the EOF"
+    );
 
     // The bodies go on: 5 has window for its 500 bytes, 7 has none for its 10, 9 ends.
     for g in gates.drain(..) {
@@ -2585,6 +2601,7 @@ async fn at_the_clients_eof_streams_without_window_are_reset_and_the_rest_finish
     assert_eq!(after.get(&7), Some(&(0, false, Some(Reason::CANCEL))));
     assert_eq!(after.get(&9), Some(&(0, true, None)), "stream 9 ends");
     assert!(goaways.is_empty(), "one GOAWAY");
+    assert_eq!(counted(), 3, "and of stream 7, out of window after the EOF");
     for (k, rx) in dropped.iter_mut().enumerate() {
         assert!(
             matches!(rx.try_recv(), Err(TryRecvError::Closed)),

@@ -188,6 +188,13 @@ pub struct Connection {
     accepted_0rtt: bool,
     /// Whether the idle timer should be reset the next time an ack-eliciting packet is transmitted.
     permit_idle_reset: bool,
+    /// Sweety patch (vendor/README.md): a packet counted in flight was tracked by this
+    /// `poll_transmit` and the loss detection timer is not yet armed for it
+    loss_timer_pending: bool,
+    /// Sweety patch (vendor/README.md): debug builds only, what upstream's arming after that
+    /// packet left the timer at
+    #[cfg(debug_assertions)]
+    loss_timer_shadow: Option<Option<Instant>>,
     /// Negotiated idle timeout
     idle_timeout: Option<Duration>,
     /// The time we send next bundled ACK
@@ -320,6 +327,9 @@ impl Connection {
             next_crypto: None,
             accepted_0rtt: false,
             permit_idle_reset: true,
+            loss_timer_pending: false,
+            #[cfg(debug_assertions)]
+            loss_timer_shadow: None,
             idle_timeout: match config.max_idle_timeout {
                 None | Some(VarInt(0)) => None,
                 Some(dur) => Some(Duration::from_millis(dur.0)),
@@ -458,6 +468,21 @@ impl Connection {
     /// single Transmit using GSO. This must be at least 1.
     #[must_use]
     pub fn poll_transmit(
+        &mut self,
+        now: Instant,
+        max_datagrams: usize,
+        buf: &mut Vec<u8>,
+    ) -> Option<Transmit> {
+        // Sweety patch (vendor/README.md): the loss detection timer is armed once for the
+        // packets of this call, not after each; here for the exits that return before the
+        // end of `poll_transmit_packets` (which arms it itself, before `total_sent` grows).
+        let transmit = self.poll_transmit_packets(now, max_datagrams, buf);
+        self.arm_deferred_loss_timer(now);
+        transmit
+    }
+
+    /// Sweety patch (vendor/README.md): upstream's `poll_transmit`
+    fn poll_transmit_packets(
         &mut self,
         now: Instant,
         max_datagrams: usize,
@@ -996,6 +1021,9 @@ impl Connection {
         }
 
         trace!("sending {} bytes in {} datagrams", buf.len(), num_datagrams);
+        // Sweety patch (vendor/README.md): armed with `total_sent` not yet grown, as upstream
+        // armed it after each packet
+        self.arm_deferred_loss_timer(now);
         self.path.total_sent = self.path.total_sent.saturating_add(buf.len() as u64);
 
         self.stats.udp_tx.on_sent(num_datagrams as u64, buf.len());
@@ -1880,7 +1908,51 @@ impl Connection {
                 && self.spaces[SpaceId::Handshake].crypto.is_none())
     }
 
+    /// Sweety patch (vendor/README.md): what `finish_and_track` calls for a packet counted in
+    /// flight, where upstream called `set_loss_detection_timer`. The timer is armed once,
+    /// by `arm_deferred_loss_timer`, when `poll_transmit` ends or before a packet not counted
+    /// in flight is tracked (the tail rule may forget a counted one). Nothing in between reads
+    /// it or changes what it is computed from (the packets' frames, pacing and congestion
+    /// checks do not), so it ends as upstream's arming after each packet left it; debug builds
+    /// compute that and check.
+    #[cfg_attr(not(debug_assertions), allow(unused_variables))]
+    pub(super) fn defer_loss_detection_timer(&mut self, now: Instant) {
+        self.loss_timer_pending = true;
+        #[cfg(debug_assertions)]
+        {
+            let timers = self.timers;
+            self.set_loss_detection_timer(now);
+            self.loss_timer_shadow = Some(self.timers.get(Timer::LossDetection));
+            self.timers = timers;
+        }
+    }
+
+    /// Sweety patch (vendor/README.md): arms the timer deferred by
+    /// `defer_loss_detection_timer`, if any.
+    pub(super) fn arm_deferred_loss_timer(&mut self, now: Instant) {
+        if !mem::take(&mut self.loss_timer_pending) {
+            return;
+        }
+        #[cfg(debug_assertions)]
+        let shadow = self.loss_timer_shadow.take();
+        self.set_loss_detection_timer(now);
+        #[cfg(debug_assertions)]
+        if let Some(shadow) = shadow {
+            debug_assert_eq!(
+                self.timers.get(Timer::LossDetection),
+                shadow,
+                "the deferred loss detection timer differs from upstream's"
+            );
+        }
+    }
+
     fn set_loss_detection_timer(&mut self, now: Instant) {
+        // Sweety patch (vendor/README.md): an arming while one is deferred (`discard_space`)
+        // is what upstream's timer holds now; the deferred one recomputes it
+        #[cfg(debug_assertions)]
+        {
+            self.loss_timer_shadow = None;
+        }
         if self.state.is_closed() {
             // No loss detection takes place on closed connections, and `close_common` already
             // stopped time timer. Ensure we don't restart it inadvertently, e.g. in response to a
@@ -2220,7 +2292,7 @@ impl Connection {
         space.crypto = None;
         space.time_of_last_ack_eliciting_packet = None;
         space.loss_time = None;
-        let sent_packets = mem::take(&mut space.sent_packets);
+        let sent_packets = space.take_sent_packets(); // Sweety patch (vendor/README.md)
         for packet in sent_packets.into_values() {
             self.remove_in_flight(&packet);
         }
@@ -2525,7 +2597,7 @@ impl Connection {
                     });
 
                 // Retransmit all 0-RTT data
-                let zero_rtt = mem::take(&mut self.spaces[SpaceId::Data].sent_packets);
+                let zero_rtt = self.spaces[SpaceId::Data].take_sent_packets(); // Sweety patch
                 for info in zero_rtt.into_values() {
                     self.remove_in_flight(&info);
                     self.spaces[SpaceId::Data].pending |= info.retransmits;
@@ -2590,8 +2662,8 @@ impl Connection {
                             self.spaces[SpaceId::Data].pending = Retransmits::default();
 
                             // Discard 0-RTT packets
-                            let sent_packets =
-                                mem::take(&mut self.spaces[SpaceId::Data].sent_packets);
+                            // Sweety patch (vendor/README.md)
+                            let sent_packets = self.spaces[SpaceId::Data].take_sent_packets();
                             for packet in sent_packets.into_values() {
                                 self.remove_in_flight(&packet);
                             }

@@ -233,6 +233,12 @@ impl PacketBuilder {
             stream_frames: sent.stream_frames,
         };
 
+        // Sweety patch (vendor/README.md): tracking a packet not counted in flight may forget
+        // one that is (the tail rule), so the timer deferred for the packets before it is
+        // armed first, as upstream armed it right after them
+        if size == 0 {
+            conn.arm_deferred_loss_timer(now);
+        }
         conn.path
             .sent(exact_number, packet, &mut conn.spaces[space_id]);
         conn.stats.path.sent_packets += 1;
@@ -245,7 +251,8 @@ impl PacketBuilder {
                 }
                 conn.permit_idle_reset = false;
             }
-            conn.set_loss_detection_timer(now);
+            // Sweety patch (vendor/README.md): armed once per `poll_transmit`, not per packet
+            conn.defer_loss_detection_timer(now);
             conn.path.pacing.on_transmit(size);
         }
     }

@@ -40,6 +40,9 @@ pub(super) struct PacketSpace {
     /// Transmitted but not acked
     // We use a BTreeMap here so we can efficiently query by range on ACK and for loss detection
     pub(super) sent_packets: BTreeMap<u64, SentPacket>,
+    /// Sweety patch (vendor/README.md): how many packets in `sent_packets` have `size != 0`,
+    /// kept by `take`, `sent` and `take_sent_packets`, so `has_in_flight` reads a count
+    pub(super) in_flight_packets: u64,
     /// Number of explicit congestion notification codepoints seen on incoming packets
     pub(super) ecn_counters: frame::EcnCounts,
     /// Recent ECN counters sent by the peer in ACK frames
@@ -85,6 +88,7 @@ impl PacketSpace {
             largest_ack_eliciting_sent: 0,
             unacked_non_ack_eliciting_tail: 0,
             sent_packets: BTreeMap::new(),
+            in_flight_packets: 0,
             ecn_counters: frame::EcnCounts::ZERO,
             ecn_feedback: frame::EcnCounts::ZERO,
 
@@ -207,6 +211,10 @@ impl PacketSpace {
     /// Stop tracking sent packet `number`, and return what we knew about it
     pub(super) fn take(&mut self, number: u64) -> Option<SentPacket> {
         let packet = self.sent_packets.remove(&number)?;
+        // Sweety patch (vendor/README.md)
+        if packet.size != 0 {
+            self.in_flight_packets -= 1;
+        }
         if !packet.ack_eliciting && number > self.largest_ack_eliciting_sent {
             self.unacked_non_ack_eliciting_tail =
                 self.unacked_non_ack_eliciting_tail.checked_sub(1).unwrap();
@@ -247,11 +255,19 @@ impl PacketSpace {
                 .remove(&oldest_after_ack_eliciting)
                 .unwrap();
             debug_assert!(!packet.ack_eliciting);
+            // Sweety patch (vendor/README.md)
+            if packet.size != 0 {
+                self.in_flight_packets -= 1;
+            }
             forgotten = Some(packet);
         } else {
             self.unacked_non_ack_eliciting_tail += 1;
         }
 
+        // Sweety patch (vendor/README.md)
+        if packet.size != 0 {
+            self.in_flight_packets += 1;
+        }
         self.sent_packets.insert(number, packet);
         forgotten
     }
@@ -261,7 +277,21 @@ impl PacketSpace {
         // The number of non-congestion-controlled (i.e. size == 0) packets in flight at a time
         // should be small, since otherwise congestion control wouldn't be effective. Therefore,
         // this shouldn't need to visit many packets before finishing one way or another.
-        self.sent_packets.values().any(|x| x.size != 0)
+        //
+        // Sweety patch (vendor/README.md): a count kept as packets come and go, not a walk of
+        // the map at every call (after every packet sent); debug builds check it against the
+        // walk.
+        debug_assert_eq!(
+            self.in_flight_packets != 0,
+            self.sent_packets.values().any(|x| x.size != 0)
+        );
+        self.in_flight_packets != 0
+    }
+
+    /// Sweety patch (vendor/README.md): every tracked packet, taken out (the count with them)
+    pub(super) fn take_sent_packets(&mut self) -> BTreeMap<u64, SentPacket> {
+        self.in_flight_packets = 0;
+        mem::take(&mut self.sent_packets)
     }
 }
 
