@@ -362,6 +362,7 @@ impl StatusQueue {
             jobs: JoinSet::new(),
             held_until: None,
             acked_high: 0,
+            gates: Default::default(),
         };
         StatusQueue {
             shared,
@@ -405,6 +406,9 @@ struct Worker {
     /// seen, if lower): when the acknowledged generation drops below it (a restarted
     /// dataplane's Hello), the entries written as acknowledged in between are looked at again.
     acked_high: u64,
+    /// The gates of the push state they were computed from, by generation: one per generation
+    /// (a Nack's errors are joined once, and every entry written under it shares the text).
+    gates: (PushState, HashMap<u64, Gate>),
 }
 
 /// Whether the gate has the dataplane's answer.
@@ -495,6 +499,9 @@ impl Worker {
     fn start_writes(&mut self) -> Option<Instant> {
         let mut wake = self.held_until;
         let state = self.push.borrow().clone();
+        if self.gates.0 != state {
+            self.gates = (state.clone(), HashMap::new());
+        }
         let now_str = status_writer::now();
         let now = Instant::now();
         {
@@ -526,7 +533,12 @@ impl Worker {
                 continue;
             };
             let (generation, since) = (e.generation, e.since);
-            let gate = Gate::new(&state, generation);
+            let gate = self
+                .gates
+                .1
+                .entry(generation)
+                .or_insert_with(|| Gate::new(&state, generation))
+                .clone();
             let answered = answered(&gate);
             if !answered && now < since + self.options.ack_wait {
                 let until = since + self.options.ack_wait;
@@ -1156,6 +1168,7 @@ mod tests {
             jobs: JoinSet::new(),
             held_until: None,
             acked_high: 0,
+            gates: Default::default(),
         };
         (worker, leader)
     }
@@ -1387,6 +1400,19 @@ hostnames: [gateway-listener.com]\n  rules: [{{matches: [{{path: {{type: PathPre
         }
         assert_eq!(every_kind["HTTPRoute"], ROUTES);
         assert_eq!(api.writes(), every_kind, "each object written once");
+        // review-s22b F1: every entry written under the Nack holds the same text, not a copy.
+        {
+            let q = w.shared.queue();
+            let texts: Vec<&Arc<str>> =
+                q.unacked.values().filter_map(|g| g.nack.as_ref()).collect();
+            assert_eq!(texts.len(), statuses.len());
+            assert!(texts.iter().all(|t| Arc::ptr_eq(t, texts[0])), "one copy");
+            assert_eq!(
+                Arc::strong_count(texts[0]),
+                texts.len() + 1,
+                "and the gate cache's"
+            );
+        }
 
         push_tx.send_modify(|s| s.acked = 322);
         w.push_changed();
