@@ -55,7 +55,7 @@ impl Gate {
     pub fn new(state: &PushState, generation: u64) -> Gate {
         let nack = match &state.last_nack {
             Some((g, errors)) if *g >= generation && state.acked < generation => {
-                Some(Arc::from(errors.join("; ")))
+                Some(Arc::from(join_errors(errors)))
             }
             _ => None,
         };
@@ -72,6 +72,42 @@ impl Gate {
             nack: None,
         }
     }
+}
+
+/// The most bytes of a Nack's errors a status condition's message carries (Gateway API caps a
+/// condition message at 32,768 characters; a longer one makes every status write fail).
+pub const NACK_MESSAGE_MAX: usize = 1024;
+
+/// A Nack's errors joined with "; ", as many whole ones as fit in [`NACK_MESSAGE_MAX`] bytes
+/// (the first one cut at a character boundary, marked "…", if it alone is longer), then
+/// " (N more errors)" for those left out.
+fn join_errors(errors: &[String]) -> String {
+    let mut out = String::new();
+    let mut shown = 0usize;
+    for e in errors {
+        let sep = if shown == 0 { "" } else { "; " };
+        if out.len() + sep.len() + e.len() > NACK_MESSAGE_MAX {
+            if shown == 0 {
+                let mut end = NACK_MESSAGE_MAX;
+                while !e.is_char_boundary(end) {
+                    end -= 1;
+                }
+                out.push_str(&e[..end]);
+                out.push('…');
+                shown = 1;
+            }
+            break;
+        }
+        out.push_str(sep);
+        out.push_str(e);
+        shown += 1;
+    }
+    match errors.len() - shown {
+        0 => {}
+        1 => out.push_str(" (1 more error)"),
+        n => out.push_str(&format!(" ({n} more errors)")),
+    }
+    out
 }
 
 /// What one [`StatusWriter::write`] did.
@@ -1221,5 +1257,57 @@ mod tests {
         s.last_nack = Some((5, vec!["bad listener".into()]));
         assert_eq!(Gate::new(&s, 5).nack.as_deref(), Some("bad listener"));
         assert_eq!(Gate::new(&s, 4).nack, None);
+    }
+
+    /// review-s22b F4: a Nack with a huge error list still gives a condition message far
+    /// below Gateway API's 32,768-character cap: whole errors up to NACK_MESSAGE_MAX bytes,
+    /// then how many were left out; a single huge error is cut at a character boundary.
+    #[test]
+    fn a_huge_nack_gives_a_bounded_condition_message() {
+        let errors: Vec<String> = (0..10_000)
+            .map(|i| format!("listeners[{i}]: cannot bind 0.0.0.0:{i}: Address already in use"))
+            .collect();
+        let s = PushState {
+            submitted: 5,
+            acked: 4,
+            last_nack: Some((5, errors.clone())),
+            ..Default::default()
+        };
+        let gate = Gate::new(&s, 5);
+        let text = gate.nack.as_deref().unwrap();
+        assert!(text.len() <= NACK_MESSAGE_MAX + 40, "{}", text.len());
+        let (shown, more) = text.rsplit_once(" (").unwrap();
+        assert!(shown.len() <= NACK_MESSAGE_MAX);
+        let listed = shown.split("; ").count();
+        assert!(listed > 1);
+        assert_eq!(shown, errors[..listed].join("; "));
+        assert_eq!(more, format!("{} more errors)", errors.len() - listed));
+        let conds = vec![Condition::new("Programmed", true, "Programmed", "ok", 3)];
+        let st = Stamper {
+            gate: &gate,
+            now: "2026-01-01T00:00:00Z",
+        };
+        let out = st.conditions(&conds, None);
+        assert_eq!(out[0]["status"], "False");
+        let message = out[0]["message"].as_str().unwrap();
+        assert!(message.chars().count() < 2048, "{}", message.len());
+        assert!(message.ends_with("more errors)"));
+
+        // One error longer than the cap, of 2-byte characters, and a short one after it.
+        let huge = "é".repeat(40_000);
+        let s = PushState {
+            last_nack: Some((5, vec![huge, "next".into()])),
+            ..s
+        };
+        let text = Gate::new(&s, 5).nack.unwrap();
+        assert!(text.len() <= NACK_MESSAGE_MAX + 40, "{}", text.len());
+        assert!(text.starts_with("éé"));
+        assert!(text.ends_with("… (1 more error)"), "{text}");
+        // A short list is written whole.
+        let s = PushState {
+            last_nack: Some((5, vec!["a".into(), "b".into()])),
+            ..s
+        };
+        assert_eq!(Gate::new(&s, 5).nack.as_deref(), Some("a; b"));
     }
 }
