@@ -26,7 +26,10 @@
 //!   generation that contains the object, `False`/`Invalid` after it rejected it. A status
 //!   written before an `Ack` is written again whenever its gate changes, so it follows the
 //!   last answer: an `Ack` after a `Nack` (the full config sent again after a rejected delta,
-//!   or a later generation whose statuses are the same) replaces the rejection.
+//!   or a later generation whose statuses are the same) replaces the rejection. When the
+//!   acknowledged generation goes back (a restarted dataplane's Hello), the statuses written
+//!   as acknowledged since are looked at again, so a rejection of the config sent again
+//!   unprograms them.
 //! - **Leader only.** Nothing is written while this replica does not lead. On losing the lease
 //!   the writer forgets what it wrote; on gaining it every object is queued again (the writer
 //!   skips what is already right), and routes carrying entries of ours that `translate` no
@@ -358,6 +361,8 @@ impl StatusQueue {
             options,
             jobs: JoinSet::new(),
             held_until: None,
+            acked_high: 0,
+            gates: Default::default(),
         };
         StatusQueue {
             shared,
@@ -397,6 +402,13 @@ struct Worker {
     jobs: JoinSet<(status_writer::Outcome, Duration)>,
     /// The earliest end of an Ack wait among held entries.
     held_until: Option<Instant>,
+    /// The highest acknowledged generation any status was written under (or the last one
+    /// seen, if lower): when the acknowledged generation drops below it (a restarted
+    /// dataplane's Hello), the entries written as acknowledged in between are looked at again.
+    acked_high: u64,
+    /// The gates of the push state they were computed from, by generation: one per generation
+    /// (a Nack's errors are joined once, and every entry written under it shares the text).
+    gates: (PushState, HashMap<u64, Gate>),
 }
 
 /// Whether the gate has the dataplane's answer.
@@ -456,7 +468,26 @@ impl Worker {
 
     /// The dataplane's answer (or the pusher's state) changed.
     fn push_changed(&mut self) {
-        self.push.borrow_and_update();
+        let acked = self.push.borrow_and_update().acked;
+        if acked < self.acked_high {
+            // A restarted dataplane (its Hello) runs an older generation, or none: the
+            // entries of generations (acked, acked_high] were written as acknowledged and are
+            // in no `unacked` record. Their gate is no longer an Ack: queue them, so that they
+            // follow the answer to the config sent again (a Nack makes them `False`); the
+            // writer skips those whose status does not change.
+            let high = self.acked_high;
+            let mut q = self.shared.queue();
+            let keys: Vec<ObjectKey> = q
+                .entries
+                .iter()
+                .filter(|(_, e)| e.generation > acked && e.generation <= high)
+                .map(|(k, _)| k.clone())
+                .collect();
+            for key in &keys {
+                q.mark(key);
+            }
+        }
+        self.acked_high = acked;
         self.release_held(true);
     }
 
@@ -468,6 +499,9 @@ impl Worker {
     fn start_writes(&mut self) -> Option<Instant> {
         let mut wake = self.held_until;
         let state = self.push.borrow().clone();
+        if self.gates.0 != state {
+            self.gates = (state.clone(), HashMap::new());
+        }
         let now_str = status_writer::now();
         let now = Instant::now();
         {
@@ -499,7 +533,12 @@ impl Worker {
                 continue;
             };
             let (generation, since) = (e.generation, e.since);
-            let gate = Gate::new(&state, generation);
+            let gate = self
+                .gates
+                .1
+                .entry(generation)
+                .or_insert_with(|| Gate::new(&state, generation))
+                .clone();
             let answered = answered(&gate);
             if !answered && now < since + self.options.ack_wait {
                 let until = since + self.options.ack_wait;
@@ -526,6 +565,7 @@ impl Worker {
                         .prepare(&key, want.as_ref(), current.as_deref(), &gate, &now_str)
                 };
             if gate.acked {
+                self.acked_high = self.acked_high.max(state.acked);
                 q.unacked.remove(&key);
             } else {
                 q.unacked.insert(key.clone(), gate);
@@ -1127,6 +1167,8 @@ mod tests {
             options,
             jobs: JoinSet::new(),
             held_until: None,
+            acked_high: 0,
+            gates: Default::default(),
         };
         (worker, leader)
     }
@@ -1358,6 +1400,19 @@ hostnames: [gateway-listener.com]\n  rules: [{{matches: [{{path: {{type: PathPre
         }
         assert_eq!(every_kind["HTTPRoute"], ROUTES);
         assert_eq!(api.writes(), every_kind, "each object written once");
+        // review-s22b F1: every entry written under the Nack holds the same text, not a copy.
+        {
+            let q = w.shared.queue();
+            let texts: Vec<&Arc<str>> =
+                q.unacked.values().filter_map(|g| g.nack.as_ref()).collect();
+            assert_eq!(texts.len(), statuses.len());
+            assert!(texts.iter().all(|t| Arc::ptr_eq(t, texts[0])), "one copy");
+            assert_eq!(
+                Arc::strong_count(texts[0]),
+                texts.len() + 1,
+                "and the gate cache's"
+            );
+        }
 
         push_tx.send_modify(|s| s.acked = 322);
         w.push_changed();
@@ -1396,6 +1451,166 @@ hostnames: [gateway-listener.com]\n  rules: [{{matches: [{{path: {{type: PathPre
         drain(&mut w).await;
         assert_eq!(api.writes(), want);
         assert!(w.shared.queue().unacked.is_empty());
+    }
+
+    /// The writes per kind of the objects whose `translate` status is programmed.
+    fn programmed_kinds(statuses: &Statuses) -> std::collections::BTreeMap<String, usize> {
+        let mut kinds = std::collections::BTreeMap::new();
+        for (key, status) in statuses {
+            if programmed(status) {
+                *kinds.entry(key.kind.clone()).or_insert(0usize) += 1;
+            }
+        }
+        kinds
+    }
+
+    fn add_writes(
+        a: &std::collections::BTreeMap<String, usize>,
+        b: &std::collections::BTreeMap<String, usize>,
+    ) -> std::collections::BTreeMap<String, usize> {
+        let mut sum = a.clone();
+        for (kind, n) in b {
+            *sum.entry(kind.clone()).or_insert(0) += n;
+        }
+        sum
+    }
+
+    /// review-s22b F2: generation 322 acknowledged (everything Programmed=True), then the
+    /// dataplane restarts (its Hello: acked 0) and rejects the resent 322 (the old process
+    /// still holds a port). The Gateway and its ListenerSets must say so, although their
+    /// statuses were acknowledged before; the routes' statuses do not depend on the answer and
+    /// are not written again (1,000 of them: no PATCH at the Hello, only the programmed
+    /// objects at the Nack and again at the next Ack).
+    #[tokio::test]
+    async fn a_restarted_dataplane_rejecting_the_resent_config_unprograms_what_was_acked() {
+        const ROUTES: usize = 1000;
+        let api = FakeApi::start().await;
+        let (snapshot, statuses) = conflict_world(ROUTES);
+        let (push_tx, push) = watch::channel(PushState {
+            connected: true,
+            submitted: 322,
+            acked: 321,
+            ..Default::default()
+        });
+        let (mut w, _leader) = test_worker(&api, Cached::of(&snapshot), push);
+        w.shared
+            .queue()
+            .offer(&statuses, &StatusChanges::All, 322, Instant::now());
+        push_tx.send_modify(|s| s.acked = 322);
+        w.push_changed();
+        drain(&mut w).await;
+        let acked = api.writes();
+        assert_eq!(acked["HTTPRoute"], ROUTES);
+        let last = api.last();
+        for (key, status) in &statuses {
+            assert_eq!(conditions_in(&last[key]), translated(status), "{key:?}");
+        }
+
+        // The dataplane restarts: its Hello says it runs nothing.
+        push_tx.send_modify(|s| {
+            s.acked = 0;
+            s.last_nack = None;
+        });
+        w.push_changed();
+        drain(&mut w).await;
+        assert_eq!(api.writes(), acked, "nothing changes before the answer");
+
+        // It rejects the resent 322.
+        push_tx.send_modify(|s| s.last_nack = Some((322, vec![EADDRINUSE.into()])));
+        w.push_changed();
+        drain(&mut w).await;
+        let programmed_kinds = programmed_kinds(&statuses);
+        assert!(programmed_kinds.contains_key("Gateway"));
+        assert!(!programmed_kinds.contains_key("HTTPRoute"));
+        let after_nack = add_writes(&acked, &programmed_kinds);
+        assert_eq!(api.writes(), after_nack, "only the programmed objects");
+        let last = api.last();
+        for (key, status) in &statuses {
+            let written = conditions_in(&last[key]);
+            if programmed(status) {
+                assert!(
+                    written.iter().any(|c| c[0] == "Programmed"
+                        && c[1] == "False"
+                        && c[2] == "Invalid"
+                        && c[3].contains("Address already in use")),
+                    "{key:?}: {written:?}"
+                );
+                assert!(
+                    !written
+                        .iter()
+                        .any(|c| c[0] == "Programmed" && c[1] == "True"),
+                    "{key:?}: {written:?}"
+                );
+            } else {
+                assert_eq!(written, translated(status), "{key:?}");
+            }
+        }
+
+        // Its next try is acknowledged: translate's own statuses again.
+        push_tx.send_modify(|s| s.acked = 322);
+        w.push_changed();
+        drain(&mut w).await;
+        assert_eq!(api.writes(), add_writes(&after_nack, &programmed_kinds));
+        let last = api.last();
+        for (key, status) in &statuses {
+            assert_eq!(conditions_in(&last[key]), translated(status), "{key:?}");
+        }
+        assert!(w.shared.queue().unacked.is_empty());
+    }
+
+    /// review-s22b F2's worse variant: 322 acknowledged, 323 rejected (the rejection stays,
+    /// as it should, across the reconnect), then the dataplane restarts: it is sent only the
+    /// rejected 323 and runs nothing, so what 322 programmed is no longer programmed.
+    #[tokio::test]
+    async fn a_restart_after_a_rejection_unprograms_what_the_older_ack_programmed() {
+        let api = FakeApi::start().await;
+        let (snapshot, statuses) = conflict_world(2);
+        let (push_tx, push) = watch::channel(PushState {
+            connected: true,
+            submitted: 322,
+            acked: 321,
+            ..Default::default()
+        });
+        let (mut w, _leader) = test_worker(&api, Cached::of(&snapshot), push);
+        w.shared
+            .queue()
+            .offer(&statuses, &StatusChanges::All, 322, Instant::now());
+        push_tx.send_modify(|s| s.acked = 322);
+        w.push_changed();
+        drain(&mut w).await;
+        w.shared
+            .queue()
+            .offer(&statuses, &StatusChanges::All, 323, Instant::now());
+        push_tx.send_modify(|s| {
+            s.submitted = 323;
+            s.last_nack = Some((323, vec![EADDRINUSE.into()]));
+        });
+        w.push_changed();
+        drain(&mut w).await;
+        let gateway = conditions_in(&api.last()[&gateway_key()]);
+        assert!(
+            gateway
+                .iter()
+                .any(|c| c[0] == "Programmed" && c[1] == "True"),
+            "322 still runs: {gateway:?}"
+        );
+
+        push_tx.send_modify(|s| s.acked = 0);
+        w.push_changed();
+        drain(&mut w).await;
+        let gateway = conditions_in(&api.last()[&gateway_key()]);
+        assert!(
+            gateway.iter().any(|c| c[0] == "Programmed"
+                && c[1] == "False"
+                && c[3].contains("Address already in use")),
+            "{gateway:?}"
+        );
+        assert!(
+            !gateway
+                .iter()
+                .any(|c| c[0] == "Programmed" && c[1] == "True"),
+            "{gateway:?}"
+        );
     }
 
     /// A SweetySite's status is written by the same worker under the same gate (its

@@ -45,8 +45,9 @@ pub const FIELD_MANAGER: &str = "sweety-controller";
 pub struct Gate {
     /// The dataplane acknowledged that generation (or a later one).
     pub acked: bool,
-    /// The dataplane rejected that generation: its errors, joined.
-    pub nack: Option<String>,
+    /// The dataplane rejected that generation: its errors, joined (shared: every status
+    /// written under one gate holds the same text).
+    pub nack: Option<Arc<str>>,
 }
 
 impl Gate {
@@ -54,7 +55,7 @@ impl Gate {
     pub fn new(state: &PushState, generation: u64) -> Gate {
         let nack = match &state.last_nack {
             Some((g, errors)) if *g >= generation && state.acked < generation => {
-                Some(errors.join("; "))
+                Some(Arc::from(errors.join("; ")))
             }
             _ => None,
         };

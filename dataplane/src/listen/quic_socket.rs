@@ -35,9 +35,10 @@ pub struct QuicSocket {
 
 /// The tasks waiting for a UDP socket shared by several of them to take more datagrams. tokio
 /// keeps one waker per socket for `poll_send_ready` / `poll_send_to` (the last caller's), so
-/// each waiter registers here and tokio is given one waker that wakes them all. At most one
-/// entry per waiting task (the connections of an endpoint, the sessions of a UDP listener);
-/// a wake empties it.
+/// each waiter registers here and tokio is given one waker that wakes them all. Each waiter
+/// polls with its own [`Slot`], which remembers its entry in the current list: registering is
+/// O(1) however many tasks wait, and at most one entry per slot (the connections of an
+/// endpoint, the sessions of a UDP listener). A wake empties the list and starts a new round.
 #[derive(Debug)]
 pub(crate) struct Writers {
     waiting: Arc<Waiting>,
@@ -45,8 +46,20 @@ pub(crate) struct Writers {
     all: Waker,
 }
 
+/// One waiter's place in [`Writers`]: the round it registered in and its entry there.
 #[derive(Debug, Default)]
-struct Waiting(std::sync::Mutex<Vec<Waker>>);
+pub(crate) struct Slot(Option<(u64, usize)>);
+
+#[derive(Debug, Default)]
+struct Waiting(std::sync::Mutex<Round>);
+
+/// The wakers registered since the last wake, and how many wakes there were (a slot of an
+/// earlier round is not in the list any more).
+#[derive(Debug, Default)]
+struct Round {
+    number: u64,
+    wakers: Vec<Waker>,
+}
 
 impl std::task::Wake for Waiting {
     fn wake(self: Arc<Self>) {
@@ -54,7 +67,11 @@ impl std::task::Wake for Waiting {
     }
 
     fn wake_by_ref(self: &Arc<Self>) {
-        let woken = std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()));
+        let woken = {
+            let mut round = self.0.lock().unwrap_or_else(|e| e.into_inner());
+            round.number = round.number.wrapping_add(1);
+            std::mem::take(&mut round.wakers)
+        };
         for w in woken {
             w.wake();
         }
@@ -76,6 +93,7 @@ impl Writers {
     /// socket is full the task is registered and woken with every other waiting one.
     pub(crate) fn poll<T>(
         &self,
+        slot: &mut Slot,
         cx: &mut Context<'_>,
         mut send: impl FnMut(&mut Context<'_>) -> Poll<io::Result<T>>,
     ) -> Poll<io::Result<T>> {
@@ -84,9 +102,19 @@ impl Writers {
             return Poll::Ready(r);
         }
         {
-            let mut w = self.waiting.0.lock().unwrap_or_else(|e| e.into_inner());
-            if !w.iter().any(|w| w.will_wake(cx.waker())) {
-                w.push(cx.waker().clone());
+            let mut round = self.waiting.0.lock().unwrap_or_else(|e| e.into_inner());
+            match slot.0 {
+                // Registered in this round: the entry is its own (the list only empties with
+                // a new round); kept, or given the task's new waker.
+                Some((number, at)) if number == round.number => {
+                    if !round.wakers[at].will_wake(cx.waker()) {
+                        round.wakers[at] = cx.waker().clone();
+                    }
+                }
+                _ => {
+                    slot.0 = Some((round.number, round.wakers.len()));
+                    round.wakers.push(cx.waker().clone());
+                }
             }
         }
         // Again, now registered: a wake between the first poll and the registration is not
@@ -97,6 +125,17 @@ impl Writers {
     /// Wakes every waiting task (the socket closed, or put back).
     pub(crate) fn wake_all(&self) {
         self.all.wake_by_ref();
+    }
+
+    /// How many entries the current round has.
+    #[cfg(test)]
+    fn registered(&self) -> usize {
+        self.waiting
+            .0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .wakers
+            .len()
     }
 }
 
@@ -164,7 +203,7 @@ impl QuicSocket {
 
 impl quinn::AsyncUdpSocket for QuicSocket {
     fn create_io_poller(self: Arc<Self>) -> Pin<Box<dyn quinn::UdpPoller>> {
-        Box::pin(Writable(self))
+        Box::pin(Writable(self, Slot::default()))
     }
 
     fn try_send(&self, transmit: &Transmit) -> io::Result<()> {
@@ -222,12 +261,15 @@ impl quinn::AsyncUdpSocket for QuicSocket {
 
 /// Waits until the socket can be written (at once once it is closed: the send drops).
 #[derive(Debug)]
-struct Writable(Arc<QuicSocket>);
+struct Writable(Arc<QuicSocket>, Slot);
 
 impl quinn::UdpPoller for Writable {
     fn poll_writable(self: Pin<&mut Self>, cx: &mut Context) -> Poll<io::Result<()>> {
-        match self.0.read().as_ref() {
-            Some(io) => self.0.writers.poll(cx, |cx| io.socket.poll_send_ready(cx)),
+        let Writable(socket, slot) = self.get_mut();
+        match socket.read().as_ref() {
+            Some(io) => socket
+                .writers
+                .poll(slot, cx, |cx| io.socket.poll_send_ready(cx)),
             None => Poll::Ready(Ok(())),
         }
     }
@@ -257,15 +299,17 @@ mod tests {
             .map(|_| Arc::new(Count(AtomicUsize::new(0))))
             .collect();
         let wakers: Vec<Waker> = counts.iter().map(|c| Waker::from(c.clone())).collect();
+        let mut slots: Vec<Slot> = (0..3).map(|_| Slot::default()).collect();
         let mut given = Vec::new();
-        for w in wakers.iter().chain(&wakers[..1]) {
-            let mut cx = Context::from_waker(w);
-            let full = writers.poll(&mut cx, |cx| -> Poll<io::Result<()>> {
+        for i in [0, 1, 2, 0] {
+            let mut cx = Context::from_waker(&wakers[i]);
+            let full = writers.poll(&mut slots[i], &mut cx, |cx| -> Poll<io::Result<()>> {
                 given.push(cx.waker().clone());
                 Poll::Pending
             });
             assert!(full.is_pending());
         }
+        assert_eq!(writers.registered(), 3, "one entry per slot");
         // What tokio keeps: the waker of the last poll, the same for every task.
         assert!(given.iter().all(|g| g.will_wake(&given[0])));
         given.pop().unwrap().wake();
@@ -273,8 +317,50 @@ mod tests {
         writers.wake_all();
         assert!(counts.iter().all(|c| c.0.load(SeqCst) == 1));
         let mut cx = Context::from_waker(&wakers[0]);
-        let ready = writers.poll(&mut cx, |_| Poll::Ready(Ok(7)));
+        let ready = writers.poll(&mut slots[0], &mut cx, |_| Poll::Ready(Ok(7)));
         assert!(matches!(ready, Poll::Ready(Ok(7))));
+    }
+
+    /// Registering takes one entry per waiting slot however often each polls (review s22c
+    /// M4-1: a scan of the list per registration made every writable event O(n^2) in the
+    /// connections of an endpoint), a slot polled with a new waker has that one woken, and a
+    /// slot registers again after a wake (a new round).
+    #[test]
+    fn each_slot_takes_one_entry_per_round() {
+        let writers = Writers::default();
+        let pending = |_: &mut Context<'_>| -> Poll<io::Result<()>> { Poll::Pending };
+        let counts: Vec<Arc<Count>> = (0..1_000)
+            .map(|_| Arc::new(Count(AtomicUsize::new(0))))
+            .collect();
+        let mut slots: Vec<Slot> = (0..1_000).map(|_| Slot::default()).collect();
+        for _ in 0..5 {
+            for (c, slot) in counts.iter().zip(&mut slots) {
+                let waker = Waker::from(c.clone());
+                let mut cx = Context::from_waker(&waker);
+                assert!(writers.poll(slot, &mut cx, pending).is_pending());
+            }
+        }
+        assert_eq!(writers.registered(), 1_000);
+        // Slot 0's task polls with another waker: that one is woken, not the first.
+        let other = Arc::new(Count(AtomicUsize::new(0)));
+        let waker = Waker::from(other.clone());
+        let mut cx = Context::from_waker(&waker);
+        assert!(writers.poll(&mut slots[0], &mut cx, pending).is_pending());
+        assert_eq!(writers.registered(), 1_000);
+        writers.wake_all();
+        assert_eq!(other.0.load(SeqCst), 1);
+        assert_eq!(counts[0].0.load(SeqCst), 0);
+        assert!(counts[1..].iter().all(|c| c.0.load(SeqCst) == 1));
+        assert_eq!(writers.registered(), 0);
+        // The next round: a slot of the last one registers anew, once.
+        for _ in 0..3 {
+            let waker = Waker::from(counts[5].clone());
+            let mut cx = Context::from_waker(&waker);
+            assert!(writers.poll(&mut slots[5], &mut cx, pending).is_pending());
+        }
+        assert_eq!(writers.registered(), 1);
+        writers.wake_all();
+        assert_eq!(counts[5].0.load(SeqCst), 2);
     }
 
     /// Closing frees the port at once while another holder of the socket (as quinn's tasks

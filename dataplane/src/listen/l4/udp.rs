@@ -106,8 +106,11 @@ impl UdpListening {
 
     /// Sends `buf` to `to`; dropped once closed.
     async fn send_to(&self, buf: &[u8], to: SocketAddr) -> std::io::Result<usize> {
+        let mut slot = crate::listen::quic_socket::Slot::default();
         std::future::poll_fn(|cx| match self.read().as_ref() {
-            Some(s) => self.writers.poll(cx, |cx| s.poll_send_to(cx, buf, to)),
+            Some(s) => self
+                .writers
+                .poll(&mut slot, cx, |cx| s.poll_send_to(cx, buf, to)),
             None => Poll::Ready(Ok(0)),
         })
         .await
