@@ -1323,6 +1323,68 @@ async fn stale_pooled_connection_is_replaced_for_replayable_requests() {
     .await;
 }
 
+/// A backend restart leaves every idle pooled HTTP/1.1 connection closed: the try after the
+/// first stale one opens a new connection instead of taking the next idle one (which failed
+/// the request with a 502, though a fresh connect would have served it; review s22c L3-1).
+/// Two connections are pooled (the server answers each first request only once both are
+/// open), then both die on their next request.
+#[tokio::test]
+async fn after_a_stale_pooled_connection_the_retry_opens_a_new_one() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    bounded(async {
+        let conns = Arc::new(AtomicUsize::new(0));
+        let both_open = Arc::new(tokio::sync::Barrier::new(2));
+        let c = conns.clone();
+        let addr = spawn_backend(move |mut s| {
+            let n = c.fetch_add(1, Ordering::SeqCst);
+            let both_open = both_open.clone();
+            async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 1024];
+                while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                }
+                if n < 2 {
+                    both_open.wait().await;
+                }
+                let _ = s
+                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                    .await;
+                // The next request on this connection: dropped unanswered.
+                let _ = s.read(&mut chunk).await;
+            }
+        })
+        .await
+        .to_string();
+        let (u, m) = upstreams(vec![backend(
+            json!({"name": "b", "endpoints": [{"address": addr}]}),
+        )]);
+        let (act, rt, cx) = (action(&[("b", 1)]), route(json!({})), ctx());
+        let send = || u.forward(get("/"), &act, &rt, &cx);
+        let (a, b) = tokio::join!(send(), send());
+        for resp in [a, b] {
+            assert_eq!(resp.status(), StatusCode::OK);
+            assert_eq!(text(resp).await, "ok");
+        }
+        for _ in 0..200 {
+            if u.idle_connections("b", &addr) == Some(2) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(u.idle_connections("b", &addr), Some(2));
+        let resp = send().await;
+        assert_eq!(resp.status(), StatusCode::OK, "served on a new connection");
+        assert_eq!(text(resp).await, "ok");
+        assert_eq!(conns.load(Ordering::SeqCst), 3);
+        assert_eq!(m.upstream_errors_of_kind("protocol"), 0);
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn mirrors_are_bounded_and_dropped_when_full() {
     bounded(async {

@@ -300,7 +300,8 @@ impl BackendRt {
     /// A pooled connection may have been closed by the backend while idle. When no byte of
     /// the request was written (the body comes back), or when a replayable request (`replay`: idempotent, and the
     /// whole body, possibly empty, is in memory) meets a connection closed before any response,
-    /// the try goes once more on a new connection.
+    /// the try goes once more on a new connection (HTTP/1.1: opened for it, never another idle
+    /// one; HTTP/2: a stream of an open connection, the closed one being out of the pool).
     ///
     /// `timeouts` are the route's: `backend` bounds the whole try up to the response head,
     /// `connect` (else the backend's `connect_timeout`) the connection, `send_idle` and
@@ -344,21 +345,31 @@ impl BackendRt {
             // route's deadline: the pool ends a connect or a wait for one at the earlier of
             // the two. (The pool's future is made only when it is awaited: made for every
             // request, its ~870 bytes were copied into this future's state first.)
-            let conn = match ep.pool.take_pooled(&self.connector) {
+            // The try after a stale pooled HTTP/1.1 connection opens a new one: another idle
+            // one is as old, and after a backend restart as closed (an HTTP/2 connection the
+            // backend closed is out of the pool already).
+            let pooled = allow_fresh || h2;
+            let by = deadline.map(tokio::time::Instant::from_std);
+            let conn = match pooled
+                .then(|| ep.pool.take_pooled(&self.connector))
+                .flatten()
+            {
                 Some(c) => c,
-                None => match ep
-                    .pool
-                    .acquire_by(
-                        addr,
-                        &self.connector,
-                        Some(connect_timeout),
-                        deadline.map(tokio::time::Instant::from_std),
-                    )
-                    .await
-                {
-                    Err(e) => return (Err(e), Some(body)),
-                    Ok(c) => c,
-                },
+                None => {
+                    let got = if pooled {
+                        ep.pool
+                            .acquire_by(addr, &self.connector, Some(connect_timeout), by)
+                            .await
+                    } else {
+                        ep.pool
+                            .open_h1_by(addr, &self.connector, Some(connect_timeout), by)
+                            .await
+                    };
+                    match got {
+                        Err(e) => return (Err(e), Some(body)),
+                        Ok(c) => c,
+                    }
+                }
             };
             if let (Some(t), Some(since)) = (connect_time.as_deref_mut(), connecting) {
                 *t = Some(since.elapsed());

@@ -579,6 +579,19 @@ impl Pool {
         if let Some(conn) = self.take_pooled(c) {
             return Ok(conn);
         }
+        self.open_h1_by(addr, c, limit, by).await
+    }
+
+    /// A new HTTP/1.1 connection, never a pooled one, bounded as [`Pool::acquire_by`] bounds
+    /// its connect: the try after a pooled connection turned out closed by the backend (its
+    /// other idle connections, as old, are as likely closed: a backend that restarted).
+    pub async fn open_h1_by(
+        &self,
+        addr: &str,
+        c: &Connector,
+        limit: Option<Duration>,
+        by: Option<tokio::time::Instant>,
+    ) -> Result<Conn, ProxyError> {
         let (deadline, limit) = deadline_from(tokio::time::Instant::now(), limit, by);
         match within(deadline, limit, addr, connect_boxed(addr, c, &self.open)).await? {
             Opened::H1(s) => Ok(Conn {
