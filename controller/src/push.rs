@@ -72,7 +72,8 @@ pub struct PushState {
     /// `Hello` on (re)connect (which can be lower after a dataplane restart, until the latest
     /// config is resent and acknowledged).
     pub acked: u64,
-    /// The last rejection: generation and the dataplane's errors (dropped on a reconnect
+    /// The last rejection of a full config (a rejected delta is sent again in full, whose
+    /// answer counts): generation and the dataplane's errors (dropped on a reconnect
     /// once an `Ack` of that generation or a later one has superseded it).
     pub last_nack: Option<(u64, Vec<String>)>,
     /// When the pusher received the last `Ack` (for latency metrics).
@@ -443,17 +444,23 @@ async fn session(
                 Some(Ok(Message::Nack { generation, errors })) => {
                     // The dataplane kept its previous config: no base to build deltas on.
                     base = None;
+                    c.nacks.fetch_add(1, Relaxed);
                     if settle(&mut inflight, generation).is_some_and(|s| s.2) {
                         // The delta did not apply (another base, or a rejected result): the
-                        // same generation goes again as a full config.
+                        // same generation goes again as a full config. Not published: the
+                        // full config's answer is the answer (a real error comes back with
+                        // it; a "delta against generation ..." is ours, not the user's). A
+                        // rejected delta of an older generation is likewise followed by a
+                        // newer one (sent after it, on its base, so rejected and resent in
+                        // full too, or sent in full), whose answer covers it.
                         if attempted == generation {
                             attempted = 0;
                         }
                         tracing::info!(generation, errors = ?errors, "dataplane rejected a delta; sending the full config");
+                    } else {
+                        tracing::error!(generation, errors = ?errors, "dataplane rejected the config");
+                        shared.state.send_modify(|s| s.last_nack = Some((generation, errors)));
                     }
-                    c.nacks.fetch_add(1, Relaxed);
-                    tracing::error!(generation, errors = ?errors, "dataplane rejected the config");
-                    shared.state.send_modify(|s| s.last_nack = Some((generation, errors)));
                 }
                 Some(Ok(other)) => return End::Closed(invalid(format!(
                     "unexpected {:?} frame from the dataplane", other.kind()))),
