@@ -1257,211 +1257,112 @@ hostnames: [gateway-listener.com]\n  rules: [{{matches: [{{path: {{type: PathPre
         )
     }
 
-    /// Stop 34's failed conformance run: the dataplane rejected generation 322 (a port it was
-    /// still releasing), the full config of 322 went again and was acknowledged 40 ms later,
-    /// but the Gateway kept "Programmed=False Invalid: the dataplane rejected the
-    /// configuration ... Address already in use" until the suite gave up. After the Ack, every
-    /// status the Nack wrote must be `translate`'s own again: here the Gateway and its
-    /// ListenerSets, with their listeners.
-    #[tokio::test]
-    async fn an_ack_after_a_nack_of_the_same_generation_rewrites_what_the_nack_wrote() {
-        let api = FakeApi::start().await;
-        let (snapshot, statuses) = conflict_world(2);
-        let (push_tx, push) = watch::channel(PushState {
-            connected: true,
-            submitted: 322,
-            acked: 321,
-            ..Default::default()
-        });
-        let (mut w, _leader) = test_worker(&api, Cached::of(&snapshot), push);
-        w.shared
-            .queue()
-            .offer(&statuses, &StatusChanges::All, 322, Instant::now());
-        // Nothing is written before the dataplane answers.
-        drain(&mut w).await;
-        assert!(api.writes().is_empty(), "{:?}", api.writes());
+    /// Whether `written` says the object is not programmed because the dataplane rejected
+    /// the configuration with `EADDRINUSE` (or a message like it).
+    fn says_rejected(written: &[[String; 4]]) -> bool {
+        written.iter().any(|c| {
+            c[0] == "Programmed"
+                && c[1] == "False"
+                && c[2] == "Invalid"
+                && c[3].contains("Address already in use")
+        })
+    }
 
-        // The dataplane rejects 322: the programmed objects say so.
-        push_tx.send_modify(|s| s.last_nack = Some((322, vec![EADDRINUSE.into()])));
-        w.push_changed();
-        drain(&mut w).await;
-        let gated: Vec<&ObjectKey> = statuses
+    /// Whether `written` says the object is programmed.
+    fn says_programmed(written: &[[String; 4]]) -> bool {
+        written
             .iter()
-            .filter(|(_, s)| programmed(s))
-            .map(|(k, _)| k)
-            .collect();
-        assert!(
-            gated.contains(&&gateway_key()) && gated.len() >= 3,
-            "{gated:?}"
-        );
-        for key in &gated {
-            let written = conditions_in(&api.last()[*key]);
-            assert!(
-                written.iter().any(|c| c[0] == "Programmed"
-                    && c[1] == "False"
-                    && c[2] == "Invalid"
-                    && c[3].contains("Address already in use")),
-                "{key:?}: {written:?}"
-            );
-        }
-
-        // The full config of 322 is applied: every status is translate's own.
-        push_tx.send_modify(|s| s.acked = 322);
-        w.push_changed();
-        drain(&mut w).await;
-        let last = api.last();
-        for (key, status) in &statuses {
-            let written = &last[key];
-            assert_eq!(conditions_in(written), translated(status), "{key:?}");
-        }
+            .any(|c| c[0] == "Programmed" && c[1] == "True")
     }
 
-    /// The same, when the Ack is of a later generation whose statuses are the ones the
-    /// rejected generation had: the offer of 323 queues nothing (the statuses did not change),
-    /// yet the Nack's message must go once 323 is acknowledged.
-    #[tokio::test]
-    async fn an_ack_of_a_later_generation_with_the_same_statuses_rewrites_what_the_nack_wrote() {
-        let api = FakeApi::start().await;
-        let (snapshot, statuses) = conflict_world(2);
-        let (push_tx, push) = watch::channel(PushState {
-            connected: true,
-            submitted: 322,
-            acked: 321,
-            ..Default::default()
-        });
-        let (mut w, _leader) = test_worker(&api, Cached::of(&snapshot), push);
-        w.shared
-            .queue()
-            .offer(&statuses, &StatusChanges::All, 322, Instant::now());
-        push_tx.send_modify(|s| s.last_nack = Some((322, vec![EADDRINUSE.into()])));
-        w.push_changed();
-        drain(&mut w).await;
-        let after_nack = api.writes();
-        let gateway = conditions_in(&api.last()[&gateway_key()]);
-        assert!(
-            gateway
-                .iter()
-                .any(|c| c[0] == "Programmed" && c[1] == "False"),
-            "{gateway:?}"
-        );
-
-        // 323: another config, the same statuses. Nothing is queued for them.
-        let queued = w
-            .shared
-            .queue()
-            .offer(&statuses, &StatusChanges::All, 323, Instant::now());
-        assert_eq!(queued, 0);
-        push_tx.send_modify(|s| s.submitted = 323);
-        w.push_changed();
-        drain(&mut w).await;
-        assert_eq!(
-            api.writes(),
-            after_nack,
-            "no answer on 323 yet: nothing to write"
-        );
-
-        push_tx.send_modify(|s| s.acked = 323);
-        w.push_changed();
-        drain(&mut w).await;
-        let last = api.last();
-        for (key, status) in &statuses {
-            let written = &last[key];
-            assert_eq!(conditions_in(written), translated(status), "{key:?}");
-        }
+    /// A worker (`test_worker`) writing to its own fake API server, gated on a dataplane that
+    /// was sent `generation` and acknowledged the one before, with every status of
+    /// `statuses` offered for `generation`; nothing is written yet.
+    struct Gated {
+        api: FakeApi,
+        w: Worker,
+        push: watch::Sender<PushState>,
+        _leader: watch::Sender<bool>,
     }
 
-    /// With thousands of routes, a Nack and then an Ack cost no more writes than the statuses
-    /// that change: every object once while nothing is programmed yet (held until the
-    /// answer, then written with the rejection), then only the objects `translate` says are
-    /// programmed (the routes' statuses do not depend on the answer and are not written
-    /// again), then nothing for a later acknowledged generation with the same statuses. And no
-    /// status of any kind keeps the rejection's message.
-    #[tokio::test]
-    async fn after_a_nack_and_an_ack_only_the_programmed_statuses_are_written_again() {
-        const ROUTES: usize = 1000;
-        let api = FakeApi::start().await;
-        let (snapshot, statuses) = conflict_world(ROUTES);
-        let (push_tx, push) = watch::channel(PushState {
-            connected: true,
-            submitted: 322,
-            acked: 321,
-            ..Default::default()
-        });
-        let (mut w, _leader) = test_worker(&api, Cached::of(&snapshot), push);
-        w.shared
-            .queue()
-            .offer(&statuses, &StatusChanges::All, 322, Instant::now());
-        push_tx.send_modify(|s| s.last_nack = Some((322, vec![EADDRINUSE.into()])));
-        w.push_changed();
-        drain(&mut w).await;
-        let mut every_kind = std::collections::BTreeMap::new();
-        for key in statuses.keys() {
-            *every_kind.entry(key.kind.clone()).or_insert(0usize) += 1;
-        }
-        assert_eq!(every_kind["HTTPRoute"], ROUTES);
-        assert_eq!(api.writes(), every_kind, "each object written once");
-        // review-s22b F1: every entry written under the Nack holds the same text, not a copy.
-        {
-            let q = w.shared.queue();
-            let texts: Vec<&Arc<str>> =
-                q.unacked.values().filter_map(|g| g.nack.as_ref()).collect();
-            assert_eq!(texts.len(), statuses.len());
-            assert!(texts.iter().all(|t| Arc::ptr_eq(t, texts[0])), "one copy");
-            assert_eq!(
-                Arc::strong_count(texts[0]),
-                texts.len() + 1,
-                "and the gate cache's"
-            );
+    impl Gated {
+        async fn start(
+            snapshot: &crate::translate::Snapshot,
+            statuses: &Statuses,
+            generation: u64,
+        ) -> Gated {
+            let api = FakeApi::start().await;
+            let (push, rx) = watch::channel(PushState {
+                connected: true,
+                submitted: generation,
+                acked: generation - 1,
+                ..Default::default()
+            });
+            let (w, _leader) = test_worker(&api, Cached::of(snapshot), rx);
+            let g = Gated {
+                api,
+                w,
+                push,
+                _leader,
+            };
+            g.offer(statuses, generation);
+            g
         }
 
-        push_tx.send_modify(|s| s.acked = 322);
-        w.push_changed();
-        drain(&mut w).await;
-        let mut programmed_kinds = std::collections::BTreeMap::new();
-        for (key, status) in &statuses {
-            if programmed(status) {
-                *programmed_kinds.entry(key.kind.clone()).or_insert(0usize) += 1;
+        /// Offers every status of `statuses` for `generation`, as the reconcile loop does;
+        /// how many entries that queued.
+        fn offer(&self, statuses: &Statuses, generation: u64) -> usize {
+            self.w
+                .shared
+                .queue()
+                .offer(statuses, &StatusChanges::All, generation, Instant::now())
+        }
+
+        /// The push loop's state changes by `f` (a submit, an answer, a reconnect): the
+        /// worker hears of it and writes all it then may.
+        async fn step(&mut self, f: impl FnOnce(&mut PushState)) {
+            self.push.send_modify(f);
+            self.w.push_changed();
+            drain(&mut self.w).await;
+        }
+
+        /// The dataplane rejects `generation` with `EADDRINUSE`.
+        async fn nack(&mut self, generation: u64) {
+            self.step(|s| s.last_nack = Some((generation, vec![EADDRINUSE.into()])))
+                .await;
+        }
+
+        /// The conditions last written for `key`.
+        fn written(&self, key: &ObjectKey) -> Vec<[String; 4]> {
+            conditions_in(&self.api.last()[key])
+        }
+
+        /// Every object's last written status is `translate`'s own.
+        fn assert_translated(&self, statuses: &Statuses) {
+            let last = self.api.last();
+            for (key, status) in statuses {
+                assert_eq!(conditions_in(&last[key]), translated(status), "{key:?}");
             }
         }
-        assert!(!programmed_kinds.contains_key("HTTPRoute"));
-        let mut want = every_kind.clone();
-        for (kind, n) in &programmed_kinds {
-            *want.get_mut(kind).unwrap() += n;
-        }
-        assert_eq!(api.writes(), want, "only the programmed objects again");
-        let last = api.last();
-        for (key, status) in &statuses {
-            let written = &last[key];
-            assert!(
-                !written.to_string().contains("rejected"),
-                "{key:?}: {written}"
-            );
-            assert_eq!(conditions_in(written), translated(status), "{key:?}");
-        }
-
-        // A later generation with the same statuses, acknowledged: nothing to write.
-        w.shared
-            .queue()
-            .offer(&statuses, &StatusChanges::All, 323, Instant::now());
-        push_tx.send_modify(|s| {
-            s.submitted = 323;
-            s.acked = 323;
-        });
-        w.push_changed();
-        drain(&mut w).await;
-        assert_eq!(api.writes(), want);
-        assert!(w.shared.queue().unacked.is_empty());
     }
 
-    /// The writes per kind of the objects whose `translate` status is programmed.
-    fn programmed_kinds(statuses: &Statuses) -> std::collections::BTreeMap<String, usize> {
+    /// The writes per kind of the objects whose `translate` status passes `which`.
+    fn kinds(
+        statuses: &Statuses,
+        which: impl Fn(&ObjectStatus) -> bool,
+    ) -> std::collections::BTreeMap<String, usize> {
         let mut kinds = std::collections::BTreeMap::new();
         for (key, status) in statuses {
-            if programmed(status) {
+            if which(status) {
                 *kinds.entry(key.kind.clone()).or_insert(0usize) += 1;
             }
         }
         kinds
+    }
+
+    /// The writes per kind of the objects whose `translate` status is programmed.
+    fn programmed_kinds(statuses: &Statuses) -> std::collections::BTreeMap<String, usize> {
+        kinds(statuses, programmed)
     }
 
     fn add_writes(
@@ -1475,6 +1376,119 @@ hostnames: [gateway-listener.com]\n  rules: [{{matches: [{{path: {{type: PathPre
         sum
     }
 
+    /// Stop 34's failed conformance run: the dataplane rejected generation 322 (a port it was
+    /// still releasing), the full config of 322 went again and was acknowledged 40 ms later,
+    /// but the Gateway kept "Programmed=False Invalid: the dataplane rejected the
+    /// configuration ... Address already in use" until the suite gave up. After the Ack, every
+    /// status the Nack wrote must be `translate`'s own again: here the Gateway and its
+    /// ListenerSets, with their listeners.
+    #[tokio::test]
+    async fn an_ack_after_a_nack_of_the_same_generation_rewrites_what_the_nack_wrote() {
+        let (snapshot, statuses) = conflict_world(2);
+        let mut g = Gated::start(&snapshot, &statuses, 322).await;
+        // Nothing is written before the dataplane answers.
+        drain(&mut g.w).await;
+        assert!(g.api.writes().is_empty(), "{:?}", g.api.writes());
+
+        // The dataplane rejects 322: the programmed objects say so.
+        g.nack(322).await;
+        let gated: Vec<&ObjectKey> = statuses
+            .iter()
+            .filter(|(_, s)| programmed(s))
+            .map(|(k, _)| k)
+            .collect();
+        assert!(
+            gated.contains(&&gateway_key()) && gated.len() >= 3,
+            "{gated:?}"
+        );
+        for key in &gated {
+            let written = g.written(key);
+            assert!(says_rejected(&written), "{key:?}: {written:?}");
+        }
+
+        // The full config of 322 is applied: every status is translate's own.
+        g.step(|s| s.acked = 322).await;
+        g.assert_translated(&statuses);
+    }
+
+    /// The same, when the Ack is of a later generation whose statuses are the ones the
+    /// rejected generation had: the offer of 323 queues nothing (the statuses did not change),
+    /// yet the Nack's message must go once 323 is acknowledged.
+    #[tokio::test]
+    async fn an_ack_of_a_later_generation_with_the_same_statuses_rewrites_what_the_nack_wrote() {
+        let (snapshot, statuses) = conflict_world(2);
+        let mut g = Gated::start(&snapshot, &statuses, 322).await;
+        g.nack(322).await;
+        let after_nack = g.api.writes();
+        let gateway = g.written(&gateway_key());
+        assert!(says_rejected(&gateway), "{gateway:?}");
+
+        // 323: another config, the same statuses. Nothing is queued for them.
+        assert_eq!(g.offer(&statuses, 323), 0);
+        g.step(|s| s.submitted = 323).await;
+        assert_eq!(
+            g.api.writes(),
+            after_nack,
+            "no answer on 323 yet: nothing to write"
+        );
+
+        g.step(|s| s.acked = 323).await;
+        g.assert_translated(&statuses);
+    }
+
+    /// With thousands of routes, a Nack and then an Ack cost no more writes than the statuses
+    /// that change: every object once while nothing is programmed yet (held until the
+    /// answer, then written with the rejection), then only the objects `translate` says are
+    /// programmed (the routes' statuses do not depend on the answer and are not written
+    /// again), then nothing for a later acknowledged generation with the same statuses. And no
+    /// status of any kind keeps the rejection's message.
+    #[tokio::test]
+    async fn after_a_nack_and_an_ack_only_the_programmed_statuses_are_written_again() {
+        const ROUTES: usize = 1000;
+        let (snapshot, statuses) = conflict_world(ROUTES);
+        let mut g = Gated::start(&snapshot, &statuses, 322).await;
+        g.nack(322).await;
+        let every_kind = kinds(&statuses, |_| true);
+        assert_eq!(every_kind["HTTPRoute"], ROUTES);
+        assert_eq!(g.api.writes(), every_kind, "each object written once");
+        // review-s22b F1: every entry written under the Nack holds the same text, not a copy.
+        {
+            let q = g.w.shared.queue();
+            let texts: Vec<&Arc<str>> =
+                q.unacked.values().filter_map(|e| e.nack.as_ref()).collect();
+            assert_eq!(texts.len(), statuses.len());
+            assert!(texts.iter().all(|t| Arc::ptr_eq(t, texts[0])), "one copy");
+            assert_eq!(
+                Arc::strong_count(texts[0]),
+                texts.len() + 1,
+                "and the gate cache's"
+            );
+        }
+
+        g.step(|s| s.acked = 322).await;
+        let programmed_kinds = programmed_kinds(&statuses);
+        assert!(!programmed_kinds.contains_key("HTTPRoute"));
+        let want = add_writes(&every_kind, &programmed_kinds);
+        assert_eq!(g.api.writes(), want, "only the programmed objects again");
+        for (key, written) in g.api.last() {
+            assert!(
+                !written.to_string().contains("rejected"),
+                "{key:?}: {written}"
+            );
+        }
+        g.assert_translated(&statuses);
+
+        // A later generation with the same statuses, acknowledged: nothing to write.
+        g.offer(&statuses, 323);
+        g.step(|s| {
+            s.submitted = 323;
+            s.acked = 323;
+        })
+        .await;
+        assert_eq!(g.api.writes(), want);
+        assert!(g.w.shared.queue().unacked.is_empty());
+    }
+
     /// review-s22b F2: generation 322 acknowledged (everything Programmed=True), then the
     /// dataplane restarts (its Hello: acked 0) and rejects the resent 322 (the old process
     /// still holds a port). The Gateway and its ListenerSets must say so, although their
@@ -1484,78 +1498,43 @@ hostnames: [gateway-listener.com]\n  rules: [{{matches: [{{path: {{type: PathPre
     #[tokio::test]
     async fn a_restarted_dataplane_rejecting_the_resent_config_unprograms_what_was_acked() {
         const ROUTES: usize = 1000;
-        let api = FakeApi::start().await;
         let (snapshot, statuses) = conflict_world(ROUTES);
-        let (push_tx, push) = watch::channel(PushState {
-            connected: true,
-            submitted: 322,
-            acked: 321,
-            ..Default::default()
-        });
-        let (mut w, _leader) = test_worker(&api, Cached::of(&snapshot), push);
-        w.shared
-            .queue()
-            .offer(&statuses, &StatusChanges::All, 322, Instant::now());
-        push_tx.send_modify(|s| s.acked = 322);
-        w.push_changed();
-        drain(&mut w).await;
-        let acked = api.writes();
+        let mut g = Gated::start(&snapshot, &statuses, 322).await;
+        g.step(|s| s.acked = 322).await;
+        let acked = g.api.writes();
         assert_eq!(acked["HTTPRoute"], ROUTES);
-        let last = api.last();
-        for (key, status) in &statuses {
-            assert_eq!(conditions_in(&last[key]), translated(status), "{key:?}");
-        }
+        g.assert_translated(&statuses);
 
         // The dataplane restarts: its Hello says it runs nothing.
-        push_tx.send_modify(|s| {
+        g.step(|s| {
             s.acked = 0;
             s.last_nack = None;
-        });
-        w.push_changed();
-        drain(&mut w).await;
-        assert_eq!(api.writes(), acked, "nothing changes before the answer");
+        })
+        .await;
+        assert_eq!(g.api.writes(), acked, "nothing changes before the answer");
 
         // It rejects the resent 322.
-        push_tx.send_modify(|s| s.last_nack = Some((322, vec![EADDRINUSE.into()])));
-        w.push_changed();
-        drain(&mut w).await;
+        g.nack(322).await;
         let programmed_kinds = programmed_kinds(&statuses);
         assert!(programmed_kinds.contains_key("Gateway"));
         assert!(!programmed_kinds.contains_key("HTTPRoute"));
         let after_nack = add_writes(&acked, &programmed_kinds);
-        assert_eq!(api.writes(), after_nack, "only the programmed objects");
-        let last = api.last();
+        assert_eq!(g.api.writes(), after_nack, "only the programmed objects");
         for (key, status) in &statuses {
-            let written = conditions_in(&last[key]);
+            let written = g.written(key);
             if programmed(status) {
-                assert!(
-                    written.iter().any(|c| c[0] == "Programmed"
-                        && c[1] == "False"
-                        && c[2] == "Invalid"
-                        && c[3].contains("Address already in use")),
-                    "{key:?}: {written:?}"
-                );
-                assert!(
-                    !written
-                        .iter()
-                        .any(|c| c[0] == "Programmed" && c[1] == "True"),
-                    "{key:?}: {written:?}"
-                );
+                assert!(says_rejected(&written), "{key:?}: {written:?}");
+                assert!(!says_programmed(&written), "{key:?}: {written:?}");
             } else {
                 assert_eq!(written, translated(status), "{key:?}");
             }
         }
 
         // Its next try is acknowledged: translate's own statuses again.
-        push_tx.send_modify(|s| s.acked = 322);
-        w.push_changed();
-        drain(&mut w).await;
-        assert_eq!(api.writes(), add_writes(&after_nack, &programmed_kinds));
-        let last = api.last();
-        for (key, status) in &statuses {
-            assert_eq!(conditions_in(&last[key]), translated(status), "{key:?}");
-        }
-        assert!(w.shared.queue().unacked.is_empty());
+        g.step(|s| s.acked = 322).await;
+        assert_eq!(g.api.writes(), add_writes(&after_nack, &programmed_kinds));
+        g.assert_translated(&statuses);
+        assert!(g.w.shared.queue().unacked.is_empty());
     }
 
     /// review-s22b F2's worse variant: 322 acknowledged, 323 rejected (the rejection stays,
@@ -1563,54 +1542,22 @@ hostnames: [gateway-listener.com]\n  rules: [{{matches: [{{path: {{type: PathPre
     /// rejected 323 and runs nothing, so what 322 programmed is no longer programmed.
     #[tokio::test]
     async fn a_restart_after_a_rejection_unprograms_what_the_older_ack_programmed() {
-        let api = FakeApi::start().await;
         let (snapshot, statuses) = conflict_world(2);
-        let (push_tx, push) = watch::channel(PushState {
-            connected: true,
-            submitted: 322,
-            acked: 321,
-            ..Default::default()
-        });
-        let (mut w, _leader) = test_worker(&api, Cached::of(&snapshot), push);
-        w.shared
-            .queue()
-            .offer(&statuses, &StatusChanges::All, 322, Instant::now());
-        push_tx.send_modify(|s| s.acked = 322);
-        w.push_changed();
-        drain(&mut w).await;
-        w.shared
-            .queue()
-            .offer(&statuses, &StatusChanges::All, 323, Instant::now());
-        push_tx.send_modify(|s| {
+        let mut g = Gated::start(&snapshot, &statuses, 322).await;
+        g.step(|s| s.acked = 322).await;
+        g.offer(&statuses, 323);
+        g.step(|s| {
             s.submitted = 323;
             s.last_nack = Some((323, vec![EADDRINUSE.into()]));
-        });
-        w.push_changed();
-        drain(&mut w).await;
-        let gateway = conditions_in(&api.last()[&gateway_key()]);
-        assert!(
-            gateway
-                .iter()
-                .any(|c| c[0] == "Programmed" && c[1] == "True"),
-            "322 still runs: {gateway:?}"
-        );
+        })
+        .await;
+        let gateway = g.written(&gateway_key());
+        assert!(says_programmed(&gateway), "322 still runs: {gateway:?}");
 
-        push_tx.send_modify(|s| s.acked = 0);
-        w.push_changed();
-        drain(&mut w).await;
-        let gateway = conditions_in(&api.last()[&gateway_key()]);
-        assert!(
-            gateway.iter().any(|c| c[0] == "Programmed"
-                && c[1] == "False"
-                && c[3].contains("Address already in use")),
-            "{gateway:?}"
-        );
-        assert!(
-            !gateway
-                .iter()
-                .any(|c| c[0] == "Programmed" && c[1] == "True"),
-            "{gateway:?}"
-        );
+        g.step(|s| s.acked = 0).await;
+        let gateway = g.written(&gateway_key());
+        assert!(says_rejected(&gateway), "{gateway:?}");
+        assert!(!says_programmed(&gateway), "{gateway:?}");
     }
 
     /// A SweetySite's status is written by the same worker under the same gate (its
@@ -1621,7 +1568,6 @@ hostnames: [gateway-listener.com]\n  rules: [{{matches: [{{path: {{type: PathPre
     async fn an_ack_after_a_nack_rewrites_a_sweetysites_status() {
         const NACK: &str =
             "config rejected: cannot bind 0.0.0.0:443: Address already in use (os error 98)";
-        let api = FakeApi::start().await;
         let (snapshot, _) = crate::translate::Snapshot::from_yaml(include_str!(
             "../testdata/translate/site-configmap.in.yaml"
         ))
@@ -1630,40 +1576,21 @@ hostnames: [gateway-listener.com]\n  rules: [{{matches: [{{path: {{type: PathPre
             crate::translate::translate(&snapshot, &crate::translate::Params::default()).statuses;
         let site = ObjectKey::new("SweetySite", "web", "www");
         assert!(programmed(&statuses[&site]), "{:?}", statuses.get(&site));
-        let (push_tx, push) = watch::channel(PushState {
-            connected: true,
-            submitted: 7,
-            acked: 6,
-            ..Default::default()
-        });
-        let (mut w, _leader) = test_worker(&api, Cached::of(&snapshot), push);
-        w.shared
-            .queue()
-            .offer(&statuses, &StatusChanges::All, 7, Instant::now());
-        drain(&mut w).await;
-        assert!(api.writes().is_empty(), "{:?}", api.writes());
+        let mut g = Gated::start(&snapshot, &statuses, 7).await;
+        drain(&mut g.w).await;
+        assert!(g.api.writes().is_empty(), "{:?}", g.api.writes());
 
-        push_tx.send_modify(|s| s.last_nack = Some((7, vec![NACK.into()])));
-        w.push_changed();
-        drain(&mut w).await;
-        assert_eq!(api.writes().get("SweetySite"), Some(&1));
-        let written = conditions_in(&api.last()[&site]);
-        assert!(
-            written.iter().any(|c| c[0] == "Programmed"
-                && c[1] == "False"
-                && c[2] == "Invalid"
-                && c[3].contains("Address already in use")),
-            "{written:?}"
-        );
+        g.step(|s| s.last_nack = Some((7, vec![NACK.into()]))).await;
+        assert_eq!(g.api.writes().get("SweetySite"), Some(&1));
+        let written = g.written(&site);
+        assert!(says_rejected(&written), "{written:?}");
 
-        push_tx.send_modify(|s| s.acked = 7);
-        w.push_changed();
-        drain(&mut w).await;
-        assert_eq!(api.writes().get("SweetySite"), Some(&2));
-        let written = &api.last()[&site];
+        g.step(|s| s.acked = 7).await;
+        assert_eq!(g.api.writes().get("SweetySite"), Some(&2));
+        let written = &g.api.last()[&site];
         assert!(!written.to_string().contains("rejected"), "{written}");
         assert_eq!(conditions_in(written), translated(&statuses[&site]));
-        assert!(w.shared.queue().unacked.is_empty());
+        assert!(g.w.shared.queue().unacked.is_empty());
     }
 
     #[test]
