@@ -595,21 +595,34 @@ mod tests {
         .unwrap()
     }
 
+    /// A pusher dialing a socket in a new temporary directory (removed when the returned
+    /// guard drops), and the fake dataplane's listener on that socket.
+    fn pusher_and_listener() -> (tempfile::TempDir, tokio::net::UnixListener, Pusher) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.sock");
+        let listener = tokio::net::UnixListener::bind(&path).unwrap();
+        let pusher = Pusher::spawn(PushOptions {
+            socket: path,
+            max_backoff: Duration::from_millis(100),
+        });
+        (dir, listener, pusher)
+    }
+
+    /// Accepts the pusher's next connection as a dataplane running `generation`.
+    async fn accept_hello(listener: &tokio::net::UnixListener, generation: u64) -> UnixStream {
+        let (mut s, _) = listener.accept().await.unwrap();
+        s.write_all(&hello(generation)).await.unwrap();
+        s
+    }
+
     /// A rejection that an Ack superseded does not come back when the dataplane restarts:
     /// its `Hello` lowers the acknowledged generation below the rejected one, and the gate
     /// of that generation's statuses must then say "pending", not the old rejection.
     #[tokio::test]
     async fn a_superseded_nack_does_not_come_back_with_a_restarted_dataplane() {
         use crate::status_writer::Gate;
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("c.sock");
-        let listener = tokio::net::UnixListener::bind(&path).unwrap();
-        let pusher = Pusher::spawn(PushOptions {
-            socket: path.clone(),
-            max_backoff: Duration::from_millis(100),
-        });
-        let (mut s, _) = listener.accept().await.unwrap();
-        s.write_all(&hello(0)).await.unwrap();
+        let (_dir, listener, pusher) = pusher_and_listener();
+        let mut s = accept_hello(&listener, 0).await;
         let mut buf = Vec::new();
         assert_eq!(pusher.submit(items("one")), 1);
         assert_eq!(next_apply(&mut s, &mut buf).await, 1);
@@ -623,8 +636,7 @@ mod tests {
         // The rejected generation is acknowledged after all (sent again on a new
         // connection, as after a rejected delta).
         drop(s);
-        let (mut s, _) = listener.accept().await.unwrap();
-        s.write_all(&hello(0)).await.unwrap();
+        let mut s = accept_hello(&listener, 0).await;
         let mut buf = Vec::new();
         assert_eq!(next_apply(&mut s, &mut buf).await, 1);
         let ack = Message::Ack { generation: 1 }.encode().unwrap();
@@ -633,8 +645,7 @@ mod tests {
         assert_eq!(Gate::new(&st, 1), Gate::open());
         // The dataplane restarts: generation 0 again until the config is resent.
         drop(s);
-        let (mut s, _) = listener.accept().await.unwrap();
-        s.write_all(&hello(0)).await.unwrap();
+        let _s = accept_hello(&listener, 0).await;
         let st = state_where(&pusher, |st| st.connected && st.acked == 0).await;
         assert_eq!(st.last_nack, None);
         assert_eq!(Gate::new(&st, 1), Gate::default(), "pending, not rejected");
@@ -642,20 +653,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_submit_is_sent_at_once_and_an_unchanged_one_not_at_all() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("c.sock");
-        let listener = tokio::net::UnixListener::bind(&path).unwrap();
-        let pusher = Pusher::spawn(PushOptions {
-            socket: path.clone(),
-            max_backoff: Duration::from_millis(100),
-        });
-        let (mut s, _) = listener.accept().await.unwrap();
-        let hello = Message::Hello(Hello {
-            version: wire::PROTOCOL_VERSION,
-            generation: 0,
-            hash: String::new(),
-        });
-        s.write_all(&hello.encode().unwrap()).await.unwrap();
+        let (_dir, listener, pusher) = pusher_and_listener();
+        let mut s = accept_hello(&listener, 0).await;
         let mut buf = Vec::new();
 
         assert_eq!(pusher.submit(items("one")), 1);
