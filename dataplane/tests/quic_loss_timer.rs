@@ -12,6 +12,8 @@
 //! server's call. The test asserts that the download completes, whole and in order, and that
 //! the server declared packets lost (the paths those checks guard ran).
 
+mod common;
+
 use bytes::BytesMut;
 use quinn_proto::crypto::rustls::QuicClientConfig;
 use quinn_proto::{
@@ -32,30 +34,6 @@ static CHUNK: [u8; 16 * 1024] = [0xa5; 16 * 1024];
 const HOP: Duration = Duration::from_millis(1);
 /// Steps at most (each bounded work); a download takes a few hundred to a few thousand.
 const STEPS: usize = 200_000;
-
-/// A self-signed certificate for `localhost`: the server's rustls config (TLS 1.3, ALPN h3) and
-/// a client config trusting only it.
-fn tls() -> (Arc<rustls::ServerConfig>, rustls::ClientConfig) {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
-    let key = rustls::pki_types::PrivateKeyDer::Pkcs8(ck.signing_key.serialize_der().into());
-    let mut server = rustls::ServerConfig::builder_with_provider(provider.clone())
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .unwrap()
-        .with_no_client_auth()
-        .with_single_cert(vec![ck.cert.der().clone()], key)
-        .unwrap();
-    server.alpn_protocols = vec![b"h3".to_vec()];
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(ck.cert.der().clone()).unwrap();
-    let mut client = rustls::ClientConfig::builder_with_provider(provider)
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    client.alpn_protocols = vec![b"h3".to_vec()];
-    (Arc::new(server), client)
-}
 
 /// A small xorshift generator: the same seed, the same losses.
 struct Rng(u64);
@@ -105,7 +83,7 @@ struct Download {
 
 impl Download {
     fn new() -> Download {
-        let (server_tls, client_tls) = tls();
+        let (server_tls, client_tls) = common::quic::tls();
         let server_cfg = sweety_dataplane::listen::quic::server_config(
             server_tls,
             &sweety_config::Http3::default(),

@@ -19,6 +19,8 @@
 //! What the server holds is counted by a global allocator (its own test binary): the bytes
 //! allocated, and not yet freed, in the server's calls.
 
+mod common;
+
 use bytes::BytesMut;
 use quinn_proto::crypto::rustls::QuicClientConfig;
 use quinn_proto::{
@@ -130,30 +132,6 @@ struct Harness {
     sent_ack_only: u64,
 }
 
-/// A self-signed certificate for `localhost`: the server's rustls config (TLS 1.3, ALPN h3, as
-/// Sweety's listeners) and a client config trusting only it.
-fn tls() -> (Arc<rustls::ServerConfig>, rustls::ClientConfig) {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
-    let key = rustls::pki_types::PrivateKeyDer::Pkcs8(ck.signing_key.serialize_der().into());
-    let mut server = rustls::ServerConfig::builder_with_provider(provider.clone())
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .unwrap()
-        .with_no_client_auth()
-        .with_single_cert(vec![ck.cert.der().clone()], key)
-        .unwrap();
-    server.alpn_protocols = vec![b"h3".to_vec()];
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(ck.cert.der().clone()).unwrap();
-    let mut client = rustls::ClientConfig::builder_with_provider(provider)
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    client.alpn_protocols = vec![b"h3".to_vec()];
-    (Arc::new(server), client)
-}
-
 /// The sum of the server's frame counters but ACK: unchanged by a datagram iff it carried
 /// only ACK (and PADDING) frames.
 fn non_ack_frames(c: &Connection) -> u64 {
@@ -186,7 +164,7 @@ fn non_ack_frames(c: &Connection) -> u64 {
 impl Harness {
     /// A connected client and server, the request sent, the download under way.
     fn connected() -> Harness {
-        let (server_tls, client_tls) = tls();
+        let (server_tls, client_tls) = common::quic::tls();
         let h3 = sweety_config::Http3::default();
         let limits = sweety_config::Limits::default();
         let server_cfg =

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub(crate) mod h2;
+pub(crate) mod quic;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
