@@ -1529,23 +1529,6 @@ async fn the_clock_is_the_runtimes() {
     assert!(clock().duration_since(before) >= Duration::from_secs(30));
 }
 
-/// Answers every request with `body`'s chunks, one body frame each.
-struct Chunked(Vec<Bytes>);
-
-impl H2Service for Chunked {
-    type Head = crate::NoHead;
-    type Future = std::future::Ready<(Response<Body>, Option<crate::NoHead>)>;
-
-    fn call(&mut self, _request: Request<Body>, _now: Instant) -> Self::Future {
-        let body = Chunks(self.0.iter().cloned().collect());
-        std::future::ready((Response::new(body.boxed_unsync()), None))
-    }
-
-    fn limit_hit(&self, _what: &'static str) {}
-
-    fn connection_error(&self, _reason: Reason, _why: &'static str) {}
-}
-
 /// A body yielding its chunks one frame each.
 struct Chunks(VecDeque<Bytes>);
 
@@ -1669,7 +1652,11 @@ async fn data_through_partial_writes(gathers: bool) -> usize {
     let (tx, stop) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
         let _tx = tx;
-        let _ = serve(io, Chunked(chunks), settings(), stop).await;
+        let bodies = [
+            Chunks(chunks.iter().cloned().collect()),
+            Chunks(chunks.into()),
+        ];
+        let _ = serve(io, Bodies(bodies.into(), Arc::default()), settings(), stop).await;
     });
     let mut out = BytesMut::from(&frame::PREFACE[..]);
     frame::put_settings(&mut out, &[(setting::INITIAL_WINDOW_SIZE, 1 << 20)]);
@@ -2424,9 +2411,12 @@ impl http_body::Body for AfterGate {
 
 /// Answers each request at once with the next of its bodies, and counts the streams reset
 /// for want of window after the client's EOF ([`H2Service::blocked_at_eof`]).
-struct Bodies(VecDeque<AfterGate>, Arc<std::sync::atomic::AtomicUsize>);
+struct Bodies<B>(VecDeque<B>, Arc<std::sync::atomic::AtomicUsize>);
 
-impl H2Service for Bodies {
+impl<B> H2Service for Bodies<B>
+where
+    B: http_body::Body<Data = Bytes, Error = crate::BoxError> + Send + 'static,
+{
     type Head = crate::NoHead;
     type Future = std::future::Ready<(Response<Body>, Option<crate::NoHead>)>;
 
