@@ -11,3 +11,14 @@ pub mod l4;
 pub mod quic;
 pub mod quic_socket;
 pub mod tcp;
+
+/// A waker that counts its wakes: the listeners' tests of who is woken, and how often.
+#[cfg(test)]
+pub(crate) struct WakeCount(pub(crate) std::sync::atomic::AtomicUsize);
+
+#[cfg(test)]
+impl std::task::Wake for WakeCount {
+    fn wake(self: std::sync::Arc<Self>) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}

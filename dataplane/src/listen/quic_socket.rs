@@ -278,16 +278,9 @@ impl quinn::UdpPoller for Writable {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::listen::WakeCount as Count;
     use quinn::AsyncUdpSocket;
     use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
-
-    struct Count(AtomicUsize);
-
-    impl std::task::Wake for Count {
-        fn wake(self: Arc<Self>) {
-            self.0.fetch_add(1, SeqCst);
-        }
-    }
 
     /// Every task that found the shared socket full is woken when it takes datagrams again
     /// (tokio wakes the one waker it was given), each once however often it polled; the next

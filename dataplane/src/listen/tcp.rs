@@ -902,18 +902,11 @@ pub fn h2_settings(l: &sweety_config::Limits) -> sweety_h2::Settings {
 mod tests {
     use super::*;
     use crate::exec::DEFERRED;
+    use crate::listen::WakeCount as Count;
     use hyper::rt::Executor;
     use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
     use std::task::Waker;
     use sweety_h2::first_poll::INLINE_FIRST_POLLS;
-
-    /// A waker that counts its wakes.
-    struct Count(AtomicUsize);
-    impl std::task::Wake for Count {
-        fn wake(self: Arc<Self>) {
-            self.0.fetch_add(1, SeqCst);
-        }
-    }
 
     /// The premise of `bound_address`: a connection accepted on a listener bound to one
     /// address has the listener's address and port (what getsockname says), for IPv4 and
