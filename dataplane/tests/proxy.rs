@@ -1259,13 +1259,16 @@ async fn the_configured_idle_bound_holds_under_a_larger_burst() {
 }
 
 /// A raw HTTP/1.1 server that answers one request per connection with keep-alive, then closes
-/// the connection without answering when a second request arrives on it.
-async fn one_shot_keepalive_server() -> (SocketAddr, Arc<AtomicUsize>) {
+/// the connection without answering when a second request arrives on it. The first `together`
+/// connections answer only once all of them are open (so that many are pooled at once).
+async fn one_shot_keepalive_server(together: usize) -> (SocketAddr, Arc<AtomicUsize>) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let conns = Arc::new(AtomicUsize::new(0));
+    let all_open = Arc::new(tokio::sync::Barrier::new(together.max(1)));
     let c = conns.clone();
     let addr = spawn_backend(move |mut s| {
-        c.fetch_add(1, Ordering::SeqCst);
+        let n = c.fetch_add(1, Ordering::SeqCst);
+        let all_open = all_open.clone();
         async move {
             let mut buf = Vec::new();
             let mut chunk = [0u8; 1024];
@@ -1274,6 +1277,9 @@ async fn one_shot_keepalive_server() -> (SocketAddr, Arc<AtomicUsize>) {
                     Ok(0) | Err(_) => return,
                     Ok(n) => buf.extend_from_slice(&chunk[..n]),
                 }
+            }
+            if n < together {
+                all_open.wait().await;
             }
             let _ = s
                 .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
@@ -1289,7 +1295,7 @@ async fn one_shot_keepalive_server() -> (SocketAddr, Arc<AtomicUsize>) {
 #[tokio::test]
 async fn stale_pooled_connection_is_replaced_for_replayable_requests() {
     bounded(async {
-        let (addr, conns) = one_shot_keepalive_server().await;
+        let (addr, conns) = one_shot_keepalive_server(0).await;
         let (u, m) = upstreams(vec![backend(
             json!({"name": "b", "endpoints": [{"address": addr.to_string()}]}),
         )]);
@@ -1330,35 +1336,9 @@ async fn stale_pooled_connection_is_replaced_for_replayable_requests() {
 /// open), then both die on their next request.
 #[tokio::test]
 async fn after_a_stale_pooled_connection_the_retry_opens_a_new_one() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     bounded(async {
-        let conns = Arc::new(AtomicUsize::new(0));
-        let both_open = Arc::new(tokio::sync::Barrier::new(2));
-        let c = conns.clone();
-        let addr = spawn_backend(move |mut s| {
-            let n = c.fetch_add(1, Ordering::SeqCst);
-            let both_open = both_open.clone();
-            async move {
-                let mut buf = Vec::new();
-                let mut chunk = [0u8; 1024];
-                while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match s.read(&mut chunk).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                    }
-                }
-                if n < 2 {
-                    both_open.wait().await;
-                }
-                let _ = s
-                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
-                    .await;
-                // The next request on this connection: dropped unanswered.
-                let _ = s.read(&mut chunk).await;
-            }
-        })
-        .await
-        .to_string();
+        let (addr, conns) = one_shot_keepalive_server(2).await;
+        let addr = addr.to_string();
         let (u, m) = upstreams(vec![backend(
             json!({"name": "b", "endpoints": [{"address": addr}]}),
         )]);
