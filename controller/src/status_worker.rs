@@ -346,26 +346,16 @@ impl StatusQueue {
         metrics: Arc<Metrics>,
         options: StatusOptions,
     ) -> StatusQueue {
-        let shared = Arc::new(Shared {
-            queue: Mutex::new(Queue::default()),
-            notify: Notify::new(),
-        });
-        let worker = Worker {
-            shared: shared.clone(),
+        let worker = Worker::new(
             writer,
-            objects: Box::new(stores),
+            Box::new(stores),
             push,
             leading,
-            metrics: metrics.clone(),
-            bucket: TokenBucket::new(options.qps, options.burst, Instant::now()),
+            metrics.clone(),
             options,
-            jobs: JoinSet::new(),
-            held_until: None,
-            acked_high: 0,
-            gates: Default::default(),
-        };
+        );
         StatusQueue {
-            shared,
+            shared: worker.shared.clone(),
             metrics,
             task: tokio::spawn(worker.run()),
         }
@@ -417,6 +407,34 @@ fn answered(gate: &Gate) -> bool {
 }
 
 impl Worker {
+    /// A worker with an empty queue of its own, not started.
+    fn new(
+        writer: StatusWriter,
+        objects: Box<dyn Objects>,
+        push: watch::Receiver<PushState>,
+        leading: watch::Receiver<bool>,
+        metrics: Arc<Metrics>,
+        options: StatusOptions,
+    ) -> Worker {
+        Worker {
+            shared: Arc::new(Shared {
+                queue: Mutex::new(Queue::default()),
+                notify: Notify::new(),
+            }),
+            writer,
+            objects,
+            push,
+            leading,
+            metrics,
+            bucket: TokenBucket::new(options.qps, options.burst, Instant::now()),
+            options,
+            jobs: JoinSet::new(),
+            held_until: None,
+            acked_high: 0,
+            gates: Default::default(),
+        }
+    }
+
     async fn run(mut self) {
         let (mut push_open, mut leader_open) = (true, true);
         loop {
@@ -1153,23 +1171,14 @@ mod tests {
             ack_wait: Duration::from_secs(3600),
             retry: Duration::from_secs(3600),
         };
-        let worker = Worker {
-            shared: Arc::new(Shared {
-                queue: Mutex::new(Queue::default()),
-                notify: Notify::new(),
-            }),
-            writer: StatusWriter::new(api.client(), "sweety.dev/gateway-controller"),
-            objects: Box::new(objects),
+        let worker = Worker::new(
+            StatusWriter::new(api.client(), "sweety.dev/gateway-controller"),
+            Box::new(objects),
             push,
             leading,
-            metrics: Arc::new(Metrics::default()),
-            bucket: TokenBucket::new(options.qps, options.burst, Instant::now()),
+            Arc::new(Metrics::default()),
             options,
-            jobs: JoinSet::new(),
-            held_until: None,
-            acked_high: 0,
-            gates: Default::default(),
-        };
+        );
         (worker, leader)
     }
 
