@@ -356,7 +356,9 @@ impl BackendRt {
             {
                 Some(c) => c,
                 None => {
-                    let got = if pooled {
+                    // HTTP/1.1 has looked at its idle connections just now (or must not):
+                    // it connects. HTTP/2 may wait for a stream or open a connection.
+                    let got = if h2 {
                         ep.pool
                             .acquire_by(addr, &self.connector, Some(connect_timeout), by)
                             .await
