@@ -867,6 +867,62 @@ async fn a_udp_port_freed_by_one_apply_is_bound_by_the_next_at_once() {
     .await;
 }
 
+/// One apply removes HTTP/3 listener `a` and gives its address to a new listener `b`: `a`'s
+/// socket is closed for `b`'s bind, so `a`'s clients get no CONNECTION_CLOSE. Their next packet
+/// reaches `b`'s endpoint, which must recognise the connection ID as one of this process's for
+/// that address and answer with a stateless reset (RFC 9000 §10.3) whose token the client
+/// accepts: the request fails with a reset at once, not at the idle timeout (the client's,
+/// 30 s), and a new connection is served by `b`. Before, every endpoint had its own random
+/// connection-ID key and reset key, so `b` dropped the packet as one with an invalid
+/// connection ID and the client hung.
+#[tokio::test]
+async fn clients_of_a_removed_h3_listener_whose_address_is_reused_are_reset_at_once() {
+    bounded(30, async {
+        let (cert, ca) = cert_for("localhost");
+        let one = |generation: u64, name: &str, port: u16, body: &str| Config {
+            generation,
+            listeners: vec![Listener {
+                port,
+                ..https_listener(name, cert.clone())
+            }],
+            virtual_hosts: vec![vhost("v", &[], vec![fixed_route("r", "/", body)])],
+            ..Config::default()
+        };
+        let h = Harness::start(one(1, "a", 0, "a")).await;
+        let addr = h.runtime.bound_quic().await["a"];
+        let old = H3::connect(addr, "localhost", &ca).await.unwrap();
+        assert_eq!(&old.get("/").await.unwrap().2[..], b"a");
+
+        h.runtime
+            .apply(one(2, "b", addr.port(), "b"))
+            .await
+            .unwrap();
+        assert_eq!(h.runtime.bound_quic().await["b"], addr);
+
+        let started = Instant::now();
+        let reply = tokio::time::timeout(Duration::from_secs(10), old.get("/")).await;
+        let took = started.elapsed();
+        let reply = reply.unwrap_or_else(|_| {
+            panic!(
+                "no stateless reset: the old connection still hangs after 10 s ({:?})",
+                old.conn.close_reason()
+            )
+        });
+        let err = reply.expect_err("the removed listener's connection cannot serve");
+        assert!(
+            matches!(old.conn.close_reason(), Some(quinn::ConnectionError::Reset)),
+            "closed by a stateless reset: {:?} ({err})",
+            old.conn.close_reason()
+        );
+        eprintln!("old connection reset after {took:?}");
+        assert!(took < Duration::from_secs(2), "reset at once: {took:?}");
+
+        let new = H3::connect(addr, "localhost", &ca).await.unwrap();
+        assert_eq!(&new.get("/").await.unwrap().2[..], b"b");
+    })
+    .await;
+}
+
 /// The reverse order, in one apply, for HTTP/3: a listener whose bind key changes to one that
 /// contends with its old sockets (from port 0 to the port it was given) has its old TCP and
 /// UDP sockets closed before the new ones are bound, and serves HTTP/3 on the port. When the

@@ -19,6 +19,9 @@
 //!   on) so the pipeline answers unsafe methods 425 Too Early;
 //! * drains on stop: GOAWAY on every connection, in-flight requests get the drain timeout.
 //!
+//! Every endpoint bound on one address shares its stateless-reset key and connection-ID
+//! scheme with the endpoints bound there before and after it ([`crate::listen::quic_keys`]).
+//!
 //! quinn-udp uses UDP GSO (segmentation offload) and GRO where the kernel supports them; the
 //! first endpoint logs what it found (info level). Static files are read in
 //! `http3.static_chunk_size` chunks for HTTP/3 (a [`ReadChunk`] request extension), so a
@@ -133,7 +136,9 @@ pub fn bind_udp(addr: SocketAddr) -> std::io::Result<std::net::UdpSocket> {
 }
 
 /// Starts a quinn endpoint on a bound UDP socket; with the handle that closes the socket
-/// ([`QuicSocket::close`]).
+/// ([`QuicSocket::close`]). Its reset key and connection IDs are those of every endpoint of
+/// the process bound on the socket's address ([`crate::listen::quic_keys`]): a later endpoint
+/// there resets the connections this one leaves behind when the reload closes its socket.
 pub fn endpoint(
     sock: std::net::UdpSocket,
     config: quinn::ServerConfig,
@@ -149,9 +154,10 @@ pub fn endpoint(
         ),
         Err(e) => tracing::info!(error = %e, "QUIC UDP offload unknown"),
     });
+    let endpoint_config = crate::listen::quic_keys::endpoint_config(sock.local_addr()?)?;
     let socket = QuicSocket::new(sock)?;
     let endpoint = quinn::Endpoint::new_with_abstract_socket(
-        quinn::EndpointConfig::default(),
+        endpoint_config,
         Some(config),
         socket.clone(),
         runtime,
