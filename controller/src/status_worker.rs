@@ -462,17 +462,7 @@ impl Worker {
                         self.writer.forget();
                         continue;
                     }
-                    if *self.leading.borrow_and_update() {
-                        let mut q = self.shared.queue();
-                        let keys: Vec<ObjectKey> = q.entries.keys().cloned().collect();
-                        for k in &keys {
-                            q.mark(k);
-                        }
-                        q.scan_routes = q.offered;
-                    } else {
-                        self.writer.forget();
-                        self.shared.queue().unacked.clear();
-                    }
+                    self.lease_changed();
                 }
                 Some(done) = self.jobs.join_next(), if !self.jobs.is_empty() => {
                     if let Ok((outcome, took)) = done {
@@ -481,6 +471,24 @@ impl Worker {
                 }
                 _ = sleep => self.release_held(false),
             }
+        }
+    }
+
+    /// This replica gained or lost the lease. Lost: what was written is forgotten (another
+    /// replica may write meanwhile), and so are the gates entries were written under. Gained:
+    /// every object is queued again, under the gate of now (the writer skips what is already
+    /// right), and routes are looked at for entries of ours.
+    fn lease_changed(&mut self) {
+        if *self.leading.borrow_and_update() {
+            let mut q = self.shared.queue();
+            let keys: Vec<ObjectKey> = q.entries.keys().cloned().collect();
+            for k in &keys {
+                q.mark(k);
+            }
+            q.scan_routes = q.offered;
+        } else {
+            self.writer.forget();
+            self.shared.queue().unacked.clear();
         }
     }
 
@@ -1016,10 +1024,12 @@ mod tests {
 
     /// A stand-in for the API server's `status` subresource, enough for [`WriteJob::run`]:
     /// a PATCH is answered with the object as applied (a new resourceVersion), and every
-    /// request is recorded.
+    /// request is recorded as it arrives. While held ([`FakeApi::hold`]), requests are
+    /// recorded but not answered until released: their writes are in flight.
     struct FakeApi {
         addr: std::net::SocketAddr,
         log: Log,
+        held: Arc<watch::Sender<bool>>,
         task: tokio::task::JoinHandle<()>,
     }
 
@@ -1033,16 +1043,19 @@ mod tests {
             let addr = listener.local_addr().unwrap();
             let log: Log = Arc::default();
             let seen = log.clone();
+            let held = Arc::new(watch::channel(false).0);
+            let hold = held.clone();
             let task = tokio::spawn(async move {
                 loop {
                     let Ok((stream, _)) = listener.accept().await else {
                         continue;
                     };
-                    let seen = seen.clone();
+                    let (seen, hold) = (seen.clone(), hold.clone());
                     tokio::spawn(async move {
                         let svc = hyper::service::service_fn(
                             move |req: http::Request<hyper::body::Incoming>| {
                                 let seen = seen.clone();
+                                let mut release = hold.subscribe();
                                 async move {
                                     let method = req.method().to_string();
                                     let body = req.into_body().collect().await?.to_bytes();
@@ -1051,16 +1064,20 @@ mod tests {
                                     let text = |v: &serde_json::Value| {
                                         v.as_str().unwrap_or_default().to_string()
                                     };
-                                    let mut seen = seen.lock().unwrap();
-                                    seen.push((
-                                        method,
-                                        text(&obj["kind"]),
-                                        text(&obj["metadata"]["namespace"]),
-                                        text(&obj["metadata"]["name"]),
-                                        obj["status"].clone(),
-                                    ));
-                                    obj["metadata"]["resourceVersion"] =
-                                        serde_json::json!((seen.len() + 1).to_string());
+                                    {
+                                        let mut seen = seen.lock().unwrap();
+                                        seen.push((
+                                            method,
+                                            text(&obj["kind"]),
+                                            text(&obj["metadata"]["namespace"]),
+                                            text(&obj["metadata"]["name"]),
+                                            obj["status"].clone(),
+                                        ));
+                                        obj["metadata"]["resourceVersion"] =
+                                            serde_json::json!((seen.len() + 1).to_string());
+                                    }
+                                    // Answered once released (a closed channel releases).
+                                    let _ = release.wait_for(|held| !*held).await;
                                     let mut resp = http::Response::new(http_body_util::Full::new(
                                         bytes::Bytes::from(obj.to_string()),
                                     ));
@@ -1078,7 +1095,36 @@ mod tests {
                     });
                 }
             });
-            FakeApi { addr, log, task }
+            FakeApi {
+                addr,
+                log,
+                held,
+                task,
+            }
+        }
+
+        /// Hold the requests that arrive from now on unanswered (`true`), or answer them and
+        /// every later one (`false`).
+        fn hold(&self, held: bool) {
+            self.held.send_replace(held);
+        }
+
+        /// Waits (up to 10 s) until `n` requests in all have arrived.
+        async fn arrived(&self, n: usize) {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while self.log.lock().unwrap().len() < n {
+                assert!(
+                    Instant::now() < deadline,
+                    "{} of {n} requests arrived",
+                    self.log.lock().unwrap().len()
+                );
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+
+        /// Requests so far.
+        fn requests(&self) -> usize {
+            self.log.lock().unwrap().len()
         }
 
         fn client(&self) -> kube::Client {
@@ -1119,19 +1165,34 @@ mod tests {
 
     impl Cached {
         fn of(s: &crate::translate::Snapshot) -> Cached {
+            Cached::with(s, &HashMap::new(), "1")
+        }
+
+        /// The objects of `s` carrying the statuses of `status` (where it has one), all at
+        /// resourceVersion `rv`: the cache once it has seen those writes.
+        fn with(
+            s: &crate::translate::Snapshot,
+            status: &HashMap<ObjectKey, serde_json::Value>,
+            rv: &str,
+        ) -> Cached {
             use kube::Resource as _;
             let mut map: HashMap<ObjectKey, Arc<dyn Current>> = HashMap::new();
             macro_rules! add {
                 ($($kind:literal $field:ident),*) => {$(
                     for o in &s.$field {
                         let mut o = (**o).clone();
-                        o.meta_mut().resource_version = Some("1".into());
                         let m = o.meta();
                         let key = ObjectKey::new(
                             $kind,
                             m.namespace.as_deref().unwrap_or_default(),
                             m.name.as_deref().unwrap_or_default(),
                         );
+                        if let Some(st) = status.get(&key) {
+                            let mut v = serde_json::to_value(&o).unwrap();
+                            v["status"] = st.clone();
+                            o = serde_json::from_value(v).unwrap();
+                        }
+                        o.meta_mut().resource_version = Some(rv.into());
                         map.insert(key, Arc::new(o));
                     }
                 )*};
@@ -1291,7 +1352,7 @@ hostnames: [gateway-listener.com]\n  rules: [{{matches: [{{path: {{type: PathPre
         api: FakeApi,
         w: Worker,
         push: watch::Sender<PushState>,
-        _leader: watch::Sender<bool>,
+        leader: watch::Sender<bool>,
     }
 
     impl Gated {
@@ -1307,12 +1368,12 @@ hostnames: [gateway-listener.com]\n  rules: [{{matches: [{{path: {{type: PathPre
                 acked: generation - 1,
                 ..Default::default()
             });
-            let (w, _leader) = test_worker(&api, Cached::of(snapshot), rx);
+            let (w, leader) = test_worker(&api, Cached::of(snapshot), rx);
             let g = Gated {
                 api,
                 w,
                 push,
-                _leader,
+                leader,
             };
             g.offer(statuses, generation);
             g
@@ -1330,9 +1391,21 @@ hostnames: [gateway-listener.com]\n  rules: [{{matches: [{{path: {{type: PathPre
         /// The push loop's state changes by `f` (a submit, an answer, a reconnect): the
         /// worker hears of it and writes all it then may.
         async fn step(&mut self, f: impl FnOnce(&mut PushState)) {
+            self.change(f);
+            drain(&mut self.w).await;
+        }
+
+        /// The push loop's state changes by `f` and the worker hears of it, but starts no
+        /// write and waits for none (writes in flight stay so).
+        fn change(&mut self, f: impl FnOnce(&mut PushState)) {
             self.push.send_modify(f);
             self.w.push_changed();
-            drain(&mut self.w).await;
+        }
+
+        /// This replica gains (`true`) or loses the lease; the worker hears of it.
+        fn lease(&mut self, leading: bool) {
+            self.leader.send_replace(leading);
+            self.w.lease_changed();
         }
 
         /// The dataplane rejects `generation` with `EADDRINUSE`.
@@ -1567,6 +1640,363 @@ hostnames: [gateway-listener.com]\n  rules: [{{matches: [{{path: {{type: PathPre
         let gateway = g.written(&gateway_key());
         assert!(says_rejected(&gateway), "{gateway:?}");
         assert!(!says_programmed(&gateway), "{gateway:?}");
+    }
+
+    /// The keys of the objects whose `translate` status is programmed (the ones the gate
+    /// changes), and of the others.
+    fn split_programmed(statuses: &Statuses) -> (Vec<ObjectKey>, Vec<ObjectKey>) {
+        let (mut on, mut off) = (Vec::new(), Vec::new());
+        for (key, status) in statuses {
+            if programmed(status) {
+                on.push(key.clone());
+            } else {
+                off.push(key.clone());
+            }
+        }
+        (on, off)
+    }
+
+    /// Every programmed object's last written status says the dataplane rejected it (and
+    /// nothing says programmed); every other object's is `translate`'s own.
+    fn assert_rejected(g: &Gated, statuses: &Statuses) {
+        for (key, status) in statuses {
+            let written = g.written(key);
+            if programmed(status) {
+                assert!(says_rejected(&written), "{key:?}: {written:?}");
+                assert!(!says_programmed(&written), "{key:?}: {written:?}");
+            } else {
+                assert_eq!(written, translated(status), "{key:?}");
+            }
+        }
+    }
+
+    /// The writes to `api` of another replica that leads meanwhile: its cache has what `api`
+    /// holds now, its own dataplane acknowledged `generation` (`nack: None`) or rejected it
+    /// with `nack`, and it writes `statuses` for `generation` until it has nothing left.
+    async fn other_leader(
+        api: &FakeApi,
+        snapshot: &crate::translate::Snapshot,
+        statuses: &Statuses,
+        generation: u64,
+        nack: Option<&str>,
+    ) {
+        let (_push, rx) = watch::channel(PushState {
+            connected: true,
+            submitted: generation,
+            acked: if nack.is_some() { 0 } else { generation },
+            last_nack: nack.map(|e| (generation, vec![e.to_string()])),
+            ..Default::default()
+        });
+        let cache = Cached::with(snapshot, &api.last(), &(api.requests() + 1).to_string());
+        let (mut w, _leader) = test_worker(api, cache, rx);
+        w.shared
+            .queue()
+            .offer(statuses, &StatusChanges::All, generation, Instant::now());
+        drain(&mut w).await;
+    }
+
+    /// review-s22b F5 (1): the Ack of the full config comes while the Nack's writes are in
+    /// flight (sent, the API server has not answered). Each programmed object must be written
+    /// once more, under the Ack, and only those: the statuses that do not depend on the
+    /// answer are not written again, and one move of the gate costs one write per object it
+    /// changes, not more.
+    #[tokio::test]
+    async fn an_ack_while_the_nacks_writes_are_in_flight_rewrites_them_once() {
+        let (snapshot, statuses) = conflict_world(2);
+        let (on, _) = split_programmed(&statuses);
+        assert!(on.contains(&gateway_key()) && on.len() >= 3, "{on:?}");
+        let mut g = Gated::start(&snapshot, &statuses, 322).await;
+        g.w.options.concurrency = statuses.len();
+        g.api.hold(true);
+        g.change(|s| s.last_nack = Some((322, vec![EADDRINUSE.into()])));
+        g.w.start_writes();
+        assert_eq!(g.w.jobs.len(), statuses.len(), "every object in flight");
+        g.api.arrived(statuses.len()).await;
+        for key in &on {
+            let written = g.written(key);
+            assert!(says_rejected(&written), "{key:?}: {written:?}");
+        }
+
+        // The full config of 322 is applied while those writes are unanswered.
+        g.change(|s| s.acked = 322);
+        g.w.start_writes();
+        assert_eq!(
+            g.api.requests(),
+            statuses.len(),
+            "nothing more before the answers"
+        );
+        {
+            let q = g.w.shared.queue();
+            assert!(q.dirty.is_empty() && q.held.is_empty());
+            let again: Vec<&ObjectKey> = q
+                .entries
+                .iter()
+                .filter(|(_, e)| e.place == Place::InFlight && e.again)
+                .map(|(k, _)| k)
+                .collect();
+            assert_eq!(again.len(), statuses.len(), "each to be looked at again");
+        }
+        g.api.hold(false);
+        drain(&mut g.w).await;
+        let want = add_writes(&kinds(&statuses, |_| true), &programmed_kinds(&statuses));
+        assert_eq!(g.api.writes(), want, "the programmed objects once more");
+        g.assert_translated(&statuses);
+        assert!(g.w.shared.queue().unacked.is_empty());
+
+        // Settled: the same state heard again writes nothing.
+        g.step(|_| {}).await;
+        assert_eq!(g.api.writes(), want);
+    }
+
+    /// review-s22b F5 (1), the other way: 322's Ack is being written (Programmed=True in
+    /// flight) when the dataplane restarts (its Hello: acked 0) and rejects the resent 322,
+    /// heard as two changes or as one (the watch keeps only the latest state). The writes in
+    /// flight land after the gate moved: the programmed objects must end rejected, each
+    /// written once more; the others are not written again.
+    #[tokio::test]
+    async fn a_restart_and_a_nack_while_the_acks_writes_are_in_flight_unprogram_them() {
+        let (snapshot, statuses) = conflict_world(2);
+        let (on, _) = split_programmed(&statuses);
+        for coalesced in [false, true] {
+            let mut g = Gated::start(&snapshot, &statuses, 322).await;
+            g.w.options.concurrency = statuses.len();
+            g.api.hold(true);
+            g.change(|s| s.acked = 322);
+            g.w.start_writes();
+            assert_eq!(g.w.jobs.len(), statuses.len(), "every object in flight");
+            g.api.arrived(statuses.len()).await;
+            for key in &on {
+                let written = g.written(key);
+                assert!(says_programmed(&written), "{key:?}: {written:?}");
+            }
+
+            let hello = |s: &mut PushState| {
+                s.acked = 0;
+                s.last_nack = None;
+            };
+            let nack = |s: &mut PushState| s.last_nack = Some((322, vec![EADDRINUSE.into()]));
+            if coalesced {
+                g.change(|s| {
+                    hello(s);
+                    nack(s);
+                });
+            } else {
+                g.change(hello);
+                g.change(nack);
+            }
+            g.w.start_writes();
+            assert_eq!(
+                g.api.requests(),
+                statuses.len(),
+                "nothing more before the answers"
+            );
+            g.api.hold(false);
+            drain(&mut g.w).await;
+            let every_kind = kinds(&statuses, |_| true);
+            let after_nack = add_writes(&every_kind, &programmed_kinds(&statuses));
+            assert_eq!(g.api.writes(), after_nack, "coalesced {coalesced}");
+            assert_rejected(&g, &statuses);
+            assert_eq!(g.w.shared.queue().unacked.len(), statuses.len());
+
+            // The next try is acknowledged: translate's own statuses, once more each.
+            g.step(|s| s.acked = 322).await;
+            assert_eq!(
+                g.api.writes(),
+                add_writes(&after_nack, &programmed_kinds(&statuses))
+            );
+            g.assert_translated(&statuses);
+            assert!(g.w.shared.queue().unacked.is_empty());
+        }
+    }
+
+    /// review-s22b F5 (1), two moves during one write: past the Ack wait the statuses go out
+    /// with `Programmed` pending; while those writes are in flight the dataplane rejects the
+    /// generation, then acknowledges it (the full config sent again). One more write per
+    /// programmed object, with translate's own status: not one per move of the gate.
+    #[tokio::test]
+    async fn two_moves_of_the_gate_during_a_write_cost_one_more_write() {
+        let (snapshot, statuses) = conflict_world(2);
+        let (on, _) = split_programmed(&statuses);
+        let mut g = Gated::start(&snapshot, &statuses, 322).await;
+        g.w.options.concurrency = statuses.len();
+        g.w.options.ack_wait = Duration::ZERO;
+        g.api.hold(true);
+        g.w.start_writes();
+        assert_eq!(g.w.jobs.len(), statuses.len(), "every object in flight");
+        g.api.arrived(statuses.len()).await;
+        for key in &on {
+            let written = g.written(key);
+            assert!(
+                written
+                    .iter()
+                    .any(|c| c[0] == "Programmed" && c[1] == "Unknown" && c[2] == "Pending"),
+                "{key:?}: {written:?}"
+            );
+        }
+
+        g.change(|s| s.last_nack = Some((322, vec![EADDRINUSE.into()])));
+        g.w.start_writes();
+        g.change(|s| s.acked = 322);
+        g.w.start_writes();
+        assert_eq!(
+            g.api.requests(),
+            statuses.len(),
+            "nothing more before the answers"
+        );
+        g.api.hold(false);
+        drain(&mut g.w).await;
+        let want = add_writes(&kinds(&statuses, |_| true), &programmed_kinds(&statuses));
+        assert_eq!(g.api.writes(), want);
+        g.assert_translated(&statuses);
+        assert!(g.w.shared.queue().unacked.is_empty());
+    }
+
+    /// review-s22b F5 (2): this replica wrote the rejection of 322 (every entry in
+    /// `unacked`), then lost the lease. Meanwhile translation 323 adds a route, this
+    /// replica's dataplane rejects 323 too, and another replica, whose own dataplane
+    /// acknowledged it, leads and writes Programmed=True; this replica's cache sees those
+    /// writes. On regaining the lease the rejection must be written again over the other
+    /// leader's True, to exactly the programmed objects; the routes (the new one included)
+    /// already carry translate's own status and are not written.
+    #[tokio::test]
+    async fn regaining_the_lease_writes_the_current_gate_over_the_other_leaders_status() {
+        let (snapshot, statuses) = conflict_world(2);
+        let mut g = Gated::start(&snapshot, &statuses, 322).await;
+        g.nack(322).await;
+        assert_eq!(g.w.shared.queue().unacked.len(), statuses.len());
+        assert_rejected(&g, &statuses);
+
+        g.lease(false);
+        assert!(g.w.shared.queue().unacked.is_empty());
+        let (snapshot, statuses) = conflict_world(3);
+        assert!(
+            g.offer(&statuses, 323) > 0,
+            "a route more, the Gateway's count"
+        );
+        g.step(|s| {
+            s.submitted = 323;
+            s.last_nack = Some((323, vec![EADDRINUSE.into()]));
+        })
+        .await;
+        other_leader(&g.api, &snapshot, &statuses, 323, None).await;
+        g.assert_translated(&statuses);
+        let before = g.api.writes();
+        g.w.objects = Box::new(Cached::with(&snapshot, &g.api.last(), "1000"));
+
+        g.lease(true);
+        drain(&mut g.w).await;
+        assert_eq!(
+            g.api.writes(),
+            add_writes(&before, &programmed_kinds(&statuses)),
+            "the programmed objects only"
+        );
+        assert_rejected(&g, &statuses);
+        {
+            let q = g.w.shared.queue();
+            assert_eq!(q.entries.len(), statuses.len());
+            assert_eq!(q.unacked.len(), statuses.len());
+        }
+
+        // Its dataplane applies the full config of 323: translate's own statuses again.
+        g.step(|s| s.acked = 323).await;
+        g.assert_translated(&statuses);
+        assert!(g.w.shared.queue().unacked.is_empty());
+    }
+
+    /// review-s22b F5 (2), with writes in flight: the rejection's writes are unanswered when
+    /// this replica loses the lease, and land afterwards (a request already sent is not taken
+    /// back); then the other leader writes Programmed=True, and this replica's cache sees it.
+    /// What those late writes recorded must not stand for the objects on regaining: the
+    /// rejection is written again to the programmed objects.
+    #[tokio::test]
+    async fn writes_that_land_after_the_lease_is_lost_are_not_trusted_on_regaining() {
+        let (snapshot, statuses) = conflict_world(2);
+        let mut g = Gated::start(&snapshot, &statuses, 322).await;
+        g.w.options.concurrency = statuses.len();
+        g.api.hold(true);
+        g.change(|s| s.last_nack = Some((322, vec![EADDRINUSE.into()])));
+        g.w.start_writes();
+        g.api.arrived(statuses.len()).await;
+
+        g.lease(false);
+        g.api.hold(false);
+        drain(&mut g.w).await;
+        assert_rejected(&g, &statuses);
+        assert!(g.w.shared.queue().unacked.is_empty());
+        other_leader(&g.api, &snapshot, &statuses, 322, None).await;
+        g.assert_translated(&statuses);
+        let before = g.api.writes();
+        g.w.objects = Box::new(Cached::with(&snapshot, &g.api.last(), "1000"));
+
+        g.lease(true);
+        drain(&mut g.w).await;
+        assert_eq!(
+            g.api.writes(),
+            add_writes(&before, &programmed_kinds(&statuses))
+        );
+        assert_rejected(&g, &statuses);
+        assert_eq!(g.w.shared.queue().unacked.len(), statuses.len());
+    }
+
+    /// review-s22b F5 (2), over many lease flaps: while this replica does not lead, its
+    /// dataplane's answer moves (an Ack, or a restart that rejects the resent config) and the
+    /// other leader writes the status of its own dataplane's answer. Each time this replica
+    /// regains the lease, every object must end with the status of this replica's gate, at
+    /// the cost of one write per object whose status the other leader left different, and
+    /// `unacked` (like every queue) holds at most one record per object however many flaps.
+    #[tokio::test]
+    async fn across_lease_flaps_the_status_follows_the_current_gate_and_the_queues_stay_bounded() {
+        const FLAPS: usize = 24;
+        let (snapshot, statuses) = conflict_world(2);
+        let (on, _) = split_programmed(&statuses);
+        let mut g = Gated::start(&snapshot, &statuses, 322).await;
+        g.nack(322).await;
+        for flap in 0..FLAPS {
+            g.lease(false);
+            // Every combination of this replica's answer and the other leader's, in turn.
+            let ours_acked = flap % 2 == 0;
+            let theirs_acked = (flap / 2) % 2 == 0;
+            if ours_acked {
+                g.step(|s| s.acked = 322).await;
+            } else {
+                g.step(|s| {
+                    s.acked = 0;
+                    s.last_nack = Some((322, vec![EADDRINUSE.into()]));
+                })
+                .await;
+            }
+            let nack = (!theirs_acked).then_some(EADDRINUSE);
+            other_leader(&g.api, &snapshot, &statuses, 322, nack).await;
+            let before = g.api.requests();
+            let rv = (before + 1).to_string();
+            g.w.objects = Box::new(Cached::with(&snapshot, &g.api.last(), &rv));
+
+            g.lease(true);
+            drain(&mut g.w).await;
+            let wrote = g.api.requests() - before;
+            let differ = if ours_acked == theirs_acked {
+                0
+            } else {
+                on.len()
+            };
+            assert_eq!(
+                wrote, differ,
+                "flap {flap}: ours {ours_acked}, theirs {theirs_acked}"
+            );
+            if ours_acked {
+                g.assert_translated(&statuses);
+            } else {
+                assert_rejected(&g, &statuses);
+            }
+            let q = g.w.shared.queue();
+            assert_eq!(q.entries.len(), statuses.len(), "flap {flap}");
+            assert_eq!(q.depth(g.w.jobs.len()), 0, "flap {flap}");
+            let unacked = if ours_acked { 0 } else { statuses.len() };
+            assert_eq!(q.unacked.len(), unacked, "flap {flap}");
+            assert!(q.gone.is_empty() && q.retry.is_empty());
+            drop(q);
+            assert!(g.w.gates.1.len() <= 1, "flap {flap}: {}", g.w.gates.1.len());
+        }
     }
 
     /// A SweetySite's status is written by the same worker under the same gate (its
