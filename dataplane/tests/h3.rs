@@ -830,9 +830,9 @@ async fn reloads_during_h3_traffic_keep_connections_and_swap_certificates() {
 /// removed endpoint's tasks to run in between (this runtime has one thread, and neither
 /// apply yields to them), while a connection of the removed listener is still open. The new
 /// listener serves HTTP/3 on the port. The removed endpoint's connections share its socket,
-/// so they end with it (they drain when the port is not needed). Before, the socket was
-/// closed by quinn once the last of those tasks had ended, and the second apply failed
-/// with "address in use".
+/// so they end with it (they drain when the port is not needed), and the new endpoint resets
+/// them when they send. Before, the socket was closed by quinn once the last of those tasks
+/// had ended, and the second apply failed with "address in use".
 #[tokio::test]
 async fn a_udp_port_freed_by_one_apply_is_bound_by_the_next_at_once() {
     bounded(30, async {
@@ -862,7 +862,13 @@ async fn a_udp_port_freed_by_one_apply_is_bound_by_the_next_at_once() {
         assert_eq!(h.addr("c").await, addr);
         let new = H3::connect(addr, "localhost", &ca).await.unwrap();
         assert_eq!(&new.get("/").await.unwrap().2[..], b"c");
-        drop(old);
+        // The old connection learns it is gone from `c`'s stateless reset (listen/quic_keys.rs).
+        let err = bounded(10, old.get("/")).await.unwrap_err();
+        assert!(
+            matches!(old.conn.close_reason(), Some(quinn::ConnectionError::Reset)),
+            "closed by a stateless reset: {:?} ({err})",
+            old.conn.close_reason()
+        );
     })
     .await;
 }
