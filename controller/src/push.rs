@@ -70,7 +70,10 @@ pub struct PushState {
     pub submitted: u64,
     /// The generation the dataplane last reported running: from its `Ack`s, or from its
     /// `Hello` on (re)connect (which can be lower after a dataplane restart, until the latest
-    /// config is resent and acknowledged).
+    /// config is resent and acknowledged). A `Hello` of content that is not ours, under a
+    /// generation the latest config had to be renumbered above (a previous controller's),
+    /// counts as 0: the configs submitted before it carry lower numbers, and it applied none
+    /// of them.
     pub acked: u64,
     /// The last rejection of a full config (a rejected delta is sent again in full, whose
     /// answer counts): generation and the dataplane's errors (dropped on a reconnect
@@ -131,6 +134,11 @@ struct Queue {
     latest: Option<Latest>,
     /// Generation and hash from the last dataplane `Hello`.
     dataplane: Option<(u64, String)>,
+    /// The highest generation a `Hello` reported for other content than the latest config
+    /// when that config was renumbered above it (a previous controller's numbering): no
+    /// generation up to it is one of ours that the dataplane can run, so a `Hello` of other
+    /// content at or below it acknowledges nothing of ours.
+    foreign: u64,
 }
 
 struct Shared {
@@ -336,7 +344,8 @@ impl Drop for AbortOnDrop {
 /// the latest config above it, and returns the generation already running there when its
 /// hash matches the latest (nothing to send).
 fn on_hello(shared: &Shared, hello: &Hello) -> Option<u64> {
-    let mut q = shared.queue();
+    let mut guard = shared.queue();
+    let q = &mut *guard;
     q.highest = q.highest.max(hello.generation);
     q.dataplane = Some((hello.generation, hello.hash.clone()));
     let highest = q.highest;
@@ -345,8 +354,13 @@ fn on_hello(shared: &Shared, hello: &Hello) -> Option<u64> {
         let renumber = if !hello.hash.is_empty() && l.hash == hello.hash {
             running = Some(l.generation.max(hello.generation));
             (l.generation < hello.generation).then_some(hello.generation)
+        } else if l.generation <= hello.generation {
+            // Other content under a number of ours or above: not a config of ours (the latest
+            // has our highest number, and the same number would be the same content).
+            q.foreign = q.foreign.max(hello.generation);
+            Some(highest + 1)
         } else {
-            (l.generation <= hello.generation).then_some(highest + 1)
+            None
         };
         if let Some(g) = renumber {
             // The payload has no generation of its own: renumbering is free.
@@ -355,7 +369,14 @@ fn on_hello(shared: &Shared, hello: &Hello) -> Option<u64> {
     }
     let latest = q.latest.as_ref().map(|l| l.generation).unwrap_or(0);
     q.highest = q.highest.max(latest);
-    drop(q);
+    // The generation the dataplane runs, in our numbering: statuses are gated on the numbers
+    // `submit` returned, which a foreign generation above them must not acknowledge.
+    let acked = match running {
+        Some(g) => g,
+        None if hello.generation <= q.foreign => 0,
+        None => hello.generation,
+    };
+    drop(guard);
     shared.state.send_modify(|s| {
         s.connected = true;
         s.submitted = s.submitted.max(latest);
@@ -364,7 +385,7 @@ fn on_hello(shared: &Shared, hello: &Hello) -> Option<u64> {
         if s.last_nack.as_ref().is_some_and(|(g, _)| *g <= s.acked) {
             s.last_nack = None;
         }
-        s.acked = running.unwrap_or(hello.generation);
+        s.acked = acked;
     });
     running
 }

@@ -87,6 +87,19 @@ fn config(body: &str) -> Config {
     .unwrap()
 }
 
+/// A config the dataplane rejects: its route proxies to a backend it does not define.
+fn unknown_backend() -> Config {
+    let mut bad = config("bad");
+    bad.virtual_hosts[0].routes[0].action = Action::Proxy(ProxyAction {
+        backends: vec![WeightedBackend {
+            backend: "missing".into(),
+            weight: 1,
+            filters: vec![],
+        }],
+    });
+    bad
+}
+
 fn options(socket: &Path) -> PushOptions {
     PushOptions {
         socket: socket.to_path_buf(),
@@ -176,15 +189,7 @@ async fn invalid_config_is_nacked_with_its_path_and_the_old_config_keeps_serving
     submit(&pusher, config("good"));
     wait_for(&mut state, "ack of 1", |s| s.acked == 1).await;
 
-    let mut bad = config("bad");
-    bad.virtual_hosts[0].routes[0].action = Action::Proxy(ProxyAction {
-        backends: vec![WeightedBackend {
-            backend: "missing".into(),
-            weight: 1,
-            filters: vec![],
-        }],
-    });
-    assert_eq!(submit(&pusher, bad), 2);
+    assert_eq!(submit(&pusher, unknown_backend()), 2);
     let s = wait_for(&mut state, "nack of 2", |s| s.last_nack.is_some()).await;
     let (generation, errors) = s.last_nack.unwrap();
     assert_eq!(generation, 2);
@@ -341,6 +346,47 @@ async fn generations_continue_above_the_dataplanes_and_a_matching_hash_is_not_re
     wait_for(&mut state, "ack of 62", |s| s.acked == 62).await;
     assert_eq!(dp.get().await, (200, "after restart".into()));
     assert_eq!(dp.applies(), 2);
+    dp.stop().await;
+}
+
+/// A config submitted before the dataplane said Hello is numbered 1, and renumbered 51 when
+/// the Hello says the dataplane runs a generation 50 of other content (a previous
+/// controller's). The status worker gates the statuses offered with the number the submit
+/// returned, 1: the dataplane running that other 50 applies nothing of ours, so neither its
+/// Hello nor its rejection of our 51 may make the gate of 1 an Ack (`Programmed=True` for a
+/// config the dataplane rejected), also after a reconnect whose Hello says 50 again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hello_of_other_content_does_not_acknowledge_the_renumbered_config() {
+    use sweety_controller::status_writer::Gate;
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("control.sock");
+    let pusher = Pusher::spawn(options(&sock));
+    let mut state = pusher.state();
+    assert_eq!(submit(&pusher, unknown_backend()), 1);
+    let mut other = config("other");
+    other.generation = 50;
+    for connects in 1..=2u64 {
+        let dp = Dataplane::start(&sock, Some(other.clone())).await;
+        let s = wait_for(&mut state, "the rejection of 51", |_| {
+            pusher.metrics().nacks == connects
+        })
+        .await;
+        assert_eq!(s.last_nack.as_ref().map(|n| n.0), Some(51), "{s:?}");
+        assert_eq!(s.submitted, 51);
+        let gate = Gate::new(&s, 1);
+        assert!(!gate.acked, "connection {connects}: {s:?}");
+        assert!(gate.nack.is_some(), "connection {connects}: {s:?}");
+        assert_eq!(dp.get().await, (200, "other".into()));
+        dp.stop().await;
+        wait_for(&mut state, "disconnect", |s| !s.connected).await;
+    }
+
+    // A config it takes: acknowledged as ours.
+    let dp = Dataplane::start(&sock, Some(other)).await;
+    assert_eq!(submit(&pusher, config("ours")), 52);
+    let s = wait_for(&mut state, "ack of 52", |s| s.acked == 52).await;
+    assert!(Gate::new(&s, 52).acked && Gate::new(&s, 1).acked);
+    assert_eq!(dp.get().await, (200, "ours".into()));
     dp.stop().await;
 }
 
