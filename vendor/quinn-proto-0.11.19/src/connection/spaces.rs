@@ -2,7 +2,7 @@ use std::{
     cmp,
     collections::{BTreeMap, VecDeque},
     mem,
-    ops::{Bound, Index, IndexMut, Range},
+    ops::{Index, IndexMut, Range},
 };
 
 use rand::{Rng, RngExt};
@@ -43,6 +43,12 @@ pub(super) struct PacketSpace {
     /// Sweety patch (vendor/README.md): how many packets in `sent_packets` have `size != 0`,
     /// kept by `take`, `sent` and `take_sent_packets`, so `has_in_flight` reads a count
     pub(super) in_flight_packets: u64,
+    /// Sweety patch (vendor/README.md): how many packets in `sent_packets` are not
+    /// ACK-eliciting, kept by `take`, `sent` and `take_sent_packets`
+    pub(super) ack_only_packets: u64,
+    /// Sweety patch (vendor/README.md): no packet numbered below this that is not
+    /// ACK-eliciting is in `sent_packets` (where `sent` looks for the oldest one)
+    pub(super) ack_only_floor: u64,
     /// Number of explicit congestion notification codepoints seen on incoming packets
     pub(super) ecn_counters: frame::EcnCounts,
     /// Recent ECN counters sent by the peer in ACK frames
@@ -89,6 +95,8 @@ impl PacketSpace {
             unacked_non_ack_eliciting_tail: 0,
             sent_packets: BTreeMap::new(),
             in_flight_packets: 0,
+            ack_only_packets: 0,
+            ack_only_floor: 0,
             ecn_counters: frame::EcnCounts::ZERO,
             ecn_feedback: frame::EcnCounts::ZERO,
 
@@ -215,6 +223,9 @@ impl PacketSpace {
         if packet.size != 0 {
             self.in_flight_packets -= 1;
         }
+        if !packet.ack_eliciting {
+            self.ack_only_packets -= 1; // Sweety patch (vendor/README.md)
+        }
         if !packet.ack_eliciting && number > self.largest_ack_eliciting_sent {
             self.unacked_non_ack_eliciting_tail =
                 self.unacked_non_ack_eliciting_tail.checked_sub(1).unwrap();
@@ -236,32 +247,16 @@ impl PacketSpace {
         if packet.ack_eliciting {
             self.unacked_non_ack_eliciting_tail = 0;
             self.largest_ack_eliciting_sent = number;
-        } else if self.unacked_non_ack_eliciting_tail > MAX_UNACKED_NON_ACK_ELICTING_TAIL {
-            let oldest_after_ack_eliciting = *self
-                .sent_packets
-                .range((
-                    Bound::Excluded(self.largest_ack_eliciting_sent),
-                    Bound::Unbounded,
-                ))
-                .next()
-                .unwrap()
-                .0;
-            // Per https://www.rfc-editor.org/rfc/rfc9000.html#name-frames-and-frame-types,
-            // non-ACK-eliciting packets must only contain PADDING, ACK, and CONNECTION_CLOSE
-            // frames, which require no special handling on ACK or loss beyond removal from
-            // in-flight counters if padded.
-            let packet = self
-                .sent_packets
-                .remove(&oldest_after_ack_eliciting)
-                .unwrap();
-            debug_assert!(!packet.ack_eliciting);
-            // Sweety patch (vendor/README.md)
-            if packet.size != 0 {
-                self.in_flight_packets -= 1;
-            }
-            forgotten = Some(packet);
         } else {
+            // Sweety patch (vendor/README.md): at most this many non-ACK-eliciting packets are
+            // kept in all, not only after the latest ACK-eliciting one: the oldest is
+            // forgotten, wherever it is. A peer that acknowledges only our oldest packets
+            // otherwise leaves every earlier run of them here for as long as it sends.
+            if self.ack_only_packets > MAX_UNACKED_NON_ACK_ELICTING_TAIL {
+                forgotten = Some(self.forget_oldest_ack_only());
+            }
             self.unacked_non_ack_eliciting_tail += 1;
+            self.ack_only_packets += 1;
         }
 
         // Sweety patch (vendor/README.md)
@@ -288,9 +283,29 @@ impl PacketSpace {
         self.in_flight_packets != 0
     }
 
-    /// Sweety patch (vendor/README.md): every tracked packet, taken out (the count with them)
+    /// Sweety patch (vendor/README.md): stops tracking the oldest packet that is not
+    /// ACK-eliciting (there is one: `ack_only_packets` counts it) and returns it. Per RFC 9000
+    /// §12.4 it holds only PADDING, ACK and CONNECTION_CLOSE frames: nothing to retransmit,
+    /// and its acknowledgement would only have let `pending_acks` drop the ranges its ACK
+    /// frame covered, which the acknowledgement of any later packet carrying an ACK frame
+    /// also does. The walk starts at `ack_only_floor`, which then moves past it, so each
+    /// ACK-eliciting packet is walked over at most once.
+    fn forget_oldest_ack_only(&mut self) -> SentPacket {
+        let number = self
+            .sent_packets
+            .range(self.ack_only_floor..)
+            .find(|(_, packet)| !packet.ack_eliciting)
+            .map(|(&number, _)| number)
+            .expect("a packet that is not ACK-eliciting is counted");
+        self.ack_only_floor = number + 1;
+        self.take(number).expect("found above")
+    }
+
+    /// Sweety patch (vendor/README.md): every tracked packet, taken out (the counts with them)
     pub(super) fn take_sent_packets(&mut self) -> BTreeMap<u64, SentPacket> {
         self.in_flight_packets = 0;
+        self.ack_only_packets = 0;
+        self.unacked_non_ack_eliciting_tail = 0;
         mem::take(&mut self.sent_packets)
     }
 }
