@@ -1999,6 +1999,123 @@ hostnames: [gateway-listener.com]\n  rules: [{{matches: [{{path: {{type: PathPre
         }
     }
 
+    /// A route deleted while its status waits on the gate: it is no longer in the watch cache
+    /// when the answer comes (an Ack after the Nack written to it, or the first answer, a
+    /// Nack), and the next translation drops it. Nothing is written to it after it went, and
+    /// its records (the entry, `unacked`) go with it.
+    #[tokio::test]
+    async fn a_route_deleted_while_gated_is_not_written_and_leaves_no_record() {
+        let (snapshot, statuses) = conflict_world(2);
+        let (after, statuses_after) = conflict_world(1);
+        let r1 = ObjectKey::new("HTTPRoute", "gateway-conformance-infra", "r1");
+        assert!(statuses.contains_key(&r1) && !statuses_after.contains_key(&r1));
+        let writes_to = |g: &Gated, key: &ObjectKey| {
+            let log = g.api.log.lock().unwrap();
+            log.iter()
+                .filter(|(_, k, ns, n, _)| ObjectKey::new(k, ns, n) == *key)
+                .count()
+        };
+        for nack_first in [true, false] {
+            let mut g = Gated::start(&snapshot, &statuses, 322).await;
+            if nack_first {
+                // Written under the Nack, then deleted: the Ack finds it gone.
+                g.nack(322).await;
+                assert_eq!(writes_to(&g, &r1), 1);
+                g.w.objects = Box::new(Cached::with(&after, &g.api.last(), "2"));
+                g.step(|s| s.acked = 322).await;
+            } else {
+                // Deleted before any answer: the Nack finds it gone.
+                g.w.objects = Box::new(Cached::of(&after));
+                g.nack(322).await;
+            }
+            let written = usize::from(nack_first);
+            assert_eq!(writes_to(&g, &r1), written, "nack first: {nack_first}");
+            g.offer(&statuses_after, 323);
+            g.step(|s| {
+                s.submitted = 323;
+                s.acked = 323;
+            })
+            .await;
+            assert_eq!(writes_to(&g, &r1), written, "nack first: {nack_first}");
+            g.assert_translated(&statuses_after);
+            let q = g.w.shared.queue();
+            assert!(!q.entries.contains_key(&r1) && !q.unacked.contains_key(&r1));
+            assert_eq!(q.entries.len(), statuses_after.len());
+            assert!(q.unacked.is_empty(), "{:?}", q.unacked.keys());
+            assert_eq!(q.depth(g.w.jobs.len()), 0);
+        }
+    }
+
+    /// An object whose spec changes (its generation 1 -> 2) after its status was written
+    /// with `Programmed` pending and before the dataplane answered: the Ack of the config
+    /// translated from generation 1 must not make the status of generation 2 programmed
+    /// (that config is not applied yet); the Ack of the next config does. Statuses whose
+    /// config was acknowledged are written as programmed meanwhile.
+    #[tokio::test]
+    async fn an_ack_of_the_config_before_an_objects_spec_changed_does_not_program_the_new_spec() {
+        let (snapshot, statuses) = conflict_world(2);
+        let mut edited = snapshot.clone();
+        let i = edited
+            .gateways
+            .iter()
+            .position(|gw| gw.metadata.name.as_deref() == Some(gateway_key().name.as_str()))
+            .unwrap();
+        let mut gw = (*edited.gateways[i]).clone();
+        gw.metadata.generation = Some(2);
+        edited.gateways[i] = Arc::new(gw);
+        let statuses_edited =
+            crate::translate::translate(&edited, &crate::translate::Params::default()).statuses;
+        let programmed_of = |v: &serde_json::Value| {
+            v["conditions"]
+                .as_array()
+                .and_then(|l| l.iter().find(|c| c["type"] == "Programmed"))
+                .map(|c| (c["status"].clone(), c["observedGeneration"].clone()))
+        };
+
+        let mut g = Gated::start(&snapshot, &statuses, 322).await;
+        g.w.options.ack_wait = Duration::ZERO;
+        drain(&mut g.w).await;
+        let gateway = &g.api.last()[&gateway_key()];
+        assert_eq!(
+            programmed_of(gateway),
+            Some((serde_json::json!("Unknown"), serde_json::json!(1)))
+        );
+
+        // The spec changes: translation 323, written pending too.
+        g.w.objects = Box::new(Cached::with(&edited, &g.api.last(), "2"));
+        assert!(g.offer(&statuses_edited, 323) > 0);
+        g.step(|s| s.submitted = 323).await;
+        let pending2 = Some((serde_json::json!("Unknown"), serde_json::json!(2)));
+        assert_eq!(programmed_of(&g.api.last()[&gateway_key()]), pending2);
+
+        // 322 is acknowledged: not the Gateway's generation 2.
+        g.step(|s| s.acked = 322).await;
+        assert_eq!(programmed_of(&g.api.last()[&gateway_key()]), pending2);
+        let entries: Vec<(ObjectKey, u64)> = {
+            let q = g.w.shared.queue();
+            q.entries
+                .iter()
+                .map(|(k, e)| (k.clone(), e.generation))
+                .collect()
+        };
+        for (key, generation) in &entries {
+            let written = g.written(key);
+            if *generation == 322 {
+                assert_eq!(written, translated(&statuses_edited[key]), "{key:?}");
+            } else {
+                assert!(!says_programmed(&written), "{key:?}: {written:?}");
+            }
+        }
+
+        g.step(|s| s.acked = 323).await;
+        assert_eq!(
+            programmed_of(&g.api.last()[&gateway_key()]),
+            Some((serde_json::json!("True"), serde_json::json!(2)))
+        );
+        g.assert_translated(&statuses_edited);
+        assert!(g.w.shared.queue().unacked.is_empty());
+    }
+
     /// A SweetySite's status is written by the same worker under the same gate (its
     /// `Programmed` condition waits for the dataplane's answer): a Nack of its generation
     /// writes the rejection, and the Ack that follows (the full config sent again) must
