@@ -16,7 +16,7 @@ use std::io::{self, IoSliceMut};
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::{Arc, RwLock, RwLockReadGuard};
-use std::task::{ready, Context, Poll, Waker};
+use std::task::{Context, Poll, Waker};
 use tokio::io::Interest;
 use tokio::net::UdpSocket;
 
@@ -26,7 +26,9 @@ use quinn::udp::{RecvMeta, Transmit, UdpSocketState};
 #[derive(Debug)]
 pub struct QuicSocket {
     io: RwLock<Option<Io>>,
-    /// The endpoint's receive task, waiting while the socket is closed.
+    /// The endpoint's receive task, waiting for datagrams or while the socket is closed:
+    /// woken by a close (the socket it waits on is gone, and tokio forgets its waker with
+    /// it) and by a reopen.
     waiting: AtomicWaker,
     /// The connections waiting for room to send.
     writers: Writers,
@@ -172,6 +174,7 @@ impl QuicSocket {
     /// already.
     pub fn close(&self) -> bool {
         let taken = self.io.write().unwrap_or_else(|e| e.into_inner()).take();
+        self.waiting.wake();
         self.writers.wake_all();
         taken.is_some()
     }
@@ -229,7 +232,12 @@ impl quinn::AsyncUdpSocket for QuicSocket {
             return Poll::Pending;
         };
         loop {
-            ready!(socket.poll_recv_ready(cx))?;
+            let Poll::Ready(ready) = socket.poll_recv_ready(cx) else {
+                // Under the read lock: a close comes after this and wakes it.
+                self.waiting.register(cx.waker());
+                return Poll::Pending;
+            };
+            ready?;
             if let Ok(n) =
                 socket.try_io(Interest::READABLE, || state.recv(socket.into(), bufs, meta))
             {
@@ -399,6 +407,39 @@ mod tests {
         let n = std::future::poll_fn(|cx| held.poll_recv(cx, &mut bufs, &mut meta))
             .await
             .unwrap();
+        assert_eq!(n, 1);
+        assert_eq!(&buf[..meta[0].len], b"back");
+    }
+
+    /// The endpoint's receive task, waiting for datagrams when the socket is closed, is woken
+    /// by the close (tokio forgets its waker with the socket: without this wake a socket put
+    /// back in the same step, for a rejected config, was never read again) and receives on
+    /// the socket put back.
+    #[tokio::test]
+    async fn a_receiver_waiting_when_the_socket_closes_is_woken() {
+        let addr = "127.0.0.1:0".parse().unwrap();
+        let s = QuicSocket::new(crate::listen::quic::bind_udp(addr).unwrap()).unwrap();
+        let addr = s.local();
+        let count = Arc::new(Count(AtomicUsize::new(0)));
+        let waker = Waker::from(count.clone());
+        let mut cx = Context::from_waker(&waker);
+        let mut buf = [0u8; 64];
+        let mut bufs = [IoSliceMut::new(&mut buf)];
+        let mut meta = [RecvMeta::default()];
+        assert!(s.poll_recv(&mut cx, &mut bufs, &mut meta).is_pending());
+        assert!(s.close());
+        assert_eq!(count.0.load(SeqCst), 1, "woken by the close");
+        s.reopen(crate::listen::quic::bind_udp(addr).unwrap())
+            .unwrap();
+        let client = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        client.send_to(b"back", addr).unwrap();
+        let n = tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            std::future::poll_fn(|cx| s.poll_recv(cx, &mut bufs, &mut meta)),
+        )
+        .await
+        .expect("received within 5 s")
+        .unwrap();
         assert_eq!(n, 1);
         assert_eq!(&buf[..meta[0].len], b"back");
     }

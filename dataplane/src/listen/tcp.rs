@@ -54,7 +54,9 @@ pub struct Listening {
 #[derive(Debug)]
 struct Slot {
     socket: Option<TcpListener>,
-    /// The accept loop, waiting while the socket is closed.
+    /// The accept loop, waiting for a connection or while the socket is closed: woken by a
+    /// close (the socket it waits on is gone, and tokio forgets its waker with it) and by a
+    /// reopen.
     waiting: Option<std::task::Waker>,
 }
 
@@ -73,7 +75,13 @@ impl Listening {
     /// already. Connections it accepted are not touched; the accept loop waits (for `stop`,
     /// or a [`Listening::reopen`]).
     pub fn close(&self) -> bool {
-        let taken = self.lock().socket.take();
+        let (taken, waiting) = {
+            let mut slot = self.lock();
+            (slot.socket.take(), slot.waiting.take())
+        };
+        if let Some(w) = waiting {
+            w.wake();
+        }
         taken.is_some()
     }
 
@@ -102,13 +110,18 @@ impl Listening {
     async fn accept(&self) -> std::io::Result<(TcpStream, SocketAddr)> {
         std::future::poll_fn(|cx| {
             let mut slot = self.lock();
-            match slot.socket.as_ref() {
-                Some(l) => l.poll_accept(cx),
-                None => {
-                    slot.waiting = Some(cx.waker().clone());
-                    Poll::Pending
-                }
+            if let Some(Poll::Ready(accepted)) = slot.socket.as_ref().map(|l| l.poll_accept(cx)) {
+                return Poll::Ready(accepted);
             }
+            // Closed, or no connection yet (under the lock: a close comes after this).
+            if !slot
+                .waiting
+                .as_ref()
+                .is_some_and(|w| w.will_wake(cx.waker()))
+            {
+                slot.waiting = Some(cx.waker().clone());
+            }
+            Poll::Pending
         })
         .await
     }
@@ -907,6 +920,31 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
     use std::task::Waker;
     use sweety_h2::first_poll::INLINE_FIRST_POLLS;
+
+    /// An accept loop waiting for a connection when the socket is closed and put back in one
+    /// step (a config rejected after closing it for its own bind; the loop does not run in
+    /// between) accepts on the socket put back: the close wakes it, tokio having forgotten
+    /// its waker with the socket.
+    #[tokio::test]
+    async fn an_accept_waiting_across_a_close_and_a_reopen_accepts_on_the_new_socket() {
+        let l = Listening::new(TcpListener::bind("127.0.0.1:0").await.unwrap());
+        let addr = l.local_addr().unwrap();
+        let accepting = {
+            let l = l.clone();
+            tokio::spawn(async move { l.accept().await.map(|(_, peer)| peer) })
+        };
+        // The accept loop waits on the socket.
+        tokio::task::yield_now().await;
+        assert!(l.close());
+        l.reopen(TcpListener::bind(addr).await.unwrap());
+        let c = TcpStream::connect(addr).await.unwrap();
+        let peer = tokio::time::timeout(Duration::from_secs(5), accepting)
+            .await
+            .expect("accepted within 5 s")
+            .unwrap()
+            .unwrap();
+        assert_eq!(peer, c.local_addr().unwrap());
+    }
 
     /// The premise of `bound_address`: a connection accepted on a listener bound to one
     /// address has the listener's address and port (what getsockname says), for IPv4 and

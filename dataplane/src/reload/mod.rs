@@ -1019,7 +1019,8 @@ mod tests {
     /// 127.0.0.1:P) has its old socket closed before the new one is bound, and serves on the
     /// port. Before, the new bind came first and failed with "address in use". When the config
     /// is rejected after that close (another listener's port is held by a foreign socket),
-    /// the old socket is bound again and serves the last good config.
+    /// the old socket is bound again and serves the last good config: its accept loop, which
+    /// waited on the socket closed, is woken.
     #[tokio::test]
     async fn a_listener_moved_onto_a_contending_address_binds_it_in_the_same_apply() {
         let foreign = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -1030,6 +1031,8 @@ mod tests {
             .await
             .unwrap();
         let port = rt.bound().await["web"].port();
+        // The accept loop has served, and waits on the socket.
+        assert!(get_once(port).await.ends_with("a"));
 
         // Rejected: `web` moves onto its port, but `x` cannot bind.
         let mut rejected = one_listener("web", port, &fixed("b"), taken);
@@ -1043,7 +1046,9 @@ mod tests {
             "{err}"
         );
         assert_eq!(rt.bound().await["web"].port(), port);
-        let got = get_once(port).await;
+        let got = tokio::time::timeout(std::time::Duration::from_secs(5), get_once(port))
+            .await
+            .expect("the socket put back accepts");
         assert!(
             got.starts_with("HTTP/1.1 200") && got.ends_with("a"),
             "{got}"

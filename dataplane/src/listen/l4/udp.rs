@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
-use std::task::{ready, Poll};
+use std::task::Poll;
 use std::time::{Duration, Instant};
 use tokio::io::ReadBuf;
 use tokio::net::UdpSocket;
@@ -45,7 +45,9 @@ type Table = Arc<Mutex<HashMap<SocketAddr, Arc<Session>>>>;
 #[derive(Debug)]
 pub struct UdpListening {
     socket: RwLock<Option<UdpSocket>>,
-    /// The receive loop, waiting while the socket is closed.
+    /// The receive loop, waiting for a datagram or while the socket is closed: woken by a
+    /// close (the socket it waits on is gone, and tokio forgets its waker with it) and by a
+    /// reopen.
     waiting: futures_util::task::AtomicWaker,
     /// The relays waiting for room to send.
     writers: crate::listen::quic_socket::Writers,
@@ -76,6 +78,7 @@ impl UdpListening {
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .take();
+        self.waiting.wake();
         self.writers.wake_all();
         taken.is_some()
     }
@@ -98,8 +101,12 @@ impl UdpListening {
                 return Poll::Pending;
             };
             let mut read = ReadBuf::new(buf);
-            let from = ready!(s.poll_recv_from(cx, &mut read))?;
-            Poll::Ready(Ok((read.filled().len(), from)))
+            let Poll::Ready(from) = s.poll_recv_from(cx, &mut read) else {
+                // Under the read lock: a close comes after this and wakes it.
+                self.waiting.register(cx.waker());
+                return Poll::Pending;
+            };
+            Poll::Ready(Ok((read.filled().len(), from?)))
         })
         .await
     }
@@ -291,5 +298,39 @@ async fn relay(
     let mut t = table.lock().unwrap_or_else(|p| p.into_inner());
     if t.get(&client).is_some_and(|s| Arc::ptr_eq(s, &session)) {
         t.remove(&client);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A receive loop waiting on the socket when it is closed and put back in one step (a
+    /// config rejected after closing it for its own bind; the loop does not run in between)
+    /// receives on the socket put back.
+    #[tokio::test]
+    async fn a_receiver_waiting_across_a_close_and_a_reopen_receives_on_the_new_socket() {
+        let sock = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let addr = sock.local_addr().unwrap();
+        let l = UdpListening::new(sock);
+        let rx = {
+            let l = l.clone();
+            tokio::spawn(async move {
+                let mut buf = [0u8; 64];
+                let (n, _) = l.recv_from(&mut buf).await.unwrap();
+                buf[..n].to_vec()
+            })
+        };
+        // The receiver waits on the socket.
+        tokio::task::yield_now().await;
+        assert!(l.close());
+        l.reopen(UdpSocket::bind(addr).await.unwrap());
+        let client = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        client.send_to(b"back", addr).await.unwrap();
+        let got = tokio::time::timeout(Duration::from_secs(5), rx)
+            .await
+            .expect("received within 5 s")
+            .unwrap();
+        assert_eq!(got, b"back");
     }
 }
