@@ -24,8 +24,19 @@ use sweety_config::{Config, Limits, ListenerProtocol};
 
 /// Identifies a listening socket across reloads: its configured address and port, plus the
 /// listener name for port 0 (an ephemeral port, used by tests), where the address alone
-/// does not identify the socket.
-pub type BindKey = (SocketAddr, Option<Arc<str>>);
+/// does not identify the socket, and its [`Transport`]: a layer-4 UDP listener and a TCP
+/// one may share an address and port (the controller translates a Gateway with an HTTPS
+/// and a UDP listener on one port so), and each has a view of its own.
+pub type BindKey = (SocketAddr, Option<Arc<str>>, Transport);
+
+/// The transport a listener is bound on, in its [`BindKey`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Transport {
+    /// TCP: HTTP, HTTPS (and its HTTP/3 endpoint on the same UDP port), TLS, TCP.
+    Tcp,
+    /// UDP: a layer-4 UDP listener.
+    Udp,
+}
 
 /// What a request needs to know about the listener it arrived on.
 #[derive(Debug)]

@@ -1,8 +1,9 @@
 //! Integration tests of HTTP/3 over QUIC against real UDP sockets on 127.0.0.1, with a quinn +
 //! h3 client: static files (small, 1 MB, Range), proxying to HTTP/1.1 and h2c backends with
 //! bodies streamed both ways, 404, 503 under overload shared with HTTP/1.1, Alt-Svc on H1 and
-//! H2 responses, reloads during traffic (certificate swap, HTTP/3 removed and re-added),
-//! client certificate validation and graceful shutdown.
+//! H2 responses, reloads during traffic (certificate swap, HTTP/3 removed and re-added, a
+//! port moving between HTTP/3 and a layer-4 UDP listener), client certificate validation
+//! and graceful shutdown.
 //!
 //! Every test is bounded in time and every load loop in count.
 
@@ -977,6 +978,246 @@ async fn an_h3_listener_moved_onto_a_contending_address_binds_it_in_the_same_app
         assert_eq!(h.runtime.bound_quic().await["tls"], addr);
         let new = H3::connect(addr, "localhost", &ca).await.unwrap();
         assert_eq!(&new.get("/").await.unwrap().2[..], b"c");
+        drop(foreign);
+    })
+    .await;
+}
+
+/// A UDP server on 127.0.0.1 answering each datagram with `<tag>:<data>`.
+async fn udp_echo(tag: &'static str) -> SocketAddr {
+    let s = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let addr = s.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut buf = [0u8; 2048];
+        while let Ok((n, from)) = s.recv_from(&mut buf).await {
+            let out = format!("{tag}:{}", String::from_utf8_lossy(&buf[..n]));
+            let _ = s.send_to(out.as_bytes(), from).await;
+        }
+    });
+    addr
+}
+
+/// Sends `msg` from `s` to `to`: the reply, or None when none comes within 5 s.
+async fn udp_ask(s: &tokio::net::UdpSocket, to: SocketAddr, msg: &str) -> Option<String> {
+    s.send_to(msg.as_bytes(), to).await.unwrap();
+    let mut buf = [0u8; 2048];
+    let (n, _) = tokio::time::timeout(Duration::from_secs(5), s.recv_from(&mut buf))
+        .await
+        .ok()?
+        .ok()?;
+    Some(String::from_utf8_lossy(&buf[..n]).into_owned())
+}
+
+/// The listeners of the transport tests below, all on 127.0.0.1: `web`, HTTPS on `port`
+/// with `http3` or not; `dns`, a layer-4 UDP listener on `port` relaying to backend `u`;
+/// `x`, plain HTTP on `taken` (a port a foreign socket holds: its bind fails).
+#[derive(Clone, Copy)]
+struct Shape {
+    web: Option<bool>,
+    dns: bool,
+    x: bool,
+}
+
+/// A config of `shape` on `port` (see [`Shape`]): `web` answers `body` at `/`, `dns` relays to
+/// `echo`, `x` binds `taken`.
+fn shaped(
+    generation: u64,
+    cert: &Certificate,
+    (port, taken, echo): (u16, u16, SocketAddr),
+    shape: Shape,
+    body: &str,
+) -> Config {
+    let mut listeners = Vec::new();
+    if let Some(http3) = shape.web {
+        listeners.push(Listener {
+            port,
+            http3,
+            ..https_listener("web", cert.clone())
+        });
+    }
+    if shape.dns {
+        listeners.push(Listener {
+            port,
+            l4_routes: vec![L4Route {
+                name: "r".into(),
+                hostnames: vec![],
+                terminate: false,
+                backends: vec![WeightedBackend {
+                    backend: "u".into(),
+                    weight: 1,
+                    filters: vec![],
+                }],
+            }],
+            ..listener("dns", ListenerProtocol::Udp)
+        });
+    }
+    if shape.x {
+        listeners.push(Listener {
+            port: taken,
+            ..listener("x", ListenerProtocol::Http)
+        });
+    }
+    Config {
+        generation,
+        listeners,
+        virtual_hosts: vec![vhost("v", &[], vec![fixed_route("r", "/", body)])],
+        backends: vec![backend("u", echo)],
+        ..Config::default()
+    }
+}
+
+const WEB_H3: Shape = Shape {
+    web: Some(true),
+    dns: false,
+    x: false,
+};
+const DNS: Shape = Shape {
+    web: None,
+    dns: true,
+    x: false,
+};
+/// The controller's translation of a Gateway with an HTTPS and a UDP listener on one port:
+/// HTTPS without HTTP/3 (the UDP port is the UDP listener's) and the UDP listener, on one
+/// address and port.
+const WEB_TCP_AND_DNS: Shape = Shape {
+    web: Some(false),
+    dns: true,
+    x: false,
+};
+
+/// Review M2.1: one config turns an HTTPS listener serving HTTP/3 on 127.0.0.1:P into a
+/// layer-4 UDP listener on P, and another turns it back: each applies at once (the socket of
+/// the other kind, which the new config drops, is closed before the bind) and serves; the
+/// same with the HTTPS listener kept on TCP beside the UDP listener (the controller's
+/// translation of a Gateway that gains a UDP listener on its HTTPS port): both serve.
+#[tokio::test]
+async fn an_h3_listener_turned_into_a_udp_listener_on_its_port_and_back_applies() {
+    bounded(60, async {
+        let (cert, ca) = cert_for("localhost");
+        let echo = udp_echo("U").await;
+        let h = Harness::start(shaped(1, &cert, (0, 0, echo), WEB_H3, "a")).await;
+        let port = h.addr("web").await.port();
+        let at = (port, 0, echo);
+        h.runtime
+            .apply(shaped(2, &cert, at, WEB_H3, "b"))
+            .await
+            .unwrap();
+        let addr = h.addr("web").await;
+        assert_eq!(addr.port(), port);
+        let c = H3::connect(addr, "localhost", &ca).await.unwrap();
+        assert_eq!(&c.get("/").await.unwrap().2[..], b"b");
+        let client = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+
+        // HTTPS + HTTP/3 -> UDP.
+        h.runtime
+            .apply(shaped(3, &cert, at, DNS, "c"))
+            .await
+            .unwrap();
+        assert_eq!(h.addr("dns").await, addr);
+        assert!(h.runtime.bound_quic().await.is_empty());
+        assert_eq!(
+            udp_ask(&client, addr, "one").await.as_deref(),
+            Some("U:one")
+        );
+
+        // UDP -> HTTPS + HTTP/3.
+        h.runtime
+            .apply(shaped(4, &cert, at, WEB_H3, "d"))
+            .await
+            .unwrap();
+        assert_eq!(h.runtime.bound_quic().await["web"], addr);
+        let c = H3::connect(addr, "localhost", &ca).await.unwrap();
+        assert_eq!(&c.get("/").await.unwrap().2[..], b"d");
+
+        // HTTPS + HTTP/3 -> HTTPS on TCP and UDP beside it, on one port: both serve.
+        h.runtime
+            .apply(shaped(5, &cert, at, WEB_TCP_AND_DNS, "e"))
+            .await
+            .unwrap();
+        let bound = h.runtime.bound().await;
+        assert_eq!(
+            (bound.get("web"), bound.get("dns")),
+            (Some(&addr), Some(&addr))
+        );
+        assert!(h.runtime.bound_quic().await.is_empty());
+        assert_eq!(tls_alt_svc(addr, &ca, b"http/1.1").await.1, 200);
+        assert_eq!(
+            udp_ask(&client, addr, "two").await.as_deref(),
+            Some("U:two")
+        );
+
+        // And back to HTTPS + HTTP/3.
+        h.runtime
+            .apply(shaped(6, &cert, at, WEB_H3, "f"))
+            .await
+            .unwrap();
+        let c = H3::connect(addr, "localhost", &ca).await.unwrap();
+        assert_eq!(&c.get("/").await.unwrap().2[..], b"f");
+        assert_eq!(tls_alt_svc(addr, &ca, b"http/1.1").await.1, 200);
+    })
+    .await;
+}
+
+/// Review M2.1, rejected: the same changes of transport in a config that a later bind fails
+/// (`x`, on a port a foreign socket holds) are rejected whole, and the socket closed for them
+/// is bound again: the HTTP/3 listener serves on (its open connection and new ones), and
+/// the UDP listener relays on.
+#[tokio::test]
+async fn a_rejected_change_of_transport_leaves_the_old_listener_serving() {
+    bounded(60, async {
+        let (cert, ca) = cert_for("localhost");
+        let echo = udp_echo("U").await;
+        let foreign = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let taken = foreign.local_addr().unwrap().port();
+        let h = Harness::start(shaped(1, &cert, (0, taken, echo), WEB_H3, "a")).await;
+        let port = h.addr("web").await.port();
+        let at = (port, taken, echo);
+        h.runtime
+            .apply(shaped(2, &cert, at, WEB_H3, "b"))
+            .await
+            .unwrap();
+        let addr = h.addr("web").await;
+        let c = H3::connect(addr, "localhost", &ca).await.unwrap();
+        assert_eq!(&c.get("/").await.unwrap().2[..], b"b");
+        let rejected = |shape: Shape| Shape { x: true, ..shape };
+        let is_x = |r: Result<(), sweety_dataplane::reload::ApplyError>| {
+            let msg = r.unwrap_err().to_string();
+            assert!(msg.contains("(x)") && msg.contains("cannot bind"), "{msg}");
+        };
+
+        // HTTPS + HTTP/3 -> UDP, rejected: HTTP/3 serves on.
+        for (g, shape) in [(3, DNS), (4, WEB_TCP_AND_DNS)] {
+            is_x(
+                h.runtime
+                    .apply(shaped(g, &cert, at, rejected(shape), "no"))
+                    .await,
+            );
+            assert_eq!(h.runtime.bound_quic().await["web"], addr);
+            assert_eq!(&c.get("/").await.unwrap().2[..], b"b", "{g}");
+            let again = H3::connect(addr, "localhost", &ca).await.unwrap();
+            assert_eq!(&again.get("/").await.unwrap().2[..], b"b", "{g}");
+        }
+
+        // UDP -> HTTPS + HTTP/3, rejected: the UDP listener relays on.
+        h.runtime
+            .apply(shaped(5, &cert, at, DNS, "c"))
+            .await
+            .unwrap();
+        let client = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        assert_eq!(
+            udp_ask(&client, addr, "one").await.as_deref(),
+            Some("U:one")
+        );
+        is_x(
+            h.runtime
+                .apply(shaped(6, &cert, at, rejected(WEB_H3), "no"))
+                .await,
+        );
+        assert_eq!(h.addr("dns").await, addr);
+        assert_eq!(
+            udp_ask(&client, addr, "two").await.as_deref(),
+            Some("U:two")
+        );
         drop(foreign);
     })
     .await;

@@ -3,7 +3,8 @@
 //! header's addresses), the connection limit), TLS passthrough routed by SNI
 //! (the backend's own certificate reaches the client), TLS terminated by route beside
 //! passthrough on one `tls` listener (plaintext to the backend), UDP sessions with idle expiry and a
-//! bounded table, and hot reload keeping the socket and established connections.
+//! bounded table, a TCP and a UDP listener on one port, and hot reload keeping the socket and
+//! established connections.
 
 mod common;
 
@@ -533,6 +534,54 @@ async fn a_udp_listener_port_freed_by_one_apply_is_bound_by_the_next_at_once() {
         assert_eq!(h.addr("c").await, addr);
         let got = udp_ask(&client, addr, "two", long).await.unwrap();
         assert!(got.starts_with("C:") && got.ends_with(":two"), "{got}");
+    })
+    .await;
+}
+
+/// A TCP and a UDP listener on one address and port (validation allows it; the controller
+/// emits it for a Gateway with TCP and UDP listeners on one port, DNS say) both relay, each
+/// with its own view. Before, their bind keys were one: the snapshot kept one listener view
+/// for both, and the apply closed the other listener's socket as removed.
+#[tokio::test]
+async fn a_tcp_and_a_udp_listener_on_one_port_both_relay() {
+    bounded(async {
+        let (t, u) = (tcp_echo("T", false).await, udp_echo("U").await);
+        let on = |generation: u64, port: u16, udp: bool| Config {
+            generation,
+            listeners: std::iter::once(Listener {
+                port,
+                ..l4_listener(
+                    "tcp",
+                    ListenerProtocol::Tcp,
+                    vec![route("r", &[], vec![wb("t", 1)])],
+                )
+            })
+            .chain(udp.then(|| Listener {
+                port,
+                ..l4_listener(
+                    "udp",
+                    ListenerProtocol::Udp,
+                    vec![route("r", &[], vec![wb("u", 1)])],
+                )
+            }))
+            .collect(),
+            backends: vec![backend("t", t), backend("u", u)],
+            ..Config::default()
+        };
+        let h = Harness::start(on(1, 0, false)).await;
+        let port = h.addr("tcp").await.port();
+        h.runtime.apply(on(2, port, true)).await.unwrap();
+        let addr = h.addr("tcp").await;
+        assert_eq!((addr.port(), h.addr("udp").await), (port, addr));
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        assert_eq!(roundtrip(&mut s, "hi").await, "T:hi");
+        let client = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let got = udp_ask(&client, addr, "one", Duration::from_secs(10)).await;
+        assert!(
+            got.as_ref()
+                .is_some_and(|g| g.starts_with("U:") && g.ends_with(":one")),
+            "{got:?}"
+        );
     })
     .await;
 }

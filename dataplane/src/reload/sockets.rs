@@ -8,7 +8,7 @@ use super::ApplyError;
 use crate::listen::l4::udp::UdpListening;
 use crate::listen::quic_socket::QuicSocket;
 use crate::listen::tcp::Listening;
-use crate::state::{BindKey, Shared, Snapshot};
+use crate::state::{BindKey, Shared, Snapshot, Transport};
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -126,8 +126,9 @@ impl Kept {
 
 /// A socket of a listener the new config removes, closed before the swap because a socket of
 /// the new config contends with it (a listener whose address changes, say 0.0.0.0:P to
-/// 127.0.0.1:P, or from port 0 to the port it had): put back, bound again on its address, if
-/// the config is rejected after all.
+/// 127.0.0.1:P, or from port 0 to the port it had; or whose port changes transport, HTTPS
+/// with HTTP/3 to a UDP listener or back): put back, bound again on its address, if the
+/// config is rejected after all.
 enum Closed {
     Tcp(Arc<Listening>, SocketAddr),
     Quic(Arc<QuicSocket>, SocketAddr),
@@ -462,12 +463,8 @@ impl Sockets {
     /// open connections drain (UDP sessions end). A removed listener's socket is closed here,
     /// before this returns: its port is free for the next config.
     pub(super) fn drain_removed(&mut self, snap: &Snapshot) {
-        let udp_l4 = |k: &BindKey| {
-            snap.listener_by_key(k)
-                .is_some_and(|v| v.protocol == ListenerProtocol::Udp)
-        };
         self.l4udp.retain(|key, r| {
-            let keep = udp_l4(key);
+            let keep = snap.listener_by_key(key).is_some();
             if !keep {
                 r.socket.close();
                 let _ = r.stop.send(true);
@@ -476,7 +473,7 @@ impl Sockets {
             keep
         });
         self.tcp.retain(|key, r| {
-            let keep = snap.listener_by_key(key).is_some() && !udp_l4(key);
+            let keep = snap.listener_by_key(key).is_some();
             if !keep {
                 r.listening.close();
                 let _ = r.stop.send(true);
@@ -525,7 +522,11 @@ impl Sockets {
 pub(super) fn bind_key(l: &sweety_config::Listener) -> BindKey {
     let ip: IpAddr = l.address.parse().unwrap_or(IpAddr::from([0, 0, 0, 0]));
     let name = (l.port == 0).then(|| Arc::<str>::from(l.name.as_str()));
-    (SocketAddr::new(ip, l.port), name)
+    let transport = match l.protocol {
+        ListenerProtocol::Udp => Transport::Udp,
+        _ => Transport::Tcp,
+    };
+    (SocketAddr::new(ip, l.port), name, transport)
 }
 
 fn local_port(l: &tokio::net::TcpListener) -> Option<u16> {
