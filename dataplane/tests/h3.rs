@@ -2,8 +2,8 @@
 //! h3 client: static files (small, 1 MB, Range), proxying to HTTP/1.1 and h2c backends with
 //! bodies streamed both ways, 404, 503 under overload shared with HTTP/1.1, Alt-Svc on H1 and
 //! H2 responses, reloads during traffic (certificate swap, HTTP/3 removed and re-added, a
-//! port moving between HTTP/3 and a layer-4 UDP listener), client certificate validation
-//! and graceful shutdown.
+//! port moving between HTTP/3 and a layer-4 UDP listener, a draining connection across a
+//! rejected config), client certificate validation and graceful shutdown.
 //!
 //! Every test is bounded in time and every load loop in count.
 
@@ -1218,6 +1218,104 @@ async fn a_rejected_change_of_transport_leaves_the_old_listener_serving() {
             udp_ask(&client, addr, "two").await.as_deref(),
             Some("U:two")
         );
+        drop(foreign);
+    })
+    .await;
+}
+
+/// A backend whose every HTTP/1.1 request is answered `held` once `release` is notified;
+/// `arrived` is notified as each comes in.
+async fn held_backend() -> (
+    SocketAddr,
+    Arc<tokio::sync::Notify>,
+    Arc<tokio::sync::Notify>,
+) {
+    let arrived = Arc::new(tokio::sync::Notify::new());
+    let release = Arc::new(tokio::sync::Notify::new());
+    let (a, r) = (arrived.clone(), release.clone());
+    let addr = spawn_http_backend(move |_req| {
+        let (a, r) = (a.clone(), r.clone());
+        async move {
+            a.notify_one();
+            r.notified().await;
+            Response::new(Full::new(Bytes::from_static(b"held")))
+        }
+    })
+    .await;
+    (addr, arrived, release)
+}
+
+/// Review L2.2: a removed HTTP/3 listener's socket, kept while its connections drain, is
+/// closed for a config that binds its port; when that config is rejected by a later bind
+/// (`x`, on a port a foreign socket holds), the socket is bound again and the draining
+/// connection lives on: its request in flight completes. Before, the drain was ended (the
+/// endpoint's task aborted) before the bind, for nothing. A config that binds the port and
+/// applies still ends the drain and serves there.
+#[tokio::test]
+async fn a_draining_h3_connection_survives_a_rejected_apply_that_wanted_its_port() {
+    bounded(60, async {
+        let (cert, ca) = cert_for("localhost");
+        let (be, arrived, release) = held_backend().await;
+        let foreign = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let taken = foreign.local_addr().unwrap().port();
+        let cfg = |generation: u64, name: &str, port: u16, x: bool| Config {
+            generation,
+            listeners: std::iter::once(Listener {
+                port,
+                ..https_listener(name, cert.clone())
+            })
+            .chain(x.then(|| Listener {
+                port: taken,
+                ..listener("x", ListenerProtocol::Http)
+            }))
+            .collect(),
+            virtual_hosts: vec![vhost(
+                "v",
+                &[],
+                vec![
+                    proxy_route("held", "/held", "held"),
+                    fixed_route("r", "/", name),
+                ],
+            )],
+            backends: vec![backend("held", be)],
+            ..Config::default()
+        };
+        let h = Harness::start(cfg(1, "a", 0, false)).await;
+        let addr = h.addr("a").await;
+        let c = Arc::new(H3::connect(addr, "localhost", &ca).await.unwrap());
+        let in_flight = {
+            let c = c.clone();
+            tokio::spawn(async move { c.get("/held").await })
+        };
+        arrived.notified().await;
+
+        // `a` removed: its connection drains on its socket.
+        h.runtime.apply(cfg(2, "other", 0, false)).await.unwrap();
+        // Its port wanted by `c`, but `x` cannot bind: rejected.
+        let msg = h
+            .runtime
+            .apply(cfg(3, "c", addr.port(), true))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("(x)") && msg.contains("cannot bind"), "{msg}");
+
+        release.notify_one();
+        let got = tokio::time::timeout(Duration::from_secs(10), in_flight)
+            .await
+            .expect("the draining request completes")
+            .unwrap()
+            .expect("the draining connection serves its request");
+        assert_eq!((got.0, &got.2[..]), (200, &b"held"[..]));
+
+        // Applied: the port goes to `c`.
+        h.runtime
+            .apply(cfg(4, "c", addr.port(), false))
+            .await
+            .unwrap();
+        assert_eq!(h.runtime.bound_quic().await["c"], addr);
+        let new = H3::connect(addr, "localhost", &ca).await.unwrap();
+        assert_eq!(&new.get("/").await.unwrap().2[..], b"c");
         drop(foreign);
     })
     .await;

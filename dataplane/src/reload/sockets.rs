@@ -59,9 +59,11 @@ pub(super) struct Sockets {
 }
 
 /// A removed HTTP/3 endpoint whose connections drain on its socket, unless a new config binds
-/// an address that contends with it: then [`Sockets::release_udp`] closes the socket and ends
-/// the drain (its connections) before that bind. It holds no endpoint handle: quinn's
-/// endpoint (and its receive buffers) goes when its task ends.
+/// an address that contends with it: then [`Sockets::release_udp`] closes the socket before
+/// that bind, and the drain (its connections) ends once every bind of the config has
+/// succeeded; if the config is rejected, the socket is bound again ([`Closed::Draining`]) and
+/// the drain goes on. It holds no endpoint handle: quinn's endpoint (and its receive buffers)
+/// goes when its task ends.
 struct DrainingQuic {
     local: SocketAddr,
     socket: Arc<QuicSocket>,
@@ -132,6 +134,9 @@ impl Kept {
 enum Closed {
     Tcp(Arc<Listening>, SocketAddr),
     Quic(Arc<QuicSocket>, SocketAddr),
+    /// The socket of a removed HTTP/3 endpoint still draining ([`DrainingQuic`]), with its
+    /// task: not put back once that has ended.
+    Draining(Arc<QuicSocket>, SocketAddr, tokio::task::AbortHandle),
     L4Udp(Arc<UdpListening>, SocketAddr),
 }
 
@@ -139,11 +144,13 @@ impl Closed {
     /// Binds the address again and puts the socket back (logged when that fails).
     fn reopen(self) {
         let (addr, result) = match self {
-            Closed::Tcp(l, addr) => (addr, bind_tcp(addr).map(|s| l.reopen(s))),
-            Closed::Quic(q, addr) => (
+            // Its drain ended meanwhile: nothing is left to serve on it.
+            Closed::Draining(_, _, task) if task.is_finished() => return,
+            Closed::Quic(q, addr) | Closed::Draining(q, addr, _) => (
                 addr,
                 crate::listen::quic::bind_udp(addr).and_then(|s| q.reopen(s)),
             ),
+            Closed::Tcp(l, addr) => (addr, bind_tcp(addr).map(|s| l.reopen(s))),
             Closed::L4Udp(u, addr) => (
                 addr,
                 crate::listen::quic::bind_udp(addr)
@@ -165,8 +172,8 @@ impl Sockets {
     /// on the same port for HTTP/3 (a new ephemeral-port listener retries until both are
     /// free), and starts their QUIC endpoints (they queue handshakes until their loop runs).
     /// A socket of a removed listener that contends with one of them is closed first (see
-    /// [`Closed`]; HTTP/3 endpoints still draining, [`Sockets::release_udp`]); on error those
-    /// of this config's removed listeners are put back.
+    /// [`Closed`]; HTTP/3 endpoints still draining, [`Sockets::release_udp`]); on error they
+    /// are all put back, and on success the drains whose sockets were closed end.
     pub(super) fn bind_new(&mut self, views: &[ListenerBuild<'_>]) -> Result<Fresh, ApplyError> {
         self.draining_quic.retain(|d| !d.task.is_finished());
         let mut closed = Vec::new();
@@ -176,6 +183,8 @@ impl Sockets {
             for c in closed {
                 c.reopen();
             }
+        } else {
+            self.end_released_drains(&closed);
         }
         result
     }
@@ -310,12 +319,12 @@ impl Sockets {
 
     /// Before a UDP bind on `addr` (not port 0): closes the HTTP/3 endpoints still draining
     /// ([`Sockets::release_udp`]), and the running HTTP/3 endpoints and layer-4 UDP listeners
-    /// that `kept` does not keep (into `closed`), that contend with it.
-    fn free_udp(&mut self, addr: SocketAddr, kept: &Kept, closed: &mut Vec<Closed>) {
+    /// that `kept` does not keep, that contend with it (into `closed`).
+    fn free_udp(&self, addr: SocketAddr, kept: &Kept, closed: &mut Vec<Closed>) {
         if addr.port() == 0 {
             return;
         }
-        self.release_udp(addr);
+        self.release_udp(addr, closed);
         for (key, r) in &self.udp {
             if !kept.quic.contains(key) && overlaps(r.local, addr) && r.socket.close() {
                 tracing::info!(addr = %r.local, "removed HTTP/3 listener closed first: its port is bound again");
@@ -331,16 +340,36 @@ impl Sockets {
     }
 
     /// Closes the sockets of removed HTTP/3 endpoints still draining that contend with a
-    /// bind on `addr` (see [`overlaps`]), before that bind: their connections end now
-    /// (closed; the close is not sent, the socket being gone). The port is the dataplane's
-    /// own, being released; a socket of another process on it still fails the bind.
-    fn release_udp(&mut self, addr: SocketAddr) {
+    /// bind on `addr` (see [`overlaps`]), before that bind, into `closed`: their drains end
+    /// only once the config's binds have all succeeded ([`Sockets::end_released_drains`]);
+    /// until then their connections lose what is sent to them, as lost datagrams, and a
+    /// rejected config puts the sockets back. The port is the dataplane's own, being
+    /// released; a socket of another process on it still fails the bind.
+    fn release_udp(&self, addr: SocketAddr, closed: &mut Vec<Closed>) {
+        for d in &self.draining_quic {
+            if overlaps(d.local, addr) && d.socket.close() {
+                closed.push(Closed::Draining(
+                    d.socket.clone(),
+                    d.local,
+                    d.task.abort_handle(),
+                ));
+            }
+        }
+    }
+
+    /// Once the binds of a config have all succeeded: ends the drains whose sockets were
+    /// closed for them (in `closed`). Their connections end with the task (their handles
+    /// dropped; the close is not sent, the socket being gone), the endpoint with them.
+    fn end_released_drains(&mut self, closed: &[Closed]) {
+        let released = |d: &DrainingQuic| {
+            closed
+                .iter()
+                .any(|c| matches!(c, Closed::Draining(q, ..) if Arc::ptr_eq(q, &d.socket)))
+        };
         self.draining_quic.retain(|d| {
-            if !overlaps(d.local, addr) {
+            if !released(d) {
                 return true;
             }
-            d.socket.close();
-            // Its connections end with the task (their handles dropped), the endpoint with them.
             d.task.abort();
             tracing::info!(addr = %d.local, "removed HTTP/3 listener closed: its port is bound again");
             false
