@@ -782,7 +782,9 @@ impl Pool {
                         reason: "every HTTP/2 connection the pool may hold to the endpoint is full",
                     });
                 } else {
-                    self.h2_wake.waiting.fetch_add(1, Ordering::SeqCst);
+                    // Counted and its guard built together, under the lock: whatever ends
+                    // the request from here on (a return, a panic, a drop) uncounts it.
+                    let waiting = Waiting::count(self);
                     // Enabled under the lock: an opening ending after it wakes it, and so does
                     // each freed stream (one notify_one each).
                     notified.as_mut().enable();
@@ -790,13 +792,12 @@ impl Pool {
                     // guard's lock-free side: see StreamGuard's drop).
                     std::sync::atomic::fence(Ordering::SeqCst);
                     if let Some(conn) = Pool::take_h2_stream(&mut list, c.h2_client) {
-                        self.h2_wake.waiting.fetch_sub(1, Ordering::SeqCst);
                         return Ok(conn);
                     }
-                    Some(list.failures)
+                    Some((list.failures, waiting))
                 }
             };
-            let Some(failures) = wait else {
+            let Some((failures, waiting)) = wait else {
                 // A connect has the whole limit, also when its request waited first (its
                 // opener went away): a timeout counted against the endpoint is then one the
                 // endpoint took, not the rest of a wait (session 20's review, P2). Such a
@@ -807,7 +808,6 @@ impl Pool {
             // The clock of the waits starts when the request first has to wait.
             let deadline = *deadline
                 .get_or_insert_with(|| deadline_from(tokio::time::Instant::now(), limit, by).0);
-            let waiting = Waiting(self);
             let woken = match deadline {
                 Some(d) => tokio::time::timeout_at(d, notified).await.is_ok(),
                 None => {
@@ -910,7 +910,17 @@ where
 /// [`H2Wake::waiting`] while it lives (a dropped request no longer counts). Its drop takes
 /// no lock: the count only sizes the openings ([`H2List::needs_another`]) and tells a freed
 /// stream whether to wake anyone, and neither needs it lowered under the lock.
+/// Built only by [`Waiting::count`], which counts it: the count and its guard come
+/// together.
 struct Waiting<'a>(&'a Pool);
+
+impl<'a> Waiting<'a> {
+    /// Counts one more request waiting in `pool`, until the guard returned is dropped.
+    fn count(pool: &'a Pool) -> Self {
+        pool.h2_wake.waiting.fetch_add(1, Ordering::SeqCst);
+        Waiting(pool)
+    }
+}
 
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
@@ -2160,6 +2170,29 @@ mod h2_open_tests {
             );
         };
         finish(run, &accepted, 2).await;
+    }
+
+    /// A request that panics while it waits is no longer counted as waiting: here a limit
+    /// the clock cannot add (its deadline overflows the Instant in deadline_from, the step
+    /// between the count and the wait). The count and its guard are built together under the
+    /// lock; the guard used to be built after deadline_from, so that such a panic left the
+    /// count high for ever, sizing openings and waking for a request gone (session 22's
+    /// review, L1-1).
+    #[tokio::test]
+    async fn a_request_that_panics_while_waiting_is_no_longer_counted() {
+        let (addr, accepted, gate) = gated_backend(Answer::Settings(None)).await;
+        let pool = Arc::new(Pool::new(8));
+        let run = async {
+            let opener = ask(&pool, &addr, 1, None).pop().unwrap();
+            until(&pool, 1, 0).await;
+            let waiter = ask(&pool, &addr, 1, Some(Duration::MAX)).pop().unwrap();
+            assert!(waiter.await.unwrap_err().is_panic());
+            assert_eq!(waiting_of(&pool), 0);
+            gate.send_replace(true);
+            let served = opener.await.unwrap();
+            assert!(served.is_ok(), "{:?}", served.err());
+        };
+        finish(run, &accepted, 1).await;
     }
 
     /// A stream freed on an open connection wakes a request waiting while another opening
