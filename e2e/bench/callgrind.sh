@@ -28,7 +28,11 @@
 #                     dataplane's default, as in run.sh)
 #   WARM=1000         requests of the warm-up before the counters are zeroed
 #   OHA=              oha with HTTP/3 for the h3 cells (default: oha on PATH, else
-#                     ~/.cache/sweety/tools/bin/oha, as in run.sh)
+#                     ~/.cache/sweety/tools/bin/oha, as in run.sh); or the dataplane's
+#                     h3_bench example, which takes the same arguments (quinn + h3 with quinn's
+#                     defaults; `cargo build --release -p sweety-dataplane --example h3_bench`,
+#                     then OHA=<target>/release/examples/h3_bench): counts with it and with oha
+#                     are not comparable, the two clients differ
 #   SWEETY_HTTP3=     extra `http3:` settings for the h3 cells, as YAML flow-mapping entries
 #                     (as in run.sh), e.g. "ack_eliciting_threshold: 8"
 #   TOP_EVENT=Ir      the event TOP ranks by: Ir, or with CACHE_SIM=1 I1mr, D1mr, D1mw, ILmr, ...
