@@ -135,6 +135,15 @@ pub(crate) fn endpoint_config(local: SocketAddr) -> io::Result<EndpointConfig> {
     let (reset, cids) = Secret::get()?.for_address(local);
     let mut cfg = EndpointConfig::new(Arc::new(reset));
     cfg.cid_generator(move || -> Box<dyn ConnectionIdGenerator> { Box::new(cids.clone()) });
+    // No minimum interval between stateless resets (quinn's default is 20 ms per endpoint,
+    // and its driver gives a whole receive batch one `now`): with it, when a listener's address
+    // is taken over, one of its clients was reset per batch and the others waited for their
+    // retransmissions, seconds for the last of 40 (review of 8fdf16d, M1); and a client sending
+    // one packet every 20 ms on an ID of this address starved everyone else's resets. Without it
+    // nothing is amplified: a reset is always smaller than the packet it answers (quinn sizes it
+    // so), and a reset of a reset cannot loop (RFC 9000 §10.3.3): its random ID passes
+    // `validate` once in 2^24.
+    cfg.min_reset_interval(Duration::ZERO);
     Ok(cfg)
 }
 
