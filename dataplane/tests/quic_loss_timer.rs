@@ -15,14 +15,11 @@
 mod common;
 
 use bytes::BytesMut;
-use quinn_proto::crypto::rustls::QuicClientConfig;
 use quinn_proto::{
-    ClientConfig, Connection, ConnectionHandle, DatagramEvent, Dir, Endpoint, EndpointConfig,
-    Event, StreamEvent, StreamId,
+    Connection, ConnectionHandle, DatagramEvent, Dir, Endpoint, Event, StreamEvent, StreamId,
 };
 use std::collections::VecDeque;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const SERVER_ADDR: &str = "127.0.0.1:20700";
@@ -84,31 +81,10 @@ struct Download {
 impl Download {
     fn new() -> Download {
         let (server_tls, client_tls) = common::quic::tls();
-        let server_cfg = sweety_dataplane::listen::quic::server_config(
-            server_tls,
-            &sweety_config::Http3::default(),
-            &sweety_config::Limits::default(),
-            "test",
-        )
-        .unwrap();
-        let server_ep = Endpoint::new(
-            Arc::new(EndpointConfig::default()),
-            Some(Arc::new(server_cfg)),
-            false,
-            Some([7; 32]),
-        );
-        let mut client_ep = Endpoint::new(
-            Arc::new(EndpointConfig::default()),
-            None,
-            false,
-            Some([9; 32]),
-        );
-        let client_cfg =
-            ClientConfig::new(Arc::new(QuicClientConfig::try_from(client_tls).unwrap()));
+        let server_ep = common::quic::server_endpoint(server_tls);
         let now = Instant::now();
-        let client = client_ep
-            .connect(now, client_cfg, SERVER_ADDR.parse().unwrap(), "localhost")
-            .unwrap();
+        let (client_ep, client) =
+            common::quic::client(client_tls, None, SERVER_ADDR.parse().unwrap(), now);
         Download {
             now,
             server_ep,

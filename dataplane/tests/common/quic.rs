@@ -27,3 +27,47 @@ pub(crate) fn tls() -> (Arc<rustls::ServerConfig>, rustls::ClientConfig) {
     client.alpn_protocols = vec![b"h3".to_vec()];
     (Arc::new(server), client)
 }
+
+/// The server's endpoint: Sweety's HTTP/3 transport settings (the defaults of `http3` and
+/// `limits`) over `tls`, quinn's default endpoint config, a fixed seed.
+pub(crate) fn server_endpoint(tls: Arc<rustls::ServerConfig>) -> quinn_proto::Endpoint {
+    let server_cfg = sweety_dataplane::listen::quic::server_config(
+        tls,
+        &sweety_config::Http3::default(),
+        &sweety_config::Limits::default(),
+        "test",
+    )
+    .unwrap();
+    quinn_proto::Endpoint::new(
+        Arc::new(quinn_proto::EndpointConfig::default()),
+        Some(Arc::new(server_cfg)),
+        false,
+        Some([7; 32]),
+    )
+}
+
+/// A client's endpoint (a fixed seed) and its connection to `server`, started at `now`, over
+/// `tls`, with `transport` (quinn's defaults when `None`).
+pub(crate) fn client(
+    tls: rustls::ClientConfig,
+    transport: Option<quinn_proto::TransportConfig>,
+    server: std::net::SocketAddr,
+    now: std::time::Instant,
+) -> (
+    quinn_proto::Endpoint,
+    (quinn_proto::ConnectionHandle, quinn_proto::Connection),
+) {
+    let crypto = quinn_proto::crypto::rustls::QuicClientConfig::try_from(tls).unwrap();
+    let mut cfg = quinn_proto::ClientConfig::new(Arc::new(crypto));
+    if let Some(transport) = transport {
+        cfg.transport_config(Arc::new(transport));
+    }
+    let mut endpoint = quinn_proto::Endpoint::new(
+        Arc::new(quinn_proto::EndpointConfig::default()),
+        None,
+        false,
+        Some([9; 32]),
+    );
+    let conn = endpoint.connect(now, cfg, server, "localhost").unwrap();
+    (endpoint, conn)
+}
