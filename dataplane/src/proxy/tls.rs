@@ -264,9 +264,18 @@ impl ServerCertVerifier for SanVerifier {
     }
 }
 
-/// Accepts any backend certificate (no CA configured); handshake signatures are still checked.
+/// Accepts any backend certificate (no CA configured); handshake signatures are still checked
+/// with the provider's algorithms. Public for the benchmark clients (`examples/h3_bench.rs`,
+/// oha's `--insecure`).
 #[derive(Debug)]
-struct NoVerifier(Arc<CryptoProvider>);
+pub struct NoVerifier(Arc<CryptoProvider>);
+
+impl NoVerifier {
+    /// A verifier that accepts any certificate and checks signatures with `provider`.
+    pub fn new(provider: Arc<CryptoProvider>) -> NoVerifier {
+        NoVerifier(provider)
+    }
+}
 
 impl ServerCertVerifier for NoVerifier {
     fn verify_server_cert(
