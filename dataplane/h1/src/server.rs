@@ -1167,6 +1167,13 @@ where
             if std::mem::take(&mut fd.expect) && !fd.done {
                 keep_alive = false;
             }
+            // A body broken on the wire (framing, the client gone): where the next request
+            // would start is unknown, so nothing after it is read as one; the connection
+            // ends after this answer, which says so. (Before, only a body still under an
+            // unanswered `Expect` did: the same bytes read in other pieces went on.)
+            if fd.broken {
+                keep_alive = false;
+            }
             // An early answer to a body still coming (a 401 or 413 to an upload, or a backend's
             // 200 before the upload ended): the body is not read on after the answer, so the
             // connection ends after it, and the answer says so (`Connection: close`), so the

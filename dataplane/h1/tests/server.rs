@@ -1508,3 +1508,27 @@ async fn a_refused_head_lingers() {
     drop(c);
     task.await.unwrap().unwrap();
 }
+
+/// A request body whose chunked framing breaks on the wire (here data not followed by CRLF)
+/// ends the connection after the answer: where the next request would start is unknown, so
+/// the bytes after the error are never read as one (a request smuggled past whatever judged
+/// the first one). The answer says `Connection: close`. Before, the connection went on and
+/// parsed the rest as the next request, unless the body had been read under `Expect:
+/// 100-continue` before its 100 was sent (the fuzz target server_conn found the two
+/// disagreeing: whole and split input answered differently).
+#[tokio::test]
+async fn a_chunked_body_broken_on_the_wire_ends_the_connection_after_the_answer() {
+    let out = exchange(
+        b"POST /c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nabXY\r\n0\r\n\r\n\
+          GET /smuggled HTTP/1.1\r\nHost: x\r\n\r\n",
+    )
+    .await;
+    let b = bodies(&out);
+    assert_eq!(b.len(), 1, "one answer, then the close: {out}");
+    assert!(b[0].contains("body=error: malformed chunked"), "{}", b[0]);
+    assert!(out.contains("connection: close\r\n"), "{out}");
+    assert!(
+        !out.contains("400"),
+        "nothing after the broken body is parsed: {out}"
+    );
+}
