@@ -35,6 +35,14 @@
 //!   skips what is already right), and routes carrying entries of ours that `translate` no
 //!   longer reports are queued to have them removed.
 //! - **Failures** are retried after [`StatusOptions::retry`] (the latest wanted status then).
+//! - **Recreated objects.** An object deleted and created again under the same name with the
+//!   same spec between two translations (`kubectl replace --force`, a GitOps tool) has the
+//!   wanted status offered before, so no offer queues it, yet the new object carries no
+//!   status of ours. The watch journals every object that comes under a name it did not
+//!   hold ([`crate::watch::Stores::created`]); the worker queues those it has entries for
+//!   (and every object when the journal lost its place: a relist), and the writer, whose
+//!   memory of an object goes with its `metadata.uid`, writes them to the new object. Every
+//!   offer wakes the worker for that.
 
 use crate::metrics::{ConditionCounts, Metrics};
 use crate::push::PushState;
@@ -367,16 +375,15 @@ impl StatusQueue {
     /// policies among them queued to have our entries removed.
     /// The objects by kind and condition (`sweety_controller_objects`) follow the same
     /// comparison: only the changed statuses are counted again.
+    /// The worker is woken even when nothing changed: it queues the objects created again
+    /// under a name since it last looked (see the module docs).
     pub fn offer(&self, statuses: &Statuses, changes: &StatusChanges, generation: u64) {
-        let changed = {
+        {
             let mut q = self.shared.queue();
-            let changed = q.offer(statuses, changes, generation, Instant::now());
+            q.offer(statuses, changes, generation, Instant::now());
             q.conditions.publish(&self.metrics);
-            changed
-        };
-        if changed > 0 {
-            self.shared.notify.notify_one();
         }
+        self.shared.notify.notify_one();
     }
 }
 
@@ -399,6 +406,9 @@ struct Worker {
     /// The gates of the push state they were computed from, by generation: one per generation
     /// (a Nack's errors are joined once, and every entry written under it shares the text).
     gates: (PushState, HashMap<u64, Gate>),
+    /// The position in the journal of created objects ([`Objects::created_since`]) up to
+    /// which they were queued (`None`: not looked at yet).
+    created_at: Option<u64>,
 }
 
 /// Whether the gate has the dataplane's answer.
@@ -432,6 +442,7 @@ impl Worker {
             held_until: None,
             acked_high: 0,
             gates: Default::default(),
+            created_at: None,
         }
     }
 
@@ -535,6 +546,7 @@ impl Worker {
             for key in std::mem::take(&mut q.gone) {
                 self.writer.forget_one(&key);
             }
+            queue_created(&*self.objects, &mut self.created_at, &mut q);
             while q.retry.front().is_some_and(|(at, _)| *at <= now) {
                 let (_, key) = q.retry.pop_front().expect("checked");
                 if let Some(e) = q.entries.get_mut(&key) {
@@ -741,6 +753,34 @@ impl Worker {
     }
 }
 
+/// Queue the objects the watch saw created under a name since the last look (deleted and
+/// created again: translate may want the very status it wanted for the old object, and
+/// the new one has none), or every object translate reports when the journal cannot
+/// tell (a relist). The writer skips those whose status is already right: its memory of
+/// an object holds only for the same `metadata.uid`.
+fn queue_created(objects: &dyn Objects, created_at: &mut Option<u64>, q: &mut Queue) {
+    let (at, created) = objects.created_since(*created_at);
+    let Some(_) = created_at.replace(at) else {
+        // The first look: every entry so far is queued as it was offered.
+        return;
+    };
+    let keys: Vec<ObjectKey> = match created {
+        Some(keys) => keys
+            .into_iter()
+            .filter(|k| q.entries.get(k).is_some_and(|e| e.want.is_some()))
+            .collect(),
+        None => q
+            .entries
+            .iter()
+            .filter(|(_, e)| e.want.is_some())
+            .map(|(k, _)| k.clone())
+            .collect(),
+    };
+    for key in &keys {
+        q.mark(key);
+    }
+}
+
 fn earliest(a: Option<Instant>, b: Instant) -> Option<Instant> {
     Some(a.map_or(b, |a| a.min(b)))
 }
@@ -752,6 +792,9 @@ trait Objects: Send + Sync + 'static {
     fn lookup(&self, key: &ObjectKey) -> Option<Arc<dyn Current>>;
     /// (namespace, name, status) of the cached objects of `kind` (asked for atomic kinds only).
     fn statuses(&self, kind: &str) -> Vec<(String, String, serde_json::Value)>;
+    /// The journal's position, and the objects that came into the cache under a name it did
+    /// not hold after position `since` (`None`: not known from there, or no position).
+    fn created_since(&self, since: Option<u64>) -> (u64, Option<Vec<ObjectKey>>);
 }
 
 impl Objects for Stores {
@@ -784,6 +827,16 @@ impl Objects for Stores {
             };
         }
         status_writer::status_kinds!(of!())
+    }
+
+    fn created_since(&self, since: Option<u64>) -> (u64, Option<Vec<ObjectKey>>) {
+        let (at, keys) = self.created.since(since);
+        let keys = keys.map(|keys| {
+            keys.into_iter()
+                .map(|(kind, ns, name)| ObjectKey::new(kind, &ns, &name))
+                .collect()
+        });
+        (at, keys)
     }
 }
 
@@ -1029,6 +1082,8 @@ mod tests {
     struct FakeApi {
         addr: std::net::SocketAddr,
         log: Log,
+        /// The `metadata` of every request, in the order of `log`.
+        metadata: Arc<Mutex<Vec<serde_json::Value>>>,
         held: Arc<watch::Sender<bool>>,
         task: tokio::task::JoinHandle<()>,
     }
@@ -1043,6 +1098,8 @@ mod tests {
             let addr = listener.local_addr().unwrap();
             let log: Log = Arc::default();
             let seen = log.clone();
+            let metadata: Arc<Mutex<Vec<serde_json::Value>>> = Arc::default();
+            let metas = metadata.clone();
             let held = Arc::new(watch::channel(false).0);
             let hold = held.clone();
             let task = tokio::spawn(async move {
@@ -1050,11 +1107,11 @@ mod tests {
                     let Ok((stream, _)) = listener.accept().await else {
                         continue;
                     };
-                    let (seen, hold) = (seen.clone(), hold.clone());
+                    let (seen, hold, metas) = (seen.clone(), hold.clone(), metas.clone());
                     tokio::spawn(async move {
                         let svc = hyper::service::service_fn(
                             move |req: http::Request<hyper::body::Incoming>| {
-                                let seen = seen.clone();
+                                let (seen, metas) = (seen.clone(), metas.clone());
                                 let mut release = hold.subscribe();
                                 async move {
                                     let method = req.method().to_string();
@@ -1066,6 +1123,7 @@ mod tests {
                                     };
                                     {
                                         let mut seen = seen.lock().unwrap();
+                                        metas.lock().unwrap().push(obj["metadata"].clone());
                                         seen.push((
                                             method,
                                             text(&obj["kind"]),
@@ -1098,6 +1156,7 @@ mod tests {
             FakeApi {
                 addr,
                 log,
+                metadata,
                 held,
                 task,
             }
@@ -1160,8 +1219,12 @@ mod tests {
     }
 
     /// The objects of a snapshot as a watch cache holds them (resourceVersion 1; the cache
-    /// never sees our writes, as when it lags behind them).
-    struct Cached(HashMap<ObjectKey, Arc<dyn Current>>);
+    /// never sees our writes, as when it lags behind them), and the objects its watch saw
+    /// created under a name since the worker last looked (none unless [`Cached::created`]).
+    struct Cached(
+        HashMap<ObjectKey, Arc<dyn Current>>,
+        Mutex<Option<Vec<ObjectKey>>>,
+    );
 
     impl Cached {
         fn of(s: &crate::translate::Snapshot) -> Cached {
@@ -1198,7 +1261,14 @@ mod tests {
                 )*};
             }
             status_writer::status_kinds!(add!());
-            Cached(map)
+            Cached(map, Mutex::new(Some(Vec::new())))
+        }
+
+        /// The same, its watch having seen `keys` created since the worker last looked
+        /// (told once); `None`: its journal lost its place (a relist).
+        fn created(self, keys: Option<&[ObjectKey]>) -> Cached {
+            *self.1.lock().unwrap() = keys.map(<[ObjectKey]>::to_vec);
+            self
         }
     }
 
@@ -1213,6 +1283,12 @@ mod tests {
                 .filter(|(k, _)| k.kind == kind)
                 .map(|(k, o)| (k.namespace.clone(), k.name.clone(), o.status()))
                 .collect()
+        }
+
+        fn created_since(&self, since: Option<u64>) -> (u64, Option<Vec<ObjectKey>>) {
+            // One position (the worker's first look takes it); what was seen is told once.
+            let keys = since.and_then(|_| self.1.lock().unwrap().replace(Vec::new()));
+            (0, keys)
         }
     }
 
@@ -2043,6 +2119,106 @@ hostnames: [gateway-listener.com]\n  rules: [{{matches: [{{path: {{type: PathPre
             assert_eq!(q.entries.len(), statuses_after.len());
             assert!(q.unacked.is_empty(), "{:?}", q.unacked.keys());
             assert_eq!(q.depth(g.w.jobs.len()), 0);
+        }
+    }
+
+    /// `s` with `uid(key)` as the `metadata.uid` of every object of the status kinds.
+    fn with_uids(
+        s: &crate::translate::Snapshot,
+        uid: impl Fn(&ObjectKey) -> String,
+    ) -> crate::translate::Snapshot {
+        use kube::Resource as _;
+        let mut s = s.clone();
+        macro_rules! set {
+            ($($kind:literal $field:ident),*) => {$(
+                for o in s.$field.iter_mut() {
+                    let mut c = (**o).clone();
+                    let m = c.meta_mut();
+                    let key = ObjectKey::new(
+                        $kind,
+                        m.namespace.as_deref().unwrap_or_default(),
+                        m.name.as_deref().unwrap_or_default(),
+                    );
+                    m.uid = Some(uid(&key));
+                    *o = Arc::new(c);
+                }
+            )*};
+        }
+        status_writer::status_kinds!(set!());
+        s
+    }
+
+    /// `kubectl replace --force` (or a GitOps tool creating an object again): the Gateway and
+    /// a route are deleted and created again under the same names with the same specs between
+    /// two translations. The new objects (new uids, another resourceVersion) carry no status,
+    /// and translate wants for them what it wanted for the old ones, so the offer queues
+    /// nothing. Their statuses must be written, to the new objects, once each, from the
+    /// watch's journal of created objects, or from every object when that journal lost its
+    /// place (a relist); nothing else is written again, and the queue keeps one entry per
+    /// object.
+    #[tokio::test]
+    async fn an_object_deleted_and_created_again_with_the_same_spec_gets_its_status_written() {
+        let (snapshot, statuses) = conflict_world(2);
+        let r0 = ObjectKey::new("HTTPRoute", "gateway-conformance-infra", "r0");
+        let mut recreated = vec![gateway_key(), r0.clone()];
+        recreated.sort();
+        let old = with_uids(&snapshot, |k| format!("{}-1", k.name));
+        let new = with_uids(&snapshot, |k| {
+            let n = if recreated.contains(k) { 2 } else { 1 };
+            format!("{}-{n}", k.name)
+        });
+        for relist in [false, true] {
+            let mut g = Gated::start(&old, &statuses, 322).await;
+            g.w.objects = Box::new(Cached::of(&old));
+            g.step(|s| s.acked = 322).await;
+            g.assert_translated(&statuses);
+            let before = g.api.requests();
+            assert_eq!(before, statuses.len());
+
+            // Deleted and created again: the cache holds the new objects (resourceVersion 7,
+            // no status), the others as they were.
+            let mut cache = Cached::of(&new);
+            let fresh = Cached::with(&new, &HashMap::new(), "7");
+            for k in &recreated {
+                cache.0.insert(k.clone(), fresh.0[k].clone());
+            }
+            g.w.objects = Box::new(cache.created((!relist).then_some(&recreated[..])));
+            assert_eq!(g.offer(&statuses, 323), 0, "translate wants what it wanted");
+            g.step(|s| {
+                s.submitted = 323;
+                s.acked = 323;
+            })
+            .await;
+            let mut wrote: Vec<ObjectKey> = g.api.log.lock().unwrap()[before..]
+                .iter()
+                .map(|(_, k, ns, n, _)| ObjectKey::new(k, ns, n))
+                .collect();
+            wrote.sort();
+            assert_eq!(
+                wrote, recreated,
+                "relist {relist}: the new objects, once each"
+            );
+            g.assert_translated(&statuses);
+            // The route's write is conditional on the new object (its resourceVersion).
+            let log = g.api.log.lock().unwrap().clone();
+            let metadata = g.api.metadata.lock().unwrap().clone();
+            let i = (before..log.len())
+                .find(|&i| ObjectKey::new(&log[i].1, &log[i].2, &log[i].3) == r0)
+                .unwrap();
+            assert_eq!(metadata[i]["resourceVersion"], "7", "{}", metadata[i]);
+
+            // Written: the next translation, the same again, writes nothing.
+            assert_eq!(g.offer(&statuses, 324), 0);
+            g.step(|s| {
+                s.submitted = 324;
+                s.acked = 324;
+            })
+            .await;
+            assert_eq!(g.api.requests(), before + recreated.len());
+            let q = g.w.shared.queue();
+            assert_eq!(q.entries.len(), statuses.len());
+            assert_eq!(q.depth(g.w.jobs.len()), 0);
+            assert!(q.unacked.is_empty() && q.gone.is_empty());
         }
     }
 

@@ -35,13 +35,20 @@
 //!   the one translated, so a status write costs no translation; its cached status can then
 //!   lag (the status writer relies on what it wrote itself, and reads the live object on a
 //!   conflict). A relist refreshes every object.
-//! - [`RouteJournal`] lists the route objects (kind, namespace, name) whose events reached
+//! - An [`ObjectJournal`] lists the route objects (kind, namespace, name) whose events reached
 //!   the stores, in order and bounded, so that [`Stores::snapshot_since`] can tell the
 //!   translate cache which routes changed since its last snapshot (it then looks at those
 //!   only, not at every route). An event is journalled after the reflector applied it to the
 //!   store, and a snapshot reads the journal before the stores, so every change a snapshot's
 //!   position covers is in its lists; a relist, or a position older than the journal keeps,
 //!   gives no list (every route is compared).
+//! - Another ([`Stores::created`]) lists the objects of the kinds whose status is written
+//!   ([`crate::status_writer::STATUS_KINDS`]) that came into the stores under a name the
+//!   watch did not hold (created, or deleted and created again: a new `metadata.uid`), so
+//!   that the status worker writes the status of an object recreated under the same name
+//!   with the same spec (`kubectl replace --force`), whose wanted status is the one offered
+//!   before (see [`crate::status_worker`]). Journalled after the store has the object; a
+//!   relist gives no list (the worker then looks at every object again).
 //! - [`Activity`] counts watch events by kind (passed on or ignored) and keeps the time and
 //!   kind of the first event not yet reconciled, for the controller's metrics.
 
@@ -234,21 +241,24 @@ pub struct Stores {
     /// [`WatchOptions::default_certificate_secret`].
     pub default_certificate_secret: Option<(String, String)>,
     /// Route changes in order, for [`Stores::snapshot_since`].
-    pub route_journal: Arc<RouteJournal>,
+    pub route_journal: Arc<ObjectJournal>,
+    /// Objects of the status kinds that came under a name not held before (see the module
+    /// docs), for the status worker.
+    pub created: Arc<ObjectJournal>,
 }
 
-/// Journal entries kept (route changes between two snapshots; more: every route is compared).
+/// Journal entries kept (changes between two readers' looks; more: everything is compared).
 const JOURNAL_MAX: usize = 4096;
 
-/// A route object in [`RouteJournal`]: kind, namespace, name.
+/// An object in an [`ObjectJournal`]: kind, namespace, name.
 type RouteKey = (&'static str, String, String);
 
-/// The route kinds (the kinds [`RouteJournal`] records).
+/// The route kinds (the kinds [`Stores::route_journal`] records).
 pub const ROUTE_KINDS: [&str; 5] = ["HTTPRoute", "GRPCRoute", "TLSRoute", "TCPRoute", "UDPRoute"];
 
-/// The route objects whose watch events reached the stores, in order (see the module docs).
+/// Objects whose watch events reached the stores, in order, bounded (see the module docs).
 #[derive(Debug, Default)]
-pub struct RouteJournal {
+pub struct ObjectJournal {
     inner: Mutex<Journal>,
 }
 
@@ -261,8 +271,8 @@ struct Journal {
     entries: VecDeque<(u64, RouteKey)>,
 }
 
-impl RouteJournal {
-    /// Records an applied event of route `kind` `namespace/name`.
+impl ObjectJournal {
+    /// Records an applied event of `kind` `namespace/name`.
     pub fn record(&self, kind: &'static str, namespace: String, name: String) {
         let mut j = lock(&self.inner);
         j.seq += 1;
@@ -283,8 +293,8 @@ impl RouteJournal {
         j.entries.clear();
     }
 
-    /// The current position, and the route objects recorded after `since` (each once;
-    /// `None`: not known from here).
+    /// The current position, and the objects recorded after `since` (each once; `None`: not
+    /// known from here).
     pub fn since(&self, since: Option<u64>) -> (u64, Option<BTreeSet<RouteKey>>) {
         let j = lock(&self.inner);
         let keys = since.filter(|s| *s >= j.floor && *s <= j.seq).map(|s| {
@@ -628,10 +638,12 @@ impl Watches {
         let (tx, changes) = watch::channel(0u64);
         let tx = Arc::new(tx);
         let activity = Arc::new(Activity::default());
-        let journal = Arc::new(RouteJournal::default());
+        let journal = Arc::new(ObjectJournal::default());
+        let created = Arc::new(ObjectJournal::default());
         let mut w = Starter {
             activity: activity.clone(),
             journal: journal.clone(),
+            created: created.clone(),
             client,
             namespaces: options.namespaces.clone(),
             served,
@@ -664,6 +676,7 @@ impl Watches {
             namespaces: w.cluster(watcher::Config::default()),
             default_certificate_secret: options.default_certificate_secret.clone(),
             route_journal: journal,
+            created,
         };
         if let Some((ns, name)) = &options.dataplane_service {
             if !options.namespaces.is_empty() && !options.namespaces.contains(ns) {
@@ -871,7 +884,8 @@ impl ServedResources {
 
 struct Starter {
     activity: Arc<Activity>,
-    journal: Arc<RouteJournal>,
+    journal: Arc<ObjectJournal>,
+    created: Arc<ObjectJournal>,
     client: Client,
     namespaces: Vec<String>,
     served: ServedResources,
@@ -1004,13 +1018,22 @@ impl Starter {
         let activity = self.activity.clone();
         let kind = kind_name::<K>();
         let mut filter = StatusOnly::for_kind(kind);
+        // The object the filter saw come under a new name, for the created journal once the
+        // store has it (the filter runs before the reflector, the loop below after it, event
+        // by event).
+        let came = Arc::new(Mutex::new(None::<(String, String)>));
+        let (status_kind, came_in) = (filter.is_some(), came.clone());
         let counted = activity.clone();
         let stream = watcher(api, config)
             .default_backoff()
             .modify(|o: &mut K| o.meta_mut().managed_fields = None)
             .filter(move |event| {
                 let pass = match (&mut filter, event) {
-                    (Some(f), Ok(e)) => f.pass(e),
+                    (Some(f), Ok(e)) => {
+                        let pass = f.pass(e);
+                        *lock(&came_in) = f.take_created().filter(|_| pass);
+                        pass
+                    }
                     _ => true,
                 };
                 if !pass {
@@ -1021,6 +1044,7 @@ impl Starter {
             .reflect(writer);
         // Route kinds are journalled (after the reflector applied the event to the store).
         let journal = ROUTE_KINDS.contains(&kind).then(|| self.journal.clone());
+        let created = status_kind.then(|| self.created.clone());
         lock(&self.tasks).push(tokio::spawn(async move {
             let mut stream = std::pin::pin!(stream);
             while let Some(event) = stream.next().await {
@@ -1032,6 +1056,17 @@ impl Starter {
                         }
                         watcher::Event::Init | watcher::Event::InitDone => j.reset(),
                         watcher::Event::InitApply(_) => {}
+                    }
+                }
+                if let (Some(j), Ok(e)) = (&created, &event) {
+                    match e {
+                        watcher::Event::Apply(_) => {
+                            if let Some((ns, name)) = lock(&came).take() {
+                                j.record(kind, ns, name);
+                            }
+                        }
+                        watcher::Event::Init | watcher::Event::InitDone => j.reset(),
+                        watcher::Event::InitApply(_) | watcher::Event::Delete(_) => {}
                     }
                 }
                 match event {
@@ -1069,9 +1104,13 @@ fn kind_name<K: Resource<DynamicType = ()>>() -> &'static str {
 /// their objects, and a relist starts over).
 #[derive(Default)]
 pub struct StatusOnly {
-    seen: HashMap<(String, String), u64>,
+    /// By (namespace, name): the hash of what `translate` reads ([`meaning`]) and of the uid.
+    seen: HashMap<(String, String), (u64, u64)>,
     /// Filled during a relist, swapped in at its end.
-    relist: Option<HashMap<(String, String), u64>>,
+    relist: Option<HashMap<(String, String), (u64, u64)>>,
+    /// The last event passed was an object under a name not held (created, or deleted and
+    /// created again): (namespace, name). Not during a relist.
+    created: Option<(String, String)>,
 }
 
 impl StatusOnly {
@@ -1087,10 +1126,19 @@ impl StatusOnly {
 
     /// Whether `event` goes on to the store (and to a reconcile).
     pub fn pass<K: Resource>(&mut self, event: &watcher::Event<K>) -> bool {
+        self.created = None;
         match event {
             watcher::Event::Apply(o) => {
                 let Some(h) = meaning(o) else { return true };
-                self.seen.insert(key(o), h) != Some(h)
+                let (k, uid) = (key(o), uid_hash(o));
+                match self.seen.insert(k.clone(), (h, uid)) {
+                    Some((before, before_uid)) if before_uid == uid => before != h,
+                    // A name not held, or held by another object (its Delete not seen).
+                    _ => {
+                        self.created = Some(k);
+                        true
+                    }
+                }
             }
             watcher::Event::Delete(o) => {
                 self.seen.remove(&key(o));
@@ -1102,7 +1150,7 @@ impl StatusOnly {
             }
             watcher::Event::InitApply(o) => {
                 if let (Some(r), Some(h)) = (self.relist.as_mut(), meaning(o)) {
-                    r.insert(key(o), h);
+                    r.insert(key(o), (h, uid_hash(o)));
                 }
                 true
             }
@@ -1114,6 +1162,21 @@ impl StatusOnly {
             }
         }
     }
+}
+
+impl StatusOnly {
+    /// (namespace, name) when the last event passed was an object under a name not held
+    /// before (created, or deleted and created again), once.
+    pub fn take_created(&mut self) -> Option<(String, String)> {
+        self.created.take()
+    }
+}
+
+/// A hash of an object's `metadata.uid`.
+fn uid_hash<K: Resource>(o: &K) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    o.meta().uid.hash(&mut h);
+    h.finish()
 }
 
 /// A hash of what `translate` reads from an object besides its spec, with its generation;
@@ -1177,6 +1240,37 @@ mod tests {
             "status": {"parents": [{"controllerName": status, "parentRef": {"name": "g"}, "conditions": []}]},
         }))
         .unwrap()
+    }
+
+    /// The status worker's journal of created objects is fed by [`StatusOnly::take_created`]:
+    /// an object under a name not held (new, or deleted and created again, or a new uid
+    /// whose Delete was not seen), and nothing else; not during a relist.
+    #[test]
+    fn status_only_tells_the_objects_that_come_under_a_name_not_held() {
+        use watcher::Event::*;
+        let mut f = StatusOnly::for_kind("HTTPRoute").expect("HTTPRoute status is ours");
+        let created = |f: &mut StatusOnly, e: watcher::Event<gw::httproutes::HttpRoute>| {
+            f.pass(&e);
+            f.take_created()
+        };
+        let r = Some(("n".to_string(), "r".to_string()));
+        assert_eq!(created(&mut f, Apply(route(Some(1), "u1", "a"))), r, "new");
+        assert_eq!(f.take_created(), None, "told once");
+        assert_eq!(created(&mut f, Apply(route(Some(1), "u1", "b"))), None);
+        assert_eq!(created(&mut f, Apply(route(Some(2), "u1", "b"))), None);
+        assert_eq!(created(&mut f, Delete(route(Some(2), "u1", "b"))), None);
+        // `kubectl replace --force`: the same name, spec and generation, a new uid.
+        assert_eq!(created(&mut f, Apply(route(Some(1), "u2", "a"))), r);
+        assert_eq!(
+            created(&mut f, Apply(route(Some(1), "u3", "a"))),
+            r,
+            "Delete missed"
+        );
+        assert_eq!(created(&mut f, Init), None);
+        assert_eq!(created(&mut f, InitApply(route(Some(1), "u4", "a"))), None);
+        assert_eq!(created(&mut f, InitDone), None);
+        assert_eq!(created(&mut f, Apply(route(Some(1), "u4", "b"))), None);
+        assert_eq!(created(&mut f, Apply(route(Some(1), "u5", "b"))), r);
     }
 
     #[test]
@@ -1381,7 +1475,7 @@ spec:
 
     #[test]
     fn route_journal_lists_what_came_after_a_position_and_refuses_what_it_lost() {
-        let j = RouteJournal::default();
+        let j = ObjectJournal::default();
         let (start, all) = j.since(None);
         assert!(all.is_none(), "no position: unknown");
         j.record("HTTPRoute", "a".into(), "r1".into());
