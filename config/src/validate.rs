@@ -1404,6 +1404,13 @@ impl Validator<'_> {
                 self.err(format!("http3.{field}"), msg);
             }
         }
+        if h.send_window > MAX_QUIC_SEND_WINDOW {
+            let msg = format!(
+                "must be between {MIN_QUIC_WINDOW} and {MAX_QUIC_SEND_WINDOW}, got {}",
+                h.send_window
+            );
+            self.err("http3.send_window", msg);
+        }
         if h.send_budget < u64::from(MIN_QUIC_WINDOW) {
             let msg = format!("must be at least {MIN_QUIC_WINDOW}, got {}", h.send_budget);
             self.err("http3.send_budget", msg);
@@ -1442,6 +1449,12 @@ impl Validator<'_> {
 
 /// Smallest allowed QUIC flow-control window, bytes.
 const MIN_QUIC_WINDOW: u32 = 16 * 1024;
+
+/// Largest allowed `http3.send_window`, bytes (16 MiB: a 1 Gbit/s path at a 128 ms round
+/// trip). What a connection keeps for its unacknowledged packets grows with it: the vendored
+/// quinn-proto's budget of that state is the window (counted up to 16 MiB) + 256 KiB
+/// (vendor/README.md).
+const MAX_QUIC_SEND_WINDOW: u32 = 16 * 1024 * 1024;
 
 // -------------------------------------------------------------------- helpers
 
@@ -3471,6 +3484,17 @@ access_log: {enabled: true, path: /var/log/sweety/access.log, buffer_lines: 1024
             |c| c.http3.send_window = 100,
             "http3.send_window",
             "must be at least 16384, got 100",
+        );
+        expect_ok(|c| c.http3.send_window = 16 * 1024 * 1024);
+        expect_one(
+            |c| c.http3.send_window = 16 * 1024 * 1024 + 1,
+            "http3.send_window",
+            "must be between 16384 and 16777216, got 16777217",
+        );
+        expect_one(
+            |c| c.http3.send_window = u32::MAX,
+            "http3.send_window",
+            "must be between 16384 and 16777216, got 4294967295",
         );
         expect_one(
             |c| c.http3.send_budget = 16383,

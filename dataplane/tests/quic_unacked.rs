@@ -18,7 +18,16 @@
 //! client keeps sending; session 22's limit closed the connection only at 25,577 packets
 //! (~5 MB), so a client stopping just under it kept that much. The vendored quinn-proto now
 //! keeps at most 1,001 ACK-only packets in all (the oldest forgotten) and closes a connection
-//! only for its ACK-eliciting packets, which the send window bounds.
+//! only for the state of its packets, which a byte budget bounds.
+//!
+//! A second client (`small_frames`, review of c889fab M1, M2) has many streams open, lets the
+//! server's congestion window grow, then draws packets that carry a one-byte STREAM frame for
+//! each stream (~2.3 KB of state each, ten times a full-size packet) and acknowledges nothing:
+//! the vendored quinn-proto stops sending new ACK-eliciting packets at its budget of
+//! sent-packet state (send window + 256 KiB), and closes the connection with
+//! PROTOCOL_VIOLATION 128 KiB of probes past it, which a client acknowledging one old packet a
+//! round (resetting the PTO backoff) reaches. An ACK whose largest packet the server forgot
+//! gives no RTT sample (L1).
 //!
 //! What the server holds is counted by a global allocator (its own test binary): the bytes
 //! allocated, and not yet freed, in the server's calls. The honest client's runs (`honest`:
@@ -111,6 +120,8 @@ struct Server {
     endpoint: Endpoint,
     conn: Option<(ConnectionHandle, Connection)>,
     download: Option<StreamId>,
+    /// Every request stream accepted (the download is the first).
+    accepted: Vec<StreamId>,
     /// Bytes the download may still write: a little while the client behaves, then no end.
     to_write: usize,
     lost: Option<ConnectionError>,
@@ -169,48 +180,10 @@ fn non_ack_frames(c: &Connection) -> u64 {
 impl Harness {
     /// A connected client and server, the request sent, the download under way.
     fn connected() -> Harness {
-        let (server_tls, client_tls) = common::quic::tls();
-        let endpoint = srv(|| common::quic::server_endpoint(server_tls));
-
         // The client: small receive windows (the server's download waits on its flow control,
         // not on congestion control: quinn sends no ACK-only packet while congestion control
-        // holds back data it has to send), no idle timeout of its own, and a congestion window
-        // its PINGs never fill.
-        let mut transport = TransportConfig::default();
-        transport
-            .max_idle_timeout(None)
-            .stream_receive_window(quinn_proto::VarInt::from_u32(8 * 1024))
-            .receive_window(quinn_proto::VarInt::from_u32(16 * 1024));
-        let mut cc = quinn_proto::congestion::NewRenoConfig::default();
-        cc.initial_window(1 << 40);
-        transport.congestion_controller_factory(Arc::new(cc));
-        let now = Instant::now();
-        let (client_ep, client) = common::quic::client(
-            client_tls,
-            Some(transport),
-            SERVER_ADDR.parse().unwrap(),
-            now,
-        );
-        let mut h = Harness {
-            now,
-            server: Server {
-                endpoint,
-                conn: None,
-                download: None,
-                to_write: 256 * 1024,
-                lost: None,
-                drained: false,
-            },
-            client_ep,
-            client,
-            request: None,
-            to_server: VecDeque::new(),
-            to_client: VecDeque::new(),
-            held: None,
-            buf: Vec::with_capacity(BUF),
-            sent: 0,
-            sent_ack_only: 0,
-        };
+        // holds back data it has to send).
+        let mut h = Harness::start(8 * 1024, 16 * 1024);
         // Handshake and request, every datagram delivered (bounded in steps).
         for _ in 0..50 {
             h.pump();
@@ -240,6 +213,73 @@ impl Harness {
             h.advance_once();
         }
         h
+    }
+
+    /// A connected client and server with [`STREAMS`] request streams open, every one
+    /// accepted; the server writes nothing unless told ([`Harness::trickle`]). The client's
+    /// receive windows are large: flow control never holds the server back.
+    fn many_streams() -> Harness {
+        let mut h = Harness::start(1 << 20, 64 << 20);
+        h.server.to_write = 0;
+        for _ in 0..200 {
+            h.pump();
+            if h.server.accepted.len() == STREAMS {
+                return h;
+            }
+            if h.server.conn.is_some() && h.request.is_none() {
+                let conn = &mut h.client.1;
+                while let Some(id) = conn.streams().open(Dir::Bi) {
+                    conn.send_stream(id).write(b"GET /s HTTP/3\r\n").unwrap();
+                    h.request = Some(id);
+                }
+                continue;
+            }
+            h.advance_once();
+        }
+        panic!("{} of {STREAMS} streams accepted", h.server.accepted.len());
+    }
+
+    /// The server and a client with these receive windows, per stream and per connection, no
+    /// idle timeout of its own and a congestion window it never fills; not yet connected.
+    fn start(stream_window: u32, window: u32) -> Harness {
+        let (server_tls, client_tls) = common::quic::tls();
+        let endpoint = srv(|| common::quic::server_endpoint(server_tls));
+        let mut transport = TransportConfig::default();
+        transport
+            .max_idle_timeout(None)
+            .stream_receive_window(quinn_proto::VarInt::from_u32(stream_window))
+            .receive_window(quinn_proto::VarInt::from_u32(window));
+        let mut cc = quinn_proto::congestion::NewRenoConfig::default();
+        cc.initial_window(1 << 40);
+        transport.congestion_controller_factory(Arc::new(cc));
+        let now = Instant::now();
+        let (client_ep, client) = common::quic::client(
+            client_tls,
+            Some(transport),
+            SERVER_ADDR.parse().unwrap(),
+            now,
+        );
+        Harness {
+            now,
+            server: Server {
+                endpoint,
+                conn: None,
+                download: None,
+                accepted: Vec::new(),
+                to_write: 256 * 1024,
+                lost: None,
+                drained: false,
+            },
+            client_ep,
+            client,
+            request: None,
+            to_server: VecDeque::new(),
+            to_client: VecDeque::new(),
+            held: None,
+            buf: Vec::with_capacity(BUF),
+            sent: 0,
+            sent_ack_only: 0,
+        }
     }
 
     /// Moves both sides' datagrams until neither has anything to send (bounded).
@@ -358,7 +398,6 @@ impl Harness {
     }
 
     fn flush_server(&mut self) {
-        let now = self.now;
         let s = &mut self.server;
         let Some((ch, conn)) = s.conn.as_mut() else {
             return;
@@ -375,7 +414,10 @@ impl Harness {
             while let Some(ev) = conn.poll() {
                 match ev {
                     Event::Stream(StreamEvent::Opened { dir: Dir::Bi }) => {
-                        s.download = conn.streams().accept(Dir::Bi);
+                        while let Some(id) = conn.streams().accept(Dir::Bi) {
+                            s.download = s.download.or(Some(id));
+                            s.accepted.push(id);
+                        }
                     }
                     Event::ConnectionLost { reason } => s.lost = Some(reason),
                     _ => {}
@@ -392,20 +434,8 @@ impl Harness {
                 }
             }
         });
-        loop {
-            let before = non_ack_frames(conn);
-            let t = srv(|| conn.poll_transmit(now, 1, &mut self.buf));
-            let Some(t) = t else { break };
-            let ack_only = non_ack_frames(conn) == before;
-            self.sent += 1;
-            self.sent_ack_only += u64::from(ack_only);
-            let d = self.buf[..t.size].to_vec();
-            self.buf.clear();
-            match self.held.as_mut() {
-                Some(held) => held.push_back((ack_only, d)),
-                None => self.to_client.push_back(d),
-            }
-        }
+        while self.server_transmit_one() {}
+        let s = &mut self.server;
         if s.drained {
             // The endpoint forgot it; what it held goes with it.
             let conn = s.conn.take();
@@ -413,12 +443,87 @@ impl Harness {
         }
     }
 
+    /// One datagram of the server, if it has one: to the client, or held in attack mode.
+    fn server_transmit_one(&mut self) -> bool {
+        let now = self.now;
+        let Some((_, conn)) = self.server.conn.as_mut() else {
+            return false;
+        };
+        let before = non_ack_frames(conn);
+        let t = srv(|| conn.poll_transmit(now, 1, &mut self.buf));
+        let Some(t) = t else { return false };
+        let ack_only = non_ack_frames(conn) == before;
+        self.sent += 1;
+        self.sent_ack_only += u64::from(ack_only);
+        let d = self.buf[..t.size].to_vec();
+        self.buf.clear();
+        match self.held.as_mut() {
+            Some(held) => held.push_back((ack_only, d)),
+            None => self.to_client.push_back(d),
+        }
+        true
+    }
+
+    /// The server writes one byte to each accepted stream (a `Bytes` of static memory: the
+    /// send buffer keeps no copy) and sends one datagram, until it has sent `max` or sends
+    /// none: what a client granting one byte of MAX_STREAM_DATA per stream per packet makes
+    /// it send (a STREAM frame of one byte per stream in every packet), which a quinn-proto
+    /// client cannot do without acknowledging. The clock moves over pacing delays (2 ms at
+    /// most), not to other timers. Returns the datagrams sent.
+    fn trickle(&mut self, max: usize) -> usize {
+        let mut sent = 0;
+        for _ in 0..max + 1_000 {
+            if sent == max {
+                break;
+            }
+            self.write_one_byte_each();
+            if self.server_transmit_one() {
+                sent += 1;
+                continue;
+            }
+            // Blocked: by pacing (a timer due within 2 ms), or by congestion control or the
+            // state budget (then done).
+            let Some((_, conn)) = self.server.conn.as_mut() else {
+                break;
+            };
+            match srv(|| conn.poll_timeout()) {
+                Some(t) if t <= self.now + Duration::from_millis(2) => {
+                    self.now = self.now.max(t);
+                    let now = self.now;
+                    srv(|| conn.handle_timeout(now));
+                }
+                _ => break,
+            }
+        }
+        sent
+    }
+
+    /// One byte on each accepted stream (none on a stream flow control blocks).
+    fn write_one_byte_each(&mut self) {
+        let Some((_, conn)) = self.server.conn.as_mut() else {
+            return;
+        };
+        let ids = &self.server.accepted;
+        srv(|| {
+            for &id in ids {
+                let mut byte = [bytes::Bytes::from_static(&CHUNK[..1])];
+                let _ = conn.send_stream(id).write_chunks(&mut byte);
+            }
+        });
+    }
+
+    /// The server's estimate of its sent-packet state (`sweety_sent_bytes`), 0 once closed.
+    fn sent_bytes(&self) -> u64 {
+        let conn = self.server.conn.as_ref();
+        conn.map_or(0, |(_, c)| c.sweety_sent_bytes())
+    }
+
     /// One round of the attack: `pings` client PINGs (each two draw an ACK-only packet), then
-    /// [`HANDED`] held ACK-only packets of the server, chosen by `hand`, handed to the client
+    /// `handed_max` held ACK-only packets of the server, chosen by `hand`, handed to the client
     /// (the ACK-eliciting ones before them are dropped: never acknowledged), then the clock to
     /// the server's next ACK-eliciting packet (its PTO probe; at most 64 timers). Returns the
     /// virtual time it took.
-    fn attack_round(&mut self, pings: usize, hand: Hand) -> Duration {
+    fn attack_round(&mut self, pings: usize, hand: Hand, handed_max: usize) -> Duration {
         let start = self.now;
         for _ in 0..pings {
             self.client.1.ping();
@@ -440,7 +545,7 @@ impl Harness {
             if ack_only {
                 self.to_client.push_back(d);
                 handed += 1;
-                if handed == HANDED {
+                if handed == handed_max {
                     break;
                 }
             }
@@ -519,7 +624,7 @@ fn attack(hand: Hand) -> (isize, Option<ConnectionError>) {
         } else {
             QUIET_PINGS
         };
-        let took = h.attack_round(pings, hand);
+        let took = h.attack_round(pings, hand, HANDED);
         let grown = server_live() - base;
         peak = peak.max(grown);
         let ack_eliciting = h.sent - h.sent_ack_only - ack_eliciting_at_start;
@@ -658,6 +763,8 @@ mod honest {
         pub(super) peak: u64,
         pub(super) peak_ack_eliciting: u64,
         pub(super) peak_ack_only: u64,
+        /// The most bytes of sent-packet state the server kept (`sweety_sent_bytes`).
+        pub(super) peak_bytes: u64,
     }
 
     /// Appends the datagrams of every transmit `conn` has (GSO batches split).
@@ -703,6 +810,7 @@ mod honest {
                 peak: 0,
                 peak_ack_eliciting: 0,
                 peak_ack_only: 0,
+                peak_bytes: 0,
             }
         }
 
@@ -790,6 +898,7 @@ mod honest {
             self.peak = self.peak.max(kept);
             self.peak_ack_eliciting = self.peak_ack_eliciting.max(kept - ack_only);
             self.peak_ack_only = self.peak_ack_only.max(ack_only);
+            self.peak_bytes = self.peak_bytes.max(conn.sweety_sent_bytes());
             for d in out {
                 self.path.send(self.now, false, d);
             }
@@ -890,15 +999,9 @@ mod honest {
     }
 }
 
-/// The most ACK-eliciting packets the vendored quinn-proto keeps with Sweety's default send
-/// window before it closes the connection: 1,024 + 512 KiB / 64.
-fn ack_eliciting_limit() -> u64 {
-    1_024 + u64::from(sweety_config::Http3::default().send_window) / 64
-}
-
 #[test]
 fn an_honest_client_over_a_lossy_slow_path_is_never_closed_and_stays_far_below_the_limits() {
-    let mut peak = (0, 0, 0);
+    let mut peak = (0, 0, 0, 0);
     // (seed, round trip ms, loss per mille, reordered per mille)
     for (seed, rtt_ms, loss, reorder) in [
         (1, 50, 0, 0),
@@ -912,24 +1015,225 @@ fn an_honest_client_over_a_lossy_slow_path_is_never_closed_and_stays_far_below_t
         let took = run.run();
         eprintln!(
             "RTT {rtt_ms} ms, loss {loss}/1000, reordered {reorder}/1000, seed {seed}: done in \
-             {took:?} virtual; the server kept at most {} packets, {} ACK-eliciting, {} ACK-only",
-            run.peak, run.peak_ack_eliciting, run.peak_ack_only
+             {took:?} virtual; the server kept at most {} packets, {} ACK-eliciting, {} ACK-only, \
+             {} bytes",
+            run.peak, run.peak_ack_eliciting, run.peak_ack_only, run.peak_bytes
         );
         peak = (
             peak.0.max(run.peak),
             peak.1.max(run.peak_ack_eliciting),
             peak.2.max(run.peak_ack_only),
+            peak.3.max(run.peak_bytes),
         );
     }
     eprintln!(
-        "peak: {} packets kept, {} ACK-eliciting (limit {}), {} ACK-only (at most {KEPT} kept)",
+        "peak: {} packets kept, {} ACK-eliciting, {} ACK-only (at most {KEPT} kept), {} bytes \
+         (budget {})",
         peak.0,
         peak.1,
-        ack_eliciting_limit(),
-        peak.2
+        peak.2,
+        peak.3,
+        state_budget()
     );
     assert!(
-        peak.1 * 4 < ack_eliciting_limit(),
-        "an honest client leaves a quarter of the limit of ACK-eliciting packets or more"
+        peak.3 * 4 < state_budget(),
+        "an honest client leaves a quarter of the sent-packet state budget or more"
+    );
+}
+
+/// The sent-packet state (bytes, as the vendored quinn-proto estimates it) past which the
+/// server sends no new ACK-eliciting packet, with Sweety's default send window: the window
+/// (counted up to 16 MiB) and 256 KiB.
+fn state_budget() -> u64 {
+    u64::from(sweety_config::Http3::default().send_window).min(16 << 20) + (256 << 10)
+}
+
+/// The sent-packet state past which the server closes the connection: the budget and 128 KiB
+/// of PTO probes.
+fn state_limit() -> u64 {
+    state_budget() + (128 << 10)
+}
+
+/// Request streams of the small-frames attack: Sweety's default
+/// `http3.max_concurrent_bidi_streams`.
+const STREAMS: usize = 64;
+
+/// The most one packet adds to the estimate: ~224 bytes and 32 per STREAM frame, one frame
+/// per stream.
+const PACKET: u64 = 4 * 1024;
+
+/// Rounds of the honest part that grows the server's congestion window, at most, and the
+/// packets of a round (a window of ~700 KB of one-byte frames) after which it stops.
+const GROW_ROUNDS: usize = 12;
+const GROWN: usize = 1_500;
+
+/// The most datagrams the server sends in one run of [`Harness::trickle`].
+const TRICKLE_MAX: usize = 20_000;
+
+/// The small-frames attack up to the point where the server stops sending: the client lets
+/// the server's congestion window grow (every packet delivered and acknowledged, in rounds
+/// that fill it), then receives nothing more; the server keeps sending packets of one-byte
+/// STREAM frames on [`STREAMS`] streams ([`Harness::trickle`]). With `pings`, the client
+/// first sends that many PINGs, whose ACK-only answers are held for it to acknowledge later.
+/// Returns the harness, the server's heap before the attack and the datagrams it sent.
+fn small_frames(pings: usize) -> (Harness, isize, usize) {
+    let mut h = Harness::many_streams();
+    for round in 1..=GROW_ROUNDS {
+        let sent = h.trickle(TRICKLE_MAX);
+        let kept = h.sent_bytes();
+        h.pump();
+        eprintln!("growing, round {round}: {sent} datagrams, {kept} bytes of state kept");
+        if sent >= GROWN {
+            break;
+        }
+    }
+    h.held = Some(VecDeque::new());
+    for _ in 0..pings {
+        h.client.1.ping();
+        h.pump();
+    }
+    let base = server_live();
+    let sent = h.trickle(TRICKLE_MAX);
+    (h, base, sent)
+}
+
+#[test]
+fn a_client_drawing_one_byte_stream_frames_pins_no_more_than_the_state_budget() {
+    let (h, base, sent) = small_frames(0);
+    let kept = h.sent_bytes();
+    let (packets, ack_only) = h.server.conn.as_ref().unwrap().1.sweety_sent_packets();
+    eprintln!(
+        "the server sent {sent} datagrams of one-byte frames and stopped: it keeps {packets} \
+         packets ({ack_only} ACK-only), {kept} bytes of state by its estimate (budget {}), \
+         its heap +{} bytes",
+        state_budget(),
+        server_live() - base
+    );
+    assert!(h.server.lost.is_none(), "closed: {:?}", h.server.lost);
+    assert!(
+        kept <= state_budget() + PACKET,
+        "the server keeps {kept} bytes of sent-packet state, over the budget {} and a packet",
+        state_budget()
+    );
+}
+
+#[test]
+fn a_client_resetting_our_pto_backoff_past_the_state_budget_is_closed_at_the_limit() {
+    // ACK-only packets to acknowledge, one a round (the server keeps the newest 1,001).
+    let (mut h, _, _) = small_frames(2_000);
+    eprintln!("blocked with {} bytes of state kept", h.sent_bytes());
+    let mut last = h.sent_bytes();
+    let mut closed_in = None;
+    for round in 1..=PROBE_ROUNDS {
+        // A byte on each stream for the probes to carry, the oldest ACK-only packet the
+        // server keeps handed to the client, which acknowledges it with its next PING (the
+        // PTO backoff reset; one a round: acknowledging more would free more than the probes
+        // add), and the clock to the next probe.
+        h.write_one_byte_each();
+        h.attack_round(1, Hand::OldestKept, 1);
+        if round % 10 == 0 || h.server.lost.is_some() {
+            eprintln!(
+                "probe round {round}: {} bytes of state kept",
+                h.sent_bytes()
+            );
+        }
+        if h.server.lost.is_some() {
+            closed_in = Some(round);
+            break;
+        }
+        last = h.sent_bytes();
+        assert!(
+            last <= state_limit() + 2 * PACKET,
+            "round {round}: {last} bytes kept, past the limit {} and two probes",
+            state_limit()
+        );
+    }
+    let Some(round) = closed_in else {
+        panic!(
+            "not closed after {PROBE_ROUNDS} rounds of probes: {last} bytes kept, limit {}",
+            state_limit()
+        );
+    };
+    match h.server.lost.as_ref() {
+        Some(ConnectionError::TransportError(e))
+            if e.code == quinn_proto::TransportErrorCode::PROTOCOL_VIOLATION
+                && e.reason.contains("unacknowledged") => {}
+        other => panic!("closed in round {round} with {other:?}, not PROTOCOL_VIOLATION"),
+    }
+    assert!(
+        last > state_limit() - 2 * PACKET,
+        "closed in round {round} with {last} bytes kept, short of the limit {}",
+        state_limit()
+    );
+    for _ in 0..256 {
+        if h.server.conn.is_none() {
+            break;
+        }
+        h.advance_once();
+    }
+    assert!(h.server.conn.is_none(), "the connection drained");
+}
+
+/// Rounds of PTO probes at most: the 128 KiB of probes past the budget take 59 (two probes a
+/// round, one with 64 one-byte frames: ~2,460 bytes); a limit 64 KiB higher would take ~85.
+const PROBE_ROUNDS: usize = 75;
+
+/// An ACK whose largest acknowledged packet is an ACK-only packet the server forgot gives no
+/// RTT sample (review of c889fab, L1): the server has no send time for it, and upstream took
+/// the send time of the largest packet acknowledged before, however old.
+#[test]
+fn an_ack_whose_largest_packet_was_forgotten_gives_no_rtt_sample() {
+    let mut h = Harness::connected();
+    h.held = Some(VecDeque::new());
+    h.pump();
+    // 20 s in which the client acknowledges nothing of the server's (one PING keeps the
+    // connection up), then an ACK-eliciting packet of the server, then 1,050 ACK-only ones
+    // answering PINGs: the oldest 50 or so are forgotten (the newest 1,001 are kept).
+    h.now += Duration::from_secs(20);
+    h.client.1.ping();
+    h.pump();
+    let start = h.held.as_ref().unwrap().len();
+    if let Some((_, c)) = h.server.conn.as_mut() {
+        srv(|| c.ping());
+    }
+    while h.server_transmit_one() {}
+    for _ in 0..2_100 {
+        h.client.1.ping();
+        h.pump();
+    }
+    let rtt_before = h.server.conn.as_ref().unwrap().1.rtt();
+    // The client gets the ACK-eliciting packet and the ten ACK-only packets after it (all
+    // forgotten) and acknowledges them: the largest it acknowledges is forgotten.
+    let held = h.held.as_mut().unwrap();
+    let mut batch: Vec<Vec<u8>> = Vec::new();
+    let mut eliciting = false;
+    for (ack_only, d) in held.drain(start..) {
+        if !ack_only && !eliciting {
+            eliciting = true;
+            batch.push(d);
+        } else if ack_only && eliciting && batch.len() <= 10 {
+            batch.push(d);
+        }
+    }
+    assert_eq!(
+        batch.len(),
+        11,
+        "an ACK-eliciting packet and ten ACK-only ones"
+    );
+    h.to_client.extend(batch);
+    let acks = |h: &Harness| h.server.conn.as_ref().unwrap().1.stats().frame_rx.acks;
+    let before = acks(&h);
+    for _ in 0..16 {
+        h.advance_once();
+        if acks(&h) > before {
+            break;
+        }
+    }
+    assert!(acks(&h) > before, "the client acknowledged");
+    let rtt_after = h.server.conn.as_ref().unwrap().1.rtt();
+    eprintln!("the server's RTT: {rtt_before:?} before the acknowledgement, {rtt_after:?} after");
+    assert!(
+        rtt_after < rtt_before + Duration::from_millis(100),
+        "the RTT went from {rtt_before:?} to {rtt_after:?}: a sample from an older packet"
     );
 }

@@ -629,6 +629,15 @@ impl Connection {
                 // Congestion control and pacing checks
                 // Tail loss probes must not be blocked by congestion, or a deadlock could arise
                 if ack_eliciting && self.spaces[space_id].loss_probes == 0 {
+                    // Sweety patch (vendor/README.md): no new ACK-eliciting packet while the
+                    // state of those sent and not yet acknowledged is over its budget, as
+                    // congestion control blocks (probes still go); not counted as blocked by
+                    // congestion, so acknowledgements meanwhile do not grow the window.
+                    if self.sent_state_bytes() >= self.sent_state_budget() {
+                        space_idx += 1;
+                        trace!("blocked by the sent-packet state budget");
+                        continue;
+                    }
                     // Assume the current packet will get padded to fill the segment
                     let untracked_bytes = if let Some(builder) = &builder_storage {
                         buf_capacity - builder.partial_encode.start
@@ -1499,6 +1508,9 @@ impl Connection {
         if ack.largest >= self.spaces[space].next_packet_number {
             return Err(TransportError::PROTOCOL_VIOLATION("unsent packet acked"));
         }
+        // Sweety patch (vendor/README.md): whether the largest acknowledged packet is one we
+        // keep, so its send time is known (below: no RTT sample otherwise)
+        let mut largest_known = false;
         let new_largest = {
             let space = &mut self.spaces[space];
             if space.largest_acked_packet.is_none_or(|pn| ack.largest > pn) {
@@ -1508,6 +1520,7 @@ impl Connection {
                     // haven't sent. At worst, that will result in us spuriously reducing the
                     // congestion window.
                     space.largest_acked_packet_sent = info.time_sent;
+                    largest_known = true;
                 }
                 true
             } else {
@@ -1563,7 +1576,10 @@ impl Connection {
             self.spaces[space].largest_acked_packet,
         );
 
-        if new_largest && ack_eliciting_acked {
+        // Sweety patch (vendor/README.md): a largest acknowledged packet we no longer keep (an
+        // ACK-only packet forgotten by `PacketSpace::sent`, or one declared lost) has no send
+        // time: `largest_acked_packet_sent` is an older packet's, so no RTT sample is taken.
+        if new_largest && largest_known && ack_eliciting_acked {
             let ack_delay = if space != SpaceId::Data {
                 Duration::from_micros(0)
             } else {
@@ -2823,12 +2839,10 @@ impl Connection {
         number: u64,
         packet: Packet,
     ) -> Result<(), TransportError> {
-        // Sweety patch (vendor/README.md): a peer that leaves more of our ACK-eliciting
-        // packets unacknowledged than our send window explains is closed, not kept at our
-        // expense (the others are forgotten past 1,001: `PacketSpace::sent`).
-        let data = &self.spaces[SpaceId::Data];
-        let ack_eliciting = data.sent_packets.len() as u64 - data.ack_only_packets;
-        if ack_eliciting > self.max_ack_eliciting_packets() {
+        // Sweety patch (vendor/README.md): a peer that leaves more of our packets
+        // unacknowledged than the budget of their state and the probes past it is closed,
+        // not kept at our expense.
+        if self.sent_state_bytes() > self.sent_state_limit() {
             return Err(TransportError::PROTOCOL_VIOLATION(
                 "too many of our packets left unacknowledged",
             ));
@@ -3575,18 +3589,38 @@ impl Connection {
         }
     }
 
-    /// Sweety patch (vendor/README.md): the most ACK-eliciting packets of the Data space we
-    /// keep state for; a peer that leaves more unacknowledged is closed. An honest peer
-    /// acknowledges what it receives within about a round trip (what it skips is then
-    /// declared lost when a later packet is acknowledged), so we keep about what one round
-    /// trip carries: stream data of at most `send_window` bytes (counted here in packets of
-    /// 64 bytes, 19x the full-size packets of a 1500-byte path) and a few control frames and
-    /// probes (`SLACK`). The packets that are not ACK-eliciting are not counted: at most 1,001
-    /// of them are kept (`PacketSpace::sent`).
-    fn max_ack_eliciting_packets(&self) -> u64 {
-        const SLACK: u64 = 1_024;
-        const MIN_PACKET: u64 = 64;
-        SLACK.saturating_add(self.config.send_window / MIN_PACKET)
+    /// Sweety patch (vendor/README.md): the estimated bytes of the packets of all spaces we
+    /// keep until they are acknowledged or declared lost (`PacketSpace::sent_bytes`).
+    fn sent_state_bytes(&self) -> u64 {
+        self.spaces.iter().map(|space| space.sent_bytes).sum()
+    }
+
+    /// Sweety patch (vendor/README.md): past this many bytes of sent-packet state, no new
+    /// ACK-eliciting packet is built until acknowledgements free some (PTO probes and
+    /// ACK-only packets still go). Stream data in flight is at most `send_window`, and a
+    /// packet keeps ~224 bytes plus 32 a STREAM frame (`SentPacket::estimate_bytes`): one
+    /// byte of state per byte of the window lets frames of 40 bytes or more on average fill
+    /// it (full-size packets keep a fifth of it), so only frames of a few bytes (a peer
+    /// granting flow control a few bytes at a time) wait for acknowledgements, as congestion
+    /// control would make them; `SLACK` holds the ACK-only packets (at most 1,001 of ~224
+    /// bytes) and control frames. The window counts up to `MAX_WINDOW`, whatever it is.
+    fn sent_state_budget(&self) -> u64 {
+        const SLACK: u64 = 256 * 1024;
+        const MAX_WINDOW: u64 = 16 * 1024 * 1024;
+        self.config.send_window.min(MAX_WINDOW) + SLACK
+    }
+
+    /// Sweety patch (vendor/README.md): a peer that leaves more than this many bytes of our
+    /// packets' state unacknowledged is closed (PROTOCOL_VIOLATION; RFC 9000 §13.2.1:
+    /// ACK-eliciting packets MUST be acknowledged within its max_ack_delay). Past the budget
+    /// only PTO probes add to it, two per PTO: `PROBES` holds over fifty of the largest (a
+    /// STREAM frame for each of 64 streams), where an honest peer that stops answering lets
+    /// the PTO back off twice as long each time (a dozen PTOs take minutes), and one that
+    /// answers frees what it acknowledges. A peer that resets the backoff by acknowledging
+    /// old packets only, and never the probes, reaches it.
+    fn sent_state_limit(&self) -> u64 {
+        const PROBES: u64 = 128 * 1024;
+        self.sent_state_budget() + PROBES
     }
 
     /// Sweety patch (vendor/README.md), for Sweety's tests: how many packets of the Data space
@@ -3595,6 +3629,13 @@ impl Connection {
     pub fn sweety_sent_packets(&self) -> (u64, u64) {
         let data = &self.spaces[SpaceId::Data];
         (data.sent_packets.len() as u64, data.ack_only_packets)
+    }
+
+    /// Sweety patch (vendor/README.md), for Sweety's tests: the estimated bytes of the
+    /// packets of all spaces we keep state for (what the budget counts).
+    #[doc(hidden)]
+    pub fn sweety_sent_bytes(&self) -> u64 {
+        self.sent_state_bytes()
     }
 
     fn set_close_timer(&mut self, now: Instant) {

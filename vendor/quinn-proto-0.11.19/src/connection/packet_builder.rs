@@ -231,6 +231,7 @@ impl PacketBuilder {
             ack_eliciting,
             retransmits: sent.retransmits,
             stream_frames: sent.stream_frames,
+            state_bytes: 0, // Sweety patch (vendor/README.md): set by `PacketSpace::sent`
         };
 
         // Sweety patch (vendor/README.md): tracking a packet not counted in flight may forget

@@ -33,10 +33,6 @@ pub(super) struct PacketSpace {
     /// The largest packet number the remote peer acknowledged in an ACK frame.
     pub(super) largest_acked_packet: Option<u64>,
     pub(super) largest_acked_packet_sent: Instant,
-    /// The highest-numbered ACK-eliciting packet we've sent
-    pub(super) largest_ack_eliciting_sent: u64,
-    /// Number of packets in `sent_packets` with numbers above `largest_ack_eliciting_sent`
-    pub(super) unacked_non_ack_eliciting_tail: u64,
     /// Transmitted but not acked
     // We use a BTreeMap here so we can efficiently query by range on ACK and for loss detection
     pub(super) sent_packets: BTreeMap<u64, SentPacket>,
@@ -49,6 +45,9 @@ pub(super) struct PacketSpace {
     /// Sweety patch (vendor/README.md): no packet numbered below this that is not
     /// ACK-eliciting is in `sent_packets` (where `sent` looks for the oldest one)
     pub(super) ack_only_floor: u64,
+    /// Sweety patch (vendor/README.md): the estimated bytes of the packets in `sent_packets`
+    /// (the sum of their `state_bytes`), kept by `take`, `sent` and `take_sent_packets`
+    pub(super) sent_bytes: u64,
     /// Number of explicit congestion notification codepoints seen on incoming packets
     pub(super) ecn_counters: frame::EcnCounts,
     /// Recent ECN counters sent by the peer in ACK frames
@@ -91,12 +90,11 @@ impl PacketSpace {
             next_packet_number: 0,
             largest_acked_packet: None,
             largest_acked_packet_sent: now,
-            largest_ack_eliciting_sent: 0,
-            unacked_non_ack_eliciting_tail: 0,
             sent_packets: BTreeMap::new(),
             in_flight_packets: 0,
             ack_only_packets: 0,
             ack_only_floor: 0,
+            sent_bytes: 0,
             ecn_counters: frame::EcnCounts::ZERO,
             ecn_feedback: frame::EcnCounts::ZERO,
 
@@ -226,15 +224,12 @@ impl PacketSpace {
         if !packet.ack_eliciting {
             self.ack_only_packets -= 1; // Sweety patch (vendor/README.md)
         }
-        if !packet.ack_eliciting && number > self.largest_ack_eliciting_sent {
-            self.unacked_non_ack_eliciting_tail =
-                self.unacked_non_ack_eliciting_tail.checked_sub(1).unwrap();
-        }
+        self.sent_bytes -= u64::from(packet.state_bytes); // Sweety patch (vendor/README.md)
         Some(packet)
     }
 
     /// May return a packet that should be forgotten
-    pub(super) fn sent(&mut self, number: u64, packet: SentPacket) -> Option<SentPacket> {
+    pub(super) fn sent(&mut self, number: u64, mut packet: SentPacket) -> Option<SentPacket> {
         // Retain state for at most this many non-ACK-eliciting packets sent after the most recently
         // sent ACK-eliciting packet. We're never guaranteed to receive an ACK for those, and we
         // can't judge them as lost without an ACK, so to limit memory in applications which receive
@@ -244,10 +239,10 @@ impl PacketSpace {
         const MAX_UNACKED_NON_ACK_ELICTING_TAIL: u64 = 1_000;
 
         let mut forgotten = None;
-        if packet.ack_eliciting {
-            self.unacked_non_ack_eliciting_tail = 0;
-            self.largest_ack_eliciting_sent = number;
-        } else {
+        // Sweety patch (vendor/README.md): upstream's count of the non-ACK-eliciting packets
+        // after the latest ACK-eliciting one (and that packet's number) went with its tail
+        // rule: the rule below counts all of them.
+        if !packet.ack_eliciting {
             // Sweety patch (vendor/README.md): at most this many non-ACK-eliciting packets are
             // kept in all, not only after the latest ACK-eliciting one: the oldest is
             // forgotten, wherever it is. A peer that acknowledges only our oldest packets
@@ -255,7 +250,6 @@ impl PacketSpace {
             if self.ack_only_packets > MAX_UNACKED_NON_ACK_ELICTING_TAIL {
                 forgotten = Some(self.forget_oldest_ack_only());
             }
-            self.unacked_non_ack_eliciting_tail += 1;
             self.ack_only_packets += 1;
         }
 
@@ -263,6 +257,8 @@ impl PacketSpace {
         if packet.size != 0 {
             self.in_flight_packets += 1;
         }
+        packet.state_bytes = packet.estimate_bytes();
+        self.sent_bytes += u64::from(packet.state_bytes);
         self.sent_packets.insert(number, packet);
         forgotten
     }
@@ -305,7 +301,7 @@ impl PacketSpace {
     pub(super) fn take_sent_packets(&mut self) -> BTreeMap<u64, SentPacket> {
         self.in_flight_packets = 0;
         self.ack_only_packets = 0;
-        self.unacked_non_ack_eliciting_tail = 0;
+        self.sent_bytes = 0;
         mem::take(&mut self.sent_packets)
     }
 }
@@ -346,6 +342,46 @@ pub(super) struct SentPacket {
     ///
     /// The actual application data is stored with the stream state.
     pub(super) stream_frames: frame::StreamMetaVec,
+    /// Sweety patch (vendor/README.md): `estimate_bytes` when the packet was tracked
+    /// (`PacketSpace::sent`; 0 before), what `PacketSpace::sent_bytes` holds for it
+    pub(super) state_bytes: u32,
+}
+
+impl SentPacket {
+    /// Sweety patch (vendor/README.md): an estimate of the memory this packet holds while it
+    /// is tracked: its entry in `sent_packets` and the heap of its frames (`stream_frames`
+    /// once spilled, the `retransmits` box and its collections). A B-tree grown by appending
+    /// keeps its leaves about half full, so an entry is counted twice; hash sets by their
+    /// buckets (a control byte each) at the 7/8 load factor. Reads capacities only: O(1).
+    fn estimate_bytes(&self) -> u32 {
+        const ENTRY: usize = 2 * (mem::size_of::<u64>() + mem::size_of::<SentPacket>());
+        let mut bytes = ENTRY;
+        if self.stream_frames.is_heap() {
+            bytes += self.stream_frames.capacity() * mem::size_of::<frame::StreamMeta>();
+        }
+        if let Some(r) = self.retransmits.get() {
+            fn vec<T>(v: &Vec<T>) -> usize {
+                v.capacity() * mem::size_of::<T>()
+            }
+            fn set<T>(s: &FxHashSet<T>) -> usize {
+                match s.capacity() {
+                    0 => 0,
+                    cap => (cap * 8 / 7).next_power_of_two() * (mem::size_of::<T>() + 1) + 16,
+                }
+            }
+            bytes += mem::size_of::<Retransmits>()
+                + vec(&r.reset_stream)
+                + vec(&r.stop_sending)
+                + set(&r.max_stream_data)
+                + set(&r.stream_data_blocked)
+                + r.crypto.capacity() * mem::size_of::<frame::Crypto>()
+                + r.crypto.iter().map(|c| c.data.len()).sum::<usize>()
+                + vec(&r.new_cids)
+                + vec(&r.retire_cids)
+                + vec(&r.new_tokens);
+        }
+        u32::try_from(bytes).unwrap_or(u32::MAX)
+    }
 }
 
 /// Retransmittable data queue
