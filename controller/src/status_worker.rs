@@ -33,7 +33,11 @@
 //! - **Leader only.** Nothing is written while this replica does not lead. On losing the lease
 //!   the writer forgets what it wrote; on gaining it every object is queued again (the writer
 //!   skips what is already right), and routes carrying entries of ours that `translate` no
-//!   longer reports are queued to have them removed.
+//!   longer reports are queued to have them removed. The watch cache does not see status
+//!   writes (the other leader's among them), so after gaining the lease a status the cache
+//!   alone says is right is read from the API server before it is skipped
+//!   ([`StatusWriter::distrust_cache`]): one `get` per such object, once, within the same
+//!   rate limit.
 //! - **Failures** are retried after [`StatusOptions::retry`] (the latest wanted status then).
 //! - **Recreated objects.** An object deleted and created again under the same name with the
 //!   same spec between two translations (`kubectl replace --force`, a GitOps tool) has the
@@ -488,9 +492,11 @@ impl Worker {
     /// This replica gained or lost the lease. Lost: what was written is forgotten (another
     /// replica may write meanwhile), and so are the gates entries were written under. Gained:
     /// every object is queued again, under the gate of now (the writer skips what is already
-    /// right), and routes are looked at for entries of ours.
+    /// right, reading first what only the watch cache says is right: the cache does not see
+    /// the other leader's status writes), and routes are looked at for entries of ours.
     fn lease_changed(&mut self) {
         if *self.leading.borrow_and_update() {
+            self.writer.distrust_cache();
             let mut q = self.shared.queue();
             let keys: Vec<ObjectKey> = q.entries.keys().cloned().collect();
             for k in &keys {
@@ -1115,6 +1121,7 @@ mod tests {
                                 let mut release = hold.subscribe();
                                 async move {
                                     let method = req.method().to_string();
+                                    let path = req.uri().path().to_string();
                                     let body = req.into_body().collect().await?.to_bytes();
                                     let mut obj: serde_json::Value =
                                         serde_json::from_slice(&body).unwrap_or_default();
@@ -1123,6 +1130,9 @@ mod tests {
                                     };
                                     {
                                         let mut seen = seen.lock().unwrap();
+                                        if method == "GET" {
+                                            obj = FakeApi::get(&path, &seen);
+                                        }
                                         metas.lock().unwrap().push(obj["metadata"].clone());
                                         seen.push((
                                             method,
@@ -1162,6 +1172,34 @@ mod tests {
             }
         }
 
+        /// The answer to a `get` of `path` (`.../namespaces/NS/PLURAL/NAME/status`, or
+        /// `.../PLURAL/NAME/status`): the object with the status last patched, `null` if none.
+        fn get(
+            path: &str,
+            log: &[(String, String, String, String, serde_json::Value)],
+        ) -> serde_json::Value {
+            let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+            let (ns, plural, name) = match parts.iter().position(|p| *p == "namespaces") {
+                Some(i) => (parts[i + 1], parts[i + 2], parts[i + 3]),
+                None => ("", parts[parts.len() - 3], parts[parts.len() - 2]),
+            };
+            let kind = status_writer::STATUS_KINDS
+                .into_iter()
+                .find(|k| status_writer::api_resource(k).is_some_and(|r| r.plural == plural))
+                .unwrap_or_else(|| panic!("a get of {path}"));
+            let status = log
+                .iter()
+                .rev()
+                .find(|(m, k, n, o, _)| m == "PATCH" && k == kind && n == ns && o == name)
+                .map_or(serde_json::Value::Null, |e| e.4.clone());
+            serde_json::json!({
+                "apiVersion": status_writer::api_resource(kind).unwrap().api_version,
+                "kind": kind,
+                "metadata": {"name": name, "namespace": ns},
+                "status": status,
+            })
+        }
+
         /// Hold the requests that arrive from now on unanswered (`true`), or answer them and
         /// every later one (`false`).
         fn hold(&self, held: bool) {
@@ -1181,9 +1219,19 @@ mod tests {
             }
         }
 
-        /// Requests so far.
+        /// Requests so far (writes and reads).
         fn requests(&self) -> usize {
             self.log.lock().unwrap().len()
+        }
+
+        /// Requests so far with `method`.
+        fn count(&self, method: &str) -> usize {
+            self.log
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|e| e.0 == method)
+                .count()
         }
 
         fn client(&self) -> kube::Client {
@@ -1195,8 +1243,10 @@ mod tests {
         fn writes(&self) -> std::collections::BTreeMap<String, usize> {
             let mut by_kind = std::collections::BTreeMap::new();
             for (method, kind, ..) in self.log.lock().unwrap().iter() {
-                assert_eq!(method, "PATCH", "the writer only patches here");
-                *by_kind.entry(kind.clone()).or_default() += 1;
+                assert!(method == "PATCH" || method == "GET", "{method}");
+                if method == "PATCH" {
+                    *by_kind.entry(kind.clone()).or_default() += 1;
+                }
             }
             by_kind
         }
@@ -1207,6 +1257,7 @@ mod tests {
                 .lock()
                 .unwrap()
                 .iter()
+                .filter(|e| e.0 == "PATCH")
                 .map(|(_, k, ns, n, status)| (ObjectKey::new(k, ns, n), status.clone()))
                 .collect()
         }
@@ -2014,6 +2065,50 @@ hostnames: [gateway-listener.com]\n  rules: [{{matches: [{{path: {{type: PathPre
         assert_eq!(g.w.shared.queue().unacked.len(), statuses.len());
     }
 
+    /// The watch cache does not see status-only updates (the watch predicate drops them), so
+    /// it does not see what another leader wrote: this replica wrote the rejection of 322 (and
+    /// its cache holds it: a relist after those writes), lost the lease, and the other leader,
+    /// whose dataplane acknowledged 322, wrote Programmed=True. On regaining the lease the
+    /// cache says every status is already right; the rejection must still be written again
+    /// over the other leader's True, to exactly the programmed objects, each object read once
+    /// (a `get` of its status) and nothing read or written again afterwards.
+    #[tokio::test]
+    async fn regaining_the_lease_with_a_cache_that_missed_the_other_leaders_writes_writes_over_them(
+    ) {
+        let (snapshot, statuses) = conflict_world(2);
+        let mut g = Gated::start(&snapshot, &statuses, 322).await;
+        g.nack(322).await;
+        assert_rejected(&g, &statuses);
+        g.w.objects = Box::new(Cached::with(&snapshot, &g.api.last(), "2"));
+
+        g.lease(false);
+        other_leader(&g.api, &snapshot, &statuses, 322, None).await;
+        g.assert_translated(&statuses);
+        let (before, reads) = (g.api.writes(), g.api.count("GET"));
+        assert_eq!(reads, 0);
+
+        g.lease(true);
+        drain(&mut g.w).await;
+        assert_eq!(
+            g.api.writes(),
+            add_writes(&before, &programmed_kinds(&statuses)),
+            "the programmed objects only"
+        );
+        assert_rejected(&g, &statuses);
+        assert_eq!(g.api.count("GET"), statuses.len(), "each object read once");
+
+        // Read or written since: trusted again.
+        let requests = g.api.requests();
+        g.offer(&statuses, 323);
+        g.step(|s| s.submitted = 323).await;
+        g.step(|s| s.last_nack = Some((323, vec![EADDRINUSE.into()])))
+            .await;
+        assert_eq!(g.api.requests(), requests, "nothing read or written again");
+        let q = g.w.shared.queue();
+        assert_eq!(q.entries.len(), statuses.len());
+        assert_eq!(q.depth(g.w.jobs.len()), 0);
+    }
+
     /// review-s22b F5 (2), over many lease flaps: while this replica does not lead, its
     /// dataplane's answer moves (an Ack, or a restart that rejects the resent config) and the
     /// other leader writes the status of its own dataplane's answer. Each time this replica
@@ -2043,13 +2138,13 @@ hostnames: [gateway-listener.com]\n  rules: [{{matches: [{{path: {{type: PathPre
             }
             let nack = (!theirs_acked).then_some(EADDRINUSE);
             other_leader(&g.api, &snapshot, &statuses, 322, nack).await;
-            let before = g.api.requests();
+            let (before, patched) = (g.api.requests(), g.api.count("PATCH"));
             let rv = (before + 1).to_string();
             g.w.objects = Box::new(Cached::with(&snapshot, &g.api.last(), &rv));
 
             g.lease(true);
             drain(&mut g.w).await;
-            let wrote = g.api.requests() - before;
+            let wrote = g.api.count("PATCH") - patched;
             let differ = if ours_acked == theirs_acked {
                 0
             } else {
@@ -2088,7 +2183,7 @@ hostnames: [gateway-listener.com]\n  rules: [{{matches: [{{path: {{type: PathPre
         let writes_to = |g: &Gated, key: &ObjectKey| {
             let log = g.api.log.lock().unwrap();
             log.iter()
-                .filter(|(_, k, ns, n, _)| ObjectKey::new(k, ns, n) == *key)
+                .filter(|(m, k, ns, n, _)| m == "PATCH" && ObjectKey::new(k, ns, n) == *key)
                 .count()
         };
         for nack_first in [true, false] {
@@ -2191,7 +2286,10 @@ hostnames: [gateway-listener.com]\n  rules: [{{matches: [{{path: {{type: PathPre
             .await;
             let mut wrote: Vec<ObjectKey> = g.api.log.lock().unwrap()[before..]
                 .iter()
-                .map(|(_, k, ns, n, _)| ObjectKey::new(k, ns, n))
+                .map(|(m, k, ns, n, _)| {
+                    assert_eq!(m, "PATCH");
+                    ObjectKey::new(k, ns, n)
+                })
                 .collect();
             wrote.sort();
             assert_eq!(

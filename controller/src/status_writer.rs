@@ -3,7 +3,11 @@
 //! - One field manager (`sweety-controller`), server-side apply of `status` only.
 //! - Written only when changed: compared with what this writer last wrote for the object and
 //!   with the object's current status in the snapshot (a subset match, so fields the apiserver
-//!   defaults or other writers add do not count as a change).
+//!   defaults or other writers add do not count as a change). What was written is remembered
+//!   per object and `metadata.uid`: an object created again under the same name starts
+//!   afresh. After gaining the lease ([`StatusWriter::distrust_cache`]) a status only the
+//!   watch cache says is right is read from the API server first (the cache does not see
+//!   status writes, so not the other leader's).
 //! - `lastTransitionTime` is added here from the clock: the previous time is kept when a
 //!   condition's type, status and reason are unchanged.
 //! - Route `status.parents` and BackendTLSPolicy (and SweetySecurityPolicy) `status.ancestors`
@@ -395,6 +399,9 @@ pub struct StatusWriter {
     /// While set, every write first checks that this replica still leads.
     leading: Option<tokio::sync::watch::Receiver<bool>>,
     events: Option<Recorder>,
+    /// Set on gaining the lease ([`StatusWriter::distrust_cache`]): a status the watch cache
+    /// alone says is right is read from the API server before it is skipped.
+    distrust: bool,
 }
 
 impl StatusWriter {
@@ -407,6 +414,7 @@ impl StatusWriter {
             written: HashMap::new(),
             leading: None,
             events: None,
+            distrust: false,
         }
     }
 
@@ -436,6 +444,16 @@ impl StatusWriter {
     /// Forget what was written (after losing leadership: another replica may write meanwhile).
     pub fn forget(&mut self) {
         self.written.clear();
+    }
+
+    /// This replica gained the lease: from now on, an object this writer has neither written
+    /// nor read since it last forgot ([`StatusWriter::forget`]) is not skipped on the word of
+    /// the watch cache alone. The cache does not see status-only updates (see
+    /// [`crate::watch`]), so it does not hold what another leader wrote meanwhile: such an
+    /// object is read (`get` of its `status`) and written only when the live status differs,
+    /// once; then this writer's memory of it serves again.
+    pub fn distrust_cache(&mut self) {
+        self.distrust = true;
     }
 
     /// Forget one object (deleted, or no longer reported).
@@ -588,7 +606,12 @@ impl StatusWriter {
         // cache's copy decides: a status someone else changed (or a late write) is written
         // again, instead of being trusted to what this writer remembers.
         let cache_unmoved = matches!(&written.live, Some((seen, _, _)) if *seen == cached_rv);
-        if (last == Some(&desired) && cache_unmoved) || subset(&desired, have) {
+        let remembered = last == Some(&desired) && cache_unmoved;
+        // Right by the cache alone, after a lease gain, and neither written nor read since:
+        // read it (the other leader's writes are not in the cache).
+        let unverified = self.distrust && !remembered && written.live.is_none();
+        let cache_says_right = subset(&desired, have);
+        if remembered || (cache_says_right && !unverified) {
             if let Some(w) = self.written.get_mut(key) {
                 // `live` may stand for the status being replaced: keep it.
                 if let Some((_, _, live @ None)) = &mut w.live {
@@ -603,14 +626,17 @@ impl StatusWriter {
         } else {
             Api::namespaced_with(self.client.clone(), &key.namespace, &resource)
         };
-        let atomic = atomic.then(|| {
+        // Read-modify-write for route and policy kinds, and to verify what the cache alone
+        // says is right (read first: `known: None`; written only if the live status differs).
+        let verify = cache_says_right;
+        let atomic = (atomic || verify).then(|| {
             Box::new(Atomic {
                 controller_name: self.controller_name.clone(),
                 status: status.cloned(),
                 prev,
                 gate: gate.clone(),
                 now: now.to_string(),
-                known,
+                known: known.filter(|_| !verify),
                 seen: cached_rv.clone(),
             })
         });
