@@ -26,8 +26,9 @@
 //! the vendored quinn-proto stops sending new ACK-eliciting packets at its budget of
 //! sent-packet state (send window + 256 KiB), and closes the connection with
 //! PROTOCOL_VIOLATION 128 KiB of probes past it, which a client acknowledging one old packet a
-//! round (resetting the PTO backoff) reaches. An ACK whose largest packet the server forgot
-//! gives no RTT sample (L1).
+//! round (resetting the PTO backoff) reaches. Its one-byte grants make the server's writes one
+//! byte each too, which the send buffers now hold at about their bytes (small writes merged).
+//! An ACK whose largest packet the server forgot gives no RTT sample (L1).
 //!
 //! What the server holds is counted by a global allocator (its own test binary): the bytes
 //! allocated, and not yet freed, in the server's calls. The honest client's runs (`honest`:
@@ -1235,5 +1236,48 @@ fn an_ack_whose_largest_packet_was_forgotten_gives_no_rtt_sample() {
     assert!(
         rtt_after < rtt_before + Duration::from_millis(100),
         "the RTT went from {rtt_before:?} to {rtt_after:?}: a sample from an older packet"
+    );
+}
+
+/// A client granting flow control one byte at a time gets the server's writes one byte at a
+/// time (h3-quinn writes what the stream's credit allows): quinn kept each as a segment of
+/// its own in the stream's send buffer (a 32-byte entry and an allocation), ~32 bytes of heap
+/// a byte up to `http3.send_window` bytes, past the sent-packet budget (the packets wait; the
+/// writes do not). The vendored quinn-proto copies a small write into the last segment once a
+/// stream holds 16.
+#[test]
+fn one_byte_writes_keep_the_send_buffer_near_the_bytes_written() {
+    let (mut h, base, _) = small_frames(0);
+    let at_block = server_live() - base;
+    let Some((_, conn)) = h.server.conn.as_mut() else {
+        panic!("closed: {:?}", h.server.lost)
+    };
+    let ids = h.server.accepted.clone();
+    let mut written = 0usize;
+    srv(|| {
+        // Until the send window is full (bounded in rounds).
+        for _ in 0..100_000 {
+            let before = written;
+            for &id in &ids {
+                if let Ok(n) = conn.send_stream(id).write(&CHUNK[..1]) {
+                    written += n;
+                }
+            }
+            if written == before {
+                break;
+            }
+        }
+    });
+    let grown = server_live() - base - at_block;
+    eprintln!(
+        "blocked with +{at_block} bytes of heap, then {written} one-byte writes: +{grown} more"
+    );
+    assert!(
+        written > 256 * 1024,
+        "{written} bytes written: the send window was not reached"
+    );
+    assert!(
+        grown <= 2 * written as isize,
+        "{written} one-byte writes hold {grown} bytes of heap, over twice their bytes"
     );
 }

@@ -37,6 +37,24 @@ impl SendBuffer {
     pub(super) fn write(&mut self, data: Bytes) {
         self.unacked_len += data.len();
         self.offset += data.len() as u64;
+        // Sweety patch (vendor/README.md): once a stream holds `MANY` segments, a write that
+        // fits with the last one in `MERGED` bytes is copied into it, not kept as a segment of
+        // its own (a 32-byte entry and an allocation for, at worst, one byte: a peer granting
+        // flow control one byte at a time gets the application's writes one byte at a time).
+        // A segment is only a store of the bytes at its offsets, so merging the last one, sent
+        // or not, changes nothing that is read from it; the front is never the last here.
+        const MANY: usize = 16;
+        const MERGED: usize = 256;
+        if self.unacked_segments.len() >= MANY {
+            let last = self.unacked_segments.back_mut().expect("MANY segments");
+            if last.len() + data.len() <= MERGED {
+                let mut merged = Vec::with_capacity(last.len() + data.len());
+                merged.extend_from_slice(last);
+                merged.extend_from_slice(&data);
+                *last = Bytes::from(merged);
+                return;
+            }
+        }
         self.unacked_segments.push_back(data);
     }
 
@@ -408,6 +426,35 @@ mod tests {
         buf.ack(0..16);
         assert_eq!(aggregate_unacked(&buf), &MSG[23..]);
         assert!(buf.acks.is_empty());
+    }
+
+    /// Sweety patch (vendor/README.md): small writes past 16 segments go into the last one,
+    /// and the buffer reads, sends and acknowledges the same bytes.
+    #[test]
+    fn small_writes_past_many_segments_are_merged() {
+        let mut buf = SendBuffer::new();
+        let bytes: Vec<u8> = (0..1_000u32).map(|i| (i % 251) as u8).collect();
+        for (i, b) in bytes.iter().enumerate() {
+            buf.write(Bytes::copy_from_slice(&[*b]));
+            if i == 499 {
+                // Half sent and partly acknowledged in the middle of the writes.
+                assert_eq!(buf.poll_transmit(1_000), (0..500, true));
+                buf.ack(0..100);
+            }
+        }
+        assert_eq!(aggregate_unacked(&buf), &bytes[100..]);
+        assert!(buf.unacked_segments.len() <= 16 + 1_000 / 256 + 2);
+        assert_eq!(buf.poll_transmit(1_000), (500..1_000, true));
+        let mut start = 100;
+        while start < 1_000 {
+            let got = buf.get(start..1_000);
+            assert_eq!(got, &bytes[start as usize..start as usize + got.len()]);
+            start += got.len() as u64;
+        }
+        buf.ack(300..1_000);
+        assert_eq!(aggregate_unacked(&buf), &bytes[100..]);
+        buf.ack(100..300);
+        assert!(buf.is_fully_acked());
     }
 
     fn aggregate_unacked(buf: &SendBuffer) -> Vec<u8> {
