@@ -3613,11 +3613,13 @@ impl Connection {
     /// Sweety patch (vendor/README.md): a peer that leaves more than this many bytes of our
     /// packets' state unacknowledged is closed (PROTOCOL_VIOLATION; RFC 9000 §13.2.1:
     /// ACK-eliciting packets MUST be acknowledged within its max_ack_delay). Past the budget
-    /// only PTO probes add to it, two per PTO: `PROBES` holds over fifty of the largest (a
-    /// STREAM frame for each of 64 streams), where an honest peer that stops answering lets
+    /// no new data goes: only PTO probes add to it, two per PTO, and ACK-only packets (when
+    /// no data waits; at most 1,001 are kept). `PROBES` holds over fifty of the largest probes
+    /// (a STREAM frame for each of 64 streams), where an honest peer that stops answering lets
     /// the PTO back off twice as long each time (a dozen PTOs take minutes), and one that
-    /// answers frees what it acknowledges. A peer that resets the backoff by acknowledging
-    /// old packets only, and never the probes, reaches it.
+    /// answers frees what it acknowledges, our ACK-only packets with the rest. A peer that
+    /// resets the backoff by acknowledging old packets only, and never the probes, or that
+    /// leaves hundreds of our ACK-only packets unacknowledged on top, reaches it.
     fn sent_state_limit(&self) -> u64 {
         const PROBES: u64 = 128 * 1024;
         self.sent_state_budget() + PROBES
