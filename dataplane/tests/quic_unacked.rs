@@ -26,8 +26,10 @@
 //! the vendored quinn-proto stops sending new ACK-eliciting packets at its budget of
 //! sent-packet state (send window + 256 KiB), and closes the connection with
 //! PROTOCOL_VIOLATION 128 KiB of probes past it, which a client acknowledging one old packet a
-//! round (resetting the PTO backoff) reaches. Its one-byte grants make the server's writes one
-//! byte each too, which the send buffers now hold at about their bytes (small writes merged).
+//! round (resetting the PTO backoff) reaches; the close reaches the client though data waits
+//! past the budget, as does an application's close. Its one-byte grants make the server's
+//! writes one byte each too, which the send buffers now hold at about their bytes (small
+//! writes merged).
 //! An ACK whose largest packet the server forgot gives no RTT sample (L1).
 //!
 //! What the server holds is counted by a global allocator (its own test binary): the bytes
@@ -139,6 +141,8 @@ struct Harness {
     client: (ConnectionHandle, Connection),
     /// The client's request stream, once opened.
     request: Option<StreamId>,
+    /// Why the client's connection was lost, once it was.
+    client_lost: Option<ConnectionError>,
     to_server: VecDeque<Vec<u8>>,
     to_client: VecDeque<Vec<u8>>,
     /// Attack mode: server datagrams are held here instead of going to `to_client`.
@@ -274,6 +278,7 @@ impl Harness {
             client_ep,
             client,
             request: None,
+            client_lost: None,
             to_server: VecDeque::new(),
             to_client: VecDeque::new(),
             held: None,
@@ -359,13 +364,18 @@ impl Harness {
             }
         }
         while let Some(ev) = conn.poll() {
-            if let Event::Stream(StreamEvent::Readable { id }) = ev {
-                // The well-behaved part reads what arrives (the attack hands over no data).
-                let mut recv = conn.recv_stream(id);
-                if let Ok(mut chunks) = recv.read(true) {
-                    while let Ok(Some(_)) = chunks.next(usize::MAX) {}
-                    let _ = chunks.finalize();
-                };
+            match ev {
+                Event::Stream(StreamEvent::Readable { id }) => {
+                    // The well-behaved part reads what arrives (the attack hands over no
+                    // data).
+                    let mut recv = conn.recv_stream(id);
+                    if let Ok(mut chunks) = recv.read(true) {
+                        while let Ok(Some(_)) = chunks.next(usize::MAX) {}
+                        let _ = chunks.finalize();
+                    };
+                }
+                Event::ConnectionLost { reason } => self.client_lost = Some(reason),
+                _ => {}
             }
         }
         while let Some(t) = conn.poll_transmit(now, 1, &mut self.buf) {
@@ -1166,6 +1176,12 @@ fn a_client_resetting_our_pto_backoff_past_the_state_budget_is_closed_at_the_lim
         "closed in round {round} with {last} bytes kept, short of the limit {}",
         state_limit()
     );
+    // The client gets what the server sent since the attack began, then everything: the
+    // close reaches it (its data waiting past the budget held the CONNECTION_CLOSE back, review
+    // of 8bc26a8 finding 1: the client never learnt why, and kept the connection).
+    let held = h.held.take().expect("attack mode");
+    h.to_client.extend(held.into_iter().map(|(_, d)| d));
+    h.pump();
     for _ in 0..256 {
         if h.server.conn.is_none() {
             break;
@@ -1173,6 +1189,44 @@ fn a_client_resetting_our_pto_backoff_past_the_state_budget_is_closed_at_the_lim
         h.advance_once();
     }
     assert!(h.server.conn.is_none(), "the connection drained");
+    match h.client_lost.as_ref() {
+        Some(ConnectionError::ConnectionClosed(c))
+            if c.error_code == quinn_proto::TransportErrorCode::PROTOCOL_VIOLATION
+                && c.reason.as_ref() == b"too many of our packets left unacknowledged" => {}
+        other => panic!("the client's connection ended with {other:?}, not the server's close"),
+    }
+}
+
+/// The server closing a connection blocked at the sent-packet budget with data waiting sends
+/// its CONNECTION_CLOSE at once (review of 8bc26a8 finding 1: the budget held it back, as it
+/// holds back new data, and nothing was sent).
+#[test]
+fn a_close_while_blocked_at_the_state_budget_is_sent() {
+    let (mut h, _, _) = small_frames(0);
+    assert!(
+        h.sent_bytes() >= state_budget(),
+        "not blocked: {} bytes kept, budget {}",
+        h.sent_bytes(),
+        state_budget()
+    );
+    h.write_one_byte_each();
+    let now = h.now;
+    let Some((_, conn)) = h.server.conn.as_mut() else {
+        panic!("closed: {:?}", h.server.lost)
+    };
+    srv(|| conn.close(now, quinn_proto::VarInt::from_u32(7), "bye".into()));
+    let before = h.sent;
+    while h.server_transmit_one() {}
+    let sent = h.sent - before;
+    assert!(sent >= 1, "the server sent nothing after closing");
+    let held = h.held.take().expect("attack mode");
+    h.to_client.extend(held.into_iter().map(|(_, d)| d));
+    h.pump();
+    match h.client_lost.as_ref() {
+        Some(ConnectionError::ApplicationClosed(c))
+            if c.error_code == quinn_proto::VarInt::from_u32(7) && c.reason.as_ref() == b"bye" => {}
+        other => panic!("the client's connection ended with {other:?}, not the server's close"),
+    }
 }
 
 /// Rounds of PTO probes at most: the 128 KiB of probes past the budget take 59 (two probes a

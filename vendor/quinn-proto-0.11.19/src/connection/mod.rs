@@ -632,8 +632,10 @@ impl Connection {
                     // Sweety patch (vendor/README.md): no new ACK-eliciting packet while the
                     // state of those sent and not yet acknowledged is over its budget, as
                     // congestion control blocks (probes still go); not counted as blocked by
-                    // congestion, so acknowledgements meanwhile do not grow the window.
-                    if self.sent_state_bytes() >= self.sent_state_budget() {
+                    // congestion, so acknowledgements meanwhile do not grow the window. Not
+                    // when closing: the packet then carries CONNECTION_CLOSE and no data, and
+                    // `ack_eliciting` may still be true (data waiting), which held it back.
+                    if !close && self.sent_state_bytes() >= self.sent_state_budget() {
                         space_idx += 1;
                         trace!("blocked by the sent-packet state budget");
                         continue;

@@ -276,6 +276,19 @@ impl PacketSpace {
             self.in_flight_packets != 0,
             self.sent_packets.values().any(|x| x.size != 0)
         );
+        // Sweety patch (vendor/README.md): and `sent_bytes` against the sum it keeps, every
+        // packet when few are kept, else at one packet number in 64 (a walk of the map).
+        debug_assert!(
+            (self.sent_packets.len() > 64 && self.next_packet_number % 64 != 0)
+                || self.sent_bytes
+                    == self
+                        .sent_packets
+                        .values()
+                        .map(|x| u64::from(x.state_bytes))
+                        .sum::<u64>(),
+            "sent_bytes {} is not the sum of the kept packets' state_bytes",
+            self.sent_bytes
+        );
         self.in_flight_packets != 0
     }
 
