@@ -387,7 +387,14 @@ async fn reconcile(
     garbage.collect(pusher.state().borrow().acked);
     // After the push: the statuses go to the worker (it keeps what changed; the translate
     // cache's statuses are let go before the next translate, which updates them in place).
-    statuses.offer(&output.statuses, &output.status_changes, generation);
+    // With the created journal's position of the snapshot: the worker writes objects created
+    // again under a name only once a translation that saw them is offered.
+    statuses.offer(
+        &output.statuses,
+        &output.status_changes,
+        generation,
+        snapshot.created_at,
+    );
     let gateway_services = output.gateway_services.clone();
     // The cache lives as long as the process: its totals are the counters.
     metrics

@@ -46,14 +46,18 @@
 //!   hold ([`crate::watch::Stores::created`]); the worker queues those it has entries for
 //!   (and every object when the journal lost its place: a relist), and the writer, whose
 //!   memory of an object goes with its `metadata.uid`, writes them to the new object. Every
-//!   offer wakes the worker for that.
+//!   offer wakes the worker for that, and tells it the journal's position its snapshot was
+//!   taken at ([`crate::translate::Snapshot::created_at`]): the worker takes entries only up
+//!   to that position. An object created again with another spec thus waits for the offer
+//!   of the translation that saw it, and is never written the status of the old object
+//!   (whose config may be acknowledged at the same generation, 1).
 
 use crate::metrics::{ConditionCounts, Metrics};
 use crate::push::PushState;
 use crate::status_writer::{self, Current, Gate, Prepared, StatusWriter};
 use crate::translate::status::{ObjectKey, ObjectStatus, Statuses};
 use crate::translate::StatusChanges;
-use crate::watch::Stores;
+use crate::watch::{ObjectJournal, Stores};
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -174,6 +178,9 @@ struct Queue {
     /// The generation of the last offer.
     generation: u64,
     offered: bool,
+    /// The position in the journal of created objects of the latest offer's snapshot (its
+    /// translation saw every object created up to there; `None`: no offer told one).
+    created_upto: Option<u64>,
     /// Look for routes with entries of ours that `translate` does not report (after the first
     /// offer, and after gaining the lease).
     scan_routes: bool,
@@ -204,9 +211,13 @@ impl Queue {
         statuses: &Statuses,
         changes: &StatusChanges,
         generation: u64,
+        created_at: Option<u64>,
         now: Instant,
     ) -> usize {
         self.generation = generation;
+        if created_at.is_some() {
+            self.created_upto = created_at.max(self.created_upto);
+        }
         let mut changed = 0usize;
         match changes {
             StatusChanges::Only(keys) if self.offered => {
@@ -380,11 +391,19 @@ impl StatusQueue {
     /// The objects by kind and condition (`sweety_controller_objects`) follow the same
     /// comparison: only the changed statuses are counted again.
     /// The worker is woken even when nothing changed: it queues the objects created again
-    /// under a name since it last looked (see the module docs).
-    pub fn offer(&self, statuses: &Statuses, changes: &StatusChanges, generation: u64) {
+    /// under a name that the translation's snapshot, taken at `created_at` in the journal of
+    /// created objects ([`crate::translate::Snapshot::created_at`]), saw (see the module
+    /// docs).
+    pub fn offer(
+        &self,
+        statuses: &Statuses,
+        changes: &StatusChanges,
+        generation: u64,
+        created_at: Option<u64>,
+    ) {
         {
             let mut q = self.shared.queue();
-            q.offer(statuses, changes, generation, Instant::now());
+            q.offer(statuses, changes, generation, created_at, Instant::now());
             q.conditions.publish(&self.metrics);
         }
         self.shared.notify.notify_one();
@@ -410,7 +429,7 @@ struct Worker {
     /// The gates of the push state they were computed from, by generation: one per generation
     /// (a Nack's errors are joined once, and every entry written under it shares the text).
     gates: (PushState, HashMap<u64, Gate>),
-    /// The position in the journal of created objects ([`Objects::created_since`]) up to
+    /// The position in the journal of created objects ([`Objects::created_between`]) up to
     /// which they were queued (`None`: not looked at yet).
     created_at: Option<u64>,
 }
@@ -762,28 +781,65 @@ impl Worker {
 /// Queue the objects the watch saw created under a name since the last look (deleted and
 /// created again: translate may want the very status it wanted for the old object, and
 /// the new one has none), or every object translate reports when the journal cannot
-/// tell (a relist). The writer skips those whose status is already right: its memory of
-/// an object holds only for the same `metadata.uid`.
+/// tell (a relist). Only those up to the position of the latest offer's snapshot: a later
+/// one was not translated yet, and the entry of its name wants the old object's status
+/// (another spec may want another); it waits for the offer that saw it. The writer skips
+/// those whose status is already right: its memory of an object holds only for the same
+/// `metadata.uid`.
 fn queue_created(objects: &dyn Objects, created_at: &mut Option<u64>, q: &mut Queue) {
-    let (at, created) = objects.created_since(*created_at);
-    let Some(_) = created_at.replace(at) else {
-        // The first look: every entry so far is queued as it was offered.
+    let Some(upto) = q.created_upto else {
         return;
     };
-    let keys: Vec<ObjectKey> = match created {
-        Some(keys) => keys
+    let Some(since) = *created_at else {
+        // The first look after an offer: every entry so far was queued as it was offered
+        // (the first offer queues all), and is written to the object the cache then has.
+        *created_at = Some(upto);
+        return;
+    };
+    if upto <= since {
+        return;
+    }
+    let keys: Vec<ObjectKey> = match objects.created_between(since, upto) {
+        Created::Later => return,
+        Created::Keys(keys) => keys
             .into_iter()
             .filter(|k| q.entries.get(k).is_some_and(|e| e.want.is_some()))
             .collect(),
-        None => q
+        Created::Lost => q
             .entries
             .iter()
             .filter(|(_, e)| e.want.is_some())
             .map(|(k, _)| k.clone())
             .collect(),
     };
+    *created_at = Some(upto);
     for key in &keys {
         q.mark(key);
+    }
+}
+
+/// What the journal of created objects tells between two positions.
+enum Created {
+    /// The objects created under a name in between.
+    Keys(Vec<ObjectKey>),
+    /// Not known (a relist, or more than the journal keeps), but all of it is covered by
+    /// the later position: every object is looked at.
+    Lost,
+    /// Not known, and the journal lost entries after the later position: wait for an offer
+    /// whose snapshot covers them.
+    Later,
+}
+
+/// [`Objects::created_between`] from `journal`.
+fn created_in(journal: &ObjectJournal, since: u64, upto: u64) -> Created {
+    match journal.between(since, upto) {
+        Ok(keys) => Created::Keys(
+            keys.into_iter()
+                .map(|(kind, ns, name)| ObjectKey::new(kind, &ns, &name))
+                .collect(),
+        ),
+        Err(floor) if floor <= upto => Created::Lost,
+        Err(_) => Created::Later,
     }
 }
 
@@ -798,9 +854,9 @@ trait Objects: Send + Sync + 'static {
     fn lookup(&self, key: &ObjectKey) -> Option<Arc<dyn Current>>;
     /// (namespace, name, status) of the cached objects of `kind` (asked for atomic kinds only).
     fn statuses(&self, kind: &str) -> Vec<(String, String, serde_json::Value)>;
-    /// The journal's position, and the objects that came into the cache under a name it did
-    /// not hold after position `since` (`None`: not known from there, or no position).
-    fn created_since(&self, since: Option<u64>) -> (u64, Option<Vec<ObjectKey>>);
+    /// The objects that came into the cache under a name it did not hold after position
+    /// `since` of its journal, up to position `upto`.
+    fn created_between(&self, since: u64, upto: u64) -> Created;
 }
 
 impl Objects for Stores {
@@ -835,14 +891,8 @@ impl Objects for Stores {
         status_writer::status_kinds!(of!())
     }
 
-    fn created_since(&self, since: Option<u64>) -> (u64, Option<Vec<ObjectKey>>) {
-        let (at, keys) = self.created.since(since);
-        let keys = keys.map(|keys| {
-            keys.into_iter()
-                .map(|(kind, ns, name)| ObjectKey::new(kind, &ns, &name))
-                .collect()
-        });
-        (at, keys)
+    fn created_between(&self, since: u64, upto: u64) -> Created {
+        created_in(&self.created, since, upto)
     }
 }
 
@@ -902,6 +952,7 @@ mod tests {
                 &statuses(&[(&a, "one"), (&b, "one")]),
                 &StatusChanges::All,
                 1,
+                None,
                 t
             ),
             3
@@ -913,6 +964,7 @@ mod tests {
                 &statuses(&[(&a, "two"), (&b, "one")]),
                 &StatusChanges::All,
                 2,
+                None,
                 t
             ),
             1
@@ -922,6 +974,7 @@ mod tests {
                 &statuses(&[(&a, "three"), (&b, "one")]),
                 &StatusChanges::All,
                 3,
+                None,
                 t
             ),
             1
@@ -936,6 +989,7 @@ mod tests {
                 &statuses(&[(&a, "three"), (&b, "one")]),
                 &StatusChanges::All,
                 4,
+                None,
                 t
             ),
             0
@@ -950,6 +1004,7 @@ mod tests {
                 &statuses(&[(&a, "four"), (&b, "one")]),
                 &StatusChanges::All,
                 5,
+                None,
                 t
             ),
             1
@@ -972,7 +1027,7 @@ mod tests {
         );
         q.reported += 1;
         assert_eq!(
-            q.offer(&statuses(&[(&a, "four")]), &StatusChanges::All, 6, t),
+            q.offer(&statuses(&[(&a, "four")]), &StatusChanges::All, 6, None, t),
             2
         );
         assert!(!q.entries.contains_key(&b) && q.gone == vec![b.clone()]);
@@ -1046,8 +1101,8 @@ mod tests {
                 .cloned()
                 .collect();
             changed.push(keys[next(keys.len() as u64) as usize].clone());
-            let a = all.offer(&cur, &StatusChanges::All, step + 1, t);
-            let b = only.offer(&cur, &StatusChanges::Only(changed), step + 1, t);
+            let a = all.offer(&cur, &StatusChanges::All, step + 1, None, t);
+            let b = only.offer(&cur, &StatusChanges::Only(changed), step + 1, None, t);
             assert_eq!(a, b, "step {step}: entries queued or changed");
             assert_eq!(state(&all), state(&only), "step {step}");
             // The worker's part, the same on both: some entries go in flight or finish.
@@ -1272,10 +1327,7 @@ mod tests {
     /// The objects of a snapshot as a watch cache holds them (resourceVersion 1; the cache
     /// never sees our writes, as when it lags behind them), and the objects its watch saw
     /// created under a name since the worker last looked (none unless [`Cached::created`]).
-    struct Cached(
-        HashMap<ObjectKey, Arc<dyn Current>>,
-        Mutex<Option<Vec<ObjectKey>>>,
-    );
+    struct Cached(HashMap<ObjectKey, Arc<dyn Current>>, Arc<ObjectJournal>);
 
     impl Cached {
         fn of(s: &crate::translate::Snapshot) -> Cached {
@@ -1312,13 +1364,12 @@ mod tests {
                 )*};
             }
             status_writer::status_kinds!(add!());
-            Cached(map, Mutex::new(Some(Vec::new())))
+            Cached(map, Arc::default())
         }
 
-        /// The same, its watch having seen `keys` created since the worker last looked
-        /// (told once); `None`: its journal lost its place (a relist).
-        fn created(self, keys: Option<&[ObjectKey]>) -> Cached {
-            *self.1.lock().unwrap() = keys.map(<[ObjectKey]>::to_vec);
+        /// The same, its watch journalling created objects in `journal`.
+        fn journal(mut self, journal: &Arc<ObjectJournal>) -> Cached {
+            self.1 = journal.clone();
             self
         }
     }
@@ -1336,11 +1387,18 @@ mod tests {
                 .collect()
         }
 
-        fn created_since(&self, since: Option<u64>) -> (u64, Option<Vec<ObjectKey>>) {
-            // One position (the worker's first look takes it); what was seen is told once.
-            let keys = since.and_then(|_| self.1.lock().unwrap().replace(Vec::new()));
-            (0, keys)
+        fn created_between(&self, since: u64, upto: u64) -> Created {
+            created_in(&self.1, since, upto)
         }
+    }
+
+    /// The watch saw `key` come under its name (created again): journalled in `journal`.
+    fn record_created(journal: &ObjectJournal, key: &ObjectKey) {
+        let kind: &'static str = status_writer::STATUS_KINDS
+            .iter()
+            .find(|k| **k == key.kind)
+            .expect("a status kind");
+        journal.record(kind, key.namespace.clone(), key.name.clone());
     }
 
     /// A worker writing to `api`, leading, gated on `push`, that never times a wait out
@@ -1429,14 +1487,27 @@ mod tests {
     /// The conformance suite's ListenerSetProtocolConflict objects (the Gateway stop 34's CI
     /// run left unprogrammed) and `routes` HTTPRoutes on its first listener, translated.
     fn conflict_world(routes: usize) -> (crate::translate::Snapshot, Statuses) {
+        conflict_world_where(routes, "gateway-listener")
+    }
+
+    /// [`conflict_world`] with route r0 attached to the listener `r0_listener` (another spec).
+    fn conflict_world_where(
+        routes: usize,
+        r0_listener: &str,
+    ) -> (crate::translate::Snapshot, Statuses) {
         let mut y =
             include_str!("../testdata/translate/conf-listenerset-protocol-conflict.in.yaml")
                 .to_string();
         for i in 0..routes {
+            let listener = if i == 0 {
+                r0_listener
+            } else {
+                "gateway-listener"
+            };
             y.push_str(&format!(
                 "\n---\napiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\n\
 metadata: {{name: r{i}, namespace: gateway-conformance-infra, generation: 1}}\n\
-spec:\n  parentRefs: [{{name: gateway-with-listenerset-protocol-conflict, sectionName: gateway-listener}}]\n  \
+spec:\n  parentRefs: [{{name: gateway-with-listenerset-protocol-conflict, sectionName: {listener}}}]\n  \
 hostnames: [gateway-listener.com]\n  rules: [{{matches: [{{path: {{type: PathPrefix, value: /r{i}}}}}]}}]\n"
             ));
         }
@@ -1480,6 +1551,9 @@ hostnames: [gateway-listener.com]\n  rules: [{{matches: [{{path: {{type: PathPre
         w: Worker,
         push: watch::Sender<PushState>,
         leader: watch::Sender<bool>,
+        /// The watch's journal of created objects (of the tests' caches that use it): an
+        /// offer carries its position ([`Gated::offer`]).
+        journal: Arc<ObjectJournal>,
     }
 
     impl Gated {
@@ -1495,12 +1569,14 @@ hostnames: [gateway-listener.com]\n  rules: [{{matches: [{{path: {{type: PathPre
                 acked: generation - 1,
                 ..Default::default()
             });
-            let (w, leader) = test_worker(&api, Cached::of(snapshot), rx);
+            let journal = Arc::new(ObjectJournal::default());
+            let (w, leader) = test_worker(&api, Cached::of(snapshot).journal(&journal), rx);
             let g = Gated {
                 api,
                 w,
                 push,
                 leader,
+                journal,
             };
             g.offer(statuses, generation);
             g
@@ -1509,10 +1585,19 @@ hostnames: [gateway-listener.com]\n  rules: [{{matches: [{{path: {{type: PathPre
         /// Offers every status of `statuses` for `generation`, as the reconcile loop does;
         /// how many entries that queued.
         fn offer(&self, statuses: &Statuses, generation: u64) -> usize {
-            self.w
-                .shared
-                .queue()
-                .offer(statuses, &StatusChanges::All, generation, Instant::now())
+            self.offer_at(statuses, generation, self.journal.position())
+        }
+
+        /// [`Gated::offer`] of a translation whose snapshot was taken at `created_at` in the
+        /// journal of created objects.
+        fn offer_at(&self, statuses: &Statuses, generation: u64, created_at: u64) -> usize {
+            self.w.shared.queue().offer(
+                statuses,
+                &StatusChanges::All,
+                generation,
+                Some(created_at),
+                Instant::now(),
+            )
         }
 
         /// The push loop's state changes by `f` (a submit, an answer, a reconnect): the
@@ -1816,9 +1901,13 @@ hostnames: [gateway-listener.com]\n  rules: [{{matches: [{{path: {{type: PathPre
         });
         let cache = Cached::with(snapshot, &api.last(), &(api.requests() + 1).to_string());
         let (mut w, _leader) = test_worker(api, cache, rx);
-        w.shared
-            .queue()
-            .offer(statuses, &StatusChanges::All, generation, Instant::now());
+        w.shared.queue().offer(
+            statuses,
+            &StatusChanges::All,
+            generation,
+            None,
+            Instant::now(),
+        );
         drain(&mut w).await;
     }
 
@@ -2139,6 +2228,7 @@ hostnames: [gateway-listener.com]\n  rules: [{{matches: [{{path: {{type: PathPre
             let nack = (!theirs_acked).then_some(EADDRINUSE);
             other_leader(&g.api, &snapshot, &statuses, 322, nack).await;
             let (before, patched) = (g.api.requests(), g.api.count("PATCH"));
+            let read = g.api.count("GET");
             let rv = (before + 1).to_string();
             g.w.objects = Box::new(Cached::with(&snapshot, &g.api.last(), &rv));
 
@@ -2153,6 +2243,13 @@ hostnames: [gateway-listener.com]\n  rules: [{{matches: [{{path: {{type: PathPre
             assert_eq!(
                 wrote, differ,
                 "flap {flap}: ours {ours_acked}, theirs {theirs_acked}"
+            );
+            // A gain reads each object the cache alone says is right at most once.
+            let reads = g.api.count("GET") - read;
+            assert!(
+                reads <= statuses.len(),
+                "flap {flap}: {reads} GETs for {} objects",
+                statuses.len()
             );
             if ours_acked {
                 g.assert_translated(&statuses);
@@ -2264,7 +2361,7 @@ hostnames: [gateway-listener.com]\n  rules: [{{matches: [{{path: {{type: PathPre
         });
         for relist in [false, true] {
             let mut g = Gated::start(&old, &statuses, 322).await;
-            g.w.objects = Box::new(Cached::of(&old));
+            g.w.objects = Box::new(Cached::of(&old).journal(&g.journal));
             g.step(|s| s.acked = 322).await;
             g.assert_translated(&statuses);
             let before = g.api.requests();
@@ -2277,7 +2374,12 @@ hostnames: [gateway-listener.com]\n  rules: [{{matches: [{{path: {{type: PathPre
             for k in &recreated {
                 cache.0.insert(k.clone(), fresh.0[k].clone());
             }
-            g.w.objects = Box::new(cache.created((!relist).then_some(&recreated[..])));
+            if relist {
+                g.journal.reset();
+            } else {
+                recreated.iter().for_each(|k| record_created(&g.journal, k));
+            }
+            g.w.objects = Box::new(cache.journal(&g.journal));
             assert_eq!(g.offer(&statuses, 323), 0, "translate wants what it wanted");
             g.step(|s| {
                 s.submitted = 323;
@@ -2318,6 +2420,106 @@ hostnames: [gateway-listener.com]\n  rules: [{{matches: [{{path: {{type: PathPre
             assert_eq!(q.depth(g.w.jobs.len()), 0);
             assert!(q.unacked.is_empty() && q.gone.is_empty());
         }
+    }
+
+    /// Review of 8b6d4ca: route r0 deleted and created again under its name with another
+    /// spec (attached to a listener the Gateway does not have), generation 1 like the old
+    /// one. Until a translation that saw the new object is offered, the worker must write
+    /// nothing to it: the entry of its name still wants the old object's status (Accepted,
+    /// and Programmed with the old config acknowledged), which would be wrong for the new
+    /// spec. Neither when the worker is woken before the next offer, nor by an offer whose
+    /// snapshot was taken before the new object reached the cache. The offer of the new
+    /// translation writes the new status, once, to the new object.
+    #[tokio::test]
+    async fn an_object_created_again_with_another_spec_waits_for_its_translation() {
+        let (snapshot, statuses) = conflict_world(2);
+        let (edited, statuses_edited) = conflict_world_where(2, "no-such-listener");
+        let r0 = ObjectKey::new("HTTPRoute", "gateway-conformance-infra", "r0");
+        assert_ne!(statuses[&r0], statuses_edited[&r0]);
+        let accepted = |st: &ObjectStatus| {
+            translated(st)
+                .iter()
+                .any(|c| c[0] == "Accepted" && c[1] == "True")
+        };
+        assert!(accepted(&statuses[&r0]) && !accepted(&statuses_edited[&r0]));
+        let old = with_uids(&snapshot, |k| format!("{}-1", k.name));
+        let new = with_uids(&edited, |k| {
+            let n = if *k == r0 { 2 } else { 1 };
+            format!("{}-{n}", k.name)
+        });
+        let mut g = Gated::start(&old, &statuses, 322).await;
+        g.w.objects = Box::new(Cached::of(&old).journal(&g.journal));
+        g.step(|s| s.acked = 322).await;
+        g.assert_translated(&statuses);
+        let before = g.api.requests();
+        assert_eq!(before, statuses.len());
+
+        // A snapshot is taken (its position), then r0 is deleted and created again: the cache
+        // holds the new object (resourceVersion 7, no status), its watch journalled it.
+        let taken = g.journal.position();
+        let mut cache = Cached::of(&new);
+        cache.0.insert(
+            r0.clone(),
+            Cached::with(&new, &HashMap::new(), "7").0[&r0].clone(),
+        );
+        record_created(&g.journal, &r0);
+        g.w.objects = Box::new(cache.journal(&g.journal));
+        // The worker is woken (by anything) before the next offer: nothing written.
+        drain(&mut g.w).await;
+        assert_eq!(
+            g.api.requests(),
+            before,
+            "the old status written to the new object"
+        );
+        // The offer of that earlier snapshot's translation (the old spec): still nothing.
+        assert_eq!(g.offer_at(&statuses, 323, taken), 0);
+        g.step(|s| {
+            s.submitted = 323;
+            s.acked = 323;
+        })
+        .await;
+        assert_eq!(g.api.requests(), before, "written before its translation");
+
+        // The translation of the new spec: its status, once, to the new object.
+        assert!(g.offer(&statuses_edited, 324) > 0);
+        g.step(|s| {
+            s.submitted = 324;
+            s.acked = 324;
+        })
+        .await;
+        let log = g.api.log.lock().unwrap().clone();
+        let wrote: Vec<ObjectKey> = log[before..]
+            .iter()
+            .map(|(m, k, ns, n, _)| {
+                assert_eq!(m, "PATCH");
+                ObjectKey::new(k, ns, n)
+            })
+            .collect();
+        // r0, and the objects whose status the new spec changes (the Gateway's attached
+        // routes), each once.
+        let mut changed: Vec<ObjectKey> = statuses_edited
+            .iter()
+            .filter(|(k, st)| statuses.get(*k) != Some(*st))
+            .map(|(k, _)| k.clone())
+            .collect();
+        changed.sort();
+        assert!(changed.contains(&r0));
+        let mut wrote = wrote;
+        wrote.sort();
+        assert_eq!(wrote, changed);
+        g.assert_translated(&statuses_edited);
+        let metadata = g.api.metadata.lock().unwrap().clone();
+        let before = (before..log.len())
+            .find(|&i| ObjectKey::new(&log[i].1, &log[i].2, &log[i].3) == r0)
+            .unwrap();
+        assert_eq!(
+            metadata[before]["resourceVersion"], "7",
+            "{}",
+            metadata[before]
+        );
+        let q = g.w.shared.queue();
+        assert_eq!(q.entries.len(), statuses_edited.len());
+        assert_eq!(q.depth(g.w.jobs.len()), 0);
     }
 
     /// An object whose spec changes (its generation 1 -> 2) after its status was written
@@ -2501,7 +2703,7 @@ spec:\n  parentRefs: [{{name: gw}}]\n  hostnames: [{name}.example.com]\n  rules:
         };
         let t = cache.update(&s, &params);
         assert_eq!(t.status_changes, StatusChanges::All);
-        q.offer(&t.statuses, &t.status_changes, 1);
+        q.offer(&t.statuses, &t.status_changes, 1, None);
         let health = crate::health::Health::new(metrics.clone());
         let (addr, server) = crate::health::serve("127.0.0.1:0".parse().unwrap(), health)
             .await
@@ -2537,7 +2739,7 @@ spec:\n  parentRefs: [{{name: gw}}]\n  hostnames: [{name}.example.com]\n  rules:
         s.http_routes[i] = Arc::new(c);
         let t = cache.update(&s, &params);
         assert!(matches!(&t.status_changes, StatusChanges::Only(k) if k.len() <= 3));
-        q.offer(&t.statuses, &t.status_changes, 2);
+        q.offer(&t.statuses, &t.status_changes, 2, None);
         let mut want = vec![
             line("Gateway", "Accepted", "True", 1),
             // No address (no Service for it in this snapshot): not programmed.
@@ -2553,7 +2755,7 @@ spec:\n  parentRefs: [{{name: gw}}]\n  hostnames: [{name}.example.com]\n  rules:
         s.http_routes
             .retain(|r| r.metadata.name.as_deref() != Some("a"));
         let t = cache.update(&s, &params);
-        q.offer(&t.statuses, &t.status_changes, 3);
+        q.offer(&t.statuses, &t.status_changes, 3, None);
         let page = scrape(addr).await;
         assert!(
             page.contains(&line("HTTPRoute", "Accepted", "True", 2)),

@@ -48,7 +48,9 @@
 //!   that the status worker writes the status of an object recreated under the same name
 //!   with the same spec (`kubectl replace --force`), whose wanted status is the one offered
 //!   before (see [`crate::status_worker`]). Journalled after the store has the object; a
-//!   relist gives no list (the worker then looks at every object again).
+//!   relist gives no list (the worker then looks at every object again). A snapshot carries
+//!   this journal's position too ([`Snapshot::created_at`], read before the stores): the
+//!   worker takes an entry only once an offered translation's snapshot covers it.
 //! - [`Activity`] counts watch events by kind (passed on or ignored) and keeps the time and
 //!   kind of the first event not yet reconciled, for the controller's metrics.
 
@@ -293,6 +295,30 @@ impl ObjectJournal {
         j.entries.clear();
     }
 
+    /// The current position: every entry at or before it was recorded after its event reached
+    /// the store, so a store read after this sees it.
+    pub fn position(&self) -> u64 {
+        lock(&self.inner).seq
+    }
+
+    /// The objects recorded after position `since` up to position `upto` (each once), or
+    /// `Err(floor)` when the journal no longer has them all (a relist, or more entries than
+    /// it keeps): it answers no position below `floor`, and whatever it lost was recorded at
+    /// or before `floor`.
+    pub fn between(&self, since: u64, upto: u64) -> Result<BTreeSet<RouteKey>, u64> {
+        let j = lock(&self.inner);
+        if since < j.floor || since > j.seq {
+            return Err(j.floor);
+        }
+        Ok(j.entries
+            .iter()
+            .rev()
+            .skip_while(|e| e.0 > upto)
+            .take_while(|e| e.0 > since)
+            .map(|(_, key)| key.clone())
+            .collect())
+    }
+
     /// The current position, and the objects recorded after `since` (each once; `None`: not
     /// known from here).
     pub fn since(&self, since: Option<u64>) -> (u64, Option<BTreeSet<RouteKey>>) {
@@ -321,6 +347,7 @@ impl Stores {
     pub fn snapshot_since(&self, since: Option<u64>) -> Snapshot {
         // The journal before the stores: whatever it lists up to `at` is in them already.
         let (at, keys) = self.route_journal.since(since);
+        let created_at = self.created.position();
         let mut s = Snapshot {
             ingress_classes: self.ingress_classes.state(),
             ingresses: self.ingresses.state(),
@@ -344,6 +371,7 @@ impl Stores {
             namespaces: self.namespaces.state(),
             routes_at: Some(at),
             routes_changed: None,
+            created_at: Some(created_at),
         };
         s.routes_changed = since.zip(keys).map(|(since, keys)| RouteChanges {
             since,
@@ -1507,5 +1535,31 @@ spec:
         let (now, _) = j.since(None);
         assert_eq!(j.since(Some(now - 10)).1.map(|k| k.len()), Some(10));
         assert!(lock(&j.inner).entries.len() <= JOURNAL_MAX);
+    }
+
+    /// The status worker's reading of the created journal: only the entries between two
+    /// positions (after the first, up to the second: a snapshot's), and the floor when it
+    /// lost some.
+    #[test]
+    fn created_journal_lists_what_came_between_two_positions() {
+        let j = ObjectJournal::default();
+        let start = j.position();
+        j.record("HTTPRoute", "a".into(), "r1".into());
+        let snapshot = j.position();
+        j.record("Gateway", "a".into(), "g".into());
+        let names = |r: Result<BTreeSet<RouteKey>, u64>| {
+            r.map(|k| k.into_iter().map(|(_, _, n)| n).collect::<Vec<_>>())
+        };
+        assert_eq!(names(j.between(start, snapshot)), Ok(vec!["r1".into()]));
+        assert_eq!(names(j.between(snapshot, snapshot)), Ok(vec![]));
+        assert_eq!(
+            names(j.between(start, j.position())),
+            Ok(vec!["g".into(), "r1".into()])
+        );
+        // A relist: lost, and a snapshot after it covers what was lost.
+        j.reset();
+        let floor = j.between(start, j.position()).unwrap_err();
+        assert_eq!(floor, j.position());
+        assert!(floor > snapshot);
     }
 }

@@ -772,6 +772,7 @@ fn world(s: &Snapshot) -> (Vec<Vec<usize>>, Snapshot) {
         namespaces: s.namespaces.clone(),
         routes_at: None,
         routes_changed: None,
+        created_at: None,
     };
     let a = vec![
         addrs(&s.gateway_classes),

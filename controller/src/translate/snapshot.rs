@@ -67,6 +67,11 @@ pub struct Snapshot {
     /// With it, the translate cache visits only these routes, not every route of the lists
     /// (see [`RouteChanges`]).
     pub routes_changed: Option<RouteChanges>,
+    /// Where the lists stand in the watch layer's journal of objects created under a name
+    /// (read before the lists, so every object it covers is in them; `None`: unknown). The
+    /// status worker takes a created object from that journal only once a translation of a
+    /// snapshot covering it was offered (see [`crate::status_worker`]).
+    pub created_at: Option<u64>,
 }
 
 /// The route objects that may differ between the snapshot at journal position `since` and
