@@ -59,6 +59,10 @@ pub struct ConnInfo {
     /// The file bytes this connection may hold read ahead of its client, all its requests
     /// together (`limits.static_read_ahead`); `None`: unbounded (internal requests).
     pub read_budget: Option<crate::static_files::ReadBudget>,
+    /// The forwarding fields of the connection's last request to an HTTP/1.1 backend, reused
+    /// by the next one with the same host ([`crate::proxy::forward::ForwardingCache`]); a copy of
+    /// this info starts with none.
+    pub forwarding: crate::proxy::forward::ForwardingCache,
 }
 
 /// Request extension set by the HTTP/3 adapter on a request received in TLS early data

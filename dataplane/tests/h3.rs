@@ -1498,6 +1498,7 @@ async fn early_data_is_opt_in_and_unsafe_methods_in_it_get_425() {
             sni: Some("localhost".into()),
             client_cert: None,
             client_cert_verdict: Default::default(),
+            forwarding: Default::default(),
             tls_version: None,
             tls_cipher: None,
             read_budget: None,

@@ -370,6 +370,7 @@ async fn serve_conn(
         sni,
         client_cert: None,
         client_cert_verdict: Default::default(),
+        forwarding: Default::default(),
         // QUIC runs TLS 1.3 only (RFC 9001 §4.2); quinn does not expose the suite.
         tls_version: Some("TLSv1.3"),
         tls_cipher: None,

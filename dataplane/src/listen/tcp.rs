@@ -380,6 +380,7 @@ async fn serve_conn(
         sni: None,
         client_cert: None,
         client_cert_verdict: Default::default(),
+        forwarding: Default::default(),
         tls_version: None,
         tls_cipher: None,
         read_budget: Some(ReadBudget::new(read_ahead, shared.read_ahead_total.clone())),
@@ -499,6 +500,7 @@ async fn serve_tls<S>(
         sni,
         client_cert,
         client_cert_verdict: Default::default(),
+        forwarding: Default::default(),
         tls_version,
         tls_cipher: session
             .negotiated_cipher_suite()

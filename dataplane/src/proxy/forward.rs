@@ -310,6 +310,108 @@ pub fn write_forwarding_fields(
     scheme: &str,
     host: Option<&HeaderValue>,
 ) {
+    let present = replaced_present(headers);
+    write_lines(headers, present, out, client, scheme, host);
+}
+
+/// Which of [`REPLACED`] `headers` has, in its order: found by one pass over the names present
+/// (a few, usually none of these).
+fn replaced_present(headers: &HeaderMap) -> [bool; 4] {
+    let mut present = [false; 4];
+    for name in headers.keys() {
+        let n = name.as_str();
+        if !n.starts_with("x-") {
+            continue;
+        }
+        if let Some(i) = REPLACED.iter().position(|r| r.as_str() == n) {
+            present[i] = true;
+        }
+    }
+    present
+}
+
+/// Lines of forwarding fields at most this long are kept by a [`ForwardingCache`] (an IPv4
+/// client's with a short host take about 170 bytes; the head's size bound bounds the host).
+const CACHED_LINES_AT_MOST: usize = 512;
+
+/// The forwarding lines of a connection's last request to an HTTP/1.1 backend
+/// ([`write_forwarding_fields`]), kept in its [`crate::ctx::ConnInfo`] with what they were
+/// made from (the client address, the scheme and the host): the next request of the
+/// connection with the same host and none of the fields the lines replace (the usual
+/// keep-alive request) takes a copy of them instead of writing them again (about 2,000
+/// instructions per request: five fields, the client's address three times, the host twice,
+/// each value checked byte by byte). A copy of the connection info (a client resolved behind
+/// a trusted proxy) starts empty. One entry per connection, at most
+/// `CACHED_LINES_AT_MOST` bytes of lines and the host's bytes.
+#[derive(Debug, Default)]
+pub struct ForwardingCache(std::sync::Mutex<Option<CachedLines>>);
+
+#[derive(Debug)]
+struct CachedLines {
+    client: IpAddr,
+    scheme: &'static str,
+    host: Option<Box<[u8]>>,
+    lines: sweety_h1::client::head::ExtraFields,
+}
+
+impl Clone for ForwardingCache {
+    /// Empty: a copy of a connection's info may be another client's.
+    fn clone(&self) -> Self {
+        ForwardingCache::default()
+    }
+}
+
+impl ForwardingCache {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<CachedLines>> {
+        // Nothing that panics runs under the lock; a poisoned one holds a complete value.
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// [`write_forwarding_fields`] into a new [`ExtraFields`](sweety_h1::client::head::ExtraFields)
+/// of `capacity` bytes, through `cache`: the lines are those `write_forwarding_fields` writes
+/// for these arguments, taken from the cache when it has them for the same client, scheme and
+/// host and `headers` has none of the fields they replace (they then depend on nothing else).
+pub fn forwarding_lines(
+    headers: &mut HeaderMap,
+    cache: &ForwardingCache,
+    capacity: usize,
+    client: IpAddr,
+    scheme: &'static str,
+    host: Option<&HeaderValue>,
+) -> sweety_h1::client::head::ExtraFields {
+    let present = replaced_present(headers);
+    let cacheable = present == [false; 4];
+    let host_bytes = host.map(HeaderValue::as_bytes);
+    if cacheable {
+        if let Some(c) = &*cache.lock() {
+            if c.client == client && c.scheme == scheme && c.host.as_deref() == host_bytes {
+                return c.lines.clone();
+            }
+        }
+    }
+    let mut out = sweety_h1::client::head::ExtraFields::with_capacity(capacity);
+    write_lines(headers, present, &mut out, client, scheme, host);
+    if cacheable && out.as_bytes().len() <= CACHED_LINES_AT_MOST {
+        *cache.lock() = Some(CachedLines {
+            client,
+            scheme,
+            host: host_bytes.map(Box::from),
+            lines: out.clone(),
+        });
+    }
+    out
+}
+
+/// [`write_forwarding_fields`] with the fields it replaces found already (`present`).
+fn write_lines(
+    headers: &mut HeaderMap,
+    present: [bool; 4],
+    out: &mut sweety_h1::client::head::ExtraFields,
+    client: IpAddr,
+    scheme: &str,
+    host: Option<&HeaderValue>,
+) {
     let client = client.to_canonical();
     let mut v4 = [0u8; 15];
     let v6;
@@ -323,18 +425,7 @@ pub fn write_forwarding_fields(
             v6.as_bytes()
         }
     };
-    // The fields replaced, found by one pass over the names present (a few, usually none
-    // of these), each removed by name only when there.
-    let mut present = [false; 4];
-    for name in headers.keys() {
-        let n = name.as_str();
-        if !n.starts_with("x-") {
-            continue;
-        }
-        if let Some(i) = REPLACED.iter().position(|r| r.as_str() == n) {
-            present[i] = true;
-        }
-    }
+    // The fields replaced (`present`) are each removed by name, at the end, only when there.
     {
         let mut line = out.line(&X_FORWARDED_FOR);
         if present[0] {
@@ -840,6 +931,97 @@ mod tests {
             }
             proptest::prop_assert_eq!(fields_of(&direct), fields_of(&reference));
         }
+    }
+
+    proptest::proptest! {
+        /// Through one connection's cache, every request of a sequence (clients, schemes,
+        /// hosts, a trusted proxy's fields or none) gets the lines and the map that
+        /// `write_forwarding_fields` makes for it alone, whether the cache had them or not.
+        #[test]
+        fn cached_lines_are_the_written_ones(
+            requests in proptest::collection::vec(
+                (
+                    proptest::sample::select(vec![
+                        IpAddr::from([127, 0, 0, 1]),
+                        IpAddr::from([10, 0, 0, 2]),
+                        IpAddr::from([0u16, 0, 0, 0, 0, 0, 0, 1]),
+                    ]),
+                    proptest::sample::select(vec!["http", "https"]),
+                    hosts(),
+                    priors(),
+                    proptest::option::of(proptest::sample::select(vec![
+                        "x-forwarded-proto", "x-forwarded-host", "x-real-ip", "forwarded",
+                    ])),
+                ),
+                1..8,
+            ),
+        ) {
+            let cache = ForwardingCache::default();
+            for (client, scheme, host, prior, other) in requests {
+                let mut start = start_map(&prior);
+                if let Some(n) = other {
+                    start.append(HeaderName::from_static(n), HeaderValue::from_static("v"));
+                }
+                let (mut cached, mut fresh) = (start.clone(), start);
+                let got = forwarding_lines(&mut cached, &cache, 64, client, scheme, host.as_ref());
+                let mut want = sweety_h1::client::head::ExtraFields::default();
+                write_forwarding_fields(&mut fresh, &mut want, client, scheme, host.as_ref());
+                proptest::prop_assert_eq!(got.as_bytes(), want.as_bytes());
+                proptest::prop_assert_eq!(fields_of(&cached), fields_of(&fresh));
+            }
+        }
+    }
+
+    /// The second request of a connection with the same host takes the first one's lines;
+    /// another host, a trusted proxy's `X-Forwarded-For`, or a copy of the connection's cache
+    /// (another client) does not.
+    #[test]
+    fn lines_are_cached_per_connection_host_and_client() {
+        let cache = ForwardingCache::default();
+        let client = IpAddr::from([192, 0, 2, 7]);
+        let host = HeaderValue::from_static("a.test");
+        let mut h = start_map(&[]);
+        let first = forwarding_lines(&mut h, &cache, 64, client, "http", Some(&host));
+        assert!(cache.lock().is_some());
+        let again = forwarding_lines(&mut start_map(&[]), &cache, 64, client, "http", Some(&host));
+        assert_eq!(first.as_bytes(), again.as_bytes());
+        // Kept: the entry is the one the first request made.
+        let kept = |c: &ForwardingCache| c.lock().as_ref().map(|c| c.host.clone());
+        assert_eq!(kept(&cache), Some(Some(Box::from(&b"a.test"[..]))));
+        let other = HeaderValue::from_static("b.test");
+        let b = forwarding_lines(
+            &mut start_map(&[]),
+            &cache,
+            64,
+            client,
+            "http",
+            Some(&other),
+        );
+        assert!(std::str::from_utf8(b.as_bytes())
+            .unwrap()
+            .contains("x-forwarded-host: b.test\r\n"));
+        assert_eq!(kept(&cache), Some(Some(Box::from(&b"b.test"[..]))));
+        // A trusted proxy's field: written, not cached (the entry stays b.test's).
+        let mut prior = start_map(&["10.0.0.1"]);
+        let p = forwarding_lines(&mut prior, &cache, 64, client, "http", Some(&other));
+        assert!(std::str::from_utf8(p.as_bytes())
+            .unwrap()
+            .contains("x-forwarded-for: 10.0.0.1, 192.0.2.7\r\n"));
+        assert!(prior.get(&X_FORWARDED_FOR).is_none());
+        assert_eq!(kept(&cache), Some(Some(Box::from(&b"b.test"[..]))));
+        // Another client on the same cache: its own lines.
+        let c2 = forwarding_lines(
+            &mut start_map(&[]),
+            &cache,
+            64,
+            IpAddr::from([192, 0, 2, 8]),
+            "http",
+            Some(&other),
+        );
+        assert!(std::str::from_utf8(c2.as_bytes())
+            .unwrap()
+            .contains("x-real-ip: 192.0.2.8\r\n"));
+        assert!(cache.clone().lock().is_none());
     }
 
     /// The client addresses the forwarding proptests draw: IPv4, IPv6 and IPv4-mapped IPv6.

@@ -49,10 +49,10 @@ impl Head {
             .any(|f| matches!(f, Filter::RequestHeaders(_)));
         let mut forwarding = ExtraFields::default();
         if h1 && !header_filters {
-            forwarding = ExtraFields::with_capacity(FORWARDING_ROOM);
-            forward::write_forwarding_fields(
+            forwarding = forward::forwarding_lines(
                 &mut headers,
-                &mut forwarding,
+                &ctx.conn.forwarding,
+                FORWARDING_ROOM,
                 ctx.conn.peer.ip(),
                 ctx.scheme(),
                 original_host.as_ref(),

@@ -80,6 +80,7 @@ async fn run(weak: Weak<BackendRt>, idx: usize, hc: Arc<HealthCheck>, metrics: A
             sni: None,
             client_cert: None,
             client_cert_verdict: Default::default(),
+            forwarding: Default::default(),
             tls_version: None,
             tls_cipher: None,
             read_budget: None,

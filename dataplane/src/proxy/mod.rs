@@ -864,6 +864,7 @@ mod tests {
                 sni: None,
                 client_cert: None,
                 client_cert_verdict: Default::default(),
+                forwarding: Default::default(),
                 tls_version: None,
                 tls_cipher: None,
                 read_budget: None,
