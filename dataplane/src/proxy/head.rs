@@ -58,8 +58,9 @@ impl Head {
                 original_host.as_ref(),
             );
         } else {
-            forward::add_forwarding_headers(
+            forward::add_forwarding_headers_cached(
                 &mut headers,
+                &ctx.conn.forwarding,
                 ctx.conn.peer.ip(),
                 ctx.scheme(),
                 original_host.as_ref(),
