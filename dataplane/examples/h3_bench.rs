@@ -2,8 +2,8 @@
 //! feature) is not at hand: `OHA=target/release/examples/h3_bench callgrind.sh ...`.
 //!
 //! It takes the part of oha's command line those cells use, `-c CONNS -p STREAMS -n REQUESTS
-//! URL` (oha's other flags of the script, `--http-version 3 --insecure --no-tui
-//! --connect-timeout T --output-format json`, are accepted and ignored), and does what oha does
+//! URL` (oha's other flags of the script, `--http-version 3 --insecure --no-tui --output-format
+//! json`, are accepted and ignored; `--connect-timeout T` is its deadline), and does what oha does
 //! with them: CONNS QUIC connections (quinn's default transport settings, TLS 1.3, ALPN h3), each
 //! with STREAMS requests in flight, GET URL until REQUESTS have been sent in all; every body is
 //! read to its end. It prints oha's JSON summary field the script reads,
@@ -11,7 +11,10 @@
 //!
 //! Benchmarks only: the server's certificate is not verified (oha's `--insecure`); it connects to
 //! the URL's literal IP address. Single-threaded (current-thread runtime), so it stays on the
-//! CPU it is pinned to. Bounded: every connection and request has a deadline (120 s).
+//! CPU it is pinned to. Bounded: every connection and request has a deadline, `--connect-timeout`
+//! (`120s` or `120`, seconds, at most an hour; default 120 s): a window of 1,000 concurrent 100 KB
+//! responses from a server under valgrind on a loaded machine takes minutes, and all of them end
+//! near its end.
 
 use bytes::{Buf, Bytes};
 use std::collections::BTreeMap;
@@ -20,8 +23,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// The longest a handshake or one request may take (valgrind's pace on a loaded machine).
+/// The longest a handshake or one request may take unless `--connect-timeout` says otherwise.
 const DEADLINE: Duration = Duration::from_secs(120);
+/// The longest `--connect-timeout` accepted.
+const MAX_DEADLINE: Duration = Duration::from_secs(3600);
 
 /// What one run is asked to do.
 struct Args {
@@ -29,6 +34,22 @@ struct Args {
     streams: usize,
     requests: usize,
     url: String,
+    /// Each handshake's and each request's deadline.
+    deadline: Duration,
+}
+
+/// A `--connect-timeout` value: whole seconds, `120s` or `120`, 1 s to an hour.
+fn parse_deadline(v: &str) -> Result<Duration, String> {
+    let secs: u64 = v
+        .strip_suffix('s')
+        .unwrap_or(v)
+        .parse()
+        .map_err(|e| format!("--connect-timeout {v}: {e}"))?;
+    let d = Duration::from_secs(secs);
+    if secs == 0 || d > MAX_DEADLINE {
+        return Err(format!("--connect-timeout {v}: must be 1s to 3600s"));
+    }
+    Ok(d)
 }
 
 fn parse_args(args: &[String]) -> Result<Args, String> {
@@ -37,6 +58,7 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
         streams: 1,
         requests: 200,
         url: String::new(),
+        deadline: DEADLINE,
     };
     let mut i = 0;
     while i < args.len() {
@@ -51,7 +73,8 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
             "-c" => a.conns = num(i)?,
             "-p" => a.streams = num(i)?,
             "-n" => a.requests = num(i)?,
-            "--http-version" | "--connect-timeout" | "--output-format" => {
+            "--connect-timeout" => a.deadline = parse_deadline(value(i)?)?,
+            "--http-version" | "--output-format" => {
                 value(i)?;
             }
             "--insecure" | "--no-tui" => {
@@ -122,7 +145,15 @@ async fn run(args: Args) -> i32 {
     for _ in 0..args.conns.min(args.requests) {
         let (endpoint, host, left, url) =
             (endpoint.clone(), host.clone(), left.clone(), url.clone());
-        conns.spawn(connection(endpoint, addr, host, url, left, args.streams));
+        conns.spawn(connection(
+            endpoint,
+            addr,
+            host,
+            url,
+            left,
+            args.streams,
+            args.deadline,
+        ));
     }
     let mut statuses: BTreeMap<u16, usize> = BTreeMap::new();
     let mut errors: BTreeMap<String, usize> = BTreeMap::new();
@@ -155,9 +186,10 @@ async fn connection(
     url: Arc<str>,
     left: Arc<AtomicUsize>,
     streams: usize,
+    deadline: Duration,
 ) -> (Vec<u16>, Vec<String>) {
     let conn = match endpoint.connect(addr, &host) {
-        Ok(c) => match tokio::time::timeout(DEADLINE, c).await {
+        Ok(c) => match tokio::time::timeout(deadline, c).await {
             Ok(Ok(c)) => c,
             Ok(Err(e)) => return (Vec::new(), vec![format!("handshake: {e}")]),
             Err(_) => return (Vec::new(), vec!["handshake timed out".into()]),
@@ -181,7 +213,7 @@ async fn connection(
                 .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
                 .is_ok()
             {
-                match tokio::time::timeout(DEADLINE, get(&mut send, &url)).await {
+                match tokio::time::timeout(deadline, get(&mut send, &url)).await {
                     Ok(Ok(status)) => ok.push(status),
                     Ok(Err(e)) => errs.push(e),
                     Err(_) => errs.push("request timed out".into()),
