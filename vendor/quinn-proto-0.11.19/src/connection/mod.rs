@@ -1123,11 +1123,23 @@ impl Connection {
             // No keys available for this space
             return SendableFrames::empty();
         }
-        let mut can_send = self.spaces[space_id].can_send(&self.streams);
-        if space_id == SpaceId::Data {
-            can_send.other |= self.can_send_1rtt(frame_space_1rtt);
+        // Sweety patch (vendor/README.md): in the Data space, 1-RTT data to send (stream data
+        // above all) makes `other` true whatever frames the space has pending, so those
+        // (`Retransmits::is_empty`) are looked at only when there is none; upstream computed
+        // both, the space's first. Both are reads of the same state; debug builds check it.
+        let space = &self.spaces[space_id];
+        if space_id == SpaceId::Data && self.can_send_1rtt(frame_space_1rtt) {
+            let can_send = SendableFrames {
+                acks: space.pending_acks.can_send(),
+                other: true,
+            };
+            // Upstream's `acks` is the space's `pending_acks.can_send()`, and its `other` was
+            // or'd with this `true`.
+            debug_assert_eq!(can_send.acks, space.can_send(&self.streams).acks);
+            return can_send;
         }
-        can_send
+        // Here `can_send_1rtt` is false in the Data space: `other |= false` as upstream.
+        space.can_send(&self.streams)
     }
 
     /// The delay to wait after sending an ACK before bundling the next one.
