@@ -63,7 +63,7 @@
 # "hello world\n"), with `header_read_timeout: 120s` so that 100 TLS handshakes under valgrind do
 # not time out. The release binary runs under `valgrind --tool=callgrind` with one worker, glibc's
 # `rep movsb` memcpy turned off (valgrind counts every byte a `rep movsb` moves as an instruction).
-# Per cell: a fresh server, a 1,000-request warm-up, counters zeroed, a window of N1 requests and
+# Per cell: a fresh server, a warm-up of WARM requests (1,000 by default), counters zeroed, a window of N1 requests and
 # one of N2 requests (h2load -c 100, each on new connections; H2: -m 10; proxy-h1: --h1 over plain
 # HTTP; proxy-h1s*: --h1 over TLS; proxy-h2* and proxy-h2c*: -c H2_CONNS -m 10 over TLS; h3-100k: oha -c 100 -p 10 over HTTP/3, Sweety
 # with `http3: true`), each dumped; per request = (Ir(N2) - Ir(N1)) / (N2 - N1), which cancels the handshakes
@@ -426,7 +426,7 @@ measure() { # measure LABEL CELL COMMAND...: COMMAND (a server) under callgrind,
         kill -0 "$pid" 2>/dev/null || die "$label did not start: $(tail -5 "$dir/server.log")"
         sleep 0.5
     done
-    load "$cell" 1000 # warm-up
+    load "$cell" "$WARM" # warm-up
     callgrind_control -z "$pid" >/dev/null 2>&1
     load "$cell" "$N1"
     callgrind_control -d "$cell-$N1" "$pid" >/dev/null 2>&1
