@@ -1014,11 +1014,7 @@ mod tests {
         fn cached_lines_are_the_written_ones(
             requests in proptest::collection::vec(
                 (
-                    proptest::sample::select(vec![
-                        IpAddr::from([127, 0, 0, 1]),
-                        IpAddr::from([10, 0, 0, 2]),
-                        IpAddr::from([0u16, 0, 0, 0, 0, 0, 0, 1]),
-                    ]),
+                    few_clients(),
                     proptest::sample::select(vec!["http", "https"]),
                     hosts(),
                     priors(),
@@ -1053,11 +1049,7 @@ mod tests {
         fn cached_values_are_the_made_ones(
             requests in proptest::collection::vec(
                 (
-                    proptest::sample::select(vec![
-                        IpAddr::from([127, 0, 0, 1]),
-                        IpAddr::from([10, 0, 0, 2]),
-                        IpAddr::from([0u16, 0, 0, 0, 0, 0, 0, 1]),
-                    ]),
+                    few_clients(),
                     proptest::sample::select(vec!["http", "https"]),
                     hosts(),
                     priors(),
@@ -1163,6 +1155,16 @@ mod tests {
                 1 => IpAddr::from(v6),
                 _ => IpAddr::V6(std::net::Ipv4Addr::from(v4).to_ipv6_mapped()),
             })
+    }
+
+    /// The clients of the cache proptests: two IPv4 addresses and an IPv6 one, few enough
+    /// for a sequence of requests to meet the same one again (a cache hit).
+    fn few_clients() -> impl proptest::strategy::Strategy<Value = IpAddr> {
+        proptest::sample::select(vec![
+            IpAddr::from([127, 0, 0, 1]),
+            IpAddr::from([10, 0, 0, 2]),
+            IpAddr::from([0u16, 0, 0, 0, 0, 0, 0, 1]),
+        ])
     }
 
     /// Hosts of tokens, quoting-worthy octets and obs-text (none where the octets are no
