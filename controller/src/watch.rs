@@ -306,32 +306,33 @@ impl ObjectJournal {
     /// it keeps): it answers no position below `floor`, and whatever it lost was recorded at
     /// or before `floor`.
     pub fn between(&self, since: u64, upto: u64) -> Result<BTreeSet<RouteKey>, u64> {
-        let j = lock(&self.inner);
-        if since < j.floor || since > j.seq {
-            return Err(j.floor);
-        }
-        Ok(j.entries
-            .iter()
-            .rev()
-            .skip_while(|e| e.0 > upto)
-            .take_while(|e| e.0 > since)
-            .map(|(_, key)| key.clone())
-            .collect())
+        lock(&self.inner).between(since, upto)
     }
 
     /// The current position, and the objects recorded after `since` (each once; `None`: not
     /// known from here).
     pub fn since(&self, since: Option<u64>) -> (u64, Option<BTreeSet<RouteKey>>) {
         let j = lock(&self.inner);
-        let keys = since.filter(|s| *s >= j.floor && *s <= j.seq).map(|s| {
-            j.entries
-                .iter()
-                .rev()
-                .take_while(|e| e.0 > s)
-                .map(|(_, key)| key.clone())
-                .collect()
-        });
+        let keys = since.and_then(|s| j.between(s, j.seq).ok());
         (j.seq, keys)
+    }
+}
+
+impl Journal {
+    /// [`ObjectJournal::between`] on the locked state (one lock for a position and what came
+    /// before it, as [`ObjectJournal::since`] needs).
+    fn between(&self, since: u64, upto: u64) -> Result<BTreeSet<RouteKey>, u64> {
+        if since < self.floor || since > self.seq {
+            return Err(self.floor);
+        }
+        Ok(self
+            .entries
+            .iter()
+            .rev()
+            .skip_while(|e| e.0 > upto)
+            .take_while(|e| e.0 > since)
+            .map(|(_, key)| key.clone())
+            .collect())
     }
 }
 

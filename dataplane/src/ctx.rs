@@ -59,8 +59,8 @@ pub struct ConnInfo {
     /// The file bytes this connection may hold read ahead of its client, all its requests
     /// together (`limits.static_read_ahead`); `None`: unbounded (internal requests).
     pub read_budget: Option<crate::static_files::ReadBudget>,
-    /// The forwarding fields of the connection's last request to an HTTP/1.1 backend, reused
-    /// by the next one with the same host ([`crate::proxy::forward::ForwardingCache`]); a copy of
+    /// The forwarding fields of the connection's last proxied request (as lines for an
+    /// HTTP/1.1 backend, as values for an HTTP/2 one), reused by the next one with the same host ([`crate::proxy::forward::ForwardingCache`]); a copy of
     /// this info starts with none.
     pub forwarding: crate::proxy::forward::ForwardingCache,
 }

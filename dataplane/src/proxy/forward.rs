@@ -333,7 +333,7 @@ pub fn add_forwarding_headers_cached(
     let host_bytes = host.map(HeaderValue::as_bytes);
     let hit = locked(&cache.values)
         .as_ref()
-        .filter(|c| c.client == client && c.scheme == scheme && c.host.as_deref() == host_bytes)
+        .filter(|c| c.from.is(client, scheme, host_bytes))
         .map(|c| (c.ip.clone(), c.forwarded.clone()));
     let (ip, forwarded) = match hit {
         Some(v) => v,
@@ -341,9 +341,7 @@ pub fn add_forwarding_headers_cached(
             let (ip, forwarded) = forwarding_values(client, scheme, host);
             if host_bytes.is_none_or(|h| h.len() <= CACHED_LINES_AT_MOST) {
                 *locked(&cache.values) = Some(CachedValues {
-                    client,
-                    scheme,
-                    host: host_bytes.map(Box::from),
+                    from: Made::new(client, scheme, host_bytes),
                     ip: ip.clone(),
                     forwarded: forwarded.clone(),
                 });
@@ -411,19 +409,37 @@ pub struct ForwardingCache {
     values: std::sync::Mutex<Option<CachedValues>>,
 }
 
+/// What the forwarding fields are made from: the client address, the scheme and the host.
 #[derive(Debug)]
-struct CachedLines {
+struct Made {
     client: IpAddr,
     scheme: &'static str,
     host: Option<Box<[u8]>>,
+}
+
+impl Made {
+    fn new(client: IpAddr, scheme: &'static str, host: Option<&[u8]>) -> Made {
+        Made {
+            client,
+            scheme,
+            host: host.map(Box::from),
+        }
+    }
+
+    fn is(&self, client: IpAddr, scheme: &str, host: Option<&[u8]>) -> bool {
+        self.client == client && self.scheme == scheme && self.host.as_deref() == host
+    }
+}
+
+#[derive(Debug)]
+struct CachedLines {
+    from: Made,
     lines: sweety_h1::client::head::ExtraFields,
 }
 
 #[derive(Debug)]
 struct CachedValues {
-    client: IpAddr,
-    scheme: &'static str,
-    host: Option<Box<[u8]>>,
+    from: Made,
     ip: Option<HeaderValue>,
     forwarded: Option<HeaderValue>,
 }
@@ -458,7 +474,7 @@ pub fn forwarding_lines(
     let host_bytes = host.map(HeaderValue::as_bytes);
     if cacheable {
         if let Some(c) = &*locked(&cache.lines) {
-            if c.client == client && c.scheme == scheme && c.host.as_deref() == host_bytes {
+            if c.from.is(client, scheme, host_bytes) {
                 return c.lines.clone();
             }
         }
@@ -467,9 +483,7 @@ pub fn forwarding_lines(
     write_lines(headers, present, &mut out, client, scheme, host);
     if cacheable && out.as_bytes().len() <= CACHED_LINES_AT_MOST {
         *locked(&cache.lines) = Some(CachedLines {
-            client,
-            scheme,
-            host: host_bytes.map(Box::from),
+            from: Made::new(client, scheme, host_bytes),
             lines: out.clone(),
         });
     }
@@ -1081,7 +1095,7 @@ mod tests {
         let again = forwarding_lines(&mut start_map(&[]), &cache, 64, client, "http", Some(&host));
         assert_eq!(first.as_bytes(), again.as_bytes());
         // Kept: the entry is the one the first request made.
-        let kept = |c: &ForwardingCache| locked(&c.lines).as_ref().map(|c| c.host.clone());
+        let kept = |c: &ForwardingCache| locked(&c.lines).as_ref().map(|c| c.from.host.clone());
         assert_eq!(kept(&cache), Some(Some(Box::from(&b"a.test"[..]))));
         let other = HeaderValue::from_static("b.test");
         let b = forwarding_lines(
