@@ -31,6 +31,11 @@
 //! writes one byte each too, which the send buffers now hold at about their bytes (small
 //! writes merged).
 //! An ACK whose largest packet the server forgot gives no RTT sample (L1).
+//! A third client (`punch`, session 24's review, finding 2) punches holes in the streams: it
+//! receives every other datagram of new data and no retransmission, so each acknowledged byte
+//! after a hole adds an entry to the stream's `acks` range set and each lost one to its
+//! `retransmits`; the vendored quinn-proto counts those entries in the same sent-packet state,
+//! under the same budget and limit.
 //!
 //! What the server holds is counted by a global allocator (its own test binary): the bytes
 //! allocated, and not yet freed, in the server's calls. The honest client's runs (`honest`:
@@ -409,6 +414,18 @@ impl Harness {
     }
 
     fn flush_server(&mut self) {
+        self.server_events();
+        while self.server_transmit_one() {}
+        let s = &mut self.server;
+        if s.drained {
+            // The endpoint forgot it; what it held goes with it.
+            let conn = s.conn.take();
+            srv(|| drop(conn));
+        }
+    }
+
+    /// The server's endpoint and connection events handled, and the download written.
+    fn server_events(&mut self) {
         let s = &mut self.server;
         let Some((ch, conn)) = s.conn.as_mut() else {
             return;
@@ -445,13 +462,6 @@ impl Harness {
                 }
             }
         });
-        while self.server_transmit_one() {}
-        let s = &mut self.server;
-        if s.drained {
-            // The endpoint forgot it; what it held goes with it.
-            let conn = s.conn.take();
-            srv(|| drop(conn));
-        }
     }
 
     /// One datagram of the server, if it has one: to the client, or held in attack mode.
@@ -511,10 +521,15 @@ impl Harness {
 
     /// One byte on each accepted stream (none on a stream flow control blocks).
     fn write_one_byte_each(&mut self) {
+        self.write_one_byte_to(self.server.accepted.len());
+    }
+
+    /// One byte on each of the first `streams` accepted streams.
+    fn write_one_byte_to(&mut self, streams: usize) {
         let Some((_, conn)) = self.server.conn.as_mut() else {
             return;
         };
-        let ids = &self.server.accepted;
+        let ids = &self.server.accepted[..streams];
         srv(|| {
             for &id in ids {
                 let mut byte = [bytes::Bytes::from_static(&CHUNK[..1])];
@@ -1343,4 +1358,198 @@ fn one_byte_writes_keep_the_send_buffer_near_the_bytes_written() {
         grown <= 2 * written as isize,
         "{written} one-byte writes hold {grown} bytes of heap, over twice their bytes"
     );
+}
+
+/// What a hole-punching client receives of the server's datagrams (review finding 2 of
+/// session 24, upstream quinn #700): acknowledging data after a hole adds an entry to the
+/// stream's `acks` range set, losing it one to its `retransmits`; neither was counted in the
+/// sent-packet budget, and their entries (~40 bytes each) outlive the packets that carried
+/// the data.
+#[derive(Clone, Copy, Debug)]
+enum Punch {
+    /// Every other datagram of new data only (a byte on each stream written to, one STREAM
+    /// frame each) is received; every datagram carrying a retransmission is dropped, so no
+    /// hole is ever filled; ACK-only datagrams are received.
+    AlternateNew,
+    /// Every other ACK-eliciting datagram is received, retransmissions or not.
+    AlternateAll,
+}
+
+/// The most the hole-punching attack reached.
+#[derive(Debug, Default)]
+struct Punched {
+    /// Entries of the server's send range sets, and of `retransmits` alone.
+    ranges: u64,
+    retransmit_ranges: u64,
+    /// The server's estimate of its state (what the budget counts), and its heap growth.
+    state: u64,
+    grown: isize,
+    /// Datagrams of new data the server sent, and those the client received.
+    new_data: u64,
+    received: u64,
+}
+
+/// The hole-punching attack: the small-frames client lets the server's congestion window
+/// grow, then, for at most `cycles` cycles, the server writes a byte on each of its first
+/// `streams` streams before each datagram and sends until it is blocked (congestion control
+/// or the state budget; pacing delays passed over), the client receives what `how` picks,
+/// one datagram at a time, and acknowledges, and the server reads the acknowledgements (the
+/// clock moved to the next timer when there were none). Returns the peaks and how the
+/// server's connection ended (`None`: open).
+fn punch(streams: usize, how: Punch, cycles: usize) -> (Punched, Option<ConnectionError>) {
+    let mut h = Harness::many_streams();
+    for _ in 1..=GROW_ROUNDS {
+        let sent = h.trickle(TRICKLE_MAX);
+        h.pump();
+        if sent >= GROWN {
+            break;
+        }
+    }
+    h.held = Some(VecDeque::new());
+    let base = server_live();
+    let ranges = |h: &Harness| {
+        let conn = h.server.conn.as_ref();
+        conn.map_or((0, 0), |(_, c)| c.sweety_send_ranges())
+    };
+    let frames = |h: &Harness| {
+        let conn = h.server.conn.as_ref();
+        conn.map_or(0, |(_, c)| c.stats().frame_tx.stream)
+    };
+    let mut peak = Punched::default();
+    for cycle in 1..=cycles {
+        let mut picked = Vec::new();
+        for _ in 0..TRICKLE_MAX {
+            h.write_one_byte_to(streams);
+            let (lost_before, frames_before) = (ranges(&h).1, frames(&h));
+            if !h.server_transmit_one() {
+                let Some((_, conn)) = h.server.conn.as_mut() else {
+                    break;
+                };
+                match srv(|| conn.poll_timeout()) {
+                    Some(t) if t <= h.now + Duration::from_millis(2) => {
+                        h.now = h.now.max(t);
+                        let now = h.now;
+                        srv(|| conn.handle_timeout(now));
+                        continue;
+                    }
+                    _ => break,
+                }
+            }
+            let (ack_only, d) = h.held.as_mut().unwrap().pop_back().unwrap();
+            // New data only: a frame on each stream and no retransmitted range taken.
+            let new_data = !ack_only
+                && ranges(&h).1 == lost_before
+                && frames(&h) - frames_before == streams as u64;
+            peak.new_data += u64::from(new_data);
+            let pick = match how {
+                _ if ack_only => true,
+                Punch::AlternateNew => new_data && peak.new_data.is_multiple_of(2),
+                Punch::AlternateAll => (h.sent - h.sent_ack_only).is_multiple_of(2),
+            };
+            if pick {
+                peak.received += u64::from(!ack_only);
+                picked.push(d);
+            }
+        }
+        for d in picked {
+            h.client_recv(&d);
+            h.flush_client();
+        }
+        if h.to_server.is_empty() {
+            let next = h.next_timer();
+            h.now = h.now.max(next);
+            let now = h.now;
+            h.client.1.handle_timeout(now);
+            if let Some((_, c)) = h.server.conn.as_mut() {
+                srv(|| c.handle_timeout(now));
+            }
+            h.flush_client();
+        }
+        while let Some(d) = h.to_server.pop_front() {
+            h.server_recv(&d);
+        }
+        h.server_events();
+        let (all, lost) = ranges(&h);
+        peak.ranges = peak.ranges.max(all);
+        peak.retransmit_ranges = peak.retransmit_ranges.max(lost);
+        peak.state = peak.state.max(h.sent_bytes());
+        peak.grown = peak.grown.max(server_live() - base);
+        if cycle % 10 == 0 || h.server.lost.is_some() {
+            let cwnd = h
+                .server
+                .conn
+                .as_ref()
+                .map_or(0, |(_, c)| c.stats().path.cwnd);
+            eprintln!(
+                "{how:?} on {streams} streams, cycle {cycle}: {all} range entries ({lost} to \
+                 retransmit), state {} bytes, heap +{}, cwnd {cwnd}, {} of {} datagrams of new \
+                 data received",
+                h.sent_bytes(),
+                server_live() - base,
+                peak.received,
+                peak.new_data
+            );
+        }
+        if h.server.lost.is_some() {
+            break;
+        }
+    }
+    eprintln!(
+        "{how:?} on {streams} streams: peak {peak:?}, ended {:?}",
+        h.server.lost
+    );
+    (peak, h.server.lost.clone())
+}
+
+/// Cycles of the hole-punching attack at most: without the bound, the one on 64 streams
+/// stopped growing in its 16th (the server blocked at its budget, the client's connection
+/// timed out).
+const PUNCH_CYCLES: usize = 100;
+
+/// What a range entry is counted at in the sent-packet state (`StreamsState::send_range_bytes`
+/// in the vendored quinn-proto).
+const RANGE: u64 = 48;
+
+/// A client punching holes in the server's streams (acknowledging every other datagram, or
+/// every other one of new data only and never a retransmission) pins no more than the limit of
+/// sent-packet state, range entries included, and the server's heap stays near it. Without
+/// the entries counted (vendor/README.md), on 64 streams the server held 29,824 entries and
+/// +1.33 MB of heap for 722 KB of estimated state; with them, the first acknowledgements take
+/// the connection past the limit and it is closed (PROTOCOL_VIOLATION). New data on a few of
+/// the streams only (1 or 8 of 64: the others' credit withheld) makes more entries a stream,
+/// until quinn's client closes the connection itself ("too many gaps in stream buffer"; a
+/// hostile client would not).
+#[test]
+fn a_client_punching_holes_in_our_streams_pins_no_more_than_the_state_limit() {
+    for (streams, how) in [
+        (STREAMS, Punch::AlternateNew),
+        (STREAMS, Punch::AlternateAll),
+        (8, Punch::AlternateNew),
+        (1, Punch::AlternateNew),
+    ] {
+        let (peak, ended) = punch(streams, how, PUNCH_CYCLES);
+        eprintln!("{how:?} on {streams} streams: {peak:?}, ended with {ended:?}");
+        assert!(
+            peak.ranges * RANGE <= state_limit() + PACKET,
+            "{how:?} on {streams} streams: {} range entries ({} to retransmit) kept, {} \
+             bytes by their count, past the limit {} and a packet",
+            peak.ranges,
+            peak.retransmit_ranges,
+            peak.ranges * RANGE,
+            state_limit()
+        );
+        assert!(
+            peak.state <= state_limit() + PACKET,
+            "{how:?} on {streams} streams: {} bytes of state, past the limit {} and a packet",
+            peak.state,
+            state_limit()
+        );
+        let heap = state_limit() + state_limit() / 8;
+        assert!(
+            peak.grown <= heap as isize,
+            "{how:?} on {streams} streams: the server's heap grew by {} bytes, over {heap} \
+             (the limit of its state and an eighth)",
+            peak.grown
+        );
+    }
 }

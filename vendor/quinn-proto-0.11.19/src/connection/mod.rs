@@ -3604,9 +3604,13 @@ impl Connection {
     }
 
     /// Sweety patch (vendor/README.md): the estimated bytes of the packets of all spaces we
-    /// keep until they are acknowledged or declared lost (`PacketSpace::sent_bytes`).
+    /// keep until they are acknowledged or declared lost (`PacketSpace::sent_bytes`), and of
+    /// the range sets of the send streams (`StreamsState::send_range_bytes`): the peer's
+    /// acknowledgements of data after a hole, and its losses, move a packet's STREAM frames
+    /// into them.
     fn sent_state_bytes(&self) -> u64 {
-        self.spaces.iter().map(|space| space.sent_bytes).sum()
+        let packets: u64 = self.spaces.iter().map(|space| space.sent_bytes).sum();
+        packets + self.streams.send_range_bytes()
     }
 
     /// Sweety patch (vendor/README.md): past this many bytes of sent-packet state, no new
@@ -3648,10 +3652,19 @@ impl Connection {
     }
 
     /// Sweety patch (vendor/README.md), for Sweety's tests: the estimated bytes of the
-    /// packets of all spaces we keep state for (what the budget counts).
+    /// packets of all spaces we keep state for, and of the send streams' range sets (what the
+    /// budget counts).
     #[doc(hidden)]
     pub fn sweety_sent_bytes(&self) -> u64 {
         self.sent_state_bytes()
+    }
+
+    /// Sweety patch (vendor/README.md), for Sweety's tests: the entries of the send streams'
+    /// range sets (`acks` and `retransmits`), counted stream by stream, and of `retransmits`
+    /// alone.
+    #[doc(hidden)]
+    pub fn sweety_send_ranges(&self) -> (u64, u64) {
+        self.streams.sweety_send_ranges()
     }
 
     fn set_close_timer(&mut self, now: Instant) {

@@ -232,6 +232,18 @@ impl SendBuffer {
     pub(super) fn buffered(&self) -> u64 {
         (self.unacked_len + self.front_trimmed) as u64
     }
+
+    /// Sweety patch (vendor/README.md): the entries of `acks` and `retransmits` (B-tree
+    /// entries a peer adds by acknowledging data after a hole, and by losing packets), which
+    /// the connection counts in its budget of sent-packet state (`StreamsState::send_ranges`).
+    pub(super) fn ranges(&self) -> usize {
+        self.acks.len() + self.retransmits.len()
+    }
+
+    /// Sweety patch (vendor/README.md), for Sweety's tests: the entries of `retransmits`.
+    pub(super) fn retransmit_ranges(&self) -> usize {
+        self.retransmits.len()
+    }
 }
 
 #[cfg(test)]

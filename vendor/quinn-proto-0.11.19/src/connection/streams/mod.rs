@@ -345,6 +345,8 @@ impl<'a> SendStream<'a> {
         // send. We leave flow control alone because the peer's responsible for issuing additional
         // credit based on the final offset communicated in the RESET_STREAM frame we send.
         self.state.buffered_data -= stream.pending.buffered();
+        // Sweety patch (vendor/README.md): the ranges its send buffer held go with its data
+        self.state.send_ranges -= stream.pending.ranges();
         stream.reset();
         self.pending.reset_stream.push((self.id, error_code));
 

@@ -127,6 +127,9 @@ pub struct StreamsState {
     ///
     /// Note this may be less than `buffered_data` if the user has set a new value.
     pub(super) send_window: u64,
+    /// Sweety patch (vendor/README.md): the entries of the send streams' range sets (the sum
+    /// of their `SendBuffer::ranges`), kept where a stream's `acks` or `retransmits` change
+    pub(super) send_ranges: usize,
     /// Configured upper bound for how much unacked data the peer can send us per stream
     pub(super) stream_receive_window: u64,
 
@@ -180,6 +183,7 @@ impl StreamsState {
             data_recvd: 0,
             buffered_data: 0,
             send_window,
+            send_ranges: 0, // Sweety patch (vendor/README.md)
             stream_receive_window: stream_receive_window.into(),
             initial_max_stream_data_uni: 0u32.into(),
             initial_max_stream_data_bidi_local: 0u32.into(),
@@ -250,6 +254,7 @@ impl StreamsState {
         self.send_streams = 0;
         self.data_sent = 0;
         self.buffered_data = 0;
+        self.send_ranges = 0; // Sweety patch (vendor/README.md)
         self.connection_blocked.clear();
         self.data_blocked_limit = None;
     }
@@ -634,7 +639,9 @@ impl StreamsState {
             // Now that we know the `StreamId`, we can better account for how many bytes
             // are required to encode it.
             let max_buf_size = max_buf_size - buf.len() - 1 - VarInt::size(id.into());
+            let ranges = stream.pending.ranges(); // Sweety patch (vendor/README.md)
             let (offsets, encode_length) = stream.pending.poll_transmit(max_buf_size);
+            self.send_ranges = self.send_ranges + stream.pending.ranges() - ranges;
             let fin = offsets.end == stream.pending.offset()
                 && matches!(stream.state, SendState::DataSent { .. });
             if fin {
@@ -717,8 +724,13 @@ impl StreamsState {
         }
         let id = frame.id;
         let buffered = stream.pending.buffered();
+        let ranges = stream.pending.ranges(); // Sweety patch (vendor/README.md)
         let finished = stream.ack(frame);
         self.buffered_data -= buffered - stream.pending.buffered();
+        // Sweety patch (vendor/README.md): a finished stream is freed below, with the ranges
+        // it may still hold (a retransmission queued of data acknowledged since)
+        let kept = if finished { 0 } else { stream.pending.ranges() };
+        self.send_ranges = self.send_ranges + kept - ranges;
         if !finished {
             // The stream is unfinished or may still need retransmits
             return;
@@ -742,7 +754,36 @@ impl StreamsState {
             self.pending.push_pending(frame.id, stream.priority);
         }
         stream.fin_pending |= frame.fin;
+        let ranges = stream.pending.ranges(); // Sweety patch (vendor/README.md)
         stream.pending.retransmit(frame.offsets);
+        self.send_ranges = self.send_ranges + stream.pending.ranges() - ranges;
+    }
+
+    /// Sweety patch (vendor/README.md): the memory of the send streams' range sets, which the
+    /// connection counts in its budget of sent-packet state: `RANGE` bytes an entry. A
+    /// `RangeSet` is a `BTreeMap<u64, u64>`: a leaf of 11 entries takes 192 bytes, a node
+    /// above them 288, and every node but the root holds at least 5 entries (~38 bytes an
+    /// entry in the leaves, ~10 above them); a set's root of a single entry (192 bytes) is
+    /// not counted. O(1); debug builds check the count against the streams' sets.
+    pub(crate) fn send_range_bytes(&self) -> u64 {
+        const RANGE: u64 = 48;
+        #[cfg(debug_assertions)]
+        {
+            let (sum, _) = self.sweety_send_ranges();
+            debug_assert_eq!(self.send_ranges as u64, sum, "send_ranges is not the sum");
+        }
+        self.send_ranges as u64 * RANGE
+    }
+
+    /// Sweety patch (vendor/README.md), for Sweety's tests and the debug check above: the
+    /// entries of the send streams' range sets, counted stream by stream, and those of
+    /// `retransmits` alone.
+    pub(crate) fn sweety_send_ranges(&self) -> (u64, u64) {
+        let streams = self.send.values().filter_map(|s| s.as_ref());
+        streams.fold((0, 0), |(all, lost), s| {
+            let p = &s.pending;
+            (all + p.ranges() as u64, lost + p.retransmit_ranges() as u64)
+        })
     }
 
     pub(crate) fn retransmit_all_for_0rtt(&mut self) {
