@@ -112,21 +112,21 @@ pub fn establish(
     let path = path_norm::normalize(raw_path, paths)?;
     let same_path = path == raw_path;
     let same_authority = match (&authority, uri.authority()) {
-        (Some(a), Some(u)) => a == u.as_str(),
+        (Some(a), Some(u)) => a.as_str() == u.as_str(),
         (_, None) => true,
         (None, Some(_)) => false,
     };
     if !(same_path && same_authority) {
         let mut s = String::with_capacity(
             uri.scheme_str().map_or(0, |x| x.len() + 3)
-                + authority.as_deref().map_or(0, str::len)
+                + authority.as_ref().map_or(0, |a| a.as_str().len())
                 + path.len()
                 + uri.query().map_or(0, |q| q.len() + 1),
         );
-        if let (Some(scheme), Some(a)) = (uri.scheme_str(), authority.as_deref()) {
+        if let (Some(scheme), Some(a)) = (uri.scheme_str(), authority.as_ref()) {
             s.push_str(scheme);
             s.push_str("://");
-            s.push_str(a);
+            s.push_str(a.as_str());
         }
         s.push_str(&path);
         if let Some(q) = uri.query() {
@@ -138,48 +138,83 @@ pub fn establish(
             .map_err(|_| IdentityError::Path(PathError::BadEscape))?;
     }
     if let Some(a) = authority {
-        // A `Host` already in its normal form (one field, checked above) stays as it is.
-        let same_host = req
-            .headers()
-            .get(header::HOST)
-            .is_some_and(|h| h.as_bytes() == a.as_bytes());
+        // A `Host` already in its normal form (one field, checked above) stays as it is: the
+        // field itself when the authority is it (nothing above removes or changes `Host`).
+        let same_host = matches!(a, Normal::Host(_))
+            || req
+                .headers()
+                .get(header::HOST)
+                .is_some_and(|h| h.as_bytes() == a.as_bytes());
         if !same_host {
-            let v = HeaderValue::from_str(&a).map_err(|_| IdentityError::BadAuthority)?;
+            let v = HeaderValue::from_str(a.as_str()).map_err(|_| IdentityError::BadAuthority)?;
             req.headers_mut().insert(header::HOST, v);
         }
     }
     Ok(())
 }
 
+/// A normalised authority: the request's own when it is in normal form already (the usual
+/// `Host` and `:authority`: shared, not copied), else the normal form made of it.
+#[derive(Debug)]
+enum Normal {
+    /// The `Host` field's value, normal already (visible ASCII: [`already_normal`] passed).
+    Host(HeaderValue),
+    /// The URI's authority, normal already.
+    Uri(http::uri::Authority),
+    /// Made by [`normalize_authority`] or [`normal_form`].
+    Made(String),
+}
+
+impl Normal {
+    fn as_str(&self) -> &str {
+        match self {
+            // Checked by `to_str` before it was found normal: never the default.
+            Normal::Host(v) => v.to_str().unwrap_or_default(),
+            Normal::Uri(a) => a.as_str(),
+            Normal::Made(s) => s,
+        }
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        match self {
+            Normal::Host(v) => v.as_bytes(),
+            a => a.as_str().as_bytes(),
+        }
+    }
+}
+
 /// The normalised authority (`host[:port]`, host lower-cased, no trailing dot); None for an
 /// HTTP/1.0 request without one.
-fn authority(req: &Request<Body>, protocol: Protocol) -> Result<Option<String>, IdentityError> {
+fn authority(req: &Request<Body>, protocol: Protocol) -> Result<Option<Normal>, IdentityError> {
     let mut hosts = req.headers().get_all(header::HOST).iter();
-    let host = hosts.next();
+    let field = hosts.next();
     if hosts.next().is_some() {
         return Err(IdentityError::DuplicateHost);
     }
     // The URI's authority was parsed with the URI (by the same rules as `Host` below): it is
     // not parsed again.
     let from_uri = req.uri().authority();
-    if protocol == Protocol::Http1 && req.version() != Version::HTTP_10 && host.is_none() {
+    if protocol == Protocol::Http1 && req.version() != Version::HTTP_10 && field.is_none() {
         return Err(IdentityError::MissingHost);
     }
-    let host = match host {
+    let host = match field {
         Some(h) => Some(h.to_str().map_err(|_| IdentityError::BadAuthority)?),
         None => None,
     };
-    match (from_uri, host) {
-        (Some(u), Some(h)) if protocol != Protocol::Http1 => {
+    match (from_uri, host, field) {
+        (Some(u), Some(h), _) if protocol != Protocol::Http1 => {
             let u = normal_form(u)?;
             if u != normalize_authority(h)? {
                 return Err(IdentityError::AuthorityMismatch);
             }
-            Ok(Some(u))
+            Ok(Some(Normal::Made(u)))
         }
-        (Some(u), _) => normal_form(u).map(Some),
-        (None, Some(h)) => normalize_authority(h).map(Some),
-        (None, None) => Ok(None),
+        // What `normal_form` and `normalize_authority` would copy unchanged is kept as it is.
+        (Some(u), _, _) if already_normal(u.as_str()) => Ok(Some(Normal::Uri(u.clone()))),
+        (Some(u), _, _) => normal_form(u).map(|a| Some(Normal::Made(a))),
+        (None, Some(h), Some(field)) if already_normal(h) => Ok(Some(Normal::Host(field.clone()))),
+        (None, Some(h), _) => normalize_authority(h).map(|a| Some(Normal::Made(a))),
+        (None, None, _) => Ok(None),
     }
 }
 

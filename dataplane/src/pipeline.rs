@@ -153,7 +153,15 @@ impl sweety_h1::server::Service for H1Pipeline {
     fn call(&mut self, req: Request<sweety_h1::server::RecvBody>) -> H1Answer {
         let (shared, conn) = (self.shared.clone(), self.conn.clone());
         let snap = self.shared.snapshot_for(&mut self.snap);
-        let req = req.map(crate::body::boxed);
+        // A request without a body (a GET's, the usual one) gets the empty body, which boxes
+        // nothing: its own empty body is nothing but that (no feed, nothing to drop).
+        let req = req.map(|b| {
+            if http_body::Body::is_end_stream(&b) {
+                crate::body::empty()
+            } else {
+                crate::body::boxed(b)
+            }
+        });
         sweety_h2::box_in_place(move || async move {
             let (mut resp, stored) = serve(
                 shared,
@@ -1010,16 +1018,21 @@ fn start_action<'x, 'a: 'x>(
             }
             // The request's body bytes, for the per-route counters and the access log
             // (a request without a body allocates nothing for it).
-            if !http_body::Body::is_end_stream(&body) {
+            // A body that has ended already (a GET's, the usual request) has nothing to cap,
+            // time or count: it goes as it is, without the cap's wrapper (an allocation, and a
+            // call through it for each look at the body).
+            let body = if http_body::Body::is_end_stream(&body) {
+                body
+            } else {
                 *received = Some(Arc::new(AtomicU64::new(0)));
-            }
-            let body = crate::body::boxed(LimitedBody::new(
-                body,
-                body_limit(route, limits),
-                limits.body_idle_timeout.get(),
-                shared.metrics.clone(),
-                received.clone(),
-            ));
+                crate::body::boxed(LimitedBody::new(
+                    body,
+                    body_limit(route, limits),
+                    limits.body_idle_timeout.get(),
+                    shared.metrics.clone(),
+                    received.clone(),
+                ))
+            };
             if let Some(kind) = web {
                 crate::grpc::web_request_head(&mut parts.headers, kind);
                 let body = crate::grpc::web_request_body(body, kind);

@@ -32,15 +32,21 @@ pub fn valid(v: &[u8]) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b"-_.:=+/".contains(b))
 }
 
-/// A new id: 32 lowercase hex digits of 128 random bits.
+/// A new id: 32 lowercase hex digits of 128 random bits (the most significant first).
+///
+/// The digits are the value's own allocation ([`bytes::Bytes::from_owner`]): the id is
+/// cloned into the request's map and kept for the response, and a value copied from a slice
+/// (a `Vec`'s bytes) allocates again at its first clone.
 pub fn generate() -> HeaderValue {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     let n = fastrand::u128(..);
     let mut buf = [0u8; 32];
-    for (i, b) in buf.iter_mut().enumerate() {
-        *b = HEX[((n >> (124 - 4 * i)) & 0xf) as usize];
+    for (pair, byte) in buf.chunks_exact_mut(2).zip(n.to_be_bytes()) {
+        pair[0] = HEX[usize::from(byte >> 4)];
+        pair[1] = HEX[usize::from(byte & 0xf)];
     }
-    HeaderValue::from_bytes(&buf).expect("hex digits are a valid header value")
+    HeaderValue::from_maybe_shared(bytes::Bytes::from_owner(buf))
+        .expect("hex digits are a valid header value")
 }
 
 /// Leaves exactly one id in `headers` and returns it: the incoming one when `trusted` sent
@@ -69,6 +75,16 @@ mod tests {
             h.append(X_REQUEST_ID.clone(), HeaderValue::from_bytes(v).unwrap());
         }
         h
+    }
+
+    /// The digits are those of the random number, most significant first (as the id was
+    /// written before it had an allocation of its own).
+    #[test]
+    fn generated_ids_spell_their_number_in_order() {
+        fastrand::seed(7);
+        let n = fastrand::u128(..);
+        fastrand::seed(7);
+        assert_eq!(generate(), format!("{n:032x}").as_str());
     }
 
     #[test]

@@ -484,7 +484,8 @@ pub fn forwarding_lines(
     if cacheable && out.as_bytes().len() <= CACHED_LINES_AT_MOST {
         *locked(&cache.lines) = Some(CachedLines {
             from: Made::new(client, scheme, host_bytes),
-            lines: out.clone(),
+            // Shared: a hit is a reference count, not a copy of the lines.
+            lines: out.share(),
         });
     }
     out

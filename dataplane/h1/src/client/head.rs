@@ -99,39 +99,69 @@ pub fn parse_length(v: &[u8]) -> Option<u64> {
 /// fields that frame the message or name its target (`Host`, `Content-Length`,
 /// `Transfer-Encoding`, `Connection`, `Expect`, `TE`, `Upgrade`, `Trailer`, `Keep-Alive`) are
 /// refused: [`write_request_head`] alone writes those.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
+#[derive(Debug, Default, Clone)]
 pub struct ExtraFields {
-    /// `name: value\r\n` lines.
+    /// `name: value\r\n` lines (empty while `shared` holds them).
     buf: Vec<u8>,
+    /// The lines, read only, when shared ([`ExtraFields::share`]): a clone is then a
+    /// reference count, not a copy. A line added copies them back into `buf` first.
+    shared: Option<Bytes>,
 }
+
+impl PartialEq for ExtraFields {
+    fn eq(&self, other: &ExtraFields) -> bool {
+        self.as_bytes() == other.as_bytes()
+    }
+}
+
+impl Eq for ExtraFields {}
 
 impl ExtraFields {
     /// No fields, with room for `bytes` bytes of lines.
     pub fn with_capacity(bytes: usize) -> ExtraFields {
         ExtraFields {
             buf: Vec::with_capacity(bytes),
+            shared: None,
         }
     }
 
     /// Whether no field was added.
     pub fn is_empty(&self) -> bool {
-        self.buf.is_empty()
+        self.as_bytes().is_empty()
     }
 
     /// The field lines as they are written (`name: value\r\n` each).
     pub fn as_bytes(&self) -> &[u8] {
-        &self.buf
+        match &self.shared {
+            Some(b) => b,
+            None => &self.buf,
+        }
+    }
+
+    /// A copy of these fields that shares their bytes with this one and with every clone of
+    /// either (a clone is then a reference count, not a copy of the lines): for lines kept
+    /// and handed out again, as a connection's forwarding fields are. The same fields; a line
+    /// added to either later copies the bytes first.
+    pub fn share(&mut self) -> ExtraFields {
+        if self.shared.is_none() {
+            self.shared = Some(Bytes::from(std::mem::take(&mut self.buf)));
+        }
+        self.clone()
     }
 
     /// Starts the field `name`; its value is the parts [`Line::put`] adds, and it is kept
     /// only if [`Line::finish`] is called and every part was valid.
     pub fn line(&mut self, name: &HeaderName) -> Line<'_> {
-        let start = self.buf.len();
         let ok = !framing_or_target(name);
-        self.buf.extend_from_slice(name.as_str().as_bytes());
-        self.buf.extend_from_slice(b": ");
+        if let Some(shared) = self.shared.take() {
+            self.buf = shared.to_vec();
+        }
+        let buf = &mut self.buf;
+        let start = buf.len();
+        buf.extend_from_slice(name.as_str().as_bytes());
+        buf.extend_from_slice(b": ");
         Line {
-            buf: &mut self.buf,
+            buf,
             start,
             ok,
             done: false,
@@ -148,7 +178,7 @@ impl ExtraFields {
 
     /// The fields as (name, value) pairs, in the order they were added.
     pub fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
-        self.buf
+        self.as_bytes()
             .split(|&b| b == b'\n')
             .filter(|l| !l.is_empty())
             .filter_map(|l| {

@@ -187,6 +187,33 @@ fn extra_fields_follow_the_map_and_are_checked() {
     );
 }
 
+#[test]
+fn shared_extra_fields_are_the_same_lines_and_copied_before_a_line_is_added() {
+    let name = |n: &'static str| http::header::HeaderName::from_static(n);
+    let mut extra = ExtraFields::with_capacity(64);
+    assert!(extra.push(&name("x-a"), b"1"));
+    let mut kept = extra.share();
+    let handed = kept.clone();
+    for f in [&extra, &kept, &handed] {
+        assert_eq!(f.as_bytes(), b"x-a: 1\r\n");
+        assert!(!f.is_empty());
+        assert_eq!(f.iter().collect::<Vec<_>>(), [(&b"x-a"[..], &b"1"[..])]);
+    }
+    assert_eq!(kept, handed);
+    // A line added to one copy changes that one only.
+    assert!(extra.push(&name("x-b"), b"2"));
+    assert_eq!(extra.as_bytes(), b"x-a: 1\r\nx-b: 2\r\n");
+    assert!(!kept.push(&name("host"), b"h"));
+    assert_eq!(kept.as_bytes(), b"x-a: 1\r\n");
+    assert_eq!(handed.as_bytes(), b"x-a: 1\r\n");
+    // Sharing what is shared already shares it again.
+    let again = kept.share();
+    assert_eq!(again, handed);
+    // Empty lines shared stay empty.
+    let mut none = ExtraFields::default();
+    assert!(none.share().is_empty());
+}
+
 proptest::proptest! {
     /// An extra field is kept exactly when `HeaderValue` takes its value, and then the head
     /// parses with it as one more field of that value (its surrounding whitespace aside,
