@@ -305,6 +305,11 @@ pub struct Core {
     turn: usize,
     /// Scratch for header blocks.
     block: BytesMut,
+    /// A final or interim response head as validated from a block of the decoder's run
+    /// `.0` (see [`Core::on_block`]): handed out again, cloned, for a block that repeats it.
+    kept: Option<Box<(u64, ResponseBlock)>>,
+    /// Heads handed out from `kept`.
+    heads_repeated: u64,
     /// The clock reading of the read being handled, taken when a flood counter needs it.
     now: Option<Instant>,
 }
@@ -358,7 +363,7 @@ fn parse_length(b: &[u8]) -> Option<u64> {
 }
 
 /// A response or trailer block being validated field by field (RFC 9113 §8.2, §8.3.2).
-#[derive(Default)]
+#[derive(Default, Clone)]
 struct ResponseBlock {
     status: Option<u16>,
     headers: HeaderMap,
@@ -443,7 +448,7 @@ impl Core {
         }
         Core {
             cfg,
-            decoder: Decoder::new(),
+            decoder: Decoder::new().watching_repeats(),
             encoder: Encoder::new(),
             rbuf: BytesMut::new(),
             queued_total: out.len() as u64,
@@ -480,6 +485,8 @@ impl Core {
             ping_out: false,
             turn: 0,
             block: BytesMut::new(),
+            kept: None,
+            heads_repeated: 0,
             now: None,
         }
     }
@@ -515,6 +522,12 @@ impl Core {
     /// Each stream's unread response bytes.
     pub fn stream_buffered(&self) -> impl Iterator<Item = (u32, usize)> + '_ {
         self.streams.iter().map(|s| (s.id, s.queued))
+    }
+
+    /// Response heads handed out again for a block that repeated the one before (see
+    /// [`Core::on_block`]).
+    pub fn heads_repeated(&self) -> u64 {
+        self.heads_repeated
     }
 
     /// Why the connection ended, if it did.
@@ -1603,13 +1616,41 @@ impl Core {
         }
         let trailers = i.is_some_and(|i| !matches!(self.streams[i].recv, Recv::Head { .. }));
         let live = i.is_some_and(|i| self.streams[i].fault.is_none());
-        let mut h = ResponseBlock::default();
         let max = self.cfg.max_header_list as usize;
-        let r = if live {
-            self.decoder.decode(block, max, |f| h.field(f, trailers))
-        } else {
-            // Decoded all the same: the table must stay in step with the backend's.
-            self.decoder.decode(block, max, |_| {})
+        // A backend answers the same request with the same head, octet for octet, over and
+        // over (nginx codes `server`, `date` and `content-type` as literals with incremental
+        // indexing and never refers to its table): when the decoder finds this block repeats
+        // the one before with the same fields and the same table after it (`Decoder::repeat`),
+        // the head validated from that block's run is handed out again. Heads only: the
+        // validation differs for trailers.
+        let head = live && !trailers;
+        let kept = self
+            .kept
+            .as_deref()
+            .filter(|k| head && k.0 == self.decoder.run());
+        let (h, r) = match kept {
+            Some((_, k)) if self.decoder.repeat(block, max) => {
+                self.heads_repeated += 1;
+                (k.clone(), Ok(()))
+            }
+            _ => {
+                let mut h = ResponseBlock::default();
+                let r = if live {
+                    self.decoder.decode(block, max, |f| h.field(f, trailers))
+                } else {
+                    // Decoded all the same: the table must stay in step with the backend's.
+                    self.decoder.decode(block, max, |_| {})
+                };
+                if head && r.is_ok() && h.malformed.is_none() && self.decoder.repeats() >= 2 {
+                    // The same octets twice in a row: likely again (kept from the second on,
+                    // so that heads that never repeat cost no copy).
+                    let run = self.decoder.run();
+                    if self.kept.as_ref().is_none_or(|k| k.0 != run) {
+                        self.kept = Some(Box::new((run, h.clone())));
+                    }
+                }
+                (h, r)
+            }
         };
         let too_large = match r {
             Ok(()) => false,

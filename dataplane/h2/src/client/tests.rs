@@ -1462,3 +1462,123 @@ fn a_stream_stays_small() {
     let size = std::mem::size_of::<core::Stream>();
     assert!(size <= 384, "client Stream: {size} octets");
 }
+
+/// A literal field with incremental indexing (RFC 7541 §6.2.1), strings as they are: static
+/// name `index`, or the literal `name` when `index` is 0.
+fn indexed_literal(b: &mut BytesMut, index: u8, name: &str, value: &str) {
+    assert!(index < 63 && name.len() < 127 && value.len() < 127);
+    b.extend_from_slice(&[0x40 | index]);
+    if index == 0 {
+        b.extend_from_slice(&[name.len() as u8]);
+        b.extend_from_slice(name.as_bytes());
+    }
+    b.extend_from_slice(&[value.len() as u8]);
+    b.extend_from_slice(value.as_bytes());
+}
+
+/// Response heads handed out again for a block that repeats the one before
+/// (`Decoder::repeat`) are the heads the block decodes to: over a run of the same nginx-like
+/// head (literals with incremental indexing, filling the table to its steady state), broken
+/// by heads that differ, malformed ones (an upper-case name, a connection-specific field),
+/// an interim head before the final one, and a stream already failed, each stream's outcome
+/// is the one expected from its fields, and most heads of the run came from the repeat.
+#[test]
+fn repeated_response_heads_are_the_heads_decoded() {
+    let mut core = Core::new(cfg());
+    let mut pre = BytesMut::new();
+    frame::put_settings(&mut pre, &[]);
+    core.feed(&pre);
+    core.process(None);
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    let mut rng = fastrand::Rng::with_seed(23);
+    let none = HeaderMap::new();
+    let nginx: &[(u8, &str, &str)] = &[
+        (54, "", "nginx/1.22.1"),
+        (33, "", "Sun, 29 Nov 2026 12:40:00 GMT"),
+        (31, "", "text/plain"),
+    ];
+    let mut repeats = 0;
+    for round in 0..800 {
+        let id = core.open(&get(&none, "/"), crate::empty()).unwrap();
+        drop(core.take_output());
+        // The table (4,096 octets) reaches its steady state after ~25 heads of a run.
+        let kind = if rng.u8(0..30) == 0 { rng.u8(1..6) } else { 0 };
+        let mut fields: Vec<(u8, String, String)> = nginx
+            .iter()
+            .map(|(i, n, v)| (*i, n.to_string(), v.to_string()))
+            .collect();
+        let mut bad = false;
+        match kind {
+            1 => fields.push((0, "x-n".into(), format!("{round}"))),
+            2 => {
+                fields.push((0, "X-Up".into(), "1".into()));
+                bad = true;
+            }
+            3 => {
+                fields.push((0, "connection".into(), "close".into()));
+                bad = true;
+            }
+            4 => {
+                // An interim head first.
+                let mut b = BytesMut::new();
+                b.extend_from_slice(&[0x08, 3]); // :status without indexing, "103"
+                b.extend_from_slice(b"103");
+                indexed_literal(&mut b, 45, "", "</a>; rel=preload");
+                let mut f = BytesMut::new();
+                frame::put_headers(&mut f, id, &b, false, 16_384);
+                core.feed(&f);
+                core.process(None);
+            }
+            5 => {
+                // The stream failed before its head (reset by the backend): its block is
+                // decoded for the table alone.
+                let mut f = BytesMut::new();
+                frame::put_rst(&mut f, id, Reason::INTERNAL_ERROR);
+                core.feed(&f);
+                core.process(None);
+            }
+            _ => {}
+        }
+        let mut b = BytesMut::new();
+        b.extend_from_slice(&[0x88]);
+        for (i, n, v) in &fields {
+            indexed_literal(&mut b, *i, n, v);
+        }
+        let mut f = BytesMut::new();
+        frame::put_headers(&mut f, id, &b, true, 16_384);
+        let before = core.heads_repeated();
+        core.feed(&f);
+        core.process(None);
+        repeats += core.heads_repeated() - before;
+        assert!(core.fault().is_none(), "round {round}");
+        match core.poll_head(id, &mut cx) {
+            HeadPoll::Whole(parts, data, trailers) => {
+                assert!(!bad && kind != 5, "round {round}: kind {kind} answered");
+                assert_eq!(parts.status, 200);
+                let got: Vec<(String, String)> = parts
+                    .headers
+                    .iter()
+                    .map(|(n, v)| (n.to_string(), v.to_str().unwrap().to_owned()))
+                    .collect();
+                let want: Vec<(String, String)> = fields
+                    .iter()
+                    .map(|(i, n, v)| {
+                        let n = match i {
+                            54 => "server",
+                            33 => "date",
+                            31 => "content-type",
+                            _ => n,
+                        };
+                        (n.to_string(), v.clone())
+                    })
+                    .collect();
+                assert_eq!(got, want, "round {round}");
+                assert!(data.is_empty() && trailers.is_none());
+            }
+            HeadPoll::Failed(..) => assert!(bad || kind == 5, "round {round}: kind {kind}"),
+            _ => panic!("round {round}: no outcome"),
+        }
+        core.drop_stream(id);
+    }
+    assert!(repeats > 300, "{repeats} heads repeated");
+}

@@ -499,7 +499,39 @@ pub struct Decoder {
     memo: Option<Box<decode_memo::Memo>>,
     /// The memo is not used (the fuzz target's reference decoder).
     memo_off: bool,
+    /// The block decoded last and its run, for [`Decoder::repeat`] (allocated at the first
+    /// block it keeps; `None` on a decoder that does not watch for repeats).
+    last: Option<Box<LastBlock>>,
+    /// Bumped whenever `last` starts a new run or is forgotten ([`Decoder::run`]).
+    run_id: u64,
     poisoned: bool,
+}
+
+/// Longest block [`Decoder::repeat`] recognizes (a backend's usual response head is 40 to
+/// 150 octets).
+pub const MAX_REPEAT_BLOCK: usize = 256;
+
+/// The block a decoder decoded last, when it may be repeated ([`Decoder::repeat`]).
+struct LastBlock {
+    /// Its octets (at most [`MAX_REPEAT_BLOCK`]); empty: nothing kept.
+    octets: Vec<u8>,
+    /// Decodes of these octets in a row, each successful: the run (0: nothing kept).
+    runs: usize,
+    /// Entries one decode of it inserts into the dynamic table.
+    inserts: usize,
+    /// A field of it is (or is named by) a dynamic table entry.
+    refs: bool,
+    /// Its header list size (RFC 9113 §6.5.2).
+    list_size: usize,
+}
+
+/// What one block did, counted by [`Decoder::decode_block`] for [`Decoder::repeat`].
+#[derive(Default)]
+struct BlockFacts {
+    inserts: usize,
+    refs: bool,
+    size_update: bool,
+    list_size: usize,
 }
 
 impl Default for Decoder {
@@ -524,8 +556,117 @@ impl Decoder {
             scratch: Vec::new(),
             memo: None,
             memo_off: false,
+            last: None,
+            run_id: 0,
             poisoned: false,
         }
+    }
+
+    /// This decoder, watching for a block that repeats the one before it
+    /// ([`Decoder::repeat`]): each successful decode of a block of at most
+    /// [`MAX_REPEAT_BLOCK`] octets keeps a copy of it (one buffer, reused).
+    pub fn watching_repeats(mut self) -> Self {
+        self.last = Some(Box::new(LastBlock {
+            octets: Vec::new(),
+            runs: 0,
+            inserts: 0,
+            refs: false,
+            list_size: 0,
+        }));
+        self
+    }
+
+    /// The run of the block decoded last: it changes whenever a decode's block differs from
+    /// the one before (or fails), so fields a caller made of a block of run `r` are the
+    /// fields of every block of run `r` (see [`Decoder::repeat`]).
+    pub fn run(&self) -> u64 {
+        self.run_id
+    }
+
+    /// Decodes of the last block's octets in a row (0: no block kept; 1: it differed from
+    /// the block before it).
+    pub fn repeats(&self) -> usize {
+        self.last.as_ref().map_or(0, |l| l.runs)
+    }
+
+    /// Whether `block` may be taken as decoded without decoding it: true when it is the
+    /// octets of the block decoded last (kept: a decoder [`Decoder::watching_repeats`]),
+    /// which decoded without error within `max_list_size`, and decoding it again would give
+    /// the same fields (those of every block of this [`Decoder::run`]) and leave the dynamic
+    /// table the same sequence of entries. Then the decode is counted as one more of the run
+    /// and nothing else changes. False: `decode` it.
+    ///
+    /// Why it is sound. A block's fields are a function of its octets and of the dynamic
+    /// table's entries when it starts; its effect on the table is a function of the same.
+    /// Blocks with a size update are never repeated (nor kept), and a decoder that requires
+    /// one (`update_required`) repeats nothing, so the table's maximum size is the same
+    /// through the whole run. Two cases are repeated:
+    /// 1. The block inserts nothing: it leaves the table as it found it, and no other block
+    ///    was decoded since the last decode of these octets (a decode of other octets
+    ///    starts a new run), so the table is the one that decode started with: same fields,
+    ///    same table.
+    /// 2. The block refers to no dynamic entry (every name and field is static or literal):
+    ///    its fields depend on its octets alone, and so do the `k >= 1` entries `E` it
+    ///    inserts. The table after inserting entries one by one, each evicting the oldest
+    ///    until the size fits (an entry larger than the maximum empties it, RFC 7541 §4.4),
+    ///    is the longest suffix of everything ever inserted whose size fits the maximum
+    ///    (by induction over the insertions). After `n` decodes of the run it is the longest
+    ///    fitting suffix of `T0 ++ E^n` (`T0`: the table before the run). When it holds
+    ///    fewer than `n * k` entries, it is a suffix of `E^n` shorter than `E^n`, so the
+    ///    next longer suffix of `E^n` does not fit: it is the longest fitting suffix `S` of
+    ///    `E^m` for every `m >= n`. Inserting `E` once more gives the longest fitting suffix
+    ///    of `S ++ E`, a suffix of `E^(n+1)` that contains `S`: `S` again. So the table is
+    ///    the same sequence of entries whether the block is decoded or not.
+    ///
+    /// The entries are the same names and values in the same order with the same size;
+    /// only where the table keeps their octets would differ, which nothing observes. The
+    /// memo of Huffman-coded values is skipped too: it only ever gives the decoder's own
+    /// answers, so what it holds changes no field.
+    pub fn repeat(&mut self, block: &[u8], max_list_size: usize) -> bool {
+        if self.poisoned || self.update_required.is_some() {
+            return false;
+        }
+        let Some(l) = self.last.as_deref_mut() else {
+            return false;
+        };
+        if l.runs == 0 || l.list_size > max_list_size || l.octets != block {
+            return false;
+        }
+        let same_table = l.inserts == 0
+            || (!l.refs && self.table.entries.len() < l.runs.saturating_mul(l.inserts));
+        if same_table {
+            l.runs = l.runs.saturating_add(1);
+        }
+        same_table
+    }
+
+    /// Keeps what `decode` learnt of `block` for [`Decoder::repeat`] (`facts`: `None` when
+    /// it failed).
+    fn keep_last(&mut self, block: &[u8], facts: Option<&BlockFacts>) {
+        let Some(l) = self.last.as_deref_mut() else {
+            return;
+        };
+        match facts {
+            Some(f) if !f.size_update && block.len() <= MAX_REPEAT_BLOCK => {
+                if l.runs > 0 && l.octets == block {
+                    // The same octets: the same inserts and references (a function of them).
+                    l.runs = l.runs.saturating_add(1);
+                    l.list_size = f.list_size;
+                    return;
+                }
+                l.octets.clear();
+                l.octets.extend_from_slice(block);
+                l.runs = 1;
+                l.inserts = f.inserts;
+                l.refs = f.refs;
+                l.list_size = f.list_size;
+            }
+            _ => {
+                l.octets.clear();
+                l.runs = 0;
+            }
+        }
+        self.run_id = self.run_id.wrapping_add(1);
     }
 
     /// This decoder without its memo of repeating values: every Huffman-coded string is
@@ -571,11 +712,15 @@ impl Decoder {
         if self.poisoned {
             return Err(HpackError::Poisoned);
         }
-        let result = self.decode_block(block, max_list_size, &mut f);
+        let mut facts = BlockFacts::default();
+        let result = self.decode_block(block, max_list_size, &mut f, &mut facts);
         if let Err(e) = &result {
             if e.is_connection_error() {
                 self.poisoned = true;
             }
+        }
+        if self.last.is_some() {
+            self.keep_last(block, result.is_ok().then_some(&facts));
         }
         result
     }
@@ -585,6 +730,7 @@ impl Decoder {
         block: &[u8],
         max_list_size: usize,
         f: &mut impl FnMut(Field<'_>),
+        facts: &mut BlockFacts,
     ) -> Result<(), HpackError> {
         let mut pos = 0;
         let mut list_size = 0usize;
@@ -601,6 +747,7 @@ impl Decoder {
                 // §6.1 indexed field.
                 let index = decode_int(block, &mut pos, 7)?;
                 at_start = false;
+                facts.refs |= index > STATIC.len();
                 let (name, value) = self.lookup(index)?;
                 list_size = list_size.saturating_add(name.len() + value.len() + ENTRY_OVERHEAD);
                 too_large |= list_size > max_list_size;
@@ -632,6 +779,7 @@ impl Decoder {
                 }
                 self.update_required = None;
                 self.table.set_max_size(size);
+                facts.size_update = true;
                 continue;
             }
             at_start = false;
@@ -646,6 +794,7 @@ impl Decoder {
                 1..=61 => Name::Static(STATIC[index - 1].0),
                 _ => {
                     self.lookup(index)?;
+                    facts.refs = true;
                     Name::Dynamic(index - STATIC.len())
                 }
             };
@@ -670,6 +819,7 @@ impl Decoder {
                 });
             }
             if indexing {
+                facts.inserts += 1;
                 match name {
                     Name::Dynamic(i) => self.table.insert(None, i, value),
                     Name::Static(n) => self.table.insert(Some(n), 0, value),
@@ -687,6 +837,7 @@ impl Decoder {
         if too_large {
             return Err(HpackError::ListTooLarge { max: max_list_size });
         }
+        facts.list_size = list_size;
         Ok(())
     }
 

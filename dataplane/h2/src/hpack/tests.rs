@@ -928,3 +928,164 @@ fn the_decode_memo_answers_as_the_decoder() {
     }
     assert!(hits > 1000, "the memo answered {hits} values");
 }
+
+/// [`Decoder::repeat`] against a decoder that decodes every block: over random sequences of
+/// a few blocks (literals with incremental indexing of static and literal names, references
+/// to dynamic entries with and without inserts, size updates, a block too long to keep, one
+/// that fails the list bound) on a small table, where a repeat is taken the fields are those
+/// kept for the run, and after every block both tables hold the same entries. Repeats are
+/// taken (the table reaches its steady state), and a block that inserts and refers to the
+/// table is never repeated.
+#[test]
+fn a_repeated_block_decodes_as_the_decoder_would() {
+    let mut rng = fastrand::Rng::with_seed(0x0e9e_a75e);
+    let lit = |b: &mut BytesMut, flags: u8, prefix: u8, index: usize, name: &[u8], v: &[u8]| {
+        encode_int(b, index, prefix, flags);
+        if index == 0 {
+            encode_str(b, name);
+        }
+        encode_str(b, v);
+    };
+    // 0-1: independent with inserts (static names, a literal name); 2: dynamic references
+    // only; 3: a reference and an insert; 4: indexed static fields only; 5: a size update;
+    // 6: too long to keep; 7: an insert without indexing (no insert at all).
+    let make = |which: usize| -> Vec<u8> {
+        let mut b = BytesMut::new();
+        match which {
+            0 => {
+                b.put_u8(0x88);
+                lit(&mut b, 0x40, 6, 54, b"", b"nginx/1.22.1");
+                lit(&mut b, 0x40, 6, 33, b"", b"Sun, 29 Nov 2026 12:30:00 GMT");
+                lit(&mut b, 0x40, 6, 28, b"", b"12");
+            }
+            1 => {
+                b.put_u8(0x88);
+                lit(&mut b, 0x40, 6, 0, b"x-big", &[b'v'; 90]);
+            }
+            2 => {
+                encode_int(&mut b, 62, 7, 0x80);
+                encode_int(&mut b, 63, 7, 0x80);
+            }
+            3 => {
+                encode_int(&mut b, 62, 7, 0x80);
+                lit(&mut b, 0x40, 6, 31, b"", b"text/plain");
+            }
+            4 => {
+                b.put_u8(0x88);
+                b.put_u8(0x82);
+            }
+            5 => {
+                encode_int(&mut b, 100, 5, 0x20);
+                lit(&mut b, 0x40, 6, 54, b"", b"s");
+            }
+            6 => lit(&mut b, 0x40, 6, 0, b"x-long", &[b'l'; MAX_REPEAT_BLOCK]),
+            _ => lit(&mut b, 0x00, 4, 54, b"", b"nginx"),
+        }
+        b.to_vec()
+    };
+    let blocks: Vec<Vec<u8>> = (0..8).map(make).collect();
+    let mut repeated = 0;
+    for round in 0..200 {
+        let max = [150, 300, 1000][round % 3];
+        let mut d = Decoder::with_table_size(max).watching_repeats();
+        let mut reference = Decoder::with_table_size(max);
+        let mut kept: Option<(u64, Owned)> = None;
+        let mut which = rng.usize(..blocks.len());
+        for step in 0..60 {
+            // Runs of the same block, broken now and then.
+            if rng.u8(0..6) == 0 {
+                which = rng.usize(..blocks.len());
+            }
+            let block = &blocks[which];
+            // A bound the block 1 run fails now and then: its table still moves.
+            let list = if which == 1 && rng.u8(0..8) == 0 {
+                64
+            } else {
+                BIG
+            };
+            let expect = decode_all(&mut reference, block, list);
+            let run = d.run();
+            let got = match &kept {
+                Some((r, fields)) if *r == run && d.repeat(block, list) => {
+                    repeated += 1;
+                    assert!(which != 3, "a block that inserts and refers was repeated");
+                    Ok(fields.clone())
+                }
+                _ => {
+                    let got = decode_all(&mut d, block, list);
+                    if got.is_ok() && d.repeats() >= 2 {
+                        kept = Some((d.run(), got.clone().unwrap()));
+                    }
+                    got
+                }
+            };
+            assert_eq!(got, expect, "round {round} step {step} block {which}");
+            assert_eq!(table(&d), table(&reference), "round {round} step {step}");
+            assert_eq!(d.table_size(), reference.table_size());
+            if got.is_err() && !matches!(got, Err(HpackError::ListTooLarge { .. })) {
+                break;
+            }
+        }
+    }
+    assert!(repeated > 1000, "{repeated} repeats");
+}
+
+/// The cases [`Decoder::repeat`] refuses: a block other than the last, one decoded with an
+/// error, one with a size update, one too long to keep, one under a tighter list bound, an
+/// inserting block before its table's steady state, a decoder that owes a size update, and
+/// a decoder that does not watch for repeats.
+#[test]
+fn repeat_refuses_what_it_cannot_prove() {
+    let server = {
+        let mut b = BytesMut::new();
+        b.put_u8(0x88);
+        encode_int(&mut b, 54, 6, 0x40);
+        encode_str(&mut b, b"nginx/1.22.1"); // 6 + 12 + 32 = 50 octets per entry
+        b.to_vec()
+    };
+    let mut d = Decoder::with_table_size(200).watching_repeats();
+    assert!(!d.repeat(&server, BIG), "nothing decoded yet");
+    let r0 = d.run();
+    decode_all(&mut d, &server, BIG).unwrap();
+    assert_ne!(d.run(), r0, "a new run");
+    assert_eq!(d.repeats(), 1);
+    // 200 octets hold 4 entries: steady once an entry of the run was evicted (5 decodes).
+    for n in 1..5 {
+        assert!(!d.repeat(&server, BIG), "not steady after {n}");
+        decode_all(&mut d, &server, BIG).unwrap();
+    }
+    assert_eq!(d.repeats(), 5);
+    assert!(d.repeat(&server, BIG));
+    assert!(!d.repeat(&server, 10), "a tighter list bound");
+    assert!(!d.repeat(&server[..server.len() - 1], BIG), "other octets");
+    let run = d.run();
+    assert!(d.repeat(&server, BIG));
+    assert_eq!(d.run(), run, "a repeat stays in its run");
+    // A size update is never kept.
+    let mut upd = BytesMut::new();
+    encode_int(&mut upd, 200, 5, 0x20);
+    upd.extend_from_slice(&server);
+    decode_all(&mut d, &upd, BIG).unwrap();
+    assert_eq!(d.repeats(), 0);
+    assert!(!d.repeat(&upd, BIG));
+    // A failed decode forgets the block.
+    decode_all(&mut d, &[0x82], BIG).unwrap();
+    decode_all(&mut d, &[0x82], BIG).unwrap();
+    assert!(d.repeat(&[0x82], BIG), "no insert: repeated at once");
+    assert!(decode_all(&mut d, &[0x82], 10).is_err());
+    assert!(!d.repeat(&[0x82], BIG));
+    // Too long to keep.
+    let long = vec![0x82; MAX_REPEAT_BLOCK + 1];
+    decode_all(&mut d, &long, BIG).unwrap();
+    decode_all(&mut d, &long, BIG).unwrap();
+    assert!(!d.repeat(&long, BIG));
+    // A lowered limit requires a size update first.
+    decode_all(&mut d, &[0x82], BIG).unwrap();
+    d.set_max_allowed_table_size(0);
+    assert!(!d.repeat(&[0x82], BIG));
+    // Not watching.
+    let mut plain = Decoder::new();
+    decode_all(&mut plain, &[0x82], BIG).unwrap();
+    assert!(!plain.repeat(&[0x82], BIG));
+    assert_eq!(plain.repeats(), 0);
+}
