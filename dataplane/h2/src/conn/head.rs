@@ -157,7 +157,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
             ));
         }
         self.last_stream = id;
-        let h = self.decode(block, false)?;
+        let h = self.new_head(block)?;
         if self.going_away {
             // After our GOAWAY: not processed; the client may retry it elsewhere.
             if !end_stream {
@@ -179,7 +179,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
             };
             return self.reset_stream(id, Reason::REFUSED_STREAM, charge);
         }
-        if h.too_large {
+        if h.too_large() {
             // Answered, but counted like a reset: decoding an oversized block is the client's
             // cost to us, and looping them must not be free.
             self.service.limit_hit("header_bytes");
@@ -200,13 +200,77 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
             self.remember_closed(id);
             return self.reset_flood();
         }
-        if bad_priority || h.malformed.is_some() {
-            if let Some(why) = h.malformed {
+        if bad_priority || h.malformed().is_some() {
+            if let Some(why) = h.malformed() {
                 tracing::debug!(stream = id, why, "malformed HTTP/2 request");
             }
             return self.reset_stream(id, Reason::PROTOCOL_ERROR, Charge::Client);
         }
         self.start_stream(id, end_stream, h)
+    }
+}
+
+/// A new stream's request head: decoded from its block, or the head kept from a block that
+/// this one repeats.
+///
+/// A client sends the same request over and over (a load generator, a poller, a health
+/// check): after its first request the block is the same octets each time, and with the
+/// fields in the dynamic table, all indexed (no insert). When the decoder finds a block
+/// repeats the one before with the same fields and the same table after it
+/// (`Decoder::repeat`), the head built from that block's run is cloned instead of decoding,
+/// validating and building the fields again: the same function of the same fields.
+pub(super) enum NewHead {
+    /// Decoded (and validated field by field).
+    Decoded(DecodedBlock),
+    /// The kept head of the decoder's current run: a valid request, not a tunnel.
+    Kept(http::request::Parts),
+}
+
+impl NewHead {
+    pub(super) fn too_large(&self) -> bool {
+        matches!(self, NewHead::Decoded(h) if h.too_large)
+    }
+
+    pub(super) fn malformed(&self) -> Option<&'static str> {
+        match self {
+            NewHead::Decoded(h) => h.malformed,
+            NewHead::Kept(_) => None,
+        }
+    }
+
+    /// The request and whether it is an extended CONNECT (see [`DecodedBlock::into_request`]).
+    pub(super) fn into_parts(self) -> Result<(http::request::Parts, bool), &'static str> {
+        match self {
+            NewHead::Decoded(h) => h.into_request().map(|(r, t)| (r.into_parts().0, t)),
+            NewHead::Kept(p) => Ok((p, false)),
+        }
+    }
+}
+
+impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
+    /// A new stream's head: the kept one when `block` repeats its run, else decoded.
+    fn new_head(&mut self, block: &[u8]) -> Result<NewHead, Fault> {
+        let run = self.decoder.run();
+        let max = self.cfg.max_header_bytes as usize;
+        if let Some(k) = self.kept_request.as_deref() {
+            if k.0 == run && self.decoder.repeat(block, max) {
+                return Ok(NewHead::Kept(k.1.clone()));
+            }
+        }
+        self.decode(block, false).map(NewHead::Decoded)
+    }
+
+    /// Keeps the head of a new stream, valid and not a tunnel, when its block was the same
+    /// octets twice in a row (likely again; a client whose requests never repeat costs no
+    /// copy), unless one of its run is kept already.
+    pub(super) fn keep_request(&mut self, parts: &http::request::Parts) {
+        if self.decoder.repeats() < 2 {
+            return;
+        }
+        let run = self.decoder.run();
+        if self.kept_request.as_ref().is_none_or(|k| k.0 != run) {
+            self.kept_request = Some(Box::new((run, parts.clone())));
+        }
     }
 }
 

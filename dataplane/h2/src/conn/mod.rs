@@ -52,7 +52,7 @@ use crate::hpack::{Decoder, Encoder, Field};
 use crate::{Body, EncodedHead, H2Service};
 use bytes::{Buf, Bytes, BytesMut};
 use guards::Flood;
-use head::{h_content_length, Continuation, DecodedBlock};
+use head::{h_content_length, Continuation, NewHead};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, Uri, Version};
 use http_body::Body as _;
@@ -272,6 +272,9 @@ struct Driver<I, S: H2Service> {
     data_progress: bool,
     scratch: BytesMut,
     decoder: Decoder,
+    /// A request head as built from a block of the decoder's run `.0` (see
+    /// [`head::NewHead`]): handed out again, cloned, for a block that repeats it.
+    kept_request: Option<Box<(u64, http::request::Parts)>>,
     encoder: Encoder,
 
     preface_done: bool,

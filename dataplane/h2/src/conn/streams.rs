@@ -208,9 +208,10 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
         id > self.last_stream
     }
 
-    pub(super) fn start_stream(&mut self, id: u32, end_stream: bool, h: DecodedBlock) -> FResult {
+    pub(super) fn start_stream(&mut self, id: u32, end_stream: bool, h: NewHead) -> FResult {
         let mut s = Stream::new(self.peer_initial_window, self.cfg.stream_window as i64);
-        let request = match h.into_request() {
+        let kept = matches!(h, NewHead::Kept(_));
+        let request = match h.into_parts() {
             // A tunnel whose client side ends at once cannot be one (the backend would be
             // dialed and switched for an empty, ended stream).
             Ok((_, true)) if end_stream => Err("extended CONNECT with END_STREAM"),
@@ -219,10 +220,12 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
         .map_err(|why| {
             tracing::debug!(stream = id, why, "malformed HTTP/2 request");
         });
-        let Ok((req, tunnel)) = request else {
+        let Ok((mut parts, tunnel)) = request else {
             return self.reset_stream(id, Reason::PROTOCOL_ERROR, Charge::Client);
         };
-        let (mut parts, ()) = req.into_parts();
+        if !kept && !tunnel {
+            self.keep_request(&parts);
+        }
         s.content_length = h_content_length(&parts.headers)
             .map_err(|_| Fault::Stream(id, Reason::PROTOCOL_ERROR))?;
         if end_stream && s.content_length.is_some_and(|cl| cl != 0) {

@@ -2666,3 +2666,137 @@ async fn a_tls_close_notify_resets_the_streams_without_window() {
     let ended = tokio::time::timeout(Duration::from_secs(10), server).await;
     assert!(matches!(ended, Ok(Ok(Ok(())))), "{ended:?}");
 }
+
+/// [`NotFound`], keeping the head of every request it is given.
+struct Keeping(Arc<Mutex<Vec<http::request::Parts>>>);
+
+impl H2Service for Keeping {
+    type Head = crate::NoHead;
+    type Future = std::future::Ready<(Response<Body>, Option<crate::NoHead>)>;
+
+    fn call(&mut self, request: Request<Body>, now: Instant) -> Self::Future {
+        let (parts, body) = request.into_parts();
+        self.0.lock().unwrap().push(parts.clone());
+        NotFound.call(Request::from_parts(parts, body), now)
+    }
+
+    fn limit_hit(&self, _what: &'static str) {}
+
+    fn connection_error(&self, _reason: Reason, _why: &'static str) {}
+}
+
+/// Request heads handed out again for a block that repeats the one before
+/// (`Decoder::repeat`) are the requests the block decodes to. A client sends its first
+/// request with literals that it indexes, then the same request as indexed fields (as
+/// h2load and browsers do), broken by another path, a malformed request sent three times
+/// (refused each time), and one refused after its head was built (a `content-length` with
+/// END_STREAM, three times): each stream is answered or refused as its fields say, every
+/// request reaches the service with the fields it was sent, and most share the kept head's
+/// values (the same octets in memory: cloned, not decoded).
+#[tokio::test]
+async fn repeated_request_heads_are_the_requests_decoded() {
+    use tokio::io::AsyncWriteExt;
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let (mut c, server) = tokio::io::duplex(1 << 20);
+    let (_tx, stop) = tokio::sync::watch::channel(false);
+    let driver = tokio::spawn(serve(server, Keeping(log.clone()), settings(), stop));
+    let lit = |b: &mut Vec<u8>, first: u8, name: &str, value: &str| {
+        b.push(first);
+        if first & 0x3f == 0 {
+            b.push(name.len() as u8);
+            b.extend_from_slice(name.as_bytes());
+        }
+        b.push(value.len() as u8);
+        b.extend_from_slice(value.as_bytes());
+    };
+    // GET https, then :authority, user-agent, accept and x-trace into the table (62: x-trace,
+    // 63: accept, 64: user-agent, 65: :authority).
+    let mut first = vec![0x82, 0x87, 0x84];
+    lit(&mut first, 0x40 | 1, "", "a.test");
+    lit(&mut first, 0x40 | 58, "", "h2load nghttp2/1.52.0");
+    lit(&mut first, 0x40 | 19, "", "*/*");
+    lit(&mut first, 0x40, "x-trace", "abc");
+    let again = vec![0x82, 0x87, 0x84, 0x80 | 65, 0x80 | 64, 0x80 | 63, 0x80 | 62];
+    let mut other = vec![0x82, 0x87];
+    lit(&mut other, 0x04, "", "/other");
+    other.extend_from_slice(&again[3..]);
+    let mut upper = again.clone();
+    lit(&mut upper, 0x00, "X-Up", "1");
+    let mut length = again.clone();
+    lit(&mut length, 28, "", "5");
+    let plan: Vec<(&[u8], Option<&str>)> = std::iter::once((&first[..], Some("/")))
+        .chain(std::iter::repeat_n((&again[..], Some("/")), 30))
+        .chain([(&other[..], Some("/other"))])
+        .chain(std::iter::repeat_n((&again[..], Some("/")), 10))
+        .chain(std::iter::repeat_n((&upper[..], None), 3))
+        .chain(std::iter::repeat_n((&again[..], Some("/")), 5))
+        .chain(std::iter::repeat_n((&length[..], None), 3))
+        .chain(std::iter::repeat_n((&again[..], Some("/")), 5))
+        .collect();
+    let mut out = BytesMut::from(&frame::PREFACE[..]);
+    frame::put_settings(&mut out, &[]);
+    for (k, (block, _)) in plan.iter().enumerate() {
+        frame::put_headers(&mut out, 2 * k as u32 + 1, block, true, 16_384);
+    }
+    c.write_all(&out).await.unwrap();
+    // Each stream's end: its answer's last DATA frame, or our RST_STREAM.
+    let mut buf = BytesMut::new();
+    let mut ends = std::collections::HashMap::new();
+    while ends.len() < plan.len() {
+        let (h, p) = read_frame(&mut c, &mut buf).await.expect("a frame");
+        if h.kind == kind::DATA && h.has(flag::END_STREAM) {
+            ends.insert(h.stream, None);
+        } else if h.kind == kind::RST_STREAM {
+            ends.insert(
+                h.stream,
+                Some(Reason(u32::from_be_bytes(p[..4].try_into().unwrap()))),
+            );
+        }
+        assert_ne!(h.kind, kind::GOAWAY);
+    }
+    drop(c);
+    let _ = driver.await;
+    let log = log.lock().unwrap();
+    let mut answered = log.iter();
+    for (k, (_, path)) in plan.iter().enumerate() {
+        let id = 2 * k as u32 + 1;
+        match path {
+            Some(path) => {
+                assert_eq!(ends[&id], None, "stream {id}");
+                let p = answered.next().expect("a request");
+                assert_eq!(p.method, Method::GET);
+                assert_eq!(
+                    p.uri,
+                    format!("https://a.test{path}").as_str(),
+                    "stream {id}"
+                );
+                assert_eq!(p.version, Version::HTTP_2);
+                let fields: Vec<(&str, &[u8])> = p
+                    .headers
+                    .iter()
+                    .map(|(n, v)| (n.as_str(), v.as_bytes()))
+                    .collect();
+                let want: Vec<(&str, &[u8])> = vec![
+                    ("user-agent", b"h2load nghttp2/1.52.0"),
+                    ("accept", b"*/*"),
+                    ("x-trace", b"abc"),
+                ];
+                assert_eq!(fields, want, "stream {id}");
+                assert!(p.extensions.is_empty());
+            }
+            None => assert_eq!(ends[&id], Some(Reason::PROTOCOL_ERROR), "stream {id}"),
+        }
+    }
+    assert!(answered.next().is_none());
+    // The values of the requests that came from the kept head are the kept head's octets.
+    let places: std::collections::HashSet<*const u8> = log
+        .iter()
+        .map(|p| p.headers["user-agent"].as_bytes().as_ptr())
+        .collect();
+    assert!(
+        places.len() < log.len() / 4,
+        "{} of {} requests decoded",
+        places.len(),
+        log.len()
+    );
+}
