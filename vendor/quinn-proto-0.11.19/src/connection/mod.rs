@@ -28,7 +28,6 @@ use crate::{
         FixedLengthConnectionIdParser, Header, InitialHeader, InitialPacket, LongType, Packet,
         PacketNumber, PartialDecode, SpaceId,
     },
-    range_set::ArrayRangeSet,
     shared::{
         ConnectionEvent, ConnectionEventInner, ConnectionId, DatagramConnectionEvent, EcnCodepoint,
         EndpointEvent, EndpointEventInner,
@@ -1542,45 +1541,84 @@ impl Connection {
             }
         };
 
-        // Avoid DoS from unreasonably huge ack ranges by filtering out just the new acks.
-        let mut newly_acked = ArrayRangeSet::new();
+        // Sweety patch (vendor/README.md): every range is checked first, as upstream checked
+        // each before any packet was taken (it collected the newly acknowledged numbers in a
+        // set first); then the ranges are walked from the lowest, each packet taken and handled
+        // in ascending order as upstream's set gave them. A range that starts at or below the
+        // oldest packet kept is split off the map at once (`PacketSpace::take_below`), not
+        // searched for and removed packet by packet; `runs` counts what upstream's set held
+        // (ranges of consecutive packet numbers), which `process_ecn` is given.
+        let mut ranges = tinyvec::TinyVec::<[(u64, u64); 4]>::new();
         for range in ack.iter() {
             self.packet_number_filter.check_ack(space, range.clone())?;
-            for (&pn, _) in self.spaces[space].sent_packets.range(range) {
-                newly_acked.insert_one(pn);
+            ranges.push((*range.start(), *range.end()));
+        }
+        // Upstream's computation, which debug builds check the walk below against.
+        #[cfg(debug_assertions)]
+        let upstream_newly_acked = {
+            let mut newly_acked = crate::range_set::ArrayRangeSet::new();
+            for &(start, end) in ranges.iter() {
+                for (&pn, _) in self.spaces[space].sent_packets.range(start..=end) {
+                    newly_acked.insert_one(pn);
+                }
             }
-        }
-
-        if newly_acked.is_empty() {
-            return Ok(());
-        }
+            newly_acked
+        };
+        #[cfg(debug_assertions)]
+        let mut taken_numbers = Vec::new();
 
         let mut ack_eliciting_acked = false;
-        for packet in newly_acked.elts() {
-            if let Some(info) = self.spaces[space].take(packet) {
-                if let Some(acked) = info.largest_acked {
-                    // Assume ACKs for all packets below the largest acknowledged in `packet` have
-                    // been received. This can cause the peer to spuriously retransmit if some of
-                    // our earlier ACKs were lost, but allows for simpler state tracking. See
-                    // discussion at
-                    // https://www.rfc-editor.org/rfc/rfc9000.html#name-limiting-ranges-by-tracking
-                    self.spaces[space].pending_acks.subtract_below(acked);
+        let mut runs = 0u64;
+        let mut last_taken = None;
+        // `ack.iter()` yields the highest range first.
+        for &(start, end) in ranges.iter().rev() {
+            match self.spaces[space].sent_packets.first_key_value() {
+                Some((&oldest, _)) if oldest >= start => {
+                    if oldest > end {
+                        continue;
+                    }
+                    // `end < ack.largest < next_packet_number`: no overflow.
+                    for (packet, info) in self.spaces[space].take_below(end + 1) {
+                        runs += u64::from(last_taken.is_none_or(|last| packet != last + 1));
+                        last_taken = Some(packet);
+                        #[cfg(debug_assertions)]
+                        taken_numbers.push(packet);
+                        self.on_newly_acked(now, space, packet, info, &mut ack_eliciting_acked);
+                    }
                 }
-                ack_eliciting_acked |= info.ack_eliciting;
-
-                // Notify MTU discovery that a packet was acked, because it might be an MTU probe
-                let mtu_updated = self.path.mtud.on_acked(space, packet, info.size);
-                if mtu_updated {
-                    self.path
-                        .congestion
-                        .on_mtu_update(self.path.mtud.current_mtu());
+                Some(_) => {
+                    // `next` passes `end` once `end` itself is taken.
+                    let mut next = start;
+                    while next <= end {
+                        let Some((&packet, _)) =
+                            self.spaces[space].sent_packets.range(next..=end).next()
+                        else {
+                            break;
+                        };
+                        let info = self.spaces[space].take(packet).expect("found above");
+                        runs += u64::from(last_taken.is_none_or(|last| packet != last + 1));
+                        last_taken = Some(packet);
+                        #[cfg(debug_assertions)]
+                        taken_numbers.push(packet);
+                        self.on_newly_acked(now, space, packet, info, &mut ack_eliciting_acked);
+                        next = packet + 1;
+                    }
                 }
-
-                // Notify ack frequency that a packet was acked, because it might contain an ACK_FREQUENCY frame
-                self.ack_frequency.on_acked(packet);
-
-                self.on_packet_acked(now, info);
+                None => break,
             }
+        }
+        #[cfg(debug_assertions)]
+        {
+            assert!(
+                upstream_newly_acked
+                    .elts()
+                    .eq(taken_numbers.iter().copied())
+            );
+            assert_eq!(upstream_newly_acked.len() as u64, runs);
+        }
+
+        if runs == 0 {
+            return Ok(());
         }
 
         self.path.congestion.on_end_acks(
@@ -1626,7 +1664,7 @@ impl Connection {
                 // reordering.
                 if new_largest {
                     let sent = self.spaces[space].largest_acked_packet_sent;
-                    self.process_ecn(now, space, newly_acked.len() as u64, ecn, sent);
+                    self.process_ecn(now, space, runs, ecn, sent);
                 }
             } else {
                 // We always start out sending ECN, so any ack that doesn't acknowledge it disables it.
@@ -1637,6 +1675,40 @@ impl Connection {
 
         self.set_loss_detection_timer(now);
         Ok(())
+    }
+
+    /// Sweety patch (vendor/README.md): what `on_ack_received` does for each newly
+    /// acknowledged packet, upstream's loop body unchanged
+    fn on_newly_acked(
+        &mut self,
+        now: Instant,
+        space: SpaceId,
+        packet: u64,
+        info: SentPacket,
+        ack_eliciting_acked: &mut bool,
+    ) {
+        if let Some(acked) = info.largest_acked {
+            // Assume ACKs for all packets below the largest acknowledged in `packet` have
+            // been received. This can cause the peer to spuriously retransmit if some of
+            // our earlier ACKs were lost, but allows for simpler state tracking. See
+            // discussion at
+            // https://www.rfc-editor.org/rfc/rfc9000.html#name-limiting-ranges-by-tracking
+            self.spaces[space].pending_acks.subtract_below(acked);
+        }
+        *ack_eliciting_acked |= info.ack_eliciting;
+
+        // Notify MTU discovery that a packet was acked, because it might be an MTU probe
+        let mtu_updated = self.path.mtud.on_acked(space, packet, info.size);
+        if mtu_updated {
+            self.path
+                .congestion
+                .on_mtu_update(self.path.mtud.current_mtu());
+        }
+
+        // Notify ack frequency that a packet was acked, because it might contain an ACK_FREQUENCY frame
+        self.ack_frequency.on_acked(packet);
+
+        self.on_packet_acked(now, info);
     }
 
     /// Process a new ECN block from an in-order ACK

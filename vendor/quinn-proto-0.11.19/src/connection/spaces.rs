@@ -228,6 +228,24 @@ impl PacketSpace {
         Some(packet)
     }
 
+    /// Sweety patch (vendor/README.md): stops tracking every packet numbered below `end`, and
+    /// returns them in a map of their own: the map is split once (a walk down the tree), not
+    /// searched and rebalanced for each packet as `take` would be
+    pub(super) fn take_below(&mut self, end: u64) -> BTreeMap<u64, SentPacket> {
+        let kept = self.sent_packets.split_off(&end);
+        let taken = mem::replace(&mut self.sent_packets, kept);
+        for packet in taken.values() {
+            if packet.size != 0 {
+                self.in_flight_packets -= 1;
+            }
+            if !packet.ack_eliciting {
+                self.ack_only_packets -= 1;
+            }
+            self.sent_bytes -= u64::from(packet.state_bytes);
+        }
+        taken
+    }
+
     /// May return a packet that should be forgotten
     pub(super) fn sent(&mut self, number: u64, mut packet: SentPacket) -> Option<SentPacket> {
         // Retain state for at most this many non-ACK-eliciting packets sent after the most recently
