@@ -1568,6 +1568,7 @@ impl Connection {
         let mut taken_numbers = Vec::new();
 
         let mut ack_eliciting_acked = false;
+        let mut acked_data = None;
         let mut runs = 0u64;
         let mut last_taken = None;
         // `ack.iter()` yields the highest range first.
@@ -1583,7 +1584,14 @@ impl Connection {
                         last_taken = Some(packet);
                         #[cfg(debug_assertions)]
                         taken_numbers.push(packet);
-                        self.on_newly_acked(now, space, packet, info, &mut ack_eliciting_acked);
+                        self.on_newly_acked(
+                            now,
+                            space,
+                            packet,
+                            info,
+                            &mut ack_eliciting_acked,
+                            &mut acked_data,
+                        );
                     }
                 }
                 Some(_) => {
@@ -1600,13 +1608,21 @@ impl Connection {
                         last_taken = Some(packet);
                         #[cfg(debug_assertions)]
                         taken_numbers.push(packet);
-                        self.on_newly_acked(now, space, packet, info, &mut ack_eliciting_acked);
+                        self.on_newly_acked(
+                            now,
+                            space,
+                            packet,
+                            info,
+                            &mut ack_eliciting_acked,
+                            &mut acked_data,
+                        );
                         next = packet + 1;
                     }
                 }
                 None => break,
             }
         }
+        self.ack_stream_data(&mut acked_data);
         #[cfg(debug_assertions)]
         {
             assert!(
@@ -1686,6 +1702,7 @@ impl Connection {
         packet: u64,
         info: SentPacket,
         ack_eliciting_acked: &mut bool,
+        acked_data: &mut Option<frame::StreamMeta>,
     ) {
         if let Some(acked) = info.largest_acked {
             // Assume ACKs for all packets below the largest acknowledged in `packet` have
@@ -1708,7 +1725,7 @@ impl Connection {
         // Notify ack frequency that a packet was acked, because it might contain an ACK_FREQUENCY frame
         self.ack_frequency.on_acked(packet);
 
-        self.on_packet_acked(now, info);
+        self.on_packet_acked(now, info, acked_data);
     }
 
     /// Process a new ECN block from an in-order ACK
@@ -1740,7 +1757,17 @@ impl Connection {
 
     // Not timing-aware, so it's safe to call this for inferred acks, such as arise from
     // high-latency handshakes
-    fn on_packet_acked(&mut self, now: Instant, info: SentPacket) {
+    //
+    // Sweety patch (vendor/README.md): `acked_data` holds the acknowledged STREAM frames of
+    // the packets before this one (of the same ACK frame) merged while they continue one
+    // another on one stream; the caller passes it to `ack_stream_data` once the last packet
+    // is handled.
+    fn on_packet_acked(
+        &mut self,
+        now: Instant,
+        info: SentPacket,
+        acked_data: &mut Option<frame::StreamMeta>,
+    ) {
         self.remove_in_flight(&info);
         if info.ack_eliciting && self.path.challenge.is_none() {
             // Only pass ACKs to the congestion controller if we are not validating the current
@@ -1756,13 +1783,43 @@ impl Connection {
 
         // Update state for confirmed delivery of frames
         if let Some(retransmits) = info.retransmits.get() {
+            // Sweety patch (vendor/README.md): the stream data acknowledged before goes first,
+            // in upstream's order
+            if !retransmits.reset_stream.is_empty() {
+                self.ack_stream_data(acked_data);
+            }
             for (id, _) in retransmits.reset_stream.iter() {
                 self.streams.reset_acked(*id);
             }
         }
 
+        // Sweety patch (vendor/README.md): a frame that continues the one before on its stream
+        // (the next offsets; the one before without FIN) is merged into it, and the stream's
+        // acknowledgement is one call for the run: one look-up of the stream and one
+        // `SendBuffer::ack` of the union, which discards what the calls for each frame in turn
+        // did (the acknowledged ranges are a set). Upstream called `received_ack_of` per frame.
         for frame in info.stream_frames {
-            self.streams.received_ack_of(frame);
+            match acked_data {
+                Some(run)
+                    if run.id == frame.id && !run.fin && run.offsets.end == frame.offsets.start =>
+                {
+                    run.offsets.end = frame.offsets.end;
+                    run.fin = frame.fin;
+                }
+                _ => {
+                    if let Some(run) = acked_data.replace(frame) {
+                        self.streams.received_ack_of(run);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Sweety patch (vendor/README.md): the acknowledgement of the stream data merged by
+    /// `on_packet_acked`, if any
+    fn ack_stream_data(&mut self, acked_data: &mut Option<frame::StreamMeta>) {
+        if let Some(run) = acked_data.take() {
+            self.streams.received_ack_of(run);
         }
     }
 
@@ -2682,7 +2739,10 @@ impl Connection {
 
                 let space = &mut self.spaces[SpaceId::Initial];
                 if let Some(info) = space.take(0) {
-                    self.on_packet_acked(now, info);
+                    // Sweety patch (vendor/README.md): the stream data acknowledged after
+                    let mut acked_data = None;
+                    self.on_packet_acked(now, info, &mut acked_data);
+                    self.ack_stream_data(&mut acked_data);
                 };
 
                 self.discard_space(now, SpaceId::Initial); // Make sure we clean up after any retransmitted Initials
