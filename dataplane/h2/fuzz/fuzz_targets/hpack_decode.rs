@@ -49,13 +49,18 @@ fuzz_target!(|data: &[u8]| {
         let mut fields: Vec<(Vec<u8>, Vec<u8>, bool)> = Vec::new();
         let mut list = 0usize;
         let run = d.run();
-        let r = match &kept {
-            Some((r, f)) if *r == run && d.repeat(block, max_list) => {
-                fields = f.clone();
+        let repeat = match &kept {
+            Some((r, _)) if *r == run => d.repeat(block, max_list),
+            _ => Ok(false),
+        };
+        let r = match repeat {
+            Ok(true) => {
+                fields = kept.as_ref().expect("kept").1.clone();
                 list = fields.iter().map(|(n, v, _)| n.len() + v.len() + 32).sum();
                 Ok(())
             }
-            _ => {
+            Err(e) => Err(e),
+            Ok(false) => {
                 let r = d.decode(block, max_list, |f| {
                     list += f.name.len() + f.value.len() + 32;
                     fields.push((f.name.to_vec(), f.value.to_vec(), f.sensitive));

@@ -340,20 +340,6 @@ pub struct RequestHead<'a> {
     pub headers: &'a HeaderMap,
 }
 
-/// A request or response `content-length`: none, one value, or an error (invalid digits,
-/// more than 19 of them, or values that differ).
-pub(crate) fn content_length(h: &HeaderMap) -> Result<Option<u64>, ()> {
-    let mut out = None;
-    for v in h.get_all(CONTENT_LENGTH) {
-        let n = parse_length(v.as_bytes()).ok_or(())?;
-        if out.is_some_and(|o| o != n) {
-            return Err(());
-        }
-        out = Some(n);
-    }
-    Ok(out)
-}
-
 /// One `content-length` value: 1 to 19 digits (RFC 9110 §8.6; 19 digits fit a u64).
 fn parse_length(b: &[u8]) -> Option<u64> {
     if b.is_empty() || b.len() > 19 || !b.iter().all(u8::is_ascii_digit) {
@@ -371,6 +357,11 @@ struct ResponseBlock {
     fields: usize,
     regular_seen: bool,
     malformed: Option<&'static str>,
+    /// The `content-length`, read as the fields come (no look-up in the map afterwards):
+    /// one value, repeats equal.
+    length: Option<u64>,
+    /// A `content-length` value was invalid (not 1 to 19 digits) or differed from another.
+    bad_length: bool,
 }
 
 impl ResponseBlock {
@@ -420,6 +411,12 @@ impl ResponseBlock {
         let mut value = HeaderValue::from_bytes(f.value).map_err(|_| "invalid field value")?;
         if f.sensitive {
             value.set_sensitive(true);
+        }
+        if name == CONTENT_LENGTH {
+            match parse_length(f.value) {
+                Some(n) if self.length.is_none_or(|o| o == n) => self.length = Some(n),
+                _ => self.bad_length = true,
+            }
         }
         self.headers
             .try_append(name, value)
@@ -1628,11 +1625,16 @@ impl Core {
             .kept
             .as_deref()
             .filter(|k| head && k.0 == self.decoder.run());
-        let (h, r) = match kept {
-            Some((_, k)) if self.decoder.repeat(block, max) => {
+        let repeated = match kept {
+            Some(_) => self.decoder.repeat(block, max),
+            None => Ok(false),
+        };
+        let (h, r) = match (repeated, kept) {
+            (Ok(true), Some((_, k))) => {
                 self.heads_repeated += 1;
                 (k.clone(), Ok(()))
             }
+            (Err(e), _) => (ResponseBlock::default(), Err(e)),
             _ => {
                 let mut h = ResponseBlock::default();
                 let r = if live {
@@ -1708,17 +1710,17 @@ impl Core {
                     };
                     return Ok(());
                 }
-                let Ok(length) = content_length(&h.headers) else {
+                if h.bad_length {
                     return Err(Err::Stream(
                         id,
                         Reason::PROTOCOL_ERROR,
                         "invalid content-length",
                     ));
-                };
+                }
                 s.expect_len = if s.head_request || status == 204 || status == 304 {
                     Some(0)
                 } else {
-                    length
+                    h.length
                 };
                 if end && s.expect_len.is_some_and(|l| l != 0) {
                     return Err(Err::Stream(

@@ -391,6 +391,15 @@ async fn malformed_responses_fail_their_stream() {
             true,
             "shorter than its length",
         ),
+        (
+            &[
+                (":status", "200"),
+                ("content-length", "2"),
+                ("content-length", "3"),
+            ],
+            false,
+            "two lengths that differ",
+        ),
     ];
     let (send, mut peer) = Peer::start(&[]).await;
     let h = HeaderMap::new();

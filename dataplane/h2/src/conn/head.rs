@@ -101,11 +101,14 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
                 h.too_large = true;
                 Ok(h)
             }
-            Err(e) => {
-                tracing::debug!(error = %e, "HPACK decoding failed");
-                Err(Fault::Conn(Reason::COMPRESSION_ERROR, "HPACK"))
-            }
+            Err(e) => Err(Self::hpack_failed(&e)),
         }
+    }
+
+    /// The connection error for a block that failed to decode.
+    fn hpack_failed(e: &crate::hpack::HpackError) -> Fault {
+        tracing::debug!(error = %e, "HPACK decoding failed");
+        Fault::Conn(Reason::COMPRESSION_ERROR, "HPACK")
     }
 
     pub(super) fn on_header_block(
@@ -253,8 +256,19 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
         let run = self.decoder.run();
         let max = self.cfg.max_header_bytes as usize;
         if let Some(k) = self.kept_request.as_deref() {
-            if k.0 == run && self.decoder.repeat(block, max) {
-                return Ok(NewHead::Kept(k.1.clone()));
+            if k.0 == run {
+                match self.decoder.repeat(block, max) {
+                    Ok(true) => return Ok(NewHead::Kept(k.1.clone())),
+                    Ok(false) => {}
+                    // (Not reached: the same octets decoded within the bound before.)
+                    Err(e) if !e.is_connection_error() => {
+                        return Ok(NewHead::Decoded(DecodedBlock {
+                            too_large: true,
+                            ..DecodedBlock::default()
+                        }))
+                    }
+                    Err(e) => return Err(Self::hpack_failed(&e)),
+                }
             }
         }
         self.decode(block, false).map(NewHead::Decoded)

@@ -589,22 +589,23 @@ impl Decoder {
         self.last.as_ref().map_or(0, |l| l.runs)
     }
 
-    /// Whether `block` may be taken as decoded without decoding it: true when it is the
-    /// octets of the block decoded last (kept: a decoder [`Decoder::watching_repeats`]),
-    /// which decoded without error within `max_list_size`, and decoding it again would give
-    /// the same fields (those of every block of this [`Decoder::run`]) and leave the dynamic
-    /// table the same sequence of entries. Then the decode is counted as one more of the run
-    /// and nothing else changes. False: `decode` it.
+    /// Whether `block` decodes to the fields of the block decoded last: `Ok(true)` when it is
+    /// the octets of that block (kept: a decoder [`Decoder::watching_repeats`]), which
+    /// decoded without error within `max_list_size`, and decoding it again gives the same
+    /// fields (those of every block of this [`Decoder::run`]). Then the dynamic table is
+    /// what decoding it would leave (see below), and the decode is counted as one more of the
+    /// run. `Ok(false)`: not known, `decode` it. `Err`: it was decoded (for the table) and
+    /// failed as `decode` would have (it cannot: the same octets decoded without error).
     ///
     /// Why it is sound. A block's fields are a function of its octets and of the dynamic
     /// table's entries when it starts; its effect on the table is a function of the same.
     /// Blocks with a size update are never repeated (nor kept), and a decoder that requires
     /// one (`update_required`) repeats nothing, so the table's maximum size is the same
-    /// through the whole run. Two cases are repeated:
+    /// through the whole run. Three cases:
     /// 1. The block inserts nothing: it leaves the table as it found it, and no other block
     ///    was decoded since the last decode of these octets (a decode of other octets
     ///    starts a new run), so the table is the one that decode started with: same fields,
-    ///    same table.
+    ///    same table. Nothing is done.
     /// 2. The block refers to no dynamic entry (every name and field is static or literal):
     ///    its fields depend on its octets alone, and so do the `k >= 1` entries `E` it
     ///    inserts. The table after inserting entries one by one, each evicting the oldest
@@ -616,28 +617,37 @@ impl Decoder {
     ///    next longer suffix of `E^n` does not fit: it is the longest fitting suffix `S` of
     ///    `E^m` for every `m >= n`. Inserting `E` once more gives the longest fitting suffix
     ///    of `S ++ E`, a suffix of `E^(n+1)` that contains `S`: `S` again. So the table is
-    ///    the same sequence of entries whether the block is decoded or not.
+    ///    the same sequence of entries whether the block is decoded or not: nothing is done.
+    /// 3. As 2 before that steady state (the table still holds entries from before the
+    ///    run): the fields are the same, the table is not; the block is decoded for the
+    ///    table alone (no field is handed out), which costs a fraction of a decode whose
+    ///    fields are validated and built.
     ///
-    /// The entries are the same names and values in the same order with the same size;
-    /// only where the table keeps their octets would differ, which nothing observes. The
-    /// memo of Huffman-coded values is skipped too: it only ever gives the decoder's own
-    /// answers, so what it holds changes no field.
-    pub fn repeat(&mut self, block: &[u8], max_list_size: usize) -> bool {
+    /// A block that both refers to the table and inserts is not known (`Ok(false)`).
+    /// Entries are the same names and values in the same order with the same size; only
+    /// where the table keeps their octets may differ, which nothing observes. The memo of
+    /// Huffman-coded values is skipped in cases 1 and 2: it only ever gives the decoder's
+    /// own answers, so what it holds changes no field.
+    pub fn repeat(&mut self, block: &[u8], max_list_size: usize) -> Result<bool, HpackError> {
         if self.poisoned || self.update_required.is_some() {
-            return false;
+            return Ok(false);
         }
         let Some(l) = self.last.as_deref_mut() else {
-            return false;
+            return Ok(false);
         };
         if l.runs == 0 || l.list_size > max_list_size || l.octets != block {
-            return false;
+            return Ok(false);
         }
-        let same_table = l.inserts == 0
-            || (!l.refs && self.table.entries.len() < l.runs.saturating_mul(l.inserts));
-        if same_table {
+        if l.inserts == 0
+            || (!l.refs && self.table.entries.len() < l.runs.saturating_mul(l.inserts))
+        {
             l.runs = l.runs.saturating_add(1);
+            return Ok(true);
         }
-        same_table
+        if l.refs {
+            return Ok(false);
+        }
+        self.decode(block, max_list_size, |_| {}).map(|()| true)
     }
 
     /// Keeps what `decode` learnt of `block` for [`Decoder::repeat`] (`facts`: `None` when
