@@ -19,7 +19,7 @@
 use crate::frame::{
     self, flag, kind, setting, Head, Reason, DEFAULT_WINDOW, HEADER_LEN, MAX_WINDOW,
 };
-use crate::hpack::{Decoder, Encoder, Field, HpackError};
+use crate::hpack::{Decoder, Encoder, Field, HpackError, KeptHead};
 use crate::{Body, BoxError, H2Error};
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_LENGTH, HOST};
@@ -307,7 +307,7 @@ pub struct Core {
     block: BytesMut,
     /// A final or interim response head as validated from a block of the decoder's run
     /// `.0` (see [`Core::on_block`]): handed out again, cloned, for a block that repeats it.
-    kept: Option<Box<(u64, ResponseBlock)>>,
+    kept: KeptHead<ResponseBlock>,
     /// Heads handed out from `kept`.
     heads_repeated: u64,
     /// The clock reading of the read being handled, taken when a flood counter needs it.
@@ -482,7 +482,7 @@ impl Core {
             ping_out: false,
             turn: 0,
             block: BytesMut::new(),
-            kept: None,
+            kept: KeptHead::default(),
             heads_repeated: 0,
             now: None,
         }
@@ -1621,21 +1621,17 @@ impl Core {
         // the head validated from that block's run is handed out again. Heads only: the
         // validation differs for trailers.
         let head = live && !trailers;
-        let kept = self
-            .kept
-            .as_deref()
-            .filter(|k| head && k.0 == self.decoder.run());
-        let repeated = match kept {
-            Some(_) => self.decoder.repeat(block, max),
-            None => Ok(false),
+        let repeated = match head {
+            true => self.kept.repeat(&mut self.decoder, block, max),
+            false => Ok(None),
         };
-        let (h, r) = match (repeated, kept) {
-            (Ok(true), Some((_, k))) => {
+        let (h, r) = match repeated {
+            Ok(Some(k)) => {
                 self.heads_repeated += 1;
-                (k.clone(), Ok(()))
+                (k, Ok(()))
             }
-            (Err(e), _) => (ResponseBlock::default(), Err(e)),
-            _ => {
+            Err(e) => (ResponseBlock::default(), Err(e)),
+            Ok(None) => {
                 let mut h = ResponseBlock::default();
                 let r = if live {
                     self.decoder.decode(block, max, |f| h.field(f, trailers))
@@ -1643,13 +1639,8 @@ impl Core {
                     // Decoded all the same: the table must stay in step with the backend's.
                     self.decoder.decode(block, max, |_| {})
                 };
-                if head && r.is_ok() && h.malformed.is_none() && self.decoder.repeats() >= 2 {
-                    // The same octets twice in a row: likely again (kept from the second on,
-                    // so that heads that never repeat cost no copy).
-                    let run = self.decoder.run();
-                    if self.kept.as_ref().is_none_or(|k| k.0 != run) {
-                        self.kept = Some(Box::new((run, h.clone())));
-                    }
+                if head && r.is_ok() && h.malformed.is_none() {
+                    self.kept.keep(&self.decoder, || h.clone());
                 }
                 (h, r)
             }

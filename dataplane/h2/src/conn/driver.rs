@@ -49,7 +49,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
             data_progress: false,
             scratch: BytesMut::with_capacity(1024),
             decoder: Decoder::new().watching_repeats(),
-            kept_request: None,
+            kept_request: Default::default(),
             encoder: Encoder::new(),
             preface_done: false,
             frames_pending: false,

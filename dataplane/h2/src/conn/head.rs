@@ -253,38 +253,24 @@ impl NewHead {
 impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
     /// A new stream's head: the kept one when `block` repeats its run, else decoded.
     fn new_head(&mut self, block: &[u8]) -> Result<NewHead, Fault> {
-        let run = self.decoder.run();
         let max = self.cfg.max_header_bytes as usize;
-        if let Some(k) = self.kept_request.as_deref() {
-            if k.0 == run {
-                match self.decoder.repeat(block, max) {
-                    Ok(true) => return Ok(NewHead::Kept(k.1.clone())),
-                    Ok(false) => {}
-                    // (Not reached: the same octets decoded within the bound before.)
-                    Err(e) if !e.is_connection_error() => {
-                        return Ok(NewHead::Decoded(DecodedBlock {
-                            too_large: true,
-                            ..DecodedBlock::default()
-                        }))
-                    }
-                    Err(e) => return Err(Self::hpack_failed(&e)),
-                }
-            }
+        match self.kept_request.repeat(&mut self.decoder, block, max) {
+            Ok(Some(parts)) => Ok(NewHead::Kept(parts)),
+            Ok(None) => self.decode(block, false).map(NewHead::Decoded),
+            // (Not reached: the same octets decoded within the bound before.)
+            Err(e) if !e.is_connection_error() => Ok(NewHead::Decoded(DecodedBlock {
+                too_large: true,
+                ..DecodedBlock::default()
+            })),
+            Err(e) => Err(Self::hpack_failed(&e)),
         }
-        self.decode(block, false).map(NewHead::Decoded)
     }
 
     /// Keeps the head of a new stream, valid and not a tunnel, when its block was the same
     /// octets twice in a row (likely again; a client whose requests never repeat costs no
     /// copy), unless one of its run is kept already.
     pub(super) fn keep_request(&mut self, parts: &http::request::Parts) {
-        if self.decoder.repeats() < 2 {
-            return;
-        }
-        let run = self.decoder.run();
-        if self.kept_request.as_ref().is_none_or(|k| k.0 != run) {
-            self.kept_request = Some(Box::new((run, parts.clone())));
-        }
+        self.kept_request.keep(&self.decoder, || parts.clone());
     }
 }
 

@@ -274,7 +274,7 @@ struct Driver<I, S: H2Service> {
     decoder: Decoder,
     /// A request head as built from a block of the decoder's run `.0` (see
     /// [`head::NewHead`]): handed out again, cloned, for a block that repeats it.
-    kept_request: Option<Box<(u64, http::request::Parts)>>,
+    kept_request: crate::hpack::KeptHead<http::request::Parts>,
     encoder: Encoder,
 
     preface_done: bool,

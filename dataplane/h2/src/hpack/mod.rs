@@ -867,6 +867,51 @@ impl Decoder {
     }
 }
 
+/// A head built from a block of a decoder's run (see [`Decoder::repeat`]), handed out again,
+/// cloned, for a block that repeats it: the response heads of the client and the request
+/// heads of the server keep theirs here.
+pub struct KeptHead<T> {
+    kept: Option<Box<(u64, T)>>,
+}
+
+impl<T> Default for KeptHead<T> {
+    fn default() -> Self {
+        KeptHead { kept: None }
+    }
+}
+
+impl<T: Clone> KeptHead<T> {
+    /// The kept head, cloned, when `block` repeats the run it was built from
+    /// ([`Decoder::repeat`]); `Ok(None)`: decode `block`; `Err`: `repeat`'s (the decode's)
+    /// error.
+    pub fn repeat(
+        &self,
+        decoder: &mut Decoder,
+        block: &[u8],
+        max_list_size: usize,
+    ) -> Result<Option<T>, HpackError> {
+        match self.kept.as_deref() {
+            Some((run, head)) if *run == decoder.run() => {
+                Ok(decoder.repeat(block, max_list_size)?.then(|| head.clone()))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// Keeps the head `make` builds of the block just decoded when that block was the same
+    /// octets twice in a row (likely again; heads that never repeat cost no copy), unless one
+    /// of its run is kept already.
+    pub fn keep(&mut self, decoder: &Decoder, make: impl FnOnce() -> T) {
+        if decoder.repeats() < 2 {
+            return;
+        }
+        let run = decoder.run();
+        if self.kept.as_ref().is_none_or(|k| k.0 != run) {
+            self.kept = Some(Box::new((run, make())));
+        }
+    }
+}
+
 /// HPACK encoder for one connection's outbound header blocks. It never adds to the dynamic
 /// table (and tells the peer so by shrinking it to zero), so every block it writes is
 /// independent of the connection and can be cached.
