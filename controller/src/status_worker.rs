@@ -1582,6 +1582,22 @@ hostnames: [gateway-listener.com]\n  rules: [{{matches: [{{path: {{type: PathPre
             g
         }
 
+        /// [`Gated::start`], then the dataplane acknowledges `generation` and every status of
+        /// `statuses` is written, as translated; with the API server's request count then (one
+        /// write per status).
+        async fn start_written(
+            snapshot: &crate::translate::Snapshot,
+            statuses: &Statuses,
+            generation: u64,
+        ) -> (Gated, usize) {
+            let mut g = Gated::start(snapshot, statuses, generation).await;
+            g.step(|s| s.acked = generation).await;
+            g.assert_translated(statuses);
+            let before = g.api.requests();
+            assert_eq!(before, statuses.len());
+            (g, before)
+        }
+
         /// Offers every status of `statuses` for `generation`, as the reconcile loop does;
         /// how many entries that queued.
         fn offer(&self, statuses: &Statuses, generation: u64) -> usize {
@@ -2360,12 +2376,7 @@ hostnames: [gateway-listener.com]\n  rules: [{{matches: [{{path: {{type: PathPre
             format!("{}-{n}", k.name)
         });
         for relist in [false, true] {
-            let mut g = Gated::start(&old, &statuses, 322).await;
-            g.w.objects = Box::new(Cached::of(&old).journal(&g.journal));
-            g.step(|s| s.acked = 322).await;
-            g.assert_translated(&statuses);
-            let before = g.api.requests();
-            assert_eq!(before, statuses.len());
+            let (mut g, before) = Gated::start_written(&old, &statuses, 322).await;
 
             // Deleted and created again: the cache holds the new objects (resourceVersion 7,
             // no status), the others as they were.
@@ -2447,12 +2458,7 @@ hostnames: [gateway-listener.com]\n  rules: [{{matches: [{{path: {{type: PathPre
             let n = if *k == r0 { 2 } else { 1 };
             format!("{}-{n}", k.name)
         });
-        let mut g = Gated::start(&old, &statuses, 322).await;
-        g.w.objects = Box::new(Cached::of(&old).journal(&g.journal));
-        g.step(|s| s.acked = 322).await;
-        g.assert_translated(&statuses);
-        let before = g.api.requests();
-        assert_eq!(before, statuses.len());
+        let (mut g, before) = Gated::start_written(&old, &statuses, 322).await;
 
         // A snapshot is taken (its position), then r0 is deleted and created again: the cache
         // holds the new object (resourceVersion 7, no status), its watch journalled it.
