@@ -818,6 +818,11 @@ mod tests {
                     proptest::prop_assert_eq!(normal_form(&a), reference_normalize_authority(&s));
                 }
             }
+            // Through `establish`, as a client's `Host`: the field the request goes on with
+            // (kept as it is when already normal, else replaced) is the reference's normal
+            // form, and what the reference refuses is refused.
+            let got = run(Protocol::Http1, req(Version::HTTP_11, "/x", &[("host", &s)]));
+            proptest::prop_assert_eq!(got.map(|(host, _)| host), reference_normalize_authority(&s));
         }
     }
 
@@ -863,6 +868,9 @@ mod tests {
                     proptest::prop_assert_eq!(normal_form(&a), reference_normalize_authority(&s));
                 }
             }
+            // Through `establish`, as a client's `Host` (as above).
+            let got = run(Protocol::Http1, req(Version::HTTP_11, "/x", &[("host", &s)]));
+            proptest::prop_assert_eq!(got.map(|(host, _)| host), reference_normalize_authority(&s));
         }
     }
 }
