@@ -43,9 +43,10 @@
 //!   same spec between two translations (`kubectl replace --force`, a GitOps tool) has the
 //!   wanted status offered before, so no offer queues it, yet the new object carries no
 //!   status of ours. The watch journals every object that comes under a name it did not
-//!   hold ([`crate::watch::Stores::created`]); the worker queues those it has entries for
-//!   (and every object when the journal lost its place: a relist), and the writer, whose
-//!   memory of an object goes with its `metadata.uid`, writes them to the new object. Every
+//!   hold ([`crate::watch::Stores::created`]); the worker queues those it has entries for,
+//!   an Ingress's Events with the Ingress (and every object when the journal lost its
+//!   place: a relist), and the writer, whose memory of an object goes with its
+//!   `metadata.uid`, writes them to (or publishes them about) the new object. Every
 //!   offer wakes the worker for that, and tells it the journal's position its snapshot was
 //!   taken at ([`crate::translate::Snapshot::created_at`]): the worker takes entries only up
 //!   to that position. An object created again with another spec thus waits for the offer
@@ -803,6 +804,13 @@ fn queue_created(objects: &dyn Objects, created_at: &mut Option<u64>, q: &mut Qu
         Created::Later => return,
         Created::Keys(keys) => keys
             .into_iter()
+            // An Ingress's Events are about the new object too.
+            .flat_map(|k| {
+                let events = (k.kind == "Ingress").then(|| {
+                    ObjectKey::new(crate::translate::ingress::EVENT_KIND, &k.namespace, &k.name)
+                });
+                std::iter::once(k).chain(events)
+            })
             .filter(|k| q.entries.get(k).is_some_and(|e| e.want.is_some()))
             .collect(),
         Created::Lost => q
@@ -850,7 +858,8 @@ fn earliest(a: Option<Instant>, b: Instant) -> Option<Instant> {
 /// Where the worker finds the objects it writes statuses for: the watch caches
 /// ([`Stores`]; tests give their own).
 trait Objects: Send + Sync + 'static {
-    /// The cached object a status is for.
+    /// The cached object a status is for, or the one its Events are about
+    /// ([`status_writer::event_object`]).
     fn lookup(&self, key: &ObjectKey) -> Option<Arc<dyn Current>>;
     /// (namespace, name, status) of the cached objects of `kind` (asked for atomic kinds only).
     fn statuses(&self, kind: &str) -> Vec<(String, String, serde_json::Value)>;
@@ -868,10 +877,13 @@ impl Objects for Stores {
             st.get(&key.namespace, &key.name)
                 .map(|o| o as Arc<dyn Current>)
         }
+        let key = &status_writer::event_object(key);
         macro_rules! find {
             ($($kind:literal $field:ident),*) => {
                 match key.kind.as_str() {
                     $($kind => get(&self.$field, key),)*
+                    "IngressClass" => get(&self.ingress_classes, key),
+                    "SweetyProxyConfig" => get(&self.proxy_configs, key),
                     _ => None,
                 }
             };
@@ -1145,6 +1157,8 @@ mod tests {
         log: Log,
         /// The `metadata` of every request, in the order of `log`.
         metadata: Arc<Mutex<Vec<serde_json::Value>>>,
+        /// The body of every request, in the order of `log`.
+        bodies: Arc<Mutex<Vec<serde_json::Value>>>,
         held: Arc<watch::Sender<bool>>,
         task: tokio::task::JoinHandle<()>,
     }
@@ -1161,6 +1175,8 @@ mod tests {
             let seen = log.clone();
             let metadata: Arc<Mutex<Vec<serde_json::Value>>> = Arc::default();
             let metas = metadata.clone();
+            let bodies: Arc<Mutex<Vec<serde_json::Value>>> = Arc::default();
+            let kept = bodies.clone();
             let held = Arc::new(watch::channel(false).0);
             let hold = held.clone();
             let task = tokio::spawn(async move {
@@ -1169,10 +1185,12 @@ mod tests {
                         continue;
                     };
                     let (seen, hold, metas) = (seen.clone(), hold.clone(), metas.clone());
+                    let kept = kept.clone();
                     tokio::spawn(async move {
                         let svc = hyper::service::service_fn(
                             move |req: http::Request<hyper::body::Incoming>| {
                                 let (seen, metas) = (seen.clone(), metas.clone());
+                                let kept = kept.clone();
                                 let mut release = hold.subscribe();
                                 async move {
                                     let method = req.method().to_string();
@@ -1189,6 +1207,7 @@ mod tests {
                                             obj = FakeApi::get(&path, &seen);
                                         }
                                         metas.lock().unwrap().push(obj["metadata"].clone());
+                                        kept.lock().unwrap().push(obj.clone());
                                         seen.push((
                                             method,
                                             text(&obj["kind"]),
@@ -1222,6 +1241,7 @@ mod tests {
                 addr,
                 log,
                 metadata,
+                bodies,
                 held,
                 task,
             }
@@ -1376,7 +1396,7 @@ mod tests {
 
     impl Objects for Cached {
         fn lookup(&self, key: &ObjectKey) -> Option<Arc<dyn Current>> {
-            self.0.get(key).cloned()
+            self.0.get(&status_writer::event_object(key)).cloned()
         }
 
         fn statuses(&self, kind: &str) -> Vec<(String, String, serde_json::Value)> {
@@ -2431,6 +2451,71 @@ hostnames: [gateway-listener.com]\n  rules: [{{matches: [{{path: {{type: PathPre
             assert_eq!(q.depth(g.w.jobs.len()), 0);
             assert!(q.unacked.is_empty() && q.gone.is_empty());
         }
+    }
+
+    /// An Ingress's problems are published as Events about it (they have no status field),
+    /// and `kubectl describe ingress` lists only the Events whose object reference carries
+    /// the Ingress's uid (its field selector includes `involvedObject.uid`): each Event must
+    /// name the uid of the object it is about. An Ingress deleted and created again under its
+    /// name with the same spec (new uid) has the same problems, so no offer queues them; its
+    /// Events must be published again, about the new object, once.
+    #[tokio::test]
+    async fn an_ingress_created_again_gets_its_events_about_the_new_object() {
+        use k8s_openapi::api::networking::v1::Ingress;
+        let ingress = |uid: &str| {
+            let mut i = Ingress::default();
+            i.metadata.namespace = Some("ns".into());
+            i.metadata.name = Some("ing".into());
+            i.metadata.uid = Some(uid.into());
+            Arc::new(i)
+        };
+        let snapshot = |uid: &str| crate::translate::Snapshot {
+            ingresses: vec![ingress(uid)],
+            ..Default::default()
+        };
+        let events_key = ObjectKey::new(crate::translate::ingress::EVENT_KIND, "ns", "ing");
+        let statuses: Statuses = [(events_key, conditions("HostTaken"))].into();
+        let mut g = Gated::start(&snapshot("ing-1"), &statuses, 1).await;
+        g.w.writer = StatusWriter::new(g.api.client(), "sweety.dev/gateway-controller")
+            .with_events(kube::runtime::events::Reporter {
+                controller: "sweety-controller".into(),
+                instance: Some("test".into()),
+            });
+        // The Event about each published: (regarding's kind, name, uid).
+        let published = |g: &Gated| -> Vec<[String; 3]> {
+            let (log, bodies) = (g.api.log.lock().unwrap(), g.api.bodies.lock().unwrap());
+            log.iter()
+                .zip(bodies.iter())
+                .filter(|(e, _)| e.0 == "POST")
+                .map(|(_, b)| {
+                    let r = &b["regarding"];
+                    ["kind", "name", "uid"].map(|f| r[f].as_str().unwrap_or("").to_string())
+                })
+                .collect()
+        };
+        let about = |uid: &str| ["Ingress".to_string(), "ing".into(), uid.into()];
+        g.step(|s| s.acked = 1).await;
+        assert_eq!(published(&g), [about("ing-1")]);
+
+        // Deleted and created again with the same spec: the cache holds the new object.
+        record_created(&g.journal, &ObjectKey::new("Ingress", "ns", "ing"));
+        g.w.objects = Box::new(Cached::of(&snapshot("ing-2")).journal(&g.journal));
+        assert_eq!(g.offer(&statuses, 2), 0, "translate wants what it wanted");
+        g.step(|s| {
+            s.submitted = 2;
+            s.acked = 2;
+        })
+        .await;
+        assert_eq!(published(&g), [about("ing-1"), about("ing-2")]);
+
+        // Published: the next translation, the same again, publishes nothing.
+        assert_eq!(g.offer(&statuses, 3), 0);
+        g.step(|s| {
+            s.submitted = 3;
+            s.acked = 3;
+        })
+        .await;
+        assert_eq!(published(&g).len(), 2);
     }
 
     /// Review of 8b6d4ca: route r0 deleted and created again under its name with another

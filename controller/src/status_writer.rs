@@ -25,7 +25,9 @@
 //!   [`StatusWriter::with_events`], published as Kubernetes Events on the object (`Warning` for
 //!   a `False` condition or one of type `Warning`, `Normal` otherwise). Problems `translate`
 //!   records for an Ingress under `ingress::EVENT_KIND` become Events on that Ingress, so
-//!   `kubectl describe ingress` shows them to its owner.
+//!   `kubectl describe ingress` shows them to its owner. An Event names the object's
+//!   `metadata.uid` (`kubectl describe` lists only those), and the Events of an object
+//!   created again under the same name are published again, about the new object.
 
 use crate::push::PushState;
 use crate::translate::status::{Condition, ObjectKey, ObjectStatus, ParentRef, Statuses};
@@ -512,9 +514,10 @@ impl StatusWriter {
 
     /// Decide what to write for one object. `status: None` removes our route/policy entries;
     /// `current` is the object as the watch cache has it (`None`: not there; nothing is
-    /// written except Events). Kinds without a status block of ours (Ingress, IngressClass,
-    /// SweetyProxyConfig) log their conditions once per change, and publish them as Events
-    /// when enabled.
+    /// written). Kinds without a status block of ours (Ingress, IngressClass,
+    /// SweetyProxyConfig) log their conditions once per change and object, and publish them
+    /// as Events when enabled; their `current` is the object the Events are about
+    /// ([`event_object`]).
     pub fn prepare(
         &mut self,
         key: &ObjectKey,
@@ -525,7 +528,18 @@ impl StatusWriter {
     ) -> Prepared {
         if let Some(ObjectStatus::Conditions(conditions)) = status {
             let v = serde_json::to_value(conditions).unwrap_or(Value::Null);
-            if self.last(key) == Some(&v) {
+            // `current` is the object the Events are about ([`event_object`]): published
+            // again for an object created again under the same name (a new `metadata.uid`),
+            // since `kubectl describe` shows only the Events that name the object's uid.
+            let uid = current.and_then(|c| c.uid());
+            let written = self.written.entry(key.clone()).or_default();
+            if written.uid != uid {
+                *written = Written {
+                    uid: uid.clone(),
+                    ..Written::default()
+                };
+            }
+            if written.status.as_ref() == Some(&v) {
                 return Prepared::Unchanged;
             }
             for c in conditions {
@@ -543,7 +557,10 @@ impl StatusWriter {
                     );
                 }
             }
-            return match (&self.events, event_reference(key)) {
+            // Not in the cache (deleted, or not seen yet): no Event, which nothing would show;
+            // published once the object is there.
+            let reference = uid.and_then(|uid| event_reference(key, uid));
+            return match (&self.events, reference) {
                 (Some(recorder), Some(reference)) => Prepared::Write(Box::new(WriteJob {
                     key: key.clone(),
                     work: Work::Events {
@@ -662,11 +679,6 @@ impl StatusWriter {
             .map(|(seen, rv, st)| (seen, rv, (st != done.desired).then_some(st)));
         w.status = Some(done.desired);
         Ok(done.written)
-    }
-
-    /// What was last written for `key`.
-    fn last(&self, key: &ObjectKey) -> Option<&Value> {
-        self.written.get(key).and_then(|w| w.status.as_ref())
     }
 
     fn has_our_entries(&self, kind: &str, status: &Value) -> bool {
@@ -873,10 +885,21 @@ impl Stamper<'_> {
     }
 }
 
-/// The object an Event is about (kinds `translate` reports bare conditions for).
-fn event_reference(key: &ObjectKey) -> Option<ObjectReference> {
-    // Problems with an Ingress are recorded under their own key kind (so the Ingress's
-    // load-balancer status is kept); their Events are about the Ingress itself.
+/// The object the Events of `key` are about, for kinds `translate` reports bare conditions
+/// for: an Ingress's problems are recorded under their own key kind (so the Ingress's
+/// load-balancer status is kept), and are about the Ingress itself.
+pub fn event_object(key: &ObjectKey) -> ObjectKey {
+    if key.kind == crate::translate::ingress::EVENT_KIND {
+        ObjectKey::new("Ingress", &key.namespace, &key.name)
+    } else {
+        key.clone()
+    }
+}
+
+/// The object an Event is about (kinds `translate` reports bare conditions for), with the
+/// object's `uid`: `kubectl describe` lists the Events whose object reference carries the
+/// uid of the object described (its field selector includes `involvedObject.uid`).
+fn event_reference(key: &ObjectKey, uid: String) -> Option<ObjectReference> {
     let (api_version, kind) = match key.kind.as_str() {
         "Ingress" | "IngressClass" => ("networking.k8s.io/v1", key.kind.as_str()),
         crate::translate::ingress::EVENT_KIND => ("networking.k8s.io/v1", "Ingress"),
@@ -888,6 +911,7 @@ fn event_reference(key: &ObjectKey) -> Option<ObjectReference> {
         kind: Some(kind.into()),
         namespace: (!key.namespace.is_empty()).then(|| key.namespace.clone()),
         name: Some(key.name.clone()),
+        uid: Some(uid),
         ..Default::default()
     })
 }
@@ -973,6 +997,28 @@ pub fn api_resource(kind: &str) -> Option<ApiResource> {
         _ => return None,
     })
 }
+
+/// Kinds Events are published about that have no status of ours: only their uid is read.
+macro_rules! impl_current_without_status {
+    ($($t:ty),*) => {$(
+        impl Current for $t {
+            fn status(&self) -> Value {
+                Value::Null
+            }
+            fn uid(&self) -> Option<String> {
+                self.metadata.uid.clone()
+            }
+            fn resource_version(&self) -> Option<String> {
+                self.metadata.resource_version.clone()
+            }
+        }
+    )*};
+}
+
+impl_current_without_status!(
+    k8s_openapi::api::networking::v1::IngressClass,
+    sweety_crds::SweetyProxyConfig
+);
 
 /// An object whose status the writer compares against.
 pub trait Current: Send + Sync {
@@ -1077,11 +1123,18 @@ impl<'a> Index<'a> {
             };
         }
         status_kinds!(add_all!());
+        add(&mut map, "IngressClass", &s.ingress_classes);
+        add(&mut map, "SweetyProxyConfig", &s.proxy_configs);
         Index { map }
     }
 
+    /// The object `key`'s status is for, or the one its Events are about.
     fn get(&self, key: &ObjectKey) -> Option<&'a dyn Current> {
-        let kind = *STATUS_KINDS.iter().find(|k| **k == key.kind)?;
+        let key = event_object(key);
+        let kind = *STATUS_KINDS
+            .iter()
+            .chain(&["IngressClass", "SweetyProxyConfig"])
+            .find(|k| **k == key.kind)?;
         self.map
             .get(&(kind, key.namespace.as_str(), key.name.as_str()))
             .copied()

@@ -852,7 +852,10 @@ async fn status_writer_writes_only_changes_and_keeps_foreign_parents() {
     assert!(!report.not_leader && report.errors.is_empty(), "{report:?}");
     assert_eq!(report.written, [ObjectKey::new("Ingress", &ns, "ing")]);
 
-    // 6. Conditions on an Ingress (it has no conditions field) become Events, once per change.
+    // 6. An Ingress's problems (it has no conditions field) become Events about it, once per
+    // change, that `kubectl describe ingress` shows: it lists the Events whose object
+    // reference carries the Ingress's kind, name, namespace and uid (kubectl's describe
+    // `searchEvents`, a field selector on core/v1 Events).
     let mut events_writer = StatusWriter::new(client.clone(), CONTROLLER).with_events(
         kube::runtime::events::Reporter {
             controller: FIELD_MANAGER.into(),
@@ -860,7 +863,11 @@ async fn status_writer_writes_only_changes_and_keeps_foreign_parents() {
         },
     );
     let mut only_conditions = Statuses::new();
-    let bad = ObjectKey::new("Ingress", &ns, "ing-bad");
+    let bad = ObjectKey::new(
+        sweety_controller::translate::ingress::EVENT_KIND,
+        &ns,
+        "ing",
+    );
     only_conditions.insert(
         bad.clone(),
         ObjectStatus::Conditions(vec![cond("Accepted", false, "InvalidBackend", 1)]),
@@ -873,18 +880,27 @@ async fn status_writer_writes_only_changes_and_keeps_foreign_parents() {
         .write(&only_conditions, &snap, &Gate::open())
         .await;
     assert!(report.written.is_empty(), "published once: {report:?}");
-    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), &ns);
-    let list = events.list(&Default::default()).await.unwrap();
-    let ev = list
-        .items
-        .iter()
-        .find(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("ing-bad"))
-        .expect("an Event about ing-bad");
+    let uid = snap.ingresses[0].uid().expect("a uid");
+    let described: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(client.clone(), &ns);
+    let selector = format!(
+        "involvedObject.name=ing,involvedObject.namespace={ns},involvedObject.kind=Ingress,\
+         involvedObject.uid={uid}"
+    );
+    let list = described
+        .list(&ListParams::default().fields(&selector))
+        .await
+        .unwrap();
+    let [ev] = &list.items[..] else {
+        panic!("one Event that kubectl describe shows: {:?}", list.items);
+    };
     assert_eq!(ev.reason.as_deref(), Some("InvalidBackend"));
     assert_eq!(ev.type_.as_deref(), Some("Warning"));
-    assert_eq!(ev.reporting_controller.as_deref(), Some(FIELD_MANAGER));
+    assert_eq!(ev.reporting_component.as_deref(), Some(FIELD_MANAGER));
     assert!(
-        ev.note.as_deref().unwrap_or("").contains("Accepted=False"),
+        ev.message
+            .as_deref()
+            .unwrap_or("")
+            .contains("Accepted=False"),
         "{ev:?}"
     );
 
