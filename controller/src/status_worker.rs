@@ -51,7 +51,9 @@
 //!   taken at ([`crate::translate::Snapshot::created_at`]): the worker takes entries only up
 //!   to that position. An object created again with another spec thus waits for the offer
 //!   of the translation that saw it, and is never written the status of the old object
-//!   (whose config may be acknowledged at the same generation, 1).
+//!   (whose config may be acknowledged at the same generation, 1). So does an entry queued
+//!   before its object was created again: no entry is written whose object the journal shows
+//!   created after the latest offer's snapshot.
 
 use crate::metrics::{ConditionCounts, Metrics};
 use crate::push::PushState;
@@ -567,12 +569,14 @@ impl Worker {
         }
         let now_str = status_writer::now();
         let now = Instant::now();
+        let untranslated;
         {
             let mut q = self.shared.queue();
             for key in std::mem::take(&mut q.gone) {
                 self.writer.forget_one(&key);
             }
             queue_created(&*self.objects, &mut self.created_at, &mut q);
+            untranslated = created_since_offer(&*self.objects, &q);
             while q.retry.front().is_some_and(|(at, _)| *at <= now) {
                 let (_, key) = q.retry.pop_front().expect("checked");
                 if let Some(e) = q.entries.get_mut(&key) {
@@ -596,6 +600,13 @@ impl Worker {
             let Some(e) = q.entries.get(&key) else {
                 continue;
             };
+            if untranslated.contains(&status_writer::event_object(&key)) {
+                // Created again under its name after the latest offer's snapshot: what the
+                // entry wants is for the old object. Queued again by the offer whose
+                // snapshot saw it ([`queue_created`]).
+                q.entries.get_mut(&key).expect("present").place = Place::Idle;
+                continue;
+            }
             let (generation, since) = (e.generation, e.since);
             let gate = self
                 .gates
@@ -823,6 +834,19 @@ fn queue_created(objects: &dyn Objects, created_at: &mut Option<u64>, q: &mut Qu
     *created_at = Some(upto);
     for key in &keys {
         q.mark(key);
+    }
+}
+
+/// The objects the watch saw come under a name after the snapshot of the latest offer
+/// (none when the journal cannot tell, or before the first offer): no translation has seen
+/// them, so their entries want the statuses of the objects they replaced.
+fn created_since_offer(objects: &dyn Objects, q: &Queue) -> std::collections::HashSet<ObjectKey> {
+    match q
+        .created_upto
+        .map(|upto| objects.created_between(upto, u64::MAX))
+    {
+        Some(Created::Keys(keys)) => keys.into_iter().collect(),
+        _ => Default::default(),
     }
 }
 
@@ -2516,6 +2540,86 @@ hostnames: [gateway-listener.com]\n  rules: [{{matches: [{{path: {{type: PathPre
         })
         .await;
         assert_eq!(published(&g).len(), 2);
+    }
+
+    /// Session 24's LOW item: route r0 queued by an offer (its write waits for the
+    /// dataplane's answer), then deleted and created again under its name with another spec
+    /// before it was written. The entry wants what the translation of the old spec wanted
+    /// (Accepted, Programmed once acknowledged), which would be wrong for the new object:
+    /// nothing may be written to it until the offer of a translation that saw it; the
+    /// other objects are written as usual. That offer then writes r0's new status, once.
+    #[tokio::test]
+    async fn an_object_queued_and_created_again_before_its_write_waits_for_its_translation() {
+        let (snapshot, statuses) = conflict_world(2);
+        let (edited, statuses_edited) = conflict_world_where(2, "no-such-listener");
+        let r0 = ObjectKey::new("HTTPRoute", "gateway-conformance-infra", "r0");
+        assert_ne!(statuses[&r0], statuses_edited[&r0]);
+        let old = with_uids(&snapshot, |k| format!("{}-1", k.name));
+        let new = with_uids(&edited, |k| {
+            let n = if *k == r0 { 2 } else { 1 };
+            format!("{}-{n}", k.name)
+        });
+        // Offered (every object queued), held for the dataplane's answer.
+        let mut g = Gated::start(&old, &statuses, 322).await;
+        drain(&mut g.w).await;
+        assert_eq!(g.api.requests(), 0);
+
+        // r0 is deleted and created again: the cache holds the new object, its watch
+        // journalled it; then the dataplane acknowledges 322.
+        let mut cache = Cached::of(&old);
+        cache.0.insert(
+            r0.clone(),
+            Cached::with(&new, &HashMap::new(), "7").0[&r0].clone(),
+        );
+        record_created(&g.journal, &r0);
+        g.w.objects = Box::new(cache.journal(&g.journal));
+        g.step(|s| s.acked = 322).await;
+        let wrote = |g: &Gated, from: usize| -> Vec<ObjectKey> {
+            let mut keys: Vec<ObjectKey> = g.api.log.lock().unwrap()[from..]
+                .iter()
+                .map(|(m, k, ns, n, _)| {
+                    assert_eq!(m, "PATCH");
+                    ObjectKey::new(k, ns, n)
+                })
+                .collect();
+            keys.sort();
+            keys
+        };
+        let mut others: Vec<ObjectKey> = statuses.keys().filter(|k| **k != r0).cloned().collect();
+        others.sort();
+        assert_eq!(
+            wrote(&g, 0),
+            others,
+            "the old status written to the new object"
+        );
+        let before = g.api.requests();
+
+        // The translation of the new spec: r0's status, once, to the new object, and the
+        // objects whose status the new spec changes.
+        let mut cache = Cached::of(&new);
+        cache.0.insert(
+            r0.clone(),
+            Cached::with(&new, &HashMap::new(), "7").0[&r0].clone(),
+        );
+        g.w.objects = Box::new(cache.journal(&g.journal));
+        assert!(g.offer(&statuses_edited, 323) > 0);
+        g.step(|s| {
+            s.submitted = 323;
+            s.acked = 323;
+        })
+        .await;
+        let mut changed: Vec<ObjectKey> = statuses_edited
+            .iter()
+            .filter(|(k, st)| statuses.get(*k) != Some(*st))
+            .map(|(k, _)| k.clone())
+            .collect();
+        changed.sort();
+        assert!(changed.contains(&r0));
+        assert_eq!(wrote(&g, before), changed);
+        g.assert_translated(&statuses_edited);
+        let q = g.w.shared.queue();
+        assert_eq!(q.entries.len(), statuses_edited.len());
+        assert_eq!(q.depth(g.w.jobs.len()), 0);
     }
 
     /// Review of 8b6d4ca: route r0 deleted and created again under its name with another
