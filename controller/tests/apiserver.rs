@@ -3333,21 +3333,28 @@ async fn run_loop_pushes_before_statuses_and_reconciles_once_per_change() {
     drop_namespace(&client, &ns).await;
 }
 
-/// The `reason`s of the Events published about Ingress `namespace/name`.
+/// The `reason`s of the Events `kubectl describe ingress` shows for Ingress `namespace/name`:
+/// it lists the core/v1 Events whose involved object has the Ingress's name, namespace, kind
+/// and uid (kubectl's describe `searchEvents`), so an Event that names another object of that
+/// name, or none, is not among them. Empty when the Ingress is not there.
 async fn ingress_event_reasons(client: &Client, namespace: &str, name: &str) -> Vec<String> {
-    let api: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), namespace);
-    let Ok(list) = api.list(&ListParams::default()).await else {
+    use k8s_openapi::api::networking::v1::Ingress;
+    let Ok(ingress) = Api::<Ingress>::namespaced(client.clone(), namespace)
+        .get(name)
+        .await
+    else {
         return Vec::new();
     };
-    list.items
-        .into_iter()
-        .filter(|e| {
-            e.regarding.as_ref().is_some_and(|r| {
-                r.kind.as_deref() == Some("Ingress") && r.name.as_deref() == Some(name)
-            })
-        })
-        .filter_map(|e| e.reason)
-        .collect()
+    let uid = ingress.uid().unwrap_or_default();
+    let selector = format!(
+        "involvedObject.name={name},involvedObject.namespace={namespace},\
+         involvedObject.kind=Ingress,involvedObject.uid={uid}"
+    );
+    let api: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(client.clone(), namespace);
+    let Ok(list) = api.list(&ListParams::default().fields(&selector)).await else {
+        return Vec::new();
+    };
+    list.items.into_iter().filter_map(|e| e.reason).collect()
 }
 
 /// Host ownership and fail-closed answers through the real apiserver and an in-process
