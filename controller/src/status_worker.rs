@@ -50,10 +50,12 @@
 //!   offer wakes the worker for that, and tells it the journal's position its snapshot was
 //!   taken at ([`crate::translate::Snapshot::created_at`]): the worker takes entries only up
 //!   to that position. An object created again with another spec thus waits for the offer
-//!   of the translation that saw it, and is never written the status of the old object
+//!   of the translation that saw it, and is not written the status of the old object
 //!   (whose config may be acknowledged at the same generation, 1). So does an entry queued
-//!   before its object was created again: no entry is written whose object the journal shows
-//!   created after the latest offer's snapshot.
+//!   before its object was created again: no status is written to an object the journal
+//!   shows created after the latest offer's snapshot, and none at all after a relist in
+//!   between, until the next offer ([`Untranslated`]). Only a write already in flight when
+//!   the object is created again can land on it; the next offer's translation corrects it.
 
 use crate::metrics::{ConditionCounts, Metrics};
 use crate::push::PushState;
@@ -435,6 +437,8 @@ struct Worker {
     /// The position in the journal of created objects ([`Objects::created_between`]) up to
     /// which they were queued (`None`: not looked at yet).
     created_at: Option<u64>,
+    /// The objects created after the latest offer's snapshot, whose entries wait.
+    untranslated: Untranslated,
 }
 
 /// Whether the gate has the dataplane's answer.
@@ -469,6 +473,7 @@ impl Worker {
             acked_high: 0,
             gates: Default::default(),
             created_at: None,
+            untranslated: Untranslated::default(),
         }
     }
 
@@ -569,14 +574,12 @@ impl Worker {
         }
         let now_str = status_writer::now();
         let now = Instant::now();
-        let untranslated;
         {
             let mut q = self.shared.queue();
             for key in std::mem::take(&mut q.gone) {
                 self.writer.forget_one(&key);
             }
             queue_created(&*self.objects, &mut self.created_at, &mut q);
-            untranslated = created_since_offer(&*self.objects, &q);
             while q.retry.front().is_some_and(|(at, _)| *at <= now) {
                 let (_, key) = q.retry.pop_front().expect("checked");
                 if let Some(e) = q.entries.get_mut(&key) {
@@ -592,6 +595,12 @@ impl Worker {
             return wake;
         }
         self.scan_routes();
+        {
+            let q = self.shared.queue();
+            if !q.dirty.is_empty() {
+                self.untranslated.update(&*self.objects, q.created_upto);
+            }
+        }
         while self.jobs.len() < self.options.concurrency.max(1) {
             let mut q = self.shared.queue();
             let Some(key) = q.dirty.pop_front() else {
@@ -600,10 +609,11 @@ impl Worker {
             let Some(e) = q.entries.get(&key) else {
                 continue;
             };
-            if untranslated.contains(&status_writer::event_object(&key)) {
+            if e.want.is_some() && self.untranslated.holds(&key) {
                 // Created again under its name after the latest offer's snapshot: what the
                 // entry wants is for the old object. Queued again by the offer whose
-                // snapshot saw it ([`queue_created`]).
+                // snapshot saw it ([`queue_created`]). (An entry that only removes ours
+                // goes: the new object has none of them anyway.)
                 q.entries.get_mut(&key).expect("present").place = Place::Idle;
                 continue;
             }
@@ -837,16 +847,60 @@ fn queue_created(objects: &dyn Objects, created_at: &mut Option<u64>, q: &mut Qu
     }
 }
 
-/// The objects the watch saw come under a name after the snapshot of the latest offer
-/// (none when the journal cannot tell, or before the first offer): no translation has seen
-/// them, so their entries want the statuses of the objects they replaced.
-fn created_since_offer(objects: &dyn Objects, q: &Queue) -> std::collections::HashSet<ObjectKey> {
-    match q
-        .created_upto
-        .map(|upto| objects.created_between(upto, u64::MAX))
-    {
-        Some(Created::Keys(keys)) => keys.into_iter().collect(),
-        _ => Default::default(),
+/// The objects the watch saw come under a name after the snapshot of the latest offer: no
+/// translation has seen them, so their entries want the statuses of the objects they
+/// replaced, and wait for the offer whose snapshot covers them ([`queue_created`] queues
+/// them then). Kept across write passes and extended by the journal's new entries only, so a
+/// pass costs what was journalled since the last one, and an offer what its snapshot left out.
+#[derive(Default)]
+struct Untranslated {
+    /// The latest offer's snapshot position and the journal position this was read up to.
+    read: Option<(u64, u64)>,
+    /// Everything is held: the journal lost its place after the snapshot (a relist, or more
+    /// entries than it keeps); the offer after the relist covers it.
+    all: bool,
+    keys: std::collections::HashSet<ObjectKey>,
+}
+
+impl Untranslated {
+    /// Follow the journal up to now; `upto` is the latest offer's snapshot position.
+    fn update(&mut self, objects: &dyn Objects, upto: Option<u64>) {
+        let Some(upto) = upto else {
+            return;
+        };
+        let now = objects.created_position();
+        let since = match self.read {
+            Some((u, read)) if u == upto && !self.all => {
+                if read == now {
+                    return;
+                }
+                read
+            }
+            _ => {
+                self.keys.clear();
+                self.all = false;
+                upto
+            }
+        };
+        self.read = Some((upto, now));
+        match objects.created_between(since, now) {
+            Created::Keys(keys) => self.keys.extend(keys),
+            Created::Lost | Created::Later => self.all = true,
+        }
+    }
+
+    /// Whether the entry of `key` waits (for an Ingress's Events: the Ingress).
+    fn holds(&self, key: &ObjectKey) -> bool {
+        if self.all {
+            return true;
+        }
+        if self.keys.is_empty() {
+            return false;
+        }
+        if key.kind == crate::translate::ingress::EVENT_KIND {
+            return self.keys.contains(&status_writer::event_object(key));
+        }
+        self.keys.contains(key)
     }
 }
 
@@ -890,6 +944,8 @@ trait Objects: Send + Sync + 'static {
     /// The objects that came into the cache under a name it did not hold after position
     /// `since` of its journal, up to position `upto`.
     fn created_between(&self, since: u64, upto: u64) -> Created;
+    /// The current position of that journal.
+    fn created_position(&self) -> u64;
 }
 
 impl Objects for Stores {
@@ -929,6 +985,10 @@ impl Objects for Stores {
 
     fn created_between(&self, since: u64, upto: u64) -> Created {
         created_in(&self.created, since, upto)
+    }
+
+    fn created_position(&self) -> u64 {
+        self.created.position()
     }
 }
 
@@ -1433,6 +1493,10 @@ mod tests {
 
         fn created_between(&self, since: u64, upto: u64) -> Created {
             created_in(&self.1, since, upto)
+        }
+
+        fn created_position(&self) -> u64 {
+            self.1.position()
         }
     }
 
@@ -2543,11 +2607,15 @@ hostnames: [gateway-listener.com]\n  rules: [{{matches: [{{path: {{type: PathPre
     }
 
     /// Session 24's LOW item: route r0 queued by an offer (its write waits for the
-    /// dataplane's answer), then deleted and created again under its name with another spec
-    /// before it was written. The entry wants what the translation of the old spec wanted
-    /// (Accepted, Programmed once acknowledged), which would be wrong for the new object:
-    /// nothing may be written to it until the offer of a translation that saw it; the
-    /// other objects are written as usual. That offer then writes r0's new status, once.
+    /// dataplane's answer), then deleted and created again under its name before it was
+    /// written. The entry wants what the translation of the old object wanted (Accepted,
+    /// Programmed once acknowledged), which may be wrong for the new one: nothing may be
+    /// written to it until the offer of a translation that saw it; the other objects are
+    /// written as usual. That offer then writes r0's status, once, to the new object: the
+    /// new spec's status, or the same status again when the spec is the same (no offer
+    /// queues it then: the journal does). After a relist between the offer's snapshot and
+    /// the write (the journal cannot tell what was created), nothing is written until the
+    /// next offer, which writes every object.
     #[tokio::test]
     async fn an_object_queued_and_created_again_before_its_write_waits_for_its_translation() {
         let (snapshot, statuses) = conflict_world(2);
@@ -2555,71 +2623,86 @@ hostnames: [gateway-listener.com]\n  rules: [{{matches: [{{path: {{type: PathPre
         let r0 = ObjectKey::new("HTTPRoute", "gateway-conformance-infra", "r0");
         assert_ne!(statuses[&r0], statuses_edited[&r0]);
         let old = with_uids(&snapshot, |k| format!("{}-1", k.name));
-        let new = with_uids(&edited, |k| {
-            let n = if *k == r0 { 2 } else { 1 };
-            format!("{}-{n}", k.name)
-        });
-        // Offered (every object queued), held for the dataplane's answer.
-        let mut g = Gated::start(&old, &statuses, 322).await;
-        drain(&mut g.w).await;
-        assert_eq!(g.api.requests(), 0);
+        for (case, spec, after) in [
+            ("another spec", &edited, &statuses_edited),
+            ("the same spec", &snapshot, &statuses),
+            ("a relist", &snapshot, &statuses),
+        ] {
+            let new = with_uids(spec, |k| {
+                let n = if *k == r0 { 2 } else { 1 };
+                format!("{}-{n}", k.name)
+            });
+            // Offered (every object queued), held for the dataplane's answer.
+            let mut g = Gated::start(&old, &statuses, 322).await;
+            drain(&mut g.w).await;
+            assert_eq!(g.api.requests(), 0);
 
-        // r0 is deleted and created again: the cache holds the new object, its watch
-        // journalled it; then the dataplane acknowledges 322.
-        let mut cache = Cached::of(&old);
-        cache.0.insert(
-            r0.clone(),
-            Cached::with(&new, &HashMap::new(), "7").0[&r0].clone(),
-        );
-        record_created(&g.journal, &r0);
-        g.w.objects = Box::new(cache.journal(&g.journal));
-        g.step(|s| s.acked = 322).await;
-        let wrote = |g: &Gated, from: usize| -> Vec<ObjectKey> {
-            let mut keys: Vec<ObjectKey> = g.api.log.lock().unwrap()[from..]
+            // r0 is deleted and created again: the cache holds the new object, its watch
+            // journalled it (or relisted); then the dataplane acknowledges 322.
+            let journal = g.journal.clone();
+            let cache = |s: &crate::translate::Snapshot| {
+                let mut cache = Cached::of(s);
+                cache.0.insert(
+                    r0.clone(),
+                    Cached::with(&new, &HashMap::new(), "7").0[&r0].clone(),
+                );
+                cache.journal(&journal)
+            };
+            if case == "a relist" {
+                g.journal.reset();
+            } else {
+                record_created(&g.journal, &r0);
+            }
+            g.w.objects = Box::new(cache(&old));
+            g.step(|s| s.acked = 322).await;
+            let wrote = |g: &Gated, from: usize| -> Vec<ObjectKey> {
+                let mut keys: Vec<ObjectKey> = g.api.log.lock().unwrap()[from..]
+                    .iter()
+                    .map(|(m, k, ns, n, _)| {
+                        assert_eq!(m, "PATCH");
+                        ObjectKey::new(k, ns, n)
+                    })
+                    .collect();
+                keys.sort();
+                keys
+            };
+            let mut others: Vec<ObjectKey> =
+                statuses.keys().filter(|k| **k != r0).cloned().collect();
+            others.sort();
+            let held = if case == "a relist" { vec![] } else { others };
+            assert_eq!(wrote(&g, 0), held, "{case}: written before the next offer");
+            let before = g.api.requests();
+
+            // The translation of the new object: r0's status, once, to the new object, and
+            // the objects whose status it changes (all of them after a relist).
+            g.w.objects = Box::new(cache(&new));
+            g.offer(after, 323);
+            g.step(|s| {
+                s.submitted = 323;
+                s.acked = 323;
+            })
+            .await;
+            let mut changed: Vec<ObjectKey> = after
                 .iter()
-                .map(|(m, k, ns, n, _)| {
-                    assert_eq!(m, "PATCH");
-                    ObjectKey::new(k, ns, n)
-                })
+                .filter(|(k, st)| **k == r0 || case == "a relist" || statuses.get(*k) != Some(*st))
+                .map(|(k, _)| k.clone())
                 .collect();
-            keys.sort();
-            keys
-        };
-        let mut others: Vec<ObjectKey> = statuses.keys().filter(|k| **k != r0).cloned().collect();
-        others.sort();
-        assert_eq!(
-            wrote(&g, 0),
-            others,
-            "the old status written to the new object"
-        );
-        let before = g.api.requests();
-
-        // The translation of the new spec: r0's status, once, to the new object, and the
-        // objects whose status the new spec changes.
-        let mut cache = Cached::of(&new);
-        cache.0.insert(
-            r0.clone(),
-            Cached::with(&new, &HashMap::new(), "7").0[&r0].clone(),
-        );
-        g.w.objects = Box::new(cache.journal(&g.journal));
-        assert!(g.offer(&statuses_edited, 323) > 0);
-        g.step(|s| {
-            s.submitted = 323;
-            s.acked = 323;
-        })
-        .await;
-        let mut changed: Vec<ObjectKey> = statuses_edited
-            .iter()
-            .filter(|(k, st)| statuses.get(*k) != Some(*st))
-            .map(|(k, _)| k.clone())
-            .collect();
-        changed.sort();
-        assert!(changed.contains(&r0));
-        assert_eq!(wrote(&g, before), changed);
-        g.assert_translated(&statuses_edited);
-        let q = g.w.shared.queue();
-        assert_eq!(q.entries.len(), statuses_edited.len());
-        assert_eq!(q.depth(g.w.jobs.len()), 0);
+            changed.sort();
+            assert_eq!(wrote(&g, before), changed, "{case}");
+            g.assert_translated(after);
+            let log = g.api.log.lock().unwrap().clone();
+            let metadata = g.api.metadata.lock().unwrap().clone();
+            let i = (before..log.len())
+                .find(|&i| ObjectKey::new(&log[i].1, &log[i].2, &log[i].3) == r0)
+                .unwrap();
+            assert_eq!(
+                metadata[i]["resourceVersion"], "7",
+                "{case}: the new object"
+            );
+            let q = g.w.shared.queue();
+            assert_eq!(q.entries.len(), after.len());
+            assert_eq!(q.depth(g.w.jobs.len()), 0);
+        }
     }
 
     /// Review of 8b6d4ca: route r0 deleted and created again under its name with another

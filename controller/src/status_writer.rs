@@ -26,8 +26,10 @@
 //!   a `False` condition or one of type `Warning`, `Normal` otherwise). Problems `translate`
 //!   records for an Ingress under `ingress::EVENT_KIND` become Events on that Ingress, so
 //!   `kubectl describe ingress` shows them to its owner. An Event names the object's
-//!   `metadata.uid` (`kubectl describe` lists only those), and the Events of an object
-//!   created again under the same name are published again, about the new object.
+//!   `metadata.uid` (`kubectl describe` lists only those); what was published is remembered
+//!   per uid, so the Events of an Ingress created again under the same name are published
+//!   again, about the new object (the status worker queues them: the watch journals
+//!   Ingresses, not IngressClasses or SweetyProxyConfigs). A failed publish is retried.
 
 use crate::push::PushState;
 use crate::translate::status::{Condition, ObjectKey, ObjectStatus, ParentRef, Statuses};
@@ -234,7 +236,7 @@ impl WriteJob {
                 conditions,
                 value,
             } => {
-                let mut published = false;
+                let (mut published, mut failed) = (false, None);
                 for c in &conditions {
                     let event = Event {
                         type_: if c.status == "False" || c.type_ == "Warning" {
@@ -249,14 +251,19 @@ impl WriteJob {
                     };
                     match recorder.publish(&event, &reference).await {
                         Ok(()) => published = true,
-                        Err(e) => tracing::warn!(error = %e, "publishing an Event failed"),
+                        Err(e) => failed = Some(e),
                     }
                 }
-                Ok(Done {
-                    desired: value,
-                    written: published,
-                    live: None,
-                })
+                // A failed one is tried again (all of them: the recorder counts a repeat
+                // into the same Event series).
+                match failed {
+                    Some(e) => Err(Error::Kube(e)),
+                    None => Ok(Done {
+                        desired: value,
+                        written: published,
+                        live: None,
+                    }),
+                }
             }
         };
         Outcome { key, result }
@@ -532,14 +539,8 @@ impl StatusWriter {
             // again for an object created again under the same name (a new `metadata.uid`),
             // since `kubectl describe` shows only the Events that name the object's uid.
             let uid = current.and_then(|c| c.uid());
-            let written = self.written.entry(key.clone()).or_default();
-            if written.uid != uid {
-                *written = Written {
-                    uid: uid.clone(),
-                    ..Written::default()
-                };
-            }
-            if written.status.as_ref() == Some(&v) {
+            let said = |w: &Written| w.uid == uid && w.status.as_ref() == Some(&v);
+            if self.written.get(key).is_some_and(said) {
                 return Prepared::Unchanged;
             }
             for c in conditions {
@@ -557,21 +558,40 @@ impl StatusWriter {
                     );
                 }
             }
-            // Not in the cache (deleted, or not seen yet): no Event, which nothing would show;
-            // published once the object is there.
-            let reference = uid.and_then(|uid| event_reference(key, uid));
+            let reference = uid.clone().and_then(|uid| event_reference(key, uid));
             return match (&self.events, reference) {
-                (Some(recorder), Some(reference)) => Prepared::Write(Box::new(WriteJob {
-                    key: key.clone(),
-                    work: Work::Events {
-                        recorder: recorder.clone(),
-                        reference,
-                        conditions: conditions.clone(),
-                        value: v,
-                    },
-                })),
-                _ => {
-                    self.written.entry(key.clone()).or_default().status = Some(v);
+                (Some(recorder), Some(reference)) => {
+                    // What was published goes with the uid ([`StatusWriter::finish`] records
+                    // it).
+                    let written = self.written.entry(key.clone()).or_default();
+                    if written.uid != uid {
+                        *written = Written {
+                            uid,
+                            ..Written::default()
+                        };
+                    }
+                    Prepared::Write(Box::new(WriteJob {
+                        key: key.clone(),
+                        work: Work::Events {
+                            recorder: recorder.clone(),
+                            reference,
+                            conditions: conditions.clone(),
+                            value: v,
+                        },
+                    }))
+                }
+                // Not in the cache (deleted): no Event, which nothing would show; what was
+                // published stays remembered.
+                (Some(_), None) => Prepared::Unchanged,
+                (None, _) => {
+                    self.written.insert(
+                        key.clone(),
+                        Written {
+                            uid,
+                            status: Some(v),
+                            live: None,
+                        },
+                    );
                     Prepared::Unchanged
                 }
             };
@@ -1192,6 +1212,50 @@ mod tests {
 
     fn attached_in(status: &Value) -> i64 {
         status["listeners"][0]["attachedRoutes"].as_i64().unwrap()
+    }
+
+    /// Events that could not be published (here: no API server) are an error, so the status
+    /// worker tries them again, and are not remembered as published. (Before, the job ended
+    /// well whatever the recorder answered, and the conditions were never published again for
+    /// that object.) With the object gone from the cache, nothing is published.
+    #[tokio::test]
+    async fn events_that_fail_are_tried_again() {
+        let client =
+            Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap())).unwrap();
+        let mut w =
+            StatusWriter::new(client, "sweety.dev/gateway-controller").with_events(Reporter {
+                controller: FIELD_MANAGER.into(),
+                instance: None,
+            });
+        let key = ObjectKey::new(crate::translate::ingress::EVENT_KIND, "ns", "ing");
+        let want = ObjectStatus::Conditions(vec![Condition::new(
+            "Warning",
+            true,
+            "HostTaken",
+            "taken".to_string(),
+            1,
+        )]);
+        let (gate, now) = (Gate::open(), "2026-01-01T00:00:00Z");
+        let ingress = Cached {
+            status: Value::Null,
+            rv: "1",
+        };
+        for attempt in 0..2 {
+            let Prepared::Write(job) = w.prepare(&key, Some(&want), Some(&ingress), &gate, now)
+            else {
+                panic!("attempt {attempt}: the Events are published");
+            };
+            let Work::Events { reference, .. } = &job.work else {
+                panic!("Events");
+            };
+            assert_eq!(reference.uid.as_deref(), Some("uid-1"));
+            assert_eq!(reference.kind.as_deref(), Some("Ingress"));
+            assert!(w.finish(job.run().await).is_err(), "attempt {attempt}");
+        }
+        assert!(matches!(
+            w.prepare(&key, Some(&want), None, &gate, now),
+            Prepared::Unchanged
+        ));
     }
 
     /// What this writer last wrote is trusted only until the watch cache moves past that write:

@@ -3336,25 +3336,49 @@ async fn run_loop_pushes_before_statuses_and_reconciles_once_per_change() {
 /// The `reason`s of the Events `kubectl describe ingress` shows for Ingress `namespace/name`:
 /// it lists the core/v1 Events whose involved object has the Ingress's name, namespace, kind
 /// and uid (kubectl's describe `searchEvents`), so an Event that names another object of that
-/// name, or none, is not among them. Empty when the Ingress is not there.
+/// name, or none, is not among them. Empty when the Ingress is not there; any other API
+/// error fails the test.
 async fn ingress_event_reasons(client: &Client, namespace: &str, name: &str) -> Vec<String> {
     use k8s_openapi::api::networking::v1::Ingress;
-    let Ok(ingress) = Api::<Ingress>::namespaced(client.clone(), namespace)
+    let ingress = match Api::<Ingress>::namespaced(client.clone(), namespace)
         .get(name)
         .await
-    else {
-        return Vec::new();
+    {
+        Ok(ingress) => ingress,
+        Err(kube::Error::Api(e)) if e.code == 404 => return Vec::new(),
+        Err(e) => panic!("get Ingress {namespace}/{name}: {e}"),
     };
     let uid = ingress.uid().unwrap_or_default();
-    let selector = format!(
-        "involvedObject.name={name},involvedObject.namespace={namespace},\
-         involvedObject.kind=Ingress,involvedObject.uid={uid}"
-    );
+    ingress_events(
+        client,
+        namespace,
+        &format!(
+            "involvedObject.name={name},involvedObject.namespace={namespace},\
+             involvedObject.kind=Ingress,involvedObject.uid={uid}"
+        ),
+    )
+    .await
+}
+
+/// The `reason`s of every Event about an Ingress named `namespace/name`, whatever uid it
+/// names (or none): for checks that there is none.
+async fn any_ingress_event_reasons(client: &Client, namespace: &str, name: &str) -> Vec<String> {
+    ingress_events(
+        client,
+        namespace,
+        &format!("involvedObject.name={name},involvedObject.kind=Ingress"),
+    )
+    .await
+}
+
+/// The `reason`s of the core/v1 Events in `namespace` that `selector` (a field selector)
+/// picks.
+async fn ingress_events(client: &Client, namespace: &str, selector: &str) -> Vec<String> {
     let api: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(client.clone(), namespace);
-    let Ok(list) = api.list(&ListParams::default().fields(&selector)).await else {
-        return Vec::new();
-    };
-    list.items.into_iter().filter_map(|e| e.reason).collect()
+    match api.list(&ListParams::default().fields(selector)).await {
+        Ok(list) => list.items.into_iter().filter_map(|e| e.reason).collect(),
+        Err(e) => panic!("list Events in {namespace} ({selector}): {e}"),
+    }
 }
 
 /// Host ownership and fail-closed answers through the real apiserver and an in-process
@@ -4730,7 +4754,7 @@ async fn ingress_of_another_class_keeps_its_status() {
     assert_eq!(lb_ip("theirs").await.as_deref(), Some("192.0.2.12"));
     assert_eq!(lb_ip("moving").await.as_deref(), Some("192.0.2.11"));
     assert_eq!(lb_ip("ours").await.as_deref(), Some("203.0.113.7"));
-    let events = ingress_event_reasons(&client, &ns, "theirs").await;
+    let events = any_ingress_event_reasons(&client, &ns, "theirs").await;
     assert!(
         events.is_empty(),
         "Events on the nginx-class Ingress: {events:?}"
@@ -5238,7 +5262,7 @@ async fn migrate_report_reads_the_cluster_and_writes_nothing() {
     assert_eq!(before, after);
     for n in ["app", "oauth", "basic-ok", "basic-missing"] {
         assert!(
-            ingress_event_reasons(&client, &ns, n).await.is_empty(),
+            any_ingress_event_reasons(&client, &ns, n).await.is_empty(),
             "{n}"
         );
     }
