@@ -251,6 +251,10 @@ impl<'a> SendStream<'a> {
             .map(get_or_insert_send(max_send_data))
             .ok_or(WriteError::ClosedStream)?;
 
+        // Sweety patch (vendor/README.md): a woken stream is back; whatever it writes, its
+        // share of the free window is no longer owed to it (`StreamsState::poll`)
+        self.state.woken_shares -= stream.take_share(self.state.wake_generation);
+
         if limit == 0 {
             trace!(
                 stream = %self.id, max_data = self.state.max_data, data_sent = self.state.data_sent,
@@ -258,7 +262,10 @@ impl<'a> SendStream<'a> {
             );
             if !stream.connection_blocked {
                 stream.connection_blocked = true;
-                self.state.connection_blocked.push(self.id);
+                // Sweety patch (vendor/README.md): in the order they were refused, each with
+                // the length of the write refused
+                let len = source.remaining();
+                self.state.connection_blocked.push_back((self.id, len));
             }
             // Only report blocking on the peer's limit, not on our own send window
             if self.state.data_sent == self.state.max_data
@@ -284,6 +291,9 @@ impl<'a> SendStream<'a> {
         };
         self.state.data_sent += written.bytes as u64;
         self.state.buffered_data += written.bytes as u64;
+        // Sweety patch (vendor/README.md): the free window `poll` last saw, less what is
+        // written since: `poll` tells a grown window by it
+        self.state.wake_free = self.state.wake_free.saturating_sub(written.bytes as u64);
         trace!(stream = %self.id, "wrote {} bytes", written.bytes);
         if !was_pending {
             self.state.pending.push_pending(self.id, stream.priority);
@@ -314,6 +324,8 @@ impl<'a> SendStream<'a> {
             .map(get_or_insert_send(max_send_data))
             .ok_or(FinishError::ClosedStream)?;
 
+        // Sweety patch (vendor/README.md): a woken stream that finishes writes no more
+        self.state.woken_shares -= stream.take_share(self.state.wake_generation);
         let was_pending = stream.is_pending();
         stream.finish()?;
         if !was_pending {
@@ -347,6 +359,8 @@ impl<'a> SendStream<'a> {
         self.state.buffered_data -= stream.pending.buffered();
         // Sweety patch (vendor/README.md): the ranges its send buffer held go with its data
         self.state.send_ranges -= stream.pending.ranges();
+        // Sweety patch (vendor/README.md): nor does a woken stream that is reset
+        self.state.woken_shares -= stream.take_share(self.state.wake_generation);
         stream.reset();
         self.pending.reset_stream.push((self.id, error_code));
 

@@ -19,6 +19,10 @@ pub(super) struct Send {
     pub(super) data_blocked_limit: Option<u64>,
     /// The reason the peer wants us to stop, if `STOP_SENDING` was received
     pub(super) stop_reason: Option<VarInt>,
+    /// Sweety patch (vendor/README.md): the part of the free send window this stream was
+    /// counted at when `StreamsState::poll` woke it, with the wake-up generation it belongs
+    /// to, until it writes, finishes, is reset or stopped (`StreamsState::woken_shares`)
+    pub(super) woken: Option<(u64, u64)>,
 }
 
 impl Send {
@@ -32,7 +36,18 @@ impl Send {
             connection_blocked: false,
             data_blocked_limit: None,
             stop_reason: None,
+            woken: None, // Sweety patch (vendor/README.md)
         })
+    }
+
+    /// Sweety patch (vendor/README.md): forget the share this stream was woken with, and
+    /// return it if it still counts in `StreamsState::woken_shares` (it is of `generation`,
+    /// the current one), to be taken off there
+    pub(super) fn take_share(&mut self, generation: u64) -> u64 {
+        match self.woken.take() {
+            Some((g, share)) if g == generation => share,
+            _ => 0,
+        }
     }
 
     /// Whether the stream has been reset
@@ -197,6 +212,11 @@ impl BytesSource for BytesArray<'_> {
 
         (Bytes::new(), chunks_consumed)
     }
+
+    fn remaining(&self) -> u64 {
+        let left = self.chunks.get(self.consumed..).unwrap_or_default();
+        left.iter().map(|c| c.len() as u64).sum()
+    }
 }
 
 /// A [`BytesSource`] implementation for `&[u8]`
@@ -228,6 +248,10 @@ impl BytesSource for ByteSlice<'_> {
         let chunks_consumed = usize::from(self.data.is_empty());
         (chunk, chunks_consumed)
     }
+
+    fn remaining(&self) -> u64 {
+        self.data.len() as u64
+    }
 }
 
 /// A source of one or more buffers which can be converted into `Bytes` buffers on demand
@@ -248,6 +272,10 @@ pub(super) trait BytesSource {
     ///   source had been truncated in order to adhere to the limit. It can also
     ///   be more than 1, if zero-length chunks had been skipped.
     fn pop_chunk(&mut self, limit: usize) -> (Bytes, usize);
+
+    /// Sweety patch (vendor/README.md): the bytes the source still holds (the length of a
+    /// write the connection-level limit refuses)
+    fn remaining(&self) -> u64;
 }
 
 /// Indicates how many bytes and chunks had been transferred in a write operation

@@ -107,7 +107,20 @@ pub struct StreamsState {
     /// Streams blocked on connection-level flow control or stream window space
     ///
     /// Streams are only added to this list when a write fails.
-    pub(super) connection_blocked: Vec<StreamId>,
+    ///
+    /// Sweety patch (vendor/README.md): a queue (upstream: a stack, all of it woken at once),
+    /// each stream with the length of the write refused (0 when none was)
+    pub(super) connection_blocked: VecDeque<(StreamId, u64)>,
+    /// Sweety patch (vendor/README.md): the sum of the shares of the free send window owed to
+    /// the streams `poll` woke in the current generation and that have not written, finished,
+    /// been reset or stopped since
+    pub(super) woken_shares: u64,
+    /// Sweety patch (vendor/README.md): the generation of the shares in `woken_shares`, one
+    /// more each time `poll` finds that the window grew
+    pub(super) wake_generation: u64,
+    /// Sweety patch (vendor/README.md): `write_limit()` at the last `poll`, less what was
+    /// written since
+    pub(super) wake_free: u64,
     /// Connection-level flow control budget dictated by the peer
     pub(super) max_data: u64,
     /// The initial receive window
@@ -174,7 +187,11 @@ impl StreamsState {
             send_streams: 0,
             pending: PendingStreamsQueue::new(),
             events: VecDeque::new(),
-            connection_blocked: Vec::new(),
+            connection_blocked: VecDeque::new(),
+            // Sweety patch (vendor/README.md)
+            woken_shares: 0,
+            wake_generation: 0,
+            wake_free: 0,
             max_data: 0,
             receive_window: receive_window.into(),
             local_max_data: receive_window.into(),
@@ -256,6 +273,10 @@ impl StreamsState {
         self.buffered_data = 0;
         self.send_ranges = 0; // Sweety patch (vendor/README.md)
         self.connection_blocked.clear();
+        // Sweety patch (vendor/README.md): the woken streams went with the others
+        self.woken_shares = 0;
+        self.wake_generation += 1;
+        self.wake_free = 0;
         self.data_blocked_limit = None;
     }
 
@@ -384,6 +405,8 @@ impl StreamsState {
             None => return,
         };
 
+        // Sweety patch (vendor/README.md): a stopped stream writes no more (its writes fail)
+        self.woken_shares -= stream.take_share(self.wake_generation);
         if stream.try_stop(error_code) {
             self.events
                 .push_back(StreamEvent::Stopped { id, error_code });
@@ -865,7 +888,8 @@ impl StreamsState {
                     // window. In order to get unblocked when the window relaxes
                     // it needs to be in the connection blocked list.
                     ss.connection_blocked = true;
-                    self.connection_blocked.push(id);
+                    // Sweety patch (vendor/README.md): no write was refused
+                    self.connection_blocked.push_back((id, 0));
                 }
             }
         } else if id.initiator() == self.side && self.is_local_unopened(id) {
@@ -900,6 +924,22 @@ impl StreamsState {
         peer < own || own >= (self.send_window / 4).min(LOW_WATER)
     }
 
+    /// Sweety patch (vendor/README.md): how the streams blocked on the connection-level limit
+    /// are woken once `unblock_writers` allows: `None`, all of them (as upstream), when the
+    /// peer's MAX_DATA limits or nothing is buffered; else `Some(floor)`, only as many as the
+    /// free window serves, each counted at the length of its refused write and at least
+    /// `floor`, the least part of the window they are woken for (a refused DATA frame header
+    /// is a few bytes, but its payload follows it in the same poll of the writer).
+    fn wake_floor(&self) -> Option<u64> {
+        const LOW_WATER: u64 = 16 * 1024;
+        let peer = self.max_data - self.data_sent;
+        let own = self.send_window.saturating_sub(self.buffered_data);
+        if peer < own || self.buffered_data == 0 {
+            return None;
+        }
+        Some((self.send_window / 4).clamp(1, LOW_WATER))
+    }
+
     /// Yield stream events
     pub(crate) fn poll(&mut self) -> Option<StreamEvent> {
         if let Some(dir) = Dir::iter().find(|&i| mem::replace(&mut self.opened[i as usize], false))
@@ -908,9 +948,42 @@ impl StreamsState {
         }
 
         // Sweety patch (vendor/README.md): streams blocked by our own send window are woken
-        // once a useful part of it is free, not at every acknowledgement.
-        if self.write_limit() > 0 && self.unblock_writers() {
-            while let Some(id) = self.connection_blocked.pop() {
+        // once a useful part of it is free, not at every acknowledgement; and then, in the
+        // order they were refused, only as many as the free window serves (`wake_floor`): each
+        // woken stream is owed a share of it (`Send::woken`, summed in `woken_shares`) until it
+        // writes, finishes, is reset or stopped, or the window grows, and the streams behind
+        // it wait while the free window is owed. Upstream woke every blocked stream: with ten
+        // responses on a connection and its window full, each freed part woke the ten, one
+        // took it and nine found the window full again.
+        //
+        // Liveness: a stream stays queued only while the shares owed cover the free window.
+        // (1) A woken stream that writes, finishes, is reset or stopped gives its share back
+        // (`take_share`); when it wrote less than its share, the free window it left is seen
+        // at the next poll (quinn wakes the connection driver after each write, finish and
+        // reset) and wakes the next. (2) A woken stream that never comes back (its write
+        // future dropped on a live stream) keeps its share only until the window grows: the
+        // generation changes and every share owed is void. (3) The window grows as long as
+        // something is buffered: buffered data is acknowledged (at the front, after
+        // retransmissions if lost), or its stream reset, or the connection closes, which wakes
+        // every writer; and each such growth is followed by a poll. (4) When nothing is
+        // buffered, nothing will grow the window, and every blocked stream is woken (as
+        // upstream). When the peer's MAX_DATA limits, all of them are too (only the peer can
+        // raise it). So every queued stream is woken within finitely many polls of the
+        // window growing: those ahead of it in the queue are finitely many, each growth wakes
+        // at least the first of them, and streams refused later queue behind it.
+        let limit = self.write_limit();
+        if limit > self.wake_free {
+            // Writes only lower the limit (and `wake_free` with it): it grew
+            self.wake_generation += 1;
+            self.woken_shares = 0;
+        }
+        self.wake_free = limit;
+        if limit > 0 && self.unblock_writers() {
+            let floor = self.wake_floor();
+            while floor.is_none_or(|_| self.woken_shares < limit) {
+                let Some((id, len)) = self.connection_blocked.pop_front() else {
+                    break;
+                };
                 let stream = match self.send.get_mut(&id).and_then(|s| s.as_mut()) {
                     None => continue,
                     Some(s) => s,
@@ -922,6 +995,12 @@ impl StreamsState {
                 // If it's no longer sensible to write to a stream (even to detect an error) then don't
                 // report it.
                 if stream.is_writable() && stream.max_data > stream.offset() {
+                    self.woken_shares -= stream.take_share(self.wake_generation);
+                    if let Some(floor) = floor {
+                        let share = len.max(floor);
+                        stream.woken = Some((self.wake_generation, share));
+                        self.woken_shares += share;
+                    }
                     return Some(StreamEvent::Writable { id });
                 }
             }
