@@ -38,14 +38,21 @@ pub struct Signal {
 struct SignalInner {
     ready: Vec<u32>,
     waker: Option<Waker>,
+    /// The tokio task of the driver, as of its last `take`.
+    task: Option<tokio::task::Id>,
+    /// A stream was marked ready from inside another task's poll (not by the I/O driver or
+    /// a timer, which wake between polls, nor by the driver's own task) since the last `take`.
+    by_task: bool,
 }
 
 impl Signal {
     /// Marks stream `id` ready and wakes the driver.
     pub fn notify(&self, id: u32) {
+        let by = tokio::task::try_id();
         let waker = {
             let mut s = lock(&self.inner);
             s.ready.push(id);
+            s.by_task |= by.is_some() && by != s.task;
             s.waker.take()
         };
         if let Some(w) = waker {
@@ -80,14 +87,20 @@ impl Signal {
         self.conn_low.store(low, Ordering::SeqCst);
     }
 
-    /// Moves the ready streams into `out` and registers the driver's waker.
-    pub fn take(&self, out: &mut Vec<u32>, waker: &Waker) {
+    /// Moves the ready streams into `out` and registers the driver's waker (and its task).
+    /// True when one of them was marked ready by another task (see `SignalInner::by_task`):
+    /// that task may make more of the connection's answers ready before the runtime's next
+    /// turn.
+    pub fn take(&self, out: &mut Vec<u32>, waker: &Waker) -> bool {
+        let task = tokio::task::try_id();
         let mut s = lock(&self.inner);
         out.append(&mut s.ready);
         match &s.waker {
             Some(w) if w.will_wake(waker) => {}
             _ => s.waker = Some(waker.clone()),
         }
+        s.task = task;
+        std::mem::take(&mut s.by_task)
     }
 }
 

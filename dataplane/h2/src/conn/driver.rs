@@ -45,6 +45,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
             write_buf,
             peak_output: 0,
             unflushed: false,
+            write_deferred: false,
             data_out: false,
             data_progress: false,
             scratch: BytesMut::with_capacity(1024),
@@ -97,6 +98,9 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
     pub(super) fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), H2Error>> {
         self.date = None;
         self.inline_polls = 0;
+        // A write put off in the last poll goes out in this one, whatever woke the task.
+        let may_defer = !std::mem::take(&mut self.write_deferred);
+        let mut by_task = false;
         self.service.on_poll();
         for _ in 0..ROUNDS {
             // Graceful close requested (listener drain, shutdown).
@@ -105,7 +109,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
                 self.go_away(Reason::NO_ERROR, b"");
             }
             // Streams that were woken.
-            self.signal.take(&mut self.ready, cx.waker());
+            by_task |= self.signal.take(&mut self.ready, cx.waker());
             let mut ready = std::mem::take(&mut self.ready);
             for id in ready.drain(..) {
                 self.on_ready(id);
@@ -172,13 +176,18 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
                 self.produce();
                 self.release_windows();
             }
-            match self.poll_write(cx) {
-                Poll::Ready(Ok(())) => {}
-                Poll::Ready(Err(e)) => {
-                    self.abort_all();
-                    return Poll::Ready(Err(e.into()));
+            if by_task && may_defer && !self.write_deferred && self.should_defer_write() {
+                self.write_deferred = defer_wake(cx);
+            }
+            if !self.write_deferred {
+                match self.poll_write(cx) {
+                    Poll::Ready(Ok(())) => {}
+                    Poll::Ready(Err(e)) => {
+                        self.abort_all();
+                        return Poll::Ready(Err(e.into()));
+                    }
+                    Poll::Pending => {}
                 }
-                Poll::Pending => {}
             }
             // Finished?
             let done = self.closing.is_some()
@@ -233,6 +242,27 @@ impl<I: AsyncRead + AsyncWrite + Unpin, S: H2Service> Driver<I, S> {
     }
 
     // ------------------------------------------------------------------ I/O
+
+    /// Whether this poll's output, which holds answers made ready by another task (the poll
+    /// checks that: `Signal::take`), should wait for the runtime's next turn: there is some,
+    /// below the output bound, and other streams of the connection are still being answered.
+    /// That task (an h2c backend connection's) answers streams of many connections per read:
+    /// after the turn (tokio's `yield_now`, which wakes this task after the runtime's next look
+    /// at the I/O driver, behind the tasks that look wakes) its next read's answers go in the
+    /// same write. Bounded: the next poll writes, whatever woke it (`write_deferred`), so a
+    /// write waits at most one turn; the output bound and what it stops are unchanged (reading
+    /// stops at the bound as before, and past the bound nothing waits). Answers woken by the
+    /// I/O driver or a timer (between task polls) are not held: that turn's wake-ups came
+    /// already, and an idle runtime would pay an `epoll_wait` for nothing.
+    fn should_defer_write(&self) -> bool {
+        let len = self.output_len();
+        len > 0
+            && len < self.cfg.write_buffer
+            && self.closing.is_none()
+            && !self.going_away
+            && !self.read_closed
+            && !self.streams.is_empty()
+    }
 
     /// Frees the read and write buffers when they are empty and larger than [`IDLE_BUFFER`]:
     /// an idle keep-alive connection holds no more than that of each (they grow again with
@@ -853,4 +883,11 @@ fn shrink_idle(buf: &mut BytesMut) {
     if buf.is_empty() && buf.try_reclaim(IDLE_BUFFER + 1) {
         *buf = BytesMut::new();
     }
+}
+
+/// Registers a wake-up of this task for after the runtime's next look at the I/O driver
+/// (tokio's `yield_now`: woken tasks that are queued run first); true when registered.
+fn defer_wake(cx: &mut Context<'_>) -> bool {
+    let mut y = std::pin::pin!(tokio::task::yield_now());
+    y.as_mut().poll(cx).is_pending()
 }

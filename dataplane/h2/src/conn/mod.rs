@@ -8,7 +8,11 @@
 //!
 //! One task drives the connection and its streams. After each read it handles the complete
 //! frames, answers every stream whose response is ready at once (cache hits, fixed replies,
-//! refusals), then writes the whole batch with one `write`. At most
+//! refusals), then writes the whole batch with one `write`. A poll that took answers made
+//! ready by another task (an h2c backend connection's, whose every read answers streams of many
+//! connections) while other streams are still being answered holds its write for one turn of
+//! the runtime (`Driver::should_defer_write`): the answers of that task's next read then go
+//! in the same write, not one write (and segment) per answer. At most
 //! [`INLINE_FIRST_POLLS`] requests are started per poll of the task: past that it yields
 //! (the rest of the read waits in the buffer), so one connection cannot hold its worker. A
 //! response that has to wait (backend, file) stays with its stream: the request future is
@@ -261,6 +265,9 @@ struct Driver<I, S: H2Service> {
     /// The most output bytes (`out` and `write_buf`) held at once (each new high recorded in
     /// [`PEAK_OUTPUT`]: a few times per connection).
     peak_output: usize,
+    /// This poll's output waits for a wake-up registered with the runtime (see
+    /// `Driver::should_defer_write`).
+    write_deferred: bool,
     /// Written since the last completed flush: a TLS layer may hold what it accepted until
     /// it is flushed.
     unflushed: bool,

@@ -2800,3 +2800,161 @@ async fn repeated_request_heads_are_the_requests_decoded() {
         log.len()
     );
 }
+
+/// A pipe that counts the writes that took bytes (each a system call on a socket).
+struct Writes {
+    inner: tokio::io::DuplexStream,
+    writes: Arc<AtomicUsize>,
+}
+
+impl AsyncRead for Writes {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Writes {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let w = Pin::new(&mut self.inner).poll_write(cx, buf);
+        if matches!(w, Poll::Ready(Ok(n)) if n > 0) {
+            eprintln!("DBG write {:?} {:?}", w, frame_kinds(BytesMut::from(buf)));
+            self.writes.fetch_add(1, Ordering::SeqCst);
+        }
+        w
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// A driver polled by hand over a [`Writes`] pipe, with three requests (streams 1, 3, 5)
+/// waiting on gates, once its opening frames are in the pipe and read out, and a poll with
+/// nothing to do made after that; the client end, the gates and the write count.
+async fn hand_gated_three() -> (
+    Driver<Writes, Scripted>,
+    tokio::io::DuplexStream,
+    VecDeque<tokio::sync::oneshot::Sender<()>>,
+    Arc<AtomicUsize>,
+) {
+    use tokio::io::AsyncWriteExt;
+    let mut gates = VecDeque::new();
+    let mut scripts = VecDeque::new();
+    for _ in 0..3 {
+        let (tx, gate) = tokio::sync::oneshot::channel();
+        let (dropped, _) = tokio::sync::oneshot::channel();
+        gates.push_back(tx);
+        scripts.push_back(Script::Gate(gate, dropped));
+    }
+    let (mut c, server) = tokio::io::duplex(1 << 16);
+    let writes = Arc::new(AtomicUsize::new(0));
+    let io = Writes {
+        inner: server,
+        writes: writes.clone(),
+    };
+    let (tx, stop) = tokio::sync::watch::channel(false);
+    std::mem::forget(tx);
+    let mut d = Driver::new(io, Scripted(scripts), settings(), stop);
+    let mut input = hello();
+    for id in [1, 3, 5] {
+        input.extend_from_slice(&request(id, true));
+    }
+    c.write_all(&input)
+        .await
+        .expect("the pipe takes the requests");
+    let mut cx = Context::from_waker(Waker::noop());
+    let mut acked = false;
+    for _ in 0..10 {
+        assert!(d.poll(&mut cx).is_pending());
+        acked |= pipe_frames(&mut c)
+            .iter()
+            .any(|(h, _)| h.kind == kind::SETTINGS && h.has(flag::ACK));
+        if acked && d.streams.len() == 3 {
+            break;
+        }
+    }
+    assert!(acked && d.streams.len() == 3, "the opening is done");
+    assert!(d.poll(&mut cx).is_pending());
+    assert!(pipe_frames(&mut c).is_empty(), "nothing more to write");
+    (d, c, gates, writes)
+}
+
+/// The whole frames in the pipe now (read without waiting).
+fn pipe_frames(c: &mut tokio::io::DuplexStream) -> Vec<(Head, Bytes)> {
+    use tokio::io::AsyncRead;
+    let mut cx = Context::from_waker(Waker::noop());
+    let mut b = vec![0u8; 1 << 16];
+    let mut rb = tokio::io::ReadBuf::new(&mut b);
+    let _ = Pin::new(c).poll_read(&mut cx, &mut rb);
+    frames_of(BytesMut::from(rb.filled()))
+}
+
+/// The streams whose responses end in `frames`.
+fn ended(frames: &[(Head, Bytes)]) -> Vec<u32> {
+    frames
+        .iter()
+        .filter(|(h, _)| h.kind == kind::DATA && h.has(flag::END_STREAM))
+        .map(|(h, _)| h.stream)
+        .collect()
+}
+
+/// Answers made ready by another task (an HTTP/2 backend connection's task, which reads the
+/// backend's responses for many client connections) wait for the connection's next poll while
+/// other streams are still being answered: that poll comes after the runtime's next look at
+/// the I/O driver (tokio's `yield_now`), when that task has read and answered more, and one
+/// write carries them all. Here stream 1's answer, made ready by a task, is held by the poll
+/// that takes it, and goes out with stream 3's (also a task's) in one write at the next poll;
+/// stream 5's, made ready outside any task, is written at once. Before, each was written in
+/// the poll that took it (checked: the pipe held stream 1's answer after the first poll).
+#[tokio::test]
+async fn answers_from_another_task_wait_for_the_next_poll_and_share_its_write() {
+    let (mut d, mut c, mut gates, writes) = hand_gated_three().await;
+    let mut cx = Context::from_waker(Waker::noop());
+    let before = writes.load(Ordering::SeqCst);
+    let gate1 = gates.pop_front().expect("three gates");
+    tokio::spawn(async move { gate1.send(()) })
+        .await
+        .expect("the task ran")
+        .expect("stream 1 waits");
+    assert!(d.poll(&mut cx).is_pending());
+    assert!(pipe_frames(&mut c).is_empty(), "stream 1's answer waits");
+    assert!(d.output_len() > 0 && !d.streams.contains_key(&1));
+    let gate3 = gates.pop_front().expect("three gates");
+    tokio::spawn(async move { gate3.send(()) })
+        .await
+        .expect("the task ran")
+        .expect("stream 3 waits");
+    assert!(d.poll(&mut cx).is_pending());
+    assert_eq!(ended(&pipe_frames(&mut c)), [1, 3]);
+    assert_eq!(writes.load(Ordering::SeqCst) - before, 1, "one write");
+    let _ = gates.pop_front().expect("three gates").send(());
+    assert!(d.poll(&mut cx).is_pending());
+    assert_eq!(ended(&pipe_frames(&mut c)), [5]);
+    assert_eq!(writes.load(Ordering::SeqCst) - before, 2);
+}
+
+/// An answer made ready outside any task (the I/O driver's or the timer's wake-ups, which come
+/// between task polls: a backend socket polled by the stream's own future) is written in the
+/// poll that takes it, with other streams still waiting: holding it would add a turn of the
+/// runtime (with the runtime idle, an epoll_wait) and gather nothing, the wake-ups of that
+/// turn having come already. With every answer held for the next poll, stream 1's waited
+/// (checked).
+#[tokio::test]
+async fn answers_made_ready_outside_a_task_are_written_in_the_poll_that_takes_them() {
+    let (mut d, mut c, mut gates, _writes) = hand_gated_three().await;
+    let mut cx = Context::from_waker(Waker::noop());
+    let _ = gates.pop_front().expect("three gates").send(());
+    assert!(d.poll(&mut cx).is_pending());
+    assert_eq!(ended(&pipe_frames(&mut c)), [1]);
+    assert!(d.streams.contains_key(&3), "stream 3 still waits");
+}
