@@ -1175,7 +1175,8 @@ pub struct Http3 {
     /// Bytes of response data buffered ahead of acknowledgements by all HTTP/3 connections
     /// together: the connections with a response in flight share it (each gets at most
     /// `send_window`, at least 16 KiB), so memory under many downloads stays bounded while a
-    /// lone connection keeps its full `send_window`.
+    /// lone connection keeps its full `send_window`. Also the budget of the state all
+    /// connections keep for packets not yet acknowledged (docs/security.md).
     pub send_budget: u64,
     /// Congestion controller.
     pub congestion: Congestion,

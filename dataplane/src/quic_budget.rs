@@ -20,6 +20,22 @@
 //! `max(budget, active × MIN_SHARE) + idle × MIN_SHARE` ([`SendBudget::granted`] counts
 //! them). Data already written stays buffered until acknowledged when a window is lowered:
 //! quinn only refuses new writes past it.
+//!
+//! The state quinn keeps for the packets it sent and a client has not acknowledged (kept
+//! packets, their frames, the streams' range sets; at most the connection's `send_window` and
+//! 384 KiB each) has a process-wide budget too, the same `http3.send_budget`: every
+//! connection of every listener counts it in one [`quinn_proto::SentStateTotal`]
+//! ([`crate::state::Shared`]`::quic_sent_state`, in each listener's transport config). It is
+//! not a split of the windows above: a share is given back once the response is written,
+//! before it is acknowledged, and a lowered window frees nothing sent, so the state a client
+//! leaves unacknowledged outlives the share it was sent under. Instead the vendored
+//! quinn-proto counts what is kept: each connection adds its state to the total when it moved
+//! 16 KiB (one atomic add, no lock), and while the total is at its budget a connection
+//! holding 32 KiB or more sends no new data (probes and ACKs still go) and is closed only if
+//! its own state grows 32 KiB past what it held then (never because others filled the
+//! total). With `n` connections all of them keep at most `send_budget + n × ~88 KiB`
+//! (instead of `n × 896 KiB` with the defaults); the vendored module `sent_state_total` has
+//! the design and the arithmetic, which the tests below check.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -251,6 +267,8 @@ impl<W: Window> Drop for Responding<W> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use quinn_proto::sent_state_total::SentStateShare;
+    use quinn_proto::SentStateTotal;
     use std::sync::atomic::AtomicU64;
 
     /// Records the window a connection was given.
@@ -289,6 +307,136 @@ mod tests {
         let c = small.connection(Rec::default(), 512 * KIB);
         let _r = c.responding();
         assert_eq!(c.granted(), 100 * KIB);
+    }
+
+    /// A connection of the sent-state arithmetic: its state and its part of the total.
+    struct Sim {
+        state: u64,
+        share: SentStateShare,
+    }
+
+    /// Each connection's own budget and limit of sent-packet state with the defaults
+    /// (`send_window` 512 KiB + 256 KiB, + 128 KiB), and the most one packet adds.
+    const OWN_BUDGET: u64 = 768 * KIB;
+    const OWN_LIMIT: u64 = 896 * KIB;
+    const PACKET: u64 = 4 * KIB;
+
+    /// Every connection sends (a packet at each check its budget allows) until none may:
+    /// hostile clients acknowledging nothing. Returns the packets sent.
+    fn fill(total: &SentStateTotal, conns: &mut [Sim]) -> u64 {
+        let mut sent = 0;
+        loop {
+            let mut any = false;
+            for c in conns.iter_mut() {
+                c.share.check(total, c.state);
+                if c.state < c.share.budget(OWN_BUDGET) {
+                    c.state += PACKET;
+                    sent += 1;
+                    any = true;
+                }
+            }
+            if !any {
+                return sent;
+            }
+        }
+    }
+
+    #[test]
+    fn the_sent_state_of_all_connections_stays_under_the_total_and_a_small_share_each() {
+        use quinn_proto::sent_state_total::{EXCESS, FLOOR, FLUSH};
+        let budget = 8192 * KIB;
+        let total = SentStateTotal::new(budget);
+        let n = 100u64;
+        let mut conns: Vec<_> = (0..n)
+            .map(|_| Sim {
+                state: 0,
+                share: SentStateShare::default(),
+            })
+            .collect();
+        fill(&total, &mut conns);
+        let sum: u64 = conns.iter().map(|c| c.state).sum();
+        // The formula of the module docs; without the total each would keep its own budget
+        // (n × 772 KiB, ~75 MiB).
+        let bound = budget + n * (FLUSH + FLOOR + EXCESS + 2 * PACKET);
+        assert!(sum <= bound, "{sum} bytes kept, over {bound}");
+        assert!(sum >= budget, "the total filled: {sum}");
+        // What was reported is within FLUSH a connection of what is kept.
+        assert!(total.total().abs_diff(sum) <= n * FLUSH);
+        // Every connection got at least the floor: none starved.
+        assert!(conns.iter().all(|c| c.state >= FLOOR));
+        // None is over its limit (none closed).
+        for c in &mut conns {
+            c.share.check(&total, c.state);
+            assert!(c.state <= c.share.limit(OWN_LIMIT));
+        }
+        // Leaving, each takes its report with it.
+        for c in &mut conns {
+            c.share.withdraw(&total);
+        }
+        assert_eq!(total.total(), 0);
+    }
+
+    #[test]
+    fn a_connection_is_closed_only_for_its_own_excess_while_the_total_is_full() {
+        use quinn_proto::sent_state_total::{ACK_ONLY, EXCESS, FLOOR};
+        let total = SentStateTotal::new(1024 * KIB);
+        // A holds 700 KiB, sent while the total had room; its limit is its own.
+        let mut a = Sim {
+            state: 700 * KIB,
+            share: SentStateShare::default(),
+        };
+        a.share.check(&total, a.state);
+        assert!(!a.share.full());
+        assert_eq!(a.share.limit(OWN_LIMIT), OWN_LIMIT);
+        assert_eq!(a.share.ack_only(1_000), 1_000);
+        // Others fill the total: A may send no new data, but what it holds is not held
+        // against it: its limit is still over its state, by EXCESS.
+        let mut others: Vec<_> = (0..2)
+            .map(|_| Sim {
+                state: 0,
+                share: SentStateShare::default(),
+            })
+            .collect();
+        fill(&total, &mut others);
+        a.share.check(&total, a.state);
+        assert!(a.share.full());
+        assert_eq!(a.share.budget(OWN_BUDGET), FLOOR);
+        assert_eq!(a.share.limit(OWN_LIMIT), a.state + EXCESS);
+        assert_eq!(a.share.ack_only(1_000), ACK_ONLY);
+        // Acknowledgements free 600 KiB, which the others take: A's limit follows what it
+        // holds down (never under FLOOR + EXCESS) and does not come back up with probes its
+        // peer leaves unacknowledged.
+        a.state -= 600 * KIB;
+        a.share.check(&total, a.state);
+        fill(&total, &mut others);
+        a.share.check(&total, a.state);
+        assert!(a.share.full(), "the others took what A released");
+        assert_eq!(a.share.limit(OWN_LIMIT), 100 * KIB + EXCESS);
+        a.state += EXCESS;
+        a.share.check(&total, a.state);
+        assert!(
+            a.state <= a.share.limit(OWN_LIMIT),
+            "EXCESS of probes is allowed"
+        );
+        a.state += PACKET;
+        a.share.check(&total, a.state);
+        assert!(a.state > a.share.limit(OWN_LIMIT), "past it, closed");
+        // A connection under the floor sends new data while the total is full, up to it.
+        let mut b = Sim {
+            state: 0,
+            share: SentStateShare::default(),
+        };
+        fill(&total, std::slice::from_mut(&mut b));
+        assert!(b.state >= FLOOR && b.state < FLOOR + PACKET, "{}", b.state);
+        assert!(b.state <= b.share.limit(OWN_LIMIT));
+        // Once the total has room again, limits and budgets are each connection's own.
+        for c in others.iter_mut().chain([&mut a, &mut b]) {
+            c.share.withdraw(&total);
+        }
+        a.share.check(&total, a.state);
+        assert!(!a.share.full());
+        assert_eq!(a.share.limit(OWN_LIMIT), OWN_LIMIT);
+        assert_eq!(a.share.budget(OWN_BUDGET), OWN_BUDGET);
     }
 
     #[test]

@@ -163,6 +163,9 @@ pub struct Shared {
     pub client_requests: Arc<crate::client_caps::ClientCaps>,
     /// The HTTP/3 send budget (`http3.send_budget`), shared by all QUIC connections.
     pub quic_send_budget: Arc<crate::quic_budget::SendBudget>,
+    /// The sent-packet state of all QUIC connections and its budget (`http3.send_budget`,
+    /// [`crate::quic_budget`]), in every listener's transport config.
+    pub quic_sent_state: Arc<quinn_proto::SentStateTotal>,
     /// The static-file read-ahead of all connections together
     /// (`limits.static_read_ahead_total`), set as each config is published.
     pub read_ahead_total: Arc<crate::static_files::ReadAheadTotal>,

@@ -47,7 +47,7 @@ mod common;
 use bytes::BytesMut;
 use quinn_proto::{
     Connection, ConnectionError, ConnectionHandle, DatagramEvent, Dir, Endpoint, Event,
-    StreamEvent, StreamId, TransportConfig,
+    SentStateTotal, StreamEvent, StreamId, TransportConfig,
 };
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -156,6 +156,8 @@ struct Harness {
     /// Server datagrams sent so far, and how many of them were ACK-only.
     sent: u64,
     sent_ack_only: u64,
+    /// Stream bytes the client read.
+    client_read: u64,
 }
 
 /// The sum of the server's frame counters but ACK: unchanged by a datagram iff it carried
@@ -193,7 +195,11 @@ impl Harness {
         // The client: small receive windows (the server's download waits on its flow control,
         // not on congestion control: quinn sends no ACK-only packet while congestion control
         // holds back data it has to send).
-        let mut h = Harness::start(8 * 1024, 16 * 1024);
+        Harness::connected_with(Harness::start(8 * 1024, 16 * 1024))
+    }
+
+    /// [`Harness::connected`] from a harness just started.
+    fn connected_with(mut h: Harness) -> Harness {
         // Handshake and request, every datagram delivered (bounded in steps).
         for _ in 0..50 {
             h.pump();
@@ -229,7 +235,12 @@ impl Harness {
     /// accepted; the server writes nothing unless told ([`Harness::trickle`]). The client's
     /// receive windows are large: flow control never holds the server back.
     fn many_streams() -> Harness {
-        let mut h = Harness::start(1 << 20, 64 << 20);
+        Harness::many_streams_in(None)
+    }
+
+    /// [`Harness::many_streams`], the server counting its sent-packet state in `total`.
+    fn many_streams_in(total: Option<&Arc<SentStateTotal>>) -> Harness {
+        let mut h = Harness::start_in(1 << 20, 64 << 20, total);
         h.server.to_write = 0;
         for _ in 0..200 {
             h.pump();
@@ -252,8 +263,17 @@ impl Harness {
     /// The server and a client with these receive windows, per stream and per connection, no
     /// idle timeout of its own and a congestion window it never fills; not yet connected.
     fn start(stream_window: u32, window: u32) -> Harness {
+        Harness::start_in(stream_window, window, None)
+    }
+
+    /// [`Harness::start`], the server counting its sent-packet state in `total` (in one of its
+    /// own when `None`).
+    fn start_in(stream_window: u32, window: u32, total: Option<&Arc<SentStateTotal>>) -> Harness {
         let (server_tls, client_tls) = common::quic::tls();
-        let endpoint = srv(|| common::quic::server_endpoint(server_tls));
+        let endpoint = srv(|| match total {
+            Some(total) => common::quic::server_endpoint_sharing(server_tls, total),
+            None => common::quic::server_endpoint(server_tls),
+        });
         let mut transport = TransportConfig::default();
         transport
             .max_idle_timeout(None)
@@ -290,6 +310,7 @@ impl Harness {
             buf: Vec::with_capacity(BUF),
             sent: 0,
             sent_ack_only: 0,
+            client_read: 0,
         }
     }
 
@@ -375,7 +396,9 @@ impl Harness {
                     // data).
                     let mut recv = conn.recv_stream(id);
                     if let Ok(mut chunks) = recv.read(true) {
-                        while let Ok(Some(_)) = chunks.next(usize::MAX) {}
+                        while let Ok(Some(c)) = chunks.next(usize::MAX) {
+                            self.client_read += c.bytes.len() as u64;
+                        }
                         let _ = chunks.finalize();
                     };
                 }
@@ -1103,7 +1126,12 @@ const TRICKLE_MAX: usize = 20_000;
 /// first sends that many PINGs, whose ACK-only answers are held for it to acknowledge later.
 /// Returns the harness, the server's heap before the attack and the datagrams it sent.
 fn small_frames(pings: usize) -> (Harness, isize, usize) {
-    let mut h = Harness::many_streams();
+    small_frames_in(pings, None)
+}
+
+/// [`small_frames`], the server counting its sent-packet state in `total`.
+fn small_frames_in(pings: usize, total: Option<&Arc<SentStateTotal>>) -> (Harness, isize, usize) {
+    let mut h = Harness::many_streams_in(total);
     for round in 1..=GROW_ROUNDS {
         let sent = h.trickle(TRICKLE_MAX);
         let kept = h.sent_bytes();
@@ -1552,4 +1580,108 @@ fn a_client_punching_holes_in_our_streams_pins_no_more_than_the_state_limit() {
             peak.grown
         );
     }
+}
+
+/// The budget of the process-wide total in [`many_connections_drawing_one_byte_frames_keep_no_more_than_the_process_total`]
+/// (`http3.send_budget`, 8 MiB by default: four connections at their own budget fill 2 MiB).
+const TOTAL_BUDGET: u64 = 2 << 20;
+
+/// Connections of the small-frames attack sharing one total.
+const HOSTILE: usize = 6;
+
+/// The honest download beside them, bytes.
+const DOWNLOAD: usize = 1 << 20;
+
+/// Many connections of the small-frames attack, one after the other, each drawing packets of
+/// one-byte frames until the server stops, all counting their sent-packet state in one
+/// process-wide total (`http3.send_budget`: the vendored quinn-proto's `sent_state_total`):
+/// together they keep no more than the total's budget and ~88 KiB a connection, none of them
+/// is closed for what the others hold, and an honest download beside them, while the total is
+/// full, completes. Without the total each kept its own budget (~787 KB), six of them
+/// ~4.7 MB.
+#[test]
+fn many_connections_drawing_one_byte_frames_keep_no_more_than_the_process_total() {
+    use quinn_proto::sent_state_total::{EXCESS, FLOOR, FLUSH};
+    let total = Arc::new(SentStateTotal::new(TOTAL_BUDGET));
+    let mut hostile = Vec::new();
+    for i in 1..=HOSTILE {
+        let (h, _, sent) = small_frames_in(0, Some(&total));
+        eprintln!(
+            "hostile connection {i}: {sent} datagrams, {} bytes of state kept; the total {} \
+             (budget {TOTAL_BUDGET})",
+            h.sent_bytes(),
+            total.total()
+        );
+        hostile.push(h);
+    }
+    let n = HOSTILE as u64 + 1;
+    let bound = TOTAL_BUDGET + n * (FLUSH + FLOOR + EXCESS + 2 * PACKET);
+    let kept: u64 = hostile.iter().map(Harness::sent_bytes).sum();
+    assert!(
+        kept <= bound,
+        "{HOSTILE} connections keep {kept} bytes of sent-packet state, over {bound} (the \
+         budget {TOTAL_BUDGET} and {} a connection)",
+        FLUSH + FLOOR + EXCESS + 2 * PACKET
+    );
+    assert!(
+        total.full(),
+        "the attack filled the total: {}",
+        total.total()
+    );
+    for (i, h) in hostile.iter().enumerate() {
+        assert!(
+            h.server.lost.is_none(),
+            "hostile connection {} closed: {:?}",
+            i + 1,
+            h.server.lost
+        );
+    }
+    // An honest client downloads beside them, every datagram delivered, while the total is
+    // full: its connection holds under FLOOR, so it still sends.
+    let mut h = Harness::start_in(1 << 20, 4 << 20, Some(&total));
+    h.server.to_write = DOWNLOAD;
+    let mut honest = Harness::connected_with(h);
+    for _ in 0..20_000 {
+        if honest.client_read >= DOWNLOAD as u64 {
+            break;
+        }
+        honest.advance_once();
+    }
+    eprintln!(
+        "the honest download: {} of {DOWNLOAD} bytes read, the total {}",
+        honest.client_read,
+        total.total()
+    );
+    assert!(
+        honest.server.lost.is_none(),
+        "closed: {:?}",
+        honest.server.lost
+    );
+    assert_eq!(
+        honest.client_read, DOWNLOAD as u64,
+        "the download completed"
+    );
+    assert!(total.full(), "the total stayed full: {}", total.total());
+    let (_, seen_full) = honest
+        .server
+        .conn
+        .as_ref()
+        .unwrap()
+        .1
+        .sweety_sent_state_share();
+    assert!(
+        seen_full,
+        "the honest connection sent under the full total's floor"
+    );
+    let all = kept + honest.sent_bytes();
+    assert!(all <= bound, "{all} bytes kept, over {bound}");
+    assert!(
+        total.total().abs_diff(all) <= n * (FLUSH + PACKET),
+        "the total {} is not within a report of each connection of what they keep, {all}",
+        total.total()
+    );
+    // Connections take their state out of the total as they go.
+    drop(hostile);
+    drop(honest);
+    assert_eq!(total.total(), 0);
 }

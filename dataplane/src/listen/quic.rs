@@ -10,7 +10,8 @@
 //!   windows per connection, and times out idle connections;
 //! * gives each connection with a response in flight its share of `http3.send_budget` as
 //!   quinn's send window ([`crate::quic_budget`]), so what quinn buffers for all connections
-//!   together stays bounded;
+//!   together stays bounded, and counts every connection's sent-packet state in one total
+//!   whose budget is also `http3.send_budget` (the same module);
 //! * turns each request stream into an `http::Request<Body>` whose body streams from the QUIC
 //!   stream, calls the pipeline with [`Protocol::Http3`], and streams the response back,
 //!   awaiting every frame so QUIC flow control paces the handler (a static file is read
@@ -40,6 +41,7 @@ use h3::server::RequestStream;
 use http::{header, Request, Response};
 use http_body::{Frame, SizeHint};
 use http_body_util::BodyExt;
+use quinn_proto::SentStateTotal;
 use std::future::Future as _;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -102,18 +104,23 @@ pub fn transport_config(h3: &Http3, limits: &Limits) -> quinn::TransportConfig {
     t
 }
 
-/// The quinn server config of a listener: its QUIC rustls config plus the transport settings.
-/// `path` is the config path of the listener's `tls` section, for errors.
+/// The quinn server config of a listener: its QUIC rustls config plus the transport settings,
+/// its connections counting their sent-packet state in `sent_state` (the process's one,
+/// [`crate::quic_budget`]). `path` is the config path of the listener's `tls` section, for
+/// errors.
 pub fn server_config(
     tls: Arc<rustls::ServerConfig>,
     h3: &Http3,
     limits: &Limits,
     path: &str,
+    sent_state: &Arc<SentStateTotal>,
 ) -> Result<quinn::ServerConfig, String> {
     let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(tls)
         .map_err(|e| format!("{path}: cannot serve QUIC: {e}"))?;
     let mut cfg = quinn::ServerConfig::with_crypto(Arc::new(crypto));
-    cfg.transport_config(Arc::new(transport_config(h3, limits)));
+    let mut transport = transport_config(h3, limits);
+    transport.sent_state_total(Some(sent_state.clone()));
+    cfg.transport_config(Arc::new(transport));
     Ok(cfg)
 }
 
@@ -198,6 +205,9 @@ pub async fn run_quic(
         shared
             .quic_send_budget
             .set_total(snap.config.http3.send_budget);
+        shared
+            .quic_sent_state
+            .set_budget(snap.config.http3.send_budget);
         let settings = ConnSettings {
             send_window: snap.config.http3.send_window.into(),
             early_data: snap.config.http3.early_data,

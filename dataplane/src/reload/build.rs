@@ -88,6 +88,7 @@ pub(super) fn compile<'c>(
                                 &config.http3,
                                 &config.limits,
                                 &path,
+                                &shared.quic_sent_state,
                             )
                             .map_err(|e| errors.push(e))
                             .ok()

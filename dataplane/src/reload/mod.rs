@@ -223,6 +223,9 @@ impl Runtime {
             client_conns: Arc::default(),
             client_requests: Arc::default(),
             quic_send_budget: Arc::default(),
+            quic_sent_state: Arc::new(quinn_proto::SentStateTotal::new(
+                sweety_config::Http3::default().send_budget,
+            )),
             read_ahead_total: Arc::new(crate::static_files::ReadAheadTotal::new(
                 limits.static_read_ahead_total,
             )),

@@ -29,13 +29,25 @@ pub(crate) fn tls() -> (Arc<rustls::ServerConfig>, rustls::ClientConfig) {
 }
 
 /// The server's endpoint: Sweety's HTTP/3 transport settings (the defaults of `http3` and
-/// `limits`) over `tls`, quinn's default endpoint config, a fixed seed.
+/// `limits`) over `tls`, quinn's default endpoint config, a fixed seed; its connections count
+/// their sent-packet state in a total of their own, budget `http3.send_budget`.
 pub(crate) fn server_endpoint(tls: Arc<rustls::ServerConfig>) -> quinn_proto::Endpoint {
+    let budget = sweety_config::Http3::default().send_budget;
+    let total = Arc::new(quinn_proto::SentStateTotal::new(budget));
+    server_endpoint_sharing(tls, &total)
+}
+
+/// [`server_endpoint`] with its connections' sent-packet state counted in `total`.
+pub(crate) fn server_endpoint_sharing(
+    tls: Arc<rustls::ServerConfig>,
+    total: &Arc<quinn_proto::SentStateTotal>,
+) -> quinn_proto::Endpoint {
     let server_cfg = sweety_dataplane::listen::quic::server_config(
         tls,
         &sweety_config::Http3::default(),
         &sweety_config::Limits::default(),
         "test",
+        total,
     )
     .unwrap();
     quinn_proto::Endpoint::new(

@@ -56,12 +56,15 @@ pub use connection::qlog::QlogStream;
 pub use rustls;
 
 mod config;
+// Sweety patch (vendor/README.md): a process-wide budget of sent-packet state
+pub mod sent_state_total;
 #[cfg(feature = "qlog")]
 pub use config::QlogConfig;
 pub use config::{
     AckFrequencyConfig, ClientConfig, ConfigError, EndpointConfig, IdleTimeout, MtuDiscoveryConfig,
     ServerConfig, StdSystemTime, TimeSource, TransportConfig, ValidationTokenConfig,
 };
+pub use sent_state_total::SentStateTotal;
 
 pub mod crypto;
 

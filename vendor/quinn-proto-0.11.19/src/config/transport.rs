@@ -56,6 +56,9 @@ pub struct TransportConfig {
     pub(crate) enable_segmentation_offload: bool,
 
     pub(crate) qlog_sink: QlogSink,
+
+    /// Sweety patch (vendor/README.md): the sent-packet state total this connection counts in
+    pub(crate) sent_state_total: Option<Arc<crate::SentStateTotal>>,
 }
 
 impl TransportConfig {
@@ -141,6 +144,14 @@ impl TransportConfig {
     /// retain more memory than this limit accounts for.
     pub fn send_window(&mut self, value: u64) -> &mut Self {
         self.send_window = value;
+        self
+    }
+
+    /// Sweety patch (vendor/README.md): the connections made with this config count their
+    /// sent-packet state in `total`, whose budget holds back their new data and bounds what
+    /// they keep for peers that leave packets unacknowledged (`sent_state_total` module docs)
+    pub fn sent_state_total(&mut self, total: Option<Arc<crate::SentStateTotal>>) -> &mut Self {
+        self.sent_state_total = total;
         self
     }
 
@@ -402,6 +413,8 @@ impl Default for TransportConfig {
             enable_segmentation_offload: true,
 
             qlog_sink: QlogSink::default(),
+
+            sent_state_total: None,
         }
     }
 }
@@ -435,6 +448,7 @@ impl fmt::Debug for TransportConfig {
             congestion_controller_factory: _,
             enable_segmentation_offload,
             qlog_sink,
+            sent_state_total,
         } = self;
         let mut s = fmt.debug_struct("TransportConfig");
 
@@ -463,7 +477,8 @@ impl fmt::Debug for TransportConfig {
             .field("datagram_receive_buffer_size", datagram_receive_buffer_size)
             .field("datagram_send_buffer_size", datagram_send_buffer_size)
             // congestion_controller_factory not debug
-            .field("enable_segmentation_offload", enable_segmentation_offload);
+            .field("enable_segmentation_offload", enable_segmentation_offload)
+            .field("sent_state_total", sent_state_total);
         if cfg!(feature = "qlog") {
             s.field("qlog_stream", &qlog_sink.is_enabled());
         }

@@ -28,6 +28,7 @@ use crate::{
         FixedLengthConnectionIdParser, Header, InitialHeader, InitialPacket, LongType, Packet,
         PacketNumber, PartialDecode, SpaceId,
     },
+    sent_state_total::SentStateShare,
     shared::{
         ConnectionEvent, ConnectionEventInner, ConnectionId, DatagramConnectionEvent, EcnCodepoint,
         EndpointEvent, EndpointEventInner,
@@ -194,6 +195,9 @@ pub struct Connection {
     /// packet left the timer at
     #[cfg(debug_assertions)]
     loss_timer_shadow: Option<Option<Instant>>,
+    /// Sweety patch (vendor/README.md): this connection's part of the process-wide total of
+    /// sent-packet state (`TransportConfig::sent_state_total`), when there is one
+    sent_state_share: SentStateShare,
     /// Negotiated idle timeout
     idle_timeout: Option<Duration>,
     /// The time we send next bundled ACK
@@ -329,6 +333,7 @@ impl Connection {
             loss_timer_pending: false,
             #[cfg(debug_assertions)]
             loss_timer_shadow: None,
+            sent_state_share: SentStateShare::default(),
             idle_timeout: match config.max_idle_timeout {
                 None | Some(VarInt(0)) => None,
                 Some(dur) => Some(Duration::from_millis(dur.0)),
@@ -634,7 +639,9 @@ impl Connection {
                     // congestion, so acknowledgements meanwhile do not grow the window. Not
                     // when closing: the packet then carries CONNECTION_CLOSE and no data, and
                     // `ack_eliciting` may still be true (data waiting), which held it back.
-                    if !close && self.sent_state_bytes() >= self.sent_state_budget() {
+                    // With a process-wide total, past its budget a connection holding 32 KiB
+                    // or more waits too (`sent_state_check`).
+                    if !close && self.sent_state_check() >= self.sent_state_budget() {
                         space_idx += 1;
                         trace!("blocked by the sent-packet state budget");
                         continue;
@@ -2987,8 +2994,9 @@ impl Connection {
     ) -> Result<(), TransportError> {
         // Sweety patch (vendor/README.md): a peer that leaves more of our packets
         // unacknowledged than the budget of their state and the probes past it is closed,
-        // not kept at our expense.
-        if self.sent_state_bytes() > self.sent_state_limit() {
+        // not kept at our expense. With a process-wide total, past its budget the limit is
+        // what the connection held at a check and 32 KiB (`sent_state_check`).
+        if self.sent_state_check() > self.sent_state_limit() {
             return Err(TransportError::PROTOCOL_VIOLATION(
                 "too many of our packets left unacknowledged",
             ));
@@ -3755,9 +3763,37 @@ impl Connection {
     /// control would make them; `SLACK` holds the ACK-only packets (at most 1,001 of ~224
     /// bytes) and control frames. The window counts up to `MAX_WINDOW`, whatever it is.
     fn sent_state_budget(&self) -> u64 {
+        self.sent_state_share.budget(self.own_sent_state_budget())
+    }
+
+    /// Sweety patch (vendor/README.md): the connection's own budget, `sent_state_budget` when
+    /// no process-wide total is full.
+    fn own_sent_state_budget(&self) -> u64 {
         const SLACK: u64 = 256 * 1024;
         const MAX_WINDOW: u64 = 16 * 1024 * 1024;
         self.config.send_window.min(MAX_WINDOW) + SLACK
+    }
+
+    /// Sweety patch (vendor/README.md): the sent-packet state, reported to the process-wide
+    /// total (`TransportConfig::sent_state_total`) when it moved 16 KiB or more since the
+    /// last report; reads whether the total is full, which lowers `sent_state_budget` (to 32
+    /// KiB), `sent_state_limit` (to what the connection holds, at least 32 KiB, and 32 KiB)
+    /// and the ACK-only packets kept per space (to 64) until it is not (`sent_state_total`
+    /// module docs). Called where the budget and the limit are compared: each ACK-eliciting
+    /// datagram started, each 1-RTT packet received.
+    fn sent_state_check(&mut self) -> u64 {
+        let bytes = self.sent_state_bytes();
+        let Some(total) = self.config.sent_state_total.as_deref() else {
+            return bytes;
+        };
+        if self.sent_state_share.check(total, bytes) {
+            const ACK_ONLY: u64 = spaces::MAX_UNACKED_NON_ACK_ELICTING_TAIL;
+            let ack_only = self.sent_state_share.ack_only(ACK_ONLY);
+            for space in &mut self.spaces {
+                space.ack_only_max = ack_only;
+            }
+        }
+        bytes
     }
 
     /// Sweety patch (vendor/README.md): a peer that leaves more than this many bytes of our
@@ -3772,7 +3808,8 @@ impl Connection {
     /// leaves hundreds of our ACK-only packets unacknowledged on top, reaches it.
     fn sent_state_limit(&self) -> u64 {
         const PROBES: u64 = 128 * 1024;
-        self.sent_state_budget() + PROBES
+        self.sent_state_share
+            .limit(self.own_sent_state_budget() + PROBES)
     }
 
     /// Sweety patch (vendor/README.md), for Sweety's tests: how many packets of the Data space
@@ -3789,6 +3826,15 @@ impl Connection {
     #[doc(hidden)]
     pub fn sweety_sent_bytes(&self) -> u64 {
         self.sent_state_bytes()
+    }
+
+    /// Sweety patch (vendor/README.md), for Sweety's tests: what this connection reported to
+    /// the process-wide total of sent-packet state, and whether the total was full at its last
+    /// check.
+    #[doc(hidden)]
+    pub fn sweety_sent_state_share(&self) -> (u64, bool) {
+        let share = &self.sent_state_share;
+        (share.reported(), share.full())
     }
 
     /// Sweety patch (vendor/README.md), for Sweety's tests: the entries of the send streams'
@@ -4104,6 +4150,16 @@ impl Connection {
         new_tokens.clear();
         for _ in 0..server_config.validation_token.sent {
             new_tokens.push(self.path.remote);
+        }
+    }
+}
+
+/// Sweety patch (vendor/README.md): a connection's sent-packet state leaves the process-wide
+/// total with it.
+impl Drop for Connection {
+    fn drop(&mut self) {
+        if let Some(total) = self.config.sent_state_total.as_deref() {
+            self.sent_state_share.withdraw(total);
         }
     }
 }

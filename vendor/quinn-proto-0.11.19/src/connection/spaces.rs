@@ -45,6 +45,10 @@ pub(super) struct PacketSpace {
     /// Sweety patch (vendor/README.md): no packet numbered below this that is not
     /// ACK-eliciting is in `sent_packets` (where `sent` looks for the oldest one)
     pub(super) ack_only_floor: u64,
+    /// Sweety patch (vendor/README.md): past this many, the oldest packet that is not
+    /// ACK-eliciting is forgotten as one is sent (`MAX_UNACKED_NON_ACK_ELICTING_TAIL`; 64
+    /// while a process-wide total of sent-packet state is full)
+    pub(super) ack_only_max: u64,
     /// Sweety patch (vendor/README.md): the estimated bytes of the packets in `sent_packets`
     /// (the sum of their `state_bytes`), kept by `take`, `sent` and `take_sent_packets`
     pub(super) sent_bytes: u64,
@@ -77,6 +81,10 @@ pub(super) struct PacketSpace {
     pub(super) sent_with_keys: u64,
 }
 
+/// Retain state for at most this many non-ACK-eliciting packets (see `PacketSpace::sent`).
+/// Sweety patch (vendor/README.md): moved out of `sent`, the default of `ack_only_max`.
+pub(super) const MAX_UNACKED_NON_ACK_ELICTING_TAIL: u64 = 1_000;
+
 impl PacketSpace {
     pub(super) fn new(now: Instant) -> Self {
         Self {
@@ -94,6 +102,7 @@ impl PacketSpace {
             in_flight_packets: 0,
             ack_only_packets: 0,
             ack_only_floor: 0,
+            ack_only_max: MAX_UNACKED_NON_ACK_ELICTING_TAIL,
             sent_bytes: 0,
             ecn_counters: frame::EcnCounts::ZERO,
             ecn_feedback: frame::EcnCounts::ZERO,
@@ -254,7 +263,9 @@ impl PacketSpace {
         // packets but don't send ACK-eliciting data for long periods use we must eventually start
         // forgetting about them, although it might also be reasonable to just kill the connection
         // due to weird peer behavior.
-        const MAX_UNACKED_NON_ACK_ELICTING_TAIL: u64 = 1_000;
+        //
+        // Sweety patch (vendor/README.md): `MAX_UNACKED_NON_ACK_ELICTING_TAIL` is `ack_only_max`
+        // by default, and a module constant.
 
         let mut forgotten = None;
         // Sweety patch (vendor/README.md): upstream's count of the non-ACK-eliciting packets
@@ -265,7 +276,7 @@ impl PacketSpace {
             // kept in all, not only after the latest ACK-eliciting one: the oldest is
             // forgotten, wherever it is. A peer that acknowledges only our oldest packets
             // otherwise leaves every earlier run of them here for as long as it sends.
-            if self.ack_only_packets > MAX_UNACKED_NON_ACK_ELICTING_TAIL {
+            if self.ack_only_packets > self.ack_only_max {
                 forgotten = Some(self.forget_oldest_ack_only());
             }
             self.ack_only_packets += 1;
