@@ -1018,28 +1018,6 @@ pub fn api_resource(kind: &str) -> Option<ApiResource> {
     })
 }
 
-/// Kinds Events are published about that have no status of ours: only their uid is read.
-macro_rules! impl_current_without_status {
-    ($($t:ty),*) => {$(
-        impl Current for $t {
-            fn status(&self) -> Value {
-                Value::Null
-            }
-            fn uid(&self) -> Option<String> {
-                self.metadata.uid.clone()
-            }
-            fn resource_version(&self) -> Option<String> {
-                self.metadata.resource_version.clone()
-            }
-        }
-    )*};
-}
-
-impl_current_without_status!(
-    k8s_openapi::api::networking::v1::IngressClass,
-    sweety_crds::SweetyProxyConfig
-);
-
 /// An object whose status the writer compares against.
 pub trait Current: Send + Sync {
     /// The object's `status` as the watch cache has it (Null when absent).
@@ -1050,11 +1028,14 @@ pub trait Current: Send + Sync {
     fn resource_version(&self) -> Option<String>;
 }
 
+/// `impl Current` for the kinds listed; `status: |o| ...` reads an object's status (the
+/// kinds Events are published about that have no status of ours: `Value::Null`).
 macro_rules! impl_current {
-    ($($t:ty),*) => {$(
+    (status: $status:expr; $($t:ty),*) => {$(
         impl Current for $t {
             fn status(&self) -> Value {
-                serde_json::to_value(&self.status).unwrap_or(Value::Null)
+                let status: fn(&$t) -> Value = $status;
+                status(self)
             }
             fn uid(&self) -> Option<String> {
                 self.metadata.uid.clone()
@@ -1067,6 +1048,13 @@ macro_rules! impl_current {
 }
 
 impl_current!(
+    status: |_| Value::Null;
+    k8s_openapi::api::networking::v1::IngressClass,
+    sweety_crds::SweetyProxyConfig
+);
+
+impl_current!(
+    status: |o| serde_json::to_value(&o.status).unwrap_or(Value::Null);
     gw::gatewayclasses::GatewayClass,
     gw::gateways::Gateway,
     gw::listenersets::ListenerSet,
