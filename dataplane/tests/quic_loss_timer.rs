@@ -55,16 +55,6 @@ fn deliver(rng: &mut Rng, sent: &mut Vec<Vec<u8>>, loss: u64) -> VecDeque<Vec<u8
     out
 }
 
-/// Appends the datagrams of every transmit `conn` has (GSO batches split at their segment size).
-fn transmit(conn: &mut Connection, now: Instant, out: &mut Vec<Vec<u8>>) {
-    let mut buf = Vec::new();
-    while let Some(t) = conn.poll_transmit(now, 10, &mut buf) {
-        let seg = t.segment_size.unwrap_or(t.size);
-        out.extend(buf[..t.size].chunks(seg).map(<[u8]>::to_vec));
-        buf.clear();
-    }
-}
-
 struct Download {
     now: Instant,
     server_ep: Endpoint,
@@ -159,7 +149,7 @@ impl Download {
                 let _ = conn.send_stream(id).finish();
             }
         }
-        transmit(conn, self.now, out);
+        common::quic::transmit(conn, self.now, out);
     }
 
     /// The client's events, its request once connected, what it reads, its datagrams.
@@ -199,7 +189,7 @@ impl Download {
                 let _ = chunks.finalize();
             }
         }
-        transmit(conn, self.now, out);
+        common::quic::transmit(conn, self.now, out);
     }
 
     /// Runs the download with `loss` per mille of the datagrams dropped each way.

@@ -816,16 +816,6 @@ mod honest {
         pub(super) peak_bytes: u64,
     }
 
-    /// Appends the datagrams of every transmit `conn` has (GSO batches split).
-    fn transmit(conn: &mut Connection, now: Instant, out: &mut Vec<Vec<u8>>) {
-        let mut buf = Vec::new();
-        while let Some(t) = conn.poll_transmit(now, 10, &mut buf) {
-            let seg = t.segment_size.unwrap_or(t.size);
-            out.extend(buf[..t.size].chunks(seg).map(<[u8]>::to_vec));
-            buf.clear();
-        }
-    }
-
     impl Run {
         pub(super) fn new(rtt_ms: u64, loss: u64, reorder: u64, seed: u64) -> Run {
             let (server_tls, client_tls) = common::quic::tls();
@@ -942,7 +932,7 @@ mod honest {
                 }
             }
             let mut out = Vec::new();
-            transmit(conn, self.now, &mut out);
+            common::quic::transmit(conn, self.now, &mut out);
             let (kept, ack_only) = conn.sweety_sent_packets();
             self.peak = self.peak.max(kept);
             self.peak_ack_eliciting = self.peak_ack_eliciting.max(kept - ack_only);
@@ -1002,7 +992,7 @@ mod honest {
                 };
             }
             let mut out = Vec::new();
-            transmit(conn, self.now, &mut out);
+            common::quic::transmit(conn, self.now, &mut out);
             for d in out {
                 self.path.send(self.now, true, d);
             }

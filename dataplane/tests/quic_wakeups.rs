@@ -45,16 +45,6 @@ struct Writer {
     futile: usize,
 }
 
-/// Appends the datagrams of every transmit `conn` has (GSO batches split at their segment size).
-fn transmit(conn: &mut Connection, now: Instant, out: &mut Vec<Vec<u8>>) {
-    let mut buf = Vec::new();
-    while let Some(t) = conn.poll_transmit(now, 10, &mut buf) {
-        let seg = t.segment_size.unwrap_or(t.size);
-        out.extend(buf[..t.size].chunks(seg).map(<[u8]>::to_vec));
-        buf.clear();
-    }
-}
-
 struct Downloads {
     now: Instant,
     server_ep: Endpoint,
@@ -192,7 +182,7 @@ impl Downloads {
             self.order.push(id);
             self.writers.insert(id, w);
         }
-        transmit(conn, self.now, out);
+        common::quic::transmit(conn, self.now, out);
     }
 
     /// The client's events, its requests once connected, what it reads, its datagrams.
@@ -234,7 +224,7 @@ impl Downloads {
             }
             let _ = chunks.finalize();
         }
-        transmit(conn, self.now, out);
+        common::quic::transmit(conn, self.now, out);
     }
 
     /// Whether every stream but the droppers was received whole.

@@ -1,8 +1,23 @@
-//! The TLS side of the in-memory QUIC tests (`quic_loss_timer`, `quic_unacked`), which drive a
+//! The TLS side and the datagram pump of the in-memory QUIC tests (`quic_loss_timer`,
+//! `quic_unacked`, `quic_wakeups`), which drive a
 //! quinn-proto server with Sweety's HTTP/3 transport settings and a quinn-proto client by
 //! hand, with no socket.
 
 use std::sync::Arc;
+
+/// Appends the datagrams of every transmit `conn` has (GSO batches split at their segment size).
+pub(crate) fn transmit(
+    conn: &mut quinn_proto::Connection,
+    now: std::time::Instant,
+    out: &mut Vec<Vec<u8>>,
+) {
+    let mut buf = Vec::new();
+    while let Some(t) = conn.poll_transmit(now, 10, &mut buf) {
+        let seg = t.segment_size.unwrap_or(t.size);
+        out.extend(buf[..t.size].chunks(seg).map(<[u8]>::to_vec));
+        buf.clear();
+    }
+}
 
 /// A self-signed certificate for `localhost`: the server's rustls config (TLS 1.3, ALPN h3, as
 /// Sweety's listeners) and a client config trusting only it.
